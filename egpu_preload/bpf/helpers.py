@@ -1,0 +1,66 @@
+"""Helper functions a probe may call: ids, names and argument/return types, one table for all consumers.
+
+Standard ids follow linux/bpf.h; 502-511 follow bpftime's GPU attach so its probes run unchanged.
+Argument types (read by the verifier; the VM and translator dispatch on ``name``):
+
+- ``map``        a map reference (lddw of a map)
+- ``key``        readable memory of the map's key_size (stack or map value)
+- ``value``      readable memory of the map's value_size
+- ``mem``        readable memory whose size is the next argument (``size``, a bounded scalar)
+- ``size``       the size of the preceding ``mem``
+- ``const_size`` a scalar known at verification time (ringbuf_reserve)
+- ``u64_out``    writable 8 bytes (stack or map value) the helper fills in
+- ``ctx``        the probe's context pointer (r1 on entry) or NULL
+- ``ringbuf_mem`` a record returned by ringbuf_reserve, which this call releases
+- ``anything``   any scalar
+
+Return types: ``int``, ``void``, ``map_value_or_null``, ``ringbuf_mem_or_null``.
+Nothing here may wait on the host (DESIGN.md 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Helper:
+    id: int
+    name: str
+    args: tuple[str, ...]
+    ret: str
+    gpu_only: bool = False  # meaningful only inside a kernel; the VM simulates a thread
+
+
+HELPERS: dict[int, Helper] = {h.id: h for h in (
+    Helper(1, "map_lookup_elem", ("map", "key"), "map_value_or_null"),
+    Helper(2, "map_update_elem", ("map", "key", "value", "anything"), "int"),
+    Helper(3, "map_delete_elem", ("map", "key"), "int"),
+    Helper(5, "ktime_get_ns", (), "int"),
+    Helper(6, "trace_printk", ("mem", "size", "anything", "anything", "anything"), "int"),
+    Helper(8, "get_smp_processor_id", (), "int"),
+    Helper(25, "perf_event_output", ("ctx", "map", "anything", "mem", "size"), "int"),
+    Helper(130, "ringbuf_output", ("map", "mem", "size", "anything"), "int"),
+    Helper(131, "ringbuf_reserve", ("map", "const_size", "anything"), "ringbuf_mem_or_null"),
+    Helper(132, "ringbuf_submit", ("ringbuf_mem", "anything"), "void"),
+    Helper(133, "ringbuf_discard", ("ringbuf_mem", "anything"), "void"),
+    Helper(502, "get_globaltimer", (), "int", gpu_only=True),
+    Helper(503, "get_block_idx", ("u64_out", "u64_out", "u64_out"), "int", gpu_only=True),
+    Helper(504, "get_block_dim", ("u64_out", "u64_out", "u64_out"), "int", gpu_only=True),
+    Helper(505, "get_thread_idx", ("u64_out", "u64_out", "u64_out"), "int", gpu_only=True),
+    Helper(506, "membar", (), "int", gpu_only=True),
+    # bpftime's "exit": here it ends the probe (returns 0 to the kernel), never the kernel's thread,
+    # because killing a thread would change what the user's kernel computes.
+    Helper(507, "exit", (), "void", gpu_only=True),
+    Helper(508, "get_grid_dim", ("u64_out", "u64_out", "u64_out"), "int", gpu_only=True),
+    Helper(509, "get_sm_id", (), "int", gpu_only=True),
+    Helper(510, "get_warp_id", (), "int", gpu_only=True),
+    Helper(511, "get_lane_id", (), "int", gpu_only=True),
+)}
+
+BY_NAME: dict[str, Helper] = {h.name: h for h in HELPERS.values()}
+
+# Update flags of map_update_elem (linux/bpf.h).
+BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
+# Flags of ringbuf/perf output: index mask for perf_event_output's current-CPU selector.
+BPF_F_CURRENT_CPU = 0xFFFFFFFF

@@ -1,0 +1,57 @@
+"""The loaded object: programs and maps, as every stage after the ELF loader sees them.
+
+After loading, a program's code is self-contained: static subprograms are appended after the main
+function with their call offsets fixed, and every map reference is an ``lddw`` with
+``src = LDDW_MAP_IDX`` (imm = index into ``BpfObject.maps``) or ``src = LDDW_MAP_IDX_VALUE`` (low imm =
+map index, high imm = offset into the single value of a global-data map), as libbpf's "fd_array" form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# linux/bpf.h enum bpf_map_type, the ones egpu implements.
+MAP_HASH, MAP_ARRAY, MAP_PERF_EVENT_ARRAY, MAP_PERCPU_ARRAY, MAP_LRU_HASH, MAP_RINGBUF = 1, 2, 4, 6, 9, 27
+MAP_TYPE_NAMES = {MAP_HASH: "hash", MAP_ARRAY: "array", MAP_PERF_EVENT_ARRAY: "perf_event_array",
+                  MAP_PERCPU_ARRAY: "percpu_array", MAP_LRU_HASH: "lru_hash", MAP_RINGBUF: "ringbuf"}
+
+
+@dataclass(frozen=True)
+class MapDef:
+    name: str
+    type: int
+    key_size: int
+    value_size: int
+    max_entries: int
+    flags: int = 0
+    key_type_id: int | None = None    # BTF type ids, for printing keys and values with field names
+    value_type_id: int | None = None
+    initial: bytes | None = None      # global data (.data/.rodata): the value's initial bytes
+    readonly: bool = False            # .rodata: the program may not write it
+
+
+@dataclass(frozen=True)
+class Attach:
+    """What a section name asks for: ``kprobe.warp/vec*`` -> Attach("entry", "vec*", "warp")."""
+
+    kind: str    # entry | exit | mem | load | store | launch
+    glob: str
+    scope: str   # thread | warp | block (launch probes: "launch")
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str          # the function's symbol
+    section: str       # the ELF section name, e.g. "kprobe/_Z6vecAddPfS_S_i"
+    attach: Attach
+    code: bytes        # relocated, subprograms appended
+    insn_lines: tuple[int, ...] = ()  # unused unless BTF.ext line info is read; kept for messages
+
+
+@dataclass
+class BpfObject:
+    path: str
+    programs: list[Program] = field(default_factory=list)
+    maps: list[MapDef] = field(default_factory=list)
+    license: str = ""
+    btf: object | None = None  # egpu_preload.bpf.btf.Btf when the object has .BTF

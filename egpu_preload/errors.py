@@ -1,0 +1,68 @@
+"""One exception family for everything egpu refuses.
+
+Messages read subject first, like libbpf's pr_warn and the CLI line the user sees:
+``probe.bpf.o:kprobe/foo:17: divisor may be zero (r3)``.
+"""
+
+from __future__ import annotations
+
+
+class EgpuError(Exception):
+    """A clean refusal: where it happened (file, section, instruction) and why."""
+
+    def __init__(self, reason: str, *, file: str | None = None, section: str | None = None,
+                 insn: int | None = None, detail: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.file = file
+        self.section = section
+        self.insn = insn
+        self.detail = detail  # multi-line log (verifier state), printed below the one-line message
+
+    def where(self, *, file: str | None = None, section: str | None = None) -> "EgpuError":
+        """Fill in location fields an inner layer could not know; returns self for `raise e.where(...)`."""
+        self.file = self.file or file
+        self.section = self.section or section
+        return self
+
+    def __str__(self) -> str:
+        parts = [p for p in (self.file, self.section) if p]
+        if self.insn is not None:
+            parts.append(str(self.insn))
+        return ":".join(parts + [" " + self.reason]) if parts else self.reason
+
+
+class ElfError(EgpuError):
+    """The object file is not a usable eBPF ELF."""
+
+
+class BtfError(EgpuError):
+    """The .BTF section is malformed."""
+
+
+class DecodeError(EgpuError):
+    """Bytes that are not a valid RFC 9669 instruction."""
+
+
+class AsmError(EgpuError):
+    """Assembler input that does not parse."""
+
+
+class VerifierError(EgpuError):
+    """The verifier rejected the program."""
+
+
+class VmError(EgpuError):
+    """The reference VM met something it cannot run."""
+
+
+class TranslateError(EgpuError):
+    """The eBPF -> PTX translator cannot handle the program."""
+
+
+class PtxError(EgpuError):
+    """PTX that the parser or rewriter cannot handle."""
+
+
+class FatbinError(EgpuError):
+    """A malformed fatbin or fatbin wrapper."""
