@@ -1,0 +1,27 @@
+#!/bin/bash
+# Every GPU check in one call (make gpu-test on the device machine). Needs `scripts/gpu-prep.sh` run
+# first where clang and the network are (carry .whl and .gpubuild). Writes $OUT/gpu-test.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/egpu-gpu-test}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 EGPU_PREBUILT_PROBES=$PWD/.gpubuild/probes
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD
+{
+  echo "# egpu gpu-test"
+  echo "date: $(date -u +%FT%TZ)"
+  echo "commit: $(cat .gpubuild/COMMIT 2>/dev/null | tr '\n' ' ')"
+  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+  echo "cuda: $(nvcc --version | tail -2 | head -1)"
+  echo "python: $(python3 --version), torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+  python3 shim/build.py && echo "shim: built"
+  python3 -m pytest -m gpu -v -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1
+  echo "pytest exit: $?"
+  for b in ${GPU_BENCH:-bench/*.py}; do
+    [ -f "$b" ] || continue
+    echo "## bench $b"
+    timeout 300 python3 "$b" "$OUT/$(basename "${b%.py}").json" 2>&1 || echo "bench $b failed: $?"
+  done
+} 2>&1 | tee "$OUT/gpu-test.log"
