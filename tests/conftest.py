@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +35,30 @@ def ptxas() -> str:
     path = shutil.which("ptxas")
     assert path, "ptxas is required for the tests (CUDA toolkit)"
     return path
+
+
+PROBES_DIR = Path(__file__).parent / "probes"
+
+
+@pytest.fixture(scope="session")
+def probe_names() -> list[str]:
+    """Every probe of tests/probes, by name without ``.bpf.c``."""
+    return sorted(p.name.removesuffix(".bpf.c") for p in PROBES_DIR.glob("*.bpf.c"))
+
+
+@pytest.fixture(scope="session")
+def probe_obj(tmp_path_factory):
+    """``probe_obj("count") -> Path``: tests/probes/count.bpf.c compiled once per session (``mcpu="v4"``
+    gives a separate v4 build)."""
+    from egpu_preload.bpf.compile import compile_probe
+
+    out_dir = tmp_path_factory.mktemp("probes")
+    built: dict[tuple[str, str], Path] = {}
+
+    def build(name: str, mcpu: str = "v3") -> Path:
+        if (name, mcpu) not in built:
+            built[name, mcpu] = compile_probe(PROBES_DIR / f"{name}.bpf.c", out_dir / f"{name}.{mcpu}.bpf.o",
+                                              mcpu=mcpu)
+        return built[name, mcpu]
+
+    return build

@@ -1,0 +1,61 @@
+"""Probe source -> eBPF object: clang with the flags and include path an egpu probe needs."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+from ..errors import EgpuError
+
+INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"  # egpu.bpf.h
+CLANGS = ("clang-19", "clang")  # clang-19 first: it knows -mcpu=v4
+# platform.machine() -> libbpf's __TARGET_ARCH_* spelling (bpf_tracing.h keys pt_regs layouts on it).
+_TARGET_ARCH = {"x86_64": "x86", "amd64": "x86", "aarch64": "arm64", "arm64": "arm64", "ppc64le": "powerpc",
+                "s390x": "s390", "riscv64": "riscv"}
+
+
+def find_clang() -> str:
+    """The first clang of CLANGS on PATH; EgpuError when there is none."""
+    for name in CLANGS:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise EgpuError(f"no clang found (looked for {', '.join(CLANGS)}): install clang to compile probes")
+
+
+def clang_args(src: Path, out: Path, mcpu: str = "v3") -> list[str]:
+    """Everything after the clang executable. v3 gives atomics and jmp32; v4 adds sdiv/movsx/bswap/ja32."""
+    args = ["-O2", "-g", "-target", "bpf", f"-mcpu={mcpu}", "-I", str(INCLUDE_DIR)]
+    # linux/types.h includes asm/types.h, which Debian keeps under the multiarch directory only.
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    if multiarch and Path("/usr/include", multiarch).is_dir():
+        args += ["-idirafter", str(Path("/usr/include", multiarch))]
+    arch = _TARGET_ARCH.get(platform.machine().lower())
+    if arch:
+        args.append(f"-D__TARGET_ARCH_{arch}")
+    return args + ["-c", str(src), "-o", str(out)]
+
+
+def compile_probe(src: Path, out: Path | None = None, *, mcpu: str = "v3", clang: str | None = None) -> Path:
+    """Compile ``X.bpf.c`` to ``X.bpf.o`` (or ``out``); returns the object's path.
+
+    Raises EgpuError naming the source, with clang's diagnostics in ``detail``.
+    """
+    src = Path(src)
+    if out is None:
+        out = src.with_suffix(".o")
+    out = Path(out)
+    if not src.is_file():
+        raise EgpuError("no such probe source", file=str(src))
+    cmd = [clang or find_clang(), *clang_args(src, out, mcpu)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        raise EgpuError(f"cannot run {cmd[0]}: {e.strerror}", file=str(src)) from None
+    if done.returncode != 0:
+        raise EgpuError(f"clang failed (exit {done.returncode})", file=str(src),
+                        detail=done.stderr.strip() or None)
+    return out

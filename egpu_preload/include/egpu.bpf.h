@@ -1,0 +1,140 @@
+/* egpu.bpf.h: everything an egpu probe needs, in one header shipped with the package.
+ *
+ * Compile with `egpu compile probe.bpf.c` (clang -O2 -g -target bpf, this directory on the include path).
+ *
+ * Sections (what SEC() names; egpu_preload/bpf/sections.py parses them):
+ *   kprobe/GLOB        kernel entry          kretprobe/GLOB    kernel exit (before every ret/exit)
+ *   egpu/mem/GLOB      every global load and store        egpu/load/GLOB, egpu/store/GLOB: one kind only
+ *   egpu/launch/GLOB   once per launch, on the host side of the launch (grid, block, stream)
+ * GLOB matches the mangled or demangled kernel name (fnmatch rules; "*" for every kernel).
+ * Scope: the suffix ".warp" or ".block" on the word before the first "/" of a GPU section runs the probe
+ * once per warp (lowest active lane) or once per block instead of in every thread:
+ *   kprobe.warp/GLOB, kretprobe.block/GLOB, egpu/mem.warp/GLOB, egpu/store.block/GLOB.
+ * egpu/launch takes no scope (it runs once per launch already).
+ *
+ * The header may be combined with libbpf's <bpf/bpf_helpers.h> in either order: whichever comes first
+ * defines SEC(), the map macros and the standard helpers, and the other adds only what it lacks.
+ */
+#ifndef __EGPU_BPF_H__
+#define __EGPU_BPF_H__
+
+/* Types and constants of linux/bpf.h: from the system's uapi headers when they are there, so that a later
+ * #include <linux/bpf.h> agrees with us; otherwise the subset egpu implements. */
+#if __has_include(<linux/bpf.h>)
+#include <linux/types.h>
+#include <linux/bpf.h>
+#else
+typedef signed char __s8;
+typedef unsigned char __u8;
+typedef short __s16;
+typedef unsigned short __u16;
+typedef int __s32;
+typedef unsigned int __u32;
+typedef long long __s64;
+typedef unsigned long long __u64;
+enum bpf_map_type {
+	BPF_MAP_TYPE_HASH = 1,
+	BPF_MAP_TYPE_ARRAY = 2,
+	BPF_MAP_TYPE_PERF_EVENT_ARRAY = 4,
+	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+	BPF_MAP_TYPE_LRU_HASH = 9,
+	BPF_MAP_TYPE_RINGBUF = 27,
+};
+enum { BPF_ANY = 0, BPF_NOEXIST = 1, BPF_EXIST = 2 };
+enum { BPF_F_CURRENT_CPU = 0xffffffffULL };
+#endif
+
+/* ---- What libbpf's bpf_helpers.h also defines (same spelling, same ids). ---- */
+#ifndef __BPF_HELPERS__
+#define __BPF_HELPERS__ /* a later <bpf/bpf_helpers.h> is then a no-op: this block replaces it */
+
+#define __uint(name, val) int (*name)[val]
+#define __type(name, val) typeof(val) *name
+#define __array(name, val) typeof(val) *name[]
+#define SEC(name) \
+	_Pragma("GCC diagnostic push") \
+	_Pragma("GCC diagnostic ignored \"-Wignored-attributes\"") \
+	__attribute__((section(name), used)) \
+	_Pragma("GCC diagnostic pop")
+#undef __always_inline
+#define __always_inline inline __attribute__((always_inline))
+#ifndef __noinline
+#define __noinline __attribute__((noinline))
+#endif
+#ifndef __weak
+#define __weak __attribute__((weak))
+#endif
+#define __hidden __attribute__((visibility("hidden")))
+#ifndef NULL
+#define NULL ((void *)0)
+#endif
+#ifndef offsetof
+#define offsetof(type, member) __builtin_offsetof(type, member)
+#endif
+#ifndef barrier
+#define barrier() asm volatile("" ::: "memory")
+#endif
+
+/* Standard helpers (linux/bpf.h ids). */
+static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
+static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, __u64 flags) = (void *)2;
+static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
+static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;           /* %globaltimer on the GPU */
+static long (*bpf_trace_printk)(const char *fmt, __u32 fmt_size, ...) = (void *)6; /* formatted on the host */
+static __u32 (*bpf_get_smp_processor_id)(void) = (void *)8;   /* %smid on the GPU */
+static long (*bpf_perf_event_output)(void *ctx, void *map, __u64 flags, void *data, __u64 size) = (void *)25;
+static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 flags) = (void *)130;
+static void *(*bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (void *)131;
+static void (*bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
+static void (*bpf_ringbuf_discard)(void *data, __u64 flags) = (void *)133;
+
+/* bpf_printk("fmt", a, b, c): up to three arguments, like libbpf's short form. */
+#define bpf_printk(fmt, ...) \
+	({ static const char ____fmt[] = fmt; bpf_trace_printk(____fmt, sizeof(____fmt), ##__VA_ARGS__); })
+#endif /* __BPF_HELPERS__ */
+
+/* ---- GPU helpers: bpftime's ids and names, so its probes run unchanged. ---- */
+static __u64 (*bpf_get_globaltimer)(void) = (void *)502;
+static long (*bpf_get_block_idx)(__u64 *x, __u64 *y, __u64 *z) = (void *)503;
+static long (*bpf_get_block_dim)(__u64 *x, __u64 *y, __u64 *z) = (void *)504;
+static long (*bpf_get_thread_idx)(__u64 *x, __u64 *y, __u64 *z) = (void *)505;
+static long (*bpf_membar)(void) = (void *)506;
+/* Ends the probe (the kernel's thread goes on): killing a thread would change what the kernel computes. */
+static void (*bpf_exit)(void) = (void *)507;
+static long (*bpf_get_grid_dim)(__u64 *x, __u64 *y, __u64 *z) = (void *)508;
+static __u64 (*bpf_get_sm_id)(void) = (void *)509;
+static __u64 (*bpf_get_warp_id)(void) = (void *)510;
+static __u64 (*bpf_get_lane_id)(void) = (void *)511;
+
+/* ---- The context a probe receives in r1 (egpu_preload/bpf/ctx.py is the ABI; tests check the offsets). ---- */
+#define EGPU_MAX_ARGS 8
+enum egpu_kind { EGPU_KIND_ENTRY = 0, EGPU_KIND_EXIT = 1, EGPU_KIND_MEM = 2, EGPU_KIND_LAUNCH = 3 };
+enum egpu_flags { EGPU_F_LOAD = 1, EGPU_F_STORE = 2, EGPU_F_ATOMIC = 4 };
+
+struct egpu_ctx {
+	__u64 kernel_id;   /* FNV-1a 64 of the mangled kernel name */
+	__u64 launch_id;   /* counts launches of instrumented kernels, process-wide */
+	__u64 addr;        /* memory sites: the effective (generic) address */
+	__u32 site;        /* index of the instrumented instruction within the kernel */
+	__u32 size;        /* memory sites: bytes accessed */
+	__u32 flags;       /* EGPU_F_* */
+	__u32 kind;        /* EGPU_KIND_* */
+	__u64 args[EGPU_MAX_ARGS]; /* the kernel's first parameters, each zero-extended to 64 bits */
+	__u32 nargs;
+	__u32 grid[3];     /* launch probes: gridDim */
+	__u32 block[3];    /* launch probes: blockDim */
+	__u32 pad;
+	__u64 stream;      /* launch probes: the CUstream handle */
+};
+_Static_assert(sizeof(struct egpu_ctx) == 144, "struct egpu_ctx must match egpu_preload/bpf/ctx.py");
+
+/* Legacy map definitions in SEC("maps"), for probes written before BTF-defined maps. */
+struct egpu_map_def {
+	unsigned int type;
+	unsigned int key_size;
+	unsigned int value_size;
+	unsigned int max_entries;
+	unsigned int map_flags;
+};
+
+#endif /* __EGPU_BPF_H__ */
