@@ -115,26 +115,21 @@ def test_random_instructions_match_llvm() -> None:
     assert _ours(code) == llvm_disasm(code)
 
 
-def _probe_objects(tmp_path_factory) -> list[Path]:
-    from egpu_preload.bpf.compile import compile_probe
-    out = tmp_path_factory.mktemp("probes")
-    return [compile_probe(src, out / (src.stem + ".o"), mcpu="v4") for src in sorted(PROBES.glob("*.bpf.c"))]
-
-
 @needs_llvm
-def test_probes_match_llvm(tmp_path_factory) -> None:
-    objects = _probe_objects(tmp_path_factory)
-    assert objects, "tests/probes has no probes"
+@pytest.mark.parametrize("mcpu", ["v3", "v4"])
+def test_probes_match_llvm(probe_obj, mcpu: str) -> None:
+    names = sorted(p.name.removesuffix(".bpf.c") for p in PROBES.glob("*.bpf.c"))
+    assert names, "tests/probes has no probes"
     checked = 0
-    for obj in objects:
+    for name in names:
+        obj = probe_obj(name, mcpu)
         expected = _objdump_lines(obj)
         with obj.open("rb") as f:
-            elf = ELFFile(f)
-            for sec in elf.iter_sections():
+            for sec in ELFFile(f).iter_sections():
                 if sec["sh_flags"] & SH_FLAGS.SHF_EXECINSTR and sec.data_size:
                     assert _ours(sec.data()) == expected[sec.name], f"{obj.name}:{sec.name}"
                     checked += 1
-    assert checked >= len(objects)
+    assert checked >= len(names)
 
 
 @pytest.mark.parametrize("insn, text", [
