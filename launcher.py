@@ -35,6 +35,27 @@ def egpu_main() -> None:
         sys.exit(1)
 
 
+@egpu.command()
+def inspect(binary: Path,
+            extract_ptx: Optional[Path] = typer.Option(None, "--extract-ptx", metavar="DIR",
+                                                       help="write every PTX entry into DIR")) -> None:
+    """List the fatbin entries of an executable, library, object or fatbin (like cuobjdump -lelf -lptx)."""
+    from egpu_preload import fatbin
+    try:
+        try:
+            data = binary.read_bytes()
+        except OSError as e:
+            raise EgpuError(f"cannot read ({e.strerror})", file=str(binary))
+        found = fatbin.find_fatbins(data)
+        for line in fatbin.listing(found):
+            typer.echo(line)
+        if extract_ptx is not None:
+            for path in fatbin.write_ptx(found, extract_ptx, binary.name):
+                typer.echo(f"wrote {path}")
+    except EgpuError as e:
+        _fail(e.where(file=str(binary)))
+
+
 def run_main() -> None:
     typer.echo("egpu-run: not built yet", err=True)
     sys.exit(2)

@@ -1,0 +1,212 @@
+"""The fatbin reader on real nvcc 13.0 output, built here: every compression mode, -rdc, several archs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from egpu_preload import fatbin as F
+from egpu_preload.errors import FatbinError
+
+KERNELS = """
+__global__ void add(float *a, float b, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) a[i] += b; }
+__device__ int counter;
+__global__ void count(int *out) { /* comments vanish in fatbin PTX */ out[threadIdx.x] = atomicAdd(&counter, 1); }
+"""
+OTHER = "__global__ void scale(float *a, float s) { a[threadIdx.x] *= s; }\n"
+ARCHS = ["-gencode", "arch=compute_75,code=sm_75", "-gencode", "arch=compute_80,code=compute_80",
+         "-gencode", "arch=compute_90,code=[sm_90,compute_90]"]
+
+# name -> nvcc arguments (after the source); every build runs at once in the fixture.
+BUILDS = {
+    "default": ["-fatbin", *ARCHS],
+    "speed": ["-fatbin", "--compress-mode=speed", *ARCHS],
+    "size": ["-fatbin", "--compress-mode=size", *ARCHS],
+    "none": ["-fatbin", "--compress-mode=none", *ARCHS],
+    "rdc": ["-c", "-rdc=true", "-gencode", "arch=compute_80,code=[sm_80,compute_80]"],
+}
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> dict[str, Path]:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.fail("nvcc is required for the fatbin tests (CUDA toolkit)")
+    d = tmp_path_factory.mktemp("fatbin")
+    (d / "k.cu").write_text(KERNELS)
+    (d / "other.cu").write_text(OTHER)
+    out = {name: d / f"k_{name}.bin" for name in BUILDS}
+    procs = [subprocess.Popen([nvcc, "k.cu", *args, "-o", out[name].name], cwd=d)
+             for name, args in BUILDS.items()]
+    # --keep leaves the PTX nvcc -ptx would print beside the fatbin it embeds it in
+    out["keep"] = d / "keep"
+    out["keep"].mkdir()
+    procs.append(subprocess.Popen([nvcc, "k.cu", "-fatbin", *ARCHS, "--keep", "--keep-dir", "keep",
+                                   "-o", "kept.fatbin"], cwd=d))
+    out["shared"] = d / "libk.so"  # two translation units: several fatbins in one library
+    procs.append(subprocess.Popen([nvcc, "-shared", "-Xcompiler", "-fPIC", "k.cu", "other.cu",
+                                   "-o", "libk.so"], cwd=d))
+    for p in procs:
+        assert p.wait() == 0, p.args
+    return out
+
+
+def entries(path: Path) -> list[tuple[str, int, str]]:
+    return [(e.kind.name, e.arch, e.compression)
+            for fb in F.find_fatbins(path.read_bytes()) for e in fb.entries]
+
+
+# Which entry nvcc 13.0 compresses how, per --compress-mode (measured: speed = LZ4, size = Zstd for
+# SASS too, default = Zstd for PTX only).
+@pytest.mark.parametrize("build, expected", [
+    ("default", [("ELF", 75, "none"), ("PTX", 80, "zstd"), ("ELF", 90, "none"), ("PTX", 90, "zstd")]),
+    ("speed", [("ELF", 75, "none"), ("PTX", 80, "lz4"), ("ELF", 90, "none"), ("PTX", 90, "lz4")]),
+    ("size", [("ELF", 75, "zstd"), ("PTX", 80, "zstd"), ("ELF", 90, "zstd"), ("PTX", 90, "zstd")]),
+    ("none", [("ELF", 75, "none"), ("PTX", 80, "none"), ("ELF", 90, "none"), ("PTX", 90, "none")]),
+])
+def test_entries_per_compress_mode(built, build, expected):
+    assert entries(built[build]) == expected
+
+
+def ptx_tokens(text: str) -> list[str]:
+    """PTX as a token stream: comments dropped, whitespace irrelevant (fatbin PTX is normalized)."""
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.S)
+    return re.findall(r'"[^"]*"|[\w.$%]+|\S', text)
+
+
+@pytest.mark.parametrize("build", ["default", "speed", "size", "none"])
+@pytest.mark.parametrize("arch", [80, 90])
+def test_ptx_equals_nvcc_ptx(built, build, arch):
+    entry = F.best_ptx(F.find_fatbins(built[build].read_bytes()), arch)
+    assert entry is not None and entry.arch == arch
+    expected = (built["keep"] / f"k.compute_{arch}.ptx").read_text()
+    assert ptx_tokens(entry.ptx()) == ptx_tokens(expected)
+    assert entry.ptx() != expected  # really the normalized text, not a copy of the file
+
+
+def test_every_entry_decodes_to_its_size(built):
+    for build in ("default", "speed", "size", "none"):
+        for fb in F.find_fatbins(built[build].read_bytes()):
+            for e in fb.entries:
+                data = e.data()
+                assert len(data) == e.size
+                assert data.startswith(b"\x7fELF") if e.kind == F.Kind.ELF else b".version" in data
+
+
+@pytest.mark.parametrize("sm, arch", [(75, None), (80, 80), (86, 80), (89, 80), (90, 90), (120, 90)])
+def test_best_ptx_is_highest_arch_not_above_device(built, sm, arch):
+    entry = F.best_ptx(F.find_fatbins(built["default"].read_bytes()), sm)
+    assert (entry.arch if entry else None) == arch
+
+
+def test_rdc_object_keeps_relocatable_code_in_nv_relfatbin(built):
+    [fb] = F.find_fatbins(built["rdc"].read_bytes())
+    assert fb.section == "__nv_relfatbin"
+    assert [(e.kind.name, e.arch) for e in fb.entries] == [("ELF", 80), ("PTX", 80)]
+    assert fb.entries[1].options == "--compile-only"
+    assert ".extern" in fb.entries[1].ptx() or ".visible .global" in fb.entries[1].ptx()
+
+
+def test_shared_library_fatbins_and_wrappers(built):
+    """Each wrapper in .nvFatBinSegment points at one of the fatbins found in .nv_fatbin; the static
+    cudart's own module comes with a version 2 wrapper, the user's translation units with version 1."""
+    import io
+    from elftools.elf.elffile import ELFFile
+    data = built["shared"].read_bytes()
+    fatbins = F.find_fatbins(data)
+    kernels = {name for fb in fatbins for e in fb.entries if e.kind == F.Kind.PTX
+               for name in re.findall(r"\.entry (\w+)", e.ptx())}
+    assert {"_Z3addPffi", "_Z5countPi", "_Z5scalePff"} <= kernels
+    elf = ELFFile(io.BytesIO(data))
+    fatbin_sec = elf.get_section_by_name(".nv_fatbin")
+    seg = elf.get_section_by_name(".nvFatBinSegment").data()
+    addrs = {fb.offset - fatbin_sec["sh_offset"] + fatbin_sec["sh_addr"] for fb in fatbins}
+    wrappers = [F.parse_wrapper(seg, off) for off in range(0, len(seg), F.WRAPPER.size)]
+    assert sorted(v for v, _, _ in wrappers) == [1, 1, 2]
+    assert {addr for _, addr, _ in wrappers} == addrs
+
+
+@pytest.mark.parametrize("head, kind", [
+    (struct.pack("<IIQQ", F.WRAPPER_MAGIC, 1, 0, 0), F.ImageKind.WRAPPER),
+    (struct.pack("<IHHQ", F.FATBIN_MAGIC, 1, 16, 0), F.ImageKind.FATBIN),
+    (b"\x7fELF\x02\x01", F.ImageKind.ELF),
+    (b"\n\n.version 9.0\n", F.ImageKind.PTX),
+    (b"//\n// Generated by NVIDIA NVVM Compiler\n", F.ImageKind.PTX),
+    (b"\x00\x01\x02\x03", F.ImageKind.UNKNOWN),
+])
+def test_image_kind(head, kind):
+    assert F.image_kind(head) == kind
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"", "runs past the end"),
+    (struct.pack("<IHHQ", 0x12345678, 1, 16, 0), "bad fatbin magic"),
+    (struct.pack("<IHHQ", F.FATBIN_MAGIC, 2, 16, 0), "unknown version"),
+    (struct.pack("<IHHQ", F.FATBIN_MAGIC, 1, 16, 64), "runs past the end"),
+    (struct.pack("<IHHQ", F.FATBIN_MAGIC, 1, 16, 64) + struct.pack("<HHIQ", 7, 0x101, 64, 0) + bytes(48),
+     "unknown kind 7"),
+    (struct.pack("<IHHQ", F.FATBIN_MAGIC, 1, 16, 64) + struct.pack("<HHIQ", 1, 0x101, 64, 8) + bytes(48),
+     "overrun"),
+])
+def test_corrupt_fatbins_are_refused(data, reason):
+    with pytest.raises(FatbinError, match=reason):
+        F.parse_fatbin(data)
+
+
+def test_wrapper_versions():
+    assert F.parse_wrapper(struct.pack("<IIQQ", F.WRAPPER_MAGIC, 2, 0x1000, 0x2000)) == (2, 0x1000, 0x2000)
+    with pytest.raises(FatbinError, match="unknown version 3"):
+        F.parse_wrapper(struct.pack("<IIQQ", F.WRAPPER_MAGIC, 3, 0, 0))
+
+
+@pytest.fixture(scope="session")
+def samples(built) -> list[bytes]:
+    """One real fatbin per compression mode, as bytes to mutate."""
+    return [built[b].read_bytes() for b in ("default", "speed", "size", "none")]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_mutated_fatbins_raise_only_fatbin_error(samples, data):
+    blob = bytearray(data.draw(st.sampled_from(samples)))
+    for _ in range(data.draw(st.integers(1, 8))):
+        # Aim half the mutations at the headers (first 16 + 96 bytes of each entry) where they bite.
+        pos = data.draw(st.one_of(st.integers(0, 127), st.integers(0, len(blob) - 1)))
+        blob[pos] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()):
+        del blob[data.draw(st.integers(0, len(blob))):]
+    try:
+        for fb in F.find_fatbins(bytes(blob)):
+            for e in fb.entries:
+                e.ptx() if e.kind == F.Kind.PTX else e.data()
+    except FatbinError:
+        pass
+
+
+def test_inspect_command_lists_and_extracts(built, tmp_path):
+    from typer.testing import CliRunner
+    import launcher
+    result = CliRunner().invoke(launcher.egpu, ["inspect", str(built["default"]),
+                                                "--extract-ptx", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("fatbin #1: offset 0x0")
+    assert [ln.split()[:2] for ln in lines[1:5]] == [["ELF", "sm_75"], ["PTX", "compute_80"],
+                                                     ["ELF", "sm_90"], ["PTX", "compute_90"]]
+    assert "zstd" in lines[2] and "none" in lines[1]
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written == ["k_default.bin.1.compute_80.ptx", "k_default.bin.1.compute_90.ptx"]
+
+
+def test_inspect_command_refuses_unreadable_file(tmp_path):
+    from typer.testing import CliRunner
+    import launcher
+    result = CliRunner().invoke(launcher.egpu, ["inspect", str(tmp_path / "missing")])
+    assert result.exit_code == 1
+    assert "cannot read" in result.output
