@@ -56,6 +56,18 @@ def inspect(binary: Path,
         _fail(e.where(file=str(binary)))
 
 
+@egpu.command("compile")
+def compile_cmd(source: Path,
+                output: Optional[Path] = typer.Option(None, "-o", "--output", help="default: X.bpf.c -> X.bpf.o"),
+                mcpu: str = typer.Option("v3", "--mcpu", help="eBPF ISA version for clang (v3, v4)")) -> None:
+    """Compile a probe with clang (-O2 -g -target bpf) and egpu.bpf.h on the include path."""
+    from egpu_preload.bpf.compile import compile_probe
+    try:
+        typer.echo(str(compile_probe(source, output, mcpu=mcpu)))
+    except EgpuError as e:
+        _fail(e)
+
+
 def run_main() -> None:
     typer.echo("egpu-run: not built yet", err=True)
     sys.exit(2)
