@@ -1,0 +1,58 @@
+"""Section names -> Attach: every kind, both scopes, and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from egpu_preload.bpf.program import Attach
+from egpu_preload.bpf.sections import parse_section
+from egpu_preload.errors import ElfError
+
+GOOD = [
+    ("kprobe/_Z9vectorAddPKfS0_Pf", Attach("entry", "_Z9vectorAddPKfS0_Pf", "thread")),
+    ("kprobe/*", Attach("entry", "*", "thread")),
+    ("kretprobe/vec*", Attach("exit", "vec*", "thread")),
+    ("kprobe.warp/vec*", Attach("entry", "vec*", "warp")),
+    ("kprobe.block/*", Attach("entry", "*", "block")),
+    ("kretprobe.warp/k", Attach("exit", "k", "warp")),
+    ("kretprobe.block/k", Attach("exit", "k", "block")),
+    ("egpu/mem/*", Attach("mem", "*", "thread")),
+    ("egpu/load/gemm*", Attach("load", "gemm*", "thread")),
+    ("egpu/store/gemm*", Attach("store", "gemm*", "thread")),
+    ("egpu/mem.warp/*", Attach("mem", "*", "warp")),
+    ("egpu/load.block/*", Attach("load", "*", "block")),
+    ("egpu/store.warp/x", Attach("store", "x", "warp")),
+    ("egpu/launch/*", Attach("launch", "*", "launch")),
+    ("kprobe/void add<float>(float*, int)", Attach("entry", "void add<float>(float*, int)", "thread")),
+    ("kprobe/a/b", Attach("entry", "a/b", "thread")),          # the GLOB is everything after the first /
+    ("kprobe/x.warp/y", Attach("entry", "x.warp/y", "thread")),  # a scope only counts before that /
+]
+
+BAD = [
+    ("uprobe/libcuda.so:cuLaunchKernel", "unknown section"),
+    ("kprobes/x", "unknown section"),
+    ("egpu/memory/x", "unknown section"),
+    ("egpu/launch.warp/*", "take no scope"),
+    ("kprobe.lane/*", "unknown scope .lane"),
+    ("egpu/mem.thread/*", "unknown scope .thread"),
+    ("kprobe/", "empty kernel name pattern"),
+    ("egpu/store.block/", "empty kernel name pattern"),
+    ("kprobe.warp", "unknown section"),
+    ("kprobe", "unknown section"),
+    ("xdp", "unknown section"),
+    ("", "unknown section"),
+]
+
+
+@pytest.mark.parametrize("name,attach", GOOD, ids=[g[0] for g in GOOD])
+def test_parse(name, attach):
+    assert parse_section(name) == attach
+
+
+@pytest.mark.parametrize("name,reason", BAD, ids=[b[0] or "empty" for b in BAD])
+def test_refused(name, reason):
+    with pytest.raises(ElfError) as e:
+        parse_section(name)
+    assert reason in e.value.reason
+    assert e.value.section == name
+    assert str(e.value).startswith(f"{name}:" if name else "")
