@@ -228,6 +228,8 @@ class Btf:
                 raw = data[off:off + t.nelems]
                 return '"' + raw.split(b"\0", 1)[0].decode("utf-8", "backslashreplace") + '"'
             step = self.size(t.ref)
+            if step == 0:  # zero-sized elements (empty structs): nothing to show, and no 2**32-step walk
+                return "[]"
             return "[" + ", ".join(self._format(t.ref, data, off + i * step, depth + 1)
                                    for i in range(t.nelems)) + "]"
         if t.kind in (KIND_STRUCT, KIND_UNION):
