@@ -1,0 +1,352 @@
+"""PTX modules as data: a parser and printer that round-trip any module byte for byte.
+
+A module is a list of top-level items laid over its text: header lines (``.version``, ``.target``,
+``.address_size``), functions (``.entry``/``.func`` definitions) and raw text for everything else
+(comments, ``.file``, variables, ``.extern`` prototypes, ``.section`` debug data). Every item keeps its
+span, so printing an unchanged module is concatenation. A function's body is parsed only when asked
+(``Function.statements``): a flat list of statements with their spans and nesting depth. Rewriters
+describe changes as ``Edit``s at statement boundaries; ``Module.render`` applies them. Nothing here
+searches PTX for substrings.
+
+PTX ISA 9.0 section 4 (syntax): statements end in ``;``; labels end in ``:``; ``{ }`` opens a scope
+(and also groups vector operands inside a statement); ``.loc`` and ``.file`` end at the line's end.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from egpu_preload.errors import PtxError
+
+# Comments, strings and the characters that shape the top level.
+_TOKEN = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:[^"\\\n]|\\.)*"|[;{}()=]', re.S)
+_BRACE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:[^"\\\n]|\\.)*"|[{}]', re.S)
+_SPACE = re.compile(r'(?:\s+|//[^\n]*|/\*.*?\*/)*', re.S)
+_SPACES = re.compile(r'(?:\s+|//[^\n]*|/\*.*?\*/)+', re.S)
+_LINE_DIRECTIVES = (".version", ".target", ".address_size", ".file", ".loc")
+
+# One statement-level token of a function body (section 4.3: statements, labels, scopes).
+_BODY = re.compile(r"""
+    (?P<ws>\s+)
+  | (?P<comment>//[^\n]*|/\*.*?\*/)
+  | (?P<open>\{)
+  | (?P<close>\})
+  | (?P<line>\.(?:loc|file)\b[^\n]*)
+  | (?P<label>[$%A-Za-z_][\w$]*[ \t]*:(?!:))
+  | (?P<stmt>[^;{}"/]*(?:(?:\{[^{}]*\}|"[^"]*"|/(?![/*]))[^;{}"/]*)*;)
+""", re.X | re.S)
+
+_HEADER = re.compile(r"""
+    (?P<pre>(?:\.\w+\s+)*?)\.(?P<kind>entry|func)\b\s*
+    (?:\((?P<ret>[^()]*)\)\s*)?
+    (?P<name>[$%A-Za-z_][\w$]*)\s*
+    (?:\((?P<params>[^()]*)\))?
+""", re.X | re.S)
+
+# Sizes of PTX fundamental types in bytes (section 5.2.2).
+TYPE_SIZES = {
+    "b8": 1, "u8": 1, "s8": 1, "e4m3": 1, "e5m2": 1,
+    "b16": 2, "u16": 2, "s16": 2, "f16": 2, "bf16": 2,
+    "b32": 4, "u32": 4, "s32": 4, "f32": 4, "f16x2": 4, "bf16x2": 4, "tf32": 4,
+    "b64": 8, "u64": 8, "s64": 8, "f64": 8,
+    "b128": 16,
+    "pred": 0,
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: str          # "u64", "b8", ...
+    size: int          # bytes of the whole parameter (arrays: element size * count)
+    align: int
+
+
+@dataclass(frozen=True)
+class Stmt:
+    start: int         # span in the module text (no leading whitespace)
+    end: int
+    depth: int         # 1 = the function's outermost scope
+
+
+@dataclass(frozen=True)
+class Instruction(Stmt):
+    pred: str | None   # "%p1", "!%p1" (the guard without "@")
+    opcode: str        # "ld.global.v4.f32"
+    operands: tuple[str, ...]
+
+    @property
+    def parts(self) -> list[str]:
+        return self.opcode.split(".")
+
+
+@dataclass(frozen=True)
+class Label(Stmt):
+    name: str
+
+
+@dataclass(frozen=True)
+class Directive(Stmt):
+    name: str          # ".reg", ".loc", ".pragma", ".param", ...
+    text: str
+
+
+@dataclass(frozen=True)
+class Open(Stmt):
+    pass
+
+
+@dataclass(frozen=True)
+class Close(Stmt):
+    pass
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace text[start:end] with ``text`` (start == end inserts)."""
+
+    start: int
+    end: int
+    text: str
+
+
+@dataclass
+class Function:
+    module: "Module"
+    start: int
+    end: int                 # after the closing brace (or ';' for a prototype)
+    kind: str                # "entry" | "func"
+    name: str
+    linkage: tuple[str, ...]     # ".visible", ".weak", ".extern", ...
+    params: tuple[Param, ...] | None  # None: the header did not parse
+    params_end: int | None   # offset of the ')' closing the parameter list
+    body_open: int | None    # offset of '{' (None: a declaration)
+    _stmts: list[Stmt] | None = field(default=None, repr=False)
+
+    @property
+    def is_kernel(self) -> bool:
+        return self.kind == "entry" and self.body_open is not None
+
+    def statements(self) -> list[Stmt]:
+        """The body as statements, parsed on first use; PtxError for text that is not PTX."""
+        if self._stmts is None:
+            if self.body_open is None:
+                raise PtxError(f"{self.name}: a declaration has no body")
+            self._stmts = _parse_body(self.module.text, self.body_open + 1, self.end - 1)
+        return self._stmts
+
+
+@dataclass
+class Module:
+    text: str
+    items: list[tuple[int, int]]       # spans of top-level items, in order, covering the text
+    functions: list[Function]
+    version: tuple[int, int] | None
+    version_span: tuple[int, int] | None   # the "X.Y" of .version
+    target: str | None                 # "sm_90a"
+    target_span: tuple[int, int] | None    # the first target token
+    header_end: int                    # after the last header line: where new declarations go
+
+    def kernels(self) -> list[Function]:
+        return [f for f in self.functions if f.is_kernel]
+
+    def render(self, edits: list[Edit]) -> str:
+        """The module text with non-overlapping edits applied (an empty list gives the text back)."""
+        out, pos = [], 0
+        for e in sorted(edits, key=lambda e: (e.start, e.end)):
+            if e.start < pos:
+                raise PtxError(f"overlapping edits at offset {e.start}")
+            out += (self.text[pos:e.start], e.text)
+            pos = e.end
+        out.append(self.text[pos:])
+        return "".join(out)
+
+
+def parse(text: str) -> Module:
+    """Split a module into top-level items; PtxError when braces or statements do not close."""
+    mod = Module(text, [], [], None, None, None, None, 0)
+    pos, n = 0, len(text)
+    while True:
+        pos = _SPACE.match(text, pos).end()
+        if pos >= n:
+            break
+        start = pos
+        if text.startswith(_LINE_DIRECTIVES, pos):
+            pos = _line_end(text, pos)
+            _header_line(mod, start, pos)
+        elif text.startswith(".section", pos):
+            pos = _matching_brace(text, _find(text, "{", pos)) + 1
+        else:
+            pos = _top_item(mod, start)
+        mod.items.append((start, pos))
+    return mod
+
+
+def _line_end(text: str, pos: int) -> int:
+    end = text.find("\n", pos)
+    return len(text) if end < 0 else end
+
+
+def _find(text: str, ch: str, pos: int) -> int:
+    i = text.find(ch, pos)
+    if i < 0:
+        raise PtxError(f"expected {ch!r} after offset {pos}")
+    return i
+
+
+def _header_line(mod: Module, start: int, end: int) -> None:
+    words = mod.text[start:end].split("//")[0].replace(",", " ").split()
+    if words[0] == ".version" and len(words) > 1:
+        major, _, minor = words[1].partition(".")
+        mod.version = (int(major), int(minor or 0))
+        vstart = mod.text.index(words[1], start)
+        mod.version_span = (vstart, vstart + len(words[1]))
+    elif words[0] == ".target" and len(words) > 1:
+        mod.target = words[1]
+        tstart = mod.text.index(words[1], start)
+        mod.target_span = (tstart, tstart + len(words[1]))
+    if words[0] in (".version", ".target", ".address_size"):
+        mod.header_end = end
+
+
+def _matching_brace(text: str, open_pos: int) -> int:
+    depth = 0
+    for m in _BRACE.finditer(text, open_pos):
+        c = m.group()
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return m.start()
+    raise PtxError(f"unclosed '{{' at offset {open_pos}")
+
+
+def _top_item(mod: Module, start: int) -> int:
+    """One declaration or definition starting at ``start``; returns the offset after it."""
+    text, parens, init = mod.text, 0, False
+    it = _TOKEN.finditer(text, start)
+    for m in it:
+        c = m.group()
+        if c == "(":
+            parens += 1
+        elif c == ")":
+            parens -= 1
+        elif c == "=":
+            init = True
+        elif c == ";" and parens == 0:
+            _function(mod, start, m.end(), None)
+            return m.end()
+        elif c == "{" and parens == 0:
+            close = _matching_brace(text, m.start())
+            if init:  # an initializer list: the declaration goes on to its ';'
+                it = _TOKEN.finditer(text, close + 1)
+                continue
+            _function(mod, start, close + 1, m.start())
+            return close + 1
+        elif c == "}":
+            raise PtxError(f"unexpected '}}' at offset {m.start()}")
+    raise PtxError(f"unterminated declaration at offset {start}")
+
+
+def _function(mod: Module, start: int, end: int, body_open: int | None) -> None:
+    head_end = body_open if body_open is not None else end
+    m = _HEADER.search(mod.text, start, head_end)
+    if m is None or mod.text[start:m.start()].strip():
+        return  # a variable or other declaration: raw text
+    params = params_end = None
+    if m.group("params") is not None:
+        params_end = m.end("params")
+        params = _params(m.group("params"))
+    linkage = tuple(mod.text[start:m.start("kind") - 1].split())
+    mod.functions.append(Function(mod, start, end, m.group("kind"), m.group("name"), linkage,
+                                  params, params_end, body_open))
+
+
+_PARAM = re.compile(r"\.param\s+(?P<attrs>(?:\.[\w:]+\s+(?:\d+\s+)?)*)(?P<name>[$%A-Za-z_][\w$]*)"
+                    r"\s*(?:\[\s*(?P<count>\d*)\s*\])?\s*$")
+
+
+def _params(text: str) -> tuple[Param, ...] | None:
+    out = []
+    for raw in text.split(","):
+        raw = _SPACES.sub(" ", raw).strip()
+        if not raw:
+            continue
+        m = _PARAM.match(raw)
+        if m is None:
+            return None
+        attrs = m.group("attrs").split()
+        types = [a[1:] for a in attrs if a[1:] in TYPE_SIZES]
+        if not types:
+            return None
+        size = TYPE_SIZES[types[0]] * int(m.group("count") or 1)
+        # With .ptr, .align is the pointee's alignment (PTX ISA 5.1.6.1), not the parameter's.
+        explicit = ".align" in attrs and ".ptr" not in attrs
+        align = int(attrs[attrs.index(".align") + 1]) if explicit else TYPE_SIZES[types[0]]
+        out.append(Param(m.group("name"), types[0], size, align))
+    return tuple(out)
+
+
+def _parse_body(text: str, start: int, end: int) -> list[Stmt]:
+    stmts: list[Stmt] = []
+    depth, pos = 1, start
+    match = _BODY.match
+    while pos < end:
+        m = match(text, pos, end)
+        if m is None:
+            line = text.count("\n", 0, pos) + 1
+            raise PtxError(f"line {line}: cannot parse {text[pos:pos + 40]!r}")
+        kind, s, pos = m.lastgroup, m.start(), m.end()
+        if kind == "stmt":
+            stmts.append(_statement(text, s, pos, depth))
+        elif kind == "label":
+            stmts.append(Label(s, pos, depth, text[s:pos - 1].strip()))
+        elif kind == "line":
+            stmts.append(Directive(s, pos, depth, text[s:pos].split(None, 1)[0], text[s:pos]))
+        elif kind == "open":
+            depth += 1
+            stmts.append(Open(s, pos, depth))
+        elif kind == "close":
+            stmts.append(Close(s, pos, depth))
+            depth -= 1
+            if depth < 1:
+                raise PtxError(f"unbalanced '}}' at offset {s}")
+    if depth != 1:
+        raise PtxError("unbalanced '{' in function body")
+    return stmts
+
+
+_GUARD = re.compile(r"@(!?[$%\w]+)\s*")
+
+
+def _statement(text: str, start: int, end: int, depth: int) -> Stmt:
+    body = text[start:end - 1]
+    if body.startswith("."):
+        return Directive(start, end, depth, body.split(None, 1)[0], body)
+    pred = None
+    g = _GUARD.match(body)
+    if g:
+        pred, body = g.group(1), body[g.end():]
+    head = body.split(None, 1)
+    opcode = head[0] if head else ""
+    operands = tuple(split_operands(head[1])) if len(head) > 1 else ()
+    return Instruction(start, end, depth, pred, opcode, operands)
+
+
+def split_operands(text: str) -> list[str]:
+    """Comma-separated operands at nesting level 0 of (), [] and {} (section 4.6), whitespace-trimmed."""
+    out, depth, cur = [], 0, 0
+    for i, c in enumerate(text):
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            out.append(text[cur:i].strip())
+            cur = i + 1
+    last = text[cur:].strip()
+    if last or out:
+        out.append(last)
+    return out

@@ -1,0 +1,417 @@
+"""Splice probe calls into the kernels of a PTX module without changing what the kernels compute.
+
+``instrument(module_ptx, probes)`` returns the new module text and, per kernel, whether it was
+instrumented, left untouched (no glob matched, or no site for the probes that did) or failed (the
+reason; that kernel is then byte-identical to the input). Cost is linear in the module's size: one
+pass over the top level, one over the body of each matching kernel, one join.
+
+What an instrumented kernel looks like
+--------------------------------------
+- Its parameter list gains a trailing ``.param .u64 __egpu_launch_id`` (the launch contract below).
+- At entry, after the kernel's own declarations: a ``.local`` ``struct egpu_ctx`` (bpf/ctx.py) filled
+  once with kernel_id (FNV-1a of the mangled name), launch_id, args (the first 8 parameters, each
+  zero-extended; an aggregate gives its first 8/4/2/1 bytes as its alignment allows) and nargs; the
+  launch-only fields (grid, block, stream) are zero. ``%__egpu_ctxp`` holds its generic address.
+- At each site, one ``{ }`` scope declares its own ``%__egpu_*`` registers and ``.param`` slots (so
+  nothing clashes with the kernel's names; a kernel that already mentions ``__egpu`` is refused),
+  stores site, addr, size, flags and kind, and calls each probe
+  ``.func (.param .b64 %ret) NAME(.param .b64 %ctx)`` with the context's generic address.
+  site is the index of the instruction among the kernel's instructions (entry: 0).
+- Sites: entry; before every ``ret``/``exit``; before every ``ld``/``ldu``/``st``/``atom``/``red`` on
+  ``.global`` or generic addresses and every ``cp.async.{ca,cg}`` from global memory. ctx.addr is the
+  generic address (``.global`` addresses go through ``cvta.global``); size is the vector width times
+  the type's size (cp.async: its cp-size); flags: ld/ldu/cp.async load, st store, atom
+  load|store|atomic, red store|atomic. ``egpu/load`` probes see sites with the load flag, ``egpu/store``
+  those with the store flag. Accesses inside non-kernel ``.func``s are not sites (no context there).
+- A guarded site (``@%p st...``, ``@%p ret``) is preceded by ``@!%p bra`` around the probe scope, so
+  the probe runs exactly when the instruction does.
+- Scopes: thread: every thread that reaches the site. warp: the lowest lane of ``activemask`` at the
+  site (after the guard), so under divergence each group of lanes that reaches the site together
+  elects one. block: thread (0,0,0) of the block, when it reaches the site (for exit: when that thread
+  exits, whether or not other threads still run).
+- ``.version``/``.target`` are raised only to what the probes need (warp scope: PTX 6.2 for
+  ``activemask``).
+
+Launch contract (what the shim must do)
+---------------------------------------
+The launch id is an extra trailing kernel parameter, so it is exact per launch with no shared state.
+For every kernel reported ``instrumented``, the shim, when it launches the instrumented function in
+place of the original, appends one 64-bit value, the process-wide launch counter (the same number
+``egpu/launch`` probes see), to the application's parameters:
+- ``kernelParams`` form: pass a new array of n+1 pointers, the last pointing at the u64.
+- ``extra`` form (``CU_LAUNCH_PARAM_BUFFER_POINTER``): copy the buffer and write the u64 at
+  ``KernelStatus.launch_param_offset`` (the parameter layout rounded up to 8), with the new size.
+Kernels reported ``untouched`` or ``failed`` are launched unchanged, with the original parameters.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from egpu_preload.bpf import ctx as C
+from egpu_preload.bpf.program import Attach
+from egpu_preload.errors import PtxError
+from egpu_preload.translate import ptx
+from egpu_preload.translate.demangle import matches
+
+LAUNCH_PARAM = "__egpu_launch_id"
+PREFIX = "__egpu"
+# PTX 6.2 introduced activemask (PTX ISA 9.7.13.4), which the warp scope uses.
+WARP_VERSION = (6, 2)
+MEM_KINDS = {"mem": 0, "load": C.FLAG_LOAD, "store": C.FLAG_STORE}
+_SPACES = ("global", "shared", "local", "param", "const", "tex")
+_ADDR = re.compile(r"\[\s*(?P<base>[$%\w.]+)\s*(?:(?P<sign>[+-])\s*(?P<off>-?(?:0[xX][0-9a-fA-F]+|\d+)))?\s*\]$")
+_DECLS = (".reg", ".local", ".shared", ".param", ".const", ".global")
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """One translated probe as the rewriter needs it."""
+
+    attach: Attach             # kind entry|exit|mem|load|store, glob, scope thread|warp|block
+    func: str                  # name of ``.func (.param .b64 %ret) NAME(.param .b64 %ctx)``
+    ptx: str = ""              # its definition and any .global declarations, pasted after the header
+    version: tuple[int, int] = (0, 0)   # lowest .version the text needs
+    target: int = 0            # lowest sm_XX the text needs
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    name: str
+    status: str                # instrumented | untouched | failed
+    reason: str = ""
+    calls: int = 0             # probe calls inserted
+    launch_param_offset: int | None = None  # byte offset of __egpu_launch_id in the parameter buffer
+
+
+@dataclass
+class RewriteResult:
+    text: str
+    kernels: list[KernelStatus]
+    seconds: dict[str, float] = field(default_factory=dict)   # parse, rewrite, render
+
+    def status(self, name: str) -> KernelStatus:
+        return next(k for k in self.kernels if k.name == name)
+
+
+def instrument(module_ptx: str, probes: list[ProbeSpec]) -> RewriteResult:
+    """Instrument every kernel a probe's glob matches; others stay byte-identical."""
+    t0 = time.perf_counter()
+    mod = ptx.parse(module_ptx)
+    t1 = time.perf_counter()
+    edits: list[ptx.Edit] = []
+    statuses, used = [], []
+    for fn in mod.kernels():
+        mine = [p for p in probes if matches(p.attach.glob, fn.name)]
+        if not mine:
+            statuses.append(KernelStatus(fn.name, "untouched", "no probe matches"))
+            continue
+        try:
+            kernel_edits, calls = _Kernel(fn, mine).edits()
+        except PtxError as e:
+            statuses.append(KernelStatus(fn.name, "failed", e.reason))
+            continue
+        if not calls:
+            statuses.append(KernelStatus(fn.name, "untouched", "no sites for the matching probes"))
+            continue
+        edits += kernel_edits
+        used += [p for p in mine if p not in used]
+        statuses.append(KernelStatus(fn.name, "instrumented", calls=calls,
+                                     launch_param_offset=_launch_param_offset(fn.params)))
+    if used:
+        edits += _module_edits(mod, used)
+    t2 = time.perf_counter()
+    text = mod.render(edits)
+    t3 = time.perf_counter()
+    return RewriteResult(text, statuses, {"parse": t1 - t0, "rewrite": t2 - t1, "render": t3 - t2})
+
+
+def _launch_param_offset(params: tuple[ptx.Param, ...]) -> int:
+    off = 0
+    for p in params:
+        off = -(-off // p.align) * p.align + p.size
+    return -(-off // 8) * 8
+
+
+def _module_edits(mod: ptx.Module, used: list[ProbeSpec]) -> list[ptx.Edit]:
+    """Probe definitions after the header, and .version/.target raised where the probes need it."""
+    edits = []
+    texts = list(dict.fromkeys(p.ptx.strip() for p in used if p.ptx.strip()))
+    if texts:
+        edits.append(ptx.Edit(mod.header_end, mod.header_end, "\n\n" + "\n\n".join(texts) + "\n"))
+    need_v = max([p.version for p in used] + [WARP_VERSION if p.attach.scope == "warp" else (0, 0)
+                                              for p in used])
+    if mod.version_span and mod.version and need_v > mod.version:
+        edits.append(ptx.Edit(*mod.version_span, f"{need_v[0]}.{need_v[1]}"))
+    need_t = max(p.target for p in used)
+    m = re.fullmatch(r"sm_(\d+)[a-z]?", mod.target or "")
+    if mod.target_span and m and need_t > int(m.group(1)):
+        edits.append(ptx.Edit(*mod.target_span, f"sm_{need_t}"))
+    return edits
+
+
+@dataclass(frozen=True)
+class _Site:
+    kind: int          # C.KIND_*
+    index: int         # ctx.site
+    flags: int = 0
+    size: int = 0
+    addr: str = ""     # memory operand text "[%rd1+16]"
+    space: str = ""    # "global" or "" (generic)
+
+
+class _Kernel:
+    """Edits for one kernel; raises PtxError (kernel left alone) on anything it cannot handle."""
+
+    def __init__(self, fn: ptx.Function, probes: list[ProbeSpec]) -> None:
+        self.fn, self.text = fn, fn.module.text
+        self.entry = [p for p in probes if p.attach.kind == "entry"]
+        self.exit = [p for p in probes if p.attach.kind == "exit"]
+        self.mem = [p for p in probes if p.attach.kind in MEM_KINDS]
+        self.labels = 0
+
+    def edits(self) -> tuple[list[ptx.Edit], int]:
+        fn = self.fn
+        if fn.params is None or fn.params_end is None:
+            raise PtxError("kernel signature does not parse")
+        if PREFIX in self.text[fn.start:fn.end]:
+            raise PtxError(f"kernel already uses the reserved prefix {PREFIX}")
+        stmts = fn.statements()
+        edits: list[ptx.Edit] = []
+        calls = 0
+        regs = _Registers()
+        entry_at = None
+        index = 0
+        for st in stmts:
+            if entry_at is None and not (isinstance(st, ptx.Directive) and st.depth == 1
+                                         and st.name in _DECLS):
+                entry_at = st.start
+            if isinstance(st, ptx.Instruction):
+                index += 1
+                site, probes = self._site(st, index)
+                if probes:
+                    edits.append(ptx.Edit(st.start, st.start, self._call_block(site, probes, st, regs)))
+                    calls += len(probes)
+            else:
+                regs.see(st)
+        if not calls and not self.entry:
+            return [], 0
+        at = entry_at if entry_at is not None else self.fn.end - 1
+        prologue = self._prologue()
+        if self.entry:
+            prologue += self._call_block(_Site(C.KIND_ENTRY, 0), self.entry, None, regs)
+            calls += len(self.entry)
+        edits.append(ptx.Edit(at, at, prologue))
+        edits.append(self._launch_param())
+        return edits, calls
+
+    def _site(self, ins: ptx.Instruction, index: int) -> tuple[_Site | None, list[ProbeSpec]]:
+        op = ins.parts[0]
+        if op in ("ret", "exit"):
+            return _Site(C.KIND_EXIT, index), self.exit
+        if not self.mem:
+            return None, []
+        acc = memory_access(ins)
+        if acc is None:
+            return None, []
+        site = _Site(C.KIND_MEM, index, acc.flags, acc.size, acc.operand, acc.space)
+        return site, [p for p in self.mem if acc.flags & MEM_KINDS[p.attach.kind] or p.attach.kind == "mem"]
+
+    def _launch_param(self) -> ptx.Edit:
+        fn = self.fn
+        head = self.text[fn.start:fn.params_end]
+        last = fn.start + len(head.rstrip())   # after the last parameter (or the '(')
+        sep = "" if not fn.params else ","
+        return ptx.Edit(last, last, f"{sep}\n\t.param .u64 {LAUNCH_PARAM}")
+
+    def _prologue(self) -> str:
+        params = self.fn.params[:C.MAX_ARGS]
+        F = C.BY_NAME
+        lines = [
+            f".local .align 8 .b8 \t{PREFIX}_ctx[{C.SIZE}];",
+            f".reg .b64 \t%{PREFIX}_ctxp;",
+            "{",
+            f".reg .b64 %{PREFIX}_t;",
+            f".reg .b32 %{PREFIX}_w;",
+            f".reg .b16 %{PREFIX}_h;",
+            f"mov.u64 %{PREFIX}_t, {PREFIX}_ctx;",
+            f"cvta.local.u64 %{PREFIX}_ctxp, %{PREFIX}_t;",
+            f"mov.u64 %{PREFIX}_t, {C.kernel_id(self.fn.name)};",
+            f"st.local.u64 [{PREFIX}_ctx+{F['kernel_id'].offset}], %{PREFIX}_t;",
+            f"ld.param.u64 %{PREFIX}_t, [{LAUNCH_PARAM}];",
+            f"st.local.u64 [{PREFIX}_ctx+{F['launch_id'].offset}], %{PREFIX}_t;",
+        ]
+        for i in range(C.MAX_ARGS):
+            if i < len(params):
+                lines += _load_param(params[i])
+            elif i == len(params):
+                lines.append(f"mov.u64 %{PREFIX}_t, 0;")
+            lines.append(f"st.local.u64 [{PREFIX}_ctx+{F['args'].offset + 8 * i}], %{PREFIX}_t;")
+        lines += [f"mov.u32 %{PREFIX}_w, {len(params)};",
+                  f"st.local.u32 [{PREFIX}_ctx+{F['nargs'].offset}], %{PREFIX}_w;",
+                  f"mov.u32 %{PREFIX}_w, 0;",
+                  f"st.local.u32 [{PREFIX}_ctx+{F['grid'].offset}], %{PREFIX}_w;",
+                  f"mov.u64 %{PREFIX}_t, 0;"]
+        # grid (from +112), block, pad and stream: zero, 8 bytes at a time (108 itself is done above).
+        lines += [f"st.local.u64 [{PREFIX}_ctx+{off}], %{PREFIX}_t;" for off in range(112, C.SIZE, 8)]
+        lines.append("}")
+        return "\n\t".join(lines) + "\n\t"
+
+    def _call_block(self, site: _Site, probes: list[ProbeSpec], ins: ptx.Instruction | None,
+                    regs: "_Registers") -> str:
+        F, p = C.BY_NAME, PREFIX
+        lines = [f"{{ // egpu site {site.index}",
+                 f".reg .b64 %{p}_a;", f".reg .b32 %{p}_w;", f".reg .b32 %{p}_v;",
+                 f".reg .pred %{p}_q;", f".param .b64 {p}_arg;", f".param .b64 {p}_ret;"]
+        lines += self._address(site, regs) if site.kind == C.KIND_MEM else [f"mov.u64 %{p}_a, 0;"]
+        lines.append(f"st.local.u64 [{p}_ctx+{F['addr'].offset}], %{p}_a;")
+        for name, value in (("site", site.index), ("size", site.size), ("flags", site.flags),
+                            ("kind", site.kind)):
+            lines += [f"mov.u32 %{p}_w, {value};", f"st.local.u32 [{p}_ctx+{F[name].offset}], %{p}_w;"]
+        lines.append(f"st.param.b64 [{p}_arg], %{p}_ctxp;")
+        for scope in ("thread", "warp", "block"):
+            group = [pr for pr in probes if pr.attach.scope == scope]
+            if not group:
+                continue
+            guard = ""
+            if scope != "thread":
+                lines += _leader(scope)
+                guard = f"@%{p}_q "
+            lines += [f"{guard}call ({p}_ret), {pr.func}, ({p}_arg);" for pr in group]
+        lines.append("}")
+        block = "\n\t".join(lines) + "\n\t"
+        if ins is None or ins.pred is None:
+            return block
+        # Run the probes exactly when the guarded instruction runs: branch around them otherwise.
+        self.labels += 1
+        skip = f"${p}_skip{self.labels}"
+        neg = ins.pred[1:] if ins.pred.startswith("!") else "!" + ins.pred
+        return f"@{neg} bra \t{skip};\n\t{block[:-1]}{skip}:\n\t"
+
+    def _address(self, site: _Site, regs: "_Registers") -> list[str]:
+        p = PREFIX
+        m = _ADDR.match(site.addr)
+        if m is None:
+            raise PtxError(f"site {site.index}: unsupported address operand {site.addr}")
+        base, off = m.group("base"), m.group("off")
+        if base.startswith("%"):
+            width = regs.width(base)
+            if width == 64:
+                lines = [f"mov.b64 %{p}_a, {base};"]
+            elif width == 32:
+                lines = [f"cvt.u64.u32 %{p}_a, {base};"]
+            else:
+                raise PtxError(f"site {site.index}: address register {base} has no known 32/64-bit type")
+        elif base[0].isdigit():
+            lines = [f"mov.u64 %{p}_a, {base};"]
+        elif site.space == "global":
+            lines = [f"mov.u64 %{p}_a, {base};"]
+        else:
+            raise PtxError(f"site {site.index}: generic access through variable {base}")
+        if off:
+            value = _int(off) * (-1 if m.group("sign") == "-" else 1)
+            lines.append(f"add.s64 %{p}_a, %{p}_a, {value};")
+        if site.space == "global":
+            lines.append(f"cvta.global.u64 %{p}_a, %{p}_a;")
+        return lines
+
+
+def _leader(scope: str) -> list[str]:
+    """%__egpu_q := this thread is the scope's leader (PTX ISA: activemask, %lanemask_eq, %tid)."""
+    p = PREFIX
+    if scope == "warp":   # lowest set bit of the active mask == this lane's bit
+        return [f"activemask.b32 %{p}_w;", f"neg.s32 %{p}_v, %{p}_w;", f"and.b32 %{p}_w, %{p}_w, %{p}_v;",
+                f"mov.u32 %{p}_v, %lanemask_eq;", f"setp.eq.u32 %{p}_q, %{p}_w, %{p}_v;"]
+    return [f"mov.u32 %{p}_w, %tid.x;", f"mov.u32 %{p}_v, %tid.y;", f"or.b32 %{p}_w, %{p}_w, %{p}_v;",
+            f"mov.u32 %{p}_v, %tid.z;", f"or.b32 %{p}_w, %{p}_w, %{p}_v;",
+            f"setp.eq.u32 %{p}_q, %{p}_w, 0;"]
+
+
+def _load_param(par: ptx.Param) -> list[str]:
+    """ld.param of one kernel parameter into %__egpu_t, zero-extended."""
+    p = PREFIX
+    width = max(w for w in (8, 4, 2, 1) if w <= par.size and w <= par.align)
+    if width >= 8:
+        return [f"ld.param.b64 %{p}_t, [{par.name}];"]
+    if width >= 4:
+        return [f"ld.param.b32 %{p}_w, [{par.name}];", f"cvt.u64.u32 %{p}_t, %{p}_w;"]
+    kind = "b16" if width == 2 else "u8"
+    return [f"ld.param.{kind} %{p}_h, [{par.name}];", f"cvt.u64.u16 %{p}_t, %{p}_h;"]
+
+
+@dataclass(frozen=True)
+class Access:
+    flags: int         # C.FLAG_*
+    space: str         # "global" or "" (generic)
+    operand: str       # the address operand, "[%rd1+16]"
+    size: int          # bytes
+
+
+def memory_access(ins: ptx.Instruction) -> Access | None:
+    """The global or generic memory access an instruction makes, or None (other spaces, non-memory)."""
+    parts = ins.parts
+    op = parts[0]
+    if op == "cp":
+        if len(parts) < 3 or parts[1] != "async" or parts[2] not in ("ca", "cg") or "global" not in parts:
+            return None
+        if len(ins.operands) < 3:
+            raise PtxError(f"cp.async with {len(ins.operands)} operands")
+        return Access(C.FLAG_LOAD, "global", ins.operands[1], _int(ins.operands[2]))
+    flags = {"ld": C.FLAG_LOAD, "ldu": C.FLAG_LOAD, "st": C.FLAG_STORE,
+             "atom": C.FLAG_LOAD | C.FLAG_STORE | C.FLAG_ATOMIC,
+             "red": C.FLAG_STORE | C.FLAG_ATOMIC}.get(op)
+    if flags is None:
+        return None
+    spaces = {q.split("::")[0] for q in parts[1:]} & set(_SPACES)
+    if spaces - {"global"}:
+        return None
+    addr = next((o for o in ins.operands if o.startswith("[")), None)
+    if addr is None:
+        raise PtxError(f"{ins.opcode} without an address operand")
+    types = [q for q in parts[1:] if q in ptx.TYPE_SIZES]
+    if not types:
+        raise PtxError(f"{ins.opcode}: no access type")
+    vec = next((int(q[1:]) for q in parts[1:] if re.fullmatch(r"v\d+", q)), 1)
+    return Access(flags, "global" if spaces else "", addr, vec * ptx.TYPE_SIZES[types[-1]])
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise PtxError(f"expected an integer, got {text!r}") from None
+
+
+class _Registers:
+    """Widths of the registers declared so far, by scope (``.reg .b64 %rd<11>;``, ``.reg .u32 a, b;``)."""
+
+    def __init__(self) -> None:
+        self.scopes: list[dict[str, int]] = [{}]
+
+    def see(self, st: ptx.Stmt) -> None:
+        if isinstance(st, ptx.Open):
+            self.scopes.append({})
+        elif isinstance(st, ptx.Close):
+            if len(self.scopes) > 1:
+                self.scopes.pop()
+        elif isinstance(st, ptx.Directive) and st.name == ".reg":
+            words = st.text.replace(",", " ").split()
+            types = [w[1:] for w in words[1:] if w.startswith(".") and w[1:] in ptx.TYPE_SIZES]
+            if not types:
+                return
+            width = 8 * ptx.TYPE_SIZES[types[0]]
+            for w in words[1:]:
+                if not w.startswith("."):
+                    name = w.split("<")[0]   # %rd<11> declares %rd0..%rd10 (PTX ISA 5.1.4)
+                    self.scopes[-1][name + ("<>" if "<" in w else "")] = width
+
+    def width(self, reg: str) -> int | None:
+        stem = reg.rstrip("0123456789")
+        for scope in reversed(self.scopes):
+            if reg in scope:
+                return scope[reg]
+            if stem != reg and stem + "<>" in scope:
+                return scope[stem + "<>"]
+        return None

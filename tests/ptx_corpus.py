@@ -1,0 +1,214 @@
+"""The PTX corpus the rewriter is tested on: nvcc output of tests/cuda/*.cu plus checked-in PTX.
+
+Built once per machine state (cached under the temp dir, keyed by nvcc's version and the sources),
+with two nvcc processes at a time. Also the counting probe the tests splice in, and a ptxas runner.
+
+``python3 tests/ptx_corpus.py docs/ptx-corpus.md`` writes the table of rewrite and ptxas times.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from egpu_preload.bpf.program import Attach  # noqa: E402
+from egpu_preload.translate.rewrite import ProbeSpec, instrument  # noqa: E402
+
+CUDA_DIR = ROOT / "tests" / "cuda"
+FIXTURES = ROOT / "tests" / "fixtures" / "ptx"
+SCOPES = ("thread", "warp", "block")
+JOBS = 2
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str          # "vector_add.sm_90"
+    source: Path
+    arch: str          # what nvcc targets; ptxas checks this and sm_90
+    flags: tuple[str, ...] = ()
+    fatbin: bool = False   # the whitespace-normalized PTX nvcc embeds in a fatbin
+
+
+def variants() -> list[Variant]:
+    out = []
+    for src in sorted(CUDA_DIR.glob("*.cu")):
+        if src.stem == "wgmma":
+            out.append(Variant(f"{src.stem}.sm_90a", src, "sm_90a"))
+            continue
+        out += [Variant(f"{src.stem}.sm_75", src, "sm_75"),
+                Variant(f"{src.stem}.sm_90", src, "sm_90"),
+                Variant(f"{src.stem}.sm_90.fatbin", src, "sm_90", fatbin=True)]
+    out += [Variant("gemm_tiled.sm_90.debug", CUDA_DIR / "gemm_tiled.cu", "sm_90", ("-G",)),
+            Variant("reduction.sm_90.lineinfo", CUDA_DIR / "reduction.cu", "sm_90", ("-lineinfo",))]
+    return out
+
+
+def _nvcc(v: Variant, work: Path) -> str:
+    work.mkdir(parents=True, exist_ok=True)
+    if not v.fatbin:
+        out = work / "out.ptx"
+        _run(["nvcc", "-ptx", f"-arch={v.arch}", *v.flags, "-o", str(out), str(v.source)])
+        return out.read_text()
+    out = work / "out.fatbin"
+    code = v.arch.replace("sm_", "compute_")
+    _run(["nvcc", "-fatbin", "--compress-mode=none", f"-gencode=arch={code},code={code}", *v.flags,
+          "-o", str(out), str(v.source)])
+    data = out.read_bytes()
+    start = data.index(b".version")   # one uncompressed PTX entry, NUL-terminated
+    return data[start:data.index(b"\0", start)].decode()
+
+
+def _run(cmd: list[str]) -> None:
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr}")
+
+
+@functools.cache
+def build() -> dict[str, str]:
+    """name -> PTX text for every nvcc variant and every checked-in fixture."""
+    vs = variants()
+    nvcc_version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(nvcc_version.encode() + b"".join(
+        v.name.encode() + v.source.read_bytes() + " ".join(v.flags).encode() for v in vs)).hexdigest()[:16]
+    cache = Path(tempfile.gettempdir()) / f"egpu-ptx-corpus-{key}"
+    if not all((cache / f"{v.name}.ptx").exists() for v in vs):
+        tmp = Path(tempfile.mkdtemp(prefix="egpu-nvcc-"))
+        with ThreadPoolExecutor(JOBS) as pool:
+            texts = list(pool.map(lambda v: _nvcc(v, tmp / v.name), vs))
+        cache.mkdir(exist_ok=True)
+        for v, text in zip(vs, texts):
+            (cache / f"{v.name}.ptx").write_text(text)
+        shutil.rmtree(tmp, ignore_errors=True)
+    corpus = {v.name: (cache / f"{v.name}.ptx").read_text() for v in vs}
+    for f in sorted(FIXTURES.glob("*.ptx")):
+        corpus[f"fixture.{f.stem}"] = f.read_text()
+    return corpus
+
+
+def check_archs(text: str) -> list[str]:
+    """Where ptxas must accept a module: sm_90, and its own .target where that is lower (an
+    arch-specific target such as sm_90a only assembles for itself)."""
+    target = next((line.split()[1].rstrip(",") for line in text.splitlines()
+                   if line.startswith(".target")), "sm_90")
+    if not target[3:].isdigit():
+        return [target]
+    return sorted({target, "sm_90"}) if int(target[3:]) <= 90 else [target]
+
+
+def stats_probe(scope: str) -> str:
+    """A probe of the rewriter's ABI that counts into ``__egpu_test_stats_<scope>[16]`` (u64):
+    0 entry, 1 exit, 2 memory sites, 3 loads, 4 stores, 5 sum of load addresses, 6 sum of store
+    addresses, 7 sum of sizes, 8 max launch_id, 9 kernel_id, 10 args[0], 11 nargs, 12 atomics."""
+    s = f"test_stats_{scope}"
+    return f"""\
+.visible .global .align 8 .u64 __egpu_{s}[16];
+.func (.param .b64 %ret) egpu_{s}(.param .b64 %ctx)
+{{
+	.reg .b64 %c, %base, %a, %x;
+	.reg .b32 %kind, %flags, %t;
+	.reg .pred %p;
+	ld.param.b64 %c, [%ctx];
+	mov.u64 %base, __egpu_{s};
+	cvta.global.u64 %base, %base;
+	ld.u32 %kind, [%c+36];
+	mul.wide.u32 %x, %kind, 8;
+	add.s64 %a, %base, %x;
+	red.add.u64 [%a], 1;
+	ld.u64 %x, [%c+8];
+	red.max.u64 [%base+64], %x;
+	ld.u64 %x, [%c+0];
+	st.u64 [%base+72], %x;
+	ld.u64 %x, [%c+40];
+	st.u64 [%base+80], %x;
+	ld.u32 %t, [%c+104];
+	cvt.u64.u32 %x, %t;
+	st.u64 [%base+88], %x;
+	setp.ne.u32 %p, %kind, 2;
+	@%p bra $done;
+	ld.u32 %flags, [%c+32];
+	ld.u64 %a, [%c+16];
+	ld.u32 %t, [%c+28];
+	cvt.u64.u32 %x, %t;
+	red.add.u64 [%base+56], %x;
+	and.b32 %t, %flags, 1;
+	setp.eq.u32 %p, %t, 0;
+	@!%p red.add.u64 [%base+24], 1;
+	@!%p red.add.u64 [%base+40], %a;
+	and.b32 %t, %flags, 2;
+	setp.eq.u32 %p, %t, 0;
+	@!%p red.add.u64 [%base+32], 1;
+	@!%p red.add.u64 [%base+48], %a;
+	and.b32 %t, %flags, 4;
+	setp.eq.u32 %p, %t, 0;
+	@!%p red.add.u64 [%base+96], 1;
+$done:
+	mov.u64 %x, 0;
+	st.param.b64 [%ret], %x;
+	ret;
+}}
+"""
+
+
+def stats_probes(scopes: tuple[str, ...] = SCOPES, glob: str = "*") -> list[ProbeSpec]:
+    """entry + exit + mem probes in each scope, each scope counting into its own array."""
+    return [ProbeSpec(Attach(kind, glob, scope), f"egpu_test_stats_{scope}", stats_probe(scope))
+            for scope in scopes for kind in ("entry", "exit", "mem")]
+
+
+def ptxas(jobs: list[tuple[str, str, str]]) -> list[tuple[str, str, int, float, str]]:
+    """Assemble (name, arch, text) jobs two at a time: (name, arch, returncode, seconds, stderr)."""
+    tmp = Path(tempfile.mkdtemp(prefix="egpu-ptxas-"))
+
+    def one(job: tuple[str, str, str]) -> tuple[str, str, int, float, str]:
+        name, arch, text = job
+        src = tmp / f"{name}.{arch}.ptx"
+        src.write_text(text)
+        t0 = time.perf_counter()
+        p = subprocess.run(["ptxas", f"-arch={arch}", str(src), "-o", str(src.with_suffix(".cubin"))],
+                           capture_output=True, text=True)
+        return name, arch, p.returncode, time.perf_counter() - t0, p.stderr
+
+    with ThreadPoolExecutor(JOBS) as pool:
+        out = list(pool.map(one, jobs))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def table(path: Path) -> None:
+    """Rewrite every corpus module with all probes, assemble it, and write the timing table."""
+    rows, jobs = [], []
+    for name, text in build().items():
+        t0 = time.perf_counter()
+        res = instrument(text, stats_probes())
+        rewrite = time.perf_counter() - t0
+        inst = sum(k.status == "instrumented" for k in res.kernels)
+        rows.append((name, len(text.splitlines()), len(res.kernels), inst, rewrite))
+        jobs.append((name, "sm_90", res.text))
+    results = {r[0]: r for r in ptxas(jobs)}
+    lines = ["# PTX corpus: rewrite and ptxas times", "",
+             "Every kernel of each module instrumented with entry + exit + memory probes in all three",
+             "scopes (9 probes, `tests/ptx_corpus.py`), then assembled by `ptxas -arch=sm_90`.",
+             f"Generated by `python3 tests/ptx_corpus.py {path.name}` on the CI machine (2 cores, shared).",
+             "", "| module | lines | kernels | instrumented | rewrite ms | ptxas ms | ptxas |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for name, nlines, nk, inst, rewrite in rows:
+        _, _, rc, secs, _ = results[name]
+        lines.append(f"| {name} | {nlines} | {nk} | {inst} | {rewrite * 1e3:.2f} | {secs * 1e3:.0f} | "
+                     f"{'ok' if rc == 0 else 'FAIL'} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    table(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "ptx-corpus.md")
