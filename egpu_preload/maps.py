@@ -1,0 +1,318 @@
+"""Host-side map contents and output channels, with the kernel's semantics.
+
+The reference VM runs probes against these containers, and the runtime fills the same containers from
+GPU memory to print maps, so nothing here knows about the VM. Values are mutable ``bytearray``s: a
+lookup hands out the value itself, as the kernel hands out a pointer into the map.
+
+Return codes follow linux/kernel/bpf (arraymap.c, hashtab.c, ringbuf.c): 0 or a negative errno.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from .bpf import program as prog
+from .bpf.helpers import BPF_ANY, BPF_EXIST, BPF_NOEXIST
+from .errors import EgpuError
+
+ENOENT, E2BIG, EAGAIN, EEXIST, EINVAL, ENOSPC = 2, 7, 11, 17, 22, 28
+# Both ring buffers account each record as an 8-byte header plus the data rounded up to 8
+# (BPF_RINGBUF_HDR_SZ and the record alignment of kernel/bpf/ringbuf.c).
+RECORD_HEADER = 8
+PERF_BUFFER_BYTES = 1 << 20  # per perf map: what egpu's GPU side allocates for perf records
+
+
+def record_bytes(size: int) -> int:
+    """Space one ring-buffer record of ``size`` data bytes takes."""
+    return RECORD_HEADER + (size + 7) // 8 * 8
+
+
+class MapStorage:
+    """One map's contents. Keys and values are bytes of exactly key_size / value_size."""
+
+    def __init__(self, mapdef: prog.MapDef) -> None:
+        self.mapdef = mapdef
+
+    def _check(self, what: str, data: bytes, size: int) -> None:
+        if len(data) != size:
+            raise EgpuError(f"map {self.mapdef.name}: {what} is {len(data)} bytes, expected {size}")
+
+    def lookup(self, key: bytes, cpu: int = 0) -> bytearray | None:
+        raise EgpuError(f"map {self.mapdef.name}: {prog.MAP_TYPE_NAMES[self.mapdef.type]} has no lookup")
+
+    def update(self, key: bytes, value: bytes, flags: int = BPF_ANY, cpu: int = 0) -> int:
+        raise EgpuError(f"map {self.mapdef.name}: {prog.MAP_TYPE_NAMES[self.mapdef.type]} has no update")
+
+    def delete(self, key: bytes) -> int:
+        raise EgpuError(f"map {self.mapdef.name}: {prog.MAP_TYPE_NAMES[self.mapdef.type]} has no delete")
+
+    def items(self, cpu: int = 0) -> Iterator[tuple[bytes, bytes]]:
+        return iter(())
+
+
+class ArrayStorage(MapStorage):
+    """ARRAY and global data: every index exists, zero-filled (or ``MapDef.initial``); no delete."""
+
+    def __init__(self, mapdef: prog.MapDef) -> None:
+        super().__init__(mapdef)
+        self.values = [bytearray(mapdef.value_size) for _ in range(mapdef.max_entries)]
+        if mapdef.initial is not None and self.values:
+            self.values[0][:len(mapdef.initial)] = mapdef.initial[:mapdef.value_size]
+
+    def _slots(self, cpu: int) -> list[bytearray]:
+        return self.values
+
+    def _index(self, key: bytes) -> int:
+        self._check("key", key, 4)
+        return struct.unpack("<I", key)[0]
+
+    def lookup(self, key: bytes, cpu: int = 0) -> bytearray | None:
+        i = self._index(key)
+        return self._slots(cpu)[i] if i < self.mapdef.max_entries else None
+
+    def update(self, key: bytes, value: bytes, flags: int = BPF_ANY, cpu: int = 0) -> int:
+        # arraymap.c array_map_update_elem: flags checked, then the index, then NOEXIST (all exist).
+        self._check("value", value, self.mapdef.value_size)
+        if flags > BPF_EXIST:
+            return -EINVAL
+        i = self._index(key)
+        if i >= self.mapdef.max_entries:
+            return -E2BIG
+        if flags == BPF_NOEXIST:
+            return -EEXIST
+        self._slots(cpu)[i][:] = value
+        return 0
+
+    def delete(self, key: bytes) -> int:
+        return -EINVAL  # array elements cannot be deleted
+
+    def items(self, cpu: int = 0) -> Iterator[tuple[bytes, bytes]]:
+        for i, v in enumerate(self._slots(cpu)):
+            yield struct.pack("<I", i), bytes(v)
+
+
+class PercpuArrayStorage(ArrayStorage):
+    """PERCPU_ARRAY: one array per SM (the "cpu" is the SM id), created zero-filled on first use."""
+
+    def __init__(self, mapdef: prog.MapDef) -> None:
+        super().__init__(mapdef)
+        self.per_cpu: dict[int, list[bytearray]] = {}
+
+    def _slots(self, cpu: int) -> list[bytearray]:
+        if cpu not in self.per_cpu:
+            self.per_cpu[cpu] = [bytearray(self.mapdef.value_size) for _ in range(self.mapdef.max_entries)]
+        return self.per_cpu[cpu]
+
+    def cpus(self) -> list[int]:
+        return sorted(self.per_cpu)
+
+
+class HashStorage(MapStorage):
+    """HASH: at most max_entries keys; update flags as hashtab.c checks them."""
+
+    def __init__(self, mapdef: prog.MapDef) -> None:
+        super().__init__(mapdef)
+        self.entries: OrderedDict[bytes, bytearray] = OrderedDict()
+
+    def lookup(self, key: bytes, cpu: int = 0) -> bytearray | None:
+        self._check("key", key, self.mapdef.key_size)
+        return self.entries.get(bytes(key))
+
+    def update(self, key: bytes, value: bytes, flags: int = BPF_ANY, cpu: int = 0) -> int:
+        self._check("key", key, self.mapdef.key_size)
+        self._check("value", value, self.mapdef.value_size)
+        if flags > BPF_EXIST:
+            return -EINVAL
+        key = bytes(key)
+        old = self.entries.get(key)
+        if old is not None and flags == BPF_NOEXIST:
+            return -EEXIST
+        if old is None and flags == BPF_EXIST:
+            return -ENOENT
+        if old is not None:
+            old[:] = value
+            self._touch(key)
+            return 0
+        if len(self.entries) >= self.mapdef.max_entries and not self._evict():
+            return -E2BIG
+        self.entries[key] = bytearray(value)
+        return 0
+
+    def _touch(self, key: bytes) -> None:
+        """Hook for LRU ordering."""
+
+    def _evict(self) -> bool:
+        """Make room for one key; a plain hash map never evicts."""
+        return False
+
+    def delete(self, key: bytes) -> int:
+        self._check("key", key, self.mapdef.key_size)
+        return 0 if self.entries.pop(bytes(key), None) is not None else -ENOENT
+
+    def items(self, cpu: int = 0) -> Iterator[tuple[bytes, bytes]]:
+        for k, v in self.entries.items():
+            yield k, bytes(v)
+
+
+class LruHashStorage(HashStorage):
+    """LRU_HASH: a full map evicts the least recently used key (lookups and updates count as use).
+
+    The kernel's LRU is approximate (per-CPU lists); this is the exact order it approximates.
+    """
+
+    def lookup(self, key: bytes, cpu: int = 0) -> bytearray | None:
+        value = super().lookup(key, cpu)
+        if value is not None:
+            self._touch(bytes(key))
+        return value
+
+    def _touch(self, key: bytes) -> None:
+        self.entries.move_to_end(key)
+
+    def _evict(self) -> bool:
+        if self.entries:
+            self.entries.popitem(last=False)
+        return self.mapdef.max_entries > 0
+
+
+class RingbufStorage(MapStorage):
+    """RINGBUF of max_entries bytes: committed records wait for the host; a full buffer drops."""
+
+    def __init__(self, mapdef: prog.MapDef) -> None:
+        super().__init__(mapdef)
+        self.records: list[bytes] = []
+        self.drops = 0
+        self.used = 0  # bytes held by committed and reserved records
+        self.reserved: dict[int, bytearray] = {}  # id(buffer) -> buffer, until submit or discard
+
+    def reserve(self, size: int) -> bytearray | None:
+        need = record_bytes(size)
+        if self.used + need > self.mapdef.max_entries:
+            self.drops += 1
+            return None
+        self.used += need
+        buf = bytearray(size)
+        self.reserved[id(buf)] = buf
+        return buf
+
+    def release(self, buf: bytearray, submit: bool) -> None:
+        """Submit (the record becomes visible) or discard (its space is freed) a reservation."""
+        del self.reserved[id(buf)]
+        if submit:
+            self.records.append(bytes(buf))
+        else:
+            self.used -= record_bytes(len(buf))
+
+    def output(self, data: bytes) -> int:
+        buf = self.reserve(len(data))
+        if buf is None:
+            return -EAGAIN  # ringbuf.c bpf_ringbuf_output
+        buf[:] = data
+        self.release(buf, submit=True)
+        return 0
+
+    def consume(self) -> list[bytes]:
+        """The host takes every committed record, freeing their space."""
+        out, self.records = self.records, []
+        self.used -= sum(record_bytes(len(r)) for r in out)
+        return out
+
+
+class PerfStorage(MapStorage):
+    """PERF_EVENT_ARRAY: records tagged with the SM that wrote them, PERF_BUFFER_BYTES per map."""
+
+    def __init__(self, mapdef: prog.MapDef, capacity: int = PERF_BUFFER_BYTES) -> None:
+        super().__init__(mapdef)
+        self.capacity = capacity
+        self.records: list[tuple[int, bytes]] = []
+        self.drops = 0
+        self.used = 0
+
+    def output(self, cpu: int, data: bytes) -> int:
+        need = record_bytes(len(data))
+        if self.used + need > self.capacity:
+            self.drops += 1
+            return -ENOSPC  # perf_output_begin failing, as bpf_perf_event_output returns it
+        self.used += need
+        self.records.append((cpu, bytes(data)))
+        return 0
+
+    def consume(self) -> list[tuple[int, bytes]]:
+        out, self.records, self.used = self.records, [], 0
+        return out
+
+
+STORAGE_BY_TYPE: dict[int, type[MapStorage]] = {
+    prog.MAP_ARRAY: ArrayStorage, prog.MAP_PERCPU_ARRAY: PercpuArrayStorage, prog.MAP_HASH: HashStorage,
+    prog.MAP_LRU_HASH: LruHashStorage, prog.MAP_RINGBUF: RingbufStorage, prog.MAP_PERF_EVENT_ARRAY: PerfStorage,
+}
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    """One bpf_trace_printk call: the format bytes and its three arguments, formatted on the host."""
+
+    fmt: bytes
+    args: tuple[int, int, int]
+    cpu: int = 0
+
+    def text(self) -> str:
+        return format_trace(self.fmt, self.args)
+
+
+@dataclass
+class MapsState:
+    """Every map of an object (``storages[i]`` for ``maps[i]``) plus the trace_printk records."""
+
+    maps: Sequence[prog.MapDef]
+    storages: list[MapStorage] = field(init=False)
+    trace: list[TraceRecord] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.storages = []
+        for m in self.maps:
+            cls = STORAGE_BY_TYPE.get(m.type)
+            if cls is None:
+                raise EgpuError(f"map {m.name}: unsupported map type {m.type}")
+            self.storages.append(cls(m))
+
+    def __getitem__(self, index: int) -> MapStorage:
+        return self.storages[index]
+
+    def by_name(self, name: str) -> MapStorage:
+        for s in self.storages:
+            if s.mapdef.name == name:
+                return s
+        raise EgpuError(f"no map named {name}")
+
+
+# The printf subset bpf_trace_printk accepts (kernel/trace/bpf_trace.c: %d %i %u %x %X %c %p, each with
+# l or ll, at most three arguments); h/hh are accepted as clang emits them for short types.
+_CONVERSION = re.compile(r"%([-0+ #]*)(\d*)(hh|h|ll|l|z)?([diuxXcp%])")
+
+
+def format_trace(fmt: bytes, args: Sequence[int]) -> str:
+    """bpf_trace_printk's output for a format and its 64-bit arguments (text up to the first NUL)."""
+    text = fmt.split(b"\0", 1)[0].decode("utf-8", "replace")
+    remaining = list(args)
+
+    def convert(m: re.Match[str]) -> str:
+        flags, width, length, conv = m.groups()
+        if conv == "%":
+            return "%"
+        v = remaining.pop(0) if remaining else 0
+        bits = {"hh": 8, "h": 16, "l": 64, "ll": 64, "z": 64}.get(length or "", 32)
+        if conv == "p":
+            return f"0x{v & (1 << 64) - 1:x}"
+        v &= (1 << bits) - 1
+        if conv in "di" and v >> (bits - 1):
+            v -= 1 << bits
+        if conv == "c":
+            return chr(v & 0xFF)
+        return f"%{flags}{width}{'d' if conv in 'iu' else conv}" % v
+
+    return _CONVERSION.sub(convert, text)

@@ -1,0 +1,181 @@
+"""The helpers of bpf/helpers.py as the VM runs them: arguments in r1-r5, result in r0.
+
+Each handler returns True when the probe ends there (helper 507, ``exit``). Map semantics live in
+maps.py; this module only moves bytes between VM memory and those containers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..bpf.helpers import BPF_F_CURRENT_CPU, BY_NAME
+from ..errors import VmError
+from ..maps import EINVAL, MapStorage, PerfStorage, RingbufStorage, TraceRecord
+from .memory import MASK64
+
+if TYPE_CHECKING:
+    from .machine import Run
+
+
+def _storage(run: "Run", reg: int, helper: str) -> MapStorage:
+    return run.vm.state[run.map_index(run.regs[reg], f"{helper}'s r{reg}")]
+
+
+def map_value_address(run: "Run", index: int, key: bytes = b"\0\0\0\0") -> int:
+    """The address of a map's value, mapped into VM memory (0 when the key is absent)."""
+    storage = run.vm.state[index]
+    value = storage.lookup(key, run.thread.smid)
+    if value is None:
+        return 0
+    return run.mem.address_of(f"map {storage.mapdef.name} value", value, not storage.mapdef.readonly)
+
+
+def _set(run: "Run", value: int) -> bool:
+    run.regs[0] = value & MASK64
+    return False
+
+
+def map_lookup_elem(run: "Run") -> bool:
+    storage = _storage(run, 1, "map_lookup_elem")
+    key = run.mem.read(run.regs[2], storage.mapdef.key_size)
+    return _set(run, map_value_address(run, run.map_index(run.regs[1], "r1"), key))
+
+
+def map_update_elem(run: "Run") -> bool:
+    storage = _storage(run, 1, "map_update_elem")
+    key = run.mem.read(run.regs[2], storage.mapdef.key_size)
+    value = run.mem.read(run.regs[3], storage.mapdef.value_size)
+    if storage.mapdef.readonly:
+        return _set(run, -EINVAL)
+    return _set(run, storage.update(key, value, run.regs[4], run.thread.smid))
+
+
+def map_delete_elem(run: "Run") -> bool:
+    storage = _storage(run, 1, "map_delete_elem")
+    return _set(run, storage.delete(run.mem.read(run.regs[2], storage.mapdef.key_size)))
+
+
+def ktime_get_ns(run: "Run") -> bool:
+    return _set(run, run.thread.read_timer())  # DESIGN.md 2: %globaltimer on the GPU
+
+
+def trace_printk(run: "Run") -> bool:
+    """Records the format and arguments; the host formats them, so the GPU's result (0) is returned."""
+    r = run.regs
+    run.vm.state.trace.append(TraceRecord(run.mem.read(r[1], r[2]), (r[3], r[4], r[5]), run.thread.smid))
+    return _set(run, 0)
+
+
+def get_smp_processor_id(run: "Run") -> bool:
+    return _set(run, run.thread.smid)
+
+
+def perf_event_output(run: "Run") -> bool:
+    """(ctx, map, flags, data, size): flags select the CPU; only its index bits may be set."""
+    r = run.regs
+    storage = _storage(run, 2, "perf_event_output")
+    if not isinstance(storage, PerfStorage):
+        raise VmError(f"perf_event_output on map {storage.mapdef.name}, which is not a perf event array")
+    if r[3] & ~BPF_F_CURRENT_CPU:
+        return _set(run, -EINVAL)
+    return _set(run, storage.output(run.thread.smid, run.mem.read(r[4], r[5])))
+
+
+def _ringbuf(run: "Run", helper: str) -> RingbufStorage:
+    storage = _storage(run, 1, helper)
+    if not isinstance(storage, RingbufStorage):
+        raise VmError(f"{helper} on map {storage.mapdef.name}, which is not a ringbuf")
+    return storage
+
+
+def ringbuf_output(run: "Run") -> bool:
+    storage = _ringbuf(run, "ringbuf_output")
+    return _set(run, storage.output(run.mem.read(run.regs[2], run.regs[3])))
+
+
+def ringbuf_reserve(run: "Run") -> bool:
+    storage = _ringbuf(run, "ringbuf_reserve")
+    if run.regs[3]:  # ringbuf.c: reserve takes no flags
+        return _set(run, 0)
+    buf = storage.reserve(run.regs[2])
+    if buf is None:
+        return _set(run, 0)
+    addr = run.mem.add(f"ringbuf {storage.mapdef.name} record", buf, writable=True)
+    run.reservations[addr] = (storage, buf)
+    return _set(run, addr)
+
+
+def _release(run: "Run", submit: bool) -> bool:
+    addr = run.regs[1]
+    held = run.reservations.pop(addr, None)
+    if held is None:
+        raise VmError(f"ringbuf_{'submit' if submit else 'discard'} of 0x{addr:x}, not a reserved record")
+    storage, buf = held
+    run.mem.remove(addr)
+    storage.release(buf, submit)
+    return False
+
+
+def ringbuf_submit(run: "Run") -> bool:
+    return _release(run, True)
+
+
+def ringbuf_discard(run: "Run") -> bool:
+    return _release(run, False)
+
+
+def get_globaltimer(run: "Run") -> bool:
+    return _set(run, run.thread.read_timer())
+
+
+def _store_dim3(run: "Run", values: tuple[int, int, int]) -> bool:
+    """Helpers 503-505 and 508 store x, y, z as u64 through r1, r2, r3."""
+    for reg, v in zip((1, 2, 3), values):
+        run.mem.store(run.regs[reg], 8, v)
+    return _set(run, 0)
+
+
+def get_block_idx(run: "Run") -> bool:
+    return _store_dim3(run, run.thread.block_idx)
+
+
+def get_block_dim(run: "Run") -> bool:
+    return _store_dim3(run, run.thread.block_dim)
+
+
+def get_thread_idx(run: "Run") -> bool:
+    return _store_dim3(run, run.thread.thread_idx)
+
+
+def get_grid_dim(run: "Run") -> bool:
+    return _store_dim3(run, run.thread.grid_dim)
+
+
+def membar(run: "Run") -> bool:
+    return _set(run, 0)  # one simulated thread: every access is already visible
+
+
+def exit(run: "Run") -> bool:  # noqa: A001 - bpftime's name for helper 507
+    """Ends the probe with r0 = 0 (helpers.py: the kernel's thread keeps running)."""
+    _set(run, 0)
+    return True
+
+
+def get_sm_id(run: "Run") -> bool:
+    return _set(run, run.thread.smid)
+
+
+def get_warp_id(run: "Run") -> bool:
+    return _set(run, run.thread.warp)
+
+
+def get_lane_id(run: "Run") -> bool:
+    return _set(run, run.thread.lane)
+
+
+HANDLERS: dict[int, Callable[["Run"], bool]] = {BY_NAME[f.__name__].id: f for f in (
+    map_lookup_elem, map_update_elem, map_delete_elem, ktime_get_ns, trace_printk, get_smp_processor_id,
+    perf_event_output, ringbuf_output, ringbuf_reserve, ringbuf_submit, ringbuf_discard, get_globaltimer,
+    get_block_idx, get_block_dim, get_thread_idx, membar, exit, get_grid_dim, get_sm_id, get_warp_id,
+    get_lane_id)}

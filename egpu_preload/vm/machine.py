@@ -1,0 +1,402 @@
+"""The reference interpreter: RFC 9669 to the letter, the oracle the GPU translator is checked against.
+
+Each instruction is turned once into a closure ``op(run) -> next pc`` by the builder for its kind
+(``BUILDERS``); running is a loop over those closures with an instruction budget. Registers hold
+unsigned 64-bit ints. What RFC 9669 leaves to the implementation is decided here as the kernel does:
+
+- 32-bit ALU results are zero-extended (4.1); shift counts are masked to 5 / 6 bits (4.1);
+- division by zero gives 0, modulo by zero leaves dst unchanged, upper half cleared for ALU (4.1);
+- signed division truncates toward zero and INT_MIN / -1 wraps to INT_MIN, INT_MIN % -1 is 0;
+- a local call gets a fresh 512-byte frame and its own r10; r6-r9 and r10 are restored on return (4.3.1);
+- atomics must be naturally aligned, as on the GPU (and the kernel verifier) - the VM refuses otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..bpf import isa
+from ..bpf.decode import Insn, decode
+from ..bpf.disasm import disasm_insn
+from ..bpf.program import MapDef
+from ..errors import VmError
+from ..maps import MapsState, RingbufStorage
+from . import calls
+from .memory import MASK64, REGION_SHIFT, Memory
+from .thread import ThreadSim
+
+DEFAULT_BUDGET = 10_000_000
+MAX_FRAMES = 8  # the kernel's MAX_CALL_FRAMES
+# Map references (lddw map[N]) become handles in an address range no region ever occupies.
+MAP_HANDLE_BASE = ((1 << 27) - 1) << REGION_SHIFT
+MASKS = {32: 0xFFFFFFFF, 64: MASK64}
+STOP = -1  # the pc returned when the outermost frame exits
+
+Op = Callable[["Run"], int]
+
+
+def sx(v: int, bits: int) -> int:
+    """The low ``bits`` of v as a signed int."""
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if v >> (bits - 1) else v
+
+
+class Run:
+    """The state of one execution: registers, memory, call frames, open ringbuf reservations."""
+
+    def __init__(self, vm: "Vm", mem: Memory, thread: ThreadSim) -> None:
+        self.vm = vm
+        self.mem = mem
+        self.thread = thread
+        self.regs = [0] * isa.NUM_REGS
+        self.frames: list[tuple[int, list[int], int]] = []  # (return pc, caller r6-r9, caller frame base)
+        self.frame = mem.add("stack frame 0", bytearray(isa.STACK_SIZE), writable=True)
+        self.regs[isa.FRAME_POINTER] = self.frame + isa.STACK_SIZE
+        self.reservations: dict[int, tuple[RingbufStorage, bytearray]] = {}
+
+    def map_index(self, handle: int, what: str) -> int:
+        index = handle - MAP_HANDLE_BASE
+        if not 0 <= index < len(self.vm.state.storages):
+            raise VmError(f"{what} is not a map (0x{handle:x})")
+        return index
+
+
+# --- arithmetic (RFC 9669 4.1): f(dst, src) on values already truncated to the operation's width ----
+
+def _sdiv(a: int, b: int, bits: int) -> int:
+    sa, sb = sx(a, bits), sx(b, bits)
+    if sb == 0:
+        return 0
+    q = abs(sa) // abs(sb)  # truncation toward zero
+    return (-q if (sa < 0) != (sb < 0) else q) & MASKS[bits]
+
+
+def _smod(a: int, b: int, bits: int) -> int:
+    sa, sb = sx(a, bits), sx(b, bits)
+    if sb == 0:
+        return a
+    r = abs(sa) % abs(sb)  # the remainder takes the dividend's sign
+    return (-r if sa < 0 else r) & MASKS[bits]
+
+
+ALU_FUNCTIONS: dict[str, Callable[[int, int, int], int]] = {
+    "add": lambda a, b, n: (a + b) & MASKS[n],
+    "sub": lambda a, b, n: (a - b) & MASKS[n],
+    "mul": lambda a, b, n: (a * b) & MASKS[n],
+    "div": lambda a, b, n: a // b if b else 0,
+    "sdiv": _sdiv,
+    "mod": lambda a, b, n: a % b if b else a,
+    "smod": _smod,
+    "or": lambda a, b, n: a | b,
+    "and": lambda a, b, n: a & b,
+    "xor": lambda a, b, n: a ^ b,
+    "lsh": lambda a, b, n: (a << (b & (n - 1))) & MASKS[n],
+    "rsh": lambda a, b, n: a >> (b & (n - 1)),
+    "arsh": lambda a, b, n: (sx(a, n) >> (b & (n - 1))) & MASKS[n],
+}
+
+# --- conditions (RFC 9669 4.3): on unsigned values of the comparison's width -----------------------
+JMP_CONDITIONS: dict[str, Callable[[int, int, int], bool]] = {
+    "jeq": lambda a, b, n: a == b,
+    "jne": lambda a, b, n: a != b,
+    "jgt": lambda a, b, n: a > b,
+    "jge": lambda a, b, n: a >= b,
+    "jlt": lambda a, b, n: a < b,
+    "jle": lambda a, b, n: a <= b,
+    "jset": lambda a, b, n: bool(a & b),
+    "jsgt": lambda a, b, n: sx(a, n) > sx(b, n),
+    "jsge": lambda a, b, n: sx(a, n) >= sx(b, n),
+    "jslt": lambda a, b, n: sx(a, n) < sx(b, n),
+    "jsle": lambda a, b, n: sx(a, n) <= sx(b, n),
+}
+
+ATOMIC_FUNCTIONS: dict[str, Callable[[int, int], int]] = {
+    "add": lambda old, v: old + v, "or": lambda old, v: old | v, "and": lambda old, v: old & v,
+    "xor": lambda old, v: old ^ v, "xchg": lambda old, v: v,
+}
+
+
+def _fail(reason: str) -> Op:
+    def op(run: Run) -> int:
+        raise VmError(reason)
+    return op
+
+
+def _writes_r10(i: Insn) -> bool:
+    return i.dst == isa.FRAME_POINTER
+
+
+def _alu(i: Insn, nxt: int) -> Op:
+    """dst = dst OP src|imm; imm sign-extended to 64 bits, then both truncated to the width."""
+    f, n, m, dst, src = ALU_FUNCTIONS[i.op], i.width, MASKS[i.width], i.dst, i.src
+    if i.use_imm:
+        k = i.imm & m
+
+        def op(run: Run) -> int:
+            r = run.regs
+            r[dst] = f(r[dst] & m, k, n)
+            return nxt
+        return op
+
+    def op_reg(run: Run) -> int:
+        r = run.regs
+        r[dst] = f(r[dst] & m, r[src] & m, n)
+        return nxt
+    return op_reg
+
+
+def _mov(i: Insn, nxt: int) -> Op:
+    m, dst, src = MASKS[i.width], i.dst, i.src
+    if i.use_imm:
+        k = i.imm & m  # mov64 sign-extends imm; mov32 zero-extends its low 32 bits
+
+        def op(run: Run) -> int:
+            run.regs[dst] = k
+            return nxt
+        return op
+
+    def op_reg(run: Run) -> int:
+        run.regs[dst] = run.regs[src] & m
+        return nxt
+    return op_reg
+
+
+def _movsx(i: Insn, nxt: int) -> Op:
+    """dst = (s8|s16|s32) src, extended to the width (32-bit results then zero-extended)."""
+    m, dst, src, bits = MASKS[i.width], i.dst, i.src, i.size * 8
+
+    def op(run: Run) -> int:
+        run.regs[dst] = sx(run.regs[src], bits) & m
+        return nxt
+    return op
+
+
+def _neg(i: Insn, nxt: int) -> Op:
+    m, dst = MASKS[i.width], i.dst
+
+    def op(run: Run) -> int:
+        run.regs[dst] = -(run.regs[dst] & m) & m
+        return nxt
+    return op
+
+
+def _end(i: Insn, nxt: int) -> Op:
+    """le: truncate to imm bits (this is a little-endian machine); be/bswap: reverse imm/8 bytes."""
+    dst, n = i.dst, i.imm // 8
+    swap = i.op != "le"
+
+    def op(run: Run) -> int:
+        v = run.regs[dst] & ((1 << 8 * n) - 1)
+        run.regs[dst] = int.from_bytes(v.to_bytes(n, "little"), "big") if swap else v
+        return nxt
+    return op
+
+
+def _lddw(i: Insn, nxt: int) -> Op:
+    dst, imm = i.dst, i.imm
+    if i.src == isa.LDDW_IMM64:
+        def op(run: Run) -> int:
+            run.regs[dst] = imm
+            return nxt
+        return op
+    if i.src == isa.LDDW_MAP_IDX:
+        def op_map(run: Run) -> int:
+            run.regs[dst] = MAP_HANDLE_BASE + run.map_index(MAP_HANDLE_BASE + imm, f"map[{imm}]")
+            return nxt
+        return op_map
+    if i.src == isa.LDDW_MAP_IDX_VALUE:
+        index, off = imm & 0xFFFFFFFF, imm >> 32
+
+        def op_value(run: Run) -> int:
+            value = calls.map_value_address(run, run.map_index(MAP_HANDLE_BASE + index, f"map_value[{index}]"))
+            run.regs[dst] = (value + off) & MASK64
+            return nxt
+        return op_value
+    return _fail(f"lddw pseudo source {i.src} is resolved by the loader, not the VM")
+
+
+def _load(i: Insn, nxt: int) -> Op:
+    dst, src, off, size, signed = i.dst, i.src, i.off, i.size, i.spec.signed
+
+    def op(run: Run) -> int:
+        v = run.mem.load((run.regs[src] + off) & MASK64, size)
+        run.regs[dst] = sx(v, 8 * size) & MASK64 if signed else v
+        return nxt
+    return op
+
+
+def _store(i: Insn, nxt: int) -> Op:
+    dst, src, off, size, imm = i.dst, i.src, i.off, i.size, i.imm & MASK64
+    use_imm = i.use_imm
+
+    def op(run: Run) -> int:
+        run.mem.store((run.regs[dst] + off) & MASK64, size, imm if use_imm else run.regs[src])
+        return nxt
+    return op
+
+
+def _atomic(i: Insn, nxt: int) -> Op:
+    """RFC 9669 5.3: read-modify-write; FETCH puts the old value in src, cmpxchg compares with r0."""
+    dst, src, off, size, m = i.dst, i.src, i.off, i.size, MASKS[i.width]
+    name, fetch = i.atomic_op, i.fetch
+
+    def op(run: Run) -> int:
+        r = run.regs
+        addr = (r[dst] + off) & MASK64
+        if addr % size:
+            raise VmError(f"atomic access at 0x{addr:x} is not {size}-byte aligned")
+        old = run.mem.load(addr, size)
+        if name == "cmpxchg":
+            if old == r[0] & m:
+                run.mem.store(addr, size, r[src])
+            r[0] = old
+            return nxt
+        run.mem.store(addr, size, ATOMIC_FUNCTIONS[name](old, r[src] & m))
+        if fetch:
+            r[src] = old
+        return nxt
+    return op
+
+
+def _jmp(i: Insn, nxt: int) -> Op:
+    cond, n, m, dst, src, target = JMP_CONDITIONS[i.op], i.width, MASKS[i.width], i.dst, i.src, i.jump_target()
+    if i.use_imm:
+        k = i.imm & m  # sign-extended, then compared as unsigned where the condition is unsigned
+
+        def op(run: Run) -> int:
+            return target if cond(run.regs[dst] & m, k, n) else nxt
+        return op
+
+    def op_reg(run: Run) -> int:
+        r = run.regs
+        return target if cond(r[dst] & m, r[src] & m, n) else nxt
+    return op_reg
+
+
+def _ja(i: Insn, nxt: int) -> Op:
+    target = i.jump_target()
+    return lambda run: target
+
+
+def _call(i: Insn, nxt: int) -> Op:
+    if i.src == isa.CALL_LOCAL:
+        target = i.call_target()
+
+        def op_local(run: Run) -> int:
+            if len(run.frames) + 1 >= MAX_FRAMES:
+                raise VmError(f"call depth exceeds {MAX_FRAMES} frames")
+            r = run.regs
+            run.frames.append((nxt, r[6:10], run.frame))
+            run.frame = run.mem.add(f"stack frame {len(run.frames)}", bytearray(isa.STACK_SIZE), writable=True)
+            r[isa.FRAME_POINTER] = run.frame + isa.STACK_SIZE
+            return target
+        return op_local
+    if i.src == isa.CALL_BTF:
+        return _fail("kfunc calls are not supported")
+    helper = calls.HANDLERS.get(i.imm)
+    if helper is None:
+        return _fail(f"unknown helper {i.imm}")
+
+    def op_helper(run: Run) -> int:
+        return STOP if helper(run) else nxt
+    return op_helper
+
+
+def _exit(i: Insn, nxt: int) -> Op:
+    def op(run: Run) -> int:
+        if not run.frames:
+            return STOP
+        ret, saved, frame = run.frames.pop()
+        run.mem.remove(run.frame)
+        run.frame = frame
+        run.regs[6:10] = saved
+        run.regs[isa.FRAME_POINTER] = frame + isa.STACK_SIZE
+        return ret
+    return op
+
+
+BUILDERS: dict[str, Callable[[Insn, int], Op]] = {
+    "alu": _alu, "mov": _mov, "movsx": _movsx, "neg": _neg, "end": _end, "lddw": _lddw, "load": _load,
+    "store": _store, "atomic": _atomic, "jmp": _jmp, "ja": _ja, "call": _call, "exit": _exit,
+}
+# Kinds whose destination register is written (r10 is read-only, RFC 9669 2.1... 4).
+_WRITES_DST = frozenset(("alu", "mov", "movsx", "neg", "end", "lddw", "load"))
+
+
+def _build(insns: Sequence[Insn], slots: int) -> list[Op]:
+    """One op per slot; slots that are not instruction starts (lddw's second half, the end) fail."""
+    ops: list[Op] = [_fail("jump into the middle of lddw")] * slots + [_fail("fell off the end of the program")]
+    for i in insns:
+        nxt = i.pc + i.slots
+        if i.kind in _WRITES_DST and _writes_r10(i):
+            ops[i.pc] = _fail("r10 is read-only")
+            continue
+        if i.kind in ("jmp", "ja") and not 0 <= i.jump_target() <= slots:
+            ops[i.pc] = _fail(f"jump to {i.jump_target()}, outside the program")
+            continue
+        if i.kind == "call" and i.src == isa.CALL_LOCAL and not 0 <= i.call_target() < slots:
+            ops[i.pc] = _fail(f"call to {i.call_target()}, outside the program")
+            continue
+        ops[i.pc] = BUILDERS[i.kind](i, nxt)
+    return ops
+
+
+class Vm:
+    """A decoded program with its maps, ready to run any number of times against ``state``."""
+
+    def __init__(self, code: bytes, maps: Sequence[MapDef] = (), state: MapsState | None = None, *,
+                 budget: int = DEFAULT_BUDGET) -> None:
+        self.insns = decode(code)
+        self.by_pc = {i.pc: i for i in self.insns}
+        self.state = state if state is not None else MapsState(list(maps))
+        self.budget = budget
+        self.ops = _build(self.insns, len(code) // 8)
+
+    def run(self, ctx: bytes = b"", thread: ThreadSim | None = None) -> int:
+        """Run as a probe: r1 = a read-only copy of ``ctx`` (struct egpu_ctx); returns r0."""
+        mem = Memory()
+        r1 = mem.add("ctx", bytearray(ctx), writable=False)
+        return self._execute(mem, thread or ThreadSim(), r1, 0)
+
+    def run_with_mem(self, mem: bytes | None = None, thread: ThreadSim | None = None) -> tuple[int, bytes | None]:
+        """``execute``'s contract, also returning the memory after the run."""
+        space = Memory()
+        buf = bytearray(mem) if mem is not None else None
+        r1 = space.add("mem", buf, writable=True) if buf is not None else 0
+        r0 = self._execute(space, thread or ThreadSim(), r1, len(buf) if buf is not None else 0)
+        return r0, bytes(buf) if buf is not None else None
+
+    def _execute(self, mem: Memory, thread: ThreadSim, r1: int, r2: int) -> int:
+        run = Run(self, mem, thread)
+        run.regs[1], run.regs[2] = r1, r2
+        ops, budget, pc = self.ops, self.budget, 0
+        try:
+            while pc >= 0:
+                budget -= 1
+                if budget < 0:
+                    raise VmError(f"instruction budget of {self.budget} exhausted (unbounded loop?)")
+                pc = ops[pc](run)
+        except VmError as e:
+            if e.insn is None:
+                e.insn = pc
+                insn = self.by_pc.get(pc)
+                if insn is not None:
+                    e.reason = f"{e.reason} ({disasm_insn(insn)})"
+            raise
+        if run.reservations:
+            raise VmError(f"exited holding {len(run.reservations)} unsubmitted ringbuf reservation(s)")
+        return run.regs[0] & MASK64
+
+
+def run_with_mem(code: bytes, mem: bytes | None = None, *, budget: int = DEFAULT_BUDGET) -> tuple[int, bytes | None]:
+    """Like ``execute``, also returning what the program left in mem (None when there was none)."""
+    return Vm(code, budget=budget).run_with_mem(mem)
+
+
+def execute(code: bytes, mem: bytes | None = None, *, budget: int = DEFAULT_BUDGET) -> int:
+    """Run ``code``: r1 = a copy of mem (0 when None), r2 = len(mem), r10 = top of a 512-byte stack.
+
+    Returns r0 as unsigned 64-bit. Raises DecodeError for bytes that are not a program and VmError
+    (naming the pc and instruction) for a program the VM cannot run.
+    """
+    return run_with_mem(code, mem, budget=budget)[0]
