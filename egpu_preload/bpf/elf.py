@@ -184,7 +184,7 @@ class _Loader:
         sec = self.section_named("maps")
         if sec is None:
             return
-        syms = [s for s in self.symbols_in(sec.index, "STT_OBJECT")] or \
+        syms = self.symbols_in(sec.index, "STT_OBJECT") or \
             [s for s in self.symbols_in(sec.index, "STT_NOTYPE") if s.name]
         for s in syms:
             size = s.size or (sec.size // len(syms))

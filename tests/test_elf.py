@@ -1,0 +1,288 @@
+"""The ELF loader on every probe of tests/probes (exact programs, maps, relocations, linked calls), on
+objects built to fail, and on corrupted bytes (hypothesis): only ElfError-family refusals, never a crash."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from elftools.elf.elffile import ELFFile
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from egpu_preload.bpf import isa
+from egpu_preload.bpf.compile import compile_probe
+from egpu_preload.bpf.decode import decode
+from egpu_preload.bpf.elf import load_bytes, load_object
+from egpu_preload.bpf.program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
+                                      MAP_RINGBUF, Attach)
+from egpu_preload.errors import EgpuError, ElfError
+
+T, W, B = "thread", "warp", "block"
+
+# probe -> programs as (name, section, attach)
+PROGRAMS = {
+    "count": [("count_entries", "kprobe/*", Attach("entry", "*", T))],
+    "hash_count": [("count_per_kernel", "kprobe/*", Attach("entry", "*", T))],
+    "histogram": [("launch_threads", "egpu/launch/*", Attach("launch", "*", "launch"))],
+    "ringbuf": [("block_enter", "kprobe.block/*", Attach("entry", "*", B)),
+                ("block_exit", "kretprobe.block/*", Attach("exit", "*", B))],
+    "globals": [("weigh_accesses", "egpu/mem/*", Attach("mem", "*", T))],
+    "subprog": [("loads", "egpu/load/*", Attach("load", "*", T)),
+                ("stores", "egpu/store/*", Attach("store", "*", T))],
+    "loop": [("hash_slots", "kprobe/*", Attach("entry", "*", T))],
+    "libbpf_style": [("cuda__vector_add", "kprobe/_Z9vectorAddPKfS0_Pf", Attach("entry", "_Z9vectorAddPKfS0_Pf", T))],
+    "memtrace": [("trace_mem", "egpu/mem/*", Attach("mem", "*", T)),
+                 ("warp_stores", "egpu/store.warp/*", Attach("store", "*", W))],
+    "launch": [("on_launch", "egpu/launch/*", Attach("launch", "*", "launch"))],
+    "gpu_helpers": [("where_am_i", "kprobe.warp/*", Attach("entry", "*", W))],
+}
+
+# probe -> maps as (name, type, key_size, value_size, max_entries, flags, readonly)
+MAPS = {
+    "count": [("counts", MAP_ARRAY, 4, 8, 1, 0, False)],
+    "hash_count": [("per_kernel", MAP_HASH, 8, 8, 1024, 0, False)],
+    "histogram": [("hist", MAP_ARRAY, 4, 8, 64, 0, False)],
+    "ringbuf": [("events", MAP_RINGBUF, 0, 0, 256 * 1024, 0, False)],
+    "globals": [("globals.data", MAP_ARRAY, 4, 8, 1, 0, False), ("globals.rodata", MAP_ARRAY, 4, 12, 1, 0, True),
+                ("globals.bss", MAP_ARRAY, 4, 16, 1, 0, False), ("g.rodata.str1.1", MAP_ARRAY, 4, 9, 1, 0, True)],
+    "subprog": [("classes", MAP_ARRAY, 4, 8, 4, 0, False)],
+    "loop": [("slots", MAP_ARRAY, 4, 8, 16, 0, False)],
+    "libbpf_style": [("legacy_counts", MAP_ARRAY, 4, 8, 2, 0, False), ("last_seen", MAP_LRU_HASH, 8, 8, 128, 0, False),
+                     ("libbpf_s.rodata", MAP_ARRAY, 4, 16, 1, 0, True)],
+    "memtrace": [("bytes", MAP_ARRAY, 4, 8, 2, 0, False), ("pages", MAP_LRU_HASH, 8, 8, 4096, 0, False)],
+    "launch": [("launches", MAP_HASH, 8, 48, 512, 0, False)],
+    "gpu_helpers": [("events", MAP_PERF_EVENT_ARRAY, 4, 4, 0, 0, False),
+                    ("per_sm", MAP_PERCPU_ARRAY, 4, 8, 1, 0, False)],
+}
+
+# probe -> per program, its map references in code order: a map name, or (data map name, offset).
+REFS = {
+    "count": [["counts"]],
+    "hash_count": [["per_kernel"] * 3],
+    "histogram": [["hist"]],
+    "ringbuf": [["events"], ["events"]],
+    "globals": [[("globals.rodata", 0), ("globals.bss", 0), ("globals.data", 0), ("globals.bss", 8),
+                 ("g.rodata.str1.1", 0), ("globals.rodata", 4)]],
+    "subprog": [["classes"], ["classes"]],
+    "loop": [["slots"]],
+    "libbpf_style": [["legacy_counts", "last_seen", ("libbpf_s.rodata", 0)]],
+    "memtrace": [["bytes", "pages", "pages"], ["bytes"]],
+    "launch": [["launches"] * 3],
+    "gpu_helpers": [["events", "per_sm"]],
+}
+
+# probe -> per program, (instruction count after linking, pcs that local calls enter)
+CALLS = {"subprog": [(25, [3, 17]), (30, [8, 22, 22])]}
+
+# probe -> per program, helper ids called in code order
+HELPER_CALLS = {
+    "ringbuf": [[131, 5, 8, 133, 132], [5, 8, 130]],
+    "gpu_helpers": [[503, 505, 504, 508, 502, 509, 510, 511, 507, 25, 506, 1]],
+}
+
+
+def test_every_probe_is_in_the_tables(probe_names):
+    assert len(probe_names) >= 8
+    assert set(probe_names) == set(PROGRAMS) == set(MAPS) == set(REFS)
+
+
+@pytest.mark.parametrize("mcpu", ["v3", "v4"])
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_probe(probe_obj, name, mcpu):
+    obj = load_object(probe_obj(name, mcpu))
+    assert obj.license in ("GPL", "Dual BSD/GPL")
+    assert [(p.name, p.section, p.attach) for p in obj.programs] == PROGRAMS[name]
+    assert [(m.name, m.type, m.key_size, m.value_size, m.max_entries, m.flags, m.readonly)
+            for m in obj.maps] == MAPS[name]
+    names = [m.name for m in obj.maps]
+    for prog, want in zip(obj.programs, REFS[name], strict=True):
+        insns = decode(prog.code)
+        refs = []
+        for i in insns:
+            if i.kind == "lddw" and i.src == isa.LDDW_MAP_IDX:
+                refs.append(names[i.imm])
+            elif i.kind == "lddw" and i.src == isa.LDDW_MAP_IDX_VALUE:
+                refs.append((names[i.imm & 0xFFFFFFFF], i.imm >> 32))
+            elif i.kind == "lddw":
+                assert i.src == isa.LDDW_IMM64  # nothing left unrelocated
+        assert refs == want
+        local = [i.call_target() for i in insns if i.kind == "call" and i.src == isa.CALL_LOCAL]
+        starts = {i.pc for i in insns}
+        assert all(t in starts for t in local)
+    for prog, (length, targets) in zip(obj.programs, CALLS.get(name, [(None, [])] * len(obj.programs))):
+        insns = decode(prog.code)
+        assert [i.call_target() for i in insns if i.kind == "call" and i.src == isa.CALL_LOCAL] == targets
+        if length is not None:
+            assert len(prog.code) // 8 == length
+    for prog, want in zip(obj.programs, HELPER_CALLS.get(name, [])):
+        assert [i.imm for i in decode(prog.code) if i.kind == "call" and i.src == isa.CALL_HELPER] == want
+
+
+def test_map_btf_types(probe_obj):
+    obj = load_object(probe_obj("launch"))
+    m = obj.maps[0]
+    assert obj.btf.type_name(m.key_type_id) == "__u64"
+    assert obj.btf.type_name(m.value_type_id) == "struct launch_stats"
+
+
+def test_global_data(probe_obj):
+    obj = load_object(probe_obj("globals"))
+    data, rodata, bss, strs = obj.maps
+    assert data.initial == struct.pack("<Q", 3) and bss.initial is None
+    assert rodata.initial == struct.pack("<I", 4) + b"egpu\0\0\0\0" and strs.initial == b"wide %u\n\0"
+    # clang leaves the DATASEC sizes and offsets 0; the loader fixes them from the ELF as libbpf does.
+    assert obj.btf.format(bss.value_type_id, struct.pack("<QQ", 5, 7)) == "{ hits: 5, weighted_bytes: 7 }"
+    assert obj.btf.format(rodata.value_type_id, rodata.initial) == '{ min_size: 4, tag: "egpu" }'
+    assert strs.value_type_id is None  # string literals have no BTF
+
+
+def _compile(tmp_path: Path, source: str, name: str = "t") -> Path:
+    src = tmp_path / f"{name}.bpf.c"
+    src.write_text('#include "egpu.bpf.h"\n' + source)
+    return compile_probe(src)
+
+
+def test_calls_between_functions_of_one_section(tmp_path):
+    """Global functions in one section are each a program, and calls between them link like .text calls."""
+    obj = load_object(_compile(tmp_path, """
+__noinline int global_sub(int x) { return x * 3; }
+SEC("kprobe/*") __noinline int inner(struct egpu_ctx *c) { return c->site + global_sub(c->size); }
+SEC("kprobe/*") int outer(struct egpu_ctx *c) { return inner(c) + 1; }
+"""))
+    got = {p.name: (len(p.code) // 8, [i.call_target() for i in decode(p.code) if i.kind == "call"])
+           for p in obj.programs}
+    assert got == {"inner": (8, [5]), "outer": (11, [3, 8])}
+
+
+def _x86_object(tmp_path: Path) -> Path:
+    src = tmp_path / "x86.c"
+    src.write_text("int f(int x) { return x + 1; }\n")
+    subprocess.run(["gcc", "-c", str(src), "-o", str(tmp_path / "x86.o")], check=True)
+    return tmp_path / "x86.o"
+
+
+def _patch_reloc(obj: Path, field: str, value) -> bytes:
+    """Rewrite the first relocation of the first program section: field 'offset' adds, 'type' sets."""
+    raw = bytearray(obj.read_bytes())
+    with open(obj, "rb") as f:
+        elf = ELFFile(f)
+        rel = next(s for s in elf.iter_sections() if s.name.startswith(".rel") and not s.name.startswith(".rel."))
+        at = rel["sh_offset"]
+    off, info = struct.unpack_from("<QQ", raw, at)
+    if field == "offset":
+        off += value
+    else:
+        info = (info & ~0xFFFFFFFF) | value
+    struct.pack_into("<QQ", raw, at, off, info)
+    return bytes(raw)
+
+
+MAP_SRC = """
+struct {{ {fields} }} m SEC(".maps");
+SEC("kprobe/*") int p(struct egpu_ctx *c) {{ __u32 k = 0; return bpf_map_lookup_elem(&m, &k) != 0; }}
+"""
+BAD_SOURCES = [
+    ("unknown section", 'SEC("xdp") int p(void *c) { return 0; }', "xdp: unknown section"),
+    ("missing symbol", 'extern __u64 nowhere;\nSEC("kprobe/*") int p(void *c) { return nowhere; }',
+     "missing symbol nowhere"),
+    ("unsupported map type", MAP_SRC.format(fields="__uint(type, 7); __uint(max_entries, 1); "
+                                            "__type(key, __u32); __type(value, __u64);"),
+     "unsupported map type 7 (supported: hash, array, perf_event_array, percpu_array, lru_hash, ringbuf)"),
+    ("array key", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); "
+                                 "__type(key, __u64); __type(value, __u64);"), "array keys are 4 bytes, not 8"),
+    ("no max_entries", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); "
+                                      "__type(key, __u32); __type(value, __u64);"), "needs key_size"),
+    ("ringbuf size", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 5000);"),
+     "ringbuf size 5000 is not a power of 2"),
+    ("unknown field", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
+                                     "__uint(colour, 1); __type(key, __u32); __type(value, __u64);"),
+     "unsupported field colour"),
+    ("size mismatch", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
+                                     "__uint(key_size, 8); __type(key, __u32); __type(value, __u64);"),
+     "key_size 8 disagrees with the key type's 4 bytes"),
+    ("legacy map type", 'struct egpu_map_def SEC("maps") m = { .type = 99, .key_size = 4, .value_size = 4, '
+                        '.max_entries = 1 };\n'
+                        'SEC("kprobe/*") int p(void *c) { __u32 k = 0; return bpf_map_lookup_elem(&m, &k) != 0; }',
+     "map m: unsupported map type 99"),
+]
+
+
+@pytest.mark.parametrize("case,source,reason", BAD_SOURCES, ids=[b[0] for b in BAD_SOURCES])
+def test_refused_objects(tmp_path, case, source, reason):
+    obj = _compile(tmp_path, source)
+    with pytest.raises(ElfError) as e:
+        load_object(obj)
+    assert reason in str(e.value)
+    assert str(e.value).startswith(f"{obj}:")
+
+
+def test_btf_maps_need_btf(tmp_path):
+    src = tmp_path / "nog.bpf.c"
+    src.write_text('#include "egpu.bpf.h"\n' + MAP_SRC.format(
+        fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64);"))
+    out = tmp_path / "nog.o"
+    from egpu_preload.bpf.compile import clang_args, find_clang
+    subprocess.run([find_clang(), *[a for a in clang_args(src, out) if a != "-g"]], check=True)
+    with pytest.raises(ElfError, match="BTF-defined maps need .BTF"):
+        load_object(out)
+
+
+BAD_BYTES = [
+    ("empty", lambda o, t: b"", "not an ELF file"),
+    ("text", lambda o, t: b"hello world\n" * 10, "not an ELF file"),
+    ("header only", lambda o, t: o.read_bytes()[:40], "truncated file"),
+    ("truncated", lambda o, t: o.read_bytes()[:len(o.read_bytes()) // 2], "truncated file"),
+    ("x86 object", lambda o, t: _x86_object(t).read_bytes(), "not an eBPF object: e_machine is 62"),
+    ("big endian", lambda o, t: o.read_bytes()[:5] + b"\x02" + o.read_bytes()[6:], "64-bit little-endian"),
+    ("reloc not on lddw", lambda o, t: _patch_reloc(o, "offset", 8), "R_BPF_64_64 on a non-lddw"),
+    ("reloc type", lambda o, t: _patch_reloc(o, "type", 3), "unsupported type 3"),
+    ("reloc outside", lambda o, t: _patch_reloc(o, "offset", 1 << 20), "is not an instruction of the section"),
+]
+
+
+@pytest.mark.parametrize("case,make,reason", BAD_BYTES, ids=[b[0] for b in BAD_BYTES])
+def test_refused_bytes(probe_obj, tmp_path, case, make, reason):
+    with pytest.raises(ElfError) as e:
+        load_bytes(make(probe_obj("count"), tmp_path), "probe.bpf.o")
+    assert str(e.value).startswith("probe.bpf.o:") and reason in str(e.value)
+
+
+def test_unreadable_file(tmp_path):
+    with pytest.raises(ElfError, match="cannot read"):
+        load_object(tmp_path / "absent.bpf.o")
+
+
+FUZZED = ["subprog", "globals", "libbpf_style", "gpu_helpers"]
+
+
+def _section_ranges(raw: bytes) -> list[tuple[int, int]]:
+    """File ranges of the sections the loader reads (symbols, relocations, code, maps, BTF), not DWARF."""
+    import io
+    elf = ELFFile(io.BytesIO(raw))
+    return [(s["sh_offset"], s["sh_offset"] + s["sh_size"] - 1) for s in elf.iter_sections()
+            if s["sh_size"] and s["sh_type"] != "SHT_NOBITS" and ".debug" not in s.name]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_fuzz_corrupt_objects(probe_obj, data):
+    """Flipped bytes (in the ELF header, the section table, or a section the loader reads) and truncation:
+    load_bytes either loads or raises an EgpuError, quickly."""
+    raw = bytearray(probe_obj(data.draw(st.sampled_from(FUZZED))).read_bytes())
+    shoff = struct.unpack_from("<Q", raw, 40)[0]
+    regions = [(0, 63), (shoff, len(raw) - 1)] + _section_ranges(bytes(raw))
+    for _ in range(data.draw(st.integers(1, 4))):
+        lo, hi = data.draw(st.sampled_from(regions))
+        raw[data.draw(st.integers(lo, hi))] = data.draw(st.integers(0, 255))
+    if data.draw(st.integers(0, 9)) == 0:
+        raw = raw[:data.draw(st.integers(0, len(raw)))]
+    start = time.monotonic()
+    try:
+        load_bytes(bytes(raw), "fuzz.bpf.o")
+    except EgpuError as e:
+        assert str(e).startswith("fuzz.bpf.o")
+    assert time.monotonic() - start < 5
