@@ -160,7 +160,7 @@ class Btf:
             return t.nelems * self._size(t.ref, depth + 1)
         if t.kind in _TRANSPARENT or t.kind == KIND_VAR:
             return self._size(t.ref, depth + 1)
-        raise BtfError(f"type {type_id} ({KIND_NAMES.get(t.kind, 'void')} {t.name or ''}) has no size".replace(" )", ")"))
+        raise BtfError(f"type {type_id} ({self.type_name(type_id)}) has no size")
 
     def members(self, type_id: int) -> tuple[Member, ...]:
         """Members of the struct or union behind ``type_id``."""
@@ -388,6 +388,5 @@ def _check_refs(types: list[Type]) -> None:
         bad = [ref for ref in refs if not 0 <= ref < n]
         if bad:
             raise BtfError(f"type {t.id} ({t.kind_name} {t.name}) refers to missing type {bad[0]}")
-        if t.kind == KIND_DATASEC and any(types[v.type].kind != KIND_VAR for v in t.secinfos
-                                         if types[v.type].kind != KIND_FUNC):
+        if t.kind == KIND_DATASEC and any(types[v.type].kind not in (KIND_VAR, KIND_FUNC) for v in t.secinfos):
             raise BtfError(f"DATASEC {t.name} lists a type that is not a variable")
