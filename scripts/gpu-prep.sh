@@ -4,11 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .gpubuild/probes
-for src in tests/probes/*.bpf.c examples/*.bpf.c; do
-  [ -f "$src" ] || continue
-  python3 -c "import sys; from pathlib import Path; from egpu_preload.bpf.compile import compile_probe; compile_probe(Path(sys.argv[1]), Path(sys.argv[2]))" \
-    "$src" ".gpubuild/probes/$(basename "${src%.c}").o"
-done
+# Named as tests/conftest.py's probe_obj fixture expects: NAME.MCPU.bpf.o
+python3 - <<'PY'
+from pathlib import Path
+from egpu_preload.bpf.compile import compile_probe
+for src in sorted(Path("tests/probes").glob("*.bpf.c")) + sorted(Path("examples").glob("*.bpf.c")):
+    for mcpu in ("v3", "v4"):
+        compile_probe(src, Path(".gpubuild/probes") / f"{src.name.removesuffix('.bpf.c')}.{mcpu}.bpf.o", mcpu=mcpu)
+PY
 git rev-parse HEAD > .gpubuild/COMMIT
 git status --porcelain | grep -q . && echo "+dirty" >> .gpubuild/COMMIT || true
 [ -d .whl ] || bash ../shared/tools/device-wheels.sh .whl >/dev/null
