@@ -12,6 +12,7 @@ from ..errors import VmError
 
 REGION_SHIFT = 36  # regions are at most 4 GiB, so 64 GiB spacing leaves a wide gap after each
 MASK64 = (1 << 64) - 1
+NEAR = 1 << 16  # how far outside a region a fault is still reported relative to it
 
 
 @dataclass
@@ -54,13 +55,19 @@ class Memory:
         what = f"{'write' if write else 'read'} of {size} bytes at 0x{addr:x}"
         region = self.regions.get(addr >> REGION_SHIFT)
         if region is None:
-            raise VmError(f"{what}: {'null pointer' if addr < 1 << REGION_SHIFT else 'not a valid address'}")
+            raise VmError(f"{what}: {self._describe_gap(addr)}")
         off = addr - region.base
         if off + size > len(region.data):
             raise VmError(f"{what}: outside {region.name} (offset {off}, size {len(region.data)})")
         if write and not region.writable:
             raise VmError(f"{what}: {region.name} is read-only")
         return region.data, off
+
+    def _describe_gap(self, addr: int) -> str:
+        above = self.regions.get((addr >> REGION_SHIFT) + 1)
+        if above is not None and above.base - addr <= NEAR:
+            return f"{above.base - addr} bytes below {above.name}"
+        return "null pointer" if addr < NEAR else "not a valid address"
 
     def load(self, addr: int, size: int) -> int:
         data, off = self._find(addr, size, False)

@@ -1,0 +1,526 @@
+"""The reference VM: its entry-point contract, clean refusals, helpers, map semantics, the probes of
+tests/probes with exact results, and fuzzing (random bytecode only ever fails with EgpuError)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from egpu_preload.bpf import ctx as ctxmod
+from egpu_preload.bpf import program as prog
+from egpu_preload.bpf.asm import assemble
+from egpu_preload.bpf.helpers import BPF_ANY, BPF_EXIST, BPF_NOEXIST, HELPERS
+from egpu_preload.errors import EgpuError, VmError
+from egpu_preload.maps import (E2BIG, EAGAIN, EEXIST, EINVAL, ENOENT, ENOSPC, MapsState, PerfStorage, format_trace,
+                               record_bytes)
+from egpu_preload.vm import ThreadSim, Vm, execute, run_with_mem
+from egpu_preload.vm.calls import HANDLERS
+
+M64 = (1 << 64) - 1
+
+
+def u32(v: int) -> bytes:
+    return struct.pack("<I", v)
+
+
+def u64(v: int) -> bytes:
+    return struct.pack("<Q", v & M64)
+
+
+def errno(v: int) -> int:
+    return v & M64
+
+
+# --- the entry point ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("asm, mem, r0", [
+    ("r0 = r1\nexit", None, 0),                                    # r1 = 0 without mem
+    ("r0 = r2\nexit", None, 0),
+    ("r0 = r2\nexit", b"abc", 3),                                  # r2 = len(mem)
+    ("r0 = *(u8 *)(r1 + 2)\nexit", b"abc", ord("c")),              # r1 points to the copy
+    ("r0 = -1\nexit", None, M64),                                  # unsigned 64-bit result
+    ("*(u64 *)(r10 - 512) = 1\nr0 = *(u64 *)(r10 - 512)\nexit", None, 1),  # the frame is 512 bytes
+])
+def test_execute_contract(asm: str, mem: bytes | None, r0: int) -> None:
+    assert execute(assemble(asm), mem) == r0
+
+
+def test_mem_is_a_copy() -> None:
+    mem = bytearray(4)
+    r0, after = run_with_mem(assemble("*(u32 *)(r1 + 0) = 7\nr0 = 0\nexit"), bytes(mem))
+    assert after == u32(7) and mem == bytearray(4)
+
+
+@pytest.mark.parametrize("asm, mem, message", [
+    ("r0 = *(u64 *)(r1 + 0)\nexit", None, "0: read of 8 bytes at 0x0: null pointer (r0 = *(u64 *)(r1 + 0x0))"),
+    ("r0 = *(u32 *)(r1 + 2)\nexit", b"abcd", "read of 4 bytes at"),
+    ("r0 = 0\n*(u64 *)(r10 + 0) = r0\nexit", None, "1: write of 8 bytes"),
+    ("r0 = *(u8 *)(r10 - 513)\nexit", None, "1 bytes below stack frame 0"),
+    ("call 99\nexit", None, "0: unknown helper 99"),
+    ("call kfunc 1\nexit", None, "kfunc calls are not supported"),
+    ("l: goto l", None, "0: instruction budget of 1000 exhausted"),
+    ("r0 = 0", None, "1: fell off the end of the program"),
+    ("goto +1\nr0 = 1 ll\nexit", None, "2: jump into the middle of lddw"),
+    ("goto +5\nexit", None, "0: jump to 6, outside the program"),
+    ("r10 = 0\nexit", None, "0: r10 is read-only"),
+    ("f: call local f\nexit", None, "call depth exceeds 8 frames"),
+    ("r2 = 1\nlock *(u64 *)(r10 - 4) += r2\nexit", None, "not 8-byte aligned"),
+    ("r1 = map[0] ll\nexit", None, "map[0] is not a map"),
+    ("ld_pseudo r1, 1, 3\nexit", None, "lddw pseudo source 1 is resolved by the loader"),
+    ("r1 = 0\ncall ringbuf_submit\nexit", None, "ringbuf_submit of 0x0, not a reserved record"),
+])
+def test_refusals(asm: str, mem: bytes | None, message: str) -> None:
+    with pytest.raises(VmError) as e:
+        execute(assemble(asm), mem, budget=1000)
+    assert message in str(e.value)
+
+
+def test_ctx_is_read_only() -> None:
+    with pytest.raises(VmError, match="ctx is read-only"):
+        Vm(assemble("*(u64 *)(r1 + 0) = 1\nexit")).run(bytes(ctxmod.SIZE))
+
+
+def test_callee_frame_is_gone_after_return() -> None:
+    code = assemble("call local f\nr0 = *(u64 *)(r0 + 0)\nexit\nf: r0 = r10\nr0 += -8\nexit")
+    with pytest.raises(VmError, match="not a valid address"):
+        execute(code)
+
+
+def test_every_helper_has_a_handler() -> None:
+    assert set(HANDLERS) == set(HELPERS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(min_size=8, max_size=8), min_size=1, max_size=24), st.binary(max_size=64))
+def test_random_bytecode_fails_cleanly(slots: list[bytes], mem: bytes) -> None:
+    try:
+        execute(b"".join(slots), mem, budget=10_000)
+    except EgpuError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([b"\x07", b"\x0f", b"\x04", b"\xb7", b"\xbf", b"\x61", b"\x63", b"\x7b", b"\x79",
+                                 b"\x15", b"\x05", b"\x85", b"\x95", b"\xdb", b"\xc3", b"\x18", b"\x3f", b"\x9f",
+                                 b"\x87", b"\xd4", b"\x06"]).flatmap(
+    lambda op: st.binary(min_size=7, max_size=7).map(lambda rest: op + rest)), min_size=1, max_size=24))
+def test_plausible_bytecode_fails_cleanly(slots: list[bytes]) -> None:
+    """Opcode bytes that decode, with random operands: reaches the executor far more often."""
+    try:
+        execute(b"".join(slots), bytes(16), budget=10_000)
+    except EgpuError:
+        pass
+
+
+# --- maps, host side ---------------------------------------------------------------------------------
+
+def _state(*maps: prog.MapDef) -> MapsState:
+    return MapsState(list(maps))
+
+
+HASH = prog.MapDef("h", prog.MAP_HASH, 4, 8, 2)
+ARRAY = prog.MapDef("a", prog.MAP_ARRAY, 4, 8, 2)
+
+
+@pytest.mark.parametrize("mapdef, ops", [
+    # (operation, key, flags, expected result) in order on one fresh map
+    (HASH, [("update", 1, BPF_EXIST, -ENOENT), ("update", 1, BPF_NOEXIST, 0), ("update", 1, BPF_NOEXIST, -EEXIST),
+            ("update", 1, BPF_EXIST, 0), ("update", 2, BPF_ANY, 0), ("update", 3, BPF_ANY, -E2BIG),
+            ("update", 3, BPF_NOEXIST, -E2BIG), ("update", 3, BPF_EXIST, -ENOENT), ("update", 2, BPF_ANY, 0),
+            ("update", 1, 4, -EINVAL), ("delete", 3, 0, -ENOENT), ("delete", 1, 0, 0), ("delete", 1, 0, -ENOENT),
+            ("update", 3, BPF_ANY, 0)]),
+    (ARRAY, [("update", 0, BPF_ANY, 0), ("update", 1, BPF_EXIST, 0), ("update", 1, BPF_NOEXIST, -EEXIST),
+             ("update", 2, BPF_ANY, -E2BIG), ("update", 0, 3, -EINVAL), ("delete", 0, 0, -EINVAL)]),
+])
+def test_update_flags(mapdef: prog.MapDef, ops: list[tuple[str, int, int, int]]) -> None:
+    storage = _state(mapdef)[0]
+    for n, (op, key, flags, expected) in enumerate(ops):
+        got = storage.update(u32(key), u64(key), flags) if op == "update" else storage.delete(u32(key))
+        assert got == expected, f"step {n}: {op}({key}, {flags})"
+
+
+def test_array_lookup_and_initial() -> None:
+    storage = _state(prog.MapDef("g.data", prog.MAP_ARRAY, 4, 8, 1, initial=u64(3)))[0]
+    assert storage.lookup(u32(0)) == u64(3)
+    assert storage.lookup(u32(1)) is None
+    assert list(storage.items()) == [(u32(0), u64(3))]
+
+
+def test_lru_evicts_least_recently_used() -> None:
+    storage = _state(prog.MapDef("l", prog.MAP_LRU_HASH, 4, 8, 3))[0]
+    for k in (1, 2, 3):
+        assert storage.update(u32(k), u64(k)) == 0
+    assert storage.lookup(u32(1)) is not None      # 1 is now the most recent: 2 is the oldest
+    assert storage.update(u32(4), u64(4)) == 0     # evicts 2
+    assert storage.update(u32(3), u64(30), BPF_EXIST) == 0  # touches 3: 1 is the oldest
+    assert storage.update(u32(5), u64(5), BPF_NOEXIST) == 0  # evicts 1
+    assert [k for k, _ in storage.items()] == [u32(4), u32(3), u32(5)]
+    assert storage.update(u32(4), u64(4), BPF_NOEXIST) == -EEXIST
+
+
+def test_percpu_array_has_a_slot_per_sm() -> None:
+    storage = _state(prog.MapDef("p", prog.MAP_PERCPU_ARRAY, 4, 8, 1))[0]
+    assert storage.update(u32(0), u64(5), cpu=3) == 0
+    assert storage.lookup(u32(0), cpu=3) == u64(5) and storage.lookup(u32(0), cpu=0) == u64(0)
+    assert storage.cpus() == [0, 3]
+
+
+def test_ringbuf_accounting_and_drops() -> None:
+    rb = _state(prog.MapDef("rb", prog.MAP_RINGBUF, 0, 0, 64))[0]
+    assert record_bytes(20) == 32
+    assert rb.output(b"x" * 20) == 0                 # 32 bytes
+    held = rb.reserve(20)                            # 64: full
+    assert held is not None and rb.reserve(1) is None and rb.drops == 1
+    assert rb.output(b"y") == -EAGAIN and rb.drops == 2
+    rb.release(held, submit=False)                   # discard frees its space
+    assert rb.output(b"z" * 24) == 0
+    assert rb.consume() == [b"x" * 20, b"z" * 24] and rb.used == 0
+
+
+def test_perf_buffer_drops_when_full() -> None:
+    perf = PerfStorage(prog.MapDef("e", prog.MAP_PERF_EVENT_ARRAY, 4, 4, 0), capacity=32)
+    assert perf.output(1, b"a" * 8) == 0 and perf.output(2, b"b" * 8) == 0
+    assert perf.output(1, b"c") == -ENOSPC and perf.drops == 1
+    assert perf.consume() == [(1, b"a" * 8), (2, b"b" * 8)]
+
+
+@pytest.mark.parametrize("fmt, args, text", [
+    (b"x=%d\n\0", (M64,), "x=-1\n"),
+    (b"%u %lu\0", (M64, M64), f"{2**32 - 1} {M64}"),
+    (b"%llx|%5d|%-3u|%c%%\0", (255, 42, 7, 65), "ff|   42|7  |A%"),
+    (b"%hhd %hu\0", (0x1FF, 0x1FFFF), "-1 65535"),
+    (b"%p\0", (0x1000,), "0x1000"),
+    (b"missing %d\0", (), "missing 0"),
+    (b"stops\0here %d", (1,), "stops"),
+])
+def test_format_trace(fmt: bytes, args: tuple[int, ...], text: str) -> None:
+    assert format_trace(fmt, args) == text
+
+
+def test_unknown_map_type_is_refused() -> None:
+    with pytest.raises(EgpuError, match="unsupported map type 99"):
+        _state(prog.MapDef("x", 99, 4, 4, 1))
+
+
+# --- helpers through the VM --------------------------------------------------------------------------
+
+def _run(asm: str, *maps: prog.MapDef, thread: ThreadSim | None = None) -> tuple[int, MapsState]:
+    vm = Vm(assemble(asm), list(maps))
+    return vm.run(b"", thread), vm.state
+
+
+KEY_1 = "*(u32 *)(r10 - 4) = 1\nr2 = r10\nr2 += -4\n"
+VALUE_9 = "*(u64 *)(r10 - 16) = 9\nr3 = r10\nr3 += -16\n"
+
+
+@pytest.mark.parametrize("asm, r0", [
+    # update then lookup reads the value through the returned pointer
+    ("r1 = map[0] ll\n" + KEY_1 + VALUE_9 + "r4 = 0\ncall map_update_elem\n"
+     "r1 = map[0] ll\n" + KEY_1 + "call map_lookup_elem\nif r0 == 0 goto out\nr0 = *(u64 *)(r0 + 0)\nout: exit", 9),
+    # a missing key gives NULL
+    ("r1 = map[0] ll\n" + KEY_1 + "call map_lookup_elem\nexit", 0),
+    # NOEXIST on a present key
+    ("r1 = map[0] ll\n" + KEY_1 + VALUE_9 + "r4 = 0\ncall map_update_elem\n"
+     "r1 = map[0] ll\n" + KEY_1 + VALUE_9 + "r4 = 1\ncall map_update_elem\nexit", errno(-EEXIST)),
+    # delete of a missing key
+    ("r1 = map[0] ll\n" + KEY_1 + "call map_delete_elem\nexit", errno(-ENOENT)),
+    # writes through the lookup pointer are the map's value
+    ("r1 = map[1] ll\n" + KEY_1 + "call map_lookup_elem\nr1 = 5\nlock *(u64 *)(r0 + 0) += r1\n"
+     "r1 = map[1] ll\n" + KEY_1 + "call map_lookup_elem\nr0 = *(u64 *)(r0 + 0)\nexit", 5),
+    # the value pointer is bounded by value_size
+    ("r1 = map[1] ll\n" + KEY_1 + "call map_lookup_elem\nr0 = *(u64 *)(r0 + 8)\nexit", None),
+])
+def test_map_helpers(asm: str, r0: int | None) -> None:
+    if r0 is None:
+        with pytest.raises(VmError, match="outside map a value"):
+            _run(asm, HASH, ARRAY)
+    else:
+        assert _run(asm, HASH, ARRAY)[0] == r0
+
+
+def test_ringbuf_helpers() -> None:
+    rb = prog.MapDef("rb", prog.MAP_RINGBUF, 0, 0, 48)
+    asm = """
+        r1 = map[0] ll
+        r2 = 8
+        r3 = 0
+        call ringbuf_reserve
+        if r0 == 0 goto out
+        *(u64 *)(r0 + 0) = 7
+        r1 = r0
+        r2 = 0
+        call ringbuf_submit
+        r1 = map[0] ll
+        r2 = 16
+        r3 = 0
+        call ringbuf_reserve
+        if r0 == 0 goto out
+        r1 = r0
+        r2 = 0
+        call ringbuf_discard
+        *(u64 *)(r10 - 8) = 5
+        r1 = map[0] ll
+        r2 = r10
+        r2 += -8
+        r3 = 8
+        r4 = 0
+        call ringbuf_output
+        r6 = r0
+        r1 = map[0] ll
+        r2 = 40
+        r3 = 0
+        call ringbuf_reserve
+        r0 += r6
+    out:
+        exit
+    """
+    r0, state = _run(asm, rb)
+    assert r0 == 0   # output fitted (0) and the 40-byte reserve after it did not (NULL)
+    assert state[0].records == [u64(7), u64(5)] and state[0].drops == 1
+
+
+def test_unsubmitted_reservation_is_refused() -> None:
+    rb = prog.MapDef("rb", prog.MAP_RINGBUF, 0, 0, 64)
+    with pytest.raises(VmError, match="unsubmitted ringbuf"):
+        _run("r1 = map[0] ll\nr2 = 8\nr3 = 0\ncall ringbuf_reserve\nr0 = 0\nexit", rb)
+
+
+def test_reserved_record_is_bounded() -> None:
+    rb = prog.MapDef("rb", prog.MAP_RINGBUF, 0, 0, 64)
+    with pytest.raises(VmError, match="outside ringbuf rb record"):
+        _run("r1 = map[0] ll\nr2 = 4\nr3 = 0\ncall ringbuf_reserve\n*(u64 *)(r0 + 0) = 1\nexit", rb)
+
+
+def test_gpu_helpers_and_timer() -> None:
+    asm = """
+        r1 = r10
+        r1 += -24
+        r2 = r10
+        r2 += -16
+        r3 = r10
+        r3 += -8
+        call get_thread_idx
+        r6 = *(u64 *)(r10 - 24)
+        r6 *= 10
+        r0 = *(u64 *)(r10 - 16)
+        r6 += r0
+        r6 *= 10
+        r0 = *(u64 *)(r10 - 8)
+        r6 += r0
+        call get_globaltimer
+        r7 = r0
+        call ktime_get_ns
+        r0 -= r7
+        r6 *= 100
+        r6 += r0
+        call get_sm_id
+        r6 *= 10
+        r6 += r0
+        call get_lane_id
+        r6 *= 10
+        r6 += r0
+        call get_warp_id
+        r6 *= 10
+        r6 += r0
+        r0 = r6
+        exit
+    """
+    thread = ThreadSim(thread_idx=(1, 2, 3), smid=4, warp=6, lane=5, globaltimer=1000, tick=7)
+    assert _run(asm, thread=thread)[0] == 1230_7_4_5_6
+    assert thread.globaltimer == 1014
+
+
+def test_trace_printk_and_perf_output() -> None:
+    perf = prog.MapDef("events", prog.MAP_PERF_EVENT_ARRAY, 4, 4, 0)
+    asm = """
+        *(u64 *)(r10 - 8) = 0x0a6425
+        r6 = r1
+        r1 = r10
+        r1 += -8
+        r2 = 4
+        r3 = 42
+        call trace_printk
+        *(u64 *)(r10 - 16) = 77
+        r1 = r6
+        r2 = map[0] ll
+        r3 = 0xffffffff ll
+        r4 = r10
+        r4 += -16
+        r5 = 8
+        call perf_event_output
+        exit
+    """
+    r0, state = _run(asm, perf, thread=ThreadSim(smid=2))
+    assert r0 == 0
+    assert [t.text() for t in state.trace] == ["42\n"] and state.trace[0].cpu == 2
+    assert state[0].records == [(2, u64(77))]
+
+
+def test_exit_helper_ends_the_probe() -> None:
+    r0, state = _run("r0 = 3\ncall 507\nr0 = 9\nexit")
+    assert r0 == 0
+
+
+def test_readonly_global_data() -> None:
+    ro = prog.MapDef("x.rodata", prog.MAP_ARRAY, 4, 8, 1, initial=u64(11), readonly=True)
+    assert _run("r1 = map_value[0] + 4 ll\nr0 = *(u32 *)(r1 - 4)\nexit", ro)[0] == 11
+    with pytest.raises(VmError, match="read-only"):
+        _run("r1 = map_value[0] ll\n*(u64 *)(r1 + 0) = 1\nexit", ro)
+
+
+# --- the probes of tests/probes, loaded and run with exact results ----------------------------------
+
+def make_ctx(**values: int | tuple[int, ...]) -> bytes:
+    """struct egpu_ctx bytes with the named fields set (ctx.FIELDS gives the layout)."""
+    buf = bytearray(ctxmod.SIZE)
+    for name, value in values.items():
+        f = ctxmod.BY_NAME[name]
+        items = value if isinstance(value, tuple) else (value,)
+        for n, v in enumerate(items):
+            buf[f.offset + n * f.size:f.offset + (n + 1) * f.size] = (v & ((1 << 8 * f.size) - 1)).to_bytes(
+                f.size, "little")
+    return bytes(buf)
+
+
+class Probe:
+    """A loaded object: one MapsState shared by its programs, as in a real session."""
+
+    def __init__(self, probe_obj, name: str, mcpu: str) -> None:
+        from egpu_preload.bpf.elf import load_object
+        self.obj = load_object(probe_obj(name, mcpu))
+        self.state = MapsState(self.obj.maps)
+        self.vms = {p.name: Vm(p.code, self.obj.maps, self.state) for p in self.obj.programs}
+
+    def run(self, program: str, thread: ThreadSim | None = None, **ctx: int | tuple[int, ...]) -> int:
+        return self.vms[program].run(make_ctx(**ctx), thread)
+
+    def values(self, map_name: str, cpu: int = 0) -> dict[int, int]:
+        """A map's entries as ints (little-endian keys and u64 values)."""
+        return {int.from_bytes(k, "little"): int.from_bytes(v, "little")
+                for k, v in self.state.by_name(map_name).items(cpu)}
+
+
+MCPUS = pytest.mark.parametrize("mcpu", ["v3", "v4"])
+
+
+@MCPUS
+def test_probe_count(probe_obj, mcpu: str) -> None:
+    p = Probe(probe_obj, "count", mcpu)
+    assert [p.run("count_entries") for _ in range(5)] == [0] * 5
+    assert p.values("counts") == {0: 5}
+
+
+@MCPUS
+def test_probe_hash_count(probe_obj, mcpu: str) -> None:
+    p = Probe(probe_obj, "hash_count", mcpu)
+    for kid in (7, 7, 9, 7, 1 << 63):
+        assert p.run("count_per_kernel", kernel_id=kid) == 0
+    assert p.values("per_kernel") == {7: 3, 9: 1, 1 << 63: 1}
+
+
+@MCPUS
+def test_probe_histogram(probe_obj, mcpu: str) -> None:
+    p = Probe(probe_obj, "histogram", mcpu)
+    for grid, block in (((1, 1, 1), (1, 1, 1)), ((2, 1, 1), (1, 1, 1)), ((4, 2, 1), (32, 1, 1)),
+                        ((4, 2, 1), (33, 1, 1)), ((65535, 65535, 65535), (1024, 1, 1))):
+        p.run("launch_threads", grid=grid, block=block)
+    threads = 65535 ** 3 * 1024
+    expected = {0: 1, 1: 1, 8: 2, threads.bit_length() - 1: 1}
+    assert {k: v for k, v in p.values("hist").items() if v} == expected
+
+
+@MCPUS
+def test_probe_launch(probe_obj, mcpu: str) -> None:
+    p = Probe(probe_obj, "launch", mcpu)
+    p.run("on_launch", kernel_id=5, grid=(2, 3, 4), block=(8, 1, 1), stream=0xABC)
+    p.run("on_launch", kernel_id=5, grid=(1, 1, 1), block=(32, 2, 1), stream=0xDEF)
+    (key, value), = p.state.by_name("launches").items()
+    launches, threads, stream, *dims = struct.unpack("<QQQ6I", value[:48])
+    assert (int.from_bytes(key, "little"), launches, threads, stream, dims) == (
+        5, 2, 24 * 8 + 64, 0xDEF, [1, 1, 1, 32, 2, 1])
+
+
+def _xorshift_slot(kernel_id: int, launch_id: int) -> int:
+    h = kernel_id ^ launch_id
+    for _ in range(10):
+        h ^= (h << 13) & M64
+        h ^= h >> 7
+        h ^= (h << 17) & M64
+    return h % 16
+
+
+@MCPUS
+def test_probe_loop(probe_obj, mcpu: str) -> None:
+    p = Probe(probe_obj, "loop", mcpu)
+    expected: dict[int, int] = {}
+    for kid, lid in ((1, 0), (0xDEADBEEF, 3), (M64, 12345), (1, 0)):
+        slot = _xorshift_slot(kid, lid)
+        expected[slot] = expected.get(slot, 0) + 1
+        assert p.run("hash_slots", kernel_id=kid, launch_id=lid) == slot
+    assert {k: v for k, v in p.values("slots").items() if v} == expected
+
+
+@MCPUS
+def test_probe_memtrace(probe_obj, mcpu: str) -> None:
+    p = Probe(probe_obj, "memtrace", mcpu)
+    load, store, atomic = ctxmod.FLAG_LOAD, ctxmod.FLAG_STORE, ctxmod.FLAG_ATOMIC
+    for addr, size, flags in ((0x1000, 4, load), (0x1ffc, 8, store), (0x2000, 16, load), (0x1008, 4, store)):
+        assert p.run("trace_mem", addr=addr, size=size, flags=flags) == 0
+    assert p.values("bytes") == {0: 20, 1: 12}
+    assert p.values("pages") == {1: 3, 2: 1}
+    assert p.run("warp_stores", flags=store | atomic) == 0 and p.values("bytes") == {0: 20, 1: 12}
+
+
+@MCPUS
+def test_probe_ringbuf(probe_obj, mcpu: str) -> None:
+    p = Probe(probe_obj, "ringbuf", mcpu)
+    p.run("block_enter", ThreadSim(smid=3, globaltimer=1000), kernel_id=1, launch_id=2, kind=ctxmod.KIND_ENTRY)
+    p.run("block_enter", ThreadSim(smid=3, globaltimer=0), kernel_id=1, launch_id=2)  # ts == 0: discarded
+    p.run("block_exit", ThreadSim(smid=4, globaltimer=2000), kernel_id=1, launch_id=2, kind=ctxmod.KIND_EXIT)
+    rb = p.state.by_name("events")
+    assert [struct.unpack("<QQQII", r) for r in rb.consume()] == [(1, 2, 1000, 3, ctxmod.KIND_ENTRY),
+                                                                  (1, 2, 2000, 4, ctxmod.KIND_EXIT)]
+    assert rb.used == 0 and rb.drops == 0
+
+
+@MCPUS
+def test_probe_subprog(probe_obj, mcpu: str) -> None:
+    p = Probe(probe_obj, "subprog", mcpu)
+    assert [p.run("loads", size=s) for s in (1, 4, 8, 16)] == [0, 1, 2, 3]
+    assert [p.run("stores", size=s) for s in (2, 16)] == [2, 6]
+    assert p.values("classes") == {0: 1, 1: 2, 2: 1, 3: 2}
+
+
+@MCPUS
+def test_probe_globals(probe_obj, mcpu: str) -> None:
+    p = Probe(probe_obj, "globals", mcpu)
+    results = [p.run("weigh_accesses", size=s, site=i) for i, s in enumerate((1, 4, 8, 16, 2, 4))]
+    assert results == [0, ord("g"), ord("p"), ord("u"), 0, 0]  # tag = "egpu" then NULs
+    bss = p.state.by_name(next(m.name for m in p.obj.maps if m.name.endswith(".bss")))
+    assert struct.unpack("<QQ", bss.lookup(u32(0))) == (4, 3 * (4 + 8 + 16 + 4))
+    assert [t.text() for t in p.state.trace] == ["wide 16\n"]
+
+
+@MCPUS
+def test_probe_gpu_helpers(probe_obj, mcpu: str) -> None:
+    p = Probe(probe_obj, "gpu_helpers", mcpu)
+    leader = ThreadSim(thread_idx=(32, 1, 0), block_idx=(5, 6, 7), block_dim=(64, 2, 1), grid_dim=(8, 8, 8),
+                       smid=9, warp=3, lane=0, globaltimer=123)
+    assert p.run("where_am_i", leader) == 0
+    assert p.run("where_am_i", ThreadSim(smid=9, lane=1)) == 0  # bpf_exit(): no event, no count
+    events = p.state.by_name("events").records
+    assert events == [(9, struct.pack("<16Q", 5, 6, 7, 32, 1, 0, 64, 2, 1, 8, 8, 8, 123, 9, 3, 0))]
+    assert p.values("per_sm", cpu=9) == {0: 1} and p.values("per_sm", cpu=0) == {0: 0}
+
+
+@MCPUS
+def test_probe_libbpf_style(probe_obj, mcpu: str) -> None:
+    p = Probe(probe_obj, "libbpf_style", mcpu)
+    for x in (0, 1, 2, 3, 0):
+        assert p.run("cuda__vector_add", ThreadSim(block_idx=(x, 0, 0), globaltimer=100 + x)) == 0
+    assert p.values("legacy_counts") == {0: 3, 1: 2}
+    assert p.values("last_seen") == {0: 100, 1: 101, 2: 102, 3: 103}
+    assert [t.text() for t in p.state.trace] == ["block 0 at 100", "block 0 at 100"]
