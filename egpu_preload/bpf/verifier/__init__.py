@@ -1,0 +1,171 @@
+"""The eBPF verifier: proves a probe safe to run inside a GPU kernel, or says why not.
+
+In the spirit of the Linux verifier and PREVAIL: a static pass over the control flow (cfg.py), then
+abstract interpretation of every path (checks.py does each instruction), path-sensitive like the
+kernel. States are remembered at jump targets; a state covered by one already explored to the end
+is pruned, one equal to a state still on the current path is an infinite loop, and a budget of
+processed instructions bounds everything else ("program too complex"), like the kernel's 1M.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from ...errors import DecodeError, VerifierError
+from ..decode import Insn, decode
+from ..disasm import disasm_insn
+from ..program import MapDef
+from . import cfg as cfg_mod
+from .cfg import Cfg, Reject
+from .checks import STEP, Env
+from .state import State, covers, fmt_state, key
+
+MAX_INSNS = 1_000_000
+MAX_COMBINED_STACK = 512
+_RECENT = 16        # explored states per prune point compared for coverage (exact repeats use a dict)
+_LOG_TAIL = 24      # instructions of the failing path shown in the log
+
+
+@dataclass(frozen=True)
+class VerifiedProgram:
+    """A program the verifier accepted, with what it proved that the translator can use."""
+
+    insns: tuple[Insn, ...]
+    regions: Mapping[int, str]         # pc of a load/store/atomic -> stack | ctx | map_value | ringbuf_mem,
+                                       # or "mixed" when paths differ (never with ctx)
+    maps: Mapping[int, int | None]     # pc of a map lddw or of a helper call taking a map -> map index
+                                       # (None: the call site sees different maps on different paths)
+    subprogs: tuple[int, ...]          # entry pc of each function, the main program first
+    stack_depth: tuple[int, ...]       # bytes of stack each function uses, in subprogs order
+    processed: int                     # instructions the analysis went through
+
+
+class _Visit:
+    """A state remembered at a prune point; ``pending`` counts the paths from it still being explored."""
+
+    __slots__ = ("parent", "pending", "state")
+
+    def __init__(self, parent: "_Visit | None", state: State) -> None:
+        self.parent = parent
+        self.pending = 1
+        self.state = state
+
+
+def _finish(visit: _Visit | None) -> None:
+    while visit is not None:
+        visit.pending -= 1
+        if visit.pending:
+            return
+        visit = visit.parent
+
+
+def _live(cfg: Cfg, st: State, pc: int) -> list[int]:
+    """Live registers per frame: at pc for the callee, after its call for every caller (minus r0)."""
+    masks = [cfg.live[f.callsite + 1] & ~1 for f in st.frames[1:]]
+    return masks + [cfg.live[pc]]
+
+
+def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section: str | None = None,
+           max_insns: int = MAX_INSNS) -> VerifiedProgram:
+    """Verify one program (subprograms appended, map references resolved as program.py describes).
+    Raises VerifierError ("17: <insn>: <what> (<check>)", with the state log as detail) or DecodeError."""
+    try:
+        insns = decode(code)
+    except DecodeError as e:
+        raise e.where(file=file, section=section) from None
+    try:
+        cfg = cfg_mod.build(insns, maps)
+    except Reject as r:
+        raise _error(r, None, insns, maps, None, file, section) from None
+    env = Env(cfg, maps)
+    seen: dict[int, dict[tuple, _Visit]] = {}
+    recent: dict[int, list[_Visit]] = {}
+    processed = 0
+    work: list[tuple[State, int, _Visit | None, tuple | None]] = [(State.entry(), 0, None, None)]
+    while work:
+        st, pc, visit, trace = work.pop()
+        try:
+            while True:
+                if pc in cfg.prune:
+                    live = _live(cfg, st, pc)
+                    k = key(st, live)
+                    same = seen.setdefault(pc, {}).get(k)
+                    if same is not None:
+                        if same.pending:
+                            raise Reject("infinite loop detected: the same state comes back here (loop)")
+                        _finish(visit)
+                        break
+                    done = recent.setdefault(pc, [])
+                    if any(not old.pending and covers(old.state, st, live) for old in done):
+                        _finish(visit)
+                        break
+                    visit = _Visit(visit, st.copy())
+                    seen[pc][k] = visit
+                    done.append(visit)
+                    if len(done) > _RECENT:
+                        del done[0]
+                processed += 1
+                if processed > max_insns:
+                    raise Reject(f"program too complex: processed {max_insns} instructions without finishing "
+                                 "(instruction budget)")
+                insn = cfg.at[pc]
+                trace = (pc, trace)
+                succ = STEP[insn.kind](env, st, insn)
+                if not succ:
+                    _finish(visit)
+                    break
+                for other, other_pc in succ[1:]:
+                    if visit is not None:
+                        visit.pending += 1
+                    work.append((other, other_pc, visit, trace))
+                st, pc = succ[0]
+        except Reject as r:
+            raise _error(r, pc, insns, maps, (st, trace), file, section) from None
+    depths = tuple(env.depth)
+    try:
+        _check_combined_stack(cfg, depths)
+    except Reject as r:
+        raise _error(r, None, insns, maps, None, file, section) from None
+    return VerifiedProgram(tuple(insns), MappingProxyType(dict(env.regions)), MappingProxyType(dict(env.map_refs)),
+                           cfg.subprogs, depths, processed)
+
+
+def _check_combined_stack(cfg: Cfg, depths: tuple[int, ...]) -> None:
+    """The deepest call chain's frames together fit 512 bytes; frames round up to 32 like the kernel's."""
+    memo: dict[int, tuple[int, int]] = {}
+
+    def chain(s: int) -> tuple[int, int]:  # (bytes, frames) of the deepest chain from s
+        if s not in memo:
+            below = max((chain(c) for c in cfg.callees[s]), default=(0, 0))
+            memo[s] = ((max(depths[s], 1) + 31) // 32 * 32 + below[0], below[1] + 1)
+        return memo[s]
+
+    total, frames = chain(0)
+    if total > MAX_COMBINED_STACK:
+        raise Reject(f"combined stack size of {frames} calls is {total}, more than {MAX_COMBINED_STACK} "
+                     "(stack size)", pc=0)
+
+
+def _error(r: Reject, pc: int | None, insns: list[Insn], maps: list[MapDef],
+           path: tuple[State, tuple | None] | None, file: str | None, section: str | None) -> VerifierError:
+    at = r.pc if r.pc is not None else pc if pc is not None else 0
+    by_pc = {i.pc: i for i in insns}
+    insn = by_pc.get(at)
+    reason = f"{disasm_insn(insn)}: {r.reason}" if insn is not None else r.reason
+    detail = None
+    if path is not None:
+        st, trace = path
+        lines: list[str] = []
+        while trace is not None and len(lines) < _LOG_TAIL:
+            lines.append(f"{trace[0]}: {disasm_insn(by_pc[trace[0]])}")
+            trace = trace[1]
+        lines.reverse()
+        if not lines or not lines[-1].startswith(f"{at}: "):
+            lines.append(f"{at}: {disasm_insn(insn)}" if insn is not None else f"{at}:")
+        lines.append(f"state at {at}:")
+        lines.append(fmt_state(st, maps))
+        lines.append(f"{at}: {reason}")
+        detail = "\n".join(lines)
+    return VerifierError(reason, file=file, section=section, insn=at, detail=detail)

@@ -1,0 +1,604 @@
+"""Preconditions and effects of each instruction kind, checked in one place (PREVAIL's AssertExtractor,
+the kernel's do_check). ``STEP[insn.kind](env, state, insn)`` raises Reject naming the failed check,
+or mutates ``state`` and returns the successors as (state, pc) pairs: none when the path ends, two
+at a conditional jump whose outcome is unknown (the second one a copy).
+
+Every memory access must be naturally aligned: a misaligned ld/st faults on the GPU (PTX ISA 6.4.1,
+"addresses must be naturally aligned"), and stack frames, map values and ringbuf records all start
+8-aligned, so alignment follows from the offset.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+from .. import ctx as egpu_ctx
+from .. import isa
+from ..decode import Insn
+from ..helpers import HELPERS, Helper
+from ..program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY, MAP_RINGBUF,
+                       MAP_TYPE_NAMES, MapDef)
+from . import arith
+from .cfg import Cfg, Reject
+from .state import SPILL_BYTES, UNINIT_SLOT_BYTES, Frame, Slot, State
+from .value import (CTX, MAP_PTR, MAP_VALUE, MAP_VALUE_OR_NULL, NOT_INIT, NOT_INIT_VALUE, OR_NULL, RINGBUF_MEM,
+                    RINGBUF_MEM_OR_NULL, SCALAR, STACK, UNKNOWN, Value, const, pointer, s64, sized, t_add,
+                    with_var, M64)
+
+MAX_FRAMES = 8          # the kernel's MAX_CALL_FRAMES
+MAX_OFF = 1 << 29       # the kernel's BPF_MAX_VAR_OFF: larger offsets are nonsense
+FP = isa.FRAME_POINTER
+
+_KEY_VALUE_MAPS = frozenset({MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_LRU_HASH})
+MAP_TYPES_FOR_HELPER = {
+    "map_lookup_elem": _KEY_VALUE_MAPS, "map_update_elem": _KEY_VALUE_MAPS, "map_delete_elem": _KEY_VALUE_MAPS,
+    "ringbuf_output": frozenset({MAP_RINGBUF}), "ringbuf_reserve": frozenset({MAP_RINGBUF}),
+    "perf_event_output": frozenset({MAP_PERF_EVENT_ARRAY}),
+}
+_WRITES_MAP = frozenset({"map_update_elem", "map_delete_elem"})
+
+Succ = list[tuple[State, int]]
+
+
+class Env:
+    """What one verification run accumulates besides states: ids and the facts for the translator."""
+
+    __slots__ = ("cfg", "maps", "regions", "map_refs", "depth", "_last_id")
+
+    def __init__(self, cfg: Cfg, maps: list[MapDef]) -> None:
+        self.cfg = cfg
+        self.maps = maps
+        self.regions: dict[int, str] = {}
+        self.map_refs: dict[int, int | None] = {}
+        self.depth = [0] * len(cfg.subprogs)
+        self._last_id = 0
+
+    def new_id(self) -> int:
+        self._last_id += 1
+        return self._last_id
+
+    def note_region(self, pc: int, region: str) -> None:
+        seen = self.regions.setdefault(pc, region)
+        if seen != region:
+            if CTX in (seen, region):
+                raise Reject(f"the same instruction accesses ctx and {seen if region == CTX else region} "
+                             "(one region per ctx access)")
+            self.regions[pc] = "mixed"
+
+    def note_map(self, pc: int, index: int) -> None:
+        if self.map_refs.setdefault(pc, index) != index:
+            self.map_refs[pc] = None
+
+    def note_depth(self, state: State, frame: int, lowest: int) -> None:
+        sub = state.frames[frame].subprog
+        self.depth[sub] = max(self.depth[sub], -lowest)
+
+
+# ---- registers ------------------------------------------------------------------------------------------
+
+def _reg(f: Frame, r: int) -> Value:
+    v = f.regs[r]
+    if v.kind == NOT_INIT:
+        raise Reject(f"r{r} is not initialized (!read_ok)")
+    return v
+
+
+def _writable(r: int) -> None:
+    if r == FP:
+        raise Reject("r10 is the read-only frame pointer (r10 write)")
+
+
+def _set(state: State, r: int, v: Value) -> None:
+    """Narrow register r to v, and every linked copy of it (same scalar id) with it."""
+    old = state.top.regs[r]
+    if old.kind == SCALAR and old.id:
+        state.update_id(old.id, lambda _: v._replace(id=old.id))
+    else:
+        state.top.regs[r] = v
+
+
+# ---- ALU --------------------------------------------------------------------------------------------
+
+def _alu(env: Env, st: State, insn: Insn) -> Succ:
+    """dst = dst op src (or imm): scalars by arith; pointers only +/- a scalar, or ptr - ptr."""
+    _writable(insn.dst)
+    f = st.top
+    # RFC 9669 4.1: imm is sign-extended to 64 bits; a 32-bit operation reads its low half.
+    b = const(insn.imm) if insn.use_imm else _reg(f, insn.src)
+    if insn.op == "mov":
+        if b.is_pointer and insn.width == 32:
+            raise Reject(f"partial copy of a pointer (r{insn.src} is {b.kind})")
+        if insn.width == 64 and b.kind == SCALAR and not b.is_const and not insn.use_imm and not b.id:
+            b = b._replace(id=env.new_id())  # link the copies: a later check on one narrows both
+            f.regs[insn.src] = b
+        f.regs[insn.dst] = b if insn.width == 64 else arith.alu("mov", 32, b, b)
+        return [(st, insn.pc + 1)]
+    a = _reg(f, insn.dst)
+    if a.is_pointer or b.is_pointer:
+        if insn.width == 32:
+            p = insn.dst if a.is_pointer else insn.src
+            raise Reject(f"32-bit arithmetic on a pointer prohibited (r{p} is {(a if a.is_pointer else b).kind})")
+        f.regs[insn.dst] = _pointer_alu(insn, a, b)
+    else:
+        f.regs[insn.dst] = arith.alu(insn.op, insn.width, a, b)
+    return [(st, insn.pc + 1)]
+
+
+def _pointer_alu(insn: Insn, a: Value, b: Value) -> Value:
+    if insn.op == "add":
+        if a.is_pointer and b.is_pointer:
+            raise Reject(f"pointer += pointer prohibited (r{insn.dst} is {a.kind}, r{insn.src} is {b.kind})")
+        return _offset(a, b, +1, insn.dst) if a.is_pointer else _offset(b, a, +1, insn.src)
+    if insn.op == "sub":
+        if a.is_pointer and b.is_pointer:
+            if a.kind != b.kind or a.aux != b.aux or a.kind in OR_NULL or a.kind == MAP_PTR:
+                raise Reject(f"subtraction of pointers to different regions (r{insn.dst} is {a.kind}, "
+                             f"r{insn.src} is {b.kind})")
+            if a.is_const and b.is_const:
+                return const(a.off + s64(a.tv) - b.off - s64(b.tv))
+            return UNKNOWN
+        if b.is_pointer:
+            raise Reject(f"scalar -= pointer prohibited (r{insn.src} is {b.kind})")
+        return _offset(a, b, -1, insn.dst)
+    p = insn.dst if a.is_pointer else insn.src
+    raise Reject(f"pointer arithmetic with {insn.op} prohibited (r{p} is {(a if a.is_pointer else b).kind})")
+
+
+def _offset(p: Value, s: Value, sign: int, reg: int) -> Value:
+    if p.kind in OR_NULL:
+        raise Reject(f"pointer arithmetic on {p.kind} prohibited: compare it with 0 first (r{reg})")
+    if p.kind == MAP_PTR:
+        raise Reject(f"pointer arithmetic on map_ptr prohibited (r{reg})")
+    if s.is_const:
+        off = p.off + sign * s64(s.tv)
+        if abs(off) >= MAX_OFF:
+            raise Reject(f"pointer offset {off} out of range (r{reg})")
+        return p._replace(off=off)
+    return with_var(p, arith.alu("add" if sign > 0 else "sub", 64, p.var, s))
+
+
+def _unary(env: Env, st: State, insn: Insn) -> Succ:
+    """neg, le/be/bswap and movsx: scalars only."""
+    _writable(insn.dst)
+    f = st.top
+    src = insn.src if insn.kind == "movsx" else insn.dst
+    v = _reg(f, src)
+    if v.is_pointer:
+        raise Reject(f"{insn.op} of a pointer prohibited (r{src} is {v.kind})")
+    if insn.kind == "neg":
+        f.regs[insn.dst] = arith.neg(insn.width, v)
+    elif insn.kind == "end":
+        f.regs[insn.dst] = arith.byteswap(insn.op, insn.imm, v)
+    else:
+        f.regs[insn.dst] = arith.movsx(insn.width, insn.size * 8, v)
+    return [(st, insn.pc + 1)]
+
+
+def _lddw(env: Env, st: State, insn: Insn) -> Succ:
+    """dst = imm64, a map (map_ptr) or a pointer into a global-data map's value (cfg checked the index)."""
+    _writable(insn.dst)
+    if insn.src == isa.LDDW_IMM64:
+        v = const(insn.imm)
+    elif insn.src == isa.LDDW_MAP_IDX:
+        v = pointer(MAP_PTR, aux=insn.imm)
+        env.note_map(insn.pc, insn.imm)
+    else:
+        v = pointer(MAP_VALUE, off=insn.imm >> 32, aux=insn.imm & 0xFFFFFFFF)
+        env.note_map(insn.pc, insn.imm & 0xFFFFFFFF)
+    st.top.regs[insn.dst] = v
+    return [(st, insn.pc + 2)]
+
+
+# ---- memory -----------------------------------------------------------------------------------------
+
+def _load(env: Env, st: State, insn: Insn) -> Succ:
+    """dst = *(size *)(src + off)."""
+    _writable(insn.dst)
+    f = st.top
+    v = _access(env, st, insn, insn.src, _reg(f, insn.src), "read", signed=insn.spec.signed)
+    f.regs[insn.dst] = v
+    return [(st, insn.pc + 1)]
+
+
+def _store(env: Env, st: State, insn: Insn) -> Succ:
+    """*(size *)(dst + off) = src (or imm, sign-extended to 64 bits: RFC 9669 5.1)."""
+    f = st.top
+    value = const(insn.imm) if insn.use_imm else _reg(f, insn.src)
+    _access(env, st, insn, insn.dst, _reg(f, insn.dst), "write", value=value)
+    return [(st, insn.pc + 1)]
+
+
+def _atomic(env: Env, st: State, insn: Insn) -> Succ:
+    """Read-modify-write of 4 or 8 bytes on the stack or a map value (RFC 9669 5.3)."""
+    f = st.top
+    base, operand = _reg(f, insn.dst), _reg(f, insn.src)
+    if operand.is_pointer:
+        raise Reject(f"r{insn.src} leaks addr into memory (atomic operand is {operand.kind})")
+    cmpxchg = insn.atomic_op == "cmpxchg"
+    if cmpxchg and _reg(f, 0).is_pointer:
+        raise Reject(f"r0 leaks addr into memory (cmpxchg comparand is {f.regs[0].kind})")
+    if insn.fetch and not cmpxchg:
+        _writable(insn.src)
+    _access(env, st, insn, insn.dst, base, "atomic")
+    old = sized(insn.size)  # the old value, zero-extended for the 32-bit forms
+    if cmpxchg:
+        f.regs[0] = old
+    elif insn.fetch:
+        f.regs[insn.src] = old
+    return [(st, insn.pc + 1)]
+
+
+def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *, value: Value | None = None,
+            signed: bool = False) -> Value:
+    """Check one load ("read"), store ("write") or atomic through ``ptr``; returns what a read gives."""
+    kind, size = ptr.kind, insn.size
+    if kind in (SCALAR, MAP_PTR) or kind in OR_NULL:
+        hint = ": compare it with 0 first" if kind in OR_NULL else ""
+        raise Reject(f"invalid mem access '{kind}' (r{reg}{hint})")
+    if value is not None and value.is_pointer and kind != STACK:
+        raise Reject(f"r{insn.src} leaks addr into {kind} (pointer store)")
+    if mode == "atomic" and kind not in (STACK, MAP_VALUE):
+        raise Reject(f"atomic access to {kind} prohibited, only stack and map values (r{reg})")
+    env.note_region(insn.pc, kind)
+    fixed = ptr.off + insn.off
+    if kind == CTX:
+        return _ctx(ptr, fixed, size, mode, signed, reg)
+    _bounded(ptr, kind, reg)
+    t = t_add((fixed & M64, 0), (ptr.tv, ptr.tm))
+    if (t[0] | t[1]) & (size - 1):
+        raise Reject(f"misaligned {kind} access off={_off(ptr, fixed)} size={size} (r{reg} alignment)")
+    if kind == STACK:
+        return _stack(env, st, ptr, fixed, size, mode, value, signed, reg)
+    if kind == MAP_VALUE:
+        m = env.maps[ptr.aux]
+        if mode != "read" and m.readonly:
+            raise Reject(f"write into read-only map {m.name} (r{reg} readonly)")
+        _within(ptr, fixed, size, m.value_size, "map value", "value_size", reg)
+        if mode == "read" and m.readonly and m.initial is not None and ptr.is_const:
+            data = m.initial[fixed:fixed + size].ljust(size, b"\0")  # .rodata: known at load time
+            return const(int.from_bytes(data, "little", signed=signed))
+    else:
+        _within(ptr, fixed, size, ptr.aux, "ringbuf record", "size", reg)
+    return sized(size, signed)
+
+
+def _off(ptr: Value, fixed: int) -> str:
+    return str(fixed) if ptr.is_const else f"{fixed}+[{ptr.smin}, {ptr.smax}]"
+
+
+def _bounded(ptr: Value, kind: str, reg: int) -> None:
+    if ptr.smin < -MAX_OFF or ptr.smax > MAX_OFF:
+        raise Reject(f"unbounded variable offset into {kind} (r{reg} smin={ptr.smin} smax={ptr.smax}): "
+                     "bound the index with 'if (i < N)' or 'i &= N - 1'")
+
+
+def _within(ptr: Value, fixed: int, size: int, limit: int, what: str, limit_name: str, reg: int) -> None:
+    if fixed + ptr.smin < 0 or fixed + ptr.smax + size > limit:
+        raise Reject(f"invalid access to {what}, {limit_name}={limit} off={_off(ptr, fixed)} size={size} "
+                     f"(r{reg} bounds)")
+
+
+@functools.cache
+def _ctx_slots() -> frozenset[tuple[int, int]]:
+    """Every (offset, size) read that stays inside one element of one egpu_ctx field and is aligned."""
+    out = set()
+    for fld in egpu_ctx.FIELDS:
+        for e in range(fld.count):
+            start = fld.offset + e * fld.size
+            for size in (1, 2, 4, 8):
+                if size <= fld.size:
+                    out.update((o, size) for o in range(start, start + fld.size, size))
+    return frozenset(out)
+
+
+def _ctx(ptr: Value, fixed: int, size: int, mode: str, signed: bool, reg: int) -> Value:
+    if mode != "read":
+        raise Reject(f"cannot write into ctx: struct egpu_ctx is read-only (r{reg})")
+    if not ptr.is_const:
+        raise Reject(f"variable ctx access prohibited (r{reg} smin={ptr.smin} smax={ptr.smax})")
+    if (fixed, size) not in _ctx_slots():
+        raise Reject(f"invalid ctx access off={fixed} size={size} (struct egpu_ctx is {egpu_ctx.SIZE} bytes of "
+                     "aligned fields)")
+    return sized(size, signed)
+
+
+def _stack(env: Env, st: State, ptr: Value, fixed: int, size: int, mode: str, value: Value | None,
+           signed: bool, reg: int) -> Value:
+    lo, hi = fixed + ptr.smin, fixed + ptr.smax + size
+    if lo < -isa.STACK_SIZE or hi > 0:
+        raise Reject(f"invalid stack access off={_off(ptr, fixed)} size={size}, the frame is "
+                     f"[-{isa.STACK_SIZE}, 0) (r{reg} stack bounds)")
+    if value is not None and value.kind == STACK and value.aux > ptr.aux:
+        raise Reject("cannot store a pointer to a callee's stack into its caller's frame (stack pointer spill)")
+    env.note_depth(st, ptr.aux, lo)
+    f = st.frames[ptr.aux]
+    if not ptr.is_const:
+        return _stack_var(f, lo, hi, size, mode, value)
+    out = UNKNOWN
+    if mode != "write":
+        out = _stack_read(f, fixed, size, signed, mode == "atomic")
+    if mode != "read":
+        _stack_write(f, fixed, size, value)
+    return out
+
+
+def _slot_of(o: int) -> tuple[int, int]:
+    """Slot index and byte index within it of frame offset o (< 0)."""
+    k = (-o - 1) // 8
+    return k, o + 8 * (k + 1)
+
+
+def _stack_read(f: Frame, o: int, size: int, signed: bool, atomic: bool) -> Value:
+    k, i = _slot_of(o)
+    slot = f.stack.get(k)
+    if slot is None or "u" in slot.bytes[i:i + size]:
+        raise Reject(f"invalid read from stack off={o} size={size}: not initialized (stack init)")
+    sp = slot.spill
+    if sp is None:
+        return sized(size, signed)
+    if sp.is_pointer:
+        if size == 8 and not atomic:
+            return sp
+        raise Reject(f"invalid size {size} of a read of a spilled {sp.kind} (register fill)")
+    if size == 8:
+        return sp
+    if sp.is_const:
+        return const(int.from_bytes(sp.tv.to_bytes(8, "little")[i:i + size], "little", signed=signed))
+    if i == 0 and sp.umax < 1 << (8 * size - (1 if signed else 0)):
+        return sp.var  # little endian: the low bytes are the whole value
+    return sized(size, signed)
+
+
+def _stack_write(f: Frame, o: int, size: int, value: Value | None) -> None:
+    k, i = _slot_of(o)
+    if size == 8 and value is not None:
+        f.stack[k] = Slot(SPILL_BYTES, value)  # 8-aligned by the alignment check
+        return
+    if value is not None and value.is_pointer:
+        raise Reject(f"invalid size {size} of a pointer spill, pointers take 8 bytes (register spill)")
+    slot = f.stack.get(k)
+    b = UNINIT_SLOT_BYTES if slot is None else "mmmmmmmm" if slot.spill is not None else slot.bytes
+    f.stack[k] = Slot(b[:i] + "m" * size + b[i + size:], None)
+
+
+def _stack_var(f: Frame, lo: int, hi: int, size: int, mode: str, value: Value | None) -> Value:
+    """A variable-offset access to the bytes [lo, hi): reads need them all initialized and free of
+    spilled pointers; writes may or may not touch each byte, so spills there become plain data and
+    uninitialized bytes stay uninitialized."""
+    if value is not None and value.is_pointer:
+        raise Reject("variable-offset pointer spill prohibited (register spill)")
+    for k in range(_slot_of(hi - 1)[0], _slot_of(lo)[0] + 1):
+        slot = f.stack.get(k)
+        first, last = max(lo, -8 * (k + 1)), min(hi, -8 * k)
+        b = slot.bytes[first + 8 * (k + 1):last + 8 * (k + 1)] if slot is not None else "u"
+        if mode != "write":
+            if "u" in b:
+                raise Reject(f"invalid variable-offset read from stack [{lo}, {hi}): byte at fp{first:+d} "
+                             "not initialized (stack init)")
+            if slot.spill is not None and slot.spill.is_pointer:
+                raise Reject(f"variable-offset read of a spilled {slot.spill.kind} at fp{-8 * (k + 1)} (register fill)")
+        if mode != "read" and slot is not None and slot.spill is not None:
+            f.stack[k] = Slot("mmmmmmmm", None)
+    return sized(size, False)
+
+
+# ---- jumps ------------------------------------------------------------------------------------------
+
+def _ja(env: Env, st: State, insn: Insn) -> Succ:
+    return [(st, insn.jump_target())]
+
+
+def _jmp(env: Env, st: State, insn: Insn) -> Succ:
+    """if dst op src goto target: both outcomes unless the operands decide; each side learns bounds."""
+    f = st.top
+    a = _reg(f, insn.dst)
+    # JMP32 compares the low 32 bits with imm (RFC 9669 4.3); arith.branch takes the low half.
+    b = const(insn.imm) if insn.use_imm else _reg(f, insn.src)
+    target, nxt = insn.jump_target(), insn.pc + 1
+    if a.is_pointer or b.is_pointer:
+        return _null_check(st, insn, a, b, target, nxt)
+    known, taken, fallen = arith.branch(insn.op, insn.width, a, b)
+    if known is not None:
+        return [(st, target if known else nxt)]
+    if taken is not None and fallen is not None:
+        other = st.copy()
+        return [(_narrowed(st, insn, fallen), nxt), (_narrowed(other, insn, taken), target)]
+    if fallen is not None:
+        return [(_narrowed(st, insn, fallen), nxt)]
+    return [(_narrowed(st, insn, taken), target)] if taken is not None else []
+
+
+def _narrowed(s: State, insn: Insn, ops: tuple[Value, Value]) -> State:
+    _set(s, insn.dst, ops[0])
+    if not insn.use_imm and insn.src != insn.dst:
+        _set(s, insn.src, ops[1])
+    return s
+
+
+def _null_check(st: State, insn: Insn, a: Value, b: Value, target: int, nxt: int) -> Succ:
+    """The only comparison a pointer takes: == 0 / != 0, which splits an or_null pointer in two."""
+    if a.is_pointer and b.is_pointer:
+        raise Reject(f"pointer comparison prohibited (r{insn.dst} is {a.kind}, r{insn.src} is {b.kind})")
+    p, s, reg = (a, b, insn.dst) if a.is_pointer else (b, a, insn.src)
+    if insn.width == 32 or insn.op not in ("jeq", "jne") or not (s.is_const and s.tv == 0):
+        raise Reject(f"pointer comparison prohibited (r{reg} is {p.kind}): only == 0 and != 0 null checks")
+    null_pc, ok_pc = (target, nxt) if insn.op == "jeq" else (nxt, target)
+    if p.kind not in OR_NULL:
+        return [(st, ok_pc)]  # a valid pointer is never NULL
+    null = st.copy()
+    null.update_id(p.id, lambda v: const(0))
+    if p.kind == RINGBUF_MEM_OR_NULL:
+        null.refs.pop(p.id, None)  # nothing was reserved, nothing to release
+    keep = p.kind == RINGBUF_MEM_OR_NULL  # the id of a record is its reference
+    st.update_id(p.id, lambda v: v._replace(kind=OR_NULL[v.kind], id=v.id if keep else 0))
+    return [(st, ok_pc), (null, null_pc)] if ok_pc == nxt else [(null, null_pc), (st, ok_pc)]
+
+
+# ---- calls and exit ------------------------------------------------------------------------------------
+
+def _call(env: Env, st: State, insn: Insn) -> Succ:
+    if insn.src == isa.CALL_LOCAL:
+        return _local_call(env, st, insn)
+    h = HELPERS.get(insn.imm)
+    if h is None:
+        raise Reject(f"invalid func unknown#{insn.imm} (helper id)")
+    f = st.top
+    m: int | None = None
+    mem: tuple[int, Value] | None = None
+    release = size = 0
+    for n, arg in enumerate(h.args, 1):
+        v = f.regs[n]
+        if v.kind == NOT_INIT:
+            raise Reject(f"r{n} is not initialized (!read_ok): arg{n} of {h.name}")
+        if arg == "map":
+            m = _map_arg(env, insn, h, n, v)
+        elif arg in ("key", "value"):
+            md = env.maps[m]
+            need = md.key_size if arg == "key" else md.value_size
+            _helper_mem(env, st, h, n, v, need, write=False)
+        elif arg == "mem":
+            mem = (n, v)
+        elif arg == "size":
+            _size_arg(h, n, v)
+            _helper_mem(env, st, h, mem[0], mem[1], v.umax, write=False)
+        elif arg == "const_size":
+            if v.kind != SCALAR or not v.is_const:
+                raise Reject(f"r{n} is not a constant: {h.name} needs a size known when verifying (arg{n})")
+            if v.tv > env.maps[m].max_entries:
+                raise Reject(f"record of {v.tv} bytes exceeds ringbuf {env.maps[m].name} of "
+                             f"{env.maps[m].max_entries} (arg{n} of {h.name})")
+            size = v.tv
+        elif arg == "u64_out":
+            _helper_mem(env, st, h, n, v, 8, write=True)
+        elif arg == "ctx":
+            if not ((v.kind == CTX and v.off == 0 and v.is_const) or (v.kind == SCALAR and v.is_const and v.tv == 0)):
+                raise Reject(f"r{n} is {v.kind}, {h.name} needs the unmodified ctx pointer from r1 (arg{n})")
+        elif arg == "ringbuf_mem":
+            if v.kind != RINGBUF_MEM:
+                hint = ": compare it with 0 first" if v.kind == RINGBUF_MEM_OR_NULL else ""
+                raise Reject(f"r{n} is {v.kind}, {h.name} needs a record from ringbuf_reserve (arg{n}{hint})")
+            if v.off or not v.is_const or v.tv:
+                raise Reject(f"r{n} points inside the record (off={v.off}): {h.name} needs the pointer "
+                             f"ringbuf_reserve returned (arg{n})")
+            release = v.id
+        elif v.is_pointer:  # anything
+            raise Reject(f"r{n} leaks addr into {h.name} (arg{n} is {v.kind})")
+    if release:
+        st.update_id(release, lambda v: None)
+        st.refs.pop(release, None)
+    for r in range(1, 6):
+        f.regs[r] = NOT_INIT_VALUE
+    if h.ret == "map_value_or_null":
+        f.regs[0] = pointer(MAP_VALUE_OR_NULL, aux=m, id=env.new_id())
+    elif h.ret == "ringbuf_mem_or_null":
+        ref = env.new_id()
+        st.refs[ref] = insn.pc
+        f.regs[0] = pointer(RINGBUF_MEM_OR_NULL, aux=size, id=ref)
+    else:
+        f.regs[0] = NOT_INIT_VALUE if h.ret == "void" else UNKNOWN
+    return [(st, insn.pc + 1)]
+
+
+def _map_arg(env: Env, insn: Insn, h: Helper, n: int, v: Value) -> int:
+    if v.kind != MAP_PTR:
+        raise Reject(f"r{n} is {v.kind}, {h.name} needs a map (arg{n})")
+    md = env.maps[v.aux]
+    if md.type not in MAP_TYPES_FOR_HELPER[h.name]:
+        kind = MAP_TYPE_NAMES.get(md.type, str(md.type))
+        raise Reject(f"map {md.name} of type {kind} cannot be used with {h.name} (arg{n} map type)")
+    if h.name in _WRITES_MAP and md.readonly:
+        raise Reject(f"write into read-only map {md.name} ({h.name})")
+    env.note_map(insn.pc, v.aux)
+    return v.aux
+
+
+def _size_arg(h: Helper, n: int, v: Value) -> None:
+    if v.is_pointer:
+        raise Reject(f"r{n} leaks addr into {h.name} (arg{n} is {v.kind}, a size)")
+    if v.smin < 0 and v.umax > MAX_OFF:
+        raise Reject(f"r{n} min value is negative: use an unsigned size or 'if (n < N)' (arg{n} of {h.name})")
+    if v.umax > MAX_OFF:
+        raise Reject(f"r{n} unbounded memory access: bound the size with 'if (n < N)' (arg{n} of {h.name})")
+
+
+def _helper_mem(env: Env, st: State, h: Helper, n: int, v: Value, size: int, *, write: bool) -> None:
+    """Memory a helper reads or writes: ``size`` bytes (the largest possible) at v."""
+    if v.kind in OR_NULL:
+        raise Reject(f"r{n} is {v.kind}: compare it with 0 before passing it to {h.name} (arg{n})")
+    if v.kind not in (STACK, MAP_VALUE, RINGBUF_MEM):
+        raise Reject(f"r{n} is {v.kind}, {h.name} needs a pointer to stack or map memory (arg{n})")
+    if size == 0:
+        return
+    _bounded(v, v.kind, n)
+    lo, hi = v.off + v.smin, v.off + v.smax + size
+    if v.kind == MAP_VALUE:
+        md = env.maps[v.aux]
+        if write and md.readonly:
+            raise Reject(f"write into read-only map {md.name} (arg{n} of {h.name})")
+        _within(v, v.off, size, md.value_size, "map value", "value_size", n)
+        return
+    if v.kind == RINGBUF_MEM:
+        _within(v, v.off, size, v.aux, "ringbuf record", "size", n)
+        return
+    if lo < -isa.STACK_SIZE or hi > 0:
+        raise Reject(f"invalid stack access off={_off(v, v.off)} size={size}, the frame is "
+                     f"[-{isa.STACK_SIZE}, 0) (arg{n} of {h.name})")
+    env.note_depth(st, v.aux, lo)
+    f = st.frames[v.aux]
+    for o in range(lo, hi):
+        k, i = _slot_of(o)
+        slot = f.stack.get(k)
+        if write:
+            if v.is_const:
+                # written for sure: a spill there is gone, every byte is data
+                b = UNINIT_SLOT_BYTES if slot is None else "mmmmmmmm" if slot.spill is not None else slot.bytes
+                f.stack[k] = Slot(b[:i] + "m" + b[i + 1:], None)
+            elif slot is not None and slot.spill is not None:
+                f.stack[k] = Slot("mmmmmmmm", None)
+            continue
+        if slot is None or slot.bytes[i] == "u":
+            raise Reject(f"invalid read from stack off={o} size=1: not initialized ({h.name} arg{n})")
+        if slot.spill is not None and slot.spill.is_pointer:
+            raise Reject(f"r{n} leaks addr into {h.name}: fp{-8 * (k + 1)} holds {slot.spill.kind} (arg{n})")
+
+
+def _local_call(env: Env, st: State, insn: Insn) -> Succ:
+    """A new frame: r1-r5 passed, r6-r9 unset, its own 512-byte stack; the caller's r0-r5 are clobbered."""
+    if len(st.frames) >= MAX_FRAMES:
+        raise Reject(f"the call stack of {len(st.frames) + 1} frames is too deep (max {MAX_FRAMES})")
+    caller = st.top
+    target = insn.call_target()
+    regs = [NOT_INIT_VALUE] * 11
+    regs[1:6] = caller.regs[1:6]
+    regs[FP] = pointer(STACK, aux=len(st.frames))
+    for r in range(6):
+        caller.regs[r] = NOT_INIT_VALUE
+    st.frames.append(Frame(regs, {}, insn.pc, env.cfg.subprog_of[target]))
+    return [(st, target)]
+
+
+def _exit(env: Env, st: State, insn: Insn) -> Succ:
+    """Return to the caller, or end the program: r0 a scalar, every reserved record released."""
+    r0 = st.top.regs[0]
+    if r0.kind == NOT_INIT:
+        raise Reject("r0 is not initialized at exit (!read_ok)")
+    if len(st.frames) > 1:
+        if r0.kind == STACK and r0.aux == len(st.frames) - 1:
+            raise Reject("cannot return a pointer to the callee's stack (r0)")
+        callee = st.frames.pop()
+        st.top.regs[0] = r0
+        return [(st, callee.callsite + 1)]
+    if r0.is_pointer:
+        raise Reject(f"r0 leaks addr as return value (r0 is {r0.kind})")
+    if st.refs:
+        ref, pc = min(st.refs.items())
+        raise Reject(f"unreleased reference id={ref} from ringbuf_reserve at {pc}: submit or discard it on "
+                     "every path (reference leak)")
+    return []
+
+
+STEP: dict[str, Callable[[Env, State, Insn], Succ]] = {
+    "alu": _alu, "mov": _alu, "neg": _unary, "end": _unary, "movsx": _unary, "lddw": _lddw,
+    "load": _load, "store": _store, "atomic": _atomic, "ja": _ja, "jmp": _jmp, "call": _call, "exit": _exit,
+}

@@ -1,0 +1,210 @@
+"""The verifier's state on one path: call frames (registers and stack) and acquired references.
+
+Stack bytes are tracked one by one, in 8-byte slots as the kernel does: ``u`` never written, ``m``
+written with data, ``s`` part of a spilled register whose abstract value the slot keeps (an 8-byte,
+8-aligned store), so a pointer or a bounded scalar survives a spill and fill.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, NamedTuple
+
+from ..program import MapDef
+from .value import (MAP_PTR, NOT_INIT, NOT_INIT_VALUE, SCALAR, STACK, UNKNOWN, Value, contains, pointer,
+                    s64)
+
+UNINIT_SLOT_BYTES = "uuuuuuuu"
+SPILL_BYTES = "ssssssss"
+
+
+class Slot(NamedTuple):
+    bytes: str            # 8 chars, index 0 = the lowest address of the slot
+    spill: Value | None   # the spilled register when bytes == SPILL_BYTES
+
+
+class Frame:
+    """One call frame. Slot k covers frame-pointer offsets [-8(k+1), -8k)."""
+
+    __slots__ = ("regs", "stack", "callsite", "subprog")
+
+    def __init__(self, regs: list[Value], stack: dict[int, Slot], callsite: int, subprog: int) -> None:
+        self.regs = regs
+        self.stack = stack
+        self.callsite = callsite  # pc of the call that made this frame; -1 for the main program
+        self.subprog = subprog    # index into the program's subprogram list
+
+    def copy(self) -> "Frame":
+        return Frame(list(self.regs), dict(self.stack), self.callsite, self.subprog)
+
+
+class State:
+    __slots__ = ("frames", "refs")
+
+    def __init__(self, frames: list[Frame], refs: dict[int, int]) -> None:
+        self.frames = frames
+        self.refs = refs  # reference id -> pc of the ringbuf_reserve that acquired it
+
+    @classmethod
+    def entry(cls) -> "State":
+        regs = [NOT_INIT_VALUE] * 11
+        regs[1] = pointer("ctx")
+        regs[10] = pointer(STACK, aux=0)
+        return cls([Frame(regs, {}, -1, 0)], {})
+
+    @property
+    def top(self) -> Frame:
+        return self.frames[-1]
+
+    def copy(self) -> "State":
+        return State([f.copy() for f in self.frames], dict(self.refs))
+
+    def values(self) -> Iterator[Value]:
+        for f in self.frames:
+            yield from f.regs
+            for slot in f.stack.values():
+                if slot.spill is not None:
+                    yield slot.spill
+
+    def update_id(self, id: int, fn: Callable[[Value], Value | None]) -> None:
+        """Apply ``fn`` to every register and spill carrying ``id``; a None result forgets a spill."""
+        for f in self.frames:
+            for r, v in enumerate(f.regs):
+                if v.id == id:
+                    f.regs[r] = fn(v) or NOT_INIT_VALUE
+            for k, slot in list(f.stack.items()):
+                if slot.spill is not None and slot.spill.id == id:
+                    new = fn(slot.spill)
+                    f.stack[k] = Slot(SPILL_BYTES, new) if new is not None else Slot("mmmmmmmm", None)
+
+
+# ---- pruning: equality modulo id renaming, and "old covers new" ---------------------------------------
+
+class _Ids:
+    """A consistent one-to-one renaming of ids between two states (the kernel's check_ids)."""
+
+    __slots__ = ("fwd", "back")
+
+    def __init__(self) -> None:
+        self.fwd: dict[int, int] = {}
+        self.back: dict[int, int] = {}
+
+    def same(self, old: int, new: int) -> bool:
+        if old == 0 and new == 0:
+            return True
+        if old == 0 or new == 0:
+            return False
+        if self.fwd.setdefault(old, new) != new:
+            return False
+        return self.back.setdefault(new, old) == old
+
+
+def _canon(v: Value, names: dict[int, int]) -> Value:
+    if v.id:
+        v = v._replace(id=names.setdefault(v.id, len(names) + 1))
+    return v
+
+
+def key(state: State, live: list[int]) -> tuple:
+    """A hashable picture of the state (live registers only) with ids renamed in order of appearance,
+    so two states that differ only in id numbering get the same key."""
+    names: dict[int, int] = {}
+    out: list = []
+    for f, mask in zip(state.frames, live):
+        out.append(f.callsite)
+        out.append(tuple(_canon(v, names) if mask >> r & 1 else None for r, v in enumerate(f.regs)))
+        out.append(tuple((k, s.bytes, _canon(s.spill, names) if s.spill is not None else None)
+                         for k, s in sorted(f.stack.items())))
+    out.append(tuple(sorted((names.setdefault(i, len(names) + 1), pc) for i, pc in state.refs.items())))
+    return tuple(out)
+
+
+def _covers(old: Value, new: Value, ids: _Ids) -> bool:
+    if old.kind == NOT_INIT:
+        return True  # the old path never read it, or it would have been rejected
+    if old.kind != new.kind or old.off != new.off or old.aux != new.aux or not contains(old, new):
+        return False
+    if old.kind == SCALAR:
+        return old.id == 0 or ids.same(old.id, new.id)
+    return old.kind in (MAP_PTR, STACK, "ctx", "map_value") or ids.same(old.id, new.id)
+
+
+def covers(old: State, new: State, live: list[int]) -> bool:
+    """Whether every concrete state of ``new`` is one of ``old``'s (so ``old``'s safe exploration
+    covers ``new``). ``live`` is the live-register mask per frame."""
+    if len(old.frames) != len(new.frames) or len(old.refs) != len(new.refs):
+        return False
+    ids = _Ids()
+    for fo, fn, mask in zip(old.frames, new.frames, live):
+        if fo.callsite != fn.callsite:
+            return False
+        for r in range(11):
+            if mask >> r & 1 and not _covers(fo.regs[r], fn.regs[r], ids):
+                return False
+        for k, so in fo.stack.items():
+            if not _slot_covers(so, fn.stack.get(k), ids):
+                return False
+    for o in sorted(old.refs):  # references no register points to any more pair up in order
+        n = ids.fwd.get(o) or next((n for n in sorted(new.refs) if n not in ids.back), 0)
+        if n not in new.refs or not ids.same(o, n):
+            return False
+    return True
+
+
+def _slot_covers(old: Slot, new: Slot | None, ids: _Ids) -> bool:
+    new_bytes = new.bytes if new is not None else UNINIT_SLOT_BYTES
+    if old.spill is not None:
+        if new is not None and new.spill is not None:
+            return _covers(old.spill, new.spill, ids)
+        # an unknown scalar spill reads like plain data
+        return old.spill == UNKNOWN and "u" not in new_bytes
+    for bo, bn in zip(old.bytes, new_bytes):
+        if bo == "m" and (bn == "u" or (bn == "s" and new.spill.kind != SCALAR)):
+            return False
+    return True
+
+
+# ---- the log --------------------------------------------------------------------------------------------
+
+def fmt_value(v: Value, maps: list[MapDef]) -> str:
+    def var() -> str:
+        if v.is_const:
+            return "" if v.tv == 0 else f",var={s64(v.tv)}"
+        return f",smin={v.smin},smax={v.smax}"
+
+    def name() -> str:
+        return maps[v.aux].name if 0 <= v.aux < len(maps) else f"#{v.aux}"
+
+    if v.kind == SCALAR:
+        if v.is_const:
+            return str(s64(v.tv))
+        parts = [f"{k}={getattr(v, k)}" for k, d in (("umin", 0), ("umax", UNKNOWN.umax), ("smin", UNKNOWN.smin),
+                                                     ("smax", UNKNOWN.smax)) if getattr(v, k) != d]
+        if v.tm != UNKNOWN.tm and v.tm:
+            parts.append(f"var_off=(0x{v.tv:x}; 0x{v.tm:x})")
+        if v.id:
+            parts.append(f"id={v.id}")
+        return f"scalar({','.join(parts)})"
+    if v.kind == STACK:
+        return f"fp{v.off}" + (f"(frame={v.aux}{var()})" if v.aux or not v.is_const else "")
+    if v.kind == MAP_PTR:
+        return f"map_ptr({name()})"
+    if v.kind == "ctx":
+        return f"ctx(off={v.off}{var()})"
+    ident = f"id={v.id}," if v.id else ""
+    if v.kind.startswith("map_value"):
+        vs = maps[v.aux].value_size if 0 <= v.aux < len(maps) else 0
+        return f"{v.kind}({ident}map={name()},off={v.off},vs={vs}{var()})"
+    return f"{v.kind}({ident}off={v.off},size={v.aux}{var()})"
+
+
+def fmt_state(state: State, maps: list[MapDef]) -> str:
+    lines = []
+    for n, f in enumerate(state.frames):
+        parts = [f"R{r}={fmt_value(v, maps)}" for r, v in enumerate(f.regs) if v.kind != NOT_INIT]
+        for k, slot in sorted(f.stack.items()):
+            shown = fmt_value(slot.spill, maps) if slot.spill is not None else slot.bytes[::-1]
+            parts.append(f"fp{-8 * (k + 1)}={shown}")
+        lines.append(f"frame{n}: " + " ".join(parts))
+    if state.refs:
+        lines.append("refs: " + " ".join(f"id={i} (acquired at {pc})" for i, pc in sorted(state.refs.items())))
+    return "\n".join(lines)
