@@ -68,6 +68,17 @@ def compile_cmd(source: Path,
         _fail(e)
 
 
+@egpu.command("disasm")
+def disasm_cmd(obj: Path) -> None:
+    """Print each program of a probe object in llvm-objdump's syntax, after relocation."""
+    from egpu_preload.bpf.disasm import object_listing
+    from egpu_preload.bpf.elf import load_object
+    try:
+        typer.echo(object_listing(load_object(obj)))
+    except EgpuError as e:
+        _fail(e)
+
+
 def run_main() -> None:
     typer.echo("egpu-run: not built yet", err=True)
     sys.exit(2)

@@ -290,7 +290,7 @@ CASES: list[Case] = [
          0x80000000, _d(0x80000000), _d(0x80000000)),
     Case("atomic on stack", _p("*(u64 *)(r10 - 8) = 1", "r1 = 2", "lock *(u64 *)(r10 - 8) += r1",
                                "r0 = *(u64 *)(r10 - 8)"), 3),
-    # --- calls and exit (RFC 9669 4.3.1) ---------------------------------------------------------------
+    # --- calls and exit (RFC 9669 4.3) -----------------------------------------------------------------
     Case("exit returns r0", _p("r0 = 7"), 7),
     Case("local call returns r0", _p("r1 = 20", "call local f", "r0 += 1", "exit", "f: r0 = r1", "r0 *= 2"), 41),
     Case("local call preserves r6-r9", _p("r6 = 1", "r7 = 2", "r8 = 3", "r9 = 4", "call local f",

@@ -13,6 +13,7 @@ import random
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,6 @@ def row_examples() -> list[Insn]:
 
 def llvm_disasm(code: bytes) -> list[str]:
     """llvm-objdump-19's text for raw bytes: clang assembles them as .byte into an object first."""
-    import tempfile
     with tempfile.TemporaryDirectory() as d:
         src, obj = Path(d, "x.s"), Path(d, "x.o")
         lines = [".text", ".globl f", "f:"]
@@ -151,3 +151,19 @@ def test_listing_numbers_slots() -> None:
         Insn(2, isa.BY_OPCODE_OFFSET[(0x95, 0)], 0, 0, 0, 0))
     assert listing(code) == "       0:\tr1 = 0x5 ll\n       2:\texit"
     assert disasm(code) == ["r1 = 0x5 ll", "exit"]
+
+
+def test_egpu_disasm_command(probe_obj, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from launcher import egpu
+    result = CliRunner().invoke(egpu, ["disasm", str(probe_obj("count"))])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "map[0] = counts (array, key 4, value 8, max_entries 1)"
+    assert lines[2] == "kprobe/* <count_entries>:"
+    assert "\tr1 = map[0] ll" in result.output and lines[-1].endswith("\texit")
+    bad = tmp_path / "bad.bpf.o"
+    bad.write_bytes(b"\x7fELF")
+    result = CliRunner().invoke(egpu, ["disasm", str(bad)])
+    assert result.exit_code == 1 and "bad.bpf.o" in result.output and "Traceback" not in result.output

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from . import isa
 from .decode import Insn, decode
+from .program import MAP_TYPE_NAMES, BpfObject
 
 ALU_SYMBOLS = {"add": "+=", "sub": "-=", "mul": "*=", "div": "/=", "sdiv": "s/=", "or": "|=", "and": "&=",
                "lsh": "<<=", "rsh": ">>=", "mod": "%=", "smod": "s%=", "xor": "^=", "arsh": "s>>="}
@@ -137,3 +138,13 @@ def disasm(code: bytes) -> list[str]:
 def listing(code: bytes) -> str:
     """llvm-objdump's layout: the slot number right-aligned, a tab, the instruction."""
     return "\n".join(f"{i.pc:8d}:\t{disasm_insn(i)}" for i in decode(code))
+
+
+def object_listing(obj: BpfObject) -> str:
+    """What ``egpu disasm`` prints: the maps that ``map[N]`` refers to, then each program under its
+    section, relocated (static subprograms appended after the program's own code)."""
+    out = [f"map[{n}] = {m.name} ({MAP_TYPE_NAMES.get(m.type, m.type)}, key {m.key_size}, value {m.value_size}, "
+           f"max_entries {m.max_entries})" for n, m in enumerate(obj.maps)]
+    for p in obj.programs:
+        out += ["", f"{p.section} <{p.name}>:", listing(p.code)]
+    return "\n".join(out).lstrip("\n")

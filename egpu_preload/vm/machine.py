@@ -2,12 +2,13 @@
 
 Each instruction is turned once into a closure ``op(run) -> next pc`` by the builder for its kind
 (``BUILDERS``); running is a loop over those closures with an instruction budget. Registers hold
-unsigned 64-bit ints. What RFC 9669 leaves to the implementation is decided here as the kernel does:
+unsigned 64-bit ints. The rules the GPU translator must match, and where they come from:
 
 - 32-bit ALU results are zero-extended (4.1); shift counts are masked to 5 / 6 bits (4.1);
 - division by zero gives 0, modulo by zero leaves dst unchanged, upper half cleared for ALU (4.1);
 - signed division truncates toward zero and INT_MIN / -1 wraps to INT_MIN, INT_MIN % -1 is 0;
-- a local call gets a fresh 512-byte frame and its own r10; r6-r9 and r10 are restored on return (4.3.1);
+- a local call gets a fresh 512-byte frame and its own r10; r6-r9 and r10 are restored on return
+  (RFC 9669 4.3, program-local functions; the BPF ABI makes r6-r9 callee-saved and r10 read-only);
 - atomics must be naturally aligned, as on the GPU (and the kernel verifier) - the VM refuses otherwise.
 """
 
@@ -120,10 +121,6 @@ def _fail(reason: str) -> Op:
     def op(run: Run) -> int:
         raise VmError(reason)
     return op
-
-
-def _writes_r10(i: Insn) -> bool:
-    return i.dst == isa.FRAME_POINTER
 
 
 def _alu(i: Insn, nxt: int) -> Op:
@@ -319,7 +316,7 @@ BUILDERS: dict[str, Callable[[Insn, int], Op]] = {
     "alu": _alu, "mov": _mov, "movsx": _movsx, "neg": _neg, "end": _end, "lddw": _lddw, "load": _load,
     "store": _store, "atomic": _atomic, "jmp": _jmp, "ja": _ja, "call": _call, "exit": _exit,
 }
-# Kinds whose destination register is written (r10 is read-only, RFC 9669 2.1... 4).
+# Kinds that write their destination register: never r10, the read-only frame pointer (BPF ABI).
 _WRITES_DST = frozenset(("alu", "mov", "movsx", "neg", "end", "lddw", "load"))
 
 
@@ -328,7 +325,7 @@ def _build(insns: Sequence[Insn], slots: int) -> list[Op]:
     ops: list[Op] = [_fail("jump into the middle of lddw")] * slots + [_fail("fell off the end of the program")]
     for i in insns:
         nxt = i.pc + i.slots
-        if i.kind in _WRITES_DST and _writes_r10(i):
+        if i.kind in _WRITES_DST and i.dst == isa.FRAME_POINTER:
             ops[i.pc] = _fail("r10 is read-only")
             continue
         if i.kind in ("jmp", "ja") and not 0 <= i.jump_target() <= slots:
