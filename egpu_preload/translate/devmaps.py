@@ -1,0 +1,251 @@
+"""Maps in device memory: the layout the generated PTX and the host agree on, and the host side that
+allocates regions, fills them from a MapsState and reads them back into one.
+
+A probe module finds its maps through ``.visible .const .align 8 .u64 __egpu_maps_<tag>[N+1]``: entry i
+is the device address of map i's region, entry N that of the trace_printk ring. The table is in the
+constant space so that every lane's load is one broadcast from the constant cache; the runtime fills it
+after cuModuleLoad with cuModuleGetGlobal + cuMemcpyHtoD. Several modules may share the same regions.
+
+Every region starts with a 64-byte header, then its data (all offsets below are from the region start):
+
+- ARRAY (and global data .bss/.data/.rodata): ``max_entries`` slots of ``round8(value_size)`` bytes at 64.
+- PERCPU_ARRAY: header u32 ncpu at 0 (the number of SM ids, %nsmid); then ncpu arrays laid out as ARRAY,
+  array c for the SM whose %smid is c.
+- HASH / LRU_HASH: header u32 count at 0 (live entries, enforces max_entries); ``nbuckets`` (a power of
+  two, 2x max_entries, 4x for LRU) slots of: u32 state at 0, u64 last-use time at 8 (LRU only), key at
+  ``key_off`` (zero padded to 8), value at ``val_off``. States: EMPTY -> BUSY (claimed by one inserter
+  with atom.cas) -> FULL (published with st.release) <-> DELETED. A slot never returns to EMPTY once it
+  held a key, and a key owns the first slot it ever claimed on its probe sequence, so lookups never wait
+  and two inserters of one key always meet on the same slot: lock-free, no lock held across a divergent
+  spin (an inserter meeting BUSY waits for a thread that is only writing its key). Deleting a key keeps
+  its slot as a tombstone that only that key can revive. Limitation: a HASH that sees more than
+  nbuckets distinct keys over its life fills up (-E2BIG) even if they were deleted. LRU_HASH approximates
+  LRU: when full, an insert evicts the least recently used of 8 slots from the key's home bucket.
+- RINGBUF / PERF_EVENT_ARRAY: header u64 head at 0 (next record position), u64 reserved at 8 (bytes
+  granted), u64 consumed at 16 (written by the host reader), u64 dropped at 24. Data of ``capacity``
+  bytes at 64, followed by ``capacity`` bytes of slack so that a record is always contiguous. A record
+  at position p lives at 64 + p % capacity: u32 length at 0, u32 flags at 4 (BUSY, then READY or
+  DISCARD published with st.release.sys; bits 8.. hold the SM id for perf records), data at 8, padded
+  to 8. Producers never block: they take credit with atom.add on ``reserved`` and give it back and count
+  a drop when ``reserved - consumed`` would exceed capacity, so a record is written only where the
+  reader has made room. The host clears the headers of records it consumed before moving ``consumed``.
+- trace_printk ring: a ring of TRACE_BYTES whose records hold u64 a1, a2, a3 then the format bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ..bpf import program as prog
+from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, TraceRecord
+
+HEADER = 64
+EMPTY, BUSY, FULL, DELETED = 0, 1, 2, 3
+REC_BUSY, REC_READY, REC_DISCARD = 1, 2, 4
+TRACE_BYTES = 1 << 20
+LRU_WINDOW = 8
+HASH_SEED = 0xCBF29CE484222325
+HASH_MUL = 0xFF51AFD7ED558CCD
+M64 = (1 << 64) - 1
+
+
+def round8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+@dataclass(frozen=True)
+class MapLayout:
+    """Where a map's bytes are; see the module docstring."""
+
+    kind: str          # array | percpu_array | hash | ringbuf
+    stride: int = 0    # array slot / hash slot bytes
+    entries: int = 0   # array entries / hash buckets (a power of two)
+    key_size: int = 0
+    value_size: int = 0
+    key_off: int = 0   # in a hash slot
+    val_off: int = 0   # in a hash slot
+    lru: bool = False
+    capacity: int = 0  # ring data bytes
+    value_off: int = HEADER  # array slot 0 / ring data
+
+    def region_size(self, ncpu: int = 1) -> int:
+        if self.kind == "ringbuf":
+            return HEADER + 2 * self.capacity
+        copies = ncpu if self.kind == "percpu_array" else 1
+        return HEADER + copies * self.entries * self.stride
+
+
+def layout(m: prog.MapDef) -> MapLayout:
+    if m.type == prog.MAP_ARRAY:
+        return MapLayout("array", round8(m.value_size), m.max_entries, 4, m.value_size)
+    if m.type == prog.MAP_PERCPU_ARRAY:
+        return MapLayout("percpu_array", round8(m.value_size), m.max_entries, 4, m.value_size)
+    if m.type in (prog.MAP_HASH, prog.MAP_LRU_HASH):
+        lru = m.type == prog.MAP_LRU_HASH
+        key_off = 16 if lru else 8
+        val_off = key_off + round8(m.key_size)
+        buckets = _pow2(max((4 if lru else 2) * m.max_entries, 2))
+        return MapLayout("hash", val_off + round8(m.value_size), buckets, m.key_size, m.value_size,
+                         key_off, val_off, lru)
+    if m.type == prog.MAP_RINGBUF:
+        return MapLayout("ringbuf", capacity=m.max_entries)
+    if m.type == prog.MAP_PERF_EVENT_ARRAY:
+        return MapLayout("ringbuf", capacity=PERF_BUFFER_BYTES)
+    raise ValueError(f"map type {m.type}")  # the loader admits only the types above
+
+
+def trace_layout() -> MapLayout:
+    return MapLayout("ringbuf", capacity=TRACE_BYTES)
+
+
+def key_chunks(key: bytes) -> list[int]:
+    padded = key + b"\0" * (-len(key) % 8)
+    return [int.from_bytes(padded[i:i + 8], "little") for i in range(0, len(padded), 8)]
+
+
+def slot_hash(key: bytes) -> int:
+    """The bucket hash of a key; helpers_ptx.emit_hash computes the same on the device."""
+    h = HASH_SEED
+    for c in key_chunks(key):
+        h = ((h ^ c) * HASH_MUL) & M64
+        h ^= h >> 33
+    return h
+
+
+# ---- host images of regions ------------------------------------------------------------------
+
+def region_image(m: prog.MapDef, state_storage: MapStorage, ncpu: int) -> bytes:
+    """The initial bytes of a map's region, from its host storage (MapsState entry)."""
+    lay = layout(m)
+    img = bytearray(lay.region_size(ncpu))
+    if lay.kind == "array":
+        for i, (_, v) in enumerate(state_storage.items()):
+            img[HEADER + i * lay.stride:HEADER + i * lay.stride + len(v)] = v
+    elif lay.kind == "percpu_array":
+        struct.pack_into("<I", img, 0, ncpu)
+        for cpu in state_storage.cpus():
+            if cpu < ncpu:
+                for i, (_, v) in enumerate(state_storage.items(cpu)):
+                    o = HEADER + (cpu * lay.entries + i) * lay.stride
+                    img[o:o + len(v)] = v
+    elif lay.kind == "hash":
+        n = 0
+        for k, v in state_storage.items():
+            idx = slot_hash(k) & (lay.entries - 1)
+            while struct.unpack_from("<I", img, HEADER + idx * lay.stride)[0] != EMPTY:
+                idx = (idx + 1) & (lay.entries - 1)
+            o = HEADER + idx * lay.stride
+            struct.pack_into("<I", img, o, FULL)
+            img[o + lay.key_off:o + lay.key_off + len(k)] = k
+            img[o + lay.val_off:o + lay.val_off + len(v)] = v
+            n += 1
+        struct.pack_into("<I", img, 0, n)
+    return bytes(img)
+
+
+def read_ring(img: bytes, lay: MapLayout) -> tuple[list[tuple[int, bytes]], int, int]:
+    """Records (SM id, data) committed in a ring region image, the dropped count, and the position up
+    to which records are complete (the reader stops at the first record still being written)."""
+    head, _reserved, consumed, dropped = struct.unpack_from("<QQQQ", img, 0)
+    out: list[tuple[int, bytes]] = []
+    pos = consumed
+    while pos < head:
+        o = HEADER + pos % lay.capacity
+        length, flags = struct.unpack_from("<II", img, o)
+        if not flags & (REC_READY | REC_DISCARD):
+            break
+        if flags & REC_READY:
+            out.append((flags >> 8, bytes(img[o + 8:o + 8 + length])))
+        pos += 8 + round8(length)
+    return out, dropped, pos
+
+
+def apply_region(state: MapsState, index: int, img: bytes) -> None:
+    """Replace the host contents of map ``index`` with what a device region image holds."""
+    storage = state[index]
+    m = storage.mapdef
+    lay = layout(m)
+    if lay.kind == "array":
+        for i in range(m.max_entries):
+            o = HEADER + i * lay.stride
+            storage.values[i][:] = img[o:o + m.value_size]
+    elif lay.kind == "percpu_array":
+        ncpu = struct.unpack_from("<I", img, 0)[0]
+        blank = bytes(m.value_size)
+        for cpu in range(ncpu):
+            vals = [img[HEADER + (cpu * lay.entries + i) * lay.stride:][:m.value_size] for i in range(m.max_entries)]
+            if any(v != blank for v in vals) or cpu in storage.per_cpu:
+                slots = storage._slots(cpu)
+                for i, v in enumerate(vals):
+                    slots[i][:] = v
+    elif lay.kind == "hash":
+        storage.entries.clear()
+        for b in range(lay.entries):
+            o = HEADER + b * lay.stride
+            if struct.unpack_from("<I", img, o)[0] == FULL:
+                storage.entries[bytes(img[o + lay.key_off:o + lay.key_off + m.key_size])] = \
+                    bytearray(img[o + lay.val_off:o + lay.val_off + m.value_size])
+    else:
+        records, dropped, _ = read_ring(img, lay)
+        if m.type == prog.MAP_RINGBUF:
+            storage.records = [data for _, data in records]
+        else:
+            storage.records = records
+        storage.drops = dropped
+        storage.used = sum(8 + round8(len(r[1])) for r in records)
+
+
+def apply_trace(state: MapsState, img: bytes) -> None:
+    """Append the trace_printk records of a trace ring image to ``state.trace``."""
+    records, _, _ = read_ring(img, trace_layout())
+    for cpu, data in records:
+        a1, a2, a3 = struct.unpack_from("<QQQ", data, 0)
+        state.trace.append(TraceRecord(data[24:], (a1, a2, a3), cpu))
+
+
+class DeviceMaps:
+    """The regions of an object's maps plus its trace ring in device memory, and the map table's bytes.
+
+    ``mem`` is anything with ``alloc(n) -> int``, ``free(ptr)``, ``htod(ptr, bytes)`` and
+    ``dtoh(ptr, n) -> bytes`` (gpu.Gpu on a device). ``ncpu`` sizes PERCPU_ARRAY maps: %nsmid.
+    """
+
+    def __init__(self, mem, state: MapsState, ncpu: int) -> None:
+        self.mem = mem
+        self.state = state
+        self.ncpu = ncpu
+        self.layouts = [layout(m) for m in state.maps] + [trace_layout()]
+        self.addrs: list[int] = []
+        images = [region_image(m, state[i], ncpu) for i, m in enumerate(state.maps)]
+        images.append(bytes(trace_layout().region_size()))
+        try:
+            for img in images:
+                self.addrs.append(mem.alloc(len(img)))
+                mem.htod(self.addrs[-1], img)
+        except Exception:
+            self.free()
+            raise
+
+    def table(self) -> bytes:
+        """The contents of ``__egpu_maps_<tag>``: one u64 device address per map, then the trace ring."""
+        return struct.pack(f"<{len(self.addrs)}Q", *self.addrs)
+
+    def read_back(self) -> MapsState:
+        """Copy every region out and replace the MapsState's contents with it; returns the state."""
+        for i, (addr, lay) in enumerate(zip(self.addrs, self.layouts)):
+            img = self.mem.dtoh(addr, lay.region_size(self.ncpu))
+            if i < len(self.state.maps):
+                apply_region(self.state, i, img)
+            else:
+                apply_trace(self.state, img)
+        return self.state
+
+    def free(self) -> None:
+        for addr in self.addrs:
+            self.mem.free(addr)
+        self.addrs = []

@@ -1,0 +1,628 @@
+"""Helper calls inlined as PTX: arguments in r1-r5, result in r0, semantics of vm/calls.py and maps.py.
+
+Map parameters (sizes, entries, layout) are baked into the code; the map's region comes from the
+module's map table (devmaps.py documents the layout and the lock-free hash protocol). Nothing here
+waits on the host: ring buffers drop (and count) when full, and the only spin is an inserter waiting
+for another thread to finish writing a key it claimed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..bpf import isa
+from ..bpf import program as prog
+from ..bpf.decode import Insn
+from ..bpf.helpers import BPF_EXIST, BPF_F_CURRENT_CPU, BPF_NOEXIST, HELPERS
+from ..maps import E2BIG, EAGAIN, EEXIST, EINVAL, ENOENT, ENOSPC
+from . import devmaps
+from .devmaps import BUSY, DELETED, EMPTY, FULL, HEADER, REC_BUSY, REC_DISCARD, REC_READY, MapLayout
+from .emitter import Addr, FuncGen, lit
+from .values import Const, MapRef, Ptr, State
+
+
+def emit_helper(g: FuncGen, insn: Insn, st: State) -> None:
+    helper = HELPERS.get(insn.imm)
+    if helper is None:
+        raise g.fail(insn, f"unknown helper {insn.imm}")
+    _EMIT[helper.name](g, insn, st)
+
+
+# ---- small pieces --------------------------------------------------------------------------------
+
+def _set_r0(g: FuncGen, value: int | str) -> None:
+    g.emit(f"mov.b64 {g.reg(0)}, {lit(value) if isinstance(value, int) else value};")
+
+
+def _special(g: FuncGen, sreg: str) -> str:
+    w = g.t32()
+    g.emit(f"mov.u32 {w}, {sreg};")
+    t = g.t64()
+    g.emit(f"cvt.u64.u32 {t}, {w};")
+    return t
+
+
+def _map(g: FuncGen, insn: Insn, st: State, reg: int = 1) -> tuple[int, prog.MapDef, MapLayout]:
+    ref = st.reg(reg)
+    if not isinstance(ref, MapRef):
+        raise g.fail(insn, f"r{reg} is not a map known at translation time")
+    m = g.map_def(insn, ref.index)
+    return ref.index, m, devmaps.layout(m)
+
+
+def _align(st: State, reg: int, off: int = 0) -> int | None:
+    """The alignment (1..8) proven for r<reg> + off, None when unknown."""
+    f = st.reg(reg)
+    if not isinstance(f, Ptr):
+        return None
+    k = f.off + off
+    return next(p for p in (8, 4, 2, 1) if k % p == 0)
+
+
+def _pieces(n: int, align: int) -> list[tuple[int, int]]:
+    """(offset, size) accesses covering n bytes, none wider than align, each naturally aligned."""
+    out, i = [], 0
+    while i < n:
+        p = next(p for p in (8, 4, 2, 1) if p <= align and p <= n - i and i % p == 0)
+        out.append((i, p))
+        i += p
+    return out
+
+
+def _load_chunks(g: FuncGen, base: str, n: int, align: int | None) -> list[str]:
+    """n bytes at generic address base, as little-endian u64 registers (the last one zero padded)."""
+    regs = [g.t64() for _ in range((n + 7) // 8)]
+
+    def fill(al: int) -> None:
+        for c, r in enumerate(regs):
+            first = True
+            for off, p in _pieces(min(8, n - 8 * c), al):
+                t = r if first else g.t64()
+                g.emit(f"ld.u{8 * p} {t}, [{base}+{8 * c + off}];")
+                if not first:
+                    g.emit(f"shl.b64 {t}, {t}, {8 * off};")
+                    g.emit(f"or.b64 {r}, {r}, {t};")
+                first = False
+
+    if align is not None:
+        fill(align)
+    else:
+        _by_alignment(g, base, fill)
+    return regs
+
+
+def _by_alignment(g: FuncGen, base: str, body: Callable[[int], None]) -> None:
+    """body(8) when base is 8-byte aligned at run time, else body(1)."""
+    m = g.t64()
+    g.emit(f"and.b64 {m}, {base}, 7;")
+    p = g.pred()
+    g.emit(f"setp.ne.b64 {p}, {m}, 0;")
+    slow, done = g.label(), g.label()
+    g.emit(f"@{p} bra {slow};")
+    body(8)
+    g.emit(f"bra {done};")
+    g.place(slow)
+    body(1)
+    g.place(done)
+
+
+def _copy_const(g: FuncGen, dst: str, src: str, n: int, align: int | None) -> None:
+    """Copy n bytes from generic src (alignment align, None unknown) to 8-aligned generic dst."""
+    def body(al: int) -> None:
+        for off, p in _pieces(n, al):
+            t = g.t64()
+            g.emit(f"ld.u{8 * p} {t}, [{src}+{off}];")
+            g.emit(f"st.u{8 * p} [{dst}+{off}], {t};")
+
+    if align is not None:
+        body(align)
+    else:
+        _by_alignment(g, src, body)
+
+
+def _copy_var(g: FuncGen, dst: str, src: str, n: str) -> None:
+    """Copy n (a register) bytes from generic src to 8-aligned generic dst, a byte at a time."""
+    i = g.t64()
+    g.emit(f"mov.b64 {i}, 0;")
+    loop, done = g.label(), g.label()
+    p = g.pred()
+    g.place(loop)
+    g.emit(f"setp.ge.u64 {p}, {i}, {n};")
+    g.emit(f"@{p} bra {done};")
+    s, d, b = g.t64(), g.t64(), g.t32()
+    g.emit(f"add.u64 {s}, {src}, {i};")
+    g.emit(f"add.u64 {d}, {dst}, {i};")
+    g.emit(f"ld.u8 {b}, [{s}];")
+    g.emit(f"st.u8 [{d}], {b};")
+    g.emit(f"add.u64 {i}, {i}, 1;")
+    g.emit(f"bra {loop};")
+    g.place(done)
+
+
+def _ret(g: FuncGen, done: str, value: int) -> str:
+    """A label that sets r0 = value and jumps to done; emitted later by _flush_rets."""
+    lab = g.label()
+    g.pending.append((lab, value, done))
+    return lab
+
+
+def _flush_rets(g: FuncGen) -> None:
+    for lab, value, done in g.pending:
+        g.place(lab)
+        _set_r0(g, value)
+        g.emit(f"bra {done};")
+    g.pending.clear()
+
+
+def _branch(g: FuncGen, cond: str, a: str, b: str | int, target: str, ty: str = "u64") -> None:
+    p = g.pred()
+    g.emit(f"setp.{cond}.{ty} {p}, {a}, {lit(b) if isinstance(b, int) else b};")
+    g.emit(f"@{p} bra {target};")
+
+
+# ---- arrays ----------------------------------------------------------------------------------
+
+def _array_slot(g: FuncGen, insn: Insn, st: State, index: int, m: prog.MapDef, lay: MapLayout,
+                miss: str) -> str:
+    """The address of the value for the u32 key at r2 in this thread's copy, or a jump to miss."""
+    base = g.map_base(index)
+    known = None
+    key = st.reg(2)
+    if isinstance(key, Ptr) and key.region == f"fp{g.depth}":
+        known = st.stack_value(key.off, 4)
+    slot = g.t64()
+    if lay.kind == "percpu_array":
+        cpu, ncpu = _special(g, "%smid"), g.t64()
+        g.emit(f"ld.u32 {ncpu}, [{base}];")
+        g.emit(f"sub.u64 {ncpu}, {ncpu}, 1;")
+        g.emit(f"min.u64 {cpu}, {cpu}, {ncpu};")  # defensive: the host sizes ncpu from %nsmid
+        g.emit(f"mul.lo.u64 {cpu}, {cpu}, {lay.entries * lay.stride};")
+        g.emit(f"add.u64 {base}, {base}, {cpu};")
+    if known is not None:  # constant key: folded to an address
+        if known >= m.max_entries:
+            g.emit(f"bra {miss};")
+            return slot
+        g.emit(f"add.u64 {slot}, {base}, {HEADER + known * lay.stride};")
+        return slot
+    idx = g.t64()
+    g.load(idx, g.address(2, st, 0, 4), 4)
+    _branch(g, "ge", idx, m.max_entries, miss)
+    g.emit(f"mad.lo.u64 {slot}, {idx}, {lay.stride}, {base};")
+    g.emit(f"add.u64 {slot}, {slot}, {HEADER};")
+    return slot
+
+
+# ---- hash maps -------------------------------------------------------------------------------
+
+def _hash_start(g: FuncGen, st: State, index: int, lay: MapLayout) -> tuple[str, list[str], str, str, str]:
+    """Load the key at r2, hash it; returns (region base, key registers, bucket index, probe count,
+    loop label placed here)."""
+    base = g.map_base(index)
+    keys = _load_chunks(g, g.reg(2), lay.key_size, _align(st, 2))
+    h, t = g.t64(), g.t64()
+    g.emit(f"mov.b64 {h}, {lit(devmaps.HASH_SEED)};")
+    for k in keys:
+        g.emit(f"xor.b64 {h}, {h}, {k};")
+        g.emit(f"mul.lo.u64 {h}, {h}, {lit(devmaps.HASH_MUL)};")
+        g.emit(f"shr.u64 {t}, {h}, 33;")
+        g.emit(f"xor.b64 {h}, {h}, {t};")
+    g.emit(f"and.b64 {h}, {h}, {lay.entries - 1};")
+    n = g.t64()
+    g.emit(f"mov.b64 {n}, 0;")
+    return base, keys, h, n, g.label()
+
+
+def _slot_of(g: FuncGen, base: str, idx: str, lay: MapLayout) -> tuple[str, str]:
+    """(slot address, its state loaded with acquire ordering)."""
+    slot = g.t64()
+    g.emit(f"mad.lo.u64 {slot}, {idx}, {lay.stride}, {base};")
+    g.emit(f"add.u64 {slot}, {slot}, {HEADER};")
+    s = g.t32()
+    g.emit(f"ld.acquire.gpu.u32 {s}, [{slot}];")
+    return slot, s
+
+
+def _key_differs(g: FuncGen, slot: str, keys: list[str], lay: MapLayout, target: str) -> None:
+    for c, k in enumerate(keys):
+        t = g.t64()
+        g.emit(f"ld.u64 {t}, [{slot}+{lay.key_off + 8 * c}];")
+        _branch(g, "ne", t, k, target, "b64")
+
+
+def _advance(g: FuncGen, idx: str, n: str, lay: MapLayout, loop: str) -> None:
+    g.emit(f"add.u64 {idx}, {idx}, 1;")
+    g.emit(f"and.b64 {idx}, {idx}, {lay.entries - 1};")
+    g.emit(f"add.u64 {n}, {n}, 1;")
+    _branch(g, "lt", n, lay.entries, loop)
+
+
+def _touch(g: FuncGen, slot: str, lay: MapLayout) -> None:
+    if lay.lru:
+        t = g.t64()
+        g.emit(f"mov.u64 {t}, %globaltimer;")
+        g.emit(f"st.relaxed.gpu.u64 [{slot}+8], {t};")
+
+
+def _hash_lookup(g: FuncGen, insn: Insn, st: State, index: int, lay: MapLayout) -> None:
+    base, keys, idx, n, loop = _hash_start(g, st, index, lay)
+    nxt, miss, done = g.label(), g.label(), g.label()
+    g.place(loop)
+    slot, s = _slot_of(g, base, idx, lay)
+    _branch(g, "eq", s, EMPTY, miss, "u32")
+    _branch(g, "eq", s, BUSY, nxt, "u32")   # being inserted: if it is our key, it is not there yet
+    _key_differs(g, slot, keys, lay, nxt)
+    _branch(g, "ne", s, FULL, miss, "u32")  # our key's tombstone
+    _touch(g, slot, lay)
+    g.emit(f"add.u64 {g.reg(0)}, {slot}, {lay.val_off};")
+    g.emit(f"bra {done};")
+    g.place(nxt)
+    _advance(g, idx, n, lay, loop)
+    g.place(miss)
+    _set_r0(g, 0)
+    g.place(done)
+
+
+def _credit(g: FuncGen, base: str, m: prog.MapDef, lay: MapLayout, idx: str, fail: str) -> None:
+    """Count one more live entry, or undo and jump to fail when the map is full (LRU: evict first)."""
+    c = g.t32()
+    again = g.label()
+    tries = g.t32()
+    g.emit(f"mov.u32 {tries}, 0;")
+    g.place(again)
+    g.emit(f"atom.add.u32 {c}, [{base}], 1;")
+    ok = g.label()
+    _branch(g, "lt", c, m.max_entries, ok, "u32")
+    g.emit(f"red.add.u32 [{base}], 0xFFFFFFFF;")
+    if lay.lru:
+        _branch(g, "ge", tries, 2, fail, "u32")
+        g.emit(f"add.u32 {tries}, {tries}, 1;")
+        _evict(g, base, idx, lay)
+        g.emit(f"bra {again};")
+    else:
+        g.emit(f"bra {fail};")
+    g.place(ok)
+
+
+def _evict(g: FuncGen, base: str, home: str, lay: MapLayout) -> None:
+    """Turn the least recently used FULL slot of LRU_WINDOW buckets from home into a tombstone."""
+    best, best_t, j = g.t64(), g.t64(), g.t64()
+    g.emit(f"mov.b64 {best}, 0;")
+    g.emit(f"mov.b64 {best_t}, {lit(-1)};")
+    g.emit(f"mov.b64 {j}, 0;")
+    loop, skip, pick = g.label(), g.label(), g.label()
+    g.place(loop)
+    b = g.t64()
+    g.emit(f"add.u64 {b}, {home}, {j};")
+    g.emit(f"and.b64 {b}, {b}, {lay.entries - 1};")
+    slot, s = _slot_of(g, base, b, lay)
+    _branch(g, "ne", s, FULL, skip, "u32")
+    t = g.t64()
+    g.emit(f"ld.relaxed.gpu.u64 {t}, [{slot}+8];")
+    _branch(g, "ge", t, best_t, skip)
+    g.emit(f"mov.b64 {best_t}, {t};")
+    g.emit(f"mov.b64 {best}, {slot};")
+    g.place(skip)
+    g.emit(f"add.u64 {j}, {j}, 1;")
+    _branch(g, "lt", j, min(devmaps.LRU_WINDOW, lay.entries), loop)
+    _branch(g, "eq", best, 0, pick)
+    old = g.t32()
+    g.emit(f"atom.cas.b32 {old}, [{best}], {FULL}, {DELETED};")
+    _branch(g, "ne", old, FULL, pick, "u32")
+    g.emit(f"red.add.u32 [{base}], 0xFFFFFFFF;")
+    g.place(pick)
+
+
+def _hash_update(g: FuncGen, insn: Insn, st: State, index: int, m: prog.MapDef, lay: MapLayout) -> None:
+    flags = g.reg(4)
+    done = g.label()
+    _branch(g, "gt", flags, BPF_EXIST, _ret(g, done, -EINVAL))
+    base, keys, idx, n, loop = _hash_start(g, st, index, lay)
+    nxt, empty, revive, found = g.label(), g.label(), g.label(), g.label()
+    full_ret, noent_ret, exist_ret = _ret(g, done, -E2BIG), _ret(g, done, -ENOENT), _ret(g, done, -EEXIST)
+    g.place(loop)
+    slot, s = _slot_of(g, base, idx, lay)
+    _branch(g, "eq", s, EMPTY, empty, "u32")
+    busy = g.label()
+    _branch(g, "ne", s, BUSY, busy, "u32")
+    g.emit("nanosleep.u32 32;")  # another thread is writing this slot's key; it waits on nothing
+    g.emit(f"bra {loop};")
+    g.place(busy)
+    _key_differs(g, slot, keys, lay, nxt)
+    _branch(g, "eq", s, DELETED, revive, "u32")
+    g.emit(f"bra {found};")
+    g.place(nxt)
+    _advance(g, idx, n, lay, loop)
+    g.emit(f"bra {full_ret};")
+
+    def claim(expect: int, undo: int) -> None:
+        """CAS expect -> BUSY (else look at the slot again), take credit (else restore undo, E2BIG)."""
+        _branch(g, "eq", flags, BPF_EXIST, noent_ret)
+        old = g.t32()
+        g.emit(f"atom.cas.b32 {old}, [{slot}], {expect}, {BUSY};")
+        _branch(g, "ne", old, expect, loop, "u32")
+        undo_lab = g.label()
+        ok = g.label()
+        _credit(g, base, m, lay, idx, undo_lab)
+        g.emit(f"bra {ok};")
+        g.place(undo_lab)
+        g.emit(f"st.release.gpu.u32 [{slot}], {undo};")
+        g.emit(f"bra {full_ret};")
+        g.place(ok)
+
+    g.place(empty)
+    claim(EMPTY, EMPTY)
+    for c, k in enumerate(keys):
+        g.emit(f"st.u64 [{slot}+{lay.key_off + 8 * c}], {k};")
+    publish = g.label()
+    g.emit(f"bra {publish};")
+    g.place(revive)
+    claim(DELETED, DELETED)
+    g.place(publish)
+    _write_value(g, st, slot, lay)
+    g.emit(f"st.release.gpu.u32 [{slot}], {FULL};")
+    _set_r0(g, 0)
+    g.emit(f"bra {done};")
+    g.place(found)
+    _branch(g, "eq", flags, BPF_NOEXIST, exist_ret)
+    _write_value(g, st, slot, lay)
+    _set_r0(g, 0)
+    g.emit(f"bra {done};")
+    _flush_rets(g)
+    g.place(done)
+
+
+def _write_value(g: FuncGen, st: State, slot: str, lay: MapLayout) -> None:
+    dst = g.t64()
+    g.emit(f"add.u64 {dst}, {slot}, {lay.val_off};")
+    _copy_const(g, dst, g.reg(3), lay.value_size, _align(st, 3))
+    _touch(g, slot, lay)
+
+
+def _hash_delete(g: FuncGen, insn: Insn, st: State, index: int, lay: MapLayout) -> None:
+    base, keys, idx, n, loop = _hash_start(g, st, index, lay)
+    nxt, miss, done = g.label(), g.label(), g.label()
+    g.place(loop)
+    slot, s = _slot_of(g, base, idx, lay)
+    _branch(g, "eq", s, EMPTY, miss, "u32")
+    _branch(g, "eq", s, BUSY, nxt, "u32")
+    _key_differs(g, slot, keys, lay, nxt)
+    _branch(g, "ne", s, FULL, miss, "u32")
+    old = g.t32()
+    g.emit(f"atom.cas.b32 {old}, [{slot}], {FULL}, {DELETED};")
+    _branch(g, "ne", old, FULL, loop, "u32")
+    g.emit(f"red.add.u32 [{base}], 0xFFFFFFFF;")
+    _set_r0(g, 0)
+    g.emit(f"bra {done};")
+    g.place(nxt)
+    _advance(g, idx, n, lay, loop)
+    g.place(miss)
+    _set_r0(g, -ENOENT)
+    g.place(done)
+
+
+# ---- the map helpers -------------------------------------------------------------------------
+
+def map_lookup_elem(g: FuncGen, insn: Insn, st: State) -> None:
+    """r0 = &value for *r2 in map r1, or NULL."""
+    index, m, lay = _map(g, insn, st)
+    if lay.kind == "hash":
+        _hash_lookup(g, insn, st, index, lay)
+        return
+    if lay.kind == "ringbuf":
+        raise g.fail(insn, f"map {m.name} has no lookup")
+    miss, done = g.label(), g.label()
+    slot = _array_slot(g, insn, st, index, m, lay, miss)
+    _set_r0(g, slot)
+    g.emit(f"bra {done};")
+    g.place(miss)
+    _set_r0(g, 0)
+    g.place(done)
+
+
+def map_update_elem(g: FuncGen, insn: Insn, st: State) -> None:
+    """r0 = update(map r1, key *r2, value *r3, flags r4): 0 or -errno as maps.py returns them."""
+    index, m, lay = _map(g, insn, st)
+    if m.readonly:
+        _set_r0(g, -EINVAL)
+        return
+    if lay.kind == "hash":
+        _hash_update(g, insn, st, index, m, lay)
+        return
+    if lay.kind == "ringbuf":
+        raise g.fail(insn, f"map {m.name} has no update")
+    done = g.label()
+    flags = g.reg(4)
+    _branch(g, "gt", flags, BPF_EXIST, _ret(g, done, -EINVAL))
+    slot = _array_slot(g, insn, st, index, m, lay, _ret(g, done, -E2BIG))
+    _branch(g, "eq", flags, BPF_NOEXIST, _ret(g, done, -EEXIST))
+    _copy_const(g, slot, g.reg(3), m.value_size, _align(st, 3))
+    _set_r0(g, 0)
+    g.emit(f"bra {done};")
+    _flush_rets(g)
+    g.place(done)
+
+
+def map_delete_elem(g: FuncGen, insn: Insn, st: State) -> None:
+    """r0 = delete(map r1, key *r2); arrays cannot delete (-EINVAL)."""
+    index, m, lay = _map(g, insn, st)
+    if lay.kind == "hash":
+        _hash_delete(g, insn, st, index, lay)
+    elif lay.kind == "ringbuf":
+        raise g.fail(insn, f"map {m.name} has no delete")
+    else:
+        _set_r0(g, -EINVAL)
+
+
+# ---- ring buffers ----------------------------------------------------------------------------
+
+def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str) -> str:
+    """Reserve a record of size (register) data bytes; returns its header address or jumps to fail
+    after counting a drop."""
+    total = g.t64()
+    g.emit(f"add.u64 {total}, {size}, 15;")
+    g.emit(f"and.b64 {total}, {total}, {lit(-8)};")  # 8-byte header + data rounded up to 8
+    r, c, e = g.t64(), g.t64(), g.t64()
+    g.emit(f"atom.add.u64 {r}, [{base}+8], {total};")
+    g.emit(f"ld.volatile.u64 {c}, [{base}+16];")
+    g.emit(f"add.u64 {e}, {r}, {total};")
+    g.emit(f"sub.u64 {e}, {e}, {c};")
+    ok = g.label()
+    _branch(g, "le", e, lay.capacity, ok)
+    neg = g.t64()
+    g.emit(f"neg.s64 {neg}, {total};")
+    g.emit(f"red.add.u64 [{base}+8], {neg};")
+    g.emit(f"red.add.u64 [{base}+24], 1;")
+    g.emit(f"bra {fail};")
+    g.place(ok)
+    pos, rec = g.t64(), g.t64()
+    g.emit(f"atom.add.u64 {pos}, [{base}], {total};")
+    if lay.capacity & (lay.capacity - 1):
+        g.emit(f"rem.u64 {pos}, {pos}, {lay.capacity};")
+    else:
+        g.emit(f"and.b64 {pos}, {pos}, {lay.capacity - 1};")
+    g.emit(f"add.u64 {rec}, {base}, {pos};")
+    g.emit(f"add.u64 {rec}, {rec}, {HEADER};")
+    g.emit(f"st.u32 [{rec}], {size};")
+    g.emit(f"st.u32 [{rec}+4], {REC_BUSY};")
+    return rec
+
+
+def _publish(g: FuncGen, rec: str, flag: int, tag: str | None = None) -> None:
+    """Release the record: its bytes are visible to the host before the flag is (st.release.sys)."""
+    if tag is None:
+        g.emit(f"st.release.sys.u32 [{rec}+4], {flag};")
+        return
+    f = g.t32()
+    g.emit(f"cvt.u32.u64 {f}, {tag};")
+    g.emit(f"shl.b32 {f}, {f}, 8;")
+    g.emit(f"or.b32 {f}, {f}, {flag};")
+    g.emit(f"st.release.sys.u32 [{rec}+4], {f};")
+
+
+def _output(g: FuncGen, base: str, lay: MapLayout, data: str, size: str, fail: str,
+            tag: str | None = None) -> None:
+    rec = _reserve(g, base, lay, size, fail)
+    dst = g.t64()
+    g.emit(f"add.u64 {dst}, {rec}, 8;")
+    _copy_var(g, dst, data, size)
+    _publish(g, rec, REC_READY, tag)
+
+
+def ringbuf_output(g: FuncGen, insn: Insn, st: State) -> None:
+    """r0 = 0, or -EAGAIN when the ring is full (the drop is counted)."""
+    index, m, lay = _map(g, insn, st)
+    done = g.label()
+    _output(g, g.map_base(index), lay, g.reg(2), g.reg(3), _ret(g, done, -EAGAIN))
+    _set_r0(g, 0)
+    g.emit(f"bra {done};")
+    _flush_rets(g)
+    g.place(done)
+
+
+def ringbuf_reserve(g: FuncGen, insn: Insn, st: State) -> None:
+    """r0 = a record of r2 bytes, or NULL when the ring is full or flags (r3) are not 0."""
+    index, m, lay = _map(g, insn, st)
+    done, null = g.label(), g.label()
+    _branch(g, "ne", g.reg(3), 0, null)
+    rec = _reserve(g, g.map_base(index), lay, g.reg(2), null)
+    g.emit(f"add.u64 {g.reg(0)}, {rec}, 8;")
+    g.emit(f"bra {done};")
+    g.place(null)
+    _set_r0(g, 0)
+    g.place(done)
+
+
+def _release(flag: int) -> Callable[[FuncGen, Insn, State], None]:
+    def release(g: FuncGen, insn: Insn, st: State) -> None:
+        rec = g.t64()
+        g.emit(f"sub.u64 {rec}, {g.reg(1)}, 8;")
+        _publish(g, rec, flag)
+        _set_r0(g, 0)
+    return release
+
+
+def perf_event_output(g: FuncGen, insn: Insn, st: State) -> None:
+    """(ctx, map, flags, data, size): one ring per map whose records carry the SM id; r0 = 0, -EINVAL
+    for flags beyond the CPU index, -ENOSPC when full (counted as a drop)."""
+    index, m, lay = _map(g, insn, st, reg=2)
+    if m.type != prog.MAP_PERF_EVENT_ARRAY:
+        raise g.fail(insn, f"perf_event_output on map {m.name}, which is not a perf event array")
+    done = g.label()
+    _branch(g, "gt", g.reg(3), BPF_F_CURRENT_CPU, _ret(g, done, -EINVAL))
+    _output(g, g.map_base(index), lay, g.reg(4), g.reg(5), _ret(g, done, -ENOSPC), _special(g, "%smid"))
+    _set_r0(g, 0)
+    g.emit(f"bra {done};")
+    _flush_rets(g)
+    g.place(done)
+
+
+def trace_printk(g: FuncGen, insn: Insn, st: State) -> None:
+    """(fmt, size, a1, a2, a3) -> a record in the module's trace ring, formatted by the host; r0 = 0."""
+    if g.target.table is None:
+        raise g.fail(insn, "trace_printk needs the trace ring (not available in execute_on_gpu)")
+    lay = devmaps.trace_layout()
+    base = g.map_base(len(g.target.maps))
+    done = g.label()
+    size = g.t64()
+    g.emit(f"add.u64 {size}, {g.reg(2)}, 24;")
+    rec = _reserve(g, base, lay, size, done)
+    for k, reg in enumerate((3, 4, 5)):
+        g.emit(f"st.u64 [{rec}+{8 + 8 * k}], {g.reg(reg)};")
+    dst = g.t64()
+    g.emit(f"add.u64 {dst}, {rec}, 32;")
+    _copy_var(g, dst, g.reg(1), g.reg(2))
+    _publish(g, rec, REC_READY, _special(g, "%smid"))
+    g.place(done)
+    _set_r0(g, 0)
+
+
+# ---- GPU and time helpers --------------------------------------------------------------------
+
+def _timer(g: FuncGen, insn: Insn, st: State) -> None:
+    g.emit(f"mov.u64 {g.reg(0)}, %globaltimer;")
+
+
+def _reg_helper(sreg: str) -> Callable[[FuncGen, Insn, State], None]:
+    def emit(g: FuncGen, insn: Insn, st: State) -> None:
+        _set_r0(g, _special(g, sreg))
+    return emit
+
+
+def _dim3(sreg: str) -> Callable[[FuncGen, Insn, State], None]:
+    def emit(g: FuncGen, insn: Insn, st: State) -> None:
+        for reg, axis in zip((1, 2, 3), "xyz"):
+            g.store(_special(g, f"{sreg}.{axis}"), g.address(reg, st, 0, 8), 8)
+        _set_r0(g, 0)
+    return emit
+
+
+def _warp_id(g: FuncGen, insn: Insn, st: State) -> None:
+    """The warp's index in its block: the linear thread index / 32 (stable, unlike %warpid)."""
+    x, y, z = (_special(g, f"%tid.{a}") for a in "xyz")
+    nx, ny = _special(g, "%ntid.x"), _special(g, "%ntid.y")
+    g.emit(f"mad.lo.u64 {z}, {z}, {ny}, {y};")
+    g.emit(f"mad.lo.u64 {z}, {z}, {nx}, {x};")
+    g.emit(f"shr.u64 {g.reg(0)}, {z}, 5;")
+
+
+def _membar(g: FuncGen, insn: Insn, st: State) -> None:
+    g.emit("membar.gl;")
+    _set_r0(g, 0)
+
+
+def _exit(g: FuncGen, insn: Insn, st: State) -> None:
+    """bpftime's exit: the probe returns 0; the kernel's thread goes on (helpers.py)."""
+    _set_r0(g, 0)
+    g.emit("bra $Lexit;")
+
+
+_EMIT: dict[str, Callable[[FuncGen, Insn, State], None]] = {
+    "map_lookup_elem": map_lookup_elem, "map_update_elem": map_update_elem, "map_delete_elem": map_delete_elem,
+    "ktime_get_ns": _timer, "trace_printk": trace_printk, "get_smp_processor_id": _reg_helper("%smid"),
+    "perf_event_output": perf_event_output, "ringbuf_output": ringbuf_output,
+    "ringbuf_reserve": ringbuf_reserve, "ringbuf_submit": _release(REC_READY),
+    "ringbuf_discard": _release(REC_DISCARD), "get_globaltimer": _timer, "get_block_idx": _dim3("%ctaid"),
+    "get_block_dim": _dim3("%ntid"), "get_thread_idx": _dim3("%tid"), "membar": _membar, "exit": _exit,
+    "get_grid_dim": _dim3("%nctaid"), "get_sm_id": _reg_helper("%smid"), "get_warp_id": _warp_id,
+    "get_lane_id": _reg_helper("%laneid"),
+}

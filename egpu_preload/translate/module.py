@@ -1,0 +1,187 @@
+"""Whole PTX texts: a probe's ``.func`` for the instrumentation, and self-contained modules that run
+programs for execute_on_gpu, its batch form and the probe runner of the GPU tests."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..bpf.decode import decode
+from ..bpf.program import BpfObject, Program
+from ..bpf.ctx import SIZE as CTX_SIZE
+from ..errors import EgpuError, TranslateError
+from .codegen import generate_func
+from .emitter import Target
+
+# match.sync, ld.acquire / st.release (PTX 6.0), activemask (6.2), nanosleep (6.3); all sm_70+.
+PTX_VERSION = (6, 3)
+SM_MIN = 70
+EXEC_PARAMS = ["%mem", "%len"]   # execute_on_gpu: r1 = memory, r2 = its length
+PROBE_PARAMS = ["%ctx"]          # probes: r1 = struct egpu_ctx
+
+
+@dataclass(frozen=True)
+class ProbePtx:
+    """One program as PTX to paste into a module (see probe_function)."""
+
+    name: str                 # the .func to call
+    func: str                 # its definition
+    globals: tuple[str, ...]  # module-level declarations it needs (the map table); paste each once per module
+    table: str                # the map table symbol: len(obj.maps) + 1 device addresses (devmaps.py)
+    version: tuple[int, int] = PTX_VERSION
+    sm: int = SM_MIN
+
+    def text(self) -> str:
+        return "\n".join(self.globals) + "\n" + self.func
+
+
+def header(version: tuple[int, int] = PTX_VERSION, sm: int = SM_MIN) -> str:
+    return f".version {version[0]}.{version[1]}\n.target sm_{sm}\n.address_size 64\n"
+
+
+def _ident(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", s)
+
+
+def object_tag(obj: BpfObject) -> str:
+    """A stable tag for an object's module-level names: FNV-1a 32 of its path and program names."""
+    h = 0x811C9DC5
+    for b in (obj.path + "|" + "|".join(p.name for p in obj.programs)).encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return f"{h:08x}"
+
+
+def table_symbol(tag: str) -> str:
+    return f"__egpu_maps_{tag}"
+
+
+def table_decl(tag: str, nmaps: int) -> str:
+    return f".visible .const .align 8 .u64 {table_symbol(tag)}[{nmaps + 1}];"
+
+
+def probe_function(program: Program, obj: BpfObject, tag: str | None = None) -> ProbePtx:
+    """Translate one program of a loaded object into a PTX function.
+
+    Signature: ``.func (.param .b64 %ret) __egpu_<tag>_<program>(.param .b64 %ctx)`` where ``%ctx`` is
+    the generic address of a ``struct egpu_ctx`` (bpf/ctx.py, usually in the caller's local memory) and
+    ``%ret`` receives r0. The probe reaches its maps through the ``.const`` table
+    ``__egpu_maps_<tag>`` (``len(obj.maps) + 1`` u64 device addresses: the maps, then the trace ring;
+    filled by the runtime after loading the module, see devmaps.py). ``tag`` (default: object_tag) makes
+    the names unique per probe object; every program of one object shares its table. The code needs
+    ``.version 6.3`` and ``.target sm_70`` or newer, ``.address_size 64``.
+    """
+    tag = tag or object_tag(obj)
+    name = f"__egpu_{tag}_{_ident(program.name)}"
+    target = Target(tag, tuple(obj.maps), table_symbol(tag))
+    try:
+        func = generate_func(decode(program.code), target, name, PROBE_PARAMS)
+    except EgpuError as e:
+        raise e.where(file=obj.path, section=program.section)
+    return ProbePtx(name, func, (table_decl(tag, len(obj.maps)),), table_symbol(tag))
+
+
+def probe_object_ptx(obj: BpfObject, tag: str | None = None) -> str:
+    """Every program of an object in one module text (what ``egpu ptx`` prints)."""
+    tag = tag or object_tag(obj)
+    funcs = [probe_function(p, obj, tag) for p in obj.programs]
+    return header() + "\n" + table_decl(tag, len(obj.maps)) + "\n\n" + "\n".join(f.func for f in funcs)
+
+
+# ---- execute_on_gpu modules --------------------------------------------------------------------
+
+EXEC_KERNEL = "egpu_exec"
+DESC_SIZE = 24  # per program: u64 memory address, u64 length, u64 r0 (out)
+
+
+def _exec_func(code: bytes, name: str) -> str:
+    return generate_func(decode(code), Target("exec", exec_mode=True), name, EXEC_PARAMS)
+
+
+def _call(func: str, args: list[str], ret: str) -> list[str]:
+    params = [f"\t\t.param .b64 %a{k};" for k in range(len(args))]
+    stores = [f"\t\tst.param.b64 [%a{k}], {a};" for k, a in enumerate(args)]
+    return ["\t{", "\t\t.param .b64 %rv;", *params, *stores,
+            f"\t\tcall.uni (%rv), {func}, ({', '.join(f'%a{k}' for k in range(len(args)))});",
+            f"\t\tld.param.b64 {ret}, [%rv];", "\t}"]
+
+
+def batch_ptx(codes: list[bytes]) -> str:
+    """One module running program k in global thread k: ``egpu_exec(.param .u64 descs, .param .u32 n)``
+    where descs points to n DESC_SIZE-byte descriptors; each thread stores its r0 in its descriptor.
+    Dispatch is one indexed branch (brx.idx) to a direct call, so ptxas sees every callee's stack."""
+    if not codes:
+        raise TranslateError("no programs to run")
+    funcs = []
+    for k, code in enumerate(codes):
+        try:
+            funcs.append(_exec_func(code, f"egpu_prog{k}"))
+        except EgpuError as e:
+            raise e.where(section=f"program {k}") if len(codes) > 1 else e
+    body = [
+        f".visible .entry {EXEC_KERNEL}(.param .u64 %descs, .param .u32 %n)",
+        "{",
+        "\t.reg .b32 %i<4>;",
+        "\t.reg .b64 %q<5>;",
+        "\t.reg .pred %stop;",
+        "\tmov.u32 %i0, %tid.x;",
+        "\tmov.u32 %i1, %ctaid.x;",
+        "\tmov.u32 %i2, %ntid.x;",
+        "\tmad.lo.u32 %i0, %i1, %i2, %i0;",
+        "\tld.param.u32 %i3, [%n];",
+        "\tsetp.ge.u32 %stop, %i0, %i3;",
+        "\t@%stop bra $Ldone;",
+        "\tld.param.u64 %q0, [%descs];",
+        f"\tmad.wide.u32 %q0, %i0, {DESC_SIZE}, %q0;",
+        "\tld.u64 %q1, [%q0];",
+        "\tld.u64 %q2, [%q0+8];",
+        f"$Ltargets: .branchtargets {', '.join(f'$Lp{k}' for k in range(len(codes)))};",
+        "\tbrx.idx %i0, $Ltargets;",
+    ]
+    for k in range(len(codes)):
+        body.append(f"$Lp{k}:")
+        body += _call(f"egpu_prog{k}", ["%q1", "%q2"], "%q3")
+        body.append("\tbra $Lstore;")
+    body += ["$Lstore:", "\tst.u64 [%q0+16], %q3;", "$Ldone:", "\tret;", "}", ""]
+    return header() + "\n" + "\n".join(funcs) + "\n" + "\n".join(body)
+
+
+def program_to_ptx(code: bytes) -> str:
+    """The self-contained module execute_on_gpu loads: ``egpu_exec`` runs the program in thread 0 with
+    r1 = the memory, r2 = its length (descriptor layout of batch_ptx)."""
+    return batch_ptx([code])
+
+
+# ---- the probe runner of the GPU tests and benchmarks -----------------------------------------
+
+RUN_KERNEL = "egpu_probe_run"
+
+
+def probe_runner_ptx(probe: ProbePtx, calls: int = 1) -> str:
+    """``egpu_probe_run(.param .u64 ctx, .param .u64 r0s, .param .u32 n)``: global threads 0..n-1 each
+    copy the CTX_SIZE-byte context at ctx into local memory (as instrumented kernels do), call the probe
+    ``calls`` times and store the last r0 at r0s[i] (when r0s is not 0)."""
+    words = CTX_SIZE // 8
+    body = [
+        f".visible .entry {RUN_KERNEL}(.param .u64 %src, .param .u64 %r0s, .param .u32 %n)",
+        "{",
+        f"\t.local .align 8 .b8 ctxbuf[{CTX_SIZE}];",
+        "\t.reg .b32 %i<4>;",
+        "\t.reg .b64 %q<6>;",
+        "\t.reg .pred %stop;",
+        "\tmov.u32 %i0, %tid.x;",
+        "\tmov.u32 %i1, %ctaid.x;",
+        "\tmov.u32 %i2, %ntid.x;",
+        "\tmad.lo.u32 %i0, %i1, %i2, %i0;",
+        "\tld.param.u32 %i3, [%n];",
+        "\tsetp.ge.u32 %stop, %i0, %i3;",
+        "\t@%stop bra $Ldone;",
+        "\tld.param.u64 %q0, [%src];",
+    ]
+    for w in range(words):
+        body += [f"\tld.u64 %q1, [%q0+{8 * w}];", f"\tst.local.u64 [ctxbuf+{8 * w}], %q1;"]
+    body.append("\tcvta.local.u64 %q2, ctxbuf;")
+    for _ in range(calls):
+        body += _call(probe.name, ["%q2"], "%q3")
+    body += ["\tld.param.u64 %q4, [%r0s];", "\tsetp.eq.u64 %stop, %q4, 0;", "\t@%stop bra $Ldone;",
+             "\tmad.wide.u32 %q4, %i0, 8, %q4;", "\tst.u64 [%q4], %q3;", "$Ldone:", "\tret;", "}", ""]
+    return header(probe.version, probe.sm) + "\n" + probe.text() + "\n" + "\n".join(body)
