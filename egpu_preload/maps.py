@@ -99,7 +99,7 @@ class PercpuArrayStorage(ArrayStorage):
     """PERCPU_ARRAY: one array per SM (the "cpu" is the SM id), created zero-filled on first use."""
 
     def __init__(self, mapdef: prog.MapDef) -> None:
-        super().__init__(mapdef)
+        MapStorage.__init__(self, mapdef)  # no shared array: every slot is per SM
         self.per_cpu: dict[int, list[bytearray]] = {}
 
     def _slots(self, cpu: int) -> list[bytearray]:

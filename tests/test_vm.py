@@ -3,9 +3,14 @@ tests/probes with exact results, and fuzzing (random bytecode only ever fails wi
 
 from __future__ import annotations
 
+import ctypes
+import re
+import shutil
 import struct
+import subprocess
 
 import pytest
+from elftools.elf.elffile import ELFFile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -524,3 +529,74 @@ def test_probe_libbpf_style(probe_obj, mcpu: str) -> None:
     assert p.values("legacy_counts") == {0: 3, 1: 2}
     assert p.values("last_seen") == {0: 100, 1: 101, 2: 102, 3: 103}
     assert [t.text() for t in p.state.trace] == ["block 0 at 100", "block 0 at 100"]
+
+
+# --- differential: the VM on clang's BPF code against the same C compiled natively by gcc ------------
+# Each function reads a = m[0], b = m[1]; inputs with undefined behaviour in C are filtered out.
+ARITH_C = r"""
+typedef unsigned long long u64; typedef long long s64; typedef unsigned u32; typedef int s32;
+#define F(name, expr) u64 name(u64 *m) { u64 a = m[0], b = m[1]; return (expr); }
+F(udiv64, a / b) F(umod64, a % b) F(sdiv64, (s64)a / (s64)b) F(smod64, (s64)a % (s64)b)
+F(udiv32, (u32)a / (u32)b) F(umod32, (u32)a % (u32)b) F(sdiv32, (u64)(u32)((s32)a / (s32)b))
+F(smod32, (u64)(u32)((s32)a % (s32)b)) F(mul32, (u32)a * (u32)b) F(mul64, a * b) F(sub32, (u32)a - (u32)b)
+F(shl64, a << (b & 63)) F(lshr64, a >> (b & 63)) F(ashr64, (u64)((s64)a >> (b & 63)))
+F(shl32, (u32)a << (b & 31)) F(lshr32, (u32)a >> (b & 31)) F(ashr32, (u64)(u32)((s32)a >> (b & 31)))
+F(sext8, (u64)(s64)(signed char)a) F(sext16, (u64)(s64)(short)a) F(sext32, (u64)(s64)(s32)a)
+F(sext8_32, (u64)(u32)(s32)(signed char)a) F(bswap16, __builtin_bswap16(a)) F(bswap32, __builtin_bswap32(a))
+F(bswap64, __builtin_bswap64(a)) F(slt64, (s64)a < (s64)b) F(slt32, (s32)a < (s32)b) F(ult32, (u32)a < (u32)b)
+F(ugt_imm, a > 0xffffffff80000000ULL) F(sgt_imm32, (s32)a > -5) F(ule_imm, a <= 0x7fffffffULL)
+F(neg64, -a) F(neg32, (u32)-(s32)a) F(mix, ((a ^ (b << 7)) * 0x9e3779b97f4a7c15ULL) >> 17)
+"""
+ARITH_UB = {  # inputs (as u64) for which the C expression is undefined
+    "udiv64": lambda a, b: b == 0, "umod64": lambda a, b: b == 0,
+    "sdiv64": lambda a, b: b == 0 or (a == 1 << 63 and b == M64), "smod64": lambda a, b: b == 0 or (a == 1 << 63 and b == M64),
+    "udiv32": lambda a, b: b & 0xFFFFFFFF == 0, "umod32": lambda a, b: b & 0xFFFFFFFF == 0,
+    "sdiv32": lambda a, b: b & 0xFFFFFFFF == 0 or (a & 0xFFFFFFFF == 1 << 31 and b & 0xFFFFFFFF == 0xFFFFFFFF),
+    "smod32": lambda a, b: b & 0xFFFFFFFF == 0 or (a & 0xFFFFFFFF == 1 << 31 and b & 0xFFFFFFFF == 0xFFFFFFFF),
+}
+ARITH_NAMES = [n for line in ARITH_C.splitlines() if not line.startswith("#") for n in re.findall(r"F\((\w+),", line)]
+
+
+@pytest.fixture(scope="module")
+def arith(tmp_path_factory):
+    """(BPF code of each function, the native library) or a skip when a compiler is missing."""
+    if not (shutil.which("clang-19") and shutil.which("gcc")):
+        pytest.skip("needs clang-19 and gcc")
+    d = tmp_path_factory.mktemp("arith")
+    src = d / "arith.c"
+    src.write_text(ARITH_C)
+    subprocess.run(["clang-19", "-O2", "-target", "bpf", "-mcpu=v4", "-c", str(src), "-o", str(d / "a.o")], check=True)
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", str(src), "-o", str(d / "a.so")], check=True)
+    with open(d / "a.o", "rb") as f:
+        elf = ELFFile(f)
+        text = elf.get_section_by_name(".text").data()
+        symbols = {s.name: s for s in elf.get_section_by_name(".symtab").iter_symbols()}
+        code = {n: text[symbols[n]["st_value"]:symbols[n]["st_value"] + symbols[n]["st_size"]] for n in ARITH_NAMES}
+    lib = ctypes.CDLL(str(d / "a.so"))
+    native = {}
+    for n in ARITH_NAMES:
+        fn = getattr(lib, n)
+        fn.restype, fn.argtypes = ctypes.c_uint64, [ctypes.POINTER(ctypes.c_uint64)]
+        native[n] = fn
+    return code, native
+
+
+EDGES = [0, 1, 2, 5, 31, 32, 63, 64, 0x7F, 0x80, 0xFF, 0x7FFF, 0x8000, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF,
+         1 << 32, 1 << 63, M64, M64 - 1, M64 - 4, 0x123456789ABCDEF0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(st.sampled_from(EDGES), st.integers(0, M64)), st.one_of(st.sampled_from(EDGES), st.integers(0, M64)))
+def test_vm_agrees_with_native_c(arith, a: int, b: int) -> None:
+    code, native = arith
+    for name in ARITH_NAMES:
+        if ARITH_UB.get(name, lambda a, b: False)(a, b):
+            continue
+        expected = native[name]((ctypes.c_uint64 * 2)(a, b))
+        assert execute(code[name], u64(a) + u64(b)) == expected, f"{name}(0x{a:x}, 0x{b:x})"
+
+
+def test_map_operation_the_type_lacks_names_the_pc() -> None:
+    rb = prog.MapDef("rb", prog.MAP_RINGBUF, 0, 0, 64)
+    with pytest.raises(EgpuError, match=r"^4: map rb: ringbuf has no lookup \(call 0x1\)"):
+        _run("r1 = map[0] ll\nr2 = r10\nr2 += -8\ncall map_lookup_elem\nexit", rb)

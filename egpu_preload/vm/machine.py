@@ -20,7 +20,7 @@ from ..bpf import isa
 from ..bpf.decode import Insn, decode
 from ..bpf.disasm import disasm_insn
 from ..bpf.program import MapDef
-from ..errors import VmError
+from ..errors import EgpuError, VmError
 from ..maps import MapsState, RingbufStorage
 from . import calls
 from .memory import MASK64, REGION_SHIFT, Memory
@@ -373,7 +373,7 @@ class Vm:
                 if budget < 0:
                     raise VmError(f"instruction budget of {self.budget} exhausted (unbounded loop?)")
                 pc = ops[pc](run)
-        except VmError as e:
+        except EgpuError as e:  # VmError, or a map refusing an operation its type lacks
             if e.insn is None:
                 e.insn = pc
                 insn = self.by_pc.get(pc)
