@@ -14,6 +14,7 @@ PTX ISA 9.0 section 4 (syntax): statements end in ``;``; labels end in ``:``; ``
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -74,11 +75,20 @@ class Stmt:
 class Instruction(Stmt):
     pred: str | None   # "%p1", "!%p1" (the guard without "@")
     opcode: str        # "ld.global.v4.f32"
-    operands: tuple[str, ...]
+    args: str          # the operand text, split on demand (most instructions are never asked)
+
+    @property
+    def op(self) -> str:
+        """The opcode's first part: "ld" of "ld.global.v4.f32"."""
+        return self.opcode.partition(".")[0]
 
     @property
     def parts(self) -> list[str]:
         return self.opcode.split(".")
+
+    @functools.cached_property
+    def operands(self) -> tuple[str, ...]:
+        return tuple(split_operands(self.args))
 
 
 @dataclass(frozen=True)
@@ -225,10 +235,9 @@ def _matching_brace(text: str, open_pos: int) -> int:
 
 def _top_item(mod: Module, start: int) -> int:
     """One declaration or definition starting at ``start``; returns the offset after it."""
-    text, parens, init = mod.text, 0, False
-    it = _TOKEN.finditer(text, start)
-    for m in it:
-        c = m.group()
+    text, parens, init, pos = mod.text, 0, False, start
+    while (m := _TOKEN.search(text, pos)) is not None:
+        c, pos = m.group(), m.end()
         if c == "(":
             parens += 1
         elif c == ")":
@@ -241,7 +250,7 @@ def _top_item(mod: Module, start: int) -> int:
         elif c == "{" and parens == 0:
             close = _matching_brace(text, m.start())
             if init:  # an initializer list: the declaration goes on to its ';'
-                it = _TOKEN.finditer(text, close + 1)
+                pos = close + 1
                 continue
             _function(mod, start, close + 1, m.start())
             return close + 1
@@ -326,27 +335,20 @@ def _statement(text: str, start: int, end: int, depth: int) -> Stmt:
     if body.startswith("."):
         return Directive(start, end, depth, body.split(None, 1)[0], body)
     pred = None
-    g = _GUARD.match(body)
-    if g:
+    if body[0] == "@":
+        g = _GUARD.match(body)
+        if g is None:
+            raise PtxError(f"bad guard in {body!r}")
         pred, body = g.group(1), body[g.end():]
     head = body.split(None, 1)
-    opcode = head[0] if head else ""
-    operands = tuple(split_operands(head[1])) if len(head) > 1 else ()
-    return Instruction(start, end, depth, pred, opcode, operands)
+    return Instruction(start, end, depth, pred, head[0] if head else "", head[1] if len(head) > 1 else "")
+
+
+# One operand: anything but a top-level comma; (), [] and {} groups nest one level deep, which is
+# all PTX has (a texture's "[%rd6, {%r2}]" is the deepest, section 9.7.9.3).
+_OPERAND = re.compile(r"(?:[^,\[\]{}()]|\[[^\]]*\]|\{[^}]*\}|\([^)]*\))+")
 
 
 def split_operands(text: str) -> list[str]:
     """Comma-separated operands at nesting level 0 of (), [] and {} (section 4.6), whitespace-trimmed."""
-    out, depth, cur = [], 0, 0
-    for i, c in enumerate(text):
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == "," and depth == 0:
-            out.append(text[cur:i].strip())
-            cur = i + 1
-    last = text[cur:].strip()
-    if last or out:
-        out.append(last)
-    return out
+    return [o.strip() for o in _OPERAND.findall(text) if o.strip()]

@@ -46,6 +46,7 @@ Kernels reported ``untouched`` or ``failed`` are launched unchanged, with the or
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from dataclasses import dataclass, field
@@ -62,7 +63,11 @@ PREFIX = "__egpu"
 WARP_VERSION = (6, 2)
 MEM_KINDS = {"mem": 0, "load": C.FLAG_LOAD, "store": C.FLAG_STORE}
 _SPACES = ("global", "shared", "local", "param", "const", "tex")
-_ADDR = re.compile(r"\[\s*(?P<base>[$%\w.]+)\s*(?:(?P<sign>[+-])\s*(?P<off>-?(?:0[xX][0-9a-fA-F]+|\d+)))?\s*\]$")
+# [reg], [reg+imm], [var+imm], [imm]; a negative offset is written +-imm (PTX ISA 6.4.1.4).
+_ADDR = re.compile(r"\[\s*(?P<base>[$%\w.]+)\s*(?:\+\s*(?P<off>-?(?:0[xX][0-9a-fA-F]+|\d+)))?\s*\]$")
+_MEMORY_OPS = {"ld": C.FLAG_LOAD, "ldu": C.FLAG_LOAD, "st": C.FLAG_STORE,
+               "atom": C.FLAG_LOAD | C.FLAG_STORE | C.FLAG_ATOMIC, "red": C.FLAG_STORE | C.FLAG_ATOMIC,
+               "cp": C.FLAG_LOAD}   # cp.async.{ca,cg}: checked in memory_access
 _DECLS = (".reg", ".local", ".shared", ".param", ".const", ".global")
 
 
@@ -152,14 +157,24 @@ def _module_edits(mod: ptx.Module, used: list[ProbeSpec]) -> list[ptx.Edit]:
     return edits
 
 
-@dataclass(frozen=True)
-class _Site:
-    kind: int          # C.KIND_*
-    index: int         # ctx.site
-    flags: int = 0
-    size: int = 0
-    addr: str = ""     # memory operand text "[%rd1+16]"
-    space: str = ""    # "global" or "" (generic)
+def _ctx_store(field_name: str, value: str, width: int = 32) -> str:
+    reg = f"%{PREFIX}_w" if width == 32 else f"%{PREFIX}_a"
+    return f"mov.u{width} {reg}, {value};\n\tst.local.u{width} [{PREFIX}_ctx+{C.BY_NAME[field_name].offset}], {reg};"
+
+
+# One site's scope: its own registers and .param slots, the site fields of the context, then the
+# calls ({calls}, per probe set). {addr} leaves the effective address in %__egpu_a.
+_SITE = "\n\t".join([
+    "{{ // egpu site {index}",
+    f".reg .b64 %{PREFIX}_a;", f".reg .b32 %{PREFIX}_w;", f".reg .b32 %{PREFIX}_v;",
+    f".reg .pred %{PREFIX}_q;", f".param .b64 {PREFIX}_arg;", f".param .b64 {PREFIX}_ret;",
+    "{addr}",
+    f"st.local.u64 [{PREFIX}_ctx+{C.BY_NAME['addr'].offset}], %{PREFIX}_a;",
+    _ctx_store("site", "{index}"), _ctx_store("size", "{size}"), _ctx_store("flags", "{flags}"),
+    _ctx_store("kind", "{kind}"),
+    f"st.param.b64 [{PREFIX}_arg], %{PREFIX}_ctxp;",
+    "{calls}",
+    "}}\n\t"])
 
 
 class _Kernel:
@@ -170,6 +185,10 @@ class _Kernel:
         self.entry = [p for p in probes if p.attach.kind == "entry"]
         self.exit = [p for p in probes if p.attach.kind == "exit"]
         self.mem = [p for p in probes if p.attach.kind in MEM_KINDS]
+        # Which memory probes see an access with given flags: mem all, load/store by flag.
+        self.mem_by_flags = {f: [p for p in self.mem if p.attach.kind == "mem" or f & MEM_KINDS[p.attach.kind]]
+                             for f in range(8)}
+        self.calls_text: dict[tuple[ProbeSpec, ...], str] = {}
         self.labels = 0
 
     def edits(self) -> tuple[list[ptx.Edit], int]:
@@ -178,46 +197,39 @@ class _Kernel:
             raise PtxError("kernel signature does not parse")
         if PREFIX in self.text[fn.start:fn.end]:
             raise PtxError(f"kernel already uses the reserved prefix {PREFIX}")
-        stmts = fn.statements()
         edits: list[ptx.Edit] = []
-        calls = 0
+        calls = index = 0
         regs = _Registers()
         entry_at = None
-        index = 0
-        for st in stmts:
-            if entry_at is None and not (isinstance(st, ptx.Directive) and st.depth == 1
-                                         and st.name in _DECLS):
+        Instruction, Directive = ptx.Instruction, ptx.Directive
+        for st in fn.statements():
+            if entry_at is None and not (type(st) is Directive and st.depth == 1 and st.name in _DECLS):
                 entry_at = st.start
-            if isinstance(st, ptx.Instruction):
-                index += 1
-                site, probes = self._site(st, index)
-                if probes:
-                    edits.append(ptx.Edit(st.start, st.start, self._call_block(site, probes, st, regs)))
-                    calls += len(probes)
-            else:
+            if type(st) is not Instruction:
                 regs.see(st)
+                continue
+            index += 1
+            op = st.op
+            if op == "ret" or op == "exit":
+                if self.exit:
+                    edits.append(ptx.Edit(st.start, st.start, self._site(st, index, C.KIND_EXIT, None, self.exit, regs)))
+                    calls += len(self.exit)
+            elif op in _MEMORY_OPS and self.mem:
+                acc = memory_access(st)
+                probes = self.mem_by_flags[acc.flags] if acc else None
+                if probes:
+                    edits.append(ptx.Edit(st.start, st.start, self._site(st, index, C.KIND_MEM, acc, probes, regs)))
+                    calls += len(probes)
         if not calls and not self.entry:
             return [], 0
         at = entry_at if entry_at is not None else self.fn.end - 1
         prologue = self._prologue()
         if self.entry:
-            prologue += self._call_block(_Site(C.KIND_ENTRY, 0), self.entry, None, regs)
+            prologue += self._site(None, 0, C.KIND_ENTRY, None, self.entry, regs)
             calls += len(self.entry)
-        edits.append(ptx.Edit(at, at, prologue))
+        edits.insert(0, ptx.Edit(at, at, prologue))   # before a site at the same offset (stable sort)
         edits.append(self._launch_param())
         return edits, calls
-
-    def _site(self, ins: ptx.Instruction, index: int) -> tuple[_Site | None, list[ProbeSpec]]:
-        op = ins.parts[0]
-        if op in ("ret", "exit"):
-            return _Site(C.KIND_EXIT, index), self.exit
-        if not self.mem:
-            return None, []
-        acc = memory_access(ins)
-        if acc is None:
-            return None, []
-        site = _Site(C.KIND_MEM, index, acc.flags, acc.size, acc.operand, acc.space)
-        return site, [p for p in self.mem if acc.flags & MEM_KINDS[p.attach.kind] or p.attach.kind == "mem"]
 
     def _launch_param(self) -> ptx.Edit:
         fn = self.fn
@@ -259,63 +271,60 @@ class _Kernel:
         lines.append("}")
         return "\n\t".join(lines) + "\n\t"
 
-    def _call_block(self, site: _Site, probes: list[ProbeSpec], ins: ptx.Instruction | None,
-                    regs: "_Registers") -> str:
-        F, p = C.BY_NAME, PREFIX
-        lines = [f"{{ // egpu site {site.index}",
-                 f".reg .b64 %{p}_a;", f".reg .b32 %{p}_w;", f".reg .b32 %{p}_v;",
-                 f".reg .pred %{p}_q;", f".param .b64 {p}_arg;", f".param .b64 {p}_ret;"]
-        lines += self._address(site, regs) if site.kind == C.KIND_MEM else [f"mov.u64 %{p}_a, 0;"]
-        lines.append(f"st.local.u64 [{p}_ctx+{F['addr'].offset}], %{p}_a;")
-        for name, value in (("site", site.index), ("size", site.size), ("flags", site.flags),
-                            ("kind", site.kind)):
-            lines += [f"mov.u32 %{p}_w, {value};", f"st.local.u32 [{p}_ctx+{F[name].offset}], %{p}_w;"]
-        lines.append(f"st.param.b64 [{p}_arg], %{p}_ctxp;")
-        for scope in ("thread", "warp", "block"):
-            group = [pr for pr in probes if pr.attach.scope == scope]
-            if not group:
-                continue
-            guard = ""
-            if scope != "thread":
-                lines += _leader(scope)
-                guard = f"@%{p}_q "
-            lines += [f"{guard}call ({p}_ret), {pr.func}, ({p}_arg);" for pr in group]
-        lines.append("}")
-        block = "\n\t".join(lines) + "\n\t"
+    def _site(self, ins: ptx.Instruction | None, index: int, kind: int, acc: "Access | None",
+              probes: list[ProbeSpec], regs: "_Registers") -> str:
+        key = tuple(probes)
+        calls = self.calls_text.get(key)
+        if calls is None:
+            calls = self.calls_text[key] = _calls(probes)
+        addr = self._address(index, acc, regs) if acc else f"mov.u64 %{PREFIX}_a, 0;"
+        block = _SITE.format(index=index, addr=addr, size=acc.size if acc else 0,
+                             flags=acc.flags if acc else 0, kind=kind, calls=calls)
         if ins is None or ins.pred is None:
             return block
         # Run the probes exactly when the guarded instruction runs: branch around them otherwise.
         self.labels += 1
-        skip = f"${p}_skip{self.labels}"
+        skip = f"${PREFIX}_skip{self.labels}"
         neg = ins.pred[1:] if ins.pred.startswith("!") else "!" + ins.pred
         return f"@{neg} bra \t{skip};\n\t{block[:-1]}{skip}:\n\t"
 
-    def _address(self, site: _Site, regs: "_Registers") -> list[str]:
+    def _address(self, index: int, acc: "Access", regs: "_Registers") -> str:
+        """PTX leaving the generic effective address of the access in %__egpu_a."""
         p = PREFIX
-        m = _ADDR.match(site.addr)
+        m = _ADDR.match(acc.operand)
         if m is None:
-            raise PtxError(f"site {site.index}: unsupported address operand {site.addr}")
+            raise PtxError(f"site {index}: unsupported address operand {acc.operand}")
         base, off = m.group("base"), m.group("off")
-        if base.startswith("%"):
-            width = regs.width(base)
-            if width == 64:
-                lines = [f"mov.b64 %{p}_a, {base};"]
-            elif width == 32:
-                lines = [f"cvt.u64.u32 %{p}_a, {base};"]
-            else:
-                raise PtxError(f"site {site.index}: address register {base} has no known 32/64-bit type")
+        if base.startswith("%") or regs.width(base):
+            if regs.width(base) != 64:
+                raise PtxError(f"site {index}: address register {base} is not a declared 64-bit register")
+            lines = [f"mov.b64 %{p}_a, {base};"]
         elif base[0].isdigit():
             lines = [f"mov.u64 %{p}_a, {base};"]
-        elif site.space == "global":
+        elif acc.space == "global":
             lines = [f"mov.u64 %{p}_a, {base};"]
         else:
-            raise PtxError(f"site {site.index}: generic access through variable {base}")
+            raise PtxError(f"site {index}: generic access through variable {base}")
         if off:
-            value = _int(off) * (-1 if m.group("sign") == "-" else 1)
-            lines.append(f"add.s64 %{p}_a, %{p}_a, {value};")
-        if site.space == "global":
+            lines.append(f"add.s64 %{p}_a, %{p}_a, {_int(off)};")
+        if acc.space == "global":
             lines.append(f"cvta.global.u64 %{p}_a, %{p}_a;")
-        return lines
+        return "\n\t".join(lines)
+
+
+def _calls(probes: list[ProbeSpec]) -> str:
+    """The calls of one site, thread scope first, each other scope behind its leader predicate."""
+    p, lines = PREFIX, []
+    for scope in ("thread", "warp", "block"):
+        group = [pr for pr in probes if pr.attach.scope == scope]
+        if not group:
+            continue
+        guard = ""
+        if scope != "thread":
+            lines += _leader(scope)
+            guard = f"@%{p}_q "
+        lines += [f"{guard}call ({p}_ret), {pr.func}, ({p}_arg);" for pr in group]
+    return "\n\t".join(lines)
 
 
 def _leader(scope: str) -> list[str]:
@@ -351,30 +360,43 @@ class Access:
 
 def memory_access(ins: ptx.Instruction) -> Access | None:
     """The global or generic memory access an instruction makes, or None (other spaces, non-memory)."""
-    parts = ins.parts
-    op = parts[0]
-    if op == "cp":
-        if len(parts) < 3 or parts[1] != "async" or parts[2] not in ("ca", "cg") or "global" not in parts:
-            return None
-        if len(ins.operands) < 3:
-            raise PtxError(f"cp.async with {len(ins.operands)} operands")
-        return Access(C.FLAG_LOAD, "global", ins.operands[1], _int(ins.operands[2]))
-    flags = {"ld": C.FLAG_LOAD, "ldu": C.FLAG_LOAD, "st": C.FLAG_STORE,
-             "atom": C.FLAG_LOAD | C.FLAG_STORE | C.FLAG_ATOMIC,
-             "red": C.FLAG_STORE | C.FLAG_ATOMIC}.get(op)
+    kind = _opcode_access(ins.opcode)
+    if kind is None:
+        return None
+    flags, space, size = kind
+    addrs = _BRACKETS.findall(ins.args)
+    if ins.op == "cp":   # cp.async [dst], [src], cp-size{, src-size}: the global side is src
+        operands = ins.operands
+        if len(addrs) < 2 or len(operands) < 3:
+            raise PtxError(f"{ins.opcode} with operands {ins.args!r}")
+        return Access(flags, space, addrs[1], _int(operands[2]))
+    if not addrs:
+        raise PtxError(f"{ins.opcode} without an address operand")
+    return Access(flags, space, addrs[0], size)
+
+
+_BRACKETS = re.compile(r"\[[^\]]*\]")
+
+
+@functools.lru_cache(maxsize=4096)
+def _opcode_access(opcode: str) -> tuple[int, str, int] | None:
+    """(flags, space, size) for an opcode that accesses global or generic memory (size 0: cp.async,
+    whose size is an operand); None for any other opcode. Cached: kernels repeat few opcodes."""
+    parts = opcode.split(".")
+    flags = _MEMORY_OPS.get(parts[0])
     if flags is None:
         return None
     spaces = {q.split("::")[0] for q in parts[1:]} & set(_SPACES)
+    if parts[0] == "cp":
+        ok = len(parts) > 2 and parts[1] == "async" and parts[2] in ("ca", "cg") and "global" in spaces
+        return (flags, "global", 0) if ok else None
     if spaces - {"global"}:
         return None
-    addr = next((o for o in ins.operands if o.startswith("[")), None)
-    if addr is None:
-        raise PtxError(f"{ins.opcode} without an address operand")
     types = [q for q in parts[1:] if q in ptx.TYPE_SIZES]
     if not types:
-        raise PtxError(f"{ins.opcode}: no access type")
-    vec = next((int(q[1:]) for q in parts[1:] if re.fullmatch(r"v\d+", q)), 1)
-    return Access(flags, "global" if spaces else "", addr, vec * ptx.TYPE_SIZES[types[-1]])
+        raise PtxError(f"{opcode}: no access type")
+    vec = next((int(q[1:]) for q in parts[1:] if q[0] == "v" and q[1:].isdigit()), 1)
+    return flags, "global" if spaces else "", vec * ptx.TYPE_SIZES[types[-1]]
 
 
 def _int(text: str) -> int:

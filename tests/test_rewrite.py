@@ -1,0 +1,254 @@
+"""Rewriter: every corpus kernel instrumented in every scope and accepted by ptxas; sites, addresses,
+guards, untouched kernels, failures, header raising, globs and the cost on a 100k-line module."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import ptx_corpus
+from egpu_preload.bpf import ctx as C
+from egpu_preload.bpf.program import Attach
+from egpu_preload.translate import ptx
+from egpu_preload.translate.demangle import base_name, matches
+from egpu_preload.translate.rewrite import (LAUNCH_PARAM, ProbeSpec, instrument, memory_access)
+
+HEAD = ".version 8.0\n.target sm_90\n.address_size 64\n"
+
+
+@pytest.fixture(scope="module")
+def rewritten() -> dict[str, tuple[str, object, dict[str, tuple[int, str]]]]:
+    """name -> (original, RewriteResult, {arch: (ptxas rc, stderr)}) for the whole corpus."""
+    out, jobs = {}, []
+    for name, text in ptx_corpus.build().items():
+        res = instrument(text, ptx_corpus.stats_probes())
+        out[name] = (text, res, {})
+        jobs += [(name, arch, res.text) for arch in ptx_corpus.check_archs(text)]
+    for name, arch, rc, _, err in ptx_corpus.ptxas(jobs):
+        out[name][2][arch] = (rc, err)
+    return out
+
+
+@pytest.mark.parametrize("name", [v.name for v in ptx_corpus.variants()]
+                         + [f"fixture.{f.stem}" for f in sorted(ptx_corpus.FIXTURES.glob("*.ptx"))])
+def test_corpus_kernel_instrumented_in_all_scopes_and_assembles(rewritten, name):
+    text, res, checks = rewritten[name]
+    assert res.kernels and all(k.status == "instrumented" for k in res.kernels), res.kernels
+    for k in res.kernels:   # entry + exit in 3 scopes at least
+        assert k.calls >= 6, k
+    assert set(checks) == set(ptx_corpus.check_archs(text))
+    for arch, (rc, err) in checks.items():
+        assert rc == 0, f"ptxas -arch={arch}:\n{err}"
+
+
+def _kernel(body: str, params: str = ".param .u64 k_0", head: str = HEAD) -> str:
+    return f"{head}.visible .entry k({params})\n{{\n{body}\n}}\n"
+
+
+def _probe(kind: str, scope: str = "thread", glob: str = "*") -> ProbeSpec:
+    return ProbeSpec(Attach(kind, glob, scope), f"egpu_test_stats_{scope}", ptx_corpus.stats_probe(scope))
+
+
+def _assembles(text: str, arch: str = "sm_90") -> None:
+    [(_, _, rc, _, err)] = ptx_corpus.ptxas([("t", arch, text)])
+    assert rc == 0, err + text
+
+
+REGS = ".reg .b64 %rd<4>;\n.reg .b32 %r<4>;\n.reg .f32 %f<5>;\n.reg .pred %p<2>;\n"
+
+
+@pytest.mark.parametrize("insn, flags, space, size", [
+    ("ld.global.f32 %f1, [%rd1];", C.FLAG_LOAD, "global", 4),
+    ("ld.global.nc.v4.f32 {%f1, %f2, %f3, %f4}, [%rd1+16];", C.FLAG_LOAD, "global", 16),
+    ("ld.u8 %r1, [%rd1];", C.FLAG_LOAD, "", 1),
+    ("ldu.global.f32 %f1, [%rd1];", C.FLAG_LOAD, "global", 4),
+    ("ld.global.L1::evict_last.v2.u64 {%rd2, %rd3}, [%rd1];", C.FLAG_LOAD, "global", 16),
+    ("st.global.v2.f32 [%rd1+8], {%f1, %f2};", C.FLAG_STORE, "global", 8),
+    ("st.u16 [%rd1], %r1;", C.FLAG_STORE, "", 2),
+    ("atom.global.add.u32 %r1, [%rd1], 1;", C.FLAG_LOAD | C.FLAG_STORE | C.FLAG_ATOMIC, "global", 4),
+    ("atom.cas.b64 %rd2, [%rd1], %rd2, %rd3;", C.FLAG_LOAD | C.FLAG_STORE | C.FLAG_ATOMIC, "", 8),
+    ("red.global.add.f32 [%rd1], %f1;", C.FLAG_STORE | C.FLAG_ATOMIC, "global", 4),
+    ("cp.async.cg.shared.global [%r1], [%rd1], 16;", C.FLAG_LOAD, "global", 16),
+    ("cp.async.ca.shared.global [%r1], [%rd1], 4, %r2;", C.FLAG_LOAD, "global", 4),
+    ("ld.shared.f32 %f1, [%r1];", None, None, None),
+    ("st.shared::cta.u32 [%r1], %r2;", None, None, None),
+    ("ld.param.u64 %rd1, [k_0];", None, None, None),
+    ("ld.local.u32 %r1, [%rd1];", None, None, None),
+    ("ld.const.f32 %f1, [%rd1];", None, None, None),
+    ("cp.async.commit_group;", None, None, None),
+    ("add.s64 %rd1, %rd1, 4;", None, None, None),
+])
+def test_memory_access(insn, flags, space, size):
+    [ins] = [s for s in ptx.parse(_kernel(insn)).kernels()[0].statements()]
+    acc = memory_access(ins)
+    assert (acc and (acc.flags, acc.space, acc.size)) == (flags and (flags, space, size))
+
+
+@pytest.mark.parametrize("operand, lines", [
+    ("[%rd1]", ["mov.b64 %__egpu_a, %rd1;", "cvta.global.u64 %__egpu_a, %__egpu_a;"]),
+    ("[%rd1+16]", ["mov.b64 %__egpu_a, %rd1;", "add.s64 %__egpu_a, %__egpu_a, 16;"]),
+    ("[%rd1+-4]", ["add.s64 %__egpu_a, %__egpu_a, -4;"]),
+    ("[%rd1+0x10]", ["add.s64 %__egpu_a, %__egpu_a, 16;"]),
+    ("[a]", ["mov.b64 %__egpu_a, a;"]),
+    ("[gvar+8]", ["mov.u64 %__egpu_a, gvar;", "add.s64 %__egpu_a, %__egpu_a, 8;"]),
+])
+def test_effective_address(operand, lines):
+    text = _kernel(REGS + f".reg .u64 a;\nld.global.f32 %f1, {operand};\nret;").replace(
+        ".visible .entry", ".global .align 4 .b8 gvar[64];\n.visible .entry")
+    res = instrument(text, [_probe("mem")])
+    assert res.status("k").status == "instrumented", res.kernels
+    out = res.text.split("\n\t")
+    for line in lines:
+        assert line in out
+    _assembles(res.text)
+
+
+@pytest.mark.parametrize("guarded, branch", [("@%p1 ", "@!%p1 bra"), ("@!%p1 ", "@%p1 bra")])
+@pytest.mark.parametrize("insn", ["st.global.f32 [%rd1], %f1;", "ret;"])
+def test_guarded_site_branches_around_the_probe(guarded, branch, insn):
+    body = REGS + "setp.eq.u32 %p1, %r1, 0;\n" + guarded + insn + "\nret;"
+    res = instrument(_kernel(body), [_probe("mem"), _probe("exit", "warp")])
+    lines = [line.strip() for line in res.text.splitlines()]
+    i = lines.index(guarded + insn)
+    start = max(j for j in range(i) if lines[j].startswith(branch))
+    label = lines[start].split()[-1].rstrip(";")
+    assert lines[i - 1] == label + ":" and lines[start + 1].startswith("{ // egpu site")
+    _assembles(res.text)
+
+
+def test_sites_inside_inline_asm_scopes_use_scoped_registers():
+    body = REGS + "{\n.reg .pred p;\n.reg .b64 a;\nsetp.ne.u32 p, %r1, 0;\nmov.b64 a, %rd1;\n" \
+                  "@p ld.global.nc.f32 %f1, [a+4];\n}\nret;"
+    res = instrument(_kernel(body), [_probe(k, s) for k in ("mem", "exit") for s in ptx_corpus.SCOPES])
+    assert res.status("k").calls == 3 + 3   # the load and the ret, 3 scopes each
+    _assembles(res.text)
+
+
+def test_untouched_kernels_are_byte_identical(rewritten):
+    text = ptx_corpus.build()["coop_groups.sm_90"]
+    res = instrument(text, ptx_corpus.stats_probes(glob="cg_tile_sum"))
+    assert [(k.name, k.status) for k in res.kernels] == [("cg_tile_sum", "instrumented"),
+                                                         ("cg_coalesced", "untouched")]
+    before = {f.name: text[f.start:f.end] for f in ptx.parse(text).functions}
+    after = {f.name: res.text[f.start:f.end] for f in ptx.parse(res.text).functions}
+    assert after["cg_coalesced"] == before["cg_coalesced"]
+    assert after["cg_tile_sum"] != before["cg_tile_sum"]
+    nothing = instrument(text, ptx_corpus.stats_probes(glob="no_such_kernel"))
+    assert nothing.text == text and {k.status for k in nothing.kernels} == {"untouched"}
+
+
+@pytest.mark.parametrize("body, reason", [
+    (REGS + "ld.global.f32 %f1, [%rd1];\nld.global.f32 %f2, [%unknown9];\nret;", "%unknown9"),
+    (REGS + "ld.f32 %f1, [gvar];\nret;", "generic access through variable gvar"),
+    (REGS + ".reg .b64 %__egpu_x;\nret;", "reserved prefix"),
+    (REGS + "ld.global.f32 %f1, [%rd1*2];\nret;", "unsupported address operand"),
+    (REGS + "ld.global.f32 %f1, [%r1];\nret;", "not a declared 64-bit register"),
+])
+def test_a_kernel_that_cannot_be_instrumented_is_left_as_it_was(body, reason):
+    good = ".visible .entry other(.param .u64 o_0)\n{\n.reg .f32 %f1;\nret;\n}\n"
+    text = _kernel(body) + good
+    res = instrument(text, [_probe("mem"), _probe("entry")])
+    assert res.status("k").status == "failed" and reason in res.status("k").reason
+    assert res.status("other").status == "instrumented"
+    k_before = next(f for f in ptx.parse(text).functions if f.name == "k")
+    k_after = next(f for f in ptx.parse(res.text).functions if f.name == "k")
+    assert res.text[k_after.start:k_after.end] == text[k_before.start:k_before.end]
+
+
+def test_kernel_with_no_site_for_its_probes_is_untouched():
+    text = _kernel(REGS + "add.s32 %r1, %r1, 1;\nret;")
+    res = instrument(text, [_probe("mem")])
+    assert res.text == text and res.status("k").status == "untouched"
+
+
+@pytest.mark.parametrize("head, probe, version, target, arch", [
+    # PTX 6.2 brought activemask (warp scope); this ptxas no longer assembles sm_70.
+    (".version 6.0\n.target sm_70\n.address_size 64\n", _probe("entry", "warp"), "6.2", "sm_70", None),
+    (".version 6.4\n.target sm_75\n.address_size 64\n", _probe("entry", "warp"), "6.4", "sm_75", "sm_75"),
+    (".version 6.4\n.target sm_75\n.address_size 64\n", _probe("entry", "block"), "6.4", "sm_75", "sm_75"),
+    (".version 6.4\n.target sm_75\n.address_size 64\n",
+     ProbeSpec(Attach("entry", "*", "thread"), "egpu_test_stats_thread", ptx_corpus.stats_probe("thread"),
+               (7, 0), 80), "7.0", "sm_80", "sm_80"),
+    (".version 8.0\n.target sm_90a\n.address_size 64\n", _probe("entry", "warp"), "8.0", "sm_90a", "sm_90a"),
+])
+def test_version_and_target_raised_only_when_needed(head, probe, version, target, arch):
+    res = instrument(_kernel("ret;", head=head), [probe])
+    mod = ptx.parse(res.text)
+    assert (f"{mod.version[0]}.{mod.version[1]}", mod.target) == (version, target)
+    if arch:
+        _assembles(res.text, arch)
+
+
+def test_launch_parameter_and_context_prologue():
+    res = instrument(_kernel("ret;", ".param .u64 k_0, .param .u32 k_1, .param .align 8 .b8 k_2[12]"),
+                     [_probe("entry")])
+    k = ptx.parse(res.text).kernels()[0]
+    assert k.params[-1].name == LAUNCH_PARAM and len(k.params) == 4
+    assert res.status("k").launch_param_offset == 32   # 8 + 4, pad to 16, + 12 = 28, round to 8
+    lines = res.text.split("\n\t")
+    assert f"mov.u64 %__egpu_t, {C.kernel_id('k')};" in lines
+    assert "ld.param.b64 %__egpu_t, [k_2];" in lines and "mov.u32 %__egpu_w, 3;" in lines
+    assert instrument(_kernel("ret;", ""), [_probe("entry")]).status("k").launch_param_offset == 0
+    _assembles(res.text)
+
+
+@pytest.mark.parametrize("mangled, base", [
+    ("_Z6vecAddPfS_S_i", "vecAdd"),
+    ("_Z5scaleIfLi1EEvPT_S0_i", "scale"),
+    ("_Z5scaleIhLi3EEvPT_S0_i", "scale"),
+    ("_ZN2ns6kernelEPf", "ns::kernel"),
+    ("_ZN2ns3VecIfE3addEv", "ns::Vec::add"),
+    ("_ZNK3foo3barEv", "foo::bar"),
+    ("_ZNSt6vectorIiE4sizeEv", "std::vector::size"),
+    ("vector_add", None),
+    ("_Zbroken", None),
+])
+def test_base_name(mangled, base):
+    assert base_name(mangled) == base
+
+
+@pytest.mark.parametrize("glob, name, hit", [
+    ("vector_*", "vector_add", True),
+    ("scale", "_Z5scaleIfLi1EEvPT_S0_i", True),
+    ("_Z5scale*", "_Z5scaleIfLi1EEvPT_S0_i", True),
+    ("ns::*", "_ZN2ns6kernelEPf", True),
+    ("kernel", "_ZN2ns6kernelEPf", False),
+    ("Vector_add", "vector_add", False),
+])
+def test_glob_matches_mangled_or_base_name(glob, name, hit):
+    assert matches(glob, name) is hit
+
+
+def test_templates_all_instantiations_match_by_base_name():
+    res = instrument(ptx_corpus.build()["templates.sm_90"], [_probe("entry", glob="scale")])
+    assert len(res.kernels) == 4 and {k.status for k in res.kernels} == {"instrumented"}
+
+
+def _big_module(lines: int) -> str:
+    """Kernels of straight-line loads, FMAs and stores, like an unrolled GEMM epilogue."""
+    out, n = [HEAD], 0
+    while sum(o.count("\n") for o in out) < lines:
+        body = [f"ld.global.f32 %f{i % 8}, [%rd{i % 4}+{4 * i}];\nfma.rn.f32 %f9, %f{i % 8}, %f9, %f9;\n"
+                f"st.global.f32 [%rd{i % 4}+{4 * i + 4096}], %f9;" for i in range(1000)]
+        out.append(f".visible .entry big{n}(.param .u64 p0)\n{{\n.reg .b64 %rd<4>;\n.reg .f32 %f<10>;\n"
+                   + "\n".join(body) + "\nret;\n}\n")
+        n += 1
+    return "".join(out)
+
+
+def test_rewrite_time_is_linear_and_small_on_a_100k_line_module():
+    text = _big_module(100_000)
+    nlines = text.count("\n")
+    t0 = time.perf_counter()
+    untouched = instrument(text, [_probe("mem", glob="nothing")])
+    t1 = time.perf_counter()
+    res = instrument(text, ptx_corpus.stats_probes(("thread",)))
+    t2 = time.perf_counter()
+    print(f"\n{nlines} lines: no match {1e3 * (t1 - t0):.0f} ms; entry+exit+mem on every kernel "
+          f"{1e3 * (t2 - t1):.0f} ms ({res.seconds}); {sum(k.calls for k in res.kernels)} calls")
+    assert untouched.text == text and nlines >= 100_000
+    assert {k.status for k in res.kernels} == {"instrumented"}
+    assert t1 - t0 < 1.0 and t2 - t1 < 5.0   # generous: the machine is shared
+    half = instrument(text[:len(text) // 2 + text[len(text) // 2:].index(".visible")], ptx_corpus.stats_probes(("thread",)))
+    assert sum(half.seconds.values()) < sum(res.seconds.values())
