@@ -1,0 +1,691 @@
+"""Verifier cases as data: programs (asm.py syntax) it must reject, with the message they get and the
+instruction it names, and safe but tricky programs it must accept (PREVAIL's test-data in spirit).
+
+Maps, by index: 0 counts (hash u32 -> u64), 1 arr (array u32 -> 64 bytes, 16 entries), 2 events
+(ringbuf 4 KiB), 3 .rodata (readonly, u32 limit = 16 then zeros), 4 .bss (16 bytes), 5 perf
+(perf_event_array).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from egpu_preload.bpf.program import (MAP_ARRAY, MAP_HASH, MAP_PERF_EVENT_ARRAY, MAP_RINGBUF, MapDef)
+
+MAPS = (
+    MapDef("counts", MAP_HASH, 4, 8, 1024),
+    MapDef("arr", MAP_ARRAY, 4, 64, 16),
+    MapDef("events", MAP_RINGBUF, 0, 0, 4096),
+    MapDef(".rodata", MAP_ARRAY, 4, 16, 1, initial=(16).to_bytes(4, "little") + bytes(12), readonly=True),
+    MapDef(".bss", MAP_ARRAY, 4, 16, 1),
+    MapDef("perf", MAP_PERF_EVENT_ARRAY, 4, 4, 0),
+)
+
+
+class Case(NamedTuple):
+    name: str
+    asm: str
+    expect: str = ""           # rejections: a substring of the one-line reason
+    at: int | None = None      # rejections: the instruction (slot) the reason names
+    max_insns: int = 1_000_000
+
+
+# r0 = lookup(map N, key = u32 0 at fp-4), pc 0..6 (lddw takes two slots); N is filled in.
+LOOKUP = """
+    *(u32 *)(r10 - 4) = 0
+    r2 = r10
+    r2 += -4
+    r1 = map[{m}] ll
+    call map_lookup_elem
+"""
+LOOKUP_COUNTS = LOOKUP.format(m=0)   # next instruction is pc 6
+LOOKUP_ARR = LOOKUP.format(m=1)
+# r0 = ringbuf_reserve(events, 16, 0), pc 0..5.
+RESERVE = """
+    r1 = map[2] ll
+    r2 = 16
+    r3 = 0
+    call ringbuf_reserve
+"""
+
+REJECT: tuple[Case, ...] = (
+    # registers
+    Case("uninit_register", "r0 = r2\nexit", "r2 is not initialized (!read_ok)", 0),
+    Case("uninit_r0_at_exit", "exit", "r0 is not initialized at exit", 0),
+    Case("write_r10", "r10 = 0\nr0 = 0\nexit", "r10 is the read-only frame pointer", 0),
+    Case("add_to_r10", "r10 += 8\nr0 = 0\nexit", "r10 is the read-only frame pointer", 0),
+    Case("load_into_r10", "r10 = *(u64 *)(r1 + 0x0)\nr0 = 0\nexit", "r10 is the read-only frame pointer", 0),
+    Case("return_pointer", "r0 = r10\nexit", "r0 leaks addr as return value (r0 is stack)", 1),
+    # control flow
+    Case("fall_off_the_end", "r0 = 0", "falls off the end", 0),
+    Case("fall_off_after_branch", "r0 = 0\nif r1 == 0 goto -0x2", "falls off the end", 1),
+    Case("jump_out_of_range", "r0 = 0\nif r0 == 0 goto +5\nexit", "jump out of range", 1),
+    Case("jump_backward_out_of_range", "r0 = 0\ngoto -3\nexit", "jump out of range", 1),
+    Case("jump_into_lddw", "r0 = 0\ngoto +1\nr1 = 0x123456789 ll\nexit", "into the middle of lddw at 2", 1),
+    Case("infinite_loop", "r0 = 0\nloop:\nr1 = 0\ngoto loop\nexit", "infinite loop detected", 1),
+    Case("infinite_loop_unknown_scalar", """
+        r0 = *(u64 *)(r1 + 0x0)
+    loop:
+        r0 |= 1
+        if r0 != 0 goto loop
+        exit""", "infinite loop detected", 1),
+    Case("loop_too_complex", """
+        r0 = 0
+    loop:
+        r0 += 1
+        if r0 != 0 goto loop
+        exit""", "program too complex", max_insns=5_000),
+    Case("jump_out_of_function", """
+        r0 = 0
+        call local sub
+        goto inside
+        exit
+    sub:
+        r0 = 1
+    inside:
+        exit""", "jump out of the function", 2),
+    Case("recursion", """
+    main:
+        r0 = 0
+        call local main
+        exit""", "recursive call", 0),
+    Case("call_depth", "\n".join(["r0 = 0", "call local f1", "exit"]
+                                  + [f"f{i}:\ncall local f{i + 1}\nexit" for i in range(1, 9)]
+                                  + ["f9:\nr0 = 0\nexit"]), "the call stack of 9 frames is too deep", 15),
+    Case("combined_stack", """
+        *(u64 *)(r10 - 512) = 0
+        call local sub
+        r0 = 0
+        exit
+    sub:
+        *(u64 *)(r10 - 8) = 0
+        r0 = 0
+        exit""", "combined stack size of 2 calls is 544", 0),
+    Case("return_callee_stack", """
+        call local sub
+        exit
+    sub:
+        r0 = r10
+        exit""", "cannot return a pointer to the callee's stack", 3),
+    Case("store_callee_stack_in_caller", """
+        r1 = r10
+        r1 += -8
+        call local sub
+        r0 = 0
+        exit
+    sub:
+        *(u64 *)(r1 + 0x0) = r10
+        r0 = 0
+        exit""", "cannot store a pointer to a callee's stack", 5),
+    # stack
+    Case("stack_below_frame", "*(u64 *)(r10 - 520) = 0\nr0 = 0\nexit", "invalid stack access off=-520", 0),
+    Case("stack_above_fp", "*(u32 *)(r10 + 0) = 0\nr0 = 0\nexit", "invalid stack access off=0", 0),
+    Case("uninit_stack_read", "r0 = *(u64 *)(r10 - 8)\nexit", "not initialized (stack init)", 0),
+    Case("partly_uninit_stack_read", "*(u32 *)(r10 - 8) = 0\nr0 = *(u64 *)(r10 - 8)\nexit",
+         "not initialized (stack init)", 1),
+    Case("misaligned_stack", "*(u64 *)(r10 - 12) = r1\nr0 = 0\nexit", "misaligned stack access", 0),
+    Case("partial_pointer_spill", "*(u32 *)(r10 - 8) = r1\nr0 = 0\nexit", "invalid size 4 of a pointer spill", 0),
+    Case("partial_pointer_fill", "*(u64 *)(r10 - 8) = r1\nr0 = *(u32 *)(r10 - 8)\nexit",
+         "read of a spilled ctx (register fill)", 1),
+    Case("variable_stack_read_uninit", """
+        r2 = *(u32 *)(r1 + 0x1c)
+        if r2 > 7 goto out
+        *(u32 *)(r10 - 8) = 0
+        r3 = r10
+        r3 += -16
+        r3 += r2
+        r0 = *(u8 *)(r3 + 0x0)
+        exit
+    out:
+        r0 = 0
+        exit""", "invalid variable-offset read from stack", 6),
+    # ctx
+    Case("ctx_write", "*(u64 *)(r1 + 0x0) = 0\nr0 = 0\nexit", "cannot write into ctx", 0),
+    Case("ctx_write_through_copy", "r2 = r1\nr2 += 8\n*(u32 *)(r2 + 0x0) = 1\nr0 = 0\nexit",
+         "cannot write into ctx", 2),
+    Case("ctx_out_of_bounds", "r0 = *(u64 *)(r1 + 0x90)\nexit", "invalid ctx access off=144 size=8", 0),
+    Case("ctx_across_fields", "r0 = *(u64 *)(r1 + 0x18)\nexit", "invalid ctx access off=24 size=8", 0),
+    Case("ctx_negative_offset", "r1 += -8\nr0 = *(u64 *)(r1 + 0x0)\nexit", "invalid ctx access off=-8", 1),
+    Case("ctx_variable_offset", """
+        r2 = *(u32 *)(r1 + 0x68)
+        if r2 > 7 goto out
+        r2 <<= 3
+        r1 += r2
+        r0 = *(u64 *)(r1 + 0x28)
+        exit
+    out:
+        r0 = 0
+        exit""", "variable ctx access prohibited", 4),
+    Case("ctx_atomic", "r2 = 1\nlock *(u64 *)(r1 + 0x0) += r2\nr0 = 0\nexit", "atomic access to ctx prohibited", 1),
+    # maps
+    Case("map_value_not_null_checked", LOOKUP_COUNTS + "r0 = *(u64 *)(r0 + 0x0)\nexit",
+         "invalid mem access 'map_value_or_null'", 6),
+    Case("map_value_checked_on_wrong_branch", LOOKUP_COUNTS + """
+        if r0 != 0 goto out
+        r1 = *(u64 *)(r0 + 0x0)
+    out:
+        r0 = 0
+        exit""", "invalid mem access 'scalar'", 7),
+    Case("map_value_past_end", LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r0 = *(u64 *)(r0 + 0x40)
+    out:
+        exit""", "invalid access to map value, value_size=64 off=64 size=8", 7),
+    Case("map_value_negative_offset", LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r0 += -8
+        r0 = *(u64 *)(r0 + 0x0)
+    out:
+        exit""", "invalid access to map value, value_size=64 off=-8", 8),
+    Case("map_value_index_off_by_one", "r7 = r1" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r6 = r0
+        r0 = 0
+        r1 = *(u32 *)(r7 + 0x1c)
+        if r1 > 64 goto out
+        r6 += r1
+        r0 = *(u8 *)(r6 + 0x0)
+    out:
+        exit""", "invalid access to map value, value_size=64 off=0+[0, 64] size=1", 13),
+    Case("map_value_index_unchecked", "r7 = r1" + LOOKUP_ARR + """
+        r6 = r0
+        r7 = *(u32 *)(r7 + 0x1c)
+        if r6 == 0 goto out
+        r6 += r7
+        r0 = *(u8 *)(r6 + 0x0)
+        exit
+    out:
+        r0 = 0
+        exit""", "unbounded variable offset into map_value", 11),
+    Case("signed_load_index_too_big", "r6 = r1" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r1 = *(s8 *)(r6 + 0x1c)
+        if r1 s< 0 goto out
+        r0 += r1
+        r0 = *(u8 *)(r0 + 0x0)
+    out:
+        r0 = 0
+        exit""", "invalid access to map value, value_size=64 off=0+[0, 127] size=1", 11),
+    Case("map_value_misaligned", LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r0 = *(u64 *)(r0 + 0x4)
+    out:
+        exit""", "misaligned map_value access off=4 size=8", 7),
+    Case("map_ptr_dereference", "r1 = map[0] ll\nr0 = *(u64 *)(r1 + 0x0)\nexit", "invalid mem access 'map_ptr'", 2),
+    Case("scalar_dereference", "r1 = 0x1000\nr0 = *(u64 *)(r1 + 0x0)\nexit", "invalid mem access 'scalar'", 1),
+    Case("pointer_leak_into_map", LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        *(u64 *)(r0 + 0x0) = r10
+    out:
+        r0 = 0
+        exit""", "r10 leaks addr into map_value", 7),
+    Case("rodata_write", "r1 = map_value[3] + 0x0 ll\n*(u32 *)(r1 + 0x0) = 1\nr0 = 0\nexit",
+         "write into read-only map .rodata", 2),
+    Case("rodata_atomic", "r1 = map_value[3] + 0x8 ll\nr2 = 1\nlock *(u64 *)(r1 + 0x0) += r2\nr0 = 0\nexit",
+         "write into read-only map .rodata", 3),
+    Case("bss_past_end", "r1 = map_value[4] + 0x8 ll\nr0 = *(u64 *)(r1 + 0x8)\nexit",
+         "invalid access to map value, value_size=16 off=16", 2),
+    Case("map_index_out_of_range", "r1 = map[9] ll\nr0 = 0\nexit", "map index 9 out of range", 0),
+    Case("unsupported_lddw_source", "ld_pseudo r1, 0x1, 0x3\nr0 = 0\nexit", "unsupported lddw pseudo source 1", 0),
+    Case("direct_value_of_hash_map", "r1 = map_value[0] + 0x0 ll\nr0 = 0\nexit",
+         "direct value access needs a single-entry array map", 0),
+    # pointer arithmetic and comparisons
+    Case("arith_on_or_null", LOOKUP_COUNTS + "r0 += 8\nr0 = 0\nexit",
+         "pointer arithmetic on map_value_or_null prohibited", 6),
+    Case("pointer_multiply", "r1 *= 2\nr0 = 0\nexit", "pointer arithmetic with mul prohibited (r1 is ctx)", 0),
+    Case("pointer_32bit_add", "w1 += 1\nr0 = 0\nexit", "32-bit arithmetic on a pointer prohibited", 0),
+    Case("pointer_partial_copy", "w2 = w10\nr0 = 0\nexit", "partial copy of a pointer", 0),
+    Case("pointer_plus_pointer", "r1 += r10\nr0 = 0\nexit", "pointer += pointer prohibited", 0),
+    Case("pointer_minus_other_region", "r1 -= r10\nr0 = r1\nexit", "subtraction of pointers to different regions", 0),
+    Case("pointer_comparison", "r0 = 0\nif r1 > r10 goto +0\nexit", "pointer comparison prohibited", 1),
+    Case("pointer_compare_nonzero", "r0 = 0\nif r1 == 5 goto +0\nexit", "only == 0 and != 0 null checks", 1),
+    Case("pointer_jmp32", "r0 = 0\nif w1 == 0 goto +0\nexit", "pointer comparison prohibited", 1),
+    Case("pointer_neg", "r1 = -r1\nr0 = 0\nexit", "neg of a pointer prohibited", 0),
+    # helpers
+    Case("unknown_helper", "call 999\nr0 = 0\nexit", "invalid func unknown#999", 0),
+    Case("kfunc", "call kfunc 7\nr0 = 0\nexit", "kfunc calls are not supported", 0),
+    Case("helper_map_arg_not_a_map", "r1 = 0\nr2 = r10\nr2 += -8\ncall map_lookup_elem\nr0 = 0\nexit",
+         "r1 is scalar, map_lookup_elem needs a map", 3),
+    Case("helper_arg_uninit", "r1 = map[0] ll\ncall map_lookup_elem\nr0 = 0\nexit", "r2 is not initialized", 2),
+    Case("helper_key_uninit_stack", "r2 = r10\nr2 += -4\nr1 = map[0] ll\ncall map_lookup_elem\nr0 = 0\nexit",
+         "not initialized (map_lookup_elem arg2)", 4),
+    Case("helper_key_outside_stack", "r2 = r10\nr1 = map[0] ll\ncall map_lookup_elem\nr0 = 0\nexit",
+         "invalid stack access off=0 size=4", 3),
+    Case("helper_value_too_small", """
+        *(u32 *)(r10 - 4) = 0
+        *(u32 *)(r10 - 8) = 0
+        r2 = r10
+        r2 += -4
+        r3 = r10
+        r3 += -4
+        r1 = map[0] ll
+        r4 = 0
+        call map_update_elem
+        r0 = 0
+        exit""", "invalid stack access off=-4 size=8", 9),
+    Case("helper_pointer_leak", """
+        *(u32 *)(r10 - 4) = 0
+        *(u64 *)(r10 - 16) = 0
+        r2 = r10
+        r2 += -4
+        r3 = r10
+        r3 += -16
+        r1 = map[0] ll
+        r4 = r10
+        call map_update_elem
+        r0 = 0
+        exit""", "r4 leaks addr into map_update_elem", 9),
+    Case("helper_key_holds_pointer", """
+        *(u64 *)(r10 - 8) = r1
+        r2 = r10
+        r2 += -8
+        r1 = map[0] ll
+        call map_lookup_elem
+        r0 = 0
+        exit""", "r2 leaks addr into map_lookup_elem", 5),
+    Case("update_readonly_map", """
+        *(u32 *)(r10 - 4) = 0
+        r2 = r10
+        r2 += -4
+        r3 = r2
+        r1 = map[3] ll
+        r4 = 0
+        call map_update_elem
+        r0 = 0
+        exit""", "write into read-only map .rodata", 7),
+    Case("lookup_on_ringbuf", LOOKUP.format(m=2) + "r0 = 0\nexit",
+         "map events of type ringbuf cannot be used with map_lookup_elem", 5),
+    Case("ringbuf_output_on_hash", """
+        *(u64 *)(r10 - 8) = 0
+        r2 = r10
+        r2 += -8
+        r1 = map[0] ll
+        r3 = 8
+        r4 = 0
+        call ringbuf_output
+        r0 = 0
+        exit""", "map counts of type hash cannot be used with ringbuf_output", 7),
+    Case("perf_output_on_array", """
+        *(u64 *)(r10 - 8) = 0
+        r4 = r10
+        r4 += -8
+        r2 = map[1] ll
+        r3 = 0
+        r5 = 8
+        call perf_event_output
+        r0 = 0
+        exit""", "map arr of type array cannot be used with perf_event_output", 7),
+    Case("perf_output_ctx_not_ctx", """
+        *(u64 *)(r10 - 8) = 0
+        r4 = r10
+        r4 += -8
+        r1 = r4
+        r2 = map[5] ll
+        r3 = 0
+        r5 = 8
+        call perf_event_output
+        r0 = 0
+        exit""", "r1 is stack, perf_event_output needs the unmodified ctx pointer", 8),
+    Case("printk_unbounded_size", """
+        r2 = *(u32 *)(r1 + 0x1c)
+        *(u64 *)(r10 - 8) = 0
+        r1 = r10
+        r1 += -8
+        call trace_printk
+        r0 = 0
+        exit""", "r2 unbounded memory access", 4),
+    Case("printk_size_past_buffer", """
+        *(u64 *)(r10 - 8) = 0
+        r1 = r10
+        r1 += -8
+        r2 = 9
+        call trace_printk
+        r0 = 0
+        exit""", "invalid stack access off=-8 size=9", 4),
+    Case("u64_out_to_ctx", "r2 = r10\nr2 += -8\nr3 = r2\ncall get_thread_idx\nr0 = 0\nexit",
+         "r1 is ctx, get_thread_idx needs a pointer to stack or map memory", 3),
+    # ringbuf references
+    Case("ringbuf_submit_unchecked", RESERVE + """
+        r1 = r0
+        r2 = 0
+        call ringbuf_submit
+        r0 = 0
+        exit""", "r1 is ringbuf_mem_or_null, ringbuf_submit needs a record from ringbuf_reserve (arg1: compare", 7),
+    Case("ringbuf_reserve_unknown_size", """
+        r2 = *(u32 *)(r1 + 0x1c)
+        r1 = map[2] ll
+        r3 = 0
+        call ringbuf_reserve
+        r0 = 0
+        exit""", "r2 is not a constant: ringbuf_reserve needs a size known when verifying", 4),
+    Case("ringbuf_reserve_too_big", "r1 = map[2] ll\nr2 = 8192\nr3 = 0\ncall ringbuf_reserve\nr0 = 0\nexit",
+         "record of 8192 bytes exceeds ringbuf events", 4),
+    Case("ringbuf_leak", RESERVE + """
+        if r0 == 0 goto out
+        *(u64 *)(r0 + 0x0) = 1
+    out:
+        r0 = 0
+        exit""", "unreleased reference id=1 from ringbuf_reserve at 4", 8),
+    Case("ringbuf_leak_on_one_path", "r7 = r1" + RESERVE + """
+        if r0 == 0 goto out
+        r6 = r0
+        r1 = *(u32 *)(r7 + 0x1c)
+        if r1 > 3 goto out
+        r1 = r6
+        r2 = 0
+        call ringbuf_submit
+    out:
+        r0 = 0
+        exit""", "unreleased reference id=1 from ringbuf_reserve at 5", 14),
+    Case("ringbuf_leak_on_branch", RESERVE + """
+        if r0 == 0 goto out
+        r6 = r0
+        call ktime_get_ns
+        if r0 > 3 goto out
+        r1 = r6
+        r2 = 0
+        call ringbuf_submit
+    out:
+        r0 = 0
+        exit""", "unreleased reference", 13),
+    Case("ringbuf_unchecked_use", RESERVE + "*(u64 *)(r0 + 0x0) = 1\nr0 = 0\nexit",
+         "invalid mem access 'ringbuf_mem_or_null'", 5),
+    Case("ringbuf_use_after_submit", RESERVE + """
+        if r0 == 0 goto out
+        r6 = r0
+        r1 = r0
+        r2 = 0
+        call ringbuf_submit
+        *(u64 *)(r6 + 0x0) = 1
+    out:
+        r0 = 0
+        exit""", "r6 is not initialized", 10),
+    Case("ringbuf_submit_inner_pointer", RESERVE + """
+        if r0 == 0 goto out
+        r1 = r0
+        r1 += 8
+        r2 = 0
+        call ringbuf_submit
+    out:
+        r0 = 0
+        exit""", "points inside the record (off=8)", 9),
+    Case("ringbuf_record_past_end", RESERVE + """
+        if r0 == 0 goto out
+        *(u64 *)(r0 + 0x10) = 1
+        r1 = r0
+        r2 = 0
+        call ringbuf_submit
+    out:
+        r0 = 0
+        exit""", "invalid access to ringbuf record, size=16 off=16", 6),
+    Case("ringbuf_atomic", RESERVE + """
+        if r0 == 0 goto out
+        r1 = 1
+        lock *(u64 *)(r0 + 0x0) += r1
+        r1 = r0
+        r2 = 0
+        call ringbuf_submit
+    out:
+        r0 = 0
+        exit""", "atomic access to ringbuf_mem prohibited", 7),
+    Case("submit_map_value", LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        r1 = r0
+        r2 = 0
+        call ringbuf_submit
+    out:
+        r0 = 0
+        exit""", "r1 is map_value, ringbuf_submit needs a record from ringbuf_reserve", 9),
+    # atomics
+    Case("atomic_pointer_operand", "*(u64 *)(r10 - 8) = 0\nr2 = r10\nlock *(u64 *)(r10 - 0x8) += r2\nr0 = 0\nexit",
+         "r2 leaks addr into memory", 2),
+    Case("atomic_uninit_stack", "r2 = 1\nlock *(u64 *)(r10 - 0x8) += r2\nr0 = 0\nexit",
+         "not initialized (stack init)", 1),
+)
+
+ACCEPT: tuple[Case, ...] = (
+    Case("bounded_loop", """
+        r1 = 0
+        r2 = 0
+    loop:
+        r2 += r1
+        r1 += 1
+        if r1 < 100 goto loop
+        r0 = r2
+        exit"""),
+    Case("loop_bound_from_rodata", """
+        r1 = map_value[3] + 0x0 ll
+        r2 = *(u32 *)(r1 + 0x0)
+        r0 = 0
+    loop:
+        r0 += 3
+        r2 += -1
+        if r2 != 0 goto loop
+        exit"""),
+    Case("null_check_eq", LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        r1 = 1
+        lock *(u64 *)(r0 + 0x0) += r1
+    out:
+        r0 = 0
+        exit"""),
+    Case("null_check_ne_and_copy", LOOKUP_COUNTS + """
+        r6 = r0
+        if r0 != 0 goto found
+        r0 = 0
+        exit
+    found:
+        r0 = *(u64 *)(r6 + 0x0)
+        exit"""),
+    Case("checked_index_into_map_value", "r6 = r1" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r1 = *(u32 *)(r6 + 0x1c)
+        if r1 > 15 goto out
+        r1 <<= 2
+        r0 += r1
+        r0 = *(u32 *)(r0 + 0x0)
+    out:
+        r0 = 0
+        exit"""),
+    Case("jmp32_bounds", """
+        r6 = r1
+    """ + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        w1 = *(u32 *)(r6 + 0x1c)
+        if w1 > 7 goto out
+        r1 <<= 3
+        r0 += r1
+        r0 = *(u64 *)(r0 + 0x0)
+    out:
+        r0 = 0
+        exit"""),
+    Case("signed_jmp32_bounds", """
+        r6 = r1
+    """ + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        w1 = *(u32 *)(r6 + 0x1c)
+        if w1 s< 0 goto out
+        if w1 s> 63 goto out
+        r0 += r1
+        r0 = *(u8 *)(r0 + 0x0)
+    out:
+        r0 = 0
+        exit"""),
+    Case("linked_scalar_copies", """
+        r6 = r1
+    """ + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r1 = *(u32 *)(r6 + 0x1c)
+        r2 = r1
+        if r2 > 63 goto out
+        r0 += r1
+        r0 = *(u8 *)(r0 + 0x0)
+    out:
+        r0 = 0
+        exit"""),
+    Case("spill_and_fill_map_value", LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 16) = r0
+        call ktime_get_ns
+        r1 = *(u64 *)(r10 - 16)
+        *(u64 *)(r1 + 0x0) = r0
+    out:
+        r0 = 0
+        exit"""),
+    Case("spill_or_null_then_check_fill", LOOKUP_COUNTS + """
+        *(u64 *)(r10 - 16) = r0
+        if r0 == 0 goto out
+        r1 = *(u64 *)(r10 - 16)
+        r0 = *(u64 *)(r1 + 0x0)
+        exit
+    out:
+        r1 = *(u64 *)(r10 - 16)
+        r0 = r1
+        exit"""),
+    Case("ringbuf_submit_or_discard", RESERVE + """
+        if r0 == 0 goto out
+        r6 = r0
+        call ktime_get_ns
+        *(u64 *)(r6 + 0x8) = r0
+        r1 = r6
+        r2 = 0
+        if r0 > 100 goto discard
+        call ringbuf_submit
+        goto out
+    discard:
+        call ringbuf_discard
+    out:
+        r0 = 0
+        exit"""),
+    Case("subprogram_with_stack_args", """
+        *(u64 *)(r10 - 8) = 7
+        r1 = r10
+        r1 += -8
+        r2 = 3
+        call local sub
+        r0 += 1
+        exit
+    sub:
+        r3 = *(u64 *)(r1 + 0x0)
+        *(u64 *)(r10 - 8) = r3
+        r0 = *(u64 *)(r10 - 8)
+        r0 += r2
+        *(u64 *)(r1 + 0x0) = r0
+        exit"""),
+    Case("variable_offset_after_bounds_check", LOOKUP_ARR + """
+        r6 = r0
+        r0 = 0
+        if r6 == 0 goto out
+        call get_smp_processor_id
+        r0 &= 63
+        r6 += r0
+        r0 = *(u8 *)(r6 + 0x0)
+    out:
+        exit"""),
+    Case("variable_offset_stack_read", """
+        *(u64 *)(r10 - 8) = 0
+        *(u64 *)(r10 - 16) = 0
+        call get_smp_processor_id
+        r0 &= 15
+        r1 = r10
+        r1 += -16
+        r1 += r0
+        r0 = *(u8 *)(r1 + 0x0)
+        exit"""),
+    Case("xchg_cmpxchg_on_map_value", LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        r1 = r0
+        r2 = 5
+        r2 = xchg_64(r1 + 0x0, r2)
+        r0 = 5
+        r3 = 6
+        r0 = cmpxchg_64(r1 + 0x0, r0, r3)
+        w3 = 1
+        w3 = atomic_fetch_add((u32 *)(r1 + 0x4), w3)
+    out:
+        r0 = 0
+        exit"""),
+    Case("atomic_on_stack", """
+        *(u64 *)(r10 - 8) = 0
+        r1 = 2
+        lock *(u64 *)(r10 - 0x8) += r1
+        r0 = *(u64 *)(r10 - 8)
+        exit"""),
+    Case("division_by_zero_is_defined", "r0 = 10\nr1 = 0\nr0 /= r1\nr2 = 7\nr2 %= r1\nw0 /= w1\nexit"),
+    Case("bss_global_write", """
+        r1 = map_value[4] + 0x8 ll
+        r2 = 1
+        lock *(u64 *)(r1 + 0x0) += r2
+        *(u32 *)(r1 - 0x8) = 3
+        r0 = *(u32 *)(r1 - 0x4)
+        exit"""),
+    Case("perf_event_output_from_stack", """
+        *(u64 *)(r10 - 8) = 0
+        r4 = r10
+        r4 += -8
+        r2 = map[5] ll
+        r3 = 0xffffffff ll
+        r5 = 8
+        call perf_event_output
+        r0 = 0
+        exit"""),
+    Case("gpu_helpers_u64_out", """
+        r1 = r10
+        r1 += -8
+        r2 = r10
+        r2 += -16
+        r3 = r10
+        r3 += -24
+        call get_thread_idx
+        r0 = *(u64 *)(r10 - 8)
+        r1 = *(u64 *)(r10 - 24)
+        r0 += r1
+        exit"""),
+    Case("printk_bounded_size", """
+        *(u64 *)(r10 - 16) = 0
+        *(u64 *)(r10 - 8) = 0
+        call get_lane_id
+        r2 = r0
+        if r2 > 16 goto out
+        r1 = r10
+        r1 += -16
+        r3 = 0
+        call trace_printk
+    out:
+        r0 = 0
+        exit"""),
+    Case("two_lookups_path_sensitive", """
+        r6 = r1
+    """ + LOOKUP_COUNTS + """
+        r7 = r0
+    """ + LOOKUP_ARR + """
+        if r7 == 0 goto out
+        if r0 == 0 goto out
+        r1 = *(u64 *)(r7 + 0x0)
+        *(u64 *)(r0 + 0x38) = r1
+    out:
+        r0 = 0
+        exit"""),
+    Case("pointer_difference", """
+        r1 = r10
+        r1 += -8
+        r2 = r10
+        r2 += -24
+        r1 -= r2
+        *(u64 *)(r10 - 16) = 0
+        r2 += r1
+        r0 = *(u64 *)(r2 - 0x8)
+        exit"""),
+    Case("signed_load_and_movsx_bounds", """
+        r6 = r1
+    """ + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r1 = *(s8 *)(r6 + 0x1c)
+        if r1 s< 0 goto out
+        if r1 s> 63 goto out
+        r0 += r1
+        r0 = *(u8 *)(r0 + 0x0)
+    out:
+        r0 = 0
+        exit"""),
+)
