@@ -79,6 +79,20 @@ def disasm_cmd(obj: Path) -> None:
         _fail(e)
 
 
+@egpu.command("verify")
+def verify_cmd(obj: Path) -> None:
+    """Verify each program of a probe object; a rejection prints where, why and the verifier log (exit 1)."""
+    from egpu_preload.bpf.elf import load_object
+    from egpu_preload.bpf.verifier import verify
+    try:
+        bpf = load_object(obj)
+        for prog in bpf.programs:
+            v = verify(prog.code, bpf.maps, file=str(obj), section=prog.section)
+            typer.echo(f"prog {prog.name} ({prog.section}): ok, {len(v.insns)} insns")
+    except EgpuError as e:
+        _fail(e.where(file=str(obj)))
+
+
 def run_main() -> None:
     typer.echo("egpu-run: not built yet", err=True)
     sys.exit(2)
