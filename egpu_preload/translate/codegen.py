@@ -10,7 +10,7 @@ from ..bpf import isa
 from ..bpf.decode import Insn
 from . import helpers_ptx
 from .devmaps import layout
-from .emitter import Addr, FuncGen, Target, lit, sext32
+from .emitter import Addr, FuncGen, Target, lit, sext32, slit
 from .values import Const, State
 
 def generate_func(insns: list[Insn], target: Target, name: str, params: list[str]) -> str:
@@ -63,7 +63,7 @@ def _divmod(g: FuncGen, insn: Insn, w: int, a: str, s: str, res: str) -> None:
         elif signed and k == (1 << w) - 1:
             g.emit(f"mov.{bt} {res}, 0;" if is_mod else f"neg.s{w} {res}, {a};")
         else:
-            g.emit(f"{opname}.{ty} {res}, {a}, {lit(k, w)};")
+            g.emit(f"{opname}.{ty} {res}, {a}, {slit(k, w) if signed else lit(k, w)};")
         return
     pz = g.pred()
     g.emit(f"setp.eq.{bt} {pz}, {s}, 0;")
@@ -146,9 +146,9 @@ _CMP = {"jeq": "eq.b", "jne": "ne.b", "jgt": "gt.u", "jge": "ge.u", "jlt": "lt.u
 
 def jmp(g: FuncGen, insn: Insn, st: State) -> None:
     """if (dst OP src) goto +off (RFC 9669 4.3); JMP32 compares the low halves; imm is sign-extended."""
-    w = insn.width
+    w, signed = insn.width, _CMP.get(insn.op, "").endswith(".s")
     a = g.reg(insn.dst) if w == 64 else g.lo32(g.reg(insn.dst))
-    s = g.src64(insn) if w == 64 else g.src32(insn)
+    s = g.src64(insn, signed) if w == 64 else g.src32(insn, signed)
     p = g.pred()
     if insn.op == "jset":
         t = g.t64() if w == 64 else g.t32()

@@ -46,6 +46,12 @@ def lit(v: int, bits: int = 64) -> str:
     return str(v) if v < 1 << 31 else f"0x{v:X}"
 
 
+def slit(v: int, bits: int = 64) -> str:
+    """A literal for a signed-type operand (.s32/.s64): the low ``bits`` of v as a signed decimal."""
+    v &= (1 << bits) - 1
+    return str(v - (1 << bits) if v >> (bits - 1) else v)
+
+
 def sext32(v: int) -> int:
     return v & M64
 
@@ -131,11 +137,15 @@ class FuncGen:
         self.emit(f"cvt.u32.u64 {w}, {reg};")
         return w
 
-    def src64(self, insn: Insn) -> str:
-        return lit(sext32(insn.imm)) if insn.use_imm else self.reg(insn.src)
+    def src64(self, insn: Insn, signed: bool = False) -> str:
+        if insn.use_imm:
+            return slit(insn.imm) if signed else lit(sext32(insn.imm))
+        return self.reg(insn.src)
 
-    def src32(self, insn: Insn) -> str:
-        return lit(insn.imm, 32) if insn.use_imm else self.lo32(self.reg(insn.src))
+    def src32(self, insn: Insn, signed: bool = False) -> str:
+        if insn.use_imm:
+            return slit(insn.imm, 32) if signed else lit(insn.imm, 32)
+        return self.lo32(self.reg(insn.src))
 
     def fail(self, insn: Insn, reason: str) -> TranslateError:
         return TranslateError(f"{reason} ({disasm_insn(insn)})", insn=insn.pc)
@@ -270,18 +280,24 @@ class FuncGen:
 
     def inline_call(self, insn: Insn, st: State) -> None:
         callee = insn.call_target()
-        if callee in self.chain:
+        if callee in self.chain and not self.target.exec_mode:
             raise self.fail(insn, "recursive call")
         if self.depth + 1 >= MAX_FRAMES:
-            raise self.fail(insn, f"call depth exceeds {MAX_FRAMES} frames")
+            if not self.target.exec_mode:
+                raise self.fail(insn, f"call depth exceeds {MAX_FRAMES} frames")
+            # The VM runs bounded recursion and refuses this call; execute_on_gpu stops with r0 = 0.
+            self.emit("mov.b64 %r0, 0;")
+            self.emit("bra $Lexit;")
+            return
         saved = (self.depth, self.inst, self.ret_label)
         self.depth += 1
         self.max_depth = max(self.max_depth, self.depth)
         self.inst = self._new("i") + 1
         self.ret_label = f"$Lret{self.inst}"
         self.chain.append(callee)
-        self.emit(f"add.u64 {self.reg(10)}, %stack, {FRAME * (self.depth + 1)};")
-        self.zero_frame()
+        if self.uses_stack:
+            self.emit(f"add.u64 {self.reg(10)}, %stack, {FRAME * (self.depth + 1)};")
+            self.zero_frame()
         start = values.entry_state(self.depth, {n: st.reg(n) for n in range(1, 6)})
         self.emit_frame(callee, start)
         self.place(self.ret_label)

@@ -145,6 +145,18 @@ def batch_ptx(codes: list[bytes]) -> str:
     return header() + "\n" + "\n".join(funcs) + "\n" + "\n".join(body)
 
 
+def entries_ptx(codes: list[bytes]) -> str:
+    """The programs of batch_ptx with one ``.entry egpu_exec<k>(.param .u64 desc)`` each instead of one
+    dispatching kernel, so that ``ptxas -v`` reports registers and stack per program."""
+    funcs = [_exec_func(code, f"egpu_prog{k}") for k, code in enumerate(codes)]
+    entries = []
+    for k in range(len(codes)):
+        entries += [f".visible .entry {EXEC_KERNEL}{k}(.param .u64 %desc)", "{", "\t.reg .b64 %q<4>;",
+                    "\tld.param.u64 %q0, [%desc];", "\tld.u64 %q1, [%q0];", "\tld.u64 %q2, [%q0+8];",
+                    *_call(f"egpu_prog{k}", ["%q1", "%q2"], "%q3"), "\tst.u64 [%q0+16], %q3;", "\tret;", "}", ""]
+    return header() + "\n" + "\n".join(funcs) + "\n" + "\n".join(entries)
+
+
 def program_to_ptx(code: bytes) -> str:
     """The self-contained module execute_on_gpu loads: ``egpu_exec`` runs the program in thread 0 with
     r1 = the memory, r2 = its length (descriptor layout of batch_ptx)."""
@@ -156,13 +168,14 @@ def program_to_ptx(code: bytes) -> str:
 RUN_KERNEL = "egpu_probe_run"
 
 
-def probe_runner_ptx(probe: ProbePtx, calls: int = 1) -> str:
+def probe_runner_ptx(probe: ProbePtx, calls: int = 1, kernel: str = RUN_KERNEL) -> str:
     """``egpu_probe_run(.param .u64 ctx, .param .u64 r0s, .param .u32 n)``: global threads 0..n-1 each
     copy the CTX_SIZE-byte context at ctx into local memory (as instrumented kernels do), call the probe
-    ``calls`` times and store the last r0 at r0s[i] (when r0s is not 0)."""
+    ``calls`` times (0: the same kernel without the probe, the benchmarks' baseline) and store the last
+    r0 at r0s[i] (when r0s is not 0)."""
     words = CTX_SIZE // 8
     body = [
-        f".visible .entry {RUN_KERNEL}(.param .u64 %src, .param .u64 %r0s, .param .u32 %n)",
+        f".visible .entry {kernel}(.param .u64 %src, .param .u64 %r0s, .param .u32 %n)",
         "{",
         f"\t.local .align 8 .b8 ctxbuf[{CTX_SIZE}];",
         "\t.reg .b32 %i<4>;",
@@ -179,7 +192,7 @@ def probe_runner_ptx(probe: ProbePtx, calls: int = 1) -> str:
     ]
     for w in range(words):
         body += [f"\tld.u64 %q1, [%q0+{8 * w}];", f"\tst.local.u64 [ctxbuf+{8 * w}], %q1;"]
-    body.append("\tcvta.local.u64 %q2, ctxbuf;")
+    body += ["\tcvta.local.u64 %q2, ctxbuf;", "\tmov.b64 %q3, 0;"]
     for _ in range(calls):
         body += _call(probe.name, ["%q2"], "%q3")
     body += ["\tld.param.u64 %q4, [%r0s];", "\tsetp.eq.u64 %stop, %q4, 0;", "\t@%stop bra $Ldone;",

@@ -1,0 +1,308 @@
+"""eBPF -> PTX without a GPU: every ISA case and every probe assembled by ptxas (sm_90 and sm_75) with
+registers and stack per program reported, a golden PTX text, refusals, the analyses that make the
+code fast, device map images and the host side of the GPU runner."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from egpu_preload.bpf import program as prog
+from egpu_preload.bpf.asm import assemble
+from egpu_preload.bpf.elf import load_object
+from egpu_preload.errors import TranslateError
+from egpu_preload.maps import MapsState
+from egpu_preload.translate import devmaps, probe_function, program_to_ptx
+from egpu_preload.translate.execute import layout_memories
+from egpu_preload.translate.gpu import pack_params
+from egpu_preload.translate.module import batch_ptx, entries_ptx, probe_runner_ptx
+from isa_cases import CASES
+
+ARCHS = ("sm_90", "sm_75")
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def ptxas(ptx: str, arch: str, tmp_path: Path) -> dict[str, tuple[int, int]]:
+    """Assemble; returns {entry: (registers, stack bytes)} from ``ptxas -v``; fails with ptxas' errors."""
+    src = tmp_path / f"m_{arch}.ptx"
+    src.write_text(ptx)
+    done = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(src), "-o", str(tmp_path / "m.cubin")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+    report, entry = {}, None
+    for line in done.stderr.splitlines():
+        if m := re.search(r"Compiling entry function '(\w+)'", line):
+            entry = m.group(1)
+        elif entry and (m := re.search(r"Used (\d+) registers.*?(\d+) bytes cumulative stack", line)):
+            report[entry] = (int(m.group(1)), int(m.group(2)))
+        elif entry and (m := re.search(r"Used (\d+) registers", line)):
+            report[entry] = (int(m.group(1)), 0)
+    return report
+
+
+def print_report(title: str, rows: list[tuple[str, int, int]]) -> None:
+    print(f"\n{title}\n{'program':60} regs  stack")
+    for name, regs, stack in rows:
+        print(f"{name[:60]:60} {regs:4}  {stack:5}")
+
+
+# ---- everything assembles ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_isa_case_assembles(arch, tmp_path):
+    codes = [assemble(c.asm) for c in CASES]
+    report = ptxas(entries_ptx(codes), arch, tmp_path)
+    assert len(report) == len(CASES)
+    print_report(f"ISA cases, {arch}", [(c.name, *report[f"egpu_exec{k}"]) for k, c in enumerate(CASES)])
+    ptxas(batch_ptx(codes), arch, tmp_path)  # the one-launch module execute_batch_on_gpu loads
+
+
+@pytest.fixture(scope="module")
+def probe_objects(probe_obj, probe_names):
+    return [load_object(probe_obj(name)) for name in probe_names]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_probe_assembles(arch, probe_objects, tmp_path):
+    rows = []
+    for obj in probe_objects:
+        for p in obj.programs:
+            probe = probe_function(p, obj)
+            report = ptxas(probe_runner_ptx(probe), arch, tmp_path)
+            rows.append((f"{Path(obj.path).name}:{p.section}", *report["egpu_probe_run"]))
+    assert rows
+    print_report(f"probes (runner kernel + probe), {arch}", rows)
+
+
+def test_probe_function_contract(probe_objects):
+    obj = next(o for o in probe_objects if o.maps)
+    p = probe_function(obj.programs[0], obj, tag="t1")
+    assert p.name == f"__egpu_t1_{obj.programs[0].name}"
+    assert p.func.startswith(f".func (.param .b64 %ret) {p.name}(.param .b64 %ctx)")
+    assert p.globals == (f".visible .const .align 8 .u64 __egpu_maps_t1[{len(obj.maps) + 1}];",)
+    assert (p.version, p.sm) == ((6, 3), 70)
+
+
+# ---- golden text ----------------------------------------------------------------------------------
+
+def test_golden_small_program():
+    code = assemble("r0 = *(u32 *)(r1 + 0)\nw0 s/= w2\nif r0 > 7 goto out\nr0 = -r0\nout:\nexit")
+    text = program_to_ptx(code)
+    golden = GOLDEN / "translate_small.ptx"
+    assert text == golden.read_text(), f"regenerate {golden} if the change is intended"
+
+
+# ---- refusals -----------------------------------------------------------------------------------
+
+MAP_ARRAY = prog.MapDef("counts", prog.MAP_ARRAY, 4, 8, 4)
+
+
+@pytest.mark.parametrize("asm, maps, reason", [
+    ("r1 = map[0] ll\nr0 = 0\nexit", None, "maps are not available here"),
+    ("r1 = map[3] ll\nr0 = 0\nexit", [MAP_ARRAY], "map index 3 out of range"),
+    ("call kfunc 7\nexit", None, "kfunc calls are not supported"),
+    ("r1 = 1\ncall local f\nexit\nf:\ncall local f\nexit", [], "recursive call"),
+    ("r0 = 0\ngoto +1\nexit\nif r0 == 0 goto -2", None, "falls off the end"),
+    ("r0 = 1\nr0 += 1", None, "falls off the end"),
+    ("r0 = 0\ncall local f\nexit\nf:\ngoto -3", [], "leaves its function"),
+    ("r1 = 0\nr0 = 0\ncall map_lookup_elem\nexit", [MAP_ARRAY], "r1 is not a map known"),
+    ("ld_pseudo r1, 0x1, 0x3\nr0 = 0\nexit", None, "pseudo source 1"),
+])
+def test_refusals(asm, maps, reason):
+    code = assemble(asm)
+    with pytest.raises(TranslateError, match=re.escape(reason)) as e:
+        if maps is None:
+            program_to_ptx(code)
+        else:
+            obj = prog.BpfObject("x.bpf.o", [prog.Program("f", "kprobe/k", prog.Attach("entry", "k", "thread"),
+                                                           code)], list(maps))
+            probe_function(obj.programs[0], obj, tag="t")
+    assert e.value.insn is not None or "kfunc" in reason
+
+
+# ---- what the analyses buy ------------------------------------------------------------------------
+
+def _probe_text(asm: str, maps: list[prog.MapDef]) -> str:
+    obj = prog.BpfObject("x.bpf.o", [prog.Program("f", "kprobe/k", prog.Attach("entry", "k", "thread"),
+                                                   assemble(asm))], maps)
+    return probe_function(obj.programs[0], obj, tag="t").func
+
+
+COUNTER = """
+r1 = 0
+*(u32 *)(r10 - 4) = r1
+r2 = r10
+r2 += -4
+r1 = map[0] ll
+call map_lookup_elem
+if r0 == 0 goto out
+r1 = 1
+lock *(u64 *)(r0 + 0) += r1
+out:
+r0 = 0
+exit
+"""
+
+
+@pytest.mark.parametrize("asm, present, absent", [
+    # constant key 0 into an ARRAY: the value address is the map base + header, no key load, no bounds test
+    (COUNTER, ["add.u64 %t1, %t0, 64;"], ["ld.local.u32", "setp.ge.u64"]),
+    # a constant added by every lane: one red per group of lanes on the same address
+    (COUNTER, ["match.any.sync.b64", "popc.b32", "red.add.u64"], ["atom.add"]),
+    # stack slots at known offsets use local addressing, no alignment test
+    ("r1 = 5\n*(u64 *)(r10 - 8) = r1\nr0 = *(u32 *)(r10 - 8)\nexit", ["st.local.u64 [__stack+504]",
+                                                                     "ld.local.u32 %r0, [__stack+504]"], ["and.b64"]),
+    # an unknown base: aligned fast path and byte-wise slow path
+    ("r0 = *(u64 *)(r1 + 0)\nr0 = *(u64 *)(r0 + 4)\nexit", ["and.b64", "ld.u8"], []),
+    # the context is 8-aligned: a field at a multiple of its size is loaded directly
+    ("r0 = *(u64 *)(r1 + 8)\nexit", ["ld.u64 %r0, [%r1+8];"], ["ld.u8"]),
+])
+def test_generated_code(asm, present, absent):
+    text = _probe_text(asm, [MAP_ARRAY])
+    for s in present:
+        assert s in text
+    for s in absent:
+        assert s not in text
+
+
+def test_stack_only_when_used():
+    assert "__stack" not in program_to_ptx(assemble("r0 = 1\nexit"))
+    assert ".local .align 8 .b8 __stack[1024]" in program_to_ptx(
+        assemble("call local f\nexit\nf:\nr1 = 1\n*(u64 *)(r10 - 8) = r1\nr0 = 0\nexit"))
+
+
+# ---- device map images --------------------------------------------------------------------------
+
+HASH = prog.MapDef("h", prog.MAP_HASH, 8, 16, 10)
+LRU = prog.MapDef("l", prog.MAP_LRU_HASH, 4, 8, 3)
+PERCPU = prog.MapDef("p", prog.MAP_PERCPU_ARRAY, 4, 4, 3)
+RING = prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, 4096)
+DATA = prog.MapDef(".data", prog.MAP_ARRAY, 4, 12, 1, initial=b"hello world!")
+
+
+@pytest.mark.parametrize("m, size", [
+    (MAP_ARRAY, 64 + 4 * 8),
+    (HASH, 64 + 32 * (8 + 8 + 16)),
+    (LRU, 64 + 16 * (16 + 8 + 8)),
+    (PERCPU, 64 + 5 * 3 * 8),
+    (RING, 64 + 2 * 4096),
+])
+def test_region_sizes(m, size):
+    assert devmaps.layout(m).region_size(ncpu=5) == size
+
+
+def test_images_round_trip():
+    maps = [MAP_ARRAY, HASH, LRU, PERCPU, DATA]
+    src = MapsState(maps)
+    src[0].update(struct.pack("<I", 2), struct.pack("<Q", 7))
+    for k in range(10):
+        assert src[1].update(struct.pack("<Q", k * 977), bytes([k]) * 16) == 0
+    src[2].update(b"abcd", b"12345678")
+    src[3].update(struct.pack("<I", 1), b"wxyz", cpu=4)
+    dst = MapsState(maps)
+    for i, m in enumerate(maps):
+        devmaps.apply_region(dst, i, devmaps.region_image(m, src[i], ncpu=5))
+    for i in (0, 1, 2, 4):
+        assert sorted(dst[i].items()) == sorted(src[i].items())
+    assert list(dst[3].items(4)) == list(src[3].items(4))
+    assert dst[4].values[0] == b"hello world!"
+
+
+def test_hash_image_follows_slot_hash():
+    state = MapsState([HASH])
+    key = struct.pack("<Q", 12345)
+    state[0].update(key, bytes(16))
+    img = devmaps.region_image(HASH, state[0], 1)
+    lay = devmaps.layout(HASH)
+    home = devmaps.slot_hash(key) & (lay.entries - 1)
+    assert struct.unpack_from("<I", img, 64 + home * lay.stride)[0] == devmaps.FULL
+    assert struct.unpack_from("<I", img, 0)[0] == 1
+
+
+def _record(length: int, flags: int, data: bytes) -> bytes:
+    return struct.pack("<II", length, flags) + data.ljust(devmaps.round8(length), b"\0")
+
+
+def test_ring_reader_stops_at_unfinished_record():
+    lay = devmaps.layout(RING)
+    body = (_record(3, devmaps.REC_READY | 7 << 8, b"abc") + _record(8, devmaps.REC_DISCARD, b"x" * 8)
+            + _record(5, devmaps.REC_READY, b"hello") + _record(4, devmaps.REC_BUSY, b"zzzz"))
+    img = struct.pack("<QQQQ", len(body), len(body), 0, 3).ljust(64, b"\0") + body
+    img = img.ljust(lay.region_size(), b"\0")
+    records, dropped, pos = devmaps.read_ring(img, lay)
+    assert records == [(7, b"abc"), (0, b"hello")]
+    assert dropped == 3 and pos == len(body) - 16
+
+
+class FakeMemory:
+    def __init__(self):
+        self.blocks: dict[int, bytearray] = {}
+        self.next = 0x1000
+
+    def alloc(self, n):
+        self.next += (n + 0xFFF) & ~0xFFF
+        self.blocks[self.next] = bytearray(n)
+        return self.next
+
+    def free(self, p):
+        del self.blocks[p]
+
+    def htod(self, p, data):
+        self.blocks[p][:len(data)] = data
+
+    def dtoh(self, p, n):
+        return bytes(self.blocks[p][:n])
+
+
+def test_device_maps_table_and_read_back():
+    mem = FakeMemory()
+    state = MapsState([MAP_ARRAY, RING])
+    dm = devmaps.DeviceMaps(mem, state, ncpu=4)
+    table = struct.unpack("<3Q", dm.table())
+    assert set(table) == set(mem.blocks)
+    arr = mem.blocks[table[0]]
+    arr[64 + 8:64 + 16] = struct.pack("<Q", 99)
+    ring = mem.blocks[table[1]]
+    ring[:32] = struct.pack("<QQQQ", 16, 16, 0, 2)
+    ring[64:80] = _record(4, devmaps.REC_READY, b"evnt")
+    trace = mem.blocks[table[2]]
+    trace[:32] = struct.pack("<QQQQ", 48, 48, 0, 0)
+    trace[64:112] = _record(24 + 8, devmaps.REC_READY, struct.pack("<QQQ", 5, 6, 7) + b"n=%d\n\0\0\0")
+    dm.read_back()
+    assert state[0].lookup(struct.pack("<I", 1)) == struct.pack("<Q", 99)
+    assert state[1].records == [b"evnt"] and state[1].drops == 2
+    assert state.trace[0].text() == "n=5\n"
+    dm.free()
+    assert not mem.blocks
+
+
+# ---- host side of the GPU runner ----------------------------------------------------------------
+
+def test_pack_params_points_at_each_value():
+    keep, addr = pack_params([("u64", 0x1122334455667788), ("u32", 7)])
+    ptrs = (ctypes.c_void_p * 2).from_address(addr)
+    assert ctypes.c_uint64.from_address(ptrs[0]).value == 0x1122334455667788
+    assert ctypes.c_uint32.from_address(ptrs[1]).value == 7
+    assert keep
+
+
+def test_memory_layout():
+    offsets, size = layout_memories([b"abc", None, b"", b"x" * 300])
+    assert offsets == [0, 256, 256, 512] and size == 1024
+
+
+# ---- the CLI ----------------------------------------------------------------------------------
+
+def test_egpu_ptx_prints_the_module(probe_obj):
+    from typer.testing import CliRunner
+
+    from launcher import egpu
+    result = CliRunner().invoke(egpu, ["ptx", str(probe_obj("count"))])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(".version 6.3\n.target sm_70\n")
+    assert ".func (.param .b64 %ret) __egpu_" in result.output
