@@ -93,6 +93,21 @@ def verify_cmd(obj: Path) -> None:
         _fail(e.where(file=str(obj)))
 
 
+@egpu.command("ptx")
+def ptx_cmd(obj: Path) -> None:
+    """Print the PTX module a probe object becomes (each program verified, then translated)."""
+    from egpu_preload.bpf.elf import load_object
+    from egpu_preload.bpf.verifier import verify
+    from egpu_preload.translate import probe_object_ptx
+    try:
+        bpf = load_object(obj)
+        for prog in bpf.programs:
+            verify(prog.code, bpf.maps, file=str(obj), section=prog.section)
+        typer.echo(probe_object_ptx(bpf), nl=False)
+    except EgpuError as e:
+        _fail(e.where(file=str(obj)))
+
+
 def run_main() -> None:
     typer.echo("egpu-run: not built yet", err=True)
     sys.exit(2)
