@@ -335,7 +335,7 @@ def _statement(text: str, start: int, end: int, depth: int) -> Stmt:
     if body.startswith("."):
         return Directive(start, end, depth, body.split(None, 1)[0], body)
     pred = None
-    if body[0] == "@":
+    if body[:1] == "@":
         g = _GUARD.match(body)
         if g is None:
             raise PtxError(f"bad guard in {body!r}")
