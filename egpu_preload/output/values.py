@@ -1,0 +1,354 @@
+"""Maps as neutral values (as bpftrace's output.h ``Value``): what every renderer (text, JSON, ...) reads.
+
+``snapshot(state, obj)`` turns each map's bytes into plain Python data typed by BTF: ints, floats,
+strings (char arrays), lists (arrays), dicts (structs, by field name, anonymous members merged), plus
+three marked types the renderers treat specially:
+
+- ``KernelId``: a kernel id (``ctx->kernel_id``): a struct field named ``kernel_id``, or a u64 map key
+  equal to a kernel id in the name table. Text prints the kernel's demangled name; JSON keeps the int.
+- ``Symbol``: text printed bare (enum names, bytes without a type in hex).
+- ``Address``: a pointer, printed in hex.
+
+Which map becomes which value:
+
+- ``Scalar``: a single-slot ARRAY or PERCPU_ARRAY, and libbpf global data (``.bss``/``.data``, a DATASEC).
+  ``.rodata`` is constant and not shown.
+- ``Histogram``: an ARRAY, PERCPU_ARRAY or HASH with integer keys and values whose name starts with
+  ``hist`` (log2) or ``lhist`` (linear). egpu's convention (a probe computes the slot itself):
+  log2 slot 0 counts values 0 and 1, slot k >= 1 counts [2**k, 2**(k+1)), i.e. slot = floor(log2(v));
+  linear slot k counts [k*step, (k+1)*step), where step is the number after ``lhist`` in the name
+  (``lhist100_latency``: step 100), 1 when there is none.
+- ``KeyedScalars``: every other ARRAY/HASH/LRU_HASH/PERCPU_ARRAY; all-zero ARRAY slots are left out.
+- ``Records``: RINGBUF and PERF_EVENT_ARRAY records, typed by the struct the caller names for that map
+  (``event_types``: a ring buffer has no value type in BTF), with the drop count.
+- ``Trace``: bpf_trace_printk lines.
+
+PERCPU_ARRAY values are summed over SMs (ints, field by field); ``per_sm`` keeps each SM's value.
+Taking a snapshot drains ring buffers, perf buffers and trace records, as reading them does.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Union
+
+from ..bpf import btf as btfmod
+from ..bpf import program as prog
+from ..bpf.program import BpfObject, MapDef
+from ..errors import EgpuError
+from ..maps import MapsState, MapStorage, PercpuArrayStorage, PerfStorage, RingbufStorage
+
+KERNEL_ID_FIELD = "kernel_id"
+
+
+class KernelId(int):
+    """A kernel id (FNV-1a 64 of the mangled name, ``egpu_preload.bpf.ctx.kernel_id``)."""
+
+
+class Symbol(str):
+    """Text printed without quotes."""
+
+
+class Address(int):
+    """A pointer value."""
+
+
+Data = Union[int, float, str, list, dict]
+
+
+@dataclass(frozen=True)
+class Scalar:
+    name: str
+    value: Data
+    per_sm: dict[int, Data] | None = None
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: Data
+    value: Data
+    per_sm: dict[int, Data] | None = None
+
+
+@dataclass(frozen=True)
+class KeyedScalars:
+    """Entries in print order: by value when values are integers (as bpftrace), else by key."""
+
+    name: str
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Consecutive buckets from the first to the last non-empty one, in bpftrace's form: bucket i is
+    [lower_bound, labels[0]) for i = 0, else [labels[i-1], labels[i])."""
+
+    name: str
+    scale: str                 # "log2" | "linear"
+    step: int                  # linear bucket width (1 for log2)
+    lower_bound: int
+    labels: tuple[int, ...]
+    counts: tuple[int, ...]
+
+    def buckets(self) -> list[tuple[int, int, int]]:
+        """(lo, hi, count) per bucket, hi exclusive."""
+        los = (self.lower_bound,) + self.labels[:-1]
+        return list(zip(los, self.labels, self.counts))
+
+
+@dataclass(frozen=True)
+class Record:
+    value: Data
+    cpu: int | None = None     # the SM a perf record came from; None for ring buffers
+
+
+@dataclass(frozen=True)
+class Records:
+    name: str
+    records: tuple[Record, ...]
+    dropped: int
+
+
+@dataclass(frozen=True)
+class Trace:
+    lines: tuple[str, ...]
+
+
+MapValue = Union[Scalar, KeyedScalars, Histogram, Records]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every shown map in object order, the trace lines, and the kernel name table (id -> mangled)."""
+
+    maps: tuple[MapValue, ...]
+    trace: Trace
+    kernel_names: Mapping[int, str] = field(default_factory=dict)
+
+
+def snapshot(state: MapsState, obj: BpfObject, kernel_names: Mapping[int, str] | None = None,
+             event_types: Mapping[str, str] | None = None) -> Snapshot:
+    """The neutral values of every map in ``state`` (whose maps are ``obj``'s).
+
+    ``event_types`` names the BTF type of each ring-buffer or perf map's records, by map name:
+    ``{"events": "struct event"}``; records of other such maps are shown as hex.
+    """
+    names = dict(kernel_names or {})
+    reader = _Reader(_btf(obj), names)
+    record_types = event_type_ids(obj, event_types or {})
+    out: list[MapValue] = []
+    for storage in state.storages:
+        value = _map_value(storage, reader, record_types.get(storage.mapdef.name))
+        if value is not None:
+            out.append(value)
+    lines = tuple(r.text() for r in state.trace)
+    state.trace.clear()
+    return Snapshot(tuple(out), Trace(lines), names)
+
+
+def event_type_ids(obj: BpfObject, event_types: Mapping[str, str]) -> dict[str, int]:
+    """Map name -> BTF type id of its records; check this when the probe loads, before any snapshot."""
+    btf = _btf(obj)
+    ids = {}
+    for map_name, type_name in event_types.items():
+        m = next((m for m in obj.maps if m.name == map_name), None)
+        if m is None or m.type not in (prog.MAP_RINGBUF, prog.MAP_PERF_EVENT_ARRAY):
+            raise EgpuError(f"{obj.path}: no ring buffer or perf map named {map_name}")
+        bare = type_name.removeprefix("struct ").removeprefix("union ").strip()
+        t = btf.find(bare) if btf is not None else None
+        if t is None or t.kind in (btfmod.KIND_FUNC, btfmod.KIND_VAR, btfmod.KIND_DATASEC, btfmod.KIND_FWD):
+            # clang emits a type to BTF only when a global, a map or a function signature uses it.
+            raise EgpuError(f"{obj.path}: map {map_name}: no type {type_name} in the probe's BTF (pass a "
+                            f"pointer to it to a __noinline function so clang keeps it)")
+        ids[map_name] = t.id
+    return ids
+
+
+def _btf(obj: BpfObject) -> btfmod.Btf | None:
+    return obj.btf if isinstance(obj.btf, btfmod.Btf) else None
+
+
+def _map_value(storage: MapStorage, reader: "_Reader", record_type: int | None) -> MapValue | None:
+    m = storage.mapdef
+    if m.readonly:
+        return None
+    if isinstance(storage, RingbufStorage):
+        records = tuple(Record(reader.data(record_type, r)) for r in storage.consume())
+        return Records(m.name, records, storage.drops)
+    if isinstance(storage, PerfStorage):
+        records = tuple(Record(reader.data(record_type, r), cpu) for cpu, r in storage.consume())
+        return Records(m.name, records, storage.drops)
+    rows = _rows(storage, reader)
+    if m.max_entries == 1 and m.type in (prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY):
+        _, value, per_sm = rows[0]
+        return Scalar(m.name, value, per_sm)
+    hist = _histogram(m, rows)
+    if hist is not None:
+        return hist
+    if m.type in (prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY):
+        rows = [r for r in rows if not _is_zero(r[1])]
+    if rows and all(_is_int(v) for _, v, _ in rows):
+        rows.sort(key=lambda r: (r[1], _order(r[0])))
+    else:
+        rows.sort(key=lambda r: _order(r[0]))
+    return KeyedScalars(m.name, tuple(Entry(k, v, per_sm) for k, v, per_sm in rows))
+
+
+def _rows(storage: MapStorage, reader: "_Reader") -> list[tuple[Data, Data, dict[int, Data] | None]]:
+    """(key, value, per-SM values) for every entry, keys and values decoded."""
+    m = storage.mapdef
+    if isinstance(storage, PercpuArrayStorage):
+        cpus = storage.cpus()
+        rows = []
+        for i in range(m.max_entries):
+            key = reader.key(m, struct.pack("<I", i))
+            per_sm = {cpu: reader.data(m.value_type_id, bytes(storage.per_cpu[cpu][i])) for cpu in cpus}
+            total = reader.data(m.value_type_id, bytes(m.value_size))
+            for v in per_sm.values():
+                total = _add(total, v)
+            rows.append((key, total, per_sm))
+        return rows
+    return [(reader.key(m, k), reader.data(m.value_type_id, v), None) for k, v in storage.items()]
+
+
+_HIST_NAME = re.compile(r"(lhist)(\d*)|hist")
+
+
+def _histogram(m: MapDef, rows: list[tuple[Data, Data, dict | None]]) -> Histogram | None:
+    match = _HIST_NAME.match(m.name)
+    if match is None or not all(_is_int(k) and _is_int(v) and k >= 0 for k, v, _ in rows):
+        return None
+    counts: dict[int, int] = {}
+    for k, v, _ in rows:
+        counts[int(k)] = counts.get(int(k), 0) + int(v)
+    used = sorted(k for k, v in counts.items() if v)
+    linear = match.group(1) is not None
+    step = int(match.group(2) or 1) if linear else 1
+    if not used:
+        return Histogram(m.name, "linear" if linear else "log2", step, 0, (), ())
+    slots = range(used[0], used[-1] + 1)
+    if linear:
+        lower, labels = used[0] * step, tuple((k + 1) * step for k in slots)
+    else:
+        lower, labels = (0 if used[0] == 0 else 1 << used[0]), tuple(1 << (k + 1) for k in slots)
+    return Histogram(m.name, "linear" if linear else "log2", step, lower, labels,
+                     tuple(counts.get(k, 0) for k in slots))
+
+
+def _is_int(v: Data) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_zero(v: Data) -> bool:
+    if isinstance(v, dict):
+        return all(_is_zero(x) for x in v.values())
+    if isinstance(v, list):
+        return all(_is_zero(x) for x in v)
+    return not v
+
+
+def _add(a: Data, b: Data) -> Data:
+    """Per-SM values summed: ints add, structs and arrays element by element, the rest keeps the first."""
+    if _is_int(a) and _is_int(b):
+        return a if isinstance(a, (KernelId, Address)) else a + b
+    if isinstance(a, float) and isinstance(b, float):
+        return a + b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: _add(v, b[k]) if k in b else v for k, v in a.items()}
+    if isinstance(a, list) and isinstance(b, list):
+        return [_add(x, y) for x, y in zip(a, b)]
+    return a
+
+
+def _order(v: Data) -> tuple:
+    """A sort key that orders any decoded key: numbers numerically, then text, then the rest."""
+    if isinstance(v, (int, float)):
+        return (0, v)
+    if isinstance(v, str):
+        return (1, v)
+    if isinstance(v, dict):
+        return (2, tuple(_order(x) for x in v.values()))
+    if isinstance(v, list):
+        return (2, tuple(_order(x) for x in v))
+    return (3, repr(v))
+
+
+class _Reader:
+    """Bytes -> Data by BTF type id (or by size alone when a map has no BTF)."""
+
+    def __init__(self, btf: btfmod.Btf | None, kernel_names: Mapping[int, str]) -> None:
+        self.btf = btf
+        self.kernel_names = kernel_names
+
+    def key(self, m: MapDef, raw: bytes) -> Data:
+        key = self.data(m.key_type_id, raw)
+        # A u64 key equal to a known kernel id is one (hash_count.bpf.c: keyed by ctx->kernel_id).
+        if m.key_size == 8 and _is_int(key) and key in self.kernel_names:
+            return KernelId(key)
+        return key
+
+    def data(self, type_id: int | None, raw: bytes) -> Data:
+        if type_id is None or self.btf is None or len(raw) < self.btf.size(type_id):
+            return int.from_bytes(raw, "little") if len(raw) in (1, 2, 4, 8) else Symbol(raw.hex())
+        return self._decode(type_id, raw, 0, 0)
+
+    def _decode(self, type_id: int, raw: bytes, off: int, depth: int) -> Data:
+        btf = self.btf
+        t = btf.resolve(type_id)
+        if depth > 64:
+            return Symbol("...")
+        if t.kind == btfmod.KIND_INT:
+            return _int(t, int.from_bytes(raw[off:off + t.size], "little"))
+        if t.kind == btfmod.KIND_PTR:
+            return Address(int.from_bytes(raw[off:off + 8], "little"))
+        if t.kind in (btfmod.KIND_ENUM, btfmod.KIND_ENUM64):
+            v = int.from_bytes(raw[off:off + t.size], "little", signed=t.kind_flag)
+            bits = t.size * 8
+            signed = v - (1 << bits) if v >> (bits - 1) else v
+            names = [e.name for e in t.enum_values if e.value in (v, signed)]
+            return Symbol(names[0]) if names else v
+        if t.kind == btfmod.KIND_FLOAT:
+            fmt = {4: "<f", 8: "<d"}.get(t.size)
+            return struct.unpack_from(fmt, raw, off)[0] if fmt else Symbol(raw[off:off + t.size].hex())
+        if t.kind == btfmod.KIND_ARRAY:
+            elem = btf.resolve(t.ref)
+            if elem.kind == btfmod.KIND_INT and elem.size == 1 and (elem.name == "char"
+                                                                  or elem.int_encoding & btfmod.INT_CHAR):
+                return raw[off:off + t.nelems].split(b"\0", 1)[0].decode("utf-8", "backslashreplace")
+            step = btf.size(t.ref)
+            return [self._decode(t.ref, raw, off + i * step, depth + 1) for i in range(t.nelems)] if step else []
+        if t.kind in (btfmod.KIND_STRUCT, btfmod.KIND_UNION):
+            out: dict[str, Data] = {}
+            for m in t.members:
+                if m.bitfield_size:
+                    word = int.from_bytes(raw[off:off + t.size], "little")
+                    value: Data = (word >> m.bit_offset) & ((1 << m.bitfield_size) - 1)
+                else:
+                    value = self._decode(m.type, raw, off + m.offset, depth + 1)
+                if not m.name and isinstance(value, dict):
+                    out.update(value)  # anonymous struct/union: its fields are the parent's, as in C
+                    continue
+                if m.name == KERNEL_ID_FIELD and _is_int(value):
+                    value = KernelId(value)
+                out[m.name] = value
+            return out
+        if t.kind == btfmod.KIND_DATASEC:
+            return {btf.type(v.type).name: self._decode(v.type, raw, off + v.offset, depth + 1)
+                    for v in t.secinfos}
+        if t.kind == btfmod.KIND_VAR:
+            return self._decode(t.ref, raw, off, depth + 1)
+        return Symbol(raw[off:off + btf.size(type_id)].hex())
+
+
+def _int(t: btfmod.Type, raw: int) -> int | bool:
+    if t.int_bits and t.int_bits < t.size * 8:
+        raw = (raw >> t.int_bit_offset) & ((1 << t.int_bits) - 1)
+    if t.int_encoding & btfmod.INT_BOOL:
+        return bool(raw)
+    if t.int_encoding & btfmod.INT_SIGNED:
+        bits = t.int_bits or t.size * 8
+        raw = raw - (1 << bits) if raw >> (bits - 1) else raw
+    return raw

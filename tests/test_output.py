@@ -1,0 +1,245 @@
+"""Map output: real probes run on the reference VM fill the maps, then text and JSON are compared with
+golden files (tests/golden/output/; EGPU_UPDATE_GOLDEN=1 rewrites them). Beside them, table-driven
+cases pin each rule: histogram rows as bpftrace prints them, value spelling, sorting, PERCPU sums,
+kernel names, records and drops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from egpu_preload.bpf import ctx as ctxmod
+from egpu_preload.bpf import program as prog
+from egpu_preload.bpf.compile import compile_probe
+from egpu_preload.bpf.elf import load_object
+from egpu_preload.bpf.program import BpfObject, MapDef
+from egpu_preload.errors import EgpuError
+from egpu_preload.maps import MapsState, TraceRecord
+from egpu_preload.output import json as json_out
+from egpu_preload.output import text, values
+from egpu_preload.output.values import Address, Histogram, KernelId, Symbol
+from egpu_preload.vm import ThreadSim, Vm
+
+GOLDEN = Path(__file__).parent / "golden" / "output"
+OWN_PROBES = Path(__file__).parent / "output_probes"
+UPDATE = bool(os.environ.get("EGPU_UPDATE_GOLDEN"))
+
+KERNELS = ["_Z6vecAddPfS_S_i", "_ZN2ns6kernelEPf", "_Z5scaleIfLi1EEvPT_S0_i"]
+NAMES = {ctxmod.kernel_id(k): k for k in KERNELS}
+IDS = list(NAMES)
+EVENT_TYPES = {"shapes": {"events": "struct event"}}
+
+
+def make_ctx(**fields: int | list[int]) -> bytes:
+    """struct egpu_ctx bytes with the given fields (arrays as lists), the rest zero."""
+    buf = bytearray(ctxmod.SIZE)
+    for name, v in fields.items():
+        f = ctxmod.BY_NAME[name]
+        for i, x in enumerate(v if isinstance(v, list) else [v]):
+            buf[f.offset + i * f.size:f.offset + (i + 1) * f.size] = x.to_bytes(f.size, "little")
+    return bytes(buf)
+
+
+def workload(n: int = 24):
+    """Deterministic launches and accesses over three kernels, three SMs and four sites."""
+    for i in range(n):
+        ctx = make_ctx(kernel_id=IDS[i % 3], launch_id=i // 3, addr=0x7F0000001000 + 0x1000 * (i % 5) + 4 * i,
+                       site=i % 4, size=(4, 8, 16, 1)[i % 4], flags=ctxmod.FLAG_STORE if i % 3 == 1 else ctxmod.FLAG_LOAD,
+                       kind=ctxmod.KIND_MEM, nargs=2, grid=[1 << (i % 5), 1, 1], block=[32 * (1 + i % 4), 1, 1],
+                       stream=0x5000 + i % 2)
+        yield ctx, ThreadSim(block_idx=(i % 4, 0, 0), smid=i % 3, globaltimer=1_000_000 + 1000 * i, tick=10)
+
+
+def run_probe(obj: BpfObject) -> MapsState:
+    state = MapsState(obj.maps)
+    vms = [Vm(p.code, obj.maps, state) for p in obj.programs]
+    for ctx, thread in workload():
+        for vm in vms:
+            vm.run(ctx, thread)
+    return state
+
+
+@pytest.fixture(scope="module")
+def own_probe(tmp_path_factory):
+    out = tmp_path_factory.mktemp("output_probes")
+    return lambda name: compile_probe(OWN_PROBES / f"{name}.bpf.c", out / f"{name}.bpf.o")
+
+
+def _golden(name: str, got: str) -> None:
+    path = GOLDEN / name
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(got)
+    assert got == path.read_text(), f"{name} differs (EGPU_UPDATE_GOLDEN=1 rewrites it)"
+
+
+SHARED = ["count", "globals", "gpu_helpers", "hash_count", "histogram", "launch", "libbpf_style", "loop",
+          "memtrace", "ringbuf", "subprog"]
+
+
+@pytest.mark.parametrize("name", SHARED + ["shapes"])
+def test_golden(name, probe_obj, own_probe):
+    path = own_probe(name) if name == "shapes" else probe_obj(name)
+    obj = load_object(path)
+    snap = values.snapshot(run_probe(obj), obj, NAMES, EVENT_TYPES.get(name))
+    _golden(f"{name}.txt", text.render(snap))
+    doc = json_out.document(snap, time=1700000000.25, pid=4242, rank=0)
+    _golden(f"{name}.json", json.dumps(doc, indent=1) + "\n")
+    line = json_out.render(snap, time=1700000000.25, pid=4242, rank=0)
+    assert line.endswith("\n") and "\n" not in line[:-1] and json.loads(line) == doc
+
+
+# --- histograms ---------------------------------------------------------------------------------------
+
+def _hist(name: str, counts: dict[int, int]) -> Histogram | None:
+    m = MapDef(name, prog.MAP_ARRAY, 4, 8, 64)
+    state = MapsState([m])
+    for k, v in counts.items():
+        assert state[0].update(k.to_bytes(4, "little"), v.to_bytes(8, "little")) == 0
+    snap = values.snapshot(state, BpfObject("t.bpf.o", maps=[m]))
+    return snap.maps[0] if isinstance(snap.maps[0], Histogram) else None
+
+
+@pytest.mark.parametrize("name, counts, rows", [
+    # slot = floor(log2(v)); slot 0 holds 0 and 1; rows from the first to the last non-empty slot
+    ("hist", {2: 12, 4: 3}, [("[4, 8)", 12, 52), ("[8, 16)", 0, 0), ("[16, 32)", 3, 13)]),
+    ("hist", {0: 1, 1: 2}, [("[0, 2)", 1, 26), ("[2, 4)", 2, 52)]),
+    ("hist_lat", {10: 5, 11: 1}, [("[1K, 2K)", 5, 52), ("[2K, 4K)", 1, 10)]),
+    ("hist", {21: 7}, [("[2M, 4M)", 7, 52)]),
+    # linear: step after "lhist", 1 without; width-1 buckets print as [k]
+    ("lhist", {3: 2, 5: 4}, [("[3]", 2, 26), ("[4]", 0, 0), ("[5]", 4, 52)]),
+    ("lhist10_ms", {0: 1, 2: 3}, [("[0, 10)", 1, 17), ("[10, 20)", 0, 0), ("[20, 30)", 3, 52)]),
+    ("lhist1024", {1: 1}, [("[1K, 2K)", 1, 52)]),
+    ("lhist1000", {3: 1}, [("[3000, 4000)", 1, 52)]),
+])
+def test_histogram_rows(name, counts, rows):
+    h = _hist(name, counts)
+    expected = "".join(f"{label:<16}{n:>8} |{'@' * bar:<52}|\n" for label, n, bar in rows)
+    assert text.histogram(h) == expected
+
+
+def test_histogram_row_matches_bpftrace_columns():
+    h = _hist("hist", {2: 12, 3: 6})
+    assert text.histogram(h).splitlines()[1] == \
+        "[8, 16)                6 |@@@@@@@@@@@@@@@@@@@@@@@@@@                          |"
+
+
+@pytest.mark.parametrize("name, expect_hist", [
+    ("hist", True), ("histogram", True), ("lhist", True), ("lhist7", True), ("counts", False), ("my_hist", False),
+])
+def test_histogram_by_name(name, expect_hist):
+    assert (_hist(name, {1: 1}) is not None) == expect_hist
+
+
+def test_empty_histogram_prints_nothing():
+    m = MapDef("hist", prog.MAP_ARRAY, 4, 8, 8)
+    snap = values.snapshot(MapsState([m]), BpfObject("t.bpf.o", maps=[m]))
+    assert snap.maps[0].counts == () and text.render(snap) == ""
+
+
+# --- values -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("v, expected", [
+    (5, "5"), (-3, "-3"), (True, "true"), (1.5, "1.5"), ("bash", '"bash"'), (Symbol("DIR_LOAD"), "DIR_LOAD"),
+    (Address(4096), "0x1000"), ([1, 2], "[1, 2]"), ({}, "{}"), ({"a": 1, "b": {"c": "x"}}, '{ a: 1, b: { c: "x" } }'),
+    (KernelId(IDS[0]), "vecAdd"), (KernelId(IDS[1]), "ns::kernel"), (KernelId(IDS[2]), "scale"),
+    (KernelId(7), "7"),
+])
+def test_value_text(v, expected):
+    assert text.value(v, NAMES) == expected
+
+
+def test_kernel_name_beyond_the_demangler_is_the_mangled_name():
+    assert text.kernel_name(1, {1: "_ZplRK1AS1_"}) == "_ZplRK1AS1_"
+    assert text.kernel_name(2, {2: "plain_c_kernel"}) == "plain_c_kernel"
+
+
+def _state(m: MapDef, entries: dict[bytes, bytes]) -> MapsState:
+    state = MapsState([m])
+    for k, v in entries.items():
+        assert state[0].update(k, v) == 0
+    return state
+
+
+def _u32(n: int) -> bytes:
+    return n.to_bytes(4, "little")
+
+
+def _u64(n: int) -> bytes:
+    return n.to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("m, entries, expected", [
+    # hash maps sort by value, ties by key (bpftrace's order)
+    (MapDef("h", prog.MAP_HASH, 4, 8, 8), {_u32(1): _u64(9), _u32(2): _u64(3), _u32(0): _u64(3)},
+     "@h[0]: 3\n@h[2]: 3\n@h[1]: 9\n"),
+    # arrays leave all-zero slots out
+    (MapDef("a", prog.MAP_ARRAY, 4, 8, 4), {_u32(2): _u64(1)}, "@a[2]: 1\n"),
+    # a single-slot array is a scalar, printed even when zero
+    (MapDef("one", prog.MAP_ARRAY, 4, 8, 1), {}, "@one: 0\n"),
+    # u64 keys: kernel names only for ids in the table
+    (MapDef("k", prog.MAP_HASH, 8, 8, 8), {_u64(IDS[0]): _u64(2), _u64(5): _u64(1)}, "@k[5]: 1\n@k[vecAdd]: 2\n"),
+    # a value with no integer meaning (no BTF, 3 bytes) prints as hex, sorted by key
+    (MapDef("raw", prog.MAP_HASH, 4, 3, 8), {_u32(2): b"\x01\x02\x03", _u32(1): b"\xff\x00\x00"},
+     "@raw[1]: ff0000\n@raw[2]: 010203\n"),
+    # empty hash: nothing
+    (MapDef("e", prog.MAP_HASH, 4, 8, 8), {}, ""),
+])
+def test_keyed_text(m, entries, expected):
+    snap = values.snapshot(_state(m, entries), BpfObject("t.bpf.o", maps=[m]), NAMES)
+    assert text.render(snap) == expected
+
+
+def test_percpu_sums_over_sms_and_keeps_each_sm_in_json():
+    m = MapDef("per_sm", prog.MAP_PERCPU_ARRAY, 4, 8, 2)
+    state = MapsState([m])
+    for cpu, slot, n in [(0, 1, 5), (3, 1, 7), (3, 0, 0)]:
+        state[0].update(_u32(slot), _u64(n), cpu=cpu)
+    snap = values.snapshot(state, BpfObject("t.bpf.o", maps=[m]))
+    assert text.render(snap) == "@per_sm[1]: 12\n"
+    doc = json_out.document(snap, time=0.0, pid=1)
+    assert doc["maps"]["per_sm"] == {"kind": "map", "entries": [
+        {"key": 1, "value": 12, "per_sm": {"0": 5, "3": 7}}]}
+
+
+def test_records_drops_and_draining():
+    m = MapDef("rb", prog.MAP_RINGBUF, 0, 0, 32)  # room for one 16-byte record (8 header + 16)
+    state = MapsState([m])
+    assert state[0].output(_u64(1) + _u64(2)) == 0
+    assert state[0].output(_u64(3) + _u64(4)) != 0
+    obj = BpfObject("t.bpf.o", maps=[m])
+    first = text.render(values.snapshot(state, obj))
+    assert first == f"@rb: {(_u64(1) + _u64(2)).hex()}\n@rb: dropped: 1\n"
+    assert text.render(values.snapshot(state, obj)) == "@rb: dropped: 1\n"  # drained; drops are cumulative
+
+
+def test_trace_lines_are_drained():
+    state = MapsState([])
+    state.trace.append(TraceRecord(b"x=%d\n\0", (-1 & 0xFFFFFFFF, 0, 0)))
+    obj = BpfObject("t.bpf.o")
+    assert text.render(values.snapshot(state, obj)) == "x=-1\n"
+    assert text.render(values.snapshot(state, obj)) == ""
+
+
+@pytest.mark.parametrize("event_types, reason", [
+    ({"nope": "struct event"}, "no ring buffer or perf map named nope"),
+    ({"sites": "struct event"}, "no ring buffer or perf map named sites"),
+    ({"events": "struct missing"}, "no type struct missing"),
+    ({"events": "shapes"}, "no type shapes"),  # a function, not a type
+])
+def test_event_type_errors(event_types, reason, own_probe):
+    obj = load_object(own_probe("shapes"))
+    with pytest.raises(EgpuError, match=reason):
+        values.event_type_ids(obj, event_types)
+
+
+def test_json_kernels_lists_only_ids_seen_and_floats_stay_valid():
+    snap = values.Snapshot((values.Scalar("x", {"kernel_id": KernelId(IDS[1]), "f": float("nan")}),),
+                           values.Trace(()), NAMES)
+    doc = json.loads(json_out.render(snap, time=2.0, pid=3, rank=None))
+    assert doc["kernels"] == {str(IDS[1]): KERNELS[1]}
+    assert doc["maps"]["x"]["value"] == {"kernel_id": IDS[1], "f": "nan"}
