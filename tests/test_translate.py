@@ -306,3 +306,36 @@ def test_egpu_ptx_prints_the_module(probe_obj):
     assert result.exit_code == 0, result.output
     assert result.output.startswith(".version 6.3\n.target sm_70\n")
     assert ".func (.param .b64 %ret) __egpu_" in result.output
+
+
+# ---- what the GPU tests and the benchmark will load -----------------------------------------------
+
+def _gpu_side_probes() -> list[tuple[str, str, list[prog.MapDef]]]:
+    import importlib.util
+
+    import test_translate_gpu as g
+    spec = importlib.util.spec_from_file_location("bench_translate",
+                                                  Path(__file__).parent.parent / "bench" / "bench_translate.py")
+    b = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(b)
+    return [("hash", g.HASH_COUNT, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 1024)]),
+            ("array", g.ARRAY_COUNT, [prog.MapDef("a", prog.MAP_ARRAY, 4, 16, 1)]),
+            ("ring", g.RING_EVENTS, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, 1 << 20)]),
+            ("bench empty", b.EMPTY, []), ("bench counter", b.COUNTER, [prog.MapDef("c", prog.MAP_ARRAY, 4, 8, 1)]),
+            ("bench hash", b.HASH_UPDATE, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 4096)]),
+            ("bench ring", b.RING_EVENT, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, 1 << 20)])]
+
+
+def test_gpu_test_and_bench_probes_assemble(tmp_path):
+    rows = []
+    for name, asm, maps in _gpu_side_probes():
+        obj = prog.BpfObject(f"{name}.bpf.o", [prog.Program("p", "kprobe/*", prog.Attach("entry", "*", "thread"),
+                                                            assemble(asm))], maps)
+        report = ptxas(probe_runner_ptx(probe_function(obj.programs[0], obj)), "sm_90", tmp_path)
+        rows.append((name, *report["egpu_probe_run"]))
+    print_report("GPU-test and benchmark probes, sm_90", rows)
+
+
+def test_random_programs_assemble(tmp_path):
+    import test_translate_gpu as g
+    ptxas(batch_ptx(g.verified_programs(seed=7, count=100)), "sm_90", tmp_path)

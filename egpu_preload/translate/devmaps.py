@@ -223,6 +223,7 @@ class DeviceMaps:
         self.addrs: list[int] = []
         images = [region_image(m, state[i], ncpu) for i, m in enumerate(state.maps)]
         images.append(bytes(trace_layout().region_size()))
+        self.images = images
         try:
             for img in images:
                 self.addrs.append(mem.alloc(len(img)))
@@ -230,6 +231,11 @@ class DeviceMaps:
         except Exception:
             self.free()
             raise
+
+    def reset(self) -> None:
+        """Put every region back as it was allocated (benchmarks: each launch starts from empty rings)."""
+        for addr, img in zip(self.addrs, self.images):
+            self.mem.htod(addr, img)
 
     def table(self) -> bytes:
         """The contents of ``__egpu_maps_<tag>``: one u64 device address per map, then the trace ring."""

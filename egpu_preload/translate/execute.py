@@ -73,32 +73,75 @@ def execute_on_gpu(code: bytes, mem: bytes | None = None) -> int:
     return execute_batch_on_gpu([(code, mem)])[0][0]
 
 
+class ProbeLaunch:
+    """A probe loaded for repeated launches (the GPU tests and benchmarks): its runner module, its maps
+    in device memory from ``state`` and one context; ``close`` frees everything."""
+
+    def __init__(self, obj: BpfObject, program: Program, state: MapsState | None = None,
+                 ctx: bytes | None = None, *, calls: int = 1) -> None:
+        if ctx is not None and len(ctx) != CTX_SIZE:
+            raise EgpuError(f"context is {len(ctx)} bytes, struct egpu_ctx is {CTX_SIZE}")
+        self.gpu = g = gpu()
+        self.state = state if state is not None else MapsState(obj.maps)
+        probe = probe_function(program, obj)
+        self.module = g.load(probe_runner_ptx(probe, calls))
+        self.maps: DeviceMaps | None = None
+        self.ctx = self.r0s = 0
+        try:
+            self.maps = DeviceMaps(g, self.state, g.nsmid())
+            table, size = g.global_address(self.module, probe.table)
+            g.htod(table, self.maps.table()[:size])
+            self.ctx = g.alloc(CTX_SIZE)
+            g.htod(self.ctx, ctx or bytes(CTX_SIZE))
+            self.func = g.function(self.module, RUN_KERNEL)
+        except Exception:
+            self.close()
+            raise
+
+    def launch(self, threads: int, *, block: int = 256, keep_r0: bool = False) -> list[int]:
+        """Run ``threads`` threads to completion; their r0 values when keep_r0."""
+        g = self.gpu
+        r0s = g.alloc(8 * threads) if keep_r0 else 0
+        try:
+            g.launch(self.func, threads, [("u64", self.ctx), ("u64", r0s), ("u32", threads)], block=block)
+            return list(struct.unpack(f"<{threads}Q", g.dtoh(r0s, 8 * threads))) if keep_r0 else []
+        finally:
+            if r0s:
+                g.free(r0s)
+
+    def reset_maps(self) -> None:
+        """Maps back to their contents at load time."""
+        if self.maps is None:
+            raise EgpuError("the probe launch is closed")
+        self.maps.reset()
+
+    def read_back(self) -> MapsState:
+        """Copy the maps out of the device into the state."""
+        if self.maps is None:
+            raise EgpuError("the probe launch is closed")
+        return self.maps.read_back()
+
+    def close(self) -> None:
+        if self.maps is not None:
+            self.maps.free()
+            self.maps = None
+        if self.ctx:
+            self.gpu.free(self.ctx)
+            self.ctx = 0
+        if self.module is not None:
+            self.gpu.unload(self.module)
+            self.module = None
+
+
 def run_probe_on_gpu(obj: BpfObject, program: Program, threads: int, ctx: bytes | None = None,
                      state: MapsState | None = None, *, calls: int = 1,
                      block: int = 256) -> tuple[list[int], MapsState]:
     """Launch ``threads`` threads that each call the probe ``calls`` times with a local copy of ``ctx``
     (struct egpu_ctx bytes, zeros by default); maps start from ``state`` (empty by default) and are read
     back into it. Returns (each thread's last r0, the state)."""
-    if ctx is not None and len(ctx) != CTX_SIZE:
-        raise EgpuError(f"context is {len(ctx)} bytes, struct egpu_ctx is {CTX_SIZE}")
-    g = gpu()
-    state = state if state is not None else MapsState(obj.maps)
-    probe = probe_function(program, obj)
-    module = g.load(probe_runner_ptx(probe, calls))
-    maps = DeviceMaps(g, state, g.nsmid())
-    ctx_dev = g.alloc(CTX_SIZE)
-    r0s = g.alloc(8 * threads)
+    run = ProbeLaunch(obj, program, state, ctx, calls=calls)
     try:
-        table, size = g.global_address(module, probe.table)
-        g.htod(table, maps.table()[:size])
-        g.htod(ctx_dev, ctx or bytes(CTX_SIZE))
-        g.launch(g.function(module, RUN_KERNEL), threads, [("u64", ctx_dev), ("u64", r0s), ("u32", threads)],
-                 block=block)
-        raw = g.dtoh(r0s, 8 * threads)
-        maps.read_back()
+        r0s = run.launch(threads, block=block, keep_r0=True)
+        return r0s, run.read_back()
     finally:
-        g.free(ctx_dev)
-        g.free(r0s)
-        maps.free()
-        g.unload(module)
-    return list(struct.unpack(f"<{threads}Q", raw)), state
+        run.close()
