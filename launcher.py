@@ -108,6 +108,35 @@ def ptx_cmd(obj: Path) -> None:
         _fail(e.where(file=str(obj)))
 
 
+@egpu.command("rewrite")
+def rewrite_cmd(ptx_in: Path = typer.Argument(..., metavar="IN.ptx"),
+                probes: list[Path] = typer.Option(..., "-p", "--probe", help="a .bpf.o (repeatable)"),
+                output: Optional[Path] = typer.Option(None, "-o", "--output", help="default: stdout")) -> None:
+    """Instrument the kernels of a PTX module with probes; per-kernel status goes to stderr."""
+    from egpu_preload.bpf.elf import load_object
+    from egpu_preload.bpf.verifier import verify
+    from egpu_preload.translate.rewrite import instrument, probe_specs
+    try:
+        specs = []
+        for obj in probes:
+            bpf = load_object(obj)
+            for prog in bpf.programs:
+                verify(prog.code, bpf.maps, file=str(obj), section=prog.section)
+            specs += probe_specs(bpf)
+        res = instrument(ptx_in.read_text(), specs)
+    except EgpuError as e:
+        _fail(e.where(file=str(ptx_in)))
+    except OSError as e:
+        _fail(EgpuError(e.strerror or str(e), file=e.filename))
+    for k in res.kernels:
+        typer.echo(f"{k.name}: {k.status}" + (f" ({k.calls} calls)" if k.calls else "")
+                   + (f": {k.reason}" if k.status == "failed" else ""), err=True)
+    if output:
+        output.write_text(res.text)
+    else:
+        typer.echo(res.text, nl=False)
+
+
 def run_main() -> None:
     typer.echo("egpu-run: not built yet", err=True)
     sys.exit(2)

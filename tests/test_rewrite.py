@@ -252,3 +252,33 @@ def test_rewrite_time_is_linear_and_small_on_a_100k_line_module():
     assert t1 - t0 < 1.0 and t2 - t1 < 5.0   # generous: the machine is shared
     half = instrument(text[:len(text) // 2 + text[len(text) // 2:].index(".visible")], ptx_corpus.stats_probes(("thread",)))
     assert sum(half.seconds.values()) < sum(res.seconds.values())
+
+
+@pytest.mark.parametrize("probes", [["count"], ["memtrace"], ["count", "memtrace"]])
+def test_translated_probes_instrument_the_corpus_end_to_end(probe_obj, probes):
+    from egpu_preload.bpf.elf import load_object
+    from egpu_preload.translate.rewrite import probe_specs
+    specs = [s for name in probes for s in probe_specs(load_object(probe_obj(name)))]
+    assert specs
+    jobs = []
+    for name in ("vector_add.sm_90", "reduction.sm_75", "coop_groups.sm_90.fatbin", "inline_asm.sm_90"):
+        text = ptx_corpus.build()[name]
+        res = instrument(text, specs)
+        assert {k.status for k in res.kernels} == {"instrumented"}, res.kernels
+        jobs += [(name, arch, res.text) for arch in ptx_corpus.check_archs(text)]
+    for name, arch, rc, _, err in ptx_corpus.ptxas(jobs):
+        assert rc == 0, f"{name} ptxas -arch={arch}:\n{err}"
+
+
+def test_egpu_rewrite_command(probe_obj, tmp_path):
+    from typer.testing import CliRunner
+    from launcher import egpu
+    src = tmp_path / "in.ptx"
+    src.write_text(ptx_corpus.build()["coop_groups.sm_90"])
+    out = tmp_path / "out.ptx"
+    r = CliRunner().invoke(egpu, ["rewrite", str(src), "-p", str(probe_obj("count")), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "cg_tile_sum: instrumented" in r.output and "cg_coalesced: instrumented" in r.output
+    assert LAUNCH_PARAM in out.read_text()
+    r = CliRunner().invoke(egpu, ["rewrite", str(tmp_path / "missing.ptx"), "-p", str(probe_obj("count"))])
+    assert r.exit_code == 1 and "missing.ptx" in r.output

@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass, field
 
 from egpu_preload.bpf import ctx as C
-from egpu_preload.bpf.program import Attach
+from egpu_preload.bpf.program import Attach, BpfObject
 from egpu_preload.errors import PtxError
 from egpu_preload.translate import ptx
 from egpu_preload.translate.demangle import matches
@@ -77,9 +77,10 @@ class ProbeSpec:
 
     attach: Attach             # kind entry|exit|mem|load|store, glob, scope thread|warp|block
     func: str                  # name of ``.func (.param .b64 %ret) NAME(.param .b64 %ctx)``
-    ptx: str = ""              # its definition and any .global declarations, pasted after the header
+    ptx: str = ""              # its definition, pasted after the header
     version: tuple[int, int] = (0, 0)   # lowest .version the text needs
     target: int = 0            # lowest sm_XX the text needs
+    globals: tuple[str, ...] = ()       # module-level declarations, pasted once per module before any ptx
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,18 @@ class RewriteResult:
 
     def status(self, name: str) -> KernelStatus:
         return next(k for k in self.kernels if k.name == name)
+
+
+def probe_specs(obj: BpfObject) -> list[ProbeSpec]:
+    """The kernel-site programs of a loaded (and verified) object, translated (launch probes are not
+    spliced into kernels, so they are left out)."""
+    from egpu_preload.translate import probe_function   # the translator imports this package
+    specs = []
+    for prog in obj.programs:
+        if prog.attach.kind in ("entry", "exit") or prog.attach.kind in MEM_KINDS:
+            pp = probe_function(prog, obj)
+            specs.append(ProbeSpec(prog.attach, pp.name, pp.func, pp.version, pp.sm, pp.globals))
+    return specs
 
 
 def instrument(module_ptx: str, probes: list[ProbeSpec]) -> RewriteResult:
@@ -143,7 +156,8 @@ def _launch_param_offset(params: tuple[ptx.Param, ...]) -> int:
 def _module_edits(mod: ptx.Module, used: list[ProbeSpec]) -> list[ptx.Edit]:
     """Probe definitions after the header, and .version/.target raised where the probes need it."""
     edits = []
-    texts = list(dict.fromkeys(p.ptx.strip() for p in used if p.ptx.strip()))
+    texts = list(dict.fromkeys([g.strip() for p in used for g in p.globals] + [p.ptx.strip() for p in used]))
+    texts = [t for t in texts if t]
     if texts:
         edits.append(ptx.Edit(mod.header_end, mod.header_end, "\n\n" + "\n\n".join(texts) + "\n"))
     need_v = max([p.version for p in used] + [WARP_VERSION if p.attach.scope == "warp" else (0, 0)
