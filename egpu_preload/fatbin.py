@@ -317,3 +317,14 @@ def write_ptx(fatbins: list[Fatbin], directory: os.PathLike[str] | str, stem: st
                 path.write_text(e.ptx())
                 paths.append(str(path))
     return paths
+
+
+def elf_extent(header: bytes) -> int:
+    """Size of an ELF64 image from its 64-byte header: through the end of its last header table
+    (nvcc's cubins put the section headers last)."""
+    _need(header, 0, 64, "ELF header")
+    if header[:4] != ELF_MAGIC or header[4] != 2:
+        raise FatbinError("not an ELF64 image")
+    phoff, shoff = struct.unpack_from("<QQ", header, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", header, 0x36)
+    return max(64, phoff + phentsize * phnum, shoff + shentsize * shnum)

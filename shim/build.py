@@ -1,0 +1,69 @@
+"""Build libegpu_shim.so with cffi's embedding API: `python3 shim/build.py [OUT_DIR]` (default build/).
+
+egpu_shim.h is the one interface: part 1 goes to embedding_api() (implemented in Python by
+egpu_preload/runtime/hooks.py), part 2 to cdef() (the C API the runtime calls), and set_source()
+includes the whole header before interpose.c. cffi starts Python on the first call of a part-1
+function, never when the library is loaded.
+"""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import cffi
+
+SHIM = Path(__file__).resolve().parent
+ROOT = SHIM.parent
+PART1 = "/* ---- part 1: implemented in Python (embedding_api) ---- */"
+PART2 = "/* ---- part 2: C API for the runtime (cdef) ---- */"
+PART3 = "/* ---- part 3: C only ---- */"
+
+# Runs once, in the process being instrumented, on the first hook that needs Python. The source root
+# is the fallback for a checkout that is not installed.
+INIT = f"""
+import sys
+try:
+    from egpu_preload.runtime import hooks
+except ImportError:
+    sys.path.append({str(ROOT)!r})
+    from egpu_preload.runtime import hooks
+from _egpu_shim import ffi, lib
+hooks.attach(ffi, lib)
+"""
+
+
+def header_parts() -> tuple[str, str]:
+    """(embedding_api declarations, cdef declarations) cut out of egpu_shim.h."""
+    text = (SHIM / "egpu_shim.h").read_text()
+    return (text[text.index(PART1) + len(PART1):text.index(PART2)],
+            text[text.index(PART2) + len(PART2):text.index(PART3)])
+
+
+def build(out_dir: Path) -> Path:
+    """Compile the shim into out_dir; returns the library's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    api, cdef = header_parts()
+    ffi = cffi.FFI()
+    ffi.embedding_api(api)
+    ffi.cdef(cdef)
+    libdir = sysconfig.get_config_var("LIBDIR")
+    ffi.set_source("_egpu_shim", '#include "egpu_shim.h"',
+                   sources=[str(SHIM / "interpose.c")], include_dirs=[str(SHIM)],
+                   libraries=["dl", "pthread"],
+                   extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden", "-Wall",
+                                       "-Wno-unused-function"],
+                   # find this Python's libpython from processes that do not have it on their path
+                   extra_link_args=[f"-Wl,-rpath,{libdir}"] if libdir else [])
+    ffi.embedding_init_code(INIT)
+    with tempfile.TemporaryDirectory() as tmp:
+        built = Path(ffi.compile(tmpdir=tmp, target="libegpu_shim.*", verbose=False))
+        target = out_dir / built.name
+        built.replace(target)
+    return target
+
+
+if __name__ == "__main__":
+    print(build(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "build"))

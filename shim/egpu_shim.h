@@ -1,0 +1,201 @@
+/* egpu_shim.h: the one interface of libegpu_shim.so, in three parts.
+ *
+ * shim/build.py hands part 1 to cffi's embedding_api() (functions implemented in Python by
+ * egpu_preload/runtime/hooks.py; the first call starts Python), part 2 to cdef() (the C API the
+ * runtime calls through cffi), and set_source() includes the whole file. Part 3 is C only: the
+ * driver types and the table of hooked driver entry points.
+ *
+ * Driver types are declared here, not taken from cuda.h, so the shim builds without the toolkit:
+ * CUresult and enums are int, handles are void *, CUdeviceptr is unsigned long long.
+ * tests/test_shim.py checks every prototype below against cuda.h where the header exists.
+ */
+#ifndef EGPU_SHIM_H
+#define EGPU_SHIM_H
+#include <stddef.h>
+
+/* ---- part 1: implemented in Python (embedding_api) ---- */
+
+/* Before a module/library load or a PTX link input reaches the driver. `image` is what the app
+ * passed (PTX text, cubin, fatbin or fatbin wrapper), or NULL for file loads (then `path`); `size` is
+ * the app's size where the API has one, else 0. Returns NULL to load the original, or a replacement
+ * image (its size in *out_size) that stays valid until egpu_py_module_loaded() for the same `call`. */
+const void *egpu_py_module_load(int api, unsigned long long call, const void *image, size_t size,
+                                const char *path, size_t *out_size);
+/* After that load: the driver's result and the module, library or link state it made.
+ * replacement_result: -1 if no replacement was offered; else the driver's result for the
+ * replacement, and when that was an error the original was loaded instead (result, handle). */
+void egpu_py_module_loaded(int api, unsigned long long call, void *handle, int result,
+                           int replacement_result);
+/* A successful call that made a handle: cuModuleGetFunction / cuLibraryGetKernel (owner = module /
+ * library, name), cuKernelGetFunction (owner = kernel), cuLibraryGetModule (owner = library),
+ * cuLinkCreate (handle = link state), cuLinkComplete (owner = link state, handle = cubin). */
+void egpu_py_handle_found(int api, void *owner, const char *name, void *handle);
+/* A successful cuModuleUnload / cuLibraryUnload (handle is gone). */
+void egpu_py_unloaded(int api, void *handle);
+
+/* ---- part 2: C API for the runtime (cdef) ---- */
+
+/* Which driver API a callback or launch record comes from. */
+enum egpu_api {
+    EGPU_API_MODULE_LOAD = 1, EGPU_API_MODULE_LOAD_DATA, EGPU_API_MODULE_LOAD_DATA_EX,
+    EGPU_API_MODULE_LOAD_FAT_BINARY, EGPU_API_LIBRARY_LOAD_DATA, EGPU_API_LIBRARY_LOAD_FROM_FILE,
+    EGPU_API_LINK_CREATE, EGPU_API_LINK_ADD_DATA, EGPU_API_LINK_ADD_FILE, EGPU_API_LINK_COMPLETE,
+    EGPU_API_MODULE_GET_FUNCTION, EGPU_API_LIBRARY_GET_KERNEL, EGPU_API_KERNEL_GET_FUNCTION,
+    EGPU_API_LIBRARY_GET_MODULE, EGPU_API_MODULE_UNLOAD, EGPU_API_LIBRARY_UNLOAD,
+    EGPU_API_LAUNCH_KERNEL, EGPU_API_LAUNCH_KERNEL_EX, EGPU_API_LAUNCH_COOPERATIVE_KERNEL,
+    EGPU_API_GRAPH_KERNEL_NODE
+};
+
+/* Allocation kinds in the allocation table. */
+enum egpu_alloc_kind {
+    EGPU_ALLOC_DEVICE = 1, EGPU_ALLOC_PITCH, EGPU_ALLOC_MANAGED, EGPU_ALLOC_ASYNC, EGPU_ALLOC_HOST,
+    EGPU_ALLOC_HOST_REGISTERED, EGPU_ALLOC_VMM_HANDLE, EGPU_ALLOC_VMM_MAPPING
+};
+
+/* One launch, as recorded while records are on (egpu_shim_records). */
+struct egpu_launch_record {
+    unsigned long long launch_id;   /* the process-wide launch counter, as appended to kernels */
+    unsigned long long time_ns;     /* CLOCK_MONOTONIC just before the real launch */
+    void *function;                 /* the handle the app launched (CUfunction or CUkernel) */
+    void *launched;                 /* what reached the driver (the replacement, if registered) */
+    void *stream;
+    unsigned int grid[3];
+    unsigned int block[3];
+    unsigned int shared_mem;
+    int api;                        /* enum egpu_api */
+};
+
+struct egpu_alloc {
+    unsigned long long address;     /* device pointer, host pointer or VMM handle */
+    unsigned long long size;
+    int kind;                       /* enum egpu_alloc_kind */
+};
+
+struct egpu_stats {
+    unsigned long long launches;    /* every launch through a hook */
+    unsigned long long redirected;  /* launches that ran a registered replacement */
+    unsigned long long records;     /* launch records written */
+    unsigned long long dropped;     /* launch records lost to a full ring */
+    unsigned long long untracked;   /* launches of functions the full table could not count */
+    unsigned long long python_calls;
+};
+
+/* Launch `repl` whenever the app launches `orig` (a CUfunction or CUkernel handle); repl NULL
+ * launches `orig` itself again. One atomic store: concurrent launches see the old or the new
+ * target, never a mix. Returns 0, or -1 when the table is full. */
+int egpu_shim_register(void *orig, void *repl);
+/* The same for a replacement rewritten with a trailing u64 launch-id parameter
+ * (translate/rewrite.py): launches append the launch id after `nparams` kernelParams, or write it at
+ * byte `param_offset` of a CU_LAUNCH_PARAM_BUFFER_POINTER buffer. */
+int egpu_shim_register_launch_id(void *orig, void *repl, unsigned int nparams,
+                                 unsigned int param_offset);
+/* The function launches of `orig` currently reach (orig itself if none registered). */
+void *egpu_shim_current(void *orig);
+/* Launches of `orig` through the hooks so far. */
+unsigned long long egpu_shim_launches(void *orig);
+void egpu_shim_stats(struct egpu_stats *out);
+/* Turn launch records on (1) or off (0); returns the previous setting. */
+int egpu_shim_records(int on);
+/* Move up to `max` launch records into `out` (single consumer); returns how many. */
+size_t egpu_shim_drain(struct egpu_launch_record *out, size_t max);
+/* Copy up to `max` live allocations into `out`; returns how many there are in all. */
+size_t egpu_shim_allocations(struct egpu_alloc *out, size_t max);
+/* The driver's own entry point for an exported symbol name ("cuModuleLoadDataEx",
+ * "cuLaunchKernel_ptsz", "cuMemAlloc_v2"), never a hook; NULL if the driver lacks it. */
+void *egpu_shim_real(const char *symbol);
+/* While on, this thread's hooks go straight to the driver (no callbacks, no redirection), so the
+ * runtime can use any driver binding (cuda-python) itself. Returns the previous setting. Hooks
+ * called from inside a Python callback pass straight through anyway. */
+int egpu_shim_bypass(int on);
+
+/* ---- part 3: C only ---- */
+
+typedef int CUresult;
+typedef void *CUmodule, *CUfunction, *CUlibrary, *CUkernel, *CUlinkState, *CUstream, *CUgraph,
+             *CUgraphNode, *CUgraphExec, *CUmemoryPool, *CUcontext;
+typedef unsigned long long CUdeviceptr, CUmemGenericAllocationHandle, cuuint64_t;
+
+typedef struct {
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    CUstream hStream;
+    void *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
+/* CUDA_KERNEL_NODE_PARAMS_v1; _v2 appends {CUkernel kern; CUcontext ctx;} */
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+} CUDA_KERNEL_NODE_PARAMS_v1;
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+    CUkernel kern;
+    CUcontext ctx;
+} CUDA_KERNEL_NODE_PARAMS_v2;
+
+#define EGPU_LAUNCH_ARGS(F) F f, unsigned int gridDimX, unsigned int gridDimY, \
+    unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, \
+    unsigned int sharedMemBytes, CUstream hStream
+
+/* Every hooked driver entry point: X(exported symbol, API name, cudaVersion it appeared in,
+ * per-thread-stream variant?, (parameters)). cuGetProcAddress(api, version, flags) hands out the
+ * hook of the row the driver itself would pick: the newest version <= the requested one, the
+ * per-thread row when flags has CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (cudaTypedefs.h
+ * names them PFN_<api>_v<version>[_ptsz]). Older rows with another ABI (cuMemAlloc v2000 with
+ * 32-bit pointers) are not hooked and pass through. */
+#define EGPU_HOOKS(X) \
+    X(cuGetProcAddress, cuGetProcAddress, 11030, 0, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)) \
+    X(cuGetProcAddress_v2, cuGetProcAddress, 12000, 0, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags, int *symbolStatus)) \
+    X(cuModuleLoad, cuModuleLoad, 2000, 0, (CUmodule *module, const char *fname)) \
+    X(cuModuleLoadData, cuModuleLoadData, 2000, 0, (CUmodule *module, const void *image)) \
+    X(cuModuleLoadDataEx, cuModuleLoadDataEx, 2010, 0, (CUmodule *module, const void *image, unsigned int numOptions, int *options, void **optionValues)) \
+    X(cuModuleLoadFatBinary, cuModuleLoadFatBinary, 2000, 0, (CUmodule *module, const void *fatCubin)) \
+    X(cuModuleUnload, cuModuleUnload, 2000, 0, (CUmodule hmod)) \
+    X(cuModuleGetFunction, cuModuleGetFunction, 2000, 0, (CUfunction *hfunc, CUmodule hmod, const char *name)) \
+    X(cuLibraryLoadData, cuLibraryLoadData, 12000, 0, (CUlibrary *library, const void *code, int *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, int *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)) \
+    X(cuLibraryLoadFromFile, cuLibraryLoadFromFile, 12000, 0, (CUlibrary *library, const char *fileName, int *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, int *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)) \
+    X(cuLibraryUnload, cuLibraryUnload, 12000, 0, (CUlibrary library)) \
+    X(cuLibraryGetKernel, cuLibraryGetKernel, 12000, 0, (CUkernel *pKernel, CUlibrary library, const char *name)) \
+    X(cuLibraryGetModule, cuLibraryGetModule, 12000, 0, (CUmodule *pMod, CUlibrary library)) \
+    X(cuKernelGetFunction, cuKernelGetFunction, 12000, 0, (CUfunction *pFunc, CUkernel kernel)) \
+    X(cuLinkCreate_v2, cuLinkCreate, 6050, 0, (unsigned int numOptions, int *options, void **optionValues, CUlinkState *stateOut)) \
+    X(cuLinkAddData_v2, cuLinkAddData, 6050, 0, (CUlinkState state, int type, void *data, size_t size, const char *name, unsigned int numOptions, int *options, void **optionValues)) \
+    X(cuLinkAddFile_v2, cuLinkAddFile, 6050, 0, (CUlinkState state, int type, const char *path, unsigned int numOptions, int *options, void **optionValues)) \
+    X(cuLinkComplete, cuLinkComplete, 5050, 0, (CUlinkState state, void **cubinOut, size_t *sizeOut)) \
+    X(cuLaunchKernel, cuLaunchKernel, 4000, 0, (EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams, void **extra)) \
+    X(cuLaunchKernel_ptsz, cuLaunchKernel, 7000, 1, (EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams, void **extra)) \
+    X(cuLaunchKernelEx, cuLaunchKernelEx, 11060, 0, (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)) \
+    X(cuLaunchKernelEx_ptsz, cuLaunchKernelEx, 11060, 1, (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)) \
+    X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel, 9000, 0, (EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams)) \
+    X(cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernel, 9000, 1, (EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams)) \
+    X(cuGraphAddKernelNode, cuGraphAddKernelNode, 10000, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams)) \
+    X(cuGraphAddKernelNode_v2, cuGraphAddKernelNode, 12000, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams)) \
+    X(cuGraphKernelNodeSetParams, cuGraphKernelNodeSetParams, 10000, 0, (CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams)) \
+    X(cuGraphKernelNodeSetParams_v2, cuGraphKernelNodeSetParams, 12000, 0, (CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams)) \
+    X(cuGraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams, 10010, 0, (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams)) \
+    X(cuGraphExecKernelNodeSetParams_v2, cuGraphExecKernelNodeSetParams, 12000, 0, (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams)) \
+    X(cuMemAlloc_v2, cuMemAlloc, 3020, 0, (CUdeviceptr *dptr, size_t bytesize)) \
+    X(cuMemAllocPitch_v2, cuMemAllocPitch, 3020, 0, (CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)) \
+    X(cuMemAllocManaged, cuMemAllocManaged, 6000, 0, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags)) \
+    X(cuMemAllocAsync, cuMemAllocAsync, 11020, 0, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)) \
+    X(cuMemAllocAsync_ptsz, cuMemAllocAsync, 11020, 1, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)) \
+    X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, 11020, 0, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)) \
+    X(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync, 11020, 1, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)) \
+    X(cuMemFree_v2, cuMemFree, 3020, 0, (CUdeviceptr dptr)) \
+    X(cuMemFreeAsync, cuMemFreeAsync, 11020, 0, (CUdeviceptr dptr, CUstream hStream)) \
+    X(cuMemFreeAsync_ptsz, cuMemFreeAsync, 11020, 1, (CUdeviceptr dptr, CUstream hStream)) \
+    X(cuMemHostAlloc, cuMemHostAlloc, 2020, 0, (void **pp, size_t bytesize, unsigned int Flags)) \
+    X(cuMemFreeHost, cuMemFreeHost, 2000, 0, (void *p)) \
+    X(cuMemHostRegister_v2, cuMemHostRegister, 6050, 0, (void *p, size_t bytesize, unsigned int Flags)) \
+    X(cuMemHostUnregister, cuMemHostUnregister, 4000, 0, (void *p)) \
+    X(cuMemCreate, cuMemCreate, 10020, 0, (CUmemGenericAllocationHandle *handle, size_t size, const void *prop, unsigned long long flags)) \
+    X(cuMemRelease, cuMemRelease, 10020, 0, (CUmemGenericAllocationHandle handle)) \
+    X(cuMemMap, cuMemMap, 10020, 0, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)) \
+    X(cuMemUnmap, cuMemUnmap, 10020, 0, (CUdeviceptr ptr, size_t size))
+
+#endif /* EGPU_SHIM_H */

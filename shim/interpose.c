@@ -1,0 +1,973 @@
+/* interpose.c: the C half of libegpu_shim.so (LD_PRELOAD).
+ *
+ * How programs reach the driver (DESIGN.md section 3): cudart dlopens libcuda.so.1, dlsyms
+ * cuGetProcAddress_v2 and asks it for every entry point (and for cuGetProcAddress itself);
+ * PyTorch/Triton/CuPy dlsym entry points; Triton's stub links libcuda. So the shim interposes dlsym,
+ * dlvsym and cuGetProcAddress(_v2), and also exports every hook under the driver's own symbol name.
+ * Each hook is the ABI twin of one driver symbol (egpu_shim.h, EGPU_HOOKS) and calls that symbol.
+ *
+ * Launch hooks stay in C: one lock-free table lookup (original handle -> current target), counters,
+ * an optional lock-free ring of launch records; no Python, no lock, no synchronization. Module loads
+ * and handle lookups call into embedded Python (started by cffi on the first such call, never here
+ * at load time). Every hook returns the driver's own CUresult. The library does nothing until called.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "egpu_shim.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#if defined(__has_attribute) && __has_attribute(musttail)
+#define TAIL __attribute__((musttail)) /* clang >= 13, gcc >= 15; elsewhere -O2 makes it a jmp */
+#else
+#define TAIL
+#endif
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_NOT_FOUND 500
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
+#define CU_JIT_INPUT_PTX 1
+#define CU_LAUNCH_PARAM_END ((void *)0x00)
+#define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
+#define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
+
+/* ---- the hooked driver symbols, as a table ---- */
+
+enum variant_id {
+#define X(sym, api, ver, ptsz, params) V_##sym,
+    EGPU_HOOKS(X)
+#undef X
+    V_COUNT
+};
+
+#define X(sym, api, ver, ptsz, params) typedef CUresult (*pfn_##sym) params; EXPORT CUresult sym params;
+EGPU_HOOKS(X)
+#undef X
+
+struct variant {
+    const char *symbol; /* exported by libcuda */
+    const char *api;    /* what cuGetProcAddress is asked for */
+    int version;        /* first cudaVersion that returns this symbol */
+    int ptsz;           /* the per-thread default stream twin */
+    void *hook;
+};
+
+static const struct variant variants[V_COUNT] = {
+#define X(sym, api_, ver, ptsz_, params) [V_##sym] = {#sym, #api_, ver, ptsz_, (void *)sym},
+    EGPU_HOOKS(X)
+#undef X
+};
+
+/* The driver's function behind each hook, learnt from what dlsym/cuGetProcAddress returned to the app
+ * or looked up in libcuda.so.1 on first use (programs that link libcuda call the hooks directly). */
+static _Atomic(void *) real_fns[V_COUNT];
+
+/* ---- the real dlsym/dlvsym ---- */
+
+typedef void *(*dlsym_fn)(void *, const char *);
+typedef void *(*dlvsym_fn)(void *, const char *, const char *);
+static _Atomic(dlsym_fn) g_dlsym;
+static _Atomic(dlvsym_fn) g_dlvsym;
+
+static uint32_t gnu_hash(const char *s) {
+    uint32_t h = 5381;
+    for (; *s; s++) h = h * 33 + (unsigned char)*s;
+    return h;
+}
+
+/* `name` in the dynamic symbol table of the already loaded `lib`, read through its GNU hash table.
+ * The shim defines dlsym and dlvsym itself, so any call by those names from here would reach the
+ * shim again: the first real one has to be found without them. */
+static void *elf_symbol(const char *lib, const char *name) {
+    void *h = dlopen(lib, RTLD_LAZY | RTLD_NOLOAD);
+    struct link_map *map = NULL;
+    if (!h) return NULL;
+    int ok = dlinfo(h, RTLD_DI_LINKMAP, &map) == 0 && map;
+    dlclose(h);
+    if (!ok) return NULL;
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    const uint32_t *gh = NULL;
+    ElfW(Addr) base = map->l_addr;
+    for (const ElfW(Dyn) *d = map->l_ld; d->d_tag != DT_NULL; d++) {
+        /* glibc relocates these entries in place where .dynamic is writable; else they are offsets */
+        ElfW(Addr) p = d->d_un.d_ptr < base ? d->d_un.d_ptr + base : d->d_un.d_ptr;
+        if (d->d_tag == DT_SYMTAB) symtab = (const void *)p;
+        else if (d->d_tag == DT_STRTAB) strtab = (const void *)p;
+        else if (d->d_tag == DT_GNU_HASH) gh = (const void *)p;
+    }
+    if (!symtab || !strtab || !gh) return NULL;
+    uint32_t nbuckets = gh[0], symoffset = gh[1], bloom_size = gh[2];
+    const uint32_t *buckets = (const uint32_t *)((const ElfW(Addr) *)&gh[4] + bloom_size);
+    const uint32_t *chain = buckets + nbuckets;
+    uint32_t hash = gnu_hash(name);
+    for (uint32_t i = buckets[hash % nbuckets]; i >= symoffset; i++) {
+        uint32_t c = chain[i - symoffset];
+        if ((c | 1) == (hash | 1) && symtab[i].st_value && !strcmp(strtab + symtab[i].st_name, name))
+            return (void *)(base + symtab[i].st_value);
+        if (c & 1) break;
+    }
+    return NULL;
+}
+
+static dlvsym_fn real_dlvsym(void) {
+    dlvsym_fn f = atomic_load_explicit(&g_dlvsym, memory_order_acquire);
+    if (!f) {
+        f = (dlvsym_fn)elf_symbol("libc.so.6", "dlvsym"); /* glibc >= 2.34 */
+        if (!f) f = (dlvsym_fn)elf_symbol("libdl.so.2", "dlvsym");
+        atomic_store_explicit(&g_dlvsym, f, memory_order_release);
+    }
+    return f;
+}
+
+static dlsym_fn real_dlsym(void) {
+    dlsym_fn f = atomic_load_explicit(&g_dlsym, memory_order_acquire);
+    if (!f) {
+        f = (dlsym_fn)real_dlvsym()(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+        atomic_store_explicit(&g_dlsym, f, memory_order_release);
+    }
+    return f;
+}
+
+/* ---- finding the driver's functions ---- */
+
+static void *libcuda(void) {
+    static _Atomic(void *) handle;
+    void *h = atomic_load_explicit(&handle, memory_order_acquire);
+    if (!h) {
+        h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        if (!h) h = dlopen("libcuda.so.1", RTLD_LAZY);
+        atomic_store_explicit(&handle, h, memory_order_release);
+    }
+    return h;
+}
+
+/* Remember what the driver returned for variant i; our own hook (dlsym(RTLD_DEFAULT) finds the shim
+ * first) is never a driver function. */
+static void note_real(int i, void *p) {
+    if (p && p != variants[i].hook) atomic_store_explicit(&real_fns[i], p, memory_order_release);
+}
+
+static void *real_fn(int i) {
+    void *p = atomic_load_explicit(&real_fns[i], memory_order_acquire);
+    if (__builtin_expect(p != NULL, 1)) return p;
+    void *h = libcuda();
+    /* dlsym on libcuda's own handle searches libcuda and its dependencies, never the preload */
+    note_real(i, h ? real_dlsym()(h, variants[i].symbol) : NULL);
+    return atomic_load_explicit(&real_fns[i], memory_order_acquire);
+}
+
+#define CALL_REAL(sym, ...) ({ pfn_##sym fn_ = (pfn_##sym)real_fn(V_##sym); \
+    fn_ ? fn_(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
+
+static int variant_by_symbol(const char *symbol) {
+    for (int i = 0; i < V_COUNT; i++)
+        if (!strcmp(variants[i].symbol, symbol)) return i;
+    return -1;
+}
+
+/* The variant the driver returns for (api, cudaVersion, flags): the newest one not newer than the
+ * requested version, preferring the per-thread twin when asked for it. -1: not hooked. */
+static int variant_for(const char *api, int version, cuuint64_t flags) {
+    int want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    int best = -1;
+    for (int i = 0; i < V_COUNT; i++) {
+        const struct variant *v = &variants[i];
+        if (v->version > version || strcmp(v->api, api)) continue;
+        if (v->ptsz && !want_ptsz) continue;
+        if (best < 0 || v->ptsz > variants[best].ptsz ||
+            (v->ptsz == variants[best].ptsz && v->version > variants[best].version))
+            best = i;
+    }
+    return best;
+}
+
+/* ---- per-thread pass-through ---- */
+
+static __thread int tls_bypass __attribute__((tls_model("initial-exec")));
+static __thread int tls_in_python __attribute__((tls_model("initial-exec")));
+
+static inline int passthrough(void) { return tls_bypass | tls_in_python; }
+
+EXPORT int egpu_shim_bypass(int on) {
+    int old = tls_bypass;
+    tls_bypass = on != 0;
+    return old;
+}
+
+EXPORT void *egpu_shim_real(const char *symbol) {
+    int i = symbol ? variant_by_symbol(symbol) : -1;
+    if (i >= 0) return real_fn(i);
+    void *h = libcuda();
+    return h && symbol ? real_dlsym()(h, symbol) : NULL;
+}
+
+/* ---- dlsym, dlvsym, cuGetProcAddress ---- */
+
+static void *hand_out(int i, void *real) {
+    if (!real) return NULL;
+    note_real(i, real);
+    return variants[i].hook;
+}
+
+/* The pass-through is a tail call on purpose: glibc's dlsym reads its caller from the return
+ * address to resolve RTLD_NEXT, and a tail call leaves the application's there (tests/test_shim.py
+ * checks it with app_nocuda). */
+EXPORT void *dlsym(void *handle, const char *name) {
+    dlsym_fn real = real_dlsym();
+    if (name[0] == 'c' && name[1] == 'u' && !passthrough()) {
+        int i = variant_by_symbol(name);
+        if (i >= 0) return hand_out(i, real(handle, name));
+    }
+    TAIL return real(handle, name);
+}
+
+EXPORT void *dlvsym(void *handle, const char *name, const char *version) {
+    dlvsym_fn real = real_dlvsym();
+    if (name[0] == 'c' && name[1] == 'u' && !passthrough()) {
+        int i = variant_by_symbol(name);
+        if (i >= 0) return hand_out(i, real(handle, name, version));
+    }
+    TAIL return real(handle, name, version);
+}
+
+static void proc_address(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    if (!symbol || !pfn || !*pfn || passthrough()) return;
+    int i = variant_for(symbol, version, flags);
+    if (i >= 0) *pfn = hand_out(i, *pfn);
+}
+
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags) {
+    CUresult r = CALL_REAL(cuGetProcAddress, symbol, pfn, cudaVersion, flags);
+    if (r == CUDA_SUCCESS) proc_address(symbol, pfn, cudaVersion, flags);
+    return r;
+}
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                                    int *symbolStatus) {
+    CUresult r = CALL_REAL(cuGetProcAddress_v2, symbol, pfn, cudaVersion, flags, symbolStatus);
+    if (r == CUDA_SUCCESS) proc_address(symbol, pfn, cudaVersion, flags);
+    return r;
+}
+
+/* ---- statistics and the function table ---- */
+
+static struct {
+    _Atomic unsigned long long launches, redirected, records, dropped, untracked, python_calls, calls;
+} g_stats;
+
+/* What launches of one original handle run. Immutable once published; a swap publishes a new one. */
+struct target {
+    void *function;
+    unsigned int nparams, param_offset;
+    int launch_id; /* append the launch id (translate/rewrite.py's launch contract) */
+};
+
+struct slot {
+    _Atomic(void *) key;
+    _Atomic(const struct target *) target;
+    _Atomic unsigned long long launches;
+};
+
+#define TABLE_SIZE (1u << 16) /* power of two; keys are never removed */
+static struct slot table[TABLE_SIZE];
+
+/* Open addressing, linear probing; a key is claimed with one CAS, so readers never lock. */
+static struct slot *slot_for(void *key, int insert) {
+    uint64_t h = ((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull;
+    for (uint32_t n = 0, i = (uint32_t)(h >> 48) & (TABLE_SIZE - 1); n < TABLE_SIZE;
+         n++, i = (i + 1) & (TABLE_SIZE - 1)) {
+        void *k = atomic_load_explicit(&table[i].key, memory_order_acquire);
+        if (k == key) return &table[i];
+        if (k == NULL) {
+            if (!insert) return NULL;
+            if (atomic_compare_exchange_strong_explicit(&table[i].key, &k, key, memory_order_acq_rel,
+                                                        memory_order_acquire) || k == key)
+                return &table[i];
+        }
+    }
+    return NULL;
+}
+
+static int publish(void *orig, void *repl, int launch_id, unsigned int nparams, unsigned int offset) {
+    struct slot *s = orig ? slot_for(orig, 1) : NULL;
+    if (!s) return -1;
+    struct target *t = NULL;
+    if (repl) {
+        t = malloc(sizeof *t);
+        if (!t) return -1;
+        *t = (struct target){repl, nparams, offset, launch_id};
+    }
+    /* The previous target is not freed: a launch on another thread may still be reading it. */
+    atomic_store_explicit(&s->target, t, memory_order_release);
+    return 0;
+}
+
+EXPORT int egpu_shim_register(void *orig, void *repl) { return publish(orig, repl, 0, 0, 0); }
+
+EXPORT int egpu_shim_register_launch_id(void *orig, void *repl, unsigned int nparams,
+                                        unsigned int param_offset) {
+    return publish(orig, repl, 1, nparams, param_offset);
+}
+
+EXPORT void *egpu_shim_current(void *orig) {
+    struct slot *s = slot_for(orig, 0);
+    const struct target *t = s ? atomic_load_explicit(&s->target, memory_order_acquire) : NULL;
+    return t ? t->function : orig;
+}
+
+EXPORT unsigned long long egpu_shim_launches(void *orig) {
+    struct slot *s = slot_for(orig, 0);
+    return s ? atomic_load_explicit(&s->launches, memory_order_relaxed) : 0;
+}
+
+EXPORT void egpu_shim_stats(struct egpu_stats *out) {
+    out->launches = atomic_load(&g_stats.launches);
+    out->redirected = atomic_load(&g_stats.redirected);
+    out->records = atomic_load(&g_stats.records);
+    out->dropped = atomic_load(&g_stats.dropped);
+    out->untracked = atomic_load(&g_stats.untracked);
+    out->python_calls = atomic_load(&g_stats.python_calls);
+}
+
+/* ---- the launch record ring: bounded multi-producer queue (Vyukov), one consumer ---- */
+
+#define RING_SIZE (1u << 14)
+struct cell {
+    _Atomic unsigned long long seq; /* == position: free for it; position + 1: holds its record */
+    struct egpu_launch_record rec;
+};
+static struct cell ring[RING_SIZE];
+static _Atomic unsigned long long ring_head;
+static unsigned long long ring_tail; /* consumer only */
+static _Atomic int records_on;
+static pthread_once_t ring_once = PTHREAD_ONCE_INIT;
+
+static void ring_init(void) {
+    for (unsigned int i = 0; i < RING_SIZE; i++) atomic_store(&ring[i].seq, i);
+}
+
+EXPORT int egpu_shim_records(int on) {
+    pthread_once(&ring_once, ring_init);
+    return atomic_exchange(&records_on, on != 0);
+}
+
+static void ring_push(const struct egpu_launch_record *rec) {
+    unsigned long long pos = atomic_load_explicit(&ring_head, memory_order_relaxed);
+    struct cell *c;
+    for (;;) {
+        c = &ring[pos & (RING_SIZE - 1)];
+        long long diff = (long long)(atomic_load_explicit(&c->seq, memory_order_acquire) - pos);
+        if (diff == 0) {
+            if (atomic_compare_exchange_weak_explicit(&ring_head, &pos, pos + 1, memory_order_relaxed,
+                                                      memory_order_relaxed))
+                break;
+        } else if (diff < 0) { /* full: the drainer is behind; never wait in a launch */
+            atomic_fetch_add_explicit(&g_stats.dropped, 1, memory_order_relaxed);
+            return;
+        } else {
+            pos = atomic_load_explicit(&ring_head, memory_order_relaxed);
+        }
+    }
+    c->rec = *rec;
+    atomic_store_explicit(&c->seq, pos + 1, memory_order_release);
+    atomic_fetch_add_explicit(&g_stats.records, 1, memory_order_relaxed);
+}
+
+EXPORT size_t egpu_shim_drain(struct egpu_launch_record *out, size_t max) {
+    pthread_once(&ring_once, ring_init);
+    size_t n = 0;
+    while (n < max) {
+        struct cell *c = &ring[ring_tail & (RING_SIZE - 1)];
+        if (atomic_load_explicit(&c->seq, memory_order_acquire) != ring_tail + 1) break;
+        out[n++] = c->rec;
+        atomic_store_explicit(&c->seq, ring_tail + RING_SIZE, memory_order_release);
+        ring_tail++;
+    }
+    return n;
+}
+
+/* ---- launches ---- */
+
+struct launch {
+    const struct target *target;
+    unsigned long long id;
+};
+
+/* Count the launch, record it if asked, and find what to run. The launch id is the process-wide
+ * launch counter. */
+static inline struct launch launch_begin(void *f, int api, unsigned int gx, unsigned int gy,
+                                         unsigned int gz, unsigned int bx, unsigned int by,
+                                         unsigned int bz, unsigned int shmem, void *stream) {
+    struct launch l = {NULL, atomic_fetch_add_explicit(&g_stats.launches, 1, memory_order_relaxed) + 1};
+    struct slot *s = slot_for(f, 1);
+    if (s) {
+        atomic_fetch_add_explicit(&s->launches, 1, memory_order_relaxed);
+        l.target = atomic_load_explicit(&s->target, memory_order_acquire);
+        if (l.target) atomic_fetch_add_explicit(&g_stats.redirected, 1, memory_order_relaxed);
+    } else {
+        atomic_fetch_add_explicit(&g_stats.untracked, 1, memory_order_relaxed);
+    }
+    if (atomic_load_explicit(&records_on, memory_order_relaxed)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        struct egpu_launch_record rec = {l.id, (unsigned long long)ts.tv_sec * 1000000000ull + ts.tv_nsec,
+                                         f, l.target ? l.target->function : f, stream,
+                                         {gx, gy, gz}, {bx, by, bz}, shmem, api};
+        ring_push(&rec);
+    }
+    return l;
+}
+
+#define INLINE_PARAMS 64
+#define INLINE_BUFFER 4096
+
+/* Parameters with the launch id appended (rewrite.py's launch contract), kept alive for one call. */
+struct args {
+    void **params, **extra;
+    unsigned long long id;
+    size_t size;
+    void *param_store[INLINE_PARAMS + 1];
+    void *extra_store[5];
+    void *heap;
+    _Alignas(8) char buf_store[INLINE_BUFFER];
+};
+
+static void args_init(struct args *a, const struct target *t, unsigned long long id, void **params,
+                      void **extra) {
+    a->params = params;
+    a->extra = extra;
+    a->id = id;
+    a->heap = NULL;
+    if (!t || !t->launch_id) return;
+    void *size_p = NULL;
+    char *buf_in = NULL;
+    for (void **e = extra; e && *e != CU_LAUNCH_PARAM_END; e += 2) {
+        if (e[0] == CU_LAUNCH_PARAM_BUFFER_POINTER) buf_in = e[1];
+        else if (e[0] == CU_LAUNCH_PARAM_BUFFER_SIZE) size_p = e[1];
+    }
+    if (buf_in && size_p) { /* extra form: copy the buffer, the id at its offset */
+        size_t old = *(size_t *)size_p, need = t->param_offset + sizeof a->id;
+        a->size = need > old ? need : old;
+        char *buf = a->size <= INLINE_BUFFER ? a->buf_store : (a->heap = malloc(a->size));
+        if (!buf) return;
+        memcpy(buf, buf_in, old);
+        memset(buf + old, 0, a->size - old);
+        memcpy(buf + t->param_offset, &a->id, sizeof a->id);
+        void **x = a->extra_store;
+        x[0] = CU_LAUNCH_PARAM_BUFFER_POINTER; x[1] = buf;
+        x[2] = CU_LAUNCH_PARAM_BUFFER_SIZE; x[3] = &a->size;
+        x[4] = CU_LAUNCH_PARAM_END;
+        a->extra = x;
+        return;
+    }
+    void **p = t->nparams < INLINE_PARAMS ? a->param_store
+                                          : (a->heap = malloc((t->nparams + 1) * sizeof(void *)));
+    if (!p) return;
+    if (t->nparams) memcpy(p, params, t->nparams * sizeof(void *));
+    p[t->nparams] = &a->id;
+    a->params = p;
+}
+
+static inline void args_done(struct args *a) { free(a->heap); }
+
+#define GRID gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream
+
+#define LAUNCH_KERNEL(sym) \
+    EXPORT CUresult sym(EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams, void **extra) { \
+        if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams, extra); \
+        struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL, GRID); \
+        if (__builtin_expect(l.target == NULL, 1)) return CALL_REAL(sym, f, GRID, kernelParams, extra); \
+        struct args a; \
+        args_init(&a, l.target, l.id, kernelParams, extra); \
+        CUresult r = CALL_REAL(sym, l.target->function, GRID, a.params, a.extra); \
+        args_done(&a); \
+        return r; \
+    }
+LAUNCH_KERNEL(cuLaunchKernel)
+LAUNCH_KERNEL(cuLaunchKernel_ptsz)
+
+#define LAUNCH_COOPERATIVE(sym) \
+    EXPORT CUresult sym(EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams) { \
+        if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams); \
+        struct launch l = launch_begin(f, EGPU_API_LAUNCH_COOPERATIVE_KERNEL, GRID); \
+        if (__builtin_expect(l.target == NULL, 1)) return CALL_REAL(sym, f, GRID, kernelParams); \
+        struct args a; \
+        args_init(&a, l.target, l.id, kernelParams, NULL); \
+        CUresult r = CALL_REAL(sym, l.target->function, GRID, a.params); \
+        args_done(&a); \
+        return r; \
+    }
+LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel)
+LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz)
+
+#define CONFIG(c) (c)->gridDimX, (c)->gridDimY, (c)->gridDimZ, (c)->blockDimX, (c)->blockDimY, \
+    (c)->blockDimZ, (c)->sharedMemBytes, (c)->hStream
+#define LAUNCH_EX(sym) \
+    EXPORT CUresult sym(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) { \
+        if (passthrough() || !config) return CALL_REAL(sym, config, f, kernelParams, extra); \
+        struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL_EX, CONFIG(config)); \
+        if (__builtin_expect(l.target == NULL, 1)) return CALL_REAL(sym, config, f, kernelParams, extra); \
+        struct args a; \
+        args_init(&a, l.target, l.id, kernelParams, extra); \
+        CUresult r = CALL_REAL(sym, config, l.target->function, a.params, a.extra); \
+        args_done(&a); \
+        return r; \
+    }
+LAUNCH_EX(cuLaunchKernelEx)
+LAUNCH_EX(cuLaunchKernelEx_ptsz)
+
+/* ---- graph kernel nodes: the node keeps the function it was given, so retarget it there ----
+ * A node's parameters are copied by the driver when set, so its launch id is fixed per node (one
+ * number drawn from the launch counter), not per replay. Launches during stream capture go through
+ * the launch hooks above and are retargeted there. */
+
+static const struct target *node_target(void *func, void *kern) {
+    struct slot *s = slot_for(func ? func : kern, 0);
+    return s ? atomic_load_explicit(&s->target, memory_order_acquire) : NULL;
+}
+
+#define NODE_RETARGET(T, p, kern_field) \
+    T q_; struct args a_; const struct target *t_ = NULL; \
+    if (!passthrough() && p && (t_ = node_target(p->func, kern_field))) { \
+        q_ = *p; \
+        args_init(&a_, t_, atomic_fetch_add(&g_stats.launches, 1) + 1, p->kernelParams, p->extra); \
+        q_.func = t_->function; q_.kernelParams = a_.params; q_.extra = a_.extra; \
+        p = &q_; \
+    }
+#define NODE_DONE() if (t_) args_done(&a_);
+#define NO_KERN(p) NULL
+#define V2_KERN(p) (p)->kern
+
+EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                     const CUgraphNode *dependencies, size_t numDependencies,
+                                     const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams) {
+    NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v1, nodeParams, NO_KERN(nodeParams))
+    CUresult r = CALL_REAL(cuGraphAddKernelNode, phGraphNode, hGraph, dependencies, numDependencies,
+                           nodeParams);
+    NODE_DONE()
+    return r;
+}
+
+EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                        const CUgraphNode *dependencies, size_t numDependencies,
+                                        const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams) {
+    NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v2, nodeParams, V2_KERN(nodeParams))
+    if (t_) q_.kern = NULL; /* func set: kern and ctx are ignored */
+    CUresult r = CALL_REAL(cuGraphAddKernelNode_v2, phGraphNode, hGraph, dependencies,
+                           numDependencies, nodeParams);
+    NODE_DONE()
+    return r;
+}
+
+EXPORT CUresult cuGraphKernelNodeSetParams(CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams) {
+    NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v1, nodeParams, NO_KERN(nodeParams))
+    CUresult r = CALL_REAL(cuGraphKernelNodeSetParams, hNode, nodeParams);
+    NODE_DONE()
+    return r;
+}
+
+EXPORT CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams) {
+    NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v2, nodeParams, V2_KERN(nodeParams))
+    if (t_) q_.kern = NULL;
+    CUresult r = CALL_REAL(cuGraphKernelNodeSetParams_v2, hNode, nodeParams);
+    NODE_DONE()
+    return r;
+}
+
+EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                               const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams) {
+    NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v1, nodeParams, NO_KERN(nodeParams))
+    CUresult r = CALL_REAL(cuGraphExecKernelNodeSetParams, hGraphExec, hNode, nodeParams);
+    NODE_DONE()
+    return r;
+}
+
+EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                  const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams) {
+    NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v2, nodeParams, V2_KERN(nodeParams))
+    if (t_) q_.kern = NULL;
+    CUresult r = CALL_REAL(cuGraphExecKernelNodeSetParams_v2, hGraphExec, hNode, nodeParams);
+    NODE_DONE()
+    return r;
+}
+
+/* ---- module loads and lookups: into Python, outside any driver call ---- */
+
+static const void *py_image(int api, unsigned long long call, const void *image, size_t size,
+                            const char *path, size_t *out_size) {
+    atomic_fetch_add_explicit(&g_stats.python_calls, 1, memory_order_relaxed);
+    tls_in_python++;
+    const void *r = egpu_py_module_load(api, call, image, size, path, out_size);
+    tls_in_python--;
+    return r;
+}
+
+static void py_loaded(int api, unsigned long long call, void *handle, CUresult r, int repl_result) {
+    tls_in_python++;
+    egpu_py_module_loaded(api, call, handle, r, repl_result);
+    tls_in_python--;
+}
+
+static void py_found(int api, void *owner, const char *name, void *handle) {
+    atomic_fetch_add_explicit(&g_stats.python_calls, 1, memory_order_relaxed);
+    tls_in_python++;
+    egpu_py_handle_found(api, owner, name, handle);
+    tls_in_python--;
+}
+
+static void py_unloaded(int api, void *handle) {
+    tls_in_python++;
+    egpu_py_unloaded(api, handle);
+    tls_in_python--;
+}
+
+static unsigned long long next_call(void) {
+    return atomic_fetch_add_explicit(&g_stats.calls, 1, memory_order_relaxed) + 1;
+}
+
+/* One load with an optional replacement image: `image` is the variable the real call reads. A
+ * replacement the driver refuses is followed by the original call, so the app never sees our error. */
+#define LOAD(sym, api, out, image_in, size_in, path_in, image, ...) do { \
+        if (passthrough()) return CALL_REAL(sym, __VA_ARGS__); \
+        unsigned long long call_ = next_call(); \
+        size_t n_ = 0; \
+        const void *orig_ = image; \
+        const void *repl_ = py_image(api, call_, image_in, size_in, path_in, &n_); \
+        int rr_ = -1; \
+        CUresult r_; \
+        if (repl_) { \
+            image = repl_; \
+            r_ = rr_ = CALL_REAL(sym, __VA_ARGS__); \
+            image = orig_; \
+        } \
+        if (!repl_ || rr_ != CUDA_SUCCESS) r_ = CALL_REAL(sym, __VA_ARGS__); \
+        py_loaded(api, call_, r_ == CUDA_SUCCESS && out ? *out : NULL, r_, rr_); \
+        return r_; \
+    } while (0)
+
+EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname) {
+    /* a replacement image turns the file load into cuModuleLoadData */
+    if (passthrough()) return CALL_REAL(cuModuleLoad, module, fname);
+    unsigned long long call = next_call();
+    size_t n = 0;
+    const void *repl = py_image(EGPU_API_MODULE_LOAD, call, NULL, 0, fname, &n);
+    int rr = -1;
+    CUresult r;
+    if (repl) rr = CALL_REAL(cuModuleLoadData, module, repl);
+    r = repl && rr == CUDA_SUCCESS ? rr : CALL_REAL(cuModuleLoad, module, fname);
+    py_loaded(EGPU_API_MODULE_LOAD, call, r == CUDA_SUCCESS && module ? *module : NULL, r, rr);
+    return r;
+}
+
+EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    LOAD(cuModuleLoadData, EGPU_API_MODULE_LOAD_DATA, module, image, 0, NULL, image, module, image);
+}
+
+EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                                   int *options, void **optionValues) {
+    LOAD(cuModuleLoadDataEx, EGPU_API_MODULE_LOAD_DATA_EX, module, image, 0, NULL, image, module,
+         image, numOptions, options, optionValues);
+}
+
+EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
+    LOAD(cuModuleLoadFatBinary, EGPU_API_MODULE_LOAD_FAT_BINARY, module, fatCubin, 0, NULL, fatCubin,
+         module, fatCubin);
+}
+
+EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, int *jitOptions,
+                                  void **jitOptionsValues, unsigned int numJitOptions,
+                                  int *libraryOptions, void **libraryOptionValues,
+                                  unsigned int numLibraryOptions) {
+    LOAD(cuLibraryLoadData, EGPU_API_LIBRARY_LOAD_DATA, library, code, 0, NULL, code, library, code,
+         jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues,
+         numLibraryOptions);
+}
+
+EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, int *jitOptions,
+                                      void **jitOptionsValues, unsigned int numJitOptions,
+                                      int *libraryOptions, void **libraryOptionValues,
+                                      unsigned int numLibraryOptions) {
+    if (passthrough())
+        return CALL_REAL(cuLibraryLoadFromFile, library, fileName, jitOptions, jitOptionsValues,
+                         numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
+    unsigned long long call = next_call();
+    size_t n = 0;
+    const void *repl = py_image(EGPU_API_LIBRARY_LOAD_FROM_FILE, call, NULL, 0, fileName, &n);
+    int rr = -1;
+    CUresult r;
+    if (repl)
+        rr = CALL_REAL(cuLibraryLoadData, library, repl, jitOptions, jitOptionsValues, numJitOptions,
+                       libraryOptions, libraryOptionValues, numLibraryOptions);
+    r = repl && rr == CUDA_SUCCESS
+            ? rr
+            : CALL_REAL(cuLibraryLoadFromFile, library, fileName, jitOptions, jitOptionsValues,
+                        numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
+    py_loaded(EGPU_API_LIBRARY_LOAD_FROM_FILE, call, r == CUDA_SUCCESS && library ? *library : NULL,
+              r, rr);
+    return r;
+}
+
+EXPORT CUresult cuLinkCreate_v2(unsigned int numOptions, int *options, void **optionValues,
+                                CUlinkState *stateOut) {
+    CUresult r = CALL_REAL(cuLinkCreate_v2, numOptions, options, optionValues, stateOut);
+    if (r == CUDA_SUCCESS && stateOut && !passthrough())
+        py_found(EGPU_API_LINK_CREATE, NULL, NULL, *stateOut);
+    return r;
+}
+
+/* PTX inputs only: cubins, fatbins and objects are already compiled. */
+EXPORT CUresult cuLinkAddData_v2(CUlinkState state, int type, void *data, size_t size, const char *name,
+                                 unsigned int numOptions, int *options, void **optionValues) {
+    if (passthrough() || type != CU_JIT_INPUT_PTX)
+        return CALL_REAL(cuLinkAddData_v2, state, type, data, size, name, numOptions, options,
+                         optionValues);
+    unsigned long long call = next_call();
+    size_t n = 0;
+    const void *repl = py_image(EGPU_API_LINK_ADD_DATA, call, data, size, NULL, &n);
+    int rr = -1;
+    CUresult r;
+    if (repl)
+        rr = CALL_REAL(cuLinkAddData_v2, state, type, (void *)repl, n, name, numOptions, options,
+                       optionValues);
+    r = repl && rr == CUDA_SUCCESS
+            ? rr
+            : CALL_REAL(cuLinkAddData_v2, state, type, data, size, name, numOptions, options,
+                        optionValues);
+    py_loaded(EGPU_API_LINK_ADD_DATA, call, state, r, rr);
+    return r;
+}
+
+EXPORT CUresult cuLinkAddFile_v2(CUlinkState state, int type, const char *path, unsigned int numOptions,
+                                 int *options, void **optionValues) {
+    if (passthrough() || type != CU_JIT_INPUT_PTX)
+        return CALL_REAL(cuLinkAddFile_v2, state, type, path, numOptions, options, optionValues);
+    unsigned long long call = next_call();
+    size_t n = 0;
+    const void *repl = py_image(EGPU_API_LINK_ADD_FILE, call, NULL, 0, path, &n);
+    int rr = -1;
+    CUresult r;
+    if (repl)
+        rr = CALL_REAL(cuLinkAddData_v2, state, type, (void *)repl, n, path, numOptions, options,
+                       optionValues);
+    r = repl && rr == CUDA_SUCCESS
+            ? rr
+            : CALL_REAL(cuLinkAddFile_v2, state, type, path, numOptions, options, optionValues);
+    py_loaded(EGPU_API_LINK_ADD_FILE, call, state, r, rr);
+    return r;
+}
+
+EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeOut) {
+    CUresult r = CALL_REAL(cuLinkComplete, state, cubinOut, sizeOut);
+    if (r == CUDA_SUCCESS && cubinOut && !passthrough())
+        py_found(EGPU_API_LINK_COMPLETE, state, NULL, *cubinOut);
+    return r;
+}
+
+#define FOUND(sym, api, out, owner, name, ...) \
+    CUresult r = CALL_REAL(sym, __VA_ARGS__); \
+    if (r == CUDA_SUCCESS && out && !passthrough()) py_found(api, owner, name, *out); \
+    return r;
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+    FOUND(cuModuleGetFunction, EGPU_API_MODULE_GET_FUNCTION, hfunc, hmod, name, hfunc, hmod, name)
+}
+
+EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
+    FOUND(cuLibraryGetKernel, EGPU_API_LIBRARY_GET_KERNEL, pKernel, library, name, pKernel, library,
+          name)
+}
+
+EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
+    FOUND(cuKernelGetFunction, EGPU_API_KERNEL_GET_FUNCTION, pFunc, kernel, NULL, pFunc, kernel)
+}
+
+EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
+    FOUND(cuLibraryGetModule, EGPU_API_LIBRARY_GET_MODULE, pMod, library, NULL, pMod, library)
+}
+
+EXPORT CUresult cuModuleUnload(CUmodule hmod) {
+    CUresult r = CALL_REAL(cuModuleUnload, hmod);
+    if (r == CUDA_SUCCESS && !passthrough()) py_unloaded(EGPU_API_MODULE_UNLOAD, hmod);
+    return r;
+}
+
+EXPORT CUresult cuLibraryUnload(CUlibrary library) {
+    CUresult r = CALL_REAL(cuLibraryUnload, library);
+    if (r == CUDA_SUCCESS && !passthrough()) py_unloaded(EGPU_API_LIBRARY_UNLOAD, library);
+    return r;
+}
+
+/* ---- allocations: a table for cow/, updated after the driver call, under a short lock ---- */
+
+#define ALLOC_SIZE (1u << 16)
+static struct egpu_alloc allocs[ALLOC_SIZE]; /* address 0: empty */
+static size_t alloc_count;
+static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* VMM handles live in their own key space: a handle may equal some address. */
+static int alloc_same(const struct egpu_alloc *a, unsigned long long addr, int handle) {
+    return a->address == addr && (a->kind == EGPU_ALLOC_VMM_HANDLE) == handle;
+}
+
+static uint32_t alloc_home(unsigned long long addr) {
+    return (uint32_t)((addr >> 8) * 0x9E3779B97F4A7C15ull >> 48) & (ALLOC_SIZE - 1);
+}
+
+static void alloc_add(unsigned long long addr, unsigned long long size, int kind) {
+    if (!addr) return;
+    int handle = kind == EGPU_ALLOC_VMM_HANDLE;
+    pthread_mutex_lock(&alloc_lock);
+    for (uint32_t n = 0, i = alloc_home(addr); n < ALLOC_SIZE; n++, i = (i + 1) & (ALLOC_SIZE - 1)) {
+        if (!allocs[i].address || alloc_same(&allocs[i], addr, handle)) {
+            alloc_count += !allocs[i].address;
+            allocs[i] = (struct egpu_alloc){addr, size, kind};
+            break;
+        }
+    }
+    pthread_mutex_unlock(&alloc_lock);
+}
+
+static void alloc_del(unsigned long long addr, int handle) {
+    if (!addr) return;
+    pthread_mutex_lock(&alloc_lock);
+    uint32_t i = alloc_home(addr);
+    for (uint32_t n = 0; n < ALLOC_SIZE && allocs[i].address; n++, i = (i + 1) & (ALLOC_SIZE - 1)) {
+        if (!alloc_same(&allocs[i], addr, handle)) continue;
+        /* backward-shift deletion keeps every probe chain unbroken without tombstones */
+        uint32_t hole = i;
+        for (uint32_t j = (i + 1) & (ALLOC_SIZE - 1); allocs[j].address; j = (j + 1) & (ALLOC_SIZE - 1)) {
+            uint32_t home = alloc_home(allocs[j].address);
+            if (((j - home) & (ALLOC_SIZE - 1)) >= ((j - hole) & (ALLOC_SIZE - 1))) {
+                allocs[hole] = allocs[j];
+                hole = j;
+            }
+        }
+        allocs[hole] = (struct egpu_alloc){0, 0, 0};
+        alloc_count--;
+        break;
+    }
+    pthread_mutex_unlock(&alloc_lock);
+}
+
+EXPORT size_t egpu_shim_allocations(struct egpu_alloc *out, size_t max) {
+    size_t n = 0;
+    pthread_mutex_lock(&alloc_lock);
+    for (uint32_t i = 0; i < ALLOC_SIZE && n < max; i++)
+        if (allocs[i].address) out[n++] = allocs[i];
+    n = alloc_count;
+    pthread_mutex_unlock(&alloc_lock);
+    return n;
+}
+
+#define PTR(p) ((unsigned long long)(uintptr_t)(p))
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    CUresult r = CALL_REAL(cuMemAlloc_v2, dptr, bytesize);
+    if (r == CUDA_SUCCESS && dptr) alloc_add(*dptr, bytesize, EGPU_ALLOC_DEVICE);
+    return r;
+}
+
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                   unsigned int ElementSizeBytes) {
+    CUresult r = CALL_REAL(cuMemAllocPitch_v2, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (r == CUDA_SUCCESS && dptr && pPitch) alloc_add(*dptr, (unsigned long long)*pPitch * Height,
+                                                       EGPU_ALLOC_PITCH);
+    return r;
+}
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    CUresult r = CALL_REAL(cuMemAllocManaged, dptr, bytesize, flags);
+    if (r == CUDA_SUCCESS && dptr) alloc_add(*dptr, bytesize, EGPU_ALLOC_MANAGED);
+    return r;
+}
+
+#define ALLOC_ASYNC(sym) \
+    EXPORT CUresult sym(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) { \
+        CUresult r = CALL_REAL(sym, dptr, bytesize, hStream); \
+        if (r == CUDA_SUCCESS && dptr) alloc_add(*dptr, bytesize, EGPU_ALLOC_ASYNC); \
+        return r; \
+    }
+ALLOC_ASYNC(cuMemAllocAsync)
+ALLOC_ASYNC(cuMemAllocAsync_ptsz)
+
+#define ALLOC_POOL(sym) \
+    EXPORT CUresult sym(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) { \
+        CUresult r = CALL_REAL(sym, dptr, bytesize, pool, hStream); \
+        if (r == CUDA_SUCCESS && dptr) alloc_add(*dptr, bytesize, EGPU_ALLOC_ASYNC); \
+        return r; \
+    }
+ALLOC_POOL(cuMemAllocFromPoolAsync)
+ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz)
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    CUresult r = CALL_REAL(cuMemFree_v2, dptr);
+    if (r == CUDA_SUCCESS) alloc_del(dptr, 0);
+    return r;
+}
+
+#define FREE_ASYNC(sym) \
+    EXPORT CUresult sym(CUdeviceptr dptr, CUstream hStream) { \
+        CUresult r = CALL_REAL(sym, dptr, hStream); \
+        if (r == CUDA_SUCCESS) alloc_del(dptr, 0); \
+        return r; \
+    }
+FREE_ASYNC(cuMemFreeAsync)
+FREE_ASYNC(cuMemFreeAsync_ptsz)
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+    CUresult r = CALL_REAL(cuMemHostAlloc, pp, bytesize, Flags);
+    if (r == CUDA_SUCCESS && pp) alloc_add(PTR(*pp), bytesize, EGPU_ALLOC_HOST);
+    return r;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p) {
+    CUresult r = CALL_REAL(cuMemFreeHost, p);
+    if (r == CUDA_SUCCESS) alloc_del(PTR(p), 0);
+    return r;
+}
+
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags) {
+    CUresult r = CALL_REAL(cuMemHostRegister_v2, p, bytesize, Flags);
+    if (r == CUDA_SUCCESS) alloc_add(PTR(p), bytesize, EGPU_ALLOC_HOST_REGISTERED);
+    return r;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p) {
+    CUresult r = CALL_REAL(cuMemHostUnregister, p);
+    if (r == CUDA_SUCCESS) alloc_del(PTR(p), 0);
+    return r;
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const void *prop,
+                            unsigned long long flags) {
+    CUresult r = CALL_REAL(cuMemCreate, handle, size, prop, flags);
+    if (r == CUDA_SUCCESS && handle) alloc_add(*handle, size, EGPU_ALLOC_VMM_HANDLE);
+    return r;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    CUresult r = CALL_REAL(cuMemRelease, handle);
+    if (r == CUDA_SUCCESS) alloc_del(handle, 1);
+    return r;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                         unsigned long long flags) {
+    CUresult r = CALL_REAL(cuMemMap, ptr, size, offset, handle, flags);
+    if (r == CUDA_SUCCESS) alloc_add(ptr, size, EGPU_ALLOC_VMM_MAPPING);
+    return r;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    CUresult r = CALL_REAL(cuMemUnmap, ptr, size);
+    if (r == CUDA_SUCCESS) alloc_del(ptr, 0);
+    return r;
+}

@@ -1,0 +1,233 @@
+/* What every test app does once it can resolve driver entry points; the apps differ only in how
+ * they resolve them (app_cudart.c: cuGetProcAddress_v2 like cudart, app_dlsym.c: dlsym like PyTorch,
+ * app_linked.c: linked against libcuda like Triton's stub).
+ *
+ * Output, one line each: "resolve API VERSION FLAGS -> LIBRARY SYMBOL" (who answers: the shim's hook
+ * or the driver itself), "rc STEP RESULT", "stats ...", "allocs ...", "record ...". */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <libgen.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef void *H; /* every handle */
+
+/* api, cudaVersion, flags (2 = per-thread default stream), exported symbol of that choice */
+typedef void *(*resolve_fn)(const char *api, int version, unsigned long long flags, const char *symbol);
+
+static const char PTX[] =
+    "//\n// test module\n//\n.version 8.0\n.target sm_90\n.address_size 64\n\n"
+    ".visible .entry kernel_a(\n\t.param .u64 a,\n\t.param .u64 b\n)\n{\n\tret;\n}\n\n"
+    ".visible .entry kernel_b(\n\t.param .u64 c\n)\n{\n\tret;\n}\n";
+
+static void *resolved(resolve_fn get, const char *api, int version, unsigned long long flags,
+                      const char *symbol) {
+    void *p = get(api, version, flags, symbol);
+    Dl_info info = {0};
+    char lib[256] = "none";
+    if (p && dladdr(p, &info) && info.dli_fname) {
+        snprintf(lib, sizeof lib, "%s", info.dli_fname);
+        snprintf(lib, sizeof lib, "%s", basename(lib));
+    }
+    printf("resolve %s %d %llu -> %s %s\n", api, version, flags, lib,
+           p && info.dli_sname ? info.dli_sname : "none");
+    return p;
+}
+
+#define GETV(var, api, ver, flags, sym, type) __typeof__(type) var = (type)resolved(get, #api, ver, flags, #sym)
+#define GET(api, ver, flags, sym, type) GETV(api, api, ver, flags, sym, type)
+#define RC(step, expr) printf("rc %s %d\n", step, (int)(expr))
+
+/* Fatbin wrapper -> fatbin with one uncompressed PTX entry for sm_90 (fatbin.py's layout). */
+struct fatbin_image {
+    uint32_t magic; uint16_t version, header_size; uint64_t size;
+    uint16_t kind, entry_version; uint32_t entry_header_size; uint64_t payload_size;
+    uint32_t compressed_size, options_offset; uint16_t minor, major; uint32_t arch, name_offset, name_size;
+    uint64_t flags, zero, uncompressed_size;
+    char ptx[sizeof PTX + 8 - sizeof PTX % 8];
+};
+static struct fatbin_image fatbin = {
+    0xBA55ED50u, 1, 16, 64 + sizeof fatbin.ptx,
+    1, 0x0101, 64, sizeof fatbin.ptx, 0, 0, 0, 8, 90, 0, 0, 0x11, 0, 0, {0}};
+static struct { uint32_t magic, version; void *data, *extra; } wrapper = {0x466243B1u, 1, &fatbin, 0};
+
+typedef struct {
+    unsigned int gx, gy, gz, bx, by, bz, shmem;
+    H stream;
+    void *attrs;
+    unsigned int nattrs;
+} launch_config;
+
+typedef struct {
+    H func;
+    unsigned int gx, gy, gz, bx, by, bz, shmem;
+    void **params, **extra;
+    H kern, ctx;
+} node_params;
+
+struct egpu_alloc { unsigned long long address, size; int kind; };
+struct egpu_stats { unsigned long long launches, redirected, records, dropped, untracked, python_calls; };
+struct egpu_launch_record {
+    unsigned long long launch_id, time_ns;
+    void *function, *launched, *stream;
+    unsigned int grid[3], block[3], shared_mem;
+    int api;
+};
+
+static void print_allocations(const char *when) {
+    size_t (*allocations)(struct egpu_alloc *, size_t) = dlsym(RTLD_DEFAULT, "egpu_shim_allocations");
+    struct egpu_alloc a[16];
+    size_t n = allocations ? allocations(a, 16) : 0;
+    printf("allocs %s n=%zu", when, n);
+    for (size_t i = 0; i < n && i < 16; i++) printf(" %d:%llu", a[i].kind, a[i].size);
+    printf("\n");
+}
+
+static int scenario(resolve_fn get, int full) {
+    GET(cuInit, 2000, 0, cuInit, CUresult (*)(unsigned));
+    GET(cuModuleLoadData, 2000, 0, cuModuleLoadData, CUresult (*)(H *, const void *));
+    GET(cuModuleGetFunction, 2000, 0, cuModuleGetFunction, CUresult (*)(H *, H, const char *));
+    GET(cuLaunchKernel, 4000, 0, cuLaunchKernel,
+        CUresult (*)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, H, void **, void **));
+    H mod, fa, fb;
+    unsigned long long a = 11, b = 22, c = 33;
+    void *params_ab[] = {&a, &b}, *params_c[] = {&c};
+    RC("init", cuInit(0));
+    RC("load", cuModuleLoadData(&mod, PTX));
+    RC("get_a", cuModuleGetFunction(&fa, mod, "kernel_a"));
+    RC("get_b", cuModuleGetFunction(&fb, mod, "kernel_b"));
+    RC("launch_a", cuLaunchKernel(fa, 1, 1, 1, 32, 1, 1, 0, NULL, params_ab, NULL));
+    if (!full) return 0;
+
+    int (*records)(int) = dlsym(RTLD_DEFAULT, "egpu_shim_records");
+    if (records) records(1);
+    GETV(cuLaunchKernel_ptsz, cuLaunchKernel, 7000, 2, cuLaunchKernel_ptsz,
+        CUresult (*)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, H, void **, void **));
+    GETV(cuLaunchKernelEx_ptsz, cuLaunchKernelEx, 11060, 2, cuLaunchKernelEx_ptsz, CUresult (*)(const launch_config *, H, void **, void **));
+    GET(cuLaunchCooperativeKernel, 9000, 0, cuLaunchCooperativeKernel,
+        CUresult (*)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, H, void **));
+    GETV(cuGraphAddKernelNode_v2, cuGraphAddKernelNode, 12000, 0, cuGraphAddKernelNode_v2, CUresult (*)(H *, H, const H *, size_t, const node_params *));
+    RC("launch_b_ptsz", cuLaunchKernel_ptsz(fb, 2, 1, 1, 64, 1, 1, 0, (H)0x5, params_c, NULL));
+    unsigned long long buffer[2] = {11, 22};
+    size_t buffer_size = sizeof buffer;
+    void *extra[] = {(void *)1, buffer, (void *)2, &buffer_size, NULL};
+    RC("launch_a_extra", cuLaunchKernel(fa, 3, 1, 1, 32, 1, 1, 0, NULL, NULL, extra));
+    launch_config cfg = {4, 1, 1, 128, 1, 1, 0, NULL, NULL, 0};
+    RC("launch_ex_a", cuLaunchKernelEx_ptsz(&cfg, fa, params_ab, NULL));
+    RC("launch_coop_a", cuLaunchCooperativeKernel(fa, 5, 1, 1, 32, 1, 1, 0, NULL, params_ab));
+    node_params np = {fa, 6, 1, 1, 32, 1, 1, 0, params_ab, NULL, NULL, NULL};
+    H node;
+    RC("graph_a", cuGraphAddKernelNode_v2(&node, NULL, NULL, 0, &np));
+    RC("launch_zero_grid", cuLaunchKernel(fa, 0, 1, 1, 32, 1, 1, 0, NULL, params_ab, NULL));
+
+    /* cudart's way: a fatbin wrapper to cuLibraryLoadData, then the CUkernel launched as a function */
+    GET(cuLibraryLoadData, 12000, 0, cuLibraryLoadData,
+        CUresult (*)(H *, const void *, int *, void **, unsigned, int *, void **, unsigned));
+    GET(cuLibraryGetKernel, 12000, 0, cuLibraryGetKernel, CUresult (*)(H *, H, const char *));
+    GET(cuKernelGetFunction, 12000, 0, cuKernelGetFunction, CUresult (*)(H *, H));
+    GET(cuLibraryUnload, 12000, 0, cuLibraryUnload, CUresult (*)(H));
+    memcpy(fatbin.ptx, PTX, sizeof PTX);
+    H lib, kern, kfunc;
+    RC("library_load", cuLibraryLoadData(&lib, &wrapper, NULL, NULL, 0, NULL, NULL, 0));
+    RC("library_kernel", cuLibraryGetKernel(&kern, lib, "kernel_a"));
+    RC("kernel_function", cuKernelGetFunction(&kfunc, kern));
+    RC("launch_kernel_handle", cuLaunchKernel(kern, 7, 1, 1, 32, 1, 1, 0, NULL, params_ab, NULL));
+
+    GET(cuLinkCreate, 6050, 0, cuLinkCreate_v2, CUresult (*)(unsigned, int *, void **, H *));
+    GET(cuLinkAddData, 6050, 0, cuLinkAddData_v2,
+        CUresult (*)(H, int, void *, size_t, const char *, unsigned, int *, void **));
+    GET(cuLinkComplete, 5050, 0, cuLinkComplete, CUresult (*)(H, void **, size_t *));
+    GET(cuLinkDestroy, 5050, 0, cuLinkDestroy, CUresult (*)(H));
+    H link;
+    void *cubin;
+    size_t cubin_size;
+    RC("link_create", cuLinkCreate(0, NULL, NULL, &link));
+    RC("link_ptx", cuLinkAddData(link, 1, (void *)PTX, sizeof PTX, "a.ptx", 0, NULL, NULL));
+    RC("link_cubin", cuLinkAddData(link, 0, (void *)"\x7f" "ELF", 4, "a.cubin", 0, NULL, NULL));
+    RC("link_complete", cuLinkComplete(link, &cubin, &cubin_size));
+    RC("link_destroy", cuLinkDestroy(link));
+
+    GETV(cuMemAlloc_v2, cuMemAlloc, 3020, 0, cuMemAlloc_v2, CUresult (*)(unsigned long long *, size_t));
+    GETV(cuMemAllocAsync_ptsz, cuMemAllocAsync, 11020, 2, cuMemAllocAsync_ptsz, CUresult (*)(unsigned long long *, size_t, H));
+    GET(cuMemHostAlloc, 2020, 0, cuMemHostAlloc, CUresult (*)(void **, size_t, unsigned));
+    GET(cuMemCreate, 10020, 0, cuMemCreate, CUresult (*)(unsigned long long *, size_t, const void *, unsigned long long));
+    GET(cuMemMap, 10020, 0, cuMemMap,
+        CUresult (*)(unsigned long long, size_t, size_t, unsigned long long, unsigned long long));
+    GETV(cuMemFree_v2, cuMemFree, 3020, 0, cuMemFree_v2, CUresult (*)(unsigned long long));
+    GET(cuMemFreeHost, 2000, 0, cuMemFreeHost, CUresult (*)(void *));
+    GET(cuMemRelease, 10020, 0, cuMemRelease, CUresult (*)(unsigned long long));
+    GET(cuMemUnmap, 10020, 0, cuMemUnmap, CUresult (*)(unsigned long long, size_t));
+    unsigned long long d1, d2, handle;
+    void *host;
+    RC("alloc", cuMemAlloc_v2(&d1, 4096));
+    RC("alloc_async", cuMemAllocAsync_ptsz(&d2, 8192, NULL));
+    RC("host_alloc", cuMemHostAlloc(&host, 100, 0));
+    RC("mem_create", cuMemCreate(&handle, 1 << 21, NULL, 0));
+    RC("mem_map", cuMemMap(0x7f0000000000ull, 1 << 21, 0, handle, 0));
+    print_allocations("live");
+    RC("free", cuMemFree_v2(d1));
+    RC("free_null", cuMemFree_v2(0));
+    RC("free_host", cuMemFreeHost(host));
+    RC("unmap", cuMemUnmap(0x7f0000000000ull, 1 << 21));
+    RC("release", cuMemRelease(handle));
+    print_allocations("after");
+
+    /* the driver's own answers pass through unchanged */
+    GET(cuModuleLoad, 2000, 0, cuModuleLoad, CUresult (*)(H *, const char *));
+    GET(cuFuncGetAttribute, 2020, 0, cuFuncGetAttribute, CUresult (*)(int *, int, H));
+    GET(cuCtxSynchronize, 2000, 0, cuCtxSynchronize, CUresult (*)(void));
+    GET(cuGetExportTable, 3000, 0, cuGetExportTable, CUresult (*)(const void **, const void *));
+    GETV(cuMemAlloc_v1, cuMemAlloc, 2000, 0, cuMemAlloc, CUresult (*)(unsigned *, unsigned));
+    GET(cuModuleUnload, 2000, 0, cuModuleUnload, CUresult (*)(H));
+    H missing;
+    int attr;
+    const void *table;
+    unsigned small;
+    RC("load_missing_file", cuModuleLoad(&missing, "/nonexistent/egpu.ptx"));
+    RC("func_attribute_bad", cuFuncGetAttribute(&attr, 99, fa));
+    RC("ctx_synchronize", cuCtxSynchronize());
+    RC("export_table", cuGetExportTable(&table, "0123456789abcdef"));
+    RC("alloc_v1", cuMemAlloc_v1(&small, 16));
+    RC("unload", cuModuleUnload(mod));
+    RC("library_unload", cuLibraryUnload(lib));
+
+    void (*stats)(struct egpu_stats *) = dlsym(RTLD_DEFAULT, "egpu_shim_stats");
+    size_t (*drain)(struct egpu_launch_record *, size_t) = dlsym(RTLD_DEFAULT, "egpu_shim_drain");
+    unsigned long long (*launches)(void *) = dlsym(RTLD_DEFAULT, "egpu_shim_launches");
+    if (stats && drain && launches) {
+        struct egpu_stats s;
+        stats(&s);
+        printf("stats launches=%llu redirected=%llu records=%llu dropped=%llu launches_a=%llu launches_b=%llu\n",
+               s.launches, s.redirected, s.records, s.dropped, launches(fa), launches(fb));
+        struct egpu_launch_record r[16];
+        size_t n = drain(r, 16);
+        for (size_t i = 0; i < n; i++)
+            printf("record id=%llu api=%d f=%s redirected=%d grid=%u block=%u stream=%p\n", r[i].launch_id,
+                   r[i].api, r[i].function == fa ? "a" : r[i].function == fb ? "b" : r[i].function == kern ? "kern" : "?",
+                   r[i].launched != r[i].function, r[i].grid[0], r[i].block[0], r[i].stream);
+    }
+    return 0;
+}
+
+/* argv[1] == "child": the small scenario only; "--fork": also run it in a forked and exec'd child. */
+static int app_main(int argc, char **argv, resolve_fn get) {
+    int child = argc > 1 && !strcmp(argv[1], "child");
+    if (argc > 1 && !strcmp(argv[1], "--fork")) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            execl("/proc/self/exe", argv[0], "child", (char *)NULL);
+            _exit(127);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        printf("child exit=%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    }
+    int r = scenario(get, !child);
+    fflush(stdout);
+    return r;
+}

@@ -1,0 +1,78 @@
+/* Reaches the driver like Triton's stub: linked against libcuda, calling its symbols directly
+ * (under LD_PRELOAD they bind to the shim's exported hooks). Generated symbol list: every symbol
+ * app_common.h resolves. */
+#include "app_common.h"
+
+extern int cuCtxSynchronize();
+extern int cuFuncGetAttribute();
+extern int cuGetExportTable();
+extern int cuGraphAddKernelNode_v2();
+extern int cuInit();
+extern int cuKernelGetFunction();
+extern int cuLaunchCooperativeKernel();
+extern int cuLaunchKernel();
+extern int cuLaunchKernelEx_ptsz();
+extern int cuLaunchKernel_ptsz();
+extern int cuLibraryGetKernel();
+extern int cuLibraryLoadData();
+extern int cuLibraryUnload();
+extern int cuLinkAddData_v2();
+extern int cuLinkComplete();
+extern int cuLinkCreate_v2();
+extern int cuLinkDestroy();
+extern int cuMemAlloc();
+extern int cuMemAllocAsync_ptsz();
+extern int cuMemAlloc_v2();
+extern int cuMemCreate();
+extern int cuMemFreeHost();
+extern int cuMemFree_v2();
+extern int cuMemHostAlloc();
+extern int cuMemMap();
+extern int cuMemRelease();
+extern int cuMemUnmap();
+extern int cuModuleGetFunction();
+extern int cuModuleLoad();
+extern int cuModuleLoadData();
+extern int cuModuleUnload();
+
+static const struct { const char *symbol; void *address; } linked[] = {
+    {"cuCtxSynchronize", (void *)cuCtxSynchronize},
+    {"cuFuncGetAttribute", (void *)cuFuncGetAttribute},
+    {"cuGetExportTable", (void *)cuGetExportTable},
+    {"cuGraphAddKernelNode_v2", (void *)cuGraphAddKernelNode_v2},
+    {"cuInit", (void *)cuInit},
+    {"cuKernelGetFunction", (void *)cuKernelGetFunction},
+    {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel},
+    {"cuLaunchKernel", (void *)cuLaunchKernel},
+    {"cuLaunchKernelEx_ptsz", (void *)cuLaunchKernelEx_ptsz},
+    {"cuLaunchKernel_ptsz", (void *)cuLaunchKernel_ptsz},
+    {"cuLibraryGetKernel", (void *)cuLibraryGetKernel},
+    {"cuLibraryLoadData", (void *)cuLibraryLoadData},
+    {"cuLibraryUnload", (void *)cuLibraryUnload},
+    {"cuLinkAddData_v2", (void *)cuLinkAddData_v2},
+    {"cuLinkComplete", (void *)cuLinkComplete},
+    {"cuLinkCreate_v2", (void *)cuLinkCreate_v2},
+    {"cuLinkDestroy", (void *)cuLinkDestroy},
+    {"cuMemAlloc", (void *)cuMemAlloc},
+    {"cuMemAllocAsync_ptsz", (void *)cuMemAllocAsync_ptsz},
+    {"cuMemAlloc_v2", (void *)cuMemAlloc_v2},
+    {"cuMemCreate", (void *)cuMemCreate},
+    {"cuMemFreeHost", (void *)cuMemFreeHost},
+    {"cuMemFree_v2", (void *)cuMemFree_v2},
+    {"cuMemHostAlloc", (void *)cuMemHostAlloc},
+    {"cuMemMap", (void *)cuMemMap},
+    {"cuMemRelease", (void *)cuMemRelease},
+    {"cuMemUnmap", (void *)cuMemUnmap},
+    {"cuModuleGetFunction", (void *)cuModuleGetFunction},
+    {"cuModuleLoad", (void *)cuModuleLoad},
+    {"cuModuleLoadData", (void *)cuModuleLoadData},
+    {"cuModuleUnload", (void *)cuModuleUnload},
+};
+
+static void *by_link(const char *api, int version, unsigned long long flags, const char *symbol) {
+    for (size_t i = 0; i < sizeof linked / sizeof linked[0]; i++)
+        if (!strcmp(linked[i].symbol, symbol)) return linked[i].address;
+    return NULL;
+}
+
+int main(int argc, char **argv) { return app_main(argc, argv, by_link); }

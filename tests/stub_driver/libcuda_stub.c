@@ -1,0 +1,369 @@
+/* A stand-in libcuda.so.1 for the shim tests: it implements the hooked entry points, cuGetProcAddress
+ * (_v2) with the driver's version/flags rules, and a few unhooked ones, and appends one line per call
+ * to the file named by EGPU_STUB_LOG: "<pid> <symbol> key=value ...".
+ *
+ * Modules remember their PTX, so a launch can log its arguments: the u64 behind each kernelParams
+ * entry, as many as the kernel's .entry declares. Built with -Wl,-Bsymbolic so that the addresses it
+ * hands out are its own functions, as the real driver's are, never the preloaded shim's. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+#define OK 0
+#define INVALID_VALUE 1
+#define FILE_NOT_FOUND 301
+#define INVALID_PTX 218
+#define NOT_FOUND 500
+
+static void logf_(const char *fmt, ...) {
+    const char *path = getenv("EGPU_STUB_LOG");
+    if (!path) return;
+    char line[2048];
+    int n = snprintf(line, sizeof line, "%d ", (int)getpid());
+    va_list ap;
+    va_start(ap, fmt);
+    n += vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof line - 2) n = sizeof line - 2;
+    line[n++] = '\n';
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
+    if (fd >= 0) {
+        (void)!write(fd, line, n); /* one write per line: lines from several processes never mix */
+        close(fd);
+    }
+}
+
+/* ---- modules, functions ---- */
+
+struct module { int id; char *ptx; };
+struct function { char name[128]; struct module *m; int kernel; };
+static int next_module = 1;
+
+static const char *image_kind(const void *image) {
+    uint32_t magic;
+    memcpy(&magic, image, 4);
+    if (magic == 0x466243B1u) return "wrapper";
+    if (magic == 0xBA55ED50u) return "fatbin";
+    if (!memcmp(image, "\x7f" "ELF", 4)) return "elf";
+    return "ptx";
+}
+
+/* Images marked "// egpu-refuse" are refused, as the JIT refuses bad PTX. */
+static CUresult load(const char *api, const void *image, void **out) {
+    if (!strcmp(image_kind(image), "ptx") && strstr(image, "// egpu-refuse")) {
+        logf_("%s refused", api);
+        return INVALID_PTX;
+    }
+    struct module *m = calloc(1, sizeof *m);
+    m->id = next_module++;
+    const char *kind = image_kind(image);
+    if (!strcmp(kind, "ptx")) m->ptx = strdup(image);
+    const char *marker = m->ptx ? strstr(m->ptx, "// egpu-instrumented") : NULL;
+    logf_("%s module=%d kind=%s instrumented=%d", api, m->id, kind, marker != NULL);
+    *out = m;
+    return OK;
+}
+
+/* Number of .param entries in ".entry NAME(...)" of the module's PTX; -1 if unknown. */
+static int param_count(const struct function *f) {
+    if (!f->m || !f->m->ptx) return -1;
+    char key[160];
+    snprintf(key, sizeof key, ".entry %s(", f->name);
+    const char *p = strstr(f->m->ptx, key);
+    if (!p) return -1;
+    const char *end = strchr(p, ')');
+    int n = 0;
+    for (const char *q = strstr(p, ".param"); q && q < end; q = strstr(q + 1, ".param")) n++;
+    return n;
+}
+
+static void fn_name(char *out, size_t size, const void *h) {
+    const struct function *f = h;
+    if (!f) snprintf(out, size, "null");
+    else snprintf(out, size, "%s@%d%s", f->name, f->m ? f->m->id : 0, f->kernel ? "k" : "");
+}
+
+static void log_launch(const char *api, const void *f, unsigned gx, unsigned bx, void *stream,
+                       void **params, void **extra) {
+    char name[200], args[512] = "";
+    fn_name(name, sizeof name, f);
+    int n = f ? param_count(f) : -1, at = 0;
+    for (int i = 0; params && i < n; i++)
+        at += snprintf(args + at, sizeof args - at, "%s%llu", i ? "," : "", *(unsigned long long *)params[i]);
+    for (void **e = extra; e && e[0]; e += 2) {
+        if (e[0] != (void *)1) continue; /* CU_LAUNCH_PARAM_BUFFER_POINTER; the size follows */
+        size_t size = *(size_t *)e[3];
+        at += snprintf(args + at, sizeof args - at, "buffer:%zu:", size);
+        for (size_t o = 0; o + 8 <= size; o += 8)
+            at += snprintf(args + at, sizeof args - at, "%s%llu", o ? "," : "",
+                           *(unsigned long long *)((char *)e[1] + o));
+    }
+    logf_("%s f=%s grid=%u block=%u stream=%p params=%s", api, name, gx, bx, stream, args);
+}
+
+/* ---- unhooked entry points ---- */
+
+CUresult cuInit(unsigned int flags) { logf_("cuInit flags=%u", flags); return OK; }
+CUresult cuDriverGetVersion(int *v) { *v = 13000; logf_("cuDriverGetVersion"); return OK; }
+CUresult cuCtxSynchronize(void) { logf_("cuCtxSynchronize"); return OK; }
+CUresult cuFuncGetAttribute(int *pi, int attrib, void *f) {
+    logf_("cuFuncGetAttribute attrib=%d", attrib);
+    if (attrib == 99) return INVALID_VALUE;
+    *pi = 7;
+    return OK;
+}
+static const void *export_table[4];
+CUresult cuGetExportTable(const void **table, const void *uuid) {
+    logf_("cuGetExportTable");
+    *table = export_table;
+    return OK;
+}
+CUresult cuLinkCreate(unsigned int n, int *o, void **v, void **state) { /* the legacy v5050 twin */
+    logf_("cuLinkCreate");
+    *state = calloc(1, 8);
+    return OK;
+}
+CUresult cuMemAlloc(unsigned int *dptr, unsigned int size) { /* v2000: 32-bit pointers */
+    logf_("cuMemAlloc size=%u", size);
+    *dptr = 0x1000;
+    return OK;
+}
+
+/* ---- hooked entry points ---- */
+
+CUresult cuModuleLoad(void **mod, const char *fname) {
+    FILE *f = fopen(fname, "rb");
+    if (!f) { logf_("cuModuleLoad path=%s missing", fname); return FILE_NOT_FOUND; }
+    char buf[65536] = {0};
+    (void)!fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    return load("cuModuleLoad", buf, mod);
+}
+CUresult cuModuleLoadData(void **mod, const void *image) { return load("cuModuleLoadData", image, mod); }
+CUresult cuModuleLoadDataEx(void **mod, const void *image, unsigned int n, int *o, void **v) {
+    return load("cuModuleLoadDataEx", image, mod);
+}
+CUresult cuModuleLoadFatBinary(void **mod, const void *fatCubin) {
+    return load("cuModuleLoadFatBinary", fatCubin, mod);
+}
+CUresult cuModuleUnload(void *mod) { logf_("cuModuleUnload module=%d", ((struct module *)mod)->id); return OK; }
+CUresult cuModuleGetFunction(void **out, void *mod, const char *name) {
+    struct function *f = calloc(1, sizeof *f);
+    snprintf(f->name, sizeof f->name, "%s", name);
+    f->m = mod;
+    *out = f;
+    logf_("cuModuleGetFunction module=%d name=%s", f->m->id, name);
+    return OK;
+}
+CUresult cuLibraryLoadData(void **lib, const void *code, int *jo, void **jv, unsigned int nj, int *lo,
+                           void **lv, unsigned int nl) {
+    return load("cuLibraryLoadData", code, lib);
+}
+CUresult cuLibraryLoadFromFile(void **lib, const char *path, int *jo, void **jv, unsigned int nj, int *lo,
+                               void **lv, unsigned int nl) {
+    return cuModuleLoad(lib, path);
+}
+CUresult cuLibraryUnload(void *lib) { logf_("cuLibraryUnload module=%d", ((struct module *)lib)->id); return OK; }
+CUresult cuLibraryGetKernel(void **out, void *lib, const char *name) {
+    CUresult r = cuModuleGetFunction(out, lib, name);
+    ((struct function *)*out)->kernel = 1;
+    return r;
+}
+CUresult cuLibraryGetModule(void **mod, void *lib) { *mod = lib; logf_("cuLibraryGetModule"); return OK; }
+CUresult cuKernelGetFunction(void **out, void *kernel) {
+    struct function *f = malloc(sizeof *f);
+    *f = *(struct function *)kernel;
+    f->kernel = 0;
+    *out = f;
+    logf_("cuKernelGetFunction name=%s", f->name);
+    return OK;
+}
+CUresult cuLinkCreate_v2(unsigned int n, int *o, void **v, void **state) {
+    logf_("cuLinkCreate_v2");
+    *state = calloc(1, 8);
+    return OK;
+}
+CUresult cuLinkAddData_v2(void *state, int type, void *data, size_t size, const char *name,
+                          unsigned int n, int *o, void **v) {
+    if (type == 1 && strstr(data, "// egpu-refuse")) {
+        logf_("cuLinkAddData_v2 refused");
+        return INVALID_PTX;
+    }
+    logf_("cuLinkAddData_v2 type=%d size=%zu instrumented=%d", type, size,
+          type == 1 && strstr(data, "// egpu-instrumented") != NULL);
+    return OK;
+}
+CUresult cuLinkAddFile_v2(void *state, int type, const char *path, unsigned int n, int *o, void **v) {
+    logf_("cuLinkAddFile_v2 type=%d path=%s", type, path);
+    return OK;
+}
+static char cubin[64] = "\x7f" "ELF";
+CUresult cuLinkComplete(void *state, void **out, size_t *size) {
+    logf_("cuLinkComplete");
+    *out = cubin;
+    *size = sizeof cubin;
+    return OK;
+}
+CUresult cuLinkDestroy(void *state) { logf_("cuLinkDestroy"); free(state); return OK; }
+
+#define LAUNCH(sym) \
+    CUresult sym(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
+                 unsigned shmem, void *stream, void **params, void **extra) { \
+        log_launch(#sym, f, gx, bx, stream, params, extra); \
+        return gx ? OK : INVALID_VALUE; \
+    }
+LAUNCH(cuLaunchKernel)
+LAUNCH(cuLaunchKernel_ptsz)
+
+typedef struct {
+    unsigned int gx, gy, gz, bx, by, bz, shmem;
+    void *stream, *attrs;
+    unsigned int nattrs;
+} config;
+#define LAUNCH_EX(sym) \
+    CUresult sym(const config *c, void *f, void **params, void **extra) { \
+        log_launch(#sym, f, c->gx, c->bx, c->stream, params, extra); \
+        return OK; \
+    }
+LAUNCH_EX(cuLaunchKernelEx)
+LAUNCH_EX(cuLaunchKernelEx_ptsz)
+
+#define LAUNCH_COOP(sym) \
+    CUresult sym(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
+                 unsigned shmem, void *stream, void **params) { \
+        log_launch(#sym, f, gx, bx, stream, params, NULL); \
+        return OK; \
+    }
+LAUNCH_COOP(cuLaunchCooperativeKernel)
+LAUNCH_COOP(cuLaunchCooperativeKernel_ptsz)
+
+typedef struct {
+    void *func;
+    unsigned int gx, gy, gz, bx, by, bz, shmem;
+    void **params, **extra;
+    void *kern, *ctx; /* _v2 only */
+} node_params;
+static void log_node(const char *api, const node_params *p, int v2) {
+    const void *f = p->func ? p->func : (v2 ? p->kern : NULL);
+    log_launch(api, f, p->gx, p->bx, NULL, p->params, p->extra);
+}
+static int node_count;
+CUresult cuGraphAddKernelNode(void **node, void *g, void **deps, size_t n, const node_params *p) {
+    log_node("cuGraphAddKernelNode", p, 0);
+    *node = (void *)(intptr_t)++node_count;
+    return OK;
+}
+CUresult cuGraphAddKernelNode_v2(void **node, void *g, void **deps, size_t n, const node_params *p) {
+    log_node("cuGraphAddKernelNode_v2", p, 1);
+    *node = (void *)(intptr_t)++node_count;
+    return OK;
+}
+CUresult cuGraphKernelNodeSetParams_v2(void *node, const node_params *p) {
+    log_node("cuGraphKernelNodeSetParams_v2", p, 1);
+    return OK;
+}
+CUresult cuGraphExecKernelNodeSetParams_v2(void *exec, void *node, const node_params *p) {
+    log_node("cuGraphExecKernelNodeSetParams_v2", p, 1);
+    return OK;
+}
+
+static CUdeviceptr next_ptr = 0x700000000000ull;
+static CUdeviceptr new_ptr(size_t size) { CUdeviceptr p = next_ptr; next_ptr += (size + 0xfff) & ~0xfffull; return p; }
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) { *p = new_ptr(size); logf_("cuMemAlloc_v2 size=%zu", size); return OK; }
+CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned int e) {
+    *pitch = (w + 511) & ~(size_t)511;
+    *p = new_ptr(*pitch * h);
+    logf_("cuMemAllocPitch_v2");
+    return OK;
+}
+CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned int flags) { *p = new_ptr(size); logf_("cuMemAllocManaged"); return OK; }
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, void *s) { *p = new_ptr(size); logf_("cuMemAllocAsync"); return OK; }
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, void *s) { *p = new_ptr(size); logf_("cuMemAllocAsync_ptsz"); return OK; }
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, void *pool, void *s) { *p = new_ptr(size); logf_("cuMemAllocFromPoolAsync"); return OK; }
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, void *pool, void *s) { *p = new_ptr(size); logf_("cuMemAllocFromPoolAsync_ptsz"); return OK; }
+CUresult cuMemFree_v2(CUdeviceptr p) { logf_("cuMemFree_v2 ptr=%#llx", p); return p ? OK : INVALID_VALUE; }
+CUresult cuMemFreeAsync(CUdeviceptr p, void *s) { logf_("cuMemFreeAsync"); return OK; }
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, void *s) { logf_("cuMemFreeAsync_ptsz"); return OK; }
+CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) { *pp = malloc(size); logf_("cuMemHostAlloc"); return OK; }
+CUresult cuMemFreeHost(void *p) { free(p); logf_("cuMemFreeHost"); return OK; }
+CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags) { logf_("cuMemHostRegister_v2"); return OK; }
+CUresult cuMemHostUnregister(void *p) { logf_("cuMemHostUnregister"); return OK; }
+CUresult cuMemCreate(unsigned long long *h, size_t size, const void *prop, unsigned long long flags) { *h = 42; logf_("cuMemCreate"); return OK; }
+CUresult cuMemRelease(unsigned long long h) { logf_("cuMemRelease"); return OK; }
+CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, unsigned long long h, unsigned long long flags) { logf_("cuMemMap"); return OK; }
+CUresult cuMemUnmap(CUdeviceptr p, size_t size) { logf_("cuMemUnmap"); return OK; }
+
+/* ---- cuGetProcAddress: the newest row not newer than the requested version, the per-thread twin
+ * when flags ask for it (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2) ---- */
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags);
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
+
+static const struct { const char *api; int version, ptsz; const char *symbol; void *fn; } rows[] = {
+#define R(api, ver, ptsz, sym) {#api, ver, ptsz, #sym, (void *)sym},
+    R(cuGetProcAddress, 11030, 0, cuGetProcAddress) R(cuGetProcAddress, 12000, 0, cuGetProcAddress_v2)
+    R(cuInit, 2000, 0, cuInit) R(cuDriverGetVersion, 2020, 0, cuDriverGetVersion)
+    R(cuCtxSynchronize, 2000, 0, cuCtxSynchronize) R(cuFuncGetAttribute, 2020, 0, cuFuncGetAttribute)
+    R(cuGetExportTable, 3000, 0, cuGetExportTable)
+    R(cuModuleLoad, 2000, 0, cuModuleLoad) R(cuModuleLoadData, 2000, 0, cuModuleLoadData)
+    R(cuModuleLoadDataEx, 2010, 0, cuModuleLoadDataEx) R(cuModuleLoadFatBinary, 2000, 0, cuModuleLoadFatBinary)
+    R(cuModuleUnload, 2000, 0, cuModuleUnload) R(cuModuleGetFunction, 2000, 0, cuModuleGetFunction)
+    R(cuLibraryLoadData, 12000, 0, cuLibraryLoadData) R(cuLibraryLoadFromFile, 12000, 0, cuLibraryLoadFromFile)
+    R(cuLibraryUnload, 12000, 0, cuLibraryUnload) R(cuLibraryGetKernel, 12000, 0, cuLibraryGetKernel)
+    R(cuLibraryGetModule, 12000, 0, cuLibraryGetModule) R(cuKernelGetFunction, 12000, 0, cuKernelGetFunction)
+    R(cuLinkCreate, 5050, 0, cuLinkCreate) R(cuLinkCreate, 6050, 0, cuLinkCreate_v2)
+    R(cuLinkAddData, 6050, 0, cuLinkAddData_v2) R(cuLinkAddFile, 6050, 0, cuLinkAddFile_v2)
+    R(cuLinkComplete, 5050, 0, cuLinkComplete) R(cuLinkDestroy, 5050, 0, cuLinkDestroy)
+    R(cuLaunchKernel, 4000, 0, cuLaunchKernel) R(cuLaunchKernel, 7000, 1, cuLaunchKernel_ptsz)
+    R(cuLaunchKernelEx, 11060, 0, cuLaunchKernelEx) R(cuLaunchKernelEx, 11060, 1, cuLaunchKernelEx_ptsz)
+    R(cuLaunchCooperativeKernel, 9000, 0, cuLaunchCooperativeKernel)
+    R(cuLaunchCooperativeKernel, 9000, 1, cuLaunchCooperativeKernel_ptsz)
+    R(cuGraphAddKernelNode, 10000, 0, cuGraphAddKernelNode) R(cuGraphAddKernelNode, 12000, 0, cuGraphAddKernelNode_v2)
+    R(cuGraphKernelNodeSetParams, 12000, 0, cuGraphKernelNodeSetParams_v2)
+    R(cuGraphExecKernelNodeSetParams, 12000, 0, cuGraphExecKernelNodeSetParams_v2)
+    R(cuMemAlloc, 2000, 0, cuMemAlloc) R(cuMemAlloc, 3020, 0, cuMemAlloc_v2)
+    R(cuMemAllocPitch, 3020, 0, cuMemAllocPitch_v2) R(cuMemAllocManaged, 6000, 0, cuMemAllocManaged)
+    R(cuMemAllocAsync, 11020, 0, cuMemAllocAsync) R(cuMemAllocAsync, 11020, 1, cuMemAllocAsync_ptsz)
+    R(cuMemAllocFromPoolAsync, 11020, 0, cuMemAllocFromPoolAsync)
+    R(cuMemAllocFromPoolAsync, 11020, 1, cuMemAllocFromPoolAsync_ptsz)
+    R(cuMemFree, 3020, 0, cuMemFree_v2) R(cuMemFreeAsync, 11020, 0, cuMemFreeAsync)
+    R(cuMemFreeAsync, 11020, 1, cuMemFreeAsync_ptsz) R(cuMemHostAlloc, 2020, 0, cuMemHostAlloc)
+    R(cuMemFreeHost, 2000, 0, cuMemFreeHost) R(cuMemHostRegister, 6050, 0, cuMemHostRegister_v2)
+    R(cuMemHostUnregister, 4000, 0, cuMemHostUnregister) R(cuMemCreate, 10020, 0, cuMemCreate)
+    R(cuMemRelease, 10020, 0, cuMemRelease) R(cuMemMap, 10020, 0, cuMemMap) R(cuMemUnmap, 10020, 0, cuMemUnmap)
+#undef R
+};
+
+static int lookup(const char *symbol, void **pfn, int version, unsigned long long flags) {
+    int best = -1, want_ptsz = (flags & 2) != 0;
+    for (int i = 0; i < (int)(sizeof rows / sizeof rows[0]); i++) {
+        if (strcmp(rows[i].api, symbol) || rows[i].version > version || (rows[i].ptsz && !want_ptsz)) continue;
+        if (best < 0 || rows[i].ptsz > rows[best].ptsz ||
+            (rows[i].ptsz == rows[best].ptsz && rows[i].version > rows[best].version))
+            best = i;
+    }
+    *pfn = best >= 0 ? rows[best].fn : NULL;
+    return best;
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags) {
+    int i = lookup(symbol, pfn, version, flags);
+    logf_("cuGetProcAddress symbol=%s version=%d flags=%llu -> %s", symbol, version, flags,
+          i >= 0 ? rows[i].symbol : "none");
+    return i >= 0 ? OK : NOT_FOUND;
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status) {
+    int i = lookup(symbol, pfn, version, flags);
+    logf_("cuGetProcAddress_v2 symbol=%s version=%d flags=%llu -> %s", symbol, version, flags,
+          i >= 0 ? rows[i].symbol : "none");
+    if (status) *status = i >= 0 ? 0 : 1;
+    return i >= 0 ? OK : NOT_FOUND;
+}

@@ -1,0 +1,1 @@
+int next_value(void) { return 2; }

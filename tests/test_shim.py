@@ -1,0 +1,355 @@
+"""libegpu_shim.so built from this checkout, preloaded into C programs that reach a stand-in
+libcuda.so.1 (tests/stub_driver) the three ways real programs do: cuGetProcAddress like cudart, dlsym
+like PyTorch, direct linking like Triton's stub. The stand-in logs every call it receives."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STUB = ROOT / "tests" / "stub_driver"
+APPS = ["app_cudart", "app_dlsym", "app_linked"]
+CUDA_H = Path("/usr/local/cuda/include/cuda.h")
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> Path:
+    """The shim (shim/build.py), the stand-in driver and the apps, built once per session."""
+    d = tmp_path_factory.mktemp("shim")
+    cc = ["gcc", "-O1", "-Wall", "-Werror"]
+    shim = subprocess.Popen([sys.executable, str(ROOT / "shim" / "build.py"), str(d)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    steps = [
+        cc + ["-shared", "-fPIC", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", str(STUB / "libcuda_stub.c"),
+              "-o", "libcuda.so.1"],
+        cc + ["-shared", "-fPIC", str(STUB / "next_a.c"), "-o", "libnext_a.so"],
+        cc + ["-shared", "-fPIC", str(STUB / "next_b.c"), "-o", "libnext_b.so"],
+        cc + [str(STUB / "app_cudart.c"), "-o", "app_cudart", "-ldl"],
+        cc + [str(STUB / "app_dlsym.c"), "-o", "app_dlsym", "-ldl"],
+    ]
+    procs = [subprocess.Popen(s, cwd=d) for s in steps]
+    assert all(p.wait() == 0 for p in procs), [p.args for p in procs if p.returncode]
+    os.symlink("libcuda.so.1", d / "libcuda.so")
+    rpath = f"-Wl,-rpath,{d}"
+    linked = [
+        cc + [str(STUB / "app_linked.c"), "-o", "app_linked", f"-L{d}", "-lcuda", "-ldl", rpath],
+        # --no-as-needed: app_nocuda uses nothing of libnext_b.so, yet RTLD_NEXT must find it there
+        cc + [str(STUB / "app_nocuda.c"), "-o", "app_nocuda", "-Wl,--no-as-needed", f"-L{d}", "-lnext_a",
+              "-lnext_b", "-ldl", rpath],
+    ]
+    procs = [subprocess.Popen(s, cwd=d) for s in linked]
+    assert all(p.wait() == 0 for p in procs), [p.args for p in procs if p.returncode]
+    out, err = shim.communicate()
+    assert shim.returncode == 0, err
+    assert Path(out.strip()) == d / "libegpu_shim.so"
+    return d
+
+
+class Run:
+    def __init__(self, proc: subprocess.CompletedProcess, log: Path) -> None:
+        self.returncode = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        lines = log.read_text().splitlines() if log.exists() else []
+        self.pids = [ln.split(" ", 1)[0] for ln in lines]
+        self.log = [ln.split(" ", 1)[1] for ln in lines]  # without the pid
+
+    def lines(self, prefix: str) -> list[str]:
+        return [ln[len(prefix) + 1:] for ln in self.stdout.splitlines() if ln.startswith(prefix + " ")]
+
+    def rc(self) -> dict[str, int]:
+        return {step: int(v) for step, v in (ln.split() for ln in self.lines("rc"))}
+
+    def driver_calls(self) -> list[str]:
+        """What reached the stand-in, without the lookups."""
+        return [ln for ln in self.log if not ln.startswith("cuGetProcAddress")]
+
+
+def run(built: Path, app: str, *args: str, preload: bool = True, runtime: str | None = "instrumenter",
+        **env: str) -> Run:
+    log = built / f"{app}.{os.getpid()}.{len(list(built.iterdir()))}.log"
+    full = {k: v for k, v in os.environ.items() if not k.startswith("EGPU")}
+    full.update(LD_LIBRARY_PATH=str(built), EGPU_STUB_LOG=str(log),
+                PYTHONPATH=os.pathsep.join([str(STUB), str(ROOT)]), **env)
+    if runtime:
+        full["EGPU_RUNTIME"] = runtime
+    if preload:
+        full["LD_PRELOAD"] = str(built / "libegpu_shim.so")
+    proc = subprocess.run([str(built / app), *args], env=full, capture_output=True, text=True,
+                          timeout=60)
+    return Run(proc, log)
+
+
+# The driver's own entry points the scenario uses; every other one it resolves must be a hook.
+UNHOOKED = {"cuInit", "cuFuncGetAttribute", "cuCtxSynchronize", "cuGetExportTable", "cuLinkDestroy",
+            "cuMemAlloc"}  # cuMemAlloc: the v2000 twin with 32-bit pointers, not hooked
+
+# cudart's lookups beyond the scenario's: (api, cudaVersion, flags) -> the symbol handed back.
+PROC_ADDRESS = {
+    ("cuGetProcAddress", 12000, 0): "libegpu_shim.so cuGetProcAddress_v2",
+    ("cuGetProcAddress", 11030, 0): "libegpu_shim.so cuGetProcAddress",
+    ("cuLaunchKernel", 12000, 1): "libegpu_shim.so cuLaunchKernel",  # LEGACY_STREAM
+    ("cuLaunchKernel", 6000, 2): "libegpu_shim.so cuLaunchKernel",   # no _ptsz before 7000
+    ("cuGraphAddKernelNode", 11000, 0): "libegpu_shim.so cuGraphAddKernelNode",  # v1 params struct
+    ("cuMemFreeAsync", 12000, 2): "libegpu_shim.so cuMemFreeAsync_ptsz",
+    ("cuNoSuchFunction", 12000, 0): "none none",
+}
+
+
+@pytest.mark.parametrize("app", APPS)
+def test_every_lookup_gets_the_abi_matching_hook(built, app):
+    r = run(built, app)
+    assert r.returncode == 0, r.stderr
+    resolved = [re.match(r"(\w+) (\d+) (\d+) -> (.*)", ln).groups() for ln in r.lines("resolve")]
+    scenario = resolved[len(PROC_ADDRESS):] if app == "app_cudart" else resolved
+    assert len(scenario) == 31
+    for api, version, flags, answer in scenario:
+        lib, symbol = answer.split()
+        assert lib == ("libcuda.so.1" if symbol in UNHOOKED else "libegpu_shim.so"), (api, answer)
+        assert symbol.startswith(api)
+    if app == "app_cudart":
+        extra = {(a, int(v), int(f)): ans for a, v, f, ans in resolved[:len(PROC_ADDRESS)]}
+        assert extra == PROC_ADDRESS
+        # the driver saw every request with the version and flags the app asked for
+        asked = [f"cuGetProcAddress_v2 symbol={a} version={v} flags={f}" for a, v, f, _ in resolved]
+        assert [ln.split(" ->")[0] for ln in r.log if ln.startswith("cuGetProcAddress")] == asked
+
+
+def expected_calls(instrumented: bool, beside: bool) -> list[str]:
+    """What the stand-in receives. With the test instrumenter (instrumenter.py): instrumented PTX for
+    every load and kernel_a launched with the launch id appended (kernelParams and buffer forms, graph
+    nodes included); `beside`: kernel_b redirected to the module the runtime loaded beside (module 2).
+    Without: the originals, unchanged (the wrapper reaches the driver as is)."""
+    i = int(instrumented)
+    b = 2 if beside else 1  # kernel_b's module
+    lib = 3 if beside else 2
+
+    def args(launch: int) -> str:
+        return f"11,22,{launch}" if instrumented else "11,22"
+    return [
+        "cuInit flags=0",
+        f"cuModuleLoadData module=1 kind=ptx instrumented={i}",
+        "cuModuleGetFunction module=1 name=kernel_a",
+        "cuModuleGetFunction module=1 name=kernel_b",
+        *(["cuModuleLoadData module=2 kind=ptx instrumented=0",
+           "cuModuleGetFunction module=2 name=kernel_b"] if beside else []),
+        f"cuLaunchKernel f=kernel_a@1 grid=1 block=32 stream=(nil) params={args(1)}",
+        f"cuLaunchKernel_ptsz f=kernel_b@{b} grid=2 block=64 stream=0x5 params=33",
+        f"cuLaunchKernel f=kernel_a@1 grid=3 block=32 stream=(nil) params=buffer:{16 + 8 * i}:{args(3)}",
+        f"cuLaunchKernelEx_ptsz f=kernel_a@1 grid=4 block=128 stream=(nil) params={args(4)}",
+        f"cuLaunchCooperativeKernel f=kernel_a@1 grid=5 block=32 stream=(nil) params={args(5)}",
+        f"cuGraphAddKernelNode_v2 f=kernel_a@1 grid=6 block=32 stream=(nil) params={args(6)}",
+        f"cuLaunchKernel f=kernel_a@1 grid=0 block=32 stream=(nil) params={args(7)}",
+        f"cuLibraryLoadData module={lib} kind={'ptx' if i else 'wrapper'} instrumented={i}",
+        f"cuModuleGetFunction module={lib} name=kernel_a",
+        "cuKernelGetFunction name=kernel_a",
+        # the stand-in counts parameters in PTX only, so the original wrapper's launch shows none
+        f"cuLaunchKernel f=kernel_a@{lib}k grid=7 block=32 stream=(nil) params={args(8) if i else ''}",
+        "cuLinkCreate_v2",
+        f"cuLinkAddData_v2 type=1 size={243 if i else 190} instrumented={i}",
+        "cuLinkAddData_v2 type=0 size=4 instrumented=0",
+        "cuLinkComplete",
+        "cuLinkDestroy",
+        "cuMemAlloc_v2 size=4096",
+        "cuMemAllocAsync_ptsz",
+        "cuMemHostAlloc",
+        "cuMemCreate",
+        "cuMemMap",
+        "cuMemFree_v2 ptr=0x700000000000",
+        "cuMemFree_v2 ptr=0",
+        "cuMemFreeHost",
+        "cuMemUnmap",
+        "cuMemRelease",
+        "cuModuleLoad path=/nonexistent/egpu.ptx missing",
+        "cuFuncGetAttribute attrib=99",
+        "cuCtxSynchronize",
+        "cuGetExportTable",
+        "cuMemAlloc size=16",
+        "cuModuleUnload module=1",
+        f"cuLibraryUnload module={lib}",
+    ]
+
+
+# Every hooked call returns the driver's own result.
+RESULTS = {"launch_zero_grid": 1, "free_null": 1, "load_missing_file": 301, "func_attribute_bad": 1}
+
+
+@pytest.mark.parametrize("app", APPS)
+def test_driver_receives_instrumented_code_and_redirected_launches(built, app):
+    r = run(built, app)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert r.driver_calls() == expected_calls(instrumented=True, beside=True)
+    assert {k: v for k, v in r.rc().items() if v} == RESULTS
+
+
+def test_without_the_shim_the_program_is_untouched(built):
+    r = run(built, "app_dlsym", preload=False)
+    assert r.returncode == 0
+    assert r.driver_calls() == expected_calls(instrumented=False, beside=False)
+    assert {k: v for k, v in r.rc().items() if v} == RESULTS
+
+
+def test_without_an_instrumenter_everything_passes_through(built):
+    r = run(built, "app_dlsym", runtime=None)
+    assert r.returncode == 0, r.stderr
+    assert r.driver_calls() == expected_calls(instrumented=False, beside=False)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"EGPU_TEST_FAIL": "1"}, "egpu: hook failed, the original call proceeds: RuntimeError"),
+    ({"EGPU_TEST_REFUSE": "1"}, ""),
+    ({}, "egpu: cannot load runtime no_such_module"),
+])
+def test_a_failing_runtime_leaves_the_original_path_working(built, env, message):
+    runtime = "no_such_module" if not env else "instrumenter"
+    r = run(built, "app_cudart", runtime=runtime, **env)
+    assert r.returncode == 0, r.stderr
+    assert message in r.stderr
+    calls = [ln for ln in r.driver_calls() if not ln.endswith(" refused")]
+    # kernel_b is still redirected to the module loaded beside whenever the runtime is there
+    assert calls == expected_calls(instrumented=False, beside=runtime == "instrumenter")
+    refused = [ln for ln in r.driver_calls() if ln.endswith(" refused")]
+    assert refused == (["cuModuleLoadData refused", "cuLibraryLoadData refused", "cuLinkAddData_v2 refused"]
+                       if "EGPU_TEST_REFUSE" in env else [])
+
+
+def test_launch_counters_records_and_allocations(built):
+    r = run(built, "app_cudart")
+    assert r.lines("stats") == ["launches=8 redirected=7 records=6 dropped=0 launches_a=5 launches_b=1"]
+    assert r.lines("record") == [
+        "id=2 api=17 f=b redirected=1 grid=2 block=64 stream=0x5",
+        "id=3 api=17 f=a redirected=0 grid=3 block=32 stream=(nil)",
+        "id=4 api=18 f=a redirected=0 grid=4 block=128 stream=(nil)",
+        "id=5 api=19 f=a redirected=0 grid=5 block=32 stream=(nil)",
+        "id=7 api=17 f=a redirected=0 grid=0 block=32 stream=(nil)",
+        "id=8 api=17 f=kern redirected=0 grid=7 block=32 stream=(nil)",
+    ]
+    # kinds (egpu_shim.h): 1 device, 4 async, 5 host, 7 VMM handle, 8 VMM mapping
+    live = r.lines("allocs")[0].split()
+    assert live[:2] == ["live", "n=5"]
+    assert sorted(live[2:]) == sorted(["1:4096", "4:8192", "5:100", "7:2097152", "8:2097152"])
+    assert r.lines("allocs")[1] == "after n=1 4:8192"
+
+
+def test_child_processes_get_the_shim(built):
+    r = run(built, "app_cudart", "--fork")
+    assert r.returncode == 0, r.stderr
+    assert "child exit=0" in r.stdout
+    pids = dict.fromkeys(r.pids)
+    assert len(pids) == 2
+    child = list(pids)[1]  # the parent's first lookups come before the fork
+    child_calls = [ln for pid, ln in zip(r.pids, r.log) if pid == child and not ln.startswith("cuGetProc")]
+    assert child_calls == expected_calls(instrumented=True, beside=True)[:7]
+
+
+def test_a_program_without_cuda_never_starts_python(built):
+    r = run(built, "app_nocuda")
+    assert r.returncode == 0, r.stderr
+    # python=0: libpython is mapped (the shim links it) but never initialized;
+    # next=2: dlsym(RTLD_NEXT) still resolves relative to its real caller through the shim's dlsym
+    assert sorted(r.stdout.splitlines()) == ["child next=2 puts=1 python=0", "parent next=2 puts=1 python=0"]
+    assert r.log == []
+
+
+ABI_CHECK = r"""
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cstddef>
+#include <cstdio>
+#include <type_traits>
+namespace egpu {
+#include "egpu_shim.h"
+#define X(sym, api, ver, ptsz, params) typedef CUresult sym##_t params;
+EGPU_HOOKS(X)
+#undef X
+}
+template <typename T> char cls() { return std::is_floating_point<T>::value ? 'f' : std::is_pointer<T>::value ? 'p' : 'i'; }
+template <typename R, typename... A> void sig(const char *who, const char *name, R (*)(A...)) {
+    std::printf("%s %s %c%zu", who, name, cls<R>(), sizeof(R));
+    ((std::printf(" %c%zu", cls<A>(), sizeof(A))), ...);
+    std::printf("\n");
+}
+// pasted inside X, so cuda.h's "#define cuMemAlloc cuMemAlloc_v2" cannot rename the api
+#define PFN_SEL(base, ptsz) PFN_SEL_##ptsz(base)
+#define PFN_SEL_0(base) base
+#define PFN_SEL_1(base) base##_ptsz
+#define FIELD(t, f) std::printf("field %s.%s %zu %zu\n", #t, #f, offsetof(egpu::t, f), offsetof(::t, f));
+int main() {
+#define X(sym, api, ver, ptsz, params) sig("ours", #sym, (egpu::sym##_t *)nullptr); \
+    sig("cuda", #sym, (PFN_SEL(PFN_##api##_v##ver, ptsz))nullptr);
+    EGPU_HOOKS(X)
+    std::printf("size CUlaunchConfig %zu %zu\n", sizeof(egpu::CUlaunchConfig), sizeof(::CUlaunchConfig));
+    std::printf("size params_v1 %zu %zu\n", sizeof(egpu::CUDA_KERNEL_NODE_PARAMS_v1), sizeof(::CUDA_KERNEL_NODE_PARAMS_v1));
+    std::printf("size params_v2 %zu %zu\n", sizeof(egpu::CUDA_KERNEL_NODE_PARAMS_v2), sizeof(::CUDA_KERNEL_NODE_PARAMS_v2));
+    FIELD(CUlaunchConfig, hStream) FIELD(CUlaunchConfig, numAttrs)
+    FIELD(CUDA_KERNEL_NODE_PARAMS_v2, kernelParams) FIELD(CUDA_KERNEL_NODE_PARAMS_v2, kern)
+    std::printf("const %d %d %d %d %d\n", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CU_JIT_INPUT_PTX,
+                (int)(size_t)CU_LAUNCH_PARAM_BUFFER_POINTER, (int)(size_t)CU_LAUNCH_PARAM_BUFFER_SIZE,
+                (int)CUDA_ERROR_NOT_FOUND);
+}
+"""
+
+
+@pytest.mark.skipif(not CUDA_H.exists() or not shutil.which("g++"), reason="needs cuda.h and g++")
+def test_hook_prototypes_match_cuda_h(tmp_path):
+    """Every hook's parameters have the ABI (class and size) of cudaTypedefs.h's PFN_<api>_v<version>
+    [_ptsz] -- which also pins each row's version -- and the structs the shim reads line up."""
+    (tmp_path / "abi.cpp").write_text(ABI_CHECK)
+    subprocess.run(["g++", "-std=c++17", "-I", str(CUDA_H.parent), "-I", str(ROOT / "shim"), "abi.cpp",
+                    "-o", "abi"], cwd=tmp_path, check=True)
+    out = subprocess.run([str(tmp_path / "abi")], capture_output=True, text=True, check=True).stdout
+    ours = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("ours ")]
+    cuda = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("cuda ")]
+    assert len(ours) == 48 and ours == cuda
+    for ln in out.splitlines():
+        if ln.startswith(("size ", "field ")):
+            a, b = ln.split()[-2:]
+            assert a == b, ln
+    interpose = (ROOT / "shim" / "interpose.c").read_text()
+    constants = dict(re.findall(r"#define (CU\w+|CUDA_ERROR_NOT_FOUND) \(?\(?(?:void \*\))?(0x[0-9a-f]+|\d+)", interpose))
+    assert out.splitlines()[-1] == "const " + " ".join(str(int(constants[k], 0)) for k in (
+        "CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM", "CU_JIT_INPUT_PTX", "CU_LAUNCH_PARAM_BUFFER_POINTER",
+        "CU_LAUNCH_PARAM_BUFFER_SIZE", "CUDA_ERROR_NOT_FOUND"))
+
+
+# hooks.read_image on images laid out in memory the way applications pass them.
+def test_read_image_follows_wrappers_and_sizes_binaries(tmp_path):
+    import cffi
+    from egpu_preload.fatbin import FATBIN_MAGIC, WRAPPER_MAGIC, ImageKind
+    from egpu_preload.runtime.hooks import read_image
+    ffi = cffi.FFI()
+    ptx = b".version 8.0\n.target sm_90\n.address_size 64\n"
+    payload = ptx + bytes(-len(ptx) % 8)
+    fat = struct.pack("<IHHQ", FATBIN_MAGIC, 1, 16, 64 + len(payload)) + struct.pack(
+        "<HHIQIIHHIIIQQQ", 1, 0x101, 64, len(payload), 0, 0, 0, 8, 90, 0, 0, 0x11, 0, 0) + payload
+    fat_buf = ffi.new("char[]", fat + b"trailing garbage")
+    wrapper = ffi.new("char[]", struct.pack("<IIQQ", WRAPPER_MAGIC, 1, int(ffi.cast("uintptr_t", fat_buf)), 0))
+    elf = bytearray(64)
+    elf[:5] = b"\x7fELF\x02"
+    struct.pack_into("<QQ", elf, 0x20, 0, 64)          # no program headers, section headers at 64
+    struct.pack_into("<HHHH", elf, 0x36, 56, 0, 64, 2)  # two 64-byte section headers
+    elf_buf = ffi.new("char[]", bytes(elf) + bytes(128) + b"after")
+    ptx_buf = ffi.new("char[]", ptx)
+    (tmp_path / "m.ptx").write_bytes(ptx)
+
+    def read(buf, size=0, path=None):
+        address = int(ffi.cast("uintptr_t", buf)) if buf is not None else 0
+        return read_image(ffi, address, size, path, "MODULE_LOAD_DATA", 1)
+
+    assert (read(wrapper).kind, read(wrapper).data) == (ImageKind.WRAPPER, fat)
+    assert (read(fat_buf).kind, read(fat_buf).data) == (ImageKind.FATBIN, fat)
+    assert (read(elf_buf).kind, len(read(elf_buf).data)) == (ImageKind.ELF, 192)
+    assert (read(ptx_buf).kind, read(ptx_buf).data) == (ImageKind.PTX, ptx)
+    assert read(ptx_buf, size=10).data == ptx[:10]
+    assert (read(None, path=str(tmp_path / "m.ptx")).kind, read(None, path=str(tmp_path / "m.ptx")).data) == \
+        (ImageKind.PTX, ptx)
+    assert read(None, path=str(tmp_path / "missing")).data == b""
