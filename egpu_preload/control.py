@@ -1,0 +1,447 @@
+"""The control protocol: how ``egpu attach/detach/swap/maps/modules/ps`` talk to a running process.
+
+One unix socket per process, ``<dir>/<pid>.sock`` (mode 0600) in a private directory (0700, ours):
+``$XDG_RUNTIME_DIR/egpu``, else ``/tmp/egpu-<uid>``. Only the same uid (or root) may talk to it: the
+directory's mode says so and the server checks the peer's SO_PEERCRED as well.
+
+Frames are a 4-byte big-endian length, then a msgpack map of at most MAX_FRAME bytes:
+
+    request  {"v": 1, "id": int, "cmd": str, ...fields of the command (COMMANDS)}
+    reply    {"v": 1, "id": int | None, "ok": bool, "result": object}   or   {..., "ok": false, "error": str}
+
+Every request is checked against COMMANDS before a handler sees it: types, required fields, no extra
+fields. A bad request gets an error reply and the connection stays usable; a frame over the limit gets
+an error reply and the connection is closed (its bytes cannot be skipped safely).
+
+The server runs in a daemon thread and serves one connection at a time; a handler's EgpuError becomes
+the error reply, any other exception an "internal error" reply, so the process never sees them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import selectors
+import socket
+import stat
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+
+from .errors import EgpuError
+
+VERSION = 1
+MAX_FRAME = 16 << 20        # 16 MiB: a probe object is a few KiB to a few MiB
+IDLE_TIMEOUT = 5.0          # seconds a connection may sit between frames before the server drops it
+_LEN = struct.Struct(">I")
+_UCRED = struct.Struct("iII")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;} (socket(7) SO_PEERCRED)
+_SUN_PATH_MAX = 107         # sizeof(sockaddr_un.sun_path) - 1 (unix(7))
+
+
+@dataclass(frozen=True)
+class Field:
+    type: type
+    required: bool = True
+
+
+# Command -> its fields beside v/id/cmd. bytes fields carry whole .bpf.o files.
+COMMANDS: dict[str, dict[str, Field]] = {
+    "ping": {},
+    "attach": {"probe": Field(bytes), "name": Field(str)},
+    "detach": {"name": Field(str, required=False)},
+    "swap": {"old": Field(str), "new_probe": Field(bytes), "new_name": Field(str)},
+    "maps": {},
+    "modules": {},
+    "checkpoint": {"dir": Field(str)},
+}
+
+Handler = Callable[[dict], object]
+
+
+class ControlError(EgpuError):
+    """A control request that could not be made or was refused."""
+
+
+class NoSession(ControlError):
+    """No live egpu session behind a pid (no socket, or nobody listening on it)."""
+
+
+class ControlTimeout(ControlError):
+    """The session did not answer in time."""
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    pid: int
+    path: Path
+    info: dict | None  # the ping reply; None when the session is alive but did not answer in time
+
+
+# --- where sockets live ---------------------------------------------------------------------------
+
+def socket_dir() -> Path:
+    """``$XDG_RUNTIME_DIR/egpu`` when XDG_RUNTIME_DIR is set, else ``/tmp/egpu-<uid>``."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime) / "egpu" if runtime else Path(f"/tmp/egpu-{os.getuid()}")
+
+
+def socket_path(pid: int, directory: Path | None = None) -> Path:
+    return (directory or socket_dir()) / f"{pid}.sock"
+
+
+def check_private_dir(directory: Path, *, create: bool) -> bool:
+    """Make sure ``directory`` is ours and closed to others (creating it 0700 when asked); False when it
+    does not exist and was not created. Anything else there (a symlink, another owner, group or other
+    access) is refused: in /tmp another user could have made it first."""
+    if create:
+        try:
+            directory.mkdir(mode=0o700, parents=False)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:  # $XDG_RUNTIME_DIR itself is missing
+            directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700, exist_ok=True)
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        raise ControlError(f"{directory}: not a directory (refusing to use it for control sockets)")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ControlError(f"{directory}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}; "
+                           f"control sockets need a directory private to uid {os.geteuid()}")
+    return True
+
+
+def peer_allowed(peer_uid: int, own_uid: int) -> bool:
+    """Only the process's own user, or root (who could ptrace it anyway), may control it."""
+    return peer_uid == own_uid or peer_uid == 0
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a connected unix socket."""
+    return _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+
+
+# --- frames and messages --------------------------------------------------------------------------
+
+def encode_frame(message: Mapping) -> bytes:
+    body = msgpack.packb(message, use_bin_type=True)
+    if len(body) > MAX_FRAME:
+        raise ControlError(f"message of {len(body)} bytes exceeds the {MAX_FRAME >> 20} MiB frame limit")
+    return _LEN.pack(len(body)) + body
+
+
+class _FrameTooLarge(Exception):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def read_frame(sock: socket.socket) -> bytes | None:
+    """One frame's body; None at a clean end of stream. Raises _FrameTooLarge before reading an
+    oversized body, ConnectionError when the stream ends inside a frame."""
+    header = _recv_exact(sock, _LEN.size, eof_ok=True)
+    if header is None:
+        return None
+    size, = _LEN.unpack(header)
+    if size > MAX_FRAME:
+        raise _FrameTooLarge(size)
+    return _recv_exact(sock, size, eof_ok=False)
+
+
+def _recv_exact(sock: socket.socket, n: int, *, eof_ok: bool) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            if eof_ok and not buf:
+                return None
+            raise ConnectionError(f"stream ended {len(buf)} bytes into a {n}-byte read")
+        buf += chunk
+    return bytes(buf)
+
+
+def decode_message(body: bytes) -> object:
+    """msgpack -> Python; any malformation is a ControlError (msgpack raises a dozen kinds)."""
+    try:
+        return msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as e:  # noqa: BLE001 - ExtraData, FormatError, StackError, UnicodeDecodeError, ...
+        raise ControlError(f"malformed message: {type(e).__name__}: {e}") from None
+
+
+def validate_request(message: object) -> tuple[int, str, dict]:
+    """(id, cmd, fields) of a well-formed request, else ControlError naming what is wrong."""
+    if not isinstance(message, dict):
+        raise ControlError(f"request is a {type(message).__name__}, not a map")
+    v = message.get("v")
+    if v != VERSION or isinstance(v, bool):
+        raise ControlError(f"unsupported protocol version {v!r} (this session speaks {VERSION})")
+    rid = message.get("id")
+    if not _is_int(rid):
+        raise ControlError("field id must be an integer")
+    cmd = message.get("cmd")
+    if not isinstance(cmd, str) or cmd not in COMMANDS:
+        raise ControlError(f"unknown command {cmd!r}")
+    schema = COMMANDS[cmd]
+    fields = {k: x for k, x in message.items() if k not in ("v", "id", "cmd")}
+    for name, value in fields.items():
+        if name not in schema:
+            raise ControlError(f"{cmd}: unknown field {name!r}")
+        want = schema[name].type
+        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            raise ControlError(f"{cmd}: field {name} must be {want.__name__}, got {type(value).__name__}")
+    missing = [name for name, f in schema.items() if f.required and name not in fields]
+    if missing:
+        raise ControlError(f"{cmd}: missing field {missing[0]}")
+    return rid, cmd, fields
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _reply(rid: int | None, *, result: object = None, error: str | None = None) -> dict:
+    if error is not None:
+        return {"v": VERSION, "id": rid, "ok": False, "error": error}
+    return {"v": VERSION, "id": rid, "ok": True, "result": result}
+
+
+# --- server ---------------------------------------------------------------------------------------
+
+class ControlServer:
+    """``ControlServer({"maps": fn, ...}).start()``: serves ``<dir>/<pid>.sock`` until ``stop()``.
+
+    A handler gets the request's fields (without v/id/cmd) and returns a msgpack-able result, or raises
+    EgpuError for an error reply. ``ping`` answers {pid, uid, argv} unless a handler replaces it.
+    """
+
+    def __init__(self, handlers: Mapping[str, Handler], *, directory: Path | None = None,
+                 idle_timeout: float = IDLE_TIMEOUT) -> None:
+        unknown = set(handlers) - set(COMMANDS)
+        if unknown:
+            raise ControlError(f"handlers for unknown commands: {', '.join(sorted(unknown))}")
+        self.handlers = {"ping": _ping, **handlers}
+        self.directory = directory or socket_dir()
+        self.path = socket_path(os.getpid(), self.directory)
+        self.idle_timeout = idle_timeout
+        self._listener: socket.socket | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._conn: socket.socket | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._owner = (0, 0, 0)  # (pid, st_dev, st_ino) of the socket we bound, to remove only ours
+
+    def start(self) -> "ControlServer":
+        check_private_dir(self.directory, create=True)
+        if len(os.fsencode(self.path)) > _SUN_PATH_MAX:
+            raise ControlError(f"{self.path}: longer than a unix socket path may be ({_SUN_PATH_MAX} bytes)")
+        self.path.unlink(missing_ok=True)  # left by an earlier process with our pid
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            listener.bind(os.fspath(self.path))
+            # bind() honours the umask; the 0700 directory already keeps others out in the meantime.
+            os.chmod(self.path, 0o600)
+            listener.listen(8)
+        except OSError as e:
+            listener.close()
+            raise ControlError(f"{self.path}: cannot listen: {e.strerror}") from None
+        listener.setblocking(False)
+        st = os.stat(self.path)
+        self._owner = (os.getpid(), st.st_dev, st.st_ino)
+        self._listener = listener
+        self._thread = threading.Thread(target=self._serve, name="egpu-control", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, close the socket and remove it (only in the process that created it)."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._wake_w.send(b"x")
+        conn = self._conn
+        if conn is not None:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        for s in (self._listener, self._wake_r, self._wake_w):
+            if s is not None:
+                s.close()
+        self._listener = None
+        pid, dev, ino = self._owner
+        try:
+            st = os.stat(self.path)
+            if pid == os.getpid() and (st.st_dev, st.st_ino) == (dev, ino):
+                self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "ControlServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _serve(self) -> None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._listener, selectors.EVENT_READ)
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                for key, _ in sel.select():
+                    if key.fileobj is self._wake_r or self._stopping.is_set():
+                        return
+                    try:
+                        conn, _ = self._listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    self._conn = conn
+                    try:
+                        self._connection(conn)
+                    except OSError:
+                        pass  # the client went away or timed out: serve the next one
+                    finally:
+                        self._conn = None
+                        conn.close()
+
+    def _connection(self, conn: socket.socket) -> None:
+        conn.setblocking(True)
+        conn.settimeout(self.idle_timeout)
+        _, uid, _ = peer_credentials(conn)
+        if not peer_allowed(uid, os.geteuid()):
+            conn.sendall(encode_frame(_reply(None, error=f"uid {uid} may not control process {os.getpid()} "
+                                                         f"(uid {os.geteuid()})")))
+            return
+        while not self._stopping.is_set():
+            try:
+                body = read_frame(conn)
+            except _FrameTooLarge as e:
+                conn.sendall(encode_frame(_reply(None, error=f"frame of {e.size} bytes exceeds the "
+                                                             f"{MAX_FRAME >> 20} MiB limit")))
+                return
+            if body is None:
+                return
+            conn.sendall(self._answer(body))
+
+    def _answer(self, body: bytes) -> bytes:
+        """The reply frame for one request frame; never raises."""
+        rid = None
+        try:
+            message = decode_message(body)
+            if isinstance(message, dict) and _is_int(message.get("id")):
+                rid = message["id"]
+            rid, cmd, fields = validate_request(message)
+            handler = self.handlers.get(cmd)
+            if handler is None:
+                raise ControlError(f"{cmd} is not supported by this session")
+            reply = _reply(rid, result=handler(fields))
+        except EgpuError as e:
+            reply = _reply(rid, error=str(e))
+        except Exception as e:  # noqa: BLE001 - a handler bug must not reach the application
+            reply = _reply(rid, error=f"internal error: {type(e).__name__}: {e}")
+        try:
+            return encode_frame(reply)
+        except ControlError as e:
+            return encode_frame(_reply(rid, error=f"reply too large: {e.reason}"))
+        except Exception as e:  # noqa: BLE001 - a result msgpack cannot encode
+            return encode_frame(_reply(rid, error=f"internal error: result cannot be encoded: {e}"))
+
+
+def _ping(fields: dict) -> dict:
+    try:
+        argv = [a.decode(errors="replace") for a in Path("/proc/self/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        argv = []
+    return {"pid": os.getpid(), "uid": os.getuid(), "argv": argv}
+
+
+# --- client ---------------------------------------------------------------------------------------
+
+class ControlClient:
+    """Requests to the egpu session in process ``pid``: ``ControlClient(1234).request("maps")``."""
+
+    def __init__(self, pid: int, *, directory: Path | None = None, timeout: float = 10.0) -> None:
+        self.pid = pid
+        self.directory = directory or socket_dir()
+        self.path = socket_path(pid, self.directory)
+        self.timeout = timeout
+        self._ids = itertools.count(1)
+
+    def request(self, cmd: str, **fields: object) -> object:
+        """Send one request and return its result; EgpuError on any failure or error reply."""
+        rid = next(self._ids)
+        message = {"v": VERSION, "id": rid, "cmd": cmd, **fields}
+        validate_request(message)  # the server checks too; this names the mistake before connecting
+        frame = encode_frame(message)
+        if not check_private_dir(self.directory, create=False):
+            raise NoSession(f"no egpu session in process {self.pid}")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+            sock.settimeout(self.timeout)
+            try:
+                sock.connect(os.fspath(self.path))
+            except (FileNotFoundError, ConnectionRefusedError):
+                raise NoSession(f"no egpu session in process {self.pid}") from None
+            except PermissionError:
+                raise ControlError(f"process {self.pid}: permission denied on {self.path}") from None
+            try:
+                try:
+                    sock.sendall(frame)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # refused before it read our request: its reason is waiting to be read
+                body = read_frame(sock)
+            except (socket.timeout, TimeoutError):
+                raise ControlTimeout(f"process {self.pid}: no reply to {cmd} within {self.timeout:g} s") from None
+            except (_FrameTooLarge, OSError) as e:
+                raise ControlError(f"process {self.pid}: connection failed during {cmd}: {e}") from None
+        if body is None:
+            raise ControlError(f"process {self.pid}: closed the connection without replying to {cmd}")
+        reply = decode_message(body)
+        if not isinstance(reply, dict) or reply.get("v") != VERSION or "ok" not in reply:
+            raise ControlError(f"process {self.pid}: malformed reply to {cmd}")
+        if not reply["ok"]:
+            raise ControlError(f"process {self.pid}: {reply.get('error') or 'request failed'}")
+        if reply.get("id") != rid:
+            raise ControlError(f"process {self.pid}: reply to request {reply.get('id')}, expected {rid}")
+        return reply.get("result")
+
+
+def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> list[SessionInfo]:
+    """Live sessions of this user, by pid, for ``egpu ps``. Removes stale sockets: their process is gone,
+    or nothing listens on them (a reused pid). A session that accepts but is slow to answer is kept,
+    with info None."""
+    directory = directory or socket_dir()
+    if not check_private_dir(directory, create=False):
+        return []
+    sessions = []
+    for path in sorted(directory.glob("*.sock"), key=lambda p: (len(p.stem), p.stem)):
+        if not path.stem.isdigit():
+            continue
+        pid = int(path.stem)
+        if not _process_exists(pid):
+            path.unlink(missing_ok=True)
+            continue
+        try:
+            info = ControlClient(pid, directory=directory, timeout=timeout).request("ping")
+        except NoSession:
+            path.unlink(missing_ok=True)
+            continue
+        except ControlError:  # busy (timeout) or refusing us: alive, details unknown
+            info = None
+        sessions.append(SessionInfo(pid, path, info if isinstance(info, dict) else None))
+    return sessions
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

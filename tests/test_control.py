@@ -1,0 +1,418 @@
+"""The control protocol: real servers (in a thread and in a subprocess) and clients over real unix
+sockets; every kind of malformed frame gets an error reply or a closed connection and the server keeps
+serving; stale sockets are cleaned; another uid is refused (for real when the tests run as root)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from egpu_preload import control
+from egpu_preload.control import (MAX_FRAME, VERSION, ControlClient, ControlError, ControlServer, ControlTimeout,
+                                  NoSession, list_sessions)
+from egpu_preload.errors import EgpuError
+
+REPO = Path(__file__).resolve().parent.parent
+NOBODY = 65534
+
+
+@pytest.fixture
+def sock_dir(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    return tmp_path / "run" / "egpu"
+
+
+def _attach(fields: dict) -> dict:
+    return {"attached": fields["name"], "bytes": len(fields["probe"])}
+
+
+def _modules(fields: dict) -> object:
+    raise EgpuError("no module loaded yet")
+
+
+def _crash(fields: dict) -> object:
+    raise ValueError("handler bug")
+
+
+HANDLERS = {
+    "attach": _attach,
+    "detach": lambda f: {"detached": f.get("name")},
+    "swap": lambda f: [f["old"], f["new_name"], len(f["new_probe"])],
+    "maps": lambda f: {"counts": 42},
+    "modules": _modules,
+}
+
+
+@pytest.fixture
+def server(sock_dir):
+    with ControlServer(HANDLERS, idle_timeout=0.5) as s:
+        yield s
+
+
+def _raw(path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(os.fspath(path))
+    return s
+
+
+def _send_body(s: socket.socket, body: bytes) -> None:
+    s.sendall(len(body).to_bytes(4, "big") + body)
+
+
+def _reply(s: socket.socket) -> dict | None:
+    body = control.read_frame(s)
+    return None if body is None else msgpack.unpackb(body, raw=False)
+
+
+def _req(cmd: str = "ping", rid: int = 1, **fields) -> bytes:
+    return msgpack.packb({"v": VERSION, "id": rid, "cmd": cmd, **fields}, use_bin_type=True)
+
+
+# --- where sockets live -----------------------------------------------------------------------------
+
+def test_socket_dir_follows_xdg_runtime_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert control.socket_dir() == tmp_path / "egpu"
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert control.socket_dir() == Path(f"/tmp/egpu-{os.getuid()}")
+
+
+def test_socket_and_directory_modes_and_removal(server, sock_dir):
+    assert server.path == sock_dir / f"{os.getpid()}.sock"
+    assert stat.S_IMODE(os.stat(sock_dir).st_mode) == 0o700
+    st = os.stat(server.path)
+    assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    server.stop()
+    assert not server.path.exists()
+
+
+def test_stop_leaves_a_socket_it_did_not_create(sock_dir):
+    s = ControlServer({}).start()
+    s.path.unlink()
+    s.path.write_text("someone else's")  # a different inode at our path
+    s.stop()
+    assert s.path.read_text() == "someone else's"
+
+
+@pytest.mark.parametrize("setup, reason", [
+    (lambda d: d.mkdir(mode=0o755) or d.chmod(0o755), "mode 0755"),
+    (lambda d: d.mkdir(mode=0o700) or os.chown(d, NOBODY, NOBODY), f"owned by uid {NOBODY}"),
+    (lambda d: d.symlink_to(d.parent), "not a directory"),
+])
+def test_directory_not_private_is_refused(setup, reason, tmp_path):
+    if "owned" in reason and os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    d = tmp_path / "egpu"
+    setup(d)
+    with pytest.raises(ControlError, match=reason):
+        ControlServer({}, directory=d).start()
+    with pytest.raises(ControlError, match=reason):
+        list_sessions(d)
+
+
+def test_unknown_handler_name_is_refused(sock_dir):
+    with pytest.raises(ControlError, match="unknown commands: launch"):
+        ControlServer({"launch": lambda f: None})
+
+
+# --- requests -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cmd, fields, result", [
+    ("attach", {"probe": b"\x7fELF...", "name": "count"}, {"attached": "count", "bytes": 7}),
+    ("detach", {}, {"detached": None}),
+    ("detach", {"name": "count"}, {"detached": "count"}),
+    ("swap", {"old": "a", "new_probe": b"xyz", "new_name": "b"}, ["a", "b", 3]),
+    ("maps", {}, {"counts": 42}),
+])
+def test_requests(server, cmd, fields, result):
+    assert ControlClient(os.getpid()).request(cmd, **fields) == result
+
+
+def test_builtin_ping_names_the_process(server):
+    info = ControlClient(os.getpid()).request("ping")
+    assert info["pid"] == os.getpid() and info["uid"] == os.getuid() and "pytest" in " ".join(info["argv"])
+
+
+@pytest.mark.parametrize("cmd, reason", [
+    ("modules", "no module loaded yet"),                   # a handler's EgpuError
+    ("checkpoint", "checkpoint is not supported"),         # a known command without a handler
+])
+def test_error_replies(server, cmd, reason):
+    fields = {"dir": "/tmp/x"} if cmd == "checkpoint" else {}
+    with pytest.raises(ControlError, match=reason):
+        ControlClient(os.getpid()).request(cmd, **fields)
+
+
+@pytest.mark.parametrize("handler, reason", [
+    (_crash, "internal error: ValueError: handler bug"),
+    (lambda f: object(), "internal error: result cannot be encoded"),
+    (lambda f: b"x" * (MAX_FRAME + 1), "reply too large"),
+])
+def test_handler_failures_are_replies(sock_dir, handler, reason):
+    with ControlServer({"maps": handler}):
+        client = ControlClient(os.getpid())
+        with pytest.raises(ControlError, match=reason):
+            client.request("maps")
+        assert client.request("ping")["pid"] == os.getpid()
+
+
+@pytest.mark.parametrize("cmd, fields, reason", [
+    ("launch", {}, "unknown command 'launch'"),
+    ("attach", {"probe": "text", "name": "x"}, "field probe must be bytes, got str"),
+    ("attach", {"probe": b""}, "attach: missing field name"),
+    ("maps", {"json": True}, "maps: unknown field 'json'"),
+])
+def test_client_checks_requests_before_connecting(sock_dir, cmd, fields, reason):
+    with pytest.raises(ControlError, match=reason):
+        ControlClient(1).request(cmd, **fields)
+
+
+def test_oversized_request_is_refused_by_the_client(sock_dir):
+    with pytest.raises(ControlError, match="exceeds the 16 MiB frame limit"):
+        ControlClient(1).request("attach", probe=bytes(MAX_FRAME), name="big")
+
+
+def test_no_session(sock_dir):
+    with pytest.raises(NoSession, match=r"no egpu session in process 999999999$"):
+        ControlClient(999999999).request("ping")
+
+
+def test_client_timeout(sock_dir):
+    with ControlServer({"maps": lambda f: time.sleep(1.0)}):
+        with pytest.raises(ControlTimeout, match="no reply to maps within 0.2 s"):
+            ControlClient(os.getpid(), timeout=0.2).request("maps")
+
+
+# --- malformed frames -----------------------------------------------------------------------------
+
+def _packb(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+MALFORMED = [
+    (b"\xc1", "malformed message"),                                       # a byte msgpack never uses
+    (b"", "malformed message"),                                           # empty frame
+    (_req() + b"\x00", "malformed message: ExtraData"),                   # trailing bytes
+    (b"\xa2\xff\xfe", "malformed message"),                               # a str that is not UTF-8
+    (b"\x91" * 2000 + b"\x00", "malformed message"),                      # nesting deeper than msgpack allows
+    (_packb({1: 2}), "malformed message"),                                # a map key that is not a string
+    (_packb([1, 2]), "request is a list, not a map"),
+    (_packb({"v": 2, "id": 1, "cmd": "ping"}), "unsupported protocol version 2"),
+    (_packb({"id": 1, "cmd": "ping"}), "unsupported protocol version None"),
+    (_packb({"v": True, "id": 1, "cmd": "ping"}), "unsupported protocol version True"),
+    (_packb({"v": 1, "cmd": "ping"}), "field id must be an integer"),
+    (_packb({"v": 1, "id": "7", "cmd": "ping"}), "field id must be an integer"),
+    (_packb({"v": 1, "id": True, "cmd": "ping"}), "field id must be an integer"),
+    (_req("launch"), "unknown command 'launch'"),
+    (_packb({"v": 1, "id": 1, "cmd": b"ping"}), "unknown command b'ping'"),
+    (_req("attach", probe="not bytes", name="x"), "attach: field probe must be bytes, got str"),
+    (_req("attach", probe=b"x", name=3), "attach: field name must be str, got int"),
+    (_req("attach", probe=b"x"), "attach: missing field name"),
+    (_req("swap", old="a", new_probe=b"", new_name=None), "swap: field new_name must be str, got NoneType"),
+    (_req("detach", name=msgpack.ExtType(5, b"x")), "detach: field name must be str, got ExtType"),
+    (_req("ping", extra=1), "ping: unknown field 'extra'"),
+]
+
+
+@pytest.mark.parametrize("body, reason", MALFORMED)
+def test_malformed_frame_gets_an_error_and_the_connection_stays(server, body, reason):
+    with _raw(server.path) as s:
+        _send_body(s, body)
+        reply = _reply(s)
+        assert reply["v"] == VERSION and reply["ok"] is False and reason in reply["error"]
+        _send_body(s, _req("ping", rid=9))
+        reply = _reply(s)
+        assert reply["ok"] and reply["id"] == 9
+
+
+def test_error_reply_keeps_the_request_id(server):
+    with _raw(server.path) as s:
+        _send_body(s, _req("launch", rid=77))
+        assert _reply(s)["id"] == 77
+
+
+def test_oversized_frame_gets_an_error_and_is_closed(server):
+    with _raw(server.path) as s:
+        s.sendall((MAX_FRAME + 1).to_bytes(4, "big") + b"\x80")
+        reply = _reply(s)
+        assert reply["ok"] is False and f"frame of {MAX_FRAME + 1} bytes exceeds the 16 MiB limit" in reply["error"]
+        try:
+            assert s.recv(1) == b""
+        except ConnectionResetError:  # closed with our unread byte still queued
+            pass
+    assert ControlClient(os.getpid()).request("maps") == {"counts": 42}
+
+
+@pytest.mark.parametrize("data", [b"\x00\x00", b"\x00\x00\x00\x10" + b"\x80" * 5])
+def test_truncated_frame_closes_and_the_server_keeps_serving(server, data):
+    with _raw(server.path) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        assert s.recv(1) == b""
+    assert ControlClient(os.getpid()).request("maps") == {"counts": 42}
+
+
+def test_idle_connection_is_dropped_so_others_get_served(server):
+    with _raw(server.path) as idle:
+        t0 = time.monotonic()
+        assert ControlClient(os.getpid(), timeout=5).request("ping")["pid"] == os.getpid()
+        assert time.monotonic() - t0 < 3
+        assert idle.recv(1) == b""
+
+
+# --- peers -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("peer, own, allowed", [
+    (1000, 1000, True), (0, 1000, True), (1001, 1000, False), (NOBODY, 0, False), (0, 0, True),
+])
+def test_peer_allowed(peer, own, allowed):
+    assert control.peer_allowed(peer, own) is allowed
+
+
+def test_peer_credentials_of_a_real_connection():
+    a, b = socket.socketpair(socket.AF_UNIX)
+    with a, b:
+        assert control.peer_credentials(a) == (os.getpid(), os.getuid(), os.getgid())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid")
+def test_another_uid_is_refused():
+    # pytest's tmp_path is under a 0700 directory: use one that uid 65534 can reach, then open the
+    # socket directory and the socket to everyone, so only the SO_PEERCRED check stands in the way.
+    base = Path(tempfile.mkdtemp(prefix="egpu-xuid-"))
+    try:
+        os.chmod(base, 0o755)
+        with ControlServer(HANDLERS, directory=base / "egpu") as server:
+            os.chmod(base / "egpu", 0o755)
+            os.chmod(server.path, 0o666)
+            reply = _as_nobody(server.path)
+            assert reply.get("ok") is False, reply
+            assert f"uid {NOBODY} may not control process {os.getpid()}" in reply["error"]
+            os.chmod(base / "egpu", 0o700)
+            assert ControlClient(os.getpid(), directory=base / "egpu").request("maps") == {"counts": 42}
+    finally:
+        shutil.rmtree(base)
+
+
+def _as_nobody(path: Path) -> dict:
+    """The reply a child running as uid 65534 gets to a maps request."""
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        try:
+            os.close(r)
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            with _raw(path) as s:
+                try:
+                    _send_body(s, _req("maps"))
+                except BrokenPipeError:
+                    pass  # refused before the request was read: the reason is still there to read
+                os.write(w, _packb(_reply(s)))
+        except BaseException as e:  # noqa: BLE001 - report anything to the parent
+            os.write(w, _packb({"child_error": repr(e)}))
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = b""
+    while chunk := os.read(r, 65536):
+        data += chunk
+    os.close(r)
+    os.waitpid(child, 0)
+    return msgpack.unpackb(data, raw=False)
+
+
+# --- sessions ------------------------------------------------------------------------------------------
+
+def _dead_pid() -> int:
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(p.stdout)
+
+
+def _stale_socket(path: Path) -> None:
+    """A socket file nobody listens on: bound, then closed without unlinking."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(os.fspath(path))
+    s.close()
+
+
+def test_list_sessions_lists_live_and_removes_stale(server, sock_dir):
+    dead = sock_dir / f"{_dead_pid()}.sock"
+    _stale_socket(dead)
+    reused = sock_dir / f"{os.getppid()}.sock"  # a live process that is not listening
+    _stale_socket(reused)
+    other = sock_dir / "notes.txt"
+    other.write_text("")
+    sessions = list_sessions()
+    assert [(s.pid, s.path) for s in sessions] == [(os.getpid(), server.path)]
+    assert sessions[0].info["pid"] == os.getpid()
+    assert not dead.exists() and not reused.exists() and other.exists()
+
+
+def test_list_sessions_without_a_directory(sock_dir):
+    assert list_sessions() == []
+
+
+def test_stale_socket_is_no_session(sock_dir):
+    sock_dir.mkdir(parents=True, mode=0o700)
+    pid = _dead_pid()
+    _stale_socket(sock_dir / f"{pid}.sock")
+    with pytest.raises(NoSession, match=f"no egpu session in process {pid}"):
+        ControlClient(pid).request("ping")
+
+
+SERVER_SCRIPT = textwrap.dedent("""
+    import sys
+    from egpu_preload.control import ControlServer
+    from egpu_preload.errors import EgpuError
+
+    def detach(fields):
+        raise EgpuError(f"no probe named {fields.get('name')}")
+
+    server = ControlServer({"maps": lambda f: {"pid_maps": [1, 2, 3]}, "detach": detach}).start()
+    print("ready", flush=True)
+    sys.stdin.read()   # serve until the test closes stdin
+    server.stop()
+""")
+
+
+def test_server_in_a_subprocess(sock_dir):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        client = ControlClient(proc.pid)
+        assert client.request("maps") == {"pid_maps": [1, 2, 3]}
+        with pytest.raises(ControlError, match=f"process {proc.pid}: no probe named x"):
+            client.request("detach", name="x")
+        assert [s.pid for s in list_sessions()] == [proc.pid]
+        with _raw(sock_dir / f"{proc.pid}.sock") as s:
+            _send_body(s, b"\xc1")
+            assert "malformed" in _reply(s)["error"]
+        assert client.request("ping")["argv"][:2] == [sys.executable, "-c"]
+    finally:
+        proc.kill()  # no clean-up runs: the socket stays behind
+        proc.wait()
+    assert (sock_dir / f"{proc.pid}.sock").exists()
+    assert list_sessions() == []
+    assert not (sock_dir / f"{proc.pid}.sock").exists()
+
+
+def test_clean_stop_in_a_subprocess_removes_its_socket(sock_dir):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", SERVER_SCRIPT], input="", capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and proc.stdout == "ready\n"
+    assert list(sock_dir.iterdir()) == []
