@@ -47,7 +47,7 @@ class _Visit:
 
     __slots__ = ("parent", "pending", "state")
 
-    def __init__(self, parent: "_Visit | None", state: State) -> None:
+    def __init__(self, parent: "_Visit | None", state: State | None) -> None:
         self.parent = parent
         self.pending = 1
         self.state = state
@@ -59,6 +59,22 @@ def _finish(visit: _Visit | None) -> None:
         if visit.pending:
             return
         visit = visit.parent
+
+
+def _traced(trace: tuple | None, pc: int) -> tuple:
+    """The path's last instructions for the log: a shared linked list (pc, previous, length),
+    cut back to _LOG_TAIL nodes now and then so a long path does not keep all of its history."""
+    length = trace[2] + 1 if trace is not None else 1
+    if length > 2 * _LOG_TAIL:
+        pcs = []
+        while trace is not None and len(pcs) < _LOG_TAIL:
+            pcs.append(trace[0])
+            trace = trace[1]
+        trace = None
+        for n, old in enumerate(reversed(pcs), 1):
+            trace = (old, trace, n)
+        length = len(pcs) + 1
+    return pc, trace, length
 
 
 def _live(cfg: Cfg, st: State, pc: int) -> list[int]:
@@ -83,7 +99,7 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
     seen: dict[int, dict[tuple, _Visit]] = {}
     recent: dict[int, list[_Visit]] = {}
     processed = 0
-    work: list[tuple[State, int, _Visit | None, tuple | None]] = [(State.entry(), 0, None, None)]
+    work: list[tuple[State, int, _Visit | None, tuple | None]] = [(State.entry(), 0, None, None)]  # DFS
     while work:
         st, pc, visit, trace = work.pop()
         try:
@@ -105,13 +121,13 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
                     seen[pc][k] = visit
                     done.append(visit)
                     if len(done) > _RECENT:
-                        del done[0]
+                        done.pop(0).state = None  # only exact repeats are looked up from now on
                 processed += 1
                 if processed > max_insns:
                     raise Reject(f"program too complex: processed {max_insns} instructions without finishing "
                                  "(instruction budget)")
                 insn = cfg.at[pc]
-                trace = (pc, trace)
+                trace = _traced(trace, pc)
                 succ = STEP[insn.kind](env, st, insn)
                 if not succ:
                     _finish(visit)
