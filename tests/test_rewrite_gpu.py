@@ -212,7 +212,7 @@ class Gpu:
             values.append(ctypes.c_uint64(launch_id))
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         fn = self.ok(self.cu.cuModuleGetFunction(module, case.kernel.encode()))
-        self.ok(self.cu.cuLaunchKernel(fn, *case.grid, *case.block, 0, 0, ctypes.addressof(params), None))
+        self.ok(self.cu.cuLaunchKernel(fn, *case.grid, *case.block, 0, 0, ctypes.addressof(params), 0))
         self.ok(self.cu.cuCtxSynchronize())
 
 
