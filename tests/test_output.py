@@ -20,7 +20,7 @@ from egpu_preload.bpf.program import BpfObject, MapDef
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, TraceRecord
 from egpu_preload.output import json as json_out
-from egpu_preload.output import text, values
+from egpu_preload.output import perfetto, text, values
 from egpu_preload.output.values import Address, Histogram, KernelId, Symbol
 from egpu_preload.vm import ThreadSim, Vm
 
@@ -243,3 +243,65 @@ def test_json_kernels_lists_only_ids_seen_and_floats_stay_valid():
     doc = json.loads(json_out.render(snap, time=2.0, pid=3, rank=None))
     assert doc["kernels"] == {str(IDS[1]): KERNELS[1]}
     assert doc["maps"]["x"]["value"] == {"kernel_id": IDS[1], "f": "nan"}
+
+
+# --- Perfetto (Chrome JSON trace) ---------------------------------------------------------------------
+
+def _trace(own_probe) -> perfetto.Trace:
+    """Three launches on two streams plus the shapes probe's ring-buffer events."""
+    obj = load_object(own_probe("shapes"))
+    snap = values.snapshot(run_probe(obj), obj, NAMES, EVENT_TYPES["shapes"])
+    trace = perfetto.Trace(pid=4242, process_name="train.py", kernel_names=NAMES)
+    for i, (kernel, start, stream) in enumerate([(KERNELS[0], 999_000, 0), (KERNELS[1], 1_002_500, 0x5000),
+                                                 (KERNELS[2], 1_010_000, 0)]):
+        trace.add_launch(perfetto.Launch(kernel, start, 4_250, stream, i, grid=(4, 1, 1), block=(128, 1, 1)))
+    for m in snap.maps:
+        if isinstance(m, values.Records):
+            trace.add_records(m)
+    return trace
+
+
+def test_perfetto_trace_events(own_probe, tmp_path):
+    path = tmp_path / "trace.json"
+    _trace(own_probe).write(path)
+    doc = json.loads(path.read_text())
+    assert doc["otherData"] == {"base_ns": 999_000} and doc["displayTimeUnit"] == "ns"
+    events = doc["traceEvents"]
+    threads = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert threads == {1: "stream 0x0", 2: "stream 0x5000", 3: "@events"}
+    slices = [(e["name"], e["tid"], e["ts"], e["dur"], e["args"]["kernel"]) for e in events if e["ph"] == "X"]
+    assert slices == [("vecAdd", 1, 0.0, 4.25, KERNELS[0]), ("ns::kernel", 2, 3.5, 4.25, KERNELS[1]),
+                      ("scale", 1, 11.0, 4.25, KERNELS[2])]
+    instants = [e for e in events if e["ph"] == "i"]
+    assert len(instants) == 6 and {e["tid"] for e in instants} == {3}
+    assert instants[0]["ts"] == 1.0 and instants[0]["args"] == {
+        "kernel_id": "vecAdd", "ts": 1_000_000, "tag": "access", "sm": 0, "size": 4}
+
+
+def test_perfetto_records_without_ts_are_left_out():
+    trace = perfetto.Trace(pid=1)
+    trace.add_records(values.Records("rb", (values.Record({"x": 1}), values.Record(Symbol("00ff")),
+                                            values.Record({"ts": 5, "v": 2}, cpu=3)), 0))
+    events = [e for e in trace.document()["traceEvents"] if e["ph"] == "i"]
+    assert [(e["ts"], e["args"]) for e in events] == [(0.0, {"ts": 5, "v": 2, "sm": 3})]
+
+
+def _trace_processor(path: Path):
+    tp_mod = pytest.importorskip("perfetto.trace_processor")
+    config = tp_mod.TraceProcessorConfig(bin_path=os.environ.get("EGPU_TRACE_PROCESSOR"))
+    try:
+        return tp_mod.TraceProcessor(trace=str(path), config=config)
+    except Exception as e:  # noqa: BLE001 - no shell binary here (it downloads one) or it cannot start
+        pytest.skip(f"Perfetto trace processor unavailable (set EGPU_TRACE_PROCESSOR): {e}")
+
+
+def test_perfetto_trace_processor_loads_it(own_probe, tmp_path):
+    path = tmp_path / "trace.json"
+    _trace(own_probe).write(path)
+    tp = _trace_processor(path)
+    try:
+        rows = [(r.name, r.ts, r.dur) for r in tp.query("select name, ts, dur from slice where dur > 0 order by ts")]
+        assert rows == [("vecAdd", 0, 4250), ("ns::kernel", 3500, 4250), ("scale", 11000, 4250)]
+        assert [r.n for r in tp.query("select count(*) as n from slice where dur = 0")] == [6]
+    finally:
+        tp.close()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from .values import Data, Histogram, KernelId, KeyedScalars, MapValue, Records, Scalar, Snapshot
 
@@ -56,15 +56,14 @@ def _with_per_sm(out: dict, per_sm: Mapping[int, Data] | None, seen: set[int]) -
     return out
 
 
-def _data(v: Data, seen: set[int]) -> object:
-    """Plain JSON types; records which kernel ids appear."""
+def plain(v: Data, kernel: Callable[[KernelId], object] = int) -> object:
+    """Decoded data as plain JSON types; ``kernel`` spells each kernel id (its number by default)."""
     if isinstance(v, KernelId):
-        seen.add(int(v))
-        return int(v)
+        return kernel(v)
     if isinstance(v, dict):
-        return {k: _data(x, seen) for k, x in v.items()}
+        return {k: plain(x, kernel) for k, x in v.items()}
     if isinstance(v, list):
-        return [_data(x, seen) for x in v]
+        return [plain(x, kernel) for x in v]
     if isinstance(v, bool):
         return v
     if isinstance(v, float):
@@ -72,3 +71,11 @@ def _data(v: Data, seen: set[int]) -> object:
     if isinstance(v, int):
         return int(v)
     return str(v)
+
+
+def _data(v: Data, seen: set[int]) -> object:
+    """Plain data, noting which kernel ids appear (for the document's "kernels" table)."""
+    def kernel(k: KernelId) -> int:
+        seen.add(int(k))
+        return int(k)
+    return plain(v, kernel)
