@@ -15,12 +15,14 @@ from typer.testing import CliRunner
 from egpu_preload.bpf import isa
 from egpu_preload.bpf.asm import assemble
 from egpu_preload.bpf.compile import compile_probe
+from egpu_preload.bpf.disasm import ALU_SYMBOLS
 from egpu_preload.bpf.elf import load_object
 from egpu_preload.bpf.verifier import VerifiedProgram, verify
 from egpu_preload.bpf.verifier import arith
 from egpu_preload.bpf.verifier.checks import STEP
-from egpu_preload.bpf.verifier.value import M64, bounded, const, contains
+from egpu_preload.bpf.verifier.value import M64, bounded, const, contains, lo32, sext32
 from egpu_preload.errors import DecodeError, EgpuError, VerifierError
+from egpu_preload.vm import execute
 from tests.verifier_cases import ACCEPT, MAPS, REJECT
 
 PROBES = sorted(p.name.removesuffix(".bpf.c") for p in (Path(__file__).parent / "probes").glob("*.bpf.c"))
@@ -147,20 +149,36 @@ def test_alu_results_contain_the_concrete_result(x, y, a, b, c, d, op, width):
     assert contains(arith.alu(op, width, ax, ay), const(r)), (op, width, x, y)
 
 
+def _holds(op: str, width: int, x: int, y: int) -> bool:
+    """The comparison on concrete values (RFC 9669 4.3; JMP32 compares the low halves)."""
+    mask = (1 << width) - 1
+    ux, uy = x & mask, y & mask
+    sx, sy = (v - (1 << width) if v >> (width - 1) else v for v in (ux, uy))
+    return {"jeq": ux == uy, "jne": ux != uy, "jgt": ux > uy, "jge": ux >= uy, "jlt": ux < uy, "jle": ux <= uy,
+            "jsgt": sx > sy, "jsge": sx >= sy, "jslt": sx < sy, "jsle": sx <= sy, "jset": bool(ux & uy),
+            "jnset": not ux & uy}[op]
+
+
 @settings(max_examples=400, deadline=None)
 @given(x=_u64, y=_u64, a=st.integers(0, 40), b=st.integers(0, 40), c=st.integers(0, 40), d=st.integers(0, 40),
-       op=st.sampled_from([o for o in _JMPS if o != "jnset"]), width=st.sampled_from((32, 64)))
+       op=st.sampled_from(_JMPS), width=st.sampled_from((32, 64)))
 def test_branch_refinement_keeps_the_concrete_values(x, y, a, b, c, d, op, width):
     ax, ay = _around(x, a, b), _around(y, c, d)
-    holds = arith.outcome(op, *(arith.sext32(arith.lo32(const(v))) if op in arith.SIGNED_OPS
-                                 else arith.lo32(const(v)) for v in (x, y))) if width == 32 else \
-        arith.outcome(op, const(x), const(y))
+    holds = _holds(op, width, x, y)
     known, taken, fallen = arith.branch(op, width, ax, ay)
     if known is not None:
         assert known == holds
         return
     side = taken if holds else fallen
     assert side is not None and contains(side[0], const(x)) and contains(side[1], const(y))
+
+
+@settings(max_examples=150, deadline=None)
+@given(x=_u64, y=_u64, op=st.sampled_from(_OPS), width=st.sampled_from((32, 64)))
+def test_constant_folding_matches_the_vm(x, y, op, width):
+    r = "w" if width == 32 else "r"
+    code = assemble(f"r0 = {x} ll\nr1 = {y} ll\n{r}0 {ALU_SYMBOLS[op]} {r}1\nexit")
+    assert arith.eval_const(op, width, x, y) == execute(code)
 
 
 # ---- fuzzing ---------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ and tnum arithmetic, as the Linux verifier does.
 from __future__ import annotations
 
 from .value import (M32, M64, S64_MAX, S64_MIN, SCALAR, UNKNOWN, Value, bounded, const, fits_s32, fits_u32,
-                    intersect, lo32, s64, sext32, sync, t_add, t_and, t_arsh, t_mul, t_or, t_sub, t_xor, trunc32)
+                    intersect, lo32, s64, sext32, sync, t_add, t_and, t_arsh, t_mul, t_or, t_sub, t_xor)
 
 
 def _signed(x: int, bits: int) -> int:
@@ -140,7 +140,7 @@ def _binary(op: str, a: Value, b: Value, bits: int) -> Value:
 def alu(op: str, width: int, a: Value, b: Value) -> Value:
     """``a op b`` for scalars (a's bounds are ignored for mov)."""
     if op == "mov":
-        return trunc32(b) if width == 32 else b
+        return lo32(b) if width == 32 else b
     if a.is_const and b.is_const:
         return const(eval_const(op, width, a.tv, b.tv))
     if width == 64:
@@ -149,8 +149,8 @@ def alu(op: str, width: int, a: Value, b: Value) -> Value:
     if op == "arsh":
         if not b32.is_const:
             return bounded(0, M32)
-        return trunc32(_shift("arsh", sext32(a32), b32, 32))
-    return trunc32(_binary(op, a32, b32, 32))
+        return lo32(_shift("arsh", sext32(a32), b32, 32))
+    return lo32(_binary(op, a32, b32, 32))
 
 
 def neg(width: int, a: Value) -> Value:
@@ -170,7 +170,7 @@ def movsx(width: int, bits: int, a: Value) -> Value:
     else:
         r = None
     v = const(r) if r is not None else bounded(smin=-(1 << (bits - 1)), smax=(1 << (bits - 1)) - 1)
-    return trunc32(v) if width == 32 else v
+    return lo32(v) if width == 32 else v
 
 
 def byteswap(op: str, bits: int, a: Value) -> Value:
@@ -309,7 +309,7 @@ def _back32(views: tuple[Value, Value] | None, a: Value, b: Value, signed: bool)
     out = []
     for view, full in zip(views, (a, b)):
         if fits_u32(full):
-            narrowed = intersect(full, trunc32(view) if signed else view)
+            narrowed = intersect(full, lo32(view) if signed else view)
         elif signed and fits_s32(full):
             narrowed = intersect(full, view)
         else:

@@ -7,7 +7,7 @@ written with data, ``s`` part of a spilled register whose abstract value the slo
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, NamedTuple
 
 from ..program import MapDef
 from .value import (MAP_PTR, NOT_INIT, NOT_INIT_VALUE, SCALAR, STACK, UNKNOWN, Value, contains, pointer,
@@ -57,13 +57,6 @@ class State:
 
     def copy(self) -> "State":
         return State([f.copy() for f in self.frames], dict(self.refs))
-
-    def values(self) -> Iterator[Value]:
-        for f in self.frames:
-            yield from f.regs
-            for slot in f.stack.values():
-                if slot.spill is not None:
-                    yield slot.spill
 
     def update_id(self, id: int, fn: Callable[[Value], Value | None]) -> None:
         """Apply ``fn`` to every register and spill carrying ``id``; a None result forgets a spill."""

@@ -162,10 +162,6 @@ def t_in(outer: tuple[int, int], inner: tuple[int, int]) -> bool:
     return not inner[1] & ~outer[1] and outer[0] == inner[0] & ~outer[1]
 
 
-def t_value(v: Value) -> tuple[int, int]:
-    return v.tv, v.tm
-
-
 # ---- bounds -------------------------------------------------------------------------------------------
 
 def sync(v: Value) -> Value | None:
@@ -204,7 +200,8 @@ def contains(outer: Value, inner: Value) -> bool:
 
 
 def lo32(v: Value) -> Value:
-    """The low 32 bits, zero-extended (what a 32-bit operation reads)."""
+    """The low 32 bits, zero-extended: what a 32-bit operation reads, and what it writes back
+    (RFC 9669 4.1: 32-bit results are zero-extended)."""
     if v.umax <= M32:
         return v.var
     if v.umin >> 32 == v.umax >> 32:
@@ -227,11 +224,6 @@ def sext32(v: Value) -> Value:
     elif tv >> 31 & 1:
         tv |= M64 & ~M32
     return bounded(smin=S32_MIN, smax=S32_MAX, t=(tv, tm))
-
-
-def trunc32(v: Value) -> Value:
-    """Zero-extend the low 32 bits of a 64-bit result (RFC 9669 4.1: 32-bit ALU results)."""
-    return lo32(v)
 
 
 def fits_u32(v: Value) -> bool:
