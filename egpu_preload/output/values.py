@@ -188,8 +188,6 @@ def _map_value(storage: MapStorage, reader: "_Reader", record_type: int | None) 
     hist = _histogram(m, rows)
     if hist is not None:
         return hist
-    if m.type in (prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY):
-        rows = [r for r in rows if not _is_zero(r[1])]
     if rows and all(_is_int(v) for _, v, _ in rows):
         rows.sort(key=lambda r: (r[1], _order(r[0])))
     else:
@@ -198,20 +196,25 @@ def _map_value(storage: MapStorage, reader: "_Reader", record_type: int | None) 
 
 
 def _rows(storage: MapStorage, reader: "_Reader") -> list[tuple[Data, Data, dict[int, Data] | None]]:
-    """(key, value, per-SM values) for every entry, keys and values decoded."""
+    """(key, value, per-SM values) of every entry, decoded; all-zero slots of multi-slot arrays are left
+    out before decoding (an array has every slot, most of them unused)."""
     m = storage.mapdef
+    keep_zero = m.type not in (prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY) or m.max_entries == 1
     if isinstance(storage, PercpuArrayStorage):
         cpus = storage.cpus()
         rows = []
         for i in range(m.max_entries):
-            key = reader.key(m, struct.pack("<I", i))
-            per_sm = {cpu: reader.data(m.value_type_id, bytes(storage.per_cpu[cpu][i])) for cpu in cpus}
+            raws = {cpu: bytes(storage.per_cpu[cpu][i]) for cpu in cpus}
+            if not keep_zero and not any(any(r) for r in raws.values()):
+                continue
+            per_sm = {cpu: reader.data(m.value_type_id, r) for cpu, r in raws.items()}
             total = reader.data(m.value_type_id, bytes(m.value_size))
             for v in per_sm.values():
                 total = _add(total, v)
-            rows.append((key, total, per_sm))
+            rows.append((reader.key(m, struct.pack("<I", i)), total, per_sm))
         return rows
-    return [(reader.key(m, k), reader.data(m.value_type_id, v), None) for k, v in storage.items()]
+    return [(reader.key(m, k), reader.data(m.value_type_id, v), None) for k, v in storage.items()
+            if keep_zero or any(v)]
 
 
 _HIST_NAME = re.compile(r"(lhist)(\d*)|hist")
@@ -240,14 +243,6 @@ def _histogram(m: MapDef, rows: list[tuple[Data, Data, dict | None]]) -> Histogr
 
 def _is_int(v: Data) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_zero(v: Data) -> bool:
-    if isinstance(v, dict):
-        return all(_is_zero(x) for x in v.values())
-    if isinstance(v, list):
-        return all(_is_zero(x) for x in v)
-    return not v
 
 
 def _add(a: Data, b: Data) -> Data:
