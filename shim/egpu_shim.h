@@ -72,7 +72,8 @@ struct egpu_alloc {
 };
 
 struct egpu_stats {
-    unsigned long long launches;    /* every launch through a hook */
+    unsigned long long launches;    /* launch ids drawn: launches through a hook, graph kernel nodes
+                                       retargeted (a node's id is fixed when its params are set) */
     unsigned long long redirected;  /* launches that ran a registered replacement */
     unsigned long long records;     /* launch records written */
     unsigned long long dropped;     /* launch records lost to a full ring */

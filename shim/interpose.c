@@ -281,6 +281,7 @@ static struct slot table[TABLE_SIZE];
 
 /* Open addressing, linear probing; a key is claimed with one CAS, so readers never lock. */
 static struct slot *slot_for(void *key, int insert) {
+    if (!key) return NULL; /* NULL marks a free slot */
     uint64_t h = ((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull;
     for (uint32_t n = 0, i = (uint32_t)(h >> 48) & (TABLE_SIZE - 1); n < TABLE_SIZE;
          n++, i = (i + 1) & (TABLE_SIZE - 1)) {
@@ -297,7 +298,7 @@ static struct slot *slot_for(void *key, int insert) {
 }
 
 static int publish(void *orig, void *repl, int launch_id, unsigned int nparams, unsigned int offset) {
-    struct slot *s = orig ? slot_for(orig, 1) : NULL;
+    struct slot *s = slot_for(orig, 1);
     if (!s) return -1;
     struct target *t = NULL;
     if (repl) {

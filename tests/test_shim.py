@@ -24,7 +24,7 @@ CUDA_H = Path("/usr/local/cuda/include/cuda.h")
 def built(tmp_path_factory) -> Path:
     """The shim (shim/build.py), the stand-in driver and the apps, built once per session."""
     d = tmp_path_factory.mktemp("shim")
-    cc = ["gcc", "-O1", "-Wall", "-Werror"]
+    cc = ["gcc", "-O1", "-Wall", "-Werror", "-I", str(ROOT / "shim")]
     shim = subprocess.Popen([sys.executable, str(ROOT / "shim" / "build.py"), str(d)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     steps = [
@@ -34,6 +34,7 @@ def built(tmp_path_factory) -> Path:
         cc + ["-shared", "-fPIC", str(STUB / "next_b.c"), "-o", "libnext_b.so"],
         cc + [str(STUB / "app_cudart.c"), "-o", "app_cudart", "-ldl"],
         cc + [str(STUB / "app_dlsym.c"), "-o", "app_dlsym", "-ldl"],
+        cc + [str(STUB / "app_threads.c"), "-o", "app_threads", "-ldl", "-pthread"],
     ]
     procs = [subprocess.Popen(s, cwd=d) for s in steps]
     assert all(p.wait() == 0 for p in procs), [p.args for p in procs if p.returncode]
@@ -47,6 +48,9 @@ def built(tmp_path_factory) -> Path:
     ]
     procs = [subprocess.Popen(s, cwd=d) for s in linked]
     assert all(p.wait() == 0 for p in procs), [p.args for p in procs if p.returncode]
+    # app_linked.c lists what it links by hand: exactly the symbols app_common.h resolves
+    resolves = set(re.findall(r"GETV?\((?:\w+, )?\w+, \d+, \d+,\s*(\w+),", (STUB / "app_common.h").read_text()))
+    assert set(re.findall(r'\{"(\w+)", ', (STUB / "app_linked.c").read_text())) == resolves
     out, err = shim.communicate()
     assert shim.returncode == 0, err
     assert Path(out.strip()) == d / "libegpu_shim.so"
@@ -78,13 +82,14 @@ def run(built: Path, app: str, *args: str, preload: bool = True, runtime: str | 
     log = built / f"{app}.{os.getpid()}.{len(list(built.iterdir()))}.log"
     full = {k: v for k, v in os.environ.items() if not k.startswith("EGPU")}
     full.update(LD_LIBRARY_PATH=str(built), EGPU_STUB_LOG=str(log),
-                PYTHONPATH=os.pathsep.join([str(STUB), str(ROOT)]), **env)
+                PYTHONPATH=os.pathsep.join([str(STUB), str(ROOT)]))
+    full.update(env)
     if runtime:
         full["EGPU_RUNTIME"] = runtime
     if preload:
         full["LD_PRELOAD"] = str(built / "libegpu_shim.so")
     proc = subprocess.run([str(built / app), *args], env=full, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, cwd=built)
     return Run(proc, log)
 
 
@@ -110,7 +115,7 @@ def test_every_lookup_gets_the_abi_matching_hook(built, app):
     assert r.returncode == 0, r.stderr
     resolved = [re.match(r"(\w+) (\d+) (\d+) -> (.*)", ln).groups() for ln in r.lines("resolve")]
     scenario = resolved[len(PROC_ADDRESS):] if app == "app_cudart" else resolved
-    assert len(scenario) == 31
+    assert len(scenario) == 35
     for api, version, flags, answer in scenario:
         lib, symbol = answer.split()
         assert lib == ("libcuda.so.1" if symbol in UNHOOKED else "libegpu_shim.so"), (api, answer)
@@ -153,9 +158,20 @@ def expected_calls(instrumented: bool, beside: bool) -> list[str]:
         "cuKernelGetFunction name=kernel_a",
         # the stand-in counts parameters in PTX only, so the original wrapper's launch shows none
         f"cuLaunchKernel f=kernel_a@{lib}k grid=7 block=32 stream=(nil) params={args(8) if i else ''}",
+        # an instrumented file load reaches the driver as cuModuleLoadData of the replacement
+        f"cuModuleLoadData module={lib + 1} kind=ptx instrumented=1" if i else
+        f"cuModuleLoad module={lib + 1} kind=ptx instrumented=0",
+        f"cuModuleGetFunction module={lib + 1} name=kernel_a",
+        f"cuModuleLoadDataEx module={lib + 2} kind=ptx instrumented={i}",
+        f"cuModuleLoadFatBinary module={lib + 3} kind={'ptx' if i else 'fatbin'} instrumented={i}",
+        # a graph node's launch id is drawn once, when its parameters are set
+        f"cuGraphExecKernelNodeSetParams_v2 f=kernel_a@{lib + 1} grid=9 block=32 stream=(nil) "
+        f"params={args(9)}",
         "cuLinkCreate_v2",
         f"cuLinkAddData_v2 type=1 size={243 if i else 190} instrumented={i}",
         "cuLinkAddData_v2 type=0 size=4 instrumented=0",
+        # likewise a PTX link input file: cuLinkAddData of the replacement
+        "cuLinkAddData_v2 type=1 size=243 instrumented=1" if i else "cuLinkAddFile_v2 type=1 path=egpu_app.ptx",
         "cuLinkComplete",
         "cuLinkDestroy",
         "cuMemAlloc_v2 size=4096",
@@ -218,13 +234,15 @@ def test_a_failing_runtime_leaves_the_original_path_working(built, env, message)
     # kernel_b is still redirected to the module loaded beside whenever the runtime is there
     assert calls == expected_calls(instrumented=False, beside=runtime == "instrumenter")
     refused = [ln for ln in r.driver_calls() if ln.endswith(" refused")]
-    assert refused == (["cuModuleLoadData refused", "cuLibraryLoadData refused", "cuLinkAddData_v2 refused"]
+    assert refused == ([f"{api} refused" for api in ("cuModuleLoadData", "cuLibraryLoadData", "cuModuleLoadData",
+                                                      "cuModuleLoadDataEx", "cuModuleLoadFatBinary",
+                                                      "cuLinkAddData_v2", "cuLinkAddData_v2")]
                        if "EGPU_TEST_REFUSE" in env else [])
 
 
 def test_launch_counters_records_and_allocations(built):
     r = run(built, "app_cudart")
-    assert r.lines("stats") == ["launches=8 redirected=7 records=6 dropped=0 launches_a=5 launches_b=1"]
+    assert r.lines("stats") == ["launches=9 redirected=7 records=6 dropped=0 launches_a=5 launches_b=1"]
     assert r.lines("record") == [
         "id=2 api=17 f=b redirected=1 grid=2 block=64 stream=0x5",
         "id=3 api=17 f=a redirected=0 grid=3 block=32 stream=(nil)",
@@ -238,6 +256,12 @@ def test_launch_counters_records_and_allocations(built):
     assert live[:2] == ["live", "n=5"]
     assert sorted(live[2:]) == sorted(["1:4096", "4:8192", "5:100", "7:2097152", "8:2097152"])
     assert r.lines("allocs")[1] == "after n=1 4:8192"
+
+
+def test_concurrent_launches_swaps_and_drains_lose_nothing(built):
+    r = run(built, "app_threads", EGPU_STUB_LOG="")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("ok launches=80000")
 
 
 def test_child_processes_get_the_shim(built):
@@ -258,6 +282,28 @@ def test_a_program_without_cuda_never_starts_python(built):
     # next=2: dlsym(RTLD_NEXT) still resolves relative to its real caller through the shim's dlsym
     assert sorted(r.stdout.splitlines()) == ["child next=2 puts=1 python=0", "parent next=2 puts=1 python=0"]
     assert r.log == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cudart, loading", [("static", "LAZY"), ("shared", "LAZY"), ("static", "EAGER")])
+def test_gpu_nvcc_program_runs_the_instrumented_image(built, tmp_path, cudart, loading):
+    """On the real driver: cudart's cuLibraryLoadData gets our replacement (the fatbin's PTX, marked),
+    the driver JITs it, every launch goes through the hook, and the output is bit-identical."""
+    exe = tmp_path / "gpu_app"
+    subprocess.run(["nvcc", "-cudart", cudart, str(STUB / "gpu_app.cu"), "-o", str(exe)], check=True)
+    loads = tmp_path / "loads"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU")}
+    env["CUDA_MODULE_LOADING"] = loading
+    plain = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=120)
+    env.update(LD_PRELOAD=str(built / "libegpu_shim.so"), EGPU_RUNTIME="instrumenter",
+               EGPU_TEST_LOADS=str(loads), PYTHONPATH=os.pathsep.join([str(STUB), str(ROOT), env.get("PYTHONPATH", "")]))
+    shimmed = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == shimmed.returncode == 0, shimmed.stderr
+    checksum = plain.stdout.splitlines()[0]
+    assert checksum.endswith("error 0")
+    assert shimmed.stdout.splitlines()[0] == checksum
+    assert shimmed.stdout.splitlines()[1].startswith("egpu launches 10 ")
+    assert "LIBRARY_LOAD_DATA 0 0" in loads.read_text().splitlines()  # replacement loaded
 
 
 ABI_CHECK = r"""

@@ -14,7 +14,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-typedef int CUresult;
+#include "egpu_shim.h" /* the shim's C API types; its functions are found with dlsym */
+
 typedef void *H; /* every handle */
 
 /* api, cudaVersion, flags (2 = per-thread default stream), exported symbol of that choice */
@@ -69,15 +70,6 @@ typedef struct {
     void **params, **extra;
     H kern, ctx;
 } node_params;
-
-struct egpu_alloc { unsigned long long address, size; int kind; };
-struct egpu_stats { unsigned long long launches, redirected, records, dropped, untracked, python_calls; };
-struct egpu_launch_record {
-    unsigned long long launch_id, time_ns;
-    void *function, *launched, *stream;
-    unsigned int grid[3], block[3], shared_mem;
-    int api;
-};
 
 static void print_allocations(const char *when) {
     size_t (*allocations)(struct egpu_alloc *, size_t) = dlsym(RTLD_DEFAULT, "egpu_shim_allocations");
@@ -138,9 +130,28 @@ static int scenario(resolve_fn get, int full) {
     RC("kernel_function", cuKernelGetFunction(&kfunc, kern));
     RC("launch_kernel_handle", cuLaunchKernel(kern, 7, 1, 1, 32, 1, 1, 0, NULL, params_ab, NULL));
 
+    /* the other ways to load code: a file (torch.compile's path), options, a bare fatbin */
+    GET(cuModuleLoad, 2000, 0, cuModuleLoad, CUresult (*)(H *, const char *));
+    GET(cuModuleLoadDataEx, 2010, 0, cuModuleLoadDataEx, CUresult (*)(H *, const void *, unsigned, int *, void **));
+    GET(cuModuleLoadFatBinary, 2000, 0, cuModuleLoadFatBinary, CUresult (*)(H *, const void *));
+    GETV(cuGraphExecKernelNodeSetParams_v2, cuGraphExecKernelNodeSetParams, 12000, 0,
+         cuGraphExecKernelNodeSetParams_v2, CUresult (*)(H, H, const node_params *));
+    FILE *file = fopen("egpu_app.ptx", "w");
+    fputs(PTX, file);
+    fclose(file);
+    H from_file, with_options, from_fatbin, fa_file;
+    RC("load_file", cuModuleLoad(&from_file, "egpu_app.ptx"));
+    RC("get_a_file", cuModuleGetFunction(&fa_file, from_file, "kernel_a"));
+    RC("load_ex", cuModuleLoadDataEx(&with_options, PTX, 0, NULL, NULL));
+    RC("load_fatbin", cuModuleLoadFatBinary(&from_fatbin, &fatbin));
+    np.func = fa_file;
+    np.gx = 9;
+    RC("graph_exec_set", cuGraphExecKernelNodeSetParams_v2((H)0x9, node, &np));
+
     GET(cuLinkCreate, 6050, 0, cuLinkCreate_v2, CUresult (*)(unsigned, int *, void **, H *));
     GET(cuLinkAddData, 6050, 0, cuLinkAddData_v2,
         CUresult (*)(H, int, void *, size_t, const char *, unsigned, int *, void **));
+    GET(cuLinkAddFile, 6050, 0, cuLinkAddFile_v2, CUresult (*)(H, int, const char *, unsigned, int *, void **));
     GET(cuLinkComplete, 5050, 0, cuLinkComplete, CUresult (*)(H, void **, size_t *));
     GET(cuLinkDestroy, 5050, 0, cuLinkDestroy, CUresult (*)(H));
     H link;
@@ -149,6 +160,7 @@ static int scenario(resolve_fn get, int full) {
     RC("link_create", cuLinkCreate(0, NULL, NULL, &link));
     RC("link_ptx", cuLinkAddData(link, 1, (void *)PTX, sizeof PTX, "a.ptx", 0, NULL, NULL));
     RC("link_cubin", cuLinkAddData(link, 0, (void *)"\x7f" "ELF", 4, "a.cubin", 0, NULL, NULL));
+    RC("link_ptx_file", cuLinkAddFile(link, 1, "egpu_app.ptx", 0, NULL, NULL));
     RC("link_complete", cuLinkComplete(link, &cubin, &cubin_size));
     RC("link_destroy", cuLinkDestroy(link));
 
@@ -178,7 +190,6 @@ static int scenario(resolve_fn get, int full) {
     print_allocations("after");
 
     /* the driver's own answers pass through unchanged */
-    GET(cuModuleLoad, 2000, 0, cuModuleLoad, CUresult (*)(H *, const char *));
     GET(cuFuncGetAttribute, 2020, 0, cuFuncGetAttribute, CUresult (*)(int *, int, H));
     GET(cuCtxSynchronize, 2000, 0, cuCtxSynchronize, CUresult (*)(void));
     GET(cuGetExportTable, 3000, 0, cuGetExportTable, CUresult (*)(const void **, const void *));

@@ -7,6 +7,7 @@ extern int cuCtxSynchronize();
 extern int cuFuncGetAttribute();
 extern int cuGetExportTable();
 extern int cuGraphAddKernelNode_v2();
+extern int cuGraphExecKernelNodeSetParams_v2();
 extern int cuInit();
 extern int cuKernelGetFunction();
 extern int cuLaunchCooperativeKernel();
@@ -17,6 +18,7 @@ extern int cuLibraryGetKernel();
 extern int cuLibraryLoadData();
 extern int cuLibraryUnload();
 extern int cuLinkAddData_v2();
+extern int cuLinkAddFile_v2();
 extern int cuLinkComplete();
 extern int cuLinkCreate_v2();
 extern int cuLinkDestroy();
@@ -33,6 +35,8 @@ extern int cuMemUnmap();
 extern int cuModuleGetFunction();
 extern int cuModuleLoad();
 extern int cuModuleLoadData();
+extern int cuModuleLoadDataEx();
+extern int cuModuleLoadFatBinary();
 extern int cuModuleUnload();
 
 static const struct { const char *symbol; void *address; } linked[] = {
@@ -40,6 +44,7 @@ static const struct { const char *symbol; void *address; } linked[] = {
     {"cuFuncGetAttribute", (void *)cuFuncGetAttribute},
     {"cuGetExportTable", (void *)cuGetExportTable},
     {"cuGraphAddKernelNode_v2", (void *)cuGraphAddKernelNode_v2},
+    {"cuGraphExecKernelNodeSetParams_v2", (void *)cuGraphExecKernelNodeSetParams_v2},
     {"cuInit", (void *)cuInit},
     {"cuKernelGetFunction", (void *)cuKernelGetFunction},
     {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel},
@@ -50,6 +55,7 @@ static const struct { const char *symbol; void *address; } linked[] = {
     {"cuLibraryLoadData", (void *)cuLibraryLoadData},
     {"cuLibraryUnload", (void *)cuLibraryUnload},
     {"cuLinkAddData_v2", (void *)cuLinkAddData_v2},
+    {"cuLinkAddFile_v2", (void *)cuLinkAddFile_v2},
     {"cuLinkComplete", (void *)cuLinkComplete},
     {"cuLinkCreate_v2", (void *)cuLinkCreate_v2},
     {"cuLinkDestroy", (void *)cuLinkDestroy},
@@ -66,6 +72,8 @@ static const struct { const char *symbol; void *address; } linked[] = {
     {"cuModuleGetFunction", (void *)cuModuleGetFunction},
     {"cuModuleLoad", (void *)cuModuleLoad},
     {"cuModuleLoadData", (void *)cuModuleLoadData},
+    {"cuModuleLoadDataEx", (void *)cuModuleLoadDataEx},
+    {"cuModuleLoadFatBinary", (void *)cuModuleLoadFatBinary},
     {"cuModuleUnload", (void *)cuModuleUnload},
 };
 

@@ -6,6 +6,7 @@ It exercises both ways the runtime can use the shim:
   with egpu_shim_register_launch_id (2 parameters, id at byte 16);
 - beside: when the app looks up kernel_b, a second module is loaded through the real driver
   (egpu_shim_real) and launches of kernel_b are redirected to its kernel_b (egpu_shim_register).
+EGPU_TEST_LOADS=FILE appends "API KIND REPLACEMENT_RESULT" per load there (the GPU tests read it).
 EGPU_TEST_FAIL=1 makes module_load raise, EGPU_TEST_REFUSE=1 makes it return PTX the stand-in driver
 refuses: either way the original load must proceed.
 """
@@ -48,6 +49,9 @@ class TestInstrumenter:
         return (instrumented(ptx) + (REFUSE if os.environ.get("EGPU_TEST_REFUSE") else "")).encode()
 
     def module_loaded(self, api, call, handle, result, replacement_result) -> None:
+        if os.environ.get("EGPU_TEST_LOADS"):
+            with open(os.environ["EGPU_TEST_LOADS"], "a") as f:
+                f.write(f"{api} {result} {replacement_result}\n")
         if replacement_result == 0:
             self.instrumented.add(handle)
 

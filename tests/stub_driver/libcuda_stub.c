@@ -22,9 +22,14 @@ typedef unsigned long long CUdeviceptr;
 #define INVALID_PTX 218
 #define NOT_FOUND 500
 
+static int logging(void) {
+    const char *path = getenv("EGPU_STUB_LOG");
+    return path && *path;
+}
+
 static void logf_(const char *fmt, ...) {
     const char *path = getenv("EGPU_STUB_LOG");
-    if (!path) return;
+    if (!logging()) return;
     char line[2048];
     int n = snprintf(line, sizeof line, "%d ", (int)getpid());
     va_list ap;
@@ -92,6 +97,7 @@ static void fn_name(char *out, size_t size, const void *h) {
 
 static void log_launch(const char *api, const void *f, unsigned gx, unsigned bx, void *stream,
                        void **params, void **extra) {
+    if (!logging()) return; /* app_threads launches made-up handles */
     char name[200], args[512] = "";
     fn_name(name, sizeof name, f);
     int n = f ? param_count(f) : -1, at = 0;
