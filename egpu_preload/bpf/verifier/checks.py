@@ -152,12 +152,14 @@ def _offset(p: Value, s: Value, sign: int, reg: int) -> Value:
         raise Reject(f"pointer arithmetic on {p.kind} prohibited: compare it with 0 first (r{reg})")
     if p.kind == MAP_PTR:
         raise Reject(f"pointer arithmetic on map_ptr prohibited (r{reg})")
-    if s.is_const:
-        off = p.off + sign * s64(s.tv)
-        if abs(off) >= MAX_OFF:
-            raise Reject(f"pointer offset {off} out of range (r{reg})")
-        return p._replace(off=off)
-    return with_var(p, arith.alu("add" if sign > 0 else "sub", 64, p.var, s))
+    var = arith.alu("add" if sign > 0 else "sub", 64, p.var, s)
+    if not var.is_const:
+        return with_var(p, var)
+    # a constant moves the fixed offset, so a pointer's variable part is constant only when it is 0
+    off = p.off + s64(var.tv)
+    if abs(off) >= MAX_OFF:
+        raise Reject(f"pointer offset {off} out of range (r{reg})")
+    return with_var(p._replace(off=off), const(0))
 
 
 def _unary(env: Env, st: State, insn: Insn) -> Succ:
