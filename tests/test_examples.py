@@ -1,0 +1,378 @@
+"""examples/*.bpf.c: each compiles, loads, verifies, translates to PTX that ptxas accepts, and gives exact
+map contents on the reference VM for a scripted sequence of events (SCENARIOS); a few also run on the GPU.
+
+A scenario is data: events (which program, the ctx fields, the simulated thread), then the expected
+contents of maps (ARRAY slots that are zero are left out), records of ring and perf buffers, global
+variables by name, and trace lines. Every example must have at least one scenario.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from egpu_preload.bpf import btf as btfmod
+from egpu_preload.bpf import ctx as ctxmod
+from egpu_preload.bpf.ctx import kernel_id
+from egpu_preload.bpf.elf import load_object
+from egpu_preload.bpf.program import BpfObject
+from egpu_preload.bpf.verifier import verify
+from egpu_preload.maps import ArrayStorage, MapsState, PerfStorage, RingbufStorage
+from egpu_preload.translate import probe_object_ptx
+from egpu_preload.vm import ThreadSim, Vm
+from test_vm import make_ctx
+
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = sorted(p.name.removesuffix(".bpf.c") for p in EXAMPLES_DIR.glob("*.bpf.c"))
+
+VEC_ADD = kernel_id("_Z9vectorAddPKfS0_Pf")
+GEMM = kernel_id("_Z4gemmPKfS0_Pfi")
+LOAD, STORE, ATOMIC = ctxmod.FLAG_LOAD, ctxmod.FLAG_STORE, ctxmod.FLAG_ATOMIC
+
+
+@pytest.fixture(scope="session")
+def example_obj(tmp_path_factory):
+    """``example_obj("memtrace") -> BpfObject``: examples/memtrace.bpf.c compiled and loaded once.
+    Where EGPU_PREBUILT_PROBES is set (the GPU machine has no clang), its ``<name>.v3.bpf.o`` is used."""
+    from egpu_preload.bpf.compile import compile_probe
+
+    out_dir = tmp_path_factory.mktemp("examples")
+    prebuilt = os.environ.get("EGPU_PREBUILT_PROBES")
+    loaded: dict[str, BpfObject] = {}
+
+    def build(name: str) -> BpfObject:
+        if name not in loaded:
+            path = (Path(prebuilt) / f"{name}.v3.bpf.o" if prebuilt
+                    else compile_probe(EXAMPLES_DIR / f"{name}.bpf.c", out_dir / f"{name}.bpf.o"))
+            loaded[name] = load_object(path)
+        return loaded[name]
+
+    return build
+
+
+# --- scenarios ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Event:
+    program: str
+    ctx: dict = field(default_factory=dict)      # struct egpu_ctx fields
+    thread: dict = field(default_factory=dict)   # ThreadSim fields
+    timer_after: int | None = None               # the thread's globaltimer after the run (spins)
+
+
+@dataclass(frozen=True)
+class Contents:
+    """A map's entries: {key: value}, decoded with struct formats (a one-field format gives plain ints)."""
+
+    entries: dict
+    value_fmt: str = "<Q"
+    key_fmt: str | None = None  # default: "<I" for 4-byte keys, "<Q" for 8-byte keys
+
+
+@dataclass(frozen=True)
+class Records:
+    """A ring buffer's records (or a perf buffer's, as (sm, record) pairs) and its drop count."""
+
+    records: list
+    fmt: str
+    drops: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    example: str
+    title: str
+    events: list[Event]
+    maps: dict[str, Contents | Records] = field(default_factory=dict)
+    globals: dict[str, int] = field(default_factory=dict)   # .bss/.data variables by name
+    rodata: dict[str, int] = field(default_factory=dict)    # set before running, as a loader may
+    trace: list[str] | None = None
+
+
+def ev(program: str, *, t: int | None = None, timer_after: int | None = None, thread: dict | None = None,
+       **ctx) -> Event:
+    """An event; ``t`` is the thread's globaltimer (it stays put unless thread sets a tick)."""
+    th = dict(thread or {})
+    if t is not None:
+        th["globaltimer"] = t
+    return Event(program, ctx, th, timer_after)
+
+
+def blk(x: int, y: int = 0, z: int = 0, *, grid: tuple = (1, 1, 1), **more) -> dict:
+    return {"block_idx": (x, y, z), "grid_dim": grid, **more}
+
+
+STRAGGLER = "<QQQQIIII"  # struct straggler
+MEM_EVENT = "<QQQQIIII3I3I"  # struct mem_event
+
+SCENARIOS = [
+    Scenario("launch_count", "3 launches of vectorAdd and 1 of gemm", [
+        ev("count_launch", kernel_id=VEC_ADD, grid=(4, 1, 1)),
+        ev("count_launch", kernel_id=GEMM, grid=(2, 2, 1)),
+        ev("count_launch", kernel_id=VEC_ADD, grid=(1000, 1, 1)),
+        ev("count_launch", kernel_id=VEC_ADD, grid=(1, 1, 1)),
+    ], maps={"launches": Contents({VEC_ADD: 3, GEMM: 1}),
+             "hist_grid_blocks": Contents({0: 1, 2: 2, 9: 1})}),
+
+    Scenario("kernel_duration", "block 0 starts, the last block to exit ends the launch", [
+        ev("block_enter", t=1000, launch_id=7, kernel_id=VEC_ADD, thread=blk(0, grid=(3, 1, 1))),
+        ev("block_enter", t=1100, launch_id=7, kernel_id=VEC_ADD, thread=blk(1, grid=(3, 1, 1))),
+        ev("block_exit", t=1500, launch_id=7, kernel_id=VEC_ADD, thread=blk(2, grid=(3, 1, 1))),
+        ev("block_exit", t=1800, launch_id=7, kernel_id=VEC_ADD, thread=blk(0, grid=(3, 1, 1))),
+        ev("block_exit", t=2600, launch_id=7, kernel_id=VEC_ADD, thread=blk(1, grid=(3, 1, 1))),  # 1600 ns
+        ev("block_enter", t=5000, launch_id=8, kernel_id=VEC_ADD, thread=blk(0)),
+        ev("block_exit", t=5003, launch_id=8, kernel_id=VEC_ADD, thread=blk(0)),                  # 3 ns
+        # attached mid-launch: block 0's entry never seen, so the launch is dropped and forgotten
+        ev("block_exit", t=100, launch_id=9, kernel_id=GEMM, thread=blk(1, grid=(2, 1, 1))),
+        ev("block_exit", t=200, launch_id=9, kernel_id=GEMM, thread=blk(0, grid=(2, 1, 1))),
+    ], maps={"hist_duration_ns": Contents({10: 1, 1: 1}),
+             "duration_by_kernel": Contents({VEC_ADD: (2, 1603)}, "<QQ"),
+             "running": Contents({}, "<QQ")}),
+
+    Scenario("mem_bytes", "4 loads of 4 bytes and 2 stores of 8; an atomic counts both ways", [
+        *[ev("count_bytes", t=100 + 10 * i, kernel_id=VEC_ADD, size=4, flags=LOAD) for i in range(4)],
+        *[ev("count_bytes", t=140 + 10 * i, kernel_id=VEC_ADD, size=8, flags=STORE) for i in range(2)],
+        ev("count_bytes", t=200, kernel_id=GEMM, size=16, flags=LOAD | STORE | ATOMIC),
+    ], maps={"traffic": Contents({VEC_ADD: (16, 16, 100, 150), GEMM: (16, 16, 200, 200)}, "<QQQQ")}),
+
+    Scenario("memtrace", "a record per access with its thread", [
+        ev("trace_access", addr=0x7F0000001000, size=4, flags=LOAD, site=3, kernel_id=VEC_ADD, launch_id=1,
+           thread={"globaltimer": 500, "smid": 7, "block_idx": (2, 0, 0), "thread_idx": (33, 0, 0)}),
+        ev("trace_access", addr=0x7F0000002000, size=16, flags=STORE | ATOMIC, site=9, kernel_id=GEMM,
+           launch_id=2, thread={"globaltimer": 600, "smid": 1, "block_idx": (0, 1, 2), "thread_idx": (0, 3, 1)}),
+    ], maps={"events": Records([
+        (500, 0x7F0000001000, VEC_ADD, 1, 3, 4, LOAD, 7, 2, 0, 0, 33, 0, 0),
+        (600, 0x7F0000002000, GEMM, 2, 9, 16, STORE | ATOMIC, 1, 0, 1, 2, 0, 3, 1)], MEM_EVENT)}),
+
+    Scenario("sm_balance", "warps per SM and slot, busy time per SM", [
+        ev("warp_enter", t=100, thread={"smid": 3, "warp": 5}),
+        ev("warp_enter", t=150, thread={"smid": 3, "warp": 6}),
+        ev("warp_enter", t=200, thread={"smid": 7, "warp": 5}),
+        ev("warp_exit", t=400, thread={"smid": 3, "warp": 5}),
+        ev("warp_exit", t=250, thread={"smid": 3, "warp": 6}),
+        ev("warp_exit", t=1200, thread={"smid": 7, "warp": 5}),
+        ev("warp_exit", t=1300, thread={"smid": 9, "warp": 1}),    # no entry seen: ignored
+        ev("warp_enter", t=1400, thread={"smid": 300, "warp": 1}),  # beyond MAX_SMS: ignored
+    ], maps={"lhist_warps_per_sm": Contents({3: 2, 7: 1}),
+             "lhist_warps_per_slot": Contents({5: 2, 6: 1}),
+             "lhist_busy_ns_per_sm": Contents({3: 400, 7: 1000}),
+             "warp_start": Contents({})}),
+
+    Scenario("hot_pages", "accesses per 64 KiB page, keyed by the page's address", [
+        ev("count_page", addr=a) for a in (0x7F0000010000, 0x7F000001FFF0, 0x7F0000020000, 0x7F0000010008)
+    ], maps={"page_accesses": Contents({0x7F0000010000: 3, 0x7F0000020000: 1})}),
+
+    # globaltimer advances 10 ns per read: the spin's length is the number of reads it made.
+    Scenario("cxl_latency", "the delay grows with the bandwidth of the last window", [
+        ev("cxl_delay", addr=0x1000, size=4, thread={"globaltimer": 1_000_000, "tick": 10},
+           timer_after=1_000_000 + 10 + 250),   # closes the first window; factor 0 -> delta_ns
+        ev("cxl_delay", addr=0x1000, size=1_280_000, thread={"globaltimer": 1_005_000, "tick": 10},
+           timer_after=1_005_000 + 10 + 250),   # inside the window: counted, same delay
+        # closes the window: 1,280,000 bytes in 11,000 ns at 64 B/ns = 181% -> 250 * 181 / 100 = 452 ns,
+        # i.e. 46 reads of the timer after the first
+        ev("cxl_delay", addr=0x1000, size=0, thread={"globaltimer": 1_011_000, "tick": 10},
+           timer_after=1_011_000 + 10 + 460),
+    ], globals={"window_start_ns": 1_011_000, "window_bytes": 0, "bw_factor_pct": 181}),
+
+    Scenario("cxl_latency", "the spin stops after MAX_SPINS reads", [
+        ev("cxl_delay", addr=0x1000, size=4, thread={"globaltimer": 1_000_000, "tick": 10},
+           timer_after=1_000_000 + 10 + 10 * 1000),
+    ], rodata={"delta_ns": 10**9}),
+
+    Scenario("cxl_latency", "only loads in [cxl_lo, cxl_hi) wait", [
+        ev("cxl_delay", addr=0x1000, size=4, thread={"globaltimer": 1_000_000, "tick": 10},
+           timer_after=1_000_000 + 10),
+        ev("cxl_delay", addr=0x2000, size=8, thread={"globaltimer": 2_000_000, "tick": 10},
+           timer_after=2_000_000 + 10 + 250),
+    ], rodata={"cxl_lo": 0x2000, "cxl_hi": 0x3000}, globals={"window_bytes": 0, "window_start_ns": 2_000_000}),
+
+    Scenario("stragglers", "blocks over threshold_ns go to the ring buffer", [
+        ev("block_enter", t=1000, launch_id=1, kernel_id=GEMM, thread=blk(1, 1, grid=(2, 2, 1))),
+        ev("block_enter", t=1000, launch_id=1, kernel_id=GEMM, thread=blk(0, 0, grid=(2, 2, 1))),
+        ev("block_enter", t=1000, launch_id=1, kernel_id=GEMM, thread=blk(1, 0, grid=(2, 2, 1))),
+        ev("block_exit", t=51_000, launch_id=1, kernel_id=GEMM, thread=blk(0, 0, grid=(2, 2, 1))),
+        ev("block_exit", t=301_000, launch_id=1, kernel_id=GEMM, thread=blk(1, 1, grid=(2, 2, 1), smid=4)),
+        ev("block_exit", t=400_000, launch_id=2, kernel_id=GEMM, thread=blk(0)),  # entry not seen
+    ], maps={"hist_block_ns": Contents({15: 1, 18: 1}),
+             "block_start": Contents({(1, 1): 1000}, key_fmt="<QQ"),  # block (1,0,0) is still running
+             "stragglers": Records([(GEMM, 1, 1000, 300_000, 1, 1, 0, 4)], STRAGGLER)}),
+
+    Scenario("launch_latency", "enqueue on the host, first block on the GPU", [
+        ev("on_enqueue", t=1000, launch_id=1),
+        ev("on_enqueue", t=1500, launch_id=2),
+        ev("on_block_start", t=4000, launch_id=1, thread=blk(3)),  # first block of launch 1: 3000 ns
+        ev("on_block_start", t=4100, launch_id=1, thread=blk(0)),  # second block: time already taken
+        ev("on_block_start", t=1400, launch_id=2, thread=blk(0)),  # before its enqueue: clock skew
+        ev("on_block_start", t=9000, launch_id=3, thread=blk(0)),  # never enqueued (probe attached late)
+    ], maps={"enqueue_ns": Contents({1: 0, 2: 0}), "hist_launch_latency_ns": Contents({11: 1})},
+        globals={"clock_skew": 1}),
+
+    Scenario("cuda_counter", "bpftime's counters: per-thread entries, block-x start times", [
+        ev("cuda__probe", t=100, kernel_id=VEC_ADD, thread=blk(0, thread_idx=(0, 0, 0))),
+        ev("cuda__probe", t=110, kernel_id=VEC_ADD, thread=blk(0, thread_idx=(1, 0, 0))),
+        ev("cuda__probe", t=120, kernel_id=VEC_ADD, thread=blk(1, thread_idx=(0, 0, 0))),
+        ev("cuda__retprobe", t=200, kernel_id=VEC_ADD, thread=blk(0, thread_idx=(0, 0, 0))),
+        ev("cuda__retprobe", t=210, kernel_id=VEC_ADD, thread=blk(0, thread_idx=(1, 0, 0))),
+        ev("cuda__retprobe", t=300, kernel_id=VEC_ADD, thread=blk(1, thread_idx=(0, 0, 0))),
+        ev("cuda__retprobe", t=310, kernel_id=VEC_ADD, thread=blk(5, thread_idx=(0, 0, 0))),
+    ], maps={"start_ts": Contents({0: 110, 1: 120}), "call_count": Contents({VEC_ADD: 3}),
+             "total_time_ns": Contents({VEC_ADD: 90 + 100 + 180})},
+        trace=["Entered _Z9vectorAddPKfS0_Pf x=0, ts=100\n", "Entered _Z9vectorAddPKfS0_Pf x=1, ts=120\n",
+               "Exited _Z9vectorAddPKfS0_Pf x=0 duration=90 ns\n",
+               "Exited _Z9vectorAddPKfS0_Pf x=1 duration=180 ns\n",
+               "Exited (without tsp) _Z9vectorAddPKfS0_Pf x=5\n"]),
+
+    Scenario("mem_trace", "bpftime's access counter, split by kind", [
+        ev("cuda__trace_cuda_kernel", flags=f) for f in (LOAD, LOAD, STORE, LOAD | STORE | ATOMIC, STORE | ATOMIC)
+    ], maps={"counter": Contents({0: 5, 1: 3, 2: 3, 3: 2})}),
+
+    Scenario("kernelretsnoop", "a perf record per exiting thread, tagged with its SM", [
+        ev("cuda__retprobe", thread={"block_idx": (1, 0, 0), "thread_idx": (5, 0, 0), "globaltimer": 777,
+                                     "smid": 2}),
+        ev("cuda__retprobe", thread={"block_idx": (0, 2, 0), "thread_idx": (0, 1, 0), "globaltimer": 778,
+                                     "smid": 9}),
+    ], maps={"rb": Records([(2, (1, 0, 0, 5, 0, 0, 777)), (9, (0, 2, 0, 0, 1, 0, 778))], "<7Q")}),
+
+    Scenario("threadhist", "exits per global thread index", [
+        ev("retprobe__cuda", thread={"block_idx": (0, 0, 0), "block_dim": (4, 1, 1), "thread_idx": (1, 0, 0)}),
+        ev("retprobe__cuda", thread={"block_idx": (1, 0, 0), "block_dim": (4, 1, 1), "thread_idx": (1, 0, 0)}),
+        ev("retprobe__cuda", thread={"block_idx": (1, 0, 0), "block_dim": (4, 1, 1), "thread_idx": (1, 0, 0)}),
+        ev("retprobe__cuda", thread={"block_idx": (300, 0, 0), "block_dim": (4, 1, 1)}),  # beyond MAX_THREADS
+    ], maps={"lhist_calls_per_thread": Contents({1: 1, 5: 2})}),
+
+    Scenario("launchlate", "bpftime's decade bins, sampled by block 0's thread 0", [
+        ev("uprobe_cuda_launch", t=1000, launch_id=1),
+        ev("cuda__probe", t=5000, launch_id=1, thread=blk(0, thread_idx=(1, 0, 0))),  # not thread 0
+        ev("cuda__probe", t=3500, launch_id=1, thread=blk(0)),                       # 2.5 us
+        ev("uprobe_cuda_launch", t=10_000, launch_id=2),
+        ev("cuda__probe", t=10_000 + 2 * 10**9, launch_id=2, thread=blk(0)),         # 2 s
+        ev("uprobe_cuda_launch", t=5000, launch_id=3),
+        ev("cuda__probe", t=4000, launch_id=3, thread=blk(0)),                       # clocks apart: bin 0
+    ], maps={"time_histogram": Contents({0: 1, 2: 1, 8: 1}), "launch_times": Contents({})}),
+]
+
+
+# --- running them ------------------------------------------------------------------------------------
+
+def _global_vars(obj: BpfObject) -> dict[str, tuple[int, int, int]]:
+    """Global variable -> (map index, offset, size), from each global-data map's BTF DATASEC."""
+    out = {}
+    for index, m in enumerate(obj.maps):
+        if m.value_type_id is None or obj.btf is None:
+            continue
+        sec = obj.btf.type(m.value_type_id)
+        if sec.kind != btfmod.KIND_DATASEC:
+            continue
+        for v in sec.secinfos:
+            out[obj.btf.type(v.type).name] = (index, v.offset, v.size)
+    return out
+
+
+def _contents(storage, key_fmt: str | None, value_fmt: str) -> dict:
+    def unpack(fmt: str, raw: bytes):
+        t = struct.unpack(fmt, raw)
+        return t[0] if len(t) == 1 else t
+
+    key_fmt = key_fmt or {4: "<I", 8: "<Q"}[storage.mapdef.key_size]
+    skip_zero = isinstance(storage, ArrayStorage)
+    return {unpack(key_fmt, k): unpack(value_fmt, v) for k, v in storage.items()
+            if not (skip_zero and not any(v))}
+
+
+def run_scenario(obj: BpfObject, sc: Scenario) -> MapsState:
+    state = MapsState(obj.maps)
+    variables = _global_vars(obj)
+    for name, value in sc.rodata.items():
+        index, off, size = variables[name]
+        state[index].lookup(struct.pack("<I", 0))[off:off + size] = value.to_bytes(size, "little")
+    vms = {p.name: Vm(p.code, obj.maps, state) for p in obj.programs}
+    for i, e in enumerate(sc.events):
+        thread = ThreadSim(**e.thread)
+        assert vms[e.program].run(make_ctx(**e.ctx), thread) == 0, f"event {i}"
+        if e.timer_after is not None:
+            assert thread.globaltimer == e.timer_after, f"event {i}: timer"
+    return state
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_example_verifies_and_assembles(example_obj, ptxas: str, tmp_path: Path, name: str) -> None:
+    obj = example_obj(name)
+    assert obj.programs and obj.license == "GPL"
+    for p in obj.programs:
+        verify(p.code, obj.maps, file=obj.path, section=p.section)
+    ptx = tmp_path / f"{name}.ptx"
+    ptx.write_text(probe_object_ptx(obj))
+    done = subprocess.run([ptxas, "-arch=sm_90", str(ptx), "-o", str(tmp_path / f"{name}.cubin")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_example_has_a_scenario() -> None:
+    assert sorted({sc.example for sc in SCENARIOS}) == EXAMPLES
+
+
+@pytest.mark.parametrize("sc", SCENARIOS, ids=lambda sc: f"{sc.example}: {sc.title}")
+def test_example_scenario(example_obj, sc: Scenario) -> None:
+    obj = example_obj(sc.example)
+    state = run_scenario(obj, sc)
+    for map_name, want in sc.maps.items():
+        storage = state.by_name(map_name)
+        if isinstance(want, Records):
+            if isinstance(storage, PerfStorage):
+                got = [(cpu, struct.unpack(want.fmt, r)) for cpu, r in storage.consume()]
+            else:
+                assert isinstance(storage, RingbufStorage)
+                got = [struct.unpack(want.fmt, r) for r in storage.consume()]
+            assert (got, storage.drops) == (want.records, want.drops), map_name
+        else:
+            assert _contents(storage, want.key_fmt, want.value_fmt) == want.entries, map_name
+    variables = _global_vars(obj)
+    for var, value in sc.globals.items():
+        index, off, size = variables[var]
+        raw = state[index].lookup(struct.pack("<I", 0))[off:off + size]
+        assert int.from_bytes(raw, "little") == value, var
+    if sc.trace is not None:
+        assert [t.text() for t in state.trace] == sc.trace
+
+
+# --- on the GPU: the translated probes under real contention -------------------------------------------
+# run_probe_on_gpu calls a program from every thread of a plain kernel (no scope guard), so these check
+# what holds for any interleaving: exact atomic counts and one record per thread.
+
+THREADS = 4096
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, program, ctx, check", [
+    ("mem_bytes", "count_bytes", {"kernel_id": VEC_ADD, "size": 4, "flags": LOAD | STORE | ATOMIC},
+     lambda s: (lambda v: v[:2] == (4 * THREADS, 4 * THREADS) and 0 < v[2] <= v[3])(
+         struct.unpack("<QQQQ", s.by_name("traffic").lookup(struct.pack("<Q", VEC_ADD))))),
+    ("mem_trace", "cuda__trace_cuda_kernel", {"flags": LOAD | STORE},
+     lambda s: _contents(s.by_name("counter"), None, "<Q") == {0: THREADS, 1: THREADS, 2: THREADS}),
+    ("hot_pages", "count_page", {"addr": 0x7F0000010010},
+     lambda s: _contents(s.by_name("page_accesses"), None, "<Q") == {0x7F0000010000: THREADS}),
+    ("threadhist", "retprobe__cuda", {},
+     lambda s: _contents(s.by_name("lhist_calls_per_thread"), None, "<Q") == {i: 1 for i in range(1024)}),
+    ("sm_balance", "warp_enter", {},
+     lambda s: sum(_contents(s.by_name("lhist_warps_per_sm"), None, "<Q").values()) == THREADS
+     and sum(_contents(s.by_name("lhist_warps_per_slot"), None, "<Q").values()) == THREADS),
+    ("memtrace", "trace_access", {"addr": 0x1000, "size": 4, "flags": LOAD},
+     lambda s: sorted(struct.unpack(MEM_EVENT, r)[8] * 256 + struct.unpack(MEM_EVENT, r)[11]
+                      for r in s.by_name("events").consume()) == list(range(THREADS))),
+    ("kernelretsnoop", "cuda__retprobe", {},
+     lambda s: sorted(struct.unpack("<7Q", r)[0] * 256 + struct.unpack("<7Q", r)[3]
+                      for _, r in s.by_name("rb").consume()) == list(range(THREADS))),
+])
+def test_example_on_gpu(example_obj, name: str, program: str, ctx: dict, check) -> None:
+    from egpu_preload.translate import run_probe_on_gpu
+
+    obj = example_obj(name)
+    prog = next(p for p in obj.programs if p.name == program)
+    r0s, state = run_probe_on_gpu(obj, prog, THREADS, make_ctx(**ctx), block=256)
+    assert r0s == [0] * THREADS
+    assert check(state)
