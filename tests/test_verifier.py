@@ -76,7 +76,7 @@ def test_log_names_instruction_and_state():
                         "(r0: compare it with 0 first)")
     lines = e.detail.splitlines()
     assert lines[0] == "0: r6 = r1" and "6: call 0x1" in lines
-    assert "frame0: R0=map_value_or_null(id=1,map=counts,off=0,vs=8) R6=ctx(off=0) R10=fp0 fp-8=mmmmuuuu" in lines
+    assert "frame0: R0=map_value_or_null(id=1,map=counts,off=0,vs=8) R6=ctx(off=0) R10=fp0 fp-8=ssssuuuu(0)" in lines
     assert lines[-1] == f"7: {e.reason}"
 
 
@@ -179,6 +179,22 @@ def test_constant_folding_matches_the_vm(x, y, op, width):
     r = "w" if width == 32 else "r"
     code = assemble(f"r0 = {x} ll\nr1 = {y} ll\n{r}0 {ALU_SYMBOLS[op]} {r}1\nexit")
     assert arith.eval_const(op, width, x, y) == execute(code)
+
+
+_UNARY = {
+    "r0 = -r0": lambda v: arith.neg(64, v), "w0 = -w0": lambda v: arith.neg(32, v),
+    **{f"r0 = (s{b})r0": (lambda b: lambda v: arith.movsx(64, b, v))(b) for b in (8, 16, 32)},
+    **{f"w0 = (s{b})w0": (lambda b: lambda v: arith.movsx(32, b, v))(b) for b in (8, 16)},
+    **{f"r0 = {op}{b} r0": (lambda op, b: lambda v: arith.byteswap(op, b, v))(op, b)
+       for op in ("le", "be", "bswap") for b in (16, 32, 64)},
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=_u64, a=st.integers(0, 40), b=st.integers(0, 40), text=st.sampled_from(sorted(_UNARY)))
+def test_unary_results_contain_the_vm_result(x, a, b, text):
+    r = execute(assemble(f"r0 = {x} ll\n{text}\nexit"))
+    assert contains(_UNARY[text](_around(x, a, b)), const(r)), (text, x)
 
 
 # ---- fuzzing ---------------------------------------------------------------------------------------

@@ -439,6 +439,21 @@ REJECT: tuple[Case, ...] = (
     # atomics
     Case("atomic_pointer_operand", "*(u64 *)(r10 - 8) = 0\nr2 = r10\nlock *(u64 *)(r10 - 0x8) += r2\nr0 = 0\nexit",
          "r2 leaks addr into memory", 2),
+    Case("narrow_fill_of_other_bytes", "r6 = r1" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r7 = r0
+        w1 = *(u32 *)(r6 + 0x1c)
+        if w1 > 63 goto out
+        *(u32 *)(r10 - 8) = w1
+        call get_lane_id
+        w1 = *(u16 *)(r10 - 6)
+        r7 += r1
+        r0 = *(u8 *)(r7 + 0x0)
+        exit
+    out:
+        r0 = 0
+        exit""",
+         "invalid access to map value, value_size=64 off=0+[0, 65535] size=1", 15),
     Case("atomic_uninit_stack", "r2 = 1\nlock *(u64 *)(r10 - 0x8) += r2\nr0 = 0\nexit",
          "not initialized (stack init)", 1),
 )
@@ -610,6 +625,20 @@ ACCEPT: tuple[Case, ...] = (
         r1 = 2
         lock *(u64 *)(r10 - 0x8) += r1
         r0 = *(u64 *)(r10 - 8)
+        exit"""),
+    Case("u32_spill_keeps_bounds", "r6 = r1" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r7 = r0
+        w1 = *(u32 *)(r6 + 0x1c)
+        if w1 > 63 goto out
+        *(u32 *)(r10 - 8) = w1
+        call get_lane_id
+        w1 = *(u32 *)(r10 - 8)
+        r7 += r1
+        r0 = *(u8 *)(r7 + 0x0)
+        exit
+    out:
+        r0 = 0
         exit"""),
     Case("division_by_zero_is_defined", "r0 = 10\nr1 = 0\nr0 /= r1\nr2 = 7\nr2 %= r1\nw0 /= w1\nexit"),
     Case("bss_global_write", """

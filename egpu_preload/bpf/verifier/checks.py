@@ -339,31 +339,39 @@ def _stack_read(f: Frame, o: int, size: int, signed: bool, atomic: bool) -> Valu
     if slot is None or "u" in slot.bytes[i:i + size]:
         raise Reject(f"invalid read from stack off={o} size={size}: not initialized (stack init)")
     sp = slot.spill
-    if sp is None:
+    if sp is None or "s" not in slot.bytes[i:i + size]:
         return sized(size, signed)
     if sp.is_pointer:
         if size == 8 and not atomic:
             return sp
         raise Reject(f"invalid size {size} of a read of a spilled {sp.kind} (register fill)")
-    if size == 8:
-        return sp
-    if sp.is_const:
-        return const(int.from_bytes(sp.tv.to_bytes(8, "little")[i:i + size], "little", signed=signed))
-    if i == 0 and sp.umax < 1 << (8 * size - (1 if signed else 0)):
-        return sp.var  # little endian: the low bytes are the whole value
+    run, n = slot.bytes.index("s"), slot.bytes.count("s")
+    if sp.is_const and slot.bytes[i:i + size] == "s" * size:  # any bytes of a known value are known
+        data = bytes(run) + sp.tv.to_bytes(8, "little")[:n] + bytes(8 - run - n)
+        return const(int.from_bytes(data[i:i + size], "little", signed=signed))
+    # little endian: the low bytes of a spill, read from its start, are the value when it fits them
+    if i == run and size <= n and sp.umax < 1 << (8 * size - (1 if signed else 0)):
+        return sp if size == n else sp.var
     return sized(size, signed)
 
 
 def _stack_write(f: Frame, o: int, size: int, value: Value | None) -> None:
     k, i = _slot_of(o)
-    if size == 8 and value is not None:
+    if value is not None and value.is_pointer:
+        if size != 8:
+            raise Reject(f"invalid size {size} of a pointer spill, pointers take 8 bytes (register spill)")
         f.stack[k] = Slot(SPILL_BYTES, value)  # 8-aligned by the alignment check
         return
-    if value is not None and value.is_pointer:
-        raise Reject(f"invalid size {size} of a pointer spill, pointers take 8 bytes (register spill)")
     slot = f.stack.get(k)
-    b = UNINIT_SLOT_BYTES if slot is None else "mmmmmmmm" if slot.spill is not None else slot.bytes
-    f.stack[k] = Slot(b[:i] + "m" * size + b[i + size:], None)
+    b = UNINIT_SLOT_BYTES if slot is None else slot.as_data().bytes
+    spill = None
+    if value is not None:
+        if value.is_const:
+            spill = const(value.tv & ((1 << (8 * size)) - 1))
+        elif value.umax < 1 << (8 * size):
+            spill = value  # the bytes hold the whole value: keep its bounds (and its links)
+    fill = "s" if spill is not None else "m"
+    f.stack[k] = Slot(b[:i] + fill * size + b[i + size:], spill)
 
 
 def _stack_var(f: Frame, lo: int, hi: int, size: int, mode: str, value: Value | None) -> Value:
@@ -383,7 +391,7 @@ def _stack_var(f: Frame, lo: int, hi: int, size: int, mode: str, value: Value | 
             if slot.spill is not None and slot.spill.is_pointer:
                 raise Reject(f"variable-offset read of a spilled {slot.spill.kind} at fp{-8 * (k + 1)} (register fill)")
         if mode != "read" and slot is not None and slot.spill is not None:
-            f.stack[k] = Slot("mmmmmmmm", None)
+            f.stack[k] = slot.as_data()
     return sized(size, False)
 
 
@@ -554,12 +562,11 @@ def _helper_mem(env: Env, st: State, h: Helper, n: int, v: Value, size: int, *, 
         k, i = _slot_of(o)
         slot = f.stack.get(k)
         if write:
-            if v.is_const:
-                # written for sure: a spill there is gone, every byte is data
-                b = UNINIT_SLOT_BYTES if slot is None else "mmmmmmmm" if slot.spill is not None else slot.bytes
+            if v.is_const:  # written for sure
+                b = UNINIT_SLOT_BYTES if slot is None else slot.as_data().bytes
                 f.stack[k] = Slot(b[:i] + "m" + b[i + 1:], None)
             elif slot is not None and slot.spill is not None:
-                f.stack[k] = Slot("mmmmmmmm", None)
+                f.stack[k] = slot.as_data()
             continue
         if slot is None or slot.bytes[i] == "u":
             raise Reject(f"invalid read from stack off={o} size=1: not initialized ({h.name} arg{n})")

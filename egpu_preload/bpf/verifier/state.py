@@ -1,8 +1,9 @@
 """The verifier's state on one path: call frames (registers and stack) and acquired references.
 
 Stack bytes are tracked one by one, in 8-byte slots as the kernel does: ``u`` never written, ``m``
-written with data, ``s`` part of a spilled register whose abstract value the slot keeps (an 8-byte,
-8-aligned store), so a pointer or a bounded scalar survives a spill and fill.
+written with data, ``s`` part of a spilled register whose abstract value the slot keeps (an aligned
+store of a whole register: 8 bytes, or fewer for a scalar that fits them), so a pointer or a bounded
+scalar survives a spill and fill.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ SPILL_BYTES = "ssssssss"
 
 class Slot(NamedTuple):
     bytes: str            # 8 chars, index 0 = the lowest address of the slot
-    spill: Value | None   # the spilled register when bytes == SPILL_BYTES
+    spill: Value | None   # the spilled register, held by the run of "s" bytes: all 8 for a pointer,
+                          # 1, 2 or 4 aligned bytes for a scalar that fits them (32-bit code spills w regs)
+
+    def as_data(self) -> "Slot":
+        """The slot once its spill may have been overwritten: what was written stays initialized."""
+        return Slot(self.bytes.replace("s", "m"), None)
 
 
 class Frame:
@@ -67,7 +73,7 @@ class State:
             for k, slot in list(f.stack.items()):
                 if slot.spill is not None and slot.spill.id == id:
                     new = fn(slot.spill)
-                    f.stack[k] = Slot(SPILL_BYTES, new) if new is not None else Slot("mmmmmmmm", None)
+                    f.stack[k] = slot._replace(spill=new) if new is not None else slot.as_data()
 
 
 # ---- pruning: equality modulo id renaming, and "old covers new" ---------------------------------------
@@ -146,12 +152,16 @@ def covers(old: State, new: State, live: list[int]) -> bool:
 def _slot_covers(old: Slot, new: Slot | None, ids: _Ids) -> bool:
     new_bytes = new.bytes if new is not None else UNINIT_SLOT_BYTES
     if old.spill is not None:
-        if new is not None and new.spill is not None:
-            return _covers(old.spill, new.spill, ids)
-        # an unknown scalar spill reads like plain data
-        return old.spill == UNKNOWN and "u" not in new_bytes
+        same_run = new is not None and new.spill is not None and new.bytes.replace("m", "u") == \
+            old.bytes.replace("m", "u")
+        if same_run and not _covers(old.spill, new.spill, ids):
+            return False
+        # otherwise only an unknown 8-byte scalar spill reads like plain data
+        if not same_run and not (old.spill == UNKNOWN and old.bytes == SPILL_BYTES):
+            return False
+    pointer_bytes = new is not None and new.spill is not None and new.spill.kind != SCALAR
     for bo, bn in zip(old.bytes, new_bytes):
-        if bo == "m" and (bn == "u" or (bn == "s" and new.spill.kind != SCALAR)):
+        if bo != "u" and (bn == "u" or (bn == "s" and pointer_bytes and bo != "s")):
             return False
     return True
 
@@ -195,7 +205,10 @@ def fmt_state(state: State, maps: list[MapDef]) -> str:
     for n, f in enumerate(state.frames):
         parts = [f"R{r}={fmt_value(v, maps)}" for r, v in enumerate(f.regs) if v.kind != NOT_INIT]
         for k, slot in sorted(f.stack.items()):
-            shown = fmt_value(slot.spill, maps) if slot.spill is not None else slot.bytes[::-1]
+            shown = slot.bytes[::-1]  # highest address first, as the kernel prints slots
+            if slot.spill is not None:
+                spill = fmt_value(slot.spill, maps)
+                shown = spill if slot.bytes == SPILL_BYTES else f"{shown}({spill})"
             parts.append(f"fp{-8 * (k + 1)}={shown}")
         lines.append(f"frame{n}: " + " ".join(parts))
     if state.refs:
