@@ -23,7 +23,7 @@ from egpu_preload.bpf.verifier.checks import STEP
 from egpu_preload.bpf.verifier.value import M64, bounded, const, contains, lo32, sext32
 from egpu_preload.errors import DecodeError, EgpuError, VerifierError
 from egpu_preload.vm import execute
-from tests.verifier_cases import ACCEPT, MAPS, REJECT
+from tests.verifier_cases import ACCEPT, C_PROBES, MAPS, REJECT
 
 PROBES = sorted(p.name.removesuffix(".bpf.c") for p in (Path(__file__).parent / "probes").glob("*.bpf.c"))
 
@@ -64,6 +64,16 @@ def test_every_probe_verifies(probe_obj, name, mcpu):
         v = verify(prog.code, obj.maps, file=obj.path, section=prog.section)
         loads = [i.pc for i in v.insns if i.kind in ("load", "store", "atomic")]
         assert sorted(v.regions) == loads  # every access is reached and classified
+
+
+@pytest.mark.parametrize("mcpu", ["v3", "v4"])
+@pytest.mark.parametrize("name", sorted(C_PROBES))
+def test_tricky_c_probes_verify(tmp_path, name, mcpu):
+    src = tmp_path / f"{name}.bpf.c"
+    src.write_text(C_PROBES[name])
+    obj = load_object(compile_probe(src, mcpu=mcpu))
+    for prog in obj.programs:
+        verify(prog.code, obj.maps, file=obj.path, section=prog.section)
 
 
 def test_log_names_instruction_and_state():

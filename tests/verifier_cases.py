@@ -640,6 +640,15 @@ ACCEPT: tuple[Case, ...] = (
     out:
         r0 = 0
         exit"""),
+    Case("printk_variadic_leftovers", """
+        *(u64 *)(r10 - 8) = 0
+        r1 = r10
+        r1 += -8
+        r2 = 8
+        r4 = r10
+        call trace_printk
+        r0 = 0
+        exit"""),
     Case("division_by_zero_is_defined", "r0 = 10\nr1 = 0\nr0 /= r1\nr2 = 7\nr2 %= r1\nw0 /= w1\nexit"),
     Case("bss_global_write", """
         r1 = map_value[4] + 0x8 ll
@@ -718,3 +727,125 @@ ACCEPT: tuple[Case, ...] = (
         r0 = 0
         exit"""),
 )
+
+
+# C probes clang turns into what the verifier must follow: loops bounded by a constant, by a value from
+# ctx and by .rodata, variable indices into map values and stack arrays, alu32 spills, a static
+# subprogram taking a stack array, ringbuf submit/discard, printk with leftover registers, u64_out.
+C_PROBES = {
+    "tricky": r"""#include "egpu.bpf.h"
+
+struct val { __u64 count; __u64 sum; __u32 hist[16]; };
+struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1024); __type(key, __u64); __type(value, struct val); } stats SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 64); __type(key, __u32); __type(value, __u64); } per_sm SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096); } rb SEC(".maps");
+
+const volatile __u32 nbuckets = 12;
+__u64 total = 0;
+
+static __always_inline __u32 log2u(__u64 v)
+{
+	__u32 r = 0;
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < 63; i++) {
+		if (v <= 1)
+			break;
+		v >>= 1;
+		r++;
+	}
+	return r;
+}
+
+static __noinline __u64 mix(__u64 *arr, int n)
+{
+	__u64 h = 0;
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < n && i < 8; i++)
+		h = h * 31 + arr[i];
+	return h;
+}
+
+SEC("egpu/mem/*")
+int tricky(struct egpu_ctx *ctx)
+{
+	__u64 key = ctx->kernel_id;
+	struct val zero = {};
+	struct val *v = bpf_map_lookup_elem(&stats, &key);
+	if (!v) {
+		bpf_map_update_elem(&stats, &key, &zero, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(&stats, &key);
+		if (!v)
+			return 0;
+	}
+	__sync_fetch_and_add(&v->count, 1);
+	__sync_fetch_and_add(&v->sum, ctx->size);
+	__u32 b = log2u(ctx->size);
+	if (b >= nbuckets)
+		b = nbuckets - 1;
+	if (b < 16)
+		__sync_fetch_and_add(&v->hist[b], 1);
+
+	__u64 arr[8];
+	int n = ctx->nargs;
+#pragma clang loop unroll(disable)
+	for (int i = 0; i < 8; i++)
+		arr[i] = ctx->args[i];
+	__u64 h = mix(arr, n);
+
+	__u32 sm = bpf_get_smp_processor_id() & 63;
+	__u64 *c = bpf_map_lookup_elem(&per_sm, &sm);
+	if (c)
+		*c += h & 1;
+
+	struct { __u64 a; __u32 b; __u32 c; } *e = bpf_ringbuf_reserve(&rb, 16, 0);
+	if (e) {
+		e->a = h;
+		e->b = b;
+		e->c = ctx->site;
+		if (h & 1)
+			bpf_ringbuf_discard(e, 0);
+		else
+			bpf_ringbuf_submit(e, 0);
+	}
+	total += 1;
+	switch (ctx->flags) {
+	case 1: return 3;
+	case 2: return 5;
+	case 4: return 9;
+	default: return 0;
+	}
+}
+char LICENSE[] SEC("license") = "GPL";
+""",
+    "var_loops": r"""#include "egpu.bpf.h"
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64[32]); } tab SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_PERF_EVENT_ARRAY); __uint(key_size, 4); __uint(value_size, 4); } perf SEC(".maps");
+
+SEC("kprobe/*")
+int var_loops(struct egpu_ctx *ctx)
+{
+	__u32 zero = 0;
+	__u64 *t = bpf_map_lookup_elem(&tab, &zero);
+	if (!t)
+		return 0;
+	__u32 n = ctx->nargs;
+	__u64 acc = 0;
+	__u8 buf[32] = {};
+#pragma clang loop unroll(disable)
+	for (__u32 i = 0; i < n && i < 32; i++) {
+		acc += t[i];
+		buf[i] = (__u8)acc;
+	}
+	__u32 idx = ctx->site;
+	if (idx < 32)
+		t[idx] += buf[idx & 31];
+	char msg[] = "hello %llu";
+	bpf_trace_printk(msg, sizeof(msg), acc);
+	bpf_perf_event_output(ctx, &perf, BPF_F_CURRENT_CPU, buf, sizeof(buf));
+	__u64 tid[3];
+	bpf_get_thread_idx(&tid[0], &tid[1], &tid[2]);
+	return tid[0] + tid[1] + tid[2] > 5;
+}
+char LICENSE[] SEC("license") = "GPL";
+""",
+}

@@ -37,7 +37,8 @@ MAP_TYPES_FOR_HELPER = {
     "perf_event_output": frozenset({MAP_PERF_EVENT_ARRAY}),
 }
 _WRITES_MAP = frozenset({"map_update_elem", "map_delete_elem"})
-# Helpers declared variadic in C (bpf_printk): clang leaves the registers of unused arguments unset.
+# Helpers declared variadic in C (bpf_printk): the registers of arguments the format does not use hold
+# whatever clang left there, unset or a pointer, so their "anything" arguments take any value.
 _VARIADIC = frozenset({"trace_printk"})
 
 Succ = list[tuple[State, int]]
@@ -461,7 +462,9 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
     release = size = 0
     for n, arg in enumerate(h.args, 1):
         v = f.regs[n]
-        if v.kind == NOT_INIT and not (arg == "anything" and h.name in _VARIADIC):
+        if arg == "anything" and h.name in _VARIADIC:
+            continue
+        if v.kind == NOT_INIT:
             raise Reject(f"r{n} is not initialized (!read_ok): arg{n} of {h.name}")
         if arg == "map":
             m = _map_arg(env, insn, h, n, v)
