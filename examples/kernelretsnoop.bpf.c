@@ -23,14 +23,21 @@ struct {
 	__uint(value_size, sizeof(__u32));
 } rb SEC(".maps");
 
+/* Not inlined, on purpose: a function taking struct data * is what makes clang describe the struct in
+ * the object's BTF, which is how egpu prints the records with their field names. */
+static __noinline void fill(struct data *data)
+{
+	bpf_get_block_idx(&data->block_x, &data->block_y, &data->block_z);
+	bpf_get_thread_idx(&data->thread_x, &data->thread_y, &data->thread_z);
+	data->timestamp = bpf_get_globaltimer();
+}
+
 SEC("kretprobe/vectorAdd*")
 int cuda__retprobe(struct egpu_ctx *ctx)
 {
 	struct data data = {};
 
-	bpf_get_block_idx(&data.block_x, &data.block_y, &data.block_z);
-	bpf_get_thread_idx(&data.thread_x, &data.thread_y, &data.thread_z);
-	data.timestamp = bpf_get_globaltimer();
+	fill(&data);
 	bpf_perf_event_output(ctx, &rb, BPF_F_CURRENT_CPU, &data, sizeof(data));
 	return 0;
 }

@@ -16,8 +16,8 @@
  */
 #include "counters.bpf.h"
 
-/* launch_id -> host time at enqueue; 0 once a block has taken it. LRU: launches whose kernel was not
- * instrumented (SASS only) never take theirs, and are evicted. */
+/* launch_id -> host time at enqueue, until the launch's first block takes it. LRU: launches whose kernel
+ * was not instrumented (SASS only) never take theirs, and are evicted. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
@@ -57,6 +57,7 @@ int on_block_start(struct egpu_ctx *ctx)
 	enqueued = __sync_lock_test_and_set(slot, 0);
 	if (!enqueued)
 		return 0;
+	bpf_map_delete_elem(&enqueue_ns, &launch);
 	if (now < enqueued)
 		__sync_fetch_and_add(&clock_skew, 1);
 	else

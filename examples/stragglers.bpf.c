@@ -37,7 +37,7 @@ struct {
 struct straggler {
 	__u64 kernel_id;
 	__u64 launch_id;
-	__u64 start_ns;
+	__u64 ts;           /* the block's start: --perfetto places the record there */
 	__u64 duration_ns;
 	__u32 block[3];
 	__u32 sm;
@@ -48,23 +48,39 @@ struct {
 	__uint(max_entries, 1 << 20);
 } stragglers SEC(".maps");
 
-/* This block's key; also returns blockIdx. */
-static __always_inline struct block_key this_block(struct egpu_ctx *ctx, __u64 idx[3])
+/* This block's key. */
+static __always_inline struct block_key this_block(struct egpu_ctx *ctx)
 {
-	__u64 gx, gy, gz;
+	__u64 x, y, z, gx, gy, gz;
 	struct block_key k = { .launch_id = ctx->launch_id };
 
-	bpf_get_block_idx(&idx[0], &idx[1], &idx[2]);
+	bpf_get_block_idx(&x, &y, &z);
 	bpf_get_grid_dim(&gx, &gy, &gz);
-	k.block = idx[0] + (idx[1] + idx[2] * gy) * gx;
+	k.block = x + (y + z * gy) * gx;
 	return k;
+}
+
+/* Not inlined, on purpose: a function taking struct straggler * is what makes clang describe the struct
+ * in the object's BTF, which is how egpu prints the records with their field names. */
+static __noinline void fill(struct straggler *s, const struct egpu_ctx *ctx, __u64 start, __u64 end)
+{
+	__u64 x, y, z;
+
+	s->kernel_id = ctx->kernel_id;
+	s->launch_id = ctx->launch_id;
+	s->ts = start;
+	s->duration_ns = end - start;
+	bpf_get_block_idx(&x, &y, &z);
+	s->block[0] = x;
+	s->block[1] = y;
+	s->block[2] = z;
+	s->sm = bpf_get_sm_id();
 }
 
 SEC("kprobe.block/*")
 int block_enter(struct egpu_ctx *ctx)
 {
-	__u64 idx[3];
-	struct block_key k = this_block(ctx, idx);
+	struct block_key k = this_block(ctx);
 	__u64 now = bpf_get_globaltimer();
 
 	bpf_map_update_elem(&block_start, &k, &now, BPF_ANY);
@@ -75,9 +91,9 @@ SEC("kretprobe.block/*")
 int block_exit(struct egpu_ctx *ctx)
 {
 	__u64 now = bpf_get_globaltimer();
-	__u64 idx[3], start, *startp;
-	struct block_key k = this_block(ctx, idx);
+	struct block_key k = this_block(ctx);
 	struct straggler *s;
+	__u64 start, *startp;
 
 	startp = bpf_map_lookup_elem(&block_start, &k);
 	if (!startp)
@@ -90,14 +106,7 @@ int block_exit(struct egpu_ctx *ctx)
 	s = bpf_ringbuf_reserve(&stragglers, sizeof(*s), 0);
 	if (!s)
 		return 0;
-	s->kernel_id = ctx->kernel_id;
-	s->launch_id = ctx->launch_id;
-	s->start_ns = start;
-	s->duration_ns = now - start;
-	s->block[0] = idx[0];
-	s->block[1] = idx[1];
-	s->block[2] = idx[2];
-	s->sm = bpf_get_sm_id();
+	fill(s, ctx, start, now);
 	bpf_ringbuf_submit(s, 0);
 	return 0;
 }

@@ -23,6 +23,8 @@ from egpu_preload.bpf.elf import load_object
 from egpu_preload.bpf.program import BpfObject
 from egpu_preload.bpf.verifier import verify
 from egpu_preload.maps import ArrayStorage, MapsState, PerfStorage, RingbufStorage
+from egpu_preload.output import perfetto, text
+from egpu_preload.output.values import Histogram, Records as RecordsValue, snapshot
 from egpu_preload.translate import probe_object_ptx
 from egpu_preload.vm import ThreadSim, Vm
 from test_vm import make_ctx
@@ -92,6 +94,7 @@ class Scenario:
     globals: dict[str, int] = field(default_factory=dict)   # .bss/.data variables by name
     rodata: dict[str, int] = field(default_factory=dict)    # set before running, as a loader may
     trace: list[str] | None = None
+    text: tuple[str, ...] = ()  # lines of egpu-run's text output (output/text.py) for these maps
 
 
 def ev(program: str, *, t: int | None = None, timer_after: int | None = None, thread: dict | None = None,
@@ -107,6 +110,11 @@ def blk(x: int, y: int = 0, z: int = 0, *, grid: tuple = (1, 1, 1), **more) -> d
     return {"block_idx": (x, y, z), "grid_dim": grid, **more}
 
 
+# The struct each example's ring or perf buffer carries (what egpu-run needs to print and trace them).
+RECORD_TYPES = {"memtrace": {"events": "struct mem_event"}, "stragglers": {"stragglers": "struct straggler"},
+                "kernelretsnoop": {"rb": "struct data"}}
+KERNEL_NAMES = {VEC_ADD: "_Z9vectorAddPKfS0_Pf", GEMM: "_Z4gemmPKfS0_Pfi"}
+
 STRAGGLER = "<QQQQIIII"  # struct straggler
 MEM_EVENT = "<QQQQIIII3I3I"  # struct mem_event
 
@@ -117,7 +125,8 @@ SCENARIOS = [
         ev("count_launch", kernel_id=VEC_ADD, grid=(1000, 1, 1)),
         ev("count_launch", kernel_id=VEC_ADD, grid=(1, 1, 1)),
     ], maps={"launches": Contents({VEC_ADD: 3, GEMM: 1}),
-             "hist_grid_blocks": Contents({0: 1, 2: 2, 9: 1})}),
+             "hist_grid_blocks": Contents({0: 1, 2: 2, 9: 1})},
+        text=("@launches[vectorAdd]: 3", "@launches[gemm]: 1", "@hist_grid_blocks:")),
 
     Scenario("kernel_duration", "block 0 starts, the last block to exit ends the launch", [
         ev("block_enter", t=1000, launch_id=7, kernel_id=VEC_ADD, thread=blk(0, grid=(3, 1, 1))),
@@ -132,13 +141,15 @@ SCENARIOS = [
         ev("block_exit", t=200, launch_id=9, kernel_id=GEMM, thread=blk(0, grid=(2, 1, 1))),
     ], maps={"hist_duration_ns": Contents({10: 1, 1: 1}),
              "duration_by_kernel": Contents({VEC_ADD: (2, 1603)}, "<QQ"),
-             "running": Contents({}, "<QQ")}),
+             "running": Contents({}, "<QQ")},
+        text=("@duration_by_kernel[vectorAdd]: { launches: 2, total_ns: 1603 }",)),
 
     Scenario("mem_bytes", "4 loads of 4 bytes and 2 stores of 8; an atomic counts both ways", [
         *[ev("count_bytes", t=100 + 10 * i, kernel_id=VEC_ADD, size=4, flags=LOAD) for i in range(4)],
         *[ev("count_bytes", t=140 + 10 * i, kernel_id=VEC_ADD, size=8, flags=STORE) for i in range(2)],
         ev("count_bytes", t=200, kernel_id=GEMM, size=16, flags=LOAD | STORE | ATOMIC),
-    ], maps={"traffic": Contents({VEC_ADD: (16, 16, 100, 150), GEMM: (16, 16, 200, 200)}, "<QQQQ")}),
+    ], maps={"traffic": Contents({VEC_ADD: (16, 16, 100, 150), GEMM: (16, 16, 200, 200)}, "<QQQQ")},
+        text=("@traffic[vectorAdd]: { loaded: 16, stored: 16, first_ns: 100, last_ns: 150 }",)),
 
     Scenario("memtrace", "a record per access with its thread", [
         ev("trace_access", addr=0x7F0000001000, size=4, flags=LOAD, site=3, kernel_id=VEC_ADD, launch_id=1,
@@ -165,7 +176,8 @@ SCENARIOS = [
 
     Scenario("hot_pages", "accesses per 64 KiB page, keyed by the page's address", [
         ev("count_page", addr=a) for a in (0x7F0000010000, 0x7F000001FFF0, 0x7F0000020000, 0x7F0000010008)
-    ], maps={"page_accesses": Contents({0x7F0000010000: 3, 0x7F0000020000: 1})}),
+    ], maps={"page_accesses": Contents({0x7F0000010000: 3, 0x7F0000020000: 1})},
+        text=("@page_accesses[0x7f0000010000]: 3",)),
 
     # globaltimer advances 10 ns per read: the spin's length is the number of reads it made.
     Scenario("cxl_latency", "the delay grows with the bandwidth of the last window", [
@@ -209,7 +221,7 @@ SCENARIOS = [
         ev("on_block_start", t=4100, launch_id=1, thread=blk(0)),  # second block: time already taken
         ev("on_block_start", t=1400, launch_id=2, thread=blk(0)),  # before its enqueue: clock skew
         ev("on_block_start", t=9000, launch_id=3, thread=blk(0)),  # never enqueued (probe attached late)
-    ], maps={"enqueue_ns": Contents({1: 0, 2: 0}), "hist_launch_latency_ns": Contents({11: 1})},
+    ], maps={"enqueue_ns": Contents({}), "hist_launch_latency_ns": Contents({11: 1})},
         globals={"clock_skew": 1}),
 
     Scenario("cuda_counter", "bpftime's counters: per-thread entries, block-x start times", [
@@ -229,7 +241,7 @@ SCENARIOS = [
 
     Scenario("mem_trace", "bpftime's access counter, split by kind", [
         ev("cuda__trace_cuda_kernel", flags=f) for f in (LOAD, LOAD, STORE, LOAD | STORE | ATOMIC, STORE | ATOMIC)
-    ], maps={"counter": Contents({0: 5, 1: 3, 2: 3, 3: 2})}),
+    ], maps={"counter": Contents({0: 5, 1: 3, 2: 3, 3: 2})}, text=("@counter[all]: 5", "@counter[atomics]: 2")),
 
     Scenario("kernelretsnoop", "a perf record per exiting thread, tagged with its SM", [
         ev("cuda__retprobe", thread={"block_idx": (1, 0, 0), "thread_idx": (5, 0, 0), "globaltimer": 777,
@@ -253,7 +265,8 @@ SCENARIOS = [
         ev("cuda__probe", t=10_000 + 2 * 10**9, launch_id=2, thread=blk(0)),         # 2 s
         ev("uprobe_cuda_launch", t=5000, launch_id=3),
         ev("cuda__probe", t=4000, launch_id=3, thread=blk(0)),                       # clocks apart: bin 0
-    ], maps={"time_histogram": Contents({0: 1, 2: 1, 8: 1}), "launch_times": Contents({})}),
+    ], maps={"time_histogram": Contents({0: 1, 2: 1, 8: 1}), "launch_times": Contents({})},
+        text=("@time_histogram[under_10us]: 1", "@time_histogram[under_10s]: 1")),
 ]
 
 
@@ -338,6 +351,29 @@ def test_example_scenario(example_obj, sc: Scenario) -> None:
         assert int.from_bytes(raw, "little") == value, var
     if sc.trace is not None:
         assert [t.text() for t in state.trace] == sc.trace
+
+
+@pytest.mark.parametrize("sc", SCENARIOS, ids=lambda sc: f"{sc.example}: {sc.title}")
+def test_example_output(example_obj, sc: Scenario) -> None:
+    """The maps print as intended: hist*/lhist* as histograms, records with field names, kernels by name."""
+    obj = example_obj(sc.example)
+    snap = snapshot(run_scenario(obj, sc), obj, KERNEL_NAMES, RECORD_TYPES.get(sc.example, {}))
+    out = text.render(snap)
+    trace = perfetto.Trace(pid=1, kernel_names=KERNEL_NAMES)
+    for v in snap.maps:
+        assert isinstance(v, Histogram) == v.name.startswith(("hist", "lhist")), v.name
+        if isinstance(v, RecordsValue):
+            assert v.records and all(isinstance(r.value, dict) for r in v.records), v.name
+            trace.add_records(v)
+    lines = out.splitlines()
+    assert [line for line in sc.text if line not in lines] == []
+    with_ts = [name for name, types in RECORD_TYPES.get(sc.example, {}).items() if "ts" in _fields(obj, types)]
+    assert sorted(name for name, track in trace.records.items() if track) == sorted(with_ts)
+
+
+def _fields(obj: BpfObject, type_name: str) -> list[str]:
+    t = obj.btf.find(type_name.removeprefix("struct "), btfmod.KIND_STRUCT)
+    return [m.name for m in t.members]
 
 
 # --- on the GPU: the translated probes under real contention -------------------------------------------
