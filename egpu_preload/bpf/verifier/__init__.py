@@ -30,7 +30,8 @@ _LOG_TAIL = 24      # instructions of the failing path shown in the log
 
 @dataclass(frozen=True)
 class VerifiedProgram:
-    """A program the verifier accepted, with what it proved that the translator can use."""
+    """A program the verifier accepted, with what it proved that the translator can use. Instructions
+    no path reaches (the verifier does not reject dead code) have no entries."""
 
     insns: tuple[Insn, ...]
     regions: Mapping[int, str]         # pc of a load/store/atomic -> stack | ctx | map_value | ringbuf_mem,
