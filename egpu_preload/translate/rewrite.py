@@ -90,6 +90,7 @@ class KernelStatus:
     reason: str = ""
     calls: int = 0             # probe calls inserted
     launch_param_offset: int | None = None  # byte offset of __egpu_launch_id in the parameter buffer
+    nparams: int = 0           # the kernel's own parameters (__egpu_launch_id comes after them)
 
 
 @dataclass
@@ -114,14 +115,18 @@ def probe_specs(obj: BpfObject) -> list[ProbeSpec]:
     return specs
 
 
-def instrument(module_ptx: str, probes: list[ProbeSpec]) -> RewriteResult:
-    """Instrument every kernel a probe's glob matches; others stay byte-identical."""
+def instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None = None) -> RewriteResult:
+    """Instrument every kernel a probe's glob matches (and ``only``, when given, too: egpu-run
+    --kernel); others stay byte-identical."""
     t0 = time.perf_counter()
     mod = ptx.parse(module_ptx)
     t1 = time.perf_counter()
     edits: list[ptx.Edit] = []
     statuses, used = [], []
     for fn in mod.kernels():
+        if only is not None and not matches(only, fn.name):
+            statuses.append(KernelStatus(fn.name, "untouched", f"not selected by {only}"))
+            continue
         mine = [p for p in probes if matches(p.attach.glob, fn.name)]
         if not mine:
             statuses.append(KernelStatus(fn.name, "untouched", "no probe matches"))
@@ -137,7 +142,8 @@ def instrument(module_ptx: str, probes: list[ProbeSpec]) -> RewriteResult:
         edits += kernel_edits
         used += [p for p in mine if p not in used]
         statuses.append(KernelStatus(fn.name, "instrumented", calls=calls,
-                                     launch_param_offset=_launch_param_offset(fn.params)))
+                                     launch_param_offset=_launch_param_offset(fn.params),
+                                     nparams=len(fn.params)))
     if used:
         edits += _module_edits(mod, used)
     t2 = time.perf_counter()
