@@ -26,6 +26,7 @@ from egpu_preload.maps import ArrayStorage, MapsState, PerfStorage, RingbufStora
 from egpu_preload.output import perfetto, text
 from egpu_preload.output.values import Histogram, Records as RecordsValue, snapshot
 from egpu_preload.translate import probe_object_ptx
+from egpu_preload.translate.demangle import matches
 from egpu_preload.vm import ThreadSim, Vm
 from test_vm import make_ctx
 
@@ -323,6 +324,20 @@ def test_example_verifies_and_assembles(example_obj, ptxas: str, tmp_path: Path,
     done = subprocess.run([ptxas, "-arch=sm_90", str(ptx), "-o", str(tmp_path / f"{name}.cubin")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+BPFTIME_PORTS = ["cuda_counter", "kernelretsnoop", "launchlate", "mem_trace", "threadhist"]
+
+
+def test_bpftime_ports_attach_to_vec_add(example_obj, tmp_path: Path) -> None:
+    """examples/vec_add.cu is the program they trace: every program of theirs selects its kernel."""
+    ptx = tmp_path / "vec_add.ptx"
+    subprocess.run(["nvcc", "-arch=sm_90", "--ptx", "-o", str(ptx), str(EXAMPLES_DIR / "vec_add.cu")], check=True)
+    entries = [line.split()[-1].rstrip("(") for line in ptx.read_text().splitlines() if ".entry" in line]
+    assert entries == ["_Z9vectorAddPKfS0_Pf"]
+    for name in BPFTIME_PORTS:
+        for p in example_obj(name).programs:
+            assert matches(p.attach.glob, entries[0]), (name, p.section)
 
 
 def test_every_example_has_a_scenario() -> None:
