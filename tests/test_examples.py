@@ -395,35 +395,45 @@ def _fields(obj: BpfObject, type_name: str) -> list[str]:
 # run_probe_on_gpu calls a program from every thread of a plain kernel (no scope guard), so these check
 # what holds for any interleaving: exact atomic counts and one record per thread.
 
-THREADS = 4096
+THREADS, BLOCK = 4096, 256
+
+
+def _counts(state: MapsState, map_name: str) -> dict:
+    return _contents(state.by_name(map_name), None, "<Q")
+
+
+def _global_threads(records: list[bytes], fmt: str, block_x: int, thread_x: int) -> list[int]:
+    """blockIdx.x * BLOCK + threadIdx.x of each record, sorted (fields given by index in fmt)."""
+    return sorted(f[block_x] * BLOCK + f[thread_x] for f in (struct.unpack(fmt, r) for r in records))
+
+
+def _gpu_mem_bytes(s: MapsState) -> bool:
+    loaded, stored, first, last = struct.unpack("<QQQQ", s.by_name("traffic").lookup(struct.pack("<Q", VEC_ADD)))
+    return (loaded, stored) == (4 * THREADS, 4 * THREADS) and first > 0 and last > 0
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name, program, ctx, check", [
-    ("mem_bytes", "count_bytes", {"kernel_id": VEC_ADD, "size": 4, "flags": LOAD | STORE | ATOMIC},
-     lambda s: (lambda v: v[:2] == (4 * THREADS, 4 * THREADS) and 0 < v[2] <= v[3])(
-         struct.unpack("<QQQQ", s.by_name("traffic").lookup(struct.pack("<Q", VEC_ADD))))),
+    ("mem_bytes", "count_bytes", {"kernel_id": VEC_ADD, "size": 4, "flags": LOAD | STORE | ATOMIC}, _gpu_mem_bytes),
     ("mem_trace", "cuda__trace_cuda_kernel", {"flags": LOAD | STORE},
-     lambda s: _contents(s.by_name("counter"), None, "<Q") == {0: THREADS, 1: THREADS, 2: THREADS}),
+     lambda s: _counts(s, "counter") == {0: THREADS, 1: THREADS, 2: THREADS}),
     ("hot_pages", "count_page", {"addr": 0x7F0000010010},
-     lambda s: _contents(s.by_name("page_accesses"), None, "<Q") == {0x7F0000010000: THREADS}),
+     lambda s: _counts(s, "page_accesses") == {0x7F0000010000: THREADS}),
     ("threadhist", "retprobe__cuda", {},
-     lambda s: _contents(s.by_name("lhist_calls_per_thread"), None, "<Q") == {i: 1 for i in range(1024)}),
+     lambda s: _counts(s, "lhist_calls_per_thread") == {i: 1 for i in range(min(THREADS, 1024))}),
     ("sm_balance", "warp_enter", {},
-     lambda s: sum(_contents(s.by_name("lhist_warps_per_sm"), None, "<Q").values()) == THREADS
-     and sum(_contents(s.by_name("lhist_warps_per_slot"), None, "<Q").values()) == THREADS),
+     lambda s: sum(_counts(s, "lhist_warps_per_sm").values()) == THREADS
+     and sum(_counts(s, "lhist_warps_per_slot").values()) == THREADS),
     ("memtrace", "trace_access", {"addr": 0x1000, "size": 4, "flags": LOAD},
-     lambda s: sorted(struct.unpack(MEM_EVENT, r)[8] * 256 + struct.unpack(MEM_EVENT, r)[11]
-                      for r in s.by_name("events").consume()) == list(range(THREADS))),
+     lambda s: _global_threads(s.by_name("events").consume(), MEM_EVENT, 8, 11) == list(range(THREADS))),
     ("kernelretsnoop", "cuda__retprobe", {},
-     lambda s: sorted(struct.unpack("<7Q", r)[0] * 256 + struct.unpack("<7Q", r)[3]
-                      for _, r in s.by_name("rb").consume()) == list(range(THREADS))),
+     lambda s: _global_threads([r for _, r in s.by_name("rb").consume()], "<7Q", 0, 3) == list(range(THREADS))),
 ])
 def test_example_on_gpu(example_obj, name: str, program: str, ctx: dict, check) -> None:
     from egpu_preload.translate import run_probe_on_gpu
 
     obj = example_obj(name)
     prog = next(p for p in obj.programs if p.name == program)
-    r0s, state = run_probe_on_gpu(obj, prog, THREADS, make_ctx(**ctx), block=256)
+    r0s, state = run_probe_on_gpu(obj, prog, THREADS, make_ctx(**ctx), block=BLOCK)
     assert r0s == [0] * THREADS
     assert check(state)
