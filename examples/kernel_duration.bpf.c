@@ -2,7 +2,7 @@
  *
  * A kernel's duration here is from block 0's entry to the exit of the last block to finish, both read
  * from %globaltimer. Approximation: block 0 is dispatched in the first wave, so the start is late by at
- * most the first wave's dispatch spread (microseconds on an H200), and the time between the launch
+ * most the first wave's dispatch spread (typically microseconds), and the time between the launch
  * reaching the GPU and block 0 starting is not counted (launch_latency.bpf.c measures that).
  * The histogram covers every kernel the section matches: narrow it (kprobe.block/gemm*) or pass
  * --kernel GLOB for one kernel's histogram; duration_by_kernel gives each kernel's count and total.

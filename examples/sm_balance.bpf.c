@@ -5,7 +5,7 @@
  * the work (a tail of long blocks, or a grid too small for the GPU: an H200 has 132 SMs).
  * %warpid is the warp's slot on its SM (0..63 on sm_90), so while a warp runs, (SM, slot) names it
  * uniquely and its start time needs no hash. PTX ISA: %smid and %warpid are volatile and may change
- * if a warp is preempted and rescheduled; that is rare outside debuggers and MPS/time-slicing.
+ * if a warp is preempted and rescheduled (a debugger, or a GPU time-sliced between processes).
  * Maps named lhist* print as bars per SM / slot: no PERCPU_ARRAY is needed, the SM is the index.
  *
  *   egpu-run -p examples/sm_balance.bpf.c ./app
