@@ -6,6 +6,7 @@ never a traceback.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import Optional
@@ -137,9 +138,52 @@ def rewrite_cmd(ptx_in: Path = typer.Argument(..., metavar="IN.ptx"),
         typer.echo(res.text, nl=False)
 
 
+egpu_run = typer.Typer(name="egpu-run", add_completion=False, no_args_is_help=True)
+
+
+@egpu_run.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="the job to run"),
+            probes: list[Path] = typer.Option([], "-p", "--probe", help="a .bpf.o or .bpf.c (repeatable)"),
+            kernel: Optional[str] = typer.Option(None, "--kernel", metavar="GLOB",
+                                                 help="instrument only kernels this glob matches"),
+            as_json: bool = typer.Option(False, "--json", help="maps as one JSON document per process"),
+            verbose: bool = typer.Option(False, "-v", "--verbose",
+                                         help="report every module and kernel; keep the session directory"),
+            keep: bool = typer.Option(False, "--keep", help="keep the session directory (dumps, compiled probes)")) -> None:
+    """Run CMD with probes spliced into its kernels; print the maps at exit and exit with CMD's status."""
+    from egpu_preload.runtime import config, job
+    session = None
+    try:
+        try:
+            session = job.session_dir()
+            loaded = job.prepare_probes(probes, session)
+            cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose))
+            status = job.run_job(cmd, cfg, job.find_shim())
+        except job.ProgramError as e:
+            typer.echo(f"egpu-run: {e}", err=True)
+            raise typer.Exit(e.exit_status)
+        except EgpuError as e:  # the job never started
+            typer.echo(f"egpu-run: {e}", err=True)
+            if e.detail and verbose:
+                typer.echo(e.detail, err=True)
+            raise typer.Exit(1)
+        try:
+            maps, notes = job.report(loaded, session, as_json, verbose)
+        except EgpuError as e:  # the job ran: its status still goes out
+            maps, notes = "", [f"egpu-run: {e}"]
+        for line in notes:
+            typer.echo(line, err=True)
+        typer.echo(maps, nl=False)
+    finally:
+        if session is not None and (keep or verbose):
+            typer.echo(f"egpu-run: session kept in {session}", err=True)
+        elif session is not None:
+            shutil.rmtree(session, ignore_errors=True)
+    raise typer.Exit(status)
+
+
 def run_main() -> None:
-    typer.echo("egpu-run: not built yet", err=True)
-    sys.exit(2)
+    egpu_run()
 
 
 if __name__ == "__main__":

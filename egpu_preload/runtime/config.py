@@ -1,0 +1,41 @@
+"""What the launcher tells the runtime inside the job: one typed object, and the two functions that are
+the only place its environment variables are named (``to_env`` in egpu-run, ``from_env`` in the job).
+
+    EGPU_PROBES   the probe objects (.bpf.o), os.pathsep-separated, absolute paths
+    EGPU_SESSION  the session directory egpu-run made: every instrumented process writes <pid>.msgpack there
+    EGPU_KERNEL   an extra kernel glob: only kernels it matches (mangled or demangled) are instrumented
+    EGPU_LOG      verbosity: 0 quiet, 1 one line per module load, 2 and more per kernel
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+PROBES, SESSION, KERNEL, LOG = "EGPU_PROBES", "EGPU_SESSION", "EGPU_KERNEL", "EGPU_LOG"
+
+
+@dataclass(frozen=True)
+class Config:
+    probes: tuple[Path, ...] = ()
+    session: Path | None = None
+    kernel: str | None = None
+    log: int = 0
+
+
+def from_env(env: Mapping[str, str] = os.environ) -> Config:
+    """The job's Config; unset or empty variables give the defaults, a malformed EGPU_LOG counts as 0."""
+    probes = tuple(Path(p) for p in env.get(PROBES, "").split(os.pathsep) if p)
+    log = env.get(LOG, "0")
+    return Config(probes=probes, session=Path(env[SESSION]) if env.get(SESSION) else None,
+                  kernel=env.get(KERNEL) or None, log=int(log) if log.isdigit() else 0)
+
+
+def to_env(cfg: Config) -> dict[str, str]:
+    """The variables that make ``from_env`` return ``cfg`` (all four, so a stale one never leaks in)."""
+    return {PROBES: os.pathsep.join(str(p) for p in cfg.probes),
+            SESSION: str(cfg.session) if cfg.session else "",
+            KERNEL: cfg.kernel or "",
+            LOG: str(cfg.log)}

@@ -1,0 +1,164 @@
+"""The CUDA driver calls the in-process runtime makes, straight to libcuda.
+
+Entry points come from egpu_shim_real (the driver's own symbols, never a hook), so the runtime's calls
+neither reach its own hooks nor depend on a binding (cuda-python) being importable in the application.
+Every CUresult is checked: a failure is a DriverError naming the call and the driver's error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from egpu_preload.errors import EgpuError
+
+CUDA_SUCCESS = 0
+CUDA_ERROR_NOT_FOUND = 500
+# CUdevice_attribute values (cuda.h)
+ATTR_SM_COUNT = 16
+ATTR_CC_MAJOR = 75
+ATTR_CC_MINOR = 76
+
+# symbol -> C type; the _v2 symbols are the 64-bit-pointer ABI cuda.h's macros select.
+SIGNATURES = {
+    "cuGetErrorName": "int (*)(int, const char **)",
+    "cuCtxGetCurrent": "int (*)(void **)",
+    "cuCtxGetDevice": "int (*)(int *)",
+    "cuCtxPushCurrent_v2": "int (*)(void *)",
+    "cuCtxPopCurrent_v2": "int (*)(void **)",
+    "cuCtxSynchronize": "int (*)(void)",
+    "cuDeviceGet": "int (*)(int *, int)",
+    "cuDeviceGetAttribute": "int (*)(int *, int, int)",
+    "cuDevicePrimaryCtxRetain": "int (*)(void **, int)",
+    "cuMemAlloc_v2": "int (*)(unsigned long long *, size_t)",
+    "cuMemFree_v2": "int (*)(unsigned long long)",
+    "cuMemcpyHtoD_v2": "int (*)(unsigned long long, const void *, size_t)",
+    "cuMemcpyDtoH_v2": "int (*)(void *, unsigned long long, size_t)",
+    "cuModuleGetGlobal_v2": "int (*)(unsigned long long *, size_t *, void *, const char *)",
+    "cuLibraryGetGlobal": "int (*)(unsigned long long *, size_t *, void *, const char *)",
+    "cuModuleLoadData": "int (*)(void **, const void *)",
+    "cuModuleGetFunction": "int (*)(void **, void *, const char *)",
+    "cuLibraryLoadData": "int (*)(void **, const void *, void *, void *, unsigned int, void *, void *, unsigned int)",
+    "cuLibraryGetKernel": "int (*)(void **, void *, const char *)",
+}
+
+
+class DriverError(EgpuError):
+    """A driver call the runtime made failed (result: the CUresult)."""
+
+    def __init__(self, reason: str, result: int) -> None:
+        super().__init__(reason)
+        self.result = result
+
+
+class Driver:
+    """The driver functions of SIGNATURES, bound through the shim's (ffi, lib)."""
+
+    def __init__(self, ffi: Any, lib: Any) -> None:
+        self.ffi = ffi
+        self._lib = lib
+        self._fns: dict[str, Any] = {}
+
+    def _fn(self, symbol: str) -> Any:
+        fn = self._fns.get(symbol)
+        if fn is None:
+            ptr = self._lib.egpu_shim_real(symbol.encode())
+            if ptr == self.ffi.NULL:
+                raise DriverError(f"the driver has no {symbol}", CUDA_ERROR_NOT_FOUND)
+            fn = self._fns[symbol] = self.ffi.cast(SIGNATURES[symbol], ptr)
+        return fn
+
+    def call(self, symbol: str, *args: Any) -> None:
+        r = self._fn(symbol)(*args)
+        if r != CUDA_SUCCESS:
+            raise DriverError(f"{symbol} failed: {self.error_name(r)}", r)
+
+    def error_name(self, result: int) -> str:
+        name = self.ffi.new("const char **")
+        try:
+            if self._fn("cuGetErrorName")(result, name) == CUDA_SUCCESS and name[0] != self.ffi.NULL:
+                return self.ffi.string(name[0]).decode()
+        except DriverError:
+            pass
+        return f"CUresult {result}"
+
+    # ---- contexts and devices ------------------------------------------------------------------
+    def current_context(self) -> int:
+        """The calling thread's context; else device 0's primary context, which cudart will use too
+        (cuLibraryLoadData may run before any context is current)."""
+        ctx = self.ffi.new("void **")
+        self.call("cuCtxGetCurrent", ctx)
+        if ctx[0] == self.ffi.NULL:
+            dev = self.ffi.new("int *")
+            self.call("cuDeviceGet", dev, 0)
+            self.call("cuDevicePrimaryCtxRetain", ctx, dev[0])
+        return int(self.ffi.cast("uintptr_t", ctx[0]))
+
+    @contextmanager
+    def current(self, context: int) -> Iterator[None]:
+        """``context`` current on this thread for the block; the application's own is back after it."""
+        self.call("cuCtxPushCurrent_v2", self.ffi.cast("void *", context))
+        try:
+            yield
+        finally:
+            self.call("cuCtxPopCurrent_v2", self.ffi.new("void **"))
+
+    def attribute(self, attr: int) -> int:
+        """A device attribute of the current context's device."""
+        dev, out = self.ffi.new("int *"), self.ffi.new("int *")
+        self.call("cuCtxGetDevice", dev)
+        self.call("cuDeviceGetAttribute", out, attr, dev[0])
+        return out[0]
+
+    def synchronize(self) -> None:
+        self.call("cuCtxSynchronize")
+
+    # ---- memory ----------------------------------------------------------------------------------
+    def alloc(self, size: int) -> int:
+        p = self.ffi.new("unsigned long long *")
+        self.call("cuMemAlloc_v2", p, max(size, 8))
+        return int(p[0])
+
+    def free(self, ptr: int) -> None:
+        self.call("cuMemFree_v2", ptr)
+
+    def htod(self, ptr: int, data: bytes) -> None:
+        if data:
+            self.call("cuMemcpyHtoD_v2", ptr, self.ffi.from_buffer(data), len(data))
+
+    def dtoh(self, ptr: int, size: int) -> bytes:
+        if not size:
+            return b""
+        buf = self.ffi.new("char[]", size)
+        self.call("cuMemcpyDtoH_v2", buf, ptr, size)
+        return self.ffi.buffer(buf, size)[:]
+
+    def global_address(self, owner: int, name: str, library: bool) -> int | None:
+        """A module's or library's global in the current context; None if it has none of that name."""
+        p, size = self.ffi.new("unsigned long long *"), self.ffi.new("size_t *")
+        symbol = "cuLibraryGetGlobal" if library else "cuModuleGetGlobal_v2"
+        try:
+            self.call(symbol, p, size, self.ffi.cast("void *", owner), name.encode())
+        except DriverError as e:
+            if e.result == CUDA_ERROR_NOT_FOUND:
+                return None
+            raise
+        return int(p[0])
+
+    # ---- loading the original beside an instrumented image ------------------------------------------
+    def load(self, image: bytes, library: bool) -> int:
+        out = self.ffi.new("void **")
+        data = self.ffi.from_buffer(image)
+        if library:
+            N = self.ffi.NULL
+            self.call("cuLibraryLoadData", out, data, N, N, 0, N, N, 0)
+        else:
+            self.call("cuModuleLoadData", out, data)
+        return int(self.ffi.cast("uintptr_t", out[0]))
+
+    def function(self, owner: int, name: str, library: bool) -> int:
+        out = self.ffi.new("void **")
+        self.call("cuLibraryGetKernel" if library else "cuModuleGetFunction", out,
+                  self.ffi.cast("void *", owner), name.encode())
+        return int(self.ffi.cast("uintptr_t", out[0]))

@@ -1,0 +1,100 @@
+"""The exit dump: what one instrumented process leaves in the session directory, ``<pid>.msgpack``.
+
+The runtime writes it when the process exits; egpu-run reads every dump after the job and rebuilds each
+probe's MapsState from it (it loaded the same objects, in the same order). Fields:
+
+    version  1
+    pid, argv (list of str), rank (the RANK variable as an int, or None)
+    probes   per probe object, in EGPU_PROBES order: {"path", "maps": [storage per map], "trace": [...]}
+             storage: ARRAY {"values": [bytes]}, PERCPU_ARRAY {"per_cpu": [[sm, [bytes]]]},
+             HASH/LRU_HASH {"entries": [[key, value]]}, RINGBUF {"records": [bytes], "drops"},
+             PERF_EVENT_ARRAY {"records": [[sm, bytes]], "drops"}; trace: [[fmt, a1, a2, a3, sm]]
+    error    why the maps could not be read (then probes is empty), or None
+    kernels  [[kernel id, mangled name]] for every kernel the process loaded or looked up
+    modules  [{"api", "call", "image", "status", "kernels": [[name, status, reason]]}] per load
+    stats    the shim's counters (egpu_shim.h struct egpu_stats) by field name
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from egpu_preload.errors import EgpuError
+from egpu_preload.maps import (ArrayStorage, HashStorage, MapsState, MapStorage, PercpuArrayStorage,
+                               PerfStorage, RingbufStorage, TraceRecord)
+
+VERSION = 1
+SUFFIX = ".msgpack"
+
+
+def storage_contents(s: MapStorage) -> dict[str, Any]:
+    if isinstance(s, PercpuArrayStorage):
+        return {"per_cpu": [[cpu, [bytes(v) for v in s.per_cpu[cpu]]] for cpu in s.cpus()]}
+    if isinstance(s, ArrayStorage):
+        return {"values": [bytes(v) for v in s.values]}
+    if isinstance(s, HashStorage):
+        return {"entries": [[bytes(k), bytes(v)] for k, v in s.entries.items()]}
+    if isinstance(s, RingbufStorage):
+        return {"records": list(s.records), "drops": s.drops}
+    if isinstance(s, PerfStorage):
+        return {"records": [[cpu, data] for cpu, data in s.records], "drops": s.drops}
+    raise EgpuError(f"map {s.mapdef.name}: no dump format for {type(s).__name__}")
+
+
+def restore_storage(s: MapStorage, d: dict[str, Any]) -> None:
+    """Put dumped contents back into a fresh storage of the same map."""
+    if isinstance(s, PercpuArrayStorage):
+        for cpu, values in d["per_cpu"]:
+            s.per_cpu[cpu] = [bytearray(v) for v in values]
+    elif isinstance(s, ArrayStorage):
+        s.values = [bytearray(v) for v in d["values"]]
+    elif isinstance(s, HashStorage):
+        s.entries.clear()
+        s.entries.update((bytes(k), bytearray(v)) for k, v in d["entries"])
+    elif isinstance(s, RingbufStorage):
+        s.records, s.drops = [bytes(r) for r in d["records"]], d["drops"]
+    elif isinstance(s, PerfStorage):
+        s.records, s.drops = [(cpu, bytes(data)) for cpu, data in d["records"]], d["drops"]
+
+
+def state_contents(state: MapsState) -> dict[str, Any]:
+    return {"maps": [storage_contents(s) for s in state.storages],
+            "trace": [[t.fmt, *t.args, t.cpu] for t in state.trace]}
+
+
+def restore_state(state: MapsState, d: dict[str, Any]) -> MapsState:
+    if len(d["maps"]) != len(state.storages):
+        raise EgpuError(f"dump has {len(d['maps'])} maps, the probe {len(state.storages)}")
+    for s, contents in zip(state.storages, d["maps"]):
+        restore_storage(s, contents)
+    state.trace[:] = [TraceRecord(bytes(fmt), (a1, a2, a3), cpu) for fmt, a1, a2, a3, cpu in d["trace"]]
+    return state
+
+
+def write(session: Path, doc: dict[str, Any]) -> Path:
+    """``session/<pid>.msgpack``, written whole or not at all (a reader never sees half a file)."""
+    path = session / f"{doc['pid']}{SUFFIX}"
+    tmp = session / f".{doc['pid']}{SUFFIX}.tmp"
+    tmp.write_bytes(msgpack.packb({"version": VERSION, **doc}, use_bin_type=True))
+    os.replace(tmp, path)
+    return path
+
+
+def read_all(session: Path) -> list[dict[str, Any]]:
+    """Every dump in the session, by pid; unreadable ones are EgpuErrors naming the file."""
+    docs = []
+    for path in session.glob(f"*{SUFFIX}"):
+        if path.name.startswith("."):
+            continue
+        try:
+            doc = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
+        except (OSError, ValueError, msgpack.UnpackException) as e:
+            raise EgpuError(f"unreadable dump ({e})", file=str(path)) from None
+        if not isinstance(doc, dict) or doc.get("version") != VERSION:
+            raise EgpuError("not an egpu dump of this version", file=str(path))
+        docs.append(doc)
+    return sorted(docs, key=lambda d: d["pid"])

@@ -1,0 +1,296 @@
+"""The runtime egpu-run puts in every process of the job (EGPU_RUNTIME names this module; importing it
+registers the instrumenter with hooks.register and does nothing else).
+
+- Probes (config.EGPU_PROBES) are loaded, verified and translated once, when the first hook calls in.
+- A module or library load: the PTX of the image (PTX text, or the fatbin's best PTX for the device) is
+  instrumented and handed back as the replacement; the application's handles are then the instrumented
+  module's. Nothing matched: None, the original loads unchanged. No PTX (cubin, SASS-only fatbin):
+  recorded as "SASS only". The driver refused the replacement: "failed: driver JIT error N" and the
+  shim has loaded the original.
+- After an instrumented load: the device maps (one set per probe object, allocated on the first
+  instrumented load in that load's context and shared by every module) go into the module's map
+  table. Should that fail, the original is loaded beside it and every kernel handle is redirected to
+  it, so the application never runs a probe without maps.
+- Kernel handles (cuModuleGetFunction, cuLibraryGetKernel, cuKernelGetFunction) of instrumented
+  kernels are registered with the shim to get the launch id appended (rewrite.py's launch contract).
+- At exit (once, in the process that loaded the probes, while CUDA is still up): synchronize, read the
+  maps back and write the dump (dump.py) into the session directory.
+
+Limits: one context holds the maps; a module used in another context sees its table unfilled.
+PTX link inputs (cuLinkAddData) are not instrumented yet.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import dataclasses
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from egpu_preload import fatbin
+from egpu_preload.bpf.ctx import kernel_id
+from egpu_preload.errors import EgpuError
+from egpu_preload.fatbin import ImageKind
+from egpu_preload.maps import MapsState
+from egpu_preload.runtime import dump, hooks
+from egpu_preload.runtime.config import Config, from_env
+from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, Driver
+from egpu_preload.runtime.probes import Probe, load_probes
+from egpu_preload.translate.devmaps import DeviceMaps
+from egpu_preload.translate.rewrite import KernelStatus, instrument
+
+LIBRARY_APIS = ("LIBRARY_LOAD_DATA", "LIBRARY_LOAD_FROM_FILE")
+STATS = ("launches", "redirected", "records", "dropped", "untracked", "python_calls")
+
+
+@dataclass
+class Module:
+    """One module or library load the runtime saw, and what became of it."""
+
+    api: str
+    call: int
+    image: str                                   # ptx | fatbin compute_XX | cubin | ...
+    status: str                                  # instrumented | untouched | SASS only | failed: why
+    kernels: dict[str, KernelStatus] = field(default_factory=dict)
+    original: bytes | None = None                # the app's image, until the load is done
+    beside: int | None = None                    # the original loaded beside, when the maps could not go in
+    registered: list[int] = field(default_factory=list)  # kernel handles given to the shim
+
+    @property
+    def library(self) -> bool:
+        return self.api in LIBRARY_APIS
+
+    def report(self) -> dict[str, Any]:
+        return {"api": self.api, "call": self.call, "image": self.image, "status": self.status,
+                "kernels": [[k.name, k.status, k.reason] for k in self.kernels.values()]}
+
+
+class ExitHook:
+    """Runs ``fn`` once at exit, in this process only (not in a forked child), while CUDA is still up.
+
+    Python programs: Python's atexit, which runs before the interpreter and the CUDA libraries tear
+    down. Other programs (Python embedded by the shim, never finalized): C's exit handlers, which run
+    last registered first, so ``arm`` registers again whenever more CUDA work may have registered its
+    own teardown (cudart registers at its initialization, before our first hook)."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+        self.pid = os.getpid()
+        self.done = False
+        self._callback: Any = None
+        if sys.orig_argv:  # empty when Python was started by an embedding library
+            atexit.register(self.run)
+        else:
+            self._callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: self.run())
+            self._cxa_atexit = ctypes.CDLL(None)["__cxa_atexit"]
+            self._cxa_atexit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            self.arm()
+
+    def arm(self) -> None:
+        if self._callback is not None:
+            self._cxa_atexit(ctypes.cast(self._callback, ctypes.c_void_p), None, None)
+
+    def run(self) -> None:
+        if self.done or os.getpid() != self.pid:
+            return
+        self.done = True
+        try:
+            self.fn()
+        except Exception as e:  # never a traceback in the application's exit
+            print(f"egpu: exit dump failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+class Runtime:
+    """The Instrumenter the shim's hooks call (hooks.Instrumenter)."""
+
+    def __init__(self, cfg: Config, ffi: Any, lib: Any) -> None:
+        self.cfg = cfg
+        self.ffi, self.lib = ffi, lib
+        self.driver = Driver(ffi, lib)
+        self.probes: list[Probe] = load_probes(cfg.probes)
+        self.specs = [s for p in self.probes for s in p.specs]
+        self.loads: list[Module] = []                     # every load, in order (the report)
+        self.modules: dict[int, Module] = {}              # module/library handle -> its load
+        self.functions: dict[int, tuple[Module, str]] = {}  # kernel/function handle -> (load, name)
+        self.kernel_names: dict[int, str] = {}
+        self._pending: dict[int, Module] = {}             # call -> load, until module_loaded
+        self.context: int | None = None                   # where the maps live
+        self.maps: list[DeviceMaps] = []
+        self._sm: dict[int, int] = {}                     # context -> compute capability (90)
+        self.exit = ExitHook(self.finish)
+
+    # ---- hooks ---------------------------------------------------------------------------------------
+    def module_load(self, image: hooks.ModuleImage) -> bytes | None:
+        if image.api.startswith("LINK_"):
+            self._pending[image.call] = Module(image.api, image.call, "ptx link input",
+                                               "untouched: link inputs are not instrumented yet")
+            return None
+        text, source = self._ptx(image)
+        mod = Module(image.api, image.call, source, "SASS only" if text is None else "untouched")
+        self._pending[image.call] = mod
+        if text is None:
+            return None
+        try:
+            res = instrument(text, self.specs, self.cfg.kernel)
+        except EgpuError as e:  # PTX the parser refuses: the module runs as it is
+            mod.status = f"failed: {e}"
+            return None
+        mod.kernels = {k.name: k for k in res.kernels}
+        for name in mod.kernels:
+            self.kernel_names[kernel_id(name)] = name
+        if not any(k.status == "instrumented" for k in res.kernels):
+            return None
+        mod.status = "instrumented"
+        mod.original = image.data.rstrip(b"\0") + b"\0" if image.kind == ImageKind.PTX else image.data
+        return res.text.encode()
+
+    def module_loaded(self, api: str, call: int, handle: int, result: int, replacement_result: int) -> None:
+        mod = self._pending.pop(call, None)
+        if mod is None or result != 0:
+            return
+        if replacement_result > 0:
+            self._fail(mod, f"driver JIT error {replacement_result}")
+        elif replacement_result == 0:
+            try:
+                self._fill_tables(handle, mod.library)
+            except EgpuError as e:
+                self._fail(mod, f"cannot fill the map table: {e}")
+                try:
+                    mod.beside = self.driver.load(mod.original or b"", mod.library)
+                except EgpuError as e2:  # nothing safe left: the kernels will fault on their maps
+                    print(f"egpu: {api}: {e}; loading the original beside failed too: {e2}", file=sys.stderr)
+        mod.original = None
+        self.loads.append(mod)
+        self.modules[handle] = mod
+        self._log(1, f"{api} {mod.image}: {mod.status}"
+                     f" ({sum(k.status == 'instrumented' for k in mod.kernels.values())}/{len(mod.kernels)} kernels)")
+
+    def handle_found(self, api: str, owner: int, name: str | None, handle: int) -> None:
+        if api in ("MODULE_GET_FUNCTION", "LIBRARY_GET_KERNEL") and name:
+            self.kernel_names[kernel_id(name)] = name
+            mod = self.modules.get(owner)
+            if mod is not None:
+                self._route(mod, name, handle)
+        elif api == "KERNEL_GET_FUNCTION" and owner in self.functions:
+            self._route(*self.functions[owner], handle)
+        elif api == "LIBRARY_GET_MODULE" and owner in self.modules:
+            self.modules[handle] = self.modules[owner]
+
+    def unloaded(self, api: str, handle: int) -> None:
+        mod = self.modules.pop(handle, None)
+        if mod is None:
+            return
+        for h in mod.registered:  # the driver may hand these addresses out again
+            self.lib.egpu_shim_register(self.ffi.cast("void *", h), self.ffi.NULL)
+        self.functions = {h: f for h, f in self.functions.items() if f[0] is not mod}
+        self.modules = {h: m for h, m in self.modules.items() if m is not mod}
+
+    # ---- the pieces ----------------------------------------------------------------------------------
+    def _ptx(self, image: hooks.ModuleImage) -> tuple[str | None, str]:
+        """The PTX to instrument and where it came from; None when the image has no usable PTX."""
+        if image.kind == ImageKind.PTX:
+            return image.data.rstrip(b"\0").decode(errors="replace"), "ptx"
+        if image.kind in (ImageKind.WRAPPER, ImageKind.FATBIN):
+            sm = self._device_sm()
+            entry = fatbin.best_ptx(fatbin.find_fatbins(image.data), sm)
+            if entry is None:
+                return None, f"fatbin without PTX for sm_{sm}"
+            return entry.ptx(), f"fatbin {fatbin.entry_name(entry)}"
+        return None, "cubin" if image.kind == ImageKind.ELF else "unknown image"
+
+    def _device_sm(self) -> int:
+        ctx = self.driver.current_context()
+        if ctx not in self._sm:
+            with self.driver.current(ctx):
+                self._sm[ctx] = 10 * self.driver.attribute(ATTR_CC_MAJOR) + self.driver.attribute(ATTR_CC_MINOR)
+        return self._sm[ctx]
+
+    def _fill_tables(self, handle: int, library: bool) -> None:
+        """Write every probe object's map addresses into the module's table of that object."""
+        if self.context is None:
+            ctx = self.driver.current_context()
+            with self.driver.current(ctx):
+                ncpu = self.driver.attribute(ATTR_SM_COUNT)  # PERCPU rows; higher SM ids share the last
+                maps = []
+                try:
+                    for p in self.probes:
+                        maps.append(DeviceMaps(self.driver, MapsState(p.obj.maps), ncpu))
+                except Exception:
+                    for m in maps:
+                        m.free()
+                    raise
+            self.context, self.maps = ctx, maps
+        with self.driver.current(self.context):
+            for probe, maps in zip(self.probes, self.maps):
+                address = self.driver.global_address(handle, probe.table, library)
+                if address is not None:
+                    self.driver.htod(address, maps.table())
+
+    def _fail(self, mod: Module, reason: str) -> None:
+        mod.status = f"failed: {reason}"
+        mod.kernels = {n: dataclasses.replace(k, status="failed", reason=reason) if k.status == "instrumented"
+                       else k for n, k in mod.kernels.items()}
+
+    def _route(self, mod: Module, name: str, handle: int) -> None:
+        """Make launches of a kernel handle of an instrumented load run what they must."""
+        self.functions[handle] = (mod, name)
+        k = mod.kernels.get(name)
+        h = self.ffi.cast("void *", handle)
+        if mod.beside is not None:
+            target = self.driver.function(mod.beside, name, mod.library)
+            self.lib.egpu_shim_register(h, self.ffi.cast("void *", target))
+        elif mod.status == "instrumented" and k is not None and k.status == "instrumented":
+            self.lib.egpu_shim_register_launch_id(h, h, k.nparams, k.launch_param_offset or 0)
+            self.exit.arm()
+        else:
+            return
+        mod.registered.append(handle)
+
+    def _log(self, level: int, line: str) -> None:
+        if self.cfg.log >= level:
+            print(f"egpu[{os.getpid()}]: {line}", file=sys.stderr)
+
+    # ---- exit --------------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Read the maps back and write this process's dump (nothing if it loaded no module)."""
+        if self.cfg.session is None or not self.loads:
+            return
+        probes, error = [], None
+        if self.maps:
+            try:
+                with self.driver.current(self.context):
+                    self.driver.synchronize()
+                    states = [m.read_back() for m in self.maps]
+                probes = [{"path": str(p.path), **dump.state_contents(s)} for p, s in zip(self.probes, states)]
+            except EgpuError as e:
+                error = f"maps unreadable at exit: {e}"
+        stats = self.ffi.new("struct egpu_stats *")
+        self.lib.egpu_shim_stats(stats)
+        rank = os.environ.get("RANK", "")
+        dump.write(self.cfg.session, {
+            "pid": os.getpid(), "argv": _argv(), "rank": int(rank) if rank.isdigit() else None,
+            "probes": probes, "error": error,
+            "kernels": [[k, n] for k, n in self.kernel_names.items()],
+            "modules": [m.report() for m in self.loads],
+            "stats": {f: int(getattr(stats, f)) for f in STATS},
+        })
+
+
+def _argv() -> list[str]:
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+    except OSError:
+        return list(sys.orig_argv)
+
+
+def _start() -> None:
+    ffi, lib = hooks.shim()
+    hooks.register(Runtime(from_env(), ffi, lib))
+
+
+_start()

@@ -1,0 +1,222 @@
+"""egpu-run's work around the job: probes ready before it starts, the shim and the environment that put
+the runtime into every process of it, the child with signals forwarded, the dumps read back and printed.
+
+The environment is set in one place (``job_env``); what the runtime reads from it is config.Config.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from egpu_preload.bpf.compile import compile_probe
+from egpu_preload.errors import EgpuError
+from egpu_preload.maps import MapsState
+from egpu_preload.runtime import config, dump
+from egpu_preload.runtime.probes import Probe, load_probes
+
+ROOT = Path(__file__).resolve().parent.parent.parent   # the checkout: shim/ and build/ live there
+SHIM_ENV = "EGPU_SHIM"
+RUNTIME_MODULE = "egpu_preload.runtime.instrumenter"
+# What the runtime imports inside the job; a program that is not Python gets its embedded interpreter
+# pointed at the directories these live in here.
+RUNTIME_IMPORTS = ("egpu_preload", "_cffi_backend", "msgpack", "elftools", "zstandard", "lz4")
+
+
+class ProgramError(EgpuError):
+    """The job could not be started; exit_status is what a shell would return (127, 126)."""
+
+    def __init__(self, reason: str, exit_status: int) -> None:
+        super().__init__(reason)
+        self.exit_status = exit_status
+
+
+# ---- before the job ----------------------------------------------------------------------------------
+
+def session_dir() -> Path:
+    """A fresh private directory for this job's dumps, beside the control sockets."""
+    from egpu_preload.control import check_private_dir, socket_dir
+    base = socket_dir()
+    check_private_dir(base, create=True)
+    return Path(tempfile.mkdtemp(prefix="session-", dir=base))
+
+
+def prepare_probes(paths: list[Path], session: Path) -> list[Probe]:
+    """Compile .bpf.c sources into the session, then load, verify and translate every probe."""
+    objs = []
+    for i, p in enumerate(paths):
+        if p.name.endswith(".bpf.c"):
+            objs.append(compile_probe(p, session / f"{i}.{p.name.removesuffix('.c')}.o"))
+        else:
+            objs.append(p)
+    return load_probes([o.resolve() for o in objs])
+
+
+def find_shim() -> Path:
+    """$EGPU_SHIM, else the checkout's build/libegpu_shim*.so, built (or rebuilt when its sources are
+    newer) with shim/build.py."""
+    if os.environ.get(SHIM_ENV):
+        path = Path(os.environ[SHIM_ENV])
+        if not path.is_file():
+            raise EgpuError(f"{SHIM_ENV}={path}: no such file")
+        return path
+    built = sorted((ROOT / "build").glob("libegpu_shim*.so"))
+    sources = [p for p in (ROOT / "shim").glob("*") if p.suffix in (".c", ".h", ".py")]
+    if not sources:
+        if built:
+            return built[0]
+        raise EgpuError(f"no libegpu_shim.so: build it with shim/build.py and set {SHIM_ENV}")
+    if built and built[0].stat().st_mtime >= max(p.stat().st_mtime for p in sources):
+        return built[0]
+    print("egpu-run: building libegpu_shim.so", file=sys.stderr)
+    done = subprocess.run([sys.executable, str(ROOT / "shim" / "build.py"), str(ROOT / "build")],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise EgpuError("building libegpu_shim.so failed", detail=done.stderr.strip() or None)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def import_dirs() -> list[str]:
+    """The sys.path entries RUNTIME_IMPORTS come from in this Python."""
+    dirs: list[str] = []
+    for name in RUNTIME_IMPORTS:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin:
+            continue
+        origin = Path(spec.origin)
+        d = str(origin.parent.parent if spec.submodule_search_locations else origin.parent)
+        if d not in dirs:
+            dirs.append(d)
+    return dirs
+
+
+def job_env(cfg: config.Config, shim: Path, base: Mapping[str, str]) -> dict[str, str]:
+    """The job's environment: ``base`` plus the runtime's config, the preloaded shim (ahead of any
+    preload already there), the runtime module, import paths after the job's own, and PTX from CuPy."""
+    env = dict(base)
+    env.update(config.to_env(cfg))
+    env["LD_PRELOAD"] = " ".join(p for p in (str(shim), base.get("LD_PRELOAD", "")) if p)
+    env["EGPU_RUNTIME"] = RUNTIME_MODULE
+    paths = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [d for d in import_dirs() if d not in paths])
+    env["CUPY_COMPILE_WITH_PTX"] = "1"  # CuPy hands the driver PTX instead of NVRTC cubins
+    return env
+
+
+def resolve_program(name: str, env: Mapping[str, str]) -> str:
+    """The executable a shell would run for ``name``; ProgramError 127 / 126 as a shell exits."""
+    path = name if "/" in name else shutil.which(name, path=env.get("PATH", os.defpath))
+    if path is None or not os.path.exists(path):
+        raise ProgramError(f"{name}: command not found" if "/" not in name else f"{name}: no such file", 127)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise ProgramError(f"{name}: permission denied", 126)
+    return path
+
+
+# ---- the job -----------------------------------------------------------------------------------------
+
+def _terminal_foreground() -> bool:
+    """True when a terminal's Ctrl-C reaches the job by itself (we are its foreground process group)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError):
+        return False
+
+
+def run_child(cmd: list[str], env: Mapping[str, str]) -> int:
+    """Run the job, forwarding SIGTERM, SIGHUP and SIGINT (the latter unless the terminal already
+    delivered it); its exit status, 128 + signal when a signal ended it."""
+    try:
+        proc = subprocess.Popen(cmd, env=dict(env))
+    except FileNotFoundError as e:
+        raise ProgramError(f"{cmd[0]}: {e.strerror}", 127) from None
+    except PermissionError as e:
+        raise ProgramError(f"{cmd[0]}: {e.strerror}", 126) from None
+
+    def forward(sig: int, _frame: Any) -> None:
+        if sig == signal.SIGINT and _terminal_foreground():
+            return
+        if proc.poll() is None:
+            proc.send_signal(sig)
+
+    sigs = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    old = {s: signal.signal(s, forward) for s in sigs}
+    try:
+        status = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 128 - status if status < 0 else status
+
+
+def run_job(cmd: list[str], cfg: config.Config, shim: Path) -> int:
+    """Start the job under the shim and wait for it; its exit status."""
+    env = job_env(cfg, shim, os.environ)
+    resolve_program(cmd[0], env)
+    return run_child(cmd, env)
+
+
+# ---- after the job -----------------------------------------------------------------------------------
+
+def snapshots(probes: list[Probe], doc: dict[str, Any]):
+    """One Snapshot of every probe's maps in a dump (output.values), kernel names from the dump."""
+    from egpu_preload.output.values import Snapshot, Trace, snapshot
+    names = {k: n for k, n in doc["kernels"]}
+    snaps = [snapshot(dump.restore_state(MapsState(p.obj.maps), d), p.obj, names)
+             for p, d in zip(probes, doc["probes"])]
+    return Snapshot(tuple(m for s in snaps for m in s.maps), Trace(tuple(line for s in snaps for line in s.trace.lines)),
+                    names)
+
+
+def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool) -> str:
+    """The maps of every process that has some: text (a header per process when several) or one JSON
+    document per process."""
+    from egpu_preload.output import json as json_out
+    from egpu_preload.output import text as text_out
+    with_maps = [d for d in dumps if d["probes"]]
+    out = []
+    for doc in with_maps:
+        snap = snapshots(probes, doc)
+        if as_json:
+            out.append(json_out.render(snap, time=time.time(), pid=doc["pid"], rank=doc["rank"]))
+            continue
+        body = text_out.render(snap)
+        if len(with_maps) > 1:
+            rank = f" rank {doc['rank']}" if doc["rank"] is not None else ""
+            body = f"pid {doc['pid']}{rank}: {' '.join(doc['argv'])}\n" + body
+        out.append(body)
+    return "\n".join(out)
+
+
+def module_report(dumps: list[dict[str, Any]], verbose: bool) -> list[str]:
+    """Lines for stderr: every load and kernel when verbose; else a warning when nothing was
+    instrumented, and every map read-back failure."""
+    lines = [f"egpu-run: pid {d['pid']}: {d['error']}" for d in dumps if d["error"]]
+    modules = [(d["pid"], m) for d in dumps for m in d["modules"]]
+    if verbose:
+        for pid, m in modules:
+            lines.append(f"egpu-run: pid {pid}: {m['api']} {m['image']}: {m['status']}")
+            lines += [f"egpu-run:   {name}: {status}" + (f" ({reason})" if reason else "")
+                      for name, status, reason in m["kernels"]]
+    if not any(m["status"] == "instrumented" for _, m in modules):
+        counts: dict[str, int] = {}
+        for _, m in modules:
+            counts[m["status"]] = counts.get(m["status"], 0) + 1
+        seen = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no CUDA module was loaded"
+        lines.append(f"egpu-run: no kernel was instrumented ({seen})")
+    return lines
+
+
+def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool) -> tuple[str, list[str]]:
+    """(maps for stdout, lines for stderr) from the dumps the job's processes left in the session."""
+    dumps = dump.read_all(session)
+    return render(probes, dumps, as_json), module_report(dumps, verbose)
