@@ -67,3 +67,6 @@ def probe_obj(tmp_path_factory):
         return built[name, mcpu]
 
     return build
+
+
+pytest_plugins = ["stub_job"]  # jobs against the stand-in driver (test_runtime.py, test_egpu_run.py)

@@ -174,6 +174,8 @@ class Runtime:
             self.kernel_names[kernel_id(name)] = name
             mod = self.modules.get(owner)
             if mod is not None:
+                if mod.status == "SASS only":  # its kernels are known by these lookups only
+                    mod.kernels.setdefault(name, KernelStatus(name, "SASS only", mod.image))
                 self._route(mod, name, handle)
         elif api == "KERNEL_GET_FUNCTION" and owner in self.functions:
             self._route(*self.functions[owner], handle)

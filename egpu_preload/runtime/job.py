@@ -198,8 +198,8 @@ def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool) -> s
 
 
 def module_report(dumps: list[dict[str, Any]], verbose: bool) -> list[str]:
-    """Lines for stderr: every load and kernel when verbose; else a warning when nothing was
-    instrumented, and every map read-back failure."""
+    """Lines for stderr: every load and kernel when verbose; maps that could not be read; a warning
+    when no kernel was instrumented."""
     lines = [f"egpu-run: pid {d['pid']}: {d['error']}" for d in dumps if d["error"]]
     modules = [(d["pid"], m) for d in dumps for m in d["modules"]]
     if verbose:
@@ -207,16 +207,18 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool) -> list[str]:
             lines.append(f"egpu-run: pid {pid}: {m['api']} {m['image']}: {m['status']}")
             lines += [f"egpu-run:   {name}: {status}" + (f" ({reason})" if reason else "")
                       for name, status, reason in m["kernels"]]
-    if not any(m["status"] == "instrumented" for _, m in modules):
+    if not dumps:
+        lines.append("egpu-run: no maps: no process of the job loaded CUDA code and exited normally")
+    elif not any(m["status"] == "instrumented" for _, m in modules):
         counts: dict[str, int] = {}
         for _, m in modules:
             counts[m["status"]] = counts.get(m["status"], 0) + 1
-        seen = ", ".join(f"{n} {s}" for s, n in counts.items()) or "no CUDA module was loaded"
-        lines.append(f"egpu-run: no kernel was instrumented ({seen})")
+        lines.append("egpu-run: no kernel was instrumented ("
+                     + ", ".join(f"{n} {'load' if n == 1 else 'loads'} {s}" for s, n in counts.items()) + ")")
     return lines
 
 
 def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool) -> tuple[str, list[str]]:
     """(maps for stdout, lines for stderr) from the dumps the job's processes left in the session."""
     dumps = dump.read_all(session)
-    return render(probes, dumps, as_json), module_report(dumps, verbose)
+    return render(probes, dumps, as_json), module_report(dumps, verbose) if probes else []

@@ -1,0 +1,62 @@
+/* A CUDA program as the runtime tests need one: `app_vec MODE K N STATUS` loads one kernel,
+ * vecadd(a, b, n), launches it K times with N threads, prints a line, then exits with STATUS, or is
+ * killed by SIGTERM when STATUS is "kill". Entry points come from dlsym, as PyTorch gets them.
+ * MODE: module (PTX text, cuModuleLoadData + cuModuleGetFunction), library (PTX text,
+ * cuLibraryLoadData + cuLibraryGetKernel), fatbin (a fatbin wrapper holding the PTX through
+ * cuLibraryLoadData, as cudart loads), cubin (an ELF image: no PTX to instrument). */
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char PTX[] =
+    ".version 8.0\n.target sm_90\n.address_size 64\n\n"
+    ".visible .entry vecadd(\n\t.param .u64 a,\n\t.param .u64 b,\n\t.param .u64 n\n)\n{\n"
+    "\t.reg .b64 %rd<4>;\n\tld.param.u64 %rd1, [a];\n\tld.global.u64 %rd2, [%rd1];\n"
+    "\tst.global.u64 [%rd1], %rd2;\n\tret;\n}\n";
+
+typedef int (*fn)();
+
+/* wrapper -> fatbin -> one uncompressed PTX entry for sm_90 (fatbin.py's layout) */
+static struct {
+    uint32_t magic; uint16_t version, header_size; uint64_t size;
+    uint16_t kind, entry_version; uint32_t entry_header_size; uint64_t payload_size;
+    uint32_t compressed_size, options_offset; uint16_t minor, major; uint32_t arch, name_offset, name_size;
+    uint64_t flags, zero, uncompressed_size;
+    char ptx[sizeof PTX + 8 - sizeof PTX % 8];
+} fatbin = {0xBA55ED50u, 1, 16, 64 + sizeof fatbin.ptx, 1, 0x0101, 64, sizeof fatbin.ptx, 0, 0, 0, 8, 90,
+            0, 0, 0x11, 0, 0, {0}};
+static struct { uint32_t magic, version; void *data, *extra; } wrapper = {0x466243B1u, 1, &fatbin, 0};
+/* an ELF64 header and nothing else: what the runtime sees of a cubin */
+static const unsigned char cubin[64] = {0x7f, 'E', 'L', 'F', 2, 1, 1};
+
+int main(int argc, char **argv) {
+    if (argc != 5) return 2;
+    int library = !strcmp(argv[1], "library") || !strcmp(argv[1], "fatbin");
+    const void *image = !strcmp(argv[1], "fatbin") ? (const void *)&wrapper
+                        : !strcmp(argv[1], "cubin") ? (const void *)cubin : (const void *)PTX;
+    memcpy(fatbin.ptx, PTX, sizeof PTX);
+    unsigned k = atoi(argv[2]), n = atoi(argv[3]);
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!cuda) return 2;
+#define SYM(name) fn name = (fn)dlsym(cuda, #name)
+    SYM(cuInit); SYM(cuModuleLoadData); SYM(cuModuleGetFunction); SYM(cuLibraryLoadData);
+    SYM(cuLibraryGetKernel); SYM(cuLaunchKernel); SYM(cuCtxSynchronize);
+    void *mod = NULL, *f = NULL;
+    int r = cuInit(0);
+    if (library)
+        r |= cuLibraryLoadData(&mod, image, NULL, NULL, 0, NULL, NULL, 0) | cuLibraryGetKernel(&f, mod, "vecadd");
+    else
+        r |= cuModuleLoadData(&mod, image) | cuModuleGetFunction(&f, mod, "vecadd");
+    unsigned long long a = 11, b = 22, count = n;
+    void *params[] = {&a, &b, &count};
+    for (unsigned i = 0; i < k; i++)
+        r |= cuLaunchKernel(f, (n + 31) / 32, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
+    r |= cuCtxSynchronize();
+    printf("app_vec %s launches=%u threads=%u result=%d\n", argv[1], k, n, r);
+    fflush(stdout);
+    if (!strcmp(argv[4], "kill")) raise(SIGTERM);
+    return atoi(argv[4]);
+}

@@ -1,0 +1,38 @@
+"""app_vec.c as a Python program (ctypes reaches the driver through dlsym): `python3 app_vec.py MODE K N
+STATUS`. Its exit dump comes from Python's atexit, not C's."""
+
+import ctypes
+import os
+import signal
+import sys
+
+PTX = (b".version 8.0\n.target sm_90\n.address_size 64\n\n"
+       b".visible .entry vecadd(\n\t.param .u64 a,\n\t.param .u64 b,\n\t.param .u64 n\n)\n{\n"
+       b"\t.reg .b64 %rd<4>;\n\tld.param.u64 %rd1, [a];\n\tld.global.u64 %rd2, [%rd1];\n"
+       b"\tst.global.u64 [%rd1], %rd2;\n\tret;\n}\n")
+
+
+def main() -> int:
+    mode, k, n, status = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    cuda = ctypes.CDLL("libcuda.so.1")
+    mod, f = ctypes.c_void_p(), ctypes.c_void_p()
+    r = cuda.cuInit(0)
+    if mode == "library":
+        r |= cuda.cuLibraryLoadData(ctypes.byref(mod), PTX, None, None, 0, None, None, 0)
+        r |= cuda.cuLibraryGetKernel(ctypes.byref(f), mod, b"vecadd")
+    else:
+        r |= cuda.cuModuleLoadData(ctypes.byref(mod), PTX)
+        r |= cuda.cuModuleGetFunction(ctypes.byref(f), mod, b"vecadd")
+    values = [ctypes.c_uint64(11), ctypes.c_uint64(22), ctypes.c_uint64(n)]
+    params = (ctypes.c_void_p * 3)(*[ctypes.addressof(v) for v in values])
+    for _ in range(k):
+        r |= cuda.cuLaunchKernel(f, (n + 31) // 32, 1, 1, 32, 1, 1, 0, None, params, None)
+    r |= cuda.cuCtxSynchronize()
+    print(f"app_vec {mode} launches={k} threads={n} result={r}", flush=True)
+    if status == "kill":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return int(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""The in-process runtime and what surrounds it: the config the launcher hands over, the job's
+environment, the exit dump, and the instrumenter inside programs that reach the stand-in driver
+(stub_job.py): what the driver receives and what each process leaves behind."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from egpu_preload.bpf import program as prog
+from egpu_preload.errors import EgpuError
+from egpu_preload.maps import MapsState, TraceRecord
+from egpu_preload.runtime import config, dump, job
+from egpu_preload.translate.rewrite import instrument, probe_specs
+from stub_job import MORE, egpu_run
+
+
+# ---- config -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cfg", [
+    config.Config(),
+    config.Config((Path("/a/x.bpf.o"),), Path("/run/egpu/s1"), "vec*", 2),
+    config.Config((Path("/a/x.bpf.o"), Path("/b/y z.bpf.o")), None, None, 0),
+])
+def test_config_survives_the_environment(cfg):
+    env = config.to_env(cfg)
+    assert set(env) == {config.PROBES, config.SESSION, config.KERNEL, config.LOG}
+    assert config.from_env(env) == cfg
+
+
+@pytest.mark.parametrize("env, cfg", [
+    ({}, config.Config()),
+    ({config.LOG: "loud", config.KERNEL: ""}, config.Config()),
+    ({config.PROBES: os.pathsep + "/p.bpf.o" + os.pathsep}, config.Config((Path("/p.bpf.o"),))),
+])
+def test_config_defaults_for_missing_or_odd_values(env, cfg):
+    assert config.from_env(env) == cfg
+
+
+# ---- the job's environment --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("base, preload, pythonpath_head", [
+    ({}, "/s/libegpu_shim.so", []),
+    ({"LD_PRELOAD": "/x/libfoo.so", "PYTHONPATH": "/mine"}, "/s/libegpu_shim.so /x/libfoo.so", ["/mine"]),
+])
+def test_job_env(base, preload, pythonpath_head):
+    cfg = config.Config((Path("/p/c.bpf.o"),), Path("/run/s"), None, 1)
+    env = job.job_env(cfg, Path("/s/libegpu_shim.so"), {"PATH": "/bin", **base})
+    assert env["LD_PRELOAD"] == preload
+    assert env["EGPU_RUNTIME"] == "egpu_preload.runtime.instrumenter"
+    assert env["CUPY_COMPILE_WITH_PTX"] == "1"
+    assert env["PATH"] == "/bin"
+    assert config.from_env(env) == cfg
+    paths = env["PYTHONPATH"].split(os.pathsep)
+    assert paths[:len(pythonpath_head)] == pythonpath_head  # the job's own paths come first
+    import _cffi_backend
+    import egpu_preload
+    import msgpack as m
+    for module in (egpu_preload.__file__, _cffi_backend.__file__, m.__file__):
+        assert any(module.startswith(p + os.sep) for p in paths), module
+
+
+def test_resolve_program_fails_as_a_shell_does(tmp_path):
+    exe = tmp_path / "tool"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    plain = tmp_path / "data"
+    plain.write_text("")
+    env = {"PATH": str(tmp_path)}
+    assert job.resolve_program("tool", env) == str(exe)
+    assert job.resolve_program(str(exe), env) == str(exe)
+    for name, status in [("missing", 127), (str(tmp_path / "missing"), 127), (str(plain), 126),
+                         (str(tmp_path), 126)]:
+        with pytest.raises(job.ProgramError) as e:
+            job.resolve_program(name, env)
+        assert e.value.exit_status == status, name
+
+
+# ---- the dump ---------------------------------------------------------------------------------------
+
+MAPS = [prog.MapDef("arr", prog.MAP_ARRAY, 4, 8, 3), prog.MapDef("pcpu", prog.MAP_PERCPU_ARRAY, 4, 4, 2),
+        prog.MapDef("h", prog.MAP_HASH, 8, 4, 16), prog.MapDef("lru", prog.MAP_LRU_HASH, 4, 4, 4),
+        prog.MapDef("rb", prog.MAP_RINGBUF, 0, 0, 4096), prog.MapDef("perf", prog.MAP_PERF_EVENT_ARRAY, 4, 4, 0)]
+
+
+def filled_state() -> MapsState:
+    st = MapsState(MAPS)
+    st[0].update((1).to_bytes(4, "little"), (7).to_bytes(8, "little"))
+    st[1].update((1).to_bytes(4, "little"), (5).to_bytes(4, "little"), cpu=131)
+    st[2].update(b"key-0001", b"\x01\x00\x00\x00")
+    st[3].update(b"abcd", b"wxyz")
+    st[4].output(b"record one")
+    st[5].output(17, b"perf")
+    st.trace.append(TraceRecord(b"wide %u\n\0", (16, 0, 0), 3))
+    return st
+
+
+def contents(st: MapsState):
+    return ([sorted(s.items()) for s in st.storages], sorted(st[1].per_cpu), st[4].records, st[4].drops,
+            st[5].records, [(t.fmt, t.args, t.cpu) for t in st.trace])
+
+
+def test_every_map_kind_survives_the_dump(tmp_path):
+    st = filled_state()
+    doc = {"pid": 4242, "probes": [dump.state_contents(st)]}
+    dump.write(tmp_path, doc)
+    assert [p.name for p in tmp_path.iterdir()] == ["4242.msgpack"]  # no temporary file left
+    (back,) = dump.read_all(tmp_path)
+    restored = dump.restore_state(MapsState(MAPS), back["probes"][0])
+    assert contents(restored) == contents(st)
+    assert contents(restored) != contents(MapsState(MAPS))
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"\xc1not msgpack", "unreadable dump"),
+    (msgpack.packb({"version": 99, "pid": 1}), "not an egpu dump"),
+    (msgpack.packb([1, 2]), "not an egpu dump"),
+])
+def test_bad_dumps_are_named(tmp_path, data, reason):
+    (tmp_path / "7.msgpack").write_bytes(data)
+    (tmp_path / ".8.msgpack.tmp").write_bytes(b"half")  # being written: never read
+    with pytest.raises(EgpuError, match=reason) as e:
+        dump.read_all(tmp_path)
+    assert e.value.file == str(tmp_path / "7.msgpack")
+
+
+def test_restore_refuses_another_probes_maps():
+    with pytest.raises(EgpuError, match="dump has 6 maps, the probe 1"):
+        dump.restore_state(MapsState(MAPS[:1]), dump.state_contents(filled_state()))
+
+
+# ---- what the runtime needs from the rewriter -------------------------------------------------------
+
+PTX = (".version 8.0\n.target sm_90\n.address_size 64\n\n"
+       ".visible .entry vecadd(\n\t.param .u64 a,\n\t.param .u32 n\n)\n{\n\tret;\n}\n\n"
+       ".visible .entry other(\n\t.param .u64 a\n)\n{\n\tret;\n}\n")
+
+
+@pytest.mark.parametrize("only, expect", [
+    (None, {"vecadd": ("instrumented", 2, 16), "other": ("instrumented", 1, 8)}),
+    ("vec*", {"vecadd": ("instrumented", 2, 16), "other": ("untouched", 0, None)}),
+    ("nothing", {"vecadd": ("untouched", 0, None), "other": ("untouched", 0, None)}),
+])
+def test_kernel_statuses_carry_the_launch_contract(probe_obj, only, expect):
+    from egpu_preload.bpf.elf import load_object
+    res = instrument(PTX, probe_specs(load_object(probe_obj("count"))), only)
+    assert {k.name: (k.status, k.nparams, k.launch_param_offset) for k in res.kernels} == expect
+    if only == "nothing":
+        assert res.text == PTX and res.status("other").reason == "not selected by nothing"
+
+
+# ---- the runtime inside programs on the stand-in driver -----------------------------------------------
+
+def run_kept(stub_job, tmp_path, probe: Path, *cmd: str, **env: str):
+    """egpu-run --keep: (result, the dumps the job left, the stand-in's log without lookups)."""
+    log = tmp_path / "driver.log"
+    r = egpu_run(["--keep", "-p", str(probe), *cmd], stub_job.env(log, **env))
+    kept = [ln.removeprefix("egpu-run: session kept in ") for ln in r.stderr.splitlines() if "session kept" in ln]
+    session = Path(kept[0])
+    docs = dump.read_all(session)
+    assert stat.S_IMODE(session.stat().st_mode) == 0o700
+    calls = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines()] if log.exists() else []
+    return r, docs, [c for c in calls if not c.startswith("cuGetProcAddress")]
+
+
+def launches(calls: list[str]) -> list[str]:
+    return [c.split("params=")[1] for c in calls if c.startswith("cuLaunchKernel")]
+
+
+@pytest.mark.parametrize("app, mode", [("c", "module"), ("c", "library"), ("c", "fatbin"), ("python", "module")])
+def test_instrumented_load_fills_the_table_and_appends_launch_ids(stub_job, probe_obj, tmp_path, app, mode):
+    cmd = [str(stub_job.app)] if app == "c" else ["python3", str(MORE / "app_vec.py")]
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), *cmd, mode, "3", "64", "0")
+    assert r.returncode == 0, r.stderr
+    # the driver got instrumented PTX: the kernel has a 4th parameter, and each launch passes its id
+    assert launches(calls) == ["11,22,64,1", "11,22,64,2", "11,22,64,3"]
+    api = "cuModuleGetGlobal_v2" if mode == "module" else "cuLibraryGetGlobal"
+    (table,) = [c for c in calls if c.startswith(api)]
+    assert table.endswith("found=1")
+    assert "cuMemcpyHtoD_v2 size=16" in calls  # one map and the trace ring
+    assert calls.index(table) < calls.index("cuMemcpyHtoD_v2 size=16") < calls.index(
+        next(c for c in calls if c.startswith("cuLaunchKernel")))
+    (doc,) = docs
+    assert doc["argv"] == cmd + [mode, "3", "64", "0"]
+    assert doc["error"] is None and doc["rank"] is None
+    assert [m["status"] for m in doc["modules"]] == ["instrumented"]
+    assert doc["modules"][0]["kernels"] == [["vecadd", "instrumented", ""]]
+    assert doc["modules"][0]["image"] == ("fatbin compute_90" if mode == "fatbin" else "ptx")
+    assert doc["stats"]["launches"] == 3 and doc["stats"]["redirected"] == 3
+    from egpu_preload.bpf.ctx import kernel_id
+    assert [kernel_id("vecadd"), "vecadd"] in doc["kernels"]
+    # the stand-in runs no kernel: the count read back is the zero that went in
+    assert doc["probes"][0]["maps"] == [{"values": [bytes(8)]}]
+
+
+def test_without_a_current_context_the_maps_go_to_the_primary_context(stub_job, probe_obj, tmp_path):
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), str(stub_job.app), "library", "1", "32", "0",
+                              EGPU_STUB_NO_CONTEXT="1")
+    assert r.returncode == 0, r.stderr
+    assert "cuDevicePrimaryCtxRetain dev=0" in calls
+    assert launches(calls) == ["11,22,32,1"]
+    assert docs[0]["error"] is None
+
+
+@pytest.mark.parametrize("mode, kernel, status, params", [
+    ("cubin", None, "SASS only", ""),          # no PTX: launched as it is
+    ("module", "other*", "untouched", "11,22,32"),  # nothing selected: the original module, no launch id
+])
+def test_modules_left_alone_are_reported(stub_job, probe_obj, tmp_path, mode, kernel, status, params):
+    args = ["--kernel", kernel] if kernel else []
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), *args, str(stub_job.app), mode, "2", "32", "0")
+    assert r.returncode == 0, r.stderr
+    assert launches(calls) == [params, params]
+    assert not [c for c in calls if "Global" in c or c.startswith("cuMemcpy")]  # no maps were made
+    (doc,) = docs
+    assert doc["probes"] == [] and [m["status"] for m in doc["modules"]] == [status]
+    assert doc["modules"][0]["kernels"][0][:2] == ["vecadd", status]
+    assert f"no kernel was instrumented (1 load {status})" in r.stderr
+    assert r.stdout.splitlines() == [f"app_vec {mode} launches=2 threads=32 result=0"]
+
+
+def test_global_data_reaches_the_device_and_comes_back(stub_job, probe_obj, tmp_path):
+    """globals.bpf.c's .data weight = 3 and .rodata min_size = 4 go into device memory with the
+    module's table and are read back from there at exit."""
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("globals"), str(stub_job.app), "module", "1", "32", "0")
+    assert r.returncode == 0, r.stderr
+    assert launches(calls) == ["11,22,32,1"]
+    from egpu_preload.bpf.elf import load_object
+    names = [m.name.split(".", 1)[1] for m in load_object(probe_obj("globals")).maps]  # "globals.data"
+    firsts = {n: m["values"][0] for n, m in zip(names, docs[0]["probes"][0]["maps"])}
+    assert firsts["data"] == (3).to_bytes(8, "little")
+    assert firsts["rodata"] == (4).to_bytes(4, "little") + b"egpu" + bytes(4)
+    assert firsts["bss"] == bytes(16)
