@@ -1,0 +1,121 @@
+"""egpu-run end to end against the stand-in driver (stub_job.py): the job's exit status, maps printed
+after it, probes checked before it starts, programs that do not exist, signals, options that stop at
+CMD, and jobs of several processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from stub_job import ROOT, egpu_run
+
+BAD_PROBE = """#include "egpu.bpf.h"
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64); } m SEC(".maps");
+SEC("kprobe/*")
+int unchecked(struct egpu_ctx *ctx)
+{
+	__u32 k = 0;
+	__u64 *v = bpf_map_lookup_elem(&m, &k);
+	return *v;  /* no NULL check */
+}
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
+@pytest.mark.parametrize("status, exit_status", [("0", 0), ("3", 3), ("kill", 128 + signal.SIGTERM)])
+def test_exit_status_is_the_jobs(stub_job, probe_obj, tmp_path, status, exit_status):
+    r = egpu_run(["-p", str(probe_obj("count")), str(stub_job.app), "module", "2", "64", status],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == exit_status, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "app_vec module launches=2 threads=64 result=0"
+    if status == "kill":  # killed before its exit handlers: no dump, and egpu-run says so
+        assert lines == lines[:1]
+        assert r.stderr.splitlines() == ["egpu-run: no maps: no process of the job loaded CUDA code and "
+                                         "exited normally"]
+    else:
+        assert lines[1:] == ["@counts: 0"]
+        assert r.stderr == ""
+
+
+def test_json_gives_one_document_per_process(stub_job, probe_obj, tmp_path):
+    r = egpu_run(["--json", "-p", str(probe_obj("count")), str(stub_job.app), "fatbin", "1", "32", "0"],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    out, doc = r.stdout.splitlines()
+    assert out.startswith("app_vec fatbin")
+    d = json.loads(doc)
+    assert d["maps"] == {"counts": {"kind": "scalar", "value": 0}}
+    assert isinstance(d["pid"], int) and d["rank"] is None
+
+
+def test_a_job_of_several_processes_prints_each(stub_job, probe_obj, tmp_path):
+    app = str(stub_job.app)
+    script = f"{app} module 1 32 0 && {app} library 2 64 0 && echo none"
+    r = egpu_run(["-p", str(probe_obj("count")), "sh", "-c", script], stub_job.env(tmp_path / "log", RANK="5"))
+    assert r.returncode == 0, r.stderr
+    heads = [ln for ln in r.stdout.splitlines() if ln.startswith("pid ")]
+    assert [h.split(": ", 1)[1] for h in heads] == [f"{app} module 1 32 0", f"{app} library 2 64 0"]
+    assert all(" rank 5:" in h for h in heads)
+    assert r.stdout.count("@counts: 0") == 2
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d / "missing.bpf.o", "missing.bpf.o: cannot read: No such file or directory"),
+    (lambda d: (d / "junk.bpf.o").write_bytes(b"not an ELF") and d / "junk.bpf.o", "junk.bpf.o: "),
+    (lambda d: (d / "bad.bpf.c").write_text(BAD_PROBE) and d / "bad.bpf.c", "kprobe/*:"),
+])
+def test_a_bad_probe_stops_before_the_job(stub_job, tmp_path, make, message):
+    probe = make(tmp_path)
+    log = tmp_path / "log"
+    r = egpu_run(["-p", str(probe), str(stub_job.app), "module", "1", "32", "0"], stub_job.env(log))
+    assert r.returncode == 1
+    assert r.stdout == ""
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("egpu-run: ") and message in r.stderr
+    assert not log.exists()  # the job never reached the driver: it never started
+
+
+def test_a_probe_source_is_compiled_for_the_job(stub_job, tmp_path):
+    r = egpu_run(["-p", str(ROOT / "tests" / "probes" / "count.bpf.c"), str(stub_job.app), "module", "1", "32", "0"],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[1:] == ["@counts: 0"]
+
+
+@pytest.mark.parametrize("cmd, status, message", [
+    (["no-such-program-egpu"], 127, "egpu-run: no-such-program-egpu: command not found"),
+    (["./no/such/file"], 127, "egpu-run: ./no/such/file: no such file"),
+    (["/"], 126, "egpu-run: /: permission denied"),
+])
+def test_a_program_that_cannot_run(stub_job, probe_obj, tmp_path, cmd, status, message):
+    r = egpu_run(["-p", str(probe_obj("count")), *cmd], stub_job.env(tmp_path / "log"))
+    assert (r.returncode, r.stderr.splitlines()) == (status, [message])
+
+
+def test_options_stop_at_the_command(stub_job, probe_obj, tmp_path):
+    r = egpu_run(["-p", str(probe_obj("count")), "sh", "-c", 'printf "%s|" "$@"', "sh", "-p", "x", "--json", "-v"],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "-p|x|--json|-v|"
+    assert r.stderr == "egpu-run: no maps: no process of the job loaded CUDA code and exited normally\n"
+
+
+def test_sigterm_reaches_the_job(stub_job, probe_obj, tmp_path):
+    started = tmp_path / "started"
+    env = stub_job.env(tmp_path / "log")
+    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "-p", str(probe_obj("count")),
+                             "sh", "-c", f"touch {started}; exec sleep 30"], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 128 + signal.SIGTERM, err
