@@ -123,7 +123,7 @@ fi
 
 # ---- stock PyTorch, preferring the in-process arrangements egpu would use ----
 if [ $HAVE_TOOL = 1 ] && [ $HAVE_PATCHES = 1 ] && $PY -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-    run torch_baseline 150 $PY "$HERE/torch_prog.py" > "$OUT/torch.base.stdout" 2>&1; cat "$OUT/torch.base.stdout"
+    run torch_baseline 150 env -u SASS_TOOL_LIB $PY "$HERE/torch_prog.py" > "$OUT/torch.base.stdout" 2>&1; cat "$OUT/torch.base.stdout"
     ORDER=""
     for a in api_early preload_ctor inject; do case " $WORKS " in *" $a "*) ORDER="$ORDER $a";; esac; done
     [ -n "$ORDER" ] || ORDER="api_early preload_ctor inject"   # nothing worked on the nvcc program: try anyway
