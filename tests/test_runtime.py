@@ -235,3 +235,22 @@ def test_global_data_reaches_the_device_and_comes_back(stub_job, probe_obj, tmp_
     assert firsts["data"] == (3).to_bytes(8, "little")
     assert firsts["rodata"] == (4).to_bytes(4, "little") + b"egpu" + bytes(4)
     assert firsts["bss"] == bytes(16)
+
+
+@pytest.mark.parametrize("mode", ["module", "library"])
+def test_a_table_that_cannot_be_filled_sends_launches_to_the_original(stub_job, probe_obj, tmp_path, mode):
+    """The app holds the instrumented module; with no maps behind it, its kernels would fault, so the
+    runtime loads the original beside it and redirects every launch there, without a launch id."""
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), str(stub_job.app), mode, "2", "32", "0",
+                              EGPU_STUB_NO_GLOBALS="1")
+    assert r.returncode == 0, r.stderr
+    load = "cuModuleLoadData" if mode == "module" else "cuLibraryLoadData"
+    assert [c for c in calls if c.startswith(load)] == [f"{load} module=1 kind=ptx instrumented=0",
+                                                        f"{load} module=2 kind=ptx instrumented=0"]
+    suffix = "" if mode == "module" else "k"
+    assert [c.split(" f=")[1].split()[0] for c in calls if c.startswith("cuLaunchKernel")] == [f"vecadd@2{suffix}"] * 2
+    assert launches(calls) == ["11,22,32", "11,22,32"]
+    (doc,) = docs
+    (m,) = doc["modules"]
+    assert m["status"].startswith("failed: cannot fill the map table: ")
+    assert m["kernels"][0][:2] == ["vecadd", "failed"]

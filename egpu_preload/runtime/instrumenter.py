@@ -27,6 +27,7 @@ import ctypes
 import dataclasses
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +122,7 @@ class Runtime:
         self.context: int | None = None                   # where the maps live
         self.maps: list[DeviceMaps] = []
         self._sm: dict[int, int] = {}                     # context -> compute capability (90)
+        self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
         self.exit = ExitHook(self.finish)
 
     # ---- hooks ---------------------------------------------------------------------------------------
@@ -213,24 +215,29 @@ class Runtime:
 
     def _fill_tables(self, handle: int, library: bool) -> None:
         """Write every probe object's map addresses into the module's table of that object."""
-        if self.context is None:
-            ctx = self.driver.current_context()
-            with self.driver.current(ctx):
-                ncpu = self.driver.attribute(ATTR_SM_COUNT)  # PERCPU rows; higher SM ids share the last
-                maps = []
-                try:
-                    for p in self.probes:
-                        maps.append(DeviceMaps(self.driver, MapsState(p.obj.maps), ncpu))
-                except Exception:
-                    for m in maps:
-                        m.free()
-                    raise
-            self.context, self.maps = ctx, maps
+        with self._maps_lock:
+            if self.context is None:
+                self._allocate_maps()
         with self.driver.current(self.context):
             for probe, maps in zip(self.probes, self.maps):
                 address = self.driver.global_address(handle, probe.table, library)
                 if address is not None:
                     self.driver.htod(address, maps.table())
+
+    def _allocate_maps(self) -> None:
+        """The device maps of every probe object, in the current context (or the primary one)."""
+        ctx = self.driver.current_context()
+        with self.driver.current(ctx):
+            ncpu = self.driver.attribute(ATTR_SM_COUNT)  # PERCPU rows; higher SM ids share the last
+            maps = []
+            try:
+                for p in self.probes:
+                    maps.append(DeviceMaps(self.driver, MapsState(p.obj.maps), ncpu))
+            except Exception:
+                for m in maps:
+                    m.free()
+                raise
+        self.context, self.maps = ctx, maps
 
     def _fail(self, mod: Module, reason: str) -> None:
         mod.status = f"failed: {reason}"
@@ -246,7 +253,8 @@ class Runtime:
             target = self.driver.function(mod.beside, name, mod.library)
             self.lib.egpu_shim_register(h, self.ffi.cast("void *", target))
         elif mod.status == "instrumented" and k is not None and k.status == "instrumented":
-            self.lib.egpu_shim_register_launch_id(h, h, k.nparams, k.launch_param_offset or 0)
+            if self.lib.egpu_shim_register_launch_id(h, h, k.nparams, k.launch_param_offset or 0):
+                print(f"egpu: {name}: the shim's function table is full; its launches will fail", file=sys.stderr)
             self.exit.arm()
         else:
             return

@@ -1,7 +1,8 @@
 /* Linked into a copy of the stand-in libcuda.so.1 (tests/stub_driver/libcuda_stub.c) for the runtime
  * tests: the context, device, global and copy calls the runtime makes (runtime/driver.py), over a
  * fake device memory that keeps what is copied in. Logs to EGPU_STUB_LOG like the stand-in.
- * EGPU_STUB_NO_CONTEXT=1: no context is current (as when cudart loads a library before making one). */
+ * EGPU_STUB_NO_CONTEXT=1: no context is current (as when cudart loads a library before making one).
+ * EGPU_STUB_NO_GLOBALS=1: global lookups fail (CUDA_ERROR_INVALID_CONTEXT), so no map table can be filled. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdarg.h>
@@ -92,6 +93,7 @@ static CUresult global(const char *api, CUdeviceptr *p, size_t *size, struct mod
     snprintf(decl, sizeof decl, " %s[", name);
     int found = m->ptx && strstr(m->ptx, decl);
     note("%s module=%d name=%s found=%d", api, m->id, name, found);
+    if (getenv("EGPU_STUB_NO_GLOBALS")) return 201;
     if (!found) return NOT_FOUND;
     *p = next_global;
     next_global += 0x1000;
