@@ -181,9 +181,14 @@ def test_instrumented_load_fills_the_table_and_appends_launch_ids(stub_job, prob
     api = "cuModuleGetGlobal_v2" if mode == "module" else "cuLibraryGetGlobal"
     (table,) = [c for c in calls if c.startswith(api)]
     assert table.endswith("found=1")
-    assert "cuMemcpyHtoD_v2 size=16" in calls  # one map and the trace ring
-    assert calls.index(table) < calls.index("cuMemcpyHtoD_v2 size=16") < calls.index(
-        next(c for c in calls if c.startswith("cuLaunchKernel")))
+    fill = "cuMemcpyHtoD_v2 size=16 ctx=app"  # one map and the trace ring, in the app's context
+    assert calls.index(table) < calls.index(fill) < calls.index(next(c for c in calls if c.startswith("cuLaunchKernel")))
+    # the primary context is not the app's: the runtime leaves it as it found it
+    assert [c for c in calls if c.startswith("cuDevicePrimaryCtx")] == ["cuDevicePrimaryCtxRetain dev=0",
+                                                                       "cuDevicePrimaryCtxRelease_v2 dev=0"]
+    # read back at exit from the same context, once
+    assert [c for c in calls if c.startswith("cuMemcpyDtoH")] == ["cuMemcpyDtoH_v2 size=72 ctx=app",
+                                                                "cuMemcpyDtoH_v2 size=2097216 ctx=app"]
     (doc,) = docs
     assert doc["argv"] == cmd + [mode, "3", "64", "0"]
     assert doc["error"] is None and doc["rank"] is None
@@ -201,7 +206,8 @@ def test_without_a_current_context_the_maps_go_to_the_primary_context(stub_job, 
     r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), str(stub_job.app), "library", "1", "32", "0",
                               EGPU_STUB_NO_CONTEXT="1")
     assert r.returncode == 0, r.stderr
-    assert "cuDevicePrimaryCtxRetain dev=0" in calls
+    assert [c for c in calls if c.startswith("cuDevicePrimaryCtx")] == ["cuDevicePrimaryCtxRetain dev=0"]
+    assert {c.split("ctx=")[1] for c in calls if c.startswith("cuMemcpy")} == {"primary"}
     assert launches(calls) == ["11,22,32,1"]
     assert docs[0]["error"] is None
 

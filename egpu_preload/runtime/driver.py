@@ -31,6 +31,7 @@ SIGNATURES = {
     "cuDeviceGet": "int (*)(int *, int)",
     "cuDeviceGetAttribute": "int (*)(int *, int, int)",
     "cuDevicePrimaryCtxRetain": "int (*)(void **, int)",
+    "cuDevicePrimaryCtxRelease_v2": "int (*)(int)",
     "cuMemAlloc_v2": "int (*)(unsigned long long *, size_t)",
     "cuMemFree_v2": "int (*)(unsigned long long)",
     "cuMemcpyHtoD_v2": "int (*)(unsigned long long, const void *, size_t)",
@@ -84,15 +85,27 @@ class Driver:
         return f"CUresult {result}"
 
     # ---- contexts and devices ------------------------------------------------------------------
-    def current_context(self) -> int:
-        """The calling thread's context; else device 0's primary context, which cudart will use too
-        (cuLibraryLoadData may run before any context is current)."""
-        ctx = self.ffi.new("void **")
+    def device(self) -> int:
+        """The current context's device; device 0 when no context is current."""
+        ctx, dev = self.ffi.new("void **"), self.ffi.new("int *")
         self.call("cuCtxGetCurrent", ctx)
         if ctx[0] == self.ffi.NULL:
-            dev = self.ffi.new("int *")
-            self.call("cuDeviceGet", dev, 0)
-            self.call("cuDevicePrimaryCtxRetain", ctx, dev[0])
+            return 0
+        self.call("cuCtxGetDevice", dev)
+        return dev[0]
+
+    def maps_context(self) -> int:
+        """Where the maps go: the calling thread's context, else the device's primary context, which
+        cudart will use too (cuLibraryLoadData may run before any context is current). A primary
+        context gets one more reference, ours, so that it outlives cudart's own release at exit."""
+        ctx, primary = self.ffi.new("void **"), self.ffi.new("void **")
+        dev = self.device()
+        self.call("cuCtxGetCurrent", ctx)
+        self.call("cuDevicePrimaryCtxRetain", primary, dev)
+        if ctx[0] == self.ffi.NULL:
+            ctx[0] = primary[0]
+        elif primary[0] != ctx[0]:  # a context the application made: leave the primary one alone
+            self.call("cuDevicePrimaryCtxRelease_v2", dev)
         return int(self.ffi.cast("uintptr_t", ctx[0]))
 
     @contextmanager
@@ -104,11 +117,9 @@ class Driver:
         finally:
             self.call("cuCtxPopCurrent_v2", self.ffi.new("void **"))
 
-    def attribute(self, attr: int) -> int:
-        """A device attribute of the current context's device."""
-        dev, out = self.ffi.new("int *"), self.ffi.new("int *")
-        self.call("cuCtxGetDevice", dev)
-        self.call("cuDeviceGetAttribute", out, attr, dev[0])
+    def attribute(self, attr: int, device: int) -> int:
+        out = self.ffi.new("int *")
+        self.call("cuDeviceGetAttribute", out, attr, device)
         return out[0]
 
     def synchronize(self) -> None:

@@ -121,7 +121,7 @@ class Runtime:
         self._pending: dict[int, Module] = {}             # call -> load, until module_loaded
         self.context: int | None = None                   # where the maps live
         self.maps: list[DeviceMaps] = []
-        self._sm: dict[int, int] = {}                     # context -> compute capability (90)
+        self._sm: dict[int, int] = {}                     # device -> compute capability (90)
         self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
         self.exit = ExitHook(self.finish)
 
@@ -207,11 +207,10 @@ class Runtime:
         return None, "cubin" if image.kind == ImageKind.ELF else "unknown image"
 
     def _device_sm(self) -> int:
-        ctx = self.driver.current_context()
-        if ctx not in self._sm:
-            with self.driver.current(ctx):
-                self._sm[ctx] = 10 * self.driver.attribute(ATTR_CC_MAJOR) + self.driver.attribute(ATTR_CC_MINOR)
-        return self._sm[ctx]
+        dev = self.driver.device()
+        if dev not in self._sm:
+            self._sm[dev] = 10 * self.driver.attribute(ATTR_CC_MAJOR, dev) + self.driver.attribute(ATTR_CC_MINOR, dev)
+        return self._sm[dev]
 
     def _fill_tables(self, handle: int, library: bool) -> None:
         """Write every probe object's map addresses into the module's table of that object."""
@@ -226,9 +225,9 @@ class Runtime:
 
     def _allocate_maps(self) -> None:
         """The device maps of every probe object, in the current context (or the primary one)."""
-        ctx = self.driver.current_context()
+        ncpu = self.driver.attribute(ATTR_SM_COUNT, self.driver.device())  # PERCPU rows; higher SM ids share the last
+        ctx = self.driver.maps_context()
         with self.driver.current(ctx):
-            ncpu = self.driver.attribute(ATTR_SM_COUNT)  # PERCPU rows; higher SM ids share the last
             maps = []
             try:
                 for p in self.probes:

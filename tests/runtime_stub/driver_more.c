@@ -34,17 +34,40 @@ static void note(const char *fmt, ...) {
     }
 }
 
-static int context = 1, depth;
+/* Two contexts: the application's (current unless EGPU_STUB_NO_CONTEXT) and the device's primary one.
+ * Copies log which one they ran in. */
+static int app_context, primary_context;
+static void *stack[16];
+static int depth;
+
+static const char *context_name(void) {
+    void *c = depth ? stack[depth - 1] : getenv("EGPU_STUB_NO_CONTEXT") ? NULL : &app_context;
+    return c == &app_context ? "app" : c == &primary_context ? "primary" : "none";
+}
 
 CUresult cuCtxGetCurrent(void **ctx) {
-    *ctx = depth || !getenv("EGPU_STUB_NO_CONTEXT") ? &context : NULL;
+    *ctx = depth ? stack[depth - 1] : getenv("EGPU_STUB_NO_CONTEXT") ? NULL : &app_context;
     return OK;
 }
 CUresult cuCtxGetDevice(int *dev) { *dev = 0; return OK; }
-CUresult cuCtxPushCurrent_v2(void *ctx) { depth++; return ctx == &context ? OK : 201; }
-CUresult cuCtxPopCurrent_v2(void **ctx) { depth--; if (ctx) *ctx = &context; return OK; }
+CUresult cuCtxPushCurrent_v2(void *ctx) {
+    if (depth == 16 || (ctx != &app_context && ctx != &primary_context)) return 201;
+    stack[depth++] = ctx;
+    return OK;
+}
+CUresult cuCtxPopCurrent_v2(void **ctx) {
+    if (!depth) return 201;
+    depth--;
+    if (ctx) *ctx = stack[depth];
+    return OK;
+}
 CUresult cuDeviceGet(int *dev, int ordinal) { *dev = ordinal; return OK; }
-CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) { note("cuDevicePrimaryCtxRetain dev=%d", dev); *ctx = &context; return OK; }
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) {
+    note("cuDevicePrimaryCtxRetain dev=%d", dev);
+    *ctx = &primary_context;
+    return OK;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(int dev) { note("cuDevicePrimaryCtxRelease_v2 dev=%d", dev); return OK; }
 CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
     *v = attr == 75 ? 9 : attr == 76 ? 0 : attr == 16 ? 132 : 0; /* sm_90, 132 SMs */
     return OK;
@@ -64,7 +87,7 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
     *b = (struct block){dst, n, malloc(n), blocks};
     memcpy(b->data, src, n);
     blocks = b;
-    note("cuMemcpyHtoD_v2 size=%zu", n);
+    note("cuMemcpyHtoD_v2 size=%zu ctx=%s", n, context_name());
     return OK;
 }
 
@@ -79,7 +102,7 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
         CUdeviceptr hi = b->addr + b->size < src + n ? b->addr + b->size : src + n;
         if (lo < hi) memcpy((char *)dst + (lo - src), b->data + (lo - b->addr), hi - lo);
     }
-    note("cuMemcpyDtoH_v2 size=%zu", n);
+    note("cuMemcpyDtoH_v2 size=%zu ctx=%s", n, context_name());
     return OK;
 }
 
