@@ -2,11 +2,9 @@
 
 Each instruction is turned once into a closure ``op(run) -> next pc`` by the builder for its kind
 (``BUILDERS``); running is a loop over those closures with an instruction budget. Registers hold
-unsigned 64-bit ints. The rules the GPU translator must match, and where they come from:
+unsigned 64-bit ints. Arithmetic, conditions and atomics are bpf/alu.py's (RFC 9669 4.1-4.3, 5.3;
+the verifier folds constants with the same functions). The other rules the GPU translator must match:
 
-- 32-bit ALU results are zero-extended (4.1); shift counts are masked to 5 / 6 bits (4.1);
-- division by zero gives 0, modulo by zero leaves dst unchanged, upper half cleared for ALU (4.1);
-- signed division truncates toward zero and INT_MIN / -1 wraps to INT_MIN, INT_MIN % -1 is 0;
 - a local call gets a fresh 512-byte frame and its own r10; r6-r9 and r10 are restored on return
   (RFC 9669 4.3, program-local functions; the BPF ABI makes r6-r9 callee-saved and r10 read-only);
 - atomics must be naturally aligned, as on the GPU (and the kernel verifier) - the VM refuses otherwise.
@@ -16,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..bpf import isa
+from ..bpf import alu, isa
+from ..bpf.alu import MASKS
 from ..bpf.decode import Insn, decode
 from ..bpf.disasm import disasm_insn
 from ..bpf.program import MapDef
@@ -30,16 +29,9 @@ DEFAULT_BUDGET = 10_000_000
 MAX_FRAMES = 8  # the kernel's MAX_CALL_FRAMES
 # Map references (lddw map[N]) become handles in an address range no region ever occupies.
 MAP_HANDLE_BASE = ((1 << 27) - 1) << REGION_SHIFT
-MASKS = {32: 0xFFFFFFFF, 64: MASK64}
 STOP = -1  # the pc returned when the outermost frame exits
 
 Op = Callable[["Run"], int]
-
-
-def sx(v: int, bits: int) -> int:
-    """The low ``bits`` of v as a signed int."""
-    v &= (1 << bits) - 1
-    return v - (1 << bits) if v >> (bits - 1) else v
 
 
 class Run:
@@ -62,61 +54,6 @@ class Run:
         return index
 
 
-# --- arithmetic (RFC 9669 4.1): f(dst, src) on values already truncated to the operation's width ----
-
-def _sdiv(a: int, b: int, bits: int) -> int:
-    sa, sb = sx(a, bits), sx(b, bits)
-    if sb == 0:
-        return 0
-    q = abs(sa) // abs(sb)  # truncation toward zero
-    return (-q if (sa < 0) != (sb < 0) else q) & MASKS[bits]
-
-
-def _smod(a: int, b: int, bits: int) -> int:
-    sa, sb = sx(a, bits), sx(b, bits)
-    if sb == 0:
-        return a
-    r = abs(sa) % abs(sb)  # the remainder takes the dividend's sign
-    return (-r if sa < 0 else r) & MASKS[bits]
-
-
-ALU_FUNCTIONS: dict[str, Callable[[int, int, int], int]] = {
-    "add": lambda a, b, n: (a + b) & MASKS[n],
-    "sub": lambda a, b, n: (a - b) & MASKS[n],
-    "mul": lambda a, b, n: (a * b) & MASKS[n],
-    "div": lambda a, b, n: a // b if b else 0,
-    "sdiv": _sdiv,
-    "mod": lambda a, b, n: a % b if b else a,
-    "smod": _smod,
-    "or": lambda a, b, n: a | b,
-    "and": lambda a, b, n: a & b,
-    "xor": lambda a, b, n: a ^ b,
-    "lsh": lambda a, b, n: (a << (b & (n - 1))) & MASKS[n],
-    "rsh": lambda a, b, n: a >> (b & (n - 1)),
-    "arsh": lambda a, b, n: (sx(a, n) >> (b & (n - 1))) & MASKS[n],
-}
-
-# --- conditions (RFC 9669 4.3): on unsigned values of the comparison's width -----------------------
-JMP_CONDITIONS: dict[str, Callable[[int, int, int], bool]] = {
-    "jeq": lambda a, b, n: a == b,
-    "jne": lambda a, b, n: a != b,
-    "jgt": lambda a, b, n: a > b,
-    "jge": lambda a, b, n: a >= b,
-    "jlt": lambda a, b, n: a < b,
-    "jle": lambda a, b, n: a <= b,
-    "jset": lambda a, b, n: bool(a & b),
-    "jsgt": lambda a, b, n: sx(a, n) > sx(b, n),
-    "jsge": lambda a, b, n: sx(a, n) >= sx(b, n),
-    "jslt": lambda a, b, n: sx(a, n) < sx(b, n),
-    "jsle": lambda a, b, n: sx(a, n) <= sx(b, n),
-}
-
-ATOMIC_FUNCTIONS: dict[str, Callable[[int, int], int]] = {
-    "add": lambda old, v: old + v, "or": lambda old, v: old | v, "and": lambda old, v: old & v,
-    "xor": lambda old, v: old ^ v, "xchg": lambda old, v: v,
-}
-
-
 def _fail(reason: str) -> Op:
     def op(run: Run) -> int:
         raise VmError(reason)
@@ -125,7 +62,7 @@ def _fail(reason: str) -> Op:
 
 def _alu(i: Insn, nxt: int) -> Op:
     """dst = dst OP src|imm; imm sign-extended to 64 bits, then both truncated to the width."""
-    f, n, m, dst, src = ALU_FUNCTIONS[i.op], i.width, MASKS[i.width], i.dst, i.src
+    f, n, m, dst, src = alu.BINARY[i.op], i.width, MASKS[i.width], i.dst, i.src
     if i.use_imm:
         k = i.imm & m
 
@@ -160,31 +97,29 @@ def _mov(i: Insn, nxt: int) -> Op:
 
 def _movsx(i: Insn, nxt: int) -> Op:
     """dst = (s8|s16|s32) src, extended to the width (32-bit results then zero-extended)."""
-    m, dst, src, bits = MASKS[i.width], i.dst, i.src, i.size * 8
+    width, dst, src, bits = i.width, i.dst, i.src, i.size * 8
 
     def op(run: Run) -> int:
-        run.regs[dst] = sx(run.regs[src], bits) & m
+        run.regs[dst] = alu.movsx(width, bits, run.regs[src])
         return nxt
     return op
 
 
 def _neg(i: Insn, nxt: int) -> Op:
-    m, dst = MASKS[i.width], i.dst
+    width, dst = i.width, i.dst
 
     def op(run: Run) -> int:
-        run.regs[dst] = -(run.regs[dst] & m) & m
+        run.regs[dst] = alu.neg(width, run.regs[dst])
         return nxt
     return op
 
 
 def _end(i: Insn, nxt: int) -> Op:
     """le: truncate to imm bits (this is a little-endian machine); be/bswap: reverse imm/8 bytes."""
-    dst, n = i.dst, i.imm // 8
-    swap = i.op != "le"
+    dst, name, bits = i.dst, i.op, i.imm
 
     def op(run: Run) -> int:
-        v = run.regs[dst] & ((1 << 8 * n) - 1)
-        run.regs[dst] = int.from_bytes(v.to_bytes(n, "little"), "big") if swap else v
+        run.regs[dst] = alu.byteswap(name, bits, run.regs[dst])
         return nxt
     return op
 
@@ -217,7 +152,7 @@ def _load(i: Insn, nxt: int) -> Op:
 
     def op(run: Run) -> int:
         v = run.mem.load((run.regs[src] + off) & MASK64, size)
-        run.regs[dst] = sx(v, 8 * size) & MASK64 if signed else v
+        run.regs[dst] = alu.movsx(64, 8 * size, v) if signed else v
         return nxt
     return op
 
@@ -248,7 +183,7 @@ def _atomic(i: Insn, nxt: int) -> Op:
                 run.mem.store(addr, size, r[src])
             r[0] = old
             return nxt
-        run.mem.store(addr, size, ATOMIC_FUNCTIONS[name](old, r[src] & m))
+        run.mem.store(addr, size, alu.ATOMIC[name](old, r[src] & m))
         if fetch:
             r[src] = old
         return nxt
@@ -256,7 +191,7 @@ def _atomic(i: Insn, nxt: int) -> Op:
 
 
 def _jmp(i: Insn, nxt: int) -> Op:
-    cond, n, m, dst, src, target = JMP_CONDITIONS[i.op], i.width, MASKS[i.width], i.dst, i.src, i.jump_target()
+    cond, n, m, dst, src, target = alu.CONDITIONS[i.op], i.width, MASKS[i.width], i.dst, i.src, i.jump_target()
     if i.use_imm:
         k = i.imm & m  # sign-extended, then compared as unsigned where the condition is unsigned
 

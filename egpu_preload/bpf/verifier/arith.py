@@ -1,60 +1,14 @@
 """Transfer functions on scalars: ALU results and what a conditional jump teaches about its operands.
 
-Constants are computed exactly with RFC 9669 semantics (division by zero gives 0, modulo by zero
-keeps the dividend, shift counts masked, 32-bit results zero-extended); everything else by interval
-and tnum arithmetic, as the Linux verifier does.
+Constants are computed exactly by bpf/alu.py, the VM's own RFC 9669 arithmetic; everything else by
+interval and tnum arithmetic, as the Linux verifier does.
 """
 
 from __future__ import annotations
 
+from .. import alu as concrete
 from .value import (M32, M64, S64_MAX, S64_MIN, SCALAR, UNKNOWN, Value, bounded, const, fits_s32, fits_u32,
                     intersect, lo32, s64, sext32, sync, t_add, t_and, t_arsh, t_mul, t_or, t_sub, t_xor)
-
-
-def _signed(x: int, bits: int) -> int:
-    return x - (1 << bits) if x >> (bits - 1) & 1 else x
-
-
-def _tdiv(a: int, b: int) -> int:
-    """Division truncating toward zero, as sdiv does (RFC 9669 4.1)."""
-    q = abs(a) // abs(b)
-    return -q if (a < 0) != (b < 0) else q
-
-
-def eval_const(op: str, bits: int, x: int, y: int) -> int:
-    """``x op y`` on concrete values (unsigned, already truncated to ``bits``); the result is unsigned."""
-    mask = (1 << bits) - 1
-    x, y = x & mask, y & mask
-    if op == "add":
-        r = x + y
-    elif op == "sub":
-        r = x - y
-    elif op == "mul":
-        r = x * y
-    elif op == "div":
-        r = x // y if y else 0
-    elif op == "mod":
-        r = x % y if y else x
-    elif op == "sdiv":
-        r = _tdiv(_signed(x, bits), _signed(y, bits)) if y else 0  # INT_MIN / -1 wraps to INT_MIN
-    elif op == "smod":
-        sx, sy = _signed(x, bits), _signed(y, bits)
-        r = sx - sy * _tdiv(sx, sy) if y else x
-    elif op == "or":
-        r = x | y
-    elif op == "and":
-        r = x & y
-    elif op == "xor":
-        r = x ^ y
-    elif op == "lsh":
-        r = x << (y & (bits - 1))
-    elif op == "rsh":
-        r = x >> (y & (bits - 1))
-    elif op == "arsh":
-        r = _signed(x, bits) >> (y & (bits - 1))
-    else:  # mov: the table's other binary rows never reach here
-        r = y
-    return r & mask
 
 
 def _t(v: Value) -> tuple[int, int]:
@@ -142,7 +96,7 @@ def alu(op: str, width: int, a: Value, b: Value) -> Value:
     if op == "mov":
         return lo32(b) if width == 32 else b
     if a.is_const and b.is_const:
-        return const(eval_const(op, width, a.tv, b.tv))
+        return const(concrete.binary(op, width, a.tv, b.tv))
     if width == 64:
         return _binary(op, a, b, 64)
     a32, b32 = lo32(a), lo32(b)
@@ -155,7 +109,7 @@ def alu(op: str, width: int, a: Value, b: Value) -> Value:
 
 def neg(width: int, a: Value) -> Value:
     if a.is_const:
-        return const(eval_const("sub", width, 0, a.tv))
+        return const(concrete.neg(width, a.tv))
     if width == 64 and a.smin > S64_MIN:
         return bounded(smin=-a.smax, smax=-a.smin)
     return UNKNOWN if width == 64 else bounded(0, M32)
@@ -164,12 +118,11 @@ def neg(width: int, a: Value) -> Value:
 def movsx(width: int, bits: int, a: Value) -> Value:
     """Sign-extend the low ``bits`` of ``a`` (RFC 9669 4.1 MOVSX); 32-bit forms zero-extend the result."""
     if a.is_const:
-        r = _signed(a.tv & ((1 << bits) - 1), bits) & M64
-    elif a.umax < 1 << (bits - 1):
-        return a.var   # the sign bit is 0: the value is unchanged
+        return const(concrete.movsx(width, bits, a.tv))
+    if a.umax < 1 << (bits - 1):
+        v = a.var   # the sign bit is 0: the value is unchanged
     else:
-        r = None
-    v = const(r) if r is not None else bounded(smin=-(1 << (bits - 1)), smax=(1 << (bits - 1)) - 1)
+        v = bounded(smin=-(1 << (bits - 1)), smax=(1 << (bits - 1)) - 1)
     return lo32(v) if width == 32 else v
 
 
@@ -177,10 +130,7 @@ def byteswap(op: str, bits: int, a: Value) -> Value:
     """le/be/bswap (RFC 9669 4.2) on a little-endian machine: le truncates, be and bswap reverse bytes."""
     mask = (1 << bits) - 1
     if a.is_const:
-        x = a.tv & mask
-        if op != "le":
-            x = int.from_bytes(x.to_bytes(bits // 8, "little"), "big")
-        return const(x)
+        return const(concrete.byteswap(op, bits, a.tv))
     if op == "le" and a.umax <= mask:
         return a.var
     return bounded(0, mask)
