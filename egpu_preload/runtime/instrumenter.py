@@ -131,14 +131,15 @@ class Runtime:
             self._pending[image.call] = Module(image.api, image.call, "ptx link input",
                                                "untouched: link inputs are not instrumented yet")
             return None
-        text, source = self._ptx(image)
-        mod = Module(image.api, image.call, source, "SASS only" if text is None else "untouched")
+        mod = Module(image.api, image.call, image.kind.value, "untouched")
         self._pending[image.call] = mod
-        if text is None:
-            return None
         try:
+            text, mod.image = self._ptx(image)
+            if text is None:
+                mod.status = "SASS only"
+                return None
             res = instrument(text, self.specs, self.cfg.kernel)
-        except EgpuError as e:  # PTX the parser refuses: the module runs as it is
+        except EgpuError as e:  # a fatbin or PTX we cannot read: the module runs as it is
             mod.status = f"failed: {e}"
             return None
         mod.kernels = {k.name: k for k in res.kernels}
