@@ -49,6 +49,9 @@ class Instrumenter(Protocol):
 
 _instrumenter: Instrumenter | None = None
 _keep: dict[int, Any] = {}  # call -> replacement buffer, alive until the driver has read it
+# library -> its replacement buffer: a load with CU_LIBRARY_BINARY_IS_PRESERVED (cudart may pass it) lets the
+# driver read the image "at any point until cuLibraryUnload()" (lazy loading into each context).
+_preserved: dict[int, Any] = {}
 _shim: tuple[Any, Any] | None = None
 
 
@@ -134,7 +137,9 @@ def attach(ffi: Any, lib: Any) -> None:
 
     @ffi.def_extern(onerror=_report)
     def egpu_py_module_loaded(api, call, handle, result, replacement_result):
-        _keep.pop(call, None)
+        buf = _keep.pop(call, None)
+        if buf is not None and replacement_result == 0 and api_name(api).startswith("LIBRARY_"):
+            _preserved[addr(handle)] = buf
         if _instrumenter is not None:
             _instrumenter.module_loaded(api_name(api), call, addr(handle), result, replacement_result)
 
@@ -145,6 +150,7 @@ def attach(ffi: Any, lib: Any) -> None:
 
     @ffi.def_extern(onerror=_report)
     def egpu_py_unloaded(api, handle):
+        _preserved.pop(addr(handle), None)
         if _instrumenter is not None:
             _instrumenter.unloaded(api_name(api), addr(handle))
 
