@@ -16,13 +16,16 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState
 from egpu_preload.runtime import config, dump
 from egpu_preload.runtime.probes import Probe, load_probes
+
+if TYPE_CHECKING:
+    from egpu_preload.output.values import Snapshot
 
 ROOT = Path(__file__).resolve().parent.parent.parent   # the checkout: shim/ and build/ live there
 SHIM_ENV = "EGPU_SHIM"
@@ -167,7 +170,7 @@ def run_job(cmd: list[str], cfg: config.Config, shim: Path) -> int:
 
 # ---- after the job -----------------------------------------------------------------------------------
 
-def snapshots(probes: list[Probe], doc: dict[str, Any]):
+def snapshots(probes: list[Probe], doc: dict[str, Any]) -> "Snapshot":
     """One Snapshot of every probe's maps in a dump (output.values), kernel names from the dump."""
     from egpu_preload.output.values import Snapshot, Trace, snapshot
     names = {k: n for k, n in doc["kernels"]}
