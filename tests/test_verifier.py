@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from egpu_preload.bpf import alu, isa
 from egpu_preload.bpf.asm import assemble
 from egpu_preload.bpf.compile import compile_probe
+from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.elf import load_object
 from egpu_preload.bpf.verifier import VerifiedProgram, verify
 from egpu_preload.bpf.verifier import arith
@@ -103,6 +104,27 @@ def test_facts_for_the_translator():
     assert dict(sub.regions) == {0: "stack", 7: "stack", 8: "stack", 9: "stack", 11: "stack"}
     rb = verify(assemble(ACCEPT_BY_NAME["ringbuf_submit_or_discard"].asm), list(MAPS))
     assert dict(rb.regions) == {8: "ringbuf_mem"} and dict(rb.maps) == {0: 2, 4: 2}
+
+
+@pytest.mark.parametrize("text, consts, arg_align, arg_stack, dead", [
+    # a constant key and a constant atomic operand; the key slot is 4-aligned
+    ("*(u32 *)(r10 - 4) = 3\nr2 = r10\nr2 += -4\nr1 = map[1] ll\ncall map_lookup_elem\n"
+     "if r0 == 0 goto out\nr1 = 1\nlock *(u64 *)(r0 + 0) += r1\nout:\nr0 = 0\nexit",
+     {5: 3, 8: 1}, {(5, 2): 4}, {(5, 2): -4}, []),
+    # keys that differ per path, an operand that is not a constant: no constants; two slots: no offset
+    ("call get_lane_id\n*(u32 *)(r10 - 8) = 1\n*(u32 *)(r10 - 16) = 2\nr2 = r10\nr2 += -8\n"
+     "if r0 == 0 goto l\nr2 += -8\nl:\nr1 = map[1] ll\ncall map_lookup_elem\nif r0 == 0 goto out\n"
+     "r1 = *(u64 *)(r0 + 8)\nlock *(u64 *)(r0 + 0) += r1\nout:\nr0 = 0\nexit",
+     {}, {(9, 2): 8}, {}, []),
+    # a branch the verifier decides: the other side is dead
+    ("r1 = 1\nif r1 == 1 goto out\nr1 = 2\nout:\nr0 = 0\nexit", {}, {}, {}, [2]),
+])
+def test_facts_for_fast_code(text, consts, arg_align, arg_stack, dead):
+    v = verify(assemble(text), list(MAPS))
+    assert dict(v.consts) == consts
+    assert dict(v.arg_align) == arg_align
+    assert dict(v.arg_stack) == arg_stack
+    assert v.reached == {i.pc for i in decode(assemble(text))} - set(dead)
 
 
 def test_mixed_regions_are_reported():

@@ -41,6 +41,14 @@ class VerifiedProgram:
     subprogs: tuple[int, ...]          # entry pc of each function, the main program first
     stack_depth: tuple[int, ...]       # bytes of stack each function uses, in subprogs order
     processed: int                     # instructions the analysis went through
+    reached: frozenset[int]            # pc of every instruction some path executes
+    consts: Mapping[int, int]          # pc -> a value the same on every path: an atomic add's operand, or a
+                                       # map helper's key (*r2) when it is known stack bytes of at most 8
+    arg_align: Mapping[tuple[int, int], int]  # (pc of a helper call, register) -> the alignment (1, 2, 4
+                                              # or 8) every path proves for that pointer argument
+    arg_stack: Mapping[tuple[int, int], int]  # (pc of a helper call, register) -> the pointer argument's
+                                              # offset from r10 when every path passes that slot of the
+                                              # caller's own frame
 
 
 class _Visit:
@@ -100,6 +108,7 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
     seen: dict[int, dict[tuple, _Visit]] = {}
     recent: dict[int, list[_Visit]] = {}
     processed = 0
+    reached: set[int] = set()
     work: list[tuple[State, int, _Visit | None, tuple | None]] = [(State.entry(), 0, None, None)]  # DFS
     while work:
         st, pc, visit, trace = work.pop()
@@ -128,6 +137,7 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
                     raise Reject(f"program too complex: processed {max_insns} instructions without finishing "
                                  "(instruction budget)")
                 insn = cfg.at[pc]
+                reached.add(pc)
                 trace = _traced(trace, pc)
                 succ = STEP[insn.kind](env, st, insn)
                 if not succ:
@@ -145,8 +155,11 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
         _check_combined_stack(cfg, depths)
     except Reject as r:
         raise _error(r, None, insns, maps, None, file, section) from None
+    consts = {pc: v for pc, v in env.consts.items() if v is not None}
     return VerifiedProgram(tuple(insns), MappingProxyType(dict(env.regions)), MappingProxyType(dict(env.map_refs)),
-                           cfg.subprogs, depths, processed)
+                           cfg.subprogs, depths, processed, frozenset(reached), MappingProxyType(consts),
+                           MappingProxyType(dict(env.arg_align)),
+                           MappingProxyType({k: v for k, v in env.arg_stack.items() if v is not None}))
 
 
 def _check_combined_stack(cfg: Cfg, depths: tuple[int, ...]) -> None:

@@ -47,7 +47,7 @@ Succ = list[tuple[State, int]]
 class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
-    __slots__ = ("cfg", "maps", "regions", "map_refs", "depth", "_last_id")
+    __slots__ = ("cfg", "maps", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack", "_last_id")
 
     def __init__(self, cfg: Cfg, maps: list[MapDef]) -> None:
         self.cfg = cfg
@@ -55,6 +55,9 @@ class Env:
         self.regions: dict[int, str] = {}
         self.map_refs: dict[int, int | None] = {}
         self.depth = [0] * len(cfg.subprogs)
+        self.consts: dict[int, int | None] = {}
+        self.arg_align: dict[tuple[int, int], int] = {}
+        self.arg_stack: dict[tuple[int, int], int | None] = {}
         self._last_id = 0
 
     def new_id(self) -> int:
@@ -72,6 +75,22 @@ class Env:
     def note_map(self, pc: int, index: int) -> None:
         if self.map_refs.setdefault(pc, index) != index:
             self.map_refs[pc] = None
+
+    def note_const(self, pc: int, value: int | None) -> None:
+        if self.consts.setdefault(pc, value) != value:
+            self.consts[pc] = None
+
+    def note_arg(self, state: State, pc: int, reg: int, ptr: Value) -> None:
+        """A helper's pointer argument: its alignment (every region starts 8-byte aligned: the stack
+        frame's top, map values, ringbuf records, the context, so its offset decides) and, when it
+        points into the caller's own frame at a constant offset, that offset from r10."""
+        t = t_add((ptr.off & M64, 0), (ptr.tv, ptr.tm))
+        align = next(a for a in (8, 4, 2, 1) if not (t[0] | t[1]) & (a - 1))
+        self.arg_align[pc, reg] = min(self.arg_align.get((pc, reg), 8), align)
+        own = ptr.kind == STACK and ptr.is_const and ptr.aux == len(state.frames) - 1
+        off = ptr.off + ptr.smin if own else None
+        if self.arg_stack.setdefault((pc, reg), off) != off:
+            self.arg_stack[pc, reg] = None
 
     def note_depth(self, state: State, frame: int, lowest: int) -> None:
         sub = state.frames[frame].subprog
@@ -226,6 +245,8 @@ def _atomic(env: Env, st: State, insn: Insn) -> Succ:
     if insn.fetch and not cmpxchg:
         _writable(insn.src)
     _access(env, st, insn, insn.dst, base, "atomic")
+    if insn.atomic_op == "add":  # a constant added by every lane aggregates across a warp
+        env.note_const(insn.pc, operand.tv if operand.is_const else None)
     old = sized(insn.size)  # the old value, zero-extended for the 32-bit forms
     if cmpxchg:
         f.regs[0] = old
@@ -472,6 +493,8 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
             md = env.maps[m]
             need = md.key_size if arg == "key" else md.value_size
             _helper_mem(env, st, h, n, v, need, write=False)
+            if arg == "key":  # a constant key folds to an address
+                env.note_const(insn.pc, _stack_const(st, v, need))
         elif arg == "mem":
             mem = (n, v)
         elif arg == "size":
@@ -499,6 +522,8 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
             release = v.id
         elif v.is_pointer:  # anything
             raise Reject(f"r{n} leaks addr into {h.name} (arg{n} is {v.kind})")
+        if v.kind in (STACK, MAP_VALUE, RINGBUF_MEM):
+            env.note_arg(st, insn.pc, n, v)
     if release:
         st.update_id(release, lambda v: None)
         st.refs.pop(release, None)
@@ -513,6 +538,17 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
     else:
         f.regs[0] = NOT_INIT_VALUE if h.ret == "void" else UNKNOWN
     return [(st, insn.pc + 1)]
+
+
+def _stack_const(st: State, v: Value, size: int) -> int | None:
+    """The bytes [v, v + size) as a number when v is a stack pointer at a known offset to known bytes."""
+    if v.kind != STACK or not v.is_const or size > 8:
+        return None
+    o = v.off + v.smin
+    if _slot_of(o)[0] != _slot_of(o + size - 1)[0]:
+        return None
+    got = _stack_read(st.frames[v.aux], o, size, False, False)
+    return got.tv if got.is_const else None
 
 
 def _map_arg(env: Env, insn: Insn, h: Helper, n: int, v: Value) -> int:
