@@ -15,7 +15,8 @@ import pytest
 from egpu_preload.bpf import program as prog
 from egpu_preload.bpf.asm import assemble
 from egpu_preload.bpf.elf import load_object
-from egpu_preload.errors import TranslateError
+from egpu_preload.bpf.verifier import verify
+from egpu_preload.errors import TranslateError, VerifierError
 from egpu_preload.maps import MapsState
 from egpu_preload.translate import devmaps, probe_function, program_to_ptx
 from egpu_preload.translate.execute import layout_memories
@@ -102,34 +103,49 @@ def test_golden_small_program():
 MAP_ARRAY = prog.MapDef("counts", prog.MAP_ARRAY, 4, 8, 4)
 
 
-@pytest.mark.parametrize("asm, maps, reason", [
-    ("r1 = map[0] ll\nr0 = 0\nexit", None, "maps are not available here"),
-    ("r1 = map[3] ll\nr0 = 0\nexit", [MAP_ARRAY], "map index 3 out of range"),
-    ("call kfunc 7\nexit", None, "kfunc calls are not supported"),
-    ("r1 = 1\ncall local f\nexit\nf:\ncall local f\nexit", [], "recursive call"),
-    ("r0 = 0\ngoto +1\nexit\nif r0 == 0 goto -2", None, "falls off the end"),
-    ("r0 = 1\nr0 += 1", None, "falls off the end"),
-    ("r0 = 0\ncall local f\nexit\nf:\ngoto -3", [], "leaves its function"),
-    ("r1 = 0\nr0 = 0\ncall map_lookup_elem\nexit", [MAP_ARRAY], "r1 is not a map known"),
-    ("ld_pseudo r1, 0x1, 0x3\nr0 = 0\nexit", None, "pseudo source 1"),
+def _object(asm: str, maps: list[prog.MapDef]) -> prog.BpfObject:
+    return prog.BpfObject("x.bpf.o", [prog.Program("f", "kprobe/k", prog.Attach("entry", "k", "thread"),
+                                                    assemble(asm))], maps)
+
+
+# Programs the verifier refuses are translated only by execute_on_gpu, without its facts.
+@pytest.mark.parametrize("asm, reason", [
+    ("r1 = map[0] ll\nr0 = 0\nexit", "maps are not available here"),
+    ("call kfunc 7\nexit", "kfunc calls are not supported"),
+    ("r0 = 0\ngoto +1\nexit\nif r0 == 0 goto -2", "falls off the end"),
+    ("r0 = 1\nr0 += 1", "falls off the end"),
+    ("r0 = 0\ncall local f\nexit\nf:\ngoto -3", "leaves its function"),
+    ("r1 = 0\nr0 = 0\ncall map_lookup_elem\nexit", "r1 is not a map known at translation time (an unverified"),
+    ("ld_pseudo r1, 0x1, 0x3\nr0 = 0\nexit", "pseudo source 1"),
 ])
-def test_refusals(asm, maps, reason):
-    code = assemble(asm)
+def test_refusals(asm, reason):
     with pytest.raises(TranslateError, match=re.escape(reason)) as e:
-        if maps is None:
-            program_to_ptx(code)
-        else:
-            obj = prog.BpfObject("x.bpf.o", [prog.Program("f", "kprobe/k", prog.Attach("entry", "k", "thread"),
-                                                           code)], list(maps))
-            probe_function(obj.programs[0], obj, tag="t")
+        program_to_ptx(assemble(asm))
     assert e.value.insn is not None or "kfunc" in reason
+
+
+@pytest.mark.parametrize("asm, reason", [
+    ("r1 = map[3] ll\nr0 = 0\nexit", "map[3]"),
+    ("r1 = 1\ncall local f\nexit\nf:\ncall local f\nexit", "recursive call"),
+    ("r1 = 0\nr0 = 0\ncall map_lookup_elem\nexit", "r1 is scalar, map_lookup_elem needs a map"),
+])
+def test_probes_are_verified_first(asm, reason):
+    with pytest.raises(VerifierError, match=re.escape(reason)):
+        obj = _object(asm, [MAP_ARRAY])
+        probe_function(obj.programs[0], obj, tag="t")
+
+
+def test_verified_program_of_other_maps_is_refused():
+    verified = verify(assemble("r1 = map[1] ll\nr0 = 0\nexit"), [MAP_ARRAY, MAP_ARRAY])
+    obj = _object("r1 = map[1] ll\nr0 = 0\nexit", [MAP_ARRAY])
+    with pytest.raises(TranslateError, match="map index 1 out of range"):
+        probe_function(obj.programs[0], obj, tag="t", verified=verified)
 
 
 # ---- what the analyses buy ------------------------------------------------------------------------
 
 def _probe_text(asm: str, maps: list[prog.MapDef]) -> str:
-    obj = prog.BpfObject("x.bpf.o", [prog.Program("f", "kprobe/k", prog.Attach("entry", "k", "thread"),
-                                                   assemble(asm))], maps)
+    obj = _object(asm, maps)
     return probe_function(obj.programs[0], obj, tag="t").func
 
 
@@ -153,27 +169,61 @@ exit
     # constant key 0 into an ARRAY: the value address is the map base + header, no key load, no bounds test
     (COUNTER, ["add.u64 %t1, %t0, 64;"], ["ld.local.u32", "setp.ge.u64"]),
     # a constant added by every lane: one red per group of lanes on the same address
-    (COUNTER, ["match.any.sync.b64", "popc.b32", "red.add.u64"], ["atom.add"]),
-    # stack slots at known offsets use local addressing, no alignment test
-    ("r1 = 5\n*(u64 *)(r10 - 8) = r1\nr0 = *(u32 *)(r10 - 8)\nexit", ["st.local.u64 [__stack+504]",
-                                                                     "ld.local.u32 %r0, [__stack+504]"], ["and.b64"]),
-    # an unknown base: aligned fast path and byte-wise slow path
-    ("r0 = *(u64 *)(r1 + 0)\nr0 = *(u64 *)(r0 + 4)\nexit", ["and.b64", "ld.u8"], []),
-    # the context is 8-aligned: a field at a multiple of its size is loaded directly
+    (COUNTER, ["match.any.sync.b64", "popc.b32", "red.global.add.u64"], ["atom.add"]),
+    # r10-relative slots use local addressing at a static offset in a frame of the used 8 bytes
+    ("r1 = 5\n*(u64 *)(r10 - 8) = r1\nr0 = *(u32 *)(r10 - 8)\nexit",
+     ["st.local.u64 [__stack+0]", "ld.local.u32 %r0, [__stack+0]", "__stack[8]"], ["and.b64"]),
+    # the stack through another register: local addressing too
+    ("r1 = 5\n*(u64 *)(r10 - 8) = r1\nr2 = r10\nr2 += -8\nr0 = *(u32 *)(r2 + 4)\nexit",
+     ["cvta.to.local.u64 %t0, %r2;", "ld.local.u32 %r0, [%t0+4]"], ["and.b64"]),
+    # a map value: global addressing, aligned because the verifier checked it
+    ("r1 = 0\n*(u32 *)(r10 - 4) = r1\nr2 = r10\nr2 += -4\nr1 = map[0] ll\ncall map_lookup_elem\n"
+     "if r0 == 0 goto out\nr0 = *(u32 *)(r0 + 4)\nout:\nexit", ["ld.global.u32 %r0, ["], ["ld.u8", "ld.u32"]),
+    # the context is 8-aligned and its accesses are checked: loaded directly
     ("r0 = *(u64 *)(r1 + 8)\nexit", ["ld.u64 %r0, [%r1+8];"], ["ld.u8"]),
+    # a helper's key and value in this frame: static local loads, no run-time alignment test
+    ("*(u64 *)(r10 - 8) = 5\nr2 = r10\nr2 += -8\nr3 = r10\nr3 += -8\nr4 = 0\nr1 = map[1] ll\n"
+     "call map_update_elem\nr0 = 0\nexit", ["ld.local.u64 %t1, [__stack+0];"], ["%r2, 7;", "%r3, 7;", "ld.u8"]),
+    # no function uses the stack: no local memory at all
+    ("r1 = r10\nr0 = 0\nexit", ["mov.b64 %r10, 0;"], ["__stack", ".local"]),
 ])
 def test_generated_code(asm, present, absent):
-    text = _probe_text(asm, [MAP_ARRAY])
+    text = _probe_text(asm, [MAP_ARRAY, prog.MapDef("h", prog.MAP_HASH, 8, 8, 16)])
     for s in present:
         assert s in text
     for s in absent:
         assert s not in text
 
 
-def test_stack_only_when_used():
-    assert "__stack" not in program_to_ptx(assemble("r0 = 1\nexit"))
-    assert ".local .align 8 .b8 __stack[1024]" in program_to_ptx(
-        assemble("call local f\nexit\nf:\nr1 = 1\n*(u64 *)(r10 - 8) = r1\nr0 = 0\nexit"))
+@pytest.mark.parametrize("asm, present, absent", [
+    # an unverified program's base: aligned fast path and byte-wise slow path
+    ("r0 = *(u64 *)(r1 + 1)\nexit", ["and.b64", "ld.u8"], []),
+    # and its atomics test the state space and the alignment at run time
+    ("r2 = 1\nlock *(u64 *)(r1 + 0) += r2\nr0 = 0\nexit", ["isspacep.local", "and.b64", "red.add.u64"],
+     ["match.any"]),
+])
+def test_generated_code_unverified(asm, present, absent):
+    text = program_to_ptx(assemble(asm))
+    for s in present:
+        assert s in text
+    for s in absent:
+        assert s not in text
+
+
+CALLED_STACK = "call local f\nexit\nf:\nr1 = 1\n*(u64 *)(r10 - 8) = r1\nr0 = 0\nexit"
+
+
+@pytest.mark.parametrize("asm, decl", [
+    ("r0 = 1\nexit", None),
+    (CALLED_STACK, ".local .align 8 .b8 __stack[8];"),                       # the verifier's depths: 0 + 8
+    ("r0 = r2\n" + CALLED_STACK, ".local .align 8 .b8 __stack[1024];"),       # refused (r2): 512 per frame
+])
+def test_stack_sized_by_the_verifier(asm, decl):
+    text = program_to_ptx(assemble(asm))
+    if decl is None:
+        assert "__stack" not in text and ".local" not in text
+    else:
+        assert decl in text
 
 
 # ---- device map images --------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 and self-contained modules that run programs on the GPU exactly as the reference VM does
 (program_to_ptx, execute_on_gpu, execute_batch_on_gpu, run_probe_on_gpu).
 
-Modules: values (what is known per instruction), emitter (a function under construction), codegen
+Modules: emitter (a function under construction), codegen
 (one handler per instruction kind), helpers_ptx (helpers inlined), devmaps (maps in device memory),
 module (whole PTX texts), gpu (driver calls), execute (running on the GPU).
 """

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from ..bpf import isa
 from ..bpf.decode import Insn
+from ..bpf.verifier import VerifiedProgram
 from . import helpers_ptx
 from .devmaps import layout
 from .emitter import Addr, FuncGen, Target, lit, sext32, slit
-from .values import Const, State
 
-def generate_func(insns: list[Insn], target: Target, name: str, params: list[str]) -> str:
-    """The complete ``.func (.param .b64 %ret) name(.param .b64 <params>...)`` for a program."""
-    g = FuncGen(insns, target, HANDLERS)
+
+def generate_func(insns: list[Insn], target: Target, name: str, params: list[str],
+                  verified: VerifiedProgram | None) -> str:
+    """The complete ``.func (.param .b64 %ret) name(.param .b64 <params>...)`` for a program, using what
+    the verifier proved about it (None: a program it refused, which only execute_on_gpu runs)."""
+    g = FuncGen(insns, target, HANDLERS, verified)
     g.body()
     head = f".func (.param .b64 %ret) {name}({', '.join(f'.param .b64 {p}' for p in params)})"
     return "\n".join([head, "{", *g.declarations(), *g.prologue(params), *g.lines,
@@ -28,7 +31,7 @@ _SIMPLE = {"add": "add.u", "sub": "sub.u", "mul": "mul.lo.u", "or": "or.b", "and
 _SHIFT = {"lsh": "shl.b", "rsh": "shr.u", "arsh": "shr.s"}
 
 
-def alu(g: FuncGen, insn: Insn, st: State) -> None:
+def alu(g: FuncGen, insn: Insn) -> None:
     """dst = dst OP src (RFC 9669 4.1). 32-bit forms use the low halves and zero-extend the result;
     shift counts are masked to the width; imm is sign-extended to 64 bits."""
     w, op, d = insn.width, insn.op, g.reg(insn.dst)
@@ -85,7 +88,7 @@ def _divmod(g: FuncGen, insn: Insn, w: int, a: str, s: str, res: str) -> None:
     g.emit(f"selp.{bt} {res}, {a if is_mod else 0}, {q}, {pz};")
 
 
-def neg(g: FuncGen, insn: Insn, st: State) -> None:
+def neg(g: FuncGen, insn: Insn) -> None:
     """dst = -dst (RFC 9669 4.1), 32-bit form zero-extended."""
     d = g.reg(insn.dst)
     if insn.width == 64:
@@ -96,7 +99,7 @@ def neg(g: FuncGen, insn: Insn, st: State) -> None:
         g.emit(f"cvt.u64.u32 {d}, {w};")
 
 
-def mov(g: FuncGen, insn: Insn, st: State) -> None:
+def mov(g: FuncGen, insn: Insn) -> None:
     """dst = src: MOV64 imm sign-extends, MOV32 zero-extends the low 32 bits (RFC 9669 4.1)."""
     d = g.reg(insn.dst)
     if insn.use_imm:
@@ -108,7 +111,7 @@ def mov(g: FuncGen, insn: Insn, st: State) -> None:
         g.emit(f"and.b64 {d}, {g.reg(insn.src)}, 0xFFFFFFFF;")
 
 
-def movsx(g: FuncGen, insn: Insn, st: State) -> None:
+def movsx(g: FuncGen, insn: Insn) -> None:
     """dst = (s8|s16|s32) src, sign-extended to 64 bits, or to 32 bits and then zero-extended (MOVSX)."""
     d, s, bits = g.reg(insn.dst), g.reg(insn.src), 8 * insn.size
     if insn.width == 64:
@@ -119,7 +122,7 @@ def movsx(g: FuncGen, insn: Insn, st: State) -> None:
         g.emit(f"cvt.u64.u32 {d}, {w};")
 
 
-def end(g: FuncGen, insn: Insn, st: State) -> None:
+def end(g: FuncGen, insn: Insn) -> None:
     """Byte swaps (RFC 9669 4.2): le = truncate to imm bits on this little-endian target; be and bswap
     reverse the low imm bits' bytes; the result is zero-extended."""
     d, bits = g.reg(insn.dst), insn.imm
@@ -144,7 +147,7 @@ _CMP = {"jeq": "eq.b", "jne": "ne.b", "jgt": "gt.u", "jge": "ge.u", "jlt": "lt.u
         "jsgt": "gt.s", "jsge": "ge.s", "jslt": "lt.s", "jsle": "le.s"}
 
 
-def jmp(g: FuncGen, insn: Insn, st: State) -> None:
+def jmp(g: FuncGen, insn: Insn) -> None:
     """if (dst OP src) goto +off (RFC 9669 4.3); JMP32 compares the low halves; imm is sign-extended."""
     w, signed = insn.width, _CMP.get(insn.op, "").endswith(".s")
     a = g.reg(insn.dst) if w == 64 else g.lo32(g.reg(insn.dst))
@@ -159,17 +162,17 @@ def jmp(g: FuncGen, insn: Insn, st: State) -> None:
     g.emit(f"@{p} bra {g.jump_label(insn.jump_target())};")
 
 
-def ja(g: FuncGen, insn: Insn, st: State) -> None:
+def ja(g: FuncGen, insn: Insn) -> None:
     """goto +off (JA) or +imm (JA32, gotol)."""
     g.emit(f"bra {g.jump_label(insn.jump_target())};")
 
 
-def exit_(g: FuncGen, insn: Insn, st: State) -> None:
+def exit_(g: FuncGen, insn: Insn) -> None:
     """Return r0 to the caller frame, or from the probe."""
     g.emit(f"bra {g.ret_label};")
 
 
-def lddw(g: FuncGen, insn: Insn, st: State) -> None:
+def lddw(g: FuncGen, insn: Insn) -> None:
     """dst = imm64, or a map / a map value address after loading (RFC 9669 5.4, libbpf fd_array form)."""
     d = g.reg(insn.dst)
     if insn.src == isa.LDDW_IMM64:
@@ -186,48 +189,50 @@ def lddw(g: FuncGen, insn: Insn, st: State) -> None:
         raise g.fail(insn, f"lddw with pseudo source {insn.src} is left unresolved by the loader")
 
 
-def load(g: FuncGen, insn: Insn, st: State) -> None:
+def load(g: FuncGen, insn: Insn) -> None:
     """dst = *(size *)(src + off), zero-extended (LDX) or sign-extended (LDXSX)."""
-    a = g.address(insn.src, st, insn.off, insn.size)
+    a = g.address(insn, insn.src, insn.size)
     g.load(g.reg(insn.dst), a, insn.size, insn.spec.signed)
 
 
-def store(g: FuncGen, insn: Insn, st: State) -> None:
+def store(g: FuncGen, insn: Insn) -> None:
     """*(size *)(dst + off) = src or imm (ST/STX); imm is sign-extended, then truncated to size."""
-    a = g.address(insn.dst, st, insn.off, insn.size)
+    a = g.address(insn, insn.dst, insn.size)
     g.store(sext32(insn.imm) if insn.use_imm else g.reg(insn.src), a, insn.size)
 
 
 _RMW = {"add": "add.u", "or": "or.b", "and": "and.b", "xor": "xor.b", "xchg": "exch.b"}
 
 
-def atomic(g: FuncGen, insn: Insn, st: State) -> None:
+def atomic(g: FuncGen, insn: Insn) -> None:
     """Atomic read-modify-write of *(dst + off) (RFC 9669 5.3): add/or/and/xor, whose FETCH form loads
     the old value into src; xchg; cmpxchg, which compares with r0 and loads the old value into r0.
     32-bit forms zero-extend what they load. Stack slots are thread-private and a misaligned address
     cannot be atomic on a GPU (it faults), so both take a plain read-modify-write: what one thread
     observes is the same. PTX atomics on generic addresses that point to local memory are undefined,
-    so an unknown base is tested with isspacep.local at run time."""
-    a = g.address(insn.dst, st, insn.off, insn.size)
+    so a generic base (a "mixed" region, or an unverified program) is tested with isspacep.local at
+    run time, and for alignment too when nothing proved it."""
+    a = g.address(insn, insn.dst, insn.size)
     if a.space == ".local" or a.aligned is False:
         _rmw_plain(g, insn, a)
-    elif g.is_global(insn.dst, st):
-        _rmw_atomic(g, insn, a, st)
+    elif a.space == ".global":
+        _rmw_atomic(g, insn, a)
     else:
         p = g.t64()
         g.emit(f"add.u64 {p}, {a.base}, {a.off};")
-        local, mis, slow = g.pred(), g.pred(), g.pred()
-        g.emit(f"isspacep.local {local}, {p};")
-        m = g.t64()
-        g.emit(f"and.b64 {m}, {p}, {insn.size - 1};")
-        g.emit(f"setp.ne.b64 {mis}, {m}, 0;")
-        g.emit(f"or.pred {slow}, {local}, {mis};")
+        slow = g.pred()
+        g.emit(f"isspacep.local {slow}, {p};")
+        if a.aligned is None:
+            m, mis = g.t64(), g.pred()
+            g.emit(f"and.b64 {m}, {p}, {insn.size - 1};")
+            g.emit(f"setp.ne.b64 {mis}, {m}, 0;")
+            g.emit(f"or.pred {slow}, {slow}, {mis};")
         lslow, ldone = g.label(), g.label()
         g.emit(f"@{slow} bra {lslow};")
-        _rmw_atomic(g, insn, Addr("", p, 0, True), st)
+        _rmw_atomic(g, insn, Addr("", p, 0, True))
         g.emit(f"bra {ldone};")
         g.place(lslow)
-        _rmw_plain(g, insn, Addr("", p, 0, None))
+        _rmw_plain(g, insn, Addr("", p, 0, a.aligned))
         g.place(ldone)
 
 
@@ -258,23 +263,23 @@ def _rmw_plain(g: FuncGen, insn: Insn, a: Addr) -> None:
         g.emit(f"mov.b64 {src}, {old};")
 
 
-def _rmw_atomic(g: FuncGen, insn: Insn, a: Addr, st: State) -> None:
+def _rmw_atomic(g: FuncGen, insn: Insn, a: Addr) -> None:
     op, w, src = insn.atomic_op, insn.width, g.reg(insn.src)
-    v = src if w == 64 else g.lo32(src)
-    const = st.reg(insn.src)
-    if op == "add" and isinstance(const, Const):
-        _warp_add(g, insn, a, const.value)
+    const = g.const(insn.pc) if op == "add" else None
+    if const is not None:
+        _warp_add(g, insn, a, const)
         return
+    v = src if w == 64 else g.lo32(src)
     if op == "cmpxchg":
         cmp = g.reg(0) if w == 64 else g.lo32(g.reg(0))
         old = g.t64() if w == 64 else g.t32()
-        g.emit(f"atom.cas.b{w} {old}, {a.at()}, {cmp}, {v};")
+        g.emit(f"atom{a.space}.cas.b{w} {old}, {a.at()}, {cmp}, {v};")
         g.emit(f"mov.b64 {g.reg(0)}, {old};" if w == 64 else f"cvt.u64.u32 {g.reg(0)}, {old};")
     elif not insn.fetch:
-        g.emit(f"red.{_RMW[op]}{w} {a.at()}, {v};")
+        g.emit(f"red{a.space}.{_RMW[op]}{w} {a.at()}, {v};")
     else:
         old = g.t64() if w == 64 else g.t32()
-        g.emit(f"atom.{_RMW[op]}{w} {old}, {a.at()}, {v};")
+        g.emit(f"atom{a.space}.{_RMW[op]}{w} {old}, {a.at()}, {v};")
         g.emit(f"mov.b64 {src}, {old};" if w == 64 else f"cvt.u64.u32 {src}, {old};")
 
 
@@ -303,11 +308,11 @@ def _warp_add(g: FuncGen, insn: Insn, a: Addr, c: int) -> None:
         tot = g.t32()
         g.emit(f"mul.lo.u32 {tot}, {n}, {lit(c, 32)};")
     if not insn.fetch:
-        g.emit(f"@{lead} red.add.u{w} [{p}], {tot};")
+        g.emit(f"@{lead} red{a.space}.add.u{w} [{p}], {tot};")
         return
     old = g.t64() if w == 64 else g.t32()
     g.emit(f"mov.b{w} {old}, 0;")
-    g.emit(f"@{lead} atom.add.u{w} {old}, [{p}], {tot};")
+    g.emit(f"@{lead} atom{a.space}.add.u{w} {old}, [{p}], {tot};")
     low, leader = g.t32(), g.t32()
     g.emit(f"neg.s32 {low}, {peers};")
     g.emit(f"and.b32 {low}, {low}, {peers};")
@@ -328,12 +333,12 @@ def _warp_add(g: FuncGen, insn: Insn, a: Addr, c: int) -> None:
 
 
 
-def call(g: FuncGen, insn: Insn, st: State) -> None:
+def call(g: FuncGen, insn: Insn) -> None:
     """A helper (inlined PTX) or a static subprogram (inlined with its own frame)."""
     if insn.src == isa.CALL_LOCAL:
-        g.inline_call(insn, st)
+        g.inline_call(insn)
         return
-    helpers_ptx.emit_helper(g, insn, st)
+    helpers_ptx.emit_helper(g, insn)
 
 
 HANDLERS = {"alu": alu, "neg": neg, "mov": mov, "movsx": movsx, "end": end, "jmp": jmp, "ja": ja,

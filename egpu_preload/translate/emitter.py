@@ -1,15 +1,19 @@
 """The statements of one PTX ``.func`` under construction: registers, temporaries, frames, memory operands.
 
 The handlers that translate instructions live in codegen.py (one per ``isa.OpSpec.kind``) and helpers in
-helpers_ptx.py; both build on this module. Registers r0-r10 live in PTX ``.b64`` registers (``%r0``..``%r10``); local calls are
-inlined, each inlined frame getting its own r6-r10 (``%d<depth>r6``..) and its own 512-byte slice of one
-per-thread ``.local`` stack array, which exists only when the program touches r10. r1-r5 and r0 are
-shared between frames, as the eBPF calling convention passes and clobbers them.
+helpers_ptx.py; both build on this module. Registers r0-r10 live in PTX ``.b64`` registers
+(``%r0``..``%r10``); local calls are inlined, each inlined frame getting its own r6-r10 (``%d<depth>r6``..)
+and its own slice of one per-thread ``.local`` stack array. r1-r5 and r0 are shared between frames, as
+the eBPF calling convention passes and clobbers them.
 
-Memory operations use what ``values.analyze`` proves about their base: stack slots become
-``ld/st.local`` at a static offset, accesses through a base known to be 8-byte aligned are emitted
-directly, and anything else checks alignment at run time and falls back to byte accesses (a GPU faults
-on a misaligned access, the VM does not).
+What the verifier proved (bpf/verifier VerifiedProgram) decides the code: each frame is as large as its
+function's stack depth (no ``.local`` at all when no function uses the stack); accesses through r10 are
+``ld/st.local`` at a static offset, other stack accesses ``ld/st.local``, map values and ringbuf records
+``ld/st.global``, and only the context and "mixed" bases stay generic; every access is aligned (the
+verifier checks that). Programs the verifier refuses still run in execute_on_gpu (vm.execute's contract
+covers them): without facts, frames are 512 bytes and zeroed as the VM's are, and accesses check
+alignment at run time and fall back to byte accesses (a GPU faults on a misaligned access, the VM
+does not).
 """
 
 from __future__ import annotations
@@ -19,15 +23,17 @@ from dataclasses import dataclass
 from ..bpf import isa
 from ..bpf.decode import Insn
 from ..bpf.disasm import disasm_insn
+from ..bpf.helpers import HELPERS
 from ..bpf.program import MapDef
+from ..bpf.verifier import VerifiedProgram
 from ..errors import TranslateError
-from . import values
-from .values import Ptr, State
 
 M64 = (1 << 64) - 1
 MAX_FRAMES = 8             # Linux MAX_CALL_FRAMES
 MAX_LINES = 200_000        # refuse programs whose inlined calls explode
-FRAME = isa.STACK_SIZE
+FRAME = isa.STACK_SIZE     # a frame of a program the verifier refused
+# Where the verifier proves an access goes: the PTX state space to address it in.
+SPACES = {"stack": ".local", "map_value": ".global", "ringbuf_mem": ".global", "ctx": "", "mixed": ""}
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,6 @@ class Target:
     tag: str                       # unique per probe object; prefixes every module-level name
     maps: tuple[MapDef, ...] = ()
     table: str | None = None       # the .const map table symbol; None: the program may use no maps
-    exec_mode: bool = False        # execute_on_gpu: stack zeroed, r1 is global memory, as in the VM
 
 
 def lit(v: int, bits: int = 64) -> str:
@@ -60,7 +65,7 @@ def sext32(v: int) -> int:
 class Addr:
     """Where a memory operand lives: ``[base+off]`` in ``space``; ``aligned`` None = unknown."""
 
-    space: str   # ".local" or "" (generic)
+    space: str   # ".local", ".global" or "" (generic)
     base: str    # symbol or register
     off: int
     aligned: bool | None
@@ -69,14 +74,34 @@ class Addr:
         return f"[{self.base}+{self.off + i}]"
 
 
+def successors(insn: Insn, next_pc: int) -> list[int]:
+    """Where control may go after insn (a helper ``exit`` ends the probe)."""
+    if insn.kind == "exit":
+        return []
+    if insn.kind == "ja":
+        return [insn.jump_target()]
+    if insn.kind == "jmp":
+        return [next_pc, insn.jump_target()]
+    if insn.kind == "call" and insn.src == isa.CALL_HELPER and insn.imm in HELPERS \
+            and HELPERS[insn.imm].name == "exit":
+        return []
+    return [next_pc]
+
+
+def round8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
 class FuncGen:
     """Builds one ``.func`` from a program: its statements, temporaries and stack."""
 
-    def __init__(self, insns: list[Insn], target: Target, handlers: dict) -> None:
+    def __init__(self, insns: list[Insn], target: Target, handlers: dict,
+                 verified: VerifiedProgram | None) -> None:
         if not insns:
             raise TranslateError("empty program")
         self.target = target
-        self.handlers = handlers  # isa kind -> handler(gen, insn, state)
+        self.handlers = handlers  # isa kind -> handler(gen, insn)
+        self.verified = verified
         self.by_pc = {i.pc: i for i in insns}
         self.total = insns[-1].pc + insns[-1].slots
         entries = {0}
@@ -90,17 +115,23 @@ class FuncGen:
                 raise TranslateError("kfunc calls are not supported", insn=i.pc)
         order = sorted(entries)
         self.frame_end = {e: (order[k + 1] if k + 1 < len(order) else self.total) for k, e in enumerate(order)}
-        self.uses_stack = any(i.dst == isa.FRAME_POINTER or
-                              (i.src == isa.FRAME_POINTER and not i.use_imm and i.kind not in ("lddw", "call"))
-                              for i in insns)
+        if verified is not None:
+            self.frame_size = {e: round8(d) for e, d in zip(verified.subprogs, verified.stack_depth)}
+            self.uses_stack = any(self.frame_size.values())
+        else:
+            self.frame_size = dict.fromkeys(order, FRAME)
+            self.uses_stack = any(i.dst == isa.FRAME_POINTER or
+                                  (i.src == isa.FRAME_POINTER and not i.use_imm and i.kind not in ("lddw", "call"))
+                                  for i in insns)
         self.lines: list[str] = []
         self.pending: list[tuple[str, int, str]] = []  # helpers' early returns: (label, r0, join label)
         self.counts = {"t": 0, "w": 0, "p": 0, "L": 0, "i": 0}
         self.max_depth = 0
-        # Emission context of the frame being emitted.
+        self.stack_bytes = 0
+        # Emission context of the frame being emitted: its depth, instance, stack slice [base, top).
         self.depth = 0
         self.inst = 0
-        self.chain: list[int] = []
+        self.base = self.top = 0
         self.ret_label = "$Lexit"
 
     # ---- statements and temporaries -------------------------------------------------------
@@ -150,6 +181,19 @@ class FuncGen:
     def fail(self, insn: Insn, reason: str) -> TranslateError:
         return TranslateError(f"{reason} ({disasm_insn(insn)})", insn=insn.pc)
 
+    # ---- the verifier's facts (none for a program it refused) ---------------------------------
+    def const(self, pc: int) -> int | None:
+        """The constant operand of the instruction at pc on every path (VerifiedProgram.consts)."""
+        return self.verified.consts.get(pc) if self.verified is not None else None
+
+    def map_index(self, insn: Insn, reg: int) -> int:
+        """The map a helper call passes in r<reg>, the same on every path."""
+        index = self.verified.maps.get(insn.pc) if self.verified is not None else None
+        if index is None:
+            why = "different maps on different paths" if self.verified is not None else "an unverified program"
+            raise self.fail(insn, f"r{reg} is not a map known at translation time ({why})")
+        return index
+
     # ---- maps ---------------------------------------------------------------------------------
     def map_def(self, insn: Insn, index: int) -> MapDef:
         if self.target.table is None:
@@ -165,23 +209,36 @@ class FuncGen:
         return t
 
     # ---- memory ---------------------------------------------------------------------------------
-    def address(self, base_reg: int, st: State, off: int, size: int) -> Addr:
-        f = st.reg(base_reg)
-        reg = self.reg(base_reg)
-        if isinstance(f, Ptr) and f.region.startswith("fp"):
-            d = int(f.region[2:])
-            k = FRAME * (d + 1) + f.off + off
-            if FRAME * d <= k and k + size <= FRAME * (d + 1):
-                return Addr(".local", "__stack", k, k % size == 0)
-        if isinstance(f, Ptr):
-            return Addr("", reg, off, (f.off + off) % size == 0)
-        return Addr("", reg, off, None)
+    def address(self, insn: Insn, base_reg: int, size: int) -> Addr:
+        """The operand of the load, store or atomic insn through r<base_reg> + insn.off."""
+        reg, off = self.reg(base_reg), insn.off
+        verified = self.verified is not None
+        if base_reg == isa.FRAME_POINTER:  # r10 is the frame's top, read-only: a static local address
+            k = self.top + off
+            if self.base <= k and k + size <= self.top:
+                return Addr(".local", "__stack", k, verified or k % size == 0)
+        if not verified:
+            return Addr("", reg, off, None)
+        space = SPACES[self.verified.regions[insn.pc]]
+        if space:  # the register holds a generic address; PTX addresses a state space by its window
+            t = self.t64()
+            self.emit(f"cvta.to{space}.u64 {t}, {reg};")
+            reg = t
+        return Addr(space, reg, off, True)
 
-    def is_global(self, base_reg: int, st: State) -> bool:
-        """Whether the base is known to point into global memory (maps; the memory of execute_on_gpu)."""
-        f = st.reg(base_reg)
-        return isinstance(f, Ptr) and (f.region.startswith(("map", "ring")) or
-                                       (f.region == "arg" and self.target.exec_mode))
+    def arg(self, insn: Insn, reg: int, size: int) -> Addr:
+        """The operand *(size *)r<reg> of a helper call: a static local address when the verifier saw
+        a slot of this frame passed, else generic; aligned where it proved so."""
+        facts = self.verified
+        off = facts.arg_stack.get((insn.pc, reg)) if facts is not None else None
+        if off is not None:
+            return Addr(".local", "__stack", self.top + off, (self.top + off) % size == 0)
+        align = self.arg_align(insn, reg)
+        return Addr("", self.reg(reg), 0, None if align is None else align >= size)
+
+    def arg_align(self, insn: Insn, reg: int) -> int | None:
+        """The alignment (1-8) proven for the helper call's pointer argument r<reg>; None when unknown."""
+        return self.verified.arg_align.get((insn.pc, reg)) if self.verified is not None else None
 
     def _checked(self, a: Addr, size: int, fast, slow) -> None:
         """Run ``fast(addr)`` when the generic address a is size-aligned, else ``slow(addr)``."""
@@ -245,10 +302,23 @@ class FuncGen:
             self._checked(a, size, fast, slow)
 
     # ---- frames -----------------------------------------------------------------------------
-    def emit_frame(self, entry: int, start: State) -> None:
+    def _reachable(self, entry: int, end: int) -> set[int] | frozenset[int]:
+        """The instructions to emit: those the verifier saw executed, else those control can reach."""
+        if self.verified is not None:
+            return self.verified.reached
+        seen, work = {entry}, [entry]
+        while work:
+            insn = self.by_pc[work.pop()]
+            for s in successors(insn, insn.pc + insn.slots):
+                if entry <= s < end and s in self.by_pc and s not in seen:
+                    seen.add(s)
+                    work.append(s)
+        return seen
+
+    def emit_frame(self, entry: int) -> None:
         """Emit the subprogram at ``entry`` as the current frame (self.depth, self.inst)."""
         end = self.frame_end[entry]
-        states = values.analyze(self.by_pc, entry, end, start, self.depth)
+        reached = self._reachable(entry, end)
         targets = set()
         for pc, insn in self.by_pc.items():
             if entry <= pc < end and insn.kind in ("jmp", "ja"):
@@ -266,52 +336,52 @@ class FuncGen:
             if pc in targets:
                 self.place(self.jump_label(pc))
             last = insn
-            if pc not in states:
+            if pc not in reached:
                 continue  # unreachable: nothing to emit
             self.lines.append(f"\t// {pc}: {disasm_insn(insn)}")
-            self.handlers[insn.kind](self, insn, states[pc])
-        if last is not None and last.pc in states and values.successors(last, end) == [end]:
-            raise self.fail(last, "execution falls off the end of the function")
-        if last is not None and last.kind == "jmp" and last.pc in states:
+            self.handlers[insn.kind](self, insn)
+        if last is not None and last.pc in reached and (successors(last, end) == [end] or last.kind == "jmp"):
             raise self.fail(last, "execution falls off the end of the function")
 
     def jump_label(self, pc: int) -> str:
         return f"$L{self.inst}_{pc}"
 
-    def inline_call(self, insn: Insn, st: State) -> None:
+    def _enter(self, entry: int) -> None:
+        """The stack slice of the function at ``entry``, right below its caller's, and its r10."""
+        self.base = self.top
+        self.top = self.base + self.frame_size[entry]
+        self.stack_bytes = max(self.stack_bytes, self.top)
+        fp = self.reg(isa.FRAME_POINTER)
+        self.emit(f"add.u64 {fp}, %stack, {self.top};" if self.uses_stack else f"mov.b64 {fp}, 0;")
+        self.zero_frame()
+
+    def inline_call(self, insn: Insn) -> None:
         callee = insn.call_target()
-        if callee in self.chain and not self.target.exec_mode:
-            raise self.fail(insn, "recursive call")
         if self.depth + 1 >= MAX_FRAMES:
-            if not self.target.exec_mode:
-                raise self.fail(insn, f"call depth exceeds {MAX_FRAMES} frames")
-            # The VM runs bounded recursion and refuses this call; execute_on_gpu stops with r0 = 0.
+            # Only a program the verifier refused recurses (execute_on_gpu): the VM runs bounded
+            # recursion and refuses this call; the GPU stops with r0 = 0.
             self.emit("mov.b64 %r0, 0;")
             self.emit("bra $Lexit;")
             return
-        saved = (self.depth, self.inst, self.ret_label)
+        saved = (self.depth, self.inst, self.ret_label, self.base, self.top)
         self.depth += 1
         self.max_depth = max(self.max_depth, self.depth)
         self.inst = self._new("i") + 1
         self.ret_label = f"$Lret{self.inst}"
-        self.chain.append(callee)
-        if self.uses_stack:
-            self.emit(f"add.u64 {self.reg(10)}, %stack, {FRAME * (self.depth + 1)};")
-            self.zero_frame()
-        start = values.entry_state(self.depth, {n: st.reg(n) for n in range(1, 6)})
-        self.emit_frame(callee, start)
+        self._enter(callee)
+        self.emit_frame(callee)
         self.place(self.ret_label)
-        self.chain.pop()
-        self.depth, self.inst, self.ret_label = saved
+        self.depth, self.inst, self.ret_label, self.base, self.top = saved
 
     def zero_frame(self) -> None:
-        """execute_on_gpu only: the VM gives every frame a fresh zeroed stack; so does this."""
-        if not (self.target.exec_mode and self.uses_stack):
+        """The VM gives every frame a fresh zeroed stack; for a program the verifier refused (so one
+        that may read stack it never wrote) execute_on_gpu does too."""
+        if self.verified is not None or not self.uses_stack:
             return
         p, e, done = self.t64(), self.t64(), self.pred()
         self.emit(f"mov.u64 {p}, __stack;")
-        self.emit(f"add.u64 {e}, {p}, {FRAME * (self.depth + 1)};")
-        self.emit(f"add.u64 {p}, {p}, {FRAME * self.depth};")
+        self.emit(f"add.u64 {e}, {p}, {self.top};")
+        self.emit(f"add.u64 {p}, {p}, {self.base};")
         loop = self.label()
         self.place(loop)
         self.emit(f"st.local.u64 [{p}], 0;")
@@ -322,10 +392,8 @@ class FuncGen:
     # ---- the function ---------------------------------------------------------------------
     def body(self) -> None:
         """Emit the whole program: the main function at pc 0 and, inlined, everything it calls."""
-        self.chain = [0]
-        self.zero_frame()
-        start = values.entry_state(0, {1: Ptr("arg", 0)})
-        self.emit_frame(0, start)
+        self._enter(0)
+        self.emit_frame(0)
         self.place("$Lexit")
 
     def declarations(self) -> list[str]:
@@ -336,7 +404,7 @@ class FuncGen:
                 decls.append(f"\t.reg {ty} %{kind}<{self.counts[kind]}>;")
         if self.uses_stack:
             decls.append("\t.reg .b64 %stack;")
-            decls.append(f"\t.local .align 8 .b8 __stack[{FRAME * (self.max_depth + 1)}];")
+            decls.append(f"\t.local .align 8 .b8 __stack[{self.stack_bytes}];")
         return decls
 
     def prologue(self, params: list[str]) -> list[str]:
@@ -345,5 +413,4 @@ class FuncGen:
         out += [f"\tmov.b64 %r{n}, 0;" for n in range(0, 10) if not 1 <= n <= len(params)]
         if self.uses_stack:
             out.append("\tcvta.local.u64 %stack, __stack;")
-            out.append(f"\tadd.u64 %r10, %stack, {FRAME};")
         return out

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..bpf import isa
 from ..bpf import program as prog
 from ..bpf.decode import Insn
 from ..bpf.helpers import BPF_EXIST, BPF_F_CURRENT_CPU, BPF_NOEXIST, HELPERS
@@ -18,14 +17,13 @@ from ..maps import E2BIG, EAGAIN, EEXIST, EINVAL, ENOENT, ENOSPC
 from . import devmaps
 from .devmaps import BUSY, DELETED, EMPTY, FULL, HEADER, REC_BUSY, REC_DISCARD, REC_READY, MapLayout
 from .emitter import Addr, FuncGen, lit
-from .values import Const, MapRef, Ptr, State
 
 
-def emit_helper(g: FuncGen, insn: Insn, st: State) -> None:
+def emit_helper(g: FuncGen, insn: Insn) -> None:
     helper = HELPERS.get(insn.imm)
     if helper is None:
         raise g.fail(insn, f"unknown helper {insn.imm}")
-    _EMIT[helper.name](g, insn, st)
+    _EMIT[helper.name](g, insn)
 
 
 # ---- small pieces --------------------------------------------------------------------------------
@@ -42,21 +40,10 @@ def _special(g: FuncGen, sreg: str) -> str:
     return t
 
 
-def _map(g: FuncGen, insn: Insn, st: State, reg: int = 1) -> tuple[int, prog.MapDef, MapLayout]:
-    ref = st.reg(reg)
-    if not isinstance(ref, MapRef):
-        raise g.fail(insn, f"r{reg} is not a map known at translation time")
-    m = g.map_def(insn, ref.index)
-    return ref.index, m, devmaps.layout(m)
-
-
-def _align(st: State, reg: int, off: int = 0) -> int | None:
-    """The alignment (1..8) proven for r<reg> + off, None when unknown."""
-    f = st.reg(reg)
-    if not isinstance(f, Ptr):
-        return None
-    k = f.off + off
-    return next(p for p in (8, 4, 2, 1) if k % p == 0)
+def _map(g: FuncGen, insn: Insn, reg: int = 1) -> tuple[int, prog.MapDef, MapLayout]:
+    index = g.map_index(insn, reg)
+    m = g.map_def(insn, index)
+    return index, m, devmaps.layout(m)
 
 
 def _pieces(n: int, align: int) -> list[tuple[int, int]]:
@@ -69,8 +56,9 @@ def _pieces(n: int, align: int) -> list[tuple[int, int]]:
     return out
 
 
-def _load_chunks(g: FuncGen, base: str, n: int, align: int | None) -> list[str]:
-    """n bytes at generic address base, as little-endian u64 registers (the last one zero padded)."""
+def _load_chunks(g: FuncGen, insn: Insn, reg: int, n: int) -> list[str]:
+    """n bytes at the helper argument r<reg>, as little-endian u64 registers (the last one zero padded)."""
+    src = g.arg(insn, reg, 1)
     regs = [g.t64() for _ in range((n + 7) // 8)]
 
     def fill(al: int) -> None:
@@ -78,23 +66,23 @@ def _load_chunks(g: FuncGen, base: str, n: int, align: int | None) -> list[str]:
             first = True
             for off, p in _pieces(min(8, n - 8 * c), al):
                 t = r if first else g.t64()
-                g.emit(f"ld.u{8 * p} {t}, [{base}+{8 * c + off}];")
+                g.emit(f"ld{src.space}.u{8 * p} {t}, {src.at(8 * c + off)};")
                 if not first:
                     g.emit(f"shl.b64 {t}, {t}, {8 * off};")
                     g.emit(f"or.b64 {r}, {r}, {t};")
                 first = False
 
-    if align is not None:
-        fill(align)
-    else:
-        _by_alignment(g, base, fill)
+    _by_alignment(g, src, g.arg_align(insn, reg), fill)
     return regs
 
 
-def _by_alignment(g: FuncGen, base: str, body: Callable[[int], None]) -> None:
-    """body(8) when base is 8-byte aligned at run time, else body(1)."""
+def _by_alignment(g: FuncGen, src: Addr, align: int | None, body: Callable[[int], None]) -> None:
+    """body(align) when it is known, else body(8) when src is 8-byte aligned at run time, else body(1)."""
+    if align is not None:
+        body(align)
+        return
     m = g.t64()
-    g.emit(f"and.b64 {m}, {base}, 7;")
+    g.emit(f"and.b64 {m}, {src.base}, 7;")
     p = g.pred()
     g.emit(f"setp.ne.b64 {p}, {m}, 0;")
     slow, done = g.label(), g.label()
@@ -106,18 +94,17 @@ def _by_alignment(g: FuncGen, base: str, body: Callable[[int], None]) -> None:
     g.place(done)
 
 
-def _copy_const(g: FuncGen, dst: str, src: str, n: int, align: int | None) -> None:
-    """Copy n bytes from generic src (alignment align, None unknown) to 8-aligned generic dst."""
+def _copy_const(g: FuncGen, dst: str, insn: Insn, reg: int, n: int) -> None:
+    """Copy n bytes from the helper argument r<reg> to 8-aligned generic dst."""
+    src = g.arg(insn, reg, 1)
+
     def body(al: int) -> None:
         for off, p in _pieces(n, al):
             t = g.t64()
-            g.emit(f"ld.u{8 * p} {t}, [{src}+{off}];")
+            g.emit(f"ld{src.space}.u{8 * p} {t}, {src.at(off)};")
             g.emit(f"st.u{8 * p} [{dst}+{off}], {t};")
 
-    if align is not None:
-        body(align)
-    else:
-        _by_alignment(g, src, body)
+    _by_alignment(g, src, g.arg_align(insn, reg), body)
 
 
 def _copy_var(g: FuncGen, dst: str, src: str, n: str) -> None:
@@ -162,14 +149,11 @@ def _branch(g: FuncGen, cond: str, a: str, b: str | int, target: str, ty: str = 
 
 # ---- arrays ----------------------------------------------------------------------------------
 
-def _array_slot(g: FuncGen, insn: Insn, st: State, index: int, m: prog.MapDef, lay: MapLayout,
+def _array_slot(g: FuncGen, insn: Insn, index: int, m: prog.MapDef, lay: MapLayout,
                 miss: str) -> str:
     """The address of the value for the u32 key at r2 in this thread's copy, or a jump to miss."""
     base = g.map_base(index)
-    known = None
-    key = st.reg(2)
-    if isinstance(key, Ptr) and key.region == f"fp{g.depth}":
-        known = st.stack_value(key.off, 4)
+    known = g.const(insn.pc)
     slot = g.t64()
     if lay.kind == "percpu_array":
         cpu, ncpu = _special(g, "%smid"), g.t64()
@@ -185,7 +169,7 @@ def _array_slot(g: FuncGen, insn: Insn, st: State, index: int, m: prog.MapDef, l
         g.emit(f"add.u64 {slot}, {base}, {HEADER + known * lay.stride};")
         return slot
     idx = g.t64()
-    g.load(idx, g.address(2, st, 0, 4), 4)
+    g.load(idx, g.arg(insn, 2, 4), 4)
     _branch(g, "ge", idx, m.max_entries, miss)
     g.emit(f"mad.lo.u64 {slot}, {idx}, {lay.stride}, {base};")
     g.emit(f"add.u64 {slot}, {slot}, {HEADER};")
@@ -194,11 +178,11 @@ def _array_slot(g: FuncGen, insn: Insn, st: State, index: int, m: prog.MapDef, l
 
 # ---- hash maps -------------------------------------------------------------------------------
 
-def _hash_start(g: FuncGen, st: State, index: int, lay: MapLayout) -> tuple[str, list[str], str, str, str]:
+def _hash_start(g: FuncGen, insn: Insn, index: int, lay: MapLayout) -> tuple[str, list[str], str, str, str]:
     """Load the key at r2, hash it; returns (region base, key registers, bucket index, probe count,
     loop label placed here)."""
     base = g.map_base(index)
-    keys = _load_chunks(g, g.reg(2), lay.key_size, _align(st, 2))
+    keys = _load_chunks(g, insn, 2, lay.key_size)
     h, t = g.t64(), g.t64()
     g.emit(f"mov.b64 {h}, {lit(devmaps.HASH_SEED)};")
     for k in keys:
@@ -243,8 +227,8 @@ def _touch(g: FuncGen, slot: str, lay: MapLayout) -> None:
         g.emit(f"st.relaxed.gpu.u64 [{slot}+8], {t};")
 
 
-def _hash_lookup(g: FuncGen, insn: Insn, st: State, index: int, lay: MapLayout) -> None:
-    base, keys, idx, n, loop = _hash_start(g, st, index, lay)
+def _hash_lookup(g: FuncGen, insn: Insn, index: int, lay: MapLayout) -> None:
+    base, keys, idx, n, loop = _hash_start(g, insn, index, lay)
     nxt, miss, done = g.label(), g.label(), g.label()
     g.place(loop)
     slot, s = _slot_of(g, base, idx, lay)
@@ -312,11 +296,11 @@ def _evict(g: FuncGen, base: str, home: str, lay: MapLayout) -> None:
     g.place(pick)
 
 
-def _hash_update(g: FuncGen, insn: Insn, st: State, index: int, m: prog.MapDef, lay: MapLayout) -> None:
+def _hash_update(g: FuncGen, insn: Insn, index: int, m: prog.MapDef, lay: MapLayout) -> None:
     flags = g.reg(4)
     done = g.label()
     _branch(g, "gt", flags, BPF_EXIST, _ret(g, done, -EINVAL))
-    base, keys, idx, n, loop = _hash_start(g, st, index, lay)
+    base, keys, idx, n, loop = _hash_start(g, insn, index, lay)
     nxt, empty, revive, found = g.label(), g.label(), g.label(), g.label()
     full_ret, noent_ret, exist_ret = _ret(g, done, -E2BIG), _ret(g, done, -ENOENT), _ret(g, done, -EEXIST)
     g.place(loop)
@@ -358,28 +342,28 @@ def _hash_update(g: FuncGen, insn: Insn, st: State, index: int, m: prog.MapDef, 
     g.place(revive)
     claim(DELETED, DELETED)
     g.place(publish)
-    _write_value(g, st, slot, lay)
+    _write_value(g, insn, slot, lay)
     g.emit(f"st.release.gpu.u32 [{slot}], {FULL};")
     _set_r0(g, 0)
     g.emit(f"bra {done};")
     g.place(found)
     _branch(g, "eq", flags, BPF_NOEXIST, exist_ret)
-    _write_value(g, st, slot, lay)
+    _write_value(g, insn, slot, lay)
     _set_r0(g, 0)
     g.emit(f"bra {done};")
     _flush_rets(g)
     g.place(done)
 
 
-def _write_value(g: FuncGen, st: State, slot: str, lay: MapLayout) -> None:
+def _write_value(g: FuncGen, insn: Insn, slot: str, lay: MapLayout) -> None:
     dst = g.t64()
     g.emit(f"add.u64 {dst}, {slot}, {lay.val_off};")
-    _copy_const(g, dst, g.reg(3), lay.value_size, _align(st, 3))
+    _copy_const(g, dst, insn, 3, lay.value_size)
     _touch(g, slot, lay)
 
 
-def _hash_delete(g: FuncGen, insn: Insn, st: State, index: int, lay: MapLayout) -> None:
-    base, keys, idx, n, loop = _hash_start(g, st, index, lay)
+def _hash_delete(g: FuncGen, insn: Insn, index: int, lay: MapLayout) -> None:
+    base, keys, idx, n, loop = _hash_start(g, insn, index, lay)
     nxt, miss, done = g.label(), g.label(), g.label()
     g.place(loop)
     slot, s = _slot_of(g, base, idx, lay)
@@ -402,16 +386,16 @@ def _hash_delete(g: FuncGen, insn: Insn, st: State, index: int, lay: MapLayout) 
 
 # ---- the map helpers -------------------------------------------------------------------------
 
-def map_lookup_elem(g: FuncGen, insn: Insn, st: State) -> None:
+def map_lookup_elem(g: FuncGen, insn: Insn) -> None:
     """r0 = &value for *r2 in map r1, or NULL."""
-    index, m, lay = _map(g, insn, st)
+    index, m, lay = _map(g, insn)
     if lay.kind == "hash":
-        _hash_lookup(g, insn, st, index, lay)
+        _hash_lookup(g, insn, index, lay)
         return
     if lay.kind == "ringbuf":
         raise g.fail(insn, f"map {m.name} has no lookup")
     miss, done = g.label(), g.label()
-    slot = _array_slot(g, insn, st, index, m, lay, miss)
+    slot = _array_slot(g, insn, index, m, lay, miss)
     _set_r0(g, slot)
     g.emit(f"bra {done};")
     g.place(miss)
@@ -419,34 +403,34 @@ def map_lookup_elem(g: FuncGen, insn: Insn, st: State) -> None:
     g.place(done)
 
 
-def map_update_elem(g: FuncGen, insn: Insn, st: State) -> None:
+def map_update_elem(g: FuncGen, insn: Insn) -> None:
     """r0 = update(map r1, key *r2, value *r3, flags r4): 0 or -errno as maps.py returns them."""
-    index, m, lay = _map(g, insn, st)
+    index, m, lay = _map(g, insn)
     if m.readonly:
         _set_r0(g, -EINVAL)
         return
     if lay.kind == "hash":
-        _hash_update(g, insn, st, index, m, lay)
+        _hash_update(g, insn, index, m, lay)
         return
     if lay.kind == "ringbuf":
         raise g.fail(insn, f"map {m.name} has no update")
     done = g.label()
     flags = g.reg(4)
     _branch(g, "gt", flags, BPF_EXIST, _ret(g, done, -EINVAL))
-    slot = _array_slot(g, insn, st, index, m, lay, _ret(g, done, -E2BIG))
+    slot = _array_slot(g, insn, index, m, lay, _ret(g, done, -E2BIG))
     _branch(g, "eq", flags, BPF_NOEXIST, _ret(g, done, -EEXIST))
-    _copy_const(g, slot, g.reg(3), m.value_size, _align(st, 3))
+    _copy_const(g, slot, insn, 3, m.value_size)
     _set_r0(g, 0)
     g.emit(f"bra {done};")
     _flush_rets(g)
     g.place(done)
 
 
-def map_delete_elem(g: FuncGen, insn: Insn, st: State) -> None:
+def map_delete_elem(g: FuncGen, insn: Insn) -> None:
     """r0 = delete(map r1, key *r2); arrays cannot delete (-EINVAL)."""
-    index, m, lay = _map(g, insn, st)
+    index, m, lay = _map(g, insn)
     if lay.kind == "hash":
-        _hash_delete(g, insn, st, index, lay)
+        _hash_delete(g, insn, index, lay)
     elif lay.kind == "ringbuf":
         raise g.fail(insn, f"map {m.name} has no delete")
     else:
@@ -508,9 +492,9 @@ def _output(g: FuncGen, base: str, lay: MapLayout, data: str, size: str, fail: s
     _publish(g, rec, REC_READY, tag)
 
 
-def ringbuf_output(g: FuncGen, insn: Insn, st: State) -> None:
+def ringbuf_output(g: FuncGen, insn: Insn) -> None:
     """r0 = 0, or -EAGAIN when the ring is full (the drop is counted)."""
-    index, m, lay = _map(g, insn, st)
+    index, m, lay = _map(g, insn)
     done = g.label()
     _output(g, g.map_base(index), lay, g.reg(2), g.reg(3), _ret(g, done, -EAGAIN))
     _set_r0(g, 0)
@@ -519,9 +503,9 @@ def ringbuf_output(g: FuncGen, insn: Insn, st: State) -> None:
     g.place(done)
 
 
-def ringbuf_reserve(g: FuncGen, insn: Insn, st: State) -> None:
+def ringbuf_reserve(g: FuncGen, insn: Insn) -> None:
     """r0 = a record of r2 bytes, or NULL when the ring is full or flags (r3) are not 0."""
-    index, m, lay = _map(g, insn, st)
+    index, m, lay = _map(g, insn)
     done, null = g.label(), g.label()
     _branch(g, "ne", g.reg(3), 0, null)
     rec = _reserve(g, g.map_base(index), lay, g.reg(2), null)
@@ -532,8 +516,8 @@ def ringbuf_reserve(g: FuncGen, insn: Insn, st: State) -> None:
     g.place(done)
 
 
-def _release(flag: int) -> Callable[[FuncGen, Insn, State], None]:
-    def release(g: FuncGen, insn: Insn, st: State) -> None:
+def _release(flag: int) -> Callable[[FuncGen, Insn], None]:
+    def release(g: FuncGen, insn: Insn) -> None:
         rec = g.t64()
         g.emit(f"sub.u64 {rec}, {g.reg(1)}, 8;")
         _publish(g, rec, flag)
@@ -541,10 +525,10 @@ def _release(flag: int) -> Callable[[FuncGen, Insn, State], None]:
     return release
 
 
-def perf_event_output(g: FuncGen, insn: Insn, st: State) -> None:
+def perf_event_output(g: FuncGen, insn: Insn) -> None:
     """(ctx, map, flags, data, size): one ring per map whose records carry the SM id; r0 = 0, -EINVAL
     for flags beyond the CPU index, -ENOSPC when full (counted as a drop)."""
-    index, m, lay = _map(g, insn, st, reg=2)
+    index, m, lay = _map(g, insn, reg=2)
     if m.type != prog.MAP_PERF_EVENT_ARRAY:
         raise g.fail(insn, f"perf_event_output on map {m.name}, which is not a perf event array")
     done = g.label()
@@ -556,7 +540,7 @@ def perf_event_output(g: FuncGen, insn: Insn, st: State) -> None:
     g.place(done)
 
 
-def trace_printk(g: FuncGen, insn: Insn, st: State) -> None:
+def trace_printk(g: FuncGen, insn: Insn) -> None:
     """(fmt, size, a1, a2, a3) -> a record in the module's trace ring, formatted by the host; r0 = 0."""
     if g.target.table is None:
         raise g.fail(insn, "trace_printk needs the trace ring (not available in execute_on_gpu)")
@@ -578,25 +562,25 @@ def trace_printk(g: FuncGen, insn: Insn, st: State) -> None:
 
 # ---- GPU and time helpers --------------------------------------------------------------------
 
-def _timer(g: FuncGen, insn: Insn, st: State) -> None:
+def _timer(g: FuncGen, insn: Insn) -> None:
     g.emit(f"mov.u64 {g.reg(0)}, %globaltimer;")
 
 
-def _reg_helper(sreg: str) -> Callable[[FuncGen, Insn, State], None]:
-    def emit(g: FuncGen, insn: Insn, st: State) -> None:
+def _reg_helper(sreg: str) -> Callable[[FuncGen, Insn], None]:
+    def emit(g: FuncGen, insn: Insn) -> None:
         _set_r0(g, _special(g, sreg))
     return emit
 
 
-def _dim3(sreg: str) -> Callable[[FuncGen, Insn, State], None]:
-    def emit(g: FuncGen, insn: Insn, st: State) -> None:
+def _dim3(sreg: str) -> Callable[[FuncGen, Insn], None]:
+    def emit(g: FuncGen, insn: Insn) -> None:
         for reg, axis in zip((1, 2, 3), "xyz"):
-            g.store(_special(g, f"{sreg}.{axis}"), g.address(reg, st, 0, 8), 8)
+            g.store(_special(g, f"{sreg}.{axis}"), g.arg(insn, reg, 8), 8)
         _set_r0(g, 0)
     return emit
 
 
-def _warp_id(g: FuncGen, insn: Insn, st: State) -> None:
+def _warp_id(g: FuncGen, insn: Insn) -> None:
     """The warp's index in its block: the linear thread index / 32 (stable, unlike %warpid)."""
     x, y, z = (_special(g, f"%tid.{a}") for a in "xyz")
     nx, ny = _special(g, "%ntid.x"), _special(g, "%ntid.y")
@@ -605,18 +589,18 @@ def _warp_id(g: FuncGen, insn: Insn, st: State) -> None:
     g.emit(f"shr.u64 {g.reg(0)}, {z}, 5;")
 
 
-def _membar(g: FuncGen, insn: Insn, st: State) -> None:
+def _membar(g: FuncGen, insn: Insn) -> None:
     g.emit("membar.gl;")
     _set_r0(g, 0)
 
 
-def _exit(g: FuncGen, insn: Insn, st: State) -> None:
+def _exit(g: FuncGen, insn: Insn) -> None:
     """bpftime's exit: the probe returns 0; the kernel's thread goes on (helpers.py)."""
     _set_r0(g, 0)
     g.emit("bra $Lexit;")
 
 
-_EMIT: dict[str, Callable[[FuncGen, Insn, State], None]] = {
+_EMIT: dict[str, Callable[[FuncGen, Insn], None]] = {
     "map_lookup_elem": map_lookup_elem, "map_update_elem": map_update_elem, "map_delete_elem": map_delete_elem,
     "ktime_get_ns": _timer, "trace_printk": trace_printk, "get_smp_processor_id": _reg_helper("%smid"),
     "perf_event_output": perf_event_output, "ringbuf_output": ringbuf_output,

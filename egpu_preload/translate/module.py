@@ -6,10 +6,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..bpf.ctx import SIZE as CTX_SIZE
 from ..bpf.decode import decode
 from ..bpf.program import BpfObject, Program
-from ..bpf.ctx import SIZE as CTX_SIZE
-from ..errors import EgpuError, TranslateError
+from ..bpf.verifier import VerifiedProgram, verify
+from ..errors import EgpuError, TranslateError, VerifierError
 from .codegen import generate_func
 from .emitter import Target
 
@@ -59,8 +60,10 @@ def table_decl(tag: str, nmaps: int) -> str:
     return f".visible .const .align 8 .u64 {table_symbol(tag)}[{nmaps + 1}];"
 
 
-def probe_function(program: Program, obj: BpfObject, tag: str | None = None) -> ProbePtx:
-    """Translate one program of a loaded object into a PTX function.
+def probe_function(program: Program, obj: BpfObject, tag: str | None = None,
+                   verified: VerifiedProgram | None = None) -> ProbePtx:
+    """Verify (unless ``verified`` is the verifier's result for it) and translate one program of a
+    loaded object into a PTX function; raises VerifierError for a program the verifier refuses.
 
     Signature: ``.func (.param .b64 %ret) __egpu_<tag>_<program>(.param .b64 %ctx)`` where ``%ctx`` is
     the generic address of a ``struct egpu_ctx`` (bpf/ctx.py, usually in the caller's local memory) and
@@ -73,8 +76,10 @@ def probe_function(program: Program, obj: BpfObject, tag: str | None = None) -> 
     tag = tag or object_tag(obj)
     name = f"__egpu_{tag}_{_ident(program.name)}"
     target = Target(tag, tuple(obj.maps), table_symbol(tag))
+    if verified is None:
+        verified = verify(program.code, obj.maps, file=obj.path, section=program.section)
     try:
-        func = generate_func(decode(program.code), target, name, PROBE_PARAMS)
+        func = generate_func(list(verified.insns), target, name, PROBE_PARAMS, verified)
     except EgpuError as e:
         raise e.where(file=obj.path, section=program.section)
     return ProbePtx(name, func, (table_decl(tag, len(obj.maps)),), table_symbol(tag))
@@ -94,7 +99,14 @@ DESC_SIZE = 24  # per program: u64 memory address, u64 length, u64 r0 (out)
 
 
 def _exec_func(code: bytes, name: str) -> str:
-    return generate_func(decode(code), Target("exec", exec_mode=True), name, EXEC_PARAMS)
+    """vm.execute's contract covers programs the verifier refuses (writes through r1, misaligned
+    accesses, bounded recursion): those are translated without its facts, the others with them."""
+    try:
+        verified: VerifiedProgram | None = verify(code, [])
+    except VerifierError:
+        verified = None
+    insns = list(verified.insns) if verified is not None else decode(code)
+    return generate_func(insns, Target("exec"), name, EXEC_PARAMS, verified)
 
 
 def _call(func: str, args: list[str], ret: str) -> list[str]:
