@@ -28,10 +28,11 @@ class StubJob:
     app: Path
 
     def env(self, log: Path, **extra: str) -> dict[str, str]:
-        """The test's environment for egpu-run: the stand-in found first, its log in ``log``."""
+        """The test's environment for egpu-run: the stand-in found first, its log in ``log``, sessions
+        beside it (XDG_RUNTIME_DIR), so that kept ones go with the test's directory."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU")}
         env.update(LD_LIBRARY_PATH=str(self.driver_dir), EGPU_STUB_LOG=str(log), EGPU_SHIM=str(self.shim),
-                   PYTHONPATH=str(ROOT))
+                   PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(log.parent))
         env.update(extra)
         return env
 

@@ -64,18 +64,19 @@ def split(stdout: str) -> tuple[list[str], list[dict]]:
     return [ln for ln in lines if not ln.startswith('{"time"')], docs
 
 
-def env_for(shim: Path, **extra: str) -> dict[str, str]:
+def env_for(shim: Path, sessions: Path, **extra: str) -> dict[str, str]:
+    """The shim built here; sessions (kept by -v) under the test's directory."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU")}
-    env["EGPU_SHIM"] = str(shim)
+    env.update(EGPU_SHIM=str(shim), XDG_RUNTIME_DIR=str(sessions))
     env.update(extra)
     return env
 
 
-def plain_and_probed(cmd: list[str], probe: Path, shim: Path, egpu_args: list[str] = (), **extra: str):
+def plain_and_probed(cmd: list[str], probe: Path, shim: Path, sessions: Path, **extra: str):
     """Run cmd without egpu, then under egpu-run --json -v; (plain, probed) CompletedProcesses."""
-    env = env_for(shim, **extra)
+    env = env_for(shim, sessions, **extra)
     plain = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    probed = egpu_run(["--json", "-v", *egpu_args, "-p", str(probe), *cmd], env, timeout=300)
+    probed = egpu_run(["--json", "-v", "-p", str(probe), *cmd], env, timeout=300)
     return plain, probed
 
 
@@ -85,9 +86,9 @@ def counts(docs: list[dict]) -> list[int]:
 
 @pytest.mark.parametrize("cudart, loading", [("static", "LAZY"), ("static", "EAGER"), ("shared", "LAZY"),
                                              ("shared", "EAGER")])
-def test_nvcc_program_counts_every_thread(vecadd, shim, probe_obj, cudart, loading):
+def test_nvcc_program_counts_every_thread(vecadd, shim, probe_obj, tmp_path, cudart, loading):
     plain, probed = plain_and_probed([str(vecadd[cudart]), str(LAUNCHES), str(THREADS)], probe_obj("count"), shim,
-                                     CUDA_MODULE_LOADING=loading)
+                                     tmp_path, CUDA_MODULE_LOADING=loading)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     assert plain.stdout.startswith(f"vecadd launches {LAUNCHES} threads {THREADS} wrong 0 checksum ")
     assert probed.returncode == 0, probed.stderr
@@ -97,9 +98,9 @@ def test_nvcc_program_counts_every_thread(vecadd, shim, probe_obj, cudart, loadi
     assert "_Z6vecaddPKfS0_Pfi: instrumented" in probed.stderr
 
 
-def test_nvcc_program_exit_status_and_text_output(vecadd, shim, probe_obj):
+def test_nvcc_program_text_output(vecadd, shim, probe_obj, tmp_path):
     """Without --json: bpftrace's text after the program's own output."""
-    env = env_for(shim)
+    env = env_for(shim, tmp_path)
     r = egpu_run(["-p", str(probe_obj("count")), str(vecadd["static"]), "3", "2560"], env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == f"@counts: {3 * 2560}"
@@ -111,12 +112,12 @@ def test_cupy_rawkernel_is_instrumented(shim, probe_obj, tmp_path):
     # CuPy's own kernels (arange, empty_like) are instrumented too: --kernel keeps the count to ours.
     # Fresh caches: a cubin cached by the plain run would be SASS only under egpu-run.
     plain = subprocess.run([sys.executable, str(E2E / "cupy_scale.py"), str(LAUNCHES), str(THREADS)],
-                           env=env_for(shim, CUPY_CACHE_DIR=str(tmp_path / "plain")), capture_output=True, text=True,
+                           env=env_for(shim, tmp_path, CUPY_CACHE_DIR=str(tmp_path / "plain")), capture_output=True, text=True,
                            timeout=300)
     assert plain.returncode == 0, plain.stderr
     probed = egpu_run(["--json", "-v", "--kernel", "scale", "-p", str(probe_obj("count")), sys.executable,
                        str(E2E / "cupy_scale.py"), str(LAUNCHES), str(THREADS)],
-                      env_for(shim, CUPY_CACHE_DIR=str(tmp_path / "probed")), timeout=300)
+                      env_for(shim, tmp_path, CUPY_CACHE_DIR=str(tmp_path / "probed")), timeout=300)
     assert probed.returncode == 0, probed.stderr
     lines, docs = split(probed.stdout)
     assert lines == plain.stdout.splitlines()
@@ -124,13 +125,13 @@ def test_cupy_rawkernel_is_instrumented(shim, probe_obj, tmp_path):
     assert "scale: instrumented" in probed.stderr
 
 
-def test_triton_kernel_runs_unchanged_and_is_reported_sass_only(shim, probe_obj):
+def test_triton_kernel_runs_unchanged_and_is_reported_sass_only(shim, probe_obj, tmp_path):
     """Expected SASS only: Triton loads cubins (its PTX stage is reached through TRITON_PTXAS_PATH,
     not yet wrapped)."""
     if subprocess.run([sys.executable, "-c", "import triton, torch"], capture_output=True).returncode:
         pytest.skip("Triton/PyTorch are not installed")
     plain, probed = plain_and_probed([sys.executable, str(E2E / "triton_add.py"), "5", str(THREADS)],
-                                     probe_obj("count"), shim)
+                                     probe_obj("count"), shim, tmp_path)
     assert plain.returncode == 0, plain.stderr
     assert probed.returncode == 0, probed.stderr
     lines, _ = split(probed.stdout)
