@@ -7,7 +7,8 @@ copies a struct egpu_ctx into local memory and calls the probe once); the baseli
 with no call. Times are the best of REPS launches after one warm-up (wall clock around launch +
 synchronize). Cases: an empty probe, a counter (ARRAY, constant key, warp-aggregated atomic add), a
 hash-map update (4096 keys, BPF_ANY) and a ring-buffer event (16 bytes into a ring that holds one
-launch's events; maps are reset between launches, outside the timing; deliveries and drops reported).
+launch's events; maps are reset between launches, outside the timing; deliveries and drops reported);
+the probes are tests/translate_support.py's, which test_translate.py assembles.
 """
 
 from __future__ import annotations
@@ -17,68 +18,19 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from egpu_preload.bpf import program as prog  # noqa: E402
-from egpu_preload.bpf.asm import assemble  # noqa: E402
 from egpu_preload.translate.execute import ProbeLaunch  # noqa: E402
+from translate_support import bench_probes, probe_object  # noqa: E402
 
 REPS = 10
-EMPTY = "r0 = 0\nexit"
-COUNTER = """
-r1 = 0
-*(u32 *)(r10 - 4) = r1
-r2 = r10
-r2 += -4
-r1 = map[0] ll
-call map_lookup_elem
-if r0 == 0 goto out
-r1 = 1
-lock *(u64 *)(r0 + 0) += r1
-out:
-r0 = 0
-exit
-"""
-THREAD_ID = """
-r1 = r10
-r1 += -8
-r2 = r10
-r2 += -16
-r3 = r10
-r3 += -24
-call get_thread_idx
-r6 = *(u64 *)(r10 - 8)
-"""
-HASH_UPDATE = THREAD_ID + """
-r6 &= 4095
-*(u64 *)(r10 - 32) = r6
-r1 = map[0] ll
-r2 = r10
-r2 += -32
-r3 = r10
-r3 += -32
-r4 = 0
-call map_update_elem
-r0 = 0
-exit
-"""
-RING_EVENT = THREAD_ID + """
-*(u64 *)(r10 - 32) = r6
-*(u64 *)(r10 - 40) = r6
-r1 = map[0] ll
-r2 = r10
-r2 += -40
-r3 = 16
-r4 = 0
-call ringbuf_output
-r0 = 0
-exit
-"""
 
 
 def _launch(asm: str, maps: list[prog.MapDef], calls: int = 1) -> ProbeLaunch:
-    p = prog.Program("bench", "kprobe/*", prog.Attach("entry", "*", "thread"), assemble(asm))
-    return ProbeLaunch(prog.BpfObject("bench.bpf.o", [p], maps), p, calls=calls)
+    obj, p = probe_object(asm, maps, "bench.bpf.o")
+    return ProbeLaunch(obj, p, calls=calls)
 
 
 def best_seconds(run: ProbeLaunch, threads: int) -> float:
@@ -95,13 +47,8 @@ def best_seconds(run: ProbeLaunch, threads: int) -> float:
 
 def main(out: Path, threads: int) -> dict:
     ring_bytes = 1 << (24 * threads - 1).bit_length()  # one launch's 24-byte records fit: none dropped
-    cases = {
-        "empty": (EMPTY, []),
-        "counter": (COUNTER, [prog.MapDef("count", prog.MAP_ARRAY, 4, 8, 1)]),
-        "hash_update": (HASH_UPDATE, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 4096)]),
-        "ringbuf_event": (RING_EVENT, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, ring_bytes)]),
-    }
-    base_run = _launch(EMPTY, [], calls=0)
+    cases = bench_probes(ring_bytes)
+    base_run = _launch(*cases["empty"], calls=0)
     try:
         base = best_seconds(base_run, threads)
     finally:

@@ -23,6 +23,7 @@ from egpu_preload.translate.execute import layout_memories
 from egpu_preload.translate.gpu import pack_params
 from egpu_preload.translate.module import batch_ptx, entries_ptx, probe_runner_ptx
 from isa_cases import CASES
+from translate_support import COUNTER, GPU_TEST_PROBES, bench_probes, probe_object, verified_programs
 
 ARCHS = ("sm_90", "sm_75")
 GOLDEN = Path(__file__).parent / "golden"
@@ -103,11 +104,6 @@ def test_golden_small_program():
 MAP_ARRAY = prog.MapDef("counts", prog.MAP_ARRAY, 4, 8, 4)
 
 
-def _object(asm: str, maps: list[prog.MapDef]) -> prog.BpfObject:
-    return prog.BpfObject("x.bpf.o", [prog.Program("f", "kprobe/k", prog.Attach("entry", "k", "thread"),
-                                                    assemble(asm))], maps)
-
-
 # Programs the verifier refuses are translated only by execute_on_gpu, without its facts.
 @pytest.mark.parametrize("asm, reason", [
     ("r1 = map[0] ll\nr0 = 0\nexit", "maps are not available here"),
@@ -131,38 +127,22 @@ def test_refusals(asm, reason):
 ])
 def test_probes_are_verified_first(asm, reason):
     with pytest.raises(VerifierError, match=re.escape(reason)):
-        obj = _object(asm, [MAP_ARRAY])
-        probe_function(obj.programs[0], obj, tag="t")
+        obj, p = probe_object(asm, [MAP_ARRAY])
+        probe_function(p, obj, tag="t")
 
 
 def test_verified_program_of_other_maps_is_refused():
     verified = verify(assemble("r1 = map[1] ll\nr0 = 0\nexit"), [MAP_ARRAY, MAP_ARRAY])
-    obj = _object("r1 = map[1] ll\nr0 = 0\nexit", [MAP_ARRAY])
+    obj, p = probe_object("r1 = map[1] ll\nr0 = 0\nexit", [MAP_ARRAY])
     with pytest.raises(TranslateError, match="map index 1 out of range"):
-        probe_function(obj.programs[0], obj, tag="t", verified=verified)
+        probe_function(p, obj, tag="t", verified=verified)
 
 
 # ---- what the analyses buy ------------------------------------------------------------------------
 
 def _probe_text(asm: str, maps: list[prog.MapDef]) -> str:
-    obj = _object(asm, maps)
-    return probe_function(obj.programs[0], obj, tag="t").func
-
-
-COUNTER = """
-r1 = 0
-*(u32 *)(r10 - 4) = r1
-r2 = r10
-r2 += -4
-r1 = map[0] ll
-call map_lookup_elem
-if r0 == 0 goto out
-r1 = 1
-lock *(u64 *)(r0 + 0) += r1
-out:
-r0 = 0
-exit
-"""
+    obj, p = probe_object(asm, maps)
+    return probe_function(p, obj, tag="t").func
 
 
 @pytest.mark.parametrize("asm, present, absent", [
@@ -360,32 +340,16 @@ def test_egpu_ptx_prints_the_module(probe_obj):
 
 # ---- what the GPU tests and the benchmark will load -----------------------------------------------
 
-def _gpu_side_probes() -> list[tuple[str, str, list[prog.MapDef]]]:
-    import importlib.util
-
-    import test_translate_gpu as g
-    spec = importlib.util.spec_from_file_location("bench_translate",
-                                                  Path(__file__).parent.parent / "bench" / "bench_translate.py")
-    b = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(b)
-    return [("hash", g.HASH_COUNT, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 1024)]),
-            ("array", g.ARRAY_COUNT, [prog.MapDef("a", prog.MAP_ARRAY, 4, 16, 1)]),
-            ("ring", g.RING_EVENTS, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, 1 << 20)]),
-            ("bench empty", b.EMPTY, []), ("bench counter", b.COUNTER, [prog.MapDef("c", prog.MAP_ARRAY, 4, 8, 1)]),
-            ("bench hash", b.HASH_UPDATE, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 4096)]),
-            ("bench ring", b.RING_EVENT, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, 1 << 20)])]
-
-
 def test_gpu_test_and_bench_probes_assemble(tmp_path):
     rows = []
-    for name, asm, maps in _gpu_side_probes():
-        obj = prog.BpfObject(f"{name}.bpf.o", [prog.Program("p", "kprobe/*", prog.Attach("entry", "*", "thread"),
-                                                            assemble(asm))], maps)
-        report = ptxas(probe_runner_ptx(probe_function(obj.programs[0], obj)), "sm_90", tmp_path)
+    probes = {**GPU_TEST_PROBES, **{f"bench {k}": v for k, v in bench_probes(1 << 20).items()}}
+    for name, (asm, maps) in probes.items():
+        obj, p = probe_object(asm, maps, f"{name}.bpf.o")
+        report = ptxas(probe_runner_ptx(probe_function(p, obj)), "sm_90", tmp_path)
         rows.append((name, *report["egpu_probe_run"]))
+    assert len(rows) == 7
     print_report("GPU-test and benchmark probes, sm_90", rows)
 
 
 def test_random_programs_assemble(tmp_path):
-    import test_translate_gpu as g
-    ptxas(batch_ptx(g.verified_programs(seed=7, count=100)), "sm_90", tmp_path)
+    ptxas(batch_ptx(verified_programs(seed=7, count=100)), "sm_90", tmp_path)

@@ -7,25 +7,21 @@ one ring buffer lose no update (ring: delivered + dropped == attempted).
 
 from __future__ import annotations
 
-import random
 import struct
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from egpu_preload.bpf import isa
 from egpu_preload.bpf import program as prog
 from egpu_preload.bpf.asm import assemble
 from egpu_preload.bpf.ctx import BY_NAME as CTX, FLAG_STORE, KIND_MEM, SIZE as CTX_SIZE, kernel_id
-from egpu_preload.bpf.decode import Insn, encode
 from egpu_preload.bpf.elf import load_object
-from egpu_preload.bpf.verifier import verify
-from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState
 from egpu_preload.translate import execute_batch_on_gpu, execute_on_gpu, run_probe_on_gpu
 from egpu_preload.vm import ThreadSim, Vm, run_with_mem
 from isa_cases import CASES
+from translate_support import GPU_TEST_PROBES, RING_CAPACITY, probe_object, verified_programs
 
 pytestmark = pytest.mark.gpu
 
@@ -108,57 +104,6 @@ def test_every_probe_matches_vm(probe_obj, probe_names):
 
 # ---- random verified programs -------------------------------------------------------------------
 
-_ROWS = [o for o in isa.OPS if o.kind in ("alu", "neg", "mov", "movsx", "end", "jmp")]
-_EDGE_IMMS = [0, 1, -1, 31, 32, 63, 64, -(1 << 31), (1 << 31) - 1]
-_EDGE_U64 = [0, 1, (1 << 64) - 1, 1 << 63, (1 << 63) - 1, 0xFFFFFFFF, 1 << 32, 0x80000000]
-
-
-def straight_line_program(rng: random.Random) -> bytes:
-    """r0-r9 set from random 64-bit constants, then ALU ops of every row of the ISA table and forward
-    branches (JMP and JMP32), then exit."""
-    lddw = next(o for o in isa.OPS if o.kind == "lddw")
-    exit_ = next(o for o in isa.OPS if o.kind == "exit")
-    insns: list[Insn] = []
-    pc = 0
-    for r in range(10):
-        v = rng.choice(_EDGE_U64) if rng.random() < 0.3 else rng.getrandbits(rng.choice((8, 32, 64)))
-        insns.append(Insn(pc, lddw, r, 0, 0, v))
-        pc += 2
-    n = rng.randint(1, 24)
-    for k in range(n):
-        spec = rng.choice(_ROWS)
-        dst, src = rng.randint(0, 9), rng.randint(0, 9)
-        imm = rng.choice(_EDGE_IMMS) if rng.random() < 0.3 else rng.randint(-(1 << 31), (1 << 31) - 1)
-        off = 0
-        if spec.kind == "end":
-            imm, src = rng.choice((16, 32, 64)), 0
-        elif spec.kind in ("neg", "movsx"):
-            imm = 0
-            src = 0 if spec.kind == "neg" else src
-        elif spec.kind == "jmp":
-            off = rng.randint(0, n - 1 - k)  # forward, landing at most on the exit
-        if spec.kind in ("alu", "mov", "jmp"):
-            imm, src = (imm, 0) if spec.use_imm else (0, src)
-        insns.append(Insn(pc, spec, dst, src, off, imm))
-        pc += 1
-    insns.append(Insn(pc, exit_, 0, 0, 0, 0))
-    return b"".join(encode(i) for i in insns)
-
-
-def verified_programs(seed: int, count: int) -> list[bytes]:
-    """``count`` random programs that the verifier accepts."""
-    rng = random.Random(seed)
-    out = []
-    while len(out) < count:
-        code = straight_line_program(rng)
-        try:
-            verify(code, [])
-        except EgpuError:
-            continue
-        out.append(code)
-    return out
-
-
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.integers(0, (1 << 32) - 1))
 def test_random_verified_programs_match_vm(seed):
@@ -170,122 +115,28 @@ def test_random_verified_programs_match_vm(seed):
 
 # ---- a million threads --------------------------------------------------------------------------
 
-GLOBAL_ID = """
-r1 = r10
-r1 += -8
-r2 = r10
-r2 += -16
-r3 = r10
-r3 += -24
-call get_block_idx
-r1 = r10
-r1 += -32
-r2 = r10
-r2 += -40
-r3 = r10
-r3 += -48
-call get_block_dim
-r1 = r10
-r1 += -56
-r2 = r10
-r2 += -64
-r3 = r10
-r3 += -72
-call get_thread_idx
-r6 = *(u64 *)(r10 - 8)
-r7 = *(u64 *)(r10 - 32)
-r6 *= r7
-r7 = *(u64 *)(r10 - 56)
-r6 += r7
-"""
-
-HASH_COUNT = GLOBAL_ID + """
-r6 &= 1023
-*(u64 *)(r10 - 80) = r6
-r1 = 1
-*(u64 *)(r10 - 88) = r1
-r2 = r10
-r2 += -80
-r1 = map[0] ll
-call map_lookup_elem
-if r0 != 0 goto add
-r1 = map[0] ll
-r2 = r10
-r2 += -80
-r3 = r10
-r3 += -88
-r4 = 1
-call map_update_elem
-if r0 == 0 goto out
-r1 = map[0] ll
-r2 = r10
-r2 += -80
-call map_lookup_elem
-if r0 == 0 goto out
-add:
-r1 = 1
-lock *(u64 *)(r0 + 0) += r1
-out:
-r0 = 0
-exit
-"""
-
-ARRAY_COUNT = GLOBAL_ID + """
-r1 = 0
-*(u32 *)(r10 - 80) = r1
-r2 = r10
-r2 += -80
-r1 = map[0] ll
-call map_lookup_elem
-if r0 == 0 goto out
-r1 = 1
-lock *(u64 *)(r0 + 0) += r1
-r6 &= 0
-r6 += 1
-r6 = atomic_fetch_add((u64 *)(r0 + 8), r6)
-out:
-r0 = 0
-exit
-"""
-
-RING_EVENTS = GLOBAL_ID + """
-*(u64 *)(r10 - 80) = r6
-r1 = map[0] ll
-r2 = r10
-r2 += -80
-r3 = 8
-r4 = 0
-call ringbuf_output
-r0 = 0
-exit
-"""
-
-
-def _object(asm: str, maps: list[prog.MapDef]) -> tuple[prog.BpfObject, prog.Program]:
-    p = prog.Program("p", "kprobe/*", prog.Attach("entry", "*", "thread"), assemble(asm))
-    return prog.BpfObject("million.bpf.o", [p], maps), p
+def _million(name: str) -> MapsState:
+    """Run GPU_TEST_PROBES[name] in a million threads; the maps after."""
+    obj, p = probe_object(*GPU_TEST_PROBES[name], path="million.bpf.o")
+    return run_probe_on_gpu(obj, p, MILLION)[1]
 
 
 def test_million_threads_hash_map_loses_no_update():
-    obj, p = _object(HASH_COUNT, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 1024)])
-    _, state = run_probe_on_gpu(obj, p, MILLION)
+    state = _million("hash")
     counts = {struct.unpack("<Q", k)[0]: struct.unpack("<Q", v)[0] for k, v in state[0].items()}
     assert counts == {k: MILLION // 1024 for k in range(1024)}
 
 
 def test_million_threads_array_counter_loses_no_update():
-    obj, p = _object(ARRAY_COUNT, [prog.MapDef("a", prog.MAP_ARRAY, 4, 16, 1)])
-    _, state = run_probe_on_gpu(obj, p, MILLION)
+    state = _million("array")
     assert struct.unpack("<QQ", state[0].values[0]) == (MILLION, MILLION)
 
 
 def test_million_threads_ring_buffer_delivers_or_counts():
-    capacity = 1 << 20  # room for 65536 16-byte records
-    obj, p = _object(RING_EVENTS, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, capacity)])
-    _, state = run_probe_on_gpu(obj, p, MILLION)
-    ring = state[0]
+    ring = _million("ring")[0]
     ids = [struct.unpack("<Q", r)[0] for r in ring.records]
     assert len(ids) + ring.drops == MILLION
     assert len(set(ids)) == len(ids) and all(i < MILLION for i in ids)
     # Credit given back by a refused producer can refuse another meanwhile: drops, never overwrites.
-    assert capacity // 32 <= len(ids) <= capacity // 16
+    # The ring holds RING_CAPACITY // 16 records of 8 bytes (8-byte header each).
+    assert RING_CAPACITY // 32 <= len(ids) <= RING_CAPACITY // 16

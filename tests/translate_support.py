@@ -1,0 +1,184 @@
+"""Probes and programs shared by the translator's tests (test_translate.py assembles them, the GPU tests
+run them) and its benchmark (bench/bench_translate.py imports this module through sys.path)."""
+
+from __future__ import annotations
+
+import random
+
+from egpu_preload.bpf import isa
+from egpu_preload.bpf import program as prog
+from egpu_preload.bpf.asm import assemble
+from egpu_preload.bpf.decode import Insn, encode
+from egpu_preload.bpf.verifier import verify
+from egpu_preload.errors import VerifierError
+
+
+def probe_object(asm: str, maps: list[prog.MapDef], path: str = "probe.bpf.o") -> tuple[prog.BpfObject,
+                                                                                          prog.Program]:
+    """A one-program object (attached to every kernel's entry, per thread) from assembler text."""
+    p = prog.Program("p", "kprobe/*", prog.Attach("entry", "*", "thread"), assemble(asm))
+    return prog.BpfObject(path, [p], maps), p
+
+
+def _dim3(helper: str, slot: int) -> str:
+    """Call a get_*_idx/dim helper storing x, y, z at r10 - slot, - slot - 8, - slot - 16."""
+    return "".join(f"r{r} = r10\nr{r} += -{slot + 8 * k}\n" for k, r in enumerate((1, 2, 3))) + f"call {helper}\n"
+
+
+def _ringbuf_output(slot: int, size: int) -> str:
+    """r6 in each 8 bytes of [r10 - slot, r10 - slot + size), output as one record of map 0."""
+    stores = "".join(f"*(u64 *)(r10 - {slot - k}) = r6\n" for k in range(0, size, 8))
+    return stores + f"r1 = map[0] ll\nr2 = r10\nr2 += -{slot}\nr3 = {size}\nr4 = 0\ncall ringbuf_output\nr0 = 0\nexit\n"
+
+
+# r6 = this thread's x index (THREAD_ID) or global x index (GLOBAL_ID)
+THREAD_ID = _dim3("get_thread_idx", 8) + "r6 = *(u64 *)(r10 - 8)\n"
+GLOBAL_ID = (_dim3("get_block_idx", 8) + _dim3("get_block_dim", 32) + _dim3("get_thread_idx", 56) +
+             "r6 = *(u64 *)(r10 - 8)\nr7 = *(u64 *)(r10 - 32)\nr6 *= r7\nr7 = *(u64 *)(r10 - 56)\nr6 += r7\n")
+
+EMPTY = "r0 = 0\nexit"
+
+# Every thread adds 1 to ARRAY map 0's value 0 (constant key, constant addend: one atomic per warp).
+COUNTER = """
+r1 = 0
+*(u32 *)(r10 - 4) = r1
+r2 = r10
+r2 += -4
+r1 = map[0] ll
+call map_lookup_elem
+if r0 == 0 goto out
+r1 = 1
+lock *(u64 *)(r0 + 0) += r1
+out:
+r0 = 0
+exit
+"""
+
+# ---- the GPU tests' million threads -------------------------------------------------------------
+
+# Thread i adds 1 to key i % 1024 of HASH map 0, inserting it when absent (lost races retry the lookup).
+HASH_COUNT = GLOBAL_ID + """
+r6 &= 1023
+*(u64 *)(r10 - 80) = r6
+r1 = 1
+*(u64 *)(r10 - 88) = r1
+r2 = r10
+r2 += -80
+r1 = map[0] ll
+call map_lookup_elem
+if r0 != 0 goto add
+r1 = map[0] ll
+r2 = r10
+r2 += -80
+r3 = r10
+r3 += -88
+r4 = 1
+call map_update_elem
+if r0 == 0 goto out
+r1 = map[0] ll
+r2 = r10
+r2 += -80
+call map_lookup_elem
+if r0 == 0 goto out
+add:
+r1 = 1
+lock *(u64 *)(r0 + 0) += r1
+out:
+r0 = 0
+exit
+"""
+
+# Every thread adds 1 to both u64 of ARRAY map 0's value 0: a constant add, then a fetch-add of a
+# register the translator cannot prove constant.
+ARRAY_COUNT = GLOBAL_ID + """
+r1 = 0
+*(u32 *)(r10 - 80) = r1
+r2 = r10
+r2 += -80
+r1 = map[0] ll
+call map_lookup_elem
+if r0 == 0 goto out
+r1 = 1
+lock *(u64 *)(r0 + 0) += r1
+r6 &= 0
+r6 += 1
+r6 = atomic_fetch_add((u64 *)(r0 + 8), r6)
+out:
+r0 = 0
+exit
+"""
+
+RING_EVENTS = GLOBAL_ID + _ringbuf_output(80, 8)   # one 8-byte record per thread: its global index
+RING_CAPACITY = 1 << 20
+
+GPU_TEST_PROBES: dict[str, tuple[str, list[prog.MapDef]]] = {
+    "hash": (HASH_COUNT, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 1024)]),
+    "array": (ARRAY_COUNT, [prog.MapDef("a", prog.MAP_ARRAY, 4, 16, 1)]),
+    "ring": (RING_EVENTS, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, RING_CAPACITY)]),
+}
+
+
+def bench_probes(ring_bytes: int) -> dict[str, tuple[str, list[prog.MapDef]]]:
+    """The benchmark's cases: an empty probe, a counter, a hash-map update (4096 keys, BPF_ANY) and a
+    16-byte ring-buffer event into a ring of ring_bytes."""
+    return {
+        "empty": (EMPTY, []),
+        "counter": (COUNTER, [prog.MapDef("count", prog.MAP_ARRAY, 4, 8, 1)]),
+        "hash_update": (THREAD_ID + "r6 &= 4095\n*(u64 *)(r10 - 32) = r6\nr1 = map[0] ll\nr2 = r10\nr2 += -32\n"
+                        "r3 = r10\nr3 += -32\nr4 = 0\ncall map_update_elem\nr0 = 0\nexit\n",
+                        [prog.MapDef("h", prog.MAP_HASH, 8, 8, 4096)]),
+        "ringbuf_event": (THREAD_ID + _ringbuf_output(40, 16), [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, ring_bytes)]),
+    }
+
+
+# ---- random verified programs -------------------------------------------------------------------
+
+_ROWS = [o for o in isa.OPS if o.kind in ("alu", "neg", "mov", "movsx", "end", "jmp")]
+_EDGE_IMMS = [0, 1, -1, 31, 32, 63, 64, -(1 << 31), (1 << 31) - 1]
+_EDGE_U64 = [0, 1, (1 << 64) - 1, 1 << 63, (1 << 63) - 1, 0xFFFFFFFF, 1 << 32, 0x80000000]
+
+
+def straight_line_program(rng: random.Random) -> bytes:
+    """r0-r9 set from random 64-bit constants, then ALU ops of every row of the ISA table and forward
+    branches (JMP and JMP32), then exit."""
+    lddw = next(o for o in isa.OPS if o.kind == "lddw")
+    exit_ = next(o for o in isa.OPS if o.kind == "exit")
+    insns: list[Insn] = []
+    pc = 0
+    for r in range(10):
+        v = rng.choice(_EDGE_U64) if rng.random() < 0.3 else rng.getrandbits(rng.choice((8, 32, 64)))
+        insns.append(Insn(pc, lddw, r, 0, 0, v))
+        pc += 2
+    n = rng.randint(1, 24)
+    for k in range(n):
+        spec = rng.choice(_ROWS)
+        dst, src = rng.randint(0, 9), rng.randint(0, 9)
+        imm = rng.choice(_EDGE_IMMS) if rng.random() < 0.3 else rng.randint(-(1 << 31), (1 << 31) - 1)
+        off = 0
+        if spec.kind == "end":
+            imm, src = rng.choice((16, 32, 64)), 0
+        elif spec.kind in ("neg", "movsx"):
+            imm = 0
+            src = 0 if spec.kind == "neg" else src
+        elif spec.kind == "jmp":
+            off = rng.randint(0, n - 1 - k)  # forward, landing at most on the exit
+        if spec.kind in ("alu", "mov", "jmp"):
+            imm, src = (imm, 0) if spec.use_imm else (0, src)
+        insns.append(Insn(pc, spec, dst, src, off, imm))
+        pc += 1
+    insns.append(Insn(pc, exit_, 0, 0, 0, 0))
+    return b"".join(encode(i) for i in insns)
+
+
+def verified_programs(seed: int, count: int) -> list[bytes]:
+    """``count`` random programs that the verifier accepts."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        code = straight_line_program(rng)
+        try:
+            verify(code, [])
+        except VerifierError:
+            continue
+        out.append(code)
+    return out
