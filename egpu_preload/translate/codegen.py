@@ -223,17 +223,9 @@ def atomic(g: FuncGen, insn: Insn) -> None:
         slow = g.pred()
         g.emit(f"isspacep.local {slow}, {p};")
         if a.aligned is None:
-            m, mis = g.t64(), g.pred()
-            g.emit(f"and.b64 {m}, {p}, {insn.size - 1};")
-            g.emit(f"setp.ne.b64 {mis}, {m}, 0;")
-            g.emit(f"or.pred {slow}, {slow}, {mis};")
-        lslow, ldone = g.label(), g.label()
-        g.emit(f"@{slow} bra {lslow};")
-        _rmw_atomic(g, insn, Addr("", p, 0, True))
-        g.emit(f"bra {ldone};")
-        g.place(lslow)
-        _rmw_plain(g, insn, Addr("", p, 0, a.aligned))
-        g.place(ldone)
+            g.emit(f"or.pred {slow}, {slow}, {g.misaligned(p, insn.size)};")
+        g.either(slow, lambda: _rmw_atomic(g, insn, Addr("", p, 0, True)),
+                 lambda: _rmw_plain(g, insn, Addr("", p, 0, a.aligned)))
 
 
 def _rmw_plain(g: FuncGen, insn: Insn, a: Addr) -> None:

@@ -18,6 +18,7 @@ does not).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..bpf import isa
@@ -240,21 +241,28 @@ class FuncGen:
         """The alignment (1-8) proven for the helper call's pointer argument r<reg>; None when unknown."""
         return self.verified.arg_align.get((insn.pc, reg)) if self.verified is not None else None
 
+    def misaligned(self, addr: str, size: int) -> str:
+        """A predicate: the generic address in register addr is not size-aligned."""
+        m, p = self.t64(), self.pred()
+        self.emit(f"and.b64 {m}, {addr}, {size - 1};")
+        self.emit(f"setp.ne.b64 {p}, {m}, 0;")
+        return p
+
+    def either(self, slow_if: str, fast: Callable[[], None], slow: Callable[[], None]) -> None:
+        """fast() where the predicate slow_if is false, slow() where it is true."""
+        lslow, ldone = self.label(), self.label()
+        self.emit(f"@{slow_if} bra {lslow};")
+        fast()
+        self.emit(f"bra {ldone};")
+        self.place(lslow)
+        slow()
+        self.place(ldone)
+
     def _checked(self, a: Addr, size: int, fast, slow) -> None:
         """Run ``fast(addr)`` when the generic address a is size-aligned, else ``slow(addr)``."""
         p = self.t64()
         self.emit(f"add.u64 {p}, {a.base}, {a.off};")
-        m = self.t64()
-        self.emit(f"and.b64 {m}, {p}, {size - 1};")
-        pm = self.pred()
-        self.emit(f"setp.ne.b64 {pm}, {m}, 0;")
-        lslow, ldone = self.label(), self.label()
-        self.emit(f"@{pm} bra {lslow};")
-        fast(Addr("", p, 0, True))
-        self.emit(f"bra {ldone};")
-        self.place(lslow)
-        slow(Addr("", p, 0, False))
-        self.place(ldone)
+        self.either(self.misaligned(p, size), lambda: fast(Addr("", p, 0, True)), lambda: slow(Addr("", p, 0, False)))
 
     def load(self, dst: str, a: Addr, size: int, signed: bool = False) -> None:
         """dst = *(u|s size*)a, zero- or sign-extended to 64 bits."""

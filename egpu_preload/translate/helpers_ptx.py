@@ -80,18 +80,8 @@ def _by_alignment(g: FuncGen, src: Addr, align: int | None, body: Callable[[int]
     """body(align) when it is known, else body(8) when src is 8-byte aligned at run time, else body(1)."""
     if align is not None:
         body(align)
-        return
-    m = g.t64()
-    g.emit(f"and.b64 {m}, {src.base}, 7;")
-    p = g.pred()
-    g.emit(f"setp.ne.b64 {p}, {m}, 0;")
-    slow, done = g.label(), g.label()
-    g.emit(f"@{p} bra {slow};")
-    body(8)
-    g.emit(f"bra {done};")
-    g.place(slow)
-    body(1)
-    g.place(done)
+    else:
+        g.either(g.misaligned(src.base, 8), lambda: body(8), lambda: body(1))
 
 
 def _copy_const(g: FuncGen, dst: str, insn: Insn, reg: int, n: int) -> None:
@@ -127,18 +117,22 @@ def _copy_var(g: FuncGen, dst: str, src: str, n: str) -> None:
 
 
 def _ret(g: FuncGen, done: str, value: int) -> str:
-    """A label that sets r0 = value and jumps to done; emitted later by _flush_rets."""
+    """A label that sets r0 = value and jumps to done; emitted later by _succeed."""
     lab = g.label()
     g.pending.append((lab, value, done))
     return lab
 
 
-def _flush_rets(g: FuncGen) -> None:
-    for lab, value, done in g.pending:
+def _succeed(g: FuncGen, done: str) -> None:
+    """r0 = 0 and on to done; then the early returns taken by _ret, which join at done too."""
+    _set_r0(g, 0)
+    g.emit(f"bra {done};")
+    for lab, value, join in g.pending:
         g.place(lab)
         _set_r0(g, value)
-        g.emit(f"bra {done};")
+        g.emit(f"bra {join};")
     g.pending.clear()
+    g.place(done)
 
 
 def _branch(g: FuncGen, cond: str, a: str, b: str | int, target: str, ty: str = "u64") -> None:
@@ -349,10 +343,7 @@ def _hash_update(g: FuncGen, insn: Insn, index: int, m: prog.MapDef, lay: MapLay
     g.place(found)
     _branch(g, "eq", flags, BPF_NOEXIST, exist_ret)
     _write_value(g, insn, slot, lay)
-    _set_r0(g, 0)
-    g.emit(f"bra {done};")
-    _flush_rets(g)
-    g.place(done)
+    _succeed(g, done)
 
 
 def _write_value(g: FuncGen, insn: Insn, slot: str, lay: MapLayout) -> None:
@@ -420,10 +411,7 @@ def map_update_elem(g: FuncGen, insn: Insn) -> None:
     slot = _array_slot(g, insn, index, m, lay, _ret(g, done, -E2BIG))
     _branch(g, "eq", flags, BPF_NOEXIST, _ret(g, done, -EEXIST))
     _copy_const(g, slot, insn, 3, m.value_size)
-    _set_r0(g, 0)
-    g.emit(f"bra {done};")
-    _flush_rets(g)
-    g.place(done)
+    _succeed(g, done)
 
 
 def map_delete_elem(g: FuncGen, insn: Insn) -> None:
@@ -497,10 +485,7 @@ def ringbuf_output(g: FuncGen, insn: Insn) -> None:
     index, m, lay = _map(g, insn)
     done = g.label()
     _output(g, g.map_base(index), lay, g.reg(2), g.reg(3), _ret(g, done, -EAGAIN))
-    _set_r0(g, 0)
-    g.emit(f"bra {done};")
-    _flush_rets(g)
-    g.place(done)
+    _succeed(g, done)
 
 
 def ringbuf_reserve(g: FuncGen, insn: Insn) -> None:
@@ -534,10 +519,7 @@ def perf_event_output(g: FuncGen, insn: Insn) -> None:
     done = g.label()
     _branch(g, "gt", g.reg(3), BPF_F_CURRENT_CPU, _ret(g, done, -EINVAL))
     _output(g, g.map_base(index), lay, g.reg(4), g.reg(5), _ret(g, done, -ENOSPC), _special(g, "%smid"))
-    _set_r0(g, 0)
-    g.emit(f"bra {done};")
-    _flush_rets(g)
-    g.place(done)
+    _succeed(g, done)
 
 
 def trace_printk(g: FuncGen, insn: Insn) -> None:

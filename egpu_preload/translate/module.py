@@ -117,6 +117,15 @@ def _call(func: str, args: list[str], ret: str) -> list[str]:
             f"\t\tld.param.b64 {ret}, [%rv];", "\t}"]
 
 
+def _thread_index(q_regs: int) -> list[str]:
+    """An entry's registers (%i, %q<q_regs>, %stop) and its opening: %i0 = the global thread index;
+    threads at or past the parameter n go to $Ldone."""
+    return ["\t.reg .b32 %i<4>;", f"\t.reg .b64 %q<{q_regs}>;", "\t.reg .pred %stop;",
+            "\tmov.u32 %i0, %tid.x;", "\tmov.u32 %i1, %ctaid.x;", "\tmov.u32 %i2, %ntid.x;",
+            "\tmad.lo.u32 %i0, %i1, %i2, %i0;", "\tld.param.u32 %i3, [%n];", "\tsetp.ge.u32 %stop, %i0, %i3;",
+            "\t@%stop bra $Ldone;"]
+
+
 def batch_ptx(codes: list[bytes]) -> str:
     """One module running program k in global thread k: ``egpu_exec(.param .u64 descs, .param .u32 n)``
     where descs points to n DESC_SIZE-byte descriptors; each thread stores its r0 in its descriptor.
@@ -132,16 +141,7 @@ def batch_ptx(codes: list[bytes]) -> str:
     body = [
         f".visible .entry {EXEC_KERNEL}(.param .u64 %descs, .param .u32 %n)",
         "{",
-        "\t.reg .b32 %i<4>;",
-        "\t.reg .b64 %q<5>;",
-        "\t.reg .pred %stop;",
-        "\tmov.u32 %i0, %tid.x;",
-        "\tmov.u32 %i1, %ctaid.x;",
-        "\tmov.u32 %i2, %ntid.x;",
-        "\tmad.lo.u32 %i0, %i1, %i2, %i0;",
-        "\tld.param.u32 %i3, [%n];",
-        "\tsetp.ge.u32 %stop, %i0, %i3;",
-        "\t@%stop bra $Ldone;",
+        *_thread_index(5),
         "\tld.param.u64 %q0, [%descs];",
         f"\tmad.wide.u32 %q0, %i0, {DESC_SIZE}, %q0;",
         "\tld.u64 %q1, [%q0];",
@@ -190,16 +190,7 @@ def probe_runner_ptx(probe: ProbePtx, calls: int = 1, kernel: str = RUN_KERNEL) 
         f".visible .entry {kernel}(.param .u64 %src, .param .u64 %r0s, .param .u32 %n)",
         "{",
         f"\t.local .align 8 .b8 ctxbuf[{CTX_SIZE}];",
-        "\t.reg .b32 %i<4>;",
-        "\t.reg .b64 %q<6>;",
-        "\t.reg .pred %stop;",
-        "\tmov.u32 %i0, %tid.x;",
-        "\tmov.u32 %i1, %ctaid.x;",
-        "\tmov.u32 %i2, %ntid.x;",
-        "\tmad.lo.u32 %i0, %i1, %i2, %i0;",
-        "\tld.param.u32 %i3, [%n];",
-        "\tsetp.ge.u32 %stop, %i0, %i3;",
-        "\t@%stop bra $Ldone;",
+        *_thread_index(6),
         "\tld.param.u64 %q0, [%src];",
     ]
     for w in range(words):

@@ -13,6 +13,7 @@ from ..bpf.helpers import BPF_F_CURRENT_CPU, BY_NAME
 from ..errors import VmError
 from ..maps import EINVAL, MapStorage, PerfStorage, RingbufStorage, TraceRecord
 from .memory import MASK64
+from .thread import ThreadSim
 
 if TYPE_CHECKING:
     from .machine import Run
@@ -56,19 +57,11 @@ def map_delete_elem(run: "Run") -> bool:
     return _set(run, storage.delete(run.mem.read(run.regs[2], storage.mapdef.key_size)))
 
 
-def ktime_get_ns(run: "Run") -> bool:
-    return _set(run, run.thread.read_timer())  # DESIGN.md 2: %globaltimer on the GPU
-
-
 def trace_printk(run: "Run") -> bool:
     """Records the format and arguments; the host formats them, so the GPU's result (0) is returned."""
     r = run.regs
     run.vm.state.trace.append(TraceRecord(run.mem.read(r[1], r[2]), (r[3], r[4], r[5]), run.thread.smid))
     return _set(run, 0)
-
-
-def get_smp_processor_id(run: "Run") -> bool:
-    return _set(run, run.thread.smid)
 
 
 def perf_event_output(run: "Run") -> bool:
@@ -117,43 +110,22 @@ def _release(run: "Run", submit: bool) -> bool:
     return False
 
 
-def ringbuf_submit(run: "Run") -> bool:
-    return _release(run, True)
+def _release_as(submit: bool) -> Callable[["Run"], bool]:
+    return lambda run: _release(run, submit)
 
 
-def ringbuf_discard(run: "Run") -> bool:
-    return _release(run, False)
+def _reads(read: Callable[[ThreadSim], int]) -> Callable[["Run"], bool]:
+    """A helper returning what the simulated thread reads (%globaltimer, %smid, ...)."""
+    return lambda run: _set(run, read(run.thread))
 
 
-def get_globaltimer(run: "Run") -> bool:
-    return _set(run, run.thread.read_timer())
-
-
-def _store_dim3(run: "Run", values: tuple[int, int, int]) -> bool:
-    """Helpers 503-505 and 508 store x, y, z as u64 through r1, r2, r3."""
-    for reg, v in zip((1, 2, 3), values):
-        run.mem.store(run.regs[reg], 8, v)
-    return _set(run, 0)
-
-
-def get_block_idx(run: "Run") -> bool:
-    return _store_dim3(run, run.thread.block_idx)
-
-
-def get_block_dim(run: "Run") -> bool:
-    return _store_dim3(run, run.thread.block_dim)
-
-
-def get_thread_idx(run: "Run") -> bool:
-    return _store_dim3(run, run.thread.thread_idx)
-
-
-def get_grid_dim(run: "Run") -> bool:
-    return _store_dim3(run, run.thread.grid_dim)
-
-
-def membar(run: "Run") -> bool:
-    return _set(run, 0)  # one simulated thread: every access is already visible
+def _store_dim3(attr: str) -> Callable[["Run"], bool]:
+    """Helpers 503-505 and 508 store x, y, z of a thread dimension as u64 through r1, r2, r3."""
+    def helper(run: "Run") -> bool:
+        for reg, v in zip((1, 2, 3), getattr(run.thread, attr)):
+            run.mem.store(run.regs[reg], 8, v)
+        return _set(run, 0)
+    return helper
 
 
 def exit(run: "Run") -> bool:  # noqa: A001 - bpftime's name for helper 507
@@ -162,20 +134,18 @@ def exit(run: "Run") -> bool:  # noqa: A001 - bpftime's name for helper 507
     return True
 
 
-def get_sm_id(run: "Run") -> bool:
-    return _set(run, run.thread.smid)
+_timer = _reads(ThreadSim.read_timer)  # DESIGN.md 2: ktime is %globaltimer on the GPU
+_sm_id = _reads(lambda t: t.smid)
 
-
-def get_warp_id(run: "Run") -> bool:
-    return _set(run, run.thread.warp)
-
-
-def get_lane_id(run: "Run") -> bool:
-    return _set(run, run.thread.lane)
-
-
-HANDLERS: dict[int, Callable[["Run"], bool]] = {BY_NAME[f.__name__].id: f for f in (
-    map_lookup_elem, map_update_elem, map_delete_elem, ktime_get_ns, trace_printk, get_smp_processor_id,
-    perf_event_output, ringbuf_output, ringbuf_reserve, ringbuf_submit, ringbuf_discard, get_globaltimer,
-    get_block_idx, get_block_dim, get_thread_idx, membar, exit, get_grid_dim, get_sm_id, get_warp_id,
-    get_lane_id)}
+_BY_NAME: dict[str, Callable[["Run"], bool]] = {
+    "map_lookup_elem": map_lookup_elem, "map_update_elem": map_update_elem, "map_delete_elem": map_delete_elem,
+    "ktime_get_ns": _timer, "trace_printk": trace_printk, "get_smp_processor_id": _sm_id,
+    "perf_event_output": perf_event_output, "ringbuf_output": ringbuf_output, "ringbuf_reserve": ringbuf_reserve,
+    "ringbuf_submit": _release_as(True), "ringbuf_discard": _release_as(False), "get_globaltimer": _timer,
+    "get_block_idx": _store_dim3("block_idx"), "get_block_dim": _store_dim3("block_dim"),
+    "get_thread_idx": _store_dim3("thread_idx"), "get_grid_dim": _store_dim3("grid_dim"),
+    "membar": lambda run: _set(run, 0),  # one simulated thread: every access is already visible
+    "exit": exit, "get_sm_id": _sm_id, "get_warp_id": _reads(lambda t: t.warp),
+    "get_lane_id": _reads(lambda t: t.lane),
+}
+HANDLERS: dict[int, Callable[["Run"], bool]] = {BY_NAME[name].id: f for name, f in _BY_NAME.items()}
