@@ -129,7 +129,7 @@ def test_million_threads_hash_map_loses_no_update():
 
 def test_million_threads_array_counter_loses_no_update():
     state = _million("array")
-    assert struct.unpack("<QQ", state[0].values[0]) == (MILLION, MILLION)
+    assert struct.unpack("<QQQ", state[0].values[0]) == (MILLION, MILLION, MILLION)
 
 
 def test_million_threads_ring_buffer_delivers_or_counts():

@@ -38,21 +38,15 @@ GLOBAL_ID = (_dim3("get_block_idx", 8) + _dim3("get_block_dim", 32) + _dim3("get
 
 EMPTY = "r0 = 0\nexit"
 
+
+def _array_add(slot: int, then: str = "") -> str:
+    """Add 1 to the first u64 of ARRAY map 0's value 0 (key 0 written at r10 - slot), then ``then``."""
+    return (f"r1 = 0\n*(u32 *)(r10 - {slot}) = r1\nr2 = r10\nr2 += -{slot}\nr1 = map[0] ll\ncall map_lookup_elem\n"
+            f"if r0 == 0 goto out\nr1 = 1\nlock *(u64 *)(r0 + 0) += r1\n{then}out:\nr0 = 0\nexit\n")
+
+
 # Every thread adds 1 to ARRAY map 0's value 0 (constant key, constant addend: one atomic per warp).
-COUNTER = """
-r1 = 0
-*(u32 *)(r10 - 4) = r1
-r2 = r10
-r2 += -4
-r1 = map[0] ll
-call map_lookup_elem
-if r0 == 0 goto out
-r1 = 1
-lock *(u64 *)(r0 + 0) += r1
-out:
-r0 = 0
-exit
-"""
+COUNTER = _array_add(4)
 
 # ---- the GPU tests' million threads -------------------------------------------------------------
 
@@ -88,32 +82,18 @@ r0 = 0
 exit
 """
 
-# Every thread adds 1 to both u64 of ARRAY map 0's value 0: a constant add, then a fetch-add of a
-# register the translator cannot prove constant.
-ARRAY_COUNT = GLOBAL_ID + """
-r1 = 0
-*(u32 *)(r10 - 80) = r1
-r2 = r10
-r2 += -80
-r1 = map[0] ll
-call map_lookup_elem
-if r0 == 0 goto out
-r1 = 1
-lock *(u64 *)(r0 + 0) += r1
-r6 &= 0
-r6 += 1
-r6 = atomic_fetch_add((u64 *)(r0 + 8), r6)
-out:
-r0 = 0
-exit
-"""
+# Every thread adds 1 to each u64 of ARRAY map 0's value 0: a constant add (one atomic per warp), a
+# fetch-add of 1 the verifier cannot prove constant (the global index >> 63, plus 1: one atomic per
+# thread) and a constant fetch-add (one per warp, the old value shared out by rank).
+ARRAY_COUNT = GLOBAL_ID + _array_add(80, "r6 >>= 63\nr6 += 1\nr6 = atomic_fetch_add((u64 *)(r0 + 8), r6)\n"
+                                         "r1 = 1\nr1 = atomic_fetch_add((u64 *)(r0 + 16), r1)\n")
 
 RING_EVENTS = GLOBAL_ID + _ringbuf_output(80, 8)   # one 8-byte record per thread: its global index
 RING_CAPACITY = 1 << 20
 
 GPU_TEST_PROBES: dict[str, tuple[str, list[prog.MapDef]]] = {
     "hash": (HASH_COUNT, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 1024)]),
-    "array": (ARRAY_COUNT, [prog.MapDef("a", prog.MAP_ARRAY, 4, 16, 1)]),
+    "array": (ARRAY_COUNT, [prog.MapDef("a", prog.MAP_ARRAY, 4, 24, 1)]),
     "ring": (RING_EVENTS, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, RING_CAPACITY)]),
 }
 

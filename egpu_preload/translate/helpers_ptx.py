@@ -221,15 +221,23 @@ def _touch(g: FuncGen, slot: str, lay: MapLayout) -> None:
         g.emit(f"st.relaxed.gpu.u64 [{slot}+8], {t};")
 
 
-def _hash_lookup(g: FuncGen, insn: Insn, index: int, lay: MapLayout) -> None:
+def _find(g: FuncGen, insn: Insn, index: int, lay: MapLayout, nxt: str, miss: str) -> tuple[str, str, str, str, str]:
+    """Probe for the key at r2 from its home bucket: fall through at its FULL slot, go to miss where it is
+    absent or deleted, to nxt for the next slot. Returns (region base, bucket, probe count, loop label,
+    slot address)."""
     base, keys, idx, n, loop = _hash_start(g, insn, index, lay)
-    nxt, miss, done = g.label(), g.label(), g.label()
     g.place(loop)
     slot, s = _slot_of(g, base, idx, lay)
     _branch(g, "eq", s, EMPTY, miss, "u32")
     _branch(g, "eq", s, BUSY, nxt, "u32")   # being inserted: if it is our key, it is not there yet
     _key_differs(g, slot, keys, lay, nxt)
     _branch(g, "ne", s, FULL, miss, "u32")  # our key's tombstone
+    return base, idx, n, loop, slot
+
+
+def _hash_lookup(g: FuncGen, insn: Insn, index: int, lay: MapLayout) -> None:
+    nxt, miss, done = g.label(), g.label(), g.label()
+    _, idx, n, loop, slot = _find(g, insn, index, lay, nxt, miss)
     _touch(g, slot, lay)
     g.emit(f"add.u64 {g.reg(0)}, {slot}, {lay.val_off};")
     g.emit(f"bra {done};")
@@ -354,14 +362,8 @@ def _write_value(g: FuncGen, insn: Insn, slot: str, lay: MapLayout) -> None:
 
 
 def _hash_delete(g: FuncGen, insn: Insn, index: int, lay: MapLayout) -> None:
-    base, keys, idx, n, loop = _hash_start(g, insn, index, lay)
     nxt, miss, done = g.label(), g.label(), g.label()
-    g.place(loop)
-    slot, s = _slot_of(g, base, idx, lay)
-    _branch(g, "eq", s, EMPTY, miss, "u32")
-    _branch(g, "eq", s, BUSY, nxt, "u32")
-    _key_differs(g, slot, keys, lay, nxt)
-    _branch(g, "ne", s, FULL, miss, "u32")
+    base, idx, n, loop, slot = _find(g, insn, index, lay, nxt, miss)
     old = g.t32()
     g.emit(f"atom.cas.b32 {old}, [{slot}], {FULL}, {DELETED};")
     _branch(g, "ne", old, FULL, loop, "u32")

@@ -12,6 +12,7 @@ the verifier folds constants with the same functions). The other rules the GPU t
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 from ..bpf import alu, isa
@@ -95,33 +96,25 @@ def _mov(i: Insn, nxt: int) -> Op:
     return op_reg
 
 
-def _movsx(i: Insn, nxt: int) -> Op:
-    """dst = (s8|s16|s32) src, extended to the width (32-bit results then zero-extended)."""
-    width, dst, src, bits = i.width, i.dst, i.src, i.size * 8
-
+def _unary(f: Callable[[int], int], dst: int, src: int, nxt: int) -> Op:
     def op(run: Run) -> int:
-        run.regs[dst] = alu.movsx(width, bits, run.regs[src])
+        run.regs[dst] = f(run.regs[src])
         return nxt
     return op
+
+
+def _movsx(i: Insn, nxt: int) -> Op:
+    """dst = (s8|s16|s32) src, extended to the width (32-bit results then zero-extended)."""
+    return _unary(functools.partial(alu.movsx, i.width, 8 * i.size), i.dst, i.src, nxt)
 
 
 def _neg(i: Insn, nxt: int) -> Op:
-    width, dst = i.width, i.dst
-
-    def op(run: Run) -> int:
-        run.regs[dst] = alu.neg(width, run.regs[dst])
-        return nxt
-    return op
+    return _unary(functools.partial(alu.neg, i.width), i.dst, i.dst, nxt)
 
 
 def _end(i: Insn, nxt: int) -> Op:
     """le: truncate to imm bits (this is a little-endian machine); be/bswap: reverse imm/8 bytes."""
-    dst, name, bits = i.dst, i.op, i.imm
-
-    def op(run: Run) -> int:
-        run.regs[dst] = alu.byteswap(name, bits, run.regs[dst])
-        return nxt
-    return op
+    return _unary(functools.partial(alu.byteswap, i.op, i.imm), i.dst, i.dst, nxt)
 
 
 def _lddw(i: Insn, nxt: int) -> Op:
