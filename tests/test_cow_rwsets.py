@@ -1,0 +1,193 @@
+"""Kernel read/write sets: every corpus kernel (nvcc at sm_75/sm_90/fatbin, -G, -lineinfo, Triton, CuPy,
+NVRTC) against hand-checked expectations, and hand-written PTX for the forms the corpus lacks (struct
+parameters, pointers from memory, module globals, calls, loops)."""
+
+from __future__ import annotations
+
+import pytest
+
+import ptx_corpus
+from egpu_preload.cow.rwsets import analyse
+
+# (module stem, kernel) -> ({(param index, offset): mode}, exact). Read from the .cu sources and the
+# fixtures' Python: e.g. vector_add(a, b, c, n) reads a and b, writes c.
+CORPUS = {
+    ("vector_add", "vector_add"): ({(0, 0): "r", (1, 0): "r", (2, 0): "w"}, True),
+    ("atomics", "histogram"): ({(0, 0): "r", (1, 0): "rw", (4, 0): "rw"}, True),
+    ("big_unrolled", "big_unrolled"): ({(0, 0): "r", (1, 0): "w"}, True),   # coeff is __constant__
+    ("coop_groups", "cg_tile_sum"): ({(0, 0): "r", (1, 0): "w"}, True),
+    ("coop_groups", "cg_coalesced"): ({(0, 0): "w"}, True),
+    ("cp_async", "cp_async_copy"): ({(0, 0): "r", (1, 0): "w"}, True),
+    ("device_calls", "device_calls"): ({(0, 0): "r", (1, 0): "w"}, True),   # through two .func calls
+    ("early_return", "early_return"): ({(0, 0): "r", (1, 0): "w"}, True),
+    ("gemm_tiled", "gemm_tiled"): ({(0, 0): "r", (1, 0): "r", (2, 0): "w"}, True),
+    ("inline_asm", "inline_asm"): ({(0, 0): "r", (1, 0): "w"}, False),      # texture read, surface write
+    ("predicated_store", "predicated_store"): ({(0, 0): "r", (1, 0): "w"}, True),
+    ("reduction", "reduce_sum"): ({(0, 0): "r", (1, 0): "rw"}, True),       # atomicAdd on out
+    ("stencil", "stencil3"): ({(0, 0): "r", (1, 0): "w"}, True),
+    ("templates", "_Z5scaleIfLi1EEvPT_S0_i"): ({(0, 0): "rw"}, True),
+    ("templates", "_Z5scaleIdLi2EEvPT_S0_i"): ({(0, 0): "rw"}, True),
+    ("templates", "_Z5scaleIiLi1EEvPT_S0_i"): ({(0, 0): "rw"}, True),
+    ("templates", "_Z5scaleIhLi3EEvPT_S0_i"): ({(0, 0): "rw"}, True),
+    ("vector_loads", "add_float4"): ({(0, 0): "r", (1, 0): "r", (2, 0): "w"}, True),
+    ("vector_loads", "add_half2"): ({(0, 0): "r", (1, 0): "r", (2, 0): "w"}, True),
+    ("wgmma", "wgmma_m64n8k16"): ({(0, 0): "r", (1, 0): "w"}, True),        # da, db are descriptors
+    # CuPy passes arrays as CArray structs (data pointer at offset 0, then sizes and strides).
+    ("fixture.cupy_0", "cupy_multiply__float32_float_float32"): ({(0, 0): "r", (2, 0): "w"}, True),
+    ("fixture.cupy_1", "cupy_arange__float_float_float32"): ({(2, 0): "w"}, True),
+    ("fixture.cupy_2", "cupy_scale"): ({(0, 0): "r", (1, 0): "w"}, True),
+    ("fixture.cupy_3", "egpu_fma"): ({(0, 0): "r", (1, 0): "r", (2, 0): "w"}, True),
+    ("fixture.nvrtc_scale", "cupy_scale"): ({(0, 0): "r", (1, 0): "w"}, True),
+    ("fixture.triton_add", "add_kernel"): ({(0, 0): "r", (1, 0): "r", (2, 0): "w"}, True),
+    ("fixture.triton_style", "add_kernel"): ({(0, 0): "r", (1, 0): "r", (2, 0): "w"}, True),
+    ("fixture.triton_matmul", "matmul_kernel"): ({(0, 0): "r", (1, 0): "r", (2, 0): "w"}, True),
+    ("fixture.triton_softmax", "softmax_kernel"): ({(1, 0): "r", (0, 0): "w"}, True),  # (out, in, ...)
+}
+
+
+def _modules(stem: str) -> list[str]:
+    return [n for n in ptx_corpus.build() if n == stem or n.split(".")[0] == stem]
+
+
+@pytest.fixture(scope="module")
+def corpus_sets():
+    return {name: analyse(text) for name, text in ptx_corpus.build().items()}
+
+
+@pytest.mark.parametrize("stem,kernel", sorted(CORPUS))
+def test_corpus_kernel_sets_match_expectations(corpus_sets, stem, kernel):
+    want, exact = CORPUS[(stem, kernel)]
+    names = _modules(stem)
+    assert names, stem
+    for name in names:   # every variant of a source gives the same sets
+        rw = corpus_sets[name][kernel]
+        got = {(next(i for i, p in enumerate(rw.params) if p.name == pn), off): m
+               for (pn, off), m in rw.access.items()}
+        assert got == want, name
+        assert rw.exact == exact, (name, rw.unknown)
+        assert rw.globals == {}
+
+
+def test_every_corpus_kernel_has_expectations(corpus_sets):
+    seen = {(name if name.startswith("fixture.") else name.split(".")[0], k)
+            for name, sets in corpus_sets.items() for k in sets}
+    assert seen == set(CORPUS)
+
+
+HEAD = ".version 8.0\n.target sm_90\n.address_size 64\n"
+REGS = ".reg .b64 %rd<20>;\n.reg .b32 %r<8>;\n.reg .f32 %f<4>;\n.reg .pred %p<4>;\n"
+
+
+def _ptx(body: str, params: str = ".param .u64 k_p0, .param .u64 k_p1", pre: str = "") -> str:
+    return f"{HEAD}{pre}.visible .entry k({params})\n{{\n{REGS}{body}\nret;\n}}\n"
+
+
+STRUCT = ".param .align 8 .b8 k_s[24], .param .u64 k_p1"
+
+# name -> (ptx, {(param, offset): mode}, {global: mode}, reason substring or None when exact)
+CASES = {
+    "pointer inside a struct parameter": (_ptx(
+        "ld.param.u64 %rd1, [k_s+8];\nld.param.u64 %rd2, [k_s+16];\ncvta.to.global.u64 %rd3, %rd1;\n"
+        "ld.global.f32 %f1, [%rd3+4];\ncvta.to.global.u64 %rd4, %rd2;\nst.global.f32 [%rd4], %f1;",
+        STRUCT), {("k_s", 8): "r", ("k_s", 16): "w"}, {}, None),
+    "struct fields by a vector load": (_ptx(
+        "ld.param.v2.u64 {%rd1, %rd2}, [k_s];\nst.global.u32 [%rd2], %r1;\nld.global.u32 %r2, [%rd1];",
+        STRUCT), {("k_s", 0): "r", ("k_s", 8): "w"}, {}, None),
+    "struct read through the parameter's address": (_ptx(
+        "mov.b64 %rd1, k_s;\ncvta.param.u64 %rd2, %rd1;\nadd.s64 %rd3, %rd2, 16;\nld.u64 %rd4, [%rd3];\n"
+        "st.global.u32 [%rd4+8], %r1;", STRUCT), {("k_s", 16): "w"}, {}, None),
+    "pointer loaded from memory": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\nld.global.u64 %rd2, [%rd1];\nst.global.u32 [%rd2], %r1;"),
+        {("k_p0", 0): "r"}, {}, "loaded from memory"),
+    "32-bit loads are numbers, indexing stays exact": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\nld.global.u32 %r1, [%rd1];\nmul.wide.u32 %rd2, %r1, 4;\n"
+        "ld.param.u64 %rd3, [k_p1];\nadd.s64 %rd4, %rd3, %rd2;\nst.global.u32 [%rd4], %r1;"),
+        {("k_p0", 0): "r", ("k_p1", 0): "w"}, {}, None),
+    "address from an integer": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\nshl.b64 %rd2, %rd1, 1;\nst.global.u32 [%rd2], %r1;"),
+        {}, {}, "not derived from a pointer parameter"),
+    "selp between two pointers": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\nld.param.u64 %rd2, [k_p1];\nsetp.eq.u32 %p1, %r1, 0;\n"
+        "selp.b64 %rd3, %rd1, %rd2, %p1;\nred.global.add.u32 [%rd3], 1;"),
+        {("k_p0", 0): "rw", ("k_p1", 0): "rw"}, {}, None),
+    "loop-carried pointer": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\nmov.u64 %rd2, %rd1;\nL1:\nst.global.u8 [%rd2], %r1;\n"
+        "add.s64 %rd2, %rd2, 1;\nsetp.lt.u64 %p1, %rd2, %rd3;\n@%p1 bra L1;"), {("k_p0", 0): "w"}, {}, None),
+    "loop adding constants to a parameter address": (_ptx(
+        "mov.b64 %rd1, k_s;\nL1:\nld.param.u64 %rd2, [%rd1];\nst.global.u8 [%rd2], %r1;\n"
+        "add.s64 %rd1, %rd1, 8;\nbra L1;", STRUCT), {("k_s", 0): "w", ("k_s", 8): "w", ("k_s", 16): "w"},
+        {}, "loaded from memory"),   # past 8 offsets the slot is unknown
+    "module global, direct and through cvta": (_ptx(
+        "ld.global.u32 %r1, [g_count+4];\nmov.u64 %rd1, g_table;\ncvta.global.u64 %rd2, %rd1;\n"
+        "st.u32 [%rd2], %r1;", pre=".global .align 4 .b8 g_count[8];\n.visible .global .u32 g_table[4];\n"),
+        {}, {"g_count": "r", "g_table": "w"}, None),
+    "shared and local through generic addresses are not buffers": (_ptx(
+        ".shared .align 4 .b8 sbuf[64];\n.local .align 8 .b8 __local_depot0[8];\nmov.u64 %rd1, sbuf;\n"
+        "cvta.shared.u64 %rd2, %rd1;\nst.u32 [%rd2], %r1;\nmov.u64 %rd3, __local_depot0;\n"
+        "cvta.local.u64 %rd4, %rd3;\nld.u32 %r2, [%rd4];"), {}, {}, None),
+    "extern call": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\n{\n.param .b64 param0;\nst.param.b64 [param0], %rd1;\n"
+        "call.uni ext, (param0);\n}", pre=".extern .func ext(.param .b64 ext_p);\n"), {}, {}, "call to ext"),
+    "vprintf is harmless": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\n{\n.param .b64 param0;\nst.param.b64 [param0], %rd1;\n"
+        ".param .b64 param1;\nst.param.b64 [param1], %rd1;\n.param .b32 retval0;\n"
+        "call.uni (retval0), vprintf, (param0, param1);\n}",
+        pre=".extern .func (.param .b32 r) vprintf(.param .b64 a, .param .b64 b);\n"), {}, {}, None),
+    "indirect call": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\ncall.uni %rd1, (), proto;",
+        pre=""), {}, {}, "indirect call"),
+}
+
+CALLEE = """.func store2(.param .b64 store2_p, .param .align 8 .b8 store2_s[16])
+{
+.reg .b64 %rd<4>;
+.reg .b32 %r<2>;
+ld.param.u64 %rd1, [store2_p];
+st.global.u32 [%rd1], %r1;
+ld.param.u64 %rd2, [store2_s+8];
+ld.global.u32 %r1, [%rd2];
+ret;
+}
+.func recurse(.param .b64 recurse_p)
+{
+.reg .b64 %rd<2>;
+.param .b64 param0;
+ld.param.u64 %rd1, [recurse_p];
+st.param.b64 [param0], %rd1;
+call.uni recurse, (param0);
+ret;
+}
+"""
+CASES |= {
+    "callee with a struct argument, slots reused by two calls": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\nld.param.u64 %rd2, [k_p1];\n"
+        "{\n.param .b64 param0;\nst.param.b64 [param0], %rd1;\n.param .align 8 .b8 param1[16];\n"
+        "st.param.v2.b64 [param1], {%rd2, %rd2};\ncall.uni store2, (param0, param1);\n}\n"
+        "{\n.param .b64 param0;\nst.param.b64 [param0], %rd2;\n.param .align 8 .b8 param1[16];\n"
+        "st.param.b64 [param1+8], %rd1;\ncall.uni store2, (param0, param1);\n}", pre=CALLEE),
+        {("k_p0", 0): "rw", ("k_p1", 0): "rw"}, {}, None),
+    "callee argument slot not stored": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\n{\n.param .b64 param0;\nst.param.b64 [param0], %rd1;\n"
+        ".param .align 8 .b8 param1[16];\ncall.uni store2, (param0, param1);\n}", pre=CALLEE),
+        {("k_p0", 0): "w"}, {}, "not traced"),
+    "recursion": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\n{\n.param .b64 param0;\nst.param.b64 [param0], %rd1;\n"
+        "call.uni recurse, (param0);\n}", pre=CALLEE), {}, {}, "recursive call"),
+    "surface store": (_ptx("ld.param.u64 %rd1, [k_p0];\nsust.b.1d.b32.trap [%rd1, {%r1}], {%r2};"),
+                      {}, {}, "surface"),
+    "bulk tensor copy": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\ncp.async.bulk.global.shared::cta.bulk_group [%rd1], [%r1], 64;"),
+        {}, {}, "not modelled"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hand_written_forms(case):
+    text, access, globals_, reason = CASES[case]
+    rw = analyse(text)["k"]
+    assert rw.access == access
+    assert rw.globals == globals_
+    if reason is None:
+        assert rw.exact, rw.unknown
+    else:
+        assert any(reason in u for u in rw.unknown), rw.unknown
