@@ -192,7 +192,6 @@ _SITE = "\n\t".join([
     f"st.local.u64 [{PREFIX}_ctx+{C.BY_NAME['addr'].offset}], %{PREFIX}_a;",
     _ctx_store("site", "{index}"), _ctx_store("size", "{size}"), _ctx_store("flags", "{flags}"),
     _ctx_store("kind", "{kind}"),
-    f"st.param.b64 [{PREFIX}_arg], %{PREFIX}_ctxp;",
     "{calls}",
     "}}\n\t"])
 
@@ -343,7 +342,10 @@ def _calls(probes: list[ProbeSpec]) -> str:
         if scope != "thread":
             lines += _leader(scope)
             guard = f"@%{p}_q "
-        lines += [f"{guard}call ({p}_ret), {pr.func}, ({p}_arg);" for pr in group]
+        # An argument .param is consumed by its call (ptxas may reuse its storage inside the callee,
+        # seen on sm_90 as a garbage ctx in the second call), so each call gets its own store.
+        for pr in group:
+            lines += [f"st.param.b64 [{p}_arg], %{p}_ctxp;", f"{guard}call ({p}_ret), {pr.func}, ({p}_arg);"]
     return "\n\t".join(lines)
 
 
