@@ -66,3 +66,11 @@ class PtxError(EgpuError):
 
 class FatbinError(EgpuError):
     """A malformed fatbin or fatbin wrapper."""
+
+
+class CowError(EgpuError):
+    """Checkpoint/restore bookkeeping (cow/) met an inconsistency."""
+
+
+class SnapshotError(CowError):
+    """A checkpoint directory that cannot be written, read or restored."""
