@@ -67,12 +67,16 @@ class KernelRW:
         return not self.unknown
 
     def _add(self, table: dict, key: object, mode: str) -> None:
-        old = table.get(key, "")
-        table[key] = "".join(c for c in "rw" if c in old or c in mode)
+        table[key] = mode_union(table.get(key, ""), mode)
 
     def _flag(self, reason: str) -> None:
         if reason not in self.unknown:
             self.unknown.append(reason)
+
+
+def mode_union(a: str, b: str) -> str:
+    """"r" | "w" -> "rw": access modes combined."""
+    return "".join(c for c in "rw" if c in a or c in b)
 
 
 def analyse(module: ptx.Module | str) -> dict[str, KernelRW]:
