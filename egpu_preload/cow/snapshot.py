@@ -1,0 +1,320 @@
+"""The checkpoint directory: one file per allocation and per module global, and manifest.json.
+
+manifest.json (FORMAT_VERSION 1)::
+
+    {"version": 1, "pid": 4242, "argv": ["./app", "--n", "8"], "created": "2025-01-01T00:00:00Z",
+     "cut": [{"stream": 0, "seq": 17}, ...],                  # dag.Cut: last operation per stream
+     "allocations": [{"index": 3, "address": 140..., "size": 4096, "kind": 1,
+                      "file": "alloc-000003.bin", "sha256": "..."}, ...],
+     "globals": [{"module": "...", "symbol": "g_table", "size": 64, "file": "global-0000.bin",
+                  "sha256": "..."}, ...]}
+
+``index`` is the allocation's creation number (allocations.Allocation.seq), which is what restore
+matches on, together with size and kind.
+
+Writing is atomic: everything goes into ``DIR.tmp``, is fsynced, and the directory is renamed to DIR
+last, so DIR is either absent or complete. Reading validates everything before anything is handed
+out: a directory without a manifest, with bad JSON, another version, a missing or resized file or a
+wrong sha256 is refused with a SnapshotError naming DIR and the reason. ``plan_restore`` then matches
+the snapshot against the live allocations and refuses any mismatch before the first byte is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from egpu_preload.cow.allocations import Allocation, AllocKind
+from egpu_preload.cow.dag import Cut
+from egpu_preload.errors import SnapshotError
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+CHUNK = 64 << 20     # bytes read or hashed at a time
+
+Data = bytes | bytearray | memoryview | Iterable[bytes | bytearray | memoryview]
+
+
+@dataclass(frozen=True)
+class AllocEntry:
+    index: int
+    address: int
+    size: int
+    kind: int
+    file: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class GlobalEntry:
+    module: str
+    symbol: str
+    size: int
+    file: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    directory: Path
+    pid: int
+    argv: tuple[str, ...]
+    created: str
+    cut: Cut
+    allocations: tuple[AllocEntry, ...]
+    globals: tuple[GlobalEntry, ...]
+    version: int = FORMAT_VERSION
+    # file -> (size, mtime_ns) as load() checked it; plan_restore refuses files changed since
+    checked: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "pid": self.pid, "argv": list(self.argv), "created": self.created,
+                "cut": [{"stream": s, "seq": q} for s, q in sorted(self.cut.items())],
+                "allocations": [asdict(a) for a in self.allocations],
+                "globals": [asdict(g) for g in self.globals]}
+
+
+def _error(directory: Path | str, reason: str) -> SnapshotError:
+    return SnapshotError(reason, file=str(directory))
+
+
+class SnapshotWriter:
+    """Build a checkpoint in DIR.tmp; ``commit`` renames it to DIR. As a context manager, an
+    exception (or a missing commit) removes DIR.tmp and leaves no DIR."""
+
+    def __init__(self, directory: Path | str, *, pid: int, argv: Iterable[str], cut: Cut) -> None:
+        self.dir = Path(directory)
+        self.tmp = self.dir.with_name(self.dir.name + ".tmp")
+        if self.dir.exists():
+            raise _error(self.dir, "already exists: a checkpoint is never overwritten")
+        if self.tmp.exists():
+            raise _error(self.dir, f"{self.tmp.name} exists (an interrupted checkpoint?): remove it first")
+        self.tmp.mkdir(parents=True)
+        self.pid, self.argv, self.cut = pid, tuple(argv), dict(cut)
+        self.allocations: dict[int, AllocEntry] = {}
+        self.globals: dict[tuple[str, str], GlobalEntry] = {}
+        self.done = False
+
+    def __enter__(self) -> "SnapshotWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.done:
+            self.abort()
+
+    def add_allocation(self, alloc: Allocation, data: Data) -> AllocEntry:
+        """Write one allocation's contents (bytes, or an iterable of chunks, ``alloc.size`` in all)."""
+        if alloc.kind == AllocKind.VMM_HANDLE:
+            raise _error(self.dir, f"allocation #{alloc.seq} is a VMM handle: snapshot its mapping")
+        if alloc.seq in self.allocations:
+            raise _error(self.dir, f"allocation #{alloc.seq} written twice")
+        name = f"alloc-{alloc.seq:06d}.bin"
+        digest = self._write(name, data, alloc.size, f"allocation #{alloc.seq}")
+        entry = AllocEntry(alloc.seq, alloc.address, alloc.size, int(alloc.kind), name, digest)
+        self.allocations[alloc.seq] = entry
+        return entry
+
+    def add_global(self, module: str, symbol: str, data: Data, size: int) -> GlobalEntry:
+        """Write one module global's contents (``size`` bytes)."""
+        if (module, symbol) in self.globals:
+            raise _error(self.dir, f"global {symbol} of {module} written twice")
+        name = f"global-{len(self.globals):04d}.bin"
+        digest = self._write(name, data, size, f"global {symbol}")
+        entry = GlobalEntry(module, symbol, size, name, digest)
+        self.globals[(module, symbol)] = entry
+        return entry
+
+    def _write(self, name: str, data: Data, size: int, what: str) -> str:
+        h, n = hashlib.sha256(), 0
+        chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+        with open(self.tmp / name, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+                h.update(chunk)
+                n += memoryview(chunk).nbytes
+            f.flush()
+            os.fsync(f.fileno())
+        if n != size:
+            raise _error(self.dir, f"{what}: {n} bytes given for {size}")
+        return h.hexdigest()
+
+    def commit(self) -> Manifest:
+        """Write the manifest and publish the directory (one rename)."""
+        manifest = Manifest(self.dir, self.pid, self.argv,
+                            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), self.cut,
+                            tuple(self.allocations[i] for i in sorted(self.allocations)),
+                            tuple(self.globals.values()))
+        with open(self.tmp / MANIFEST, "w") as f:
+            json.dump(manifest.to_json(), f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(self.tmp)
+        try:
+            os.rename(self.tmp, self.dir)   # fails if DIR appeared meanwhile (non-empty) or on EXDEV
+        except OSError as e:
+            self.abort()
+            raise _error(self.dir, f"cannot publish the checkpoint: {e.strerror}") from None
+        _fsync_dir(self.dir.parent)
+        self.done = True
+        return manifest
+
+    def abort(self) -> None:
+        self.done = True
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load(directory: Path | str, *, verify: bool = True) -> Manifest:
+    """The manifest of a complete, intact checkpoint; SnapshotError otherwise. ``verify`` hashes
+    every file (reads all the bytes); without it sizes are still checked."""
+    d = Path(directory)
+    if not d.is_dir():
+        tmp = d.with_name(d.name + ".tmp")
+        raise _error(d, f"an interrupted checkpoint ({tmp.name} was never completed)" if tmp.exists()
+                     else "no such checkpoint directory")
+    try:
+        raw = json.loads((d / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise _error(d, f"{MANIFEST} missing (not a checkpoint, or a partial one)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _error(d, f"{MANIFEST} is not valid JSON: {e}") from None
+    m = _parse(d, raw)
+    files = [e.file for e in m.allocations] + [g.file for g in m.globals]
+    if len(set(files)) != len(files):
+        raise _error(d, f"{MANIFEST}: two entries share a file")
+    if len({e.index for e in m.allocations}) != len(m.allocations):
+        raise _error(d, f"{MANIFEST}: two allocations share an index")
+    for entry in list(m.allocations) + list(m.globals):
+        m.checked[entry.file] = _check_file(d, entry, verify)
+    return m
+
+
+def _check_file(d: Path, entry: AllocEntry | GlobalEntry, verify: bool) -> tuple[int, int]:
+    path = d / entry.file
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise _error(d, f"{entry.file} missing") from None
+    if st.st_size != entry.size:
+        raise _error(d, f"{entry.file}: {st.st_size} bytes, the manifest says {entry.size}")
+    if verify:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+        if h.hexdigest() != entry.sha256:
+            raise _error(d, f"{entry.file}: sha256 mismatch (corrupt contents)")
+    return st.st_size, st.st_mtime_ns
+
+
+_ALLOC_FIELDS = {"index": int, "address": int, "size": int, "kind": int, "file": str, "sha256": str}
+_GLOBAL_FIELDS = {"module": str, "symbol": str, "size": int, "file": str, "sha256": str}
+
+
+def _parse(d: Path, raw: Any) -> Manifest:
+    def need(obj: Any, key: str, typ: type, where: str) -> Any:
+        if not isinstance(obj, dict) or key not in obj:
+            raise _error(d, f"{MANIFEST}: {where}{key} missing")
+        v = obj[key]
+        if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+            raise _error(d, f"{MANIFEST}: {where}{key} is not {'an integer' if typ is int else 'a ' + typ.__name__}")
+        return v
+
+    version = need(raw, "version", int, "")
+    if version != FORMAT_VERSION:
+        raise _error(d, f"format version {version}; this egpu reads version {FORMAT_VERSION}")
+    argv = need(raw, "argv", list, "")
+    if not all(isinstance(a, str) for a in argv):
+        raise _error(d, f"{MANIFEST}: argv is not a list of strings")
+    cut = {need(c, "stream", int, f"cut[{i}]."): need(c, "seq", int, f"cut[{i}].")
+           for i, c in enumerate(need(raw, "cut", list, ""))}
+    allocs = tuple(AllocEntry(**{k: need(a, k, t, f"allocations[{i}].") for k, t in _ALLOC_FIELDS.items()})
+                   for i, a in enumerate(need(raw, "allocations", list, "")))
+    globs = tuple(GlobalEntry(**{k: need(g, k, t, f"globals[{i}].") for k, t in _GLOBAL_FIELDS.items()})
+                  for i, g in enumerate(need(raw, "globals", list, "")))
+    for e in allocs + globs:
+        if e.file in ("", ".", "..", MANIFEST) or "/" in e.file or "\\" in e.file or "\0" in e.file:
+            raise _error(d, f"{MANIFEST}: file name {e.file!r} is not a plain name inside the directory")
+        if e.size < 0:
+            raise _error(d, f"{MANIFEST}: {e.file} has a negative size")
+    return Manifest(d, need(raw, "pid", int, ""), tuple(argv), need(raw, "created", str, ""), cut,
+                    allocs, globs, version)
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One file's contents to put at one live address."""
+
+    path: Path
+    address: int
+    size: int
+    what: str          # "allocation #3", "global g_table of <module>"
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    manifest: Manifest
+    copies: tuple[Copy, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(c.size for c in self.copies)
+
+    def execute(self, write: Callable[[int, memoryview], None], chunk: int = CHUNK) -> None:
+        """Put every byte back: ``write(address, data)`` for consecutive pieces of each copy
+        (cuMemcpyHtoD, or a plain memory write for host allocations)."""
+        for c in self.copies:
+            with open(c.path, "rb") as f:
+                off = 0
+                while piece := f.read(chunk):
+                    write(c.address + off, memoryview(piece))
+                    off += len(piece)
+
+
+def plan_restore(manifest: Manifest, live: Iterable[Allocation],
+                 live_globals: dict[tuple[str, str], tuple[int, int]] | None = None) -> RestorePlan:
+    """Match the snapshot to the live allocations (by creation number, then size and kind) and module
+    globals ((module, symbol) -> (address, size)); SnapshotError on any mismatch, or if a file changed
+    since ``load`` checked it. Nothing is written here."""
+    d = manifest.directory
+    by_seq = {a.seq: a for a in live}
+    copies = []
+    for e in manifest.allocations:
+        a = by_seq.get(e.index)
+        if a is None:
+            raise _error(d, f"allocation #{e.index} ({e.size} bytes) has not been recreated")
+        if a.size != e.size or int(a.kind) != e.kind:
+            raise _error(d, f"allocation #{e.index}: the checkpoint has {e.size} bytes of "
+                            f"{AllocKind(e.kind).name}, the live one {a.size} bytes of {a.kind.name}")
+        copies.append(Copy(d / e.file, a.address, e.size, f"allocation #{e.index}"))
+    live_globals = live_globals or {}
+    for g in manifest.globals:
+        where = live_globals.get((g.module, g.symbol))
+        if where is None:
+            raise _error(d, f"global {g.symbol} of module {g.module} is not loaded")
+        if where[1] != g.size:
+            raise _error(d, f"global {g.symbol}: the checkpoint has {g.size} bytes, the live one {where[1]}")
+        copies.append(Copy(d / g.file, where[0], g.size, f"global {g.symbol} of {g.module}"))
+    for c in copies:
+        try:
+            st = c.path.stat()
+        except FileNotFoundError:
+            raise _error(d, f"{c.path.name} disappeared after the checkpoint was checked") from None
+        if c.path.name not in manifest.checked:
+            raise _error(d, f"{c.path.name} was never checked: restore from snapshot.load()")
+        if manifest.checked[c.path.name] != (st.st_size, st.st_mtime_ns):
+            raise _error(d, f"{c.path.name} changed after the checkpoint was checked: load it again")
+    return RestorePlan(manifest, tuple(copies))
