@@ -37,7 +37,7 @@ from egpu_preload.bpf.ctx import kernel_id
 from egpu_preload.errors import EgpuError
 from egpu_preload.fatbin import ImageKind
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import dump, hooks
+from egpu_preload.runtime import dump, hooks, launches
 from egpu_preload.runtime.config import Config, from_env
 from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, Driver
 from egpu_preload.runtime.probes import Probe, load_probes
@@ -124,6 +124,7 @@ class Runtime:
         self._sm: dict[int, int] = {}                     # device -> compute capability (90)
         self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
         self.exit = ExitHook(self.finish)
+        self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
 
     # ---- hooks ---------------------------------------------------------------------------------------
     def module_load(self, image: hooks.ModuleImage) -> bytes | None:
@@ -269,15 +270,19 @@ class Runtime:
         """Read the maps back and write this process's dump (nothing if it loaded no module)."""
         if self.cfg.session is None or not self.loads:
             return
-        probes, error = [], None
+        probes, error, states = [], None, None
+        if self.drainer is not None:
+            self.drainer.stop()
         if self.maps:
             try:
                 with self.driver.current(self.context):
                     self.driver.synchronize()
                     states = [m.read_back() for m in self.maps]
-                probes = [{"path": str(p.path), **dump.state_contents(s)} for p, s in zip(self.probes, states)]
             except EgpuError as e:
                 error = f"maps unreadable at exit: {e}"
+        states = launches.dump_states(self.drainer, self.probes, states)
+        if states is not None:
+            probes = [{"path": str(p.path), **dump.state_contents(s)} for p, s in zip(self.probes, states)]
         stats = self.ffi.new("struct egpu_stats *")
         self.lib.egpu_shim_stats(stats)
         rank = os.environ.get("RANK", "")

@@ -129,3 +129,21 @@ CUresult cuModuleGetGlobal_v2(CUdeviceptr *p, size_t *size, void *mod, const cha
 CUresult cuLibraryGetGlobal(CUdeviceptr *p, size_t *size, void *lib, const char *name) {
     return global("cuLibraryGetGlobal", p, size, lib, name);
 }
+
+/* ---- the runtime's own stream (launch probes push shared-map writes on it) ---- */
+
+static int runtime_stream;
+CUresult cuStreamCreate(void **s, unsigned int flags) {
+    note("cuStreamCreate flags=%u ctx=%s", flags, context_name());
+    *s = &runtime_stream;
+    return OK;
+}
+CUresult cuStreamSynchronize(void *s) { return s == &runtime_stream ? OK : 400; }
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
+    if (s != &runtime_stream) return 400;
+    return cuMemcpyHtoD_v2(dst, src, n);
+}
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
+    if (s != &runtime_stream) return 400;
+    return cuMemcpyDtoH_v2(dst, src, n);
+}

@@ -1,0 +1,356 @@
+"""Launch probes (``SEC("egpu/launch/GLOB")``): run on the host, on the reference VM, once per launch of
+every kernel the application launches through the driver, instrumented or not (SASS-only libraries
+included), without adding anything to the application's streams.
+
+How a launch reaches a probe. The shim writes one record per launch into its lock-free ring
+(egpu_shim_records / egpu_shim_drain: launch id, CLOCK_MONOTONIC time just before the real launch,
+the handle launched, grid, block, stream). A runtime thread drains the ring every ``PERIOD_S`` and runs
+the launch probes whose glob matches the kernel, in launch order, with ``struct egpu_ctx``: kind
+KIND_LAUNCH, kernel_id of the kernel's mangled name (from the handle -> name table the runtime keeps
+from module lookups; 0 when the handle was never looked up through a hook), launch_id (the same id
+the shim appends to instrumented kernels), grid, block, stream.
+
+Time. ``bpf_ktime_get_ns()`` in a launch probe is the launch's enqueue time (the record's time, not the
+moment the probe happens to run), on the %globaltimer clock: the record's CLOCK_MONOTONIC converted with
+CLOCK_REALTIME - CLOCK_MONOTONIC measured once at start, since the driver keeps %globaltimer in ns since
+the Unix epoch.
+
+Maps. Each probe object's maps have one host copy for its launch probes (a MapsState), and the device
+copy its GPU probes use (translate/devmaps.py). Which copy is authoritative depends on who uses a map:
+- used by launch probes only: the host copy; the GPU never sees it. It goes into the exit dump.
+- used by GPU probes only: the device copy, as without launch probes.
+- shared: every key (array index, global variable) a launch probe writes is copied into the device
+  copy right after the probe ran (mapsync.py), with copies on a stream of the runtime's own, so no
+  application stream waits. That is a few ms after the launch was enqueued: a GPU probe of the same
+  launch sees the write only if the kernel starts later than that (it was queued behind other work);
+  kernels that start earlier do not. Launch probes read the host copy, so they do not see what GPU
+  probes wrote. A key has one writer side at a time (the host's copy of a key replaces the device's).
+  Ring and perf buffers written by both sides: the dump lists the device's records, then the host's.
+Writes made before the first instrumented module allocated the device copy are copied then.
+
+Limits: launches replayed from CUDA graphs (cuGraphLaunch) are not seen; a full ring drops records
+(counted in the shim's stats as ``dropped``).
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from egpu_preload.bpf import ctx as C
+from egpu_preload.bpf import program as prog
+from egpu_preload.bpf import isa
+from egpu_preload.bpf.decode import decode
+from egpu_preload.errors import EgpuError
+from egpu_preload.maps import MapsState, MapStorage
+from egpu_preload.runtime import mapsync
+from egpu_preload.runtime.probes import Probe
+from egpu_preload.translate.demangle import matches
+from egpu_preload.vm import ThreadSim, Vm
+
+PERIOD_S = 0.002
+BATCH = 4096
+RING_TYPES = (prog.MAP_RINGBUF, prog.MAP_PERF_EVENT_ARRAY)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch record (egpu_shim.h struct egpu_launch_record), the handle's name resolved."""
+    launch_id: int
+    time_ns: int           # CLOCK_MONOTONIC
+    function: int
+    stream: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    name: str | None
+
+
+def clock_offset() -> int:
+    """CLOCK_REALTIME - CLOCK_MONOTONIC in ns, from the tightest of a few bracketing reads."""
+    best = None
+    for _ in range(5):
+        r1 = time.clock_gettime_ns(time.CLOCK_REALTIME)
+        m = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        r2 = time.clock_gettime_ns(time.CLOCK_REALTIME)
+        if best is None or r2 - r1 < best[0]:
+            best = (r2 - r1, (r1 + r2) // 2 - m)
+    return best[1]
+
+
+def context_bytes(launch: Launch, kernel_id: int) -> bytes:
+    """``struct egpu_ctx`` of a launch probe (egpu_preload/bpf/ctx.py)."""
+    buf = bytearray(C.SIZE)
+    f = C.BY_NAME
+    struct.pack_into("<QQ", buf, f["kernel_id"].offset, kernel_id, launch.launch_id)
+    struct.pack_into("<I", buf, f["kind"].offset, C.KIND_LAUNCH)
+    struct.pack_into("<3I", buf, f["grid"].offset, *launch.grid)
+    struct.pack_into("<3I", buf, f["block"].offset, *launch.block)
+    struct.pack_into("<Q", buf, f["stream"].offset, launch.stream)
+    return bytes(buf)
+
+
+def maps_used(code: bytes) -> set[int]:
+    """Indices of the maps a program refers to (lddw with a map-index source)."""
+    return {i.imm & 0xFFFFFFFF for i in decode(code) if i.kind == "lddw"
+            and i.src in (isa.LDDW_MAP_IDX, isa.LDDW_MAP_IDX_VALUE)}
+
+
+class Touched:
+    """A storage the VM uses in place of a shared map's, noting which keys a run changed: updated or
+    deleted keys, and looked-up values the program then wrote through its pointer."""
+
+    def __init__(self, inner: MapStorage) -> None:
+        self.inner = inner
+        self.mapdef = inner.mapdef
+        self.written: set[bytes] = set()
+        self.read: dict[bytes, bytes] = {}
+
+    def lookup(self, key: bytes, cpu: int = 0) -> bytearray | None:
+        value = self.inner.lookup(key, cpu)
+        if value is not None:
+            self.read.setdefault(bytes(key), bytes(value))
+        return value
+
+    def update(self, key: bytes, value: bytes, flags: int = 0, cpu: int = 0) -> int:
+        r = self.inner.update(key, value, flags, cpu)
+        if r == 0:
+            self.written.add(bytes(key))
+        return r
+
+    def delete(self, key: bytes) -> int:
+        r = self.inner.delete(key)
+        if r == 0:
+            self.written.add(bytes(key))
+        return r
+
+    def take(self) -> set[bytes]:
+        """The keys changed since the last take."""
+        changed = self.written | {k for k, v in self.read.items() if (self.inner.lookup(k) or v) != v}
+        self.written, self.read = set(), {}
+        return changed
+
+    def __getattr__(self, name: str) -> Any:  # ring buffers: reserve, output, ...
+        return getattr(self.inner, name)
+
+
+@dataclass
+class ProbeMaps:
+    """One probe object's launch programs and the host copy of its maps."""
+    probe: Probe
+    state: MapsState                      # what the VM runs against (shared maps wrapped in Touched)
+    programs: list[tuple[prog.Program, Vm]]
+    launch_only: set[int]
+    shared: set[int]
+    pending: dict[int, set[bytes]] = field(default_factory=dict)  # map -> keys not yet on the device
+
+    def host_state(self) -> MapsState:
+        """The host copy with plain storages (for dumps)."""
+        st = MapsState(self.state.maps)
+        st.storages = [s.inner if isinstance(s, Touched) else s for s in self.state.storages]
+        st.trace = self.state.trace
+        return st
+
+
+def probe_maps(probe: Probe) -> ProbeMaps | None:
+    """The launch side of a probe object, None when it has no launch programs."""
+    launch = [p for p in probe.obj.programs if p.attach.kind == "launch"]
+    if not launch:
+        return None
+    by_launch = set().union(*(maps_used(p.code) for p in launch))
+    others = [p for p in probe.obj.programs if p.attach.kind != "launch"]
+    by_gpu = set().union(*(maps_used(p.code) for p in others)) if others else set()
+    state = MapsState(probe.obj.maps)
+    shared = by_launch & by_gpu
+    for i in shared:
+        if probe.obj.maps[i].type not in RING_TYPES:
+            state.storages[i] = Touched(state.storages[i])  # type: ignore[call-overload]
+    return ProbeMaps(probe, state, [(p, Vm(p.code, probe.obj.maps, state)) for p in launch],
+                     by_launch - by_gpu, shared)
+
+
+class LaunchProbes:
+    """Every probe object's launch programs; ``run(launch)`` runs those matching the kernel, ``push``
+    copies what they wrote in shared maps to the device."""
+
+    def __init__(self, probes: Sequence[Probe]) -> None:
+        self.sides = [probe_maps(p) for p in probes]
+        self.offset = clock_offset()
+        self._chosen: dict[str | None, list[tuple[ProbeMaps, Vm]]] = {}
+        self.runs = 0
+        self.errors: list[str] = []
+
+    def __bool__(self) -> bool:
+        return any(self.sides)
+
+    def _programs(self, name: str | None) -> list[tuple[ProbeMaps, Vm]]:
+        chosen = self._chosen.get(name)
+        if chosen is None:  # an unknown handle has no name: only a catch-all glob takes it
+            chosen = self._chosen[name] = [
+                (side, vm) for side in self.sides if side for p, vm in side.programs
+                if (matches(p.attach.glob, name) if name is not None else p.attach.glob == "*")]
+        return chosen
+
+    def run(self, launch: Launch) -> None:
+        programs = self._programs(launch.name)
+        if not programs:
+            return
+        ctx = context_bytes(launch, C.kernel_id(launch.name) if launch.name else 0)
+        now = launch.time_ns + self.offset
+        for side, vm in programs:
+            thread = ThreadSim(block_dim=launch.block, grid_dim=launch.grid, globaltimer=now)
+            try:
+                vm.run(ctx, thread)
+            except EgpuError as e:  # one bad run must not stop the others
+                if len(self.errors) < 10:
+                    self.errors.append(f"{side.probe.path}: launch {launch.launch_id}: {e}")
+            self.runs += 1
+            for i in side.shared:
+                s = side.state.storages[i]
+                if isinstance(s, Touched):
+                    side.pending.setdefault(i, set()).update(s.take())
+
+    def push(self, mem: mapsync.Memory, bases: Sequence[Sequence[int]]) -> None:
+        """Copy the pending keys of shared maps into the device regions (``bases[probe][map]``)."""
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + self.offset
+        for side, addrs in zip(self.sides, bases):
+            if not side:
+                continue
+            for i, keys in side.pending.items():
+                storage = side.state.storages[i].inner  # type: ignore[union-attr]
+                for key in keys:
+                    mapsync.push_key(mem, addrs[i], storage, key, now)
+            side.pending = {}
+
+    def merge(self, index: int, device: MapsState | None) -> MapsState | None:
+        """Probe ``index``'s maps for the dump: the device's state (None: no module had its maps) with
+        the host copies of launch-only maps and the host's ring records and trace lines added."""
+        side = self.sides[index]
+        if side is None:
+            return device
+        host = side.host_state()
+        if device is None:
+            return host
+        for i in side.launch_only:
+            device.storages[i] = host.storages[i]
+        for i in side.shared:
+            if device.maps[i].type in RING_TYPES:
+                device.storages[i].records += host.storages[i].records  # type: ignore[attr-defined]
+                device.storages[i].drops += host.storages[i].drops      # type: ignore[attr-defined]
+        device.trace += host.trace
+        return device
+
+
+class Drainer:
+    """The runtime thread: turns launch records on, drains the shim's ring every PERIOD_S, runs the
+    launch probes, pushes shared-map writes. ``device()`` gives (memory, bases) once device maps exist."""
+
+    def __init__(self, ffi: Any, lib: Any, probes: LaunchProbes, name_of: Callable[[int], str | None],
+                 device: Callable[[], tuple[mapsync.Memory, list[list[int]]] | None]) -> None:
+        self.ffi, self.lib = ffi, lib
+        self.probes = probes
+        self.name_of = name_of
+        self.device = device
+        self._buf = ffi.new("struct egpu_launch_record[]", BATCH)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="egpu-launches", daemon=True)
+
+    def start(self) -> "Drainer":
+        self.lib.egpu_shim_records(1)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(PERIOD_S):
+            try:
+                self.drain()
+            except Exception as e:  # the thread goes on; the application never sees it
+                print(f"egpu: launch probes: {type(e).__name__}: {e}", file=sys.stderr)
+
+    def drain(self) -> int:
+        """Run the probes on every record in the ring; how many there were."""
+        total = 0
+        with self._lock:
+            while True:
+                n = self.lib.egpu_shim_drain(self._buf, BATCH)
+                for r in self._buf[0:n]:
+                    fn = int(self.ffi.cast("uintptr_t", r.function))
+                    self.probes.run(Launch(r.launch_id, r.time_ns, fn, int(self.ffi.cast("uintptr_t", r.stream)),
+                                           tuple(r.grid), tuple(r.block), self.name_of(fn)))
+                total += n
+                if n < BATCH:
+                    break
+            if any(s and s.pending for s in self.probes.sides):
+                dev = self.device()
+                if dev is not None:
+                    self.probes.push(*dev)
+        return total
+
+    def stop(self) -> None:
+        """Records off, the thread joined, and what was left in the ring run."""
+        self.lib.egpu_shim_records(0)
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.drain()
+        for line in self.probes.errors:
+            print(f"egpu: launch probe failed: {line}", file=sys.stderr)
+
+
+class StreamMemory:
+    """mapsync.Memory over device memory of ``context``: copies on a non-blocking stream of the runtime's
+    own (created on first use), each waited for on that stream only."""
+
+    def __init__(self, driver: Any, context: int) -> None:
+        self.driver, self.context = driver, context
+        self._stream: int | None = None
+
+    def _on(self) -> int:
+        if self._stream is None:
+            self._stream = self.driver.stream()
+        return self._stream
+
+    def read(self, addr: int, n: int) -> bytes:
+        with self.driver.current(self.context):
+            return self.driver.dtoh_on(self._on(), addr, n)
+
+    def write(self, addr: int, data: bytes) -> None:
+        with self.driver.current(self.context):
+            self.driver.htod_on(self._on(), addr, data)
+
+
+def attach(runtime: Any) -> Drainer | None:
+    """The drain thread for an instrumenter.Runtime whose probes have launch programs (started), else
+    None. Names come from the runtime's handle table, device maps from its maps once allocated."""
+    probes = LaunchProbes(runtime.probes)
+    if not probes:
+        return None
+    memory: dict[int, StreamMemory] = {}
+
+    def name_of(handle: int) -> str | None:
+        found = runtime.functions.get(handle)
+        return found[1] if found else None
+
+    def device() -> tuple[mapsync.Memory, list[list[int]]] | None:
+        maps, ctx = runtime.maps, runtime.context
+        if not maps or ctx is None:
+            return None
+        mem = memory.setdefault(ctx, StreamMemory(runtime.driver, ctx))
+        return mem, [m.addrs for m in maps]
+
+    return Drainer(runtime.ffi, runtime.lib, probes, name_of, device).start()
+
+
+def dump_states(drainer: Drainer | None, probes: Sequence[Probe],
+                device: Sequence[MapsState] | None) -> list[MapsState] | None:
+    """Every probe's maps for the exit dump: the device's read back (None: none were allocated), with
+    the launch probes' host side merged in; None when there is nothing to dump."""
+    if drainer is None:
+        return list(device) if device is not None else None
+    return [drainer.probes.merge(i, device[i] if device is not None else None) or MapsState(p.obj.maps)
+            for i, p in enumerate(probes)]

@@ -1,0 +1,218 @@
+"""Launch probes (runtime/launches.py) and their writes into device maps (runtime/mapsync.py): the
+context a launch probe sees, which maps stay on the host, element writes that the GPU's hash protocol
+reads back, and whole jobs on the stand-in driver where SASS-only kernels are counted by name and a
+launch probe's writes reach the device copy that GPU probes read."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from egpu_preload.bpf import ctx as C
+from egpu_preload.bpf import program as prog
+from egpu_preload.bpf.ctx import kernel_id
+from egpu_preload.maps import MapsState
+from egpu_preload.runtime import dump, launches, mapsync
+from egpu_preload.runtime.probes import load_probe
+from egpu_preload.translate import devmaps
+from stub_job import ROOT
+from test_runtime import launches as launch_params
+from test_runtime import run_kept
+
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    """``example("launch_count") -> Probe``: an examples/ probe compiled and loaded."""
+    from egpu_preload.bpf.compile import compile_probe
+    out = tmp_path_factory.mktemp("examples")
+    return lambda name: load_probe(compile_probe(EXAMPLES / f"{name}.bpf.c", out / f"{name}.bpf.o"))
+
+
+LAUNCH = launches.Launch(launch_id=7, time_ns=1_000, function=0x1234, stream=0xABC, grid=(4, 2, 1),
+                         block=(128, 1, 1), name="_Z6vecaddPKfS0_Pfi")
+
+
+def test_the_context_of_a_launch_probe():
+    raw = launches.context_bytes(LAUNCH, 99)
+    assert len(raw) == C.SIZE
+    f = C.BY_NAME
+    read = {name: struct.unpack_from("<Q" if f[name].size == 8 else "<I", raw, f[name].offset)[0]
+            for name in ("kernel_id", "launch_id", "kind", "stream", "nargs")}
+    assert read == {"kernel_id": 99, "launch_id": 7, "kind": C.KIND_LAUNCH, "stream": 0xABC, "nargs": 0}
+    assert struct.unpack_from("<3I", raw, f["grid"].offset) == (4, 2, 1)
+    assert struct.unpack_from("<3I", raw, f["block"].offset) == (128, 1, 1)
+
+
+@pytest.mark.parametrize("name, launch_only, shared", [
+    ("launch_count", {"launches", "hist_grid_blocks"}, set()),
+    ("launch_latency", set(), {"enqueue_ns"}),   # hist and clock_skew: GPU probes only
+    ("launchlate", set(), {"launch_times"}),
+    ("kernel_duration", None, None),             # no launch program: nothing on the host
+])
+def test_maps_are_split_by_who_uses_them(example, name, launch_only, shared):
+    side = launches.probe_maps(example(name))
+    if launch_only is None:
+        assert side is None
+        return
+    names = [m.name for m in side.probe.obj.maps]
+    assert {names[i] for i in side.launch_only} == launch_only
+    assert {names[i] for i in side.shared} == shared
+
+
+def test_launch_probes_count_by_kernel_and_read_the_enqueue_time(example):
+    probes = launches.LaunchProbes([example("launch_count"), example("launch_latency")])
+    probes.offset = 5_000
+    for i, name in enumerate(["_Z6vecaddPKfS0_Pfi", "_Z6vecaddPKfS0_Pfi", "other", None]):
+        probes.run(launches.Launch(i + 1, 100 * i, 0x10 + i, 0, (3, 1, 1), (32, 1, 1), name))
+    count = probes.sides[0].host_state()
+    assert dict(count.by_name("launches").items()) == {
+        struct.pack("<Q", kernel_id("_Z6vecaddPKfS0_Pfi")): struct.pack("<Q", 2),
+        struct.pack("<Q", kernel_id("other")): struct.pack("<Q", 1),
+        struct.pack("<Q", 0): struct.pack("<Q", 1)}  # a handle never looked up: "*" still sees it
+    # ktime in a launch probe is the record's time on the %globaltimer clock
+    latency = probes.sides[1].host_state()
+    assert dict(latency.by_name("enqueue_ns").items()) == {
+        struct.pack("<Q", i + 1): struct.pack("<Q", 100 * i + 5_000) for i in range(4)}
+    assert probes.sides[1].pending == {0: {struct.pack("<Q", i + 1) for i in range(4)}}
+    assert probes.runs == 8 and probes.errors == []
+
+
+def test_launch_globs_pick_kernels_by_mangled_or_plain_name(example):
+    probes = launches.LaunchProbes([example("launchlate")])  # SEC("egpu/launch/vectorAdd*")
+    for i, name in enumerate(["_Z9vectorAddPKfS0_Pfi", "vectorAdd_v2", "_Z6vecaddPKfS0_Pfi", None]):
+        probes.run(launches.Launch(i, 0, 0, 0, (1, 1, 1), (1, 1, 1), name))
+    assert probes.runs == 2
+
+
+def test_the_clock_offset_is_realtime_minus_monotonic():
+    import time
+    off = launches.clock_offset()
+    now = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + off
+    assert abs(now - time.clock_gettime_ns(time.CLOCK_REALTIME)) < 50_000_000
+
+
+# ---- element writes into device regions -----------------------------------------------------------
+
+class FakeDevice:
+    """mapsync.Memory over one region image."""
+
+    def __init__(self, image: bytes, base: int = 0x1000) -> None:
+        self.base, self.img = base, bytearray(image)
+        self.writes = 0
+
+    def read(self, addr: int, n: int) -> bytes:
+        return bytes(self.img[addr - self.base:addr - self.base + n])
+
+    def write(self, addr: int, data: bytes) -> None:
+        self.img[addr - self.base:addr - self.base + len(data)] = data
+        self.writes += 1
+
+
+def device_view(m: prog.MapDef, img: bytes) -> dict[bytes, bytes]:
+    st = MapsState([m])
+    devmaps.apply_region(st, 0, img)
+    return dict(st[0].items())
+
+
+def k8(i: int) -> bytes:
+    return struct.pack("<Q", i)
+
+
+@pytest.mark.parametrize("mtype", [prog.MAP_HASH, prog.MAP_LRU_HASH])
+def test_hash_keys_written_by_the_host_read_back_as_the_gpu_reads_them(mtype):
+    m = prog.MapDef("h", mtype, 8, 8, 4)
+    gpu = MapsState([m])
+    gpu[0].update(k8(100), k8(1))                      # already on the device, written by a GPU probe
+    dev = FakeDevice(devmaps.region_image(m, gpu[0], 1))
+    host = MapsState([m])[0]
+    for key, value in [(1, 10), (2, 20), (100, 5)]:    # insert, insert, overwrite the GPU's key
+        host.update(k8(key), k8(value))
+        mapsync.push_key(dev, dev.base, host, k8(key), now_ns=7)
+    assert device_view(m, dev.img) == {k8(1): k8(10), k8(2): k8(20), k8(100): k8(5)}
+    host.delete(k8(1))
+    mapsync.push_key(dev, dev.base, host, k8(1), now_ns=8)
+    assert device_view(m, dev.img) == {k8(2): k8(20), k8(100): k8(5)}
+    assert struct.unpack_from("<I", dev.img, 0)[0] == 2   # live entries
+    host.update(k8(1), k8(11))                         # a deleted key revives in the slot it owns
+    mapsync.push_key(dev, dev.base, host, k8(1), now_ns=9)
+    assert device_view(m, dev.img) == {k8(1): k8(11), k8(2): k8(20), k8(100): k8(5)}
+
+
+@pytest.mark.parametrize("mtype, survivors", [
+    (prog.MAP_HASH, 2),        # full: the device keeps what it has (-E2BIG, as on the GPU)
+    (prog.MAP_LRU_HASH, 2),    # full: the least recently used slot near the key's home goes
+])
+def test_a_full_device_hash(mtype, survivors):
+    m = prog.MapDef("h", mtype, 8, 8, 2)
+    dev = FakeDevice(devmaps.region_image(m, MapsState([m])[0], 1))
+    host = MapsState([m])[0]
+    for key in (1, 2, 3):
+        host.update(k8(key), k8(key))
+        mapsync.push_key(dev, dev.base, host, k8(key), now_ns=key)
+    seen = device_view(m, dev.img)
+    assert len(seen) == survivors and struct.unpack_from("<I", dev.img, 0)[0] == survivors
+    assert (k8(3) in seen) == (mtype == prog.MAP_LRU_HASH)
+
+
+def test_array_elements_written_by_the_host():
+    m = prog.MapDef("a", prog.MAP_ARRAY, 4, 8, 4)
+    dev = FakeDevice(devmaps.region_image(m, MapsState([m])[0], 1))
+    host = MapsState([m])[0]
+    host.update(struct.pack("<I", 2), k8(42))
+    mapsync.push_key(dev, dev.base, host, struct.pack("<I", 2), now_ns=0)
+    assert [v for _, v in sorted(device_view(m, dev.img).items())] == [k8(0), k8(0), k8(42), k8(0)]
+    assert dev.writes == 1
+
+
+def test_reads_alone_are_not_written_back():
+    m = prog.MapDef("h", prog.MAP_HASH, 8, 8, 4)
+    st = MapsState([m])
+    st[0].update(k8(1), k8(1))
+    t = launches.Touched(st[0])
+    t.lookup(k8(1))
+    t.lookup(k8(2))
+    assert t.take() == set()
+    t.lookup(k8(1))[:] = k8(9)  # written through the pointer a lookup handed out
+    t.update(k8(3), k8(3))
+    assert t.take() == {k8(1), k8(3)}
+
+
+# ---- whole jobs on the stand-in driver --------------------------------------------------------------
+
+def test_sass_only_kernels_are_counted_by_name(stub_job, tmp_path):
+    """launch_count on a cubin (no PTX): nothing is instrumented, every launch is counted by the kernel's
+    name, and the application's launches reach the driver unchanged."""
+    r, docs, calls = run_kept(stub_job, tmp_path, EXAMPLES / "launch_count.bpf.c", str(stub_job.app), "cubin", "3",
+                              "64", "0")
+    assert r.returncode == 0, r.stderr
+    assert launch_params(calls) == ["", "", ""]
+    assert r.stdout.splitlines()[1:] == ["@launches[vecadd]: 3", "", "@hist_grid_blocks:",
+                                         "[2, 4)                 3 |@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@|"]
+    (doc,) = docs
+    assert doc["modules"][0]["status"] == "SASS only" and doc["stats"]["records"] == 3
+    assert not [c for c in calls if c.startswith(("cuMemAlloc", "cuStreamCreate"))]  # nothing on the device
+
+
+@pytest.mark.parametrize("app", ["c", "python"])
+def test_launch_probe_writes_reach_the_maps_gpu_probes_read(stub_job, tmp_path, app):
+    """launch_latency: the launch probe's enqueue times go into the device copy of enqueue_ns (keyed by
+    the launch ids the kernels receive), through the runtime's own non-blocking stream."""
+    import time
+    cmd = [str(stub_job.app)] if app == "c" else ["python3", str(ROOT / "tests" / "runtime_stub" / "app_vec.py")]
+    before = time.clock_gettime_ns(time.CLOCK_REALTIME)
+    r, docs, calls = run_kept(stub_job, tmp_path, EXAMPLES / "launch_latency.bpf.c", *cmd, "module", "3", "64", "0")
+    after = time.clock_gettime_ns(time.CLOCK_REALTIME)
+    assert r.returncode == 0, r.stderr
+    assert launch_params(calls) == ["11,22,64,1", "11,22,64,2", "11,22,64,3"]
+    assert "cuStreamCreate flags=1 ctx=app" in calls
+    # pushes happened before the exit read-back: the device copy holds them
+    (doc,) = docs
+    enq = dict(doc["probes"][0]["maps"][0]["entries"])
+    assert sorted(enq) == [k8(1), k8(2), k8(3)]
+    assert all(before <= struct.unpack("<Q", v)[0] <= after for v in enq.values())
+    assert [ln.split(":")[0] for ln in r.stdout.splitlines()[1:4]] == ["@enqueue_ns[1]", "@enqueue_ns[2]",
+                                                                        "@enqueue_ns[3]"]
