@@ -11,16 +11,18 @@ from ..bpf.decode import Insn
 from ..bpf.verifier import VerifiedProgram
 from . import helpers_ptx
 from .devmaps import layout
-from .emitter import Addr, FuncGen, Target, lit, sext32, slit
+from .emitter import TABLE_PARAM, Addr, FuncGen, Target, lit, sext32, slit
 
 
 def generate_func(insns: list[Insn], target: Target, name: str, params: list[str],
                   verified: VerifiedProgram | None) -> str:
     """The complete ``.func (.param .b64 %ret) name(.param .b64 <params>...)`` for a program, using what
-    the verifier proved about it (None: a program it refused, which only execute_on_gpu runs)."""
+    the verifier proved about it (None: a program it refused, which only execute_on_gpu runs). With
+    ``target.table_param`` the map table's address is one more parameter, TABLE_PARAM, after them."""
     g = FuncGen(insns, target, HANDLERS, verified)
     g.body()
-    head = f".func (.param .b64 %ret) {name}({', '.join(f'.param .b64 {p}' for p in params)})"
+    formal = params + [TABLE_PARAM] if target.table_param else params
+    head = f".func (.param .b64 %ret) {name}({', '.join(f'.param .b64 {p}' for p in formal)})"
     return "\n".join([head, "{", *g.declarations(), *g.prologue(params), *g.lines,
                       "\tst.param.b64 [%ret], %r0;", "\tret;", "}", ""])
 
@@ -180,7 +182,7 @@ def lddw(g: FuncGen, insn: Insn) -> None:
     elif insn.src in (isa.LDDW_MAP_IDX, isa.LDDW_MAP_IDX_VALUE):
         index = insn.imm & 0xFFFFFFFF
         m = g.map_def(insn, index)
-        g.emit(f"ld.const.u64 {d}, [{g.target.table}+{8 * index}];")
+        g.table_entry(d, index)
         if insn.src == isa.LDDW_MAP_IDX_VALUE:
             off = layout(m).value_off + (insn.imm >> 32)  # the single value of a global-data map
             if off:

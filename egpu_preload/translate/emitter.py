@@ -44,6 +44,12 @@ class Target:
     tag: str                       # unique per probe object; prefixes every module-level name
     maps: tuple[MapDef, ...] = ()
     table: str | None = None       # the .const map table symbol; None: the program may use no maps
+    # The table's address arrives as a second parameter (TABLE_PARAM) instead: patch modules of the SASS
+    # back end are loaded by the Compute Sanitizer, so nobody can fill a .const table in them.
+    table_param: bool = False
+
+
+TABLE_PARAM, TABLE_REG = "%maps", "%maptab"
 
 
 def lit(v: int, bits: int = 64) -> str:
@@ -206,8 +212,15 @@ class FuncGen:
     def map_base(self, index: int) -> str:
         """The device address of map ``index``'s region, from the module's map table."""
         t = self.t64()
-        self.emit(f"ld.const.u64 {t}, [{self.target.table}+{8 * index}];")
+        self.table_entry(t, index)
         return t
+
+    def table_entry(self, dst: str, index: int) -> None:
+        """dst = entry ``index`` of the map table (the .const symbol, or global memory at TABLE_PARAM)."""
+        if self.target.table_param:
+            self.emit(f"ld.global.u64 {dst}, [{TABLE_REG}+{8 * index}];")
+        else:
+            self.emit(f"ld.const.u64 {dst}, [{self.target.table}+{8 * index}];")
 
     # ---- memory ---------------------------------------------------------------------------------
     def address(self, insn: Insn, base_reg: int, size: int) -> Addr:
@@ -406,6 +419,8 @@ class FuncGen:
 
     def declarations(self) -> list[str]:
         decls = ["\t.reg .b64 %r<11>;"]
+        if self.target.table_param:
+            decls.append(f"\t.reg .b64 {TABLE_REG};")
         decls += [f"\t.reg .b64 %d{d}r<11>;" for d in range(1, self.max_depth + 1)]
         for kind, ty in (("t", ".b64"), ("w", ".b32"), ("p", ".pred")):
             if self.counts[kind]:
@@ -417,6 +432,8 @@ class FuncGen:
 
     def prologue(self, params: list[str]) -> list[str]:
         out = [f"\tld.param.b64 %r{n + 1}, [{p}];" for n, p in enumerate(params)]
+        if self.target.table_param:
+            out.append(f"\tld.param.b64 {TABLE_REG}, [{TABLE_PARAM}];")
         # eBPF leaves other registers undefined; zero them so every run is deterministic (free after ptxas).
         out += [f"\tmov.b64 %r{n}, 0;" for n in range(0, 10) if not 1 <= n <= len(params)]
         if self.uses_stack:

@@ -61,7 +61,7 @@ def table_decl(tag: str, nmaps: int) -> str:
 
 
 def probe_function(program: Program, obj: BpfObject, tag: str | None = None,
-                   verified: VerifiedProgram | None = None) -> ProbePtx:
+                   verified: VerifiedProgram | None = None, table_param: bool = False) -> ProbePtx:
     """Verify (unless ``verified`` is the verifier's result for it) and translate one program of a
     loaded object into a PTX function; raises VerifierError for a program the verifier refuses.
 
@@ -72,17 +72,20 @@ def probe_function(program: Program, obj: BpfObject, tag: str | None = None,
     filled by the runtime after loading the module, see devmaps.py). ``tag`` (default: object_tag) makes
     the names unique per probe object; every program of one object shares its table. The code needs
     ``.version 6.3`` and ``.target sm_70`` or newer, ``.address_size 64``.
+
+    ``table_param`` (the SASS back end, sass_patch.py): no ``.const`` table; the function takes the table's
+    global address as a second parameter, ``(.param .b64 %ctx, .param .b64 %maps)``, and ``globals`` is empty.
     """
     tag = tag or object_tag(obj)
     name = f"__egpu_{tag}_{_ident(program.name)}"
-    target = Target(tag, tuple(obj.maps), table_symbol(tag))
+    target = Target(tag, tuple(obj.maps), table_symbol(tag), table_param)
     if verified is None:
         verified = verify(program.code, obj.maps, file=obj.path, section=program.section)
     try:
         func = generate_func(list(verified.insns), target, name, PROBE_PARAMS, verified)
     except EgpuError as e:
         raise e.where(file=obj.path, section=program.section)
-    return ProbePtx(name, func, (table_decl(tag, len(obj.maps)),), table_symbol(tag))
+    return ProbePtx(name, func, () if table_param else (table_decl(tag, len(obj.maps)),), table_symbol(tag))
 
 
 def probe_object_ptx(obj: BpfObject, tag: str | None = None) -> str:

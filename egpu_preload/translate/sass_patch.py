@@ -1,0 +1,208 @@
+"""The SASS back end's patch module: egpu probes as Compute Sanitizer patch functions.
+
+NVIDIA's patching API (sanitizer_patching.h) calls a tool's device functions at instruction classes of
+kernels that ship no PTX. ``patch_module`` makes one PTX module holding every kernel-site program of
+the probe objects, each translated with ``table_param`` (its map table arrives as a parameter: the
+sanitizer loads this module itself, so nobody could fill a ``.const`` table), and three entry points
+with the patch ABI (``extern "C" __device__ __noinline__``, the enum result in ``.param .b32``):
+
+    ENTER  SanitizerPatchResult f(void *userdata, uint64_t pc)                 BLOCK_ENTER (per thread)
+    EXIT   SanitizerPatchResult f(void *userdata, uint64_t pc)                 BLOCK_EXIT
+    MEM    SanitizerPatchResult f(void *userdata, uint64_t pc, void *ptr,     GLOBAL_MEMORY_ACCESS
+                                  uint32_t size, uint32_t flags, const void *pData)
+
+Each builds a ``struct egpu_ctx`` (bpf/ctx.py) in local memory, as the PTX rewriter does, and calls the
+programs whose bit is set in the launch record's mask. ``userdata`` is the launch record the runtime
+writes at every launch (shim/sass.c, RECORD below); NULL (a kernel no probe selects) returns at once.
+ctx fields on this back end: kernel_id and launch_id as on the PTX back end; site = the SASS
+instruction index, (pc - function start) / 16; addr, size as the hardware accesses them; flags from
+Sanitizer_DeviceMemoryFlags (READ load, WRITE store, both or ATOMSYS atomic, so a ``red`` counts as a
+store); args, nargs, grid, block and stream are zero (a patch cannot see the kernel's parameters).
+Scopes as in rewrite.py: warp = the lowest lane of ``activemask`` at the call, block = thread (0,0,0).
+
+``build_image`` runs ``ptxas --compile-as-tools-patch`` once per (module text, sm) and keeps the cubin
+in a cache directory (the session's), so the application's processes find it built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..bpf import ctx as C
+from ..bpf.program import Attach, BpfObject
+from ..errors import TranslateError
+from .emitter import lit
+from .module import PTX_VERSION, SM_MIN, header, probe_function
+
+ENTER, EXIT, MEM = "egpu_sass_block_enter", "egpu_sass_block_exit", "egpu_sass_global_access"
+# Sanitizer_InstructionId values (sanitizer_patching.h) of the classes each entry point patches.
+INSTRUCTION_IDS = {ENTER: 1, EXIT: 2, MEM: 3}
+KINDS = {"entry": ENTER, "exit": EXIT, "mem": MEM, "load": MEM, "store": MEM}
+MAX_PROGRAMS = 64   # one bit each in the record's mask
+
+
+@dataclass(frozen=True)
+class Record:
+    """The launch record (device memory, one per launch): what the patch functions read through userdata.
+    shim/sass.c writes it; its struct must match these offsets."""
+
+    KERNEL_ID = 0    # u64 ctx.kernel_id
+    LAUNCH_ID = 8    # u64 ctx.launch_id
+    START = 16       # u64 the function's first instruction (sanitizerGetFunctionPcAndSize)
+    MASK = 24        # u64 bit k: program k runs in this kernel
+    TABLES = 32      # u64 global address of the table block (each object's map table, back to back)
+    SIZE = 40
+
+
+RECORD = Record()
+
+
+@dataclass(frozen=True)
+class PatchProgram:
+    bit: int          # its bit in Record.MASK
+    obj: int          # index of its object: its table starts at PatchModule.table_offsets[obj]
+    attach: Attach
+    func: str
+
+
+@dataclass(frozen=True)
+class PatchModule:
+    ptx: str
+    programs: tuple[PatchProgram, ...]
+    table_offsets: tuple[int, ...]   # byte offset of each object's table in the table block
+    entries: tuple[str, ...]         # the entry points defined (only classes some program uses)
+
+    def instruction_classes(self) -> int:
+        """Bit (1 << Sanitizer_InstructionId) per class to patch: what shim/sass.c is told."""
+        return sum(1 << INSTRUCTION_IDS[e] for e in self.entries)
+
+
+def patch_module(objects: list[BpfObject]) -> PatchModule:
+    """The patch module for these (loaded, verifiable) probe objects; raises VerifierError or
+    TranslateError as probe_function does, and TranslateError past MAX_PROGRAMS programs."""
+    programs, funcs, offsets = [], [], []
+    version, offset = PTX_VERSION, 0
+    for j, obj in enumerate(objects):
+        offsets.append(offset)
+        offset += 8 * (len(obj.maps) + 1)
+        for prog in obj.programs:
+            if prog.attach.kind not in KINDS:
+                continue
+            if len(programs) == MAX_PROGRAMS:
+                raise TranslateError(f"more than {MAX_PROGRAMS} kernel-site programs for the SASS back end",
+                                     file=obj.path, section=prog.section)
+            pp = probe_function(prog, obj, table_param=True)
+            programs.append(PatchProgram(len(programs), j, prog.attach, pp.name))
+            funcs.append(pp.func)
+            version = max(version, pp.version)
+    entries = tuple(e for e in (ENTER, EXIT, MEM) if any(KINDS[p.attach.kind] == e for p in programs))
+    body = [_entry(e, [p for p in programs if KINDS[p.attach.kind] == e], offsets) for e in entries]
+    text = header(version, SM_MIN) + "\n" + "\n".join(funcs) + "\n" + "\n".join(body)
+    return PatchModule(text, tuple(programs), tuple(offsets), entries)
+
+
+def _entry(name: str, programs: list[PatchProgram], offsets: list[int]) -> str:
+    mem = name == MEM
+    params = ["%ud", "%pc"] + (["%ptr", "%size", "%flags", "%data"] if mem else [])
+    types = {"%size": ".b32", "%flags": ".b32"}
+    out = [f".visible .func (.param .b32 %res) {name}("
+           + ", ".join(f".param {types.get(p, '.b64')} {p}" for p in params) + ")", "{",
+           f"\t.local .align 8 .b8 __ctx[{C.SIZE}];",
+           "\t.reg .b64 %u, %mask, %tab, %c, %t<3>;", "\t.reg .b32 %w<4>, %flags_e;", "\t.reg .pred %p<2>;",
+           "\tld.param.b64 %u, [%ud];", "\tsetp.eq.u64 %p0, %u, 0;", "\t@%p0 bra $Ldone;"]
+    if mem:
+        # Sanitizer_DeviceMemoryFlags: READ 1, WRITE 2, ATOMSYS 4, PREFETCH 8. A prefetch is no access.
+        out += ["\tld.param.b32 %w0, [%flags];", "\tand.b32 %flags_e, %w0, 3;", "\tsetp.eq.u32 %p0, %flags_e, 0;",
+                "\t@%p0 bra $Ldone;", "\tsetp.eq.u32 %p1, %flags_e, 3;", "\tand.b32 %w1, %w0, 4;",
+                "\tsetp.ne.or.u32 %p1, %w1, 0, %p1;", f"\tselp.b32 %w1, {C.FLAG_ATOMIC}, 0, %p1;",
+                "\tor.b32 %flags_e, %flags_e, %w1;"]
+    out += [f"\tld.global.u64 %mask, [%u+{RECORD.MASK}];", f"\tld.global.u64 %tab, [%u+{RECORD.TABLES}];",
+            "\tmov.b64 %t0, 0;"]
+    out += [f"\tst.local.u64 [__ctx+{8 * k}], %t0;" for k in range(C.SIZE // 8)]
+    field = C.BY_NAME
+    out += [f"\tld.global.u64 %t0, [%u+{RECORD.KERNEL_ID}];", f"\tst.local.u64 [__ctx+{field['kernel_id'].offset}], %t0;",
+            f"\tld.global.u64 %t0, [%u+{RECORD.LAUNCH_ID}];", f"\tst.local.u64 [__ctx+{field['launch_id'].offset}], %t0;",
+            f"\tmov.u32 %w0, {_KIND[name]};", f"\tst.local.u32 [__ctx+{field['kind'].offset}], %w0;"]
+    if name != ENTER:   # site: the SASS instruction index (16-byte instructions since sm_70); entry: 0
+        out += ["\tld.param.b64 %t0, [%pc];", f"\tld.global.u64 %t1, [%u+{RECORD.START}];",
+                "\tsetp.lo.u64 %p0, %t0, %t1;", "\t@!%p0 sub.u64 %t0, %t0, %t1;", "\tshr.u64 %t0, %t0, 4;",
+                "\tcvt.u32.u64 %w0, %t0;", f"\tst.local.u32 [__ctx+{field['site'].offset}], %w0;"]
+    if mem:
+        out += ["\tld.param.b64 %t0, [%ptr];", f"\tst.local.u64 [__ctx+{field['addr'].offset}], %t0;",
+                "\tld.param.b32 %w0, [%size];", f"\tst.local.u32 [__ctx+{field['size'].offset}], %w0;",
+                f"\tst.local.u32 [__ctx+{field['flags'].offset}], %flags_e;"]
+    out.append("\tcvta.local.u64 %c, __ctx;")
+    for p in programs:
+        skip = f"$Lskip{p.bit}"
+        out += [f"\tand.b64 %t0, %mask, {lit(1 << p.bit)};", "\tsetp.eq.u64 %p0, %t0, 0;", f"\t@%p0 bra {skip};"]
+        want = {"load": C.FLAG_LOAD, "store": C.FLAG_STORE}.get(p.attach.kind)
+        if want:
+            out += [f"\tand.b32 %w0, %flags_e, {want};", "\tsetp.eq.u32 %p0, %w0, 0;", f"\t@%p0 bra {skip};"]
+        out += _scope(p.attach.scope, skip)
+        out += [f"\tadd.u64 %t1, %tab, {offsets[p.obj]};", "\t{", "\t\t.param .b64 %rv;", "\t\t.param .b64 %a0;",
+                "\t\t.param .b64 %a1;", "\t\tst.param.b64 [%a0], %c;", "\t\tst.param.b64 [%a1], %t1;",
+                f"\t\tcall (%rv), {p.func}, (%a0, %a1);", "\t}", f"{skip}:"]
+    out += ["$Ldone:", "\tmov.u32 %w0, 0;", "\tst.param.b32 [%res], %w0;   // SANITIZER_PATCH_SUCCESS", "\tret;",
+            "}", ""]
+    return "\n".join(out)
+
+
+_KIND = {ENTER: C.KIND_ENTRY, EXIT: C.KIND_EXIT, MEM: C.KIND_MEM}
+
+
+def _scope(scope: str, skip: str) -> list[str]:
+    """Branch to skip unless this thread is the one the scope elects (rewrite.py's rules)."""
+    if scope == "warp":   # activemask: PTX ISA 9.7.13.4 (PTX 6.2)
+        return ["\tactivemask.b32 %w0;", "\tmov.u32 %w1, %lanemask_lt;", "\tand.b32 %w0, %w0, %w1;",
+                "\tsetp.ne.u32 %p0, %w0, 0;", f"\t@%p0 bra {skip};"]
+    if scope == "block":
+        return ["\tmov.u32 %w0, %tid.x;", "\tmov.u32 %w1, %tid.y;", "\tor.b32 %w0, %w0, %w1;",
+                "\tmov.u32 %w1, %tid.z;", "\tor.b32 %w0, %w0, %w1;", "\tsetp.ne.u32 %p0, %w0, 0;",
+                f"\t@%p0 bra {skip};"]
+    return []
+
+
+# ---- the image -----------------------------------------------------------------------------------
+
+def find_ptxas() -> str | None:
+    """ptxas on PATH, else under CUDA_HOME or /usr/local/cuda."""
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root and os.access(Path(root) / "bin/ptxas", os.X_OK):
+            return str(Path(root) / "bin/ptxas")
+    return None
+
+
+def image_name(ptx: str, sm: int) -> str:
+    return f"sass-patch-{hashlib.sha256(ptx.encode()).hexdigest()[:16]}-sm_{sm}.cubin"
+
+
+def build_image(ptx: str, sm: int, cache: Path, ptxas: str | None = None) -> Path:
+    """The patch cubin for ``sm`` (90 for sm_90): from the cache, else built there with
+    ``ptxas --compile-as-tools-patch`` (written under a temporary name, then renamed, so concurrent
+    processes never read half a file). TranslateError when ptxas is missing or refuses the text."""
+    target = cache / image_name(ptx, sm)
+    if target.exists():
+        return target
+    ptxas = ptxas or find_ptxas()
+    if ptxas is None:
+        raise TranslateError("ptxas not found (PATH, CUDA_HOME, /usr/local/cuda): the SASS back end needs it")
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        src, out = Path(tmp) / "patch.ptx", Path(tmp) / "patch.cubin"
+        src.write_text(ptx)
+        proc = subprocess.run([ptxas, f"-arch=sm_{sm}", "--compile-as-tools-patch", "-o", str(out), str(src)],
+                              capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            first = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[:1]
+            raise TranslateError(f"ptxas --compile-as-tools-patch failed for sm_{sm}: {' '.join(first)}")
+        os.replace(out, target)
+    return target
