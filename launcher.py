@@ -149,7 +149,9 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
             as_json: bool = typer.Option(False, "--json", help="maps as one JSON document per process"),
             verbose: bool = typer.Option(False, "-v", "--verbose",
                                          help="report every module and kernel; keep the session directory"),
-            keep: bool = typer.Option(False, "--keep", help="keep the session directory (dumps, compiled probes)")) -> None:
+            keep: bool = typer.Option(False, "--keep", help="keep the session directory (dumps, compiled probes)"),
+            durations: bool = typer.Option(False, "--durations",
+                                           help="time every kernel (CUPTI): count, total, mean, histogram")) -> None:
     """Run CMD with probes spliced into its kernels; print the maps at exit and exit with CMD's status."""
     from egpu_preload.runtime import config, job
     session = None
@@ -157,7 +159,7 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
         try:
             session = job.session_dir()
             loaded = job.prepare_probes(probes, session)
-            cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose))
+            cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose), durations)
             status = job.run_job(cmd, cfg, job.find_shim())
         except job.ProgramError as e:
             typer.echo(f"egpu-run: {e}", err=True)

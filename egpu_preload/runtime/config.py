@@ -5,6 +5,7 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_SESSION  the session directory egpu-run made: every instrumented process writes <pid>.msgpack there
     EGPU_KERNEL   an extra kernel glob: only kernels it matches (mangled or demangled) are instrumented
     EGPU_LOG      verbosity: 0 quiet, 1 one line per module load, 2 and more per kernel
+    EGPU_DURATIONS  1: time every kernel (CUPTI activity records, runtime/durations.py)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROBES, SESSION, KERNEL, LOG = "EGPU_PROBES", "EGPU_SESSION", "EGPU_KERNEL", "EGPU_LOG"
+DURATIONS = "EGPU_DURATIONS"
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,7 @@ class Config:
     session: Path | None = None
     kernel: str | None = None
     log: int = 0
+    durations: bool = False
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -30,12 +33,14 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
     probes = tuple(Path(p) for p in env.get(PROBES, "").split(os.pathsep) if p)
     log = env.get(LOG, "0")
     return Config(probes=probes, session=Path(env[SESSION]) if env.get(SESSION) else None,
-                  kernel=env.get(KERNEL) or None, log=int(log) if log.isdigit() else 0)
+                  kernel=env.get(KERNEL) or None, log=int(log) if log.isdigit() else 0,
+                  durations=env.get(DURATIONS) == "1")
 
 
 def to_env(cfg: Config) -> dict[str, str]:
-    """The variables that make ``from_env`` return ``cfg`` (all four, so a stale one never leaks in)."""
+    """The variables that make ``from_env`` return ``cfg`` (all of them, so a stale one never leaks in)."""
     return {PROBES: os.pathsep.join(str(p) for p in cfg.probes),
             SESSION: str(cfg.session) if cfg.session else "",
             KERNEL: cfg.kernel or "",
-            LOG: str(cfg.log)}
+            LOG: str(cfg.log),
+            DURATIONS: "1" if cfg.durations else ""}

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import config, dump
+from egpu_preload.runtime import config, dump, durations
 from egpu_preload.runtime.probes import Probe, load_probes
 
 if TYPE_CHECKING:
@@ -224,4 +224,7 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool) -> list[str]:
 def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool) -> tuple[str, list[str]]:
     """(maps for stdout, lines for stderr) from the dumps the job's processes left in the session."""
     dumps = dump.read_all(session)
-    return render(probes, dumps, as_json), module_report(dumps, verbose) if probes else []
+    out = render(probes, dumps, as_json)
+    if any("durations" in d for d in dumps):  # egpu-run --durations
+        out += durations.render_json(dumps, time.time()) if as_json else ("\n" if out else "") + durations.render(dumps)
+    return out, module_report(dumps, verbose) if probes else []
