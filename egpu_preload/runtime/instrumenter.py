@@ -37,7 +37,7 @@ from egpu_preload.bpf.ctx import kernel_id
 from egpu_preload.errors import EgpuError
 from egpu_preload.fatbin import ImageKind
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import dump, hooks, launches
+from egpu_preload.runtime import dump, durations, hooks, launches
 from egpu_preload.runtime.config import Config, from_env
 from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, Driver
 from egpu_preload.runtime.probes import Probe, load_probes
@@ -125,6 +125,7 @@ class Runtime:
         self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
         self.exit = ExitHook(self.finish)
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
+        self.durations = durations.start() if cfg.durations else None  # every kernel timed by CUPTI
 
     # ---- hooks ---------------------------------------------------------------------------------------
     def module_load(self, image: hooks.ModuleImage) -> bytes | None:
@@ -292,6 +293,7 @@ class Runtime:
             "kernels": [[k, n] for k, n in self.kernel_names.items()],
             "modules": [m.report() for m in self.loads],
             "stats": {f: int(getattr(stats, f)) for f in STATS},
+            **(self.durations.finish(self.driver.synchronize) if self.durations else {}),
         })
 
 
