@@ -36,6 +36,8 @@ SIGNATURES = {
     "cuMemFree_v2": "int (*)(unsigned long long)",
     "cuMemcpyHtoD_v2": "int (*)(unsigned long long, const void *, size_t)",
     "cuMemcpyDtoH_v2": "int (*)(void *, unsigned long long, size_t)",
+    "cuMemcpyHtoDAsync_v2": "int (*)(unsigned long long, const void *, size_t, void *)",
+    "cuStreamSynchronize": "int (*)(void *)",
     "cuModuleGetGlobal_v2": "int (*)(unsigned long long *, size_t *, void *, const char *)",
     "cuLibraryGetGlobal": "int (*)(unsigned long long *, size_t *, void *, const char *)",
     "cuModuleLoadData": "int (*)(void **, const void *)",
@@ -156,6 +158,13 @@ class Driver:
                 return None
             raise
         return int(p[0])
+
+    def htod_on(self, stream: int, ptr: int, data: bytes) -> None:
+        """Copy in on ``stream`` and wait for that stream only (copies on one stream land in order)."""
+        if data:
+            s = self.ffi.cast("void *", stream)
+            self.call("cuMemcpyHtoDAsync_v2", ptr, self.ffi.from_buffer(data), len(data), s)
+            self.call("cuStreamSynchronize", s)
 
     # ---- loading the original beside an instrumented image ------------------------------------------
     def load(self, image: bytes, library: bool) -> int:
