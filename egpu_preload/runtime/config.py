@@ -6,6 +6,7 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_KERNEL   an extra kernel glob: only kernels it matches (mangled or demangled) are instrumented
     EGPU_LOG      verbosity: 0 quiet, 1 one line per module load, 2 and more per kernel
     EGPU_DURATIONS  1: time every kernel (CUPTI activity records, runtime/durations.py)
+    EGPU_PTXAS    the real ptxas egpu-ptxas runs for Triton (runtime/ptxas.py); empty: Triton's own
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROBES, SESSION, KERNEL, LOG = "EGPU_PROBES", "EGPU_SESSION", "EGPU_KERNEL", "EGPU_LOG"
-DURATIONS = "EGPU_DURATIONS"
+DURATIONS, PTXAS = "EGPU_DURATIONS", "EGPU_PTXAS"
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class Config:
     kernel: str | None = None
     log: int = 0
     durations: bool = False
+    ptxas: str | None = None
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -34,7 +36,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
     log = env.get(LOG, "0")
     return Config(probes=probes, session=Path(env[SESSION]) if env.get(SESSION) else None,
                   kernel=env.get(KERNEL) or None, log=int(log) if log.isdigit() else 0,
-                  durations=env.get(DURATIONS) == "1")
+                  durations=env.get(DURATIONS) == "1", ptxas=env.get(PTXAS) or None)
 
 
 def to_env(cfg: Config) -> dict[str, str]:
@@ -43,4 +45,5 @@ def to_env(cfg: Config) -> dict[str, str]:
             SESSION: str(cfg.session) if cfg.session else "",
             KERNEL: cfg.kernel or "",
             LOG: str(cfg.log),
-            DURATIONS: "1" if cfg.durations else ""}
+            DURATIONS: "1" if cfg.durations else "",
+            PTXAS: cfg.ptxas or ""}
