@@ -37,7 +37,7 @@ from egpu_preload.bpf.ctx import kernel_id
 from egpu_preload.errors import EgpuError
 from egpu_preload.fatbin import ImageKind
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import dump, durations, hooks, launches
+from egpu_preload.runtime import dump, durations, hooks, launches, ptxas
 from egpu_preload.runtime.config import Config, from_env
 from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, Driver
 from egpu_preload.runtime.probes import Probe, load_probes
@@ -138,6 +138,8 @@ class Runtime:
         try:
             text, mod.image = self._ptx(image)
             if text is None:
+                if ptxas.adopt(self, mod, image):  # a cubin egpu-ptxas instrumented (Triton)
+                    return None
                 mod.status = "SASS only"
                 return None
             res = instrument(text, self.specs, self.cfg.kernel)
@@ -159,7 +161,7 @@ class Runtime:
             return
         if replacement_result > 0:
             self._fail(mod, f"driver JIT error {replacement_result}")
-        elif replacement_result == 0:
+        elif replacement_result == 0 or mod.status == "instrumented":  # replaced, or adopted as it is
             try:
                 self._fill_tables(handle, mod.library)
             except EgpuError as e:

@@ -6,6 +6,7 @@ The environment is set in one place (``job_env``); what the runtime reads from i
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent.parent   # the checkout: shim/ and build/ live there
 SHIM_ENV = "EGPU_SHIM"
 RUNTIME_MODULE = "egpu_preload.runtime.instrumenter"
+PTXAS_WRAPPER = Path(__file__).resolve().parent / "egpu-ptxas"
 # What the runtime imports inside the job; a program that is not Python gets its embedded interpreter
 # pointed at the directories these live in here.
 RUNTIME_IMPORTS = ("egpu_preload", "_cffi_backend", "msgpack", "elftools", "zstandard", "lz4")
@@ -104,9 +106,17 @@ def import_dirs() -> list[str]:
 
 def job_env(cfg: config.Config, shim: Path, base: Mapping[str, str]) -> dict[str, str]:
     """The job's environment: ``base`` plus the runtime's config, the preloaded shim (ahead of any
-    preload already there), the runtime module, import paths after the job's own, and PTX from CuPy."""
+    preload already there), the runtime module, import paths after the job's own, PTX from CuPy, and
+    Triton's ptxas wrapped (runtime/ptxas.py) with Triton's and inductor's caches in the session, so no
+    cubin compiled without the probes is reused and none compiled with them outlives the job."""
     env = dict(base)
+    theirs = base.get("TRITON_PTXAS_PATH", "")
+    if theirs and Path(theirs).name != PTXAS_WRAPPER.name:
+        cfg = dataclasses.replace(cfg, ptxas=theirs)
     env.update(config.to_env(cfg))
+    env.update(TRITON_PTXAS_PATH=str(PTXAS_WRAPPER), EGPU_PYTHON=sys.executable)
+    if cfg.session is not None:
+        env.update(TRITON_CACHE_DIR=str(cfg.session / "triton"), TORCHINDUCTOR_CACHE_DIR=str(cfg.session / "inductor"))
     env["LD_PRELOAD"] = " ".join(p for p in (str(shim), base.get("LD_PRELOAD", "")) if p)
     env["EGPU_RUNTIME"] = RUNTIME_MODULE
     paths = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
