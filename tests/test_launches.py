@@ -6,7 +6,6 @@ launch probe's writes reach the device copy that GPU probes read."""
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,7 @@ from egpu_preload.bpf import ctx as C
 from egpu_preload.bpf import program as prog
 from egpu_preload.bpf.ctx import kernel_id
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import dump, launches, mapsync
+from egpu_preload.runtime import launches, mapsync
 from egpu_preload.runtime.probes import load_probe
 from egpu_preload.translate import devmaps
 from stub_job import ROOT
