@@ -90,6 +90,27 @@ int egpu_shim_register(void *orig, void *repl);
  * byte `param_offset` of a CU_LAUNCH_PARAM_BUFFER_POINTER buffer. */
 int egpu_shim_register_launch_id(void *orig, void *repl, unsigned int nparams,
                                  unsigned int param_offset);
+/* One device-to-device copy of module state (a __device__ or __constant__ global) for egpu_shim_swap. */
+struct egpu_copy {
+    unsigned long long dst, src, size;
+};
+/* One retarget for egpu_shim_swap: as egpu_shim_register (launch_id 0) or
+ * egpu_shim_register_launch_id (launch_id 1). */
+struct egpu_flip {
+    void *orig, *repl;
+    unsigned int nparams, param_offset;
+    int launch_id;
+};
+/* A hot swap no launch straddles: new launches wait at the launch hooks (those already inside one
+ * reach the driver first), context `ctx` finishes everything submitted (cuCtxSynchronize), the copies
+ * run (cuMemcpyDtoD) and finish, every flip is published, launches go on. So each launch runs wholly
+ * on the old targets or wholly on the new ones, and state written by old launches is in the new
+ * module before its first launch. *launches gets the launch counter at the flip: launch ids up to it
+ * ran the old targets, later ones the new. Returns 0; -1 when the table is full or memory is out
+ * (nothing published); else the failing CUresult (nothing published). A kernel that waits for a
+ * later launch would never finish: the swap would wait with it. */
+int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncopies,
+                   const struct egpu_flip *flips, size_t nflips, unsigned long long *launches);
 /* The function launches of `orig` currently reach (orig itself if none registered). */
 void *egpu_shim_current(void *orig);
 /* Launches of `orig` through the hooks so far. */

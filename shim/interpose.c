@@ -7,7 +7,8 @@
  * Each hook is the ABI twin of one driver symbol (egpu_shim.h, EGPU_HOOKS) and calls that symbol.
  *
  * Launch hooks stay in C: one lock-free table lookup (original handle -> current target), counters,
- * an optional lock-free ring of launch records; no Python, no lock, no synchronization. Module loads
+ * an optional lock-free ring of launch records; no Python, no lock, no synchronization (a launch
+ * waits only while egpu_shim_swap holds the gate, for the few milliseconds of a hot swap). Module loads
  * and handle lookups call into embedded Python (started by cffi on the first such call, never here
  * at load time). Every hook returns the driver's own CUresult. The library does nothing until called.
  */
@@ -20,6 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 
 #include "egpu_shim.h"
@@ -395,6 +397,82 @@ EXPORT size_t egpu_shim_drain(struct egpu_launch_record *out, size_t max) {
     return n;
 }
 
+/* ---- the swap gate: launches wait while a swap holds it ----
+ * A launch counts itself in g_inflight from before it draws its id to after the driver took it; the
+ * swapper raises g_hold, then waits for g_inflight to drain. Both sides are seq_cst, so either the
+ * launch sees the hold or the swapper sees the launch (Dekker). Unheld cost: two uncontended atomics. */
+
+static _Atomic int g_hold;
+static _Atomic long g_inflight;
+
+static inline void gate_enter(void) {
+    atomic_fetch_add(&g_inflight, 1);
+    while (__builtin_expect(atomic_load(&g_hold), 0)) {
+        atomic_fetch_sub(&g_inflight, 1);
+        while (atomic_load(&g_hold)) sched_yield();
+        atomic_fetch_add(&g_inflight, 1);
+    }
+}
+
+static inline void gate_exit(void) { atomic_fetch_sub_explicit(&g_inflight, 1, memory_order_release); }
+
+typedef CUresult (*pfn_ctx_push)(CUcontext);
+typedef CUresult (*pfn_ctx_pop)(CUcontext *);
+typedef CUresult (*pfn_ctx_sync)(void);
+typedef CUresult (*pfn_dtod)(CUdeviceptr, CUdeviceptr, size_t);
+
+/* Under the hold: drain the context, copy, drain the copies. No Python, so a held launch that keeps
+ * the GIL (a Python program launching) cannot stop it. */
+static CUresult swap_state(void *ctx, const struct egpu_copy *copies, size_t ncopies) {
+    pfn_ctx_push push = (pfn_ctx_push)egpu_shim_real("cuCtxPushCurrent_v2");
+    pfn_ctx_pop pop = (pfn_ctx_pop)egpu_shim_real("cuCtxPopCurrent_v2");
+    pfn_ctx_sync sync = (pfn_ctx_sync)egpu_shim_real("cuCtxSynchronize");
+    pfn_dtod dtod = (pfn_dtod)egpu_shim_real("cuMemcpyDtoD_v2");
+    if (!push || !pop || !sync || (ncopies && !dtod)) return CUDA_ERROR_NOT_FOUND;
+    CUresult r = push(ctx);
+    if (r != CUDA_SUCCESS) return r;
+    r = sync();
+    for (size_t i = 0; i < ncopies && r == CUDA_SUCCESS; i++)
+        if (copies[i].size) r = dtod(copies[i].dst, copies[i].src, copies[i].size);
+    if (r == CUDA_SUCCESS && ncopies) r = sync();
+    CUcontext popped;
+    CUresult r2 = pop(&popped);
+    return r != CUDA_SUCCESS ? r : r2;
+}
+
+EXPORT int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncopies,
+                          const struct egpu_flip *flips, size_t nflips, unsigned long long *launches) {
+    /* Everything that can fail is done before the hold, so a failed swap publishes nothing. */
+    struct slot **slots = calloc(nflips + 1, sizeof *slots);
+    struct target **targets = calloc(nflips + 1, sizeof *targets);
+    int result = -1;
+    if (!slots || !targets) goto out;
+    for (size_t i = 0; i < nflips; i++) {
+        if (!(slots[i] = slot_for(flips[i].orig, 1))) goto out;
+        if (flips[i].repl) {
+            if (!(targets[i] = malloc(sizeof *targets[i]))) goto out;
+            *targets[i] = (struct target){flips[i].repl, flips[i].nparams, flips[i].param_offset,
+                                          flips[i].launch_id};
+        }
+    }
+    atomic_store(&g_hold, 1);
+    while (atomic_load(&g_inflight)) sched_yield();
+    result = swap_state(ctx, copies, ncopies);
+    if (result == CUDA_SUCCESS) {
+        for (size_t i = 0; i < nflips; i++) { /* old targets are never freed: see publish() */
+            atomic_store_explicit(&slots[i]->target, targets[i], memory_order_release);
+            targets[i] = NULL;
+        }
+        if (launches) *launches = atomic_load(&g_stats.launches);
+    }
+    atomic_store(&g_hold, 0);
+out:
+    for (size_t i = 0; targets && i < nflips; i++) free(targets[i]);
+    free(slots);
+    free(targets);
+    return result;
+}
+
 /* ---- launches ---- */
 
 struct launch {
@@ -484,12 +562,18 @@ static inline void args_done(struct args *a) { free(a->heap); }
 #define LAUNCH_KERNEL(sym) \
     EXPORT CUresult sym(EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams, void **extra) { \
         if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams, extra); \
+        gate_enter(); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL, GRID); \
-        if (__builtin_expect(l.target == NULL, 1)) return CALL_REAL(sym, f, GRID, kernelParams, extra); \
-        struct args a; \
-        args_init(&a, l.target, l.id, kernelParams, extra); \
-        CUresult r = CALL_REAL(sym, l.target->function, GRID, a.params, a.extra); \
-        args_done(&a); \
+        CUresult r; \
+        if (__builtin_expect(l.target == NULL, 1)) { \
+            r = CALL_REAL(sym, f, GRID, kernelParams, extra); \
+        } else { \
+            struct args a; \
+            args_init(&a, l.target, l.id, kernelParams, extra); \
+            r = CALL_REAL(sym, l.target->function, GRID, a.params, a.extra); \
+            args_done(&a); \
+        } \
+        gate_exit(); \
         return r; \
     }
 LAUNCH_KERNEL(cuLaunchKernel)
@@ -498,12 +582,18 @@ LAUNCH_KERNEL(cuLaunchKernel_ptsz)
 #define LAUNCH_COOPERATIVE(sym) \
     EXPORT CUresult sym(EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams) { \
         if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams); \
+        gate_enter(); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_COOPERATIVE_KERNEL, GRID); \
-        if (__builtin_expect(l.target == NULL, 1)) return CALL_REAL(sym, f, GRID, kernelParams); \
-        struct args a; \
-        args_init(&a, l.target, l.id, kernelParams, NULL); \
-        CUresult r = CALL_REAL(sym, l.target->function, GRID, a.params); \
-        args_done(&a); \
+        CUresult r; \
+        if (__builtin_expect(l.target == NULL, 1)) { \
+            r = CALL_REAL(sym, f, GRID, kernelParams); \
+        } else { \
+            struct args a; \
+            args_init(&a, l.target, l.id, kernelParams, NULL); \
+            r = CALL_REAL(sym, l.target->function, GRID, a.params); \
+            args_done(&a); \
+        } \
+        gate_exit(); \
         return r; \
     }
 LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel)
@@ -514,12 +604,18 @@ LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz)
 #define LAUNCH_EX(sym) \
     EXPORT CUresult sym(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) { \
         if (passthrough() || !config) return CALL_REAL(sym, config, f, kernelParams, extra); \
+        gate_enter(); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL_EX, CONFIG(config)); \
-        if (__builtin_expect(l.target == NULL, 1)) return CALL_REAL(sym, config, f, kernelParams, extra); \
-        struct args a; \
-        args_init(&a, l.target, l.id, kernelParams, extra); \
-        CUresult r = CALL_REAL(sym, config, l.target->function, a.params, a.extra); \
-        args_done(&a); \
+        CUresult r; \
+        if (__builtin_expect(l.target == NULL, 1)) { \
+            r = CALL_REAL(sym, config, f, kernelParams, extra); \
+        } else { \
+            struct args a; \
+            args_init(&a, l.target, l.id, kernelParams, extra); \
+            r = CALL_REAL(sym, config, l.target->function, a.params, a.extra); \
+            args_done(&a); \
+        } \
+        gate_exit(); \
         return r; \
     }
 LAUNCH_EX(cuLaunchKernelEx)
