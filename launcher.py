@@ -138,6 +138,83 @@ def rewrite_cmd(ptx_in: Path = typer.Argument(..., metavar="IN.ptx"),
         typer.echo(res.text, nl=False)
 
 
+# ---- live control of running jobs (egpu_preload/runtime/live.py in the job, remote.py here) ----
+
+@egpu.command("ps")
+def ps_cmd(as_json: bool = typer.Option(False, "--json", help="one JSON list")) -> None:
+    """List the processes with an egpu session (stale sockets are removed)."""
+    from egpu_preload.control import list_sessions
+    from egpu_preload.runtime import remote
+    try:
+        sessions = list_sessions()
+    except EgpuError as e:
+        _fail(e)
+    typer.echo(remote.ps_json(sessions) if as_json else "\n".join(remote.ps_lines(sessions)))
+
+
+@egpu.command("attach")
+def attach_cmd(pid: int, probe: Path = typer.Option(..., "-p", "--probe", help="a .bpf.o or .bpf.c"),
+               name: Optional[str] = typer.Option(None, "--name", help="default: the file name without .bpf.o")) -> None:
+    """Attach a probe to a running job: verified here, then loaded, translated and spliced in there."""
+    from egpu_preload.runtime import remote
+    try:
+        data, default = remote.probe_object(probe)
+        typer.echo(remote.change_line("attach", pid, remote.request(pid, "attach", probe=data, name=name or default)))
+    except EgpuError as e:
+        _fail(e)
+
+
+@egpu.command("detach")
+def detach_cmd(pid: int, probe: Optional[str] = typer.Argument(None, help="its name (default: every probe)"),
+               as_json: bool = typer.Option(False, "--json", help="the final maps as JSON")) -> None:
+    """Detach one probe (or all) from a running job and print its final maps."""
+    from egpu_preload.runtime import remote
+    try:
+        reply = remote.request(pid, "detach", **({"name": probe} if probe else {}))
+        typer.echo(remote.change_line("detach", pid, reply), err=True)
+        typer.echo(remote.maps_text({**reply, "pid": pid, "rank": None, "probes": reply["final"],
+                                     "kernels": reply["kernel_names"]}, as_json), nl=False)
+    except EgpuError as e:
+        _fail(e)
+
+
+@egpu.command("swap")
+def swap_cmd(pid: int, old: str = typer.Argument(..., help="the attached probe's name"),
+             new: Path = typer.Argument(..., help="the new probe, a .bpf.o or .bpf.c")) -> None:
+    """Replace an attached probe with another in one step: every launch runs one of them."""
+    from egpu_preload.runtime import remote
+    try:
+        data, name = remote.probe_object(new)
+        typer.echo(remote.change_line("swap", pid, remote.request(pid, "swap", old=old, new_probe=data, new_name=name)))
+    except EgpuError as e:
+        _fail(e)
+
+
+@egpu.command("maps")
+def maps_cmd(pid: int, as_json: bool = typer.Option(False, "--json", help="one JSON document")) -> None:
+    """Print the maps of the probes attached to a running job (read without stopping it)."""
+    from egpu_preload.runtime import remote
+    try:
+        doc = remote.request(pid, "maps")
+        if not doc["probes"]:
+            typer.echo(f"egpu: no probe is attached to {pid}", err=True)
+        typer.echo(remote.maps_text(doc, as_json), nl=False)
+    except EgpuError as e:
+        _fail(e)
+
+
+@egpu.command("modules")
+def modules_cmd(pid: int, as_json: bool = typer.Option(False, "--json", help="one JSON document")) -> None:
+    """Every module a running job loaded and each kernel: instrumented, SASS only, failed (why), untouched."""
+    import json
+    from egpu_preload.runtime import remote
+    try:
+        reply = remote.request(pid, "modules")
+    except EgpuError as e:
+        _fail(e)
+    typer.echo(json.dumps(reply) if as_json else "\n".join(remote.modules_lines(reply)))
+
+
 egpu_run = typer.Typer(name="egpu-run", add_completion=False, no_args_is_help=True)
 
 

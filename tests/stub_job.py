@@ -22,10 +22,11 @@ MORE = ROOT / "tests" / "runtime_stub"
 @dataclass(frozen=True)
 class StubJob:
     """What a job against the stand-in needs: the shim, a directory holding the stand-in libcuda.so.1,
-    and the C app (the Python one is MORE/app_vec.py)."""
+    and the C apps (the Python one is MORE/app_vec.py; loop: MORE/app_loop.c, a job to attach to)."""
     shim: Path
     driver_dir: Path
     app: Path
+    loop: Path
 
     def env(self, log: Path, **extra: str) -> dict[str, str]:
         """The test's environment for egpu-run: the stand-in found first, its log in ``log``, sessions
@@ -43,10 +44,11 @@ def stub_job(built, tmp_path_factory) -> StubJob:  # noqa: F811
     cc = ["gcc", "-O1", "-Wall", "-Werror"]
     steps = [cc + ["-shared", "-fPIC", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", str(STUB / "libcuda_stub.c"),
                    str(MORE / "driver_more.c"), "-o", str(d / "libcuda.so.1")],
-             cc + [str(MORE / "app_vec.c"), "-o", str(d / "app_vec"), "-ldl"]]
+             cc + [str(MORE / "app_vec.c"), "-o", str(d / "app_vec"), "-ldl"],
+             cc + [str(MORE / "app_loop.c"), "-o", str(d / "app_loop"), "-ldl"]]
     for p in [subprocess.Popen(s) for s in steps]:
         assert p.wait() == 0, p.args
-    return StubJob(built / "libegpu_shim.so", d, d / "app_vec")
+    return StubJob(built / "libegpu_shim.so", d, d / "app_vec", d / "app_loop")
 
 
 def egpu_run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:

@@ -15,6 +15,7 @@ from egpu_preload.errors import EgpuError
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_FOUND = 500
+CU_STREAM_NON_BLOCKING = 1   # no implicit ordering with the legacy default stream (cuda.h CUstream_flags)
 # CUdevice_attribute values (cuda.h)
 ATTR_SM_COUNT = 16
 ATTR_CC_MAJOR = 75
@@ -37,6 +38,8 @@ SIGNATURES = {
     "cuMemcpyHtoD_v2": "int (*)(unsigned long long, const void *, size_t)",
     "cuMemcpyDtoH_v2": "int (*)(void *, unsigned long long, size_t)",
     "cuMemcpyHtoDAsync_v2": "int (*)(unsigned long long, const void *, size_t, void *)",
+    "cuMemcpyDtoHAsync_v2": "int (*)(void *, unsigned long long, size_t, void *)",
+    "cuStreamCreate": "int (*)(void **, unsigned int)",
     "cuStreamSynchronize": "int (*)(void *)",
     "cuModuleGetGlobal_v2": "int (*)(unsigned long long *, size_t *, void *, const char *)",
     "cuLibraryGetGlobal": "int (*)(unsigned long long *, size_t *, void *, const char *)",
@@ -149,6 +152,11 @@ class Driver:
 
     def global_address(self, owner: int, name: str, library: bool) -> int | None:
         """A module's or library's global in the current context; None if it has none of that name."""
+        found = self.global_symbol(owner, name, library)
+        return found[0] if found else None
+
+    def global_symbol(self, owner: int, name: str, library: bool) -> tuple[int, int] | None:
+        """(address, size) of a module's or library's global in the current context; None if absent."""
         p, size = self.ffi.new("unsigned long long *"), self.ffi.new("size_t *")
         symbol = "cuLibraryGetGlobal" if library else "cuModuleGetGlobal_v2"
         try:
@@ -157,7 +165,25 @@ class Driver:
             if e.result == CUDA_ERROR_NOT_FOUND:
                 return None
             raise
-        return int(p[0])
+        return int(p[0]), int(size[0])
+
+    # ---- a stream of our own, for reading maps while the application runs ---------------------------
+    def stream(self) -> int:
+        """A new non-blocking stream in the current context: work on it waits for no application stream
+        and no application stream waits for it."""
+        out = self.ffi.new("void **")
+        self.call("cuStreamCreate", out, CU_STREAM_NON_BLOCKING)
+        return int(self.ffi.cast("uintptr_t", out[0]))
+
+    def dtoh_on(self, stream: int, ptr: int, size: int) -> bytes:
+        """Copy out on ``stream`` and wait for that stream only."""
+        if not size:
+            return b""
+        buf = self.ffi.new("char[]", size)
+        s = self.ffi.cast("void *", stream)
+        self.call("cuMemcpyDtoHAsync_v2", buf, ptr, size, s)
+        self.call("cuStreamSynchronize", s)
+        return self.ffi.buffer(buf, size)[:]
 
     def htod_on(self, stream: int, ptr: int, data: bytes) -> None:
         """Copy in on ``stream`` and wait for that stream only (copies on one stream land in order)."""

@@ -15,6 +15,8 @@ registers the instrumenter with hooks.register and does nothing else).
   kernels are registered with the shim to get the launch id appended (rewrite.py's launch contract).
 - At exit (once, in the process that loaded the probes, while CUDA is still up): synchronize, read the
   maps back and write the dump (dump.py) into the session directory.
+- Every process serves a control socket (live.py): probes attached, detached and swapped while it
+  runs, maps and modules read. So the original PTX of every load is kept, even with no probe at all.
 
 Limits: one context holds the maps; a module used in another context sees its table unfilled.
 PTX link inputs (cuLinkAddData) are not instrumented yet.
@@ -37,7 +39,7 @@ from egpu_preload.bpf.ctx import kernel_id
 from egpu_preload.errors import EgpuError
 from egpu_preload.fatbin import ImageKind
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import dump, durations, hooks, launches, ptxas
+from egpu_preload.runtime import dump, durations, hooks, launches, live, ptxas
 from egpu_preload.runtime.config import Config, from_env
 from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, Driver
 from egpu_preload.runtime.probes import Probe, load_probes
@@ -60,6 +62,15 @@ class Module:
     original: bytes | None = None                # the app's image, until the load is done
     beside: int | None = None                    # the original loaded beside, when the maps could not go in
     registered: list[int] = field(default_factory=list)  # kernel handles given to the shim
+    # live control (live.py): the original PTX, kept for re-instrumenting; the app's handle; the probes
+    # its image was instrumented with; the copy serving its launches (None: the app's own image)
+    ptx: str | None = None
+    handle: int | None = None
+    probes: tuple[Probe, ...] = ()
+    serving: Any = None
+    copies: list[Any] = field(default_factory=list)
+    state: list[str] | None = None               # its module variables (modstate.py), once needed
+    generation: int = 0                          # live.generation when it was instrumented
 
     @property
     def library(self) -> bool:
@@ -126,9 +137,14 @@ class Runtime:
         self.exit = ExitHook(self.finish)
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
         self.durations = durations.start() if cfg.durations else None  # every kernel timed by CUPTI
+        self.live = live.start(self)                      # the control socket: attach, detach, swap, maps
 
     # ---- hooks ---------------------------------------------------------------------------------------
     def module_load(self, image: hooks.ModuleImage) -> bytes | None:
+        with self.live.lock:  # one set of probes from instrumenting to filling the tables
+            return self._module_load(image)
+
+    def _module_load(self, image: hooks.ModuleImage) -> bytes | None:
         if image.api.startswith("LINK_"):
             self._pending[image.call] = Module(image.api, image.call, "ptx link input",
                                                "untouched: link inputs are not instrumented yet")
@@ -142,6 +158,7 @@ class Runtime:
                     return None
                 mod.status = "SASS only"
                 return None
+            mod.ptx, mod.generation = text, self.live.generation
             res = instrument(text, self.specs, self.cfg.kernel)
         except EgpuError as e:  # a fatbin or PTX we cannot read: the module runs as it is
             mod.status = f"failed: {e}"
@@ -152,10 +169,15 @@ class Runtime:
         if not any(k.status == "instrumented" for k in res.kernels):
             return None
         mod.status = "instrumented"
+        mod.probes = tuple(self.probes)
         mod.original = image.data.rstrip(b"\0") + b"\0" if image.kind == ImageKind.PTX else image.data
         return res.text.encode()
 
     def module_loaded(self, api: str, call: int, handle: int, result: int, replacement_result: int) -> None:
+        with self.live.lock:
+            self._module_loaded(api, call, handle, result, replacement_result)
+
+    def _module_loaded(self, api: str, call: int, handle: int, result: int, replacement_result: int) -> None:
         mod = self._pending.pop(call, None)
         if mod is None or result != 0:
             return
@@ -171,12 +193,20 @@ class Runtime:
                 except EgpuError as e2:  # nothing safe left: the kernels will fault on their maps
                     print(f"egpu: {api}: {e}; loading the original beside failed too: {e2}", file=sys.stderr)
         mod.original = None
+        mod.handle = handle
+        if replacement_result > 0:  # the original loaded: its image has no probes
+            mod.probes = ()
         self.loads.append(mod)
         self.modules[handle] = mod
+        self.live.loaded(mod)
         self._log(1, f"{api} {mod.image}: {mod.status}"
                      f" ({sum(k.status == 'instrumented' for k in mod.kernels.values())}/{len(mod.kernels)} kernels)")
 
     def handle_found(self, api: str, owner: int, name: str | None, handle: int) -> None:
+        with self.live.lock:
+            self._handle_found(api, owner, name, handle)
+
+    def _handle_found(self, api: str, owner: int, name: str | None, handle: int) -> None:
         if api in ("MODULE_GET_FUNCTION", "LIBRARY_GET_KERNEL") and name:
             self.kernel_names[kernel_id(name)] = name
             mod = self.modules.get(owner)
@@ -190,6 +220,10 @@ class Runtime:
             self.modules[handle] = self.modules[owner]
 
     def unloaded(self, api: str, handle: int) -> None:
+        with self.live.lock:
+            self._unloaded(handle)
+
+    def _unloaded(self, handle: int) -> None:
         mod = self.modules.pop(handle, None)
         if mod is None:
             return
@@ -251,6 +285,8 @@ class Runtime:
     def _route(self, mod: Module, name: str, handle: int) -> None:
         """Make launches of a kernel handle of an instrumented load run what they must."""
         self.functions[handle] = (mod, name)
+        if self.live.route(mod, name, handle):
+            return
         k = mod.kernels.get(name)
         h = self.ffi.cast("void *", handle)
         if mod.beside is not None:
@@ -271,6 +307,7 @@ class Runtime:
     # ---- exit --------------------------------------------------------------------------------------
     def finish(self) -> None:
         """Read the maps back and write this process's dump (nothing if it loaded no module)."""
+        self.live.stop()
         if self.cfg.session is None or not self.loads:
             return
         probes, error, states = [], None, None

@@ -181,11 +181,16 @@ def run_job(cmd: list[str], cfg: config.Config, shim: Path) -> int:
 # ---- after the job -----------------------------------------------------------------------------------
 
 def snapshots(probes: list[Probe], doc: dict[str, Any]) -> "Snapshot":
-    """One Snapshot of every probe's maps in a dump (output.values), kernel names from the dump."""
+    """One Snapshot of every probe's maps in a dump (output.values), kernel names from the dump. A probe
+    the dump names by a path none of ``probes`` has (attached while the job ran) is read from there."""
+    from egpu_preload.bpf.elf import load_object
     from egpu_preload.output.values import Snapshot, Trace, snapshot
     names = {k: n for k, n in doc["kernels"]}
-    snaps = [snapshot(dump.restore_state(MapsState(p.obj.maps), d), p.obj, names)
-             for p, d in zip(probes, doc["probes"])]
+    objs = {str(p.path): p.obj for p in probes}
+    snaps = []
+    for d in doc["probes"]:
+        obj = objs.get(d["path"]) or load_object(Path(d["path"]))
+        snaps.append(snapshot(dump.restore_state(MapsState(obj.maps), d), obj, names))
     return Snapshot(tuple(m for s in snaps for m in s.maps), Trace(tuple(line for s in snaps for line in s.trace.lines)),
                     names)
 

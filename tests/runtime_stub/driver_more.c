@@ -2,9 +2,12 @@
  * tests: the context, device, global and copy calls the runtime makes (runtime/driver.py), over a
  * fake device memory that keeps what is copied in. Logs to EGPU_STUB_LOG like the stand-in.
  * EGPU_STUB_NO_CONTEXT=1: no context is current (as when cudart loads a library before making one).
- * EGPU_STUB_NO_GLOBALS=1: global lookups fail (CUDA_ERROR_INVALID_CONTEXT), so no map table can be filled. */
+ * EGPU_STUB_NO_GLOBALS=1: global lookups fail (CUDA_ERROR_INVALID_CONTEXT), so no map table can be filled.
+ * Live control (tests/test_live.py): device-to-device copies, a stream of the runtime's own, and a
+ * launch effect on module state (egpu_stub_launched). */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,21 +80,29 @@ CUresult cuGetErrorName(CUresult r, const char **name) {
     return OK;
 }
 
-/* ---- fake device memory: every copy in is kept; a copy out sees the latest bytes, zeros elsewhere ---- */
+/* ---- fake device memory: every copy in is kept; a copy out sees the latest bytes, zeros elsewhere.
+ * A copy to the same range as an earlier one overwrites it in place, so state updated at every launch
+ * stays one block. One lock: the runtime reads maps on its own thread while the app launches. ---- */
 
 struct block { CUdeviceptr addr; size_t size; char *data; struct block *next; };
 static struct block *blocks;
+static pthread_mutex_t memory = PTHREAD_MUTEX_INITIALIZER;
 
-CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
-    struct block *b = calloc(1, sizeof *b);
-    *b = (struct block){dst, n, malloc(n), blocks};
+static void put(CUdeviceptr dst, const void *src, size_t n) {
+    pthread_mutex_lock(&memory);
+    struct block *b = blocks;
+    while (b && !(b->addr == dst && b->size == n)) b = b->next;
+    if (!b) {
+        b = calloc(1, sizeof *b);
+        *b = (struct block){dst, n, malloc(n), blocks};
+        blocks = b;
+    }
     memcpy(b->data, src, n);
-    blocks = b;
-    note("cuMemcpyHtoD_v2 size=%zu ctx=%s", n, context_name());
-    return OK;
+    pthread_mutex_unlock(&memory);
 }
 
-CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+static void get(void *dst, CUdeviceptr src, size_t n) {
+    pthread_mutex_lock(&memory);
     memset(dst, 0, n);
     struct block *order[4096]; /* applied oldest first, so newer copies win */
     int count = 0;
@@ -102,25 +113,79 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
         CUdeviceptr hi = b->addr + b->size < src + n ? b->addr + b->size : src + n;
         if (lo < hi) memcpy((char *)dst + (lo - src), b->data + (lo - b->addr), hi - lo);
     }
+    pthread_mutex_unlock(&memory);
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+    put(dst, src, n);
+    note("cuMemcpyHtoD_v2 size=%zu ctx=%s", n, context_name());
+    return OK;
+}
+
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+    get(dst, src, n);
     note("cuMemcpyDtoH_v2 size=%zu ctx=%s", n, context_name());
     return OK;
 }
 
-/* ---- globals: the stand-in's modules keep their PTX (struct module in libcuda_stub.c) ---- */
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    char *tmp = malloc(n ? n : 1);
+    get(tmp, src, n);
+    put(dst, tmp, n);
+    free(tmp);
+    note("cuMemcpyDtoD_v2 dst=%#llx src=%#llx size=%zu ctx=%s", dst, src, n, context_name());
+    return OK;
+}
+
+/* Streams: one stand-in stream; async copies are done when they return. */
+static int a_stream;
+CUresult cuStreamCreate(void **s, unsigned int flags) {
+    note("cuStreamCreate flags=%u ctx=%s", flags, context_name());
+    *s = &a_stream;
+    return OK;
+}
+CUresult cuStreamSynchronize(void *s) { return s == &a_stream ? OK : 400; }
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
+    get(dst, src, n);
+    note("cuMemcpyDtoHAsync_v2 size=%zu stream=%s ctx=%s", n, s == &a_stream ? "ours" : "other", context_name());
+    return OK;
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
+    put(dst, src, n);
+    note("cuMemcpyHtoDAsync_v2 size=%zu stream=%s ctx=%s", n, s == &a_stream ? "ours" : "other", context_name());
+    return OK;
+}
+
+/* ---- globals: the stand-in's modules keep their PTX (struct module in libcuda_stub.c). A global's
+ * address is fixed by its module and its place in the PTX, its size by its type and count:
+ * ".global .u64 name[N]" is 8 * N bytes. ---- */
 
 struct module { int id; char *ptx; };
-static CUdeviceptr next_global = 0x600000000000ull;
+struct function { char name[128]; struct module *m; int kernel; };
 
-static CUresult global(const char *api, CUdeviceptr *p, size_t *size, struct module *m, const char *name) {
+static int lookup_global(struct module *m, const char *name, CUdeviceptr *p, size_t *size) {
     char decl[256];
     snprintf(decl, sizeof decl, " %s[", name);
-    int found = m->ptx && strstr(m->ptx, decl);
+    const char *at = m->ptx ? strstr(m->ptx, decl) : NULL;
+    if (!at) return 0;
+    const char *type = at;
+    while (type > m->ptx && type[-1] != '.') type--;
+    size_t elem = !strncmp(type, "u64", 3) || !strncmp(type, "b64", 3) ? 8
+                  : !strncmp(type, "u32", 3) || !strncmp(type, "b32", 3) ? 4 : 1;
+    *p = 0x600000000000ull + ((CUdeviceptr)m->id << 24) + (CUdeviceptr)(at - m->ptx) * 16;
+    *size = elem * strtoul(at + strlen(decl), NULL, 10);
+    return 1;
+}
+
+static CUresult global(const char *api, CUdeviceptr *p, size_t *size, struct module *m, const char *name) {
+    CUdeviceptr addr;
+    size_t n;
+    int found = lookup_global(m, name, &addr, &n);
     note("%s module=%d name=%s found=%d", api, m->id, name, found);
     if (getenv("EGPU_STUB_NO_GLOBALS")) return 201;
     if (!found) return NOT_FOUND;
-    *p = next_global;
-    next_global += 0x1000;
-    if (size) *size = 8;
+    *p = addr;
+    if (size) *size = n;
     return OK;
 }
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *p, size_t *size, void *mod, const char *name) {
@@ -130,20 +195,15 @@ CUresult cuLibraryGetGlobal(CUdeviceptr *p, size_t *size, void *lib, const char 
     return global("cuLibraryGetGlobal", p, size, lib, name);
 }
 
-/* ---- the runtime's own stream (launch probes push shared-map writes on it) ---- */
-
-static int runtime_stream;
-CUresult cuStreamCreate(void **s, unsigned int flags) {
-    note("cuStreamCreate flags=%u ctx=%s", flags, context_name());
-    *s = &runtime_stream;
-    return OK;
-}
-CUresult cuStreamSynchronize(void *s) { return s == &runtime_stream ? OK : 400; }
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
-    if (s != &runtime_stream) return 400;
-    return cuMemcpyHtoD_v2(dst, src, n);
-}
-CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
-    if (s != &runtime_stream) return 400;
-    return cuMemcpyDtoH_v2(dst, src, n);
+/* A launch's effect: a module declaring ".global .u64 launches[1]" counts its own launches there, as
+ * a kernel keeping __device__ state would. */
+void egpu_stub_launched(const void *f) {
+    struct module *m = ((const struct function *)f)->m;
+    CUdeviceptr addr;
+    size_t n;
+    unsigned long long v;
+    if (!m || !lookup_global(m, "launches", &addr, &n) || n != 8) return;
+    get(&v, addr, 8);
+    v++;
+    put(addr, &v, 8);
 }

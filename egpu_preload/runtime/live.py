@@ -1,0 +1,488 @@
+"""Live control of a running job: the control socket's handlers inside every process that runs the
+runtime (egpu attach/detach/swap/maps/modules/ps).
+
+Images. Every module load with PTX keeps its original PTX (Module.ptx). Launches of a module's kernel
+handles (the application's) run either the application's own image (``Module.serving`` None: the
+original, or the image instrumented at load time) or a copy the runtime loaded beside it through the
+real driver (``Copy``), instrumented with the probes attached now, or the original when none of them
+matches. A change of probes (attach, detach, swap) computes the image every module must run, loads the
+copies it lacks, fills their map tables, and then makes one flip for the whole process
+(egpu_shim_swap): launches wait at the hooks, the context drains, module state is copied, every kernel
+handle is retargeted, launches go on. So a launch runs all old or all new code, never neither, and
+the new image starts from the state the old one left.
+
+Module state: the ``.global`` and ``.const`` variables of the module's PTX (modstate.py), copied from
+the image launches ran on to the image they will run on, device to device, in the flip. The
+application's own handle keeps the address it had: while a copy serves, a cuMemcpyToSymbol or
+cudaMemcpyFromSymbol of the application reaches its own image, not the copy, until a detach copies the
+state back. Limit: state a kernel keeps in memory other than module variables is the application's
+and needs no copy.
+
+Old images. The flip drains the context first, so no launch of an old image is queued when it ends;
+old copies and the maps of detached probes are still kept until exit, because CUDA graph kernel nodes
+keep the function they were given when they were made (shim: node retargeting happens at node set
+time) and may launch it later.
+
+Maps. A swap reuses the device region of every map the new probe declares exactly as the old one
+(name, type, key and value size, max_entries, flags): its contents survive. ``maps`` reads regions on a
+non-blocking stream of the runtime's own, so no application stream waits for it and it waits for none:
+each region is a copy taken while kernels may be writing it (aligned 8-byte words are read whole;
+entries written during the copy may show either value; different maps are copied at different times).
+
+Limits: one context (where the maps live); launch programs (egpu/launch/...) are not run for probes
+attached live; a module loaded by a thread while a swap runs is brought to the new probes at once
+(Runtime.module_loaded -> ``loaded``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from egpu_preload.control import ControlError, ControlServer
+from egpu_preload.errors import EgpuError
+from egpu_preload.maps import MapsState
+from egpu_preload.runtime import dump
+from egpu_preload.runtime.driver import ATTR_SM_COUNT
+from egpu_preload.runtime.modstate import module_globals
+from egpu_preload.runtime.probes import Probe, load_probe
+from egpu_preload.translate.devmaps import DeviceMaps, apply_region, apply_trace
+from egpu_preload.translate.rewrite import KernelStatus, instrument
+
+if TYPE_CHECKING:
+    from egpu_preload.runtime.instrumenter import Module, Runtime
+
+NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+@dataclass
+class Copy:
+    """An image of a module the runtime loaded beside the application's."""
+
+    handle: int
+    probes: tuple[int, ...]              # ids of the Probe objects instrumented in; () the original
+    kernels: dict[str, KernelStatus]
+    functions: dict[str, int] = field(default_factory=dict)  # kernel name -> handle in this copy
+
+
+@dataclass(frozen=True)
+class Flip:
+    orig: int
+    repl: int | None
+    nparams: int = 0
+    param_offset: int = 0
+    launch_id: bool = False
+
+
+def probe_name(path: Path) -> str:
+    """A probe's default name: its file name without .bpf.o / .bpf.c (``count.bpf.o`` -> ``count``)."""
+    name = path.name
+    for suffix in (".bpf.o", ".bpf.c", ".o"):
+        if name.endswith(suffix):
+            return name[:-len(suffix)]
+    return name
+
+
+def same_map(a: Any, b: Any) -> bool:
+    """Maps whose device regions are interchangeable (a swap keeps the region)."""
+    return (a.name, a.type, a.key_size, a.value_size, a.max_entries, a.flags) == \
+           (b.name, b.type, b.key_size, b.value_size, b.max_entries, b.flags)
+
+
+class _Memory:
+    """DeviceMaps' memory (alloc, free, htod, dtoh) in one context, reads on a stream of our own."""
+
+    def __init__(self, driver: Any, context: int) -> None:
+        self.driver, self.context = driver, context
+        self._stream: int | None = None
+
+    def alloc(self, size: int) -> int:
+        return self.driver.alloc(size)
+
+    def free(self, ptr: int) -> None:
+        self.driver.free(ptr)
+
+    def htod(self, ptr: int, data: bytes) -> None:
+        self.driver.htod(ptr, data)
+
+    def dtoh(self, ptr: int, size: int) -> bytes:
+        if self._stream is None:
+            self._stream = self.driver.stream()
+        return self.driver.dtoh_on(self._stream, ptr, size)
+
+
+class Live:
+    """The runtime's live control: which probes are attached, the images serving every module, the flip."""
+
+    def __init__(self, rt: "Runtime") -> None:
+        self.rt = rt
+        self.lock = threading.RLock()     # the runtime's load hooks take it too
+        self.generation = 0               # bumped by every flip
+        self.names = self._unique([probe_name(p.path) for p in rt.probes])
+        self.retired: list[tuple[Probe, DeviceMaps]] = []  # kept until exit (graph nodes may use them)
+        self.memory: _Memory | None = None
+        self.server: ControlServer | None = None
+        self.flips = 0
+        self._workdir: Path | None = None
+
+    # ---- the server ------------------------------------------------------------------------------
+    def start(self) -> "Live":
+        """Serve this process's control socket; a process without one still runs (one line on stderr)."""
+        handlers = {"ping": self.ping, "attach": self.attach, "detach": self.detach, "swap": self.swap,
+                    "maps": self.maps, "modules": self.modules}
+        try:
+            self.server = ControlServer(handlers).start()
+        except EgpuError as e:
+            print(f"egpu[{os.getpid()}]: no control socket: {e}", file=sys.stderr)
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None and self.server.path.exists():
+            self.server.stop()
+        self.server = None
+
+    def after_fork(self) -> None:
+        """A forked child is a process of its own: its own socket (the parent's thread is not there)."""
+        self.server = None
+        self.lock = threading.RLock()
+        self.start()
+
+    # ---- handlers ---------------------------------------------------------------------------------
+    def ping(self, fields: dict) -> dict:
+        rank = os.environ.get("RANK", "")
+        return {"pid": os.getpid(), "uid": os.getuid(), "argv": _argv(), "probes": list(self.names),
+                "session": str(self.rt.cfg.session) if self.rt.cfg.session else None,
+                "rank": int(rank) if rank.isdigit() else None, "launches": self._launches()}
+
+    def attach(self, fields: dict) -> dict:
+        name = self._check_name(fields["name"])
+        with self.lock:
+            if name in self.names:
+                raise ControlError(f"a probe named {name} is attached already")
+            probe = self._load(fields["probe"], name)
+            t0 = time.perf_counter()
+            maps = self._new_maps(probe, None)
+            result = self._change(self._probes() + [(name, probe, maps)])
+        return {"name": name, "seconds": time.perf_counter() - t0, **result}
+
+    def detach(self, fields: dict) -> dict:
+        with self.lock:
+            name = fields.get("name")
+            if name is not None and name not in self.names:
+                raise ControlError(f"no probe named {name} is attached (attached: {self._listing()})")
+            if not self.names:
+                raise ControlError("no probe is attached")
+            gone = [p for p in self._probes() if name is None or p[0] == name]
+            t0 = time.perf_counter()
+            result = self._change([p for p in self._probes() if p not in gone])
+            final = self._read([(n, p, m) for n, p, m in gone])  # drained by the flip: exact
+        return {"names": [n for n, _, _ in gone], "seconds": time.perf_counter() - t0, "final": final,
+                "kernel_names": self._kernels(), **result}
+
+    def swap(self, fields: dict) -> dict:
+        new_name = self._check_name(fields["new_name"])
+        with self.lock:
+            old = fields["old"]
+            if old not in self.names:
+                raise ControlError(f"no probe named {old} is attached (attached: {self._listing()})")
+            if new_name != old and new_name in self.names:
+                raise ControlError(f"a probe named {new_name} is attached already")
+            probe = self._load(fields["new_probe"], new_name)
+            t0 = time.perf_counter()
+            current = self._probes()
+            i = self.names.index(old)
+            maps = self._new_maps(probe, current[i][1:])
+            current[i] = (new_name, probe, maps)
+            result = self._change(current)
+            final = self._read([(old, *self.retired[-1])]) if self.retired else []
+        return {"old": old, "name": new_name, "seconds": time.perf_counter() - t0, "final": final,
+                "kernel_names": self._kernels(), **result}
+
+    def maps(self, fields: dict) -> dict:
+        """A dump-like document (dump.py) of the attached probes' maps, read while the job runs."""
+        with self.lock:
+            probes = self._read(self._probes())
+        rank = os.environ.get("RANK", "")
+        return {"version": dump.VERSION, "pid": os.getpid(), "argv": _argv(),
+                "rank": int(rank) if rank.isdigit() else None, "time": time.time(), "probes": probes,
+                "error": None, "kernels": self._kernels(),
+                "modules": self._module_reports(), "stats": self._stats()}
+
+    def modules(self, fields: dict) -> dict:
+        with self.lock:
+            return {"pid": os.getpid(), "probes": list(self.names), "modules": self._module_reports(),
+                    "stats": self._stats()}
+
+    # ---- hooks from the runtime -----------------------------------------------------------------
+    def route(self, mod: "Module", name: str, handle: int) -> bool:
+        """Route a kernel handle found after a copy started serving its module; False: not ours."""
+        if mod.serving is None:
+            return False
+        flip = self._flip(mod, mod.serving, name, handle)
+        fn = self.rt.lib.egpu_shim_register_launch_id if flip.launch_id else self.rt.lib.egpu_shim_register
+        args = (flip.nparams, flip.param_offset) if flip.launch_id else ()
+        if fn(self.rt.ffi.cast("void *", handle), self.rt.ffi.cast("void *", flip.repl or 0), *args):
+            print(f"egpu: {name}: the shim's function table is full", file=sys.stderr)
+        mod.registered.append(handle)
+        return True
+
+    def loaded(self, mod: "Module") -> None:
+        """A load that was instrumented under other probes than the attached ones (a swap ran while the
+        driver loaded it): serve it from a copy with the attached probes (no kernel handle exists yet)."""
+        if mod.ptx is None or mod.generation == self.generation:
+            return
+        with self.lock:
+            with self.rt.driver.current(self._context()):
+                mod.serving = self._copy_for(mod, self._probes())
+
+    # ---- the change of probes ---------------------------------------------------------------------
+    def _probes(self) -> list[tuple[str, Probe, DeviceMaps]]:
+        return list(zip(self.names, self.rt.probes, self.rt.maps or [None] * len(self.rt.probes)))
+
+    def _change(self, new: list[tuple[str, Probe, DeviceMaps]]) -> dict:
+        """Serve every module with ``new``'s probes in one flip; what changed."""
+        rt = self.rt
+        ctx = self._context()
+        plan: list[tuple[Module, Copy | None]] = []
+        copies: list[tuple[int, int, int]] = []
+        flips: list[Flip] = []
+        failed: list[str] = []
+        with rt.driver.current(ctx):
+            for mod in self._live_modules():
+                target = self._target(mod, new, failed)
+                plan.append((mod, target))
+                copies += self._state_copies(mod, target)
+                for handle, name in self._handles(mod).items():
+                    flips.append(self._flip(mod, target, name, handle))
+        launches = self._flip_all(ctx, copies, flips)
+        old = {id(p): (p, m) for _, p, m in self._probes()}
+        kept = {id(p) for _, p, _ in new}
+        self.retired += [pm for i, pm in old.items() if i not in kept]
+        for mod, target in plan:
+            mod.serving = target
+        self.names = [n for n, _, _ in new]
+        rt.probes[:] = [p for _, p, _ in new]
+        rt.maps[:] = [m for _, _, m in new]
+        rt.specs[:] = [s for p in rt.probes for s in p.specs]
+        self.generation += 1
+        self.flips += 1
+        rt.exit.arm()
+        instrumented = sum(1 for mod, t in plan for k in (t.kernels if t else mod.kernels).values()
+                           if k.status == "instrumented")
+        return {"modules": len(plan), "kernels": instrumented, "launches": launches, "failed": failed,
+                "probes": list(self.names)}
+
+    def _flip_all(self, ctx: int, copies: list[tuple[int, int, int]], flips: list[Flip]) -> int:
+        ffi, lib = self.rt.ffi, self.rt.lib
+        c = ffi.new("struct egpu_copy[]", max(len(copies), 1))
+        for i, (dst, src, size) in enumerate(copies):
+            c[i].dst, c[i].src, c[i].size = dst, src, size
+        f = ffi.new("struct egpu_flip[]", max(len(flips), 1))
+        for i, fl in enumerate(flips):
+            f[i].orig = ffi.cast("void *", fl.orig)
+            f[i].repl = ffi.cast("void *", fl.repl or 0)
+            f[i].nparams, f[i].param_offset, f[i].launch_id = fl.nparams, fl.param_offset, int(fl.launch_id)
+        launches = ffi.new("unsigned long long *")
+        r = lib.egpu_shim_swap(ffi.cast("void *", ctx), c, len(copies), f, len(flips), launches)
+        if r == -1:
+            raise ControlError("the shim's function table is full or memory ran out: nothing changed")
+        if r:
+            raise ControlError(f"the flip failed: {self.rt.driver.error_name(r)}: nothing changed")
+        return int(launches[0])
+
+    def _target(self, mod: "Module", probes: list, failed: list[str]) -> Copy | None:
+        """The image ``mod`` must run for ``probes``: None for the application's own image, else a copy."""
+        if tuple(id(p) for _, p, _ in probes) == tuple(id(p) for p in mod.probes):
+            return None   # the image the application loaded has exactly these probes (or none)
+        try:
+            return self._copy_for(mod, probes)
+        except EgpuError as e:  # the driver refused it: this module runs without probes
+            failed.append(f"{mod.api} {mod.image}: {e}")
+            return self._copy_for(mod, [])
+
+    def _copy_for(self, mod: "Module", probes: list) -> Copy | None:
+        """A copy of ``mod`` instrumented with ``probes``, loaded, its map tables filled (a copy of the
+        same probes is reused); None when none matches and the application's image is the original."""
+        res = instrument(mod.ptx, [s for _, p, _ in probes for s in p.specs], self.rt.cfg.kernel)
+        kernels = {k.name: k for k in res.kernels}
+        used = tuple(id(p) for _, p, _ in probes) if any(k.status == "instrumented" for k in res.kernels) else ()
+        if not used and not mod.probes:
+            return None
+        for c in mod.copies:
+            if c.probes == used:
+                return c
+        text = res.text if used else mod.ptx
+        handle = self.rt.driver.load(text.rstrip("\0").encode() + b"\0", mod.library)
+        copy = Copy(handle, used, kernels)
+        mod.copies.append(copy)
+        for _, p, maps in probes:
+            if id(p) in used:
+                address = self.rt.driver.global_address(handle, p.table, mod.library)
+                if address is not None:
+                    self.rt.driver.htod(address, maps.table())
+        return copy
+
+    def _state_copies(self, mod: "Module", target: Copy | None) -> list[tuple[int, int, int]]:
+        """(dst, src, size) of every module variable, from the image serving now to ``target``."""
+        src = mod.serving.handle if mod.serving is not None else mod.handle
+        dst = target.handle if target is not None else mod.handle
+        if src == dst or src is None or dst is None:
+            return []
+        if mod.state is None:
+            mod.state = module_globals(mod.ptx)
+        out = []
+        for name in mod.state:
+            a = self.rt.driver.global_symbol(src, name, mod.library)
+            b = self.rt.driver.global_symbol(dst, name, mod.library)
+            if a and b:
+                out.append((b[0], a[0], min(a[1], b[1])))
+        return out
+
+    def _flip(self, mod: "Module", target: Copy | None, name: str, handle: int) -> Flip:
+        """What launches of the application's ``handle`` (kernel ``name``) run under ``target``."""
+        if target is None:
+            k = mod.kernels.get(name)
+            if mod.probes and k is not None and k.status == "instrumented":
+                return Flip(handle, handle, k.nparams, k.launch_param_offset or 0, True)
+            return Flip(handle, None)
+        fn = target.functions.get(name)
+        if fn is None:
+            fn = target.functions[name] = self.rt.driver.function(target.handle, name, mod.library)
+        k = target.kernels.get(name)
+        if k is not None and k.status == "instrumented" and target.probes:
+            return Flip(handle, fn, k.nparams, k.launch_param_offset or 0, True)
+        return Flip(handle, fn)
+
+    def _handles(self, mod: "Module") -> dict[int, str]:
+        return {h: n for h, (m, n) in self.rt.functions.items() if m is mod}
+
+    def _live_modules(self) -> list["Module"]:
+        seen: dict[int, Module] = {}
+        for m in self.rt.modules.values():
+            if m.ptx is not None and m.handle is not None:
+                seen.setdefault(id(m), m)
+        return list(seen.values())
+
+    # ---- probes and maps --------------------------------------------------------------------------
+    def _check_name(self, name: str) -> str:
+        if not name or len(name) > 64 or not set(name) <= NAME_CHARS or name.startswith("."):
+            raise ControlError(f"bad probe name {name!r}: letters, digits, _ . - (at most 64)")
+        return name
+
+    def _load(self, data: bytes, name: str) -> Probe:
+        """Write the object where the exit dump can name it, then load, verify and translate it here."""
+        if self._workdir is None:
+            self._workdir = self.rt.cfg.session or Path(tempfile.mkdtemp(prefix="egpu-live-"))
+        path = self._workdir / f"{os.getpid()}.{self.flips}.{name}.bpf.o"
+        path.write_bytes(data)
+        probe = load_probe(path)
+        if any(p.attach.kind == "launch" for p in probe.obj.programs):
+            raise ControlError(f"{name}: launch programs (egpu/launch/...) cannot be attached to a running job yet")
+        return probe
+
+    def _context(self) -> int:
+        rt = self.rt
+        with rt._maps_lock:
+            if rt.context is None:
+                rt._allocate_maps()
+        if self.memory is None or self.memory.context != rt.context:
+            self.memory = _Memory(rt.driver, rt.context)
+        return rt.context
+
+    def _new_maps(self, probe: Probe, old: tuple[Probe, DeviceMaps] | None) -> DeviceMaps:
+        """Device maps for ``probe``; regions of maps ``old`` declares identically are taken over."""
+        ctx = self._context()
+        driver = self.rt.driver
+        with driver.current(ctx):
+            ncpu = driver.attribute(ATTR_SM_COUNT, driver.device())
+            maps = DeviceMaps(self.memory, MapsState(probe.obj.maps), ncpu)
+            if old is not None:
+                old_probe, old_maps = old
+                for i, m in enumerate(probe.obj.maps):
+                    j = next((j for j, o in enumerate(old_probe.obj.maps) if same_map(m, o)), None)
+                    if j is not None:
+                        driver.free(maps.addrs[i])
+                        maps.addrs[i] = old_maps.addrs[j]
+        return maps
+
+    def _read(self, probes: list[tuple[str, Probe, DeviceMaps]]) -> list[dict]:
+        """Each probe's maps as the exit dump has them ({"name", "path", "maps", "trace"})."""
+        out = []
+        if not probes:
+            return out
+        ctx = self._context()
+        with self.rt.driver.current(ctx):
+            for name, probe, maps in probes:
+                state = MapsState(probe.obj.maps)
+                for i, (addr, lay) in enumerate(zip(maps.addrs, maps.layouts)):
+                    img = self.memory.dtoh(addr, lay.region_size(maps.ncpu))
+                    if i < len(state.maps):
+                        apply_region(state, i, img)
+                    else:
+                        apply_trace(state, img)
+                out.append({"name": name, "path": str(probe.path), **dump.state_contents(state)})
+        return out
+
+    def _listing(self) -> str:
+        return ", ".join(self.names) or "none"
+
+    @staticmethod
+    def _unique(names: list[str]) -> list[str]:
+        out: list[str] = []
+        for n in names:
+            k, m = 1, n
+            while m in out:
+                k += 1
+                m = f"{n}.{k}"
+            out.append(m)
+        return out
+
+    # ---- reports --------------------------------------------------------------------------------
+    def _module_reports(self) -> list[dict]:
+        names = {id(p): n for n, p in zip(self.names, self.rt.probes)}
+        out = []
+        for mod in self.rt.loads:
+            r = mod.report()
+            if mod.serving is not None:
+                ids = mod.serving.probes
+                r["kernels"] = [[k.name, k.status, k.reason] for k in mod.serving.kernels.values()]
+                r["status"] = "instrumented" if ids else "untouched"
+            else:
+                ids = tuple(id(p) for p in mod.probes)
+            r["probes"] = [names[i] for i in ids if i in names]
+            out.append(r)
+        return out
+
+    def _stats(self) -> dict:
+        from egpu_preload.runtime.instrumenter import STATS
+        stats = self.rt.ffi.new("struct egpu_stats *")
+        self.rt.lib.egpu_shim_stats(stats)
+        return {f: int(getattr(stats, f)) for f in STATS}
+
+    def _kernels(self) -> list[list]:
+        return [[k, n] for k, n in self.rt.kernel_names.items()]
+
+    def _launches(self) -> int:
+        return self._stats()["launches"]
+
+
+def _argv() -> list[str]:
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+    except OSError:
+        return list(sys.orig_argv)
+
+
+def start(rt: "Runtime") -> Live:
+    """Live control for ``rt``: its socket served now and in every forked child."""
+    live = Live(rt).start()
+    os.register_at_fork(after_in_child=live.after_fork)
+    return live
+

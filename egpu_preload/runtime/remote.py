@@ -1,0 +1,82 @@
+"""The client side of live control (``egpu ps/attach/detach/swap/maps/modules``): probes checked here
+before they are sent, requests to a process's control socket (control.py), replies rendered tersely.
+
+The process does the real work (live.py): it loads, verifies and translates the probe again itself, so
+checking here only gives a clean early error without touching the job.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from egpu_preload.bpf.compile import compile_probe
+from egpu_preload.control import ControlClient, SessionInfo
+from egpu_preload.errors import EgpuError
+from egpu_preload.runtime import job
+from egpu_preload.runtime.live import probe_name
+from egpu_preload.runtime.probes import load_probe
+
+TIMEOUT_S = 60.0   # an attach translates and loads every module in the target: seconds, not ms
+
+
+def probe_object(path: Path) -> tuple[bytes, str]:
+    """(the .bpf.o bytes, the probe's default name) of a .bpf.o or .bpf.c, verified and translated here."""
+    with tempfile.TemporaryDirectory(prefix="egpu-attach-") as tmp:
+        obj = path
+        if path.name.endswith(".bpf.c"):
+            obj = compile_probe(path, Path(tmp) / path.name.replace(".bpf.c", ".bpf.o"))
+        load_probe(obj)
+        try:
+            return obj.read_bytes(), probe_name(path)
+        except OSError as e:
+            raise EgpuError(f"cannot read ({e.strerror})", file=str(obj)) from None
+
+
+def request(pid: int, cmd: str, **fields: object) -> Any:
+    return ControlClient(pid, timeout=TIMEOUT_S).request(cmd, **fields)
+
+
+# ---- renderings ----------------------------------------------------------------------------------------
+
+def ps_lines(sessions: list[SessionInfo]) -> list[str]:
+    """``PID PROBES COMMAND`` per live session (probes "-" when none, "?" when it did not answer)."""
+    lines = [f"{'PID':>7}  {'PROBES':<20}  COMMAND"]
+    for s in sessions:
+        if s.info is None:
+            lines.append(f"{s.pid:>7}  {'?':<20}  (busy)")
+            continue
+        probes = ",".join(s.info.get("probes") or []) or "-"
+        lines.append(f"{s.pid:>7}  {probes:<20}  {' '.join(s.info.get('argv') or [])}")
+    return lines
+
+
+def ps_json(sessions: list[SessionInfo]) -> str:
+    return json.dumps([{"pid": s.pid, **(s.info or {})} for s in sessions])
+
+
+def change_line(cmd: str, pid: int, reply: dict) -> str:
+    """One line saying what an attach, detach or swap did."""
+    what = {"attach": f"attached {reply.get('name')}",
+            "detach": f"detached {', '.join(reply.get('names', []))}",
+            "swap": f"swapped {reply.get('old')} -> {reply.get('name')}"}[cmd]
+    line = (f"{what} in {pid}: {reply['modules']} modules, {reply['kernels']} kernels instrumented, "
+            f"flip at launch {reply['launches']}, {reply['seconds'] * 1000:.1f} ms")
+    return "\n".join([line] + [f"  failed: {f}" for f in reply.get("failed", [])])
+
+
+def modules_lines(reply: dict) -> list[str]:
+    """Per module its status and probes, then per kernel its status and reason."""
+    lines = []
+    for m in reply["modules"]:
+        probes = f" [{','.join(m['probes'])}]" if m.get("probes") else ""
+        lines.append(f"{m['api']} {m['image']}: {m['status']}{probes}")
+        lines += [f"  {name}: {status}" + (f" ({reason})" if reason else "") for name, status, reason in m["kernels"]]
+    return lines or ["no modules loaded"]
+
+
+def maps_text(doc: dict, as_json: bool) -> str:
+    """A ``maps`` reply (or a detach's final maps in a dump-like doc) rendered like egpu-run's maps."""
+    return job.render([], [doc], as_json)
