@@ -96,6 +96,9 @@ CASES = {
     "struct read through the parameter's address": (_ptx(
         "mov.b64 %rd1, k_s;\ncvta.param.u64 %rd2, %rd1;\nadd.s64 %rd3, %rd2, 16;\nld.u64 %rd4, [%rd3];\n"
         "st.global.u32 [%rd4+8], %r1;", STRUCT), {("k_s", 16): "w"}, {}, None),
+    "parameter address minus a constant": (_ptx(
+        "mov.b64 %rd1, k_s;\nadd.s64 %rd2, %rd1, 16;\nsub.s64 %rd3, %rd2, 8;\nld.param.u64 %rd4, [%rd3];\n"
+        "st.global.u32 [%rd4], %r1;", STRUCT), {}, {}, "loaded from memory"),   # not exact: slot unknown
     "pointer loaded from memory": (_ptx(
         "ld.param.u64 %rd1, [k_p0];\nld.global.u64 %rd2, [%rd1];\nst.global.u32 [%rd2], %r1;"),
         {("k_p0", 0): "r"}, {}, "loaded from memory"),

@@ -43,6 +43,7 @@ OTHER_SPACE: Origin = ("x",)
 # Instructions whose result may carry a pointer: every source operand's origins flow to it.
 _PROPAGATE = {"mov", "cvta", "cvt", "add", "sub", "addc", "subc", "and", "or", "xor", "not", "selp",
               "slct", "min", "max"}
+_SELECT = {"mov", "cvt", "selp", "slct", "min", "max"}   # the result is one of the operands
 # Instructions that reach global memory in ways memory_access does not model (texture and surface
 # handles, bulk/tensor copies, multimem, tensormap edits): their buffers cannot be named.
 _OPAQUE = {"tex", "tld4", "txq", "suld", "sust", "sured", "suq", "multimem", "tensormap"}
@@ -179,7 +180,10 @@ class _Function:
         elif op == "add" and len(ops) == 3:
             vals = [self.add(self.value(ops[1]), self.value(ops[2]), ops[1], ops[2])] * len(dests)
         else:   # mov.b64 %rd, {%r1, %r2} packs, mov.b64 {%r1, %r2}, %rd unpacks: origins go along
-            vals = [frozenset().union(*(self.value(o) for o in ops[1:]))] * len(dests)
+            src = frozenset().union(*(self.value(o) for o in ops[1:]))
+            if op not in _SELECT:   # sub, and, ...: a parameter address's offset is no longer known
+                src = frozenset(("a", o[1], None) if o[0] == "a" else o for o in src)
+            vals = [src] * len(dests)
         grew = False
         for reg, val in zip(dests, vals):
             if reg.startswith("%") and val:
@@ -369,7 +373,7 @@ def _widen(origins: Origins) -> Origins:
     counts: dict[str, int] = {}
     for o in origins:
         if o[0] == "a":
-            counts[o[1]] = counts.get(o[1], _WIDEN + 1 if o[2] is None else 0) + 1
+            counts[o[1]] = counts.get(o[1], 0) + (_WIDEN + 1 if o[2] is None else 1)
     wide = {n for n, k in counts.items() if k > _WIDEN}
     if not wide:
         return origins
