@@ -3,8 +3,8 @@ and a kernel-entry counter (tests/probes/count.bpf.c: one ARRAY slot every threa
 exactly launches x threads.
 
 Programs (tests/e2e): vecadd.cu with nvcc (static cudart and -cudart shared; CUDA_MODULE_LOADING lazy
-and eager), a CuPy RawKernel (PTX through cuModuleLoadData: instrumented), a Triton kernel (a cubin:
-SASS only, so the output is checked and the load is reported, nothing counted).
+and eager), a CuPy RawKernel (PTX through cuModuleLoadData: instrumented), a Triton kernel (its PTX
+instrumented by egpu-ptxas, Triton's ptxas under egpu-run; the cubin it loads is adopted).
 """
 
 from __future__ import annotations
@@ -125,15 +125,19 @@ def test_cupy_rawkernel_is_instrumented(shim, probe_obj, tmp_path):
     assert "scale: instrumented" in probed.stderr
 
 
-def test_triton_kernel_runs_unchanged_and_is_reported_sass_only(shim, probe_obj, tmp_path):
-    """Expected SASS only: Triton loads cubins (its PTX stage is reached through TRITON_PTXAS_PATH,
-    not yet wrapped)."""
+def test_triton_kernel_is_instrumented_exactly(shim, probe_obj, tmp_path):
+    """Every thread of every launch counted: grid cdiv(N, 1024) x num_warps 4 x 32 threads, 5 launches
+    (--kernel keeps PyTorch's own kernels out; they are SASS only anyway)."""
     if subprocess.run([sys.executable, "-c", "import triton, torch"], capture_output=True).returncode:
         pytest.skip("Triton/PyTorch are not installed")
-    plain, probed = plain_and_probed([sys.executable, str(E2E / "triton_add.py"), "5", str(THREADS)],
-                                     probe_obj("count"), shim, tmp_path)
+    cmd = [sys.executable, str(E2E / "triton_add.py"), "5", str(THREADS)]
+    env = env_for(shim, tmp_path)
+    plain = subprocess.run(cmd, env={**env, "TRITON_CACHE_DIR": str(tmp_path / "plain")}, capture_output=True,
+                           text=True, timeout=300)
+    probed = egpu_run(["--json", "-v", "--kernel", "add", "-p", str(probe_obj("count")), *cmd], env, timeout=300)
     assert plain.returncode == 0, plain.stderr
     assert probed.returncode == 0, probed.stderr
-    lines, _ = split(probed.stdout)
+    lines, docs = split(probed.stdout)
     assert lines == plain.stdout.splitlines()
-    assert "cubin: SASS only" in probed.stderr
+    assert "cubin from egpu-ptxas: instrumented" in probed.stderr
+    assert counts(docs) == [5 * (THREADS // 1024) * 4 * 32], probed.stderr

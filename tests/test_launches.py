@@ -85,6 +85,10 @@ def test_launch_globs_pick_kernels_by_mangled_or_plain_name(example):
     for i, name in enumerate(["_Z9vectorAddPKfS0_Pfi", "vectorAdd_v2", "_Z6vecaddPKfS0_Pfi", None]):
         probes.run(launches.Launch(i, 0, 0, 0, (1, 1, 1), (1, 1, 1), name))
     assert probes.runs == 2
+    only = launches.LaunchProbes([example("launch_count")], only="vectorAdd")  # egpu-run --kernel
+    for i, name in enumerate(["_Z9vectorAddPKfS0_Pfi", "_Z6vecaddPKfS0_Pfi", None]):
+        only.run(launches.Launch(i, 0, 0, 0, (1, 1, 1), (1, 1, 1), name))
+    assert only.runs == 1
 
 
 def test_the_clock_offset_is_realtime_minus_monotonic():

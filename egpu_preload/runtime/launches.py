@@ -177,8 +177,9 @@ class LaunchProbes:
     """Every probe object's launch programs; ``run(launch)`` runs those matching the kernel, ``push``
     copies what they wrote in shared maps to the device."""
 
-    def __init__(self, probes: Sequence[Probe]) -> None:
+    def __init__(self, probes: Sequence[Probe], only: str | None = None) -> None:
         self.sides = [probe_maps(p) for p in probes]
+        self.only = only  # egpu-run --kernel: launch probes see only those kernels too
         self.offset = clock_offset()
         self._chosen: dict[str | None, list[tuple[ProbeMaps, Vm]]] = {}
         self.runs = 0
@@ -190,9 +191,11 @@ class LaunchProbes:
     def _programs(self, name: str | None) -> list[tuple[ProbeMaps, Vm]]:
         chosen = self._chosen.get(name)
         if chosen is None:  # an unknown handle has no name: only a catch-all glob takes it
+            def takes(glob: str) -> bool:
+                return matches(glob, name) if name is not None else glob == "*"
             chosen = self._chosen[name] = [
                 (side, vm) for side in self.sides if side for p, vm in side.programs
-                if (matches(p.attach.glob, name) if name is not None else p.attach.glob == "*")]
+                if takes(p.attach.glob) and (self.only is None or takes(self.only))]
         return chosen
 
     def run(self, launch: Launch) -> None:
@@ -327,7 +330,7 @@ class StreamMemory:
 def attach(runtime: Any) -> Drainer | None:
     """The drain thread for an instrumenter.Runtime whose probes have launch programs (started), else
     None. Names come from the runtime's handle table, device maps from its maps once allocated."""
-    probes = LaunchProbes(runtime.probes)
+    probes = LaunchProbes(runtime.probes, runtime.cfg.kernel)
     if not probes:
         return None
     memory: dict[int, StreamMemory] = {}
