@@ -232,3 +232,50 @@ def test_plan_refuses_files_changed_after_loading_and_unloaded_manifests(written
     fresh = _write(written.with_name("other"), table)
     with pytest.raises(SnapshotError, match="never checked: restore from snapshot.load"):
         plan_restore(fresh, _rerun(SAME), live)
+
+
+@pytest.mark.gpu
+def test_gpu_checkpoint_then_restore_device_buffers(tmp_path):
+    """vector_add on the device: its launch's buffers from the PTX sets, a checkpoint of every
+    allocation, a launch that overwrites c, then a restore that brings c (and a, b) back."""
+    import ctypes
+    import struct
+
+    import ptx_corpus
+    from egpu_preload.cow.allocations import launch_uses, pack_args
+    from egpu_preload.cow.dag import Dag
+    from egpu_preload.cow.rwsets import analyse
+    from test_rewrite_gpu import Gpu
+
+    gpu, n = Gpu(), 1 << 16
+    text = ptx_corpus.build()["vector_add.sm_90"]
+    rw = analyse(text)["vector_add"]
+    fn = gpu.ok(gpu.cu.cuModuleGetFunction(gpu.load(text), b"vector_add"))
+    a, b = struct.pack(f"<{n}f", *range(n)), struct.pack(f"<{n}f", *(2.0 * i for i in range(n)))
+    table = AllocationTable()
+    ptrs = [gpu.alloc(x) for x in (a, b, bytes(4 * n))]
+    allocs = [table.insert(p, 4 * n, AllocKind.DEVICE) for p in ptrs]
+
+    def launch(x: int, y: int, z: int) -> bytes:
+        values = [ctypes.c_uint64(x), ctypes.c_uint64(y), ctypes.c_uint64(z), ctypes.c_int32(n)]
+        params = (ctypes.c_void_p * 4)(*[ctypes.addressof(v) for v in values])
+        gpu.ok(gpu.cu.cuLaunchKernel(fn, n // 256, 1, 1, 256, 1, 1, 0, 0, ctypes.addressof(params), 0))
+        gpu.ok(gpu.cu.cuCtxSynchronize())
+        return pack_args([bytes(v) for v in values], rw.params)
+
+    dag = Dag()
+    uses = launch_uses(launch(*ptrs), table, rw.params, rw)
+    assert uses.modes == {allocs[0]: "r", allocs[1]: "r", allocs[2]: "w"} and not uses.anything
+    dag.add(0, "launch", [x for x, m in uses.modes.items() if "r" in m],
+            [x for x, m in uses.modes.items() if "w" in m], "vector_add")
+    want = gpu.read(ptrs[2], 4 * n)
+    assert want == struct.pack(f"<{n}f", *(3.0 * i for i in range(n)))
+    with SnapshotWriter(tmp_path / "ckpt", pid=os.getpid(), argv=["test"], cut=dag.frontier()) as w:
+        for x in table.by_creation():
+            w.add_allocation(x, gpu.read(x.address, x.size))
+        w.commit()
+    launch(ptrs[2], ptrs[2], ptrs[2])   # c = 2c after the cut
+    assert gpu.read(ptrs[2], 4 * n) != want
+    plan = plan_restore(load(tmp_path / "ckpt"), table.by_creation())
+    plan.execute(lambda address, data: gpu.write(address, bytes(data)))
+    assert [gpu.read(p, 4 * n) for p in ptrs] == [a, b, want]
