@@ -228,15 +228,22 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
                                          help="report every module and kernel; keep the session directory"),
             keep: bool = typer.Option(False, "--keep", help="keep the session directory (dumps, compiled probes)"),
             durations: bool = typer.Option(False, "--durations",
-                                           help="time every kernel (CUPTI): count, total, mean, histogram")) -> None:
+                                           help="time every kernel (CUPTI): count, total, mean, histogram"),
+            backend: str = typer.Option("auto", "--backend", metavar="auto|ptx|sass",
+                                        help="ptx: rewrite PTX; sass: patch SASS (Compute Sanitizer); "
+                                             "auto: PTX where a module has it, SASS otherwise")) -> None:
     """Run CMD with probes spliced into its kernels; print the maps at exit and exit with CMD's status."""
-    from egpu_preload.runtime import config, job
+    from egpu_preload.runtime import config, job, sass
     session = None
     try:
         try:
             session = job.session_dir()
             loaded = job.prepare_probes(probes, session)
-            cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose), durations)
+            cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose), durations,
+                                backend=backend)
+            cfg, sass_notes = sass.for_job(cfg, loaded)
+            for line in sass_notes:
+                typer.echo(line, err=True)
             status = job.run_job(cmd, cfg, job.find_shim())
         except job.ProgramError as e:
             typer.echo(f"egpu-run: {e}", err=True)

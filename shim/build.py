@@ -1,9 +1,9 @@
 """Build libegpu_shim.so with cffi's embedding API: `python3 shim/build.py [OUT_DIR]` (default build/).
 
-egpu_shim.h is the one interface: part 1 goes to embedding_api() (implemented in Python by
-egpu_preload/runtime/hooks.py), part 2 to cdef() (the C API the runtime calls), and set_source()
-includes the whole header before interpose.c. cffi starts Python on the first call of a part-1
-function, never when the library is loaded.
+egpu_shim.h is the interface, with egpu_sass.h for the SASS back end (sass.c): part 1 of each goes
+to embedding_api() (implemented in Python by egpu_preload/runtime/hooks.py), part 2 to cdef() (the C
+API the runtime calls), and set_source() includes both headers before interpose.c and sass.c. cffi
+starts Python on the first call of a part-1 function, never when the library is loaded.
 """
 
 from __future__ import annotations
@@ -35,11 +35,18 @@ hooks.attach(ffi, lib)
 """
 
 
+HEADERS = ("egpu_shim.h", "egpu_sass.h")
+SOURCES = ("interpose.c", "sass.c")
+
+
 def header_parts() -> tuple[str, str]:
-    """(embedding_api declarations, cdef declarations) cut out of egpu_shim.h."""
-    text = (SHIM / "egpu_shim.h").read_text()
-    return (text[text.index(PART1) + len(PART1):text.index(PART2)],
-            text[text.index(PART2) + len(PART2):text.index(PART3)])
+    """(embedding_api declarations, cdef declarations) cut out of the headers."""
+    api, cdef = "", ""
+    for name in HEADERS:
+        text = (SHIM / name).read_text()
+        api += text[text.index(PART1) + len(PART1):text.index(PART2)]
+        cdef += text[text.index(PART2) + len(PART2):text.index(PART3)]
+    return api, cdef
 
 
 def build(out_dir: Path) -> Path:
@@ -50,8 +57,8 @@ def build(out_dir: Path) -> Path:
     ffi.embedding_api(api)
     ffi.cdef(cdef)
     libdir = sysconfig.get_config_var("LIBDIR")
-    ffi.set_source("_egpu_shim", '#include "egpu_shim.h"',
-                   sources=[str(SHIM / "interpose.c")], include_dirs=[str(SHIM)],
+    ffi.set_source("_egpu_shim", "".join(f'#include "{h}"\n' for h in HEADERS),
+                   sources=[str(SHIM / s) for s in SOURCES], include_dirs=[str(SHIM)],
                    libraries=["dl", "pthread"],
                    extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden", "-Wall",
                                        "-Wno-unused-function"],

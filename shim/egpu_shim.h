@@ -173,6 +173,7 @@ typedef struct {
 #define EGPU_HOOKS(X) \
     X(cuGetProcAddress, cuGetProcAddress, 11030, 0, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)) \
     X(cuGetProcAddress_v2, cuGetProcAddress, 12000, 0, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags, int *symbolStatus)) \
+    X(cuInit, cuInit, 2000, 0, (unsigned int Flags)) \
     X(cuModuleLoad, cuModuleLoad, 2000, 0, (CUmodule *module, const char *fname)) \
     X(cuModuleLoadData, cuModuleLoadData, 2000, 0, (CUmodule *module, const void *image)) \
     X(cuModuleLoadDataEx, cuModuleLoadDataEx, 2010, 0, (CUmodule *module, const void *image, unsigned int numOptions, int *options, void **optionValues)) \

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "egpu_shim.h"
+#include "egpu_sass.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #if defined(__has_attribute) && __has_attribute(musttail)
@@ -259,6 +260,13 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
     return r;
 }
 
+/* The SASS back end subscribes to the sanitizer here, before the driver starts: a subscription made
+ * after CUDA ran sees no launches (docs/sass-backend.md). */
+EXPORT CUresult cuInit(unsigned int Flags) {
+    if (!passthrough()) egpu_sass_start();
+    return CALL_REAL(cuInit, Flags);
+}
+
 /* ---- statistics and the function table ---- */
 
 static struct {
@@ -486,6 +494,7 @@ static inline struct launch launch_begin(void *f, int api, unsigned int gx, unsi
                                          unsigned int gz, unsigned int bx, unsigned int by,
                                          unsigned int bz, unsigned int shmem, void *stream) {
     struct launch l = {NULL, atomic_fetch_add_explicit(&g_stats.launches, 1, memory_order_relaxed) + 1};
+    egpu_sass_launch_id = l.id; /* for the SASS back end's launch callback inside the real call */
     struct slot *s = slot_for(f, 1);
     if (s) {
         atomic_fetch_add_explicit(&s->launches, 1, memory_order_relaxed);

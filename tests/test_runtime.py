@@ -26,11 +26,13 @@ from stub_job import MORE, egpu_run
     config.Config((Path("/a/x.bpf.o"),), Path("/run/egpu/s1"), "vec*", 2),
     config.Config((Path("/a/x.bpf.o"), Path("/b/y z.bpf.o")), None, None, 0),
     config.Config((), Path("/run/egpu/s2"), None, 0, durations=True, ptxas="/opt/ptxas"),
+    config.Config(backend="sass", sanitizer="/opt/san/libsanitizer-public.so"),
+    config.Config(backend="ptx"),
 ])
 def test_config_survives_the_environment(cfg):
     env = config.to_env(cfg)
     assert set(env) == {config.PROBES, config.SESSION, config.KERNEL, config.LOG, config.DURATIONS,
-                        config.PTXAS}
+                        config.PTXAS, config.BACKEND, config.SANITIZER}
     assert config.from_env(env) == cfg
 
 

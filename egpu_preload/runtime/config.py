@@ -6,6 +6,8 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_KERNEL   an extra kernel glob: only kernels it matches (mangled or demangled) are instrumented
     EGPU_LOG      verbosity: 0 quiet, 1 one line per module load, 2 and more per kernel
     EGPU_DURATIONS  1: time every kernel (CUPTI activity records, runtime/durations.py)
+    EGPU_BACKEND  auto | ptx | sass (runtime/sass.py); the shim loads the sanitizer only when it is set
+    EGPU_SANITIZER_LIB  libsanitizer-public.so for the SASS back end (shim/sass.c has a default)
     EGPU_PTXAS    the real ptxas egpu-ptxas runs for Triton (runtime/ptxas.py); empty: Triton's own
 """
 
@@ -18,6 +20,7 @@ from pathlib import Path
 
 PROBES, SESSION, KERNEL, LOG = "EGPU_PROBES", "EGPU_SESSION", "EGPU_KERNEL", "EGPU_LOG"
 DURATIONS, PTXAS = "EGPU_DURATIONS", "EGPU_PTXAS"
+BACKEND, SANITIZER = "EGPU_BACKEND", "EGPU_SANITIZER_LIB"
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class Config:
     log: int = 0
     durations: bool = False
     ptxas: str | None = None
+    backend: str = "auto"
+    sanitizer: str | None = None
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -36,7 +41,8 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
     log = env.get(LOG, "0")
     return Config(probes=probes, session=Path(env[SESSION]) if env.get(SESSION) else None,
                   kernel=env.get(KERNEL) or None, log=int(log) if log.isdigit() else 0,
-                  durations=env.get(DURATIONS) == "1", ptxas=env.get(PTXAS) or None)
+                  durations=env.get(DURATIONS) == "1", ptxas=env.get(PTXAS) or None,
+                  backend=env.get(BACKEND) or "auto", sanitizer=env.get(SANITIZER) or None)
 
 
 def to_env(cfg: Config) -> dict[str, str]:
@@ -46,4 +52,6 @@ def to_env(cfg: Config) -> dict[str, str]:
             KERNEL: cfg.kernel or "",
             LOG: str(cfg.log),
             DURATIONS: "1" if cfg.durations else "",
-            PTXAS: cfg.ptxas or ""}
+            PTXAS: cfg.ptxas or "",
+            BACKEND: cfg.backend,
+            SANITIZER: cfg.sanitizer or ""}

@@ -45,6 +45,8 @@ class Instrumenter(Protocol):
         """A function, kernel, module, link state or cubin was handed to the app (egpu_shim.h)."""
     def unloaded(self, api: str, handle: int) -> None:
         """A module or library is gone: unregister its functions before the driver reuses handles."""
+    def sass_kernel(self, module: int, name: str) -> tuple[int, int]:
+        """(program mask, kernel id) of a SASS-patched kernel (egpu_sass.h); inside the driver's launch."""
 
 
 _instrumenter: Instrumenter | None = None
@@ -153,6 +155,13 @@ def attach(ffi: Any, lib: Any) -> None:
         _preserved.pop(addr(handle), None)
         if _instrumenter is not None:
             _instrumenter.unloaded(api_name(api), addr(handle))
+
+    @ffi.def_extern(onerror=_report)
+    def egpu_py_sass_kernel(module, name, kernel_id_out):
+        if _instrumenter is None:
+            return 0
+        mask, kernel_id_out[0] = _instrumenter.sass_kernel(addr(module), text(name) or "")
+        return mask
 
     runtime = os.environ.get(RUNTIME_ENV)
     if runtime:

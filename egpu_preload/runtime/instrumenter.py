@@ -39,7 +39,7 @@ from egpu_preload.bpf.ctx import kernel_id
 from egpu_preload.errors import EgpuError
 from egpu_preload.fatbin import ImageKind
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import dump, durations, hooks, launches, live, ptxas
+from egpu_preload.runtime import dump, durations, hooks, launches, live, ptxas, sass
 from egpu_preload.runtime.config import Config, from_env
 from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, Driver
 from egpu_preload.runtime.probes import Probe, load_probes
@@ -71,6 +71,7 @@ class Module:
     copies: list[Any] = field(default_factory=list)
     state: list[str] | None = None               # its module variables (modstate.py), once needed
     generation: int = 0                          # live.generation when it was instrumented
+    backend: str = ""                            # ptx | sass: the back end serving its kernels
 
     @property
     def library(self) -> bool:
@@ -78,6 +79,7 @@ class Module:
 
     def report(self) -> dict[str, Any]:
         return {"api": self.api, "call": self.call, "image": self.image, "status": self.status,
+                "backend": self.backend,
                 "kernels": [[k.name, k.status, k.reason] for k in self.kernels.values()]}
 
 
@@ -138,6 +140,8 @@ class Runtime:
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
         self.durations = durations.start() if cfg.durations else None  # every kernel timed by CUPTI
         self.live = live.start(self)                      # the control socket: attach, detach, swap, maps
+        self.sass = sass.SassBackend(cfg, self.probes, ffi, lib)  # modules without PTX (shim/sass.c)
+        self.sass_modules: dict[int, Module] = {}         # sanitizer module handle -> its patched kernels
 
     # ---- hooks ---------------------------------------------------------------------------------------
     def module_load(self, image: hooks.ModuleImage) -> bytes | None:
@@ -153,10 +157,10 @@ class Runtime:
         self._pending[image.call] = mod
         try:
             text, mod.image = self._ptx(image)
-            if text is None:
-                if ptxas.adopt(self, mod, image):  # a cubin egpu-ptxas instrumented (Triton)
-                    return None
-                mod.status = "SASS only"
+            if text is None and ptxas.adopt(self, mod, image):  # a cubin egpu-ptxas instrumented (Triton)
+                return None
+            if sass.choose(self.cfg.backend, text is not None) != "ptx":
+                self._serve_sass(mod, text is not None)
                 return None
             mod.ptx, mod.generation = text, self.live.generation
             res = instrument(text, self.specs, self.cfg.kernel)
@@ -168,7 +172,7 @@ class Runtime:
             self.kernel_names[kernel_id(name)] = name
         if not any(k.status == "instrumented" for k in res.kernels):
             return None
-        mod.status = "instrumented"
+        mod.status, mod.backend = "instrumented", "ptx"
         mod.probes = tuple(self.probes)
         mod.original = image.data.rstrip(b"\0") + b"\0" if image.kind == ImageKind.PTX else image.data
         return res.text.encode()
@@ -199,6 +203,8 @@ class Runtime:
         self.loads.append(mod)
         self.modules[handle] = mod
         self.live.loaded(mod)
+        if mod.backend == "sass":
+            self._sass_loaded(mod)
         self._log(1, f"{api} {mod.image}: {mod.status}"
                      f" ({sum(k.status == 'instrumented' for k in mod.kernels.values())}/{len(mod.kernels)} kernels)")
 
@@ -232,7 +238,41 @@ class Runtime:
         self.functions = {h: f for h, f in self.functions.items() if f[0] is not mod}
         self.modules = {h: m for h, m in self.modules.items() if m is not mod}
 
+    def sass_kernel(self, module: int, name: str) -> tuple[int, int]:
+        """(program mask, kernel id) for a SASS-patched kernel's first launch. Runs inside the driver's
+        launch call: no CUDA, no lock another thread could hold across a driver call."""
+        choice = self.sass.kernel(name)
+        self.kernel_names[choice.kernel_id] = name
+        mod = self.sass_modules.get(module)
+        if mod is None:
+            mod = self.sass_modules[module] = Module("SANITIZER_MODULE", 0, "cubin", "instrumented", backend="sass")
+            self.loads.append(mod)
+        mod.kernels[name] = (KernelStatus(name, "instrumented", "SASS patch") if choice.mask
+                             else KernelStatus(name, "untouched", "no probe matches"))
+        return choice.mask, choice.kernel_id
+
     # ---- the pieces ----------------------------------------------------------------------------------
+    def _serve_sass(self, mod: Module, has_ptx: bool) -> None:
+        """A load the SASS back end serves (sass.choose), else "SASS only" (why: the dump's "sass")."""
+        if sass.choose(self.cfg.backend, has_ptx) is None or self.sass.prepare(self._device_sm()):
+            mod.status = "SASS only"
+        else:  # "instrumented" once the maps are in (_sass_loaded); its kernels show as they launch
+            mod.status, mod.backend = "SASS patch pending", "sass"
+
+    def _sass_loaded(self, mod: Module) -> None:
+        """After a SASS-served load: the maps exist and the shim has their tables."""
+        try:
+            with self._maps_lock:
+                if self.context is None:
+                    self._allocate_maps()
+                with self.driver.current(self.context):
+                    self.sass.set_tables(self.driver, self.maps)
+        except EgpuError as e:
+            mod.status, mod.backend = f"failed: cannot place the map tables: {e}", ""
+            return
+        mod.status = "instrumented"
+        self.exit.arm()
+
     def _ptx(self, image: hooks.ModuleImage) -> tuple[str | None, str]:
         """The PTX to instrument and where it came from; None when the image has no usable PTX."""
         if image.kind == ImageKind.PTX:
@@ -332,6 +372,7 @@ class Runtime:
             "kernels": [[k, n] for k, n in self.kernel_names.items()],
             "modules": [m.report() for m in self.loads],
             "stats": {f: int(getattr(stats, f)) for f in STATS},
+            "sass": self.sass.stats(),
             **(self.durations.finish(self.driver.synchronize) if self.durations else {}),
         })
 

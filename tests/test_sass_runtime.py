@@ -1,0 +1,144 @@
+"""The SASS back end's runtime side without a GPU: which back end serves each module kind under
+--backend auto|ptx|sass, the programs a patched kernel runs, egpu-run's settling of the back end, and
+jobs against the stand-in driver with no sanitizer, a missing one, and a stand-in sanitizer
+(tests/sass_stub) that accepts every call but never calls back."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from egpu_preload.bpf import program as prog
+from egpu_preload.bpf.asm import assemble
+from egpu_preload.errors import EgpuError
+from egpu_preload.runtime import config, dump, sass
+from egpu_preload.runtime.probes import Probe
+from stub_job import egpu_run
+from translate_support import COUNTER, EMPTY
+
+SASS_STUB = Path(__file__).parent / "sass_stub" / "libsanitizer_stub.c"
+COUNTS = [prog.MapDef("counts", 2, 4, 8, 1)]
+needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
+
+
+@pytest.mark.parametrize("backend, has_ptx, served", [
+    ("auto", True, "ptx"), ("auto", False, "sass"),
+    ("ptx", True, "ptx"), ("ptx", False, None),
+    ("sass", True, "sass"), ("sass", False, "sass"),
+])
+def test_choose(backend, has_ptx, served):
+    assert sass.choose(backend, has_ptx) == served
+
+
+def probe(sections: list[tuple[str, str, str]], path: str = "p.bpf.o") -> Probe:
+    code = {"launch": assemble(EMPTY)}
+    progs = [prog.Program(f"p{k}", f"{kind}/{glob}", prog.Attach(kind, glob, scope), code.get(kind, assemble(COUNTER)))
+             for k, (kind, glob, scope) in enumerate(sections)]
+    return Probe(Path(path), prog.BpfObject(path, progs, COUNTS), (), "")
+
+
+@pytest.mark.parametrize("only, name, mask", [
+    (None, "_Z6vecaddPKfS0_Pfi", 0b011),        # vec* by its demangled name, and *
+    (None, "_Z5copykPKfPfi", 0b010),
+    (None, "sm80_xmma_gemm_f32f32", 0b110),     # extern "C" names match as they are
+    ("copy*", "_Z6vecaddPKfS0_Pfi", 0),         # --kernel selects before any glob
+    ("copy*", "_Z5copykPKfPfi", 0b010),
+])
+def test_kernel_runs_the_programs_whose_globs_match(only, name, mask):
+    b = sass.SassBackend(config.Config(kernel=only), [probe([("entry", "vec*", "thread"), ("mem", "*", "thread"),
+                                                             ("launch", "*", "launch"), ("exit", "sm80_*", "warp")])],
+                         None, None)
+    from egpu_preload.bpf.ctx import kernel_id
+    assert b.kernel(name) == sass.KernelChoice(mask, kernel_id(name))
+
+
+def test_for_job_settles_the_back_end(tmp_path):
+    kernel_site, launch_only = probe([("entry", "*", "thread")]), probe([("launch", "*", "launch")])
+    with pytest.raises(EgpuError, match="--backend cuda: must be one of auto, ptx, sass"):
+        sass.for_job(config.Config(backend="cuda"), [kernel_site])
+    cfg, _ = sass.for_job(config.Config(backend="auto"), [launch_only])
+    assert cfg.backend == "ptx"   # nothing to patch: the shim never loads the sanitizer
+    cfg, _ = sass.for_job(config.Config(backend="sass", sanitizer="/x/libsanitizer-public.so"), [kernel_site])
+    assert (cfg.backend, cfg.sanitizer) == ("sass", "/x/libsanitizer-public.so")
+    assert sass.sanitizer_library({"CUDA_HOME": str(tmp_path)}) in (None, "/usr/local/cuda/" + sass.SANITIZER_LIB)
+    (tmp_path / "compute-sanitizer").mkdir()
+    (tmp_path / sass.SANITIZER_LIB).write_bytes(b"")
+    assert sass.sanitizer_library({"CUDA_HOME": str(tmp_path)}) == str(tmp_path / sass.SANITIZER_LIB)
+    assert sass.sanitizer_library({"EGPU_SANITIZER_LIB": "/a.so", "CUDA_HOME": str(tmp_path)}) == "/a.so"
+
+
+# ---- jobs against the stand-in driver ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sanitizer_stub(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sass_stub") / "libsanitizer-public.so"
+    subprocess.run(["gcc", "-O1", "-Wall", "-Werror", "-shared", "-fPIC", str(SASS_STUB), "-o", str(out)], check=True)
+    return out
+
+
+def job(stub_job, tmp_path, probe_path: Path, backend: str, mode: str, sanitizer: str, **env: str):
+    """egpu-run --keep --backend B app_vec MODE 2 32 0: (result, the one dump, the logged calls)."""
+    log = tmp_path / "driver.log"
+    r = egpu_run(["--keep", "--backend", backend, "-p", str(probe_path), str(stub_job.app), mode, "2", "32", "0"],
+                 stub_job.env(log, EGPU_SANITIZER_LIB=sanitizer, **env))
+    assert r.returncode == 0, r.stderr
+    session = Path(next(ln for ln in r.stderr.splitlines() if "session kept" in ln).split(" in ")[1])
+    (doc,) = dump.read_all(session)
+    calls = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines()] if log.exists() else []
+    return doc, [c for c in calls if not c.startswith("cuGetProcAddress")]
+
+
+def launches(calls: list[str]) -> list[str]:
+    return [c.split("params=")[1] for c in calls if c.startswith("cuLaunchKernel")]
+
+
+@pytest.mark.parametrize("backend, mode, status, served_by, params, state", [
+    ("ptx", "cubin", "SASS only", "", "", "off"),          # the stand-in's cubin kernel takes no params
+    ("auto", "cubin", "SASS only", "", "", "failed"),
+    ("auto", "module", "instrumented", "ptx", "11,22,32,1", "failed"),   # PTX needs no sanitizer
+    ("sass", "module", "SASS only", "", "11,22,32", "failed"),           # never the PTX back end
+])
+def test_without_a_sanitizer(stub_job, probe_obj, tmp_path, backend, mode, status, served_by, params, state):
+    doc, calls = job(stub_job, tmp_path, probe_obj("count"), backend, mode, str(tmp_path / "missing.so"))
+    (m,) = doc["modules"]
+    assert (m["status"], m["backend"]) == (status, served_by)
+    assert launches(calls)[0] == params
+    assert doc["sass"]["state"] == state
+    if state == "failed":
+        assert doc["sass"]["error"].startswith("cannot load the sanitizer: ") and "missing.so" in doc["sass"]["error"]
+        assert doc["sass"]["serving"] in (None, f"sanitizer failed: {doc['sass']['error']}")
+
+
+@needs_ptxas
+@pytest.mark.parametrize("backend, mode", [("auto", "cubin"), ("sass", "module"), ("sass", "library")])
+def test_with_the_stand_in_sanitizer(stub_job, probe_obj, tmp_path, sanitizer_stub, backend, mode):
+    doc, calls = job(stub_job, tmp_path, probe_obj("count"), backend, mode, str(sanitizer_stub))
+    assert doc["sass"]["state"] == "subscribed" and doc["sass"]["serving"] == "", doc["sass"]
+    san = [c for c in calls if c.startswith("sanitizer")]
+    # subscribed in cuInit, before the driver started; enter patches only (count has a kprobe only)
+    assert san[:3] == ["sanitizerSubscribe cb=1", "sanitizerEnableDomain on=1 domain=3",
+                       "sanitizerEnableDomain on=1 domain=5"]
+    assert calls.index("sanitizerSubscribe cb=1") < calls.index("cuInit flags=0")
+    (m,) = doc["modules"]
+    assert (m["status"], m["backend"]) == ("instrumented", "sass")
+    plain = "" if mode == "cubin" else "11,22,32"
+    assert launches(calls) == [plain, plain]   # the kernel as it was: no launch id appended
+    assert any(c.startswith("cuMemcpyHtoD") for c in calls)   # the table block the patches read
+    assert doc["probes"][0]["maps"] == [{"values": [bytes(8)]}]   # maps made and read back at exit
+
+
+def test_a_failing_subscription_is_reported(stub_job, probe_obj, tmp_path, sanitizer_stub):
+    doc, calls = job(stub_job, tmp_path, probe_obj("count"), "auto", "cubin", str(sanitizer_stub),
+                     EGPU_STUB_SANITIZER_FAIL="sanitizerSubscribe")
+    assert doc["sass"]["state"] == "failed"
+    assert doc["sass"]["error"] == "sanitizerSubscribe failed: 7 (SANITIZER_ERROR_OUT_OF_MEMORY)"
+    assert doc["modules"][0]["status"] == "SASS only"
+
+
+def test_launch_probes_alone_never_load_the_sanitizer(stub_job, probe_obj, tmp_path, sanitizer_stub):
+    doc, calls = job(stub_job, tmp_path, probe_obj("launch"), "auto", "cubin", str(sanitizer_stub))
+    assert not [c for c in calls if c.startswith("sanitizer")]
+    assert doc["sass"]["state"] == "off"
