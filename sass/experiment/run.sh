@@ -57,7 +57,8 @@ if run build_target 120 "$NVCC" -gencode arch=compute_90,code=sm_90 -O2 -o "$B/t
     PTX=$("$CUDA/bin/cuobjdump" --list-ptx "$B/target" 2>&1)
     ELF=$("$CUDA/bin/cuobjdump" --list-elf "$B/target" 2>&1)
     echo "   cuobjdump --list-ptx: ${PTX:-<none>}"; echo "   cuobjdump --list-elf: $ELF"
-    if [ -z "$(echo "$PTX" | grep -i ptx)" ] && echo "$ELF" | grep -q sm_90; then
+    # cuobjdump lists each PTX entry as "PTX file    N: NAME"; "No PTX file found ..." means none
+    if ! echo "$PTX" | grep -q "^PTX file" && echo "$ELF" | grep -q sm_90; then
         res PASS build/target_sass_only "target has sm_90 SASS and no PTX"
     else res FAIL build/target_sass_only "target is not SASS-only"; fi
 else res FAIL build/target "nvcc failed (see above)"; fi
@@ -124,6 +125,11 @@ fi
 # ---- stock PyTorch, preferring the in-process arrangements egpu would use ----
 if [ $HAVE_TOOL = 1 ] && [ $HAVE_PATCHES = 1 ] && $PY -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     run torch_baseline 150 env -u SASS_TOOL_LIB $PY "$HERE/torch_prog.py" > "$OUT/torch.base.stdout" 2>&1; cat "$OUT/torch.base.stdout"
+    # a second plain run: outputs that differ between two runs without the tool cannot blame the tool
+    run torch_baseline2 150 env -u SASS_TOOL_LIB $PY "$HERE/torch_prog.py" > "$OUT/torch.base2.stdout" 2>&1
+    if [ "$(grep ^HASH "$OUT/torch.base.stdout")" = "$(grep ^HASH "$OUT/torch.base2.stdout")" ]; then
+        res PASS torch_baseline/deterministic "two runs without the tool agree"
+    else res FAIL torch_baseline/deterministic "two runs without the tool differ: output checks mean nothing"; fi
     ORDER=""
     for a in api_early preload_ctor inject; do case " $WORKS " in *" $a "*) ORDER="$ORDER $a";; esac; done
     [ -n "$ORDER" ] || ORDER="api_early preload_ctor inject"   # nothing worked on the nvcc program: try anyway

@@ -7,6 +7,10 @@ import ctypes
 import hashlib
 import os
 
+# Deterministic kernels, so that outputs can be compared with a run without the tool: cuBLAS needs a fixed
+# workspace (set before it initialises), and autograd's atomics-based kernels are swapped for ordered ones.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
 lib = None
 if os.environ.get("SASS_TOOL_LIB"):
     lib = ctypes.CDLL(os.environ["SASS_TOOL_LIB"])  # same object as an injected/preloaded copy
@@ -27,6 +31,7 @@ def digest(name: str, t: torch.Tensor) -> None:
     print(f"HASH {name}={hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]}")
 
 
+torch.use_deterministic_algorithms(True)
 torch.backends.cudnn.benchmark = False
 torch.backends.cudnn.deterministic = True
 dev = "cuda"
@@ -38,7 +43,7 @@ A = torch.randn(256, 256, generator=g).to(dev)
 B = torch.randn(256, 256, generator=g).to(dev)
 img = torch.randn(8, 16, 32, 32, generator=g).to(dev)
 w = torch.randn(32, 16, 3, 3, generator=g).to(dev)
-z = torch.empty_like(x)
+z = torch.empty((n + 1) // 2, device=dev)
 mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(dev)
 inp = torch.randn(32, 64, generator=g).to(dev)
 tgt = torch.randint(0, 10, (32,), generator=g).to(dev)
@@ -47,7 +52,7 @@ opt = torch.optim.SGD(mlp.parameters(), lr=0.1)
 mark("add")
 s = x + y
 mark("copy")
-z.copy_(x)
+z.copy_(x[::2])  # strided: an ATen copy kernel (a contiguous copy_ is a cudaMemcpy, no kernel)
 mark("sum")
 r = x.sum()
 mark("matmul")
@@ -62,7 +67,7 @@ opt.step()
 mark("end")
 
 print(f"EXPECT op=add launches=1 ldbytes={8 * n} stbytes={4 * n}")
-print(f"EXPECT op=copy launches=1 ldbytes={4 * n} stbytes={4 * n}")
+print(f"EXPECT op=copy launches=1 ldbytes={4 * z.numel()} stbytes={4 * z.numel()}")
 for name, t in [("add", s), ("copy", z), ("sum", r), ("matmul", C), ("conv", o), ("loss", loss),
                 ("mlp_w0", mlp[0].weight)]:
     digest(name, t)
