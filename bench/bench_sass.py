@@ -1,0 +1,119 @@
+"""The SASS back end's cost next to the PTX back end's, against no instrumentation, in one run.
+
+Usage (on the GPU machine): ``python3 bench/bench_sass.py OUT.json [PROBE.bpf.o]`` (default: the
+kernel-entry counter tests/probes/count.bpf.c, prebuilt by scripts/gpu-prep.sh).
+
+- nvcc kernels: tests/e2e/vecadd.cu built with PTX and sm_90 SASS, so both back ends can serve it:
+  plain, ``egpu-run --backend ptx`` (PTX rewritten) and ``--backend sass`` (SASS patched). Time per launch
+  (N threads, launch + its share of the final synchronize) is the difference of two runs with K1 and K2
+  launches divided by K2 - K1, so process start, CUDA start and egpu's setup cancel out; best of REPS.
+- PyTorch: one eager training step (matmul, conv, MLP forward, backward and SGD) timed in the process
+  (median of STEPS after a warm-up): plain, ``--backend ptx`` (the shim only: PyTorch ships no PTX) and
+  ``--backend sass`` (every kernel patched, the probe in each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REPS, K1, K2, N = 3, 20, 220, 1 << 22
+STEPS = 50
+BACKENDS = ("plain", "ptx", "sass")
+
+TORCH_STEP = r"""
+import os, statistics, time
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+import torch, torch.nn.functional as F
+dev = "cuda"
+g = torch.Generator(device="cpu").manual_seed(0)
+A, B = torch.randn(512, 512, generator=g).to(dev), torch.randn(512, 512, generator=g).to(dev)
+img, w = torch.randn(8, 16, 64, 64, generator=g).to(dev), torch.randn(32, 16, 3, 3, generator=g).to(dev)
+mlp = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(dev)
+inp, tgt = torch.randn(64, 256, generator=g).to(dev), torch.randint(0, 10, (64,), generator=g).to(dev)
+opt = torch.optim.SGD(mlp.parameters(), lr=0.1)
+def step():
+    C = A @ B
+    o = F.conv2d(img, w, padding=1)
+    loss = F.cross_entropy(mlp(inp), tgt) + C.mean() * 0 + o.mean() * 0
+    opt.zero_grad(); loss.backward(); opt.step()
+    torch.cuda.synchronize()
+for _ in range(5):
+    step()
+times = []
+for _ in range(STEPS):
+    t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
+print(f"STEP_US {statistics.median(times) * 1e6:.1f}")
+"""
+
+
+def egpu_run() -> list[str]:
+    return [sys.executable, "-c", "import sys; sys.path.insert(0, %r); import launcher; launcher.run_main()" % str(ROOT)]
+
+
+def command(backend: str, probe: Path, cmd: list[str]) -> list[str]:
+    return cmd if backend == "plain" else egpu_run() + ["--backend", backend, "-p", str(probe), *cmd]
+
+
+def wall(cmd: list[str], env: dict[str, str]) -> float:
+    t = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(cmd)}: exit {done.returncode}\n{done.stderr[-2000:]}")
+    return time.perf_counter() - t
+
+
+def per_launch_us(exe: Path, backend: str, probe: Path, env: dict[str, str]) -> float:
+    best = float("inf")
+    for _ in range(REPS):
+        t1 = wall(command(backend, probe, [str(exe), str(K1), str(N)]), env)
+        t2 = wall(command(backend, probe, [str(exe), str(K2), str(N)]), env)
+        best = min(best, (t2 - t1) / (K2 - K1) * 1e6)
+    return best
+
+
+def torch_step_us(backend: str, probe: Path, env: dict[str, str], script: Path) -> float:
+    cmd = command(backend, probe, [sys.executable, str(script)])
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("STEP_US")), None)
+    if out.returncode or line is None:
+        raise SystemExit(f"torch step ({backend}): exit {out.returncode}\n{out.stderr[-2000:]}")
+    return float(line.split()[1])
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        raise SystemExit(__doc__)
+    out_path = Path(sys.argv[1])
+    prebuilt = Path(os.environ.get("EGPU_PREBUILT_PROBES", ROOT / ".gpubuild" / "probes"))
+    probe = Path(sys.argv[2]) if len(sys.argv) > 2 else prebuilt / "count.v3.bpf.o"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU_")}
+    result: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        env["XDG_RUNTIME_DIR"] = tmp
+        exe = Path(tmp) / "vecadd"
+        subprocess.run(["nvcc", "-O2", "-gencode", "arch=compute_90,code=[sm_90,compute_90]",
+                        str(ROOT / "tests/e2e/vecadd.cu"), "-o", str(exe)], check=True)
+        result["vecadd_us_per_launch"] = {b: per_launch_us(exe, b, probe, env) for b in BACKENDS}
+        script = Path(tmp) / "step.py"
+        script.write_text(TORCH_STEP.replace("STEPS", str(STEPS)))
+        if subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
+                          capture_output=True).returncode == 0:
+            result["torch_step_us"] = {b: torch_step_us(b, probe, env, script) for b in BACKENDS}
+    for case, times in result.items():
+        base = times["plain"]
+        times.update({f"{b}_ratio": round(times[b] / base, 3) for b in BACKENDS if b != "plain"})
+        print(f"{case:24s} " + "  ".join(f"{b} {times[b]:10.1f}" for b in BACKENDS)
+              + f"   ptx x{times['ptx_ratio']}  sass x{times['sass_ratio']}")
+    out_path.write_text(json.dumps({"probe": str(probe), "threads": N, "launches": [K1, K2], **result}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

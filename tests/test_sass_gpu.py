@@ -1,0 +1,200 @@
+"""The SASS back end on the GPU (Compute Sanitizer patching API): exact counts inside kernels that ship
+no PTX, outputs bit-identical, and shim/sass.c's own declarations checked against the real headers.
+
+- nvcc program built SASS-only (sass/experiment/target.cu: vecadd and a grid-stride copy, 3 launches
+  each, EXPECT lines with threads, loads, stores and bytes per launch): kernel entries (count.bpf.c)
+  == launches x threads; global bytes loaded and stored (memtrace.bpf.c) exact; outputs identical.
+- the same probes on an nvcc program with PTX (tests/e2e/vecadd.cu) under --backend ptx and sass agree.
+- stock PyTorch eager (sass/experiment/torch_prog.py: ATen add, strided copy, sum, cuBLAS matmul, cuDNN
+  conv, an MLP step): entries per kernel (hash_count.bpf.c) == threads launched per kernel (launch.bpf.c,
+  a launch probe, from the launch hooks), and outputs identical to a plain run when two plain runs agree.
+
+Run by the lead: python3 -m pytest -m gpu tests/test_sass_gpu.py (about 1-2 minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stub_job import ROOT, egpu_run
+from test_e2e_gpu import env_for, shim, split, vecadd  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.gpu
+
+EXPERIMENT = ROOT / "sass" / "experiment"
+SAN = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "compute-sanitizer"
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    """target.cu as SASS only: sm_90 code, no PTX in the binary (cuobjdump lists none)."""
+    exe = tmp_path_factory.mktemp("sass_target") / "target"
+    cuda = Path(subprocess.run(["which", "nvcc"], capture_output=True, text=True).stdout.strip()).resolve().parents[1]
+    subprocess.run(["nvcc", "-gencode", "arch=compute_90,code=sm_90", "-O2", str(EXPERIMENT / "target.cu"),
+                    "-o", str(exe), f"-L{cuda}/lib64/stubs", "-lcuda", "-ldl"], check=True)
+    listing = subprocess.run(["cuobjdump", "--list-ptx", str(exe)], capture_output=True, text=True)
+    assert "PTX file" not in listing.stdout, listing.stdout
+    return exe
+
+
+def expect(lines: list[str]) -> list[dict[str, int]]:
+    """target.cu's EXPECT lines (per launch, with the launch count)."""
+    out = []
+    for ln in lines:
+        if ln.startswith("EXPECT kernel="):
+            kv = dict(f.split("=", 1) for f in ln.split()[1:])
+            out.append({k: int(v) for k, v in kv.items() if v.isdigit()})
+    return out
+
+
+def probed(cmd: list[str], probes: list[Path], shim_path: Path, tmp: Path, backend: str = "auto", **env: str):
+    """(plain run, egpu-run --json -v --backend B run, the probed program's lines, its one dump)."""
+    e = env_for(shim_path, tmp, **env)
+    plain = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    args = ["--json", "-v", "--backend", backend]
+    for p in probes:
+        args += ["-p", str(p)]
+    run = egpu_run(args + cmd, e, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines, docs = split(run.stdout)
+    assert len(docs) == 1, run.stdout
+    return plain, run, lines, docs[0]
+
+
+def entries(doc: dict, name: str) -> dict:
+    return {e["key"]: e["value"] for e in doc["maps"][name]["entries"]}
+
+
+HEADER_CHECK = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include <sanitizer.h>
+int main(void) {
+#define OFF(t, f) printf("%s.%s %zu\n", #t, #f, offsetof(t, f));
+    OFF(Sanitizer_LaunchData, context) OFF(Sanitizer_LaunchData, stream) OFF(Sanitizer_LaunchData, hStream)
+    OFF(Sanitizer_LaunchData, module) OFF(Sanitizer_LaunchData, function) OFF(Sanitizer_LaunchData, functionName)
+    OFF(Sanitizer_LaunchData, gridDim_x) OFF(Sanitizer_LaunchData, clusterDim_z) OFF(Sanitizer_LaunchData, gridId)
+    OFF(Sanitizer_LaunchData, hLaunch)
+    OFF(Sanitizer_ResourceModuleData, context) OFF(Sanitizer_ResourceModuleData, module)
+    OFF(Sanitizer_ResourceModuleData, cubinSize) OFF(Sanitizer_ResourceModuleData, pCubin)
+    OFF(Sanitizer_ResourceModuleData, library)
+    printf("values %d %d %d %d %d %d %d %d %d %d %d %d\n", SANITIZER_CB_DOMAIN_RESOURCE, SANITIZER_CB_DOMAIN_LAUNCH,
+           SANITIZER_CBID_RESOURCE_MODULE_LOADED, SANITIZER_CBID_RESOURCE_MODULE_UNLOAD_STARTING,
+           SANITIZER_CBID_LAUNCH_BEGIN, SANITIZER_INSTRUCTION_BLOCK_ENTER, SANITIZER_INSTRUCTION_BLOCK_EXIT,
+           SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS, SANITIZER_MEMORY_DEVICE_FLAG_READ,
+           SANITIZER_MEMORY_DEVICE_FLAG_WRITE, SANITIZER_MEMORY_DEVICE_FLAG_ATOMSYS, SANITIZER_PATCH_SUCCESS);
+    /* the prototypes sass.c declares, as function pointer types of the real ones */
+    SanitizerResult (*a)(Sanitizer_SubscriberHandle *, Sanitizer_CallbackFunc, void *) = sanitizerSubscribe;
+    SanitizerResult (*b)(uint32_t, Sanitizer_SubscriberHandle, Sanitizer_CallbackDomain) = sanitizerEnableDomain;
+    SanitizerResult (*c)(const void *, CUcontext) = sanitizerAddPatches;
+    SanitizerResult (*d)(const Sanitizer_InstructionId, CUmodule, const char *) = sanitizerPatchInstructions;
+    SanitizerResult (*e)(CUmodule) = sanitizerPatchModule;
+    SanitizerResult (*f)(CUcontext, void **, size_t) = sanitizerAlloc;
+    SanitizerResult (*g)(void *, void *, size_t, Sanitizer_StreamHandle) = sanitizerMemcpyHostToDeviceAsync;
+    SanitizerResult (*h)(Sanitizer_LaunchHandle, CUfunction, Sanitizer_StreamHandle, const void *) =
+        sanitizerSetLaunchCallbackData;
+    SanitizerResult (*i)(CUmodule, const char *, uint64_t *, uint64_t *) = sanitizerGetFunctionPcAndSize;
+    SanitizerResult (*j)(SanitizerResult, const char **) = sanitizerGetResultString;
+    printf("prototypes %d\n", a && b && c && d && e && f && g && h && i && j);
+    return 0;
+}
+"""
+
+OURS = r"""
+#define _GNU_SOURCE
+#include <stddef.h>
+#include <stdio.h>
+#include "sass.c"
+unsigned long long egpu_py_sass_kernel(void *m, const char *n, unsigned long long *k) { return 0; }
+int egpu_shim_bypass(int on) { return 0; }
+int main(void) {
+#define OFF(t, f, g) printf("%s.%s %zu\n", #t, #f, offsetof(g, f));
+    OFF(Sanitizer_LaunchData, context, san_launch_data) OFF(Sanitizer_LaunchData, stream, san_launch_data)
+    OFF(Sanitizer_LaunchData, hStream, san_launch_data) OFF(Sanitizer_LaunchData, module, san_launch_data)
+    OFF(Sanitizer_LaunchData, function, san_launch_data) OFF(Sanitizer_LaunchData, functionName, san_launch_data)
+    OFF(Sanitizer_LaunchData, gridDim_x, san_launch_data) OFF(Sanitizer_LaunchData, clusterDim_z, san_launch_data)
+    OFF(Sanitizer_LaunchData, gridId, san_launch_data) OFF(Sanitizer_LaunchData, hLaunch, san_launch_data)
+    OFF(Sanitizer_ResourceModuleData, context, san_module_data) OFF(Sanitizer_ResourceModuleData, module, san_module_data)
+    OFF(Sanitizer_ResourceModuleData, cubinSize, san_module_data)
+    OFF(Sanitizer_ResourceModuleData, pCubin, san_module_data) OFF(Sanitizer_ResourceModuleData, library, san_module_data)
+    printf("values %d %d %d %d %d %d %d %d %d %d %d %d\n", SAN_DOMAIN_RESOURCE, SAN_DOMAIN_LAUNCH,
+           SAN_CBID_MODULE_LOADED, SAN_CBID_MODULE_UNLOAD_STARTING, SAN_CBID_LAUNCH_BEGIN, 1, 2, 3, 1, 2, 4, 0);
+    printf("prototypes 1\n");
+    return 0;
+}
+"""
+
+
+def test_declarations_match_the_real_headers(tmp_path):
+    """shim/sass.c declares the sanitizer's structs, enums and prototypes itself: the real headers agree
+    (and sass_patch.py's instruction ids and flag bits, listed as literals in OURS)."""
+    if not (SAN / "include" / "sanitizer.h").exists():
+        pytest.skip(f"no sanitizer headers under {SAN}")
+    cuda_inc = SAN.parent / "include"
+    (tmp_path / "real.cpp").write_text(HEADER_CHECK)   # C++: a prototype unlike ours does not compile
+    (tmp_path / "ours.c").write_text(OURS)
+    subprocess.run(["g++", "-I", str(SAN / "include"), "-I", str(cuda_inc), "real.cpp", "-o", "real"], cwd=tmp_path,
+                   check=True)
+    subprocess.run(["gcc", "-std=gnu11", "-I", str(ROOT / "shim"), "ours.c", "-o", "ours", "-ldl", "-lpthread"],
+                   cwd=tmp_path, check=True)
+    real = subprocess.run([str(tmp_path / "real")], capture_output=True, text=True, check=True).stdout
+    ours = subprocess.run([str(tmp_path / "ours")], capture_output=True, text=True, check=True).stdout
+    assert real == ours
+
+
+def test_sass_only_program_counts_every_thread(target, shim, probe_obj, tmp_path):  # noqa: F811
+    plain, run, lines, doc = probed([str(target), "plain"], [probe_obj("count")], shim, tmp_path)
+    assert lines == plain.stdout.splitlines()   # HASH and VERIFY lines: bit-identical
+    want = expect(lines)
+    assert doc["maps"]["counts"]["value"] == sum(e["launches"] * e["threads"] for e in want), run.stderr
+    assert "_Z6vecaddPKfS0_Pfi: instrumented (SASS patch)" in run.stderr   # -v: the kernels it served
+
+
+def test_sass_only_program_memory_bytes_exact(target, shim, probe_obj, tmp_path):  # noqa: F811
+    """memtrace.bpf.c: bytes[0] loaded, bytes[1] stored, over vecadd (2 loads, 1 store per element)
+    and copyk (1 and 1), each launched 3 times."""
+    plain, run, lines, doc = probed([str(target), "plain"], [probe_obj("memtrace")], shim, tmp_path)
+    assert lines == plain.stdout.splitlines()
+    want = expect(lines)
+    got = entries(doc, "bytes")
+    assert got == {0: sum(e["launches"] * e["ldbytes"] for e in want),
+                   1: sum(e["launches"] * e["stbytes"] for e in want)}, run.stderr
+
+
+@pytest.mark.parametrize("backend", ["ptx", "sass"])
+def test_program_with_ptx_counts_the_same_on_both_back_ends(vecadd, shim, probe_obj, tmp_path, backend):  # noqa: F811
+    plain, run, lines, doc = probed([str(vecadd["static"]), "10", str(1 << 20)], [probe_obj("count")], shim,
+                                    tmp_path, backend=backend)
+    assert lines == plain.stdout.splitlines()
+    assert doc["maps"]["counts"]["value"] == 10 * (1 << 20), run.stderr
+
+
+def _torch() -> bool:
+    return subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _torch(), reason="PyTorch with CUDA is not installed")
+def test_pytorch_eager_entries_equal_launched_threads(shim, probe_obj, tmp_path):  # noqa: F811
+    cmd = [sys.executable, str(EXPERIMENT / "torch_prog.py")]
+    env = env_for(shim, tmp_path)
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    plain, run, lines, doc = probed(cmd, [probe_obj("hash_count"), probe_obj("launch")], shim, tmp_path)
+    hashes = [ln for ln in lines if ln.startswith("HASH")]
+    assert len(hashes) == 7
+    if [ln for ln in again.stdout.splitlines() if ln.startswith("HASH")] == \
+            [ln for ln in plain.stdout.splitlines() if ln.startswith("HASH")]:
+        assert hashes == [ln for ln in plain.stdout.splitlines() if ln.startswith("HASH")]
+    entered = entries(doc, "per_kernel")
+    launched = {k: v["threads"] for k, v in entries(doc, "launches").items()}
+    names = {str(k): n for k, n in doc.get("kernels", {}).items()} if isinstance(doc.get("kernels"), dict) else {}
+    assert len(launched) >= 10, launched
+    wrong = {names.get(str(k), k): (entered.get(k), t) for k, t in launched.items() if entered.get(k) != t}
+    assert not wrong, f"kernel: (entries, launched threads) {json.dumps(wrong, default=str)[:2000]}"
