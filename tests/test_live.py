@@ -23,8 +23,8 @@ from egpu_preload.control import MAX_FRAME, ControlClient, list_sessions
 from stub_job import ROOT
 from test_control import _raw, _reply, _req, _send_body
 
-MODULE_LOAD = re.compile(r"cuModuleLoadData module=(\d+)")
-LAUNCH = re.compile(r"cuLaunchKernel f=step@(\d+) .* params=([\d,]*)")
+MODULE_LOAD = re.compile(r"cu(?:ModuleLoadData|LibraryLoadData) module=(\d+)")
+LAUNCH = re.compile(r"cuLaunchKernel f=step@(\d+)k? .* params=([\d,]*)")
 
 
 def egpu(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -35,12 +35,13 @@ def egpu(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
 class Job:
     """app_loop under egpu-run with no probe, until ``finish``."""
 
-    def __init__(self, stub_job, tmp: Path) -> None:
-        self.log, self.stop = tmp / "log", tmp / "stop"
+    def __init__(self, stub_job, tmp: Path, library: bool = False) -> None:
+        self.log, self.stop, self.library = tmp / "log", tmp / "stop", library
         self.env = stub_job.env(self.log)
         self.dir = tmp / "egpu"
         self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()",
-                                      str(stub_job.loop), str(self.stop), "40"], env=self.env, cwd=ROOT,
+                                      str(stub_job.loop), str(self.stop), "40", *(["library"] if library else [])],
+                                     env=self.env, cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -68,10 +69,10 @@ class Job:
         return self.proc.returncode, out, err
 
 
-@pytest.fixture
-def job(stub_job, tmp_path, monkeypatch):
+@pytest.fixture(params=["module"])
+def job(stub_job, tmp_path, monkeypatch, request):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    j = Job(stub_job, tmp_path)
+    j = Job(stub_job, tmp_path, library=request.param == "library")
     yield j
     if j.proc.poll() is None:
         j.finish()
@@ -91,21 +92,23 @@ def flip_at(line: str) -> int:
     return int(re.search(r"flip at launch (\d+)", line).group(1))
 
 
+@pytest.mark.parametrize("job", ["module", "library"], indirect=True)
 def test_attach_swap_detach_through_the_cli(job, probes):
     ps = egpu(["ps"], job.env)
     assert ps.returncode == 0, ps.stderr
     row = next(ln for ln in ps.stdout.splitlines() if ln.split()[0] == str(job.pid))
     assert row.split()[1] == "-" and "app_loop" in row
     untouched = egpu(["modules", str(job.pid)], job.env)
+    api = "LIBRARY_LOAD_DATA" if job.library else "MODULE_LOAD_DATA"
     assert (untouched.returncode, untouched.stdout.splitlines()) == \
-        (0, ["MODULE_LOAD_DATA ptx: untouched", "  step: untouched (no probe matches)"])
+        (0, [f"{api} ptx: untouched", "  step: untouched (no probe matches)"])
 
     attach = egpu(["attach", str(job.pid), "-p", str(probes["count"])], job.env)
     assert attach.returncode == 0, attach.stderr
     assert attach.stdout.startswith(f"attached count in {job.pid}: 1 modules, 1 kernels instrumented")
     job.wait_launches()
     modules = egpu(["modules", str(job.pid)], job.env)
-    assert modules.stdout.splitlines() == ["MODULE_LOAD_DATA ptx: instrumented [count]", "  step: instrumented"]
+    assert modules.stdout.splitlines() == [f"{api} ptx: instrumented [count]", "  step: instrumented"]
     assert egpu(["ps"], job.env).stdout.count(" count ") == 1
     maps = egpu(["maps", str(job.pid)], job.env)
     assert (maps.returncode, maps.stdout) == (0, "@counts: 0\n")  # the stand-in runs no kernel
@@ -120,7 +123,7 @@ def test_attach_swap_detach_through_the_cli(job, probes):
     assert detach.returncode == 0, detach.stderr
     assert detach.stderr.startswith(f"detached hash_count in {job.pid}: 1 modules, 0 kernels")
     job.wait_launches()
-    assert egpu(["modules", str(job.pid)], job.env).stdout.splitlines()[0] == "MODULE_LOAD_DATA ptx: untouched"
+    assert egpu(["modules", str(job.pid)], job.env).stdout.splitlines()[0] == f"{api} ptx: untouched"
     status, out, err = job.finish()
     assert status == 0, err
 
@@ -129,8 +132,9 @@ def test_attach_swap_detach_through_the_cli(job, probes):
     log = job.log.read_text()
     first, copy1, copy2 = (int(m) for m in MODULE_LOAD.findall(log))
     assert first == 1 and len({first, copy1, copy2}) == 3
-    assert re.search(rf"cuModuleGetGlobal_v2 module={copy1} name=__egpu_maps_\w+ found=1", log)
-    assert re.search(rf"cuModuleGetGlobal_v2 module={copy2} name=__egpu_maps_\w+ found=1", log)
+    get_global = "cuLibraryGetGlobal" if job.library else "cuModuleGetGlobal_v2"
+    assert re.search(rf"{get_global} module={copy1} name=__egpu_maps_\w+ found=1", log)
+    assert re.search(rf"{get_global} module={copy2} name=__egpu_maps_\w+ found=1", log)
     runs = [(int(m), p) for m, p in LAUNCH.findall(log)]
     order = [m for i, (m, _) in enumerate(runs) if i == 0 or runs[i - 1][0] != m]
     assert order == [first, copy1, copy2, first]  # each flip once, never back and forth

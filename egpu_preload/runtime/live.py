@@ -161,17 +161,18 @@ class Live:
                 "rank": int(rank) if rank.isdigit() else None, "launches": self._launches()}
 
     def attach(self, fields: dict) -> dict:
+        t0 = time.perf_counter()
         name = self._check_name(fields["name"])
         with self.lock:
             if name in self.names:
                 raise ControlError(f"a probe named {name} is attached already")
             probe = self._load(fields["probe"], name)
-            t0 = time.perf_counter()
             maps = self._new_maps(probe, None)
             result = self._change(self._probes() + [(name, probe, maps)])
         return {"name": name, "seconds": time.perf_counter() - t0, **result}
 
     def detach(self, fields: dict) -> dict:
+        t0 = time.perf_counter()
         with self.lock:
             name = fields.get("name")
             if name is not None and name not in self.names:
@@ -179,13 +180,14 @@ class Live:
             if not self.names:
                 raise ControlError("no probe is attached")
             gone = [p for p in self._probes() if name is None or p[0] == name]
-            t0 = time.perf_counter()
             result = self._change([p for p in self._probes() if p not in gone])
+            seconds = time.perf_counter() - t0
             final = self._read([(n, p, m) for n, p, m in gone])  # drained by the flip: exact
-        return {"names": [n for n, _, _ in gone], "seconds": time.perf_counter() - t0, "final": final,
+        return {"names": [n for n, _, _ in gone], "seconds": seconds, "final": final,
                 "kernel_names": self._kernels(), **result}
 
     def swap(self, fields: dict) -> dict:
+        t0 = time.perf_counter()
         new_name = self._check_name(fields["new_name"])
         with self.lock:
             old = fields["old"]
@@ -194,14 +196,14 @@ class Live:
             if new_name != old and new_name in self.names:
                 raise ControlError(f"a probe named {new_name} is attached already")
             probe = self._load(fields["new_probe"], new_name)
-            t0 = time.perf_counter()
             current = self._probes()
             i = self.names.index(old)
             maps = self._new_maps(probe, current[i][1:])
             current[i] = (new_name, probe, maps)
             result = self._change(current)
+            seconds = time.perf_counter() - t0
             final = self._read([(old, *self.retired[-1])]) if self.retired else []
-        return {"old": old, "name": new_name, "seconds": time.perf_counter() - t0, "final": final,
+        return {"old": old, "name": new_name, "seconds": seconds, "final": final,
                 "kernel_names": self._kernels(), **result}
 
     def maps(self, fields: dict) -> dict:

@@ -1,4 +1,5 @@
-/* A job to attach to (tests/test_live.py): `app_loop STOP MAX_S` loads one PTX module whose kernel
+/* A job to attach to (tests/test_live.py): `app_loop STOP MAX_S [library]` loads one PTX module (with
+ * `library`: a library, as cudart loads, its kernel a CUkernel) whose kernel
  * `step` keeps __device__ state (.global .u64 launches[1], which the stand-in bumps at every launch of
  * the module), sets that state to 1000 the way cudaMemcpyToSymbol does (cuModuleGetGlobal +
  * cuMemcpyHtoD), prints "ready", then launches `step` every millisecond until the file STOP exists
@@ -26,17 +27,24 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) return 2;
+    if (argc != 3 && argc != 4) return 2;
+    int library = argc == 4;
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
     if (!cuda) return 2;
 #define SYM(name) fn name = (fn)dlsym(cuda, #name)
     SYM(cuInit); SYM(cuModuleLoadData); SYM(cuModuleGetFunction); SYM(cuLaunchKernel); SYM(cuCtxSynchronize);
     SYM(cuModuleGetGlobal_v2); SYM(cuMemcpyHtoD_v2); SYM(cuMemcpyDtoH_v2);
+    SYM(cuLibraryLoadData); SYM(cuLibraryGetKernel); SYM(cuLibraryGetGlobal);
+    fn get_global = library ? cuLibraryGetGlobal : cuModuleGetGlobal_v2;
     void *mod = NULL, *f = NULL;
     unsigned long long state = 1000, global = 0, arg = 7;
     size_t size = 0;
-    int r = cuInit(0) | cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&f, mod, "step");
-    r |= cuModuleGetGlobal_v2(&global, &size, mod, "launches") | cuMemcpyHtoD_v2(global, &state, sizeof state);
+    int r = cuInit(0);
+    if (library)
+        r |= cuLibraryLoadData(&mod, PTX, NULL, NULL, 0, NULL, NULL, 0) | cuLibraryGetKernel(&f, mod, "step");
+    else
+        r |= cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&f, mod, "step");
+    r |= get_global(&global, &size, mod, "launches") | cuMemcpyHtoD_v2(global, &state, sizeof state);
     void *params[] = {&arg};
     unsigned long long k = 0;
     double end = now() + atof(argv[2]);
@@ -48,7 +56,7 @@ int main(int argc, char **argv) {
         usleep(1000);
     }
     r |= cuCtxSynchronize();
-    r |= cuModuleGetGlobal_v2(&global, &size, mod, "launches") | cuMemcpyDtoH_v2(&state, global, sizeof state);
+    r |= get_global(&global, &size, mod, "launches") | cuMemcpyDtoH_v2(&state, global, sizeof state);
     printf("app_loop launches=%llu state=%llu result=%d\n", k, state, r);
     return r ? 1 : 0;
 }
