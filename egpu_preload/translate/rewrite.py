@@ -29,7 +29,9 @@ What an instrumented kernel looks like
   site (after the guard), so under divergence each group of lanes that reaches the site together
   elects one. block: thread (0,0,0) of the block, when it reaches the site (for exit: when that thread
   exits, whether or not other threads still run).
-- ``.version``/``.target`` are raised only to what the probes need (warp scope: PTX 6.2 for
+- Each site keeps its lanes grouped as they arrived (``activemask`` at its start, ``bar.warp.sync``
+  with that mask at its end), so code after it that reads the active mask behaves as without egpu.
+- ``.version``/``.target`` are raised only to what the probes and sites need (PTX 6.2 for
   ``activemask``).
 
 Launch contract (what the shim must do)
@@ -59,8 +61,8 @@ from egpu_preload.translate.demangle import matches
 
 LAUNCH_PARAM = "__egpu_launch_id"
 PREFIX = "__egpu"
-# PTX 6.2 introduced activemask (PTX ISA 9.7.13.4), which the warp scope uses.
-WARP_VERSION = (6, 2)
+# PTX 6.2 introduced activemask (PTX ISA 9.7.13.4), which every site uses to regroup its lanes.
+SITE_VERSION = (6, 2)
 MEM_KINDS = {"mem": 0, "load": C.FLAG_LOAD, "store": C.FLAG_STORE}
 _SPACES = ("global", "shared", "local", "param", "const", "tex")
 # [reg], [reg+imm], [var+imm], [imm]; a negative offset is written +-imm (PTX ISA 6.4.1.4).
@@ -166,8 +168,7 @@ def _module_edits(mod: ptx.Module, used: list[ProbeSpec]) -> list[ptx.Edit]:
     texts = [t for t in texts if t]
     if texts:
         edits.append(ptx.Edit(mod.header_end, mod.header_end, "\n\n" + "\n\n".join(texts) + "\n"))
-    need_v = max([p.version for p in used] + [WARP_VERSION if p.attach.scope == "warp" else (0, 0)
-                                              for p in used])
+    need_v = max([p.version for p in used] + [SITE_VERSION])
     if mod.version_span and mod.version and need_v > mod.version:
         edits.append(ptx.Edit(*mod.version_span, f"{need_v[0]}.{need_v[1]}"))
     need_t = max(p.target for p in used)
@@ -184,15 +185,22 @@ def _ctx_store(field_name: str, value: str, width: int = 32) -> str:
 
 # One site's scope: its own registers and .param slots, the site fields of the context, then the
 # calls ({calls}, per probe set). {addr} leaves the effective address in %__egpu_a.
+# The lanes that arrive together leave together (activemask ... bar.warp.sync): a probe may diverge
+# inside (a hash-map insert), and code after the site that reads the active mask (cooperative groups'
+# coalesced_threads) must see the grouping it would have seen without egpu. Seen on the H200: without
+# it, cg::coalesced_threads() after a site formed different groups and changed the kernel's output.
 _SITE = "\n\t".join([
     "{{ // egpu site {index}",
     f".reg .b64 %{PREFIX}_a;", f".reg .b32 %{PREFIX}_w;", f".reg .b32 %{PREFIX}_v;",
-    f".reg .pred %{PREFIX}_q;", f".param .b64 {PREFIX}_arg;", f".param .b64 {PREFIX}_ret;",
+    f".reg .b32 %{PREFIX}_m;", f".reg .pred %{PREFIX}_q;", f".param .b64 {PREFIX}_arg;",
+    f".param .b64 {PREFIX}_ret;",
+    f"activemask.b32 %{PREFIX}_m;",
     "{addr}",
     f"st.local.u64 [{PREFIX}_ctx+{C.BY_NAME['addr'].offset}], %{PREFIX}_a;",
     _ctx_store("site", "{index}"), _ctx_store("size", "{size}"), _ctx_store("flags", "{flags}"),
     _ctx_store("kind", "{kind}"),
     "{calls}",
+    f"bar.warp.sync %{PREFIX}_m;",
     "}}\n\t"])
 
 
