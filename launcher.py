@@ -231,9 +231,14 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
                                            help="time every kernel (CUPTI): count, total, mean, histogram"),
             backend: str = typer.Option("auto", "--backend", metavar="auto|ptx|sass",
                                         help="ptx: rewrite PTX; sass: patch SASS (Compute Sanitizer); "
-                                             "auto: PTX where a module has it, SASS otherwise")) -> None:
+                                             "auto: PTX where a module has it, SASS otherwise"),
+            interval: Optional[float] = typer.Option(None, "--interval", metavar="S", min=0.05,
+                                                     help="also print the maps every S seconds while the job runs"),
+            prometheus: Optional[int] = typer.Option(None, "--prometheus", metavar="PORT",
+                                                     help="serve the maps for Prometheus on PORT while the job runs "
+                                                          "(needs egpu[prometheus])")) -> None:
     """Run CMD with probes spliced into its kernels; print the maps at exit and exit with CMD's status."""
-    from egpu_preload.runtime import config, job, sass
+    from egpu_preload.runtime import config, job, sass, watch
     session = None
     try:
         try:
@@ -244,7 +249,12 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
             cfg, sass_notes = sass.for_job(cfg, loaded)
             for line in sass_notes:
                 typer.echo(line, err=True)
-            status = job.run_job(cmd, cfg, job.find_shim())
+            every = None
+            if prometheus is not None:
+                watch.serve_prometheus(prometheus, session)
+            if interval is not None:
+                every = (interval, lambda: typer.echo(watch.interval_output(session, as_json), nl=False))
+            status = job.run_job(cmd, cfg, job.find_shim(), every)
         except job.ProgramError as e:
             typer.echo(f"egpu-run: {e}", err=True)
             raise typer.Exit(e.exit_status)

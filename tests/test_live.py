@@ -35,11 +35,11 @@ def egpu(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
 class Job:
     """app_loop under egpu-run with no probe, until ``finish``."""
 
-    def __init__(self, stub_job, tmp: Path, library: bool = False) -> None:
+    def __init__(self, stub_job, tmp: Path, library: bool = False, options: tuple[str, ...] = ()) -> None:
         self.log, self.stop, self.library = tmp / "log", tmp / "stop", library
         self.env = stub_job.env(self.log)
         self.dir = tmp / "egpu"
-        self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()",
+        self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", *options,
                                       str(stub_job.loop), str(self.stop), "40", *(["library"] if library else [])],
                                      env=self.env, cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -213,3 +213,56 @@ def test_malformed_and_oversized_messages_leave_the_job_alone(job):
     assert ControlClient(job.pid, directory=job.dir).request("ping")["probes"] == []
     status, out, _ = job.finish()
     assert status == 0 and "result=0" in out
+
+
+def test_a_probe_loaded_at_start_is_detached_and_another_attached(stub_job, tmp_path, monkeypatch, probes):
+    """The app's own module is the instrumented one: detaching loads the original beside and sends
+    launches there, attaching another loads a third copy. (The app's own module keeps the state as of
+    the first flip: live.py, module state, says why; not checked here.)"""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    job = Job(stub_job, tmp_path, options=("--json", "-p", str(probes["count"])))
+    assert egpu(["modules", str(job.pid)], job.env).stdout.splitlines()[0] == "MODULE_LOAD_DATA ptx: instrumented [count]"
+    detach = egpu(["detach", str(job.pid), "count"], job.env)
+    assert detach.returncode == 0 and detach.stdout == "@counts: 0\n", detach.stderr
+    job.wait_launches()
+    attach = egpu(["attach", str(job.pid), "-p", str(probes["hash_count"])], job.env)
+    assert attach.returncode == 0, attach.stderr
+    job.wait_launches()
+    status, out, err = job.finish()
+    assert status == 0, err
+    runs = [(int(m), p) for m, p in LAUNCH.findall(job.log.read_text())]
+    order = [m for i, (m, _) in enumerate(runs) if i == 0 or runs[i - 1][0] != m]
+    assert order == [1, 2, 3]
+    assert {len(p.split(",")) for m, p in runs if m == 2} == {1}   # the original: no launch id
+    assert {len(p.split(",")) for m, p in runs if m != 2} == {2}
+    assert "result=0" in out
+    assert json.loads(out.splitlines()[-1])["maps"] == {"per_kernel": {"kind": "map", "entries": []}}  # attached last
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_interval_prints_the_maps_while_the_job_runs(stub_job, tmp_path, monkeypatch, probes, as_json):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    job = Job(stub_job, tmp_path, options=("--interval", "0.2", *(["--json"] if as_json else []),
+                                           "-p", str(probes["count"])))
+    time.sleep(1.0)
+    status, out, err = job.finish()
+    assert status == 0, err
+    if as_json:
+        docs = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+        assert len(docs) >= 3 and all(d["maps"] == {"counts": {"kind": "scalar", "value": 0}} for d in docs)
+        assert {d["pid"] for d in docs} == {job.pid}
+    else:
+        assert out.count("@counts: 0\n") >= 3  # every interval, then at exit
+
+
+def test_prometheus_without_its_package_is_a_clear_error(stub_job, probes, tmp_path):
+    try:
+        import prometheus_client  # noqa: F401
+        pytest.skip("prometheus_client is installed")
+    except ImportError:
+        pass
+    r = subprocess.run([sys.executable, "-c", "import launcher; launcher.run_main()", "--prometheus", "9999",
+                        "-p", str(probes["count"]), "true"], env=stub_job.env(tmp_path / "log"), capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    assert (r.returncode, r.stderr) == (1, "egpu-run: --prometheus needs the prometheus_client package "
+                                           "(pip install 'egpu[prometheus]')\n")

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -145,9 +145,10 @@ def _terminal_foreground() -> bool:
         return False
 
 
-def run_child(cmd: list[str], env: Mapping[str, str]) -> int:
+def run_child(cmd: list[str], env: Mapping[str, str], every: tuple[float, Callable[[], None]] | None = None) -> int:
     """Run the job, forwarding SIGTERM, SIGHUP and SIGINT (the latter unless the terminal already
-    delivered it); its exit status, 128 + signal when a signal ended it."""
+    delivered it); its exit status, 128 + signal when a signal ended it. ``every`` (seconds, fn): call fn
+    each time that many seconds pass while the job runs (egpu-run --interval)."""
     try:
         proc = subprocess.Popen(cmd, env=dict(env))
     except FileNotFoundError as e:
@@ -164,18 +165,24 @@ def run_child(cmd: list[str], env: Mapping[str, str]) -> int:
     sigs = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
     old = {s: signal.signal(s, forward) for s in sigs}
     try:
-        status = proc.wait()
+        while True:
+            try:
+                status = proc.wait(timeout=every[0] if every else None)
+                break
+            except subprocess.TimeoutExpired:
+                every[1]()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
     return 128 - status if status < 0 else status
 
 
-def run_job(cmd: list[str], cfg: config.Config, shim: Path) -> int:
-    """Start the job under the shim and wait for it; its exit status."""
+def run_job(cmd: list[str], cfg: config.Config, shim: Path,
+            every: tuple[float, Callable[[], None]] | None = None) -> int:
+    """Start the job under the shim and wait for it (calling ``every`` as run_child does); its exit status."""
     env = job_env(cfg, shim, os.environ)
     resolve_program(cmd[0], env)
-    return run_child(cmd, env)
+    return run_child(cmd, env, every)
 
 
 # ---- after the job -----------------------------------------------------------------------------------
