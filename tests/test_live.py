@@ -266,3 +266,17 @@ def test_prometheus_without_its_package_is_a_clear_error(stub_job, probes, tmp_p
                        text=True, timeout=60, cwd=ROOT)
     assert (r.returncode, r.stderr) == (1, "egpu-run: --prometheus needs the prometheus_client package "
                                            "(pip install 'egpu[prometheus]')\n")
+
+
+def test_prometheus_series_one_per_map_entry(probes):
+    """What a scrape exports for a maps document: one gauge series per entry, labelled pid and rank
+    (kernel ids shown by name)."""
+    from egpu_preload.bpf.ctx import kernel_id
+    from egpu_preload.runtime.watch import series
+    kid = kernel_id("_Z4stepPy")
+    doc = {"pid": 7, "rank": 1, "kernels": [[kid, "_Z4stepPy"]], "probes": [
+        {"path": str(probes["count"]), "maps": [{"values": [(42).to_bytes(8, "little")]}], "trace": []},
+        {"path": str(probes["hash_count"]), "maps": [{"entries": [[kid.to_bytes(8, "little"), (3).to_bytes(8, "little")]]}],
+         "trace": []}]}
+    assert list(series(doc)) == [("egpu_counts", {"pid": "7", "rank": "1"}, 42.0),
+                                 ("egpu_per_kernel", {"pid": "7", "rank": "1", "key": "step"}, 3.0)]

@@ -12,11 +12,13 @@ handle is retargeted, launches go on. So a launch runs all old or all new code, 
 the new image starts from the state the old one left.
 
 Module state: the ``.global`` and ``.const`` variables of the module's PTX (modstate.py), copied from
-the image launches ran on to the image they will run on, device to device, in the flip. The
-application's own handle keeps the address it had: while a copy serves, a cuMemcpyToSymbol or
-cudaMemcpyFromSymbol of the application reaches its own image, not the copy, until a detach copies the
-state back. Limit: state a kernel keeps in memory other than module variables is the application's
-and needs no copy.
+the image launches ran on to the image they will run on, device to device, in the flip. Memory the
+application allocated is shared by every image and needs no copy. Limit: the application's symbol
+addresses (cudaMemcpyToSymbol, cudaMemcpyFromSymbol, cudaGetSymbolAddress) name its own image, so
+while a copy serves, what it reads or writes there is not what the kernels see; the state comes back
+to its image when a flip returns launches to it (detaching every probe from a job started without
+any). The fix is copies that address the application's variables instead of their own (a rewrite of
+their PTX), which would also make the state copy unnecessary.
 
 Old images. The flip drains the context first, so no launch of an old image is queued when it ends;
 old copies and the maps of detached probes are still kept until exit, because CUDA graph kernel nodes
@@ -48,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from egpu_preload.control import ControlError, ControlServer
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import dump
+from egpu_preload.runtime import config, dump
 from egpu_preload.runtime.driver import ATTR_SM_COUNT
 from egpu_preload.runtime.modstate import module_globals
 from egpu_preload.runtime.probes import Probe, load_probe
@@ -155,10 +157,9 @@ class Live:
 
     # ---- handlers ---------------------------------------------------------------------------------
     def ping(self, fields: dict) -> dict:
-        rank = os.environ.get("RANK", "")
         return {"pid": os.getpid(), "uid": os.getuid(), "argv": _argv(), "probes": list(self.names),
                 "session": str(self.rt.cfg.session) if self.rt.cfg.session else None,
-                "rank": int(rank) if rank.isdigit() else None, "launches": self._launches()}
+                "rank": config.rank(), "launches": self._launches()}
 
     def attach(self, fields: dict) -> dict:
         t0 = time.perf_counter()
@@ -210,9 +211,8 @@ class Live:
         """A dump-like document (dump.py) of the attached probes' maps, read while the job runs."""
         with self.lock:
             probes = self._read(self._probes())
-        rank = os.environ.get("RANK", "")
         return {"version": dump.VERSION, "pid": os.getpid(), "argv": _argv(),
-                "rank": int(rank) if rank.isdigit() else None, "time": time.time(), "probes": probes,
+                "rank": config.rank(), "time": time.time(), "probes": probes,
                 "error": None, "kernels": self._kernels(),
                 "modules": self._module_reports(), "stats": self._stats()}
 
