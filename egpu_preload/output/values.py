@@ -98,6 +98,11 @@ class Histogram:
         los = (self.lower_bound,) + self.labels[:-1]
         return list(zip(los, self.labels, self.counts))
 
+    def slots(self) -> dict[int, int]:
+        """Slot -> count of the non-empty buckets (the slots ``histogram`` was built from)."""
+        return {(hi // self.step - 1 if self.scale == "linear" else hi.bit_length() - 2): n
+                for _, hi, n in self.buckets() if n}
+
 
 @dataclass(frozen=True)
 class Record:
@@ -227,18 +232,21 @@ def _histogram(m: MapDef, rows: list[tuple[Data, Data, dict | None]]) -> Histogr
     counts: dict[int, int] = {}
     for k, v, _ in rows:
         counts[int(k)] = counts.get(int(k), 0) + int(v)
-    used = sorted(k for k, v in counts.items() if v)
     linear = match.group(1) is not None
-    step = int(match.group(2) or 1) if linear else 1
+    return histogram(m.name, "linear" if linear else "log2", int(match.group(2) or 1) if linear else 1, counts)
+
+
+def histogram(name: str, scale: str, step: int, counts: Mapping[int, int]) -> Histogram:
+    """The Histogram of slot -> count (the module docstring's slots), empty slots between filled in."""
+    used = sorted(k for k, v in counts.items() if v)
     if not used:
-        return Histogram(m.name, "linear" if linear else "log2", step, 0, (), ())
+        return Histogram(name, scale, step, 0, (), ())
     slots = range(used[0], used[-1] + 1)
-    if linear:
+    if scale == "linear":
         lower, labels = used[0] * step, tuple((k + 1) * step for k in slots)
     else:
         lower, labels = (0 if used[0] == 0 else 1 << used[0]), tuple(1 << (k + 1) for k in slots)
-    return Histogram(m.name, "linear" if linear else "log2", step, lower, labels,
-                     tuple(counts.get(k, 0) for k in slots))
+    return Histogram(name, scale, step, lower, labels, tuple(counts.get(k, 0) for k in slots))
 
 
 def _is_int(v: Data) -> bool:

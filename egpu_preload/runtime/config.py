@@ -9,6 +9,8 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_BACKEND  auto | ptx | sass (runtime/sass.py); the shim loads the sanitizer only when it is set
     EGPU_SANITIZER_LIB  libsanitizer-public.so for the SASS back end (shim/sass.c has a default)
     EGPU_PTXAS    the real ptxas egpu-ptxas runs for Triton (runtime/ptxas.py); empty: Triton's own
+
+Not egpu's own: RANK, else LOCAL_RANK (set by torchrun for each worker) name a process's rank (``rank``).
 """
 
 from __future__ import annotations
@@ -55,3 +57,13 @@ def to_env(cfg: Config) -> dict[str, str]:
             PTXAS: cfg.ptxas or "",
             BACKEND: cfg.backend,
             SANITIZER: cfg.sanitizer or ""}
+
+
+def rank(env: Mapping[str, str] = os.environ) -> int | None:
+    """This process's rank in a distributed job: RANK (torchrun's global rank), else LOCAL_RANK; None
+    outside one."""
+    for name in ("RANK", "LOCAL_RANK"):
+        value = env.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None

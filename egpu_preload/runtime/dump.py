@@ -4,7 +4,7 @@ The runtime writes it when the process exits; egpu-run reads every dump after th
 probe's MapsState from it (it loaded the same objects, in the same order). Fields:
 
     version  1
-    pid, argv (list of str), rank (the RANK variable as an int, or None)
+    pid, argv (list of str), rank (config.rank(): RANK, else LOCAL_RANK, as an int; or None)
     probes   per probe object, in EGPU_PROBES order: {"path", "maps": [storage per map], "trace": [...]}
              storage: ARRAY {"values": [bytes]}, PERCPU_ARRAY {"per_cpu": [[sm, [bytes]]]},
              HASH/LRU_HASH {"entries": [[key, value]]}, RINGBUF {"records": [bytes], "drops"},

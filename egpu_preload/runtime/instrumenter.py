@@ -39,7 +39,7 @@ from egpu_preload.bpf.ctx import kernel_id
 from egpu_preload.errors import EgpuError
 from egpu_preload.fatbin import ImageKind
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import dump, durations, hooks, launches, live, ptxas, sass
+from egpu_preload.runtime import config, dump, durations, hooks, launches, live, ptxas, sass
 from egpu_preload.runtime.config import Config, from_env
 from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, Driver
 from egpu_preload.runtime.probes import Probe, load_probes
@@ -365,9 +365,8 @@ class Runtime:
             probes = [{"path": str(p.path), **dump.state_contents(s)} for p, s in zip(self.probes, states)]
         stats = self.ffi.new("struct egpu_stats *")
         self.lib.egpu_shim_stats(stats)
-        rank = os.environ.get("RANK", "")
         dump.write(self.cfg.session, {
-            "pid": os.getpid(), "argv": _argv(), "rank": int(rank) if rank.isdigit() else None,
+            "pid": os.getpid(), "argv": _argv(), "rank": config.rank(),
             "probes": probes, "error": error,
             "kernels": [[k, n] for k, n in self.kernel_names.items()],
             "modules": [m.report() for m in self.loads],
