@@ -69,6 +69,7 @@ struct egpu_alloc {
     unsigned long long address;     /* device pointer, host pointer or VMM handle */
     unsigned long long size;
     int kind;                       /* enum egpu_alloc_kind */
+    unsigned long long seq;         /* creation number, process-wide, freed allocations counted too */
 };
 
 struct egpu_stats {

@@ -26,6 +26,10 @@
 
 #include "egpu_shim.h"
 #include "egpu_sass.h"
+#include "egpu_cow.h"
+
+/* every hooked symbol: the launch and module side here, copies and streams in cow.c */
+#define EGPU_ALL_HOOKS(X) EGPU_HOOKS(X) EGPU_COW_HOOKS(X)
 
 #define EXPORT __attribute__((visibility("default")))
 #if defined(__has_attribute) && __has_attribute(musttail)
@@ -45,13 +49,13 @@
 
 enum variant_id {
 #define X(sym, api, ver, ptsz, params) V_##sym,
-    EGPU_HOOKS(X)
+    EGPU_ALL_HOOKS(X)
 #undef X
     V_COUNT
 };
 
 #define X(sym, api, ver, ptsz, params) typedef CUresult (*pfn_##sym) params; EXPORT CUresult sym params;
-EGPU_HOOKS(X)
+EGPU_ALL_HOOKS(X)
 #undef X
 
 struct variant {
@@ -64,7 +68,7 @@ struct variant {
 
 static const struct variant variants[V_COUNT] = {
 #define X(sym, api_, ver, ptsz_, params) [V_##sym] = {#sym, #api_, ver, ptsz_, (void *)sym},
-    EGPU_HOOKS(X)
+    EGPU_ALL_HOOKS(X)
 #undef X
 };
 
@@ -424,6 +428,12 @@ static inline void gate_enter(void) {
 
 static inline void gate_exit(void) { atomic_fetch_sub_explicit(&g_inflight, 1, memory_order_release); }
 
+/* cow.c takes its cut behind the same gate, without draining the context. */
+void egpu_launch_gate(int hold) {
+    atomic_store(&g_hold, hold != 0);
+    while (hold && atomic_load(&g_inflight)) sched_yield();
+}
+
 typedef CUresult (*pfn_ctx_push)(CUcontext);
 typedef CUresult (*pfn_ctx_pop)(CUcontext *);
 typedef CUresult (*pfn_ctx_sync)(void);
@@ -573,6 +583,7 @@ static inline void args_done(struct args *a) { free(a->heap); }
         if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams, extra); \
         gate_enter(); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL, GRID); \
+        EGPU_COW_LAUNCH(f, hStream, variants[V_##sym].ptsz, kernelParams, extra); \
         CUresult r; \
         if (__builtin_expect(l.target == NULL, 1)) { \
             r = CALL_REAL(sym, f, GRID, kernelParams, extra); \
@@ -593,6 +604,7 @@ LAUNCH_KERNEL(cuLaunchKernel_ptsz)
         if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams); \
         gate_enter(); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_COOPERATIVE_KERNEL, GRID); \
+        EGPU_COW_LAUNCH(f, hStream, variants[V_##sym].ptsz, kernelParams, NULL); \
         CUresult r; \
         if (__builtin_expect(l.target == NULL, 1)) { \
             r = CALL_REAL(sym, f, GRID, kernelParams); \
@@ -615,6 +627,7 @@ LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz)
         if (passthrough() || !config) return CALL_REAL(sym, config, f, kernelParams, extra); \
         gate_enter(); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL_EX, CONFIG(config)); \
+        EGPU_COW_LAUNCH(f, config->hStream, variants[V_##sym].ptsz, kernelParams, extra); \
         CUresult r; \
         if (__builtin_expect(l.target == NULL, 1)) { \
             r = CALL_REAL(sym, config, f, kernelParams, extra); \
@@ -929,15 +942,19 @@ static uint32_t alloc_home(unsigned long long addr) {
 
 static void alloc_add(unsigned long long addr, unsigned long long size, int kind) {
     if (!addr) return;
-    int handle = kind == EGPU_ALLOC_VMM_HANDLE;
+    int handle = kind == EGPU_ALLOC_VMM_HANDLE, placed = 0;
     pthread_mutex_lock(&alloc_lock);
+    /* numbered under the lock, so numbers follow the table's order of insertion */
+    unsigned long long seq = atomic_fetch_add(&egpu_alloc_seq, 1);
     for (uint32_t n = 0, i = alloc_home(addr); n < ALLOC_SIZE; n++, i = (i + 1) & (ALLOC_SIZE - 1)) {
         if (!allocs[i].address || alloc_same(&allocs[i], addr, handle)) {
             alloc_count += !allocs[i].address;
-            allocs[i] = (struct egpu_alloc){addr, size, kind};
+            allocs[i] = (struct egpu_alloc){addr, size, kind, seq};
+            placed = 1;
             break;
         }
     }
+    if (!placed) atomic_fetch_add(&egpu_alloc_overflow, 1);
     pthread_mutex_unlock(&alloc_lock);
 }
 
@@ -956,7 +973,7 @@ static void alloc_del(unsigned long long addr, int handle) {
                 hole = j;
             }
         }
-        allocs[hole] = (struct egpu_alloc){0, 0, 0};
+        allocs[hole] = (struct egpu_alloc){0, 0, 0, 0};
         alloc_count--;
         break;
     }
