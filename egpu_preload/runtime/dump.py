@@ -11,8 +11,11 @@ probe's MapsState from it (it loaded the same objects, in the same order). Field
              PERF_EVENT_ARRAY {"records": [[sm, bytes]], "drops"}; trace: [[fmt, a1, a2, a3, sm]]
     error    why the maps could not be read (then probes is empty), or None
     kernels  [[kernel id, mangled name]] for every kernel the process loaded or looked up
-    modules  [{"api", "call", "image", "status", "kernels": [[name, status, reason]]}] per load
+    modules  [{"api", "call", "image", "status", "backend", "timing", "kernels": [[name, status, reason]]}]
+             per load; timing (ms): rewrite_ms (PTX instrumented), driver_ms (the shim's load of the
+             replacement, the driver's JIT included)
     stats    the shim's counters (egpu_shim.h struct egpu_stats) by field name
+    timing   {"probes_ms"}: loading, verifying and translating the probes in this process
 """
 
 from __future__ import annotations

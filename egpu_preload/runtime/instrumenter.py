@@ -30,6 +30,7 @@ import dataclasses
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +73,8 @@ class Module:
     state: list[str] | None = None               # its module variables (modstate.py), once needed
     generation: int = 0                          # live.generation when it was instrumented
     backend: str = ""                            # ptx | sass: the back end serving its kernels
+    timing: dict[str, float] = field(default_factory=dict)  # ms: rewrite, driver (the replacement's load)
+    replaced_at: float | None = None             # perf_counter when the replacement went to the driver
 
     @property
     def library(self) -> bool:
@@ -79,7 +82,7 @@ class Module:
 
     def report(self) -> dict[str, Any]:
         return {"api": self.api, "call": self.call, "image": self.image, "status": self.status,
-                "backend": self.backend,
+                "backend": self.backend, "timing": dict(self.timing),
                 "kernels": [[k.name, k.status, k.reason] for k in self.kernels.values()]}
 
 
@@ -125,7 +128,9 @@ class Runtime:
         self.cfg = cfg
         self.ffi, self.lib = ffi, lib
         self.driver = Driver(ffi, lib)
+        t0 = time.perf_counter()
         self.probes: list[Probe] = load_probes(cfg.probes)
+        self.probes_ms = (time.perf_counter() - t0) * 1e3  # load, verify, translate: once per process
         self.specs = [s for p in self.probes for s in p.specs]
         self.loads: list[Module] = []                     # every load, in order (the report)
         self.modules: dict[int, Module] = {}              # module/library handle -> its load
@@ -163,7 +168,9 @@ class Runtime:
                 self._serve_sass(mod, text is not None)
                 return None
             mod.ptx, mod.generation = text, self.live.generation
+            t0 = time.perf_counter()
             res = instrument(text, self.specs, self.cfg.kernel)
+            mod.timing["rewrite_ms"] = (time.perf_counter() - t0) * 1e3
         except EgpuError as e:  # a fatbin or PTX we cannot read: the module runs as it is
             mod.status = f"failed: {e}"
             return None
@@ -175,6 +182,7 @@ class Runtime:
         mod.status, mod.backend = "instrumented", "ptx"
         mod.probes = tuple(self.probes)
         mod.original = image.data.rstrip(b"\0") + b"\0" if image.kind == ImageKind.PTX else image.data
+        mod.replaced_at = time.perf_counter()
         return res.text.encode()
 
     def module_loaded(self, api: str, call: int, handle: int, result: int, replacement_result: int) -> None:
@@ -185,6 +193,8 @@ class Runtime:
         mod = self._pending.pop(call, None)
         if mod is None or result != 0:
             return
+        if mod.replaced_at is not None:  # the shim's driver call in between: load and JIT of the replacement
+            mod.timing["driver_ms"] = (time.perf_counter() - mod.replaced_at) * 1e3
         if replacement_result > 0:
             self._fail(mod, f"driver JIT error {replacement_result}")
         elif replacement_result == 0 or mod.status == "instrumented":  # replaced, or adopted as it is
@@ -372,6 +382,7 @@ class Runtime:
             "modules": [m.report() for m in self.loads],
             "stats": {f: int(getattr(stats, f)) for f in STATS},
             "sass": self.sass.stats(),
+            "timing": {"probes_ms": self.probes_ms},
             **(self.durations.finish(self.driver.synchronize) if self.durations else {}),
         })
 
