@@ -9,7 +9,8 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 import typer
 
@@ -152,55 +153,98 @@ def ps_cmd(as_json: bool = typer.Option(False, "--json", help="one JSON list")) 
     typer.echo(remote.ps_json(sessions) if as_json else "\n".join(remote.ps_lines(sessions)))
 
 
+_RANK = typer.Option(None, "--rank", metavar="R",
+                     help="PID is the job's (egpu-run's, torchrun's): address its process of rank R")
+_ALL = typer.Option(False, "--all", help="PID is the job's: address every process of it")
+
+
+def _each(pid: int, rank: Optional[int], every: bool, fn: Callable[[int], Any]) -> tuple[list[tuple[Any, Any]], bool]:
+    """fn(pid) in each process addressed (runtime/ranks.py), all at once: ((target, reply) of those that
+    answered, whether any failed); each failure is one line on stderr."""
+    from egpu_preload.runtime import ranks
+    try:
+        results = ranks.fan_out(ranks.select(pid, rank, every), fn)
+    except EgpuError as e:
+        _fail(e)
+    for _, r in results:
+        if isinstance(r, EgpuError):
+            typer.echo(f"egpu: {r}", err=True)
+    done = [(t, r) for t, r in results if not isinstance(r, EgpuError)]
+    return done, len(done) < len(results)
+
+
+def _rank_prefix(target: Any) -> str:
+    return "" if target.rank is None else f"rank {target.rank}: "
+
+
+def _maps_doc(target: Any, reply: dict) -> dict:
+    """A detach's or swap's final maps as a dump-like document of the process it came from."""
+    return {**reply, "pid": target.pid, "rank": target.rank, "probes": reply["final"], "kernels": reply["kernel_names"]}
+
+
 @egpu.command("attach")
 def attach_cmd(pid: int, probe: Path = typer.Option(..., "-p", "--probe", help="a .bpf.o or .bpf.c"),
-               name: Optional[str] = typer.Option(None, "--name", help="default: the file name without .bpf.o")) -> None:
+               name: Optional[str] = typer.Option(None, "--name", help="default: the file name without .bpf.o"),
+               rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
     """Attach a probe to a running job: verified here, then loaded, translated and spliced in there."""
     from egpu_preload.runtime import remote
     try:
         data, default = remote.probe_object(probe)
-        typer.echo(remote.change_line("attach", pid, remote.request(pid, "attach", probe=data, name=name or default)))
     except EgpuError as e:
         _fail(e)
+    done, failed = _each(pid, rank, every, lambda p: remote.request(p, "attach", probe=data, name=name or default))
+    for t, reply in done:
+        typer.echo(_rank_prefix(t) + remote.change_line("attach", t.pid, reply))
+    raise typer.Exit(int(failed))
 
 
 @egpu.command("detach")
 def detach_cmd(pid: int, probe: Optional[str] = typer.Argument(None, help="its name (default: every probe)"),
-               as_json: bool = typer.Option(False, "--json", help="the final maps as JSON")) -> None:
-    """Detach one probe (or all) from a running job and print its final maps."""
-    from egpu_preload.runtime import remote
+               as_json: bool = typer.Option(False, "--json", help="the final maps as JSON"),
+               rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
+    """Detach one probe (or all) from a running job and print its final maps (per rank, and summed)."""
+    from egpu_preload.runtime import job, remote
+    done, failed = _each(pid, rank, every, lambda p: remote.request(p, "detach", **({"name": probe} if probe else {})))
+    for t, reply in done:
+        typer.echo(_rank_prefix(t) + remote.change_line("detach", t.pid, reply), err=True)
     try:
-        reply = remote.request(pid, "detach", **({"name": probe} if probe else {}))
-        typer.echo(remote.change_line("detach", pid, reply), err=True)
-        typer.echo(remote.maps_text({**reply, "pid": pid, "rank": None, "probes": reply["final"],
-                                     "kernels": reply["kernel_names"]}, as_json), nl=False)
+        typer.echo(job.render([], [_maps_doc(t, r) for t, r in done], as_json), nl=False)
     except EgpuError as e:
         _fail(e)
+    raise typer.Exit(int(failed))
 
 
 @egpu.command("swap")
 def swap_cmd(pid: int, old: str = typer.Argument(..., help="the attached probe's name"),
-             new: Path = typer.Argument(..., help="the new probe, a .bpf.o or .bpf.c")) -> None:
+             new: Path = typer.Argument(..., help="the new probe, a .bpf.o or .bpf.c"),
+             rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
     """Replace an attached probe with another in one step: every launch runs one of them."""
     from egpu_preload.runtime import remote
     try:
         data, name = remote.probe_object(new)
-        typer.echo(remote.change_line("swap", pid, remote.request(pid, "swap", old=old, new_probe=data, new_name=name)))
     except EgpuError as e:
         _fail(e)
+    done, failed = _each(pid, rank, every, lambda p: remote.request(p, "swap", old=old, new_probe=data, new_name=name))
+    for t, reply in done:
+        typer.echo(_rank_prefix(t) + remote.change_line("swap", t.pid, reply))
+    raise typer.Exit(int(failed))
 
 
 @egpu.command("maps")
-def maps_cmd(pid: int, as_json: bool = typer.Option(False, "--json", help="one JSON document")) -> None:
-    """Print the maps of the probes attached to a running job (read without stopping it)."""
-    from egpu_preload.runtime import remote
-    try:
-        doc = remote.request(pid, "maps")
+def maps_cmd(pid: int, as_json: bool = typer.Option(False, "--json", help="one JSON document"),
+             rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
+    """Print the maps of the probes attached to a running job (read without stopping it); of several
+    ranks: each, then their sum."""
+    from egpu_preload.runtime import job, remote
+    done, failed = _each(pid, rank, every, lambda p: remote.request(p, "maps"))
+    for t, doc in done:
         if not doc["probes"]:
-            typer.echo(f"egpu: no probe is attached to {pid}", err=True)
-        typer.echo(remote.maps_text(doc, as_json), nl=False)
+            typer.echo(f"egpu: no probe is attached to {t.pid}", err=True)
+    try:
+        typer.echo(job.render([], [doc for _, doc in done], as_json), nl=False)
     except EgpuError as e:
         _fail(e)
+    raise typer.Exit(int(failed))
 
 
 @egpu.command("modules")
@@ -224,6 +268,9 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
             kernel: Optional[str] = typer.Option(None, "--kernel", metavar="GLOB",
                                                  help="instrument only kernels this glob matches"),
             as_json: bool = typer.Option(False, "--json", help="maps as one JSON document per process"),
+            per_rank: bool = typer.Option(False, "--per-rank", help="the maps of each process only (no sum)"),
+            summed: bool = typer.Option(False, "--sum", help="the maps summed over the processes only "
+                                                             "(default: each, and the sum when there are ranks)"),
             verbose: bool = typer.Option(False, "-v", "--verbose",
                                          help="report every module and kernel; keep the session directory"),
             keep: bool = typer.Option(False, "--keep", help="keep the session directory (dumps, compiled probes)"),
@@ -264,7 +311,9 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
                 typer.echo(e.detail, err=True)
             raise typer.Exit(1)
         try:
-            maps, notes = job.report(loaded, session, as_json, verbose)
+            view = {(False, False): "auto", (True, False): "per-rank", (False, True): "sum"}.get((per_rank, summed),
+                                                                                              "both")
+            maps, notes = job.report(loaded, session, as_json, verbose, view)
         except EgpuError as e:  # the job ran: its status still goes out
             maps, notes = "", [f"egpu-run: {e}"]
         for line in notes:

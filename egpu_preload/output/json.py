@@ -8,6 +8,8 @@
      "trace": ["wide 16"],
      "kernels": {"1311768467463790320": "_Z6vecAddPfS_S_i"}}
 
+The sum over the ranks of a job (output/combine.py) has rank "all" and pid null.
+
 Values are machine-friendly: ints stay ints (kernel ids too: "kernels" maps the ones that appear to their
 mangled names), structs are objects by field name, arrays lists. PERCPU_ARRAY values are the sums over
 SMs, with "per_sm" (SM id -> value) beside them.
@@ -22,7 +24,7 @@ from collections.abc import Callable, Mapping
 from .values import Data, Histogram, KernelId, KeyedScalars, MapValue, Records, Scalar, Snapshot
 
 
-def document(snap: Snapshot, *, time: float, pid: int, rank: int | None = None) -> dict:
+def document(snap: Snapshot, *, time: float, pid: int | None, rank: int | str | None = None) -> dict:
     """The interval's document as a dict (what ``render`` serializes)."""
     seen: set[int] = set()
     maps = {v.name: _map(v, seen) for v in snap.maps}
@@ -30,7 +32,7 @@ def document(snap: Snapshot, *, time: float, pid: int, rank: int | None = None) 
             "kernels": {str(k): snap.kernel_names[k] for k in sorted(seen) if k in snap.kernel_names}}
 
 
-def render(snap: Snapshot, *, time: float, pid: int, rank: int | None = None) -> str:
+def render(snap: Snapshot, *, time: float, pid: int | None, rank: int | str | None = None) -> str:
     """One line of JSON, newline-terminated."""
     return json.dumps(document(snap, time=time, pid=pid, rank=rank), separators=(",", ":")) + "\n"
 

@@ -202,23 +202,39 @@ def snapshots(probes: list[Probe], doc: dict[str, Any]) -> "Snapshot":
                     names)
 
 
-def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool) -> str:
-    """The maps of every process that has some: text (a header per process when several) or one JSON
-    document per process."""
+def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view: str = "auto") -> str:
+    """The maps of every process that has some, by rank (then pid): text (a header per process when
+    several) or one JSON document per process; and their sum (output/combine.py: a section "all ranks",
+    JSON rank "all", pid null). ``view``: per-rank, sum, both, or auto: the sum too when the processes
+    have two ranks or more (a torchrun job)."""
     from egpu_preload.output import json as json_out
     from egpu_preload.output import text as text_out
-    with_maps = [d for d in dumps if d["probes"]]
+    from egpu_preload.output.combine import sum_snapshots
+    with_maps = sorted((d for d in dumps if d["probes"]),
+                       key=lambda d: (d["rank"] is None, d["rank"] or 0, d["pid"]))
+    snaps = [snapshots(probes, doc) for doc in with_maps]
+    ranks = {d["rank"] for d in with_maps if d["rank"] is not None}
+    per_rank = view != "sum"
+    summed = view in ("sum", "both") or (view == "auto" and len(ranks) > 1)
+    now = time.time()
     out = []
-    for doc in with_maps:
-        snap = snapshots(probes, doc)
+    if per_rank:
+        for doc, snap in zip(with_maps, snaps):
+            if as_json:
+                out.append(json_out.render(snap, time=now, pid=doc["pid"], rank=doc["rank"]))
+                continue
+            body = text_out.render(snap)
+            if len(with_maps) > 1:
+                rank = f" rank {doc['rank']}" if doc["rank"] is not None else ""
+                body = f"pid {doc['pid']}{rank}: {' '.join(doc['argv'])}\n" + body
+            out.append(body)
+    if summed and snaps:
+        total = sum_snapshots(snaps)
         if as_json:
-            out.append(json_out.render(snap, time=time.time(), pid=doc["pid"], rank=doc["rank"]))
-            continue
-        body = text_out.render(snap)
-        if len(with_maps) > 1:
-            rank = f" rank {doc['rank']}" if doc["rank"] is not None else ""
-            body = f"pid {doc['pid']}{rank}: {' '.join(doc['argv'])}\n" + body
-        out.append(body)
+            out.append(json_out.render(total, time=now, pid=None, rank="all"))
+        else:
+            head = f"all ranks (sum of {len(snaps)} processes):\n" if len(snaps) > 1 else ""
+            out.append(head + text_out.render(total))
     return "\n".join(out)
 
 
@@ -243,10 +259,11 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool) -> list[str]:
     return lines
 
 
-def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool) -> tuple[str, list[str]]:
+def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
+           view: str = "auto") -> tuple[str, list[str]]:
     """(maps for stdout, lines for stderr) from the dumps the job's processes left in the session."""
     dumps = dump.read_all(session)
-    out = render(probes, dumps, as_json)
+    out = render(probes, dumps, as_json, view)
     if any("durations" in d for d in dumps):  # egpu-run --durations
         out += durations.render_json(dumps, time.time()) if as_json else ("\n" if out else "") + durations.render(dumps)
     return out, module_report(dumps, verbose) if probes else []

@@ -178,6 +178,7 @@ class LaunchProbes:
     copies what they wrote in shared maps to the device."""
 
     def __init__(self, probes: Sequence[Probe], only: str | None = None) -> None:
+        self.probes = list(probes)  # the probes at start, the sides' owners (live.py may replace them later)
         self.sides = [probe_maps(p) for p in probes]
         self.only = only  # egpu-run --kernel: launch probes see only those kernels too
         self.offset = clock_offset()
@@ -352,8 +353,11 @@ def attach(runtime: Any) -> Drainer | None:
 def dump_states(drainer: Drainer | None, probes: Sequence[Probe],
                 device: Sequence[MapsState] | None) -> list[MapsState] | None:
     """Every probe's maps for the exit dump: the device's read back (None: none were allocated), with
-    the launch probes' host side merged in; None when there is nothing to dump."""
+    the launch probes' host side merged in; None when there is nothing to dump. A probe swapped in
+    live in place of one that had launch programs has no host side here."""
     if drainer is None:
         return list(device) if device is not None else None
-    return [drainer.probes.merge(i, device[i] if device is not None else None) or MapsState(p.obj.maps)
-            for i, p in enumerate(probes)]
+    started = drainer.probes.probes
+    return [(drainer.probes.merge(i, device[i] if device is not None else None)
+             if i < len(started) and started[i] is p else (device[i] if device is not None else None))
+            or MapsState(p.obj.maps) for i, p in enumerate(probes)]

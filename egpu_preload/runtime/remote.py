@@ -15,7 +15,6 @@ from typing import Any
 from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.control import ControlClient, SessionInfo
 from egpu_preload.errors import EgpuError
-from egpu_preload.runtime import job
 from egpu_preload.runtime.live import probe_name
 from egpu_preload.runtime.probes import load_probe
 
@@ -75,8 +74,3 @@ def modules_lines(reply: dict) -> list[str]:
         lines.append(f"{m['api']} {m['image']}: {m['status']}{probes}")
         lines += [f"  {name}: {status}" + (f" ({reason})" if reason else "") for name, status, reason in m["kernels"]]
     return lines or ["no modules loaded"]
-
-
-def maps_text(doc: dict, as_json: bool) -> str:
-    """A ``maps`` reply (or a detach's final maps in a dump-like doc) rendered like egpu-run's maps."""
-    return job.render([], [doc], as_json)

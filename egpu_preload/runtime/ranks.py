@@ -1,0 +1,105 @@
+"""The ranks of a running job, for ``egpu attach/detach/swap/maps --rank R | --all JOBPID``.
+
+JOBPID is egpu-run's pid or torchrun's (any ancestor of the ranks). The job's processes are the live
+sessions (control.list_sessions) whose process is JOBPID or descends from it (parent pids from
+/proc/PID/stat); each session's ping says its rank (config.rank in that process). A rank's children
+inherit its RANK (DataLoader or compile workers that touch CUDA): a session below another session of
+the same rank is that rank's helper, so ``--rank`` addresses the rank's own process, ``--all`` every
+session of the job. Requests to several processes go out together, so a swap reaches every rank at
+about the same time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from egpu_preload.control import SessionInfo, list_sessions
+from egpu_preload.errors import EgpuError
+
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A process a request goes to, with its rank (None: not known or none)."""
+
+    pid: int
+    rank: int | None = None
+
+
+def parent(pid: int, proc: Path = PROC) -> int | None:
+    """PID's parent, or None when PID is gone. /proc/PID/stat: ``pid (comm) state ppid ...``, where comm
+    may hold spaces and parentheses, so fields are counted from the last ')'."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 1:].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def ancestors(pid: int, parent_of: Callable[[int], int | None] = parent) -> list[int]:
+    """PID's ancestors, nearest first (up to pid 1, or where the chain breaks)."""
+    chain: list[int] = []
+    p = parent_of(pid)
+    while p and p not in chain and p != pid:
+        chain.append(p)
+        p = parent_of(p)
+    return chain
+
+
+def job_targets(root: int, sessions: list[SessionInfo],
+                parent_of: Callable[[int], int | None] = parent) -> list[tuple[Target, bool]]:
+    """(target, is a rank's helper) for every session that is ``root`` or below it, by rank then pid."""
+    def rank(s: SessionInfo) -> int | None:
+        r = (s.info or {}).get("rank")
+        return r if isinstance(r, int) else None
+
+    lineage = {s.pid: ancestors(s.pid, parent_of) for s in sessions}
+    mine = [s for s in sessions if s.pid == root or root in lineage[s.pid]]
+    ranks = {s.pid: rank(s) for s in mine}
+    out = []
+    for s in mine:
+        r = ranks[s.pid]
+        helper = r is not None and any(ranks.get(a) == r for a in lineage[s.pid])
+        out.append((Target(s.pid, r), helper))
+    return sorted(out, key=lambda th: (th[0].rank is None, th[0].rank or 0, th[0].pid))
+
+
+def select(root: int, rank: int | None = None, every: bool = False, sessions: list[SessionInfo] | None = None,
+           parent_of: Callable[[int], int | None] = parent) -> list[Target]:
+    """The processes a request addresses: ``root`` itself (neither rank nor every), the job's processes
+    of rank ``rank`` (helpers left out), or all of the job's processes (``every``)."""
+    if rank is None and not every:
+        return [Target(root)]
+    if rank is not None and every:
+        raise EgpuError("--rank and --all: give one of them")
+    found = job_targets(root, list_sessions() if sessions is None else sessions, parent_of)
+    if not found:
+        raise EgpuError(f"no egpu session in process {root} or below it")
+    if every:
+        return [t for t, _ in found]
+    chosen = [t for t, helper in found if t.rank == rank and not helper]
+    if not chosen:
+        have = sorted({t.rank for t, _ in found if t.rank is not None})
+        raise EgpuError(f"no process of job {root} has rank {rank} "
+                        f"({'ranks: ' + ', '.join(map(str, have)) if have else 'none has a rank'})")
+    return chosen
+
+
+def fan_out(targets: list[Target], fn: Callable[[int], Any]) -> list[tuple[Target, Any]]:
+    """fn(pid) for every target at once; (target, its result or the EgpuError it raised), in order."""
+    def call(t: Target) -> tuple[Target, Any]:
+        try:
+            return t, fn(t.pid)
+        except EgpuError as e:
+            return t, e
+
+    if len(targets) == 1:
+        return [call(targets[0])]
+    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+        return list(pool.map(call, targets))
