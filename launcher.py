@@ -6,6 +6,7 @@ never a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 from pathlib import Path
@@ -259,6 +260,31 @@ def modules_cmd(pid: int, as_json: bool = typer.Option(False, "--json", help="on
     typer.echo(json.dumps(reply) if as_json else "\n".join(remote.modules_lines(reply)))
 
 
+# ---- checkpoint and restore (egpu_preload/cow/: live.py and restore.py in the job, remote.py here) ----
+
+@egpu.command("checkpoint")
+def checkpoint_cmd(pid: int, directory: Path = typer.Argument(..., metavar="DIR", help="must not exist yet"),
+                   stop_the_world: bool = typer.Option(False, "--compare-stop-the-world",
+                                                       help="then copy the same bytes with the job stopped "
+                                                            "and report how long that held it")) -> None:
+    """Snapshot a running job's device memory and module globals into DIR while it keeps running."""
+    from egpu_preload.cow import remote
+    try:
+        typer.echo(remote.checkpoint(pid, directory, stop_the_world))
+    except EgpuError as e:
+        _fail(e)
+
+
+@egpu.command("restore")
+def restore_cmd(pid: int, directory: Path = typer.Argument(..., metavar="DIR")) -> None:
+    """Roll a running job back to a checkpoint (its streams drained, then every allocation written back)."""
+    from egpu_preload.cow import remote
+    try:
+        typer.echo(remote.restore(pid, directory))
+    except EgpuError as e:
+        _fail(e)
+
+
 egpu_run = typer.Typer(name="egpu-run", add_completion=False, no_args_is_help=True)
 
 
@@ -283,7 +309,10 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
                                                      help="also print the maps every S seconds while the job runs"),
             prometheus: Optional[int] = typer.Option(None, "--prometheus", metavar="PORT",
                                                      help="serve the maps for Prometheus on PORT while the job runs "
-                                                          "(needs egpu[prometheus])")) -> None:
+                                                          "(needs egpu[prometheus])"),
+            restore: Optional[Path] = typer.Option(None, "--restore", metavar="DIR",
+                                                   help="put checkpoint DIR back once the job has remade its "
+                                                        "allocations (egpu checkpoint)")) -> None:
     """Run CMD with probes spliced into its kernels; print the maps at exit and exit with CMD's status."""
     from egpu_preload.runtime import config, job, sass, watch
     session = None
@@ -294,6 +323,9 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
             cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose), durations,
                                 backend=backend)
             cfg, sass_notes = sass.for_job(cfg, loaded)
+            if restore is not None:  # refused here, before the job starts, when incomplete or corrupt
+                from egpu_preload.cow import remote
+                cfg = dataclasses.replace(cfg, restore=remote.checked(restore))
             for line in sass_notes:
                 typer.echo(line, err=True)
             every = None

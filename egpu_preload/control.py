@@ -56,7 +56,8 @@ COMMANDS: dict[str, dict[str, Field]] = {
     "swap": {"old": Field(str), "new_probe": Field(bytes), "new_name": Field(str)},
     "maps": {},
     "modules": {},
-    "checkpoint": {"dir": Field(str)},
+    "checkpoint": {"dir": Field(str), "stop_the_world": Field(bool, required=False)},
+    "restore": {"dir": Field(str)},
 }
 
 Handler = Callable[[dict], object]

@@ -207,7 +207,7 @@ static struct {
 static pthread_mutex_t arm_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static struct {
-    _Atomic unsigned long long launches_at_cut, hook_copies, hook_waits, copier_copies, checked,
+    _Atomic unsigned long long launches_at_cut, cut_streams, hook_copies, hook_waits, copier_copies, checked,
         unknown_layout, stall_ns, stall_max_ns;
 } cstats;
 
@@ -513,6 +513,7 @@ EXPORT int egpu_cow_arm(const struct egpu_cow_range *ranges, size_t n, void *sid
         struct egpu_stats st;
         egpu_shim_stats(&st);
         atomic_store(&cstats.launches_at_cut, st.launches);
+        atomic_store(&cstats.cut_streams, cow.ncut);
         atomic_fetch_or(&egpu_cow_flags, FLAG_ARMED);
     }
     hold_hooks(0);
@@ -590,7 +591,7 @@ EXPORT int egpu_cow_staging_free(unsigned long long ptr, int host) {
 EXPORT void egpu_cow_stats(struct egpu_cow_stats *out) {
     *out = (struct egpu_cow_stats){
         atomic_load(&ops_recorded), atomic_load(&ops_dropped), atomic_load(&egpu_alloc_seq),
-        atomic_load(&egpu_alloc_overflow), 0, atomic_load(&cstats.launches_at_cut), cow.ncut,
+        atomic_load(&egpu_alloc_overflow), 0, atomic_load(&cstats.launches_at_cut), atomic_load(&cstats.cut_streams),
         atomic_load(&cstats.hook_copies), atomic_load(&cstats.hook_waits),
         atomic_load(&cstats.copier_copies), atomic_load(&cstats.checked),
         atomic_load(&cstats.unknown_layout), atomic_load(&cstats.stall_ns),

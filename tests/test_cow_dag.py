@@ -96,16 +96,17 @@ def test_table_matches_a_linear_model(steps, probes):
 def test_read_shim_copies_the_shims_table_and_retries_when_it_grew():
     cffi = pytest.importorskip("cffi")
     ffi = cffi.FFI()
-    ffi.cdef("struct egpu_alloc { unsigned long long address; unsigned long long size; int kind; };")
-    rows = [(0x1000 * (i + 1), 64, 1) for i in range(300)]
+    ffi.cdef("struct egpu_alloc { unsigned long long address; unsigned long long size; int kind;"
+             " unsigned long long seq; };")
+    rows = [(0x1000 * (i + 1), 64, 1, 7 + i) for i in range(300)]
 
     class Lib:
         calls = 0
 
         def egpu_shim_allocations(self, out, room):
             Lib.calls += 1
-            for i, (a, s, k) in enumerate(rows[:room]):
-                out[i].address, out[i].size, out[i].kind = a, s, k
+            for i, (a, s, k, q) in enumerate(rows[:room]):
+                out[i].address, out[i].size, out[i].kind, out[i].seq = a, s, k, q
             return len(rows)
 
     assert read_shim(ffi, Lib()) == rows and Lib.calls == 2

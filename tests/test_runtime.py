@@ -28,11 +28,12 @@ from stub_job import MORE, egpu_run
     config.Config((), Path("/run/egpu/s2"), None, 0, durations=True, ptxas="/opt/ptxas"),
     config.Config(backend="sass", sanitizer="/opt/san/libsanitizer-public.so"),
     config.Config(backend="ptx"),
+    config.Config(restore=Path("/ckpt/step 40")),
 ])
 def test_config_survives_the_environment(cfg):
     env = config.to_env(cfg)
     assert set(env) == {config.PROBES, config.SESSION, config.KERNEL, config.LOG, config.DURATIONS,
-                        config.PTXAS, config.BACKEND, config.SANITIZER}
+                        config.PTXAS, config.BACKEND, config.SANITIZER, config.RESTORE}
     assert config.from_env(env) == cfg
 
 

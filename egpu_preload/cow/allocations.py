@@ -129,14 +129,14 @@ class AllocationTable:
         return added, removed
 
 
-def read_shim(ffi: Any, lib: Any) -> list[tuple[int, int, int]]:
-    """(address, size, kind) of every allocation in the shim's table (egpu_shim_allocations)."""
+def read_shim(ffi: Any, lib: Any) -> list[tuple[int, int, int, int]]:
+    """(address, size, kind, seq) of every allocation in the shim's table (egpu_shim_allocations)."""
     room = 256
     while True:
         buf = ffi.new("struct egpu_alloc[]", room)
         total = lib.egpu_shim_allocations(buf, room)
         if total <= room:
-            return [(buf[i].address, buf[i].size, buf[i].kind) for i in range(total)]
+            return [(buf[i].address, buf[i].size, buf[i].kind, buf[i].seq) for i in range(total)]
         room = total + total // 4   # it grew meanwhile: ask again with room to spare
 
 

@@ -7,7 +7,8 @@ manifest.json (FORMAT_VERSION 1)::
      "allocations": [{"index": 3, "address": 140..., "size": 4096, "kind": 1,
                       "file": "alloc-000003.bin", "sha256": "..."}, ...],
      "globals": [{"module": "...", "symbol": "g_table", "size": 64, "file": "global-0000.bin",
-                  "sha256": "..."}, ...]}
+                  "sha256": "..."}, ...],
+     "info": {...}}                                           # optional: how it was taken (live.py)
 
 ``index`` is the allocation's creation number (allocations.Allocation.seq), which is what restore
 matches on, together with size and kind.
@@ -70,6 +71,7 @@ class Manifest:
     allocations: tuple[AllocEntry, ...]
     globals: tuple[GlobalEntry, ...]
     version: int = FORMAT_VERSION
+    info: dict[str, Any] = field(default_factory=dict, compare=False)   # not validated: a report
     # file -> (size, mtime_ns) as load() checked it; plan_restore refuses files changed since
     checked: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -77,7 +79,7 @@ class Manifest:
         return {"version": self.version, "pid": self.pid, "argv": list(self.argv), "created": self.created,
                 "cut": [{"stream": s, "seq": q} for s, q in sorted(self.cut.items())],
                 "allocations": [asdict(a) for a in self.allocations],
-                "globals": [asdict(g) for g in self.globals]}
+                "globals": [asdict(g) for g in self.globals], "info": self.info}
 
 
 def _error(directory: Path | str, reason: str) -> SnapshotError:
@@ -99,6 +101,7 @@ class SnapshotWriter:
         self.pid, self.argv, self.cut = pid, tuple(argv), dict(cut)
         self.allocations: dict[int, AllocEntry] = {}
         self.globals: dict[tuple[str, str], GlobalEntry] = {}
+        self.info: dict[str, Any] = {}     # written into the manifest as it is at commit
         self.done = False
 
     def __enter__(self) -> "SnapshotWriter":
@@ -149,7 +152,7 @@ class SnapshotWriter:
         manifest = Manifest(self.dir, self.pid, self.argv,
                             time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), self.cut,
                             tuple(self.allocations[i] for i in sorted(self.allocations)),
-                            tuple(self.globals.values()))
+                            tuple(self.globals.values()), info=dict(self.info))
         with open(self.tmp / MANIFEST, "w") as f:
             json.dump(manifest.to_json(), f, indent=1)
             f.flush()
@@ -250,8 +253,11 @@ def _parse(d: Path, raw: Any) -> Manifest:
             raise _error(d, f"{MANIFEST}: file name {e.file!r} is not a plain name inside the directory")
         if e.size < 0:
             raise _error(d, f"{MANIFEST}: {e.file} has a negative size")
+    info = raw.get("info", {})
+    if not isinstance(info, dict):
+        raise _error(d, f"{MANIFEST}: info is not an object")
     return Manifest(d, need(raw, "pid", int, ""), tuple(argv), need(raw, "created", str, ""), cut,
-                    allocs, globs, version)
+                    allocs, globs, version, info)
 
 
 @dataclass(frozen=True)

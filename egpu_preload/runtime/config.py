@@ -9,6 +9,7 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_BACKEND  auto | ptx | sass (runtime/sass.py); the shim loads the sanitizer only when it is set
     EGPU_SANITIZER_LIB  libsanitizer-public.so for the SASS back end (shim/sass.c has a default)
     EGPU_PTXAS    the real ptxas egpu-ptxas runs for Triton (runtime/ptxas.py); empty: Triton's own
+    EGPU_RESTORE  a checkpoint directory to put back once the job has remade its allocations (cow/restore.py)
 
 Not egpu's own: RANK, else LOCAL_RANK (set by torchrun for each worker) name a process's rank (``rank``).
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 PROBES, SESSION, KERNEL, LOG = "EGPU_PROBES", "EGPU_SESSION", "EGPU_KERNEL", "EGPU_LOG"
 DURATIONS, PTXAS = "EGPU_DURATIONS", "EGPU_PTXAS"
 BACKEND, SANITIZER = "EGPU_BACKEND", "EGPU_SANITIZER_LIB"
+RESTORE = "EGPU_RESTORE"
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Config:
     ptxas: str | None = None
     backend: str = "auto"
     sanitizer: str | None = None
+    restore: Path | None = None
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -44,7 +47,8 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
     return Config(probes=probes, session=Path(env[SESSION]) if env.get(SESSION) else None,
                   kernel=env.get(KERNEL) or None, log=int(log) if log.isdigit() else 0,
                   durations=env.get(DURATIONS) == "1", ptxas=env.get(PTXAS) or None,
-                  backend=env.get(BACKEND) or "auto", sanitizer=env.get(SANITIZER) or None)
+                  backend=env.get(BACKEND) or "auto", sanitizer=env.get(SANITIZER) or None,
+                  restore=Path(env[RESTORE]) if env.get(RESTORE) else None)
 
 
 def to_env(cfg: Config) -> dict[str, str]:
@@ -56,7 +60,8 @@ def to_env(cfg: Config) -> dict[str, str]:
             DURATIONS: "1" if cfg.durations else "",
             PTXAS: cfg.ptxas or "",
             BACKEND: cfg.backend,
-            SANITIZER: cfg.sanitizer or ""}
+            SANITIZER: cfg.sanitizer or "",
+            RESTORE: str(cfg.restore) if cfg.restore else ""}
 
 
 def rank(env: Mapping[str, str] = os.environ) -> int | None:

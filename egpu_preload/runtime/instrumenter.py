@@ -37,6 +37,7 @@ from typing import Any
 
 from egpu_preload import fatbin
 from egpu_preload.bpf.ctx import kernel_id
+from egpu_preload.cow import live as cow_live
 from egpu_preload.errors import EgpuError
 from egpu_preload.fatbin import ImageKind
 from egpu_preload.maps import MapsState
@@ -145,6 +146,7 @@ class Runtime:
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
         self.durations = durations.start() if cfg.durations else None  # every kernel timed by CUPTI
         self.live = live.start(self)                      # the control socket: attach, detach, swap, maps
+        self.cow = cow_live.attach(self)                  # checkpoint and restore (cow/), a --restore pending
         self.sass = sass.SassBackend(cfg, self.probes, ffi, lib)  # modules without PTX (shim/sass.c)
         self.sass_modules: dict[int, Module] = {}         # sanitizer module handle -> its patched kernels
 

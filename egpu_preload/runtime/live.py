@@ -132,17 +132,24 @@ class Live:
         self.server: ControlServer | None = None
         self.flips = 0
         self._workdir: Path | None = None
+        self.extra: dict[str, Any] = {}   # handlers other parts of the runtime serve (serve())
 
     # ---- the server ------------------------------------------------------------------------------
     def start(self) -> "Live":
         """Serve this process's control socket; a process without one still runs (one line on stderr)."""
         handlers = {"ping": self.ping, "attach": self.attach, "detach": self.detach, "swap": self.swap,
-                    "maps": self.maps, "modules": self.modules}
+                    "maps": self.maps, "modules": self.modules, **self.extra}
         try:
             self.server = ControlServer(handlers).start()
         except EgpuError as e:
             print(f"egpu[{os.getpid()}]: no control socket: {e}", file=sys.stderr)
         return self
+
+    def serve(self, cmd: str, handler: Any) -> None:
+        """Answer control command ``cmd`` with ``handler`` from now on (and in forked children)."""
+        self.extra[cmd] = handler
+        if self.server is not None:
+            self.server.handlers[cmd] = handler
 
     def stop(self) -> None:
         if self.server is not None and self.server.path.exists():

@@ -1,0 +1,37 @@
+"""The client side of checkpoint and restore (``egpu checkpoint/restore``, ``egpu-run --restore``):
+directories checked here before a job is touched, requests to its control socket, one-line replies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from egpu_preload.control import ControlClient
+from egpu_preload.cow.snapshot import load
+
+TIMEOUT_S = 600.0   # a checkpoint writes and hashes every byte of device memory: minutes for a big job
+
+
+def checked(directory: Path) -> Path:
+    """``directory`` as an absolute path, once snapshot.load found it complete and intact."""
+    load(directory)
+    return directory.resolve()
+
+
+def checkpoint(pid: int, directory: Path, stop_the_world: bool = False) -> str:
+    fields = {"dir": str(directory.resolve()), **({"stop_the_world": True} if stop_the_world else {})}
+    r = ControlClient(pid, timeout=TIMEOUT_S).request("checkpoint", **fields)
+    line = (f"checkpoint of {pid} in {r['dir']}: {r['allocations']} allocations, {r['globals']} globals, "
+            f"{r['bytes']} bytes; cut at launch {r['launches_at_cut']} on {r['cut_streams']} streams; "
+            f"copied in {r['copy_ms']:.1f} ms ({r['hook_copies']} by the job's own launches, "
+            f"{r['copier_copies']} in the background); job stalled {r['stall_ns'] / 1e6:.3f} ms in hooks "
+            f"(longest {r['stall_max_ns'] / 1e6:.3f} ms)")
+    if "stw_ms" in r:
+        line += f"; the same copy stopping the job: {r['stw_ms']:.1f} ms"
+    return line
+
+
+def restore(pid: int, directory: Path) -> str:
+    path = checked(directory)
+    r = ControlClient(pid, timeout=TIMEOUT_S).request("restore", dir=str(path))
+    return (f"restored {r['dir']} into {pid}: {r['allocations']} allocations, {r['globals']} globals, "
+            f"{r['bytes']} bytes; launches held {r['held_ms']:.1f} ms")

@@ -1,0 +1,298 @@
+"""cow/ against the stand-in driver: the shim's copy/memset/stream records, the soft copy-on-write fast
+path (shim/cow.c) seen in the stand-in's call log, and ``egpu checkpoint`` / ``egpu restore`` /
+``egpu-run --restore`` end to end on tests/runtime_stub/app_cow.c (stand-in extended by driver_cow.c)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from egpu_preload.control import list_sessions
+from egpu_preload.cow import snapshot
+from test_shim import CUDA_H, built  # noqa: F401  (the shim, built once per session)
+
+ROOT = Path(__file__).resolve().parent.parent
+STUB = ROOT / "tests" / "stub_driver"
+MORE = ROOT / "tests" / "runtime_stub"
+WORDS = 8   # app_cow.c: 8 words a buffer
+
+
+@dataclass(frozen=True)
+class CowStub:
+    shim: Path
+    dir: Path
+    app: Path
+
+    def env(self, log: Path) -> dict[str, str]:
+        import os
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU")}
+        env.update(LD_LIBRARY_PATH=str(self.dir), EGPU_STUB_LOG=str(log), EGPU_SHIM=str(self.shim),
+                   PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(log.parent))
+        return env
+
+    def run(self, mode: str, log: Path) -> subprocess.CompletedProcess:
+        env = {**self.env(log), "LD_PRELOAD": str(self.shim)}
+        return subprocess.run([str(self.app), mode], env=env, capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture(scope="session")
+def cow_stub(built, tmp_path_factory) -> CowStub:  # noqa: F811
+    d = tmp_path_factory.mktemp("cow_stub")
+    cc = ["gcc", "-O1", "-Wall", "-Werror"]
+    steps = [cc + ["-shared", "-fPIC", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", str(STUB / "libcuda_stub.c"),
+                   str(MORE / "driver_more.c"), str(MORE / "driver_cow.c"), "-o", str(d / "libcuda.so.1")],
+             cc + ["-I", str(ROOT / "shim"), str(MORE / "app_cow.c"), "-o", str(d / "app_cow"), "-ldl"]]
+    for p in [subprocess.Popen(s) for s in steps]:
+        assert p.wait() == 0, p.args
+    return CowStub(built / "libegpu_shim.so", d, d / "app_cow")
+
+
+def egpu(args: list[str], env: dict[str, str], launcher: str = "egpu_main") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", f"import launcher; launcher.{launcher}()", *args], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+# ---- the shim's records -------------------------------------------------------------------------
+
+def test_copies_memsets_streams_and_events_are_recorded(cow_stub, tmp_path):
+    r = cow_stub.run("records", tmp_path / "log")
+    assert r.returncode == 0, r.stderr
+    head = re.match(r"a (\S+) b (\S+) stream (\S+) event (\S+) streams 1 after 0", r.stdout)
+    assert head, r.stdout
+    a, b, s, e = (int(x, 16) for x in head.groups())
+    ops = [tuple(int(x, 0) if x != "(nil)" else 0 for x in ln.split()[1:])
+           for ln in r.stdout.splitlines() if ln.startswith("op ")]
+    # (kind, flags, dst, src, size, stream): egpu_cow.h enum egpu_op_kind and EGPU_OP_* flags
+    assert [o for o in ops if o[0] != 1] == [
+        (9, 0, 0, 0, 0, s),              # cuStreamCreateWithPriority
+        (6, 0, b, 0xab, 16, 0),          # cuMemsetD8_v2: 16 bytes
+        (6, 1, a, 5, 16, s),             # cuMemsetD32Async: 4 words = 16 bytes
+        (3, 1, b, a, 24, s),             # cuMemcpyDtoDAsync_v2
+        (7, 0, 0, e, 0, s),              # cuEventRecord
+        (8, 0, 0, e, 0, 0),              # cuStreamWaitEvent on the legacy stream
+        (3, 4, b + 16 + 4, a, 16 + 8, 0),  # cuMemcpy2D: from row 1, byte 4, to the end of the last row
+        (10, 0, 0, 0, 0, s),             # cuStreamDestroy_v2
+    ]
+    assert [o[:3] + o[4:] for o in ops if o[0] == 1] == [(1, 0, a, 64, 0)]   # cuMemcpyHtoD_v2
+    seqs = sorted((int(m[0], 16), int(m[1])) for m in re.findall(r"alloc (\S+) \d+ seq (\d+)", r.stdout))
+    assert seqs == [(a, 0), (b, 1)]            # the freed third one (seq 2) is gone but was counted:
+    assert "stats ops 9 allocations 3 overflow 0 result 0" in r.stdout
+
+
+# ---- the fast path ------------------------------------------------------------------------------
+
+def _between(log: str, start: str, end: str) -> list[str]:
+    lines = log.splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.endswith(f"mark {start}"))
+    j = next(k for k, ln in enumerate(lines) if ln.endswith(f"mark {end}"))
+    return [ln.split(" ", 1)[1] for ln in lines[i + 1:j] if "cuMemcpyDtoD_v2" not in ln]
+
+
+def test_a_writer_copies_a_pending_range_first_on_its_own_stream(cow_stub, tmp_path):
+    r = cow_stub.run("cow", tmp_path / "log")
+    assert r.returncode == 0, r.stderr
+    m = re.match(r"streams (\S+) (\S+) side (\S+) buffers (\S+) (\S+) (\S+) (\S+)", r.stdout)
+    s, s2, side, *bufs = m.groups()
+    b = [int(x, 16) for x in bufs]
+    log = (tmp_path / "log").read_text()
+    staging = {int(src, 16): dst for dst, src in re.findall(r"cuMemcpyAsync dst=(\S+) src=(\S+)", log)}
+    assert sorted(staging) == b, "each range copied exactly once"
+    cases = [  # (between marks, the calls the stand-in saw there, in order)
+        ("armed", "stray", [f"cuMemcpyAsync dst={staging[b[0]]} src={b[0]:#x} size=64 stream={s}",
+                            f"cuEventRecord event=1 stream={s}", f"cuLaunchKernel f=k@1 grid=1 block=1 stream={s} params={b[0]},5"]),
+        ("stray", "reader", [f"cuLaunchKernel f=k@1 grid=1 block=1 stream={s} params=4660,5"]),
+        ("reader", "htod", [f"cuLaunchKernel f=k2@1 grid=1 block=1 stream={s} params={b[1]}"]),
+        ("htod", "other stream", [f"cuMemcpyAsync dst={staging[b[2]]} src={b[2]:#x} size=64 stream=(nil)",
+                                  "cuEventRecord event=3 stream=(nil)", "cuMemcpyHtoD_v2 size=64 ctx=app"]),
+        ("other stream", "copier", [f"cuStreamWaitEvent stream={s2} event=1",
+                                    f"cuLaunchKernel f=k@1 grid=1 block=1 stream={s2} params={b[0]},5"]),
+        ("copier", "disarmed", [f"cuMemcpyAsync dst={staging[b[1]]} src={b[1]:#x} size=64 stream={side}",
+                                f"cuEventRecord event=2 stream={side}",
+                                f"cuMemcpyAsync dst={staging[b[3]]} src={b[3]:#x} size=64 stream={side}",
+                                f"cuEventRecord event=4 stream={side}"]),
+    ]
+    for start, end, calls in cases:
+        assert _between(log, start, end) == calls, (start, end)
+    # the copier's stream waited for the cut on every stream (the legacy one first) before copying
+    cut = log[:log.index("mark armed")]
+    assert [ln.split(" ", 1)[1] for ln in cut.splitlines() if "cuStreamWaitEvent" in ln] == [
+        f"cuStreamWaitEvent stream={side} event={e}" for e in (5, 6, 7, 8)]
+    # every buffer's snapshot is its contents at the cut ("A" = 100 + b), buffer 2's HtoD came after
+    assert re.findall(r"staged (\d) (\d+)", r.stdout) == [(str(i), str(100 + i)) for i in range(4)]
+    assert ("cow hook_copies 2 hook_waits 1 copier_copies 2 copied 2 checked 5 unknown 0 cut_streams 4 armed 0 "
+            "result 0") in r.stdout
+    after = log[log.index("mark disarmed"):]
+    assert "cuMemcpyAsync" not in after and "cuStreamWaitEvent" not in after
+
+
+# ---- egpu checkpoint / restore / egpu-run --restore -----------------------------------------------
+
+class Loop:
+    """app_cow loop under egpu-run with no probe."""
+
+    def __init__(self, stub: CowStub, tmp: Path) -> None:
+        self.log, self.stop = tmp / "log", tmp / "stop"
+        self.env = stub.env(self.log)
+        self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", str(stub.app),
+                                      "loop", str(self.stop)], env=self.env, cwd=ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            found = [x for x in list_sessions(tmp / "egpu") if x.info and str(stub.app) in x.info["argv"]]
+            if found and self.log.exists() and self.log.read_text().count("cuLaunchKernel") > 20:
+                self.pid = found[0].pid
+                return
+            time.sleep(0.05)
+        self.proc.kill()
+        raise AssertionError(f"no session: {self.proc.communicate()}")
+
+    def finish(self) -> tuple[int, str, str]:
+        self.stop.touch()
+        out, err = self.proc.communicate(timeout=30)
+        return self.proc.returncode, out, err
+
+
+def _words(path: Path) -> list[int]:
+    data = path.read_bytes()
+    return [int.from_bytes(data[i:i + 8], "little") for i in range(0, len(data), 8)]
+
+
+def test_checkpoint_while_running_then_rollback_and_restore_into_a_rerun(cow_stub, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    loop = Loop(cow_stub, tmp_path)
+    ckpt, bad = tmp_path / "ckpt", tmp_path / "bad"
+    try:
+        r = egpu(["checkpoint", str(loop.pid), str(ckpt)], loop.env)
+        assert r.returncode == 0, r.stderr
+        assert re.match(rf"checkpoint of {loop.pid} in {ckpt}: 4 allocations, 1 globals, 208 bytes; cut at launch \d+ "
+                        r"on \d+ streams; copied in", r.stdout), r.stdout
+        m = snapshot.load(ckpt)
+        # the allocations in creation order: three buffers, then the counter
+        assert [(e.index, e.size) for e in m.allocations] == [(0, 64), (1, 64), (2, 64), (3, 8)]
+        assert [g.symbol for g in m.globals] == ["launches"]
+        assert m.info["bytes"] == 3 * 64 + 8 + 8 and m.info["stall_max_ns"] <= m.info["stall_ns"]
+        steps = [_words(ckpt / e.file) for e in m.allocations]
+        for b in range(3):  # every word of a buffer from one step
+            assert len(set(steps[b])) == 1 and steps[b][0] // 1000000 == b
+        s = [steps[b][0] % 1000000 for b in range(3)] + [steps[3][0]]
+        # a consistent cut of "buffer 0, 1, 2, counter" per step: a prefix of the program's writes
+        assert s[0] >= s[1] >= s[2] >= s[3] >= s[0] - 1 and s[3] > 0, s
+
+        # a damaged copy is refused, by the job and by the launcher, before anything is written
+        shutil.copytree(ckpt, bad)
+        (bad / m.allocations[1].file).write_bytes(b"\0" * 64)
+        before = loop.log.read_text().count("cuCtxSynchronize")
+        r = egpu(["restore", str(loop.pid), str(bad)], loop.env)
+        assert r.returncode == 1 and "sha256 mismatch (corrupt contents)" in r.stderr, r.stderr
+        assert loop.log.read_text().count("cuCtxSynchronize") == before
+
+        # rollback: launches held, context drained, every allocation and the global written back
+        r = egpu(["restore", str(loop.pid), str(ckpt)], loop.env)
+        assert r.returncode == 0, r.stderr
+        assert re.match(rf"restored {ckpt} into {loop.pid}: 4 allocations, 1 globals, 208 bytes", r.stdout), r.stdout
+        tail = loop.log.read_text().splitlines()
+        sync = max(i for i, ln in enumerate(tail) if "cuCtxSynchronize" in ln)
+        written = [ln for ln in tail[:sync] if "cuMemcpyDtoD_v2" in ln][-5:]
+        assert sorted(int(re.search(r"dst=(\S+)", ln)[1], 16) for ln in written) == sorted(
+            [e.address for e in m.allocations] + [0x600000000000 + (1 << 24) + 16 * _offset_of_launches()])
+    finally:
+        code, out, err = loop.finish()
+    assert code == 0 and "result=0" in out, err
+
+    r = egpu(["--restore", str(bad), str(cow_stub.app), "resume"], loop.env, "run_main")
+    assert r.returncode == 1 and "sha256 mismatch" in r.stderr and "counter" not in r.stdout, r.stderr
+    r = egpu(["--restore", str(ckpt), str(cow_stub.app), "resume"], loop.env, "run_main")
+    assert r.returncode == 0, r.stderr
+    assert f"egpu: restored {ckpt}: 4 allocations, 1 globals, 208 bytes" in r.stderr
+    assert re.findall(r"buffer (\d) (\d+)", r.stdout) == [(str(b), str(b * 1000000 + s[b])) for b in range(3)]
+    assert f"counter {s[3]} result 0" in r.stdout
+
+
+def _offset_of_launches() -> int:
+    """Where driver_more.c puts app_cow's global: its module's id and its declaration's place."""
+    text = (MORE / "app_cow.c").read_text()
+    ptx = re.search(r'PTX\[\] =\n((?:\s*".*"\n?)+);', text)[1]
+    src = "".join(json.loads(s) for s in re.findall(r'"(?:[^"\\]|\\.)*"', ptx))
+    return src.index(" launches[")
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda d: (d / "manifest.json").unlink(), "manifest.json missing"),
+    (lambda d: (d / "alloc-000001.bin").write_bytes(b"x"), "alloc-000001.bin: 1 bytes, the manifest says 64"),
+    (lambda d: d.rename(d.with_name(d.name + ".tmp")), "an interrupted checkpoint"),
+])
+def test_a_damaged_checkpoint_is_refused_before_the_job_starts(cow_stub, tmp_path, damage, reason):
+    d = tmp_path / "ckpt"
+    with snapshot.SnapshotWriter(d, pid=1, argv=["app"], cut={0: 1}) as w:
+        from egpu_preload.cow.allocations import Allocation, AllocKind
+        w.add_allocation(Allocation(1, 0x1000, 64, AllocKind.DEVICE), bytes(64))
+        w.commit()
+    damage(d)
+    r = egpu(["--restore", str(d), str(cow_stub.app), "resume"], cow_stub.env(tmp_path / "log"), "run_main")
+    assert r.returncode == 1 and reason in r.stderr, r.stderr
+    assert not (tmp_path / "log").exists()   # the job never reached the driver
+
+
+# ---- the hooks' ABI -----------------------------------------------------------------------------
+
+ABI_CHECK = r"""
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cstddef>
+#include <cstdio>
+#include <type_traits>
+namespace egpu {
+#include "egpu_shim.h"
+#include "egpu_cow.h"
+#define X(sym, api, ver, ptsz, params) typedef CUresult sym##_t params;
+EGPU_COW_HOOKS(X)
+#undef X
+}
+template <typename T> char cls() { return std::is_floating_point<T>::value ? 'f' : std::is_pointer<T>::value ? 'p' : 'i'; }
+template <typename R, typename... A> void sig(const char *who, const char *name, R (*)(A...)) {
+    std::printf("%s %s %c%zu", who, name, cls<R>(), sizeof(R));
+    ((std::printf(" %c%zu", cls<A>(), sizeof(A))), ...);
+    std::printf("\n");
+}
+#define PFN_SEL(base, ptsz) PFN_SEL_##ptsz(base)
+#define PFN_SEL_0(base) base
+#define PFN_SEL_1(base) base##_ptsz
+#define PFN_SEL_2(base) base##_ptds
+#define FIELD(a, b, f) std::printf("field %s.%s %zu %zu\n", #b, #f, offsetof(egpu::a, f), offsetof(::b, f));
+int main() {
+#define X(sym, api, ver, ptsz, params) sig("ours", #sym, (egpu::sym##_t *)nullptr); \
+    sig("cuda", #sym, (PFN_SEL(PFN_##api##_v##ver, ptsz))nullptr);
+    EGPU_COW_HOOKS(X)
+    std::printf("size 2D %zu %zu\n", sizeof(egpu::CUDA_MEMCPY2D), sizeof(::CUDA_MEMCPY2D));
+    std::printf("size 3D %zu %zu\n", sizeof(egpu::CUDA_MEMCPY3D), sizeof(::CUDA_MEMCPY3D_PEER));
+    FIELD(CUDA_MEMCPY2D, CUDA_MEMCPY2D, dstDevice) FIELD(CUDA_MEMCPY2D, CUDA_MEMCPY2D, Height)
+    FIELD(CUDA_MEMCPY3D, CUDA_MEMCPY3D_PEER, dstDevice) FIELD(CUDA_MEMCPY3D, CUDA_MEMCPY3D_PEER, dstHeight)
+    FIELD(CUDA_MEMCPY3D, CUDA_MEMCPY3D_PEER, Depth) FIELD(CUDA_MEMCPY3D, CUDA_MEMCPY3D, dstPitch)
+    FIELD(CUDA_MEMCPY3D, CUDA_MEMCPY3D, srcMemoryType)
+}
+"""
+
+
+@pytest.mark.skipif(not CUDA_H.exists() or not shutil.which("g++"), reason="needs cuda.h and g++")
+def test_cow_hook_prototypes_match_cuda_h(tmp_path):
+    """Every row of EGPU_COW_HOOKS has the ABI of cudaTypedefs.h's PFN_<api>_v<version>[_ptsz|_ptds] (which
+    pins its version too), and the copy descriptors line up with cuda.h's."""
+    (tmp_path / "abi.cpp").write_text(ABI_CHECK)
+    subprocess.run(["g++", "-std=c++17", "-I", str(CUDA_H.parent), "-I", str(ROOT / "shim"), "abi.cpp", "-o", "abi"],
+                   cwd=tmp_path, check=True)
+    out = subprocess.run([str(tmp_path / "abi")], capture_output=True, text=True, check=True).stdout
+    ours = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("ours ")]
+    cuda = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("cuda ")]
+    assert len(ours) == 67 and ours == cuda
+    for ln in out.splitlines():
+        if ln.startswith(("size ", "field ")):
+            a, b = ln.split()[-2:]
+            assert a == b, ln
