@@ -9,7 +9,7 @@ python3 - <<'PY'
 from pathlib import Path
 from egpu_preload.bpf.compile import compile_probe
 for src in sorted(Path("tests/probes").glob("*.bpf.c")) + sorted(Path("examples").glob("*.bpf.c")) \
-        + sorted(Path("tests/e2e").glob("*.bpf.c")):
+        + sorted(Path("tests/e2e").glob("*.bpf.c")) + sorted(Path("bench/probes").glob("*.bpf.c")):
     for mcpu in ("v3", "v4"):
         compile_probe(src, Path(".gpubuild/probes") / f"{src.name.removesuffix('.bpf.c')}.{mcpu}.bpf.o", mcpu=mcpu)
 PY

@@ -1,0 +1,268 @@
+"""egpu's benchmark suite, in one run on the GPU machine: ``python3 bench/suite.py [OUT_DIR]`` (default
+$OUT, else the current directory) writes OUT_DIR/suite.json and OUT_DIR/suite.md; bench/plots.py draws
+the JSON. Needs nvcc, the shim's build tools and the probes prebuilt by scripts/gpu-prep.sh
+(EGPU_PREBUILT_PROBES or .gpubuild/probes; the GPU machine has no clang); PyTorch, Triton and CuPy for
+their workloads (a workload that cannot run is reported as failed, the rest go on).
+
+Workloads (bench/workloads): vecadd, stencil and a shared-memory GEMM built by nvcc with PTX
+(compute_90) and SASS; a CuPy RawKernel; a torch.compile'd model step (Triton); a stock PyTorch eager
+training step (SASS only: egpu's SASS back end serves the probes there). Each program times its own
+steady state: one warm-up repetition, then up to REPS repetitions of the same work (at least 3, fewer
+than REPS only when BUDGET_S seconds of timed work are used up), so process start-up, compilation and
+the JIT stay out of the ratios. One process per (workload, mode):
+
+    plain           uninstrumented
+    shim            egpu-run with no probe
+    entry_exit      egpu-run -p bench/probes/entry_exit (kprobe + kretprobe counters, every thread)
+    mem_count       egpu-run -p bench/probes/mem_count (a counter bumped by every global access)
+    mem_trace       egpu-run -p examples/memtrace (a 72-byte ring-buffer record per global access)
+    torch_profiler  uninstrumented inside torch.profiler (CUPTI), PyTorch workloads only
+
+Also measured: the JIT cost of a 1,100-instruction kernel (bench_jit.py) and per module in the runs
+above (the runtime's exit dump), the shim's cost per launch (bench_shim.py: plain and shim
+round-robin, pinned), and hot-swap latency (egpu attach/swap/detach on a running job), each skipped with
+its reason when it cannot run. Whatever runs past DEADLINE_S is skipped and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+sys.path[:0] = [str(ROOT), str(BENCH)]
+
+import bench_jit  # noqa: E402
+import bench_shim  # noqa: E402
+import results  # noqa: E402
+
+REPS, BUDGET_S = 10, 3.0
+DEADLINE_S = 400                      # the whole suite; what would start later is skipped
+TIMEOUT_S = {"cuda": 60, "python": 150}
+SHIM_LAUNCHES, SHIM_RUNS = 100_000, 11
+SWAP_CYCLES = 10
+WORKLOADS = {"vecadd": "cuda", "stencil": "cuda", "gemm": "cuda",
+             "cupy": "python", "torch_eager": "python", "torch_compile": "python"}
+PROBES = {"entry_exit": "bench/probes/entry_exit", "mem_count": "bench/probes/mem_count",
+          "mem_trace": "examples/memtrace"}
+SESSION_RE = re.compile(r"session kept in (\S+)")
+
+
+def egpu_run() -> list[str]:
+    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); import launcher; launcher.run_main()"]
+
+
+def base_env(work: Path) -> dict[str, str]:
+    """The environment of every case: no egpu settings from outside (EGPU_SHIM aside), our import
+    path, fresh caches in ``work``, CuPy handing the driver PTX in every mode (egpu-run sets it anyway:
+    the same code runs plain), one inductor compile thread (no worker pool to start), and the driver's
+    JIT cache off so each instrumented load pays its JIT where the dump records it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU_") or k == "EGPU_SHIM"}
+    env.update(XDG_RUNTIME_DIR=str(work), PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+               CUPY_COMPILE_WITH_PTX="1", CUPY_CACHE_DIR=str(work / "cupy"),
+               TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"), TRITON_CACHE_DIR=str(work / "triton"),
+               TORCHINDUCTOR_COMPILE_THREADS="1", CUDA_CACHE_DISABLE="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def workload_cmd(name: str, exe: Path, profile: bool = False) -> list[str]:
+    if WORKLOADS[name] == "cuda":
+        return [str(exe), name, str(REPS), str(BUDGET_S)]
+    return [sys.executable, str(BENCH / "workloads" / "frameworks.py"), name, str(REPS), str(BUDGET_S),
+            *(["--profile"] if profile else [])]
+
+
+def modes_for(name: str) -> list[str]:
+    return ["plain", "shim", *PROBES, *(["torch_profiler"] if name.startswith("torch") else [])]
+
+
+def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path]) -> list[str]:
+    if mode in ("plain", "torch_profiler"):
+        return workload_cmd(name, exe, profile=mode == "torch_profiler")
+    return [*egpu_run(), "--keep", *(["-p", str(probes[mode])] if mode in probes else []), *workload_cmd(name, exe)]
+
+
+def run_case(cmd: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """Run one case in its own process group (killed whole on timeout: egpu-run's job too), parse what
+    it printed, and read the runtime's dumps when egpu-run kept a session."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    status = "ok"
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        status = "timeout"
+    rec: dict[str, Any] = {"status": status, "wall_s": time.perf_counter() - t, **results.parse_output(stdout)}
+    if status == "ok" and (proc.returncode or rec["digest"] is None):
+        rec["status"] = "failed"
+    if rec["status"] != "ok":
+        rec["error"] = f"exit {proc.returncode}: " + (stderr.strip().splitlines() or [""])[-1][-300:]
+    m = SESSION_RE.search(stderr)
+    if m:
+        rec.update(dump_facts(Path(m.group(1))))
+        shutil.rmtree(m.group(1), ignore_errors=True)
+    return rec
+
+
+def dump_facts(session: Path) -> dict[str, Any]:
+    """From the job's exit dumps: probe load time, per-module rewrite and driver times, ring records."""
+    from egpu_preload.runtime import dump
+    try:
+        docs = dump.read_all(session)
+    except Exception as e:  # a dump we cannot read must not lose the timings
+        return {"dump_error": str(e)}
+    return facts_from_dumps(docs)
+
+
+def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    modules, records, drops = [], 0, 0
+    for d in docs:
+        probes_ms = d.get("timing", {}).get("probes_ms")
+        for m in d.get("modules", []):
+            timing = m.get("timing") or {}
+            if timing:
+                modules.append({"image": m.get("image", "?"), "status": m.get("status", "?"), "probes_ms": probes_ms,
+                                "kernels": sum(k[1] == "instrumented" for k in m.get("kernels", [])), **timing})
+        for p in d.get("probes", []):
+            for storage in p.get("maps", []):
+                if "records" in storage and "drops" in storage:
+                    records += len(storage["records"])
+                    drops += storage["drops"]
+    return {"modules": modules, "trace": {"records": records, "drops": drops}}
+
+
+def hot_swap(work: Path, env: dict[str, str], probes: dict[str, Path]) -> dict[str, Any]:
+    """attach / swap / detach cycles on tests/e2e/swap_loop.cu running under egpu-run with no probe."""
+    from egpu_preload.control import ControlClient, list_sessions
+
+    exe = work / "swap_loop"
+    subprocess.run(["nvcc", "-O2", "-arch=sm_90", str(ROOT / "tests/e2e/swap_loop.cu"), "-o", str(exe)], check=True)
+    stop = work / "swap_stop"
+    job = subprocess.Popen([*egpu_run(), str(exe), "10000000", "50", str(stop)], env=env, cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        client, deadline = None, time.monotonic() + 60
+        while client is None and time.monotonic() < deadline and job.poll() is None:
+            for s in list_sessions(work / "egpu"):
+                if s.info and str(exe) in s.info.get("argv", []) and s.info.get("launches", 0) > 0:
+                    client = ControlClient(s.pid, directory=work / "egpu", timeout=60)
+            time.sleep(0.05)
+        if client is None:
+            return {"skipped": f"no session of the running job (status {job.poll()})"}
+        a, b = probes["entry_exit"].read_bytes(), probes["mem_count"].read_bytes()
+        flip: dict[str, list[float]] = {"attach": [], "swap": [], "detach": []}
+        trip: dict[str, list[float]] = {"attach": [], "swap": [], "detach": []}
+        for _ in range(SWAP_CYCLES):
+            for cmd, fields in (("attach", {"probe": a, "name": "a"}),
+                                ("swap", {"old": "a", "new_probe": b, "new_name": "b"}),
+                                ("detach", {"name": "b"})):
+                t = time.perf_counter()
+                reply = client.request(cmd, **fields)
+                trip[cmd].append((time.perf_counter() - t) * 1e3)
+                flip[cmd].append(reply["seconds"] * 1e3)
+        return {"cycles": SWAP_CYCLES, "flip_ms": {c: spread(v) for c, v in flip.items()},
+                "round_trip_ms": {c: spread(v) for c, v in trip.items()}}
+    finally:
+        stop.touch()
+        try:
+            job.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(values), "max": max(values), "runs": values}
+
+
+def guarded(what: str, fn, *args) -> dict[str, Any]:
+    """A part of the suite that may be unable to run here: its result, or why it was skipped."""
+    try:
+        return fn(*args)
+    except Exception as e:  # the report says why; the other parts still run
+        return {"skipped": f"{what}: {type(e).__name__}: {str(e).strip()[-400:]}"}
+
+
+def meta() -> dict[str, Any]:
+    def out(cmd: list[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=ROOT).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+    gpu = out(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]).split("\n")[0]
+    name, _, driver = gpu.partition(", ")
+    commit_file = ROOT / ".gpubuild" / "COMMIT"
+    commit = commit_file.read_text().split()[0] if commit_file.is_file() else out(["git", "rev-parse", "HEAD"])
+    return {"gpu": name, "driver": driver, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "commit": commit[:12], "reps": REPS, "budget_s": BUDGET_S}
+
+
+def main() -> None:
+    out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "."))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    left = lambda: DEADLINE_S - (time.monotonic() - start)  # noqa: E731
+    doc: dict[str, Any] = {"meta": meta(), "notes": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        env = base_env(work)
+        exe = work / "kernels"
+        subprocess.run(["nvcc", "-O2", "-gencode", "arch=compute_90,code=[sm_90,compute_90]",
+                        str(BENCH / "workloads" / "kernels.cu"), "-o", str(exe)], check=True)
+        probes = {m: bench_jit.probe_object(src, bench_jit.prebuilt_dir(), work) for m, src in PROBES.items()}
+        print("suite: JIT cost", flush=True)
+        doc["jit"] = guarded("bench_jit", bench_jit.measure, work)
+        subprocess.run([*egpu_run(), "true"], env=env, cwd=ROOT, capture_output=True)  # builds a stale shim, untimed
+        cases: dict[str, dict[str, dict[str, Any]]] = {}
+        for name, kind in WORKLOADS.items():
+            cases[name] = {}
+            for mode in modes_for(name):
+                if left() < 30:
+                    cases[name][mode] = {"status": "skipped (time budget)", "reps_ms": []}
+                    continue
+                rec = run_case(case_cmd(name, mode, exe, probes), env, min(TIMEOUT_S[kind], left()))
+                cases[name][mode] = rec
+                print(f"suite: {name:>13} {mode:>14}: {rec['status']:>7} {len(rec['reps_ms']):2d} reps "
+                      f"median {statistics.median(rec['reps_ms']) if rec['reps_ms'] else float('nan'):9.2f} ms "
+                      f"({rec['wall_s']:.1f} s)" + (f"  {rec.get('error', '')}" if rec["status"] != "ok" else ""),
+                      flush=True)
+        doc["cases"] = cases
+        doc["summary"] = results.summarize(cases)
+        doc["modules"] = [{"workload": w, "mode": m, **mod} for w, ms in cases.items() for m, r in ms.items()
+                          for mod in r.get("modules", [])]
+        doc["trace"] = {w: ms["mem_trace"]["trace"] for w, ms in cases.items() if "trace" in ms.get("mem_trace", {})}
+        print("suite: shim per launch", flush=True)
+        doc["shim"] = (guarded("bench_shim", bench_shim.measure, work, SHIM_LAUNCHES, SHIM_RUNS, ("plain", "shim"))
+                       if left() > 60 else {"skipped": "time budget"})
+        print("suite: hot swap", flush=True)
+        doc["hot_swap"] = guarded("hot swap", hot_swap, work, env, probes) if left() > 20 else {"skipped": "time budget"}
+    shim = doc["shim"] if "cases" in doc["shim"] else None
+    jit = doc["jit"] if "probes" in doc["jit"] else None
+    doc["goals"] = results.goals(doc["summary"], shim, jit)
+    if jit is None:
+        doc["jit"] = {"error": doc["jit"].get("skipped", "not measured")}
+    if shim is None:
+        doc["shim"] = {"error": doc["shim"].get("skipped", "not measured")}
+    doc["notes"] += results.notes(doc)
+    doc["meta"]["total_s"] = round(time.monotonic() - start)
+    (out_dir / "suite.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out_dir / "suite.md").write_text(results.markdown(doc))
+    print(results.markdown(doc))
+
+
+if __name__ == "__main__":
+    main()

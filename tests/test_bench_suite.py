@@ -1,0 +1,237 @@
+"""bench/suite.py's parsing, aggregation, goals, report and plots on made-up measurements, and its case
+runner on stand-in programs: a formatting bug must fail here, not in the one GPU call. No GPU timing."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+results = importlib.import_module("results")
+
+
+def case(reps, digest="d", status="ok", **extra):
+    return {"status": status, "reps_ms": list(reps), "warmup_ms": 99.0, "digest": digest, "wall_s": 1.0, **extra}
+
+
+def fake_cases():
+    return {
+        "vecadd": {"plain": case([10, 11, 9, 10, 10, 10, 12, 10, 10, 10]),
+                   "shim": case([10.1] * 10),
+                   "entry_exit": case([10.2] * 10),
+                   "mem_count": case([12.0] * 10),
+                   "mem_trace": case([50.0, 52.0, 48.0], trace={"records": 200, "drops": 800})},
+        "torch_eager": {"plain": case([20.0] * 10, digest="x"),
+                        "shim": case([20.0] * 10, digest="x"),
+                        "entry_exit": case([20.4] * 10, digest="y"),
+                        "mem_count": case([], digest=None, status="timeout"),
+                        "mem_trace": case([30.0] * 10, digest="x"),
+                        "torch_profiler": case([25.0] * 10, digest="x")},
+    }
+
+
+def fake_doc():
+    cases = fake_cases()
+    summary = results.summarize(cases)
+    shim = {"launches": 100000, "runs": 3, "cpu": 1, "goal_ns": 100.0,
+            "cases": {"plain": {"enqueue_ns": {"median": 3800.0, "min": 3700.0, "runs": [3800.0, 3700.0, 3900.0]}},
+                      "shim": {"enqueue_ns": {"median": 3900.0, "min": 3790.0, "runs": [3850.0, 3790.0, 4100.0],
+                                              "added_median": 90.0, "added_runs": [50.0, 90.0, 200.0]}}}}
+    jit = {"kernel": "big_unrolled", "instructions": 1113, "driver_original_ms": 20.0, "goal_ms": 100.0,
+           "probes": [{"probe": "entry_exit", "translate_ms": 3.0, "rewrite_ms": 4.0, "driver_ms": 30.0,
+                       "total_ms": 37.0, "instructions_after": 1169},
+                      {"probe": "mem_count", "translate_ms": 3.0, "rewrite_ms": 8.0, "driver_ms": 140.0,
+                       "total_ms": 151.0, "instructions_after": 9459}]}
+    doc = {"meta": {"gpu": "H200", "date": "d", "commit": "c"}, "cases": cases, "summary": summary,
+           "goals": results.goals(summary, shim, jit), "jit": jit, "shim": shim,
+           "modules": [{"workload": "vecadd", "mode": "shim", "image": "fatbin compute_90", "kernels": 0,
+                        "probes_ms": 1.5, "rewrite_ms": 2.0, "driver_ms": 30.0}],
+           "trace": {"vecadd": {"records": 200, "drops": 800}},
+           "hot_swap": {"cycles": 2, "flip_ms": {c: {"median": 1.0, "max": 2.0} for c in ("attach", "swap", "detach")},
+                        "round_trip_ms": {c: {"median": 5.0, "max": 6.0} for c in ("attach", "swap", "detach")}}}
+    doc["notes"] = results.notes(doc)
+    return doc
+
+
+@pytest.mark.parametrize("stdout, want", [
+    ("BENCH_WARMUP 120.5\nBENCH_REP 50.0\nBENCH_REP 51.5\nBENCH_DONE abc\n",
+     {"warmup_ms": 120.5, "reps_ms": [50.0, 51.5], "digest": "abc"}),
+    # egpu-run's maps around the program's lines, and a run cut short (no DONE)
+    ("@calls[0]: 12\nBENCH_WARMUP 1\n  BENCH_REP 2.5\nkernel vecadd\n", {"warmup_ms": 1.0, "reps_ms": [2.5], "digest": None}),
+    ("BENCH_REP oops\nBENCH_REP 3\n", {"warmup_ms": None, "reps_ms": [3.0], "digest": None}),
+    ("", {"warmup_ms": None, "reps_ms": [], "digest": None}),
+])
+def test_parse_output(stdout, want):
+    assert results.parse_output(stdout) == want
+
+
+def test_summarize_ratios_and_outputs():
+    s = results.summarize(fake_cases())
+    assert s["vecadd"]["plain"] == {"status": "ok", "n": 10, "median_ms": 10.0, "min_ms": 9}
+    assert s["vecadd"]["shim"]["ratio"] == pytest.approx(1.01)
+    assert s["vecadd"]["mem_count"]["ratio"] == pytest.approx(1.2)
+    assert s["vecadd"]["mem_trace"]["n"] == 3 and s["vecadd"]["mem_trace"]["ratio"] == pytest.approx(5.0)
+    assert s["vecadd"]["mem_trace"]["ratio_min"] == pytest.approx(48 / 9)
+    assert s["torch_eager"]["entry_exit"]["same_output"] is False
+    assert s["torch_eager"]["shim"]["same_output"] is True
+    assert "ratio" not in s["torch_eager"]["mem_count"] and s["torch_eager"]["mem_count"]["status"] == "timeout"
+
+
+def test_summarize_without_plain_gives_no_ratio():
+    s = results.summarize({"w": {"plain": case([], digest=None, status="failed"), "shim": case([1.0] * 10)}})
+    assert s["w"]["plain"]["status"] == "failed"
+    assert "ratio" not in s["w"]["shim"] and s["w"]["shim"]["median_ms"] == 1.0
+
+
+def test_goals_judged_with_margins():
+    rows = {r["goal"]: r for r in fake_doc()["goals"]}
+    ee = rows["entry/exit counter"]  # vecadd 1.02, torch_eager 1.02: both met
+    assert ee["status"] == "met" and ee["value"] == pytest.approx(1.02)
+    mc = rows["memory-access counter"]  # vecadd 1.2 met, torch_eager timed out: not everywhere
+    assert mc["status"] == "not measured everywhere" and "torch_eager" in mc["scope"]
+    tr = rows["full memory trace"]  # worst 5.0x against 2x: missed by 150%
+    assert (tr["status"], tr["where"]) == ("missed", "vecadd") and tr["over_by"] == pytest.approx(1.5)
+    assert rows["shim only, per launch"]["status"] == "met" and rows["shim only, per launch"]["value"] == 90.0
+    jit = rows["JIT of a 1,000-instruction kernel"]
+    assert jit["status"] == "missed" and jit["over_by"] == pytest.approx(51.0) and "mem_count" in jit["where"]
+
+
+def test_goals_without_measurements():
+    rows = results.goals({}, None, None)
+    assert [r["status"] for r in rows] == ["not measured"] * 5
+
+
+@pytest.mark.parametrize("summary, want", [
+    ({"ratio": 1.0123, "n": 10, "status": "ok"}, "1.01x"),
+    ({"ratio": 4.0, "n": 3, "status": "ok", "same_output": False}, "4.00x (n=3) †"),
+    ({"ratio": 9.0, "n": 2, "status": "timeout"}, "9.00x (n=2) timeout"),
+    ({"n": 0, "status": "timeout"}, "timeout"),
+    ({"n": 0, "status": "ok"}, "no runs"),
+    (None, "—"),
+])
+def test_cell(summary, want):
+    assert results.cell(summary) == want
+
+
+def test_markdown_report():
+    md = results.markdown(fake_doc())
+    lines = md.splitlines()
+    header = next(ln for ln in lines if ln.startswith("| workload | uninstrumented"))
+    assert header.count("|") == 8  # workload + six modes (torch_profiler appears: torch_eager has it)
+    assert "| vecadd | 10.0 ms | 1.01x | 1.02x | 1.20x | 5.00x (n=3) | — |" in lines
+    assert "| torch_eager | 20.0 ms | 1.00x | 1.02x † | timeout | 1.50x | 1.25x |" in lines
+    assert any(ln.startswith("| full memory trace | ≤ 2.0x | 5.000x | vecadd") and ln.endswith("missed by 150% |")
+               for ln in lines)
+    assert any(ln.startswith("| JIT of a 1,000-instruction kernel | < 100 ms | 151.0 ms") and "missed by 51.0 ms" in ln
+               for ln in lines)
+    assert "| shim | 3900.0 | 3790.0 | +90.0 |" in lines
+    assert "| vecadd | 200 | 800 |" in lines
+    assert "| attach | 1.0 (2.0) | 5.0 (6.0) |" in lines
+    assert "| mem_count | 3.0 ms | 8.0 ms | 140.0 ms | 151.0 ms | 9459 |" in lines
+    assert "kept 200 of 1,000 records (20.0%)" in md
+    assert "torch_eager / mem_count: timeout" in md
+    assert "torch_eager / entry_exit: the output differs" in md
+    for p in results.PUBLISHED:
+        assert p["source"] in md
+    # every table row has as many cells as its header
+    tables, current = [], []
+    for ln in lines + [""]:
+        if ln.startswith("|"):
+            current.append(ln.count("|"))
+        elif current:
+            tables.append(current)
+            current = []
+    assert tables and all(len(set(t)) == 1 for t in tables), tables
+
+
+def test_markdown_with_parts_skipped():
+    doc = fake_doc()
+    doc.update(jit={"error": "no nvcc"}, shim={"error": "bench_shim: boom"}, hot_swap={"skipped": "no session"},
+               trace={}, modules=[])
+    doc["goals"] = results.goals(doc["summary"], None, None)
+    md = results.markdown(doc)
+    assert "Not measured: no nvcc" in md and "Not measured: bench_shim: boom" in md and "Skipped: no session" in md
+
+
+def test_plots_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    plots = importlib.import_module("plots")
+    (tmp_path / "suite.json").write_text(json.dumps(fake_doc()))
+    paths = plots.draw(tmp_path / "suite.json")
+    assert [p.name for p in paths] == ["overhead.png", "jit.png", "shim.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def test_plots_skip_missing_parts(tmp_path):
+    pytest.importorskip("matplotlib")
+    plots = importlib.import_module("plots")
+    (tmp_path / "suite.json").write_text(json.dumps({"summary": {}, "jit": {"error": "x"}, "shim": {"error": "y"}}))
+    assert plots.draw(tmp_path / "suite.json") == []
+
+
+# ---- the runner on stand-in programs ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def suite():
+    return importlib.import_module("suite")
+
+
+def test_run_case_ok_failed_and_timeout(suite, tmp_path):
+    py = sys.executable
+    ok = suite.run_case([py, "-c", "print('BENCH_WARMUP 5'); print('BENCH_REP 1.5'); print('BENCH_DONE ab')"], {}, 30)
+    assert (ok["status"], ok["reps_ms"], ok["digest"]) == ("ok", [1.5], "ab")
+    bad = suite.run_case([py, "-c", "import sys; print('BENCH_REP 1'); sys.exit('boom')"], {}, 30)
+    assert bad["status"] == "failed" and bad["error"] == "exit 1: boom"
+    # cut short: what it printed before the kill is kept, its child is killed with it
+    slow = suite.run_case([py, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+                           "'import time; time.sleep(60)']); print('BENCH_REP 2', flush=True); time.sleep(60)"], {}, 2)
+    assert slow["status"] == "timeout" and slow["reps_ms"] == [2.0] and slow["wall_s"] < 30
+
+
+def test_facts_from_dumps(suite):
+    docs = [{"timing": {"probes_ms": 4.0},
+             "modules": [{"image": "fatbin compute_90", "status": "instrumented", "timing": {"rewrite_ms": 2.0, "driver_ms": 9.0},
+                          "kernels": [["a", "instrumented", ""], ["b", "untouched", ""]]},
+                         {"image": "cubin", "status": "SASS only", "timing": {}, "kernels": []}],
+             "probes": [{"maps": [{"values": [b"\0" * 8]}, {"records": [b"r1", b"r2"], "drops": 5}]}]},
+            {"modules": [], "probes": [{"maps": [{"records": [b"r3"], "drops": 1}]}]}]
+    assert suite.facts_from_dumps(docs) == {
+        "modules": [{"image": "fatbin compute_90", "status": "instrumented", "probes_ms": 4.0, "kernels": 1,
+                     "rewrite_ms": 2.0, "driver_ms": 9.0}],
+        "trace": {"records": 3, "drops": 6}}
+
+
+@pytest.mark.parametrize("name, modes", [
+    ("vecadd", ["plain", "shim", "entry_exit", "mem_count", "mem_trace"]),
+    ("torch_eager", ["plain", "shim", "entry_exit", "mem_count", "mem_trace", "torch_profiler"]),
+])
+def test_case_commands(suite, name, modes, tmp_path):
+    probes = {m: tmp_path / f"{m}.bpf.o" for m in suite.PROBES}
+    assert suite.modes_for(name) == modes
+    exe = tmp_path / "kernels"
+    for mode in modes:
+        cmd = suite.case_cmd(name, mode, exe, probes)
+        wrapped = mode not in ("plain", "torch_profiler")
+        assert ("--keep" in cmd) == wrapped
+        assert [a for a in cmd if a.endswith(".bpf.o")] == ([str(probes[mode])] if mode in probes else [])
+        assert ("--profile" in cmd) == (mode == "torch_profiler")
+        base = suite.workload_cmd(name, exe, profile=mode == "torch_profiler")
+        assert cmd[-len(base):] == base and name in base and str(suite.REPS) in base
+
+
+def test_shim_summary_pairs_rounds():
+    bench_shim = importlib.import_module("bench_shim")
+    rounds = [{"plain": {"enqueue_ns": 3800.0, "wall_ns": 4000.0}, "shim": {"enqueue_ns": 3850.0, "wall_ns": 4100.0}},
+              {"plain": {"enqueue_ns": 4200.0, "wall_ns": 4400.0}, "shim": {"enqueue_ns": 4260.0, "wall_ns": 4420.0}},
+              {"plain": {"enqueue_ns": 3600.0, "wall_ns": 3800.0}, "shim": {"enqueue_ns": 3900.0, "wall_ns": 3900.0}}]
+    s = bench_shim.summarize(rounds)
+    assert s["plain"]["enqueue_ns"]["median"] == 3800.0 and "added_median" not in s["plain"]["enqueue_ns"]
+    # paired: 50, 60, 300 -> 60; unpaired medians would say 3900 - 3800 = 100
+    assert s["shim"]["enqueue_ns"]["added_median"] == 60.0 and s["shim"]["enqueue_ns"]["min"] == 3850.0
+    assert s["shim"]["meets_goal"] is True
