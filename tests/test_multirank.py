@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 
 from egpu_preload.control import SessionInfo, list_sessions
 from egpu_preload.errors import EgpuError
-from egpu_preload.output import text
 from egpu_preload.output.combine import sum_snapshots
 from egpu_preload.output.values import (Entry, Histogram, KernelId, KeyedScalars, Record, Records, Scalar, Snapshot,
                                         Trace, histogram)
