@@ -46,7 +46,8 @@ def hist(name: str, slots: dict[int, int], scale: str = "log2", step: int = 1) -
 
 @pytest.mark.parametrize("parts, total", [
     ([Scalar("n", 2, {0: 1, 1: 1}), Scalar("n", 5)], Scalar("n", 7)),          # per-SM values dropped
-    ([Scalar("s", {"a": 1, "k": KernelId(VEC), "xs": [1, 2]}), Scalar("s", {"a": 4, "k": KernelId(VEC), "xs": [10, 20]})],
+    ([Scalar("s", {"a": 1, "k": KernelId(VEC), "xs": [1, 2]}),
+      Scalar("s", {"a": 4, "k": KernelId(VEC), "xs": [10, 20]})],
      Scalar("s", {"a": 5, "k": KernelId(VEC), "xs": [11, 22]})),                # a kernel id is kept, not added
     ([KeyedScalars("m", (Entry(KernelId(VEC), 3), Entry(7, 1))), KeyedScalars("m", (Entry(7, 5), Entry(9, 1)))],
      KeyedScalars("m", (Entry(9, 1), Entry(KernelId(VEC), 3), Entry(7, 6)))),  # by value, as values.py orders
@@ -191,8 +192,10 @@ def test_each_rank_then_the_sum(stub_job, tmp_path):
     got = sections(r.stdout)
     app = f"{stub_job.app} module"
     assert got == {
-        f"pid {pids[0]} rank 0: {app} 1 100 0": ["@launches[vecadd]: 1", "@hist_grid_blocks:", *hist_rows({"[4, 8)": 1})],
-        f"pid {pids[1]} rank 1: {app} 2 200 0": ["@launches[vecadd]: 2", "@hist_grid_blocks:", *hist_rows({"[4, 8)": 2})],
+        f"pid {pids[0]} rank 0: {app} 1 100 0": ["@launches[vecadd]: 1", "@hist_grid_blocks:",
+                                                  *hist_rows({"[4, 8)": 1})],
+        f"pid {pids[1]} rank 1: {app} 2 200 0": ["@launches[vecadd]: 2", "@hist_grid_blocks:",
+                                                  *hist_rows({"[4, 8)": 2})],
         f"pid {pids[2]} rank 2: {app} 3 300 0": ["@launches[vecadd]: 3", "@hist_grid_blocks:",
                                                   *hist_rows({"[8, 16)": 3})],
         "all ranks (sum of 3 processes):": ["@launches[vecadd]: 6", "@hist_grid_blocks:",
@@ -294,8 +297,9 @@ def test_live_control_by_rank(stub_job, tmp_path, monkeypatch, probe_obj):
 
         m = egpu(["maps", "--all", root], job.env)
         assert m.returncode == 0, m.stderr
-        assert [h.split(":")[0] for h in sections(m.stdout)] == [f"pid {by_rank[0]} rank 0", f"pid {by_rank[1]} rank 1",
-                                                                f"pid {by_rank[2]} rank 2", "all ranks (sum of 3 processes)"]
+        assert [h.split(":")[0] for h in sections(m.stdout)] == [
+            f"pid {by_rank[0]} rank 0", f"pid {by_rank[1]} rank 1", f"pid {by_rank[2]} rank 2",
+            "all ranks (sum of 3 processes)"]
         assert sections(m.stdout)["all ranks (sum of 3 processes):"] == ["@counts: 0"]
 
         agent = str(ranks.parent(by_rank[0]))  # torchrun's pid addresses the job as well

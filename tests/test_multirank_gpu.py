@@ -84,7 +84,8 @@ def test_ddp_two_ranks_on_one_gpu(shim, probe_obj, tmp_path):  # noqa: F811
                             "-p", str(probe_obj("launch_count")), *TORCHRUN, script, str(out), str(go)],
                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for("both ranks to pause", lambda: all((out / f"paused{r}").exists() for r in (0, 1)) or job.poll() is not None)
+        wait_for("both ranks to pause",
+                 lambda: all((out / f"paused{r}").exists() for r in (0, 1)) or job.poll() is not None)
         assert job.poll() is None, job.communicate()
         sessions = list_sessions(tmp_path / "egpu")
         found = ranks.job_targets(job.pid, sessions)
