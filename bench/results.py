@@ -3,7 +3,9 @@ and the markdown report. Pure functions over plain dicts (bench/suite.py measure
 draws, tests/test_bench_suite.py checks these with made-up measurements).
 
 A case is one (workload, mode) process; its raw record (suite.run_case) is
-``{"status": ok|failed|timeout, "warmup_ms", "reps_ms": [...], "digest", "wall_s", "error", ...}``.
+``{"status": ok|failed|timeout, "warmup_ms", "reps": [[ms, units]], "unit_ms": [...], "digest", "wall_s",
+"error", ...}``: a repetition does ``units`` units of work (a launch, a training step, a forward), and
+``unit_ms`` is each repetition's ms per unit, what the ratios compare.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ MODES = (("plain", "uninstrumented"), ("shim", "shim only"), ("entry_exit", "ent
          ("mem_count", "mem-access counter"), ("mem_trace", "full mem trace"),
          ("torch_profiler", "torch.profiler (CUPTI)"))
 MIN_RUNS = 10
+UNITS = {"torch_eager": "training step", "torch_compile": "forward"}  # otherwise a launch
 
 # Goals on the median ratio to uninstrumented (every workload must meet them), and on two costs.
 RATIO_GOALS = (("entry_exit", "entry/exit counter", 1.03), ("mem_count", "memory-access counter", 1.3),
@@ -53,8 +56,9 @@ UNQUOTED = ("NVBit's own paper (Villa et al., MICRO 2019): we could not locate i
 # ---- a workload program's output ---------------------------------------------------------------------
 
 def parse_output(stdout: str) -> dict[str, Any]:
-    """The BENCH_ lines of a workload program (bench/workloads): warm-up, repetitions, digest. Other
-    lines (egpu-run's maps) are ignored; a run cut short keeps the repetitions it printed."""
+    """The BENCH_ lines of a workload program (bench/workloads): warm-up, repetitions ("ms units", units
+    1 when left out), digest. Other lines (egpu-run's maps) are ignored; a run cut short keeps the
+    repetitions it printed."""
     warmup, reps, digest = None, [], None
     for line in stdout.splitlines():
         key, _, value = line.strip().partition(" ")
@@ -62,20 +66,21 @@ def parse_output(stdout: str) -> dict[str, Any]:
             if key == "BENCH_WARMUP":
                 warmup = float(value)
             elif key == "BENCH_REP":
-                reps.append(float(value))
-        except ValueError:
+                ms, *units = value.split()
+                reps.append([float(ms), int(units[0]) if units else 1])
+        except (ValueError, IndexError):
             continue
         if key == "BENCH_DONE":
             digest = value.strip() or None
-    return {"warmup_ms": warmup, "reps_ms": reps, "digest": digest}
+    return {"warmup_ms": warmup, "reps": reps, "unit_ms": [ms / n for ms, n in reps if n > 0], "digest": digest}
 
 
 # ---- runs to ratios ----------------------------------------------------------------------------------
 
 def summarize_case(case: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
-    """Median and min of a case's repetitions, its ratio to ``base`` (the plain case's summary), and
+    """Median and min of a case's ms per unit, its ratio to ``base`` (the plain case's summary), and
     whether its output digest matches the plain run's."""
-    reps = case.get("reps_ms") or []
+    reps = case.get("unit_ms") or []
     out: dict[str, Any] = {"status": case.get("status", "ok"), "n": len(reps)}
     if reps:
         out["median_ms"] = statistics.median(reps)
@@ -191,11 +196,12 @@ def cell(s: dict[str, Any] | None) -> str:
 
 def overhead_table(summary: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     modes = [(k, t) for k, t in MODES if any(k in s for s in summary.values())]
-    lines = ["| workload | " + " | ".join(t if k != "plain" else "uninstrumented (ms/rep)" for k, t in modes) + " |",
+    lines = ["| workload | " + " | ".join(t if k != "plain" else "uninstrumented (per unit)" for k, t in modes) + " |",
              "| --- |" + " ---: |" * len(modes)]
     for workload, s in summary.items():
         plain = s.get("plain", {})
-        first = _num(plain.get("median_ms"), " ms", 1) if "median_ms" in plain else plain.get("status", "—")
+        first = (f"{plain['median_ms'] * 1e3:.1f} µs / {UNITS.get(workload, 'launch')}" if "median_ms" in plain
+                 else plain.get("status", "—"))
         lines.append(f"| {workload} | {first} | " + " | ".join(cell(s.get(k)) for k, _ in modes[1:]) + " |")
     return lines
 
@@ -282,8 +288,10 @@ def markdown(doc: dict[str, Any]) -> str:
     out = ["# egpu benchmark suite", "",
            " · ".join(f"{k}: {v}" for k, v in meta.items() if k in ("gpu", "driver", "date", "commit", "total_s")), "",
            "## Overhead: steady-state time relative to uninstrumented", "",
-           f"Each cell: median over repetitions of the workload's timed region (after a warm-up, so start-up "
-           f"and JIT are excluded) divided by the uninstrumented median; n is shown when fewer than {MIN_RUNS} "
+           "Each cell: the median time per unit of work (a launch, a training step, a forward) over the "
+           "repetitions of the workload's timed region, divided by the uninstrumented median. The region "
+           "follows a warm-up, so process start-up, compilation and the JIT are excluded; each repetition "
+           f"takes about 100 ms (fewer units when a mode is slower); n is shown when fewer than {MIN_RUNS} "
            "repetitions fit the time budget; † marks an output that differs from the uninstrumented run.", ""]
     out += overhead_table(summary)
     out += ["", "## Goals", ""] + goal_table(doc["goals"])

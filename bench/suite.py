@@ -7,9 +7,10 @@ their workloads (a workload that cannot run is reported as failed, the rest go o
 Workloads (bench/workloads): vecadd, stencil and a shared-memory GEMM built by nvcc with PTX
 (compute_90) and SASS; a CuPy RawKernel; a torch.compile'd model step (Triton); a stock PyTorch eager
 training step (SASS only: egpu's SASS back end serves the probes there). Each program times its own
-steady state: one warm-up repetition, then up to REPS repetitions of the same work (at least 3, fewer
-than REPS only when BUDGET_S seconds of timed work are used up), so process start-up, compilation and
-the JIT stay out of the ratios. One process per (workload, mode):
+steady state (protocol in bench/workloads/kernels.cu): a warm-up unit of work, a calibration, then up to
+REPS repetitions of about 100 ms (at least 3, fewer than REPS only when BUDGET_S seconds of them are used
+up), so process start-up, compilation and the JIT stay out of the ratios, which compare time per unit
+(a launch, a training step, a forward). One process per (workload, mode):
 
     plain           uninstrumented
     shim            egpu-run with no probe
@@ -48,7 +49,7 @@ import bench_shim  # noqa: E402
 import results  # noqa: E402
 
 REPS, BUDGET_S = 10, 3.0
-DEADLINE_S = 400                      # the whole suite; what would start later is skipped
+DEADLINE_S = 360                      # the whole suite; what would start later is skipped
 TIMEOUT_S = {"cuda": 60, "python": 150}
 SHIM_LAUNCHES, SHIM_RUNS = 100_000, 11
 SWAP_CYCLES = 10
@@ -145,8 +146,10 @@ def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"modules": modules, "trace": {"records": records, "drops": drops}}
 
 
-def hot_swap(work: Path, env: dict[str, str], probes: dict[str, Path]) -> dict[str, Any]:
-    """attach / swap / detach cycles on tests/e2e/swap_loop.cu running under egpu-run with no probe."""
+def hot_swap(work: Path, env: dict[str, str], probes: dict[str, Path], seconds: float) -> dict[str, Any]:
+    """attach / swap / detach cycles on tests/e2e/swap_loop.cu running under egpu-run with no probe, as
+    many as fit in ``seconds`` up to SWAP_CYCLES."""
+    until = time.monotonic() + seconds
     from egpu_preload.control import ControlClient, list_sessions
 
     exe = work / "swap_loop"
@@ -155,8 +158,8 @@ def hot_swap(work: Path, env: dict[str, str], probes: dict[str, Path]) -> dict[s
     job = subprocess.Popen([*egpu_run(), str(exe), "10000000", "50", str(stop)], env=env, cwd=ROOT,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        client, deadline = None, time.monotonic() + 60
-        while client is None and time.monotonic() < deadline and job.poll() is None:
+        client = None
+        while client is None and time.monotonic() < until and job.poll() is None:
             for s in list_sessions(work / "egpu"):
                 if s.info and str(exe) in s.info.get("argv", []) and s.info.get("launches", 0) > 0:
                     client = ControlClient(s.pid, directory=work / "egpu", timeout=60)
@@ -167,6 +170,8 @@ def hot_swap(work: Path, env: dict[str, str], probes: dict[str, Path]) -> dict[s
         flip: dict[str, list[float]] = {"attach": [], "swap": [], "detach": []}
         trip: dict[str, list[float]] = {"attach": [], "swap": [], "detach": []}
         for _ in range(SWAP_CYCLES):
+            if time.monotonic() > until and flip["detach"]:
+                break
             for cmd, fields in (("attach", {"probe": a, "name": "a"}),
                                 ("swap", {"old": "a", "new_probe": b, "new_name": "b"}),
                                 ("detach", {"name": "b"})):
@@ -174,7 +179,7 @@ def hot_swap(work: Path, env: dict[str, str], probes: dict[str, Path]) -> dict[s
                 reply = client.request(cmd, **fields)
                 trip[cmd].append((time.perf_counter() - t) * 1e3)
                 flip[cmd].append(reply["seconds"] * 1e3)
-        return {"cycles": SWAP_CYCLES, "flip_ms": {c: spread(v) for c, v in flip.items()},
+        return {"cycles": len(flip["detach"]), "flip_ms": {c: spread(v) for c, v in flip.items()},
                 "round_trip_ms": {c: spread(v) for c, v in trip.items()}}
     finally:
         stop.touch()
@@ -227,17 +232,21 @@ def main() -> None:
         print("suite: JIT cost", flush=True)
         doc["jit"] = guarded("bench_jit", bench_jit.measure, work)
         subprocess.run([*egpu_run(), "true"], env=env, cwd=ROOT, capture_output=True)  # builds a stale shim, untimed
+        print("suite: shim per launch", flush=True)
+        doc["shim"] = guarded("bench_shim", bench_shim.measure, work, SHIM_LAUNCHES, SHIM_RUNS, ("plain", "shim"))
+        print("suite: hot swap", flush=True)
+        doc["hot_swap"] = guarded("hot swap", hot_swap, work, env, probes, 30.0)
         cases: dict[str, dict[str, dict[str, Any]]] = {}
         for name, kind in WORKLOADS.items():
             cases[name] = {}
             for mode in modes_for(name):
                 if left() < 30:
-                    cases[name][mode] = {"status": "skipped (time budget)", "reps_ms": []}
+                    cases[name][mode] = {"status": "skipped (time budget)", "reps": [], "unit_ms": []}
                     continue
                 rec = run_case(case_cmd(name, mode, exe, probes), env, min(TIMEOUT_S[kind], left()))
                 cases[name][mode] = rec
-                print(f"suite: {name:>13} {mode:>14}: {rec['status']:>7} {len(rec['reps_ms']):2d} reps "
-                      f"median {statistics.median(rec['reps_ms']) if rec['reps_ms'] else float('nan'):9.2f} ms "
+                print(f"suite: {name:>13} {mode:>14}: {rec['status']:>7} {len(rec['unit_ms']):2d} reps "
+                      f"median {statistics.median(rec['unit_ms']) * 1e3 if rec['unit_ms'] else float('nan'):10.1f} us/unit "
                       f"({rec['wall_s']:.1f} s)" + (f"  {rec.get('error', '')}" if rec["status"] != "ok" else ""),
                       flush=True)
         doc["cases"] = cases
@@ -245,11 +254,6 @@ def main() -> None:
         doc["modules"] = [{"workload": w, "mode": m, **mod} for w, ms in cases.items() for m, r in ms.items()
                           for mod in r.get("modules", [])]
         doc["trace"] = {w: ms["mem_trace"]["trace"] for w, ms in cases.items() if "trace" in ms.get("mem_trace", {})}
-        print("suite: shim per launch", flush=True)
-        doc["shim"] = (guarded("bench_shim", bench_shim.measure, work, SHIM_LAUNCHES, SHIM_RUNS, ("plain", "shim"))
-                       if left() > 60 else {"skipped": "time budget"})
-        print("suite: hot swap", flush=True)
-        doc["hot_swap"] = guarded("hot swap", hot_swap, work, env, probes) if left() > 20 else {"skipped": "time budget"}
     shim = doc["shim"] if "cases" in doc["shim"] else None
     jit = doc["jit"] if "probes" in doc["jit"] else None
     doc["goals"] = results.goals(doc["summary"], shim, jit)

@@ -17,7 +17,8 @@ results = importlib.import_module("results")
 
 
 def case(reps, digest="d", status="ok", **extra):
-    return {"status": status, "reps_ms": list(reps), "warmup_ms": 99.0, "digest": digest, "wall_s": 1.0, **extra}
+    return {"status": status, "reps": [[r * 100, 100] for r in reps], "unit_ms": list(reps), "warmup_ms": 99.0,
+            "digest": digest, "wall_s": 1.0, **extra}
 
 
 def fake_cases():
@@ -60,12 +61,13 @@ def fake_doc():
 
 
 @pytest.mark.parametrize("stdout, want", [
-    ("BENCH_WARMUP 120.5\nBENCH_REP 50.0\nBENCH_REP 51.5\nBENCH_DONE abc\n",
-     {"warmup_ms": 120.5, "reps_ms": [50.0, 51.5], "digest": "abc"}),
-    # egpu-run's maps around the program's lines, and a run cut short (no DONE)
-    ("@calls[0]: 12\nBENCH_WARMUP 1\n  BENCH_REP 2.5\nkernel vecadd\n", {"warmup_ms": 1.0, "reps_ms": [2.5], "digest": None}),
-    ("BENCH_REP oops\nBENCH_REP 3\n", {"warmup_ms": None, "reps_ms": [3.0], "digest": None}),
-    ("", {"warmup_ms": None, "reps_ms": [], "digest": None}),
+    ("BENCH_WARMUP 120.5\nBENCH_REP 50.0 100\nBENCH_REP 51.5 50\nBENCH_DONE abc\n",
+     {"warmup_ms": 120.5, "reps": [[50.0, 100], [51.5, 50]], "unit_ms": [0.5, 1.03], "digest": "abc"}),
+    # egpu-run's maps around the program's lines, a run cut short (no DONE), units left out
+    ("@calls[0]: 12\nBENCH_WARMUP 1\n  BENCH_REP 2.5\nkernel vecadd\n",
+     {"warmup_ms": 1.0, "reps": [[2.5, 1]], "unit_ms": [2.5], "digest": None}),
+    ("BENCH_REP oops\nBENCH_REP 3 x\nBENCH_REP 3 0\n", {"warmup_ms": None, "reps": [[3.0, 0]], "unit_ms": [], "digest": None}),
+    ("", {"warmup_ms": None, "reps": [], "unit_ms": [], "digest": None}),
 ])
 def test_parse_output(stdout, want):
     assert results.parse_output(stdout) == want
@@ -124,8 +126,8 @@ def test_markdown_report():
     lines = md.splitlines()
     header = next(ln for ln in lines if ln.startswith("| workload | uninstrumented"))
     assert header.count("|") == 8  # workload + six modes (torch_profiler appears: torch_eager has it)
-    assert "| vecadd | 10.0 ms | 1.01x | 1.02x | 1.20x | 5.00x (n=3) | — |" in lines
-    assert "| torch_eager | 20.0 ms | 1.00x | 1.02x † | timeout | 1.50x | 1.25x |" in lines
+    assert "| vecadd | 10000.0 µs / launch | 1.01x | 1.02x | 1.20x | 5.00x (n=3) | — |" in lines
+    assert "| torch_eager | 20000.0 µs / training step | 1.00x | 1.02x † | timeout | 1.50x | 1.25x |" in lines
     assert any(ln.startswith("| full memory trace | ≤ 2.0x | 5.000x | vecadd") and ln.endswith("missed by 150% |")
                for ln in lines)
     assert any(ln.startswith("| JIT of a 1,000-instruction kernel | < 100 ms | 151.0 ms") and "missed by 51.0 ms" in ln
@@ -184,14 +186,14 @@ def suite():
 
 def test_run_case_ok_failed_and_timeout(suite, tmp_path):
     py = sys.executable
-    ok = suite.run_case([py, "-c", "print('BENCH_WARMUP 5'); print('BENCH_REP 1.5'); print('BENCH_DONE ab')"], {}, 30)
-    assert (ok["status"], ok["reps_ms"], ok["digest"]) == ("ok", [1.5], "ab")
+    ok = suite.run_case([py, "-c", "print('BENCH_WARMUP 5'); print('BENCH_REP 1.5 3'); print('BENCH_DONE ab')"], {}, 30)
+    assert (ok["status"], ok["unit_ms"], ok["digest"]) == ("ok", [0.5], "ab")
     bad = suite.run_case([py, "-c", "import sys; print('BENCH_REP 1'); sys.exit('boom')"], {}, 30)
     assert bad["status"] == "failed" and bad["error"] == "exit 1: boom"
     # cut short: what it printed before the kill is kept, its child is killed with it
     slow = suite.run_case([py, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
                            "'import time; time.sleep(60)']); print('BENCH_REP 2', flush=True); time.sleep(60)"], {}, 2)
-    assert slow["status"] == "timeout" and slow["reps_ms"] == [2.0] and slow["wall_s"] < 30
+    assert slow["status"] == "timeout" and slow["unit_ms"] == [2.0] and slow["wall_s"] < 30
 
 
 def test_facts_from_dumps(suite):
@@ -235,3 +237,30 @@ def test_shim_summary_pairs_rounds():
     # paired: 50, 60, 300 -> 60; unpaired medians would say 3900 - 3800 = 100
     assert s["shim"]["enqueue_ns"]["added_median"] == 60.0 and s["shim"]["enqueue_ns"]["min"] == 3850.0
     assert s["shim"]["meets_goal"] is True
+
+
+def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
+    """main() with every measurement replaced: the JSON and the report come out whole."""
+    monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: None)
+    monkeypatch.setattr(suite.bench_jit, "probe_object", lambda src, pre, work: tmp_path / f"{Path(src).name}.bpf.o")
+    monkeypatch.setattr(suite.bench_jit, "measure", lambda work: fake_doc()["jit"])
+    monkeypatch.setattr(suite.bench_shim, "measure", lambda *a: fake_doc()["shim"])
+    monkeypatch.setattr(suite, "hot_swap", lambda *a: (_ for _ in ()).throw(RuntimeError("no egpu attach here")))
+    monkeypatch.setattr(suite, "meta", lambda: {"gpu": "stand-in"})
+
+    def fake_run(cmd, env, timeout):
+        slow = 3.0 if any(a.endswith("memtrace.bpf.o") for a in cmd) else 1.0
+        return {**case([10.0 * slow] * 10), **({"trace": {"records": 5, "drops": 5}} if slow > 1 else {}),
+                "modules": [{"image": "ptx", "kernels": 3, "rewrite_ms": 1.0}] if "--keep" in cmd else []}
+    monkeypatch.setattr(suite, "run_case", fake_run)
+    monkeypatch.setattr(suite.sys, "argv", ["suite.py", str(tmp_path)])
+    suite.main()
+    doc = json.loads((tmp_path / "suite.json").read_text())
+    assert set(doc["summary"]) == set(suite.WORKLOADS)
+    assert doc["summary"]["gemm"]["mem_trace"]["ratio"] == pytest.approx(3.0)
+    assert "torch_profiler" in doc["summary"]["torch_eager"] and "torch_profiler" not in doc["summary"]["cupy"]
+    assert doc["hot_swap"]["skipped"].startswith("hot swap: RuntimeError: no egpu attach here")
+    assert doc["trace"]["vecadd"] == {"records": 5, "drops": 5}
+    assert len(doc["modules"]) == 6 * 4  # shim, entry_exit, mem_count, mem_trace per workload
+    md = (tmp_path / "suite.md").read_text()
+    assert "| full memory trace | ≤ 2.0x | 3.000x |" in md and "Skipped: hot swap" in md

@@ -1,18 +1,18 @@
 """The suite's framework workloads (bench/suite.py): ``frameworks.py WORKLOAD REPS BUDGET_S [--profile]``.
 
 - torch_eager: a training step of a small CNN (two convolutions, pooling, two linear layers, cross
-  entropy, SGD) in stock PyTorch: cuDNN, cuBLAS and PyTorch's own kernels, SASS only.
+  entropy, SGD) in stock PyTorch: cuDNN, cuBLAS and PyTorch's own kernels, SASS only. Unit: one step.
 - torch_compile: an inference step of a residual MLP block (linear, GELU, linear, LayerNorm) compiled
-  by torch.compile: Triton kernels (PTX through Triton's ptxas) beside cuBLAS's.
-- cupy: a CuPy RawKernel (y = 2.5 x + 1 over 16 Mi floats) launched 1,000 times.
+  by torch.compile: Triton kernels (PTX through Triton's ptxas) beside cuBLAS's. Unit: one forward.
+- cupy: a CuPy RawKernel (y = 2.5 x + 1 over 16 Mi floats). Unit: one launch.
 
-Same protocol as kernels.cu: one warm-up repetition (compilation, module loads), then REPS timed ones,
-fewer once BUDGET_S seconds of timed work are used up (at least 3); a repetition is host time from its
-first launch to a synchronize after its last. Prints "BENCH_WARMUP ms", "BENCH_REP ms" per repetition
-as it ends, then "BENCH_DONE digest" of a result that does not depend on how many repetitions ran.
-``--profile`` runs the warm-up and the timed repetitions inside torch.profiler (CPU and CUDA
-activities, i.e. CUPTI), the trace never exported: what tracing the same step with PyTorch's own
-profiler costs.
+The protocol of kernels.cu: a warm-up unit (compilation, module loads, the JIT), calibration (1, 2, 4, ...
+units until they take 10 ms) sizing a repetition at TARGET_MS, then REPS repetitions, fewer once
+BUDGET_S seconds of them are used up (at least 3), each timed from its first launch to a synchronize
+after its last. Prints "BENCH_WARMUP ms", "BENCH_REP ms units" per repetition as it ends, then
+"BENCH_DONE digest" of the warm-up's result (the same in every mode). ``--profile`` runs everything
+inside torch.profiler (CPU and CUDA activities, i.e. CUPTI), the trace never exported: what tracing the
+same step with PyTorch's own profiler costs.
 """
 
 from __future__ import annotations
@@ -20,11 +20,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import math
 import time
 from collections.abc import Callable
 
+Workload = tuple[Callable[[], None], Callable[[], None], Callable[[], str]]  # unit, synchronize, digest
 
-def torch_eager() -> tuple[Callable[[], None], Callable[[], str]]:
+
+def torch_eager() -> Workload:
     import torch
     import torch.nn.functional as F
 
@@ -36,22 +39,20 @@ def torch_eager() -> tuple[Callable[[], None], Callable[[], str]]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(64, 3, 32, 32, device="cuda")
     y = torch.randint(0, 10, (64,), device="cuda")
-    losses: list[float] = []
+    first: list[float] = []
 
-    def rep() -> None:
-        for _ in range(40):
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        torch.cuda.synchronize()
-        if not losses:  # the warm-up's: the same whatever the number of repetitions
-            losses.append(float(loss))
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if not first:  # the warm-up's loss: the same whatever follows
+            first.append(float(loss))
 
-    return rep, lambda: f"{losses[0]:.6g}"
+    return step, torch.cuda.synchronize, lambda: f"{first[0]:.6g}"
 
 
-def torch_compile() -> tuple[Callable[[], None], Callable[[], str]]:
+def torch_compile() -> Workload:
     import torch
 
     torch.manual_seed(0)
@@ -67,20 +68,18 @@ def torch_compile() -> tuple[Callable[[], None], Callable[[], str]]:
 
     block = torch.compile(Block().cuda().eval())
     x = torch.randn(16384, 256, device="cuda")
-    out: list[torch.Tensor] = []
+    first: list[torch.Tensor] = []
 
-    def rep() -> None:
+    def forward() -> None:
         with torch.no_grad():
-            for _ in range(250):
-                y = block(x)
-        torch.cuda.synchronize()
-        if not out:
-            out.append(y)
+            y = block(x)
+        if not first:
+            first.append(y)
 
-    return rep, lambda: hashlib.sha256(out[0].cpu().numpy().tobytes()).hexdigest()[:16]
+    return forward, torch.cuda.synchronize, lambda: hashlib.sha256(first[0].cpu().numpy().tobytes()).hexdigest()[:16]
 
 
-def cupy() -> tuple[Callable[[], None], Callable[[], str]]:
+def cupy() -> Workload:
     import cupy as cp
 
     kernel = cp.RawKernel(r"""
@@ -91,13 +90,12 @@ def cupy() -> tuple[Callable[[], None], Callable[[], str]]:
     n = 1 << 24
     x = cp.arange(n, dtype=cp.float32) * cp.float32(1e-3)
     y = cp.empty_like(x)
+    args = (x, y, cp.int32(n))
 
-    def rep() -> None:
-        for _ in range(1000):
-            kernel(((n + 255) // 256,), (256,), (x, y, cp.int32(n)))
-        cp.cuda.Device().synchronize()
+    def launch() -> None:
+        kernel(((n + 255) // 256,), (256,), args)
 
-    return rep, lambda: hashlib.sha256(y.get().tobytes()).hexdigest()[:16]
+    return launch, cp.cuda.Device().synchronize, lambda: hashlib.sha256(y.get().tobytes()).hexdigest()[:16]
 
 
 WORKLOADS = {"torch_eager": torch_eager, "torch_compile": torch_compile, "cupy": cupy}
@@ -108,27 +106,39 @@ def profiled() -> contextlib.AbstractContextManager:
     return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
 
 
+def timed(unit: Callable[[], None], sync: Callable[[], None], units: int) -> float:
+    """ms for ``units`` units, from the first launch to the synchronize after the last."""
+    t = time.perf_counter()
+    for _ in range(units):
+        unit()
+    sync()
+    return (time.perf_counter() - t) * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("workload", choices=sorted(WORKLOADS))
     ap.add_argument("reps", type=int)
     ap.add_argument("budget_s", type=float)
+    ap.add_argument("target_ms", type=float, nargs="?", default=100.0)
     ap.add_argument("--profile", action="store_true", help="inside torch.profiler (CUPTI)")
     args = ap.parse_args()
-    rep, digest = WORKLOADS[args.workload]()
+    unit, sync, digest = WORKLOADS[args.workload]()
     with profiled() if args.profile else contextlib.nullcontext():
-        t = time.perf_counter()
-        rep()
-        print(f"BENCH_WARMUP {(time.perf_counter() - t) * 1e3:.3f}", flush=True)
+        print(f"BENCH_WARMUP {timed(unit, sync, 1):.3f}", flush=True)
+        k = 1
+        t = timed(unit, sync, k)
+        while t < 10.0:
+            k *= 2
+            t = timed(unit, sync, k)
+        units = max(1, math.ceil(args.target_ms / (t / k)))
         used = 0.0
         for r in range(args.reps):
-            if r >= 3 and used >= args.budget_s:
+            if r >= 3 and used >= args.budget_s * 1e3:
                 break
-            t = time.perf_counter()
-            rep()
-            dt = time.perf_counter() - t
-            used += dt
-            print(f"BENCH_REP {dt * 1e3:.3f}", flush=True)
+            ms = timed(unit, sync, units)
+            used += ms
+            print(f"BENCH_REP {ms:.3f} {units}", flush=True)
     print(f"BENCH_DONE {digest()}", flush=True)
 
 

@@ -1,13 +1,18 @@
-// The suite's nvcc workloads (bench/suite.py): `kernels WORKLOAD REPS BUDGET_S`, WORKLOAD one of
-// vecadd, stencil, gemm. One warm-up repetition (module load, the driver's JIT of an instrumented
-// image, first-touch), then REPS timed repetitions of the same work, fewer when BUDGET_S seconds of
-// timed work are used up (at least 3). Each repetition is host time from its first launch to a
-// synchronize after its last, so launch costs count and process start-up does not. Prints a line per
-// repetition as it ends ("BENCH_WARMUP ms", "BENCH_REP ms": a run cut short still tells how far it got),
-// then "BENCH_DONE checksum" over the output's bits, which instrumentation must not change.
+// The suite's nvcc workloads (bench/suite.py): `kernels WORKLOAD REPS BUDGET_S [TARGET_MS]`, WORKLOAD
+// one of vecadd (16 Mi floats), stencil (16 Mi floats) and gemm (1024 x 1024, shared-memory tiles).
+// The unit of work is one launch. Protocol (frameworks.py follows it too):
+//   - warm-up: one unit (module load, the driver's JIT of an instrumented image, first touch);
+//   - calibration: 1, 2, 4, ... units until they take 10 ms, which sizes a repetition at TARGET_MS
+//     (default 100): a slow mode does fewer units per repetition, not longer repetitions;
+//   - REPS repetitions, fewer once BUDGET_S seconds of them are used up (at least 3). Each is host time
+//     from its first launch to a synchronize after its last, so launch costs count and process start-up
+//     does not; the suite compares ms per unit.
+// Prints "BENCH_WARMUP ms", then "BENCH_REP ms units" per repetition as it ends (a run cut short still
+// tells how far it got), then "BENCH_DONE checksum" of the output's bits: the same in every mode.
 //
 // Built with -gencode arch=compute_90,code=[sm_90,compute_90]: the fatbin carries PTX for egpu to
 // rewrite and SASS for the uninstrumented runs.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,34 +36,36 @@ static double now_ms() {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-// One repetition's work, sized for about 50 ms on an H200 uninstrumented.
+// One unit of work: a single launch. Repetitions are sized in units (see main).
 struct Work {
     float *x, *y, *z;
     void (*run)(const Work &);
     int n;
 };
 
-static void run_vecadd(const Work &w) {  // 1,000 launches over 3 x 64 MiB
-    for (int i = 0; i < 1000; i++) vecadd<<<w.n / 256, 256>>>(w.x, w.y, w.z, w.n);
-}
-
-static void run_stencil(const Work &w) {  // 1,000 launches over 2 x 64 MiB (same output: any count checks)
-    for (int i = 0; i < 1000; i++) stencil3<<<w.n / 256, 256>>>(w.x, w.z, w.n);
-}
-
-static void run_gemm(const Work &w) {  // 20 products of 2048 x 2048 matrices
+static void run_vecadd(const Work &w) { vecadd<<<w.n / 256, 256>>>(w.x, w.y, w.z, w.n); }
+static void run_stencil(const Work &w) { stencil3<<<w.n / 256, 256>>>(w.x, w.z, w.n); }
+static void run_gemm(const Work &w) {
     dim3 block(TILE, TILE), grid(w.n / TILE, w.n / TILE);
-    for (int i = 0; i < 20; i++) gemm_tiled<<<grid, block>>>(w.x, w.y, w.z, w.n);
+    gemm_tiled<<<grid, block>>>(w.x, w.y, w.z, w.n);
+}
+
+// ms for `units` launches, from the first launch to the synchronize after the last
+static double timed(const Work &w, long units) {
+    double t = now_ms();
+    for (long i = 0; i < units; i++) w.run(w);
+    CHECK(cudaDeviceSynchronize());
+    return now_ms() - t;
 }
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        std::fprintf(stderr, "usage: %s vecadd|stencil|gemm REPS BUDGET_S\n", argv[0]);
+        std::fprintf(stderr, "usage: %s vecadd|stencil|gemm REPS BUDGET_S [TARGET_MS]\n", argv[0]);
         return 2;
     }
     const char *name = argv[1];
     int reps = std::atoi(argv[2]);
-    double budget_ms = std::atof(argv[3]) * 1e3;
+    double budget_ms = std::atof(argv[3]) * 1e3, target_ms = argc > 4 ? std::atof(argv[4]) : 100.0;
     Work w{};
     size_t elems;
     if (!std::strcmp(name, "vecadd")) {
@@ -66,7 +73,7 @@ int main(int argc, char **argv) {
     } else if (!std::strcmp(name, "stencil")) {
         w.n = 1 << 24, elems = w.n, w.run = run_stencil;
     } else if (!std::strcmp(name, "gemm")) {
-        w.n = 2048, elems = (size_t)w.n * w.n, w.run = run_gemm;
+        w.n = 1024, elems = (size_t)w.n * w.n, w.run = run_gemm;
     } else {
         std::fprintf(stderr, "unknown workload %s\n", name);
         return 2;
@@ -82,19 +89,18 @@ int main(int argc, char **argv) {
     CHECK(cudaMemset(w.z, 0, bytes));
     CHECK(cudaDeviceSynchronize());
 
-    double t = now_ms();
-    w.run(w);
-    CHECK(cudaDeviceSynchronize());
-    std::printf("BENCH_WARMUP %.3f\n", now_ms() - t);
+    std::printf("BENCH_WARMUP %.3f\n", timed(w, 1));
     std::fflush(stdout);
+    long k = 1;  // calibrate: double the launches until they take 10 ms, then size a repetition at TARGET_MS
+    double t = timed(w, k);
+    while (t < 10.0) t = timed(w, k *= 2);
+    long units = (long)std::ceil(target_ms / (t / k));
+    if (units < 1) units = 1;
     double used = 0;
     for (int r = 0; r < reps && (r < 3 || used < budget_ms); r++) {
-        t = now_ms();
-        w.run(w);
-        CHECK(cudaDeviceSynchronize());
-        double ms = now_ms() - t;
+        double ms = timed(w, units);
         used += ms;
-        std::printf("BENCH_REP %.3f\n", ms);
+        std::printf("BENCH_REP %.3f %ld\n", ms, units);
         std::fflush(stdout);
     }
     CHECK(cudaGetLastError());

@@ -1,0 +1,170 @@
+"""Run every probe in examples/ on a program it suits, under egpu-run, and keep what it printed.
+
+On the GPU machine (after scripts/gpu-prep.sh; the probes are the prebuilt .gpubuild/probes objects,
+since that machine has no clang):
+
+    python3 scripts/capture_examples.py OUT/examples.md
+
+writes OUT/examples.md (each example's command and output, cut to MAX_LINES lines) and
+OUT/examples.json beside it. Back where the repository is edited:
+
+    python3 scripts/capture_examples.py --apply OUT/examples.json examples/README.md
+
+puts each captured output in place of its section's "(output captured on the GPU: ...)" line.
+
+Programs: bpftime's ports run on examples/vec_add.cu (as bpftime's on its vec_add), the launch probes
+on a small PyTorch eager program (tests/e2e/torch_eager.py: cuBLAS kernels, no PTX), the rest on
+tests/e2e/vecadd.cu. Whatever runs past DEADLINE_S is left out and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_LINES = 30
+DEADLINE_S = 100
+TIMEOUT_S = 60
+PLACEHOLDER = re.compile(r"^\(output captured on the GPU[^)]*\)\s*$", re.M)
+
+VECADD = ("./vecadd", ["10", "1048576"])
+TORCH = ("python3 tests/e2e/torch_eager.py", ["20"])
+VEC_ADD = ("./vec_add", [])
+# example -> (program, its arguments, egpu-run options beside -p)
+EXAMPLES = {
+    "launch_count": (*TORCH, []),
+    "kernel_duration": (*VECADD, []),
+    "mem_bytes": (*VECADD, []),
+    "memtrace": ("./vecadd", ["1", "4096"], ["--perfetto", "trace.json"]),
+    "sm_balance": (*VECADD, []),
+    "hot_pages": (*VECADD, []),
+    "cxl_latency": (*VECADD, []),
+    "stragglers": (*VECADD, []),
+    "launch_latency": (*TORCH, []),
+    "cuda_counter": (*VEC_ADD, []),
+    "mem_trace": (*VEC_ADD, []),
+    "kernelretsnoop": (*VEC_ADD, []),
+    "threadhist": (*VEC_ADD, []),
+    "launchlate": (*VEC_ADD, []),
+}
+
+
+def shown(lines: list[str], limit: int = MAX_LINES) -> str:
+    """The first ``limit`` lines, and how many were left out."""
+    if len(lines) <= limit:
+        return "\n".join(lines)
+    return "\n".join(lines[:limit] + [f"... ({len(lines) - limit} more lines)"])
+
+
+def build(work: Path) -> dict[str, str]:
+    """The compiled programs, by the name the README's commands use."""
+    progs = {"./vecadd": ROOT / "tests/e2e/vecadd.cu", "./vec_add": ROOT / "examples/vec_add.cu"}
+    out = {}
+    for name, src in progs.items():
+        exe = work / name.removeprefix("./")
+        subprocess.run(["nvcc", "-O2", "-gencode", "arch=compute_90,code=[sm_90,compute_90]", str(src), "-o", str(exe)],
+                       check=True)
+        out[name] = str(exe)
+    out["python3 tests/e2e/torch_eager.py"] = f"{sys.executable} {ROOT / 'tests/e2e/torch_eager.py'}"
+    return out
+
+
+def probe_path(name: str, work: Path) -> Path:
+    prebuilt = Path(os.environ.get("EGPU_PREBUILT_PROBES") or ROOT / ".gpubuild" / "probes") / f"{name}.v3.bpf.o"
+    if prebuilt.is_file():
+        return prebuilt
+    sys.path.insert(0, str(ROOT))
+    from egpu_preload.bpf.compile import compile_probe
+    return compile_probe(ROOT / "examples" / f"{name}.bpf.c", work / f"{name}.bpf.o")
+
+
+def capture(name: str, program: str, args: list[str], options: list[str], progs: dict[str, str], work: Path,
+            env: dict[str, str], supported: str, timeout: float) -> dict:
+    options = [o if o != "trace.json" else str(work / "trace.json") for o in options]
+    if options and options[0] not in supported:  # an option this egpu-run lacks: run without it
+        options = []
+    probe = [] if name == "durations" else ["-p", str(probe_path(name, work))]
+    shown_probe = [] if name == "durations" else ["-p", f"examples/{name}.bpf.c"]
+    cmd = [sys.executable, "-c", "import launcher; launcher.run_main()", *probe, *options,
+           *progs[program].split(), *args]
+    display = " ".join(["egpu-run", *shown_probe, *[o if not o.endswith("trace.json") else "trace.json" for o in options],
+                        program, *args])
+    t = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout)
+        text, status = done.stdout, f"exit {done.returncode}"
+    except subprocess.TimeoutExpired as e:
+        text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        status = f"timeout after {timeout:.0f} s"
+    lines = [ln.replace(str(work) + "/", "") for ln in text.rstrip().splitlines()]
+    return {"name": name, "command": display, "status": status, "seconds": round(time.perf_counter() - t, 1),
+            "lines": len(lines), "output": shown(lines)}
+
+
+def markdown(captures: list[dict]) -> str:
+    out = ["# examples/ output captured on the GPU", ""]
+    for c in captures:
+        out += [f"## {c['name']}", "", f"{c['status']}, {c['seconds']} s", "", "```", f"$ {c['command']}", c["output"],
+                "```", ""]
+    return "\n".join(out)
+
+
+def apply(readme: str, captures: list[dict]) -> str:
+    """The README with each example's placeholder (the first after its heading) replaced by its output."""
+    for c in captures:
+        heading = re.search(rf"^#+ {re.escape(c['name'])}\.bpf\.c\s*$", readme, re.M)
+        if heading is None:
+            continue
+        nxt = re.search(r"^#", readme[heading.end():], re.M)
+        end = heading.end() + (nxt.start() if nxt else len(readme) - heading.end())
+        m = PLACEHOLDER.search(readme, heading.end(), end)
+        if m is None:
+            continue
+        block = f"Output on the GPU:\n\n```\n$ {c['command']}\n{c['output']}\n```"
+        readme = readme[:m.start()] + block + readme[m.end():]
+    return readme
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--apply":
+        captures = json.loads(Path(sys.argv[2]).read_text())
+        readme = Path(sys.argv[3])
+        readme.write_text(apply(readme.read_text(), captures))
+        return
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    out = Path(sys.argv[1])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    captures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU_") or k in ("EGPU_SHIM", "EGPU_PREBUILT_PROBES")}
+        env.update(XDG_RUNTIME_DIR=str(work), PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+        progs = build(work)
+        supported = subprocess.run([sys.executable, "-c", "import launcher; launcher.run_main()", "--help"], env=env,
+                                   cwd=ROOT, capture_output=True, text=True).stdout
+        jobs = [(n, *spec) for n, spec in EXAMPLES.items()] + [("durations", *TORCH, ["--durations"])]
+        for name, program, args, options in jobs:
+            left = DEADLINE_S - (time.monotonic() - start)
+            if left < 10:
+                captures.append({"name": name, "command": "", "status": "not run (time budget)", "seconds": 0,
+                                 "lines": 0, "output": ""})
+                continue
+            c = capture(name, program, args, options, progs, work, env, supported, min(TIMEOUT_S, left))
+            print(f"{name:>16}: {c['status']}, {c['lines']} lines, {c['seconds']} s", flush=True)
+            captures.append(c)
+    out.write_text(markdown(captures))
+    out.with_suffix(".json").write_text(json.dumps(captures, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
