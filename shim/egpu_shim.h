@@ -126,12 +126,21 @@ size_t egpu_shim_allocations(struct egpu_alloc *out, size_t max);
 /* The driver's own entry point for an exported symbol name ("cuModuleLoadDataEx",
  * "cuLaunchKernel_ptsz", "cuMemAlloc_v2"), never a hook; NULL if the driver lacks it. */
 void *egpu_shim_real(const char *symbol);
+/* Python is being finalized (hooks.attach registers this with atexit before anything else, so it runs
+ * after every other atexit handler of the runtime): from now on no hook calls into Python. Module loads,
+ * lookups and unloads go straight to the driver, the SASS back end runs no probes in later launches;
+ * launches keep their targets. C exit handlers that run after Py_FinalizeEx (cuDNN's static destructors
+ * unload modules) would otherwise call into a finalized interpreter and crash the program. */
+void egpu_shim_python_gone(void);
 /* While on, this thread's hooks go straight to the driver (no callbacks, no redirection), so the
  * runtime can use any driver binding (cuda-python) itself. Returns the previous setting. Hooks
  * called from inside a Python callback pass straight through anyway. */
 int egpu_shim_bypass(int on);
 
 /* ---- part 3: C only ---- */
+
+/* 0 once egpu_shim_python_gone() was called: every caller of a part-1 function asks first. */
+int egpu_python_up(void);
 
 typedef int CUresult;
 typedef void *CUmodule, *CUfunction, *CUlibrary, *CUkernel, *CUlinkState, *CUstream, *CUgraph,

@@ -718,10 +718,17 @@ EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgrap
     return r;
 }
 
-/* ---- module loads and lookups: into Python, outside any driver call ---- */
+/* ---- module loads and lookups: into Python, outside any driver call, while Python is up ---- */
+
+static _Atomic int g_python_gone;
+
+EXPORT void egpu_shim_python_gone(void) { atomic_store(&g_python_gone, 1); }
+
+int egpu_python_up(void) { return !atomic_load_explicit(&g_python_gone, memory_order_acquire); }
 
 static const void *py_image(int api, unsigned long long call, const void *image, size_t size,
                             const char *path, size_t *out_size) {
+    if (!egpu_python_up()) return NULL; /* the original loads */
     atomic_fetch_add_explicit(&g_stats.python_calls, 1, memory_order_relaxed);
     tls_in_python++;
     const void *r = egpu_py_module_load(api, call, image, size, path, out_size);
@@ -730,12 +737,14 @@ static const void *py_image(int api, unsigned long long call, const void *image,
 }
 
 static void py_loaded(int api, unsigned long long call, void *handle, CUresult r, int repl_result) {
+    if (!egpu_python_up()) return;
     tls_in_python++;
     egpu_py_module_loaded(api, call, handle, r, repl_result);
     tls_in_python--;
 }
 
 static void py_found(int api, void *owner, const char *name, void *handle) {
+    if (!egpu_python_up()) return;
     atomic_fetch_add_explicit(&g_stats.python_calls, 1, memory_order_relaxed);
     tls_in_python++;
     egpu_py_handle_found(api, owner, name, handle);
@@ -743,6 +752,7 @@ static void py_found(int api, void *owner, const char *name, void *handle) {
 }
 
 static void py_unloaded(int api, void *handle) {
+    if (!egpu_python_up()) return;
     tls_in_python++;
     egpu_py_unloaded(api, handle);
     tls_in_python--;

@@ -191,10 +191,12 @@ static const struct function *function_of(const san_launch_data *ld) {
     struct function *fresh = calloc(1, sizeof *fresh);
     if (!fresh) return NULL;
     fresh->generation = gen;
-    int old = egpu_shim_bypass(1); /* Python must not reach the driver from here; hooks pass through */
-    fresh->mask = egpu_py_sass_kernel(ld->module, ld->functionName ? ld->functionName : "",
-                                      &fresh->kernel_id);
-    egpu_shim_bypass(old);
+    if (egpu_python_up()) { /* else no probes: the interpreter is finalized (egpu_shim_python_gone) */
+        int old = egpu_shim_bypass(1); /* Python must not reach the driver from here; hooks pass through */
+        fresh->mask = egpu_py_sass_kernel(ld->module, ld->functionName ? ld->functionName : "",
+                                          &fresh->kernel_id);
+        egpu_shim_bypass(old);
+    }
     uint64_t pc = 0, size = 0;
     if (fresh->mask && ld->functionName &&
         ok(san.sanitizerGetFunctionPcAndSize(ld->module, ld->functionName, &pc, &size),

@@ -65,9 +65,10 @@ def split(stdout: str) -> tuple[list[str], list[dict]]:
 
 
 def env_for(shim: Path, sessions: Path, **extra: str) -> dict[str, str]:
-    """The shim built here; sessions (kept by -v) under the test's directory."""
+    """The shim built here; sessions (kept by -v) under the test's directory; a job that dies of a
+    signal prints its Python stack (PYTHONFAULTHANDLER)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU")}
-    env.update(EGPU_SHIM=str(shim), XDG_RUNTIME_DIR=str(sessions))
+    env.update(EGPU_SHIM=str(shim), XDG_RUNTIME_DIR=str(sessions), PYTHONFAULTHANDLER="1")
     env.update(extra)
     return env
 

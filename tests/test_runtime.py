@@ -207,6 +207,22 @@ def test_instrumented_load_fills_the_table_and_appends_launch_ids(stub_job, prob
     assert doc["probes"][0]["maps"] == [{"values": [bytes(8)]}]
 
 
+@pytest.mark.parametrize("mode, unload", [("module", "cuModuleUnload"), ("library", "cuLibraryUnload")])
+def test_driver_calls_after_the_interpreter_is_gone_pass_through(stub_job, probe_obj, tmp_path, mode, unload):
+    """A Python program whose C exit handlers unload and free after Py_FinalizeEx (cuDNN's static
+    destructors in PyTorch): the hooks reach the driver without calling into the finalized
+    interpreter, and the program exits 0 (it died of SIGSEGV when they called in)."""
+    cmd = ["python3", str(MORE / "app_vec.py"), mode, "1", "32", "0", "late"]
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), *cmd, PYTHONFAULTHANDLER="1")
+    assert r.returncode == 0, r.stderr
+    assert launches(calls) == ["11,22,32,1"]
+    # the exit dump read the maps back first; the late calls reached the driver after it
+    read = calls.index("cuMemcpyDtoH_v2 size=72 ctx=app")
+    assert [c.split(" ")[0] for c in calls[read:] if c.startswith((unload, "cuMemFree_v2"))][-2:] == \
+        ["cuMemFree_v2", unload]
+    assert docs[0]["error"] is None
+
+
 def test_without_a_current_context_the_maps_go_to_the_primary_context(stub_job, probe_obj, tmp_path):
     r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), str(stub_job.app), "library", "1", "32", "0",
                               EGPU_STUB_NO_CONTEXT="1")

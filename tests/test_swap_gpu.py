@@ -105,7 +105,7 @@ def wait_for_session(proc: subprocess.Popen, directory: Path, exe: Path) -> Cont
 
 def test_hundred_swap_cycles_exact_and_bit_identical(shim, swap_loop, window_probes, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU")}
-    env.update(EGPU_SHIM=str(shim), XDG_RUNTIME_DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(
+    env.update(EGPU_SHIM=str(shim), XDG_RUNTIME_DIR=str(tmp_path), PYTHONFAULTHANDLER="1", PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     a_obj, b_obj = window_probes
     stop = tmp_path / "stop"

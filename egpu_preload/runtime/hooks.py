@@ -2,7 +2,9 @@
 
 The shim calls them on the application's thread, before or after (never inside) the driver call, so
 they must be short and must not raise into C: an exception is reported on stderr and the original
-call proceeds unchanged. Without a registered instrumenter every hook answers "no change".
+call proceeds unchanged. Without a registered instrumenter every hook answers "no change". Once the
+interpreter is finalizing the shim calls none of them (attach's first atexit handler tells it so):
+loads, lookups and unloads then go straight to the driver.
 
 The runtime registers one instrumenter (``register``). The module that does so is named by the
 EGPU_RUNTIME environment variable (set by the launcher, the only place it is set); attach() imports it
@@ -11,6 +13,7 @@ once Python is up in the application.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import sys
@@ -108,6 +111,9 @@ def attach(ffi: Any, lib: Any) -> None:
     runtime module that registers the instrumenter."""
     global _shim
     _shim = (ffi, lib)
+    # First: atexit runs last registered first, so this runs after every handler the runtime registers
+    # (the exit dump). Past it no hook calls in: C exit handlers run after the interpreter is finalized.
+    atexit.register(lib.egpu_shim_python_gone)
 
     def api_name(api: int) -> str:
         return ffi.string(ffi.cast("enum egpu_api", api)).removeprefix("EGPU_API_")

@@ -359,12 +359,12 @@ class Runtime:
     # ---- exit --------------------------------------------------------------------------------------
     def finish(self) -> None:
         """Read the maps back and write this process's dump (nothing if it loaded no module)."""
-        self.live.stop()
+        self.live.stop()  # no daemon thread of ours runs on into the interpreter's finalization
+        if self.drainer is not None:
+            self.drainer.stop()
         if self.cfg.session is None or not self.loads:
             return
         probes, error, states = [], None, None
-        if self.drainer is not None:
-            self.drainer.stop()
         if self.maps:
             try:
                 with self.driver.current(self.context):

@@ -1,5 +1,7 @@
 """app_vec.c as a Python program (ctypes reaches the driver through dlsym): `python3 app_vec.py MODE K N
-STATUS`. Its exit dump comes from Python's atexit, not C's."""
+STATUS [late]`. Its exit dump comes from Python's atexit, not C's. With `late`, C's exit handlers unload
+the module and free memory after the interpreter is finalized, as cuDNN's static destructors do in a
+PyTorch program."""
 
 import ctypes
 import os
@@ -10,6 +12,14 @@ PTX = (b".version 8.0\n.target sm_90\n.address_size 64\n\n"
        b".visible .entry vecadd(\n\t.param .u64 a,\n\t.param .u64 b,\n\t.param .u64 n\n)\n{\n"
        b"\t.reg .b64 %rd<4>;\n\tld.param.u64 %rd1, [a];\n\tld.global.u64 %rd2, [%rd1];\n"
        b"\tst.global.u64 [%rd1], %rd2;\n\tret;\n}\n")
+
+
+def at_exit(fn, arg) -> None:
+    """fn(arg) from C's exit(), which runs after Py_FinalizeEx: a driver entry point (the shim's hook,
+    as dlsym handed it out) called straight from C, never through Python."""
+    libc = ctypes.CDLL(None)
+    libc.__cxa_atexit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    libc.__cxa_atexit(ctypes.cast(fn, ctypes.c_void_p), ctypes.c_void_p(arg.value), None)
 
 
 def main() -> int:
@@ -29,6 +39,11 @@ def main() -> int:
         r |= cuda.cuLaunchKernel(f, (n + 31) // 32, 1, 1, 32, 1, 1, 0, None, params, None)
     r |= cuda.cuCtxSynchronize()
     print(f"app_vec {mode} launches={k} threads={n} result={r}", flush=True)
+    if sys.argv[5:] == ["late"]:
+        at_exit(cuda.cuLibraryUnload if mode == "library" else cuda.cuModuleUnload, mod)
+        ptr = ctypes.c_uint64()
+        cuda.cuMemAlloc_v2(ctypes.byref(ptr), 64)
+        at_exit(cuda.cuMemFree_v2, ptr)
     if status == "kill":
         os.kill(os.getpid(), signal.SIGTERM)
     return int(status)
