@@ -100,7 +100,7 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
 
 def measure(work: Path, launches: int = 200_000, runs: int = RUNS, cases: tuple[str, ...] = CASES) -> dict:
     exe = str(build(work))
-    probe = str(launch_probe(work))
+    probe = str(launch_probe(work)) if "launch_probe" in cases else ""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU_") or k == "EGPU_SHIM"}
     env.update(XDG_RUNTIME_DIR=str(work), PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
     egpu = [sys.executable, "-c", "import launcher; launcher.run_main()", "--json"]

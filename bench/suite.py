@@ -166,21 +166,7 @@ def hot_swap(work: Path, env: dict[str, str], probes: dict[str, Path], seconds: 
             time.sleep(0.05)
         if client is None:
             return {"skipped": f"no session of the running job (status {job.poll()})"}
-        a, b = probes["entry_exit"].read_bytes(), probes["mem_count"].read_bytes()
-        flip: dict[str, list[float]] = {"attach": [], "swap": [], "detach": []}
-        trip: dict[str, list[float]] = {"attach": [], "swap": [], "detach": []}
-        for _ in range(SWAP_CYCLES):
-            if time.monotonic() > until and flip["detach"]:
-                break
-            for cmd, fields in (("attach", {"probe": a, "name": "a"}),
-                                ("swap", {"old": "a", "new_probe": b, "new_name": "b"}),
-                                ("detach", {"name": "b"})):
-                t = time.perf_counter()
-                reply = client.request(cmd, **fields)
-                trip[cmd].append((time.perf_counter() - t) * 1e3)
-                flip[cmd].append(reply["seconds"] * 1e3)
-        return {"cycles": len(flip["detach"]), "flip_ms": {c: spread(v) for c, v in flip.items()},
-                "round_trip_ms": {c: spread(v) for c, v in trip.items()}}
+        return swap_latency(client, probes["entry_exit"].read_bytes(), probes["mem_count"].read_bytes(), until)
     finally:
         stop.touch()
         try:
@@ -188,6 +174,25 @@ def hot_swap(work: Path, env: dict[str, str], probes: dict[str, Path], seconds: 
         except subprocess.TimeoutExpired:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
+
+
+def swap_latency(client: Any, a: bytes, b: bytes, until: float) -> dict[str, Any]:
+    """Up to SWAP_CYCLES cycles of attach a, swap a for b, detach b (at least one, more while before
+    ``until``): the flip time the job reports and the round trip seen here, in ms."""
+    flip: dict[str, list[float]] = {"attach": [], "swap": [], "detach": []}
+    trip: dict[str, list[float]] = {"attach": [], "swap": [], "detach": []}
+    for _ in range(SWAP_CYCLES):
+        if time.monotonic() > until and flip["detach"]:
+            break
+        for cmd, fields in (("attach", {"probe": a, "name": "a"}),
+                            ("swap", {"old": "a", "new_probe": b, "new_name": "b"}),
+                            ("detach", {"name": "b"})):
+            t = time.perf_counter()
+            reply = client.request(cmd, **fields)
+            trip[cmd].append((time.perf_counter() - t) * 1e3)
+            flip[cmd].append(reply["seconds"] * 1e3)
+    return {"cycles": len(flip["detach"]), "flip_ms": {c: spread(v) for c, v in flip.items()},
+            "round_trip_ms": {c: spread(v) for c, v in trip.items()}}
 
 
 def spread(values: list[float]) -> dict[str, Any]:

@@ -264,3 +264,32 @@ def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
     assert len(doc["modules"]) == 6 * 4  # shim, entry_exit, mem_count, mem_trace per workload
     md = (tmp_path / "suite.md").read_text()
     assert "| full memory trace | ≤ 2.0x | 3.000x |" in md and "Skipped: hot swap" in md
+
+
+def test_module_timings_come_back_from_a_real_dump(suite, stub_job, probe_obj, tmp_path):
+    """egpu-run on the stand-in driver: the runtime's dump gives each instrumented module its rewrite and
+    driver times and the probes' load time, and run_case reads them."""
+    env = stub_job.env(tmp_path / "log")
+    rec = suite.run_case([*suite.egpu_run(), "--keep", "-p", str(probe_obj("count")), str(stub_job.app),
+                          "module", "1", "32", "0"], env, 60)
+    (mod,) = [m for m in rec["modules"] if m["status"] == "instrumented"]
+    assert mod["kernels"] >= 1 and mod["rewrite_ms"] > 0 and mod["driver_ms"] >= 0 and mod["probes_ms"] > 0
+
+
+def test_swap_latency_on_a_live_job(suite, stub_job, probe_obj, tmp_path):
+    """The attach / swap / detach cycle against a job on the stand-in driver: the job's replies carry the
+    flip time the report reads."""
+    from egpu_preload.control import ControlClient
+    from test_live import Job
+
+    job = Job(stub_job, tmp_path)
+    try:
+        count = probe_obj("count").read_bytes()
+        got = suite.swap_latency(ControlClient(job.pid, directory=job.dir, timeout=30), count, count, 0.0)
+    finally:
+        status, _, err = job.finish()
+    assert status == 0, err
+    assert got["cycles"] == 1
+    for cmd in ("attach", "swap", "detach"):
+        flip, trip = got["flip_ms"][cmd], got["round_trip_ms"][cmd]
+        assert len(flip["runs"]) == 1 and 0 < flip["median"] <= trip["median"]
