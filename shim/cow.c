@@ -218,10 +218,12 @@ static void note_error(CUresult r) {
 
 static CUstream effective(CUstream s, int per_thread) { return !s && per_thread ? CU_STREAM_PER_THREAD : s; }
 
-/* Enqueue the unit's copies on `s` and an event after them. The globals wait for the cut first: a
- * launch that claims them need not be ordered after the launches that wrote them. */
-static void issue(struct unit *u, CUstream s, int globals) {
-    if (globals)
+/* Enqueue the unit's copies on `s` and an event after them. A writer's copy waits for the cut on every
+ * stream first: work issued before the cut on another stream may still be writing the range (other
+ * bytes of one allocation, or a global), and nothing orders it before this writer. Nothing issued
+ * after the cut can have written the range yet: it would have claimed it. */
+static void issue(struct unit *u, CUstream s, int after_cut) {
+    if (after_cut)
         for (size_t i = 0; i < cow.ncut; i++) note_error(CALL(cuStreamWaitEvent, s, cow.cut[i], 0));
     for (size_t i = u->first; i < u->first + u->count; i++) {
         const struct egpu_cow_range *r = &cow.ranges[i];
@@ -238,7 +240,7 @@ static int touch(struct unit *u, CUstream s) {
     int st = atomic_load_explicit(&u->state, memory_order_acquire);
     if (st == PENDING) {
         if (atomic_compare_exchange_strong(&u->state, &st, CLAIMED)) {
-            issue(u, s, u == &cow.units[cow.nranges]);
+            issue(u, s, 1);
             atomic_fetch_add_explicit(&cstats.hook_copies, 1, memory_order_relaxed);
             return 1;
         }
@@ -420,10 +422,10 @@ void egpu_cow_launch(void *f, CUstream stream, int per_thread, void **params, vo
         if (e[0] == CU_LAUNCH_PARAM_BUFFER_POINTER) buf = e[1];
         else if (e[0] == CU_LAUNCH_PARAM_BUFFER_SIZE && e[1]) bufsize = *(size_t *)e[1];
     }
-    struct layout *l = buf || params ? layout_for(f) : &unknown_layout;
+    struct layout *l = layout_for(f);
     if (buf && bufsize && (!l->known || l->nwrites < 0)) {
         scan(buf, 0, (unsigned int)bufsize, s);
-    } else if (l->known && l->nwrites >= 0 && (buf || params)) {
+    } else if (l->known && l->nwrites >= 0 && (buf || params || !l->nparams)) {
         for (int i = 0; i < l->nwrites; i++) { /* only the words the kernel writes through */
             unsigned int at = l->writes[i];
             for (unsigned int p = 0; p < l->nparams; p++) {
@@ -436,7 +438,7 @@ void egpu_cow_launch(void *f, CUstream stream, int per_thread, void **params, vo
                 break;
             }
         }
-    } else if (l->known && params) {
+    } else if (l->known && (params || !l->nparams)) {
         for (unsigned int p = 0; p < l->nparams; p++) scan(params[p], l->offsets[p], l->sizes[p], s);
     } else { /* nothing to read the parameters by: the launch may write anything */
         atomic_fetch_add_explicit(&cstats.unknown_layout, 1, memory_order_relaxed);

@@ -6,8 +6,8 @@
  * every copy or memset into device memory first looks for pending ranges it may write (a launch: any
  * 8-byte parameter word pointing into one; the PTX write set narrows that when the runtime gave one).
  * The first writer of a range claims it with one CAS and enqueues its copy to the staging buffer on
- * its own stream, before itself: stream ordered, no host stall, and the copy sees the range exactly as
- * the launch would have. The runtime's copier claims the other ranges one at a time on a stream of its
+ * its own stream, before itself, after waiting for the cut events of every stream: stream ordered, no
+ * host stall, and the copy sees the range exactly as it was at the cut. The runtime's copier claims the other ranges one at a time on a stream of its
  * own that waits for the cut. A writer that finds a range claimed by another stream waits for that
  * copy's event on its own stream (cuStreamWaitEvent), again without stalling the host.
  */

@@ -105,12 +105,17 @@ def test_a_writer_copies_a_pending_range_first_on_its_own_stream(cow_stub, tmp_p
     log = (tmp_path / "log").read_text()
     staging = {int(src, 16): dst for dst, src in re.findall(r"cuMemcpyAsync dst=(\S+) src=(\S+)", log)}
     assert sorted(staging) == b, "each range copied exactly once"
+    cut_waits = [f"cuStreamWaitEvent stream={{}} event={e}" for e in (5, 6, 7, 8)]   # legacy, s, s2, side
+
+    def after_cut(stream: str) -> list[str]:
+        return [w.format(stream) for w in cut_waits]
+
     cases = [  # (between marks, the calls the stand-in saw there, in order)
-        ("armed", "stray", [f"cuMemcpyAsync dst={staging[b[0]]} src={b[0]:#x} size=64 stream={s}",
+        ("armed", "stray", after_cut(s) + [f"cuMemcpyAsync dst={staging[b[0]]} src={b[0]:#x} size=64 stream={s}",
                             f"cuEventRecord event=1 stream={s}", f"cuLaunchKernel f=k@1 grid=1 block=1 stream={s} params={b[0]},5"]),
         ("stray", "reader", [f"cuLaunchKernel f=k@1 grid=1 block=1 stream={s} params=4660,5"]),
         ("reader", "htod", [f"cuLaunchKernel f=k2@1 grid=1 block=1 stream={s} params={b[1]}"]),
-        ("htod", "other stream", [f"cuMemcpyAsync dst={staging[b[2]]} src={b[2]:#x} size=64 stream=(nil)",
+        ("htod", "other stream", after_cut("(nil)") + [f"cuMemcpyAsync dst={staging[b[2]]} src={b[2]:#x} size=64 stream=(nil)",
                                   "cuEventRecord event=3 stream=(nil)", "cuMemcpyHtoD_v2 size=64 ctx=app"]),
         ("other stream", "copier", [f"cuStreamWaitEvent stream={s2} event=1",
                                     f"cuLaunchKernel f=k@1 grid=1 block=1 stream={s2} params={b[0]},5"]),
@@ -123,8 +128,10 @@ def test_a_writer_copies_a_pending_range_first_on_its_own_stream(cow_stub, tmp_p
         assert _between(log, start, end) == calls, (start, end)
     # the copier's stream waited for the cut on every stream (the legacy one first) before copying
     cut = log[:log.index("mark armed")]
-    assert [ln.split(" ", 1)[1] for ln in cut.splitlines() if "cuStreamWaitEvent" in ln] == [
-        f"cuStreamWaitEvent stream={side} event={e}" for e in (5, 6, 7, 8)]
+    assert [ln.split(" ", 1)[1] for ln in cut.splitlines() if "cuStreamWaitEvent" in ln] == after_cut(side)
+    # the cut came first: events on the legacy stream and every stream the app made
+    assert [ln.split(" ", 1)[1] for ln in cut.splitlines() if "cuEventRecord" in ln] == [
+        f"cuEventRecord event={e} stream={x}" for e, x in zip((5, 6, 7, 8), ("(nil)", s, s2, side))]
     # every buffer's snapshot is its contents at the cut ("A" = 100 + b), buffer 2's HtoD came after
     assert re.findall(r"staged (\d) (\d+)", r.stdout) == [(str(i), str(100 + i)) for i in range(4)]
     assert ("cow hook_copies 2 hook_waits 1 copier_copies 2 copied 2 checked 5 unknown 0 cut_streams 4 armed 0 "
@@ -170,10 +177,10 @@ def test_checkpoint_while_running_then_rollback_and_restore_into_a_rerun(cow_stu
     loop = Loop(cow_stub, tmp_path)
     ckpt, bad = tmp_path / "ckpt", tmp_path / "bad"
     try:
-        r = egpu(["checkpoint", str(loop.pid), str(ckpt)], loop.env)
+        r = egpu(["checkpoint", str(loop.pid), str(ckpt), "--compare-stop-the-world"], loop.env)
         assert r.returncode == 0, r.stderr
         assert re.match(rf"checkpoint of {loop.pid} in {ckpt}: 4 allocations, 1 globals, 208 bytes; cut at launch \d+ "
-                        r"on \d+ streams; copied in", r.stdout), r.stdout
+                        r"on \d+ streams; copied in .*; the same copy stopping the job: [\d.]+ ms$", r.stdout), r.stdout
         m = snapshot.load(ckpt)
         # the allocations in creation order: three buffers, then the counter
         assert [(e.index, e.size) for e in m.allocations] == [(0, 64), (1, 64), (2, 64), (3, 8)]

@@ -8,15 +8,17 @@
    stream; the pending table is published with it. What was issued before is in the snapshot, what
    comes after is not.
 3. Soft copy-on-write: until every range is copied, a launch or copy that may write a pending range
-   copies it first on its own stream (shim/cow.c); this thread's copier copies the rest, one range at
-   a time, on a stream of its own that waits for the cut events. The kernels' PTX write sets
+   copies it first on its own stream, after waiting for every stream's cut event (shim/cow.c); this
+   thread's copier copies the rest, one range at a time, on a stream of its own that waits for the cut
+   events too. So every copy holds its range as of the cut, whoever made it. The kernels' PTX write sets
    (cow/rwsets.py) tell the hook which parameter words are written through; kernels without PTX get
    their layout from the driver and every word counts.
 4. Disarm (every copy finished), then the staging memory goes to DIR through snapshot.SnapshotWriter,
    with what the checkpoint cost the application in the manifest's ``info``: time inside hooks on
    copy-on-write (sum and max) and the window it ran in (CLOCK_MONOTONIC, as the application's clocks).
-   ``stop_the_world`` then copies the same bytes the way a stopping checkpointer does (launches held,
-   context drained, device-to-device copies: egpu_shim_swap) and reports how long that held the job.
+   ``stop_the_world`` first copies the same bytes the way a stopping checkpointer does (launches held,
+   context drained, device-to-device copies: egpu_shim_swap) and reports how long that held the job;
+   ``download_s`` is what copying them to the host took (a stopping checkpointer to host holds that).
 
 Module globals are one unit: the first launch after the cut (any kernel may write a global) copies them
 all on its stream after waiting for every cut event, or waits for the copier's copy.
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from egpu_preload.runtime.instrumenter import Module, Runtime
 
 SAVED_KINDS = (AllocKind.DEVICE, AllocKind.PITCH, AllocKind.MANAGED, AllocKind.ASYNC, AllocKind.VMM_MAPPING)
+STW_GAP_S = 0.2   # between the stop-the-world comparison and the live checkpoint
 STATS = ("launches_at_cut", "cut_streams", "hook_copies", "hook_waits", "copier_copies", "checked",
          "unknown_layout", "stall_ns", "stall_max_ns")
 
@@ -140,6 +143,7 @@ class Checkpointer:
         self.rt = rt
         self.busy = threading.Lock()
         self._side: int | None = None    # the copier's stream (one per process, in the job's context)
+        self.download_s = 0.0            # staging to host, this checkpoint
 
     # ---- checkpoint ---------------------------------------------------------------------------------
     def checkpoint(self, fields: dict) -> dict:
@@ -164,18 +168,21 @@ class Checkpointer:
                     staged = self._stage(rt)
                     layouts = register_layouts(rt)
                     side = self._stream()
+                    stw = {}
+                    if stop_the_world:  # first, and apart, so that the job's timings can tell them apart
+                        stw = self._stop_the_world(staged, ctx)
+                        time.sleep(STW_GAP_S)
                     info = self._copy(staged, side, ctx)
-                    info["layouts"] = layouts
-                    t0 = time.monotonic()
+                    info.update(stw, layouts=layouts)
+                    t0, self.download_s = time.monotonic(), 0.0
                     for s in staged:
                         data = self._read(s, side)
                         if s.alloc is not None:
                             writer.add_allocation(s.alloc, data)
                         else:
                             writer.add_global(*s.symbol, data, s.size)
-                    info["write_s"] = round(time.monotonic() - t0, 3)
-                    if stop_the_world:
-                        info.update(self._stop_the_world(staged, ctx))
+                    info.update(write_s=round(time.monotonic() - t0, 3), download_s=round(self.download_s, 3),
+                                t_written_ns=time.monotonic_ns())
             finally:
                 with rt.driver.current(ctx):
                     for s in staged:
@@ -256,7 +263,10 @@ class Checkpointer:
             yield ffi.buffer(ffi.cast("char *", s.staging), s.size)
             return
         for off in range(0, s.size, CHUNK):
-            yield self.rt.driver.dtoh_on(side, s.staging + off, min(CHUNK, s.size - off))
+            t0 = time.monotonic()
+            piece = self.rt.driver.dtoh_on(side, s.staging + off, min(CHUNK, s.size - off))
+            self.download_s += time.monotonic() - t0
+            yield piece
 
     def _stop_the_world(self, staged: list[Staged], ctx: int) -> dict:
         """The same bytes copied the stopping way: launches held, the context drained, copied, drained."""
