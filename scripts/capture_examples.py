@@ -150,8 +150,9 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU_") or k in ("EGPU_SHIM", "EGPU_PREBUILT_PROBES")}
         env.update(XDG_RUNTIME_DIR=str(work), PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
         progs = build(work)
-        supported = subprocess.run([sys.executable, "-c", "import launcher; launcher.run_main()", "--help"], env=env,
-                                   cwd=ROOT, capture_output=True, text=True).stdout
+        egpu_run = [sys.executable, "-c", "import launcher; launcher.run_main()"]
+        supported = subprocess.run([*egpu_run, "--help"], env=env, cwd=ROOT, capture_output=True, text=True).stdout
+        subprocess.run([*egpu_run, "true"], env=env, cwd=ROOT, capture_output=True)  # builds a stale shim first
         jobs = [(n, *spec) for n, spec in EXAMPLES.items()] + [("durations", *TORCH, ["--durations"])]
         for name, program, args, options in jobs:
             left = DEADLINE_S - (time.monotonic() - start)
