@@ -199,8 +199,8 @@ static struct {
     size_t nranges;                  /* pointer ranges */
     struct unit *units;              /* one per pointer range, then the globals' unit if any */
     size_t nunits;
-    CUevent *cut;                    /* one per stream cut */
-    size_t ncut;
+    CUevent *cut;                    /* one per stream cut (ncut), and spares (to nevents) */
+    size_t ncut, nevents;
     _Atomic size_t next;             /* the copier's next unit */
     _Atomic int error;               /* the first failed CUresult */
 } cow;
@@ -459,13 +459,13 @@ static void release_all(void) {
     pfn_event destroy = REAL(pfn_event, "cuEventDestroy_v2");
     for (size_t i = 0; destroy && i < cow.nunits; i++)
         if (cow.units[i].event) destroy(cow.units[i].event);
-    for (size_t i = 0; destroy && i < cow.ncut; i++)
+    for (size_t i = 0; destroy && i < cow.nevents; i++)
         if (cow.cut[i]) destroy(cow.cut[i]);
     free(cow.ranges);
     free(cow.units);
     free(cow.cut);
     cow.ranges = NULL, cow.units = NULL, cow.cut = NULL;
-    cow.nranges = cow.nunits = cow.ncut = 0;
+    cow.nranges = cow.nunits = cow.ncut = cow.nevents = 0;
 }
 
 static CUresult new_event(CUevent *e) {
@@ -482,9 +482,13 @@ EXPORT int egpu_cow_arm(const struct egpu_cow_range *ranges, size_t n, void *sid
     for (size_t i = 0; i < n; i++) ranges[i].always ? nglob++ : nptr++;
     cow.ranges = calloc(n + 1, sizeof *cow.ranges);
     cow.units = calloc(nptr + 1, sizeof *cow.units);
-    cow.cut = calloc(MAX_STREAMS + 1, sizeof *cow.cut);
+    pthread_mutex_lock(&streams_lock);
+    size_t room = nstreams + 1 + 32; /* the legacy stream, and streams made before the cut */
+    pthread_mutex_unlock(&streams_lock);
+    cow.cut = calloc(room, sizeof *cow.cut);
     int result = -1;
     if (!cow.ranges || !cow.units || !cow.cut) goto fail;
+    cow.nevents = room;
     for (size_t i = 0, p = 0, g = nptr; i < n; i++) cow.ranges[ranges[i].always ? g++ : p++] = ranges[i];
     qsort(cow.ranges, nptr, sizeof *cow.ranges, by_address);
     for (size_t i = 1; i < nptr; i++) /* overlapping ranges would be claimed twice */
@@ -495,7 +499,7 @@ EXPORT int egpu_cow_arm(const struct egpu_cow_range *ranges, size_t n, void *sid
         cow.units[i] = (struct unit){PENDING, NULL, NULL, i, i < nptr ? 1 : nglob};
         if ((result = new_event(&cow.units[i].event)) != CUDA_SUCCESS) goto fail;
     }
-    for (size_t i = 0; i <= MAX_STREAMS; i++)
+    for (size_t i = 0; i < room; i++)
         if ((result = new_event(&cow.cut[i])) != CUDA_SUCCESS) goto fail;
     atomic_store(&cow.next, 0);
     atomic_store(&cow.error, 0);
@@ -504,7 +508,7 @@ EXPORT int egpu_cow_arm(const struct egpu_cow_range *ranges, size_t n, void *sid
     /* The cut: no hook between its check and its driver call while events go on every stream. */
     hold_hooks(1);
     pthread_mutex_lock(&streams_lock);
-    result = CALL(cuEventRecord, cow.cut[0], NULL); /* the legacy stream */
+    result = nstreams + 1 <= room ? CALL(cuEventRecord, cow.cut[0], NULL) : -1; /* the legacy stream */
     cow.ncut = 1;
     for (size_t i = 0; i < nstreams && result == CUDA_SUCCESS; i++) {
         /* a stream of another context refuses the event: it cannot be cut from here */
