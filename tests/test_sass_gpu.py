@@ -75,7 +75,21 @@ def entries(doc: dict, name: str) -> dict:
 HEADER_CHECK = r"""
 #include <stddef.h>
 #include <stdio.h>
+#include <type_traits>
 #include <sanitizer.h>
+/* the prototypes sass.c declares, compared by type (decltype names no symbol: nothing to link) */
+#define SAME(fn, type) static_assert(std::is_convertible<decltype(&fn), type>::value, #fn " differs from sass.c's");
+SAME(sanitizerSubscribe, SanitizerResult (*)(Sanitizer_SubscriberHandle *, Sanitizer_CallbackFunc, void *))
+SAME(sanitizerEnableDomain, SanitizerResult (*)(uint32_t, Sanitizer_SubscriberHandle, Sanitizer_CallbackDomain))
+SAME(sanitizerAddPatches, SanitizerResult (*)(const void *, CUcontext))
+SAME(sanitizerPatchInstructions, SanitizerResult (*)(const Sanitizer_InstructionId, CUmodule, const char *))
+SAME(sanitizerPatchModule, SanitizerResult (*)(CUmodule))
+SAME(sanitizerAlloc, SanitizerResult (*)(CUcontext, void **, size_t))
+SAME(sanitizerMemcpyHostToDeviceAsync, SanitizerResult (*)(void *, void *, size_t, Sanitizer_StreamHandle))
+SAME(sanitizerSetLaunchCallbackData,
+     SanitizerResult (*)(Sanitizer_LaunchHandle, CUfunction, Sanitizer_StreamHandle, const void *))
+SAME(sanitizerGetFunctionPcAndSize, SanitizerResult (*)(CUmodule, const char *, uint64_t *, uint64_t *))
+SAME(sanitizerGetResultString, SanitizerResult (*)(SanitizerResult, const char **))
 int main(void) {
 #define OFF(t, f) printf("%s.%s %zu\n", #t, #f, offsetof(t, f));
     OFF(Sanitizer_LaunchData, context) OFF(Sanitizer_LaunchData, stream) OFF(Sanitizer_LaunchData, hStream)
@@ -90,19 +104,7 @@ int main(void) {
            SANITIZER_CBID_LAUNCH_BEGIN, SANITIZER_INSTRUCTION_BLOCK_ENTER, SANITIZER_INSTRUCTION_BLOCK_EXIT,
            SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS, SANITIZER_MEMORY_DEVICE_FLAG_READ,
            SANITIZER_MEMORY_DEVICE_FLAG_WRITE, SANITIZER_MEMORY_DEVICE_FLAG_ATOMSYS, SANITIZER_PATCH_SUCCESS);
-    /* the prototypes sass.c declares, as function pointer types of the real ones */
-    SanitizerResult (*a)(Sanitizer_SubscriberHandle *, Sanitizer_CallbackFunc, void *) = sanitizerSubscribe;
-    SanitizerResult (*b)(uint32_t, Sanitizer_SubscriberHandle, Sanitizer_CallbackDomain) = sanitizerEnableDomain;
-    SanitizerResult (*c)(const void *, CUcontext) = sanitizerAddPatches;
-    SanitizerResult (*d)(const Sanitizer_InstructionId, CUmodule, const char *) = sanitizerPatchInstructions;
-    SanitizerResult (*e)(CUmodule) = sanitizerPatchModule;
-    SanitizerResult (*f)(CUcontext, void **, size_t) = sanitizerAlloc;
-    SanitizerResult (*g)(void *, void *, size_t, Sanitizer_StreamHandle) = sanitizerMemcpyHostToDeviceAsync;
-    SanitizerResult (*h)(Sanitizer_LaunchHandle, CUfunction, Sanitizer_StreamHandle, const void *) =
-        sanitizerSetLaunchCallbackData;
-    SanitizerResult (*i)(CUmodule, const char *, uint64_t *, uint64_t *) = sanitizerGetFunctionPcAndSize;
-    SanitizerResult (*j)(SanitizerResult, const char **) = sanitizerGetResultString;
-    printf("prototypes %d\n", a && b && c && d && e && f && g && h && i && j);
+    printf("prototypes 1\n");
     return 0;
 }
 """
@@ -140,8 +142,8 @@ def test_declarations_match_the_real_headers(tmp_path):
     cuda_inc = SAN.parent / "include"
     (tmp_path / "real.cpp").write_text(HEADER_CHECK)   # C++: a prototype unlike ours does not compile
     (tmp_path / "ours.c").write_text(OURS)
-    subprocess.run(["g++", "-I", str(SAN / "include"), "-I", str(cuda_inc), "real.cpp", "-o", "real"], cwd=tmp_path,
-                   check=True)
+    subprocess.run(["g++", "-std=c++17", "-I", str(SAN / "include"), "-I", str(cuda_inc), "real.cpp", "-o", "real"],
+                   cwd=tmp_path, check=True)
     subprocess.run(["gcc", "-std=gnu11", "-I", str(ROOT / "shim"), "ours.c", "-o", "ours", "-ldl", "-lpthread"],
                    cwd=tmp_path, check=True)
     real = subprocess.run([str(tmp_path / "real")], capture_output=True, text=True, check=True).stdout
