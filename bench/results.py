@@ -143,7 +143,7 @@ def goals(summary: dict[str, dict[str, dict[str, Any]]], shim: dict[str, Any] | 
     if jit and jit.get("probes"):
         worst = max(jit["probes"], key=lambda p: p["total_ms"])
         total, where = worst["total_ms"], f"{jit['kernel']} ({jit['instructions']} PTX insns), {worst['probe']}"
-    rows.append(_judge(f"JIT of a 1,000-instruction kernel", JIT_GOAL_MS, total, where, "ms",
+    rows.append(_judge("JIT of a 1,000-instruction kernel", JIT_GOAL_MS, total, where, "ms",
                        "translate + rewrite + driver JIT, worst probe"))
     return rows
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 30
-DEADLINE_S = 100
+DEADLINE_S = 90
 TIMEOUT_S = 60
 PLACEHOLDER = re.compile(r"^\(output captured on the GPU[^)]*\)\s*$", re.M)
 
