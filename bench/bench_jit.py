@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL = ROOT / "tests" / "cuda" / "big_unrolled.cu"
-PROBES = ("bench/probes/entry_exit", "bench/probes/mem_count", "examples/memtrace")
+PROBES = ("bench/probes/entry_exit", "bench/probes/mem_count", "examples/access_trace")
 REPS = 5
 GOAL_MS = 100.0
 

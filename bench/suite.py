@@ -16,7 +16,7 @@ up), so process start-up, compilation and the JIT stay out of the ratios, which 
     shim            egpu-run with no probe
     entry_exit      egpu-run -p bench/probes/entry_exit (kprobe + kretprobe counters, every thread)
     mem_count       egpu-run -p bench/probes/mem_count (a counter bumped by every global access)
-    mem_trace       egpu-run -p examples/memtrace (a 72-byte ring-buffer record per global access)
+    mem_trace       egpu-run -p examples/access_trace (a 72-byte ring-buffer record per global access)
     torch_profiler  uninstrumented inside torch.profiler (CUPTI), PyTorch workloads only
 
 Also measured: the JIT cost of a 1,100-instruction kernel (bench_jit.py) and per module in the runs
@@ -56,7 +56,7 @@ SWAP_CYCLES = 10
 WORKLOADS = {"vecadd": "cuda", "stencil": "cuda", "gemm": "cuda",
              "cupy": "python", "torch_eager": "python", "torch_compile": "python"}
 PROBES = {"entry_exit": "bench/probes/entry_exit", "mem_count": "bench/probes/mem_count",
-          "mem_trace": "examples/memtrace"}
+          "mem_trace": "examples/access_trace"}
 SESSION_RE = re.compile(r"session kept in (\S+)")
 
 

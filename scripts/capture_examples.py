@@ -42,7 +42,7 @@ EXAMPLES = {
     "launch_count": (*TORCH, []),
     "kernel_duration": (*VECADD, []),
     "mem_bytes": (*VECADD, []),
-    "memtrace": ("./vecadd", ["1", "4096"], ["--perfetto", "trace.json"]),
+    "access_trace": ("./vecadd", ["1", "4096"], ["--perfetto", "trace.json"]),
     "sm_balance": (*VECADD, []),
     "hot_pages": (*VECADD, []),
     "cxl_latency": (*VECADD, []),

@@ -8,8 +8,13 @@ mkdir -p .gpubuild/probes
 python3 - <<'PY'
 from pathlib import Path
 from egpu_preload.bpf.compile import compile_probe
-for src in sorted(Path("tests/probes").glob("*.bpf.c")) + sorted(Path("examples").glob("*.bpf.c")) \
-        + sorted(Path("tests/e2e").glob("*.bpf.c")) + sorted(Path("bench/probes").glob("*.bpf.c")):
+srcs = sorted(Path("tests/probes").glob("*.bpf.c")) + sorted(Path("examples").glob("*.bpf.c")) \
+    + sorted(Path("tests/e2e").glob("*.bpf.c")) + sorted(Path("bench/probes").glob("*.bpf.c"))
+names = [s.name for s in srcs]
+clash = sorted({n for n in names if names.count(n) > 1})
+if clash:  # one flat folder of prebuilt objects: a second source of the same name would replace the first
+    raise SystemExit(f"gpu-prep: probe names used twice: {', '.join(clash)}")
+for src in srcs:
     for mcpu in ("v3", "v4"):
         compile_probe(src, Path(".gpubuild/probes") / f"{src.name.removesuffix('.bpf.c')}.{mcpu}.bpf.o", mcpu=mcpu)
 PY

@@ -249,7 +249,7 @@ def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
     monkeypatch.setattr(suite, "meta", lambda: {"gpu": "stand-in"})
 
     def fake_run(cmd, env, timeout):
-        slow = 3.0 if any(a.endswith("memtrace.bpf.o") for a in cmd) else 1.0
+        slow = 3.0 if any(a.endswith("access_trace.bpf.o") for a in cmd) else 1.0
         return {**case([10.0 * slow] * 10), **({"trace": {"records": 5, "drops": 5}} if slow > 1 else {}),
                 "modules": [{"image": "ptx", "kernels": 3, "rewrite_ms": 1.0}] if "--keep" in cmd else []}
     monkeypatch.setattr(suite, "run_case", fake_run)

@@ -40,7 +40,7 @@ LOAD, STORE, ATOMIC = ctxmod.FLAG_LOAD, ctxmod.FLAG_STORE, ctxmod.FLAG_ATOMIC
 
 @pytest.fixture(scope="session")
 def example_obj(tmp_path_factory):
-    """``example_obj("memtrace") -> BpfObject``: examples/memtrace.bpf.c compiled and loaded once.
+    """``example_obj("access_trace") -> BpfObject``: examples/access_trace.bpf.c compiled and loaded once.
     Where EGPU_PREBUILT_PROBES is set (the GPU machine has no clang), its ``<name>.v3.bpf.o`` is used."""
     from egpu_preload.bpf.compile import compile_probe
 
@@ -112,7 +112,7 @@ def blk(x: int, y: int = 0, z: int = 0, *, grid: tuple = (1, 1, 1), **more) -> d
 
 
 # The struct each example's ring or perf buffer carries (what egpu-run needs to print and trace them).
-RECORD_TYPES = {"memtrace": {"events": "struct mem_event"}, "stragglers": {"stragglers": "struct straggler"},
+RECORD_TYPES = {"access_trace": {"events": "struct mem_event"}, "stragglers": {"stragglers": "struct straggler"},
                 "kernelretsnoop": {"rb": "struct data"}}
 KERNEL_NAMES = {VEC_ADD: "_Z9vectorAddPKfS0_Pf", GEMM: "_Z4gemmPKfS0_Pfi"}
 
@@ -152,7 +152,7 @@ SCENARIOS = [
     ], maps={"traffic": Contents({VEC_ADD: (16, 16, 100, 150), GEMM: (16, 16, 200, 200)}, "<QQQQ")},
         text=("@traffic[vectorAdd]: { loaded: 16, stored: 16, first_ns: 100, last_ns: 150 }",)),
 
-    Scenario("memtrace", "a record per access with its thread", [
+    Scenario("access_trace", "a record per access with its thread", [
         ev("trace_access", addr=0x7F0000001000, size=4, flags=LOAD, site=3, kernel_id=VEC_ADD, launch_id=1,
            thread={"globaltimer": 500, "smid": 7, "block_idx": (2, 0, 0), "thread_idx": (33, 0, 0)}),
         ev("trace_access", addr=0x7F0000002000, size=16, flags=STORE | ATOMIC, site=9, kernel_id=GEMM,
@@ -424,7 +424,7 @@ def _gpu_mem_bytes(s: MapsState) -> bool:
     ("sm_balance", "warp_enter", {},
      lambda s: sum(_counts(s, "lhist_warps_per_sm").values()) == THREADS
      and sum(_counts(s, "lhist_warps_per_slot").values()) == THREADS),
-    ("memtrace", "trace_access", {"addr": 0x1000, "size": 4, "flags": LOAD},
+    ("access_trace", "trace_access", {"addr": 0x1000, "size": 4, "flags": LOAD},
      lambda s: _global_threads(s.by_name("events").consume(), MEM_EVENT, 8, 11) == list(range(THREADS))),
     ("kernelretsnoop", "cuda__retprobe", {},
      lambda s: _global_threads([r for _, r in s.by_name("rb").consume()], "<7Q", 0, 3) == list(range(THREADS))),

@@ -1,4 +1,4 @@
-/* memtrace: which thread touched which address, when? A record per global memory access.
+/* access_trace: which thread touched which address, when? A record per global memory access.
  *
  * Meant for the timeline: `--perfetto` turns each record into an event on the track of its SM, with
  * the kernel's name, the address and the thread. Every access of every thread is a record, so keep the
@@ -6,7 +6,7 @@
  * buffer more slowly than the GPU fills it, records are dropped, never waited for: the runtime counts
  * the drops and prints them with the records.
  *
- *   egpu-run -p examples/memtrace.bpf.c --perfetto trace.json ./app
+ *   egpu-run -p examples/access_trace.bpf.c --perfetto trace.json ./app
  */
 #include "egpu.bpf.h"
 
