@@ -35,9 +35,10 @@ def egpu(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
 class Job:
     """app_loop under egpu-run with no probe, until ``finish``."""
 
-    def __init__(self, stub_job, tmp: Path, library: bool = False, options: tuple[str, ...] = ()) -> None:
+    def __init__(self, stub_job, tmp: Path, library: bool = False, options: tuple[str, ...] = (),
+                 **env: str) -> None:
         self.log, self.stop, self.library = tmp / "log", tmp / "stop", library
-        self.env = stub_job.env(self.log)
+        self.env = stub_job.env(self.log, **env)
         self.dir = tmp / "egpu"
         self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", *options,
                                       str(stub_job.loop), str(self.stop), "40", *(["library"] if library else [])],
@@ -147,6 +148,37 @@ def test_attach_swap_detach_through_the_cli(job, probes):
     # __device__ state went app -> copy1 -> copy2 -> app: 1000 + every launch.
     launches = int(re.search(r"launches=(\d+)", out).group(1))
     assert launches == len(runs) and f"state={1000 + launches} result=0" in out
+
+
+def test_swap_and_detach_reply_with_the_maps_as_the_flip_left_them(stub_job, tmp_path, monkeypatch, probes):
+    """count swapped for count: the same map, so the new probe takes its region over and goes on counting
+    there. The stand-in adds 1 to it at every launch of an instrumented copy (EGPU_STUB_PROBE_COUNTS):
+    the swap's final counts are exactly the launches the old copy ran (not those the new one ran before
+    the reply was read), the detach's those of both copies."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    job = Job(stub_job, tmp_path, EGPU_STUB_PROBE_COUNTS="1")
+    try:
+        client = ControlClient(job.pid, directory=job.dir, timeout=30)
+        obj = probes["count"].read_bytes()
+        counts = []
+        for _ in range(5):
+            client.request("attach", probe=obj, name="a")
+            job.wait_launches(5)
+            swap = client.request("swap", old="a", new_probe=obj, new_name="b")
+            job.wait_launches(5)
+            detach = client.request("detach")
+            counts.append([int.from_bytes(r["final"][0]["maps"][0]["values"][0], "little") for r in (swap, detach)])
+        status, _, err = job.finish()
+    finally:
+        if job.proc.poll() is None:
+            job.finish()
+    assert status == 0, err
+    runs = [int(m) for m, _ in LAUNCH.findall(job.log.read_text())]
+    first = runs[0]
+    copies = [m for i, m in enumerate(runs) if m != first and runs[i - 1] != m]  # a, b, a, b, ... in order
+    per_copy = Counter(runs)
+    assert len(copies) == 10 and len(set(copies)) == 10
+    assert counts == [[per_copy[a], per_copy[a] + per_copy[b]] for a, b in zip(copies[::2], copies[1::2])]
 
 
 def test_a_bad_probe_is_refused_and_the_job_runs_on(job, tmp_path):

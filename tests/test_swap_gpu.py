@@ -4,8 +4,10 @@ plain for as many launches.
 
 Each cycle attaches launch_window (every thread adds 1 to by_launch[launch id]), swaps it for
 launch_window_b (same map, adds 1 << 32), and detaches. The flips report the launch counter at which
-they happened (ids up to it ran the old code), and the maps read back at each flip are exact (the flip
-drained the context). So for every cycle, with a, s, d the counters at attach, swap and detach:
+they happened (ids up to it ran the old code), and the maps each reply carries are exact: the flip copies
+the leaving probe's maps after draining the context, before the new code's first launch (b goes on
+counting in the map it took over; the copy does not). So for every cycle, with a, s, d the counters at
+attach, swap and detach:
 - the swap's final read of launch_window holds exactly the ids a+1..s, each with THREADS;
 - the detach's final read (the same map: it survived the swap) holds exactly a+1..d, ids up to s with
   THREADS and later ones with THREADS << 32: no launch ran neither probe, none ran half of each.

@@ -30,6 +30,9 @@ Maps. A swap reuses the device region of every map the new probe declares exactl
 non-blocking stream of the runtime's own, so no application stream waits for it and it waits for none:
 each region is a copy taken while kernels may be writing it (aligned 8-byte words are read whole;
 entries written during the copy may show either value; different maps are copied at different times).
+The final maps a swap or detach replies with are exact: the flip itself copies the leaving probe's
+regions after the context drained and before a launch runs the new code (Snapshot), so launches of a
+new probe that took a map over do not show in the old one's reply.
 
 Limits: one context (where the maps live); launch programs (egpu/launch/...) are not run for probes
 attached live; a module loaded by a thread while a swap runs is brought to the new probes at once
@@ -119,6 +122,35 @@ class _Memory:
         return self.driver.dtoh_on(self._stream, ptr, size)
 
 
+@dataclass
+class Snapshot:
+    """Copies of the map regions of probes a flip retires, made inside the flip (egpu_shim_swap copies
+    after the context drained and before any launch runs the new code): maps a new probe takes over
+    (identically declared) go on counting after the flip, these copies do not."""
+    probes: list[tuple[str, Probe, DeviceMaps]]
+    addrs: list[list[int]] = field(default_factory=list)
+
+    def stage(self, memory: "_Memory") -> list[tuple[int, int, int]]:
+        """Allocate the copies; the (dst, src, size) device copies the flip must make."""
+        copies = []
+        try:
+            for _, _, maps in self.probes:
+                self.addrs.append([])
+                for addr, lay in zip(maps.addrs, maps.layouts):
+                    size = lay.region_size(maps.ncpu)
+                    self.addrs[-1].append(memory.alloc(size))
+                    copies.append((self.addrs[-1][-1], addr, size))
+        except EgpuError:
+            self.free(memory)
+            raise
+        return copies
+
+    def free(self, memory: "_Memory") -> None:
+        for a in (a for probe in self.addrs for a in probe):
+            memory.free(a)
+        self.addrs = []
+
+
 class Live:
     """The runtime's live control: which probes are attached, the images serving every module, the flip."""
 
@@ -176,7 +208,7 @@ class Live:
                 raise ControlError(f"a probe named {name} is attached already")
             probe = self._load(fields["probe"], name)
             maps = self._new_maps(probe, None)
-            result = self._change(self._probes() + [(name, probe, maps)])
+            result, _ = self._change(self._probes() + [(name, probe, maps)])
         return {"name": name, "seconds": time.perf_counter() - t0, **result}
 
     def detach(self, fields: dict) -> dict:
@@ -188,9 +220,9 @@ class Live:
             if not self.names:
                 raise ControlError("no probe is attached")
             gone = [p for p in self._probes() if name is None or p[0] == name]
-            result = self._change([p for p in self._probes() if p not in gone])
+            result, snapshot = self._change([p for p in self._probes() if p not in gone])
             seconds = time.perf_counter() - t0
-            final = self._read([(n, p, m) for n, p, m in gone])  # drained by the flip: exact
+            final = self._read_snapshot(snapshot)
         return {"names": [n for n, _, _ in gone], "seconds": seconds, "final": final,
                 "kernel_names": self._kernels(), **result}
 
@@ -208,9 +240,9 @@ class Live:
             i = self.names.index(old)
             maps = self._new_maps(probe, current[i][1:])
             current[i] = (new_name, probe, maps)
-            result = self._change(current)
+            result, snapshot = self._change(current)
             seconds = time.perf_counter() - t0
-            final = self._read([(old, *self.retired[-1])]) if self.retired else []
+            final = self._read_snapshot(snapshot)  # the new probe may write maps it took over: read the copy
         return {"old": old, "name": new_name, "seconds": seconds, "final": final,
                 "kernel_names": self._kernels(), **result}
 
@@ -254,14 +286,17 @@ class Live:
     def _probes(self) -> list[tuple[str, Probe, DeviceMaps]]:
         return list(zip(self.names, self.rt.probes, self.rt.maps or [None] * len(self.rt.probes)))
 
-    def _change(self, new: list[tuple[str, Probe, DeviceMaps]]) -> dict:
-        """Serve every module with ``new``'s probes in one flip; what changed."""
+    def _change(self, new: list[tuple[str, Probe, DeviceMaps]]) -> tuple[dict, Snapshot]:
+        """Serve every module with ``new``'s probes in one flip; what changed, and the maps of the probes
+        that left as the flip found them (read them with _read_snapshot)."""
         rt = self.rt
         ctx = self._context()
         plan: list[tuple[Module, Copy | None]] = []
         copies: list[tuple[int, int, int]] = []
         flips: list[Flip] = []
         failed: list[str] = []
+        kept = {id(p) for _, p, _ in new}
+        snapshot = Snapshot([(n, p, m) for n, p, m in self._probes() if id(p) not in kept and m is not None])
         with rt.driver.current(ctx):
             for mod in self._live_modules():
                 target = self._target(mod, new, failed)
@@ -269,9 +304,14 @@ class Live:
                 copies += self._state_copies(mod, target)
                 for handle, name in self._handles(mod).items():
                     flips.append(self._flip(mod, target, name, handle))
-        launches = self._flip_all(ctx, copies, flips)
+            copies += snapshot.stage(self.memory)
+        try:
+            launches = self._flip_all(ctx, copies, flips)
+        except ControlError:
+            with rt.driver.current(ctx):
+                snapshot.free(self.memory)
+            raise
         old = {id(p): (p, m) for _, p, m in self._probes()}
-        kept = {id(p) for _, p, _ in new}
         self.retired += [pm for i, pm in old.items() if i not in kept]
         for mod, target in plan:
             mod.serving = target
@@ -285,7 +325,7 @@ class Live:
         instrumented = sum(1 for mod, t in plan for k in (t.kernels if t else mod.kernels).values()
                            if k.status == "instrumented")
         return {"modules": len(plan), "kernels": instrumented, "launches": launches, "failed": failed,
-                "probes": list(self.names)}
+                "probes": list(self.names)}, snapshot
 
     def _flip_all(self, ctx: int, copies: list[tuple[int, int, int]], flips: list[Flip]) -> int:
         ffi, lib = self.rt.ffi, self.rt.lib
@@ -420,16 +460,25 @@ class Live:
                         maps.addrs[i] = old_maps.addrs[j]
         return maps
 
-    def _read(self, probes: list[tuple[str, Probe, DeviceMaps]]) -> list[dict]:
-        """Each probe's maps as the exit dump has them ({"name", "path", "maps", "trace"})."""
+    def _read_snapshot(self, snapshot: "Snapshot") -> list[dict]:
+        """The maps a flip copied (exact: no launch ran between the drain and the copy), then freed."""
+        try:
+            return self._read(snapshot.probes, snapshot.addrs)
+        finally:
+            with self.rt.driver.current(self._context()):
+                snapshot.free(self.memory)
+
+    def _read(self, probes: list[tuple[str, Probe, DeviceMaps]], addrs: list[list[int]] | None = None) -> list[dict]:
+        """Each probe's maps as the exit dump has them ({"name", "path", "maps", "trace"}), from their
+        regions or from copies of them at ``addrs`` (one list per probe)."""
         out = []
         if not probes:
             return out
         ctx = self._context()
         with self.rt.driver.current(ctx):
-            for name, probe, maps in probes:
+            for k, (name, probe, maps) in enumerate(probes):
                 state = MapsState(probe.obj.maps)
-                for i, (addr, lay) in enumerate(zip(maps.addrs, maps.layouts)):
+                for i, (addr, lay) in enumerate(zip(addrs[k] if addrs else maps.addrs, maps.layouts)):
                     img = self.memory.dtoh(addr, lay.region_size(maps.ncpu))
                     if i < len(state.maps):
                         apply_region(state, i, img)

@@ -3,6 +3,8 @@
  * fake device memory that keeps what is copied in. Logs to EGPU_STUB_LOG like the stand-in.
  * EGPU_STUB_NO_CONTEXT=1: no context is current (as when cudart loads a library before making one).
  * EGPU_STUB_NO_GLOBALS=1: global lookups fail (CUDA_ERROR_INVALID_CONTEXT), so no map table can be filled.
+ * EGPU_STUB_PROBE_COUNTS=1: launches of instrumented modules count themselves in their probe's first map,
+ * and reads on the runtime's stream take 20 ms (launches run between a hot swap's flip and its reads).
  * Live control (tests/test_live.py): device-to-device copies, a stream of the runtime's own, and a
  * launch effect on module state (egpu_stub_launched). */
 #define _GNU_SOURCE
@@ -146,6 +148,7 @@ CUresult cuStreamCreate(void **s, unsigned int flags) {
 }
 CUresult cuStreamSynchronize(void *s) { return s == &a_stream ? OK : 400; }
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
+    if (getenv("EGPU_STUB_PROBE_COUNTS")) usleep(20000); /* launches run between a flip and this read */
     get(dst, src, n);
     note("cuMemcpyDtoHAsync_v2 size=%zu stream=%s ctx=%s", n, s == &a_stream ? "ours" : "other", context_name());
     return OK;
@@ -195,6 +198,28 @@ CUresult cuLibraryGetGlobal(CUdeviceptr *p, size_t *size, void *lib, const char 
     return global("cuLibraryGetGlobal", p, size, lib, name);
 }
 
+/* EGPU_STUB_PROBE_COUNTS=1: a launch of a module with a probe map table (__egpu_maps_<tag>) adds 1 to slot 0
+ * of the probe's first map, an ARRAY (after the region's header), as count.bpf.c's probe would (one thread
+ * per launch). */
+#define MAP_HEADER 64 /* egpu_preload/translate/devmaps.py HEADER */
+static void probe_effect(struct module *m) {
+    const char *at = m->ptx ? strstr(m->ptx, " __egpu_maps_") : NULL;
+    char name[128];
+    size_t k = 0;
+    CUdeviceptr table, map;
+    size_t n;
+    unsigned long long v;
+    if (!at) return;
+    for (at++; at[k] && !strchr("[;+, \n", at[k]) && k < sizeof name - 1; k++) name[k] = at[k];
+    name[k] = 0;
+    if (!lookup_global(m, name, &table, &n)) return;
+    get(&map, table, 8);
+    if (!map) return;
+    get(&v, map + MAP_HEADER, 8);
+    v++;
+    put(map + MAP_HEADER, &v, 8);
+}
+
 /* A launch's effect: a module declaring ".global .u64 launches[1]" counts its own launches there, as
  * a kernel keeping __device__ state would. */
 void egpu_stub_launched(const void *f) {
@@ -202,6 +227,7 @@ void egpu_stub_launched(const void *f) {
     CUdeviceptr addr;
     size_t n;
     unsigned long long v;
+    if (m && getenv("EGPU_STUB_PROBE_COUNTS")) probe_effect(m);
     if (!m || !lookup_global(m, "launches", &addr, &n) || n != 8) return;
     get(&v, addr, 8);
     v++;
