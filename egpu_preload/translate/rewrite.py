@@ -31,6 +31,13 @@ What an instrumented kernel looks like
   exits, whether or not other threads still run).
 - Each site keeps its lanes grouped as they arrived (``activemask`` at its start, ``bar.warp.sync``
   with that mask at its end), so code after it that reads the active mask behaves as without egpu.
+  Limit: that holds at the site, not after a later divergent branch. CUDA does not guarantee that lanes
+  reconverge after one (CUDA C++ Programming Guide, Independent Thread Scheduling; ``__activemask``:
+  threads convergent at one instruction need not be at the next), and in an instrumented kernel ptxas
+  may leave them apart where the original had them together: ``cg::coalesced_threads()`` (activemask)
+  inside ``if (i % 3 == 0)`` sees 1 lane instead of 11 (tests/test_rewrite_gpu.py, cg_coalesced, xfail).
+  Code that reads the active mask after divergence, as the guide says it must not rely on, may then
+  compute other values; counts stay exact.
 - ``.version``/``.target`` are raised only to what the probes and sites need (PTX 6.2 for
   ``activemask``).
 
