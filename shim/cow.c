@@ -623,7 +623,7 @@ EXPORT void egpu_cow_restore_at(unsigned long long count) {
 static void restore_check(void) {
     if (atomic_load(&egpu_alloc_seq) < atomic_load(&restore_count)) return;
     pthread_mutex_lock(&restore_lock);
-    if (atomic_load(&egpu_cow_flags) & FLAG_RESTORE) {
+    if ((atomic_load(&egpu_cow_flags) & FLAG_RESTORE) && egpu_python_up()) {  /* never into a finalized interpreter */
         egpu_py_cow_restore();
         atomic_fetch_and(&egpu_cow_flags, ~FLAG_RESTORE);
     }

@@ -55,7 +55,7 @@ def exe(tmp_path_factory) -> Path:
 
 def _env(shim: Path, tmp: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU")}
-    env.update(EGPU_SHIM=str(shim), XDG_RUNTIME_DIR=str(tmp), PYTHONPATH=os.pathsep.join(
+    env.update(EGPU_SHIM=str(shim), XDG_RUNTIME_DIR=str(tmp), PYTHONFAULTHANDLER="1", PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     return env
 
