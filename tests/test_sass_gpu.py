@@ -118,6 +118,7 @@ OURS = r"""
 #include "sass.c"
 unsigned long long egpu_py_sass_kernel(void *m, const char *n, unsigned long long *k) { return 0; }
 int egpu_shim_bypass(int on) { return 0; }
+int egpu_python_up(void) { return 1; }
 int main(void) {
 #define OFF(t, f, g) printf("%s.%s %zu\n", #t, #f, offsetof(g, f));
     OFF(Sanitizer_LaunchData, context, san_launch_data) OFF(Sanitizer_LaunchData, stream, san_launch_data)
