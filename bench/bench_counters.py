@@ -1,0 +1,53 @@
+"""Where the entry/exit counter's cost goes, on the suite's vecadd (16 Mi threads, 256 per block).
+
+Usage (on the GPU machine): ``python3 bench/bench_counters.py OUT.json``. One run, same workload, four
+modes: uninstrumented; entry/exit probes with an empty body (context, call and lane regrouping only);
+the suite's counter (one ARRAY slot: every warp's aggregated atomic lands on the same address); the same
+counter in a PERCPU_ARRAY (one slot per SM). Ratios of the median time per launch to uninstrumented.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import bench_jit  # noqa: E402
+import suite  # noqa: E402
+
+PROBES = {"empty": "bench/probes/entry_exit_empty", "array": "bench/probes/entry_exit",
+          "percpu": "bench/probes/entry_exit_percpu"}
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "bench_counters.json")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        env = {**suite.base_env(work), "CUDA_MODULE_LOADING": "EAGER"}
+        exe = work / "kernels"
+        subprocess.run(["nvcc", "-O2", "-gencode", "arch=compute_90,code=[sm_90,compute_90]",
+                        str(ROOT / "bench" / "workloads" / "kernels.cu"), "-o", str(exe)], check=True)
+        probes = {m: bench_jit.probe_object(src, bench_jit.prebuilt_dir(), work) for m, src in PROBES.items()}
+        runs = {"plain": suite.run_case(suite.workload_cmd("vecadd", exe), env, 60)}
+        for mode in PROBES:
+            runs[mode] = suite.run_case(suite.case_cmd("vecadd", mode, exe, probes), env, 60)
+    base = statistics.median(runs["plain"]["unit_ms"])
+    doc = {mode: {"status": r["status"], "median_us_per_launch": statistics.median(r["unit_ms"]) * 1e3
+                  if r["unit_ms"] else None,
+                  "ratio": statistics.median(r["unit_ms"]) / base if r["unit_ms"] else None,
+                  "reps": len(r["unit_ms"]), "digest_matches": r["digest"] == runs["plain"]["digest"]}
+           for mode, r in runs.items()}
+    out.write_text(json.dumps(doc, indent=1))
+    for mode, d in doc.items():
+        print(f"{mode:>8}: {d['status']:>6} {d['median_us_per_launch'] or float('nan'):9.1f} us/launch "
+              f"{d['ratio'] or float('nan'):6.2f}x  reps {d['reps']}  same output {d['digest_matches']}")
+
+
+if __name__ == "__main__":
+    main()
