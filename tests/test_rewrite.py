@@ -3,6 +3,7 @@ guards, untouched kernels, failures, header raising, globs and the cost on a 100
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -191,6 +192,59 @@ def test_launch_parameter_and_context_prologue():
     assert "ld.param.b64 %__egpu_t, [k_2];" in lines and "mov.u32 %__egpu_w, 3;" in lines
     assert instrument(_kernel("ret;", ""), [_probe("entry")]).status("k").launch_param_offset == 0
     _assembles(res.text)
+
+
+NO_CTX_PROBE = """.func (.param .b64 %ret) egpu_test_none(.param .b64 %ctx)
+{
+\t.reg .b64 %x;
+\tmov.u64 %x, 0;
+\tst.param.b64 [%ret], %x;
+\tret;
+}"""
+_CTX_STORE = re.compile(r"st\.local\.u\d+ \[__egpu_ctx\+(\d+)\]")
+
+
+def _reading(kind: str, fields: set[str], scope: str = "thread") -> ProbeSpec:
+    return ProbeSpec(Attach(kind, "*", scope), "egpu_test_none", NO_CTX_PROBE, ctx_fields=frozenset(fields))
+
+
+def test_probes_that_read_no_field_get_no_context():
+    text = _kernel(REGS + "ld.param.u64 %rd1, [k_0];\nld.global.f32 %f1, [%rd1];\nst.global.f32 [%rd1+4], %f1;\nret;")
+    probes = [_reading(kind, set(), scope) for kind in ("entry", "exit", "mem")
+              for scope in ("thread", "warp", "block")]
+    res = instrument(text, probes)
+    assert res.status("k").calls == 4 * 3
+    assert "__egpu_ctx" not in res.text and "st.local" not in res.text and "cvta.global" not in res.text
+    assert res.text.count(f"st.param.b64 [__egpu_arg], {1 << 40};") == 4 * 3
+    assert res.text.count("activemask.b32 %__egpu_m;") == 4   # lanes still regrouped at every site
+    _assembles(res.text)
+
+
+@pytest.mark.parametrize("probes, offsets", [
+    # one memory site (ld) and one exit: only what the probes read is stored, in program order
+    ({"mem": {"addr"}}, [16]),
+    ({"mem": {"addr"}, "exit": {"site"}}, [16, 24]),
+    ({"mem": {"size", "flags"}, "entry": set()}, [28, 32]),
+    ({"entry": {"kernel_id", "nargs"}}, [0, 104]),
+    ({"entry": {"grid", "stream"}}, [108, 112, 116, 136]),
+    ({"entry": {"args", "kind"}}, [40 + 8 * i for i in range(8)] + [36]),
+    # a field one probe reads is stored for every site of the kernel whose probes read it
+    ({"entry": {"launch_id"}, "exit": {"kind"}, "mem": {"kind"}}, [8, 36, 36]),
+])
+def test_only_the_fields_the_probes_read_are_stored(probes, offsets):
+    text = _kernel(REGS + "ld.param.u64 %rd1, [k_0];\nld.global.f32 %f1, [%rd1];\nret;")
+    res = instrument(text, [_reading(kind, fields) for kind, fields in probes.items()])
+    assert [int(o) for o in _CTX_STORE.findall(res.text)] == offsets
+    assert res.text.count(".local .align 8 .b8") == 1
+    _assembles(res.text)
+
+
+def test_translated_probes_carry_what_they_read(probe_obj):
+    from egpu_preload.bpf.elf import load_object
+    from egpu_preload.translate.rewrite import probe_specs
+    fields = {s.attach.kind: s.ctx_fields for name in ("count", "memtrace")
+              for s in probe_specs(load_object(probe_obj(name)))}
+    assert fields == {"entry": frozenset(), "mem": {"flags", "addr", "size"}, "store": {"flags"}}
 
 
 @pytest.mark.parametrize("mangled, base", [

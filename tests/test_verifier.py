@@ -127,6 +127,22 @@ def test_facts_for_fast_code(text, consts, arg_align, arg_stack, dead):
     assert v.reached == {i.pc for i in decode(assemble(text))} - set(dead)
 
 
+@pytest.mark.parametrize("text, reads", [
+    ("r0 = 0\nexit", set()),
+    ("r2 = *(u64 *)(r1 + 16)\nr0 = 0\nexit", set(range(16, 24))),
+    # the pointer's own offset counts: ctx + 36, then + 0 reads kind
+    ("r1 += 36\nr2 = *(u32 *)(r1 + 0)\nr0 = 0\nexit", set(range(36, 40))),
+    # a byte of args[0] and the low half of nargs, on different paths
+    ("r2 = *(u8 *)(r1 + 41)\nif r2 == 0 goto out\nr2 = *(u16 *)(r1 + 104)\nout:\nr0 = 0\nexit",
+     {41, 104, 105}),
+    # perf_event_output takes ctx but reads none of it
+    ("*(u64 *)(r10 - 8) = 0\nr4 = r10\nr4 += -8\nr2 = map[5] ll\nr3 = 0\nr5 = 8\n"
+     "call perf_event_output\nr0 = 0\nexit", set()),
+])
+def test_ctx_reads(text, reads):
+    assert verify(assemble(text), list(MAPS)).ctx_reads == reads
+
+
 def test_mixed_regions_are_reported():
     text = """
         call get_lane_id

@@ -38,6 +38,13 @@ FIELDS: tuple[Field, ...] = (
 )
 SIZE = 144
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+ALL_FIELDS: frozenset[str] = frozenset(BY_NAME)
+
+
+def fields_at(offsets: frozenset[int]) -> frozenset[str]:
+    """The fields that hold any of these byte offsets (what a program reads, from its ctx_reads)."""
+    return frozenset(f.name for f in FIELDS
+                     if any(o in offsets for o in range(f.offset, f.offset + f.size * f.count)))
 
 
 def kernel_id(name: str) -> int:

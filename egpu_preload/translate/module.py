@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..bpf.ctx import SIZE as CTX_SIZE
+from ..bpf.ctx import ALL_FIELDS, SIZE as CTX_SIZE, fields_at
 from ..bpf.decode import decode
 from ..bpf.program import BpfObject, Program
 from ..bpf.verifier import VerifiedProgram, verify
@@ -31,6 +31,7 @@ class ProbePtx:
     table: str                # the map table symbol: len(obj.maps) + 1 device addresses (devmaps.py)
     version: tuple[int, int] = PTX_VERSION
     sm: int = SM_MIN
+    ctx_fields: frozenset[str] = ALL_FIELDS   # the struct egpu_ctx fields it reads (bpf/ctx.py names)
 
     def text(self) -> str:
         return "\n".join(self.globals) + "\n" + self.func
@@ -85,7 +86,8 @@ def probe_function(program: Program, obj: BpfObject, tag: str | None = None,
         func = generate_func(list(verified.insns), target, name, PROBE_PARAMS, verified)
     except EgpuError as e:
         raise e.where(file=obj.path, section=program.section)
-    return ProbePtx(name, func, () if table_param else (table_decl(tag, len(obj.maps)),), table_symbol(tag))
+    return ProbePtx(name, func, () if table_param else (table_decl(tag, len(obj.maps)),), table_symbol(tag),
+                    ctx_fields=fields_at(verified.ctx_reads))
 
 
 def probe_object_ptx(obj: BpfObject, tag: str | None = None) -> str:

@@ -49,6 +49,8 @@ class VerifiedProgram:
     arg_stack: Mapping[tuple[int, int], int]  # (pc of a helper call, register) -> the pointer argument's
                                               # offset from r10 when every path passes that slot of the
                                               # caller's own frame
+    ctx_reads: frozenset[int] = frozenset()   # byte offsets of struct egpu_ctx some load reads (helpers
+                                              # taking ctx, perf_event_output, read none of it)
 
 
 class _Visit:
@@ -159,7 +161,8 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
     return VerifiedProgram(tuple(insns), MappingProxyType(dict(env.regions)), MappingProxyType(dict(env.map_refs)),
                            cfg.subprogs, depths, processed, frozenset(reached), MappingProxyType(consts),
                            MappingProxyType(dict(env.arg_align)),
-                           MappingProxyType({k: v for k, v in env.arg_stack.items() if v is not None}))
+                           MappingProxyType({k: v for k, v in env.arg_stack.items() if v is not None}),
+                           frozenset(env.ctx_reads))
 
 
 def _check_combined_stack(cfg: Cfg, depths: tuple[int, ...]) -> None:

@@ -47,7 +47,8 @@ Succ = list[tuple[State, int]]
 class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
-    __slots__ = ("cfg", "maps", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack", "_last_id")
+    __slots__ = ("cfg", "maps", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack", "ctx_reads",
+                 "_last_id")
 
     def __init__(self, cfg: Cfg, maps: list[MapDef]) -> None:
         self.cfg = cfg
@@ -58,6 +59,7 @@ class Env:
         self.consts: dict[int, int | None] = {}
         self.arg_align: dict[tuple[int, int], int] = {}
         self.arg_stack: dict[tuple[int, int], int | None] = {}
+        self.ctx_reads: set[int] = set()
         self._last_id = 0
 
     def new_id(self) -> int:
@@ -269,7 +271,9 @@ def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *,
     env.note_region(insn.pc, kind)
     fixed = ptr.off + insn.off
     if kind == CTX:
-        return _ctx(ptr, fixed, size, mode, signed, reg)
+        read = _ctx(ptr, fixed, size, mode, signed, reg)
+        env.ctx_reads.update(range(fixed, fixed + size))
+        return read
     _bounded(ptr, kind, reg)
     t = t_add((fixed & M64, 0), (ptr.tv, ptr.tm))
     if (t[0] | t[1]) & (size - 1):
