@@ -29,11 +29,12 @@ from stub_job import MORE, egpu_run
     config.Config(backend="sass", sanitizer="/opt/san/libsanitizer-public.so"),
     config.Config(backend="ptx"),
     config.Config(restore=Path("/ckpt/step 40")),
+    config.Config(durations=True, timeline=True),
 ])
 def test_config_survives_the_environment(cfg):
     env = config.to_env(cfg)
     assert set(env) == {config.PROBES, config.SESSION, config.KERNEL, config.LOG, config.DURATIONS,
-                        config.PTXAS, config.BACKEND, config.SANITIZER, config.RESTORE}
+                        config.PTXAS, config.BACKEND, config.SANITIZER, config.RESTORE, config.TIMELINE}
     assert config.from_env(env) == cfg
 
 

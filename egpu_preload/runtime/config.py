@@ -6,6 +6,7 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_KERNEL   an extra kernel glob: only kernels it matches (mangled or demangled) are instrumented
     EGPU_LOG      verbosity: 0 quiet, 1 one line per module load, 2 and more per kernel
     EGPU_DURATIONS  1: time every kernel (CUPTI activity records, runtime/durations.py)
+    EGPU_TIMELINE   1: keep each kernel's CUPTI record too, for egpu-run --perfetto (durations.Timeline)
     EGPU_BACKEND  auto | ptx | sass (runtime/sass.py); the shim loads the sanitizer only when it is set
     EGPU_SANITIZER_LIB  libsanitizer-public.so for the SASS back end (shim/sass.c has a default)
     EGPU_PTXAS    the real ptxas egpu-ptxas runs for Triton (runtime/ptxas.py); empty: Triton's own
@@ -25,6 +26,7 @@ PROBES, SESSION, KERNEL, LOG = "EGPU_PROBES", "EGPU_SESSION", "EGPU_KERNEL", "EG
 DURATIONS, PTXAS = "EGPU_DURATIONS", "EGPU_PTXAS"
 BACKEND, SANITIZER = "EGPU_BACKEND", "EGPU_SANITIZER_LIB"
 RESTORE = "EGPU_RESTORE"
+TIMELINE = "EGPU_TIMELINE"
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Config:
     backend: str = "auto"
     sanitizer: str | None = None
     restore: Path | None = None
+    timeline: bool = False
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -48,7 +51,8 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
                   kernel=env.get(KERNEL) or None, log=int(log) if log.isdigit() else 0,
                   durations=env.get(DURATIONS) == "1", ptxas=env.get(PTXAS) or None,
                   backend=env.get(BACKEND) or "auto", sanitizer=env.get(SANITIZER) or None,
-                  restore=Path(env[RESTORE]) if env.get(RESTORE) else None)
+                  restore=Path(env[RESTORE]) if env.get(RESTORE) else None,
+                  timeline=env.get(TIMELINE) == "1")
 
 
 def to_env(cfg: Config) -> dict[str, str]:
@@ -61,7 +65,8 @@ def to_env(cfg: Config) -> dict[str, str]:
             PTXAS: cfg.ptxas or "",
             BACKEND: cfg.backend,
             SANITIZER: cfg.sanitizer or "",
-            RESTORE: str(cfg.restore) if cfg.restore else ""}
+            RESTORE: str(cfg.restore) if cfg.restore else "",
+            TIMELINE: "1" if cfg.timeline else ""}
 
 
 def rank(env: Mapping[str, str] = os.environ) -> int | None:

@@ -7,7 +7,8 @@ recorded on the application's streams and kernels keep running concurrently (the
 would serialize them). The runtime aggregates per mangled kernel name: count, total, min, max and a
 log2 histogram of end - start. At exit it flushes CUPTI and the result goes into the process's dump
 under "durations": [[name, count, total_ns, min_ns, max_ns, [[slot, count]...]]] and
-"durations_error" (why there are none, or None). CUDA events around each launch were the other way
+"durations_error" (why there are none, or None). With a timeline (egpu-run --perfetto) each launch is
+kept too, under "launches" (``Timeline.dump``), at most LAUNCH_LIMIT of them; the rest are counted. CUDA events around each launch were the other way
 (bench/bench_shim.py measures what two cuEventRecord per launch cost).
 
 libcupti comes from the process (a PyTorch that loaded its own), the library path, the nvidia-cuda-cupti
@@ -15,7 +16,14 @@ wheel, or the toolkit (extras/CUPTI/lib64, lib64). Only one client may own CUPTI
 torch.profiler in the same process takes them over.
 
 Record layout read here (cupti_activity.h, CUpti_ActivityKernel4 through 10 share the first 112 bytes):
-u32 kind at 0, u64 start at 16, u64 end at 24, u32 correlationId at 92, const char *name at 104.
+u32 kind at 0, u64 start at 16, u64 end at 24, u32 streamId at 48, i32 gridX..Z at 52, i32 blockX..Z
+at 64, u32 correlationId at 92, const char *name at 104.
+
+Clock. CUPTI's timestamps are cuptiGetTimestamp()'s ns; on Linux recent CUPTIs base it on
+CLOCK_REALTIME, but that is not promised. ``start`` reads cuptiGetTimestamp() and CLOCK_REALTIME once,
+back to back, and the timeline's ``clock_offset_ns`` (REALTIME - CUPTI) puts kernel times on the clock of
+ring-buffer ``ts`` fields (%globaltimer, which the driver keeps in ns since the Unix epoch): aligned to
+the width of that two-call window (about a µs) plus however far %globaltimer is from the host's clock.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import importlib.util
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +43,9 @@ KIND_KERNEL, KIND_CONCURRENT_KERNEL = 3, 10
 CUPTI_SUCCESS = 0
 BUFFER_BYTES = 8 << 20
 SLOTS = 64
+LAUNCH_LIMIT = 1_000_000
+# start, end, name index, CUPTI stream id, correlation id, grid x y z, block x y z
+LAUNCH_ROW = struct.Struct("<QQIII6i")
 _REQUEST = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t),
                             ctypes.POINTER(ctypes.c_size_t))
 _COMPLETE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t,
@@ -85,6 +97,66 @@ class Durations:
                     for n, k in sorted(self.kernels.items())]
 
 
+class Timeline:
+    """Every kernel's record, packed (LAUNCH_ROW), filled from any thread; past ``limit`` only counted."""
+
+    def __init__(self, clock_offset_ns: int, clock: str, limit: int = LAUNCH_LIMIT) -> None:
+        self.clock_offset_ns, self.clock, self.limit = clock_offset_ns, clock, limit
+        self.rows = bytearray()
+        self.names: dict[str, int] = {}
+        self.dropped = 0
+        self._lock = threading.Lock()
+
+    def add(self, start: int, end: int, name: str, stream: int, correlation: int,
+            grid: tuple[int, int, int], block: tuple[int, int, int]) -> None:
+        with self._lock:
+            if len(self.rows) >= self.limit * LAUNCH_ROW.size:
+                self.dropped += 1
+                return
+            index = self.names.setdefault(name, len(self.names))
+            self.rows += LAUNCH_ROW.pack(start, end, index, stream, correlation, *grid, *block)
+
+    def dump(self) -> dict[str, Any]:
+        """{"names", "rows" (LAUNCH_ROW each), "dropped", "clock_offset_ns", "clock"}."""
+        with self._lock:
+            return {"names": list(self.names), "rows": bytes(self.rows), "dropped": self.dropped,
+                    "clock_offset_ns": self.clock_offset_ns, "clock": self.clock}
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One launch from a dump's timeline, times on CLOCK_REALTIME (the offset applied)."""
+    name: str
+    start_ns: int
+    end_ns: int
+    stream: int
+    correlation_id: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+
+
+def timeline_records(timeline: dict[str, Any]) -> list[KernelRecord]:
+    """The launches of a dump's "launches" field."""
+    names, off = timeline["names"], timeline["clock_offset_ns"]
+    return [KernelRecord(names[n], start + off, end + off, stream, corr, (gx, gy, gz), (bx, by, bz))
+            for start, end, n, stream, corr, gx, gy, gz, bx, by, bz in LAUNCH_ROW.iter_unpack(timeline["rows"])]
+
+
+def cupti_clock(lib: ctypes.CDLL) -> tuple[int, str]:
+    """(CLOCK_REALTIME - cuptiGetTimestamp() in ns, how it was found), read once, back to back."""
+    ts = ctypes.c_uint64()
+    try:
+        get = lib.cuptiGetTimestamp
+    except AttributeError:
+        return 0, "CUPTI timestamps as they are (no cuptiGetTimestamp)"
+    before = time.clock_gettime_ns(time.CLOCK_REALTIME)
+    r = get(ctypes.byref(ts))
+    after = time.clock_gettime_ns(time.CLOCK_REALTIME)
+    if r != CUPTI_SUCCESS:
+        return 0, f"CUPTI timestamps as they are (cuptiGetTimestamp: CUptiResult {r})"
+    return (before + after) // 2 - ts.value, f"CUPTI + offset = CLOCK_REALTIME (+-{(after - before + 1) // 2} ns)"
+
+
 def parse_records(records: list[tuple[int, int, int, str]], into: Durations) -> None:
     """(kind, start, end, name) rows into ``into``: kernel kinds only."""
     for kind, start, end, name in records:
@@ -116,8 +188,8 @@ def load_cupti() -> ctypes.CDLL:
 class Cupti:
     """CUPTI's activity API, kernel records only, feeding a Durations."""
 
-    def __init__(self, lib: ctypes.CDLL, into: Durations) -> None:
-        self.lib, self.into = lib, into
+    def __init__(self, lib: ctypes.CDLL, into: Durations, timeline: Timeline | None = None) -> None:
+        self.lib, self.into, self.timeline = lib, into, timeline
         self._buffers: dict[int, Any] = {}
         self._request, self._complete = _REQUEST(self._on_request), _COMPLETE(self._on_complete)
         lib.cuptiActivityGetNextRecord.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
@@ -141,8 +213,12 @@ class Cupti:
                 kind, = struct.unpack("<I", ctypes.string_at(rec.value, 4))
                 if kind in (KIND_KERNEL, KIND_CONCURRENT_KERNEL):
                     start, end = struct.unpack("<QQ", ctypes.string_at(rec.value + 16, 16))
-                    name = ctypes.c_char_p.from_address(rec.value + 104).value or b"?"
-                    rows.append((kind, start, end, name.decode(errors="replace")))
+                    name = (ctypes.c_char_p.from_address(rec.value + 104).value or b"?").decode(errors="replace")
+                    rows.append((kind, start, end, name))
+                    if self.timeline is not None and end >= start:
+                        stream, *dims = struct.unpack("<I6i", ctypes.string_at(rec.value + 48, 28))
+                        corr, = struct.unpack("<I", ctypes.string_at(rec.value + 92, 4))
+                        self.timeline.add(start, end, name, stream, corr, tuple(dims[:3]), tuple(dims[3:]))
             parse_records(rows, self.into)
         finally:
             self._buffers.pop(buf, None)
@@ -158,6 +234,7 @@ class Recorder:
     durations: Durations
     cupti: Cupti | None
     error: str | None
+    timeline: Timeline | None = None
 
     def finish(self, synchronize: Callable[[], None]) -> dict[str, Any]:
         """Wait for the kernels (``synchronize``), flush, and give the dump's fields."""
@@ -167,13 +244,17 @@ class Recorder:
             except Exception as e:  # the records of finished kernels still come
                 self.error = f"kernels still running at exit: {e}"
             self.cupti.flush()
-        return {"durations": self.durations.dump(), "durations_error": self.error}
+        out = {"durations": self.durations.dump(), "durations_error": self.error}
+        return out if self.timeline is None else {**out, "launches": self.timeline.dump()}
 
 
-def start() -> Recorder:
+def start(timeline: bool = False) -> Recorder:
+    """CUPTI on, feeding per-kernel durations, and each launch too when ``timeline``."""
     d = Durations()
     try:
-        return Recorder(d, Cupti(load_cupti(), d), None)
+        lib = load_cupti()
+        t = Timeline(*cupti_clock(lib)) if timeline else None
+        return Recorder(d, Cupti(lib, d, t), None, t)
     except (CuptiError, AttributeError, OSError) as e:
         return Recorder(d, None, str(e))
 

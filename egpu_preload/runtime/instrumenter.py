@@ -144,7 +144,7 @@ class Runtime:
         self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
         self.exit = ExitHook(self.finish)
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
-        self.durations = durations.start() if cfg.durations else None  # every kernel timed by CUPTI
+        self.durations = durations.start(cfg.timeline) if cfg.durations else None  # every kernel timed by CUPTI
         self.live = live.start(self)                      # the control socket: attach, detach, swap, maps
         self.cow = cow_live.attach(self)                  # checkpoint and restore (cow/), a --restore pending
         self.sass = sass.SassBackend(cfg, self.probes, ffi, lib)  # modules without PTX (shim/sass.c)

@@ -1,7 +1,9 @@
-/* A stand-in libcupti.so for the durations tests: the four activity calls runtime/durations.py makes.
+/* A stand-in libcupti.so for the durations tests: the calls runtime/durations.py makes.
  * cuptiActivityFlushAll hands over one buffer of CUpti_ActivityKernel-shaped records (kind at 0, start
- * at 16, end at 24, name pointer at 104) described by EGPU_STUB_CUPTI: "name:ns,name:ns,...", plus one
- * memcpy-kind record that must be skipped. Logs to EGPU_STUB_LOG like the stand-in driver. */
+ * at 16, end at 24, streamId at 48, grid at 52, block at 64, correlationId at 92, name pointer at 104)
+ * described by EGPU_STUB_CUPTI: "name:ns,name:ns,...", plus one memcpy-kind record that must be skipped.
+ * Record i starts at STUB_T0 + 1000 i on stream 7 + i % 2, correlation id 100 + i, grid (i+1,1,1),
+ * block (64,1,1); cuptiGetTimestamp says STUB_T0. Logs to EGPU_STUB_LOG like the stand-in driver. */
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,6 +13,7 @@
 
 #define RECORD 160
 #define END_OF_BUFFER 12 /* CUPTI_ERROR_MAX_LIMIT_REACHED */
+#define STUB_T0 1000000
 
 typedef void (*request_fn)(uint8_t **buffer, size_t *size, size_t *max_records);
 typedef void (*complete_fn)(void *ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid);
@@ -42,6 +45,11 @@ int cuptiActivityEnable(unsigned kind) {
     return 0;
 }
 
+int cuptiGetTimestamp(uint64_t *ts) {
+    *ts = STUB_T0;
+    return 0;
+}
+
 static char names[64][128];
 
 int cuptiActivityFlushAll(unsigned flag) {
@@ -69,11 +77,16 @@ int cuptiActivityFlushAll(unsigned flag) {
             memset(r, 0, RECORD);
             kind = 10;
         }
-        uint64_t start = 1000000 + 1000 * i, end = start + strtoull(colon + 1, NULL, 10);
+        uint64_t start = STUB_T0 + 1000 * i, end = start + strtoull(colon + 1, NULL, 10);
         const char *name = names[i];
+        uint32_t stream = 7 + i % 2, correlation = 100 + i;
+        int32_t dims[6] = {i + 1, 1, 1, 64, 1, 1};
         memcpy(r, &kind, 4);
         memcpy(r + 16, &start, 8);
         memcpy(r + 24, &end, 8);
+        memcpy(r + 48, &stream, 4);
+        memcpy(r + 52, dims, sizeof dims);
+        memcpy(r + 92, &correlation, 4);
         memcpy(r + 104, &name, sizeof name);
         valid += RECORD;
     }
