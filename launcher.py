@@ -302,6 +302,9 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
             keep: bool = typer.Option(False, "--keep", help="keep the session directory (dumps, compiled probes)"),
             durations: bool = typer.Option(False, "--durations",
                                            help="time every kernel (CUPTI): count, total, mean, histogram"),
+            perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="FILE",
+                                                    help="write launches, kernel durations and ring-buffer "
+                                                         "records with a ts field as a trace for ui.perfetto.dev"),
             backend: str = typer.Option("auto", "--backend", metavar="auto|ptx|sass",
                                         help="ptx: rewrite PTX; sass: patch SASS (Compute Sanitizer); "
                                              "auto: PTX where a module has it, SASS otherwise"),
@@ -314,14 +317,17 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
                                                    help="put checkpoint DIR back once the job has remade its "
                                                         "allocations (egpu checkpoint)")) -> None:
     """Run CMD with probes spliced into its kernels; print the maps at exit and exit with CMD's status."""
-    from egpu_preload.runtime import config, job, sass, watch
+    from egpu_preload.runtime import config, dump, job, sass, watch
     session = None
     try:
         try:
             session = job.session_dir()
             loaded = job.prepare_probes(probes, session)
-            cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose), durations,
-                                backend=backend)
+            if perfetto is not None:
+                from egpu_preload.runtime import job_trace
+                job_trace.check_writable(perfetto)
+            cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose),
+                                durations or perfetto is not None, backend=backend, timeline=perfetto is not None)
             cfg, sass_notes = sass.for_job(cfg, loaded)
             if restore is not None:  # refused here, before the job starts, when incomplete or corrupt
                 from egpu_preload.cow import remote
@@ -345,9 +351,15 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
         try:
             view = {(False, False): "auto", (True, False): "per-rank", (False, True): "sum"}.get((per_rank, summed),
                                                                                               "both")
-            maps, notes = job.report(loaded, session, as_json, verbose, view)
+            maps, notes = job.report(loaded, session, as_json, verbose, view, durations)
         except EgpuError as e:  # the job ran: its status still goes out
             maps, notes = "", [f"egpu-run: {e}"]
+        if perfetto is not None:
+            try:
+                slices = job_trace.write(loaded, dump.read_all(session), perfetto)
+                notes.append(f"egpu-run: {slices} kernel launches traced in {perfetto}")
+            except EgpuError as e:
+                notes.append(f"egpu-run: {e}")
         for line in notes:
             typer.echo(line, err=True)
         typer.echo(maps, nl=False)

@@ -6,6 +6,9 @@ in its args); one track per ring-buffer or perf map, an instant per record that 
 field (records without one have no place on a timeline and are left out). Launch times and record
 ``ts`` must be the same clock in ns (the GPU's %globaltimer, as bpf_ktime_get_ns reads it).
 
+A job's processes go into one file (``write_all``): a process track each (named with its argv and rank,
+its dropped-record counts in its labels), all on one time base. Within a track events are in time order.
+
 Timestamps are written relative to the earliest one, in µs with ns decimals: the format's ``ts`` is µs
 and a float64 cannot keep ns of an epoch-based clock. ``otherData.base_ns`` holds the offset.
 """
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..translate.demangle import base_name
+from ..errors import EgpuError
 from .json import plain
 from .text import kernel_name
 from .values import KernelId, Records
@@ -30,10 +34,11 @@ class Launch:
     kernel: str              # mangled name
     start_ns: int
     duration_ns: int
-    stream: int              # the CUstream handle (0: the legacy default stream)
-    launch_id: int
+    stream: int              # the CUstream handle (0: the legacy default stream), or CUPTI's stream id
+    launch_id: int | None    # egpu's launch id; None where unknown (CUPTI records carry a correlation id)
     grid: tuple[int, int, int] = (1, 1, 1)
     block: tuple[int, int, int] = (1, 1, 1)
+    correlation_id: int | None = None
 
 
 @dataclass
@@ -45,6 +50,7 @@ class Trace:
     kernel_names: Mapping[int, str] = field(default_factory=dict)
     launches: list[Launch] = field(default_factory=list)
     records: dict[str, list[tuple[int, dict]]] = field(default_factory=dict)  # map -> (ts, args)
+    labels: dict[str, object] = field(default_factory=dict)  # shown with the process (argv, rank, drops)
 
     def add_launch(self, launch: Launch) -> None:
         self.launches.append(launch)
@@ -58,33 +64,56 @@ class Trace:
             if isinstance(ts, int) and not isinstance(ts, (bool, KernelId)):
                 track.append((ts, args if r.cpu is None else {**args, "sm": r.cpu}))
 
-    def document(self) -> dict:
-        times = [l.start_ns for l in self.launches] + [ts for rs in self.records.values() for ts, _ in rs]
-        base = min(times, default=0)
+    def times(self) -> list[int]:
+        return [l.start_ns for l in self.launches] + [ts for rs in self.records.values() for ts, _ in rs]
 
+    def document(self) -> dict:
+        return document([self])
+
+    def events(self, base: int) -> list[dict]:
+        """This process's events, times relative to ``base`` ns."""
         def us(ns: int) -> float:
             return round((ns - base) / 1000, 3)
 
         events: list[dict] = [_meta("process_name", self.pid, 0, self.process_name or f"pid {self.pid}")]
+        if self.labels:
+            events.append({"ph": "M", "name": "process_labels", "pid": self.pid, "tid": 0,
+                           "args": {"labels": ", ".join(f"{k}: {v}" for k, v in self.labels.items())}})
         tids: dict[int, int] = {}
-        for launch in self.launches:
+        for launch in sorted(self.launches, key=lambda l: l.start_ns):
             if launch.stream not in tids:
                 tids[launch.stream] = len(tids) + 1
                 events.append(_meta("thread_name", self.pid, tids[launch.stream], f"stream {launch.stream:#x}"))
             events.append({"ph": "X", "cat": "kernel", "name": base_name(launch.kernel) or launch.kernel,
                            "pid": self.pid, "tid": tids[launch.stream], "ts": us(launch.start_ns),
                            "dur": round(launch.duration_ns / 1000, 3),
-                           "args": {"kernel": launch.kernel, "launch_id": launch.launch_id,
-                                    "grid": list(launch.grid), "block": list(launch.block)}})
+                           "args": {"kernel": launch.kernel, "grid": list(launch.grid), "block": list(launch.block),
+                                    **{k: v for k, v in (("launch_id", launch.launch_id),
+                                                         ("correlation_id", launch.correlation_id)) if v is not None}}})
         # Map tracks after the stream tracks; tids stay small ints (streams are 64-bit handles).
         for i, (name, track) in enumerate(sorted(self.records.items()), start=len(tids) + 1):
             events.append(_meta("thread_name", self.pid, i, f"@{name}"))
             events += [{"ph": "i", "s": "t", "cat": "event", "name": name, "pid": self.pid, "tid": i,
-                        "ts": us(ts), "args": args} for ts, args in track]
-        return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"base_ns": base}}
+                        "ts": us(ts), "args": args} for ts, args in sorted(track, key=lambda r: r[0])]
+        return events
 
     def write(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.document(), separators=(",", ":")))
+        write_all([self], path)
+
+
+def document(traces: list[Trace]) -> dict:
+    """One trace of several processes, on one time base."""
+    base = min((t for trace in traces for t in trace.times()), default=0)
+    events = [e for trace in traces for e in trace.events(base)]
+    return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"base_ns": base}}
+
+
+def write_all(traces: list[Trace], path: str | Path) -> None:
+    """The trace file; EgpuError when it cannot be written."""
+    try:
+        Path(path).write_text(json.dumps(document(traces), separators=(",", ":")))
+    except OSError as e:
+        raise EgpuError(f"cannot write the trace: {e.strerror}", file=str(path)) from None
 
 
 def _meta(kind: str, pid: int, tid: int, name: str) -> dict:

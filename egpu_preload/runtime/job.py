@@ -26,6 +26,7 @@ from egpu_preload.runtime import config, dump, durations
 from egpu_preload.runtime.probes import Probe, load_probes
 
 if TYPE_CHECKING:
+    from egpu_preload.bpf.program import BpfObject
     from egpu_preload.output.values import Snapshot
 
 ROOT = Path(__file__).resolve().parent.parent.parent   # the checkout: shim/ and build/ live there
@@ -187,9 +188,11 @@ def run_job(cmd: list[str], cfg: config.Config, shim: Path,
 
 # ---- after the job -----------------------------------------------------------------------------------
 
-def snapshots(probes: list[Probe], doc: dict[str, Any]) -> "Snapshot":
+def snapshots(probes: list[Probe], doc: dict[str, Any],
+              event_types: Callable[["BpfObject"], dict[str, str]] | None = None) -> "Snapshot":
     """One Snapshot of every probe's maps in a dump (output.values), kernel names from the dump. A probe
-    the dump names by a path none of ``probes`` has (attached while the job ran) is read from there."""
+    the dump names by a path none of ``probes`` has (attached while the job ran) is read from there.
+    ``event_types``: a probe object's ring-buffer record types (values.snapshot's event_types)."""
     from egpu_preload.bpf.elf import load_object
     from egpu_preload.output.values import Snapshot, Trace, snapshot
     names = {k: n for k, n in doc["kernels"]}
@@ -197,7 +200,8 @@ def snapshots(probes: list[Probe], doc: dict[str, Any]) -> "Snapshot":
     snaps = []
     for d in doc["probes"]:
         obj = objs.get(d["path"]) or load_object(Path(d["path"]))
-        snaps.append(snapshot(dump.restore_state(MapsState(obj.maps), d), obj, names))
+        snaps.append(snapshot(dump.restore_state(MapsState(obj.maps), d), obj, names,
+                              event_types(obj) if event_types else None))
     return Snapshot(tuple(m for s in snaps for m in s.maps), Trace(tuple(line for s in snaps for line in s.trace.lines)),
                     names)
 
@@ -260,10 +264,11 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool) -> list[str]:
 
 
 def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
-           view: str = "auto") -> tuple[str, list[str]]:
-    """(maps for stdout, lines for stderr) from the dumps the job's processes left in the session."""
+           view: str = "auto", with_durations: bool = True) -> tuple[str, list[str]]:
+    """(maps for stdout, lines for stderr) from the dumps the job's processes left in the session;
+    kernel durations too when ``with_durations`` and the dumps have them."""
     dumps = dump.read_all(session)
     out = render(probes, dumps, as_json, view)
-    if any("durations" in d for d in dumps):  # egpu-run --durations
+    if with_durations and any("durations" in d for d in dumps):  # egpu-run --durations
         out += durations.render_json(dumps, time.time()) if as_json else ("\n" if out else "") + durations.render(dumps)
     return out, module_report(dumps, verbose) if probes else []
