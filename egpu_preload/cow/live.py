@@ -45,7 +45,7 @@ from egpu_preload.cow import rwsets
 from egpu_preload.cow.allocations import Allocation, AllocationTable, AllocKind, param_offsets, read_shim
 from egpu_preload.cow.snapshot import CHUNK, SnapshotWriter
 from egpu_preload.errors import CowError, EgpuError
-from egpu_preload.runtime.live import _argv
+from egpu_preload.runtime import config
 from egpu_preload.runtime.modstate import module_globals
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ class Checkpointer:
 
     def _checkpoint(self, directory: Path, stop_the_world: bool) -> dict:
         rt, ffi, lib = self.rt, self.rt.ffi, self.rt.lib
-        writer = SnapshotWriter(directory, pid=os.getpid(), argv=_argv(), cut={})
+        writer = SnapshotWriter(directory, pid=os.getpid(), argv=config.argv(), cut={})
         with writer:
             ctx = context(rt)
             staged: list[Staged] = []

@@ -18,6 +18,7 @@ Not egpu's own: RANK, else LOCAL_RANK (set by torchrun for each worker) name a p
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,3 +78,13 @@ def rank(env: Mapping[str, str] = os.environ) -> int | None:
         if value.isdigit():
             return int(value)
     return None
+
+
+def argv() -> list[str]:
+    """This process's command line: /proc/self/cmdline, which is right also where the shim started Python
+    inside a C program (sys.orig_argv is empty there)."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+    except OSError:
+        return list(sys.orig_argv)

@@ -378,7 +378,7 @@ class Runtime:
         stats = self.ffi.new("struct egpu_stats *")
         self.lib.egpu_shim_stats(stats)
         dump.write(self.cfg.session, {
-            "pid": os.getpid(), "argv": _argv(), "rank": config.rank(),
+            "pid": os.getpid(), "argv": config.argv(), "rank": config.rank(),
             "probes": probes, "error": error,
             "kernels": [[k, n] for k, n in self.kernel_names.items()],
             "modules": [m.report() for m in self.loads],
@@ -387,14 +387,6 @@ class Runtime:
             "timing": {"probes_ms": self.probes_ms},
             **(self.durations.finish(self.driver.synchronize) if self.durations else {}),
         })
-
-
-def _argv() -> list[str]:
-    try:
-        with open("/proc/self/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
-    except OSError:
-        return list(sys.orig_argv)
 
 
 def _start() -> None:

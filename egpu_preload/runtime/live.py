@@ -196,7 +196,7 @@ class Live:
 
     # ---- handlers ---------------------------------------------------------------------------------
     def ping(self, fields: dict) -> dict:
-        return {"pid": os.getpid(), "uid": os.getuid(), "argv": _argv(), "probes": list(self.names),
+        return {"pid": os.getpid(), "uid": os.getuid(), "argv": config.argv(), "probes": list(self.names),
                 "session": str(self.rt.cfg.session) if self.rt.cfg.session else None,
                 "rank": config.rank(), "launches": self._launches()}
 
@@ -250,7 +250,7 @@ class Live:
         """A dump-like document (dump.py) of the attached probes' maps, read while the job runs."""
         with self.lock:
             probes = self._read(self._probes())
-        return {"version": dump.VERSION, "pid": os.getpid(), "argv": _argv(),
+        return {"version": dump.VERSION, "pid": os.getpid(), "argv": config.argv(),
                 "rank": config.rank(), "time": time.time(), "probes": probes,
                 "error": None, "kernels": self._kernels(),
                 "modules": self._module_reports(), "stats": self._stats()}
@@ -528,14 +528,6 @@ class Live:
 
     def _launches(self) -> int:
         return self._stats()["launches"]
-
-
-def _argv() -> list[str]:
-    try:
-        with open("/proc/self/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
-    except OSError:
-        return list(sys.orig_argv)
 
 
 def start(rt: "Runtime") -> Live:
