@@ -107,63 +107,88 @@ def check_archs(text: str) -> list[str]:
     return sorted({target, "sm_90"}) if int(target[3:]) <= 90 else [target]
 
 
-def stats_probe(scope: str) -> str:
+# The context words stats_probe reads when it takes words (rewrite.ProbeSpec.ctx_words): kernel_id,
+# launch_id, addr, site|size, flags|kind, args[0], nargs|grid[0].
+STATS_WORDS = (0, 1, 2, 3, 4, 5, 13)
+
+
+def stats_probe(scope: str, words: bool = False) -> str:
     """A probe of the rewriter's ABI that counts into ``__egpu_test_stats_<scope>[16]`` (u64):
     0 entry, 1 exit, 2 memory sites, 3 loads, 4 stores, 5 sum of load addresses, 6 sum of store
-    addresses, 7 sum of sizes, 8 max launch_id, 9 kernel_id, 10 args[0], 11 nargs, 12 atomics."""
+    addresses, 7 sum of sizes, 8 max launch_id, 9 kernel_id, 10 args[0], 11 nargs, 12 atomics.
+    It takes ``%ctx`` (the context's address) or, with ``words``, the context words STATS_WORDS."""
     s = f"test_stats_{scope}"
+    if words:
+        params = ", ".join(f".param .b64 %cw{w}" for w in STATS_WORDS)
+        fields = "\n\t".join([f"ld.param.b64 %cw{w}r, [%cw{w}];" for w in STATS_WORDS] + [
+            "shr.u64 %x, %cw4r, 32;", "cvt.u32.u64 %kind, %x;"])
+        reads = {"launch_id": "mov.b64 %x, %cw1r;", "kernel_id": "mov.b64 %x, %cw0r;",
+                 "arg0": "mov.b64 %x, %cw5r;", "nargs": "and.b64 %x, %cw13r, 0xFFFFFFFF;",
+                 "flags": "cvt.u32.u64 %flags, %cw4r;", "addr": "mov.b64 %a, %cw2r;",
+                 "size": "shr.u64 %x, %cw3r, 32;"}
+        regs = "\t.reg .b64 " + ", ".join(f"%cw{w}r" for w in STATS_WORDS) + ";\n"
+    else:
+        params = ".param .b64 %ctx"
+        fields = "ld.param.b64 %c, [%ctx];\n\tld.u32 %kind, [%c+36];"
+        reads = {"launch_id": "ld.u64 %x, [%c+8];", "kernel_id": "ld.u64 %x, [%c+0];",
+                 "arg0": "ld.u64 %x, [%c+40];", "nargs": "ld.u32 %t, [%c+104];\n\tcvt.u64.u32 %x, %t;",
+                 "flags": "ld.u32 %flags, [%c+32];", "addr": "ld.u64 %a, [%c+16];",
+                 "size": "ld.u32 %t, [%c+28];\n\tcvt.u64.u32 %x, %t;"}
+        regs = ""
     return f"""\
 .visible .global .align 8 .u64 __egpu_{s}[16];
-.func (.param .b64 %ret) egpu_{s}(.param .b64 %ctx)
+.func (.param .b64 %ret) egpu_{s}({params})
 {{
-	.reg .b64 %c, %base, %a, %x;
-	.reg .b32 %kind, %flags, %t;
-	.reg .pred %p;
-	ld.param.b64 %c, [%ctx];
-	mov.u64 %base, __egpu_{s};
-	cvta.global.u64 %base, %base;
-	ld.u32 %kind, [%c+36];
-	mul.wide.u32 %x, %kind, 8;
-	add.s64 %a, %base, %x;
-	red.add.u64 [%a], 1;
-	ld.u64 %x, [%c+8];
-	red.max.u64 [%base+64], %x;
-	ld.u64 %x, [%c+0];
-	st.u64 [%base+72], %x;
-	ld.u64 %x, [%c+40];
-	st.u64 [%base+80], %x;
-	ld.u32 %t, [%c+104];
-	cvt.u64.u32 %x, %t;
-	st.u64 [%base+88], %x;
-	setp.ne.u32 %p, %kind, 2;
-	@%p bra $done;
-	ld.u32 %flags, [%c+32];
-	ld.u64 %a, [%c+16];
-	ld.u32 %t, [%c+28];
-	cvt.u64.u32 %x, %t;
-	red.add.u64 [%base+56], %x;
-	and.b32 %t, %flags, 1;
-	setp.eq.u32 %p, %t, 0;
-	@!%p red.add.u64 [%base+24], 1;
-	@!%p red.add.u64 [%base+40], %a;
-	and.b32 %t, %flags, 2;
-	setp.eq.u32 %p, %t, 0;
-	@!%p red.add.u64 [%base+32], 1;
-	@!%p red.add.u64 [%base+48], %a;
-	and.b32 %t, %flags, 4;
-	setp.eq.u32 %p, %t, 0;
-	@!%p red.add.u64 [%base+96], 1;
+{regs}\t.reg .b64 %c, %base, %a, %x;
+\t.reg .b32 %kind, %flags, %t;
+\t.reg .pred %p;
+\t{fields}
+\tmov.u64 %base, __egpu_{s};
+\tcvta.global.u64 %base, %base;
+\tmul.wide.u32 %x, %kind, 8;
+\tadd.s64 %a, %base, %x;
+\tred.add.u64 [%a], 1;
+\t{reads["launch_id"]}
+\tred.max.u64 [%base+64], %x;
+\t{reads["kernel_id"]}
+\tst.u64 [%base+72], %x;
+\t{reads["arg0"]}
+\tst.u64 [%base+80], %x;
+\t{reads["nargs"]}
+\tst.u64 [%base+88], %x;
+\tsetp.ne.u32 %p, %kind, 2;
+\t@%p bra $done;
+\t{reads["flags"]}
+\t{reads["addr"]}
+\t{reads["size"]}
+\tred.add.u64 [%base+56], %x;
+\tand.b32 %t, %flags, 1;
+\tsetp.eq.u32 %p, %t, 0;
+\t@!%p red.add.u64 [%base+24], 1;
+\t@!%p red.add.u64 [%base+40], %a;
+\tand.b32 %t, %flags, 2;
+\tsetp.eq.u32 %p, %t, 0;
+\t@!%p red.add.u64 [%base+32], 1;
+\t@!%p red.add.u64 [%base+48], %a;
+\tand.b32 %t, %flags, 4;
+\tsetp.eq.u32 %p, %t, 0;
+\t@!%p red.add.u64 [%base+96], 1;
 $done:
-	mov.u64 %x, 0;
-	st.param.b64 [%ret], %x;
-	ret;
+\tmov.u64 %x, 0;
+\tst.param.b64 [%ret], %x;
+\tret;
 }}
 """
 
 
-def stats_probes(scopes: tuple[str, ...] = SCOPES, glob: str = "*") -> list[ProbeSpec]:
+ABIS = ("words", "ctx")   # the two ways a probe takes its context (rewrite.ProbeSpec.ctx_words)
+
+
+def stats_probes(scopes: tuple[str, ...] = SCOPES, glob: str = "*", abi: str = "words") -> list[ProbeSpec]:
     """entry + exit + mem probes in each scope, each scope counting into its own array."""
-    return [ProbeSpec(Attach(kind, glob, scope), f"egpu_test_stats_{scope}", stats_probe(scope))
+    words = abi == "words"
+    return [ProbeSpec(Attach(kind, glob, scope), f"egpu_test_stats_{scope}", stats_probe(scope, words),
+                      ctx_words=STATS_WORDS if words else None)
             for scope in scopes for kind in ("entry", "exit", "mem")]
 
 

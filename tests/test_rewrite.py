@@ -18,12 +18,13 @@ from egpu_preload.translate.rewrite import (LAUNCH_PARAM, ProbeSpec, instrument,
 HEAD = ".version 8.0\n.target sm_90\n.address_size 64\n"
 
 
-@pytest.fixture(scope="module")
-def rewritten() -> dict[str, tuple[str, object, dict[str, tuple[int, str]]]]:
-    """name -> (original, RewriteResult, {arch: (ptxas rc, stderr)}) for the whole corpus."""
+@pytest.fixture(scope="module", params=ptx_corpus.ABIS)
+def rewritten(request) -> dict[str, tuple[str, object, dict[str, tuple[int, str]]]]:
+    """name -> (original, RewriteResult, {arch: (ptxas rc, stderr)}) for the whole corpus, the probes
+    taking their context in words or by address (request.param)."""
     out, jobs = {}, []
     for name, text in ptx_corpus.build().items():
-        res = instrument(text, ptx_corpus.stats_probes())
+        res = instrument(text, ptx_corpus.stats_probes(abi=request.param))
         out[name] = (text, res, {})
         jobs += [(name, arch, res.text) for arch in ptx_corpus.check_archs(text)]
     for name, arch, rc, _, err in ptx_corpus.ptxas(jobs):
@@ -47,8 +48,9 @@ def _kernel(body: str, params: str = ".param .u64 k_0", head: str = HEAD) -> str
     return f"{head}.visible .entry k({params})\n{{\n{body}\n}}\n"
 
 
-def _probe(kind: str, scope: str = "thread", glob: str = "*") -> ProbeSpec:
-    return ProbeSpec(Attach(kind, glob, scope), f"egpu_test_stats_{scope}", ptx_corpus.stats_probe(scope))
+def _probe(kind: str, scope: str = "thread", glob: str = "*", words: bool = False) -> ProbeSpec:
+    return ProbeSpec(Attach(kind, glob, scope), f"egpu_test_stats_{scope}", ptx_corpus.stats_probe(scope, words),
+                     ctx_words=ptx_corpus.STATS_WORDS if words else None)
 
 
 def _assembles(text: str, arch: str = "sm_90") -> None:
@@ -237,6 +239,61 @@ def test_only_the_fields_the_probes_read_are_stored(probes, offsets):
     assert [int(o) for o in _CTX_STORE.findall(res.text)] == offsets
     assert res.text.count(".local .align 8 .b8") == 1
     _assembles(res.text)
+
+
+def test_context_words_hold_the_site_values():
+    """Each word a probe takes is passed at the site: per-kernel constants and the site's values folded
+    into one literal each (little-endian halves), the launch id and parameters loaded once at entry,
+    the address computed from the access."""
+    params = ".param .u64 k_0, .param .u32 k_1"
+    text = _kernel(REGS + "ld.param.u64 %rd1, [k_0];\nld.global.v2.f32 {%f1, %f2}, [%rd1+8];\nret;", params)
+    res = instrument(text, [_probe("mem", words=True), _probe("exit", words=True)])
+    lines = res.text.split("\n\t")
+    site, size, flags = 2, 8, C.FLAG_LOAD   # the ld is the kernel's second instruction, ret the third
+    assert f"ld.param.u64 %__egpu_c1, [{LAUNCH_PARAM}];" in lines
+    assert lines[lines.index("ld.param.b64 %__egpu_t, [k_0];") + 1] == "mov.b64 %__egpu_c5, %__egpu_t;"
+    at = lines.index("mov.b64 %__egpu_a, %rd1;")
+    assert lines[at + 1:at + 3] == ["add.s64 %__egpu_a, %__egpu_a, 8;", "cvta.global.u64 %__egpu_a, %__egpu_a;"]
+    words = {0: C.kernel_id("k"), 1: "%__egpu_c1", 2: "%__egpu_a", 3: site | size << 32,
+             4: flags | C.KIND_MEM << 32, 5: "%__egpu_c5", 13: 2}   # 13: nargs, and grid[0] = 0 in kernels
+    assert lines[at + 3:at + 10] == [f"st.param.b64 [__egpu_cw{w}], {v};" for w, v in words.items()]
+    exit_words = {**words, 3: 3, 4: C.KIND_EXIT << 32}
+    at = lines.index("mov.u64 %__egpu_a, 0;")   # no address at an exit
+    assert lines[at + 1:at + 8] == [f"st.param.b64 [__egpu_cw{w}], {v};" for w, v in exit_words.items()]
+    call = "call (__egpu_ret), egpu_test_stats_thread, (" + ", ".join(
+        f"__egpu_cw{w}" for w in ptx_corpus.STATS_WORDS) + ");"
+    assert res.text.count(call) == 2 and "__egpu_ctx" not in res.text and "__egpu_arg" not in res.text
+    _assembles(res.text)
+
+
+def _stack_frames(text: str) -> dict[str, int]:
+    """ptxas -v: the stack frame of each function (bytes)."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        src = f"{tmp}/m.ptx"
+        open(src, "w").write(text)
+        p = subprocess.run(["ptxas", "-v", "-arch=sm_90", src, "-o", f"{tmp}/m.cubin"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return {m[0]: int(m[1]) for m in re.findall(r"Function properties for (\S+)\n\s+(\d+) bytes stack frame",
+                                                  p.stdout + p.stderr)}
+
+
+@pytest.mark.parametrize("probe", ["count", "memtrace", "gpu_helpers", "histogram"])
+def test_instrumented_kernels_keep_no_context_in_local_memory(probe_obj, probe):
+    """The probes take their context in words, so once ptxas inlines them a site costs no local
+    memory: the kernel's stack frame is what the probes' own eBPF stack needs, not a struct egpu_ctx
+    (which was 152 bytes of stack in every instrumented kernel)."""
+    from egpu_preload.bpf.elf import load_object
+    from egpu_preload.translate.rewrite import probe_specs
+    specs = probe_specs(load_object(probe_obj(probe)))
+    assert all(s.ctx_words is not None for s in specs)
+    text = ptx_corpus.build()["vector_add.sm_90"]
+    res = instrument(text, specs)
+    assert "__egpu_ctx" not in res.text
+    frames = _stack_frames(res.text)
+    own = max([int(n) for s in specs for n in re.findall(r"\.local \.align 8 \.b8 __stack\[(\d+)\]", s.ptx)] + [0])
+    assert frames["vector_add"] <= own < C.SIZE, frames
 
 
 def test_translated_probes_carry_what_they_read(probe_obj):

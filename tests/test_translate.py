@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from egpu_preload.bpf import ctx as C
 from egpu_preload.bpf import program as prog
 from egpu_preload.bpf.asm import assemble
 from egpu_preload.bpf.elf import load_object
+from egpu_preload.bpf.program import BpfObject, Program
+from egpu_preload.bpf.sections import parse_section
 from egpu_preload.bpf.verifier import verify
 from egpu_preload.errors import TranslateError, VerifierError
 from egpu_preload.maps import MapsState
@@ -69,12 +72,13 @@ def probe_objects(probe_obj, probe_names):
     return [load_object(probe_obj(name)) for name in probe_names]
 
 
+@pytest.mark.parametrize("ctx_params", [True, False], ids=["ctx-words", "ctx-address"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_every_probe_assembles(arch, probe_objects, tmp_path):
+def test_every_probe_assembles(arch, ctx_params, probe_objects, tmp_path):
     rows = []
     for obj in probe_objects:
         for p in obj.programs:
-            probe = probe_function(p, obj)
+            probe = probe_function(p, obj, ctx_params=ctx_params)
             report = ptxas(probe_runner_ptx(probe), arch, tmp_path)
             rows.append((f"{Path(obj.path).name}:{p.section}", *report["egpu_probe_run"]))
     assert rows
@@ -85,9 +89,44 @@ def test_probe_function_contract(probe_objects):
     obj = next(o for o in probe_objects if o.maps)
     p = probe_function(obj.programs[0], obj, tag="t1")
     assert p.name == f"__egpu_t1_{obj.programs[0].name}"
-    assert p.func.startswith(f".func (.param .b64 %ret) {p.name}(.param .b64 %ctx)")
+    assert p.func.startswith(f".func (.param .b64 %ret) {p.name}(.param .b64 %ctx)") and p.ctx_words is None
     assert p.globals == (f".visible .const .align 8 .u64 __egpu_maps_t1[{len(obj.maps) + 1}];",)
     assert (p.version, p.sm) == ((6, 3), 70)
+
+
+def _ctx_probe(asm_text: str) -> BpfObject:
+    return BpfObject("t.o", [Program("p", "kprobe/*", parse_section("kprobe/*"), assemble(asm_text))], [])
+
+
+@pytest.mark.parametrize("asm_text, words, moves", [
+    # ctx->launch_id, ctx->flags (low half of word 4) and ctx->kind (high half), sign-extended size
+    ("r2 = *(u64 *)(r1 + 8)\nr3 = *(u32 *)(r1 + 32)\nr0 = *(u32 *)(r1 + 36)\nr0 += r3\nr0 += r2\nexit",
+     (1, 4), ["mov.b64 %r2, %c1;", "and.b64 %r3, %c4, 0xFFFFFFFF;", "shr.u64 %t0, %c4, 32;",
+              "and.b64 %r0, %t0, 0xFFFFFFFF;"]),
+    ("r0 = *(s16 *)(r1 + 18)\nexit", (2,), ["shr.u64 %t0, %c2, 16;", "cvt.s64.s16 %r0, %t0;"]),
+    ("r0 = *(u8 *)(r1 + 47)\nexit", (5,), ["shr.u64 %t0, %c5, 56;", "and.b64 %r0, %t0, 255;"]),
+    ("r0 = 0\nexit", (), []),
+])
+def test_probes_take_the_context_words_they_read(asm_text, words, moves, tmp_path):
+    """ctx_params: one parameter per context word read; each ctx load becomes register moves (r1 holds
+    a placeholder address, never dereferenced)."""
+    obj = _ctx_probe(asm_text)
+    p = probe_function(obj.programs[0], obj, tag="t", ctx_params=True)
+    assert p.ctx_words == words
+    head = ", ".join(f".param .b64 %cw{w}" for w in words)
+    assert p.func.startswith(f".func (.param .b64 %ret) {p.name}({head})")
+    body = [line.strip() for line in p.func.splitlines()]
+    assert f"mov.b64 %r1, 0x{C.NO_ADDRESS:X};" in body and "ld.param.b64 %r1, [%ctx];" not in body
+    assert [b for b in body if b in moves] == moves and not any(b.startswith("ld.u") for b in body)
+    ptxas(probe_runner_ptx(p), "sm_90", tmp_path)
+
+
+def test_a_context_load_at_offsets_that_differ_by_path_keeps_the_address_form():
+    """The verifier allows ctx + a constant chosen per path; such a load has no single word, so the
+    probe takes %ctx and reads memory."""
+    obj = _ctx_probe("r2 = *(u32 *)(r1 + 24)\nif r2 == 0 goto +1\nr1 += 8\nr0 = *(u64 *)(r1 + 0)\nexit")
+    p = probe_function(obj.programs[0], obj, tag="t", ctx_params=True)
+    assert p.ctx_words is None and "(.param .b64 %ctx)" in p.func
 
 
 # ---- golden text ----------------------------------------------------------------------------------
@@ -345,9 +384,9 @@ def test_gpu_test_and_bench_probes_assemble(tmp_path):
     probes = {**GPU_TEST_PROBES, **{f"bench {k}": v for k, v in bench_probes(1 << 20).items()}}
     for name, (asm, maps) in probes.items():
         obj, p = probe_object(asm, maps, f"{name}.bpf.o")
-        report = ptxas(probe_runner_ptx(probe_function(p, obj)), "sm_90", tmp_path)
+        report = ptxas(probe_runner_ptx(probe_function(p, obj, ctx_params=True)), "sm_90", tmp_path)
         rows.append((name, *report["egpu_probe_run"]))
-    assert len(rows) == 7
+    assert len(rows) == len(probes) == 8
     print_report("GPU-test and benchmark probes, sm_90", rows)
 
 

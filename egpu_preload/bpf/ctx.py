@@ -37,6 +37,11 @@ FIELDS: tuple[Field, ...] = (
     Field("stream", 136, 8),    # launch probes: the CUstream handle
 )
 SIZE = 144
+WORDS = SIZE // 8
+# What r1 holds where a probe's context is not in memory (its words passed in registers, or none read).
+# Not NULL: the verifier proves ctx never NULL, so a probe's `if (!ctx)` branch is not translated; and
+# farther from 0 than any offset it allows.
+NO_ADDRESS = 1 << 40
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 ALL_FIELDS: frozenset[str] = frozenset(BY_NAME)
 
@@ -45,6 +50,11 @@ def fields_at(offsets: frozenset[int]) -> frozenset[str]:
     """The fields that hold any of these byte offsets (what a program reads, from its ctx_reads)."""
     return frozenset(f.name for f in FIELDS
                      if any(o in offsets for o in range(f.offset, f.offset + f.size * f.count)))
+
+
+def words_at(offsets: frozenset[int]) -> tuple[int, ...]:
+    """The 8-byte words of the context holding any of these byte offsets, in order."""
+    return tuple(sorted({o // 8 for o in offsets}))
 
 
 def kernel_id(name: str) -> int:

@@ -11,7 +11,7 @@ from ..bpf.decode import Insn
 from ..bpf.verifier import VerifiedProgram
 from . import helpers_ptx
 from .devmaps import layout
-from .emitter import TABLE_PARAM, Addr, FuncGen, Target, lit, sext32, slit
+from .emitter import TABLE_PARAM, Addr, FuncGen, Target, ctx_word_param, lit, sext32, slit
 
 
 def generate_func(insns: list[Insn], target: Target, name: str, params: list[str],
@@ -21,7 +21,8 @@ def generate_func(insns: list[Insn], target: Target, name: str, params: list[str
     ``target.table_param`` the map table's address is one more parameter, TABLE_PARAM, after them."""
     g = FuncGen(insns, target, HANDLERS, verified)
     g.body()
-    formal = params + [TABLE_PARAM] if target.table_param else params
+    formal = params + [ctx_word_param(w) for w in target.ctx_words or ()]
+    formal += [TABLE_PARAM] if target.table_param else []
     head = f".func (.param .b64 %ret) {name}({', '.join(f'.param .b64 {p}' for p in formal)})"
     return "\n".join([head, "{", *g.declarations(), *g.prologue(params), *g.lines,
                       "\tst.param.b64 [%ret], %r0;", "\tret;", "}", ""])
@@ -193,6 +194,8 @@ def lddw(g: FuncGen, insn: Insn) -> None:
 
 def load(g: FuncGen, insn: Insn) -> None:
     """dst = *(size *)(src + off), zero-extended (LDX) or sign-extended (LDXSX)."""
+    if g.ctx_load(insn):
+        return
     a = g.address(insn, insn.src, insn.size)
     g.load(g.reg(insn.dst), a, insn.size, insn.spec.signed)
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..bpf import isa
+from ..bpf.ctx import NO_ADDRESS
 from ..bpf.decode import Insn
 from ..bpf.disasm import disasm_insn
 from ..bpf.helpers import HELPERS
@@ -47,6 +48,18 @@ class Target:
     # The table's address arrives as a second parameter (TABLE_PARAM) instead: patch modules of the SASS
     # back end are loaded by the Compute Sanitizer, so nobody can fill a .const table in them.
     table_param: bool = False
+    # The context in registers: the 8-byte words of struct egpu_ctx the program reads arrive as
+    # parameters (ctx_word_param), r1 holds ctx.NO_ADDRESS and every ctx load reads a word register.
+    # None: r1 is the context's generic address and ctx loads read memory.
+    ctx_words: tuple[int, ...] | None = None
+
+
+def ctx_word_param(word: int) -> str:
+    return f"%cw{word}"
+
+
+def ctx_word_reg(word: int) -> str:
+    return f"%c{word}"
 
 
 TABLE_PARAM, TABLE_REG = "%maps", "%maptab"
@@ -417,10 +430,33 @@ class FuncGen:
         self.emit_frame(0)
         self.place("$Lexit")
 
+    def ctx_load(self, insn: Insn) -> bool:
+        """dst = the context bytes a load reads, from the word registers (Target.ctx_words); False when
+        the context is in memory. Each ctx load reads one aligned field, inside one word."""
+        words = self.target.ctx_words
+        if words is None or self.verified is None or self.verified.regions.get(insn.pc) != "ctx":
+            return False
+        off = self.verified.ctx_at[insn.pc]   # probe_function checked it is known
+        word, shift, bits = off // 8, 8 * (off % 8), 8 * insn.size
+        src, d = ctx_word_reg(word), self.reg(insn.dst)
+        if bits == 64:
+            self.emit(f"mov.b64 {d}, {src};")
+            return True
+        if shift:
+            t = self.t64()
+            self.emit(f"shr.u64 {t}, {src}, {shift};")
+            src = t
+        if insn.spec.signed:
+            self.emit(f"cvt.s64.s{bits} {d}, {src};")
+        else:
+            self.emit(f"and.b64 {d}, {src}, {lit((1 << bits) - 1)};")
+        return True
+
     def declarations(self) -> list[str]:
         decls = ["\t.reg .b64 %r<11>;"]
         if self.target.table_param:
             decls.append(f"\t.reg .b64 {TABLE_REG};")
+        decls += [f"\t.reg .b64 {ctx_word_reg(w)};" for w in self.target.ctx_words or ()]
         decls += [f"\t.reg .b64 %d{d}r<11>;" for d in range(1, self.max_depth + 1)]
         for kind, ty in (("t", ".b64"), ("w", ".b32"), ("p", ".pred")):
             if self.counts[kind]:
@@ -434,8 +470,12 @@ class FuncGen:
         out = [f"\tld.param.b64 %r{n + 1}, [{p}];" for n, p in enumerate(params)]
         if self.target.table_param:
             out.append(f"\tld.param.b64 {TABLE_REG}, [{TABLE_PARAM}];")
+        out += [f"\tld.param.b64 {ctx_word_reg(w)}, [{ctx_word_param(w)}];" for w in self.target.ctx_words or ()]
+        if self.target.ctx_words is not None:
+            out.append(f"\tmov.b64 %r1, {lit(NO_ADDRESS)};")
         # eBPF leaves other registers undefined; zero them so every run is deterministic (free after ptxas).
-        out += [f"\tmov.b64 %r{n}, 0;" for n in range(0, 10) if not 1 <= n <= len(params)]
+        out += [f"\tmov.b64 %r{n}, 0;" for n in range(0, 10)
+                if not 1 <= n <= len(params) and not (n == 1 and self.target.ctx_words is not None)]
         if self.uses_stack:
             out.append("\tcvta.local.u64 %stack, __stack;")
         return out

@@ -83,7 +83,7 @@ class ProbeLaunch:
             raise EgpuError(f"context is {len(ctx)} bytes, struct egpu_ctx is {CTX_SIZE}")
         self.gpu = g = gpu()
         self.state = state if state is not None else MapsState(obj.maps)
-        probe = probe_function(program, obj)
+        probe = probe_function(program, obj, ctx_params=True)   # as the rewriter calls it
         self.module = g.load(probe_runner_ptx(probe, calls))
         self.maps: DeviceMaps | None = None
         self.ctx = self.r0s = 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..bpf.ctx import ALL_FIELDS, SIZE as CTX_SIZE, fields_at
+from ..bpf.ctx import ALL_FIELDS, SIZE as CTX_SIZE, fields_at, words_at
 from ..bpf.decode import decode
 from ..bpf.program import BpfObject, Program
 from ..bpf.verifier import VerifiedProgram, verify
@@ -32,6 +32,7 @@ class ProbePtx:
     version: tuple[int, int] = PTX_VERSION
     sm: int = SM_MIN
     ctx_fields: frozenset[str] = ALL_FIELDS   # the struct egpu_ctx fields it reads (bpf/ctx.py names)
+    ctx_words: tuple[int, ...] | None = None  # its parameters: these context words; None: %ctx, an address
 
     def text(self) -> str:
         return "\n".join(self.globals) + "\n" + self.func
@@ -62,7 +63,8 @@ def table_decl(tag: str, nmaps: int) -> str:
 
 
 def probe_function(program: Program, obj: BpfObject, tag: str | None = None,
-                   verified: VerifiedProgram | None = None, table_param: bool = False) -> ProbePtx:
+                   verified: VerifiedProgram | None = None, table_param: bool = False,
+                   ctx_params: bool = False) -> ProbePtx:
     """Verify (unless ``verified`` is the verifier's result for it) and translate one program of a
     loaded object into a PTX function; raises VerifierError for a program the verifier refuses.
 
@@ -76,18 +78,26 @@ def probe_function(program: Program, obj: BpfObject, tag: str | None = None,
 
     ``table_param`` (the SASS back end, sass_patch.py): no ``.const`` table; the function takes the table's
     global address as a second parameter, ``(.param .b64 %ctx, .param .b64 %maps)``, and ``globals`` is empty.
+
+    ``ctx_params`` (instrumented kernels): the context in registers where it can be, so that a site
+    stores nothing to local memory and, once ptxas inlines the call, the constants it passes fold into
+    the probe. The function then takes ``(.param .b64 %cw<w>, ...)``, one per 8-byte context word
+    the program reads (ProbePtx.ctx_words, ascending), and r1 is ctx.NO_ADDRESS. That holds when the
+    verifier saw every context load at one offset on all paths; otherwise the %ctx form is used.
     """
     tag = tag or object_tag(obj)
     name = f"__egpu_{tag}_{_ident(program.name)}"
-    target = Target(tag, tuple(obj.maps), table_symbol(tag), table_param)
     if verified is None:
         verified = verify(program.code, obj.maps, file=obj.path, section=program.section)
+    words = words_at(verified.ctx_reads) if ctx_params and None not in verified.ctx_at.values() else None
+    target = Target(tag, tuple(obj.maps), table_symbol(tag), table_param, words)
     try:
-        func = generate_func(list(verified.insns), target, name, PROBE_PARAMS, verified)
+        func = generate_func(list(verified.insns), target, name, [] if words is not None else PROBE_PARAMS,
+                             verified)
     except EgpuError as e:
         raise e.where(file=obj.path, section=program.section)
     return ProbePtx(name, func, () if table_param else (table_decl(tag, len(obj.maps)),), table_symbol(tag),
-                    ctx_fields=fields_at(verified.ctx_reads))
+                    ctx_fields=fields_at(verified.ctx_reads), ctx_words=words)
 
 
 def probe_object_ptx(obj: BpfObject, tag: str | None = None) -> str:
@@ -187,22 +197,29 @@ RUN_KERNEL = "egpu_probe_run"
 
 def probe_runner_ptx(probe: ProbePtx, calls: int = 1, kernel: str = RUN_KERNEL) -> str:
     """``egpu_probe_run(.param .u64 ctx, .param .u64 r0s, .param .u32 n)``: global threads 0..n-1 each
-    copy the CTX_SIZE-byte context at ctx into local memory (as instrumented kernels do), call the probe
-    ``calls`` times (0: the same kernel without the probe, the benchmarks' baseline) and store the last
-    r0 at r0s[i] (when r0s is not 0)."""
-    words = CTX_SIZE // 8
+    pass the CTX_SIZE-byte context at ctx as instrumented kernels do (the words the probe takes, or a
+    copy in local memory), call the probe ``calls`` times (0: the same kernel without the probe, the
+    benchmarks' baseline) and store the last r0 at r0s[i] (when r0s is not 0)."""
+    words = probe.ctx_words
     body = [
         f".visible .entry {kernel}(.param .u64 %src, .param .u64 %r0s, .param .u32 %n)",
         "{",
-        f"\t.local .align 8 .b8 ctxbuf[{CTX_SIZE}];",
         *_thread_index(6),
         "\tld.param.u64 %q0, [%src];",
     ]
-    for w in range(words):
-        body += [f"\tld.u64 %q1, [%q0+{8 * w}];", f"\tst.local.u64 [ctxbuf+{8 * w}], %q1;"]
-    body += ["\tcvta.local.u64 %q2, ctxbuf;", "\tmov.b64 %q3, 0;"]
+    if words is None:
+        body.insert(2, f"\t.local .align 8 .b8 ctxbuf[{CTX_SIZE}];")
+        for w in range(CTX_SIZE // 8):
+            body += [f"\tld.u64 %q1, [%q0+{8 * w}];", f"\tst.local.u64 [ctxbuf+{8 * w}], %q1;"]
+        body.append("\tcvta.local.u64 %q2, ctxbuf;")
+        args = ["%q2"]
+    else:
+        body.insert(2, f"\t.reg .b64 %cv<{max(len(words), 1)}>;")
+        body += [f"\tld.u64 %cv{k}, [%q0+{8 * w}];" for k, w in enumerate(words)]
+        args = [f"%cv{k}" for k in range(len(words))]
+    body.append("\tmov.b64 %q3, 0;")
     for _ in range(calls):
-        body += _call(probe.name, ["%q2"], "%q3")
+        body += _call(probe.name, args, "%q3")
     body += ["\tld.param.u64 %q4, [%r0s];", "\tsetp.eq.u64 %stop, %q4, 0;", "\t@%stop bra $Ldone;",
              "\tmad.wide.u32 %q4, %i0, 8, %q4;", "\tst.u64 [%q4], %q3;", "$Ldone:", "\tret;", "}", ""]
     return header(probe.version, probe.sm) + "\n" + probe.text() + "\n" + "\n".join(body)

@@ -8,17 +8,23 @@ pass over the top level, one over the body of each matching kernel, one join.
 What an instrumented kernel looks like
 --------------------------------------
 - Its parameter list gains a trailing ``.param .u64 __egpu_launch_id`` (the launch contract below).
-- At entry, after the kernel's own declarations: a ``.local`` ``struct egpu_ctx`` (bpf/ctx.py) filled
-  once with kernel_id (FNV-1a of the mangled name), launch_id, args (the first 8 parameters, each
-  zero-extended; an aggregate gives its first 8/4/2/1 bytes as its alignment allows) and nargs; the
-  launch-only fields (grid, block, stream) are zero. ``%__egpu_ctxp`` holds its generic address.
-  Only the fields some probe of the kernel reads (ProbeSpec.ctx_fields, from the verifier) are stored,
-  here and at the sites; when none reads any, there is no context and the calls pass _NO_CTX.
+- The context (``struct egpu_ctx``, bpf/ctx.py) holds kernel_id (FNV-1a of the mangled name),
+  launch_id, args (the first 8 parameters, each zero-extended; an aggregate gives its first 8/4/2/1
+  bytes as its alignment allows), nargs, and per site: site, addr, size, flags, kind; the launch-only
+  fields (grid, block, stream) are zero. A probe takes it one of two ways (ProbeSpec.ctx_words):
+  - in words (translated probes, whenever the verifier saw each ctx load at one offset): the site
+    computes each 8-byte word the probe reads into ``%__egpu_c<w>`` (constants folded into one
+    literal) and passes them as ``.param .b64`` arguments, so nothing goes through local memory and,
+    once ptxas inlines the call, the probe's ``ctx->flags & STORE`` folds to a constant;
+  - by address (``.func (.param .b64 %ret) NAME(.param .b64 %ctx)``): a ``.local`` context is
+    declared after the kernel's own declarations, its per-kernel fields stored once at entry and its
+    site fields at each site, only those some probe of the kernel reads (ProbeSpec.ctx_fields, from the
+    verifier); ``%__egpu_ctxp`` holds its generic address. When no such probe reads a field there is
+    no context and the calls pass ctx.NO_ADDRESS.
 - At each site, one ``{ }`` scope declares its own ``%__egpu_*`` registers and ``.param`` slots (so
   nothing clashes with the kernel's names; a kernel that already mentions ``__egpu`` is refused),
-  stores site, addr, size, flags and kind (those its probes read), and calls each probe
-  ``.func (.param .b64 %ret) NAME(.param .b64 %ctx)`` with the context's generic address.
-  site is the index of the instruction among the kernel's instructions (entry: 0).
+  computes the context its probes read and calls each probe. site is the index of the instruction
+  among the kernel's instructions (entry: 0).
 - Sites: entry; before every ``ret``/``exit``; before every ``ld``/``ldu``/``st``/``atom``/``red`` on
   ``.global`` or generic addresses and every ``cp.async.{ca,cg}`` from global memory. ctx.addr is the
   generic address (``.global`` addresses go through ``cvta.global``); size is the vector width times
@@ -33,13 +39,15 @@ What an instrumented kernel looks like
   exits, whether or not other threads still run).
 - Each site keeps its lanes grouped as they arrived (``activemask`` at its start, ``bar.warp.sync``
   with that mask at its end), so code after it that reads the active mask behaves as without egpu.
-  Limit: that holds at the site, not after a later divergent branch. CUDA does not guarantee that lanes
-  reconverge after one (CUDA C++ Programming Guide, Independent Thread Scheduling; ``__activemask``:
-  threads convergent at one instruction need not be at the next), and in an instrumented kernel ptxas
-  may leave them apart where the original had them together: ``cg::coalesced_threads()`` (activemask)
-  inside ``if (i % 3 == 0)`` sees 1 lane instead of 11 (tests/test_rewrite_gpu.py, cg_coalesced, xfail).
-  Code that reads the active mask after divergence, as the guide says it must not rely on, may then
-  compute other values; counts stay exact.
+  Open bug (seen on the H200 with ptxas 13.0, not yet fixed): in ``cg_coalesced`` (tests/cuda/
+  coop_groups.cu), a later ``cg::coalesced_threads()`` (activemask) inside ``if (i % 3 == 0)`` sees
+  the warp-scope leader apart from its 10 peers (size 1 for lane 0, 10 for the others, instead of 11)
+  whenever a warp- or block-scope probe is spliced in beside another site: the leader's guarded call
+  splits the lane off and the site's closing bar.warp.sync does not bring it back into the later
+  activemask. CUDA lets lanes stay apart there (CUDA C++ Programming Guide, Independent Thread
+  Scheduling), but egpu causes it, deterministically; counts stay exact (tests/test_rewrite_gpu.py,
+  cg_coalesced, xfail). Candidate fixes, to be measured on the GPU: a bar.warp.sync right after each
+  leader-guarded call, or calling warp/block probes from every lane with a leader flag.
 - ``.version``/``.target`` are raised only to what the probes and sites need (PTX 6.2 for
   ``activemask``).
 
@@ -61,6 +69,7 @@ import functools
 import re
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from egpu_preload.bpf import ctx as C
 from egpu_preload.bpf.program import Attach, BpfObject
@@ -82,9 +91,12 @@ _MEMORY_OPS = {"ld": C.FLAG_LOAD, "ldu": C.FLAG_LOAD, "st": C.FLAG_STORE,
 _DECLS = (".reg", ".local", ".shared", ".param", ".const", ".global")
 _SITE_FIELDS = ("site", "size", "flags", "kind")   # and addr: stored at each site, the rest at entry
 _ZERO_FIELDS = ("grid", "block", "pad", "stream")  # launch probes only: zero in kernels
-# The context argument when no probe of a kernel reads a field. Not NULL: the verifier proves ctx never
-# NULL, so a probe's `if (!ctx)` branch is not translated; and farther from 0 than any offset it allows.
-_NO_CTX = 1 << 40
+# Context word -> the (field, bit shift, mask) of each field element in it.
+_WORD_FIELDS: dict[int, list[tuple[str, int, int]]] = {w: [] for w in range(C.WORDS)}
+for _f in C.FIELDS:
+    for _e in range(_f.count):
+        _at = _f.offset + _e * _f.size
+        _WORD_FIELDS[_at // 8].append((_f.name, 8 * (_at % 8), (1 << 8 * _f.size) - 1))
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,7 @@ class ProbeSpec:
     target: int = 0            # lowest sm_XX the text needs
     globals: tuple[str, ...] = ()       # module-level declarations, pasted once per module before any ptx
     ctx_fields: frozenset[str] = C.ALL_FIELDS   # the struct egpu_ctx fields it reads: only those are stored
+    ctx_words: tuple[int, ...] | None = None    # takes these context words as parameters, not %ctx
 
 
 @dataclass(frozen=True)
@@ -127,8 +140,9 @@ def probe_specs(obj: BpfObject) -> list[ProbeSpec]:
     specs = []
     for prog in obj.programs:
         if prog.attach.kind in ("entry", "exit") or prog.attach.kind in MEM_KINDS:
-            pp = probe_function(prog, obj)
-            specs.append(ProbeSpec(prog.attach, pp.name, pp.func, pp.version, pp.sm, pp.globals, pp.ctx_fields))
+            pp = probe_function(prog, obj, ctx_params=True)
+            specs.append(ProbeSpec(prog.attach, pp.name, pp.func, pp.version, pp.sm, pp.globals, pp.ctx_fields,
+                                   pp.ctx_words))
     return specs
 
 
@@ -193,32 +207,27 @@ def _module_edits(mod: ptx.Module, used: list[ProbeSpec]) -> list[ptx.Edit]:
     return edits
 
 
-def _ctx_store(field_name: str, value: str, width: int = 32) -> str:
-    reg = f"%{PREFIX}_w" if width == 32 else f"%{PREFIX}_a"
-    return f"mov.u{width} {reg}, {value};\n\tst.local.u{width} [{PREFIX}_ctx+{C.BY_NAME[field_name].offset}], {reg};"
+def _ctx_store(field_name: str, value: str) -> str:
+    return f"mov.u32 %{PREFIX}_w, {value};\n\tst.local.u32 [{PREFIX}_ctx+{C.BY_NAME[field_name].offset}], %{PREFIX}_w;"
 
 
-# One site's scope: its own registers and .param slots, the site fields of the context, then the
-# calls ({calls}, per probe set). {stores}: only the fields some probe of the site reads (measured on the
-# H200, vecadd with 16 Mi threads: a full context at every thread's entry and site made empty entry+exit
-# probes cost 10.5x the uninstrumented launch).
-# The lanes that arrive together leave together (activemask ... bar.warp.sync): a probe may diverge
-# inside (a hash-map insert), and code after the site that reads the active mask (cooperative groups'
-# coalesced_threads) must see the grouping it would have seen without egpu. Seen on the H200: without
-# it, cg::coalesced_threads() after a site formed different groups and changed the kernel's output.
-_SITE = "\n\t".join([
-    "{{ // egpu site {index}",
-    f".reg .b64 %{PREFIX}_a;", f".reg .b32 %{PREFIX}_w;", f".reg .b32 %{PREFIX}_v;",
-    f".reg .b32 %{PREFIX}_m;", f".reg .pred %{PREFIX}_q;", f".param .b64 {PREFIX}_arg;",
-    f".param .b64 {PREFIX}_ret;",
-    f"activemask.b32 %{PREFIX}_m;",
-    "{stores}{calls}",
-    f"bar.warp.sync %{PREFIX}_m;",
-    "}}\n\t"])
+_MARK = "\0"   # around a site word's index in a _Plan's calls
+# The registers sites use, declared once per kernel (sites do not nest); each site's .param slots are
+# declared in its own scope ({ }), as call arguments are.
+_REGS = "\n\t".join([f".reg .b64 \t%{PREFIX}_a, %{PREFIX}_t;", f".reg .b32 \t%{PREFIX}_w, %{PREFIX}_v, %{PREFIX}_m;",
+                     f".reg .b16 \t%{PREFIX}_h;", f".reg .pred \t%{PREFIX}_q;"])
 
 
 class _Kernel:
-    """Edits for one kernel; raises PtxError (kernel left alone) on anything it cannot handle."""
+    """Edits for one kernel; raises PtxError (kernel left alone) on anything it cannot handle.
+
+    A site computes only the context some probe of it reads (measured on the H200, vecadd with 16 Mi
+    threads: a full context at every thread's entry and site made empty entry+exit probes cost 10.5x the
+    uninstrumented launch). The lanes that arrive together leave together (activemask ...
+    bar.warp.sync): a probe may diverge inside (a hash-map insert), and code after the site that reads
+    the active mask (cooperative groups' coalesced_threads) must see the grouping it would have seen
+    without egpu. Seen on the H200: without it, cg::coalesced_threads() after a site formed different
+    groups and changed the kernel's output."""
 
     def __init__(self, fn: ptx.Function, probes: list[ProbeSpec]) -> None:
         self.fn, self.text = fn, fn.module.text
@@ -228,10 +237,14 @@ class _Kernel:
         # Which memory probes see an access with given flags: mem all, load/store by flag.
         self.mem_by_flags = {f: [p for p in self.mem if p.attach.kind == "mem" or f & MEM_KINDS[p.attach.kind]]
                              for f in range(8)}
-        self.calls_text: dict[tuple[ProbeSpec, ...], str] = {}
-        # Every matching probe counts, even one without a site here: fields are stored or not per kernel.
-        self.reads = frozenset().union(*(p.ctx_fields for p in probes))
-        self.ctxp = f"%{PREFIX}_ctxp" if self.reads else str(_NO_CTX)
+        self.plans: dict[tuple[ProbeSpec, ...], _Plan] = {}
+        # The fields of the local-memory context: every matching probe that takes %ctx counts, even one
+        # without a site here (fields are stored or not per kernel).
+        self.reads = frozenset().union(*(p.ctx_fields for p in probes if p.ctx_words is None))
+        self.ctxp = f"%{PREFIX}_ctxp" if self.reads else str(C.NO_ADDRESS)
+        # The context words some probe takes, and those the same at every site (computed at entry).
+        self.words = sorted({w for p in probes for w in p.ctx_words or ()})
+        self.kernel_words = {w: v for w in self.words if (v := self._kernel_word(w)) is not None}
         self.labels = 0
 
     def edits(self) -> tuple[list[ptx.Edit], int]:
@@ -266,7 +279,7 @@ class _Kernel:
         if not calls and not self.entry:
             return [], 0
         at = entry_at if entry_at is not None else self.fn.end - 1
-        prologue = self._prologue() if self.reads else ""
+        prologue = self._prologue()
         if self.entry:
             prologue += self._site(None, 0, C.KIND_ENTRY, None, self.entry, regs)
             calls += len(self.entry)
@@ -282,19 +295,24 @@ class _Kernel:
         return ptx.Edit(last, last, f"{sep}\n\t.param .u64 {LAUNCH_PARAM}")
 
     def _prologue(self) -> str:
+        """The sites' registers, then the context's per-kernel part: the local-memory context (its
+        fields the probes taking %ctx read) and the per-kernel words held in registers."""
+        lines = [_REGS]
+        computed = [w for w in self.words if self.kernel_words.get(w) == f"%{PREFIX}_c{w}"]
+        lines += [f".reg .b64 \t%{PREFIX}_c{w};" for w in computed]
+        if self.reads:
+            lines += [f".local .align 8 .b8 \t{PREFIX}_ctx[{C.SIZE}];", f".reg .b64 \t%{PREFIX}_ctxp;",
+                      f"mov.u64 %{PREFIX}_t, {PREFIX}_ctx;", f"cvta.local.u64 %{PREFIX}_ctxp, %{PREFIX}_t;"]
+            lines += self._context_stores()
+        for w in computed:
+            lines += self._word_code(w)
+        return "\n\t".join(lines) + "\n\t"
+
+    def _context_stores(self) -> list[str]:
         params = self.fn.params[:C.MAX_ARGS]
         F = C.BY_NAME
         reads = self.reads
-        lines = [
-            f".local .align 8 .b8 \t{PREFIX}_ctx[{C.SIZE}];",
-            f".reg .b64 \t%{PREFIX}_ctxp;",
-            "{",
-            f".reg .b64 %{PREFIX}_t;",
-            f".reg .b32 %{PREFIX}_w;",
-            f".reg .b16 %{PREFIX}_h;",
-            f"mov.u64 %{PREFIX}_t, {PREFIX}_ctx;",
-            f"cvta.local.u64 %{PREFIX}_ctxp, %{PREFIX}_t;",
-        ]
+        lines = []
         if "kernel_id" in reads:
             lines += [f"mov.u64 %{PREFIX}_t, {C.kernel_id(self.fn.name)};",
                       f"st.local.u64 [{PREFIX}_ctx+{F['kernel_id'].offset}], %{PREFIX}_t;"]
@@ -318,23 +336,47 @@ class _Kernel:
             reg = f"%{PREFIX}_t" if fld.size == 8 else f"%{PREFIX}_w"
             lines += [f"st.local.u{8 * fld.size} [{PREFIX}_ctx+{fld.offset + fld.size * e}], {reg};"
                       for e in range(fld.count)]
-        lines.append("}")
-        return "\n\t".join(lines) + "\n\t"
+        return lines
+
+    def _kernel_word(self, word: int) -> str | None:
+        """The operand holding context word ``word`` at every site of the kernel: a literal, or the
+        register %__egpu_c<word> the prologue fills (_word_code); %__egpu_a for the address, computed
+        at each site. None for the words a site's own values make (site, size, flags, kind)."""
+        names = {name for name, _, _ in _WORD_FIELDS[word]}
+        if "addr" in names:
+            return f"%{PREFIX}_a"
+        if names & set(_SITE_FIELDS):
+            return None
+        if "launch_id" in names:
+            return f"%{PREFIX}_c{word}"
+        if "args" in names:
+            return f"%{PREFIX}_c{word}" if word - C.BY_NAME["args"].offset // 8 < len(self.fn.params) else "0"
+        values = {"kernel_id": C.kernel_id(self.fn.name), "nargs": min(len(self.fn.params), C.MAX_ARGS)}
+        return str(_pack(word, values))   # launch-only fields (grid, block, stream) are 0 in kernels
+
+    def _word_code(self, word: int) -> list[str]:
+        """PTX filling %__egpu_c<word> with a per-kernel word: the launch id, or a kernel parameter."""
+        reg = f"%{PREFIX}_c{word}"
+        if word == C.BY_NAME["launch_id"].offset // 8:
+            return [f"ld.param.u64 {reg}, [{LAUNCH_PARAM}];"]
+        return _load_param(self.fn.params[word - C.BY_NAME["args"].offset // 8]) + [f"mov.b64 {reg}, %{PREFIX}_t;"]
 
     def _site(self, ins: ptx.Instruction | None, index: int, kind: int, acc: "Access | None",
               probes: list[ProbeSpec], regs: "_Registers") -> str:
-        key = tuple(probes)
-        calls = self.calls_text.get(key)
-        if calls is None:
-            calls = self.calls_text[key] = _calls(probes, self.ctxp)
-        reads = frozenset().union(*(p.ctx_fields for p in probes))
-        stores = []
-        if "addr" in reads:
-            stores += [self._address(index, acc, regs) if acc else f"mov.u64 %{PREFIX}_a, 0;",
-                       f"st.local.u64 [{PREFIX}_ctx+{C.BY_NAME['addr'].offset}], %{PREFIX}_a;"]
+        plan = self.plans.get(key := tuple(probes))
+        if plan is None:
+            plan = self.plans[key] = self._plan(probes)
+        parts = [f"{{ // egpu site {index}", plan.head]
+        if plan.address:
+            parts.append(self._address(index, acc, regs) if acc else f"mov.u64 %{PREFIX}_a, 0;")
         values = {"site": index, "size": acc.size if acc else 0, "flags": acc.flags if acc else 0, "kind": kind}
-        stores += [_ctx_store(name, str(values[name])) for name in _SITE_FIELDS if name in reads]
-        block = _SITE.format(index=index, stores="".join(s + "\n\t" for s in stores), calls=calls)
+        parts += [_ctx_store(name, str(values[name])) for name in plan.fields]
+        if plan.site_words:   # plan.calls alternates text and the index of a site word
+            lits = [str(_pack(w, values)) for w in plan.site_words]
+            parts.append("".join(c if k % 2 == 0 else lits[int(c)] for k, c in enumerate(plan.calls)))
+        else:
+            parts.append(plan.calls[0])
+        block = "\n\t".join(parts)
         if ins is None or ins.pred is None:
             return block
         # Run the probes exactly when the guarded instruction runs: branch around them otherwise.
@@ -343,13 +385,33 @@ class _Kernel:
         neg = ins.pred[1:] if ins.pred.startswith("!") else "!" + ins.pred
         return f"@{neg} bra \t{skip};\n\t{block[:-1]}{skip}:\n\t"
 
+    def _plan(self, probes: list[ProbeSpec]) -> "_Plan":
+        """What every site of this kernel with these probes shares."""
+        reads = frozenset().union(*(p.ctx_fields for p in probes if p.ctx_words is None))
+        words = sorted({w for p in probes for w in p.ctx_words or ()})
+        site_words = tuple(w for w in words if self.kernel_words.get(w) is None)
+        # Each word's operand in the stores before a call: per kernel, or the site's literal (k marked).
+        operands = {w: self.kernel_words.get(w) or f"{_MARK}{site_words.index(w)}{_MARK}" for w in words}
+        slots = [f"{PREFIX}_arg"] * any(p.ctx_words is None for p in probes) + [f"{PREFIX}_ret"] \
+            + [f"{PREFIX}_cw{w}" for w in words]
+        head = "\n\t".join([f".param .b64 {s};" for s in slots] + [f"activemask.b32 %{PREFIX}_m;"])
+        if "addr" in reads:
+            head_store = [f"st.local.u64 [{PREFIX}_ctx+{C.BY_NAME['addr'].offset}], %{PREFIX}_a;"]
+        else:
+            head_store = []
+        calls = "\n\t".join(head_store + [_calls(probes, self.ctxp, operands), f"bar.warp.sync %{PREFIX}_m;",
+                                          "}\n\t"])
+        addr_word = C.BY_NAME["addr"].offset // 8
+        return _Plan(head, tuple(n for n in _SITE_FIELDS if n in reads), site_words, tuple(calls.split(_MARK)),
+                     "addr" in reads or addr_word in words)
+
     def _address(self, index: int, acc: "Access", regs: "_Registers") -> str:
         """PTX leaving the generic effective address of the access in %__egpu_a."""
         p = PREFIX
-        m = _ADDR.match(acc.operand)
-        if m is None:
+        parsed = _operand(acc.operand)
+        if parsed is None:
             raise PtxError(f"site {index}: unsupported address operand {acc.operand}")
-        base, off = m.group("base"), m.group("off")
+        base, off = parsed
         if base.startswith("%") or regs.width(base):
             if regs.width(base) != 64:
                 raise PtxError(f"site {index}: address register {base} is not a declared 64-bit register")
@@ -361,15 +423,42 @@ class _Kernel:
         else:
             raise PtxError(f"site {index}: generic access through variable {base}")
         if off:
-            lines.append(f"add.s64 %{p}_a, %{p}_a, {_int(off)};")
+            lines.append(f"add.s64 %{p}_a, %{p}_a, {off};")
         if acc.space == "global":
             lines.append(f"cvta.global.u64 %{p}_a, %{p}_a;")
         return "\n\t".join(lines)
 
 
-def _calls(probes: list[ProbeSpec], ctxp: str) -> str:
+@functools.lru_cache(maxsize=4096)
+def _operand(text: str) -> tuple[str, int] | None:
+    """(base, offset) of an address operand; cached: kernels repeat their operands."""
+    m = _ADDR.match(text)
+    return None if m is None else (m.group("base"), _int(m.group("off")) if m.group("off") else 0)
+
+
+def _pack(word: int, values: dict[str, int]) -> int:
+    """Context word ``word`` made of the given field values (absent fields 0), little-endian."""
+    v = 0
+    for name, shift, mask in _WORD_FIELDS[word]:
+        v |= (values.get(name, 0) & mask) << shift
+    return v
+
+
+class _Plan(NamedTuple):
+    """The text of a kernel's sites with one set of probes, around what each site computes."""
+
+    head: str                      # the scope's .param slots, activemask
+    fields: tuple[str, ...]        # site fields stored into the local-memory context
+    site_words: tuple[int, ...]    # context words made of the site's values
+    calls: tuple[str, ...]         # the calls, bar.warp.sync, the end: text, then by turns the index
+                                   # of a site word whose literal goes there, then text
+    address: bool                  # a probe reads the address (%__egpu_a)
+
+
+def _calls(probes: list[ProbeSpec], ctxp: str, words: dict[int, str]) -> str:
     """The calls of one site, thread scope first, each other scope behind its leader predicate; each
-    passes ``ctxp``, the context's generic address (or _NO_CTX)."""
+    passes ``ctxp``, the context's generic address (or ctx.NO_ADDRESS), or its context words
+    (``words``: each one's operand)."""
     p, lines = PREFIX, []
     for scope in ("thread", "warp", "block"):
         group = [pr for pr in probes if pr.attach.scope == scope]
@@ -382,7 +471,12 @@ def _calls(probes: list[ProbeSpec], ctxp: str) -> str:
         # An argument .param is consumed by its call (ptxas may reuse its storage inside the callee,
         # seen on sm_90 as a garbage ctx in the second call), so each call gets its own store.
         for pr in group:
-            lines += [f"st.param.b64 [{p}_arg], {ctxp};", f"{guard}call ({p}_ret), {pr.func}, ({p}_arg);"]
+            if pr.ctx_words is None:
+                lines += [f"st.param.b64 [{p}_arg], {ctxp};", f"{guard}call ({p}_ret), {pr.func}, ({p}_arg);"]
+                continue
+            lines += [f"st.param.b64 [{p}_cw{w}], {words[w]};" for w in pr.ctx_words]
+            args = ", ".join(f"{p}_cw{w}" for w in pr.ctx_words)
+            lines.append(f"{guard}call ({p}_ret), {pr.func}, ({args});")
     return "\n\t".join(lines)
 
 

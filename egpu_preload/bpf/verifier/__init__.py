@@ -49,8 +49,10 @@ class VerifiedProgram:
     arg_stack: Mapping[tuple[int, int], int]  # (pc of a helper call, register) -> the pointer argument's
                                               # offset from r10 when every path passes that slot of the
                                               # caller's own frame
-    ctx_reads: frozenset[int] = frozenset()   # byte offsets of struct egpu_ctx some load reads (helpers
-                                              # taking ctx, perf_event_output, read none of it)
+    ctx_reads: frozenset[int]          # byte offsets of struct egpu_ctx some load reads (helpers taking
+                                       # ctx, perf_event_output, read none of it)
+    ctx_at: Mapping[int, int | None]   # pc of a ctx load -> the byte offset it reads (None: paths reach it
+                                       # with different offsets)
 
 
 class _Visit:
@@ -162,7 +164,7 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
                            cfg.subprogs, depths, processed, frozenset(reached), MappingProxyType(consts),
                            MappingProxyType(dict(env.arg_align)),
                            MappingProxyType({k: v for k, v in env.arg_stack.items() if v is not None}),
-                           frozenset(env.ctx_reads))
+                           frozenset(env.ctx_reads), MappingProxyType(dict(env.ctx_at)))
 
 
 def _check_combined_stack(cfg: Cfg, depths: tuple[int, ...]) -> None:

@@ -48,7 +48,7 @@ class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
     __slots__ = ("cfg", "maps", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack", "ctx_reads",
-                 "_last_id")
+                 "ctx_at", "_last_id")
 
     def __init__(self, cfg: Cfg, maps: list[MapDef]) -> None:
         self.cfg = cfg
@@ -60,6 +60,7 @@ class Env:
         self.arg_align: dict[tuple[int, int], int] = {}
         self.arg_stack: dict[tuple[int, int], int | None] = {}
         self.ctx_reads: set[int] = set()
+        self.ctx_at: dict[int, int | None] = {}
         self._last_id = 0
 
     def new_id(self) -> int:
@@ -81,6 +82,12 @@ class Env:
     def note_const(self, pc: int, value: int | None) -> None:
         if self.consts.setdefault(pc, value) != value:
             self.consts[pc] = None
+
+    def note_ctx(self, pc: int, offset: int, size: int) -> None:
+        """A context load: the bytes it reads, and its offset when the same on every path."""
+        self.ctx_reads.update(range(offset, offset + size))
+        if self.ctx_at.setdefault(pc, offset) != offset:
+            self.ctx_at[pc] = None
 
     def note_arg(self, state: State, pc: int, reg: int, ptr: Value) -> None:
         """A helper's pointer argument: its alignment (every region starts 8-byte aligned: the stack
@@ -272,7 +279,7 @@ def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *,
     fixed = ptr.off + insn.off
     if kind == CTX:
         read = _ctx(ptr, fixed, size, mode, signed, reg)
-        env.ctx_reads.update(range(fixed, fixed + size))
+        env.note_ctx(insn.pc, fixed, size)
         return read
     _bounded(ptr, kind, reg)
     t = t_add((fixed & M64, 0), (ptr.tv, ptr.tm))
