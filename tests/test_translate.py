@@ -258,7 +258,7 @@ DATA = prog.MapDef(".data", prog.MAP_ARRAY, 4, 12, 1, initial=b"hello world!")
     (MAP_ARRAY, 64 + 4 * 8),
     (HASH, 64 + 32 * (8 + 8 + 16)),
     (LRU, 64 + 16 * (16 + 8 + 8)),
-    (PERCPU, 64 + 5 * 3 * 8),
+    (PERCPU, 64 + 5 * 128),   # each SM's 3 x 8 bytes on a line of its own
     (RING, 64 + 2 * 4096),
 ])
 def test_region_sizes(m, size):

@@ -1,8 +1,8 @@
 """eBPF -> PTX on a GPU (make gpu-test): the reference VM is the oracle.
 
 The whole ISA table, every test probe and batches of random verified programs give the same r0,
-memory and maps on the GPU as on the VM; a million threads updating one hash map, one array map and
-one ring buffer lose no update (ring: delivered + dropped == attempted).
+memory and maps on the GPU as on the VM; a million threads updating one hash map, one array map, per-SM
+counters and one ring buffer lose no update (ring: delivered + dropped == attempted).
 """
 
 from __future__ import annotations
@@ -130,6 +130,14 @@ def test_million_threads_hash_map_loses_no_update():
 def test_million_threads_array_counter_loses_no_update():
     state = _million("array")
     assert struct.unpack("<QQQ", state[0].values[0]) == (MILLION, MILLION, MILLION)
+
+
+def test_million_threads_per_sm_counters_lose_no_update():
+    """Each SM counts in its own row (its own cache line): the rows sum to every thread, spread over SMs."""
+    storage = _million("percpu")[0]
+    rows = [struct.unpack("<QQQ", storage.lookup(struct.pack("<I", 0), cpu)) for cpu in storage.cpus()]
+    assert tuple(map(sum, zip(*rows))) == (MILLION, MILLION, MILLION)
+    assert sum(1 for r in rows if any(r)) > 1
 
 
 def test_million_threads_ring_buffer_delivers_or_counts():

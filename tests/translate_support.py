@@ -94,6 +94,7 @@ RING_CAPACITY = 1 << 20
 GPU_TEST_PROBES: dict[str, tuple[str, list[prog.MapDef]]] = {
     "hash": (HASH_COUNT, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 1024)]),
     "array": (ARRAY_COUNT, [prog.MapDef("a", prog.MAP_ARRAY, 4, 24, 1)]),
+    "percpu": (ARRAY_COUNT, [prog.MapDef("p", prog.MAP_PERCPU_ARRAY, 4, 24, 1)]),   # one row per SM
     "ring": (RING_EVENTS, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, RING_CAPACITY)]),
 }
 

@@ -10,7 +10,8 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
 
 - ARRAY (and global data .bss/.data/.rodata): ``max_entries`` slots of ``round8(value_size)`` bytes at 64.
 - PERCPU_ARRAY: header u32 ncpu at 0 (the number of SM ids, %nsmid); then ncpu arrays laid out as ARRAY,
-  array c for the SM whose %smid is c.
+  array c for the SM whose %smid is c, each starting on its own 128-byte line (``cpu_stride``): the L2
+  serializes atomics per line, so SMs that bump their own counter must not share one.
 - HASH / LRU_HASH: header u32 count at 0 (live entries, enforces max_entries); ``nbuckets`` (a power of
   two, 2x max_entries, 4x for LRU) slots of: u32 state at 0, u64 last-use time at 8 (LRU only), key at
   ``key_off`` (zero padded to 8), value at ``val_off``. States: EMPTY -> BUSY (claimed by one inserter
@@ -41,6 +42,7 @@ from ..bpf import program as prog
 from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, TraceRecord
 
 HEADER = 64
+LINE = 128          # bytes of an L2 cache line
 EMPTY, BUSY, FULL, DELETED = 0, 1, 2, 3
 REC_BUSY, REC_READY, REC_DISCARD = 1, 2, 4
 TRACE_BYTES = 1 << 20
@@ -73,11 +75,17 @@ class MapLayout:
     capacity: int = 0  # ring data bytes
     value_off: int = HEADER  # array slot 0 / ring data
 
+    @property
+    def cpu_stride(self) -> int:
+        """Bytes from one SM's array to the next (percpu_array): whole cache lines."""
+        return -(-self.entries * self.stride // LINE) * LINE
+
     def region_size(self, ncpu: int = 1) -> int:
         if self.kind == "ringbuf":
             return HEADER + 2 * self.capacity
-        copies = ncpu if self.kind == "percpu_array" else 1
-        return HEADER + copies * self.entries * self.stride
+        if self.kind == "percpu_array":
+            return HEADER + ncpu * self.cpu_stride
+        return HEADER + self.entries * self.stride
 
 
 def layout(m: prog.MapDef) -> MapLayout:
@@ -131,7 +139,7 @@ def region_image(m: prog.MapDef, state_storage: MapStorage, ncpu: int) -> bytes:
         for cpu in state_storage.cpus():
             if cpu < ncpu:
                 for i, (_, v) in enumerate(state_storage.items(cpu)):
-                    o = HEADER + (cpu * lay.entries + i) * lay.stride
+                    o = HEADER + cpu * lay.cpu_stride + i * lay.stride
                     img[o:o + len(v)] = v
     elif lay.kind == "hash":
         n = 0
@@ -178,7 +186,8 @@ def apply_region(state: MapsState, index: int, img: bytes) -> None:
         ncpu = struct.unpack_from("<I", img, 0)[0]
         blank = bytes(m.value_size)
         for cpu in range(ncpu):
-            vals = [img[HEADER + (cpu * lay.entries + i) * lay.stride:][:m.value_size] for i in range(m.max_entries)]
+            row = HEADER + cpu * lay.cpu_stride
+            vals = [img[row + i * lay.stride:][:m.value_size] for i in range(m.max_entries)]
             if any(v != blank for v in vals) or cpu in storage.per_cpu:
                 slots = storage._slots(cpu)
                 for i, v in enumerate(vals):

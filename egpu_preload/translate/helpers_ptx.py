@@ -154,7 +154,7 @@ def _array_slot(g: FuncGen, insn: Insn, index: int, m: prog.MapDef, lay: MapLayo
         g.emit(f"ld.u32 {ncpu}, [{base}];")
         g.emit(f"sub.u64 {ncpu}, {ncpu}, 1;")
         g.emit(f"min.u64 {cpu}, {cpu}, {ncpu};")  # defensive: the host sizes ncpu from %nsmid
-        g.emit(f"mul.lo.u64 {cpu}, {cpu}, {lay.entries * lay.stride};")
+        g.emit(f"mul.lo.u64 {cpu}, {cpu}, {lay.cpu_stride};")
         g.emit(f"add.u64 {base}, {base}, {cpu};")
     if known is not None:  # constant key: folded to an address
         if known >= m.max_entries:
