@@ -225,6 +225,17 @@ def test_trace_lines_are_drained():
     assert text.render(values.snapshot(state, obj)) == ""
 
 
+def test_records_take_the_probes_struct_of_their_size(own_probe):
+    """With no type named for a ring buffer, its records print as the probe's one struct of their size
+    (what egpu-run's text and JSON do), not as hex."""
+    obj = load_object(own_probe("shapes"))
+    named = values.snapshot(run_probe(obj), obj, NAMES, EVENT_TYPES["shapes"])
+    inferred = values.snapshot(run_probe(obj), obj, NAMES)
+    records = [m for m in inferred.maps if isinstance(m, values.Records)]
+    assert records and all(isinstance(r.value, dict) for m in records for r in m.records)
+    assert text.render(inferred) == text.render(named)
+
+
 @pytest.mark.parametrize("event_types, reason", [
     ({"nope": "struct event"}, "no ring buffer or perf map named nope"),
     ({"sites": "struct event"}, "no ring buffer or perf map named sites"),

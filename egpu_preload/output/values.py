@@ -20,7 +20,8 @@ Which map becomes which value:
   (``lhist100_latency``: step 100), 1 when there is none.
 - ``KeyedScalars``: every other ARRAY/HASH/LRU_HASH/PERCPU_ARRAY; all-zero ARRAY slots are left out.
 - ``Records``: RINGBUF and PERF_EVENT_ARRAY records, typed by the struct the caller names for that map
-  (``event_types``: a ring buffer has no value type in BTF), with the drop count.
+  (``event_types``: a ring buffer has no value type in BTF; without it, the probe's one named struct
+  of the record's size), with the drop count.
 - ``Trace``: bpf_trace_printk lines.
 
 PERCPU_ARRAY values are summed over SMs (ints, field by field); ``per_sm`` keeps each SM's value.
@@ -42,6 +43,7 @@ from ..errors import EgpuError
 from ..maps import MapsState, MapStorage, PercpuArrayStorage, PerfStorage, RingbufStorage
 
 KERNEL_ID_FIELD = "kernel_id"
+CTX_STRUCT = "egpu_ctx"   # the probes' context: never a record type
 
 
 class KernelId(int):
@@ -181,10 +183,11 @@ def _map_value(storage: MapStorage, reader: "_Reader", record_type: int | None) 
     if m.readonly:
         return None
     if isinstance(storage, RingbufStorage):
-        records = tuple(Record(reader.data(record_type, r)) for r in storage.consume())
+        records = tuple(Record(reader.data(record_type or reader.record_type(len(r)), r)) for r in storage.consume())
         return Records(m.name, records, storage.drops)
     if isinstance(storage, PerfStorage):
-        records = tuple(Record(reader.data(record_type, r), cpu) for cpu, r in storage.consume())
+        records = tuple(Record(reader.data(record_type or reader.record_type(len(r)), r), cpu)
+                        for cpu, r in storage.consume())
         return Records(m.name, records, storage.drops)
     rows = _rows(storage, reader)
     if m.max_entries == 1 and m.type in (prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY):
@@ -285,6 +288,19 @@ class _Reader:
     def __init__(self, btf: btfmod.Btf | None, kernel_names: Mapping[int, str]) -> None:
         self.btf = btf
         self.kernel_names = kernel_names
+        self._by_size: dict[int, int | None] | None = None
+
+    def record_type(self, size: int) -> int | None:
+        """The type of a ring-buffer record of ``size`` bytes with no type named for its map: the probe's
+        one named struct or union of that size (struct egpu_ctx aside), else None (hex)."""
+        if self.btf is None:
+            return None
+        if self._by_size is None:
+            self._by_size = {}
+            for t in self.btf.types[1:]:
+                if t.kind in (btfmod.KIND_STRUCT, btfmod.KIND_UNION) and t.name and t.name != CTX_STRUCT:
+                    self._by_size[t.size] = None if t.size in self._by_size else t.id
+        return self._by_size.get(size)
 
     def key(self, m: MapDef, raw: bytes) -> Data:
         key = self.data(m.key_type_id, raw)

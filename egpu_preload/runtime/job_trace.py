@@ -21,11 +21,10 @@ from egpu_preload.bpf import program as prog
 from egpu_preload.bpf.program import BpfObject
 from egpu_preload.errors import EgpuError
 from egpu_preload.output import perfetto
-from egpu_preload.output.values import Records
+from egpu_preload.output.values import CTX_STRUCT, Records
 from egpu_preload.runtime import durations, job
 from egpu_preload.runtime.probes import Probe
 
-CTX_STRUCT = "egpu_ctx"
 
 
 def record_types(obj: BpfObject) -> dict[str, str]:
