@@ -233,11 +233,14 @@ def swap_cmd(pid: int, old: str = typer.Argument(..., help="the attached probe's
 
 @egpu.command("maps")
 def maps_cmd(pid: int, as_json: bool = typer.Option(False, "--json", help="one JSON document"),
-             rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
+             rank: Optional[int] = _RANK, every: bool = _ALL,
+             from_mirror: bool = typer.Option(False, "--mirror", help="read the copy the job keeps in shared "
+                                              "memory (asks the job nothing; as of its last copy)")) -> None:
     """Print the maps of the probes attached to a running job (read without stopping it); of several
     ranks: each, then their sum."""
-    from egpu_preload.runtime import job, remote
-    done, failed = _each(pid, rank, every, lambda p: remote.request(p, "maps"))
+    from egpu_preload.runtime import job, mirror, remote
+    read = (lambda p: mirror.read_mirror(p)[0]) if from_mirror else (lambda p: remote.request(p, "maps"))
+    done, failed = _each(pid, rank, every, read)
     for t, doc in done:
         if not doc["probes"]:
             typer.echo(f"egpu: no probe is attached to {t.pid}", err=True)
@@ -310,6 +313,9 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
                                              "auto: PTX where a module has it, SASS otherwise"),
             interval: Optional[float] = typer.Option(None, "--interval", metavar="S", min=0.05,
                                                      help="also print the maps every S seconds while the job runs"),
+            mirror: float = typer.Option(1.0, "--mirror", metavar="S", min=0,
+                                         help="copy the maps into shared memory every S seconds, where "
+                                              "egpu maps PID --mirror reads them; 0: never"),
             prometheus: Optional[int] = typer.Option(None, "--prometheus", metavar="PORT",
                                                      help="serve the maps for Prometheus on PORT while the job runs "
                                                           "(needs egpu[prometheus])"),
@@ -327,7 +333,8 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
                 from egpu_preload.runtime import job_trace
                 job_trace.check_writable(perfetto)
             cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose),
-                                durations or perfetto is not None, backend=backend, timeline=perfetto is not None)
+                                durations or perfetto is not None, backend=backend, timeline=perfetto is not None,
+                                mirror=mirror)
             cfg, sass_notes = sass.for_job(cfg, loaded)
             if restore is not None:  # refused here, before the job starts, when incomplete or corrupt
                 from egpu_preload.cow import remote

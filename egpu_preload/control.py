@@ -414,7 +414,7 @@ class ControlClient:
 
 def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> list[SessionInfo]:
     """Live sessions of this user, by pid, for ``egpu ps``. Removes stale sockets: their process is gone,
-    or nothing listens on them (a reused pid). A session that accepts but is slow to answer is kept,
+    or nothing listens on them (a reused pid); and the map mirrors of processes gone. A session that accepts but is slow to answer is kept,
     with info None."""
     directory = directory or socket_dir()
     if not check_private_dir(directory, create=False):
@@ -424,7 +424,7 @@ def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> lis
         if not path.stem.isdigit():
             continue
         pid = int(path.stem)
-        if not _process_exists(pid):
+        if not process_exists(pid):
             path.unlink(missing_ok=True)
             continue
         try:
@@ -435,10 +435,13 @@ def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> lis
         except ControlError:  # busy (timeout) or refusing us: alive, details unknown
             info = None
         sessions.append(SessionInfo(pid, path, info if isinstance(info, dict) else None))
+    for path in directory.glob("*.maps"):   # runtime/mirror.py's segments of processes gone
+        if path.stem.isdigit() and not process_exists(int(path.stem)):
+            path.unlink(missing_ok=True)
     return sessions
 
 
-def _process_exists(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -30,11 +30,14 @@ from stub_job import MORE, egpu_run
     config.Config(backend="ptx"),
     config.Config(restore=Path("/ckpt/step 40")),
     config.Config(durations=True, timeline=True),
+    config.Config(mirror=0.0),
+    config.Config(mirror=0.25),
 ])
 def test_config_survives_the_environment(cfg):
     env = config.to_env(cfg)
     assert set(env) == {config.PROBES, config.SESSION, config.KERNEL, config.LOG, config.DURATIONS,
-                        config.PTXAS, config.BACKEND, config.SANITIZER, config.RESTORE, config.TIMELINE}
+                        config.PTXAS, config.BACKEND, config.SANITIZER, config.RESTORE, config.TIMELINE,
+                        config.MIRROR}
     assert config.from_env(env) == cfg
 
 
@@ -42,6 +45,8 @@ def test_config_survives_the_environment(cfg):
     ({}, config.Config()),
     ({config.LOG: "loud", config.KERNEL: ""}, config.Config()),
     ({config.PROBES: os.pathsep + "/p.bpf.o" + os.pathsep}, config.Config((Path("/p.bpf.o"),))),
+    ({config.MIRROR: "soon"}, config.Config()),
+    ({config.MIRROR: "-1"}, config.Config()),
 ])
 def test_config_defaults_for_missing_or_odd_values(env, cfg):
     assert config.from_env(env) == cfg

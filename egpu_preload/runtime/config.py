@@ -11,6 +11,7 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_SANITIZER_LIB  libsanitizer-public.so for the SASS back end (shim/sass.c has a default)
     EGPU_PTXAS    the real ptxas egpu-ptxas runs for Triton (runtime/ptxas.py); empty: Triton's own
     EGPU_RESTORE  a checkpoint directory to put back once the job has remade its allocations (cow/restore.py)
+    EGPU_MIRROR   seconds between copies of the maps into shared memory (runtime/mirror.py); 0: none
 
 Not egpu's own: RANK, else LOCAL_RANK (set by torchrun for each worker) name a process's rank (``rank``).
 """
@@ -28,6 +29,7 @@ DURATIONS, PTXAS = "EGPU_DURATIONS", "EGPU_PTXAS"
 BACKEND, SANITIZER = "EGPU_BACKEND", "EGPU_SANITIZER_LIB"
 RESTORE = "EGPU_RESTORE"
 TIMELINE = "EGPU_TIMELINE"
+MIRROR = "EGPU_MIRROR"
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class Config:
     sanitizer: str | None = None
     restore: Path | None = None
     timeline: bool = False
+    mirror: float = 1.0
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -53,7 +56,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
                   durations=env.get(DURATIONS) == "1", ptxas=env.get(PTXAS) or None,
                   backend=env.get(BACKEND) or "auto", sanitizer=env.get(SANITIZER) or None,
                   restore=Path(env[RESTORE]) if env.get(RESTORE) else None,
-                  timeline=env.get(TIMELINE) == "1")
+                  timeline=env.get(TIMELINE) == "1", mirror=_seconds(env.get(MIRROR), Config.mirror))
 
 
 def to_env(cfg: Config) -> dict[str, str]:
@@ -67,7 +70,17 @@ def to_env(cfg: Config) -> dict[str, str]:
             BACKEND: cfg.backend,
             SANITIZER: cfg.sanitizer or "",
             RESTORE: str(cfg.restore) if cfg.restore else "",
-            TIMELINE: "1" if cfg.timeline else ""}
+            TIMELINE: "1" if cfg.timeline else "",
+            MIRROR: str(cfg.mirror)}
+
+
+def _seconds(text: str | None, default: float) -> float:
+    """A non-negative number of seconds; the default when unset or malformed."""
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        return default
+    return value if value >= 0 else default
 
 
 def rank(env: Mapping[str, str] = os.environ) -> int | None:

@@ -17,6 +17,8 @@ registers the instrumenter with hooks.register and does nothing else).
   maps back and write the dump (dump.py) into the session directory.
 - Every process serves a control socket (live.py): probes attached, detached and swapped while it
   runs, maps and modules read. So the original PTX of every load is kept, even with no probe at all.
+- Once maps exist, a thread copies them into shared memory every config.mirror seconds (mirror.py),
+  where ``egpu maps PID --mirror`` reads them without asking the process.
 
 Limits: one context holds the maps; a module used in another context sees its table unfilled.
 PTX link inputs (cuLinkAddData) are not instrumented yet.
@@ -41,7 +43,7 @@ from egpu_preload.cow import live as cow_live
 from egpu_preload.errors import EgpuError
 from egpu_preload.fatbin import ImageKind
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import config, dump, durations, hooks, launches, live, ptxas, sass
+from egpu_preload.runtime import config, dump, durations, hooks, launches, live, mirror, ptxas, sass
 from egpu_preload.runtime.config import Config, from_env
 from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, Driver
 from egpu_preload.runtime.probes import Probe, load_probes
@@ -146,6 +148,7 @@ class Runtime:
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
         self.durations = durations.start(cfg.timeline) if cfg.durations else None  # every kernel timed by CUPTI
         self.live = live.start(self)                      # the control socket: attach, detach, swap, maps
+        self.mirror = mirror.start(self.live.mirrored, cfg.mirror)  # the maps in shared memory
         self.cow = cow_live.attach(self)                  # checkpoint and restore (cow/), a --restore pending
         self.sass = sass.SassBackend(cfg, self.probes, ffi, lib)  # modules without PTX (shim/sass.c)
         self.sass_modules: dict[int, Module] = {}         # sanitizer module handle -> its patched kernels
@@ -360,6 +363,8 @@ class Runtime:
     def finish(self) -> None:
         """Read the maps back and write this process's dump (nothing if it loaded no module)."""
         self.live.stop()  # no daemon thread of ours runs on into the interpreter's finalization
+        if self.mirror is not None:
+            self.mirror.stop()
         if self.drainer is not None:
             self.drainer.stop()
         if self.cfg.session is None or not self.loads:

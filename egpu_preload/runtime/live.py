@@ -250,6 +250,18 @@ class Live:
         """A dump-like document (dump.py) of the attached probes' maps, read while the job runs."""
         with self.lock:
             probes = self._read(self._probes())
+        return self._document(probes)
+
+    def mirrored(self) -> dict | None:
+        """What the map mirror (mirror.py) writes: the maps document, once maps exist (None before: the
+        mirror never allocates them)."""
+        with self.lock:
+            if self.rt.context is None:
+                return None
+            probes = self._read(self._probes())
+        return self._document(probes)
+
+    def _document(self, probes: list[dict]) -> dict:
         return {"version": dump.VERSION, "pid": os.getpid(), "argv": config.argv(),
                 "rank": config.rank(), "time": time.time(), "probes": probes,
                 "error": None, "kernels": self._kernels(),

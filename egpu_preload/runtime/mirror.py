@@ -1,0 +1,181 @@
+"""The maps of a running process in shared memory, for readers that ask the job nothing.
+
+A thread of the runtime reads the attached probes' maps every ``period`` seconds (live.Live.maps: the
+regions copied on a stream of the runtime's own, so no application stream waits) and writes the
+document into ``<dir>/<pid>.maps`` beside the control socket (control.socket_dir: a private directory,
+the file mode 0600). ``egpu maps PID --mirror`` reads it there; a job stuck in a kernel, or too busy to
+answer its socket, still shows its maps as of the last copy.
+
+Segment layout (little-endian), a seqlock around one msgpack document:
+
+    0   8  magic  b"EGPUMAP1"
+    8   4  u32 sequence: odd while the writer is inside, even otherwise
+    12  4  u32 zero
+    16  8  u64 payload length
+    24  8  u64 when the payload was written (CLOCK_REALTIME ns)
+    32  .  payload: the "maps" reply of the control socket (dump.py's document)
+
+The writer maps the file and updates it in place; when a document does not fit it makes a file twice
+the size and renames it over the old one (a reader that opened the old one reads a complete, older
+document). A reader copies the file and retries while the sequence is odd or moved during the copy.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from egpu_preload.control import process_exists, socket_dir
+from egpu_preload.errors import EgpuError
+
+MAGIC = b"EGPUMAP1"
+HEADER = struct.Struct("<8sIIQQ")
+SEQ_AT = 8
+MIN_SIZE = 1 << 16
+RETRIES = 100
+
+
+def mirror_path(pid: int, directory: Path | None = None) -> Path:
+    return (directory or socket_dir()) / f"{pid}.maps"
+
+
+class Segment:
+    """The writer's side: one document at a time into the mapped file at ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seq = 0
+        self._file: Any = None
+        self._map: mmap.mmap | None = None
+
+    def write(self, payload: bytes) -> None:
+        if self._map is None or HEADER.size + len(payload) > len(self._map):
+            self._grow(max(MIN_SIZE, 2 * (HEADER.size + len(payload))))
+        m = self._map
+        struct.pack_into("<I", m, SEQ_AT, self.seq + 1)
+        m[HEADER.size:HEADER.size + len(payload)] = payload
+        struct.pack_into("<QQ", m, 16, len(payload), time.time_ns())
+        self.seq += 2
+        struct.pack_into("<I", m, SEQ_AT, self.seq)
+
+    def _grow(self, size: int) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            new = mmap.mmap(fd, size)
+        except OSError:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            raise
+        HEADER.pack_into(new, 0, MAGIC, self.seq + 1, 0, 0, 0)   # odd: the document follows (write)
+        os.replace(tmp, self.path)
+        self.close(unlink=False)
+        self._file, self._map = fd, new
+
+    def close(self, unlink: bool = True) -> None:
+        if self._map is not None:
+            self._map.close()
+            os.close(self._file)
+            self._map = self._file = None
+        if unlink:
+            self.path.unlink(missing_ok=True)
+
+
+class Mirror:
+    """Writes ``read()`` (a document) into the segment every ``period`` seconds, on a daemon thread."""
+
+    def __init__(self, read: Callable[[], dict | None], period: float, path: Path) -> None:
+        self.read, self.period = read, period
+        self.segment = Segment(path)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="egpu-mirror", daemon=True)
+
+    def start(self) -> "Mirror":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread and remove the segment (a reader finds no stale maps of a process gone)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5 * self.period + 5)
+        self.segment.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                doc = self.read()
+                if doc is not None:
+                    self.segment.write(msgpack.packb(doc, use_bin_type=True))
+            except (EgpuError, OSError) as e:   # the maps are unreadable now; the job runs on
+                print(f"egpu[{os.getpid()}]: map mirror: {e}", file=sys.stderr)
+                self._stop.wait(10 * self.period)
+
+
+class Mirrors:
+    """This process's mirror, remade in every child it forks (a process of its own: its pid, its file)."""
+
+    def __init__(self, read: Callable[[], dict | None], period: float) -> None:
+        self.read, self.period = read, period
+        self.pid = os.getpid()
+        self.current = Mirror(read, period, mirror_path(self.pid)).start()
+        os.register_at_fork(after_in_child=self._in_child)
+
+    def _in_child(self) -> None:
+        self.pid = os.getpid()
+        self.current = Mirror(self.read, self.period, mirror_path(self.pid)).start()
+
+    def stop(self) -> None:
+        if self.pid == os.getpid():
+            self.current.stop()
+
+
+def start(read: Callable[[], dict | None], period: float) -> Mirrors | None:
+    """Mirror ``read()`` (None: nothing to show yet) every ``period`` seconds; None when period is 0."""
+    return Mirrors(read, period) if period > 0 else None
+
+
+def read_mirror(pid: int, directory: Path | None = None) -> tuple[dict, float]:
+    """The document a process last mirrored and when (CLOCK_REALTIME seconds); EgpuError naming the
+    file when there is none or it never settles."""
+    path = mirror_path(pid, directory)
+    if path.exists() and not process_exists(pid):
+        path.unlink(missing_ok=True)
+        raise EgpuError(f"process {pid} is not running (its stale map mirror was removed)", file=str(path))
+    for _ in range(RETRIES):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+                f.seek(SEQ_AT)
+                after = f.read(4)
+        except FileNotFoundError:
+            raise EgpuError("no map mirror: the process has no egpu runtime, has loaded no probe yet, "
+                            "or mirrors nothing (EGPU_MIRROR=0)", file=str(path)) from None
+        except OSError as e:
+            raise EgpuError(e.strerror or str(e), file=str(path)) from None
+        if len(data) < HEADER.size:
+            raise EgpuError("not a map mirror (too short)", file=str(path))
+        magic, seq, _, length, written = HEADER.unpack_from(data)
+        if magic != MAGIC:
+            raise EgpuError("not a map mirror (bad magic)", file=str(path))
+        if seq % 2 or after != data[SEQ_AT:SEQ_AT + 4]:
+            time.sleep(0.001)
+            continue
+        if seq == 0:
+            raise EgpuError("the map mirror has no document yet", file=str(path))
+        try:
+            doc = msgpack.unpackb(data[HEADER.size:HEADER.size + length], raw=False)
+        except ValueError as e:
+            raise EgpuError(f"corrupt map mirror: {e}", file=str(path)) from None
+        return doc, written / 1e9
+    raise EgpuError("the map mirror did not settle (a writer inside on every read)", file=str(path))
