@@ -69,4 +69,14 @@ def probe_obj(tmp_path_factory):
     return build
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The translator's registers and stack per program (test_translate.py), summarized."""
+    from translate_support import report_lines
+    lines = report_lines()
+    if lines:
+        terminalreporter.section("ptxas: registers and stack of the translated programs")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 pytest_plugins = ["stub_job"]  # jobs against the stand-in driver (test_runtime.py, test_egpu_run.py)

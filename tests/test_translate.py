@@ -26,7 +26,8 @@ from egpu_preload.translate.execute import layout_memories
 from egpu_preload.translate.gpu import pack_params
 from egpu_preload.translate.module import batch_ptx, entries_ptx, probe_runner_ptx
 from isa_cases import CASES
-from translate_support import COUNTER, GPU_TEST_PROBES, bench_probes, probe_object, verified_programs
+from translate_support import (COUNTER, GPU_TEST_PROBES, PTXAS_REPORTS, bench_probes, probe_object,
+                               verified_programs)
 
 ARCHS = ("sm_90", "sm_75")
 GOLDEN = Path(__file__).parent / "golden"
@@ -51,9 +52,11 @@ def ptxas(ptx: str, arch: str, tmp_path: Path) -> dict[str, tuple[int, int]]:
 
 
 def print_report(title: str, rows: list[tuple[str, int, int]]) -> None:
+    """Registers and stack of each program: all rows with -s, a summary at the end of every run."""
     print(f"\n{title}\n{'program':60} regs  stack")
     for name, regs, stack in rows:
         print(f"{name[:60]:60} {regs:4}  {stack:5}")
+    PTXAS_REPORTS.append((title, rows))
 
 
 # ---- everything assembles ---------------------------------------------------------------------------
@@ -82,7 +85,8 @@ def test_every_probe_assembles(arch, ctx_params, probe_objects, tmp_path):
             report = ptxas(probe_runner_ptx(probe), arch, tmp_path)
             rows.append((f"{Path(obj.path).name}:{p.section}", *report["egpu_probe_run"]))
     assert rows
-    print_report(f"probes (runner kernel + probe), {arch}", rows)
+    print_report(f"probes (runner kernel + probe, context {'in words' if ctx_params else 'by address'}), {arch}",
+                 rows)
 
 
 def test_probe_function_contract(probe_objects):
@@ -392,3 +396,41 @@ def test_gpu_test_and_bench_probes_assemble(tmp_path):
 
 def test_random_programs_assemble(tmp_path):
     ptxas(batch_ptx(verified_programs(seed=7, count=100)), "sm_90", tmp_path)
+
+
+# ---- the foundation's other programs ----------------------------------------------------------------
+# (ptxas 13 has no sm_70: CUDA 13 dropped Volta; the .target sm_70 the PTX declares is for older drivers.)
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_program_the_verifier_accepts_assembles(arch, tmp_path):
+    """The verifier's accepted cases (tests/verifier_cases.py) translate, in both context forms, and
+    ptxas takes them."""
+    from verifier_cases import ACCEPT, MAPS
+    rows = []
+    for case in ACCEPT:
+        obj, p = probe_object(case.asm, list(MAPS), f"{case.name}.bpf.o")
+        for ctx_params in (True, False):
+            report = ptxas(probe_runner_ptx(probe_function(p, obj, ctx_params=ctx_params)), arch, tmp_path)
+            rows.append((f"{case.name}{'' if ctx_params else ' (ctx address)'}", *report["egpu_probe_run"]))
+    assert len(rows) == 2 * len(ACCEPT)
+    print_report(f"verifier's accepted programs, {arch}", rows)
+
+
+@pytest.mark.parametrize("mcpu", ["v3", "v4"])
+def test_tricky_c_probes_and_v4_builds_assemble(mcpu, probe_obj, probe_names, tmp_path):
+    """clang's harder output (verifier_cases.C_PROBES) and every probe built for -mcpu=v4 (sdiv, movsx,
+    bswap, ja32) translate and assemble for sm_90."""
+    from egpu_preload.bpf.compile import compile_probe
+    from verifier_cases import C_PROBES
+    objs = [load_object(probe_obj(name, mcpu)) for name in probe_names]
+    for name, text in C_PROBES.items():
+        src = tmp_path / f"{name}.bpf.c"
+        src.write_text(text)
+        objs.append(load_object(compile_probe(src, tmp_path / f"{name}.{mcpu}.bpf.o", mcpu=mcpu)))
+    rows = []
+    for obj in objs:
+        for p in obj.programs:
+            report = ptxas(probe_runner_ptx(probe_function(p, obj, ctx_params=True)), "sm_90", tmp_path)
+            rows.append((f"{Path(obj.path).name}:{p.section}", *report["egpu_probe_run"]))
+    assert len(rows) >= len(objs)
+    print_report(f"probes and tricky C probes, -mcpu={mcpu}, sm_90", rows)

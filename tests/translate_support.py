@@ -13,6 +13,21 @@ from egpu_preload.bpf.verifier import verify
 from egpu_preload.errors import VerifierError
 
 
+# (title, [(program, registers, stack bytes)]) of every ptxas report test_translate.py made this run;
+# conftest.py prints a line per report at the end.
+PTXAS_REPORTS: list[tuple[str, list[tuple[str, int, int]]]] = []
+
+
+def report_lines() -> list[str]:
+    out = []
+    for title, rows in PTXAS_REPORTS:
+        heavy = max(rows, key=lambda r: (r[1], r[2]))
+        stacked = sum(1 for r in rows if r[2])
+        out.append(f"{title}: {len(rows)} programs, registers {min(r[1] for r in rows)}-{heavy[1]} "
+                   f"(most: {heavy[0]}), {stacked} with a stack frame (largest {max(r[2] for r in rows)} bytes)")
+    return out
+
+
 def probe_object(asm: str, maps: list[prog.MapDef], path: str = "probe.bpf.o") -> tuple[prog.BpfObject,
                                                                                           prog.Program]:
     """A one-program object (attached to every kernel's entry, per thread) from assembler text."""
