@@ -26,8 +26,8 @@ from egpu_preload.translate.execute import layout_memories
 from egpu_preload.translate.gpu import pack_params
 from egpu_preload.translate.module import batch_ptx, entries_ptx, probe_runner_ptx
 from isa_cases import CASES
-from translate_support import (COUNTER, GPU_TEST_PROBES, PTXAS_REPORTS, bench_probes, probe_object,
-                               verified_programs)
+from translate_support import (COUNTER, GPU_TEST_PROBES, PTXAS_REPORTS, bench_probes, memory_program,
+                               probe_object, verified_programs)
 
 ARCHS = ("sm_90", "sm_75")
 GOLDEN = Path(__file__).parent / "golden"
@@ -396,6 +396,7 @@ def test_gpu_test_and_bench_probes_assemble(tmp_path):
 
 def test_random_programs_assemble(tmp_path):
     ptxas(batch_ptx(verified_programs(seed=7, count=100)), "sm_90", tmp_path)
+    ptxas(batch_ptx(verified_programs(seed=7, count=100, make=memory_program)), "sm_90", tmp_path)
 
 
 # ---- the foundation's other programs ----------------------------------------------------------------

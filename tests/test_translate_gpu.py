@@ -1,6 +1,7 @@
 """eBPF -> PTX on a GPU (make gpu-test): the reference VM is the oracle.
 
-The whole ISA table, every test probe and batches of random verified programs give the same r0,
+The whole ISA table, every test probe and batches of random verified programs (ALU and branches; stack
+stores, loads, atomics and a local call) give the same r0,
 memory and maps on the GPU as on the VM; a million threads updating one hash map, one array map, per-SM
 counters and one ring buffer lose no update (ring: delivered + dropped == attempted).
 """
@@ -21,7 +22,8 @@ from egpu_preload.maps import MapsState
 from egpu_preload.translate import execute_batch_on_gpu, execute_on_gpu, run_probe_on_gpu
 from egpu_preload.vm import ThreadSim, Vm, run_with_mem
 from isa_cases import CASES
-from translate_support import GPU_TEST_PROBES, RING_CAPACITY, probe_object, verified_programs
+from translate_support import (GPU_TEST_PROBES, RING_CAPACITY, memory_program, probe_object, straight_line_program,
+                               verified_programs)
 
 pytestmark = pytest.mark.gpu
 
@@ -104,10 +106,11 @@ def test_every_probe_matches_vm(probe_obj, probe_names):
 
 # ---- random verified programs -------------------------------------------------------------------
 
+@pytest.mark.parametrize("make", [straight_line_program, memory_program], ids=["alu", "stack-atomics-calls"])
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.integers(0, (1 << 32) - 1))
-def test_random_verified_programs_match_vm(seed):
-    codes = verified_programs(seed, 250)
+def test_random_verified_programs_match_vm(make, seed):
+    codes = verified_programs(seed, 250, make)
     got = execute_batch_on_gpu([(code, None) for code in codes])
     bad = [code.hex() for code, (r0, _) in zip(codes, got) if r0 != run_with_mem(code, None)[0]]
     assert not bad, f"{len(bad)} programs differ, e.g. {bad[:3]}"

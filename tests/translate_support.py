@@ -166,12 +166,53 @@ def straight_line_program(rng: random.Random) -> bytes:
     return b"".join(encode(i) for i in insns)
 
 
-def verified_programs(seed: int, count: int) -> list[bytes]:
-    """``count`` random programs that the verifier accepts."""
+_RMW = [("lock *(u{b} *)(r10 - {o}) += {r}", 0), ("lock *(u{b} *)(r10 - {o}) |= {r}", 0),
+        ("lock *(u{b} *)(r10 - {o}) &= {r}", 0), ("lock *(u{b} *)(r10 - {o}) ^= {r}", 0),
+        ("{r} = atomic_fetch_add((u{b} *)(r10 - {o}), {r})", 1), ("{r} = atomic_fetch_or((u{b} *)(r10 - {o}), {r})", 1),
+        ("{r} = atomic_fetch_and((u{b} *)(r10 - {o}), {r})", 1),
+        ("{r} = atomic_fetch_xor((u{b} *)(r10 - {o}), {r})", 1)]
+
+
+def memory_program(rng: random.Random) -> bytes:
+    """straight_line_program's ALU code mixed with stack stores, loads (zero- and sign-extending) and
+    atomics on 8 slots of 8 bytes, then a call to a subprogram that reads its arguments and its own
+    stack and must leave r6-r9 as they were; r0 is a fold of every register."""
+    from egpu_preload.bpf.disasm import disasm_insn
+    from egpu_preload.bpf.decode import decode
+    alu = [disasm_insn(i) for i in decode(straight_line_program(rng))[10:-1] if i.kind != "jmp"]
+    lines = [f"r{r} = {rng.choice(_EDGE_U64) if rng.random() < 0.3 else rng.getrandbits(64)} ll" for r in range(10)]
+    lines += [f"*(u64 *)(r10 - {8 * k}) = r{k % 10}" for k in range(1, 9)]   # every slot written first
+    for _ in range(rng.randint(4, 24)):
+        r, o = rng.randint(0, 9), 8 * rng.randint(1, 8)
+        size = rng.choice((1, 2, 4, 8))
+        at = o - rng.randrange(0, 8, size)   # an aligned piece of the slot
+        what = rng.random()
+        if what < 0.3 and alu:
+            lines.append(rng.choice(alu))
+        elif what < 0.5:
+            lines.append(f"*(u{8 * size} *)(r10 - {at}) = " + (f"r{r}" if rng.random() < 0.7 else str(rng.randint(-99, 99))))
+        elif what < 0.7:
+            lines.append(f"{'w' if size == 4 and rng.random() < 0.5 else 'r'}{r} = *(u{8 * size} *)(r10 - {at})")
+        elif what < 0.8 and size < 8:
+            lines.append(f"r{r} = *(s{8 * size} *)(r10 - {at})")
+        else:
+            bits = rng.choice((32, 64))
+            text, _ = rng.choice(_RMW)
+            lines.append(text.format(b=bits, o=o - (4 if bits == 32 and rng.random() < 0.5 else 0),
+                                     r=f"{'w' if bits == 32 else 'r'}{rng.randint(1, 9)}"))
+    lines += ["r1 = r6", "r2 = r7", "call local sub", "r0 ^= r6", "r0 += r7", "r0 ^= r8", "r0 += r9",
+              "r1 = *(u64 *)(r10 - 8)", "r0 += r1", "exit",
+              "sub:", "*(u64 *)(r10 - 8) = r1", "r6 = r2", "r6 *= 3", "lock *(u64 *)(r10 - 8) += r6",
+              "r0 = *(u64 *)(r10 - 8)", "r7 = 0", "r8 = r1", "r9 = -1", "exit"]
+    return assemble("\n".join(lines))
+
+
+def verified_programs(seed: int, count: int, make=straight_line_program) -> list[bytes]:
+    """``count`` random programs of ``make`` that the verifier accepts."""
     rng = random.Random(seed)
     out = []
     while len(out) < count:
-        code = straight_line_program(rng)
+        code = make(rng)
         try:
             verify(code, [])
         except VerifierError:
