@@ -169,6 +169,22 @@ typedef struct {
     CUkernel kern;
     CUcontext ctx;
 } CUDA_KERNEL_NODE_PARAMS_v2;
+/* _v3, the kernel member of CUgraphNodeParams, has _v2's fields */
+typedef CUDA_KERNEL_NODE_PARAMS_v2 CUDA_KERNEL_NODE_PARAMS_v3;
+
+/* The generic node APIs' tagged union; only a kernel node's member is ever read. */
+typedef struct {
+    int type; /* CUgraphNodeType */
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_KERNEL_NODE_PARAMS_v3 kernel;
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+typedef struct {
+    unsigned char from_port, to_port, type, reserved[5];
+} CUgraphEdgeData;
 
 #define EGPU_LAUNCH_ARGS(F) F f, unsigned int gridDimX, unsigned int gridDimY, \
     unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, \
@@ -212,6 +228,10 @@ typedef struct {
     X(cuGraphKernelNodeSetParams_v2, cuGraphKernelNodeSetParams, 12000, 0, (CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams)) \
     X(cuGraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams, 10010, 0, (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams)) \
     X(cuGraphExecKernelNodeSetParams_v2, cuGraphExecKernelNodeSetParams, 12000, 0, (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams)) \
+    X(cuGraphAddNode, cuGraphAddNode, 12020, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUgraphNodeParams *nodeParams)) \
+    X(cuGraphAddNode_v2, cuGraphAddNode, 12030, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, CUgraphNodeParams *nodeParams)) \
+    X(cuGraphNodeSetParams, cuGraphNodeSetParams, 12020, 0, (CUgraphNode hNode, CUgraphNodeParams *nodeParams)) \
+    X(cuGraphExecNodeSetParams, cuGraphExecNodeSetParams, 12020, 0, (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraphNodeParams *nodeParams)) \
     X(cuMemAlloc_v2, cuMemAlloc, 3020, 0, (CUdeviceptr *dptr, size_t bytesize)) \
     X(cuMemAllocPitch_v2, cuMemAllocPitch, 3020, 0, (CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)) \
     X(cuMemAllocManaged, cuMemAllocManaged, 6000, 0, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags)) \

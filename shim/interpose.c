@@ -41,6 +41,7 @@
 #define CUDA_ERROR_NOT_FOUND 500
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
 #define CU_JIT_INPUT_PTX 1
+#define CU_GRAPH_NODE_TYPE_KERNEL 0
 #define CU_LAUNCH_PARAM_END ((void *)0x00)
 #define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
 #define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
@@ -653,6 +654,8 @@ static const struct target *node_target(void *func, void *kern) {
     return s ? atomic_load_explicit(&s->target, memory_order_acquire) : NULL;
 }
 
+/* Point `p` (kernel node parameters of type T, or NULL) at a retargeted copy when its function is
+ * registered; t_ says whether it did. */
 #define NODE_RETARGET(T, p, kern_field) \
     T q_; struct args a_; const struct target *t_ = NULL; \
     if (!passthrough() && p && (t_ = node_target(p->func, kern_field))) { \
@@ -661,62 +664,55 @@ static const struct target *node_target(void *func, void *kern) {
         q_.func = t_->function; q_.kernelParams = a_.params; q_.extra = a_.extra; \
         p = &q_; \
     }
-#define NODE_DONE() if (t_) args_done(&a_);
-#define NO_KERN(p) NULL
-#define V2_KERN(p) (p)->kern
-
-EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph,
-                                     const CUgraphNode *dependencies, size_t numDependencies,
-                                     const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams) {
-    NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v1, nodeParams, NO_KERN(nodeParams))
-    CUresult r = CALL_REAL(cuGraphAddKernelNode, phGraphNode, hGraph, dependencies, numDependencies,
-                           nodeParams);
-    NODE_DONE()
-    return r;
-}
-
-EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
-                                        const CUgraphNode *dependencies, size_t numDependencies,
-                                        const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams) {
-    NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v2, nodeParams, V2_KERN(nodeParams))
+/* One per parameter struct. */
+#define RETARGET_V1(p) NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v1, p, NULL)
+#define RETARGET_V2(p) NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v2, p, p->kern) \
     if (t_) q_.kern = NULL; /* func set: kern and ctx are ignored */
-    CUresult r = CALL_REAL(cuGraphAddKernelNode_v2, phGraphNode, hGraph, dependencies,
-                           numDependencies, nodeParams);
-    NODE_DONE()
-    return r;
-}
+/* A generic node (CUgraphNodeParams) is retargeted only when its type says kernel. Any other type
+ * reaches the driver as the app's own struct, so out parameters (alloc.dptr) come back to the app. */
+#define RETARGET_NODE(p) \
+    const CUDA_KERNEL_NODE_PARAMS_v3 *k_ = p && p->type == CU_GRAPH_NODE_TYPE_KERNEL ? &p->kernel : NULL; \
+    RETARGET_V2(k_) \
+    CUgraphNodeParams n_; \
+    if (t_) { n_ = *p; n_.kernel = q_; p = &n_; }
 
-EXPORT CUresult cuGraphKernelNodeSetParams(CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams) {
-    NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v1, nodeParams, NO_KERN(nodeParams))
-    CUresult r = CALL_REAL(cuGraphKernelNodeSetParams, hNode, nodeParams);
-    NODE_DONE()
-    return r;
-}
-
-EXPORT CUresult cuGraphKernelNodeSetParams_v2(CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams) {
-    NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v2, nodeParams, V2_KERN(nodeParams))
-    if (t_) q_.kern = NULL;
-    CUresult r = CALL_REAL(cuGraphKernelNodeSetParams_v2, hNode, nodeParams);
-    NODE_DONE()
-    return r;
-}
-
-EXPORT CUresult cuGraphExecKernelNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
-                                               const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams) {
-    NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v1, nodeParams, NO_KERN(nodeParams))
-    CUresult r = CALL_REAL(cuGraphExecKernelNodeSetParams, hGraphExec, hNode, nodeParams);
-    NODE_DONE()
-    return r;
-}
-
-EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode,
-                                                  const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams) {
-    NODE_RETARGET(CUDA_KERNEL_NODE_PARAMS_v2, nodeParams, V2_KERN(nodeParams))
-    if (t_) q_.kern = NULL;
-    CUresult r = CALL_REAL(cuGraphExecKernelNodeSetParams_v2, hGraphExec, hNode, nodeParams);
-    NODE_DONE()
-    return r;
-}
+#define NODE_HOOK(sym, retarget, params, ...) \
+    EXPORT CUresult sym params { \
+        retarget(nodeParams) \
+        CUresult r = CALL_REAL(sym, __VA_ARGS__); \
+        if (t_) args_done(&a_); \
+        return r; \
+    }
+NODE_HOOK(cuGraphAddKernelNode, RETARGET_V1, (CUgraphNode *phGraphNode, CUgraph hGraph,
+          const CUgraphNode *dependencies, size_t numDependencies,
+          const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams),
+          phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+NODE_HOOK(cuGraphAddKernelNode_v2, RETARGET_V2, (CUgraphNode *phGraphNode, CUgraph hGraph,
+          const CUgraphNode *dependencies, size_t numDependencies,
+          const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams),
+          phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+NODE_HOOK(cuGraphKernelNodeSetParams, RETARGET_V1,
+          (CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams), hNode, nodeParams)
+NODE_HOOK(cuGraphKernelNodeSetParams_v2, RETARGET_V2,
+          (CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams), hNode, nodeParams)
+NODE_HOOK(cuGraphExecKernelNodeSetParams, RETARGET_V1,
+          (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams),
+          hGraphExec, hNode, nodeParams)
+NODE_HOOK(cuGraphExecKernelNodeSetParams_v2, RETARGET_V2,
+          (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams),
+          hGraphExec, hNode, nodeParams)
+NODE_HOOK(cuGraphAddNode, RETARGET_NODE, (CUgraphNode *phGraphNode, CUgraph hGraph,
+          const CUgraphNode *dependencies, size_t numDependencies, CUgraphNodeParams *nodeParams),
+          phGraphNode, hGraph, dependencies, numDependencies, nodeParams)
+NODE_HOOK(cuGraphAddNode_v2, RETARGET_NODE, (CUgraphNode *phGraphNode, CUgraph hGraph,
+          const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies,
+          CUgraphNodeParams *nodeParams),
+          phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams)
+NODE_HOOK(cuGraphNodeSetParams, RETARGET_NODE, (CUgraphNode hNode, CUgraphNodeParams *nodeParams),
+          hNode, nodeParams)
+NODE_HOOK(cuGraphExecNodeSetParams, RETARGET_NODE,
+          (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraphNodeParams *nodeParams),
+          hGraphExec, hNode, nodeParams)
 
 /* ---- module loads and lookups: into Python, outside any driver call, while Python is up ---- */
 

@@ -336,11 +336,16 @@ int main() {
     std::printf("size CUlaunchConfig %zu %zu\n", sizeof(egpu::CUlaunchConfig), sizeof(::CUlaunchConfig));
     std::printf("size params_v1 %zu %zu\n", sizeof(egpu::CUDA_KERNEL_NODE_PARAMS_v1), sizeof(::CUDA_KERNEL_NODE_PARAMS_v1));
     std::printf("size params_v2 %zu %zu\n", sizeof(egpu::CUDA_KERNEL_NODE_PARAMS_v2), sizeof(::CUDA_KERNEL_NODE_PARAMS_v2));
+    std::printf("size params_v3 %zu %zu\n", sizeof(egpu::CUDA_KERNEL_NODE_PARAMS_v3), sizeof(::CUDA_KERNEL_NODE_PARAMS_v3));
+    std::printf("size CUgraphNodeParams %zu %zu\n", sizeof(egpu::CUgraphNodeParams), sizeof(::CUgraphNodeParams));
+    std::printf("size CUgraphEdgeData %zu %zu\n", sizeof(egpu::CUgraphEdgeData), sizeof(::CUgraphEdgeData));
     FIELD(CUlaunchConfig, hStream) FIELD(CUlaunchConfig, numAttrs)
     FIELD(CUDA_KERNEL_NODE_PARAMS_v2, kernelParams) FIELD(CUDA_KERNEL_NODE_PARAMS_v2, kern)
-    std::printf("const %d %d %d %d %d\n", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CU_JIT_INPUT_PTX,
-                (int)(size_t)CU_LAUNCH_PARAM_BUFFER_POINTER, (int)(size_t)CU_LAUNCH_PARAM_BUFFER_SIZE,
-                (int)CUDA_ERROR_NOT_FOUND);
+    FIELD(CUDA_KERNEL_NODE_PARAMS_v3, kernelParams) FIELD(CUDA_KERNEL_NODE_PARAMS_v3, kern)
+    FIELD(CUgraphNodeParams, kernel) FIELD(CUgraphNodeParams, reserved2)
+    std::printf("const %d %d %d %d %d %d\n", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CU_JIT_INPUT_PTX,
+                (int)CU_GRAPH_NODE_TYPE_KERNEL, (int)(size_t)CU_LAUNCH_PARAM_BUFFER_POINTER,
+                (int)(size_t)CU_LAUNCH_PARAM_BUFFER_SIZE, (int)CUDA_ERROR_NOT_FOUND);
 }
 """
 
@@ -355,7 +360,7 @@ def test_hook_prototypes_match_cuda_h(tmp_path):
     out = subprocess.run([str(tmp_path / "abi")], capture_output=True, text=True, check=True).stdout
     ours = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("ours ")]
     cuda = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("cuda ")]
-    assert len(ours) == 49 and ours == cuda
+    assert len(ours) == 53 and ours == cuda
     for ln in out.splitlines():
         if ln.startswith(("size ", "field ")):
             a, b = ln.split()[-2:]
@@ -363,7 +368,8 @@ def test_hook_prototypes_match_cuda_h(tmp_path):
     interpose = (ROOT / "shim" / "interpose.c").read_text()
     constants = dict(re.findall(r"#define (CU\w+|CUDA_ERROR_NOT_FOUND) \(?\(?(?:void \*\))?(0x[0-9a-f]+|\d+)", interpose))
     assert out.splitlines()[-1] == "const " + " ".join(str(int(constants[k], 0)) for k in (
-        "CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM", "CU_JIT_INPUT_PTX", "CU_LAUNCH_PARAM_BUFFER_POINTER",
+        "CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM", "CU_JIT_INPUT_PTX", "CU_GRAPH_NODE_TYPE_KERNEL",
+        "CU_LAUNCH_PARAM_BUFFER_POINTER",
         "CU_LAUNCH_PARAM_BUFFER_SIZE", "CUDA_ERROR_NOT_FOUND"))
 
 
