@@ -242,6 +242,7 @@ typedef struct {
     X(cuMemFree_v2, cuMemFree, 3020, 0, (CUdeviceptr dptr)) \
     X(cuMemFreeAsync, cuMemFreeAsync, 11020, 0, (CUdeviceptr dptr, CUstream hStream)) \
     X(cuMemFreeAsync_ptsz, cuMemFreeAsync, 11020, 1, (CUdeviceptr dptr, CUstream hStream)) \
+    X(cuMemAllocHost_v2, cuMemAllocHost, 3020, 0, (void **pp, size_t bytesize)) \
     X(cuMemHostAlloc, cuMemHostAlloc, 2020, 0, (void **pp, size_t bytesize, unsigned int Flags)) \
     X(cuMemFreeHost, cuMemFreeHost, 2000, 0, (void *p)) \
     X(cuMemHostRegister_v2, cuMemHostRegister, 6050, 0, (void *p, size_t bytesize, unsigned int Flags)) \

@@ -1057,6 +1057,13 @@ EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
     return r;
 }
 
+/* cuMemHostAlloc with no flags; cuMemFreeHost frees both */
+EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) {
+    CUresult r = CALL_REAL(cuMemAllocHost_v2, pp, bytesize);
+    if (r == CUDA_SUCCESS && pp) alloc_add(PTR(*pp), bytesize, EGPU_ALLOC_HOST);
+    return r;
+}
+
 EXPORT CUresult cuMemFreeHost(void *p) {
     CUresult r = CALL_REAL(cuMemFreeHost, p);
     if (r == CUDA_SUCCESS) alloc_del(PTR(p), 0);
