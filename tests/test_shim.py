@@ -1,6 +1,6 @@
 """libegpu_shim.so built from this checkout, preloaded into C programs that reach a stand-in
-libcuda.so.1 (tests/stub_driver) the three ways real programs do: cuGetProcAddress like cudart, dlsym
-like PyTorch, direct linking like Triton's stub. The stand-in logs every call it receives."""
+libcuda.so.1 (tests/stub_driver) the ways real programs do: cuGetProcAddress like cudart, dlsym
+like PyTorch (and dlvsym), direct linking like Triton's stub. The stand-in logs every call it receives."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 STUB = ROOT / "tests" / "stub_driver"
-APPS = ["app_cudart", "app_dlsym", "app_linked"]
+APPS = ["app_cudart", "app_dlsym", "app_dlvsym", "app_linked"]
 CUDA_H = Path("/usr/local/cuda/include/cuda.h")
 
 
@@ -28,12 +28,13 @@ def built(tmp_path_factory) -> Path:
     shim = subprocess.Popen([sys.executable, str(ROOT / "shim" / "build.py"), str(d)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     steps = [
-        cc + ["-shared", "-fPIC", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", str(STUB / "libcuda_stub.c"),
-              "-o", "libcuda.so.1"],
+        cc + ["-shared", "-fPIC", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1",
+              f"-Wl,--version-script={STUB / 'libcuda_stub.map'}", str(STUB / "libcuda_stub.c"), "-o", "libcuda.so.1"],
         cc + ["-shared", "-fPIC", str(STUB / "next_a.c"), "-o", "libnext_a.so"],
         cc + ["-shared", "-fPIC", str(STUB / "next_b.c"), "-o", "libnext_b.so"],
         cc + [str(STUB / "app_cudart.c"), "-o", "app_cudart", "-ldl"],
         cc + [str(STUB / "app_dlsym.c"), "-o", "app_dlsym", "-ldl"],
+        cc + ["-DBY_DLVSYM", str(STUB / "app_dlsym.c"), "-o", "app_dlvsym", "-ldl"],
         cc + [str(STUB / "app_threads.c"), "-o", "app_threads", "-ldl", "-pthread"],
     ]
     procs = [subprocess.Popen(s, cwd=d) for s in steps]

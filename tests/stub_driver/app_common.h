@@ -1,6 +1,6 @@
 /* What every test app does once it can resolve driver entry points; the apps differ only in how
  * they resolve them (app_cudart.c: cuGetProcAddress_v2 like cudart, app_dlsym.c: dlsym like PyTorch,
- * app_linked.c: linked against libcuda like Triton's stub).
+ * or dlvsym, app_linked.c: linked against libcuda like Triton's stub).
  *
  * Output, one line each: "resolve API VERSION FLAGS -> LIBRARY SYMBOL" (who answers: the shim's hook
  * or the driver itself), "rc STEP RESULT", "stats ...", "allocs ...", "record ...". */
