@@ -106,6 +106,7 @@ PROC_ADDRESS = {
     ("cuLaunchKernel", 6000, 2): "libegpu_shim.so cuLaunchKernel",   # no _ptsz before 7000
     ("cuGraphAddKernelNode", 11000, 0): "libegpu_shim.so cuGraphAddKernelNode",  # v1 params struct
     ("cuMemFreeAsync", 12000, 2): "libegpu_shim.so cuMemFreeAsync_ptsz",
+    ("cuGraphAddNode", 13000, 0): "libegpu_shim.so cuGraphAddNode_v2",  # the newest not newer
     ("cuNoSuchFunction", 12000, 0): "none none",
 }
 
@@ -116,7 +117,7 @@ def test_every_lookup_gets_the_abi_matching_hook(built, app):
     assert r.returncode == 0, r.stderr
     resolved = [re.match(r"(\w+) (\d+) (\d+) -> (.*)", ln).groups() for ln in r.lines("resolve")]
     scenario = resolved[len(PROC_ADDRESS):] if app == "app_cudart" else resolved
-    assert len(scenario) == 35
+    assert len(scenario) == 47
     for api, version, flags, answer in scenario:
         lib, symbol = answer.split()
         assert lib == ("libcuda.so.1" if symbol in UNHOOKED else "libegpu_shim.so"), (api, answer)
@@ -168,6 +169,26 @@ def expected_calls(instrumented: bool, beside: bool) -> list[str]:
         # a graph node's launch id is drawn once, when its parameters are set
         f"cuGraphExecKernelNodeSetParams_v2 f=kernel_a@{lib + 1} grid=9 block=32 stream=(nil) "
         f"params={args(9)}",
+        # likewise a library file: cuLibraryLoadData of the replacement
+        f"cuLibraryLoadData module={lib + 4} kind=ptx instrumented=1" if i else
+        f"cuLibraryLoadFromFile module={lib + 4} kind=ptx instrumented=0",
+        f"cuLibraryGetModule module={lib + 4}",
+        f"cuModuleGetFunction module={lib + 4} name=kernel_a",
+        f"cuLaunchKernelEx f=kernel_a@{lib + 4} grid=10 block=128 stream=(nil) params={args(10)}",
+        f"cuLaunchCooperativeKernel_ptsz f=kernel_b@{b} grid=11 block=64 stream=(nil) params=33",
+        f"cuGraphAddKernelNode f=kernel_a@1 grid=12 block=32 stream=(nil) params={args(12)}",
+        f"cuGraphKernelNodeSetParams f=kernel_b@{b} grid=13 block=64 stream=(nil) params=33",
+        # a node given by its CUkernel reaches the driver with the registered target as its function
+        f"cuGraphKernelNodeSetParams_v2 f=kernel_a@{lib}k grid=14 block=32 stream=(nil) "
+        f"params={args(14) if i else ''}",
+        f"cuGraphExecKernelNodeSetParams f=kernel_a@1 grid=0 block=32 stream=(nil) params={args(15)}",
+        f"cuGraphAddNode f=kernel_b@{b} grid=16 block=64 stream=(nil) params=33",
+        f"cuGraphAddNode_v2 f=kernel_a@1 grid=17 block=32 stream=(nil) params={args(17)}",
+        f"cuGraphNodeSetParams f=kernel_a@{lib}k grid=0 block=32 stream=(nil) params={args(18) if i else ''}",
+        f"cuGraphExecNodeSetParams f=kernel_a@{lib + 1} grid=19 block=32 stream=(nil) "
+        f"params=buffer:{16 + 8 * i}:{args(19)}",
+        "cuGraphAddNode_v2 type=10",
+        "cuGraphNodeSetParams type=10",
         "cuLinkCreate_v2",
         f"cuLinkAddData_v2 type=1 size={243 if i else 190} instrumented={i}",
         "cuLinkAddData_v2 type=0 size=4 instrumented=0",
@@ -196,7 +217,11 @@ def expected_calls(instrumented: bool, beside: bool) -> list[str]:
 
 
 # Every hooked call returns the driver's own result.
-RESULTS = {"launch_zero_grid": 1, "free_null": 1, "load_missing_file": 301, "func_attribute_bad": 1}
+RESULTS = {"launch_zero_grid": 1, "graph_exec_set_v1_zero_grid": 1, "node_set_kernel_zero_grid": 1,
+           "node_set_alloc": 801, "free_null": 1, "load_missing_file": 301, "func_attribute_bad": 1}
+# A memory node reaches the driver as the app's own struct: its address comes back there, and the
+# registered function in the word where a kernel node keeps one is left alone.
+NODE_OUT = ["dptr=0x7e0000000000 first=fb"]
 
 
 @pytest.mark.parametrize("app", APPS)
@@ -206,6 +231,7 @@ def test_driver_receives_instrumented_code_and_redirected_launches(built, app):
     assert r.stderr == ""
     assert r.driver_calls() == expected_calls(instrumented=True, beside=True)
     assert {k: v for k, v in r.rc().items() if v} == RESULTS
+    assert r.lines("node_out") == NODE_OUT
 
 
 def test_without_the_shim_the_program_is_untouched(built):
@@ -213,6 +239,7 @@ def test_without_the_shim_the_program_is_untouched(built):
     assert r.returncode == 0
     assert r.driver_calls() == expected_calls(instrumented=False, beside=False)
     assert {k: v for k, v in r.rc().items() if v} == RESULTS
+    assert r.lines("node_out") == NODE_OUT
 
 
 def test_without_an_instrumenter_everything_passes_through(built):
@@ -237,13 +264,15 @@ def test_a_failing_runtime_leaves_the_original_path_working(built, env, message)
     refused = [ln for ln in r.driver_calls() if ln.endswith(" refused")]
     assert refused == ([f"{api} refused" for api in ("cuModuleLoadData", "cuLibraryLoadData", "cuModuleLoadData",
                                                       "cuModuleLoadDataEx", "cuModuleLoadFatBinary",
-                                                      "cuLinkAddData_v2", "cuLinkAddData_v2")]
+                                                      "cuLibraryLoadData", "cuLinkAddData_v2",
+                                                      "cuLinkAddData_v2")]
                        if "EGPU_TEST_REFUSE" in env else [])
 
 
 def test_launch_counters_records_and_allocations(built):
     r = run(built, "app_cudart")
-    assert r.lines("stats") == ["launches=9 redirected=7 records=6 dropped=0 launches_a=5 launches_b=1"]
+    # launch ids 12-19 went to graph nodes: drawn, never launched through a hook
+    assert r.lines("stats") == ["launches=19 redirected=9 records=8 dropped=0 launches_a=5 launches_b=2"]
     assert r.lines("record") == [
         "id=2 api=17 f=b redirected=1 grid=2 block=64 stream=0x5",
         "id=3 api=17 f=a redirected=0 grid=3 block=32 stream=(nil)",
@@ -251,6 +280,8 @@ def test_launch_counters_records_and_allocations(built):
         "id=5 api=19 f=a redirected=0 grid=5 block=32 stream=(nil)",
         "id=7 api=17 f=a redirected=0 grid=0 block=32 stream=(nil)",
         "id=8 api=17 f=kern redirected=0 grid=7 block=32 stream=(nil)",
+        "id=10 api=18 f=? redirected=0 grid=10 block=128 stream=(nil)",
+        "id=11 api=19 f=b redirected=1 grid=11 block=64 stream=(nil)",
     ]
     # kinds (egpu_shim.h): 1 device, 4 async, 5 host, 7 VMM handle, 8 VMM mapping
     live = r.lines("allocs")[0].split()

@@ -71,6 +71,14 @@ typedef struct {
     H kern, ctx;
 } node_params;
 
+/* CUgraphNodeParams: the type, then a 232-byte union; a memory node's out parameter alloc.dptr is
+ * reserved1[14] (byte 128) */
+typedef struct {
+    int type, reserved0[3];
+    union { long long reserved1[29]; node_params kernel; };
+    long long reserved2;
+} graph_node;
+
 static void print_allocations(const char *when) {
     size_t (*allocations)(struct egpu_alloc *, size_t) = dlsym(RTLD_DEFAULT, "egpu_shim_allocations");
     struct egpu_alloc a[16];
@@ -147,6 +155,62 @@ static int scenario(resolve_fn get, int full) {
     np.func = fa_file;
     np.gx = 9;
     RC("graph_exec_set", cuGraphExecKernelNodeSetParams_v2((H)0x9, node, &np));
+
+    /* a library from a file, through its module; the launch entry points not used above */
+    GET(cuLibraryLoadFromFile, 12000, 0, cuLibraryLoadFromFile,
+        CUresult (*)(H *, const char *, int *, void **, unsigned, int *, void **, unsigned));
+    GET(cuLibraryGetModule, 12000, 0, cuLibraryGetModule, CUresult (*)(H *, H));
+    GET(cuLaunchKernelEx, 11060, 0, cuLaunchKernelEx, CUresult (*)(const launch_config *, H, void **, void **));
+    GETV(cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernel, 9000, 2, cuLaunchCooperativeKernel_ptsz,
+         CUresult (*)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, H, void **));
+    H lib_file, lib_module, fa_lib;
+    RC("library_load_file", cuLibraryLoadFromFile(&lib_file, "egpu_app.ptx", NULL, NULL, 0, NULL, NULL, 0));
+    RC("library_module", cuLibraryGetModule(&lib_module, lib_file));
+    RC("get_a_library_module", cuModuleGetFunction(&fa_lib, lib_module, "kernel_a"));
+    cfg.gx = 10;
+    RC("launch_ex_a_library", cuLaunchKernelEx(&cfg, fa_lib, params_ab, NULL));
+    RC("launch_coop_b_ptsz", cuLaunchCooperativeKernel_ptsz(fb, 11, 1, 1, 64, 1, 1, 0, NULL, params_c));
+
+    /* the other kernel node entry points, and the generic ones with kernel and other nodes */
+    GET(cuGraphAddKernelNode, 10000, 0, cuGraphAddKernelNode, CUresult (*)(H *, H, const H *, size_t, const node_params *));
+    GET(cuGraphKernelNodeSetParams, 10000, 0, cuGraphKernelNodeSetParams, CUresult (*)(H, const node_params *));
+    GETV(cuGraphKernelNodeSetParams_v2, cuGraphKernelNodeSetParams, 12000, 0, cuGraphKernelNodeSetParams_v2,
+         CUresult (*)(H, const node_params *));
+    GET(cuGraphExecKernelNodeSetParams, 10010, 0, cuGraphExecKernelNodeSetParams,
+        CUresult (*)(H, H, const node_params *));
+    GET(cuGraphAddNode, 12020, 0, cuGraphAddNode, CUresult (*)(H *, H, const H *, size_t, graph_node *));
+    GETV(cuGraphAddNode_v2, cuGraphAddNode, 12030, 0, cuGraphAddNode_v2,
+         CUresult (*)(H *, H, const H *, const void *, size_t, graph_node *));
+    GET(cuGraphNodeSetParams, 12020, 0, cuGraphNodeSetParams, CUresult (*)(H, graph_node *));
+    GET(cuGraphExecNodeSetParams, 12020, 0, cuGraphExecNodeSetParams, CUresult (*)(H, H, graph_node *));
+    node_params na = {fa, 12, 1, 1, 32, 1, 1, 0, params_ab, NULL, NULL, NULL};
+    node_params nb = {fb, 13, 1, 1, 64, 1, 1, 0, params_c, NULL, NULL, NULL};
+    node_params nk = {NULL, 14, 1, 1, 32, 1, 1, 0, params_ab, NULL, kern, NULL}; /* by its CUkernel */
+    RC("graph_v1", cuGraphAddKernelNode(&node, NULL, NULL, 0, &na));
+    RC("graph_set_v1", cuGraphKernelNodeSetParams(node, &nb));
+    RC("graph_set_kernel", cuGraphKernelNodeSetParams_v2(node, &nk));
+    na.gx = 0;
+    RC("graph_exec_set_v1_zero_grid", cuGraphExecKernelNodeSetParams((H)0x9, node, &na));
+    graph_node gn = {.type = 0}; /* CU_GRAPH_NODE_TYPE_KERNEL */
+    gn.kernel = nb;
+    gn.kernel.gx = 16;
+    RC("node_b", cuGraphAddNode(&node, NULL, NULL, 0, &gn));
+    gn.kernel = na;
+    gn.kernel.gx = 17;
+    RC("node_a_v2", cuGraphAddNode_v2(&node, NULL, NULL, NULL, 0, &gn));
+    gn.kernel = nk;
+    gn.kernel.gx = 0;
+    RC("node_set_kernel_zero_grid", cuGraphNodeSetParams(node, &gn));
+    gn.kernel = (node_params){fa_file, 19, 1, 1, 32, 1, 1, 0, NULL, extra, NULL, NULL};
+    RC("node_exec_set_extra", cuGraphExecNodeSetParams((H)0x9, node, &gn));
+    /* a memory node (CU_GRAPH_NODE_TYPE_MEM_ALLOC) holding a registered function where a kernel node
+     * keeps its own: it must reach the driver as it is, and the driver's answer reach this struct */
+    graph_node alloc = {.type = 10};
+    alloc.reserved1[0] = (long long)(uintptr_t)fb;
+    RC("node_alloc", cuGraphAddNode_v2(&node, NULL, NULL, NULL, 0, &alloc));
+    printf("node_out dptr=%#llx first=%s\n", (unsigned long long)alloc.reserved1[14],
+           alloc.reserved1[0] == (long long)(uintptr_t)fb ? "fb" : "changed");
+    RC("node_set_alloc", cuGraphNodeSetParams(node, &alloc));
 
     GET(cuLinkCreate, 6050, 0, cuLinkCreate_v2, CUresult (*)(unsigned, int *, void **, H *));
     GET(cuLinkAddData, 6050, 0, cuLinkAddData_v2,

@@ -25,6 +25,7 @@ int main(int argc, char **argv) {
     resolved(by_proc_address, "cuLaunchKernel", 6000, 2, "cuLaunchKernel");
     resolved(by_proc_address, "cuGraphAddKernelNode", 11000, 0, "cuGraphAddKernelNode");
     resolved(by_proc_address, "cuMemFreeAsync", 12000, 2, "cuMemFreeAsync_ptsz");
+    resolved(by_proc_address, "cuGraphAddNode", 13000, 0, "cuGraphAddNode_v2");
     resolved(by_proc_address, "cuNoSuchFunction", 12000, 0, "cuNoSuchFunction");
     return app_main(argc, argv, by_proc_address);
 }

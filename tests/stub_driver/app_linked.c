@@ -6,16 +6,28 @@
 extern int cuCtxSynchronize();
 extern int cuFuncGetAttribute();
 extern int cuGetExportTable();
+extern int cuGraphAddKernelNode();
 extern int cuGraphAddKernelNode_v2();
+extern int cuGraphAddNode();
+extern int cuGraphAddNode_v2();
+extern int cuGraphExecKernelNodeSetParams();
 extern int cuGraphExecKernelNodeSetParams_v2();
+extern int cuGraphExecNodeSetParams();
+extern int cuGraphKernelNodeSetParams();
+extern int cuGraphKernelNodeSetParams_v2();
+extern int cuGraphNodeSetParams();
 extern int cuInit();
 extern int cuKernelGetFunction();
 extern int cuLaunchCooperativeKernel();
+extern int cuLaunchCooperativeKernel_ptsz();
 extern int cuLaunchKernel();
+extern int cuLaunchKernelEx();
 extern int cuLaunchKernelEx_ptsz();
 extern int cuLaunchKernel_ptsz();
 extern int cuLibraryGetKernel();
+extern int cuLibraryGetModule();
 extern int cuLibraryLoadData();
+extern int cuLibraryLoadFromFile();
 extern int cuLibraryUnload();
 extern int cuLinkAddData_v2();
 extern int cuLinkAddFile_v2();
@@ -43,16 +55,28 @@ static const struct { const char *symbol; void *address; } linked[] = {
     {"cuCtxSynchronize", (void *)cuCtxSynchronize},
     {"cuFuncGetAttribute", (void *)cuFuncGetAttribute},
     {"cuGetExportTable", (void *)cuGetExportTable},
+    {"cuGraphAddKernelNode", (void *)cuGraphAddKernelNode},
     {"cuGraphAddKernelNode_v2", (void *)cuGraphAddKernelNode_v2},
+    {"cuGraphAddNode", (void *)cuGraphAddNode},
+    {"cuGraphAddNode_v2", (void *)cuGraphAddNode_v2},
+    {"cuGraphExecKernelNodeSetParams", (void *)cuGraphExecKernelNodeSetParams},
     {"cuGraphExecKernelNodeSetParams_v2", (void *)cuGraphExecKernelNodeSetParams_v2},
+    {"cuGraphExecNodeSetParams", (void *)cuGraphExecNodeSetParams},
+    {"cuGraphKernelNodeSetParams", (void *)cuGraphKernelNodeSetParams},
+    {"cuGraphKernelNodeSetParams_v2", (void *)cuGraphKernelNodeSetParams_v2},
+    {"cuGraphNodeSetParams", (void *)cuGraphNodeSetParams},
     {"cuInit", (void *)cuInit},
     {"cuKernelGetFunction", (void *)cuKernelGetFunction},
     {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel},
+    {"cuLaunchCooperativeKernel_ptsz", (void *)cuLaunchCooperativeKernel_ptsz},
     {"cuLaunchKernel", (void *)cuLaunchKernel},
+    {"cuLaunchKernelEx", (void *)cuLaunchKernelEx},
     {"cuLaunchKernelEx_ptsz", (void *)cuLaunchKernelEx_ptsz},
     {"cuLaunchKernel_ptsz", (void *)cuLaunchKernel_ptsz},
     {"cuLibraryGetKernel", (void *)cuLibraryGetKernel},
+    {"cuLibraryGetModule", (void *)cuLibraryGetModule},
     {"cuLibraryLoadData", (void *)cuLibraryLoadData},
+    {"cuLibraryLoadFromFile", (void *)cuLibraryLoadFromFile},
     {"cuLibraryUnload", (void *)cuLibraryUnload},
     {"cuLinkAddData_v2", (void *)cuLinkAddData_v2},
     {"cuLinkAddFile_v2", (void *)cuLinkAddFile_v2},

@@ -21,6 +21,7 @@ typedef unsigned long long CUdeviceptr;
 #define FILE_NOT_FOUND 301
 #define INVALID_PTX 218
 #define NOT_FOUND 500
+#define NOT_SUPPORTED 801
 
 static int logging(void) {
     const char *path = getenv("EGPU_STUB_LOG");
@@ -149,14 +150,16 @@ CUresult cuMemAlloc(unsigned int *dptr, unsigned int size) { /* v2000: 32-bit po
 
 /* ---- hooked entry points ---- */
 
-CUresult cuModuleLoad(void **mod, const char *fname) {
+static CUresult load_file(const char *api, const char *fname, void **out) {
     FILE *f = fopen(fname, "rb");
-    if (!f) { logf_("cuModuleLoad path=%s missing", fname); return FILE_NOT_FOUND; }
+    if (!f) { logf_("%s path=%s missing", api, fname); return FILE_NOT_FOUND; }
     char buf[65536] = {0};
     (void)!fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
-    return load("cuModuleLoad", buf, mod);
+    return load(api, buf, out);
 }
+
+CUresult cuModuleLoad(void **mod, const char *fname) { return load_file("cuModuleLoad", fname, mod); }
 CUresult cuModuleLoadData(void **mod, const void *image) { return load("cuModuleLoadData", image, mod); }
 CUresult cuModuleLoadDataEx(void **mod, const void *image, unsigned int n, int *o, void **v) {
     return load("cuModuleLoadDataEx", image, mod);
@@ -179,7 +182,7 @@ CUresult cuLibraryLoadData(void **lib, const void *code, int *jo, void **jv, uns
 }
 CUresult cuLibraryLoadFromFile(void **lib, const char *path, int *jo, void **jv, unsigned int nj, int *lo,
                                void **lv, unsigned int nl) {
-    return cuModuleLoad(lib, path);
+    return load_file("cuLibraryLoadFromFile", path, lib);
 }
 CUresult cuLibraryUnload(void *lib) { logf_("cuLibraryUnload module=%d", ((struct module *)lib)->id); return OK; }
 CUresult cuLibraryGetKernel(void **out, void *lib, const char *name) {
@@ -187,7 +190,11 @@ CUresult cuLibraryGetKernel(void **out, void *lib, const char *name) {
     ((struct function *)*out)->kernel = 1;
     return r;
 }
-CUresult cuLibraryGetModule(void **mod, void *lib) { *mod = lib; logf_("cuLibraryGetModule"); return OK; }
+CUresult cuLibraryGetModule(void **mod, void *lib) {
+    *mod = lib;
+    logf_("cuLibraryGetModule module=%d", ((struct module *)lib)->id);
+    return OK;
+}
 CUresult cuKernelGetFunction(void **out, void *kernel) {
     struct function *f = malloc(sizeof *f);
     *f = *(struct function *)kernel;
@@ -259,31 +266,63 @@ typedef struct {
     void *func;
     unsigned int gx, gy, gz, bx, by, bz, shmem;
     void **params, **extra;
-    void *kern, *ctx; /* _v2 only */
+    void *kern, *ctx; /* _v2 and _v3 only */
 } node_params;
-static void log_node(const char *api, const node_params *p, int v2) {
+/* CUgraphNodeParams: the type, then a 232-byte union */
+typedef struct {
+    int type, reserved0[3];
+    union { long long reserved1[29]; node_params kernel; };
+    long long reserved2;
+} graph_node;
+#define NODE_KERNEL 0
+#define NODE_MEM_ALLOC 10
+#define NODE_ALLOC_DPTR 14 /* alloc.dptr, the out parameter of a memory node: byte 128 */
+
+/* A kernel node is logged like a launch, and refused like one with an empty grid. */
+static CUresult log_node(const char *api, const node_params *p, int v2) {
     const void *f = p->func ? p->func : (v2 ? p->kern : NULL);
     log_launch(api, f, p->gx, p->bx, NULL, p->params, p->extra);
+    return p->gx ? OK : INVALID_VALUE;
+}
+/* Other nodes by their type; a new memory node gets its address, and the parameters of one cannot
+ * be set (as the driver says of cuGraphNodeSetParams). */
+static CUresult log_any_node(const char *api, graph_node *p, int adding) {
+    if (p->type == NODE_KERNEL) return log_node(api, &p->kernel, 1);
+    logf_("%s type=%d", api, p->type);
+    if (p->type != NODE_MEM_ALLOC) return OK;
+    if (!adding) return NOT_SUPPORTED;
+    p->reserved1[NODE_ALLOC_DPTR] = 0x7e0000000000ll;
+    return OK;
 }
 static int node_count;
+static void *new_node(void) { return (void *)(intptr_t)++node_count; }
+
 CUresult cuGraphAddKernelNode(void **node, void *g, void **deps, size_t n, const node_params *p) {
-    log_node("cuGraphAddKernelNode", p, 0);
-    *node = (void *)(intptr_t)++node_count;
-    return OK;
+    *node = new_node();
+    return log_node(__func__, p, 0);
 }
 CUresult cuGraphAddKernelNode_v2(void **node, void *g, void **deps, size_t n, const node_params *p) {
-    log_node("cuGraphAddKernelNode_v2", p, 1);
-    *node = (void *)(intptr_t)++node_count;
-    return OK;
+    *node = new_node();
+    return log_node(__func__, p, 1);
 }
-CUresult cuGraphKernelNodeSetParams_v2(void *node, const node_params *p) {
-    log_node("cuGraphKernelNodeSetParams_v2", p, 1);
-    return OK;
+CUresult cuGraphKernelNodeSetParams(void *node, const node_params *p) { return log_node(__func__, p, 0); }
+CUresult cuGraphKernelNodeSetParams_v2(void *node, const node_params *p) { return log_node(__func__, p, 1); }
+CUresult cuGraphExecKernelNodeSetParams(void *exec, void *node, const node_params *p) {
+    return log_node(__func__, p, 0);
 }
 CUresult cuGraphExecKernelNodeSetParams_v2(void *exec, void *node, const node_params *p) {
-    log_node("cuGraphExecKernelNodeSetParams_v2", p, 1);
-    return OK;
+    return log_node(__func__, p, 1);
 }
+CUresult cuGraphAddNode(void **node, void *g, void **deps, size_t n, graph_node *p) {
+    *node = new_node();
+    return log_any_node(__func__, p, 1);
+}
+CUresult cuGraphAddNode_v2(void **node, void *g, void **deps, const void *edges, size_t n, graph_node *p) {
+    *node = new_node();
+    return log_any_node(__func__, p, 1);
+}
+CUresult cuGraphNodeSetParams(void *node, graph_node *p) { return log_any_node(__func__, p, 0); }
+CUresult cuGraphExecNodeSetParams(void *exec, void *node, graph_node *p) { return log_any_node(__func__, p, 0); }
 
 static CUdeviceptr next_ptr = 0x700000000000ull;
 static CUdeviceptr new_ptr(size_t size) { CUdeviceptr p = next_ptr; next_ptr += (size + 0xfff) & ~0xfffull; return p; }
@@ -337,8 +376,13 @@ static const struct { const char *api; int version, ptsz; const char *symbol; vo
     R(cuLaunchCooperativeKernel, 9000, 0, cuLaunchCooperativeKernel)
     R(cuLaunchCooperativeKernel, 9000, 1, cuLaunchCooperativeKernel_ptsz)
     R(cuGraphAddKernelNode, 10000, 0, cuGraphAddKernelNode) R(cuGraphAddKernelNode, 12000, 0, cuGraphAddKernelNode_v2)
+    R(cuGraphKernelNodeSetParams, 10000, 0, cuGraphKernelNodeSetParams)
     R(cuGraphKernelNodeSetParams, 12000, 0, cuGraphKernelNodeSetParams_v2)
+    R(cuGraphExecKernelNodeSetParams, 10010, 0, cuGraphExecKernelNodeSetParams)
     R(cuGraphExecKernelNodeSetParams, 12000, 0, cuGraphExecKernelNodeSetParams_v2)
+    R(cuGraphAddNode, 12020, 0, cuGraphAddNode) R(cuGraphAddNode, 12030, 0, cuGraphAddNode_v2)
+    R(cuGraphNodeSetParams, 12020, 0, cuGraphNodeSetParams)
+    R(cuGraphExecNodeSetParams, 12020, 0, cuGraphExecNodeSetParams)
     R(cuMemAlloc, 2000, 0, cuMemAlloc) R(cuMemAlloc, 3020, 0, cuMemAlloc_v2)
     R(cuMemAllocPitch, 3020, 0, cuMemAllocPitch_v2) R(cuMemAllocManaged, 6000, 0, cuMemAllocManaged)
     R(cuMemAllocAsync, 11020, 0, cuMemAllocAsync) R(cuMemAllocAsync, 11020, 1, cuMemAllocAsync_ptsz)
