@@ -117,7 +117,7 @@ def test_every_lookup_gets_the_abi_matching_hook(built, app):
     assert r.returncode == 0, r.stderr
     resolved = [re.match(r"(\w+) (\d+) (\d+) -> (.*)", ln).groups() for ln in r.lines("resolve")]
     scenario = resolved[len(PROC_ADDRESS):] if app == "app_cudart" else resolved
-    assert len(scenario) == 47
+    assert len(scenario) == 57
     for api, version, flags, answer in scenario:
         lib, symbol = answer.split()
         assert lib == ("libcuda.so.1" if symbol in UNHOOKED else "libegpu_shim.so"), (api, answer)
@@ -201,11 +201,22 @@ def expected_calls(instrumented: bool, beside: bool) -> list[str]:
         "cuMemHostAlloc",
         "cuMemCreate",
         "cuMemMap",
+        "cuMemAllocHost_v2 size=500",
+        "cuMemAllocPitch_v2",
+        "cuMemAllocManaged",
+        "cuMemAllocAsync",
+        "cuMemAllocFromPoolAsync",
+        "cuMemAllocFromPoolAsync_ptsz",
+        "cuMemHostRegister_v2",
+        "cuMemcpy_ptds size=64",
         "cuMemFree_v2 ptr=0x700000000000",
         "cuMemFree_v2 ptr=0",
         "cuMemFreeHost",
         "cuMemUnmap",
         "cuMemRelease",
+        "cuMemFreeHost",
+        "cuMemFreeAsync",
+        "cuMemHostUnregister",
         "cuModuleLoad path=/nonexistent/egpu.ptx missing",
         "cuFuncGetAttribute attrib=99",
         "cuCtxSynchronize",
@@ -283,11 +294,15 @@ def test_launch_counters_records_and_allocations(built):
         "id=10 api=18 f=? redirected=0 grid=10 block=128 stream=(nil)",
         "id=11 api=19 f=b redirected=1 grid=11 block=64 stream=(nil)",
     ]
-    # kinds (egpu_shim.h): 1 device, 4 async, 5 host, 7 VMM handle, 8 VMM mapping
+    # kinds (egpu_shim.h): 1 device, 2 pitch (3 rows of 512), 3 managed, 4 async, 5 host,
+    # 6 registered host, 7 VMM handle, 8 VMM mapping
     live = r.lines("allocs")[0].split()
-    assert live[:2] == ["live", "n=5"]
-    assert sorted(live[2:]) == sorted(["1:4096", "4:8192", "5:100", "7:2097152", "8:2097152"])
-    assert r.lines("allocs")[1] == "after n=1 4:8192"
+    assert live[:2] == ["live", "n=12"]
+    assert sorted(live[2:]) == sorted(["1:4096", "4:8192", "5:100", "7:2097152", "8:2097152", "5:500", "2:1536",
+                                       "3:300", "4:200", "4:600", "4:700", "6:800"])
+    after = r.lines("allocs")[1].split()
+    assert after[:2] == ["after", "n=5"]
+    assert sorted(after[2:]) == sorted(["4:8192", "2:1536", "3:300", "4:600", "4:700"])
 
 
 def test_concurrent_launches_swaps_and_drains_lose_nothing(built):

@@ -238,6 +238,18 @@ static int scenario(resolve_fn get, int full) {
     GET(cuMemFreeHost, 2000, 0, cuMemFreeHost, CUresult (*)(void *));
     GET(cuMemRelease, 10020, 0, cuMemRelease, CUresult (*)(unsigned long long));
     GET(cuMemUnmap, 10020, 0, cuMemUnmap, CUresult (*)(unsigned long long, size_t));
+    GETV(cuMemAllocHost_v2, cuMemAllocHost, 3020, 0, cuMemAllocHost_v2, CUresult (*)(void **, size_t));
+    GETV(cuMemAllocPitch_v2, cuMemAllocPitch, 3020, 0, cuMemAllocPitch_v2,
+         CUresult (*)(unsigned long long *, size_t *, size_t, size_t, unsigned));
+    GET(cuMemAllocManaged, 6000, 0, cuMemAllocManaged, CUresult (*)(unsigned long long *, size_t, unsigned));
+    GET(cuMemAllocAsync, 11020, 0, cuMemAllocAsync, CUresult (*)(unsigned long long *, size_t, H));
+    GET(cuMemAllocFromPoolAsync, 11020, 0, cuMemAllocFromPoolAsync, CUresult (*)(unsigned long long *, size_t, H, H));
+    GETV(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync, 11020, 2, cuMemAllocFromPoolAsync_ptsz,
+         CUresult (*)(unsigned long long *, size_t, H, H));
+    GET(cuMemFreeAsync, 11020, 0, cuMemFreeAsync, CUresult (*)(unsigned long long, H));
+    GETV(cuMemHostRegister_v2, cuMemHostRegister, 6050, 0, cuMemHostRegister_v2, CUresult (*)(void *, size_t, unsigned));
+    GET(cuMemHostUnregister, 4000, 0, cuMemHostUnregister, CUresult (*)(void *));
+    GETV(cuMemcpy_ptds, cuMemcpy, 7000, 2, cuMemcpy_ptds, CUresult (*)(unsigned long long, unsigned long long, size_t));
     unsigned long long d1, d2, handle;
     void *host;
     RC("alloc", cuMemAlloc_v2(&d1, 4096));
@@ -245,12 +257,27 @@ static int scenario(resolve_fn get, int full) {
     RC("host_alloc", cuMemHostAlloc(&host, 100, 0));
     RC("mem_create", cuMemCreate(&handle, 1 << 21, NULL, 0));
     RC("mem_map", cuMemMap(0x7f0000000000ull, 1 << 21, 0, handle, 0));
+    unsigned long long pitched, managed, async, pooled, pooled_ptsz;
+    size_t pitch;
+    void *pinned;
+    static char registered[800];
+    RC("alloc_host", cuMemAllocHost_v2(&pinned, 500));
+    RC("alloc_pitch", cuMemAllocPitch_v2(&pitched, &pitch, 100, 3, 4));
+    RC("alloc_managed", cuMemAllocManaged(&managed, 300, 1));
+    RC("alloc_async_legacy", cuMemAllocAsync(&async, 200, NULL));
+    RC("alloc_pool", cuMemAllocFromPoolAsync(&pooled, 600, (H)0x3, NULL));
+    RC("alloc_pool_ptsz", cuMemAllocFromPoolAsync_ptsz(&pooled_ptsz, 700, (H)0x3, NULL));
+    RC("host_register", cuMemHostRegister_v2(registered, sizeof registered, 0));
+    RC("memcpy_ptds", cuMemcpy_ptds(d2, d1, 64));
     print_allocations("live");
     RC("free", cuMemFree_v2(d1));
     RC("free_null", cuMemFree_v2(0));
     RC("free_host", cuMemFreeHost(host));
     RC("unmap", cuMemUnmap(0x7f0000000000ull, 1 << 21));
     RC("release", cuMemRelease(handle));
+    RC("free_host_pinned", cuMemFreeHost(pinned));
+    RC("free_async", cuMemFreeAsync(async, NULL));
+    RC("host_unregister", cuMemHostUnregister(registered));
     print_allocations("after");
 
     /* the driver's own answers pass through unchanged */

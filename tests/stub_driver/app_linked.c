@@ -35,15 +35,25 @@ extern int cuLinkComplete();
 extern int cuLinkCreate_v2();
 extern int cuLinkDestroy();
 extern int cuMemAlloc();
+extern int cuMemAllocAsync();
 extern int cuMemAllocAsync_ptsz();
+extern int cuMemAllocFromPoolAsync();
+extern int cuMemAllocFromPoolAsync_ptsz();
+extern int cuMemAllocHost_v2();
+extern int cuMemAllocManaged();
+extern int cuMemAllocPitch_v2();
 extern int cuMemAlloc_v2();
 extern int cuMemCreate();
+extern int cuMemFreeAsync();
 extern int cuMemFreeHost();
 extern int cuMemFree_v2();
 extern int cuMemHostAlloc();
+extern int cuMemHostRegister_v2();
+extern int cuMemHostUnregister();
 extern int cuMemMap();
 extern int cuMemRelease();
 extern int cuMemUnmap();
+extern int cuMemcpy_ptds();
 extern int cuModuleGetFunction();
 extern int cuModuleLoad();
 extern int cuModuleLoadData();
@@ -84,15 +94,25 @@ static const struct { const char *symbol; void *address; } linked[] = {
     {"cuLinkCreate_v2", (void *)cuLinkCreate_v2},
     {"cuLinkDestroy", (void *)cuLinkDestroy},
     {"cuMemAlloc", (void *)cuMemAlloc},
+    {"cuMemAllocAsync", (void *)cuMemAllocAsync},
     {"cuMemAllocAsync_ptsz", (void *)cuMemAllocAsync_ptsz},
+    {"cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync},
+    {"cuMemAllocFromPoolAsync_ptsz", (void *)cuMemAllocFromPoolAsync_ptsz},
+    {"cuMemAllocHost_v2", (void *)cuMemAllocHost_v2},
+    {"cuMemAllocManaged", (void *)cuMemAllocManaged},
+    {"cuMemAllocPitch_v2", (void *)cuMemAllocPitch_v2},
     {"cuMemAlloc_v2", (void *)cuMemAlloc_v2},
     {"cuMemCreate", (void *)cuMemCreate},
+    {"cuMemFreeAsync", (void *)cuMemFreeAsync},
     {"cuMemFreeHost", (void *)cuMemFreeHost},
     {"cuMemFree_v2", (void *)cuMemFree_v2},
     {"cuMemHostAlloc", (void *)cuMemHostAlloc},
+    {"cuMemHostRegister_v2", (void *)cuMemHostRegister_v2},
+    {"cuMemHostUnregister", (void *)cuMemHostUnregister},
     {"cuMemMap", (void *)cuMemMap},
     {"cuMemRelease", (void *)cuMemRelease},
     {"cuMemUnmap", (void *)cuMemUnmap},
+    {"cuMemcpy_ptds", (void *)cuMemcpy_ptds},
     {"cuModuleGetFunction", (void *)cuModuleGetFunction},
     {"cuModuleLoad", (void *)cuModuleLoad},
     {"cuModuleLoadData", (void *)cuModuleLoadData},

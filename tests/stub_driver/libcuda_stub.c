@@ -342,6 +342,7 @@ CUresult cuMemFree_v2(CUdeviceptr p) { logf_("cuMemFree_v2 ptr=%#llx", p); retur
 CUresult cuMemFreeAsync(CUdeviceptr p, void *s) { logf_("cuMemFreeAsync"); return OK; }
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, void *s) { logf_("cuMemFreeAsync_ptsz"); return OK; }
 CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) { *pp = malloc(size); logf_("cuMemHostAlloc"); return OK; }
+CUresult cuMemAllocHost_v2(void **pp, size_t size) { *pp = malloc(size); logf_("cuMemAllocHost_v2 size=%zu", size); return OK; }
 CUresult cuMemFreeHost(void *p) { free(p); logf_("cuMemFreeHost"); return OK; }
 CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags) { logf_("cuMemHostRegister_v2"); return OK; }
 CUresult cuMemHostUnregister(void *p) { logf_("cuMemHostUnregister"); return OK; }
@@ -349,6 +350,8 @@ CUresult cuMemCreate(unsigned long long *h, size_t size, const void *prop, unsig
 CUresult cuMemRelease(unsigned long long h) { logf_("cuMemRelease"); return OK; }
 CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, unsigned long long h, unsigned long long flags) { logf_("cuMemMap"); return OK; }
 CUresult cuMemUnmap(CUdeviceptr p, size_t size) { logf_("cuMemUnmap"); return OK; }
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { logf_("cuMemcpy size=%zu", n); return OK; }
+CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) { logf_("cuMemcpy_ptds size=%zu", n); return OK; }
 
 /* ---- cuGetProcAddress: the newest row not newer than the requested version, the per-thread twin
  * when flags ask for it (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2) ---- */
@@ -390,9 +393,10 @@ static const struct { const char *api; int version, ptsz; const char *symbol; vo
     R(cuMemAllocFromPoolAsync, 11020, 1, cuMemAllocFromPoolAsync_ptsz)
     R(cuMemFree, 3020, 0, cuMemFree_v2) R(cuMemFreeAsync, 11020, 0, cuMemFreeAsync)
     R(cuMemFreeAsync, 11020, 1, cuMemFreeAsync_ptsz) R(cuMemHostAlloc, 2020, 0, cuMemHostAlloc)
-    R(cuMemFreeHost, 2000, 0, cuMemFreeHost) R(cuMemHostRegister, 6050, 0, cuMemHostRegister_v2)
+    R(cuMemAllocHost, 3020, 0, cuMemAllocHost_v2) R(cuMemFreeHost, 2000, 0, cuMemFreeHost) R(cuMemHostRegister, 6050, 0, cuMemHostRegister_v2)
     R(cuMemHostUnregister, 4000, 0, cuMemHostUnregister) R(cuMemCreate, 10020, 0, cuMemCreate)
     R(cuMemRelease, 10020, 0, cuMemRelease) R(cuMemMap, 10020, 0, cuMemMap) R(cuMemUnmap, 10020, 0, cuMemUnmap)
+    R(cuMemcpy, 4000, 0, cuMemcpy) R(cuMemcpy, 7000, 1, cuMemcpy_ptds)
 #undef R
 };
 
