@@ -213,6 +213,34 @@ def test_instrumented_load_fills_the_table_and_appends_launch_ids(stub_job, prob
     assert doc["probes"][0]["maps"] == [{"values": [bytes(8)]}]
 
 
+def test_ptx_linked_into_a_cubin_is_instrumented(stub_job, probe_obj, tmp_path):
+    """numba's path: the PTX goes through cuLinkAddData, the cubin cuLinkComplete makes is copied and
+    loaded with cuModuleLoadData. The link gets instrumented PTX; the cubin is adopted as instrumented:
+    its table filled and the launch id appended."""
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), str(stub_job.app), "link", "2", "64", "0")
+    assert r.returncode == 0, r.stderr
+    (add,) = [c for c in calls if c.startswith("cuLinkAddData_v2")]
+    assert int(add.split("size=")[1].split()[0]) > 400   # app_vec's PTX is 231 bytes; the probe came in
+    assert launches(calls) == ["11,22,64,1", "11,22,64,2"]   # the cubin's kernel has a 4th parameter
+    assert [c for c in calls if c.startswith("cuModuleGetGlobal_v2")][0].endswith("found=1")
+    (doc,) = docs
+    assert [(m["api"], m["image"], m["status"]) for m in doc["modules"]] == [
+        ("LINK_ADD_DATA", "ptx link input", "instrumented"), ("MODULE_LOAD_DATA", "cubin from cuLink", "instrumented")]
+    assert doc["modules"][1]["kernels"] == [["vecadd", "instrumented", ""]]
+    assert doc["stats"]["redirected"] == 2
+
+
+def test_a_cubin_linked_from_other_ptx_stays_sass_only(stub_job, probe_obj, tmp_path):
+    """A link whose PTX no probe matches: nothing is replaced and the cubin is not adopted."""
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), "--kernel", "other*", str(stub_job.app),
+                              "link", "1", "32", "0")
+    assert r.returncode == 0, r.stderr
+    assert launches(calls) == ["11,22,32"]
+    (doc,) = docs
+    assert [(m["image"], m["status"]) for m in doc["modules"]] == [("ptx link input", "untouched"),
+                                                                  ("cubin", "SASS only")]
+
+
 @pytest.mark.parametrize("mode, unload", [("module", "cuModuleUnload"), ("library", "cuLibraryUnload")])
 def test_driver_calls_after_the_interpreter_is_gone_pass_through(stub_job, probe_obj, tmp_path, mode, unload):
     """A Python program whose C exit handlers unload and free after Py_FinalizeEx (cuDNN's static

@@ -20,8 +20,14 @@ registers the instrumenter with hooks.register and does nothing else).
 - Once maps exist, a thread copies them into shared memory every config.mirror seconds (mirror.py),
   where ``egpu maps PID --mirror`` reads them without asking the process.
 
-Limits: one context holds the maps; a module used in another context sees its table unfilled.
-PTX link inputs (cuLinkAddData) are not instrumented yet.
+- PTX link inputs (cuLinkAddData/AddFile: numba, CuPy's linker) are instrumented like PTX loads; the
+  cubin cuLinkComplete hands out is remembered by its digest, and the module later loaded from those
+  bytes is adopted as instrumented (tables filled, launch ids appended).
+
+Limits: one context holds the maps; a module used in another context sees its table unfilled. A module
+linked from PTX keeps the probes it was linked with: live attach/detach/swap leave it (re-linking it
+would need every input of the link, and the shim sees only the PTX ones), and should its map table
+not fill, no original can be loaded beside it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import dataclasses
+import hashlib
 import os
 import sys
 import threading
@@ -140,6 +147,8 @@ class Runtime:
         self.functions: dict[int, tuple[Module, str]] = {}  # kernel/function handle -> (load, name)
         self.kernel_names: dict[int, str] = {}
         self._pending: dict[int, Module] = {}             # call -> load, until module_loaded
+        self.links: dict[int, list[Module]] = {}          # link state -> its instrumented PTX inputs
+        self.linked: dict[str, list[Module]] = {}         # sha256 of a linked cubin -> those inputs
         self.context: int | None = None                   # where the maps live
         self.maps: list[DeviceMaps] = []
         self._sm: dict[int, int] = {}                     # device -> compute capability (90)
@@ -159,17 +168,19 @@ class Runtime:
             return self._module_load(image)
 
     def _module_load(self, image: hooks.ModuleImage) -> bytes | None:
-        if image.api.startswith("LINK_"):
-            self._pending[image.call] = Module(image.api, image.call, "ptx link input",
-                                               "untouched: link inputs are not instrumented yet")
-            return None
-        mod = Module(image.api, image.call, image.kind.value, "untouched")
+        link = image.api.startswith("LINK_")
+        mod = Module(image.api, image.call, "ptx link input" if link else image.kind.value, "untouched")
         self._pending[image.call] = mod
         try:
-            text, mod.image = self._ptx(image)
-            if text is None and ptxas.adopt(self, mod, image):  # a cubin egpu-ptxas instrumented (Triton)
+            text, image_name = self._ptx(image)
+            mod.image = mod.image if link else image_name
+            if text is None and (ptxas.adopt(self, mod, image)      # a cubin egpu-ptxas instrumented (Triton)
+                                 or self._adopt_linked(mod, image)):  # a cubin linked from instrumented PTX
                 return None
-            if sass.choose(self.cfg.backend, text is not None) != "ptx":
+            if text is None and link:
+                mod.status = f"failed: {image_name}"
+                return None
+            if not link and sass.choose(self.cfg.backend, text is not None) != "ptx":
                 self._serve_sass(mod, text is not None)
                 return None
             mod.ptx, mod.generation = text, self.live.generation
@@ -197,6 +208,14 @@ class Runtime:
     def _module_loaded(self, api: str, call: int, handle: int, result: int, replacement_result: int) -> None:
         mod = self._pending.pop(call, None)
         if mod is None or result != 0:
+            return
+        if api.startswith("LINK_"):  # handle: the link state
+            if replacement_result > 0:
+                self._fail(mod, f"driver JIT error {replacement_result}")
+            elif mod.status == "instrumented":
+                self.links.setdefault(handle, []).append(mod)
+            mod.original = None
+            self.loads.append(mod)
             return
         if mod.replaced_at is not None:  # the shim's driver call in between: load and JIT of the replacement
             mod.timing["driver_ms"] = (time.perf_counter() - mod.replaced_at) * 1e3
@@ -239,6 +258,12 @@ class Runtime:
             self._route(*self.functions[owner], handle)
         elif api == "LIBRARY_GET_MODULE" and owner in self.modules:
             self.modules[handle] = self.modules[owner]
+        elif api == "LINK_CREATE":
+            self.links.pop(handle, None)   # a state the driver hands out again
+        elif api == "LINK_COMPLETE" and self.links.get(owner):
+            cubin = self.ffi.cast("const char *", handle)
+            data = self.ffi.buffer(cubin, fatbin.elf_extent(self.ffi.buffer(cubin, 64)[:]))[:]
+            self.linked[hashlib.sha256(data).hexdigest()] = self.links.pop(owner)
 
     def unloaded(self, api: str, handle: int) -> None:
         with self.live.lock:
@@ -267,6 +292,17 @@ class Runtime:
         return choice.mask, choice.kernel_id
 
     # ---- the pieces ----------------------------------------------------------------------------------
+    def _adopt_linked(self, mod: Module, image: hooks.ModuleImage) -> bool:
+        """A cubin cuLinkComplete made from instrumented PTX inputs: instrumented, with their kernels."""
+        if image.kind != ImageKind.ELF:
+            return False
+        inputs = self.linked.get(hashlib.sha256(image.data).hexdigest())
+        if inputs is None:
+            return False
+        mod.kernels = {n: k for m in inputs for n, k in m.kernels.items()}
+        mod.image, mod.status, mod.probes = "cubin from cuLink", "instrumented", tuple(self.probes)
+        return True
+
     def _serve_sass(self, mod: Module, has_ptx: bool) -> None:
         """A load the SASS back end serves (sass.choose), else "SASS only" (why: the dump's "sass")."""
         if sass.choose(self.cfg.backend, has_ptx) is None or self.sass.prepare(self._device_sm()):

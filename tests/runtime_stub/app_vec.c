@@ -3,7 +3,9 @@
  * killed by SIGTERM when STATUS is "kill". Entry points come from dlsym, as PyTorch gets them.
  * MODE: module (PTX text, cuModuleLoadData + cuModuleGetFunction), library (PTX text,
  * cuLibraryLoadData + cuLibraryGetKernel), fatbin (a fatbin wrapper holding the PTX through
- * cuLibraryLoadData, as cudart loads), cubin (an ELF image: no PTX to instrument). */
+ * cuLibraryLoadData, as cudart loads), cubin (an ELF image: no PTX to instrument), link (the PTX
+ * through cuLinkAddData, then the cubin cuLinkComplete made, copied, through cuModuleLoadData, as
+ * numba does). */
 #include <dlfcn.h>
 #include <signal.h>
 #include <stdint.h>
@@ -44,8 +46,19 @@ int main(int argc, char **argv) {
 #define SYM(name) fn name = (fn)dlsym(cuda, #name)
     SYM(cuInit); SYM(cuModuleLoadData); SYM(cuModuleGetFunction); SYM(cuLibraryLoadData);
     SYM(cuLibraryGetKernel); SYM(cuLaunchKernel); SYM(cuCtxSynchronize);
-    void *mod = NULL, *f = NULL;
+    SYM(cuLinkCreate_v2); SYM(cuLinkAddData_v2); SYM(cuLinkComplete); SYM(cuLinkDestroy);
+    void *mod = NULL, *f = NULL, *link = NULL, *linked = NULL;
+    size_t linked_size = 0;
     int r = cuInit(0);
+    if (!strcmp(argv[1], "link")) {
+        r |= cuLinkCreate_v2(0, NULL, NULL, &link) | cuLinkAddData_v2(link, 1, (void *)PTX, sizeof PTX, "a.ptx", 0,
+                                                                       NULL, NULL);
+        r |= cuLinkComplete(link, &linked, &linked_size);
+        void *copy = malloc(linked_size);   /* numba keeps bytes of its own */
+        memcpy(copy, linked, linked_size);
+        r |= cuLinkDestroy(link);
+        image = copy;
+    }
     if (library)
         r |= cuLibraryLoadData(&mod, image, NULL, NULL, 0, NULL, NULL, 0) | cuLibraryGetKernel(&f, mod, "vecadd");
     else

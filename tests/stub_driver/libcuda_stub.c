@@ -71,6 +71,11 @@ static CUresult load(const char *api, const void *image, void **out) {
     m->id = next_module++;
     const char *kind = image_kind(image);
     if (!strcmp(kind, "ptx")) m->ptx = strdup(image);
+    else if (!strcmp(kind, "elf")) { /* one cuLinkComplete made: the linked PTX after the header */
+        unsigned long long shoff;
+        memcpy(&shoff, (const char *)image + 0x28, 8);
+        if (shoff > 65) m->ptx = strdup((const char *)image + 64);
+    }
     const char *marker = m->ptx ? strstr(m->ptx, "// egpu-instrumented") : NULL;
     logf_("%s module=%d kind=%s instrumented=%d", api, m->id, kind, marker != NULL);
     *out = m;
@@ -139,7 +144,7 @@ CUresult cuGetExportTable(const void **table, const void *uuid) {
 }
 CUresult cuLinkCreate(unsigned int n, int *o, void **v, void **state) { /* the legacy v5050 twin */
     logf_("cuLinkCreate");
-    *state = calloc(1, 8);
+    *state = calloc(1, 64);   /* room for a struct link */
     return OK;
 }
 CUresult cuMemAlloc(unsigned int *dptr, unsigned int size) { /* v2000: 32-bit pointers */
@@ -203,9 +208,12 @@ CUresult cuKernelGetFunction(void **out, void *kernel) {
     logf_("cuKernelGetFunction name=%s", f->name);
     return OK;
 }
+/* A link state keeps its PTX inputs; the "cubin" cuLinkComplete makes is an ELF64 header whose section
+ * table offset puts the end of the image after them, then their text (load() reads it back). */
+struct link { char *ptx; size_t len; char *cubin; };
 CUresult cuLinkCreate_v2(unsigned int n, int *o, void **v, void **state) {
     logf_("cuLinkCreate_v2");
-    *state = calloc(1, 8);
+    *state = calloc(1, sizeof(struct link));
     return OK;
 }
 CUresult cuLinkAddData_v2(void *state, int type, void *data, size_t size, const char *name,
@@ -216,20 +224,42 @@ CUresult cuLinkAddData_v2(void *state, int type, void *data, size_t size, const 
     }
     logf_("cuLinkAddData_v2 type=%d size=%zu instrumented=%d", type, size,
           type == 1 && strstr(data, "// egpu-instrumented") != NULL);
+    struct link *l = state;
+    if (type == 1) {
+        size_t add = strnlen(data, size);
+        l->ptx = realloc(l->ptx, l->len + add + 2);
+        memcpy(l->ptx + l->len, data, add);
+        l->len += add;
+        l->ptx[l->len++] = '\n';
+        l->ptx[l->len] = 0;
+    }
     return OK;
 }
 CUresult cuLinkAddFile_v2(void *state, int type, const char *path, unsigned int n, int *o, void **v) {
     logf_("cuLinkAddFile_v2 type=%d path=%s", type, path);
     return OK;
 }
-static char cubin[64] = "\x7f" "ELF";
 CUresult cuLinkComplete(void *state, void **out, size_t *size) {
     logf_("cuLinkComplete");
-    *out = cubin;
-    *size = sizeof cubin;
+    struct link *l = state;
+    size_t end = 64 + l->len + 1;
+    free(l->cubin);
+    l->cubin = calloc(1, end);
+    memcpy(l->cubin, "\x7f" "ELF\x02\x01\x01", 7);
+    memcpy(l->cubin + 0x28, &end, 8);   /* e_shoff: no sections, the image ends there */
+    if (l->len) memcpy(l->cubin + 64, l->ptx, l->len);
+    *out = l->cubin;
+    *size = end;
     return OK;
 }
-CUresult cuLinkDestroy(void *state) { logf_("cuLinkDestroy"); free(state); return OK; }
+CUresult cuLinkDestroy(void *state) {
+    logf_("cuLinkDestroy");
+    struct link *l = state;
+    free(l->ptx);
+    free(l->cubin);
+    free(l);
+    return OK;
+}
 
 #define LAUNCH(sym) \
     CUresult sym(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
