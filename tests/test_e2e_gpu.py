@@ -3,8 +3,10 @@ and a kernel-entry counter (tests/probes/count.bpf.c: one ARRAY slot every threa
 exactly launches x threads.
 
 Programs (tests/e2e): vecadd.cu with nvcc (static cudart and -cudart shared; CUDA_MODULE_LOADING lazy
-and eager), a CuPy RawKernel (PTX through cuModuleLoadData: instrumented), a Triton kernel (its PTX
-instrumented by egpu-ptxas, Triton's ptxas under egpu-run; the cubin it loads is adopted).
+and eager), graphs.cu (a captured and a built CUDA graph replayed), refused.cu (a kernel the rewriter
+leaves alone beside one it instruments), a CuPy RawKernel (PTX through cuModuleLoadData: instrumented),
+a Triton kernel (its PTX instrumented by egpu-ptxas, Triton's ptxas under egpu-run; the cubin it loads
+is adopted).
 """
 
 from __future__ import annotations
@@ -105,6 +107,43 @@ def test_nvcc_program_text_output(vecadd, shim, probe_obj, tmp_path):
     r = egpu_run(["-p", str(probe_obj("count")), str(vecadd["static"]), "3", "2560"], env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == f"@counts: {3 * 2560}"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """graphs.cu and refused.cu, built as vecadd is."""
+    out = tmp_path_factory.mktemp("e2e_built")
+    exes = {}
+    for name in ("graphs", "refused"):
+        exes[name] = out / name
+        subprocess.run(["nvcc", "-O2", "-arch=sm_90", str(E2E / f"{name}.cu"), "-o", str(exes[name])], check=True)
+    return exes
+
+
+def test_cuda_graph_replays_run_instrumented_kernels(built, shim, probe_obj, tmp_path):
+    """A graph captured from a stream (two launches) and one built with a kernel node, each replayed
+    LAUNCHES times: every replayed thread counted, results identical."""
+    plain, probed = plain_and_probed([str(built["graphs"]), str(LAUNCHES), str(THREADS)], probe_obj("count"), shim,
+                                     tmp_path)
+    assert plain.returncode == 0 and " wrong 0 " in plain.stdout, plain.stdout + plain.stderr
+    assert probed.returncode == 0, probed.stderr
+    lines, docs = split(probed.stdout)
+    assert lines == plain.stdout.splitlines()
+    assert counts(docs) == [3 * LAUNCHES * THREADS], probed.stderr
+
+
+def test_a_kernel_the_rewriter_refuses_runs_as_it_was(built, shim, probe_obj, tmp_path):
+    """refused.cu's first kernel names a global in egpu's reserved prefix: it runs uninstrumented, the
+    second kernel is counted, the result is the plain run's, and egpu says why."""
+    n = 1 << 16
+    plain, probed = plain_and_probed([str(built["refused"]), str(n)], probe_obj("count"), shim, tmp_path)
+    assert plain.returncode == 0 and " wrong 0 " in plain.stdout, plain.stdout + plain.stderr
+    assert probed.returncode == 0, probed.stderr
+    lines, docs = split(probed.stdout)
+    assert lines == plain.stdout.splitlines()
+    assert counts(docs) == [n], probed.stderr
+    assert "scaled: failed (kernel already uses the reserved prefix __egpu)" in probed.stderr
+    assert "plus_one: instrumented" in probed.stderr
 
 
 def test_cupy_rawkernel_is_instrumented(shim, probe_obj, tmp_path):

@@ -220,3 +220,17 @@ def test_pytorch_eager_entries_equal_launched_threads(shim, probe_obj, tmp_path)
     assert len(launched) >= 10, launched
     wrong = {names.get(str(k), k): (entered.get(k), t) for k, t in launched.items() if entered.get(k) != t}
     assert not wrong, f"kernel: (entries, launched threads) {json.dumps(wrong, default=str)[:2000]}"
+
+
+@pytest.mark.skipif(not _torch(), reason="PyTorch with CUDA is not installed")
+def test_pytorch_eager_memory_bytes_exact(shim, probe_obj, tmp_path):  # noqa: F811
+    """examples/mem_bytes.bpf.c on stock PyTorch kernels (SASS patched): an elementwise add and a strided
+    copy, each one kernel whose bytes loaded and stored are known (tests/e2e/torch_bytes.py); outputs
+    identical to a run without egpu."""
+    cmd = [sys.executable, str(ROOT / "tests" / "e2e" / "torch_bytes.py")]
+    plain, run, lines, doc = probed(cmd, [probe_obj("mem_bytes")], shim, tmp_path)
+    assert [ln for ln in lines if ln.startswith("HASH")] == [ln for ln in plain.stdout.splitlines()
+                                                            if ln.startswith("HASH")]
+    want = sorted(tuple(int(f.split("=")[1]) for f in ln.split()[1:]) for ln in lines if ln.startswith("EXPECT"))
+    got = sorted((e["value"]["loaded"], e["value"]["stored"]) for e in doc["maps"]["traffic"]["entries"])
+    assert got == want, run.stderr
