@@ -1,7 +1,8 @@
 """Capture real PTX from Triton, numba and CuPy/NVRTC into a directory, for tests/fixtures/ptx/.
 
-Run on the GPU machine: ``python3 scripts/capture_ptx.py OUTDIR``. Each framework is tried on its own;
-a missing or broken one is reported and skipped. Every captured file is checked to start a PTX module
+Run on the GPU machine: ``python3 scripts/capture_ptx.py OUTDIR [FRAMEWORK...]`` (all of them when none
+is named; numba needs no GPU). Each framework is tried on its own; a missing or broken one is reported
+and skipped. Every captured file is checked to start a PTX module
 and to round-trip through egpu's parser. Prints one line per capture and a summary.
 """
 
@@ -65,7 +66,13 @@ def triton_ptx() -> dict[str, str]:
 
 
 def numba_ptx() -> dict[str, str]:
-    from numba import cuda, float32
+    """numba-cuda's PTX for cc 9.0: compile_ptx needs libNVVM (found under CUDA_HOME or on the library
+    path) and NVRTC (for its list of archs), not a GPU, so this one runs on CI machines too."""
+    from importlib.metadata import version
+
+    from numba import cuda, float32, int32
+    from numba.cuda.cuda_paths import get_cuda_paths
+    from numba.cuda.cudadrv.nvvm import NVVM
 
     def saxpy(a, x, y, out):
         i = cuda.grid(1)
@@ -87,11 +94,21 @@ def numba_ptx() -> dict[str, str]:
         if t == 0:
             cuda.atomic.add(out, 0, s[0])
 
+    def histogram(x, lo, hi, bins):
+        for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+            b = int32((x[i] - lo) / (hi - lo) * bins.size)
+            if 0 <= b < bins.size:
+                cuda.atomic.add(bins, b, 1)
+
+    kernels = {"numba_saxpy": (saxpy, (float32, float32[:], float32[:], float32[:])),
+               "numba_block_sum": (block_sum, (float32[:], float32[:])),
+               "numba_histogram": (histogram, (float32[:], float32, float32, int32[:]))}
+    nvvm = "libNVVM {}.{} ({})".format(*NVVM().get_version(), get_cuda_paths()["nvvm"].info)
     out = {}
-    ptx, _ = cuda.compile_ptx(saxpy, (float32, float32[:], float32[:], float32[:]), cc=(9, 0))
-    out["numba_saxpy"] = ptx
-    ptx, _ = cuda.compile_ptx(block_sum, (float32[:], float32[:]), cc=(9, 0))
-    out["numba_block_sum"] = ptx
+    for stem, (fn, sig) in kernels.items():
+        ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0))
+        out[stem] = (f"// numba-cuda {version('numba-cuda')}, numba {version('numba')}, {nvvm}: "
+                     f"cuda.compile_ptx({fn.__name__}, cc=(9, 0)) by `scripts/capture_ptx.py OUTDIR numba`\n{ptx}")
     return out
 
 
@@ -148,12 +165,13 @@ FRAMEWORKS: dict[str, Callable[[], dict[str, str]]] = {
     "triton": triton_ptx, "numba": numba_ptx, "cupy": cupy_ptx, "nvrtc": nvrtc_ptx}
 
 
-def main(outdir: Path) -> int:
+def main(outdir: Path, names: list[str]) -> int:
     from egpu_preload.translate import ptx
 
     outdir.mkdir(parents=True, exist_ok=True)
     captured = []
-    for name, capture in FRAMEWORKS.items():
+    for name in names:
+        capture = FRAMEWORKS[name]
         try:
             texts = capture()
         except Exception as e:  # each framework on its own: report and go on
@@ -173,7 +191,7 @@ def main(outdir: Path) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        print("usage: capture_ptx.py OUTDIR", file=sys.stderr)
+    if len(sys.argv) < 2 or not set(sys.argv[2:]) <= FRAMEWORKS.keys():
+        print(f"usage: capture_ptx.py OUTDIR [{'|'.join(FRAMEWORKS)}]...", file=sys.stderr)
         sys.exit(2)
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(Path(sys.argv[1]), sys.argv[2:] or list(FRAMEWORKS)))
