@@ -40,17 +40,28 @@ class Variant:
     fatbin: bool = False   # the whitespace-normalized PTX nvcc embeds in a fatbin
 
 
+RDC = ("-rdc=true",)   # relocatable device code: what makes nvcc emit .weak
+
+
 def variants() -> list[Variant]:
+    """Each source for sm_75, sm_90 and as fatbin PTX; sm_80 and sm_89 only for the sources whose PTX
+    changes there (cp.async, and redux.sync in cg::reduce, both from sm_80 on: for the others nvcc's
+    sm_80 and sm_89 PTX is its sm_90 PTX with another .target); then the builds with flags of their own."""
+    own = {"wgmma", "relocatable"}
     out = []
     for src in sorted(CUDA_DIR.glob("*.cu")):
-        if src.stem == "wgmma":
-            out.append(Variant(f"{src.stem}.sm_90a", src, "sm_90a"))
+        if src.stem in own:
             continue
-        out += [Variant(f"{src.stem}.sm_75", src, "sm_75"),
-                Variant(f"{src.stem}.sm_90", src, "sm_90"),
-                Variant(f"{src.stem}.sm_90.fatbin", src, "sm_90", fatbin=True)]
-    out += [Variant("gemm_tiled.sm_90.debug", CUDA_DIR / "gemm_tiled.cu", "sm_90", ("-G",)),
-            Variant("reduction.sm_90.lineinfo", CUDA_DIR / "reduction.cu", "sm_90", ("-lineinfo",))]
+        archs = ("sm_75", "sm_80", "sm_89", "sm_90") if src.stem in ("cp_async", "coop_groups") else ("sm_75", "sm_90")
+        out += [Variant(f"{src.stem}.{arch}", src, arch) for arch in archs]
+        out.append(Variant(f"{src.stem}.sm_90.fatbin", src, "sm_90", fatbin=True))
+    rdc = CUDA_DIR / "relocatable.cu"
+    out += [Variant("wgmma.sm_90a", CUDA_DIR / "wgmma.cu", "sm_90a"),
+            Variant("gemm_tiled.sm_90.debug", CUDA_DIR / "gemm_tiled.cu", "sm_90", ("-G",)),
+            Variant("reduction.sm_90.lineinfo", CUDA_DIR / "reduction.cu", "sm_90", ("-lineinfo",)),
+            Variant("relocatable.sm_75.rdc", rdc, "sm_75", RDC),
+            Variant("relocatable.sm_90.rdc", rdc, "sm_90", RDC),
+            Variant("relocatable.sm_90.rdc.fatbin", rdc, "sm_90", RDC, fatbin=True)]
     return out
 
 

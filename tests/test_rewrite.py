@@ -44,6 +44,24 @@ def test_corpus_kernel_instrumented_in_all_scopes_and_assembles(rewritten, name)
         assert rc == 0, f"ptxas -arch={arch}:\n{err}"
 
 
+@pytest.mark.parametrize("name", [v.name for v in ptx_corpus.variants() if ptx_corpus.RDC[0] in v.flags])
+def test_relocatable_code_keeps_its_weak_symbols(rewritten, name):
+    """nvcc -rdc=true makes template kernels, their device functions and inline variables .weak (a
+    linked program keeps one of each): the .weak kernels are instrumented like any other, and every
+    symbol keeps the linkage it had."""
+    text, res, _ = rewritten[name]
+
+    def linkage(t: str) -> dict[str, tuple[str, ...]]:
+        return {f.name: f.linkage for f in ptx.parse(t).functions}
+
+    weak = {(f.kind, f.name) for f in ptx.parse(text).functions if f.linkage == (".weak",)}
+    assert {kind for kind, _ in weak} == {"entry", "func"}
+    assert {k.name for k in res.kernels} >= {n for kind, n in weak if kind == "entry"}
+    assert linkage(res.text).items() >= linkage(text).items()
+    for t in (text, res.text):
+        assert re.search(r"^\.weak \.global .* weak_hits;$", t, re.M)
+
+
 def _kernel(body: str, params: str = ".param .u64 k_0", head: str = HEAD) -> str:
     return f"{head}.visible .entry k({params})\n{{\n{body}\n}}\n"
 
