@@ -411,3 +411,24 @@ def test_egpu_rewrite_command(probe_obj, tmp_path):
     assert LAUNCH_PARAM in out.read_text()
     r = CliRunner().invoke(egpu, ["rewrite", str(tmp_path / "missing.ptx"), "-p", str(probe_obj("count"))])
     assert r.exit_code == 1 and "missing.ptx" in r.output
+
+
+@pytest.mark.parametrize("link_input", [True, False])
+def test_instrumented_link_inputs_link_together(probe_obj, tmp_path, link_input):
+    """Two PTX inputs of one link, each instrumented with the same probe object, each carry its map
+    table: as link inputs they declare it .weak and nvlink keeps one; .visible twice does not link."""
+    import subprocess
+    from egpu_preload.bpf.elf import load_object
+    from egpu_preload.translate.rewrite import probe_specs
+    specs = probe_specs(load_object(probe_obj("count")))
+    objs = []
+    for name in ("ka", "kb"):
+        res = instrument(_kernel("ret;", "").replace(".entry k(", f".entry {name}("), specs, link_input=link_input)
+        assert res.status(name).status == "instrumented"
+        src = tmp_path / f"{name}.ptx"
+        src.write_text(res.text)
+        objs.append(tmp_path / f"{name}.o")
+        subprocess.run(["ptxas", "-c", "-arch=sm_90", str(src), "-o", str(objs[-1])], check=True)
+    linked = subprocess.run(["nvlink", "-arch=sm_90", *map(str, objs), "-o", str(tmp_path / "linked.cubin")],
+                            capture_output=True, text=True)
+    assert (linked.returncode == 0) is link_input, linked.stderr

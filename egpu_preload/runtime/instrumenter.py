@@ -185,7 +185,7 @@ class Runtime:
                 return None
             mod.ptx, mod.generation = text, self.live.generation
             t0 = time.perf_counter()
-            res = instrument(text, self.specs, self.cfg.kernel)
+            res = instrument(text, self.specs, self.cfg.kernel, link_input=link)
             mod.timing["rewrite_ms"] = (time.perf_counter() - t0) * 1e3
         except EgpuError as e:  # a fatbin or PTX we cannot read: the module runs as it is
             mod.status = f"failed: {e}"

@@ -146,9 +146,12 @@ def probe_specs(obj: BpfObject) -> list[ProbeSpec]:
     return specs
 
 
-def instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None = None) -> RewriteResult:
+def instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None = None,
+               link_input: bool = False) -> RewriteResult:
     """Instrument every kernel a probe's glob matches (and ``only``, when given, too: egpu-run
-    --kernel); others stay byte-identical."""
+    --kernel); others stay byte-identical. ``link_input``: the module is one of several PTX inputs of a
+    cuLink, so the probes' module-level declarations are .weak (each input carries them; the linker
+    keeps one) instead of .visible."""
     t0 = time.perf_counter()
     mod = ptx.parse(module_ptx)
     t1 = time.perf_counter()
@@ -176,7 +179,7 @@ def instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None = None
                                      launch_param_offset=_launch_param_offset(fn.params),
                                      nparams=len(fn.params)))
     if used:
-        edits += _module_edits(mod, used)
+        edits += _module_edits(mod, used, link_input)
     t2 = time.perf_counter()
     text = mod.render(edits)
     t3 = time.perf_counter()
@@ -190,10 +193,14 @@ def _launch_param_offset(params: tuple[ptx.Param, ...]) -> int:
     return -(-off // 8) * 8
 
 
-def _module_edits(mod: ptx.Module, used: list[ProbeSpec]) -> list[ptx.Edit]:
+def _module_edits(mod: ptx.Module, used: list[ProbeSpec], weak: bool) -> list[ptx.Edit]:
     """Probe definitions after the header, and .version/.target raised where the probes need it."""
     edits = []
-    texts = list(dict.fromkeys([g.strip() for p in used for g in p.globals] + [p.ptx.strip() for p in used]))
+    # Declarations come from module.table_decl: one line starting with its linkage (PTX ISA 5.4.3).
+    decls = [g.strip() for p in used for g in p.globals]
+    if weak:
+        decls = [".weak " + d.removeprefix(".visible ") for d in decls]
+    texts = list(dict.fromkeys(decls + [p.ptx.strip() for p in used]))
     texts = [t for t in texts if t]
     if texts:
         edits.append(ptx.Edit(mod.header_end, mod.header_end, "\n\n" + "\n\n".join(texts) + "\n"))
