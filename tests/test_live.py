@@ -14,13 +14,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from egpu_preload.control import MAX_FRAME, ControlClient, list_sessions
-from stub_job import ROOT
+from stub_job import MORE, ROOT
 from test_control import _raw, _reply, _req, _send_body
 
 MODULE_LOAD = re.compile(r"cu(?:ModuleLoadData|LibraryLoadData) module=(\d+)")
@@ -288,16 +289,50 @@ def test_interval_prints_the_maps_while_the_job_runs(stub_job, tmp_path, monkeyp
 
 
 def test_prometheus_without_its_package_is_a_clear_error(stub_job, probes, tmp_path):
-    try:
-        import prometheus_client  # noqa: F401
-        pytest.skip("prometheus_client is installed")
-    except ImportError:
-        pass
+    shadow = tmp_path / "shadow" / "prometheus_client"  # the package made missing, installed or not
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no prometheus_client here')\n")
     r = subprocess.run([sys.executable, "-c", "import launcher; launcher.run_main()", "--prometheus", "9999",
-                        "-p", str(probes["count"]), "true"], env=stub_job.env(tmp_path / "log"), capture_output=True,
-                       text=True, timeout=60, cwd=ROOT)
+                        "-p", str(probes["count"]), "true"],
+                       env=stub_job.env(tmp_path / "log", PYTHONPATH=f"{shadow.parent}{os.pathsep}{ROOT}"),
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert (r.returncode, r.stderr) == (1, "egpu-run: --prometheus needs the prometheus_client package "
                                            "(pip install 'egpu[prometheus]')\n")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_prometheus_scrapes_every_process_while_the_job_runs(stub_job, tmp_path, probes):
+    """Two ranks (ranks.py, a torchrun stand-in) launch 1 and 2 times (the stand-in counts each launch
+    in the probe's map: EGPU_STUB_PROBE_COUNTS), then wait: a scrape has one series per process, labelled
+    with its pid and rank, holding its count. Then the job's status comes out as egpu-run's."""
+    from prometheus_client.parser import text_string_to_metric_families
+    out, stop, port = tmp_path / "out", tmp_path / "stop", free_port()
+    cmd = [sys.executable, "-c", "import launcher; launcher.run_main()", "--prometheus", str(port),
+           "-p", str(probes["count"]), sys.executable, str(MORE / "ranks.py"), "2",
+           sys.executable, str(MORE / "app_vec.py"), "module", "{k}", "32", "3", f"wait:{stop}"]
+    with out.open("w") as f:
+        proc = subprocess.Popen(cmd, env=stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"), cwd=ROOT,
+                                stdout=f, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while out.read_text().count("app_vec module") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ranks = dict(re.findall(r"^rank (\d) pid (\d+)$", out.read_text(), re.M))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as page:
+            families = {f.name: f for f in text_string_to_metric_families(page.read().decode())}
+    finally:
+        stop.touch()
+        _, err = proc.communicate(timeout=30)
+    assert len(ranks) == 2 and families["egpu_counts"].type == "gauge"
+    samples = sorted(families["egpu_counts"].samples, key=lambda s: s.labels["rank"])
+    assert [(s.labels, s.value) for s in samples] == [({"pid": ranks[r], "rank": r}, float(int(r) + 1)) for r in "01"]
+    assert proc.returncode == 3, err
+    assert out.read_text().count("@counts: ") == 3  # each rank and their sum, at exit
 
 
 def test_prometheus_series_one_per_map_entry(probes):
