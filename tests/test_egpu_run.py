@@ -1,11 +1,12 @@
 """egpu-run end to end against the stand-in driver (stub_job.py): the job's exit status, maps printed
 after it, probes checked before it starts, programs that do not exist, signals, options that stop at
-CMD, and jobs of several processes."""
+CMD, and jobs of several processes (a shell's, multiprocessing workers)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from stub_job import ROOT, egpu_run
+from stub_job import MORE, ROOT, egpu_run
 
 BAD_PROBE = """#include "egpu.bpf.h"
 struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64); } m SEC(".maps");
@@ -64,6 +65,23 @@ def test_a_job_of_several_processes_prints_each(stub_job, probe_obj, tmp_path):
     assert [h.split(": ", 1)[1] for h in heads] == [f"{app} module 1 32 0", f"{app} library 2 64 0"]
     assert all(" rank 5:" in h for h in heads)
     assert r.stdout.count("@counts: 0") == 2
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
+def test_multiprocessing_workers_are_each_instrumented(stub_job, probe_obj, tmp_path, method):
+    """A parent that never touches CUDA starts 2 workers (app_workers.py); worker i launches 3 + i times,
+    each launch counted in the probe's map by the stand-in. Fork and forkserver workers end in os._exit,
+    past atexit, and must still leave their maps."""
+    log = tmp_path / "log"
+    r = egpu_run(["-p", str(probe_obj("count")), sys.executable, str(MORE / "app_workers.py"), method, "2", "3"],
+                 stub_job.env(log, EGPU_STUB_PROBE_COUNTS="1"))
+    assert r.returncode == 0, r.stderr
+    workers = dict(re.findall(r"^worker (\d) pid (\d+) result=0$", r.stdout, re.M))
+    assert len(workers) == 2, r.stdout
+    counts = dict(re.findall(r"^pid (\d+): .*\n@counts: (\d+)$", r.stdout, re.M))
+    assert counts == {workers["0"]: "3", workers["1"]: "4"}, r.stdout
+    tables = re.findall(r"^(\d+) cuModuleGetGlobal_v2 module=1 name=__egpu_maps_\w+ found=1$", log.read_text(), re.M)
+    assert sorted(tables) == sorted(workers.values())  # each loaded the instrumented module and filled its table
 
 
 @pytest.mark.parametrize("make, message", [

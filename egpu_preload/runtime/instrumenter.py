@@ -100,9 +100,12 @@ class ExitHook:
     """Runs ``fn`` once at exit, in this process only (not in a forked child), while CUDA is still up.
 
     Python programs: Python's atexit, which runs before the interpreter and the CUDA libraries tear
-    down. Other programs (Python embedded by the shim, never finalized): C's exit handlers, which run
-    last registered first, so ``arm`` registers again whenever more CUDA work may have registered its
-    own teardown (cudart registers at its initialization, before our first hook)."""
+    down. A multiprocessing worker started by fork or forkserver ends in os._exit, past atexit: its
+    process's _bootstrap runs multiprocessing's exit finalizers first, so the hook is one of those too
+    (where multiprocessing is loaded; a spawned worker runs both, the first one dumps). Other programs
+    (Python embedded by the shim, never finalized): C's exit handlers, which run last registered first,
+    so ``arm`` registers again whenever more CUDA work may have registered its own teardown (cudart
+    registers at its initialization, before our first hook)."""
 
     def __init__(self, fn: Callable[[], None]) -> None:
         self.fn = fn
@@ -111,6 +114,9 @@ class ExitHook:
         self._callback: Any = None
         if sys.orig_argv:  # empty when Python was started by an embedding library
             atexit.register(self.run)
+            workers = sys.modules.get("multiprocessing.util")
+            if workers is not None:
+                workers.Finalize(None, self.run, exitpriority=0)
         else:
             self._callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: self.run())
             self._cxa_atexit = ctypes.CDLL(None)["__cxa_atexit"]
