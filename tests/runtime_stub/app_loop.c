@@ -1,24 +1,32 @@
-/* A job to attach to (tests/test_live.py): `app_loop STOP MAX_S [library]` loads one PTX module (with
- * `library`: a library, as cudart loads, its kernel a CUkernel) whose kernel
- * `step` keeps __device__ state (.global .u64 launches[1], which the stand-in bumps at every launch of
- * the module), sets that state to 1000 the way cudaMemcpyToSymbol does (cuModuleGetGlobal +
- * cuMemcpyHtoD), prints "ready", then launches `step` every millisecond until the file STOP exists
- * (or MAX_S seconds passed), reads the state back and prints launches, state and the OR of all
- * results. With the state carried through every swap, state == 1000 + launches. */
+/* A job to attach to (tests/test_live.py): `app_loop STOP MAX_S [library] [write:FILE]` loads one PTX
+ * module (with `library`: a library, as cudart loads, its kernel a CUkernel) whose kernel `step` keeps
+ * __device__ state (.global .u64 launches[1]) that it bumps at every launch by a __constant__
+ * (.const .u64 increment[1]; the stand-in runs that effect). It sets the state to 1000 and the
+ * increment to 1 the way cudaMemcpyToSymbol does (cuModuleGetGlobal + cuMemcpyHtoD), prints "ready",
+ * then launches `step` every millisecond until the file STOP exists (or MAX_S seconds passed), reads
+ * the state back and prints launches, state and the OR of all results. With the state carried through
+ * every swap, state == 1000 + launches. With `write:FILE`: once FILE exists, between two launches, it
+ * sets the state to 5000 and the increment to 3 the same way and creates FILE.done; at the end it also
+ * prints how many launches came before that and the increment it reads back, so then
+ * state == 5000 + 3 * (launches - before) and increment == 3. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 static const char PTX[] =
     ".version 8.0\n.target sm_90\n.address_size 64\n\n"
-    ".visible .global .align 8 .u64 launches[1];\n\n"
+    ".visible .global .align 8 .u64 launches[1];\n"
+    ".visible .const .align 8 .u64 increment[1];\n\n"
     ".visible .entry step(\n\t.param .u64 a\n)\n{\n"
     "\t.reg .b64 %rd<4>;\n\tld.param.u64 %rd1, [a];\n\tld.global.u64 %rd2, [launches];\n"
-    "\tadd.u64 %rd2, %rd2, 1;\n\tst.global.u64 [launches], %rd2;\n\tret;\n}\n";
+    "\tld.const.u64 %rd3, [increment];\n\tadd.u64 %rd2, %rd2, %rd3;\n\tst.global.u64 [launches], %rd2;\n"
+    "\tret;\n}\n";
 
 typedef int (*fn)();
+static fn get_global, htod, dtoh;
 
 static double now(void) {
     struct timespec ts;
@@ -26,37 +34,64 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The module variable `name`, written or read as cudaMemcpyToSymbol / FromSymbol do. */
+static int set(void *mod, const char *name, unsigned long long v) {
+    unsigned long long global = 0;
+    size_t size = 0;
+    return get_global(&global, &size, mod, name) | htod(global, &v, sizeof v);
+}
+static int get(void *mod, const char *name, unsigned long long *v) {
+    unsigned long long global = 0;
+    size_t size = 0;
+    return get_global(&global, &size, mod, name) | dtoh(v, global, sizeof *v);
+}
+
 int main(int argc, char **argv) {
-    if (argc != 3 && argc != 4) return 2;
-    int library = argc == 4;
+    if (argc < 3) return 2;
+    int library = 0;
+    const char *write = NULL;
+    for (int i = 3; i < argc; i++) {
+        if (!strcmp(argv[i], "library")) library = 1;
+        else if (!strncmp(argv[i], "write:", 6)) write = argv[i] + 6;
+        else return 2;
+    }
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
     if (!cuda) return 2;
 #define SYM(name) fn name = (fn)dlsym(cuda, #name)
     SYM(cuInit); SYM(cuModuleLoadData); SYM(cuModuleGetFunction); SYM(cuLaunchKernel); SYM(cuCtxSynchronize);
     SYM(cuModuleGetGlobal_v2); SYM(cuMemcpyHtoD_v2); SYM(cuMemcpyDtoH_v2);
     SYM(cuLibraryLoadData); SYM(cuLibraryGetKernel); SYM(cuLibraryGetGlobal);
-    fn get_global = library ? cuLibraryGetGlobal : cuModuleGetGlobal_v2;
+    get_global = library ? cuLibraryGetGlobal : cuModuleGetGlobal_v2;
+    htod = cuMemcpyHtoD_v2;
+    dtoh = cuMemcpyDtoH_v2;
     void *mod = NULL, *f = NULL;
-    unsigned long long state = 1000, global = 0, arg = 7;
-    size_t size = 0;
-    int r = cuInit(0);
+    unsigned long long state = 1000, increment = 0, arg = 7, k = 0, before = 0;
+    int r = cuInit(0), written = 0;
     if (library)
         r |= cuLibraryLoadData(&mod, PTX, NULL, NULL, 0, NULL, NULL, 0) | cuLibraryGetKernel(&f, mod, "step");
     else
         r |= cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&f, mod, "step");
-    r |= get_global(&global, &size, mod, "launches") | cuMemcpyHtoD_v2(global, &state, sizeof state);
+    r |= set(mod, "launches", state) | set(mod, "increment", 1);
     void *params[] = {&arg};
-    unsigned long long k = 0;
     double end = now() + atof(argv[2]);
     printf("ready\n");
     fflush(stdout);
     while (access(argv[1], F_OK) != 0 && now() < end) {
+        if (write && !written && access(write, F_OK) == 0) {
+            char done[4096];
+            snprintf(done, sizeof done, "%s.done", write);
+            r |= set(mod, "launches", 5000) | set(mod, "increment", 3);
+            before = k;
+            written = 1;
+            fclose(fopen(done, "w"));
+        }
         r |= cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
         k++;
         usleep(1000);
     }
     r |= cuCtxSynchronize();
-    r |= get_global(&global, &size, mod, "launches") | cuMemcpyDtoH_v2(&state, global, sizeof state);
+    r |= get(mod, "launches", &state) | get(mod, "increment", &increment);
     printf("app_loop launches=%llu state=%llu result=%d\n", k, state, r);
+    if (write) printf("app_loop wrote=%d before=%llu increment=%llu\n", written, before, increment);
     return r ? 1 : 0;
 }

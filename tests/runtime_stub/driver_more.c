@@ -221,15 +221,17 @@ static void probe_effect(struct module *m) {
 }
 
 /* A launch's effect: a module declaring ".global .u64 launches[1]" counts its own launches there, as
- * a kernel keeping __device__ state would. */
+ * a kernel keeping __device__ state would, each by the value of its ".const .u64 increment[1]" where
+ * it declares one (a __constant__ the app sets), else by 1. */
 void egpu_stub_launched(const void *f) {
     struct module *m = ((const struct function *)f)->m;
-    CUdeviceptr addr;
+    CUdeviceptr addr, inc;
     size_t n;
-    unsigned long long v;
+    unsigned long long v, by = 1;
     if (m && getenv("EGPU_STUB_PROBE_COUNTS")) probe_effect(m);
     if (!m || !lookup_global(m, "launches", &addr, &n) || n != 8) return;
+    if (lookup_global(m, "increment", &inc, &n) && n == 8) get(&by, inc, 8);
     get(&v, addr, 8);
-    v++;
+    v += by;
     put(addr, &v, 8);
 }
