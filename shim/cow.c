@@ -170,13 +170,17 @@ static void copy_enter(void) {
 
 static void copy_exit(void) { atomic_fetch_sub_explicit(&copy_inflight, 1, memory_order_release); }
 
+void egpu_copy_gate(int hold) {
+    atomic_store(&copy_hold, hold != 0);
+    while (hold && atomic_load(&copy_inflight)) sched_yield();
+}
+
 static void hold_hooks(int on) {
     if (on) {
         egpu_launch_gate(1);
-        atomic_store(&copy_hold, 1);
-        while (atomic_load(&copy_inflight)) sched_yield();
+        egpu_copy_gate(1);
     } else {
-        atomic_store(&copy_hold, 0);
+        egpu_copy_gate(0);
         egpu_launch_gate(0);
     }
 }
@@ -635,11 +639,13 @@ static void restore_check(void) {
 #define WRITES(kind) ((kind) == EGPU_OP_HTOD || (kind) == EGPU_OP_DTOD || (kind) == EGPU_OP_COPY || \
                       (kind) == EGPU_OP_PEER || (kind) == EGPU_OP_MEMSET)
 
-/* One copy or memset: copy-on-write for what it writes, the driver call, its record. */
-#define OP(sym, kind, flags, stream, dst, src, size, ...) do { \
+/* One copy or memset: its operands moved (`move`, a statement run inside the gate: a variable of a
+ * module that a copy serves), copy-on-write for what it writes, the driver call, its record. */
+#define OP(sym, kind, flags, stream, move, dst, src, size, ...) do { \
         CUstream s_ = effective((stream), (flags) & EGPU_OP_PER_THREAD); \
-        unsigned long long d_ = (dst), n_ = (size); \
         copy_enter(); \
+        move; \
+        unsigned long long d_ = (dst), n_ = (size); \
         if (WRITES(kind)) cow_write(d_, n_, s_); \
         CUresult r_ = CALL(sym, __VA_ARGS__); \
         copy_exit(); \
@@ -651,11 +657,15 @@ static void restore_check(void) {
 #define PT EGPU_OP_PER_THREAD
 #define AS EGPU_OP_ASYNC
 
+#define NO_MOVE ((void)0)
+/* Host pointers never fall in a moved range (unified addressing): every operand may be looked up. */
+#define MOVED(x, n) (x = (__typeof__(x))(uintptr_t)egpu_moved_address(P(x), (n)))
 #define LINEAR(sym, kind, flags, dt, st) \
-    EXPORT CUresult sym(dt dst, st src, size_t n) { OP(sym, kind, flags, NULL, P(dst), P(src), n, dst, src, n); }
+    EXPORT CUresult sym(dt dst, st src, size_t n) { \
+        OP(sym, kind, flags, NULL, (MOVED(dst, n), MOVED(src, n)), P(dst), P(src), n, dst, src, n); }
 #define LINEAR_ASYNC(sym, kind, flags, dt, st) \
     EXPORT CUresult sym(dt dst, st src, size_t n, CUstream s) { \
-        OP(sym, kind, (flags) | AS, s, P(dst), P(src), n, dst, src, n, s); }
+        OP(sym, kind, (flags) | AS, s, (MOVED(dst, n), MOVED(src, n)), P(dst), P(src), n, dst, src, n, s); }
 LINEAR(cuMemcpy, EGPU_OP_COPY, 0, CUdeviceptr, CUdeviceptr)
 LINEAR(cuMemcpy_ptds, EGPU_OP_COPY, PT, CUdeviceptr, CUdeviceptr)
 LINEAR(cuMemcpyHtoD_v2, EGPU_OP_HTOD, 0, CUdeviceptr, const void *)
@@ -675,10 +685,10 @@ LINEAR_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, EGPU_OP_DTOD, PT, CUdeviceptr, CUdevicep
 
 #define PEER(sym, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n) { \
-        OP(sym, EGPU_OP_PEER, flags, NULL, dst, src, n, dst, dc, src, sc, n); }
+        OP(sym, EGPU_OP_PEER, flags, NULL, NO_MOVE, dst, src, n, dst, dc, src, sc, n); }
 #define PEER_ASYNC(sym, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n, CUstream s) { \
-        OP(sym, EGPU_OP_PEER, (flags) | AS, s, dst, src, n, dst, dc, src, sc, n, s); }
+        OP(sym, EGPU_OP_PEER, (flags) | AS, s, NO_MOVE, dst, src, n, dst, dc, src, sc, n, s); }
 PEER(cuMemcpyPeer, 0)
 PEER(cuMemcpyPeer_ptds, PT)
 PEER_ASYNC(cuMemcpyPeerAsync, 0)
@@ -706,12 +716,12 @@ static int kind_of(int src, int dst) {
 #define STRIDED(sym, T, D, flags) \
     EXPORT CUresult sym(const T *c) { \
         if (!c) return CALL(sym, c); \
-        OP(sym, kind_of(c->srcMemoryType, c->dstMemoryType), (flags) | EGPU_OP_STRIDED, NULL, \
+        OP(sym, kind_of(c->srcMemoryType, c->dstMemoryType), (flags) | EGPU_OP_STRIDED, NULL, NO_MOVE, \
            D##_DST(c), D##_SRC(c), D##_SIZE(c), c); }
 #define STRIDED_ASYNC(sym, T, D, flags) \
     EXPORT CUresult sym(const T *c, CUstream s) { \
         if (!c) return CALL(sym, c, s); \
-        OP(sym, kind_of(c->srcMemoryType, c->dstMemoryType), (flags) | AS | EGPU_OP_STRIDED, s, \
+        OP(sym, kind_of(c->srcMemoryType, c->dstMemoryType), (flags) | AS | EGPU_OP_STRIDED, s, NO_MOVE, \
            D##_DST(c), D##_SRC(c), D##_SIZE(c), c, s); }
 STRIDED(cuMemcpy2D_v2, CUDA_MEMCPY2D, C2, 0)
 STRIDED(cuMemcpy2D_v2_ptds, CUDA_MEMCPY2D, C2, PT)
@@ -730,17 +740,19 @@ STRIDED_ASYNC(cuMemcpy3DPeerAsync_ptsz, CUDA_MEMCPY3D, C3, PT)
 
 #define MEMSET(sym, T, unit, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, T v, size_t n) { \
-        OP(sym, EGPU_OP_MEMSET, flags, NULL, dst, v, n * (unit), dst, v, n); }
+        OP(sym, EGPU_OP_MEMSET, flags, NULL, MOVED(dst, n * (unit)), dst, v, n * (unit), dst, v, n); }
 #define MEMSET_ASYNC(sym, T, unit, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, T v, size_t n, CUstream s) { \
-        OP(sym, EGPU_OP_MEMSET, (flags) | AS, s, dst, v, n * (unit), dst, v, n, s); }
+        OP(sym, EGPU_OP_MEMSET, (flags) | AS, s, MOVED(dst, n * (unit)), dst, v, n * (unit), dst, v, n, s); }
 #define MEMSET2D(sym, T, unit, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, size_t pitch, T v, size_t w, size_t h) { \
-        OP(sym, EGPU_OP_MEMSET, (flags) | EGPU_OP_STRIDED, NULL, dst, v, h ? (h - 1) * pitch + w * (unit) : 0, \
+        OP(sym, EGPU_OP_MEMSET, (flags) | EGPU_OP_STRIDED, NULL, NO_MOVE, dst, v, \
+           h ? (h - 1) * pitch + w * (unit) : 0, \
            dst, pitch, v, w, h); }
 #define MEMSET2D_ASYNC(sym, T, unit, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, size_t pitch, T v, size_t w, size_t h, CUstream s) { \
-        OP(sym, EGPU_OP_MEMSET, (flags) | AS | EGPU_OP_STRIDED, s, dst, v, h ? (h - 1) * pitch + w * (unit) : 0, \
+        OP(sym, EGPU_OP_MEMSET, (flags) | AS | EGPU_OP_STRIDED, s, NO_MOVE, dst, v, \
+           h ? (h - 1) * pitch + w * (unit) : 0, \
            dst, pitch, v, w, h, s); }
 MEMSET(cuMemsetD8_v2, unsigned char, 1, 0)
 MEMSET(cuMemsetD8_v2_ptds, unsigned char, 1, PT)

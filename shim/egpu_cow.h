@@ -227,6 +227,11 @@ extern _Atomic int egpu_cow_flags;
 extern _Atomic unsigned long long egpu_alloc_seq, egpu_alloc_overflow;
 /* The launch gate of interpose.c (egpu_shim_swap's): hold 1 waits until no launch is inside a hook. */
 void egpu_launch_gate(int hold);
+/* The copy gate of cow.c: hold 1 waits until no copy or memset hook is inside it. */
+void egpu_copy_gate(int hold);
+/* Where the app's address `p` (`size` bytes from it) is served now: a moved variable's place in the
+ * serving copy (egpu_shim_swap's table), else `p`. Called inside the copy gate. */
+unsigned long long egpu_moved_address(unsigned long long p, unsigned long long size);
 /* Before a launch reaches the driver (interpose.c's launch hooks, inside the gate). */
 void egpu_cow_launch(void *f, CUstream stream, int per_thread, void **params, void **extra);
 #define EGPU_COW_LAUNCH(f, stream, per_thread, params, extra) do { \

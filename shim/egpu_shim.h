@@ -102,16 +102,28 @@ struct egpu_flip {
     unsigned int nparams, param_offset;
     int launch_id;
 };
-/* A hot swap no launch straddles: new launches wait at the launch hooks (those already inside one
+/* One module variable the app addresses in its own image while a copy the runtime loaded serves the
+ * module: the app's copies and memsets within [orig, orig + size) go to the same offset of
+ * [moved, moved + size), the copy's variable, which its kernels read and write. */
+struct egpu_moved {
+    unsigned long long orig, moved, size;
+};
+/* A hot swap no launch straddles: new launches and copies wait at the hooks (those already inside one
  * reach the driver first), context `ctx` finishes everything submitted (cuCtxSynchronize), the copies
- * run (cuMemcpyDtoD) and finish, every flip is published, launches go on. So each launch runs wholly
- * on the old targets or wholly on the new ones, and state written by old launches is in the new
- * module before its first launch. *launches gets the launch counter at the flip: launch ids up to it
- * ran the old targets, later ones the new. Returns 0; -1 when the table is full or memory is out
- * (nothing published); else the failing CUresult (nothing published). A kernel that waits for a
- * later launch would never finish: the swap would wait with it. */
+ * run (cuMemcpyDtoD) and finish, every flip is published, the table of moved variables is replaced
+ * by `moved` (NULL: kept as it is), launches and copies go on. So each launch runs wholly on the old
+ * targets or wholly on the new ones, state written by old launches is in the new module before its
+ * first launch, and no copy of the app lands in an image after its state was copied out. *launches
+ * gets the launch counter at the flip: launch ids up to it ran the old targets, later ones the new.
+ * Returns 0; -1 when the table is full or memory is out (nothing published); else the failing
+ * CUresult (nothing published). A kernel that waits for a later launch would never finish: the swap
+ * would wait with it. */
 int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncopies,
-                   const struct egpu_flip *flips, size_t nflips, unsigned long long *launches);
+                   const struct egpu_flip *flips, size_t nflips, const struct egpu_moved *moved,
+                   size_t nmoved, unsigned long long *launches);
+/* Replace the table of moved variables now, outside a swap (a module loaded or unloaded while copies
+ * serve: no copy of the app can address it yet, or any more). Returns 0, or -1 when memory is out. */
+int egpu_shim_move(const struct egpu_moved *moved, size_t nmoved);
 /* The function launches of `orig` currently reach (orig itself if none registered). */
 void *egpu_shim_current(void *orig);
 /* Launches of `orig` through the hooks so far. */

@@ -459,13 +459,60 @@ static CUresult swap_state(void *ctx, const struct egpu_copy *copies, size_t nco
     return r != CUDA_SUCCESS ? r : r2;
 }
 
+/* ---- moved variables: an immutable table, sorted by orig, replaced whole (old ones are never freed:
+ * a copy hook may be reading one) ---- */
+
+struct moved_table {
+    size_t n;
+    struct egpu_moved rows[];
+};
+static _Atomic(const struct moved_table *) g_moved;
+
+static int by_orig(const void *a, const void *b) {
+    unsigned long long x = ((const struct egpu_moved *)a)->orig, y = ((const struct egpu_moved *)b)->orig;
+    return (x > y) - (x < y);
+}
+
+static struct moved_table *moved_table(const struct egpu_moved *rows, size_t n) {
+    struct moved_table *t = malloc(sizeof *t + n * sizeof *rows);
+    if (!t) return NULL;
+    t->n = n;
+    if (n) memcpy(t->rows, rows, n * sizeof *rows);
+    qsort(t->rows, n, sizeof *rows, by_orig);
+    return t;
+}
+
+unsigned long long egpu_moved_address(unsigned long long p, unsigned long long size) {
+    const struct moved_table *t = atomic_load_explicit(&g_moved, memory_order_acquire);
+    if (__builtin_expect(!t || !t->n, 1)) return p;
+    size_t lo = 0, hi = t->n; /* the last row with orig <= p */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (t->rows[mid].orig <= p) lo = mid + 1;
+        else hi = mid;
+    }
+    if (!lo) return p;
+    const struct egpu_moved *r = &t->rows[lo - 1];
+    /* wholly inside the variable, or not moved at all (a copy across several stays where it is) */
+    return p - r->orig < r->size && size <= r->size - (p - r->orig) ? r->moved + (p - r->orig) : p;
+}
+
+EXPORT int egpu_shim_move(const struct egpu_moved *moved, size_t nmoved) {
+    struct moved_table *t = moved_table(moved, nmoved);
+    if (!t) return -1;
+    atomic_store_explicit(&g_moved, t, memory_order_release);
+    return 0;
+}
+
 EXPORT int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncopies,
-                          const struct egpu_flip *flips, size_t nflips, unsigned long long *launches) {
+                          const struct egpu_flip *flips, size_t nflips, const struct egpu_moved *moved,
+                          size_t nmoved, unsigned long long *launches) {
     /* Everything that can fail is done before the hold, so a failed swap publishes nothing. */
     struct slot **slots = calloc(nflips + 1, sizeof *slots);
     struct target **targets = calloc(nflips + 1, sizeof *targets);
+    struct moved_table *table = moved ? moved_table(moved, nmoved) : NULL;
     int result = -1;
-    if (!slots || !targets) goto out;
+    if (!slots || !targets || (moved && !table)) goto out;
     for (size_t i = 0; i < nflips; i++) {
         if (!(slots[i] = slot_for(flips[i].orig, 1))) goto out;
         if (flips[i].repl) {
@@ -474,18 +521,24 @@ EXPORT int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncop
                                           flips[i].launch_id};
         }
     }
-    atomic_store(&g_hold, 1);
-    while (atomic_load(&g_inflight)) sched_yield();
+    egpu_launch_gate(1);
+    egpu_copy_gate(1);
     result = swap_state(ctx, copies, ncopies);
     if (result == CUDA_SUCCESS) {
         for (size_t i = 0; i < nflips; i++) { /* old targets are never freed: see publish() */
             atomic_store_explicit(&slots[i]->target, targets[i], memory_order_release);
             targets[i] = NULL;
         }
+        if (table) {
+            atomic_store_explicit(&g_moved, table, memory_order_release);
+            table = NULL;
+        }
         if (launches) *launches = atomic_load(&g_stats.launches);
     }
-    atomic_store(&g_hold, 0);
+    egpu_copy_gate(0);
+    egpu_launch_gate(0);
 out:
+    free(table);
     for (size_t i = 0; targets && i < nflips; i++) free(targets[i]);
     free(slots);
     free(targets);

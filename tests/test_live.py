@@ -1,9 +1,10 @@
 """Live control end to end against the stand-in driver: a job started by egpu-run with no probe
 (tests/runtime_stub/app_loop.c, launching every millisecond) takes attach, swap and detach through the
 egpu CLI; the stand-in's log shows which module every launch ran and what reached the driver; the
-job's own __device__ state (bumped by the stand-in at every launch of the module) must come through
-every swap. Plus the ways it can go wrong: a bad probe, a pid without egpu, stale sockets, malformed
-and oversized control messages."""
+job's own __device__ state (bumped by the stand-in at every launch of the module, by a __constant__)
+must come through every swap, and so must what the job writes into both while a copy serves. The
+maps while the job runs (--interval, --prometheus). Plus the ways it can go wrong: a bad probe, a pid
+without egpu, stale sockets, malformed and oversized control messages."""
 
 from __future__ import annotations
 
@@ -37,12 +38,13 @@ class Job:
     """app_loop under egpu-run with no probe, until ``finish``."""
 
     def __init__(self, stub_job, tmp: Path, library: bool = False, options: tuple[str, ...] = (),
-                 **env: str) -> None:
+                 args: tuple[str, ...] = (), **env: str) -> None:
         self.log, self.stop, self.library = tmp / "log", tmp / "stop", library
         self.env = stub_job.env(self.log, **env)
         self.dir = tmp / "egpu"
         self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", *options,
-                                      str(stub_job.loop), str(self.stop), "40", *(["library"] if library else [])],
+                                      str(stub_job.loop), str(self.stop), "40", *(["library"] if library else []),
+                                      *args],
                                      env=self.env, cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
@@ -149,6 +151,49 @@ def test_attach_swap_detach_through_the_cli(job, probes):
     # __device__ state went app -> copy1 -> copy2 -> app: 1000 + every launch.
     launches = int(re.search(r"launches=(\d+)", out).group(1))
     assert launches == len(runs) and f"state={1000 + launches} result=0" in out
+
+
+def runs_and_order(log: Path) -> tuple[list[int], list[int]]:
+    """The module every launch ran, and the order the modules served in (each run of launches once)."""
+    runs = [int(m) for m, _ in LAUNCH.findall(log.read_text())]
+    return runs, [m for i, m in enumerate(runs) if i == 0 or runs[i - 1] != m]
+
+
+@pytest.mark.parametrize("library", [False, True])
+def test_symbol_writes_while_a_copy_serves_reach_its_kernels_and_the_next_swap(stub_job, tmp_path, monkeypatch,
+                                                                              probes, library):
+    """Between the attach and a swap, while a copy serves, app_loop writes its __device__ state (5000)
+    and its __constant__ increment (3) as cudaMemcpyToSymbol does: the address of its own module's
+    variable, then cuMemcpyHtoD. The copy's kernels count by 3 from the next launch, the swap and the
+    detach carry both on, and at the end the app reads back exactly what it wrote plus the launches since."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    write = tmp_path / "write"
+    job = Job(stub_job, tmp_path, library=library, args=(f"write:{write}",))
+    try:
+        assert egpu(["attach", str(job.pid), "-p", str(probes["count"])], job.env).returncode == 0
+        job.wait_launches()
+        write.touch()
+        deadline = time.monotonic() + 20
+        while not write.with_name("write.done").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        job.wait_launches()
+        assert egpu(["swap", str(job.pid), "count", str(probes["hash_count"])], job.env).returncode == 0
+        job.wait_launches()
+        assert egpu(["detach", str(job.pid)], job.env).returncode == 0
+        job.wait_launches()
+        status, out, err = job.finish()
+    finally:
+        if job.proc.poll() is None:
+            job.finish()
+    assert status == 0, err
+    runs, order = runs_and_order(job.log)
+    assert len(order) == 4 and order[0] == order[3]  # app, copy 1, copy 2, app
+    launches = int(re.search(r"launches=(\d+)", out).group(1))
+    wrote = re.search(r"^app_loop wrote=(\d) before=(\d+) increment=(\d+)$", out, re.M)
+    assert wrote and wrote.group(1, 3) == ("1", "3"), out  # the __constant__ as the app wrote it
+    before = int(wrote.group(2))
+    assert launches == len(runs) and runs[before] == order[1]  # written while copy 1 served
+    assert f"state={5000 + 3 * (launches - before)} result=0" in out
 
 
 def test_swap_and_detach_reply_with_the_maps_as_the_flip_left_them(stub_job, tmp_path, monkeypatch, probes):

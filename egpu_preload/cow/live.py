@@ -277,7 +277,7 @@ class Checkpointer:
         launches = ffi.new("unsigned long long *")
         with self.rt.live.lock:
             t0 = time.monotonic_ns()
-            r = lib.egpu_shim_swap(ffi.cast("void *", ctx), copies, len(staged), ffi.NULL, 0, launches)
+            r = lib.egpu_shim_swap(ffi.cast("void *", ctx), copies, len(staged), ffi.NULL, 0, ffi.NULL, 0, launches)
             t1 = time.monotonic_ns()
         if r:
             raise CowError(f"the stop-the-world copy failed: {self.rt.driver.error_name(r) if r > 0 else 'no memory'}")

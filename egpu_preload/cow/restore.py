@@ -120,7 +120,8 @@ def rollback(rt: "Runtime", directory: Path) -> dict:
             launches = ffi.new("unsigned long long *")
             with rt.live.lock:
                 t0 = time.monotonic_ns()
-                r = lib.egpu_shim_swap(ffi.cast("void *", ctx), copies, len(staging.rows), ffi.NULL, 0, launches)
+                r = lib.egpu_shim_swap(ffi.cast("void *", ctx), copies, len(staging.rows), ffi.NULL, 0, ffi.NULL, 0,
+                                        launches)
                 t1 = time.monotonic_ns()
         finally:
             staging.free()

@@ -81,6 +81,7 @@ class Module:
     serving: Any = None
     copies: list[Any] = field(default_factory=list)
     state: list[str] | None = None               # its module variables (modstate.py), once needed
+    moved: list[tuple[int, int, int]] = field(default_factory=list)  # (app's address, serving copy's, size)
     generation: int = 0                          # live.generation when it was instrumented
     backend: str = ""                            # ptx | sass: the back end serving its kernels
     timing: dict[str, float] = field(default_factory=dict)  # ms: rewrite, driver (the replacement's load)
@@ -283,6 +284,7 @@ class Runtime:
             self.lib.egpu_shim_register(self.ffi.cast("void *", h), self.ffi.NULL)
         self.functions = {h: f for h, f in self.functions.items() if f[0] is not mod}
         self.modules = {h: m for h, m in self.modules.items() if m is not mod}
+        self.live.unloaded(mod)
 
     def sass_kernel(self, module: int, name: str) -> tuple[int, int]:
         """(program mask, kernel id) for a SASS-patched kernel's first launch. Runs inside the driver's

@@ -13,12 +13,16 @@ the new image starts from the state the old one left.
 
 Module state: the ``.global`` and ``.const`` variables of the module's PTX (modstate.py), copied from
 the image launches ran on to the image they will run on, device to device, in the flip. Memory the
-application allocated is shared by every image and needs no copy. Limit: the application's symbol
-addresses (cudaMemcpyToSymbol, cudaMemcpyFromSymbol, cudaGetSymbolAddress) name its own image, so
-while a copy serves, what it reads or writes there is not what the kernels see; the state comes back
-to its image when a flip returns launches to it (detaching every probe from a job started without
-any). The fix is copies that address the application's variables instead of their own (a rewrite of
-their PTX), which would also make the state copy unnecessary.
+application allocated is shared by every image and needs no copy. The application's own symbol
+addresses (cuModuleGetGlobal, so cudaMemcpyToSymbol and cudaMemcpyFromSymbol, looked up before or
+after the flip) name its own image: while a copy serves, the shim moves the application's linear
+copies and memsets inside one of those variables to the same place in the serving copy's
+(``Module.moved``, egpu_shim_swap's table, replaced in the flip with the copy gate held too), so what
+it writes there is what the kernels read and what it reads is what they wrote, and the next flip
+carries it on. Limit: other uses of such an address still reach the application's image: a pointer
+to a variable passed to its own kernels (cudaGetSymbolAddress), 2D/3D copies, a copy that spans
+more than one variable. The fix for those is copies that address the application's variables
+instead of their own (a rewrite of their PTX), which would also make the state copy unnecessary.
 
 Old images. The flip drains the context first, so no launch of an old image is queued when it ends;
 old copies and the maps of detached probes are still kept until exit, because CUDA graph kernel nodes
@@ -64,6 +68,9 @@ if TYPE_CHECKING:
     from egpu_preload.runtime.instrumenter import Module, Runtime
 
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+# egpu_shim.h's row structs, and their fields in the order of the rows the runtime keeps
+COPY = ("struct egpu_copy", ("dst", "src", "size"))
+MOVED = ("struct egpu_moved", ("orig", "moved", "size"))
 
 
 @dataclass
@@ -293,6 +300,15 @@ class Live:
         with self.lock:
             with self.rt.driver.current(self._context()):
                 mod.serving = self._copy_for(mod, self._probes())
+                mod.moved = self._moved(mod, mod.serving)
+            if mod.moved:  # the application has no handle of it yet: none of its copies can be in flight
+                self._publish_moved()
+
+    def unloaded(self, mod: "Module") -> None:
+        """A module is gone: its addresses are the driver's to hand out again, no longer moved."""
+        if mod.moved:
+            mod.moved = []
+            self._publish_moved()
 
     # ---- the change of probes ---------------------------------------------------------------------
     def _probes(self) -> list[tuple[str, Probe, DeviceMaps]]:
@@ -303,7 +319,7 @@ class Live:
         that left as the flip found them (read them with _read_snapshot)."""
         rt = self.rt
         ctx = self._context()
-        plan: list[tuple[Module, Copy | None]] = []
+        plan: list[tuple[Module, Copy | None, list[tuple[int, int, int]]]] = []
         copies: list[tuple[int, int, int]] = []
         flips: list[Flip] = []
         failed: list[str] = []
@@ -312,21 +328,21 @@ class Live:
         with rt.driver.current(ctx):
             for mod in self._live_modules():
                 target = self._target(mod, new, failed)
-                plan.append((mod, target))
+                plan.append((mod, target, self._moved(mod, target)))
                 copies += self._state_copies(mod, target)
                 for handle, name in self._handles(mod).items():
                     flips.append(self._flip(mod, target, name, handle))
             copies += snapshot.stage(self.memory)
         try:
-            launches = self._flip_all(ctx, copies, flips)
+            launches = self._flip_all(ctx, copies, flips, [r for _, _, rows in plan for r in rows])
         except ControlError:
             with rt.driver.current(ctx):
                 snapshot.free(self.memory)
             raise
         old = {id(p): (p, m) for _, p, m in self._probes()}
         self.retired += [pm for i, pm in old.items() if i not in kept]
-        for mod, target in plan:
-            mod.serving = target
+        for mod, target, moved in plan:
+            mod.serving, mod.moved = target, moved
         self.names = [n for n, _, _ in new]
         rt.probes[:] = [p for _, p, _ in new]
         rt.maps[:] = [m for _, _, m in new]
@@ -334,28 +350,43 @@ class Live:
         self.generation += 1
         self.flips += 1
         rt.exit.arm()
-        instrumented = sum(1 for mod, t in plan for k in (t.kernels if t else mod.kernels).values()
+        instrumented = sum(1 for mod, t, _ in plan for k in (t.kernels if t else mod.kernels).values()
                            if k.status == "instrumented")
         return {"modules": len(plan), "kernels": instrumented, "launches": launches, "failed": failed,
                 "probes": list(self.names)}, snapshot
 
-    def _flip_all(self, ctx: int, copies: list[tuple[int, int, int]], flips: list[Flip]) -> int:
+    def _flip_all(self, ctx: int, copies: list[tuple[int, int, int]], flips: list[Flip],
+                  moved: list[tuple[int, int, int]]) -> int:
         ffi, lib = self.rt.ffi, self.rt.lib
-        c = ffi.new("struct egpu_copy[]", max(len(copies), 1))
-        for i, (dst, src, size) in enumerate(copies):
-            c[i].dst, c[i].src, c[i].size = dst, src, size
+        c, m = self._array(COPY, copies), self._array(MOVED, moved)
         f = ffi.new("struct egpu_flip[]", max(len(flips), 1))
         for i, fl in enumerate(flips):
             f[i].orig = ffi.cast("void *", fl.orig)
             f[i].repl = ffi.cast("void *", fl.repl or 0)
             f[i].nparams, f[i].param_offset, f[i].launch_id = fl.nparams, fl.param_offset, int(fl.launch_id)
         launches = ffi.new("unsigned long long *")
-        r = lib.egpu_shim_swap(ffi.cast("void *", ctx), c, len(copies), f, len(flips), launches)
+        r = lib.egpu_shim_swap(ffi.cast("void *", ctx), c, len(copies), f, len(flips), m, len(moved), launches)
         if r == -1:
             raise ControlError("the shim's function table is full or memory ran out: nothing changed")
         if r:
             raise ControlError(f"the flip failed: {self.rt.driver.error_name(r)}: nothing changed")
         return int(launches[0])
+
+    def _array(self, struct: tuple[str, tuple[str, ...]], rows: list[tuple[int, ...]]) -> Any:
+        """``rows`` as a C array of ``struct`` (COPY, MOVED), one element at least (cffi's arrays are
+        never empty)."""
+        ctype, fields = struct
+        out = self.rt.ffi.new(f"{ctype}[]", max(len(rows), 1))
+        for i, row in enumerate(rows):
+            for name, v in zip(fields, row):
+                setattr(out[i], name, v)
+        return out
+
+    def _publish_moved(self) -> None:
+        """The shim's table of moved variables, now, from every module's (outside a flip)."""
+        rows = [r for mod in self._live_modules() for r in mod.moved]
+        if self.rt.lib.egpu_shim_move(self._array(MOVED, rows), len(rows)):
+            print("egpu: out of memory for the table of moved module variables", file=sys.stderr)
 
     def _target(self, mod: "Module", probes: list, failed: list[str]) -> Copy | None:
         """The image ``mod`` must run for ``probes``: None for the application's own image, else a copy."""
@@ -395,14 +426,23 @@ class Live:
         dst = target.handle if target is not None else mod.handle
         if src == dst or src is None or dst is None:
             return []
+        return [(b, a, size) for a, b, size in self._variables(mod, src, dst)]
+
+    def _moved(self, mod: "Module", target: Copy | None) -> list[tuple[int, int, int]]:
+        """(application's address, ``target``'s, size) of every module variable: where the application's
+        copies must go while ``target`` serves (none while its own image does)."""
+        return self._variables(mod, mod.handle, target.handle) if target is not None else []
+
+    def _variables(self, mod: "Module", a: int, b: int) -> list[tuple[int, int, int]]:
+        """(address in image ``a``, address in image ``b``, size) of every module variable both define."""
         if mod.state is None:
             mod.state = module_globals(mod.ptx)
         out = []
         for name in mod.state:
-            a = self.rt.driver.global_symbol(src, name, mod.library)
-            b = self.rt.driver.global_symbol(dst, name, mod.library)
-            if a and b:
-                out.append((b[0], a[0], min(a[1], b[1])))
+            x = self.rt.driver.global_symbol(a, name, mod.library)
+            y = self.rt.driver.global_symbol(b, name, mod.library)
+            if x and y:
+                out.append((x[0], y[0], min(x[1], y[1])))
         return out
 
     def _flip(self, mod: "Module", target: Copy | None, name: str, handle: int) -> Flip:
