@@ -101,9 +101,10 @@ def probe_function(program: Program, obj: BpfObject, tag: str | None = None,
 
 
 def probe_object_ptx(obj: BpfObject, tag: str | None = None) -> str:
-    """Every program of an object in one module text (what ``egpu ptx`` prints)."""
+    """Every program of an object in one module text (what ``egpu ptx`` prints), as instrumented
+    kernels call them (the context in words where it can be)."""
     tag = tag or object_tag(obj)
-    funcs = [probe_function(p, obj, tag) for p in obj.programs]
+    funcs = [probe_function(p, obj, tag, ctx_params=True) for p in obj.programs]
     return header() + "\n" + table_decl(tag, len(obj.maps)) + "\n\n" + "\n".join(f.func for f in funcs)
 
 
