@@ -390,7 +390,7 @@ def test_gpu_test_and_bench_probes_assemble(tmp_path):
         obj, p = probe_object(asm, maps, f"{name}.bpf.o")
         report = ptxas(probe_runner_ptx(probe_function(p, obj, ctx_params=True)), "sm_90", tmp_path)
         rows.append((name, *report["egpu_probe_run"]))
-    assert len(rows) == len(probes) == 8
+    assert len(rows) == len(probes) == 10
     print_report("GPU-test and benchmark probes, sm_90", rows)
 
 
@@ -435,3 +435,21 @@ def test_tricky_c_probes_and_v4_builds_assemble(mcpu, probe_obj, probe_names, tm
             rows.append((f"{Path(obj.path).name}:{p.section}", *report["egpu_probe_run"]))
     assert len(rows) >= len(objs)
     print_report(f"probes and tricky C probes, -mcpu={mcpu}, sm_90", rows)
+
+
+@pytest.mark.parametrize("name", ["insert_delete", "lru"])
+def test_gpu_test_programs_do_on_the_vm_what_their_tests_assert(name):
+    """The million-thread programs, run one thread after another on the VM (the GPU runs them at once):
+    inserts and deletes of own keys all succeed and leave nothing; the LRU stays within its entries."""
+    from egpu_preload.vm import ThreadSim, Vm
+    obj, p = probe_object(*GPU_TEST_PROBES[name], path=f"{name}.bpf.o")
+    state = MapsState(obj.maps)
+    vm = Vm(p.code, obj.maps, state)
+    threads = 6000
+    r0s = [vm.run(bytes(C.SIZE), ThreadSim(thread_idx=(i % 256, 0, 0), block_idx=(i // 256, 0, 0),
+                                           block_dim=(256, 1, 1))) for i in range(threads)]
+    entries = list(state[0].items())
+    if name == "insert_delete":
+        assert r0s == [1] * threads and entries == []
+    else:
+        assert 0 < len(entries) <= 1024 and all(struct.unpack("<Q", v)[0] <= 2 for _, v in entries)

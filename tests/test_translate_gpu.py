@@ -3,7 +3,8 @@
 The whole ISA table, every test probe and batches of random verified programs (ALU and branches; stack
 stores, loads, atomics and a local call) give the same r0,
 memory and maps on the GPU as on the VM; a million threads updating one hash map, one array map, per-SM
-counters and one ring buffer lose no update (ring: delivered + dropped == attempted).
+counters and one ring buffer lose no update (ring: delivered + dropped == attempted), inserting and
+deleting their own keys leave an empty map, and an evicting LRU hash neither hangs nor overflows.
 """
 
 from __future__ import annotations
@@ -141,6 +142,23 @@ def test_million_threads_per_sm_counters_lose_no_update():
     rows = [struct.unpack("<QQQ", storage.lookup(struct.pack("<I", 0), cpu)) for cpu in storage.cpus()]
     assert tuple(map(sum, zip(*rows))) == (MILLION, MILLION, MILLION)
     assert sum(1 for r in rows if any(r)) > 1
+
+
+def test_million_threads_insert_and_delete_their_keys():
+    """Every thread inserts its own key and deletes it: all succeed, and the map ends empty."""
+    obj, p = probe_object(*GPU_TEST_PROBES["insert_delete"], path="million.bpf.o")
+    r0s, state = run_probe_on_gpu(obj, p, MILLION)
+    assert r0s == [1] * MILLION
+    assert list(state[0].items()) == []
+
+
+def test_million_threads_on_an_evicting_lru_hash():
+    """4096 keys into 1024 LRU entries: it keeps evicting, yet the run ends (no thread waits for
+    another), holds at most max_entries, and no key counts more than its 256 threads."""
+    state = _million("lru")
+    counts = [struct.unpack("<Q", v)[0] for _, v in state[0].items()]
+    assert 0 < len(counts) <= 1024
+    assert all(1 <= c <= MILLION // 4096 for c in counts)
 
 
 def test_million_threads_ring_buffer_delivers_or_counts():

@@ -103,6 +103,35 @@ exit
 ARRAY_COUNT = GLOBAL_ID + _array_add(80, "r6 >>= 63\nr6 += 1\nr6 = atomic_fetch_add((u64 *)(r0 + 8), r6)\n"
                                          "r1 = 1\nr1 = atomic_fetch_add((u64 *)(r0 + 16), r1)\n")
 
+# Thread i inserts key i (value i) into HASH map 0 and deletes it again; r0 = 1 when both succeeded, so
+# every thread's r0 and an empty map at the end show no insert or delete was lost.
+INSERT_DELETE = GLOBAL_ID + """
+*(u64 *)(r10 - 80) = r6
+r1 = map[0] ll
+r2 = r10
+r2 += -80
+r3 = r10
+r3 += -80
+r4 = 1
+call map_update_elem
+r7 = r0
+r1 = map[0] ll
+r2 = r10
+r2 += -80
+call map_delete_elem
+r0 |= r7
+if r0 != 0 goto fail
+r0 = 1
+exit
+fail:
+r0 = 0
+exit
+"""
+
+# HASH_COUNT over keys i % 4096 into an LRU_HASH of 1024 entries: the map evicts all along, under a
+# million threads, and no thread waits on another.
+LRU_COUNT = HASH_COUNT.replace("r6 &= 1023", "r6 &= 4095")
+
 RING_EVENTS = GLOBAL_ID + _ringbuf_output(80, 8)   # one 8-byte record per thread: its global index
 RING_CAPACITY = 1 << 20
 
@@ -110,6 +139,8 @@ GPU_TEST_PROBES: dict[str, tuple[str, list[prog.MapDef]]] = {
     "hash": (HASH_COUNT, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 1024)]),
     "array": (ARRAY_COUNT, [prog.MapDef("a", prog.MAP_ARRAY, 4, 24, 1)]),
     "percpu": (ARRAY_COUNT, [prog.MapDef("p", prog.MAP_PERCPU_ARRAY, 4, 24, 1)]),   # one row per SM
+    "insert_delete": (INSERT_DELETE, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 1 << 20)]),
+    "lru": (LRU_COUNT, [prog.MapDef("l", prog.MAP_LRU_HASH, 8, 8, 1024)]),
     "ring": (RING_EVENTS, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, RING_CAPACITY)]),
 }
 
