@@ -239,6 +239,22 @@ def test_shim_summary_pairs_rounds():
     assert s["shim"]["meets_goal"] is True
 
 
+def test_alloc_bench_pairs_rounds_and_reads_the_goal_as_a_fraction(monkeypatch, tmp_path):
+    """bench_alloc.measure on made-up runs: the added cost is the median per-round difference, and the
+    goal (no measurable slowdown) is under 1% of a plain allocate + free."""
+    bench_alloc = importlib.import_module("bench_alloc")
+    plain, shim = iter([1000.0, 1004.0, 996.0]), iter([0.0, 1003.0, 1009.0, 1001.0])   # shim: a warm-up first
+
+    def fake_run(cmd, env, cpu):
+        return {"mode": "churn", "pair_ns": next(shim if "launcher" in " ".join(cmd) else plain)}
+
+    monkeypatch.setattr(bench_alloc, "run", fake_run)
+    doc = bench_alloc.measure(tmp_path, pairs=10, runs=3)
+    assert doc["cases"]["shim"]["pair_ns"]["added_runs"] == [3.0, 5.0, 5.0]
+    assert doc["cases"]["shim"]["pair_ns"]["added_median"] == 5.0
+    assert doc["added_fraction"] == pytest.approx(5.0 / 1000.0) and doc["meets_goal"] is True
+
+
 def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
     """main() with every measurement replaced: the JSON and the report come out whole."""
     monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: None)
