@@ -126,6 +126,12 @@ int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncopies,
 int egpu_shim_move(const struct egpu_moved *moved, size_t nmoved);
 /* The function launches of `orig` currently reach (orig itself if none registered). */
 void *egpu_shim_current(void *orig);
+/* 1 if a target of `orig` with `function` (any registered or flipped to since the start, current or
+ * not) escaped the launch hooks: it went into a graph kernel node (whose replays never pass a hook) or
+ * was launched while a stream capture was in progress (the captured graph keeps it); else 0. A copy
+ * none of whose functions escaped is unreachable once a swap moved every handle off it: no launch of
+ * it can come later than that swap's drain, so it can be unloaded. */
+int egpu_shim_escaped(void *orig, void *function);
 /* Launches of `orig` through the hooks so far. */
 unsigned long long egpu_shim_launches(void *orig);
 void egpu_shim_stats(struct egpu_stats *out);
@@ -207,7 +213,8 @@ typedef struct {
  * hook of the row the driver itself would pick: the newest version <= the requested one, the
  * per-thread row when flags has CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (cudaTypedefs.h
  * names them PFN_<api>_v<version>[_ptsz]). Older rows with another ABI (cuMemAlloc v2000 with
- * 32-bit pointers) are not hooked and pass through. */
+ * 32-bit pointers) are not hooked and pass through; cuStreamBeginCapture v10000 (one argument, the
+ * mode implied) is, since a capture begun any way bakes launches into a graph. */
 #define EGPU_HOOKS(X) \
     X(cuGetProcAddress, cuGetProcAddress, 11030, 0, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)) \
     X(cuGetProcAddress_v2, cuGetProcAddress, 12000, 0, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags, int *symbolStatus)) \
@@ -244,6 +251,14 @@ typedef struct {
     X(cuGraphAddNode_v2, cuGraphAddNode, 12030, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, CUgraphNodeParams *nodeParams)) \
     X(cuGraphNodeSetParams, cuGraphNodeSetParams, 12020, 0, (CUgraphNode hNode, CUgraphNodeParams *nodeParams)) \
     X(cuGraphExecNodeSetParams, cuGraphExecNodeSetParams, 12020, 0, (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraphNodeParams *nodeParams)) \
+    X(cuStreamBeginCapture, cuStreamBeginCapture, 10000, 0, (CUstream hStream)) \
+    X(cuStreamBeginCapture_ptsz, cuStreamBeginCapture, 10000, 1, (CUstream hStream)) \
+    X(cuStreamBeginCapture_v2, cuStreamBeginCapture, 10010, 0, (CUstream hStream, int mode)) \
+    X(cuStreamBeginCapture_v2_ptsz, cuStreamBeginCapture, 10010, 1, (CUstream hStream, int mode)) \
+    X(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph, 12030, 0, (CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, int mode)) \
+    X(cuStreamBeginCaptureToGraph_ptsz, cuStreamBeginCaptureToGraph, 12030, 1, (CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, int mode)) \
+    X(cuStreamEndCapture, cuStreamEndCapture, 10000, 0, (CUstream hStream, CUgraph *phGraph)) \
+    X(cuStreamEndCapture_ptsz, cuStreamEndCapture, 10000, 1, (CUstream hStream, CUgraph *phGraph)) \
     X(cuMemAlloc_v2, cuMemAlloc, 3020, 0, (CUdeviceptr *dptr, size_t bytesize)) \
     X(cuMemAllocPitch_v2, cuMemAllocPitch, 3020, 0, (CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)) \
     X(cuMemAllocManaged, cuMemAllocManaged, 6000, 0, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags)) \

@@ -39,6 +39,7 @@
 #endif
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
 #define CU_JIT_INPUT_PTX 1
 #define CU_GRAPH_NODE_TYPE_KERNEL 0
@@ -278,16 +279,21 @@ static struct {
     _Atomic unsigned long long launches, redirected, records, dropped, untracked, python_calls, calls;
 } g_stats;
 
-/* What launches of one original handle run. Immutable once published; a swap publishes a new one. */
+/* What launches of one original handle run. Immutable once published (but for `escaped`, which only
+ * ever goes from 0 to 1); a swap publishes a new one. Never freed, so every slot keeps the chain of all
+ * targets it ever had. */
 struct target {
     void *function;
     unsigned int nparams, param_offset;
-    int launch_id; /* append the launch id (translate/rewrite.py's launch contract) */
+    int launch_id;                /* append the launch id (translate/rewrite.py's launch contract) */
+    _Atomic int escaped;          /* `function` went where launches bypass the hooks (escape()) */
+    const struct target *prev;    /* the target published for the slot before this one */
 };
 
 struct slot {
     _Atomic(void *) key;
-    _Atomic(const struct target *) target;
+    _Atomic(const struct target *) target;  /* NULL: launches run the key itself */
+    _Atomic(const struct target *) history; /* the newest target ever published, NULL ones aside */
     _Atomic unsigned long long launches;
 };
 
@@ -312,17 +318,44 @@ static struct slot *slot_for(void *key, int insert) {
     return NULL;
 }
 
+static struct target *new_target(void *function, int launch_id, unsigned int nparams, unsigned int offset) {
+    struct target *t = malloc(sizeof *t);
+    if (!t) return NULL;
+    t->function = function;
+    t->nparams = nparams;
+    t->param_offset = offset;
+    t->launch_id = launch_id;
+    atomic_init(&t->escaped, 0);
+    t->prev = NULL;
+    return t;
+}
+
+/* Make `t` (NULL: none) what launches of slot `s` run. It joins the slot's history first, so every
+ * target a hook can find there is one egpu_shim_escaped walks past. The previous target is not freed:
+ * a launch on another thread may still be reading it, and the history keeps it. */
+static void set_target(struct slot *s, struct target *t) {
+    if (t) {
+        const struct target *head = atomic_load_explicit(&s->history, memory_order_acquire);
+        do t->prev = head;
+        while (!atomic_compare_exchange_weak_explicit(&s->history, &head, t, memory_order_acq_rel,
+                                                      memory_order_acquire));
+    }
+    atomic_store_explicit(&s->target, t, memory_order_release);
+}
+
+/* `t`'s function reached something that can launch it later without a hook. Checked before the store,
+ * so a target already marked costs a load, never a write to a shared line. */
+static inline void escape(const struct target *t) {
+    _Atomic int *e = (_Atomic int *)&t->escaped; /* the one field that changes: t is malloc'd, not const */
+    if (!atomic_load_explicit(e, memory_order_relaxed)) atomic_store_explicit(e, 1, memory_order_relaxed);
+}
+
 static int publish(void *orig, void *repl, int launch_id, unsigned int nparams, unsigned int offset) {
     struct slot *s = slot_for(orig, 1);
     if (!s) return -1;
     struct target *t = NULL;
-    if (repl) {
-        t = malloc(sizeof *t);
-        if (!t) return -1;
-        *t = (struct target){repl, nparams, offset, launch_id};
-    }
-    /* The previous target is not freed: a launch on another thread may still be reading it. */
-    atomic_store_explicit(&s->target, t, memory_order_release);
+    if (repl && !(t = new_target(repl, launch_id, nparams, offset))) return -1;
+    set_target(s, t);
     return 0;
 }
 
@@ -337,6 +370,14 @@ EXPORT void *egpu_shim_current(void *orig) {
     struct slot *s = slot_for(orig, 0);
     const struct target *t = s ? atomic_load_explicit(&s->target, memory_order_acquire) : NULL;
     return t ? t->function : orig;
+}
+
+EXPORT int egpu_shim_escaped(void *orig, void *function) {
+    struct slot *s = slot_for(orig, 0);
+    const struct target *t = s ? atomic_load_explicit(&s->history, memory_order_acquire) : NULL;
+    for (; t; t = t->prev)
+        if (t->function == function && atomic_load_explicit(&t->escaped, memory_order_acquire)) return 1;
+    return 0;
 }
 
 EXPORT unsigned long long egpu_shim_launches(void *orig) {
@@ -515,18 +556,16 @@ EXPORT int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncop
     if (!slots || !targets || (moved && !table)) goto out;
     for (size_t i = 0; i < nflips; i++) {
         if (!(slots[i] = slot_for(flips[i].orig, 1))) goto out;
-        if (flips[i].repl) {
-            if (!(targets[i] = malloc(sizeof *targets[i]))) goto out;
-            *targets[i] = (struct target){flips[i].repl, flips[i].nparams, flips[i].param_offset,
-                                          flips[i].launch_id};
-        }
+        if (flips[i].repl && !(targets[i] = new_target(flips[i].repl, flips[i].launch_id,
+                                                       flips[i].nparams, flips[i].param_offset)))
+            goto out;
     }
     egpu_launch_gate(1);
     egpu_copy_gate(1);
     result = swap_state(ctx, copies, ncopies);
     if (result == CUDA_SUCCESS) {
-        for (size_t i = 0; i < nflips; i++) { /* old targets are never freed: see publish() */
-            atomic_store_explicit(&slots[i]->target, targets[i], memory_order_release);
+        for (size_t i = 0; i < nflips; i++) { /* old targets are never freed: see set_target() */
+            set_target(slots[i], targets[i]);
             targets[i] = NULL;
         }
         if (table) {
@@ -544,6 +583,55 @@ out:
     free(targets);
     return result;
 }
+
+/* ---- stream capture: a launch into a capturing stream is not run but baked into the captured
+ * graph, whose replays never pass a launch hook; so while any capture is in progress, every launch
+ * that goes to a target marks it escaped. The count is process-wide (which stream a launch joins to a
+ * capture is the driver's business: events, relaxed mode, other threads), so launches into streams
+ * that do not capture are marked too while one does: a copy kept longer than needed, never one
+ * unloaded too early. Counted whatever the thread's pass-through: it is the driver's state. A begin
+ * counts before it reaches the driver (no launch into its capture can come first) and is taken back if
+ * the driver refuses it; an end counts off after the driver ended the capture: on success, or when
+ * the capture had been invalidated (it ends then too, with no graph). Any other error leaves it
+ * counted (wrong thread: the capture goes on). Never below zero, so an end whose begin went past the
+ * shim (egpu_shim_real, cuGetExportTable) cannot hide the captures that come after it; one that ends
+ * while a capture the shim saw is in progress still counts that one off early (no program is known
+ * to begin captures that way). ---- */
+
+static _Atomic long g_captures;
+
+static void capture_ended(void) {
+    long n = atomic_load(&g_captures);
+    while (n > 0 && !atomic_compare_exchange_weak(&g_captures, &n, n - 1)) {}
+}
+
+#define BEGIN_CAPTURE(sym, params, ...) \
+    EXPORT CUresult sym params { \
+        atomic_fetch_add(&g_captures, 1); \
+        CUresult r = CALL_REAL(sym, __VA_ARGS__); \
+        if (r != CUDA_SUCCESS) capture_ended(); \
+        return r; \
+    }
+BEGIN_CAPTURE(cuStreamBeginCapture, (CUstream hStream), hStream)
+BEGIN_CAPTURE(cuStreamBeginCapture_ptsz, (CUstream hStream), hStream)
+BEGIN_CAPTURE(cuStreamBeginCapture_v2, (CUstream hStream, int mode), hStream, mode)
+BEGIN_CAPTURE(cuStreamBeginCapture_v2_ptsz, (CUstream hStream, int mode), hStream, mode)
+BEGIN_CAPTURE(cuStreamBeginCaptureToGraph, (CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,
+              const CUgraphEdgeData *dependencyData, size_t numDependencies, int mode),
+              hStream, hGraph, dependencies, dependencyData, numDependencies, mode)
+BEGIN_CAPTURE(cuStreamBeginCaptureToGraph_ptsz, (CUstream hStream, CUgraph hGraph,
+              const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData,
+              size_t numDependencies, int mode),
+              hStream, hGraph, dependencies, dependencyData, numDependencies, mode)
+
+#define END_CAPTURE(sym) \
+    EXPORT CUresult sym(CUstream hStream, CUgraph *phGraph) { \
+        CUresult r = CALL_REAL(sym, hStream, phGraph); \
+        if (r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) capture_ended(); \
+        return r; \
+    }
+END_CAPTURE(cuStreamEndCapture)
+END_CAPTURE(cuStreamEndCapture_ptsz)
 
 /* ---- launches ---- */
 
@@ -563,7 +651,11 @@ static inline struct launch launch_begin(void *f, int api, unsigned int gx, unsi
     if (s) {
         atomic_fetch_add_explicit(&s->launches, 1, memory_order_relaxed);
         l.target = atomic_load_explicit(&s->target, memory_order_acquire);
-        if (l.target) atomic_fetch_add_explicit(&g_stats.redirected, 1, memory_order_relaxed);
+        if (l.target) {
+            atomic_fetch_add_explicit(&g_stats.redirected, 1, memory_order_relaxed);
+            if (__builtin_expect(atomic_load_explicit(&g_captures, memory_order_relaxed) != 0, 0))
+                escape(l.target); /* inside the gate: a swap's check after its drain sees it */
+        }
     } else {
         atomic_fetch_add_explicit(&g_stats.untracked, 1, memory_order_relaxed);
     }
@@ -700,11 +792,19 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz)
 /* ---- graph kernel nodes: the node keeps the function it was given, so retarget it there ----
  * A node's parameters are copied by the driver when set, so its launch id is fixed per node (one
  * number drawn from the launch counter), not per replay. Launches during stream capture go through
- * the launch hooks above and are retargeted there. */
+ * the launch hooks above and are retargeted there. Either way the graph may launch the target's
+ * function at any later time: it escaped. */
 
+/* The target a node gets, marked escaped. Looked up and marked inside the launch gate: a swap that
+ * moves the slot on either came first (the node gets the new target) or waits for the mark, so the
+ * runtime's check of the old target right after the swap sees it. */
 static const struct target *node_target(void *func, void *kern) {
+    gate_enter();
     struct slot *s = slot_for(func ? func : kern, 0);
-    return s ? atomic_load_explicit(&s->target, memory_order_acquire) : NULL;
+    const struct target *t = s ? atomic_load_explicit(&s->target, memory_order_acquire) : NULL;
+    if (t) escape(t);
+    gate_exit();
+    return t;
 }
 
 /* Point `p` (kernel node parameters of type T, or NULL) at a retargeted copy when its function is

@@ -36,6 +36,7 @@ def built(tmp_path_factory) -> Path:
         cc + [str(STUB / "app_dlsym.c"), "-o", "app_dlsym", "-ldl"],
         cc + ["-DBY_DLVSYM", str(STUB / "app_dlsym.c"), "-o", "app_dlvsym", "-ldl"],
         cc + [str(STUB / "app_threads.c"), "-o", "app_threads", "-ldl", "-pthread"],
+        cc + [str(STUB / "app_escape.c"), "-o", "app_escape", "-ldl"],
     ]
     procs = [subprocess.Popen(s, cwd=d) for s in steps]
     assert all(p.wait() == 0 for p in procs), [p.args for p in procs if p.returncode]
@@ -107,6 +108,10 @@ PROC_ADDRESS = {
     ("cuGraphAddKernelNode", 11000, 0): "libegpu_shim.so cuGraphAddKernelNode",  # v1 params struct
     ("cuMemFreeAsync", 12000, 2): "libegpu_shim.so cuMemFreeAsync_ptsz",
     ("cuGraphAddNode", 13000, 0): "libegpu_shim.so cuGraphAddNode_v2",  # the newest not newer
+    ("cuStreamBeginCapture", 10000, 0): "libegpu_shim.so cuStreamBeginCapture",  # (stream): mode implied
+    ("cuStreamBeginCapture", 10000, 2): "libegpu_shim.so cuStreamBeginCapture_ptsz",
+    ("cuStreamBeginCapture", 12000, 2): "libegpu_shim.so cuStreamBeginCapture_v2_ptsz",
+    ("cuStreamEndCapture", 12000, 0): "libegpu_shim.so cuStreamEndCapture",
     ("cuNoSuchFunction", 12000, 0): "none none",
 }
 
@@ -311,6 +316,23 @@ def test_concurrent_launches_swaps_and_drains_lose_nothing(built):
     assert r.stdout.startswith("ok launches=80000")
 
 
+ESCAPED = {"plain": 0, "node": 1, "exec_node": 1, "unregistered": 0, "capture": 1, "capture_ptsz": 1,
+           "capture_v2": 1, "capture_v2_ptsz": 1, "capture_to_graph": 1, "capture_to_graph_ptsz": 1,
+           "after_captures": 0, "refused_begin": 0, "refused_end": 1, "second_capture": 1, "after_second": 0,
+           "node_history": 1, "other_function": 0}
+
+
+def test_targets_that_escape_the_launch_hooks(built):
+    """egpu_shim_escaped (what the runtime asks before unloading a copy): a target given to a graph
+    kernel node or launched while any capture was in progress escaped (every begin hook counts, ended
+    and refused captures do not); plain launches leave it alone; the slot's history keeps the mark
+    after the handle moved on."""
+    r = run(built, "app_escape", EGPU_STUB_LOG="")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert dict((k, int(v)) for k, v in (ln.split() for ln in r.lines("escaped"))) == ESCAPED
+    assert r.lines("begin") == []
+
+
 def test_child_processes_get_the_shim(built):
     r = run(built, "app_cudart", "--fork")
     assert r.returncode == 0, r.stderr
@@ -354,6 +376,8 @@ def test_gpu_nvcc_program_runs_the_instrumented_image(built, tmp_path, cudart, l
 
 
 ABI_CHECK = r"""
+// cudaTypedefs.h declares the older ABIs (cuStreamBeginCapture v10000) for the driver's own build only
+#define __CUDA_API_VERSION_INTERNAL
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cstddef>
@@ -390,9 +414,10 @@ int main() {
     FIELD(CUDA_KERNEL_NODE_PARAMS_v2, kernelParams) FIELD(CUDA_KERNEL_NODE_PARAMS_v2, kern)
     FIELD(CUDA_KERNEL_NODE_PARAMS_v3, kernelParams) FIELD(CUDA_KERNEL_NODE_PARAMS_v3, kern)
     FIELD(CUgraphNodeParams, kernel) FIELD(CUgraphNodeParams, reserved2)
-    std::printf("const %d %d %d %d %d %d\n", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CU_JIT_INPUT_PTX,
+    std::printf("const %d %d %d %d %d %d %d\n", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CU_JIT_INPUT_PTX,
                 (int)CU_GRAPH_NODE_TYPE_KERNEL, (int)(size_t)CU_LAUNCH_PARAM_BUFFER_POINTER,
-                (int)(size_t)CU_LAUNCH_PARAM_BUFFER_SIZE, (int)CUDA_ERROR_NOT_FOUND);
+                (int)(size_t)CU_LAUNCH_PARAM_BUFFER_SIZE, (int)CUDA_ERROR_NOT_FOUND,
+                (int)CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
 }
 """
 
@@ -407,7 +432,7 @@ def test_hook_prototypes_match_cuda_h(tmp_path):
     out = subprocess.run([str(tmp_path / "abi")], capture_output=True, text=True, check=True).stdout
     ours = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("ours ")]
     cuda = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("cuda ")]
-    assert len(ours) == 54 and ours == cuda
+    assert len(ours) == 62 and ours == cuda
     for ln in out.splitlines():
         if ln.startswith(("size ", "field ")):
             a, b = ln.split()[-2:]
@@ -417,7 +442,7 @@ def test_hook_prototypes_match_cuda_h(tmp_path):
     assert out.splitlines()[-1] == "const " + " ".join(str(int(constants[k], 0)) for k in (
         "CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM", "CU_JIT_INPUT_PTX", "CU_GRAPH_NODE_TYPE_KERNEL",
         "CU_LAUNCH_PARAM_BUFFER_POINTER",
-        "CU_LAUNCH_PARAM_BUFFER_SIZE", "CUDA_ERROR_NOT_FOUND"))
+        "CU_LAUNCH_PARAM_BUFFER_SIZE", "CUDA_ERROR_NOT_FOUND", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"))
 
 
 # hooks.read_image on images laid out in memory the way applications pass them.

@@ -26,6 +26,10 @@ int main(int argc, char **argv) {
     resolved(by_proc_address, "cuGraphAddKernelNode", 11000, 0, "cuGraphAddKernelNode");
     resolved(by_proc_address, "cuMemFreeAsync", 12000, 2, "cuMemFreeAsync_ptsz");
     resolved(by_proc_address, "cuGraphAddNode", 13000, 0, "cuGraphAddNode_v2");
+    resolved(by_proc_address, "cuStreamBeginCapture", 10000, 0, "cuStreamBeginCapture");  /* one argument */
+    resolved(by_proc_address, "cuStreamBeginCapture", 10000, 2, "cuStreamBeginCapture_ptsz");
+    resolved(by_proc_address, "cuStreamBeginCapture", 12000, 2, "cuStreamBeginCapture_v2_ptsz");
+    resolved(by_proc_address, "cuStreamEndCapture", 12000, 0, "cuStreamEndCapture");
     resolved(by_proc_address, "cuNoSuchFunction", 12000, 0, "cuNoSuchFunction");
     return app_main(argc, argv, by_proc_address);
 }

@@ -22,6 +22,8 @@ typedef unsigned long long CUdeviceptr;
 #define INVALID_PTX 218
 #define NOT_FOUND 500
 #define NOT_SUPPORTED 801
+#define CAPTURE_UNSUPPORTED 900
+#define CAPTURE_UNMATCHED 903
 
 static int logging(void) {
     const char *path = getenv("EGPU_STUB_LOG");
@@ -354,6 +356,40 @@ CUresult cuGraphAddNode_v2(void **node, void *g, void **deps, const void *edges,
 CUresult cuGraphNodeSetParams(void *node, graph_node *p) { return log_any_node(__func__, p, 0); }
 CUresult cuGraphExecNodeSetParams(void *exec, void *node, graph_node *p) { return log_any_node(__func__, p, 0); }
 
+/* Stream capture, minimally: which streams capture. A launch into one is logged and run at once like
+ * any other (the stand-in keeps no graphs); the legacy stream (NULL) cannot capture, as on the driver,
+ * and ending a capture a stream never began is refused. */
+static void *capturing[16];
+static CUresult begin_capture(const char *api, void *stream, int mode) {
+    logf_("%s stream=%p mode=%d", api, stream, mode);
+    if (!stream) return CAPTURE_UNSUPPORTED;
+    for (int i = 0; i < 16; i++)
+        if (!capturing[i]) { capturing[i] = stream; return OK; }
+    return NOT_SUPPORTED;
+}
+static CUresult end_capture(const char *api, void *stream, void **graph) {
+    logf_("%s stream=%p", api, stream);
+    for (int i = 0; stream && i < 16; i++)
+        if (capturing[i] == stream) {
+            capturing[i] = NULL;
+            *graph = (void *)0x6a;
+            return OK;
+        }
+    return CAPTURE_UNMATCHED;
+}
+CUresult cuStreamBeginCapture(void *s) { return begin_capture(__func__, s, 0); }
+CUresult cuStreamBeginCapture_ptsz(void *s) { return begin_capture(__func__, s, 0); }
+CUresult cuStreamBeginCapture_v2(void *s, int mode) { return begin_capture(__func__, s, mode); }
+CUresult cuStreamBeginCapture_v2_ptsz(void *s, int mode) { return begin_capture(__func__, s, mode); }
+CUresult cuStreamBeginCaptureToGraph(void *s, void *g, void **deps, const void *edges, size_t n, int mode) {
+    return begin_capture(__func__, s, mode);
+}
+CUresult cuStreamBeginCaptureToGraph_ptsz(void *s, void *g, void **deps, const void *edges, size_t n, int mode) {
+    return begin_capture(__func__, s, mode);
+}
+CUresult cuStreamEndCapture(void *s, void **graph) { return end_capture(__func__, s, graph); }
+CUresult cuStreamEndCapture_ptsz(void *s, void **graph) { return end_capture(__func__, s, graph); }
+
 static CUdeviceptr next_ptr = 0x700000000000ull;
 static CUdeviceptr new_ptr(size_t size) { CUdeviceptr p = next_ptr; next_ptr += (size + 0xfff) & ~0xfffull; return p; }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) { *p = new_ptr(size); logf_("cuMemAlloc_v2 size=%zu", size); return OK; }
@@ -416,6 +452,12 @@ static const struct { const char *api; int version, ptsz; const char *symbol; vo
     R(cuGraphAddNode, 12020, 0, cuGraphAddNode) R(cuGraphAddNode, 12030, 0, cuGraphAddNode_v2)
     R(cuGraphNodeSetParams, 12020, 0, cuGraphNodeSetParams)
     R(cuGraphExecNodeSetParams, 12020, 0, cuGraphExecNodeSetParams)
+    R(cuStreamBeginCapture, 10000, 0, cuStreamBeginCapture) R(cuStreamBeginCapture, 10000, 1, cuStreamBeginCapture_ptsz)
+    R(cuStreamBeginCapture, 10010, 0, cuStreamBeginCapture_v2)
+    R(cuStreamBeginCapture, 10010, 1, cuStreamBeginCapture_v2_ptsz)
+    R(cuStreamBeginCaptureToGraph, 12030, 0, cuStreamBeginCaptureToGraph)
+    R(cuStreamBeginCaptureToGraph, 12030, 1, cuStreamBeginCaptureToGraph_ptsz)
+    R(cuStreamEndCapture, 10000, 0, cuStreamEndCapture) R(cuStreamEndCapture, 10000, 1, cuStreamEndCapture_ptsz)
     R(cuMemAlloc, 2000, 0, cuMemAlloc) R(cuMemAlloc, 3020, 0, cuMemAlloc_v2)
     R(cuMemAllocPitch, 3020, 0, cuMemAllocPitch_v2) R(cuMemAllocManaged, 6000, 0, cuMemAllocManaged)
     R(cuMemAllocAsync, 11020, 0, cuMemAllocAsync) R(cuMemAllocAsync, 11020, 1, cuMemAllocAsync_ptsz)
