@@ -47,6 +47,8 @@ SIGNATURES = {
     "cuModuleGetFunction": "int (*)(void **, void *, const char *)",
     "cuLibraryLoadData": "int (*)(void **, const void *, void *, void *, unsigned int, void *, void *, unsigned int)",
     "cuLibraryGetKernel": "int (*)(void **, void *, const char *)",
+    "cuModuleUnload": "int (*)(void *)",
+    "cuLibraryUnload": "int (*)(void *)",
 }
 
 
@@ -202,6 +204,10 @@ class Driver:
         else:
             self.call("cuModuleLoadData", out, data)
         return int(self.ffi.cast("uintptr_t", out[0]))
+
+    def unload(self, handle: int, library: bool) -> None:
+        """Unload a module or library load() made (in the context current when it was loaded)."""
+        self.call("cuLibraryUnload" if library else "cuModuleUnload", self.ffi.cast("void *", handle))
 
     def function(self, owner: int, name: str, library: bool) -> int:
         out = self.ffi.new("void **")

@@ -24,10 +24,17 @@ to a variable passed to its own kernels (cudaGetSymbolAddress), 2D/3D copies, a 
 more than one variable. The fix for those is copies that address the application's variables
 instead of their own (a rewrite of their PTX), which would also make the state copy unnecessary.
 
-Old images. The flip drains the context first, so no launch of an old image is queued when it ends;
-old copies and the maps of detached probes are still kept until exit, because CUDA graph kernel nodes
-keep the function they were given when they were made (shim: node retargeting happens at node set
-time) and may launch it later.
+Old images. The flip drains the context first, so no launch of an old image is queued when it ends.
+Right after it, every dead copy is unloaded: one not serving that was made with a probe no longer
+attached (attaching a probe again loads a new Probe object, so no flip can choose such a copy again).
+Except where a function of the copy escaped the launch hooks (egpu_shim_escaped): it went into a CUDA
+graph kernel node (node retargeting happens at node set time; the node keeps that function), or it
+was launched while a stream capture was in progress, anywhere in the process (the captured graph keeps
+it). A graph may launch those at any later time, so they stay loaded until exit. So do copies of the
+original (probes ``()``: the next detach reuses them), the copies of a module the application
+unloaded, and the maps of retired probes (``retired``): a probe that took a region over (swap) shares
+it, and the map tables of escaped copies point at them; keeping the Probe objects also keeps their
+ids, which name copies, from being reused. A flip that fails unloads the copies it loaded.
 
 Maps. A swap reuses the device region of every map the new probe declares exactly as the old one
 (name, type, key and value size, max_entries, flags): its contents survive. ``maps`` reads regions on a
@@ -166,7 +173,7 @@ class Live:
         self.lock = threading.RLock()     # the runtime's load hooks take it too
         self.generation = 0               # bumped by every flip
         self.names = self._unique([probe_name(p.path) for p in rt.probes])
-        self.retired: list[tuple[Probe, DeviceMaps]] = []  # kept until exit (graph nodes may use them)
+        self.retired: list[tuple[Probe, DeviceMaps]] = []  # kept until exit ("Old images")
         self.memory: _Memory | None = None
         self.server: ControlServer | None = None
         self.flips = 0
@@ -338,6 +345,7 @@ class Live:
         except ControlError:
             with rt.driver.current(ctx):
                 snapshot.free(self.memory)
+            self._unload_dead(ctx)  # the copies loaded for ``new``: nothing ever pointed at them
             raise
         old = {id(p): (p, m) for _, p, m in self._probes()}
         self.retired += [pm for i, pm in old.items() if i not in kept]
@@ -349,11 +357,41 @@ class Live:
         rt.specs[:] = [s for p in rt.probes for s in p.specs]
         self.generation += 1
         self.flips += 1
+        unloaded = self._unload_dead(ctx)
         rt.exit.arm()
         instrumented = sum(1 for mod, t, _ in plan for k in (t.kernels if t else mod.kernels).values()
                            if k.status == "instrumented")
         return {"modules": len(plan), "kernels": instrumented, "launches": launches, "failed": failed,
-                "probes": list(self.names)}, snapshot
+                "probes": list(self.names), "unloaded": unloaded}, snapshot
+
+    def _unload_dead(self, ctx: int) -> int:
+        """Unload every dead copy (loaded in context ``ctx``); how many went. Dead: not serving, and made
+        with a probe no longer attached, so no flip can choose it again (a re-attach loads a new Probe;
+        copies of the original, probes ``()``, stay for reuse). Safe for every copy none of whose
+        functions escaped the launch hooks (egpu_shim_escaped): launches reach it only through a target,
+        and the flip that moved the last target off it drained the context. A copy the driver does not
+        unload stays, and is tried again after the next flip."""
+        attached = {id(p) for p in self.rt.probes}
+        unloaded = 0
+        try:
+            with self.rt.driver.current(ctx):
+                for mod in self._live_modules():
+                    for c in [c for c in mod.copies if c is not mod.serving and not set(c.probes) <= attached]:
+                        if not self._escaped(mod, c):
+                            self.rt.driver.unload(c.handle, mod.library)
+                            mod.copies.remove(c)
+                            unloaded += 1
+        except EgpuError as e:  # the flip stands; what is left goes after the next one
+            print(f"egpu: retired module copies stay loaded: {e}", file=sys.stderr)
+        return unloaded
+
+    def _escaped(self, mod: "Module", copy: Copy) -> bool:
+        """Whether a function of ``copy`` went where launches bypass the hooks (a graph kernel node, a
+        stream capture): such a graph may launch it at any time. Only ``mod``'s kernel handles were
+        ever retargeted to it."""
+        ffi, lib = self.rt.ffi, self.rt.lib
+        return any(lib.egpu_shim_escaped(ffi.cast("void *", h), ffi.cast("void *", copy.functions[name]))
+                   for h, name in self._handles(mod).items() if name in copy.functions)
 
     def _flip_all(self, ctx: int, copies: list[tuple[int, int, int]], flips: list[Flip],
                   moved: list[tuple[int, int, int]]) -> int:
