@@ -27,6 +27,7 @@ from test_control import _raw, _reply, _req, _send_body
 
 MODULE_LOAD = re.compile(r"cu(?:ModuleLoadData|LibraryLoadData) module=(\d+)")
 LAUNCH = re.compile(r"cuLaunchKernel f=step@(\d+)k? .* params=([\d,]*)")
+UNLOAD = re.compile(r"cu(?:ModuleUnload|LibraryUnload) module=(\d+)")
 
 
 def egpu(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -225,6 +226,132 @@ def test_swap_and_detach_reply_with_the_maps_as_the_flip_left_them(stub_job, tmp
     per_copy = Counter(runs)
     assert len(copies) == 10 and len(set(copies)) == 10
     assert counts == [[per_copy[a], per_copy[a] + per_copy[b]] for a, b in zip(copies[::2], copies[1::2])]
+
+
+class Log:
+    """The stand-in's log of a finished job: where each module was loaded and unloaded, every launch."""
+
+    def __init__(self, path: Path) -> None:
+        self.lines = [ln.split(" ", 1)[1] for ln in path.read_text().splitlines()]  # without the pid
+        self.loads = self._find(MODULE_LOAD)
+        self.unloads = self._find(UNLOAD)
+        self.launches = self._find(LAUNCH)
+
+    def _find(self, pattern: re.Pattern) -> list[tuple[int, int]]:
+        """(line, module) of every line ``pattern`` matches."""
+        return [(i, int(m.group(1))) for i, ln in enumerate(self.lines) if (m := pattern.search(ln))]
+
+    def order(self) -> list[int]:
+        """The modules in the order they served (each run of launches once)."""
+        runs = [m for _, m in self.launches]
+        return [m for i, m in enumerate(runs) if i == 0 or runs[i - 1] != m]
+
+    def events(self) -> list[str]:
+        """"load M" and "unload M", in the order the driver saw them."""
+        return [e for _, e in sorted([(i, f"load {m}") for i, m in self.loads] +
+                                     [(i, f"unload {m}") for i, m in self.unloads])]
+
+
+
+def cycle(job: Job, steps: list[tuple[str | Path, dict]]) -> tuple[list[dict], str]:
+    """Send each (command, fields) to the job, letting it launch between them; a Path instead of a
+    command is created, and waited for until app_loop made PATH.done. The replies and the job's output
+    once finished (it must exit 0)."""
+    client = ControlClient(job.pid, directory=job.dir, timeout=30)
+    try:
+        replies = []
+        for cmd, fields in steps:
+            if isinstance(cmd, Path):
+                cmd.touch()
+                deadline = time.monotonic() + 20
+                while not cmd.with_name(f"{cmd.name}.done").exists() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            else:
+                replies.append(client.request(cmd, **fields))
+            job.wait_launches(10)
+        status, out, err = job.finish()
+    finally:
+        if job.proc.poll() is None:
+            job.finish()
+    assert status == 0, err
+    return replies, out
+
+
+def assert_state_carried(out: str, log: Log) -> None:
+    """Every launch the job made ran once, on some image, and its __device__ state came through."""
+    launches = int(re.search(r"launches=(\d+)", out).group(1))
+    assert launches == len(log.launches) and f"state={1000 + launches} result=0" in out
+
+
+@pytest.mark.parametrize("library", [False, True])
+def test_retired_copies_are_unloaded_right_after_their_last_flip(stub_job, tmp_path, monkeypatch, probes, library):
+    """attach, detach, attach (the same object: a new probe), swap, detach: the flip that takes the
+    launches off a copy made with a probe no longer attached unloads it (cuModuleUnload or
+    cuLibraryUnload, once each), in the request that retired it, after its last launch; the job runs
+    on as it would have: each copy ran exactly its window of launches, the state carried on."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    job = Job(stub_job, tmp_path, library=library)
+    count, hash_count = probes["count"].read_bytes(), probes["hash_count"].read_bytes()
+    replies, out = cycle(job, [("attach", {"probe": count, "name": "a"}), ("detach", {}),
+                               ("attach", {"probe": count, "name": "a"}),
+                               ("swap", {"old": "a", "new_probe": hash_count, "new_name": "b"}), ("detach", {})])
+    log = Log(job.log)
+    first, c1, c2, c3 = [m for _, m in log.loads]
+    assert first == 1 and len({c1, c2, c3}) == 3
+    # a swap loads the new copy before its flip, then unloads the old one
+    assert log.events() == ["load 1", f"load {c1}", f"unload {c1}", f"load {c2}", f"load {c3}", f"unload {c2}",
+                            f"unload {c3}"]
+    for at, m in log.unloads:
+        assert max(i for i, n in log.launches if n == m) < at  # never while it served
+    unload = "cuLibraryUnload" if library else "cuModuleUnload"
+    assert all(log.lines[i].split()[0] == unload for i, _ in log.unloads)
+    assert [r["unloaded"] for r in replies] == [0, 1, 0, 1, 1]
+    assert log.order() == [first, c1, first, c2, c3, first]
+    a1, d1, a2, s, d2 = (r["launches"] for r in replies)
+    per_module = Counter(m for _, m in log.launches)
+    assert [per_module[c] for c in (c1, c2, c3)] == [d1 - a1, s - a2, d2 - s]
+    assert_state_carried(out, log)
+
+
+def test_the_original_loaded_beside_stays_for_the_next_detach(stub_job, tmp_path, monkeypatch, probes):
+    """A probe loaded at start, detached: the original PTX loaded beside (a copy with no probe) serves.
+    A probe attached and detached again: its copy goes, the original copy serves again, never unloaded."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    job = Job(stub_job, tmp_path, options=("-p", str(probes["count"])))
+    hash_count = probes["hash_count"].read_bytes()
+    replies, out = cycle(job, [("detach", {}), ("attach", {"probe": hash_count, "name": "h"}), ("detach", {}),
+                               ("attach", {"probe": hash_count, "name": "h"}), ("detach", {})])
+    log = Log(job.log)
+    assert log.events() == ["load 1", "load 2", "load 3", "unload 3", "load 4", "unload 4"]
+    assert log.order() == [1, 2, 3, 2, 4, 2]
+    assert [r["unloaded"] for r in replies] == [0, 0, 1, 0, 1]
+    launches = int(re.search(r"launches=(\d+)", out).group(1))
+    assert launches == len(log.launches) and "result=0" in out
+
+
+@pytest.mark.parametrize("how", ["graph", "capture"])
+def test_a_copy_that_escaped_the_hooks_stays_loaded(stub_job, tmp_path, monkeypatch, probes, how):
+    """While the first copy serves, app_loop gives `step` to a graph kernel node (graph:), or captures a
+    launch of it on a stream (capture:): the graph holds that copy's function and may launch it at any
+    time, so the detach keeps it loaded. The next copy, used by plain launches only, goes at its detach."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    trigger = tmp_path / how
+    job = Job(stub_job, tmp_path, args=(f"{how}:{trigger}",))
+    count = probes["count"].read_bytes()
+    replies, out = cycle(job, [("attach", {"probe": count, "name": "a"}), (trigger, {}), ("detach", {}),
+                               ("attach", {"probe": count, "name": "a"}), ("detach", {})])
+    log = Log(job.log)
+    first, escaped, plain = [m for _, m in log.loads]
+    assert log.order() == [first, escaped, first, plain, first]
+    assert log.events() == ["load 1", f"load {escaped}", f"load {plain}", f"unload {plain}"]
+    assert [r["unloaded"] for r in replies] == [0, 0, 0, 1]
+    if how == "graph":
+        assert any(ln.startswith(f"cuGraphAddKernelNode_v2 f=step@{escaped} ") for ln in log.lines)
+    else:  # the launch between the begin and the end ran the copy
+        begin, end = log.lines.index("cuStreamBeginCapture_v2 stream=0x5 mode=0"), log.lines.index("cuStreamEndCapture stream=0x5")
+        assert [m for i, m in log.launches if begin < i < end] == [escaped]
+        assert "stream=0x5" in log.lines[next(i for i, _ in log.launches if begin < i)]
+    assert_state_carried(out, log)
 
 
 def test_a_bad_probe_is_refused_and_the_job_runs_on(job, tmp_path):

@@ -8,7 +8,11 @@
  * every swap, state == 1000 + launches. With `write:FILE`: once FILE exists, between two launches, it
  * sets the state to 5000 and the increment to 3 the same way and creates FILE.done; at the end it also
  * prints how many launches came before that and the increment it reads back, so then
- * state == 5000 + 3 * (launches - before) and increment == 3. */
+ * state == 5000 + 3 * (launches - before) and increment == 3. With `graph:FILE`: once FILE exists, it
+ * adds a graph kernel node of `step` (cuGraphAddKernelNode_v2) and creates FILE.done; with
+ * `capture:FILE`, it captures one launch of `step` on a stream of its own (cuStreamBeginCapture_v2,
+ * the launch, cuStreamEndCapture), then creates FILE.done. The stand-in runs the captured launch at
+ * once, so it counts as a launch. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +32,14 @@ static const char PTX[] =
 typedef int (*fn)();
 static fn get_global, htod, dtoh;
 
+/* CUDA_KERNEL_NODE_PARAMS_v2 */
+typedef struct {
+    void *func;
+    unsigned int gx, gy, gz, bx, by, bz, shmem;
+    void **params, **extra;
+    void *kern, *ctx;
+} node_params;
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -46,13 +58,28 @@ static int get(void *mod, const char *name, unsigned long long *v) {
     return get_global(&global, &size, mod, name) | dtoh(v, global, sizeof *v);
 }
 
+/* Whether the one-shot action of `file` is due now: once, when the file first exists. */
+static int due(const char *file, int *done) {
+    if (!file || *done || access(file, F_OK) != 0) return 0;
+    return *done = 1;
+}
+
+/* Tell the test the action of `file` is done: FILE.done. */
+static void done(const char *file) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s.done", file);
+    fclose(fopen(path, "w"));
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     int library = 0;
-    const char *write = NULL;
+    const char *write = NULL, *graph = NULL, *capture = NULL;
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "library")) library = 1;
         else if (!strncmp(argv[i], "write:", 6)) write = argv[i] + 6;
+        else if (!strncmp(argv[i], "graph:", 6)) graph = argv[i] + 6;
+        else if (!strncmp(argv[i], "capture:", 8)) capture = argv[i] + 8;
         else return 2;
     }
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
@@ -61,12 +88,14 @@ int main(int argc, char **argv) {
     SYM(cuInit); SYM(cuModuleLoadData); SYM(cuModuleGetFunction); SYM(cuLaunchKernel); SYM(cuCtxSynchronize);
     SYM(cuModuleGetGlobal_v2); SYM(cuMemcpyHtoD_v2); SYM(cuMemcpyDtoH_v2);
     SYM(cuLibraryLoadData); SYM(cuLibraryGetKernel); SYM(cuLibraryGetGlobal);
+    SYM(cuGraphAddKernelNode_v2); SYM(cuStreamBeginCapture_v2); SYM(cuStreamEndCapture);
     get_global = library ? cuLibraryGetGlobal : cuModuleGetGlobal_v2;
     htod = cuMemcpyHtoD_v2;
     dtoh = cuMemcpyDtoH_v2;
     void *mod = NULL, *f = NULL;
     unsigned long long state = 1000, increment = 0, arg = 7, k = 0, before = 0;
-    int r = cuInit(0), written = 0;
+    int r = cuInit(0), written = 0, graphed = 0, captured = 0;
+    void *stream = (void *)0x5, *node = NULL, *captured_graph = NULL; /* the stand-in checks no stream */
     if (library)
         r |= cuLibraryLoadData(&mod, PTX, NULL, NULL, 0, NULL, NULL, 0) | cuLibraryGetKernel(&f, mod, "step");
     else
@@ -77,13 +106,22 @@ int main(int argc, char **argv) {
     printf("ready\n");
     fflush(stdout);
     while (access(argv[1], F_OK) != 0 && now() < end) {
-        if (write && !written && access(write, F_OK) == 0) {
-            char done[4096];
-            snprintf(done, sizeof done, "%s.done", write);
+        if (due(write, &written)) {
             r |= set(mod, "launches", 5000) | set(mod, "increment", 3);
             before = k;
-            written = 1;
-            fclose(fopen(done, "w"));
+            done(write);
+        }
+        if (due(graph, &graphed)) {
+            node_params p = {f, 1, 1, 1, 32, 1, 1, 0, params, NULL, NULL, NULL};
+            r |= cuGraphAddKernelNode_v2(&node, (void *)0x9, NULL, (size_t)0, &p);
+            done(graph);
+        }
+        if (due(capture, &captured)) {
+            r |= cuStreamBeginCapture_v2(stream, 0);
+            r |= cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL);
+            k++;
+            r |= cuStreamEndCapture(stream, &captured_graph);
+            done(capture);
         }
         r |= cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
         k++;

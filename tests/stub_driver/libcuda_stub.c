@@ -107,10 +107,11 @@ static void fn_name(char *out, size_t size, const void *h) {
  * state; absent in the shim tests' build. */
 __attribute__((weak)) void egpu_stub_launched(const void *f);
 
+/* `runs`: a launch (its effect runs), not a graph node being set. */
 static void log_launch(const char *api, const void *f, unsigned gx, unsigned bx, void *stream,
-                       void **params, void **extra) {
+                       void **params, void **extra, int runs) {
     if (!logging()) return; /* app_threads launches made-up handles */
-    if (egpu_stub_launched && f) egpu_stub_launched(f);
+    if (egpu_stub_launched && f && runs) egpu_stub_launched(f);
     char name[200], args[512] = "";
     fn_name(name, sizeof name, f);
     int n = f ? param_count(f) : -1, at = 0;
@@ -266,7 +267,7 @@ CUresult cuLinkDestroy(void *state) {
 #define LAUNCH(sym) \
     CUresult sym(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
                  unsigned shmem, void *stream, void **params, void **extra) { \
-        log_launch(#sym, f, gx, bx, stream, params, extra); \
+        log_launch(#sym, f, gx, bx, stream, params, extra, 1); \
         return gx ? OK : INVALID_VALUE; \
     }
 LAUNCH(cuLaunchKernel)
@@ -279,7 +280,7 @@ typedef struct {
 } config;
 #define LAUNCH_EX(sym) \
     CUresult sym(const config *c, void *f, void **params, void **extra) { \
-        log_launch(#sym, f, c->gx, c->bx, c->stream, params, extra); \
+        log_launch(#sym, f, c->gx, c->bx, c->stream, params, extra, 1); \
         return OK; \
     }
 LAUNCH_EX(cuLaunchKernelEx)
@@ -288,7 +289,7 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz)
 #define LAUNCH_COOP(sym) \
     CUresult sym(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
                  unsigned shmem, void *stream, void **params) { \
-        log_launch(#sym, f, gx, bx, stream, params, NULL); \
+        log_launch(#sym, f, gx, bx, stream, params, NULL, 1); \
         return OK; \
     }
 LAUNCH_COOP(cuLaunchCooperativeKernel)
@@ -313,7 +314,7 @@ typedef struct {
 /* A kernel node is logged like a launch, and refused like one with an empty grid. */
 static CUresult log_node(const char *api, const node_params *p, int v2) {
     const void *f = p->func ? p->func : (v2 ? p->kern : NULL);
-    log_launch(api, f, p->gx, p->bx, NULL, p->params, p->extra);
+    log_launch(api, f, p->gx, p->bx, NULL, p->params, p->extra, 0);
     return p->gx ? OK : INVALID_VALUE;
 }
 /* Other nodes by their type; a new memory node gets its address, and the parameters of one cannot
