@@ -21,10 +21,11 @@ What an instrumented kernel looks like
     site fields at each site, only those some probe of the kernel reads (ProbeSpec.ctx_fields, from the
     verifier); ``%__egpu_ctxp`` holds its generic address. When no such probe reads a field there is
     no context and the calls pass ctx.NO_ADDRESS.
-- At each site, one ``{ }`` scope declares its own ``%__egpu_*`` registers and ``.param`` slots (so
-  nothing clashes with the kernel's names; a kernel that already mentions ``__egpu`` is refused),
-  computes the context its probes read and calls each probe. site is the index of the instruction
-  among the kernel's instructions (entry: 0).
+- The sites' ``%__egpu_*`` registers are declared once, after the kernel's own declarations (sites do
+  not nest; a kernel that already mentions ``__egpu`` is refused, so nothing clashes with its names).
+  Each site is one ``{ }`` scope that declares its ``.param`` slots, computes the context its probes
+  read and calls each probe. site is the index of the instruction among the kernel's instructions
+  (entry: 0).
 - Sites: entry; before every ``ret``/``exit``; before every ``ld``/``ldu``/``st``/``atom``/``red`` on
   ``.global`` or generic addresses and every ``cp.async.{ca,cg}`` from global memory. ctx.addr is the
   generic address (``.global`` addresses go through ``cvta.global``); size is the vector width times
