@@ -44,7 +44,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         doc = measure(Path(tmp), int(sys.argv[2]) if len(sys.argv) > 2 else 20000)
     shim = doc["cases"]["shim"]["pair_ns"]
-    print(f"plain {doc['cases']['plain']['pair_ns']['median']:.0f} ns per allocate+free, shim +{shim['added_median']:.0f} ns "
+    plain = doc["cases"]["plain"]["pair_ns"]["median"]
+    print(f"plain {plain:.0f} ns per allocate+free, shim +{shim['added_median']:.0f} ns "
           f"({100 * doc['added_fraction']:.2f}%)")
     out_path.write_text(json.dumps(doc, indent=1) + "\n")
 

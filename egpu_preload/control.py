@@ -414,8 +414,8 @@ class ControlClient:
 
 def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> list[SessionInfo]:
     """Live sessions of this user, by pid, for ``egpu ps``. Removes stale sockets: their process is gone,
-    or nothing listens on them (a reused pid); and the map mirrors of processes gone. A session that accepts but is slow to answer is kept,
-    with info None."""
+    or nothing listens on them (a reused pid); and the map mirrors of processes gone. A session that
+    accepts but is slow to answer is kept, with info None."""
     directory = directory or socket_dir()
     if not check_private_dir(directory, create=False):
         return []

@@ -403,10 +403,8 @@ class _Kernel:
         slots = [f"{PREFIX}_arg"] * any(p.ctx_words is None for p in probes) + [f"{PREFIX}_ret"] \
             + [f"{PREFIX}_cw{w}" for w in words]
         head = "\n\t".join([f".param .b64 {s};" for s in slots] + [f"activemask.b32 %{PREFIX}_m;"])
-        if "addr" in reads:
-            head_store = [f"st.local.u64 [{PREFIX}_ctx+{C.BY_NAME['addr'].offset}], %{PREFIX}_a;"]
-        else:
-            head_store = []
+        addr_store = f"st.local.u64 [{PREFIX}_ctx+{C.BY_NAME['addr'].offset}], %{PREFIX}_a;"
+        head_store = [addr_store] if "addr" in reads else []
         calls = "\n\t".join(head_store + [_calls(probes, self.ctxp, operands), f"bar.warp.sync %{PREFIX}_m;",
                                           "}\n\t"])
         addr_word = C.BY_NAME["addr"].offset // 8
@@ -416,10 +414,10 @@ class _Kernel:
     def _address(self, index: int, acc: "Access", regs: "_Registers") -> str:
         """PTX leaving the generic effective address of the access in %__egpu_a."""
         p = PREFIX
-        parsed = _operand(acc.operand)
-        if parsed is None:
+        m = _ADDR.match(acc.operand)
+        if m is None:
             raise PtxError(f"site {index}: unsupported address operand {acc.operand}")
-        base, off = parsed
+        base, off = m.group("base"), m.group("off")
         if base.startswith("%") or regs.width(base):
             if regs.width(base) != 64:
                 raise PtxError(f"site {index}: address register {base} is not a declared 64-bit register")
@@ -431,17 +429,10 @@ class _Kernel:
         else:
             raise PtxError(f"site {index}: generic access through variable {base}")
         if off:
-            lines.append(f"add.s64 %{p}_a, %{p}_a, {off};")
+            lines.append(f"add.s64 %{p}_a, %{p}_a, {_int(off)};")
         if acc.space == "global":
             lines.append(f"cvta.global.u64 %{p}_a, %{p}_a;")
         return "\n\t".join(lines)
-
-
-@functools.lru_cache(maxsize=4096)
-def _operand(text: str) -> tuple[str, int] | None:
-    """(base, offset) of an address operand; cached: kernels repeat their operands."""
-    m = _ADDR.match(text)
-    return None if m is None else (m.group("base"), _int(m.group("off")) if m.group("off") else 0)
 
 
 def _pack(word: int, values: dict[str, int]) -> int:
