@@ -40,7 +40,8 @@ What an instrumented kernel looks like
   exits, whether or not other threads still run).
 - Each site keeps its lanes grouped as they arrived (``activemask`` at its start, ``bar.warp.sync``
   with that mask at its end), so code after it that reads the active mask behaves as without egpu.
-  Open bug (seen on the H200 with ptxas 13.0, not yet fixed): in ``cg_coalesced`` (tests/cuda/
+  Open bug (reported by a diagnostic run on the H200 whose log was not kept; to be confirmed by the
+  next GPU run, not yet fixed): in ``cg_coalesced`` (tests/cuda/
   coop_groups.cu), a later ``cg::coalesced_threads()`` (activemask) inside ``if (i % 3 == 0)`` sees
   the warp-scope leader apart from its 10 peers (size 1 for lane 0, 10 for the others, instead of 11)
   whenever a warp- or block-scope probe is spliced in beside another site: the leader's guarded call
