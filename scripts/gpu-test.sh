@@ -17,7 +17,7 @@ export PYTHONPATH=/tmp/site:$PWD
   echo "cuda: $(nvcc --version | tail -2 | head -1)"
   echo "python: $(python3 --version), torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
   python3 shim/build.py && echo "shim: built"
-  python3 -m pytest -m gpu -v -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1
+  python3 -m pytest -m gpu -v --durations=40 -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1
   echo "pytest exit: $?"
   for b in ${GPU_BENCH:-bench/bench_*.py}; do  # bench/suite.py runs on its own (one device call)
     [ -f "$b" ] || continue
