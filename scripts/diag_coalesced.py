@@ -2,9 +2,9 @@
 
 The kernel writes ``thread_rank + 100 * size`` of the coalesced group inside ``if (i % 3 == 0)``. Run
 as compiled every lane of a warp's group sees the same size; instrumented with probes in every scope it
-did not (translate/rewrite.py). Each variant below instruments with a subset of the probes or changes how
-the leader's guarded call is written, and prints the group sizes the lanes of warps 0 and 1 saw and how
-many words of the output differ from the uninstrumented run.
+did not until a barrier followed each leader's guarded call (translate/rewrite.py). Each variant takes
+the rewritten PTX or removes some of its barriers, and prints the group sizes the lanes of warps 0 and
+1 saw and how many words of the output differ from the uninstrumented run.
 
     PYTHONPATH=tests:. python3 scripts/diag_coalesced.py [OUT.json]
 """
@@ -16,8 +16,8 @@ import re
 import shutil
 import struct
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -27,25 +27,27 @@ from test_rewrite_gpu import LAUNCH_ID, Gpu, _cases, _run  # noqa: E402
 
 from egpu_preload.translate.rewrite import instrument  # noqa: E402
 
-GUARDED = re.compile(r"^(\t)@%__egpu_q (call [^;]*;)$", re.M)
+GUARDED = re.compile(r"^(\t)@%__egpu_q (call [^;]*;)\n\tbar.warp.sync %__egpu_m;$", re.M)
 
 
-def _sync_after_guard(text: str) -> str:
-    return GUARDED.sub(r"\1@%__egpu_q \2\n\1bar.warp.sync %__egpu_m;", text)
+def _no_guard_sync(text: str) -> str:
+    """As rewritten before 2026-12-01: no barrier right after a leader's guarded call."""
+    return GUARDED.sub(r"\1@%__egpu_q \2", text)
 
 
-def _branch_guard(text: str, sync: bool = False) -> str:
+def _branch_guard(text: str) -> str:
+    """The guarded call as a branch around an unguarded call, no barrier after it."""
     n = iter(range(1 << 30))
-    after = "\n\tbar.warp.sync %__egpu_m;" if sync else ""
 
     def sub(m: re.Match) -> str:
         k = next(n)
-        return f"\t@!%__egpu_q bra $__egpu_g{k};\n\t{m.group(2)}\n$__egpu_g{k}:{after}"
+        return f"\t@!%__egpu_q bra $__egpu_g{k};\n\t{m.group(2)}\n$__egpu_g{k}:"
     return GUARDED.sub(sub, text)
 
 
 def _no_site_sync(text: str) -> str:
-    return text.replace("\tbar.warp.sync %__egpu_m;\n", "")
+    """No barrier at all: neither after guarded calls nor at the end of a site."""
+    return _no_guard_sync(text).replace("\tbar.warp.sync %__egpu_m;\n", "")
 
 
 def main() -> None:
@@ -54,23 +56,17 @@ def main() -> None:
     gpu = Gpu()
     _, want, _ = _run(gpu, text, case, None)
     probes = ptx_corpus.stats_probes(glob=case.kernel)
-    variants = {"all": (probes, None), "all, sync after each guarded call": (probes, _sync_after_guard),
-                "all, guard as a branch": (probes, _branch_guard),
-                "all, branch guard + sync after": (probes, lambda t: _branch_guard(t, sync=True)),
-                "all, no site bar.warp.sync": (probes, _no_site_sync)}
-    for p in probes:
-        variants[f"only {p.attach.kind}/{p.attach.scope}"] = ([p], None)
-    for scope in ptx_corpus.SCOPES:
-        variants[f"{scope} scope, all sites"] = ([p for p in probes if p.attach.scope == scope], None)
+    variants = {"as rewritten": None, "no barrier after guarded calls": _no_guard_sync,
+                "guard as a branch, no barrier after": _branch_guard, "no barriers": _no_site_sync}
 
     def sizes(out: bytes, warp: int) -> list[int]:
         vals = struct.unpack(f"<{len(out) // 4}i", out)
         return [vals[i] // 100 for i in range(32 * warp, 32 * warp + 32) if i % 3 == 0]
 
     results = {"uninstrumented": {"warp0": sizes(want[0], 0), "warp1": sizes(want[0], 1), "differ": 0}}
-    for name, (subset, edit) in variants.items():
-        res = instrument(text, subset)
-        t = edit(res.text) if edit else res.text
+    rewritten = instrument(text, probes).text
+    for name, edit in variants.items():
+        t = edit(rewritten) if edit else rewritten
         try:
             _, got, _ = _run(gpu, t, case, LAUNCH_ID)
         except Exception as e:  # a variant ptxas or the driver refuses is a result too

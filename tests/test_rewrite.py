@@ -240,6 +240,19 @@ def test_probes_that_read_no_field_get_no_context():
     _assembles(res.text)
 
 
+def test_a_leader_rejoins_its_lanes_right_after_its_call():
+    """Each warp- or block-scope call is followed by the site's barrier, then once more at the site's end
+    (without the first, cg_coalesced's group split on the H200)."""
+    text = _kernel(REGS + "ld.param.u64 %rd1, [k_0];\nst.global.f32 [%rd1], %f1;\nret;")
+    res = instrument(text, [_reading("mem", set(), scope) for scope in ("thread", "warp", "block")])
+    calls = re.findall(r"^\t(@%__egpu_q )?call .*\n\t(.*)$", res.text, re.M)
+    assert [(bool(g), after) for g, after in calls] == [
+        (False, "activemask.b32 %__egpu_w;"), (True, "bar.warp.sync %__egpu_m;"),
+        (True, "bar.warp.sync %__egpu_m;")]
+    assert res.text.count("bar.warp.sync %__egpu_m;") == 3
+    _assembles(res.text)
+
+
 @pytest.mark.parametrize("probes, offsets", [
     # one memory site (ld) and one exit: only what the probes read is stored, in program order
     ({"mem": {"addr"}}, [16]),

@@ -150,19 +150,6 @@ class MemoryChanged(AssertionError):
     """The instrumented kernel left other memory than the original (its counts were right)."""
 
 
-# Kernels whose output differs by a known open bug (translate/rewrite.py); their counts stay exact.
-KNOWN_LIMITS = {
-    "cg_coalesced": pytest.mark.xfail(strict=True, raises=MemoryChanged, reason=(
-        "open bug, translate/rewrite.py: cg::coalesced_threads() inside the divergent `if (i % 3 == 0)` sees "
-        "the warp-scope probe's leader lane apart from its 10 peers (size 1 and 10 instead of 11): the "
-        "leader's guarded call splits it off and the site's bar.warp.sync does not merge it back")),
-}
-
-
-def _params() -> list:
-    return [pytest.param(c, marks=KNOWN_LIMITS[c.kernel]) if c.kernel in KNOWN_LIMITS else c for c in _cases()]
-
-
 def _first_difference(got: list[bytes], want: list[bytes]) -> str:
     for i, (g, w) in enumerate(zip(got, want)):
         if g != w:
@@ -266,14 +253,13 @@ def _run(gpu: Gpu, text: str, case: Case, launch_id: int | None):
 
 
 @pytest.mark.parametrize("abi", ptx_corpus.ABIS)
-@pytest.mark.parametrize("case", _params(), ids=lambda c: c.kernel)
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c.kernel)
 def test_instrumented_kernel_computes_the_same_and_counts_exactly(gpu, case, abi):
     text = ptx_corpus.build()[case.module]
     res = instrument(text, ptx_corpus.stats_probes(glob=case.kernel, abi=abi))
     assert res.status(case.kernel).status == "instrumented", res.kernels
     _, want, _ = _run(gpu, text, case, None)
     ptrs, got, stats = _run(gpu, res.text, case, LAUNCH_ID)
-    # Counts first, then memory: a kernel in KNOWN_LIMITS (xfail on MemoryChanged only) has them checked too.
     warps = case.threads // 32
     t, w, b = stats["thread"], stats["warp"], stats["block"]
     assert (t["entry"], t["exit"]) == (case.threads, case.threads)

@@ -40,16 +40,11 @@ What an instrumented kernel looks like
   exits, whether or not other threads still run).
 - Each site keeps its lanes grouped as they arrived (``activemask`` at its start, ``bar.warp.sync``
   with that mask at its end), so code after it that reads the active mask behaves as without egpu.
-  Open bug (reported by a diagnostic run on the H200 whose log was not kept; to be confirmed by the
-  next GPU run, not yet fixed): in ``cg_coalesced`` (tests/cuda/
-  coop_groups.cu), a later ``cg::coalesced_threads()`` (activemask) inside ``if (i % 3 == 0)`` sees
-  the warp-scope leader apart from its 10 peers (size 1 for lane 0, 10 for the others, instead of 11)
-  whenever a warp- or block-scope probe is spliced in beside another site: the leader's guarded call
-  splits the lane off and the site's closing bar.warp.sync does not bring it back into the later
-  activemask. CUDA lets lanes stay apart there (CUDA C++ Programming Guide, Independent Thread
-  Scheduling), but egpu causes it, deterministically; counts stay exact (tests/test_rewrite_gpu.py,
-  cg_coalesced, xfail). Candidate fixes, to be measured on the GPU: a bar.warp.sync right after each
-  leader-guarded call, or calling warp/block probes from every lane with a leader flag.
+  A leader's guarded call is followed by a ``bar.warp.sync`` of its own: without it (H200,
+  2026-12-01, scripts/diag_coalesced.py) ``cg::coalesced_threads()`` later in ``cg_coalesced``
+  (tests/cuda/coop_groups.cu) saw warp 0's lane 0 (the block leader) apart from its 10 peers, sizes
+  1 and 10 instead of 11, although the site's closing barrier had the whole mask; guarding the call by
+  a branch instead of a predicate changed nothing.
 - ``.version``/``.target`` are raised only to what the probes and sites need (PTX 6.2 for
   ``activemask``).
 
@@ -477,6 +472,8 @@ def _calls(probes: list[ProbeSpec], ctxp: str, words: dict[int, str]) -> str:
             lines += [f"st.param.b64 [{p}_cw{w}], {words[w]};" for w in pr.ctx_words]
             args = ", ".join(f"{p}_cw{w}" for w in pr.ctx_words)
             lines.append(f"{guard}call ({p}_ret), {pr.func}, ({args});")
+        if guard:  # the leader rejoins its lanes here: the site's closing barrier alone did not do it
+            lines.append(f"bar.warp.sync %{p}_m;")
     return "\n\t".join(lines)
 
 
