@@ -182,6 +182,20 @@ def launches(calls: list[str]) -> list[str]:
     return [c.split("params=")[1] for c in calls if c.startswith("cuLaunchKernel")]
 
 
+def test_a_load_inside_a_stream_capture_is_instrumented_and_leaves_the_capture_valid(stub_job, probe_obj, tmp_path):
+    """Lazy loading brings a module in at its first launch, here one being captured in global mode: the
+    maps are allocated in relaxed capture mode and filled on our stream (the stand-in refuses cuMemAlloc
+    and legacy-stream copies there, and then fails the capture, as the H200 did), so the capture ends
+    well and the launches carry their ids."""
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), str(stub_job.app), "capture", "2", "64", "0")
+    assert r.returncode == 0, r.stderr
+    assert "app_vec capture launches=2 threads=64 result=0" in r.stdout
+    assert not [c for c in calls if "refused" in c]
+    assert launches(calls) == ["11,22,64,1", "11,22,64,2"]
+    (doc,) = docs
+    assert [m["status"] for m in doc["modules"]] == ["instrumented"]
+
+
 @pytest.mark.parametrize("app, mode", [("c", "module"), ("c", "library"), ("c", "fatbin"), ("python", "module")])
 def test_instrumented_load_fills_the_table_and_appends_launch_ids(stub_job, probe_obj, tmp_path, app, mode):
     cmd = [str(stub_job.app)] if app == "c" else ["python3", str(MORE / "app_vec.py")]
@@ -192,14 +206,14 @@ def test_instrumented_load_fills_the_table_and_appends_launch_ids(stub_job, prob
     api = "cuModuleGetGlobal_v2" if mode == "module" else "cuLibraryGetGlobal"
     (table,) = [c for c in calls if c.startswith(api)]
     assert table.endswith("found=1")
-    fill = "cuMemcpyHtoD_v2 size=16 ctx=app"  # one map and the trace ring, in the app's context
+    fill = "cuMemcpyHtoDAsync_v2 size=16 stream=ours ctx=app"  # one map and the trace ring, in the app's context
     assert calls.index(table) < calls.index(fill) < calls.index(next(c for c in calls if c.startswith("cuLaunchKernel")))
     # the primary context is not the app's: the runtime leaves it as it found it
     assert [c for c in calls if c.startswith("cuDevicePrimaryCtx")] == ["cuDevicePrimaryCtxRetain dev=0",
                                                                        "cuDevicePrimaryCtxRelease_v2 dev=0"]
     # read back at exit from the same context, once
-    assert [c for c in calls if c.startswith("cuMemcpyDtoH")] == ["cuMemcpyDtoH_v2 size=72 ctx=app",
-                                                                "cuMemcpyDtoH_v2 size=2097216 ctx=app"]
+    assert [c for c in calls if c.startswith("cuMemcpyDtoH")] == ["cuMemcpyDtoHAsync_v2 size=72 stream=ours ctx=app",
+                                                                "cuMemcpyDtoHAsync_v2 size=2097216 stream=ours ctx=app"]
     (doc,) = docs
     assert doc["argv"] == cmd + [mode, "3", "64", "0"]
     assert doc["error"] is None and doc["rank"] is None
@@ -251,7 +265,7 @@ def test_driver_calls_after_the_interpreter_is_gone_pass_through(stub_job, probe
     assert r.returncode == 0, r.stderr
     assert launches(calls) == ["11,22,32,1"]
     # the exit dump read the maps back first; the late calls reached the driver after it
-    read = calls.index("cuMemcpyDtoH_v2 size=72 ctx=app")
+    read = calls.index("cuMemcpyDtoHAsync_v2 size=72 stream=ours ctx=app")
     assert [c.split(" ")[0] for c in calls[read:] if c.startswith((unload, "cuMemFree_v2"))][-2:] == \
         ["cuMemFree_v2", unload]
     assert docs[0]["error"] is None

@@ -16,6 +16,7 @@ from egpu_preload.errors import EgpuError
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_FOUND = 500
 CU_STREAM_NON_BLOCKING = 1   # no implicit ordering with the legacy default stream (cuda.h CUstream_flags)
+CU_STREAM_CAPTURE_MODE_RELAXED = 2   # cuda.h CUstreamCaptureMode
 # CUdevice_attribute values (cuda.h)
 ATTR_SM_COUNT = 16
 ATTR_CC_MAJOR = 75
@@ -41,6 +42,7 @@ SIGNATURES = {
     "cuMemcpyDtoHAsync_v2": "int (*)(void *, unsigned long long, size_t, void *)",
     "cuStreamCreate": "int (*)(void **, unsigned int)",
     "cuStreamSynchronize": "int (*)(void *)",
+    "cuThreadExchangeStreamCaptureMode": "int (*)(int *)",
     "cuModuleGetGlobal_v2": "int (*)(unsigned long long *, size_t *, void *, const char *)",
     "cuLibraryGetGlobal": "int (*)(unsigned long long *, size_t *, void *, const char *)",
     "cuModuleLoadData": "int (*)(void **, const void *)",
@@ -123,6 +125,25 @@ class Driver:
             yield
         finally:
             self.call("cuCtxPopCurrent_v2", self.ffi.new("void **"))
+
+    @contextmanager
+    def capture_relaxed(self) -> Iterator[None]:
+        """This thread may allocate and copy for the block while an application stream captures a graph.
+
+        Under CUDA's lazy loading a module loads at its kernel's first launch, which may be a launch
+        being captured; in a thread of the default (global) capture mode, cuMemAlloc then fails and
+        invalidates the application's capture (seen on the H200). Relaxed mode lifts that for this
+        thread only; a driver without the call (before CUDA 10.1) has no captures to conflict with."""
+        mode = self.ffi.new("int *", CU_STREAM_CAPTURE_MODE_RELAXED)
+        try:
+            self.call("cuThreadExchangeStreamCaptureMode", mode)
+        except DriverError:
+            yield
+            return
+        try:
+            yield
+        finally:
+            self.call("cuThreadExchangeStreamCaptureMode", mode)
 
     def attribute(self, attr: int, device: int) -> int:
         out = self.ffi.new("int *")
@@ -214,3 +235,36 @@ class Driver:
         self.call("cuLibraryGetKernel" if library else "cuModuleGetFunction", out,
                   self.ffi.cast("void *", owner), name.encode())
         return int(self.ffi.cast("uintptr_t", out[0]))
+
+
+class ContextMemory:
+    """Device memory of one context (alloc, free, htod, dtoh for DeviceMaps; read, write for mapsync),
+    every copy on a stream of our own, made at once (the context current) so that every thread of the
+    runtime uses the same one: a legacy-stream copy would wait for the application's blocking streams,
+    and fails and breaks the capture while one of them captures a graph."""
+
+    def __init__(self, driver: Driver, context: int) -> None:
+        self.driver, self.context = driver, context
+        self.stream = driver.stream()
+
+    def alloc(self, size: int) -> int:
+        return self.driver.alloc(size)
+
+    def free(self, ptr: int) -> None:
+        self.driver.free(ptr)
+
+    def htod(self, ptr: int, data: bytes) -> None:
+        self.driver.htod_on(self.stream, ptr, data)
+
+    def dtoh(self, ptr: int, size: int) -> bytes:
+        return self.driver.dtoh_on(self.stream, ptr, size)
+
+    def read(self, addr: int, n: int) -> bytes:
+        """dtoh from any thread: the context made current, capture mode relaxed, for the copy."""
+        with self.driver.current(self.context), self.driver.capture_relaxed():
+            return self.dtoh(addr, n)
+
+    def write(self, addr: int, data: bytes) -> None:
+        """htod from any thread, as read()."""
+        with self.driver.current(self.context), self.driver.capture_relaxed():
+            self.htod(addr, data)

@@ -52,7 +52,7 @@ from egpu_preload.fatbin import ImageKind
 from egpu_preload.maps import MapsState
 from egpu_preload.runtime import config, dump, durations, hooks, launches, live, mirror, ptxas, sass
 from egpu_preload.runtime.config import Config, from_env
-from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, Driver
+from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, ContextMemory, Driver
 from egpu_preload.runtime.probes import Probe, load_probes
 from egpu_preload.translate.devmaps import DeviceMaps
 from egpu_preload.translate.rewrite import KernelStatus, instrument
@@ -158,6 +158,7 @@ class Runtime:
         self.linked: dict[str, list[Module]] = {}         # sha256 of a linked cubin -> those inputs
         self.context: int | None = None                   # where the maps live
         self.maps: list[DeviceMaps] = []
+        self.memory: ContextMemory | None = None          # the maps context's memory and stream
         self._sm: dict[int, int] = {}                     # device -> compute capability (90)
         self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
         self.exit = ExitHook(self.finish)
@@ -209,7 +210,8 @@ class Runtime:
         return res.text.encode()
 
     def module_loaded(self, api: str, call: int, handle: int, result: int, replacement_result: int) -> None:
-        with self.live.lock:
+        # Lazy loading brings modules in at a kernel's first launch, which may be one being captured.
+        with self.live.lock, self.driver.capture_relaxed():
             self._module_loaded(api, call, handle, result, replacement_result)
 
     def _module_loaded(self, api: str, call: int, handle: int, result: int, replacement_result: int) -> None:
@@ -325,7 +327,7 @@ class Runtime:
                 if self.context is None:
                     self._allocate_maps()
                 with self.driver.current(self.context):
-                    self.sass.set_tables(self.driver, self.maps)
+                    self.sass.set_tables(self.memory, self.maps)
         except EgpuError as e:
             mod.status, mod.backend = f"failed: cannot place the map tables: {e}", ""
             return
@@ -359,22 +361,23 @@ class Runtime:
             for probe, maps in zip(self.probes, self.maps):
                 address = self.driver.global_address(handle, probe.table, library)
                 if address is not None:
-                    self.driver.htod(address, maps.table())
+                    self.memory.htod(address, maps.table())
 
     def _allocate_maps(self) -> None:
         """The device maps of every probe object, in the current context (or the primary one)."""
         ncpu = self.driver.attribute(ATTR_SM_COUNT, self.driver.device())  # PERCPU rows; higher SM ids share the last
         ctx = self.driver.maps_context()
         with self.driver.current(ctx):
+            memory = ContextMemory(self.driver, ctx)
             maps = []
             try:
                 for p in self.probes:
-                    maps.append(DeviceMaps(self.driver, MapsState(p.obj.maps), ncpu))
+                    maps.append(DeviceMaps(memory, MapsState(p.obj.maps), ncpu))
             except Exception:
                 for m in maps:
                     m.free()
                 raise
-        self.context, self.maps = ctx, maps
+        self.context, self.maps, self.memory = ctx, maps, memory
 
     def _fail(self, mod: Module, reason: str) -> None:
         mod.status = f"failed: {reason}"

@@ -12,8 +12,9 @@ the shim appends to instrumented kernels), grid, block, stream.
 
 Time. ``bpf_ktime_get_ns()`` in a launch probe is the launch's enqueue time (the record's time, not the
 moment the probe happens to run), on the %globaltimer clock: the record's CLOCK_MONOTONIC converted with
-CLOCK_REALTIME - CLOCK_MONOTONIC measured once at start, since the driver keeps %globaltimer in ns since
-the Unix epoch.
+CLOCK_REALTIME - CLOCK_MONOTONIC measured once at start, plus %globaltimer - CLOCK_REALTIME measured by
+a one-thread kernel when the device maps are made (driver.ContextMemory.globaltimer_offset; the driver
+keeps %globaltimer in ns since the Unix epoch, but not exactly: 1.19 ms ahead on an H200).
 
 Maps. Each probe object's maps have one host copy for its launch probes (a MapsState), and the device
 copy its GPU probes use (translate/devmaps.py). Which copy is authoritative depends on who uses a map:
@@ -181,7 +182,7 @@ class LaunchProbes:
         self.probes = list(probes)  # the probes at start, the sides' owners (live.py may replace them later)
         self.sides = [probe_maps(p) for p in probes]
         self.only = only  # egpu-run --kernel: launch probes see only those kernels too
-        self.offset = clock_offset()
+        self.offset = clock_offset()   # MONOTONIC -> REALTIME; the runtime adds REALTIME -> %globaltimer
         self._chosen: dict[str | None, list[tuple[ProbeMaps, Vm]]] = {}
         self.runs = 0
         self.errors: list[str] = []
@@ -306,46 +307,21 @@ class Drainer:
             print(f"egpu: launch probe failed: {line}", file=sys.stderr)
 
 
-class StreamMemory:
-    """mapsync.Memory over device memory of ``context``: copies on a non-blocking stream of the runtime's
-    own (created on first use), each waited for on that stream only."""
-
-    def __init__(self, driver: Any, context: int) -> None:
-        self.driver, self.context = driver, context
-        self._stream: int | None = None
-
-    def _on(self) -> int:
-        if self._stream is None:
-            self._stream = self.driver.stream()
-        return self._stream
-
-    def read(self, addr: int, n: int) -> bytes:
-        with self.driver.current(self.context):
-            return self.driver.dtoh_on(self._on(), addr, n)
-
-    def write(self, addr: int, data: bytes) -> None:
-        with self.driver.current(self.context):
-            self.driver.htod_on(self._on(), addr, data)
-
-
 def attach(runtime: Any) -> Drainer | None:
     """The drain thread for an instrumenter.Runtime whose probes have launch programs (started), else
     None. Names come from the runtime's handle table, device maps from its maps once allocated."""
     probes = LaunchProbes(runtime.probes, runtime.cfg.kernel)
     if not probes:
         return None
-    memory: dict[int, StreamMemory] = {}
-
     def name_of(handle: int) -> str | None:
         found = runtime.functions.get(handle)
         return found[1] if found else None
 
     def device() -> tuple[mapsync.Memory, list[list[int]]] | None:
-        maps, ctx = runtime.maps, runtime.context
-        if not maps or ctx is None:
+        maps, memory = runtime.maps, runtime.memory
+        if not maps or memory is None:
             return None
-        mem = memory.setdefault(ctx, StreamMemory(runtime.driver, ctx))
-        return mem, [m.addrs for m in maps]
+        return memory, [m.addrs for m in maps]
 
     return Drainer(runtime.ffi, runtime.lib, probes, name_of, device).start()
 

@@ -72,6 +72,7 @@ from egpu_preload.translate.devmaps import DeviceMaps, apply_region, apply_trace
 from egpu_preload.translate.rewrite import KernelStatus, instrument
 
 if TYPE_CHECKING:
+    from egpu_preload.runtime.driver import ContextMemory
     from egpu_preload.runtime.instrumenter import Module, Runtime
 
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
@@ -114,28 +115,6 @@ def same_map(a: Any, b: Any) -> bool:
            (b.name, b.type, b.key_size, b.value_size, b.max_entries, b.flags)
 
 
-class _Memory:
-    """DeviceMaps' memory (alloc, free, htod, dtoh) in one context, reads on a stream of our own."""
-
-    def __init__(self, driver: Any, context: int) -> None:
-        self.driver, self.context = driver, context
-        self._stream: int | None = None
-
-    def alloc(self, size: int) -> int:
-        return self.driver.alloc(size)
-
-    def free(self, ptr: int) -> None:
-        self.driver.free(ptr)
-
-    def htod(self, ptr: int, data: bytes) -> None:
-        self.driver.htod(ptr, data)
-
-    def dtoh(self, ptr: int, size: int) -> bytes:
-        if self._stream is None:
-            self._stream = self.driver.stream()
-        return self.driver.dtoh_on(self._stream, ptr, size)
-
-
 @dataclass
 class Snapshot:
     """Copies of the map regions of probes a flip retires, made inside the flip (egpu_shim_swap copies
@@ -144,7 +123,7 @@ class Snapshot:
     probes: list[tuple[str, Probe, DeviceMaps]]
     addrs: list[list[int]] = field(default_factory=list)
 
-    def stage(self, memory: "_Memory") -> list[tuple[int, int, int]]:
+    def stage(self, memory: "ContextMemory") -> list[tuple[int, int, int]]:
         """Allocate the copies; the (dst, src, size) device copies the flip must make."""
         copies = []
         try:
@@ -159,7 +138,7 @@ class Snapshot:
             raise
         return copies
 
-    def free(self, memory: "_Memory") -> None:
+    def free(self, memory: "ContextMemory") -> None:
         for a in (a for probe in self.addrs for a in probe):
             memory.free(a)
         self.addrs = []
@@ -174,17 +153,22 @@ class Live:
         self.generation = 0               # bumped by every flip
         self.names = self._unique([probe_name(p.path) for p in rt.probes])
         self.retired: list[tuple[Probe, DeviceMaps]] = []  # kept until exit ("Old images")
-        self.memory: _Memory | None = None
         self.server: ControlServer | None = None
         self.flips = 0
         self._workdir: Path | None = None
         self.extra: dict[str, Any] = {}   # handlers other parts of the runtime serve (serve())
 
+    @property
+    def memory(self) -> "ContextMemory":
+        """The maps context's memory (the runtime's: one stream of our own for all copies)."""
+        return self.rt.memory
+
     # ---- the server ------------------------------------------------------------------------------
     def start(self) -> "Live":
         """Serve this process's control socket; a process without one still runs (one line on stderr)."""
-        handlers = {"ping": self.ping, "attach": self.attach, "detach": self.detach, "swap": self.swap,
-                    "maps": self.maps, "modules": self.modules, **self.extra}
+        handlers = {cmd: self._relaxed(h) for cmd, h in {
+            "ping": self.ping, "attach": self.attach, "detach": self.detach, "swap": self.swap, "maps": self.maps,
+            "modules": self.modules, **self.extra}.items()}
         try:
             self.server = ControlServer(handlers).start()
         except EgpuError as e:
@@ -195,7 +179,15 @@ class Live:
         """Answer control command ``cmd`` with ``handler`` from now on (and in forked children)."""
         self.extra[cmd] = handler
         if self.server is not None:
-            self.server.handlers[cmd] = handler
+            self.server.handlers[cmd] = self._relaxed(handler)
+
+    def _relaxed(self, handler: Any) -> Any:
+        """``handler`` run in relaxed capture mode: the control thread allocates and copies while the
+        application's threads may be capturing graphs (driver.capture_relaxed)."""
+        def run(fields: dict) -> dict:
+            with self.rt.driver.capture_relaxed():
+                return handler(fields)
+        return run
 
     def stop(self) -> None:
         if self.server is not None and self.server.path.exists():
@@ -269,7 +261,7 @@ class Live:
     def mirrored(self) -> dict | None:
         """What the map mirror (mirror.py) writes: the maps document, once maps exist (None before: the
         mirror never allocates them)."""
-        with self.lock:
+        with self.lock, self.rt.driver.capture_relaxed():
             if self.rt.context is None:
                 return None
             probes = self._read(self._probes())
@@ -455,7 +447,7 @@ class Live:
             if id(p) in used:
                 address = self.rt.driver.global_address(handle, p.table, mod.library)
                 if address is not None:
-                    self.rt.driver.htod(address, maps.table())
+                    self.memory.htod(address, maps.table())
         return copy
 
     def _state_copies(self, mod: "Module", target: Copy | None) -> list[tuple[int, int, int]]:
@@ -530,8 +522,6 @@ class Live:
         with rt._maps_lock:
             if rt.context is None:
                 rt._allocate_maps()
-        if self.memory is None or self.memory.context != rt.context:
-            self.memory = _Memory(rt.driver, rt.context)
         return rt.context
 
     def _new_maps(self, probe: Probe, old: tuple[Probe, DeviceMaps] | None) -> DeviceMaps:

@@ -95,14 +95,14 @@ class SassBackend:
             return "the shim refused the patch image"
         return ""
 
-    def set_tables(self, driver: Any, maps: list[Any]) -> None:
-        """Write every object's map table into one device block (in the maps' context, current) and
-        hand the shim its address; launches run probes from then on."""
+    def set_tables(self, memory: Any, maps: list[Any]) -> None:
+        """Write every object's map table into one device block (``memory``: the maps' context's, current)
+        and hand the shim its address; launches run probes from then on."""
         if self.tables is not None:
             return
         block = b"".join(m.table() for m in maps)
-        self.tables = driver.alloc(len(block))
-        driver.htod(self.tables, block)
+        self.tables = memory.alloc(len(block))
+        memory.htod(self.tables, block)
         self.lib.egpu_sass_tables(self.tables)
 
     # ---- the shim's question ---------------------------------------------------------------------------

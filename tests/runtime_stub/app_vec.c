@@ -5,7 +5,8 @@
  * cuLibraryLoadData + cuLibraryGetKernel), fatbin (a fatbin wrapper holding the PTX through
  * cuLibraryLoadData, as cudart loads), cubin (an ELF image: no PTX to instrument), link (the PTX
  * through cuLinkAddData, then the cubin cuLinkComplete made, copied, through cuModuleLoadData, as
- * numba does). */
+ * numba does), capture (the fatbin loaded and launched into a stream while it captures a graph in
+ * global mode: CUDA's lazy loading loads a module at its first launch, which may be captured). */
 #include <dlfcn.h>
 #include <signal.h>
 #include <stdint.h>
@@ -36,8 +37,9 @@ static const unsigned char cubin[64] = {0x7f, 'E', 'L', 'F', 2, 1, 1};
 
 int main(int argc, char **argv) {
     if (argc != 5) return 2;
-    int library = !strcmp(argv[1], "library") || !strcmp(argv[1], "fatbin");
-    const void *image = !strcmp(argv[1], "fatbin") ? (const void *)&wrapper
+    int capture = !strcmp(argv[1], "capture");
+    int library = !strcmp(argv[1], "library") || !strcmp(argv[1], "fatbin") || capture;
+    const void *image = !strcmp(argv[1], "fatbin") || capture ? (const void *)&wrapper
                         : !strcmp(argv[1], "cubin") ? (const void *)cubin : (const void *)PTX;
     memcpy(fatbin.ptx, PTX, sizeof PTX);
     unsigned k = atoi(argv[2]), n = atoi(argv[3]);
@@ -47,7 +49,8 @@ int main(int argc, char **argv) {
     SYM(cuInit); SYM(cuModuleLoadData); SYM(cuModuleGetFunction); SYM(cuLibraryLoadData);
     SYM(cuLibraryGetKernel); SYM(cuLaunchKernel); SYM(cuCtxSynchronize);
     SYM(cuLinkCreate_v2); SYM(cuLinkAddData_v2); SYM(cuLinkComplete); SYM(cuLinkDestroy);
-    void *mod = NULL, *f = NULL, *link = NULL, *linked = NULL;
+    SYM(cuStreamCreate); SYM(cuStreamBeginCapture_v2); SYM(cuStreamEndCapture);
+    void *mod = NULL, *f = NULL, *link = NULL, *linked = NULL, *stream = NULL, *graph = NULL;
     size_t linked_size = 0;
     int r = cuInit(0);
     if (!strcmp(argv[1], "link")) {
@@ -59,6 +62,8 @@ int main(int argc, char **argv) {
         r |= cuLinkDestroy(link);
         image = copy;
     }
+    if (capture)
+        r |= cuStreamCreate(&stream, 0) | cuStreamBeginCapture_v2(stream, 0);
     if (library)
         r |= cuLibraryLoadData(&mod, image, NULL, NULL, 0, NULL, NULL, 0) | cuLibraryGetKernel(&f, mod, "vecadd");
     else
@@ -66,7 +71,9 @@ int main(int argc, char **argv) {
     unsigned long long a = 11, b = 22, count = n;
     void *params[] = {&a, &b, &count};
     for (unsigned i = 0; i < k; i++)
-        r |= cuLaunchKernel(f, (n + 31) / 32, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
+        r |= cuLaunchKernel(f, (n + 31) / 32, 1, 1, 32, 1, 1, 0, stream, params, NULL);
+    if (capture)
+        r |= cuStreamEndCapture(stream, &graph);
     r |= cuCtxSynchronize();
     printf("app_vec %s launches=%u threads=%u result=%d\n", argv[1], k, n, r);
     fflush(stdout);

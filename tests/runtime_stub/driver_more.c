@@ -118,13 +118,19 @@ static void get(void *dst, CUdeviceptr src, size_t n) {
     pthread_mutex_unlock(&memory);
 }
 
+CUresult egpu_stub_during_capture(const char *api, int legacy_copy);   /* libcuda_stub.c */
+
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+    CUresult r = egpu_stub_during_capture(__func__, 1);
+    if (r != OK) return r;
     put(dst, src, n);
     note("cuMemcpyHtoD_v2 size=%zu ctx=%s", n, context_name());
     return OK;
 }
 
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+    CUresult r = egpu_stub_during_capture(__func__, 1);
+    if (r != OK) return r;
     get(dst, src, n);
     note("cuMemcpyDtoH_v2 size=%zu ctx=%s", n, context_name());
     return OK;

@@ -23,7 +23,10 @@ typedef unsigned long long CUdeviceptr;
 #define NOT_FOUND 500
 #define NOT_SUPPORTED 801
 #define CAPTURE_UNSUPPORTED 900
+#define CAPTURE_INVALIDATED 901
 #define CAPTURE_UNMATCHED 903
+#define CAPTURE_IMPLICIT 906
+#define MODE_RELAXED 2
 
 static int logging(void) {
     const char *path = getenv("EGPU_STUB_LOG");
@@ -357,15 +360,21 @@ CUresult cuGraphAddNode_v2(void **node, void *g, void **deps, const void *edges,
 CUresult cuGraphNodeSetParams(void *node, graph_node *p) { return log_any_node(__func__, p, 0); }
 CUresult cuGraphExecNodeSetParams(void *exec, void *node, graph_node *p) { return log_any_node(__func__, p, 0); }
 
-/* Stream capture, minimally: which streams capture. A launch into one is logged and run at once like
- * any other (the stand-in keeps no graphs); the legacy stream (NULL) cannot capture, as on the driver,
- * and ending a capture a stream never began is refused. */
+/* Stream capture, minimally: which streams capture, in which mode. A launch into one is logged and run at
+ * once like any other (the stand-in keeps no graphs); the legacy stream (NULL) cannot capture, as on the
+ * driver, and ending a capture a stream never began is refused. The driver's rules for calls made while
+ * a capture goes on (cuStreamBeginCapture, cuThreadExchangeStreamCaptureMode): a thread not in relaxed
+ * mode may not make unsafe calls (cuMemAlloc) while a capture not begun relaxed goes on, and a copy on
+ * the legacy stream would have to wait for the capturing (blocking) stream; either call fails and
+ * invalidates the captures, which then end with CAPTURE_INVALIDATED. */
 static void *capturing[16];
+static int capture_modes[16], captures_invalidated;
+static __thread int thread_mode;   /* CU_STREAM_CAPTURE_MODE_GLOBAL */
 static CUresult begin_capture(const char *api, void *stream, int mode) {
     logf_("%s stream=%p mode=%d", api, stream, mode);
     if (!stream) return CAPTURE_UNSUPPORTED;
     for (int i = 0; i < 16; i++)
-        if (!capturing[i]) { capturing[i] = stream; return OK; }
+        if (!capturing[i]) { capturing[i] = stream; capture_modes[i] = mode; return OK; }
     return NOT_SUPPORTED;
 }
 static CUresult end_capture(const char *api, void *stream, void **graph) {
@@ -374,9 +383,26 @@ static CUresult end_capture(const char *api, void *stream, void **graph) {
         if (capturing[i] == stream) {
             capturing[i] = NULL;
             *graph = (void *)0x6a;
-            return OK;
+            return captures_invalidated ? CAPTURE_INVALIDATED : OK;
         }
     return CAPTURE_UNMATCHED;
+}
+/* The result a call of this kind gets now: OK, or the error it gets while a capture goes on (which also
+ * invalidates the captures). legacy_copy: a synchronous copy on the legacy stream; else an unsafe call. */
+CUresult egpu_stub_during_capture(const char *api, int legacy_copy) {
+    for (int i = 0; i < 16; i++)
+        if (capturing[i] && (legacy_copy || (capture_modes[i] != MODE_RELAXED && thread_mode != MODE_RELAXED))) {
+            logf_("%s refused: a stream is capturing", api);
+            captures_invalidated = 1;
+            return legacy_copy ? CAPTURE_IMPLICIT : CAPTURE_UNSUPPORTED;
+        }
+    return OK;
+}
+CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    int old = thread_mode;
+    thread_mode = *mode;
+    *mode = old;
+    return OK;
 }
 CUresult cuStreamBeginCapture(void *s) { return begin_capture(__func__, s, 0); }
 CUresult cuStreamBeginCapture_ptsz(void *s) { return begin_capture(__func__, s, 0); }
@@ -393,7 +419,13 @@ CUresult cuStreamEndCapture_ptsz(void *s, void **graph) { return end_capture(__f
 
 static CUdeviceptr next_ptr = 0x700000000000ull;
 static CUdeviceptr new_ptr(size_t size) { CUdeviceptr p = next_ptr; next_ptr += (size + 0xfff) & ~0xfffull; return p; }
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) { *p = new_ptr(size); logf_("cuMemAlloc_v2 size=%zu", size); return OK; }
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) {
+    CUresult r = egpu_stub_during_capture(__func__, 0);
+    if (r != OK) return r;
+    *p = new_ptr(size);
+    logf_("cuMemAlloc_v2 size=%zu", size);
+    return OK;
+}
 CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned int e) {
     *pitch = (w + 511) & ~(size_t)511;
     *p = new_ptr(*pitch * h);
