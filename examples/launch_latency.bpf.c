@@ -5,12 +5,14 @@
  * of that launch to start takes the stored time and adds (its %globaltimer - enqueue time) to the
  * histogram. This measures queueing behind earlier work on the stream, driver and dispatch time.
  *
- * The difference is only meaningful because the runtime gives launch probes a host clock aligned with
- * %globaltimer and corrects the offset it measures at start. (The PTX ISA only calls %globaltimer a
- * global nanosecond timer; in practice the driver keeps it in ns since the Unix epoch, near
- * CLOCK_REALTIME, which bpftime's launchlate relies on too.) What is left of the misalignment shows
- * up as negative differences: those are counted in clock_skew instead of the histogram, so a non-zero
- * count says not to trust the smallest buckets. launchlate.bpf.c is bpftime's version of the same question.
+ * The difference is only meaningful because the runtime puts launch probes on the GPU's clock: it
+ * converts the enqueue time to CLOCK_REALTIME, then adds %globaltimer - CLOCK_REALTIME, which a
+ * one-thread kernel measures when the maps are made (egpu-run -v prints it and its uncertainty). The
+ * PTX ISA only calls %globaltimer a global nanosecond timer; the driver keeps it near the Unix epoch,
+ * not on it (1.19 ms ahead on an H200), where bpftime's launchlate takes the two clocks as one. What
+ * is left of the misalignment shows up as negative differences: those are counted in clock_skew
+ * instead of the histogram, so a non-zero count says not to trust the smallest buckets.
+ * launchlate.bpf.c is bpftime's version of the same question.
  *
  *   egpu-run -p examples/launch_latency.bpf.c ./app
  */

@@ -6,6 +6,8 @@ launch probe's writes reach the device copy that GPU probes read."""
 from __future__ import annotations
 
 import struct
+import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -219,3 +221,70 @@ def test_launch_probe_writes_reach_the_maps_gpu_probes_read(stub_job, tmp_path, 
     assert all(before <= struct.unpack("<Q", v)[0] <= after for v in enq.values())
     assert [ln.split(":")[0] for ln in r.stdout.splitlines()[1:4]] == ["@enqueue_ns[1]", "@enqueue_ns[2]",
                                                                         "@enqueue_ns[3]"]
+
+
+class _ClockDriver:
+    """The driver calls ContextMemory.globaltimer_offset makes, over a GPU whose %globaltimer runs
+    ``ahead`` ns ahead of CLOCK_REALTIME and reads it ``delay`` ns into each launch's round trip."""
+
+    def __init__(self, ahead: int, delay: int) -> None:
+        import cffi
+        self.ffi, self.ahead, self.delay = cffi.FFI(), ahead, delay
+        self.mem: dict[int, bytes] = {}
+        self.launches = 0
+
+    @contextmanager
+    def current(self, context: int):
+        yield
+
+    @contextmanager
+    def capture_relaxed(self):
+        yield
+
+    def stream(self) -> int:
+        return 1
+
+    def load(self, image: bytes, library: bool) -> int:
+        assert b".entry egpu_globaltimer" in image
+        return 7
+
+    def function(self, owner: int, name: str, library: bool) -> int:
+        return 8
+
+    def unload(self, handle: int, library: bool) -> None:
+        pass
+
+    def alloc(self, size: int) -> int:
+        return 0x1000
+
+    def free(self, ptr: int) -> None:
+        pass
+
+    def htod_on(self, stream: int, ptr: int, data: bytes) -> None:
+        self.mem[ptr] = data
+
+    def dtoh_on(self, stream: int, ptr: int, size: int) -> bytes:
+        return self.mem[ptr][:size]
+
+    def call(self, symbol: str, *args) -> None:
+        if symbol == "cuLaunchKernel":
+            self.launches += 1
+            out = self.ffi.cast("unsigned long long **", args[9])[0][0]
+            now = time.clock_gettime_ns(time.CLOCK_REALTIME) + self.delay
+            self.mem[out] = struct.pack("<Q", now + self.ahead)
+            time.sleep(2 * self.delay / 1e9)
+
+
+def test_globaltimer_offset_is_the_gpu_clock_minus_realtime_within_its_window():
+    from egpu_preload.runtime.driver import ContextMemory
+    drv = _ClockDriver(ahead=1_190_000, delay=50_000)
+    offset, within = ContextMemory(drv, 1).globaltimer_offset()
+    assert drv.launches == 5
+    assert abs(offset - 1_190_000) <= within and within < 1_000_000
+
+
+def test_a_driver_that_runs_no_kernel_leaves_the_clocks_unaligned():
+    from egpu_preload.runtime.driver import ContextMemory
+    drv = _ClockDriver(ahead=0, delay=0)
+    drv.call = lambda symbol, *args: None   # the kernel stores nothing: the buffer keeps its zeros
+    assert ContextMemory(drv, 1).globaltimer_offset() is None

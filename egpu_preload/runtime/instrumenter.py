@@ -378,6 +378,20 @@ class Runtime:
                     m.free()
                 raise
         self.context, self.maps, self.memory = ctx, maps, memory
+        if self.drainer is not None:  # launch probes' times meet %globaltimer in shared maps
+            self._align_clocks(memory)
+
+    def _align_clocks(self, memory: ContextMemory) -> None:
+        """Put launch probes' clock on the GPU's: their times are CLOCK_REALTIME, GPU probes' %globaltimer."""
+        try:
+            measured = memory.globaltimer_offset()
+        except EgpuError as e:
+            measured = None
+            self._log(1, f"%globaltimer not measured ({e}): launch probes keep CLOCK_REALTIME")
+        if measured is not None:
+            self.drainer.probes.offset += measured[0]
+            self._log(1, f"%globaltimer - CLOCK_REALTIME = {measured[0]} ns (+-{measured[1]} ns): "
+                         "launch probes' times moved onto the GPU's clock")
 
     def _fail(self, mod: Module, reason: str) -> None:
         mod.status = f"failed: {reason}"
