@@ -378,7 +378,9 @@ class Runtime:
                     m.free()
                 raise
         self.context, self.maps, self.memory = ctx, maps, memory
-        if self.drainer is not None:  # launch probes' times meet %globaltimer in shared maps
+        # Launch probes' times meet %globaltimer only through maps they share with GPU programs; the
+        # measuring kernel is the one egpu launches of its own, and profilers see it: only then.
+        if self.drainer is not None and any(side.shared for side in self.drainer.probes.sides):
             self._align_clocks(memory)
 
     def _align_clocks(self, memory: ContextMemory) -> None:
