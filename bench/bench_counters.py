@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,9 +29,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         env = {**suite.base_env(work), "CUDA_MODULE_LOADING": "EAGER"}
-        exe = work / "kernels"
-        subprocess.run(["nvcc", "-O2", "-gencode", "arch=compute_90,code=[sm_90,compute_90]",
-                        str(ROOT / "bench" / "workloads" / "kernels.cu"), "-o", str(exe)], check=True)
+        exe = suite.build_kernels(work)
         probes = {m: bench_jit.probe_object(src, bench_jit.prebuilt_dir(), work) for m, src in PROBES.items()}
         runs = {"plain": suite.run_case(suite.workload_cmd("vecadd", exe), env, 60)}
         for mode in PROBES:

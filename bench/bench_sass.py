@@ -3,10 +3,11 @@
 Usage (on the GPU machine): ``python3 bench/bench_sass.py OUT.json [PROBE.bpf.o]`` (default: the
 kernel-entry counter tests/probes/count.bpf.c, prebuilt by scripts/gpu-prep.sh).
 
-- nvcc kernels: tests/e2e/vecadd.cu built with PTX and sm_90 SASS, so both back ends can serve it:
-  plain, ``egpu-run --backend ptx`` (PTX rewritten) and ``--backend sass`` (SASS patched). Time per launch
-  (N threads, launch + its share of the final synchronize) is the difference of two runs with K1 and K2
-  launches divided by K2 - K1, so process start, CUDA start and egpu's setup cancel out; best of REPS.
+- nvcc kernels: the suite's vecadd (bench/workloads/kernels.cu, 16 Mi threads, PTX and sm_90 SASS, so
+  both back ends can serve it): plain, ``egpu-run --backend ptx`` (PTX rewritten) and ``--backend sass``
+  (SASS patched), each timed inside its process by the suite's protocol (warm-up, calibration,
+  repetitions of about 100 ms; median per launch), so start-up and JIT stay out. (Until 2026-12-01 this
+  differenced whole-process times at 20 and 220 launches, which process noise drove negative.)
 - PyTorch: one eager training step (matmul, conv, MLP forward, backward and SGD) timed in the process
   (median of STEPS after a warm-up): plain, ``--backend ptx`` (the shim only: PyTorch ships no PTX) and
   ``--backend sass`` (every kernel patched, the probe in each).
@@ -20,11 +21,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-REPS, K1, K2, N = 3, 20, 220, 1 << 22
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import suite  # noqa: E402
+
 STEPS = 50
 BACKENDS = ("plain", "ptx", "sass")
 
@@ -54,29 +57,16 @@ print(f"STEP_US {statistics.median(times) * 1e6:.1f}")
 """
 
 
-def egpu_run() -> list[str]:
-    return [sys.executable, "-c", "import sys; sys.path.insert(0, %r); import launcher; launcher.run_main()" % str(ROOT)]
-
-
 def command(backend: str, probe: Path, cmd: list[str]) -> list[str]:
-    return cmd if backend == "plain" else egpu_run() + ["--backend", backend, "-p", str(probe), *cmd]
+    return cmd if backend == "plain" else suite.egpu_run() + ["--backend", backend, "-p", str(probe), *cmd]
 
 
-def wall(cmd: list[str], env: dict[str, str]) -> float:
-    t = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode:
-        raise SystemExit(f"{' '.join(cmd)}: exit {done.returncode}\n{done.stderr[-2000:]}")
-    return time.perf_counter() - t
-
-
-def per_launch_us(exe: Path, backend: str, probe: Path, env: dict[str, str]) -> float:
-    best = float("inf")
-    for _ in range(REPS):
-        t1 = wall(command(backend, probe, [str(exe), str(K1), str(N)]), env)
-        t2 = wall(command(backend, probe, [str(exe), str(K2), str(N)]), env)
-        best = min(best, (t2 - t1) / (K2 - K1) * 1e6)
-    return best
+def vecadd_us(exe: Path, backend: str, probe: Path, env: dict[str, str]) -> tuple[float, str | None]:
+    """(median µs per launch, the output's digest) of the suite's vecadd under ``backend``."""
+    rec = suite.run_case(command(backend, probe, suite.workload_cmd("vecadd", exe)), env, suite.TIMEOUT_S["cuda"])
+    if rec["status"] != "ok":
+        raise SystemExit(f"vecadd ({backend}): {rec['status']}: {rec.get('error', '')}")
+    return statistics.median(rec["unit_ms"]) * 1e3, rec["digest"]
 
 
 def torch_step_us(backend: str, probe: Path, env: dict[str, str], script: Path) -> float:
@@ -94,14 +84,14 @@ def main() -> None:
     out_path = Path(sys.argv[1])
     prebuilt = Path(os.environ.get("EGPU_PREBUILT_PROBES", ROOT / ".gpubuild" / "probes"))
     probe = Path(sys.argv[2]) if len(sys.argv) > 2 else prebuilt / "count.v3.bpf.o"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU_")}
     result: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        env["XDG_RUNTIME_DIR"] = tmp
-        exe = Path(tmp) / "vecadd"
-        subprocess.run(["nvcc", "-O2", "-gencode", "arch=compute_90,code=[sm_90,compute_90]",
-                        str(ROOT / "tests/e2e/vecadd.cu"), "-o", str(exe)], check=True)
-        result["vecadd_us_per_launch"] = {b: per_launch_us(exe, b, probe, env) for b in BACKENDS}
+        env = suite.base_env(Path(tmp))
+        exe = suite.build_kernels(Path(tmp))
+        runs = {b: vecadd_us(exe, b, probe, env) for b in BACKENDS}
+        if len({digest for _, digest in runs.values()}) != 1:
+            raise SystemExit(f"vecadd: the back ends' outputs differ: {runs}")
+        result["vecadd_us_per_launch"] = {b: us for b, (us, _) in runs.items()}
         script = Path(tmp) / "step.py"
         script.write_text(TORCH_STEP.replace("STEPS", str(STEPS)))
         if subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
@@ -112,7 +102,7 @@ def main() -> None:
         times.update({f"{b}_ratio": round(times[b] / base, 3) for b in BACKENDS if b != "plain"})
         print(f"{case:24s} " + "  ".join(f"{b} {times[b]:10.1f}" for b in BACKENDS)
               + f"   ptx x{times['ptx_ratio']}  sass x{times['sass_ratio']}")
-    out_path.write_text(json.dumps({"probe": str(probe), "threads": N, "launches": [K1, K2], **result}, indent=1))
+    out_path.write_text(json.dumps({"probe": str(probe), "vecadd_threads": 1 << 24, **result}, indent=1))
 
 
 if __name__ == "__main__":

@@ -77,6 +77,14 @@ def base_env(work: Path) -> dict[str, str]:
     return env
 
 
+def build_kernels(work: Path) -> Path:
+    """bench/workloads/kernels.cu built into ``work`` with PTX (for egpu) and sm_90 SASS (plain runs)."""
+    exe = work / "kernels"
+    subprocess.run(["nvcc", "-O2", "-gencode", "arch=compute_90,code=[sm_90,compute_90]",
+                    str(BENCH / "workloads" / "kernels.cu"), "-o", str(exe)], check=True)
+    return exe
+
+
 def workload_cmd(name: str, exe: Path, profile: bool = False) -> list[str]:
     if WORKLOADS[name] == "cuda":
         return [str(exe), name, str(REPS), str(BUDGET_S)]
@@ -230,9 +238,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         env = base_env(work)
-        exe = work / "kernels"
-        subprocess.run(["nvcc", "-O2", "-gencode", "arch=compute_90,code=[sm_90,compute_90]",
-                        str(BENCH / "workloads" / "kernels.cu"), "-o", str(exe)], check=True)
+        exe = build_kernels(work)
         probes = {m: bench_jit.probe_object(src, bench_jit.prebuilt_dir(), work) for m, src in PROBES.items()}
         print("suite: JIT cost", flush=True)
         doc["jit"] = guarded("bench_jit", bench_jit.measure, work)

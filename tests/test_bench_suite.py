@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -309,3 +310,32 @@ def test_swap_latency_on_a_live_job(suite, stub_job, probe_obj, tmp_path):
     for cmd in ("attach", "swap", "detach"):
         flip, trip = got["flip_ms"][cmd], got["round_trip_ms"][cmd]
         assert len(flip["runs"]) == 1 and 0 < flip["median"] <= trip["median"]
+
+
+@pytest.mark.parametrize("digests, ok", [({"plain": "d", "ptx": "d", "sass": "d"}, True),
+                                         ({"plain": "d", "ptx": "d", "sass": "x"}, False)])
+def test_sass_bench_times_each_back_end_inside_its_process(suite, tmp_path, monkeypatch, digests, ok):
+    """bench_sass.py's vecadd: one suite case per back end, the median per launch of each, ratios to plain;
+    back ends whose outputs differ are no result."""
+    sass = importlib.import_module("bench_sass")
+    ms = {"plain": 0.0625, "ptx": 0.125, "sass": 0.25}
+    seen = []
+
+    def fake_run(cmd, env, timeout):
+        backend = cmd[cmd.index("--backend") + 1] if "--backend" in cmd else "plain"
+        seen.append((backend, cmd[-3:]))
+        return case([ms[backend]] * 5, digest=digests[backend])
+    monkeypatch.setattr(suite, "run_case", fake_run)
+    monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: None)   # the nvcc build
+    monkeypatch.setattr(sass.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1))  # no torch
+    out = tmp_path / "sass.json"
+    monkeypatch.setattr(sass.sys, "argv", ["bench_sass.py", str(out), str(tmp_path / "count.bpf.o")])
+    if not ok:
+        with pytest.raises(SystemExit, match="outputs differ"):
+            sass.main()
+        return
+    sass.main()
+    doc = json.loads(out.read_text())
+    assert doc["vecadd_us_per_launch"] == {"plain": 62.5, "ptx": 125.0, "sass": 250.0, "ptx_ratio": 2.0,
+                                           "sass_ratio": 4.0}
+    assert [b for b, _ in seen] == ["plain", "ptx", "sass"] and all(c[0] == "vecadd" for _, c in seen)
