@@ -28,14 +28,16 @@ _SPACES = re.compile(r'(?:\s+|//[^\n]*|/\*.*?\*/)+', re.S)
 _LINE_DIRECTIVES = (".version", ".target", ".address_size", ".file", ".loc")
 
 # One statement-level token of a function body (section 4.3: statements, labels, scopes).
+# A body token after any whitespace and comments (one match for both: bodies are mostly lines), or
+# the end (no group).
 _BODY = re.compile(r"""
-    (?P<ws>\s+)
-  | (?P<comment>//[^\n]*|/\*.*?\*/)
-  | (?P<open>\{)
-  | (?P<close>\})
-  | (?P<line>\.(?:loc|file)\b[^\n]*)
-  | (?P<label>[$%A-Za-z_][\w$]*[ \t]*:(?!:))
-  | (?P<stmt>[^;{}"/]*(?:(?:\{[^{}]*\}|"[^"]*"|/(?![/*]))[^;{}"/]*)*;)
+    (?:\s+|//[^\n]*|/\*.*?\*/)*
+    (?: (?P<open>\{)
+      | (?P<close>\})
+      | (?P<line>\.(?:loc|file)\b[^\n]*)
+      | (?P<label>[$%A-Za-z_][\w$]*[ \t]*:(?!:))
+      | (?P<stmt>[^;{}"/]*(?:(?:\{[^{}]*\}|"[^"]*"|/(?![/*]))[^;{}"/]*)*;)
+      | \Z)
 """, re.X | re.S)
 
 _HEADER = re.compile(r"""
@@ -64,23 +66,21 @@ class Param:
     align: int
 
 
-@dataclass(frozen=True)
+# Statements are made once per line of every instrumented kernel: plain (not frozen) dataclasses,
+# whose construction costs a third as much; nothing mutates them.
+@dataclass(eq=False)
 class Stmt:
     start: int         # span in the module text (no leading whitespace)
     end: int
     depth: int         # 1 = the function's outermost scope
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Instruction(Stmt):
     pred: str | None   # "%p1", "!%p1" (the guard without "@")
     opcode: str        # "ld.global.v4.f32"
     args: str          # the operand text, split on demand (most instructions are never asked)
-
-    @property
-    def op(self) -> str:
-        """The opcode's first part: "ld" of "ld.global.v4.f32"."""
-        return self.opcode.partition(".")[0]
+    op: str            # the opcode's first part: "ld" of "ld.global.v4.f32"
 
     @property
     def parts(self) -> list[str]:
@@ -91,23 +91,23 @@ class Instruction(Stmt):
         return tuple(split_operands(self.args))
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Label(Stmt):
     name: str
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Directive(Stmt):
     name: str          # ".reg", ".loc", ".pragma", ".param", ...
     text: str
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Open(Stmt):
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Close(Stmt):
     pass
 
@@ -307,7 +307,10 @@ def _parse_body(text: str, start: int, end: int) -> list[Stmt]:
         if m is None:
             line = text.count("\n", 0, pos) + 1
             raise PtxError(f"line {line}: cannot parse {text[pos:pos + 40]!r}")
-        kind, s, pos = m.lastgroup, m.start(), m.end()
+        kind = m.lastgroup
+        if kind is None:   # only whitespace and comments were left
+            break
+        s, pos = m.start(kind), m.end()
         if kind == "stmt":
             stmts.append(_statement(text, s, pos, depth))
         elif kind == "label":
@@ -341,7 +344,8 @@ def _statement(text: str, start: int, end: int, depth: int) -> Stmt:
             raise PtxError(f"bad guard in {body!r}")
         pred, body = g.group(1), body[g.end():]
     head = body.split(None, 1)
-    return Instruction(start, end, depth, pred, head[0] if head else "", head[1] if len(head) > 1 else "")
+    opcode = head[0] if head else ""
+    return Instruction(start, end, depth, pred, opcode, head[1] if len(head) > 1 else "", opcode.partition(".")[0])
 
 
 # One operand: anything but a top-level comma; (), [] and {} groups nest one level deep, which is
