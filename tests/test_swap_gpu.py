@@ -1,6 +1,6 @@
 """Hot swap on the GPU: tests/e2e/swap_loop.cu runs under egpu-run with no probe while this test puts
-it through CYCLES attach / swap / detach cycles over its control socket, then stops it and runs it
-plain for as many launches.
+it through CYCLES attach / swap / detach cycles over its control socket, spread over SECONDS (60: the
+job keeps launching all that time), then stops it and runs it plain for as many launches.
 
 Each cycle attaches launch_window (every thread adds 1 to by_launch[launch id]), swaps it for
 launch_window_b (same map, adds 1 << 32), and detaches. The flips report the launch counter at which
@@ -39,6 +39,7 @@ pytestmark = pytest.mark.gpu
 
 E2E = ROOT / "tests" / "e2e"
 CYCLES = int(os.environ.get("EGPU_SWAP_CYCLES", "100"))
+SECONDS = float(os.environ.get("EGPU_SWAP_SECONDS", "60"))   # the cycles spread over at least this long
 MAX_LAUNCHES = 10_000_000   # the job stops at the stop file long before
 THREADS = 4096
 
@@ -128,7 +129,9 @@ def test_hundred_swap_cycles_exact_and_bit_identical(shim, swap_loop, window_pro
             assert reply["failed"] == [], reply["failed"]
             return reply
 
+        start = time.monotonic()
         for i in range(CYCLES):
+            time.sleep(max(0.0, start + i * SECONDS / CYCLES - time.monotonic()))
             a = timed("attach", probe=a_obj, name="a")
             assert a["kernels"] >= 1 and a["probes"] == ["a"]
             time.sleep(0.01)
@@ -137,6 +140,7 @@ def test_hundred_swap_cycles_exact_and_bit_identical(shim, swap_loop, window_pro
             d = timed("detach")
             assert job.poll() is None, f"the job ended during cycle {i}"
             windows.append((a["launches"], s["launches"], d["launches"], by_launch(s["final"]), by_launch(d["final"])))
+        seconds = time.monotonic() - start
         stop.touch()
         out, err = job.communicate(timeout=300)
     finally:
@@ -167,7 +171,8 @@ def test_hundred_swap_cycles_exact_and_bit_identical(shim, swap_loop, window_pro
     def summary(vs: list[float]) -> dict:
         return {"median_ms": round(statistics.median(vs) * 1000, 3), "p90_ms": round(sorted(vs)[int(len(vs) * 0.9)] * 1000, 3),
                 "max_ms": round(max(vs) * 1000, 3), "histogram": histogram_ms(vs)}
-    report = {"cycles": CYCLES, "launches": done, "launches_attached": attached,
+    assert seconds >= SECONDS * (CYCLES - 1) / CYCLES
+    report = {"cycles": CYCLES, "seconds": round(seconds, 1), "launches": done, "launches_attached": attached,
               "flip": {cmd: summary(vs) for cmd, vs in flip.items()},
               "round_trip": {cmd: summary(vs) for cmd, vs in round_trip.items()},
               "flip_all": summary([v for vs in flip.values() for v in vs])}
