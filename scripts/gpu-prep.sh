@@ -21,4 +21,7 @@ PY
 git rev-parse HEAD > .gpubuild/COMMIT
 git status --porcelain | grep -q . && echo "+dirty" >> .gpubuild/COMMIT || true
 [ -d .whl ] || bash ../shared/tools/device-wheels.sh .whl >/dev/null
+# The image's numba needs numpy < 2.3 (the image has 2.5): a numpy for the numba test's processes only.
+[ -d .whl/numba ] || python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl/numba "numpy==2.2.6"
 ls .gpubuild/probes | wc -l

@@ -9,6 +9,10 @@ export PYTHONUNBUFFERED=1 EGPU_PREBUILT_PROBES=$PWD/.gpubuild/probes
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD
+if [ -d .whl/numba ]; then  # tests/test_e2e_gpu.py's numba test puts it first on its processes' path
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-numba \
+    .whl/numba/*.whl && export EGPU_TEST_NUMBA_SITE=/tmp/site-numba
+fi
 {
   echo "# egpu gpu-test"
   echo "date: $(date -u +%FT%TZ)"
@@ -17,7 +21,7 @@ export PYTHONPATH=/tmp/site:$PWD
   echo "cuda: $(nvcc --version | tail -2 | head -1)"
   echo "python: $(python3 --version), torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
   python3 shim/build.py && echo "shim: built"
-  python3 -m pytest -m gpu -v --durations=40 -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1
+  python3 -m pytest -m gpu -v -rsx --durations=40 -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1
   echo "pytest exit: $?"
   for b in ${GPU_BENCH:-bench/bench_*.py}; do  # bench/suite.py runs on its own (one device call)
     [ -f "$b" ] || continue

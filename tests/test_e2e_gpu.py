@@ -165,6 +165,26 @@ def test_cupy_rawkernel_is_instrumented(shim, probe_obj, tmp_path):
     assert "scale: instrumented" in probed.stderr
 
 
+def test_numba_kernel_is_instrumented_exactly(shim, probe_obj, tmp_path):
+    """numba.cuda: every thread of every launch of a @cuda.jit kernel counted, output unchanged. The GPU
+    image's numba needs an older numpy than the image has: scripts/gpu-test.sh installs the one gpu-prep
+    carried (.whl/numba) into EGPU_TEST_NUMBA_SITE, for this test's processes only."""
+    site = os.environ.get("EGPU_TEST_NUMBA_SITE")
+    path = os.pathsep.join([site] * bool(site) + [str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = env_for(shim, tmp_path, PYTHONPATH=path, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    check = subprocess.run([sys.executable, "-c", "import numba.cuda"], env=env, capture_output=True, text=True)
+    if check.returncode:
+        pytest.skip(f"numba.cuda does not import: {check.stderr.strip().splitlines()[-1:]}")
+    cmd = [sys.executable, str(E2E / "numba_scale.py"), str(LAUNCHES), str(THREADS)]
+    plain = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    probed = egpu_run(["--json", "-v", "--kernel", "*scale*", "-p", str(probe_obj("count")), *cmd], env, timeout=300)
+    assert probed.returncode == 0, probed.stderr
+    lines, docs = split(probed.stdout)
+    assert lines == plain.stdout.splitlines()
+    assert counts(docs) == [LAUNCHES * THREADS], probed.stderr
+
+
 def test_triton_kernel_is_instrumented_exactly(shim, probe_obj, tmp_path):
     """Every thread of every launch counted: grid cdiv(N, 1024) x num_warps 4 x 32 threads, 5 launches
     (--kernel keeps PyTorch's own kernels out; they are SASS only anyway)."""
