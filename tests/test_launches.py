@@ -202,6 +202,19 @@ def test_sass_only_kernels_are_counted_by_name(stub_job, tmp_path):
     assert not [c for c in calls if c.startswith(("cuMemAlloc", "cuStreamCreate"))]  # nothing on the device
 
 
+def test_a_launch_probe_beside_a_gpu_only_probe(stub_job, probe_obj, tmp_path):
+    """launch_count (launch programs only) and count (GPU programs only) in one job: the object without
+    launch programs has no host side, and the maps are made and filled all the same (a crash there left
+    the table empty, the kernels faulting on their maps)."""
+    r, docs, calls = run_kept(stub_job, tmp_path, EXAMPLES / "launch_count.bpf.c", "-p", str(probe_obj("count")),
+                              str(stub_job.app), "module", "3", "64", "0")
+    assert r.returncode == 0, r.stderr
+    assert launch_params(calls) == ["11,22,64,1", "11,22,64,2", "11,22,64,3"]
+    (doc,) = docs
+    assert [m["status"] for m in doc["modules"]] == ["instrumented"] and doc["stats"]["records"] == 3
+    assert "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("app", ["c", "python"])
 def test_launch_probe_writes_reach_the_maps_gpu_probes_read(stub_job, tmp_path, app):
     """launch_latency: the launch probe's enqueue times go into the device copy of enqueue_ns (keyed by

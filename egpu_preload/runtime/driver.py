@@ -295,28 +295,33 @@ class ContextMemory:
         between two host reads, the tightest of ``tries``; None when the kernel stored nothing (a driver
         that runs no kernels). The driver keeps %globaltimer near the Unix epoch, not on it: 1.19 ms ahead
         on the H200 of 2026-12-01, which launch probes' enqueue times must not carry."""
-        best = None
         with self.driver.current(self.context), self.driver.capture_relaxed():
             module = self.driver.load(GLOBALTIMER_PTX, library=False)
-            out = self.alloc(8)
             try:
-                self.htod(out, bytes(8))
-                fn = self.driver.ffi.cast("void *", self.driver.function(module, "egpu_globaltimer", library=False))
-                arg = self.driver.ffi.new("unsigned long long *", out)
-                params = self.driver.ffi.new("void *[1]", [arg])
-                stream = self.driver.ffi.cast("void *", self.stream)
-                N = self.driver.ffi.NULL
-                for _ in range(tries):
-                    before = time.clock_gettime_ns(time.CLOCK_REALTIME)
-                    self.driver.call("cuLaunchKernel", fn, 1, 1, 1, 1, 1, 1, 0, stream, params, N)
-                    self.driver.call("cuStreamSynchronize", stream)
-                    after = time.clock_gettime_ns(time.CLOCK_REALTIME)
-                    (gpu,) = struct.unpack("<Q", self.dtoh(out, 8))
-                    if not gpu:
-                        break
-                    if best is None or after - before < 2 * best[1]:
-                        best = (gpu - (before + after) // 2, (after - before + 1) // 2)
+                out = self.alloc(8)
+                try:
+                    return self._read_globaltimer(module, out, tries)
+                finally:
+                    self.free(out)
             finally:
-                self.free(out)
                 self.driver.unload(module, library=False)
+
+    def _read_globaltimer(self, module: int, out: int, tries: int) -> tuple[int, int] | None:
+        best = None
+        self.htod(out, bytes(8))
+        ffi = self.driver.ffi
+        fn = ffi.cast("void *", self.driver.function(module, "egpu_globaltimer", library=False))
+        arg = ffi.new("unsigned long long *", out)
+        params = ffi.new("void *[1]", [arg])
+        stream = ffi.cast("void *", self.stream)
+        for _ in range(tries):
+            before = time.clock_gettime_ns(time.CLOCK_REALTIME)
+            self.driver.call("cuLaunchKernel", fn, 1, 1, 1, 1, 1, 1, 0, stream, params, ffi.NULL)
+            self.driver.call("cuStreamSynchronize", stream)
+            after = time.clock_gettime_ns(time.CLOCK_REALTIME)
+            (gpu,) = struct.unpack("<Q", self.dtoh(out, 8))
+            if not gpu:
+                break
+            if best is None or after - before < 2 * best[1]:
+                best = (gpu - (before + after) // 2, (after - before + 1) // 2)
         return best

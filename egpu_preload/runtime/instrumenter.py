@@ -377,11 +377,13 @@ class Runtime:
                 for m in maps:
                     m.free()
                 raise
-        self.context, self.maps, self.memory = ctx, maps, memory
         # Launch probes' times meet %globaltimer only through maps they share with GPU programs; the
-        # measuring kernel is the one egpu launches of its own, and profilers see it: only then.
-        if self.drainer is not None and any(side.shared for side in self.drainer.probes.sides):
-            self._align_clocks(memory)
+        # measuring kernel is the one egpu launches of its own, and profilers see it: only then. Before
+        # the maps are published, so that no shared-map write is pushed on the unaligned clock.
+        if self.drainer is not None and any(side and side.shared for side in self.drainer.probes.sides):
+            with self.driver.current(ctx):
+                self._align_clocks(memory)
+        self.context, self.maps, self.memory = ctx, maps, memory
 
     def _align_clocks(self, memory: ContextMemory) -> None:
         """Put launch probes' clock on the GPU's: their times are CLOCK_REALTIME, GPU probes' %globaltimer."""
