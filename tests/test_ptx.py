@@ -168,3 +168,12 @@ def test_any_layout_round_trips(pieces):
     mod = ptx.parse(text)
     assert mod.render([]) == text
     assert len(mod.kernels()[0].statements()) == count + depth
+
+
+def test_a_bad_statement_after_a_long_run_of_blanks_fails_at_once_on_its_own_line():
+    """The blank skip is atomic: a bad statement after 4096 blanks and a comment is refused without trying
+    every split of the run (exponential before), and the error names the statement's line."""
+    text = (".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n/* a\n b */"
+            + " " * 4096 + "bogus\"\n}\n")
+    with pytest.raises(PtxError, match=r"line 7: cannot parse 'bogus"):
+        ptx.parse(text).kernels()[0].statements()

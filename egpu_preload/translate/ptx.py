@@ -29,9 +29,10 @@ _LINE_DIRECTIVES = (".version", ".target", ".address_size", ".file", ".loc")
 
 # One statement-level token of a function body (section 4.3: statements, labels, scopes).
 # A body token after any whitespace and comments (one match for both: bodies are mostly lines), or
-# the end (no group).
-_BODY = re.compile(r"""
-    (?:\s+|//[^\n]*|/\*.*?\*/)*
+# the end (no group). The skip is atomic: nested repetition over a run of blanks would otherwise try
+# every split of the run before failing (exponential in its length on a bad statement).
+_BLANKS = r"(?>(?:\s+|//[^\n]*|/\*.*?\*/)*)"
+_BODY = re.compile(_BLANKS + r"""
     (?: (?P<open>\{)
       | (?P<close>\})
       | (?P<line>\.(?:loc|file)\b[^\n]*)
@@ -305,8 +306,9 @@ def _parse_body(text: str, start: int, end: int) -> list[Stmt]:
     while pos < end:
         m = match(text, pos, end)
         if m is None:
-            line = text.count("\n", 0, pos) + 1
-            raise PtxError(f"line {line}: cannot parse {text[pos:pos + 40]!r}")
+            bad = _SKIP.match(text, pos, end).end()   # the statement after the blanks and comments
+            line = text.count("\n", 0, bad) + 1
+            raise PtxError(f"line {line}: cannot parse {text[bad:bad + 40]!r}")
         kind = m.lastgroup
         if kind is None:   # only whitespace and comments were left
             break
@@ -330,6 +332,7 @@ def _parse_body(text: str, start: int, end: int) -> list[Stmt]:
     return stmts
 
 
+_SKIP = re.compile(_BLANKS, re.S)
 _GUARD = re.compile(r"@(!?[$%\w]+)\s*")
 
 
