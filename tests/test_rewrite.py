@@ -247,7 +247,7 @@ def test_a_leader_rejoins_its_lanes_right_after_its_call():
     res = instrument(text, [_reading("mem", set(), scope) for scope in ("thread", "warp", "block")])
     calls = re.findall(r"^\t(@%__egpu_q )?call .*\n\t(.*)$", res.text, re.M)
     assert [(bool(g), after) for g, after in calls] == [
-        (False, "activemask.b32 %__egpu_w;"), (True, "bar.warp.sync %__egpu_m;"),
+        (False, "neg.s32 %__egpu_v, %__egpu_m;"), (True, "bar.warp.sync %__egpu_m;"),
         (True, "bar.warp.sync %__egpu_m;")]
     assert res.text.count("bar.warp.sync %__egpu_m;") == 3
     _assembles(res.text)

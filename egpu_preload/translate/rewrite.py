@@ -513,10 +513,13 @@ def _calls(probes: list[ProbeSpec], ctxp: str, words: dict[int, str]) -> str:
 
 
 def _leader(scope: str) -> list[str]:
-    """%__egpu_q := this thread is the scope's leader (PTX ISA: activemask, %lanemask_eq, %tid)."""
+    """%__egpu_q := this thread is the scope's leader (PTX ISA: %lanemask_eq, %tid)."""
     p = PREFIX
-    if scope == "warp":   # lowest set bit of the active mask == this lane's bit
-        return [f"activemask.b32 %{p}_w;", f"neg.s32 %{p}_v, %{p}_w;", f"and.b32 %{p}_w, %{p}_w, %{p}_v;",
+    # warp: the lowest lane of the mask the site began with (%__egpu_m), not of a fresh activemask: a
+    # thread-scope probe called before may have diverged, and lanes not yet back together would each
+    # elect a leader of their own.
+    if scope == "warp":
+        return [f"neg.s32 %{p}_v, %{p}_m;", f"and.b32 %{p}_w, %{p}_m, %{p}_v;",
                 f"mov.u32 %{p}_v, %lanemask_eq;", f"setp.eq.u32 %{p}_q, %{p}_w, %{p}_v;"]
     return [f"mov.u32 %{p}_w, %tid.x;", f"mov.u32 %{p}_v, %tid.y;", f"or.b32 %{p}_w, %{p}_w, %{p}_v;",
             f"mov.u32 %{p}_v, %tid.z;", f"or.b32 %{p}_w, %{p}_w, %{p}_v;",
