@@ -14,7 +14,9 @@ Time. ``bpf_ktime_get_ns()`` in a launch probe is the launch's enqueue time (the
 moment the probe happens to run), on the %globaltimer clock: the record's CLOCK_MONOTONIC converted with
 CLOCK_REALTIME - CLOCK_MONOTONIC measured once at start, plus %globaltimer - CLOCK_REALTIME measured by
 a one-thread kernel when the device maps are made (driver.ContextMemory.globaltimer_offset; the driver
-keeps %globaltimer in ns since the Unix epoch, but not exactly: 1.19 ms ahead on an H200).
+keeps %globaltimer in ns since the Unix epoch, but not exactly: 1.19 ms ahead on an H200). Only for
+probe objects whose launch programs share a map with GPU programs, where the two clocks meet: the
+measuring kernel is visible to profilers (torch.profiler listed it), so others keep CLOCK_REALTIME.
 
 Maps. Each probe object's maps have one host copy for its launch probes (a MapsState), and the device
 copy its GPU probes use (translate/devmaps.py). Which copy is authoritative depends on who uses a map:
