@@ -470,6 +470,8 @@ static inline void gate_enter(void) {
 
 static inline void gate_exit(void) { atomic_fetch_sub_explicit(&g_inflight, 1, memory_order_release); }
 
+static _Atomic long g_captures;   /* stream captures in progress (see "stream capture" below) */
+
 /* cow.c takes its cut behind the same gate, without draining the context. */
 void egpu_launch_gate(int hold) {
     atomic_store(&g_hold, hold != 0);
@@ -562,7 +564,9 @@ EXPORT int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncop
     }
     egpu_launch_gate(1);
     egpu_copy_gate(1);
-    result = swap_state(ctx, copies, ncopies);
+    /* Draining the context while a stream captures would fail, and fail the application's capture too
+     * (the driver refuses cuCtxSynchronize then, and invalidates the capture): refuse, touching nothing. */
+    result = atomic_load(&g_captures) ? EGPU_SWAP_CAPTURING : swap_state(ctx, copies, ncopies);
     if (result == CUDA_SUCCESS) {
         for (size_t i = 0; i < nflips; i++) { /* old targets are never freed: see set_target() */
             set_target(slots[i], targets[i]);
@@ -598,16 +602,19 @@ out:
  * while a capture the shim saw is in progress still counts that one off early (no program is known
  * to begin captures that way). ---- */
 
-static _Atomic long g_captures;
 
 static void capture_ended(void) {
     long n = atomic_load(&g_captures);
     while (n > 0 && !atomic_compare_exchange_weak(&g_captures, &n, n - 1)) {}
 }
 
+/* A begin passes the launch gate, so that none starts while a flip holds it (egpu_shim_swap looks at
+ * g_captures under the hold). */
 #define BEGIN_CAPTURE(sym, params, ...) \
     EXPORT CUresult sym params { \
+        gate_enter(); \
         atomic_fetch_add(&g_captures, 1); \
+        gate_exit(); \
         CUresult r = CALL_REAL(sym, __VA_ARGS__); \
         if (r != CUDA_SUCCESS) capture_ended(); \
         return r; \

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from egpu_preload.control import MAX_FRAME, ControlClient, list_sessions
+from egpu_preload.control import MAX_FRAME, ControlClient, ControlError, list_sessions
 from stub_job import MORE, ROOT
 from test_control import _raw, _reply, _req, _send_body
 
@@ -352,6 +352,39 @@ def test_a_copy_that_escaped_the_hooks_stays_loaded(stub_job, tmp_path, monkeypa
         assert [m for i, m in log.launches if begin < i < end] == [escaped]
         assert "stream=0x5" in log.lines[next(i for i, _ in log.launches if begin < i)]
     assert_state_carried(out, log)
+
+
+def test_no_flip_while_the_application_captures_a_graph(stub_job, tmp_path, monkeypatch, probes):
+    """While app_loop holds a stream capture open (hold:), an attach cannot flip: draining the context would
+    be refused and would fail the application's capture (the stand-in does both, as the driver). The shim
+    refuses before touching anything, the reply says why, and the capture ends well; once it has ended,
+    the same attach flips."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    hold = tmp_path / "hold"
+    job = Job(stub_job, tmp_path, args=(f"hold:{hold}",))
+    count = probes["count"].read_bytes()
+    client = ControlClient(job.pid, directory=job.dir, timeout=30)
+
+    def wait_done(path: Path) -> None:
+        path.touch()
+        deadline = time.monotonic() + 20
+        while not path.with_name(f"{path.name}.done").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    try:
+        job.wait_launches(5)
+        wait_done(hold)
+        with pytest.raises(ControlError, match="the application is capturing a CUDA graph"):
+            client.request("attach", probe=count, name="a")
+        wait_done(hold.with_name("hold.end"))
+        assert client.request("attach", probe=count, name="a")["failed"] == []
+        job.wait_launches(10)
+        status, out, err = job.finish()
+    finally:
+        if job.proc.poll() is None:
+            job.finish()
+    assert status == 0, err
+    assert "refused" not in Path(job.log).read_text()   # no call of the flip reached the driver mid-capture
+    assert_state_carried(out, Log(job.log))
 
 
 def test_a_bad_probe_is_refused_and_the_job_runs_on(job, tmp_path):

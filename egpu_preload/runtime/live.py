@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from egpu_preload.runtime.driver import ContextMemory
     from egpu_preload.runtime.instrumenter import Module, Runtime
 
+CAPTURE_WAIT_S = 1.0   # how long a flip waits for the application's stream captures to end
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 # egpu_shim.h's row structs, and their fields in the order of the rows the runtime keeps
 COPY = ("struct egpu_copy", ("dst", "src", "size"))
@@ -395,7 +396,16 @@ class Live:
             f[i].repl = ffi.cast("void *", fl.repl or 0)
             f[i].nparams, f[i].param_offset, f[i].launch_id = fl.nparams, fl.param_offset, int(fl.launch_id)
         launches = ffi.new("unsigned long long *")
-        r = lib.egpu_shim_swap(ffi.cast("void *", ctx), c, len(copies), f, len(flips), m, len(moved), launches)
+        deadline = time.monotonic() + CAPTURE_WAIT_S
+        while True:   # a capture in progress: most end within milliseconds
+            r = lib.egpu_shim_swap(ffi.cast("void *", ctx), c, len(copies), f, len(flips), m, len(moved), launches)
+            if r != lib.EGPU_SWAP_CAPTURING or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        if r == lib.EGPU_SWAP_CAPTURING:
+            raise ControlError(f"the application is capturing a CUDA graph (still after {CAPTURE_WAIT_S:g} s): "
+                               "a flip must drain the context, which the driver refuses during a capture, and "
+                               "the capture would fail; nothing changed, try again once it has ended")
         if r == -1:
             raise ControlError("the shim's function table is full or memory ran out: nothing changed")
         if r:

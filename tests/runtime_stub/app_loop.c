@@ -12,7 +12,9 @@
  * adds a graph kernel node of `step` (cuGraphAddKernelNode_v2) and creates FILE.done; with
  * `capture:FILE`, it captures one launch of `step` on a stream of its own (cuStreamBeginCapture_v2,
  * the launch, cuStreamEndCapture), then creates FILE.done. The stand-in runs the captured launch at
- * once, so it counts as a launch. */
+ * once, so it counts as a launch. With `hold:FILE`, it begins a capture (global mode) once FILE exists
+ * and creates FILE.done, keeps launching on the legacy stream, and ends the capture once FILE.end
+ * exists (its result goes into the OR), then creates FILE.end.done. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,12 +76,13 @@ static void done(const char *file) {
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     int library = 0;
-    const char *write = NULL, *graph = NULL, *capture = NULL;
+    const char *write = NULL, *graph = NULL, *capture = NULL, *hold = NULL;
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "library")) library = 1;
         else if (!strncmp(argv[i], "write:", 6)) write = argv[i] + 6;
         else if (!strncmp(argv[i], "graph:", 6)) graph = argv[i] + 6;
         else if (!strncmp(argv[i], "capture:", 8)) capture = argv[i] + 8;
+        else if (!strncmp(argv[i], "hold:", 5)) hold = argv[i] + 5;
         else return 2;
     }
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
@@ -94,7 +97,9 @@ int main(int argc, char **argv) {
     dtoh = cuMemcpyDtoH_v2;
     void *mod = NULL, *f = NULL;
     unsigned long long state = 1000, increment = 0, arg = 7, k = 0, before = 0;
-    int r = cuInit(0), written = 0, graphed = 0, captured = 0;
+    int r = cuInit(0), written = 0, graphed = 0, captured = 0, held = 0, released = 0;
+    char hold_end[4096];
+    snprintf(hold_end, sizeof hold_end, "%s.end", hold ? hold : "");
     void *stream = (void *)0x5, *node = NULL, *captured_graph = NULL; /* the stand-in checks no stream */
     if (library)
         r |= cuLibraryLoadData(&mod, PTX, NULL, NULL, 0, NULL, NULL, 0) | cuLibraryGetKernel(&f, mod, "step");
@@ -122,6 +127,14 @@ int main(int argc, char **argv) {
             k++;
             r |= cuStreamEndCapture(stream, &captured_graph);
             done(capture);
+        }
+        if (due(hold, &held)) {
+            r |= cuStreamBeginCapture_v2(stream, 0);
+            done(hold);
+        }
+        if (held && due(hold_end, &released)) {
+            r |= cuStreamEndCapture(stream, &captured_graph);
+            done(hold_end);
         }
         r |= cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
         k++;

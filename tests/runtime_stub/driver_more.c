@@ -118,7 +118,7 @@ static void get(void *dst, CUdeviceptr src, size_t n) {
     pthread_mutex_unlock(&memory);
 }
 
-CUresult egpu_stub_during_capture(const char *api, int legacy_copy);   /* libcuda_stub.c */
+CUresult egpu_stub_during_capture(const char *api, int waits);   /* libcuda_stub.c */
 
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
     CUresult r = egpu_stub_during_capture(__func__, 1);

@@ -135,7 +135,13 @@ static void log_launch(const char *api, const void *f, unsigned gx, unsigned bx,
 
 CUresult cuInit(unsigned int flags) { logf_("cuInit flags=%u", flags); return OK; }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; logf_("cuDriverGetVersion"); return OK; }
-CUresult cuCtxSynchronize(void) { logf_("cuCtxSynchronize"); return OK; }
+CUresult egpu_stub_during_capture(const char *api, int waits);
+CUresult cuCtxSynchronize(void) {   /* it would wait for the capturing stream: refused, as a legacy copy */
+    CUresult r = egpu_stub_during_capture(__func__, 1);
+    if (r != OK) return r;
+    logf_("cuCtxSynchronize");
+    return OK;
+}
 CUresult cuFuncGetAttribute(int *pi, int attrib, void *f) {
     logf_("cuFuncGetAttribute attrib=%d", attrib);
     if (attrib == 99) return INVALID_VALUE;
@@ -388,13 +394,14 @@ static CUresult end_capture(const char *api, void *stream, void **graph) {
     return CAPTURE_UNMATCHED;
 }
 /* The result a call of this kind gets now: OK, or the error it gets while a capture goes on (which also
- * invalidates the captures). legacy_copy: a synchronous copy on the legacy stream; else an unsafe call. */
-CUresult egpu_stub_during_capture(const char *api, int legacy_copy) {
+ * invalidates the captures). waits: a call that would wait for the capturing (blocking) stream, in any
+ * mode (a synchronous copy on the legacy stream, cuCtxSynchronize); else an unsafe call (cuMemAlloc). */
+CUresult egpu_stub_during_capture(const char *api, int waits) {
     for (int i = 0; i < 16; i++)
-        if (capturing[i] && (legacy_copy || (capture_modes[i] != MODE_RELAXED && thread_mode != MODE_RELAXED))) {
+        if (capturing[i] && (waits || (capture_modes[i] != MODE_RELAXED && thread_mode != MODE_RELAXED))) {
             logf_("%s refused: a stream is capturing", api);
             captures_invalidated = 1;
-            return legacy_copy ? CAPTURE_IMPLICIT : CAPTURE_UNSUPPORTED;
+            return waits ? CAPTURE_IMPLICIT : CAPTURE_UNSUPPORTED;
         }
     return OK;
 }
