@@ -253,6 +253,14 @@ class Log:
 
 
 
+def trigger(path: Path) -> None:
+    """Create ``path`` and wait (up to 20 s) until app_loop made PATH.done: the action it triggers is done."""
+    path.touch()
+    deadline = time.monotonic() + 20
+    while not path.with_name(f"{path.name}.done").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def cycle(job: Job, steps: list[tuple[str | Path, dict]]) -> tuple[list[dict], str]:
     """Send each (command, fields) to the job, letting it launch between them; a Path instead of a
     command is created, and waited for until app_loop made PATH.done. The replies and the job's output
@@ -262,10 +270,7 @@ def cycle(job: Job, steps: list[tuple[str | Path, dict]]) -> tuple[list[dict], s
         replies = []
         for cmd, fields in steps:
             if isinstance(cmd, Path):
-                cmd.touch()
-                deadline = time.monotonic() + 20
-                while not cmd.with_name(f"{cmd.name}.done").exists() and time.monotonic() < deadline:
-                    time.sleep(0.01)
+                trigger(cmd)
             else:
                 replies.append(client.request(cmd, **fields))
             job.wait_launches(10)
@@ -364,18 +369,12 @@ def test_no_flip_while_the_application_captures_a_graph(stub_job, tmp_path, monk
     job = Job(stub_job, tmp_path, args=(f"hold:{hold}",))
     count = probes["count"].read_bytes()
     client = ControlClient(job.pid, directory=job.dir, timeout=30)
-
-    def wait_done(path: Path) -> None:
-        path.touch()
-        deadline = time.monotonic() + 20
-        while not path.with_name(f"{path.name}.done").exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
     try:
         job.wait_launches(5)
-        wait_done(hold)
+        trigger(hold)
         with pytest.raises(ControlError, match="the application is capturing a CUDA graph"):
             client.request("attach", probe=count, name="a")
-        wait_done(hold.with_name("hold.end"))
+        trigger(hold.with_name("hold.end"))
         assert client.request("attach", probe=count, name="a")["failed"] == []
         job.wait_launches(10)
         status, out, err = job.finish()
