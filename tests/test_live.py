@@ -73,14 +73,20 @@ class Job:
         out, err = self.proc.communicate(timeout=30)
         return self.proc.returncode, out, err
 
+    def __enter__(self) -> "Job":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """A job the test left running (it failed before finish()) is stopped."""
+        if self.proc.poll() is None:
+            self.finish()
+
 
 @pytest.fixture(params=["module"])
 def job(stub_job, tmp_path, monkeypatch, request):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    j = Job(stub_job, tmp_path, library=request.param == "library")
-    yield j
-    if j.proc.poll() is None:
-        j.finish()
+    with Job(stub_job, tmp_path, library=request.param == "library") as j:
+        yield j
 
 
 @pytest.fixture
@@ -170,22 +176,16 @@ def test_symbol_writes_while_a_copy_serves_reach_its_kernels_and_the_next_swap(s
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     write = tmp_path / "write"
     job = Job(stub_job, tmp_path, library=library, args=(f"write:{write}",))
-    try:
+    with job:
         assert egpu(["attach", str(job.pid), "-p", str(probes["count"])], job.env).returncode == 0
         job.wait_launches()
-        write.touch()
-        deadline = time.monotonic() + 20
-        while not write.with_name("write.done").exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        trigger(write)
         job.wait_launches()
         assert egpu(["swap", str(job.pid), "count", str(probes["hash_count"])], job.env).returncode == 0
         job.wait_launches()
         assert egpu(["detach", str(job.pid)], job.env).returncode == 0
         job.wait_launches()
         status, out, err = job.finish()
-    finally:
-        if job.proc.poll() is None:
-            job.finish()
     assert status == 0, err
     runs, order = runs_and_order(job.log)
     assert len(order) == 4 and order[0] == order[3]  # app, copy 1, copy 2, app
@@ -204,7 +204,7 @@ def test_swap_and_detach_reply_with_the_maps_as_the_flip_left_them(stub_job, tmp
     the reply was read), the detach's those of both copies."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     job = Job(stub_job, tmp_path, EGPU_STUB_PROBE_COUNTS="1")
-    try:
+    with job:
         client = ControlClient(job.pid, directory=job.dir, timeout=30)
         obj = probes["count"].read_bytes()
         counts = []
@@ -216,9 +216,6 @@ def test_swap_and_detach_reply_with_the_maps_as_the_flip_left_them(stub_job, tmp
             detach = client.request("detach")
             counts.append([int.from_bytes(r["final"][0]["maps"][0]["values"][0], "little") for r in (swap, detach)])
         status, _, err = job.finish()
-    finally:
-        if job.proc.poll() is None:
-            job.finish()
     assert status == 0, err
     runs = [int(m) for m, _ in LAUNCH.findall(job.log.read_text())]
     first = runs[0]
@@ -266,7 +263,7 @@ def cycle(job: Job, steps: list[tuple[str | Path, dict]]) -> tuple[list[dict], s
     command is created, and waited for until app_loop made PATH.done. The replies and the job's output
     once finished (it must exit 0)."""
     client = ControlClient(job.pid, directory=job.dir, timeout=30)
-    try:
+    with job:
         replies = []
         for cmd, fields in steps:
             if isinstance(cmd, Path):
@@ -275,9 +272,6 @@ def cycle(job: Job, steps: list[tuple[str | Path, dict]]) -> tuple[list[dict], s
                 replies.append(client.request(cmd, **fields))
             job.wait_launches(10)
         status, out, err = job.finish()
-    finally:
-        if job.proc.poll() is None:
-            job.finish()
     assert status == 0, err
     return replies, out
 
@@ -369,7 +363,7 @@ def test_no_flip_while_the_application_captures_a_graph(stub_job, tmp_path, monk
     job = Job(stub_job, tmp_path, args=(f"hold:{hold}",))
     count = probes["count"].read_bytes()
     client = ControlClient(job.pid, directory=job.dir, timeout=30)
-    try:
+    with job:
         job.wait_launches(5)
         trigger(hold)
         with pytest.raises(ControlError, match="the application is capturing a CUDA graph"):
@@ -378,9 +372,6 @@ def test_no_flip_while_the_application_captures_a_graph(stub_job, tmp_path, monk
         assert client.request("attach", probe=count, name="a")["failed"] == []
         job.wait_launches(10)
         status, out, err = job.finish()
-    finally:
-        if job.proc.poll() is None:
-            job.finish()
     assert status == 0, err
     assert "refused" not in Path(job.log).read_text()   # no call of the flip reached the driver mid-capture
     assert_state_carried(out, Log(job.log))

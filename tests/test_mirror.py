@@ -102,7 +102,7 @@ def test_a_job_mirrors_its_maps_for_egpu_maps(stub_job, tmp_path, monkeypatch, p
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     job = Job(stub_job, tmp_path, options=("--mirror", "0.05", "-p", str(probes["count"])),
               EGPU_STUB_PROBE_COUNTS="1")
-    try:
+    with job:
         path = mirror.mirror_path(job.pid, job.dir)
         counts = []
         for _ in range(3):
@@ -116,9 +116,6 @@ def test_a_job_mirrors_its_maps_for_egpu_maps(stub_job, tmp_path, monkeypatch, p
         assert text.returncode == 0 and text.stdout.startswith("@counts: "), text
         assert path.exists() and os.stat(path).st_mode & 0o777 == 0o600
         status, _, err = job.finish()
-    finally:
-        if job.proc.poll() is None:
-            job.finish()
     assert status == 0, err
     assert counts == sorted(counts) and counts[0] < counts[-1]
     assert len(LAUNCH.findall(job.log.read_text())) >= counts[-1]
