@@ -381,8 +381,7 @@ class Runtime:
         # measuring kernel is the one egpu launches of its own, and profilers see it: only then. Before
         # the maps are published, so that no shared-map write is pushed on the unaligned clock.
         if self.drainer is not None and any(side and side.shared for side in self.drainer.probes.sides):
-            with self.driver.current(ctx):
-                self._align_clocks(memory)
+            self._align_clocks(memory)   # globaltimer_offset makes the maps' context current itself
         self.context, self.maps, self.memory = ctx, maps, memory
 
     def _align_clocks(self, memory: ContextMemory) -> None:
