@@ -240,6 +240,32 @@ def test_shim_summary_pairs_rounds():
     assert s["shim"]["meets_goal"] is True
 
 
+def test_shim_bench_times_the_launch_probe_again_with_a_spare_cpu(monkeypatch, tmp_path):
+    """measure: plain and launch_probe run a second time on two CPUs, paired with each other, and the
+    fraction of launches the probe counted comes from egpu-run's JSON (its ``launches`` map)."""
+    bench_shim = importlib.import_module("bench_shim")
+
+    def fake_subprocess_run(cmd, env, capture_output, text, timeout, cwd, preexec_fn):
+        loop = {"mode": "plain", "launches": 9000, "enqueue_ns": 4000.0, "wall_ns": 4100.0}
+        out = json.dumps(loop) + "\n"
+        if "-p" in cmd:
+            loop["enqueue_ns"] = 4030.0
+            maps = {"launches": {"kind": "map", "entries": [{"key": 1, "value": 4000}, {"key": 2, "value": 1000}]}}
+            out = json.dumps(loop) + "\n" + json.dumps({"time": 1.0, "maps": maps}) + "\n"
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(bench_shim, "build", lambda work: work / "launch_loop")
+    monkeypatch.setattr(bench_shim, "launch_probe", lambda work: work / "launch_count.bpf.o")
+    monkeypatch.setattr(bench_shim.subprocess, "run", fake_subprocess_run)
+    doc = bench_shim.measure(tmp_path, launches=9000, runs=3)
+    assert set(doc["cases"]) == set(bench_shim.CASES)
+    spare = doc["spare_cpu"]
+    assert set(spare["cases"]) == {"plain", "launch_probe"}
+    assert spare["cases"]["launch_probe"]["enqueue_ns"]["added_median"] == pytest.approx(30.0)
+    assert spare["launch_probe_seen"] == pytest.approx(5000 / (9000 + bench_shim.WARMUP))
+    assert "spare_cpu" not in bench_shim.measure(tmp_path, launches=9000, runs=1, cases=("plain", "shim"))
+
+
 def test_alloc_bench_pairs_rounds_and_reads_the_goal_as_a_fraction(monkeypatch, tmp_path):
     """bench_alloc.measure on made-up runs: the added cost is the median per-round difference, and the
     goal (no measurable slowdown) is under 1% of a plain allocate + free."""
