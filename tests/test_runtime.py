@@ -178,6 +178,11 @@ def run_kept(stub_job, tmp_path, probe: Path, *cmd: str, **env: str):
     return r, docs, [c for c in calls if not c.startswith("cuGetProcAddress")]
 
 
+# tests/probes/count.bpf.c's counter region: count only adds to it, so it has a row per SM (striping.py):
+# the header, then one 128-byte line for each of the stand-in's 132 SMs.
+COUNTER_REGION = 64 + 132 * 128
+
+
 def launches(calls: list[str]) -> list[str]:
     """The application's launches (not the runtime's clock reading, driver.GLOBALTIMER_PTX)."""
     return [c.split("params=")[1] for c in calls if c.startswith("cuLaunchKernel") and " f=egpu_globaltimer@" not in c]
@@ -213,8 +218,9 @@ def test_instrumented_load_fills_the_table_and_appends_launch_ids(stub_job, prob
     assert [c for c in calls if c.startswith("cuDevicePrimaryCtx")] == ["cuDevicePrimaryCtxRetain dev=0",
                                                                        "cuDevicePrimaryCtxRelease_v2 dev=0"]
     # read back at exit from the same context, once
-    assert [c for c in calls if c.startswith("cuMemcpyDtoH")] == ["cuMemcpyDtoHAsync_v2 size=72 stream=ours ctx=app",
-                                                                "cuMemcpyDtoHAsync_v2 size=2097216 stream=ours ctx=app"]
+    assert [c for c in calls if c.startswith("cuMemcpyDtoH")] == [
+        f"cuMemcpyDtoHAsync_v2 size={COUNTER_REGION} stream=ours ctx=app",
+        "cuMemcpyDtoHAsync_v2 size=2097216 stream=ours ctx=app"]
     (doc,) = docs
     assert doc["argv"] == cmd + [mode, "3", "64", "0"]
     assert doc["error"] is None and doc["rank"] is None
@@ -266,7 +272,7 @@ def test_driver_calls_after_the_interpreter_is_gone_pass_through(stub_job, probe
     assert r.returncode == 0, r.stderr
     assert launches(calls) == ["11,22,32,1"]
     # the exit dump read the maps back first; the late calls reached the driver after it
-    read = calls.index("cuMemcpyDtoHAsync_v2 size=72 stream=ours ctx=app")
+    read = calls.index(f"cuMemcpyDtoHAsync_v2 size={COUNTER_REGION} stream=ours ctx=app")
     assert [c.split(" ")[0] for c in calls[read:] if c.startswith((unload, "cuMemFree_v2"))][-2:] == \
         ["cuMemFree_v2", unload]
     assert docs[0]["error"] is None

@@ -28,6 +28,8 @@ class MapDef:
     value_type_id: int | None = None
     initial: bytes | None = None      # global data (.data/.rodata): the value's initial bytes
     readonly: bool = False            # .rodata: the program may not write it
+    stripe: int = 0                   # an ARRAY the GPU only adds to, in a row per SM: the width (4 or 8)
+                                      # of its adds; 0 for one copy (translate/striping.py)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,9 @@ it, and the map tables of escaped copies point at them; keeping the Probe object
 ids, which name copies, from being reused. A flip that fails unloads the copies it loaded.
 
 Maps. A swap reuses the device region of every map the new probe declares exactly as the old one
-(name, type, key and value size, max_entries, flags): its contents survive. ``maps`` reads regions on a
+(name, type, key and value size, max_entries, flags) and stripes alike (a counter both only add to has
+a row per SM in both: striping.py): its contents survive. A counter the old probe only added to and the
+new one also reads starts from zero. ``maps`` reads regions on a
 non-blocking stream of the runtime's own, so no application stream waits for it and it waits for none:
 each region is a copy taken while kernels may be writing it (aligned 8-byte words are read whole;
 entries written during the copy may show either value; different maps are copied at different times).
@@ -111,9 +113,10 @@ def probe_name(path: Path) -> str:
 
 
 def same_map(a: Any, b: Any) -> bool:
-    """Maps whose device regions are interchangeable (a swap keeps the region)."""
-    return (a.name, a.type, a.key_size, a.value_size, a.max_entries, a.flags) == \
-           (b.name, b.type, b.key_size, b.value_size, b.max_entries, b.flags)
+    """Maps whose device regions are interchangeable (a swap keeps the region): declared alike, and
+    both striped alike (striping.py: a row per SM or one copy, as each probe uses the map)."""
+    return (a.name, a.type, a.key_size, a.value_size, a.max_entries, a.flags, a.stripe) == \
+           (b.name, b.type, b.key_size, b.value_size, b.max_entries, b.flags, b.stripe)
 
 
 @dataclass

@@ -30,9 +30,8 @@ def load_probe(path: Path) -> Probe:
     """Load, verify and translate one .bpf.o; EgpuError (file:section:insn: reason) when it cannot run."""
     try:
         obj = load_object(path)
-        for prog in obj.programs:
-            verify(prog.code, obj.maps, file=str(path), section=prog.section)
-        specs = tuple(probe_specs(obj))
+        verified = [verify(prog.code, obj.maps, file=str(path), section=prog.section) for prog in obj.programs]
+        specs = tuple(probe_specs(obj, verified))
     except EgpuError as e:
         raise e.where(file=str(path))
     if not obj.programs:

@@ -185,7 +185,10 @@ def lddw(g: FuncGen, insn: Insn) -> None:
         m = g.map_def(insn, index)
         g.table_entry(d, index)
         if insn.src == isa.LDDW_MAP_IDX_VALUE:
-            off = layout(m).value_off + (insn.imm >> 32)  # the single value of a global-data map
+            lay = layout(m)
+            if lay.stripe:   # striped global data: this SM's copy
+                helpers_ptx.sm_row(g, d, lay)
+            off = lay.value_off + (insn.imm >> 32)  # the single value of a global-data map
             if off:
                 g.emit(f"add.u64 {d}, {d}, {off};")
     else:

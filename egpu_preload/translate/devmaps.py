@@ -12,6 +12,8 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
 - PERCPU_ARRAY: header u32 ncpu at 0 (the number of SM ids, %nsmid); then ncpu arrays laid out as ARRAY,
   array c for the SM whose %smid is c, each starting on its own 128-byte line (``cpu_stride``): the L2
   serializes atomics per line, so SMs that bump their own counter must not share one.
+  A striped ARRAY (MapDef.stripe, striping.py) has this layout too; its host copy stays one array, row 0
+  of the initial image, and reading the region sums the rows lane by lane (``stripe`` bytes a lane).
 - HASH / LRU_HASH: header u32 count at 0 (live entries, enforces max_entries); ``nbuckets`` (a power of
   two, 2x max_entries, 4x for LRU) slots of: u32 state at 0, u64 last-use time at 8 (LRU only), key at
   ``key_off`` (zero padded to 8), value at ``val_off``. States: EMPTY -> BUSY (claimed by one inserter
@@ -74,6 +76,7 @@ class MapLayout:
     lru: bool = False
     capacity: int = 0  # ring data bytes
     value_off: int = HEADER  # array slot 0 / ring data
+    stripe: int = 0    # percpu_array holding a striped ARRAY: the width of the lanes summed when read
 
     @property
     def cpu_stride(self) -> int:
@@ -90,7 +93,8 @@ class MapLayout:
 
 def layout(m: prog.MapDef) -> MapLayout:
     if m.type == prog.MAP_ARRAY:
-        return MapLayout("array", round8(m.value_size), m.max_entries, 4, m.value_size)
+        kind = "percpu_array" if m.stripe else "array"
+        return MapLayout(kind, round8(m.value_size), m.max_entries, 4, m.value_size, stripe=m.stripe)
     if m.type == prog.MAP_PERCPU_ARRAY:
         return MapLayout("percpu_array", round8(m.value_size), m.max_entries, 4, m.value_size)
     if m.type in (prog.MAP_HASH, prog.MAP_LRU_HASH):
@@ -132,6 +136,10 @@ def region_image(m: prog.MapDef, state_storage: MapStorage, ncpu: int) -> bytes:
     lay = layout(m)
     img = bytearray(lay.region_size(ncpu))
     if lay.kind == "array":
+        for i, (_, v) in enumerate(state_storage.items()):
+            img[HEADER + i * lay.stride:HEADER + i * lay.stride + len(v)] = v
+    elif lay.stripe:
+        struct.pack_into("<I", img, 0, ncpu)
         for i, (_, v) in enumerate(state_storage.items()):
             img[HEADER + i * lay.stride:HEADER + i * lay.stride + len(v)] = v
     elif lay.kind == "percpu_array":
@@ -182,6 +190,8 @@ def apply_region(state: MapsState, index: int, img: bytes) -> None:
         for i in range(m.max_entries):
             o = HEADER + i * lay.stride
             storage.values[i][:] = img[o:o + m.value_size]
+    elif lay.stripe:
+        _sum_rows(storage.values, img, lay)
     elif lay.kind == "percpu_array":
         ncpu = struct.unpack_from("<I", img, 0)[0]
         blank = bytes(m.value_size)
@@ -207,6 +217,20 @@ def apply_region(state: MapsState, index: int, img: bytes) -> None:
             storage.records = records
         storage.drops = dropped
         storage.used = sum(8 + round8(len(r[1])) for r in records)
+
+
+def _sum_rows(values: list[bytearray], img: bytes, lay: MapLayout) -> None:
+    """A striped ARRAY's values: its per-SM rows summed lane by lane, modulo 2^(8 * lane width)."""
+    ncpu = struct.unpack_from("<I", img, 0)[0]
+    lanes, pad = lay.value_size // lay.stripe, lay.stride - lay.value_size
+    lane = "I" if lay.stripe == 4 else "Q"
+    row = struct.Struct("<" + (f"{lanes}{lane}" + (f"{pad}x" if pad else "")) * lay.entries)
+    rows = [row.unpack_from(img, HEADER + cpu * lay.cpu_stride) for cpu in range(ncpu)]
+    mask = (1 << 8 * lay.stripe) - 1
+    sums = [sum(col) & mask for col in zip(*rows)]
+    value = struct.Struct(f"<{lanes}{lane}")
+    for i, v in enumerate(values):
+        v[:] = value.pack(*sums[i * lanes:(i + 1) * lanes])
 
 
 def apply_trace(state: MapsState, img: bytes) -> None:

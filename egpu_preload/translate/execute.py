@@ -13,6 +13,7 @@ from ..maps import MapsState
 from .devmaps import DeviceMaps
 from .gpu import gpu
 from .module import DESC_SIZE, EXEC_KERNEL, RUN_KERNEL, batch_ptx, probe_function, probe_runner_ptx
+from .striping import stripe_counters
 
 BATCH = 1024   # programs per module: bounds one JIT compilation
 MEM_ALIGN = 256
@@ -75,14 +76,15 @@ def execute_on_gpu(code: bytes, mem: bytes | None = None) -> int:
 
 class ProbeLaunch:
     """A probe loaded for repeated launches (the GPU tests and benchmarks): its runner module, its maps
-    in device memory from ``state`` and one context; ``close`` frees everything."""
+    in device memory (empty, striped as the runtime stripes them) and one context; ``close`` frees
+    everything."""
 
-    def __init__(self, obj: BpfObject, program: Program, state: MapsState | None = None,
-                 ctx: bytes | None = None, *, calls: int = 1) -> None:
+    def __init__(self, obj: BpfObject, program: Program, ctx: bytes | None = None, *, calls: int = 1) -> None:
         if ctx is not None and len(ctx) != CTX_SIZE:
             raise EgpuError(f"context is {len(ctx)} bytes, struct egpu_ctx is {CTX_SIZE}")
         self.gpu = g = gpu()
-        self.state = state if state is not None else MapsState(obj.maps)
+        stripe_counters(obj)
+        self.state = MapsState(obj.maps)
         probe = probe_function(program, obj, ctx_params=True)   # as the rewriter calls it
         self.module = g.load(probe_runner_ptx(probe, calls))
         self.maps: DeviceMaps | None = None
@@ -133,13 +135,12 @@ class ProbeLaunch:
             self.module = None
 
 
-def run_probe_on_gpu(obj: BpfObject, program: Program, threads: int, ctx: bytes | None = None,
-                     state: MapsState | None = None, *, calls: int = 1,
-                     block: int = 256) -> tuple[list[int], MapsState]:
+def run_probe_on_gpu(obj: BpfObject, program: Program, threads: int, ctx: bytes | None = None, *,
+                     calls: int = 1, block: int = 256) -> tuple[list[int], MapsState]:
     """Launch ``threads`` threads that each call the probe ``calls`` times with a local copy of ``ctx``
-    (struct egpu_ctx bytes, zeros by default); maps start from ``state`` (empty by default) and are read
-    back into it. Returns (each thread's last r0, the state)."""
-    run = ProbeLaunch(obj, program, state, ctx, calls=calls)
+    (struct egpu_ctx bytes, zeros by default); maps start empty and are read back. Returns (each
+    thread's last r0, the maps)."""
+    run = ProbeLaunch(obj, program, ctx, calls=calls)
     try:
         r0s = run.launch(threads, block=block, keep_r0=True)
         return r0s, run.read_back()

@@ -150,12 +150,7 @@ def _array_slot(g: FuncGen, insn: Insn, index: int, m: prog.MapDef, lay: MapLayo
     known = g.const(insn.pc)
     slot = g.t64()
     if lay.kind == "percpu_array":
-        cpu, ncpu = _special(g, "%smid"), g.t64()
-        g.emit(f"ld.u32 {ncpu}, [{base}];")
-        g.emit(f"sub.u64 {ncpu}, {ncpu}, 1;")
-        g.emit(f"min.u64 {cpu}, {cpu}, {ncpu};")  # defensive: the host sizes ncpu from %nsmid
-        g.emit(f"mul.lo.u64 {cpu}, {cpu}, {lay.cpu_stride};")
-        g.emit(f"add.u64 {base}, {base}, {cpu};")
+        sm_row(g, base, lay)
     if known is not None:  # constant key: folded to an address
         if known >= m.max_entries:
             g.emit(f"bra {miss};")
@@ -168,6 +163,16 @@ def _array_slot(g: FuncGen, insn: Insn, index: int, m: prog.MapDef, lay: MapLayo
     g.emit(f"mad.lo.u64 {slot}, {idx}, {lay.stride}, {base};")
     g.emit(f"add.u64 {slot}, {slot}, {HEADER};")
     return slot
+
+
+def sm_row(g: FuncGen, base: str, lay: MapLayout) -> None:
+    """base (a percpu_array region, in a register of its own) += the offset of this SM's row."""
+    cpu, ncpu = _special(g, "%smid"), g.t64()
+    g.emit(f"ld.u32 {ncpu}, [{base}];")
+    g.emit(f"sub.u64 {ncpu}, {ncpu}, 1;")
+    g.emit(f"min.u64 {cpu}, {cpu}, {ncpu};")  # defensive: the host sizes ncpu from %nsmid
+    g.emit(f"mul.lo.u64 {cpu}, {cpu}, {lay.cpu_stride};")
+    g.emit(f"add.u64 {base}, {base}, {cpu};")
 
 
 # ---- hash maps -------------------------------------------------------------------------------

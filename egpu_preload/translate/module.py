@@ -13,6 +13,7 @@ from ..bpf.verifier import VerifiedProgram, verify
 from ..errors import EgpuError, TranslateError, VerifierError
 from .codegen import generate_func
 from .emitter import Target
+from .striping import stripe_counters
 
 # match.sync, ld.acquire / st.release (PTX 6.0), activemask (6.2), nanosleep (6.3); all sm_70+.
 PTX_VERSION = (6, 3)
@@ -104,6 +105,7 @@ def probe_object_ptx(obj: BpfObject, tag: str | None = None) -> str:
     """Every program of an object in one module text (what ``egpu ptx`` prints), as instrumented
     kernels call them (the context in words where it can be)."""
     tag = tag or object_tag(obj)
+    stripe_counters(obj)
     funcs = [probe_function(p, obj, tag, ctx_params=True) for p in obj.programs]
     return header() + "\n" + table_decl(tag, len(obj.maps)) + "\n\n" + "\n".join(f.func for f in funcs)
 

@@ -66,16 +66,18 @@ import functools
 import gc
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from egpu_preload.bpf import ctx as C
 from egpu_preload.bpf.program import Attach, BpfObject
+from egpu_preload.bpf.verifier import VerifiedProgram, verify
 from egpu_preload.errors import PtxError
 from egpu_preload.translate import ptx
 from egpu_preload.translate.demangle import matches
+from egpu_preload.translate.striping import stripe_counters
 
 LAUNCH_PARAM = "__egpu_launch_id"
 PREFIX = "__egpu"
@@ -133,14 +135,18 @@ class RewriteResult:
         return next(k for k in self.kernels if k.name == name)
 
 
-def probe_specs(obj: BpfObject) -> list[ProbeSpec]:
-    """The kernel-site programs of a loaded (and verified) object, translated (launch probes are not
-    spliced into kernels, so they are left out)."""
+def probe_specs(obj: BpfObject, verified: Sequence[VerifiedProgram] | None = None) -> list[ProbeSpec]:
+    """The kernel-site programs of a loaded object, translated (launch probes are not spliced into
+    kernels, so they are left out), after its counters are striped (striping.py). ``verified``: the
+    verifier's result for each of ``obj.programs``, in order (verified here when not given)."""
     from egpu_preload.translate import probe_function   # the translator imports this package
+    if verified is None:
+        verified = [verify(p.code, obj.maps, file=obj.path, section=p.section) for p in obj.programs]
+    stripe_counters(obj, verified)
     specs = []
-    for prog in obj.programs:
+    for prog, v in zip(obj.programs, verified, strict=True):
         if prog.attach.kind in ("entry", "exit") or prog.attach.kind in MEM_KINDS:
-            pp = probe_function(prog, obj, ctx_params=True)
+            pp = probe_function(prog, obj, verified=v, ctx_params=True)
             specs.append(ProbeSpec(prog.attach, pp.name, pp.func, pp.version, pp.sm, pp.globals, pp.ctx_fields,
                                    pp.ctx_words))
     return specs

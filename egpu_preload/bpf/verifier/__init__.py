@@ -53,6 +53,11 @@ class VerifiedProgram:
                                        # ctx, perf_event_output, read none of it)
     ctx_at: Mapping[int, int | None]   # pc of a ctx load -> the byte offset it reads (None: paths reach it
                                        # with different offsets)
+    value_uses: Mapping[int, frozenset[str]]  # map index -> how the program touches the map's values:
+                                              # "add4"/"add8" (atomic add, old value not fetched), "read",
+                                              # "write", "atomic" (any other), "helper" (a helper reads or
+                                              # writes them, or takes the map for anything but a lookup or
+                                              # an update with BPF_NOEXIST, which changes no array slot)
 
 
 class _Visit:
@@ -164,7 +169,8 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
                            cfg.subprogs, depths, processed, frozenset(reached), MappingProxyType(consts),
                            MappingProxyType(dict(env.arg_align)),
                            MappingProxyType({k: v for k, v in env.arg_stack.items() if v is not None}),
-                           frozenset(env.ctx_reads), MappingProxyType(dict(env.ctx_at)))
+                           frozenset(env.ctx_reads), MappingProxyType(dict(env.ctx_at)),
+                           MappingProxyType({m: frozenset(u) for m, u in env.value_uses.items()}))
 
 
 def _check_combined_stack(cfg: Cfg, depths: tuple[int, ...]) -> None:

@@ -16,7 +16,7 @@ from typing import Callable
 from .. import ctx as egpu_ctx
 from .. import isa
 from ..decode import Insn
-from ..helpers import HELPERS, Helper
+from ..helpers import BPF_NOEXIST, HELPERS, Helper
 from ..program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY, MAP_RINGBUF,
                        MAP_TYPE_NAMES, MapDef)
 from . import arith
@@ -48,7 +48,7 @@ class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
     __slots__ = ("cfg", "maps", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack", "ctx_reads",
-                 "ctx_at", "_last_id")
+                 "ctx_at", "value_uses", "_last_id")
 
     def __init__(self, cfg: Cfg, maps: list[MapDef]) -> None:
         self.cfg = cfg
@@ -61,6 +61,7 @@ class Env:
         self.arg_stack: dict[tuple[int, int], int | None] = {}
         self.ctx_reads: set[int] = set()
         self.ctx_at: dict[int, int | None] = {}
+        self.value_uses: dict[int, set[str]] = {}
         self._last_id = 0
 
     def new_id(self) -> int:
@@ -82,6 +83,9 @@ class Env:
     def note_const(self, pc: int, value: int | None) -> None:
         if self.consts.setdefault(pc, value) != value:
             self.consts[pc] = None
+
+    def note_use(self, index: int, use: str) -> None:
+        self.value_uses.setdefault(index, set()).add(use)
 
     def note_ctx(self, pc: int, offset: int, size: int) -> None:
         """A context load: the bytes it reads, and its offset when the same on every path."""
@@ -289,6 +293,8 @@ def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *,
         return _stack(env, st, ptr, fixed, size, mode, value, signed, reg)
     if kind == MAP_VALUE:
         m = env.maps[ptr.aux]
+        plain_add = mode == "atomic" and insn.atomic_op == "add" and not insn.fetch
+        env.note_use(ptr.aux, f"add{size}" if plain_add else mode)
         if mode != "read" and m.readonly:
             raise Reject(f"write into read-only map {m.name} (r{reg} readonly)")
         _within(ptr, fixed, size, m.value_size, "map value", "value_size", reg)
@@ -535,6 +541,8 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
             raise Reject(f"r{n} leaks addr into {h.name} (arg{n} is {v.kind})")
         if v.kind in (STACK, MAP_VALUE, RINGBUF_MEM):
             env.note_arg(st, insn.pc, n, v)
+    if m is not None and h.name != "map_lookup_elem" and not (h.name == "map_update_elem" and _noexist(f.regs[4])):
+        env.note_use(m, "helper")
     if release:
         st.update_id(release, lambda v: None)
         st.refs.pop(release, None)
@@ -549,6 +557,10 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
     else:
         f.regs[0] = NOT_INIT_VALUE if h.ret == "void" else UNKNOWN
     return [(st, insn.pc + 1)]
+
+
+def _noexist(flags: Value) -> bool:
+    return flags.kind == SCALAR and flags.is_const and flags.tv == BPF_NOEXIST
 
 
 def _stack_const(st: State, v: Value, size: int) -> int | None:
@@ -596,6 +608,7 @@ def _helper_mem(env: Env, st: State, h: Helper, n: int, v: Value, size: int, *, 
     lo, hi = v.off + v.smin, v.off + v.smax + size
     if v.kind == MAP_VALUE:
         md = env.maps[v.aux]
+        env.note_use(v.aux, "helper")
         if write and md.readonly:
             raise Reject(f"write into read-only map {md.name} (arg{n} of {h.name})")
         _within(v, v.off, size, md.value_size, "map value", "value_size", n)
