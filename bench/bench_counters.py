@@ -1,9 +1,11 @@
 """Where the entry/exit counter's cost goes, on the suite's vecadd (16 Mi threads, 256 per block).
 
-Usage (on the GPU machine): ``python3 bench/bench_counters.py OUT.json``. One run, same workload, four
+Usage (on the GPU machine): ``python3 bench/bench_counters.py OUT.json``. One run, same workload, five
 modes: uninstrumented; entry/exit probes with an empty body (context, call and lane regrouping only);
-the suite's counter (one ARRAY slot: every warp's aggregated atomic lands on the same address); the same
-counter in a PERCPU_ARRAY (one slot per SM). Ratios of the median time per launch to uninstrumented.
+the suite's counter (an ARRAY slot the probes only add to, so striped: a row per SM, translate/
+striping.py); the same counter kept in one copy (the probe also reads it, in a branch no launch takes:
+every warp's aggregated atomic lands on the same address, as before striping); the same counter in a
+PERCPU_ARRAY (one slot per SM, declared so). Ratios of the median time per launch to uninstrumented.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import bench_jit  # noqa: E402
 import suite  # noqa: E402
 
 PROBES = {"empty": "bench/probes/entry_exit_empty", "array": "bench/probes/entry_exit",
-          "percpu": "bench/probes/entry_exit_percpu"}
+          "one_copy": "bench/probes/entry_exit_one_copy", "percpu": "bench/probes/entry_exit_percpu"}
 
 
 def main() -> None:

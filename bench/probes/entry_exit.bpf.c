@@ -9,26 +9,30 @@ struct {
 	__type(value, __u64);
 } calls SEC(".maps"); /* 0: entries, 1: exits */
 
-static __always_inline void bump(__u32 key)
+static __always_inline int bump(struct egpu_ctx *ctx, __u32 key)
 {
 	__u64 *n = bpf_map_lookup_elem(&calls, &key);
 
-	if (n)
-		__sync_fetch_and_add(n, 1);
+	if (!n)
+		return 0;
+#ifdef ONE_COPY /* entry_exit_one_copy.bpf.c: a read no launch makes keeps the counter in one copy */
+	if (ctx->size == 0xdead)
+		return *n;
+#endif
+	__sync_fetch_and_add(n, 1);
+	return 0;
 }
 
 SEC("kprobe/*")
 int on_entry(struct egpu_ctx *ctx)
 {
-	bump(0);
-	return 0;
+	return bump(ctx, 0);
 }
 
 SEC("kretprobe/*")
 int on_exit(struct egpu_ctx *ctx)
 {
-	bump(1);
-	return 0;
+	return bump(ctx, 1);
 }
 
 char LICENSE[] SEC("license") = "GPL";
