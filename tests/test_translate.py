@@ -390,7 +390,7 @@ def test_gpu_test_and_bench_probes_assemble(tmp_path):
         obj, p = probe_object(asm, maps, f"{name}.bpf.o")
         report = ptxas(probe_runner_ptx(probe_function(p, obj, ctx_params=True)), "sm_90", tmp_path)
         rows.append((name, *report["egpu_probe_run"]))
-    assert len(rows) == len(probes) == 10
+    assert len(rows) == len(probes) == 11
     print_report("GPU-test and benchmark probes, sm_90", rows)
 
 
@@ -437,10 +437,11 @@ def test_tricky_c_probes_and_v4_builds_assemble(mcpu, probe_obj, probe_names, tm
     print_report(f"probes and tricky C probes, -mcpu={mcpu}, sm_90", rows)
 
 
-@pytest.mark.parametrize("name", ["insert_delete", "lru"])
+@pytest.mark.parametrize("name", ["insert_delete", "lru", "ring_mixed"])
 def test_gpu_test_programs_do_on_the_vm_what_their_tests_assert(name):
     """The million-thread programs, run one thread after another on the VM (the GPU runs them at once):
-    inserts and deletes of own keys all succeed and leave nothing; the LRU stays within its entries."""
+    inserts and deletes of own keys all succeed and leave nothing; the LRU stays within its entries;
+    mixed-size records hold their thread's index, 8 bytes for even threads and 16 for odd ones."""
     from egpu_preload.vm import ThreadSim, Vm
     obj, p = probe_object(*GPU_TEST_PROBES[name], path=f"{name}.bpf.o")
     state = MapsState(obj.maps)
@@ -448,6 +449,11 @@ def test_gpu_test_programs_do_on_the_vm_what_their_tests_assert(name):
     threads = 6000
     r0s = [vm.run(bytes(C.SIZE), ThreadSim(thread_idx=(i % 256, 0, 0), block_idx=(i // 256, 0, 0),
                                            block_dim=(256, 1, 1))) for i in range(threads)]
+    if name == "ring_mixed":
+        recs = state[0].records
+        assert len(recs) == threads and [struct.unpack_from("<Q", r)[0] for r in recs] == list(range(threads))
+        assert [len(r) for r in recs] == [8 + 8 * (i & 1) for i in range(threads)]
+        return
     entries = list(state[0].items())
     if name == "insert_delete":
         assert r0s == [1] * threads and entries == []

@@ -167,5 +167,16 @@ def test_million_threads_ring_buffer_delivers_or_counts():
     assert len(ids) + ring.drops == MILLION
     assert len(set(ids)) == len(ids) and all(i < MILLION for i in ids)
     # Credit given back by a refused producer can refuse another meanwhile: drops, never overwrites.
-    # The ring holds RING_CAPACITY // 16 records of 8 bytes (8-byte header each).
+    # The ring holds RING_CAPACITY // 16 records of 8 bytes (8-byte header each), taken by warps.
     assert RING_CAPACITY // 32 <= len(ids) <= RING_CAPACITY // 16
+
+
+def test_million_threads_of_mixed_record_sizes_reserve_one_by_one():
+    """Lanes asking for 8 and 16 bytes cannot reserve as one group: each record still arrives whole,
+    once, with its own size, or is counted as dropped."""
+    ring = _million("ring_mixed")[0]
+    ids = [struct.unpack_from("<Q", r)[0] for r in ring.records]
+    assert len(ids) + ring.drops == MILLION
+    assert len(set(ids)) == len(ids) and all(i < MILLION for i in ids)
+    assert all(len(r) == 8 + 8 * (i & 1) and r[8:] in (b"", r[:8]) for i, r in zip(ids, ring.records))
+    assert RING_CAPACITY // 48 <= len(ids) <= RING_CAPACITY // 16

@@ -133,6 +133,22 @@ exit
 LRU_COUNT = HASH_COUNT.replace("r6 &= 1023", "r6 &= 4095")
 
 RING_EVENTS = GLOBAL_ID + _ringbuf_output(80, 8)   # one 8-byte record per thread: its global index
+# The same with 8 bytes from even threads and 16 from odd ones: a warp's lanes ask for different sizes,
+# so they reserve one by one, not as a group (helpers_ptx._reserve).
+RING_MIXED = GLOBAL_ID + """*(u64 *)(r10 - 80) = r6
+*(u64 *)(r10 - 72) = r6
+r3 = r6
+r3 &= 1
+r3 <<= 3
+r3 += 8
+r1 = map[0] ll
+r2 = r10
+r2 += -80
+r4 = 0
+call ringbuf_output
+r0 = 0
+exit
+"""
 RING_CAPACITY = 1 << 20
 
 GPU_TEST_PROBES: dict[str, tuple[str, list[prog.MapDef]]] = {
@@ -142,6 +158,7 @@ GPU_TEST_PROBES: dict[str, tuple[str, list[prog.MapDef]]] = {
     "insert_delete": (INSERT_DELETE, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 1 << 20)]),
     "lru": (LRU_COUNT, [prog.MapDef("l", prog.MAP_LRU_HASH, 8, 8, 1024)]),
     "ring": (RING_EVENTS, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, RING_CAPACITY)]),
+    "ring_mixed": (RING_MIXED, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, RING_CAPACITY)]),
 }
 
 

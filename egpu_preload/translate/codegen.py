@@ -313,21 +313,12 @@ def _warp_add(g: FuncGen, insn: Insn, a: Addr, c: int) -> None:
     old = g.t64() if w == 64 else g.t32()
     g.emit(f"mov.b{w} {old}, 0;")
     g.emit(f"@{lead} atom{a.space}.add.u{w} {old}, [{p}], {tot};")
-    low, leader = g.t32(), g.t32()
-    g.emit(f"neg.s32 {low}, {peers};")
-    g.emit(f"and.b32 {low}, {low}, {peers};")
-    g.emit(f"bfind.u32 {leader}, {low};")
+    helpers_ptx.from_leader(g, old, w, helpers_ptx.group_leader(g, peers), peers)
     if w == 64:
-        lo, hi = g.t32(), g.t32()
-        g.emit(f"mov.b64 {{{lo}, {hi}}}, {old};")
-        g.emit(f"shfl.sync.idx.b32 {lo}, {lo}, {leader}, 31, {peers};")
-        g.emit(f"shfl.sync.idx.b32 {hi}, {hi}, {leader}, 31, {peers};")
-        g.emit(f"mov.b64 {old}, {{{lo}, {hi}}};")
         r64 = g.t64()
         g.emit(f"cvt.u64.u32 {r64}, {rank};")
         g.emit(f"mad.lo.u64 {src}, {r64}, {lit(c)}, {old};")
     else:
-        g.emit(f"shfl.sync.idx.b32 {old}, {old}, {leader}, 31, {peers};")
         g.emit(f"mad.lo.u32 {old}, {rank}, {lit(c, 32)}, {old};")
         g.emit(f"cvt.u64.u32 {src}, {old};")
 

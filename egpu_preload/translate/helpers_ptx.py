@@ -436,10 +436,45 @@ def map_delete_elem(g: FuncGen, insn: Insn) -> None:
 
 def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str) -> str:
     """Reserve a record of size (register) data bytes; returns its header address or jumps to fail
-    after counting a drop."""
+    after counting a drop.
+
+    Lanes reserving the same number of bytes in the same ring at once (match.sync: a probe's fixed-size
+    event, from every lane of a warp) take their records with one atomic on each of the ring's
+    counters for the group, made by its lowest lane, which hands the others the outcome (shfl.sync):
+    the ring's header is one line that every producer's atomics queue on. A group's records are
+    granted or refused together. Lanes asking for different sizes reserve one by one (PTX ISA:
+    match.sync, shfl.sync; sm_70+)."""
     total = g.t64()
     g.emit(f"add.u64 {total}, {size}, 15;")
     g.emit(f"and.b64 {total}, {total}, {lit(-8)};")  # 8-byte header + data rounded up to 8
+    mask, peers, same = g.t32(), g.t32(), g.t32()
+    alike = g.pred()
+    g.emit(f"activemask.b32 {mask};")
+    g.emit(f"match.any.sync.b64 {peers}, {base}, {mask};")
+    g.emit(f"match.all.sync.b64 {same}|{alike}, {total}, {peers};")
+    one, placed = g.label(), g.label()
+    pos = g.t64()
+    g.emit(f"@!{alike} bra {one};")
+    _reserve_group(g, base, lay, total, peers, pos, fail)
+    g.emit(f"bra {placed};")
+    g.place(one)
+    _reserve_one(g, base, lay, total, pos, fail)
+    g.place(placed)
+    if lay.capacity & (lay.capacity - 1):
+        g.emit(f"rem.u64 {pos}, {pos}, {lay.capacity};")
+    else:
+        g.emit(f"and.b64 {pos}, {pos}, {lay.capacity - 1};")
+    rec = g.t64()
+    g.emit(f"add.u64 {rec}, {base}, {pos};")
+    g.emit(f"add.u64 {rec}, {rec}, {HEADER};")
+    g.emit(f"st.u32 [{rec}], {size};")
+    g.emit(f"st.u32 [{rec}+4], {REC_BUSY};")
+    return rec
+
+
+def _reserve_one(g: FuncGen, base: str, lay: MapLayout, total: str, pos: str, fail: str) -> None:
+    """pos = the ring position of this lane's record of ``total`` bytes, or a counted drop and fail:
+    credit taken on ``reserved`` and given back when the reader has not made room."""
     r, c, e = g.t64(), g.t64(), g.t64()
     g.emit(f"atom.add.u64 {r}, [{base}+8], {total};")
     g.emit(f"ld.volatile.u64 {c}, [{base}+16];")
@@ -453,17 +488,67 @@ def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str) -> str
     g.emit(f"red.add.u64 [{base}+24], 1;")
     g.emit(f"bra {fail};")
     g.place(ok)
-    pos, rec = g.t64(), g.t64()
     g.emit(f"atom.add.u64 {pos}, [{base}], {total};")
-    if lay.capacity & (lay.capacity - 1):
-        g.emit(f"rem.u64 {pos}, {pos}, {lay.capacity};")
-    else:
-        g.emit(f"and.b64 {pos}, {pos}, {lay.capacity - 1};")
-    g.emit(f"add.u64 {rec}, {base}, {pos};")
-    g.emit(f"add.u64 {rec}, {rec}, {HEADER};")
-    g.emit(f"st.u32 [{rec}], {size};")
-    g.emit(f"st.u32 [{rec}+4], {REC_BUSY};")
-    return rec
+
+
+def _reserve_group(g: FuncGen, base: str, lay: MapLayout, total: str, peers: str, pos: str, fail: str) -> None:
+    """_reserve_one for the group of lanes in ``peers``, each reserving ``total`` bytes: the lowest lane
+    takes the group's credit and positions, the others get theirs by rank; branch-free until the
+    outcome is known to every lane, so the group stays converged for shfl.sync."""
+    below, rank, n = g.t32(), g.t32(), g.t32()
+    g.emit(f"mov.u32 {below}, %lanemask_lt;")
+    g.emit(f"and.b32 {below}, {below}, {peers};")
+    g.emit(f"popc.b32 {rank}, {below};")
+    g.emit(f"popc.b32 {n}, {peers};")
+    lead, ok = g.pred(), g.pred()
+    g.emit(f"setp.eq.u32 {lead}, {below}, 0;")
+    span, r, c, e, n64 = g.t64(), g.t64(), g.t64(), g.t64(), g.t64()
+    g.emit(f"cvt.u64.u32 {n64}, {n};")
+    g.emit(f"mul.lo.u64 {span}, {n64}, {total};")
+    g.emit(f"mov.b64 {e}, 0;")
+    g.emit(f"@{lead} atom.add.u64 {r}, [{base}+8], {span};")
+    g.emit(f"@{lead} ld.volatile.u64 {c}, [{base}+16];")
+    g.emit(f"@{lead} add.u64 {e}, {r}, {span};")
+    g.emit(f"@{lead} sub.u64 {e}, {e}, {c};")
+    g.emit(f"setp.le.u64 {ok}, {e}, {lay.capacity};")
+    refused, neg = g.pred(), g.t64()
+    g.emit(f"and.pred {refused}, {lead}, !{ok};")
+    g.emit(f"neg.s64 {neg}, {span};")
+    g.emit(f"@{refused} red.add.u64 [{base}+8], {neg};")
+    g.emit(f"@{refused} red.add.u64 [{base}+24], {n64};")
+    granted = g.pred()
+    g.emit(f"and.pred {granted}, {lead}, {ok};")
+    g.emit(f"mov.b64 {pos}, 0;")
+    g.emit(f"@{granted} atom.add.u64 {pos}, [{base}], {span};")
+    leader, flag = group_leader(g, peers), g.t32()
+    g.emit(f"selp.u32 {flag}, 1, 0, {ok};")
+    from_leader(g, flag, 32, leader, peers)
+    from_leader(g, pos, 64, leader, peers)
+    _branch(g, "eq", flag, 0, fail, "u32")
+    mine = g.t64()
+    g.emit(f"cvt.u64.u32 {mine}, {rank};")
+    g.emit(f"mad.lo.u64 {pos}, {mine}, {total}, {pos};")
+
+
+def group_leader(g: FuncGen, peers: str) -> str:
+    """The lane number of the lowest lane in the mask ``peers``."""
+    low, leader = g.t32(), g.t32()
+    g.emit(f"neg.s32 {low}, {peers};")
+    g.emit(f"and.b32 {low}, {low}, {peers};")
+    g.emit(f"bfind.u32 {leader}, {low};")
+    return leader
+
+
+def from_leader(g: FuncGen, reg: str, width: int, leader: str, peers: str) -> None:
+    """reg (of ``width`` bits) := its value in lane ``leader``, for every lane of ``peers`` (shfl.sync)."""
+    if width == 32:
+        g.emit(f"shfl.sync.idx.b32 {reg}, {reg}, {leader}, 31, {peers};")
+        return
+    lo, hi = g.t32(), g.t32()
+    g.emit(f"mov.b64 {{{lo}, {hi}}}, {reg};")
+    g.emit(f"shfl.sync.idx.b32 {lo}, {lo}, {leader}, 31, {peers};")
+    g.emit(f"shfl.sync.idx.b32 {hi}, {hi}, {leader}, 31, {peers};")
+    g.emit(f"mov.b64 {reg}, {{{lo}, {hi}}};")
 
 
 def _publish(g: FuncGen, rec: str, flag: int, tag: str | None = None) -> None:
