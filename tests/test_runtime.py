@@ -319,6 +319,23 @@ def test_global_data_reaches_the_device_and_comes_back(stub_job, probe_obj, tmp_
     assert firsts["bss"] == bytes(16)
 
 
+def test_maps_that_do_not_fit_leave_the_original_running_and_no_stream_behind(stub_job, probe_obj, tmp_path):
+    """A device too full for the maps (the stand-in refuses the 2 MiB trace ring): the launches go to the
+    original, the module says why, and the stream made for the maps is destroyed with them (each later
+    load would make another)."""
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), str(stub_job.app), "module", "2", "32", "0",
+                              EGPU_STUB_ALLOC_LIMIT=str(1 << 20))
+    assert r.returncode == 0, r.stderr
+    assert "result=0" in r.stdout
+    assert [c for c in calls if "refused: out of memory" in c] == ["cuMemAlloc_v2 size=2097216 refused: out of memory"]
+    assert launches(calls) == ["11,22,32", "11,22,32"]
+    created = [c for c in calls if c.startswith("cuStreamCreate")]
+    assert len(created) == 1 and len([c for c in calls if c.startswith("cuStreamDestroy_v2")]) == 1
+    (doc,) = docs
+    (m,) = doc["modules"]
+    assert m["status"].startswith("failed: cannot fill the map table: cuMemAlloc_v2 failed")
+
+
 @pytest.mark.parametrize("mode", ["module", "library"])
 def test_a_table_that_cannot_be_filled_sends_launches_to_the_original(stub_job, probe_obj, tmp_path, mode):
     """The app holds the instrumented module; with no maps behind it, its kernels would fault, so the

@@ -43,6 +43,7 @@ SIGNATURES = {
     "cuMemcpyHtoDAsync_v2": "int (*)(unsigned long long, const void *, size_t, void *)",
     "cuMemcpyDtoHAsync_v2": "int (*)(void *, unsigned long long, size_t, void *)",
     "cuStreamCreate": "int (*)(void **, unsigned int)",
+    "cuStreamDestroy_v2": "int (*)(void *)",
     "cuStreamSynchronize": "int (*)(void *)",
     "cuThreadExchangeStreamCaptureMode": "int (*)(int *)",
     "cuModuleGetGlobal_v2": "int (*)(unsigned long long *, size_t *, void *, const char *)",
@@ -202,6 +203,9 @@ class Driver:
         self.call("cuStreamCreate", out, CU_STREAM_NON_BLOCKING)
         return int(self.ffi.cast("uintptr_t", out[0]))
 
+    def destroy_stream(self, stream: int) -> None:
+        self.call("cuStreamDestroy_v2", self.ffi.cast("void *", stream))
+
     def dtoh_on(self, stream: int, ptr: int, size: int) -> bytes:
         """Copy out on ``stream`` and wait for that stream only."""
         if not size:
@@ -267,6 +271,10 @@ class ContextMemory:
     def __init__(self, driver: Driver, context: int) -> None:
         self.driver, self.context = driver, context
         self.stream = driver.stream()
+
+    def close(self) -> None:
+        """Destroy the stream (the context current); for memory whose maps could not be made."""
+        self.driver.destroy_stream(self.stream)
 
     def alloc(self, size: int) -> int:
         return self.driver.alloc(size)

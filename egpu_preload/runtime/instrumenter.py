@@ -376,6 +376,7 @@ class Runtime:
             except Exception:
                 for m in maps:
                     m.free()
+                memory.close()   # the next module load tries again, with a stream of its own
                 raise
         # Launch probes' times meet %globaltimer only through maps they share with GPU programs; the
         # measuring kernel is the one egpu launches of its own, and profilers see it: only then. Before

@@ -152,6 +152,10 @@ CUresult cuStreamCreate(void **s, unsigned int flags) {
     *s = &a_stream;
     return OK;
 }
+CUresult cuStreamDestroy_v2(void *s) {
+    note("cuStreamDestroy_v2 ctx=%s", context_name());
+    return s == &a_stream ? OK : 400;
+}
 CUresult cuStreamSynchronize(void *s) { return s == &a_stream ? OK : 400; }
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
     if (getenv("EGPU_STUB_PROBE_COUNTS")) usleep(20000); /* launches run between a flip and this read */

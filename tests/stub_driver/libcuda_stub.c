@@ -426,9 +426,15 @@ CUresult cuStreamEndCapture_ptsz(void *s, void **graph) { return end_capture(__f
 
 static CUdeviceptr next_ptr = 0x700000000000ull;
 static CUdeviceptr new_ptr(size_t size) { CUdeviceptr p = next_ptr; next_ptr += (size + 0xfff) & ~0xfffull; return p; }
+/* EGPU_STUB_ALLOC_LIMIT=N: allocations of more than N bytes fail as out of memory (2), as a full device. */
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) {
     CUresult r = egpu_stub_during_capture(__func__, 0);
     if (r != OK) return r;
+    const char *limit = getenv("EGPU_STUB_ALLOC_LIMIT");
+    if (limit && size > strtoull(limit, NULL, 0)) {
+        logf_("cuMemAlloc_v2 size=%zu refused: out of memory", size);
+        return 2;
+    }
     *p = new_ptr(size);
     logf_("cuMemAlloc_v2 size=%zu", size);
     return OK;
