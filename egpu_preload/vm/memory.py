@@ -52,16 +52,20 @@ class Memory:
         return self.regions.get(addr >> REGION_SHIFT)
 
     def _find(self, addr: int, size: int, write: bool) -> tuple[bytearray, int]:
-        what = f"{'write' if write else 'read'} of {size} bytes at 0x{addr:x}"
         region = self.regions.get(addr >> REGION_SHIFT)
         if region is None:
-            raise VmError(f"{what}: {self._describe_gap(addr)}")
+            raise VmError(f"{self._what(addr, size, write)}: {self._describe_gap(addr)}")
         off = addr - region.base
         if off + size > len(region.data):
-            raise VmError(f"{what}: outside {region.name} (offset {off}, size {len(region.data)})")
+            raise VmError(f"{self._what(addr, size, write)}: outside {region.name} (offset {off}, "
+                          f"size {len(region.data)})")
         if write and not region.writable:
-            raise VmError(f"{what}: {region.name} is read-only")
+            raise VmError(f"{self._what(addr, size, write)}: {region.name} is read-only")
         return region.data, off
+
+    @staticmethod
+    def _what(addr: int, size: int, write: bool) -> str:
+        return f"{'write' if write else 'read'} of {size} bytes at 0x{addr:x}"
 
     def _describe_gap(self, addr: int) -> str:
         above = self.regions.get((addr >> REGION_SHIFT) + 1)
