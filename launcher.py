@@ -84,14 +84,21 @@ def disasm_cmd(obj: Path) -> None:
 
 @egpu.command("verify")
 def verify_cmd(obj: Path) -> None:
-    """Verify each program of a probe object; a rejection prints where, why and the verifier log (exit 1)."""
+    """Verify each program of a probe object; a rejection prints where, why and the verifier log (exit 1).
+    Then the maps the GPU keeps a row per SM of (counters only added to: translate/striping.py)."""
     from egpu_preload.bpf.elf import load_object
     from egpu_preload.bpf.verifier import verify
+    from egpu_preload.translate.striping import stripe_counters
     try:
         bpf = load_object(obj)
+        verified = []
         for prog in bpf.programs:
-            v = verify(prog.code, bpf.maps, file=str(obj), section=prog.section)
-            typer.echo(f"prog {prog.name} ({prog.section}): ok, {len(v.insns)} insns")
+            verified.append(verify(prog.code, bpf.maps, file=str(obj), section=prog.section))
+            typer.echo(f"prog {prog.name} ({prog.section}): ok, {len(verified[-1].insns)} insns")
+        stripe_counters(bpf, verified)
+        for m in bpf.maps:
+            if m.stripe:
+                typer.echo(f"map {m.name}: only added to ({m.stripe}-byte adds): a row per SM, summed when read")
     except EgpuError as e:
         _fail(e.where(file=str(obj)))
 

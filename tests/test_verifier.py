@@ -322,6 +322,12 @@ def test_cli_verify_ok(probe_obj):
                                      "prog block_exit (kretprobe.block/*): ok, 19 insns"]
 
 
+def test_cli_verify_names_the_striped_counters(probe_obj):
+    r = _egpu("verify", str(probe_obj("globals")))
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[-1] == "map globals.bss: only added to (8-byte adds): a row per SM, summed when read"
+
+
 def test_cli_verify_unsafe(tmp_path):
     src = tmp_path / "unsafe.bpf.c"
     src.write_text(UNSAFE_PROBE)
