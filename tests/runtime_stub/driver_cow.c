@@ -66,7 +66,6 @@ CUresult cuStreamCreateWithPriority(void **s, unsigned int flags, int priority) 
     say("cuStreamCreateWithPriority stream=%p", *s);
     return OK;
 }
-CUresult cuStreamDestroy_v2(void *s) { say("cuStreamDestroy_v2 stream=%p", s); return OK; }
 
 static int next_event = 1;
 CUresult cuEventCreate(void **e, unsigned int flags) {
