@@ -623,9 +623,11 @@ EXPORT void egpu_cow_restore_at(unsigned long long count) {
 }
 
 /* Launches before the count is reached go on; the one that finds it reached restores, under a lock
- * so that launches on other threads wait until the contents are back. */
+ * so that launches on other threads wait until the contents are back. Not while a stream captures: the
+ * restore's copies would fail there and fail the capture, and a captured launch does not run now but
+ * when its graph is replayed, so the first launch outside a capture restores. */
 static void restore_check(void) {
-    if (atomic_load(&egpu_alloc_seq) < atomic_load(&restore_count)) return;
+    if (atomic_load(&egpu_alloc_seq) < atomic_load(&restore_count) || egpu_shim_capturing()) return;
     pthread_mutex_lock(&restore_lock);
     if ((atomic_load(&egpu_cow_flags) & FLAG_RESTORE) && egpu_python_up()) {  /* never into a finalized interpreter */
         egpu_py_cow_restore();

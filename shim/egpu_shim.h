@@ -162,6 +162,9 @@ int egpu_shim_bypass(int on);
 /* 0 once egpu_shim_python_gone() was called: every caller of a part-1 function asks first. */
 int egpu_python_up(void);
 
+/* Nonzero while a stream capture the shim saw begin is in progress (interpose.c, "stream capture"). */
+int egpu_shim_capturing(void);
+
 typedef int CUresult;
 typedef void *CUmodule, *CUfunction, *CUlibrary, *CUkernel, *CUlinkState, *CUstream, *CUgraph,
              *CUgraphNode, *CUgraphExec, *CUmemoryPool, *CUcontext;

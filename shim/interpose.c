@@ -603,6 +603,8 @@ out:
  * to begin captures that way). ---- */
 
 
+int egpu_shim_capturing(void) { return atomic_load(&g_captures) != 0; }
+
 static void capture_ended(void) {
     long n = atomic_load(&g_captures);
     while (n > 0 && !atomic_compare_exchange_weak(&g_captures, &n, n - 1)) {}

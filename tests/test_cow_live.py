@@ -216,11 +216,13 @@ def test_checkpoint_while_running_then_rollback_and_restore_into_a_rerun(cow_stu
 
     r = egpu(["--restore", str(bad), str(cow_stub.app), "resume"], loop.env, "run_main")
     assert r.returncode == 1 and "sha256 mismatch" in r.stderr and "counter" not in r.stdout, r.stderr
-    r = egpu(["--restore", str(ckpt), str(cow_stub.app), "resume"], loop.env, "run_main")
-    assert r.returncode == 0, r.stderr
-    assert f"egpu: restored {ckpt}: 4 allocations, 1 globals, 208 bytes" in r.stderr
-    assert re.findall(r"buffer (\d) (\d+)", r.stdout) == [(str(b), str(b * 1000000 + s[b])) for b in range(3)]
-    assert f"counter {s[3]} result 0" in r.stdout
+    for mode in ("resume", "resume-captured"):   # a launch into a capture does not restore: the next one does
+        r = egpu(["--restore", str(ckpt), str(cow_stub.app), mode], loop.env, "run_main")
+        assert r.returncode == 0, r.stderr
+        assert f"egpu: restored {ckpt}: 4 allocations, 1 globals, 208 bytes" in r.stderr
+        assert re.findall(r"buffer (\d) (\d+)", r.stdout) == [(str(b), str(b * 1000000 + s[b])) for b in range(3)]
+        assert f"counter {s[3]} result 0" in r.stdout
+        assert ("capture 0" in r.stdout) == (mode == "resume-captured"), r.stdout
 
 
 def _offset_of_launches() -> int:

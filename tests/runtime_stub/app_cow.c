@@ -9,6 +9,8 @@
  *                        holds b * 1000000 + step in every word), a launch per step, until STOP exists
  *   app_cow resume       the same allocations, one launch (a --restore puts the snapshot back before
  *                        it), then prints every buffer's first word and the counter
+ *   app_cow resume-captured  the same, but a launch captured into a graph (global mode) comes first:
+ *                        prints "capture R", the capture's end
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -147,9 +149,10 @@ static double now(void) {
 }
 
 /* loop and resume: the same allocations, in the same order. */
-static int job(const char *stop) {
+static int job(const char *stop, int captured) {
     SYM(cuInit); SYM(cuMemAlloc_v2); SYM(cuMemcpyHtoD_v2); SYM(cuMemcpyDtoH_v2); SYM(cuModuleLoadData);
-    SYM(cuModuleGetFunction); SYM(cuLaunchKernel); SYM(cuCtxSynchronize);
+    SYM(cuModuleGetFunction); SYM(cuLaunchKernel); SYM(cuCtxSynchronize); SYM(cuStreamCreate);
+    SYM(cuStreamBeginCapture_v2); SYM(cuStreamEndCapture);
     CUdeviceptr buf[3], counter;
     void *mod = NULL, *k = NULL;
     unsigned long long words[WORDS], n = 1;
@@ -157,6 +160,14 @@ static int job(const char *stop) {
     for (int b = 0; b < 3; b++) r |= cuMemAlloc_v2(&buf[b], SIZE);
     r |= cuMemAlloc_v2(&counter, 8);
     void *params[] = {&buf[0], &n};
+    if (captured) {
+        void *s = NULL, *graph = NULL;
+        r |= cuStreamCreate(&s, 1) | cuStreamBeginCapture_v2(s, 0);
+        r |= cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, params, NULL);
+        int end = cuStreamEndCapture(s, &graph);
+        printf("capture %d\n", end);
+        r |= end;
+    }
     if (!stop) { /* resume: the restore happens before this launch */
         r |= cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL) | cuCtxSynchronize();
         for (int b = 0; b < 3; b++) {
@@ -190,7 +201,8 @@ int main(int argc, char **argv) {
     if (!cuda || argc < 2) return 2;
     if (!strcmp(argv[1], "records")) return records() ? 1 : 0;
     if (!strcmp(argv[1], "cow")) return cow() ? 1 : 0;
-    if (!strcmp(argv[1], "loop") && argc == 3) return job(argv[2]);
-    if (!strcmp(argv[1], "resume")) return job(NULL) ? 1 : 0;
+    if (!strcmp(argv[1], "loop") && argc == 3) return job(argv[2], 0);
+    if (!strcmp(argv[1], "resume")) return job(NULL, 0) ? 1 : 0;
+    if (!strcmp(argv[1], "resume-captured")) return job(NULL, 1) ? 1 : 0;
     return 2;
 }
