@@ -106,6 +106,7 @@ class _Staging:
 
 def rollback(rt: "Runtime", directory: Path) -> dict:
     """Write ``directory`` back into the running job (the control command ``restore``)."""
+    from egpu_preload.runtime.live import CAPTURING, swap_outside_captures
     m = load(directory)
     ffi, lib = rt.ffi, rt.lib
     ctx = context(rt)
@@ -120,11 +121,12 @@ def rollback(rt: "Runtime", directory: Path) -> dict:
             launches = ffi.new("unsigned long long *")
             with rt.live.lock:
                 t0 = time.monotonic_ns()
-                r = lib.egpu_shim_swap(ffi.cast("void *", ctx), copies, len(staging.rows), ffi.NULL, 0, ffi.NULL, 0,
-                                        launches)
+                r = swap_outside_captures(rt, ctx, copies, len(staging.rows), ffi.NULL, 0, ffi.NULL, 0, launches)
                 t1 = time.monotonic_ns()
         finally:
             staging.free()
+    if r == lib.EGPU_SWAP_CAPTURING:
+        raise CowError(f"{CAPTURING}; nothing was written, try again once it has ended")
     if r:
         raise CowError(f"writing the checkpoint back failed: {rt.driver.error_name(r) if r > 0 else 'no memory'}")
     return {"dir": str(directory), "allocations": len(m.allocations), "globals": len(m.globals),

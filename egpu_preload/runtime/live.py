@@ -112,6 +112,21 @@ def probe_name(path: Path) -> str:
     return name
 
 
+CAPTURING = (f"the application is capturing a CUDA graph (still after {CAPTURE_WAIT_S:g} s): egpu must "
+             "drain the context, which the driver refuses during a capture, and the capture would fail")
+
+
+def swap_outside_captures(rt: "Runtime", ctx: int, *args: Any) -> int:
+    """egpu_shim_swap(ctx, *args), tried again while the application captures a graph (most captures end
+    within milliseconds), for at most CAPTURE_WAIT_S; its result (EGPU_SWAP_CAPTURING if still)."""
+    deadline = time.monotonic() + CAPTURE_WAIT_S
+    while True:
+        r = rt.lib.egpu_shim_swap(rt.ffi.cast("void *", ctx), *args)
+        if r != rt.lib.EGPU_SWAP_CAPTURING or time.monotonic() > deadline:
+            return r
+        time.sleep(0.005)
+
+
 def same_map(a: Any, b: Any) -> bool:
     """Maps whose device regions are interchangeable (a swap keeps the region): declared alike, and
     both striped alike (striping.py: a row per SM or one copy, as each probe uses the map)."""
@@ -399,16 +414,9 @@ class Live:
             f[i].repl = ffi.cast("void *", fl.repl or 0)
             f[i].nparams, f[i].param_offset, f[i].launch_id = fl.nparams, fl.param_offset, int(fl.launch_id)
         launches = ffi.new("unsigned long long *")
-        deadline = time.monotonic() + CAPTURE_WAIT_S
-        while True:   # a capture in progress: most end within milliseconds
-            r = lib.egpu_shim_swap(ffi.cast("void *", ctx), c, len(copies), f, len(flips), m, len(moved), launches)
-            if r != lib.EGPU_SWAP_CAPTURING or time.monotonic() > deadline:
-                break
-            time.sleep(0.005)
+        r = swap_outside_captures(self.rt, ctx, c, len(copies), f, len(flips), m, len(moved), launches)
         if r == lib.EGPU_SWAP_CAPTURING:
-            raise ControlError(f"the application is capturing a CUDA graph (still after {CAPTURE_WAIT_S:g} s): "
-                               "a flip must drain the context, which the driver refuses during a capture, and "
-                               "the capture would fail; nothing changed, try again once it has ended")
+            raise ControlError(f"{CAPTURING}; nothing changed, try again once it has ended")
         if r == -1:
             raise ControlError("the shim's function table is full or memory ran out: nothing changed")
         if r:
