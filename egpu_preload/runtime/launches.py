@@ -1,4 +1,4 @@
-"""Launch probes (``SEC("egpu/launch/GLOB")``): run on the host, on the reference VM, once per launch of
+"""Launch probes (``SEC("egpu/launch/GLOB")``): run on the host, on the VM (compiled, vm/compile.py), once per launch of
 every kernel the application launches through the driver, instrumented or not (SASS-only libraries
 included), without adding anything to the application's streams.
 
@@ -172,7 +172,7 @@ def probe_maps(probe: Probe) -> ProbeMaps | None:
     for i in shared:
         if probe.obj.maps[i].type not in RING_TYPES:
             state.storages[i] = Touched(state.storages[i])  # type: ignore[call-overload]
-    return ProbeMaps(probe, state, [(p, Vm(p.code, probe.obj.maps, state)) for p in launch],
+    return ProbeMaps(probe, state, [(p, Vm(p.code, probe.obj.maps, state, compiled=True)) for p in launch],
                      by_launch - by_gpu, shared)
 
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def _storage(run: "Run", reg: int, helper: str) -> MapStorage:
-    return run.vm.state[run.map_index(run.regs[reg], f"{helper}'s r{reg}")]
+    return run.vm.state[run.map_index(run.regs[reg], helper, reg)]
 
 
 def map_value_address(run: "Run", index: int, key: bytes = b"\0\0\0\0") -> int:
@@ -29,7 +29,7 @@ def map_value_address(run: "Run", index: int, key: bytes = b"\0\0\0\0") -> int:
     value = storage.lookup(key, run.thread.smid)
     if value is None:
         return 0
-    return run.mem.address_of(f"map {storage.mapdef.name} value", value, not storage.mapdef.readonly)
+    return run.mem.address_of(storage.mapdef.name, value, not storage.mapdef.readonly)
 
 
 def _set(run: "Run", value: int) -> bool:

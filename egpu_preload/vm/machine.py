@@ -48,10 +48,12 @@ class Run:
         self.regs[isa.FRAME_POINTER] = self.frame + isa.STACK_SIZE
         self.reservations: dict[int, tuple[RingbufStorage, bytearray]] = {}
 
-    def map_index(self, handle: int, what: str) -> int:
+    def map_index(self, handle: int, what: str, reg: int | None = None) -> int:
+        """The map a handle names; else a fault naming ``what`` (and ``reg``: "what's rN")."""
         index = handle - MAP_HANDLE_BASE
         if not 0 <= index < len(self.vm.state.storages):
-            raise VmError(f"{what} is not a map (0x{handle:x})")
+            name = what if reg is None else f"{what}'s r{reg}"
+            raise VmError(f"{name} is not a map (0x{handle:x})")
         return index
 
 
@@ -125,15 +127,18 @@ def _lddw(i: Insn, nxt: int) -> Op:
             return nxt
         return op
     if i.src == isa.LDDW_MAP_IDX:
+        what = f"map[{imm}]"
+
         def op_map(run: Run) -> int:
-            run.regs[dst] = MAP_HANDLE_BASE + run.map_index(MAP_HANDLE_BASE + imm, f"map[{imm}]")
+            run.regs[dst] = MAP_HANDLE_BASE + run.map_index(MAP_HANDLE_BASE + imm, what)
             return nxt
         return op_map
     if i.src == isa.LDDW_MAP_IDX_VALUE:
         index, off = imm & 0xFFFFFFFF, imm >> 32
+        what = f"map_value[{index}]"
 
         def op_value(run: Run) -> int:
-            value = calls.map_value_address(run, run.map_index(MAP_HANDLE_BASE + index, f"map_value[{index}]"))
+            value = calls.map_value_address(run, run.map_index(MAP_HANDLE_BASE + index, what))
             run.regs[dst] = (value + off) & MASK64
             return nxt
         return op_value
@@ -270,12 +275,15 @@ class Vm:
     """A decoded program with its maps, ready to run any number of times against ``state``."""
 
     def __init__(self, code: bytes, maps: Sequence[MapDef] = (), state: MapsState | None = None, *,
-                 budget: int = DEFAULT_BUDGET) -> None:
+                 budget: int = DEFAULT_BUDGET, compiled: bool = False) -> None:
+        """``compiled``: run the program as a Python function (compile.py) where it can be."""
+        from .compile import compile_program
         self.insns = decode(code)
         self.by_pc = {i.pc: i for i in self.insns}
         self.state = state if state is not None else MapsState(list(maps))
         self.budget = budget
         self.ops = _build(self.insns, len(code) // 8)
+        self.program = compile_program(self) if compiled else None
 
     def run(self, ctx: bytes = b"", thread: ThreadSim | None = None) -> int:
         """Run as a probe: r1 = a read-only copy of ``ctx`` (struct egpu_ctx); returns r0."""
@@ -294,6 +302,16 @@ class Vm:
     def _execute(self, mem: Memory, thread: ThreadSim, r1: int, r2: int) -> int:
         run = Run(self, mem, thread)
         run.regs[1], run.regs[2] = r1, r2
+        if self.program is not None:
+            r0 = self.program(run)
+        else:
+            self._interpret(run)
+            r0 = run.regs[0] & MASK64
+        if run.reservations:
+            raise VmError(f"exited holding {len(run.reservations)} unsubmitted ringbuf reservation(s)")
+        return r0
+
+    def _interpret(self, run: Run) -> None:
         ops, budget, pc = self.ops, self.budget, 0
         try:
             while pc >= 0:
@@ -302,15 +320,16 @@ class Vm:
                     raise VmError(f"instruction budget of {self.budget} exhausted (unbounded loop?)")
                 pc = ops[pc](run)
         except EgpuError as e:  # VmError, or a map refusing an operation its type lacks
-            if e.insn is None:
-                e.insn = pc
-                insn = self.by_pc.get(pc)
-                if insn is not None:
-                    e.reason = f"{e.reason} ({disasm_insn(insn)})"
+            self.locate(e, pc)
             raise
-        if run.reservations:
-            raise VmError(f"exited holding {len(run.reservations)} unsubmitted ringbuf reservation(s)")
-        return run.regs[0] & MASK64
+
+    def locate(self, e: EgpuError, pc: int) -> None:
+        """A fault's report: the pc it happened at, and the instruction."""
+        if e.insn is None:
+            e.insn = pc
+            insn = self.by_pc.get(pc)
+            if insn is not None:
+                e.reason = f"{e.reason} ({disasm_insn(insn)})"
 
 
 def run_with_mem(code: bytes, mem: bytes | None = None, *, budget: int = DEFAULT_BUDGET) -> tuple[int, bytes | None]:

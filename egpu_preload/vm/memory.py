@@ -41,11 +41,11 @@ class Memory:
         region = self.regions.pop(base >> REGION_SHIFT)
         self._by_buffer.pop(id(region.data), None)
 
-    def address_of(self, name: str, data: bytearray, writable: bool) -> int:
-        """The address of a buffer owned elsewhere (a map value), mapping it on first use."""
+    def address_of(self, map_name: str, data: bytearray, writable: bool) -> int:
+        """The address of a value of map ``map_name`` (a buffer the map owns), mapping it on first use."""
         base = self._by_buffer.get(id(data))
         if base is None:
-            base = self._by_buffer[id(data)] = self.add(name, data, writable)
+            base = self._by_buffer[id(data)] = self.add(f"map {map_name} value", data, writable)
         return base
 
     def region_at(self, addr: int) -> Region | None:

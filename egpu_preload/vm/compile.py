@@ -1,0 +1,175 @@
+"""The VM's programs as Python functions: one function per program, registers in locals, basic blocks
+behind a pc dispatch, for launch probes, which run once per launch of the application.
+
+The interpreter (machine.py) stays the definition: a compiled program computes what its closures
+compute, op by op. Common instructions (64- and 32-bit add, sub, mul, and, or, xor, shifts, moves,
+loads, stores, the unsigned conditions, helper calls, map references) become Python statements, and
+an access at a constant offset from r10 that stays in the frame reads or writes the frame's bytes
+directly (r10 never changes here); every other instruction syncs the registers into the run, calls
+the interpreter's closure for it and reads them back. The budget is
+charged per block, so a program that exhausts it is stopped at the start of a block, not at the exact
+instruction. Programs the interpreter would stop with a structural fault (a jump outside the program
+or into an lddw, falling off the end, a write to r10) and programs with local calls are not compiled:
+``compile_program`` returns None and the interpreter runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..bpf import alu, isa
+from ..bpf.alu import MASKS
+from ..errors import EgpuError, VmError
+from . import calls
+from .machine import MAP_HANDLE_BASE
+from .memory import MASK64
+
+if TYPE_CHECKING:
+    from ..bpf.decode import Insn
+    from .machine import Run, Vm
+
+_INLINE_ALU = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor": "^"}
+_INLINE_COND = {"jeq": "==", "jne": "!=", "jgt": ">", "jge": ">=", "jlt": "<", "jle": "<="}
+_REGS = ", ".join(f"r{n}" for n in range(isa.NUM_REGS))
+_SYNC, _RELOAD = f"regs[:] = ({_REGS})", f"{_REGS} = regs"
+
+
+def compile_program(vm: "Vm") -> Callable[["Run"], int] | None:
+    """A function running ``vm``'s program on a Run (r1, r2 and r10 set) and returning r0 as the
+    interpreter would; None when the program is one the interpreter must run."""
+    insns = vm.insns
+    starts = {i.pc for i in insns}
+    if not insns or insns[-1].kind not in ("exit", "ja"):
+        return None
+    for i in insns:
+        if i.kind == "call" and (i.src != isa.CALL_HELPER or i.imm not in calls.HANDLERS):
+            return None
+        if i.kind in ("jmp", "ja") and i.jump_target() not in starts:
+            return None
+        if i.kind in ("alu", "mov", "movsx", "neg", "end", "lddw", "load") and i.dst == isa.FRAME_POINTER:
+            return None
+    names: dict[str, object] = {"MASK64": MASK64, "VmError": VmError, "EgpuError": EgpuError, "OPS": vm.ops,
+                                "HANDLERS": calls.HANDLERS, "movsx": alu.movsx, "vm": vm}
+    body = _blocks(vm, names)
+    src = "\n".join([
+        "def program(run):",
+        "    regs, mem = run.regs, run.mem",
+        "    stack = mem.region_at(run.frame).data",
+        "    load, store = mem.load, mem.store",
+        f"    {_RELOAD}",
+        f"    budget, pc, p = {vm.budget}, 0, 0",
+        "    try:",
+        "        while True:",
+        *body,
+        "    except EgpuError as e:",
+        "        vm.locate(e, p)",
+        "        raise",
+    ])
+    scope: dict[str, object] = dict(names)
+    exec(compile(src, f"<egpu program {id(vm):x}>", "exec"), scope)
+    return scope["program"]  # type: ignore[return-value]
+
+
+def _in_frame(reg: int, off: int, size: int) -> int | None:
+    """The offset into the stack frame of an access at r10 + off that stays inside it (r10 is the frame's
+    top and never changes in a compiled program), else None: the access goes through memory, which
+    reports the fault as the interpreter does."""
+    at = isa.STACK_SIZE + off
+    return at if reg == isa.FRAME_POINTER and 0 <= at and at + size <= isa.STACK_SIZE else None
+
+
+def _blocks(vm: "Vm", names: dict[str, object]) -> list[str]:
+    """The dispatch: one ``if pc == LEADER`` per basic block, in program order (blocks start at jump
+    targets and after jumps), each charging its instructions to the budget. A block falling through or
+    jumping forward sets pc and the ifs below find it; a jump backward starts the loop over."""
+    insns = vm.insns
+    leaders = {0}
+    for k, i in enumerate(insns):
+        if i.kind in ("jmp", "ja"):
+            leaders.add(i.jump_target())
+            if k + 1 < len(insns):
+                leaders.add(insns[k + 1].pc)
+    blocks: list[tuple[int, list[str], int]] = []
+    for k, i in enumerate(insns):
+        nxt = insns[k + 1].pc if k + 1 < len(insns) else None
+        if i.pc in leaders:
+            blocks.append((i.pc, [], 0))
+        pc, lines, count = blocks[-1]
+        blocks[-1] = (pc, lines + _insn(i, nxt, names), count + 1)
+        if nxt in leaders and i.kind not in ("exit", "ja", "jmp"):
+            blocks[-1][1].append(f"pc = {nxt}")
+    out: list[str] = []
+    for pc, lines, count in blocks:
+        out += [" " * 12 + f"if pc == {pc}:", " " * 16 + f"budget -= {count}",
+                " " * 16 + "if budget < 0:",
+                " " * 20 + "raise VmError(f'instruction budget of {vm.budget} exhausted (unbounded loop?)')"]
+        out += [" " * 16 + ln for ln in lines]
+    return out + [" " * 12 + "raise VmError(f'no instruction starts at {pc}')"]   # never: targets were checked
+
+
+def _operand(i: "Insn") -> str:
+    """src or imm at the instruction's width; registers hold u64, so only 32 bits need masking."""
+    m = MASKS[i.width]
+    if i.use_imm:
+        return str(i.imm & m)
+    return f"r{i.src}" if i.width == 64 else f"(r{i.src} & {m})"
+
+
+def _insn(i: "Insn", nxt: int | None, names: dict[str, object]) -> list[str]:
+    """The statements of one instruction (registers r0..r10 are locals; p: the pc a fault reports;
+    nxt: the next instruction's pc)."""
+    d, s = f"r{i.dst}", f"r{i.src}"
+    if i.kind in ("alu", "mov"):
+        m, x = MASKS[i.width], _operand(i)
+        dv = d if i.width == 64 else f"({d} & {m})"
+        if i.kind == "mov":
+            return [f"{d} = {x}"]
+        if i.op in ("and", "or", "xor") and i.width == 64:
+            return [f"{d} = {d} {_INLINE_ALU[i.op]} {x}"]
+        if i.op in _INLINE_ALU:
+            return [f"{d} = ({dv} {_INLINE_ALU[i.op]} {x}) & {m}"]
+        if i.op == "lsh":
+            return [f"{d} = ({dv} << ({x} & {i.width - 1})) & {m}"]
+        if i.op == "rsh":
+            return [f"{d} = {dv} >> ({x} & {i.width - 1})"]
+        f = f"ALU_{i.op}"
+        names[f] = alu.BINARY[i.op]
+        return [f"{d} = {f}({dv}, {x}, {i.width})"]
+    if i.kind == "lddw" and i.src == isa.LDDW_MAP_IDX and 0 <= i.imm < len(names["vm"].state.storages):
+        return [f"{d} = {MAP_HANDLE_BASE + i.imm}"]   # what the interpreter's op_map computes
+    if i.kind == "load":
+        at = _in_frame(i.src, i.off, i.size)
+        v = (f'int.from_bytes(stack[{at}:{at + i.size}], "little")' if at is not None
+             else f"load(({s} + {i.off}) & MASK64, {i.size})")
+        return [f"p = {i.pc}", f"{d} = movsx(64, {8 * i.size}, {v})" if i.spec.signed else f"{d} = {v}"]
+    if i.kind == "store":
+        v = str(i.imm & MASK64) if i.use_imm else s
+        at = _in_frame(i.dst, i.off, i.size)
+        if at is not None:
+            return [f'stack[{at}:{at + i.size}] = ({v} & {(1 << 8 * i.size) - 1}).to_bytes({i.size}, "little")']
+        return [f"p = {i.pc}", f"store(({d} + {i.off}) & MASK64, {i.size}, {v})"]
+    if i.kind == "jmp":
+        m, x = MASKS[i.width], _operand(i)
+        dv = d if i.width == 64 else f"({d} & {m})"
+        if i.op in _INLINE_COND:
+            cond = f"{dv} {_INLINE_COND[i.op]} {x}"
+        elif i.op == "jset":
+            cond = f"{dv} & {x}"
+        else:
+            f = f"COND_{i.op}"
+            names[f] = alu.CONDITIONS[i.op]
+            cond = f"{f}({dv}, {x}, {i.width})"
+        target = i.jump_target()
+        if target > i.pc:   # forward: the ifs below find either
+            return [f"pc = {target} if {cond} else {nxt}"]
+        return [f"if {cond}:", f"    pc = {target}", "    continue", f"pc = {nxt}"]
+    if i.kind == "ja":
+        target = i.jump_target()
+        return [f"pc = {target}"] + (["continue"] if target <= i.pc else [])
+    if i.kind == "exit":
+        return ["return r0 & MASK64"]
+    if i.kind == "call":
+        return [f"p = {i.pc}", _SYNC, f"if HANDLERS[{i.imm}](run):", "    return regs[0] & MASK64", _RELOAD]
+    # the rest (lddw, atomics, neg, end, movsx): the interpreter's closure for this instruction
+    return [f"p = {i.pc}", _SYNC, f"OPS[{i.pc}](run)", _RELOAD]

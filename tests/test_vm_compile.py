@@ -1,0 +1,130 @@
+"""The VM's compiled programs (vm/compile.py) against its interpreter: the ISA table, the verifier's
+accepted programs, random programs, the refusals, and every probe of tests/probes and examples/ on
+the same contexts, maps compared after each run."""
+
+from __future__ import annotations
+
+import random
+import struct
+from pathlib import Path
+
+import pytest
+
+from egpu_preload.bpf import ctx as C
+from egpu_preload.bpf.asm import assemble
+from egpu_preload.bpf.compile import compile_probe
+from egpu_preload.bpf.elf import load_object
+from egpu_preload.errors import EgpuError
+from egpu_preload.maps import MapsState
+from egpu_preload.runtime.dump import storage_contents
+from egpu_preload.vm import ThreadSim, Vm
+from tests.isa_cases import CASES
+from tests.verifier_cases import ACCEPT, MAPS
+from translate_support import memory_program, straight_line_program
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _both(code: bytes, mem: bytes | None, budget: int = 100_000) -> None:
+    """Interpreted and compiled give the same r0 and memory, or the same fault."""
+    results = []
+    for compiled in (False, True):
+        try:
+            results.append(Vm(code, budget=budget, compiled=compiled).run_with_mem(mem))
+        except EgpuError as e:
+            results.append(("fault", str(e)))
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_isa_table(case):
+    code = assemble(case.asm)
+    assert Vm(code, compiled=True).program is not None or "call local" in case.asm
+    _both(code, case.mem)
+
+
+@pytest.mark.parametrize("asm, mem", [
+    ("r0 = *(u64 *)(r1 + 0)\nexit", None),
+    ("r0 = *(u32 *)(r1 + 2)\nexit", b"abcd"),
+    ("r0 = 0\n*(u64 *)(r10 + 0) = r0\nexit", None),
+    ("call 99\nexit", None),
+    ("r2 = 1\nlock *(u64 *)(r10 - 4) += r2\nexit", None),
+    ("r1 = map[0] ll\nexit", None),
+    ("r1 = 0\ncall ringbuf_submit\nexit", None),
+    ("r0 = 0", None),
+    ("goto +1\nr0 = 1 ll\nexit", None),
+    ("r10 = 0\nexit", None),
+], ids=["null", "outside", "stack_top", "helper", "misaligned", "no_map", "submit", "falls_off", "into_lddw", "r10"])
+def test_faults_are_reported_alike(asm, mem):
+    _both(assemble(asm), mem)
+
+
+def test_the_budget_stops_a_loop():
+    code = assemble("r0 = 0\nl: r0 += 1\ngoto l")
+    with pytest.raises(EgpuError, match="instruction budget of 1000 exhausted"):
+        Vm(code, budget=1000, compiled=True).run()
+
+
+@pytest.mark.parametrize("make", [straight_line_program, memory_program], ids=["alu", "stack-atomics-calls"])
+def test_random_programs(make):
+    rng = random.Random(11)
+    for _ in range(150):
+        _both(make(rng), None)
+
+
+def _ctx(rng: random.Random) -> bytes:
+    buf = bytearray(C.SIZE)
+    for f in C.FIELDS:
+        for e in range(f.count):
+            struct.pack_into(f"<{'BHIQ'[f.size.bit_length() - 1]}", buf, f.offset + e * f.size,
+                             rng.getrandbits(8 * f.size) & (0xFFFF if f.size > 2 else -1))
+    return bytes(buf)
+
+
+def _probes(probe_obj) -> list[Path]:
+    tests = sorted(p.name.removesuffix(".bpf.c") for p in (Path(__file__).parent / "probes").glob("*.bpf.c"))
+    return [probe_obj(n) for n in tests]
+
+
+def test_every_probe_runs_alike(probe_obj, tmp_path):
+    """Every program of every test probe and example, 40 runs each on random contexts against one map
+    state per form: the same r0s and the same maps after. Most compile (launch probes all do)."""
+    objs = _probes(probe_obj) + [compile_probe(src, tmp_path / f"{src.stem}.o") for src in sorted(EXAMPLES.glob("*.bpf.c"))]
+    compiled = total = 0
+    for path in objs:
+        obj = load_object(path)
+        for p in obj.programs:
+            states, r0s = [], []
+            for form in (False, True):
+                rng = random.Random(5)
+                state = MapsState(obj.maps)
+                vm = Vm(p.code, obj.maps, state, compiled=form)
+                compiled += form and vm.program is not None
+                out = []
+                for n in range(40):
+                    thread = ThreadSim(thread_idx=(n % 64, 0, 0), block_idx=(n // 64, 0, 0), globaltimer=1000 + n)
+                    try:
+                        out.append(vm.run(_ctx(rng), thread))
+                    except EgpuError as e:
+                        out.append(str(e))
+                r0s.append(out)
+                states.append([storage_contents(s) for s in state.storages] + [list(state.trace)])
+            assert r0s[0] == r0s[1] and states[0] == states[1], f"{path.name}:{p.section}"
+            total += 1
+            if p.attach.kind == "launch":
+                assert Vm(p.code, obj.maps, compiled=True).program is not None, f"{path.name}:{p.section}"
+    assert total > 30 and compiled >= total * 3 // 4
+
+
+@pytest.mark.parametrize("case", ACCEPT, ids=[c.name for c in ACCEPT])
+def test_verifier_accepted_programs(case):
+    code = assemble(case.asm)
+    results = []
+    for form in (False, True):
+        state = MapsState(list(MAPS))
+        try:
+            r0 = Vm(code, list(MAPS), state, compiled=form).run(bytes(C.SIZE), ThreadSim())
+        except EgpuError as e:
+            r0 = str(e)
+        results.append((r0, [storage_contents(s) for s in state.storages]))
+    assert results[0] == results[1]
