@@ -390,7 +390,7 @@ def test_gpu_test_and_bench_probes_assemble(tmp_path):
         obj, p = probe_object(asm, maps, f"{name}.bpf.o")
         report = ptxas(probe_runner_ptx(probe_function(p, obj, ctx_params=True)), "sm_90", tmp_path)
         rows.append((name, *report["egpu_probe_run"]))
-    assert len(rows) == len(probes) == 11
+    assert len(rows) == len(probes) == 12
     print_report("GPU-test and benchmark probes, sm_90", rows)
 
 

@@ -171,6 +171,15 @@ def test_million_threads_ring_buffer_delivers_or_counts():
     assert RING_CAPACITY // 32 <= len(ids) <= RING_CAPACITY // 16
 
 
+def test_a_warp_whose_records_outsize_the_ring_still_gets_those_that_fit():
+    """32 records of 136 bytes do not fit a 4 KiB ring at once: the first warp keeps the 30 that do."""
+    ring = _million("ring_big")[0]
+    ids = [struct.unpack_from("<Q", r)[0] for r in ring.records]
+    assert len(ids) + ring.drops == MILLION
+    assert 1 <= len(ids) <= 4096 // 136 and len(set(ids)) == len(ids)
+    assert all(r == r[:8] * 16 for r in ring.records)
+
+
 def test_million_threads_of_mixed_record_sizes_reserve_one_by_one():
     """Lanes asking for 8 and 16 bytes cannot reserve as one group: each record still arrives whole,
     once, with its own size, or is counted as dropped."""

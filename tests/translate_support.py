@@ -150,6 +150,9 @@ r0 = 0
 exit
 """
 RING_CAPACITY = 1 << 20
+# 128-byte records into a 4 KiB ring: a warp's 32 records (4352 bytes with headers) never fit at once,
+# so a group keeps the records there is room for and drops the rest.
+RING_BIG = GLOBAL_ID + _ringbuf_output(128, 128)
 
 GPU_TEST_PROBES: dict[str, tuple[str, list[prog.MapDef]]] = {
     "hash": (HASH_COUNT, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 1024)]),
@@ -159,6 +162,7 @@ GPU_TEST_PROBES: dict[str, tuple[str, list[prog.MapDef]]] = {
     "lru": (LRU_COUNT, [prog.MapDef("l", prog.MAP_LRU_HASH, 8, 8, 1024)]),
     "ring": (RING_EVENTS, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, RING_CAPACITY)]),
     "ring_mixed": (RING_MIXED, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, RING_CAPACITY)]),
+    "ring_big": (RING_BIG, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, 4096)]),
 }
 
 

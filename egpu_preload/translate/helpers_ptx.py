@@ -441,8 +441,8 @@ def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str) -> str
     Lanes reserving the same number of bytes in the same ring at once (match.sync: a probe's fixed-size
     event, from every lane of a warp) take their records with one atomic on each of the ring's
     counters for the group, made by its lowest lane, which hands the others the outcome (shfl.sync):
-    the ring's header is one line that every producer's atomics queue on. A group's records are
-    granted or refused together. Lanes asking for different sizes reserve one by one (PTX ISA:
+    the ring's header is one line that every producer's atomics queue on. A group gets as many records
+    as there is room for, to its lowest lanes. Lanes asking for different sizes reserve one by one (PTX ISA:
     match.sync, shfl.sync; sm_70+)."""
     total = g.t64()
     g.emit(f"add.u64 {total}, {size}, 15;")
@@ -493,38 +493,46 @@ def _reserve_one(g: FuncGen, base: str, lay: MapLayout, total: str, pos: str, fa
 
 def _reserve_group(g: FuncGen, base: str, lay: MapLayout, total: str, peers: str, pos: str, fail: str) -> None:
     """_reserve_one for the group of lanes in ``peers``, each reserving ``total`` bytes: the lowest lane
-    takes the group's credit and positions, the others get theirs by rank; branch-free until the
-    outcome is known to every lane, so the group stays converged for shfl.sync."""
+    takes credit for all of them, keeps what the reader has made room for (the first k lanes by rank,
+    so a group larger than the ring still gets its share), gives back and counts as dropped the rest,
+    and takes the positions of the k; branch-free until every lane knows k, so the group stays
+    converged for shfl.sync."""
     below, rank, n = g.t32(), g.t32(), g.t32()
     g.emit(f"mov.u32 {below}, %lanemask_lt;")
     g.emit(f"and.b32 {below}, {below}, {peers};")
     g.emit(f"popc.b32 {rank}, {below};")
     g.emit(f"popc.b32 {n}, {peers};")
-    lead, ok = g.pred(), g.pred()
+    lead = g.pred()
     g.emit(f"setp.eq.u32 {lead}, {below}, 0;")
-    span, r, c, e, n64 = g.t64(), g.t64(), g.t64(), g.t64(), g.t64()
+    span, r, c, room, k, miss, n64 = (g.t64() for _ in range(7))
     g.emit(f"cvt.u64.u32 {n64}, {n};")
     g.emit(f"mul.lo.u64 {span}, {n64}, {total};")
-    g.emit(f"mov.b64 {e}, 0;")
+    g.emit(f"mov.b64 {k}, 0;")
+    g.emit(f"mov.b64 {miss}, 0;")
     g.emit(f"@{lead} atom.add.u64 {r}, [{base}+8], {span};")
     g.emit(f"@{lead} ld.volatile.u64 {c}, [{base}+16];")
-    g.emit(f"@{lead} add.u64 {e}, {r}, {span};")
-    g.emit(f"@{lead} sub.u64 {e}, {e}, {c};")
-    g.emit(f"setp.le.u64 {ok}, {e}, {lay.capacity};")
-    refused, neg = g.pred(), g.t64()
-    g.emit(f"and.pred {refused}, {lead}, !{ok};")
-    g.emit(f"neg.s64 {neg}, {span};")
-    g.emit(f"@{refused} red.add.u64 [{base}+8], {neg};")
-    g.emit(f"@{refused} red.add.u64 [{base}+24], {n64};")
-    granted = g.pred()
-    g.emit(f"and.pred {granted}, {lead}, {ok};")
+    g.emit(f"@{lead} sub.s64 {room}, {c}, {r};")     # capacity - (credit others hold unread)
+    g.emit(f"@{lead} add.s64 {room}, {room}, {lay.capacity};")
+    g.emit(f"@{lead} max.s64 {room}, {room}, 0;")
+    g.emit(f"@{lead} div.u64 {k}, {room}, {total};")
+    g.emit(f"@{lead} min.u64 {k}, {k}, {n64};")
+    g.emit(f"@{lead} sub.u64 {miss}, {n64}, {k};")
+    some, refund = g.pred(), g.t64()
+    g.emit(f"setp.ne.u64 {some}, {miss}, 0;")
+    g.emit(f"@{some} mul.lo.u64 {refund}, {miss}, {total};")
+    g.emit(f"@{some} neg.s64 {refund}, {refund};")
+    g.emit(f"@{some} red.add.u64 [{base}+8], {refund};")
+    g.emit(f"@{some} red.add.u64 [{base}+24], {miss};")
+    kept, got = g.pred(), g.t64()
+    g.emit(f"setp.ne.u64 {kept}, {k}, 0;")
     g.emit(f"mov.b64 {pos}, 0;")
-    g.emit(f"@{granted} atom.add.u64 {pos}, [{base}], {span};")
-    leader, flag = group_leader(g, peers), g.t32()
-    g.emit(f"selp.u32 {flag}, 1, 0, {ok};")
-    from_leader(g, flag, 32, leader, peers)
+    g.emit(f"@{kept} mul.lo.u64 {got}, {k}, {total};")
+    g.emit(f"@{kept} atom.add.u64 {pos}, [{base}], {got};")
+    leader, k32 = group_leader(g, peers), g.t32()
+    g.emit(f"cvt.u32.u64 {k32}, {k};")
+    from_leader(g, k32, 32, leader, peers)
     from_leader(g, pos, 64, leader, peers)
-    _branch(g, "eq", flag, 0, fail, "u32")
+    _branch(g, "ge", rank, k32, fail, "u32")
     mine = g.t64()
     g.emit(f"cvt.u64.u32 {mine}, {rank};")
     g.emit(f"mad.lo.u64 {pos}, {mine}, {total}, {pos};")

@@ -57,7 +57,8 @@ class VerifiedProgram:
                                               # "add4"/"add8" (atomic add, old value not fetched), "read",
                                               # "write", "atomic" (any other), "helper" (a helper reads or
                                               # writes them, or takes the map for anything but a lookup or
-                                              # an update with BPF_NOEXIST, which changes no array slot)
+                                              # an update with BPF_NOEXIST, which changes no array slot),
+                                              # "address" (the address itself is used: printed, subtracted)
 
 
 class _Visit:

@@ -154,6 +154,8 @@ def _alu(env: Env, st: State, insn: Insn) -> Succ:
         if insn.width == 32:
             p = insn.dst if a.is_pointer else insn.src
             raise Reject(f"32-bit arithmetic on a pointer prohibited (r{p} is {(a if a.is_pointer else b).kind})")
+        if insn.op == "sub" and a.kind == b.kind == MAP_VALUE:
+            env.note_use(a.aux, "address")   # a distance between two values: each lookup's row must be one
         f.regs[insn.dst] = _pointer_alu(insn, a, b)
     else:
         f.regs[insn.dst] = arith.alu(insn.op, insn.width, a, b)
@@ -501,6 +503,8 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
     for n, arg in enumerate(h.args, 1):
         v = f.regs[n]
         if arg == "anything" and h.name in _VARIADIC:
+            if v.kind == MAP_VALUE:
+                env.note_use(v.aux, "address")   # bpf_printk("%p", &counter) shows the SM's row
             continue
         if v.kind == NOT_INIT:
             raise Reject(f"r{n} is not initialized (!read_ok): arg{n} of {h.name}")
