@@ -32,13 +32,20 @@ _LINE_DIRECTIVES = (".version", ".target", ".address_size", ".file", ".loc")
 # A body token after any whitespace and comments (one match for both: bodies are mostly lines), or
 # the end (no group). The skip is atomic: nested repetition over a run of blanks would otherwise try
 # every split of the run before failing (exponential in its length on a bad statement).
+# An instruction of the plain shape (an optional "@pred " guard, then an opcode of ASCII word characters,
+# dots and colons) comes out split into its parts (insn), which saves _statement's Python work;
+# _statement splits any other (a directive, an odd guard or opcode) the same way. Both take the same text.
 _BLANKS = r"(?>(?:\s+|//[^\n]*|/\*.*?\*/)*)"
-_BODY = re.compile(_BLANKS + r"""
-    (?: (?P<open>\{)
-      | (?P<close>\})
+# A statement's text up to its ';': {} groups (vector operands), strings and lone slashes included.
+_TAIL = r'[^;{}"/]*+(?:(?:\{[^{}]*+\}|"[^"]*+"|/(?![/*]))[^;{}"/]*+)*+'
+_BODY = re.compile(_BLANKS + rf"""
+    (?: (?P<open>\{{)
+      | (?P<close>\}})
       | (?P<line>\.(?:loc|file)\b[^\n]*)
-      | (?P<label>[$%A-Za-z_][\w$]*[ \t]*:(?!:))
-      | (?P<stmt>[^;{}"/]*(?:(?:\{[^{}]*\}|"[^"]*"|/(?![/*]))[^;{}"/]*)*;)
+      | (?P<label>[$%A-Za-z_][\w$]*+[ \t]*+:(?!:))
+      | (?P<insn>(?:@(?P<pred>!?[$%0-9A-Za-z_]++)\s++)?(?P<opcode>(?P<op>[0-9A-Za-z_:]++)[0-9A-Za-z_.:]*+)
+                 (?![^\s;])\s*+(?P<args>{_TAIL}));
+      | (?P<stmt>{_TAIL};)
       | \Z)
 """, re.X | re.S)
 
@@ -314,7 +321,9 @@ def _parse_body(text: str, start: int, end: int) -> list[Stmt]:
         if kind is None:   # only whitespace and comments were left
             break
         s, pos = m.start(kind), m.end()
-        if kind == "stmt":
+        if kind == "insn":
+            stmts.append(Instruction(s, pos, depth, *m.group("pred", "opcode", "args", "op")))
+        elif kind == "stmt":
             stmts.append(_statement(text, s, pos, depth))
         elif kind == "label":
             stmts.append(Label(s, pos, depth, text[s:pos - 1].strip()))
