@@ -243,7 +243,7 @@ def _ctx_store(field_name: str, value: str) -> str:
     return f"mov.u32 %{PREFIX}_w, {value};\n\tst.local.u32 [{PREFIX}_ctx+{C.BY_NAME[field_name].offset}], %{PREFIX}_w;"
 
 
-_MARK = "\0"   # around a site word's index in a _Plan's calls
+_MARK = "\0"   # around the name of a site's value in a plan's text (_Kernel._plan)
 # The registers sites use, declared once per kernel (sites do not nest); each site's .param slots are
 # declared in its own scope ({ }), as call arguments are.
 _REGS = "\n\t".join([f".reg .b64 \t%{PREFIX}_a, %{PREFIX}_t;", f".reg .b32 \t%{PREFIX}_w, %{PREFIX}_v, %{PREFIX}_m;",
@@ -269,7 +269,7 @@ class _Kernel:
         # Which memory probes see an access with given flags: mem all, load/store by flag.
         self.mem_by_flags = {f: [p for p in self.mem if p.attach.kind == "mem" or f & MEM_KINDS[p.attach.kind]]
                              for f in range(8)}
-        self.plans: dict[int, _Plan] = {}   # by id() of one of the probe lists above
+        self.forms: dict[tuple[int, int, int, int], _Form] = {}   # by id() of a probe list above, kind, size, flags
         # The fields of the local-memory context: every matching probe that takes %ctx counts, even one
         # without a site here (fields are stored or not per kernel).
         self.reads = frozenset().union(*(p.ctx_fields for p in probes if p.ctx_words is None))
@@ -395,24 +395,14 @@ class _Kernel:
 
     def _site(self, ins: ptx.Instruction | None, index: int, kind: int, acc: "Access | None",
               probes: list[ProbeSpec], regs: "_Registers") -> str:
-        plan = self.plans.get(id(probes))   # one list per attach kind and flags, kept by the kernel
-        if plan is None:
-            plan = self.plans[id(probes)] = self._plan(probes)
-        block = f"{{ // egpu site {index}\n\t{plan.head}"
-        if plan.address:
-            block += "\n\t" + (self._address(index, acc, regs) if acc else f"mov.u64 %{PREFIX}_a, 0;")
         size, flags = (acc.size, acc.flags) if acc else (0, 0)
-        if plan.fields:
-            values = {"site": index, "size": size, "flags": flags, "kind": kind}
-            block += "".join("\n\t" + _ctx_store(name, str(values[name])) for name in plan.fields)
-        if plan.site_words:   # plan.calls is a str.format template of the site words' literals
-            lits = []
-            for w in plan.site_words:
-                bits, shift, mask = _site_bits(w, size, flags, kind)
-                lits.append(bits | (index & mask) << shift)
-            block += "\n\t" + plan.calls.format(*lits)
-        else:
-            block += "\n\t" + plan.calls
+        key = (id(probes), kind, size, flags)   # one list per attach kind and flags, kept by the kernel
+        form = self.forms.get(key)
+        if form is None:
+            form = self.forms[key] = self._form(probes, kind, size, flags)
+        address = (self._address(index, acc, regs) if acc else f"mov.u64 %{PREFIX}_a, 0;") if form.address else ""
+        block = form.text.format(index, address, *[bits | (index & mask) << shift
+                                                     for bits, shift, mask in form.index_words], *form.chunks)
         if ins is None or ins.pred is None:
             return block
         # Run the probes exactly when the guarded instruction runs: branch around them otherwise.
@@ -421,53 +411,92 @@ class _Kernel:
         neg = ins.pred[1:] if ins.pred.startswith("!") else "!" + ins.pred
         return f"@{neg} bra \t{skip};\n\t{block[:-1]}{skip}:\n\t"
 
-    def _plan(self, probes: list[ProbeSpec]) -> "_Plan":
-        """What every site of this kernel with these probes shares."""
+    def _form(self, probes: list[ProbeSpec], kind: int, size: int, flags: int) -> "_Form":
+        """The sites with these probes and values: the plan with the values filled in but for the site's
+        index, its address and the context words holding the index."""
+        values = {"size": str(size), "flags": str(flags), "kind": str(kind)}
+        fields = {"site": 0, "addr": 1}   # a value's field number in the template (_Form)
+        index_words = []
+        pieces = self._plan(probes).split(_MARK)   # text and value names by turns
+        for word in dict.fromkeys(pieces[1::2]):
+            if word in values or word in fields:
+                continue
+            bits, shift, mask = _site_bits(int(word), size, flags, kind)
+            if mask:   # the context word holds the index: a field of its own
+                index_words.append((bits, shift, mask))
+                fields[word] = 1 + len(index_words)
+            else:
+                values[word] = str(bits)
+        refs, chunks = [], [pieces[0]]
+        for k in range(1, len(pieces), 2):
+            if pieces[k] in values:
+                chunks[-1] += values[pieces[k]] + pieces[k + 1]
+            else:
+                refs.append(fields[pieces[k]])
+                chunks.append(pieces[k + 1])
+        n = 2 + len(index_words)
+        text = "".join(f"{{{n + i}}}{{{r}}}" for i, r in enumerate(refs)) + f"{{{n + len(refs)}}}"
+        return _Form(text, tuple(chunks), 1 in refs, tuple(index_words))
+
+    def _plan(self, probes: list[ProbeSpec]) -> str:
+        """What every site of this kernel with these probes says, with the names of the values that differ
+        between sites (site, addr, size, flags, kind and the context words made of them) between _MARKs."""
         reads = frozenset().union(*(p.ctx_fields for p in probes if p.ctx_words is None))
         words = sorted({w for p in probes for w in p.ctx_words or ()})
-        site_words = tuple(w for w in words if self.kernel_words.get(w) is None)
-        # Each word's operand in the stores before a call: per kernel, or the site's literal (k marked).
-        operands = {w: self.kernel_words.get(w) or f"{_MARK}{site_words.index(w)}{_MARK}" for w in words}
+        # Each word's operand in the stores before a call: per kernel, or the site's value.
+        operands = {w: self.kernel_words.get(w) or f"{_MARK}{w}{_MARK}" for w in words}
         slots = [f"{PREFIX}_arg"] * any(p.ctx_words is None for p in probes) + [f"{PREFIX}_ret"] \
             + [f"{PREFIX}_cw{w}" for w in words]
-        head = "\n\t".join([f".param .b64 {s};" for s in slots] + [f"activemask.b32 %{PREFIX}_m;"])
-        addr_store = f"st.local.u64 [{PREFIX}_ctx+{C.BY_NAME['addr'].offset}], %{PREFIX}_a;"
-        head_store = [addr_store] if "addr" in reads else []
-        calls = "\n\t".join(head_store + [_calls(probes, self.ctxp, operands), f"bar.warp.sync %{PREFIX}_m;",
-                                          "}\n\t"])
-        if site_words:   # text and the index of a site word by turns: a template of their literals
-            calls = "".join(c.replace("{", "{{").replace("}", "}}") if k % 2 == 0 else f"{{{c}}}"
-                            for k, c in enumerate(calls.split(_MARK)))
-        addr_word = C.BY_NAME["addr"].offset // 8
-        return _Plan(head, tuple(n for n in _SITE_FIELDS if n in reads), site_words, calls,
-                     "addr" in reads or addr_word in words)
+        lines = [f"{{ // egpu site {_MARK}site{_MARK}"] + [f".param .b64 {s};" for s in slots] \
+            + [f"activemask.b32 %{PREFIX}_m;"]
+        if "addr" in reads or C.BY_NAME["addr"].offset // 8 in words:
+            lines.append(f"{_MARK}addr{_MARK}")
+        lines += [_ctx_store(name, f"{_MARK}{name}{_MARK}") for name in _SITE_FIELDS if name in reads]
+        if "addr" in reads:
+            lines.append(f"st.local.u64 [{PREFIX}_ctx+{C.BY_NAME['addr'].offset}], %{PREFIX}_a;")
+        lines += [_calls(probes, self.ctxp, operands), f"bar.warp.sync %{PREFIX}_m;", "}\n\t"]
+        return "\n\t".join(lines)
 
     def _address(self, index: int, acc: "Access", regs: "_Registers") -> str:
         """PTX leaving the generic effective address of the access in %__egpu_a."""
-        m = _ADDR.match(acc.operand)
-        if m is None:
+        shape = _address_shape(acc.operand)
+        if shape is None:
             raise PtxError(f"site {index}: unsupported address operand {acc.operand}")
-        base, off = m.group("base", "off")
+        base, off = shape
         width = regs.width(base)
         if base[0] == "%" or width:
             if width != 64:
                 raise PtxError(f"site {index}: address register {base} is not a declared 64-bit register")
-            text = f"mov.b64 %{PREFIX}_a, {base};"
+            move = "b64"
         elif base[0].isdigit() or acc.space == "global":
-            text = f"mov.u64 %{PREFIX}_a, {base};"
+            move = "u64"
         else:
             raise PtxError(f"site {index}: generic access through variable {base}")
-        if off:
-            text += f"\n\tadd.s64 %{PREFIX}_a, %{PREFIX}_a, {_int(off)};"
-        if acc.space == "global":
-            text += f"\n\tcvta.global.u64 %{PREFIX}_a, %{PREFIX}_a;"
-        return text
+        return _address_code(move, base, off, acc.space)
 
 
-@functools.lru_cache(maxsize=4096)
+# Kernels repeat their address operands (a module's unrolled loops, each kernel's parameters): both
+# caches hold a module's worth.
+@functools.lru_cache(maxsize=1 << 14)
+def _address_shape(operand: str) -> tuple[str, str | None] | None:
+    """The base and the offset (None without) of an address operand; None for another shape."""
+    m = _ADDR.match(operand)
+    return m.group("base", "off") if m else None
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _address_code(move: str, base: str, off: str | None, space: str) -> str:
+    text = f"mov.{move} %{PREFIX}_a, {base};"
+    if off:
+        text += f"\n\tadd.s64 %{PREFIX}_a, %{PREFIX}_a, {_int(off)};"
+    if space == "global":
+        text += f"\n\tcvta.global.u64 %{PREFIX}_a, %{PREFIX}_a;"
+    return text
+
+
 def _site_bits(word: int, size: int, flags: int, kind: int) -> tuple[int, int, int]:
     """A site's context word ``word`` but for the site's index: (the bits of size, flags and kind; the
-    index's shift and mask in the word, mask 0 where it has none). Sites repeat few of these."""
+    index's shift and mask in the word, mask 0 where it has none)."""
     shift, mask = next(((s, m) for name, s, m in _WORD_FIELDS[word] if name == "site"), (0, 0))
     return _pack(word, {"size": size, "flags": flags, "kind": kind}), shift, mask
 
@@ -480,15 +509,16 @@ def _pack(word: int, values: dict[str, int]) -> int:
     return v
 
 
-class _Plan(NamedTuple):
-    """The text of a kernel's sites with one set of probes, around what each site computes."""
+class _Form(NamedTuple):
+    """The text of a kernel's sites with one set of probes and values, as a str.format template of field
+    numbers only: its fields are the site's index (0), its address code (1), the context words holding
+    the index (2 on) and then the constant text between them (chunks), so that format copies strings
+    instead of scanning a long template for braces (twice as fast)."""
 
-    head: str                      # the scope's .param slots, activemask
-    fields: tuple[str, ...]        # site fields stored into the local-memory context
-    site_words: tuple[int, ...]    # context words made of the site's values
-    calls: str                     # the calls, bar.warp.sync, the end; with site words, a str.format
-                                   # template of their literals in site_words' order
+    text: str                      # "{3}{0}{4}{1}{5}{2}{6}": chunk, index, chunk, address, ...
+    chunks: tuple[str, ...]
     address: bool                  # a probe reads the address (%__egpu_a)
+    index_words: tuple[tuple[int, int, int], ...]   # (bits, shift, mask) from _site_bits
 
 
 def _calls(probes: list[ProbeSpec], ctxp: str, words: dict[int, str]) -> str:
