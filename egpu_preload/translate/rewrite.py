@@ -280,44 +280,51 @@ class _Kernel:
         self.labels = 0
 
     def edits(self) -> tuple[list[ptx.Edit], int]:
-        fn = self.fn
+        """The kernel's edits (its body with the sites spliced in, as one edit: a site each would make a
+        large module's edits costly to build, sort and apply; the launch parameter) and its calls."""
+        fn, text = self.fn, self.text
         if fn.params is None or fn.params_end is None:
             raise PtxError("kernel signature does not parse")
-        if PREFIX in self.text[fn.start:fn.end]:
+        if PREFIX in text[fn.start:fn.end]:
             raise PtxError(f"kernel already uses the reserved prefix {PREFIX}")
-        edits: list[ptx.Edit] = []
+        out: list[str] = []   # the body's text and what goes in it by turns
+        pos = start = fn.body_open + 1
+        prologue = None       # its place in out: before the first statement that is not a declaration
         calls = index = 0
         regs = _Registers()
-        entry_at = None
         Instruction, Directive = ptx.Instruction, ptx.Directive
         for st in fn.statements():
-            if entry_at is None and not (type(st) is Directive and st.depth == 1 and st.name in _DECLS):
-                entry_at = st.start
+            if prologue is None and not (type(st) is Directive and st.depth == 1 and st.name in _DECLS):
+                out += (text[pos:st.start], "")
+                pos, prologue = st.start, len(out) - 1
             if type(st) is not Instruction:
                 regs.see(st)
                 continue
             index += 1
-            op = st.op
+            op, site = st.op, ""
             if op == "ret" or op == "exit":
                 if self.exit:
-                    edits.append(ptx.Edit(st.start, st.start, self._site(st, index, C.KIND_EXIT, None, self.exit, regs)))
+                    site = self._site(st, index, C.KIND_EXIT, None, self.exit, regs)
                     calls += len(self.exit)
             elif op in _MEMORY_OPS and self.mem:
                 acc = memory_access(st)
                 probes = self.mem_by_flags[acc.flags] if acc else None
                 if probes:
-                    edits.append(ptx.Edit(st.start, st.start, self._site(st, index, C.KIND_MEM, acc, probes, regs)))
+                    site = self._site(st, index, C.KIND_MEM, acc, probes, regs)
                     calls += len(probes)
+            if site:
+                out += (text[pos:st.start], site)
+                pos = st.start
         if not calls and not self.entry:
             return [], 0
-        at = entry_at if entry_at is not None else self.fn.end - 1
-        prologue = self._prologue()
+        if prologue is None:   # nothing but declarations: the prologue ends the body
+            out += (text[pos:fn.end - 1], "")
+            pos, prologue = fn.end - 1, len(out) - 1
+        out[prologue] = self._prologue()
         if self.entry:
-            prologue += self._site(None, 0, C.KIND_ENTRY, None, self.entry, regs)
+            out[prologue] += self._site(None, 0, C.KIND_ENTRY, None, self.entry, regs)
             calls += len(self.entry)
-        edits.insert(0, ptx.Edit(at, at, prologue))   # before a site at the same offset (stable sort)
-        edits.append(self._launch_param())
-        return edits, calls
+        return [ptx.Edit(start, pos, "".join(out)), self._launch_param()], calls
 
     def _launch_param(self) -> ptx.Edit:
         fn = self.fn
