@@ -259,3 +259,10 @@ def _btf_section(path) -> bytes:
     from elftools.elf.elffile import ELFFile
     with open(path, "rb") as f:
         return ELFFile(f).get_section_by_name(".BTF").data()
+
+
+def test_a_map_whose_type_is_void_is_a_btf_error():
+    """Found by test_elf's fuzzer: a corrupt .maps variable pointing at type 0 (void) must be refused
+    as bad BTF, not crash on the kind's name."""
+    with pytest.raises(BtfError, match="type 0 is a void, not a struct or union"):
+        B.Btf([B.VOID]).members(0)

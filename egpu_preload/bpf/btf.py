@@ -100,7 +100,7 @@ class Type:
 
     @property
     def kind_name(self) -> str:
-        return KIND_NAMES[self.kind]
+        return KIND_NAMES.get(self.kind, "")   # "" for void (type 0)
 
 
 VOID = Type(0, 0, "void")
