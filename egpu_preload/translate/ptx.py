@@ -132,7 +132,9 @@ class Edit:
 
 @dataclass
 class Function:
-    module: "Module"
+    # The module's text, not the module: no reference cycle, so that a module and its statements go when
+    # the last reference does and not at the cyclic collector's next pass over all of them.
+    text: str = field(repr=False)
     start: int
     end: int                 # after the closing brace (or ';' for a prototype)
     kind: str                # "entry" | "func"
@@ -152,7 +154,7 @@ class Function:
         if self._stmts is None:
             if self.body_open is None:
                 raise PtxError(f"{self.name}: a declaration has no body")
-            self._stmts = _parse_body(self.module.text, self.body_open + 1, self.end - 1)
+            self._stmts = _parse_body(self.text, self.body_open + 1, self.end - 1)
         return self._stmts
 
 
@@ -278,7 +280,7 @@ def _function(mod: Module, start: int, end: int, body_open: int | None) -> None:
         params_end = m.end("params")
         params = _params(m.group("params"))
     linkage = tuple(mod.text[start:m.start("kind") - 1].split())
-    mod.functions.append(Function(mod, start, end, m.group("kind"), m.group("name"), linkage,
+    mod.functions.append(Function(mod.text, start, end, m.group("kind"), m.group("name"), linkage,
                                   params, params_end, body_open))
 
 

@@ -262,7 +262,7 @@ class _Kernel:
     groups and changed the kernel's output."""
 
     def __init__(self, fn: ptx.Function, probes: list[ProbeSpec]) -> None:
-        self.fn, self.text = fn, fn.module.text
+        self.fn, self.text = fn, fn.text
         self.entry = [p for p in probes if p.attach.kind == "entry"]
         self.exit = [p for p in probes if p.attach.kind == "exit"]
         self.mem = [p for p in probes if p.attach.kind in MEM_KINDS]
