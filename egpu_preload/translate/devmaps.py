@@ -135,11 +135,9 @@ def region_image(m: prog.MapDef, state_storage: MapStorage, ncpu: int) -> bytes:
     """The initial bytes of a map's region, from its host storage (MapsState entry)."""
     lay = layout(m)
     img = bytearray(lay.region_size(ncpu))
-    if lay.kind == "array":
-        for i, (_, v) in enumerate(state_storage.items()):
-            img[HEADER + i * lay.stride:HEADER + i * lay.stride + len(v)] = v
-    elif lay.stripe:
-        struct.pack_into("<I", img, 0, ncpu)
+    if lay.kind == "array" or lay.stripe:   # a striped array's values start in row 0
+        if lay.stripe:
+            struct.pack_into("<I", img, 0, ncpu)
         for i, (_, v) in enumerate(state_storage.items()):
             img[HEADER + i * lay.stride:HEADER + i * lay.stride + len(v)] = v
     elif lay.kind == "percpu_array":

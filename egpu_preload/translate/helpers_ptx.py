@@ -497,13 +497,7 @@ def _reserve_group(g: FuncGen, base: str, lay: MapLayout, total: str, peers: str
     so a group larger than the ring still gets its share), gives back and counts as dropped the rest,
     and takes the positions of the k; branch-free until every lane knows k, so the group stays
     converged for shfl.sync."""
-    below, rank, n = g.t32(), g.t32(), g.t32()
-    g.emit(f"mov.u32 {below}, %lanemask_lt;")
-    g.emit(f"and.b32 {below}, {below}, {peers};")
-    g.emit(f"popc.b32 {rank}, {below};")
-    g.emit(f"popc.b32 {n}, {peers};")
-    lead = g.pred()
-    g.emit(f"setp.eq.u32 {lead}, {below}, 0;")
+    rank, n, lead = group_rank(g, peers)
     span, r, c, room, k, miss, n64 = (g.t64() for _ in range(7))
     g.emit(f"cvt.u64.u32 {n64}, {n};")
     g.emit(f"mul.lo.u64 {span}, {n64}, {total};")
@@ -536,6 +530,18 @@ def _reserve_group(g: FuncGen, base: str, lay: MapLayout, total: str, peers: str
     mine = g.t64()
     g.emit(f"cvt.u64.u32 {mine}, {rank};")
     g.emit(f"mad.lo.u64 {pos}, {mine}, {total}, {pos};")
+
+
+def group_rank(g: FuncGen, peers: str) -> tuple[str, str, str]:
+    """(this lane's rank among the lanes of ``peers``, their number, a predicate: this is the lowest)."""
+    below, rank, n = g.t32(), g.t32(), g.t32()
+    g.emit(f"mov.u32 {below}, %lanemask_lt;")
+    g.emit(f"and.b32 {below}, {below}, {peers};")
+    g.emit(f"popc.b32 {rank}, {below};")
+    g.emit(f"popc.b32 {n}, {peers};")
+    lead = g.pred()
+    g.emit(f"setp.eq.u32 {lead}, {below}, 0;")
+    return rank, n, lead
 
 
 def group_leader(g: FuncGen, peers: str) -> str:

@@ -22,7 +22,7 @@ from ..bpf import alu, isa
 from ..bpf.alu import MASKS
 from ..errors import EgpuError, VmError
 from . import calls
-from .machine import MAP_HANDLE_BASE
+from .machine import MAP_HANDLE_BASE, WRITES_DST
 from .memory import MASK64
 
 if TYPE_CHECKING:
@@ -47,11 +47,11 @@ def compile_program(vm: "Vm") -> Callable[["Run"], int] | None:
             return None
         if i.kind in ("jmp", "ja") and i.jump_target() not in starts:
             return None
-        if i.kind in ("alu", "mov", "movsx", "neg", "end", "lddw", "load") and i.dst == isa.FRAME_POINTER:
+        if i.kind in WRITES_DST and i.dst == isa.FRAME_POINTER:
             return None
     names: dict[str, object] = {"MASK64": MASK64, "VmError": VmError, "EgpuError": EgpuError, "OPS": vm.ops,
                                 "HANDLERS": calls.HANDLERS, "movsx": alu.movsx, "vm": vm}
-    body = _blocks(vm, names)
+    body = _blocks(vm, len(vm.state.storages), names)
     src = "\n".join([
         "def program(run):",
         "    regs, mem = run.regs, run.mem",
@@ -79,7 +79,7 @@ def _in_frame(reg: int, off: int, size: int) -> int | None:
     return at if reg == isa.FRAME_POINTER and 0 <= at and at + size <= isa.STACK_SIZE else None
 
 
-def _blocks(vm: "Vm", names: dict[str, object]) -> list[str]:
+def _blocks(vm: "Vm", nmaps: int, names: dict[str, object]) -> list[str]:
     """The dispatch: one ``if pc == LEADER`` per basic block, in program order (blocks start at jump
     targets and after jumps), each charging its instructions to the budget. A block falling through or
     jumping forward sets pc and the ifs below find it; a jump backward starts the loop over."""
@@ -96,7 +96,7 @@ def _blocks(vm: "Vm", names: dict[str, object]) -> list[str]:
         if i.pc in leaders:
             blocks.append((i.pc, [], 0))
         pc, lines, count = blocks[-1]
-        blocks[-1] = (pc, lines + _insn(i, nxt, names), count + 1)
+        blocks[-1] = (pc, lines + _insn(i, nxt, nmaps, names), count + 1)
         if nxt in leaders and i.kind not in ("exit", "ja", "jmp"):
             blocks[-1][1].append(f"pc = {nxt}")
     out: list[str] = []
@@ -116,9 +116,9 @@ def _operand(i: "Insn") -> str:
     return f"r{i.src}" if i.width == 64 else f"(r{i.src} & {m})"
 
 
-def _insn(i: "Insn", nxt: int | None, names: dict[str, object]) -> list[str]:
+def _insn(i: "Insn", nxt: int | None, nmaps: int, names: dict[str, object]) -> list[str]:
     """The statements of one instruction (registers r0..r10 are locals; p: the pc a fault reports;
-    nxt: the next instruction's pc)."""
+    nxt: the next instruction's pc; nmaps: the maps a map reference may name)."""
     d, s = f"r{i.dst}", f"r{i.src}"
     if i.kind in ("alu", "mov"):
         m, x = MASKS[i.width], _operand(i)
@@ -136,7 +136,7 @@ def _insn(i: "Insn", nxt: int | None, names: dict[str, object]) -> list[str]:
         f = f"ALU_{i.op}"
         names[f] = alu.BINARY[i.op]
         return [f"{d} = {f}({dv}, {x}, {i.width})"]
-    if i.kind == "lddw" and i.src == isa.LDDW_MAP_IDX and 0 <= i.imm < len(names["vm"].state.storages):
+    if i.kind == "lddw" and i.src == isa.LDDW_MAP_IDX and 0 <= i.imm < nmaps:
         return [f"{d} = {MAP_HANDLE_BASE + i.imm}"]   # what the interpreter's op_map computes
     if i.kind == "load":
         at = _in_frame(i.src, i.off, i.size)

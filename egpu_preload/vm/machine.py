@@ -250,7 +250,7 @@ BUILDERS: dict[str, Callable[[Insn, int], Op]] = {
     "store": _store, "atomic": _atomic, "jmp": _jmp, "ja": _ja, "call": _call, "exit": _exit,
 }
 # Kinds that write their destination register: never r10, the read-only frame pointer (BPF ABI).
-_WRITES_DST = frozenset(("alu", "mov", "movsx", "neg", "end", "lddw", "load"))
+WRITES_DST = frozenset(("alu", "mov", "movsx", "neg", "end", "lddw", "load"))
 
 
 def _build(insns: Sequence[Insn], slots: int) -> list[Op]:
@@ -258,7 +258,7 @@ def _build(insns: Sequence[Insn], slots: int) -> list[Op]:
     ops: list[Op] = [_fail("jump into the middle of lddw")] * slots + [_fail("fell off the end of the program")]
     for i in insns:
         nxt = i.pc + i.slots
-        if i.kind in _WRITES_DST and i.dst == isa.FRAME_POINTER:
+        if i.kind in WRITES_DST and i.dst == isa.FRAME_POINTER:
             ops[i.pc] = _fail("r10 is read-only")
             continue
         if i.kind in ("jmp", "ja") and not 0 <= i.jump_target() <= slots:
