@@ -316,19 +316,19 @@ class ControlServer:
         conn.settimeout(self.idle_timeout)
         _, uid, _ = peer_credentials(conn)
         if not peer_allowed(uid, os.geteuid()):
-            conn.sendall(encode_frame(_reply(None, error=f"uid {uid} may not control process {os.getpid()} "
+            _send(conn, encode_frame(_reply(None, error=f"uid {uid} may not control process {os.getpid()} "
                                                          f"(uid {os.geteuid()})")))
             return
         while not self._stopping.is_set():
             try:
                 body = read_frame(conn)
             except _FrameTooLarge as e:
-                conn.sendall(encode_frame(_reply(None, error=f"frame of {e.size} bytes exceeds the "
+                _send(conn, encode_frame(_reply(None, error=f"frame of {e.size} bytes exceeds the "
                                                              f"{MAX_FRAME >> 20} MiB limit")))
                 return
             if body is None:
                 return
-            conn.sendall(self._answer(body))
+            _send(conn, self._answer(body))
 
     def _answer(self, body: bytes) -> bytes:
         """The reply frame for one request frame; never raises."""
@@ -352,6 +352,12 @@ class ControlServer:
             return encode_frame(_reply(rid, error=f"reply too large: {e.reason}"))
         except Exception as e:  # noqa: BLE001 - a result msgpack cannot encode
             return encode_frame(_reply(rid, error=f"internal error: result cannot be encoded: {e}"))
+
+
+def _send(conn: socket.socket, frame: bytes) -> None:
+    """Reply without SIGPIPE: the embedded interpreter leaves the application's default disposition, under
+    which a client that gave up and closed would kill the application (it gets EPIPE instead)."""
+    conn.sendall(frame, socket.MSG_NOSIGNAL)
 
 
 def _ping(fields: dict) -> dict:

@@ -388,12 +388,18 @@ SERVER_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_server_in_a_subprocess(sock_dir):
+def _serving(script: str) -> subprocess.Popen:
+    """A process running ``script`` that has printed "ready"; it serves until its stdin closes."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, env=env)
+    assert proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def test_server_in_a_subprocess(sock_dir):
+    proc = _serving(SERVER_SCRIPT)
     try:
-        assert proc.stdout.readline() == "ready\n"
         client = ControlClient(proc.pid)
         assert client.request("maps") == {"pid_maps": [1, 2, 3]}
         with pytest.raises(ControlError, match=f"process {proc.pid}: no probe named x"):
@@ -409,6 +415,32 @@ def test_server_in_a_subprocess(sock_dir):
     assert (sock_dir / f"{proc.pid}.sock").exists()
     assert list_sessions() == []
     assert not (sock_dir / f"{proc.pid}.sock").exists()
+
+
+SLOW_SERVER_SCRIPT = textwrap.dedent("""
+    import signal, sys, time
+    from egpu_preload.control import ControlServer
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as in an application hosting the embedded interpreter
+    server = ControlServer({"maps": lambda f: time.sleep(0.5) or {"n": 1}}).start()
+    print("ready", flush=True)
+    sys.stdin.read()
+    server.stop()
+""")
+
+
+def test_a_client_that_gives_up_does_not_kill_the_application(sock_dir):
+    """A reply to a client that timed out and closed must not raise SIGPIPE in the application."""
+    proc = _serving(SLOW_SERVER_SCRIPT)
+    try:
+        with pytest.raises(ControlTimeout):
+            ControlClient(proc.pid, timeout=0.1).request("maps")
+        time.sleep(0.8)  # the server has replied into the closed connection
+        assert ControlClient(proc.pid).request("ping")["pid"] == proc.pid
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_clean_stop_in_a_subprocess_removes_its_socket(sock_dir):
