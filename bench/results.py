@@ -261,8 +261,9 @@ def swap_lines(swap: dict[str, Any] | None) -> list[str]:
 def shim_lines(shim: dict[str, Any] | None) -> list[str]:
     if not shim or "cases" not in shim:
         return [f"Not measured{': ' + shim['error'] if shim and 'error' in shim else '.'}"]
+    cpus = ", ".join(map(str, shim.get("cpus", ()))) or "none"
     lines = [f"{shim['launches']:,} empty-kernel launches per run, {shim['runs']} rounds round-robin, pinned to "
-             f"CPU {shim['cpu']}; ns per launch (host time in the launch call):", "",
+             f"CPU {cpus}; ns per launch (host time in the launch call):", "",
              "| case | median | min | added (median of paired differences) |", "| --- | ---: | ---: | ---: |"]
     for name, row in shim["cases"].items():
         e = row["enqueue_ns"]

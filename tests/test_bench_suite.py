@@ -41,7 +41,7 @@ def fake_cases():
 def fake_doc():
     cases = fake_cases()
     summary = results.summarize(cases)
-    shim = {"launches": 100000, "runs": 3, "cpu": 1, "goal_ns": 100.0,
+    shim = {"launches": 100000, "runs": 3, "cpus": [1], "goal_ns": 100.0,
             "cases": {"plain": {"enqueue_ns": {"median": 3800.0, "min": 3700.0, "runs": [3800.0, 3700.0, 3900.0]}},
                       "shim": {"enqueue_ns": {"median": 3900.0, "min": 3790.0, "runs": [3850.0, 3790.0, 4100.0],
                                               "added_median": 90.0, "added_runs": [50.0, 90.0, 200.0]}}}}
@@ -134,6 +134,7 @@ def test_markdown_report():
     assert any(ln.startswith("| JIT of a 1,000-instruction kernel | < 100 ms | 151.0 ms") and "missed by 51.0 ms" in ln
                for ln in lines)
     assert "| shim | 3900.0 | 3790.0 | +90.0 |" in lines
+    assert "pinned to CPU 1;" in md
     assert "| vecadd | 200 | 800 |" in lines
     assert "| attach | 1.0 (2.0) | 5.0 (6.0) |" in lines
     assert "| mem_count | 3.0 ms | 8.0 ms | 140.0 ms | 151.0 ms | 9459 |" in lines
