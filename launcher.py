@@ -85,9 +85,10 @@ def disasm_cmd(obj: Path) -> None:
 @egpu.command("verify")
 def verify_cmd(obj: Path) -> None:
     """Verify each program of a probe object; a rejection prints where, why and the verifier log (exit 1).
-    Then the maps the GPU keeps a row per SM of (counters only added to: translate/striping.py)."""
+    Then the maps the GPU keeps in rows per SM (counters only added to: translate/striping.py)."""
     from egpu_preload.bpf.elf import load_object
     from egpu_preload.bpf.verifier import verify
+    from egpu_preload.translate.devmaps import layout
     from egpu_preload.translate.striping import stripe_counters
     try:
         bpf = load_object(obj)
@@ -98,7 +99,9 @@ def verify_cmd(obj: Path) -> None:
         stripe_counters(bpf, verified)
         for m in bpf.maps:
             if m.stripe:
-                typer.echo(f"map {m.name}: only added to ({m.stripe}-byte adds): a row per SM, summed when read")
+                rows = layout(m).spread
+                typer.echo(f"map {m.name}: only added to ({m.stripe}-byte adds): {rows} row{'s' * (rows > 1)} "
+                           "per SM, summed when read")
     except EgpuError as e:
         _fail(e.where(file=str(obj)))
 

@@ -15,6 +15,7 @@ from egpu_preload.bpf import program as prog
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, TraceRecord
 from egpu_preload.runtime import config, dump, job
+from egpu_preload.translate.devmaps import SPREAD
 from egpu_preload.translate.rewrite import instrument, probe_specs
 from stub_job import MORE, egpu_run
 
@@ -178,9 +179,9 @@ def run_kept(stub_job, tmp_path, probe: Path, *cmd: str, **env: str):
     return r, docs, [c for c in calls if not c.startswith("cuGetProcAddress")]
 
 
-# tests/probes/count.bpf.c's counter region: count only adds to it, so it has a row per SM (striping.py):
-# the header, then one 128-byte line for each of the stand-in's 132 SMs.
-COUNTER_REGION = 64 + 132 * 128
+# tests/probes/count.bpf.c's counter region: count only adds to it, so it is striped (striping.py): the
+# header, then SPREAD 128-byte lines for each of the stand-in's 132 SMs.
+COUNTER_REGION = 64 + 132 * SPREAD * 128
 
 
 def launches(calls: list[str]) -> list[str]:

@@ -12,11 +12,11 @@ import pytest
 from egpu_preload.bpf.asm import assemble
 from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.bpf.elf import load_object
-from egpu_preload.bpf.program import MAP_ARRAY, BpfObject, MapDef
+from egpu_preload.bpf.program import MAP_ARRAY, MAP_PERCPU_ARRAY, BpfObject, MapDef
 from egpu_preload.bpf.verifier import verify
 from egpu_preload.maps import MapsState
 from egpu_preload.translate import probe_object_ptx
-from egpu_preload.translate.devmaps import HEADER, LINE, apply_region, layout, region_image
+from egpu_preload.translate.devmaps import HEADER, LINE, SPREAD, SPREAD_BYTES, apply_region, layout, region_image
 from egpu_preload.translate.striping import STRIPE_ROW_MAX, stripe_counters
 from tests.verifier_cases import LOOKUP_ARR, MAPS
 
@@ -143,23 +143,33 @@ def test_the_examples_counters_are_striped(tmp_path):
 def test_a_striped_region_starts_in_row_0_and_reads_back_as_the_sum_of_its_rows():
     m = MapDef("c", MAP_ARRAY, 4, 12, 3, stripe=4)   # 4-byte lanes, slots padded to 16 bytes
     lay, ncpu = layout(m), 5
-    assert (lay.kind, lay.stride, lay.cpu_stride) == ("percpu_array", 16, LINE)
+    assert (lay.kind, lay.stride, lay.cpu_stride, lay.spread) == ("percpu_array", 16, LINE, SPREAD)
+    rows = ncpu * SPREAD
     state = MapsState([m])
     state[0].values[1][:] = struct.pack("<3I", 7, 0, 0xFFFFFFFF)
     img = bytearray(region_image(m, state[0], ncpu))
-    assert len(img) == HEADER + ncpu * LINE and struct.unpack_from("<I", img, 0) == (ncpu,)
+    assert len(img) == HEADER + rows * LINE and struct.unpack_from("<I", img, 0) == (rows,)
     assert img[HEADER + 16:HEADER + 28] == state[0].values[1] and not any(img[HEADER + LINE:])
-    for cpu in range(ncpu):   # what each SM's adds leave in its row
+    for row in range(rows):   # what each warp slot's adds leave in its row
         for slot in range(3):
-            o = HEADER + cpu * LINE + slot * 16
+            o = HEADER + row * LINE + slot * 16
             lanes = struct.unpack_from("<3I", img, o)
-            struct.pack_into("<3I", img, o, *((v + cpu + slot + lane) & 0xFFFFFFFF for lane, v in enumerate(lanes)))
-        img[HEADER + cpu * LINE + 12:HEADER + cpu * LINE + 16] = b"\xff" * 4   # padding is not a lane
+            struct.pack_into("<3I", img, o, *((v + row + slot + lane) & 0xFFFFFFFF for lane, v in enumerate(lanes)))
+        img[HEADER + row * LINE + 12:HEADER + row * LINE + 16] = b"\xff" * 4   # padding is not a lane
     out = MapsState([m])
     apply_region(out, 0, bytes(img))
-    adds = [[sum(cpu + slot + lane for cpu in range(ncpu)) for lane in range(3)] for slot in range(3)]
+    adds = [[sum(row + slot + lane for row in range(rows)) for lane in range(3)] for slot in range(3)]
     assert [struct.unpack("<3I", v) for v in out[0].values] == [
         tuple(adds[0]), (7 + adds[1][0], adds[1][1], (0xFFFFFFFF + adds[1][2]) & 0xFFFFFFFF), tuple(adds[2])]
+
+
+@pytest.mark.parametrize("entries, spread", [(1, SPREAD), (128, SPREAD), (256, 4), (512, 2), (1024, 1), (8192, 1)])
+def test_rows_per_sm_shrink_as_rows_grow(entries, spread):
+    """A striped ARRAY of 8-byte counters: 8 rows per SM while they fit SPREAD_BYTES, fewer after."""
+    lay = layout(MapDef("c", MAP_ARRAY, 4, 8, entries, stripe=8))
+    assert lay.spread == spread and lay.spread * lay.cpu_stride <= max(SPREAD_BYTES, lay.cpu_stride)
+    assert lay.region_size(132) == HEADER + 132 * spread * lay.cpu_stride
+    assert layout(MapDef("p", MAP_PERCPU_ARRAY, 4, 8, entries)).spread == 1   # per-SM values stay per SM
 
 
 def test_striped_maps_are_found_through_this_sms_row_and_ptxas_takes_it(probe_obj, tmp_path):
@@ -169,7 +179,7 @@ def test_striped_maps_are_found_through_this_sms_row_and_ptxas_takes_it(probe_ob
     for name in ("count", "globals"):
         obj = load_object(probe_obj(name))
         text = probe_object_ptx(obj)
-        assert any(m.stripe for m in obj.maps) and "%smid" in text, name
+        assert any(m.stripe for m in obj.maps) and "%smid" in text and "%warpid" in text, name
         path = tmp_path / f"{name}.ptx"
         path.write_text(text)
         done = subprocess.run(["ptxas", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / f"{name}.o")],

@@ -325,7 +325,7 @@ def test_cli_verify_ok(probe_obj):
 def test_cli_verify_names_the_striped_counters(probe_obj):
     r = _egpu("verify", str(probe_obj("globals")))
     assert r.exit_code == 0, r.output
-    assert r.output.splitlines()[-1] == "map globals.bss: only added to (8-byte adds): a row per SM, summed when read"
+    assert r.output.splitlines()[-1] == "map globals.bss: only added to (8-byte adds): 8 rows per SM, summed when read"
 
 
 def test_cli_verify_unsafe(tmp_path):

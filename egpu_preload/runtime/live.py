@@ -38,7 +38,7 @@ ids, which name copies, from being reused. A flip that fails unloads the copies 
 
 Maps. A swap reuses the device region of every map the new probe declares exactly as the old one
 (name, type, key and value size, max_entries, flags) and stripes alike (a counter both only add to has
-a row per SM in both: striping.py): its contents survive. A counter the old probe only added to and the
+the same rows per SM in both: striping.py): its contents survive. A counter the old probe only added to and the
 new one also reads starts from zero. ``maps`` reads regions on a
 non-blocking stream of the runtime's own, so no application stream waits for it and it waits for none:
 each region is a copy taken while kernels may be writing it (aligned 8-byte words are read whole;
@@ -129,7 +129,7 @@ def swap_outside_captures(rt: "Runtime", ctx: int, *args: Any) -> int:
 
 def same_map(a: Any, b: Any) -> bool:
     """Maps whose device regions are interchangeable (a swap keeps the region): declared alike, and
-    both striped alike (striping.py: a row per SM or one copy, as each probe uses the map)."""
+    both striped alike (striping.py: rows per SM or one copy, as each probe uses the map)."""
     return (a.name, a.type, a.key_size, a.value_size, a.max_entries, a.flags, a.stripe) == \
            (b.name, b.type, b.key_size, b.value_size, b.max_entries, b.flags, b.stripe)
 

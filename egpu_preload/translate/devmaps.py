@@ -12,8 +12,10 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
 - PERCPU_ARRAY: header u32 ncpu at 0 (the number of SM ids, %nsmid); then ncpu arrays laid out as ARRAY,
   array c for the SM whose %smid is c, each starting on its own 128-byte line (``cpu_stride``): the L2
   serializes atomics per line, so SMs that bump their own counter must not share one.
-  A striped ARRAY (MapDef.stripe, striping.py) has this layout too; its host copy stays one array, row 0
-  of the initial image, and reading the region sums the rows lane by lane (``stripe`` bytes a lane).
+  A striped ARRAY (MapDef.stripe, striping.py) has this layout too, with ``spread`` rows per SM (the
+  header's u32 counts rows: ncpu * spread); a warp adds to row %smid * spread + %warpid % spread, since
+  one line takes an SM's atomics one at a time. Its host copy stays one array, row 0 of the initial
+  image, and reading the region sums the rows lane by lane (``stripe`` bytes a lane).
 - HASH / LRU_HASH: header u32 count at 0 (live entries, enforces max_entries); ``nbuckets`` (a power of
   two, 2x max_entries, 4x for LRU) slots of: u32 state at 0, u64 last-use time at 8 (LRU only), key at
   ``key_off`` (zero padded to 8), value at ``val_off``. States: EMPTY -> BUSY (claimed by one inserter
@@ -38,6 +40,7 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
 from __future__ import annotations
 
 import struct
+import dataclasses
 from dataclasses import dataclass
 
 from ..bpf import program as prog
@@ -45,6 +48,7 @@ from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, TraceRecord
 
 HEADER = 64
 LINE = 128          # bytes of an L2 cache line
+SPREAD, SPREAD_BYTES = 8, 8192   # a striped ARRAY's rows per SM, and the most bytes they may take an SM
 EMPTY, BUSY, FULL, DELETED = 0, 1, 2, 3
 REC_BUSY, REC_READY, REC_DISCARD = 1, 2, 4
 TRACE_BYTES = 1 << 20
@@ -77,6 +81,7 @@ class MapLayout:
     capacity: int = 0  # ring data bytes
     value_off: int = HEADER  # array slot 0 / ring data
     stripe: int = 0    # percpu_array holding a striped ARRAY: the width of the lanes summed when read
+    spread: int = 1    # rows per SM (a power of two; only a striped ARRAY has more than one)
 
     @property
     def cpu_stride(self) -> int:
@@ -87,14 +92,24 @@ class MapLayout:
         if self.kind == "ringbuf":
             return HEADER + 2 * self.capacity
         if self.kind == "percpu_array":
-            return HEADER + ncpu * self.cpu_stride
+            return HEADER + ncpu * self.spread * self.cpu_stride
         return HEADER + self.entries * self.stride
+
+
+def _spread(row: int) -> int:
+    """Rows per SM for a striped ARRAY of ``row``-byte rows: up to SPREAD, within SPREAD_BYTES an SM."""
+    n = SPREAD
+    while n > 1 and n * row > SPREAD_BYTES:
+        n //= 2
+    return n
 
 
 def layout(m: prog.MapDef) -> MapLayout:
     if m.type == prog.MAP_ARRAY:
-        kind = "percpu_array" if m.stripe else "array"
-        return MapLayout(kind, round8(m.value_size), m.max_entries, 4, m.value_size, stripe=m.stripe)
+        if not m.stripe:
+            return MapLayout("array", round8(m.value_size), m.max_entries, 4, m.value_size)
+        lay = MapLayout("percpu_array", round8(m.value_size), m.max_entries, 4, m.value_size, stripe=m.stripe)
+        return dataclasses.replace(lay, spread=_spread(lay.cpu_stride))
     if m.type == prog.MAP_PERCPU_ARRAY:
         return MapLayout("percpu_array", round8(m.value_size), m.max_entries, 4, m.value_size)
     if m.type in (prog.MAP_HASH, prog.MAP_LRU_HASH):
@@ -137,7 +152,7 @@ def region_image(m: prog.MapDef, state_storage: MapStorage, ncpu: int) -> bytes:
     img = bytearray(lay.region_size(ncpu))
     if lay.kind == "array" or lay.stripe:   # a striped array's values start in row 0
         if lay.stripe:
-            struct.pack_into("<I", img, 0, ncpu)
+            struct.pack_into("<I", img, 0, ncpu * lay.spread)
         for i, (_, v) in enumerate(state_storage.items()):
             img[HEADER + i * lay.stride:HEADER + i * lay.stride + len(v)] = v
     elif lay.kind == "percpu_array":
@@ -218,12 +233,12 @@ def apply_region(state: MapsState, index: int, img: bytes) -> None:
 
 
 def _sum_rows(values: list[bytearray], img: bytes, lay: MapLayout) -> None:
-    """A striped ARRAY's values: its per-SM rows summed lane by lane, modulo 2^(8 * lane width)."""
-    ncpu = struct.unpack_from("<I", img, 0)[0]
+    """A striped ARRAY's values: its rows summed lane by lane, modulo 2^(8 * lane width)."""
+    nrows = struct.unpack_from("<I", img, 0)[0]
     lanes, pad = lay.value_size // lay.stripe, lay.stride - lay.value_size
     lane = "I" if lay.stripe == 4 else "Q"
     row = struct.Struct("<" + (f"{lanes}{lane}" + (f"{pad}x" if pad else "")) * lay.entries)
-    rows = [row.unpack_from(img, HEADER + cpu * lay.cpu_stride) for cpu in range(ncpu)]
+    rows = [row.unpack_from(img, HEADER + r * lay.cpu_stride) for r in range(nrows)]
     mask = (1 << 8 * lay.stripe) - 1
     sums = [sum(col) & mask for col in zip(*rows)]
     value = struct.Struct(f"<{lanes}{lane}")

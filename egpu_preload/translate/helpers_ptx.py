@@ -166,13 +166,19 @@ def _array_slot(g: FuncGen, insn: Insn, index: int, m: prog.MapDef, lay: MapLayo
 
 
 def sm_row(g: FuncGen, base: str, lay: MapLayout) -> None:
-    """base (a percpu_array region, in a register of its own) += the offset of this SM's row."""
-    cpu, ncpu = _special(g, "%smid"), g.t64()
-    g.emit(f"ld.u32 {ncpu}, [{base}];")
-    g.emit(f"sub.u64 {ncpu}, {ncpu}, 1;")
-    g.emit(f"min.u64 {cpu}, {cpu}, {ncpu};")  # defensive: the host sizes ncpu from %nsmid
-    g.emit(f"mul.lo.u64 {cpu}, {cpu}, {lay.cpu_stride};")
-    g.emit(f"add.u64 {base}, {base}, {cpu};")
+    """base (a percpu_array region, in a register of its own) += the offset of this SM's row, or of the
+    row of this warp's slot among the SM's ``spread`` rows (a striped ARRAY)."""
+    row, nrows = _special(g, "%smid"), g.t64()
+    if lay.spread > 1:
+        slot = _special(g, "%warpid")
+        g.emit(f"and.b64 {slot}, {slot}, {lay.spread - 1};")
+        g.emit(f"shl.b64 {row}, {row}, {lay.spread.bit_length() - 1};")
+        g.emit(f"or.b64 {row}, {row}, {slot};")
+    g.emit(f"ld.u32 {nrows}, [{base}];")
+    g.emit(f"sub.u64 {nrows}, {nrows}, 1;")
+    g.emit(f"min.u64 {row}, {row}, {nrows};")  # defensive: the host sizes the rows from %nsmid
+    g.emit(f"mul.lo.u64 {row}, {row}, {lay.cpu_stride};")
+    g.emit(f"add.u64 {base}, {base}, {row};")
 
 
 # ---- hash maps -------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """Counters striped over SMs: an ARRAY map (global variables included) that the object's GPU programs
-only ever add to atomically gets one copy of its values per SM on the device, laid out as a
-PERCPU_ARRAY (devmaps.py), and the host sums the copies when it reads the map.
+only ever add to atomically gets copies of its values on the device, a few per SM (one per warp slot
+modulo devmaps.SPREAD, fewer for large rows), laid out as a PERCPU_ARRAY (devmaps.py), and the host
+sums the copies when it reads the map.
 
 Why: a counter every thread of a kernel bumps is one L2 line that every SM's atomics queue on (on an
 H200 a 16 Mi-thread vector add with one ARRAY counter at entry and exit ran 12.9x slower, the same
-counter in a PERCPU_ARRAY 1.71x: docs/bench/why.md). bpftrace's count() uses per-CPU maps for the same
-reason; here the probe keeps its plain ARRAY and nothing it can observe changes, because nothing on
+counter in a PERCPU_ARRAY 1.71x: docs/bench/why.md; a row per SM still queues an SM's 8 K warps on one
+line, hence several rows an SM). bpftrace's count() uses per-CPU maps for the same reason; here the probe keeps its plain ARRAY and nothing it can observe changes, because nothing on
 the GPU reads the values: adds of one width w commute, so the sum of the copies, lane by lane modulo
 2^(8w), is what one copy would hold.
 
