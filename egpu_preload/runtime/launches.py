@@ -85,16 +85,22 @@ def clock_offset() -> int:
     return best[1]
 
 
+def _context_struct() -> struct.Struct:
+    """The fields of ``struct egpu_ctx`` a launch sets, in order, the others zero padding."""
+    fields = [C.BY_NAME[n] for n in ("kernel_id", "launch_id", "kind", "grid", "block", "stream")]
+    fmt, at = "<", 0
+    for f in fields:
+        fmt += f"{f.offset - at}x" * (f.offset > at) + f"{f.count}{'Q' if f.size == 8 else 'I'}"
+        at = f.offset + f.size * f.count
+    return struct.Struct(fmt + f"{C.SIZE - at}x" * (C.SIZE > at))
+
+
+_CONTEXT = _context_struct()
+
+
 def context_bytes(launch: Launch, kernel_id: int) -> bytes:
     """``struct egpu_ctx`` of a launch probe (egpu_preload/bpf/ctx.py)."""
-    buf = bytearray(C.SIZE)
-    f = C.BY_NAME
-    struct.pack_into("<QQ", buf, f["kernel_id"].offset, kernel_id, launch.launch_id)
-    struct.pack_into("<I", buf, f["kind"].offset, C.KIND_LAUNCH)
-    struct.pack_into("<3I", buf, f["grid"].offset, *launch.grid)
-    struct.pack_into("<3I", buf, f["block"].offset, *launch.block)
-    struct.pack_into("<Q", buf, f["stream"].offset, launch.stream)
-    return bytes(buf)
+    return _CONTEXT.pack(kernel_id, launch.launch_id, C.KIND_LAUNCH, *launch.grid, *launch.block, launch.stream)
 
 
 def maps_used(code: bytes) -> set[int]:
@@ -185,28 +191,30 @@ class LaunchProbes:
         self.sides = [probe_maps(p) for p in probes]
         self.only = only  # egpu-run --kernel: launch probes see only those kernels too
         self.offset = clock_offset()   # MONOTONIC -> REALTIME; the runtime adds REALTIME -> %globaltimer
-        self._chosen: dict[str | None, list[tuple[ProbeMaps, Vm]]] = {}
+        self._chosen: dict[str | None, tuple[list[tuple[ProbeMaps, Vm]], int]] = {}  # and the kernel id
         self.runs = 0
         self.errors: list[str] = []
 
     def __bool__(self) -> bool:
         return any(self.sides)
 
-    def _programs(self, name: str | None) -> list[tuple[ProbeMaps, Vm]]:
+    def _programs(self, name: str | None) -> tuple[list[tuple[ProbeMaps, Vm]], int]:
+        """The programs kernel ``name`` runs, and its kernel id."""
         chosen = self._chosen.get(name)
         if chosen is None:  # an unknown handle has no name: only a catch-all glob takes it
             def takes(glob: str) -> bool:
                 return matches(glob, name) if name is not None else glob == "*"
-            chosen = self._chosen[name] = [
+            chosen = self._chosen[name] = ([
                 (side, vm) for side in self.sides if side for p, vm in side.programs
-                if takes(p.attach.glob) and (self.only is None or takes(self.only))]
+                if takes(p.attach.glob) and (self.only is None or takes(self.only))],
+                C.kernel_id(name) if name else 0)
         return chosen
 
     def run(self, launch: Launch) -> None:
-        programs = self._programs(launch.name)
+        programs, kernel_id = self._programs(launch.name)
         if not programs:
             return
-        ctx = context_bytes(launch, C.kernel_id(launch.name) if launch.name else 0)
+        ctx = context_bytes(launch, kernel_id)
         now = launch.time_ns + self.offset
         for side, vm in programs:
             thread = ThreadSim(block_dim=launch.block, grid_dim=launch.grid, globaltimer=now)

@@ -3,10 +3,10 @@ behind a pc dispatch, for launch probes, which run once per launch of the applic
 
 The interpreter (machine.py) stays the definition: a compiled program computes what its closures
 compute, op by op. Common instructions (64- and 32-bit add, sub, mul, and, or, xor, shifts, moves,
-loads, stores, the unsigned conditions, helper calls, map references) become Python statements, and
-an access at a constant offset from r10 that stays in the frame reads or writes the frame's bytes
-directly (r10 never changes here); every other instruction syncs the registers into the run, calls
-the interpreter's closure for it and reads them back. The budget is
+loads, stores, atomic adds that do not fetch, the unsigned conditions, helper calls, map references)
+become Python statements, and an access at a constant offset from r10 that stays in the frame reads or
+writes the frame's bytes directly (r10 never changes here); every other instruction syncs the
+registers into the run, calls the interpreter's closure for it and reads them back. The budget is
 charged per block, so a program that exhausts it is stopped at the start of a block, not at the exact
 instruction. Programs the interpreter would stop with a structural fault (a jump outside the program
 or into an lddw, falling off the end, a write to r10) and programs with local calls are not compiled:
@@ -169,6 +169,11 @@ def _insn(i: "Insn", nxt: int | None, nmaps: int, names: dict[str, object]) -> l
         return [f"pc = {target}"] + (["continue"] if target <= i.pc else [])
     if i.kind == "exit":
         return ["return r0 & MASK64"]
+    if i.kind == "atomic" and i.atomic_op == "add" and not i.fetch:   # the counters' add, as _atomic does it
+        m = MASKS[i.width]
+        return [f"p = {i.pc}", f"a = ({d} + {i.off}) & MASK64",
+                f"if a % {i.size}:", f"    raise VmError(f'atomic access at 0x{{a:x}} is not {i.size}-byte aligned')",
+                f"store(a, {i.size}, (load(a, {i.size}) + ({s} & {m})) & {m})"]
     if i.kind == "call":
         return [f"p = {i.pc}", _SYNC, f"if HANDLERS[{i.imm}](run):", "    return regs[0] & MASK64", _RELOAD]
     # the rest (lddw, atomics, neg, end, movsx): the interpreter's closure for this instruction
