@@ -66,7 +66,7 @@ import functools
 import gc
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -408,8 +408,7 @@ class _Kernel:
         if form is None:
             form = self.forms[key] = self._form(probes, kind, size, flags)
         address = (self._address(index, acc, regs) if acc else f"mov.u64 %{PREFIX}_a, 0;") if form.address else ""
-        block = form.text.format(index, address, *[bits | (index & mask) << shift
-                                                     for bits, shift, mask in form.index_words], *form.chunks)
+        block = form.render(index, address)
         if ins is None or ins.pred is None:
             return block
         # Run the probes exactly when the guarded instruction runs: branch around them otherwise.
@@ -441,9 +440,7 @@ class _Kernel:
             else:
                 refs.append(fields[pieces[k]])
                 chunks.append(pieces[k + 1])
-        n = 2 + len(index_words)
-        text = "".join(f"{{{n + i}}}{{{r}}}" for i, r in enumerate(refs)) + f"{{{n + len(refs)}}}"
-        return _Form(text, tuple(chunks), 1 in refs, tuple(index_words))
+        return _Form(_renderer(refs, chunks, index_words), 1 in refs)
 
     def _plan(self, probes: list[ProbeSpec]) -> str:
         """What every site of this kernel with these probes says, with the names of the values that differ
@@ -517,15 +514,25 @@ def _pack(word: int, values: dict[str, int]) -> int:
 
 
 class _Form(NamedTuple):
-    """The text of a kernel's sites with one set of probes and values, as a str.format template of field
-    numbers only: its fields are the site's index (0), its address code (1), the context words holding
-    the index (2 on) and then the constant text between them (chunks), so that format copies strings
-    instead of scanning a long template for braces (twice as fast)."""
+    """The sites of a kernel with one set of probes and values."""
 
-    text: str                      # "{3}{0}{4}{1}{5}{2}{6}": chunk, index, chunk, address, ...
-    chunks: tuple[str, ...]
-    address: bool                  # a probe reads the address (%__egpu_a)
-    index_words: tuple[tuple[int, int, int], ...]   # (bits, shift, mask) from _site_bits
+    render: Callable[[int, str], str]   # (the site's index, its address code) -> the site's text
+    address: bool                       # a probe reads the address (%__egpu_a)
+
+
+def _renderer(refs: list[int], chunks: list[str],
+              index_words: list[tuple[int, int, int]]) -> Callable[[int, str], str]:
+    """A function joining the constant ``chunks`` and the fields ``refs`` between them (0: the index, 1: the
+    address code, 2 on: the context words holding the index, from _site_bits) in one f-string: a module's
+    tens of thousands of sites are rendered without parsing a template or building argument lists."""
+    def field(r: int) -> str:
+        if r < 2:
+            return "{i}" if r == 0 else "{a}"
+        bits, shift, mask = index_words[r - 2]
+        return f"{{{bits} | (i & {mask}) << {shift}}}"
+    body = "".join(f"{{c{k}}}{field(r)}" for k, r in enumerate(refs)) + f"{{c{len(refs)}}}"
+    consts = ", ".join(f"c{k}=c{k}" for k in range(len(chunks)))
+    return eval(f'lambda i, a, {consts}: f"{body}"', {f"c{k}": c for k, c in enumerate(chunks)})  # noqa: S307
 
 
 def _calls(probes: list[ProbeSpec], ctxp: str, words: dict[int, str]) -> str:
@@ -641,6 +648,7 @@ class _Registers:
 
     def __init__(self) -> None:
         self.scopes: list[dict[str, int]] = [{}]
+        self._known: dict[str, int | None] = {}   # width's answers since the declarations last changed
 
     def see(self, st: ptx.Stmt) -> None:
         if isinstance(st, ptx.Open):
@@ -648,7 +656,9 @@ class _Registers:
         elif isinstance(st, ptx.Close):
             if len(self.scopes) > 1:
                 self.scopes.pop()
+                self._known.clear()
         elif isinstance(st, ptx.Directive) and st.name == ".reg":
+            self._known.clear()
             words = st.text.replace(",", " ").split()
             types = [w[1:] for w in words[1:] if w.startswith(".") and w[1:] in ptx.TYPE_SIZES]
             if not types:
@@ -660,6 +670,13 @@ class _Registers:
                     self.scopes[-1][name + ("<>" if "<" in w else "")] = width
 
     def width(self, reg: str) -> int | None:
+        known = self._known.get(reg, False)
+        if known is not False:
+            return known
+        known = self._known[reg] = self._width(reg)
+        return known
+
+    def _width(self, reg: str) -> int | None:
         stem = reg.rstrip("0123456789")
         for scope in reversed(self.scopes):
             if reg in scope:
