@@ -14,7 +14,6 @@ PTX ISA 9.0 section 4 (syntax): statements end in ``;``; labels end in ``:``; ``
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field
 
@@ -77,46 +76,49 @@ class Param:
 
 # Statements are made once per line of every instrumented kernel: plain (not frozen) dataclasses,
 # whose construction costs a third as much; nothing mutates them.
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Stmt:
     start: int         # span in the module text (no leading whitespace)
     end: int
     depth: int         # 1 = the function's outermost scope
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Instruction(Stmt):
     pred: str | None   # "%p1", "!%p1" (the guard without "@")
     opcode: str        # "ld.global.v4.f32"
     args: str          # the operand text, split on demand (most instructions are never asked)
     op: str            # the opcode's first part: "ld" of "ld.global.v4.f32"
+    _operands: tuple[str, ...] | None = field(default=None, repr=False)
 
     @property
     def parts(self) -> list[str]:
         return self.opcode.split(".")
 
-    @functools.cached_property
+    @property
     def operands(self) -> tuple[str, ...]:
-        return tuple(split_operands(self.args))
+        if self._operands is None:
+            self._operands = tuple(split_operands(self.args))
+        return self._operands
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Label(Stmt):
     name: str
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Directive(Stmt):
     name: str          # ".reg", ".loc", ".pragma", ".param", ...
     text: str
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Open(Stmt):
     pass
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Close(Stmt):
     pass
 
