@@ -202,6 +202,20 @@ def test_sass_only_kernels_are_counted_by_name(stub_job, tmp_path):
     assert not [c for c in calls if c.startswith(("cuMemAlloc", "cuStreamCreate"))]  # nothing on the device
 
 
+def test_launches_the_ring_could_not_hold_are_counted_and_reported(stub_job, tmp_path):
+    """40,000 back-to-back launches outrun launch_count (tens of us a record) and the shim's 16 Ki-record
+    ring: egpu-run says how many records were lost, and the probe counted every other launch."""
+    n = 40_000
+    r, (doc,), _ = run_kept(stub_job, tmp_path, EXAMPLES / "launch_count.bpf.c", str(stub_job.app), "cubin", str(n),
+                            "64", "0")
+    assert r.returncode == 0, r.stderr
+    lost = doc["stats"]["dropped"]
+    assert 0 < lost < n and doc["stats"]["records"] == n - lost
+    assert f"@launches[vecadd]: {n - lost}" in r.stdout.splitlines()
+    assert (f"egpu-run: pid {doc['pid']}: {lost} of {n} launch records lost (the launch ring was full: launch "
+            "probes ran slower than the job launched)") in r.stderr.splitlines()
+
+
 def test_a_launch_probe_beside_a_gpu_only_probe(stub_job, probe_obj, tmp_path):
     """launch_count (launch programs only) and count (GPU programs only) in one job: the object without
     launch programs has no host side, and the maps are made and filled all the same (a crash there left

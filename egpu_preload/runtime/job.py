@@ -243,9 +243,14 @@ def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view
 
 
 def module_report(dumps: list[dict[str, Any]], verbose: bool) -> list[str]:
-    """Lines for stderr: every load and kernel when verbose; maps that could not be read; a warning
-    when no kernel was instrumented."""
+    """Lines for stderr: every load and kernel when verbose; maps that could not be read; launch records
+    lost to the shim's full ring; a warning when no kernel was instrumented."""
     lines = [f"egpu-run: pid {d['pid']}: {d['error']}" for d in dumps if d["error"]]
+    for d in dumps:
+        lost, seen = d.get("stats", {}).get("dropped", 0), d.get("stats", {}).get("records", 0)
+        if lost:   # like bpftrace's "Lost N events": the launch probes (and --durations) missed those launches
+            lines.append(f"egpu-run: pid {d['pid']}: {lost} of {lost + seen} launch records lost (the launch "
+                         "ring was full: launch probes ran slower than the job launched)")
     modules = [(d["pid"], m) for d in dumps for m in d["modules"]]
     if verbose:
         for pid, m in modules:

@@ -32,7 +32,8 @@ copy its GPU probes use (translate/devmaps.py). Which copy is authoritative depe
 Writes made before the first instrumented module allocated the device copy are copied then.
 
 Limits: launches replayed from CUDA graphs (cuGraphLaunch) are not seen; a full ring drops records
-(counted in the shim's stats as ``dropped``).
+(counted in the shim's stats as ``dropped``; egpu-run says how many at exit). The ring holds 16 Ki
+records and a compiled probe takes tens of us a record, so a loop of back-to-back launches outruns it.
 """
 
 from __future__ import annotations
