@@ -287,7 +287,7 @@ def markdown(doc: dict[str, Any]) -> str:
     meta = doc.get("meta", {})
     summary = doc["summary"]
     out = ["# egpu benchmark suite", "",
-           " · ".join(f"{k}: {v}" for k, v in meta.items() if k in ("gpu", "driver", "date", "commit", "total_s")), "",
+           " · ".join(f"{k}: {v}" for k, v in meta.items() if k in ("gpu", "driver", "date", "commit", "total_s", "cpus")), "",
            "## Overhead: steady-state time relative to uninstrumented", "",
            "Each cell: the median time per unit of work (a launch, a training step, a forward) over the "
            "repetitions of the workload's timed region, divided by the uninstrumented median. The region "

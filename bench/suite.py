@@ -49,7 +49,10 @@ import bench_shim  # noqa: E402
 import results  # noqa: E402
 
 REPS, BUDGET_S = 10, 3.0
-DEADLINE_S = 330                      # the whole suite; what would start later is skipped
+DEADLINE_S = 420                      # the whole suite; what would start later is skipped
+# Every case on the same CPUs: the host-bound PyTorch steps varied 1.4-2.2 ms between unpinned processes
+# of the same program (2026-12-02), more than the shim's cost they were to show.
+CASE_CPUS = 4
 TIMEOUT_S = {"cuda": 60, "python": 150}
 SHIM_LAUNCHES, SHIM_RUNS = 100_000, 11
 SWAP_CYCLES = 10
@@ -102,12 +105,13 @@ def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path]) -> list[s
     return [*egpu_run(), "--keep", *(["-p", str(probes[mode])] if mode in probes else []), *workload_cmd(name, exe)]
 
 
-def run_case(cmd: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
-    """Run one case in its own process group (killed whole on timeout: egpu-run's job too), parse what
-    it printed, and read the runtime's dumps when egpu-run kept a session."""
+def run_case(cmd: list[str], env: dict[str, str], timeout: float, cpus: set[int] | None = None) -> dict[str, Any]:
+    """Run one case in its own process group (killed whole on timeout: egpu-run's job too), on ``cpus``
+    when given, parse what it printed, and read the runtime's dumps when egpu-run kept a session."""
     t = time.perf_counter()
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=pin)
     status = "ok"
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -248,6 +252,8 @@ def main() -> None:
         print("suite: hot swap", flush=True)
         doc["hot_swap"] = guarded("hot swap", hot_swap, work, env, probes, 20.0)
         cases: dict[str, dict[str, dict[str, Any]]] = {}
+        cpus = bench_shim.pick_cpus(CASE_CPUS)
+        doc["meta"]["cpus"] = sorted(cpus or ())
         for name, kind in WORKLOADS.items():
             cases[name] = {}
             for mode in modes_for(name):
@@ -256,7 +262,7 @@ def main() -> None:
                     continue
                 # nvcc programs load eagerly: the instrumented image's JIT falls inside the load the dump times
                 case_env = {**env, "CUDA_MODULE_LOADING": "EAGER"} if kind == "cuda" else env
-                rec = run_case(case_cmd(name, mode, exe, probes), case_env, min(TIMEOUT_S[kind], left()))
+                rec = run_case(case_cmd(name, mode, exe, probes), case_env, min(TIMEOUT_S[kind], left()), cpus)
                 cases[name][mode] = rec
                 print(f"suite: {name:>13} {mode:>14}: {rec['status']:>7} {len(rec['unit_ms']):2d} reps "
                       f"median {statistics.median(rec['unit_ms']) * 1e3 if rec['unit_ms'] else float('nan'):10.1f} us/unit "

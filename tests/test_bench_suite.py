@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -196,6 +197,10 @@ def test_run_case_ok_failed_and_timeout(suite, tmp_path):
     slow = suite.run_case([py, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
                            "'import time; time.sleep(60)']); print('BENCH_REP 2', flush=True); time.sleep(60)"], {}, 2)
     assert slow["status"] == "timeout" and slow["unit_ms"] == [2.0] and slow["wall_s"] < 30
+    cpu = min(os.sched_getaffinity(0))
+    show = "import os; print('BENCH_REP 1 1'); print('BENCH_DONE', *os.sched_getaffinity(0))"
+    pinned = suite.run_case([py, "-c", show], {}, 30, {cpu})
+    assert (pinned["status"], pinned["digest"]) == ("ok", str(cpu))
 
 
 def test_facts_from_dumps(suite):
@@ -292,7 +297,7 @@ def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
     monkeypatch.setattr(suite, "hot_swap", lambda *a: (_ for _ in ()).throw(RuntimeError("no egpu attach here")))
     monkeypatch.setattr(suite, "meta", lambda: {"gpu": "stand-in"})
 
-    def fake_run(cmd, env, timeout):
+    def fake_run(cmd, env, timeout, cpus=None):
         slow = 3.0 if any(a.endswith("access_trace.bpf.o") for a in cmd) else 1.0
         return {**case([10.0 * slow] * 10), **({"trace": {"records": 5, "drops": 5}} if slow > 1 else {}),
                 "modules": [{"image": "ptx", "kernels": 3, "rewrite_ms": 1.0}] if "--keep" in cmd else []}
