@@ -282,12 +282,15 @@ def trace_lines(summary_trace: dict[str, dict[str, int]]) -> list[str]:
     return lines + [""]
 
 
+META_SHOWN = ("gpu", "driver", "date", "commit", "total_s", "cpus")
+
+
 def markdown(doc: dict[str, Any]) -> str:
     """The report: overheads, goals, JIT, hot swap, shim per launch, trace delivery, published numbers."""
     meta = doc.get("meta", {})
     summary = doc["summary"]
     out = ["# egpu benchmark suite", "",
-           " · ".join(f"{k}: {v}" for k, v in meta.items() if k in ("gpu", "driver", "date", "commit", "total_s", "cpus")), "",
+           " · ".join(f"{k}: {v}" for k, v in meta.items() if k in META_SHOWN), "",
            "## Overhead: steady-state time relative to uninstrumented", "",
            "Each cell: the median time per unit of work (a launch, a training step, a forward) over the "
            "repetitions of the workload's timed region, divided by the uninstrumented median. The region "
