@@ -215,6 +215,12 @@ def test_swap_and_detach_reply_with_the_maps_as_the_flip_left_them(stub_job, tmp
             job.wait_launches(5)
             detach = client.request("detach")
             counts.append([int.from_bytes(r["final"][0]["maps"][0]["values"][0], "little") for r in (swap, detach)])
+            # where a flip's time goes, in the reply: a probe loaded for swap, none for detach
+            assert set(swap["phases_ms"]) == {"probe", "instrument", "flip", "unload"}
+            assert set(detach["phases_ms"]) == {"instrument", "flip", "unload"}
+            for r in (swap, detach):
+                assert all(v >= 0 for v in r["phases_ms"].values())
+                assert sum(r["phases_ms"].values()) <= 1e3 * r["seconds"] + 0.01
         status, _, err = job.finish()
     assert status == 0, err
     runs = [int(m) for m, _ in LAUNCH.findall(job.log.read_text())]

@@ -119,6 +119,7 @@ def test_hundred_swap_cycles_exact_and_bit_identical(shim, swap_loop, window_pro
         client = wait_for_session(job, tmp_path / "egpu", swap_loop)
         flip: dict[str, list[float]] = {"attach": [], "swap": [], "detach": []}
         round_trip: dict[str, list[float]] = {"attach": [], "swap": [], "detach": []}
+        phases: dict[str, list[dict[str, float]]] = {"attach": [], "swap": [], "detach": []}
         windows = []
 
         def timed(cmd: str, **fields):
@@ -126,6 +127,7 @@ def test_hundred_swap_cycles_exact_and_bit_identical(shim, swap_loop, window_pro
             reply = client.request(cmd, **fields)
             round_trip[cmd].append(time.perf_counter() - t0)
             flip[cmd].append(reply["seconds"])
+            phases[cmd].append(reply["phases_ms"])
             assert reply["failed"] == [], reply["failed"]
             return reply
 
@@ -175,7 +177,9 @@ def test_hundred_swap_cycles_exact_and_bit_identical(shim, swap_loop, window_pro
     report = {"cycles": CYCLES, "seconds": round(seconds, 1), "launches": done, "launches_attached": attached,
               "flip": {cmd: summary(vs) for cmd, vs in flip.items()},
               "round_trip": {cmd: summary(vs) for cmd, vs in round_trip.items()},
-              "flip_all": summary([v for vs in flip.values() for v in vs])}
+              "flip_all": summary([v for vs in flip.values() for v in vs]),
+              "phases_median_ms": {cmd: {k: round(statistics.median(p[k] for p in ps), 3) for k in ps[0]}
+                                   for cmd, ps in phases.items()}}
     print("swap latency:", json.dumps(report, indent=1))
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "swap_latency.json").write_text(json.dumps(report, indent=1))

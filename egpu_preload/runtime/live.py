@@ -233,7 +233,9 @@ class Live:
                 raise ControlError(f"a probe named {name} is attached already")
             probe = self._load(fields["probe"], name)
             maps = self._new_maps(probe, None)
+            loaded = time.perf_counter() - t0
             result, _ = self._change(self._probes() + [(name, probe, maps)])
+        result["phases_ms"]["probe"] = round(1e3 * loaded, 3)
         return {"name": name, "seconds": time.perf_counter() - t0, **result}
 
     def detach(self, fields: dict) -> dict:
@@ -265,7 +267,9 @@ class Live:
             i = self.names.index(old)
             maps = self._new_maps(probe, current[i][1:])
             current[i] = (new_name, probe, maps)
+            loaded = time.perf_counter() - t0
             result, snapshot = self._change(current)
+            result["phases_ms"]["probe"] = round(1e3 * loaded, 3)
             seconds = time.perf_counter() - t0
             final = self._read_snapshot(snapshot)  # the new probe may write maps it took over: read the copy
         return {"old": old, "name": new_name, "seconds": seconds, "final": final,
@@ -334,8 +338,11 @@ class Live:
 
     def _change(self, new: list[tuple[str, Probe, DeviceMaps]]) -> tuple[dict, Snapshot]:
         """Serve every module with ``new``'s probes in one flip; what changed, and the maps of the probes
-        that left as the flip found them (read them with _read_snapshot)."""
+        that left as the flip found them (read them with _read_snapshot). ``phases_ms``: instrument (the
+        copies made: rewrite and the driver's load and JIT), flip (state copies, the table, the drain),
+        unload (copies no flip can choose again)."""
         rt = self.rt
+        t0 = time.perf_counter()
         ctx = self._context()
         plan: list[tuple[Module, Copy | None, list[tuple[int, int, int]]]] = []
         copies: list[tuple[int, int, int]] = []
@@ -351,6 +358,7 @@ class Live:
                 for handle, name in self._handles(mod).items():
                     flips.append(self._flip(mod, target, name, handle))
             copies += snapshot.stage(self.memory)
+        t1 = time.perf_counter()
         try:
             launches = self._flip_all(ctx, copies, flips, [r for _, _, rows in plan for r in rows])
         except ControlError:
@@ -368,12 +376,15 @@ class Live:
         rt.specs[:] = [s for p in rt.probes for s in p.specs]
         self.generation += 1
         self.flips += 1
+        t2 = time.perf_counter()
         unloaded = self._unload_dead(ctx)
+        phases = {"instrument": t1 - t0, "flip": t2 - t1, "unload": time.perf_counter() - t2}
         rt.exit.arm()
         instrumented = sum(1 for mod, t, _ in plan for k in (t.kernels if t else mod.kernels).values()
                            if k.status == "instrumented")
         return {"modules": len(plan), "kernels": instrumented, "launches": launches, "failed": failed,
-                "probes": list(self.names), "unloaded": unloaded}, snapshot
+                "probes": list(self.names), "unloaded": unloaded,
+                "phases_ms": {k: round(1e3 * v, 3) for k, v in phases.items()}}, snapshot
 
     def _unload_dead(self, ctx: int) -> int:
         """Unload every dead copy (loaded in context ``ctx``); how many went. Dead: not serving, and made
