@@ -117,6 +117,7 @@ def test_attach_swap_detach_through_the_cli(job, probes):
     attach = egpu(["attach", str(job.pid), "-p", str(probes["count"])], job.env)
     assert attach.returncode == 0, attach.stderr
     assert attach.stdout.startswith(f"attached count in {job.pid}: 1 modules, 1 kernels instrumented")
+    assert re.search(r" ms \(probe [\d.]+, instrument [\d.]+, flip [\d.]+, unload [\d.]+\)$", attach.stdout.strip())
     job.wait_launches()
     modules = egpu(["modules", str(job.pid)], job.env)
     assert modules.stdout.splitlines() == [f"{api} ptx: instrumented [count]", "  step: instrumented"]

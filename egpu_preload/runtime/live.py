@@ -235,7 +235,7 @@ class Live:
             maps = self._new_maps(probe, None)
             loaded = time.perf_counter() - t0
             result, _ = self._change(self._probes() + [(name, probe, maps)])
-        result["phases_ms"]["probe"] = round(1e3 * loaded, 3)
+        result["phases_ms"] = {"probe": round(1e3 * loaded, 3), **result["phases_ms"]}
         return {"name": name, "seconds": time.perf_counter() - t0, **result}
 
     def detach(self, fields: dict) -> dict:
@@ -269,7 +269,7 @@ class Live:
             current[i] = (new_name, probe, maps)
             loaded = time.perf_counter() - t0
             result, snapshot = self._change(current)
-            result["phases_ms"]["probe"] = round(1e3 * loaded, 3)
+            result["phases_ms"] = {"probe": round(1e3 * loaded, 3), **result["phases_ms"]}
             seconds = time.perf_counter() - t0
             final = self._read_snapshot(snapshot)  # the new probe may write maps it took over: read the copy
         return {"old": old, "name": new_name, "seconds": seconds, "final": final,

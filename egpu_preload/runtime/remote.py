@@ -61,8 +61,9 @@ def change_line(cmd: str, pid: int, reply: dict) -> str:
     what = {"attach": f"attached {reply.get('name')}",
             "detach": f"detached {', '.join(reply.get('names', []))}",
             "swap": f"swapped {reply.get('old')} -> {reply.get('name')}"}[cmd]
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in reply.get("phases_ms", {}).items())
     line = (f"{what} in {pid}: {reply['modules']} modules, {reply['kernels']} kernels instrumented, "
-            f"flip at launch {reply['launches']}, {reply['seconds'] * 1000:.1f} ms")
+            f"flip at launch {reply['launches']}, {reply['seconds'] * 1000:.1f} ms") + (f" ({phases})" if phases else "")
     return "\n".join([line] + [f"  failed: {f}" for f in reply.get("failed", [])])
 
 
