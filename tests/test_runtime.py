@@ -15,7 +15,7 @@ from egpu_preload.bpf import program as prog
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, TraceRecord
 from egpu_preload.runtime import config, dump, job
-from egpu_preload.translate.devmaps import SPREAD
+from egpu_preload.translate.devmaps import SPREAD, TRACE_BYTES
 from egpu_preload.translate.rewrite import instrument, probe_specs
 from stub_job import MORE, egpu_run
 
@@ -182,6 +182,8 @@ def run_kept(stub_job, tmp_path, probe: Path, *cmd: str, **env: str):
 # tests/probes/count.bpf.c's counter region: count only adds to it, so it is striped (striping.py): the
 # header, then SPREAD 128-byte lines for each of the stand-in's 132 SMs.
 COUNTER_REGION = 64 + 132 * SPREAD * 128
+# The trace ring: the header, 1 MiB of records and as much slack, a line per SM (devmaps.py).
+TRACE_REGION = 64 + 2 * TRACE_BYTES + 132 * 128
 
 
 def launches(calls: list[str]) -> list[str]:
@@ -221,7 +223,7 @@ def test_instrumented_load_fills_the_table_and_appends_launch_ids(stub_job, prob
     # read back at exit from the same context, once
     assert [c for c in calls if c.startswith("cuMemcpyDtoH")] == [
         f"cuMemcpyDtoHAsync_v2 size={COUNTER_REGION} stream=ours ctx=app",
-        "cuMemcpyDtoHAsync_v2 size=2097216 stream=ours ctx=app"]
+        f"cuMemcpyDtoHAsync_v2 size={TRACE_REGION} stream=ours ctx=app"]
     (doc,) = docs
     assert doc["argv"] == cmd + [mode, "3", "64", "0"]
     assert doc["error"] is None and doc["rank"] is None
@@ -328,7 +330,7 @@ def test_maps_that_do_not_fit_leave_the_original_running_and_no_stream_behind(st
                               EGPU_STUB_ALLOC_LIMIT=str(1 << 20))
     assert r.returncode == 0, r.stderr
     assert "result=0" in r.stdout
-    assert [c for c in calls if "refused: out of memory" in c] == ["cuMemAlloc_v2 size=2097216 refused: out of memory"]
+    assert [c for c in calls if "refused: out of memory" in c] == [f"cuMemAlloc_v2 size={TRACE_REGION} refused: out of memory"]
     assert launches(calls) == ["11,22,32", "11,22,32"]
     created = [c for c in calls if c.startswith("cuStreamCreate")]
     assert len(created) == 1 and len([c for c in calls if c.startswith("cuStreamDestroy_v2")]) == 1

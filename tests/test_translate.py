@@ -263,7 +263,7 @@ DATA = prog.MapDef(".data", prog.MAP_ARRAY, 4, 12, 1, initial=b"hello world!")
     (HASH, 64 + 32 * (8 + 8 + 16)),
     (LRU, 64 + 16 * (16 + 8 + 8)),
     (PERCPU, 64 + 5 * 128),   # each SM's 3 x 8 bytes on a line of its own
-    (RING, 64 + 2 * 4096),
+    (RING, 64 + 2 * 4096 + 5 * 128),   # data, slack, then each SM's full mark and drops on a line
 ])
 def test_region_sizes(m, size):
     assert devmaps.layout(m).region_size(ncpu=5) == size
@@ -310,6 +310,19 @@ def test_ring_reader_stops_at_unfinished_record():
     records, dropped, pos = devmaps.read_ring(img, lay)
     assert records == [(7, b"abc"), (0, b"hello")]
     assert dropped == 3 and pos == len(body) - 16
+
+
+def test_an_empty_ring_has_a_line_per_sm_and_its_drops_are_summed():
+    lay = devmaps.layout(RING)
+    img = bytearray(devmaps.ring_image(lay, 3))
+    assert len(img) == lay.region_size(3) and struct.unpack_from("<I", img, devmaps.RING_NCPU) == (3,)
+    lines = [lay.lines_off + cpu * devmaps.LINE for cpu in range(3)]
+    assert [struct.unpack_from("<QQ", img, o) for o in lines] == [(devmaps.M64, 0)] * 3   # nothing refused yet
+    assert devmaps.read_ring(bytes(img), lay) == ([], 0, 0)
+    struct.pack_into("<Q", img, 24, 1)   # the header's count and the SMs' counts add up
+    for o, n in zip(lines, (5, 7, 0)):
+        struct.pack_into("<QQ", img, o, 48, n)
+    assert devmaps.read_ring(bytes(img), lay)[1] == 13
 
 
 class FakeMemory:

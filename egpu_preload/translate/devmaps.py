@@ -34,6 +34,13 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
   to 8. Producers never block: they take credit with atom.add on ``reserved`` and give it back and count
   a drop when ``reserved - consumed`` would exceed capacity, so a record is written only where the
   reader has made room. The host clears the headers of records it consumed before moving ``consumed``.
+  After the slack, a 128-byte line per SM (u32 ncpu at 32 in the header counts them): u64 ``full`` at 0,
+  the smallest record size refused on that SM (all ones: none), and u64 drops at 8. A producer whose
+  record is at least ``full`` counts its drop there and takes no credit: a full ring costs a warp a load
+  and an add on its SM's line instead of three atomics on the header line every producer shares. The
+  ring only fills while no reader moves ``consumed`` (a reader that does must reset the lines), and a
+  refusal caused by credit another producer gives back makes the SM's later records of that size drop
+  too: at most the credit in flight is left unused. The dropped count is the header's plus the lines'.
 - trace_printk ring: a ring of TRACE_BYTES whose records hold u64 a1, a2, a3 then the format bytes.
 """
 
@@ -48,6 +55,7 @@ from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, TraceRecord
 
 HEADER = 64
 LINE = 128          # bytes of an L2 cache line
+RING_NCPU = 32      # a ring header's u32: how many per-SM lines follow the ring's slack
 SPREAD, SPREAD_BYTES = 8, 8192   # a striped ARRAY's rows per SM, and the most bytes they may take an SM
 EMPTY, BUSY, FULL, DELETED = 0, 1, 2, 3
 REC_BUSY, REC_READY, REC_DISCARD = 1, 2, 4
@@ -84,13 +92,18 @@ class MapLayout:
     spread: int = 1    # rows per SM (a power of two; only a striped ARRAY has more than one)
 
     @property
+    def lines_off(self) -> int:
+        """Where a ring's per-SM lines start: after its data and slack."""
+        return HEADER + 2 * self.capacity
+
+    @property
     def cpu_stride(self) -> int:
         """Bytes from one SM's array to the next (percpu_array): whole cache lines."""
         return -(-self.entries * self.stride // LINE) * LINE
 
     def region_size(self, ncpu: int = 1) -> int:
         if self.kind == "ringbuf":
-            return HEADER + 2 * self.capacity
+            return self.lines_off + ncpu * LINE
         if self.kind == "percpu_array":
             return HEADER + ncpu * self.spread * self.cpu_stride
         return HEADER + self.entries * self.stride
@@ -174,6 +187,17 @@ def region_image(m: prog.MapDef, state_storage: MapStorage, ncpu: int) -> bytes:
             img[o + lay.val_off:o + lay.val_off + len(v)] = v
             n += 1
         struct.pack_into("<I", img, 0, n)
+    elif lay.kind == "ringbuf":
+        return ring_image(lay, ncpu)
+    return bytes(img)
+
+
+def ring_image(lay: MapLayout, ncpu: int) -> bytes:
+    """An empty ring: no record, no SM's ring full yet."""
+    img = bytearray(lay.region_size(ncpu))
+    struct.pack_into("<I", img, RING_NCPU, ncpu)
+    for cpu in range(ncpu):
+        struct.pack_into("<Q", img, lay.lines_off + cpu * LINE, M64)
     return bytes(img)
 
 
@@ -181,6 +205,8 @@ def read_ring(img: bytes, lay: MapLayout) -> tuple[list[tuple[int, bytes]], int,
     """Records (SM id, data) committed in a ring region image, the dropped count, and the position up
     to which records are complete (the reader stops at the first record still being written)."""
     head, _reserved, consumed, dropped = struct.unpack_from("<QQQQ", img, 0)
+    ncpu = struct.unpack_from("<I", img, RING_NCPU)[0]
+    dropped += sum(struct.unpack_from("<Q", img, lay.lines_off + cpu * LINE + 8)[0] for cpu in range(ncpu))
     out: list[tuple[int, bytes]] = []
     pos = consumed
     while pos < head:
@@ -268,7 +294,7 @@ class DeviceMaps:
         self.layouts = [layout(m) for m in state.maps] + [trace_layout()]
         self.addrs: list[int] = []
         images = [region_image(m, state[i], ncpu) for i, m in enumerate(state.maps)]
-        images.append(bytes(trace_layout().region_size()))
+        images.append(ring_image(trace_layout(), ncpu))
         self.images = images
         try:
             for img in images:

@@ -165,6 +165,15 @@ def _array_slot(g: FuncGen, insn: Insn, index: int, m: prog.MapDef, lay: MapLayo
     return slot
 
 
+def _load_constant(g: FuncGen, dst: str, base: str, off: int) -> None:
+    """dst = the u32 at base + off, a count the host wrote and nothing on the GPU changes, through the
+    read-only cache: every warp reads it, and the line it shares with counters or the ring's head must
+    not queue those reads at one L2 slice."""
+    t = g.t64()
+    g.emit(f"cvta.to.global.u64 {t}, {base};")
+    g.emit(f"ld.global.nc.u32 {dst}, [{t}+{off}];")
+
+
 def sm_row(g: FuncGen, base: str, lay: MapLayout) -> None:
     """base (a percpu_array region, in a register of its own) += the offset of this SM's row, or of the
     row of this warp's slot among the SM's ``spread`` rows (a striped ARRAY)."""
@@ -174,7 +183,7 @@ def sm_row(g: FuncGen, base: str, lay: MapLayout) -> None:
         g.emit(f"and.b64 {slot}, {slot}, {lay.spread - 1};")
         g.emit(f"shl.b64 {row}, {row}, {lay.spread.bit_length() - 1};")
         g.emit(f"or.b64 {row}, {row}, {slot};")
-    g.emit(f"ld.u32 {nrows}, [{base}];")
+    _load_constant(g, nrows, base, 0)
     g.emit(f"sub.u64 {nrows}, {nrows}, 1;")
     g.emit(f"min.u64 {row}, {row}, {nrows};")  # defensive: the host sizes the rows from %nsmid
     g.emit(f"mul.lo.u64 {row}, {row}, {lay.cpu_stride};")
@@ -449,7 +458,8 @@ def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str) -> str
     counters for the group, made by its lowest lane, which hands the others the outcome (shfl.sync):
     the ring's header is one line that every producer's atomics queue on. A group gets as many records
     as there is room for, to its lowest lanes. Lanes asking for different sizes reserve one by one (PTX ISA:
-    match.sync, shfl.sync; sm_70+)."""
+    match.sync, shfl.sync; sm_70+). A record at least as large as one this SM was refused before is
+    refused at once, counted on the SM's line (devmaps.py): a full ring takes no credit."""
     total = g.t64()
     g.emit(f"add.u64 {total}, {size}, 15;")
     g.emit(f"and.b64 {total}, {total}, {lit(-8)};")  # 8-byte header + data rounded up to 8
@@ -458,13 +468,25 @@ def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str) -> str
     g.emit(f"activemask.b32 {mask};")
     g.emit(f"match.any.sync.b64 {peers}, {base}, {mask};")
     g.emit(f"match.all.sync.b64 {same}|{alike}, {total}, {peers};")
+    line, full, refused = _ring_line(g, base, lay), g.t64(), g.label()
+    g.emit(f"ld.volatile.u64 {full}, [{line}];")
+    _branch(g, "ge", total, full, refused)   # alike lanes load one value: the group goes together
     one, placed = g.label(), g.label()
     pos = g.t64()
     g.emit(f"@!{alike} bra {one};")
-    _reserve_group(g, base, lay, total, peers, pos, fail)
+    _reserve_group(g, base, lay, total, peers, pos, line, fail)
     g.emit(f"bra {placed};")
     g.place(one)
-    _reserve_one(g, base, lay, total, pos, fail)
+    _reserve_one(g, base, lay, total, pos, line, fail)
+    g.emit(f"bra {placed};")
+    g.place(refused)
+    _, n, lead = group_rank(g, peers)
+    count = g.t64()
+    g.emit(f"cvt.u64.u32 {count}, {n};")
+    g.emit(f"@!{alike} mov.b64 {count}, 1;")
+    g.emit(f"@!{alike} setp.eq.u32 {lead}, {n}, {n};")   # one by one: each lane counts itself
+    g.emit(f"@{lead} red.add.u64 [{line}+8], {count};")
+    g.emit(f"bra {fail};")
     g.place(placed)
     if lay.capacity & (lay.capacity - 1):
         g.emit(f"rem.u64 {pos}, {pos}, {lay.capacity};")
@@ -478,9 +500,21 @@ def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str) -> str
     return rec
 
 
-def _reserve_one(g: FuncGen, base: str, lay: MapLayout, total: str, pos: str, fail: str) -> None:
+def _ring_line(g: FuncGen, base: str, lay: MapLayout) -> str:
+    """The address of this SM's line of a ring (its full mark, its drops)."""
+    line, last = _special(g, "%smid"), g.t64()
+    _load_constant(g, last, base, devmaps.RING_NCPU)
+    g.emit(f"sub.u64 {last}, {last}, 1;")
+    g.emit(f"min.u64 {line}, {line}, {last};")  # defensive: the host sizes the lines from %nsmid
+    g.emit(f"mad.lo.u64 {line}, {line}, {devmaps.LINE}, {base};")
+    g.emit(f"add.u64 {line}, {line}, {lay.lines_off};")
+    return line
+
+
+def _reserve_one(g: FuncGen, base: str, lay: MapLayout, total: str, pos: str, line: str, fail: str) -> None:
     """pos = the ring position of this lane's record of ``total`` bytes, or a counted drop and fail:
-    credit taken on ``reserved`` and given back when the reader has not made room."""
+    credit taken on ``reserved`` and given back when the reader has not made room (the SM's line notes
+    the size refused)."""
     r, c, e = g.t64(), g.t64(), g.t64()
     g.emit(f"atom.add.u64 {r}, [{base}+8], {total};")
     g.emit(f"ld.volatile.u64 {c}, [{base}+16];")
@@ -491,13 +525,15 @@ def _reserve_one(g: FuncGen, base: str, lay: MapLayout, total: str, pos: str, fa
     neg = g.t64()
     g.emit(f"neg.s64 {neg}, {total};")
     g.emit(f"red.add.u64 [{base}+8], {neg};")
-    g.emit(f"red.add.u64 [{base}+24], 1;")
+    g.emit(f"red.add.u64 [{line}+8], 1;")
+    g.emit(f"red.min.u64 [{line}], {total};")
     g.emit(f"bra {fail};")
     g.place(ok)
     g.emit(f"atom.add.u64 {pos}, [{base}], {total};")
 
 
-def _reserve_group(g: FuncGen, base: str, lay: MapLayout, total: str, peers: str, pos: str, fail: str) -> None:
+def _reserve_group(g: FuncGen, base: str, lay: MapLayout, total: str, peers: str, pos: str, line: str,
+                   fail: str) -> None:
     """_reserve_one for the group of lanes in ``peers``, each reserving ``total`` bytes: the lowest lane
     takes credit for all of them, keeps what the reader has made room for (the first k lanes by rank,
     so a group larger than the ring still gets its share), gives back and counts as dropped the rest,
@@ -522,7 +558,8 @@ def _reserve_group(g: FuncGen, base: str, lay: MapLayout, total: str, peers: str
     g.emit(f"@{some} mul.lo.u64 {refund}, {miss}, {total};")
     g.emit(f"@{some} neg.s64 {refund}, {refund};")
     g.emit(f"@{some} red.add.u64 [{base}+8], {refund};")
-    g.emit(f"@{some} red.add.u64 [{base}+24], {miss};")
+    g.emit(f"@{some} red.add.u64 [{line}+8], {miss};")
+    g.emit(f"@{some} red.min.u64 [{line}], {total};")
     kept, got = g.pred(), g.t64()
     g.emit(f"setp.ne.u64 {kept}, {k}, 0;")
     g.emit(f"mov.b64 {pos}, 0;")
