@@ -247,7 +247,8 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool) -> list[str]:
     lost to the shim's full ring; a warning when no kernel was instrumented."""
     lines = [f"egpu-run: pid {d['pid']}: {d['error']}" for d in dumps if d["error"]]
     for d in dumps:
-        lost, seen = d.get("stats", {}).get("dropped", 0), d.get("stats", {}).get("records", 0)
+        stats = d.get("stats", {})
+        lost, seen = stats.get("dropped", 0), stats.get("records", 0)
         if lost:   # like bpftrace's "Lost N events": the launch probes (and --durations) missed those launches
             lines.append(f"egpu-run: pid {d['pid']}: {lost} of {lost + seen} launch records lost (the launch "
                          "ring was full: launch probes ran slower than the job launched)")

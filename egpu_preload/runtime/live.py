@@ -38,8 +38,8 @@ ids, which name copies, from being reused. A flip that fails unloads the copies 
 
 Maps. A swap reuses the device region of every map the new probe declares exactly as the old one
 (name, type, key and value size, max_entries, flags) and stripes alike (a counter both only add to has
-the same rows per SM in both: striping.py): its contents survive. A counter the old probe only added to and the
-new one also reads starts from zero. ``maps`` reads regions on a
+the same rows per SM in both: striping.py): its contents survive. A counter the old probe only added to
+and the new one also reads starts from zero. ``maps`` reads regions on a
 non-blocking stream of the runtime's own, so no application stream waits for it and it waits for none:
 each region is a copy taken while kernels may be writing it (aligned 8-byte words are read whole;
 entries written during the copy may show either value; different maps are copied at different times).

@@ -63,7 +63,9 @@ def change_line(cmd: str, pid: int, reply: dict) -> str:
             "swap": f"swapped {reply.get('old')} -> {reply.get('name')}"}[cmd]
     phases = ", ".join(f"{k} {v:.1f}" for k, v in reply.get("phases_ms", {}).items())
     line = (f"{what} in {pid}: {reply['modules']} modules, {reply['kernels']} kernels instrumented, "
-            f"flip at launch {reply['launches']}, {reply['seconds'] * 1000:.1f} ms") + (f" ({phases})" if phases else "")
+            f"flip at launch {reply['launches']}, {reply['seconds'] * 1000:.1f} ms")
+    if phases:
+        line += f" ({phases})"
     return "\n".join([line] + [f"  failed: {f}" for f in reply.get("failed", [])])
 
 

@@ -47,8 +47,7 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
 from __future__ import annotations
 
 import struct
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..bpf import program as prog
 from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, TraceRecord
@@ -122,7 +121,7 @@ def layout(m: prog.MapDef) -> MapLayout:
         if not m.stripe:
             return MapLayout("array", round8(m.value_size), m.max_entries, 4, m.value_size)
         lay = MapLayout("percpu_array", round8(m.value_size), m.max_entries, 4, m.value_size, stripe=m.stripe)
-        return dataclasses.replace(lay, spread=_spread(lay.cpu_stride))
+        return replace(lay, spread=_spread(lay.cpu_stride))
     if m.type == prog.MAP_PERCPU_ARRAY:
         return MapLayout("percpu_array", round8(m.value_size), m.max_entries, 4, m.value_size)
     if m.type in (prog.MAP_HASH, prog.MAP_LRU_HASH):
@@ -162,6 +161,8 @@ def slot_hash(key: bytes) -> int:
 def region_image(m: prog.MapDef, state_storage: MapStorage, ncpu: int) -> bytes:
     """The initial bytes of a map's region, from its host storage (MapsState entry)."""
     lay = layout(m)
+    if lay.kind == "ringbuf":
+        return ring_image(lay, ncpu)
     img = bytearray(lay.region_size(ncpu))
     if lay.kind == "array" or lay.stripe:   # a striped array's values start in row 0
         if lay.stripe:
@@ -187,8 +188,6 @@ def region_image(m: prog.MapDef, state_storage: MapStorage, ncpu: int) -> bytes:
             img[o + lay.val_off:o + lay.val_off + len(v)] = v
             n += 1
         struct.pack_into("<I", img, 0, n)
-    elif lay.kind == "ringbuf":
-        return ring_image(lay, ncpu)
     return bytes(img)
 
 

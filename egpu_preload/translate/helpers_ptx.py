@@ -468,19 +468,20 @@ def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str) -> str
     g.emit(f"activemask.b32 {mask};")
     g.emit(f"match.any.sync.b64 {peers}, {base}, {mask};")
     g.emit(f"match.all.sync.b64 {same}|{alike}, {total}, {peers};")
+    group = group_rank(g, peers)
     line, full, refused = _ring_line(g, base, lay), g.t64(), g.label()
     g.emit(f"ld.volatile.u64 {full}, [{line}];")
     _branch(g, "ge", total, full, refused)   # alike lanes load one value: the group goes together
     one, placed = g.label(), g.label()
     pos = g.t64()
     g.emit(f"@!{alike} bra {one};")
-    _reserve_group(g, base, lay, total, peers, pos, line, fail)
+    _reserve_group(g, base, lay, total, peers, group, pos, line, fail)
     g.emit(f"bra {placed};")
     g.place(one)
     _reserve_one(g, base, lay, total, pos, line, fail)
     g.emit(f"bra {placed};")
     g.place(refused)
-    _, n, lead = group_rank(g, peers)
+    _, n, lead = group
     count = g.t64()
     g.emit(f"cvt.u64.u32 {count}, {n};")
     g.emit(f"@!{alike} mov.b64 {count}, 1;")
@@ -524,22 +525,29 @@ def _reserve_one(g: FuncGen, base: str, lay: MapLayout, total: str, pos: str, li
     _branch(g, "le", e, lay.capacity, ok)
     neg = g.t64()
     g.emit(f"neg.s64 {neg}, {total};")
-    g.emit(f"red.add.u64 [{base}+8], {neg};")
-    g.emit(f"red.add.u64 [{line}+8], 1;")
-    g.emit(f"red.min.u64 [{line}], {total};")
+    _refuse(g, base, line, neg, "1", total)
     g.emit(f"bra {fail};")
     g.place(ok)
     g.emit(f"atom.add.u64 {pos}, [{base}], {total};")
 
 
-def _reserve_group(g: FuncGen, base: str, lay: MapLayout, total: str, peers: str, pos: str, line: str,
-                   fail: str) -> None:
-    """_reserve_one for the group of lanes in ``peers``, each reserving ``total`` bytes: the lowest lane
+def _refuse(g: FuncGen, base: str, line: str, credit: str, count: str, total: str, guard: str = "") -> None:
+    """Give back ``credit`` (negative) taken on the ring's ``reserved``, count ``count`` drops on the SM's
+    line and mark it refused for records of ``total`` bytes and more."""
+    g.emit(f"{guard}red.add.u64 [{base}+8], {credit};")
+    g.emit(f"{guard}red.add.u64 [{line}+8], {count};")
+    g.emit(f"{guard}red.min.u64 [{line}], {total};")
+
+
+def _reserve_group(g: FuncGen, base: str, lay: MapLayout, total: str, peers: str, group: tuple[str, str, str],
+                   pos: str, line: str, fail: str) -> None:
+    """_reserve_one for the group of lanes in ``peers`` (``group``: group_rank's), each reserving ``total``
+    bytes: the lowest lane
     takes credit for all of them, keeps what the reader has made room for (the first k lanes by rank,
     so a group larger than the ring still gets its share), gives back and counts as dropped the rest,
     and takes the positions of the k; branch-free until every lane knows k, so the group stays
     converged for shfl.sync."""
-    rank, n, lead = group_rank(g, peers)
+    rank, n, lead = group
     span, r, c, room, k, miss, n64 = (g.t64() for _ in range(7))
     g.emit(f"cvt.u64.u32 {n64}, {n};")
     g.emit(f"mul.lo.u64 {span}, {n64}, {total};")
@@ -557,9 +565,7 @@ def _reserve_group(g: FuncGen, base: str, lay: MapLayout, total: str, peers: str
     g.emit(f"setp.ne.u64 {some}, {miss}, 0;")
     g.emit(f"@{some} mul.lo.u64 {refund}, {miss}, {total};")
     g.emit(f"@{some} neg.s64 {refund}, {refund};")
-    g.emit(f"@{some} red.add.u64 [{base}+8], {refund};")
-    g.emit(f"@{some} red.add.u64 [{line}+8], {miss};")
-    g.emit(f"@{some} red.min.u64 [{line}], {total};")
+    _refuse(g, base, line, refund, miss, total, f"@{some} ")
     kept, got = g.pred(), g.t64()
     g.emit(f"setp.ne.u64 {kept}, {k}, 0;")
     g.emit(f"mov.b64 {pos}, 0;")
