@@ -323,6 +323,9 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
                                              "auto: PTX where a module has it, SASS otherwise"),
             interval: Optional[float] = typer.Option(None, "--interval", metavar="S", min=0.05,
                                                      help="also print the maps every S seconds while the job runs"),
+            launch_vm: str = typer.Option("c", "--launch-vm", metavar="c|python",
+                                          help="where launch probes run: c (the shim's interpreter, for "
+                                               "probes it takes) or python (the reference VM, slower)"),
             mirror: float = typer.Option(1.0, "--mirror", metavar="S", min=0,
                                          help="copy the maps into shared memory every S seconds, where "
                                               "egpu maps PID --mirror reads them; 0: never"),
@@ -337,6 +340,8 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
     session = None
     try:
         try:
+            if launch_vm not in config.LAUNCH_VMS:
+                raise EgpuError(f"--launch-vm {launch_vm}: expected one of {', '.join(config.LAUNCH_VMS)}")
             session = job.session_dir()
             loaded = job.prepare_probes(probes, session)
             if perfetto is not None:
@@ -344,7 +349,7 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
                 job_trace.check_writable(perfetto)
             cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose),
                                 durations or perfetto is not None, backend=backend, timeline=perfetto is not None,
-                                mirror=mirror)
+                                mirror=mirror, launch_vm=launch_vm)
             cfg, sass_notes = sass.for_job(cfg, loaded)
             if restore is not None:  # refused here, before the job starts, when incomplete or corrupt
                 from egpu_preload.cow import remote

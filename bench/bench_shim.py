@@ -13,9 +13,10 @@ Cases:
 - plain: no LD_PRELOAD.
 - shim: egpu-run with no probe (the launch hook: one table lookup, counters).
 - launch_probe: egpu-run -p examples/launch_count (records on: one clock read and one ring push per
-  launch; the probe runs on the runtime's thread, which here shares the loop's CPU (see below), so its
-  work is counted against the launches, and records are dropped, counted in the shim's stats, when it
-  falls behind).
+  launch; the probe runs in C, shim/launchvm.c, on the runtime's thread, which here shares the loop's
+  CPU (see below), so its work is counted against the launches, and records are dropped, counted in
+  the shim's stats, when it falls behind).
+- launch_probe_vm: the same with --launch-vm python: the probe on the Python VM, tens of us a record.
 - durations: egpu-run --durations (CUPTI concurrent-kernel activity records).
 - events: no LD_PRELOAD, the loop records a CUDA event before and after each launch (what timing
   kernels with events in the shim would add).
@@ -26,11 +27,11 @@ shim, ...) RUNS times, every process pinned to one CPU (sched_setaffinity, inher
 the cost of a case is the median over rounds of (case - plain) in the same round: drift between rounds
 cancels. The median and minimum of each case are reported too.
 
-Pinned to one CPU, launch_probe measures the probe's work on the VM, not the launch path. So plain and
-launch_probe run again pinned to two CPUs ("spare_cpu": the runtime's thread can run beside the loop,
-as on any machine with a core to spare), where the difference is what the launching thread pays (one
-clock read and one ring push), and "seen" is the fraction of launches the probe counted: below 1 the
-VM fell behind and the ring dropped records.
+Pinned to one CPU, the launch probe cases measure the probe's work, not the launch path. So they run
+again pinned to two CPUs ("spare_cpu": the runtime's thread can run beside the loop, as on any machine
+with a core to spare), where the difference is what the launching thread pays (one clock read and one
+ring push), and "seen" is the fraction of launches the probe counted: below 1 the probe fell behind
+and the ring dropped records.
 
 Goal: shim and launch_probe under 100 ns per launch above plain.
 """
@@ -47,10 +48,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = 11
-CASES = ("plain", "shim", "launch_probe", "durations", "events")
+CASES = ("plain", "shim", "launch_probe", "launch_probe_vm", "durations", "events")
 GOAL_NS = 100.0
 WARMUP = 1000  # launch_loop.cu's untimed launches
-SPARE_CPU_CASES = ("plain", "launch_probe")
+SPARE_CPU_CASES = ("plain", "launch_probe", "launch_probe_vm")
 
 
 def build(out: Path) -> Path:
@@ -132,6 +133,7 @@ def measure(work: Path, launches: int = 200_000, runs: int = RUNS, cases: tuple[
         "plain": [exe, "plain", n],
         "shim": [*egpu, exe, "plain", n],
         "launch_probe": [*egpu, "-p", probe, exe, "plain", n],
+        "launch_probe_vm": [*egpu, "--launch-vm", "python", "-p", probe, exe, "plain", n],
         "durations": [*egpu, "--durations", exe, "plain", n],
         "events": [exe, "events", n],
     }
@@ -148,8 +150,9 @@ def measure(work: Path, launches: int = 200_000, runs: int = RUNS, cases: tuple[
            "cases": summarize(rounds)}
     if spare:
         doc["spare_cpu"] = {"cpus": sorted(two or ()), "cases": summarize(spare_rounds)}
-        seen = [r["launch_probe"]["seen"] for r in spare_rounds if "seen" in r["launch_probe"]]
-        doc["spare_cpu"]["launch_probe_seen"] = min(seen) if seen else None
+        for case in spare[1:]:
+            seen = [r[case]["seen"] for r in spare_rounds if "seen" in r[case]]
+            doc["spare_cpu"][f"{case}_seen"] = min(seen) if seen else None
     return doc
 
 
@@ -163,10 +166,11 @@ def main() -> None:
             e, w = row["enqueue_ns"], row["wall_ns"]
             added = (f"   +{e['added_median']:7.1f} ns enqueue, +{w['added_median']:7.1f} ns wall"
                      if name != "plain" else "")
-            print(f"{title:>8} {name:>13}: enqueue {e['median']:8.1f} (min {e['min']:8.1f}) ns/launch, "
+            print(f"{title:>8} {name:>15}: enqueue {e['median']:8.1f} (min {e['min']:8.1f}) ns/launch, "
                   f"wall {w['median']:8.1f}{added}")
-    if "spare_cpu" in doc:
-        print(f"launch probe saw {doc['spare_cpu']['launch_probe_seen']} of the launches on two CPUs")
+    for case in SPARE_CPU_CASES[1:]:
+        if f"{case}_seen" in doc.get("spare_cpu", {}):
+            print(f"{case} saw {doc['spare_cpu'][f'{case}_seen']} of the launches on two CPUs")
     out_path.write_text(json.dumps(doc, indent=1) + "\n")
 
 

@@ -35,8 +35,8 @@ hooks.attach(ffi, lib)
 """
 
 
-HEADERS = ("egpu_shim.h", "egpu_sass.h", "egpu_cow.h")
-SOURCES = ("interpose.c", "sass.c", "cow.c")
+HEADERS = ("egpu_shim.h", "egpu_sass.h", "egpu_cow.h", "egpu_launchvm.h")
+SOURCES = ("interpose.c", "sass.c", "cow.c", "launchvm.c")
 
 
 def header_parts() -> tuple[str, str]:

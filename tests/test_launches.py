@@ -203,17 +203,43 @@ def test_sass_only_kernels_are_counted_by_name(stub_job, tmp_path):
 
 
 def test_launches_the_ring_could_not_hold_are_counted_and_reported(stub_job, tmp_path):
-    """40,000 back-to-back launches outrun launch_count (tens of us a record) and the shim's 16 Ki-record
-    ring: egpu-run says how many records were lost, and the probe counted every other launch."""
+    """40,000 back-to-back launches outrun launch_count on the Python VM (tens of us a record) and the
+    shim's 16 Ki-record ring: egpu-run says how many records were lost, and the probe counted every other
+    launch."""
     n = 40_000
-    r, (doc,), _ = run_kept(stub_job, tmp_path, EXAMPLES / "launch_count.bpf.c", str(stub_job.app), "cubin", str(n),
-                            "64", "0")
+    r, (doc,), _ = run_kept(stub_job, tmp_path, EXAMPLES / "launch_count.bpf.c", "--launch-vm", "python",
+                            str(stub_job.app), "cubin", str(n), "64", "0")
     assert r.returncode == 0, r.stderr
     lost = doc["stats"]["dropped"]
     assert 0 < lost < n and doc["stats"]["records"] == n - lost
     assert f"@launches[vecadd]: {n - lost}" in r.stdout.splitlines()
     assert (f"egpu-run: pid {doc['pid']}: {lost} of {n} launch records lost (the launch ring was full: launch "
             "probes ran slower than the job launched)") in r.stderr.splitlines()
+
+
+def test_launch_probes_in_c_count_every_record(stub_job, tmp_path):
+    """The same 40,000 launches with launch_count in C (shim/launchvm.c): every record the ring took
+    was counted, and no launch record reached Python (the drain runs the probe itself)."""
+    n = 40_000
+    r, (doc,), _ = run_kept(stub_job, tmp_path, EXAMPLES / "launch_count.bpf.c", "-v", str(stub_job.app), "cubin",
+                            str(n), "64", "0")
+    assert r.returncode == 0, r.stderr
+    recorded = doc["stats"]["records"]
+    assert recorded + doc["stats"]["dropped"] == n
+    assert f"@launches[vecadd]: {recorded}" in r.stdout.splitlines()
+    path = doc["probes"][0]["path"]
+    assert doc["launch_probes"] == {"in_c": [path], "python_vm": {}, "python_records": 0}
+    assert f"egpu-run: pid {doc['pid']}: launch probes of {path}: in C" in r.stderr.splitlines()
+
+
+def test_launch_probes_sharing_a_map_with_the_gpu_stay_on_the_python_vm(stub_job, tmp_path):
+    r, (doc,), _ = run_kept(stub_job, tmp_path, EXAMPLES / "launch_latency.bpf.c", "-v", str(stub_job.app), "module",
+                            "3", "64", "0")
+    assert r.returncode == 0, r.stderr
+    path = doc["probes"][0]["path"]
+    why = "map enqueue_ns is shared with GPU programs"
+    assert doc["launch_probes"] == {"in_c": [], "python_vm": {path: why}, "python_records": 3}
+    assert f"egpu-run: pid {doc['pid']}: launch probes of {path}: on the Python VM ({why})" in r.stderr.splitlines()
 
 
 def test_a_launch_probe_beside_a_gpu_only_probe(stub_job, probe_obj, tmp_path):
@@ -315,3 +341,12 @@ def test_a_driver_that_runs_no_kernel_leaves_the_clocks_unaligned():
     drv = _ClockDriver(ahead=0, delay=0)
     drv.call = lambda symbol, *args: None   # the kernel stores nothing: the buffer keeps its zeros
     assert ContextMemory(drv, 1).globaltimer_offset() is None
+
+
+def test_an_unknown_launch_vm_is_refused_before_the_job_starts(tmp_path):
+    from stub_job import egpu_run
+    marker = tmp_path / "ran"
+    r = egpu_run(["--launch-vm", "jit", "-p", str(EXAMPLES / "launch_count.bpf.c"), "touch", str(marker)], {
+        "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "XDG_RUNTIME_DIR": str(tmp_path)})
+    assert (r.returncode, r.stderr) == (1, "egpu-run: --launch-vm jit: expected one of c, python\n")
+    assert not marker.exists()

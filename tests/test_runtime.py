@@ -33,12 +33,13 @@ from stub_job import MORE, egpu_run
     config.Config(durations=True, timeline=True),
     config.Config(mirror=0.0),
     config.Config(mirror=0.25),
+    config.Config(launch_vm="python"),
 ])
 def test_config_survives_the_environment(cfg):
     env = config.to_env(cfg)
     assert set(env) == {config.PROBES, config.SESSION, config.KERNEL, config.LOG, config.DURATIONS,
                         config.PTXAS, config.BACKEND, config.SANITIZER, config.RESTORE, config.TIMELINE,
-                        config.MIRROR}
+                        config.MIRROR, config.LAUNCH_VM}
     assert config.from_env(env) == cfg
 
 
@@ -47,6 +48,7 @@ def test_config_survives_the_environment(cfg):
     ({config.LOG: "loud", config.KERNEL: ""}, config.Config()),
     ({config.PROBES: os.pathsep + "/p.bpf.o" + os.pathsep}, config.Config((Path("/p.bpf.o"),))),
     ({config.MIRROR: "soon"}, config.Config()),
+    ({config.LAUNCH_VM: "jit"}, config.Config()),
     ({config.MIRROR: "-1"}, config.Config()),
 ])
 def test_config_defaults_for_missing_or_odd_values(env, cfg):

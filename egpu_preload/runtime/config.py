@@ -12,6 +12,7 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_PTXAS    the real ptxas egpu-ptxas runs for Triton (runtime/ptxas.py); empty: Triton's own
     EGPU_RESTORE  a checkpoint directory to put back once the job has remade its allocations (cow/restore.py)
     EGPU_MIRROR   seconds between copies of the maps into shared memory (runtime/mirror.py); 0: none
+    EGPU_LAUNCH_VM  c | python: where launch probes run (runtime/native.py; python: all on the Python VM)
 
 Not egpu's own: RANK, else LOCAL_RANK (set by torchrun for each worker) name a process's rank (``rank``).
 """
@@ -30,6 +31,8 @@ BACKEND, SANITIZER = "EGPU_BACKEND", "EGPU_SANITIZER_LIB"
 RESTORE = "EGPU_RESTORE"
 TIMELINE = "EGPU_TIMELINE"
 MIRROR = "EGPU_MIRROR"
+LAUNCH_VM = "EGPU_LAUNCH_VM"
+LAUNCH_VMS = ("c", "python")
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Config:
     restore: Path | None = None
     timeline: bool = False
     mirror: float = 1.0
+    launch_vm: str = "c"
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -56,7 +60,8 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
                   durations=env.get(DURATIONS) == "1", ptxas=env.get(PTXAS) or None,
                   backend=env.get(BACKEND) or "auto", sanitizer=env.get(SANITIZER) or None,
                   restore=Path(env[RESTORE]) if env.get(RESTORE) else None,
-                  timeline=env.get(TIMELINE) == "1", mirror=_seconds(env.get(MIRROR), Config.mirror))
+                  timeline=env.get(TIMELINE) == "1", mirror=_seconds(env.get(MIRROR), Config.mirror),
+                  launch_vm=env.get(LAUNCH_VM) if env.get(LAUNCH_VM) in LAUNCH_VMS else Config.launch_vm)
 
 
 def to_env(cfg: Config) -> dict[str, str]:
@@ -71,7 +76,8 @@ def to_env(cfg: Config) -> dict[str, str]:
             SANITIZER: cfg.sanitizer or "",
             RESTORE: str(cfg.restore) if cfg.restore else "",
             TIMELINE: "1" if cfg.timeline else "",
-            MIRROR: str(cfg.mirror)}
+            MIRROR: str(cfg.mirror),
+            LAUNCH_VM: cfg.launch_vm}
 
 
 def _seconds(text: str | None, default: float) -> float:

@@ -286,6 +286,8 @@ class Runtime:
             self.lib.egpu_shim_register(self.ffi.cast("void *", h), self.ffi.NULL)
         self.functions = {h: f for h, f in self.functions.items() if f[0] is not mod}
         self.modules = {h: m for h, m in self.modules.items() if m is not mod}
+        if self.drainer is not None:
+            self.drainer.forget()
         self.live.unloaded(mod)
 
     def sass_kernel(self, module: int, name: str) -> tuple[int, int]:
@@ -455,6 +457,7 @@ class Runtime:
             "stats": {f: int(getattr(stats, f)) for f in STATS},
             "sass": self.sass.stats(),
             "timing": {"probes_ms": self.probes_ms},
+            "launch_probes": self.drainer.report() if self.drainer else None,
             **(self.durations.finish(self.driver.synchronize) if self.durations else {}),
         })
 

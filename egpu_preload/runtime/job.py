@@ -258,6 +258,11 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool) -> list[str]:
             lines.append(f"egpu-run: pid {pid}: {m['api']} {m['image']}: {m['status']}")
             lines += [f"egpu-run:   {name}: {status}" + (f" ({reason})" if reason else "")
                       for name, status, reason in m["kernels"]]
+        for d in dumps:
+            where = d.get("launch_probes") or {}
+            lines += [f"egpu-run: pid {d['pid']}: launch probes of {path}: in C" for path in where.get("in_c", [])]
+            lines += [f"egpu-run: pid {d['pid']}: launch probes of {path}: on the Python VM ({why})"
+                      for path, why in where.get("python_vm", {}).items()]
     if not dumps:
         lines.append("egpu-run: no maps: no process of the job loaded CUDA code and exited normally")
     elif not any(m["status"] == "instrumented" for _, m in modules):

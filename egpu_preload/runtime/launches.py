@@ -31,9 +31,16 @@ copy its GPU probes use (translate/devmaps.py). Which copy is authoritative depe
   Ring and perf buffers written by both sides: the dump lists the device's records, then the host's.
 Writes made before the first instrumented module allocated the device copy are copied then.
 
+Where probes run. A probe object whose launch side runtime/native.py accepts runs in C
+(shim/launchvm.c): the drain takes its records from the ring and runs it there, a few hundred ns a
+record, and Python never sees them. The others run on the Python VM (compiled), tens of us a record.
+Launches of kernels no probe matches are dropped in C either way. Which handle runs what is decided
+the first time it is launched (the drain stops there and asks), and forgotten when a module unloads,
+since the driver hands the same handles out again.
+
 Limits: launches replayed from CUDA graphs (cuGraphLaunch) are not seen; a full ring drops records
 (counted in the shim's stats as ``dropped``; egpu-run says how many at exit). The ring holds 16 Ki
-records and a compiled probe takes tens of us a record, so a loop of back-to-back launches outruns it.
+records, so a loop of back-to-back launches outruns probes on the Python VM.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ from egpu_preload.bpf import isa
 from egpu_preload.bpf.decode import decode
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, MapStorage
-from egpu_preload.runtime import mapsync
+from egpu_preload.runtime import mapsync, native
 from egpu_preload.runtime.probes import Probe
 from egpu_preload.translate.demangle import matches
 from egpu_preload.vm import ThreadSim, Vm
@@ -150,24 +157,31 @@ class Touched:
 
 @dataclass
 class ProbeMaps:
-    """One probe object's launch programs and the host copy of its maps."""
+    """One probe object's launch programs and the host copy of its maps: on the Python VM
+    (``programs``), or in C (``native``; then ``programs`` is empty and ``refusal`` None)."""
     probe: Probe
     state: MapsState                      # what the VM runs against (shared maps wrapped in Touched)
     programs: list[tuple[prog.Program, Vm]]
     launch_only: set[int]
     shared: set[int]
     pending: dict[int, set[bytes]] = field(default_factory=dict)  # map -> keys not yet on the device
+    native: native.Side | None = None
+    refusal: str | None = None            # why it is not in C (no engine given: None)
 
     def host_state(self) -> MapsState:
         """The host copy with plain storages (for dumps)."""
         st = MapsState(self.state.maps)
         st.storages = [s.inner if isinstance(s, Touched) else s for s in self.state.storages]
+        if self.native is not None:
+            for i, storage in self.native.storages().items():
+                st.storages[i] = storage
         st.trace = self.state.trace
         return st
 
 
-def probe_maps(probe: Probe) -> ProbeMaps | None:
-    """The launch side of a probe object, None when it has no launch programs."""
+def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps | None:
+    """The launch side of a probe object, None when it has no launch programs; in C when ``engine``
+    (the shim's ffi and lib) is given and runtime/native.py takes it."""
     launch = [p for p in probe.obj.programs if p.attach.kind == "launch"]
     if not launch:
         return None
@@ -176,43 +190,84 @@ def probe_maps(probe: Probe) -> ProbeMaps | None:
     by_gpu = set().union(*(maps_used(p.code) for p in others)) if others else set()
     state = MapsState(probe.obj.maps)
     shared = by_launch & by_gpu
+    if engine is not None:
+        refusal = native.refusal(launch, probe.obj.maps, by_launch, shared)
+        if refusal is None:
+            side = native.Side(*engine, probe.obj.maps, by_launch, launch)
+            return ProbeMaps(probe, state, [], by_launch, shared, native=side)
+    else:
+        refusal = None
     for i in shared:
         if probe.obj.maps[i].type not in RING_TYPES:
             state.storages[i] = Touched(state.storages[i])  # type: ignore[call-overload]
     return ProbeMaps(probe, state, [(p, Vm(p.code, probe.obj.maps, state, compiled=True)) for p in launch],
-                     by_launch - by_gpu, shared)
+                     by_launch - by_gpu, shared, refusal=refusal)
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """What launches of one kernel run: Python VM programs, C programs, and the kernel id."""
+    python: list[tuple[ProbeMaps, Vm]]
+    native: list[Any]
+    kernel_id: int
 
 
 class LaunchProbes:
-    """Every probe object's launch programs; ``run(launch)`` runs those matching the kernel, ``push``
-    copies what they wrote in shared maps to the device."""
+    """Every probe object's launch programs; ``run(launch)`` runs those on the Python VM matching the
+    kernel, ``route`` tells the C side what a handle runs there, ``push`` copies what they wrote in
+    shared maps to the device. ``engine``: the shim's (ffi, lib), for the drain (which drops the records
+    of kernels no probe matches) and probes in C unless ``in_c`` is False (egpu-run --launch-vm
+    python); None: every probe on the Python VM, no drain."""
 
-    def __init__(self, probes: Sequence[Probe], only: str | None = None) -> None:
+    def __init__(self, probes: Sequence[Probe], only: str | None = None,
+                 engine: tuple[Any, Any] | None = None, in_c: bool = True) -> None:
         self.probes = list(probes)  # the probes at start, the sides' owners (live.py may replace them later)
-        self.sides = [probe_maps(p) for p in probes]
+        self.sides = [probe_maps(p, engine if in_c else None) for p in probes]
+        self.router = native.Router(*engine) if engine is not None else None
         self.only = only  # egpu-run --kernel: launch probes see only those kernels too
         self.offset = clock_offset()   # MONOTONIC -> REALTIME; the runtime adds REALTIME -> %globaltimer
-        self._chosen: dict[str | None, tuple[list[tuple[ProbeMaps, Vm]], int]] = {}  # and the kernel id
-        self.runs = 0
+        self._chosen: dict[str | None, Chosen] = {}
+        self.python_runs = 0
         self.errors: list[str] = []
 
     def __bool__(self) -> bool:
         return any(self.sides)
 
-    def _programs(self, name: str | None) -> tuple[list[tuple[ProbeMaps, Vm]], int]:
+    @property
+    def runs(self) -> int:
+        """Probe runs so far, on either side."""
+        return self.python_runs + sum(s.native.runs() for s in self.sides if s and s.native)
+
+    def _programs(self, name: str | None) -> Chosen:
         """The programs kernel ``name`` runs, and its kernel id."""
         chosen = self._chosen.get(name)
         if chosen is None:  # an unknown handle has no name: only a catch-all glob takes it
             def takes(glob: str) -> bool:
                 return matches(glob, name) if name is not None else glob == "*"
-            chosen = self._chosen[name] = ([
-                (side, vm) for side in self.sides if side for p, vm in side.programs
-                if takes(p.attach.glob) and (self.only is None or takes(self.only))],
+
+            def runs(p: prog.Program) -> bool:
+                return takes(p.attach.glob) and (self.only is None or takes(self.only))
+            chosen = self._chosen[name] = Chosen(
+                [(side, vm) for side in self.sides if side for p, vm in side.programs if runs(p)],
+                [h for side in self.sides if side and side.native for p, h in side.native.programs if runs(p)],
                 C.kernel_id(name) if name else 0)
         return chosen
 
+    def route(self, function: int, name: str | None) -> bool:
+        """Tell the C side what launches of handle ``function`` (kernel ``name``) run; whether they
+        go on to the Python VM too."""
+        assert self.router is not None
+        chosen = self._programs(name)
+        self.router.route(function, chosen.kernel_id, chosen.native, bool(chosen.python))
+        return bool(chosen.python)
+
+    def faults(self) -> list[str]:
+        """The errors of runs so far: the Python VM's, then each C program's first fault."""
+        return self.errors + [line for s in self.sides if s and s.native for line in s.native.faults(s.probe.path)]
+
     def run(self, launch: Launch) -> None:
-        programs, kernel_id = self._programs(launch.name)
+        chosen = self._programs(launch.name)
+        programs, kernel_id = chosen.python, chosen.kernel_id
         if not programs:
             return
         ctx = context_bytes(launch, kernel_id)
@@ -224,7 +279,7 @@ class LaunchProbes:
             except EgpuError as e:  # one bad run must not stop the others
                 if len(self.errors) < 10:
                     self.errors.append(f"{side.probe.path}: launch {launch.launch_id}: {e}")
-            self.runs += 1
+            self.python_runs += 1
             for i in side.shared:
                 s = side.state.storages[i]
                 if isinstance(s, Touched):
@@ -271,6 +326,9 @@ class Drainer:
         self.probes = probes
         self.name_of = name_of
         self.device = device
+        assert probes.router is not None, "a drainer runs probes built with the shim's engine"
+        self.router = probes.router
+        self.python_records = 0  # records the Python VM ran probes on
         self._buf = ffi.new("struct egpu_launch_record[]", BATCH)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -290,16 +348,24 @@ class Drainer:
 
     def drain(self) -> int:
         """Run the probes on every record in the ring; how many there were."""
-        total = 0
+        total, router, probes = 0, self.router, self.probes
         with self._lock:
             while True:
-                n = self.lib.egpu_shim_drain(self._buf, BATCH)
-                for r in self._buf[0:n]:
+                n, taken = router.drain(self._buf, BATCH, probes.offset)
+                total += taken
+                for k in range(n):
+                    r = self._buf[k]
                     fn = int(self.ffi.cast("uintptr_t", r.function))
-                    self.probes.run(Launch(r.launch_id, r.time_ns, fn, int(self.ffi.cast("uintptr_t", r.stream)),
-                                           tuple(r.grid), tuple(r.block), self.name_of(fn)))
-                total += n
-                if n < BATCH:
+                    name = self.name_of(fn)
+                    if fn not in router.python:  # its first launch: the drain stopped here
+                        python = probes.route(fn, name)
+                        router.run(self._buf + k, probes.offset)
+                        if not python:
+                            continue
+                    probes.run(Launch(r.launch_id, r.time_ns, fn, int(self.ffi.cast("uintptr_t", r.stream)),
+                                      tuple(r.grid), tuple(r.block), name))
+                    self.python_records += 1
+                if not taken:
                     break
             if any(s and s.pending for s in self.probes.sides):
                 dev = self.device()
@@ -314,14 +380,27 @@ class Drainer:
         if self._thread.is_alive():
             self._thread.join()
         self.drain()
-        for line in self.probes.errors:
+        for line in self.probes.faults():
             print(f"egpu: launch probe failed: {line}", file=sys.stderr)
+
+    def report(self) -> dict[str, Any]:
+        """Where each probe object's launch programs ran (the dump's ``launch_probes``)."""
+        sides = [s for s in self.probes.sides if s]
+        return {"in_c": [str(s.probe.path) for s in sides if s.native],
+                "python_vm": {str(s.probe.path): s.refusal or "--launch-vm python" for s in sides if not s.native},
+                "python_records": self.python_records}
+
+    def forget(self) -> None:
+        """Decide again what every handle runs (a module was unloaded: its handles may come back
+        as other kernels')."""
+        with self._lock:
+            self.router.clear()
 
 
 def attach(runtime: Any) -> Drainer | None:
     """The drain thread for an instrumenter.Runtime whose probes have launch programs (started), else
     None. Names come from the runtime's handle table, device maps from its maps once allocated."""
-    probes = LaunchProbes(runtime.probes, runtime.cfg.kernel)
+    probes = LaunchProbes(runtime.probes, runtime.cfg.kernel, (runtime.ffi, runtime.lib), runtime.cfg.launch_vm == "c")
     if not probes:
         return None
     def name_of(handle: int) -> str | None:

@@ -1,0 +1,141 @@
+"""Launch probes in C (shim/launchvm.c): which probe objects run there, their maps and programs, and the
+maps read back into the host containers the dumps print.
+
+A probe object's launch side runs in C when every map its launch programs use is an ARRAY,
+PERCPU_ARRAY, HASH, LRU_HASH or global data that no GPU program of the object uses, and they call only
+the helpers in ``NATIVE_HELPERS``: then no record of its kernels reaches Python. Otherwise (ring and
+perf buffers, trace_printk, maps shared with GPU probes, which need the key tracking of
+runtime/mapsync.py) it stays on the Python VM, and ``refusal`` says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from egpu_preload.bpf import isa
+from egpu_preload.bpf import program as prog
+from egpu_preload.bpf.decode import decode
+from egpu_preload.bpf.disasm import disasm_insn
+from egpu_preload.bpf.helpers import BPF_ANY, BY_NAME, HELPERS
+from egpu_preload.maps import STORAGE_BY_TYPE, MapStorage
+
+MAP_TYPES = frozenset((prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_HASH, prog.MAP_LRU_HASH))
+# launchvm.c's helper(): every helper but those that send records or text to the host
+NATIVE_HELPERS = frozenset(HELPERS) - {BY_NAME[n].id for n in (
+    "trace_printk", "perf_event_output", "ringbuf_output", "ringbuf_reserve", "ringbuf_submit", "ringbuf_discard")}
+FAULTS = {1: "bad memory access", 2: "write to read-only memory", 3: "unaligned atomic access",
+          4: "not a map", 5: "invalid instruction", 6: "call depth exceeds 8 frames",
+          7: "instruction budget exhausted (unbounded loop?)", 8: "out of memory"}
+
+
+def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used: Iterable[int],
+            shared: set[int]) -> str | None:
+    """Why launch programs using maps ``used`` (``shared`` of them with GPU programs) cannot run in C;
+    None when they can."""
+    if shared:
+        return f"map {maps[min(shared)].name} is shared with GPU programs"
+    for i in sorted(used):
+        if maps[i].type not in MAP_TYPES:
+            return f"map {maps[i].name} is a {prog.MAP_TYPE_NAMES.get(maps[i].type, maps[i].type)}"
+    for p in programs:
+        for insn in decode(p.code):
+            if insn.kind == "call" and insn.src == isa.CALL_BTF:
+                return f"{p.name} calls a kfunc"
+            if insn.kind == "call" and insn.src == isa.CALL_HELPER and insn.imm not in NATIVE_HELPERS:
+                helper = HELPERS.get(insn.imm)
+                return f"{p.name} calls {helper.name if helper else insn.imm}"
+    return None
+
+
+class Side:
+    """One probe object's launch programs and their maps, in C."""
+
+    def __init__(self, ffi: Any, lib: Any, maps: Sequence[prog.MapDef], used: Iterable[int],
+                 programs: Sequence[prog.Program]) -> None:
+        self.ffi, self.lib = ffi, lib
+        self.mapdefs = maps
+        self.maps: dict[int, Any] = {}
+        for i in sorted(used):
+            m = maps[i]
+            initial = m.initial or b""
+            made = lib.egpu_lvm_map_new(m.type, m.key_size, m.value_size, m.max_entries, int(m.readonly),
+                                        initial, len(initial))
+            if made == ffi.NULL:
+                raise MemoryError(f"map {m.name}: no memory for {m.max_entries} entries")
+            self.maps[i] = ffi.gc(made, lib.egpu_lvm_map_free)
+        table = ffi.new("struct egpu_lvm_map *[]", [self.maps.get(i, ffi.NULL) for i in range(len(maps))] or 1)
+        self.programs: list[tuple[prog.Program, Any]] = []
+        for p in programs:
+            made = lib.egpu_lvm_prog_new(p.code, len(p.code) // 8, table, len(maps))
+            if made == ffi.NULL:
+                raise MemoryError(f"{p.name}: no memory for the program")
+            self.programs.append((p, ffi.gc(made, lib.egpu_lvm_prog_free)))
+
+    def storages(self) -> dict[int, MapStorage]:
+        """The maps' contents now, as the host containers the VM would have filled."""
+        out: dict[int, MapStorage] = {}
+        for i, handle in self.maps.items():
+            m = self.mapdefs[i]
+            n = self.lib.egpu_lvm_map_read(handle, self.ffi.NULL, self.ffi.NULL, 0)
+            keys = self.ffi.new("unsigned char[]", n * m.key_size or 1)
+            values = self.ffi.new("unsigned char[]", n * m.value_size or 1)
+            n = min(n, self.lib.egpu_lvm_map_read(handle, keys, values, n))
+            kb, vb = self.ffi.buffer(keys), self.ffi.buffer(values)
+            storage = out[i] = STORAGE_BY_TYPE[m.type](m)
+            for k in range(n):
+                storage.update(kb[k * m.key_size:(k + 1) * m.key_size], vb[k * m.value_size:(k + 1) * m.value_size],
+                               BPF_ANY)
+        return out
+
+    def runs(self) -> int:
+        return sum(self._stats(h).runs for _, h in self.programs)
+
+    def faults(self, path: object) -> list[str]:
+        """One line for each program that faulted: how often, the first fault and where."""
+        lines = []
+        for p, handle in self.programs:
+            s = self._stats(handle)
+            if s.faults:
+                insn = {i.pc: i for i in decode(p.code)}.get(s.fault_pc)
+                where = f" ({disasm_insn(insn)})" if insn is not None else ""
+                lines.append(f"{path}: launch {s.fault_launch}: {p.name}: {FAULTS.get(s.fault, s.fault)} at pc "
+                             f"{s.fault_pc}{where}" + (f"; {s.faults} runs faulted" if s.faults > 1 else ""))
+        return lines
+
+    def _stats(self, handle: Any) -> Any:
+        s = self.ffi.new("struct egpu_lvm_stats *")
+        self.lib.egpu_lvm_prog_stats(handle, s)
+        return s
+
+
+class Router:
+    """What each launched handle runs in C (egpu_lvm_route), and the drain through it."""
+
+    def __init__(self, ffi: Any, lib: Any) -> None:
+        self.ffi, self.lib = ffi, lib
+        self.handle = ffi.gc(lib.egpu_lvm_router_new(), lib.egpu_lvm_router_free)
+        if self.handle == ffi.NULL:
+            raise MemoryError("no memory for the launch router")
+        self.python: dict[int, bool] = {}  # routed handles: do their records go on to Python?
+
+    def route(self, function: int, kernel_id: int, programs: Sequence[Any], python: bool) -> None:
+        progs = self.ffi.new("struct egpu_lvm_prog *[]", list(programs) or 1)
+        if self.lib.egpu_lvm_route(self.handle, self.ffi.cast("void *", function), kernel_id, progs,
+                                   len(programs), int(python)):
+            raise MemoryError("no memory for a launch route")
+        self.python[function] = python
+
+    def clear(self) -> None:
+        """Forget every route."""
+        self.lib.egpu_lvm_router_clear(self.handle)
+        self.python.clear()
+
+    def run(self, record: Any, offset: int) -> None:
+        self.lib.egpu_lvm_run(self.handle, record, offset)
+
+    def drain(self, out: Any, max_records: int, offset: int) -> tuple[int, int]:
+        """(records in ``out``, records taken from the shim's ring)."""
+        taken = self.ffi.new("unsigned long long *")
+        n = self.lib.egpu_lvm_drain(self.handle, out, max_records, offset, taken)
+        return n, taken[0]

@@ -1,0 +1,81 @@
+/* egpu_launchvm.h: launch probes run in C (shim/launchvm.c), in the three parts of egpu_shim.h.
+ *
+ * An eBPF interpreter with the reference VM's semantics (egpu_preload/vm/machine.py, RFC 9669) and the
+ * host maps a launch probe needs (ARRAY, PERCPU_ARRAY, HASH, LRU_HASH, global data), so that the
+ * runtime's thread turns launch records into map updates without Python: a few hundred ns a record
+ * where the Python VM took tens of us. egpu_preload/runtime/native.py decides which probe objects run
+ * here (only maps of those types, used by launch programs alone, and helpers listed in launchvm.c),
+ * the rest stay on the Python VM.
+ *
+ * Addresses are the VM's: region k at k << 36 (the context, one region per call frame, one per map's
+ * values), every access bounds-checked, so a verifier bug faults the run instead of the application.
+ * One lock guards every map and route: runs hold it, and so do the runtime's reads and routes.
+ */
+#ifndef EGPU_LAUNCHVM_H
+#define EGPU_LAUNCHVM_H
+
+/* ---- part 1: implemented in Python (embedding_api) ---- */
+
+/* ---- part 2: C API for the runtime (cdef) ---- */
+
+struct egpu_lvm_map;
+struct egpu_lvm_prog;
+struct egpu_lvm_router;
+
+/* Why a run stopped early (the VM's VmError, by kind). */
+enum egpu_lvm_fault {
+    EGPU_LVM_OK = 0, EGPU_LVM_BAD_ACCESS, EGPU_LVM_READ_ONLY, EGPU_LVM_UNALIGNED, EGPU_LVM_NOT_A_MAP,
+    EGPU_LVM_BAD_INSN, EGPU_LVM_DEPTH, EGPU_LVM_BUDGET, EGPU_LVM_NO_MEMORY
+};
+
+struct egpu_lvm_stats {
+    unsigned long long runs, faults;
+    int fault;                      /* the first fault: enum egpu_lvm_fault */
+    unsigned int fault_pc;          /* its instruction */
+    unsigned long long fault_launch;/* its launch id */
+};
+
+/* A map of `type` (bpf/program.py MAP_*; NULL for another type or no memory). `initial` (may be
+ * NULL) fills the start of value 0, as global data's initial bytes; a read-only map refuses writes. */
+struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, unsigned int value_size,
+                                      unsigned int max_entries, int readonly, const void *initial,
+                                      size_t initial_size);
+void egpu_lvm_map_free(struct egpu_lvm_map *m);
+/* Copy up to `max` entries, in the order the reference VM keeps them (index order; hash: insertion
+ * order, LRU: least recent first), into keys (key_size each) and values (value_size each); returns
+ * how many the map holds. */
+size_t egpu_lvm_map_read(struct egpu_lvm_map *m, void *keys, void *values, size_t max);
+
+/* A program (`n` eBPF slots, map references as lddw map-index pseudo sources) over `maps`; NULL when
+ * memory is out. The maps must outlive it. */
+struct egpu_lvm_prog *egpu_lvm_prog_new(const void *insns, size_t n, struct egpu_lvm_map *const *maps,
+                                        size_t nmaps);
+void egpu_lvm_prog_free(struct egpu_lvm_prog *p);
+void egpu_lvm_prog_stats(const struct egpu_lvm_prog *p, struct egpu_lvm_stats *out);
+/* vm.execute's contract (tests/isa_cases.py): r1 = mem (writable, len bytes), r2 = len. Returns the
+ * fault (0: none), r0 in *r0, the faulting pc in *pc. */
+int egpu_lvm_exec(struct egpu_lvm_prog *p, void *mem, size_t len, unsigned long long *r0, unsigned int *pc);
+
+/* Which programs each launched handle runs: filled by the runtime as it meets handles. */
+struct egpu_lvm_router *egpu_lvm_router_new(void);
+void egpu_lvm_router_free(struct egpu_lvm_router *r);
+/* Launches of `function` run `progs` with ctx->kernel_id = kernel_id, and go on to the runtime's
+ * Python programs too when `python`. Returns 0, or -1 when memory is out. */
+int egpu_lvm_route(struct egpu_lvm_router *r, void *function, unsigned long long kernel_id,
+                   struct egpu_lvm_prog *const *progs, size_t nprogs, int python);
+/* Forget every route. */
+void egpu_lvm_router_clear(struct egpu_lvm_router *r);
+/* Run the routed programs on one record (ktime = time_ns + offset_ns); 0, or -1 if not routed. */
+int egpu_lvm_run(struct egpu_lvm_router *r, const struct egpu_launch_record *rec, long long offset_ns);
+/* Take records from the shim's ring (egpu_shim_drain) in launch order and run their programs, until
+ * the ring is empty, `max` records are in `out`, or one's handle is not routed yet. `out` gets the
+ * records the runtime must still see: those routed with `python`, and the unrouted one (last; the
+ * runtime routes it, then egpu_lvm_run). Returns how many are in `out`; *taken: records taken. */
+size_t egpu_lvm_drain(struct egpu_lvm_router *r, struct egpu_launch_record *out, size_t max,
+                      long long offset_ns, unsigned long long *taken);
+/* struct egpu_ctx of a launch probe for `rec` (144 bytes; egpu_preload/bpf/ctx.py). */
+void egpu_lvm_context(const struct egpu_launch_record *rec, unsigned long long kernel_id, void *out);
+
+/* ---- part 3: C only ---- */
+
+#endif

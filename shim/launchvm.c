@@ -1,0 +1,768 @@
+/* launchvm.c: launch probes in C. The interface and its contract are egpu_launchvm.h; the semantics
+ * are the reference VM's (egpu_preload/vm/machine.py, calls.py, maps.py), which the tests hold this
+ * file to: tests/isa_cases.py run here, and every launch probe run on both over the same records. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "egpu_shim.h"
+#include "egpu_launchvm.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+enum { MAP_HASH = 1, MAP_ARRAY = 2, MAP_PERCPU_ARRAY = 6, MAP_LRU_HASH = 9 }; /* bpf/program.py */
+enum { BPF_ANY, BPF_NOEXIST, BPF_EXIST };
+
+#define REGION_SHIFT 36
+#define OFFSET_MASK ((1ull << REGION_SHIFT) - 1)
+#define MAX_FRAMES 8 /* the kernel's MAX_CALL_FRAMES */
+#define STACK_SIZE 512
+#define BUDGET 10000000
+/* Regions: 0 is NULL's, then the context, a frame per call depth, then each map's values. */
+#define R_CTX 1ull
+#define R_FRAME 2ull
+#define R_MAP (R_FRAME + MAX_FRAMES)
+/* lddw map[k]: a handle in a region past any map's, so no access can use it (vm/machine.py's). */
+#define MAP_HANDLE(k) ((((1ull << 27) - 1) << REGION_SHIFT) + (k))
+#define TOMB (-1)
+
+/* struct egpu_ctx (egpu_preload/bpf/ctx.py; test_launchvm.py compares egpu_lvm_context with it) */
+#define CTX_SIZE 144
+#define CTX_KERNEL_ID 0
+#define CTX_LAUNCH_ID 8
+#define CTX_KIND 36
+#define CTX_GRID 108
+#define CTX_BLOCK 120
+#define CTX_STREAM 136
+#define KIND_LAUNCH 3
+
+static pthread_mutex_t lvm_lock = PTHREAD_MUTEX_INITIALIZER; /* every map, every run */
+
+/* ---- maps ---- */
+
+struct egpu_lvm_map {
+    int type, readonly;
+    unsigned int key_size, value_size, max_entries;
+    size_t stride;            /* between values: value_size rounded up to 8, so 8-byte atomics align */
+    unsigned char *values;    /* max_entries * stride */
+    /* hash maps */
+    unsigned char *keys;      /* max_entries * key_size */
+    int *index;               /* open addressing over slots: slot + 1, 0 empty, TOMB deleted */
+    unsigned int index_mask, used, tombs;
+    int *prev, *next, head, tail; /* live slots in the VM's order: insertion (LRU: use), oldest first */
+    int *free_slots, nfree;
+    unsigned char *scratch;   /* an update's key and value, copied before anything moves */
+};
+
+static int is_hash(const struct egpu_lvm_map *m) {
+    return m->type == MAP_HASH || m->type == MAP_LRU_HASH;
+}
+
+EXPORT void egpu_lvm_map_free(struct egpu_lvm_map *m) {
+    if (!m) return;
+    free(m->values), free(m->keys), free(m->index), free(m->prev), free(m->next), free(m->free_slots);
+    free(m->scratch), free(m);
+}
+
+EXPORT struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, unsigned int value_size,
+                                             unsigned int max_entries, int readonly, const void *initial,
+                                             size_t initial_size) {
+    if (type != MAP_HASH && type != MAP_ARRAY && type != MAP_PERCPU_ARRAY && type != MAP_LRU_HASH) return NULL;
+    struct egpu_lvm_map *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    *m = (struct egpu_lvm_map){type, readonly, key_size, value_size, max_entries,
+                               value_size ? (value_size + 7u) & ~7u : 8u};
+    m->head = m->tail = -1;
+    m->values = calloc((size_t)max_entries + 1, m->stride);
+    m->scratch = malloc((size_t)key_size + value_size + 1);
+    int ok = m->values && m->scratch;
+    if (ok && is_hash(m)) {
+        unsigned int size = 8;
+        while (size < 2u * max_entries + 2) size <<= 1;
+        m->index_mask = size - 1;
+        m->index = calloc(size, sizeof *m->index);
+        m->keys = malloc((size_t)max_entries * key_size + 1);
+        m->prev = malloc(((size_t)max_entries + 1) * sizeof(int));
+        m->next = malloc(((size_t)max_entries + 1) * sizeof(int));
+        m->free_slots = malloc(((size_t)max_entries + 1) * sizeof(int));
+        ok = m->index && m->keys && m->prev && m->next && m->free_slots;
+        for (unsigned int i = 0; ok && i < max_entries; i++) m->free_slots[i] = (int)(max_entries - 1 - i);
+        m->nfree = (int)max_entries;
+    }
+    if (!ok) {
+        egpu_lvm_map_free(m);
+        return NULL;
+    }
+    if (initial && max_entries)
+        memcpy(m->values, initial, initial_size < value_size ? initial_size : value_size);
+    return m;
+}
+
+static unsigned int hash_key(const unsigned char *k, unsigned int n) {
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (unsigned int i = 0; i < n; i++) h = (h ^ k[i]) * 16777619u;
+    return h;
+}
+
+/* The slot holding `key` (-1: none); *pos: its index entry, or where to insert it. */
+static int hash_find(const struct egpu_lvm_map *m, const unsigned char *key, unsigned int *pos) {
+    unsigned int i = hash_key(key, m->key_size) & m->index_mask, free_at = UINT32_MAX;
+    for (;; i = (i + 1) & m->index_mask) {
+        int e = m->index[i];
+        if (e == 0) {
+            *pos = free_at != UINT32_MAX ? free_at : i;
+            return -1;
+        }
+        if (e == TOMB) {
+            if (free_at == UINT32_MAX) free_at = i;
+        } else if (!memcmp(m->keys + (size_t)(e - 1) * m->key_size, key, m->key_size)) {
+            *pos = i;
+            return e - 1;
+        }
+    }
+}
+
+static void unlink_slot(struct egpu_lvm_map *m, int s) {
+    if (m->prev[s] >= 0) m->next[m->prev[s]] = m->next[s]; else m->head = m->next[s];
+    if (m->next[s] >= 0) m->prev[m->next[s]] = m->prev[s]; else m->tail = m->prev[s];
+}
+
+static void link_tail(struct egpu_lvm_map *m, int s) {
+    m->prev[s] = m->tail, m->next[s] = -1;
+    if (m->tail >= 0) m->next[m->tail] = s; else m->head = s;
+    m->tail = s;
+}
+
+/* Deleted entries make probes longer; past 3/4 full the index is rebuilt from the live slots. */
+static void reindex(struct egpu_lvm_map *m) {
+    memset(m->index, 0, ((size_t)m->index_mask + 1) * sizeof *m->index);
+    m->tombs = 0;
+    for (int s = m->head; s >= 0; s = m->next[s]) {
+        unsigned int pos;
+        hash_find(m, m->keys + (size_t)s * m->key_size, &pos);
+        m->index[pos] = s + 1;
+    }
+}
+
+static void hash_remove(struct egpu_lvm_map *m, int s, unsigned int pos) {
+    m->index[pos] = TOMB;
+    m->tombs++, m->used--;
+    unlink_slot(m, s);
+    m->free_slots[m->nfree++] = s;
+}
+
+static unsigned int array_index(const unsigned char *key) {
+    uint32_t i;
+    memcpy(&i, key, 4);
+    return i;
+}
+
+/* The slot of `key` (-1: none). An LRU lookup counts as use (maps.py LruHashStorage). */
+static int map_lookup(struct egpu_lvm_map *m, const unsigned char *key) {
+    if (!is_hash(m)) {
+        unsigned int i = array_index(key);
+        return i < m->max_entries ? (int)i : -1;
+    }
+    unsigned int pos;
+    int s = hash_find(m, key, &pos);
+    if (s >= 0 && m->type == MAP_LRU_HASH) unlink_slot(m, s), link_tail(m, s);
+    return s;
+}
+
+/* maps.py's update, return codes and order of checks included (arraymap.c, hashtab.c). */
+static long long map_update(struct egpu_lvm_map *m, const unsigned char *key, const unsigned char *value,
+                            uint64_t flags) {
+    if (flags > BPF_EXIST) return -EINVAL;
+    if (!is_hash(m)) {
+        unsigned int i = array_index(key);
+        if (i >= m->max_entries) return -E2BIG;
+        if (flags == BPF_NOEXIST) return -EEXIST;
+        memcpy(m->values + (size_t)i * m->stride, value, m->value_size);
+        return 0;
+    }
+    /* key or value may point into this map's own values, which an eviction could reuse */
+    memcpy(m->scratch, key, m->key_size);
+    memcpy(m->scratch + m->key_size, value, m->value_size);
+    key = m->scratch, value = m->scratch + m->key_size;
+    unsigned int pos;
+    int s = hash_find(m, key, &pos);
+    if (s >= 0 && flags == BPF_NOEXIST) return -EEXIST;
+    if (s < 0 && flags == BPF_EXIST) return -ENOENT;
+    if (s < 0) {
+        if (m->used >= m->max_entries) {
+            if (m->type != MAP_LRU_HASH || m->head < 0) return -E2BIG;
+            unsigned int old;
+            hash_find(m, m->keys + (size_t)m->head * m->key_size, &old);
+            hash_remove(m, m->head, old);
+            hash_find(m, key, &pos); /* the eviction may have freed an earlier entry of the probe */
+        }
+        if (m->used + m->tombs + 1 > (m->index_mask + 1) / 4 * 3) {
+            reindex(m);
+            hash_find(m, key, &pos);
+        }
+        s = m->free_slots[--m->nfree];
+        memcpy(m->keys + (size_t)s * m->key_size, key, m->key_size);
+        if (m->index[pos] == TOMB) m->tombs--;
+        m->index[pos] = s + 1;
+        m->used++;
+        link_tail(m, s);
+    } else if (m->type == MAP_LRU_HASH) {
+        unlink_slot(m, s), link_tail(m, s);
+    }
+    memcpy(m->values + (size_t)s * m->stride, value, m->value_size);
+    return 0;
+}
+
+static long long map_delete(struct egpu_lvm_map *m, const unsigned char *key) {
+    if (!is_hash(m)) return -EINVAL; /* array elements cannot be deleted */
+    unsigned int pos;
+    int s = hash_find(m, key, &pos);
+    if (s < 0) return -ENOENT;
+    hash_remove(m, s, pos);
+    return 0;
+}
+
+EXPORT size_t egpu_lvm_map_read(struct egpu_lvm_map *m, void *keys, void *values, size_t max) {
+    unsigned char *k = keys, *v = values;
+    size_t n = 0;
+    pthread_mutex_lock(&lvm_lock);
+    if (!is_hash(m)) {
+        for (; n < m->max_entries; n++) {
+            if (n >= max) continue;
+            uint32_t i = (uint32_t)n;
+            memcpy(k + n * 4, &i, 4);
+            memcpy(v + n * m->value_size, m->values + n * m->stride, m->value_size);
+        }
+    } else {
+        for (int s = m->head; s >= 0; s = m->next[s], n++) {
+            if (n >= max) continue;
+            memcpy(k + n * m->key_size, m->keys + (size_t)s * m->key_size, m->key_size);
+            memcpy(v + n * m->value_size, m->values + (size_t)s * m->stride, m->value_size);
+        }
+    }
+    pthread_mutex_unlock(&lvm_lock);
+    return n;
+}
+
+/* ---- programs ---- */
+
+struct insn {
+    uint8_t code, regs; /* regs: dst in the low nibble, src in the high */
+    int16_t off;
+    int32_t imm;
+};
+
+struct egpu_lvm_prog {
+    struct insn *insns;
+    size_t n;
+    struct egpu_lvm_map **maps;
+    size_t nmaps;
+    struct egpu_lvm_stats stats;
+};
+
+EXPORT struct egpu_lvm_prog *egpu_lvm_prog_new(const void *insns, size_t n, struct egpu_lvm_map *const *maps,
+                                               size_t nmaps) {
+    struct egpu_lvm_prog *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->insns = malloc(n * sizeof *p->insns + 1);
+    p->maps = malloc(nmaps * sizeof *p->maps + 1);
+    if (!p->insns || !p->maps) {
+        egpu_lvm_prog_free(p);
+        return NULL;
+    }
+    memcpy(p->insns, insns, n * sizeof *p->insns);
+    memcpy(p->maps, maps, nmaps * sizeof *p->maps);
+    p->n = n, p->nmaps = nmaps;
+    return p;
+}
+
+EXPORT void egpu_lvm_prog_free(struct egpu_lvm_prog *p) {
+    if (!p) return;
+    free(p->insns), free(p->maps), free(p);
+}
+
+EXPORT void egpu_lvm_prog_stats(const struct egpu_lvm_prog *p, struct egpu_lvm_stats *out) {
+    pthread_mutex_lock(&lvm_lock);
+    *out = p->stats;
+    pthread_mutex_unlock(&lvm_lock);
+}
+
+/* ---- the interpreter ---- */
+
+struct run {
+    uint64_t r[11];
+    const struct egpu_lvm_prog *p;
+    unsigned char *ctx;
+    size_t ctx_size;
+    int ctx_writable, depth, fault;
+    uint64_t now;                 /* ktime_get_ns and get_globaltimer */
+    const unsigned int *grid, *block;
+    struct { size_t ret; uint64_t saved[4]; } calls[MAX_FRAMES];
+    unsigned char frames[MAX_FRAMES][STACK_SIZE];
+};
+
+/* The host address of [addr, addr + size) in the run's memory; NULL (and the fault set) if outside. */
+static unsigned char *at(struct run *x, uint64_t addr, size_t size, int write) {
+    uint64_t region = addr >> REGION_SHIFT, off = addr & OFFSET_MASK, limit;
+    unsigned char *base;
+    int writable = 1;
+    if (region == R_CTX) {
+        base = x->ctx, limit = x->ctx_size, writable = x->ctx_writable;
+    } else if (region >= R_FRAME && region - R_FRAME <= (uint64_t)x->depth) {
+        base = x->frames[region - R_FRAME], limit = STACK_SIZE;
+    } else if (region >= R_MAP && region - R_MAP < x->p->nmaps && x->p->maps[region - R_MAP]) {
+        const struct egpu_lvm_map *m = x->p->maps[region - R_MAP];
+        base = m->values, limit = (uint64_t)m->max_entries * m->stride, writable = !m->readonly;
+    } else {
+        x->fault = EGPU_LVM_BAD_ACCESS;
+        return NULL;
+    }
+    if (off + size > limit || (!base && size)) {
+        x->fault = EGPU_LVM_BAD_ACCESS;
+        return NULL;
+    }
+    if (write && !writable) {
+        x->fault = EGPU_LVM_READ_ONLY;
+        return NULL;
+    }
+    return base + off;
+}
+
+static int load(struct run *x, uint64_t addr, unsigned int size, uint64_t *out) {
+    unsigned char *p = at(x, addr, size, 0);
+    if (!p) return -1;
+    uint64_t v = 0;
+    memcpy(&v, p, size); /* little endian, as the VM's int.from_bytes(..., "little") */
+    *out = v;
+    return 0;
+}
+
+static int store(struct run *x, uint64_t addr, unsigned int size, uint64_t v) {
+    unsigned char *p = at(x, addr, size, 1);
+    if (!p) return -1;
+    memcpy(p, &v, size);
+    return 0;
+}
+
+/* The map r[reg] names (a handle from lddw); NULL and the fault set otherwise. */
+static struct egpu_lvm_map *map_of(struct run *x, int reg, size_t *index) {
+    uint64_t k = x->r[reg] - MAP_HANDLE(0);
+    if (k >= x->p->nmaps || !x->p->maps[k]) {
+        x->fault = EGPU_LVM_NOT_A_MAP;
+        return NULL;
+    }
+    *index = (size_t)k;
+    return x->p->maps[k];
+}
+
+static uint64_t value_address(size_t index, const struct egpu_lvm_map *m, int slot) {
+    return slot < 0 ? 0 : ((R_MAP + index) << REGION_SHIFT) + (uint64_t)slot * m->stride;
+}
+
+static uint64_t mask(int bits) {
+    return bits == 64 ? ~0ull : 0xffffffffull;
+}
+
+static int64_t sext(uint64_t v, int bits) {
+    return bits == 64 ? (int64_t)v : bits == 32 ? (int32_t)v : bits == 16 ? (int16_t)v : (int8_t)v;
+}
+
+/* RFC 9669 4.1, as bpf/alu.py: x / 0 = 0, x % 0 = x, INT_MIN / -1 wraps, remainders take the
+ * dividend's sign. Operands come truncated to `bits`. */
+static uint64_t sdiv(uint64_t a, uint64_t b, int bits) {
+    int64_t x = sext(a, bits), y = sext(b, bits);
+    if (y == 0) return 0;
+    return (y == -1 ? (uint64_t)0 - (uint64_t)x : (uint64_t)(x / y)) & mask(bits);
+}
+
+static uint64_t smod(uint64_t a, uint64_t b, int bits) {
+    int64_t x = sext(a, bits), y = sext(b, bits);
+    if (y == 0) return a;
+    return (y == -1 ? 0 : (uint64_t)(x % y)) & mask(bits);
+}
+
+static uint64_t bswap(uint64_t v, int bits) {
+    return bits == 16 ? __builtin_bswap16((uint16_t)v) : bits == 32 ? __builtin_bswap32((uint32_t)v)
+                                                                      : __builtin_bswap64(v);
+}
+
+static int alu(struct run *x, const struct insn *i, int bits) {
+    int dst = i->regs & 15, src = i->regs >> 4, op = i->code & 0xf0;
+    uint64_t m = mask(bits), a = x->r[dst] & m, b = ((i->code & 0x08) ? x->r[src] : (uint64_t)(int64_t)i->imm) & m;
+    uint64_t s = b & (uint64_t)(bits - 1);
+    switch (op) {
+    case 0x00: a += b; break;
+    case 0x10: a -= b; break;
+    case 0x20: a *= b; break;
+    case 0x30: if (i->off > 1) return -1;
+               a = i->off ? sdiv(a, b, bits) : b ? a / b : 0; break;
+    case 0x40: a |= b; break;
+    case 0x50: a &= b; break;
+    case 0x60: a <<= s; break;
+    case 0x70: a >>= s; break;
+    case 0x80: a = (uint64_t)0 - a; break;
+    case 0x90: if (i->off > 1) return -1;
+               a = i->off ? smod(a, b, bits) : b ? a % b : a; break;
+    case 0xa0: a ^= b; break;
+    case 0xb0: /* mov; movsx with off 8/16/32 */
+        if (i->off == 0) a = b;
+        else if (i->off == 8 || i->off == 16 || (i->off == 32 && bits == 64)) a = (uint64_t)sext(x->r[src], i->off);
+        else return -1;
+        break;
+    case 0xc0: a = bits == 64 ? (uint64_t)((int64_t)a >> s) : (uint64_t)(uint32_t)((int32_t)a >> s); break;
+    case 0xd0: { /* le (ALU, K): truncate; be (ALU, X) and bswap (ALU64): reverse */
+        int n = i->imm;
+        if (n != 16 && n != 32 && n != 64) return -1;
+        uint64_t v = x->r[dst] & mask(n == 64 ? 64 : 32) & (n == 16 ? 0xffffull : ~0ull);
+        a = (bits == 32 && !(i->code & 0x08)) ? v : bswap(v, n);
+        x->r[dst] = a;
+        return 0;
+    }
+    default: return -1;
+    }
+    x->r[dst] = a & m;
+    return 0;
+}
+
+static int taken(const struct insn *i, uint64_t a, uint64_t b, int bits) {
+    switch (i->code & 0xf0) {
+    case 0x10: return a == b;
+    case 0x20: return a > b;
+    case 0x30: return a >= b;
+    case 0x40: return (a & b) != 0;
+    case 0x50: return a != b;
+    case 0x60: return sext(a, bits) > sext(b, bits);
+    case 0x70: return sext(a, bits) >= sext(b, bits);
+    case 0xa0: return a < b;
+    case 0xb0: return a <= b;
+    case 0xc0: return sext(a, bits) < sext(b, bits);
+    case 0xd0: return sext(a, bits) <= sext(b, bits);
+    default: return -1;
+    }
+}
+
+static int store_dim3(struct run *x, const unsigned int *v) {
+    static const unsigned int zero[3];
+    v = v ? v : zero;
+    for (int k = 0; k < 3; k++)
+        if (store(x, x->r[k + 1], 8, v[k])) return -1;
+    x->r[0] = 0;
+    return 0;
+}
+
+/* Helpers of bpf/helpers.py that need neither Python nor the GPU (runtime/native.py NATIVE_HELPERS).
+ * Returns 0, 1 when the probe ends (exit), -1 on a fault. The host is SM 0, warp 0, lane 0 of block 0,
+ * thread 0, as the VM's ThreadSim of a launch. */
+static int helper(struct run *x, int32_t id) {
+    struct egpu_lvm_map *m;
+    size_t index;
+    unsigned char *key, *value;
+    switch (id) {
+    case 1: /* map_lookup_elem */
+        if (!(m = map_of(x, 1, &index)) || !(key = at(x, x->r[2], m->key_size, 0))) return -1;
+        x->r[0] = value_address(index, m, map_lookup(m, key));
+        return 0;
+    case 2: /* map_update_elem */
+        if (!(m = map_of(x, 1, &index)) || !(key = at(x, x->r[2], m->key_size, 0)) ||
+            !(value = at(x, x->r[3], m->value_size, 0)))
+            return -1;
+        x->r[0] = (uint64_t)(m->readonly ? -EINVAL : map_update(m, key, value, x->r[4]));
+        return 0;
+    case 3: /* map_delete_elem */
+        if (!(m = map_of(x, 1, &index)) || !(key = at(x, x->r[2], m->key_size, 0))) return -1;
+        x->r[0] = (uint64_t)map_delete(m, key);
+        return 0;
+    case 5: case 502: /* ktime_get_ns, get_globaltimer */
+        x->r[0] = x->now;
+        return 0;
+    case 8: case 509: case 510: case 511: case 506: /* smp_processor_id, sm, warp, lane; membar */
+        x->r[0] = 0;
+        return 0;
+    case 503: case 505: return store_dim3(x, NULL); /* block_idx, thread_idx */
+    case 504: return store_dim3(x, x->block);
+    case 508: return store_dim3(x, x->grid);
+    case 507: /* exit: the probe ends, r0 = 0 */
+        x->r[0] = 0;
+        return 1;
+    default:
+        x->fault = EGPU_LVM_BAD_INSN;
+        return -1;
+    }
+}
+
+#define FAIL(kind) do { x->fault = (kind); goto out; } while (0)
+#define WRITES_R10(i) (((i)->regs & 15) == 10)
+
+/* Run from pc 0 with r1, r2 set; returns the fault (0: none), the faulting pc in *fault_pc. */
+static int execute(struct run *x, unsigned int *fault_pc) {
+    const struct egpu_lvm_prog *p = x->p;
+    size_t pc = 0;
+    long budget = BUDGET;
+    x->r[10] = ((R_FRAME + 0) << REGION_SHIFT) + STACK_SIZE;
+    memset(x->frames[0], 0, STACK_SIZE);
+    for (;;) {
+        if (pc >= p->n) FAIL(EGPU_LVM_BAD_INSN);
+        if (--budget < 0) FAIL(EGPU_LVM_BUDGET);
+        const struct insn *i = &p->insns[pc];
+        int cls = i->code & 7, dst = i->regs & 15, src = i->regs >> 4, size, bits;
+        uint64_t v;
+        if (dst > 10 || src > 10) FAIL(EGPU_LVM_BAD_INSN);
+        switch (cls) {
+        case 4: case 7: /* ALU, ALU64 */
+            if (WRITES_R10(i) || alu(x, i, cls == 7 ? 64 : 32)) FAIL(EGPU_LVM_BAD_INSN);
+            pc++;
+            break;
+        case 0: { /* lddw */
+            if (i->code != 0x18 || pc + 1 >= p->n || WRITES_R10(i)) FAIL(EGPU_LVM_BAD_INSN);
+            uint32_t lo = (uint32_t)i->imm, hi = (uint32_t)p->insns[pc + 1].imm;
+            if (src == 0) {
+                x->r[dst] = (uint64_t)hi << 32 | lo;
+            } else if (src == 5) { /* map by index */
+                if (lo >= p->nmaps || !p->maps[lo]) FAIL(EGPU_LVM_NOT_A_MAP);
+                x->r[dst] = MAP_HANDLE(lo);
+            } else if (src == 6) { /* a map's value 0 (global data) + offset */
+                if (lo >= p->nmaps || !p->maps[lo] || is_hash(p->maps[lo])) FAIL(EGPU_LVM_NOT_A_MAP);
+                x->r[dst] = value_address(lo, p->maps[lo], p->maps[lo]->max_entries ? 0 : -1) + hi;
+            } else {
+                FAIL(EGPU_LVM_BAD_INSN);
+            }
+            pc += 2;
+            break;
+        }
+        case 1: /* ldx: mem, memsx */
+            size = (int[]){4, 2, 1, 8}[(i->code >> 3) & 3];
+            if (((i->code & 0xe0) != 0x60 && (i->code & 0xe0) != 0x80) || WRITES_R10(i)) FAIL(EGPU_LVM_BAD_INSN);
+            if (load(x, x->r[src] + (uint64_t)(int64_t)i->off, size, &v)) goto out;
+            x->r[dst] = (i->code & 0xe0) == 0x80 ? (uint64_t)sext(v, 8 * size) : v;
+            pc++;
+            break;
+        case 2: case 3: { /* st, stx: mem, atomic */
+            size = (int[]){4, 2, 1, 8}[(i->code >> 3) & 3];
+            uint64_t addr = x->r[dst] + (uint64_t)(int64_t)i->off;
+            if ((i->code & 0xe0) == 0x60) {
+                if (store(x, addr, size, cls == 2 ? (uint64_t)(int64_t)i->imm : x->r[src])) goto out;
+                pc++;
+                break;
+            }
+            if (cls != 3 || (i->code & 0xe0) != 0xc0 || (size != 4 && size != 8)) FAIL(EGPU_LVM_BAD_INSN);
+            if (addr % size) FAIL(EGPU_LVM_UNALIGNED);
+            uint64_t m = mask(8 * size), old, operand = x->r[src] & m;
+            if (load(x, addr, size, &old)) goto out;
+            switch (i->imm) {
+            case 0x00: case 0x01: v = old + operand; break;
+            case 0x40: case 0x41: v = old | operand; break;
+            case 0x50: case 0x51: v = old & operand; break;
+            case 0xa0: case 0xa1: v = old ^ operand; break;
+            case 0xe1: v = operand; break;
+            case 0xf1: /* cmpxchg: compares with r0, which gets the old value */
+                if (old == (x->r[0] & m) && store(x, addr, size, x->r[src])) goto out;
+                x->r[0] = old;
+                pc++;
+                continue;
+            default: FAIL(EGPU_LVM_BAD_INSN);
+            }
+            if (store(x, addr, size, v)) goto out;
+            if (i->imm & 1) x->r[src] = old;
+            pc++;
+            break;
+        }
+        case 5: case 6: { /* jmp, jmp32 */
+            int op = i->code & 0xf0;
+            bits = cls == 5 ? 64 : 32;
+            if (op == 0x00) { /* ja; ja32 (gotol) jumps by imm */
+                pc += 1 + (size_t)(int64_t)(cls == 5 ? i->off : i->imm);
+                break;
+            }
+            if (op == 0x90 && cls == 5) { /* exit */
+                if (x->depth == 0) return EGPU_LVM_OK;
+                x->depth--;
+                memcpy(&x->r[6], x->calls[x->depth].saved, sizeof x->calls[x->depth].saved);
+                x->r[10] = ((R_FRAME + (uint64_t)x->depth) << REGION_SHIFT) + STACK_SIZE;
+                pc = x->calls[x->depth].ret;
+                break;
+            }
+            if (op == 0x80 && cls == 5) { /* call */
+                if (src == 0) {
+                    int r = helper(x, i->imm);
+                    if (r < 0) goto out;
+                    if (r > 0) return EGPU_LVM_OK;
+                    pc++;
+                } else if (src == 1) {
+                    if (x->depth + 1 >= MAX_FRAMES) FAIL(EGPU_LVM_DEPTH);
+                    x->calls[x->depth].ret = pc + 1;
+                    memcpy(x->calls[x->depth].saved, &x->r[6], sizeof x->calls[x->depth].saved);
+                    x->depth++;
+                    memset(x->frames[x->depth], 0, STACK_SIZE);
+                    x->r[10] = ((R_FRAME + (uint64_t)x->depth) << REGION_SHIFT) + STACK_SIZE;
+                    pc += 1 + (size_t)(int64_t)i->imm;
+                } else {
+                    FAIL(EGPU_LVM_BAD_INSN);
+                }
+                break;
+            }
+            uint64_t m = mask(bits);
+            int t = taken(i, x->r[dst] & m, ((i->code & 0x08) ? x->r[src] : (uint64_t)(int64_t)i->imm) & m, bits);
+            if (t < 0) FAIL(EGPU_LVM_BAD_INSN);
+            pc += 1 + (t ? (size_t)(int64_t)i->off : 0);
+            break;
+        }
+        }
+    }
+out:
+    *fault_pc = (unsigned int)pc;
+    return x->fault;
+}
+
+EXPORT int egpu_lvm_exec(struct egpu_lvm_prog *p, void *mem, size_t len, unsigned long long *r0, unsigned int *pc) {
+    struct run x; /* 4.5 KiB of stack: too big for the static TLS a preloaded library may use */
+    memset(x.r, 0, sizeof x.r);
+    x.p = p, x.ctx = mem, x.ctx_size = len, x.ctx_writable = 1, x.depth = 0, x.fault = 0;
+    x.now = 0, x.grid = x.block = NULL;
+    x.r[1] = mem ? R_CTX << REGION_SHIFT : 0, x.r[2] = len;
+    *pc = 0;
+    pthread_mutex_lock(&lvm_lock);
+    int fault = execute(&x, pc);
+    pthread_mutex_unlock(&lvm_lock);
+    *r0 = x.r[0];
+    return fault;
+}
+
+/* ---- routes and the drain ---- */
+
+struct route {
+    void *function;
+    unsigned long long kernel_id;
+    int python;
+    size_t n;
+    struct egpu_lvm_prog **progs;
+};
+
+struct egpu_lvm_router {
+    struct route *slots;
+    size_t mask, count;
+};
+
+EXPORT struct egpu_lvm_router *egpu_lvm_router_new(void) {
+    struct egpu_lvm_router *r = calloc(1, sizeof *r);
+    if (r && !(r->slots = calloc(64, sizeof *r->slots))) {
+        free(r);
+        return NULL;
+    }
+    if (r) r->mask = 63;
+    return r;
+}
+
+EXPORT void egpu_lvm_router_clear(struct egpu_lvm_router *r) {
+    pthread_mutex_lock(&lvm_lock);
+    for (size_t i = 0; i <= r->mask; i++) free(r->slots[i].progs);
+    memset(r->slots, 0, (r->mask + 1) * sizeof *r->slots);
+    r->count = 0;
+    pthread_mutex_unlock(&lvm_lock);
+}
+
+EXPORT void egpu_lvm_router_free(struct egpu_lvm_router *r) {
+    if (!r) return;
+    egpu_lvm_router_clear(r);
+    free(r->slots), free(r);
+}
+
+/* Handles are keys; NULL, which the app may launch by mistake, is stored as 1 (no handle is). */
+static struct route *route_slot(struct route *slots, size_t mask, void *function) {
+    function = function ? function : (void *)1;
+    size_t i = ((uintptr_t)function >> 4) * 0x9e3779b97f4a7c15ull & mask;
+    while (slots[i].function && slots[i].function != function) i = (i + 1) & mask;
+    return &slots[i];
+}
+
+/* Under lvm_lock. */
+static int route_locked(struct egpu_lvm_router *r, void *function, unsigned long long kernel_id,
+                        struct egpu_lvm_prog *const *progs, size_t nprogs, int python) {
+    if (2 * (r->count + 1) > r->mask + 1) { /* grow: at most half full */
+        size_t mask = 2 * r->mask + 1;
+        struct route *slots = calloc(mask + 1, sizeof *slots);
+        if (!slots) return -1;
+        for (size_t i = 0; i <= r->mask; i++)
+            if (r->slots[i].function) *route_slot(slots, mask, r->slots[i].function) = r->slots[i];
+        free(r->slots);
+        r->slots = slots, r->mask = mask;
+    }
+    struct egpu_lvm_prog **copy = malloc(nprogs * sizeof *copy + 1);
+    if (!copy) return -1;
+    memcpy(copy, progs, nprogs * sizeof *copy);
+    struct route *s = route_slot(r->slots, r->mask, function);
+    if (!s->function) r->count++;
+    free(s->progs);
+    *s = (struct route){function ? function : (void *)1, kernel_id, python != 0, nprogs, copy};
+    return 0;
+}
+
+EXPORT int egpu_lvm_route(struct egpu_lvm_router *r, void *function, unsigned long long kernel_id,
+                          struct egpu_lvm_prog *const *progs, size_t nprogs, int python) {
+    pthread_mutex_lock(&lvm_lock);
+    int rc = route_locked(r, function, kernel_id, progs, nprogs, python);
+    pthread_mutex_unlock(&lvm_lock);
+    return rc;
+}
+
+EXPORT void egpu_lvm_context(const struct egpu_launch_record *rec, unsigned long long kernel_id, void *out) {
+    unsigned char *c = out;
+    unsigned long long stream = (uintptr_t)rec->stream;
+    unsigned int kind = KIND_LAUNCH;
+    memset(c, 0, CTX_SIZE);
+    memcpy(c + CTX_KERNEL_ID, &kernel_id, 8);
+    memcpy(c + CTX_LAUNCH_ID, &rec->launch_id, 8);
+    memcpy(c + CTX_KIND, &kind, 4);
+    memcpy(c + CTX_GRID, rec->grid, 12);
+    memcpy(c + CTX_BLOCK, rec->block, 12);
+    memcpy(c + CTX_STREAM, &stream, 8);
+}
+
+/* Under lvm_lock. */
+static void run_route(const struct route *rt, const struct egpu_launch_record *rec, long long offset_ns) {
+    struct run x; /* 4.5 KiB of stack: too big for the static TLS a preloaded library may use */
+    unsigned char ctx[CTX_SIZE];
+    egpu_lvm_context(rec, rt->kernel_id, ctx);
+    for (size_t k = 0; k < rt->n; k++) {
+        struct egpu_lvm_prog *p = rt->progs[k];
+        unsigned int pc;
+        memset(x.r, 0, sizeof x.r);
+        x.p = p, x.ctx = ctx, x.ctx_size = CTX_SIZE, x.ctx_writable = 0, x.depth = 0, x.fault = 0;
+        x.now = rec->time_ns + (unsigned long long)offset_ns, x.grid = rec->grid, x.block = rec->block;
+        x.r[1] = R_CTX << REGION_SHIFT;
+        int fault = execute(&x, &pc);
+        p->stats.runs++;
+        if (fault && !p->stats.faults++)
+            p->stats.fault = fault, p->stats.fault_pc = pc, p->stats.fault_launch = rec->launch_id;
+    }
+}
+
+EXPORT int egpu_lvm_run(struct egpu_lvm_router *r, const struct egpu_launch_record *rec, long long offset_ns) {
+    pthread_mutex_lock(&lvm_lock);
+    const struct route *rt = route_slot(r->slots, r->mask, rec->function);
+    if (rt->function) run_route(rt, rec, offset_ns);
+    pthread_mutex_unlock(&lvm_lock);
+    return rt->function ? 0 : -1;
+}
+
+EXPORT size_t egpu_lvm_drain(struct egpu_lvm_router *r, struct egpu_launch_record *out, size_t max,
+                             long long offset_ns, unsigned long long *taken) {
+    struct egpu_launch_record rec;
+    size_t n = 0;
+    unsigned long long t = 0;
+    pthread_mutex_lock(&lvm_lock);
+    while (n < max && egpu_shim_drain(&rec, 1)) {
+        t++;
+        const struct route *rt = route_slot(r->slots, r->mask, rec.function);
+        if (!rt->function) {
+            out[n++] = rec;
+            break;
+        }
+        run_route(rt, &rec, offset_ns);
+        if (rt->python) out[n++] = rec;
+    }
+    pthread_mutex_unlock(&lvm_lock);
+    if (taken) *taken = t;
+    return n;
+}

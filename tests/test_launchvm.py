@@ -1,0 +1,169 @@
+"""The launch probes' C engine (shim/launchvm.c, runtime/native.py) held to the Python VM: the ISA table,
+the faults, the context it builds, which probe objects it takes, and every launch probe of the tree run
+on both over the same launches with the maps compared entry by entry."""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+
+import cffi
+import pytest
+
+from egpu_preload.bpf import ctx as C
+from egpu_preload.bpf.asm import assemble
+from egpu_preload.bpf.compile import compile_probe
+from egpu_preload.runtime import launches, native
+from egpu_preload.runtime.probes import load_probe
+from isa_cases import CASES, Case
+from stub_job import ROOT
+from test_shim import built  # noqa: F401  (the shim, built once per session)
+
+
+def _header_parts() -> tuple[str, str]:
+    spec = importlib.util.spec_from_file_location("shim_build", ROOT / "shim" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.header_parts()
+
+
+@pytest.fixture(scope="module")
+def engine(built):  # noqa: F811
+    """The built shim's C API, loaded into this process (ABI mode: no hook is called, so its Python
+    never starts)."""
+    ffi = cffi.FFI()
+    ffi.cdef(_header_parts()[1])
+    return ffi, ffi.dlopen(str(built / "libegpu_shim.so"))
+
+
+def _exec(engine, code: bytes, mem: bytes | None) -> tuple[int, int, int, bytes | None]:
+    """(fault, r0, pc, memory after) of egpu_lvm_exec."""
+    ffi, lib = engine
+    p = ffi.gc(lib.egpu_lvm_prog_new(code, len(code) // 8, ffi.NULL, 0), lib.egpu_lvm_prog_free)
+    buf = ffi.new("unsigned char[]", len(mem)) if mem else ffi.NULL
+    if mem:
+        ffi.memmove(buf, mem, len(mem))
+    r0, pc = ffi.new("unsigned long long *"), ffi.new("unsigned int *")
+    fault = lib.egpu_lvm_exec(p, buf, len(mem or b""), r0, pc)
+    return fault, r0[0], pc[0], bytes(ffi.buffer(buf)) if mem else None
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_isa_case_in_c(engine, case: Case) -> None:
+    fault, r0, pc, mem = _exec(engine, assemble(case.asm), case.mem)
+    assert fault == 0, f"{native.FAULTS[fault]} at pc {pc}"
+    assert r0 == case.r0, f"r0 = 0x{r0:x}, expected 0x{case.r0:x}"
+    if case.mem_after is not None:
+        assert mem == case.mem_after
+
+
+@pytest.mark.parametrize("asm, mem, fault, pc", [
+    ("r0 = *(u64 *)(r1 + 0)\nexit", None, "bad memory access", 0),                     # NULL
+    ("r0 = *(u64 *)(r10 + 0)\nexit", None, "bad memory access", 0),                    # above the stack
+    ("r0 = *(u64 *)(r1 + 4)\nexit", b"\0" * 8, "bad memory access", 0),                # past mem's end
+    ("r1 = r10\nr1 += -12\nr2 = 1\nlock *(u64 *)(r1 + 0) += r2\nr0 = 0\nexit", None,
+     "unaligned atomic access", 3),
+    ("r0 = 0\nl: r0 += 1\ngoto l", None, "instruction budget exhausted (unbounded loop?)", 2),
+    ("call local f\nexit\nf: call local f\nexit", None, "call depth exceeds 8 frames", 2),
+    ("r1 = 0 ll\nr0 = 0\nexit", None, None, None),                                      # fine: a control
+])
+def test_faults_stop_the_run_where_they_happen(engine, asm, mem, fault, pc):
+    got, _, at, _ = _exec(engine, assemble(asm), mem)
+    assert (native.FAULTS.get(got), at if got else None) == (fault, pc)
+
+
+def test_the_context_is_the_one_ctx_py_lays_out(engine):
+    ffi, lib = engine
+    launch = launches.Launch(7, 1_000, 0x1234, 0xABC, (4, 2, 1), (128, 3, 1), "k")
+    rec = _record(ffi, launch)
+    out = ffi.new("unsigned char[]", C.SIZE)
+    lib.egpu_lvm_context(rec, 99, out)
+    assert bytes(ffi.buffer(out)) == launches.context_bytes(launch, 99)
+
+
+def _record(ffi, launch: launches.Launch):
+    return ffi.new("struct egpu_launch_record *", {
+        "launch_id": launch.launch_id, "time_ns": launch.time_ns, "function": ffi.cast("void *", launch.function),
+        "stream": ffi.cast("void *", launch.stream), "grid": list(launch.grid), "block": list(launch.block)})
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    """``probe("examples/launch_count", "v3") -> Probe``, compiled once."""
+    out = tmp_path_factory.mktemp("launchvm")
+
+    def make(path: str, mcpu: str = "v3"):
+        name = path.replace("/", "_")
+        return load_probe(compile_probe(ROOT / f"{path}.bpf.c", out / f"{name}.{mcpu}.bpf.o", mcpu=mcpu))
+    return make
+
+
+NAMES = ["_Z6vecaddPKfS0_Pfi", "_Z9vectorAddPKfS0_Pfi", "other", None]
+
+
+def _launches(n: int) -> list[launches.Launch]:
+    """Launches of four handles, one never looked up (no name), with grids and streams that vary."""
+    return [launches.Launch(i + 1, 10_000 + 37 * i, 0x1000 + 16 * (i % 4), 0x50 + i % 3,
+                            (1 + i % 5, 1 + i % 2, 1), (32 * (1 + i % 4), 1 + i % 3, 1), NAMES[i % 4])
+            for i in range(n)]
+
+
+@pytest.mark.parametrize("path, mcpu", [
+    ("examples/launch_count", "v3"), ("tests/probes/launch", "v3"), ("tests/probes/histogram", "v3"),
+    ("tests/launch_probes/launch_maps", "v3"), ("tests/launch_probes/launch_maps", "v4"),
+])
+def test_c_and_the_vm_leave_the_same_maps(engine, probe, path, mcpu):
+    """Every launch probe of the tree that the C engine takes, over 300 launches: each map's entries
+    (and their order) as the Python VM leaves them, and every run counted, none faulting."""
+    ffi, _ = engine
+    obj = probe(path, mcpu)
+    on_vm, in_c = launches.LaunchProbes([obj]), launches.LaunchProbes([obj], engine=engine)
+    assert in_c.sides[0].native is not None and not in_c.sides[0].programs
+    on_vm.offset = in_c.offset = 5_000
+    for launch in _launches(300):
+        on_vm.run(launch)
+        if launch.function not in in_c.router.python:
+            assert in_c.route(launch.function, launch.name) is False
+        in_c.router.run(_record(ffi, launch), in_c.offset)
+    vm_state, c_state = on_vm.sides[0].host_state(), in_c.sides[0].host_state()
+    for m, vm_map, c_map in zip(vm_state.maps, vm_state.storages, c_state.storages):
+        assert list(c_map.items()) == list(vm_map.items()), m.name
+    assert in_c.runs == on_vm.runs > 0 and in_c.faults() == [] == on_vm.errors
+
+
+def test_the_checked_semantics_are_reached(engine, probe):
+    """launch_maps exercises what it says: the LRU evicted but kept what was used, the hash filled up,
+    flags were refused."""
+    ffi, _ = engine
+    in_c = launches.LaunchProbes([probe("tests/launch_probes/launch_maps", "v4")], engine=engine)
+    for launch in _launches(300):
+        if launch.function not in in_c.router.python:
+            in_c.route(launch.function, launch.name)
+        in_c.router.run(_record(ffi, launch), 0)
+    state = in_c.sides[0].host_state()
+    codes = {struct.unpack("<I", k)[0]: struct.unpack("<Q", v)[0] for k, v in state.by_name("codes").items()}
+    assert codes[0] > 0 and codes[2] > 0 and codes[17] > 0 and codes[22] == 300  # 0, ENOENT, EEXIST, EINVAL
+    recent = {struct.unpack("<Q", k)[0]: struct.unpack("<Q", v[:8])[0] for k, v in state.by_name("recent").items()}
+    assert len(recent) == 4 and recent[0] > 50  # key 0, looked up every third launch, was never evicted
+
+
+@pytest.mark.parametrize("path, why", [
+    ("examples/launch_latency", "map enqueue_ns is shared with GPU programs"),
+    ("tests/probes/ringbuf", None),
+])
+def test_objects_the_c_engine_leaves_to_the_vm(engine, probe, path, why):
+    obj = probe(path)
+    sides = launches.LaunchProbes([obj], engine=engine).sides
+    if why is None:  # no launch program at all
+        assert sides == [None]
+        return
+    assert sides[0].native is None and sides[0].programs and sides[0].refusal == why
+
+
+def test_a_refusal_names_the_helper(probe):
+    obj = probe("tests/launch_probes/launch_maps")
+    (p,) = [p for p in obj.obj.programs if p.attach.kind == "launch"]
+    printk = assemble("r1 = r10\nr1 += -8\n*(u64 *)(r1 + 0) = 0\nr2 = 8\ncall 6\nr0 = 0\nexit")
+    import dataclasses
+    assert native.refusal([dataclasses.replace(p, code=printk)], obj.obj.maps, set(), set()) == \
+        f"{p.name} calls trace_printk"
