@@ -8,7 +8,9 @@
  * the rest stay on the Python VM.
  *
  * Addresses are the VM's: region k at k << 36 (the context, one region per call frame, one per map's
- * values), every access bounds-checked, so a verifier bug faults the run instead of the application.
+ * values), every access bounds-checked against the value it falls in, so a verifier bug faults the run
+ * instead of the application. As in the kernel (and unlike the VM, which keeps an orphaned value), a
+ * pointer kept across a delete or an eviction reaches the slot's next value.
  * One lock guards every map and route: runs hold it, and so do the runtime's reads and routes.
  */
 #ifndef EGPU_LAUNCHVM_H
@@ -35,8 +37,9 @@ struct egpu_lvm_stats {
     unsigned long long fault_launch;/* its launch id */
 };
 
-/* A map of `type` (bpf/program.py MAP_*; NULL for another type or no memory). `initial` (may be
- * NULL) fills the start of value 0, as global data's initial bytes; a read-only map refuses writes. */
+/* A map of `type` (bpf/program.py MAP_*); NULL for another type, a shape past launchvm.c's limits, an
+ * array key other than 4 bytes, or no memory. `initial` (may be NULL) fills the start of value 0, as
+ * global data's initial bytes; a read-only map refuses writes. */
 struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, unsigned int value_size,
                                       unsigned int max_entries, int readonly, const void *initial,
                                       size_t initial_size);

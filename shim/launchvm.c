@@ -27,6 +27,10 @@ enum { BPF_ANY, BPF_NOEXIST, BPF_EXIST };
 /* lddw map[k]: a handle in a region past any map's, so no access can use it (vm/machine.py's). */
 #define MAP_HANDLE(k) ((((1ull << 27) - 1) << REGION_SHIFT) + (k))
 #define TOMB (-1)
+/* Shapes a map may have here (runtime/native.py sends larger ones to the Python VM): sizes stay far
+ * from overflowing an int slot number or a size_t product. */
+#define MAX_ENTRIES (1u << 24)
+#define MAX_VALUE (1u << 20)
 
 /* struct egpu_ctx (egpu_preload/bpf/ctx.py; test_launchvm.py compares egpu_lvm_context with it) */
 #define CTX_SIZE 144
@@ -69,18 +73,21 @@ EXPORT void egpu_lvm_map_free(struct egpu_lvm_map *m) {
 EXPORT struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, unsigned int value_size,
                                              unsigned int max_entries, int readonly, const void *initial,
                                              size_t initial_size) {
-    if (type != MAP_HASH && type != MAP_ARRAY && type != MAP_PERCPU_ARRAY && type != MAP_LRU_HASH) return NULL;
+    int hash = type == MAP_HASH || type == MAP_LRU_HASH;
+    if (!hash && type != MAP_ARRAY && type != MAP_PERCPU_ARRAY) return NULL;
+    if (max_entries > MAX_ENTRIES || !value_size || value_size > MAX_VALUE || !key_size || key_size > MAX_VALUE ||
+        (!hash && key_size != 4))
+        return NULL;
     struct egpu_lvm_map *m = calloc(1, sizeof *m);
     if (!m) return NULL;
-    *m = (struct egpu_lvm_map){type, readonly, key_size, value_size, max_entries,
-                               value_size ? (value_size + 7u) & ~7u : 8u};
+    *m = (struct egpu_lvm_map){type, readonly, key_size, value_size, max_entries, (value_size + 7u) & ~7u};
     m->head = m->tail = -1;
     m->values = calloc((size_t)max_entries + 1, m->stride);
     m->scratch = malloc((size_t)key_size + value_size + 1);
     int ok = m->values && m->scratch;
-    if (ok && is_hash(m)) {
+    if (ok && hash) {
         unsigned int size = 8;
-        while (size < 2u * max_entries + 2) size <<= 1;
+        while (size < 2u * max_entries + 2) size <<= 1; /* at most 2^26: MAX_ENTRIES */
         m->index_mask = size - 1;
         m->index = calloc(size, sizeof *m->index);
         m->keys = malloc((size_t)max_entries * key_size + 1);
@@ -313,8 +320,11 @@ static unsigned char *at(struct run *x, uint64_t addr, size_t size, int write) {
     } else if (region >= R_FRAME && region - R_FRAME <= (uint64_t)x->depth) {
         base = x->frames[region - R_FRAME], limit = STACK_SIZE;
     } else if (region >= R_MAP && region - R_MAP < x->p->nmaps && x->p->maps[region - R_MAP]) {
+        /* one value: the VM maps each value as a region of its own */
         const struct egpu_lvm_map *m = x->p->maps[region - R_MAP];
-        base = m->values, limit = (uint64_t)m->max_entries * m->stride, writable = !m->readonly;
+        uint64_t slot = off / m->stride;
+        base = m->values, writable = !m->readonly;
+        limit = slot < m->max_entries ? slot * m->stride + m->value_size : 0;
     } else {
         x->fault = EGPU_LVM_BAD_ACCESS;
         return NULL;
@@ -445,7 +455,7 @@ static int taken(const struct insn *i, uint64_t a, uint64_t b, int bits) {
 
 static int store_dim3(struct run *x, const unsigned int *v) {
     static const unsigned int zero[3];
-    v = v ? v : zero;
+    v = v ? v : zero; /* block_idx, thread_idx */
     for (int k = 0; k < 3; k++)
         if (store(x, x->r[k + 1], 8, v[k])) return -1;
     x->r[0] = 0;
@@ -520,7 +530,7 @@ static int execute(struct run *x, unsigned int *fault_pc) {
             if (src == 0) {
                 x->r[dst] = (uint64_t)hi << 32 | lo;
             } else if (src == 5) { /* map by index */
-                if (lo >= p->nmaps || !p->maps[lo]) FAIL(EGPU_LVM_NOT_A_MAP);
+                if (hi || lo >= p->nmaps || !p->maps[lo]) FAIL(EGPU_LVM_NOT_A_MAP);
                 x->r[dst] = MAP_HANDLE(lo);
             } else if (src == 6) { /* a map's value 0 (global data) + offset */
                 if (lo >= p->nmaps || !p->maps[lo] || is_hash(p->maps[lo])) FAIL(EGPU_LVM_NOT_A_MAP);
@@ -572,7 +582,9 @@ static int execute(struct run *x, unsigned int *fault_pc) {
             int op = i->code & 0xf0;
             bits = cls == 5 ? 64 : 32;
             if (op == 0x00) { /* ja; ja32 (gotol) jumps by imm */
-                pc += 1 + (size_t)(int64_t)(cls == 5 ? i->off : i->imm);
+                size_t to = pc + 1 + (size_t)(int64_t)(cls == 5 ? i->off : i->imm);
+                if (to >= p->n) FAIL(EGPU_LVM_BAD_INSN);
+                pc = to;
                 break;
             }
             if (op == 0x90 && cls == 5) { /* exit */
@@ -590,6 +602,7 @@ static int execute(struct run *x, unsigned int *fault_pc) {
                     if (r > 0) return EGPU_LVM_OK;
                     pc++;
                 } else if (src == 1) {
+                    if (pc + 1 + (size_t)(int64_t)i->imm >= p->n) FAIL(EGPU_LVM_BAD_INSN);
                     if (x->depth + 1 >= MAX_FRAMES) FAIL(EGPU_LVM_DEPTH);
                     x->calls[x->depth].ret = pc + 1;
                     memcpy(x->calls[x->depth].saved, &x->r[6], sizeof x->calls[x->depth].saved);
@@ -604,7 +617,7 @@ static int execute(struct run *x, unsigned int *fault_pc) {
             }
             uint64_t m = mask(bits);
             int t = taken(i, x->r[dst] & m, ((i->code & 0x08) ? x->r[src] : (uint64_t)(int64_t)i->imm) & m, bits);
-            if (t < 0) FAIL(EGPU_LVM_BAD_INSN);
+            if (t < 0 || (t && pc + 1 + (size_t)(int64_t)i->off >= p->n)) FAIL(EGPU_LVM_BAD_INSN);
             pc += 1 + (t ? (size_t)(int64_t)i->off : 0);
             break;
         }
@@ -616,10 +629,11 @@ out:
 }
 
 EXPORT int egpu_lvm_exec(struct egpu_lvm_prog *p, void *mem, size_t len, unsigned long long *r0, unsigned int *pc) {
+    static const unsigned int one[3] = {1, 1, 1};
     struct run x; /* 4.5 KiB of stack: too big for the static TLS a preloaded library may use */
     memset(x.r, 0, sizeof x.r);
     x.p = p, x.ctx = mem, x.ctx_size = len, x.ctx_writable = 1, x.depth = 0, x.fault = 0;
-    x.now = 0, x.grid = x.block = NULL;
+    x.now = 0, x.grid = x.block = one;
     x.r[1] = mem ? R_CTX << REGION_SHIFT : 0, x.r[2] = len;
     *pc = 0;
     pthread_mutex_lock(&lvm_lock);
@@ -741,9 +755,10 @@ static void run_route(const struct route *rt, const struct egpu_launch_record *r
 EXPORT int egpu_lvm_run(struct egpu_lvm_router *r, const struct egpu_launch_record *rec, long long offset_ns) {
     pthread_mutex_lock(&lvm_lock);
     const struct route *rt = route_slot(r->slots, r->mask, rec->function);
-    if (rt->function) run_route(rt, rec, offset_ns);
+    int found = rt->function != NULL;
+    if (found) run_route(rt, rec, offset_ns);
     pthread_mutex_unlock(&lvm_lock);
-    return rt->function ? 0 : -1;
+    return found ? 0 : -1;
 }
 
 EXPORT size_t egpu_lvm_drain(struct egpu_lvm_router *r, struct egpu_launch_record *out, size_t max,

@@ -167,3 +167,94 @@ def test_a_refusal_names_the_helper(probe):
     import dataclasses
     assert native.refusal([dataclasses.replace(p, code=printk)], obj.obj.maps, set(), set()) == \
         f"{p.name} calls trace_printk"
+
+
+@pytest.mark.parametrize("shape, made", [
+    ((2, 4, 8, 16), True),                # ARRAY of 16 u64
+    ((2, 1, 8, 16), False),               # an array key is 4 bytes
+    ((1, 8, 0, 16), False),               # no value
+    ((1, 8, 8, native.MAX_ENTRIES + 1), False),
+    ((9, 8, 8, 1 << 30), False),          # refused at once (an index of 2^31 entries never fit an int)
+    ((1, 8, native.MAX_VALUE + 1, 1), False),
+    ((27, 0, 0, 4096), False),            # a ring buffer is not a C map
+])
+def test_map_shapes_past_the_limits_are_refused(engine, shape, made):
+    ffi, lib = engine
+    m = lib.egpu_lvm_map_new(*shape, 0, ffi.NULL, 0)
+    assert (m != ffi.NULL) == made
+    lib.egpu_lvm_map_free(m)
+
+
+@pytest.mark.parametrize("access", ["r0 = *(u64 *)(r0 + 0)", "r0 = *(u32 *)(r0 + 4)", "r0 = *(u32 *)(r0 + 0)"])
+def test_an_access_is_bounded_by_its_value_not_its_map(engine, access):
+    """A lookup's pointer reaches its own 4-byte value only (the VM maps each value apart), though the
+    next value lies 8 bytes on in C."""
+    from egpu_preload.bpf import program as prog
+    from egpu_preload.errors import VmError
+    from egpu_preload.vm import Vm
+    ffi, lib = engine
+    code = assemble("\n".join(["*(u32 *)(r10 - 4) = 0", "r2 = r10", "r2 += -4", "r1 = map[0] ll",
+                               "call map_lookup_elem", "if r0 == 0 goto out", access, "out:", "exit"]))
+    mapdef = prog.MapDef("a", prog.MAP_ARRAY, 4, 4, 2)
+    m = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 4, 2, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    p = ffi.gc(lib.egpu_lvm_prog_new(code, len(code) // 8, ffi.new("struct egpu_lvm_map *[]", [m]), 1),
+               lib.egpu_lvm_prog_free)
+    r0, pc = ffi.new("unsigned long long *"), ffi.new("unsigned int *")
+    fault = lib.egpu_lvm_exec(p, ffi.NULL, 0, r0, pc)
+    try:
+        Vm(code, [mapdef]).run()
+        on_vm = None
+    except VmError:
+        on_vm = "bad memory access"
+    assert native.FAULTS.get(fault) == on_vm
+    assert on_vm is None or pc[0] == 7  # the load (lddw takes two slots)
+
+
+@pytest.mark.parametrize("asm, pc", [
+    ("goto +5\nexit", 0), ("r0 = 1\nif r0 == 1 goto +7\nexit", 1), ("call local +9\nexit", 0)])
+def test_a_jump_out_of_the_program_faults_where_it_is(engine, asm, pc):
+    fault, _, at, _ = _exec(engine, assemble(asm), None)
+    assert (native.FAULTS[fault], at) == ("invalid instruction", pc)
+
+
+def _map_op(op: str, key: int, value: int, flags: int) -> bytes:
+    """r1's u64 <- what one helper call on map 0 returned: update's or delete's code, a lookup's value
+    (-1 when absent)."""
+    call = {"lookup": ["call map_lookup_elem", "if r0 == 0 goto none", "r0 = *(u64 *)(r0 + 0)", "goto out",
+                       "none: r0 = -1", "out:"],
+            "update": ["r3 = r10", "r3 += -16", f"r4 = {flags}", "call map_update_elem"],
+            "delete": ["call map_delete_elem"]}[op]
+    return assemble("\n".join(["r6 = r1", f"r7 = {key}", "*(u64 *)(r10 - 8) = r7", f"r7 = {value}",
+                               "*(u64 *)(r10 - 16) = r7", "r1 = map[0] ll", "r2 = r10", "r2 += -8", *call,
+                               "*(u64 *)(r6 + 0) = r0", "exit"]))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_hash_sessions_match_the_vm(engine, seed):
+    """Lookups, updates with every flag (and a bad one) and deletes on a small HASH or LRU_HASH, more
+    keys than it holds: every result as the VM's, and the entries in the VM's order along the way."""
+    import random
+    from egpu_preload.bpf import program as prog
+    from egpu_preload.maps import MapsState
+    from egpu_preload.vm import Vm
+    ffi, lib = engine
+    rng = random.Random(seed)
+    mtype, size = rng.choice([prog.MAP_HASH, prog.MAP_LRU_HASH]), rng.randint(1, 12)
+    mapdef = prog.MapDef("m", mtype, 8, 8, size)
+    state = MapsState([mapdef])
+    m = ffi.gc(lib.egpu_lvm_map_new(mtype, 8, 8, size, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    table = ffi.new("struct egpu_lvm_map *[]", [m])
+    out, r0, pc = ffi.new("unsigned char[]", 8), ffi.new("unsigned long long *"), ffi.new("unsigned int *")
+    for step in range(150):
+        op = rng.choice(["lookup", "update", "update", "update", "delete"])
+        code = _map_op(op, rng.randrange(3 * size + 2), rng.randrange(1000), rng.choice([0, 0, 1, 2, 3]))
+        on_vm = Vm(code, [mapdef], state).run_with_mem(bytes(8))[1]
+        p = ffi.gc(lib.egpu_lvm_prog_new(code, len(code) // 8, table, 1), lib.egpu_lvm_prog_free)
+        assert lib.egpu_lvm_exec(p, out, 8, r0, pc) == 0
+        assert bytes(ffi.buffer(out)) == on_vm, (step, op)
+        if step % 10 == 9:
+            n = lib.egpu_lvm_map_read(m, ffi.NULL, ffi.NULL, 0)
+            keys, values = ffi.new("unsigned char[]", 8 * n + 1), ffi.new("unsigned char[]", 8 * n + 1)
+            lib.egpu_lvm_map_read(m, keys, values, n)
+            kb, vb = ffi.buffer(keys), ffi.buffer(values)
+            assert [(kb[8 * i:8 * i + 8], vb[8 * i:8 * i + 8]) for i in range(n)] == list(state.storages[0].items())

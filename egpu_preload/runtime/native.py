@@ -24,6 +24,7 @@ MAP_TYPES = frozenset((prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_HASH, pro
 # launchvm.c's helper(): every helper but those that send records or text to the host
 NATIVE_HELPERS = frozenset(HELPERS) - {BY_NAME[n].id for n in (
     "trace_printk", "perf_event_output", "ringbuf_output", "ringbuf_reserve", "ringbuf_submit", "ringbuf_discard")}
+MAX_ENTRIES, MAX_VALUE = 1 << 24, 1 << 20  # launchvm.c's limits on a map's shape
 FAULTS = {1: "bad memory access", 2: "write to read-only memory", 3: "unaligned atomic access",
           4: "not a map", 5: "invalid instruction", 6: "call depth exceeds 8 frames",
           7: "instruction budget exhausted (unbounded loop?)", 8: "out of memory"}
@@ -36,8 +37,11 @@ def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used:
     if shared:
         return f"map {maps[min(shared)].name} is shared with GPU programs"
     for i in sorted(used):
-        if maps[i].type not in MAP_TYPES:
-            return f"map {maps[i].name} is a {prog.MAP_TYPE_NAMES.get(maps[i].type, maps[i].type)}"
+        m = maps[i]
+        if m.type not in MAP_TYPES:
+            return f"map {m.name} is a {prog.MAP_TYPE_NAMES.get(m.type, m.type)}"
+        if m.max_entries > MAX_ENTRIES or not 0 < m.value_size <= MAX_VALUE or not 0 < m.key_size <= MAX_VALUE:
+            return f"map {m.name} is larger than the C engine takes ({MAX_ENTRIES} entries of {MAX_VALUE} bytes)"
     for p in programs:
         for insn in decode(p.code):
             if insn.kind == "call" and insn.src == isa.CALL_BTF:
