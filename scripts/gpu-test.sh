@@ -26,6 +26,6 @@ fi
   for b in ${GPU_BENCH:-bench/bench_*.py}; do  # bench/suite.py runs on its own (one device call)
     [ -f "$b" ] || continue
     echo "## bench $b"
-    timeout 300 python3 "$b" "$OUT/$(basename "${b%.py}").json" 2>&1 || echo "bench $b failed: $?"
+    timeout "${GPU_BENCH_TIMEOUT:-400}" python3 "$b" "$OUT/$(basename "${b%.py}").json" 2>&1 || echo "bench $b failed: $?"
   done
 } 2>&1 | tee "$OUT/gpu-test.log"
