@@ -142,8 +142,13 @@ def dump_facts(session: Path) -> dict[str, Any]:
 
 
 def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per module its load's timings, the ring records kept and dropped, and the shim's counters summed
+    over the processes (python_calls against launches says whether a hook went into Python often)."""
     modules, records, drops = [], 0, 0
+    stats: dict[str, int] = {}
     for d in docs:
+        for name, n in d.get("stats", {}).items():
+            stats[name] = stats.get(name, 0) + n
         probes_ms = d.get("timing", {}).get("probes_ms")
         for m in d.get("modules", []):
             timing = m.get("timing") or {}
@@ -155,7 +160,7 @@ def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
                 if "records" in storage and "drops" in storage:
                     records += len(storage["records"])
                     drops += storage["drops"]
-    return {"modules": modules, "trace": {"records": records, "drops": drops}}
+    return {"modules": modules, "trace": {"records": records, "drops": drops}, "shim_stats": stats}
 
 
 def hot_swap(work: Path, env: dict[str, str], probes: dict[str, Path], seconds: float) -> dict[str, Any]:

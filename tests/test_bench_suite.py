@@ -209,11 +209,13 @@ def test_facts_from_dumps(suite):
                           "kernels": [["a", "instrumented", ""], ["b", "untouched", ""]]},
                          {"image": "cubin", "status": "SASS only", "timing": {}, "kernels": []}],
              "probes": [{"maps": [{"values": [b"\0" * 8]}, {"records": [b"r1", b"r2"], "drops": 5}]}]},
-            {"modules": [], "probes": [{"maps": [{"records": [b"r3"], "drops": 1}]}]}]
+            {"modules": [], "probes": [{"maps": [{"records": [b"r3"], "drops": 1}]}],
+             "stats": {"launches": 10, "python_calls": 4}}]
+    docs[0]["stats"] = {"launches": 5, "python_calls": 1}
     assert suite.facts_from_dumps(docs) == {
         "modules": [{"image": "fatbin compute_90", "status": "instrumented", "probes_ms": 4.0, "kernels": 1,
                      "rewrite_ms": 2.0, "driver_ms": 9.0}],
-        "trace": {"records": 3, "drops": 6}}
+        "trace": {"records": 3, "drops": 6}, "shim_stats": {"launches": 15, "python_calls": 5}}
 
 
 @pytest.mark.parametrize("name, modes", [
