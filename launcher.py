@@ -85,9 +85,11 @@ def disasm_cmd(obj: Path) -> None:
 @egpu.command("verify")
 def verify_cmd(obj: Path) -> None:
     """Verify each program of a probe object; a rejection prints where, why and the verifier log (exit 1).
-    Then the maps the GPU keeps in rows per SM (counters only added to: translate/striping.py)."""
+    Then the maps the GPU keeps in rows per SM (counters only added to: translate/striping.py), and
+    where launch programs run (runtime/native.py)."""
     from egpu_preload.bpf.elf import load_object
     from egpu_preload.bpf.verifier import verify
+    from egpu_preload.runtime import launches, native
     from egpu_preload.translate.devmaps import layout
     from egpu_preload.translate.striping import stripe_counters
     try:
@@ -102,6 +104,11 @@ def verify_cmd(obj: Path) -> None:
                 rows = layout(m).spread
                 typer.echo(f"map {m.name}: only added to ({m.stripe}-byte adds): {rows} row{'s' * (rows > 1)} "
                            "per SM, summed when read")
+        launch, used, shared = launches.launch_side(bpf)
+        if launch:
+            why = native.refusal(launch, bpf.maps, used, shared)
+            typer.echo("launch programs: in C (the shim's interpreter)" if why is None
+                       else f"launch programs: on the Python VM ({why})")
     except EgpuError as e:
         _fail(e.where(file=str(obj)))
 

@@ -351,3 +351,15 @@ def test_cli_verify_bad_files(tmp_path, probe_obj, what):
     assert r.exit_code == 1
     assert len(r.output.splitlines()) == 1 and r.output.startswith(f"egpu: {path}: ")
     assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("source, where", [
+    ("tests/probes/launch", "launch programs: in C (the shim's interpreter)"),
+    ("examples/launch_latency", "launch programs: on the Python VM (map enqueue_ns is shared with GPU programs)"),
+])
+def test_cli_verify_says_where_launch_programs_run(tmp_path, source, where):
+    from egpu_preload.bpf.compile import compile_probe
+    root = Path(__file__).resolve().parent.parent
+    r = _egpu("verify", str(compile_probe(root / f"{source}.bpf.c", tmp_path / "p.bpf.o")))
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[-1] == where

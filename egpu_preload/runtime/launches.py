@@ -57,6 +57,7 @@ from egpu_preload.bpf import ctx as C
 from egpu_preload.bpf import program as prog
 from egpu_preload.bpf import isa
 from egpu_preload.bpf.decode import decode
+from egpu_preload.bpf.program import BpfObject
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, MapStorage
 from egpu_preload.runtime import mapsync, native
@@ -179,17 +180,22 @@ class ProbeMaps:
         return st
 
 
+def launch_side(obj: BpfObject) -> tuple[list[prog.Program], set[int], set[int]]:
+    """An object's launch programs, the maps they use, and which of those GPU programs use too."""
+    launch = [p for p in obj.programs if p.attach.kind == "launch"]
+    by_launch = set().union(*(maps_used(p.code) for p in launch)) if launch else set()
+    others = [p for p in obj.programs if p.attach.kind != "launch"]
+    by_gpu = set().union(*(maps_used(p.code) for p in others)) if others else set()
+    return launch, by_launch, by_launch & by_gpu
+
+
 def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps | None:
     """The launch side of a probe object, None when it has no launch programs; in C when ``engine``
     (the shim's ffi and lib) is given and runtime/native.py takes it."""
-    launch = [p for p in probe.obj.programs if p.attach.kind == "launch"]
+    launch, by_launch, shared = launch_side(probe.obj)
     if not launch:
         return None
-    by_launch = set().union(*(maps_used(p.code) for p in launch))
-    others = [p for p in probe.obj.programs if p.attach.kind != "launch"]
-    by_gpu = set().union(*(maps_used(p.code) for p in others)) if others else set()
     state = MapsState(probe.obj.maps)
-    shared = by_launch & by_gpu
     if engine is not None:
         refusal = native.refusal(launch, probe.obj.maps, by_launch, shared)
         if refusal is None:
@@ -201,7 +207,7 @@ def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps
         if probe.obj.maps[i].type not in RING_TYPES:
             state.storages[i] = Touched(state.storages[i])  # type: ignore[call-overload]
     return ProbeMaps(probe, state, [(p, Vm(p.code, probe.obj.maps, state, compiled=True)) for p in launch],
-                     by_launch - by_gpu, shared, refusal=refusal)
+                     by_launch - shared, shared, refusal=refusal)
 
 
 @dataclass(frozen=True)
