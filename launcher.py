@@ -104,9 +104,9 @@ def verify_cmd(obj: Path) -> None:
                 rows = layout(m).spread
                 typer.echo(f"map {m.name}: only added to ({m.stripe}-byte adds): {rows} row{'s' * (rows > 1)} "
                            "per SM, summed when read")
-        launch, used, shared = launches.launch_side(bpf)
+        launch, used, _ = launches.launch_side(bpf)
         if launch:
-            why = native.refusal(launch, bpf.maps, used, shared)
+            why = native.refusal(launch, bpf.maps, used)
             typer.echo("launch programs: in C (the shim's interpreter)" if why is None
                        else f"launch programs: on the Python VM ({why})")
     except EgpuError as e:

@@ -4,8 +4,7 @@
  * host maps a launch probe needs (ARRAY, PERCPU_ARRAY, HASH, LRU_HASH, global data), so that the
  * runtime's thread turns launch records into map updates without Python: a few hundred ns a record
  * where the Python VM took tens of us. egpu_preload/runtime/native.py decides which probe objects run
- * here (only maps of those types, used by launch programs alone, and helpers listed in launchvm.c),
- * the rest stay on the Python VM.
+ * here (only maps of those types, and helpers listed in launchvm.c), the rest stay on the Python VM.
  *
  * Addresses are the VM's: region k at k << 36 (the context, one region per call frame, one per map's
  * values), every access bounds-checked against the value it falls in, so a verifier bug faults the run
@@ -44,6 +43,14 @@ struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, unsigned 
                                       unsigned int max_entries, int readonly, const void *initial,
                                       size_t initial_size);
 void egpu_lvm_map_free(struct egpu_lvm_map *m);
+/* Log the keys programs change in `m` (a map GPU programs share: the runtime copies them into the
+ * device's copy, runtime/mapsync.py): updated and deleted keys, and looked-up values written through
+ * the pointer (compared after the run, as launches.py's Touched does). */
+void egpu_lvm_map_track(struct egpu_lvm_map *m);
+/* Take up to `max` of the logged keys, oldest first, each with its value now in `values` and
+ * present[k] = 1 (0: the key is gone; its value zeros). Returns how many were logged before the take. */
+size_t egpu_lvm_map_changes(struct egpu_lvm_map *m, void *keys, void *values, unsigned char *present,
+                            size_t max);
 /* Copy up to `max` entries, in the order the reference VM keeps them (index order; hash: insertion
  * order, LRU: least recent first), into keys (key_size each) and values (value_size each); returns
  * how many the map holds. */

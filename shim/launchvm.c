@@ -31,6 +31,8 @@ enum { BPF_ANY, BPF_NOEXIST, BPF_EXIST };
  * from overflowing an int slot number or a size_t product. */
 #define MAX_ENTRIES (1u << 24)
 #define MAX_VALUE (1u << 20)
+#define WATCHES 16
+#define WATCH_BYTES 2048
 
 /* struct egpu_ctx (egpu_preload/bpf/ctx.py; test_launchvm.py compares egpu_lvm_context with it) */
 #define CTX_SIZE 144
@@ -58,6 +60,11 @@ struct egpu_lvm_map {
     int *prev, *next, head, tail; /* live slots in the VM's order: insertion (LRU: use), oldest first */
     int *free_slots, nfree;
     unsigned char *scratch;   /* an update's key and value, copied before anything moves */
+    /* shared with GPU programs (egpu_lvm_map_track): the keys changed since the runtime last took them */
+    int track;
+    unsigned char *dirty;     /* the keys, in the order they changed */
+    size_t ndirty, dirty_mask;
+    uint32_t *dirty_index;    /* open addressing over them: position + 1, 0 empty */
 };
 
 static int is_hash(const struct egpu_lvm_map *m) {
@@ -67,7 +74,7 @@ static int is_hash(const struct egpu_lvm_map *m) {
 EXPORT void egpu_lvm_map_free(struct egpu_lvm_map *m) {
     if (!m) return;
     free(m->values), free(m->keys), free(m->index), free(m->prev), free(m->next), free(m->free_slots);
-    free(m->scratch), free(m);
+    free(m->scratch), free(m->dirty), free(m->dirty_index), free(m);
 }
 
 EXPORT struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, unsigned int value_size,
@@ -160,10 +167,53 @@ static void hash_remove(struct egpu_lvm_map *m, int s, unsigned int pos) {
     m->free_slots[m->nfree++] = s;
 }
 
+static void dirty_reindex(struct egpu_lvm_map *m) {
+    memset(m->dirty_index, 0, (m->dirty_mask + 1) * sizeof *m->dirty_index);
+    for (size_t k = 0; k < m->ndirty; k++) {
+        size_t i = hash_key(m->dirty + k * m->key_size, m->key_size) & m->dirty_mask;
+        while (m->dirty_index[i]) i = (i + 1) & m->dirty_mask;
+        m->dirty_index[i] = (uint32_t)(k + 1);
+    }
+}
+
+/* Log `key` of a tracked map as changed (once until taken); -1 when memory is out. */
+static int dirty_add(struct egpu_lvm_map *m, const unsigned char *key) {
+    if (!m->track) return 0;
+    if (2 * (m->ndirty + 1) > m->dirty_mask + 1) { /* the index at most half full, the keys beside it */
+        size_t mask = m->dirty_mask ? 2 * m->dirty_mask + 1 : 15;
+        unsigned char *keys = realloc(m->dirty, (mask + 1) / 2 * m->key_size);
+        if (!keys) return -1;
+        m->dirty = keys;
+        uint32_t *index = realloc(m->dirty_index, (mask + 1) * sizeof *index);
+        if (!index) return -1;
+        m->dirty_index = index, m->dirty_mask = mask;
+        dirty_reindex(m);
+    }
+    size_t i = hash_key(key, m->key_size) & m->dirty_mask;
+    for (; m->dirty_index[i]; i = (i + 1) & m->dirty_mask)
+        if (!memcmp(m->dirty + (size_t)(m->dirty_index[i] - 1) * m->key_size, key, m->key_size)) return 0;
+    memcpy(m->dirty + m->ndirty * m->key_size, key, m->key_size);
+    m->dirty_index[i] = (uint32_t)++m->ndirty;
+    return 0;
+}
+
+EXPORT void egpu_lvm_map_track(struct egpu_lvm_map *m) {
+    pthread_mutex_lock(&lvm_lock);
+    m->track = 1;
+    pthread_mutex_unlock(&lvm_lock);
+}
+
 static unsigned int array_index(const unsigned char *key) {
     uint32_t i;
     memcpy(&i, key, 4);
     return i;
+}
+
+/* The slot of `key` (-1: none), without counting as use. */
+static int map_peek(const struct egpu_lvm_map *m, const unsigned char *key) {
+    unsigned int pos;
+    if (!is_hash(m)) return array_index(key) < m->max_entries ? (int)array_index(key) : -1;
+    return hash_find(m, key, &pos);
 }
 
 /* The slot of `key` (-1: none). An LRU lookup counts as use (maps.py LruHashStorage). */
@@ -253,6 +303,28 @@ EXPORT size_t egpu_lvm_map_read(struct egpu_lvm_map *m, void *keys, void *values
     return n;
 }
 
+EXPORT size_t egpu_lvm_map_changes(struct egpu_lvm_map *m, void *keys, void *values, unsigned char *present,
+                                   size_t max) {
+    pthread_mutex_lock(&lvm_lock);
+    size_t total = m->ndirty, n = total < max ? total : max;
+    for (size_t k = 0; k < n; k++) {
+        const unsigned char *key = m->dirty + k * m->key_size;
+        int s = map_peek(m, key);
+        unsigned char *value = (unsigned char *)values + k * m->value_size;
+        memcpy((unsigned char *)keys + k * m->key_size, key, m->key_size);
+        present[k] = s >= 0;
+        if (s >= 0) memcpy(value, m->values + (size_t)s * m->stride, m->value_size);
+        else memset(value, 0, m->value_size);
+    }
+    if (n) {
+        memmove(m->dirty, m->dirty + n * m->key_size, (total - n) * m->key_size);
+        m->ndirty = total - n;
+        dirty_reindex(m);
+    }
+    pthread_mutex_unlock(&lvm_lock);
+    return total;
+}
+
 /* ---- programs ---- */
 
 struct insn {
@@ -307,8 +379,42 @@ struct run {
     uint64_t now;                 /* ktime_get_ns and get_globaltimer */
     const unsigned int *grid, *block;
     struct { size_t ret; uint64_t saved[4]; } calls[MAX_FRAMES];
+    /* values of tracked maps a lookup handed out, as they were: a key whose value differs after the
+     * run was written through the pointer (launches.py's Touched) */
+    int nwatch;
+    size_t watch_used;
+    struct { struct egpu_lvm_map *m; size_t at; } watches[WATCHES];
+    unsigned char watch_buf[WATCH_BYTES];
     unsigned char frames[MAX_FRAMES][STACK_SIZE];
 };
+
+/* Remember slot `s` of `m` (looked up by `key`) as it is now; a value too big to keep is logged as
+ * changed at once. */
+static int watch(struct run *x, struct egpu_lvm_map *m, const unsigned char *key, int s) {
+    if (!m->track || s < 0) return 0;
+    for (int k = 0; k < x->nwatch; k++) /* the value as it was first handed out counts */
+        if (x->watches[k].m == m && !memcmp(x->watch_buf + x->watches[k].at, key, m->key_size)) return 0;
+    size_t need = (size_t)m->key_size + m->value_size;
+    if (x->nwatch == WATCHES || x->watch_used + need > WATCH_BYTES) return dirty_add(m, key);
+    unsigned char *w = x->watch_buf + x->watch_used;
+    memcpy(w, key, m->key_size);
+    memcpy(w + m->key_size, m->values + (size_t)s * m->stride, m->value_size);
+    x->watches[x->nwatch].m = m, x->watches[x->nwatch].at = x->watch_used;
+    x->nwatch++, x->watch_used += need;
+    return 0;
+}
+
+/* After a run: log the watched keys whose values changed (a deleted key logged itself). */
+static void settle(struct run *x) {
+    for (int k = 0; k < x->nwatch; k++) {
+        struct egpu_lvm_map *m = x->watches[k].m;
+        const unsigned char *key = x->watch_buf + x->watches[k].at;
+        int s = map_peek(m, key);
+        if (s >= 0 && memcmp(m->values + (size_t)s * m->stride, key + m->key_size, m->value_size) && dirty_add(m, key))
+            x->fault = x->fault ? x->fault : EGPU_LVM_NO_MEMORY;
+    }
+    x->nwatch = 0, x->watch_used = 0;
+}
 
 /* The host address of [addr, addr + size) in the run's memory; NULL (and the fault set) if outside. */
 static unsigned char *at(struct run *x, uint64_t addr, size_t size, int write) {
@@ -468,21 +574,28 @@ static int store_dim3(struct run *x, const unsigned int *v) {
 static int helper(struct run *x, int32_t id) {
     struct egpu_lvm_map *m;
     size_t index;
-    unsigned char *key, *value;
+    unsigned char *key, *value, index_key[4];
     switch (id) {
-    case 1: /* map_lookup_elem */
+    case 1: { /* map_lookup_elem */
         if (!(m = map_of(x, 1, &index)) || !(key = at(x, x->r[2], m->key_size, 0))) return -1;
-        x->r[0] = value_address(index, m, map_lookup(m, key));
+        int s = map_lookup(m, key);
+        if (watch(x, m, key, s)) break;
+        x->r[0] = value_address(index, m, s);
         return 0;
+    }
     case 2: /* map_update_elem */
         if (!(m = map_of(x, 1, &index)) || !(key = at(x, x->r[2], m->key_size, 0)) ||
             !(value = at(x, x->r[3], m->value_size, 0)))
             return -1;
+        if (!is_hash(m)) memcpy(index_key, key, 4); /* an array's update may overwrite where the key was */
         x->r[0] = (uint64_t)(m->readonly ? -EINVAL : map_update(m, key, value, x->r[4]));
+        /* a hash update left the key in scratch */
+        if (x->r[0] == 0 && dirty_add(m, is_hash(m) ? m->scratch : index_key)) break;
         return 0;
     case 3: /* map_delete_elem */
         if (!(m = map_of(x, 1, &index)) || !(key = at(x, x->r[2], m->key_size, 0))) return -1;
         x->r[0] = (uint64_t)map_delete(m, key);
+        if (x->r[0] == 0 && dirty_add(m, key)) break;
         return 0;
     case 5: case 502: /* ktime_get_ns, get_globaltimer */
         x->r[0] = x->now;
@@ -500,6 +613,8 @@ static int helper(struct run *x, int32_t id) {
         x->fault = EGPU_LVM_BAD_INSN;
         return -1;
     }
+    x->fault = EGPU_LVM_NO_MEMORY; /* a tracked map's change could not be logged */
+    return -1;
 }
 
 #define FAIL(kind) do { x->fault = (kind); goto out; } while (0)
@@ -534,7 +649,10 @@ static int execute(struct run *x, unsigned int *fault_pc) {
                 x->r[dst] = MAP_HANDLE(lo);
             } else if (src == 6) { /* a map's value 0 (global data) + offset */
                 if (lo >= p->nmaps || !p->maps[lo] || is_hash(p->maps[lo])) FAIL(EGPU_LVM_NOT_A_MAP);
-                x->r[dst] = value_address(lo, p->maps[lo], p->maps[lo]->max_entries ? 0 : -1) + hi;
+                static const unsigned char key0[4];
+                int s0 = p->maps[lo]->max_entries ? 0 : -1;
+                if (watch(x, p->maps[lo], key0, s0)) FAIL(EGPU_LVM_NO_MEMORY);
+                x->r[dst] = value_address(lo, p->maps[lo], s0) + hi;
             } else {
                 FAIL(EGPU_LVM_BAD_INSN);
             }
@@ -637,7 +755,10 @@ EXPORT int egpu_lvm_exec(struct egpu_lvm_prog *p, void *mem, size_t len, unsigne
     x.r[1] = mem ? R_CTX << REGION_SHIFT : 0, x.r[2] = len;
     *pc = 0;
     pthread_mutex_lock(&lvm_lock);
+    x.nwatch = 0, x.watch_used = 0;
     int fault = execute(&x, pc);
+    settle(&x);
+    fault = fault ? fault : x.fault;
     pthread_mutex_unlock(&lvm_lock);
     *r0 = x.r[0];
     return fault;
@@ -745,7 +866,10 @@ static void run_route(const struct route *rt, const struct egpu_launch_record *r
         x.p = p, x.ctx = ctx, x.ctx_size = CTX_SIZE, x.ctx_writable = 0, x.depth = 0, x.fault = 0;
         x.now = rec->time_ns + (unsigned long long)offset_ns, x.grid = rec->grid, x.block = rec->block;
         x.r[1] = R_CTX << REGION_SHIFT;
+        x.nwatch = 0, x.watch_used = 0;
         int fault = execute(&x, &pc);
+        settle(&x);
+        fault = fault ? fault : x.fault;
         p->stats.runs++;
         if (fault && !p->stats.faults++)
             p->stats.fault = fault, p->stats.fault_pc = pc, p->stats.fault_launch = rec->launch_id;

@@ -232,14 +232,15 @@ def test_launch_probes_in_c_count_every_record(stub_job, tmp_path):
     assert f"egpu-run: pid {doc['pid']}: launch probes of {path}: in C" in r.stderr.splitlines()
 
 
-def test_launch_probes_sharing_a_map_with_the_gpu_stay_on_the_python_vm(stub_job, tmp_path):
-    r, (doc,), _ = run_kept(stub_job, tmp_path, EXAMPLES / "launch_latency.bpf.c", "-v", str(stub_job.app), "module",
-                            "3", "64", "0")
+def test_a_launch_probe_that_prints_stays_on_the_python_vm(stub_job, tmp_path):
+    r, (doc,), _ = run_kept(stub_job, tmp_path, ROOT / "tests" / "launch_probes" / "launch_printk.bpf.c", "-v",
+                            str(stub_job.app), "module", "3", "64", "0")
     assert r.returncode == 0, r.stderr
     path = doc["probes"][0]["path"]
-    why = "map enqueue_ns is shared with GPU programs"
+    why = "say_launch calls trace_printk"
     assert doc["launch_probes"] == {"in_c": [], "python_vm": {path: why}, "python_records": 3}
     assert f"egpu-run: pid {doc['pid']}: launch probes of {path}: on the Python VM ({why})" in r.stderr.splitlines()
+    assert [ln for ln in r.stdout.splitlines() if "launch " in ln][-3:] == [f"launch {i}" for i in (1, 2, 3)]
 
 
 def test_a_launch_probe_beside_a_gpu_only_probe(stub_job, probe_obj, tmp_path):
@@ -269,6 +270,7 @@ def test_launch_probe_writes_reach_the_maps_gpu_probes_read(stub_job, tmp_path, 
     assert "cuStreamCreate flags=1 ctx=app" in calls
     # pushes happened before the exit read-back: the device copy holds them
     (doc,) = docs
+    assert doc["launch_probes"]["in_c"] == [doc["probes"][0]["path"]]  # the shared map is tracked in C
     enq = dict(doc["probes"][0]["maps"][0]["entries"])
     assert sorted(enq) == [k8(1), k8(2), k8(3)]
     assert all(before <= struct.unpack("<Q", v)[0] <= after for v in enq.values())

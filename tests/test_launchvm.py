@@ -111,6 +111,7 @@ def _launches(n: int) -> list[launches.Launch]:
 @pytest.mark.parametrize("path, mcpu", [
     ("examples/launch_count", "v3"), ("tests/probes/launch", "v3"), ("tests/probes/histogram", "v3"),
     ("tests/launch_probes/launch_maps", "v3"), ("tests/launch_probes/launch_maps", "v4"),
+    ("examples/launch_latency", "v3"), ("examples/launchlate", "v3"), ("tests/launch_probes/shared_rw", "v3"),
 ])
 def test_c_and_the_vm_leave_the_same_maps(engine, probe, path, mcpu):
     """Every launch probe of the tree that the C engine takes, over 300 launches: each map's entries
@@ -148,7 +149,7 @@ def test_the_checked_semantics_are_reached(engine, probe):
 
 
 @pytest.mark.parametrize("path, why", [
-    ("examples/launch_latency", "map enqueue_ns is shared with GPU programs"),
+    ("tests/launch_probes/launch_printk", "say_launch calls trace_printk"),
     ("tests/probes/ringbuf", None),
 ])
 def test_objects_the_c_engine_leaves_to_the_vm(engine, probe, path, why):
@@ -165,7 +166,7 @@ def test_a_refusal_names_the_helper(probe):
     (p,) = [p for p in obj.obj.programs if p.attach.kind == "launch"]
     printk = assemble("r1 = r10\nr1 += -8\n*(u64 *)(r1 + 0) = 0\nr2 = 8\ncall 6\nr0 = 0\nexit")
     import dataclasses
-    assert native.refusal([dataclasses.replace(p, code=printk)], obj.obj.maps, set(), set()) == \
+    assert native.refusal([dataclasses.replace(p, code=printk)], obj.obj.maps, set()) == \
         f"{p.name} calls trace_printk"
 
 
@@ -258,3 +259,38 @@ def test_random_hash_sessions_match_the_vm(engine, seed):
             lib.egpu_lvm_map_read(m, keys, values, n)
             kb, vb = ffi.buffer(keys), ffi.buffer(values)
             assert [(kb[8 * i:8 * i + 8], vb[8 * i:8 * i + 8]) for i in range(n)] == list(state.storages[0].items())
+
+
+def _peek(storage, key: bytes) -> bytes | None:
+    """A key's value without counting as use (an LRU's lookup would reorder the VM's map)."""
+    value = storage.entries.get(key) if hasattr(storage, "entries") else storage.lookup(key)
+    return bytes(value) if value is not None else None
+
+
+@pytest.mark.parametrize("path", ["tests/launch_probes/shared_rw", "examples/launch_latency", "examples/launchlate"])
+def test_c_logs_the_changes_the_vm_would_push(engine, probe, path):
+    """Maps GPU probes share: after the same launches, the keys C logged as changed (to copy to the
+    device) are the keys the VM's Touched collected, each with the host value; a read, or a value
+    written back unchanged, is not a change; taking them empties the log."""
+    ffi, _ = engine
+    obj = probe(path)
+    on_vm, in_c = launches.LaunchProbes([obj]), launches.LaunchProbes([obj], engine=engine)
+    vm_side, c_side = on_vm.sides[0], in_c.sides[0]
+    assert c_side.native is not None and c_side.shared == vm_side.shared != set()
+    on_vm.offset = in_c.offset = 5_000
+    for batch in range(3):  # taken between batches, as the drainer pushes every period
+        for launch in _launches(40)[batch * 13:batch * 13 + 13]:
+            on_vm.run(launch)
+            if launch.function not in in_c.router.python:
+                in_c.route(launch.function, launch.name)
+            in_c.router.run(_record(ffi, launch), in_c.offset)
+        assert c_side.has_pending() == bool(vm_side.pending)
+        host = vm_side.host_state()
+        for i in sorted(c_side.shared):
+            storage, taken = c_side.native.changes(i)
+            assert set(taken) == vm_side.pending.get(i, set()), (batch, obj.obj.maps[i].name)
+            for key in taken:
+                assert _peek(storage, key) == _peek(host.storages[i], key)
+            assert c_side.native.changes(i)[1] == []
+        vm_side.pending = {}
+    assert not c_side.has_pending()

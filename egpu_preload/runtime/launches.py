@@ -33,7 +33,8 @@ Writes made before the first instrumented module allocated the device copy are c
 
 Where probes run. A probe object whose launch side runtime/native.py accepts runs in C
 (shim/launchvm.c): the drain takes its records from the ring and runs it there, a few hundred ns a
-record, and Python never sees them. The others run on the Python VM (compiled), tens of us a record.
+record, and Python never sees them; C logs the keys it changes in shared maps, and ``push`` copies
+those as it copies the Python VM's. The others run on the Python VM (compiled), tens of us a record.
 Launches of kernels no probe matches are dropped in C either way. Which handle runs what is decided
 the first time it is launched (the drain stops there and asks), and forgotten when a module unloads,
 since the driver hands the same handles out again.
@@ -169,6 +170,10 @@ class ProbeMaps:
     native: native.Side | None = None
     refusal: str | None = None            # why it is not in C (no engine given: None)
 
+    def has_pending(self) -> bool:
+        """Whether shared maps have keys to copy to the device."""
+        return bool(self.pending) or (self.native is not None and any(self.native.changed(i) for i in self.shared))
+
     def host_state(self) -> MapsState:
         """The host copy with plain storages (for dumps)."""
         st = MapsState(self.state.maps)
@@ -197,10 +202,10 @@ def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps
         return None
     state = MapsState(probe.obj.maps)
     if engine is not None:
-        refusal = native.refusal(launch, probe.obj.maps, by_launch, shared)
+        refusal = native.refusal(launch, probe.obj.maps, by_launch)
         if refusal is None:
-            side = native.Side(*engine, probe.obj.maps, by_launch, launch)
-            return ProbeMaps(probe, state, [], by_launch, shared, native=side)
+            side = native.Side(*engine, probe.obj.maps, by_launch, launch, shared)
+            return ProbeMaps(probe, state, [], by_launch - shared, shared, native=side)
     else:
         refusal = None
     for i in shared:
@@ -302,6 +307,11 @@ class LaunchProbes:
                 for key in keys:
                     mapsync.push_key(mem, addrs[i], storage, key, now)
             side.pending = {}
+            if side.native is not None:
+                for i in side.shared:
+                    storage, taken = side.native.changes(i)
+                    for key in taken:
+                        mapsync.push_key(mem, addrs[i], storage, key, now)
 
     def merge(self, index: int, device: MapsState | None) -> MapsState | None:
         """Probe ``index``'s maps for the dump: the device's state (None: no module had its maps) with
@@ -373,7 +383,7 @@ class Drainer:
                     self.python_records += 1
                 if not taken:
                     break
-            if any(s and s.pending for s in self.probes.sides):
+            if any(s and s.has_pending() for s in self.probes.sides):
                 dev = self.device()
                 if dev is not None:
                     self.probes.push(*dev)

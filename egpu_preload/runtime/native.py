@@ -2,10 +2,10 @@
 maps read back into the host containers the dumps print.
 
 A probe object's launch side runs in C when every map its launch programs use is an ARRAY,
-PERCPU_ARRAY, HASH, LRU_HASH or global data that no GPU program of the object uses, and they call only
-the helpers in ``NATIVE_HELPERS``: then no record of its kernels reaches Python. Otherwise (ring and
-perf buffers, trace_printk, maps shared with GPU probes, which need the key tracking of
-runtime/mapsync.py) it stays on the Python VM, and ``refusal`` says why.
+PERCPU_ARRAY, HASH, LRU_HASH or global data, and they call only the helpers in ``NATIVE_HELPERS``:
+then no record of its kernels reaches Python. Maps GPU programs share are tracked in C (the keys a run
+changed are logged, launches.py pushes them to the device copy). Otherwise (ring and perf buffers,
+trace_printk) it stays on the Python VM, and ``refusal`` says why.
 """
 
 from __future__ import annotations
@@ -30,12 +30,8 @@ FAULTS = {1: "bad memory access", 2: "write to read-only memory", 3: "unaligned 
           7: "instruction budget exhausted (unbounded loop?)", 8: "out of memory"}
 
 
-def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used: Iterable[int],
-            shared: set[int]) -> str | None:
-    """Why launch programs using maps ``used`` (``shared`` of them with GPU programs) cannot run in C;
-    None when they can."""
-    if shared:
-        return f"map {maps[min(shared)].name} is shared with GPU programs"
+def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used: Iterable[int]) -> str | None:
+    """Why launch programs using maps ``used`` cannot run in C; None when they can."""
     for i in sorted(used):
         m = maps[i]
         if m.type not in MAP_TYPES:
@@ -53,10 +49,10 @@ def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used:
 
 
 class Side:
-    """One probe object's launch programs and their maps, in C."""
+    """One probe object's launch programs and their maps, in C; those in ``shared`` tracked."""
 
     def __init__(self, ffi: Any, lib: Any, maps: Sequence[prog.MapDef], used: Iterable[int],
-                 programs: Sequence[prog.Program]) -> None:
+                 programs: Sequence[prog.Program], shared: Iterable[int] = ()) -> None:
         self.ffi, self.lib = ffi, lib
         self.mapdefs = maps
         self.maps: dict[int, Any] = {}
@@ -68,6 +64,8 @@ class Side:
             if made == ffi.NULL:
                 raise MemoryError(f"map {m.name}: no memory for {m.max_entries} entries")
             self.maps[i] = ffi.gc(made, lib.egpu_lvm_map_free)
+        for i in shared:
+            lib.egpu_lvm_map_track(self.maps[i])
         table = ffi.new("struct egpu_lvm_map *[]", [self.maps.get(i, ffi.NULL) for i in range(len(maps))] or 1)
         self.programs: list[tuple[prog.Program, Any]] = []
         for p in programs:
@@ -91,6 +89,27 @@ class Side:
                 storage.update(kb[k * m.key_size:(k + 1) * m.key_size], vb[k * m.value_size:(k + 1) * m.value_size],
                                BPF_ANY)
         return out
+
+    def changed(self, i: int) -> bool:
+        """Whether tracked map ``i`` has changed keys not yet taken."""
+        return self.lib.egpu_lvm_map_changes(self.maps[i], self.ffi.NULL, self.ffi.NULL, self.ffi.NULL, 0) > 0
+
+    def changes(self, i: int) -> tuple[MapStorage, list[bytes]]:
+        """Take tracked map ``i``'s changed keys: a host container with their values now (the keys
+        still there) and the keys, for mapsync.push_key."""
+        m, handle = self.mapdefs[i], self.maps[i]
+        n = self.lib.egpu_lvm_map_changes(handle, self.ffi.NULL, self.ffi.NULL, self.ffi.NULL, 0)
+        keys = self.ffi.new("unsigned char[]", n * m.key_size or 1)
+        values = self.ffi.new("unsigned char[]", n * m.value_size or 1)
+        present = self.ffi.new("unsigned char[]", n or 1)
+        n = min(n, self.lib.egpu_lvm_map_changes(handle, keys, values, present, n))
+        kb, vb = self.ffi.buffer(keys), self.ffi.buffer(values)
+        storage = STORAGE_BY_TYPE[m.type](m)
+        taken = [kb[k * m.key_size:(k + 1) * m.key_size] for k in range(n)]
+        for k, key in enumerate(taken):
+            if present[k]:
+                storage.update(key, vb[k * m.value_size:(k + 1) * m.value_size], BPF_ANY)
+        return storage, taken
 
     def runs(self) -> int:
         return sum(self._stats(h).runs for _, h in self.programs)
