@@ -218,12 +218,7 @@ static int map_peek(const struct egpu_lvm_map *m, const unsigned char *key) {
 
 /* The slot of `key` (-1: none). An LRU lookup counts as use (maps.py LruHashStorage). */
 static int map_lookup(struct egpu_lvm_map *m, const unsigned char *key) {
-    if (!is_hash(m)) {
-        unsigned int i = array_index(key);
-        return i < m->max_entries ? (int)i : -1;
-    }
-    unsigned int pos;
-    int s = hash_find(m, key, &pos);
+    int s = map_peek(m, key);
     if (s >= 0 && m->type == MAP_LRU_HASH) unlink_slot(m, s), link_tail(m, s);
     return s;
 }
@@ -746,19 +741,27 @@ out:
     return x->fault;
 }
 
+/* One run of `p` from fresh registers and frames: r1 = the context (`ctx`, `size` bytes; 0 when NULL),
+ * r2 = `r2`; the watched values settled after. Under lvm_lock. Returns the fault (0: none), its pc in
+ * *fault_pc. */
+static int run_program(struct run *x, const struct egpu_lvm_prog *p, unsigned char *ctx, size_t size, int writable,
+                       uint64_t r2, uint64_t now, const unsigned int *grid, const unsigned int *block,
+                       unsigned int *fault_pc) {
+    memset(x->r, 0, sizeof x->r);
+    x->p = p, x->ctx = ctx, x->ctx_size = size, x->ctx_writable = writable, x->depth = 0, x->fault = 0;
+    x->now = now, x->grid = grid, x->block = block, x->nwatch = 0, x->watch_used = 0;
+    x->r[1] = ctx ? R_CTX << REGION_SHIFT : 0, x->r[2] = r2;
+    *fault_pc = 0;
+    execute(x, fault_pc);
+    settle(x);
+    return x->fault;
+}
+
 EXPORT int egpu_lvm_exec(struct egpu_lvm_prog *p, void *mem, size_t len, unsigned long long *r0, unsigned int *pc) {
-    static const unsigned int one[3] = {1, 1, 1};
-    struct run x; /* 4.5 KiB of stack: too big for the static TLS a preloaded library may use */
-    memset(x.r, 0, sizeof x.r);
-    x.p = p, x.ctx = mem, x.ctx_size = len, x.ctx_writable = 1, x.depth = 0, x.fault = 0;
-    x.now = 0, x.grid = x.block = one;
-    x.r[1] = mem ? R_CTX << REGION_SHIFT : 0, x.r[2] = len;
-    *pc = 0;
+    static const unsigned int one[3] = {1, 1, 1}; /* a 1x1x1 launch, as the VM's default ThreadSim */
+    struct run x; /* 7 KiB of stack: too big for the static TLS a preloaded library may use */
     pthread_mutex_lock(&lvm_lock);
-    x.nwatch = 0, x.watch_used = 0;
-    int fault = execute(&x, pc);
-    settle(&x);
-    fault = fault ? fault : x.fault;
+    int fault = run_program(&x, p, mem, len, 1, len, 0, one, one, pc);
     pthread_mutex_unlock(&lvm_lock);
     *r0 = x.r[0];
     return fault;
@@ -856,20 +859,14 @@ EXPORT void egpu_lvm_context(const struct egpu_launch_record *rec, unsigned long
 
 /* Under lvm_lock. */
 static void run_route(const struct route *rt, const struct egpu_launch_record *rec, long long offset_ns) {
-    struct run x; /* 4.5 KiB of stack: too big for the static TLS a preloaded library may use */
+    struct run x; /* 7 KiB of stack: too big for the static TLS a preloaded library may use */
     unsigned char ctx[CTX_SIZE];
     egpu_lvm_context(rec, rt->kernel_id, ctx);
     for (size_t k = 0; k < rt->n; k++) {
         struct egpu_lvm_prog *p = rt->progs[k];
         unsigned int pc;
-        memset(x.r, 0, sizeof x.r);
-        x.p = p, x.ctx = ctx, x.ctx_size = CTX_SIZE, x.ctx_writable = 0, x.depth = 0, x.fault = 0;
-        x.now = rec->time_ns + (unsigned long long)offset_ns, x.grid = rec->grid, x.block = rec->block;
-        x.r[1] = R_CTX << REGION_SHIFT;
-        x.nwatch = 0, x.watch_used = 0;
-        int fault = execute(&x, &pc);
-        settle(&x);
-        fault = fault ? fault : x.fault;
+        int fault = run_program(&x, p, ctx, CTX_SIZE, 0, 0, rec->time_ns + (unsigned long long)offset_ns, rec->grid,
+                                rec->block, &pc);
         p->stats.runs++;
         if (fault && !p->stats.faults++)
             p->stats.fault = fault, p->stats.fault_pc = pc, p->stats.fault_launch = rec->launch_id;

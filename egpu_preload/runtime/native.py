@@ -76,19 +76,7 @@ class Side:
 
     def storages(self) -> dict[int, MapStorage]:
         """The maps' contents now, as the host containers the VM would have filled."""
-        out: dict[int, MapStorage] = {}
-        for i, handle in self.maps.items():
-            m = self.mapdefs[i]
-            n = self.lib.egpu_lvm_map_read(handle, self.ffi.NULL, self.ffi.NULL, 0)
-            keys = self.ffi.new("unsigned char[]", n * m.key_size or 1)
-            values = self.ffi.new("unsigned char[]", n * m.value_size or 1)
-            n = min(n, self.lib.egpu_lvm_map_read(handle, keys, values, n))
-            kb, vb = self.ffi.buffer(keys), self.ffi.buffer(values)
-            storage = out[i] = STORAGE_BY_TYPE[m.type](m)
-            for k in range(n):
-                storage.update(kb[k * m.key_size:(k + 1) * m.key_size], vb[k * m.value_size:(k + 1) * m.value_size],
-                               BPF_ANY)
-        return out
+        return {i: self._storage(i, self._fetch(i, self.lib.egpu_lvm_map_read)) for i in self.maps}
 
     def changed(self, i: int) -> bool:
         """Whether tracked map ``i`` has changed keys not yet taken."""
@@ -97,19 +85,30 @@ class Side:
     def changes(self, i: int) -> tuple[MapStorage, list[bytes]]:
         """Take tracked map ``i``'s changed keys: a host container with their values now (the keys
         still there) and the keys, for mapsync.push_key."""
-        m, handle = self.mapdefs[i], self.maps[i]
-        n = self.lib.egpu_lvm_map_changes(handle, self.ffi.NULL, self.ffi.NULL, self.ffi.NULL, 0)
+        rows = self._fetch(i, self.lib.egpu_lvm_map_changes, present=True)
+        return self._storage(i, rows), [key for key, _ in rows]
+
+    def _fetch(self, i: int, call: Any, present: bool = False) -> list[tuple[bytes, bytes | None]]:
+        """Map ``i``'s (key, value) rows from ``call(map, keys, values[, present], max)``, asked first with
+        max 0 for the count (egpu_lvm_map_read, egpu_lvm_map_changes); None for a key that is gone."""
+        m, null = self.mapdefs[i], self.ffi.NULL
+        flags = [null] if present else []
+        n = call(self.maps[i], null, null, *flags, 0)
         keys = self.ffi.new("unsigned char[]", n * m.key_size or 1)
         values = self.ffi.new("unsigned char[]", n * m.value_size or 1)
-        present = self.ffi.new("unsigned char[]", n or 1)
-        n = min(n, self.lib.egpu_lvm_map_changes(handle, keys, values, present, n))
+        flags = [self.ffi.new("unsigned char[]", n or 1)] if present else []
+        n = min(n, call(self.maps[i], keys, values, *flags, n))
         kb, vb = self.ffi.buffer(keys), self.ffi.buffer(values)
-        storage = STORAGE_BY_TYPE[m.type](m)
-        taken = [kb[k * m.key_size:(k + 1) * m.key_size] for k in range(n)]
-        for k, key in enumerate(taken):
-            if present[k]:
-                storage.update(key, vb[k * m.value_size:(k + 1) * m.value_size], BPF_ANY)
-        return storage, taken
+        return [(kb[k * m.key_size:(k + 1) * m.key_size],
+                 vb[k * m.value_size:(k + 1) * m.value_size] if not flags or flags[0][k] else None) for k in range(n)]
+
+    def _storage(self, i: int, rows: list[tuple[bytes, bytes | None]]) -> MapStorage:
+        """A host container of map ``i``'s kind holding ``rows`` (those with a value), in their order."""
+        storage = STORAGE_BY_TYPE[self.mapdefs[i].type](self.mapdefs[i])
+        for key, value in rows:
+            if value is not None:
+                storage.update(key, value, BPF_ANY)
+        return storage
 
     def runs(self) -> int:
         return sum(self._stats(h).runs for _, h in self.programs)
