@@ -10,7 +10,8 @@ kernel-entry counter tests/probes/count.bpf.c, prebuilt by scripts/gpu-prep.sh).
   differenced whole-process times at 20 and 220 launches, which process noise drove negative.)
 - PyTorch: one eager training step (matmul, conv, MLP forward, backward and SGD) timed in the process
   (median of STEPS after a warm-up): plain, ``--backend ptx`` (the shim only: PyTorch ships no PTX) and
-  ``--backend sass`` (every kernel patched, the probe in each).
+  ``--backend sass`` (every kernel patched, the probe in each); with the shim, the launches and the
+  shim's calls into Python per timed step too (``torch_shim_per_step``).
 """
 
 from __future__ import annotations
@@ -48,12 +49,24 @@ def step():
     loss = F.cross_entropy(mlp(inp), tgt) + C.mean() * 0 + o.mean() * 0
     opt.zero_grad(); loss.backward(); opt.step()
     torch.cuda.synchronize()
+def shim_counts():  # (launches, Python calls) so far; None without the shim
+    import ctypes
+    stats = getattr(ctypes.CDLL(None), "egpu_shim_stats", None)
+    if stats is None:
+        return None
+    s = (ctypes.c_ulonglong * 6)()
+    stats(s)
+    return s[0], s[5]
 for _ in range(5):
     step()
+before = shim_counts()
 times = []
 for _ in range(STEPS):
     t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
 print(f"STEP_US {statistics.median(times) * 1e6:.1f}")
+if before:
+    after = shim_counts()
+    print(f"SHIM_PER_STEP {(after[0] - before[0]) / STEPS:.1f} {(after[1] - before[1]) / STEPS:.2f}")
 """
 
 
@@ -69,13 +82,15 @@ def vecadd_us(exe: Path, backend: str, probe: Path, env: dict[str, str]) -> tupl
     return statistics.median(rec["unit_ms"]) * 1e3, rec["digest"]
 
 
-def torch_step_us(backend: str, probe: Path, env: dict[str, str], script: Path) -> float:
+def torch_step(backend: str, probe: Path, env: dict[str, str], script: Path) -> tuple[float, list[float]]:
+    """(median µs per step, [launches, calls into Python] per timed step; empty without the shim)."""
     cmd = command(backend, probe, [sys.executable, str(script)])
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("STEP_US")), None)
-    if out.returncode or line is None:
+    found = {ln.split()[0]: [float(x) for x in ln.split()[1:]] for ln in out.stdout.splitlines()
+             if ln.startswith(("STEP_US", "SHIM_PER_STEP"))}
+    if out.returncode or "STEP_US" not in found:
         raise SystemExit(f"torch step ({backend}): exit {out.returncode}\n{out.stderr[-2000:]}")
-    return float(line.split()[1])
+    return found["STEP_US"][0], found.get("SHIM_PER_STEP", [])
 
 
 def main() -> None:
@@ -84,7 +99,7 @@ def main() -> None:
     out_path = Path(sys.argv[1])
     prebuilt = Path(os.environ.get("EGPU_PREBUILT_PROBES", ROOT / ".gpubuild" / "probes"))
     probe = Path(sys.argv[2]) if len(sys.argv) > 2 else prebuilt / "count.v3.bpf.o"
-    result: dict[str, dict[str, float]] = {}
+    result: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         env = suite.base_env(Path(tmp))
         exe = suite.build_kernels(Path(tmp))
@@ -96,8 +111,15 @@ def main() -> None:
         script.write_text(TORCH_STEP.replace("STEPS", str(STEPS)))
         if subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
                           capture_output=True).returncode == 0:
-            result["torch_step_us"] = {b: torch_step_us(b, probe, env, script) for b in BACKENDS}
-    for case, times in result.items():
+            steps = {b: torch_step(b, probe, env, script) for b in BACKENDS}
+            result["torch_step_us"] = {b: us for b, (us, _) in steps.items()}
+            # what the shim's hooks did per step: a call into Python per launch would be the cost
+            result["torch_shim_per_step"] = {b: dict(zip(("launches", "python_calls"), per))
+                                             for b, (_, per) in steps.items() if per}
+    for case in ("vecadd_us_per_launch", "torch_step_us"):
+        if case not in result:
+            continue
+        times = result[case]
         base = times["plain"]
         times.update({f"{b}_ratio": round(times[b] / base, 3) for b in BACKENDS if b != "plain"})
         print(f"{case:24s} " + "  ".join(f"{b} {times[b]:10.1f}" for b in BACKENDS)

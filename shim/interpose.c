@@ -901,8 +901,38 @@ static void py_loaded(int api, unsigned long long call, void *handle, CUresult r
     tls_in_python--;
 }
 
+/* Lookups Python has seen. Libraries look a kernel up again on every call (cuDNN, cuBLAS, cudart's
+ * cuKernelGetFunction): Python needs only the first answer, which stays true until an unload, and a
+ * call into it costs microseconds. Full: every lookup goes to Python, as before. */
+#define SEEN_SIZE 8192
+static struct seen { void *owner, *handle; int api; } seen[SEEN_SIZE];
+static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* 1 if (api, owner, handle) was seen; else it is entered (when there is room) and 0. */
+static int seen_before(int api, void *owner, void *handle) {
+    uint64_t h = (((uintptr_t)owner ^ ((uintptr_t)handle << 1)) >> 3) * 0x9E3779B97F4A7C15ull + (unsigned)api;
+    int found = 0;
+    pthread_mutex_lock(&seen_lock);
+    for (uint32_t n = 0, i = (uint32_t)(h >> 51); n < SEEN_SIZE; n++, i = (i + 1) & (SEEN_SIZE - 1)) {
+        struct seen *e = &seen[i];
+        if (e->handle == handle && e->owner == owner && e->api == api) { found = 1; break; }
+        if (!e->handle) { *e = (struct seen){owner, handle, api}; break; }
+    }
+    pthread_mutex_unlock(&seen_lock);
+    return found;
+}
+
+/* An unload may free any handle a lookup returned, and the driver hands addresses out again. */
+static void seen_forget(void) {
+    pthread_mutex_lock(&seen_lock);
+    memset(seen, 0, sizeof seen);
+    pthread_mutex_unlock(&seen_lock);
+}
+
 static void py_found(int api, void *owner, const char *name, void *handle) {
     if (!egpu_python_up()) return;
+    int memo = api != EGPU_API_LINK_CREATE && api != EGPU_API_LINK_COMPLETE; /* states are reused */
+    if (memo && seen_before(api, owner, handle)) return;
     atomic_fetch_add_explicit(&g_stats.python_calls, 1, memory_order_relaxed);
     tls_in_python++;
     egpu_py_handle_found(api, owner, name, handle);
@@ -1082,12 +1112,14 @@ EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
 
 EXPORT CUresult cuModuleUnload(CUmodule hmod) {
     CUresult r = CALL_REAL(cuModuleUnload, hmod);
+    if (r == CUDA_SUCCESS) seen_forget();
     if (r == CUDA_SUCCESS && !passthrough()) py_unloaded(EGPU_API_MODULE_UNLOAD, hmod);
     return r;
 }
 
 EXPORT CUresult cuLibraryUnload(CUlibrary library) {
     CUresult r = CALL_REAL(cuLibraryUnload, library);
+    if (r == CUDA_SUCCESS) seen_forget();
     if (r == CUDA_SUCCESS && !passthrough()) py_unloaded(EGPU_API_LIBRARY_UNLOAD, library);
     return r;
 }

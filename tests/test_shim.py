@@ -37,6 +37,7 @@ def built(tmp_path_factory) -> Path:
         cc + ["-DBY_DLVSYM", str(STUB / "app_dlsym.c"), "-o", "app_dlvsym", "-ldl"],
         cc + [str(STUB / "app_threads.c"), "-o", "app_threads", "-ldl", "-pthread"],
         cc + [str(STUB / "app_escape.c"), "-o", "app_escape", "-ldl"],
+        cc + [str(STUB / "app_lookups.c"), "-o", "app_lookups", "-ldl"],
     ]
     procs = [subprocess.Popen(s, cwd=d) for s in steps]
     assert all(p.wait() == 0 for p in procs), [p.args for p in procs if p.returncode]
@@ -314,6 +315,14 @@ def test_concurrent_launches_swaps_and_drains_lose_nothing(built):
     r = run(built, "app_threads", EGPU_STUB_LOG="")
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("ok launches=80000")
+
+
+def test_a_kernel_looked_up_again_reaches_python_once(built):
+    """Libraries look kernels up on every call; only the first answer goes to Python (microseconds a
+    call), and an unload forgets them all. The launch still runs what the first lookup routed."""
+    r = run(built, "app_lookups", EGPU_STUB_LOG="")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split() == ["lookups", "first=1", "repeated=0", "after_unload=1", "redirected=1"]
 
 
 ESCAPED = {"plain": 0, "node": 1, "exec_node": 1, "unregistered": 0, "capture": 1, "capture_ptsz": 1,

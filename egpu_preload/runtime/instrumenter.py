@@ -406,6 +406,9 @@ class Runtime:
 
     def _route(self, mod: Module, name: str, handle: int) -> None:
         """Make launches of a kernel handle of an instrumented load run what they must."""
+        known = self.functions.get(handle)
+        if known is not None and known[0] is mod and known[1] == name:
+            return  # looked up again (the shim's memo was full): routed when first found
         self.functions[handle] = (mod, name)
         if self.live.route(mod, name, handle):
             return

@@ -54,7 +54,8 @@ static void logf_(const char *fmt, ...) {
 /* ---- modules, functions ---- */
 
 struct module { int id; char *ptx; };
-struct function { char name[128]; struct module *m; int kernel; };
+struct function { char name[128]; struct module *m; int kernel; struct function *next, *function; };
+static struct function *functions; /* every handle handed out: a lookup repeated gets the same one */
 static int next_module = 1;
 
 static const char *image_kind(const void *image) {
@@ -185,12 +186,19 @@ CUresult cuModuleLoadFatBinary(void **mod, const void *fatCubin) {
     return load("cuModuleLoadFatBinary", fatCubin, mod);
 }
 CUresult cuModuleUnload(void *mod) { logf_("cuModuleUnload module=%d", ((struct module *)mod)->id); return OK; }
-CUresult cuModuleGetFunction(void **out, void *mod, const char *name) {
+static struct function *function_for(struct module *m, const char *name, int kernel) {
+    for (struct function *f = functions; f; f = f->next)
+        if (f->m == m && f->kernel == kernel && !strcmp(f->name, name)) return f;
     struct function *f = calloc(1, sizeof *f);
     snprintf(f->name, sizeof f->name, "%s", name);
-    f->m = mod;
-    *out = f;
-    logf_("cuModuleGetFunction module=%d name=%s", f->m->id, name);
+    f->m = m;
+    f->kernel = kernel;
+    f->next = functions;
+    return functions = f;
+}
+CUresult cuModuleGetFunction(void **out, void *mod, const char *name) {
+    *out = function_for(mod, name, 0);
+    logf_("cuModuleGetFunction module=%d name=%s", ((struct module *)mod)->id, name);
     return OK;
 }
 CUresult cuLibraryLoadData(void **lib, const void *code, int *jo, void **jv, unsigned int nj, int *lo,
@@ -203,9 +211,9 @@ CUresult cuLibraryLoadFromFile(void **lib, const char *path, int *jo, void **jv,
 }
 CUresult cuLibraryUnload(void *lib) { logf_("cuLibraryUnload module=%d", ((struct module *)lib)->id); return OK; }
 CUresult cuLibraryGetKernel(void **out, void *lib, const char *name) {
-    CUresult r = cuModuleGetFunction(out, lib, name);
-    ((struct function *)*out)->kernel = 1;
-    return r;
+    *out = function_for(lib, name, 1);
+    logf_("cuModuleGetFunction module=%d name=%s", ((struct module *)lib)->id, name);
+    return OK;
 }
 CUresult cuLibraryGetModule(void **mod, void *lib) {
     *mod = lib;
@@ -213,11 +221,14 @@ CUresult cuLibraryGetModule(void **mod, void *lib) {
     return OK;
 }
 CUresult cuKernelGetFunction(void **out, void *kernel) {
-    struct function *f = malloc(sizeof *f);
-    *f = *(struct function *)kernel;
-    f->kernel = 0;
-    *out = f;
-    logf_("cuKernelGetFunction name=%s", f->name);
+    struct function *k = kernel;
+    if (!k->function) { /* a copy of its own, so that it is not the CUkernel */
+        k->function = calloc(1, sizeof *k->function);
+        *k->function = (struct function){.m = k->m};
+        memcpy(k->function->name, k->name, sizeof k->name);
+    }
+    *out = k->function;
+    logf_("cuKernelGetFunction name=%s", k->name);
     return OK;
 }
 /* A link state keeps its PTX inputs; the "cubin" cuLinkComplete makes is an ELF64 header whose section
