@@ -469,25 +469,17 @@ def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str) -> str
     g.emit(f"match.any.sync.b64 {peers}, {base}, {mask};")
     g.emit(f"match.all.sync.b64 {same}|{alike}, {total}, {peers};")
     group = group_rank(g, peers)
-    line, full, refused = _ring_line(g, base, lay), g.t64(), g.label()
+    line, full, refused = _ring_line(g, base, lay), g.t64(), g.pred()
     g.emit(f"ld.volatile.u64 {full}, [{line}];")
-    _branch(g, "ge", total, full, refused)   # alike lanes load one value: the group goes together
+    # Predicated, not branched to: a branch here doubles what ptxas spends on each inlined copy.
+    g.emit(f"setp.ge.u64 {refused}, {total}, {full};")
     one, placed = g.label(), g.label()
     pos = g.t64()
     g.emit(f"@!{alike} bra {one};")
-    _reserve_group(g, base, lay, total, peers, group, pos, line, fail)
+    _reserve_group(g, base, lay, total, peers, group, pos, line, fail, refused)
     g.emit(f"bra {placed};")
     g.place(one)
-    _reserve_one(g, base, lay, total, pos, line, fail)
-    g.emit(f"bra {placed};")
-    g.place(refused)
-    _, n, lead = group
-    count = g.t64()
-    g.emit(f"cvt.u64.u32 {count}, {n};")
-    g.emit(f"@!{alike} mov.b64 {count}, 1;")
-    g.emit(f"@!{alike} setp.eq.u32 {lead}, {n}, {n};")   # one by one: each lane counts itself
-    g.emit(f"@{lead} red.add.u64 [{line}+8], {count};")
-    g.emit(f"bra {fail};")
+    _reserve_one(g, base, lay, total, pos, line, fail, refused)
     g.place(placed)
     if lay.capacity & (lay.capacity - 1):
         g.emit(f"rem.u64 {pos}, {pos}, {lay.capacity};")
@@ -512,60 +504,68 @@ def _ring_line(g: FuncGen, base: str, lay: MapLayout) -> str:
     return line
 
 
-def _reserve_one(g: FuncGen, base: str, lay: MapLayout, total: str, pos: str, line: str, fail: str) -> None:
+def _reserve_one(g: FuncGen, base: str, lay: MapLayout, total: str, pos: str, line: str, fail: str,
+                 refused: str) -> None:
     """pos = the ring position of this lane's record of ``total`` bytes, or a counted drop and fail:
     credit taken on ``reserved`` and given back when the reader has not made room (the SM's line notes
-    the size refused)."""
+    the size refused); ``refused``: this SM was refused as much before, so no credit is asked."""
     r, c, e = g.t64(), g.t64(), g.t64()
-    g.emit(f"atom.add.u64 {r}, [{base}+8], {total};")
-    g.emit(f"ld.volatile.u64 {c}, [{base}+16];")
+    g.emit(f"@!{refused} atom.add.u64 {r}, [{base}+8], {total};")
+    g.emit(f"@!{refused} ld.volatile.u64 {c}, [{base}+16];")
     g.emit(f"add.u64 {e}, {r}, {total};")
     g.emit(f"sub.u64 {e}, {e}, {c};")
+    g.emit(f"@{refused} mov.b64 {e}, {lay.capacity + 1};")
     ok = g.label()
     _branch(g, "le", e, lay.capacity, ok)
     neg = g.t64()
     g.emit(f"neg.s64 {neg}, {total};")
-    _refuse(g, base, line, neg, "1", total)
+    _refuse(g, base, line, neg, "1", total, "", f"@!{refused} ")
     g.emit(f"bra {fail};")
     g.place(ok)
     g.emit(f"atom.add.u64 {pos}, [{base}], {total};")
 
 
-def _refuse(g: FuncGen, base: str, line: str, credit: str, count: str, total: str, guard: str = "") -> None:
-    """Give back ``credit`` (negative) taken on the ring's ``reserved``, count ``count`` drops on the SM's
-    line and mark it refused for records of ``total`` bytes and more."""
-    g.emit(f"{guard}red.add.u64 [{base}+8], {credit};")
-    g.emit(f"{guard}red.add.u64 [{line}+8], {count};")
-    g.emit(f"{guard}red.min.u64 [{line}], {total};")
+def _refuse(g: FuncGen, base: str, line: str, credit: str, count: str, total: str, dropped: str,
+            took: str) -> None:
+    """Count ``count`` drops on the SM's line (guard ``dropped``); where credit was taken (guard ``took``),
+    give back ``credit`` (negative) on the ring's ``reserved`` and mark the line refused for records of
+    ``total`` bytes and more."""
+    g.emit(f"{took}red.add.u64 [{base}+8], {credit};")
+    g.emit(f"{dropped}red.add.u64 [{line}+8], {count};")
+    g.emit(f"{took}red.min.u64 [{line}], {total};")
 
 
 def _reserve_group(g: FuncGen, base: str, lay: MapLayout, total: str, peers: str, group: tuple[str, str, str],
-                   pos: str, line: str, fail: str) -> None:
+                   pos: str, line: str, fail: str, refused: str) -> None:
     """_reserve_one for the group of lanes in ``peers`` (``group``: group_rank's), each reserving ``total``
     bytes: the lowest lane
     takes credit for all of them, keeps what the reader has made room for (the first k lanes by rank,
     so a group larger than the ring still gets its share), gives back and counts as dropped the rest,
     and takes the positions of the k; branch-free until every lane knows k, so the group stays
-    converged for shfl.sync."""
+    converged for shfl.sync. A lowest lane ``refused`` takes no credit: k = 0."""
     rank, n, lead = group
     span, r, c, room, k, miss, n64 = (g.t64() for _ in range(7))
+    asks, open_ = g.pred(), g.pred()
+    g.emit(f"not.pred {open_}, {refused};")
+    g.emit(f"and.pred {asks}, {lead}, {open_};")   # the lowest lane asks for credit
     g.emit(f"cvt.u64.u32 {n64}, {n};")
     g.emit(f"mul.lo.u64 {span}, {n64}, {total};")
     g.emit(f"mov.b64 {k}, 0;")
     g.emit(f"mov.b64 {miss}, 0;")
-    g.emit(f"@{lead} atom.add.u64 {r}, [{base}+8], {span};")
-    g.emit(f"@{lead} ld.volatile.u64 {c}, [{base}+16];")
-    g.emit(f"@{lead} sub.s64 {room}, {c}, {r};")     # capacity - (credit others hold unread)
-    g.emit(f"@{lead} add.s64 {room}, {room}, {lay.capacity};")
-    g.emit(f"@{lead} max.s64 {room}, {room}, 0;")
-    g.emit(f"@{lead} div.u64 {k}, {room}, {total};")
-    g.emit(f"@{lead} min.u64 {k}, {k}, {n64};")
+    g.emit(f"@{asks} atom.add.u64 {r}, [{base}+8], {span};")
+    g.emit(f"@{asks} ld.volatile.u64 {c}, [{base}+16];")
+    g.emit(f"@{asks} sub.s64 {room}, {c}, {r};")     # capacity - (credit others hold unread)
+    g.emit(f"@{asks} add.s64 {room}, {room}, {lay.capacity};")
+    g.emit(f"@{asks} max.s64 {room}, {room}, 0;")
+    g.emit(f"@{asks} div.u64 {k}, {room}, {total};")
+    g.emit(f"@{asks} min.u64 {k}, {k}, {n64};")
     g.emit(f"@{lead} sub.u64 {miss}, {n64}, {k};")
-    some, refund = g.pred(), g.t64()
+    some, gives, refund = g.pred(), g.pred(), g.t64()
     g.emit(f"setp.ne.u64 {some}, {miss}, 0;")
-    g.emit(f"@{some} mul.lo.u64 {refund}, {miss}, {total};")
-    g.emit(f"@{some} neg.s64 {refund}, {refund};")
-    _refuse(g, base, line, refund, miss, total, f"@{some} ")
+    g.emit(f"and.pred {gives}, {some}, {asks};")
+    g.emit(f"@{gives} mul.lo.u64 {refund}, {miss}, {total};")
+    g.emit(f"@{gives} neg.s64 {refund}, {refund};")
+    _refuse(g, base, line, refund, miss, total, f"@{some} ", f"@{gives} ")
     kept, got = g.pred(), g.t64()
     g.emit(f"setp.ne.u64 {kept}, {k}, 0;")
     g.emit(f"mov.b64 {pos}, 0;")
