@@ -291,12 +291,14 @@ def assert_state_carried(out: str, log: Log) -> None:
 
 @pytest.mark.parametrize("library", [False, True])
 def test_retired_copies_are_unloaded_right_after_their_last_flip(stub_job, tmp_path, monkeypatch, probes, library):
-    """attach, detach, attach (the same object: a new probe), swap, detach: the flip that takes the
+    """attach, detach, attach (the same object: a new probe, the same PTX), swap, detach: the flip that takes the
     launches off a copy made with a probe no longer attached unloads it (cuModuleUnload or
     cuLibraryUnload, once each), in the request that retired it, after its last launch; the job runs
     on as it would have: each copy ran exactly its window of launches, the state carried on."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    job = Job(stub_job, tmp_path, library=library)
+    images = tmp_path / "images"
+    images.mkdir()
+    job = Job(stub_job, tmp_path, library=library, EGPU_STUB_IMAGES=str(images))
     count, hash_count = probes["count"].read_bytes(), probes["hash_count"].read_bytes()
     replies, out = cycle(job, [("attach", {"probe": count, "name": "a"}), ("detach", {}),
                                ("attach", {"probe": count, "name": "a"}),
@@ -304,6 +306,9 @@ def test_retired_copies_are_unloaded_right_after_their_last_flip(stub_job, tmp_p
     log = Log(job.log)
     first, c1, c2, c3 = [m for _, m in log.loads]
     assert first == 1 and len({c1, c2, c3}) == 3
+    # the object attached again makes the same PTX: the driver's JIT cache has its code
+    ptx = {m: (images / f"module-{m}.ptx").read_text() for m in (c1, c2, c3)}
+    assert ptx[c1] == ptx[c2] != ptx[c3]
     # a swap loads the new copy before its flip, then unloads the old one
     assert log.events() == ["load 1", f"load {c1}", f"unload {c1}", f"load {c2}", f"load {c3}", f"unload {c2}",
                             f"unload {c3}"]

@@ -54,6 +54,7 @@ attached live; a module loaded by a thread while a swap runs is brought to the n
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import tempfile
@@ -539,10 +540,12 @@ class Live:
         return name
 
     def _load(self, data: bytes, name: str) -> Probe:
-        """Write the object where the exit dump can name it, then load, verify and translate it here."""
+        """Write the object where the exit dump can name it, then load, verify and translate it here. The
+        path (which names the probe's PTX symbols: module.object_tag) is the object's content and name,
+        so a probe attached again makes the same PTX, which the driver's JIT cache has compiled."""
         if self._workdir is None:
             self._workdir = self.rt.cfg.session or Path(tempfile.mkdtemp(prefix="egpu-live-"))
-        path = self._workdir / f"{os.getpid()}.{self.flips}.{name}.bpf.o"
+        path = self._workdir / f"{os.getpid()}.{name}.{hashlib.sha256(data).hexdigest()[:16]}.bpf.o"
         path.write_bytes(data)
         probe = load_probe(path)
         if any(p.attach.kind == "launch" for p in probe.obj.programs):

@@ -83,6 +83,13 @@ static CUresult load(const char *api, const void *image, void **out) {
         if (shoff > 65) m->ptx = strdup((const char *)image + 64);
     }
     const char *marker = m->ptx ? strstr(m->ptx, "// egpu-instrumented") : NULL;
+    const char *images = getenv("EGPU_STUB_IMAGES"); /* a directory: each module's PTX, as module-ID.ptx */
+    if (images && *images && m->ptx) {
+        char name[4096];
+        snprintf(name, sizeof name, "%s/module-%d.ptx", images, m->id);
+        FILE *f = fopen(name, "w");
+        if (f) { fputs(m->ptx, f); fclose(f); }
+    }
     logf_("%s module=%d kind=%s instrumented=%d", api, m->id, kind, marker != NULL);
     *out = m;
     return OK;
