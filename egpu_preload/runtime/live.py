@@ -545,7 +545,7 @@ class Live:
         so a probe attached again makes the same PTX, which the driver's JIT cache has compiled."""
         if self._workdir is None:
             self._workdir = self.rt.cfg.session or Path(tempfile.mkdtemp(prefix="egpu-live-"))
-        path = self._workdir / f"{os.getpid()}.{name}.{hashlib.sha256(data).hexdigest()[:16]}.bpf.o"
+        path = self._workdir / f"{os.getpid()}.{hashlib.sha256(data).hexdigest()[:16]}.{name}.bpf.o"
         path.write_bytes(data)
         probe = load_probe(path)
         if any(p.attach.kind == "launch" for p in probe.obj.programs):
