@@ -1,7 +1,8 @@
 /* sass.c: the SASS back end in libegpu_shim.so, through NVIDIA's Compute Sanitizer patching API.
  *
  * - egpu_sass_start (the cuInit hook, before the driver starts; EGPU_BACKEND sass|auto) dlopens
- *   libsanitizer-public.so (EGPU_SANITIZER_LIB), subscribes and enables the resource and launch domains.
+ *   libsanitizer-public.so (EGPU_SANITIZER_LIB), subscribes and enables the resource domain; the launch
+ *   domain is enabled when the first module is patched.
  * - MODULE_LOADED: a module the PTX back end did not instrument (its cubin has no "__egpu_maps_" table)
  *   is patched: the patch image goes into its context once (sanitizerAddPatches), then every configured
  *   instruction class is patched (sanitizerPatchInstructions + sanitizerPatchModule). Modules loaded
@@ -100,6 +101,7 @@ static void *g_image;
 static unsigned int g_classes;
 static _Atomic unsigned long long g_tables;
 static __thread int tls_adding; /* our own sanitizerAddPatches: its module is the patch image */
+static int g_launches_on;        /* the launch domain is enabled (under g_mu) */
 
 static int ok(SanitizerResult r, const char *call) {
     if (r == 0) return 1;
@@ -230,6 +232,10 @@ static void patch(CUcontext ctx, CUmodule module) {
                                          "sanitizerPatchInstructions"))
             return;
     if (!ok(san.sanitizerPatchModule(module), "sanitizerPatchModule")) return;
+    /* Launch callbacks from the first patched module on: with them on, every launch of the process
+     * pays the sanitizer's callback (PyTorch eager's step 1.15x with no module patched, 2026-12-02). */
+    if (!g_launches_on && ok(san.sanitizerEnableDomain(1, g_subscriber, SAN_DOMAIN_LAUNCH), "sanitizerEnableDomain"))
+        g_launches_on = 1;
     set_module(module, MOD_PATCHED);
     atomic_fetch_add(&g_stats.modules_patched, 1);
 }
@@ -312,8 +318,7 @@ void egpu_sass_start(void) {
 #undef X
         if (missing) fail("the sanitizer library lacks", missing);
         else if (!ok(san.sanitizerSubscribe(&g_subscriber, on_callback, NULL), "sanitizerSubscribe") ||
-                 !ok(san.sanitizerEnableDomain(1, g_subscriber, SAN_DOMAIN_RESOURCE), "sanitizerEnableDomain") ||
-                 !ok(san.sanitizerEnableDomain(1, g_subscriber, SAN_DOMAIN_LAUNCH), "sanitizerEnableDomain"))
+                 !ok(san.sanitizerEnableDomain(1, g_subscriber, SAN_DOMAIN_RESOURCE), "sanitizerEnableDomain"))
             atomic_store(&g_state, -1); /* ok() wrote the error */
         else
             atomic_store(&g_state, 2);

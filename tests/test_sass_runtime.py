@@ -118,9 +118,11 @@ def test_with_the_stand_in_sanitizer(stub_job, probe_obj, tmp_path, sanitizer_st
     doc, calls = job(stub_job, tmp_path, probe_obj("count"), backend, mode, str(sanitizer_stub))
     assert doc["sass"]["state"] == "subscribed" and doc["sass"]["serving"] == "", doc["sass"]
     san = [c for c in calls if c.startswith("sanitizer")]
-    # subscribed in cuInit, before the driver started; enter patches only (count has a kprobe only)
-    assert san[:3] == ["sanitizerSubscribe cb=1", "sanitizerEnableDomain on=1 domain=3",
-                       "sanitizerEnableDomain on=1 domain=5"]
+    # subscribed in cuInit, before the driver started; enter patches only (count has a kprobe only). The
+    # launch domain waits for a patched module, which the stand-in (it never calls back) never makes:
+    # launch callbacks cost every launch of the process (tests/test_sass_gpu.py needs them on).
+    assert san[:2] == ["sanitizerSubscribe cb=1", "sanitizerEnableDomain on=1 domain=3"]
+    assert "sanitizerEnableDomain on=1 domain=5" not in san
     assert calls.index("sanitizerSubscribe cb=1") < calls.index("cuInit flags=0")
     (m,) = doc["modules"]
     assert (m["status"], m["backend"]) == ("instrumented", "sass")
