@@ -374,3 +374,28 @@ def test_sass_bench_times_each_back_end_inside_its_process(suite, tmp_path, monk
     assert doc["vecadd_us_per_launch"] == {"plain": 62.5, "ptx": 125.0, "sass": 250.0, "ptx_ratio": 2.0,
                                            "sass_ratio": 4.0}
     assert [b for b, _ in seen] == ["plain", "ptx", "sass"] and all(c[0] == "vecadd" for _, c in seen)
+
+
+def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, monkeypatch):
+    """bench_torch_shim.py: rounds of plain, egpu-run with no probe and egpu-run --backend ptx, on the
+    suite's CPUs; each ratio against its own round's plain run; a failed process is no result."""
+    bench = importlib.import_module("bench_torch_shim")
+    us = iter([1.5, 1.8, 1.5, 1.0, 1.2, 1.1])   # ms per step: round 0, then round 1
+    seen = []
+
+    def fake_run(cmd, env, timeout, cpus):
+        seen.append(("--backend" in cmd and cmd[cmd.index("--backend") + 1]) or ("--keep" in cmd and "auto"))
+        return case([next(us)] * 3, shim_stats={"launches": 29, "python_calls": 0} if "--keep" in cmd else None)
+    monkeypatch.setattr(suite, "run_case", fake_run)
+    monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: None)
+    out = tmp_path / "torch_shim.json"
+    monkeypatch.setattr(bench.sys, "argv", ["bench_torch_shim.py", str(out), "2"])
+    bench.main()
+    doc = json.loads(out.read_text())
+    assert seen == [False, "auto", "ptx"] * 2
+    assert doc["us_per_step"] == {"plain": [1500.0, 1000.0], "shim": [1800.0, 1200.0], "shim_ptx": [1500.0, 1100.0]}
+    assert doc["ratios"] == {"shim": [1.2, 1.2], "shim_ptx": [1.0, 1.1]}
+    assert doc["shim_stats"]["shim"] == {"launches": 29, "python_calls": 0} and doc["shim_stats"]["plain"] is None
+    monkeypatch.setattr(suite, "run_case", lambda *a: case([], status="failed", error="exit 1: boom"))
+    with pytest.raises(SystemExit, match=r"torch_eager \(plain\): failed: exit 1: boom"):
+        bench.main()
