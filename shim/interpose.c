@@ -901,42 +901,62 @@ static void py_loaded(int api, unsigned long long call, void *handle, CUresult r
     tls_in_python--;
 }
 
-/* Lookups Python has seen. Libraries look a kernel up again on every call (cuDNN, cuBLAS, cudart's
+/* Lookups Python has handled. Libraries look a kernel up again on every call (cuDNN, cuBLAS, cudart's
  * cuKernelGetFunction): Python needs only the first answer, which stays true until an unload, and a
- * call into it costs microseconds. Full: every lookup goes to Python, as before. */
+ * call into it costs microseconds. An entry is made once Python has returned, so that a thread asking
+ * meanwhile goes to Python too and finds the handle routed (a kernel's function is routed only once
+ * its kernel is known); not if an unload came in between. Full: every lookup goes to Python. */
 #define SEEN_SIZE 8192
 static struct seen { void *owner, *handle; int api; } seen[SEEN_SIZE];
+static unsigned long seen_generation; /* unloads so far */
 static pthread_mutex_t seen_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* 1 if (api, owner, handle) was seen; else it is entered (when there is room) and 0. */
-static int seen_before(int api, void *owner, void *handle) {
+/* The slot of (api, owner, handle), or the empty slot it would take; NULL when the table is full.
+ * Caller holds seen_lock. */
+static struct seen *seen_slot(int api, void *owner, void *handle) {
     uint64_t h = (((uintptr_t)owner ^ ((uintptr_t)handle << 1)) >> 3) * 0x9E3779B97F4A7C15ull + (unsigned)api;
-    int found = 0;
-    pthread_mutex_lock(&seen_lock);
     for (uint32_t n = 0, i = (uint32_t)(h >> 51); n < SEEN_SIZE; n++, i = (i + 1) & (SEEN_SIZE - 1)) {
         struct seen *e = &seen[i];
-        if (e->handle == handle && e->owner == owner && e->api == api) { found = 1; break; }
-        if (!e->handle) { *e = (struct seen){owner, handle, api}; break; }
+        if (!e->handle || (e->handle == handle && e->owner == owner && e->api == api)) return e;
     }
+    return NULL;
+}
+
+/* 1 if Python has handled (api, owner, handle); else 0 and the unload generation to enter it under. */
+static int seen_before(int api, void *owner, void *handle, unsigned long *generation) {
+    pthread_mutex_lock(&seen_lock);
+    struct seen *e = seen_slot(api, owner, handle);
+    int found = e && e->handle;
+    *generation = seen_generation;
     pthread_mutex_unlock(&seen_lock);
     return found;
+}
+
+static void seen_enter(int api, void *owner, void *handle, unsigned long generation) {
+    pthread_mutex_lock(&seen_lock);
+    struct seen *e = generation == seen_generation ? seen_slot(api, owner, handle) : NULL;
+    if (e) *e = (struct seen){owner, handle, api};
+    pthread_mutex_unlock(&seen_lock);
 }
 
 /* An unload may free any handle a lookup returned, and the driver hands addresses out again. */
 static void seen_forget(void) {
     pthread_mutex_lock(&seen_lock);
     memset(seen, 0, sizeof seen);
+    seen_generation++;
     pthread_mutex_unlock(&seen_lock);
 }
 
 static void py_found(int api, void *owner, const char *name, void *handle) {
     if (!egpu_python_up()) return;
     int memo = api != EGPU_API_LINK_CREATE && api != EGPU_API_LINK_COMPLETE; /* states are reused */
-    if (memo && seen_before(api, owner, handle)) return;
+    unsigned long generation;
+    if (memo && seen_before(api, owner, handle, &generation)) return;
     atomic_fetch_add_explicit(&g_stats.python_calls, 1, memory_order_relaxed);
     tls_in_python++;
     egpu_py_handle_found(api, owner, name, handle);
     tls_in_python--;
+    if (memo) seen_enter(api, owner, handle, generation);
 }
 
 static void py_unloaded(int api, void *handle) {

@@ -37,7 +37,7 @@ def built(tmp_path_factory) -> Path:
         cc + ["-DBY_DLVSYM", str(STUB / "app_dlsym.c"), "-o", "app_dlvsym", "-ldl"],
         cc + [str(STUB / "app_threads.c"), "-o", "app_threads", "-ldl", "-pthread"],
         cc + [str(STUB / "app_escape.c"), "-o", "app_escape", "-ldl"],
-        cc + [str(STUB / "app_lookups.c"), "-o", "app_lookups", "-ldl"],
+        cc + [str(STUB / "app_lookups.c"), "-o", "app_lookups", "-ldl", "-pthread"],
     ]
     procs = [subprocess.Popen(s, cwd=d) for s in steps]
     assert all(p.wait() == 0 for p in procs), [p.args for p in procs if p.returncode]
@@ -323,6 +323,14 @@ def test_a_kernel_looked_up_again_reaches_python_once(built):
     r = run(built, "app_lookups", EGPU_STUB_LOG="")
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.split() == ["lookups", "first=1", "repeated=0", "after_unload=1", "redirected=1"]
+
+
+def test_a_lookup_while_the_first_is_in_python_waits_for_its_routing(built):
+    """A lookup is remembered once Python has handled it: a second thread asking meanwhile goes to Python
+    too, so its launch runs what the lookup routes (a memo made before would launch it unrouted)."""
+    r = run(built, "app_lookups", "race", EGPU_STUB_LOG="", EGPU_TEST_FOUND_DELAY="0.3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split() == ["race", "redirected=1"]
 
 
 ESCAPED = {"plain": 0, "node": 1, "exec_node": 1, "unregistered": 0, "capture": 1, "capture_ptsz": 1,
