@@ -239,7 +239,8 @@ class Checkpointer:
             t_cut = time.monotonic_ns()
             r = lib.egpu_cow_arm(table, len(staged), side_p)
         if r:
-            raise CowError(f"cannot take the cut: {rt.driver.error_name(r) if r > 0 else 'already armed or bad ranges'}")
+            why = rt.driver.error_name(r) if r > 0 else "already armed or bad ranges"
+            raise CowError(f"cannot take the cut: {why}")
         try:
             while lib.egpu_cow_copy_next(side_p) >= 0:
                 pass
@@ -250,7 +251,8 @@ class Checkpointer:
         stats = ffi.new("struct egpu_cow_stats *")
         lib.egpu_cow_stats(stats)
         if r:
-            raise CowError(f"a copy of the checkpoint failed: {rt.driver.error_name(r) if r > 0 else 'a range was never copied'}")
+            why = rt.driver.error_name(r) if r > 0 else "a range was never copied"
+            raise CowError(f"a copy of the checkpoint failed: {why}")
         info = {f: int(getattr(stats, f)) for f in STATS}
         info.update(bytes=sum(s.size for s in staged), t_cut_ns=t_cut, t_copied_ns=t_copied,
                     copy_ms=round((t_copied - t_cut) / 1e6, 3), host_staging=sum(s.host for s in staged))

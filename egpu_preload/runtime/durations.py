@@ -8,8 +8,13 @@ would serialize them). The runtime aggregates per mangled kernel name: count, to
 log2 histogram of end - start. At exit it flushes CUPTI and the result goes into the process's dump
 under "durations": [[name, count, total_ns, min_ns, max_ns, [[slot, count]...]]] and
 "durations_error" (why there are none, or None). With a timeline (egpu-run --perfetto) each launch is
-kept too, under "launches" (``Timeline.dump``), at most LAUNCH_LIMIT of them; the rest are counted. CUDA events around each launch were the other way
-(bench/bench_shim.py measures what two cuEventRecord per launch cost).
+kept too, under "launches" (``Timeline.dump``), at most LAUNCH_LIMIT of them; the rest are counted.
+
+CUDA events around each launch were the other way. They cost less on the launching thread (bench_shim:
++3.0 µs a launch against CUPTI's +7.7 µs, one CPU, 2026-12-02), but they are work recorded on the
+application's streams, a graph's replays never pass a launch hook to record them, and reading them
+back needs a query per launch; CUPTI times every kernel, replayed or not, with nothing added to a
+stream.
 
 libcupti comes from the process (a PyTorch that loaded its own), the library path, the nvidia-cuda-cupti
 wheel, or the toolkit (extras/CUPTI/lib64, lib64). Only one client may own CUPTI's activity buffers:

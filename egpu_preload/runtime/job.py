@@ -202,8 +202,8 @@ def snapshots(probes: list[Probe], doc: dict[str, Any],
         obj = objs.get(d["path"]) or load_object(Path(d["path"]))
         snaps.append(snapshot(dump.restore_state(MapsState(obj.maps), d), obj, names,
                               event_types(obj) if event_types else None))
-    return Snapshot(tuple(m for s in snaps for m in s.maps), Trace(tuple(line for s in snaps for line in s.trace.lines)),
-                    names)
+    lines = tuple(line for s in snaps for line in s.trace.lines)
+    return Snapshot(tuple(m for s in snaps for m in s.maps), Trace(lines), names)
 
 
 def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view: str = "auto") -> str:

@@ -111,7 +111,8 @@ def serve_prometheus(port: int, session: Path) -> None:
         import prometheus_client
         from prometheus_client.core import REGISTRY
     except ImportError:
-        raise EgpuError(f"--prometheus needs the {PROMETHEUS_PACKAGE} package (pip install 'egpu[prometheus]')") from None
+        raise EgpuError(f"--prometheus needs the {PROMETHEUS_PACKAGE} package "
+                        "(pip install 'egpu[prometheus]')") from None
     REGISTRY.register(JobCollector(session))
     try:
         prometheus_client.start_http_server(port)

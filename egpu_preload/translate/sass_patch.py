@@ -126,8 +126,10 @@ def _entry(name: str, programs: list[PatchProgram], offsets: list[int]) -> str:
             "\tmov.b64 %t0, 0;"]
     out += [f"\tst.local.u64 [__ctx+{8 * k}], %t0;" for k in range(C.SIZE // 8)]
     field = C.BY_NAME
-    out += [f"\tld.global.u64 %t0, [%u+{RECORD.KERNEL_ID}];", f"\tst.local.u64 [__ctx+{field['kernel_id'].offset}], %t0;",
-            f"\tld.global.u64 %t0, [%u+{RECORD.LAUNCH_ID}];", f"\tst.local.u64 [__ctx+{field['launch_id'].offset}], %t0;",
+    out += [f"\tld.global.u64 %t0, [%u+{RECORD.KERNEL_ID}];",
+            f"\tst.local.u64 [__ctx+{field['kernel_id'].offset}], %t0;",
+            f"\tld.global.u64 %t0, [%u+{RECORD.LAUNCH_ID}];",
+            f"\tst.local.u64 [__ctx+{field['launch_id'].offset}], %t0;",
             f"\tmov.u32 %w0, {_KIND[name]};", f"\tst.local.u32 [__ctx+{field['kind'].offset}], %w0;"]
     if name != ENTER:   # site: the SASS instruction index (16-byte instructions since sm_70); entry: 0
         out += ["\tld.param.b64 %t0, [%pc];", f"\tld.global.u64 %t1, [%u+{RECORD.START}];",

@@ -6,8 +6,9 @@ sums the copies when it reads the map.
 Why: a counter every thread of a kernel bumps is one L2 line that every SM's atomics queue on (on an
 H200 a 16 Mi-thread vector add with one ARRAY counter at entry and exit ran 12.9x slower, the same
 counter in a PERCPU_ARRAY 1.71x: docs/bench/why.md; a row per SM still queues an SM's 8 K warps on one
-line, hence several rows an SM). bpftrace's count() uses per-CPU maps for the same reason; here the probe keeps its plain ARRAY and nothing it can observe changes, because nothing on
-the GPU reads the values: adds of one width w commute, so the sum of the copies, lane by lane modulo
+line, hence several rows an SM). bpftrace's count() uses per-CPU maps for the same reason; here the
+probe keeps its plain ARRAY and nothing it can observe changes, because nothing on the GPU reads the
+values: adds of one width w commute, so the sum of the copies, lane by lane modulo
 2^(8w), is what one copy would hold.
 
 A map is striped when all of this holds (the verifier's value_uses, every path of every program):
