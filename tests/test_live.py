@@ -389,6 +389,26 @@ def test_no_flip_while_the_application_captures_a_graph(stub_job, tmp_path, monk
     assert_state_carried(out, Log(job.log))
 
 
+def test_a_probe_attached_again_is_not_verified_again(probes, tmp_path, monkeypatch):
+    """The same object under the same name: loaded, verified and translated once (while among the last
+    VERIFIED_KEPT), yet a probe object of its own each time, since copies and maps go by identity."""
+    from types import SimpleNamespace
+
+    from egpu_preload.runtime import live
+    loads = []
+    real = live.load_probe
+    monkeypatch.setattr(live, "load_probe", lambda path: loads.append(path) or real(path))
+    control = live.Live(SimpleNamespace(probes=[], cfg=SimpleNamespace(session=tmp_path)))
+    data = probes["count"].read_bytes()
+    first, again = control._load(data, "a"), control._load(data, "a")
+    assert first is not again and first == again and first.specs is again.specs and len(loads) == 1
+    assert control._load(data, "b").table != first.table and len(loads) == 2   # another name: its own symbols
+    for i in range(live.VERIFIED_KEPT):
+        control._load(data, f"n{i}")
+    reloaded = control._load(data, "a")   # "a" had gone out: loaded again, under the same names
+    assert (reloaded.path, reloaded.table) == (first.path, first.table) and len(loads) == 3 + live.VERIFIED_KEPT
+
+
 def test_a_bad_probe_is_refused_and_the_job_runs_on(job, tmp_path):
     bad = tmp_path / "bad.bpf.o"
     bad.write_bytes(b"\x7fELF not really")

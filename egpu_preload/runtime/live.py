@@ -60,7 +60,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     from egpu_preload.runtime.instrumenter import Module, Runtime
 
 CAPTURE_WAIT_S = 1.0   # how long a flip waits for the application's stream captures to end
+VERIFIED_KEPT = 16     # probe objects kept loaded, verified and translated for an attach again
 NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 # egpu_shim.h's row structs, and their fields in the order of the rows the runtime keeps
 COPY = ("struct egpu_copy", ("dst", "src", "size"))
@@ -176,6 +177,7 @@ class Live:
         self.server: ControlServer | None = None
         self.flips = 0
         self._workdir: Path | None = None
+        self._verified: dict[Path, Probe] = {}   # object path -> the probe loaded from it, oldest first
         self.extra: dict[str, Any] = {}   # handlers other parts of the runtime serve (serve())
 
     @property
@@ -542,15 +544,21 @@ class Live:
     def _load(self, data: bytes, name: str) -> Probe:
         """Write the object where the exit dump can name it, then load, verify and translate it here. The
         path (which names the probe's PTX symbols: module.object_tag) is the object's content and name,
-        so a probe attached again makes the same PTX, which the driver's JIT cache has compiled."""
+        so a probe attached again makes the same PTX, which the driver's JIT cache has compiled. The last
+        VERIFIED_KEPT objects are kept verified and translated: attached again, they skip that too."""
         if self._workdir is None:
             self._workdir = self.rt.cfg.session or Path(tempfile.mkdtemp(prefix="egpu-live-"))
         path = self._workdir / f"{os.getpid()}.{hashlib.sha256(data).hexdigest()[:16]}.{name}.bpf.o"
-        path.write_bytes(data)
-        probe = load_probe(path)
-        if any(p.attach.kind == "launch" for p in probe.obj.programs):
-            raise ControlError(f"{name}: launch programs (egpu/launch/...) cannot be attached to a running job yet")
-        return probe
+        probe = self._verified.pop(path, None)
+        if probe is None:
+            path.write_bytes(data)
+            probe = load_probe(path)
+            if any(p.attach.kind == "launch" for p in probe.obj.programs):
+                raise ControlError(f"{name}: launch programs (egpu/launch/...) cannot be attached to a running job yet")
+        self._verified[path] = probe
+        while len(self._verified) > VERIFIED_KEPT:
+            del self._verified[next(iter(self._verified))]
+        return replace(probe)   # a probe of its own: its copies and maps are found by its identity
 
     def _context(self) -> int:
         rt = self.rt
