@@ -16,6 +16,7 @@
 
 #include "egpu_shim.h"
 #include "egpu_cow.h"
+#include "egpu_ring.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define CUDA_SUCCESS 0
@@ -62,25 +63,14 @@ static unsigned long long now_ns(void) {
     return (unsigned long long)ts.tv_sec * 1000000000ull + ts.tv_nsec;
 }
 
-/* ---- the record ring: bounded multi-producer queue (Vyukov), one consumer ---- */
+/* ---- the record ring (egpu_ring.h): the hooks push, the runtime takes ---- */
 
-#define RING_SIZE (1u << 14)
-struct cell {
-    _Atomic unsigned long long seq; /* == position: free for it; position + 1: holds its record */
-    struct egpu_op op;
-};
-static struct cell ring[RING_SIZE];
-static _Atomic unsigned long long ring_head, op_seq, ops_recorded, ops_dropped;
-static unsigned long long ring_tail; /* consumer only */
+EGPU_RING(op_ring, struct egpu_op, 1u << 14)
+static _Atomic unsigned long long op_seq, ops_recorded, ops_dropped;
 static _Atomic int records_on;
-static pthread_once_t ring_once = PTHREAD_ONCE_INIT;
-
-static void ring_init(void) {
-    for (unsigned int i = 0; i < RING_SIZE; i++) atomic_store(&ring[i].seq, i);
-}
 
 EXPORT int egpu_cow_records(int on) {
-    pthread_once(&ring_once, ring_init);
+    op_ring_start();
     return atomic_exchange(&records_on, on != 0);
 }
 
@@ -88,38 +78,15 @@ static void record(int kind, int flags, unsigned long long dst, unsigned long lo
                    unsigned long long size, CUstream stream) {
     unsigned long long seq = atomic_fetch_add_explicit(&op_seq, 1, memory_order_relaxed) + 1;
     if (!atomic_load_explicit(&records_on, memory_order_relaxed)) return;
-    unsigned long long pos = atomic_load_explicit(&ring_head, memory_order_relaxed);
-    struct cell *c;
-    for (;;) {
-        c = &ring[pos & (RING_SIZE - 1)];
-        long long diff = (long long)(atomic_load_explicit(&c->seq, memory_order_acquire) - pos);
-        if (diff == 0) {
-            if (atomic_compare_exchange_weak_explicit(&ring_head, &pos, pos + 1, memory_order_relaxed,
-                                                      memory_order_relaxed))
-                break;
-        } else if (diff < 0) { /* full: never wait in a hook */
-            atomic_fetch_add_explicit(&ops_dropped, 1, memory_order_relaxed);
-            return;
-        } else {
-            pos = atomic_load_explicit(&ring_head, memory_order_relaxed);
-        }
-    }
-    c->op = (struct egpu_op){seq, dst, src, size, stream, kind, flags};
-    atomic_store_explicit(&c->seq, pos + 1, memory_order_release);
-    atomic_fetch_add_explicit(&ops_recorded, 1, memory_order_relaxed);
+    struct egpu_op op = {seq, dst, src, size, stream, kind, flags};
+    if (op_ring_push(&op))
+        atomic_fetch_add_explicit(&ops_recorded, 1, memory_order_relaxed);
+    else /* full: never wait in a hook */
+        atomic_fetch_add_explicit(&ops_dropped, 1, memory_order_relaxed);
 }
 
 EXPORT size_t egpu_cow_drain(struct egpu_op *out, size_t max) {
-    pthread_once(&ring_once, ring_init);
-    size_t n = 0;
-    while (n < max) {
-        struct cell *c = &ring[ring_tail & (RING_SIZE - 1)];
-        if (atomic_load_explicit(&c->seq, memory_order_acquire) != ring_tail + 1) break;
-        out[n++] = c->op;
-        atomic_store_explicit(&c->seq, ring_tail + RING_SIZE, memory_order_release);
-        ring_tail++;
-    }
-    return n;
+    return op_ring_drain(out, max);
 }
 
 /* ---- the streams the app made: where the cut needs an event ---- */

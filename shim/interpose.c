@@ -27,6 +27,7 @@
 #include "egpu_shim.h"
 #include "egpu_sass.h"
 #include "egpu_cow.h"
+#include "egpu_ring.h"
 
 /* every hooked symbol: the launch and module side here, copies and streams in cow.c */
 #define EGPU_ALL_HOOKS(X) EGPU_HOOKS(X) EGPU_COW_HOOKS(X)
@@ -394,61 +395,25 @@ EXPORT void egpu_shim_stats(struct egpu_stats *out) {
     out->python_calls = atomic_load(&g_stats.python_calls);
 }
 
-/* ---- the launch record ring: bounded multi-producer queue (Vyukov), one consumer ---- */
+/* ---- the launch record ring (egpu_ring.h): launches push, the runtime's drainer takes ---- */
 
-#define RING_SIZE (1u << 14)
-struct cell {
-    _Atomic unsigned long long seq; /* == position: free for it; position + 1: holds its record */
-    struct egpu_launch_record rec;
-};
-static struct cell ring[RING_SIZE];
-static _Atomic unsigned long long ring_head;
-static unsigned long long ring_tail; /* consumer only */
+EGPU_RING(launch_ring, struct egpu_launch_record, 1u << 14)
 static _Atomic int records_on;
-static pthread_once_t ring_once = PTHREAD_ONCE_INIT;
-
-static void ring_init(void) {
-    for (unsigned int i = 0; i < RING_SIZE; i++) atomic_store(&ring[i].seq, i);
-}
 
 EXPORT int egpu_shim_records(int on) {
-    pthread_once(&ring_once, ring_init);
+    launch_ring_start();
     return atomic_exchange(&records_on, on != 0);
 }
 
 static void ring_push(const struct egpu_launch_record *rec) {
-    unsigned long long pos = atomic_load_explicit(&ring_head, memory_order_relaxed);
-    struct cell *c;
-    for (;;) {
-        c = &ring[pos & (RING_SIZE - 1)];
-        long long diff = (long long)(atomic_load_explicit(&c->seq, memory_order_acquire) - pos);
-        if (diff == 0) {
-            if (atomic_compare_exchange_weak_explicit(&ring_head, &pos, pos + 1, memory_order_relaxed,
-                                                      memory_order_relaxed))
-                break;
-        } else if (diff < 0) { /* full: the drainer is behind; never wait in a launch */
-            atomic_fetch_add_explicit(&g_stats.dropped, 1, memory_order_relaxed);
-            return;
-        } else {
-            pos = atomic_load_explicit(&ring_head, memory_order_relaxed);
-        }
-    }
-    c->rec = *rec;
-    atomic_store_explicit(&c->seq, pos + 1, memory_order_release);
-    atomic_fetch_add_explicit(&g_stats.records, 1, memory_order_relaxed);
+    if (launch_ring_push(rec))
+        atomic_fetch_add_explicit(&g_stats.records, 1, memory_order_relaxed);
+    else /* full: the drainer is behind; never wait in a launch */
+        atomic_fetch_add_explicit(&g_stats.dropped, 1, memory_order_relaxed);
 }
 
 EXPORT size_t egpu_shim_drain(struct egpu_launch_record *out, size_t max) {
-    pthread_once(&ring_once, ring_init);
-    size_t n = 0;
-    while (n < max) {
-        struct cell *c = &ring[ring_tail & (RING_SIZE - 1)];
-        if (atomic_load_explicit(&c->seq, memory_order_acquire) != ring_tail + 1) break;
-        out[n++] = c->rec;
-        atomic_store_explicit(&c->seq, ring_tail + RING_SIZE, memory_order_release);
-        ring_tail++;
-    }
-    return n;
+    return launch_ring_drain(out, max);
 }
 
 /* ---- the swap gate: launches wait while a swap holds it ----
