@@ -17,6 +17,7 @@
 #include "egpu_shim.h"
 #include "egpu_cow.h"
 #include "egpu_ring.h"
+#include "egpu_table.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define CUDA_SUCCESS 0
@@ -290,16 +291,8 @@ static struct { _Atomic(void *) key; _Atomic(struct layout *) layout; } layouts[
 static struct layout unknown_layout;
 
 static _Atomic(struct layout *) *layout_slot(void *f, int insert) {
-    uint64_t h = ((uintptr_t)f >> 4) * 0x9E3779B97F4A7C15ull;
-    for (uint32_t n = 0, i = (uint32_t)(h >> 50) & (LAYOUTS - 1); n < LAYOUTS; n++, i = (i + 1) & (LAYOUTS - 1)) {
-        void *k = atomic_load_explicit(&layouts[i].key, memory_order_acquire);
-        if (k == f) return &layouts[i].layout;
-        if (!k) {
-            if (!insert) return NULL;
-            if (atomic_compare_exchange_strong(&layouts[i].key, &k, f) || k == f) return &layouts[i].layout;
-        }
-    }
-    return NULL;
+    __typeof__(&layouts[0]) e = EGPU_TABLE_FIND(layouts, f, insert);
+    return e ? &e->layout : NULL;
 }
 
 static struct layout *layout_new(unsigned int nparams, int nwrites) {

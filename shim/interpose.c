@@ -28,6 +28,7 @@
 #include "egpu_sass.h"
 #include "egpu_cow.h"
 #include "egpu_ring.h"
+#include "egpu_table.h"
 
 /* every hooked symbol: the launch and module side here, copies and streams in cow.c */
 #define EGPU_ALL_HOOKS(X) EGPU_HOOKS(X) EGPU_COW_HOOKS(X)
@@ -301,23 +302,7 @@ struct slot {
 #define TABLE_SIZE (1u << 16) /* power of two; keys are never removed */
 static struct slot table[TABLE_SIZE];
 
-/* Open addressing, linear probing; a key is claimed with one CAS, so readers never lock. */
-static struct slot *slot_for(void *key, int insert) {
-    if (!key) return NULL; /* NULL marks a free slot */
-    uint64_t h = ((uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull;
-    for (uint32_t n = 0, i = (uint32_t)(h >> 48) & (TABLE_SIZE - 1); n < TABLE_SIZE;
-         n++, i = (i + 1) & (TABLE_SIZE - 1)) {
-        void *k = atomic_load_explicit(&table[i].key, memory_order_acquire);
-        if (k == key) return &table[i];
-        if (k == NULL) {
-            if (!insert) return NULL;
-            if (atomic_compare_exchange_strong_explicit(&table[i].key, &k, key, memory_order_acq_rel,
-                                                        memory_order_acquire) || k == key)
-                return &table[i];
-        }
-    }
-    return NULL;
-}
+static struct slot *slot_for(void *key, int insert) { return EGPU_TABLE_FIND(table, key, insert); }
 
 static struct target *new_target(void *function, int launch_id, unsigned int nparams, unsigned int offset) {
     struct target *t = malloc(sizeof *t);

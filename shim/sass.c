@@ -26,6 +26,7 @@
 
 #include "egpu_shim.h"
 #include "egpu_sass.h"
+#include "egpu_table.h"
 
 /* ---- the sanitizer API we use (sanitizer_callbacks.h, sanitizer_patching.h, CUDA 12/13) ---- */
 
@@ -146,17 +147,8 @@ static struct {
 } modules[MODULES];
 
 static _Atomic int *module_state(void *m, int insert) {
-    if (!m) return NULL;
-    uint32_t i = (uint32_t)((((uintptr_t)m >> 4) * 0x9E3779B97F4A7C15ull) >> 50) & (MODULES - 1);
-    for (uint32_t n = 0; n < MODULES; n++, i = (i + 1) & (MODULES - 1)) {
-        void *k = atomic_load_explicit(&modules[i].key, memory_order_acquire);
-        if (k == m) return &modules[i].state;
-        if (!k) {
-            if (!insert) return NULL;
-            if (atomic_compare_exchange_strong(&modules[i].key, &k, m) || k == m) return &modules[i].state;
-        }
-    }
-    return NULL;
+    __typeof__(&modules[0]) e = EGPU_TABLE_FIND(modules, m, insert);
+    return e ? &e->state : NULL;
 }
 
 static void set_module(void *m, int state) {
@@ -178,17 +170,10 @@ static struct {
 static _Atomic unsigned int g_generation;
 
 static const struct function *function_of(const san_launch_data *ld) {
-    void *f = ld->function;
-    uint32_t i = (uint32_t)((((uintptr_t)f >> 4) * 0x9E3779B97F4A7C15ull) >> 50) & (FUNCTIONS - 1);
+    __typeof__(&functions[0]) e = EGPU_TABLE_FIND(functions, ld->function, 1);
+    if (!e) return NULL;
     unsigned int gen = atomic_load_explicit(&g_generation, memory_order_acquire);
-    uint32_t n = 0;
-    for (; n < FUNCTIONS; n++, i = (i + 1) & (FUNCTIONS - 1)) {
-        void *k = atomic_load_explicit(&functions[i].key, memory_order_acquire);
-        if (k == f) break;
-        if (!k && (atomic_compare_exchange_strong(&functions[i].key, &k, f) || k == f)) break;
-    }
-    if (n == FUNCTIONS) return NULL;
-    const struct function *info = atomic_load_explicit(&functions[i].info, memory_order_acquire);
+    const struct function *info = atomic_load_explicit(&e->info, memory_order_acquire);
     if (info && info->generation == gen) return info;
     struct function *fresh = calloc(1, sizeof *fresh);
     if (!fresh) return NULL;
@@ -205,7 +190,7 @@ static const struct function *function_of(const san_launch_data *ld) {
            "sanitizerGetFunctionPcAndSize"))
         fresh->start = pc;
     /* The one replaced is not freed: another launch may still read it. */
-    atomic_store_explicit(&functions[i].info, fresh, memory_order_release);
+    atomic_store_explicit(&e->info, fresh, memory_order_release);
     return fresh;
 }
 
