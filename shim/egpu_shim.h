@@ -28,8 +28,9 @@ void egpu_py_module_loaded(int api, unsigned long long call, void *handle, int r
                            int replacement_result);
 /* A successful call that made a handle: cuModuleGetFunction / cuLibraryGetKernel (owner = module /
  * library, name), cuKernelGetFunction (owner = kernel), cuLibraryGetModule (owner = library),
- * cuLinkCreate (handle = link state), cuLinkComplete (owner = link state, handle = cubin). */
-void egpu_py_handle_found(int api, void *owner, const char *name, void *handle);
+ * cuLinkCreate (handle = link state), cuLinkComplete (owner = link state, handle = cubin). Returns 1
+ * when handled (the shim answers that lookup itself from then on), 0 when it failed (asked again). */
+int egpu_py_handle_found(int api, void *owner, const char *name, void *handle);
 /* A successful cuModuleUnload / cuLibraryUnload (handle is gone). */
 void egpu_py_unloaded(int api, void *handle);
 

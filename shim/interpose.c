@@ -855,7 +855,8 @@ static void py_loaded(int api, unsigned long long call, void *handle, CUresult r
  * cuKernelGetFunction): Python needs only the first answer, which stays true until an unload, and a
  * call into it costs microseconds. An entry is made once Python has returned, so that a thread asking
  * meanwhile goes to Python too and finds the handle routed (a kernel's function is routed only once
- * its kernel is known); not if an unload came in between. Full: every lookup goes to Python. */
+ * its kernel is known); not if an unload came in between, nor when Python failed (the next lookup
+ * tries again). Full: every lookup goes to Python. */
 #define SEEN_SIZE 8192
 static struct seen { void *owner, *handle; int api; } seen[SEEN_SIZE];
 static unsigned long seen_generation; /* unloads so far */
@@ -904,9 +905,9 @@ static void py_found(int api, void *owner, const char *name, void *handle) {
     if (memo && seen_before(api, owner, handle, &generation)) return;
     atomic_fetch_add_explicit(&g_stats.python_calls, 1, memory_order_relaxed);
     tls_in_python++;
-    egpu_py_handle_found(api, owner, name, handle);
+    int handled = egpu_py_handle_found(api, owner, name, handle);
     tls_in_python--;
-    if (memo) seen_enter(api, owner, handle, generation);
+    if (memo && handled) seen_enter(api, owner, handle, generation);
 }
 
 static void py_unloaded(int api, void *handle) {

@@ -325,6 +325,14 @@ def test_a_kernel_looked_up_again_reaches_python_once(built):
     assert r.stdout.split() == ["lookups", "first=1", "repeated=0", "after_unload=1", "redirected=1"]
 
 
+def test_a_lookup_python_failed_on_is_asked_again(built):
+    """A lookup whose handling raised is not remembered: the next one goes to Python, and routes."""
+    r = run(built, "app_lookups", EGPU_STUB_LOG="", EGPU_TEST_FOUND_FAILS="1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split() == ["lookups", "first=1", "repeated=1", "after_unload=1", "redirected=1"]
+    assert "egpu: hook failed, the original call proceeds: RuntimeError" in r.stderr
+
+
 def test_a_lookup_while_the_first_is_in_python_waits_for_its_routing(built):
     """A lookup is remembered once Python has handled it: a second thread asking meanwhile goes to Python
     too, so its launch runs what the lookup routes (a memo made before would launch it unrouted)."""

@@ -155,6 +155,7 @@ def attach(ffi: Any, lib: Any) -> None:
     def egpu_py_handle_found(api, owner, name, handle):
         if _instrumenter is not None:
             _instrumenter.handle_found(api_name(api), addr(owner), text(name), addr(handle))
+        return 1   # handled: raising returns 0, so the next lookup asks again
 
     @ffi.def_extern(onerror=_report)
     def egpu_py_unloaded(api, handle):

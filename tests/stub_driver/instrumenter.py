@@ -7,7 +7,8 @@ It exercises both ways the runtime can use the shim:
 - beside: when the app looks up kernel_b, a second module is loaded through the real driver
   (egpu_shim_real) and launches of kernel_b are redirected to its kernel_b (egpu_shim_register).
 EGPU_TEST_LOADS=FILE appends "API KIND REPLACEMENT_RESULT" per load there (the GPU tests read it).
-EGPU_TEST_FOUND_DELAY=S makes every handle_found take S seconds first. EGPU_TEST_FAIL=1 makes module_load raise, EGPU_TEST_REFUSE=1 makes it return PTX the stand-in driver
+EGPU_TEST_FOUND_DELAY=S makes every handle_found take S seconds first; EGPU_TEST_FOUND_FAILS=1 makes
+the first one raise. EGPU_TEST_FAIL=1 makes module_load raise, EGPU_TEST_REFUSE=1 makes it return PTX the stand-in driver
 refuses: either way the original load must proceed.
 """
 
@@ -34,6 +35,7 @@ class TestInstrumenter:
     def __init__(self) -> None:
         self.ffi, self.lib = hooks.shim()
         self.instrumented: set[int] = set()  # modules and libraries loaded from our replacement
+        self.found_failed = False
 
     def module_load(self, image: hooks.ModuleImage) -> bytes | None:
         if os.environ.get("EGPU_TEST_FAIL"):
@@ -59,6 +61,9 @@ class TestInstrumenter:
     def handle_found(self, api, owner, name, handle) -> None:
         ffi, lib = self.ffi, self.lib
         time.sleep(float(os.environ.get("EGPU_TEST_FOUND_DELAY", "0")))  # a runtime slow to route
+        if os.environ.get("EGPU_TEST_FOUND_FAILS") and not self.found_failed:
+            self.found_failed = True
+            raise RuntimeError("test instrumenter fails its first lookup on purpose")
         if name == "kernel_a" and owner in self.instrumented:
             lib.egpu_shim_register_launch_id(ffi.cast("void *", handle), ffi.cast("void *", handle), 2, 16)
         elif name == "kernel_b":
