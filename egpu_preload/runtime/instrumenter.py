@@ -72,7 +72,7 @@ class Module:
     kernels: dict[str, KernelStatus] = field(default_factory=dict)
     original: bytes | None = None                # the app's image, until the load is done
     beside: int | None = None                    # the original loaded beside, when the maps could not go in
-    registered: list[int] = field(default_factory=list)  # kernel handles given to the shim
+    registered: set[int] = field(default_factory=set)  # kernel handles given to the shim
     # live control (live.py): the original PTX, kept for re-instrumenting; the app's handle; the probes
     # its image was instrumented with; the copy serving its launches (None: the app's own image)
     ptx: str | None = None
@@ -406,9 +406,6 @@ class Runtime:
 
     def _route(self, mod: Module, name: str, handle: int) -> None:
         """Make launches of a kernel handle of an instrumented load run what they must."""
-        known = self.functions.get(handle)
-        if known is not None and known[0] is mod and known[1] == name:
-            return  # looked up again (the shim's memo was full): routed when first found
         self.functions[handle] = (mod, name)
         if self.live.route(mod, name, handle):
             return
@@ -423,7 +420,7 @@ class Runtime:
             self.exit.arm()
         else:
             return
-        mod.registered.append(handle)
+        mod.registered.add(handle)
 
     def _log(self, level: int, line: str) -> None:
         if self.cfg.log >= level:

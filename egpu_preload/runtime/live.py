@@ -314,7 +314,7 @@ class Live:
         args = (flip.nparams, flip.param_offset) if flip.launch_id else ()
         if fn(self.rt.ffi.cast("void *", handle), self.rt.ffi.cast("void *", flip.repl or 0), *args):
             print(f"egpu: {name}: the shim's function table is full", file=sys.stderr)
-        mod.registered.append(handle)
+        mod.registered.add(handle)
         return True
 
     def loaded(self, mod: "Module") -> None:
