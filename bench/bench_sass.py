@@ -9,10 +9,10 @@ kernel-entry counter tests/probes/count.bpf.c, prebuilt by scripts/gpu-prep.sh).
   repetitions of about 100 ms; median per launch), so start-up and JIT stay out. (Until 2026-12-01 this
   differenced whole-process times at 20 and 220 launches, which process noise drove negative.)
 - PyTorch: one eager training step (matmul, conv, MLP forward, backward and SGD) timed in the process
-  (median of STEPS after a warm-up): plain, egpu-run with no probe (``shim``: the default back end, the
-  sanitizer loaded), ``--backend ptx`` (the shim only: PyTorch ships no PTX, no sanitizer) and
+  (median of STEPS after a warm-up): plain, ``--backend ptx`` (the shim only: PyTorch ships no PTX) and
   ``--backend sass`` (every kernel patched, the probe in each); with the shim, the launches and the
-  shim's calls into Python per timed step too (``torch_shim_per_step``).
+  shim's calls into Python per timed step too (``torch_shim_per_step``). A job with no probe at all is
+  bench_torch_shim.py's, in pinned rounds: one unpinned process per mode cannot resolve it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import suite  # noqa: E402
 
 STEPS = 50
 BACKENDS = ("plain", "ptx", "sass")
-TORCH_MODES = ("plain", "shim", "ptx", "sass")   # shim: egpu-run with no probe, as a job starts for attach
 
 TORCH_STEP = r"""
 import os, statistics, time
@@ -73,11 +72,7 @@ if before:
 
 
 def command(backend: str, probe: Path, cmd: list[str]) -> list[str]:
-    if backend == "plain":
-        return cmd
-    if backend == "shim":  # the default back end (auto: the sanitizer loaded), nothing to patch
-        return suite.egpu_run() + cmd
-    return suite.egpu_run() + ["--backend", backend, "-p", str(probe), *cmd]
+    return cmd if backend == "plain" else suite.egpu_run() + ["--backend", backend, "-p", str(probe), *cmd]
 
 
 def vecadd_us(exe: Path, backend: str, probe: Path, env: dict[str, str]) -> tuple[float, str | None]:
@@ -117,7 +112,7 @@ def main() -> None:
         script.write_text(TORCH_STEP.replace("STEPS", str(STEPS)))
         if subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
                           capture_output=True).returncode == 0:
-            steps = {b: torch_step(b, probe, env, script) for b in TORCH_MODES}
+            steps = {b: torch_step(b, probe, env, script) for b in BACKENDS}
             result["torch_step_us"] = {b: us for b, (us, _) in steps.items()}
             # what the shim's hooks did per step: a call into Python per launch would be the cost
             result["torch_shim_per_step"] = {b: dict(zip(("launches", "python_calls"), per))
@@ -126,10 +121,9 @@ def main() -> None:
         if case not in result:
             continue
         times = result[case]
-        modes = list(times)
-        times.update({f"{b}_ratio": round(times[b] / times["plain"], 3) for b in modes if b != "plain"})
-        print(f"{case:24s} " + "  ".join(f"{b} {times[b]:10.1f}" for b in modes)
-              + "  " + "  ".join(f"{b} x{times[b + '_ratio']}" for b in modes if b != "plain"))
+        times.update({f"{b}_ratio": round(times[b] / times["plain"], 3) for b in BACKENDS if b != "plain"})
+        print(f"{case:24s} " + "  ".join(f"{b} {times[b]:10.1f}" for b in BACKENDS)
+              + f"   ptx x{times['ptx_ratio']}  sass x{times['sass_ratio']}")
     out_path.write_text(json.dumps({"probe": str(probe), "vecadd_threads": 1 << 24, **result}, indent=1))
 
 
