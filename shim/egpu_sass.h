@@ -11,11 +11,13 @@
 
 /* ---- part 1: implemented in Python (embedding_api) ---- */
 
-/* A kernel of a SASS-patched module launches and the shim has not seen this function yet: which
- * kernel-site programs run in it (bit k = sass_patch.PatchProgram.bit; 0: none, its launches run
- * without probe calls) and, in *kernel_id, ctx.kernel_id. Called from the sanitizer's launch
- * callback, inside the driver's launch call: it must not call CUDA. */
-unsigned long long egpu_py_sass_kernel(void *module, const char *name, unsigned long long *kernel_id);
+/* A kernel of a SASS-patched module launches and the shim has not seen this function under this
+ * generation yet: which of the generation's kernel-site programs run in it (bit k =
+ * sass_patch.PatchProgram.bit; 0: none, its launches run without probe calls) and, in *kernel_id,
+ * ctx.kernel_id. Called from the sanitizer's launch callback, inside the driver's launch call: it must
+ * not call CUDA. */
+unsigned long long egpu_py_sass_kernel(void *module, const char *name, unsigned long long generation,
+                                       unsigned long long *kernel_id);
 
 /* ---- part 2: C API for the runtime (cdef) ---- */
 
@@ -27,16 +29,28 @@ struct egpu_sass_stats {
     unsigned long long modules_skipped; /* already instrumented by the PTX back end */
     unsigned long long launches;        /* launch callbacks of patched modules */
     unsigned long long probed;          /* of those, launches that ran probes (a record was written) */
-    unsigned long long errors;          /* failed sanitizer calls; the first is in `error` */
+    unsigned long long errors;          /* failed sanitizer calls; the last is in `error` */
+    unsigned long long flips;           /* generations committed */
+    unsigned long long flip_us;         /* the last commit's unpatching and re-patching */
+    unsigned long long generation;      /* the one patching now (0: none since the start) */
+    unsigned long long modules_loaded;  /* modules the back end may patch (loaded, not the PTX back end's) */
+    unsigned long long patched_now;     /* of those, patched with the current generation */
     char error[256];
 };
 
-/* The patch image (a cubin from sass_patch.build_image; copied) and the instruction classes to patch
- * (bit 1 << Sanitizer_InstructionId). Modules that loaded before are patched now. Returns 0, or -1
- * when the sanitizer is not subscribed or the image was configured already. */
-int egpu_sass_configure(const void *image, size_t size, unsigned int classes);
-/* The global address of the table block (each probe object's map table, back to back): launches
- * run probes only once it is set. */
+/* Stage generation `id`: the patch image (a cubin from sass_patch.build_image; copied; `image_id` names
+ * it, so an image is added to a context once), the instruction classes it patches (bit 1 <<
+ * Sanitizer_InstructionId; 0: none, standby again), its entry point for each class (entries[id]) and
+ * its table block. It replaces any staged one; egpu_sass_commit_now or the next egpu_shim_swap
+ * commits it. -1: the sanitizer is not subscribed, or out of memory. */
+int egpu_sass_stage(const void *image, size_t size, unsigned int classes, const char *const *entries,
+                    unsigned long long image_id, unsigned long long id, unsigned long long tables);
+void egpu_sass_unstage(void);
+/* Commit the staged generation now: only while no module is patched (a first patch needs no drain).
+ * 0, or -1 with the reason in the stats' error. */
+int egpu_sass_commit_now(void);
+/* The current generation's table block (each probe object's map table, back to back), when it was
+ * staged without one: launches run probes only once it is set. */
 void egpu_sass_tables(unsigned long long tables);
 void egpu_sass_stats(struct egpu_sass_stats *out);
 
@@ -44,6 +58,9 @@ void egpu_sass_stats(struct egpu_sass_stats *out);
 
 /* Subscribe when EGPU_BACKEND is sass or auto (once; the shim's cuInit hook calls it). */
 void egpu_sass_start(void);
+/* Commit the staged generation, if any: every context drained, every module re-patched. Called by
+ * egpu_shim_swap inside its launch gate; 0, or -1 with the old generation still patched. */
+int egpu_sass_flip(void);
 /* The launch id the shim's launch hook drew on this thread, for the launch callback that follows. */
 extern __thread unsigned long long egpu_sass_launch_id;
 

@@ -118,9 +118,11 @@ struct egpu_moved {
  * gets the launch counter at the flip: launch ids up to it ran the old targets, later ones the new.
  * Returns 0; -1 when the table is full or memory is out (nothing published); EGPU_SWAP_CAPTURING while
  * a stream capture the shim saw begin is in progress (nothing drained or published: the driver would
- * refuse the drain and invalidate the capture); else the failing CUresult (nothing published). A
- * kernel that waits for a later launch would never finish: the swap would wait with it. */
-enum { EGPU_SWAP_CAPTURING = -2 };
+ * refuse the drain and invalidate the capture); EGPU_SWAP_SASS when the SASS back end's staged
+ * generation could not be patched in (egpu_sass_flip: its old generation stays; nothing published);
+ * else the failing CUresult (nothing published). A kernel that waits for a later launch would never
+ * finish: the swap would wait with it. */
+enum { EGPU_SWAP_CAPTURING = -2, EGPU_SWAP_SASS = -3 };
 int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncopies,
                    const struct egpu_flip *flips, size_t nflips, const struct egpu_moved *moved,
                    size_t nmoved, unsigned long long *launches);

@@ -517,6 +517,8 @@ EXPORT int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncop
     /* Draining the context while a stream captures would fail, and fail the application's capture too
      * (the driver refuses cuCtxSynchronize then, and invalidates the capture): refuse, touching nothing. */
     result = atomic_load(&g_captures) ? EGPU_SWAP_CAPTURING : swap_state(ctx, copies, ncopies);
+    /* The SASS back end's modules change with the PTX back end's, behind the same hold. */
+    if (result == CUDA_SUCCESS && egpu_sass_flip()) result = EGPU_SWAP_SASS;
     if (result == CUDA_SUCCESS) {
         for (size_t i = 0; i < nflips; i++) { /* old targets are never freed: see set_target() */
             set_target(slots[i], targets[i]);

@@ -1,16 +1,25 @@
 /* sass.c: the SASS back end in libegpu_shim.so, through NVIDIA's Compute Sanitizer patching API.
  *
  * - egpu_sass_start (the cuInit hook, before the driver starts; EGPU_BACKEND sass|auto) dlopens
- *   libsanitizer-public.so (EGPU_SANITIZER_LIB), subscribes and enables the resource domain; the launch
- *   domain is enabled when the first module is patched.
- * - MODULE_LOADED: a module the PTX back end did not instrument (its cubin has no "__egpu_maps_" table)
- *   is patched: the patch image goes into its context once (sanitizerAddPatches), then every configured
- *   instruction class is patched (sanitizerPatchInstructions + sanitizerPatchModule). Modules loaded
- *   before the runtime configured the image wait in a list and are patched by egpu_sass_configure.
- * - LAUNCH_BEGIN of a patched module's kernel: the function's programs (asked from Python once per
- *   function) decide; with any, a launch record (sass_patch.Record) is copied into a per-context ring
- *   on the launch's stream, before the kernel, and given to the launch as its callback data
- *   (sanitizerSetLaunchCallbackData). Without, nothing: the patches see NULL and return.
+ *   libsanitizer-public.so (EGPU_SANITIZER_LIB), subscribes and enables the resource domain. That is
+ *   standby: every module load is recorded (MODULE_LOADED), nothing is patched and the launch domain
+ *   is off, so a job pays nothing until a probe arrives. A subscription made after CUDA started would
+ *   never see a launch (docs/sass-backend.md), so it is made for every job that may want one.
+ * - A generation is one patch image (sass_patch.py, entry points named after the image) with the
+ *   instruction classes it patches and its map-table block. The runtime stages one
+ *   (egpu_sass_stage) and it is committed either at once, while no module is patched
+ *   (egpu_sass_commit_now: the start-up probes), or inside the launch gate of a flip
+ *   (egpu_shim_swap -> egpu_sass_flip): the contexts drain, then every recorded module is unpatched and
+ *   patched again with the new image's entry points (re-patching over a patch without unpatching
+ *   breaks the module: measured on the H200). A generation without classes unpatches everything and
+ *   turns the launch domain off again: standby. A failed re-patch puts the old generation back.
+ * - MODULE_LOADED of a module the PTX back end did not instrument (its cubin has no "__egpu_maps_"
+ *   table) while a generation patches: patched with it at once (a first patch needs no drain).
+ * - LAUNCH_BEGIN of a patched module's kernel: the function's programs under the current generation
+ *   (asked from Python once per function and generation) decide; with any, a launch record
+ *   (sass_patch.Record) is copied into a per-context ring on the launch's stream and given to the
+ *   launch as its callback data (sanitizerSetLaunchCallbackData). Without, nothing: the patches see
+ *   NULL and return.
  *
  * The sanitizer's types and functions are declared here, not taken from its headers, so the shim
  * builds without them; tests/test_sass_gpu.py checks them against the real headers.
@@ -18,11 +27,13 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "egpu_shim.h"
 #include "egpu_sass.h"
@@ -65,6 +76,7 @@ typedef struct { /* Sanitizer_LaunchData, up to the last member we read */
     X(sanitizerAddPatches, (const void *image, CUcontext ctx)) \
     X(sanitizerPatchInstructions, (int instructionId, CUmodule module, const char *deviceCallbackName)) \
     X(sanitizerPatchModule, (CUmodule module)) \
+    X(sanitizerUnpatchModule, (CUmodule module)) \
     X(sanitizerAlloc, (CUcontext ctx, void **devPtr, size_t size)) \
     X(sanitizerMemcpyHostToDeviceAsync, (void *dst, void *src, size_t count, Sanitizer_StreamHandle stream)) \
     X(sanitizerSetLaunchCallbackData, (Sanitizer_LaunchHandle launch, CUfunction kernel, Sanitizer_StreamHandle stream, const void *userdata)) \
@@ -79,13 +91,11 @@ static struct {
 
 #define DEFAULT_LIB "/usr/local/cuda/compute-sanitizer/libsanitizer-public.so"
 #define MARKER "__egpu_maps_" /* translate/module.py table_symbol: the PTX back end's modules */
-/* sass_patch.py's entry points, by Sanitizer_InstructionId */
-static const char *const ENTRY[4] = {NULL, "egpu_sass_block_enter", "egpu_sass_block_exit",
-                                     "egpu_sass_global_access"};
+#define CLASSES 4             /* Sanitizer_InstructionId 1..3: block enter, block exit, global access */
 
 /* sass_patch.Record, padded to 64 bytes */
 struct record {
-    unsigned long long kernel_id, launch_id, start, mask, tables, pad[3];
+    unsigned long long kernel_id, launch_id, start, mask, tables, generation, pad[2];
 };
 #define RING 4096 /* records per context: a slot is reused after RING later launches in that context */
 
@@ -93,34 +103,57 @@ __thread unsigned long long egpu_sass_launch_id;
 
 static _Atomic int g_state;
 static struct {
-    _Atomic unsigned long long modules_seen, modules_patched, modules_skipped, launches, probed, errors;
+    _Atomic unsigned long long modules_seen, modules_patched, modules_skipped, launches, probed, errors, flips;
 } g_stats;
+static pthread_mutex_t g_err_mu = PTHREAD_MUTEX_INITIALIZER; /* g_error: any thread may fail a call */
 static char g_error[256];
 static Sanitizer_SubscriberHandle g_subscriber;
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* configuration, contexts, pending modules */
-static void *g_image;
-static unsigned int g_classes;
-static _Atomic unsigned long long g_tables;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* generations, contexts' images, the module list */
 static __thread int tls_adding; /* our own sanitizerAddPatches: its module is the patch image */
 static int g_launches_on;        /* the launch domain is enabled (under g_mu) */
+static _Atomic unsigned long long g_flip_us; /* the last commit's unpatch and re-patch, microseconds */
 
+__attribute__((format(printf, 1, 2))) static void set_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&g_err_mu);
+    vsnprintf(g_error, sizeof g_error, fmt, ap);
+    pthread_mutex_unlock(&g_err_mu);
+    va_end(ap);
+}
+
+/* The last failure is kept (a flip's caller reads the one it caused). */
 static int ok(SanitizerResult r, const char *call) {
     if (r == 0) return 1;
-    if (atomic_fetch_add(&g_stats.errors, 1) == 0) {
-        const char *s = NULL;
-        if (!san.sanitizerGetResultString || san.sanitizerGetResultString(r, &s) != 0) s = "?";
-        snprintf(g_error, sizeof g_error, "%s failed: %d (%s)", call, r, s ? s : "?");
-    }
+    atomic_fetch_add(&g_stats.errors, 1);
+    const char *s = NULL;
+    if (!san.sanitizerGetResultString || san.sanitizerGetResultString(r, &s) != 0) s = "?";
+    set_error("%s failed: %d (%s)", call, r, s ? s : "?");
     return 0;
 }
 
-/* ---- contexts: the patch image and a record ring in each ---- */
+/* ---- generations: immutable once published; never freed (a launch callback may hold one) ---- */
 
+struct generation {
+    unsigned long long id;
+    unsigned int classes;           /* bit 1 << Sanitizer_InstructionId */
+    char entry[CLASSES][96];        /* the image's entry point for each class */
+    unsigned long long image_id;    /* names the image: added to a context once */
+    void *image;                    /* owned until the generation is replaced */
+    _Atomic unsigned long long tables;
+};
+static _Atomic(struct generation *) g_current; /* NULL or no classes: standby */
+static struct generation *g_staged;             /* under g_mu */
+
+/* ---- contexts: the images added to each, and a record ring ---- */
+
+#define IMAGES 256 /* distinct images one context can take; a flip past it is refused */
 struct context {
     CUcontext ctx;
-    int loaded; /* 1 image in, -1 it failed */
-    struct record *ring;
+    struct record *ring;           /* NULL until the first patch in it */
     _Atomic unsigned long long next;
+    unsigned long long images[IMAGES];
+    int nimages;
 };
 #define MAX_CONTEXTS 64
 static struct context contexts[MAX_CONTEXTS];
@@ -137,7 +170,34 @@ static struct context *context_of(CUcontext ctx, int create) {
     return &contexts[n];
 }
 
-/* ---- modules: patched or not (insert-only open addressing; unloads reset the state) ---- */
+/* The context, ready for generation g's patches: its ring allocated, g's image added. Under g_mu. */
+static struct context *context_ready(CUcontext ctx, const struct generation *g) {
+    struct context *c = context_of(ctx, 1);
+    if (!c) {
+        set_error("more than %d contexts", MAX_CONTEXTS);
+        return NULL;
+    }
+    if (!c->ring && !ok(san.sanitizerAlloc(ctx, (void **)&c->ring, RING * sizeof(struct record)), "sanitizerAlloc"))
+        return NULL;
+    for (int i = 0; i < c->nimages; i++)
+        if (c->images[i] == g->image_id) return c;
+    if (!g->image) { /* a generation replaced since: only the contexts it was in can run it */
+        set_error("the probes before this flip were never patched into context %p", (void *)ctx);
+        return NULL;
+    }
+    if (c->nimages == IMAGES) {
+        set_error("a context holds %d patch images already: no new probe set can be patched", IMAGES);
+        return NULL;
+    }
+    tls_adding = 1;
+    int in = ok(san.sanitizerAddPatches(g->image, ctx), "sanitizerAddPatches");
+    tls_adding = 0;
+    if (!in) return NULL;
+    c->images[c->nimages++] = g->image_id;
+    return c;
+}
+
+/* ---- modules: every one loaded (a list under g_mu), and a lock-free patched/skipped table ---- */
 
 enum { MOD_UNKNOWN, MOD_PATCHED, MOD_SKIPPED };
 #define MODULES (1u << 14)
@@ -156,7 +216,15 @@ static void set_module(void *m, int state) {
     if (s) atomic_store_explicit(s, state, memory_order_release);
 }
 
-/* ---- functions: what Python said about each (a generation per unload, handles get reused) ---- */
+struct loaded {
+    CUcontext ctx;
+    CUmodule module;
+    int patched;
+};
+static struct loaded *g_loaded;   /* modules the back end may patch (not the PTX back end's) */
+static size_t g_nloaded, g_capacity;
+
+/* ---- functions: what Python said about each (a generation per unload or flip, handles get reused) ---- */
 
 struct function {
     unsigned long long kernel_id, mask, start;
@@ -169,7 +237,7 @@ static struct {
 } functions[FUNCTIONS];
 static _Atomic unsigned int g_generation;
 
-static const struct function *function_of(const san_launch_data *ld) {
+static const struct function *function_of(const san_launch_data *ld, const struct generation *g) {
     __typeof__(&functions[0]) e = EGPU_TABLE_FIND(functions, ld->function, 1);
     if (!e) return NULL;
     unsigned int gen = atomic_load_explicit(&g_generation, memory_order_acquire);
@@ -180,7 +248,7 @@ static const struct function *function_of(const san_launch_data *ld) {
     fresh->generation = gen;
     if (egpu_python_up()) { /* else no probes: the interpreter is finalized (egpu_shim_python_gone) */
         int old = egpu_shim_bypass(1); /* Python must not reach the driver from here; hooks pass through */
-        fresh->mask = egpu_py_sass_kernel(ld->module, ld->functionName ? ld->functionName : "",
+        fresh->mask = egpu_py_sass_kernel(ld->module, ld->functionName ? ld->functionName : "", g->id,
                                           &fresh->kernel_id);
         egpu_shim_bypass(old);
     }
@@ -194,35 +262,74 @@ static const struct function *function_of(const san_launch_data *ld) {
     return fresh;
 }
 
-/* ---- patching ---- */
+/* ---- patching (under g_mu) ---- */
 
-#define PENDING 1024
-static struct { CUcontext ctx; CUmodule module; } pending[PENDING];
-static int npending;
+/* Launch callbacks only while a module is patched: with them on, every launch of the process pays
+ * the sanitizer's callback (PyTorch eager's step 1.15x with no module patched, 2026-12-02). */
+static void launch_domain(int on) {
+    if (on != g_launches_on && ok(san.sanitizerEnableDomain(on, g_subscriber, SAN_DOMAIN_LAUNCH),
+                                  "sanitizerEnableDomain"))
+        g_launches_on = on;
+}
 
-/* Caller holds g_mu and has configured the image. */
-static void patch(CUcontext ctx, CUmodule module) {
-    struct context *c = context_of(ctx, 1);
-    if (!c) return;
-    if (!c->loaded) {
-        tls_adding = 1;
-        int in = ok(san.sanitizerAddPatches(g_image, ctx), "sanitizerAddPatches");
-        tls_adding = 0;
-        c->loaded = in && ok(san.sanitizerAlloc(ctx, (void **)&c->ring, RING * sizeof(struct record)),
-                             "sanitizerAlloc") ? 1 : -1;
+/* Module m made to run generation g's patches (NULL or no classes: none). Unpatched first whenever it
+ * was patched: the API does not replace a patch. */
+static int repatch(struct loaded *m, const struct generation *g) {
+    if (m->patched) {
+        if (!ok(san.sanitizerUnpatchModule(m->module), "sanitizerUnpatchModule")) return 0;
+        m->patched = 0;
+        set_module(m->module, MOD_UNKNOWN);
     }
-    if (c->loaded != 1) return;
-    for (int id = 1; id <= 3; id++)
-        if ((g_classes >> id & 1) && !ok(san.sanitizerPatchInstructions(id, module, ENTRY[id]),
-                                         "sanitizerPatchInstructions"))
-            return;
-    if (!ok(san.sanitizerPatchModule(module), "sanitizerPatchModule")) return;
-    /* Launch callbacks from the first patched module on: with them on, every launch of the process
-     * pays the sanitizer's callback (PyTorch eager's step 1.15x with no module patched, 2026-12-02). */
-    if (!g_launches_on && ok(san.sanitizerEnableDomain(1, g_subscriber, SAN_DOMAIN_LAUNCH), "sanitizerEnableDomain"))
-        g_launches_on = 1;
-    set_module(module, MOD_PATCHED);
+    if (!g || !g->classes) return 1;
+    if (!context_ready(m->ctx, g)) return 0;
+    for (int id = 1; id < CLASSES; id++)
+        if ((g->classes >> id & 1) && !ok(san.sanitizerPatchInstructions(id, m->module, g->entry[id]),
+                                          "sanitizerPatchInstructions"))
+            return 0;
+    if (!ok(san.sanitizerPatchModule(m->module), "sanitizerPatchModule")) return 0;
+    m->patched = 1;
+    set_module(m->module, MOD_PATCHED);
     atomic_fetch_add(&g_stats.modules_patched, 1);
+    launch_domain(1);
+    return 1;
+}
+
+static unsigned long long micros(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (unsigned long long)t.tv_sec * 1000000 + (unsigned long long)t.tv_nsec / 1000;
+}
+
+/* Every module to the staged generation, or, should one fail, every module back to the current one.
+ * 0, or -1 with g_error saying why. */
+static int commit_staged(void) {
+    struct generation *old = atomic_load(&g_current), *g = g_staged;
+    unsigned long long t0 = micros();
+    int failed = 0;
+    for (size_t i = 0; i < g_nloaded && !failed; i++) failed = !repatch(&g_loaded[i], g);
+    if (failed) {
+        char why[sizeof g_error];
+        pthread_mutex_lock(&g_err_mu);
+        memcpy(why, g_error, sizeof why);
+        pthread_mutex_unlock(&g_err_mu);
+        for (size_t i = 0; i < g_nloaded; i++) repatch(&g_loaded[i], old);
+        set_error("%s; the probes before it go on running", why);
+        free(g->image);
+        free(g);
+        g_staged = NULL;
+        return -1;
+    }
+    g_staged = NULL;
+    atomic_store_explicit(&g_current, g, memory_order_release);
+    atomic_fetch_add(&g_generation, 1); /* every function's programs asked again */
+    atomic_fetch_add(&g_stats.flips, 1);
+    if (!g->classes) launch_domain(0); /* every module unpatched: standby */
+    if (old) { /* no context it is not in yet needs it now */
+        free(old->image);
+        old->image = NULL;
+    }
+    atomic_store(&g_flip_us, micros() - t0);
+    return 0;
 }
 
 static void module_loaded(const san_module_data *d) {
@@ -234,8 +341,19 @@ static void module_loaded(const san_module_data *d) {
         return;
     }
     pthread_mutex_lock(&g_mu);
-    if (g_image) patch(d->context, d->module);
-    else if (npending < PENDING) pending[npending++] = (typeof(pending[0])){d->context, d->module};
+    if (g_nloaded == g_capacity) {
+        size_t cap = g_capacity ? 2 * g_capacity : 256;
+        struct loaded *grown = realloc(g_loaded, cap * sizeof *grown);
+        if (!grown) {
+            set_error("out of memory recording module %zu", g_nloaded);
+            pthread_mutex_unlock(&g_mu);
+            return;
+        }
+        g_loaded = grown, g_capacity = cap;
+    }
+    struct loaded *m = &g_loaded[g_nloaded++];
+    *m = (struct loaded){d->context, d->module, 0};
+    repatch(m, atomic_load(&g_current));
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -244,8 +362,8 @@ static void module_unloading(const san_module_data *d) {
     if (s) atomic_store(s, MOD_UNKNOWN);
     atomic_fetch_add(&g_generation, 1);
     pthread_mutex_lock(&g_mu);
-    for (int i = 0; i < npending; i++)
-        if (pending[i].module == d->module) pending[i] = pending[--npending];
+    for (size_t i = 0; i < g_nloaded; i++)
+        if (g_loaded[i].module == d->module) g_loaded[i--] = g_loaded[--g_nloaded];
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -253,12 +371,14 @@ static void launch_begin(const san_launch_data *ld) {
     _Atomic int *s = module_state(ld->module, 0);
     if (!s || atomic_load_explicit(s, memory_order_acquire) != MOD_PATCHED) return;
     atomic_fetch_add_explicit(&g_stats.launches, 1, memory_order_relaxed);
-    unsigned long long tables = atomic_load_explicit(&g_tables, memory_order_acquire);
-    const struct function *f = function_of(ld);
+    const struct generation *g = atomic_load_explicit(&g_current, memory_order_acquire);
+    if (!g) return;
+    unsigned long long tables = atomic_load_explicit(&((struct generation *)g)->tables, memory_order_acquire);
+    const struct function *f = function_of(ld, g);
     struct context *c = context_of(ld->context, 0);
-    if (!f || !f->mask || !tables || !c || c->loaded != 1) return;
+    if (!f || !f->mask || !tables || !c || !c->ring) return;
     unsigned long long slot = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed) % RING;
-    struct record r = {f->kernel_id, egpu_sass_launch_id, f->start, f->mask, tables, {0, 0, 0}};
+    struct record r = {f->kernel_id, egpu_sass_launch_id, f->start, f->mask, tables, g->id, {0, 0}};
     egpu_sass_launch_id = 0;
     /* Stream-ordered before the kernel, which is not enqueued yet at LAUNCH_BEGIN; the sanitizer stages
      * the pageable source before returning. */
@@ -276,10 +396,10 @@ static void on_callback(void *userdata, int domain, uint32_t cbid, const void *d
     else if (domain == SAN_DOMAIN_LAUNCH && cbid == SAN_CBID_LAUNCH_BEGIN) launch_begin(data);
 }
 
-/* ---- start, configuration, statistics ---- */
+/* ---- start, generations, statistics ---- */
 
 static void fail(const char *what, const char *detail) {
-    snprintf(g_error, sizeof g_error, "%s%s%s", what, detail ? ": " : "", detail ? detail : "");
+    set_error("%s%s", what, detail ? detail : "");
     atomic_store(&g_state, -1);
 }
 
@@ -295,13 +415,13 @@ void egpu_sass_start(void) {
     const char *path = getenv("EGPU_SANITIZER_LIB");
     void *h = dlopen(path && *path ? path : DEFAULT_LIB, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
-        fail("cannot load the sanitizer", dlerror());
+        fail("cannot load the sanitizer: ", dlerror());
     } else {
         const char *missing = NULL;
 #define X(name, params) if (!(san.name = (SanitizerResult(*) params)dlsym(h, #name)) && !missing) missing = #name;
         SAN_FNS(X)
 #undef X
-        if (missing) fail("the sanitizer library lacks", missing);
+        if (missing) fail("the sanitizer library lacks ", missing);
         else if (!ok(san.sanitizerSubscribe(&g_subscriber, on_callback, NULL), "sanitizerSubscribe") ||
                  !ok(san.sanitizerEnableDomain(1, g_subscriber, SAN_DOMAIN_RESOURCE), "sanitizerEnableDomain"))
             atomic_store(&g_state, -1); /* ok() wrote the error */
@@ -311,24 +431,85 @@ void egpu_sass_start(void) {
     egpu_shim_bypass(old);
 }
 
-__attribute__((visibility("default"))) int egpu_sass_configure(const void *image, size_t size,
-                                                               unsigned int classes) {
-    if (atomic_load(&g_state) != 2 || !image || !size) return -1;
+__attribute__((visibility("default"))) int egpu_sass_stage(const void *image, size_t size, unsigned int classes,
+                                                           const char *const *entries, unsigned long long image_id,
+                                                           unsigned long long id, unsigned long long tables) {
+    if (atomic_load(&g_state) != 2 || (classes && (!image || !size))) return -1;
+    struct generation *g = calloc(1, sizeof *g);
+    if (!g || (classes && !(g->image = malloc(size)))) {
+        free(g);
+        return -1;
+    }
+    if (classes) memcpy(g->image, image, size);
+    g->id = id, g->classes = classes, g->image_id = image_id;
+    atomic_store(&g->tables, tables);
+    for (int k = 1; k < CLASSES; k++)
+        if (classes >> k & 1) snprintf(g->entry[k], sizeof g->entry[k], "%s", entries[k] ? entries[k] : "");
+    pthread_mutex_lock(&g_mu);
+    if (g_staged) {
+        free(g_staged->image);
+        free(g_staged);
+    }
+    g_staged = g;
+    pthread_mutex_unlock(&g_mu);
+    return 0;
+}
+
+__attribute__((visibility("default"))) void egpu_sass_unstage(void) {
+    pthread_mutex_lock(&g_mu);
+    if (g_staged) {
+        free(g_staged->image);
+        free(g_staged);
+        g_staged = NULL;
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+__attribute__((visibility("default"))) int egpu_sass_commit_now(void) {
     pthread_mutex_lock(&g_mu);
     int r = -1;
-    if (!g_image && (g_image = malloc(size))) {
-        memcpy(g_image, image, size);
-        g_classes = classes;
-        for (int i = 0; i < npending; i++) patch(pending[i].ctx, pending[i].module);
-        npending = 0;
-        r = 0;
+    int patched = 0;
+    for (size_t i = 0; i < g_nloaded; i++) patched |= g_loaded[i].patched;
+    if (!g_staged) set_error("no generation staged");
+    else if (patched) set_error("modules are patched: a new generation needs a flip");
+    else r = commit_staged();
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+/* Inside egpu_shim_swap's hold, after the maps context drained: drain the others, then commit. */
+int egpu_sass_flip(void) {
+    pthread_mutex_lock(&g_mu);
+    int staged = g_staged != NULL;
+    pthread_mutex_unlock(&g_mu);
+    if (!staged) return 0;
+    typedef CUresult (*pfn_push)(CUcontext);
+    typedef CUresult (*pfn_pop)(CUcontext *);
+    typedef CUresult (*pfn_sync)(void);
+    pfn_push push = (pfn_push)egpu_shim_real("cuCtxPushCurrent_v2");
+    pfn_pop pop = (pfn_pop)egpu_shim_real("cuCtxPopCurrent_v2");
+    pfn_sync sync = (pfn_sync)egpu_shim_real("cuCtxSynchronize");
+    int n = atomic_load_explicit(&ncontexts, memory_order_acquire);
+    for (int i = 0; i < n; i++) { /* unpatching code a kernel still runs would pull it from under it */
+        CUcontext popped;
+        if (!push || !pop || !sync || push(contexts[i].ctx) != 0) continue;
+        CUresult r = sync();
+        pop(&popped);
+        if (r != 0) {
+            set_error("cuCtxSynchronize before re-patching failed: %d", (int)r);
+            egpu_sass_unstage();
+            return -1;
+        }
     }
+    pthread_mutex_lock(&g_mu);
+    int r = g_staged ? commit_staged() : 0;
     pthread_mutex_unlock(&g_mu);
     return r;
 }
 
 __attribute__((visibility("default"))) void egpu_sass_tables(unsigned long long tables) {
-    atomic_store_explicit(&g_tables, tables, memory_order_release);
+    struct generation *g = atomic_load_explicit(&g_current, memory_order_acquire);
+    if (g) atomic_store_explicit(&g->tables, tables, memory_order_release);
 }
 
 __attribute__((visibility("default"))) void egpu_sass_stats(struct egpu_sass_stats *out) {
@@ -340,6 +521,17 @@ __attribute__((visibility("default"))) void egpu_sass_stats(struct egpu_sass_sta
     out->launches = atomic_load(&g_stats.launches);
     out->probed = atomic_load(&g_stats.probed);
     out->errors = atomic_load(&g_stats.errors);
+    out->flips = atomic_load(&g_stats.flips);
+    out->flip_us = atomic_load(&g_flip_us);
+    struct generation *g = atomic_load(&g_current);
+    out->generation = g ? g->id : 0;
+    pthread_mutex_lock(&g_mu);
+    out->modules_loaded = g_nloaded;
+    out->patched_now = 0;
+    for (size_t i = 0; i < g_nloaded; i++) out->patched_now += g_loaded[i].patched;
+    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_lock(&g_err_mu);
     memcpy(out->error, g_error, sizeof out->error);
+    pthread_mutex_unlock(&g_err_mu);
     out->error[sizeof out->error - 1] = 0;
 }

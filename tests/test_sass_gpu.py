@@ -86,6 +86,7 @@ SAME(sanitizerEnableDomain, SanitizerResult (*)(uint32_t, Sanitizer_SubscriberHa
 SAME(sanitizerAddPatches, SanitizerResult (*)(const void *, CUcontext))
 SAME(sanitizerPatchInstructions, SanitizerResult (*)(const Sanitizer_InstructionId, CUmodule, const char *))
 SAME(sanitizerPatchModule, SanitizerResult (*)(CUmodule))
+SAME(sanitizerUnpatchModule, SanitizerResult (*)(CUmodule))
 SAME(sanitizerAlloc, SanitizerResult (*)(CUcontext, void **, size_t))
 SAME(sanitizerMemcpyHostToDeviceAsync, SanitizerResult (*)(void *, void *, size_t, Sanitizer_StreamHandle))
 SAME(sanitizerSetLaunchCallbackData,
@@ -116,7 +117,8 @@ OURS = r"""
 #include <stddef.h>
 #include <stdio.h>
 #include "sass.c"
-unsigned long long egpu_py_sass_kernel(void *m, const char *n, unsigned long long *k) { return 0; }
+unsigned long long egpu_py_sass_kernel(void *m, const char *n, unsigned long long g, unsigned long long *k) { return 0; }
+void *egpu_shim_real(const char *name) { return 0; }
 int egpu_shim_bypass(int on) { return 0; }
 int egpu_python_up(void) { return 1; }
 int main(void) {

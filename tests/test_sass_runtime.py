@@ -16,6 +16,7 @@ from egpu_preload.bpf.asm import assemble
 from egpu_preload.errors import EgpuError
 from egpu_preload.runtime import config, dump, sass
 from egpu_preload.runtime.probes import Probe
+from egpu_preload.translate.sass_patch import patch_module
 from stub_job import egpu_run
 from translate_support import COUNTER, EMPTY
 
@@ -48,11 +49,13 @@ def probe(sections: list[tuple[str, str, str]], path: str = "p.bpf.o") -> Probe:
     ("copy*", "_Z5copykPKfPfi", 0b010),
 ])
 def test_kernel_runs_the_programs_whose_globs_match(only, name, mask):
-    b = sass.SassBackend(config.Config(kernel=only), [probe([("entry", "vec*", "thread"), ("mem", "*", "thread"),
-                                                             ("launch", "*", "launch"), ("exit", "sm80_*", "warp")])],
-                         None, None)
+    p = probe([("entry", "vec*", "thread"), ("mem", "*", "thread"), ("launch", "*", "launch"),
+               ("exit", "sm80_*", "warp")])
+    b = sass.SassBackend(config.Config(kernel=only), [p], None, None)
+    b.generations[3] = patch_module([p.obj])
     from egpu_preload.bpf.ctx import kernel_id
-    assert b.kernel(name) == sass.KernelChoice(mask, kernel_id(name))
+    assert b.kernel(3, name) == sass.KernelChoice(mask, kernel_id(name))
+    assert b.kernel(2, name) == sass.KernelChoice(0, kernel_id(name))   # a generation it never had: no programs
 
 
 def test_for_job_settles_the_back_end(tmp_path):
@@ -60,7 +63,11 @@ def test_for_job_settles_the_back_end(tmp_path):
     with pytest.raises(EgpuError, match="--backend cuda: must be one of auto, ptx, sass"):
         sass.for_job(config.Config(backend="cuda"), [kernel_site])
     cfg, _ = sass.for_job(config.Config(backend="auto"), [launch_only])
-    assert cfg.backend == "ptx"   # nothing to patch: the shim never loads the sanitizer
+    assert cfg.backend == "ptx"   # nothing to patch and no sanitizer found: the shim never loads one
+    cfg, _ = sass.for_job(config.Config(backend="auto", sanitizer="/x/libsanitizer-public.so"), [launch_only])
+    assert cfg.backend == "auto"  # standby: subscribed from cuInit, for a kernel-site probe attached later
+    cfg, _ = sass.for_job(config.Config(backend="ptx", sanitizer="/x/libsanitizer-public.so"), [kernel_site])
+    assert cfg.backend == "ptx"
     cfg, _ = sass.for_job(config.Config(backend="sass", sanitizer="/x/libsanitizer-public.so"), [kernel_site])
     assert (cfg.backend, cfg.sanitizer) == ("sass", "/x/libsanitizer-public.so")
     assert sass.sanitizer_library({"CUDA_HOME": str(tmp_path)}) in (None, "/usr/local/cuda/" + sass.SANITIZER_LIB)
@@ -140,7 +147,16 @@ def test_a_failing_subscription_is_reported(stub_job, probe_obj, tmp_path, sanit
     assert doc["modules"][0]["status"] == "SASS only"
 
 
-def test_launch_probes_alone_never_load_the_sanitizer(stub_job, probe_obj, tmp_path, sanitizer_stub):
+def test_launch_probes_alone_leave_the_sanitizer_in_standby(stub_job, probe_obj, tmp_path, sanitizer_stub):
+    """Subscribed from cuInit (a probe attached later needs it), but nothing patched and no launch callbacks."""
     doc, calls = job(stub_job, tmp_path, probe_obj("launch"), "auto", "cubin", str(sanitizer_stub))
+    san = [c for c in calls if c.startswith("sanitizer")]
+    assert san == ["sanitizerSubscribe cb=1", "sanitizerEnableDomain on=1 domain=3"]
+    assert doc["sass"]["state"] == "subscribed" and doc["sass"]["serving"] == sass.NO_PROGRAMS
+    assert doc["modules"][0]["status"] == "SASS only"
+
+
+def test_backend_ptx_never_loads_the_sanitizer(stub_job, probe_obj, tmp_path, sanitizer_stub):
+    doc, calls = job(stub_job, tmp_path, probe_obj("count"), "ptx", "cubin", str(sanitizer_stub))
     assert not [c for c in calls if c.startswith("sanitizer")]
     assert doc["sass"]["state"] == "off"

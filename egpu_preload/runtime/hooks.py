@@ -48,8 +48,9 @@ class Instrumenter(Protocol):
         """A function, kernel, module, link state or cubin was handed to the app (egpu_shim.h)."""
     def unloaded(self, api: str, handle: int) -> None:
         """A module or library is gone: unregister its functions before the driver reuses handles."""
-    def sass_kernel(self, module: int, name: str) -> tuple[int, int]:
-        """(program mask, kernel id) of a SASS-patched kernel (egpu_sass.h); inside the driver's launch."""
+    def sass_kernel(self, module: int, name: str, generation: int) -> tuple[int, int]:
+        """(program mask, kernel id) of a SASS-patched kernel under a generation of patches (egpu_sass.h);
+        inside the driver's launch."""
 
 
 _instrumenter: Instrumenter | None = None
@@ -164,10 +165,10 @@ def attach(ffi: Any, lib: Any) -> None:
             _instrumenter.unloaded(api_name(api), addr(handle))
 
     @ffi.def_extern(onerror=_report)
-    def egpu_py_sass_kernel(module, name, kernel_id_out):
+    def egpu_py_sass_kernel(module, name, generation, kernel_id_out):
         if _instrumenter is None:
             return 0
-        mask, kernel_id_out[0] = _instrumenter.sass_kernel(addr(module), text(name) or "")
+        mask, kernel_id_out[0] = _instrumenter.sass_kernel(addr(module), text(name) or "", int(generation))
         return mask
 
     runtime = os.environ.get(RUNTIME_ENV)

@@ -290,10 +290,10 @@ class Runtime:
             self.drainer.forget()
         self.live.unloaded(mod)
 
-    def sass_kernel(self, module: int, name: str) -> tuple[int, int]:
-        """(program mask, kernel id) for a SASS-patched kernel's first launch. Runs inside the driver's
-        launch call: no CUDA, no lock another thread could hold across a driver call."""
-        choice = self.sass.kernel(name)
+    def sass_kernel(self, module: int, name: str, generation: int) -> tuple[int, int]:
+        """(program mask, kernel id) for a SASS-patched kernel's first launch under a generation. Runs
+        inside the driver's launch call: no CUDA, no lock another thread could hold across a driver call."""
+        choice = self.sass.kernel(generation, name)
         self.kernel_names[choice.kernel_id] = name
         mod = self.sass_modules.get(module)
         if mod is None:

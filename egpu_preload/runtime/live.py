@@ -47,6 +47,11 @@ The final maps a swap or detach replies with are exact: the flip itself copies t
 regions after the context drained and before a launch runs the new code (Snapshot), so launches of a
 new probe that took a map over do not show in the old one's reply.
 
+SASS-only kernels (runtime/sass.py): the flip also commits the SASS back end's next generation, the
+patch image of the probes attached after it, staged beforehand with its table block. Inside the same
+hold, after the drain, shim/sass.c re-patches every module it serves, so a SASS-patched launch too runs
+all old or all new probes; a re-patch that fails puts the old image back and fails the whole flip.
+
 Limits: one context (where the maps live); launch programs (egpu/launch/...) are not run for probes
 attached live; a module loaded by a thread while a swap runs is brought to the new probes at once
 (Runtime.module_loaded -> ``loaded``).
@@ -71,8 +76,10 @@ from egpu_preload.runtime import config, dump
 from egpu_preload.runtime.driver import ATTR_SM_COUNT
 from egpu_preload.runtime.modstate import module_globals
 from egpu_preload.runtime.probes import Probe, load_probe
+from egpu_preload.runtime.sass import NO_PROGRAMS, table_block
 from egpu_preload.translate.devmaps import DeviceMaps, apply_region, apply_trace
 from egpu_preload.translate.rewrite import KernelStatus, instrument
+from egpu_preload.translate.sass_patch import has_sites
 
 if TYPE_CHECKING:
     from egpu_preload.runtime.driver import ContextMemory
@@ -361,14 +368,20 @@ class Live:
                 for handle, name in self._handles(mod).items():
                     flips.append(self._flip(mod, target, name, handle))
             copies += snapshot.stage(self.memory)
+            sass_note = self._stage_sass(new)
         t1 = time.perf_counter()
         try:
             launches = self._flip_all(ctx, copies, flips, [r for _, _, rows in plan for r in rows])
         except ControlError:
             with rt.driver.current(ctx):
                 snapshot.free(self.memory)
+                self._unstage_sass()
             self._unload_dead(ctx)  # the copies loaded for ``new``: nothing ever pointed at them
             raise
+        with rt.driver.current(ctx):
+            retired_block = rt.sass.committed()
+            if retired_block is not None:
+                self.memory.free(retired_block)
         old = {id(p): (p, m) for _, p, m in self._probes()}
         self.retired += [pm for i, pm in old.items() if i not in kept]
         for mod, target, moved in plan:
@@ -386,8 +399,44 @@ class Live:
         instrumented = sum(1 for mod, t, _ in plan for k in (t.kernels if t else mod.kernels).values()
                            if k.status == "instrumented")
         return {"modules": len(plan), "kernels": instrumented, "launches": launches, "failed": failed,
-                "probes": list(self.names), "unloaded": unloaded,
+                "probes": list(self.names), "unloaded": unloaded, "sass": self._sass_report(sass_note),
                 "phases_ms": {k: round(1e3 * v, 3) for k, v in phases.items()}}, snapshot
+
+    def _stage_sass(self, new: list[tuple[str, Probe, DeviceMaps]]) -> str:
+        """Stage the SASS back end's generation for ``new`` (the flip commits it); "" when staged, else
+        why SASS-only kernels keep what they run (the reply says it). Raises ControlError for a probe set
+        whose patch image cannot be built: nothing changes then. In the maps' context."""
+        rt = self.rt
+        why = rt.sass.unavailable()
+        if why:
+            return why
+        objects = [p.obj for _, p, _ in new]
+        sites = has_sites(objects)
+        current = rt.sass.module()
+        if not sites and (current is None or not current.programs):
+            return NO_PROGRAMS
+        tables = table_block(self.memory, [m for _, _, m in new]) if sites else None
+        try:
+            rt.sass.stage(objects, rt._device_sm(), tables)
+        except EgpuError as e:
+            if tables is not None:
+                self.memory.free(tables)
+            raise ControlError(f"SASS back end: {e}; nothing changed") from e
+        return ""
+
+    def _unstage_sass(self) -> None:
+        staged = self.rt.sass.staged
+        self.rt.sass.unstage()
+        if staged is not None and staged.tables is not None:
+            self.memory.free(staged.tables)
+
+    def _sass_report(self, note: str) -> dict:
+        """What the SASS back end runs after a flip: modules patched of those loaded, the generation, the
+        re-patch time; or why it was left as it was."""
+        stats = self.rt.sass.stats()
+        report = {"generation": stats["generation"], "modules_patched": stats["patched_now"],
+                  "modules": stats["modules_loaded"], "patch_ms": round(stats["flip_us"] / 1e3, 3)}
+        return report if not note else {**report, "unchanged": note}
 
     def _unload_dead(self, ctx: int) -> int:
         """Unload every dead copy (loaded in context ``ctx``); how many went. Dead: not serving, and made
@@ -433,6 +482,8 @@ class Live:
             raise ControlError(f"{CAPTURING}; nothing changed, try again once it has ended")
         if r == -1:
             raise ControlError("the shim's function table is full or memory ran out: nothing changed")
+        if r == lib.EGPU_SWAP_SASS:
+            raise ControlError(f"SASS back end: {self.rt.sass.stats()['error']}: nothing changed")
         if r:
             raise ControlError(f"the flip failed: {self.rt.driver.error_name(r)}: nothing changed")
         return int(launches[0])

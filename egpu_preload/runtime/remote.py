@@ -62,11 +62,22 @@ def change_line(cmd: str, pid: int, reply: dict) -> str:
             "detach": f"detached {', '.join(reply.get('names', []))}",
             "swap": f"swapped {reply.get('old')} -> {reply.get('name')}"}[cmd]
     phases = ", ".join(f"{k} {v:.1f}" for k, v in reply.get("phases_ms", {}).items())
-    line = (f"{what} in {pid}: {reply['modules']} modules, {reply['kernels']} kernels instrumented, "
-            f"flip at launch {reply['launches']}, {reply['seconds'] * 1000:.1f} ms")
+    line = (f"{what} in {pid}: PTX {reply['modules']} modules, {reply['kernels']} kernels instrumented; "
+            f"{sass_words(reply.get('sass'))}; flip at launch {reply['launches']}, {reply['seconds'] * 1000:.1f} ms")
     if phases:
         line += f" ({phases})"
     return "\n".join([line] + [f"  failed: {f}" for f in reply.get("failed", [])])
+
+
+def sass_words(sass: dict | None) -> str:
+    """What the SASS back end runs after a flip, or why it was left as it was."""
+    if not sass:
+        return "SASS back end not reported"
+    words = (f"SASS {sass['modules_patched']} of {sass['modules']} modules patched "
+             f"(their kernels show in `egpu modules` as they launch)")
+    if sass.get("unchanged"):
+        return f"SASS unchanged: {sass['unchanged']}" if not sass["modules_patched"] else f"{words}, unchanged: {sass['unchanged']}"
+    return f"{words} in {sass['patch_ms']:.1f} ms"
 
 
 def modules_lines(reply: dict) -> list[str]:

@@ -1,13 +1,16 @@
-"""The runtime side of the SASS back end: which back end serves a module, the patch image handed to
-shim/sass.c, the map tables the patches read, and the programs each patched kernel runs.
+"""The runtime side of the SASS back end: which back end serves a module, the patch images handed to
+shim/sass.c as generations, the map tables the patches read, and the programs each patched kernel runs.
 
 shim/sass.c subscribes to the Compute Sanitizer in the cuInit hook (EGPU_BACKEND sass|auto) and
-patches every module whose cubin the PTX back end did not instrument. This side, on the load of a
-module it serves (``choose``), builds the patch image (translate/sass_patch.py; ptxas once per probe
-set and device, cached in the session directory, normally prebuilt by egpu-run) and configures the
-shim with it; after the load, it writes every probe object's map table into one device block and gives
-the shim its address. When a patched kernel first launches, the shim asks ``kernel`` which programs
-run in it: the same globs (mangled or demangled) and --kernel selection as the PTX back end.
+records every module the PTX back end did not instrument. A generation is the patch image of one set
+of probe objects (translate/sass_patch.py; ptxas once per probe set and device, cached in the session
+directory) with its table block. The start-up probes are generation 1, committed at the first module
+load this back end serves (``prepare``); every live attach, detach and swap stages the next one
+(``stage``), which egpu_shim_swap commits inside its flip: the contexts drain and every module is
+re-patched with the new image, or all stay on the old one. A job started with no probe waits in
+standby: subscribed, nothing patched. When a patched kernel first launches under a generation, the
+shim asks ``kernel`` which of that generation's programs run in it: the same globs (mangled or
+demangled) and --kernel selection as the PTX back end.
 """
 
 from __future__ import annotations
@@ -20,15 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from egpu_preload.bpf.ctx import kernel_id
+from egpu_preload.bpf.program import BpfObject
 from egpu_preload.errors import EgpuError
 from egpu_preload.runtime.config import Config
 from egpu_preload.runtime.probes import Probe
 from egpu_preload.translate.demangle import matches
-from egpu_preload.translate.sass_patch import PatchModule, build_image, patch_module
+from egpu_preload.translate.sass_patch import PatchModule, build_image, has_sites, patch_module
 
 BACKENDS = ("auto", "ptx", "sass")
 STATES = {0: "not started", 2: "subscribed", 3: "off", -1: "failed"}
-STAT_FIELDS = ("modules_seen", "modules_patched", "modules_skipped", "launches", "probed", "errors")
+STAT_FIELDS = ("modules_seen", "modules_patched", "modules_skipped", "launches", "probed", "errors", "flips",
+               "flip_us", "generation", "modules_loaded", "patched_now")
+NO_PROGRAMS = "no kernel-site probes"
 
 
 def choose(backend: str, has_ptx: bool) -> str | None:
@@ -51,16 +57,25 @@ class KernelChoice:
     kernel_id: int
 
 
+@dataclass(frozen=True)
+class Staged:
+    generation: int
+    module: PatchModule
+    tables: int | None   # the table block's device address (None: set once the maps exist)
+
+
 class SassBackend:
     """One per process; ``ffi``/``lib`` are the shim's (egpu_sass.h part 2)."""
 
     def __init__(self, cfg: Config, probes: list[Probe], ffi: Any, lib: Any) -> None:
         self.cfg, self.ffi, self.lib = cfg, ffi, lib
-        self.module: PatchModule | None = None
-        if cfg.backend != "ptx":
-            self.module = patch_module([p.obj for p in probes])
+        self.start_objects = [p.obj for p in probes]
+        self.generations: dict[int, PatchModule] = {}   # committed or staged, by id (kernel() reads them)
+        self.current = 0                                 # the committed generation (0: none yet)
+        self.staged: Staged | None = None
+        self.blocks: dict[int, int] = {}                 # the current generation -> its table block
+        self._next = 1
         self.configured: str | None = None   # None: not yet; "": ready; else why it cannot serve
-        self.tables: int | None = None       # the table block's device address
 
     # ---- state -------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -71,49 +86,110 @@ class SassBackend:
         out.update({f: int(getattr(s, f)) for f in STAT_FIELDS})
         return out
 
-    def prepare(self, sm: int) -> str:
-        """Make the shim ready to patch (once): "" when it is, else why the SASS back end cannot serve."""
-        if self.configured is not None:
-            return self.configured
-        self.configured = self._configure(sm)
-        return self.configured
-
-    def _configure(self, sm: int) -> str:
-        if self.module is None or not self.module.programs:
-            return "no kernel-site probes"
+    def unavailable(self) -> str:
+        """Why this process cannot patch SASS ("" when it can): the reason a live attach reports."""
+        if self.cfg.backend == "ptx":
+            return "the job runs --backend ptx"
         stats = self.stats()
         if stats["state"] != "subscribed":
             return f"sanitizer {stats['state']}" + (f": {stats['error']}" if stats["error"] else "")
-        cache = cache_dir(self.cfg)
-        if cache is None:
+        if cache_dir(self.cfg) is None:
             return "no session directory for the patch image"
-        try:
-            image = build_image(self.module.ptx, sm, cache).read_bytes()
-        except (EgpuError, OSError) as e:
-            return f"patch image: {e}"
-        if self.lib.egpu_sass_configure(self.ffi.from_buffer(image), len(image), self.module.instruction_classes()):
-            return "the shim refused the patch image"
         return ""
 
+    def module(self) -> PatchModule | None:
+        """The committed generation's patch module."""
+        return self.generations.get(self.current)
+
+    def prepare(self, sm: int) -> str:
+        """At a module load this back end serves: commit the start-up probes' generation (once); "" when
+        kernels will be patched, else why not ("no kernel-site probes": standby)."""
+        if self.configured is not None:
+            return self.configured
+        if self.cfg.backend == "ptx" or not has_sites(self.start_objects):
+            self.configured = NO_PROGRAMS
+            return self.configured
+        why = self.unavailable()
+        if not why:
+            try:
+                self.stage(self.start_objects, sm, None)
+            except EgpuError as e:
+                why = f"patch image: {e}"
+        if not why and self.lib.egpu_sass_commit_now():
+            why = f"cannot patch: {self.stats()['error']}"
+            self.unstage()
+        if not why:
+            self.committed()
+        self.configured = why
+        return why
+
+    # ---- generations -------------------------------------------------------------------------------
+    def stage(self, objects: list[BpfObject], sm: int, tables: int | None) -> Staged:
+        """Stage the generation of ``objects`` (raises EgpuError: a probe the translator or ptxas refuses;
+        nothing is staged then). With no kernel-site program, the generation patches nothing: standby."""
+        module = patch_module(objects)
+        image = b""
+        if module.programs:
+            cache = cache_dir(self.cfg)
+            if cache is None:
+                raise EgpuError("no session directory for the patch image")
+            image = build_image(module.ptx, sm, cache).read_bytes()
+        gen = self._next
+        entries = [self.ffi.new("char[]", e.encode()) if e else self.ffi.NULL for e in module.entry_names()]
+        if self.lib.egpu_sass_stage(self.ffi.from_buffer(image) if image else self.ffi.NULL, len(image),
+                                    module.instruction_classes(), self.ffi.new("char *[]", entries),
+                                    module.image_id & 0xFFFFFFFFFFFFFFFF, gen, tables or 0):
+            raise EgpuError("the shim refused the patch image (out of memory, or the sanitizer is not subscribed)")
+        self._next += 1
+        self.generations[gen] = module
+        self.staged = Staged(gen, module, tables)
+        return self.staged
+
+    def committed(self) -> int | None:
+        """The staged generation patches now (egpu_sass_commit_now or a flip said so); the table block of
+        the one it replaced, which no launch reads any more (the flip drained them), for the caller to free."""
+        if self.staged is None:
+            return None
+        old, self.current = self.current, self.staged.generation
+        if self.staged.tables is not None:
+            self.blocks[self.current] = self.staged.tables
+        self.staged = None
+        self.generations = {g: m for g, m in self.generations.items() if g == self.current}
+        return self.blocks.pop(old, None)
+
+    def unstage(self) -> None:
+        """The staged generation will not patch (its flip failed or never ran)."""
+        self.lib.egpu_sass_unstage()
+        if self.staged is not None:
+            self.generations.pop(self.staged.generation, None)
+            self.staged = None
+
     def set_tables(self, memory: Any, maps: list[Any]) -> None:
-        """Write every object's map table into one device block (``memory``: the maps' context's, current)
-        and hand the shim its address; launches run probes from then on."""
-        if self.tables is not None:
+        """The start-up generation's table block, once the maps exist (``memory``: their context's, current):
+        launches run probes from then on."""
+        if self.current == 0 or self.current in self.blocks:
             return
-        block = b"".join(m.table() for m in maps)
-        self.tables = memory.alloc(len(block))
-        memory.htod(self.tables, block)
-        self.lib.egpu_sass_tables(self.tables)
+        self.blocks[self.current] = table_block(memory, maps)
+        self.lib.egpu_sass_tables(self.blocks[self.current])
 
     # ---- the shim's question ---------------------------------------------------------------------------
-    def kernel(self, name: str) -> KernelChoice:
-        """The programs that run in kernel ``name`` (mangled, as the sanitizer reports it)."""
+    def kernel(self, generation: int, name: str) -> KernelChoice:
+        """The programs of ``generation`` that run in kernel ``name`` (mangled, as the sanitizer reports it)."""
         mask = 0
-        if self.module is not None and (self.cfg.kernel is None or matches(self.cfg.kernel, name)):
-            for p in self.module.programs:
+        module = self.generations.get(generation)
+        if module is not None and (self.cfg.kernel is None or matches(self.cfg.kernel, name)):
+            for p in module.programs:
                 if matches(p.attach.glob, name):
                     mask |= 1 << p.bit
         return KernelChoice(mask, kernel_id(name))
+
+
+def table_block(memory: Any, maps: list[Any]) -> int:
+    """Every object's map table back to back in device memory (``memory``: their context's, current)."""
+    block = b"".join(m.table() for m in maps) or b"\0" * 8
+    address = memory.alloc(len(block))
+    memory.htod(address, block)
+    return address
 
 
 # ---- egpu-run's side ---------------------------------------------------------------------------------
@@ -148,16 +224,21 @@ def visible_sms() -> list[int]:
 
 
 def for_job(cfg: Config, probes: list[Probe]) -> tuple[Config, list[str]]:
-    """The job's Config with the back end settled (``ptx`` when no probe has a kernel-site program, so
-    the shim never loads the sanitizer for nothing) and the sanitizer found; the patch image prebuilt
-    in the session for every GPU nvidia-smi shows, so the job's processes need no ptxas. Returns notes
-    for stderr (a failed prebuild: the processes try again and report)."""
+    """The job's Config with the back end settled and the sanitizer found, and the start-up probes'
+    patch image prebuilt in the session for every GPU nvidia-smi shows, so the job's processes need no
+    ptxas. A job with no kernel-site probe keeps ``auto`` where a sanitizer is found: the shim
+    subscribes in standby, so that a probe attached later reaches SASS-only kernels (a subscription
+    made after CUDA started sees no launch). Returns notes for stderr (a failed prebuild: the
+    processes try again and report)."""
     if cfg.backend not in BACKENDS:
         raise EgpuError(f"--backend {cfg.backend}: must be one of {', '.join(BACKENDS)}")
-    module = patch_module([p.obj for p in probes]) if cfg.backend != "ptx" else None
-    if module is None or not module.programs:
-        return dataclasses.replace(cfg, backend="ptx"), []
+    if cfg.backend == "ptx":
+        return cfg, []
     cfg = dataclasses.replace(cfg, sanitizer=cfg.sanitizer or sanitizer_library())
+    objects = [p.obj for p in probes]
+    if not has_sites(objects):   # standby, where a sanitizer is there to subscribe
+        return (dataclasses.replace(cfg, backend="ptx") if cfg.backend == "auto" and not cfg.sanitizer else cfg), []
+    module = patch_module(objects)
     notes, cache = [], cache_dir(cfg)
     for sm in visible_sms() if cache is not None else []:
         try:

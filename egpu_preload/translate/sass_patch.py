@@ -11,6 +11,10 @@ with the patch ABI (``extern "C" __device__ __noinline__``, the enum result in `
     MEM    SanitizerPatchResult f(void *userdata, uint64_t pc, void *ptr,     GLOBAL_MEMORY_ACCESS
                                   uint32_t size, uint32_t flags, const void *pData)
 
+Their names end in the module text's digest (``egpu_sass_block_enter_<12 hex>``): a job patches with
+one image after another as probes are attached and swapped (shim/sass.c's generations), all of them
+loaded in the same context.
+
 Each builds a ``struct egpu_ctx`` (bpf/ctx.py) in local memory, as the PTX rewriter does, and calls the
 programs whose bit is set in the launch record's mask. ``userdata`` is the launch record the runtime
 writes at every launch (shim/sass.c, RECORD below); NULL (a kernel no probe selects) returns at once.
@@ -57,7 +61,8 @@ class Record:
     START = 16       # u64 the function's first instruction (sanitizerGetFunctionPcAndSize)
     MASK = 24        # u64 bit k: program k runs in this kernel
     TABLES = 32      # u64 global address of the table block (each object's map table, back to back)
-    SIZE = 40
+    GENERATION = 40  # u64 the generation whose image patched the kernel (read by the stand-in, not here)
+    SIZE = 48
 
 
 RECORD = Record()
@@ -76,11 +81,29 @@ class PatchModule:
     ptx: str
     programs: tuple[PatchProgram, ...]
     table_offsets: tuple[int, ...]   # byte offset of each object's table in the table block
-    entries: tuple[str, ...]         # the entry points defined (only classes some program uses)
+    entries: tuple[str, ...]         # the entry points defined (only classes some program uses), as in ptx
+    image_id: int                    # names the text: several images share a context, and a module is
+                                     # patched with one image's entry points, so they carry it in their names
 
     def instruction_classes(self) -> int:
         """Bit (1 << Sanitizer_InstructionId) per class to patch: what shim/sass.c is told."""
-        return sum(1 << INSTRUCTION_IDS[e] for e in self.entries)
+        return sum(1 << INSTRUCTION_IDS[_base(e)] for e in self.entries)
+
+    def entry_names(self) -> list[str | None]:
+        """The entry point by Sanitizer_InstructionId (index 0 unused): what egpu_sass_stage takes."""
+        out: list[str | None] = [None] * (max(INSTRUCTION_IDS.values()) + 1)
+        for e in self.entries:
+            out[INSTRUCTION_IDS[_base(e)]] = e
+        return out
+
+
+def _base(entry: str) -> str:
+    return entry.rsplit("_", 1)[0]
+
+
+def has_sites(objects: list[BpfObject]) -> bool:
+    """Whether any program of these objects runs at a kernel site (so a patch module would have one)."""
+    return any(prog.attach.kind in KINDS for obj in objects for prog in obj.programs)
 
 
 def patch_module(objects: list[BpfObject]) -> PatchModule:
@@ -101,10 +124,14 @@ def patch_module(objects: list[BpfObject]) -> PatchModule:
             programs.append(PatchProgram(len(programs), j, prog.attach, pp.name))
             funcs.append(pp.func)
             version = max(version, pp.version)
-    entries = tuple(e for e in (ENTER, EXIT, MEM) if any(KINDS[p.attach.kind] == e for p in programs))
-    body = [_entry(e, [p for p in programs if KINDS[p.attach.kind] == e], offsets) for e in entries]
+    bases = tuple(e for e in (ENTER, EXIT, MEM) if any(KINDS[p.attach.kind] == e for p in programs))
+    body = [_entry(e, [p for p in programs if KINDS[p.attach.kind] == e], offsets) for e in bases]
     text = header(version, SM_MIN) + "\n" + "\n".join(funcs) + "\n" + "\n".join(body)
-    return PatchModule(text, tuple(programs), tuple(offsets), entries)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    entries = tuple(f"{e}_{digest}" for e in bases)
+    for base, entry in zip(bases, entries):   # an entry's name is used once, in its own .func line
+        text = text.replace(f" {base}(", f" {entry}(", 1)
+    return PatchModule(text, tuple(programs), tuple(offsets), entries, int(digest, 16))
 
 
 def _entry(name: str, programs: list[PatchProgram], offsets: list[int]) -> str:

@@ -37,6 +37,7 @@ int sanitizerEnableDomain(uint32_t on, void *sub, int domain) { CALL(sanitizerEn
 int sanitizerAddPatches(const void *image, void *ctx) { CALL(sanitizerAddPatches, "elf=%d", !memcmp(image, "\177ELF", 4)); }
 int sanitizerPatchInstructions(int id, void *m, const char *name) { CALL(sanitizerPatchInstructions, "id=%d name=%s", id, name); }
 int sanitizerPatchModule(void *m) { CALL(sanitizerPatchModule, "%s", "-"); }
+int sanitizerUnpatchModule(void *m) { CALL(sanitizerUnpatchModule, "%s", "-"); }
 int sanitizerAlloc(void *ctx, void **p, size_t n) { *p = ring; CALL(sanitizerAlloc, "size=%zu", n); }
 int sanitizerMemcpyHostToDeviceAsync(void *d, void *s, size_t n, void *st) { CALL(sanitizerMemcpyHostToDeviceAsync, "n=%zu", n); }
 int sanitizerSetLaunchCallbackData(void *l, void *f, void *s, const void *ud) { CALL(sanitizerSetLaunchCallbackData, "%s", "-"); }
