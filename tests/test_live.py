@@ -116,7 +116,8 @@ def test_attach_swap_detach_through_the_cli(job, probes):
 
     attach = egpu(["attach", str(job.pid), "-p", str(probes["count"])], job.env)
     assert attach.returncode == 0, attach.stderr
-    assert attach.stdout.startswith(f"attached count in {job.pid}: 1 modules, 1 kernels instrumented")
+    assert attach.stdout.startswith(f"attached count in {job.pid}: PTX 1 modules, 1 kernels instrumented; "
+                                    "SASS unchanged: ")
     assert re.search(r" ms \(probe [\d.]+, instrument [\d.]+, flip [\d.]+, unload [\d.]+\)$", attach.stdout.strip())
     job.wait_launches()
     modules = egpu(["modules", str(job.pid)], job.env)
@@ -129,7 +130,7 @@ def test_attach_swap_detach_through_the_cli(job, probes):
 
     swap = egpu(["swap", str(job.pid), "count", str(probes["hash_count"])], job.env)
     assert swap.returncode == 0, swap.stderr
-    assert swap.stdout.startswith(f"swapped count -> hash_count in {job.pid}: 1 modules, 1 kernels")
+    assert swap.stdout.startswith(f"swapped count -> hash_count in {job.pid}: PTX 1 modules, 1 kernels")
     job.wait_launches()
     detach = egpu(["detach", str(job.pid)], job.env)
     assert detach.returncode == 0, detach.stderr

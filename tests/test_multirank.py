@@ -285,7 +285,7 @@ def test_live_control_by_rank(stub_job, tmp_path, monkeypatch, probe_obj):
 
         a = egpu(["attach", "--rank", "1", root, "-p", str(count)], job.env)
         assert a.returncode == 0, a.stderr
-        assert a.stdout.startswith(f"rank 1: attached count in {by_rank[1]}: 1 modules, 1 kernels instrumented")
+        assert a.stdout.startswith(f"rank 1: attached count in {by_rank[1]}: PTX 1 modules, 1 kernels instrumented")
         assert job.probes() == {0: ["launch_count"], 1: ["launch_count", "count"], 2: ["launch_count"]}
 
         s = egpu(["swap", "--all", root, "launch_count", str(hashed)], job.env)

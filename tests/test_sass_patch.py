@@ -48,7 +48,9 @@ def test_every_probe_assembles_as_a_tools_patch(probe_obj, probe_names, tmp_path
 def test_all_probes_in_one_module(probe_obj, probe_names, tmp_path):
     objs = [load_object(probe_obj(n)) for n in probe_names]
     pm = patch_module(objs)
-    assert set(pm.entries) == {ENTER, EXIT, MEM}
+    digest = f"{pm.image_id:012x}"   # the entry points carry the module text's digest
+    assert set(pm.entries) == {f"{ENTER}_{digest}", f"{EXIT}_{digest}", f"{MEM}_{digest}"}
+    assert pm.entry_names() == [None, f"{ENTER}_{digest}", f"{EXIT}_{digest}", f"{MEM}_{digest}"]
     assert pm.instruction_classes() == (1 << 1) | (1 << 2) | (1 << 3)
     # tables back to back: object j's starts after the maps and trace ring of those before it
     sizes = [8 * (len(o.maps) + 1) for o in objs]
@@ -59,11 +61,20 @@ def test_all_probes_in_one_module(probe_obj, probe_names, tmp_path):
 def test_entry_points_have_the_patch_abi():
     pm = patch_module([obj_of([("kprobe/*", "entry", "*", "thread"), ("kretprobe/*", "exit", "*", "thread"),
                                ("egpu/mem/*", "mem", "*", "thread")])])
-    assert ".visible .func (.param .b32 %res) egpu_sass_block_enter(.param .b64 %ud, .param .b64 %pc)" in pm.ptx
-    assert ".visible .func (.param .b32 %res) egpu_sass_block_exit(.param .b64 %ud, .param .b64 %pc)" in pm.ptx
-    assert (".visible .func (.param .b32 %res) egpu_sass_global_access(.param .b64 %ud, .param .b64 %pc, "
+    d = f"{pm.image_id:012x}"
+    assert f".visible .func (.param .b32 %res) egpu_sass_block_enter_{d}(.param .b64 %ud, .param .b64 %pc)" in pm.ptx
+    assert f".visible .func (.param .b32 %res) egpu_sass_block_exit_{d}(.param .b64 %ud, .param .b64 %pc)" in pm.ptx
+    assert (f".visible .func (.param .b32 %res) egpu_sass_global_access_{d}(.param .b64 %ud, .param .b64 %pc, "
             ".param .b64 %ptr, .param .b32 %size, .param .b32 %flags, .param .b64 %data)") in pm.ptx
-    assert ".const" not in pm.ptx   # the sanitizer loads the module: no table anyone could fill
+    assert pm.ptx.count("egpu_sass_") == 3   # each name once: the sanitizer finds entry points by name
+
+
+def test_images_of_different_probe_sets_have_different_entry_points():
+    a = patch_module([obj_of([("kprobe/*", "entry", "*", "thread")])])
+    b = patch_module([obj_of([("kprobe/*", "entry", "*", "thread"), ("kretprobe/*", "exit", "*", "thread")])])
+    assert a.entries[0] != b.entries[0] and a.image_id != b.image_id
+    # globs are no part of the image (the shim asks which programs run per kernel): same code, same image
+    assert patch_module([obj_of([("kprobe/vec*", "entry", "vec*", "thread")])]).entries == a.entries
 
 
 def test_probe_takes_its_table_as_a_parameter():

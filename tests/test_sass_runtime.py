@@ -1,7 +1,8 @@
 """The SASS back end's runtime side without a GPU: which back end serves each module kind under
 --backend auto|ptx|sass, the programs a patched kernel runs, egpu-run's settling of the back end, and
 jobs against the stand-in driver with no sanitizer, a missing one, and a stand-in sanitizer
-(tests/sass_stub) that accepts every call but never calls back."""
+(tests/sass_stub) that calls back from the stand-in driver (module loads, launches). Live flips:
+tests/test_sass_live.py."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from egpu_preload.translate.sass_patch import patch_module
 from stub_job import egpu_run
 from translate_support import COUNTER, EMPTY
 
-SASS_STUB = Path(__file__).parent / "sass_stub" / "libsanitizer_stub.c"
+SASS_STUB = Path(__file__).parent / "sass_stub" / "libsanitizer_stub.c"   # calls back from the stand-in driver
 COUNTS = [prog.MapDef("counts", 2, 4, 8, 1)]
 needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
 
@@ -125,14 +126,19 @@ def test_with_the_stand_in_sanitizer(stub_job, probe_obj, tmp_path, sanitizer_st
     doc, calls = job(stub_job, tmp_path, probe_obj("count"), backend, mode, str(sanitizer_stub))
     assert doc["sass"]["state"] == "subscribed" and doc["sass"]["serving"] == "", doc["sass"]
     san = [c for c in calls if c.startswith("sanitizer")]
-    # subscribed in cuInit, before the driver started; enter patches only (count has a kprobe only). The
-    # launch domain waits for a patched module, which the stand-in (it never calls back) never makes:
-    # launch callbacks cost every launch of the process (tests/test_sass_gpu.py needs them on).
+    # subscribed in cuInit, before the driver started; enter patches only (count has a kprobe only); the
+    # launch domain once the module is patched (launch callbacks cost every launch of the process)
     assert san[:2] == ["sanitizerSubscribe cb=1", "sanitizerEnableDomain on=1 domain=3"]
-    assert "sanitizerEnableDomain on=1 domain=5" not in san
     assert calls.index("sanitizerSubscribe cb=1") < calls.index("cuInit flags=0")
-    (m,) = doc["modules"]
+    patched = [c for c in san if c.startswith(("sanitizerPatch", "sanitizerEnableDomain on=1 domain=5"))]
+    assert [c.split(" name=")[0] for c in patched] == ["sanitizerPatchInstructions id=1", "sanitizerPatchModule -",
+                                                      "sanitizerEnableDomain on=1 domain=5"]
+    runs = [c for c in calls if c.startswith("run ")]
+    assert len(runs) == 2 and all(" enter=egpu_sass_block_enter_" in r for r in runs), runs
+    (m, patched_kernels) = doc["modules"]   # the load, then its kernels as they launched
     assert (m["status"], m["backend"]) == ("instrumented", "sass")
+    assert patched_kernels["api"] == "SANITIZER_MODULE"
+    assert [k[1:] for k in patched_kernels["kernels"]] == [["instrumented", "SASS patch"]]
     plain = "" if mode == "cubin" else "11,22,32"
     assert launches(calls) == [plain, plain]   # the kernel as it was: no launch id appended
     assert any(c.startswith("cuMemcpyHtoD") for c in calls)   # the table block the patches read

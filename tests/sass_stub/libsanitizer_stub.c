@@ -1,8 +1,17 @@
 /* A stand-in libsanitizer-public.so for CI (no GPU, no Compute Sanitizer): every function the shim's
- * SASS back end resolves (shim/sass.c SAN_FNS) succeeds and logs "<pid> <name> ..." to the file named by
- * EGPU_STUB_LOG, as the stand-in driver does. It never calls back: modules are never reported loaded,
- * so nothing is patched; what the tests check is the subscription and the runtime's configuration.
- * EGPU_STUB_SANITIZER_FAIL=<name> makes that function return 7 (SANITIZER_ERROR_OUT_OF_MEMORY). */
+ * SASS back end resolves (shim/sass.c SAN_FNS) logs "<pid> <name> ..." to the file named by
+ * EGPU_STUB_LOG, as the stand-in driver does, and succeeds, except as told:
+ * - EGPU_STUB_SANITIZER_FAIL=<name> makes that function return 7 (SANITIZER_ERROR_OUT_OF_MEMORY);
+ *   <name>:<n> only its n-th call.
+ * Where the stand-in driver is loaded (tests/stub_driver: egpu_stub_sanitizer), it calls back as the
+ * real one does: MODULE_LOADED at every load, LAUNCH_BEGIN at every launch, each while its domain is
+ * enabled. Patches are kept per module as the real API keeps them (sanitizerPatchInstructions stages,
+ * sanitizerPatchModule applies, sanitizerUnpatchModule removes; staging over an applied patch fails:
+ * on the GPU that breaks the module). After each LAUNCH_BEGIN it logs what the launch would run:
+ *   run f=<kernel> enter=<block-enter entry, or -> record=<generation>:<launch id>:<mask>, or ->
+ * the record being the userdata the launch was given, copied there by sanitizerMemcpyHostToDeviceAsync. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,32 +23,130 @@ static void logf_(const char *fmt, ...) {
     const char *path = getenv("EGPU_STUB_LOG");
     FILE *f = path ? fopen(path, "a") : NULL;
     if (!f) return;
+    char line[1024];
+    int n = snprintf(line, sizeof line, "%d ", (int)getpid());
     va_list ap;
     va_start(ap, fmt);
-    fprintf(f, "%d ", (int)getpid());
-    vfprintf(f, fmt, ap);
-    fputc('\n', f);
+    n += vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
     va_end(ap);
+    if (n > (int)sizeof line - 2) n = sizeof line - 2;
+    line[n++] = '\n';
+    fwrite(line, 1, n, f); /* one write per line */
     fclose(f);
 }
 
 static int result(const char *name) {
+    static int calls[16];
+    static const char *names[16];
     const char *fail = getenv("EGPU_STUB_SANITIZER_FAIL");
-    return fail && !strcmp(fail, name) ? 7 : 0;
+    if (!fail) return 0;
+    size_t len = strcspn(fail, ":");
+    if (strlen(name) != len || strncmp(fail, name, len)) return 0;
+    if (!fail[len]) return 7;
+    int k = 0;
+    while (k < 15 && names[k] && strcmp(names[k], name)) k++;
+    names[k] = name;
+    return ++calls[k] == atoi(fail + len + 1) ? 7 : 0;
 }
 
-#define CALL(name, fmt, ...) logf_(#name " " fmt, __VA_ARGS__); return result(#name)
+#define CALL(name, fmt, ...) do { int r_ = result(#name); logf_(#name " " fmt "%s", __VA_ARGS__, r_ ? " -> 7" : ""); return r_; } while (0)
 
-static char ring[1 << 20];
+typedef void (*callback)(void *userdata, int domain, uint32_t cbid, const void *data);
+static callback subscriber;
+static void *subscriber_data;
+static int enabled[8];
 
-int sanitizerSubscribe(void **sub, void *cb, void *ud) { *sub = (void *)1; CALL(sanitizerSubscribe, "cb=%d", cb != NULL); }
-int sanitizerEnableDomain(uint32_t on, void *sub, int domain) { CALL(sanitizerEnableDomain, "on=%u domain=%d", on, domain); }
+/* Sanitizer_LaunchData as the stand-in driver lays it out */
+struct launch_data {
+    void *ctx, *stream, *hstream, *module, *function;
+    const char *name;
+    unsigned int grid[3], block[3], cluster[3];
+    unsigned long long grid_id;
+    void *launch;
+};
+struct record { unsigned long long kernel_id, launch_id, start, mask, tables, generation, pad[2]; };
+
+#define MODULES 64
+static struct patched { void *module; char staged[4][96], applied[4][96]; int on; } modules[MODULES];
+static __thread const void *launch_userdata;
+
+static struct patched *module_of(void *m) {
+    for (int i = 0; i < MODULES; i++)
+        if (modules[i].module == m) return &modules[i];
+    for (int i = 0; i < MODULES; i++)
+        if (!modules[i].module) {
+            modules[i].module = m;
+            return &modules[i];
+        }
+    return NULL;
+}
+
+static void event(int domain, unsigned int cbid, const void *data) {
+    if (!subscriber || domain < 0 || domain >= 8 || !enabled[domain]) return;
+    if (domain != 5) {
+        subscriber(subscriber_data, domain, cbid, data);
+        return;
+    }
+    const struct launch_data *ld = data;
+    launch_userdata = NULL;
+    subscriber(subscriber_data, domain, cbid, data);
+    struct patched *p = module_of(ld->module);
+    const char *enter = p && p->on && p->applied[1][0] ? p->applied[1] : "-";
+    const struct record *r = launch_userdata;
+    if (r) logf_("run f=%s enter=%s record=%llu:%llu:%llu", ld->name, enter, r->generation, r->launch_id, r->mask);
+    else logf_("run f=%s enter=%s record=-", ld->name, enter);
+}
+
+int sanitizerSubscribe(void **sub, callback cb, void *ud) {
+    subscriber = cb, subscriber_data = ud;
+    *sub = (void *)1;
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW);
+    void (*reg)(void (*)(int, unsigned int, const void *)) = driver ? dlsym(driver, "egpu_stub_sanitizer") : NULL;
+    if (reg) reg(event);
+    CALL(sanitizerSubscribe, "cb=%d", cb != NULL);
+}
+int sanitizerEnableDomain(uint32_t on, void *sub, int domain) {
+    if (domain >= 0 && domain < 8) enabled[domain] = on != 0;
+    CALL(sanitizerEnableDomain, "on=%u domain=%d", on, domain);
+}
 int sanitizerAddPatches(const void *image, void *ctx) { CALL(sanitizerAddPatches, "elf=%d", !memcmp(image, "\177ELF", 4)); }
-int sanitizerPatchInstructions(int id, void *m, const char *name) { CALL(sanitizerPatchInstructions, "id=%d name=%s", id, name); }
-int sanitizerPatchModule(void *m) { CALL(sanitizerPatchModule, "%s", "-"); }
-int sanitizerUnpatchModule(void *m) { CALL(sanitizerUnpatchModule, "%s", "-"); }
+int sanitizerPatchInstructions(int id, void *m, const char *name) {
+    struct patched *p = module_of(m);
+    if (p && p->on) {
+        logf_("sanitizerPatchInstructions id=%d name=%s: the module is patched already -> 7", id, name);
+        return 7;
+    }
+    if (p && id > 0 && id < 4) snprintf(p->staged[id], sizeof p->staged[id], "%s", name);
+    CALL(sanitizerPatchInstructions, "id=%d name=%s", id, name);
+}
+int sanitizerPatchModule(void *m) {
+    struct patched *p = module_of(m);
+    int r = result("sanitizerPatchModule");
+    logf_("sanitizerPatchModule %s", r ? "-> 7" : "-");
+    if (!r && p) {
+        memcpy(p->applied, p->staged, sizeof p->applied);
+        p->on = 1;
+    }
+    if (p) memset(p->staged, 0, sizeof p->staged);
+    return r;
+}
+int sanitizerUnpatchModule(void *m) {
+    struct patched *p = module_of(m);
+    if (p) {
+        p->on = 0;
+        memset(p->applied, 0, sizeof p->applied);
+    }
+    CALL(sanitizerUnpatchModule, "%s", "-");
+}
+static char ring[1 << 20];
 int sanitizerAlloc(void *ctx, void **p, size_t n) { *p = ring; CALL(sanitizerAlloc, "size=%zu", n); }
-int sanitizerMemcpyHostToDeviceAsync(void *d, void *s, size_t n, void *st) { CALL(sanitizerMemcpyHostToDeviceAsync, "n=%zu", n); }
-int sanitizerSetLaunchCallbackData(void *l, void *f, void *s, const void *ud) { CALL(sanitizerSetLaunchCallbackData, "%s", "-"); }
+int sanitizerMemcpyHostToDeviceAsync(void *d, void *s, size_t n, void *st) {
+    memcpy(d, s, n);
+    CALL(sanitizerMemcpyHostToDeviceAsync, "n=%zu", n);
+}
+int sanitizerSetLaunchCallbackData(void *l, void *f, void *s, const void *ud) {
+    launch_userdata = ud;
+    CALL(sanitizerSetLaunchCallbackData, "%s", "-");
+}
 int sanitizerGetFunctionPcAndSize(void *m, const char *n, uint64_t *pc, uint64_t *size) { *pc = 0; *size = 0; CALL(sanitizerGetFunctionPcAndSize, "%s", n); }
 int sanitizerGetResultString(int r, const char **s) { *s = r == 7 ? "SANITIZER_ERROR_OUT_OF_MEMORY" : "?"; return 0; }

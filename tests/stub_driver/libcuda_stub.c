@@ -67,6 +67,12 @@ static const char *image_kind(const void *image) {
     return "ptx";
 }
 
+/* The stand-in sanitizer (tests/sass_stub) subscribes here: loads and launches call it back as the driver
+ * calls the Compute Sanitizer's subscriber (domain, callback id, data laid out as sanitizer.h has it). */
+typedef void (*sanitizer_event)(int domain, unsigned int cbid, const void *data);
+static sanitizer_event san_event;
+__attribute__((visibility("default"))) void egpu_stub_sanitizer(sanitizer_event fn) { san_event = fn; }
+
 /* Images marked "// egpu-refuse" are refused, as the JIT refuses bad PTX. */
 static CUresult load(const char *api, const void *image, void **out) {
     if (!strcmp(image_kind(image), "ptx") && strstr(image, "// egpu-refuse")) {
@@ -92,6 +98,11 @@ static CUresult load(const char *api, const void *image, void **out) {
     }
     logf_("%s module=%d kind=%s instrumented=%d", api, m->id, kind, marker != NULL);
     *out = m;
+    if (san_event) { /* Sanitizer_ResourceModuleData: MODULE_LOADED */
+        struct { void *ctx, *module; size_t size; const char *cubin; void *library; } d =
+            {(void *)1, m, m->ptx ? strlen(m->ptx) : 0, m->ptx, NULL};
+        san_event(3, 9, &d);
+    }
     return OK;
 }
 
@@ -122,6 +133,17 @@ __attribute__((weak)) void egpu_stub_launched(const void *f);
 static void log_launch(const char *api, const void *f, unsigned gx, unsigned bx, void *stream,
                        void **params, void **extra, int runs) {
     if (!logging()) return; /* app_threads launches made-up handles */
+    if (san_event && f && runs) { /* Sanitizer_LaunchData: LAUNCH_BEGIN (hLaunch: the function) */
+        const struct function *fn = f;
+        struct {
+            void *ctx, *stream, *hstream, *module, *function;
+            const char *name;
+            unsigned int grid[3], block[3], cluster[3];
+            unsigned long long grid_id;
+            void *launch;
+        } d = {(void *)1, stream, stream, fn->m, (void *)f, fn->name, {gx, 1, 1}, {bx, 1, 1}, {1, 1, 1}, 0, (void *)f};
+        san_event(5, 1, &d);
+    }
     if (egpu_stub_launched && f && runs) egpu_stub_launched(f);
     char name[200], args[512] = "";
     fn_name(name, sizeof name, f);

@@ -1,0 +1,46 @@
+/* A job for the SASS back end's live tests (tests/test_sass_live.py): `app_threads_loop STOP THREADS`
+ * loads one PTX module (kernel `step`, no parameters) and launches it from THREADS threads, each about
+ * every 200 us, until the file STOP exists; then prints "app_threads_loop launches N failed F". */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+static const char PTX[] = ".version 8.0\n.target sm_90\n.address_size 64\n\n.visible .entry step()\n{\n\tret;\n}\n";
+
+typedef int (*fn)();
+static fn launch;
+static void *function;
+static const char *stop;
+static atomic_long launches, failed;
+
+static void *worker(void *arg) {
+    (void)arg;
+    while (access(stop, F_OK)) {
+        int r = launch(function, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+        atomic_fetch_add(r ? &failed : &launches, 1);
+        usleep(200);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) return 2;
+    stop = argv[1];
+    int n = atoi(argv[2]);
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!cuda) return 3;
+    fn init = (fn)dlsym(cuda, "cuInit"), load = (fn)dlsym(cuda, "cuModuleLoadData");
+    fn get = (fn)dlsym(cuda, "cuModuleGetFunction");
+    launch = (fn)dlsym(cuda, "cuLaunchKernel");
+    void *module = NULL;
+    if (init(0) || load(&module, PTX) || get(&function, module, "step")) return 4;
+    pthread_t threads[64];
+    if (n < 1 || n > 64) return 2;
+    for (int i = 0; i < n; i++) pthread_create(&threads[i], NULL, worker, NULL);
+    for (int i = 0; i < n; i++) pthread_join(threads[i], NULL);
+    printf("app_threads_loop launches %ld failed %ld\n", atomic_load(&launches), atomic_load(&failed));
+    return 0;
+}

@@ -1,0 +1,161 @@
+"""The SASS back end's standby and live flips without a GPU: tests/sass_stub's stand-in sanitizer calls
+back from the stand-in driver (module loads, launches) and logs, after each launch callback, which
+block-enter patch the launch would run and the launch record it was given (`run f=.. enter=..
+record=GEN:LAUNCH:MASK`).
+
+A job of four launching threads (tests/sass_stub/app_threads_loop.c) starts under `egpu-run --backend
+sass` with no probe, then is attached, swapped and detached over its control socket:
+- standby: subscribed, no patch, launch callbacks off, every launch runs nothing;
+- every launch between two flips runs the generation the first one committed, its patch and its record
+  together (a launch never runs one generation's patch with another's record), and each window holds
+  exactly the launch ids between the flips that bound it;
+- a re-patch the sanitizer refuses fails the swap, and the old probe goes on running.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from egpu_preload.control import ControlClient, list_sessions
+from stub_job import ROOT
+
+SASS_STUB = Path(__file__).parent / "sass_stub"
+RUN = re.compile(r"^\d+ run f=step enter=(\S+) record=(\S+)$", re.M)
+LAUNCH = re.compile(r"^\d+ cuLaunchKernel ", re.M)
+THREADS = 4
+
+
+@pytest.fixture(scope="module")
+def stand_ins(stub_job, tmp_path_factory) -> tuple[Path, Path]:
+    """(the stand-in sanitizer, the threaded job)."""
+    d = tmp_path_factory.mktemp("sass_live")
+    cc = ["gcc", "-O1", "-Wall", "-Werror"]
+    subprocess.run(cc + ["-shared", "-fPIC", str(SASS_STUB / "libsanitizer_stub.c"), "-o",
+                         str(d / "libsanitizer-public.so"), "-ldl"], check=True)
+    subprocess.run(cc + [str(SASS_STUB / "app_threads_loop.c"), "-o", str(d / "app_threads_loop"), "-ldl",
+                         "-lpthread"], check=True)
+    return d / "libsanitizer-public.so", d / "app_threads_loop"
+
+
+class ThreadedJob:
+    def __init__(self, stub_job, stand_ins: tuple[Path, Path], tmp: Path, **env: str) -> None:
+        sanitizer, self.app = stand_ins
+        self.log, self.stop = tmp / "log", tmp / "stop"
+        self.env = stub_job.env(self.log, EGPU_SANITIZER_LIB=str(sanitizer), **env)
+        self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "--backend",
+                                      "sass", str(self.app), str(self.stop), str(THREADS)], env=self.env, cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            found = [s for s in list_sessions(tmp / "egpu") if s.info and str(self.app) in s.info["argv"]]
+            if found and self.log.exists() and len(LAUNCH.findall(self.log.read_text())) > 20:
+                self.client = ControlClient(found[0].pid, directory=tmp / "egpu", timeout=30)
+                return
+            time.sleep(0.05)
+        self.stop.touch()
+        raise AssertionError(f"no session: {self.proc.communicate(timeout=60)}")
+
+    def runs(self) -> list[tuple[str, str]]:
+        return RUN.findall(self.log.read_text()) if self.log.exists() else []
+
+    def calls(self) -> list[str]:
+        return [ln.split(" ", 1)[1] for ln in self.log.read_text().splitlines() if " sanitizer" in ln]
+
+    def wait_runs(self, n: int = 40) -> None:
+        target = len(self.runs()) + n
+        deadline = time.monotonic() + 20
+        while len(self.runs()) < target and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def finish(self) -> str:
+        self.stop.touch()
+        out, err = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0, err
+        return out
+
+    def __enter__(self) -> "ThreadedJob":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.stop.touch()
+            self.proc.communicate(timeout=60)
+
+
+def windows(runs: list[tuple[str, str]]) -> dict[int, tuple[set[str], set[int]]]:
+    """generation -> (the entries its launches ran, their launch ids); generation 0: launches without a record."""
+    out: dict[int, tuple[set[str], set[int]]] = {}
+    for enter, record in runs:
+        gen, launch = (0, 0) if record == "-" else map(int, record.split(":")[:2])
+        entries, ids = out.setdefault(gen, (set(), set()))
+        entries.add(enter)
+        ids.add(launch)
+    return out
+
+
+def test_standby_then_attach_swap_detach_while_threads_launch(stub_job, stand_ins, probe_obj, tmp_path,
+                                                             monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with ThreadedJob(stub_job, stand_ins, tmp_path) as job:
+        # standby: subscribed before cuInit, nothing patched, no launch callbacks, nothing run
+        assert job.calls()[:2] == ["sanitizerSubscribe cb=1", "sanitizerEnableDomain on=1 domain=3"]
+        assert not [c for c in job.calls() if "Patch" in c or "domain=5" in c]
+        assert job.runs() == []   # the launch domain is off: the stand-in never calls back
+        a = job.client.request("attach", probe=probe_obj("count").read_bytes(), name="count")
+        assert (a["sass"]["modules_patched"], a["sass"]["modules"]) == (1, 1), a["sass"]
+        job.wait_runs()
+        s = job.client.request("swap", old="count", new_probe=probe_obj("hash_count").read_bytes(),
+                               new_name="hash_count")
+        job.wait_runs()
+        d = job.client.request("detach")
+        assert (d["sass"]["modules_patched"], d["sass"]["modules"]) == (0, 1), d["sass"]
+        time.sleep(0.1)
+        out = job.finish()
+    launched = int(re.search(r"launches (\d+) failed 0$", out.strip()).group(1))
+    calls = job.calls()
+    assert calls.count("sanitizerEnableDomain on=1 domain=5") == 1   # at the attach from standby...
+    assert calls.count("sanitizerEnableDomain on=0 domain=5") == 1   # ...off again at the detach
+    by_gen = windows(job.runs())
+    gens = sorted(g for g in by_gen if g)
+    assert len(gens) == 2, by_gen.keys()
+    (enter1,), ids1 = by_gen[gens[0]]
+    (enter2,), ids2 = by_gen[gens[1]]
+    # one patch per generation, each its own image's entry point
+    assert enter1.startswith("egpu_sass_block_enter_") and enter2.startswith("egpu_sass_block_enter_")
+    assert enter1 != enter2
+    # exact windows: every launch id between two flips ran that generation, and no other did
+    assert ids1 == set(range(a["launches"] + 1, s["launches"] + 1))
+    assert ids2 == set(range(s["launches"] + 1, d["launches"] + 1))
+    # a launch called back without a record (the detach's drain window) ran no patch either
+    assert by_gen.get(0, ({"-"}, set()))[0] == {"-"}
+
+
+def test_a_failed_repatch_leaves_the_old_probe_running(stub_job, stand_ins, probe_obj, tmp_path, monkeypatch):
+    """The swap's re-patch fails (the sanitizer's second sanitizerPatchModule): the swap is refused with the
+    reason, the module is patched again with the attached probe's image, and its launches go on with it."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with ThreadedJob(stub_job, stand_ins, tmp_path, EGPU_STUB_SANITIZER_FAIL="sanitizerPatchModule:2") as job:
+        a = job.client.request("attach", probe=probe_obj("count").read_bytes(), name="count")
+        job.wait_runs()
+        from egpu_preload.errors import EgpuError
+        with pytest.raises(EgpuError, match=r"SASS back end: sanitizerPatchModule failed: 7 "
+                                            r"\(SANITIZER_ERROR_OUT_OF_MEMORY\); the probes before it go on running"):
+            job.client.request("swap", old="count", new_probe=probe_obj("hash_count").read_bytes(),
+                               new_name="hash_count")
+        assert job.client.request("ping")["probes"] == ["count"]
+        before = len(job.runs())
+        job.wait_runs()
+        after = job.runs()[before:]
+        d = job.client.request("detach")
+        job.finish()
+    assert after and len({enter for enter, _ in after}) == 1
+    (gen,) = {int(record.split(":")[0]) for _, record in after}
+    first = windows(job.runs())[gen]
+    assert min(first[1]) == a["launches"] + 1 and max(first[1]) <= d["launches"]   # one window, attach to detach
