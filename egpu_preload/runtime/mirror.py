@@ -34,7 +34,7 @@ from typing import Any
 
 import msgpack
 
-from egpu_preload.control import process_exists, socket_dir
+from egpu_preload.control import process_exists, socket_path
 from egpu_preload.errors import EgpuError
 
 MAGIC = b"EGPUMAP1"
@@ -45,7 +45,8 @@ RETRIES = 100
 
 
 def mirror_path(pid: int, directory: Path | None = None) -> Path:
-    return (directory or socket_dir()) / f"{pid}.maps"
+    """``<pid>.maps`` beside the process's control socket (control.socket_path: wherever its session lives)."""
+    return socket_path(pid, directory).with_name(f"{pid}.maps")
 
 
 class Segment:
