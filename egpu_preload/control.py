@@ -165,7 +165,7 @@ def socket_path(pid: int, directory: Path | None = None) -> Path:
 def check_private_dir(directory: Path, *, create: bool) -> bool:
     """Make sure ``directory`` is ours and closed to others (creating it 0700 when asked); False when it
     does not exist and was not created. Anything else there (a symlink, another owner, group or other
-    access) is refused: in /tmp another user could have made it first."""
+    access) is a ControlError: in /tmp another user could have made it first."""
     if create:
         try:
             directory.mkdir(mode=0o700, parents=False)
@@ -179,10 +179,10 @@ def check_private_dir(directory: Path, *, create: bool) -> bool:
     except FileNotFoundError:
         return False
     if not stat.S_ISDIR(st.st_mode):
-        raise ControlError(f"{directory}: not a directory (refusing to use it for control sockets)")
+        raise ControlError(f"{directory}: not a directory (a symlink, or a file): refusing to use it")
     if st.st_uid != os.geteuid() or st.st_mode & 0o077:
         raise ControlError(f"{directory}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}; "
-                           f"control sockets need a directory private to uid {os.geteuid()}")
+                           f"egpu needs a directory private to uid {os.geteuid()} there")
     return True
 
 
