@@ -142,8 +142,15 @@ class Mirrors:
 
 
 def start(read: Callable[[], dict | None], period: float) -> Mirrors | None:
-    """Mirror ``read()`` (None: nothing to show yet) every ``period`` seconds; None when period is 0."""
-    return Mirrors(read, period) if period > 0 else None
+    """Mirror ``read()`` (None: nothing to show yet) every ``period`` seconds; None when period is 0, or
+    when this user has no private directory for it (control.socket_dir; one line says so)."""
+    if period <= 0:
+        return None
+    try:
+        return Mirrors(read, period)
+    except EgpuError as e:
+        print(f"egpu[{os.getpid()}]: no map mirror: {e}", file=sys.stderr)
+        return None
 
 
 def read_mirror(pid: int, directory: Path | None = None) -> tuple[dict, float]:
