@@ -365,11 +365,13 @@ class ControlServer:
                 s.close()
         self._listener = None
         pid, dev, ino = self._owner
+        if self.path is None:   # never started
+            return
         try:
             st = os.stat(self.path)
             if pid == os.getpid() and (st.st_dev, st.st_ino) == (dev, ino):
                 self.path.unlink()
-        except (FileNotFoundError, TypeError):  # TypeError: never started (no path)
+        except FileNotFoundError:
             pass
 
     def __enter__(self) -> "ControlServer":

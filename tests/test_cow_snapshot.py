@@ -164,6 +164,7 @@ TAMPERED = {
     "address edited": _edit_manifest(lambda r: r["allocations"][0].update(address=0x10008), resealed=False),
     "allocations_made edited": _edit_manifest(lambda r: r.update(allocations_made=9), resealed=False),
     "seal of another manifest": lambda d: (d / "manifest.hmac").write_text(seal.seal(b"{}")),
+    "seal not hex": lambda d: (d / "manifest.hmac").write_text("\u00e9t\u00e9"),
 }
 
 

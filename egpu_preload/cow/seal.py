@@ -36,7 +36,8 @@ def seal(data: bytes) -> str:
 
 def matches(data: bytes, mac: str) -> bool:
     """Whether ``mac`` is the seal of ``data`` under this user's key; SnapshotError when there is no key."""
-    return hmac.compare_digest(hmac.new(_key(create=False), data, hashlib.sha256).hexdigest(), mac.strip())
+    expected = hmac.new(_key(create=False), data, hashlib.sha256).hexdigest().encode()
+    return hmac.compare_digest(expected, mac.strip().encode(errors="replace"))   # bytes: any text compares
 
 
 def _key(*, create: bool) -> bytes:

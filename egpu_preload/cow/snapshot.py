@@ -14,11 +14,13 @@ manifest.json (FORMAT_VERSION 2)::
 
 ``index`` is the allocation's creation number (allocations.Allocation.seq), which is what restore
 matches on, together with size and kind. The list is the whole cut: every allocation of a SAVED_KIND
-(non-empty) numbered below ``allocations_made`` that was live then, and every global of every module.
+(non-empty) numbered below ``allocations_made`` that was live then, and every global of every module
+with PTX loaded then.
 manifest.hmac holds the manifest's seal (seal.py: keyed, so neither another user nor an edit can make
 a manifest, or data with its sha256 rewritten, pass).
 
-The directory is 0700 and every file 0600, whatever the umask: the files are copies of device memory.
+The directory is 0700 and every file 0600 (never wider, whatever the umask): the files are copies of
+device memory.
 Writing is atomic: everything goes into ``DIR.tmp``, is fsynced, and the directory is renamed to DIR
 last, so DIR is either absent or complete. Reading validates everything before anything is handed
 out: a directory without a manifest or seal, a seal that does not match, bad JSON, another version,
