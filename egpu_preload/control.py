@@ -2,7 +2,10 @@
 
 One unix socket per process, ``<dir>/<pid>.sock`` (mode 0600) in a private directory (0700, ours):
 ``$XDG_RUNTIME_DIR/egpu``, else ``/tmp/egpu-<uid>``. Only the same uid (or root) may talk to it: the
-directory's mode says so and the server checks the peer's SO_PEERCRED as well.
+directory's mode says so and the server checks the peer's SO_PEERCRED as well. Where another user made
+that directory first (or a symlink there), sessions go to a private ``<tmp>/egpu-<uid>-XXXXXX`` made
+by mkdtemp instead (``socket_dir``), and clients look in every such directory that is ours and private
+(``socket_dirs``): a squatter can delay nothing and read nothing.
 
 Frames are a 4-byte big-endian length, then a msgpack map of at most MAX_FRAME bytes:
 
@@ -13,8 +16,14 @@ Every request is checked against COMMANDS before a handler sees it: types, requi
 fields. A bad request gets an error reply and the connection stays usable; a frame over the limit gets
 an error reply and the connection is closed (its bytes cannot be skipped safely).
 
-The server runs in a daemon thread and serves one connection at a time; a handler's EgpuError becomes
-the error reply, any other exception an "internal error" reply, so the process never sees them.
+The server accepts in a daemon thread and serves every connection in a thread of its own, at most
+MAX_CONNECTIONS at once: one more gets a "busy" error reply and is closed. A frame must arrive whole
+within FRAME_TIMEOUT of the server starting to wait for it, and a reply must be taken within as long,
+so an idle or slow client only ever holds its own connection, and that only for a while. Commands that
+change the process (EXCLUSIVE) run one at a time, as they always did; the others run beside them
+(handlers that read shared state take their own locks: runtime/live.py's Live.lock). A handler's
+EgpuError becomes the error reply, any other exception an "internal error" reply, so the process never
+sees them.
 """
 
 from __future__ import annotations
@@ -25,7 +34,10 @@ import selectors
 import socket
 import stat
 import struct
+import sys
+import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +48,10 @@ from .errors import EgpuError
 
 VERSION = 1
 MAX_FRAME = 16 << 20        # 16 MiB: a probe object is a few KiB to a few MiB
-IDLE_TIMEOUT = 5.0          # seconds a connection may sit between frames before the server drops it
+FRAME_TIMEOUT = 5.0         # seconds within which a whole frame must arrive (or a reply be taken)
+MAX_CONNECTIONS = 32        # served at once; one more is told "busy" and closed
+BUSY_RETRY_S = 0.05         # between a client's connects while the listen queue is full
+BUSY_WAIT_S = 2.0           # how long a client tries to connect to a full queue before it says "busy"
 _LEN = struct.Struct(">I")
 _UCRED = struct.Struct("iII")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;} (socket(7) SO_PEERCRED)
 _SUN_PATH_MAX = 107         # sizeof(sockaddr_un.sun_path) - 1 (unix(7))
@@ -60,6 +75,9 @@ COMMANDS: dict[str, dict[str, Field]] = {
     "restore": {"dir": Field(str)},
 }
 
+# Commands that change the process: the server runs them one at a time (a checkpoint must not meet a swap).
+EXCLUSIVE = frozenset({"attach", "detach", "swap", "checkpoint", "restore"})
+
 Handler = Callable[[dict], object]
 
 
@@ -75,6 +93,10 @@ class ControlTimeout(ControlError):
     """The session did not answer in time."""
 
 
+class ControlBusy(ControlError):
+    """The session serves as many connections as it may, or its listen queue is full."""
+
+
 @dataclass(frozen=True)
 class SessionInfo:
     pid: int
@@ -84,20 +106,66 @@ class SessionInfo:
 
 # --- where sockets live ---------------------------------------------------------------------------
 
-def socket_dir() -> Path:
+def preferred_dir() -> Path:
     """``$XDG_RUNTIME_DIR/egpu`` when XDG_RUNTIME_DIR is set, else ``/tmp/egpu-<uid>``."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     return Path(runtime) / "egpu" if runtime else Path(f"/tmp/egpu-{os.getuid()}")
 
 
+def _fallback_dirs() -> list[Path]:
+    """The private ``<tmp>/egpu-<uid>-*`` directories of this user, oldest first (a squatter's are skipped)."""
+    found = []
+    for d in Path(tempfile.gettempdir()).glob(f"egpu-{os.getuid()}-*"):
+        try:
+            check_private_dir(d, create=False)
+            found.append((os.lstat(d).st_mtime_ns, d))
+        except (ControlError, OSError):
+            continue
+    return [d for _, d in sorted(found)]
+
+
+def socket_dir(*, create: bool = False) -> Path:
+    """The directory this user's sessions live in: the preferred one when it is private (or absent), else
+    the oldest private fallback; ``create`` makes it (0700), or a fresh fallback (mkdtemp, one line on
+    stderr) when the preferred one is not private. Never fails for another user's directory."""
+    preferred = preferred_dir()
+    try:
+        check_private_dir(preferred, create=create)
+        return preferred
+    except ControlError as e:
+        fallbacks = _fallback_dirs()
+        if fallbacks:
+            return fallbacks[0]
+        if not create:
+            raise
+        fresh = Path(tempfile.mkdtemp(prefix=f"egpu-{os.getuid()}-"))
+        print(f"egpu: {e}: using {fresh} instead", file=sys.stderr)
+        return fresh
+
+
+def socket_dirs() -> list[Path]:
+    """Every directory a session of this user may live in (socket_dir's choices): the preferred one
+    when it is private, then the fallbacks."""
+    try:
+        preferred = [preferred_dir()] if check_private_dir(preferred_dir(), create=False) else []
+    except ControlError:
+        preferred = []
+    return preferred + _fallback_dirs()
+
+
 def socket_path(pid: int, directory: Path | None = None) -> Path:
-    return (directory or socket_dir()) / f"{pid}.sock"
+    """Where process ``pid``'s socket is: in ``directory``, else the first of socket_dirs() that has
+    it (socket_dir() when none has)."""
+    if directory is None:
+        found = [d / f"{pid}.sock" for d in socket_dirs() if (d / f"{pid}.sock").exists()]
+        return found[0] if found else socket_dir() / f"{pid}.sock"
+    return directory / f"{pid}.sock"
 
 
 def check_private_dir(directory: Path, *, create: bool) -> bool:
     """Make sure ``directory`` is ours and closed to others (creating it 0700 when asked); False when it
     does not exist and was not created. Anything else there (a symlink, another owner, group or other
-    access) is refused: in /tmp another user could have made it first."""
+    access) is a ControlError: in /tmp another user could have made it first."""
     if create:
         try:
             directory.mkdir(mode=0o700, parents=False)
@@ -111,10 +179,10 @@ def check_private_dir(directory: Path, *, create: bool) -> bool:
     except FileNotFoundError:
         return False
     if not stat.S_ISDIR(st.st_mode):
-        raise ControlError(f"{directory}: not a directory (refusing to use it for control sockets)")
+        raise ControlError(f"{directory}: not a directory (a symlink, or a file): refusing to use it")
     if st.st_uid != os.geteuid() or st.st_mode & 0o077:
         raise ControlError(f"{directory}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}; "
-                           f"control sockets need a directory private to uid {os.geteuid()}")
+                           f"egpu needs a directory private to uid {os.geteuid()} there")
     return True
 
 
@@ -142,21 +210,33 @@ class _FrameTooLarge(Exception):
         self.size = size
 
 
-def read_frame(sock: socket.socket) -> bytes | None:
+def read_frame(sock: socket.socket, deadline: float | None = None) -> bytes | None:
     """One frame's body; None at a clean end of stream. Raises _FrameTooLarge before reading an
-    oversized body, ConnectionError when the stream ends inside a frame."""
-    header = _recv_exact(sock, _LEN.size, eof_ok=True)
+    oversized body, ConnectionError when the stream ends inside a frame, TimeoutError when the whole
+    frame has not arrived by ``deadline`` (time.monotonic(); None: the socket's own timeout per read)."""
+    header = _recv_exact(sock, _LEN.size, deadline, eof_ok=True)
     if header is None:
         return None
     size, = _LEN.unpack(header)
     if size > MAX_FRAME:
         raise _FrameTooLarge(size)
-    return _recv_exact(sock, size, eof_ok=False)
+    return _recv_exact(sock, size, deadline, eof_ok=False)
 
 
-def _recv_exact(sock: socket.socket, n: int, *, eof_ok: bool) -> bytes | None:
+def _remaining(sock: socket.socket, deadline: float | None) -> None:
+    """Let the next blocking call on ``sock`` last no longer than until ``deadline``."""
+    if deadline is None:
+        return
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("deadline passed")
+    sock.settimeout(left)
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None, *, eof_ok: bool) -> bytes | None:
     buf = bytearray()
     while len(buf) < n:
+        _remaining(sock, deadline)
         chunk = sock.recv(min(n - len(buf), 1 << 20))
         if not chunk:
             if eof_ok and not buf:
@@ -218,26 +298,33 @@ class ControlServer:
 
     A handler gets the request's fields (without v/id/cmd) and returns a msgpack-able result, or raises
     EgpuError for an error reply. ``ping`` answers {pid, uid, argv} unless a handler replaces it.
+    Handlers run on their connection's thread; those of EXCLUSIVE commands one at a time.
     """
 
     def __init__(self, handlers: Mapping[str, Handler], *, directory: Path | None = None,
-                 idle_timeout: float = IDLE_TIMEOUT) -> None:
+                 frame_timeout: float = FRAME_TIMEOUT, max_connections: int = MAX_CONNECTIONS) -> None:
         unknown = set(handlers) - set(COMMANDS)
         if unknown:
             raise ControlError(f"handlers for unknown commands: {', '.join(sorted(unknown))}")
         self.handlers = {"ping": _ping, **handlers}
-        self.directory = directory or socket_dir()
-        self.path = socket_path(os.getpid(), self.directory)
-        self.idle_timeout = idle_timeout
+        self.directory = directory          # None: socket_dir(create=True), chosen at start
+        self.path: Path | None = None
+        self.frame_timeout = frame_timeout
+        self.max_connections = max_connections
         self._listener: socket.socket | None = None
         self._wake_r, self._wake_w = socket.socketpair()
-        self._conn: socket.socket | None = None
+        self._conns: set[socket.socket] = set()   # open connections, each served by a thread of its own
+        self._conns_lock = threading.Lock()
+        self._exclusive = threading.Lock()        # held by a handler of an EXCLUSIVE command
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._owner = (0, 0, 0)  # (pid, st_dev, st_ino) of the socket we bound, to remove only ours
 
     def start(self) -> "ControlServer":
+        if self.directory is None:
+            self.directory = socket_dir(create=True)
         check_private_dir(self.directory, create=True)
+        self.path = socket_path(os.getpid(), self.directory)
         if len(os.fsencode(self.path)) > _SUN_PATH_MAX:
             raise ControlError(f"{self.path}: longer than a unix socket path may be ({_SUN_PATH_MAX} bytes)")
         self.path.unlink(missing_ok=True)  # left by an earlier process with our pid
@@ -246,7 +333,7 @@ class ControlServer:
             listener.bind(os.fspath(self.path))
             # bind() honours the umask; the 0700 directory already keeps others out in the meantime.
             os.chmod(self.path, 0o600)
-            listener.listen(8)
+            listener.listen(socket.SOMAXCONN)
         except OSError as e:
             listener.close()
             raise ControlError(f"{self.path}: cannot listen: {e.strerror}") from None
@@ -264,8 +351,9 @@ class ControlServer:
             return
         self._stopping.set()
         self._wake_w.send(b"x")
-        conn = self._conn
-        if conn is not None:
+        with self._conns_lock:
+            conns = list(self._conns)
+        for conn in conns:  # their threads see the end of stream and close them
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -277,6 +365,8 @@ class ControlServer:
                 s.close()
         self._listener = None
         pid, dev, ino = self._owner
+        if self.path is None:   # never started
+            return
         try:
             st = os.stat(self.path)
             if pid == os.getpid() and (st.st_dev, st.st_ino) == (dev, ino):
@@ -302,33 +392,53 @@ class ControlServer:
                         conn, _ = self._listener.accept()
                     except (BlockingIOError, InterruptedError):
                         continue
-                    self._conn = conn
-                    try:
-                        self._connection(conn)
-                    except OSError:
-                        pass  # the client went away or timed out: serve the next one
-                    finally:
-                        self._conn = None
-                        conn.close()
+                    except OSError:   # out of descriptors: the queue waits until a connection closes
+                        time.sleep(0.05)
+                        continue
+                    with self._conns_lock:
+                        open_now = len(self._conns)
+                        if open_now < self.max_connections:
+                            self._conns.add(conn)
+                    if open_now >= self.max_connections:
+                        _refuse(conn, f"busy: {open_now} connections open, the most it serves at once")
+                        continue
+                    threading.Thread(target=self._serve_connection, args=(conn,), name="egpu-control-conn",
+                                     daemon=True).start()
+
+    def _serve_connection(self, conn: socket.socket) -> None:
+        try:
+            self._connection(conn)
+        except OSError:
+            pass  # the client went away, or took longer than a frame may: only its connection ends
+        finally:
+            with self._conns_lock:
+                self._conns.discard(conn)
+            conn.close()
 
     def _connection(self, conn: socket.socket) -> None:
         conn.setblocking(True)
-        conn.settimeout(self.idle_timeout)
         _, uid, _ = peer_credentials(conn)
         if not peer_allowed(uid, os.geteuid()):
-            _send(conn, encode_frame(_reply(None, error=f"uid {uid} may not control process {os.getpid()} "
-                                                         f"(uid {os.geteuid()})")))
+            self._send(conn, encode_frame(_reply(None, error=f"uid {uid} may not control process "
+                                                             f"{os.getpid()} (uid {os.geteuid()})")))
             return
         while not self._stopping.is_set():
             try:
-                body = read_frame(conn)
+                body = read_frame(conn, time.monotonic() + self.frame_timeout)
             except _FrameTooLarge as e:
-                _send(conn, encode_frame(_reply(None, error=f"frame of {e.size} bytes exceeds the "
-                                                             f"{MAX_FRAME >> 20} MiB limit")))
+                self._send(conn, encode_frame(_reply(None, error=f"frame of {e.size} bytes exceeds the "
+                                                                 f"{MAX_FRAME >> 20} MiB limit")))
                 return
             if body is None:
                 return
-            _send(conn, self._answer(body))
+            self._send(conn, self._answer(body))
+
+    def _send(self, conn: socket.socket, frame: bytes) -> None:
+        """Reply within the frame timeout (sendall's timeout is for the whole reply), without SIGPIPE: the
+        embedded interpreter leaves the application's default disposition, under which a client that gave
+        up and closed would kill the application (it gets EPIPE instead)."""
+        conn.settimeout(self.frame_timeout)
+        conn.sendall(frame, socket.MSG_NOSIGNAL)
 
     def _answer(self, body: bytes) -> bytes:
         """The reply frame for one request frame; never raises."""
@@ -341,7 +451,12 @@ class ControlServer:
             handler = self.handlers.get(cmd)
             if handler is None:
                 raise ControlError(f"{cmd} is not supported by this session")
-            reply = _reply(rid, result=handler(fields))
+            if cmd in EXCLUSIVE:
+                with self._exclusive:
+                    result = handler(fields)
+            else:
+                result = handler(fields)
+            reply = _reply(rid, result=result)
         except EgpuError as e:
             reply = _reply(rid, error=str(e))
         except Exception as e:  # noqa: BLE001 - a handler bug must not reach the application
@@ -354,10 +469,14 @@ class ControlServer:
             return encode_frame(_reply(rid, error=f"internal error: result cannot be encoded: {e}"))
 
 
-def _send(conn: socket.socket, frame: bytes) -> None:
-    """Reply without SIGPIPE: the embedded interpreter leaves the application's default disposition, under
-    which a client that gave up and closed would kill the application (it gets EPIPE instead)."""
-    conn.sendall(frame, socket.MSG_NOSIGNAL)
+def _refuse(conn: socket.socket, reason: str) -> None:
+    """Tell a connection the server will not serve why (a short reply into an empty socket buffer: it
+    never blocks the accepting thread) and close it."""
+    try:
+        conn.send(encode_frame({**_reply(None, error=reason), "busy": True}), socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+    except OSError:
+        pass
+    conn.close()
 
 
 def _ping(fields: dict) -> dict:
@@ -371,37 +490,35 @@ def _ping(fields: dict) -> dict:
 # --- client ---------------------------------------------------------------------------------------
 
 class ControlClient:
-    """Requests to the egpu session in process ``pid``: ``ControlClient(1234).request("maps")``."""
+    """Requests to the egpu session in process ``pid``: ``ControlClient(1234).request("maps")``.
+    ``directory``: where its socket is (default: the one of socket_dirs() that has it)."""
 
     def __init__(self, pid: int, *, directory: Path | None = None, timeout: float = 10.0) -> None:
         self.pid = pid
-        self.directory = directory or socket_dir()
-        self.path = socket_path(pid, self.directory)
+        self.directory = directory
         self.timeout = timeout
         self._ids = itertools.count(1)
 
     def request(self, cmd: str, **fields: object) -> object:
-        """Send one request and return its result; EgpuError on any failure or error reply."""
+        """Send one request and return its result within ``timeout`` seconds; EgpuError on any failure
+        or error reply (ControlBusy when the session serves as many clients as it may)."""
         rid = next(self._ids)
         message = {"v": VERSION, "id": rid, "cmd": cmd, **fields}
         validate_request(message)  # the server checks too; this names the mistake before connecting
         frame = encode_frame(message)
-        if not check_private_dir(self.directory, create=False):
+        path = socket_path(self.pid, self.directory)
+        if not check_private_dir(path.parent, create=False):
             raise NoSession(f"no egpu session in process {self.pid}")
+        deadline = time.monotonic() + self.timeout
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-            sock.settimeout(self.timeout)
-            try:
-                sock.connect(os.fspath(self.path))
-            except (FileNotFoundError, ConnectionRefusedError):
-                raise NoSession(f"no egpu session in process {self.pid}") from None
-            except PermissionError:
-                raise ControlError(f"process {self.pid}: permission denied on {self.path}") from None
+            self._connect(sock, path, deadline)
             try:
                 try:
+                    _remaining(sock, deadline)
                     sock.sendall(frame)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # refused before it read our request: its reason is waiting to be read
-                body = read_frame(sock)
+                body = read_frame(sock, deadline)
             except (socket.timeout, TimeoutError):
                 raise ControlTimeout(f"process {self.pid}: no reply to {cmd} within {self.timeout:g} s") from None
             except (_FrameTooLarge, OSError) as e:
@@ -412,17 +529,39 @@ class ControlClient:
         if not isinstance(reply, dict) or reply.get("v") != VERSION or "ok" not in reply:
             raise ControlError(f"process {self.pid}: malformed reply to {cmd}")
         if not reply["ok"]:
-            raise ControlError(f"process {self.pid}: {reply.get('error') or 'request failed'}")
+            error = ControlBusy if reply.get("busy") is True else ControlError
+            raise error(f"process {self.pid}: {reply.get('error') or 'request failed'}")
         if reply.get("id") != rid:
             raise ControlError(f"process {self.pid}: reply to request {reply.get('id')}, expected {rid}")
         return reply.get("result")
 
+    def _connect(self, sock: socket.socket, path: Path, deadline: float) -> None:
+        """Connect: a full listen queue (EAGAIN: a unix socket with a timeout is non-blocking underneath)
+        is tried again for BUSY_WAIT_S at most (and never past ``deadline``), then it is ControlBusy."""
+        deadline = min(deadline, time.monotonic() + BUSY_WAIT_S)
+        while True:
+            try:
+                _remaining(sock, deadline)
+                sock.connect(os.fspath(path))
+                return
+            except (FileNotFoundError, ConnectionRefusedError):
+                raise NoSession(f"no egpu session in process {self.pid}") from None
+            except PermissionError:
+                raise ControlError(f"process {self.pid}: permission denied on {path}") from None
+            except (BlockingIOError, TimeoutError):
+                if time.monotonic() + BUSY_RETRY_S >= deadline:
+                    raise ControlBusy(f"process {self.pid}: busy: its control socket took no connection "
+                                      f"within {min(self.timeout, BUSY_WAIT_S):g} s") from None
+                time.sleep(BUSY_RETRY_S)
+
 
 def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> list[SessionInfo]:
-    """Live sessions of this user, by pid, for ``egpu ps``. Removes stale sockets: their process is gone,
-    or nothing listens on them (a reused pid); and the map mirrors of processes gone. A session that
-    accepts but is slow to answer is kept, with info None."""
-    directory = directory or socket_dir()
+    """Live sessions of this user, by pid, for ``egpu ps``: in ``directory``, else in every one of
+    socket_dirs(). Removes stale sockets: their process is gone, or nothing listens on them (a reused
+    pid); and the map mirrors of processes gone. A session that accepts but is slow to answer, or busy,
+    is kept, with info None."""
+    if directory is None:
+        return sorted((s for d in socket_dirs() for s in list_sessions(d, timeout=timeout)), key=lambda s: s.pid)
     if not check_private_dir(directory, create=False):
         return []
     sessions = []
@@ -438,7 +577,7 @@ def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> lis
         except NoSession:
             path.unlink(missing_ok=True)
             continue
-        except ControlError:  # busy (timeout) or refusing us: alive, details unknown
+        except ControlError:  # busy, slow or refusing us: alive, details unknown
             info = None
         sessions.append(SessionInfo(pid, path, info if isinstance(info, dict) else None))
     for path in directory.glob("*.maps"):   # runtime/mirror.py's segments of processes gone

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -19,8 +20,8 @@ import msgpack
 import pytest
 
 from egpu_preload import control
-from egpu_preload.control import (MAX_FRAME, VERSION, ControlClient, ControlError, ControlServer, ControlTimeout,
-                                  NoSession, list_sessions)
+from egpu_preload.control import (MAX_FRAME, VERSION, ControlBusy, ControlClient, ControlError, ControlServer,
+                                  ControlTimeout, NoSession, list_sessions)
 from egpu_preload.errors import EgpuError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,7 +57,7 @@ HANDLERS = {
 
 @pytest.fixture
 def server(sock_dir):
-    with ControlServer(HANDLERS, idle_timeout=0.5) as s:
+    with ControlServer(HANDLERS, frame_timeout=0.5) as s:
         yield s
 
 
@@ -84,9 +85,9 @@ def _req(cmd: str = "ping", rid: int = 1, **fields) -> bytes:
 
 def test_socket_dir_follows_xdg_runtime_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    assert control.socket_dir() == tmp_path / "egpu"
+    assert control.preferred_dir() == tmp_path / "egpu"
     monkeypatch.delenv("XDG_RUNTIME_DIR")
-    assert control.socket_dir() == Path(f"/tmp/egpu-{os.getuid()}")
+    assert control.preferred_dir() == Path(f"/tmp/egpu-{os.getuid()}")
 
 
 def test_socket_and_directory_modes_and_removal(server, sock_dir):
@@ -448,3 +449,202 @@ def test_clean_stop_in_a_subprocess_removes_its_socket(sock_dir):
     proc = subprocess.run([sys.executable, "-c", SERVER_SCRIPT], input="", capture_output=True, text=True, env=env)
     assert proc.returncode == 0 and proc.stdout == "ready\n"
     assert list(sock_dir.iterdir()) == []
+
+
+# --- many clients at once ----------------------------------------------------------------------------
+
+class _Exclusive:
+    """attach/detach handlers that count how many of them run at once (they take no lock of their own)."""
+
+    def __init__(self) -> None:
+        self.running = self.most = self.done = 0
+        self.count_lock = threading.Lock()
+
+    def __call__(self, fields: dict) -> dict:
+        with self.count_lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(0.01)
+        with self.count_lock:
+            self.running -= 1
+            self.done += 1
+        return {"ok": True}
+
+
+def test_stress_idle_slow_and_busy_clients_never_delay_a_good_one(sock_dir):
+    """10 idle connections, 3 writers sending a byte every 0.2 s, 8 clients attaching and detaching in a
+    loop: a well-behaved client's ping and maps are each answered within 1 s throughout (the old server,
+    one connection at a time, made them wait for every idle one); attach/detach never overlap; the slow
+    writers are dropped once a frame takes longer than the frame timeout."""
+    change = _Exclusive()
+    handlers = {"attach": change, "detach": change, "maps": lambda f: {"counts": 42}}
+    stop = threading.Event()
+    errors: list[str] = []
+    with ControlServer(handlers, frame_timeout=1.0) as server:
+        idle = [_raw(server.path) for _ in range(10)]
+        slow = [_raw(server.path) for _ in range(3)]
+        slow_ended: list[float] = []
+
+        def slow_writer(s: socket.socket) -> None:
+            t0 = time.monotonic()
+            try:
+                for byte in (b"\x00\x00\x00\x10" + _req()) * 10:
+                    s.send(bytes([byte]))
+                    time.sleep(0.2)
+            except OSError:
+                slow_ended.append(time.monotonic() - t0)
+
+        def changer() -> None:
+            client = ControlClient(os.getpid(), timeout=10)
+            while not stop.is_set():
+                try:
+                    client.request("attach", probe=b"\x7fELF", name="p")
+                    client.request("detach", name="p")
+                except ControlError as e:
+                    errors.append(str(e))
+
+        threads = [threading.Thread(target=slow_writer, args=(s,)) for s in slow]
+        threads += [threading.Thread(target=changer) for _ in range(8)]
+        for t in threads:
+            t.start()
+        good, latencies = ControlClient(os.getpid(), timeout=5), []
+        t_end = time.monotonic() + 2.5
+        while time.monotonic() < t_end:
+            for cmd in ("ping", "maps"):
+                t0 = time.monotonic()
+                good.request(cmd)
+                latencies.append(time.monotonic() - t0)
+            time.sleep(0.02)
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+        for s in idle + slow:
+            s.close()
+    assert not errors, errors[:3]
+    assert len(latencies) > 20 and max(latencies) < 1.0, max(latencies)
+    assert change.most == 1 and change.done > 16, (change.most, change.done)
+    assert len(slow_ended) == 3 and all(t < 2.0 for t in slow_ended), slow_ended
+
+
+def test_connections_over_the_limit_are_told_busy(sock_dir):
+    with ControlServer(HANDLERS, max_connections=2) as server:
+        held = [_raw(server.path) for _ in range(2)]
+        time.sleep(0.1)   # both accepted
+        with pytest.raises(ControlBusy, match=rf"process {os.getpid()}: busy: 2 connections open"):
+            ControlClient(os.getpid()).request("maps")
+        held.pop().close()
+        time.sleep(0.1)
+        assert ControlClient(os.getpid()).request("maps") == {"counts": 42}
+        held[0].close()
+
+
+def _full_queue(path: Path) -> tuple[socket.socket, list[socket.socket]]:
+    """A listening socket at ``path`` that never accepts, its queue filled."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.fspath(path))
+    listener.listen(0)
+    queued = []
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect(os.fspath(path))
+        except BlockingIOError:
+            s.close()
+            return listener, queued
+        queued.append(s)
+
+
+def test_a_full_listen_queue_is_busy_not_a_traceback(sock_dir):
+    sock_dir.mkdir(parents=True, mode=0o700)
+    listener, queued = _full_queue(sock_dir / f"{os.getpid()}.sock")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ControlBusy, match=rf"process {os.getpid()}: busy: its control socket took no "
+                                              r"connection within 0.3 s"):
+            ControlClient(os.getpid(), timeout=0.3).request("ping")
+        assert time.monotonic() - t0 < 1
+        assert [(s.pid, s.info) for s in list_sessions()] == [(os.getpid(), None)]
+    finally:
+        for s in queued + [listener]:
+            s.close()
+
+
+def test_egpu_maps_and_ps_say_busy_in_one_line(sock_dir):
+    sock_dir.mkdir(parents=True, mode=0o700)
+    listener, queued = _full_queue(sock_dir / f"{os.getpid()}.sock")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    try:
+        cli = [sys.executable, "-c", "import launcher; launcher.egpu_main()"]
+        maps = subprocess.run(cli + ["maps", str(os.getpid())], env=env, capture_output=True, text=True, cwd=REPO,
+                              timeout=120)
+        ps = subprocess.run(cli + ["ps"], env=env, capture_output=True, text=True, cwd=REPO, timeout=60)
+    finally:
+        for s in queued + [listener]:
+            s.close()
+    assert maps.returncode == 1 and maps.stdout == "", maps
+    assert len(maps.stderr.splitlines()) == 1 and f"process {os.getpid()}: busy" in maps.stderr, maps.stderr
+    assert ps.returncode == 0 and ps.stderr == "" and f"{os.getpid()}" in ps.stdout and "(busy)" in ps.stdout, ps
+
+
+# --- a directory someone else made first -------------------------------------------------------------
+
+def _squat(d: Path, how: str) -> None:
+    if how == "other owner":
+        d.mkdir(mode=0o777)
+        d.chmod(0o777)
+        os.chown(d, NOBODY, NOBODY)
+    elif how == "symlink":
+        (d.parent / "elsewhere").mkdir(mode=0o700)
+        d.symlink_to(d.parent / "elsewhere")
+    else:
+        d.mkdir(mode=0o755)
+        d.chmod(0o755)
+
+
+@pytest.fixture
+def private_tmp(tmp_path, monkeypatch) -> Path:
+    """tempfile's directory (where fallbacks go) moved into the test's."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
+@pytest.mark.parametrize("how", ["other owner", "symlink", "open mode"])
+def test_a_squatted_directory_falls_back_to_a_private_one(sock_dir, private_tmp, how, capsys):
+    if how == "other owner" and os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    sock_dir.parent.mkdir()
+    _squat(sock_dir, how)
+    evil = private_tmp / f"egpu-{os.getuid()}-evil"   # a fallback-looking directory of another user's
+    evil.mkdir(mode=0o700)
+    os.chown(evil, NOBODY, NOBODY) if os.geteuid() == 0 else evil.chmod(0o777)
+    with ControlServer(HANDLERS) as server:
+        d = server.directory
+        assert d.parent == private_tmp and d.name.startswith(f"egpu-{os.getuid()}-") and d != evil
+        st = os.lstat(d)
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(f"egpu: {sock_dir}: ") and err[0].endswith(f"using {d} instead")
+        assert control.socket_dir(create=True) == d and capsys.readouterr().err == ""  # reused, said once
+        assert control.socket_dirs() == [d]
+        assert ControlClient(os.getpid()).request("maps") == {"counts": 42}
+        assert [s.pid for s in list_sessions()] == [os.getpid()]
+    assert list(os.scandir(sock_dir)) == []   # nothing of ours went into the squatted directory
+
+
+def test_a_session_in_a_fallback_is_found_by_another_process(sock_dir, private_tmp, tmp_path):
+    sock_dir.parent.mkdir()
+    _squat(sock_dir, "symlink")
+    env = {**os.environ, "TMPDIR": str(private_tmp), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        assert ControlClient(proc.pid).request("maps") == {"pid_maps": [1, 2, 3]}
+        assert [s.pid for s in list_sessions()] == [proc.pid]
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    assert "instead" in proc.stderr.read()

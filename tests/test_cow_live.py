@@ -43,6 +43,12 @@ class CowStub:
         return subprocess.run([str(self.app), mode], env=env, capture_output=True, text=True, timeout=30)
 
 
+@pytest.fixture(autouse=True)
+def state_home(tmp_path, monkeypatch) -> None:
+    """The checkpoint key (cow/seal.py) in the test's directory; jobs and the CLI inherit it."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+
 @pytest.fixture(scope="session")
 def cow_stub(built, tmp_path_factory) -> CowStub:  # noqa: F811
     d = tmp_path_factory.mktemp("cow_stub")
@@ -182,6 +188,8 @@ def test_checkpoint_while_running_then_rollback_and_restore_into_a_rerun(cow_stu
         assert re.match(rf"checkpoint of {loop.pid} in {ckpt}: 4 allocations, 1 globals, 208 bytes; cut at launch \d+ "
                         r"on \d+ streams; copied in .*; the same copy stopping the job: [\d.]+ ms$", r.stdout), r.stdout
         m = snapshot.load(ckpt)
+        # copies of device memory: private whatever the job's umask (the CLI's 0o022 here)
+        assert ckpt.stat().st_mode & 0o777 == 0o700 and {p.stat().st_mode & 0o777 for p in ckpt.iterdir()} == {0o600}
         # the allocations in creation order: three buffers, then the counter
         assert [(e.index, e.size) for e in m.allocations] == [(0, 64), (1, 64), (2, 64), (3, 8)]
         assert [g.symbol for g in m.globals] == ["launches"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -137,3 +138,39 @@ def test_sigterm_reaches_the_job(stub_job, probe_obj, tmp_path):
     os.kill(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=10)
     assert proc.returncode == 128 + signal.SIGTERM, err
+
+
+def test_a_probe_path_with_colons_spaces_and_a_newline_reaches_the_job(stub_job, probe_obj, tmp_path):
+    """EGPU_PROBES was os.pathsep-separated: a ':' split the path and the job ran with no probe."""
+    where = tmp_path / "a:b c\nd"
+    where.mkdir()
+    probe = where / "x:y.bpf.o"
+    shutil.copy(probe_obj("count"), probe)
+    r = egpu_run(["-p", str(probe), str(stub_job.app), "module", "1", "32", "0"], stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.splitlines()[1:] == ["@counts: 0"]
+
+
+@pytest.mark.parametrize("how", ["other owner", "symlink"])
+def test_a_squatted_session_directory_still_runs_the_job(stub_job, probe_obj, tmp_path, how):
+    """Another user's /tmp/egpu-<uid> (here $XDG_RUNTIME_DIR/egpu) made first: the job runs anyway, its
+    session in a private directory of ours, and egpu-run says so in one line."""
+    if how == "other owner" and os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    squat, tmp = tmp_path / "egpu", tmp_path / "tmp"
+    tmp.mkdir()
+    if how == "symlink":
+        (tmp_path / "theirs").mkdir()
+        squat.symlink_to(tmp_path / "theirs")
+    else:
+        squat.mkdir(mode=0o777)
+        squat.chmod(0o777)
+        os.chown(squat, 65534, 65534)
+    r = egpu_run(["-p", str(probe_obj("count")), str(stub_job.app), "module", "1", "32", "0"],
+                 stub_job.env(tmp_path / "log", TMPDIR=str(tmp)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[1:] == ["@counts: 0"]
+    [line] = r.stderr.splitlines()
+    fallback = re.fullmatch(rf"egpu: {squat}: .*: using ({tmp}/egpu-{os.getuid()}-\w+) instead", line)
+    assert fallback, line
+    assert os.stat(fallback[1]).st_mode & 0o777 == 0o700 and list(squat.iterdir()) == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import tempfile
 import threading
 import time
 
@@ -131,3 +132,16 @@ def test_no_mirror_when_its_period_is_zero(stub_job, tmp_path, monkeypatch, prob
     finally:
         job.finish()
     assert r.returncode == 1 and "no map mirror" in r.stderr
+
+
+def test_no_private_directory_means_no_mirror_and_one_line(tmp_path, monkeypatch, capsys):
+    """Another user's directory where the sockets go and no fallback made yet (the control socket failed
+    to start): the runtime runs on without a mirror, never writing the maps into that directory."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "egpu").symlink_to(tmp_path / "theirs")
+    assert mirror.start(lambda: None, 1.0) is None
+    err = capsys.readouterr().err
+    assert err.startswith(f"egpu[{os.getpid()}]: no map mirror: {tmp_path / 'egpu'}: not a directory"), err
+    assert len(err.splitlines()) == 1 and list((tmp_path / "theirs").iterdir()) == []

@@ -26,6 +26,7 @@ from stub_job import MORE, egpu_run
     config.Config(),
     config.Config((Path("/a/x.bpf.o"),), Path("/run/egpu/s1"), "vec*", 2),
     config.Config((Path("/a/x.bpf.o"), Path("/b/y z.bpf.o")), None, None, 0),
+    config.Config((Path("/a:b/x:y.bpf.o"), Path("/c\nd/\u00e9 \udcff.bpf.o"), Path("/e;f/'\"].bpf.o"))),
     config.Config((), Path("/run/egpu/s2"), None, 0, durations=True, ptxas="/opt/ptxas"),
     config.Config(backend="sass", sanitizer="/opt/san/libsanitizer-public.so"),
     config.Config(backend="ptx"),
@@ -46,13 +47,25 @@ def test_config_survives_the_environment(cfg):
 @pytest.mark.parametrize("env, cfg", [
     ({}, config.Config()),
     ({config.LOG: "loud", config.KERNEL: ""}, config.Config()),
-    ({config.PROBES: os.pathsep + "/p.bpf.o" + os.pathsep}, config.Config((Path("/p.bpf.o"),))),
+    ({config.PROBES: '["/p.bpf.o"]'}, config.Config((Path("/p.bpf.o"),))),
+    ({config.PROBES: ""}, config.Config()),
     ({config.MIRROR: "soon"}, config.Config()),
     ({config.LAUNCH_VM: "jit"}, config.Config()),
     ({config.MIRROR: "-1"}, config.Config()),
 ])
 def test_config_defaults_for_missing_or_odd_values(env, cfg):
     assert config.from_env(env) == cfg
+
+
+@pytest.mark.parametrize("value, reason", [
+    ("/a.bpf.o:/b.bpf.o", "EGPU_PROBES is not JSON"),      # the old os.pathsep list: never split, never dropped
+    ('{"p": 1}', "EGPU_PROBES is not a JSON list of paths"),
+    ('["/a.bpf.o", 3]', "EGPU_PROBES is not a JSON list of paths"),
+    ('[""]', "EGPU_PROBES is not a JSON list of paths"),
+])
+def test_malformed_probe_list_is_an_error_not_a_job_without_probes(value, reason):
+    with pytest.raises(EgpuError, match=reason):
+        config.from_env({config.PROBES: value})
 
 
 # ---- the job's environment --------------------------------------------------------------------------

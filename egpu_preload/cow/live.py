@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import sys
 import threading
 import time
@@ -42,8 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from egpu_preload.cow import rwsets
-from egpu_preload.cow.allocations import Allocation, AllocationTable, AllocKind, param_offsets, read_shim
-from egpu_preload.cow.snapshot import CHUNK, SnapshotWriter
+from egpu_preload.cow.allocations import Allocation, AllocationTable, param_offsets, read_shim
+from egpu_preload.cow.snapshot import CHUNK, Job, SnapshotWriter, saved
 from egpu_preload.errors import CowError, EgpuError
 from egpu_preload.runtime import config
 from egpu_preload.runtime.modstate import module_globals
@@ -51,10 +52,25 @@ from egpu_preload.runtime.modstate import module_globals
 if TYPE_CHECKING:
     from egpu_preload.runtime.instrumenter import Module, Runtime
 
-SAVED_KINDS = (AllocKind.DEVICE, AllocKind.PITCH, AllocKind.MANAGED, AllocKind.ASYNC, AllocKind.VMM_MAPPING)
 STW_GAP_S = 0.2   # between the stop-the-world comparison and the live checkpoint
 STATS = ("launches_at_cut", "cut_streams", "hook_copies", "hook_waits", "copier_copies", "checked",
          "unknown_layout", "stall_ns", "stall_max_ns")
+
+
+_process: tuple[int, str] = (0, "")   # (pid, token) of process_token
+
+
+def process_token() -> str:
+    """A name for this process that no other has had, even one with the same pid (a re-run in a fresh
+    container often gets it): checkpoints carry it, and a rollback goes only into the process named."""
+    global _process
+    if _process[0] != os.getpid():   # first call, or a forked child
+        _process = (os.getpid(), secrets.token_hex(16))
+    return _process[1]
+
+
+def this_job() -> Job:
+    return Job(process_token(), os.getpid(), tuple(config.argv()))
 
 
 def module_key(mod: "Module") -> str:
@@ -159,13 +175,14 @@ class Checkpointer:
 
     def _checkpoint(self, directory: Path, stop_the_world: bool) -> dict:
         rt, ffi, lib = self.rt, self.rt.ffi, self.rt.lib
-        writer = SnapshotWriter(directory, pid=os.getpid(), argv=config.argv(), cut={})
+        job = this_job()
+        writer = SnapshotWriter(directory, pid=job.pid, argv=job.argv, cut={}, process=job.process)
         with writer:
             ctx = context(rt)
             staged: list[Staged] = []
             try:
                 with rt.driver.current(ctx):
-                    staged = self._stage(rt)
+                    staged, writer.allocations_made = self._stage(rt)
                     layouts = register_layouts(rt)
                     side = self._stream()
                     stw = {}
@@ -194,11 +211,12 @@ class Checkpointer:
         return {"dir": str(directory), "allocations": len(manifest.allocations), "globals": len(manifest.globals),
                 **info}
 
-    def _stage(self, rt: "Runtime") -> list[Staged]:
-        """A staging buffer for every device allocation and module global."""
+    def _stage(self, rt: "Runtime") -> tuple[list[Staged], int]:
+        """A staging buffer for every device allocation and module global; and how many allocations the
+        process had made (one past the newest live one: any older one not live now never will be again)."""
         ffi, lib = rt.ffi, rt.lib
-        ranges = [Staged(f"allocation #{a.seq}", a.address, a.size, 0, False, alloc=a)
-                  for a in live_allocations(rt) if a.kind in SAVED_KINDS and a.size]
+        live = live_allocations(rt)
+        ranges = [Staged(f"allocation #{a.seq}", a.address, a.size, 0, False, alloc=a) for a in live if saved(a)]
         ranges += [Staged(f"global {sym}", addr, size, 0, False, symbol=(key, sym))
                    for (key, sym), (addr, size) in live_globals(rt).items()]
         out, host = ffi.new("unsigned long long *"), ffi.new("int *")
@@ -214,7 +232,7 @@ class Checkpointer:
             for s in staged:
                 lib.egpu_cow_staging_free(s.staging, int(s.host))
             raise
-        return ranges
+        return ranges, max((a.seq for a in live), default=-1) + 1
 
     def _stream(self) -> int:
         if self._side is None:

@@ -10,8 +10,10 @@ mismatch before a byte is written; then every file is copied in. A refusal ends 
 asked for a restore, and running on from a half-made state would be worse. Globals of modules not
 loaded by then are left as the program made them (the reply line counts them).
 
-Rollback. The snapshot is matched against the job as it runs now (every global too), staged into
-memory of the runtime's own, and then written in one egpu_shim_swap: launches held, the context
+Rollback. Only into the process that took the checkpoint (snapshot.Job: its pid, argv and a token no
+other process has had). The snapshot is matched against the job as it runs now, whole: every
+allocation of the cut at its address, every global, nothing missing. Then it is staged into
+memory of the runtime's own and written in one egpu_shim_swap: launches held, the context
 drained, device-to-device copies, drained again, launches go on. Nothing of the job is written
 unless everything matched and was staged.
 """
@@ -26,7 +28,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from egpu_preload.cow.live import context, live_allocations, live_globals
+from egpu_preload.cow.live import context, live_allocations, live_globals, this_job
 from egpu_preload.cow.snapshot import CHUNK, Manifest, RestorePlan, load, plan_restore
 from egpu_preload.errors import CowError, EgpuError
 
@@ -111,7 +113,7 @@ def rollback(rt: "Runtime", directory: Path) -> dict:
     ffi, lib = rt.ffi, rt.lib
     ctx = context(rt)
     with rt.driver.current(ctx):
-        plan = plan_restore(m, live_allocations(rt), live_globals(rt))
+        plan = plan_restore(m, live_allocations(rt), live_globals(rt), this_job())
         staging = _Staging(rt, plan)
         try:
             plan.execute(staging.write, CHUNK)

@@ -1,7 +1,8 @@
 """What the launcher tells the runtime inside the job: one typed object, and the two functions that are
 the only place its environment variables are named (``to_env`` in egpu-run, ``from_env`` in the job).
 
-    EGPU_PROBES   the probe objects (.bpf.o), os.pathsep-separated, absolute paths
+    EGPU_PROBES   the probe objects (.bpf.o), absolute paths, as a JSON list of strings (a path may hold
+                  any character but NUL: ':' and newlines included; undecodable bytes go as surrogates)
     EGPU_SESSION  the session directory egpu-run made: every instrumented process writes <pid>.msgpack there
     EGPU_KERNEL   an extra kernel glob: only kernels it matches (mangled or demangled) are instrumented
     EGPU_LOG      verbosity: 0 quiet, 1 one line per module load, 2 and more per kernel
@@ -19,11 +20,14 @@ Not egpu's own: RANK, else LOCAL_RANK (set by torchrun for each worker) name a p
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from egpu_preload.errors import EgpuError
 
 PROBES, SESSION, KERNEL, LOG = "EGPU_PROBES", "EGPU_SESSION", "EGPU_KERNEL", "EGPU_LOG"
 DURATIONS, PTXAS = "EGPU_DURATIONS", "EGPU_PTXAS"
@@ -52,8 +56,9 @@ class Config:
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
-    """The job's Config; unset or empty variables give the defaults, a malformed EGPU_LOG counts as 0."""
-    probes = tuple(Path(p) for p in env.get(PROBES, "").split(os.pathsep) if p)
+    """The job's Config; unset or empty variables give the defaults, a malformed EGPU_LOG counts as 0;
+    a malformed EGPU_PROBES is an EgpuError (the job was asked for probes: never run it with none)."""
+    probes = _probes(env.get(PROBES, ""))
     log = env.get(LOG, "0")
     return Config(probes=probes, session=Path(env[SESSION]) if env.get(SESSION) else None,
                   kernel=env.get(KERNEL) or None, log=int(log) if log.isdigit() else 0,
@@ -66,7 +71,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
 
 def to_env(cfg: Config) -> dict[str, str]:
     """The variables that make ``from_env`` return ``cfg`` (all of them, so a stale one never leaks in)."""
-    return {PROBES: os.pathsep.join(str(p) for p in cfg.probes),
+    return {PROBES: json.dumps([os.fspath(p) for p in cfg.probes]) if cfg.probes else "",
             SESSION: str(cfg.session) if cfg.session else "",
             KERNEL: cfg.kernel or "",
             LOG: str(cfg.log),
@@ -78,6 +83,19 @@ def to_env(cfg: Config) -> dict[str, str]:
             TIMELINE: "1" if cfg.timeline else "",
             MIRROR: str(cfg.mirror),
             LAUNCH_VM: cfg.launch_vm}
+
+
+def _probes(text: str) -> tuple[Path, ...]:
+    """EGPU_PROBES's paths: a JSON list of strings, or empty."""
+    if not text:
+        return ()
+    try:
+        paths = json.loads(text)
+    except ValueError as e:
+        raise EgpuError(f"{PROBES} is not JSON: {e}") from None
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        raise EgpuError(f"{PROBES} is not a JSON list of paths")
+    return tuple(Path(p) for p in paths)
 
 
 def _seconds(text: str | None, default: float) -> float:

@@ -49,11 +49,10 @@ class ProgramError(EgpuError):
 # ---- before the job ----------------------------------------------------------------------------------
 
 def session_dir() -> Path:
-    """A fresh private directory for this job's dumps, beside the control sockets."""
-    from egpu_preload.control import check_private_dir, socket_dir
-    base = socket_dir()
-    check_private_dir(base, create=True)
-    return Path(tempfile.mkdtemp(prefix="session-", dir=base))
+    """A fresh private directory for this job's dumps, beside the control sockets (in a fallback
+    directory when another user made the usual one: control.socket_dir)."""
+    from egpu_preload.control import socket_dir
+    return Path(tempfile.mkdtemp(prefix="session-", dir=socket_dir(create=True)))
 
 
 def prepare_probes(paths: list[Path], session: Path) -> list[Probe]:

@@ -34,7 +34,7 @@ from typing import Any
 
 import msgpack
 
-from egpu_preload.control import process_exists, socket_dir
+from egpu_preload.control import process_exists, socket_path
 from egpu_preload.errors import EgpuError
 
 MAGIC = b"EGPUMAP1"
@@ -45,7 +45,8 @@ RETRIES = 100
 
 
 def mirror_path(pid: int, directory: Path | None = None) -> Path:
-    return (directory or socket_dir()) / f"{pid}.maps"
+    """``<pid>.maps`` beside the process's control socket (control.socket_path: wherever its session lives)."""
+    return socket_path(pid, directory).with_name(f"{pid}.maps")
 
 
 class Segment:
@@ -141,8 +142,15 @@ class Mirrors:
 
 
 def start(read: Callable[[], dict | None], period: float) -> Mirrors | None:
-    """Mirror ``read()`` (None: nothing to show yet) every ``period`` seconds; None when period is 0."""
-    return Mirrors(read, period) if period > 0 else None
+    """Mirror ``read()`` (None: nothing to show yet) every ``period`` seconds; None when period is 0, or
+    when this user has no private directory for it (control.socket_dir; one line says so)."""
+    if period <= 0:
+        return None
+    try:
+        return Mirrors(read, period)
+    except EgpuError as e:
+        print(f"egpu[{os.getpid()}]: no map mirror: {e}", file=sys.stderr)
+        return None
 
 
 def read_mirror(pid: int, directory: Path | None = None) -> tuple[dict, float]:
