@@ -166,3 +166,11 @@ def test_backend_ptx_never_loads_the_sanitizer(stub_job, probe_obj, tmp_path, sa
     doc, calls = job(stub_job, tmp_path, probe_obj("count"), "ptx", "cubin", str(sanitizer_stub))
     assert not [c for c in calls if c.startswith("sanitizer")]
     assert doc["sass"]["state"] == "off"
+
+
+def test_a_live_generation_before_the_first_sass_load_stands():
+    """A probe attached live before any module the SASS back end serves had loaded: that load must not
+    commit the start-up probes over it (prepare says ready, stages nothing)."""
+    b = sass.SassBackend(config.Config(), [probe([("entry", "*", "thread")])], None, None)
+    b.current = 2
+    assert b.prepare(90) == "" and b.staged is None

@@ -106,6 +106,9 @@ class SassBackend:
         kernels will be patched, else why not ("no kernel-site probes": standby)."""
         if self.configured is not None:
             return self.configured
+        if self.current or self.staged is not None:   # a live flip came first: its generation stands
+            self.configured = ""
+            return self.configured
         if self.cfg.backend == "ptx" or not has_sites(self.start_objects):
             self.configured = NO_PROGRAMS
             return self.configured
