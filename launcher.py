@@ -174,12 +174,24 @@ def inspect(binary: Path = typer.Argument(..., metavar="BINARY", help="an execut
             raise EgpuError(f"cannot write ({e.strerror})", file=e.filename or str(extract_ptx)) from None
 
 
+def _show_cflags(value: bool) -> None:
+    if value:
+        import shlex
+        from egpu_preload.bpf.compile import clang_flags
+        typer.echo(shlex.join(clang_flags()))
+        raise typer.Exit(0)
+
+
 @egpu.command("compile")
 def compile_cmd(source: Path = typer.Argument(..., metavar="X.bpf.c"),
                 output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE",
                                                       help="default: X.bpf.c -> X.bpf.o"),
                 mcpu: Literal["v3", "v4"] = typer.Option("v3", "--mcpu", metavar="v3|v4",
-                                                         help="eBPF ISA version for clang")) -> None:
+                                                         help="eBPF ISA version for clang"),
+                cflags: bool = typer.Option(False, "--cflags", is_eager=True, callback=_show_cflags,
+                                            help="print the clang flags a probe needs here, for a build of "
+                                                 "your own (clang $(egpu compile --cflags) -c X.bpf.c), and exit")
+                ) -> None:
     """Compile a probe with clang (-O2 -g -target bpf) and egpu.bpf.h on the include path; clang's warnings
     go to stderr as clang prints them."""
     from egpu_preload.bpf.compile import compile_probe

@@ -334,3 +334,16 @@ def test_line_info_of_a_verifier_refusal(tmp_path):
     assert str(table.lookup("kprobe/*", 0)) == f"{src}:4"
     assert table.lookup("kprobe/*", 9) is None   # past the program: a subprogram appended to it, unknown here
     assert LineTable.from_object(b"\x7fELF junk").records == {}
+
+
+def test_the_readmes_scope_rule():
+    """README: .warp/.block right before the / that opens the glob; not after egpu; not on launch probes."""
+    from egpu_preload.bpf.sections import parse_section
+    from egpu_preload.errors import ElfError
+    readme = (ROOT / "README.md").read_text()
+    for ok in ("kprobe.warp/*", "kretprobe.block/k*", "egpu/mem.warp/*", "egpu/store.block/*"):
+        assert f"`{ok}`" in readme and parse_section(ok).scope in ("warp", "block")
+    for bad in ("egpu.warp/mem/*", "egpu/launch.warp/*"):
+        with pytest.raises(ElfError):
+            parse_section(bad)
+    assert "`egpu.warp/mem/*`" in readme

@@ -28,17 +28,22 @@ def find_clang() -> str:
     raise EgpuError(f"no clang found (looked for {', '.join(CLANGS)}): install clang to compile probes")
 
 
-def clang_args(src: Path, out: Path, mcpu: str = "v3") -> list[str]:
-    """Everything after the clang executable. v3 gives atomics and jmp32; v4 adds sdiv/movsx/bswap/ja32."""
-    args = ["-O2", "-g", "-target", "bpf", f"-mcpu={mcpu}", "-I", str(INCLUDE_DIR)]
+def clang_flags(mcpu: str = "v3") -> list[str]:
+    """The flags a probe needs, for this machine. v3 gives atomics and jmp32; v4 adds sdiv/movsx/bswap/ja32."""
+    flags = ["-O2", "-g", "-target", "bpf", f"-mcpu={mcpu}", "-I", str(INCLUDE_DIR)]
     # linux/types.h includes asm/types.h, which Debian keeps under the multiarch directory only.
     multiarch = sysconfig.get_config_var("MULTIARCH")
     if multiarch and Path("/usr/include", multiarch).is_dir():
-        args += ["-idirafter", str(Path("/usr/include", multiarch))]
+        flags += ["-idirafter", str(Path("/usr/include", multiarch))]
     arch = _TARGET_ARCH.get(platform.machine().lower())
     if arch:
-        args.append(f"-D__TARGET_ARCH_{arch}")
-    return args + ["-c", str(src), "-o", str(out)]
+        flags.append(f"-D__TARGET_ARCH_{arch}")
+    return flags
+
+
+def clang_args(src: Path, out: Path, mcpu: str = "v3") -> list[str]:
+    """Everything after the clang executable."""
+    return clang_flags(mcpu) + ["-c", str(src), "-o", str(out)]
 
 
 def compile_probe(src: Path, out: Path | None = None, *, mcpu: str = "v3", clang: str | None = None,
