@@ -193,9 +193,13 @@ def compile_cmd(source: Path = typer.Argument(..., metavar="X.bpf.c"),
                                                  "your own (clang $(egpu compile --cflags) -c X.bpf.c), and exit")
                 ) -> None:
     """Compile a probe with clang (-O2 -g -target bpf) and egpu.bpf.h on the include path; clang's warnings
-    go to stderr as clang prints them."""
+    go to stderr as clang prints them. An object egpu cannot load, or without programs, is refused (exit 1)."""
     from egpu_preload.bpf.compile import compile_probe
-    typer.echo(str(compile_probe(source, output, mcpu=mcpu, warn=lambda text: typer.echo(text, err=True))))
+    from egpu_preload.bpf.elf import load_object
+    out = compile_probe(source, output, mcpu=mcpu, warn=lambda text: typer.echo(text, err=True))
+    if not load_object(out).programs:   # egpu-run would refuse it: say so now
+        raise EgpuError(NO_PROGRAMS, file=str(source))
+    typer.echo(str(out))
 
 
 @egpu.command("disasm")

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 import launcher
-from egpu_preload.bpf.compile import find_clang
+from egpu_preload.bpf.compile import compile_probe, find_clang
 from egpu_preload.bpf.lineinfo import LineTable
 from egpu_preload.fatbin import archive_members
 from launcher import egpu, egpu_run
@@ -68,8 +68,7 @@ def files(tmp_path, probe_obj):
     f["no_access"].write_text(NO_ACCESS_PTX)
     f["noprog_src"] = tmp_path / "noprog.bpf.c"
     f["noprog_src"].write_text(HEAD + "int x;\n")
-    f["noprog"] = tmp_path / "noprog.bpf.o"
-    assert run(egpu, ["compile", f["noprog_src"], "-o", f["noprog"]]).exit_code == 0
+    f["noprog"] = compile_probe(f["noprog_src"])
     return f
 
 
@@ -91,6 +90,7 @@ def files(tmp_path, probe_obj):
     (lambda f: ["compile", f["rand"]], "rand.bin: not a probe source"),
     (lambda f: ["compile", f["src"], "-o", f["rand"].parent], ": is a directory (expected an output file)"),
     (lambda f: ["verify", f["noprog"]], "noprog.bpf.o: no programs in the object"),
+    (lambda f: ["compile", f["noprog_src"]], "noprog.bpf.c: no programs in the object"),
     (lambda f: ["disasm", f["noprog"]], "noprog.bpf.o: no programs in the object"),
     (lambda f: ["ptx", f["noprog"]], "noprog.bpf.o: no programs in the object"),
     (lambda f: ["verify", f["src"]], "count.bpf.c: a probe source: compile it first (egpu compile"),
@@ -263,13 +263,13 @@ def test_unsupported_map_type_and_helper_by_name(tmp_path):
     src.write_text(HEAD + "struct { __uint(type, 7); __uint(max_entries, 1); __type(key, __u32); "
                    "__type(value, __u64); } st SEC(\".maps\");\n"
                    "SEC(\"kprobe/*\") int p(struct egpu_ctx *c) { return 0; }\n" + LICENSE)
-    assert run(egpu, ["compile", src]).exit_code == 0
+    compile_probe(src)
     refused(egpu, ["verify", tmp_path / "names.bpf.o"], 1,
             "map st: unsupported map type 7 (BPF_MAP_TYPE_STACK_TRACE; supported: ")
     src.write_text(HEAD + "static long (*probe_read)(void *, __u32, const void *) = (void *)4;\n"
                    "SEC(\"kprobe/*\") int p(struct egpu_ctx *c) { long v; probe_read(&v, 8, 0); return 0; }\n"
                    + LICENSE)
-    assert run(egpu, ["compile", src]).exit_code == 0
+    compile_probe(src)
     r = run(egpu, ["verify", tmp_path / "names.bpf.o"])
     assert r.exit_code == 1
     assert "unknown func bpf_probe_read#4 (a Linux helper egpu does not provide)" in r.stderr.splitlines()[0]
