@@ -332,6 +332,20 @@ def _each(pid: int, rank: Optional[int], every: bool, fn: Callable[[int], Any]) 
     return done, len(done) < len(results)
 
 
+_VERBOSE = typer.Option(False, "-v", "--verbose", help="with a refused probe, the verifier's log")
+
+
+def _checked_probe(path: Path, progress: "Progress", verbose: bool) -> tuple[bytes, str]:
+    """remote.probe_object; a refusal keeps its verifier log only when ``verbose`` (clang's words always)."""
+    from egpu_preload.runtime import remote
+    try:
+        return remote.probe_object(path, progress)
+    except EgpuError as e:
+        if not verbose and not isinstance(e, CompileError):
+            e.detail = None
+        raise
+
+
 def _rank_prefix(target: Any) -> str:
     return "" if target.rank is None else f"rank {target.rank}: "
 
@@ -345,12 +359,12 @@ def _maps_doc(target: Any, reply: dict) -> dict:
 def attach_cmd(pid: int = _PID, probe: Path = typer.Option(..., "-p", "--probe", metavar="PROBE", help="a .bpf.o or .bpf.c"),
                name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
                                                   help="default: the file name without .bpf.o"),
-               rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
+               rank: Optional[int] = _RANK, every: bool = _ALL, verbose: bool = _VERBOSE) -> None:
     """Attach a probe to a running job: verified here, then loaded, translated and spliced in there. A step
     that takes more than a second says what it waits for."""
     from egpu_preload.runtime import remote
     progress = _notes(steps=True)
-    data, default = remote.probe_object(probe, progress)
+    data, default = _checked_probe(probe, progress, verbose)
 
     def attach(p: int) -> Any:
         loaded = len(remote.request(p, "modules")["modules"])
@@ -379,10 +393,10 @@ def detach_cmd(pid: int = _PID, probe: Optional[str] = typer.Argument(None, meta
 @egpu.command("swap")
 def swap_cmd(pid: int = _PID, old: str = typer.Argument(..., metavar="OLD", help="the attached probe's name"),
              new: Path = typer.Argument(..., metavar="NEW", help="the new probe, a .bpf.o or .bpf.c"),
-             rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
+             rank: Optional[int] = _RANK, every: bool = _ALL, verbose: bool = _VERBOSE) -> None:
     """Replace an attached probe with another in one step: every launch runs one of them."""
     from egpu_preload.runtime import remote
-    data, name = remote.probe_object(new, _notes(steps=True))
+    data, name = _checked_probe(new, _notes(steps=True), verbose)
     done, failed = _each(pid, rank, every, lambda p: remote.request(p, "swap", old=old, new_probe=data, new_name=name))
     for t, reply in done:
         typer.echo(_rank_prefix(t) + remote.change_line("swap", t.pid, reply))

@@ -347,3 +347,26 @@ def test_the_readmes_scope_rule():
         with pytest.raises(ElfError):
             parse_section(bad)
     assert "`egpu.warp/mem/*`" in readme
+
+
+def test_attach_names_the_users_source_line(tmp_path):
+    """Refused here, before the process is asked: the user's file and line, not a temp copy."""
+    from test_egpu_run import BAD_PROBE
+    src = tmp_path / "bad.bpf.c"
+    src.write_text(BAD_PROBE)
+    line = refused(egpu, ["attach", "1", "-p", src], 1, f"egpu: {src}:8:kprobe/*:7: r0 = *(u64 *)(r0 + 0x0): ")
+    assert "egpu-attach-" not in line
+    verbose = run(egpu, ["attach", "1", "-v", "-p", src])
+    assert f"; return *v;  /* no NULL check */ @ {src}:8" in verbose.stderr.splitlines()
+
+
+def test_egpu_run_shows_clangs_warnings(monkeypatch, tmp_path):
+    from egpu_preload.runtime import job
+    monkeypatch.setattr(job, "find_shim", lambda: Path("/no/shim.so"))
+    monkeypatch.setattr(job, "run_job", lambda *a, **k: 0)
+    monkeypatch.setattr(job, "report", lambda *a, **k: ("", []))
+    src = tmp_path / "w.bpf.c"
+    src.write_text(HEAD + '#warning "look here"\nSEC("kprobe/*") int p(struct egpu_ctx *c) { return 0; }\n' + LICENSE)
+    r = run(egpu_run, ["-p", src, "true"])
+    assert r.exit_code == 0, r.stderr
+    assert f"{src}:2:2: warning: \"look here\"" in r.stderr
