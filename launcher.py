@@ -1,103 +1,227 @@
 """The egpu command line: ``egpu-run`` wraps a CUDA program, ``egpu`` inspects probes and live jobs.
 
-Every command is a thin shell over egpu_preload; an EgpuError becomes one line on stderr and exit 1,
-never a traceback.
+Every command is a thin shell over egpu_preload. What the user gets wrong is one line on stderr, never a
+traceback: an EgpuError exits 1 (egpu) and a bad option or argument exits 2, as click's usage errors
+do. egpu-run's own failures, bad options included, exit 125 (as env, timeout and git bisect run use
+it), so they never look like the job's status, which egpu-run passes through; 126 and 127 keep their
+shell meaning (CMD found but not executable, not found).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
-from egpu_preload.errors import EgpuError
+from egpu_preload.errors import CompileError, EgpuError
 
-egpu = typer.Typer(name="egpu", add_completion=False, no_args_is_help=True,
-                   help="eBPF probes inside running CUDA kernels.")
+if TYPE_CHECKING:
+    from egpu_preload.bpf.program import BpfObject
+    from egpu_preload.progress import Progress
+
+# click's exception base, from wherever this typer takes click (typer 0.29 vendors it as typer._click).
+ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+UsageError = typer.BadParameter.__base__
+USAGE_STATUS = 2
+OWN_FAILURE = 125   # egpu-run: it failed itself, the job never ran (or its status is unknown)
+NO_PROGRAMS = "no programs in the object (no function in a probe section such as SEC(\"kprobe/*\"))"
 
 
-def _fail(e: EgpuError) -> None:
-    typer.echo(f"egpu: {e}", err=True)
-    if e.detail:
+class _OneLine:
+    """click's command classes with every refusal as one line: ``PROG: reason`` and the status given."""
+
+    usage_status = USAGE_STATUS   # bad options and arguments
+    error_status = 1              # an EgpuError
+
+    def main(self, args: Any = None, prog_name: Optional[str] = None, complete_var: Optional[str] = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        try:
+            status = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)  # type: ignore[misc]
+        except ClickException as e:
+            ctx = getattr(e, "ctx", None)
+            if type(e).__name__ == "NoArgsIsHelpError":   # no arguments at all: the help, as it is
+                e.show()
+                sys.exit(self.usage_status)
+            where = ctx.command_path if ctx is not None else (prog_name or self.name)  # type: ignore[attr-defined]
+            typer.echo(f"{where}: {e.format_message()} (see {where} --help)", err=True)
+            sys.exit(self.usage_status if ctx is not None else self.error_status)
+        except EgpuError as e:
+            _echo_error(prog_name or self.name, e)   # type: ignore[attr-defined]
+            sys.exit(self.error_status)
+        except typer.Abort:
+            sys.exit(self.error_status)
+        sys.exit(status if isinstance(status, int) else 0)
+
+
+class _Group(_OneLine, TyperGroup):
+    pass
+
+
+class _RunCommand(_OneLine, TyperCommand):
+    usage_status = OWN_FAILURE
+    error_status = OWN_FAILURE
+
+
+def _echo_error(prog: str, e: EgpuError, detail: bool = True) -> None:
+    typer.echo(f"{prog}: {e}", err=True)
+    if e.detail and (detail or isinstance(e, CompileError)):   # clang's own words always
         typer.echo(e.detail, err=True)
-    raise typer.Exit(1)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from egpu_preload.version import report
+        typer.echo("\n".join(report()))
+        raise typer.Exit(0)
+
+
+_VERSION = typer.Option(False, "--version", is_eager=True, callback=_show_version,
+                        help="egpu's version, the CUDA driver, GPUs and toolkit found, and the back ends usable here")
+
+egpu = typer.Typer(name="egpu", cls=_Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None)
+
+
+@egpu.callback()
+def _egpu(version: bool = _VERSION) -> None:
+    """eBPF probes inside running CUDA kernels."""
 
 
 def egpu_main() -> None:
+    egpu(prog_name="egpu")
+
+
+def _read_input(path: Path) -> bytes:
+    """The bytes of an input file; EgpuError naming it when it cannot be read."""
     try:
-        egpu()
-    except EgpuError as e:  # commands raise; one line out, never a traceback
-        typer.echo(f"egpu: {e}", err=True)
-        if e.detail:
-            typer.echo(e.detail, err=True)
-        sys.exit(1)
+        return path.read_bytes()
+    except IsADirectoryError:
+        raise EgpuError("is a directory", file=str(path)) from None
+    except OSError as e:
+        raise EgpuError(f"cannot read ({e.strerror})", file=str(path)) from None
+
+
+def _read_ptx(path: Path) -> str:
+    """A PTX module's text; EgpuError naming the file when it is not PTX (binary, empty, C++ source)."""
+    data = _read_input(path)
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        raise EgpuError(f"not PTX: binary data (byte {e.start} is not UTF-8 text)", file=str(path)) from None
+    if not re.search(r"^\s*\.version\s", text, re.M):
+        raise EgpuError("not PTX: no .version directive" + (" (the file is empty)" if not text.strip() else ""),
+                        file=str(path))
+    return text
+
+
+def _probe_object(path: Path) -> "BpfObject":
+    """A .bpf.o with at least one program; a .c is refused with the command that compiles it."""
+    from egpu_preload.bpf.elf import load_object
+    if path.suffix == ".c":
+        raise EgpuError(f"a probe source: compile it first (egpu compile {path})", file=str(path))
+    bpf = load_object(path)
+    if not bpf.programs:
+        raise EgpuError(NO_PROGRAMS, file=str(path))
+    return bpf
+
+
+def _verified(path: Path, bpf: "BpfObject") -> list:
+    """Each program of ``bpf`` verified; a refusal names the source line when the object has line info."""
+    from egpu_preload.bpf.lineinfo import located
+    from egpu_preload.bpf.verifier import verify
+    try:
+        return [verify(prog.code, bpf.maps, file=str(path), section=prog.section) for prog in bpf.programs]
+    except EgpuError as e:
+        raise located(e, _read_input(path), str(path)) from None
 
 
 @egpu.command()
-def inspect(binary: Path,
+def inspect(binary: Path = typer.Argument(..., metavar="BINARY", help="an executable, library, object, static "
+                                          "archive (.a) or fatbin"),
             extract_ptx: Optional[Path] = typer.Option(None, "--extract-ptx", metavar="DIR",
                                                        help="write every PTX entry into DIR")) -> None:
-    """List the fatbin entries of an executable, library, object or fatbin (like cuobjdump -lelf -lptx)."""
+    """List the fatbin entries of a binary (like cuobjdump -lelf -lptx)."""
     from egpu_preload import fatbin
+    from egpu_preload.outpaths import check_output_dir
+    if extract_ptx is not None:
+        check_output_dir(extract_ptx)
+    data = _read_input(binary)
     try:
-        try:
-            data = binary.read_bytes()
-        except OSError as e:
-            raise EgpuError(f"cannot read ({e.strerror})", file=str(binary))
-        found = fatbin.find_fatbins(data)
-        for line in fatbin.listing(found):
-            typer.echo(line)
-        if extract_ptx is not None:
-            for path in fatbin.write_ptx(found, extract_ptx, binary.name):
-                typer.echo(f"wrote {path}")
+        found = fatbin.find_in_file(data)
     except EgpuError as e:
-        _fail(e.where(file=str(binary)))
+        raise e.where(file=str(binary))
+    if not any(fatbins for _, fatbins in found):
+        raise EgpuError("no CUDA device code (no fatbin in it)", file=str(binary))
+    for member, fatbins in found:
+        if member:
+            typer.echo(f"{member}:")
+        for line in fatbin.listing(fatbins):
+            typer.echo(f"  {line}" if member else line)
+    if extract_ptx is not None:
+        try:
+            for member, fatbins in found:
+                stem = f"{binary.name}.{member}" if member else binary.name
+                for path in fatbin.write_ptx(fatbins, extract_ptx, stem):
+                    typer.echo(f"wrote {path}")
+        except OSError as e:
+            raise EgpuError(f"cannot write ({e.strerror})", file=e.filename or str(extract_ptx)) from None
+
+
+def _show_cflags(value: bool) -> None:
+    if value:
+        import shlex
+        from egpu_preload.bpf.compile import clang_flags
+        typer.echo(shlex.join(clang_flags()))
+        raise typer.Exit(0)
 
 
 @egpu.command("compile")
-def compile_cmd(source: Path,
-                output: Optional[Path] = typer.Option(None, "-o", "--output", help="default: X.bpf.c -> X.bpf.o"),
-                mcpu: str = typer.Option("v3", "--mcpu", help="eBPF ISA version for clang (v3, v4)")) -> None:
-    """Compile a probe with clang (-O2 -g -target bpf) and egpu.bpf.h on the include path."""
+def compile_cmd(source: Path = typer.Argument(..., metavar="X.bpf.c"),
+                output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE",
+                                                      help="default: X.bpf.c -> X.bpf.o"),
+                mcpu: Literal["v3", "v4"] = typer.Option("v3", "--mcpu", metavar="v3|v4",
+                                                         help="eBPF ISA version for clang"),
+                cflags: bool = typer.Option(False, "--cflags", is_eager=True, callback=_show_cflags,
+                                            help="print the clang flags a probe needs here, for a build of "
+                                                 "your own (clang $(egpu compile --cflags) -c X.bpf.c), and exit")
+                ) -> None:
+    """Compile a probe with clang (-O2 -g -target bpf) and egpu.bpf.h on the include path; clang's warnings
+    go to stderr as clang prints them. An object egpu cannot load, or without programs, is refused (exit 1)."""
     from egpu_preload.bpf.compile import compile_probe
-    try:
-        typer.echo(str(compile_probe(source, output, mcpu=mcpu)))
-    except EgpuError as e:
-        _fail(e)
+    from egpu_preload.bpf.elf import load_object
+    out = compile_probe(source, output, mcpu=mcpu, warn=lambda text: typer.echo(text, err=True))
+    if not load_object(out).programs:   # egpu-run would refuse it: say so now
+        raise EgpuError(NO_PROGRAMS, file=str(source))
+    typer.echo(str(out))
 
 
 @egpu.command("disasm")
-def disasm_cmd(obj: Path) -> None:
+def disasm_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
     """Print each program of a probe object in llvm-objdump's syntax, after relocation."""
     from egpu_preload.bpf.disasm import object_listing
-    from egpu_preload.bpf.elf import load_object
-    try:
-        typer.echo(object_listing(load_object(obj)))
-    except EgpuError as e:
-        _fail(e)
+    typer.echo(object_listing(_probe_object(obj)))
 
 
 @egpu.command("verify")
-def verify_cmd(obj: Path) -> None:
-    """Verify each program of a probe object; a rejection prints where, why and the verifier log (exit 1).
-    Then the maps the GPU keeps in rows per SM (counters only added to: translate/striping.py), and
-    where launch programs run (runtime/native.py)."""
-    from egpu_preload.bpf.elf import load_object
-    from egpu_preload.bpf.verifier import verify
+def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
+    """Verify each program of a probe object; a refusal prints where (the source line when the object has
+    line info), why and the verifier log (exit 1). Then the maps the GPU keeps in rows per SM (counters
+    only ever added to) and where launch programs run (the shim's C interpreter or the Python VM)."""
     from egpu_preload.runtime import launches, native
     from egpu_preload.translate.devmaps import layout
     from egpu_preload.translate.striping import stripe_counters
+    bpf = _probe_object(obj)
+    verified = _verified(obj, bpf)
+    for prog, v in zip(bpf.programs, verified):
+        typer.echo(f"prog {prog.name} ({prog.section}): ok, {len(v.insns)} insns")
     try:
-        bpf = load_object(obj)
-        verified = []
-        for prog in bpf.programs:
-            verified.append(verify(prog.code, bpf.maps, file=str(obj), section=prog.section))
-            typer.echo(f"prog {prog.name} ({prog.section}): ok, {len(verified[-1].insns)} insns")
         stripe_counters(bpf, verified)
         for m in bpf.maps:
             if m.stripe:
@@ -110,51 +234,73 @@ def verify_cmd(obj: Path) -> None:
             typer.echo("launch programs: in C (the shim's interpreter)" if why is None
                        else f"launch programs: on the Python VM ({why})")
     except EgpuError as e:
-        _fail(e.where(file=str(obj)))
+        raise e.where(file=str(obj))
 
 
 @egpu.command("ptx")
-def ptx_cmd(obj: Path) -> None:
+def ptx_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
     """Print the PTX module a probe object becomes (each program verified, then translated)."""
-    from egpu_preload.bpf.elf import load_object
-    from egpu_preload.bpf.verifier import verify
     from egpu_preload.translate import probe_object_ptx
+    bpf = _probe_object(obj)
+    _verified(obj, bpf)
     try:
-        bpf = load_object(obj)
-        for prog in bpf.programs:
-            verify(prog.code, bpf.maps, file=str(obj), section=prog.section)
         typer.echo(probe_object_ptx(bpf), nl=False)
     except EgpuError as e:
-        _fail(e.where(file=str(obj)))
+        raise e.where(file=str(obj))
+
+
+# Why a kernel a memory probe matched may still have no site (docs/sass-backend.md): the PTX back end
+# sees the kernel's own ld/st/atom/red/cp.async on global or generic addresses only.
+NO_SITE_HINT = ("memory probes see ld/st/atom/red/cp.async of global or generic addresses in the kernel's "
+                "own body: not wmma/mma fragments, not accesses inside device functions it calls (as under "
+                "nvcc -G); --backend sass reaches those")
 
 
 @egpu.command("rewrite")
 def rewrite_cmd(ptx_in: Path = typer.Argument(..., metavar="IN.ptx"),
-                probes: list[Path] = typer.Option(..., "-p", "--probe", help="a .bpf.o (repeatable)"),
-                output: Optional[Path] = typer.Option(None, "-o", "--output", help="default: stdout")) -> None:
-    """Instrument the kernels of a PTX module with probes; per-kernel status goes to stderr."""
-    from egpu_preload.bpf.elf import load_object
-    from egpu_preload.bpf.verifier import verify
-    from egpu_preload.translate.rewrite import instrument, probe_specs
+                probes: list[Path] = typer.Option(..., "-p", "--probe", metavar="PROBE",
+                                                  help="a .bpf.o or .bpf.c (repeatable)"),
+                output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE",
+                                                      help="default: stdout")) -> None:
+    """Instrument the kernels of a PTX module with probes; per-kernel status (and why a kernel is left
+    alone) goes to stderr. A kernel the rewriter cannot handle fails the command (exit 1, nothing written)."""
+    from egpu_preload.outpaths import check_output_file
+    from egpu_preload.runtime.probes import load_user_probe
+    from egpu_preload.translate.rewrite import instrument
+    if output is not None:
+        check_output_file(output)
+    text = _read_ptx(ptx_in)
+    with tempfile.TemporaryDirectory(prefix="egpu-rewrite-") as tmp:
+        specs = [s for i, p in enumerate(probes)
+                 for s in load_user_probe(p, Path(tmp) / f"{i}.{p.name.removesuffix('.c')}.o",
+                                          progress=_notes()).specs]
     try:
-        specs = []
-        for obj in probes:
-            bpf = load_object(obj)
-            for prog in bpf.programs:
-                verify(prog.code, bpf.maps, file=str(obj), section=prog.section)
-            specs += probe_specs(bpf)
-        res = instrument(ptx_in.read_text(), specs)
+        res = instrument(text, specs)
     except EgpuError as e:
-        _fail(e.where(file=str(ptx_in)))
-    except OSError as e:
-        _fail(EgpuError(e.strerror or str(e), file=e.filename))
+        raise e.where(file=str(ptx_in))
     for k in res.kernels:
-        typer.echo(f"{k.name}: {k.status}" + (f" ({k.calls} calls)" if k.calls else "")
-                   + (f": {k.reason}" if k.status == "failed" else ""), err=True)
-    if output:
-        output.write_text(res.text)
-    else:
+        why = k.reason + (f" ({NO_SITE_HINT})" if k.reason.startswith("no sites") else "")
+        typer.echo(f"{k.name}: {k.status}" + (f" ({k.calls} calls)" if k.calls else "") + (f": {why}" if why else ""),
+                   err=True)
+    failed = [k for k in res.kernels if k.status == "failed"]
+    if failed:
+        raise EgpuError(f"{len(failed)} of {len(res.kernels)} kernels could not be rewritten (first: "
+                        f"{failed[0].name}: {failed[0].reason}); nothing written", file=str(ptx_in))
+    if not res.kernels:
+        raise EgpuError("no kernels in the module (no .entry)", file=str(ptx_in))
+    if output is None:
         typer.echo(res.text, nl=False)
+        return
+    try:
+        output.write_text(res.text)
+    except OSError as e:
+        raise EgpuError(f"cannot write ({e.strerror})", file=str(output)) from None
+
+
+def _notes(steps: bool = False, prefix: str = "egpu") -> "Progress":
+    """A Progress for the command's stderr: clang's warnings always, long steps when ``steps``."""
+    from egpu_preload.progress import Progress
+    return Progress(prefix, steps=steps)
 
 
 # ---- live control of running jobs (egpu_preload/runtime/live.py in the job, remote.py here) ----
@@ -164,13 +310,11 @@ def ps_cmd(as_json: bool = typer.Option(False, "--json", help="one JSON list")) 
     """List the processes with an egpu session (stale sockets are removed)."""
     from egpu_preload.control import list_sessions
     from egpu_preload.runtime import remote
-    try:
-        sessions = list_sessions()
-    except EgpuError as e:
-        _fail(e)
+    sessions = list_sessions()
     typer.echo(remote.ps_json(sessions) if as_json else "\n".join(remote.ps_lines(sessions)))
 
 
+_PID = typer.Argument(..., metavar="PID", help="a process with an egpu session (egpu ps), or its job's")
 _RANK = typer.Option(None, "--rank", metavar="R",
                      help="PID is the job's (egpu-run's, torchrun's): address its process of rank R")
 _ALL = typer.Option(False, "--all", help="PID is the job's: address every process of it")
@@ -180,15 +324,26 @@ def _each(pid: int, rank: Optional[int], every: bool, fn: Callable[[int], Any]) 
     """fn(pid) in each process addressed (runtime/ranks.py), all at once: ((target, reply) of those that
     answered, whether any failed); each failure is one line on stderr."""
     from egpu_preload.runtime import ranks
-    try:
-        results = ranks.fan_out(ranks.select(pid, rank, every), fn)
-    except EgpuError as e:
-        _fail(e)
+    results = ranks.fan_out(ranks.select(pid, rank, every), fn)
     for _, r in results:
         if isinstance(r, EgpuError):
             typer.echo(f"egpu: {r}", err=True)
     done = [(t, r) for t, r in results if not isinstance(r, EgpuError)]
     return done, len(done) < len(results)
+
+
+_VERBOSE = typer.Option(False, "-v", "--verbose", help="with a refused probe, the verifier's log")
+
+
+def _checked_probe(path: Path, progress: "Progress", verbose: bool) -> tuple[bytes, str]:
+    """remote.probe_object; a refusal keeps its verifier log only when ``verbose`` (clang's words always)."""
+    from egpu_preload.runtime import remote
+    try:
+        return remote.probe_object(path, progress)
+    except EgpuError as e:
+        if not verbose and not isinstance(e, CompileError):
+            e.detail = None
+        raise
 
 
 def _rank_prefix(target: Any) -> str:
@@ -201,23 +356,29 @@ def _maps_doc(target: Any, reply: dict) -> dict:
 
 
 @egpu.command("attach")
-def attach_cmd(pid: int, probe: Path = typer.Option(..., "-p", "--probe", help="a .bpf.o or .bpf.c"),
-               name: Optional[str] = typer.Option(None, "--name", help="default: the file name without .bpf.o"),
-               rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
-    """Attach a probe to a running job: verified here, then loaded, translated and spliced in there."""
+def attach_cmd(pid: int = _PID, probe: Path = typer.Option(..., "-p", "--probe", metavar="PROBE", help="a .bpf.o or .bpf.c"),
+               name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
+                                                  help="default: the file name without .bpf.o"),
+               rank: Optional[int] = _RANK, every: bool = _ALL, verbose: bool = _VERBOSE) -> None:
+    """Attach a probe to a running job: verified here, then loaded, translated and spliced in there. A step
+    that takes more than a second says what it waits for."""
     from egpu_preload.runtime import remote
-    try:
-        data, default = remote.probe_object(probe)
-    except EgpuError as e:
-        _fail(e)
-    done, failed = _each(pid, rank, every, lambda p: remote.request(p, "attach", probe=data, name=name or default))
+    progress = _notes(steps=True)
+    data, default = _checked_probe(probe, progress, verbose)
+
+    def attach(p: int) -> Any:
+        loaded = len(remote.request(p, "modules")["modules"])
+        with progress.step(f"waiting for {p}: translating {probe.name} and JIT-compiling {loaded} "
+                           f"module{'s' * (loaded != 1)} with it"):
+            return remote.request(p, "attach", probe=data, name=name or default)
+    done, failed = _each(pid, rank, every, attach)
     for t, reply in done:
         typer.echo(_rank_prefix(t) + remote.change_line("attach", t.pid, reply))
     raise typer.Exit(int(failed))
 
 
 @egpu.command("detach")
-def detach_cmd(pid: int, probe: Optional[str] = typer.Argument(None, help="its name (default: every probe)"),
+def detach_cmd(pid: int = _PID, probe: Optional[str] = typer.Argument(None, metavar="[PROBE]", help="its name (default: every probe)"),
                as_json: bool = typer.Option(False, "--json", help="the final maps as JSON"),
                rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
     """Detach one probe (or all) from a running job and print its final maps (per rank, and summed)."""
@@ -225,23 +386,17 @@ def detach_cmd(pid: int, probe: Optional[str] = typer.Argument(None, help="its n
     done, failed = _each(pid, rank, every, lambda p: remote.request(p, "detach", **({"name": probe} if probe else {})))
     for t, reply in done:
         typer.echo(_rank_prefix(t) + remote.change_line("detach", t.pid, reply), err=True)
-    try:
-        typer.echo(job.render([], [_maps_doc(t, r) for t, r in done], as_json), nl=False)
-    except EgpuError as e:
-        _fail(e)
+    typer.echo(job.render([], [_maps_doc(t, r) for t, r in done], as_json), nl=False)
     raise typer.Exit(int(failed))
 
 
 @egpu.command("swap")
-def swap_cmd(pid: int, old: str = typer.Argument(..., help="the attached probe's name"),
-             new: Path = typer.Argument(..., help="the new probe, a .bpf.o or .bpf.c"),
-             rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
+def swap_cmd(pid: int = _PID, old: str = typer.Argument(..., metavar="OLD", help="the attached probe's name"),
+             new: Path = typer.Argument(..., metavar="NEW", help="the new probe, a .bpf.o or .bpf.c"),
+             rank: Optional[int] = _RANK, every: bool = _ALL, verbose: bool = _VERBOSE) -> None:
     """Replace an attached probe with another in one step: every launch runs one of them."""
     from egpu_preload.runtime import remote
-    try:
-        data, name = remote.probe_object(new)
-    except EgpuError as e:
-        _fail(e)
+    data, name = _checked_probe(new, _notes(steps=True), verbose)
     done, failed = _each(pid, rank, every, lambda p: remote.request(p, "swap", old=old, new_probe=data, new_name=name))
     for t, reply in done:
         typer.echo(_rank_prefix(t) + remote.change_line("swap", t.pid, reply))
@@ -249,7 +404,7 @@ def swap_cmd(pid: int, old: str = typer.Argument(..., help="the attached probe's
 
 
 @egpu.command("maps")
-def maps_cmd(pid: int, as_json: bool = typer.Option(False, "--json", help="one JSON document"),
+def maps_cmd(pid: int = _PID, as_json: bool = typer.Option(False, "--json", help="one JSON document"),
              rank: Optional[int] = _RANK, every: bool = _ALL,
              from_mirror: bool = typer.Option(False, "--mirror", help="read the copy the job keeps in shared "
                                               "memory (asks the job nothing; as of its last copy)")) -> None:
@@ -261,56 +416,50 @@ def maps_cmd(pid: int, as_json: bool = typer.Option(False, "--json", help="one J
     for t, doc in done:
         if not doc["probes"]:
             typer.echo(f"egpu: no probe is attached to {t.pid}", err=True)
-    try:
-        typer.echo(job.render([], [doc for _, doc in done], as_json), nl=False)
-    except EgpuError as e:
-        _fail(e)
+    typer.echo(job.render([], [doc for _, doc in done], as_json), nl=False)
     raise typer.Exit(int(failed))
 
 
 @egpu.command("modules")
-def modules_cmd(pid: int, as_json: bool = typer.Option(False, "--json", help="one JSON document")) -> None:
+def modules_cmd(pid: int = _PID, as_json: bool = typer.Option(False, "--json", help="one JSON document")) -> None:
     """Every module a running job loaded and each kernel: instrumented, SASS only, failed (why), untouched."""
     import json
     from egpu_preload.runtime import remote
-    try:
-        reply = remote.request(pid, "modules")
-    except EgpuError as e:
-        _fail(e)
+    reply = remote.request(pid, "modules")
     typer.echo(json.dumps(reply) if as_json else "\n".join(remote.modules_lines(reply)))
 
 
 # ---- checkpoint and restore (egpu_preload/cow/: live.py and restore.py in the job, remote.py here) ----
 
 @egpu.command("checkpoint")
-def checkpoint_cmd(pid: int, directory: Path = typer.Argument(..., metavar="DIR", help="must not exist yet"),
+def checkpoint_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="DIR", help="must not exist yet"),
                    stop_the_world: bool = typer.Option(False, "--compare-stop-the-world",
                                                        help="then copy the same bytes with the job stopped "
                                                             "and report how long that held it")) -> None:
     """Snapshot a running job's device memory and module globals into DIR while it keeps running."""
     from egpu_preload.cow import remote
-    try:
-        typer.echo(remote.checkpoint(pid, directory, stop_the_world))
-    except EgpuError as e:
-        _fail(e)
+    typer.echo(remote.checkpoint(pid, directory, stop_the_world))
 
 
 @egpu.command("restore")
-def restore_cmd(pid: int, directory: Path = typer.Argument(..., metavar="DIR")) -> None:
+def restore_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="DIR")) -> None:
     """Roll a running job back to a checkpoint (its streams drained, then every allocation written back)."""
     from egpu_preload.cow import remote
-    try:
-        typer.echo(remote.restore(pid, directory))
-    except EgpuError as e:
-        _fail(e)
+    typer.echo(remote.restore(pid, directory))
 
 
-egpu_run = typer.Typer(name="egpu-run", add_completion=False, no_args_is_help=True)
+egpu_run = typer.Typer(name="egpu-run", add_completion=False, no_args_is_help=True, rich_markup_mode=None)
+Backend = Literal["auto", "ptx", "sass"]   # runtime/sass.py BACKENDS
+LaunchVm = Literal["c", "python"]          # runtime/config.py LAUNCH_VMS
 
 
-@egpu_run.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
-def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="the job to run"),
-            probes: list[Path] = typer.Option([], "-p", "--probe", help="a .bpf.o or .bpf.c (repeatable)"),
+# CMD and its arguments are what is left after egpu-run's options (ctx.args): options stop at CMD, and an
+# unknown option before it is refused, not run as the command.
+@egpu_run.command("egpu-run", cls=_RunCommand, no_args_is_help=True, options_metavar="[OPTIONS] CMD [ARGS]...",
+                  context_settings={"allow_interspersed_args": False, "allow_extra_args": True})
+def run_cmd(ctx: typer.Context,
+            probes: list[Path] = typer.Option([], "-p", "--probe", metavar="PROBE",
+                                              help="a .bpf.o or .bpf.c (repeatable)"),
             kernel: Optional[str] = typer.Option(None, "--kernel", metavar="GLOB",
                                                  help="instrument only kernels this glob matches"),
             as_json: bool = typer.Option(False, "--json", help="maps as one JSON document per process"),
@@ -318,21 +467,23 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
             summed: bool = typer.Option(False, "--sum", help="the maps summed over the processes only "
                                                              "(default: each, and the sum when there are ranks)"),
             verbose: bool = typer.Option(False, "-v", "--verbose",
-                                         help="report every module and kernel; keep the session directory"),
+                                         help="report every module and kernel, say what a step longer than a "
+                                              "second waits for, print a refused probe's verifier log; keep "
+                                              "the session directory"),
             keep: bool = typer.Option(False, "--keep", help="keep the session directory (dumps, compiled probes)"),
             durations: bool = typer.Option(False, "--durations",
                                            help="time every kernel (CUPTI): count, total, mean, histogram"),
             perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="FILE",
                                                     help="write launches, kernel durations and ring-buffer "
                                                          "records with a ts field as a trace for ui.perfetto.dev"),
-            backend: str = typer.Option("auto", "--backend", metavar="auto|ptx|sass",
-                                        help="ptx: rewrite PTX; sass: patch SASS (Compute Sanitizer); "
-                                             "auto: PTX where a module has it, SASS otherwise"),
+            backend: Backend = typer.Option("auto", "--backend", metavar="auto|ptx|sass",
+                                            help="ptx: rewrite PTX; sass: patch SASS (Compute Sanitizer); "
+                                                 "auto: PTX where a module has it, SASS otherwise"),
             interval: Optional[float] = typer.Option(None, "--interval", metavar="S", min=0.05,
                                                      help="also print the maps every S seconds while the job runs"),
-            launch_vm: str = typer.Option("c", "--launch-vm", metavar="c|python",
-                                          help="where launch probes run: c (the shim's interpreter, for "
-                                               "probes it takes) or python (the reference VM, slower)"),
+            launch_vm: LaunchVm = typer.Option("c", "--launch-vm", metavar="c|python",
+                                               help="where launch probes run: c (the shim's interpreter, for "
+                                                    "probes it takes) or python (the reference VM, slower)"),
             mirror: float = typer.Option(1.0, "--mirror", metavar="S", min=0,
                                          help="copy the maps into shared memory every S seconds, where "
                                               "egpu maps PID --mirror reads them; 0: never"),
@@ -341,26 +492,38 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
                                                           "(needs egpu[prometheus])"),
             restore: Optional[Path] = typer.Option(None, "--restore", metavar="DIR",
                                                    help="put checkpoint DIR back once the job has remade its "
-                                                        "allocations (egpu checkpoint)")) -> None:
-    """Run CMD with probes spliced into its kernels; print the maps at exit and exit with CMD's status."""
+                                                        "allocations (egpu checkpoint)"),
+            version: bool = _VERSION) -> None:
+    """Run CMD with probes spliced into its kernels; print the maps at exit and exit with CMD's status.
+
+    Exit status: CMD's (128 + N when signal N ended it); 127 when CMD is not found and 126 when it cannot
+    be executed, as a shell says; 125 when egpu-run itself fails (a bad option, a probe it refuses), so
+    that no status of egpu-run's own can be taken for the job's."""
     from egpu_preload.runtime import config, dump, job, sass, watch
+    from egpu_preload.version import cuda_driver
+    cmd = ctx.args
+    if not cmd:
+        raise UsageError("Missing CMD, the program to run.", ctx=ctx)
+    progress = _notes(steps=verbose, prefix="egpu-run")
     session = None
     try:
         try:
-            if launch_vm not in config.LAUNCH_VMS:
-                raise EgpuError(f"--launch-vm {launch_vm}: expected one of {', '.join(config.LAUNCH_VMS)}")
             session = job.session_dir()
-            loaded = job.prepare_probes(probes, session)
+            loaded = job.prepare_probes(probes, session, progress)
             if perfetto is not None:
                 from egpu_preload.runtime import job_trace
                 job_trace.check_writable(perfetto)
             cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose),
                                 durations or perfetto is not None, backend=backend, timeline=perfetto is not None,
                                 mirror=mirror, launch_vm=launch_vm)
-            cfg, sass_notes = sass.for_job(cfg, loaded)
+            with progress.step("building the SASS back end's patch image (ptxas)"):
+                cfg, sass_notes = sass.for_job(cfg, loaded)
             if restore is not None:  # refused here, before the job starts, when incomplete or corrupt
                 from egpu_preload.cow import remote
                 cfg = dataclasses.replace(cfg, restore=remote.checked(restore))
+            if cuda_driver() is None:
+                sass_notes.append("egpu-run: no CUDA driver (libcuda.so.1 not found): the job cannot load "
+                                  "CUDA code, so nothing will be instrumented (egpu-run --version)")
             for line in sass_notes:
                 typer.echo(line, err=True)
             every = None
@@ -373,10 +536,8 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
             typer.echo(f"egpu-run: {e}", err=True)
             raise typer.Exit(e.exit_status)
         except EgpuError as e:  # the job never started
-            typer.echo(f"egpu-run: {e}", err=True)
-            if e.detail and verbose:
-                typer.echo(e.detail, err=True)
-            raise typer.Exit(1)
+            _echo_error("egpu-run", e, detail=verbose)
+            raise typer.Exit(OWN_FAILURE)
         try:
             view = {(False, False): "auto", (True, False): "per-rank", (False, True): "sum"}.get((per_rank, summed),
                                                                                               "both")
@@ -401,7 +562,7 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
 
 
 def run_main() -> None:
-    egpu_run()
+    egpu_run(prog_name="egpu-run")
 
 
 if __name__ == "__main__":

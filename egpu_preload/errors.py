@@ -32,6 +32,10 @@ class EgpuError(Exception):
         return ":".join(parts + [" " + self.reason]) if parts else self.reason
 
 
+class CompileError(EgpuError):
+    """clang refused a probe source; ``detail`` holds its diagnostics, which every caller shows."""
+
+
 class ElfError(EgpuError):
     """The object file is not a usable eBPF ELF."""
 

@@ -32,6 +32,8 @@ HEADER = struct.Struct("<IHHQ")
 ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")
 OPTIONS = struct.Struct("<II")
 ELF_MAGIC = b"\x7fELF"
+AR_MAGIC = b"!<arch>\n"   # a static library (ar(5))
+AR_HEADER = 60
 
 FLAG_64BIT = 0x1
 FLAG_DEBUG = 0x2
@@ -254,6 +256,52 @@ def find_fatbins(binary: bytes) -> list[Fatbin]:
         if sections:
             return [f for name, start, end in sections for f in _scan(binary, start, end, name)]
     return _scan(binary, 0, len(binary), "")
+
+
+def find_in_file(data: bytes) -> list[tuple[str, list[Fatbin]]]:
+    """The fatbins of a file ``egpu inspect`` is given, by static-archive member (``[("", fatbins)]`` for
+    anything but an archive; members without device code are left out). FatbinError when the bytes are
+    none of an ELF file, a static archive (.a) or a bare fatbin."""
+    if data.startswith(AR_MAGIC):
+        found = [(name, find_fatbins(member)) for name, member in archive_members(data) if member[:4] == ELF_MAGIC]
+        return [(name, fatbins) for name, fatbins in found if fatbins]
+    if data[:4] == ELF_MAGIC or image_kind(data[:4]) == ImageKind.FATBIN:
+        return [("", find_fatbins(data))]
+    what = "an empty file" if not data else "a thin archive (its members live elsewhere)" \
+        if data.startswith(b"!<thin>\n") else f"{len(data)} bytes of something else"
+    raise FatbinError(f"not an ELF file, static archive or fatbin: {what}")
+
+
+def archive_members(data: bytes) -> list[tuple[str, bytes]]:
+    """(name, bytes) of each member of a System V/GNU ``ar`` archive (BSD ``#1/N`` names too), the
+    symbol and long-name tables left out. Each member is a 60-byte header {name[16], mtime[12], uid[6],
+    gid[6], mode[8], size[10], "`\\n"} and its data, padded to an even offset."""
+    members, long_names, pos = [], b"", len(AR_MAGIC)
+    while pos < len(data):
+        header = data[pos:pos + AR_HEADER]
+        if len(header) < AR_HEADER or header[58:60] != b"`\n":
+            raise FatbinError(f"archive member header at {pos} is malformed")
+        name, size_text = header[:16].decode("latin-1").rstrip(), header[48:58].strip()
+        if not size_text.isdigit():
+            raise FatbinError(f"archive member at {pos}: bad size {size_text!r}")
+        start, size = pos + AR_HEADER, int(size_text)
+        _need(data, start, size, "archive member")
+        body = data[start:start + size]
+        pos = start + size + (size & 1)
+        if name.startswith("#1/") and name[3:].isdigit():     # BSD: the name opens the data
+            n = int(name[3:])
+            name, body = body[:n].rstrip(b"\0").decode("latin-1"), body[n:]
+        elif name == "//":                                     # GNU long-name table
+            long_names = body
+            continue
+        elif name in ("/", "/SYM64/", "__.SYMDEF", "__.SYMDEF SORTED"):  # symbol tables
+            continue
+        elif name.startswith("/") and name[1:].isdigit():     # GNU: offset into the long-name table
+            off = int(name[1:])
+            end = long_names.find(b"/\n", off)
+            name = long_names[off:end if end >= 0 else len(long_names)].decode("latin-1")
+        members.append((name.removesuffix("/"), body))
+    return members
 
 
 def _elf_fatbin_sections(binary: bytes) -> list[tuple[str, int, int]]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .bpf import program as prog
 from .bpf.helpers import BPF_ANY, BPF_EXIST, BPF_NOEXIST
+from .bpf.linux_names import map_type_name
 from .errors import EgpuError
 
 ENOENT, E2BIG, EAGAIN, EEXIST, EINVAL, ENOSPC = 2, 7, 11, 17, 22, 28
@@ -277,7 +278,7 @@ class MapsState:
         for m in self.maps:
             cls = STORAGE_BY_TYPE.get(m.type)
             if cls is None:
-                raise EgpuError(f"map {m.name}: unsupported map type {m.type}")
+                raise EgpuError(f"map {m.name}: unsupported map type {m.type} ({map_type_name(m.type)})")
             self.storages.append(cls(m))
 
     def __getitem__(self, index: int) -> MapStorage:

@@ -168,3 +168,14 @@ def test_cli(tmp_path):
     bad = runner.invoke(egpu, ["compile", str(src)])
     assert bad.exit_code == 1
     assert bad.stderr.splitlines()[0] == f"egpu: {src}: clang failed (exit 1)"
+
+
+def test_cflags_build_a_probe_with_plain_clang(tmp_path):
+    """egpu compile --cflags: the flags that make a plain clang build (README: build a probe yourself)."""
+    import shlex
+    r = CliRunner().invoke(egpu, ["compile", "--cflags"])
+    assert r.exit_code == 0
+    out = tmp_path / "plain.bpf.o"
+    subprocess.run([find_clang(), *shlex.split(r.stdout), "-c", str(PROBES / "count.bpf.c"), "-o", str(out)],
+                   check=True, capture_output=True)
+    assert load_object(out).programs[0].name == "count_entries"

@@ -223,7 +223,7 @@ def test_checkpoint_while_running_then_rollback_and_restore_into_a_rerun(cow_stu
     assert code == 0 and "result=0" in out, err
 
     r = egpu(["--restore", str(bad), str(cow_stub.app), "resume"], loop.env, "run_main")
-    assert r.returncode == 1 and "sha256 mismatch" in r.stderr and "counter" not in r.stdout, r.stderr
+    assert r.returncode == 125 and "sha256 mismatch" in r.stderr and "counter" not in r.stdout, r.stderr
     for mode in ("resume", "resume-captured"):   # a launch into a capture does not restore: the next one does
         r = egpu(["--restore", str(ckpt), str(cow_stub.app), mode], loop.env, "run_main")
         assert r.returncode == 0, r.stderr
@@ -254,7 +254,7 @@ def test_a_damaged_checkpoint_is_refused_before_the_job_starts(cow_stub, tmp_pat
         w.commit()
     damage(d)
     r = egpu(["--restore", str(d), str(cow_stub.app), "resume"], cow_stub.env(tmp_path / "log"), "run_main")
-    assert r.returncode == 1 and reason in r.stderr, r.stderr
+    assert r.returncode == 125 and reason in r.stderr, r.stderr
     assert not (tmp_path / "log").exists()   # the job never reached the driver
 
 

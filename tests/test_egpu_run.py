@@ -88,16 +88,33 @@ def test_multiprocessing_workers_are_each_instrumented(stub_job, probe_obj, tmp_
 @pytest.mark.parametrize("make, message", [
     (lambda d: d / "missing.bpf.o", "missing.bpf.o: cannot read: No such file or directory"),
     (lambda d: (d / "junk.bpf.o").write_bytes(b"not an ELF") and d / "junk.bpf.o", "junk.bpf.o: "),
-    (lambda d: (d / "bad.bpf.c").write_text(BAD_PROBE) and d / "bad.bpf.c", "kprobe/*:"),
+    # named by the user's source and line (BTF line info), not by the session's compiled copy
+    (lambda d: (d / "bad.bpf.c").write_text(BAD_PROBE) and d / "bad.bpf.c", "/bad.bpf.c:8:kprobe/*:7: "),
+    (lambda d: (d / "broken.bpf.c").write_text("int f( {\n") and d / "broken.bpf.c", "broken.bpf.c: clang failed"),
 ])
 def test_a_bad_probe_stops_before_the_job(stub_job, tmp_path, make, message):
     probe = make(tmp_path)
     log = tmp_path / "log"
     r = egpu_run(["-p", str(probe), str(stub_job.app), "module", "1", "32", "0"], stub_job.env(log))
-    assert r.returncode == 1
+    assert r.returncode == 125   # egpu-run's own status, never one a job could be taken to have
     assert r.stdout == ""
-    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("egpu-run: ") and message in r.stderr
+    first, *rest = r.stderr.splitlines()
+    assert first.startswith("egpu-run: ") and message in first
+    if "clang" in message:   # clang's diagnostics follow, as clang prints them
+        assert "broken.bpf.c:1:" in rest[0] and "error:" in rest[0]
+    else:
+        assert rest == []
     assert not log.exists()  # the job never reached the driver: it never started
+
+
+def test_verbose_shows_the_verifier_log_with_source_lines(stub_job, tmp_path):
+    (tmp_path / "bad.bpf.c").write_text(BAD_PROBE)
+    r = egpu_run(["-v", "-p", str(tmp_path / "bad.bpf.c"), str(stub_job.app), "module", "1", "32", "0"],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == 125
+    log = r.stderr.splitlines()
+    at = log.index(f"; return *v;  /* no NULL check */ @ {tmp_path}/bad.bpf.c:8")   # as the kernel's log shows it
+    assert log[at + 1] == "7: r0 = *(u64 *)(r0 + 0x0)"
 
 
 def test_a_probe_source_is_compiled_for_the_job(stub_job, tmp_path):

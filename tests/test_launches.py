@@ -350,5 +350,6 @@ def test_an_unknown_launch_vm_is_refused_before_the_job_starts(tmp_path):
     marker = tmp_path / "ran"
     r = egpu_run(["--launch-vm", "jit", "-p", str(EXAMPLES / "launch_count.bpf.c"), "touch", str(marker)], {
         "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "XDG_RUNTIME_DIR": str(tmp_path)})
-    assert (r.returncode, r.stderr) == (1, "egpu-run: --launch-vm jit: expected one of c, python\n")
+    assert (r.returncode, r.stderr) == (125, "egpu-run: Invalid value for '--launch-vm': Value error, 'jit' is not one "
+                                             "of 'c', 'python'. (see egpu-run --help)\n")
     assert not marker.exists()

@@ -524,7 +524,7 @@ def test_prometheus_without_its_package_is_a_clear_error(stub_job, probes, tmp_p
                         "-p", str(probes["count"]), "true"],
                        env=stub_job.env(tmp_path / "log", PYTHONPATH=f"{shadow.parent}{os.pathsep}{ROOT}"),
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert (r.returncode, r.stderr) == (1, "egpu-run: --prometheus needs the prometheus_client package "
+    assert (r.returncode, r.stderr) == (125, "egpu-run: --prometheus needs the prometheus_client package "
                                            "(pip install 'egpu[prometheus]')\n")
 
 

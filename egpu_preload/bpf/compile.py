@@ -6,9 +6,11 @@ import platform
 import shutil
 import subprocess
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import EgpuError
+from ..errors import CompileError, EgpuError
+from ..outpaths import check_output_file
 
 INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"  # egpu.bpf.h
 CLANGS = ("clang-19", "clang")  # clang-19 first: it knows -mcpu=v4
@@ -26,36 +28,47 @@ def find_clang() -> str:
     raise EgpuError(f"no clang found (looked for {', '.join(CLANGS)}): install clang to compile probes")
 
 
-def clang_args(src: Path, out: Path, mcpu: str = "v3") -> list[str]:
-    """Everything after the clang executable. v3 gives atomics and jmp32; v4 adds sdiv/movsx/bswap/ja32."""
-    args = ["-O2", "-g", "-target", "bpf", f"-mcpu={mcpu}", "-I", str(INCLUDE_DIR)]
+def clang_flags(mcpu: str = "v3") -> list[str]:
+    """The flags a probe needs, for this machine. v3 gives atomics and jmp32; v4 adds sdiv/movsx/bswap/ja32."""
+    flags = ["-O2", "-g", "-target", "bpf", f"-mcpu={mcpu}", "-I", str(INCLUDE_DIR)]
     # linux/types.h includes asm/types.h, which Debian keeps under the multiarch directory only.
     multiarch = sysconfig.get_config_var("MULTIARCH")
     if multiarch and Path("/usr/include", multiarch).is_dir():
-        args += ["-idirafter", str(Path("/usr/include", multiarch))]
+        flags += ["-idirafter", str(Path("/usr/include", multiarch))]
     arch = _TARGET_ARCH.get(platform.machine().lower())
     if arch:
-        args.append(f"-D__TARGET_ARCH_{arch}")
-    return args + ["-c", str(src), "-o", str(out)]
+        flags.append(f"-D__TARGET_ARCH_{arch}")
+    return flags
 
 
-def compile_probe(src: Path, out: Path | None = None, *, mcpu: str = "v3", clang: str | None = None) -> Path:
-    """Compile ``X.bpf.c`` to ``X.bpf.o`` (or ``out``); returns the object's path.
+def clang_args(src: Path, out: Path, mcpu: str = "v3") -> list[str]:
+    """Everything after the clang executable."""
+    return clang_flags(mcpu) + ["-c", str(src), "-o", str(out)]
 
-    Raises EgpuError naming the source, with clang's diagnostics in ``detail``.
+
+def compile_probe(src: Path, out: Path | None = None, *, mcpu: str = "v3", clang: str | None = None,
+                  warn: Callable[[str], None] | None = None) -> Path:
+    """Compile ``X.bpf.c`` to ``X.bpf.o`` (or ``out``); returns the object's path. ``warn`` gets clang's
+    diagnostics of a successful compile (its warnings), as clang printed them.
+
+    Raises CompileError naming the source, with clang's diagnostics in ``detail``; EgpuError for a
+    source that is not a C file or an output that cannot be written.
     """
     src = Path(src)
-    if out is None:
-        out = src.with_suffix(".o")
-    out = Path(out)
+    if src.suffix != ".c":
+        raise EgpuError("not a probe source (expected X.bpf.c; a .bpf.o is compiled already)", file=str(src))
+    out = Path(out) if out is not None else src.with_suffix(".o")
     if not src.is_file():
-        raise EgpuError("no such probe source", file=str(src))
+        raise EgpuError("no such probe source" if not src.exists() else "not a file", file=str(src))
+    check_output_file(out)
     cmd = [clang or find_clang(), *clang_args(src, out, mcpu)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True)
     except OSError as e:
         raise EgpuError(f"cannot run {cmd[0]}: {e.strerror}", file=str(src)) from None
     if done.returncode != 0:
-        raise EgpuError(f"clang failed (exit {done.returncode})", file=str(src),
-                        detail=done.stderr.strip() or None)
+        raise CompileError(f"clang failed (exit {done.returncode})", file=str(src),
+                           detail=done.stderr.rstrip() or None)
+    if done.stderr.strip() and warn is not None:
+        warn(done.stderr.rstrip())
     return out

@@ -33,6 +33,7 @@ from . import btf as btfmod
 from . import isa
 from .program import (MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, BpfObject,
                       MapDef, Program)
+from .linux_names import map_type_name
 from .sections import parse_section
 
 EM_BPF = 247
@@ -412,7 +413,8 @@ def _btf_map_def(btf: btfmod.Btf, var: btfmod.Type) -> MapDef:
 def _checked_map(m: MapDef) -> MapDef:
     """The limits the kernel's map_alloc_check enforces, so a bad definition fails at load, not on the GPU."""
     if m.type not in MAP_TYPE_NAMES:
-        raise ElfError(f"map {m.name}: unsupported map type {m.type} (supported: {_SUPPORTED})")
+        raise ElfError(f"map {m.name}: unsupported map type {m.type} ({map_type_name(m.type)}; "
+                       f"supported: {_SUPPORTED})")
     kind = MAP_TYPE_NAMES[m.type]
     if m.type == MAP_RINGBUF:
         if m.key_size or m.value_size:

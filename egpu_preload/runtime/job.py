@@ -19,11 +19,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState
 from egpu_preload.runtime import config, dump, durations
-from egpu_preload.runtime.probes import Probe, load_probes
+from egpu_preload.progress import Progress
+from egpu_preload.runtime.probes import Probe, load_user_probe
 
 if TYPE_CHECKING:
     from egpu_preload.bpf.program import BpfObject
@@ -55,15 +55,10 @@ def session_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="session-", dir=socket_dir(create=True)))
 
 
-def prepare_probes(paths: list[Path], session: Path) -> list[Probe]:
+def prepare_probes(paths: list[Path], session: Path, progress: Progress | None = None) -> list[Probe]:
     """Compile .bpf.c sources into the session, then load, verify and translate every probe."""
-    objs = []
-    for i, p in enumerate(paths):
-        if p.name.endswith(".bpf.c"):
-            objs.append(compile_probe(p, session / f"{i}.{p.name.removesuffix('.c')}.o"))
-        else:
-            objs.append(p)
-    return load_probes([o.resolve() for o in objs])
+    return [load_user_probe(p, session / f"{i}.{p.name.removesuffix('.c')}.o", progress=progress)
+            for i, p in enumerate(paths)]
 
 
 def find_shim() -> Path:

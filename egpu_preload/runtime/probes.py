@@ -10,10 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.bpf.elf import load_object
+from egpu_preload.bpf.lineinfo import located
 from egpu_preload.bpf.program import BpfObject
 from egpu_preload.bpf.verifier import verify
 from egpu_preload.errors import EgpuError
+from egpu_preload.progress import Progress
 from egpu_preload.translate.module import object_tag, table_symbol
 from egpu_preload.translate.rewrite import ProbeSpec, probe_specs
 
@@ -41,3 +44,23 @@ def load_probe(path: Path) -> Probe:
 
 def load_probes(paths: tuple[Path, ...] | list[Path]) -> list[Probe]:
     return [load_probe(p) for p in paths]
+
+
+def load_user_probe(path: Path, compiled: Path, *, progress: Progress | None = None) -> Probe:
+    """A probe the user named, a .bpf.o or a .bpf.c (compiled to ``compiled``, clang's warnings said on
+    ``progress``): loaded, verified and translated as load_probe does. A refusal names ``path`` and, from
+    the object's line info, the source line (bpf/lineinfo.py), never the compiled copy."""
+    progress = progress or Progress.quiet()
+    obj = path
+    if path.name.endswith(".c"):
+        with progress.step(f"compiling {path}"):
+            obj = compile_probe(path, compiled, warn=progress.say)
+    try:
+        with progress.step(f"verifying and translating {path}"):
+            return load_probe(obj.resolve())
+    except EgpuError as e:
+        try:
+            data = obj.read_bytes()
+        except OSError:
+            data = b""
+        raise located(e, data, str(path)) from None

@@ -12,26 +12,23 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.control import ControlClient, SessionInfo
 from egpu_preload.errors import EgpuError
 from egpu_preload.runtime.live import probe_name
-from egpu_preload.runtime.probes import load_probe
+from egpu_preload.progress import Progress
+from egpu_preload.runtime.probes import load_user_probe
 
 TIMEOUT_S = 60.0   # an attach translates and loads every module in the target: seconds, not ms
 
 
-def probe_object(path: Path) -> tuple[bytes, str]:
+def probe_object(path: Path, progress: Progress | None = None) -> tuple[bytes, str]:
     """(the .bpf.o bytes, the probe's default name) of a .bpf.o or .bpf.c, verified and translated here."""
     with tempfile.TemporaryDirectory(prefix="egpu-attach-") as tmp:
-        obj = path
-        if path.name.endswith(".bpf.c"):
-            obj = compile_probe(path, Path(tmp) / path.name.replace(".bpf.c", ".bpf.o"))
-        load_probe(obj)
+        probe = load_user_probe(path, Path(tmp) / (path.name.removesuffix(".c") + ".o"), progress=progress)
         try:
-            return obj.read_bytes(), probe_name(path)
+            return probe.path.read_bytes(), probe_name(path)
         except OSError as e:
-            raise EgpuError(f"cannot read ({e.strerror})", file=str(obj)) from None
+            raise EgpuError(f"cannot read ({e.strerror})", file=str(path)) from None
 
 
 def request(pid: int, cmd: str, **fields: object) -> Any:

@@ -17,6 +17,7 @@ from .. import ctx as egpu_ctx
 from .. import isa
 from ..decode import Insn
 from ..helpers import BPF_NOEXIST, HELPERS, Helper
+from ..linux_names import helper_name, is_linux_helper
 from ..program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY, MAP_RINGBUF,
                        MAP_TYPE_NAMES, MapDef)
 from . import arith
@@ -495,6 +496,9 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
         return _local_call(env, st, insn)
     h = HELPERS.get(insn.imm)
     if h is None:
+        # The kernel's spellings: "unknown func bpf_x#N" for a helper it has, else "invalid func unknown#N".
+        if is_linux_helper(insn.imm):
+            raise Reject(f"unknown func {helper_name(insn.imm)}#{insn.imm} (a Linux helper egpu does not provide)")
         raise Reject(f"invalid func unknown#{insn.imm} (helper id)")
     f = st.top
     m: int | None = None

@@ -1,0 +1,372 @@
+"""The CLI on the inputs a new user gets wrong (issue 21): each refusal is one line naming the file and
+the reason with a nonzero exit, never a traceback and never a silent success; egpu-run's own failures
+exit 125; help, names of map types and helpers, static archives, progress lines."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import launcher
+from egpu_preload.bpf.compile import compile_probe, find_clang
+from egpu_preload.bpf.lineinfo import LineTable
+from egpu_preload.fatbin import archive_members
+from launcher import egpu, egpu_run
+
+ROOT = Path(__file__).resolve().parent.parent
+PTX = ROOT / "tests" / "fixtures" / "ptx" / "cupy_0.ptx"
+HEAD = '#include "egpu.bpf.h"\n'
+LICENSE = 'char LICENSE[] SEC("license") = "GPL";\n'
+BAD_PTX = """.version 8.0
+.target sm_90
+.address_size 64
+
+.visible .entry k(.param .u64 k_param_0)
+{
+	.reg .b64 	%rd<3>;
+	.reg .f32 	%f<3>;
+	ld.param.u64 	%rd1, [k_param_0];
+	ld.global.f32 	%f1, [%rd1;
+	ret;
+}
+"""
+NO_ACCESS_PTX = BAD_PTX.replace("\tld.global.f32 \t%f1, [%rd1;\n", "")
+
+runner = CliRunner()
+
+
+def run(app, args: list) -> "object":
+    r = runner.invoke(app, [str(a) for a in args])
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception   # never a traceback
+    return r
+
+
+def refused(app, args: list, status: int, message: str) -> str:
+    """Run; it must exit ``status`` with ``message`` in its one stderr line (returned)."""
+    r = run(app, args)
+    lines = r.stderr.splitlines()
+    assert r.exit_code == status, (r.exit_code, r.stderr)
+    assert len(lines) == 1 and message in lines[0], r.stderr
+    return lines[0]
+
+
+@pytest.fixture()
+def files(tmp_path, probe_obj):
+    """Inputs of every wrong kind, and probes."""
+    f = {"rand": tmp_path / "rand.bin", "empty": tmp_path / "empty.ptx", "cu": tmp_path / "k.cu",
+         "bad_ptx": tmp_path / "bad.ptx", "no_access": tmp_path / "plain.ptx", "count": probe_obj("count"),
+         "memtrace": probe_obj("memtrace"), "src": ROOT / "tests" / "probes" / "count.bpf.c"}
+    f["rand"].write_bytes(os.urandom(3000))
+    f["empty"].write_bytes(b"")
+    f["cu"].write_text("__global__ void k(float *a) { a[0] = 1; }\n")
+    f["bad_ptx"].write_text(BAD_PTX)
+    f["no_access"].write_text(NO_ACCESS_PTX)
+    f["noprog_src"] = tmp_path / "noprog.bpf.c"
+    f["noprog_src"].write_text(HEAD + "int x;\n")
+    f["noprog"] = compile_probe(f["noprog_src"])
+    return f
+
+
+@pytest.mark.parametrize("args, message", [
+    (lambda f: ["rewrite", f["rand"], "-p", f["count"]], "rand.bin: not PTX: binary data"),
+    (lambda f: ["rewrite", "/bin/true", "-p", f["count"]], "/bin/true: not PTX: binary data"),
+    (lambda f: ["rewrite", f["empty"], "-p", f["count"]], "empty.ptx: not PTX: no .version directive (the file is empty)"),
+    (lambda f: ["rewrite", f["cu"], "-p", f["count"]], "k.cu: not PTX: no .version directive"),
+    (lambda f: ["rewrite", PTX, "-p", f["count"], "-o", "/nonexistent/dir/x.ptx"],
+     "/nonexistent/dir/x.ptx: cannot write: no directory /nonexistent/dir"),
+    (lambda f: ["rewrite", PTX, "-p", f["noprog"]], "noprog.bpf.o: no programs in the object"),
+    (lambda f: ["rewrite", PTX, "-p", f["rand"]], "rand.bin: not an ELF file"),
+    (lambda f: ["inspect", "/bin/true", "--extract-ptx", f["cu"]], "k.cu: exists and is not a directory"),
+    (lambda f: ["inspect", f["rand"]], "rand.bin: not an ELF file, static archive or fatbin"),
+    (lambda f: ["inspect", f["empty"]], "empty.ptx: not an ELF file, static archive or fatbin: an empty file"),
+    (lambda f: ["inspect", "/bin/true"], "/bin/true: no CUDA device code"),
+    (lambda f: ["inspect", f["rand"].parent], ": is a directory"),
+    (lambda f: ["compile", f["count"]], "count.v3.bpf.o: not a probe source"),
+    (lambda f: ["compile", f["rand"]], "rand.bin: not a probe source"),
+    (lambda f: ["compile", f["src"], "-o", f["rand"].parent], ": is a directory (expected an output file)"),
+    (lambda f: ["verify", f["noprog"]], "noprog.bpf.o: no programs in the object"),
+    (lambda f: ["compile", f["noprog_src"]], "noprog.bpf.c: no programs in the object"),
+    (lambda f: ["disasm", f["noprog"]], "noprog.bpf.o: no programs in the object"),
+    (lambda f: ["ptx", f["noprog"]], "noprog.bpf.o: no programs in the object"),
+    (lambda f: ["verify", f["src"]], "count.bpf.c: a probe source: compile it first (egpu compile"),
+], ids=lambda v: "" if callable(v) else v.split(": ", 1)[-1][:40])
+def test_bad_input_is_one_line_and_exit_1(files, args, message):
+    refused(egpu, args(files), 1, message)
+
+
+def test_a_failed_rewrite_writes_nothing(files, tmp_path):
+    out = tmp_path / "out.ptx"
+    r = run(egpu, ["rewrite", files["bad_ptx"], "-p", files["memtrace"], "-o", out])
+    assert r.exit_code == 1 and not out.exists()
+    assert r.stderr.splitlines() == ["k: failed: ld.global.f32 without an address operand",
+                                     f"egpu: {files['bad_ptx']}: 1 of 1 kernels could not be rewritten (first: k: "
+                                     "ld.global.f32 without an address operand); nothing written"]
+
+
+def test_an_untouched_kernel_says_why(files):
+    r = run(egpu, ["rewrite", files["no_access"], "-p", files["memtrace"]])
+    assert r.exit_code == 0
+    assert r.stderr.startswith("k: untouched: no sites for the matching probes (memory probes see ")
+    assert "not wmma" in r.stderr and "nvcc -G" in r.stderr
+
+
+def test_rewrite_takes_a_probe_source(files, tmp_path):
+    out = tmp_path / "out.ptx"
+    r = run(egpu, ["rewrite", PTX, "-p", files["src"], "-o", out])
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr == "cupy_multiply__float32_float_float32: instrumented (1 calls)\n"
+    assert "__egpu" in out.read_text()
+
+
+def test_compile_shows_clangs_warnings_on_success(tmp_path):
+    src = tmp_path / "w.bpf.c"
+    src.write_text(HEAD + '#warning "look here"\nSEC("kprobe/*") int p(struct egpu_ctx *c) { return 0; }\n' + LICENSE)
+    r = run(egpu, ["compile", src])
+    assert r.exit_code == 0 and r.stdout == f"{tmp_path / 'w.bpf.o'}\n"
+    assert f"{src}:2:2: warning: \"look here\"" in r.stderr
+
+
+def test_compile_shows_clangs_errors_as_clang_prints_them(tmp_path):
+    src = tmp_path / "e.bpf.c"
+    src.write_text(HEAD + "SEC(\"kprobe/*\") int p(struct egpu_ctx *c) { return undeclared; }\n")
+    r = run(egpu, ["compile", src])
+    first, *clang = r.stderr.splitlines()
+    assert r.exit_code == 1 and first == f"egpu: {src}: clang failed (exit 1)"
+    assert clang[0].startswith(f"{src}:2:") and "error: use of undeclared identifier 'undeclared'" in clang[0]
+    assert clang[-1] == "1 error generated."
+
+
+# ---- egpu-run: its own failures exit 125 -----------------------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "foo", "true"], "Invalid value for '--backend'"),
+    (["--launch-vm", "rust", "true"], "Invalid value for '--launch-vm'"),
+    (["--interval", "0", "true"], "Invalid value for '--interval'"),
+    (["--prometheus", "port", "true"], "Invalid value for '--prometheus'"),
+    (["--no-such-option", "true"], "No such option: --no-such-option"),
+    (["-p"], "Option '-p' requires an argument"),
+    (["-v"], "Missing CMD"),
+    (["-p", "/nonexistent.bpf.o", "true"], "/nonexistent.bpf.o: cannot read"),
+])
+def test_egpu_run_own_failures_exit_125(args, message):
+    line = refused(egpu_run, args, 125, message)
+    assert line.startswith("egpu-run: ")
+
+
+def test_egpu_usage_errors_exit_2():
+    refused(egpu, ["verify"], 2, "egpu verify: Missing argument 'X.bpf.o'")
+    refused(egpu, ["no-such-command"], 2, "No such command 'no-such-command'")
+    refused(egpu, ["compile", "x.bpf.c", "--mcpu", "v9"], 2, "Invalid value for '--mcpu'")
+
+
+def test_choices_match_the_runtime():
+    from typing import get_args
+    from egpu_preload.runtime import config, sass
+    assert get_args(launcher.Backend) == sass.BACKENDS
+    assert get_args(launcher.LaunchVm) == config.LAUNCH_VMS
+
+
+def test_no_driver_is_said_before_the_job(monkeypatch):
+    from egpu_preload import version
+    from egpu_preload.runtime import job
+    monkeypatch.setattr(version, "cuda_driver", lambda: None)
+    monkeypatch.setattr(job, "find_shim", lambda: Path("/no/shim.so"))
+    monkeypatch.setattr(job, "run_job", lambda *a, **k: 3)
+    r = run(egpu_run, ["true"])
+    assert r.exit_code == 3   # the job's status, passed through
+    assert r.stderr.startswith("egpu-run: no CUDA driver (libcuda.so.1 not found): the job cannot load CUDA code")
+
+
+def test_long_steps_say_what_they_wait_for(monkeypatch, tmp_path, files):
+    """-v: a clang that takes longer than the patience is announced; without -v nothing is said."""
+    from egpu_preload import progress
+    from egpu_preload.runtime import job
+    slow = tmp_path / "bin" / "clang-19"
+    slow.parent.mkdir()
+    slow.write_text(f"#!/bin/sh\nsleep 0.5\nexec {find_clang()} \"$@\"\n")
+    slow.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{slow.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(progress, "PATIENCE_S", 0.1)
+    monkeypatch.setattr(job, "find_shim", lambda: Path("/no/shim.so"))
+    monkeypatch.setattr(job, "run_job", lambda *a, **k: 0)
+    monkeypatch.setattr(job, "report", lambda *a, **k: ("", []))
+    loud = run(egpu_run, ["-v", "-p", files["src"], "true"])
+    assert f"egpu-run: compiling {files['src']} ...\n" in loud.stderr
+    quiet = run(egpu_run, ["-p", files["src"], "true"])
+    assert "compiling" not in quiet.stderr
+
+
+def test_progress_is_silent_for_short_steps(capsys):
+    from egpu_preload.progress import Progress
+    import time
+    p = Progress("egpu", steps=True, patience=0.05)
+    with p.step("quick"):
+        pass
+    with p.step("slow"):
+        time.sleep(0.3)
+    assert capsys.readouterr().err == "egpu: slow ...\n"
+
+
+# ---- help, version, names --------------------------------------------------------------------------------
+
+COMMANDS = ["inspect", "compile", "disasm", "verify", "ptx", "rewrite", "ps", "attach", "detach", "swap", "maps",
+            "modules", "checkpoint", "restore"]
+
+
+@pytest.mark.parametrize("app, args", [(egpu, []), (egpu_run, [])] + [(egpu, [c]) for c in COMMANDS])
+def test_help_shows_no_python_types_or_source_paths(app, args):
+    r = run(app, args + ["--help"])
+    assert r.exit_code == 0
+    for leak in ("<bool>", "<list", ".py", "egpu_preload"):
+        assert leak not in r.stdout, (leak, r.stdout)
+
+
+@pytest.mark.parametrize("app, args", [(egpu, ["--version"]), (egpu_run, ["--version"])])
+def test_version(app, args):
+    from egpu_preload import __version__
+    r = run(app, args)
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"egpu {__version__} ")
+    heads = [line.split(":")[0] for line in lines[1:]]
+    assert heads == ["CUDA driver", "GPUs", "CUDA toolkit", "clang", "PTX back end", "SASS back end"]
+
+
+def test_version_without_a_driver_says_why_no_back_end_works():
+    """A process of its own where libcuda.so.1 cannot be found (an empty library path, no GPU here)."""
+    from egpu_preload.version import cuda_driver
+    if cuda_driver() is not None:
+        pytest.skip("this machine has a CUDA driver")
+    r = subprocess.run([sys.executable, "-m", "launcher", "--version"], capture_output=True, text=True,
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert "PTX back end: not usable (no CUDA driver)" in r.stdout.splitlines()
+    assert "SASS back end: not usable (no CUDA driver)" in r.stdout.splitlines()
+
+
+def test_version_after_cmd_is_the_jobs(monkeypatch):
+    from egpu_preload.runtime import job
+    seen = {}
+    monkeypatch.setattr(job, "find_shim", lambda: Path("/no/shim.so"))
+    monkeypatch.setattr(job, "run_job", lambda cmd, *a, **k: seen.setdefault("cmd", cmd) and 0)
+    assert run(egpu_run, ["python3", "--version"]).exit_code == 0
+    assert seen["cmd"] == ["python3", "--version"]
+
+
+def test_unsupported_map_type_and_helper_by_name(tmp_path):
+    src = tmp_path / "names.bpf.c"
+    src.write_text(HEAD + "struct { __uint(type, 7); __uint(max_entries, 1); __type(key, __u32); "
+                   "__type(value, __u64); } st SEC(\".maps\");\n"
+                   "SEC(\"kprobe/*\") int p(struct egpu_ctx *c) { return 0; }\n" + LICENSE)
+    compile_probe(src)
+    refused(egpu, ["verify", tmp_path / "names.bpf.o"], 1,
+            "map st: unsupported map type 7 (BPF_MAP_TYPE_STACK_TRACE; supported: ")
+    src.write_text(HEAD + "static long (*probe_read)(void *, __u32, const void *) = (void *)4;\n"
+                   "SEC(\"kprobe/*\") int p(struct egpu_ctx *c) { long v; probe_read(&v, 8, 0); return 0; }\n"
+                   + LICENSE)
+    compile_probe(src)
+    r = run(egpu, ["verify", tmp_path / "names.bpf.o"])
+    assert r.exit_code == 1
+    assert "unknown func bpf_probe_read#4 (a Linux helper egpu does not provide)" in r.stderr.splitlines()[0]
+
+
+# ---- static archives ---------------------------------------------------------------------------------
+
+def _ar(members: dict[str, bytes]) -> bytes:
+    """A GNU ar archive (long names through the // table), as ar rcs writes one."""
+    longs = b"".join(n.encode() + b"/\n" for n in members if len(n) > 15)
+    out, offsets, at = [b"!<arch>\n"], {}, 0
+    for n in members:
+        if len(n) > 15:
+            offsets[n] = at
+            at += len(n) + 2
+
+    def member(name: str, data: bytes) -> bytes:
+        head = f"{name:<16}{0:<12}{0:<6}{0:<6}{644:<8}{len(data):<10}`\n".encode()
+        return head + data + (b"\n" if len(data) & 1 else b"")
+    if longs:
+        out.append(member("//", longs))
+    for n, data in members.items():
+        out.append(member(f"/{offsets[n]}" if n in offsets else n + "/", data))
+    return b"".join(out)
+
+
+def test_archive_members():
+    data = _ar({"a.o": b"\x7fELFodd", "a_very_long_member_name.o": b"\x7fELF2"})
+    assert archive_members(data) == [("a.o", b"\x7fELFodd"), ("a_very_long_member_name.o", b"\x7fELF2")]
+
+
+def test_inspect_a_static_archive(tmp_path, probe_obj):
+    """The fatbins of each member (nvcc -c output in libk.a), and a truncated archive refused."""
+    cu = tmp_path / "k.cu"
+    cu.write_text("__global__ void k(float *a) { a[0] = 1; }\n")
+    subprocess.run(["nvcc", "-c", str(cu), "-o", str(tmp_path / "k.o"), "-arch=sm_90"], check=True)
+    lib = tmp_path / "libk.a"
+    lib.write_bytes(_ar({"k.o": (tmp_path / "k.o").read_bytes(), "count.bpf.o": probe_obj("count").read_bytes()}))
+    r = run(egpu, ["inspect", lib])
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "k.o:" and lines[1].startswith("  fatbin #1: .nv_fatbin ")
+    assert any("PTX  compute_90" in line for line in lines)
+    lib.write_bytes(lib.read_bytes()[:200])
+    refused(egpu, ["inspect", lib], 1, "libk.a: archive member at 68 runs past the end")
+
+
+# ---- line info ---------------------------------------------------------------------------------------
+
+def test_line_info_of_a_verifier_refusal(tmp_path):
+    """egpu verify of an object names the object; its log shows the source lines (BTF line info)."""
+    from test_egpu_run import BAD_PROBE
+    src = tmp_path / "bad.bpf.c"
+    src.write_text(BAD_PROBE)
+    assert run(egpu, ["compile", src]).exit_code == 0
+    r = run(egpu, ["verify", tmp_path / "bad.bpf.o"])
+    first, *log = r.stderr.splitlines()
+    assert r.exit_code == 1
+    assert first.startswith(f"egpu: {tmp_path / 'bad.bpf.o'}:kprobe/*:7: r0 = *(u64 *)(r0 + 0x0): invalid mem access")
+    assert log[log.index(f"; return *v;  /* no NULL check */ @ {src}:8") + 1].startswith("7: ")
+    table = LineTable.from_object((tmp_path / "bad.bpf.o").read_bytes())
+    assert str(table.lookup("kprobe/*", 0)) == f"{src}:4"
+    assert table.lookup("kprobe/*", 9) is None   # past the program: a subprogram appended to it, unknown here
+    assert LineTable.from_object(b"\x7fELF junk").records == {}
+
+
+def test_the_readmes_scope_rule():
+    """README: .warp/.block right before the / that opens the glob; not after egpu; not on launch probes."""
+    from egpu_preload.bpf.sections import parse_section
+    from egpu_preload.errors import ElfError
+    readme = (ROOT / "README.md").read_text()
+    for ok in ("kprobe.warp/*", "kretprobe.block/k*", "egpu/mem.warp/*", "egpu/store.block/*"):
+        assert f"`{ok}`" in readme and parse_section(ok).scope in ("warp", "block")
+    for bad in ("egpu.warp/mem/*", "egpu/launch.warp/*"):
+        with pytest.raises(ElfError):
+            parse_section(bad)
+    assert "`egpu.warp/mem/*`" in readme
+
+
+def test_attach_names_the_users_source_line(tmp_path):
+    """Refused here, before the process is asked: the user's file and line, not a temp copy."""
+    from test_egpu_run import BAD_PROBE
+    src = tmp_path / "bad.bpf.c"
+    src.write_text(BAD_PROBE)
+    line = refused(egpu, ["attach", "1", "-p", src], 1, f"egpu: {src}:8:kprobe/*:7: r0 = *(u64 *)(r0 + 0x0): ")
+    assert "egpu-attach-" not in line
+    verbose = run(egpu, ["attach", "1", "-v", "-p", src])
+    assert f"; return *v;  /* no NULL check */ @ {src}:8" in verbose.stderr.splitlines()
+
+
+def test_egpu_run_shows_clangs_warnings(monkeypatch, tmp_path):
+    from egpu_preload.runtime import job
+    monkeypatch.setattr(job, "find_shim", lambda: Path("/no/shim.so"))
+    monkeypatch.setattr(job, "run_job", lambda *a, **k: 0)
+    monkeypatch.setattr(job, "report", lambda *a, **k: ("", []))
+    src = tmp_path / "w.bpf.c"
+    src.write_text(HEAD + '#warning "look here"\nSEC("kprobe/*") int p(struct egpu_ctx *c) { return 0; }\n' + LICENSE)
+    r = run(egpu_run, ["-p", src, "true"])
+    assert r.exit_code == 0, r.stderr
+    assert f"{src}:2:2: warning: \"look here\"" in r.stderr
