@@ -88,6 +88,7 @@ def verify_cmd(obj: Path) -> None:
     Then the maps the GPU keeps in rows per SM (counters only added to: translate/striping.py), and
     where launch programs run (runtime/native.py)."""
     from egpu_preload.bpf.elf import load_object
+    from egpu_preload.bpf.sections import unattached
     from egpu_preload.bpf.verifier import verify
     from egpu_preload.runtime import launches, native
     from egpu_preload.translate.devmaps import layout
@@ -104,6 +105,8 @@ def verify_cmd(obj: Path) -> None:
                 rows = layout(m).spread
                 typer.echo(f"map {m.name}: only added to ({m.stripe}-byte adds): {rows} row{'s' * (rows > 1)} "
                            "per SM, summed when read")
+        for line in unattached(bpf.programs):
+            typer.echo(line)
         launch, used, _ = launches.launch_side(bpf)
         if launch:
             why = native.refusal(launch, bpf.maps, used)
@@ -343,6 +346,7 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
                                                    help="put checkpoint DIR back once the job has remade its "
                                                         "allocations (egpu checkpoint)")) -> None:
     """Run CMD with probes spliced into its kernels; print the maps at exit and exit with CMD's status."""
+    from egpu_preload.bpf.sections import unattached
     from egpu_preload.runtime import config, dump, job, sass, watch
     session = None
     try:
@@ -351,6 +355,8 @@ def run_cmd(cmd: list[str] = typer.Argument(..., metavar="CMD [ARGS]...", help="
                 raise EgpuError(f"--launch-vm {launch_vm}: expected one of {', '.join(config.LAUNCH_VMS)}")
             session = job.session_dir()
             loaded = job.prepare_probes(probes, session)
+            for line in (line for p in loaded for line in unattached(p.obj.programs)):
+                typer.echo(f"egpu-run: {line}", err=True)
             if perfetto is not None:
                 from egpu_preload.runtime import job_trace
                 job_trace.check_writable(perfetto)
