@@ -214,6 +214,7 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
     """Verify each program of a probe object; a refusal prints where (the source line when the object has
     line info), why and the verifier log (exit 1). Then the maps the GPU keeps in rows per SM (counters
     only ever added to) and where launch programs run (the shim's C interpreter or the Python VM)."""
+    from egpu_preload.bpf.sections import unattached
     from egpu_preload.runtime import launches, native
     from egpu_preload.translate.devmaps import layout
     from egpu_preload.translate.striping import stripe_counters
@@ -228,6 +229,8 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
                 rows = layout(m).spread
                 typer.echo(f"map {m.name}: only added to ({m.stripe}-byte adds): {rows} row{'s' * (rows > 1)} "
                            "per SM, summed when read")
+        for line in unattached(bpf.programs):
+            typer.echo(line)
         launch, used, _ = launches.launch_side(bpf)
         if launch:
             why = native.refusal(launch, bpf.maps, used)
@@ -499,6 +502,7 @@ def run_cmd(ctx: typer.Context,
     Exit status: CMD's (128 + N when signal N ended it); 127 when CMD is not found and 126 when it cannot
     be executed, as a shell says; 125 when egpu-run itself fails (a bad option, a probe it refuses), so
     that no status of egpu-run's own can be taken for the job's."""
+    from egpu_preload.bpf.sections import unattached
     from egpu_preload.runtime import config, dump, job, sass, watch
     from egpu_preload.version import cuda_driver
     cmd = ctx.args
@@ -510,6 +514,8 @@ def run_cmd(ctx: typer.Context,
         try:
             session = job.session_dir()
             loaded = job.prepare_probes(probes, session, progress)
+            for line in (line for p in loaded for line in unattached(p.obj.programs)):
+                typer.echo(f"egpu-run: {line}", err=True)
             if perfetto is not None:
                 from egpu_preload.runtime import job_trace
                 job_trace.check_writable(perfetto)

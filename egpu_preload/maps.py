@@ -112,6 +112,23 @@ class PercpuArrayStorage(ArrayStorage):
         return sorted(self.per_cpu)
 
 
+class PerthreadArrayStorage(PercpuArrayStorage):
+    """bpftime's PERGPUTD_ARRAY: one array per GPU thread, the "cpu" being the thread's global index
+    (x + y * width + z * width * height over the grid, as bpftime's getGlobalThreadId). Like bpftime's
+    default map, it holds THREADS threads; a thread past them finds no value (lookup NULL, update
+    -E2BIG), where bpftime writes past its buffer."""
+
+    THREADS = 1024  # bpftime_shm.hpp: gpu_thread_count's default
+
+    def lookup(self, key: bytes, cpu: int = 0) -> bytearray | None:
+        return super().lookup(key, cpu) if cpu < self.THREADS else None
+
+    def update(self, key: bytes, value: bytes, flags: int = BPF_ANY, cpu: int = 0) -> int:
+        if cpu >= self.THREADS:
+            return -EINVAL if flags > BPF_EXIST else -E2BIG
+        return super().update(key, value, flags, cpu)
+
+
 class HashStorage(MapStorage):
     """HASH: at most max_entries keys; update flags as hashtab.c checks them."""
 
@@ -250,6 +267,7 @@ class PerfStorage(MapStorage):
 STORAGE_BY_TYPE: dict[int, type[MapStorage]] = {
     prog.MAP_ARRAY: ArrayStorage, prog.MAP_PERCPU_ARRAY: PercpuArrayStorage, prog.MAP_HASH: HashStorage,
     prog.MAP_LRU_HASH: LruHashStorage, prog.MAP_RINGBUF: RingbufStorage, prog.MAP_PERF_EVENT_ARRAY: PerfStorage,
+    prog.MAP_PERTHREAD_ARRAY: PerthreadArrayStorage,
 }
 
 

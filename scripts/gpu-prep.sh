@@ -18,6 +18,8 @@ for src in srcs:
     for mcpu in ("v3", "v4"):
         compile_probe(src, Path(".gpubuild/probes") / f"{src.name.removesuffix('.bpf.c')}.{mcpu}.bpf.o", mcpu=mcpu)
 PY
+# bpftime's example probes, with bpftime's flags (tests/test_bpftime_examples.py reads them from here)
+PYTHONPATH=tests python3 -c 'from pathlib import Path; from bpftime_build import build_all; build_all(Path(".gpubuild/bpftime"))'
 git rev-parse HEAD > .gpubuild/COMMIT
 git status --porcelain | grep -q . && echo "+dirty" >> .gpubuild/COMMIT || true
 [ -d .whl ] || bash ../shared/tools/device-wheels.sh .whl >/dev/null

@@ -5,6 +5,7 @@ on both over the same launches with the maps compared entry by entry."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import struct
 
 import cffi
@@ -70,6 +71,12 @@ def test_isa_case_in_c(engine, case: Case) -> None:
 def test_faults_stop_the_run_where_they_happen(engine, asm, mem, fault, pc):
     got, _, at, _ = _exec(engine, assemble(asm), mem)
     assert (native.FAULTS.get(got), at if got else None) == (fault, pc)
+
+
+def test_pid_tgid_is_the_process(engine):
+    """Helper 14 as bpf/helpers.py defines it, in C as on the VM (tests/test_bpftime_examples.py)."""
+    fault, r0, _, _ = _exec(engine, assemble("call 14\nexit"), None)
+    assert (fault, r0) == (0, os.getpid() << 32 | os.getpid())
 
 
 def test_the_context_is_the_one_ctx_py_lays_out(engine):

@@ -1,4 +1,4 @@
-"""Section names -> Attach: every kind, both scopes, and the refusals."""
+"""Section names -> Attach: every kind, both scopes, bpftime's spellings, and the refusals."""
 
 from __future__ import annotations
 
@@ -26,10 +26,19 @@ GOOD = [
     ("kprobe/void add<float>(float*, int)", Attach("entry", "void add<float>(float*, int)", "thread")),
     ("kprobe/a/b", Attach("entry", "a/b", "thread")),          # the GLOB is everything after the first /
     ("kprobe/x.warp/y", Attach("entry", "x.warp/y", "thread")),  # a scope only counts before that /
+    # bpftime's spellings: its memory-access probe, and host uprobes (loaded, not attached)
+    ("kprobe/__memcapture", Attach("mem", "*", "thread")),
+    ("kprobe/__memcapture_x", Attach("entry", "__memcapture_x", "thread")),
+    ("uprobe", Attach("uprobe", "", "host")),
+    ("uretprobe", Attach("uretprobe", "", "host")),
+    ("uprobe/libcuda.so:cuLaunchKernel", Attach("uprobe", "libcuda.so:cuLaunchKernel", "host")),
+    ("uretprobe/./vec_add:_Z16cudaLaunchKernelIcE9cudaErrorPT_4dim3S3_PPvmP11CUstream_st",
+     Attach("uretprobe", "./vec_add:_Z16cudaLaunchKernelIcE9cudaErrorPT_4dim3S3_PPvmP11CUstream_st", "host")),
 ]
 
 BAD = [
-    ("uprobe/libcuda.so:cuLaunchKernel", "unknown section"),
+    ("uprobe/cuLaunchKernel", "not PATH:SYMBOL"),
+    ("uprobes/x:y", "unknown section"),
     ("kprobes/x", "unknown section"),
     ("egpu/memory/x", "unknown section"),
     ("egpu/launch.warp/*", "take no scope"),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import io
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from elftools.common.exceptions import ELFError as _PyElfError
@@ -31,8 +31,8 @@ from elftools.elf.elffile import ELFFile
 from ..errors import BtfError, EgpuError, ElfError
 from . import btf as btfmod
 from . import isa
-from .program import (MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, BpfObject,
-                      MapDef, Program)
+from .program import (BPFTIME_MAP_TYPES, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY, MAP_PERTHREAD_ARRAY,
+                      MAP_RINGBUF, MAP_TYPE_NAMES, BpfObject, MapDef, Program)
 from .linux_names import map_type_name
 from .sections import parse_section
 
@@ -46,7 +46,8 @@ _MAP_DEF = struct.Struct("<IIIII")      # legacy struct bpf_map_def: type, key_s
 _MAP_DEF_MIN = 16                       # map_flags (libbpf accepts definitions without map_flags)
 _BPF_OBJ_NAME_LEN = 16                  # linux/bpf.h: map names hold 15 characters and a NUL
 _PAGE = 4096
-_SUPPORTED = ", ".join(MAP_TYPE_NAMES.values())
+_SUPPORTED = (", ".join(n for t, n in MAP_TYPE_NAMES.items() if t != MAP_PERTHREAD_ARRAY) + "; bpftime's "
+              + ", ".join(map(str, sorted({*BPFTIME_MAP_TYPES, MAP_PERTHREAD_ARRAY}))))
 # BTF-defined map attributes given with __uint(...) (libbpf parse_btf_map_def); numa_node and pinning
 # mean nothing on a GPU and are accepted and ignored.
 _UINT_ATTRS = {"type", "max_entries", "map_flags", "key_size", "value_size", "numa_node", "pinning",
@@ -411,7 +412,12 @@ def _btf_map_def(btf: btfmod.Btf, var: btfmod.Type) -> MapDef:
 
 
 def _checked_map(m: MapDef) -> MapDef:
-    """The limits the kernel's map_alloc_check enforces, so a bad definition fails at load, not on the GPU."""
+    """The limits the kernel's map_alloc_check enforces, so a bad definition fails at load, not on the GPU.
+    bpftime's GPU map types become the egpu type with their semantics (program.BPFTIME_MAP_TYPES)."""
+    if m.type in BPFTIME_MAP_TYPES:
+        m = replace(m, type=BPFTIME_MAP_TYPES[m.type])
+        if m.type == MAP_PERF_EVENT_ARRAY:  # bpftime sizes its per-thread rings by record; ours are per map
+            m = replace(m, key_size=4, value_size=4, max_entries=0)
     if m.type not in MAP_TYPE_NAMES:
         raise ElfError(f"map {m.name}: unsupported map type {m.type} ({map_type_name(m.type)}; "
                        f"supported: {_SUPPORTED})")
@@ -429,7 +435,7 @@ def _checked_map(m: MapDef) -> MapDef:
     if m.key_size == 0 or m.value_size == 0 or m.max_entries == 0:
         raise ElfError(f"map {m.name}: {kind} needs key_size, value_size and max_entries "
                        f"(got {m.key_size}, {m.value_size}, {m.max_entries})")
-    if m.type in (MAP_ARRAY, MAP_PERCPU_ARRAY) and m.key_size != 4:
+    if m.type in (MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_PERTHREAD_ARRAY) and m.key_size != 4:
         raise ElfError(f"map {m.name}: {kind} keys are 4 bytes, not {m.key_size}")
     return m
 

@@ -39,6 +39,9 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
     Helper(5, "ktime_get_ns", (), "int"),
     Helper(6, "trace_printk", ("mem", "size", "anything", "anything", "anything"), "int"),
     Helper(8, "get_smp_processor_id", (), "int"),
+    # The application's process: tgid << 32 | its main thread's id (= tgid). On the GPU no host thread
+    # runs the probe, so every caller sees that value (the GPU reads it where devmaps.PID_TGID says).
+    Helper(14, "get_current_pid_tgid", (), "int"),
     Helper(25, "perf_event_output", ("ctx", "map", "anything", "mem", "size"), "int"),
     Helper(130, "ringbuf_output", ("map", "mem", "size", "anything"), "int"),
     Helper(131, "ringbuf_reserve", ("map", "const_size", "anything"), "ringbuf_mem_or_null"),

@@ -10,10 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# linux/bpf.h enum bpf_map_type, the ones egpu implements.
+# linux/bpf.h enum bpf_map_type, the ones egpu implements, and bpftime's per-thread array under its number
+# (runtime/include/bpftime_shm.hpp, BPF_MAP_TYPE_PERGPUTD_ARRAY_MAP): one array per GPU thread.
 MAP_HASH, MAP_ARRAY, MAP_PERF_EVENT_ARRAY, MAP_PERCPU_ARRAY, MAP_LRU_HASH, MAP_RINGBUF = 1, 2, 4, 6, 9, 27
+MAP_PERTHREAD_ARRAY = 1502
 MAP_TYPE_NAMES = {MAP_HASH: "hash", MAP_ARRAY: "array", MAP_PERF_EVENT_ARRAY: "perf_event_array",
-                  MAP_PERCPU_ARRAY: "percpu_array", MAP_LRU_HASH: "lru_hash", MAP_RINGBUF: "ringbuf"}
+                  MAP_PERCPU_ARRAY: "percpu_array", MAP_LRU_HASH: "lru_hash", MAP_RINGBUF: "ringbuf",
+                  MAP_PERTHREAD_ARRAY: "perthread_array"}
+# bpftime's other GPU map types (bpftime_shm.hpp) -> the egpu type with their semantics. Its GPU arrays and
+# hash are one copy every thread shares (egpu's maps live in device memory and reach the host the same
+# way); its host-memory variants (1512, 1513: cudaHostRegister, for boards without CUDA IPC) differ only
+# in where the bytes live; its GPU ring (1527) is what bpf_perf_event_output writes to.
+BPFTIME_MAP_TYPES = {1501: MAP_HASH, 1503: MAP_ARRAY, 1504: MAP_ARRAY, 1512: MAP_PERTHREAD_ARRAY,
+                     1513: MAP_ARRAY, 1527: MAP_PERF_EVENT_ARRAY}
 
 
 @dataclass(frozen=True)
@@ -36,9 +45,9 @@ class MapDef:
 class Attach:
     """What a section name asks for: ``kprobe.warp/vec*`` -> Attach("entry", "vec*", "warp")."""
 
-    kind: str    # entry | exit | mem | load | store | launch
+    kind: str    # entry | exit | mem | load | store | launch | uprobe | uretprobe (host, not attached)
     glob: str
-    scope: str   # thread | warp | block (launch probes: "launch")
+    scope: str   # thread | warp | block (launch probes: "launch", uprobes: "host")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,12 @@
     egpu/mem[.SCOPE]/GLOB        mem          egpu/load[.SCOPE]/GLOB    load
     egpu/store[.SCOPE]/GLOB      store        egpu/launch/GLOB          launch
 
+bpftime's spellings, so its probes load unchanged: ``kprobe/__memcapture`` is its memory-access probe
+(every global access of every kernel: ``egpu/mem/*``); ``uprobe[/PATH:SYMBOL]`` and
+``uretprobe[/PATH:SYMBOL]`` (libbpf's form; bare, bpftime names the target elsewhere) are host probes,
+Attach("uprobe" | "uretprobe", "PATH:SYMBOL" or "", "host"): egpu loads and verifies them but attaches
+nothing yet (``unattached``).
+
 One rule for the scope: a ``.warp`` or ``.block`` suffix on the word right before the GLOB's ``/``
 (``kprobe.warp/vec*``, ``egpu/mem.block/*``); without it the probe runs in every thread. Launch probes
 run once per launch and take no scope. GLOB is everything after that ``/`` and may not be empty.
@@ -11,8 +17,10 @@ run once per launch and take no scope. GLOB is everything after that ``/`` and m
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ..errors import ElfError
-from .program import Attach
+from .program import Attach, Program
 
 # Section prefix (before the scope suffix) -> attach kind.
 KINDS: dict[str, str] = {
@@ -24,10 +32,19 @@ KINDS: dict[str, str] = {
     "egpu/launch": "launch",
 }
 SCOPES = ("warp", "block")  # besides the default, "thread"
+HOST_KINDS = ("uprobe", "uretprobe")
+MEMCAPTURE = "kprobe/__memcapture"  # bpftime's section for a probe at every memory access
 
 
 def parse_section(name: str) -> Attach:
     """``kprobe.warp/vec*`` -> Attach("entry", "vec*", "warp"); ElfError naming the section otherwise."""
+    if name == MEMCAPTURE:
+        return Attach("mem", "*", "thread")
+    word, sep, target = name.partition("/")
+    if word in HOST_KINDS:
+        if sep and ":" not in target:
+            raise ElfError(f"{word} target {target!r} is not PATH:SYMBOL", section=name)
+        return Attach(word, target, "host")
     for prefix, kind in KINDS.items():
         if not name.startswith(prefix):
             continue
@@ -48,5 +65,12 @@ def parse_section(name: str) -> Attach:
         if not glob:
             raise ElfError("empty kernel name pattern (use * for every kernel)", section=name)
         return Attach(kind, glob, scope)
-    raise ElfError("unknown section (expected kprobe/, kretprobe/, egpu/mem/, egpu/load/, egpu/store/ "
-                   "or egpu/launch/, with .warp or .block before the / on GPU sections)", section=name)
+    raise ElfError("unknown section (expected kprobe/, kretprobe/, egpu/mem/, egpu/load/, egpu/store/, "
+                   "egpu/launch/, uprobe or uretprobe, with .warp or .block before the / on GPU sections)",
+                   section=name)
+
+
+def unattached(programs: Iterable[Program]) -> list[str]:
+    """One line for each host probe among ``programs``: egpu runs none yet."""
+    return [f"prog {p.name} ({p.section}): not attached: egpu has no host uprobes yet" for p in programs
+            if p.attach.kind in HOST_KINDS]

@@ -12,6 +12,8 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
 - PERCPU_ARRAY: header u32 ncpu at 0 (the number of SM ids, %nsmid); then ncpu arrays laid out as ARRAY,
   array c for the SM whose %smid is c, each starting on its own 128-byte line (``cpu_stride``): the L2
   serializes atomics per line, so SMs that bump their own counter must not share one.
+  A PERTHREAD_ARRAY (bpftime's per-thread array) has this layout with one array per GPU thread instead,
+  array t for the thread whose global index is t (the u32 at 0 counts them: maps.PerthreadArrayStorage).
   A striped ARRAY (MapDef.stripe, striping.py) has this layout too, with ``spread`` rows per SM (the
   header's u32 counts rows: ncpu * spread); a warp adds to row %smid * spread + %warpid % spread, since
   one line takes an SM's atomics one at a time. Its host copy stays one array, row 0 of the initial
@@ -41,16 +43,19 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
   ring only fills while no reader moves ``consumed`` (a reader that does must reset the lines), and a
   refusal caused by credit another producer gives back makes the SM's later records of that size drop
   too: at most the credit in flight is left unused. The dropped count is the header's plus the lines'.
-- trace_printk ring: a ring of TRACE_BYTES whose records hold u64 a1, a2, a3 then the format bytes.
+- trace_printk ring: a ring of TRACE_BYTES whose records hold u64 a1, a2, a3 then the format bytes. Its
+  header also holds, at PID_TGID (u64), what bpf_get_current_pid_tgid returns on the GPU: the process
+  that allocates the regions, the application, as tgid << 32 | tgid (bpf/helpers.py).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass, replace
 
 from ..bpf import program as prog
-from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, TraceRecord
+from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, PerthreadArrayStorage, TraceRecord
 
 HEADER = 64
 LINE = 128          # bytes of an L2 cache line
@@ -59,6 +64,7 @@ SPREAD, SPREAD_BYTES = 8, 8192   # a striped ARRAY's rows per SM, and the most b
 EMPTY, BUSY, FULL, DELETED = 0, 1, 2, 3
 REC_BUSY, REC_READY, REC_DISCARD = 1, 2, 4
 TRACE_BYTES = 1 << 20
+PID_TGID = 40       # in the trace ring's header, past RING_NCPU
 LRU_WINDOW = 8
 HASH_SEED = 0xCBF29CE484222325
 HASH_MUL = 0xFF51AFD7ED558CCD
@@ -89,6 +95,7 @@ class MapLayout:
     value_off: int = HEADER  # array slot 0 / ring data
     stripe: int = 0    # percpu_array holding a striped ARRAY: the width of the lanes summed when read
     spread: int = 1    # rows per SM (a power of two; only a striped ARRAY has more than one)
+    threads: int = 0   # percpu_array holding a PERTHREAD_ARRAY: its arrays, one per thread (not per SM)
 
     @property
     def lines_off(self) -> int:
@@ -100,11 +107,15 @@ class MapLayout:
         """Bytes from one SM's array to the next (percpu_array): whole cache lines."""
         return -(-self.entries * self.stride // LINE) * LINE
 
+    def rows(self, ncpu: int) -> int:
+        """How many arrays a percpu_array region holds on a device of ``ncpu`` SMs (stripes aside)."""
+        return self.threads or ncpu
+
     def region_size(self, ncpu: int = 1) -> int:
         if self.kind == "ringbuf":
             return self.lines_off + ncpu * LINE
         if self.kind == "percpu_array":
-            return HEADER + ncpu * self.spread * self.cpu_stride
+            return HEADER + self.rows(ncpu) * self.spread * self.cpu_stride
         return HEADER + self.entries * self.stride
 
 
@@ -124,6 +135,9 @@ def layout(m: prog.MapDef) -> MapLayout:
         return replace(lay, spread=_spread(lay.cpu_stride))
     if m.type == prog.MAP_PERCPU_ARRAY:
         return MapLayout("percpu_array", round8(m.value_size), m.max_entries, 4, m.value_size)
+    if m.type == prog.MAP_PERTHREAD_ARRAY:
+        return MapLayout("percpu_array", round8(m.value_size), m.max_entries, 4, m.value_size,
+                         threads=PerthreadArrayStorage.THREADS)
     if m.type in (prog.MAP_HASH, prog.MAP_LRU_HASH):
         lru = m.type == prog.MAP_LRU_HASH
         key_off = 16 if lru else 8
@@ -170,9 +184,9 @@ def region_image(m: prog.MapDef, state_storage: MapStorage, ncpu: int) -> bytes:
         for i, (_, v) in enumerate(state_storage.items()):
             img[HEADER + i * lay.stride:HEADER + i * lay.stride + len(v)] = v
     elif lay.kind == "percpu_array":
-        struct.pack_into("<I", img, 0, ncpu)
+        struct.pack_into("<I", img, 0, lay.rows(ncpu))
         for cpu in state_storage.cpus():
-            if cpu < ncpu:
+            if cpu < lay.rows(ncpu):
                 for i, (_, v) in enumerate(state_storage.items(cpu)):
                     o = HEADER + cpu * lay.cpu_stride + i * lay.stride
                     img[o:o + len(v)] = v
@@ -197,6 +211,13 @@ def ring_image(lay: MapLayout, ncpu: int) -> bytes:
     struct.pack_into("<I", img, RING_NCPU, ncpu)
     for cpu in range(ncpu):
         struct.pack_into("<Q", img, lay.lines_off + cpu * LINE, M64)
+    return bytes(img)
+
+
+def trace_image(ncpu: int) -> bytes:
+    """An empty trace ring, with this process's pid_tgid in its header."""
+    img = bytearray(ring_image(trace_layout(), ncpu))
+    struct.pack_into("<Q", img, PID_TGID, os.getpid() << 32 | os.getpid())
     return bytes(img)
 
 
@@ -293,7 +314,7 @@ class DeviceMaps:
         self.layouts = [layout(m) for m in state.maps] + [trace_layout()]
         self.addrs: list[int] = []
         images = [region_image(m, state[i], ncpu) for i, m in enumerate(state.maps)]
-        images.append(ring_image(trace_layout(), ncpu))
+        images.append(trace_image(ncpu))
         self.images = images
         try:
             for img in images:

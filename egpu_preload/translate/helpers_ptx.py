@@ -149,7 +149,9 @@ def _array_slot(g: FuncGen, insn: Insn, index: int, m: prog.MapDef, lay: MapLayo
     base = g.map_base(index)
     known = g.const(insn.pc)
     slot = g.t64()
-    if lay.kind == "percpu_array":
+    if lay.threads:
+        thread_row(g, base, lay, miss)
+    elif lay.kind == "percpu_array":
         sm_row(g, base, lay)
     if known is not None:  # constant key: folded to an address
         if known >= m.max_entries:
@@ -188,6 +190,25 @@ def sm_row(g: FuncGen, base: str, lay: MapLayout) -> None:
     g.emit(f"min.u64 {row}, {row}, {nrows};")  # defensive: the host sizes the rows from %nsmid
     g.emit(f"mul.lo.u64 {row}, {row}, {lay.cpu_stride};")
     g.emit(f"add.u64 {base}, {base}, {row};")
+
+
+def thread_row(g: FuncGen, base: str, lay: MapLayout, miss: str) -> None:
+    """base (a per-thread array's region) += the offset of this thread's array, or a jump to miss for a
+    thread past the region's arrays. The index is bpftime's getGlobalThreadId: x + y * width + z * width
+    * height, each axis ctaid * ntid + tid, width and height the grid's extent in threads."""
+    axis = []
+    for a in "xyz":
+        t = _special(g, f"%ctaid.{a}")
+        g.emit(f"mad.lo.u64 {t}, {t}, {_special(g, f'%ntid.{a}')}, {_special(g, f'%tid.{a}')};")
+        axis.append(t)
+    x, y, z = axis
+    width, height = _special(g, "%nctaid.x"), _special(g, "%nctaid.y")
+    g.emit(f"mul.lo.u64 {width}, {width}, {_special(g, '%ntid.x')};")
+    g.emit(f"mul.lo.u64 {height}, {height}, {_special(g, '%ntid.y')};")
+    g.emit(f"mad.lo.u64 {z}, {z}, {height}, {y};")
+    g.emit(f"mad.lo.u64 {z}, {z}, {width}, {x};")
+    _branch(g, "ge", z, lay.threads, miss)
+    g.emit(f"mad.lo.u64 {base}, {z}, {lay.cpu_stride}, {base};")
 
 
 # ---- hash maps -------------------------------------------------------------------------------
@@ -726,6 +747,16 @@ def _warp_id(g: FuncGen, insn: Insn) -> None:
     g.emit(f"shr.u64 {g.reg(0)}, {z}, 5;")
 
 
+def _pid_tgid(g: FuncGen, insn: Insn) -> None:
+    """The application's pid_tgid, which the host wrote into the trace ring's header (devmaps.PID_TGID):
+    read there, not baked in, so the code is the same in every process (egpu-run prebuilds it)."""
+    if g.target.table is None:
+        raise g.fail(insn, "get_current_pid_tgid needs the trace ring (not available in execute_on_gpu)")
+    t = g.t64()
+    g.emit(f"cvta.to.global.u64 {t}, {g.map_base(len(g.target.maps))};")
+    g.emit(f"ld.global.nc.u64 {g.reg(0)}, [{t}+{devmaps.PID_TGID}];")
+
+
 def _membar(g: FuncGen, insn: Insn) -> None:
     g.emit("membar.gl;")
     _set_r0(g, 0)
@@ -745,5 +776,5 @@ _EMIT: dict[str, Callable[[FuncGen, Insn], None]] = {
     "ringbuf_discard": _release(REC_DISCARD), "get_globaltimer": _timer, "get_block_idx": _dim3("%ctaid"),
     "get_block_dim": _dim3("%ntid"), "get_thread_idx": _dim3("%tid"), "membar": _membar, "exit": _exit,
     "get_grid_dim": _dim3("%nctaid"), "get_sm_id": _reg_helper("%smid"), "get_warp_id": _warp_id,
-    "get_lane_id": _reg_helper("%laneid"),
+    "get_lane_id": _reg_helper("%laneid"), "get_current_pid_tgid": _pid_tgid,
 }

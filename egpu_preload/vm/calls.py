@@ -6,12 +6,13 @@ maps.py; this module only moves bytes between VM memory and those containers.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..bpf.helpers import BPF_F_CURRENT_CPU, BY_NAME
 from ..errors import VmError
-from ..maps import EINVAL, MapStorage, PerfStorage, RingbufStorage, TraceRecord
+from ..maps import EINVAL, MapStorage, PerfStorage, PerthreadArrayStorage, RingbufStorage, TraceRecord
 from .memory import MASK64
 from .thread import ThreadSim
 
@@ -23,10 +24,15 @@ def _storage(run: "Run", reg: int, helper: str) -> MapStorage:
     return run.vm.state[run.map_index(run.regs[reg], helper, reg)]
 
 
+def _cpu(run: "Run", storage: MapStorage) -> int:
+    """Whose copy of a map the thread sees: its SM's (per-cpu maps), its own (bpftime's per-thread array)."""
+    return run.thread.global_index if isinstance(storage, PerthreadArrayStorage) else run.thread.smid
+
+
 def map_value_address(run: "Run", index: int, key: bytes = b"\0\0\0\0") -> int:
     """The address of a map's value, mapped into VM memory (0 when the key is absent)."""
     storage = run.vm.state[index]
-    value = storage.lookup(key, run.thread.smid)
+    value = storage.lookup(key, _cpu(run, storage))
     if value is None:
         return 0
     return run.mem.address_of(storage.mapdef.name, value, not storage.mapdef.readonly)
@@ -49,7 +55,7 @@ def map_update_elem(run: "Run") -> bool:
     value = run.mem.read(run.regs[3], storage.mapdef.value_size)
     if storage.mapdef.readonly:
         return _set(run, -EINVAL)
-    return _set(run, storage.update(key, value, run.regs[4], run.thread.smid))
+    return _set(run, storage.update(key, value, run.regs[4], _cpu(run, storage)))
 
 
 def map_delete_elem(run: "Run") -> bool:
@@ -147,5 +153,6 @@ _BY_NAME: dict[str, Callable[["Run"], bool]] = {
     "membar": lambda run: _set(run, 0),  # one simulated thread: every access is already visible
     "exit": exit, "get_sm_id": _sm_id, "get_warp_id": _reads(lambda t: t.warp),
     "get_lane_id": _reads(lambda t: t.lane),
+    "get_current_pid_tgid": lambda run: _set(run, os.getpid() << 32 | os.getpid()),
 }
 HANDLERS: dict[int, Callable[["Run"], bool]] = {BY_NAME[name].id: f for name, f in _BY_NAME.items()}

@@ -25,6 +25,13 @@ class ThreadSim:
     globaltimer: int = 0
     tick: int = 0
 
+    @property
+    def global_index(self) -> int:
+        """The thread's index in the grid, x fastest (bpftime's getGlobalThreadId)."""
+        x, y, z = (b * d + t for b, d, t in zip(self.block_idx, self.block_dim, self.thread_idx))
+        width, height = self.grid_dim[0] * self.block_dim[0], self.grid_dim[1] * self.block_dim[1]
+        return (z * height + y) * width + x
+
     def read_timer(self) -> int:
         now = self.globaltimer
         self.globaltimer += self.tick
