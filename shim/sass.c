@@ -300,6 +300,15 @@ static unsigned long long micros(void) {
     return (unsigned long long)t.tv_sec * 1000000 + (unsigned long long)t.tv_nsec / 1000;
 }
 
+/* Under g_mu. */
+static void drop_staged(void) {
+    if (g_staged) {
+        free(g_staged->image);
+        free(g_staged);
+        g_staged = NULL;
+    }
+}
+
 /* Every module to the staged generation, or, should one fail, every module back to the current one.
  * 0, or -1 with g_error saying why. */
 static int commit_staged(void) {
@@ -314,9 +323,7 @@ static int commit_staged(void) {
         pthread_mutex_unlock(&g_err_mu);
         for (size_t i = 0; i < g_nloaded; i++) repatch(&g_loaded[i], old);
         set_error("%s; the probes before it go on running", why);
-        free(g->image);
-        free(g);
-        g_staged = NULL;
+        drop_staged();
         return -1;
     }
     g_staged = NULL;
@@ -446,10 +453,7 @@ __attribute__((visibility("default"))) int egpu_sass_stage(const void *image, si
     for (int k = 1; k < CLASSES; k++)
         if (classes >> k & 1) snprintf(g->entry[k], sizeof g->entry[k], "%s", entries[k] ? entries[k] : "");
     pthread_mutex_lock(&g_mu);
-    if (g_staged) {
-        free(g_staged->image);
-        free(g_staged);
-    }
+    drop_staged();
     g_staged = g;
     pthread_mutex_unlock(&g_mu);
     return 0;
@@ -457,11 +461,7 @@ __attribute__((visibility("default"))) int egpu_sass_stage(const void *image, si
 
 __attribute__((visibility("default"))) void egpu_sass_unstage(void) {
     pthread_mutex_lock(&g_mu);
-    if (g_staged) {
-        free(g_staged->image);
-        free(g_staged);
-        g_staged = NULL;
-    }
+    drop_staged();
     pthread_mutex_unlock(&g_mu);
 }
 

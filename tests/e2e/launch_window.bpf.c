@@ -1,10 +1,14 @@
 /* Counts threads per launch id in a HASH, adding STEP per thread (1 here; launch_window_b.bpf.c adds
  * 1 << 32). tests/test_swap_gpu.py swaps the two on a running job: a launch id whose count is
- * neither threads nor threads << 32 ran half of each, a missing one ran neither. */
+ * neither threads nor threads << 32 ran half of each, a missing one ran neither. SITE is where it
+ * runs (mem_window.bpf.c: at every global access). */
 #include "egpu.bpf.h"
 
 #ifndef STEP
 #define STEP 1ULL
+#endif
+#ifndef SITE
+#define SITE "kprobe/*"
 #endif
 
 struct {
@@ -14,7 +18,7 @@ struct {
 	__type(value, __u64);
 } by_launch SEC(".maps");
 
-SEC("kprobe/*")
+SEC(SITE)
 int count_launch_threads(struct egpu_ctx *ctx)
 {
 	__u64 key = ctx->launch_id;
