@@ -13,6 +13,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from probe_check import PROBE_MODES, check_cell
+
 # Modes in table order: (key, column title). "torch_profiler" runs only for the PyTorch workloads.
 MODES = (("plain", "uninstrumented"), ("shim", "shim only"), ("entry_exit", "entry/exit counter"),
          ("mem_count", "mem-access counter"), ("mem_trace", "full mem trace"),
@@ -57,22 +59,25 @@ UNQUOTED = ("NVBit's own paper (Villa et al., MICRO 2019): we could not locate i
 
 def parse_output(stdout: str) -> dict[str, Any]:
     """The BENCH_ lines of a workload program (bench/workloads): warm-up, repetitions ("ms units", units
-    1 when left out), digest. Other lines (egpu-run's maps) are ignored; a run cut short keeps the
-    repetitions it printed."""
-    warmup, reps, digest = None, [], None
+    1 when left out), every unit the process ran, digest. Other lines (egpu-run's maps) are ignored; a
+    run cut short keeps the repetitions it printed."""
+    warmup, reps, units, digest = None, [], None, None
     for line in stdout.splitlines():
         key, _, value = line.strip().partition(" ")
         try:
             if key == "BENCH_WARMUP":
                 warmup = float(value)
             elif key == "BENCH_REP":
-                ms, *units = value.split()
-                reps.append([float(ms), int(units[0]) if units else 1])
+                ms, *n = value.split()
+                reps.append([float(ms), int(n[0]) if n else 1])
+            elif key == "BENCH_UNITS":
+                units = int(value)
         except (ValueError, IndexError):
             continue
         if key == "BENCH_DONE":
             digest = value.strip() or None
-    return {"warmup_ms": warmup, "reps": reps, "unit_ms": [ms / n for ms, n in reps if n > 0], "digest": digest}
+    return {"warmup_ms": warmup, "reps": reps, "unit_ms": [ms / n for ms, n in reps if n > 0], "units": units,
+            "digest": digest}
 
 
 # ---- runs to ratios ----------------------------------------------------------------------------------
@@ -94,7 +99,10 @@ def summarize_case(case: dict[str, Any], base: dict[str, Any] | None) -> dict[st
 
 
 def summarize(cases: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """``cases[workload][mode]`` raw records -> the same shape of summaries (ratios to that workload's plain)."""
+    """``cases[workload][mode]`` raw records -> the same shape of summaries (ratios to that workload's
+    plain). A probe mode's ratio stands only when probe_check.check_cell proves its probe ran:
+    "probe_checked" true; else false with "probe_check" the reason, and the ratio kept aside as
+    "unchecked_ratio", which no goal and no table counts."""
     out = {}
     for workload, modes in cases.items():
         plain = modes.get("plain", {})
@@ -102,6 +110,17 @@ def summarize(cases: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str
         out[workload] = {mode: (summarize_case(raw, base) if mode != "plain" else
                                 {k: v for k, v in base.items() if k != "digest"})
                          for mode, raw in modes.items()}
+        for mode in PROBE_MODES:
+            if mode not in modes:
+                continue
+            s = out[workload][mode]
+            why = check_cell(workload, mode, modes)
+            s["probe_checked"] = why is None
+            if why is not None:
+                s["probe_check"] = why
+                if "ratio" in s:
+                    s["unchecked_ratio"] = s.pop("ratio")
+                    s.pop("ratio_min", None)
     return out
 
 
@@ -129,9 +148,9 @@ def goals(summary: dict[str, dict[str, dict[str, Any]]], shim: dict[str, Any] | 
         got = [(s[mode]["ratio"], w) for w, s in summary.items() if mode in s and "ratio" in s[mode]]
         lost = [w for w, s in summary.items() if mode in s and "ratio" not in s[mode]]
         worst = max(got) if got else (None, "")
-        scope = f"worst of {len(got)} workloads, {sum(r <= target for r, _ in got)} met"
+        scope = f"worst of {len(got)} probe-checked workloads, {sum(r <= target for r, _ in got)} met"
         row = _judge(name, target, worst[0], worst[1], "x", scope + (f"; no ratio: {', '.join(lost)}" if lost else ""))
-        if lost and row["status"] == "met":  # a workload that timed out or failed has not met it
+        if lost and row["status"] == "met":  # a workload that failed, timed out or failed its probe check has not met it
             row["status"] = "not measured everywhere"
         rows.append(row)
     added = None
@@ -163,6 +182,8 @@ def notes(doc: dict[str, Any]) -> list[str]:
             if s.get("status") not in (None, "ok"):
                 err = doc.get("cases", {}).get(w, {}).get(m, {}).get("error", "")
                 out.append(f"{w} / {m}: {s['status']}" + (f" ({err})" if err else ""))
+            elif s.get("probe_checked") is False:
+                out.append(f"{w} / {m}: probe check failed, no ratio: {s['probe_check']}")
             elif s.get("same_output") is False:
                 out.append(f"{w} / {m}: the output differs from the uninstrumented run's")
     if "torch_eager" in doc.get("summary", {}):
@@ -182,6 +203,8 @@ def cell(s: dict[str, Any] | None) -> str:
     """One table cell: the ratio, with n when fewer than MIN_RUNS and a mark when the output differs."""
     if s is None:
         return "—"
+    if s.get("probe_checked") is False and s.get("status") == "ok":
+        return "probe check failed"
     if "ratio" not in s:
         return s.get("status", "failed") if s.get("status") != "ok" else "no runs"
     text = f"{s['ratio']:.2f}x"
@@ -296,7 +319,9 @@ def markdown(doc: dict[str, Any]) -> str:
            "repetitions of the workload's timed region, divided by the uninstrumented median. The region "
            "follows a warm-up, so process start-up, compilation and the JIT are excluded; each repetition "
            f"takes about 100 ms (fewer units when a mode is slower); n is shown when fewer than {MIN_RUNS} "
-           "repetitions fit the time budget; † marks an output that differs from the uninstrumented run.", ""]
+           "repetitions fit the time budget; † marks an output that differs from the uninstrumented run. "
+           "A probe cell shows a ratio only when its run proved the probe ran as often as it must, with the "
+           "uninstrumented output (bench/probe_check.py); otherwise \"probe check failed\", the reason in the notes.", ""]
     out += overhead_table(summary)
     out += ["", "## Goals", ""] + goal_table(doc["goals"])
     out += ["", "## JIT and instrumentation cost", ""] + jit_tables(doc.get("jit"), doc.get("modules", []))

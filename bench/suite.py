@@ -46,10 +46,11 @@ sys.path[:0] = [str(ROOT), str(BENCH)]
 
 import bench_jit  # noqa: E402
 import bench_shim  # noqa: E402
+import probe_check  # noqa: E402
 import results  # noqa: E402
 
 REPS, BUDGET_S = 10, 3.0
-DEADLINE_S = 420                      # the whole suite; what would start later is skipped
+DEADLINE_S = 480                      # the whole suite; what would start later is skipped
 # Every case on the same CPUs: the host-bound PyTorch steps varied 1.4-2.2 ms between unpinned processes
 # of the same program (2026-12-02), more than the shim's cost they were to show.
 CASE_CPUS = 4
@@ -60,6 +61,7 @@ WORKLOADS = {"vecadd": "cuda", "stencil": "cuda", "gemm": "cuda",
              "cupy": "python", "torch_eager": "python", "torch_compile": "python"}
 PROBES = {"entry_exit": "bench/probes/entry_exit", "mem_count": "bench/probes/mem_count",
           "mem_trace": "examples/access_trace"}
+WITNESS = "bench/probes/launch_threads"  # beside entry_exit in its witness run (bench/probe_check.py)
 SESSION_RE = re.compile(r"session kept in (\S+)")
 
 
@@ -99,10 +101,13 @@ def modes_for(name: str) -> list[str]:
     return ["plain", "shim", *PROBES, *(["torch_profiler"] if name.startswith("torch") else [])]
 
 
-def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path]) -> list[str]:
+def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path], witness: Path | None = None) -> list[str]:
+    """The case's command; with ``witness``, the launch-thread counter loaded after the mode's probe."""
     if mode in ("plain", "torch_profiler"):
         return workload_cmd(name, exe, profile=mode == "torch_profiler")
-    return [*egpu_run(), "--keep", *(["-p", str(probes[mode])] if mode in probes else []), *workload_cmd(name, exe)]
+    loaded = [probes[mode]] if mode in probes else []
+    return [*egpu_run(), "--keep", *[a for p in loaded + ([witness] if witness else []) for a in ("-p", str(p))],
+            *workload_cmd(name, exe)]
 
 
 def run_case(cmd: list[str], env: dict[str, str], timeout: float, cpus: set[int] | None = None) -> dict[str, Any]:
@@ -142,8 +147,9 @@ def dump_facts(session: Path) -> dict[str, Any]:
 
 
 def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per module its load's timings, the ring records kept and dropped, and the shim's counters summed
-    over the processes (python_calls against launches says whether a hook went into Python often)."""
+    """Per module its load's timings, the ring records kept and dropped, the shim's counters summed
+    over the processes (python_calls against launches says whether a hook went into Python often), and
+    the probes' array maps (what probe_check reads)."""
     modules, records, drops = [], 0, 0
     stats: dict[str, int] = {}
     for d in docs:
@@ -160,7 +166,8 @@ def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
                 if "records" in storage and "drops" in storage:
                     records += len(storage["records"])
                     drops += storage["drops"]
-    return {"modules": modules, "trace": {"records": records, "drops": drops}, "shim_stats": stats}
+    return {"modules": modules, "trace": {"records": records, "drops": drops}, "shim_stats": stats,
+            "counts": probe_check.counts_from_dumps(docs)}
 
 
 def hot_swap(work: Path, env: dict[str, str], probes: dict[str, Path], seconds: float) -> dict[str, Any]:
@@ -249,6 +256,7 @@ def main() -> None:
         env = base_env(work)
         exe = build_kernels(work)
         probes = {m: bench_jit.probe_object(src, bench_jit.prebuilt_dir(), work) for m, src in PROBES.items()}
+        witness = bench_jit.probe_object(WITNESS, bench_jit.prebuilt_dir(), work)
         print("suite: JIT cost", flush=True)
         doc["jit"] = guarded("bench_jit", bench_jit.measure, work)
         subprocess.run([*egpu_run(), "true"], env=env, cwd=ROOT, capture_output=True)  # builds a stale shim, untimed
@@ -268,6 +276,9 @@ def main() -> None:
                 # nvcc programs load eagerly: the instrumented image's JIT falls inside the load the dump times
                 case_env = {**env, "CUDA_MODULE_LOADING": "EAGER"} if kind == "cuda" else env
                 rec = run_case(case_cmd(name, mode, exe, probes), case_env, min(TIMEOUT_S[kind], left()), cpus)
+                if mode == "entry_exit" and rec["status"] == "ok" and left() > 30:
+                    rec["check_run"] = run_case(case_cmd(name, mode, exe, probes, witness), case_env,
+                                                min(TIMEOUT_S[kind], left()), cpus)
                 cases[name][mode] = rec
                 print(f"suite: {name:>13} {mode:>14}: {rec['status']:>7} {len(rec['unit_ms']):2d} reps "
                       f"median {statistics.median(rec['unit_ms']) * 1e3 if rec['unit_ms'] else float('nan'):10.1f} us/unit "

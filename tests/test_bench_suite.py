@@ -23,18 +23,28 @@ def case(reps, digest="d", status="ok", **extra):
             "digest": digest, "wall_s": 1.0, **extra}
 
 
+def entry_exit(reps, entries, threads=None, digest="d", dropped=0, **extra):
+    """An entry_exit record whose probe counted ``entries`` entries and exits, with its witness run
+    (entries again, ``threads`` launched by 10 launches); ``threads=None``: no witness run."""
+    rec = case(reps, digest, counts=[[[entries, entries]]], **extra)
+    if threads is not None:
+        rec["check_run"] = case([1.0] * 3, digest, counts=[[[entries, entries]], [[threads, 10]]],
+                                shim_stats={"dropped": dropped})
+    return rec
+
+
 def fake_cases():
     return {
         "vecadd": {"plain": case([10, 11, 9, 10, 10, 10, 12, 10, 10, 10]),
                    "shim": case([10.1] * 10),
-                   "entry_exit": case([10.2] * 10),
-                   "mem_count": case([12.0] * 10),
-                   "mem_trace": case([50.0, 52.0, 48.0], trace={"records": 200, "drops": 800})},
+                   "entry_exit": entry_exit([10.2] * 10, 1000, 1000),
+                   "mem_count": case([12.0] * 10, counts=[[[600, 400]]], units=100),
+                   "mem_trace": case([50.0, 52.0, 48.0], trace={"records": 200, "drops": 800}, units=100)},
         "torch_eager": {"plain": case([20.0] * 10, digest="x"),
-                        "shim": case([20.0] * 10, digest="x"),
-                        "entry_exit": case([20.4] * 10, digest="y"),
+                        "shim": case([20.0] * 10, digest="y"),
+                        "entry_exit": entry_exit([20.4] * 10, 5000, 5000, digest="x"),
                         "mem_count": case([], digest=None, status="timeout"),
-                        "mem_trace": case([30.0] * 10, digest="x"),
+                        "mem_trace": case([30.0] * 10, digest="x", trace={"records": 7, "drops": 0}, units=3),
                         "torch_profiler": case([25.0] * 10, digest="x")},
     }
 
@@ -63,13 +73,14 @@ def fake_doc():
 
 
 @pytest.mark.parametrize("stdout, want", [
-    ("BENCH_WARMUP 120.5\nBENCH_REP 50.0 100\nBENCH_REP 51.5 50\nBENCH_DONE abc\n",
-     {"warmup_ms": 120.5, "reps": [[50.0, 100], [51.5, 50]], "unit_ms": [0.5, 1.03], "digest": "abc"}),
+    ("BENCH_WARMUP 120.5\nBENCH_REP 50.0 100\nBENCH_REP 51.5 50\nBENCH_UNITS 158\nBENCH_DONE abc\n",
+     {"warmup_ms": 120.5, "reps": [[50.0, 100], [51.5, 50]], "unit_ms": [0.5, 1.03], "units": 158, "digest": "abc"}),
     # egpu-run's maps around the program's lines, a run cut short (no DONE), units left out
     ("@calls[0]: 12\nBENCH_WARMUP 1\n  BENCH_REP 2.5\nkernel vecadd\n",
-     {"warmup_ms": 1.0, "reps": [[2.5, 1]], "unit_ms": [2.5], "digest": None}),
-    ("BENCH_REP oops\nBENCH_REP 3 x\nBENCH_REP 3 0\n", {"warmup_ms": None, "reps": [[3.0, 0]], "unit_ms": [], "digest": None}),
-    ("", {"warmup_ms": None, "reps": [], "unit_ms": [], "digest": None}),
+     {"warmup_ms": 1.0, "reps": [[2.5, 1]], "unit_ms": [2.5], "units": None, "digest": None}),
+    ("BENCH_REP oops\nBENCH_REP 3 x\nBENCH_REP 3 0\nBENCH_UNITS x\n",
+     {"warmup_ms": None, "reps": [[3.0, 0]], "unit_ms": [], "units": None, "digest": None}),
+    ("", {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None}),
 ])
 def test_parse_output(stdout, want):
     assert results.parse_output(stdout) == want
@@ -82,9 +93,82 @@ def test_summarize_ratios_and_outputs():
     assert s["vecadd"]["mem_count"]["ratio"] == pytest.approx(1.2)
     assert s["vecadd"]["mem_trace"]["n"] == 3 and s["vecadd"]["mem_trace"]["ratio"] == pytest.approx(5.0)
     assert s["vecadd"]["mem_trace"]["ratio_min"] == pytest.approx(48 / 9)
-    assert s["torch_eager"]["entry_exit"]["same_output"] is False
-    assert s["torch_eager"]["shim"]["same_output"] is True
+    assert s["torch_eager"]["shim"]["same_output"] is False
+    assert s["torch_eager"]["entry_exit"]["same_output"] is True
+    assert all(s[w][m]["probe_checked"] for w, m in [("vecadd", "entry_exit"), ("vecadd", "mem_count"),
+                                                      ("vecadd", "mem_trace"), ("torch_eager", "entry_exit"),
+                                                      ("torch_eager", "mem_trace")])
     assert "ratio" not in s["torch_eager"]["mem_count"] and s["torch_eager"]["mem_count"]["status"] == "timeout"
+
+
+probe_check = importlib.import_module("probe_check")
+
+
+def mem(mode, n, units, records=None, **extra):
+    """A mem_count (``n`` accesses) or mem_trace (``n`` records + drops, ``records`` kept) record."""
+    if mode == "mem_count":
+        return case([1.0] * 10, counts=[[[n - n // 2, n // 2]]], units=units, **extra)
+    kept = n if records is None else records
+    return case([1.0] * 10, trace={"records": kept, "drops": n - kept}, units=units, **extra)
+
+
+@pytest.mark.parametrize("workload, mode, rec, others, why", [
+    ("vecadd", "entry_exit", entry_exit([1.0], 0, 0), {}, "run: the probe never ran (0 entries)"),
+    ("vecadd", "entry_exit", case([1.0], counts=[[[5, 4]]]), {}, "run: 5 entries but 4 exits"),
+    ("vecadd", "entry_exit", case([1.0]), {}, "run: no entry/exit counts in the exit dump"),
+    ("vecadd", "entry_exit", entry_exit([1.0], 5), {}, "no witness run (entry_exit with bench/probes/launch_threads)"),
+    ("vecadd", "entry_exit", entry_exit([1.0], 5, 8), {}, "witness run: 5 entries for 8 launched threads (10 launches)"),
+    ("vecadd", "entry_exit", entry_exit([1.0], 5, 5, dropped=3), {},
+     "witness run: 3 launch records dropped, the launched threads are not all known"),
+    ("vecadd", "entry_exit", entry_exit([1.0], 5, 5, digest="other"), {}, "run: output other differs from the uninstrumented d"),
+    ("vecadd", "entry_exit", case([1.0], digest=None), {}, "run: no output digest to compare"),
+    ("vecadd", "entry_exit", case([], status="timeout", error="exit -9: "), {}, "run: timeout (exit -9: )"),
+    ("vecadd", "mem_count", mem("mem_count", 0, 10), {}, "the probe never ran (0 accesses)"),
+    ("vecadd", "mem_count", mem("mem_count", 31, 10), {}, "31 accesses over 10 units is not the same number every unit"),
+    ("vecadd", "mem_count", mem("mem_count", 30, None), {}, "no unit count (BENCH_UNITS) to divide the accesses by"),
+    ("vecadd", "mem_count", mem("mem_count", 30, 10), {"mem_trace": mem("mem_trace", 40, 10, records=1)},
+     "3 accesses per unit, mem_trace saw 4"),
+    ("vecadd", "mem_trace", mem("mem_trace", 40, 10, records=1), {"mem_count": mem("mem_count", 30, 10)},
+     "4 accesses per unit, mem_count saw 3"),
+    ("vecadd", "mem_trace", mem("mem_trace", 40, 10, records=0), {}, "no trace record delivered (40 dropped)"),
+    ("vecadd", "mem_trace", case([1.0]), {}, "no trace in the exit dump"),
+    # not deterministic: counts need only be there
+    ("cupy", "mem_count", mem("mem_count", 31, 10), {"mem_trace": mem("mem_trace", 40, 10)}, None),
+    ("torch_eager", "mem_trace", mem("mem_trace", 7, None, records=2), {}, None),
+    # a timed-out partner is no witness either way
+    ("vecadd", "mem_count", mem("mem_count", 30, 10), {"mem_trace": mem("mem_trace", 40, 10, status="timeout")}, None),
+    ("vecadd", "entry_exit", entry_exit([1.0], 5, 5), {}, None),
+])
+def test_probe_check(workload, mode, rec, others, why):
+    assert probe_check.check_cell(workload, mode, {"plain": case([1.0]), mode: rec, **others}) == why
+
+
+def test_a_cell_that_fails_its_probe_check_has_no_ratio_and_no_goal():
+    """An entry/exit counter that never ran reads 1.00x; that ratio is kept aside, the cell and the goal
+    say why."""
+    cases = fake_cases()
+    cases["vecadd"]["entry_exit"] = entry_exit([10.0] * 10, 0, 1000)
+    summary = results.summarize(cases)
+    cell = summary["vecadd"]["entry_exit"]
+    assert "ratio" not in cell and cell["unchecked_ratio"] == pytest.approx(1.0)
+    assert (cell["probe_checked"], cell["probe_check"]) == (False, "run: the probe never ran (0 entries)")
+    assert results.cell(cell) == "probe check failed"
+    row = next(r for r in results.goals(summary, None, None) if r["goal"] == "entry/exit counter")
+    assert row["status"] == "not measured everywhere" and row["where"] == "torch_eager"
+    assert row["scope"] == "worst of 1 probe-checked workloads, 1 met; no ratio: vecadd"
+    assert "vecadd / entry_exit: probe check failed, no ratio: run: the probe never ran (0 entries)" in \
+        results.notes({"summary": summary, "cases": cases})
+    assert "probe_checked" not in summary["vecadd"]["shim"]
+
+
+def test_counts_from_dumps_sum_arrays_over_processes_and_sms():
+    u64 = lambda n: n.to_bytes(8, "little")  # noqa: E731
+    docs = [{"probes": [{"maps": [{"values": [u64(3), u64(4)]}, {"records": [b"x"], "drops": 0}]},
+                        {"maps": [{"per_cpu": [[0, [u64(1)]], [5, [u64(2)]]]}]}]},
+            {"probes": [{"maps": [{"values": [u64(10), u64(20)]}, {"records": [], "drops": 1}]},
+                        {"maps": [{"per_cpu": [[1, [u64(7)]]]}]}]},
+            {"probes": []}]
+    assert probe_check.counts_from_dumps(docs) == [[[13, 24], None], [[10]]]
 
 
 def test_summarize_without_plain_gives_no_ratio():
@@ -129,7 +213,7 @@ def test_markdown_report():
     header = next(ln for ln in lines if ln.startswith("| workload | uninstrumented"))
     assert header.count("|") == 8  # workload + six modes (torch_profiler appears: torch_eager has it)
     assert "| vecadd | 10000.0 µs / launch | 1.01x | 1.02x | 1.20x | 5.00x (n=3) | — |" in lines
-    assert "| torch_eager | 20000.0 µs / training step | 1.00x | 1.02x † | timeout | 1.50x | 1.25x |" in lines
+    assert "| torch_eager | 20000.0 µs / training step | 1.00x † | 1.02x | timeout | 1.50x | 1.25x |" in lines
     assert any(ln.startswith("| full memory trace | ≤ 2.0x | 5.000x | vecadd") and ln.endswith("missed by 150% |")
                for ln in lines)
     assert any(ln.startswith("| JIT of a 1,000-instruction kernel | < 100 ms | 151.0 ms") and "missed by 51.0 ms" in ln
@@ -141,7 +225,7 @@ def test_markdown_report():
     assert "| mem_count | 3.0 ms | 8.0 ms | 140.0 ms | 151.0 ms | 9459 |" in lines
     assert "kept 200 of 1,000 records (20.0%)" in md
     assert "torch_eager / mem_count: timeout" in md
-    assert "torch_eager / entry_exit: the output differs" in md
+    assert "torch_eager / shim: the output differs" in md
     for p in results.PUBLISHED:
         assert p["source"] in md
     # every table row has as many cells as its header
@@ -215,7 +299,8 @@ def test_facts_from_dumps(suite):
     assert suite.facts_from_dumps(docs) == {
         "modules": [{"image": "fatbin compute_90", "status": "instrumented", "probes_ms": 4.0, "kernels": 1,
                      "rewrite_ms": 2.0, "driver_ms": 9.0}],
-        "trace": {"records": 3, "drops": 6}, "shim_stats": {"launches": 15, "python_calls": 5}}
+        "trace": {"records": 3, "drops": 6}, "shim_stats": {"launches": 15, "python_calls": 5},
+        "counts": [[[0], None]]}
 
 
 @pytest.mark.parametrize("name, modes", [
@@ -301,8 +386,12 @@ def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
     monkeypatch.setattr(suite, "meta", lambda: {"gpu": "stand-in"})
 
     def fake_run(cmd, env, timeout, cpus=None):
-        slow = 3.0 if any(a.endswith("access_trace.bpf.o") for a in cmd) else 1.0
-        return {**case([10.0 * slow] * 10), **({"trace": {"records": 5, "drops": 5}} if slow > 1 else {}),
+        """A run whose probes counted as a checked run must: 10 units, 2 threads and 3 accesses each."""
+        probes = [Path(a).name.split(".")[0] for a in cmd if a.endswith(".bpf.o")]
+        slow = 3.0 if "access_trace" in probes else 1.0
+        counts = {"entry_exit": [[20, 20]], "mem_count": [[10, 20]], "launch_threads": [[20, 10]]}
+        return {**case([10.0 * slow] * 10), **({"trace": {"records": 5, "drops": 25}} if slow > 1 else {}),
+                "units": 10, "counts": [counts.get(p, [None]) for p in probes], "shim_stats": {"dropped": 0},
                 "modules": [{"image": "ptx", "kernels": 3, "rewrite_ms": 1.0}] if "--keep" in cmd else []}
     monkeypatch.setattr(suite, "run_case", fake_run)
     monkeypatch.setattr(suite.sys, "argv", ["suite.py", str(tmp_path)])
@@ -312,7 +401,9 @@ def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
     assert doc["summary"]["gemm"]["mem_trace"]["ratio"] == pytest.approx(3.0)
     assert "torch_profiler" in doc["summary"]["torch_eager"] and "torch_profiler" not in doc["summary"]["cupy"]
     assert doc["hot_swap"]["skipped"].startswith("hot swap: RuntimeError: no egpu attach here")
-    assert doc["trace"]["vecadd"] == {"records": 5, "drops": 5}
+    assert doc["trace"]["vecadd"] == {"records": 5, "drops": 25}
+    assert all(doc["summary"][w][m]["probe_checked"] for w in suite.WORKLOADS for m in suite.PROBES)
+    assert doc["cases"]["gemm"]["entry_exit"]["check_run"]["counts"][1] == [[20, 10]]
     assert len(doc["modules"]) == 6 * 4  # shim, entry_exit, mem_count, mem_trace per workload
     md = (tmp_path / "suite.md").read_text()
     assert "| full memory trace | ≤ 2.0x | 3.000x |" in md and "Skipped: hot swap" in md
