@@ -144,6 +144,23 @@ def _memory(workload: str, mode: str, modes: dict[str, dict[str, Any]]) -> str |
     return None
 
 
+def check_counter(rec: dict[str, Any], plain: dict[str, Any], threads_per_unit: int | None) -> str | None:
+    """For a workload whose threads per unit are known (bench_counters' vecadd): the output is plain's
+    and, unless ``threads_per_unit`` is None (a probe that counts nothing), entries == exits == units x
+    threads."""
+    why = _same_output(rec, plain, "run")
+    if why or threads_per_unit is None:
+        return why
+    entries, why = _entries(rec, "run")
+    if why:
+        return why
+    if not rec.get("units"):
+        return "run: no unit count (BENCH_UNITS)"
+    if entries != rec["units"] * threads_per_unit:
+        return f"run: {entries:,} entries for {rec['units']:,} launches of {threads_per_unit:,} threads"
+    return None
+
+
 def check_cell(workload: str, mode: str, modes: dict[str, dict[str, Any]]) -> str | None:
     """Why ``modes[mode]`` (a probe mode's raw record; ``modes`` all of the workload's) does not prove
     its probe ran as often as it must with the uninstrumented output, or None when it does."""

@@ -161,6 +161,20 @@ def test_a_cell_that_fails_its_probe_check_has_no_ratio_and_no_goal():
     assert "probe_checked" not in summary["vecadd"]["shim"]
 
 
+def test_counter_bench_reports_a_counter_that_missed_threads_as_failed():
+    bench_counters = importlib.import_module("bench_counters")
+    n = bench_counters.VECADD_THREADS
+    runs = {"plain": case([2.0] * 10), "empty": case([3.0] * 10),
+            "array": case([4.0] * 10, counts=[[[10 * n, 10 * n]]], units=10),
+            "percpu": case([4.0] * 10, counts=[[[10 * n - 32, 10 * n - 32]]], units=10),
+            "one_copy": case([4.0] * 10, digest="e", counts=[[[10 * n, 10 * n]]], units=10)}
+    doc = bench_counters.summarize(runs)
+    assert doc["empty"]["ratio"] == 1.5 and doc["array"]["ratio"] == 2.0 and doc["array"]["probe_checked"]
+    assert doc["percpu"]["ratio"] is None and doc["percpu"]["status"] == "failed"
+    assert doc["percpu"]["probe_check"] == f"run: {10 * n - 32:,} entries for 10 launches of {n:,} threads"
+    assert doc["one_copy"]["probe_check"] == "run: output e differs from the uninstrumented d"
+
+
 def test_counts_from_dumps_sum_arrays_over_processes_and_sms():
     u64 = lambda n: n.to_bytes(8, "little")  # noqa: E731
     docs = [{"probes": [{"maps": [{"values": [u64(3), u64(4)]}, {"records": [b"x"], "drops": 0}]},
