@@ -1,6 +1,8 @@
-"""egpu's benchmark suite, in one run on the GPU machine: ``python3 bench/suite.py [OUT_DIR]`` (default
+"""egpu's benchmark suite on the GPU machine: ``python3 bench/suite.py [OUT_DIR [PART...]]`` (default
 $OUT, else the current directory) writes OUT_DIR/suite.json and OUT_DIR/suite.md; bench/plots.py draws
-the JSON. Needs nvcc, the shim's build tools and the probes prebuilt by scripts/gpu-prep.sh
+the JSON. PARTs are workload names and "parts" (JIT, shim per launch, hot swap); none: all. Everything
+takes longer than one 10-minute device call, so run it as two: ``suite.py OUT parts vecadd stencil gemm
+cupy torch_compile`` and ``suite.py OUT2 torch_eager`` (its paired rounds alone take about 6 minutes). Needs nvcc, the shim's build tools and the probes prebuilt by scripts/gpu-prep.sh
 (EGPU_PREBUILT_PROBES or .gpubuild/probes; the GPU machine has no clang); PyTorch, Triton and CuPy for
 their workloads (a workload that cannot run is reported as failed, the rest go on).
 
@@ -18,6 +20,11 @@ up), so process start-up, compilation and the JIT stay out of the ratios, which 
     mem_count       egpu-run -p bench/probes/mem_count (a counter bumped by every global access)
     mem_trace       egpu-run -p examples/access_trace (a 72-byte ring-buffer record per global access)
     torch_profiler  uninstrumented inside torch.profiler (CUPTI), PyTorch workloads only
+
+Host-bound workloads (HOST_BOUND: the eager PyTorch step, whose processes differ by 10-20%) run in
+PAIRS interleaved rounds of PAIRED_MODES on the same pinned CPUs, each mode's ratio the median of the
+per-round ratios to that round's plain run, with their spread (bench/paired.py); their other modes run
+once, and one pair judges no goal. A cell's first round is its record (the probe check reads it).
 
 Also measured: the JIT cost of a 1,100-instruction kernel (bench_jit.py) and per module in the runs
 above (the runtime's exit dump), the shim's cost per launch (bench_shim.py: plain and shim
@@ -46,6 +53,7 @@ sys.path[:0] = [str(ROOT), str(BENCH)]
 
 import bench_jit  # noqa: E402
 import bench_shim  # noqa: E402
+import paired  # noqa: E402
 import probe_check  # noqa: E402
 import results  # noqa: E402
 
@@ -56,6 +64,8 @@ DEADLINE_S = 480                      # the whole suite; what would start later 
 CASE_CPUS = 4
 TIMEOUT_S = {"cuda": 60, "python": 150}
 SHIM_LAUNCHES, SHIM_RUNS = 100_000, 11
+HOST_BOUND, PAIRS = frozenset({"torch_eager"}), paired.MIN_PAIRS
+PAIRED_MODES = ("plain", "shim", "entry_exit")  # the goals a host-bound step can decide; ~12 s a process
 SWAP_CYCLES = 10
 WORKLOADS = {"vecadd": "cuda", "stencil": "cuda", "gemm": "cuda",
              "cupy": "python", "torch_eager": "python", "torch_compile": "python"}
@@ -245,12 +255,33 @@ def meta() -> dict[str, Any]:
             "commit": commit[:12], "reps": REPS, "budget_s": BUDGET_S}
 
 
+def rounds_of(name: str) -> list[list[str]]:
+    """The modes each round of a workload runs: every mode once, host-bound ones PAIRS rounds of
+    PAIRED_MODES (the first round runs the others too)."""
+    modes = modes_for(name)
+    if name not in HOST_BOUND:
+        return [modes]
+    return [modes] + [[m for m in modes if m in PAIRED_MODES]] * (PAIRS - 1)
+
+
+def selected(argv: list[str]) -> tuple[list[str], bool]:
+    """The workloads and whether the parts (JIT, shim, hot swap) run, from the command line's PARTs."""
+    unknown = [a for a in argv if a != "parts" and a not in WORKLOADS]
+    if unknown:
+        raise SystemExit(f"suite.py: unknown part {unknown[0]!r} (workloads: {', '.join(WORKLOADS)}, or parts)")
+    if not argv:
+        return list(WORKLOADS), True
+    return [w for w in WORKLOADS if w in argv], "parts" in argv
+
+
 def main() -> None:
     out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "."))
+    workloads, parts = selected(sys.argv[2:])
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     left = lambda: DEADLINE_S - (time.monotonic() - start)  # noqa: E731
     doc: dict[str, Any] = {"meta": meta(), "notes": []}
+    not_run = {"skipped": "not selected on the command line"}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         env = base_env(work)
@@ -258,32 +289,38 @@ def main() -> None:
         probes = {m: bench_jit.probe_object(src, bench_jit.prebuilt_dir(), work) for m, src in PROBES.items()}
         witness = bench_jit.probe_object(WITNESS, bench_jit.prebuilt_dir(), work)
         print("suite: JIT cost", flush=True)
-        doc["jit"] = guarded("bench_jit", bench_jit.measure, work)
+        doc["jit"] = guarded("bench_jit", bench_jit.measure, work) if parts else not_run
         subprocess.run([*egpu_run(), "true"], env=env, cwd=ROOT, capture_output=True)  # builds a stale shim, untimed
         print("suite: shim per launch", flush=True)
-        doc["shim"] = guarded("bench_shim", bench_shim.measure, work, SHIM_LAUNCHES, SHIM_RUNS, ("plain", "shim"))
+        doc["shim"] = (guarded("bench_shim", bench_shim.measure, work, SHIM_LAUNCHES, SHIM_RUNS, ("plain", "shim"))
+                       if parts else not_run)
         print("suite: hot swap", flush=True)
-        doc["hot_swap"] = guarded("hot swap", hot_swap, work, env, probes, 20.0)
+        doc["hot_swap"] = guarded("hot swap", hot_swap, work, env, probes, 20.0) if parts else not_run
         cases: dict[str, dict[str, dict[str, Any]]] = {}
         cpus = bench_shim.pick_cpus(CASE_CPUS)
         doc["meta"]["cpus"] = sorted(cpus or ())
-        for name, kind in WORKLOADS.items():
+        for name in workloads:
+            kind = WORKLOADS[name]
             cases[name] = {}
-            for mode in modes_for(name):
-                if left() < 30:
-                    cases[name][mode] = {"status": "skipped (time budget)", "reps": [], "unit_ms": []}
-                    continue
-                # nvcc programs load eagerly: the instrumented image's JIT falls inside the load the dump times
-                case_env = {**env, "CUDA_MODULE_LOADING": "EAGER"} if kind == "cuda" else env
-                rec = run_case(case_cmd(name, mode, exe, probes), case_env, min(TIMEOUT_S[kind], left()), cpus)
-                if mode == "entry_exit" and rec["status"] == "ok" and left() > 30:
-                    rec["check_run"] = run_case(case_cmd(name, mode, exe, probes, witness), case_env,
-                                                min(TIMEOUT_S[kind], left()), cpus)
-                cases[name][mode] = rec
-                print(f"suite: {name:>13} {mode:>14}: {rec['status']:>7} {len(rec['unit_ms']):2d} reps "
-                      f"median {statistics.median(rec['unit_ms']) * 1e3 if rec['unit_ms'] else float('nan'):10.1f} us/unit "
-                      f"({rec['wall_s']:.1f} s)" + (f"  {rec.get('error', '')}" if rec["status"] != "ok" else ""),
-                      flush=True)
+            for i, modes in enumerate(rounds_of(name)):
+                for mode in modes:
+                    if left() < 30:
+                        cases[name].setdefault(mode, {"status": "skipped (time budget)", "reps": [], "unit_ms": []})
+                        continue
+                    # nvcc programs load eagerly: the instrumented image's JIT falls inside the load the dump times
+                    case_env = {**env, "CUDA_MODULE_LOADING": "EAGER"} if kind == "cuda" else env
+                    rec = run_case(case_cmd(name, mode, exe, probes), case_env, min(TIMEOUT_S[kind], left()), cpus)
+                    if i == 0 and mode == "entry_exit" and rec["status"] == "ok" and left() > 30:
+                        rec["check_run"] = run_case(case_cmd(name, mode, exe, probes, witness), case_env,
+                                                    min(TIMEOUT_S[kind], left()), cpus)
+                    first = cases[name].setdefault(mode, rec)
+                    if name in HOST_BOUND and mode in PAIRED_MODES:  # this round's median, None for a lost process
+                        first.setdefault("rounds_ms", []).append(
+                            statistics.median(rec["unit_ms"]) if rec["status"] == "ok" and rec["unit_ms"] else None)
+                    print(f"suite: {name:>13} {mode:>14} round {i}: {rec['status']:>7} {len(rec['unit_ms']):2d} reps "
+                          f"median {statistics.median(rec['unit_ms']) * 1e3 if rec['unit_ms'] else float('nan'):10.1f} us/unit "
+                          f"({rec['wall_s']:.1f} s)" + (f"  {rec.get('error', '')}" if rec["status"] != "ok" else ""),
+                          flush=True)
         doc["cases"] = cases
         doc["summary"] = results.summarize(cases)
         doc["modules"] = [{"workload": w, "mode": m, **mod} for w, ms in cases.items() for m, r in ms.items()
