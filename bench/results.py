@@ -341,7 +341,7 @@ def trace_lines(summary_trace: dict[str, dict[str, int]]) -> list[str]:
     return lines + [""]
 
 
-META_SHOWN = ("gpu", "driver", "date", "commit", "total_s", "cpus")
+META_SHOWN = ("gpu", "driver", "date", "commit", "dirty", "log", "total_s", "cpus")
 
 
 def markdown(doc: dict[str, Any]) -> str:

@@ -55,6 +55,7 @@ import bench_jit  # noqa: E402
 import bench_shim  # noqa: E402
 import paired  # noqa: E402
 import probe_check  # noqa: E402
+import provenance  # noqa: E402
 import results  # noqa: E402
 
 REPS, BUDGET_S = 10, 3.0
@@ -242,17 +243,9 @@ def guarded(what: str, fn, *args) -> dict[str, Any]:
 
 
 def meta() -> dict[str, Any]:
-    def out(cmd: list[str]) -> str:
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=ROOT).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-    gpu = out(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]).split("\n")[0]
-    name, _, driver = gpu.partition(", ")
-    commit_file = ROOT / ".gpubuild" / "COMMIT"
-    commit = commit_file.read_text().split()[0] if commit_file.is_file() else out(["git", "rev-parse", "HEAD"])
-    return {"gpu": name, "driver": driver, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "commit": commit[:12], "reps": REPS, "budget_s": BUDGET_S}
+    """Where and what ran: bench/provenance.py's stamp (commit and dirty state of the files here, GPU,
+    driver, time, log) and the suite's settings."""
+    return {**provenance.stamp(), "reps": REPS, "budget_s": BUDGET_S}
 
 
 def rounds_of(name: str) -> list[list[str]]:

@@ -18,8 +18,9 @@ for src in srcs:
     for mcpu in ("v3", "v4"):
         compile_probe(src, Path(".gpubuild/probes") / f"{src.name.removesuffix('.bpf.c')}.{mcpu}.bpf.o", mcpu=mcpu)
 PY
-git rev-parse HEAD > .gpubuild/COMMIT
-git status --porcelain | grep -q . && echo "+dirty" >> .gpubuild/COMMIT || true
+# HEAD and its files' blob ids: the device hashes the files it received against them (bench/provenance.py)
+rm -f .gpubuild/COMMIT
+python3 bench/provenance.py manifest
 [ -d .whl ] || bash ../shared/tools/device-wheels.sh .whl >/dev/null
 # The image's numba needs numpy < 2.3 (the image has 2.5): a numpy for the numba test's processes only.
 [ -d .whl/numba ] || python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -579,3 +580,54 @@ def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, m
     doc = json.loads(out.read_text())
     assert doc["ratios"]["shim"]["pairs"] == 0 and doc["ratios"]["shim_ptx"]["pairs"] == 2
     assert doc["errors"] == ["round 0 shim: failed: exit 1: boom", "round 1 shim: failed: exit 1: boom"]
+
+
+provenance = importlib.import_module("provenance")
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                   capture_output=True)
+
+
+def test_provenance_verifies_the_files_the_device_received(tmp_path):
+    """The manifest is made where git is; the check runs on a copy with no .git, as on the device."""
+    repo, device = tmp_path / "repo", tmp_path / "device"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "a.py").write_text("a = 1\n")
+    (repo / "run.sh").write_text("echo hi\n")
+    (repo / "link").symlink_to("run.sh")
+    (repo / ".gitignore").write_text("/.gpubuild/\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "one")
+    tree = provenance.manifest(repo)
+    assert tree["blobs"]["src/a.py"] == subprocess.run(["git", "rev-parse", "HEAD:src/a.py"], cwd=repo,
+                                                       capture_output=True, text=True).stdout.strip()
+    shutil.copytree(repo, device, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    (device / ".gpubuild").mkdir()
+    (device / ".gpubuild" / "TREE").write_text(json.dumps(tree))
+    stamp = provenance.stamp(device)
+    assert (stamp["commit"], stamp["dirty"], stamp["log"]) == (tree["commit"], False, "gpu-test.log")
+    assert "differs" not in stamp and {"gpu", "driver", "date"} <= stamp.keys()
+    (device / "src" / "a.py").write_text("a = 2\n")
+    (device / "run.sh").unlink()
+    assert provenance.verify(device, tree) == {"commit": tree["commit"], "dirty": True,
+                                               "differs": {"count": 2, "files": ["run.sh", "src/a.py"]}}
+    # an untracked file that travels makes the tree dirty too
+    (repo / "notes.txt").write_text("x")
+    tree = provenance.manifest(repo)
+    shutil.copy(repo / "notes.txt", device / "notes.txt")
+    assert provenance.verify(device, tree)["differs"]["files"][-1] == "notes.txt"
+
+
+def test_provenance_without_a_manifest_and_annotating_results(tmp_path, capsys):
+    stamp = provenance.stamp(tmp_path)
+    assert stamp["commit"] == "unknown" and stamp["dirty"] is True and "gpu-prep.sh" in stamp["differs"]["why"]
+    good, bad = tmp_path / "r.json", tmp_path / "bad.json"
+    good.write_text('{"x": 1}')
+    bad.write_text("[1, 2]")
+    provenance.annotate(good, {"commit": "c"})
+    provenance.annotate(bad, {"commit": "c"})
+    assert json.loads(good.read_text()) == {"x": 1, "provenance": {"commit": "c"}}
+    assert bad.read_text() == "[1, 2]" and capsys.readouterr().err == f"{bad}: not annotated: not a JSON object\n"
