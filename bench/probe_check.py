@@ -73,10 +73,12 @@ def _same_output(rec: dict[str, Any], plain: dict[str, Any], what: str) -> str |
 
 
 def _entries(rec: dict[str, Any], what: str) -> tuple[int, str | None]:
+    """The entries the run's probe counted (slot 0 of its first array), and why they do not stand:
+    none, or exits (slot 1, when the probe has one) that differ."""
     calls = _first_array(rec)
-    if not calls or len(calls) < 2:
+    if not calls:
         return 0, f"{what}: no entry/exit counts in the exit dump"
-    entries, exits = calls[0], calls[1]
+    entries, exits = calls[0], calls[1] if len(calls) > 1 else calls[0]
     if entries == 0:
         return 0, f"{what}: the probe never ran (0 entries)"
     if entries != exits:
@@ -145,9 +147,9 @@ def _memory(workload: str, mode: str, modes: dict[str, dict[str, Any]]) -> str |
 
 
 def check_counter(rec: dict[str, Any], plain: dict[str, Any], threads_per_unit: int | None) -> str | None:
-    """For a workload whose threads per unit are known (bench_counters' vecadd): the output is plain's
-    and, unless ``threads_per_unit`` is None (a probe that counts nothing), entries == exits == units x
-    threads."""
+    """For a workload whose threads per unit are known (bench_counters' and bench_sass's vecadd): the
+    output is plain's and, unless ``threads_per_unit`` is None (a probe that counts nothing), entries
+    (== exits, for a probe that counts them) == units x threads."""
     why = _same_output(rec, plain, "run")
     if why or threads_per_unit is None:
         return why

@@ -523,33 +523,51 @@ def test_swap_latency_on_a_live_job(suite, stub_job, probe_obj, tmp_path):
         assert len(flip["runs"]) == 1 and 0 < flip["median"] <= trip["median"]
 
 
-@pytest.mark.parametrize("digests, ok", [({"plain": "d", "ptx": "d", "sass": "d"}, True),
-                                         ({"plain": "d", "ptx": "d", "sass": "x"}, False)])
-def test_sass_bench_times_each_back_end_inside_its_process(suite, tmp_path, monkeypatch, digests, ok):
-    """bench_sass.py's vecadd: one suite case per back end, the median per launch of each, ratios to plain;
-    back ends whose outputs differ are no result."""
+@pytest.mark.parametrize("digests, entries, checks", [
+    ({"plain": "d", "ptx": "d", "sass": "d"}, {"ptx": 10 << 24, "sass": 10 << 24}, {"ptx": None, "sass": None}),
+    ({"plain": "d", "ptx": "d", "sass": "x"}, {"ptx": 10 << 24, "sass": 10 << 24},
+     {"ptx": None, "sass": "run: output x differs from the uninstrumented d"}),
+    ({"plain": "d", "ptx": "d", "sass": "d"}, {"ptx": 10 << 24, "sass": 0},
+     {"ptx": None, "sass": "run: the probe never ran (0 entries)"}),
+])
+def test_sass_bench_times_each_back_end_inside_its_process(suite, tmp_path, monkeypatch, digests, entries, checks):
+    """bench_sass.py's vecadd: one suite case per back end, the median per launch of each, ratios to plain
+    only for back ends whose run proves the probe counted every thread with the plain output."""
     sass = importlib.import_module("bench_sass")
     ms = {"plain": 0.0625, "ptx": 0.125, "sass": 0.25}
     seen = []
 
     def fake_run(cmd, env, timeout):
         backend = cmd[cmd.index("--backend") + 1] if "--backend" in cmd else "plain"
-        seen.append((backend, cmd[-3:]))
-        return case([ms[backend]] * 5, digest=digests[backend])
+        seen.append((backend, cmd[-3:], "--keep" in cmd))
+        counts = {"counts": [[[entries[backend]]]], "units": 10} if backend != "plain" else {}
+        return case([ms[backend]] * 5, digest=digests[backend], **counts)
     monkeypatch.setattr(suite, "run_case", fake_run)
     monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: None)   # the nvcc build
     monkeypatch.setattr(sass.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1))  # no torch
     out = tmp_path / "sass.json"
     monkeypatch.setattr(sass.sys, "argv", ["bench_sass.py", str(out), str(tmp_path / "count.bpf.o")])
-    if not ok:
-        with pytest.raises(SystemExit, match="outputs differ"):
-            sass.main()
-        return
     sass.main()
     doc = json.loads(out.read_text())
-    assert doc["vecadd_us_per_launch"] == {"plain": 62.5, "ptx": 125.0, "sass": 250.0, "ptx_ratio": 2.0,
-                                           "sass_ratio": 4.0}
-    assert [b for b, _ in seen] == ["plain", "ptx", "sass"] and all(c[0] == "vecadd" for _, c in seen)
+    ratios = {"ptx_ratio": 2.0, "sass_ratio": 4.0}
+    assert doc["vecadd_us_per_launch"] == {"plain": 62.5, "ptx": 125.0, "sass": 250.0,
+                                           **{f"{b}_ratio": r for b, r in zip(("ptx", "sass"), ratios.values())
+                                              if checks[b] is None}}
+    assert doc["vecadd_probe_check"] == checks
+    assert [(b, keep) for b, _, keep in seen] == [("plain", False), ("ptx", True), ("sass", True)]
+    assert all(c[0] == "vecadd" for _, c, _ in seen)
+
+
+def test_sass_bench_checks_the_torch_step_against_launched_threads():
+    sass = importlib.import_module("bench_sass")
+    step = {"counts": [[[500]]]}
+    assert sass.torch_sass_check(step, {"counts": [[[500]], [[500, 7]]], "shim_stats": {"dropped": 0}}) is None
+    assert sass.torch_sass_check(step, {"counts": [[[400]], [[500, 7]]]}) == \
+        "witness run: 400 entries for 500 launched threads (7 launches)"
+    assert sass.torch_sass_check({"counts": [[[0]]]}, {}) == "run: the probe never ran (0 entries)"
+    assert sass.torch_sass_check(step, {"counts": [[[500]]]}) == "witness run: no counts in the exit dump"
+    assert sass.torch_sass_check(step, {"counts": [[[500]], [[500, 7]]], "shim_stats": {"dropped": 2}}) == \
+        "witness run: 2 launch records dropped"
 
 
 def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, monkeypatch):
