@@ -455,7 +455,12 @@ def test_alloc_bench_pairs_rounds_and_reads_the_goal_as_a_fraction(monkeypatch, 
     doc = bench_alloc.measure(tmp_path, pairs=10, runs=3)
     assert doc["cases"]["shim"]["pair_ns"]["added_runs"] == [3.0, 5.0, 5.0]
     assert doc["cases"]["shim"]["pair_ns"]["added_median"] == 5.0
-    assert doc["added_fraction"] == pytest.approx(5.0 / 1000.0) and doc["meets_goal"] is True
+    assert doc["added_fraction"] == pytest.approx(5.0 / 1000.0)
+    assert (doc["goal"], doc["meets_goal"]) == ("too few pairs (3)", False)
+    plain = iter([1000.0] * 10)
+    shim = iter([0.0] + [1005.0] * 9 + [1012.0])   # one round of ten at +1.2%
+    doc = bench_alloc.measure(tmp_path, pairs=10, runs=10)
+    assert doc["goal"] == "undecided" and doc["added_fraction_spread"] == [pytest.approx(0.005), pytest.approx(0.012)]
 
 
 def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
