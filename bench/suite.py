@@ -1,8 +1,9 @@
 """egpu's benchmark suite on the GPU machine: ``python3 bench/suite.py [OUT_DIR [PART...]]`` (default
 $OUT, else the current directory) writes OUT_DIR/suite.json and OUT_DIR/suite.md; bench/plots.py draws
-the JSON. PARTs are workload names and "parts" (JIT, shim per launch, hot swap); none: all. Everything
+the JSON. PARTs are workload names and "parts" (JIT, shim per launch, hot swap); none: all. All of it
 takes longer than one 10-minute device call, so run it as two: ``suite.py OUT parts vecadd stencil gemm
-cupy torch_compile`` and ``suite.py OUT2 torch_eager`` (its paired rounds alone take about 6 minutes). Needs nvcc, the shim's build tools and the probes prebuilt by scripts/gpu-prep.sh
+cupy torch_compile`` and ``suite.py OUT2 torch_eager`` (its paired rounds alone take about 6 minutes).
+Needs nvcc, the shim's build tools and the probes prebuilt by scripts/gpu-prep.sh
 (EGPU_PREBUILT_PROBES or .gpubuild/probes; the GPU machine has no clang); PyTorch, Triton and CuPy for
 their workloads (a workload that cannot run is reported as failed, the rest go on).
 
@@ -24,7 +25,7 @@ up), so process start-up, compilation and the JIT stay out of the ratios, which 
 Host-bound workloads (HOST_BOUND: the eager PyTorch step, whose processes differ by 10-20%) run in
 PAIRS interleaved rounds of PAIRED_MODES on the same pinned CPUs, each mode's ratio the median of the
 per-round ratios to that round's plain run, with their spread (bench/paired.py); their other modes run
-once, and one pair judges no goal. A cell's first round is its record (the probe check reads it).
+once, one pair, which decides no goal. A cell's first round is its record (the probe check reads it).
 
 Also measured: the JIT cost of a 1,100-instruction kernel (bench_jit.py) and per module in the runs
 above (the runtime's exit dump), the shim's cost per launch (bench_shim.py: plain and shim
@@ -307,7 +308,7 @@ def main() -> None:
                         rec["check_run"] = run_case(case_cmd(name, mode, exe, probes, witness), case_env,
                                                     min(TIMEOUT_S[kind], left()), cpus)
                     first = cases[name].setdefault(mode, rec)
-                    if name in HOST_BOUND and mode in PAIRED_MODES:  # this round's median, None for a lost process
+                    if name in HOST_BOUND:  # this round's median, None for a lost process
                         first.setdefault("rounds_ms", []).append(
                             statistics.median(rec["unit_ms"]) if rec["status"] == "ok" and rec["unit_ms"] else None)
                     print(f"suite: {name:>13} {mode:>14} round {i}: {rec['status']:>7} {len(rec['unit_ms']):2d} reps "

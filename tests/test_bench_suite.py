@@ -491,7 +491,10 @@ def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
     assert doc["trace"]["vecadd"] == {"records": 5, "drops": 25}
     assert all(doc["summary"][w][m]["probe_checked"] for w in suite.WORKLOADS for m in suite.PROBES)
     eager = doc["summary"]["torch_eager"]
-    assert eager["entry_exit"]["pairs"] == suite.PAIRS == 10 and eager["mem_count"]["pairs"] is None
+    assert eager["entry_exit"]["pairs"] == suite.PAIRS == 10 and eager["mem_count"]["pairs"] == 1
+    assert doc["summary"]["gemm"]["mem_count"]["pairs"] is None
+    mem = next(r for r in doc["goals"] if r["goal"] == "memory-access counter")
+    assert mem["status"] == "too few pairs (1)" and "too few pairs: torch_eager" in mem["scope"]
     assert len(doc["cases"]["torch_eager"]["shim"]["rounds_ms"]) == 10
     assert doc["cases"]["gemm"]["entry_exit"]["check_run"]["counts"][1] == [[20, 10]]
     assert len(doc["modules"]) == 6 * 4  # shim, entry_exit, mem_count, mem_trace per workload
