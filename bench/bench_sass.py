@@ -13,6 +13,13 @@ kernel-entry counter tests/probes/count.bpf.c, prebuilt by scripts/gpu-prep.sh).
   ``--backend sass`` (every kernel patched, the probe in each); with the shim, the launches and the
   shim's calls into Python per timed step too (``torch_shim_per_step``). A job with no probe at all is
   bench_torch_shim.py's, in pinned rounds: one unpinned process per mode cannot resolve it.
+
+A probed case's ratio counts only when its run proves the probe ran (bench/probe_check.py): vecadd,
+entries == launches x 16 Mi threads and the plain output; PyTorch under --backend sass, entries == the
+threads launched, as a second process with bench/probes/launch_threads beside the probe counts them
+(its per-launch cost stays out of the timed one). PyTorch ships no PTX, so under --backend ptx no
+kernel has the probe: that case is reported as the shim's cost, not a probe's ("ptx_probe_check").
+Otherwise the ratio is left out and the reason is given.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import probe_check  # noqa: E402
 import suite  # noqa: E402
 
 STEPS = 50
+VECADD_THREADS = 1 << 24
 BACKENDS = ("plain", "ptx", "sass")
 
 TORCH_STEP = r"""
@@ -71,27 +80,53 @@ if before:
 """
 
 
-def command(backend: str, probe: Path, cmd: list[str]) -> list[str]:
-    return cmd if backend == "plain" else suite.egpu_run() + ["--backend", backend, "-p", str(probe), *cmd]
+def command(backend: str, probe: Path, cmd: list[str], witness: Path | None = None) -> list[str]:
+    if backend == "plain":
+        return cmd
+    probes = [a for p in [probe, *([witness] if witness else [])] for a in ("-p", str(p))]
+    return suite.egpu_run() + ["--keep", "--backend", backend, *probes, *cmd]
 
 
-def vecadd_us(exe: Path, backend: str, probe: Path, env: dict[str, str]) -> tuple[float, str | None]:
-    """(median µs per launch, the output's digest) of the suite's vecadd under ``backend``."""
+def vecadd_run(exe: Path, backend: str, probe: Path, env: dict[str, str]) -> dict:
+    """The suite's record of vecadd under ``backend`` (counts from the dump when probed)."""
     rec = suite.run_case(command(backend, probe, suite.workload_cmd("vecadd", exe)), env, suite.TIMEOUT_S["cuda"])
     if rec["status"] != "ok":
         raise SystemExit(f"vecadd ({backend}): {rec['status']}: {rec.get('error', '')}")
-    return statistics.median(rec["unit_ms"]) * 1e3, rec["digest"]
+    return rec
 
 
-def torch_step(backend: str, probe: Path, env: dict[str, str], script: Path) -> tuple[float, list[float]]:
-    """(median µs per step, [launches, calls into Python] per timed step; empty without the shim)."""
-    cmd = command(backend, probe, [sys.executable, str(script)])
+def torch_step(backend: str, probe: Path, env: dict[str, str], script: Path, witness: Path | None = None) -> dict:
+    """{"us": median µs per step, "per_step": [launches, calls into Python] per timed step (empty
+    without the shim), "counts": the probes' arrays from the dump (probe_check.counts_from_dumps)}."""
+    cmd = command(backend, probe, [sys.executable, str(script)], witness)
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     found = {ln.split()[0]: [float(x) for x in ln.split()[1:]] for ln in out.stdout.splitlines()
              if ln.startswith(("STEP_US", "SHIM_PER_STEP"))}
     if out.returncode or "STEP_US" not in found:
         raise SystemExit(f"torch step ({backend}): exit {out.returncode}\n{out.stderr[-2000:]}")
-    return found["STEP_US"][0], found.get("SHIM_PER_STEP", [])
+    session = suite.SESSION_RE.search(out.stderr)
+    facts = suite.dump_facts(Path(session.group(1))) if session else {}
+    if session:
+        suite.shutil.rmtree(session.group(1), ignore_errors=True)
+    return {"us": found["STEP_US"][0], "per_step": found.get("SHIM_PER_STEP", []), "counts": facts.get("counts"),
+            "shim_stats": facts.get("shim_stats")}
+
+
+def torch_sass_check(step: dict, witness: dict) -> str | None:
+    """Why the sass back end's torch step does not prove its probe (an entry counter) ran in every
+    launched thread, from the witness process's counts; None when it does."""
+    timed = (step.get("counts") or [[None]])[0][0]
+    if not timed or not timed[0]:
+        return "run: the probe never ran (0 entries)"
+    counts = witness.get("counts") or []
+    if len(counts) < 2 or not counts[0][0] or not counts[1][0]:
+        return "witness run: no counts in the exit dump"
+    if (witness.get("shim_stats") or {}).get("dropped"):
+        return f"witness run: {witness['shim_stats']['dropped']:,} launch records dropped"
+    entries, (threads, launches) = counts[0][0][0], counts[1][0][:2]
+    if entries != threads:
+        return f"witness run: {entries:,} entries for {threads:,} launched threads ({launches:,} launches)"
+    return None
 
 
 def main() -> None:
@@ -101,30 +136,37 @@ def main() -> None:
     prebuilt = Path(os.environ.get("EGPU_PREBUILT_PROBES", ROOT / ".gpubuild" / "probes"))
     probe = Path(sys.argv[2]) if len(sys.argv) > 2 else prebuilt / "count.v3.bpf.o"
     result: dict[str, dict] = {}
+    witness = prebuilt / "launch_threads.v3.bpf.o"
+    result: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         env = suite.base_env(Path(tmp))
         exe = suite.build_kernels(Path(tmp))
-        runs = {b: vecadd_us(exe, b, probe, env) for b in BACKENDS}
-        if len({digest for _, digest in runs.values()}) != 1:
-            raise SystemExit(f"vecadd: the back ends' outputs differ: {runs}")
-        result["vecadd_us_per_launch"] = {b: us for b, (us, _) in runs.items()}
+        runs = {b: vecadd_run(exe, b, probe, env) for b in BACKENDS}
+        checks = {b: probe_check.check_counter(runs[b], runs["plain"], VECADD_THREADS) for b in BACKENDS[1:]}
+        result["vecadd_us_per_launch"] = {b: statistics.median(r["unit_ms"]) * 1e3 for b, r in runs.items()}
+        result["vecadd_probe_check"] = checks
         script = Path(tmp) / "step.py"
         script.write_text(TORCH_STEP.replace("STEPS", str(STEPS)))
         if subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
                           capture_output=True).returncode == 0:
             steps = {b: torch_step(b, probe, env, script) for b in BACKENDS}
-            result["torch_step_us"] = {b: us for b, (us, _) in steps.items()}
+            result["torch_step_us"] = {b: st["us"] for b, st in steps.items()}
+            result["torch_probe_check"] = {
+                "ptx": "no kernel has the probe (PyTorch ships no PTX): the shim's cost, not a probe's",
+                "sass": torch_sass_check(steps["sass"], torch_step("sass", probe, env, script, witness))}
             # what the shim's hooks did per step: a call into Python per launch would be the cost
-            result["torch_shim_per_step"] = {b: dict(zip(("launches", "python_calls"), per))
-                                             for b, (_, per) in steps.items() if per}
-    for case in ("vecadd_us_per_launch", "torch_step_us"):
+            result["torch_shim_per_step"] = {b: dict(zip(("launches", "python_calls"), st["per_step"]))
+                                             for b, st in steps.items() if st["per_step"]}
+    for case, check in (("vecadd_us_per_launch", "vecadd_probe_check"), ("torch_step_us", "torch_probe_check")):
         if case not in result:
             continue
         times = result[case]
-        times.update({f"{b}_ratio": round(times[b] / times["plain"], 3) for b in BACKENDS if b != "plain"})
+        times.update({f"{b}_ratio": round(times[b] / times["plain"], 3) for b in BACKENDS[1:]
+                      if result[check][b] is None})
         print(f"{case:24s} " + "  ".join(f"{b} {times[b]:10.1f}" for b in BACKENDS)
-              + f"   ptx x{times['ptx_ratio']}  sass x{times['sass_ratio']}")
-    out_path.write_text(json.dumps({"probe": str(probe), "vecadd_threads": 1 << 24, **result}, indent=1))
+              + "   " + "  ".join(f"{b} x{times[f'{b}_ratio']}" if f"{b}_ratio" in times else f"{b}: {result[check][b]}"
+                                  for b in BACKENDS[1:]))
+    out_path.write_text(json.dumps({"probe": str(probe), "vecadd_threads": VECADD_THREADS, **result}, indent=1))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ Noise: one process's number moves by several hundred ns between runs (CPU freque
 cache state), more than the effect measured. So the cases run round-robin (plain, shim, ..., plain,
 shim, ...) RUNS times, every process pinned to one CPU (sched_setaffinity, inherited by the job), and
 the cost of a case is the median over rounds of (case - plain) in the same round: drift between rounds
-cancels. The median and minimum of each case are reported too.
+cancels. Its spread (min..max over rounds) is reported with it, and a case meets the goal only when
+the whole spread does (bench/paired.py; RUNS >= paired.MIN_PAIRS). The median and minimum of each case
+are reported too.
 
 Pinned to one CPU, the launch probe cases measure the probe's work, not the launch path. So they run
 again pinned to two CPUs ("spare_cpu": the runtime's thread can run beside the loop, as on any machine
@@ -47,6 +49,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import paired  # noqa: E402
+
 RUNS = 11
 CASES = ("plain", "shim", "launch_probe", "launch_probe_vm", "durations", "events")
 GOAL_NS = 100.0
@@ -104,7 +110,8 @@ def _launches_counted(line: str) -> int | None:
 def summarize(rounds: list[dict[str, dict]], metrics: tuple[str, ...] = ("enqueue_ns", "wall_ns"),
               goal_ns: float = GOAL_NS) -> dict:
     """Per case: median and min of each metric over rounds, and (not for plain) the median of the
-    per-round differences to plain, with whether the first metric's meets ``goal_ns``."""
+    per-round differences to plain with their spread, and the first metric's verdict against
+    ``goal_ns`` (paired.verdict: met only when every round's difference is under it)."""
     cases = list(rounds[0])
     out: dict[str, dict] = {}
     for case in cases:
@@ -113,11 +120,13 @@ def summarize(rounds: list[dict[str, dict]], metrics: tuple[str, ...] = ("enqueu
             values = [r[case][metric] for r in rounds]
             row[metric] = {"median": statistics.median(values), "min": min(values), "runs": values}
             if case != "plain":
-                diffs = [r[case][metric] - r["plain"][metric] for r in rounds]
-                row[metric]["added_median"] = statistics.median(diffs)
-                row[metric]["added_runs"] = diffs
+                diffs = paired.differences([r["plain"][metric] for r in rounds], values)
+                row[metric].update(added_median=diffs["median"], added_min=diffs["min"], added_max=diffs["max"],
+                                   added_runs=diffs["values"])
         if case != "plain":
-            row["meets_goal"] = row[metrics[0]]["added_median"] < goal_ns
+            e = row[metrics[0]]
+            row["goal"] = paired.verdict({"min": e["added_min"], "max": e["added_max"], "pairs": len(rounds)}, goal_ns)
+            row["meets_goal"] = row["goal"] == "met"
         out[case] = row
     return out
 
@@ -164,8 +173,8 @@ def main() -> None:
     for title, cases in (("one CPU", doc["cases"]), ("two CPUs", doc.get("spare_cpu", {}).get("cases", {}))):
         for name, row in cases.items():
             e, w = row["enqueue_ns"], row["wall_ns"]
-            added = (f"   +{e['added_median']:7.1f} ns enqueue, +{w['added_median']:7.1f} ns wall"
-                     if name != "plain" else "")
+            added = (f"   +{e['added_median']:7.1f} ns enqueue ({e['added_min']:+.1f} .. {e['added_max']:+.1f}: "
+                     f"{row['goal']}), +{w['added_median']:7.1f} ns wall" if name != "plain" else "")
             print(f"{title:>8} {name:>15}: enqueue {e['median']:8.1f} (min {e['min']:8.1f}) ns/launch, "
                   f"wall {w['median']:8.1f}{added}")
     for case in SPARE_CPU_CASES[1:]:

@@ -1,13 +1,15 @@
 """What a job started with no probe (for a later ``egpu attach``) costs a host-bound PyTorch step.
 
-Usage (on the GPU machine): ``python3 bench/bench_torch_shim.py OUT.json [ROUNDS]`` (default 3).
+Usage (on the GPU machine): ``python3 bench/bench_torch_shim.py OUT.json [ROUNDS]`` (default
+paired.MIN_PAIRS, 10: about 6 minutes).
 
 The suite's torch_eager workload (bench/workloads/frameworks.py: a CNN training step of ~1.5 ms, 29
 launches, SASS-only kernels), timed inside each process by the suite's protocol, in rounds of three
 processes on the suite's pinned CPUs: plain, ``egpu-run`` with no probe (the default back end, auto:
 the Compute Sanitizer is subscribed, so a probe attached later can patch SASS-only kernels) and
 ``egpu-run --backend ptx`` (no sanitizer). Processes of one program vary by 10-20% here, so the
-ratios are per round (each against the plain run of its round), all kept.
+ratios are per round (each against the plain run of its round), all kept, summarized as their median
+and spread (bench/paired.py); a lost process loses its round's pair, not the run.
 """
 
 from __future__ import annotations
@@ -21,13 +23,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import paired  # noqa: E402
 import suite  # noqa: E402
+
+
+def summarize(us_per_step: dict[str, list[float | None]]) -> dict[str, dict]:
+    """Per mode other than plain: the per-round ratios to plain, their median and spread."""
+    plain = us_per_step["plain"]
+    return {m: paired.ratios(plain, ts) for m, ts in us_per_step.items() if m != "plain"}
 
 
 def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit(__doc__)
-    out_path, rounds = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    out_path, rounds = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else paired.MIN_PAIRS
     step = suite.workload_cmd("torch_eager", Path())
     run = [*suite.egpu_run(), "--keep"]   # kept sessions: run_case reads the shim's counters from the dumps
     modes = {"plain": step, "shim": [*run, *step], "shim_ptx": [*run, "--backend", "ptx", *step]}
@@ -35,19 +44,18 @@ def main() -> None:
         env = suite.base_env(Path(tmp))
         cpus = suite.bench_shim.pick_cpus(suite.CASE_CPUS)
         suite.subprocess.run([*suite.egpu_run(), "true"], env=env, cwd=ROOT, capture_output=True)  # the shim, built
-        doc: dict = {"cpus": sorted(cpus or ()), "us_per_step": {m: [] for m in modes}, "shim_stats": {}}
+        doc: dict = {"cpus": sorted(cpus or ()), "us_per_step": {m: [] for m in modes}, "shim_stats": {}, "errors": []}
         for i in range(rounds):
             for mode, cmd in modes.items():
                 rec = suite.run_case(cmd, env, suite.TIMEOUT_S["python"], cpus)
-                if rec["status"] != "ok":
-                    raise SystemExit(f"torch_eager ({mode}): {rec['status']}: {rec.get('error', '')}")
-                doc["us_per_step"][mode].append(round(statistics.median(rec["unit_ms"]) * 1e3, 1))
+                ok = rec["status"] == "ok" and rec["unit_ms"]
+                doc["us_per_step"][mode].append(round(statistics.median(rec["unit_ms"]) * 1e3, 1) if ok else None)
+                if not ok:
+                    doc["errors"].append(f"round {i} {mode}: {rec['status']}: {rec.get('error', '')}")
                 doc["shim_stats"].setdefault(mode, rec.get("shim_stats"))
-                print(f"round {i} {mode:>8}: {doc['us_per_step'][mode][-1]:8.1f} us/step", flush=True)
-    plain = doc["us_per_step"]["plain"]
-    doc["ratios"] = {m: [round(t / p, 3) for p, t in zip(plain, ts)] for m, ts in doc["us_per_step"].items()
-                     if m != "plain"}
-    print(json.dumps(doc["ratios"]))
+                print(f"round {i} {mode:>8}: {doc['us_per_step'][mode][-1]} us/step", flush=True)
+    doc["ratios"] = summarize(doc["us_per_step"])
+    print(json.dumps({m: {k: r.get(k) for k in ("pairs", "median", "min", "max")} for m, r in doc["ratios"].items()}))
     out_path.write_text(json.dumps(doc, indent=1))
 
 

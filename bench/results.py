@@ -13,6 +13,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+import paired
+from probe_check import PROBE_MODES, check_cell
+
 # Modes in table order: (key, column title). "torch_profiler" runs only for the PyTorch workloads.
 MODES = (("plain", "uninstrumented"), ("shim", "shim only"), ("entry_exit", "entry/exit counter"),
          ("mem_count", "mem-access counter"), ("mem_trace", "full mem trace"),
@@ -57,36 +60,50 @@ UNQUOTED = ("NVBit's own paper (Villa et al., MICRO 2019): we could not locate i
 
 def parse_output(stdout: str) -> dict[str, Any]:
     """The BENCH_ lines of a workload program (bench/workloads): warm-up, repetitions ("ms units", units
-    1 when left out), digest. Other lines (egpu-run's maps) are ignored; a run cut short keeps the
-    repetitions it printed."""
-    warmup, reps, digest = None, [], None
+    1 when left out), every unit the process ran, digest. Other lines (egpu-run's maps) are ignored; a
+    run cut short keeps the repetitions it printed."""
+    warmup, reps, units, digest = None, [], None, None
     for line in stdout.splitlines():
         key, _, value = line.strip().partition(" ")
         try:
             if key == "BENCH_WARMUP":
                 warmup = float(value)
             elif key == "BENCH_REP":
-                ms, *units = value.split()
-                reps.append([float(ms), int(units[0]) if units else 1])
+                ms, *n = value.split()
+                reps.append([float(ms), int(n[0]) if n else 1])
+            elif key == "BENCH_UNITS":
+                units = int(value)
         except (ValueError, IndexError):
             continue
         if key == "BENCH_DONE":
             digest = value.strip() or None
-    return {"warmup_ms": warmup, "reps": reps, "unit_ms": [ms / n for ms, n in reps if n > 0], "digest": digest}
+    return {"warmup_ms": warmup, "reps": reps, "unit_ms": [ms / n for ms, n in reps if n > 0], "units": units,
+            "digest": digest}
 
 
 # ---- runs to ratios ----------------------------------------------------------------------------------
 
 def summarize_case(case: dict[str, Any], base: dict[str, Any] | None) -> dict[str, Any]:
-    """Median and min of a case's ms per unit, its ratio to ``base`` (the plain case's summary), and
-    whether its output digest matches the plain run's."""
+    """Median and min of a case's ms per unit, its ratio to ``base`` (the plain case's summary) with the
+    spread the goals judge, and whether its output digest matches the plain run's. The spread: with
+    paired rounds (``rounds_ms`` in both), the per-round ratios (bench/paired.py), "pairs" their number;
+    else each repetition over the plain median, "pairs" None."""
     reps = case.get("unit_ms") or []
     out: dict[str, Any] = {"status": case.get("status", "ok"), "n": len(reps)}
     if reps:
         out["median_ms"] = statistics.median(reps)
         out["min_ms"] = min(reps)
+    if case.get("rounds_ms"):
+        out["rounds_ms"] = case["rounds_ms"]
     if reps and base and base.get("median_ms"):
-        out["ratio"] = out["median_ms"] / base["median_ms"]
+        if base.get("rounds_ms") and case.get("rounds_ms"):
+            rounds = paired.ratios(base["rounds_ms"], case["rounds_ms"])
+            out["ratio"], out["spread"] = rounds["median"], [rounds["min"], rounds["max"]]
+            out["pairs"] = rounds["pairs"]
+        else:
+            out["ratio"] = out["median_ms"] / base["median_ms"]
+            out["spread"] = [min(reps) / base["median_ms"], max(reps) / base["median_ms"]]
+            out["pairs"] = None
         out["ratio_min"] = out["min_ms"] / base["min_ms"]
     if base is not None and case.get("digest") and base.get("digest"):
         out["same_output"] = case["digest"] == base["digest"]
@@ -94,7 +111,10 @@ def summarize_case(case: dict[str, Any], base: dict[str, Any] | None) -> dict[st
 
 
 def summarize(cases: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """``cases[workload][mode]`` raw records -> the same shape of summaries (ratios to that workload's plain)."""
+    """``cases[workload][mode]`` raw records -> the same shape of summaries (ratios to that workload's
+    plain). A probe mode's ratio stands only when probe_check.check_cell proves its probe ran:
+    "probe_checked" true; else false with "probe_check" the reason, and the ratio kept aside as
+    "unchecked_ratio", which no goal and no table counts."""
     out = {}
     for workload, modes in cases.items():
         plain = modes.get("plain", {})
@@ -102,43 +122,72 @@ def summarize(cases: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str
         out[workload] = {mode: (summarize_case(raw, base) if mode != "plain" else
                                 {k: v for k, v in base.items() if k != "digest"})
                          for mode, raw in modes.items()}
+        for mode in PROBE_MODES:
+            if mode not in modes:
+                continue
+            s = out[workload][mode]
+            why = check_cell(workload, mode, modes)
+            s["probe_checked"] = why is None
+            if why is not None:
+                s["probe_check"] = why
+                if "ratio" in s:
+                    s["unchecked_ratio"] = s.pop("ratio")
+                    for k in ("ratio_min", "spread", "pairs"):
+                        s.pop(k, None)
     return out
 
 
 # ---- goals -------------------------------------------------------------------------------------------
 
-def _judge(name: str, target: float, value: float | None, where: str, unit: str, scope: str) -> dict[str, Any]:
+def _judge(name: str, target: float, value: float | None, where: str, unit: str, scope: str,
+           spreads: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A goal's row: ``value`` the worst median; judged by ``spreads`` (one per place the goal must
+    hold; paired.verdict each: missed if one is missed, else too few pairs or undecided if one is,
+    else met) when given, else by the value alone."""
     row: dict[str, Any] = {"goal": name, "target": target, "unit": unit, "value": value, "where": where,
                            "scope": scope}
     if value is None:
         row["status"] = "not measured"
-    elif value <= target:
-        row["status"] = "met"
+        return row
+    if spreads:
+        row["spread"] = [min(s["min"] for s in spreads), max(s["max"] for s in spreads)]
+        verdicts = [paired.verdict(s, target) for s in spreads]
+        row["status"] = next((v for key in ("missed", "too few", "undecided") for v in verdicts if v.startswith(key)),
+                             "met")
     else:
-        row["status"] = "missed"
+        row["status"] = "met" if value <= target else "missed"
+    if value > target:
         row["over_by"] = value - target if unit != "x" else value / target - 1
     return row
 
 
 def goals(summary: dict[str, dict[str, dict[str, Any]]], shim: dict[str, Any] | None,
           jit: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """One row per goal: the worst measured value, where it was, met or missed and by how much
-    (ratios: by a fraction of the target; ns and ms: by the excess)."""
+    """One row per goal: the worst measured median, where it was, and met, missed or undecided as
+    paired.verdict judges the spread over every workload (the least min to the greatest max; a
+    workload with too few pairs decides nothing), by how much the worst median missed (ratios: a
+    fraction of the target; ns and ms: the excess). Only probe-checked cells have a ratio."""
     rows = []
     for mode, name, target in RATIO_GOALS:
-        got = [(s[mode]["ratio"], w) for w, s in summary.items() if mode in s and "ratio" in s[mode]]
+        cells = [(w, s[mode]) for w, s in summary.items() if mode in s and "ratio" in s[mode]]
         lost = [w for w, s in summary.items() if mode in s and "ratio" not in s[mode]]
-        worst = max(got) if got else (None, "")
-        scope = f"worst of {len(got)} workloads, {sum(r <= target for r, _ in got)} met"
-        row = _judge(name, target, worst[0], worst[1], "x", scope + (f"; no ratio: {', '.join(lost)}" if lost else ""))
-        if lost and row["status"] == "met":  # a workload that timed out or failed has not met it
+        few = [w for w, c in cells if c.get("pairs") is not None and c["pairs"] < paired.MIN_PAIRS]
+        worst = max(((c["ratio"], w) for w, c in cells), default=(None, ""))
+        scope = f"worst of {len(cells)} probe-checked workloads, {sum(c['spread'][1] <= target for _, c in cells)} met"
+        spreads = [{"min": c["spread"][0], "max": c["spread"][1], "pairs": c.get("pairs")} for _, c in cells]
+        row = _judge(name, target, worst[0], worst[1], "x",
+                     scope + (f"; too few pairs: {', '.join(few)}" if few else "")
+                     + (f"; no ratio: {', '.join(lost)}" if lost else ""), spreads)
+        if lost and row["status"] == "met":  # a workload that failed, timed out or failed its probe check has not met it
             row["status"] = "not measured everywhere"
         rows.append(row)
-    added = None
+    added, spread = None, None
     if shim and "shim" in shim.get("cases", {}):
-        added = shim["cases"]["shim"]["enqueue_ns"]["added_median"]
+        e = shim["cases"]["shim"]["enqueue_ns"]
+        added = e["added_median"]
+        spread = [paired.differences(shim["cases"]["plain"]["enqueue_ns"]["runs"], e["runs"])]
     rows.append(_judge("shim only, per launch", SHIM_GOAL_NS, added, "launch_loop", "ns",
-                       "median of per-round differences to plain"))
+                       "median of per-round differences to plain, judged on their spread", spread))
     total, where = None, ""
     if jit and jit.get("probes"):
         worst = max(jit["probes"], key=lambda p: p["total_ms"])
@@ -163,6 +212,8 @@ def notes(doc: dict[str, Any]) -> list[str]:
             if s.get("status") not in (None, "ok"):
                 err = doc.get("cases", {}).get(w, {}).get(m, {}).get("error", "")
                 out.append(f"{w} / {m}: {s['status']}" + (f" ({err})" if err else ""))
+            elif s.get("probe_checked") is False:
+                out.append(f"{w} / {m}: probe check failed, no ratio: {s['probe_check']}")
             elif s.get("same_output") is False:
                 out.append(f"{w} / {m}: the output differs from the uninstrumented run's")
     if "torch_eager" in doc.get("summary", {}):
@@ -179,13 +230,18 @@ def _num(v: float | None, unit: str = "", digits: int = 2) -> str:
 
 
 def cell(s: dict[str, Any] | None) -> str:
-    """One table cell: the ratio, with n when fewer than MIN_RUNS and a mark when the output differs."""
+    """One table cell: the ratio, with its spread and pairs when paired, else n when fewer than
+    MIN_RUNS, and a mark when the output differs."""
     if s is None:
         return "—"
+    if s.get("probe_checked") is False and s.get("status") == "ok":
+        return "probe check failed"
     if "ratio" not in s:
         return s.get("status", "failed") if s.get("status") != "ok" else "no runs"
     text = f"{s['ratio']:.2f}x"
-    if s["n"] < MIN_RUNS:
+    if s.get("pairs") is not None:
+        text += f" ({s['spread'][0]:.2f}-{s['spread'][1]:.2f}, {s['pairs']} pairs)"
+    elif s["n"] < MIN_RUNS:
         text += f" (n={s['n']})"
     if s.get("status") == "timeout":
         text += " timeout"
@@ -207,7 +263,8 @@ def overhead_table(summary: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
 
 
 def goal_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| goal | target | measured (worst) | where | status |", "| --- | ---: | ---: | --- | --- |"]
+    lines = ["| goal | target | measured (worst median) | spread | where | status |",
+             "| --- | ---: | ---: | ---: | --- | --- |"]
     for r in rows:
         unit = r["unit"]
         fmt = (lambda v: f"{v:.3f}x") if unit == "x" else (lambda v: f"{v:.1f} {unit}")
@@ -216,7 +273,9 @@ def goal_table(rows: list[dict[str, Any]]) -> list[str]:
             status += f" by {r['over_by']:.0%}" if unit == "x" else f" by {r['over_by']:.1f} {unit}"
         where = f"{r['where']} ({r['scope']})" if r["where"] else r["scope"]
         target = f"≤ {r['target']}x" if unit == "x" else f"< {r['target']:.0f} {unit}"
-        lines.append(f"| {r['goal']} | {target} | {'—' if r['value'] is None else fmt(r['value'])} | {where} | {status} |")
+        spread = f"{fmt(r['spread'][0])} .. {fmt(r['spread'][1])}" if "spread" in r else "—"
+        lines.append(f"| {r['goal']} | {target} | {'—' if r['value'] is None else fmt(r['value'])} | {spread} | "
+                     f"{where} | {status} |")
     return lines
 
 
@@ -282,7 +341,7 @@ def trace_lines(summary_trace: dict[str, dict[str, int]]) -> list[str]:
     return lines + [""]
 
 
-META_SHOWN = ("gpu", "driver", "date", "commit", "total_s", "cpus")
+META_SHOWN = ("gpu", "driver", "date", "commit", "dirty", "log", "total_s", "cpus")
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -296,7 +355,9 @@ def markdown(doc: dict[str, Any]) -> str:
            "repetitions of the workload's timed region, divided by the uninstrumented median. The region "
            "follows a warm-up, so process start-up, compilation and the JIT are excluded; each repetition "
            f"takes about 100 ms (fewer units when a mode is slower); n is shown when fewer than {MIN_RUNS} "
-           "repetitions fit the time budget; † marks an output that differs from the uninstrumented run.", ""]
+           "repetitions fit the time budget; † marks an output that differs from the uninstrumented run. "
+           "A probe cell shows a ratio only when its run proved the probe ran as often as it must, with the "
+           "uninstrumented output (bench/probe_check.py); otherwise \"probe check failed\", the reason in the notes.", ""]
     out += overhead_table(summary)
     out += ["", "## Goals", ""] + goal_table(doc["goals"])
     out += ["", "## JIT and instrumentation cost", ""] + jit_tables(doc.get("jit"), doc.get("modules", []))

@@ -1,6 +1,9 @@
-"""egpu's benchmark suite, in one run on the GPU machine: ``python3 bench/suite.py [OUT_DIR]`` (default
+"""egpu's benchmark suite on the GPU machine: ``python3 bench/suite.py [OUT_DIR [PART...]]`` (default
 $OUT, else the current directory) writes OUT_DIR/suite.json and OUT_DIR/suite.md; bench/plots.py draws
-the JSON. Needs nvcc, the shim's build tools and the probes prebuilt by scripts/gpu-prep.sh
+the JSON. PARTs are workload names and "parts" (JIT, shim per launch, hot swap); none: all. All of it
+takes longer than one 10-minute device call, so run it as two: ``suite.py OUT parts vecadd stencil gemm
+cupy torch_compile`` and ``suite.py OUT2 torch_eager`` (its paired rounds alone take about 6 minutes).
+Needs nvcc, the shim's build tools and the probes prebuilt by scripts/gpu-prep.sh
 (EGPU_PREBUILT_PROBES or .gpubuild/probes; the GPU machine has no clang); PyTorch, Triton and CuPy for
 their workloads (a workload that cannot run is reported as failed, the rest go on).
 
@@ -18,6 +21,11 @@ up), so process start-up, compilation and the JIT stay out of the ratios, which 
     mem_count       egpu-run -p bench/probes/mem_count (a counter bumped by every global access)
     mem_trace       egpu-run -p examples/access_trace (a 72-byte ring-buffer record per global access)
     torch_profiler  uninstrumented inside torch.profiler (CUPTI), PyTorch workloads only
+
+Host-bound workloads (HOST_BOUND: the eager PyTorch step, whose processes differ by 10-20%) run in
+PAIRS interleaved rounds of PAIRED_MODES on the same pinned CPUs, each mode's ratio the median of the
+per-round ratios to that round's plain run, with their spread (bench/paired.py); their other modes run
+once, one pair, which decides no goal. A cell's first round is its record (the probe check reads it).
 
 Also measured: the JIT cost of a 1,100-instruction kernel (bench_jit.py) and per module in the runs
 above (the runtime's exit dump), the shim's cost per launch (bench_shim.py: plain and shim
@@ -46,20 +54,26 @@ sys.path[:0] = [str(ROOT), str(BENCH)]
 
 import bench_jit  # noqa: E402
 import bench_shim  # noqa: E402
+import paired  # noqa: E402
+import probe_check  # noqa: E402
+import provenance  # noqa: E402
 import results  # noqa: E402
 
 REPS, BUDGET_S = 10, 3.0
-DEADLINE_S = 420                      # the whole suite; what would start later is skipped
+DEADLINE_S = 480                      # the whole suite; what would start later is skipped
 # Every case on the same CPUs: the host-bound PyTorch steps varied 1.4-2.2 ms between unpinned processes
 # of the same program (2026-12-02), more than the shim's cost they were to show.
 CASE_CPUS = 4
 TIMEOUT_S = {"cuda": 60, "python": 150}
 SHIM_LAUNCHES, SHIM_RUNS = 100_000, 11
+HOST_BOUND, PAIRS = frozenset({"torch_eager"}), paired.MIN_PAIRS
+PAIRED_MODES = ("plain", "shim", "entry_exit")  # the goals a host-bound step can decide; ~12 s a process
 SWAP_CYCLES = 10
 WORKLOADS = {"vecadd": "cuda", "stencil": "cuda", "gemm": "cuda",
              "cupy": "python", "torch_eager": "python", "torch_compile": "python"}
 PROBES = {"entry_exit": "bench/probes/entry_exit", "mem_count": "bench/probes/mem_count",
           "mem_trace": "examples/access_trace"}
+WITNESS = "bench/probes/launch_threads"  # beside entry_exit in its witness run (bench/probe_check.py)
 SESSION_RE = re.compile(r"session kept in (\S+)")
 
 
@@ -99,10 +113,13 @@ def modes_for(name: str) -> list[str]:
     return ["plain", "shim", *PROBES, *(["torch_profiler"] if name.startswith("torch") else [])]
 
 
-def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path]) -> list[str]:
+def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path], witness: Path | None = None) -> list[str]:
+    """The case's command; with ``witness``, the launch-thread counter loaded after the mode's probe."""
     if mode in ("plain", "torch_profiler"):
         return workload_cmd(name, exe, profile=mode == "torch_profiler")
-    return [*egpu_run(), "--keep", *(["-p", str(probes[mode])] if mode in probes else []), *workload_cmd(name, exe)]
+    loaded = [probes[mode]] if mode in probes else []
+    return [*egpu_run(), "--keep", *[a for p in loaded + ([witness] if witness else []) for a in ("-p", str(p))],
+            *workload_cmd(name, exe)]
 
 
 def run_case(cmd: list[str], env: dict[str, str], timeout: float, cpus: set[int] | None = None) -> dict[str, Any]:
@@ -142,8 +159,9 @@ def dump_facts(session: Path) -> dict[str, Any]:
 
 
 def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per module its load's timings, the ring records kept and dropped, and the shim's counters summed
-    over the processes (python_calls against launches says whether a hook went into Python often)."""
+    """Per module its load's timings, the ring records kept and dropped, the shim's counters summed
+    over the processes (python_calls against launches says whether a hook went into Python often), and
+    the probes' array maps (what probe_check reads)."""
     modules, records, drops = [], 0, 0
     stats: dict[str, int] = {}
     for d in docs:
@@ -160,7 +178,8 @@ def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
                 if "records" in storage and "drops" in storage:
                     records += len(storage["records"])
                     drops += storage["drops"]
-    return {"modules": modules, "trace": {"records": records, "drops": drops}, "shim_stats": stats}
+    return {"modules": modules, "trace": {"records": records, "drops": drops}, "shim_stats": stats,
+            "counts": probe_check.counts_from_dumps(docs)}
 
 
 def hot_swap(work: Path, env: dict[str, str], probes: dict[str, Path], seconds: float) -> dict[str, Any]:
@@ -225,54 +244,77 @@ def guarded(what: str, fn, *args) -> dict[str, Any]:
 
 
 def meta() -> dict[str, Any]:
-    def out(cmd: list[str]) -> str:
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=ROOT).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
-    gpu = out(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]).split("\n")[0]
-    name, _, driver = gpu.partition(", ")
-    commit_file = ROOT / ".gpubuild" / "COMMIT"
-    commit = commit_file.read_text().split()[0] if commit_file.is_file() else out(["git", "rev-parse", "HEAD"])
-    return {"gpu": name, "driver": driver, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "commit": commit[:12], "reps": REPS, "budget_s": BUDGET_S}
+    """Where and what ran: bench/provenance.py's stamp (commit and dirty state of the files here, GPU,
+    driver, time, log) and the suite's settings."""
+    return {**provenance.stamp(), "reps": REPS, "budget_s": BUDGET_S}
+
+
+def rounds_of(name: str) -> list[list[str]]:
+    """The modes each round of a workload runs: every mode once, host-bound ones PAIRS rounds of
+    PAIRED_MODES (the first round runs the others too)."""
+    modes = modes_for(name)
+    if name not in HOST_BOUND:
+        return [modes]
+    return [modes] + [[m for m in modes if m in PAIRED_MODES]] * (PAIRS - 1)
+
+
+def selected(argv: list[str]) -> tuple[list[str], bool]:
+    """The workloads and whether the parts (JIT, shim, hot swap) run, from the command line's PARTs."""
+    unknown = [a for a in argv if a != "parts" and a not in WORKLOADS]
+    if unknown:
+        raise SystemExit(f"suite.py: unknown part {unknown[0]!r} (workloads: {', '.join(WORKLOADS)}, or parts)")
+    if not argv:
+        return list(WORKLOADS), True
+    return [w for w in WORKLOADS if w in argv], "parts" in argv
 
 
 def main() -> None:
     out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "."))
+    workloads, parts = selected(sys.argv[2:])
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     left = lambda: DEADLINE_S - (time.monotonic() - start)  # noqa: E731
     doc: dict[str, Any] = {"meta": meta(), "notes": []}
+    not_run = {"skipped": "not selected on the command line"}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         env = base_env(work)
         exe = build_kernels(work)
         probes = {m: bench_jit.probe_object(src, bench_jit.prebuilt_dir(), work) for m, src in PROBES.items()}
+        witness = bench_jit.probe_object(WITNESS, bench_jit.prebuilt_dir(), work)
         print("suite: JIT cost", flush=True)
-        doc["jit"] = guarded("bench_jit", bench_jit.measure, work)
+        doc["jit"] = guarded("bench_jit", bench_jit.measure, work) if parts else not_run
         subprocess.run([*egpu_run(), "true"], env=env, cwd=ROOT, capture_output=True)  # builds a stale shim, untimed
         print("suite: shim per launch", flush=True)
-        doc["shim"] = guarded("bench_shim", bench_shim.measure, work, SHIM_LAUNCHES, SHIM_RUNS, ("plain", "shim"))
+        doc["shim"] = (guarded("bench_shim", bench_shim.measure, work, SHIM_LAUNCHES, SHIM_RUNS, ("plain", "shim"))
+                       if parts else not_run)
         print("suite: hot swap", flush=True)
-        doc["hot_swap"] = guarded("hot swap", hot_swap, work, env, probes, 20.0)
+        doc["hot_swap"] = guarded("hot swap", hot_swap, work, env, probes, 20.0) if parts else not_run
         cases: dict[str, dict[str, dict[str, Any]]] = {}
         cpus = bench_shim.pick_cpus(CASE_CPUS)
         doc["meta"]["cpus"] = sorted(cpus or ())
-        for name, kind in WORKLOADS.items():
+        for name in workloads:
+            kind = WORKLOADS[name]
             cases[name] = {}
-            for mode in modes_for(name):
-                if left() < 30:
-                    cases[name][mode] = {"status": "skipped (time budget)", "reps": [], "unit_ms": []}
-                    continue
-                # nvcc programs load eagerly: the instrumented image's JIT falls inside the load the dump times
-                case_env = {**env, "CUDA_MODULE_LOADING": "EAGER"} if kind == "cuda" else env
-                rec = run_case(case_cmd(name, mode, exe, probes), case_env, min(TIMEOUT_S[kind], left()), cpus)
-                cases[name][mode] = rec
-                print(f"suite: {name:>13} {mode:>14}: {rec['status']:>7} {len(rec['unit_ms']):2d} reps "
-                      f"median {statistics.median(rec['unit_ms']) * 1e3 if rec['unit_ms'] else float('nan'):10.1f} us/unit "
-                      f"({rec['wall_s']:.1f} s)" + (f"  {rec.get('error', '')}" if rec["status"] != "ok" else ""),
-                      flush=True)
+            for i, modes in enumerate(rounds_of(name)):
+                for mode in modes:
+                    if left() < 30:
+                        cases[name].setdefault(mode, {"status": "skipped (time budget)", "reps": [], "unit_ms": []})
+                        continue
+                    # nvcc programs load eagerly: the instrumented image's JIT falls inside the load the dump times
+                    case_env = {**env, "CUDA_MODULE_LOADING": "EAGER"} if kind == "cuda" else env
+                    rec = run_case(case_cmd(name, mode, exe, probes), case_env, min(TIMEOUT_S[kind], left()), cpus)
+                    if i == 0 and mode == "entry_exit" and rec["status"] == "ok" and left() > 30:
+                        rec["check_run"] = run_case(case_cmd(name, mode, exe, probes, witness), case_env,
+                                                    min(TIMEOUT_S[kind], left()), cpus)
+                    first = cases[name].setdefault(mode, rec)
+                    if name in HOST_BOUND:  # this round's median, None for a lost process
+                        first.setdefault("rounds_ms", []).append(
+                            statistics.median(rec["unit_ms"]) if rec["status"] == "ok" and rec["unit_ms"] else None)
+                    print(f"suite: {name:>13} {mode:>14} round {i}: {rec['status']:>7} {len(rec['unit_ms']):2d} reps "
+                          f"median {statistics.median(rec['unit_ms']) * 1e3 if rec['unit_ms'] else float('nan'):10.1f} us/unit "
+                          f"({rec['wall_s']:.1f} s)" + (f"  {rec.get('error', '')}" if rec["status"] != "ok" else ""),
+                          flush=True)
         doc["cases"] = cases
         doc["summary"] = results.summarize(cases)
         doc["modules"] = [{"workload": w, "mode": m, **mod} for w, ms in cases.items() for m, r in ms.items()

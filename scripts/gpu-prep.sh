@@ -20,8 +20,9 @@ for src in srcs:
 PY
 # bpftime's example probes, with bpftime's flags (tests/test_bpftime_examples.py reads them from here)
 PYTHONPATH=tests python3 -c 'from pathlib import Path; from bpftime_build import build_all; build_all(Path(".gpubuild/bpftime"))'
-git rev-parse HEAD > .gpubuild/COMMIT
-git status --porcelain | grep -q . && echo "+dirty" >> .gpubuild/COMMIT || true
+# HEAD and its files' blob ids: the device hashes the files it received against them (bench/provenance.py)
+rm -f .gpubuild/COMMIT
+python3 bench/provenance.py manifest
 [ -d .whl ] || bash ../shared/tools/device-wheels.sh .whl >/dev/null
 # The image's numba needs numpy < 2.3 (the image has 2.5): a numpy for the numba test's processes only.
 [ -d .whl/numba ] || python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

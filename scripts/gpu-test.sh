@@ -1,6 +1,11 @@
 #!/bin/bash
 # Every GPU check in one call (make gpu-test on the device machine). Needs `scripts/gpu-prep.sh` run
-# first where clang and the network are (carry .whl and .gpubuild). Writes $OUT/gpu-test.log.
+# first where clang and the network are (carry .whl and .gpubuild). Writes $OUT/gpu-test.log and each
+# bench's JSON beside it, every JSON stamped (bench/provenance.py) with the commit and dirty state of
+# the files that ran here, the GPU, its driver, the time and the log. pytest -v logs one line per test
+# id (tests/test_gpu_logged.py reads them). GPU_TESTS: pytest's arguments (default tests; "none": no
+# tests); GPU_BENCH: bench scripts (default bench/bench_*.py; "none": none); GPU_SUITE: bench/suite.py's
+# PARTs (unset: no suite; "all": every part), its suite.json and suite.md into $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/egpu-gpu-test}
@@ -16,16 +21,24 @@ fi
 {
   echo "# egpu gpu-test"
   echo "date: $(date -u +%FT%TZ)"
-  echo "commit: $(cat .gpubuild/COMMIT 2>/dev/null | tr '\n' ' ')"
+  echo "provenance: $(python3 bench/provenance.py stamp)"
   echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
   echo "cuda: $(nvcc --version | tail -2 | head -1)"
   echo "python: $(python3 --version), torch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
   python3 shim/build.py && echo "shim: built"
-  python3 -m pytest -m gpu -v -rsx --durations=40 -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1
-  echo "pytest exit: $?"
-  for b in ${GPU_BENCH:-bench/bench_*.py}; do  # bench/suite.py runs on its own (one device call)
+  if [ "${GPU_TESTS:-tests}" != none ]; then
+    python3 -m pytest -m gpu -v -rsx --durations=40 -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1
+    echo "pytest exit: $?"
+  fi
+  for b in ${GPU_BENCH:-bench/bench_*.py}; do
     [ -f "$b" ] || continue
     echo "## bench $b"
-    timeout "${GPU_BENCH_TIMEOUT:-400}" python3 "$b" "$OUT/$(basename "${b%.py}").json" 2>&1 || echo "bench $b failed: $?"
+    json="$OUT/$(basename "${b%.py}").json"
+    timeout "${GPU_BENCH_TIMEOUT:-400}" python3 "$b" "$json" 2>&1 || echo "bench $b failed: $?"
+    [ -f "$json" ] && python3 bench/provenance.py annotate "$json"
   done
+  if [ -n "${GPU_SUITE:-}" ]; then
+    echo "## suite ${GPU_SUITE}"
+    python3 bench/suite.py "$OUT" $([ "$GPU_SUITE" = all ] || echo "$GPU_SUITE") 2>&1 || echo "suite failed: $?"
+  fi
 } 2>&1 | tee "$OUT/gpu-test.log"

@@ -77,8 +77,10 @@ def test_launch_count_names_every_launch(vecadd, shim, probe_obj, tmp_path):  # 
 
 def test_launch_latency_pairs_host_and_gpu_probes(vecadd, shim, probe_obj, tmp_path):  # noqa: F811
     """200 launches of 64M-thread vecadd (about 250 us each) queue for about 50 ms, longer than the
-    launch probes take to run and reach the device (a few ms): the later launches find their enqueue
-    times, and none seems to start before its enqueue on the aligned clocks."""
+    launch probes take to run and reach the device (a few ms): every launch of the later half (ids 101
+    to 200) finds its enqueue time (an enqueue time no block took stays in enqueue_ns under its launch
+    id), each launch is measured at most once, and none seems to start before its enqueue on the
+    aligned clocks."""
     r = egpu_run(["--json", "-p", str(probe_obj("launch_latency")), str(vecadd["static"]), "200", str(1 << 26)],
                  env_for(shim, tmp_path), timeout=300)
     assert r.returncode == 0, r.stderr
@@ -86,10 +88,12 @@ def test_launch_latency_pairs_host_and_gpu_probes(vecadd, shim, probe_obj, tmp_p
     measured = sum(b["count"] for b in doc["maps"]["hist_launch_latency_ns"]["buckets"])
     (bss,) = [m for name, m in doc["maps"].items() if name.endswith(".bss")]
     skew = bss["value"]["clock_skew"]
-    print(f"launch_latency: {measured} of 200 launches measured, clock_skew {skew}",
+    untaken = sorted(e["key"] for e in doc["maps"]["enqueue_ns"]["entries"] if e["value"])
+    print(f"launch_latency: {measured} of 200 launches measured, clock_skew {skew}, not taken {untaken}",
           doc["maps"]["hist_launch_latency_ns"])
-    assert measured > 0
     assert skew == 0
+    assert measured + len(untaken) == 200
+    assert not [k for k in untaken if k > 100], "later launches that found no enqueue time"
 
 
 def test_torch_compile_is_instrumented_exactly(shim, probe_obj, tmp_path):  # noqa: F811

@@ -8,7 +8,8 @@ no PTX, outputs bit-identical, and shim/sass.c's own declarations checked agains
 - the same probes on an nvcc program with PTX (tests/e2e/vecadd.cu) under --backend ptx and sass agree.
 - stock PyTorch eager (sass/experiment/torch_prog.py: ATen add, strided copy, sum, cuBLAS matmul, cuDNN
   conv, an MLP step): entries per kernel (hash_count.bpf.c) == threads launched per kernel (launch.bpf.c,
-  a launch probe, from the launch hooks), and outputs identical to a plain run when two plain runs agree.
+  a launch probe, from the launch hooks), and outputs identical to a plain run (the program is
+  deterministic: fixed seeds, deterministic algorithms, a fixed cuBLAS workspace).
 
 Run by the lead: python3 -m pytest -m gpu tests/test_sass_gpu.py (about 1-2 minutes).
 """
@@ -208,14 +209,10 @@ def _torch() -> bool:
 @pytest.mark.skipif(not _torch(), reason="PyTorch with CUDA is not installed")
 def test_pytorch_eager_entries_equal_launched_threads(shim, probe_obj, tmp_path):  # noqa: F811
     cmd = [sys.executable, str(EXPERIMENT / "torch_prog.py")]
-    env = env_for(shim, tmp_path)
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     plain, run, lines, doc = probed(cmd, [probe_obj("hash_count"), probe_obj("launch")], shim, tmp_path)
     hashes = [ln for ln in lines if ln.startswith("HASH")]
     assert len(hashes) == 7
-    if [ln for ln in again.stdout.splitlines() if ln.startswith("HASH")] == \
-            [ln for ln in plain.stdout.splitlines() if ln.startswith("HASH")]:
-        assert hashes == [ln for ln in plain.stdout.splitlines() if ln.startswith("HASH")]
+    assert hashes == [ln for ln in plain.stdout.splitlines() if ln.startswith("HASH")]
     entered = entries(doc, "per_kernel")
     launched = {k: v["threads"] for k, v in entries(doc, "launches").items()}
     names = {str(k): n for k, n in doc.get("kernels", {}).items()} if isinstance(doc.get("kernels"), dict) else {}

@@ -1,6 +1,6 @@
 """Live attach, swap and detach into stock PyTorch's SASS-only kernels (issue 17), on the GPU.
 
-A small model trains under `egpu-run -p launch_threads.bpf.o` (tests/e2e/torch_train_live.py, eager or
+A small model trains under `egpu-run -p launch_threads_by_id.bpf.o` (tests/e2e/torch_train_live.py, eager or
 torch.compile): no kernel-site probe at start, so the SASS back end waits in standby. Meanwhile the test
 puts the job through CYCLES cycles over SECONDS: attach launch_window (every thread entering a kernel adds
 1 to by_launch[launch id]), swap it for mem_window (every global access adds 1 << 32 to the same map,
@@ -39,7 +39,7 @@ E2E = ROOT / "tests" / "e2e"
 TRAIN = E2E / "torch_train_live.py"
 CYCLES = int(os.environ.get("EGPU_SASS_LIVE_CYCLES", "100"))
 SECONDS = float(os.environ.get("EGPU_SASS_LIVE_SECONDS", "60"))
-IDS = 1 << 18   # launch_threads.bpf.c keeps a launch's threads at launch id mod IDS
+IDS = 1 << 18   # launch_threads_by_id.bpf.c keeps a launch's threads at launch id mod IDS
 
 
 def _torch() -> bool:
@@ -53,7 +53,7 @@ def objects(tmp_path_factory) -> dict[str, Path]:
     prebuilt = os.environ.get("EGPU_PREBUILT_PROBES")
     out = tmp_path_factory.mktemp("live_probes")
     paths = {}
-    for name in ("launch_threads", "launch_window", "mem_window"):
+    for name in ("launch_threads_by_id", "launch_window", "mem_window"):
         if prebuilt:
             paths[name] = Path(prebuilt, f"{name}.v3.bpf.o")
         else:
@@ -77,7 +77,7 @@ def live_cycles(shim: Path, objects: dict[str, Path], tmp_path: Path, mode: str,
     out_path, err_path = tmp_path / "job.out", tmp_path / "job.err"
     with out_path.open("w") as out_f, err_path.open("w") as err_f:
         job = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "--keep", "-p",
-                                str(objects["launch_threads"]), sys.executable, str(TRAIN), mode, str(stop)],
+                                str(objects["launch_threads_by_id"]), sys.executable, str(TRAIN), mode, str(stop)],
                                env=env, cwd=ROOT, stdout=out_f, stderr=err_f, text=True)
 
     def tail() -> str:
@@ -144,7 +144,7 @@ def live_cycles(shim: Path, objects: dict[str, Path], tmp_path: Path, mode: str,
     (doc,) = [d for d in dump.read_all(session) if d.get("probes")]
     threads = [int.from_bytes(v, "little") for v in doc["probes"][0]["maps"][0]["values"]]
     launches = windows[-1][2]
-    assert launches < IDS, f"{launches} launches: launch_threads.bpf.c's ids wrapped"
+    assert launches < IDS, f"{launches} launches: launch_threads_by_id.bpf.c's ids wrapped"
     attached = 0
     for i, (a, s, d, after_swap, after_detach) in enumerate(windows):
         assert a < s < d, (i, a, s, d)

@@ -192,6 +192,12 @@ def run_cycles(shim: Path, swap_loop: Path, probes: tuple[bytes, bytes], tmp_pat
                                  for cmd, ps in phases.items()}}
 
 
+def assert_latency_goal(report: dict) -> None:
+    """The hot-swap goal on every flip of the run: median under 50 ms, 90th percentile under 60 ms."""
+    flips = report["flip_all"]
+    assert flips["median_ms"] < 50 and flips["p90_ms"] < 60, flips
+
+
 def write_report(name: str, report: dict) -> None:
     print(f"{name}:", json.dumps(report, indent=1))
     if os.environ.get("OUT"):
@@ -201,16 +207,18 @@ def write_report(name: str, report: dict) -> None:
 def test_hundred_swap_cycles_exact_and_bit_identical(shim, swap_loop, window_probes, tmp_path):
     """The driver's JIT cache as a job has it (a fresh one here, so the first cycle compiles): a probe
     attached again is the same PTX (live.py names its tables by content) and its load finds its code
-    there. The latency goal (50 ms) is read from the log."""
+    there. The latency goal: attach, swap and detach flips together take under 50 ms at the median
+    and under 60 ms at the 90th percentile (2026-12-02: 8.6 and 12.2 ms)."""
     report = run_cycles(shim, swap_loop, window_probes, tmp_path, CYCLES, SECONDS,
                         CUDA_CACHE_PATH=str(tmp_path / "jit-cache"))
     write_report("swap_latency", report)
-    assert report["flip_all"]["p90_ms"] < 500  # bounds a broken flip
+    assert_latency_goal(report)
 
 
 def test_swap_cycles_with_the_jit_cache_off(shim, swap_loop, window_probes, tmp_path):
-    """Every attach and swap compiles its module (CUDA_CACHE_DISABLE=1): a probe never attached before."""
+    """Every attach and swap compiles its module (CUDA_CACHE_DISABLE=1): a probe never attached before.
+    The same latency goal holds (2026-12-02: median 40.6 ms, 90th percentile 46.6 ms)."""
     report = run_cycles(shim, swap_loop, window_probes, tmp_path, COLD_CYCLES, COLD_CYCLES * 0.1,
                         CUDA_CACHE_DISABLE="1")
     write_report("swap_latency_cold", report)
-    assert report["flip_all"]["p90_ms"] < 500
+    assert_latency_goal(report)

@@ -9,8 +9,8 @@
 The protocol of kernels.cu: a warm-up unit (compilation, module loads, the JIT), calibration (1, 2, 4, ...
 units until they take 10 ms) sizing a repetition at TARGET_MS, then REPS repetitions, fewer once
 BUDGET_S seconds of them are used up (at least 3), each timed from its first launch to a synchronize
-after its last. Prints "BENCH_WARMUP ms", "BENCH_REP ms units" per repetition as it ends, then
-"BENCH_DONE digest" of the warm-up's result (the same in every mode). ``--profile`` runs everything
+after its last. Prints "BENCH_WARMUP ms", "BENCH_REP ms units" per repetition as it ends, "BENCH_UNITS n"
+(every unit the process ran), then "BENCH_DONE digest" of the warm-up's result (the same in every mode). ``--profile`` runs everything
 inside torch.profiler (CPU and CUDA activities, i.e. CUPTI), the trace never exported: what tracing the
 same step with PyTorch's own profiler costs.
 """
@@ -126,11 +126,13 @@ def main() -> None:
     unit, sync, digest = WORKLOADS[args.workload]()
     with profiled() if args.profile else contextlib.nullcontext():
         print(f"BENCH_WARMUP {timed(unit, sync, 1):.3f}", flush=True)
-        k = 1
+        k, total = 1, 1
         t = timed(unit, sync, k)
         while t < 10.0:
+            total += k
             k *= 2
             t = timed(unit, sync, k)
+        total += k
         units = max(1, math.ceil(args.target_ms / (t / k)))
         used = 0.0
         for r in range(args.reps):
@@ -138,8 +140,9 @@ def main() -> None:
                 break
             ms = timed(unit, sync, units)
             used += ms
+            total += units
             print(f"BENCH_REP {ms:.3f} {units}", flush=True)
-    print(f"BENCH_DONE {digest()}", flush=True)
+    print(f"BENCH_UNITS {total}\nBENCH_DONE {digest()}", flush=True)
 
 
 if __name__ == "__main__":

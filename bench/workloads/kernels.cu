@@ -8,7 +8,9 @@
 //     from its first launch to a synchronize after its last, so launch costs count and process start-up
 //     does not; the suite compares ms per unit.
 // Prints "BENCH_WARMUP ms", then "BENCH_REP ms units" per repetition as it ends (a run cut short still
-// tells how far it got), then "BENCH_DONE checksum" of the output's bits: the same in every mode.
+// tells how far it got), "BENCH_UNITS n" (every unit of the process: warm-up, calibration, repetitions;
+// what a probe's counts are divided by), then "BENCH_DONE checksum" of the output's bits: the same in
+// every mode.
 //
 // Built with -gencode arch=compute_90,code=[sm_90,compute_90]: the fatbin carries PTX for egpu to
 // rewrite and SASS for the uninstrumented runs.
@@ -91,15 +93,20 @@ int main(int argc, char **argv) {
 
     std::printf("BENCH_WARMUP %.3f\n", timed(w, 1));
     std::fflush(stdout);
-    long k = 1;  // calibrate: double the launches until they take 10 ms, then size a repetition at TARGET_MS
+    long total = 1, k = 1;  // calibrate: double the launches until they take 10 ms, then size a repetition at TARGET_MS
     double t = timed(w, k);
-    while (t < 10.0) t = timed(w, k *= 2);
+    while (t < 10.0) {
+        total += k;
+        t = timed(w, k *= 2);
+    }
+    total += k;
     long units = (long)std::ceil(target_ms / (t / k));
     if (units < 1) units = 1;
     double used = 0;
     for (int r = 0; r < reps && (r < 3 || used < budget_ms); r++) {
         double ms = timed(w, units);
         used += ms;
+        total += units;
         std::printf("BENCH_REP %.3f %ld\n", ms, units);
         std::fflush(stdout);
     }
@@ -111,6 +118,6 @@ int main(int argc, char **argv) {
         std::memcpy(&bits, &host[i], 4);
         sum = (sum ^ bits) * 1099511628211ull;
     }
-    std::printf("BENCH_DONE %016llx\n", sum);
+    std::printf("BENCH_UNITS %ld\nBENCH_DONE %016llx\n", total, sum);
     return 0;
 }

@@ -8,9 +8,14 @@ become Python statements, and an access at a constant offset from r10 that stays
 writes the frame's bytes directly (r10 never changes here); every other instruction syncs the
 registers into the run, calls the interpreter's closure for it and reads them back. The budget is
 charged per block, so a program that exhausts it is stopped at the start of a block, not at the exact
-instruction. Programs the interpreter would stop with a structural fault (a jump outside the program
-or into an lddw, falling off the end, a write to r10) and programs with local calls are not compiled:
-``compile_program`` returns None and the interpreter runs them.
+instruction.
+
+Every program compiles. A local call runs the interpreter's closure (a fresh frame, r6-r9 saved) and
+goes to its target; an exit from a subprogram runs the closure too (the caller's frame and r6-r9 back)
+and goes to the return pc; ``stack`` follows the current frame. An instruction the interpreter stops
+at (a write to r10, a jump or call outside the program, an unknown helper or a kfunc) runs its
+closure, which raises as the interpreter does; a jump into an lddw or past the end (falling off it
+included) finds no block and runs the interpreter's op for that slot, which does the same.
 """
 
 from __future__ import annotations
@@ -33,29 +38,19 @@ _INLINE_ALU = {"add": "+", "sub": "-", "mul": "*", "and": "&", "or": "|", "xor":
 _INLINE_COND = {"jeq": "==", "jne": "!=", "jgt": ">", "jge": ">=", "jlt": "<", "jle": "<="}
 _REGS = ", ".join(f"r{n}" for n in range(isa.NUM_REGS))
 _SYNC, _RELOAD = f"regs[:] = ({_REGS})", f"{_REGS} = regs"
+_FRAME = "    stack = mem.region_at(run.frame).data"   # the current frame's bytes, after a call or return
 
 
-def compile_program(vm: "Vm") -> Callable[["Run"], int] | None:
+def compile_program(vm: "Vm") -> Callable[["Run"], int]:
     """A function running ``vm``'s program on a Run (r1, r2 and r10 set) and returning r0 as the
-    interpreter would; None when the program is one the interpreter must run."""
-    insns = vm.insns
-    starts = {i.pc for i in insns}
-    if not insns or insns[-1].kind not in ("exit", "ja"):
-        return None
-    for i in insns:
-        if i.kind == "call" and (i.src != isa.CALL_HELPER or i.imm not in calls.HANDLERS):
-            return None
-        if i.kind in ("jmp", "ja") and i.jump_target() not in starts:
-            return None
-        if i.kind in WRITES_DST and i.dst == isa.FRAME_POINTER:
-            return None
+    interpreter would, or raising the fault it would."""
     names: dict[str, object] = {"MASK64": MASK64, "VmError": VmError, "EgpuError": EgpuError, "OPS": vm.ops,
                                 "HANDLERS": calls.HANDLERS, "movsx": alu.movsx, "vm": vm}
     body = _blocks(vm, len(vm.state.storages), names)
     src = "\n".join([
         "def program(run):",
         "    regs, mem = run.regs, run.mem",
-        "    stack = mem.region_at(run.frame).data",
+        _FRAME,
         "    load, store = mem.load, mem.store",
         f"    {_RELOAD}",
         f"    budget, pc, p = {vm.budget}, 0, 0",
@@ -83,21 +78,22 @@ def _blocks(vm: "Vm", nmaps: int, names: dict[str, object]) -> list[str]:
     """The dispatch: one ``if pc == LEADER`` per basic block, in program order (blocks start at jump
     targets and after jumps), each charging its instructions to the budget. A block falling through or
     jumping forward sets pc and the ifs below find it; a jump backward starts the loop over."""
-    insns = vm.insns
+    insns, end = vm.insns, len(vm.ops) - 1   # ops has one slot past the last: "fell off the end"
+    starts = {i.pc for i in insns}
     leaders = {0}
     for k, i in enumerate(insns):
-        if i.kind in ("jmp", "ja"):
-            leaders.add(i.jump_target())
+        if _transfers(i):
+            leaders.update(t for t in (_target(i),) if t in starts)
             if k + 1 < len(insns):
                 leaders.add(insns[k + 1].pc)
     blocks: list[tuple[int, list[str], int]] = []
     for k, i in enumerate(insns):
-        nxt = insns[k + 1].pc if k + 1 < len(insns) else None
+        nxt = insns[k + 1].pc if k + 1 < len(insns) else end
         if i.pc in leaders:
             blocks.append((i.pc, [], 0))
         pc, lines, count = blocks[-1]
-        blocks[-1] = (pc, lines + _insn(i, nxt, nmaps, names), count + 1)
-        if nxt in leaders and i.kind not in ("exit", "ja", "jmp"):
+        blocks[-1] = (pc, lines + _insn(i, nxt, end, nmaps, names), count + 1)
+        if (nxt in leaders or nxt == end) and not _transfers(i):
             blocks[-1][1].append(f"pc = {nxt}")
     out: list[str] = []
     for pc, lines, count in blocks:
@@ -105,7 +101,18 @@ def _blocks(vm: "Vm", nmaps: int, names: dict[str, object]) -> list[str]:
                 " " * 16 + "if budget < 0:",
                 " " * 20 + "raise VmError(f'instruction budget of {vm.budget} exhausted (unbounded loop?)')"]
         out += [" " * 16 + ln for ln in lines]
-    return out + [" " * 12 + "raise VmError(f'no instruction starts at {pc}')"]   # never: targets were checked
+    # no block starts here: inside an lddw or past the end; the interpreter's op for the slot raises
+    return out + [" " * 12 + "p = pc", " " * 12 + "OPS[pc](run)",
+                  " " * 12 + "raise VmError(f'no instruction starts at {pc}')"]   # never: those ops raise
+
+
+def _transfers(i: "Insn") -> bool:
+    """Whether the instruction ends its block with a jump of its own: jumps, exits and local calls."""
+    return i.kind in ("jmp", "ja", "exit") or (i.kind == "call" and i.src == isa.CALL_LOCAL)
+
+
+def _target(i: "Insn") -> int:
+    return i.call_target() if i.kind == "call" else i.jump_target() if i.kind in ("jmp", "ja") else -1
 
 
 def _operand(i: "Insn") -> str:
@@ -116,10 +123,16 @@ def _operand(i: "Insn") -> str:
     return f"r{i.src}" if i.width == 64 else f"(r{i.src} & {m})"
 
 
-def _insn(i: "Insn", nxt: int | None, nmaps: int, names: dict[str, object]) -> list[str]:
+def _insn(i: "Insn", nxt: int, end: int, nmaps: int, names: dict[str, object]) -> list[str]:
     """The statements of one instruction (registers r0..r10 are locals; p: the pc a fault reports;
-    nxt: the next instruction's pc; nmaps: the maps a map reference may name)."""
+    nxt: the next instruction's pc, or the end; end: the slot past the last; nmaps: the maps a map
+    reference may name)."""
     d, s = f"r{i.dst}", f"r{i.src}"
+    closure = [f"p = {i.pc}", _SYNC, f"OPS[{i.pc}](run)", _RELOAD]
+    if i.kind in WRITES_DST and i.dst == isa.FRAME_POINTER:
+        return closure   # raises "r10 is read-only"
+    if i.kind in ("jmp", "ja") and not 0 <= i.jump_target() <= end:
+        return closure   # raises "jump to N, outside the program"
     if i.kind in ("alu", "mov"):
         m, x = MASKS[i.width], _operand(i)
         dv = d if i.width == 64 else f"({d} & {m})"
@@ -167,14 +180,18 @@ def _insn(i: "Insn", nxt: int | None, nmaps: int, names: dict[str, object]) -> l
     if i.kind == "ja":
         target = i.jump_target()
         return [f"pc = {target}"] + (["continue"] if target <= i.pc else [])
-    if i.kind == "exit":
-        return ["return r0 & MASK64"]
+    if i.kind == "exit":   # from a subprogram: the closure restores the caller's frame and r6-r9
+        return ["if not run.frames:", "    return r0 & MASK64", _SYNC, f"pc = OPS[{i.pc}](run)", _RELOAD,
+                _FRAME.strip(), "continue"]
     if i.kind == "atomic" and i.atomic_op == "add" and not i.fetch:   # the counters' add, as _atomic does it
         m = MASKS[i.width]
         return [f"p = {i.pc}", f"a = ({d} + {i.off}) & MASK64",
                 f"if a % {i.size}:", f"    raise VmError(f'atomic access at 0x{{a:x}} is not {i.size}-byte aligned')",
                 f"store(a, {i.size}, (load(a, {i.size}) + ({s} & {m})) & {m})"]
-    if i.kind == "call":
+    if i.kind == "call" and i.src == isa.CALL_HELPER and i.imm in calls.HANDLERS:
         return [f"p = {i.pc}", _SYNC, f"if HANDLERS[{i.imm}](run):", "    return regs[0] & MASK64", _RELOAD]
-    # the rest (lddw, atomics, neg, end, movsx): the interpreter's closure for this instruction
-    return [f"p = {i.pc}", _SYNC, f"OPS[{i.pc}](run)", _RELOAD]
+    if i.kind == "call" and i.src == isa.CALL_LOCAL and 0 <= i.call_target() < end:
+        # the closure pushes the frame (or raises past MAX_FRAMES) and returns the target
+        return [f"p = {i.pc}", _SYNC, f"pc = OPS[{i.pc}](run)", _RELOAD, _FRAME.strip(), "continue"]
+    # the rest (lddw, atomics, neg, end, movsx, calls the interpreter refuses): its closure
+    return closure
