@@ -2,7 +2,7 @@
 
 `torch_train_live.py eager|compile STEPS` trains STEPS steps; `... eager|compile STOP` trains until the
 file STOP exists (creating STOP.ready once three steps ran: compiled and warm), sleeping PACE_S after
-each step so that the launches stay under the 2^18 launch ids tests/e2e/launch_threads.bpf.c keeps.
+each step so that the launches stay under the 2^18 launch ids tests/e2e/launch_threads_by_id.bpf.c keeps.
 It prints `STEPS n LOSSES <sha256> WEIGHTS <sha256>`: a run of the same number of steps must print the
 same line (deterministic algorithms, fixed seed and data).
 """
