@@ -228,7 +228,8 @@ static size_t g_nloaded, g_capacity;
 
 struct function {
     unsigned long long kernel_id, mask, start;
-    unsigned int generation;
+    unsigned long long patches;   /* the generation whose programs `mask` names */
+    unsigned int generation;      /* g_generation when asked: unloads and flips make it stale */
 };
 #define FUNCTIONS (1u << 14)
 static struct {
@@ -242,10 +243,10 @@ static const struct function *function_of(const san_launch_data *ld, const struc
     if (!e) return NULL;
     unsigned int gen = atomic_load_explicit(&g_generation, memory_order_acquire);
     const struct function *info = atomic_load_explicit(&e->info, memory_order_acquire);
-    if (info && info->generation == gen) return info;
+    if (info && info->generation == gen && info->patches == g->id) return info;
     struct function *fresh = calloc(1, sizeof *fresh);
     if (!fresh) return NULL;
-    fresh->generation = gen;
+    fresh->generation = gen, fresh->patches = g->id;
     if (egpu_python_up()) { /* else no probes: the interpreter is finalized (egpu_shim_python_gone) */
         int old = egpu_shim_bypass(1); /* Python must not reach the driver from here; hooks pass through */
         fresh->mask = egpu_py_sass_kernel(ld->module, ld->functionName ? ld->functionName : "", g->id,
@@ -309,20 +310,23 @@ static void drop_staged(void) {
     }
 }
 
-/* Every module to the staged generation, or, should one fail, every module back to the current one.
- * 0, or -1 with g_error saying why. */
+/* Every module to the staged generation, or, should one fail, the modules it reached (that one
+ * included: repatch unpatches first) back to the current one. 0, or -1 with g_error saying why. */
 static int commit_staged(void) {
     struct generation *old = atomic_load(&g_current), *g = g_staged;
     unsigned long long t0 = micros();
-    int failed = 0;
-    for (size_t i = 0; i < g_nloaded && !failed; i++) failed = !repatch(&g_loaded[i], g);
-    if (failed) {
+    size_t reached = 0;
+    while (reached < g_nloaded && repatch(&g_loaded[reached], g)) reached++;
+    if (reached < g_nloaded) {
         char why[sizeof g_error];
         pthread_mutex_lock(&g_err_mu);
         memcpy(why, g_error, sizeof why);
         pthread_mutex_unlock(&g_err_mu);
-        for (size_t i = 0; i < g_nloaded; i++) repatch(&g_loaded[i], old);
-        set_error("%s; the probes before it go on running", why);
+        size_t lost = 0;
+        for (size_t i = 0; i <= reached; i++) lost += !repatch(&g_loaded[i], old);
+        if (!old || !old->classes) launch_domain(0);
+        if (lost) set_error("%s; putting the probes before it back failed too: %zu modules run no probe", why, lost);
+        else set_error("%s; the probes before it go on running", why);
         drop_staged();
         return -1;
     }
@@ -365,16 +369,18 @@ static void module_loaded(const san_module_data *d) {
 }
 
 static void module_unloading(const san_module_data *d) {
-    _Atomic int *s = module_state(d->module, 0);
-    if (s) atomic_store(s, MOD_UNKNOWN);
-    atomic_fetch_add(&g_generation, 1);
-    pthread_mutex_lock(&g_mu);
+    pthread_mutex_lock(&g_mu); /* so no commit marks the handle patched again after this */
     for (size_t i = 0; i < g_nloaded; i++)
         if (g_loaded[i].module == d->module) g_loaded[i--] = g_loaded[--g_nloaded];
+    _Atomic int *s = module_state(d->module, 0);
+    if (s) atomic_store(s, MOD_UNKNOWN);
     pthread_mutex_unlock(&g_mu);
+    atomic_fetch_add(&g_generation, 1);
 }
 
 static void launch_begin(const san_launch_data *ld) {
+    unsigned long long launch_id = egpu_sass_launch_id; /* this launch's, set by the shim's hook */
+    egpu_sass_launch_id = 0;                             /* never a later, unhooked launch's */
     _Atomic int *s = module_state(ld->module, 0);
     if (!s || atomic_load_explicit(s, memory_order_acquire) != MOD_PATCHED) return;
     atomic_fetch_add_explicit(&g_stats.launches, 1, memory_order_relaxed);
@@ -385,8 +391,7 @@ static void launch_begin(const san_launch_data *ld) {
     struct context *c = context_of(ld->context, 0);
     if (!f || !f->mask || !tables || !c || !c->ring) return;
     unsigned long long slot = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed) % RING;
-    struct record r = {f->kernel_id, egpu_sass_launch_id, f->start, f->mask, tables, g->id, {0, 0}};
-    egpu_sass_launch_id = 0;
+    struct record r = {f->kernel_id, launch_id, f->start, f->mask, tables, g->id, {0, 0}};
     /* Stream-ordered before the kernel, which is not enqueued yet at LAUNCH_BEGIN; the sanitizer stages
      * the pageable source before returning. */
     if (ok(san.sanitizerMemcpyHostToDeviceAsync(c->ring + slot, &r, sizeof r, ld->hStream),

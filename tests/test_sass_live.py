@@ -3,13 +3,14 @@ back from the stand-in driver (module loads, launches) and logs, after each laun
 block-enter patch the launch would run and the launch record it was given (`run f=.. enter=..
 record=GEN:LAUNCH:MASK`).
 
-A job of four launching threads (tests/sass_stub/app_threads_loop.c) starts under `egpu-run --backend
+A job of four launching threads and two modules (tests/sass_stub/app_threads_loop.c) starts under `egpu-run --backend
 sass` with no probe, then is attached, swapped and detached over its control socket:
 - standby: subscribed, no patch, launch callbacks off, every launch runs nothing;
 - every launch between two flips runs the generation the first one committed, its patch and its record
   together (a launch never runs one generation's patch with another's record), and each window holds
   exactly the launch ids between the flips that bound it;
-- a re-patch the sanitizer refuses fails the swap, and the old probe goes on running.
+- a re-patch the sanitizer refuses fails the swap, and the old probe goes on running in both modules,
+  whether the first module or the second was refused.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from egpu_preload.control import ControlClient, list_sessions
 from stub_job import ROOT
 
 SASS_STUB = Path(__file__).parent / "sass_stub"
-RUN = re.compile(r"^\d+ run f=step enter=(\S+) record=(\S+)$", re.M)
+RUN = re.compile(r"^\d+ run f=step2? enter=(\S+) record=(\S+)$", re.M)
 LAUNCH = re.compile(r"^\d+ cuLaunchKernel ", re.M)
 THREADS = 4
 
@@ -109,13 +110,13 @@ def test_standby_then_attach_swap_detach_while_threads_launch(stub_job, stand_in
         assert not [c for c in job.calls() if "Patch" in c or "domain=5" in c]
         assert job.runs() == []   # the launch domain is off: the stand-in never calls back
         a = job.client.request("attach", probe=probe_obj("count").read_bytes(), name="count")
-        assert (a["sass"]["modules_patched"], a["sass"]["modules"]) == (1, 1), a["sass"]
+        assert (a["sass"]["modules_patched"], a["sass"]["modules"]) == (2, 2), a["sass"]
         job.wait_runs()
         s = job.client.request("swap", old="count", new_probe=probe_obj("hash_count").read_bytes(),
                                new_name="hash_count")
         job.wait_runs()
         d = job.client.request("detach")
-        assert (d["sass"]["modules_patched"], d["sass"]["modules"]) == (0, 1), d["sass"]
+        assert (d["sass"]["modules_patched"], d["sass"]["modules"]) == (0, 2), d["sass"]
         time.sleep(0.1)
         out = job.finish()
     launched = int(re.search(r"launches (\d+) failed 0$", out.strip()).group(1))
@@ -137,11 +138,14 @@ def test_standby_then_attach_swap_detach_while_threads_launch(stub_job, stand_in
     assert by_gen.get(0, ({"-"}, set()))[0] == {"-"}
 
 
-def test_a_failed_repatch_leaves_the_old_probe_running(stub_job, stand_ins, probe_obj, tmp_path, monkeypatch):
-    """The swap's re-patch fails (the sanitizer's second sanitizerPatchModule): the swap is refused with the
-    reason, the module is patched again with the attached probe's image, and its launches go on with it."""
+@pytest.mark.parametrize("refused", [3, 4])
+def test_a_failed_repatch_leaves_the_old_probe_running(stub_job, stand_ins, probe_obj, tmp_path, monkeypatch,
+                                                       refused):
+    """The swap's re-patch fails at its first module (the sanitizer's third sanitizerPatchModule: the attach
+    made two) or at its second, after the first was re-patched: the swap is refused with the reason, the
+    modules it reached are patched again with the attached probe's image, and every launch goes on with it."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    with ThreadedJob(stub_job, stand_ins, tmp_path, EGPU_STUB_SANITIZER_FAIL="sanitizerPatchModule:2") as job:
+    with ThreadedJob(stub_job, stand_ins, tmp_path, EGPU_STUB_SANITIZER_FAIL=f"sanitizerPatchModule:{refused}") as job:
         a = job.client.request("attach", probe=probe_obj("count").read_bytes(), name="count")
         job.wait_runs()
         from egpu_preload.errors import EgpuError
@@ -155,7 +159,8 @@ def test_a_failed_repatch_leaves_the_old_probe_running(stub_job, stand_ins, prob
         after = job.runs()[before:]
         d = job.client.request("detach")
         job.finish()
-    assert after and len({enter for enter, _ in after}) == 1
-    (gen,) = {int(record.split(":")[0]) for _, record in after}
-    first = windows(job.runs())[gen]
-    assert min(first[1]) == a["launches"] + 1 and max(first[1]) <= d["launches"]   # one window, attach to detach
+    (gen,) = {int(record.split(":")[0]) for _, record in after}   # one generation, a record each
+    attached = windows(job.runs())[gen]
+    assert len(attached[0]) == 1   # its own image's entry point, before the failed swap and after it
+    assert min(attached[1]) == a["launches"] + 1 and max(attached[1]) <= d["launches"]   # attach to detach
+    assert [c for c in job.calls() if c.startswith("sanitizerPatchModule")].count("sanitizerPatchModule -> 7") == 1

@@ -174,3 +174,12 @@ def test_a_live_generation_before_the_first_sass_load_stands():
     b = sass.SassBackend(config.Config(), [probe([("entry", "*", "thread")])], None, None)
     b.current = 2
     assert b.prepare(90) == "" and b.staged is None
+
+
+def test_the_first_sass_load_patches_the_probes_attached_then():
+    """A probe detached live before the first module the SASS back end serves loads: that load patches
+    what is attached then (here nothing), not the start-up probes."""
+    probes = [probe([("entry", "*", "thread")])]
+    b = sass.SassBackend(config.Config(), probes, None, None)
+    probes[:] = []   # Live's detach changes the runtime's list in place
+    assert b.prepare(90) == sass.NO_PROGRAMS and b.staged is None

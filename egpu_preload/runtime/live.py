@@ -372,7 +372,7 @@ class Live:
         t1 = time.perf_counter()
         try:
             launches = self._flip_all(ctx, copies, flips, [r for _, _, rows in plan for r in rows])
-        except ControlError:
+        except Exception:   # nothing published: nothing staged or loaded for ``new`` may stay
             with rt.driver.current(ctx):
                 snapshot.free(self.memory)
                 self._unstage_sass()

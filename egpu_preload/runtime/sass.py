@@ -69,7 +69,7 @@ class SassBackend:
 
     def __init__(self, cfg: Config, probes: list[Probe], ffi: Any, lib: Any) -> None:
         self.cfg, self.ffi, self.lib = cfg, ffi, lib
-        self.start_objects = [p.obj for p in probes]
+        self.probes = probes   # the runtime's list, which live flips change in place: the probes attached now
         self.generations: dict[int, PatchModule] = {}   # committed or staged, by id (kernel() reads them)
         self.current = 0                                 # the committed generation (0: none yet)
         self.staged: Staged | None = None
@@ -102,20 +102,22 @@ class SassBackend:
         return self.generations.get(self.current)
 
     def prepare(self, sm: int) -> str:
-        """At a module load this back end serves: commit the start-up probes' generation (once); "" when
-        kernels will be patched, else why not ("no kernel-site probes": standby)."""
+        """At a module load this back end serves: commit the generation of the probes attached now, once,
+        unless a live flip committed one first; "" when kernels will be patched, else why not ("no
+        kernel-site probes": standby)."""
         if self.configured is not None:
             return self.configured
         if self.current or self.staged is not None:   # a live flip came first: its generation stands
             self.configured = ""
             return self.configured
-        if self.cfg.backend == "ptx" or not has_sites(self.start_objects):
+        objects = [p.obj for p in self.probes]
+        if self.cfg.backend == "ptx" or not has_sites(objects):
             self.configured = NO_PROGRAMS
             return self.configured
         why = self.unavailable()
         if not why:
             try:
-                self.stage(self.start_objects, sm, None)
+                self.stage(objects, sm, None)
             except EgpuError as e:
                 why = f"patch image: {e}"
         if not why and self.lib.egpu_sass_commit_now():

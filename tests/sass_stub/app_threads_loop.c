@@ -1,6 +1,7 @@
 /* A job for the SASS back end's live tests (tests/test_sass_live.py): `app_threads_loop STOP THREADS`
- * loads one PTX module (kernel `step`, no parameters) and launches it from THREADS threads, each about
- * every 200 us, until the file STOP exists; then prints "app_threads_loop launches N failed F". */
+ * loads two PTX modules (kernels `step` and `step2`, no parameters) and launches them in turn from
+ * THREADS threads, each about every 200 us, until the file STOP exists; then prints
+ * "app_threads_loop launches N failed F". */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -9,17 +10,18 @@
 #include <unistd.h>
 
 static const char PTX[] = ".version 8.0\n.target sm_90\n.address_size 64\n\n.visible .entry step()\n{\n\tret;\n}\n";
+static const char PTX2[] = ".version 8.0\n.target sm_90\n.address_size 64\n\n.visible .entry step2()\n{\n\tret;\n}\n";
 
 typedef int (*fn)();
 static fn launch;
-static void *function;
+static void *functions[2];
 static const char *stop;
 static atomic_long launches, failed;
 
 static void *worker(void *arg) {
     (void)arg;
-    while (access(stop, F_OK)) {
-        int r = launch(function, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+    for (unsigned i = 0; access(stop, F_OK); i++) {
+        int r = launch(functions[i & 1], 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
         atomic_fetch_add(r ? &failed : &launches, 1);
         usleep(200);
     }
@@ -35,8 +37,10 @@ int main(int argc, char **argv) {
     fn init = (fn)dlsym(cuda, "cuInit"), load = (fn)dlsym(cuda, "cuModuleLoadData");
     fn get = (fn)dlsym(cuda, "cuModuleGetFunction");
     launch = (fn)dlsym(cuda, "cuLaunchKernel");
-    void *module = NULL;
-    if (init(0) || load(&module, PTX) || get(&function, module, "step")) return 4;
+    void *module = NULL, *module2 = NULL;
+    if (init(0) || load(&module, PTX) || get(&functions[0], module, "step") || load(&module2, PTX2) ||
+        get(&functions[1], module2, "step2"))
+        return 4;
     pthread_t threads[64];
     if (n < 1 || n > 64) return 2;
     for (int i = 0; i < n; i++) pthread_create(&threads[i], NULL, worker, NULL);
