@@ -134,7 +134,7 @@ def test_attach_swap_detach_through_the_cli(job, probes):
     job.wait_launches()
     detach = egpu(["detach", str(job.pid)], job.env)
     assert detach.returncode == 0, detach.stderr
-    assert detach.stderr.startswith(f"detached hash_count in {job.pid}: 1 modules, 0 kernels")
+    assert detach.stderr.startswith(f"detached hash_count in {job.pid}: PTX 1 modules, 0 kernels")
     job.wait_launches()
     assert egpu(["modules", str(job.pid)], job.env).stdout.splitlines()[0] == f"{api} ptx: untouched"
     status, out, err = job.finish()
