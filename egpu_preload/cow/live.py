@@ -239,7 +239,10 @@ class Checkpointer:
             t_cut = time.monotonic_ns()
             r = lib.egpu_cow_arm(table, len(staged), side_p)
         if r:
-            why = rt.driver.error_name(r) if r > 0 else "already armed or bad ranges"
+            why = (rt.driver.error_name(r) if r > 0 else
+                   "a launch or copy stayed in the driver past the hold limit" if r == lib.EGPU_COW_TIMEOUT else
+                   "a stream the application made is not known to the shim" if r == lib.EGPU_COW_STREAMS else
+                   "already armed or bad ranges")
             raise CowError(f"cannot take the cut: {why}")
         try:
             while lib.egpu_cow_copy_next(side_p) >= 0:

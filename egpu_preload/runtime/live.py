@@ -433,6 +433,10 @@ class Live:
             raise ControlError(f"{CAPTURING}; nothing changed, try again once it has ended")
         if r == -1:
             raise ControlError("the shim's function table is full or memory ran out: nothing changed")
+        if r == lib.EGPU_SWAP_TIMEOUT:
+            raise ControlError(f"the application's work did not finish within {lib.egpu_shim_hold_limit(0) / 1000:g} s "
+                               "of holding its launches (a kernel that runs long or never ends): nothing "
+                               "changed, its launches went on")
         if r:
             raise ControlError(f"the flip failed: {self.rt.driver.error_name(r)}: nothing changed")
         return int(launches[0])
