@@ -1,7 +1,8 @@
 /* cow.c: the shim's part for cow/ (egpu_cow.h): copy, memset, stream and event hooks, a ring of their
  * records, the streams the app made, and the soft copy-on-write of a live checkpoint.
  *
- * Nothing here calls Python on the way of a copy or a launch. Idle cost: a copy hook counts itself in
+ * Nothing here calls Python on the way of a copy or a launch but the one launch that restores a
+ * checkpoint (egpu_py_cow_restore, with no lock held). Idle cost: a copy hook counts itself in
  * and out of a gate (two atomics) and loads the armed flag; a launch hook loads the flag
  * (EGPU_COW_LAUNCH in interpose.c). Only while a checkpoint is armed do hooks look at parameters.
  */
@@ -9,6 +10,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,7 @@
 
 #include "egpu_shim.h"
 #include "egpu_cow.h"
+#include "egpu_gate.h"
 #include "egpu_ring.h"
 #include "egpu_table.h"
 
@@ -29,6 +32,7 @@
 #define CU_LAUNCH_PARAM_END ((void *)0x00)
 #define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
 #define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
+#define PARAM_BYTES_MAX 32764 /* a kernel's parameters at most (CUDA 12.1+); the driver refuses more */
 /* CUmemorytype (cuda.h) */
 #define MT_HOST 1
 #define MT_DEVICE 2
@@ -58,12 +62,6 @@ typedef CUresult (*pfn_host_free)(void *);
 #define CALL(sym, ...) ({ pfn_##sym fn_ = REAL(pfn_##sym, #sym); fn_ ? fn_(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
 #define CALL_AS(type, name, ...) ({ type fn_ = REAL(type, name); fn_ ? fn_(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
 
-static unsigned long long now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (unsigned long long)ts.tv_sec * 1000000000ull + ts.tv_nsec;
-}
-
 /* ---- the record ring (egpu_ring.h): the hooks push, the runtime takes ---- */
 
 EGPU_RING(op_ring, struct egpu_op, 1u << 14)
@@ -90,16 +88,24 @@ EXPORT size_t egpu_cow_drain(struct egpu_op *out, size_t max) {
     return op_ring_drain(out, max);
 }
 
-/* ---- the streams the app made: where the cut needs an event ---- */
+/* ---- the streams the app made: where the cut needs an event ----
+ * A list that grows; a stream it had no memory for is counted, and every later cut is refused (it
+ * could not be complete): the counter never goes back, since the stream is not known by name. */
 
-#define MAX_STREAMS 4096
-static CUstream streams[MAX_STREAMS];
-static size_t nstreams;
+static CUstream *streams;
+static size_t nstreams, streams_room;
+static unsigned long long streams_lost;
 static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void stream_add(CUstream s) {
     pthread_mutex_lock(&streams_lock);
-    if (nstreams < MAX_STREAMS) streams[nstreams++] = s;
+    if (nstreams == streams_room) {
+        size_t room = streams_room ? 2 * streams_room : 64;
+        CUstream *grown = realloc(streams, room * sizeof *streams);
+        if (grown) streams = grown, streams_room = room;
+    }
+    if (nstreams < streams_room) streams[nstreams++] = s;
+    else streams_lost++;
     pthread_mutex_unlock(&streams_lock);
 }
 
@@ -121,36 +127,31 @@ EXPORT size_t egpu_cow_streams(void **out, size_t max) {
     return n;
 }
 
-/* ---- the copy gate: arming waits until no copy hook is between its check and its driver call
- * (the launch hooks have interpose.c's gate). Dekker, as there: both sides seq_cst. ---- */
+/* ---- the copy gate (egpu_gate.h): arming waits until no copy hook is between its check and its
+ * driver call (the launch hooks have interpose.c's gate) ---- */
 
-static _Atomic int copy_hold;
-static _Atomic long copy_inflight;
+static struct egpu_gate copy_gate;
 
-static void copy_enter(void) {
-    atomic_fetch_add(&copy_inflight, 1);
-    while (__builtin_expect(atomic_load(&copy_hold), 0)) {
-        atomic_fetch_sub(&copy_inflight, 1);
-        while (atomic_load(&copy_hold)) sched_yield();
-        atomic_fetch_add(&copy_inflight, 1);
-    }
+int egpu_copy_gate(int hold, unsigned long long deadline_ns) {
+    if (hold) return egpu_gate_close(&copy_gate, deadline_ns);
+    egpu_gate_open(&copy_gate);
+    return 0;
 }
 
-static void copy_exit(void) { atomic_fetch_sub_explicit(&copy_inflight, 1, memory_order_release); }
-
-void egpu_copy_gate(int hold) {
-    atomic_store(&copy_hold, hold != 0);
-    while (hold && atomic_load(&copy_inflight)) sched_yield();
-}
-
-static void hold_hooks(int on) {
-    if (on) {
-        egpu_launch_gate(1);
-        egpu_copy_gate(1);
-    } else {
-        egpu_copy_gate(0);
-        egpu_launch_gate(0);
+/* 0 with both gates held, or -1 (both open) when a hook stayed inside past the hold limit. */
+static int hold_hooks(int on) {
+    if (!on) {
+        egpu_copy_gate(0, 0);
+        egpu_launch_gate(0, 0);
+        return 0;
     }
+    unsigned long long deadline = egpu_hold_deadline();
+    if (egpu_launch_gate(1, deadline)) return -1;
+    if (egpu_copy_gate(1, deadline)) {
+        egpu_launch_gate(0, 0);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- the armed checkpoint ----
@@ -241,14 +242,21 @@ static struct unit *unit_at(unsigned long long p) {
     return p - r->address < r->size ? &cow.units[lo - 1] : NULL;
 }
 
+/* a + b * c, or ULLONG_MAX where that overflows: a span that wraps reaches the top of the address space
+ * (the driver refuses such a call, but what it may write is tracked first) */
+static unsigned long long span(unsigned long long a, unsigned long long b, unsigned long long c) {
+    unsigned long long m, r;
+    return __builtin_mul_overflow(b, c, &m) || __builtin_add_overflow(a, m, &r) ? ULLONG_MAX : r;
+}
+
 static void touch_range(unsigned long long p, unsigned long long size, CUstream s) {
     /* a copy into [p, p + size) may span several allocations */
-    for (unsigned long long end = p + (size ? size : 1); p < end;) {
+    for (unsigned long long end = span(p, size ? size : 1, 1); p < end;) {
         struct unit *u = unit_at(p);
         if (u) {
             touch(u, s);
             const struct egpu_cow_range *r = &cow.ranges[u->first];
-            p = r->address + r->size;
+            p = r->address + r->size; /* arm refused ranges that wrap */
             continue;
         }
         size_t lo = 0, hi = cow.nranges; /* skip to the next range start */
@@ -263,7 +271,7 @@ static void touch_range(unsigned long long p, unsigned long long size, CUstream 
 }
 
 static void stall(unsigned long long t0) {
-    unsigned long long d = now_ns() - t0;
+    unsigned long long d = egpu_now_ns() - t0;
     atomic_fetch_add_explicit(&cstats.stall_ns, d, memory_order_relaxed);
     unsigned long long m = atomic_load_explicit(&cstats.stall_max_ns, memory_order_relaxed);
     while (d > m && !atomic_compare_exchange_weak(&cstats.stall_max_ns, &m, d)) {}
@@ -272,7 +280,7 @@ static void stall(unsigned long long t0) {
 /* A copy or memset about to write [dst, dst + size) on stream s. */
 static void cow_write(unsigned long long dst, unsigned long long size, CUstream s) {
     if (!(atomic_load_explicit(&egpu_cow_flags, memory_order_acquire) & FLAG_ARMED) || !dst) return;
-    unsigned long long t0 = now_ns();
+    unsigned long long t0 = egpu_now_ns();
     atomic_fetch_add_explicit(&cstats.checked, 1, memory_order_relaxed);
     touch_range(dst, size, s);
     stall(t0);
@@ -363,11 +371,17 @@ static unsigned long long word_at(const void *p) {
 }
 
 /* Every 8-byte-aligned word (aligned in the parameter buffer) of parameter bytes [at, at + size). */
-static void scan(const char *base, unsigned int offset, unsigned int size, CUstream s) {
-    for (unsigned int w = (8 - offset % 8) % 8; w + 8 <= size; w += 8) {
+static void scan(const char *base, unsigned int offset, size_t size, CUstream s) {
+    for (size_t w = (8 - offset % 8) % 8; w + 8 <= size; w += 8) {
         struct unit *u = unit_at(word_at(base + w));
         if (u) touch(u, s);
     }
+}
+
+/* A launch that may write anything: every pending range is copied first. */
+static void all_written(CUstream s) {
+    atomic_fetch_add_explicit(&cstats.unknown_layout, 1, memory_order_relaxed);
+    for (size_t i = 0; i < cow.nranges; i++) touch(&cow.units[i], s);
 }
 
 static void restore_check(void);
@@ -376,7 +390,7 @@ void egpu_cow_launch(void *f, CUstream stream, int per_thread, void **params, vo
     int flags = atomic_load_explicit(&egpu_cow_flags, memory_order_acquire);
     if (flags & FLAG_RESTORE) restore_check();
     if (!(flags & FLAG_ARMED)) return;
-    unsigned long long t0 = now_ns();
+    unsigned long long t0 = egpu_now_ns();
     CUstream s = effective(stream, per_thread);
     atomic_fetch_add_explicit(&cstats.checked, 1, memory_order_relaxed);
     if (cow.nunits > cow.nranges) touch(&cow.units[cow.nranges], s); /* any kernel may write a global */
@@ -387,13 +401,15 @@ void egpu_cow_launch(void *f, CUstream stream, int per_thread, void **params, vo
         else if (e[0] == CU_LAUNCH_PARAM_BUFFER_SIZE && e[1]) bufsize = *(size_t *)e[1];
     }
     struct layout *l = layout_for(f);
-    if (buf && bufsize && (!l->known || l->nwrites < 0)) {
-        scan(buf, 0, (unsigned int)bufsize, s);
+    if (bufsize > PARAM_BYTES_MAX) { /* not a buffer to read: the driver refuses the launch */
+        all_written(s);
+    } else if (buf && bufsize && (!l->known || l->nwrites < 0)) {
+        scan(buf, 0, bufsize, s);
     } else if (l->known && l->nwrites >= 0 && (buf || params || !l->nparams)) {
         for (int i = 0; i < l->nwrites; i++) { /* only the words the kernel writes through */
-            unsigned int at = l->writes[i];
+            unsigned long long at = l->writes[i];
             for (unsigned int p = 0; p < l->nparams; p++) {
-                if (at < l->offsets[p] || at + 8 > l->offsets[p] + l->sizes[p]) continue;
+                if (at < l->offsets[p] || at + 8 > (unsigned long long)l->offsets[p] + l->sizes[p]) continue;
                 const char *word = buf ? buf + at : (const char *)params[p] + (at - l->offsets[p]);
                 if (!buf || at + 8 <= bufsize) {
                     struct unit *u = unit_at(word_at(word));
@@ -404,9 +420,8 @@ void egpu_cow_launch(void *f, CUstream stream, int per_thread, void **params, vo
         }
     } else if (l->known && (params || !l->nparams)) {
         for (unsigned int p = 0; p < l->nparams; p++) scan(params[p], l->offsets[p], l->sizes[p], s);
-    } else { /* nothing to read the parameters by: the launch may write anything */
-        atomic_fetch_add_explicit(&cstats.unknown_layout, 1, memory_order_relaxed);
-        for (size_t i = 0; i < cow.nranges; i++) touch(&cow.units[i], s);
+    } else { /* nothing to read the parameters by */
+        all_written(s);
     }
     stall(t0);
 }
@@ -419,6 +434,13 @@ static int by_address(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Drop the checkpoint's tables without freeing them or their events: a hook may still be reading them
+ * (a disarm whose hold timed out), or they are the parent's (a forked child). */
+static void forget_all(void) {
+    cow.ranges = NULL, cow.units = NULL, cow.cut = NULL;
+    cow.nranges = cow.nunits = cow.ncut = cow.nevents = 0;
+}
+
 static void release_all(void) {
     pfn_event destroy = REAL(pfn_event, "cuEventDestroy_v2");
     for (size_t i = 0; destroy && i < cow.nunits; i++)
@@ -428,8 +450,7 @@ static void release_all(void) {
     free(cow.ranges);
     free(cow.units);
     free(cow.cut);
-    cow.ranges = NULL, cow.units = NULL, cow.cut = NULL;
-    cow.nranges = cow.nunits = cow.ncut = cow.nevents = 0;
+    forget_all();
 }
 
 static CUresult new_event(CUevent *e) {
@@ -443,14 +464,22 @@ EXPORT int egpu_cow_arm(const struct egpu_cow_range *ranges, size_t n, void *sid
         return -1;
     }
     size_t nptr = 0, nglob = 0;
-    for (size_t i = 0; i < n; i++) ranges[i].always ? nglob++ : nptr++;
+    for (size_t i = 0; i < n; i++) {
+        if (ranges[i].size > ULLONG_MAX - ranges[i].address) { /* wraps: no range to claim */
+            pthread_mutex_unlock(&arm_lock);
+            return -1;
+        }
+        ranges[i].always ? nglob++ : nptr++;
+    }
     cow.ranges = calloc(n + 1, sizeof *cow.ranges);
     cow.units = calloc(nptr + 1, sizeof *cow.units);
     pthread_mutex_lock(&streams_lock);
     size_t room = nstreams + 1 + 32; /* the legacy stream, and streams made before the cut */
+    int lost = streams_lost != 0;
     pthread_mutex_unlock(&streams_lock);
+    int result = lost ? EGPU_COW_STREAMS : -1;
+    if (lost) goto fail;
     cow.cut = calloc(room, sizeof *cow.cut);
-    int result = -1;
     if (!cow.ranges || !cow.units || !cow.cut) goto fail;
     cow.nevents = room;
     for (size_t i = 0, p = 0, g = nptr; i < n; i++) cow.ranges[ranges[i].always ? g++ : p++] = ranges[i];
@@ -470,9 +499,14 @@ EXPORT int egpu_cow_arm(const struct egpu_cow_range *ranges, size_t n, void *sid
     memset(&cstats, 0, sizeof cstats);
 
     /* The cut: no hook between its check and its driver call while events go on every stream. */
-    hold_hooks(1);
+    if (hold_hooks(1)) {
+        result = EGPU_COW_TIMEOUT;
+        goto fail;
+    }
     pthread_mutex_lock(&streams_lock);
-    result = nstreams + 1 <= room ? CALL(cuEventRecord, cow.cut[0], NULL) : -1; /* the legacy stream */
+    /* more streams made since the events were counted than there are spares: refused */
+    result = streams_lost ? EGPU_COW_STREAMS
+             : nstreams + 1 <= room ? CALL(cuEventRecord, cow.cut[0], NULL) : EGPU_COW_STREAMS;
     cow.ncut = 1;
     for (size_t i = 0; i < nstreams && result == CUDA_SUCCESS; i++) {
         /* a stream of another context refuses the event: it cannot be cut from here */
@@ -532,11 +566,15 @@ EXPORT int egpu_cow_disarm(void) {
         if (st == ISSUED && sync) note_error(sync(cow.units[i].event));
         else if (st == PENDING) note_error(-1); /* never copied: the snapshot is incomplete */
     }
-    hold_hooks(1); /* no hook is reading the table when it goes */
+    int held = hold_hooks(1) == 0; /* no hook is reading the table when it goes */
     atomic_fetch_and(&egpu_cow_flags, ~FLAG_ARMED);
-    hold_hooks(0);
     int error = atomic_load(&cow.error);
-    release_all();
+    if (held) {
+        hold_hooks(0);
+        release_all();
+    } else { /* a hook stayed inside past the limit and may read the table yet: it stays */
+        forget_all();
+    }
     pthread_mutex_unlock(&arm_lock);
     return error;
 }
@@ -571,29 +609,44 @@ EXPORT void egpu_cow_stats(struct egpu_cow_stats *out) {
     pthread_mutex_unlock(&streams_lock);
 }
 
-/* ---- the restore trigger ---- */
+/* ---- the restore trigger ----
+ * ARMED until the allocation count is reached; the launch that finds it reached first claims the
+ * restore (RUNNING) and calls Python with no lock held; DONE after. Launches on other threads meanwhile
+ * wait until the contents are back, letting go of the GIL if they hold it: the restore needs it. Not
+ * while a stream captures: the restore's copies would fail there and fail the capture, and a captured
+ * launch does not run now but when its graph is replayed, so the first launch outside a capture
+ * restores. */
 
+enum { RESTORE_IDLE, RESTORE_ARMED, RESTORE_RUNNING };
 static _Atomic unsigned long long restore_count;
-static pthread_mutex_t restore_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int restore_state;
+static __thread int tls_restoring; /* this thread runs the restore: its own launches go on */
 
 EXPORT void egpu_cow_restore_at(unsigned long long count) {
     atomic_store(&restore_count, count);
+    atomic_store(&restore_state, count ? RESTORE_ARMED : RESTORE_IDLE);
     if (count) atomic_fetch_or(&egpu_cow_flags, FLAG_RESTORE);
     else atomic_fetch_and(&egpu_cow_flags, ~FLAG_RESTORE);
 }
 
-/* Launches before the count is reached go on; the one that finds it reached restores, under a lock
- * so that launches on other threads wait until the contents are back. Not while a stream captures: the
- * restore's copies would fail there and fail the capture, and a captured launch does not run now but
- * when its graph is replayed, so the first launch outside a capture restores. */
 static void restore_check(void) {
-    if (atomic_load(&egpu_alloc_seq) < atomic_load(&restore_count) || egpu_shim_capturing()) return;
-    pthread_mutex_lock(&restore_lock);
-    if ((atomic_load(&egpu_cow_flags) & FLAG_RESTORE) && egpu_python_up()) {  /* never into a finalized interpreter */
-        egpu_py_cow_restore();
+    if (tls_restoring || atomic_load(&egpu_alloc_seq) < atomic_load(&restore_count) || egpu_shim_capturing())
+        return;
+    int st = RESTORE_ARMED;
+    if (atomic_compare_exchange_strong(&restore_state, &st, RESTORE_RUNNING)) {
+        if (egpu_python_up()) { /* never into a finalized interpreter */
+            tls_restoring = 1;
+            egpu_py_cow_restore();
+            tls_restoring = 0;
+        }
         atomic_fetch_and(&egpu_cow_flags, ~FLAG_RESTORE);
+        atomic_store(&restore_state, RESTORE_IDLE);
+        return;
     }
-    pthread_mutex_unlock(&restore_lock);
+    if (st != RESTORE_RUNNING) return;
+    void *gil = egpu_gil_let_go();
+    while (atomic_load(&restore_state) == RESTORE_RUNNING) sched_yield();
+    egpu_gil_take_back(gil);
 }
 
 /* ---- the hooks ---- */
@@ -605,12 +658,12 @@ static void restore_check(void) {
  * module that a copy serves), copy-on-write for what it writes, the driver call, its record. */
 #define OP(sym, kind, flags, stream, move, dst, src, size, ...) do { \
         CUstream s_ = effective((stream), (flags) & EGPU_OP_PER_THREAD); \
-        copy_enter(); \
+        egpu_gate_enter(&copy_gate); \
         move; \
         unsigned long long d_ = (dst), n_ = (size); \
         if (WRITES(kind)) cow_write(d_, n_, s_); \
         CUresult r_ = CALL(sym, __VA_ARGS__); \
-        copy_exit(); \
+        egpu_gate_exit(&copy_gate); \
         if (r_ == CUDA_SUCCESS) record((kind), (flags), d_, (src), n_, s_); \
         return r_; \
     } while (0)
@@ -665,15 +718,17 @@ static int kind_of(int src, int dst) {
     return src == MT_HOST && dd ? EGPU_OP_HTOD : sd && dst == MT_HOST ? EGPU_OP_DTOH
            : sd && dd ? EGPU_OP_DTOD : EGPU_OP_COPY;
 }
-#define C2_DST(c) (end_of((c)->dstHost, (c)->dstDevice, (c)->dstMemoryType) + (c)->dstY * (c)->dstPitch + (c)->dstXInBytes)
-#define C2_SRC(c) (end_of((c)->srcHost, (c)->srcDevice, (c)->srcMemoryType) + (c)->srcY * (c)->srcPitch + (c)->srcXInBytes)
-#define C2_SIZE(c) ((c)->Height ? ((c)->Height - 1) * (c)->dstPitch + (c)->WidthInBytes : 0)
-#define C3_DST(c) (end_of((c)->dstHost, (c)->dstDevice, (c)->dstMemoryType) + \
-    ((c)->dstZ * (c)->dstHeight + (c)->dstY) * (c)->dstPitch + (c)->dstXInBytes)
-#define C3_SRC(c) (end_of((c)->srcHost, (c)->srcDevice, (c)->srcMemoryType) + \
-    ((c)->srcZ * (c)->srcHeight + (c)->srcY) * (c)->srcPitch + (c)->srcXInBytes)
+#define C2_DST(c) span(span(end_of((c)->dstHost, (c)->dstDevice, (c)->dstMemoryType), (c)->dstY, (c)->dstPitch), \
+                         (c)->dstXInBytes, 1)
+#define C2_SRC(c) span(span(end_of((c)->srcHost, (c)->srcDevice, (c)->srcMemoryType), (c)->srcY, (c)->srcPitch), \
+                         (c)->srcXInBytes, 1)
+#define C2_SIZE(c) ((c)->Height ? span((c)->WidthInBytes, (c)->Height - 1, (c)->dstPitch) : 0)
+#define C3_DST(c) span(span(end_of((c)->dstHost, (c)->dstDevice, (c)->dstMemoryType), (c)->dstXInBytes, 1), \
+                         span((c)->dstY, (c)->dstZ, (c)->dstHeight), (c)->dstPitch)
+#define C3_SRC(c) span(span(end_of((c)->srcHost, (c)->srcDevice, (c)->srcMemoryType), (c)->srcXInBytes, 1), \
+                         span((c)->srcY, (c)->srcZ, (c)->srcHeight), (c)->srcPitch)
 #define C3_SIZE(c) ((c)->Height && (c)->Depth ? \
-    (((c)->Depth - 1) * (c)->dstHeight + (c)->Height - 1) * (c)->dstPitch + (c)->WidthInBytes : 0)
+    span((c)->WidthInBytes, span((c)->Height - 1, (c)->Depth - 1, (c)->dstHeight), (c)->dstPitch) : 0)
 
 #define STRIDED(sym, T, D, flags) \
     EXPORT CUresult sym(const T *c) { \
@@ -702,19 +757,19 @@ STRIDED_ASYNC(cuMemcpy3DPeerAsync_ptsz, CUDA_MEMCPY3D, C3, PT)
 
 #define MEMSET(sym, T, unit, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, T v, size_t n) { \
-        OP(sym, EGPU_OP_MEMSET, flags, NULL, MOVED(dst, n * (unit)), dst, v, n * (unit), dst, v, n); }
+        OP(sym, EGPU_OP_MEMSET, flags, NULL, MOVED(dst, span(0, n, unit)), dst, v, span(0, n, unit), dst, v, n); }
 #define MEMSET_ASYNC(sym, T, unit, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, T v, size_t n, CUstream s) { \
-        OP(sym, EGPU_OP_MEMSET, (flags) | AS, s, MOVED(dst, n * (unit)), dst, v, n * (unit), dst, v, n, s); }
+        OP(sym, EGPU_OP_MEMSET, (flags) | AS, s, MOVED(dst, span(0, n, unit)), dst, v, span(0, n, unit), dst, v, n, s); }
 #define MEMSET2D(sym, T, unit, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, size_t pitch, T v, size_t w, size_t h) { \
         OP(sym, EGPU_OP_MEMSET, (flags) | EGPU_OP_STRIDED, NULL, NO_MOVE, dst, v, \
-           h ? (h - 1) * pitch + w * (unit) : 0, \
+           h ? span(span(0, w, unit), h - 1, pitch) : 0, \
            dst, pitch, v, w, h); }
 #define MEMSET2D_ASYNC(sym, T, unit, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, size_t pitch, T v, size_t w, size_t h, CUstream s) { \
         OP(sym, EGPU_OP_MEMSET, (flags) | AS | EGPU_OP_STRIDED, s, NO_MOVE, dst, v, \
-           h ? (h - 1) * pitch + w * (unit) : 0, \
+           h ? span(span(0, w, unit), h - 1, pitch) : 0, \
            dst, pitch, v, w, h, s); }
 MEMSET(cuMemsetD8_v2, unsigned char, 1, 0)
 MEMSET(cuMemsetD8_v2_ptds, unsigned char, 1, PT)
@@ -788,3 +843,27 @@ EVENT_RECORD_FLAGS(cuEventRecordWithFlags, 0)
 EVENT_RECORD_FLAGS(cuEventRecordWithFlags_ptsz, PT)
 WAIT_EVENT(cuStreamWaitEvent, 0)
 WAIT_EVENT(cuStreamWaitEvent_ptsz, PT)
+
+/* ---- fork (process.c): the streams' lock taken across it; the child keeps the stream list but none of
+ * the parent's checkpoint, restore or records: those are the parent's runtime's (its threads are not in
+ * the child) ---- */
+
+void egpu_cow_fork(enum egpu_fork_phase phase) {
+    if (phase == EGPU_FORK_PREPARE) {
+        pthread_mutex_lock(&streams_lock);
+        return;
+    }
+    if (phase == EGPU_FORK_PARENT) {
+        pthread_mutex_unlock(&streams_lock);
+        return;
+    }
+    pthread_mutex_init(&streams_lock, NULL);
+    pthread_mutex_init(&arm_lock, NULL);
+    atomic_store(&egpu_cow_flags, 0);
+    atomic_store(&restore_state, RESTORE_IDLE);
+    atomic_store(&restore_count, 0);
+    forget_all();
+    egpu_gate_reset(&copy_gate);
+    atomic_store(&records_on, 0);
+    op_ring_reset();
+}

@@ -94,8 +94,11 @@ int egpu_cow_staging_free(unsigned long long ptr, int host);
 /* Take the cut and arm, in the calling thread's current context: launches and copies wait at the
  * hooks for a moment (those inside one finish first), an event is recorded on every stream the app
  * made and on the legacy stream, the ranges are published, the hooks go on. `side` (a stream of the
- * runtime's) then waits for every cut event. Returns 0, -1 (already armed, bad ranges, no memory), or
- * a CUresult (nothing armed). */
+ * runtime's) then waits for every cut event. Returns 0, -1 (already armed, bad ranges, no memory),
+ * EGPU_COW_TIMEOUT (a hook stayed in the driver past egpu_shim_hold_limit), EGPU_COW_STREAMS (a stream
+ * the app made could not be listed, or too many were made during the arming: the cut would miss it),
+ * or a CUresult (nothing armed). */
+enum { EGPU_COW_TIMEOUT = -3, EGPU_COW_STREAMS = -4 };
 int egpu_cow_arm(const struct egpu_cow_range *ranges, size_t n, void *side);
 /* The copier: claim the next pending range (the globals first) and copy it on `side`; returns its
  * index (globals count as one, index n), or -1 when none is left. */
@@ -225,10 +228,13 @@ typedef struct {
 extern _Atomic int egpu_cow_flags;
 /* The allocation table's counters (interpose.c alloc_add): allocations made, and those it dropped. */
 extern _Atomic unsigned long long egpu_alloc_seq, egpu_alloc_overflow;
-/* The launch gate of interpose.c (egpu_shim_swap's): hold 1 waits until no launch is inside a hook. */
-void egpu_launch_gate(int hold);
-/* The copy gate of cow.c: hold 1 waits until no copy or memset hook is inside it. */
-void egpu_copy_gate(int hold);
+/* The launch gate of interpose.c (egpu_shim_swap's) and the copy gate of cow.c (egpu_gate.h): hold 1
+ * closes it and returns 0 once no hook is inside, or -1 (open again) if one still is at `deadline_ns`;
+ * hold 0 opens it. */
+int egpu_launch_gate(int hold, unsigned long long deadline_ns);
+int egpu_copy_gate(int hold, unsigned long long deadline_ns);
+/* When a hold taken now must end (egpu_shim_hold_limit from now, CLOCK_MONOTONIC ns). */
+unsigned long long egpu_hold_deadline(void);
 /* Where the app's address `p` (`size` bytes from it) is served now: a moved variable's place in the
  * serving copy (egpu_shim_swap's table), else `p`. Called inside the copy gate. */
 unsigned long long egpu_moved_address(unsigned long long p, unsigned long long size);

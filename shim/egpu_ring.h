@@ -2,7 +2,9 @@
  *
  * EGPU_RING(name, type, size) defines, static to the file: name_start() (call before the first push or
  * drain: pthread_once), name_push(&item) (1: in; 0: full, the item is dropped: a hook never waits for
- * the consumer) and name_drain(out, max) (the consumer's: up to max items in order, how many). A
+ * the consumer), name_drain(out, max) (the consumer's: up to max items in order, how many) and
+ * name_reset() (in a forked child: empty again; a producer that was mid-push left its cell half-written,
+ * and the consumer's thread is gone). A
  * cell's seq equal to a position means the cell is free for it, position + 1 that it holds that
  * position's item. size is a power of two. */
 #ifndef EGPU_RING_H
@@ -21,6 +23,11 @@
         for (unsigned long long i = 0; i < (size); i++) atomic_store(&name##_cells[i].seq, i); \
     } \
     static void name##_start(void) { pthread_once(&name##_once, name##_init); } \
+    static void name##_reset(void) { \
+        name##_init(); \
+        atomic_store(&name##_head, 0); \
+        name##_tail = 0; \
+    } \
     static int name##_push(const type *item) { \
         unsigned long long pos = atomic_load_explicit(&name##_head, memory_order_relaxed); \
         for (;;) { \

@@ -81,6 +81,8 @@ struct egpu_stats {
     unsigned long long dropped;     /* launch records lost to a full ring */
     unsigned long long untracked;   /* launches of functions the full table could not count */
     unsigned long long python_calls;
+    unsigned long long refused;     /* launches answered CUDA_ERROR_OUT_OF_MEMORY: no host memory to
+                                       append the launch id (the target would read a missing parameter) */
 };
 
 /* Launch `repl` whenever the app launches `orig` (a CUfunction or CUkernel handle); repl NULL
@@ -118,14 +120,18 @@ struct egpu_moved {
  * gets the launch counter at the flip: launch ids up to it ran the old targets, later ones the new.
  * Returns 0; -1 when the table is full or memory is out (nothing published); EGPU_SWAP_CAPTURING while
  * a stream capture the shim saw begin is in progress (nothing drained or published: the driver would
- * refuse the drain and invalidate the capture); EGPU_SWAP_SASS when the SASS back end's staged
- * generation could not be patched in (egpu_sass_flip: its old generation stays; nothing published);
- * else the failing CUresult (nothing published). A kernel that waits for a later launch would never
- * finish: the swap would wait with it. */
-enum { EGPU_SWAP_CAPTURING = -2, EGPU_SWAP_SASS = -3 };
+ * refuse the drain and invalidate the capture); EGPU_SWAP_TIMEOUT when a hook still sat in the driver
+ * or the context had not drained by egpu_shim_hold_limit (a kernel that runs long, or waits for a later
+ * launch and never ends): nothing published, launches and copies went on with the old targets;
+ * EGPU_SWAP_SASS when the SASS back end's staged generation could not be patched in (egpu_sass_flip:
+ * its old generation stays; nothing published); else the failing CUresult (nothing published). */
+enum { EGPU_SWAP_CAPTURING = -2, EGPU_SWAP_TIMEOUT = -3, EGPU_SWAP_SASS = -4 };
 int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncopies,
                    const struct egpu_flip *flips, size_t nflips, const struct egpu_moved *moved,
                    size_t nmoved, unsigned long long *launches);
+/* How long a swap or a checkpoint's cut may hold launches and copies at the hooks, in milliseconds
+ * (5000 at start; 0 leaves it as it is); returns the previous limit. */
+unsigned int egpu_shim_hold_limit(unsigned int ms);
 /* Replace the table of moved variables now, outside a swap (a module loaded or unloaded while copies
  * serve: no copy of the app can address it yet, or any more). Returns 0, or -1 when memory is out. */
 int egpu_shim_move(const struct egpu_moved *moved, size_t nmoved);
@@ -159,11 +165,29 @@ void egpu_shim_python_gone(void);
  * runtime can use any driver binding (cuda-python) itself. Returns the previous setting. Hooks
  * called from inside a Python callback pass straight through anyway. */
 int egpu_shim_bypass(int on);
+/* Python's os.fork is about to fork this thread (hooks.attach registers it as a before-fork hook): the
+ * shim's fork handlers leave the interpreter to Python (process.c). */
+void egpu_shim_python_forking(void);
 
 /* ---- part 3: C only ---- */
 
 /* 0 once egpu_shim_python_gone() was called: every caller of a part-1 function asks first. */
 int egpu_python_up(void);
+/* 1 once the shim has called into Python (hooks.attach ran) and until egpu_shim_python_gone(). */
+int egpu_python_attached(void);
+
+/* process.c: if this thread holds the GIL, let it go and return what egpu_gil_take_back needs (NULL:
+ * it did not hold it). For a thread about to wait on another that may need the GIL. */
+void *egpu_gil_let_go(void);
+void egpu_gil_take_back(void *state);
+/* process.c: register the fork handlers (once; every hook that reaches the driver calls it). */
+void egpu_fork_handlers(void);
+/* Each file's part of a fork: PREPARE takes its locks (no table mid-update when the process is copied),
+ * PARENT gives them back, CHILD makes them new and resets what belongs to the parent's threads. */
+enum egpu_fork_phase { EGPU_FORK_PREPARE, EGPU_FORK_PARENT, EGPU_FORK_CHILD };
+void egpu_interpose_fork(enum egpu_fork_phase phase);
+void egpu_cow_fork(enum egpu_fork_phase phase);
+void egpu_lvm_fork(enum egpu_fork_phase phase);
 
 /* Nonzero while a stream capture the shim saw begin is in progress (interpose.c, "stream capture"). */
 int egpu_shim_capturing(void);

@@ -8,7 +8,8 @@
  *
  * Launch hooks stay in C: one lock-free table lookup (original handle -> current target), counters,
  * an optional lock-free ring of launch records; no Python, no lock, no synchronization (a launch
- * waits only while egpu_shim_swap holds the gate, for the few milliseconds of a hot swap). Module loads
+ * waits only while egpu_shim_swap or a checkpoint's cut holds the gate, never past the holder's
+ * deadline: egpu_gate.h). Module loads
  * and handle lookups call into embedded Python (started by cffi on the first such call, never here
  * at load time). Every hook returns the driver's own CUresult. The library does nothing until called.
  */
@@ -27,6 +28,7 @@
 #include "egpu_shim.h"
 #include "egpu_sass.h"
 #include "egpu_cow.h"
+#include "egpu_gate.h"
 #include "egpu_ring.h"
 #include "egpu_table.h"
 
@@ -40,6 +42,7 @@
 #define TAIL
 #endif
 #define CUDA_SUCCESS 0
+#define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NOT_FOUND 500
 #define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
@@ -163,12 +166,16 @@ static void *libcuda(void) {
 /* Remember what the driver returned for variant i; our own hook (dlsym(RTLD_DEFAULT) finds the shim
  * first) is never a driver function. */
 static void note_real(int i, void *p) {
-    if (p && p != variants[i].hook) atomic_store_explicit(&real_fns[i], p, memory_order_release);
+    if (p && p != variants[i].hook) {
+        egpu_fork_handlers();
+        atomic_store_explicit(&real_fns[i], p, memory_order_release);
+    }
 }
 
 static void *real_fn(int i) {
     void *p = atomic_load_explicit(&real_fns[i], memory_order_acquire);
     if (__builtin_expect(p != NULL, 1)) return p;
+    egpu_fork_handlers(); /* the first hook that reaches the driver: from here on there is state to fork */
     void *h = libcuda();
     /* dlsym on libcuda's own handle searches libcuda and its dependencies, never the preload */
     note_real(i, h ? real_dlsym()(h, variants[i].symbol) : NULL);
@@ -278,7 +285,7 @@ EXPORT CUresult cuInit(unsigned int Flags) {
 /* ---- statistics and the function table ---- */
 
 static struct {
-    _Atomic unsigned long long launches, redirected, records, dropped, untracked, python_calls, calls;
+    _Atomic unsigned long long launches, redirected, records, dropped, untracked, python_calls, refused, calls;
 } g_stats;
 
 /* What launches of one original handle run. Immutable once published (but for `escaped`, which only
@@ -378,6 +385,7 @@ EXPORT void egpu_shim_stats(struct egpu_stats *out) {
     out->dropped = atomic_load(&g_stats.dropped);
     out->untracked = atomic_load(&g_stats.untracked);
     out->python_calls = atomic_load(&g_stats.python_calls);
+    out->refused = atomic_load(&g_stats.refused);
 }
 
 /* ---- the launch record ring (egpu_ring.h): launches push, the runtime's drainer takes ---- */
@@ -401,31 +409,33 @@ EXPORT size_t egpu_shim_drain(struct egpu_launch_record *out, size_t max) {
     return launch_ring_drain(out, max);
 }
 
-/* ---- the swap gate: launches wait while a swap holds it ----
- * A launch counts itself in g_inflight from before it draws its id to after the driver took it; the
- * swapper raises g_hold, then waits for g_inflight to drain. Both sides are seq_cst, so either the
- * launch sees the hold or the swapper sees the launch (Dekker). Unheld cost: two uncontended atomics. */
+/* ---- the launch gate (egpu_gate.h): launches wait while a swap or a checkpoint's cut holds it ---- */
 
-static _Atomic int g_hold;
-static _Atomic long g_inflight;
+static struct egpu_gate g_launch_gate;
+static _Atomic long g_captures;   /* stream captures in progress (see "stream capture" below) */
+static _Atomic unsigned int g_hold_limit_ms = 5000;
 
-static inline void gate_enter(void) {
-    atomic_fetch_add(&g_inflight, 1);
-    while (__builtin_expect(atomic_load(&g_hold), 0)) {
-        atomic_fetch_sub(&g_inflight, 1);
-        while (atomic_load(&g_hold)) sched_yield();
-        atomic_fetch_add(&g_inflight, 1);
-    }
+EXPORT unsigned int egpu_shim_hold_limit(unsigned int ms) {
+    return ms ? atomic_exchange(&g_hold_limit_ms, ms) : atomic_load(&g_hold_limit_ms);
 }
 
-static inline void gate_exit(void) { atomic_fetch_sub_explicit(&g_inflight, 1, memory_order_release); }
-
-static _Atomic long g_captures;   /* stream captures in progress (see "stream capture" below) */
+unsigned long long egpu_hold_deadline(void) {
+    return egpu_now_ns() + 1000000ull * atomic_load(&g_hold_limit_ms);
+}
 
 /* cow.c takes its cut behind the same gate, without draining the context. */
-void egpu_launch_gate(int hold) {
-    atomic_store(&g_hold, hold != 0);
-    while (hold && atomic_load(&g_inflight)) sched_yield();
+int egpu_launch_gate(int hold, unsigned long long deadline_ns) {
+    if (hold) return egpu_gate_close(&g_launch_gate, deadline_ns);
+    egpu_gate_open(&g_launch_gate);
+    return 0;
+}
+
+/* A waiting thread that holds the GIL lets it go: the holder may be waiting for a thread that needs it
+ * (a restore in Python on the launching thread, the runtime's control thread). */
+void egpu_gate_wait(struct egpu_gate *g) {
+    void *gil = egpu_gil_let_go();
+    while (atomic_load(&g->hold)) sched_yield();
+    egpu_gil_take_back(gil);
 }
 
 typedef CUresult (*pfn_ctx_push)(CUcontext);
@@ -433,23 +443,98 @@ typedef CUresult (*pfn_ctx_pop)(CUcontext *);
 typedef CUresult (*pfn_ctx_sync)(void);
 typedef CUresult (*pfn_dtod)(CUdeviceptr, CUdeviceptr, size_t);
 
-/* Under the hold: drain the context, copy, drain the copies. No Python, so a held launch that keeps
- * the GIL (a Python program launching) cannot stop it. */
-static CUresult swap_state(void *ctx, const struct egpu_copy *copies, size_t ncopies) {
+/* The swap's work under the hold, on a thread of its own so that the swap can stop waiting for it: drain
+ * the context, copy, drain the copies. No Python, so a held launch that keeps the GIL cannot stop it. A
+ * drain past the deadline (a kernel that runs long or never ends) is abandoned: the swap returns and the
+ * gates open, the thread stays in cuCtxSynchronize until the kernel ends and then copies nothing. Once
+ * the drain is done the copies are the swap's own bounded work, waited for to the end. */
+enum { DRAINING, COPYING, DRAINED, ABANDONED };
+struct drain {
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    int state, refs;
+    CUresult result;
+    void *ctx;
+    size_t ncopies;
+    struct egpu_copy copies[];
+};
+
+static void drain_put(struct drain *d) {
+    pthread_mutex_lock(&d->lock);
+    int last = --d->refs == 0;
+    pthread_mutex_unlock(&d->lock);
+    if (last) {
+        pthread_cond_destroy(&d->changed);
+        pthread_mutex_destroy(&d->lock);
+        free(d);
+    }
+}
+
+static int drain_state(struct drain *d, int from, int to, CUresult result) {
+    pthread_mutex_lock(&d->lock);
+    int moved = d->state == from;
+    if (moved) {
+        d->state = to;
+        d->result = result;
+        pthread_cond_broadcast(&d->changed);
+    }
+    pthread_mutex_unlock(&d->lock);
+    return moved;
+}
+
+static void *drain_main(void *arg) {
+    struct drain *d = arg;
     pfn_ctx_push push = (pfn_ctx_push)egpu_shim_real("cuCtxPushCurrent_v2");
     pfn_ctx_pop pop = (pfn_ctx_pop)egpu_shim_real("cuCtxPopCurrent_v2");
     pfn_ctx_sync sync = (pfn_ctx_sync)egpu_shim_real("cuCtxSynchronize");
     pfn_dtod dtod = (pfn_dtod)egpu_shim_real("cuMemcpyDtoD_v2");
-    if (!push || !pop || !sync || (ncopies && !dtod)) return CUDA_ERROR_NOT_FOUND;
-    CUresult r = push(ctx);
-    if (r != CUDA_SUCCESS) return r;
-    r = sync();
-    for (size_t i = 0; i < ncopies && r == CUDA_SUCCESS; i++)
-        if (copies[i].size) r = dtod(copies[i].dst, copies[i].src, copies[i].size);
-    if (r == CUDA_SUCCESS && ncopies) r = sync();
-    CUcontext popped;
-    CUresult r2 = pop(&popped);
-    return r != CUDA_SUCCESS ? r : r2;
+    CUresult r = !push || !pop || !sync || (d->ncopies && !dtod) ? CUDA_ERROR_NOT_FOUND : push(d->ctx);
+    if (r == CUDA_SUCCESS) {
+        r = sync();
+        if (drain_state(d, DRAINING, COPYING, r)) {
+            for (size_t i = 0; i < d->ncopies && r == CUDA_SUCCESS; i++)
+                if (d->copies[i].size) r = dtod(d->copies[i].dst, d->copies[i].src, d->copies[i].size);
+            if (r == CUDA_SUCCESS && d->ncopies) r = sync();
+        }
+        CUcontext popped;
+        CUresult r2 = pop(&popped);
+        if (r == CUDA_SUCCESS) r = r2;
+    }
+    drain_state(d, DRAINING, DRAINED, r);
+    drain_state(d, COPYING, DRAINED, r);
+    drain_put(d);
+    return NULL;
+}
+
+/* CUDA_SUCCESS, the failing CUresult, -1 (no memory or thread), or EGPU_SWAP_TIMEOUT. */
+static int swap_state(void *ctx, const struct egpu_copy *copies, size_t ncopies, unsigned long long deadline_ns) {
+    struct drain *d = malloc(sizeof *d + ncopies * sizeof *copies);
+    if (!d) return -1;
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_mutex_init(&d->lock, NULL);
+    pthread_cond_init(&d->changed, &attr);
+    pthread_condattr_destroy(&attr);
+    d->state = DRAINING, d->refs = 2, d->result = CUDA_SUCCESS, d->ctx = ctx, d->ncopies = ncopies;
+    if (ncopies) memcpy(d->copies, copies, ncopies * sizeof *copies);
+    pthread_t t;
+    if (pthread_create(&t, NULL, drain_main, d)) {
+        d->refs = 1;
+        drain_put(d);
+        return -1;
+    }
+    pthread_detach(t);
+    struct timespec until = {(time_t)(deadline_ns / 1000000000ull), (long)(deadline_ns % 1000000000ull)};
+    pthread_mutex_lock(&d->lock);
+    while (d->state == COPYING || (d->state == DRAINING && egpu_now_ns() < deadline_ns))
+        d->state == COPYING ? pthread_cond_wait(&d->changed, &d->lock)
+                            : pthread_cond_timedwait(&d->changed, &d->lock, &until);
+    if (d->state == DRAINING) d->state = ABANDONED;
+    int r = d->state == ABANDONED ? EGPU_SWAP_TIMEOUT : d->result;
+    pthread_mutex_unlock(&d->lock);
+    drain_put(d);
+    return r;
 }
 
 /* ---- moved variables: an immutable table, sorted by orig, replaced whole (old ones are never freed:
@@ -497,6 +582,8 @@ EXPORT int egpu_shim_move(const struct egpu_moved *moved, size_t nmoved) {
     return 0;
 }
 
+static pthread_mutex_t publish_lock = PTHREAD_MUTEX_INITIALIZER;
+
 EXPORT int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncopies,
                           const struct egpu_flip *flips, size_t nflips, const struct egpu_moved *moved,
                           size_t nmoved, unsigned long long *launches) {
@@ -512,14 +599,23 @@ EXPORT int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncop
                                                        flips[i].nparams, flips[i].param_offset)))
             goto out;
     }
-    egpu_launch_gate(1);
-    egpu_copy_gate(1);
+    unsigned long long deadline = egpu_hold_deadline();
+    if (egpu_launch_gate(1, deadline)) {
+        result = EGPU_SWAP_TIMEOUT;
+        goto out;
+    }
+    if (egpu_copy_gate(1, deadline)) {
+        egpu_launch_gate(0, 0);
+        result = EGPU_SWAP_TIMEOUT;
+        goto out;
+    }
     /* Draining the context while a stream captures would fail, and fail the application's capture too
      * (the driver refuses cuCtxSynchronize then, and invalidates the capture): refuse, touching nothing. */
-    result = atomic_load(&g_captures) ? EGPU_SWAP_CAPTURING : swap_state(ctx, copies, ncopies);
+    result = atomic_load(&g_captures) ? EGPU_SWAP_CAPTURING : swap_state(ctx, copies, ncopies, deadline);
     /* The SASS back end's modules change with the PTX back end's, behind the same hold. */
     if (result == CUDA_SUCCESS && egpu_sass_flip()) result = EGPU_SWAP_SASS;
     if (result == CUDA_SUCCESS) {
+        pthread_mutex_lock(&publish_lock); /* a fork copies all of the flip or none of it */
         for (size_t i = 0; i < nflips; i++) { /* old targets are never freed: see set_target() */
             set_target(slots[i], targets[i]);
             targets[i] = NULL;
@@ -528,10 +624,11 @@ EXPORT int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncop
             atomic_store_explicit(&g_moved, table, memory_order_release);
             table = NULL;
         }
+        pthread_mutex_unlock(&publish_lock);
         if (launches) *launches = atomic_load(&g_stats.launches);
     }
-    egpu_copy_gate(0);
-    egpu_launch_gate(0);
+    egpu_copy_gate(0, 0);
+    egpu_launch_gate(0, 0);
 out:
     free(table);
     for (size_t i = 0; targets && i < nflips; i++) free(targets[i]);
@@ -566,9 +663,9 @@ static void capture_ended(void) {
  * g_captures under the hold). */
 #define BEGIN_CAPTURE(sym, params, ...) \
     EXPORT CUresult sym params { \
-        gate_enter(); \
+        egpu_gate_enter(&g_launch_gate); \
         atomic_fetch_add(&g_captures, 1); \
-        gate_exit(); \
+        egpu_gate_exit(&g_launch_gate); \
         CUresult r = CALL_REAL(sym, __VA_ARGS__); \
         if (r != CUDA_SUCCESS) capture_ended(); \
         return r; \
@@ -645,13 +742,15 @@ struct args {
     _Alignas(8) char buf_store[INLINE_BUFFER];
 };
 
-static void args_init(struct args *a, const struct target *t, unsigned long long id, void **params,
-                      void **extra) {
+/* 0, or -1 when there is no memory for the longer list: then nothing may be launched, since the target
+ * expects the id and the app's own handle may be that very target (registered onto itself). */
+static int args_init(struct args *a, const struct target *t, unsigned long long id, void **params,
+                     void **extra) {
     a->params = params;
     a->extra = extra;
     a->id = id;
     a->heap = NULL;
-    if (!t || !t->launch_id) return;
+    if (!t || !t->launch_id) return 0;
     void *size_p = NULL;
     char *buf_in = NULL;
     for (void **e = extra; e && *e != CU_LAUNCH_PARAM_END; e += 2) {
@@ -659,10 +758,10 @@ static void args_init(struct args *a, const struct target *t, unsigned long long
         else if (e[0] == CU_LAUNCH_PARAM_BUFFER_SIZE) size_p = e[1];
     }
     if (buf_in && size_p) { /* extra form: copy the buffer, the id at its offset */
-        size_t old = *(size_t *)size_p, need = t->param_offset + sizeof a->id;
+        size_t old = *(size_t *)size_p, need = (size_t)t->param_offset + sizeof a->id;
         a->size = need > old ? need : old;
         char *buf = a->size <= INLINE_BUFFER ? a->buf_store : (a->heap = malloc(a->size));
-        if (!buf) return;
+        if (!buf) return -1;
         memcpy(buf, buf_in, old);
         memset(buf + old, 0, a->size - old);
         memcpy(buf + t->param_offset, &a->id, sizeof a->id);
@@ -671,24 +770,31 @@ static void args_init(struct args *a, const struct target *t, unsigned long long
         x[2] = CU_LAUNCH_PARAM_BUFFER_SIZE; x[3] = &a->size;
         x[4] = CU_LAUNCH_PARAM_END;
         a->extra = x;
-        return;
+        return 0;
     }
     void **p = t->nparams < INLINE_PARAMS ? a->param_store
-                                          : (a->heap = malloc((t->nparams + 1) * sizeof(void *)));
-    if (!p) return;
+                                          : (a->heap = malloc(((size_t)t->nparams + 1) * sizeof(void *)));
+    if (!p) return -1;
     if (t->nparams) memcpy(p, params, t->nparams * sizeof(void *));
     p[t->nparams] = &a->id;
     a->params = p;
+    return 0;
 }
 
 static inline void args_done(struct args *a) { free(a->heap); }
+
+/* A launch that could not get its launch id for want of host memory: the driver's own answer then. */
+static CUresult no_memory(void) {
+    atomic_fetch_add_explicit(&g_stats.refused, 1, memory_order_relaxed);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
 
 #define GRID gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream
 
 #define LAUNCH_KERNEL(sym) \
     EXPORT CUresult sym(EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams, void **extra) { \
         if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams, extra); \
-        gate_enter(); \
+        egpu_gate_enter(&g_launch_gate); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL, GRID); \
         EGPU_COW_LAUNCH(f, hStream, variants[V_##sym].ptsz, kernelParams, extra); \
         CUresult r; \
@@ -696,11 +802,11 @@ static inline void args_done(struct args *a) { free(a->heap); }
             r = CALL_REAL(sym, f, GRID, kernelParams, extra); \
         } else { \
             struct args a; \
-            args_init(&a, l.target, l.id, kernelParams, extra); \
-            r = CALL_REAL(sym, l.target->function, GRID, a.params, a.extra); \
+            r = args_init(&a, l.target, l.id, kernelParams, extra) ? no_memory() \
+                : CALL_REAL(sym, l.target->function, GRID, a.params, a.extra); \
             args_done(&a); \
         } \
-        gate_exit(); \
+        egpu_gate_exit(&g_launch_gate); \
         return r; \
     }
 LAUNCH_KERNEL(cuLaunchKernel)
@@ -709,7 +815,7 @@ LAUNCH_KERNEL(cuLaunchKernel_ptsz)
 #define LAUNCH_COOPERATIVE(sym) \
     EXPORT CUresult sym(EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams) { \
         if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams); \
-        gate_enter(); \
+        egpu_gate_enter(&g_launch_gate); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_COOPERATIVE_KERNEL, GRID); \
         EGPU_COW_LAUNCH(f, hStream, variants[V_##sym].ptsz, kernelParams, NULL); \
         CUresult r; \
@@ -717,11 +823,11 @@ LAUNCH_KERNEL(cuLaunchKernel_ptsz)
             r = CALL_REAL(sym, f, GRID, kernelParams); \
         } else { \
             struct args a; \
-            args_init(&a, l.target, l.id, kernelParams, NULL); \
-            r = CALL_REAL(sym, l.target->function, GRID, a.params); \
+            r = args_init(&a, l.target, l.id, kernelParams, NULL) ? no_memory() \
+                : CALL_REAL(sym, l.target->function, GRID, a.params); \
             args_done(&a); \
         } \
-        gate_exit(); \
+        egpu_gate_exit(&g_launch_gate); \
         return r; \
     }
 LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel)
@@ -732,7 +838,7 @@ LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz)
 #define LAUNCH_EX(sym) \
     EXPORT CUresult sym(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) { \
         if (passthrough() || !config) return CALL_REAL(sym, config, f, kernelParams, extra); \
-        gate_enter(); \
+        egpu_gate_enter(&g_launch_gate); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL_EX, CONFIG(config)); \
         EGPU_COW_LAUNCH(f, config->hStream, variants[V_##sym].ptsz, kernelParams, extra); \
         CUresult r; \
@@ -740,11 +846,11 @@ LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz)
             r = CALL_REAL(sym, config, f, kernelParams, extra); \
         } else { \
             struct args a; \
-            args_init(&a, l.target, l.id, kernelParams, extra); \
-            r = CALL_REAL(sym, config, l.target->function, a.params, a.extra); \
+            r = args_init(&a, l.target, l.id, kernelParams, extra) ? no_memory() \
+                : CALL_REAL(sym, config, l.target->function, a.params, a.extra); \
             args_done(&a); \
         } \
-        gate_exit(); \
+        egpu_gate_exit(&g_launch_gate); \
         return r; \
     }
 LAUNCH_EX(cuLaunchKernelEx)
@@ -760,21 +866,21 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz)
  * moves the slot on either came first (the node gets the new target) or waits for the mark, so the
  * runtime's check of the old target right after the swap sees it. */
 static const struct target *node_target(void *func, void *kern) {
-    gate_enter();
+    egpu_gate_enter(&g_launch_gate);
     struct slot *s = slot_for(func ? func : kern, 0);
     const struct target *t = s ? atomic_load_explicit(&s->target, memory_order_acquire) : NULL;
     if (t) escape(t);
-    gate_exit();
+    egpu_gate_exit(&g_launch_gate);
     return t;
 }
 
 /* Point `p` (kernel node parameters of type T, or NULL) at a retargeted copy when its function is
  * registered; t_ says whether it did. */
 #define NODE_RETARGET(T, p, kern_field) \
-    T q_; struct args a_; const struct target *t_ = NULL; \
+    T q_; struct args a_; const struct target *t_ = NULL; int oom_ = 0; \
     if (!passthrough() && p && (t_ = node_target(p->func, kern_field))) { \
         q_ = *p; \
-        args_init(&a_, t_, atomic_fetch_add(&g_stats.launches, 1) + 1, p->kernelParams, p->extra); \
+        oom_ = args_init(&a_, t_, atomic_fetch_add(&g_stats.launches, 1) + 1, p->kernelParams, p->extra); \
         q_.func = t_->function; q_.kernelParams = a_.params; q_.extra = a_.extra; \
         p = &q_; \
     }
@@ -793,6 +899,7 @@ static const struct target *node_target(void *func, void *kern) {
 #define NODE_HOOK(sym, retarget, params, ...) \
     EXPORT CUresult sym params { \
         retarget(nodeParams) \
+        if (oom_) return no_memory(); \
         CUresult r = CALL_REAL(sym, __VA_ARGS__); \
         if (t_) args_done(&a_); \
         return r; \
@@ -835,6 +942,8 @@ static _Atomic int g_python_gone;
 EXPORT void egpu_shim_python_gone(void) { atomic_store(&g_python_gone, 1); }
 
 int egpu_python_up(void) { return !atomic_load_explicit(&g_python_gone, memory_order_acquire); }
+
+int egpu_python_attached(void) { return atomic_load(&g_stats.python_calls) && egpu_python_up(); }
 
 static const void *py_image(int api, unsigned long long call, const void *image, size_t size,
                             const char *path, size_t *out_size) {
@@ -1273,4 +1382,20 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     CUresult r = CALL_REAL(cuMemUnmap, ptr, size);
     if (r == CUDA_SUCCESS) alloc_del(ptr, 0);
     return r;
+}
+
+/* ---- fork (process.c): the tables' locks taken across it; in the child, the gate and the launch
+ * record ring as no other thread left them (records go off: their consumer is the parent's thread) ---- */
+
+void egpu_interpose_fork(enum egpu_fork_phase phase) {
+    static pthread_mutex_t *const locks[] = {&publish_lock, &seen_lock, &alloc_lock};
+    for (size_t i = 0; i < sizeof locks / sizeof *locks; i++) {
+        if (phase == EGPU_FORK_PREPARE) pthread_mutex_lock(locks[i]);
+        else if (phase == EGPU_FORK_PARENT) pthread_mutex_unlock(locks[i]);
+        else pthread_mutex_init(locks[i], NULL);
+    }
+    if (phase != EGPU_FORK_CHILD) return;
+    egpu_gate_reset(&g_launch_gate);
+    atomic_store(&records_on, 0);
+    launch_ring_reset();
 }

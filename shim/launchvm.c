@@ -906,3 +906,11 @@ EXPORT size_t egpu_lvm_drain(struct egpu_lvm_router *r, struct egpu_launch_recor
     if (taken) *taken = t;
     return n;
 }
+
+/* ---- fork (process.c): no map mid-update in the child ---- */
+
+void egpu_lvm_fork(enum egpu_fork_phase phase) {
+    if (phase == EGPU_FORK_PREPARE) pthread_mutex_lock(&lvm_lock);
+    else if (phase == EGPU_FORK_PARENT) pthread_mutex_unlock(&lvm_lock);
+    else pthread_mutex_init(&lvm_lock, NULL);
+}

@@ -17,7 +17,7 @@ import pytest
 
 from egpu_preload.control import list_sessions
 from egpu_preload.cow import snapshot
-from test_shim import CUDA_H, built  # noqa: F401  (the shim, built once per session)
+from test_shim import CUDA_H, built, full_stub  # noqa: F401  (the shim and stand-in, built once per session)
 
 ROOT = Path(__file__).resolve().parent.parent
 STUB = ROOT / "tests" / "stub_driver"
@@ -38,9 +38,9 @@ class CowStub:
                    PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(log.parent))
         return env
 
-    def run(self, mode: str, log: Path) -> subprocess.CompletedProcess:
+    def run(self, mode: str, log: Path, *args: str) -> subprocess.CompletedProcess:
         env = {**self.env(log), "LD_PRELOAD": str(self.shim)}
-        return subprocess.run([str(self.app), mode], env=env, capture_output=True, text=True, timeout=30)
+        return subprocess.run([str(self.app), mode, *args], env=env, capture_output=True, text=True, timeout=30)
 
 
 @pytest.fixture(autouse=True)
@@ -50,15 +50,10 @@ def state_home(tmp_path, monkeypatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def cow_stub(built, tmp_path_factory) -> CowStub:  # noqa: F811
-    d = tmp_path_factory.mktemp("cow_stub")
-    cc = ["gcc", "-O1", "-Wall", "-Werror"]
-    steps = [cc + ["-shared", "-fPIC", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", str(STUB / "libcuda_stub.c"),
-                   str(MORE / "driver_more.c"), str(MORE / "driver_cow.c"), "-o", str(d / "libcuda.so.1")],
-             cc + ["-I", str(ROOT / "shim"), str(MORE / "app_cow.c"), "-o", str(d / "app_cow"), "-ldl"]]
-    for p in [subprocess.Popen(s) for s in steps]:
-        assert p.wait() == 0, p.args
-    return CowStub(built / "libegpu_shim.so", d, d / "app_cow")
+def cow_stub(built, full_stub) -> CowStub:  # noqa: F811
+    cc = ["gcc", "-O1", "-Wall", "-Werror", "-I", str(ROOT / "shim")]
+    subprocess.run(cc + [str(MORE / "app_cow.c"), "-o", str(full_stub / "app_cow"), "-ldl"], check=True)
+    return CowStub(built / "libegpu_shim.so", full_stub, full_stub / "app_cow")
 
 
 def egpu(args: list[str], env: dict[str, str], launcher: str = "egpu_main") -> subprocess.CompletedProcess:
@@ -146,26 +141,57 @@ def test_a_writer_copies_a_pending_range_first_on_its_own_stream(cow_stub, tmp_p
     assert "cuMemcpyAsync" not in after and "cuStreamWaitEvent" not in after
 
 
+def test_the_cut_marks_every_stream_however_many_the_app_made(cow_stub, tmp_path):
+    """5000 streams (more than the 4096 the shim once listed): the cut records an event on each, and on
+    the legacy stream."""
+    r = cow_stub.run("streams", tmp_path / "log", "5000")
+    assert r.returncode == 0, r.stderr
+    assert "cut_streams 5001 armed 0 result 0" in r.stdout, r.stdout
+
+
+def test_a_write_whose_end_wraps_the_address_space_is_still_copied_first(cow_stub, tmp_path):
+    """A memset from inside an armed range whose end (dst + size) wraps past 2^64: copy-on-write still
+    copies the range before it (the driver refuses the call; what it could write is tracked first)."""
+    r = cow_stub.run("overflow", tmp_path / "log")
+    assert r.returncode == 0, r.stderr
+    assert "overflow hook_copies 1 unknown 0 result 0" in r.stdout, r.stdout
+
+
+def test_a_parameter_buffer_past_the_drivers_limit_is_never_read(cow_stub, tmp_path):
+    """A launch whose CU_LAUNCH_PARAM_BUFFER_SIZE says 4 GiB (the driver takes at most 32764 bytes and
+    refuses it): the hook reads none of it (it once scanned the size cut to 32 bits, out of bounds) and
+    counts the launch as one that may write anything."""
+    r = cow_stub.run("huge-params", tmp_path / "log")
+    assert r.returncode == 0, r.stderr
+    assert "overflow hook_copies 1 unknown 1 result 0" in r.stdout, r.stdout
+
+
 # ---- egpu checkpoint / restore / egpu-run --restore -----------------------------------------------
 
 class Loop:
-    """app_cow loop under egpu-run with no probe."""
+    """`app MODE STOP` (app_cow loop by default) under egpu-run with no probe, until ``sessions`` of it answer."""
 
-    def __init__(self, stub: CowStub, tmp: Path) -> None:
+    def __init__(self, stub: CowStub, tmp: Path, app: Path | None = None, mode: str = "loop", sessions: int = 1) -> None:
         self.log, self.stop = tmp / "log", tmp / "stop"
         self.env = stub.env(self.log)
-        self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", str(stub.app),
-                                      "loop", str(self.stop)], env=self.env, cwd=ROOT, stdout=subprocess.PIPE,
+        app = app or stub.app
+        self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", str(app),
+                                      mode, str(self.stop)], env=self.env, cwd=ROOT, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            found = [x for x in list_sessions(tmp / "egpu") if x.info and str(stub.app) in x.info["argv"]]
-            if found and self.log.exists() and self.log.read_text().count("cuLaunchKernel") > 20:
+            found = [x for x in list_sessions(tmp / "egpu") if x.info and str(app) in x.info["argv"]]
+            if len(found) >= sessions and self.log.exists() and self.log.read_text().count("cuLaunchKernel") > 20:
+                self.pids = sorted(x.pid for x in found)
                 self.pid = found[0].pid
                 return
             time.sleep(0.05)
+        self.stop.touch()
         self.proc.kill()
-        raise AssertionError(f"no session: {self.proc.communicate()}")
+        try:
+            raise AssertionError(f"no session: {self.proc.communicate(timeout=10)}")
+        except subprocess.TimeoutExpired:  # a process of the app still holds the pipes
+            raise AssertionError("no session, and the app does not end") from None
 
     def finish(self) -> tuple[int, str, str]:
         self.stop.touch()
@@ -231,6 +257,27 @@ def test_checkpoint_while_running_then_rollback_and_restore_into_a_rerun(cow_stu
         assert re.findall(r"buffer (\d) (\d+)", r.stdout) == [(str(b), str(b * 1000000 + s[b])) for b in range(3)]
         assert f"counter {s[3]} result 0" in r.stdout
         assert ("capture 0" in r.stdout) == (mode == "resume-captured"), r.stdout
+
+
+def test_a_child_forked_in_c_runs_its_hooks_and_answers_on_its_own_socket(cow_stub, tmp_path, monkeypatch):
+    """app_safety forks (C fork(), after CUDA and Python are up) while another of its threads holds the
+    launch gate in a swap whose drain the stand-in holds: the child's own launches, allocations and copies
+    go on (the gate, locks and rings it inherited are reset), its own control socket answers (egpu ps
+    lists it), and a checkpoint of it goes through (its cut holds and drains its own gate)."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    loop = Loop(cow_stub, tmp_path, cow_stub.dir / "app_safety", "fork", sessions=2)
+    try:
+        parent = int(loop.log.read_text().split(" ", 1)[0])  # the first to reach the driver
+        child = next(p for p in loop.pids if p != parent)
+        steps = lambda: loop.log.read_text().count(f"{child} cuLaunchKernel")  # noqa: E731
+        before = steps()
+        time.sleep(0.3)
+        assert steps() > before, "the child's launches stopped"
+        r = egpu(["checkpoint", str(child), str(tmp_path / "ckpt")], loop.env)
+        assert r.returncode == 0 and f"checkpoint of {child}" in r.stdout, r.stdout + r.stderr
+    finally:
+        code, out, err = loop.finish()
+    assert code == 0 and "child exit=0" in out and "swap=0" in out, out + err
 
 
 def _offset_of_launches() -> int:

@@ -390,6 +390,28 @@ def test_no_flip_while_the_application_captures_a_graph(stub_job, tmp_path, monk
     assert_state_carried(out, Log(job.log))
 
 
+def test_a_flip_whose_drain_never_ends_gives_up_with_the_reason(stub_job, tmp_path, monkeypatch, probes):
+    """While the job's work never finishes (stall:, a kernel that never ends), an attach flips nothing: the
+    shim gives up at its hold limit, the reply says why, and the job's launches went on meanwhile; once the
+    work finishes, the same attach flips and the state came through every launch."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    stall = tmp_path / "stall"
+    job = Job(stub_job, tmp_path, args=(f"stall:{stall}",))
+    count = probes["count"].read_bytes()
+    client = ControlClient(job.pid, directory=job.dir, timeout=30)
+    with job:
+        trigger(stall)
+        with pytest.raises(ControlError, match=r"did not finish within 0.5 s of holding its launches .*nothing changed"):
+            client.request("attach", probe=count, name="a")
+        job.wait_launches(10)   # never held for good
+        trigger(stall.with_name("stall.end"))
+        assert client.request("attach", probe=count, name="a")["failed"] == []
+        job.wait_launches(10)
+        status, out, err = job.finish()
+    assert status == 0, err
+    assert_state_carried(out, Log(job.log))
+
+
 def test_a_probe_attached_again_is_not_verified_again(probes, tmp_path, monkeypatch):
     """The same object under the same name: loaded, verified and translated once (while among the last
     VERIFIED_KEPT), yet a probe object of its own each time, since copies and maps go by identity."""

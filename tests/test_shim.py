@@ -16,6 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 STUB = ROOT / "tests" / "stub_driver"
+MORE = ROOT / "tests" / "runtime_stub"
 APPS = ["app_cudart", "app_dlsym", "app_dlvsym", "app_linked"]
 CUDA_H = Path("/usr/local/cuda/include/cuda.h")
 
@@ -57,6 +58,23 @@ def built(tmp_path_factory) -> Path:
     out, err = shim.communicate()
     assert shim.returncode == 0, err
     assert Path(out.strip()) == d / "libegpu_shim.so"
+    return d
+
+
+@pytest.fixture(scope="session")
+def full_stub(built, tmp_path_factory) -> Path:
+    """The stand-in with the rest of a driver (runtime_stub/driver_more.c, driver_cow.c: contexts, copies,
+    streams, events) and app_safety, in a directory of their own with the shim."""
+    d = tmp_path_factory.mktemp("full_stub")
+    cc = ["gcc", "-O1", "-Wall", "-Werror"]
+    steps = [cc + ["-shared", "-fPIC", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", str(STUB / "libcuda_stub.c"),
+                   str(MORE / "driver_more.c"), str(MORE / "driver_cow.c"), "-o", str(d / "libcuda.so.1")],
+             # -rdynamic: the shim's malloc calls reach app_safety's own (its "oom" mode fails some)
+             cc + ["-I", str(ROOT / "shim"), "-rdynamic", "-pthread", str(MORE / "app_safety.c"), "-o",
+                   str(d / "app_safety"), "-ldl"]]
+    for p in [subprocess.Popen(s) for s in steps]:
+        assert p.wait() == 0, p.args
+    os.symlink(built / "libegpu_shim.so", d / "libegpu_shim.so")
     return d
 
 
@@ -502,3 +520,48 @@ def test_read_image_follows_wrappers_and_sizes_binaries(tmp_path):
     assert (read(None, path=str(tmp_path / "m.ptx")).kind, read(None, path=str(tmp_path / "m.ptx")).data) == \
         (ImageKind.PTX, ptx)
     assert read(None, path=str(tmp_path / "missing")).data == b""
+
+
+# ---- safety: bounded holds, memory, the GIL -----------------------------------------------------
+
+def test_a_swap_whose_drain_never_ends_gives_up_and_launches_never_wait_longer(full_stub):
+    """A kernel that never ends (the stand-in's cuCtxSynchronize held): the swap gives up at its hold
+    limit (300 ms here) with EGPU_SWAP_TIMEOUT, launches waited at most that long and went on with the
+    old target; once the work ends a swap goes through, and every launch ran the target of its side
+    of the flip."""
+    r = run(full_stub, "app_safety", "gate", runtime=None, EGPU_STUB_LOG="")
+    assert r.returncode == 0, r.stdout + r.stderr
+    code, ms = r.lines("timed_out")[0].split()
+    assert int(code) == -3 and 300 <= float(ms) < 1500, r.stdout
+    assert r.lines("swapped") == ["0"]
+    words = r.lines("launches")[0].split()
+    stats = dict(zip(words[1::2], words[2::2]))
+    assert float(stats["max_ms"]) < 1500 and int(stats["old"]) > 0 and int(stats["new"]) > 0, r.stdout
+    assert stats["wrong"] == "0", r.stdout
+
+
+def test_a_launch_with_no_memory_for_its_launch_id_is_refused_not_launched_short(full_stub):
+    """malloc fails for the longer parameter list of a target that takes a launch id: the launch (and a
+    graph node) is answered CUDA_ERROR_OUT_OF_MEMORY and never reaches the driver with the id missing;
+    with memory back, it launches."""
+    r = run(full_stub, "app_safety", "oom", runtime=None)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.lines("oom") == ["buffer 2 params 2 node 2 after 0 refused 3"]
+    launches = [ln for ln in r.driver_calls() if ln.startswith(("cuLaunchKernel", "cuGraphAddKernelNode"))]
+    assert launches == ["cuLaunchKernel f=kernel_a@1 grid=4 block=32 stream=(nil) params=11,22"]
+
+
+def test_a_restore_in_python_never_blocks_a_launch_that_holds_the_gil(full_stub):
+    """The launch that restores a checkpoint calls Python; another thread launching meanwhile with the GIL
+    held (ctypes.PyDLL, as PyTorch launches) waits for the restore without keeping the GIL from it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU")}
+    env.update(LD_LIBRARY_PATH=str(full_stub), LD_PRELOAD=str(full_stub / "libegpu_shim.so"), EGPU_STUB_LOG="",
+               PYTHONPATH=str(ROOT))
+    try:
+        proc = subprocess.run([sys.executable, str(MORE / "app_restore.py")], env=env, capture_output=True,
+                              text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("deadlock: the restore waits for the GIL, the launch holding it waits for the restore")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split()
+    assert lines[0] == "restored" and sorted(proc.stdout.splitlines()[1:]) == ["held 0", "released 0"], proc.stdout

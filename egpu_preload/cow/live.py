@@ -257,7 +257,10 @@ class Checkpointer:
             t_cut = time.monotonic_ns()
             r = lib.egpu_cow_arm(table, len(staged), side_p)
         if r:
-            why = rt.driver.error_name(r) if r > 0 else "already armed or bad ranges"
+            why = (rt.driver.error_name(r) if r > 0 else
+                   "a launch or copy stayed in the driver past the hold limit" if r == lib.EGPU_COW_TIMEOUT else
+                   "a stream the application made is not known to the shim" if r == lib.EGPU_COW_STREAMS else
+                   "already armed or bad ranges")
             raise CowError(f"cannot take the cut: {why}")
         try:
             while lib.egpu_cow_copy_next(side_p) >= 0:
@@ -290,6 +293,7 @@ class Checkpointer:
 
     def _stop_the_world(self, staged: list[Staged], ctx: int) -> dict:
         """The same bytes copied the stopping way: launches held, the context drained, copied, drained."""
+        from egpu_preload.runtime.live import swap_failure
         ffi, lib = self.rt.ffi, self.rt.lib
         copies = ffi.new("struct egpu_copy[]", max(len(staged), 1))
         for i, s in enumerate(staged):
@@ -300,7 +304,7 @@ class Checkpointer:
             r = lib.egpu_shim_swap(ffi.cast("void *", ctx), copies, len(staged), ffi.NULL, 0, ffi.NULL, 0, launches)
             t1 = time.monotonic_ns()
         if r:
-            raise CowError(f"the stop-the-world copy failed: {self.rt.driver.error_name(r) if r > 0 else 'no memory'}")
+            raise CowError(f"the stop-the-world copy failed: {swap_failure(self.rt, r)}")
         return {"stw_t0_ns": t0, "stw_t1_ns": t1, "stw_ms": round((t1 - t0) / 1e6, 3)}
 
     # ---- rollback -----------------------------------------------------------------------------------

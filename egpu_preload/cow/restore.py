@@ -108,7 +108,7 @@ class _Staging:
 
 def rollback(rt: "Runtime", directory: Path) -> dict:
     """Write ``directory`` back into the running job (the control command ``restore``)."""
-    from egpu_preload.runtime.live import CAPTURING, swap_outside_captures
+    from egpu_preload.runtime.live import CAPTURING, swap_failure, swap_outside_captures
     m = load(directory)
     ffi, lib = rt.ffi, rt.lib
     ctx = context(rt)
@@ -130,6 +130,6 @@ def rollback(rt: "Runtime", directory: Path) -> dict:
     if r == lib.EGPU_SWAP_CAPTURING:
         raise CowError(f"{CAPTURING}; nothing was written, try again once it has ended")
     if r:
-        raise CowError(f"writing the checkpoint back failed: {rt.driver.error_name(r) if r > 0 else 'no memory'}")
+        raise CowError(f"writing the checkpoint back failed: {swap_failure(rt, r)}; nothing was written")
     return {"dir": str(directory), "allocations": len(m.allocations), "globals": len(m.globals),
             "bytes": plan.bytes, "held_ms": round((t1 - t0) / 1e6, 3), "launch": int(launches[0])}

@@ -115,6 +115,9 @@ def attach(ffi: Any, lib: Any) -> None:
     # First: atexit runs last registered first, so this runs after every handler the runtime registers
     # (the exit dump). Past it no hook calls in: C exit handlers run after the interpreter is finalized.
     atexit.register(lib.egpu_shim_python_gone)
+    # A fork that os.fork makes does the interpreter's part itself: the shim's fork handlers, which do it
+    # for a fork() from C, leave it alone then (shim/process.c).
+    os.register_at_fork(before=lib.egpu_shim_python_forking)
 
     def api_name(api: int) -> str:
         return ffi.string(ffi.cast("enum egpu_api", api)).removeprefix("EGPU_API_")

@@ -136,6 +136,16 @@ def swap_outside_captures(rt: "Runtime", ctx: int, *args: Any) -> int:
         time.sleep(0.005)
 
 
+def swap_failure(rt: "Runtime", r: int) -> str:
+    """What a failed egpu_shim_swap (result ``r``, not EGPU_SWAP_CAPTURING) ran into."""
+    if r == rt.lib.EGPU_SWAP_SASS:
+        return f"SASS back end: {rt.sass.stats()['error']}"
+    if r == rt.lib.EGPU_SWAP_TIMEOUT:
+        return (f"the application's work did not finish within {rt.lib.egpu_shim_hold_limit(0) / 1000:g} s of "
+                "holding its launches (a kernel that runs long or never ends); its launches went on")
+    return rt.driver.error_name(r) if r > 0 else "the shim's function table is full or memory ran out"
+
+
 def same_map(a: Any, b: Any) -> bool:
     """Maps whose device regions are interchangeable (a swap keeps the region): declared alike, and
     both striped alike (striping.py: rows per SM or one copy, as each probe uses the map)."""
@@ -480,12 +490,8 @@ class Live:
         r = swap_outside_captures(self.rt, ctx, c, len(copies), f, len(flips), m, len(moved), launches)
         if r == lib.EGPU_SWAP_CAPTURING:
             raise ControlError(f"{CAPTURING}; nothing changed, try again once it has ended")
-        if r == -1:
-            raise ControlError("the shim's function table is full or memory ran out: nothing changed")
-        if r == lib.EGPU_SWAP_SASS:
-            raise ControlError(f"SASS back end: {self.rt.sass.stats()['error']}: nothing changed")
         if r:
-            raise ControlError(f"the flip failed: {self.rt.driver.error_name(r)}: nothing changed")
+            raise ControlError(f"the flip failed: {swap_failure(self.rt, r)}: nothing changed")
         return int(launches[0])
 
     def _array(self, struct: tuple[str, tuple[str, ...]], rows: list[tuple[int, ...]]) -> Any:

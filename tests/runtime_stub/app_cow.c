@@ -11,6 +11,9 @@
  *                        it), then prints every buffer's first word and the counter
  *   app_cow resume-captured  the same, but a launch captured into a graph (global mode) comes first:
  *                        prints "capture R", the capture's end
+ *   app_cow streams N    a cut after the app made N streams: prints "cut_streams N armed R result R"
+ *   app_cow overflow     a memset into an armed range whose end wraps: prints "overflow hook_copies N ..."
+ *   app_cow huge-params  a launch whose parameter buffer claims 4 GiB, while armed: the same line
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -142,6 +145,39 @@ static int cow(void) {
     return r;
 }
 
+/* streams N: a checkpoint's cut after the app made N streams. overflow 1: a memset whose end wraps past
+ * the top of the address space, into the armed range; 2: a launch whose parameter buffer claims 4 GiB. */
+static int cut_after(int nstreams, int overflow) {
+    SYM(cuInit); SYM(cuMemAlloc_v2); SYM(cuStreamCreateWithPriority); SYM(cuMemsetD32Async);
+    API(egpu_cow_arm); API(egpu_cow_copy_next); API(egpu_cow_disarm); API(egpu_cow_staging); API(egpu_cow_stats);
+    void *side = NULL;
+    CUdeviceptr buf = 0;
+    int host = 0, r = cuInit(0);
+    for (int i = 0; i < nstreams; i++) r |= cuStreamCreateWithPriority(&side, 1, 0);
+    struct egpu_cow_range range = {0, SIZE, 0, 0};
+    r |= cuMemAlloc_v2(&buf, SIZE) | p_egpu_cow_staging(SIZE, &range.staging, &host);
+    range.address = buf;
+    int armed = p_egpu_cow_arm(&range, 1, side);
+    if (overflow == 1) /* 4 * (2^62 - 2) bytes from buf + 8 end at buf + 2^64: the sum wraps to buf */
+        r |= cuMemsetD32Async(buf + 8, 0u, (1ull << 62) - 2, side);
+    if (overflow == 2) { /* a parameter buffer that says it is 4 GiB: the driver refuses the launch */
+        SYM(cuModuleLoadData); SYM(cuModuleGetFunction); SYM(cuLaunchKernel);
+        void *mod = NULL, *k = NULL;
+        unsigned long long params[2] = {buf, 1};
+        size_t size = (1ull << 32) - 4;
+        void *extra[] = {(void *)1, params, (void *)2, &size, NULL};
+        r |= cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&k, mod, "k");
+        cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, side, NULL, extra);
+    }
+    while (p_egpu_cow_copy_next(side) >= 0) {}
+    struct egpu_cow_stats st;
+    p_egpu_cow_stats(&st);
+    r |= armed ? 0 : p_egpu_cow_disarm();
+    if (overflow) printf("overflow hook_copies %llu unknown %llu result %d\n", st.hook_copies, st.unknown_layout, r);
+    else printf("cut_streams %llu armed %d result %d\n", st.cut_streams, armed, r);
+    return r;
+}
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -201,6 +237,9 @@ int main(int argc, char **argv) {
     if (!cuda || argc < 2) return 2;
     if (!strcmp(argv[1], "records")) return records() ? 1 : 0;
     if (!strcmp(argv[1], "cow")) return cow() ? 1 : 0;
+    if (!strcmp(argv[1], "streams") && argc == 3) return cut_after(atoi(argv[2]), 0) ? 1 : 0;
+    if (!strcmp(argv[1], "overflow")) return cut_after(1, 1) ? 1 : 0;
+    if (!strcmp(argv[1], "huge-params")) return cut_after(1, 2) ? 1 : 0;
     if (!strcmp(argv[1], "loop") && argc == 3) return job(argv[2], 0);
     if (!strcmp(argv[1], "resume")) return job(NULL, 0) ? 1 : 0;
     if (!strcmp(argv[1], "resume-captured")) return job(NULL, 1) ? 1 : 0;

@@ -14,7 +14,10 @@
  * the launch, cuStreamEndCapture), then creates FILE.done. The stand-in runs the captured launch at
  * once, so it counts as a launch. With `hold:FILE`, it begins a capture (global mode) once FILE exists
  * and creates FILE.done, keeps launching on the legacy stream, and ends the capture once FILE.end
- * exists (its result goes into the OR), then creates FILE.end.done. */
+ * exists (its result goes into the OR), then creates FILE.end.done. With `stall:FILE`, once FILE exists
+ * the context's work stops finishing (the stand-in's egpu_stub_hold_sync, as a kernel that never ends)
+ * and the shim's hold limit becomes 500 ms, then FILE.done; once FILE.end exists the work finishes
+ * again, then FILE.end.done. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,13 +79,14 @@ static void done(const char *file) {
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     int library = 0;
-    const char *write = NULL, *graph = NULL, *capture = NULL, *hold = NULL;
+    const char *write = NULL, *graph = NULL, *capture = NULL, *hold = NULL, *stall = NULL;
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "library")) library = 1;
         else if (!strncmp(argv[i], "write:", 6)) write = argv[i] + 6;
         else if (!strncmp(argv[i], "graph:", 6)) graph = argv[i] + 6;
         else if (!strncmp(argv[i], "capture:", 8)) capture = argv[i] + 8;
         else if (!strncmp(argv[i], "hold:", 5)) hold = argv[i] + 5;
+        else if (!strncmp(argv[i], "stall:", 6)) stall = argv[i] + 6;
         else return 2;
     }
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
@@ -97,9 +101,12 @@ int main(int argc, char **argv) {
     dtoh = cuMemcpyDtoH_v2;
     void *mod = NULL, *f = NULL;
     unsigned long long state = 1000, increment = 0, arg = 7, k = 0, before = 0;
-    int r = cuInit(0), written = 0, graphed = 0, captured = 0, held = 0, released = 0;
-    char hold_end[4096];
+    int r = cuInit(0), written = 0, graphed = 0, captured = 0, held = 0, released = 0, stalled = 0, resumed = 0;
+    char hold_end[4096], stall_end[4096];
     snprintf(hold_end, sizeof hold_end, "%s.end", hold ? hold : "");
+    snprintf(stall_end, sizeof stall_end, "%s.end", stall ? stall : "");
+    void (*hold_sync)(int) = (void (*)(int))dlsym(cuda, "egpu_stub_hold_sync");
+    unsigned int (*hold_limit)(unsigned int) = (unsigned int (*)(unsigned int))dlsym(RTLD_DEFAULT, "egpu_shim_hold_limit");
     void *stream = (void *)0x5, *node = NULL, *captured_graph = NULL; /* the stand-in checks no stream */
     if (library)
         r |= cuLibraryLoadData(&mod, PTX, NULL, NULL, 0, NULL, NULL, 0) | cuLibraryGetKernel(&f, mod, "step");
@@ -135,6 +142,15 @@ int main(int argc, char **argv) {
         if (held && due(hold_end, &released)) {
             r |= cuStreamEndCapture(stream, &captured_graph);
             done(hold_end);
+        }
+        if (due(stall, &stalled)) {
+            hold_limit(500);
+            hold_sync(1);
+            done(stall);
+        }
+        if (stalled && due(stall_end, &resumed)) {
+            hold_sync(0);
+            done(stall_end);
         }
         r |= cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
         k++;

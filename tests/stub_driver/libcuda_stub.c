@@ -148,13 +148,14 @@ static void log_launch(const char *api, const void *f, unsigned gx, unsigned bx,
     char name[200], args[512] = "";
     fn_name(name, sizeof name, f);
     int n = f ? param_count(f) : -1, at = 0;
-    for (int i = 0; params && i < n; i++)
+    const int room = sizeof args - 32; /* a long list is cut short, never past the line */
+    for (int i = 0; params && i < n && at < room; i++)
         at += snprintf(args + at, sizeof args - at, "%s%llu", i ? "," : "", *(unsigned long long *)params[i]);
     for (void **e = extra; e && e[0]; e += 2) {
         if (e[0] != (void *)1) continue; /* CU_LAUNCH_PARAM_BUFFER_POINTER; the size follows */
         size_t size = *(size_t *)e[3];
         at += snprintf(args + at, sizeof args - at, "buffer:%zu:", size);
-        for (size_t o = 0; o + 8 <= size; o += 8)
+        for (size_t o = 0; o + 8 <= size && at < room; o += 8)
             at += snprintf(args + at, sizeof args - at, "%s%llu", o ? "," : "",
                            *(unsigned long long *)((char *)e[1] + o));
     }
@@ -166,9 +167,14 @@ static void log_launch(const char *api, const void *f, unsigned gx, unsigned bx,
 CUresult cuInit(unsigned int flags) { logf_("cuInit flags=%u", flags); return OK; }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; logf_("cuDriverGetVersion"); return OK; }
 CUresult egpu_stub_during_capture(const char *api, int waits);
+/* egpu_stub_hold_sync(1): the context's work runs until egpu_stub_hold_sync(0), as a kernel that never
+ * ends would, and cuCtxSynchronize waits for it. */
+static volatile int sync_held;
+void egpu_stub_hold_sync(int on) { __atomic_store_n(&sync_held, on, __ATOMIC_SEQ_CST); }
 CUresult cuCtxSynchronize(void) {   /* it would wait for the capturing stream: refused, as a legacy copy */
     CUresult r = egpu_stub_during_capture(__func__, 1);
     if (r != OK) return r;
+    while (__atomic_load_n(&sync_held, __ATOMIC_SEQ_CST)) usleep(1000);
     logf_("cuCtxSynchronize");
     return OK;
 }

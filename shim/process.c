@@ -1,0 +1,72 @@
+/* process.c: the shim across fork() and around the GIL; the one file that includes Python.h.
+ *
+ * A C program's fork() copies the shim as the forking thread's siblings left it: locks they held, a
+ * gate a swap held, rings half-written, and an interpreter whose other threads are gone. The handlers
+ * registered here take every table lock of the shim before the fork (so none is copied mid-update),
+ * give them back in the parent and make them new in the child, where each file also resets what
+ * belonged to the parent's other threads (egpu_*_fork). When the shim's Python is up they do for the
+ * interpreter what os.fork does (PyOS_BeforeFork, PyOS_AfterFork_*), which runs the runtime's
+ * after-fork hooks in the child: its own control socket (runtime/live.py). A fork that os.fork makes
+ * does that itself: hooks.attach tells the shim (egpu_shim_python_forking) and the handlers leave the
+ * interpreter alone. The interpreter comes first and goes last: no shim lock is held while waiting for
+ * the GIL.
+ */
+#include <Python.h>
+#include <pthread.h>
+
+#include "egpu_shim.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+void *egpu_gil_let_go(void) {
+    if (!Py_IsInitialized()) return NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyThreadState *mine = PyThreadState_GetUnchecked();
+#else
+    PyThreadState *mine = _PyThreadState_UncheckedGet();
+#endif
+    return mine ? PyEval_SaveThread() : NULL; /* a current thread state is the GIL held */
+}
+
+void egpu_gil_take_back(void *state) {
+    if (state) PyEval_RestoreThread(state);
+}
+
+static __thread int tls_python_forks;      /* os.fork is forking this thread */
+static __thread int tls_python_held;       /* the handlers hold the interpreter for this fork */
+static __thread PyGILState_STATE tls_gil;
+
+EXPORT void egpu_shim_python_forking(void) { tls_python_forks = 1; }
+
+static void prepare(void) {
+    tls_python_held = !tls_python_forks && egpu_python_attached() && Py_IsInitialized();
+    if (tls_python_held) {
+        tls_gil = PyGILState_Ensure();
+        PyOS_BeforeFork();
+    }
+    egpu_lvm_fork(EGPU_FORK_PREPARE);
+    egpu_cow_fork(EGPU_FORK_PREPARE);
+    egpu_interpose_fork(EGPU_FORK_PREPARE);
+}
+
+static void after(enum egpu_fork_phase phase) {
+    egpu_interpose_fork(phase);
+    egpu_cow_fork(phase);
+    egpu_lvm_fork(phase);
+    tls_python_forks = 0;
+    if (!tls_python_held) return;
+    tls_python_held = 0;
+    if (phase == EGPU_FORK_CHILD) PyOS_AfterFork_Child();
+    else PyOS_AfterFork_Parent();
+    PyGILState_Release(tls_gil);
+}
+
+static void in_parent(void) { after(EGPU_FORK_PARENT); }
+static void in_child(void) { after(EGPU_FORK_CHILD); }
+
+static void install(void) { pthread_atfork(prepare, in_parent, in_child); }
+
+void egpu_fork_handlers(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, install);
+}
