@@ -188,6 +188,7 @@ enum egpu_fork_phase { EGPU_FORK_PREPARE, EGPU_FORK_PARENT, EGPU_FORK_CHILD };
 void egpu_interpose_fork(enum egpu_fork_phase phase);
 void egpu_cow_fork(enum egpu_fork_phase phase);
 void egpu_lvm_fork(enum egpu_fork_phase phase);
+void egpu_sass_fork(enum egpu_fork_phase phase);
 
 /* Nonzero while a stream capture the shim saw begin is in progress (interpose.c, "stream capture"). */
 int egpu_shim_capturing(void);

@@ -46,11 +46,13 @@ static void prepare(void) {
     }
     egpu_lvm_fork(EGPU_FORK_PREPARE);
     egpu_cow_fork(EGPU_FORK_PREPARE);
+    egpu_sass_fork(EGPU_FORK_PREPARE);
     egpu_interpose_fork(EGPU_FORK_PREPARE);
 }
 
 static void after(enum egpu_fork_phase phase) {
     egpu_interpose_fork(phase);
+    egpu_sass_fork(phase);
     egpu_cow_fork(phase);
     egpu_lvm_fork(phase);
     tls_python_forks = 0;

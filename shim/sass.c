@@ -540,3 +540,21 @@ __attribute__((visibility("default"))) void egpu_sass_stats(struct egpu_sass_sta
     pthread_mutex_unlock(&g_err_mu);
     out->error[sizeof out->error - 1] = 0;
 }
+
+/* ---- fork (process.c): its locks taken across it, made new in the child. The child keeps the
+ * parent's generations and module list: the sanitizer's state came with the copy of the process. */
+
+void egpu_sass_fork(enum egpu_fork_phase phase) {
+    if (phase == EGPU_FORK_PREPARE) {
+        pthread_mutex_lock(&g_mu);
+        pthread_mutex_lock(&g_err_mu);
+        return;
+    }
+    if (phase == EGPU_FORK_PARENT) {
+        pthread_mutex_unlock(&g_err_mu);
+        pthread_mutex_unlock(&g_mu);
+        return;
+    }
+    pthread_mutex_init(&g_err_mu, NULL);
+    pthread_mutex_init(&g_mu, NULL);
+}
