@@ -19,6 +19,8 @@
 #include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -277,9 +279,21 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVers
 
 /* The SASS back end subscribes to the sanitizer here, before the driver starts: a subscription made
  * after CUDA ran sees no launches (docs/sass-backend.md). */
+/* Say once why the job will see no instrumented kernel: its own error handling may say nothing (a
+ * framework falls back to the CPU). 100 is CUDA_ERROR_NO_DEVICE. */
+static void cuinit_failed(CUresult r) {
+    static _Atomic int said;
+    if (atomic_exchange(&said, 1)) return;
+    fprintf(stderr, "egpu[%d]: cuInit failed: %s (CUDA error %d): this process runs no probe\n", (int)getpid(),
+            r == 100 ? "no CUDA device" : r == 35 ? "the driver is older than this program's CUDA" : "the driver refused",
+            r);
+}
+
 EXPORT CUresult cuInit(unsigned int Flags) {
     if (!passthrough()) egpu_sass_start();
-    return CALL_REAL(cuInit, Flags);
+    CUresult r = CALL_REAL(cuInit, Flags);
+    if (r != CUDA_SUCCESS && !passthrough()) cuinit_failed(r);
+    return r;
 }
 
 /* ---- statistics and the function table ---- */

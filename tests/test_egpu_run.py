@@ -46,6 +46,16 @@ def test_exit_status_is_the_jobs(stub_job, probe_obj, tmp_path, status, exit_sta
         assert r.stderr == ""
 
 
+def test_a_process_whose_cuinit_fails_says_so(stub_job, probe_obj, tmp_path):
+    """A driver but no GPU (cuInit: CUDA_ERROR_NO_DEVICE): the job runs as it would, and egpu says once
+    why no probe ran in it."""
+    r = egpu_run(["-p", str(probe_obj("count")), str(stub_job.app), "module", "2", "64", "0"],
+                 stub_job.env(tmp_path / "log", EGPU_STUB_CUINIT="100"))
+    said = [ln for ln in r.stderr.splitlines() if "cuInit failed" in ln]
+    assert len(said) == 1 and said[0].endswith("cuInit failed: no CUDA device (CUDA error 100): this process "
+                                               "runs no probe"), r.stderr
+
+
 def test_json_gives_one_document_per_process(stub_job, probe_obj, tmp_path):
     r = egpu_run(["--json", "-p", str(probe_obj("count")), str(stub_job.app), "fatbin", "1", "32", "0"],
                  stub_job.env(tmp_path / "log"))

@@ -164,7 +164,10 @@ static void log_launch(const char *api, const void *f, unsigned gx, unsigned bx,
 
 /* ---- unhooked entry points ---- */
 
-CUresult cuInit(unsigned int flags) { logf_("cuInit flags=%u", flags); return OK; }
+CUresult cuInit(unsigned int flags) { /* EGPU_STUB_CUINIT=N: cuInit fails with N, as with no GPU (100) */
+    logf_("cuInit flags=%u", flags);
+    return getenv("EGPU_STUB_CUINIT") ? (CUresult)atoi(getenv("EGPU_STUB_CUINIT")) : OK;
+}
 CUresult cuDriverGetVersion(int *v) { *v = 13000; logf_("cuDriverGetVersion"); return OK; }
 CUresult egpu_stub_during_capture(const char *api, int waits);
 /* egpu_stub_hold_sync(1): the context's work runs until egpu_stub_hold_sync(0), as a kernel that never
