@@ -436,6 +436,93 @@ REJECT: tuple[Case, ...] = (
     out:
         r0 = 0
         exit""", "r1 is map_value, ringbuf_submit needs a record from ringbuf_reserve", 9),
+    # bpftime's exit (helper 507) ends the probe: from any frame, nothing may stay reserved
+    Case("ringbuf_leak_at_bpf_exit", "r7 = r1" + RESERVE + """
+        if r0 == 0 goto out
+        r6 = r0
+        r1 = *(u32 *)(r7 + 0x18)
+        if r1 == 0 goto submit
+        call exit
+    submit:
+        r1 = r6
+        r2 = 0
+        call ringbuf_submit
+    out:
+        r0 = 0
+        exit""", "unreleased reference id=1 from ringbuf_reserve at 5: submit or discard it before bpf_exit()", 10),
+    Case("ringbuf_leak_at_bpf_exit_in_subprogram", RESERVE + """
+        if r0 == 0 goto out
+        r6 = r0
+        call local stop
+        r1 = r6
+        r2 = 0
+        call ringbuf_submit
+    out:
+        r0 = 0
+        exit
+    stop:
+        call exit
+        r0 = 0
+        exit""", "unreleased reference id=1 from ringbuf_reserve at 4: submit or discard it before bpf_exit()", 13),
+    # pointers never reach a map: a spilled pointer is replaced whole or not at all, and a released one is gone
+    Case("spilled_pointer_byte_overwrite", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 16) = r10
+        *(u8 *)(r10 - 16) = 0
+        r1 = *(u64 *)(r10 - 16)
+        *(u64 *)(r0 + 0x0) = r1
+    out:
+        r0 = 0
+        exit""", "attempt to corrupt spilled stack at fp-16 with a 1-byte store", 9),
+    Case("spilled_pointer_top_half_overwrite", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 16) = r6
+        w1 = 0
+        *(u32 *)(r10 - 12) = w1
+        r1 = *(u64 *)(r10 - 16)
+        *(u64 *)(r0 + 0x0) = r1
+    out:
+        r0 = 0
+        exit""", "attempt to corrupt spilled ctx at fp-16 with a 4-byte store", 10),
+    Case("spilled_pointer_variable_offset_overwrite", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 16) = r0
+        r1 = *(u32 *)(r6 + 0x18)
+        r1 &= 7
+        r2 = r10
+        r2 += -16
+        r2 += r1
+        *(u8 *)(r2 + 0) = 0
+        r1 = *(u64 *)(r10 - 16)
+        *(u64 *)(r0 + 0x0) = r1
+    out:
+        r0 = 0
+        exit""", "spilled map_value at fp-16 in range of a variable-offset stack write", 14),
+    Case("spilled_pointer_helper_half_overwrite", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 16) = r0
+        *(u64 *)(r10 - 24) = 0
+        r1 = r10
+        r1 += -20
+        r2 = r10
+        r2 += -32
+        r3 = r2
+        call get_block_idx
+        r0 = 0
+    out:
+        exit""", "get_block_idx may overwrite part of the spilled map_value at fp-16", 15),
+    Case("spilled_record_after_submit", RESERVE + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 8) = r0
+        r1 = r0
+        r2 = 0
+        call ringbuf_submit
+        r1 = *(u64 *)(r10 - 8)
+        r2 = map_value[4] + 0x0 ll
+        *(u64 *)(r2 + 0x0) = r1
+    out:
+        r0 = 0
+        exit""", "invalid read from stack off=-8 size=8: not initialized", 10),
     # atomics
     Case("atomic_pointer_operand", "*(u64 *)(r10 - 8) = 0\nr2 = r10\nlock *(u64 *)(r10 - 0x8) += r2\nr0 = 0\nexit",
          "r2 leaks addr into memory", 2),
@@ -701,6 +788,30 @@ ACCEPT: tuple[Case, ...] = (
         if r0 == 0 goto out
         r1 = *(u64 *)(r7 + 0x0)
         *(u64 *)(r0 + 0x38) = r1
+    out:
+        r0 = 0
+        exit"""),
+    Case("bpf_exit_after_submit", RESERVE + """
+        if r0 == 0 goto out
+        r1 = r0
+        r2 = 0
+        call ringbuf_submit
+        call exit
+    out:
+        r0 = 0
+        exit"""),
+    Case("spilled_pointer_replaced_whole", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 16) = r10
+        *(u64 *)(r10 - 16) = 7
+        r7 = r0
+        r1 = r10
+        r1 += -16
+        r2 = r1
+        r3 = r1
+        call get_block_idx
+        r1 = *(u64 *)(r10 - 16)
+        *(u64 *)(r7 + 0x0) = r1
     out:
         r0 = 0
         exit"""),

@@ -404,6 +404,9 @@ def _stack_write(f: Frame, o: int, size: int, value: Value | None) -> None:
         f.stack[k] = Slot(SPILL_BYTES, value)  # 8-aligned by the alignment check
         return
     slot = f.stack.get(k)
+    if slot is not None and slot.holds_pointer and size != 8:
+        raise Reject(f"attempt to corrupt spilled {slot.spill.kind} at fp{-8 * (k + 1)} with a {size}-byte store "
+                     "(register spill)")
     b = UNINIT_SLOT_BYTES if slot is None else slot.as_data().bytes
     spill = None
     if value is not None:
@@ -432,6 +435,9 @@ def _stack_var(f: Frame, lo: int, hi: int, size: int, mode: str, value: Value | 
             if slot.spill is not None and slot.spill.is_pointer:
                 raise Reject(f"variable-offset read of a spilled {slot.spill.kind} at fp{-8 * (k + 1)} (register fill)")
         if mode != "read" and slot is not None and slot.spill is not None:
+            if slot.holds_pointer:
+                raise Reject(f"spilled {slot.spill.kind} at fp{-8 * (k + 1)} in range of a variable-offset "
+                             "stack write (register spill)")
             f.stack[k] = slot.as_data()
     return sized(size, False)
 
@@ -550,6 +556,9 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
     if release:
         st.update_id(release, lambda v: None)
         st.refs.pop(release, None)
+    if h.name == "exit":  # bpftime's exit ends the probe here, from any frame: nothing may stay reserved
+        _no_leaked_refs(st, " before bpf_exit()")
+        return []
     for r in range(1, 6):
         f.regs[r] = NOT_INIT_VALUE
     if h.ret == "map_value_or_null":
@@ -629,6 +638,9 @@ def _helper_mem(env: Env, st: State, h: Helper, n: int, v: Value, size: int, *, 
         k, i = _slot_of(o)
         slot = f.stack.get(k)
         if write:
+            if slot is not None and slot.holds_pointer and not (v.is_const and lo <= -8 * (k + 1) and -8 * k <= hi):
+                raise Reject(f"{h.name} may overwrite part of the spilled {slot.spill.kind} at fp{-8 * (k + 1)} "
+                             f"(arg{n} register spill)")
             if v.is_const:  # written for sure
                 b = UNINIT_SLOT_BYTES if slot is None else slot.as_data().bytes
                 f.stack[k] = Slot(b[:i] + "m" + b[i + 1:], None)
@@ -669,11 +681,16 @@ def _exit(env: Env, st: State, insn: Insn) -> Succ:
         return [(st, callee.callsite + 1)]
     if r0.is_pointer:
         raise Reject(f"r0 leaks addr as return value (r0 is {r0.kind})")
+    _no_leaked_refs(st, "")
+    return []
+
+
+def _no_leaked_refs(st: State, where: str) -> None:
+    """The program ends here: every record reserved on this path was submitted or discarded."""
     if st.refs:
         ref, pc = min(st.refs.items())
-        raise Reject(f"unreleased reference id={ref} from ringbuf_reserve at {pc}: submit or discard it on "
-                     "every path (reference leak)")
-    return []
+        raise Reject(f"unreleased reference id={ref} from ringbuf_reserve at {pc}: submit or discard it{where} "
+                     "on every path (reference leak)")
 
 
 STEP: dict[str, Callable[[Env, State, Insn], Succ]] = {

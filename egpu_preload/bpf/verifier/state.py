@@ -27,6 +27,12 @@ class Slot(NamedTuple):
         """The slot once its spill may have been overwritten: what was written stays initialized."""
         return Slot(self.bytes.replace("s", "m"), None)
 
+    @property
+    def holds_pointer(self) -> bool:
+        """A spilled pointer: its bytes may be replaced whole, never in part (a part would let the
+        program read the rest as a number: the kernel's "attempt to corrupt spilled pointer")."""
+        return self.spill is not None and self.spill.is_pointer
+
 
 class Frame:
     """One call frame. Slot k covers frame-pointer offsets [-8(k+1), -8k)."""
@@ -65,7 +71,9 @@ class State:
         return State([f.copy() for f in self.frames], dict(self.refs))
 
     def update_id(self, id: int, fn: Callable[[Value], Value | None]) -> None:
-        """Apply ``fn`` to every register and spill carrying ``id``; a None result forgets a spill."""
+        """Apply ``fn`` to every register and spill carrying ``id``. A None result invalidates: the
+        register becomes uninitialized, and so do the spill's bytes, so that a released pointer can
+        neither be used nor read back as a number (the kernel's mark_reg_invalid, unprivileged)."""
         for f in self.frames:
             for r, v in enumerate(f.regs):
                 if v.id == id:
@@ -73,7 +81,12 @@ class State:
             for k, slot in list(f.stack.items()):
                 if slot.spill is not None and slot.spill.id == id:
                     new = fn(slot.spill)
-                    f.stack[k] = slot._replace(spill=new) if new is not None else slot.as_data()
+                    if new is not None:
+                        f.stack[k] = slot._replace(spill=new)
+                    elif slot.bytes == SPILL_BYTES:
+                        del f.stack[k]
+                    else:
+                        f.stack[k] = Slot(slot.bytes.replace("s", "u"), None)
 
 
 # ---- pruning: equality modulo id renaming, and "old covers new" ---------------------------------------
