@@ -48,6 +48,15 @@ RESERVE = """
     call ringbuf_reserve
 """
 
+# r6 = ctx, a 32-byte printk buffer at fp-32, pc 0..4; r2 is the length next.
+PRINTK_BUF = """
+    r6 = r1
+    *(u64 *)(r10 - 8) = 0
+    *(u64 *)(r10 - 16) = 0
+    *(u64 *)(r10 - 24) = 0
+    *(u64 *)(r10 - 32) = 0
+"""
+
 REJECT: tuple[Case, ...] = (
     # registers
     Case("uninit_register", "r0 = r2\nexit", "r2 is not initialized (!read_ok)", 0),
@@ -523,6 +532,34 @@ REJECT: tuple[Case, ...] = (
     out:
         r0 = 0
         exit""", "invalid read from stack off=-8 size=8: not initialized", 10),
+    # a subprogram may leave r0 unset; its caller may then not read it
+    Case("subprogram_r0_unset_and_read", "call local sub\nr1 = r0\nr0 = 0\nexit\nsub:\nexit",
+         "r0 is not initialized (!read_ok)", 1),
+    Case("subprogram_r0_unset_and_returned", "call local sub\nexit\nsub:\nexit",
+         "r0 is not initialized at exit", 1),
+    # linked scalars: what does not hold must not be learnt
+    Case("w32_copy_of_a_64bit_value_is_not_linked", PRINTK_BUF + """
+        r2 = *(u64 *)(r6 + 0x0)
+        w3 = w2
+        w3 += -1
+        if w3 > 31 goto out
+        r1 = r10
+        r1 += -32
+        call trace_printk
+    out:
+        r0 = 0
+        exit""", "r2 min value is negative", 11),
+    Case("link_broken_by_mul", PRINTK_BUF + """
+        w2 = *(u32 *)(r6 + 0x1c)
+        r3 = r2
+        r3 *= 2
+        if r3 > 31 goto out
+        r1 = r10
+        r1 += -32
+        call trace_printk
+    out:
+        r0 = 0
+        exit""", "r2 unbounded memory access", 11),
     # atomics
     Case("atomic_pointer_operand", "*(u64 *)(r10 - 8) = 0\nr2 = r10\nlock *(u64 *)(r10 - 0x8) += r2\nr0 = 0\nexit",
          "r2 leaks addr into memory", 2),
@@ -812,6 +849,33 @@ ACCEPT: tuple[Case, ...] = (
         call get_block_idx
         r1 = *(u64 *)(r10 - 16)
         *(u64 *)(r7 + 0x0) = r1
+    out:
+        r0 = 0
+        exit"""),
+    Case("subprogram_result_unused", "call local sub\nr0 = 0\nexit\nsub:\nexit"),
+    Case("w32_copy_minus_one_bounds_the_original", PRINTK_BUF + """
+        w2 = *(u32 *)(r6 + 0x1c)
+        w3 = w2
+        w3 += -1
+        if w3 > 31 goto out
+        r1 = r10
+        r1 += -32
+        call trace_printk
+    out:
+        r0 = 0
+        exit"""),
+    Case("copy_plus_constants_bounds_the_original", PRINTK_BUF + """
+        r2 = *(u64 *)(r6 + 0x0)
+        r3 = r2
+        r3 += 5
+        r4 = r3
+        r4 += -6
+        *(u64 *)(r10 - 40) = r4
+        r5 = *(u64 *)(r10 - 40)
+        if r5 > 31 goto out
+        r1 = r10
+        r1 += -32
+        call trace_printk
     out:
         r0 = 0
         exit"""),

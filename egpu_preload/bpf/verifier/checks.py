@@ -23,8 +23,8 @@ from . import arith
 from .cfg import Cfg, Reject
 from .state import SPILL_BYTES, UNINIT_SLOT_BYTES, Frame, Slot, State
 from .value import (CTX, MAP_PTR, MAP_VALUE, MAP_VALUE_OR_NULL, NOT_INIT, NOT_INIT_VALUE, OR_NULL, RINGBUF_MEM,
-                    RINGBUF_MEM_OR_NULL, SCALAR, STACK, UNKNOWN, Value, const, pointer, s64, sized, t_add,
-                    with_var, M64)
+                    RINGBUF_MEM_OR_NULL, SCALAR, STACK, UNKNOWN, Value, const, intersect, pointer, s64, sized,
+                    t_add, with_var, M32, M64)
 
 MAX_FRAMES = 8          # the kernel's MAX_CALL_FRAMES
 MAX_OFF = 1 << 29       # the kernel's BPF_MAX_VAR_OFF: larger offsets are nonsense
@@ -125,12 +125,39 @@ def _writable(r: int) -> None:
 
 
 def _set(state: State, r: int, v: Value) -> None:
-    """Narrow register r to v, and every linked copy of it (same scalar id) with it."""
+    """Narrow register r to v, and every scalar linked to it (same id) by what the link says."""
     old = state.top.regs[r]
     if old.kind == SCALAR and old.id:
-        state.update_id(old.id, lambda _: v._replace(id=old.id))
+        state.update_id(old.id, lambda w: _linked(w, old, v))
     else:
         state.top.regs[r] = v
+
+
+def _linked(w: Value, known: Value, narrowed: Value) -> Value:
+    """What ``known`` narrowed to teaches about ``w`` of the same id: w = known + (w.off - known.off),
+    in 64 bits or, where either is a w-register sum (aux 32), in the low 32 bits, which is all of w
+    only when w fits them. The result is also within w's own bounds (sync_linked_regs)."""
+    link = dict(id=w.id, off=w.off, aux=w.aux)
+    if w.off == known.off and w.aux == known.aux:
+        return narrowed._replace(**link)
+    width = 64 if w.aux == known.aux == 0 else 32
+    if known.aux == 32 and w.aux == 0 and w.umax > M32:
+        return w
+    derived = arith.alu("add", width, narrowed.var, const(w.off - known.off))
+    return (intersect(w.var, derived) or derived)._replace(**link)
+
+
+def _add_to_link(a: Value, b: Value, op: str, width: int, result: Value) -> Value:
+    """``a op b`` = result, where a is a linked scalar: adding a constant keeps the link (off moves),
+    anything else makes the result a value of its own."""
+    if op in ("add", "sub") and b.is_const and not b.is_pointer:
+        c = s64(b.tv) if op == "add" else -s64(b.tv)
+        if width == 32:
+            off = (a.off + c + (1 << 31)) % (1 << 32) - (1 << 31)  # modulo 2**32: only the low half counts
+            return result._replace(id=a.id, off=off, aux=32)
+        if a.aux == 0 and abs(a.off + c) < 1 << 31:
+            return result._replace(id=a.id, off=a.off + c, aux=0)
+    return result
 
 
 # ---- ALU --------------------------------------------------------------------------------------------
@@ -144,10 +171,12 @@ def _alu(env: Env, st: State, insn: Insn) -> Succ:
     if insn.op == "mov":
         if b.is_pointer and insn.width == 32:
             raise Reject(f"partial copy of a pointer (r{insn.src} is {b.kind})")
-        if insn.width == 64 and b.kind == SCALAR and not b.is_const and not insn.use_imm and not b.id:
+        # a w-register copy of a value that fits 32 bits is the value itself
+        exact = insn.width == 64 or b.umax <= M32
+        if exact and b.kind == SCALAR and not b.is_const and not insn.use_imm and not b.id:
             b = b._replace(id=env.new_id())  # link the copies: a later check on one narrows both
             f.regs[insn.src] = b
-        f.regs[insn.dst] = b if insn.width == 64 else arith.alu("mov", 32, b, b)
+        f.regs[insn.dst] = b if exact else arith.alu("mov", 32, b, b)
         return [(st, insn.pc + 1)]
     a = _reg(f, insn.dst)
     if a.is_pointer or b.is_pointer:
@@ -158,7 +187,8 @@ def _alu(env: Env, st: State, insn: Insn) -> Succ:
             env.note_use(a.aux, "address")   # a distance between two values: each lookup's row must be one
         f.regs[insn.dst] = _pointer_alu(insn, a, b)
     else:
-        f.regs[insn.dst] = arith.alu(insn.op, insn.width, a, b)
+        result = arith.alu(insn.op, insn.width, a, b)
+        f.regs[insn.dst] = _add_to_link(a, b, insn.op, insn.width, result) if a.id else result
     return [(st, insn.pc + 1)]
 
 
@@ -669,9 +699,11 @@ def _local_call(env: Env, st: State, insn: Insn) -> Succ:
 
 
 def _exit(env: Env, st: State, insn: Insn) -> Succ:
-    """Return to the caller, or end the program: r0 a scalar, every reserved record released."""
+    """Return to the caller, or end the program: r0 a scalar, every reserved record released. A
+    subprogram's r0 goes back as it is, set or not (the kernel's prepare_func_exit): clang drops the
+    result of a call whose value is unused, and a caller that reads it is refused there."""
     r0 = st.top.regs[0]
-    if r0.kind == NOT_INIT:
+    if r0.kind == NOT_INIT and len(st.frames) == 1:
         raise Reject("r0 is not initialized at exit (!read_ok)")
     if len(st.frames) > 1:
         if r0.kind == STACK and r0.aux == len(st.frames) - 1:

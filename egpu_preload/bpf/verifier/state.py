@@ -133,10 +133,12 @@ def key(state: State, live: list[int]) -> tuple:
 def _covers(old: Value, new: Value, ids: _Ids) -> bool:
     if old.kind == NOT_INIT:
         return True  # the old path never read it, or it would have been rejected
-    if old.kind != new.kind or old.off != new.off or old.aux != new.aux or not contains(old, new):
+    if old.kind != new.kind or not contains(old, new):
         return False
-    if old.kind == SCALAR:
-        return old.id == 0 or ids.same(old.id, new.id)
+    if old.kind == SCALAR:  # a link only narrows: an old value of its own covers a linked one
+        return old.id == 0 or (ids.same(old.id, new.id) and old.off == new.off and old.aux == new.aux)
+    if old.off != new.off or old.aux != new.aux:
+        return False
     return old.kind in (MAP_PTR, STACK, "ctx", "map_value") or ids.same(old.id, new.id)
 
 
@@ -198,7 +200,7 @@ def fmt_value(v: Value, maps: list[MapDef]) -> str:
         if v.tm != UNKNOWN.tm and v.tm:
             parts.append(f"var_off=(0x{v.tv:x}; 0x{v.tm:x})")
         if v.id:
-            parts.append(f"id={v.id}")
+            parts.append(f"id={v.id}" + (f"{v.off:+d}" if v.off else "") + ("(w32)" if v.aux else ""))
         return f"scalar({','.join(parts)})"
     if v.kind == STACK:
         return f"fp{v.off}" + (f"(frame={v.aux}{var()})" if v.aux or not v.is_const else "")
