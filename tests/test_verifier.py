@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from egpu_preload.bpf.verifier.checks import STEP
 from egpu_preload.bpf.verifier.value import M64, bounded, const, contains, lo32, sext32
 from egpu_preload.errors import DecodeError, EgpuError, VerifierError
 from egpu_preload.vm import execute
-from tests.verifier_cases import ACCEPT, C_PROBES, MAPS, REJECT
+from tests.verifier_cases import ACCEPT, C_PROBES, C_REFUSED, MAPS, REJECT
 
 PROBES = sorted(p.name.removesuffix(".bpf.c") for p in (Path(__file__).parent / "probes").glob("*.bpf.c"))
 
@@ -74,6 +75,23 @@ def test_tricky_c_probes_verify(tmp_path, name, mcpu):
     obj = load_object(compile_probe(src, mcpu=mcpu))
     for prog in obj.programs:
         verify(prog.code, obj.maps, file=obj.path, section=prog.section)
+
+
+@pytest.mark.parametrize("mcpu", ["v3", "v4"])
+@pytest.mark.parametrize("name", sorted(C_REFUSED))
+def test_c_probes_refused(tmp_path, name, mcpu):
+    """Refused quickly too: the worst (a loop waiting on a map value) took 43 s and 480 MB to say "too
+    complex" at the 1M-instruction budget; the cap on pending branches answers in thousands of rounds."""
+    source, reason = C_REFUSED[name]
+    src = tmp_path / f"{name}.bpf.c"
+    src.write_text(source)
+    obj = load_object(compile_probe(src, mcpu=mcpu))
+    (prog,) = obj.programs
+    start = time.process_time()
+    with pytest.raises(VerifierError) as info:
+        verify(prog.code, obj.maps, file=obj.path, section=prog.section)
+    assert time.process_time() - start < 5
+    assert reason in info.value.reason
 
 
 def test_log_names_instruction_and_state():

@@ -1024,3 +1024,43 @@ int var_loops(struct egpu_ctx *ctx)
 char LICENSE[] SEC("license") = "GPL";
 """,
 }
+
+
+# C probes the verifier must refuse (issue 20), each with a substring of the reason.
+C_REFUSED = {
+    # bpf_exit() ends the probe with the record still reserved: on the GPU the ring stops delivering
+    "exit_holding_a_record": (r"""#include "egpu.bpf.h"
+struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096); } rb SEC(".maps");
+SEC("kprobe/*")
+int exit_holding(struct egpu_ctx *ctx)
+{
+	__u64 *e = bpf_ringbuf_reserve(&rb, 8, 0);
+	if (!e)
+		return 0;
+	*e = ctx->site;
+	if (ctx->site & 1)
+		bpf_exit();
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+char LICENSE[] SEC("license") = "GPL";
+""", "submit or discard it before bpf_exit()"),
+    # a million rounds, each leaving the "value arrived" branch behind: refused in thousands of rounds
+    "wait_on_a_map_value": (r"""#include "egpu.bpf.h"
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64); }
+    flag SEC(".maps");
+SEC("kprobe/*")
+int wait_flag(struct egpu_ctx *ctx)
+{
+	__u32 k = 0;
+	__u64 *v = bpf_map_lookup_elem(&flag, &k);
+	if (!v)
+		return 0;
+	for (int i = 0; i < 1000000; i++)
+		if (*(volatile __u64 *)v)
+			break;
+	return 0;
+}
+char LICENSE[] SEC("license") = "GPL";
+""", "the sequence of 8193 jumps is too complex"),
+}
