@@ -532,6 +532,36 @@ REJECT: tuple[Case, ...] = (
     out:
         r0 = 0
         exit""", "invalid read from stack off=-8 size=8: not initialized", 10),
+    # pruning: a path that spilled a scalar does not cover one that spilled a pointer (64 or 32 bits)
+    Case("pruning_keeps_a_spilled_pointer_apart_from_a_scalar", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        r7 = r0
+        r1 = *(u32 *)(r6 + 0x18)
+        *(u64 *)(r10 - 16) = r6
+        if r1 == 0 goto merge
+        *(u64 *)(r10 - 16) = r1
+    merge:
+        r1 = *(u64 *)(r10 - 16)
+        *(u64 *)(r7 + 0x0) = r1
+    out:
+        r0 = 0
+        exit""", "r1 leaks addr into map_value", 14),
+    Case("pruning_keeps_a_spilled_pointer_apart_from_a_32bit_spill", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        r7 = r0
+        r1 = *(u32 *)(r6 + 0x18)
+        *(u64 *)(r10 - 16) = 0
+        if r1 == 0 goto pointer
+        *(u32 *)(r10 - 16) = w1
+        goto merge
+    pointer:
+        *(u64 *)(r10 - 16) = r6
+    merge:
+        r1 = *(u64 *)(r10 - 16)
+        *(u64 *)(r7 + 0x0) = r1
+    out:
+        r0 = 0
+        exit""", "r1 leaks addr into map_value", 16),
     # a subprogram may leave r0 unset; its caller may then not read it
     Case("subprogram_r0_unset_and_read", "call local sub\nr1 = r0\nr0 = 0\nexit\nsub:\nexit",
          "r0 is not initialized (!read_ok)", 1),
