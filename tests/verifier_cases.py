@@ -579,6 +579,28 @@ REJECT: tuple[Case, ...] = (
     out:
         r0 = 0
         exit""", "r2 min value is negative", 11),
+    Case("linked_copy_keeps_its_distance", PRINTK_BUF + """
+        w2 = *(u32 *)(r6 + 0x1c)
+        r3 = r2
+        r3 += -100
+        if r3 > 31 goto out
+        r1 = r10
+        r1 += -32
+        call trace_printk
+    out:
+        r0 = 0
+        exit""", "invalid stack access off=-32 size=131", 11),
+    Case("w32_linked_copy_keeps_its_distance", PRINTK_BUF + """
+        w2 = *(u32 *)(r6 + 0x1c)
+        w3 = w2
+        w3 += -100
+        if w3 > 31 goto out
+        r1 = r10
+        r1 += -32
+        call trace_printk
+    out:
+        r0 = 0
+        exit""", "invalid stack access off=-32 size=131", 11),
     Case("link_broken_by_mul", PRINTK_BUF + """
         w2 = *(u32 *)(r6 + 0x1c)
         r3 = r2
