@@ -48,6 +48,15 @@ RESERVE = """
     call ringbuf_reserve
 """
 
+# r6 = ctx, a 32-byte printk buffer at fp-32, pc 0..4; r2 is the length next.
+PRINTK_BUF = """
+    r6 = r1
+    *(u64 *)(r10 - 8) = 0
+    *(u64 *)(r10 - 16) = 0
+    *(u64 *)(r10 - 24) = 0
+    *(u64 *)(r10 - 32) = 0
+"""
+
 REJECT: tuple[Case, ...] = (
     # registers
     Case("uninit_register", "r0 = r2\nexit", "r2 is not initialized (!read_ok)", 0),
@@ -436,6 +445,173 @@ REJECT: tuple[Case, ...] = (
     out:
         r0 = 0
         exit""", "r1 is map_value, ringbuf_submit needs a record from ringbuf_reserve", 9),
+    # bpftime's exit (helper 507) ends the probe: from any frame, nothing may stay reserved
+    Case("ringbuf_leak_at_bpf_exit", "r7 = r1" + RESERVE + """
+        if r0 == 0 goto out
+        r6 = r0
+        r1 = *(u32 *)(r7 + 0x18)
+        if r1 == 0 goto submit
+        call exit
+    submit:
+        r1 = r6
+        r2 = 0
+        call ringbuf_submit
+    out:
+        r0 = 0
+        exit""", "unreleased reference id=1 from ringbuf_reserve at 5: submit or discard it before bpf_exit()", 10),
+    Case("ringbuf_leak_at_bpf_exit_in_subprogram", RESERVE + """
+        if r0 == 0 goto out
+        r6 = r0
+        call local stop
+        r1 = r6
+        r2 = 0
+        call ringbuf_submit
+    out:
+        r0 = 0
+        exit
+    stop:
+        call exit
+        r0 = 0
+        exit""", "unreleased reference id=1 from ringbuf_reserve at 4: submit or discard it before bpf_exit()", 13),
+    # pointers never reach a map: a spilled pointer is replaced whole or not at all, and a released one is gone
+    Case("spilled_pointer_byte_overwrite", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 16) = r10
+        *(u8 *)(r10 - 16) = 0
+        r1 = *(u64 *)(r10 - 16)
+        *(u64 *)(r0 + 0x0) = r1
+    out:
+        r0 = 0
+        exit""", "attempt to corrupt spilled stack at fp-16 with a 1-byte store", 9),
+    Case("spilled_pointer_top_half_overwrite", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 16) = r6
+        w1 = 0
+        *(u32 *)(r10 - 12) = w1
+        r1 = *(u64 *)(r10 - 16)
+        *(u64 *)(r0 + 0x0) = r1
+    out:
+        r0 = 0
+        exit""", "attempt to corrupt spilled ctx at fp-16 with a 4-byte store", 10),
+    Case("spilled_pointer_variable_offset_overwrite", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 16) = r0
+        r1 = *(u32 *)(r6 + 0x18)
+        r1 &= 7
+        r2 = r10
+        r2 += -16
+        r2 += r1
+        *(u8 *)(r2 + 0) = 0
+        r1 = *(u64 *)(r10 - 16)
+        *(u64 *)(r0 + 0x0) = r1
+    out:
+        r0 = 0
+        exit""", "spilled map_value at fp-16 in range of a variable-offset stack write", 14),
+    Case("spilled_pointer_helper_half_overwrite", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 16) = r0
+        *(u64 *)(r10 - 24) = 0
+        r1 = r10
+        r1 += -20
+        r2 = r10
+        r2 += -32
+        r3 = r2
+        call get_block_idx
+        r0 = 0
+    out:
+        exit""", "get_block_idx may overwrite part of the spilled map_value at fp-16", 15),
+    Case("spilled_record_after_submit", RESERVE + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 8) = r0
+        r1 = r0
+        r2 = 0
+        call ringbuf_submit
+        r1 = *(u64 *)(r10 - 8)
+        r2 = map_value[4] + 0x0 ll
+        *(u64 *)(r2 + 0x0) = r1
+    out:
+        r0 = 0
+        exit""", "invalid read from stack off=-8 size=8: not initialized", 10),
+    # pruning: a path that spilled a scalar does not cover one that spilled a pointer (64 or 32 bits)
+    Case("pruning_keeps_a_spilled_pointer_apart_from_a_scalar", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        r7 = r0
+        r1 = *(u32 *)(r6 + 0x18)
+        *(u64 *)(r10 - 16) = r6
+        if r1 == 0 goto merge
+        *(u64 *)(r10 - 16) = r1
+    merge:
+        r1 = *(u64 *)(r10 - 16)
+        *(u64 *)(r7 + 0x0) = r1
+    out:
+        r0 = 0
+        exit""", "r1 leaks addr into map_value", 14),
+    Case("pruning_keeps_a_spilled_pointer_apart_from_a_32bit_spill", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        r7 = r0
+        r1 = *(u32 *)(r6 + 0x18)
+        *(u64 *)(r10 - 16) = 0
+        if r1 == 0 goto pointer
+        *(u32 *)(r10 - 16) = w1
+        goto merge
+    pointer:
+        *(u64 *)(r10 - 16) = r6
+    merge:
+        r1 = *(u64 *)(r10 - 16)
+        *(u64 *)(r7 + 0x0) = r1
+    out:
+        r0 = 0
+        exit""", "r1 leaks addr into map_value", 16),
+    # a subprogram may leave r0 unset; its caller may then not read it
+    Case("subprogram_r0_unset_and_read", "call local sub\nr1 = r0\nr0 = 0\nexit\nsub:\nexit",
+         "r0 is not initialized (!read_ok)", 1),
+    Case("subprogram_r0_unset_and_returned", "call local sub\nexit\nsub:\nexit",
+         "r0 is not initialized at exit", 1),
+    # linked scalars: what does not hold must not be learnt
+    Case("w32_copy_of_a_64bit_value_is_not_linked", PRINTK_BUF + """
+        r2 = *(u64 *)(r6 + 0x0)
+        w3 = w2
+        w3 += -1
+        if w3 > 31 goto out
+        r1 = r10
+        r1 += -32
+        call trace_printk
+    out:
+        r0 = 0
+        exit""", "r2 min value is negative", 11),
+    Case("linked_copy_keeps_its_distance", PRINTK_BUF + """
+        w2 = *(u32 *)(r6 + 0x1c)
+        r3 = r2
+        r3 += -100
+        if r3 > 31 goto out
+        r1 = r10
+        r1 += -32
+        call trace_printk
+    out:
+        r0 = 0
+        exit""", "invalid stack access off=-32 size=131", 11),
+    Case("w32_linked_copy_keeps_its_distance", PRINTK_BUF + """
+        w2 = *(u32 *)(r6 + 0x1c)
+        w3 = w2
+        w3 += -100
+        if w3 > 31 goto out
+        r1 = r10
+        r1 += -32
+        call trace_printk
+    out:
+        r0 = 0
+        exit""", "invalid stack access off=-32 size=131", 11),
+    Case("link_broken_by_mul", PRINTK_BUF + """
+        w2 = *(u32 *)(r6 + 0x1c)
+        r3 = r2
+        r3 *= 2
+        if r3 > 31 goto out
+        r1 = r10
+        r1 += -32
+        call trace_printk
+    out:
+        r0 = 0
+        exit""", "r2 unbounded memory access", 11),
     # atomics
     Case("atomic_pointer_operand", "*(u64 *)(r10 - 8) = 0\nr2 = r10\nlock *(u64 *)(r10 - 0x8) += r2\nr0 = 0\nexit",
          "r2 leaks addr into memory", 2),
@@ -704,6 +880,57 @@ ACCEPT: tuple[Case, ...] = (
     out:
         r0 = 0
         exit"""),
+    Case("bpf_exit_after_submit", RESERVE + """
+        if r0 == 0 goto out
+        r1 = r0
+        r2 = 0
+        call ringbuf_submit
+        call exit
+    out:
+        r0 = 0
+        exit"""),
+    Case("spilled_pointer_replaced_whole", "r6 = r1" + LOOKUP_COUNTS + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 16) = r10
+        *(u64 *)(r10 - 16) = 7
+        r7 = r0
+        r1 = r10
+        r1 += -16
+        r2 = r1
+        r3 = r1
+        call get_block_idx
+        r1 = *(u64 *)(r10 - 16)
+        *(u64 *)(r7 + 0x0) = r1
+    out:
+        r0 = 0
+        exit"""),
+    Case("subprogram_result_unused", "call local sub\nr0 = 0\nexit\nsub:\nexit"),
+    Case("w32_copy_minus_one_bounds_the_original", PRINTK_BUF + """
+        w2 = *(u32 *)(r6 + 0x1c)
+        w3 = w2
+        w3 += -1
+        if w3 > 31 goto out
+        r1 = r10
+        r1 += -32
+        call trace_printk
+    out:
+        r0 = 0
+        exit"""),
+    Case("copy_plus_constants_bounds_the_original", PRINTK_BUF + """
+        r2 = *(u64 *)(r6 + 0x0)
+        r3 = r2
+        r3 += 5
+        r4 = r3
+        r4 += -6
+        *(u64 *)(r10 - 40) = r4
+        r5 = *(u64 *)(r10 - 40)
+        if r5 > 31 goto out
+        r1 = r10
+        r1 += -32
+        call trace_printk
+    out:
+        r0 = 0
+        exit"""),
     Case("pointer_difference", """
         r1 = r10
         r1 += -8
@@ -731,7 +958,8 @@ ACCEPT: tuple[Case, ...] = (
 
 # C probes clang turns into what the verifier must follow: loops bounded by a constant, by a value from
 # ctx and by .rodata, variable indices into map values and stack arrays, alu32 spills, a static
-# subprogram taking a stack array, ringbuf submit/discard, printk with leftover registers, u64_out.
+# subprogram taking a stack array, ringbuf submit/discard, printk with leftover registers, u64_out; and
+# (issue 20) a subprogram result clang drops, a length bounded through a copy.
 C_PROBES = {
     "tricky": r"""#include "egpu.bpf.h"
 
@@ -848,4 +1076,87 @@ int var_loops(struct egpu_ctx *ctx)
 }
 char LICENSE[] SEC("license") = "GPL";
 """,
+    "precision": r"""/* Legal C the verifier once refused (issue 20, item 8): a subprogram's result clang drops, and a length
+ * whose bounds clang tests on a copy. */
+#include "egpu.bpf.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 4);
+	__type(key, __u32);
+	__type(value, __u64);
+} sizes SEC(".maps");
+
+/* The caller ignores the result, so clang leaves r0 unset on the path that adds. */
+static __noinline int note(__u64 *v, __u32 by)
+{
+	if (!v)
+		return 0;
+	__sync_fetch_and_add(v, by);
+	return 1;
+}
+
+SEC("kprobe/*")
+int dropped_result(struct egpu_ctx *ctx)
+{
+	__u32 k = 0;
+
+	note(bpf_map_lookup_elem(&sizes, &k), ctx->size);
+	return 0;
+}
+
+/* clang tests n - 1 <= 31 on a copy of n: the bound reaches n only through the link between them. */
+SEC("kprobe/*")
+int printk_len(struct egpu_ctx *ctx)
+{
+	char buf[32] = "site %d\n";
+	__u32 n = ctx->size;
+
+	if (n > 0 && n <= 32)
+		bpf_trace_printk(buf, n, ctx->site);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";
+""",
+}
+
+
+# C probes the verifier must refuse (issue 20), each with a substring of the reason.
+C_REFUSED = {
+    # bpf_exit() ends the probe with the record still reserved: on the GPU the ring stops delivering
+    "exit_holding_a_record": (r"""#include "egpu.bpf.h"
+struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096); } rb SEC(".maps");
+SEC("kprobe/*")
+int exit_holding(struct egpu_ctx *ctx)
+{
+	__u64 *e = bpf_ringbuf_reserve(&rb, 8, 0);
+	if (!e)
+		return 0;
+	*e = ctx->site;
+	if (ctx->site & 1)
+		bpf_exit();
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+char LICENSE[] SEC("license") = "GPL";
+""", "submit or discard it before bpf_exit()"),
+    # a million rounds, each leaving the "value arrived" branch behind: refused in thousands of rounds
+    "wait_on_a_map_value": (r"""#include "egpu.bpf.h"
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64); }
+    flag SEC(".maps");
+SEC("kprobe/*")
+int wait_flag(struct egpu_ctx *ctx)
+{
+	__u32 k = 0;
+	__u64 *v = bpf_map_lookup_elem(&flag, &k);
+	if (!v)
+		return 0;
+	for (int i = 0; i < 1000000; i++)
+		if (*(volatile __u64 *)v)
+			break;
+	return 0;
+}
+char LICENSE[] SEC("license") = "GPL";
+""", "the sequence of 8193 jumps is too complex"),
 }

@@ -4,7 +4,9 @@ In the spirit of the Linux verifier and PREVAIL: a static pass over the control 
 abstract interpretation of every path (checks.py does each instruction), path-sensitive like the
 kernel. States are remembered at jump targets; a state covered by one already explored to the end
 is pruned, one equal to a state still on the current path is an infinite loop, and a budget of
-processed instructions bounds everything else ("program too complex"), like the kernel's 1M.
+processed instructions bounds everything else ("program too complex"), like the kernel's 1M, and so
+does a cap on branches waiting to be explored, like the kernel's 8192 (a loop that leaves a branch
+behind each round is refused in thousands of rounds, not a million instructions).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .checks import STEP, Env
 from .state import State, covers, fmt_state, key
 
 MAX_INSNS = 1_000_000
+MAX_PENDING = 8192  # the kernel's BPF_COMPLEXITY_LIMIT_JMP_SEQ: branches waiting to be explored
 MAX_COMBINED_STACK = 512
 _RECENT = 16        # explored states per prune point compared for coverage (exact repeats use a dict)
 _LOG_TAIL = 24      # instructions of the failing path shown in the log
@@ -157,6 +160,9 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
                     if visit is not None:
                         visit.pending += 1
                     work.append((other, other_pc, visit, trace))
+                if len(work) > MAX_PENDING:  # a long loop: each round leaves a branch behind
+                    raise Reject(f"the sequence of {len(work)} jumps is too complex: more than {MAX_PENDING} "
+                                 "branches wait to be explored (jump sequence)")
                 st, pc = succ[0]
         except Reject as r:
             raise _error(r, pc, insns, maps, (st, trace), file, section) from None

@@ -24,8 +24,8 @@ from . import arith
 from .cfg import Cfg, Reject
 from .state import SPILL_BYTES, UNINIT_SLOT_BYTES, Frame, Slot, State
 from .value import (CTX, MAP_PTR, MAP_VALUE, MAP_VALUE_OR_NULL, NOT_INIT, NOT_INIT_VALUE, OR_NULL, RINGBUF_MEM,
-                    RINGBUF_MEM_OR_NULL, SCALAR, STACK, UNKNOWN, Value, const, pointer, s64, sized, t_add,
-                    with_var, M64)
+                    RINGBUF_MEM_OR_NULL, SCALAR, STACK, UNKNOWN, Value, const, intersect, pointer, s64, sized,
+                    t_add, with_var, M32, M64)
 
 MAX_FRAMES = 8          # the kernel's MAX_CALL_FRAMES
 MAX_OFF = 1 << 29       # the kernel's BPF_MAX_VAR_OFF: larger offsets are nonsense
@@ -126,12 +126,39 @@ def _writable(r: int) -> None:
 
 
 def _set(state: State, r: int, v: Value) -> None:
-    """Narrow register r to v, and every linked copy of it (same scalar id) with it."""
+    """Narrow register r to v, and every scalar linked to it (same id) by what the link says."""
     old = state.top.regs[r]
     if old.kind == SCALAR and old.id:
-        state.update_id(old.id, lambda _: v._replace(id=old.id))
+        state.update_id(old.id, lambda w: _linked(w, old, v))
     else:
         state.top.regs[r] = v
+
+
+def _linked(w: Value, known: Value, narrowed: Value) -> Value:
+    """What ``known`` narrowed to teaches about ``w`` of the same id: w = known + (w.off - known.off),
+    in 64 bits or, where either is a w-register sum (aux 32), in the low 32 bits, which is all of w
+    only when w fits them. The result is also within w's own bounds (sync_linked_regs)."""
+    link = dict(id=w.id, off=w.off, aux=w.aux)
+    if w.off == known.off and w.aux == known.aux:
+        return narrowed._replace(**link)
+    width = 64 if w.aux == known.aux == 0 else 32
+    if known.aux == 32 and w.aux == 0 and w.umax > M32:
+        return w
+    derived = arith.alu("add", width, narrowed.var, const(w.off - known.off))
+    return (intersect(w.var, derived) or derived)._replace(**link)
+
+
+def _add_to_link(a: Value, b: Value, op: str, width: int, result: Value) -> Value:
+    """``a op b`` = result, where a is a linked scalar: adding a constant keeps the link (off moves),
+    anything else makes the result a value of its own."""
+    if op in ("add", "sub") and b.is_const and not b.is_pointer:
+        c = s64(b.tv) if op == "add" else -s64(b.tv)
+        if width == 32:
+            off = (a.off + c + (1 << 31)) % (1 << 32) - (1 << 31)  # modulo 2**32: only the low half counts
+            return result._replace(id=a.id, off=off, aux=32)
+        if a.aux == 0 and abs(a.off + c) < 1 << 31:
+            return result._replace(id=a.id, off=a.off + c, aux=0)
+    return result
 
 
 # ---- ALU --------------------------------------------------------------------------------------------
@@ -145,10 +172,12 @@ def _alu(env: Env, st: State, insn: Insn) -> Succ:
     if insn.op == "mov":
         if b.is_pointer and insn.width == 32:
             raise Reject(f"partial copy of a pointer (r{insn.src} is {b.kind})")
-        if insn.width == 64 and b.kind == SCALAR and not b.is_const and not insn.use_imm and not b.id:
+        # a w-register copy of a value that fits 32 bits is the value itself
+        exact = insn.width == 64 or b.umax <= M32
+        if exact and b.kind == SCALAR and not b.is_const and not insn.use_imm and not b.id:
             b = b._replace(id=env.new_id())  # link the copies: a later check on one narrows both
             f.regs[insn.src] = b
-        f.regs[insn.dst] = b if insn.width == 64 else arith.alu("mov", 32, b, b)
+        f.regs[insn.dst] = b if exact else arith.alu("mov", 32, b, b)
         return [(st, insn.pc + 1)]
     a = _reg(f, insn.dst)
     if a.is_pointer or b.is_pointer:
@@ -159,7 +188,8 @@ def _alu(env: Env, st: State, insn: Insn) -> Succ:
             env.note_use(a.aux, "address")   # a distance between two values: each lookup's row must be one
         f.regs[insn.dst] = _pointer_alu(insn, a, b)
     else:
-        f.regs[insn.dst] = arith.alu(insn.op, insn.width, a, b)
+        result = arith.alu(insn.op, insn.width, a, b)
+        f.regs[insn.dst] = _add_to_link(a, b, insn.op, insn.width, result) if a.id else result
     return [(st, insn.pc + 1)]
 
 
@@ -405,6 +435,9 @@ def _stack_write(f: Frame, o: int, size: int, value: Value | None) -> None:
         f.stack[k] = Slot(SPILL_BYTES, value)  # 8-aligned by the alignment check
         return
     slot = f.stack.get(k)
+    if slot is not None and slot.holds_pointer and size != 8:
+        raise Reject(f"attempt to corrupt spilled {slot.spill.kind} at fp{-8 * (k + 1)} with a {size}-byte store "
+                     "(register spill)")
     b = UNINIT_SLOT_BYTES if slot is None else slot.as_data().bytes
     spill = None
     if value is not None:
@@ -433,6 +466,9 @@ def _stack_var(f: Frame, lo: int, hi: int, size: int, mode: str, value: Value | 
             if slot.spill is not None and slot.spill.is_pointer:
                 raise Reject(f"variable-offset read of a spilled {slot.spill.kind} at fp{-8 * (k + 1)} (register fill)")
         if mode != "read" and slot is not None and slot.spill is not None:
+            if slot.holds_pointer:
+                raise Reject(f"spilled {slot.spill.kind} at fp{-8 * (k + 1)} in range of a variable-offset "
+                             "stack write (register spill)")
             f.stack[k] = slot.as_data()
     return sized(size, False)
 
@@ -554,6 +590,9 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
     if release:
         st.update_id(release, lambda v: None)
         st.refs.pop(release, None)
+    if h.name == "exit":  # bpftime's exit ends the probe here, from any frame: nothing may stay reserved
+        _no_leaked_refs(st, " before bpf_exit()")
+        return []
     for r in range(1, 6):
         f.regs[r] = NOT_INIT_VALUE
     if h.ret == "map_value_or_null":
@@ -633,6 +672,9 @@ def _helper_mem(env: Env, st: State, h: Helper, n: int, v: Value, size: int, *, 
         k, i = _slot_of(o)
         slot = f.stack.get(k)
         if write:
+            if slot is not None and slot.holds_pointer and not (v.is_const and lo <= -8 * (k + 1) and -8 * k <= hi):
+                raise Reject(f"{h.name} may overwrite part of the spilled {slot.spill.kind} at fp{-8 * (k + 1)} "
+                             f"(arg{n} register spill)")
             if v.is_const:  # written for sure
                 b = UNINIT_SLOT_BYTES if slot is None else slot.as_data().bytes
                 f.stack[k] = Slot(b[:i] + "m" + b[i + 1:], None)
@@ -661,9 +703,11 @@ def _local_call(env: Env, st: State, insn: Insn) -> Succ:
 
 
 def _exit(env: Env, st: State, insn: Insn) -> Succ:
-    """Return to the caller, or end the program: r0 a scalar, every reserved record released."""
+    """Return to the caller, or end the program: r0 a scalar, every reserved record released. A
+    subprogram's r0 goes back as it is, set or not (the kernel's prepare_func_exit): clang drops the
+    result of a call whose value is unused, and a caller that reads it is refused there."""
     r0 = st.top.regs[0]
-    if r0.kind == NOT_INIT:
+    if r0.kind == NOT_INIT and len(st.frames) == 1:
         raise Reject("r0 is not initialized at exit (!read_ok)")
     if len(st.frames) > 1:
         if r0.kind == STACK and r0.aux == len(st.frames) - 1:
@@ -673,11 +717,16 @@ def _exit(env: Env, st: State, insn: Insn) -> Succ:
         return [(st, callee.callsite + 1)]
     if r0.is_pointer:
         raise Reject(f"r0 leaks addr as return value (r0 is {r0.kind})")
+    _no_leaked_refs(st, "")
+    return []
+
+
+def _no_leaked_refs(st: State, where: str) -> None:
+    """The program ends here: every record reserved on this path was submitted or discarded."""
     if st.refs:
         ref, pc = min(st.refs.items())
-        raise Reject(f"unreleased reference id={ref} from ringbuf_reserve at {pc}: submit or discard it on "
-                     "every path (reference leak)")
-    return []
+        raise Reject(f"unreleased reference id={ref} from ringbuf_reserve at {pc}: submit or discard it{where} "
+                     "on every path (reference leak)")
 
 
 STEP: dict[str, Callable[[Env, State, Insn], Succ]] = {

@@ -27,6 +27,12 @@ class Slot(NamedTuple):
         """The slot once its spill may have been overwritten: what was written stays initialized."""
         return Slot(self.bytes.replace("s", "m"), None)
 
+    @property
+    def holds_pointer(self) -> bool:
+        """A spilled pointer: its bytes may be replaced whole, never in part (a part would let the
+        program read the rest as a number: the kernel's "attempt to corrupt spilled pointer")."""
+        return self.spill is not None and self.spill.is_pointer
+
 
 class Frame:
     """One call frame. Slot k covers frame-pointer offsets [-8(k+1), -8k)."""
@@ -65,7 +71,9 @@ class State:
         return State([f.copy() for f in self.frames], dict(self.refs))
 
     def update_id(self, id: int, fn: Callable[[Value], Value | None]) -> None:
-        """Apply ``fn`` to every register and spill carrying ``id``; a None result forgets a spill."""
+        """Apply ``fn`` to every register and spill carrying ``id``. A None result invalidates: the
+        register becomes uninitialized, and so do the spill's bytes, so that a released pointer can
+        neither be used nor read back as a number (the kernel's mark_reg_invalid, unprivileged)."""
         for f in self.frames:
             for r, v in enumerate(f.regs):
                 if v.id == id:
@@ -73,7 +81,12 @@ class State:
             for k, slot in list(f.stack.items()):
                 if slot.spill is not None and slot.spill.id == id:
                     new = fn(slot.spill)
-                    f.stack[k] = slot._replace(spill=new) if new is not None else slot.as_data()
+                    if new is not None:
+                        f.stack[k] = slot._replace(spill=new)
+                    elif slot.bytes == SPILL_BYTES:
+                        del f.stack[k]
+                    else:
+                        f.stack[k] = Slot(slot.bytes.replace("s", "u"), None)
 
 
 # ---- pruning: equality modulo id renaming, and "old covers new" ---------------------------------------
@@ -120,10 +133,12 @@ def key(state: State, live: list[int]) -> tuple:
 def _covers(old: Value, new: Value, ids: _Ids) -> bool:
     if old.kind == NOT_INIT:
         return True  # the old path never read it, or it would have been rejected
-    if old.kind != new.kind or old.off != new.off or old.aux != new.aux or not contains(old, new):
+    if old.kind != new.kind or not contains(old, new):
         return False
-    if old.kind == SCALAR:
-        return old.id == 0 or ids.same(old.id, new.id)
+    if old.kind == SCALAR:  # a link only narrows: an old value of its own covers a linked one
+        return old.id == 0 or (ids.same(old.id, new.id) and old.off == new.off and old.aux == new.aux)
+    if old.off != new.off or old.aux != new.aux:
+        return False
     return old.kind in (MAP_PTR, STACK, "ctx", "map_value") or ids.same(old.id, new.id)
 
 
@@ -185,7 +200,7 @@ def fmt_value(v: Value, maps: list[MapDef]) -> str:
         if v.tm != UNKNOWN.tm and v.tm:
             parts.append(f"var_off=(0x{v.tv:x}; 0x{v.tm:x})")
         if v.id:
-            parts.append(f"id={v.id}")
+            parts.append(f"id={v.id}" + (f"{v.off:+d}" if v.off else "") + ("(w32)" if v.aux else ""))
         return f"scalar({','.join(parts)})"
     if v.kind == STACK:
         return f"fp{v.off}" + (f"(frame={v.aux}{var()})" if v.aux or not v.is_const else "")

@@ -37,10 +37,12 @@ class Value(NamedTuple):
     smax: int = S64_MAX
     tv: int = 0
     tm: int = M64
-    off: int = 0
-    aux: int = 0   # map index (map_*), frame number (stack), record size (ringbuf_mem*)
+    off: int = 0   # pointers: the fixed offset; linked scalars: the constant added since the copy
+    aux: int = 0   # map index (map_*), frame number (stack), record size (ringbuf_mem*); linked scalars:
+                   # 32 when the value is the low half of (base + off) (a w-register add), else 0
     id: int = 0    # links copies: scalars refined together, or_null pointers null-checked together,
-                   # ringbuf records released together (the id is also the reference id)
+                   # ringbuf records released together (the id is also the reference id). Scalars of
+                   # one id are base + off each (the kernel's linked registers, BPF_ADD_CONST)
 
     @property
     def is_pointer(self) -> bool:
