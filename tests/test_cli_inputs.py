@@ -332,8 +332,43 @@ def test_line_info_of_a_verifier_refusal(tmp_path):
     assert log[log.index(f"; return *v;  /* no NULL check */ @ {src}:8") + 1].startswith("7: ")
     table = LineTable.from_object((tmp_path / "bad.bpf.o").read_bytes())
     assert str(table.lookup("kprobe/*", 0)) == f"{src}:4"
-    assert table.lookup("kprobe/*", 9) is None   # past the program: a subprogram appended to it, unknown here
+    assert table.lookup("kprobe/*", 9) is None   # past the program, which calls no subprogram
     assert LineTable.from_object(b"\x7fELF junk").records == {}
+
+
+SUBPROGRAM_PROBE = """#include "egpu.bpf.h"
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64); } m SEC(".maps");
+static __attribute__((noinline)) __u64 value_of(__u32 k)
+{
+	__u64 *v = bpf_map_lookup_elem(&m, &k);
+	return *v;  /* no NULL check, in a subprogram */
+}
+SEC("kprobe/*")
+int calls(struct egpu_ctx *ctx)
+{
+	return value_of(ctx->site);
+}
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
+def test_a_refusal_inside_a_subprogram_names_its_source_line(tmp_path):
+    """elf.py appends a __noinline callee after the program; its instructions map back to .text's lines."""
+    from egpu_preload.bpf.lineinfo import located
+    from egpu_preload.bpf.elf import load_object
+    from egpu_preload.bpf.verifier import verify
+    from egpu_preload.errors import VerifierError
+    src = tmp_path / "sub.bpf.c"
+    src.write_text(SUBPROGRAM_PROBE)
+    assert run(egpu, ["compile", src]).exit_code == 0
+    data = (tmp_path / "sub.bpf.o").read_bytes()
+    (prog,) = load_object(tmp_path / "sub.bpf.o").programs
+    assert [piece for piece, _, _ in prog.layout] == ["kprobe/*", ".text"]
+    with pytest.raises(VerifierError) as refused:
+        verify(prog.code, load_object(tmp_path / "sub.bpf.o").maps, file=str(src), section=prog.section)
+    assert refused.value.insn >= prog.layout[0][2]   # refused in the appended subprogram
+    e = located(refused.value, data, str(src))
+    assert e.file == f"{src}:6", e.file
 
 
 def test_the_readmes_scope_rule():

@@ -327,11 +327,13 @@ class _Loader:
                 attach = parse_section(sec.name)
             except ElfError as e:
                 raise e.where(section=sec.name)
-            progs.append(Program(func.name, sec.name, attach, self.link(func)))
+            code, layout = self.link(func)
+            progs.append(Program(func.name, sec.name, attach, code, layout))
         return progs
 
-    def link(self, main: _Func) -> bytes:
-        """The function's code with every function it calls appended once and each call's imm fixed."""
+    def link(self, main: _Func) -> tuple[bytes, tuple[tuple[str, int, int], ...]]:
+        """The function's code with every function it calls appended once and each call's imm fixed, and
+        where each piece came from (Program.layout)."""
         placed = {(main.section, main.start): 0}
         order = [main]
         out = bytearray()
@@ -355,7 +357,7 @@ class _Loader:
                     code[pc * 8 + 4:pc * 8 + 8] = struct.pack("<i", placed[target] - (base + pc + 1))
                 pc += 2 if opcode == _OP_LDDW else 1
             out += code
-        return bytes(out)
+        return bytes(out), tuple((self.sections[f.section].name, f.start, f.end - f.start) for f in order)
 
     def load(self) -> BpfObject:
         self.read_elf()

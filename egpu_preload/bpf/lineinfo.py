@@ -41,26 +41,43 @@ class LineTable:
     """Line records by section, and each section's program start (in instructions), read from an object."""
 
     def __init__(self, records: dict[str, list[tuple[int, SourceLine]]],
-                 funcs: dict[str, list[tuple[int, int]]]) -> None:
+                 funcs: dict[str, list[tuple[int, int]]],
+                 layouts: dict[str, tuple[tuple[str, int, int], ...]] | None = None) -> None:
         self.records = records   # section -> [(insn index in the section, line)], sorted
         self.funcs = funcs       # section -> (start, length) of each function symbol in it, in instructions
+        self.layouts = layouts or {}   # section of one program -> its Program.layout (subprograms appended)
 
     @classmethod
-    def from_object(cls, data: bytes) -> "LineTable":
+    def from_object(cls, data: bytes, path: str = "") -> "LineTable":
         """The table of an eBPF ELF object; empty when it has no readable line info."""
         try:
-            return cls(*_read(data))
+            records, funcs = _read(data)
         except Exception:  # noqa: BLE001 -- a message helper: malformed input means "no line info"
             return cls({}, {})
+        try:
+            from .elf import load_bytes
+            programs = load_bytes(data, path).programs
+        except EgpuError:   # an object the loader refuses: no subprogram can be placed
+            programs = []
+        sections = [p.section for p in programs]
+        return cls(records, funcs, {p.section: p.layout for p in programs if sections.count(p.section) == 1})
 
     def lookup(self, section: str, insn: int) -> SourceLine | None:
         """The line of instruction ``insn`` of the program in ``section`` (counted as the verifier counts,
-        from the program's start). None when unknown: no line info, a section holding several programs,
-        or an instruction of a subprogram appended after the program."""
+        from the program's start; past it, in the subprograms elf.py appended). None when unknown: no
+        line info, or a section holding several programs."""
+        base = 0
+        for piece, start, count in self.layouts.get(section, ()):
+            if 0 <= insn - base < count:
+                return self._line(piece, start + insn - base)
+            base += count
         funcs = self.funcs.get(section, [])
-        if len(funcs) != 1 or not 0 <= insn < funcs[0][1]:
+        if section in self.layouts or len(funcs) != 1 or not 0 <= insn < funcs[0][1]:
             return None
-        at = funcs[0][0] + insn
+        return self._line(section, funcs[0][0] + insn)
+
+    def _line(self, section: str, at: int) -> SourceLine | None:
+        """The line of instruction ``at`` of ELF section ``section``."""
         best = None
         for off, line in self.records.get(section, ()):
             if off > at:
@@ -131,7 +148,7 @@ def located(e: EgpuError, data: bytes, named: str) -> EgpuError:
     """``e`` from loading the object ``data`` that the user knows as ``named`` (not a compiled copy of it):
     named by the source line when ``named`` is the source and the object's line info has the line
     (``x.bpf.c:8``), else by ``named``; its verifier log gains the source lines either way."""
-    table = LineTable.from_object(data) if e.section and data else LineTable({}, {})
+    table = LineTable.from_object(data, named) if e.section and data else LineTable({}, {})
     line = table.lookup(e.section, e.insn) if e.section and e.insn is not None else None
     e.file = str(line) if line is not None and named.endswith(".c") else named
     if e.detail and e.section:

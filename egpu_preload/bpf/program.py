@@ -56,7 +56,9 @@ class Program:
     section: str       # the ELF section name, e.g. "kprobe/_Z6vecAddPfS_S_i"
     attach: Attach
     code: bytes        # relocated, subprograms appended
-    insn_lines: tuple[int, ...] = ()  # unused unless BTF.ext line info is read; kept for messages
+    # where code came from, for source lines in messages: (ELF section, first insn there, insns) per
+    # function in the order elf.py placed them (the program, then each subprogram it calls)
+    layout: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass
