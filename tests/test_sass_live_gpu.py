@@ -102,7 +102,8 @@ def live_cycles(shim: Path, objects: dict[str, Path], tmp_path: Path, mode: str,
             assert reply["failed"] == [], reply["failed"]
             assert "unchanged" not in reply["sass"], reply["sass"]
             patch_ms.append(reply["sass"]["patch_ms"])
-            replies.append({"cmd": cmd, **{k: reply[k] for k in ("seconds", "phases_ms", "sass", "modules", "kernels")}})
+            kept = ("seconds", "phases_ms", "sass", "modules", "kernels")
+            replies.append({"cmd": cmd, **{k: reply[k] for k in kept}})
             return reply
 
         start = time.monotonic()
