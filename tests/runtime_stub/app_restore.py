@@ -38,7 +38,7 @@ assert released.cuMemAlloc_v2(ctypes.byref(address), 64) == 0
 
 def launch(dll: ctypes.CDLL, name: str) -> None:
     r = dll.cuLaunchKernel(0x1000, 1, 1, 1, 1, 1, 1, 0, None, None, None)
-    print(f"{name} {r}", flush=True)
+    print(f"{name} {r}\n", end="", flush=True)   # one write: the two threads' lines never interleave
 
 
 first = threading.Thread(target=launch, args=(released, "released"))
