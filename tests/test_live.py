@@ -44,7 +44,7 @@ class Job:
         self.env = stub_job.env(self.log, **env)
         self.dir = tmp / "egpu"
         self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", *options,
-                                      str(stub_job.loop), str(self.stop), "40", *(["library"] if library else []),
+                                      str(stub_job.loop), str(self.stop), "600", *(["library"] if library else []),
                                       *args],
                                      env=self.env, cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

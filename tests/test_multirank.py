@@ -250,7 +250,7 @@ class RankJob:
         probe = compile_probe(EXAMPLES / "launch_count.bpf.c", tmp / "launch_count.bpf.o")
         self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()",
                                       "-p", str(probe), *AGENT, "3",
-                                      str(stub_job.loop), str(self.stop), "40"],
+                                      str(stub_job.loop), str(self.stop), "600"],
                                      env=self.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
