@@ -73,7 +73,7 @@ class SassBackend:
         self.generations: dict[int, PatchModule] = {}   # committed or staged, by id (kernel() reads them)
         self.current = 0                                 # the committed generation (0: none yet)
         self.staged: Staged | None = None
-        self.blocks: dict[int, int] = {}                 # the current generation -> its table block
+        self.block: int | None = None                    # the current generation's table block
         self._next = 1
         self.configured: str | None = None   # None: not yet; "": ready; else why it cannot serve
 
@@ -143,7 +143,7 @@ class SassBackend:
         entries = [self.ffi.new("char[]", e.encode()) if e else self.ffi.NULL for e in module.entry_names()]
         if self.lib.egpu_sass_stage(self.ffi.from_buffer(image) if image else self.ffi.NULL, len(image),
                                     module.instruction_classes(), self.ffi.new("char *[]", entries),
-                                    module.image_id & 0xFFFFFFFFFFFFFFFF, gen, tables or 0):
+                                    module.image_id, gen, tables or 0):
             raise EgpuError("the shim refused the patch image (out of memory, or the sanitizer is not subscribed)")
         self._next += 1
         self.generations[gen] = module
@@ -155,12 +155,10 @@ class SassBackend:
         the one it replaced, which no launch reads any more (the flip drained them), for the caller to free."""
         if self.staged is None:
             return None
-        old, self.current = self.current, self.staged.generation
-        if self.staged.tables is not None:
-            self.blocks[self.current] = self.staged.tables
-        self.staged = None
+        retired, self.block = self.block, self.staged.tables
+        self.current, self.staged = self.staged.generation, None
         self.generations = {g: m for g, m in self.generations.items() if g == self.current}
-        return self.blocks.pop(old, None)
+        return retired
 
     def unstage(self) -> None:
         """The staged generation will not patch (its flip failed or never ran)."""
@@ -172,10 +170,10 @@ class SassBackend:
     def set_tables(self, memory: Any, maps: list[Any]) -> None:
         """The start-up generation's table block, once the maps exist (``memory``: their context's, current):
         launches run probes from then on."""
-        if self.current == 0 or self.current in self.blocks:
+        if self.current == 0 or self.block is not None:
             return
-        self.blocks[self.current] = table_block(memory, maps)
-        self.lib.egpu_sass_tables(self.blocks[self.current])
+        self.block = table_block(memory, maps)
+        self.lib.egpu_sass_tables(self.block)
 
     # ---- the shim's question ---------------------------------------------------------------------------
     def kernel(self, generation: int, name: str) -> KernelChoice:
