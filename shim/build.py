@@ -36,7 +36,7 @@ hooks.attach(ffi, lib)
 
 
 HEADERS = ("egpu_shim.h", "egpu_sass.h", "egpu_cow.h", "egpu_launchvm.h")
-SOURCES = ("interpose.c", "sass.c", "cow.c", "launchvm.c", "process.c")
+SOURCES = ("interpose.c", "sass.c", "cupti.c", "cow.c", "launchvm.c", "process.c")
 
 
 def header_parts() -> tuple[str, str]:

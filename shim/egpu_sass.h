@@ -23,7 +23,8 @@ unsigned long long egpu_py_sass_kernel(void *module, const char *name, unsigned 
 
 /* What became of the sanitizer, for `egpu modules` and the dump. */
 struct egpu_sass_stats {
-    int state;                          /* 0 not started, 2 subscribed, 3 off (backend ptx), -1 failed */
+    int state;                          /* 0 not started, 2 subscribed, 3 off (backend ptx), 4 gave the
+                                           tool slot to CUPTI (egpu_sass_yield), -1 failed */
     unsigned long long modules_seen;    /* MODULE_LOADED callbacks */
     unsigned long long modules_patched;
     unsigned long long modules_skipped; /* already instrumented by the PTX back end */
@@ -58,6 +59,10 @@ void egpu_sass_stats(struct egpu_sass_stats *out);
 
 /* Subscribe when EGPU_BACKEND is sass or auto (once; the shim's cuInit hook calls it). */
 void egpu_sass_start(void);
+/* Unsubscribe in standby so a CUPTI client (named by `to`) can have the driver's one tool slot; the
+ * SASS back end is off from then on (state 4). 0: yielded or not subscribed; -1: a generation patches
+ * or is staged, and the sanitizer keeps the slot. */
+int egpu_sass_yield(const char *to);
 /* Commit the staged generation, if any: every context drained, every module re-patched. Called by
  * egpu_shim_swap inside its launch gate; 0, or -1 with the old generation still patched. */
 int egpu_sass_flip(void);

@@ -190,6 +190,13 @@ void egpu_cow_fork(enum egpu_fork_phase phase);
 void egpu_lvm_fork(enum egpu_fork_phase phase);
 void egpu_sass_fork(enum egpu_fork_phase phase);
 
+/* The next definition of `name` after the shim (dlsym(RTLD_NEXT) from inside it). */
+void *egpu_dlsym_next(const char *name);
+/* cupti.c: the index of a CUPTI function the shim wraps (-1: none), and its wrapper, given what the
+ * application's dlsym found (NULL when it found nothing). */
+int egpu_cupti_fn(const char *name);
+void *egpu_cupti_hand_out(int i, void *found);
+
 /* Nonzero while a stream capture the shim saw begin is in progress (interpose.c, "stream capture"). */
 int egpu_shim_capturing(void);
 

@@ -245,8 +245,13 @@ EXPORT void *dlsym(void *handle, const char *name) {
     if (name[0] == 'c' && name[1] == 'u' && !passthrough()) {
         int i = variant_by_symbol(name);
         if (i >= 0) return hand_out(i, real(handle, name));
+        if ((i = egpu_cupti_fn(name)) >= 0) return egpu_cupti_hand_out(i, real(handle, name));
     }
     TAIL return real(handle, name);
+}
+
+void *egpu_dlsym_next(const char *name) {
+    return real_dlsym()(RTLD_NEXT, name);
 }
 
 EXPORT void *dlvsym(void *handle, const char *name, const char *version) {

@@ -72,6 +72,7 @@ typedef struct { /* Sanitizer_LaunchData, up to the last member we read */
 
 #define SAN_FNS(X) \
     X(sanitizerSubscribe, (Sanitizer_SubscriberHandle *subscriber, Sanitizer_CallbackFunc callback, void *userdata)) \
+    X(sanitizerUnsubscribe, (Sanitizer_SubscriberHandle subscriber)) \
     X(sanitizerEnableDomain, (uint32_t enable, Sanitizer_SubscriberHandle subscriber, int domain)) \
     X(sanitizerAddPatches, (const void *image, CUcontext ctx)) \
     X(sanitizerPatchInstructions, (int instructionId, CUmodule module, const char *deviceCallbackName)) \
@@ -478,6 +479,29 @@ __attribute__((visibility("default"))) int egpu_sass_commit_now(void) {
     if (!g_staged) set_error("no generation staged");
     else if (patched) set_error("modules are patched: a new generation needs a flip");
     else r = commit_staged();
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+/* The driver lends one tool slot: while the sanitizer holds it, CUPTI's activity and callback APIs
+ * fail with CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (39; on the H200, --durations timed nothing
+ * and torch.profiler saw no kernel in a job in standby). Standby patches nothing, so it gives the slot
+ * to the first CUPTI client (cupti.c); a generation that patches keeps it. */
+int egpu_sass_yield(const char *to) {
+    pthread_mutex_lock(&g_mu);
+    int r = 0;
+    const struct generation *g = atomic_load(&g_current);
+    if (atomic_load(&g_state) != 2) {
+        r = 0;
+    } else if ((g && g->classes) || g_staged) {
+        r = -1;
+    } else if (ok(san.sanitizerUnsubscribe(g_subscriber), "sanitizerUnsubscribe")) {
+        g_launches_on = 0;
+        set_error("%s took the driver's tool slot: SASS-only kernels cannot be probed in this job", to);
+        atomic_store(&g_state, 4);
+    } else {
+        r = -1;
+    }
     pthread_mutex_unlock(&g_mu);
     return r;
 }

@@ -164,3 +164,39 @@ def test_a_failed_repatch_leaves_the_old_probe_running(stub_job, stand_ins, prob
     assert len(attached[0]) == 1   # its own image's entry point, before the failed swap and after it
     assert min(attached[1]) == a["launches"] + 1 and max(attached[1]) <= d["launches"]   # attach to detach
     assert [c for c in job.calls() if c.startswith("sanitizerPatchModule")].count("sanitizerPatchModule -> 7") == 1
+
+
+@pytest.fixture(scope="module")
+def cupti_apps(stand_ins, tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(the stand-in libcupti, the job that dlopens it, the job linked with it)."""
+    d = tmp_path_factory.mktemp("cupti")
+    cc = ["gcc", "-O1", "-Wall", "-Werror"]
+    subprocess.run(cc + ["-shared", "-fPIC", str(SASS_STUB / "libcupti_stub.c"), "-o", str(d / "libcupti.so"), "-ldl"],
+                   check=True)
+    subprocess.run(cc + [str(SASS_STUB / "app_cupti.c"), "-o", str(d / "app_cupti"), "-ldl"], check=True)
+    subprocess.run(cc + ["-DLINKED", str(SASS_STUB / "app_cupti.c"), "-o", str(d / "app_cupti_linked"), "-ldl",
+                         f"-L{d}", "-lcupti", f"-Wl,-rpath,{d}"], check=True)
+    return d / "libcupti.so", d / "app_cupti", d / "app_cupti_linked"
+
+
+@pytest.mark.parametrize("linked", [False, True], ids=["dlsym", "linked"])
+@pytest.mark.parametrize("probe", [None, "count"], ids=["standby", "patching"])
+def test_cupti_gets_the_tool_slot_from_standby(stub_job, stand_ins, cupti_apps, probe_obj, tmp_path, linked, probe):
+    """CUPTI and the sanitizer share the driver's one tool slot (on the H200 a job in standby broke
+    --durations and torch.profiler). In standby the sanitizer gives it up at the job's first CUPTI call,
+    reached through dlsym or a link to libcupti; while a generation patches, it keeps it and CUPTI fails
+    as it would have, the job running on either way."""
+    cupti, app, app_linked = cupti_apps
+    env = stub_job.env(tmp_path / "log", EGPU_SANITIZER_LIB=str(stand_ins[0]))
+    args = ["--backend", "sass", *(["-p", str(probe_obj(probe))] if probe else []),
+            *([str(app_linked)] if linked else [str(app), str(cupti)])]
+    r = subprocess.run([sys.executable, "-c", "import launcher; launcher.run_main()", *args], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    calls = [ln.split(" ", 1)[1] for ln in (tmp_path / "log").read_text().splitlines() if " sanitizer" in ln]
+    if probe is None:
+        assert "cupti register=0 enable=0 launch=0" in r.stdout, r.stdout
+        assert calls[-1] == "sanitizerUnsubscribe sub=1", calls
+    else:
+        assert "cupti register=39 enable=39 launch=0" in r.stdout, r.stdout
+        assert "sanitizerUnsubscribe sub=1" not in calls and any(c.startswith("sanitizerPatchModule") for c in calls)

@@ -46,6 +46,7 @@ from typing import Any
 
 KIND_KERNEL, KIND_CONCURRENT_KERNEL = 3, 10
 CUPTI_SUCCESS = 0
+MULTIPLE_SUBSCRIBERS = 39   # CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
 BUFFER_BYTES = 8 << 20
 SLOTS = 64
 LAUNCH_LIMIT = 1_000_000
@@ -202,6 +203,9 @@ class Cupti:
         self._check("cuptiActivityEnable", lib.cuptiActivityEnable(KIND_CONCURRENT_KERNEL))
 
     def _check(self, what: str, r: int) -> None:
+        if r == MULTIPLE_SUBSCRIBERS:
+            raise CuptiError(f"{what} failed: another tool holds the driver's one tool slot (CUptiResult {r}; "
+                             "the SASS back end keeps it while its probes are attached)")
         if r != CUPTI_SUCCESS:
             raise CuptiError(f"{what} failed: CUptiResult {r}")
 

@@ -31,7 +31,7 @@ from egpu_preload.translate.demangle import matches
 from egpu_preload.translate.sass_patch import PatchModule, build_image, has_sites, patch_module
 
 BACKENDS = ("auto", "ptx", "sass")
-STATES = {0: "not started", 2: "subscribed", 3: "off", -1: "failed"}
+STATES = {0: "not started", 2: "subscribed", 3: "off", 4: "gave way to CUPTI", -1: "failed"}
 STAT_FIELDS = ("modules_seen", "modules_patched", "modules_skipped", "launches", "probed", "errors", "flips",
                "flip_us", "generation", "modules_loaded", "patched_now")
 NO_PROGRAMS = "no kernel-site probes"

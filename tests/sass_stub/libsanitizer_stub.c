@@ -105,6 +105,12 @@ int sanitizerSubscribe(void **sub, callback cb, void *ud) {
     if (reg) reg(event);
     CALL(sanitizerSubscribe, "cb=%d", cb != NULL);
 }
+int sanitizerUnsubscribe(void *sub) {
+    subscriber = NULL;
+    CALL(sanitizerUnsubscribe, "sub=%d", sub != NULL);
+}
+/* The driver's one tool slot, for the stand-in CUPTI (libcupti_stub.c). */
+int egpu_stub_sanitizer_subscribed(void) { return subscriber != NULL; }
 int sanitizerEnableDomain(uint32_t on, void *sub, int domain) {
     if (domain >= 0 && domain < 8) enabled[domain] = on != 0;
     CALL(sanitizerEnableDomain, "on=%u domain=%d", on, domain);
