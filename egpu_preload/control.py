@@ -28,6 +28,7 @@ sees them.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import selectors
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +78,12 @@ COMMANDS: dict[str, dict[str, Field]] = {
 
 # Commands that change the process: the server runs them one at a time (a checkpoint must not meet a swap).
 EXCLUSIVE = frozenset({"attach", "detach", "swap", "checkpoint", "restore"})
+# The GIL's switch interval while a request is served. Handlers call the driver through cffi, which
+# lets the GIL go at every call, and a training loop's thread keeps it for the whole interval (5 ms by
+# default) each time the handler asks for it back: on the H200 an attach's few dozen driver calls took
+# 70-330 ms that way, and a maps request holding Live.lock delays a detach as long. At 0.1 ms the
+# handler waits that long per call instead.
+HANDOFF_S = 1e-4
 
 Handler = Callable[[dict], object]
 
@@ -285,6 +292,28 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+_handoff_lock = threading.Lock()
+_handoff = [0, 0.0]   # requests being served, the interval before the first of them
+
+
+@contextlib.contextmanager
+def prompt_gil() -> Iterator[None]:
+    """Run the block with the GIL handed back within HANDOFF_S; the last request out restores the
+    interval the first found."""
+    with _handoff_lock:
+        if not _handoff[0]:
+            _handoff[1] = sys.getswitchinterval()
+            sys.setswitchinterval(min(_handoff[1], HANDOFF_S))
+        _handoff[0] += 1
+    try:
+        yield
+    finally:
+        with _handoff_lock:
+            _handoff[0] -= 1
+            if not _handoff[0]:
+                sys.setswitchinterval(_handoff[1])
+
+
 def _reply(rid: int | None, *, result: object = None, error: str | None = None) -> dict:
     if error is not None:
         return {"v": VERSION, "id": rid, "ok": False, "error": error}
@@ -451,11 +480,12 @@ class ControlServer:
             handler = self.handlers.get(cmd)
             if handler is None:
                 raise ControlError(f"{cmd} is not supported by this session")
-            if cmd in EXCLUSIVE:
-                with self._exclusive:
+            with prompt_gil():
+                if cmd in EXCLUSIVE:
+                    with self._exclusive:
+                        result = handler(fields)
+                else:
                     result = handler(fields)
-            else:
-                result = handler(fields)
             reply = _reply(rid, result=result)
         except EgpuError as e:
             reply = _reply(rid, error=str(e))

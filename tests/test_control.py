@@ -20,7 +20,7 @@ import msgpack
 import pytest
 
 from egpu_preload import control
-from egpu_preload.control import (MAX_FRAME, VERSION, ControlBusy, ControlClient, ControlError, ControlServer,
+from egpu_preload.control import (HANDOFF_S, MAX_FRAME, VERSION, ControlBusy, ControlClient, ControlError, ControlServer,
                                   ControlTimeout, NoSession, list_sessions)
 from egpu_preload.errors import EgpuError
 
@@ -167,6 +167,29 @@ def test_handler_failures_are_replies(sock_dir, handler, reason):
         with pytest.raises(ControlError, match=reason):
             client.request("maps")
         assert client.request("ping")["pid"] == os.getpid()
+
+
+def test_requests_run_with_a_prompt_gil_handoff(sock_dir):
+    """Handlers run with the GIL handed back within HANDOFF_S, as their driver calls need when the
+    application's threads run Python, two at once included; the interval is restored after the last."""
+    seen, inside, leave = {}, threading.Event(), threading.Event()
+
+    def slow(fields):
+        inside.set()
+        leave.wait(10)
+        return sys.getswitchinterval()
+
+    before = sys.getswitchinterval()
+    with ControlServer({"attach": slow, "maps": lambda f: sys.getswitchinterval()}):
+        client = ControlClient(os.getpid())
+        t = threading.Thread(target=lambda: seen.setdefault("attach", client.request("attach", probe=b"", name="x")))
+        t.start()
+        inside.wait(10)
+        seen["maps"] = ControlClient(os.getpid()).request("maps")   # begins and ends inside attach
+        leave.set()
+        t.join(10)
+    assert seen == {"attach": pytest.approx(HANDOFF_S), "maps": pytest.approx(HANDOFF_S)} and HANDOFF_S < before
+    assert sys.getswitchinterval() == before
 
 
 @pytest.mark.parametrize("cmd, fields, reason", [
