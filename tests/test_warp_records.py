@@ -21,10 +21,12 @@ from egpu_preload.maps import MapsState
 from egpu_preload.output import warp_records as wr
 from egpu_preload.output.warp_records import FORM_ADDRS, FORM_AFFINE, FORM_OFFSETS, LaneAccess
 from egpu_preload.translate import probe_object_ptx
+from egpu_preload.translate.rewrite import instrument, probe_specs
 from egpu_preload.vm import ThreadSim, Vm
 from test_vm import make_ctx
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+E2E = Path(__file__).resolve().parent / "e2e"
 BLOCK = (16, 3, 2)      # 96 threads, three warps, all three axes used by the lanes' thread indices
 LOAD, STORE, ATOMIC = ctxmod.FLAG_LOAD, ctxmod.FLAG_STORE, ctxmod.FLAG_ATOMIC
 M64 = (1 << 64) - 1
@@ -197,6 +199,19 @@ def test_helper_ptx_assembles(ptxas: str, tmp_path: Path, source: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_example_instruments_nvcc_ptx_that_assembles(ptxas: str, tmp_path: Path) -> None:
+    """tests/e2e/gather.cu (every record form on the GPU) compiled by nvcc, instrumented with the example."""
+    ptx = tmp_path / "gather.ptx"
+    subprocess.run(["nvcc", "-O2", "-arch=sm_90", "--ptx", "-o", str(ptx), str(E2E / "gather.cu")], check=True)
+    obj = load_object(compile_probe(EXAMPLES / "mem_trace_warp.bpf.c", tmp_path / "p.bpf.o"))
+    res = instrument(ptx.read_text(), probe_specs(obj))
+    assert [k.status for k in res.kernels] == ["instrumented"]
+    (tmp_path / "out.ptx").write_text(res.text)
+    done = subprocess.run([ptxas, "-arch=sm_90", str(tmp_path / "out.ptx"), "-o", str(tmp_path / "out.cubin")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 # ---- the VM: the example against access_trace on a small grid -------------------------------------------
 
 N = 150   # threads with work: the last warp of block 1 is partial (if (i < n), as vecadd)
@@ -260,3 +275,32 @@ def test_vm_warp_trace_expands_to_the_per_thread_trace(tmp_path: Path) -> None:
 def test_vm_lanes_outside_a_warp_block_are_one_lane_warps(tmp_path: Path) -> None:
     warp = _run_grid(compile_probe(EXAMPLES / "mem_trace_warp.bpf.c", tmp_path / "w.bpf.o"), "warp_events", False)
     assert {bin(wr.decode(rec).mask).count("1") for rec in warp} == {1}
+
+
+SMALL_RING = """#include "egpu.bpf.h"
+struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096); } ring SEC(".maps");
+SEC("egpu/mem/*") int p(struct egpu_ctx *ctx) { return egpu_warp_mem_record(&ring, ctx); }
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
+def test_vm_a_full_ring_counts_the_drop_and_returns_0(tmp_path: Path) -> None:
+    (tmp_path / "p.bpf.c").write_text(SMALL_RING)
+    obj = load_object(compile_probe(tmp_path / "p.bpf.c", tmp_path / "p.bpf.o"))
+    state = MapsState(obj.maps)
+    vm = Vm(obj.programs[0].code, obj.maps, state)
+    for lane in range(60):   # 80 ring bytes a record: 51 fit in 4096
+        assert vm.run(make_ctx(addr=lane, size=1, flags=LOAD), ThreadSim(thread_idx=(lane % 32, 0, 0))) == 0
+    ring = state.by_name("ring")
+    assert (len(ring.consume()), ring.drops) == (51, 9)
+
+
+def test_verifier_wants_a_ring(tmp_path: Path) -> None:
+    from egpu_preload.bpf.verifier import verify
+    from egpu_preload.errors import EgpuError
+    (tmp_path / "p.bpf.c").write_text(SMALL_RING.replace("BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096)",
+                                                         "BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); "
+                                                         "__type(key, __u32); __type(value, __u64)"))
+    obj = load_object(compile_probe(tmp_path / "p.bpf.c", tmp_path / "p.bpf.o"))
+    with pytest.raises(EgpuError, match="map ring of type array cannot be used with egpu_warp_mem_record"):
+        verify(obj.programs[0].code, obj.maps)

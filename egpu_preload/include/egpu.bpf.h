@@ -130,8 +130,9 @@ struct egpu_ctx {
 _Static_assert(sizeof(struct egpu_ctx) == 144, "struct egpu_ctx must match egpu_preload/bpf/ctx.py");
 
 /* ---- Warp memory records: one ring record per warp instruction (egpu_preload/output/warp_records.py). ----
- * Called from a memory probe in every lane, egpu_warp_mem_record(&ring, ctx) has the lanes that make the
- * access together (same site, size and flags) write one struct egpu_warp_mem, by the lowest of them: what
+ * Called from a thread-scope memory probe (egpu/mem/GLOB, not .warp: the helper elects its own leader
+ * among the lanes that call it), egpu_warp_mem_record(&ring, ctx) has the lanes that make the access
+ * together (same site, size and flags) write one struct egpu_warp_mem, by the lowest of them: what
  * they share, their mask, and their addresses as a stride (affine lanes) or a tail of one s32 offset from
  * base (EGPU_WARP_OFFSETS) or one u64 address (EGPU_WARP_ADDRS) per active lane, in lane order. The reader
  * expands it into the per-lane records of a per-thread trace (examples/access_trace.bpf.c's struct
