@@ -424,6 +424,12 @@ def _global_threads(records: list[bytes], fmt: str, block_x: int, thread_x: int)
     return sorted(f[block_x] * BLOCK + f[thread_x] for f in (struct.unpack(fmt, r) for r in records))
 
 
+def _warp_threads(s: MapsState) -> list[int]:
+    """The global thread of each lane of the warp records in mem_trace_warp's ring, sorted."""
+    lanes = [lane for r in s.by_name("warp_events").consume() for lane in warp_records.expand(r)]
+    return sorted(lane.block[0] * BLOCK + lane.thread[0] for lane in lanes)
+
+
 def _gpu_mem_bytes(s: MapsState) -> bool:
     loaded, stored, first, last = struct.unpack("<QQQQ", s.by_name("traffic").lookup(struct.pack("<Q", VEC_ADD)))
     return (loaded, stored) == (4 * THREADS, 4 * THREADS) and first > 0 and last > 0
@@ -443,6 +449,8 @@ def _gpu_mem_bytes(s: MapsState) -> bool:
      and sum(_counts(s, "lhist_warps_per_slot").values()) == THREADS),
     ("access_trace", "trace_access", {"addr": 0x1000, "size": 4, "flags": LOAD},
      lambda s: _global_threads(s.by_name("events").consume(), MEM_EVENT, 8, 11) == list(range(THREADS))),
+    ("mem_trace_warp", "trace_warp_access", {"addr": 0x1000, "size": 4, "flags": LOAD},
+     lambda s: _warp_threads(s) == list(range(THREADS))),
     ("kernelretsnoop", "cuda__retprobe", {},
      lambda s: _global_threads([r for _, r in s.by_name("rb").consume()], "<7Q", 0, 3) == list(range(THREADS))),
 ])

@@ -17,8 +17,9 @@ the group's lowest lane: what they share, the lanes' mask, and their addresses i
 (``LaneAccess``), each lane's thread index from the warp's index in its block and the lane number
 (CUDA numbers a block's warps by linear thread index: x fastest, 32 a warp). Every lane gets the
 leader's ``ts``: one instruction, one time; a per-thread probe reads the clock in each lane, so on the
-GPU the two traces may differ there by the lanes' skew, and nowhere else. ``compress`` is the reference
-encoder (tests, and the VM's helper): any per-lane trace compresses to records that expand back to it.
+GPU the two traces may differ there by the lanes' skew, and nowhere else. ``warp_record`` is the form
+rule the PTX follows and the VM's helper runs; ``compress``, the reference encoder of a whole per-lane
+trace: any per-lane trace compresses to records that expand back to it.
 """
 
 from __future__ import annotations
@@ -164,7 +165,8 @@ def decode(raw: bytes) -> WarpRecord:
     want = HEADER.size + tail_bytes + -tail_bytes % 8
     if len(raw) != want:
         raise WarpRecordError(f"warp record of {len(raw)} bytes, its mask and form say {want}")
-    tail = struct.unpack_from(f"<{n}{'iQ'[form == FORM_ADDRS]}", raw, HEADER.size) if form else ()
+    code = "Q" if form == FORM_ADDRS else "i"
+    tail = struct.unpack_from(f"<{n}{code}", raw, HEADER.size) if form != FORM_AFFINE else ()
     ins = Instruction(ts, kernel_id, launch_id, site, size, flags, sm, block, block_dim, warp)
     return WarpRecord(ins, mask, form, base, stride, tail)
 
