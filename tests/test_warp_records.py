@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import subprocess
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -241,7 +242,7 @@ def _run_grid(obj_path: Path, ring: str, warps: bool) -> list[bytes]:
     for t, (block, warp, site, size, flags, addrs) in enumerate(_grid_instructions()):
         if not addrs:
             continue
-        with vm.warps.instruction() if warps else _nothing():
+        with vm.warps.instruction() if warps else nullcontext():
             for lane, addr in addrs.items():
                 thread = ThreadSim(thread_idx=_thread(32 * warp + lane), block_idx=(block, 0, 0), block_dim=BLOCK,
                                    grid_dim=(2, 1, 1), smid=block + 3, globaltimer=1000 + 10 * t)
@@ -250,14 +251,6 @@ def _run_grid(obj_path: Path, ring: str, warps: bool) -> list[bytes]:
     storage = state.by_name(ring)
     assert storage.drops == 0
     return storage.consume()
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 def test_vm_warp_trace_expands_to_the_per_thread_trace(tmp_path: Path) -> None:
@@ -304,3 +297,16 @@ def test_verifier_wants_a_ring(tmp_path: Path) -> None:
     obj = load_object(compile_probe(tmp_path / "p.bpf.c", tmp_path / "p.bpf.o"))
     with pytest.raises(EgpuError, match="map ring of type array cannot be used with egpu_warp_mem_record"):
         verify(obj.programs[0].code, obj.maps)
+
+
+def test_vm_a_warp_record_takes_its_lowest_lanes_time_whatever_order_lanes_run(tmp_path: Path) -> None:
+    (tmp_path / "p.bpf.c").write_text(SMALL_RING)
+    obj = load_object(compile_probe(tmp_path / "p.bpf.c", tmp_path / "p.bpf.o"))
+    state = MapsState(obj.maps)
+    vm = Vm(obj.programs[0].code, obj.maps, state)
+    with vm.warps.instruction():
+        for lane in (5, 2, 9):
+            vm.run(make_ctx(addr=0x100 + 8 * lane, size=8, flags=LOAD), ThreadSim(thread_idx=(lane, 0, 0),
+                                                                                  globaltimer=100 + lane))
+    rec, = [wr.decode(r) for r in state.by_name("ring").consume()]
+    assert (rec.ins.ts, rec.mask, rec.base, rec.stride) == (102, 1 << 2 | 1 << 5 | 1 << 9, 0x110, 8)

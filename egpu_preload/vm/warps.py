@@ -25,7 +25,7 @@ class Warps:
         self._depth = 0
         # (ring, instruction but ts) -> lane -> (address, ts), in the order records began
         self._open: dict[tuple[int, wr.Instruction], dict[int, tuple[int, int]]] = {}
-        self._done: list[tuple[RingbufStorage, wr.Instruction, dict[int, tuple[int, int]]]] = []
+        self._pending: list[tuple[RingbufStorage, wr.Instruction, dict[int, tuple[int, int]]]] = []
 
     @contextmanager
     def instruction(self) -> Iterator[None]:
@@ -43,15 +43,15 @@ class Warps:
         lanes = self._open.get(key)
         if lanes is None or lane in lanes:
             lanes = self._open[key] = {}
-            self._done.append((ring, ins, lanes))
+            self._pending.append((ring, ins, lanes))
         lanes[lane] = (addr, ins.ts)
         if not self._depth:
             self._flush()
 
     def _flush(self) -> None:
-        for ring, ins, lanes in self._done:
+        for ring, ins, lanes in self._pending:
             ts = lanes[min(lanes)][1]
             rec = wr.warp_record(dataclasses.replace(ins, ts=ts), {lane: a for lane, (a, _) in lanes.items()})
             ring.output(wr.encode(rec))   # no room: counted in ring.drops, as on the GPU
         self._open.clear()
-        self._done.clear()
+        self._pending.clear()
