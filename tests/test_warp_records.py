@@ -283,7 +283,8 @@ def test_vm_a_full_ring_counts_the_drop_and_returns_0(tmp_path: Path) -> None:
     state = MapsState(obj.maps)
     vm = Vm(obj.programs[0].code, obj.maps, state)
     for lane in range(60):   # 80 ring bytes a record: 51 fit in 4096
-        assert vm.run(make_ctx(addr=lane, size=1, flags=LOAD), ThreadSim(thread_idx=(lane % 32, 0, 0))) == 0
+        assert vm.run(make_ctx(addr=lane, size=1, flags=LOAD), ThreadSim(thread_idx=(lane % 32, 0, 0),
+                                                                                block_dim=(32, 1, 1))) == 0
     ring = state.by_name("ring")
     assert (len(ring.consume()), ring.drops) == (51, 9)
 
@@ -307,6 +308,7 @@ def test_vm_a_warp_record_takes_its_lowest_lanes_time_whatever_order_lanes_run(t
     with vm.warps.instruction():
         for lane in (5, 2, 9):
             vm.run(make_ctx(addr=0x100 + 8 * lane, size=8, flags=LOAD), ThreadSim(thread_idx=(lane, 0, 0),
+                                                                                  block_dim=(32, 1, 1),
                                                                                   globaltimer=100 + lane))
     rec, = [wr.decode(r) for r in state.by_name("ring").consume()]
     assert (rec.ins.ts, rec.mask, rec.base, rec.stride) == (102, 1 << 2 | 1 << 5 | 1 << 9, 0x110, 8)
