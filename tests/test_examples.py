@@ -449,10 +449,10 @@ def _gpu_mem_bytes(s: MapsState) -> bool:
      and sum(_counts(s, "lhist_warps_per_slot").values()) == THREADS),
     ("access_trace", "trace_access", {"addr": 0x1000, "size": 4, "flags": LOAD},
      lambda s: _global_threads(s.by_name("events").consume(), MEM_EVENT, 8, 11) == list(range(THREADS))),
-    ("mem_trace_warp", "trace_warp_access", {"addr": 0x1000, "size": 4, "flags": LOAD},
-     lambda s: _warp_threads(s) == list(range(THREADS))),
     ("kernelretsnoop", "cuda__retprobe", {},
      lambda s: _global_threads([r for _, r in s.by_name("rb").consume()], "<7Q", 0, 3) == list(range(THREADS))),
+    ("mem_trace_warp", "trace_warp_access", {"addr": 0x1000, "size": 4, "flags": LOAD},
+     lambda s: _warp_threads(s) == list(range(THREADS))),
 ])
 def test_example_on_gpu(example_obj, name: str, program: str, ctx: dict, check) -> None:
     from egpu_preload.translate import run_probe_on_gpu
