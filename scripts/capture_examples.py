@@ -43,6 +43,7 @@ EXAMPLES = {
     "kernel_duration": (*VECADD, []),
     "mem_bytes": (*VECADD, []),
     "access_trace": ("./vecadd", ["1", "4096"], ["--perfetto", "trace.json"]),
+    "mem_trace_warp": ("./vecadd", ["1", "4096"], []),
     "sm_balance": (*VECADD, []),
     "hot_pages": (*VECADD, []),
     "cxl_latency": (*VECADD, []),

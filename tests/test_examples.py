@@ -23,7 +23,7 @@ from egpu_preload.bpf.elf import load_object
 from egpu_preload.bpf.program import BpfObject
 from egpu_preload.bpf.verifier import verify
 from egpu_preload.maps import ArrayStorage, MapsState, PerfStorage, RingbufStorage
-from egpu_preload.output import perfetto, text
+from egpu_preload.output import perfetto, text, warp_records
 from egpu_preload.output.values import Histogram, Records as RecordsValue, snapshot
 from egpu_preload.translate import probe_object_ptx
 from egpu_preload.translate.demangle import matches
@@ -118,6 +118,9 @@ KERNEL_NAMES = {VEC_ADD: "_Z9vectorAddPKfS0_Pf", GEMM: "_Z4gemmPKfS0_Pfi"}
 
 STRAGGLER = "<QQQQIIII"  # struct straggler
 MEM_EVENT = "<QQQQIIII3I3I"  # struct mem_event
+WARP_MEM = warp_records.HEADER.format  # struct egpu_warp_mem, affine: no tail
+# Rings of warp records (output/warp_records.py): no BTF struct types them, so they print in hex.
+WARP_RECORD_RINGS = {"mem_trace_warp": "warp_events"}
 
 SCENARIOS = [
     Scenario("launch_count", "3 launches of vectorAdd and 1 of gemm", [
@@ -160,6 +163,18 @@ SCENARIOS = [
     ], maps={"events": Records([
         (500, 0x7F0000001000, VEC_ADD, 1, 3, 4, LOAD, 7, 2, 0, 0, 33, 0, 0),
         (600, 0x7F0000002000, GEMM, 2, 9, 16, STORE | ATOMIC, 1, 0, 1, 2, 0, 3, 1)], MEM_EVENT)}),
+
+    Scenario("mem_trace_warp", "lanes run one by one: a one-lane warp record each, affine with stride 0", [
+        ev("trace_warp_access", addr=0x7F0000001000, size=4, flags=LOAD, site=3, kernel_id=VEC_ADD, launch_id=1,
+           thread={"globaltimer": 500, "smid": 7, "block_idx": (2, 0, 0), "thread_idx": (33, 0, 0),
+                   "block_dim": (64, 1, 1)}),
+        ev("trace_warp_access", addr=0x7F0000002000, size=16, flags=STORE | ATOMIC, site=9, kernel_id=GEMM,
+           launch_id=2, thread={"globaltimer": 600, "smid": 1, "block_idx": (0, 1, 2), "thread_idx": (0, 3, 1),
+                                "block_dim": (4, 4, 2)}),
+    ], maps={"warp_events": Records([   # ts, base, kernel, launch, stride, site, mask, block, block_dim, warp, sm,
+        # size, flags, form; thread (33, 0, 0) of 64 is warp 1's lane 1, (0, 3, 1) of 4x4x2 warp 0's lane 28
+        (500, 0x7F0000001000, VEC_ADD, 1, 0, 3, 1 << 1, 2, 0, 0, 64, 1, 1, 7, 4, LOAD, 0),
+        (600, 0x7F0000002000, GEMM, 2, 0, 9, 1 << 28, 0, 1, 2, 4, 4, 0, 1, 16, STORE | ATOMIC, 0)], WARP_MEM)}),
 
     Scenario("sm_balance", "warps per SM and slot, busy time per SM", [
         ev("warp_enter", t=100, thread={"smid": 3, "warp": 5}),
@@ -377,7 +392,9 @@ def test_example_output(example_obj, sc: Scenario) -> None:
     trace = perfetto.Trace(pid=1, kernel_names=KERNEL_NAMES)
     for v in snap.maps:
         assert isinstance(v, Histogram) == v.name.startswith(("hist", "lhist")), v.name
-        if isinstance(v, RecordsValue):
+        if isinstance(v, RecordsValue) and v.name == WARP_RECORD_RINGS.get(sc.example):
+            assert v.records and all(warp_records.decode(bytes.fromhex(r.value)) for r in v.records), v.name
+        elif isinstance(v, RecordsValue):
             assert v.records and all(isinstance(r.value, dict) for r in v.records), v.name
             trace.add_records(v)
     lines = out.splitlines()
@@ -407,6 +424,12 @@ def _global_threads(records: list[bytes], fmt: str, block_x: int, thread_x: int)
     return sorted(f[block_x] * BLOCK + f[thread_x] for f in (struct.unpack(fmt, r) for r in records))
 
 
+def _warp_threads(s: MapsState) -> list[int]:
+    """The global thread of each lane of the warp records in mem_trace_warp's ring, sorted."""
+    lanes = [lane for r in s.by_name("warp_events").consume() for lane in warp_records.expand(r)]
+    return sorted(lane.block[0] * BLOCK + lane.thread[0] for lane in lanes)
+
+
 def _gpu_mem_bytes(s: MapsState) -> bool:
     loaded, stored, first, last = struct.unpack("<QQQQ", s.by_name("traffic").lookup(struct.pack("<Q", VEC_ADD)))
     return (loaded, stored) == (4 * THREADS, 4 * THREADS) and first > 0 and last > 0
@@ -428,6 +451,8 @@ def _gpu_mem_bytes(s: MapsState) -> bool:
      lambda s: _global_threads(s.by_name("events").consume(), MEM_EVENT, 8, 11) == list(range(THREADS))),
     ("kernelretsnoop", "cuda__retprobe", {},
      lambda s: _global_threads([r for _, r in s.by_name("rb").consume()], "<7Q", 0, 3) == list(range(THREADS))),
+    ("mem_trace_warp", "trace_warp_access", {"addr": 0x1000, "size": 4, "flags": LOAD},
+     lambda s: _warp_threads(s) == list(range(THREADS))),
 ])
 def test_example_on_gpu(example_obj, name: str, program: str, ctx: dict, check) -> None:
     from egpu_preload.translate import run_probe_on_gpu

@@ -1,6 +1,7 @@
 """Helper functions a probe may call: ids, names and argument/return types, one table for all consumers.
 
-Standard ids follow linux/bpf.h; 502-511 follow bpftime's GPU attach so its probes run unchanged.
+Standard ids follow linux/bpf.h; 502-511 follow bpftime's GPU attach so its probes run unchanged; egpu's
+own helpers start at 1000.
 Argument types (read by the verifier; the VM and translator dispatch on ``name``):
 
 - ``map``        a map reference (lddw of a map)
@@ -59,6 +60,10 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
     Helper(509, "get_sm_id", (), "int", gpu_only=True),
     Helper(510, "get_warp_id", (), "int", gpu_only=True),
     Helper(511, "get_lane_id", (), "int", gpu_only=True),
+    # (ringbuf, addr, kernel_id, launch_id, site << 32 | flags << 16 | size): the lanes making one access
+    # together write one struct egpu_warp_mem (egpu.bpf.h, output/warp_records.py); r0 = 0.
+    Helper(1000, "egpu_warp_mem_record", ("map", "anything", "anything", "anything", "anything"), "int",
+           gpu_only=True),
 )}
 
 BY_NAME: dict[str, Helper] = {h.name: h for h in HELPERS.values()}

@@ -129,6 +129,44 @@ struct egpu_ctx {
 };
 _Static_assert(sizeof(struct egpu_ctx) == 144, "struct egpu_ctx must match egpu_preload/bpf/ctx.py");
 
+/* ---- Warp memory records: one ring record per warp instruction (egpu_preload/output/warp_records.py). ----
+ * Called from a thread-scope memory probe (egpu/mem/GLOB, not .warp: the helper elects its own leader
+ * among the lanes that call it), egpu_warp_mem_record(&ring, ctx) has the lanes that make the access
+ * together (same site, size and flags) write one struct egpu_warp_mem, by the lowest of them: what
+ * they share, their mask, and their addresses as a stride (affine lanes) or a tail of one s32 offset from
+ * base (EGPU_WARP_OFFSETS) or one u64 address (EGPU_WARP_ADDRS) per active lane, in lane order. The reader
+ * expands it into the per-lane records of a per-thread trace (examples/access_trace.bpf.c's struct
+ * mem_event). Returns 0; a record the ring has no room for is dropped and counted, as ringbuf_output's. */
+enum egpu_warp_form { EGPU_WARP_AFFINE = 0, EGPU_WARP_OFFSETS = 1, EGPU_WARP_ADDRS = 2 };
+
+struct egpu_warp_mem {
+	__u64 ts;            /* the leader's %globaltimer */
+	__u64 base;          /* the leader's (lowest active lane's) address */
+	__u64 kernel_id;
+	__u64 launch_id;
+	__s64 stride;        /* EGPU_WARP_AFFINE: lane i's address is base + stride * (i - leader) */
+	__u32 site;
+	__u32 mask;          /* bit i: lane i made the access */
+	__u32 block[3];      /* blockIdx */
+	__u16 block_dim[2];  /* blockDim.x, .y: a lane's threadIdx from its linear index warp * 32 + lane */
+	__u16 warp;          /* the warp's index in its block: linear thread index / 32 */
+	__u16 sm;
+	__u16 size;          /* bytes each lane accessed */
+	__u8 flags;          /* EGPU_F_* */
+	__u8 form;           /* enum egpu_warp_form; the tail follows */
+};
+_Static_assert(sizeof(struct egpu_warp_mem) == 72, "struct egpu_warp_mem must match output/warp_records.py");
+
+/* The helper proper: site, flags and size packed as the inline below does. */
+static long (*bpf_egpu_warp_mem_record)(void *ringbuf, __u64 addr, __u64 kernel_id, __u64 launch_id,
+					__u64 site_flags_size) = (void *)1000;
+
+static __always_inline long egpu_warp_mem_record(void *ringbuf, const struct egpu_ctx *ctx)
+{
+	return bpf_egpu_warp_mem_record(ringbuf, ctx->addr, ctx->kernel_id, ctx->launch_id,
+					(__u64)ctx->site << 32 | (__u64)(ctx->flags & 0xffff) << 16 | (ctx->size & 0xffff));
+}
+
 /* Legacy map definitions in SEC("maps"), for probes written before BTF-defined maps. */
 struct egpu_map_def {
 	unsigned int type;

@@ -23,7 +23,8 @@ from egpu_preload.maps import STORAGE_BY_TYPE, MapStorage
 MAP_TYPES = frozenset((prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_HASH, prog.MAP_LRU_HASH))
 # launchvm.c's helper(): every helper but those that send records or text to the host
 NATIVE_HELPERS = frozenset(HELPERS) - {BY_NAME[n].id for n in (
-    "trace_printk", "perf_event_output", "ringbuf_output", "ringbuf_reserve", "ringbuf_submit", "ringbuf_discard")}
+    "trace_printk", "perf_event_output", "ringbuf_output", "ringbuf_reserve", "ringbuf_submit", "ringbuf_discard",
+    "egpu_warp_mem_record")}
 MAX_ENTRIES, MAX_VALUE = 1 << 24, 1 << 20  # launchvm.c's limits on a map's shape
 FAULTS = {1: "bad memory access", 2: "write to read-only memory", 3: "unaligned atomic access",
           4: "not a map", 5: "invalid instruction", 6: "call depth exceeds 8 frames",

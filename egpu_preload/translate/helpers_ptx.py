@@ -15,6 +15,7 @@ from ..bpf.decode import Insn
 from ..bpf.helpers import BPF_EXIST, BPF_F_CURRENT_CPU, BPF_NOEXIST, HELPERS
 from ..maps import E2BIG, EAGAIN, EEXIST, EINVAL, ENOENT, ENOSPC
 from . import devmaps
+from ..output import warp_records as wr
 from .devmaps import BUSY, DELETED, EMPTY, FULL, HEADER, REC_BUSY, REC_DISCARD, REC_READY, MapLayout
 from .emitter import Addr, FuncGen, lit
 
@@ -718,6 +719,129 @@ def trace_printk(g: FuncGen, insn: Insn) -> None:
     _set_r0(g, 0)
 
 
+# ---- warp memory records ---------------------------------------------------------------------
+
+def egpu_warp_mem_record(g: FuncGen, insn: Insn) -> None:
+    """(ring, addr, kernel_id, launch_id, site << 32 | flags << 16 | size): the lanes here with the same
+    site, flags and size (match.any.sync) write one struct egpu_warp_mem, reserved, filled and published
+    by the lowest of them, each lane writing its own tail entry; r0 = 0 (a ring without room counts a
+    drop). The form is output/warp_records.warp_record's: stride from the second-lowest lane (div.s64),
+    then vote.all over the group for "my address is base + stride * (lane - leader)" and for "my offset
+    from base fits in s32" (PTX ISA: match.sync, vote.sync, shfl.sync; sm_70+)."""
+    index, m, lay = _map(g, insn)
+    addr, key = g.reg(2), g.reg(5)
+    mask, peers = g.t32(), g.t32()
+    g.emit(f"activemask.b32 {mask};")
+    g.emit(f"match.any.sync.b64 {peers}, {key}, {mask};")
+    rank, n, lead = group_rank(g, peers)
+    leader = group_leader(g, peers)
+    base = g.t64()
+    g.emit(f"mov.b64 {base}, {addr};")
+    from_leader(g, base, 64, leader, peers)
+    rest, lone = g.t32(), g.pred()
+    g.emit(f"sub.u32 {rest}, {peers}, 1;")
+    g.emit(f"and.b32 {rest}, {rest}, {peers};")              # the group without its leader
+    g.emit(f"setp.eq.u32 {lone}, {rest}, 0;")
+    g.emit(f"selp.b32 {rest}, {peers}, {rest}, {lone};")     # a lone lane is its own second
+    second = group_leader(g, rest)
+    d, d2, k, k64, stride = g.t64(), g.t64(), g.t32(), g.t64(), g.t64()
+    g.emit(f"sub.s64 {d}, {addr}, {base};")
+    g.emit(f"mov.b64 {d2}, {d};")
+    from_leader(g, d2, 64, second, peers)
+    g.emit(f"sub.u32 {k}, {second}, {leader};")
+    g.emit(f"max.u32 {k}, {k}, 1;")
+    g.emit(f"cvt.u64.u32 {k64}, {k};")
+    g.emit(f"div.s64 {stride}, {d2}, {k64};")
+    rel, expect, on_line, affine = g.t64(), g.t64(), g.pred(), g.pred()
+    lane = _special(g, "%laneid")
+    g.emit(f"cvt.u64.u32 {rel}, {leader};")
+    g.emit(f"sub.s64 {rel}, {lane}, {rel};")
+    g.emit(f"mad.lo.s64 {expect}, {stride}, {rel}, {base};")
+    g.emit(f"setp.eq.u64 {on_line}, {expect}, {addr};")
+    g.emit(f"vote.sync.all.pred {affine}, {on_line}, {peers};")
+    d32, back, fit, fits = g.t32(), g.t64(), g.pred(), g.pred()
+    g.emit(f"cvt.u32.u64 {d32}, {d};")
+    g.emit(f"cvt.s64.s32 {back}, {d32};")
+    g.emit(f"setp.eq.s64 {fit}, {back}, {d};")
+    g.emit(f"vote.sync.all.pred {fits}, {fit}, {peers};")
+    n64, tail, t8, size, form = g.t64(), g.t64(), g.t64(), g.t64(), g.t32()
+    g.emit(f"cvt.u64.u32 {n64}, {n};")
+    g.emit(f"shl.b64 {t8}, {n64}, 3;")                       # ADDRS: 8 bytes a lane
+    g.emit(f"shl.b64 {tail}, {n64}, 2;")                     # OFFSETS: 4 bytes a lane, padded to 8
+    g.emit(f"add.u64 {tail}, {tail}, 7;")
+    g.emit(f"and.b64 {tail}, {tail}, {lit(-8)};")
+    g.emit(f"selp.b64 {tail}, {tail}, {t8}, {fits};")
+    g.emit(f"selp.b64 {tail}, 0, {tail}, {affine};")
+    g.emit(f"add.u64 {size}, {tail}, {wr.HEADER.size};")
+    g.emit(f"selp.b32 {form}, {wr.FORM_OFFSETS}, {wr.FORM_ADDRS}, {fits};")
+    g.emit(f"selp.b32 {form}, {wr.FORM_AFFINE}, {form}, {affine};")
+    g.emit(f"selp.b64 {stride}, {stride}, 0, {affine};")
+    rec, reserved = g.t64(), g.label()
+    g.emit(f"mov.b64 {rec}, 0;")
+    g.emit(f"@!{lead} bra {reserved};")
+    got = _reserve(g, g.map_base(index), lay, size, reserved)
+    g.emit(f"mov.b64 {rec}, {got};")
+    g.place(reserved)
+    from_leader(g, rec, 64, leader, peers)                   # every lane of the group waits for it here
+    done, none = g.label(), g.pred()
+    g.emit(f"setp.eq.u64 {none}, {rec}, 0;")
+    g.emit(f"@{none} bra {done};")
+    data = g.t64()
+    g.emit(f"add.u64 {data}, {rec}, 8;")
+    _warp_tail(g, data, rank, d32, addr, affine, fits)
+    header = g.label()
+    g.emit(f"@!{lead} bra {header};")
+    _warp_header(g, data, base, stride, peers, key, form)
+    g.place(header)
+    # bar.warp.sync orders the lanes' tail stores before the leader's release (PTX ISA: bar.warp.sync
+    # "guarantees memory ordering among threads participating in barrier").
+    g.emit(f"bar.warp.sync {peers};")
+    g.emit(f"@{lead} st.release.sys.u32 [{rec}+4], {REC_READY};")
+    g.place(done)
+    _set_r0(g, 0)
+
+
+def _warp_tail(g: FuncGen, data: str, rank: str, d32: str, addr: str, affine: str, fits: str) -> None:
+    """This lane's tail entry, at its rank among the group: its s32 offset (OFFSETS) or address (ADDRS)."""
+    narrow, wide, slot, r64 = g.pred(), g.pred(), g.t64(), g.t64()
+    g.emit(f"not.pred {wide}, {fits};")
+    g.emit(f"and.pred {narrow}, {fits}, !{affine};")
+    g.emit(f"and.pred {wide}, {wide}, !{affine};")
+    g.emit(f"cvt.u64.u32 {r64}, {rank};")
+    g.emit(f"@{narrow} mad.lo.u64 {slot}, {r64}, 4, {data};")
+    g.emit(f"@{wide} mad.lo.u64 {slot}, {r64}, 8, {data};")
+    g.emit(f"@{narrow} st.u32 [{slot}+{wr.HEADER.size}], {d32};")
+    g.emit(f"@{wide} st.u64 [{slot}+{wr.HEADER.size}], {addr};")
+
+
+def _warp_header(g: FuncGen, data: str, base: str, stride: str, peers: str, key: str, form: str) -> None:
+    """The leader's stores of struct egpu_warp_mem's fields (warp_records.OFFSET)."""
+    at = wr.OFFSET
+    ts, site, warp = g.t64(), g.t64(), g.t64()
+    g.emit(f"mov.u64 {ts}, %globaltimer;")
+    for name, value in (("ts", ts), ("base", base), ("kernel_id", g.reg(3)), ("launch_id", g.reg(4)),
+                        ("stride", stride)):
+        g.emit(f"st.u64 [{data}+{at[name]}], {value};")
+    g.emit(f"shr.u64 {site}, {key}, 32;")
+    g.emit(f"st.u32 [{data}+{at['site']}], {site};")
+    g.emit(f"st.u32 [{data}+{at['mask']}], {peers};")
+    for k, axis in enumerate("xyz"):
+        g.emit(f"st.u32 [{data}+{at['block'] + 4 * k}], {_special(g, f'%ctaid.{axis}')};")
+    for k, axis in enumerate("xy"):
+        g.emit(f"st.u16 [{data}+{at['block_dim'] + 2 * k}], {_special(g, f'%ntid.{axis}')};")
+    x, y, z = (_special(g, f"%tid.{a}") for a in "xyz")
+    g.emit(f"mad.lo.u64 {z}, {z}, {_special(g, '%ntid.y')}, {y};")
+    g.emit(f"mad.lo.u64 {z}, {z}, {_special(g, '%ntid.x')}, {x};")
+    g.emit(f"shr.u64 {warp}, {z}, 5;")
+    g.emit(f"st.u16 [{data}+{at['warp']}], {warp};")
+    g.emit(f"st.u16 [{data}+{at['sm']}], {_special(g, '%smid')};")
+    g.emit(f"st.u16 [{data}+{at['size']}], {key};")
+    flags = g.t64()
+    g.emit(f"shr.u64 {flags}, {key}, 16;")
+    g.emit(f"st.u8 [{data}+{at['flags']}], {flags};")
+    g.emit(f"st.u8 [{data}+{at['form']}], {form};")
+
+
 # ---- GPU and time helpers --------------------------------------------------------------------
 
 def _timer(g: FuncGen, insn: Insn) -> None:
@@ -777,4 +901,5 @@ _EMIT: dict[str, Callable[[FuncGen, Insn], None]] = {
     "get_block_dim": _dim3("%ntid"), "get_thread_idx": _dim3("%tid"), "membar": _membar, "exit": _exit,
     "get_grid_dim": _dim3("%nctaid"), "get_sm_id": _reg_helper("%smid"), "get_warp_id": _warp_id,
     "get_lane_id": _reg_helper("%laneid"), "get_current_pid_tgid": _pid_tgid,
+    "egpu_warp_mem_record": egpu_warp_mem_record,
 }

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from ..bpf.helpers import BPF_F_CURRENT_CPU, BY_NAME
 from ..errors import VmError
 from ..maps import EINVAL, MapStorage, PerfStorage, PerthreadArrayStorage, RingbufStorage, TraceRecord
+from ..output.warp_records import WARP, Instruction
 from .memory import MASK64
 from .thread import ThreadSim
 
@@ -105,6 +106,20 @@ def ringbuf_reserve(run: "Run") -> bool:
     return _set(run, addr)
 
 
+def egpu_warp_mem_record(run: "Run") -> bool:
+    """(ring, addr, kernel_id, launch_id, site << 32 | flags << 16 | size): this lane joins its warp's
+    record (vm/warps.py says which lanes the VM takes to run together); r0 = 0."""
+    r, t = run.regs, run.thread
+    ring = _ringbuf(run, "egpu_warp_mem_record")
+    bx, by, _ = t.block_dim
+    x, y, z = t.thread_idx
+    warp, lane = divmod((z * by + y) * bx + x, WARP)
+    ins = Instruction(t.read_timer(), r[3], r[4], r[5] >> 32, r[5] & 0xFFFF, r[5] >> 16 & 0xFF, t.smid,
+                      t.block_idx, (bx, by), warp)
+    run.vm.warps.join(ring, ins, lane, r[2])
+    return _set(run, 0)
+
+
 def _release(run: "Run", submit: bool) -> bool:
     addr = run.regs[1]
     held = run.reservations.pop(addr, None)
@@ -154,5 +169,6 @@ _BY_NAME: dict[str, Callable[["Run"], bool]] = {
     "exit": exit, "get_sm_id": _sm_id, "get_warp_id": _reads(lambda t: t.warp),
     "get_lane_id": _reads(lambda t: t.lane),
     "get_current_pid_tgid": lambda run: _set(run, os.getpid() << 32 | os.getpid()),
+    "egpu_warp_mem_record": egpu_warp_mem_record,
 }
 HANDLERS: dict[int, Callable[["Run"], bool]] = {BY_NAME[name].id: f for name, f in _BY_NAME.items()}

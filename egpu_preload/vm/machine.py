@@ -25,6 +25,7 @@ from ..maps import MapsState, RingbufStorage
 from . import calls
 from .memory import MASK64, REGION_SHIFT, Memory
 from .thread import ThreadSim
+from .warps import Warps
 
 DEFAULT_BUDGET = 10_000_000
 MAX_FRAMES = 8  # the kernel's MAX_CALL_FRAMES
@@ -282,6 +283,7 @@ class Vm:
         self.by_pc = {i.pc: i for i in self.insns}
         self.state = state if state is not None else MapsState(list(maps))
         self.budget = budget
+        self.warps = Warps()  # which runs are one warp instruction (egpu_warp_mem_record)
         self.ops = _build(self.insns, len(code) // 8)
         self.program = compile_program(self) if compiled else None
 

@@ -35,6 +35,7 @@ _KEY_VALUE_MAPS = frozenset({MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_LRU_HASH
 MAP_TYPES_FOR_HELPER = {
     "map_lookup_elem": _KEY_VALUE_MAPS, "map_update_elem": _KEY_VALUE_MAPS, "map_delete_elem": _KEY_VALUE_MAPS,
     "ringbuf_output": frozenset({MAP_RINGBUF}), "ringbuf_reserve": frozenset({MAP_RINGBUF}),
+    "egpu_warp_mem_record": frozenset({MAP_RINGBUF}),
     "perf_event_output": frozenset({MAP_PERF_EVENT_ARRAY}),
 }
 _WRITES_MAP = frozenset({"map_update_elem", "map_delete_elem"})
