@@ -1,0 +1,180 @@
+"""The reader that drains ring and perf buffers while kernels run (egpu-run --trace): records are taken
+as they are committed, their bytes cleared and ``consumed`` moved, so producers find room again and a
+ring made to wait (devmaps.py, ``--on-full wait``) loses nothing.
+
+The regions stay in device memory, where the producers' atomics are cheap; the reader copies on the
+runtime's own stream (driver.ContextMemory.read/write: a non-blocking stream, never the application's,
+so the application never synchronizes with it and its kernels keep running while the copies do).
+
+A copy engine reads a range in no particular order, so one copy may hold a record's READY flag and an
+older copy of its bytes. A record is therefore taken only from a copy made after an earlier copy had
+already seen its flag: the producer published the bytes before the flag (st.release.sys), so they were
+complete before this copy began. Each pass copies ``[consumed, head)`` once and takes the records
+an earlier pass saw complete; a record reaches the sink one pass after it was committed.
+
+Before ``consumed`` moves past records, their bytes are zeroed (the producer's BUSY flag is written
+after its position is taken, so between the two the reader must find no stale READY there: devmaps.py's
+"the host clears the headers"). A dropping ring's per-SM full marks are reset once it has room again.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from egpu_preload.translate.devmaps import HEADER, LINE, M64, RING_NCPU, REC_DISCARD, REC_READY, MapLayout, round8
+
+IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that found records goes on at once
+
+
+class Memory(Protocol):
+    """Device memory the reader can copy from any thread (driver.ContextMemory)."""
+
+    def read(self, addr: int, n: int) -> bytes: ...
+    def write(self, addr: int, data: bytes) -> None: ...
+
+
+Record = tuple[int, bytes]   # (SM id: perf and trace_printk records carry it, ringbuf records 0; data)
+
+
+@dataclass
+class RingReader:
+    """One ring region at ``addr`` of layout ``lay``: take() returns what is newly complete."""
+
+    mem: Memory
+    addr: int
+    lay: MapLayout
+    consumed: int = 0      # the reader's copy of the header's consumed: only the reader writes it
+    seen: int = 0          # the end of the records an earlier pass saw complete
+    taken: int = 0         # records handed out
+    dropped: int = 0       # the producers' count (header plus per-SM lines) at the last pass
+
+    def take(self) -> list[Record]:
+        """The records complete since an earlier pass (in ring order), their bytes cleared and
+        ``consumed`` moved past them."""
+        header = self.mem.read(self.addr, RING_NCPU + 4)
+        head, _reserved, _consumed, dropped = struct.unpack_from("<QQQQ", header, 0)
+        (ncpu,) = struct.unpack_from("<I", header, RING_NCPU)
+        lines = self.mem.read(self.addr + self.lay.lines_off, ncpu * LINE) if ncpu else b""
+        self.dropped = dropped + sum(struct.unpack_from("<Q", lines, c * LINE + 8)[0] for c in range(ncpu))
+        if head == self.consumed:
+            return []
+        view = _Window(self.mem, self.addr, self.lay.capacity, self.consumed, head)
+        out: list[Record] = []
+        clears: list[tuple[int, int]] = []
+        pos, end = self.consumed, self.seen
+        complete = pos
+        while pos < head:
+            buf, off, dev = view.at(pos)
+            length, flags = struct.unpack_from("<II", buf, off)
+            if not flags & (REC_READY | REC_DISCARD):
+                break
+            size = 8 + round8(length)
+            if pos < end:
+                if flags & REC_READY:
+                    out.append((flags >> 8, bytes(buf[off + 8:off + 8 + length])))
+                _extend(clears, dev, size)
+                complete = pos + size
+            pos += size
+        self.seen = pos
+        if complete != self.consumed:
+            for dev, n in clears:
+                self.mem.write(self.addr + HEADER + dev, bytes(n))
+            self.consumed = complete
+            self.mem.write(self.addr + 16, struct.pack("<Q", complete))
+            if not self.lay.wait:
+                self._reopen(lines, ncpu)
+            self.taken += len(out)
+        return out
+
+    def _reopen(self, lines: bytes, ncpu: int) -> None:
+        """A dropping ring's SMs that were refused may ask again now that there is room (devmaps.py)."""
+        for c in range(ncpu):
+            if struct.unpack_from("<Q", lines, c * LINE)[0] != M64:
+                self.mem.write(self.addr + self.lay.lines_off + c * LINE, struct.pack("<Q", M64))
+
+    def empty(self) -> bool:
+        """Nothing left between consumed and head (the producers are done: the job's kernels finished)."""
+        (head,) = struct.unpack("<Q", self.mem.read(self.addr, 8))
+        return head == self.consumed
+
+
+class _Window:
+    """The bytes of ring positions [start, end), copied in one piece or two: positions up to the end of
+    the data area, whose last record may run into the slack, and those that wrapped to its start."""
+
+    def __init__(self, mem: Memory, addr: int, capacity: int, start: int, end: int) -> None:
+        self.capacity, self.start = capacity, start
+        self.first = start % capacity
+        self.straight = capacity - self.first   # positions before the wrap
+        n = end - start                          # <= capacity: credit bounds what is unread
+        self.a = mem.read(addr + HEADER + self.first, n)   # first + n < 2 * capacity: within data + slack
+        wrapped = n - self.straight
+        self.b = mem.read(addr + HEADER, wrapped) if wrapped > 0 else b""
+
+    def at(self, pos: int) -> tuple[bytes, int, int]:
+        """(the copy holding the record at ``pos``, its offset there, its offset in the data area)."""
+        k = pos - self.start
+        if k < self.straight:
+            return self.a, k, self.first + k
+        return self.b, k - self.straight, k - self.straight
+
+
+def _extend(runs: list[tuple[int, int]], off: int, n: int) -> None:
+    """Add bytes [off, off + n) of the data area to ``runs``, merged with the last run when adjacent."""
+    if runs and runs[-1][0] + runs[-1][1] == off:
+        runs[-1] = (runs[-1][0], runs[-1][1] + n)
+    else:
+        runs.append((off, n))
+
+
+Sink = Callable[[int, list[Record]], None]   # (the ring's index among the drained, its new records)
+
+
+class RingDrain:
+    """A thread that passes over every ring until stopped, handing each ring's records to ``sink``."""
+
+    def __init__(self, readers: list[RingReader], sink: Sink, idle_s: float = IDLE_S) -> None:
+        self.readers, self.sink, self.idle_s = readers, sink, idle_s
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="egpu-ring-drain", daemon=True)
+
+    def start(self) -> "RingDrain":
+        self._thread.start()
+        return self
+
+    def drain_once(self) -> int:
+        """One pass over every ring; how many records it took."""
+        n = 0
+        for i, r in enumerate(self.readers):
+            records = r.take()
+            if records:
+                self.sink(i, records)
+                n += len(records)
+        return n
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self.drain_once():
+                    self._stop.wait(self.idle_s)
+        except BaseException as e:   # reported by stop(): a reader that dies must not kill the job
+            self.error = e
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """After the job's kernels have finished: the thread joined, then every record left taken (a
+        record is taken one pass after it is seen, so passes go on until every ring is empty)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.error is not None:
+            raise self.error
+        deadline = time.monotonic() + timeout_s
+        while self.drain_once() or not all(r.empty() for r in self.readers):
+            if time.monotonic() > deadline:   # a record left BUSY: a probe reserved and never submitted
+                break
