@@ -252,6 +252,31 @@ def ptx_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
         raise e.where(file=str(obj))
 
 
+@egpu.command("trace")
+def trace_cmd(path: Path = typer.Argument(..., metavar="FILE", help="a trace egpu-run --trace wrote"),
+              conditions: list[str] = typer.Option([], "--where", metavar="FIELD=VALUE",
+                                                    help="only records where FIELD is VALUE (repeatable: all hold)"),
+              limit: Optional[int] = typer.Option(None, "--limit", metavar="N", min=0, help="the first N records"),
+              as_json: bool = typer.Option(False, "--json", help="one JSON object per record"),
+              perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="OUT",
+                                                      help="records with a ts field as a trace for ui.perfetto.dev")) -> None:
+    """Print a trace file's records (one line each, in each map's order), filtered, or convert them."""
+    from egpu_preload.output import tracefile
+    trace = tracefile.read(path)
+    rows = tracefile.rows(tracefile.where(trace.rows, conditions, str(path)), limit)
+    if perfetto is not None:
+        n = tracefile.to_perfetto(rows, perfetto, str(path))
+        typer.echo(f"egpu: {n} records with a ts in {perfetto}", err=True)
+        return
+    render = tracefile.json_line if as_json else tracefile.text_line
+    for r in rows:
+        typer.echo(render(r))
+    if not as_json:
+        for name, n in sorted(trace.dropped.items()):
+            if n:
+                typer.echo(f"@{name}: {n} records dropped by the probes (the ring was full)", err=True)
+
+
 # Why a kernel a memory probe matched may still have no site (docs/sass-backend.md): the PTX back end
 # sees the kernel's own ld/st/atom/red/cp.async on global or generic addresses only.
 NO_SITE_HINT = ("memory probes see ld/st/atom/red/cp.async of global or generic addresses in the kernel's "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import struct
 import subprocess
 import sys
@@ -189,3 +190,92 @@ def test_a_record_is_taken_only_once_a_pass_saw_it_complete():
     reader.take()
     assert reader.take() == [(0, b"second..")] and reader.empty()
     assert not any(ring.mem[devmaps.HEADER:devmaps.HEADER + 48])   # consumed bytes cleared
+
+
+# ---- the trace file ----------------------------------------------------------------------------------
+
+pa = pytest.importorskip("pyarrow")   # the optional extra egpu[trace]
+import pyarrow.parquet as pq  # noqa: E402
+
+from typer.testing import CliRunner  # noqa: E402
+
+from egpu_preload.bpf.compile import compile_probe  # noqa: E402
+from egpu_preload.bpf.elf import load_object  # noqa: E402
+from egpu_preload.output import tracefile  # noqa: E402
+from launcher import egpu  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+MEM_EVENT = struct.Struct("<QQQQIIII3I3I")   # examples/access_trace.bpf.c's struct mem_event
+
+
+@pytest.fixture(scope="module")
+def access_trace(tmp_path_factory):
+    out = tmp_path_factory.mktemp("probe") / "access_trace.bpf.o"
+    return load_object(compile_probe(EXAMPLES / "access_trace.bpf.c", out))
+
+
+def _event(i: int) -> bytes:
+    """The record of thread i (blocks of 256) loading 4 bytes at 0x7f0000000000 + 4 i."""
+    return MEM_EVENT.pack(1_000_000 + 10 * i, 0x7F0000000000 + 4 * i, 77, 3, i % 5, 4, 1, i % 132,
+                          i // 256, 0, 0, i % 256, 0, 0)
+
+
+def _write_trace(obj, path: Path, n: int) -> None:
+    lay = tracefile.record_layout(obj.btf, tracefile.record_struct(obj.btf))
+    w = tracefile.TraceWriter(path, [("events", lay), ("raw", None), (tracefile.TRACE_PRINTK, None)])
+    for start in range(0, n, 1000):
+        w.add(0, [(0, _event(i)) for i in range(start, min(n, start + 1000))])
+    w.add(0, [(5, b"short")])            # a record of another size than the struct: kept whole in data
+    w.add(1, [(0, b"\x01\x02\x03")])
+    fmt = b"x=%d\0"
+    w.add(2, [(9, struct.pack("<QQQ", 42, 0, 0) + fmt)])
+    w.close({"events": 7, "raw": 0})
+
+
+def test_the_trace_file_reads_back_with_pyarrow_alone(access_trace, tmp_path):
+    """pyarrow, not egpu, reads the file: a row per record, the struct's members as typed columns (arrays
+    a column per element), each map's records in order with seq 0, 1, ..., the dropped counts and the
+    record types in the metadata."""
+    path = tmp_path / "t.parquet"
+    _write_trace(access_trace, path, 3000)
+    t = pq.read_table(path)
+    assert t.num_rows == 3000 + 3
+    assert t.schema.field("addr").type == pa.uint64() and t.schema.field("site").type == pa.uint32()
+    events = t.filter(pa.compute.equal(t.column("map").cast(pa.string()), "events")).to_pydict()
+    assert events["seq"] == list(range(3001))
+    assert events["addr"][:3000] == [0x7F0000000000 + 4 * i for i in range(3000)]
+    assert events["thread[0]"][:3000] == [i % 256 for i in range(3000)]
+    assert events["block[0]"][:3000] == [i // 256 for i in range(3000)]
+    assert events["addr"][3000] is None and events["data"][3000] == b"short" and events["cpu"][3000] == 5
+    assert events["sm"][:3] == [0, 1, 2]   # the struct's own sm member
+    rows = t.to_pylist()
+    assert [r["data"] for r in rows if r["map"] == "raw"] == [b"\x01\x02\x03"]
+    assert [r["text"] for r in rows if r["map"] == "trace_printk"] == ["x=42"]
+    meta = pq.read_metadata(path).metadata
+    assert json.loads(meta[b"egpu.dropped"]) == {"events": 7, "raw": 0}
+    assert json.loads(t.schema.metadata[b"egpu.record_types"]) == {"events": "struct mem_event"}
+    assert path.stat().st_size < 3000 * MEM_EVENT.size // 2   # columnar and compressed
+
+
+def test_egpu_trace_prints_filters_and_converts(access_trace, tmp_path):
+    path = tmp_path / "t.parquet"
+    _write_trace(access_trace, path, 600)
+    run = CliRunner().invoke
+    res = run(egpu, ["trace", str(path), "--where", "map=events", "--where", "thread[0]=7", "--limit", "2"])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("events #7 cpu=0 ts=1000070 addr=0x7f000000001c")
+    assert lines[1].startswith("events #263 ")
+    assert "@events: 7 records dropped" in res.stderr
+    res = run(egpu, ["trace", str(path), "--json", "--where", "map=raw"])
+    assert [json.loads(x) for x in res.stdout.splitlines()] == [{"map": "raw", "seq": 0, "cpu": 0, "data": "010203"}]
+    out = tmp_path / "t.json"
+    res = run(egpu, ["trace", str(path), "--perfetto", str(out), "--where", "site=2"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert len([e for e in doc["traceEvents"] if e["ph"] == "i"]) == 120
+    for bad, why in ((["--where", "nosuch=1"], "expected FIELD=VALUE"), (["--where", "site=abc"], "holds numbers")):
+        res = run(egpu, ["trace", str(path), *bad])
+        assert res.exit_code == 1 and why in res.stderr and "Traceback" not in res.output
+    res = run(egpu, ["trace", str(tmp_path / "none.parquet")])
+    assert res.exit_code == 1 and "none.parquet" in res.stderr
