@@ -479,6 +479,7 @@ def restore_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="
 egpu_run = typer.Typer(name="egpu-run", add_completion=False, no_args_is_help=True, rich_markup_mode=None)
 Backend = Literal["auto", "ptx", "sass"]   # runtime/sass.py BACKENDS
 LaunchVm = Literal["c", "python"]          # runtime/config.py LAUNCH_VMS
+OnFull = Literal["drop", "wait"]           # runtime/config.py ON_FULLS
 
 
 # CMD and its arguments are what is left after egpu-run's options (ctx.args): options stop at CMD, and an
@@ -521,6 +522,13 @@ def run_cmd(ctx: typer.Context,
             restore: Optional[Path] = typer.Option(None, "--restore", metavar="DIR",
                                                    help="put checkpoint DIR back once the job has remade its "
                                                         "allocations (egpu checkpoint)"),
+            trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE",
+                                                 help="write every ring and perf buffer record to FILE (Parquet, "
+                                                      "read by egpu trace or any Parquet reader) as the job runs; "
+                                                      "needs egpu[trace]"),
+            on_full: Optional[OnFull] = typer.Option(None, "--on-full", metavar="drop|wait",
+                                                     help="a record meeting a full ring: drop it (counted) or wait "
+                                                          "for room (needs --trace; its default there)"),
             version: bool = _VERSION) -> None:
     """Run CMD with probes spliced into its kernels; print the maps at exit and exit with CMD's status.
 
@@ -544,9 +552,15 @@ def run_cmd(ctx: typer.Context,
             if perfetto is not None:
                 from egpu_preload.runtime import job_trace
                 job_trace.check_writable(perfetto)
+            if on_full == "wait" and trace is None:
+                raise EgpuError("--on-full wait needs --trace FILE: only its reader makes room while kernels run")
+            if trace is not None:
+                from egpu_preload.output import tracefile
+                trace = tracefile.prepare(trace)
             cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose),
                                 durations or perfetto is not None, backend=backend, timeline=perfetto is not None,
-                                mirror=mirror, launch_vm=launch_vm)
+                                mirror=mirror, launch_vm=launch_vm, trace=trace,
+                                on_full=on_full or ("wait" if trace is not None else "drop"))
             with progress.step("building the SASS back end's patch image (ptxas)"):
                 cfg, sass_notes = sass.for_job(cfg, loaded)
             if restore is not None:  # refused here, before the job starts, when incomplete or corrupt
@@ -579,6 +593,12 @@ def run_cmd(ctx: typer.Context,
             try:
                 slices = job_trace.write(loaded, dump.read_all(session), perfetto)
                 notes.append(f"egpu-run: {slices} kernel launches traced in {perfetto}")
+            except EgpuError as e:
+                notes.append(f"egpu-run: {e}")
+        if trace is not None:
+            from egpu_preload.runtime import streaming
+            try:
+                notes += streaming.notes(dump.read_all(session))
             except EgpuError as e:
                 notes.append(f"egpu-run: {e}")
         for line in notes:

@@ -279,3 +279,29 @@ def test_egpu_trace_prints_filters_and_converts(access_trace, tmp_path):
         assert res.exit_code == 1 and why in res.stderr and "Traceback" not in res.output
     res = run(egpu, ["trace", str(tmp_path / "none.parquet")])
     assert res.exit_code == 1 and "none.parquet" in res.stderr
+
+
+# ---- egpu-run --trace against the stand-in driver ------------------------------------------------------
+
+def test_egpu_run_trace_writes_the_file_and_says_what_it_holds(stub_job, probe_obj, tmp_path):
+    """The job's rings drained into FILE, closed at exit with each ring's dropped count (the stand-in's
+    kernels run no probe, so it holds none); an old FILE is replaced, not appended to."""
+    from stub_job import egpu_run
+    out = tmp_path / "t.parquet"
+    out.write_text("old")
+    r = egpu_run(["--trace", str(out), "-p", str(probe_obj("ringbuf")), str(stub_job.app), "module", "2", "64", "0"],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    assert f"egpu-run: 0 records in {out}, none dropped" in r.stderr.splitlines()
+    t = pq.read_table(out)
+    assert t.num_rows == 0 and t.column_names == list(tracefile.FIXED)   # its struct is not in its BTF
+    assert json.loads(pq.read_metadata(out).metadata[b"egpu.dropped"]) == {"events": 0, "trace_printk": 0}
+
+
+def test_on_full_wait_without_a_reader_is_refused(stub_job, probe_obj, tmp_path):
+    """Nobody would make room in a waiting ring: the job never starts."""
+    from stub_job import egpu_run
+    r = egpu_run(["--on-full", "wait", "-p", str(probe_obj("ringbuf")), str(stub_job.app), "module", "1", "32", "0"],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == 125 and r.stdout == ""
+    assert r.stderr == "egpu-run: --on-full wait needs --trace FILE: only its reader makes room while kernels run\n"

@@ -121,7 +121,7 @@ def record_struct(btf: btfmod.Btf | None) -> int | None:
     return None
 
 
-def _pa() -> Any:
+def arrow() -> Any:
     try:
         import pyarrow
         import pyarrow.parquet  # noqa: F401  (the submodule the writer and reader use)
@@ -146,7 +146,7 @@ class TraceWriter:
     ``maps``: each drained ring's name and record layout (None: raw ``data``), in the drain's order."""
 
     def __init__(self, path: Path, maps: Sequence[tuple[str, RecordLayout | None]]) -> None:
-        self.pa = pa = _pa()
+        self.pa = pa = arrow()
         self.maps = list(maps)
         self.path = path
         types: dict[str, Any] = {}
@@ -251,6 +251,24 @@ def _args(data: bytes) -> tuple[int, int, int]:
     return tuple(int.from_bytes(data[8 * k:8 * k + 8], "little") for k in range(3))  # type: ignore[return-value]
 
 
+def prepare(path: Path) -> Path:
+    """Before the job starts (egpu-run --trace FILE): pyarrow is there, FILE can be written, and an old
+    FILE is gone (the job's first process claims it: runtime/streaming.py); FILE made absolute."""
+    arrow()
+    path = path.absolute()
+    if path.is_dir():
+        raise EgpuError("--trace: is a directory", file=str(path))
+    if not path.parent.is_dir():
+        raise EgpuError("--trace: no such directory", file=str(path.parent))
+    try:
+        path.unlink(missing_ok=True)
+        path.touch()
+        path.unlink()
+    except OSError as e:
+        raise EgpuError(f"--trace: cannot write ({e.strerror})", file=str(path)) from None
+    return path
+
+
 # ---- reading: egpu trace FILE -------------------------------------------------------------------------
 
 @dataclass
@@ -262,7 +280,7 @@ class Trace:
 
 def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) -> Trace:
     """The file's rows, each map's rows put through the expander of its record type (if any)."""
-    pa = _pa()
+    pa = arrow()
     try:
         table = pa.parquet.read_table(str(path))
         meta = pa.parquet.read_metadata(str(path)).metadata or {}
@@ -293,10 +311,10 @@ def where(table: Any, conditions: Sequence[str], source: str) -> Any:
             known = ", ".join(table.column_names)
             raise EgpuError(f"--where {cond}: expected FIELD=VALUE with FIELD one of {known}", file=source)
         column = table.column(name)
-        if _pa().types.is_dictionary(column.type):
-            column = column.cast(_pa().string())
+        if arrow().types.is_dictionary(column.type):
+            column = column.cast(arrow().string())
         try:
-            value: Any = int(text, 0) if not _pa().types.is_string(column.type) else text
+            value: Any = int(text, 0) if not arrow().types.is_string(column.type) else text
         except ValueError:
             raise EgpuError(f"--where {cond}: {name} holds numbers, {text!r} is not one", file=source) from None
         table = table.filter(pc.fill_null(pc.equal(column, value), False))
