@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from egpu_preload.translate.devmaps import HEADER, LINE, M64, RING_NCPU, REC_DISCARD, REC_READY, MapLayout, round8
+from egpu_preload.translate.devmaps import HEADER, LINE, M64, RING_NCPU, REC_DISCARD, REC_READY, MapLayout
 
 IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that found records goes on at once
 
@@ -63,32 +63,30 @@ class RingReader:
         self.dropped = dropped + sum(struct.unpack_from("<Q", lines, c * LINE + 8)[0] for c in range(ncpu))
         if head == self.consumed:
             return []
-        view = _Window(self.mem, self.addr, self.lay.capacity, self.consumed, head)
+        cap, n = self.lay.capacity, head - self.consumed   # n <= capacity: credit bounds what is unread
+        first = self.consumed % cap
+        straight = cap - first   # positions before the wrap; a record starting there may run into the slack
+        limit = self.seen - self.consumed
         out: list[Record] = []
-        clears: list[tuple[int, int]] = []
-        pos, end = self.consumed, self.seen
-        complete = pos
-        while pos < head:
-            buf, off, dev = view.at(pos)
-            length, flags = struct.unpack_from("<II", buf, off)
-            if not flags & (REC_READY | REC_DISCARD):
-                break
-            size = 8 + round8(length)
-            if pos < end:
-                if flags & REC_READY:
-                    out.append((flags >> 8, bytes(buf[off + 8:off + 8 + length])))
-                _extend(clears, dev, size)
-                complete = pos + size
-            pos += size
-        self.seen = pos
-        if complete != self.consumed:
-            for dev, n in clears:
-                self.mem.write(self.addr + HEADER + dev, bytes(n))
-            self.consumed = complete
-            self.mem.write(self.addr + 16, struct.pack("<Q", complete))
-            if not self.lay.wait:
-                self._reopen(lines, ncpu)
-            self.taken += len(out)
+        a = self.mem.read(self.addr + HEADER + first, n)    # first + n < 2 * capacity: data and slack
+        k, took_a, stopped = _scan(a, 0, min(n, straight), limit, out)
+        took_b = None
+        if not stopped and k < n:   # on from the data area's start
+            b = self.mem.read(self.addr + HEADER, n - straight)
+            kb, took_b, _ = _scan(b, k - straight, n - straight, limit - straight, out)
+            k = straight + kb
+        self.seen = self.consumed + k
+        if took_a is None:
+            return out
+        if took_a:
+            self.mem.write(self.addr + HEADER + first, bytes(took_a))
+        if took_b:
+            self.mem.write(self.addr + HEADER, bytes(took_b))
+        self.consumed += straight + took_b if took_b is not None else took_a
+        self.mem.write(self.addr + 16, struct.pack("<Q", self.consumed))
+        if not self.lay.wait:
+            self._reopen(lines, ncpu)
+        self.taken += len(out)
         return out
 
     def _reopen(self, lines: bytes, ncpu: int) -> None:
@@ -103,33 +101,23 @@ class RingReader:
         return head == self.consumed
 
 
-class _Window:
-    """The bytes of ring positions [start, end), copied in one piece or two: positions up to the end of
-    the data area, whose last record may run into the slack, and those that wrapped to its start."""
-
-    def __init__(self, mem: Memory, addr: int, capacity: int, start: int, end: int) -> None:
-        self.capacity, self.start = capacity, start
-        self.first = start % capacity
-        self.straight = capacity - self.first   # positions before the wrap
-        n = end - start                          # <= capacity: credit bounds what is unread
-        self.a = mem.read(addr + HEADER + self.first, n)   # first + n < 2 * capacity: within data + slack
-        wrapped = n - self.straight
-        self.b = mem.read(addr + HEADER, wrapped) if wrapped > 0 else b""
-
-    def at(self, pos: int) -> tuple[bytes, int, int]:
-        """(the copy holding the record at ``pos``, its offset there, its offset in the data area)."""
-        k = pos - self.start
-        if k < self.straight:
-            return self.a, k, self.first + k
-        return self.b, k - self.straight, k - self.straight
-
-
-def _extend(runs: list[tuple[int, int]], off: int, n: int) -> None:
-    """Add bytes [off, off + n) of the data area to ``runs``, merged with the last run when adjacent."""
-    if runs and runs[-1][0] + runs[-1][1] == off:
-        runs[-1] = (runs[-1][0], runs[-1][1] + n)
-    else:
-        runs.append((off, n))
+def _scan(buf: bytes, k: int, stop: int, limit: int, out: list[Record]) -> tuple[int, int | None, bool]:
+    """Walk the records of ``buf`` that start in [k, stop), appending to ``out`` the committed ones that
+    start before ``limit``; (where the walk ended, the end of the last record taken or None, whether it
+    stopped at a record not yet complete). Offsets and lengths are 8-byte aligned (devmaps.py)."""
+    words = memoryview(buf).cast("I")
+    took = None
+    while k < stop:
+        length, flags = words[k >> 2], words[(k >> 2) + 1]
+        if not flags & (REC_READY | REC_DISCARD):
+            return k, took, True
+        end = k + 8 + ((length + 7) & ~7)
+        if k < limit:
+            if flags & REC_READY:
+                out.append((flags >> 8, buf[k + 8:k + 8 + length]))
+            took = end
+        k = end
+    return k, took, False
 
 
 Sink = Callable[[int, list[Record]], None]   # (the ring's index among the drained, its new records)
