@@ -305,3 +305,19 @@ def test_on_full_wait_without_a_reader_is_refused(stub_job, probe_obj, tmp_path)
                  stub_job.env(tmp_path / "log"))
     assert r.returncode == 125 and r.stdout == ""
     assert r.stderr == "egpu-run: --on-full wait needs --trace FILE: only its reader makes room while kernels run\n"
+
+
+def test_the_reader_expands_a_record_type_through_its_hook(access_trace, tmp_path):
+    """A record type's expander (a warp-level record into per-lane rows) sees only that type's rows and
+    its rows replace them; other maps' rows stay as they are."""
+    path = tmp_path / "t.parquet"
+    _write_trace(access_trace, path, 10)
+    seen = []
+
+    def twice(rows):
+        seen.append(rows.num_rows)
+        return pa.concat_tables([rows, rows])
+
+    trace = tracefile.read(path, {"struct mem_event": twice})
+    maps = trace.rows.column("map").cast(pa.string()).to_pylist()
+    assert seen == [11] and maps.count("events") == 22 and maps.count("raw") == 1

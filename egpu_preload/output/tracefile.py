@@ -27,7 +27,7 @@ file's metadata ``egpu.dropped`` (JSON, written last) each map's count of record
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -321,11 +321,13 @@ def where(table: Any, conditions: Sequence[str], source: str) -> Any:
     return table
 
 
-def rows(table: Any, limit: int | None) -> list[dict]:
-    """Plain dicts, nulls (other maps' columns) left out."""
+def rows(table: Any, limit: int | None) -> Iterator[dict]:
+    """Plain dicts, one batch of the table at a time, nulls (other maps' columns) left out."""
     if limit is not None:
         table = table.slice(0, limit)
-    return [{k: v for k, v in r.items() if v is not None} for r in table.to_pylist()]
+    for batch in table.to_batches():
+        for r in batch.to_pylist():
+            yield {k: v for k, v in r.items() if v is not None}
 
 
 def text_line(row: Mapping[str, Any]) -> str:
@@ -346,7 +348,7 @@ def json_line(row: Mapping[str, Any]) -> str:
     return json.dumps({k: v.hex() if isinstance(v, bytes) else v for k, v in row.items()})
 
 
-def to_perfetto(trace_rows: list[dict], path: Path, name: str) -> int:
+def to_perfetto(trace_rows: Iterable[dict], path: Path, name: str) -> int:
     """Records with an integer ``ts`` as instants on one track per map (output/perfetto.py); how many."""
     from .perfetto import TS_FIELD, Trace as PerfettoTrace
     trace = PerfettoTrace(0, name)
