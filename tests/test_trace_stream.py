@@ -53,9 +53,11 @@ class HostRing:
     """A ring region in host memory with devmaps.py's protocol, written by producer threads the way the
     generated PTX does (a lock stands in for each atomic) and read through the reader's Memory calls."""
 
-    def __init__(self, capacity: int, ncpu: int, wait: bool) -> None:
+    def __init__(self, capacity: int, ncpu: int, wait: bool, mem: bytearray | None = None, base: int = 0) -> None:
+        """A ring of its own, or the one at ``base`` of ``mem`` (an image DeviceMaps wrote there)."""
         self.lay = devmaps.MapLayout("ringbuf", capacity=capacity, wait=wait)
-        self.mem = bytearray(devmaps.ring_image(self.lay, ncpu))
+        self.mem = bytearray(devmaps.ring_image(self.lay, ncpu)) if mem is None else mem
+        self.base = base
         self.atomic = threading.Lock()
         self.refused = 0   # the producers' own count of records they dropped
         self.reopened = 0  # records delivered from an SM that had been refused as large a record before
@@ -68,12 +70,12 @@ class HostRing:
         self.mem[addr:addr + len(data)] = data
 
     def _u64(self, off: int) -> int:
-        return struct.unpack_from("<Q", self.mem, off)[0]
+        return struct.unpack_from("<Q", self.mem, self.base + off)[0]
 
     def _add(self, off: int, v: int) -> int:
         with self.atomic:
             old = self._u64(off)
-            struct.pack_into("<Q", self.mem, off, old + v)
+            struct.pack_into("<Q", self.mem, self.base + off, old + v)
             return old
 
     def produce(self, data: bytes, sm: int) -> bool:
@@ -93,11 +95,11 @@ class HostRing:
                 self._add(8, -total)
                 self._add(line + 8, 1)
                 with self.atomic:
-                    struct.pack_into("<Q", self.mem, line, min(total, self._u64(line)))
+                    struct.pack_into("<Q", self.mem, self.base + line, min(total, self._u64(line)))
                 self.refused += 1
                 return False
         pos = self._add(0, total)
-        o = devmaps.HEADER + pos % cap
+        o = self.base + devmaps.HEADER + pos % cap
         struct.pack_into("<II", self.mem, o, len(data), devmaps.REC_BUSY)
         self.mem[o + 8:o + 8 + len(data)] = data
         struct.pack_into("<I", self.mem, o + 4, devmaps.REC_READY | sm << 8)
@@ -321,3 +323,60 @@ def test_the_reader_expands_a_record_type_through_its_hook(access_trace, tmp_pat
     trace = tracefile.read(path, {"struct mem_event": twice})
     maps = trace.rows.column("map").cast(pa.string()).to_pylist()
     assert seen == [11] and maps.count("events") == 22 and maps.count("raw") == 1
+
+
+
+class Arena:
+    """Device memory for DeviceMaps and the reader alike: one bytearray, addresses are its offsets."""
+
+    def __init__(self, size: int) -> None:
+        self.mem, self.top = bytearray(size), 0
+
+    def alloc(self, n: int) -> int:
+        self.top, at = self.top + devmaps.round8(n), self.top
+        assert self.top <= len(self.mem)
+        return at
+
+    def free(self, ptr: int) -> None:
+        pass
+
+    def read(self, addr: int, n: int) -> bytes:
+        return bytes(self.mem[addr:addr + n])
+
+    def write(self, addr: int, data: bytes) -> None:
+        self.mem[addr:addr + len(data)] = data
+
+    htod, dtoh = write, read
+
+
+def test_streaming_drains_a_jobs_rings_into_the_trace_file(access_trace, tmp_path):
+    """What the runtime does under --trace, on device maps in host memory: the probe's ring (made to
+    wait, 4 KiB) written by four producers while the reader runs, every record in the file in each
+    producer's order, none dropped, and the counts the dump reports."""
+    from egpu_preload.maps import MapsState
+    from egpu_preload.runtime.probes import Probe
+    from egpu_preload.runtime.streaming import Streaming
+    maps = [dataclasses.replace(m, max_entries=4096, wait=True) if m.type == prog.MAP_RINGBUF else m
+            for m in access_trace.maps]
+    obj = dataclasses.replace(access_trace, maps=maps)
+    arena = Arena(8 << 20)
+    device = devmaps.DeviceMaps(arena, MapsState(obj.maps), 4)
+    index = next(i for i, m in enumerate(maps) if m.name == "events")
+    ring = HostRing(4096, 4, True, arena.mem, device.addrs[index])
+    out = tmp_path / "t.parquet"
+    streaming = Streaming(out, [Probe(Path("access_trace.bpf.o"), obj, (), "t")], [device], arena)
+
+    def producer(p: int) -> None:
+        for i in range(p, 4000, 4):
+            ring.produce(_event(i), sm=p)
+
+    threads = [threading.Thread(target=producer, args=(p,)) for p in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert streaming.finish() == {"path": str(out), "records": 4000, "dropped": 0, "error": None}
+    t = pq.read_table(out).to_pydict()
+    assert t["map"] == ["events"] * 4000 and t["seq"] == list(range(4000))
+    for p in range(4):
+        assert [a for a, c in zip(t["addr"], t["cpu"]) if c == p] == [0x7F0000000000 + 4 * i for i in range(p, 4000, 4)]

@@ -203,16 +203,16 @@ class TraceWriter:
         if lay is not None and any(fits):
             rows = [d for (_, d), ok in zip(records, fits) if ok]
             raw = np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), lay.size)
-            mask = None if all(fits) else np.array([not ok for ok in fits])
             for c in lay.columns:
-                cols[self.names[index][c.name]] = self._column(raw, c, fits, mask)
+                cols[self.names[index][c.name]] = self._column(raw, c, None if all(fits) else fits)
         if name == TRACE_PRINTK:
             cols["text"] = pa.array([format_trace(d[24:], _args(d)) for _, d in records])
         elif not all(fits):
             cols["data"] = pa.array([None if ok else d for (_, d), ok in zip(records, fits)], pa.binary())
         return pa.table([cols.get(f.name, pa.nulls(n, f.type)) for f in self.schema], schema=self.schema)
 
-    def _column(self, raw: Any, c: Column, fits: list[bool], mask: Any) -> Any:
+    def _column(self, raw: Any, c: Column, fits: list[bool] | None) -> Any:
+        """Column ``c`` of the struct rows ``raw``; ``fits``: which records they are, where some are not."""
         import numpy as np
         pa = self.pa
         part = np.ascontiguousarray(raw[:, c.offset:c.offset + c.size])
@@ -230,7 +230,7 @@ class TraceWriter:
             values = [bytes(r).split(b"\0", 1)[0].decode(errors="replace") for r in part]
         else:
             values = [bytes(r) for r in part]
-        if mask is not None:   # rows of another size: null here, their bytes in ``data``
+        if fits is not None:   # records of another size: null here, their bytes in ``data``
             it = iter(values)
             values = [_item(next(it)) if ok else None for ok in fits]
         return pa.array(values, _arrow_type(pa, c))
