@@ -380,3 +380,29 @@ def test_streaming_drains_a_jobs_rings_into_the_trace_file(access_trace, tmp_pat
     assert t["map"] == ["events"] * 4000 and t["seq"] == list(range(4000))
     for p in range(4):
         assert [a for a, c in zip(t["addr"], t["cpu"]) if c == p] == [0x7F0000000000 + 4 * i for i in range(p, 4000, 4)]
+
+
+
+def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp_path):
+    """A writer that fails (a full disk) must not stop the reader, or a waiting ring would stop the job:
+    every record is still taken, and the counts say how many did not reach the file."""
+    from egpu_preload.maps import MapsState
+    from egpu_preload.runtime.probes import Probe
+    from egpu_preload.runtime.streaming import Streaming
+    maps = [dataclasses.replace(m, max_entries=4096, wait=True) if m.type == prog.MAP_RINGBUF else m
+            for m in access_trace.maps]
+    obj = dataclasses.replace(access_trace, maps=maps)
+    arena = Arena(8 << 20)
+    device = devmaps.DeviceMaps(arena, MapsState(obj.maps), 1)
+    ring = HostRing(4096, 1, True, arena.mem, device.addrs[next(i for i, m in enumerate(maps) if m.name == "events")])
+    streaming = Streaming(tmp_path / "t.parquet", [Probe(Path("a.bpf.o"), obj, (), "t")], [device], arena)
+
+    def full(index, records):
+        raise OSError(28, "No space left on device")
+
+    streaming.writer.add = full
+    for i in range(1000):   # 80 KB through a 4 KiB ring: only a reader that keeps taking lets this end
+        ring.produce(_event(i), sm=0)
+    report = streaming.finish()
+    assert report["records"] == 0 and report["dropped"] == 0
+    assert report["error"] == "cannot write the trace: [Errno 28] No space left on device (1,000 records taken and not written)"

@@ -171,6 +171,7 @@ class TraceWriter:
         self.schema = pa.schema(fields)
         self.seq = [0] * len(self.maps)
         self.pending: list[list[tuple[int, bytes]]] = [[] for _ in self.maps]
+        self.written = 0   # rows in the file
         try:
             self.writer = pa.parquet.ParquetWriter(
                 str(path), self.schema.with_metadata({RECORD_TYPES: json.dumps(self.record_types)}),
@@ -189,6 +190,7 @@ class TraceWriter:
             return
         self.pending[index] = []
         self.writer.write_table(self._table(index, records))
+        self.written += len(records)
 
     def _table(self, index: int, records: list[tuple[int, bytes]]) -> Any:
         import numpy as np   # a dependency of pyarrow

@@ -444,8 +444,10 @@ class Runtime:
         if self.maps:
             try:
                 with self.driver.current(self.context):
-                    self.driver.synchronize()   # the ring reader still runs: a kernel may wait for it
-                    trace = self.streaming.finish() if self.streaming is not None else None
+                    try:
+                        self.driver.synchronize()   # the ring reader still runs: a kernel may wait for it
+                    finally:   # the trace file closed even where the context failed
+                        trace = self.streaming.finish() if self.streaming is not None else None
                     states = [m.read_back() for m in self.maps]
             except EgpuError as e:
                 error = f"maps unreadable at exit: {e}"

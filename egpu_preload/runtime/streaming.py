@@ -21,7 +21,7 @@ from egpu_preload.bpf import btf as btfmod
 from egpu_preload.errors import EgpuError
 from egpu_preload.output import tracefile
 from egpu_preload.runtime.probes import RING_TYPES, Probe
-from egpu_preload.runtime.ring_drain import Memory, RingDrain, RingReader
+from egpu_preload.runtime.ring_drain import Memory, Record, RingDrain, RingReader
 from egpu_preload.translate.devmaps import DeviceMaps
 
 
@@ -41,13 +41,23 @@ def rings(probes: list[Probe], maps: list[DeviceMaps]) -> list[tuple[str, tuple[
     for k, (probe, dm) in enumerate(zip(probes, maps)):
         prefix = f"{probe.path.name.split('.')[0]}:" if len(probes) > 1 else ""
         btf = probe.obj.btf if isinstance(probe.obj.btf, btfmod.Btf) else None
-        rec = tracefile.record_struct(btf)
-        lay = tracefile.record_layout(btf, rec) if btf is not None and rec is not None else None
+        lay = _layout(btf)
         for i, m in enumerate(dm.state.maps):
             if m.type in RING_TYPES:
                 out.append((prefix + m.name, (k, i), lay))
         out.append((prefix + tracefile.TRACE_PRINTK, (k, len(dm.state.maps)), None))
     return out
+
+
+def _layout(btf: btfmod.Btf | None) -> tracefile.RecordLayout | None:
+    """The probe's record layout; None (raw bytes) where BTF names none or describes it oddly."""
+    rec = tracefile.record_struct(btf)
+    if btf is None or rec is None:
+        return None
+    try:
+        return tracefile.record_layout(btf, rec)
+    except EgpuError:
+        return None
 
 
 class Streaming:
@@ -65,20 +75,34 @@ class Streaming:
         except EgpuError as e:   # still drained, so that rings made to wait never stop the job
             self.writer, self.error = None, str(e)
             print(f"egpu[{os.getpid()}]: {e}; the job's records are read and thrown away", file=sys.stderr)
-        sink = self.writer.add if self.writer is not None else (lambda i, records: None)
-        self.drain = RingDrain(self.readers, sink).start()
+        self.drain = RingDrain(self.readers, self._write).start()
+
+    def _write(self, index: int, records: list[Record]) -> None:
+        """The drain's sink. A file that cannot be written (disk full) must not stop the reader, or a
+        ring made to wait would stop the job: from then on records are taken and not written."""
+        if self.writer is not None and self.error is None:
+            try:
+                self.writer.add(index, records)
+            except Exception as e:  # noqa: BLE001  (pyarrow's and the OS's errors alike)
+                self.error = f"cannot write the trace: {e}"
+                print(f"egpu[{os.getpid()}]: {self.path}: {self.error}", file=sys.stderr)
 
     def finish(self) -> dict[str, Any]:
         """After the context's work has finished: the rest taken, the file closed; what the dump reports."""
         try:
             self.drain.stop()
         except Exception as e:  # noqa: BLE001  (the reader's failure, reported in the dump)
-            self.error = f"the ring reader failed: {e}"
+            self.error = self.error or f"the ring reader failed: {e}"
         dropped = {name: r.dropped for name, r in zip(self.names, self.readers)}
-        if self.writer is not None:
-            self.writer.close(dropped)
-        return {"path": str(self.path), "records": sum(r.taken for r in self.readers),
-                "dropped": sum(dropped.values()), "error": self.error}
+        if self.writer is not None and self.error is None:
+            try:
+                self.writer.close(dropped)
+            except Exception as e:  # noqa: BLE001
+                self.error = f"cannot write the trace: {e}"
+        taken = sum(r.taken for r in self.readers)
+        written = self.writer.written if self.writer is not None else 0
+        error = self.error and f"{self.error} ({taken - written:,} records taken and not written)"
+        return {"path": str(self.path), "records": written, "dropped": sum(dropped.values()), "error": error}
 
 
 def notes(dumps: list[dict[str, Any]]) -> list[str]:
