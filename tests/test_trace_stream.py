@@ -276,7 +276,9 @@ def test_egpu_trace_prints_filters_and_converts(access_trace, tmp_path):
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     assert len([e for e in doc["traceEvents"] if e["ph"] == "i"]) == 120
-    for bad, why in ((["--where", "nosuch=1"], "expected FIELD=VALUE"), (["--where", "site=abc"], "holds numbers")):
+    for bad, why in ((["--where", "nosuch=1"], "expected FIELD=VALUE"),
+                     (["--where", "site=abc"], "'abc' is not a value of site (uint32)"),
+                     (["--where", "addr=-1"], "'-1' is not a value of addr (uint64)")):
         res = run(egpu, ["trace", str(path), *bad])
         assert res.exit_code == 1 and why in res.stderr and "Traceback" not in res.output
     res = run(egpu, ["trace", str(tmp_path / "none.parquet")])

@@ -307,20 +307,32 @@ def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) 
 def where(table: Any, conditions: Sequence[str], source: str) -> Any:
     """Rows where every ``field=value`` holds (a number in any base Python reads, else text)."""
     import pyarrow.compute as pc
+    pa = arrow()
     for cond in conditions:
         name, eq, text = cond.partition("=")
         if not eq or name not in table.column_names:
             known = ", ".join(table.column_names)
             raise EgpuError(f"--where {cond}: expected FIELD=VALUE with FIELD one of {known}", file=source)
         column = table.column(name)
-        if arrow().types.is_dictionary(column.type):
-            column = column.cast(arrow().string())
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(pa.string())
         try:
-            value: Any = int(text, 0) if not arrow().types.is_string(column.type) else text
-        except ValueError:
-            raise EgpuError(f"--where {cond}: {name} holds numbers, {text!r} is not one", file=source) from None
-        table = table.filter(pc.fill_null(pc.equal(column, value), False))
+            value = _value(text, column.type, pa)
+            table = table.filter(pc.fill_null(pc.equal(column, pa.scalar(value, column.type)), False))
+        except (ValueError, OverflowError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise EgpuError(f"--where {cond}: {text!r} is not a value of {name} ({column.type})",
+                            file=source) from None
     return table
+
+
+def _value(text: str, arrow_type: Any, pa: Any) -> Any:
+    if pa.types.is_string(arrow_type):
+        return text
+    if pa.types.is_floating(arrow_type):
+        return float(text)
+    if pa.types.is_binary(arrow_type):
+        return bytes.fromhex(text)
+    return int(text, 0)
 
 
 def rows(table: Any, limit: int | None) -> Iterator[dict]:
