@@ -545,22 +545,23 @@ def run_cmd(ctx: typer.Context,
     session = None
     try:
         try:
+            if on_full == "wait" and trace is None:
+                raise EgpuError("--on-full wait needs --trace FILE: only its reader makes room while kernels run")
+            on_full = on_full or ("wait" if trace is not None else "drop")
             session = job.session_dir()
-            loaded = job.prepare_probes(probes, session, progress)
+            # the SASS back end's patch image is built here from these translations: waiting ones too
+            loaded = job.prepare_probes(probes, session, progress, wait=on_full == "wait")
             for line in (line for p in loaded for line in unattached(p.obj.programs)):
                 typer.echo(f"egpu-run: {line}", err=True)
             if perfetto is not None:
                 from egpu_preload.runtime import job_trace
                 job_trace.check_writable(perfetto)
-            if on_full == "wait" and trace is None:
-                raise EgpuError("--on-full wait needs --trace FILE: only its reader makes room while kernels run")
             if trace is not None:
                 from egpu_preload.output import tracefile
                 trace = tracefile.prepare(trace)
             cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose),
                                 durations or perfetto is not None, backend=backend, timeline=perfetto is not None,
-                                mirror=mirror, launch_vm=launch_vm, trace=trace,
-                                on_full=on_full or ("wait" if trace is not None else "drop"))
+                                mirror=mirror, launch_vm=launch_vm, trace=trace, on_full=on_full)
             with progress.step("building the SASS back end's patch image (ptxas)"):
                 cfg, sass_notes = sass.for_job(cfg, loaded)
             if restore is not None:  # refused here, before the job starts, when incomplete or corrupt
