@@ -408,3 +408,34 @@ def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp
     report = streaming.finish()
     assert report["records"] == 0 and report["dropped"] == 0
     assert report["error"] == "cannot write the trace: [Errno 28] No space left on device (1,000 records taken and not written)"
+
+
+def test_runs_of_one_size_come_as_blocks_and_stop_where_the_pass_saw_complete(tmp_path):
+    """Records of one size in a row are taken as numpy Blocks: a record of another size ends one, and
+    so does the end of what the previous pass saw complete (later records wait for the next pass);
+    flattened, the blocks and single records are the ring's records in order."""
+    from egpu_preload.runtime.ring_drain import RUN, Block
+    ring = HostRing(1 << 16, 3, wait=False)
+    reader = RingReader(ring, 0, ring.lay)
+    written = []
+
+    def produce(i: int, size: int) -> None:
+        data = struct.pack("<I", i) + bytes(size - 4)
+        assert ring.produce(data, sm=i % 3)
+        written.append((i % 3, data))
+
+    for i in range(RUN + 8):
+        produce(i, 16)
+    produce(RUN + 8, 24)
+    for i in range(RUN + 9, 2 * RUN + 17):
+        produce(i, 16)
+    assert reader.take() == []
+    for i in range(2 * RUN + 17, 3 * RUN + 17):   # after the pass that saw the others
+        produce(i, 16)
+    first = reader.take()
+    assert [type(x) for x in first] == [Block, tuple, Block]
+    assert (len(first[0]), first[1], len(first[2])) == (RUN + 8, written[RUN + 8], RUN + 8)
+    second = reader.take()
+    assert [type(x) for x in second] == [Block] and len(second[0]) == RUN
+    flat = [r for x in first + second for r in (x.records() if isinstance(x, Block) else [x])]
+    assert flat == written and reader.empty() and reader.taken == len(written)

@@ -170,7 +170,8 @@ class TraceWriter:
         self.record_types = {name: lay.type_name for name, lay in self.maps if lay}
         self.schema = pa.schema(fields)
         self.seq = [0] * len(self.maps)
-        self.pending: list[list[tuple[int, bytes]]] = [[] for _ in self.maps]
+        self.pending: list[list[Any]] = [[] for _ in self.maps]
+        self.rows = [0] * len(self.maps)   # records pending, per map
         self.written = 0   # rows in the file
         try:
             self.writer = pa.parquet.ParquetWriter(
@@ -179,38 +180,53 @@ class TraceWriter:
         except OSError as e:
             raise EgpuError(f"--trace: cannot write: {e.strerror or e}", file=str(path)) from None
 
-    def add(self, index: int, records: list[tuple[int, bytes]]) -> None:
-        self.pending[index].extend(records)
-        if len(self.pending[index]) >= FLUSH_ROWS:
+    def add(self, index: int, taken: Sequence[Any]) -> None:
+        """Map ``index``'s new records: (cpu, bytes) tuples, or blocks of records of one size
+        (runtime/ring_drain.Block: ``cpus``, ``rows``, ``len``, ``records()``)."""
+        self.pending[index].extend(taken)
+        self.rows[index] += sum(len(x) if hasattr(x, "rows") else 1 for x in taken)
+        if self.rows[index] >= FLUSH_ROWS:
             self._flush(index)
 
     def _flush(self, index: int) -> None:
-        records = self.pending[index]
-        if not records:
-            return
-        self.pending[index] = []
-        self.writer.write_table(self._table(index, records))
-        self.written += len(records)
-
-    def _table(self, index: int, records: list[tuple[int, bytes]]) -> Any:
         import numpy as np   # a dependency of pyarrow
-        pa, (name, lay), n = self.pa, self.maps[index], len(records)
+        items, n, lay = self.pending[index], self.rows[index], self.maps[index][1]
+        if not items:
+            return
+        self.pending[index], self.rows[index] = [], 0
+        if lay is not None and all(hasattr(x, "rows") and x.rows.shape[1] == lay.size for x in items):
+            table = self._table(index, np.concatenate([x.cpus for x in items]).astype(np.uint32),
+                                np.concatenate([x.rows for x in items]))
+        else:
+            records = [r for x in items for r in (x.records() if hasattr(x, "rows") else (x,))]
+            fits = [lay is not None and len(d) == lay.size for _, d in records]
+            rows = [d for (_, d), ok in zip(records, fits) if ok]
+            raw = np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), lay.size) if rows else None
+            table = self._table(index, np.fromiter((c for c, _ in records), np.uint32, n), raw, records,
+                                None if all(fits) else fits)
+        self.writer.write_table(table)
+        self.written += n
+
+    def _table(self, index: int, cpus: Any, raw: Any, records: list[tuple[int, bytes]] | None = None,
+               fits: list[bool] | None = None) -> Any:
+        """Rows of map ``index``: ``raw`` holds the struct rows (those ``fits`` marks, where only some are;
+        ``records`` every record, where some are not struct rows or the map has no struct)."""
+        import numpy as np
+        pa, (name, lay), n = self.pa, self.maps[index], len(cpus)
         cols: dict[str, Any] = {
             "map": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([name])),
             "seq": pa.array(np.arange(self.seq[index], self.seq[index] + n, dtype=np.uint64)),
-            "cpu": pa.array(np.fromiter((cpu for cpu, _ in records), np.uint32, n)),
+            "cpu": pa.array(cpus),
         }
         self.seq[index] += n
-        fits = [lay is not None and len(d) == lay.size for _, d in records]
-        if lay is not None and any(fits):
-            rows = [d for (_, d), ok in zip(records, fits) if ok]
-            raw = np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), lay.size)
+        if lay is not None and raw is not None:
             for c in lay.columns:
-                cols[self.names[index][c.name]] = self._column(raw, c, None if all(fits) else fits)
-        if name == TRACE_PRINTK:
+                cols[self.names[index][c.name]] = self._column(raw, c, fits)
+        if name == TRACE_PRINTK and records is not None:
             cols["text"] = pa.array([format_trace(d[24:], _args(d)) for _, d in records])
-        elif not all(fits):
-            cols["data"] = pa.array([None if ok else d for (_, d), ok in zip(records, fits)], pa.binary())
+        elif records is not None and (raw is None or fits is not None):
+            cols["data"] = pa.array([None if fits and fits[i] else d for i, (_, d) in enumerate(records)],
+                                    pa.binary())
         return pa.table([cols.get(f.name, pa.nulls(n, f.type)) for f in self.schema], schema=self.schema)
 
     def _column(self, raw: Any, c: Column, fits: list[bool] | None) -> Any:

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from egpu_preload.translate.devmaps import HEADER, LINE, M64, RING_NCPU, REC_DISCARD, REC_READY, MapLayout
 
@@ -39,6 +39,29 @@ class Memory(Protocol):
 
 
 Record = tuple[int, bytes]   # (SM id: perf and trace_printk records carry it, ringbuf records 0; data)
+RUN = 32   # records of one size in a row taken as a Block (numpy) rather than one by one
+
+
+@dataclass(frozen=True)
+class Block:
+    """Records of one size in a row, taken at once: record i is (``cpus[i]``, ``rows[i]``), numpy arrays
+    of uint32 and of uint8 rows (a memory trace is mostly this: one fixed-size struct per access)."""
+
+    cpus: Any
+    rows: Any
+
+    def __len__(self) -> int:
+        return len(self.cpus)
+
+    def records(self) -> list[Record]:
+        return [(int(c), r.tobytes()) for c, r in zip(self.cpus, self.rows)]
+
+
+Taken = list[Record | Block]
+
+
+def count(items: Taken) -> int:
+    return sum(len(x) if isinstance(x, Block) else 1 for x in items)
 
 
 @dataclass
@@ -53,7 +76,7 @@ class RingReader:
     taken: int = 0         # records handed out
     dropped: int = 0       # the producers' count (header plus per-SM lines) at the last pass
 
-    def take(self) -> list[Record]:
+    def take(self) -> Taken:
         """The records complete since an earlier pass (in ring order), their bytes cleared and
         ``consumed`` moved past them."""
         header = self.mem.read(self.addr, RING_NCPU + 4)
@@ -67,7 +90,7 @@ class RingReader:
         first = self.consumed % cap
         straight = cap - first   # positions before the wrap; a record starting there may run into the slack
         limit = self.seen - self.consumed
-        out: list[Record] = []
+        out: Taken = []
         a = self.mem.read(self.addr + HEADER + first, n)    # first + n < 2 * capacity: data and slack
         k, took_a, stopped = _scan(a, 0, min(n, straight), limit, out)
         took_b = None
@@ -86,7 +109,7 @@ class RingReader:
         self.mem.write(self.addr + 16, struct.pack("<Q", self.consumed))
         if not self.lay.wait:
             self._reopen(lines, ncpu)
-        self.taken += len(out)
+        self.taken += count(out)
         return out
 
     def _reopen(self, lines: bytes, ncpu: int) -> None:
@@ -101,17 +124,34 @@ class RingReader:
         return head == self.consumed
 
 
-def _scan(buf: bytes, k: int, stop: int, limit: int, out: list[Record]) -> tuple[int, int | None, bool]:
+def _scan(buf: bytes, k: int, stop: int, limit: int, out: Taken) -> tuple[int, int | None, bool]:
     """Walk the records of ``buf`` that start in [k, stop), appending to ``out`` the committed ones that
     start before ``limit``; (where the walk ended, the end of the last record taken or None, whether it
-    stopped at a record not yet complete). Offsets and lengths are 8-byte aligned (devmaps.py)."""
+    stopped at a record not yet complete). Offsets and lengths are 8-byte aligned (devmaps.py). Runs of
+    RUN or more records of one size go as Blocks, found and cut out with numpy where it is installed."""
     words = memoryview(buf).cast("I")
-    took = None
+    np = _numpy()
+    took, single = None, 0   # single: records to walk one by one before looking for a run again
     while k < stop:
         length, flags = words[k >> 2], words[(k >> 2) + 1]
         if not flags & (REC_READY | REC_DISCARD):
             return k, took, True
         end = k + 8 + ((length + 7) & ~7)
+        size, last = end - k, k + (RUN - 1) * (end - k)
+        bound = min(stop, limit) if k < limit else stop   # a block is all taken or all only seen
+        # a run's last record is like its first: then numpy checks those in between and the rest
+        if np is not None and not single and last < bound and words[last >> 2] == length \
+                and words[(last >> 2) + 1] & 7 == REC_READY:
+            n, cpus = _run(np, buf, k, bound, length, size)
+            if n >= RUN:
+                if k < limit:
+                    rows = np.frombuffer(buf, np.uint8, n * size, k).reshape(n, size)
+                    out.append(Block(cpus[:n], rows[:, 8:8 + length]))
+                    took = k + n * size
+                k += n * size
+                continue
+            single = RUN
+        single = max(single - 1, 0)
         if k < limit:
             if flags & REC_READY:
                 out.append((flags >> 8, buf[k + 8:k + 8 + length]))
@@ -120,7 +160,26 @@ def _scan(buf: bytes, k: int, stop: int, limit: int, out: list[Record]) -> tuple
     return k, took, False
 
 
-Sink = Callable[[int, list[Record]], None]   # (the ring's index among the drained, its new records)
+def _run(np: Any, buf: bytes, k: int, bound: int, length: int, size: int) -> tuple[int, Any]:
+    """How many records from ``k`` on, starting before ``bound``, are committed with ``length`` bytes
+    (each one's place follows from the one before being such), and every candidate's SM id."""
+    words = np.frombuffer(buf, np.uint32)
+    at = (k >> 2) + np.arange((bound - k + size - 1) // size) * (size >> 2)
+    flags = words[at + 1]
+    good = (words[at] == length) & ((flags & 7) == REC_READY)
+    n = len(good) if good.all() else int(good.argmin())
+    return n, flags >> 8
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
+Sink = Callable[[int, Taken], None]   # (the ring's index among the drained, its new records)
 
 
 class RingDrain:
@@ -140,10 +199,10 @@ class RingDrain:
         """One pass over every ring; how many records it took."""
         n = 0
         for i, r in enumerate(self.readers):
-            records = r.take()
-            if records:
-                self.sink(i, records)
-                n += len(records)
+            taken = r.take()
+            if taken:
+                self.sink(i, taken)
+                n += count(taken)
         return n
 
     def _run(self) -> None:
