@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from egpu_preload.bpf import program as prog
-from egpu_preload.runtime.ring_drain import RingDrain, RingReader
+from egpu_preload.runtime.ring_drain import Block, RingDrain, RingReader
 from egpu_preload.translate import devmaps, probe_function
 from egpu_preload.translate.module import probe_runner_ptx
 from translate_support import GPU_TEST_PROBES, probe_object
@@ -109,12 +109,17 @@ class HostRing:
 PRODUCERS, PER_PRODUCER = 4, 6000
 
 
+def flat(taken: list) -> list[tuple[int, bytes]]:
+    """What a reader took, Blocks of records of one size made single records."""
+    return [r for x in taken for r in (x.records() if isinstance(x, Block) else [x])]
+
+
 def _run_producers(ring: HostRing) -> tuple[list[tuple[int, bytes]], RingReader, list[int]]:
     """PRODUCERS threads, each PER_PRODUCER records (producer, its sequence number, padding that varies
     the size) as fast as they can, while a RingDrain takes them; what it delivered, in order."""
     got: list[tuple[int, bytes]] = []
     reader = RingReader(ring, 0, ring.lay)
-    drain = RingDrain([reader], lambda i, recs: got.extend(recs), idle_s=0.0001).start()
+    drain = RingDrain([reader], lambda i, taken: got.extend(flat(taken)), idle_s=0.0001).start()
     kept = [0] * PRODUCERS
 
     def producer(p: int) -> None:
@@ -414,7 +419,7 @@ def test_runs_of_one_size_come_as_blocks_and_stop_where_the_pass_saw_complete(tm
     """Records of one size in a row are taken as numpy Blocks: a record of another size ends one, and
     so does the end of what the previous pass saw complete (later records wait for the next pass);
     flattened, the blocks and single records are the ring's records in order."""
-    from egpu_preload.runtime.ring_drain import RUN, Block
+    from egpu_preload.runtime.ring_drain import RUN
     ring = HostRing(1 << 16, 3, wait=False)
     reader = RingReader(ring, 0, ring.lay)
     written = []
@@ -437,5 +442,4 @@ def test_runs_of_one_size_come_as_blocks_and_stop_where_the_pass_saw_complete(tm
     assert (len(first[0]), first[1], len(first[2])) == (RUN + 8, written[RUN + 8], RUN + 8)
     second = reader.take()
     assert [type(x) for x in second] == [Block] and len(second[0]) == RUN
-    flat = [r for x in first + second for r in (x.records() if isinstance(x, Block) else [x])]
-    assert flat == written and reader.empty() and reader.taken == len(written)
+    assert flat(first + second) == written and reader.empty() and reader.taken == len(written)
