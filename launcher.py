@@ -252,6 +252,31 @@ def ptx_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
         raise e.where(file=str(obj))
 
 
+@egpu.command("trace")
+def trace_cmd(path: Path = typer.Argument(..., metavar="FILE", help="a trace egpu-run --trace wrote"),
+              conditions: list[str] = typer.Option([], "--where", metavar="FIELD=VALUE",
+                                                    help="only records where FIELD is VALUE (repeatable: all hold)"),
+              limit: Optional[int] = typer.Option(None, "--limit", metavar="N", min=0, help="the first N records"),
+              as_json: bool = typer.Option(False, "--json", help="one JSON object per record"),
+              perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="OUT",
+                                                      help="records with a ts field as a trace for ui.perfetto.dev")) -> None:
+    """Print a trace file's records (one line each, in each map's order), filtered, or convert them."""
+    from egpu_preload.output import tracefile
+    trace = tracefile.read(path)
+    rows = tracefile.rows(tracefile.where(trace.rows, conditions, str(path)), limit)
+    if perfetto is not None:
+        n = tracefile.to_perfetto(rows, perfetto, str(path))
+        typer.echo(f"egpu: {n} records with a ts in {perfetto}", err=True)
+        return
+    render = tracefile.json_line if as_json else tracefile.text_line
+    for r in rows:
+        typer.echo(render(r))
+    if not as_json:
+        for name, n in sorted(trace.dropped.items()):
+            if n:
+                typer.echo(f"@{name}: {n} records dropped by the probes (the ring was full)", err=True)
+
+
 # Why a kernel a memory probe matched may still have no site (docs/sass-backend.md): the PTX back end
 # sees the kernel's own ld/st/atom/red/cp.async on global or generic addresses only.
 NO_SITE_HINT = ("memory probes see ld/st/atom/red/cp.async of global or generic addresses in the kernel's "
@@ -454,6 +479,7 @@ def restore_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="
 egpu_run = typer.Typer(name="egpu-run", add_completion=False, no_args_is_help=True, rich_markup_mode=None)
 Backend = Literal["auto", "ptx", "sass"]   # runtime/sass.py BACKENDS
 LaunchVm = Literal["c", "python"]          # runtime/config.py LAUNCH_VMS
+OnFull = Literal["drop", "wait"]           # runtime/config.py ON_FULLS
 
 
 # CMD and its arguments are what is left after egpu-run's options (ctx.args): options stop at CMD, and an
@@ -496,6 +522,13 @@ def run_cmd(ctx: typer.Context,
             restore: Optional[Path] = typer.Option(None, "--restore", metavar="DIR",
                                                    help="put checkpoint DIR back once the job has remade its "
                                                         "allocations (egpu checkpoint)"),
+            trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE",
+                                                 help="write every ring and perf buffer record to FILE (Parquet, "
+                                                      "read by egpu trace or any Parquet reader) as the job runs; "
+                                                      "needs egpu[trace]"),
+            on_full: Optional[OnFull] = typer.Option(None, "--on-full", metavar="drop|wait",
+                                                     help="a record meeting a full ring: drop it (counted) or wait "
+                                                          "for room (needs --trace; its default there)"),
             version: bool = _VERSION) -> None:
     """Run CMD with probes spliced into its kernels; print the maps at exit and exit with CMD's status.
 
@@ -512,16 +545,23 @@ def run_cmd(ctx: typer.Context,
     session = None
     try:
         try:
+            if on_full == "wait" and trace is None:
+                raise EgpuError("--on-full wait needs --trace FILE: only its reader makes room while kernels run")
+            on_full = on_full or ("wait" if trace is not None else "drop")
             session = job.session_dir()
-            loaded = job.prepare_probes(probes, session, progress)
+            # the SASS back end's patch image is built here from these translations: waiting ones too
+            loaded = job.prepare_probes(probes, session, progress, wait=on_full == "wait")
             for line in (line for p in loaded for line in unattached(p.obj.programs)):
                 typer.echo(f"egpu-run: {line}", err=True)
             if perfetto is not None:
                 from egpu_preload.runtime import job_trace
                 job_trace.check_writable(perfetto)
+            if trace is not None:
+                from egpu_preload.output import tracefile
+                trace = tracefile.prepare(trace)
             cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose),
                                 durations or perfetto is not None, backend=backend, timeline=perfetto is not None,
-                                mirror=mirror, launch_vm=launch_vm)
+                                mirror=mirror, launch_vm=launch_vm, trace=trace, on_full=on_full)
             with progress.step("building the SASS back end's patch image (ptxas)"):
                 cfg, sass_notes = sass.for_job(cfg, loaded)
             if restore is not None:  # refused here, before the job starts, when incomplete or corrupt
@@ -554,6 +594,12 @@ def run_cmd(ctx: typer.Context,
             try:
                 slices = job_trace.write(loaded, dump.read_all(session), perfetto)
                 notes.append(f"egpu-run: {slices} kernel launches traced in {perfetto}")
+            except EgpuError as e:
+                notes.append(f"egpu-run: {e}")
+        if trace is not None:
+            from egpu_preload.runtime import streaming
+            try:
+                notes += streaming.notes(dump.read_all(session))
             except EgpuError as e:
                 notes.append(f"egpu-run: {e}")
         for line in notes:

@@ -39,6 +39,8 @@ class MapDef:
     readonly: bool = False            # .rodata: the program may not write it
     stripe: int = 0                   # an ARRAY the GPU only adds to, in a row per SM: the width (4 or 8)
                                       # of its adds; 0 for one copy (translate/striping.py)
+    wait: bool = False                # a ring whose producers wait for the reader when it is full
+                                      # (egpu-run --on-full wait) instead of dropping the record
 
 
 @dataclass(frozen=True)

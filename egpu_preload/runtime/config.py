@@ -14,6 +14,8 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_RESTORE  a checkpoint directory to put back once the job has remade its allocations (cow/restore.py)
     EGPU_MIRROR   seconds between copies of the maps into shared memory (runtime/mirror.py); 0: none
     EGPU_LAUNCH_VM  c | python: where launch probes run (runtime/native.py; python: all on the Python VM)
+    EGPU_TRACE    the trace file: every ring record goes there while the job runs (runtime/streaming.py)
+    EGPU_ON_FULL  drop | wait: what a probe's record meets in a full ring (translate/devmaps.py)
 
 Not egpu's own: RANK, else LOCAL_RANK (set by torchrun for each worker) name a process's rank (``rank``).
 """
@@ -37,6 +39,8 @@ TIMELINE = "EGPU_TIMELINE"
 MIRROR = "EGPU_MIRROR"
 LAUNCH_VM = "EGPU_LAUNCH_VM"
 LAUNCH_VMS = ("c", "python")
+TRACE, ON_FULL = "EGPU_TRACE", "EGPU_ON_FULL"
+ON_FULLS = ("drop", "wait")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class Config:
     timeline: bool = False
     mirror: float = 1.0
     launch_vm: str = "c"
+    trace: Path | None = None
+    on_full: str = "drop"
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -66,7 +72,9 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
                   backend=env.get(BACKEND) or "auto", sanitizer=env.get(SANITIZER) or None,
                   restore=Path(env[RESTORE]) if env.get(RESTORE) else None,
                   timeline=env.get(TIMELINE) == "1", mirror=_seconds(env.get(MIRROR), Config.mirror),
-                  launch_vm=env.get(LAUNCH_VM) if env.get(LAUNCH_VM) in LAUNCH_VMS else Config.launch_vm)
+                  launch_vm=env.get(LAUNCH_VM) if env.get(LAUNCH_VM) in LAUNCH_VMS else Config.launch_vm,
+                  trace=Path(env[TRACE]) if env.get(TRACE) else None,
+                  on_full=env.get(ON_FULL) if env.get(ON_FULL) in ON_FULLS else Config.on_full)
 
 
 def to_env(cfg: Config) -> dict[str, str]:
@@ -82,7 +90,9 @@ def to_env(cfg: Config) -> dict[str, str]:
             RESTORE: str(cfg.restore) if cfg.restore else "",
             TIMELINE: "1" if cfg.timeline else "",
             MIRROR: str(cfg.mirror),
-            LAUNCH_VM: cfg.launch_vm}
+            LAUNCH_VM: cfg.launch_vm,
+            TRACE: str(cfg.trace) if cfg.trace else "",
+            ON_FULL: cfg.on_full}
 
 
 def _probes(text: str) -> tuple[Path, ...]:

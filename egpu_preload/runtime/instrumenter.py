@@ -18,7 +18,8 @@ registers the instrumenter with hooks.register and does nothing else).
 - Every process serves a control socket (live.py): probes attached, detached and swapped while it
   runs, maps and modules read. So the original PTX of every load is kept, even with no probe at all.
 - Once maps exist, a thread copies them into shared memory every config.mirror seconds (mirror.py),
-  where ``egpu maps PID --mirror`` reads them without asking the process.
+  where ``egpu maps PID --mirror`` reads them without asking the process; with config.trace another
+  drains every ring into the trace file while kernels run (streaming.py).
 
 - PTX link inputs (cuLinkAddData/AddFile: numba, CuPy's linker) are instrumented like PTX loads; the
   cubin cuLinkComplete hands out is remembered by its digest, and the module later loaded from those
@@ -50,7 +51,7 @@ from egpu_preload.cow import live as cow_live
 from egpu_preload.errors import EgpuError
 from egpu_preload.fatbin import ImageKind
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import config, dump, durations, hooks, launches, live, mirror, ptxas, sass
+from egpu_preload.runtime import config, dump, durations, hooks, launches, live, mirror, ptxas, sass, streaming
 from egpu_preload.runtime.config import Config, from_env
 from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, ContextMemory, Driver
 from egpu_preload.runtime.probes import Probe, load_probes
@@ -146,7 +147,7 @@ class Runtime:
         self.ffi, self.lib = ffi, lib
         self.driver = Driver(ffi, lib)
         t0 = time.perf_counter()
-        self.probes: list[Probe] = load_probes(cfg.probes)
+        self.probes: list[Probe] = load_probes(cfg.probes, wait=cfg.on_full == "wait")
         self.probes_ms = (time.perf_counter() - t0) * 1e3  # load, verify, translate: once per process
         self.specs = [s for p in self.probes for s in p.specs]
         self.loads: list[Module] = []                     # every load, in order (the report)
@@ -159,6 +160,7 @@ class Runtime:
         self.context: int | None = None                   # where the maps live
         self.maps: list[DeviceMaps] = []
         self.memory: ContextMemory | None = None          # the maps context's memory and stream
+        self.streaming: streaming.Streaming | None = None  # --trace: the rings drained while kernels run
         self._sm: dict[int, int] = {}                     # device -> compute capability (90)
         self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
         self.exit = ExitHook(self.finish)
@@ -386,6 +388,8 @@ class Runtime:
         if self.drainer is not None and any(side and side.shared for side in self.drainer.probes.sides):
             self._align_clocks(memory)   # globaltimer_offset makes the maps' context current itself
         self.context, self.maps, self.memory = ctx, maps, memory
+        if self.cfg.trace is not None:
+            self.streaming = streaming.Streaming(self.cfg.trace, self.probes, maps, memory)
 
     def _align_clocks(self, memory: ContextMemory) -> None:
         """Put launch probes' clock on the GPU's: their times are CLOCK_REALTIME, GPU probes' %globaltimer."""
@@ -436,11 +440,14 @@ class Runtime:
             self.drainer.stop()
         if self.cfg.session is None or not self.loads:
             return
-        probes, error, states = [], None, None
+        probes, error, states, trace = [], None, None, None
         if self.maps:
             try:
                 with self.driver.current(self.context):
-                    self.driver.synchronize()
+                    try:
+                        self.driver.synchronize()   # the ring reader still runs: a kernel may wait for it
+                    finally:   # the trace file closed even where the context failed
+                        trace = self.streaming.finish() if self.streaming is not None else None
                     states = [m.read_back() for m in self.maps]
             except EgpuError as e:
                 error = f"maps unreadable at exit: {e}"
@@ -458,6 +465,7 @@ class Runtime:
             "sass": self.sass.stats(),
             "timing": {"probes_ms": self.probes_ms},
             "launch_probes": self.drainer.report() if self.drainer else None,
+            "trace": trace,
             **(self.durations.finish(self.driver.synchronize) if self.durations else {}),
         })
 

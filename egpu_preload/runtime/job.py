@@ -55,9 +55,11 @@ def session_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="session-", dir=socket_dir(create=True)))
 
 
-def prepare_probes(paths: list[Path], session: Path, progress: Progress | None = None) -> list[Probe]:
-    """Compile .bpf.c sources into the session, then load, verify and translate every probe."""
-    return [load_user_probe(p, session / f"{i}.{p.name.removesuffix('.c')}.o", progress=progress)
+def prepare_probes(paths: list[Path], session: Path, progress: Progress | None = None,
+                   wait: bool = False) -> list[Probe]:
+    """Compile .bpf.c sources into the session, then load, verify and translate every probe (``wait``:
+    their rings make producers wait for room, as the job's runtime will translate them)."""
+    return [load_user_probe(p, session / f"{i}.{p.name.removesuffix('.c')}.o", progress=progress, wait=wait)
             for i, p in enumerate(paths)]
 
 

@@ -62,13 +62,12 @@ from egpu_preload.bpf.program import BpfObject
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, MapStorage
 from egpu_preload.runtime import mapsync, native
-from egpu_preload.runtime.probes import Probe
+from egpu_preload.runtime.probes import RING_TYPES, Probe
 from egpu_preload.translate.demangle import matches
 from egpu_preload.vm import ThreadSim, Vm
 
 PERIOD_S = 0.002
 BATCH = 4096
-RING_TYPES = (prog.MAP_RINGBUF, prog.MAP_PERF_EVENT_ARRAY)
 
 
 @dataclass(frozen=True)

@@ -7,18 +7,20 @@ on the object's path: module.object_tag).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.bpf.elf import load_object
 from egpu_preload.bpf.lineinfo import located
-from egpu_preload.bpf.program import BpfObject
+from egpu_preload.bpf.program import MAP_PERF_EVENT_ARRAY, MAP_RINGBUF, BpfObject
 from egpu_preload.bpf.verifier import verify
 from egpu_preload.errors import EgpuError
 from egpu_preload.progress import Progress
 from egpu_preload.translate.module import object_tag, table_symbol
 from egpu_preload.translate.rewrite import ProbeSpec, probe_specs
+
+RING_TYPES = (MAP_RINGBUF, MAP_PERF_EVENT_ARRAY)
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,13 @@ class Probe:
     table: str                     # the .const map table symbol instrumented modules declare
 
 
-def load_probe(path: Path) -> Probe:
-    """Load, verify and translate one .bpf.o; EgpuError (file:section:insn: reason) when it cannot run."""
+def load_probe(path: Path, wait: bool = False) -> Probe:
+    """Load, verify and translate one .bpf.o; EgpuError (file:section:insn: reason) when it cannot run.
+    ``wait``: its ring and perf buffers make producers wait for room (egpu-run --on-full wait)."""
     try:
         obj = load_object(path)
+        if wait:
+            obj.maps[:] = [replace(m, wait=True) if m.type in RING_TYPES else m for m in obj.maps]
         verified = [verify(prog.code, obj.maps, file=str(path), section=prog.section) for prog in obj.programs]
         specs = tuple(probe_specs(obj, verified))
     except EgpuError as e:
@@ -42,11 +47,11 @@ def load_probe(path: Path) -> Probe:
     return Probe(Path(path), obj, specs, table_symbol(object_tag(obj)))
 
 
-def load_probes(paths: tuple[Path, ...] | list[Path]) -> list[Probe]:
-    return [load_probe(p) for p in paths]
+def load_probes(paths: tuple[Path, ...] | list[Path], wait: bool = False) -> list[Probe]:
+    return [load_probe(p, wait) for p in paths]
 
 
-def load_user_probe(path: Path, compiled: Path, *, progress: Progress | None = None) -> Probe:
+def load_user_probe(path: Path, compiled: Path, *, progress: Progress | None = None, wait: bool = False) -> Probe:
     """A probe the user named, a .bpf.o or a .bpf.c (compiled to ``compiled``, clang's warnings said on
     ``progress``): loaded, verified and translated as load_probe does. A refusal names ``path`` and, from
     the object's line info, the source line (bpf/lineinfo.py), never the compiled copy."""
@@ -57,7 +62,7 @@ def load_user_probe(path: Path, compiled: Path, *, progress: Progress | None = N
             obj = compile_probe(path, compiled, warn=progress.say)
     try:
         with progress.step(f"verifying and translating {path}"):
-            return load_probe(obj.resolve())
+            return load_probe(obj.resolve(), wait)
     except EgpuError as e:
         try:
             data = obj.read_bytes()

@@ -40,9 +40,18 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
   the smallest record size refused on that SM (all ones: none), and u64 drops at 8. A producer whose
   record is at least ``full`` counts its drop there and takes no credit: a full ring costs a warp a load
   and an add on its SM's line instead of three atomics on the header line every producer shares. The
-  ring only fills while no reader moves ``consumed`` (a reader that does must reset the lines), and a
+  ring fills for good only while no reader moves ``consumed`` (runtime/ring_drain.py does, and resets
+  the lines once it has made room), and a
   refusal caused by credit another producer gives back makes the SM's later records of that size drop
   too: at most the credit in flight is left unused. The dropped count is the header's plus the lines'.
+  A ring made to wait (MapLayout.wait, egpu-run --on-full wait) never gives credit back: a producer
+  takes it and spins on ``consumed`` (ld.acquire.sys, the host moves it) until its record fits, so
+  nothing is dropped but a record larger than the ring (counted on the SM's line, no credit taken). A
+  warp's group takes at most ``capacity // size`` records at once and drops the rest, counted: only a
+  ring smaller than a warp's records loses any. Such a ring needs a reader that moves ``consumed``
+  while kernels run (runtime/ring_drain.py), or a full ring stops its kernels for good; and a probe
+  that reserves a second record while it holds one unsubmitted may wait for itself (the reader stops
+  at the first). The trace_printk ring always drops.
 - trace_printk ring: a ring of TRACE_BYTES whose records hold u64 a1, a2, a3 then the format bytes. Its
   header also holds, at PID_TGID (u64), what bpf_get_current_pid_tgid returns on the GPU: the process
   that allocates the regions, the application, as tgid << 32 | tgid (bpf/helpers.py).
@@ -96,6 +105,7 @@ class MapLayout:
     stripe: int = 0    # percpu_array holding a striped ARRAY: the width of the lanes summed when read
     spread: int = 1    # rows per SM (a power of two; only a striped ARRAY has more than one)
     threads: int = 0   # percpu_array holding a PERTHREAD_ARRAY: its arrays, one per thread (not per SM)
+    wait: bool = False  # ringbuf: a producer that finds no room waits for the reader (MapDef.wait)
 
     @property
     def lines_off(self) -> int:
@@ -146,9 +156,9 @@ def layout(m: prog.MapDef) -> MapLayout:
         return MapLayout("hash", val_off + round8(m.value_size), buckets, m.key_size, m.value_size,
                          key_off, val_off, lru)
     if m.type == prog.MAP_RINGBUF:
-        return MapLayout("ringbuf", capacity=m.max_entries)
+        return MapLayout("ringbuf", capacity=m.max_entries, wait=m.wait)
     if m.type == prog.MAP_PERF_EVENT_ARRAY:
-        return MapLayout("ringbuf", capacity=PERF_BUFFER_BYTES)
+        return MapLayout("ringbuf", capacity=PERF_BUFFER_BYTES, wait=m.wait)
     raise ValueError(f"map type {m.type}")  # the loader admits only the types above
 
 

@@ -2,8 +2,9 @@
 
 Map parameters (sizes, entries, layout) are baked into the code; the map's region comes from the
 module's map table (devmaps.py documents the layout and the lock-free hash protocol). Nothing here
-waits on the host: ring buffers drop (and count) when full, and the only spin is an inserter waiting
-for another thread to finish writing a key it claimed.
+waits on the host but a ring made to wait (MapLayout.wait: egpu-run --on-full wait, where a reader
+drains it while kernels run); other rings drop (and count) when full, and the only other spin is an
+inserter waiting for another thread to finish writing a key it claimed.
 """
 
 from __future__ import annotations
@@ -491,18 +492,25 @@ def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str) -> str
     g.emit(f"match.any.sync.b64 {peers}, {base}, {mask};")
     g.emit(f"match.all.sync.b64 {same}|{alike}, {total}, {peers};")
     group = group_rank(g, peers)
-    line, full, refused = _ring_line(g, base, lay), g.t64(), g.pred()
-    g.emit(f"ld.volatile.u64 {full}, [{line}];")
-    # Predicated, not branched to: a branch here doubles what ptxas spends on each inlined copy.
-    g.emit(f"setp.ge.u64 {refused}, {total}, {full};")
-    one, placed = g.label(), g.label()
-    pos = g.t64()
-    g.emit(f"@!{alike} bra {one};")
-    _reserve_group(g, base, lay, total, peers, group, pos, line, fail, refused)
-    g.emit(f"bra {placed};")
-    g.place(one)
-    _reserve_one(g, base, lay, total, pos, line, fail, refused)
-    g.place(placed)
+    line, one, placed, pos = _ring_line(g, base, lay), g.label(), g.label(), g.t64()
+    if lay.wait:
+        g.emit(f"@!{alike} bra {one};")
+        _reserve_group_wait(g, base, lay, total, group, pos, line, fail, peers)
+        g.emit(f"bra {placed};")
+        g.place(one)
+        _reserve_one_wait(g, base, lay, total, pos, line, fail)
+        g.place(placed)
+    else:
+        full, refused = g.t64(), g.pred()
+        g.emit(f"ld.volatile.u64 {full}, [{line}];")
+        # Predicated, not branched to: a branch here doubles what ptxas spends on each inlined copy.
+        g.emit(f"setp.ge.u64 {refused}, {total}, {full};")
+        g.emit(f"@!{alike} bra {one};")
+        _reserve_group(g, base, lay, total, peers, group, pos, line, fail, refused)
+        g.emit(f"bra {placed};")
+        g.place(one)
+        _reserve_one(g, base, lay, total, pos, line, fail, refused)
+        g.place(placed)
     if lay.capacity & (lay.capacity - 1):
         g.emit(f"rem.u64 {pos}, {pos}, {lay.capacity};")
     else:
@@ -600,6 +608,75 @@ def _reserve_group(g: FuncGen, base: str, lay: MapLayout, total: str, peers: str
     _branch(g, "ge", rank, k32, fail, "u32")
     mine = g.t64()
     g.emit(f"cvt.u64.u32 {mine}, {rank};")
+    g.emit(f"mad.lo.u64 {pos}, {mine}, {total}, {pos};")
+
+
+def _wait_for_room(g: FuncGen, base: str, lay: MapLayout, end: str) -> None:
+    """Spin until the credit that ends at ``end`` fits: end - consumed <= capacity. ``consumed`` is
+    written by the host (the reader), so the load is ld.acquire.sys: the reader cleared the bytes it
+    consumed before moving it, and this producer's record is written after. nanosleep leaves the SM to
+    the warps that hold records the reader waits for."""
+    spin, room = g.label(), g.label()
+    c = g.t64()
+    g.place(spin)
+    g.emit(f"ld.acquire.sys.u64 {c}, [{base}+16];")
+    g.emit(f"sub.u64 {c}, {end}, {c};")
+    _branch(g, "le", c, lay.capacity, room)
+    g.emit("nanosleep.u32 256;")
+    g.emit(f"bra {spin};")
+    g.place(room)
+
+
+def _reserve_one_wait(g: FuncGen, base: str, lay: MapLayout, total: str, pos: str, line: str,
+                      fail: str) -> None:
+    """pos = the ring position of this lane's record of ``total`` bytes, waiting for the reader to make
+    room; a record larger than the ring is a counted drop (no credit taken) and fail."""
+    fits = g.label()
+    _branch(g, "le", total, lay.capacity, fits)
+    g.emit(f"red.add.u64 [{line}+8], 1;")
+    g.emit(f"bra {fail};")
+    g.place(fits)
+    end = g.t64()
+    g.emit(f"atom.add.u64 {end}, [{base}+8], {total};")
+    g.emit(f"add.u64 {end}, {end}, {total};")
+    _wait_for_room(g, base, lay, end)
+    g.emit(f"atom.add.u64 {pos}, [{base}], {total};")
+
+
+def _reserve_group_wait(g: FuncGen, base: str, lay: MapLayout, total: str, group: tuple[str, str, str],
+                        pos: str, line: str, fail: str, peers: str) -> None:
+    """_reserve_one_wait for the group of lanes in ``peers``, each reserving ``total`` bytes: every lane
+    computes k = min(n, capacity // total), the records the ring can ever hold at once; the lowest lane
+    counts the other n - k as dropped, takes credit for k, waits for room and takes their positions,
+    which it hands to the others. Credit is never given back, so a waiter's credit stays a bound the
+    reader's progress always meets (devmaps.py)."""
+    rank, n, lead = group
+    k, n64, span, miss = g.t64(), g.t64(), g.t64(), g.t64()
+    g.emit(f"cvt.u64.u32 {n64}, {n};")
+    g.emit(f"div.u64 {k}, {lay.capacity}, {total};")
+    g.emit(f"min.u64 {k}, {k}, {n64};")
+    g.emit(f"mul.lo.u64 {span}, {k}, {total};")
+    g.emit(f"sub.u64 {miss}, {n64}, {k};")
+    some, asks = g.pred(), g.pred()
+    g.emit(f"setp.ne.u64 {some}, {miss}, 0;")
+    g.emit(f"and.pred {some}, {some}, {lead};")
+    g.emit(f"@{some} red.add.u64 [{line}+8], {miss};")
+    g.emit(f"setp.ne.u64 {asks}, {k}, 0;")
+    g.emit(f"and.pred {asks}, {asks}, {lead};")
+    g.emit(f"mov.b64 {pos}, 0;")
+    taken = g.label()
+    g.emit(f"@!{asks} bra {taken};")
+    end = g.t64()
+    g.emit(f"atom.add.u64 {end}, [{base}+8], {span};")
+    g.emit(f"add.u64 {end}, {end}, {span};")
+    _wait_for_room(g, base, lay, end)
+    g.emit(f"atom.add.u64 {pos}, [{base}], {span};")
+    g.place(taken)
+    leader = group_leader(g, peers)
+    from_leader(g, pos, 64, leader, peers)
+    mine = g.t64()
+    g.emit(f"cvt.u64.u32 {mine}, {rank};")
+    _branch(g, "ge", mine, k, fail)
     g.emit(f"mad.lo.u64 {pos}, {mine}, {total}, {pos};")
 
 

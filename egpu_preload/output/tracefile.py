@@ -1,0 +1,393 @@
+"""The trace file of egpu-run --trace FILE: every record of every ring and perf buffer, in one Apache
+Parquet file (pyarrow, the optional extra ``egpu[trace]``), which pandas, polars, DuckDB, Spark or
+pyarrow read without egpu.
+
+Parquet because a memory trace is billions of rows of a few integer fields: columnar storage with
+per-column encoding (delta, dictionary) and compression makes them small, and every data tool reads it.
+Perfetto's protobuf suits records with a ``ts`` only; ``egpu trace --perfetto`` converts to it.
+
+Columns, one row per record, in the order each ring committed them:
+- ``map`` (string, dictionary encoded): the ring or perf map's name; ``trace_printk`` for that ring
+- ``seq`` (uint64): the record's index within its map (0, 1, 2, ...: a gap would be a lost record)
+- ``cpu`` (uint32): the SM that wrote it, perf's CPU on the GPU (perf_event_output and trace_printk
+  records; 0 for ringbuf)
+- one column per member of the map's record struct (its BTF layout: integers, enums, pointers, floats;
+  char arrays as strings; short integer arrays a column per element, ``name[i]``; nested structs
+  flattened as ``outer.inner``; bitfields extracted), null in
+  rows of other maps; a member named as one of these columns, or that two record types give
+  different types, is prefixed with its map's name (``events.cpu``)
+- ``data`` (binary): the bytes of a record with no struct layout (none known, or of another size)
+- ``text`` (string): a trace_printk line, formatted
+
+The schema's metadata ``egpu.record_types`` (JSON) names each map's record struct, where readers that
+expand a record type (a warp-level memory record into per-lane rows: ``EXPANDERS``) find it; the
+file's metadata ``egpu.dropped`` (JSON, written last) each map's count of records the probes dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..bpf import btf as btfmod
+from ..errors import EgpuError
+from ..maps import format_trace
+from .values import CTX_STRUCT
+
+TRACE_PRINTK = "trace_printk"
+FIXED = ("map", "seq", "cpu", "data", "text")   # the columns every trace file has
+RECORD_TYPES, DROPPED = "egpu.record_types", "egpu.dropped"   # keys of the file's metadata (JSON)
+MAX_ELEMS = 16                # integer arrays up to this long become a column per element, name[i]
+FLUSH_ROWS = 1 << 16          # records buffered per map before they become a row group
+NEEDS_PYARROW = "needs pyarrow (pip install 'egpu[trace]')"
+
+# record type name ("struct NAME") -> a function from that type's rows (a pyarrow Table) to the rows it
+# stands for; egpu trace applies it before filtering (warp-level records expand to one row per lane).
+EXPANDERS: dict[str, Callable[[Any], Any]] = {}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a record struct: ``size`` bytes at ``offset`` of the record."""
+
+    name: str
+    offset: int
+    size: int
+    kind: str                # u | i | f (numbers), str (char array), bytes (anything else)
+    bits: tuple[int, int] | None = None   # a bitfield: (shift within the u``size`` word, width)
+
+
+@dataclass(frozen=True)
+class RecordLayout:
+    type_name: str           # "struct NAME"
+    size: int
+    columns: tuple[Column, ...]
+
+
+def record_layout(btf: btfmod.Btf, type_id: int) -> RecordLayout:
+    """The columns of a struct type, flattened."""
+    t = btf.resolve(type_id)
+    cols: list[Column] = []
+    _flatten(btf, type_id, "", 0, cols, 0)
+    return RecordLayout(f"struct {t.name}", t.size, tuple(cols))
+
+
+def _flatten(btf: btfmod.Btf, type_id: int, prefix: str, base: int, out: list[Column], depth: int) -> None:
+    for m in btf.members(type_id):
+        name, off = prefix + m.name, base + m.offset
+        t = btf.resolve(m.type)
+        if t.kind in (btfmod.KIND_STRUCT, btfmod.KIND_UNION) and depth < 8:
+            _flatten(btf, m.type, name + ".", off, out, depth + 1)
+        elif m.bitfield_size:
+            word = btf.size(m.type)
+            start = off - off % word
+            out.append(Column(name, start, word, "i" if t.int_encoding & btfmod.INT_SIGNED else "u",
+                              (m.bit_offset - start * 8, m.bitfield_size)))
+        elif t.kind == btfmod.KIND_INT and t.size in (1, 2, 4, 8):
+            out.append(Column(name, off, t.size, "i" if t.int_encoding & btfmod.INT_SIGNED else "u"))
+        elif t.kind in (btfmod.KIND_ENUM, btfmod.KIND_ENUM64) and t.size in (1, 2, 4, 8):
+            out.append(Column(name, off, t.size, "i" if t.kind_flag else "u"))
+        elif t.kind == btfmod.KIND_PTR:
+            out.append(Column(name, off, 8, "u"))
+        elif t.kind == btfmod.KIND_FLOAT and t.size in (4, 8):
+            out.append(Column(name, off, t.size, "f"))
+        elif t.kind == btfmod.KIND_ARRAY and btfmod._is_char(btf.resolve(t.ref)):
+            out.append(Column(name, off, btf.size(m.type), "str"))
+        elif t.kind == btfmod.KIND_ARRAY and _int_like(btf.resolve(t.ref)) and t.nelems <= MAX_ELEMS:
+            elem = btf.resolve(t.ref)
+            kind = "i" if elem.kind == btfmod.KIND_INT and elem.int_encoding & btfmod.INT_SIGNED else "u"
+            out += [Column(f"{name}[{i}]", off + i * elem.size, elem.size, kind) for i in range(t.nelems)]
+        elif btf.size(m.type):
+            out.append(Column(name, off, btf.size(m.type), "bytes"))
+
+
+def _int_like(t: btfmod.Type) -> bool:
+    return t.kind in (btfmod.KIND_INT, btfmod.KIND_ENUM, btfmod.KIND_ENUM64) and t.size in (1, 2, 4, 8)
+
+
+def record_struct(btf: btfmod.Btf | None) -> int | None:
+    """The BTF type of a probe's ring records, which BTF does not tie to the map: its one named struct
+    with a ``ts`` member, else its one named struct (struct egpu_ctx aside); None when unclear."""
+    if btf is None:
+        return None
+    structs = [t for t in btf.types[1:] if t.kind == btfmod.KIND_STRUCT and t.name and t.name != CTX_STRUCT]
+    timed = [t for t in structs if any(m.name == "ts" for m in t.members)]
+    for group in (timed, structs):
+        if len(group) == 1:
+            return group[0].id
+    return None
+
+
+def arrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401  (the submodule the writer and reader use)
+    except ImportError:
+        raise EgpuError(f"the trace file {NEEDS_PYARROW}") from None
+    return pyarrow
+
+
+def _arrow_type(pa: Any, c: Column) -> Any:
+    if c.kind == "str":
+        return pa.string()
+    if c.kind == "bytes":
+        return pa.binary()
+    if c.kind == "f":
+        return pa.float32() if c.size == 4 else pa.float64()
+    return getattr(pa, f"{'int' if c.kind == 'i' else 'uint'}{8 * c.size}")()
+
+
+class TraceWriter:
+    """Rows into the Parquet file as records arrive: ``add(map index, records)``; ``close()`` at the end.
+
+    ``maps``: each drained ring's name and record layout (None: raw ``data``), in the drain's order."""
+
+    def __init__(self, path: Path, maps: Sequence[tuple[str, RecordLayout | None]]) -> None:
+        self.pa = pa = arrow()
+        self.maps = list(maps)
+        self.path = path
+        types: dict[str, Any] = {}
+        clash: set[str] = set(FIXED)
+        for _, lay in self.maps:
+            for c in lay.columns if lay else ():
+                t = _arrow_type(pa, c)
+                if types.setdefault(c.name, t) != t:
+                    clash.add(c.name)
+        self.names = [{c.name: f"{name}.{c.name}" if c.name in clash else c.name for c in lay.columns}
+                      if lay else {} for name, lay in self.maps]
+        fields = [pa.field("map", pa.dictionary(pa.int32(), pa.string())), pa.field("seq", pa.uint64()),
+                  pa.field("cpu", pa.uint32())]
+        seen: set[str] = set()
+        for (_, lay), names in zip(self.maps, self.names):
+            for c in lay.columns if lay else ():
+                if names[c.name] not in seen:
+                    seen.add(names[c.name])
+                    fields.append(pa.field(names[c.name], _arrow_type(pa, c)))
+        fields += [pa.field("data", pa.binary()), pa.field("text", pa.string())]
+        self.record_types = {name: lay.type_name for name, lay in self.maps if lay}
+        self.schema = pa.schema(fields)
+        self.seq = [0] * len(self.maps)
+        self.pending: list[list[Any]] = [[] for _ in self.maps]
+        self.rows = [0] * len(self.maps)   # records pending, per map
+        self.written = 0   # rows in the file
+        try:
+            self.writer = pa.parquet.ParquetWriter(
+                str(path), self.schema.with_metadata({RECORD_TYPES: json.dumps(self.record_types)}),
+                compression="zstd")
+        except OSError as e:
+            raise EgpuError(f"--trace: cannot write: {e.strerror or e}", file=str(path)) from None
+
+    def add(self, index: int, taken: Sequence[Any]) -> None:
+        """Map ``index``'s new records: (cpu, bytes) tuples, or blocks of records of one size
+        (runtime/ring_drain.Block: ``cpus``, ``rows``, ``len``, ``records()``)."""
+        self.pending[index].extend(taken)
+        self.rows[index] += sum(len(x) if hasattr(x, "rows") else 1 for x in taken)
+        if self.rows[index] >= FLUSH_ROWS:
+            self._flush(index)
+
+    def _flush(self, index: int) -> None:
+        import numpy as np   # a dependency of pyarrow
+        items, n, lay = self.pending[index], self.rows[index], self.maps[index][1]
+        if not items:
+            return
+        self.pending[index], self.rows[index] = [], 0
+        if lay is not None and all(hasattr(x, "rows") and x.rows.shape[1] == lay.size for x in items):
+            table = self._table(index, np.concatenate([x.cpus for x in items]).astype(np.uint32),
+                                np.concatenate([x.rows for x in items]))
+        else:
+            records = [r for x in items for r in (x.records() if hasattr(x, "rows") else (x,))]
+            fits = [lay is not None and len(d) == lay.size for _, d in records]
+            rows = [d for (_, d), ok in zip(records, fits) if ok]
+            raw = np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), lay.size) if rows else None
+            table = self._table(index, np.fromiter((c for c, _ in records), np.uint32, n), raw, records,
+                                None if all(fits) else fits)
+        self.writer.write_table(table)
+        self.written += n
+
+    def _table(self, index: int, cpus: Any, raw: Any, records: list[tuple[int, bytes]] | None = None,
+               fits: list[bool] | None = None) -> Any:
+        """Rows of map ``index``: ``raw`` holds the struct rows (those ``fits`` marks, where only some are;
+        ``records`` every record, where some are not struct rows or the map has no struct)."""
+        import numpy as np
+        pa, (name, lay), n = self.pa, self.maps[index], len(cpus)
+        cols: dict[str, Any] = {
+            "map": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([name])),
+            "seq": pa.array(np.arange(self.seq[index], self.seq[index] + n, dtype=np.uint64)),
+            "cpu": pa.array(cpus),
+        }
+        self.seq[index] += n
+        if lay is not None and raw is not None:
+            for c in lay.columns:
+                cols[self.names[index][c.name]] = self._column(raw, c, fits)
+        if name == TRACE_PRINTK and records is not None:
+            cols["text"] = pa.array([format_trace(d[24:], _args(d)) for _, d in records])
+        elif records is not None and (raw is None or fits is not None):
+            cols["data"] = pa.array([None if fits and fits[i] else d for i, (_, d) in enumerate(records)],
+                                    pa.binary())
+        return pa.table([cols.get(f.name, pa.nulls(n, f.type)) for f in self.schema], schema=self.schema)
+
+    def _column(self, raw: Any, c: Column, fits: list[bool] | None) -> Any:
+        """Column ``c`` of the struct rows ``raw``; ``fits``: which records they are, where some are not."""
+        import numpy as np
+        pa = self.pa
+        part = np.ascontiguousarray(raw[:, c.offset:c.offset + c.size])
+        if c.kind in ("u", "i", "f"):
+            values = part.view(f"<{c.kind}{c.size}").ravel()
+            if c.bits is not None:
+                shift, width = c.bits
+                word = part.view(f"<u{c.size}").ravel()
+                values = (word >> np.uint64(shift)) & np.uint64((1 << width) - 1)
+                if c.kind == "i":
+                    values = values.astype(np.int64)
+                    values = np.where(values >= 1 << (width - 1), values - (1 << width), values)
+                values = values.astype(f"<{c.kind}{c.size}")
+        elif c.kind == "str":
+            values = [bytes(r).split(b"\0", 1)[0].decode(errors="replace") for r in part]
+        else:
+            values = [bytes(r) for r in part]
+        if fits is not None:   # records of another size: null here, their bytes in ``data``
+            it = iter(values)
+            values = [_item(next(it)) if ok else None for ok in fits]
+        return pa.array(values, _arrow_type(pa, c))
+
+    def close(self, dropped: Mapping[str, int]) -> None:
+        """Every record written, each map's dropped count in the file's metadata (its footer is last)."""
+        for i in range(len(self.maps)):
+            self._flush(i)
+        self.writer.add_key_value_metadata({DROPPED: json.dumps(dict(dropped))})
+        self.writer.close()
+
+
+def _item(v: Any) -> Any:
+    return v.item() if hasattr(v, "item") else v
+
+
+def _args(data: bytes) -> tuple[int, int, int]:
+    return tuple(int.from_bytes(data[8 * k:8 * k + 8], "little") for k in range(3))  # type: ignore[return-value]
+
+
+def prepare(path: Path) -> Path:
+    """Before the job starts (egpu-run --trace FILE): pyarrow is there, FILE can be written, and an old
+    FILE is gone (the job's first process claims it: runtime/streaming.py); FILE made absolute."""
+    arrow()
+    path = path.absolute()
+    if path.is_dir():
+        raise EgpuError("--trace: is a directory", file=str(path))
+    if not path.parent.is_dir():
+        raise EgpuError("--trace: no such directory", file=str(path.parent))
+    try:
+        path.unlink(missing_ok=True)
+        path.touch()
+        path.unlink()
+    except OSError as e:
+        raise EgpuError(f"--trace: cannot write ({e.strerror})", file=str(path)) from None
+    return path
+
+
+# ---- reading: egpu trace FILE -------------------------------------------------------------------------
+
+@dataclass
+class Trace:
+    rows: Any                      # a pyarrow Table, expanded
+    record_types: dict[str, str]   # map -> "struct NAME"
+    dropped: dict[str, int]        # map -> records the probes dropped
+
+
+def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) -> Trace:
+    """The file's rows, each map's rows put through the expander of its record type (if any)."""
+    pa = arrow()
+    try:
+        table = pa.parquet.read_table(str(path))
+        meta = pa.parquet.read_metadata(str(path)).metadata or {}
+    except OSError as e:
+        raise EgpuError(f"not a trace file: {e}", file=str(path)) from None
+    except pa.ArrowInvalid as e:
+        raise EgpuError(f"not a trace file: {e}", file=str(path)) from None
+    if "map" not in table.column_names or "seq" not in table.column_names:
+        raise EgpuError("not a trace file: no map and seq columns", file=str(path))
+    types = json.loads((table.schema.metadata or {}).get(RECORD_TYPES.encode(), b"{}"))
+    dropped = json.loads(meta.get(DROPPED.encode(), b"{}"))
+    wanted = {m for m, t in types.items() if t in expanders}
+    if wanted:
+        import pyarrow.compute as pc
+        names = table.column("map").cast(pa.string())
+        parts = [table.filter(pc.invert(pc.is_in(names, pa.array(sorted(wanted)))))]
+        parts += [expanders[types[m]](table.filter(pc.equal(names, m))) for m in sorted(wanted)]
+        table = pa.concat_tables(parts, promote_options="permissive")
+    return Trace(table, types, dropped)
+
+
+def where(table: Any, conditions: Sequence[str], source: str) -> Any:
+    """Rows where every ``field=value`` holds (a number in any base Python reads, else text)."""
+    import pyarrow.compute as pc
+    pa = arrow()
+    for cond in conditions:
+        name, eq, text = cond.partition("=")
+        if not eq or name not in table.column_names:
+            known = ", ".join(table.column_names)
+            raise EgpuError(f"--where {cond}: expected FIELD=VALUE with FIELD one of {known}", file=source)
+        column = table.column(name)
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(pa.string())
+        try:
+            value = _value(text, column.type, pa)
+            table = table.filter(pc.fill_null(pc.equal(column, pa.scalar(value, column.type)), False))
+        except (ValueError, OverflowError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise EgpuError(f"--where {cond}: {text!r} is not a value of {name} ({column.type})",
+                            file=source) from None
+    return table
+
+
+def _value(text: str, arrow_type: Any, pa: Any) -> Any:
+    if pa.types.is_string(arrow_type):
+        return text
+    if pa.types.is_floating(arrow_type):
+        return float(text)
+    if pa.types.is_binary(arrow_type):
+        return bytes.fromhex(text)
+    return int(text, 0)
+
+
+def rows(table: Any, limit: int | None) -> Iterator[dict]:
+    """Plain dicts, one batch of the table at a time, nulls (other maps' columns) left out."""
+    if limit is not None:
+        table = table.slice(0, limit)
+    for batch in table.to_batches():
+        for r in batch.to_pylist():
+            yield {k: v for k, v in r.items() if v is not None}
+
+
+def text_line(row: Mapping[str, Any]) -> str:
+    """``map #seq sm=N field=value ...`` (addresses and other large numbers in hex)."""
+    fields = " ".join(f"{k}={_show(v)}" for k, v in row.items() if k not in ("map", "seq"))
+    return f"{row['map']} #{row['seq']} {fields}"
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, bytes):
+        return v.hex()
+    if isinstance(v, int) and v >= 1 << 32:
+        return hex(v)
+    return str(v)
+
+
+def json_line(row: Mapping[str, Any]) -> str:
+    return json.dumps({k: v.hex() if isinstance(v, bytes) else v for k, v in row.items()})
+
+
+def to_perfetto(trace_rows: Iterable[dict], path: Path, name: str) -> int:
+    """Records with an integer ``ts`` as instants on one track per map (output/perfetto.py); how many."""
+    from .perfetto import TS_FIELD, Trace as PerfettoTrace
+    trace = PerfettoTrace(0, name)
+    n = 0
+    for r in trace_rows:
+        ts = r.get(TS_FIELD)
+        if isinstance(ts, int):
+            args = {k: v.hex() if isinstance(v, bytes) else v for k, v in r.items() if k not in ("map", TS_FIELD)}
+            trace.records.setdefault(r["map"], []).append((ts, args))
+            n += 1
+    trace.write(path)
+    return n

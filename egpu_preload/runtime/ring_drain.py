@@ -1,0 +1,227 @@
+"""The reader that drains ring and perf buffers while kernels run (egpu-run --trace): records are taken
+as they are committed, their bytes cleared and ``consumed`` moved, so producers find room again and a
+ring made to wait (devmaps.py, ``--on-full wait``) loses nothing.
+
+The regions stay in device memory, where the producers' atomics are cheap; the reader copies on the
+runtime's own stream (driver.ContextMemory.read/write: a non-blocking stream, never the application's,
+so the application never synchronizes with it and its kernels keep running while the copies do).
+
+A copy engine reads a range in no particular order, so one copy may hold a record's READY flag and an
+older copy of its bytes. A record is therefore taken only from a copy made after an earlier copy had
+already seen its flag: the producer published the bytes before the flag (st.release.sys), so they were
+complete before this copy began. Each pass copies ``[consumed, head)`` once and takes the records
+an earlier pass saw complete; a record reaches the sink one pass after it was committed.
+
+Before ``consumed`` moves past records, their bytes are zeroed (the producer's BUSY flag is written
+after its position is taken, so between the two the reader must find no stale READY there: devmaps.py's
+"the host clears the headers"). A dropping ring's per-SM full marks are reset once it has room again.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from egpu_preload.translate.devmaps import HEADER, LINE, M64, RING_NCPU, REC_DISCARD, REC_READY, MapLayout
+
+IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that found records goes on at once
+
+
+class Memory(Protocol):
+    """Device memory the reader can copy from any thread (driver.ContextMemory)."""
+
+    def read(self, addr: int, n: int) -> bytes: ...
+    def write(self, addr: int, data: bytes) -> None: ...
+
+
+Record = tuple[int, bytes]   # (SM id: perf and trace_printk records carry it, ringbuf records 0; data)
+RUN = 32   # records of one size in a row taken as a Block (numpy) rather than one by one
+
+
+@dataclass(frozen=True)
+class Block:
+    """Records of one size in a row, taken at once: record i is (``cpus[i]``, ``rows[i]``), numpy arrays
+    of uint32 and of uint8 rows (a memory trace is mostly this: one fixed-size struct per access)."""
+
+    cpus: Any
+    rows: Any
+
+    def __len__(self) -> int:
+        return len(self.cpus)
+
+    def records(self) -> list[Record]:
+        return [(int(c), r.tobytes()) for c, r in zip(self.cpus, self.rows)]
+
+
+Taken = list[Record | Block]
+
+
+def count(items: Taken) -> int:
+    return sum(len(x) if isinstance(x, Block) else 1 for x in items)
+
+
+@dataclass
+class RingReader:
+    """One ring region at ``addr`` of layout ``lay``: take() returns what is newly complete."""
+
+    mem: Memory
+    addr: int
+    lay: MapLayout
+    consumed: int = 0      # the reader's copy of the header's consumed: only the reader writes it
+    seen: int = 0          # the end of the records an earlier pass saw complete
+    taken: int = 0         # records handed out
+    dropped: int = 0       # the producers' count (header plus per-SM lines) at the last pass
+
+    def take(self) -> Taken:
+        """The records complete since an earlier pass (in ring order), their bytes cleared and
+        ``consumed`` moved past them."""
+        header = self.mem.read(self.addr, RING_NCPU + 4)
+        head, _reserved, _consumed, dropped = struct.unpack_from("<QQQQ", header, 0)
+        (ncpu,) = struct.unpack_from("<I", header, RING_NCPU)
+        lines = self.mem.read(self.addr + self.lay.lines_off, ncpu * LINE) if ncpu else b""
+        self.dropped = dropped + sum(struct.unpack_from("<Q", lines, c * LINE + 8)[0] for c in range(ncpu))
+        if head == self.consumed:
+            return []
+        cap, n = self.lay.capacity, head - self.consumed   # n <= capacity: credit bounds what is unread
+        first = self.consumed % cap
+        straight = cap - first   # positions before the wrap; a record starting there may run into the slack
+        limit = self.seen - self.consumed
+        out: Taken = []
+        a = self.mem.read(self.addr + HEADER + first, n)    # first + n < 2 * capacity: data and slack
+        k, took_a, stopped = _scan(a, 0, min(n, straight), limit, out)
+        took_b = None
+        if not stopped and k < n:   # on from the data area's start
+            b = self.mem.read(self.addr + HEADER, n - straight)
+            kb, took_b, _ = _scan(b, k - straight, n - straight, limit - straight, out)
+            k = straight + kb
+        self.seen = self.consumed + k
+        if took_a is None:
+            return out
+        if took_a:
+            self.mem.write(self.addr + HEADER + first, bytes(took_a))
+        if took_b:
+            self.mem.write(self.addr + HEADER, bytes(took_b))
+        self.consumed += straight + took_b if took_b is not None else took_a
+        self.mem.write(self.addr + 16, struct.pack("<Q", self.consumed))
+        if not self.lay.wait:
+            self._reopen(lines, ncpu)
+        self.taken += count(out)
+        return out
+
+    def _reopen(self, lines: bytes, ncpu: int) -> None:
+        """A dropping ring's SMs that were refused may ask again now that there is room (devmaps.py)."""
+        for c in range(ncpu):
+            if struct.unpack_from("<Q", lines, c * LINE)[0] != M64:
+                self.mem.write(self.addr + self.lay.lines_off + c * LINE, struct.pack("<Q", M64))
+
+    def empty(self) -> bool:
+        """Nothing left between consumed and head (the producers are done: the job's kernels finished)."""
+        (head,) = struct.unpack("<Q", self.mem.read(self.addr, 8))
+        return head == self.consumed
+
+
+def _scan(buf: bytes, k: int, stop: int, limit: int, out: Taken) -> tuple[int, int | None, bool]:
+    """Walk the records of ``buf`` that start in [k, stop), appending to ``out`` the committed ones that
+    start before ``limit``; (where the walk ended, the end of the last record taken or None, whether it
+    stopped at a record not yet complete). Offsets and lengths are 8-byte aligned (devmaps.py). Runs of
+    RUN or more records of one size go as Blocks, found and cut out with numpy where it is installed."""
+    words = memoryview(buf).cast("I")
+    np = _numpy()
+    took, single = None, 0   # single: records to walk one by one before looking for a run again
+    while k < stop:
+        length, flags = words[k >> 2], words[(k >> 2) + 1]
+        if not flags & (REC_READY | REC_DISCARD):
+            return k, took, True
+        end = k + 8 + ((length + 7) & ~7)
+        size, last = end - k, k + (RUN - 1) * (end - k)
+        bound = min(stop, limit) if k < limit else stop   # a block is all taken or all only seen
+        # a run's last record is like its first: then numpy checks those in between and the rest
+        if np is not None and not single and last < bound and words[last >> 2] == length \
+                and words[(last >> 2) + 1] & 7 == REC_READY:
+            n, cpus = _run(np, buf, k, bound, length, size)
+            if n >= RUN:
+                if k < limit:
+                    rows = np.frombuffer(buf, np.uint8, n * size, k).reshape(n, size)
+                    out.append(Block(cpus[:n], rows[:, 8:8 + length]))
+                    took = k + n * size
+                k += n * size
+                continue
+            single = RUN
+        single = max(single - 1, 0)
+        if k < limit:
+            if flags & REC_READY:
+                out.append((flags >> 8, buf[k + 8:k + 8 + length]))
+            took = end
+        k = end
+    return k, took, False
+
+
+def _run(np: Any, buf: bytes, k: int, bound: int, length: int, size: int) -> tuple[int, Any]:
+    """How many records from ``k`` on, starting before ``bound``, are committed with ``length`` bytes
+    (each one's place follows from the one before being such), and every candidate's SM id."""
+    words = np.frombuffer(buf, np.uint32)
+    at = (k >> 2) + np.arange((bound - k + size - 1) // size) * (size >> 2)
+    flags = words[at + 1]
+    good = (words[at] == length) & ((flags & 7) == REC_READY)
+    n = len(good) if good.all() else int(good.argmin())
+    return n, flags >> 8
+
+
+def _numpy() -> Any:
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
+Sink = Callable[[int, Taken], None]   # (the ring's index among the drained, its new records)
+
+
+class RingDrain:
+    """A thread that passes over every ring until stopped, handing each ring's records to ``sink``."""
+
+    def __init__(self, readers: list[RingReader], sink: Sink, idle_s: float = IDLE_S) -> None:
+        self.readers, self.sink, self.idle_s = readers, sink, idle_s
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="egpu-ring-drain", daemon=True)
+
+    def start(self) -> "RingDrain":
+        self._thread.start()
+        return self
+
+    def drain_once(self) -> int:
+        """One pass over every ring; how many records it took."""
+        n = 0
+        for i, r in enumerate(self.readers):
+            taken = r.take()
+            if taken:
+                self.sink(i, taken)
+                n += count(taken)
+        return n
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self.drain_once():
+                    self._stop.wait(self.idle_s)
+        except BaseException as e:   # reported by stop(): a reader that dies must not kill the job
+            self.error = e
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """After the job's kernels have finished: the thread joined, then every record left taken (a
+        record is taken one pass after it is seen, so passes go on until every ring is empty)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.error is not None:
+            raise self.error
+        deadline = time.monotonic() + timeout_s
+        while self.drain_once() or not all(r.empty() for r in self.readers):
+            if time.monotonic() > deadline:   # a record left BUSY: a probe reserved and never submitted
+                break

@@ -1,0 +1,117 @@
+"""egpu-run --trace FILE inside the job: every ring and perf buffer of the probes (and each probe's
+trace_printk ring) drained while kernels run (ring_drain.py) into the trace file (output/tracefile.py).
+
+Started once the device maps exist; finished at exit after the context is synchronized (the reader
+keeps running through that synchronize: kernels waiting for room in a ring need it), then every record
+left is taken and the file closed with each map's dropped count.
+
+A job of several processes: the first to start claims FILE (O_EXCL: the launcher removed any old one),
+each other writes FILE's name with its pid inserted beside it (``trace.1234.parquet``). Live-attached
+probes are not drained (their rings drop when full, as without --trace).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from egpu_preload.bpf import btf as btfmod
+from egpu_preload.errors import EgpuError
+from egpu_preload.output import tracefile
+from egpu_preload.runtime.probes import RING_TYPES, Probe
+from egpu_preload.runtime.ring_drain import Memory, Record, RingDrain, RingReader
+from egpu_preload.translate.devmaps import DeviceMaps
+
+
+def claim(path: Path) -> Path:
+    """FILE if no other process of the job has it yet, else FILE with this pid before its suffix."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return path
+    except FileExistsError:
+        return path.with_name(f"{path.stem}.{os.getpid()}{path.suffix}")
+
+
+def rings(probes: list[Probe], maps: list[DeviceMaps]) -> list[tuple[str, tuple[int, Any], tracefile.RecordLayout | None]]:
+    """(name in the trace, (device map set index, region index), record layout) of every ring to drain:
+    map names, prefixed with the probe's name where the job has several probes."""
+    out = []
+    for k, (probe, dm) in enumerate(zip(probes, maps)):
+        prefix = f"{probe.path.name.split('.')[0]}:" if len(probes) > 1 else ""
+        btf = probe.obj.btf if isinstance(probe.obj.btf, btfmod.Btf) else None
+        lay = _layout(btf)
+        for i, m in enumerate(dm.state.maps):
+            if m.type in RING_TYPES:
+                out.append((prefix + m.name, (k, i), lay))
+        out.append((prefix + tracefile.TRACE_PRINTK, (k, len(dm.state.maps)), None))
+    return out
+
+
+def _layout(btf: btfmod.Btf | None) -> tracefile.RecordLayout | None:
+    """The probe's record layout; None (raw bytes) where BTF names none or describes it oddly."""
+    rec = tracefile.record_struct(btf)
+    if btf is None or rec is None:
+        return None
+    try:
+        return tracefile.record_layout(btf, rec)
+    except EgpuError:
+        return None
+
+
+class Streaming:
+    """The reader thread and the trace file of one process."""
+
+    def __init__(self, path: Path, probes: list[Probe], maps: list[DeviceMaps], memory: Memory) -> None:
+        drained = rings(probes, maps)
+        self.names = [name for name, _, _ in drained]
+        self.readers = [RingReader(memory, maps[k].addrs[i], maps[k].layouts[i]) for _, (k, i), _ in drained]
+        self.path = claim(path)
+        self.error: str | None = None
+        try:
+            self.writer: tracefile.TraceWriter | None = tracefile.TraceWriter(
+                self.path, [(name, lay) for name, _, lay in drained])
+        except EgpuError as e:   # still drained, so that rings made to wait never stop the job
+            self.writer, self.error = None, str(e)
+            print(f"egpu[{os.getpid()}]: {e}; the job's records are read and thrown away", file=sys.stderr)
+        self.drain = RingDrain(self.readers, self._write).start()
+
+    def _write(self, index: int, records: list[Record]) -> None:
+        """The drain's sink. A file that cannot be written (disk full) must not stop the reader, or a
+        ring made to wait would stop the job: from then on records are taken and not written."""
+        if self.writer is not None and self.error is None:
+            try:
+                self.writer.add(index, records)
+            except Exception as e:  # noqa: BLE001  (pyarrow's and the OS's errors alike)
+                self.error = f"cannot write the trace: {e}"
+                print(f"egpu[{os.getpid()}]: {self.path}: {self.error}", file=sys.stderr)
+
+    def finish(self) -> dict[str, Any]:
+        """After the context's work has finished: the rest taken, the file closed; what the dump reports."""
+        try:
+            self.drain.stop()
+        except Exception as e:  # noqa: BLE001  (the reader's failure, reported in the dump)
+            self.error = self.error or f"the ring reader failed: {e}"
+        dropped = {name: r.dropped for name, r in zip(self.names, self.readers)}
+        if self.writer is not None and self.error is None:
+            try:
+                self.writer.close(dropped)
+            except Exception as e:  # noqa: BLE001
+                self.error = f"cannot write the trace: {e}"
+        taken = sum(r.taken for r in self.readers)
+        written = self.writer.written if self.writer is not None else 0
+        error = self.error and f"{self.error} ({taken - written:,} records taken and not written)"
+        return {"path": str(self.path), "records": written, "dropped": sum(dropped.values()), "error": error}
+
+
+def notes(dumps: list[dict[str, Any]]) -> list[str]:
+    """egpu-run's lines about the job's trace files, from the processes' dumps."""
+    out = []
+    for doc in dumps:
+        t = doc.get("trace")
+        if t:
+            dropped = f", {t['dropped']:,} dropped by the probes (ring full)" if t["dropped"] else ", none dropped"
+            out.append(f"egpu-run: {t['records']:,} records in {t['path']}{dropped}"
+                       + (f"; {t['error']}" if t.get("error") else ""))
+    return out

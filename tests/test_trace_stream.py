@@ -1,0 +1,445 @@
+"""Lossless streaming traces (issue 19): the ring reader that drains rings while kernels run, the PTX of
+``--on-full wait``, the trace file and ``egpu trace``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from egpu_preload.bpf import program as prog
+from egpu_preload.runtime.ring_drain import Block, RingDrain, RingReader
+from egpu_preload.translate import devmaps, probe_function
+from egpu_preload.translate.module import probe_runner_ptx
+from translate_support import GPU_TEST_PROBES, probe_object
+
+
+# ---- --on-full wait: the PTX ------------------------------------------------------------------------
+
+def _waiting(maps: list[prog.MapDef]) -> list[prog.MapDef]:
+    return [dataclasses.replace(m, wait=True) for m in maps]
+
+
+@pytest.mark.parametrize("name", ["ring", "ring_mixed", "ring_big"])
+def test_a_waiting_ring_spins_on_consumed_and_never_gives_credit_back(name, tmp_path):
+    """Group and one-by-one reserves of a ring made to wait assemble for sm_90; they read ``consumed``
+    with acquire at system scope in a loop, and no credit is given back (no negative add on reserved),
+    unlike the dropping ring's code."""
+    asm, maps = GPU_TEST_PROBES[name]
+    obj, p = probe_object(asm, _waiting(maps), f"{name}.bpf.o")
+    func = probe_function(p, obj, ctx_params=True).func
+    assert "ld.acquire.sys.u64" in func and "nanosleep.u32" in func
+    assert "neg.s64" not in func and "red.min.u64" not in func
+    plain_obj, plain = probe_object(asm, maps, f"{name}.bpf.o")
+    dropping = probe_function(plain, plain_obj, ctx_params=True).func
+    assert "ld.acquire.sys.u64" not in dropping and "neg.s64" in dropping
+    src = tmp_path / "m.ptx"
+    src.write_text(probe_runner_ptx(probe_function(p, obj, ctx_params=True)))
+    done = subprocess.run(["ptxas", "-arch=sm_90", str(src), "-o", str(tmp_path / "m.cubin")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+# ---- the reader against a stand-in ring written by producer threads ---------------------------------
+
+class HostRing:
+    """A ring region in host memory with devmaps.py's protocol, written by producer threads the way the
+    generated PTX does (a lock stands in for each atomic) and read through the reader's Memory calls."""
+
+    def __init__(self, capacity: int, ncpu: int, wait: bool, mem: bytearray | None = None, base: int = 0) -> None:
+        """A ring of its own, or the one at ``base`` of ``mem`` (an image DeviceMaps wrote there)."""
+        self.lay = devmaps.MapLayout("ringbuf", capacity=capacity, wait=wait)
+        self.mem = bytearray(devmaps.ring_image(self.lay, ncpu)) if mem is None else mem
+        self.base = base
+        self.atomic = threading.Lock()
+        self.refused = 0   # the producers' own count of records they dropped
+        self.reopened = 0  # records delivered from an SM that had been refused as large a record before
+
+    # Memory (the reader's side; offsets from 0 stand for device addresses)
+    def read(self, addr: int, n: int) -> bytes:
+        return bytes(self.mem[addr:addr + n])
+
+    def write(self, addr: int, data: bytes) -> None:
+        self.mem[addr:addr + len(data)] = data
+
+    def _u64(self, off: int) -> int:
+        return struct.unpack_from("<Q", self.mem, self.base + off)[0]
+
+    def _add(self, off: int, v: int) -> int:
+        with self.atomic:
+            old = self._u64(off)
+            struct.pack_into("<Q", self.mem, self.base + off, old + v)
+            return old
+
+    def produce(self, data: bytes, sm: int) -> bool:
+        """One record from SM ``sm``: reserve (waiting or dropping as the ring is made), write, publish."""
+        total, cap, line = 8 + devmaps.round8(len(data)), self.lay.capacity, self.lay.lines_off + sm * devmaps.LINE
+        if self.lay.wait:
+            end = self._add(8, total) + total
+            while end - self._u64(16) > cap:
+                time.sleep(0)
+        else:
+            if total >= self._u64(line):           # this SM was refused as much before
+                self._add(line + 8, 1)
+                self.refused += 1
+                return False
+            r = self._add(8, total)
+            if r + total - self._u64(16) > cap:    # no room: credit back, a counted drop, the SM's mark
+                self._add(8, -total)
+                self._add(line + 8, 1)
+                with self.atomic:
+                    struct.pack_into("<Q", self.mem, self.base + line, min(total, self._u64(line)))
+                self.refused += 1
+                return False
+        pos = self._add(0, total)
+        o = self.base + devmaps.HEADER + pos % cap
+        struct.pack_into("<II", self.mem, o, len(data), devmaps.REC_BUSY)
+        self.mem[o + 8:o + 8 + len(data)] = data
+        struct.pack_into("<I", self.mem, o + 4, devmaps.REC_READY | sm << 8)
+        return True
+
+
+PRODUCERS, PER_PRODUCER = 4, 6000
+
+
+def flat(taken: list) -> list[tuple[int, bytes]]:
+    """What a reader took, Blocks of records of one size made single records."""
+    return [r for x in taken for r in (x.records() if isinstance(x, Block) else [x])]
+
+
+def _run_producers(ring: HostRing) -> tuple[list[tuple[int, bytes]], RingReader, list[int]]:
+    """PRODUCERS threads, each PER_PRODUCER records (producer, its sequence number, padding that varies
+    the size) as fast as they can, while a RingDrain takes them; what it delivered, in order."""
+    got: list[tuple[int, bytes]] = []
+    reader = RingReader(ring, 0, ring.lay)
+    drain = RingDrain([reader], lambda i, taken: got.extend(flat(taken)), idle_s=0.0001).start()
+    kept = [0] * PRODUCERS
+
+    def producer(p: int) -> None:
+        refused = 1 << 30   # the smallest record of this producer refused so far
+        for k in range(PER_PRODUCER):
+            data = struct.pack("<II", p, k) + bytes(8 * (k % 3))
+            if ring.produce(data, sm=p):
+                kept[p] += 1
+                ring.reopened += len(data) >= refused
+            else:
+                refused = min(refused, len(data))
+
+    threads = [threading.Thread(target=producer, args=(p,)) for p in range(PRODUCERS)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)   # threads interleave finely, as warps on SMs do
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    drain.stop()
+    return got, reader, kept
+
+
+def _by_producer(got: list[tuple[int, bytes]]) -> dict[int, list[int]]:
+    seqs: dict[int, list[int]] = {}
+    for sm, data in got:
+        p, k = struct.unpack_from("<II", data)
+        assert sm == p and len(data) == 8 + 8 * (k % 3)
+        seqs.setdefault(p, []).append(k)
+    return seqs
+
+
+def test_wait_loses_nothing_and_keeps_each_producers_order():
+    """A 1 KiB ring (about 50 records) under four producers: every record arrives once, each producer's
+    in the order it wrote them, none dropped, and the ring ends empty with consumed at head."""
+    ring = HostRing(1024, PRODUCERS, wait=True)
+    got, reader, kept = _run_producers(ring)
+    assert _by_producer(got) == {p: list(range(PER_PRODUCER)) for p in range(PRODUCERS)}
+    assert reader.dropped == 0 and reader.taken == len(got) == PRODUCERS * PER_PRODUCER
+    assert reader.empty() and ring._u64(16) == ring._u64(0) == ring._u64(8)
+
+
+def test_drop_counts_every_record_it_does_not_deliver():
+    """The same producers on a dropping ring: what arrives is each producer's records without
+    duplicates and in order, and delivered + dropped is exactly what was written (the reader's count
+    from the ring equals the producers' own); the reader reopens SMs that were refused, so records keep
+    arriving from an SM after it was refused."""
+    ring = HostRing(1024, PRODUCERS, wait=False)
+    got, reader, kept = _run_producers(ring)
+    seqs = _by_producer(got)
+    for p in range(PRODUCERS):
+        mine = seqs.get(p, [])
+        assert mine == sorted(set(mine)) and len(mine) == kept[p]
+    assert reader.dropped == ring.refused == PRODUCERS * PER_PRODUCER - len(got) > 0
+    assert ring.reopened > 0   # the reader reset the SMs' full marks once it had made room
+
+
+def test_a_record_is_taken_only_once_a_pass_saw_it_complete():
+    """A copy engine may copy a flag before the bytes it guards: a record seen READY is taken only by
+    the next pass, and one still BUSY stops the pass (nothing after it is taken out of order)."""
+    ring = HostRing(4096, 1, wait=False)
+    ring.produce(b"first...", 0)
+    reader = RingReader(ring, 0, ring.lay)
+    assert reader.take() == []                       # seen, not yet taken
+    assert reader.take() == [(0, b"first...")]
+    pos = ring._add(0, 16)                          # reserved, not yet published
+    struct.pack_into("<II", ring.mem, devmaps.HEADER + pos, 8, devmaps.REC_BUSY)
+    ring._add(8, 16)
+    ring.produce(b"second..", 0)
+    assert reader.take() == [] and reader.take() == []
+    struct.pack_into("<I", ring.mem, devmaps.HEADER + pos + 4, devmaps.REC_DISCARD)
+    reader.take()
+    assert reader.take() == [(0, b"second..")] and reader.empty()
+    assert not any(ring.mem[devmaps.HEADER:devmaps.HEADER + 48])   # consumed bytes cleared
+
+
+# ---- the trace file ----------------------------------------------------------------------------------
+
+pa = pytest.importorskip("pyarrow")   # the optional extra egpu[trace]
+import pyarrow.parquet as pq  # noqa: E402
+
+from typer.testing import CliRunner  # noqa: E402
+
+from egpu_preload.bpf.compile import compile_probe  # noqa: E402
+from egpu_preload.bpf.elf import load_object  # noqa: E402
+from egpu_preload.output import tracefile  # noqa: E402
+from launcher import egpu  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+MEM_EVENT = struct.Struct("<QQQQIIII3I3I")   # examples/access_trace.bpf.c's struct mem_event
+
+
+@pytest.fixture(scope="module")
+def access_trace(tmp_path_factory):
+    out = tmp_path_factory.mktemp("probe") / "access_trace.bpf.o"
+    return load_object(compile_probe(EXAMPLES / "access_trace.bpf.c", out))
+
+
+def _event(i: int) -> bytes:
+    """The record of thread i (blocks of 256) loading 4 bytes at 0x7f0000000000 + 4 i."""
+    return MEM_EVENT.pack(1_000_000 + 10 * i, 0x7F0000000000 + 4 * i, 77, 3, i % 5, 4, 1, i % 132,
+                          i // 256, 0, 0, i % 256, 0, 0)
+
+
+def _write_trace(obj, path: Path, n: int) -> None:
+    lay = tracefile.record_layout(obj.btf, tracefile.record_struct(obj.btf))
+    w = tracefile.TraceWriter(path, [("events", lay), ("raw", None), (tracefile.TRACE_PRINTK, None)])
+    for start in range(0, n, 1000):
+        w.add(0, [(0, _event(i)) for i in range(start, min(n, start + 1000))])
+    w.add(0, [(5, b"short")])            # a record of another size than the struct: kept whole in data
+    w.add(1, [(0, b"\x01\x02\x03")])
+    fmt = b"x=%d\0"
+    w.add(2, [(9, struct.pack("<QQQ", 42, 0, 0) + fmt)])
+    w.close({"events": 7, "raw": 0})
+
+
+def test_the_trace_file_reads_back_with_pyarrow_alone(access_trace, tmp_path):
+    """pyarrow, not egpu, reads the file: a row per record, the struct's members as typed columns (arrays
+    a column per element), each map's records in order with seq 0, 1, ..., the dropped counts and the
+    record types in the metadata."""
+    path = tmp_path / "t.parquet"
+    _write_trace(access_trace, path, 3000)
+    t = pq.read_table(path)
+    assert t.num_rows == 3000 + 3
+    assert t.schema.field("addr").type == pa.uint64() and t.schema.field("site").type == pa.uint32()
+    events = t.filter(pa.compute.equal(t.column("map").cast(pa.string()), "events")).to_pydict()
+    assert events["seq"] == list(range(3001))
+    assert events["addr"][:3000] == [0x7F0000000000 + 4 * i for i in range(3000)]
+    assert events["thread[0]"][:3000] == [i % 256 for i in range(3000)]
+    assert events["block[0]"][:3000] == [i // 256 for i in range(3000)]
+    assert events["addr"][3000] is None and events["data"][3000] == b"short" and events["cpu"][3000] == 5
+    assert events["sm"][:3] == [0, 1, 2]   # the struct's own sm member
+    rows = t.to_pylist()
+    assert [r["data"] for r in rows if r["map"] == "raw"] == [b"\x01\x02\x03"]
+    assert [r["text"] for r in rows if r["map"] == "trace_printk"] == ["x=42"]
+    meta = pq.read_metadata(path).metadata
+    assert json.loads(meta[b"egpu.dropped"]) == {"events": 7, "raw": 0}
+    assert json.loads(t.schema.metadata[b"egpu.record_types"]) == {"events": "struct mem_event"}
+    assert path.stat().st_size < 3000 * MEM_EVENT.size // 2   # columnar and compressed
+
+
+def test_egpu_trace_prints_filters_and_converts(access_trace, tmp_path):
+    path = tmp_path / "t.parquet"
+    _write_trace(access_trace, path, 600)
+    run = CliRunner().invoke
+    res = run(egpu, ["trace", str(path), "--where", "map=events", "--where", "thread[0]=7", "--limit", "2"])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("events #7 cpu=0 ts=1000070 addr=0x7f000000001c")
+    assert lines[1].startswith("events #263 ")
+    assert "@events: 7 records dropped" in res.stderr
+    res = run(egpu, ["trace", str(path), "--json", "--where", "map=raw"])
+    assert [json.loads(x) for x in res.stdout.splitlines()] == [{"map": "raw", "seq": 0, "cpu": 0, "data": "010203"}]
+    out = tmp_path / "t.json"
+    res = run(egpu, ["trace", str(path), "--perfetto", str(out), "--where", "site=2"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert len([e for e in doc["traceEvents"] if e["ph"] == "i"]) == 120
+    for bad, why in ((["--where", "nosuch=1"], "expected FIELD=VALUE"),
+                     (["--where", "site=abc"], "'abc' is not a value of site (uint32)"),
+                     (["--where", "addr=-1"], "'-1' is not a value of addr (uint64)")):
+        res = run(egpu, ["trace", str(path), *bad])
+        assert res.exit_code == 1 and why in res.stderr and "Traceback" not in res.output
+    res = run(egpu, ["trace", str(tmp_path / "none.parquet")])
+    assert res.exit_code == 1 and "none.parquet" in res.stderr
+
+
+# ---- egpu-run --trace against the stand-in driver ------------------------------------------------------
+
+def test_egpu_run_trace_writes_the_file_and_says_what_it_holds(stub_job, probe_obj, tmp_path):
+    """The job's rings drained into FILE, closed at exit with each ring's dropped count (the stand-in's
+    kernels run no probe, so it holds none); an old FILE is replaced, not appended to."""
+    from stub_job import egpu_run
+    out = tmp_path / "t.parquet"
+    out.write_text("old")
+    r = egpu_run(["--trace", str(out), "-p", str(probe_obj("ringbuf")), str(stub_job.app), "module", "2", "64", "0"],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    assert f"egpu-run: 0 records in {out}, none dropped" in r.stderr.splitlines()
+    t = pq.read_table(out)
+    assert t.num_rows == 0 and t.column_names == list(tracefile.FIXED)   # its struct is not in its BTF
+    assert json.loads(pq.read_metadata(out).metadata[b"egpu.dropped"]) == {"events": 0, "trace_printk": 0}
+
+
+def test_on_full_wait_without_a_reader_is_refused(stub_job, probe_obj, tmp_path):
+    """Nobody would make room in a waiting ring: the job never starts."""
+    from stub_job import egpu_run
+    r = egpu_run(["--on-full", "wait", "-p", str(probe_obj("ringbuf")), str(stub_job.app), "module", "1", "32", "0"],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == 125 and r.stdout == ""
+    assert r.stderr == "egpu-run: --on-full wait needs --trace FILE: only its reader makes room while kernels run\n"
+
+
+def test_the_reader_expands_a_record_type_through_its_hook(access_trace, tmp_path):
+    """A record type's expander (a warp-level record into per-lane rows) sees only that type's rows and
+    its rows replace them; other maps' rows stay as they are."""
+    path = tmp_path / "t.parquet"
+    _write_trace(access_trace, path, 10)
+    seen = []
+
+    def twice(rows):
+        seen.append(rows.num_rows)
+        return pa.concat_tables([rows, rows])
+
+    trace = tracefile.read(path, {"struct mem_event": twice})
+    maps = trace.rows.column("map").cast(pa.string()).to_pylist()
+    assert seen == [11] and maps.count("events") == 22 and maps.count("raw") == 1
+
+
+
+class Arena:
+    """Device memory for DeviceMaps and the reader alike: one bytearray, addresses are its offsets."""
+
+    def __init__(self, size: int) -> None:
+        self.mem, self.top = bytearray(size), 0
+
+    def alloc(self, n: int) -> int:
+        self.top, at = self.top + devmaps.round8(n), self.top
+        assert self.top <= len(self.mem)
+        return at
+
+    def free(self, ptr: int) -> None:
+        pass
+
+    def read(self, addr: int, n: int) -> bytes:
+        return bytes(self.mem[addr:addr + n])
+
+    def write(self, addr: int, data: bytes) -> None:
+        self.mem[addr:addr + len(data)] = data
+
+    htod, dtoh = write, read
+
+
+def test_streaming_drains_a_jobs_rings_into_the_trace_file(access_trace, tmp_path):
+    """What the runtime does under --trace, on device maps in host memory: the probe's ring (made to
+    wait, 4 KiB) written by four producers while the reader runs, every record in the file in each
+    producer's order, none dropped, and the counts the dump reports."""
+    from egpu_preload.maps import MapsState
+    from egpu_preload.runtime.probes import Probe
+    from egpu_preload.runtime.streaming import Streaming
+    maps = [dataclasses.replace(m, max_entries=4096, wait=True) if m.type == prog.MAP_RINGBUF else m
+            for m in access_trace.maps]
+    obj = dataclasses.replace(access_trace, maps=maps)
+    arena = Arena(8 << 20)
+    device = devmaps.DeviceMaps(arena, MapsState(obj.maps), 4)
+    index = next(i for i, m in enumerate(maps) if m.name == "events")
+    ring = HostRing(4096, 4, True, arena.mem, device.addrs[index])
+    out = tmp_path / "t.parquet"
+    streaming = Streaming(out, [Probe(Path("access_trace.bpf.o"), obj, (), "t")], [device], arena)
+
+    def producer(p: int) -> None:
+        for i in range(p, 4000, 4):
+            ring.produce(_event(i), sm=p)
+
+    threads = [threading.Thread(target=producer, args=(p,)) for p in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert streaming.finish() == {"path": str(out), "records": 4000, "dropped": 0, "error": None}
+    t = pq.read_table(out).to_pydict()
+    assert t["map"] == ["events"] * 4000 and t["seq"] == list(range(4000))
+    for p in range(4):
+        assert [a for a, c in zip(t["addr"], t["cpu"]) if c == p] == [0x7F0000000000 + 4 * i for i in range(p, 4000, 4)]
+
+
+
+def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp_path):
+    """A writer that fails (a full disk) must not stop the reader, or a waiting ring would stop the job:
+    every record is still taken, and the counts say how many did not reach the file."""
+    from egpu_preload.maps import MapsState
+    from egpu_preload.runtime.probes import Probe
+    from egpu_preload.runtime.streaming import Streaming
+    maps = [dataclasses.replace(m, max_entries=4096, wait=True) if m.type == prog.MAP_RINGBUF else m
+            for m in access_trace.maps]
+    obj = dataclasses.replace(access_trace, maps=maps)
+    arena = Arena(8 << 20)
+    device = devmaps.DeviceMaps(arena, MapsState(obj.maps), 1)
+    ring = HostRing(4096, 1, True, arena.mem, device.addrs[next(i for i, m in enumerate(maps) if m.name == "events")])
+    streaming = Streaming(tmp_path / "t.parquet", [Probe(Path("a.bpf.o"), obj, (), "t")], [device], arena)
+
+    def full(index, records):
+        raise OSError(28, "No space left on device")
+
+    streaming.writer.add = full
+    for i in range(1000):   # 80 KB through a 4 KiB ring: only a reader that keeps taking lets this end
+        ring.produce(_event(i), sm=0)
+    report = streaming.finish()
+    assert report["records"] == 0 and report["dropped"] == 0
+    assert report["error"] == "cannot write the trace: [Errno 28] No space left on device (1,000 records taken and not written)"
+
+
+def test_runs_of_one_size_come_as_blocks_and_stop_where_the_pass_saw_complete(tmp_path):
+    """Records of one size in a row are taken as numpy Blocks: a record of another size ends one, and
+    so does the end of what the previous pass saw complete (later records wait for the next pass);
+    flattened, the blocks and single records are the ring's records in order."""
+    from egpu_preload.runtime.ring_drain import RUN
+    ring = HostRing(1 << 16, 3, wait=False)
+    reader = RingReader(ring, 0, ring.lay)
+    written = []
+
+    def produce(i: int, size: int) -> None:
+        data = struct.pack("<I", i) + bytes(size - 4)
+        assert ring.produce(data, sm=i % 3)
+        written.append((i % 3, data))
+
+    for i in range(RUN + 8):
+        produce(i, 16)
+    produce(RUN + 8, 24)
+    for i in range(RUN + 9, 2 * RUN + 17):
+        produce(i, 16)
+    assert reader.take() == []
+    for i in range(2 * RUN + 17, 3 * RUN + 17):   # after the pass that saw the others
+        produce(i, 16)
+    first = reader.take()
+    assert [type(x) for x in first] == [Block, tuple, Block]
+    assert (len(first[0]), first[1], len(first[2])) == (RUN + 8, written[RUN + 8], RUN + 8)
+    second = reader.take()
+    assert [type(x) for x in second] == [Block] and len(second[0]) == RUN
+    assert flat(first + second) == written and reader.empty() and reader.taken == len(written)

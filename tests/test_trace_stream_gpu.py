@@ -1,0 +1,65 @@
+"""egpu-run --trace on the GPU: a full memory trace of tests/e2e/vecadd.cu (examples/access_trace.bpf.c,
+a record per global access, through a 16 MiB ring several times over) with ``--on-full wait``, the
+default under --trace: no record dropped, and every address the kernel's index math says
+(``c[i] = a[i] + b[i] * (i % 3)``: a load of a[i] and of b[i] and a store of c[i], once per thread i).
+Needs pyarrow on the GPU machine (scripts/gpu-prep.sh puts its wheel in .whl)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stub_job import ROOT, egpu_run
+from test_e2e_gpu import env_for, shim  # noqa: F401  (the shim fixture)
+
+pytestmark = pytest.mark.gpu
+
+THREADS = 1 << 18   # 786,432 records of 80 bytes: 60 MB through the 16 MiB ring
+LOAD, STORE = 1, 2  # egpu.bpf.h's EGPU_F_LOAD, EGPU_F_STORE
+
+
+def _access_trace(tmp_path: Path) -> Path:
+    prebuilt = os.environ.get("EGPU_PREBUILT_PROBES")   # the GPU machine has no clang (gpu-prep.sh)
+    if prebuilt:
+        return Path(prebuilt) / "access_trace.v3.bpf.o"
+    from egpu_preload.bpf.compile import compile_probe
+    return compile_probe(ROOT / "examples" / "access_trace.bpf.c", tmp_path / "access_trace.bpf.o")
+
+
+def test_a_full_memory_trace_of_vecadd_keeps_every_access(shim, tmp_path):  # noqa: F811
+    pa = pytest.importorskip("pyarrow")
+    import numpy as np
+    import pyarrow.parquet as pq
+    exe = tmp_path / "vecadd"
+    subprocess.run(["nvcc", "-O2", "-arch=sm_90", str(ROOT / "tests" / "e2e" / "vecadd.cu"), "-o", str(exe)],
+                   check=True)
+    out = tmp_path / "trace.parquet"
+    r = egpu_run(["--trace", str(out), "-p", str(_access_trace(tmp_path)), str(exe), "1", str(THREADS)],
+                 env_for(shim, tmp_path), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert " wrong 0 " in r.stdout
+    assert f"egpu-run: {3 * THREADS:,} records in {out}, none dropped" in r.stderr, r.stderr
+    assert json.loads(pq.read_metadata(out).metadata[b"egpu.dropped"]) == {"events": 0, "trace_printk": 0}
+    t = pq.read_table(out, columns=["map", "seq", "addr", "flags", "site", "block[0]", "thread[0]"])
+    t = t.filter(pa.compute.equal(t.column("map").cast(pa.string()), "events"))
+    assert t.num_rows == 3 * THREADS
+    assert np.array_equal(np.sort(t.column("seq").to_numpy()), np.arange(3 * THREADS, dtype=np.uint64))
+    i = t.column("block[0]").to_numpy().astype(np.int64) * 256 + t.column("thread[0]").to_numpy()
+    addr = t.column("addr").to_numpy().astype(np.int64)
+    flags, site = t.column("flags").to_numpy(), t.column("site").to_numpy()
+    bases = {}
+    for s in np.unique(site):
+        at = site == s
+        base = addr[at] - 4 * i[at]           # one array per site: addr = base + 4 i for every thread
+        assert (base == base[0]).all(), f"site {s}: addresses off the index math"
+        assert np.array_equal(np.sort(i[at]), np.arange(THREADS)), f"site {s}: not once per thread"
+        assert len(set(flags[at])) == 1
+        bases[int(s)] = (int(base[0]), int(flags[at][0]))
+    kinds = sorted(f for _, f in bases.values())
+    assert kinds == [LOAD, LOAD, STORE], bases           # a[i], b[i] loaded; c[i] stored
+    starts = sorted(b for b, _ in bases.values())
+    assert all(hi - lo >= 4 * THREADS for lo, hi in zip(starts, starts[1:]))   # three distinct arrays
