@@ -133,7 +133,7 @@ def _memory(workload: str, mode: str, modes: dict[str, dict[str, Any]]) -> str |
     if mode == "mem_trace" and rec["trace"]["records"] == 0:
         return f"no trace record delivered ({rec['trace']['drops']:,} dropped)"
     if workload not in DETERMINISTIC:
-        return None
+        return _dropped(rec, mode, n)
     units = rec.get("units")
     if not units:
         return "no unit count (BENCH_UNITS) to divide the accesses by"
@@ -143,8 +143,15 @@ def _memory(workload: str, mode: str, modes: dict[str, dict[str, Any]]) -> str |
     theirs = _per_unit(modes[other], other) if other in modes else None
     if theirs is not None and theirs != n // units:
         return f"{n // units:,} accesses per unit, {other} saw {theirs:,}"
-    return None
+    return _dropped(rec, mode, n)
 
+
+
+def _dropped(rec: dict[str, Any], mode: str, n: int) -> str | None:
+    """A full trace is one that kept every record."""
+    if mode == "mem_trace" and rec["trace"]["drops"]:
+        return f"{rec['trace']['drops']:,} of {n:,} records dropped: a full trace counts only runs that drop none"
+    return None
 
 def check_counter(rec: dict[str, Any], plain: dict[str, Any], threads_per_unit: int | None) -> str | None:
     """For a workload whose threads per unit are known (bench_counters' and bench_sass's vecadd): the

@@ -118,8 +118,14 @@ def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path], witness: 
     if mode in ("plain", "torch_profiler"):
         return workload_cmd(name, exe, profile=mode == "torch_profiler")
     loaded = [probes[mode]] if mode in probes else []
-    return [*egpu_run(), "--keep", *[a for p in loaded + ([witness] if witness else []) for a in ("-p", str(p))],
+    trace = ["--trace", str(trace_file(exe))] if mode == "mem_trace" else []
+    return [*egpu_run(), "--keep", *trace, *[a for p in loaded + ([witness] if witness else []) for a in ("-p", str(p))],
             *workload_cmd(name, exe)]
+
+
+def trace_file(exe: Path) -> Path:
+    """Where a mem_trace case writes its trace (beside the kernels; each case's is removed after it)."""
+    return exe.parent / "trace.parquet"
 
 
 def run_case(cmd: list[str], env: dict[str, str], timeout: float, cpus: set[int] | None = None) -> dict[str, Any]:
@@ -162,9 +168,13 @@ def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per module its load's timings, the ring records kept and dropped, the shim's counters summed
     over the processes (python_calls against launches says whether a hook went into Python often), and
     the probes' array maps (what probe_check reads)."""
-    modules, records, drops = [], 0, 0
+    modules, records, drops, streamed = [], 0, 0, False
     stats: dict[str, int] = {}
     for d in docs:
+        if d.get("trace"):   # egpu-run --trace: what reached the file, and what the probes dropped
+            streamed = True
+            records += d["trace"]["records"]
+            drops += d["trace"]["dropped"]
         for name, n in d.get("stats", {}).items():
             stats[name] = stats.get(name, 0) + n
         probes_ms = d.get("timing", {}).get("probes_ms")
@@ -173,12 +183,12 @@ def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
             if timing:
                 modules.append({"image": m.get("image", "?"), "status": m.get("status", "?"), "probes_ms": probes_ms,
                                 "kernels": sum(k[1] == "instrumented" for k in m.get("kernels", [])), **timing})
-        for p in d.get("probes", []):
+        for p in d.get("probes", []) if not d.get("trace") else []:
             for storage in p.get("maps", []):
                 if "records" in storage and "drops" in storage:
                     records += len(storage["records"])
                     drops += storage["drops"]
-    return {"modules": modules, "trace": {"records": records, "drops": drops}, "shim_stats": stats,
+    return {"modules": modules, "trace": {"records": records, "drops": drops, "streamed": streamed}, "shim_stats": stats,
             "counts": probe_check.counts_from_dumps(docs)}
 
 
@@ -304,6 +314,8 @@ def main() -> None:
                     # nvcc programs load eagerly: the instrumented image's JIT falls inside the load the dump times
                     case_env = {**env, "CUDA_MODULE_LOADING": "EAGER"} if kind == "cuda" else env
                     rec = run_case(case_cmd(name, mode, exe, probes), case_env, min(TIMEOUT_S[kind], left()), cpus)
+                    for f in work.glob(trace_file(exe).stem + "*"):   # gigabytes: one case's at a time
+                        f.unlink()
                     if i == 0 and mode == "entry_exit" and rec["status"] == "ok" and left() > 30:
                         rec["check_run"] = run_case(case_cmd(name, mode, exe, probes, witness), case_env,
                                                     min(TIMEOUT_S[kind], left()), cpus)

@@ -40,7 +40,7 @@ def fake_cases():
                    "shim": case([10.1] * 10),
                    "entry_exit": entry_exit([10.2] * 10, 1000, 1000),
                    "mem_count": case([12.0] * 10, counts=[[[600, 400]]], units=100),
-                   "mem_trace": case([50.0, 52.0, 48.0], trace={"records": 200, "drops": 800}, units=100)},
+                   "mem_trace": case([50.0, 52.0, 48.0], trace={"records": 1000, "drops": 0}, units=100)},
         "torch_eager": {"plain": case([20.0] * 10, digest="x"),
                         "shim": case([20.0] * 10, digest="y"),
                         "entry_exit": entry_exit([20.4] * 10, 5000, 5000, digest="x"),
@@ -66,7 +66,7 @@ def fake_doc():
            "goals": results.goals(summary, shim, jit), "jit": jit, "shim": shim,
            "modules": [{"workload": "vecadd", "mode": "shim", "image": "fatbin compute_90", "kernels": 0,
                         "probes_ms": 1.5, "rewrite_ms": 2.0, "driver_ms": 30.0}],
-           "trace": {"vecadd": {"records": 200, "drops": 800}},
+           "trace": {"vecadd": {"records": 1000, "drops": 0}},
            "hot_swap": {"cycles": 2, "flip_ms": {c: {"median": 1.0, "max": 2.0} for c in ("attach", "swap", "detach")},
                         "round_trip_ms": {c: {"median": 5.0, "max": 6.0} for c in ("attach", "swap", "detach")}}}
     doc["notes"] = results.notes(doc)
@@ -135,7 +135,12 @@ def mem(mode, n, units, records=None, **extra):
     ("vecadd", "mem_trace", case([1.0]), {}, "no trace in the exit dump"),
     # not deterministic: counts need only be there
     ("cupy", "mem_count", mem("mem_count", 31, 10), {"mem_trace": mem("mem_trace", 40, 10)}, None),
-    ("torch_eager", "mem_trace", mem("mem_trace", 7, None, records=2), {}, None),
+    ("torch_eager", "mem_trace", mem("mem_trace", 7, None, records=7), {}, None),
+    # a trace that dropped records is no full trace, whatever else holds
+    ("torch_eager", "mem_trace", mem("mem_trace", 7, None, records=2), {},
+     "5 of 7 records dropped: a full trace counts only runs that drop none"),
+    ("vecadd", "mem_trace", mem("mem_trace", 30, 10, records=29), {"mem_count": mem("mem_count", 30, 10)},
+     "1 of 30 records dropped: a full trace counts only runs that drop none"),
     # a timed-out partner is no witness either way
     ("vecadd", "mem_count", mem("mem_count", 30, 10), {"mem_trace": mem("mem_trace", 40, 10, status="timeout")}, None),
     ("vecadd", "entry_exit", entry_exit([1.0], 5, 5), {}, None),
@@ -285,10 +290,11 @@ def test_markdown_report():
                for ln in lines)
     assert "| shim | 3900.0 | 3790.0 | +90.0 |" in lines
     assert "pinned to CPU 1;" in md
-    assert "| vecadd | 200 | 800 |" in lines
+    assert "| vecadd | 1,000 | 0 |" in lines
     assert "| attach | 1.0 (2.0) | 5.0 (6.0) |" in lines
     assert "| mem_count | 3.0 ms | 8.0 ms | 140.0 ms | 151.0 ms | 9459 |" in lines
-    assert "kept 200 of 1,000 records (20.0%)" in md
+    doc = {**fake_doc(), "trace": {"vecadd": {"records": 200, "drops": 800, "streamed": True}}}
+    assert "vecadd: the full trace delivered 200 of 1,000 records (20.0%) into the trace file" in results.notes(doc)[0]
     assert "torch_eager / mem_count: timeout" in md
     assert "torch_eager / shim: the output differs" in md
     for p in results.PUBLISHED:
@@ -364,8 +370,16 @@ def test_facts_from_dumps(suite):
     assert suite.facts_from_dumps(docs) == {
         "modules": [{"image": "fatbin compute_90", "status": "instrumented", "probes_ms": 4.0, "kernels": 1,
                      "rewrite_ms": 2.0, "driver_ms": 9.0}],
-        "trace": {"records": 3, "drops": 6}, "shim_stats": {"launches": 15, "python_calls": 5},
+        "trace": {"records": 3, "drops": 6, "streamed": False}, "shim_stats": {"launches": 15, "python_calls": 5},
         "counts": [[[0], None]]}
+
+
+def test_facts_from_dumps_of_a_streamed_trace(suite):
+    """egpu-run --trace: the records the file got and the probes' drops, not the rings' leftovers at exit."""
+    docs = [{"trace": {"path": "t.parquet", "records": 70, "dropped": 2, "error": None},
+             "probes": [{"maps": [{"records": [b"r1"], "drops": 0}]}]},
+            {"trace": {"path": "t.9.parquet", "records": 30, "dropped": 0, "error": None}}]
+    assert suite.facts_from_dumps(docs)["trace"] == {"records": 100, "drops": 2, "streamed": True}
 
 
 @pytest.mark.parametrize("name, modes", [
@@ -382,6 +396,8 @@ def test_case_commands(suite, name, modes, tmp_path):
         assert ("--keep" in cmd) == wrapped
         assert [a for a in cmd if a.endswith(".bpf.o")] == ([str(probes[mode])] if mode in probes else [])
         assert ("--profile" in cmd) == (mode == "torch_profiler")
+        assert cmd[cmd.index("--trace") + 1:][:1] == [str(tmp_path / "trace.parquet")] if mode == "mem_trace" \
+            else "--trace" not in cmd
         base = suite.workload_cmd(name, exe, profile=mode == "torch_profiler")
         assert cmd[-len(base):] == base and name in base and str(suite.REPS) in base
 
@@ -477,7 +493,9 @@ def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
         probes = [Path(a).name.split(".")[0] for a in cmd if a.endswith(".bpf.o")]
         slow = 3.0 if "access_trace" in probes else 1.0
         counts = {"entry_exit": [[20, 20]], "mem_count": [[10, 20]], "launch_threads": [[20, 10]]}
-        return {**case([10.0 * slow] * 10), **({"trace": {"records": 5, "drops": 25}} if slow > 1 else {}),
+        dropped = 30 if "gemm" in cmd and slow > 1 else 0   # gemm's full trace drops some
+        trace = {"trace": {"records": 30 - dropped, "drops": dropped, "streamed": "--trace" in cmd}} if slow > 1 else {}
+        return {**case([10.0 * slow] * 10), **trace,
                 "units": 10, "counts": [counts.get(p, [None]) for p in probes], "shim_stats": {"dropped": 0},
                 "modules": [{"image": "ptx", "kernels": 3, "rewrite_ms": 1.0}] if "--keep" in cmd else []}
     monkeypatch.setattr(suite, "run_case", fake_run)
@@ -485,11 +503,15 @@ def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
     suite.main()
     doc = json.loads((tmp_path / "suite.json").read_text())
     assert set(doc["summary"]) == set(suite.WORKLOADS)
-    assert doc["summary"]["gemm"]["mem_trace"]["ratio"] == pytest.approx(3.0)
+    assert doc["summary"]["vecadd"]["mem_trace"]["ratio"] == pytest.approx(3.0)
+    gemm = doc["summary"]["gemm"]["mem_trace"]   # its drops make it no full trace: no ratio
+    assert (gemm["records_delivered"], gemm["records_dropped"], gemm["probe_checked"]) == (0, 30, False)
+    assert "ratio" not in gemm and gemm["unchecked_ratio"] == pytest.approx(3.0)
     assert "torch_profiler" in doc["summary"]["torch_eager"] and "torch_profiler" not in doc["summary"]["cupy"]
     assert doc["hot_swap"]["skipped"].startswith("hot swap: RuntimeError: no egpu attach here")
-    assert doc["trace"]["vecadd"] == {"records": 5, "drops": 25}
-    assert all(doc["summary"][w][m]["probe_checked"] for w in suite.WORKLOADS for m in suite.PROBES)
+    assert doc["trace"]["vecadd"] == {"records": 30, "drops": 0, "streamed": True}
+    assert all(doc["summary"][w][m]["probe_checked"] for w in suite.WORKLOADS for m in suite.PROBES
+               if (w, m) != ("gemm", "mem_trace"))
     eager = doc["summary"]["torch_eager"]
     assert eager["entry_exit"]["pairs"] == suite.PAIRS == 10 and eager["mem_count"]["pairs"] == 1
     assert doc["summary"]["gemm"]["mem_count"]["pairs"] is None
