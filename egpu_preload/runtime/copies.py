@@ -34,6 +34,7 @@ DIRECTIONS = ("unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA",
 MEMORY_KINDS = ("unknown", "pageable", "pinned", "device", "array", "managed", "device_static", "managed_static")
 SYNC_TYPES = ("unknown", "event_synchronize", "stream_wait_event", "stream_synchronize", "context_synchronize")
 RECORD_BYTES = {KIND_MEMCPY: 48, KIND_MEMCPY2: 64, KIND_MEMSET: 52, KIND_SYNC: 36}  # what parse reads
+INVALID = 0xFFFFFFFF  # CUPTI_SYNCHRONIZATION_INVALID_VALUE: a sync's stream where it has none
 SPAN_LIMIT = 1_000_000
 # start, end, CUPTI kind, detail (direction, memory kind or sync type), stream, correlation id, bytes
 SPAN_ROW = struct.Struct("<QQIIIIQ")

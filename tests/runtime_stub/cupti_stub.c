@@ -9,7 +9,7 @@
  * CUpti_ActivityMemset4, CUpti_ActivityMemcpyPtoP4, CUpti_ActivitySynchronization2,
  * CUpti_ActivityUnifiedMemoryCounter3 offsets, runtime/copies.py and runtime/uvm.py):
  *   EGPU_STUB_CUPTI_COPIES "kind:detail:bytes:ns:stream,..."  (kind 1, 2, 22 or 38; detail: copyKind,
- *                                                             memoryKind or sync type), copy i at STUB_T0 + 500 i,
+ *                                                             memoryKind or sync type), copy i at STUB_T0 + 100 µs + 10 µs i,
  *                                                             correlation id 200 + i
  *   EGPU_STUB_CUPTI_UVM "counter:address:value:ns:flags,..."  record i at STUB_T0 + 100 i, src 0, dst 1
  * cuptiActivityConfigureUnifiedMemoryCounter takes only the basic four counters (so egpu retries) and
@@ -30,7 +30,7 @@ typedef void (*request_fn)(uint8_t **buffer, size_t *size, size_t *max_records);
 typedef void (*complete_fn)(void *ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid);
 static request_fn on_request;
 static complete_fn on_complete;
-static unsigned enabled; /* bit k: activity kind k on */
+static uint64_t enabled; /* bit k: activity kind k on */
 
 static void note(const char *what, unsigned v) {
     const char *path = getenv("EGPU_STUB_LOG");
@@ -52,7 +52,7 @@ int cuptiActivityRegisterCallbacks(request_fn req, complete_fn done) {
 
 int cuptiActivityEnable(unsigned kind) {
     note("cuptiActivityEnable", kind);
-    if (kind < 32) enabled |= 1u << kind;
+    if (kind < 64) enabled |= 1ull << kind;
     return 0;
 }
 
@@ -82,10 +82,10 @@ static void more_records(uint8_t *buf, size_t size, size_t *valid) {
         unsigned kind, detail, stream;
         unsigned long long bytes, ns;
         if (sscanf(tok, "%u:%u:%llu:%llu:%u", &kind, &detail, &bytes, &ns, &stream) != 5) continue;
-        if (kind >= 32 || !(enabled & 1u << kind)) continue;
+        if (kind >= 64 || !(enabled & 1ull << kind)) continue;
         uint8_t *r = buf + *valid;
         memset(r, 0, RECORD);
-        uint64_t start = STUB_T0 + 500 * i, end = start + ns;
+        uint64_t start = STUB_T0 + 100000 + 10000 * i, end = start + ns;
         uint32_t corr = 200 + i, device = 0;
         memcpy(r, &kind, 4);
         if (kind == 38) { /* CUpti_ActivitySynchronization2 */
@@ -111,7 +111,7 @@ static void more_records(uint8_t *buf, size_t size, size_t *valid) {
         }
         *valid += RECORD;
     }
-    if (!(enabled & 1u << 25)) return;
+    if (!(enabled & 1ull << 25)) return;
     spec = getenv("EGPU_STUB_CUPTI_UVM");
     snprintf(copy, sizeof copy, "%s", spec ? spec : "");
     i = 0;
@@ -157,7 +157,7 @@ int cuptiActivityFlushAll(unsigned flag) {
     char copy[4096];
     snprintf(copy, sizeof copy, "%s", spec ? spec : "");
     int i = 0;
-    for (char *tok = strtok(copy, ","); tok && i < 64 && valid + 2 * RECORD <= size && (enabled & 1u << 10);
+    for (char *tok = strtok(copy, ","); tok && i < 64 && valid + 2 * RECORD <= size && (enabled & 1ull << 10);
          tok = strtok(NULL, ","), i++) {
         char *colon = strrchr(tok, ':');
         if (!colon) continue;
