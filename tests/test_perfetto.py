@@ -123,7 +123,7 @@ def _trace_processor_slice_count(path: Path, count: int) -> None:
 
 
 def test_copies_syncs_and_migrations_share_the_timeline_with_kernels(stub_job, cupti_dir, tmp_path):  # noqa: F811
-    from test_copies import COPIES, UVM
+    from test_cupti_activity import COPIES, UVM
     path = tmp_path / "trace.json"
     r, _ = _job(stub_job, cupti_dir, tmp_path, "--perfetto", str(path),
                 env_extra={"EGPU_STUB_CUPTI_COPIES": COPIES, "EGPU_STUB_CUPTI_UVM": UVM})

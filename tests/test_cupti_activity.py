@@ -178,3 +178,49 @@ def test_render_keeps_processes_apart():
     assert durations.render(docs).splitlines() == [
         "pid 1:", "@copy_ns[memcpy HtoD stream 7]: count 1, bytes 10, total 10, mean 10, min 10, max 10, 1.00 GB/s",
         "[8, 16)                1 |" + "@" * 52 + "|", "", "pid 2:", "@uvm[dtoh]: count 1, bytes 4096"]
+
+
+def test_unified_memory_records_reach_egpu_uvm_probes(stub_job, cupti_dir, tmp_path):  # noqa: F811
+    """examples/uvm_ranges.bpf.c on the stand-in's records: delivered to the probe on the Python VM with
+    every ctx field it reads (kind, addr, bytes), CUPTI asked to flush every 100 ms, no kernel timing."""
+    from stub_job import ROOT
+    lines, log = _job(stub_job, cupti_dir, tmp_path, "-p", str(ROOT / "examples/uvm_ranges.bpf.c"))
+    # per kind: 2 migrations to the GPU, a CPU fault, a GPU fault; both migrations in one 2 MiB range
+    assert lines == ["@events[3]: 1", "@events[4]: 1", "@events[1]: 2", "", "@htod_bytes[0x7f0000200000]: 69632"]
+    calls = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines() if " cupti" in ln]
+    assert calls == [*(f"cuptiActivityConfigureUnifiedMemoryCounter {k}" for k in (1, 2, 3, 4)),
+                     "cuptiActivityEnable 25", "cuptiActivityFlushPeriod 100", "cuptiActivityFlushAll 1"]
+
+
+UVM_PROBE = """#include "egpu.bpf.h"
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64); }
+    out SEC(".maps");
+SEC("egpu/uvm/*") int p(struct egpu_uvm_ctx *ctx) {
+    __u32 k = 0;
+    __u64 v = ctx->FIELD;
+    bpf_map_update_elem(&out, &k, &v, 0);
+    return 0;
+}
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
+@pytest.mark.parametrize("field, error", [
+    ("addr + ctx->bytes + ctx->value + ctx->start_ns + ctx->end_ns + ctx->kind + ctx->flags + ctx->src + ctx->dst"
+     " + ctx->stream", None),
+    # struct egpu_ctx's stream is at 136: past the end of a uvm probe's context
+    ("addr + ((struct egpu_ctx *)ctx)->stream",
+     "invalid ctx access off=136 size=8 (struct egpu_uvm_ctx is 64 bytes of aligned fields)"),
+])
+def test_the_verifier_holds_egpu_uvm_programs_to_their_context(tmp_path, field, error):
+    from egpu_preload.bpf.compile import compile_probe
+    from egpu_preload.errors import EgpuError
+    from egpu_preload.runtime.probes import load_probe
+    src = tmp_path / "p.bpf.c"
+    src.write_text(UVM_PROBE.replace("FIELD", field))
+    obj = compile_probe(src, tmp_path / "p.bpf.o")
+    if error is None:
+        assert load_probe(obj).specs == ()  # a host program: nothing spliced into kernels
+        return
+    with pytest.raises(EgpuError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        load_probe(obj)
