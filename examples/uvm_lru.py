@@ -158,7 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = table(trace, sizes)
     sys.stdout.write(render(rows, range_bytes, len(set(trace))))
     if args.plot is not None:
-        plot(rows, range_bytes, args.plot)
+        try:
+            plot(rows, range_bytes, args.plot)
+        except ImportError:
+            print(f"uvm_lru.py: {args.plot}: --plot needs matplotlib", file=sys.stderr)
+            return 1
     return 0
 
 
