@@ -475,10 +475,13 @@ def run_cmd(ctx: typer.Context,
                                               "the session directory"),
             keep: bool = typer.Option(False, "--keep", help="keep the session directory (dumps, compiled probes)"),
             durations: bool = typer.Option(False, "--durations",
-                                           help="time every kernel (CUPTI): count, total, mean, histogram"),
+                                           help="time every kernel, copy and set (CUPTI): count, total, mean, "
+                                                "histogram; bytes and bandwidth of copies; unified-memory "
+                                                "faults and migrations"),
             perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="FILE",
-                                                    help="write launches, kernel durations and ring-buffer "
-                                                         "records with a ts field as a trace for ui.perfetto.dev"),
+                                                    help="write launches, copies, syncs, unified-memory "
+                                                         "migrations and ring-buffer records with a ts field as a "
+                                                         "trace for ui.perfetto.dev"),
             backend: Backend = typer.Option("auto", "--backend", metavar="auto|ptx|sass",
                                             help="ptx: rewrite PTX; sass: patch SASS (Compute Sanitizer); "
                                                  "auto: PTX where a module has it, SASS otherwise"),

@@ -423,12 +423,13 @@ class Drainer:
                 self.probes.push(*dev)
 
     def deliver_uvm(self, records: list[uvm.UvmRecord]) -> None:
-        """Run the egpu/uvm programs on ``records`` (runtime/uvm.py's sink; any thread), in order."""
+        """Run the egpu/uvm programs on ``records`` (runtime/uvm.py's sink), in order. It runs on CUPTI's
+        buffer thread, which must make no CUDA calls: the drain thread copies what they wrote in shared
+        maps to the device on its next round."""
         with self._lock:
             for r in records:
                 self.probes.run_uvm(r)
             self.uvm_records += len(records)
-            self._push()
 
     def stop(self) -> None:
         """Records off, the thread joined, and what was left in the ring run."""
