@@ -224,3 +224,17 @@ def test_the_verifier_holds_egpu_uvm_programs_to_their_context(tmp_path, field, 
         return
     with pytest.raises(EgpuError, match=error.replace("(", r"\(").replace(")", r"\)")):
         load_probe(obj)
+
+
+def test_a_running_job_refuses_egpu_uvm_programs(tmp_path):
+    """Its unified-memory records go to the probes it started with: an attach would never see any."""
+    from types import SimpleNamespace
+
+    from egpu_preload.bpf.compile import compile_probe
+    from egpu_preload.control import ControlError
+    from egpu_preload.runtime import live
+    from stub_job import ROOT
+    data = compile_probe(ROOT / "examples/uvm_ranges.bpf.c", tmp_path / "u.bpf.o").read_bytes()
+    control = live.Live(SimpleNamespace(probes=[], cfg=SimpleNamespace(session=tmp_path)))
+    with pytest.raises(ControlError, match=r"u: unified-memory programs \(egpu/uvm/...\) cannot be attached"):
+        control._load(data, "u")

@@ -177,14 +177,13 @@ def load_cupti() -> ctypes.CDLL:
 
 
 class Cupti:
-    """CUPTI's activity API: kernel records feed a Durations (and a Timeline), the kinds in ``handlers``
-    go to their handler as a record's first bytes (``handlers[kind] = (bytes read, handler)``)."""
+    """CUPTI's activity API: kernel records feed a Durations (and a Timeline) when ``into`` is given;
+    other kinds go to the handlers ``enable`` registers."""
 
-    def __init__(self, lib: ctypes.CDLL, into: Durations | None, timeline: Timeline | None = None,
-                 handlers: dict[int, tuple[int, Callable[[bytes], None]]] | None = None) -> None:
+    def __init__(self, lib: ctypes.CDLL, into: Durations | None, timeline: Timeline | None = None) -> None:
         self.lib, self.into, self.timeline = lib, into, timeline
-        self.handlers = dict(handlers or {})
-        self.ends: tuple[Callable[[], None], ...] = ()  # called after each buffer: a batch's end
+        self.handlers: dict[int, tuple[int, Callable[[bytes], None]]] = {}  # kind -> (bytes read, handler)
+        self.ends: list[Callable[[], None]] = []  # called after each buffer: a batch's end
         self._buffers: dict[int, Any] = {}
         self._request, self._complete = _REQUEST(self._on_request), _COMPLETE(self._on_complete)
         lib.cuptiActivityGetNextRecord.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
@@ -196,7 +195,10 @@ class Cupti:
         if r != CUPTI_SUCCESS:
             raise CuptiError(f"{what} failed: CUptiResult {r}")
 
-    def enable(self, kind: int) -> None:
+    def enable(self, kind: int, handler: tuple[int, Callable[[bytes], None]] | None = None) -> None:
+        """Records of ``kind`` on; ``handler`` (bytes read, function): each record's first bytes go there."""
+        if handler is not None:
+            self.handlers[kind] = handler
         self._check(f"cuptiActivityEnable({kind})", self.lib.cuptiActivityEnable(kind))
 
     def configure_uvm(self) -> tuple[int, ...]:
@@ -318,17 +320,15 @@ def start(timeline: bool = False, kernels: bool = True,
         spans = copies_mod.COPY_KINDS + ((copies_mod.KIND_SYNC,) if timeline else ())
         try:
             for kind in spans:
-                cupti.handlers[kind] = (copies_mod.RECORD_BYTES[kind], _copy_handler(rec.copies))
-                cupti.enable(kind)
+                cupti.enable(kind, (copies_mod.RECORD_BYTES[kind], _copy_handler(rec.copies)))
         except (CuptiError, AttributeError) as e:
             rec.copies_error = str(e)
     try:
         rec.uvm = uvm.Uvm(offset, timeline and kernels, uvm_sink)
         batches = UvmBatches(rec.uvm)
         cupti.configure_uvm()
-        cupti.handlers[uvm.KIND_UNIFIED_MEMORY_COUNTER] = (uvm.RECORD_BYTES, batches.record)
-        cupti.ends = (batches.end,)
-        cupti.enable(uvm.KIND_UNIFIED_MEMORY_COUNTER)
+        cupti.ends.append(batches.end)
+        cupti.enable(uvm.KIND_UNIFIED_MEMORY_COUNTER, (uvm.RECORD_BYTES, batches.record))
         if uvm_sink is not None:
             cupti.flush_every(uvm.FLUSH_PERIOD_MS)
     except (CuptiError, AttributeError) as e:
