@@ -180,16 +180,25 @@ def test_render_keeps_processes_apart():
         "[8, 16)                1 |" + "@" * 52 + "|", "", "pid 2:", "@uvm[dtoh]: count 1, bytes 4096"]
 
 
-def test_unified_memory_records_reach_egpu_uvm_probes(stub_job, cupti_dir, tmp_path):  # noqa: F811
+def test_unified_memory_records_reach_egpu_uvm_probes_while_the_job_runs(stub_job, cupti_dir, tmp_path):  # noqa: F811
     """examples/uvm_ranges.bpf.c on the stand-in's records: delivered to the probe on the Python VM with
-    every ctx field it reads (kind, addr, bytes), CUPTI asked to flush every 100 ms, no kernel timing."""
+    every ctx field it reads (kind, addr, bytes) by a periodic flush while app_loop runs (0.5 s), not
+    only at exit; no kernel timing asked for, none enabled."""
     from stub_job import ROOT
-    lines, log = _job(stub_job, cupti_dir, tmp_path, "-p", str(ROOT / "examples/uvm_ranges.bpf.c"))
+    log = tmp_path / "log"
+    env = stub_job.env(log, EGPU_STUB_CUPTI_UVM=UVM)
+    env["LD_LIBRARY_PATH"] = f"{cupti_dir}:{env['LD_LIBRARY_PATH']}"
+    r = egpu_run(["-p", str(ROOT / "examples/uvm_ranges.bpf.c"), str(stub_job.loop), str(tmp_path / "stop"), "0.5"],
+                 env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
     # per kind: 2 migrations to the GPU, a CPU fault, a GPU fault; both migrations in one 2 MiB range
-    assert lines == ["@events[3]: 1", "@events[4]: 1", "@events[1]: 2", "", "@htod_bytes[0x7f0000200000]: 69632"]
-    calls = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines() if " cupti" in ln]
-    assert calls == [*(f"cuptiActivityConfigureUnifiedMemoryCounter {k}" for k in (1, 2, 3, 4)),
-                     "cuptiActivityEnable 25", "cuptiActivityFlushPeriod 100", "cuptiActivityFlushAll 1"]
+    assert lines[2:] == ["@events[3]: 1", "@events[4]: 1", "@events[1]: 2", "", "@htod_bytes[0x7f0000200000]: 69632"]
+    calls = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines() if " cupti" in ln or " records" in ln]
+    assert calls[:5] == [*(f"cuptiActivityConfigureUnifiedMemoryCounter {k}" for k in (1, 2, 3, 4)),
+                         "cuptiActivityEnable 25"]
+    assert calls[5:7] == ["cuptiActivityFlushAll 0", "records handed over 4"] and calls[-1] == "cuptiActivityFlushAll 1"
+    assert set(calls[7:-1]) == {"cuptiActivityFlushAll 0"}
 
 
 UVM_PROBE = """#include "egpu.bpf.h"

@@ -184,6 +184,8 @@ class Cupti:
         self.lib, self.into, self.timeline = lib, into, timeline
         self.handlers: dict[int, tuple[int, Callable[[bytes], None]]] = {}  # kind -> (bytes read, handler)
         self.ends: list[Callable[[], None]] = []  # called after each buffer: a batch's end
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
         self._buffers: dict[int, Any] = {}
         self._request, self._complete = _REQUEST(self._on_request), _COMPLETE(self._on_complete)
         lib.cuptiActivityGetNextRecord.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
@@ -214,10 +216,13 @@ class Cupti:
         raise CuptiError("cuptiActivityConfigureUnifiedMemoryCounter failed (" + ", ".join(tried) + ")")
 
     def flush_every(self, ms: int) -> None:
-        """Hand buffers over every ``ms`` even when not full (records reach their handlers sooner)."""
-        period = getattr(self.lib, "cuptiActivityFlushPeriod", None)
-        if period is not None:
-            period(ctypes.c_uint32(ms))
+        """A thread hands completed records over every ``ms``, full buffers or not (cuptiActivityFlushAll(0):
+        cuptiActivityFlushPeriod would hand over only full ones), until ``flush``."""
+        def loop() -> None:
+            while not self._stop.wait(ms / 1000):
+                self.lib.cuptiActivityFlushAll(0)
+        self._flusher = threading.Thread(target=loop, name="egpu-cupti-flush", daemon=True)
+        self._flusher.start()
 
     def _on_request(self, buf: Any, size: Any, max_records: Any) -> None:
         b = ctypes.create_string_buffer(BUFFER_BYTES + 8)
@@ -249,7 +254,11 @@ class Cupti:
                 end()
 
     def flush(self) -> None:
-        """Hand every buffer over, completed kernels' records included (CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)."""
+        """Hand every buffer over, completed kernels' records included (CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+        the periodic flushes end first."""
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
         self.lib.cuptiActivityFlushAll(1)
 
 

@@ -13,8 +13,8 @@
  *                                                             correlation id 200 + i
  *   EGPU_STUB_CUPTI_UVM "counter:address:value:ns:flags,..."  record i at STUB_T0 + 100 i, src 0, dst 1
  * cuptiActivityConfigureUnifiedMemoryCounter takes only the basic four counters (so egpu retries) and
- * logs each kind enabled; EGPU_STUB_CUPTI_NO_UVM=1 refuses every configuration. cuptiActivityFlushPeriod
- * logs its period. */
+ * logs each kind enabled; EGPU_STUB_CUPTI_NO_UVM=1 refuses every configuration. Every record is handed
+ * over at the first cuptiActivityFlushAll, forced (1) or not (0). */
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -64,11 +64,6 @@ int cuptiActivityConfigureUnifiedMemoryCounter(um_config *config, uint32_t count
     for (uint32_t i = 0; i < count; i++)
         if (config[i].kind > 4 || config[i].scope != 1 || !config[i].enable) return 1;
     for (uint32_t i = 0; i < count; i++) note("cuptiActivityConfigureUnifiedMemoryCounter", config[i].kind);
-    return 0;
-}
-
-int cuptiActivityFlushPeriod(uint32_t ms) {
-    note("cuptiActivityFlushPeriod", ms);
     return 0;
 }
 
@@ -188,6 +183,7 @@ int cuptiActivityFlushAll(unsigned flag) {
     }
     more_records(buf, size, &valid);
     on_complete(NULL, 0, buf, size, valid);
+    note("records handed over", (unsigned)(valid / RECORD));
     return 0;
 }
 
