@@ -98,12 +98,6 @@ def test_unified_memory_totals_spans_and_the_sink_on_the_moved_clock():
     assert [(r.start_ns, r.end_ns) for r in seen[0]] == [(1010, 1020), (1005, 1009), (1030, 1040)]
 
 
-def test_unified_memory_context_is_struct_egpu_uvm_ctx():
-    ctx = uvm.context_bytes(uvm.UvmRecord(1, 0xA000, 4096, 11, 22, 0, 1, 3, 7))
-    assert len(ctx) == 64
-    assert struct.unpack("<QQQQQIIIIII", ctx) == (0xA000, 4096, 4096, 11, 22, 1, 3, 0, 1, 7, 0)
-
-
 def test_unified_memory_config_array():
     assert uvm.config((1, 4)) == struct.pack("<8I", 1, 1, 0, 1, 1, 4, 0, 1)
 
@@ -247,3 +241,31 @@ def test_a_running_job_refuses_egpu_uvm_programs(tmp_path):
     control = live.Live(SimpleNamespace(probes=[], cfg=SimpleNamespace(session=tmp_path)))
     with pytest.raises(ControlError, match=r"u: unified-memory programs \(egpu/uvm/...\) cannot be attached"):
         control._load(data, "u")
+
+
+def test_struct_egpu_uvm_ctx_in_the_header_matches_ctx_py_and_context_bytes(tmp_path):
+    """egpu.bpf.h's struct and enum (compiled by gcc) against bpf/ctx.py UVM_CTX and uvm.COUNTERS; and
+    context_bytes puts each field where UVM_CTX says."""
+    import subprocess
+
+    from egpu_preload.bpf import ctx as C
+    from stub_job import ROOT
+    fields = C.UVM_CTX.fields
+    src = tmp_path / "o.c"
+    src.write_text('#include <stddef.h>\n#include <stdio.h>\n#include "egpu.bpf.h"\nint main(void) {\n'
+                   + "".join(f'printf("{f.name} %zu %zu\\n", offsetof(struct egpu_uvm_ctx, {f.name}), '
+                             f'sizeof(((struct egpu_uvm_ctx *)0)->{f.name}));\n' for f in fields)
+                   + 'printf("size %zu\\n", sizeof(struct egpu_uvm_ctx));\n'
+                   + "".join(f'printf("EGPU_UVM_{n.upper()} %d\\n", EGPU_UVM_{n.upper()});\n'
+                             for n in uvm.COUNTERS.values())
+                   + "return 0;\n}\n")
+    subprocess.run(["gcc", "-w", "-I", str(ROOT / "egpu_preload/include"), str(src), "-o", str(tmp_path / "o")],
+                   check=True)
+    out = subprocess.run([str(tmp_path / "o")], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ([f"{f.name} {f.offset} {f.size}" for f in fields] + [f"size {C.UVM_CTX.size}"]
+                   + [f"EGPU_UVM_{n.upper()} {k}" for k, n in uvm.COUNTERS.items()])
+    r = uvm.UvmRecord(kind=2, address=0xA000, value=4096, start_ns=11, end_ns=22, src=5, dst=6, flags=3, stream=7)
+    ctx = uvm.context_bytes(r)
+    at = {f.name: int.from_bytes(ctx[f.offset:f.offset + f.size], "little") for f in fields}
+    assert at == {"addr": 0xA000, "bytes": 4096, "value": 4096, "start_ns": 11, "end_ns": 22, "kind": 2, "flags": 3,
+                  "src": 5, "dst": 6, "stream": 7, "pad": 0}

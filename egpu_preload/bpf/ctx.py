@@ -44,6 +44,13 @@ FIELDS: tuple[Field, ...] = (
 SIZE = 144
 WORDS = SIZE // 8
 
+# What r1 holds where a probe's context is not in memory (its words passed in registers, or none read).
+# Not NULL: the verifier proves ctx never NULL, so a probe's `if (!ctx)` branch is not translated; and
+# farther from 0 than any offset it allows.
+NO_ADDRESS = 1 << 40
+BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
+ALL_FIELDS: frozenset[str] = frozenset(BY_NAME)
+
 
 class Layout(NamedTuple):
     """A context struct: its C name, its fields, its size in bytes."""
@@ -77,12 +84,6 @@ def layout_of_section(section: str | None) -> Layout:
         if section is not None and section.startswith(prefix + "/"):
             return layout
     return EGPU_CTX
-# What r1 holds where a probe's context is not in memory (its words passed in registers, or none read).
-# Not NULL: the verifier proves ctx never NULL, so a probe's `if (!ctx)` branch is not translated; and
-# farther from 0 than any offset it allows.
-NO_ADDRESS = 1 << 40
-BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
-ALL_FIELDS: frozenset[str] = frozenset(BY_NAME)
 
 
 def fields_at(offsets: frozenset[int]) -> frozenset[str]:

@@ -203,15 +203,15 @@ class Cupti:
             self.handlers[kind] = handler
         self._check(f"cuptiActivityEnable({kind})", self.lib.cuptiActivityEnable(kind))
 
-    def configure_uvm(self) -> tuple[int, ...]:
-        """Unified-memory counters on (runtime/uvm.py): every one CUPTI knows, else the basic four; the
-        kinds enabled. CuptiError when CUPTI takes neither."""
+    def configure_uvm(self) -> None:
+        """Unified-memory counters on (runtime/uvm.py): every one CUPTI knows, else the basic four;
+        CuptiError when CUPTI takes neither."""
         tried = []
         for kinds in (tuple(uvm.COUNTERS), uvm.BASIC):
             conf = ctypes.create_string_buffer(uvm.config(kinds))
             r = self.lib.cuptiActivityConfigureUnifiedMemoryCounter(conf, len(kinds))
             if r == CUPTI_SUCCESS:
-                return kinds
+                return
             tried.append(f"{len(kinds)} counters: CUptiResult {r}")
         raise CuptiError("cuptiActivityConfigureUnifiedMemoryCounter failed (" + ", ".join(tried) + ")")
 
