@@ -200,6 +200,12 @@ def launch_side(obj: BpfObject) -> tuple[list[prog.Program], set[int], set[int]]
     return launch, by_launch, by_launch & by_gpu
 
 
+def host_refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used: set[int]) -> str | None:
+    """Why an object's host programs cannot run in C (egpu/uvm programs never do); None when they can."""
+    uvm_programs = [p.name for p in programs if p.attach.kind == "uvm"]
+    return f"{uvm_programs[0]} is an egpu/uvm program" if uvm_programs else native.refusal(programs, maps, used)
+
+
 def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps | None:
     """The launch side of a probe object, None when it has no launch programs; in C when ``engine``
     (the shim's ffi and lib) is given and runtime/native.py takes it."""
@@ -208,9 +214,7 @@ def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps
         return None
     state = MapsState(probe.obj.maps)
     if engine is not None:
-        in_vm = [p.name for p in launch if p.attach.kind == "uvm"]
-        refusal = (f"{in_vm[0]} is an egpu/uvm program" if in_vm
-                   else native.refusal(launch, probe.obj.maps, by_launch))
+        refusal = host_refusal(launch, probe.obj.maps, by_launch)
         if refusal is None:
             side = native.Side(*engine, probe.obj.maps, by_launch, launch, shared)
             return ProbeMaps(probe, state, [], by_launch - shared, shared, native=side)
