@@ -71,8 +71,12 @@ def test_unified_memory_faults_and_migrations_agree_with_cupti(shim, tmp_path): 
     # the GPU faulted on every range a kernel touched, and the host took the pages back
     assert counters["gpu_page_fault"]["count"] > 0 and counters["cpu_page_fault"]["count"] > 0
     assert counters["dtoh"]["value"] > 0
-    # every 4 KiB page of each touched range went to the GPU (more may go: the driver prefetches)
-    assert counters["htod"]["value"] >= int(fields["range_accesses"]) * 2 * MIB
+    # every range a kernel touched went to the GPU at least once, all its pages (each 4 KiB page was
+    # written); each round's 24 ranges come back unless the driver's thrashing mitigation maps some
+    # remotely instead (then "thrashing"/"remote_map" count them): the ratio goes to the log
+    assert counters["htod"]["value"] >= int(fields["distinct"]) * 2 * MIB
+    print("htod bytes / bytes the kernels touched:",
+          counters["htod"]["value"] / (int(fields["range_accesses"]) * 2 * MIB))
     # the probe saw exactly CUPTI's records
     events = {e["key"]: e["value"] for e in maps["events"]["entries"]}
     assert events.get(1, 0) == counters["htod"]["count"] and events.get(4, 0) == counters["gpu_page_fault"]["count"]
