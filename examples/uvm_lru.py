@@ -116,7 +116,8 @@ def render(rows: Sequence[tuple[int, int, int, int]], range_bytes: int, distinct
     lines = [f"{len(rows) and rows[0][1]} accesses to {distinct} ranges of {range_bytes} bytes",
              f"{'ranges':>8} {'LRU hits':>9} {'LRU rate':>9} {'LFU hits':>9} {'LFU rate':>9}"]
     for n, total, lru, lfu in rows:
-        lines.append(f"{n:>8} {lru:>9} {lru / total if total else 0:>9.3f} {lfu:>9} {lfu / total if total else 0:>9.3f}")
+        lru_rate, lfu_rate = (lru / total, lfu / total) if total else (0.0, 0.0)
+        lines.append(f"{n:>8} {lru:>9} {lru_rate:>9.3f} {lfu:>9} {lfu_rate:>9.3f}")
     return "\n".join(lines) + "\n"
 
 

@@ -74,7 +74,8 @@ def um3(counter: int, value: int, start: int, end: int, address: int, flags: int
 
 
 @pytest.mark.parametrize("raw, rec, name, nbytes", [
-    (um3(1, 65536, 10, 30, 0x7F0000200000, 3), uvm.UvmRecord(1, 0x7F0000200000, 65536, 10, 30, 0, 1, 3, 7), "htod", 65536),
+    (um3(1, 65536, 10, 30, 0x7F0000200000, 3), uvm.UvmRecord(1, 0x7F0000200000, 65536, 10, 30, 0, 1, 3, 7), "htod",
+     65536),
     (um3(2, 4096, 10, 20, 0x1000), uvm.UvmRecord(2, 0x1000, 4096, 10, 20, 0, 1, 0, 7), "dtoh", 4096),
     # a CPU fault has no end (CUPTI leaves it as it is) and its value is the faulting PC, not bytes
     (um3(3, 0x401234, 10, 0, 0x2000), uvm.UvmRecord(3, 0x2000, 0x401234, 10, 10, 0, 1, 0, 7), "cpu_page_fault", 0),
@@ -94,7 +95,8 @@ def test_unified_memory_totals_spans_and_the_sink_on_the_moved_clock():
     u.add(batch)
     d = u.dump()
     assert d["counters"] == [["htod", 2, 12288], ["gpu_page_fault", 1, 2]] and d["dropped"] == 1
-    assert uvm.spans(d) == [uvm.UvmRecord(1, 0x1000, 8192, 10, 20, 0, 1, 0, 0), uvm.UvmRecord(4, 0x1000, 2, 5, 9, 0, 1, 1, 0)]
+    assert uvm.spans(d) == [uvm.UvmRecord(1, 0x1000, 8192, 10, 20, 0, 1, 0, 0),
+                            uvm.UvmRecord(4, 0x1000, 2, 5, 9, 0, 1, 1, 0)]
     assert [(r.start_ns, r.end_ns) for r in seen[0]] == [(1010, 1020), (1005, 1009), (1030, 1040)]
 
 
@@ -158,7 +160,7 @@ def test_durations_json_has_copies_and_unified_memory(stub_job, cupti_dir, tmp_p
     assert doc["error"] is None and doc["copies_error"] is None and doc["uvm_error"] is None
 
 
-def test_a_refused_unified_memory_configuration_is_said_and_the_rest_still_comes(stub_job, cupti_dir, tmp_path):  # noqa: F811
+def test_a_refused_unified_memory_configuration_is_said_and_the_rest_comes(stub_job, cupti_dir, tmp_path):  # noqa: F811
     lines, log = _job(stub_job, cupti_dir, tmp_path, "--durations", EGPU_STUB_CUPTI_NO_UVM="1")
     assert lines[-1] == ("uvm: none (cuptiActivityConfigureUnifiedMemoryCounter failed (8 counters: CUptiResult 1, "
                          "4 counters: CUptiResult 1))")

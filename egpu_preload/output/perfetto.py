@@ -2,11 +2,12 @@
 ui.perfetto.dev and Perfetto's trace processor open.
 
 One track per CUDA stream, a slice per launch (demangled name; mangled name, launch id, grid and block
-in its args) and per memory copy or set on that stream (``Slice`` with an int track: bytes and direction in
-its args); a track per other named timeline (host synchronizations, unified-memory migrations and
-faults: ``Slice`` with a str track; a slice of no duration is an instant); one track per ring-buffer or perf map, an instant per record that has an integer ``ts``
-field (records without one have no place on a timeline and are left out). Launch times and record
-``ts`` must be the same clock in ns (the GPU's %globaltimer, as bpf_ktime_get_ns reads it).
+in its args) and per memory copy or set on that stream (``Slice`` with an int track: bytes and direction
+in its args); a track per other named timeline (host synchronizations, unified-memory migrations and
+faults: ``Slice`` with a str track; a slice of no duration is an instant); one track per ring-buffer or
+perf map, an instant per record that has an integer ``ts`` field (records without one have no place on a
+timeline and are left out). Launch times and record ``ts`` must be the same clock in ns (the GPU's
+%globaltimer, as bpf_ktime_get_ns reads it).
 
 A job's processes go into one file (``write_all``): a process track each (named with its argv and rank,
 its dropped-record counts in its labels), all on one time base. Within a track events are in time order.

@@ -13,13 +13,13 @@ u64 address at 32, u32 srcId at 40, u32 dstId at 44, u32 streamId at 48, u32 pro
 u32 flags at 56. ``value`` is bytes for transfers, thrashing and remote maps, the number of fault groups
 for a GPU page fault, and the faulting instruction's PC for a CPU page fault.
 
-Delivery. CUPTI hands records over a buffer at a time, on its own thread or the one that flushes, when
-a buffer fills, every FLUSH_PERIOD_MS (a thread of ours calls cuptiActivityFlushAll(0), which hands over
-partly filled buffers too; cuptiActivityFlushPeriod would hand over only full ones), and at exit. ``Uvm.add`` takes each record and passes the
-batch of one buffer to ``sink`` (runtime/launches.Drainer.deliver_uvm runs the egpu/uvm probes on the
-Python VM); so a probe sees a migration within about FLUSH_PERIOD_MS of CUPTI recording it, in CUPTI's
-order. The sink's interface is one call with a list of UvmRecord: a C runner can take the same records
-packed as ``context_bytes`` makes them.
+Delivery. CUPTI hands records over a buffer at a time, on its own thread or the one that flushes, when a
+buffer fills, every FLUSH_PERIOD_MS (a thread of ours calls cuptiActivityFlushAll(0), which hands over partly
+filled buffers too; cuptiActivityFlushPeriod would hand over only full ones), and at exit. ``Uvm.add`` takes
+each record and passes the batch of one buffer to ``sink`` (runtime/launches.Drainer.deliver_uvm runs the
+egpu/uvm probes on the Python VM); so a probe sees a migration within about FLUSH_PERIOD_MS of CUPTI recording
+it, in CUPTI's order. The sink's interface is one call with a list of UvmRecord: a C runner can take the same
+records packed as ``context_bytes`` makes them.
 """
 
 from __future__ import annotations
@@ -121,7 +121,8 @@ class Uvm:
                                  r.flags, r.stream) for r in records])
 
     def dump(self) -> dict[str, Any]:
-        """{"counters": [[name, records, sum of value (0 for CPU faults)]...], "rows" (SPAN_ROW each, CUPTI clock), "dropped"}."""
+        """{"counters": [[name, records, sum of value (0 for CPU faults)]...], "rows" (SPAN_ROW each,
+        CUPTI clock), "dropped"}."""
         with self._lock:
             return {"counters": [[COUNTERS.get(k, str(k)), n, v] for k, (n, v) in sorted(self.totals.items())],
                     "rows": bytes(self.rows), "dropped": self.dropped}
