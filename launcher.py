@@ -215,7 +215,7 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
     line info), why and the verifier log (exit 1). Then the maps the GPU keeps in rows per SM (counters
     only ever added to) and where launch programs run (the shim's C interpreter or the Python VM)."""
     from egpu_preload.bpf.sections import unattached
-    from egpu_preload.runtime import launches, native
+    from egpu_preload.runtime import launches
     from egpu_preload.translate.devmaps import layout
     from egpu_preload.translate.striping import stripe_counters
     bpf = _probe_object(obj)
@@ -233,9 +233,10 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
             typer.echo(line)
         launch, used, _ = launches.launch_side(bpf)
         if launch:
-            why = native.refusal(launch, bpf.maps, used)
-            typer.echo("launch programs: in C (the shim's interpreter)" if why is None
-                       else f"launch programs: on the Python VM ({why})")
+            why = launches.host_refusal(launch, bpf.maps, used)
+            what = "launch programs" if all(p.attach.kind == "launch" for p in launch) else "host programs"
+            typer.echo(f"{what}: in C (the shim's interpreter)" if why is None
+                       else f"{what}: on the Python VM ({why})")
     except EgpuError as e:
         raise e.where(file=str(obj))
 
@@ -501,10 +502,13 @@ def run_cmd(ctx: typer.Context,
                                               "the session directory"),
             keep: bool = typer.Option(False, "--keep", help="keep the session directory (dumps, compiled probes)"),
             durations: bool = typer.Option(False, "--durations",
-                                           help="time every kernel (CUPTI): count, total, mean, histogram"),
+                                           help="time every kernel, copy and set (CUPTI): count, total, mean, "
+                                                "histogram; bytes and bandwidth of copies; unified-memory "
+                                                "faults and migrations"),
             perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="FILE",
-                                                    help="write launches, kernel durations and ring-buffer "
-                                                         "records with a ts field as a trace for ui.perfetto.dev"),
+                                                    help="write launches, copies, syncs, unified-memory "
+                                                         "migrations and ring-buffer records with a ts field as a "
+                                                         "trace for ui.perfetto.dev"),
             backend: Backend = typer.Option("auto", "--backend", metavar="auto|ptx|sass",
                                             help="ptx: rewrite PTX; sass: patch SASS (Compute Sanitizer); "
                                                  "auto: PTX where a module has it, SASS otherwise"),

@@ -13,8 +13,8 @@ OUT/examples.json beside it. Back where the repository is edited:
 puts each captured output in place of its section's "(output captured on the GPU: ...)" line.
 
 Programs: bpftime's ports run on examples/vec_add.cu (as bpftime's on its vec_add), the launch probes
-on a small PyTorch eager program (tests/e2e/torch_eager.py: cuBLAS kernels, no PTX), the rest on
-tests/e2e/vecadd.cu. Whatever runs past DEADLINE_S is left out and says so.
+on a small PyTorch eager program (tests/e2e/torch_eager.py: cuBLAS kernels, no PTX), uvm_ranges on
+tests/e2e/uvm_oversub.cu (managed memory that migrates), the rest on tests/e2e/vecadd.cu. Whatever runs past DEADLINE_S is left out and says so.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ EXAMPLES = {
     "mem_trace_warp": ("./vecadd", ["1", "4096"], []),
     "sm_balance": (*VECADD, []),
     "hot_pages": (*VECADD, []),
+    "uvm_ranges": ("./uvm_oversub", ["128", "8"], ["--durations"]),
     "cxl_latency": (*VECADD, []),
     "stragglers": (*VECADD, []),
     "launch_latency": (*TORCH, []),
@@ -66,7 +67,8 @@ def shown(lines: list[str], limit: int = MAX_LINES) -> str:
 
 def build(work: Path) -> dict[str, str]:
     """The compiled programs, by the name the README's commands use."""
-    progs = {"./vecadd": ROOT / "tests/e2e/vecadd.cu", "./vec_add": ROOT / "examples/vec_add.cu"}
+    progs = {"./vecadd": ROOT / "tests/e2e/vecadd.cu", "./vec_add": ROOT / "examples/vec_add.cu",
+             "./uvm_oversub": ROOT / "tests/e2e/uvm_oversub.cu"}
     out = {}
     for name, src in progs.items():
         exe = work / name.removeprefix("./")

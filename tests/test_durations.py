@@ -9,13 +9,13 @@ import subprocess
 
 import pytest
 
-from egpu_preload.runtime import durations
+from egpu_preload.runtime import durations, spread
 from stub_job import MORE, egpu_run
 
 
 @pytest.mark.parametrize("ns, slot", [(0, 0), (1, 0), (2, 1), (3, 1), (1023, 9), (1024, 10), (1 << 70, 63)])
 def test_log2_slots(ns, slot):
-    assert durations.log2_slot(ns) == slot
+    assert spread.log2_slot(ns) == slot
 
 
 def test_records_aggregate_per_kernel_and_skip_other_kinds():
@@ -42,10 +42,12 @@ def test_text_lists_the_longest_total_first_with_empty_buckets_between():
 
 
 def test_without_cupti_the_reason_is_printed():
-    doc = {"pid": 3, "durations": [], "durations_error": "no libcupti (tried libcupti.so)"}
+    why = "no libcupti (tried libcupti.so)"
+    doc = {"pid": 3, "durations": [], "durations_error": why, "copies_error": why, "uvm_error": why}
     assert durations.render([doc]) == "durations: pid 3: none (no libcupti (tried libcupti.so))\n"
     (line,) = durations.render_json([doc], 1.5).splitlines()
-    assert json.loads(line) == {"time": 1.5, "pid": 3, "durations": {}, "error": "no libcupti (tried libcupti.so)"}
+    assert json.loads(line) == {"time": 1.5, "pid": 3, "durations": {}, "copies": [], "uvm": {}, "error": why,
+                                "copies_error": why, "uvm_error": why}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,10 @@ def test_durations_of_sass_only_kernels(stub_job, cupti_dir, tmp_path, as_json):
             f"[1K, 2K)               1 |{BAR}|",
             f"[2K, 4K)               1 |{BAR}|"]
     calls = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines()]
-    # concurrent-kernel records (they do not serialize kernels), flushed once at exit after the sync
-    assert [c for c in calls if c.startswith("cupti")] == ["cuptiActivityEnable 10", "cuptiActivityFlushAll 1"]
+    # concurrent-kernel records (they do not serialize kernels), copies and sets, unified-memory counters
+    # (the stand-in refuses all eight: the basic four again), flushed once at exit after the sync
+    assert [c for c in calls if c.startswith("cupti")] == [
+        "cuptiActivityEnable 10", "cuptiActivityEnable 1", "cuptiActivityEnable 2", "cuptiActivityEnable 22",
+        *(f"cuptiActivityConfigureUnifiedMemoryCounter {k}" for k in (1, 2, 3, 4)), "cuptiActivityEnable 25",
+        "cuptiActivityFlushAll 1"]
     assert calls.index("cuptiActivityFlushAll 1") > max(i for i, c in enumerate(calls) if c.startswith("cuCtxSynchronize"))

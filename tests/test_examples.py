@@ -190,6 +190,18 @@ SCENARIOS = [
              "lhist_busy_ns_per_sm": Contents({3: 400, 7: 1000}),
              "warp_start": Contents({})}),
 
+    Scenario("uvm_ranges", "migrated bytes per 2 MiB range and direction, events per kind", [
+        ev("count_uvm", kind=1, addr=0x7F0000200000, bytes=65536),
+        ev("count_uvm", kind=1, addr=0x7F00003F0000, bytes=4096),   # the same 2 MiB range
+        ev("count_uvm", kind=1, addr=0x7F0000400000, bytes=8192),
+        ev("count_uvm", kind=2, addr=0x7F0000200000, bytes=65536),
+        ev("count_uvm", kind=4, addr=0x7F0000200000, value=3),       # a GPU fault: counted, no bytes
+        ev("count_uvm", kind=3, addr=0x7F0000200000, value=0x401234),
+    ], maps={"htod_bytes": Contents({0x7F0000200000: 69632, 0x7F0000400000: 8192}),
+             "dtoh_bytes": Contents({0x7F0000200000: 65536}),
+             "events": Contents({1: 3, 2: 1, 3: 1, 4: 1})},
+        text=("@htod_bytes[0x7f0000200000]: 69632",)),
+
     Scenario("hot_pages", "accesses per 64 KiB page, keyed by the page's address", [
         ev("count_page", addr=a) for a in (0x7F0000010000, 0x7F000001FFF0, 0x7F0000020000, 0x7F0000010008)
     ], maps={"page_accesses": Contents({0x7F0000010000: 3, 0x7F0000020000: 1})},
@@ -313,6 +325,16 @@ def _contents(storage, key_fmt: str | None, value_fmt: str) -> dict:
             if not (skip_zero and not any(v))}
 
 
+def _host_ctx(layout: ctxmod.Layout, values: dict) -> bytes:
+    """A host section's context (struct egpu_uvm_ctx, ...) with the named fields set."""
+    buf = bytearray(layout.size)
+    fields = {f.name: f for f in layout.fields}
+    for name, value in values.items():
+        f = fields[name]
+        buf[f.offset:f.offset + f.size] = value.to_bytes(f.size, "little")
+    return bytes(buf)
+
+
 def run_scenario(obj: BpfObject, sc: Scenario) -> MapsState:
     state = MapsState(obj.maps)
     variables = _global_vars(obj)
@@ -320,9 +342,12 @@ def run_scenario(obj: BpfObject, sc: Scenario) -> MapsState:
         index, off, size = variables[name]
         state[index].lookup(struct.pack("<I", 0))[off:off + size] = value.to_bytes(size, "little")
     vms = {p.name: Vm(p.code, obj.maps, state) for p in obj.programs}
+    layouts = {p.name: ctxmod.layout_of_section(p.section) for p in obj.programs}
     for i, e in enumerate(sc.events):
         thread = ThreadSim(**e.thread)
-        assert vms[e.program].run(make_ctx(**e.ctx), thread) == 0, f"event {i}"
+        layout = layouts[e.program]
+        ctx = make_ctx(**e.ctx) if layout is ctxmod.EGPU_CTX else _host_ctx(layout, e.ctx)
+        assert vms[e.program].run(ctx, thread) == 0, f"event {i}"
         if e.timer_after is not None:
             assert thread.globaltimer == e.timer_after, f"event {i}: timer"
     return state

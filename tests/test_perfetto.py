@@ -60,9 +60,9 @@ def check_chrome_trace(doc: dict) -> list[dict]:
     return events
 
 
-def _job(stub_job, cupti_dir, tmp_path, *args: str):  # noqa: F811
+def _job(stub_job, cupti_dir, tmp_path, *args: str, env_extra: dict[str, str] | None = None):  # noqa: F811
     log = tmp_path / "log"
-    env = stub_job.env(log, EGPU_STUB_CUPTI="vecadd:1500,vecadd:3000,_Z5otherv:70000")
+    env = stub_job.env(log, EGPU_STUB_CUPTI="vecadd:1500,vecadd:3000,_Z5otherv:70000", **(env_extra or {}))
     env["LD_LIBRARY_PATH"] = f"{cupti_dir}:{env['LD_LIBRARY_PATH']}"
     return egpu_run([*args, str(stub_job.app), "cubin", "3", "64", "0"], env), log
 
@@ -120,3 +120,39 @@ def _trace_processor_slice_count(path: Path, count: int) -> None:
         assert [r.n for r in tp.query("select count(*) as n from slice where dur > 0")] == [count]
     finally:
         tp.close()
+
+
+def test_copies_syncs_and_migrations_share_the_timeline_with_kernels(stub_job, cupti_dir, tmp_path):  # noqa: F811
+    from test_cupti_activity import COPIES, UVM
+    path = tmp_path / "trace.json"
+    r, _ = _job(stub_job, cupti_dir, tmp_path, "--perfetto", str(path),
+                env_extra={"EGPU_STUB_CUPTI_COPIES": COPIES, "EGPU_STUB_CUPTI_UVM": UVM})
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(path.read_text())
+    events = check_chrome_trace(doc)
+    threads = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert sorted(threads.values()) == ["host synchronization", "stream 0x7", "stream 0x8",
+                                        "unified memory cpu_page_fault", "unified memory gpu_page_fault",
+                                        "unified memory htod"]
+    base = doc["otherData"]["base_ns"]
+    kernel_start = min(e["ts"] for e in events if e.get("cat") == "kernel")
+
+    def rel(e: dict) -> float:  # µs after the first kernel: cupti_stub.c puts kernels and copies at STUB_T0 + ...
+        return round(e["ts"] - kernel_start, 3)
+
+    on_7 = [(e["name"], rel(e), e["dur"], e["args"].get("bytes")) for e in events
+            if e["ph"] == "X" and threads[e["tid"]] == "stream 0x7"]
+    assert on_7 == [("vecadd", 0.0, 1.5, None), ("other", 2.0, 70.0, None), ("memcpy HtoD", 100.0, 2.0, 1048576),
+                    ("memcpy HtoD", 110.0, 6.0, 1048576), ("memset device", 140.0, 0.5, 256)]
+    (sync,) = [e for e in events if e["ph"] == "X" and threads[e["tid"]] == "host synchronization"]
+    assert (sync["name"], rel(sync), sync["dur"], sync["args"]["stream"]) == ("stream_synchronize", 150.0, 0.9, 7)
+    um = [(threads[e["tid"]], e["ph"], rel(e), e.get("dur"), e["args"]["address"], e["args"]["value"])
+          for e in events if e.get("cat") == "uvm"]
+    assert um == [("unified memory cpu_page_fault", "i", 0.2, None, "0x401234", 0),
+                  ("unified memory gpu_page_fault", "X", 0.3, 0.05, "0x7f0000200000", 2),
+                  ("unified memory htod", "X", 0.0, 3.0, "0x7f0000200000", 65536),
+                  ("unified memory htod", "X", 0.1, 0.1, "0x7f0000210000", 4096)]
+    (labels,) = [e["args"]["labels"] for e in events if e["name"] == "process_labels"]
+    assert "copies dropped: 0" in labels and "unified memory records dropped: 0" in labels
+    assert base > 0
+    _trace_processor_slice_count(path, 3 + 5 + 1 + 3)

@@ -23,6 +23,8 @@ GOOD = [
     ("egpu/load.block/*", Attach("load", "*", "block")),
     ("egpu/store.warp/x", Attach("store", "x", "warp")),
     ("egpu/launch/*", Attach("launch", "*", "launch")),
+    ("egpu/uvm/*", Attach("uvm", "*", "host")),
+    ("egpu/uvm/*_page_fault", Attach("uvm", "*_page_fault", "host")),
     ("kprobe/void add<float>(float*, int)", Attach("entry", "void add<float>(float*, int)", "thread")),
     ("kprobe/a/b", Attach("entry", "a/b", "thread")),          # the GLOB is everything after the first /
     ("kprobe/x.warp/y", Attach("entry", "x.warp/y", "thread")),  # a scope only counts before that /
@@ -42,6 +44,8 @@ BAD = [
     ("kprobes/x", "unknown section"),
     ("egpu/memory/x", "unknown section"),
     ("egpu/launch.warp/*", "take no scope"),
+    ("egpu/uvm.block/*", "egpu/uvm probes run on the host and take no scope (.block)"),
+    ("egpu/uvm/", "empty kernel name pattern"),
     ("kprobe.lane/*", "unknown scope .lane"),
     ("egpu/mem.thread/*", "unknown scope .thread"),
     ("kprobe/", "empty kernel name pattern"),

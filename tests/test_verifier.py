@@ -596,6 +596,7 @@ def test_cli_verify_bad_files(tmp_path, probe_obj, what):
     ("tests/probes/launch", "launch programs: in C (the shim's interpreter)"),
     ("examples/launch_latency", "launch programs: in C (the shim's interpreter)"),  # a map shared with the GPU
     ("tests/launch_probes/launch_printk", "launch programs: on the Python VM (say_launch calls trace_printk)"),
+    ("examples/uvm_ranges", "host programs: on the Python VM (count_uvm is an egpu/uvm program)"),
 ])
 def test_cli_verify_says_where_launch_programs_run(tmp_path, source, where):
     from egpu_preload.bpf.compile import compile_probe

@@ -3,6 +3,7 @@
     kprobe[.SCOPE]/GLOB          entry        kretprobe[.SCOPE]/GLOB    exit
     egpu/mem[.SCOPE]/GLOB        mem          egpu/load[.SCOPE]/GLOB    load
     egpu/store[.SCOPE]/GLOB      store        egpu/launch/GLOB          launch
+    egpu/uvm/GLOB                uvm (host; GLOB matches the counter kind: htod, gpu_page_fault, ...)
 
 bpftime's spellings, so its probes load unchanged: ``kprobe/__memcapture`` is its memory-access probe
 (every global access of every kernel: ``egpu/mem/*``); ``uprobe[/PATH:SYMBOL]`` and
@@ -30,7 +31,9 @@ KINDS: dict[str, str] = {
     "egpu/load": "load",
     "egpu/store": "store",
     "egpu/launch": "launch",
+    "egpu/uvm": "uvm",
 }
+HOST_RUN = {"launch": "launch", "uvm": "host"}  # kinds the runtime runs on the host -> their scope
 SCOPES = ("warp", "block")  # besides the default, "thread"
 HOST_KINDS = ("uprobe", "uretprobe")
 MEMCAPTURE = "kprobe/__memcapture"  # bpftime's section for a probe at every memory access
@@ -49,13 +52,15 @@ def parse_section(name: str) -> Attach:
         if not name.startswith(prefix):
             continue
         rest = name[len(prefix):]
-        scope = "launch" if kind == "launch" else "thread"
+        scope = HOST_RUN.get(kind, "thread")
         if rest.startswith("."):
             suffix, sep, _ = rest[1:].partition("/")
             if not sep:
                 break
             if kind == "launch":
                 raise ElfError(f"launch probes run once per launch and take no scope (.{suffix})", section=name)
+            if kind in HOST_RUN:
+                raise ElfError(f"{prefix} probes run on the host and take no scope (.{suffix})", section=name)
             if suffix not in SCOPES:
                 raise ElfError(f"unknown scope .{suffix} (use .warp or .block)", section=name)
             scope, rest = suffix, rest[1 + len(suffix):]
@@ -66,7 +71,7 @@ def parse_section(name: str) -> Attach:
             raise ElfError("empty kernel name pattern (use * for every kernel)", section=name)
         return Attach(kind, glob, scope)
     raise ElfError("unknown section (expected kprobe/, kretprobe/, egpu/mem/, egpu/load/, egpu/store/, "
-                   "egpu/launch/, uprobe or uretprobe, with .warp or .block before the / on GPU sections)",
+                   "egpu/launch/, egpu/uvm/, uprobe or uretprobe, with .warp or .block before the / on GPU sections)",
                    section=name)
 
 

@@ -6,6 +6,9 @@
  *   kprobe/GLOB        kernel entry          kretprobe/GLOB    kernel exit (before every ret/exit)
  *   egpu/mem/GLOB      every global load and store        egpu/load/GLOB, egpu/store/GLOB: one kind only
  *   egpu/launch/GLOB   once per launch, on the host side of the launch (grid, block, stream)
+ *   egpu/uvm/GLOB      once per unified-memory event CUPTI records, on the host, with struct egpu_uvm_ctx
+ *                      (below); GLOB matches the event's kind: htod, dtoh, dtod, cpu_page_fault,
+ *                      gpu_page_fault, thrashing, throttling, remote_map ("*" for all, "*_page_fault")
  * GLOB matches the mangled or demangled kernel name (fnmatch rules; "*" for every kernel).
  * Scope: the suffix ".warp" or ".block" on the word before the first "/" of a GPU section runs the probe
  * once per warp (lowest active lane) or once per block instead of in every thread:
@@ -166,6 +169,37 @@ static __always_inline long egpu_warp_mem_record(void *ringbuf, const struct egp
 	return bpf_egpu_warp_mem_record(ringbuf, ctx->addr, ctx->kernel_id, ctx->launch_id,
 					(__u64)ctx->site << 32 | (__u64)(ctx->flags & 0xffff) << 16 | (ctx->size & 0xffff));
 }
+
+/* ---- The context of egpu/uvm probes (egpu_preload/bpf/ctx.py UVM_CTX is the ABI). ----
+ * One record of CUPTI's unified-memory counters (runtime/uvm.py), delivered within about 100 ms of CUPTI
+ * recording it (its buffers are flushed that often), in CUPTI's order. bpf_ktime_get_ns() in the probe
+ * is start_ns. */
+enum egpu_uvm_kind {
+	EGPU_UVM_HTOD = 1,           /* migration host -> device: bytes */
+	EGPU_UVM_DTOH = 2,           /* migration device -> host: bytes */
+	EGPU_UVM_CPU_PAGE_FAULT = 3, /* value: the faulting instruction's PC; no end time */
+	EGPU_UVM_GPU_PAGE_FAULT = 4, /* value: fault groups for the page; flags: access type */
+	EGPU_UVM_THRASHING = 5,      /* bytes of the region; no end time */
+	EGPU_UVM_THROTTLING = 6,
+	EGPU_UVM_REMOTE_MAP = 7,     /* bytes; no end time */
+	EGPU_UVM_DTOD = 8,           /* migration device -> device: bytes */
+};
+
+struct egpu_uvm_ctx {
+	__u64 addr;      /* the first page's virtual address (faults: the faulting page) */
+	__u64 bytes;     /* migrations, thrashing, remote maps: bytes moved or concerned; faults: 0 */
+	__u64 value;     /* CUPTI's value as it is (bytes, fault groups, or a CPU fault's PC) */
+	__u64 start_ns;  /* CLOCK_REALTIME ns */
+	__u64 end_ns;    /* == start_ns where CUPTI gives no end */
+	__u32 kind;      /* EGPU_UVM_* */
+	__u32 flags;     /* GPU faults: access type (1 read, 2 write, 3 atomic, 4 prefetch); migrations: cause
+	                    (1 user, 2 coherence, 3 prefetch, 4 eviction, 5 access counters) */
+	__u32 src;       /* source processor (CUPTI's device id; the CPU has its own) */
+	__u32 dst;       /* destination processor */
+	__u32 stream;    /* CUPTI's stream id (CUPTI says it is not valid for these records) */
+	__u32 pad;
+};
+_Static_assert(sizeof(struct egpu_uvm_ctx) == 64, "struct egpu_uvm_ctx must match egpu_preload/bpf/ctx.py");
 
 /* Legacy map definitions in SEC("maps"), for probes written before BTF-defined maps. */
 struct egpu_map_def {

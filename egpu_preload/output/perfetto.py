@@ -2,9 +2,12 @@
 ui.perfetto.dev and Perfetto's trace processor open.
 
 One track per CUDA stream, a slice per launch (demangled name; mangled name, launch id, grid and block
-in its args); one track per ring-buffer or perf map, an instant per record that has an integer ``ts``
-field (records without one have no place on a timeline and are left out). Launch times and record
-``ts`` must be the same clock in ns (the GPU's %globaltimer, as bpf_ktime_get_ns reads it).
+in its args) and per memory copy or set on that stream (``Slice`` with an int track: bytes and direction
+in its args); a track per other named timeline (host synchronizations, unified-memory migrations and
+faults: ``Slice`` with a str track; a slice of no duration is an instant); one track per ring-buffer or
+perf map, an instant per record that has an integer ``ts`` field (records without one have no place on a
+timeline and are left out). Launch times and record ``ts`` must be the same clock in ns (the GPU's
+%globaltimer, as bpf_ktime_get_ns reads it).
 
 A job's processes go into one file (``write_all``): a process track each (named with its argv and rank,
 its dropped-record counts in its labels), all on one time base. Within a track events are in time order.
@@ -16,7 +19,7 @@ and a float64 cannot keep ns of an epoch-based clock. ``otherData.base_ns`` hold
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +44,18 @@ class Launch:
     correlation_id: int | None = None
 
 
+@dataclass(frozen=True)
+class Slice:
+    """A span that is not a kernel: a copy or set (``track`` its stream, beside that stream's kernels), a
+    synchronization or a migration (``track`` the name of a track of its own). ``duration_ns`` 0: an instant."""
+    track: int | str
+    name: str
+    start_ns: int
+    duration_ns: int
+    category: str
+    args: Mapping[str, object] = field(default_factory=dict)
+
+
 @dataclass
 class Trace:
     """Collects launches and records over a run; ``write`` produces the trace file."""
@@ -49,11 +64,15 @@ class Trace:
     process_name: str = ""
     kernel_names: Mapping[int, str] = field(default_factory=dict)
     launches: list[Launch] = field(default_factory=list)
+    slices: list[Slice] = field(default_factory=list)
     records: dict[str, list[tuple[int, dict]]] = field(default_factory=dict)  # map -> (ts, args)
     labels: dict[str, object] = field(default_factory=dict)  # shown with the process (argv, rank, drops)
 
     def add_launch(self, launch: Launch) -> None:
         self.launches.append(launch)
+
+    def add_slice(self, s: Slice) -> None:
+        self.slices.append(s)
 
     def add_records(self, records: Records) -> None:
         """A snapshot's records of one map; those with an integer ``ts`` field become instants."""
@@ -65,7 +84,8 @@ class Trace:
                 track.append((ts, args if r.cpu is None else {**args, "sm": r.cpu}))
 
     def times(self) -> list[int]:
-        return [l.start_ns for l in self.launches] + [ts for rs in self.records.values() for ts, _ in rs]
+        return ([l.start_ns for l in self.launches] + [s.start_ns for s in self.slices]
+                + [ts for rs in self.records.values() for ts, _ in rs])
 
     def document(self) -> dict:
         return document([self])
@@ -79,17 +99,29 @@ class Trace:
         if self.labels:
             events.append({"ph": "M", "name": "process_labels", "pid": self.pid, "tid": 0,
                            "args": {"labels": ", ".join(f"{k}: {v}" for k, v in self.labels.items())}})
-        tids: dict[int, int] = {}
-        for launch in sorted(self.launches, key=lambda l: l.start_ns):
-            if launch.stream not in tids:
-                tids[launch.stream] = len(tids) + 1
-                events.append(_meta("thread_name", self.pid, tids[launch.stream], f"stream {launch.stream:#x}"))
+        tids: dict[int | str, int] = {}
+
+        def tid(track: int | str) -> int:
+            if track not in tids:
+                tids[track] = len(tids) + 1
+                name = f"stream {track:#x}" if isinstance(track, int) else track
+                events.append(_meta("thread_name", self.pid, tids[track], name))
+            return tids[track]
+
+        on_streams: list[Launch | Slice] = [*self.launches, *(s for s in self.slices if isinstance(s.track, int))]
+        for item in sorted(on_streams, key=lambda x: x.start_ns):
+            if isinstance(item, Slice):
+                events.append(_slice(item, self.pid, tid(item.track), us))
+                continue
+            launch = item
             events.append({"ph": "X", "cat": "kernel", "name": base_name(launch.kernel) or launch.kernel,
-                           "pid": self.pid, "tid": tids[launch.stream], "ts": us(launch.start_ns),
+                           "pid": self.pid, "tid": tid(launch.stream), "ts": us(launch.start_ns),
                            "dur": round(launch.duration_ns / 1000, 3),
                            "args": {"kernel": launch.kernel, "grid": list(launch.grid), "block": list(launch.block),
                                     **{k: v for k, v in (("launch_id", launch.launch_id),
                                                          ("correlation_id", launch.correlation_id)) if v is not None}}})
+        named = sorted((s for s in self.slices if isinstance(s.track, str)), key=lambda s: (s.track, s.start_ns))
+        events += [_slice(s, self.pid, tid(s.track), us) for s in named]
         # Map tracks after the stream tracks; tids stay small ints (streams are 64-bit handles).
         for i, (name, track) in enumerate(sorted(self.records.items()), start=len(tids) + 1):
             events.append(_meta("thread_name", self.pid, i, f"@{name}"))
@@ -114,6 +146,14 @@ def write_all(traces: list[Trace], path: str | Path) -> None:
         Path(path).write_text(json.dumps(document(traces), separators=(",", ":")))
     except OSError as e:
         raise EgpuError(f"cannot write the trace: {e.strerror}", file=str(path)) from None
+
+
+def _slice(s: Slice, pid: int, tid: int, us: Callable[[int], float]) -> dict:
+    """A complete event, or an instant where the slice has no duration (Perfetto drops dur 0 slices)."""
+    event = {"cat": s.category, "name": s.name, "pid": pid, "tid": tid, "ts": us(s.start_ns), "args": dict(s.args)}
+    if s.duration_ns > 0:
+        return {"ph": "X", **event, "dur": round(s.duration_ns / 1000, 3)}
+    return {"ph": "i", "s": "t", **event}
 
 
 def _meta(kind: str, pid: int, tid: int, name: str) -> dict:

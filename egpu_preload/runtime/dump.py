@@ -16,8 +16,10 @@ probe's MapsState from it (it loaded the same objects, in the same order). Field
              replacement, the driver's JIT included)
     stats    the shim's counters (egpu_shim.h struct egpu_stats) by field name
     timing   {"probes_ms"}: loading, verifying and translating the probes in this process
-    launch_probes  None without launch programs, else {"in_c": [path], "python_vm": {path: why},
-             "python_records": records the Python VM ran probes on} (runtime/launches.py)
+    launch_probes  None without launch or uvm programs, else {"in_c": [path], "python_vm": {path: why},
+             "python_records": records the Python VM ran probes on, "uvm_records": unified-memory records
+             delivered to egpu/uvm programs} (runtime/launches.py)
+    durations, copies, uvm, launches, copy_spans and their *_error: CUPTI's records (runtime/durations.py)
 """
 
 from __future__ import annotations

@@ -10,6 +10,12 @@ under "durations": [[name, count, total_ns, min_ns, max_ns, [[slot, count]...]]]
 "durations_error" (why there are none, or None). With a timeline (egpu-run --perfetto) each launch is
 kept too, under "launches" (``Timeline.dump``), at most LAUNCH_LIMIT of them; the rest are counted.
 
+Beside kernels, the same CUPTI session records memory copies and sets (runtime/copies.py: "copies",
+per operation, direction and stream: count, bytes, device time; each one, and each synchronization,
+under "copy_spans" with a timeline) and unified-memory faults and migrations (runtime/uvm.py: "uvm",
+totals per counter kind and, with a timeline, each record; the records also go to egpu/uvm probes).
+Each has its own "*_error": CUPTI may time kernels and still refuse unified-memory counters.
+
 CUDA events around each launch were the other way. They cost less on the launching thread (bench_shim:
 +3.0 µs a launch against CUPTI's +7.7 µs, one CPU, 2026-12-02), but they are work recorded on the
 application's streams, a graph's replays never pass a launch hook to record them, and reading them
@@ -41,14 +47,17 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from egpu_preload.runtime import copies as copies_mod
+from egpu_preload.runtime import uvm
+from egpu_preload.runtime.spread import Spread
 
 KIND_KERNEL, KIND_CONCURRENT_KERNEL = 3, 10
 CUPTI_SUCCESS = 0
 MULTIPLE_SUBSCRIBERS = 39   # CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
 BUFFER_BYTES = 8 << 20
-SLOTS = 64
 LAUNCH_LIMIT = 1_000_000
 # start, end, name index, CUPTI stream id, correlation id, grid x y z, block x y z
 LAUNCH_ROW = struct.Struct("<QQIII6i")
@@ -64,43 +73,20 @@ class CuptiError(Exception):
     pass
 
 
-def log2_slot(ns: int) -> int:
-    """Slot k counts [2^k, 2^(k+1)) ns; 0 and 1 ns share slot 0."""
-    return min(max(ns, 1).bit_length() - 1, SLOTS - 1)
-
-
-@dataclass
-class KernelDurations:
-    count: int = 0
-    total: int = 0
-    low: int = 0
-    high: int = 0
-    slots: dict[int, int] = field(default_factory=dict)
-
-    def add(self, ns: int) -> None:
-        self.low = ns if not self.count else min(self.low, ns)
-        self.high = max(self.high, ns)
-        self.count += 1
-        self.total += ns
-        s = log2_slot(ns)
-        self.slots[s] = self.slots.get(s, 0) + 1
-
-
 class Durations:
     """Per-kernel durations, filled from any thread."""
 
     def __init__(self) -> None:
-        self.kernels: dict[str, KernelDurations] = {}
+        self.kernels: dict[str, Spread] = {}
         self._lock = threading.Lock()
 
     def add(self, name: str, ns: int) -> None:
         with self._lock:
-            self.kernels.setdefault(name, KernelDurations()).add(ns)
+            self.kernels.setdefault(name, Spread()).add(ns)
 
     def dump(self) -> list[list[Any]]:
         with self._lock:
-            return [[n, k.count, k.total, k.low, k.high, sorted([s, c] for s, c in k.slots.items())]
-                    for n, k in sorted(self.kernels.items())]
+            return [[n, *k.row()] for n, k in sorted(self.kernels.items())]
 
 
 class Timeline:
@@ -192,15 +178,21 @@ def load_cupti() -> ctypes.CDLL:
 
 
 class Cupti:
-    """CUPTI's activity API, kernel records only, feeding a Durations."""
+    """CUPTI's activity API: kernel records feed a Durations (and a Timeline) when ``into`` is given;
+    other kinds go to the handlers ``enable`` registers."""
 
-    def __init__(self, lib: ctypes.CDLL, into: Durations, timeline: Timeline | None = None) -> None:
+    def __init__(self, lib: ctypes.CDLL, into: Durations | None, timeline: Timeline | None = None) -> None:
         self.lib, self.into, self.timeline = lib, into, timeline
+        self.handlers: dict[int, tuple[int, Callable[[bytes], None]]] = {}  # kind -> (bytes read, handler)
+        self.ends: list[Callable[[], None]] = []  # called after each buffer: a batch's end
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
         self._buffers: dict[int, Any] = {}
         self._request, self._complete = _REQUEST(self._on_request), _COMPLETE(self._on_complete)
         lib.cuptiActivityGetNextRecord.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
         self._check("cuptiActivityRegisterCallbacks", lib.cuptiActivityRegisterCallbacks(self._request, self._complete))
-        self._check("cuptiActivityEnable", lib.cuptiActivityEnable(KIND_CONCURRENT_KERNEL))
+        if into is not None:
+            self.enable(KIND_CONCURRENT_KERNEL)
 
     def _check(self, what: str, r: int) -> None:
         if r == MULTIPLE_SUBSCRIBERS:
@@ -208,6 +200,33 @@ class Cupti:
                              "the SASS back end keeps it while its probes are attached)")
         if r != CUPTI_SUCCESS:
             raise CuptiError(f"{what} failed: CUptiResult {r}")
+
+    def enable(self, kind: int, handler: tuple[int, Callable[[bytes], None]] | None = None) -> None:
+        """Records of ``kind`` on; ``handler`` (bytes read, function): each record's first bytes go there."""
+        if handler is not None:
+            self.handlers[kind] = handler
+        self._check(f"cuptiActivityEnable({kind})", self.lib.cuptiActivityEnable(kind))
+
+    def configure_uvm(self) -> None:
+        """Unified-memory counters on (runtime/uvm.py): every one CUPTI knows, else the basic four;
+        CuptiError when CUPTI takes neither."""
+        tried = []
+        for kinds in (tuple(uvm.COUNTERS), uvm.BASIC):
+            conf = ctypes.create_string_buffer(uvm.config(kinds))
+            r = self.lib.cuptiActivityConfigureUnifiedMemoryCounter(conf, len(kinds))
+            if r == CUPTI_SUCCESS:
+                return
+            tried.append(f"{len(kinds)} counters: CUptiResult {r}")
+        raise CuptiError("cuptiActivityConfigureUnifiedMemoryCounter failed (" + ", ".join(tried) + ")")
+
+    def flush_every(self, ms: int) -> None:
+        """A thread hands completed records over every ``ms``, full buffers or not (cuptiActivityFlushAll(0):
+        cuptiActivityFlushPeriod would hand over only full ones), until ``flush``."""
+        def loop() -> None:
+            while not self._stop.wait(ms / 1000):
+                self.lib.cuptiActivityFlushAll(0)
+        self._flusher = threading.Thread(target=loop, name="egpu-cupti-flush", daemon=True)
+        self._flusher.start()
 
     def _on_request(self, buf: Any, size: Any, max_records: Any) -> None:
         b = ctypes.create_string_buffer(BUFFER_BYTES + 8)
@@ -228,22 +247,55 @@ class Cupti:
                         stream, *dims = struct.unpack("<I6i", ctypes.string_at(rec.value + 48, 28))
                         corr, = struct.unpack("<I", ctypes.string_at(rec.value + 92, 4))
                         self.timeline.add(start, end, name, stream, corr, tuple(dims[:3]), tuple(dims[3:]))
-            parse_records(rows, self.into)
+                elif kind in self.handlers:
+                    size, handle = self.handlers[kind]
+                    handle(ctypes.string_at(rec.value, size))
+            if self.into is not None:
+                parse_records(rows, self.into)
         finally:
             self._buffers.pop(buf, None)
+            for end in self.ends:
+                end()
 
     def flush(self) -> None:
-        """Hand every buffer over, completed kernels' records included (CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)."""
+        """Hand every buffer over, completed kernels' records included (CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+        the periodic flushes end first."""
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
         self.lib.cuptiActivityFlushAll(1)
+
+
+class UvmBatches:
+    """Parses unified-memory records as they come and hands each buffer's batch to ``into`` at its end."""
+
+    def __init__(self, into: uvm.Uvm) -> None:
+        self.into = into
+        self.batch: list[uvm.UvmRecord] = []
+
+    def record(self, raw: bytes) -> None:
+        r = uvm.parse(raw)
+        if r is not None:
+            self.batch.append(r)
+
+    def end(self) -> None:
+        batch, self.batch = self.batch, []
+        if batch:
+            self.into.add(batch)
 
 
 @dataclass
 class Recorder:
-    """What the runtime keeps: the durations, and CUPTI or why it could not start."""
-    durations: Durations
+    """What the runtime keeps: kernel durations, copies, unified-memory events, and CUPTI or why it
+    could not start. ``durations`` None: only unified memory was asked for (egpu/uvm probes)."""
+    durations: Durations | None
     cupti: Cupti | None
     error: str | None
     timeline: Timeline | None = None
+    copies: copies_mod.Copies | None = None
+    copies_error: str | None = None
+    uvm: uvm.Uvm | None = None
+    uvm_error: str | None = None
 
     def finish(self, synchronize: Callable[[], None]) -> dict[str, Any]:
         """Wait for the kernels (``synchronize``), flush, and give the dump's fields."""
@@ -253,49 +305,113 @@ class Recorder:
             except Exception as e:  # the records of finished kernels still come
                 self.error = f"kernels still running at exit: {e}"
             self.cupti.flush()
-        out = {"durations": self.durations.dump(), "durations_error": self.error}
-        return out if self.timeline is None else {**out, "launches": self.timeline.dump()}
+        out: dict[str, Any] = {"uvm": self.uvm.dump() if self.uvm else None, "uvm_error": self.uvm_error}
+        if self.durations is not None:
+            out |= {"durations": self.durations.dump(), "durations_error": self.error,
+                    "copies": self.copies.dump() if self.copies else [], "copies_error": self.copies_error}
+        if self.timeline is not None:
+            out["launches"] = self.timeline.dump()
+            out["copy_spans"] = self.copies.dump_spans() if self.copies else None
+        return out
 
 
-def start(timeline: bool = False) -> Recorder:
-    """CUPTI on, feeding per-kernel durations, and each launch too when ``timeline``."""
-    d = Durations()
+def start(timeline: bool = False, kernels: bool = True,
+          uvm_sink: Callable[[list[uvm.UvmRecord]], None] | None = None) -> Recorder:
+    """CUPTI on: kernel durations, copies and sets (each launch, copy and sync too when ``timeline``) when
+    ``kernels``; unified-memory counters, their records handed to ``uvm_sink`` as they come."""
+    d = Durations() if kernels else None
     try:
         lib = load_cupti()
-        t = Timeline(*cupti_clock(lib)) if timeline else None
-        return Recorder(d, Cupti(lib, d, t), None, t)
+        offset, clock = cupti_clock(lib)
+        t = Timeline(offset, clock) if timeline and kernels else None
+        cupti = Cupti(lib, d, t)
     except (CuptiError, AttributeError, OSError) as e:
-        return Recorder(d, None, str(e))
+        return Recorder(d, None, str(e), copies_error=str(e), uvm_error=str(e))
+    rec = Recorder(d, cupti, None, t)
+    if kernels:
+        rec.copies = copies_mod.Copies(timeline)
+        spans = copies_mod.COPY_KINDS + ((copies_mod.KIND_SYNC,) if timeline else ())
+        try:
+            for kind in spans:
+                cupti.enable(kind, (copies_mod.RECORD_BYTES[kind], _copy_handler(rec.copies)))
+        except (CuptiError, AttributeError) as e:
+            rec.copies_error = str(e)
+    try:
+        rec.uvm = uvm.Uvm(offset, timeline and kernels, uvm_sink)
+        batches = UvmBatches(rec.uvm)
+        cupti.configure_uvm()
+        cupti.ends.append(batches.end)
+        cupti.enable(uvm.KIND_UNIFIED_MEMORY_COUNTER, (uvm.RECORD_BYTES, batches.record))
+        if uvm_sink is not None:
+            cupti.flush_every(uvm.FLUSH_PERIOD_MS)
+    except (CuptiError, AttributeError) as e:
+        rec.uvm, rec.uvm_error = None, str(e)
+    return rec
+
+
+def _copy_handler(into: copies_mod.Copies) -> Callable[[bytes], None]:
+    def handle(raw: bytes) -> None:
+        span = copies_mod.parse(raw)
+        if span is not None:
+            into.add(span)
+    return handle
 
 
 # ---- after the job ---------------------------------------------------------------------------------------
 
 def render(docs: list[dict[str, Any]]) -> str:
-    """Per process with durations: each kernel's count, total, mean, min, max and its log2 histogram."""
-    from egpu_preload.output.text import histogram
-    from egpu_preload.output.values import Histogram
+    """Per process with durations: each kernel's count, total, mean, min, max and its log2 histogram; then
+    each kind of copy and set (per direction and stream) with its bytes and bandwidth; then the
+    unified-memory counters."""
     out = []
     for doc in docs:
         if doc.get("durations_error"):
             out.append(f"durations: pid {doc['pid']}: none ({doc['durations_error']})\n")
             continue
-        rows = doc.get("durations") or []
-        for name, count, total, low, high, slots in sorted(rows, key=lambda r: -r[2]):
-            lines = [f"@duration_ns[{name}]: count {count}, total {total}, mean {total // count}, "
-                     f"min {low}, max {high}\n"]
-            first, last = slots[0][0], slots[-1][0]
-            counts = dict((s, c) for s, c in slots)
-            h = Histogram("duration_ns", "log2", 1, 1 << first,
-                          tuple(1 << (s + 1) for s in range(first, last + 1)),
-                          tuple(counts.get(s, 0) for s in range(first, last + 1)))
-            out.append("".join(lines) + histogram(h))
-        if len(docs) > 1 and rows:
-            out[-len(rows)] = f"pid {doc['pid']}:\n" + out[-len(rows)]
+        blocks = []
+        for name, count, total, low, high, slots in sorted(doc.get("durations") or [], key=lambda r: -r[2]):
+            blocks.append(_spread(f"@duration_ns[{name}]: count {count}", count, total, low, high, slots))
+        for op, direction, stream, count, nbytes, total, low, high, slots in sorted(
+                doc.get("copies") or [], key=lambda r: -r[5]):
+            rate = f", {nbytes / total:.2f} GB/s" if total else ""
+            blocks.append(_spread(f"@copy_ns[{op} {direction} stream {stream}]: count {count}, bytes {nbytes}",
+                                  count, total, low, high, slots, rate))
+        if doc.get("copies_error"):
+            blocks.append(f"copies: none ({doc['copies_error']})\n")
+        counters = (doc.get("uvm") or {}).get("counters") or []
+        if counters:
+            blocks.append("".join(f"@uvm[{name}]: count {n}{_uvm_value(name, v)}\n" for name, n, v in counters))
+        if doc.get("uvm_error"):
+            blocks.append(f"uvm: none ({doc['uvm_error']})\n")
+        if len(docs) > 1 and blocks:
+            blocks[0] = f"pid {doc['pid']}:\n" + blocks[0]
+        out += blocks
     return "\n".join(out)
 
 
+def _spread(head: str, count: int, total: int, low: int, high: int, slots: list[list[int]], tail: str = "") -> str:
+    """One series' line and its log2 histogram, empty buckets between kept."""
+    from egpu_preload.output.text import histogram
+    from egpu_preload.output.values import Histogram
+    first, last = slots[0][0], slots[-1][0]
+    counts = dict((s, c) for s, c in slots)
+    h = Histogram("duration_ns", "log2", 1, 1 << first, tuple(1 << (s + 1) for s in range(first, last + 1)),
+                  tuple(counts.get(s, 0) for s in range(first, last + 1)))
+    return f"{head}, total {total}, mean {total // count}, min {low}, max {high}{tail}\n" + histogram(h)
+
+
+def _uvm_value(name: str, value: int) -> str:
+    """What a counter's summed value means: bytes moved, fault groups, or nothing (CPU faults: PCs)."""
+    if name == "gpu_page_fault":
+        return f", fault groups {value}"
+    if name in {uvm.COUNTERS[k] for k in uvm.BYTE_COUNTERS}:
+        return f", bytes {value}"
+    return ""
+
+
 def render_json(docs: list[dict[str, Any]], now: float) -> str:
-    """One JSON line per process with durations: {"time", "pid", "durations": {name: {...}}}."""
+    """One JSON line per process with durations: {"time", "pid", "durations": {name: {...}}, "copies":
+    [{...}], "uvm": {counter: {"count", "value"}}, "error", "copies_error", "uvm_error"}."""
     import json
     lines = []
     for doc in docs:
@@ -304,6 +420,11 @@ def render_json(docs: list[dict[str, Any]], now: float) -> str:
         kernels = {name: {"count": c, "total_ns": t, "min_ns": lo, "max_ns": hi,
                           "hist_log2_ns": {str(s): n for s, n in slots}}
                    for name, c, t, lo, hi, slots in doc["durations"]}
-        lines.append(json.dumps({"time": now, "pid": doc["pid"], "durations": kernels,
-                                 "error": doc.get("durations_error")}, separators=(",", ":")) + "\n")
+        moved = [{"operation": op, "direction": d, "stream": st, "count": c, "bytes": b, "total_ns": t,
+                  "min_ns": lo, "max_ns": hi, "hist_log2_ns": {str(s): n for s, n in slots}}
+                 for op, d, st, c, b, t, lo, hi, slots in doc.get("copies") or []]
+        um = {name: {"count": n, "value": v} for name, n, v in (doc.get("uvm") or {}).get("counters") or []}
+        lines.append(json.dumps({"time": now, "pid": doc["pid"], "durations": kernels, "copies": moved, "uvm": um,
+                                 "error": doc.get("durations_error"), "copies_error": doc.get("copies_error"),
+                                 "uvm_error": doc.get("uvm_error")}, separators=(",", ":")) + "\n")
     return "".join(lines)

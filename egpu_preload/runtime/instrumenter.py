@@ -165,7 +165,9 @@ class Runtime:
         self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
         self.exit = ExitHook(self.finish)
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
-        self.durations = durations.start(cfg.timeline) if cfg.durations else None  # every kernel timed by CUPTI
+        uvm_sink = self.drainer.deliver_uvm if self.drainer and self.drainer.probes.has_uvm else None
+        self.durations = (durations.start(cfg.timeline, cfg.durations, uvm_sink)  # CUPTI: kernels, copies, UVM
+                          if cfg.durations or uvm_sink else None)
         self.live = live.start(self)                      # the control socket: attach, detach, swap, maps
         self.mirror = mirror.start(self.live.mirrored, cfg.mirror)  # the maps in shared memory
         self.cow = cow_live.attach(self)                  # checkpoint and restore (cow/), a --restore pending
@@ -436,6 +438,8 @@ class Runtime:
         self.live.stop()  # no daemon thread of ours runs on into the interpreter's finalization
         if self.mirror is not None:
             self.mirror.stop()
+        # CUPTI's last records first: its unified-memory records still go to the drainer's probes
+        cupti = self.durations.finish(self.driver.synchronize) if self.durations else {}
         if self.drainer is not None:
             self.drainer.stop()
         if self.cfg.session is None or not self.loads:
@@ -466,7 +470,7 @@ class Runtime:
             "timing": {"probes_ms": self.probes_ms},
             "launch_probes": self.drainer.report() if self.drainer else None,
             "trace": trace,
-            **(self.durations.finish(self.driver.synchronize) if self.durations else {}),
+            **cupti,
         })
 
 

@@ -39,6 +39,11 @@ Launches of kernels no probe matches are dropped in C either way. Which handle r
 the first time it is launched (the drain stops there and asks), and forgotten when a module unloads,
 since the driver hands the same handles out again.
 
+Unified-memory probes (``SEC("egpu/uvm/GLOB")``) are host programs of the same object: they share its
+host copy of the maps and run on the Python VM (an object with any runs there whole), from CUPTI's
+thread, when runtime/uvm.py hands a buffer's records to ``Drainer.deliver_uvm``; ``struct
+egpu_uvm_ctx`` is their context and bpf_ktime_get_ns() the record's start (CLOCK_REALTIME).
+
 Limits: launches replayed from CUDA graphs (cuGraphLaunch) are not seen; a full ring drops records
 (counted in the shim's stats as ``dropped``; egpu-run says how many at exit). The ring holds 16 Ki
 records, so a loop of back-to-back launches outruns probes on the Python VM.
@@ -55,13 +60,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from egpu_preload.bpf import ctx as C
+from egpu_preload.bpf.sections import HOST_RUN
 from egpu_preload.bpf import program as prog
 from egpu_preload.bpf import isa
 from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.program import BpfObject
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, MapStorage
-from egpu_preload.runtime import mapsync, native
+from egpu_preload.runtime import mapsync, native, uvm
 from egpu_preload.runtime.probes import RING_TYPES, Probe
 from egpu_preload.translate.demangle import matches
 from egpu_preload.vm import ThreadSim, Vm
@@ -185,12 +191,18 @@ class ProbeMaps:
 
 
 def launch_side(obj: BpfObject) -> tuple[list[prog.Program], set[int], set[int]]:
-    """An object's launch programs, the maps they use, and which of those GPU programs use too."""
-    launch = [p for p in obj.programs if p.attach.kind == "launch"]
+    """An object's host programs (launch and uvm), the maps they use, and which of those GPU programs use too."""
+    launch = [p for p in obj.programs if p.attach.kind in HOST_RUN]
     by_launch = set().union(*(maps_used(p.code) for p in launch)) if launch else set()
-    others = [p for p in obj.programs if p.attach.kind != "launch"]
+    others = [p for p in obj.programs if p.attach.kind not in HOST_RUN]
     by_gpu = set().union(*(maps_used(p.code) for p in others)) if others else set()
     return launch, by_launch, by_launch & by_gpu
+
+
+def host_refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used: set[int]) -> str | None:
+    """Why an object's host programs cannot run in C (egpu/uvm programs never do); None when they can."""
+    uvm_programs = [p.name for p in programs if p.attach.kind == "uvm"]
+    return f"{uvm_programs[0]} is an egpu/uvm program" if uvm_programs else native.refusal(programs, maps, used)
 
 
 def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps | None:
@@ -201,7 +213,7 @@ def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps
         return None
     state = MapsState(probe.obj.maps)
     if engine is not None:
-        refusal = native.refusal(launch, probe.obj.maps, by_launch)
+        refusal = host_refusal(launch, probe.obj.maps, by_launch)
         if refusal is None:
             side = native.Side(*engine, probe.obj.maps, by_launch, launch, shared)
             return ProbeMaps(probe, state, [], by_launch - shared, shared, native=side)
@@ -237,11 +249,17 @@ class LaunchProbes:
         self.only = only  # egpu-run --kernel: launch probes see only those kernels too
         self.offset = clock_offset()   # MONOTONIC -> REALTIME; the runtime adds REALTIME -> %globaltimer
         self._chosen: dict[str | None, Chosen] = {}
+        self._uvm: dict[str, list[tuple[ProbeMaps, Vm]]] = {}  # counter kind name -> the programs it runs
         self.python_runs = 0
         self.errors: list[str] = []
 
     def __bool__(self) -> bool:
         return any(self.sides)
+
+    @property
+    def has_uvm(self) -> bool:
+        """Whether any probe object has egpu/uvm programs."""
+        return any(p.attach.kind == "uvm" for side in self.sides if side for p, _ in side.programs)
 
     @property
     def runs(self) -> int:
@@ -256,7 +274,7 @@ class LaunchProbes:
                 return matches(glob, name) if name is not None else glob == "*"
 
             def runs(p: prog.Program) -> bool:
-                return takes(p.attach.glob) and (self.only is None or takes(self.only))
+                return p.attach.kind == "launch" and takes(p.attach.glob) and (self.only is None or takes(self.only))
             chosen = self._chosen[name] = Chosen(
                 [(side, vm) for side in self.sides if side for p, vm in side.programs if runs(p)],
                 [h for side in self.sides if side and side.native for p, h in side.native.programs if runs(p)],
@@ -283,17 +301,32 @@ class LaunchProbes:
         ctx = context_bytes(launch, kernel_id)
         now = launch.time_ns + self.offset
         for side, vm in programs:
-            thread = ThreadSim(block_dim=launch.block, grid_dim=launch.grid, globaltimer=now)
-            try:
-                vm.run(ctx, thread)
-            except EgpuError as e:  # one bad run must not stop the others
-                if len(self.errors) < 10:
-                    self.errors.append(f"{side.probe.path}: launch {launch.launch_id}: {e}")
-            self.python_runs += 1
-            for i in side.shared:
-                s = side.state.storages[i]
-                if isinstance(s, Touched):
-                    side.pending.setdefault(i, set()).update(s.take())
+            self._run(side, vm, ctx, ThreadSim(block_dim=launch.block, grid_dim=launch.grid, globaltimer=now),
+                      f"launch {launch.launch_id}")
+
+    def run_uvm(self, record: uvm.UvmRecord) -> None:
+        """The egpu/uvm programs whose glob matches the record's kind (uvm.COUNTERS), on the Python VM."""
+        programs = self._uvm.get(record.name)
+        if programs is None:
+            programs = self._uvm[record.name] = [(side, vm) for side in self.sides if side
+                                                 for p, vm in side.programs
+                                                 if p.attach.kind == "uvm" and matches(p.attach.glob, record.name)]
+        ctx = uvm.context_bytes(record)
+        for side, vm in programs:
+            self._run(side, vm, ctx, ThreadSim(globaltimer=record.start_ns), f"uvm {record.name} {record.address:#x}")
+
+    def _run(self, side: ProbeMaps, vm: Vm, ctx: bytes, thread: ThreadSim, what: str) -> None:
+        """One program run; the keys it changed in shared maps noted for ``push``."""
+        try:
+            vm.run(ctx, thread)
+        except EgpuError as e:  # one bad run must not stop the others
+            if len(self.errors) < 10:
+                self.errors.append(f"{side.probe.path}: {what}: {e}")
+        self.python_runs += 1
+        for i in side.shared:
+            s = side.state.storages[i]
+            if isinstance(s, Touched):
+                side.pending.setdefault(i, set()).update(s.take())
 
     def push(self, mem: mapsync.Memory, bases: Sequence[Sequence[int]]) -> None:
         """Copy the pending keys of shared maps into the device regions (``bases[probe][map]``)."""
@@ -344,6 +377,7 @@ class Drainer:
         assert probes.router is not None, "a drainer runs probes built with the shim's engine"
         self.router = probes.router
         self.python_records = 0  # records the Python VM ran probes on
+        self.uvm_records = 0     # unified-memory records delivered
         self._buf = ffi.new("struct egpu_launch_record[]", BATCH)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -382,11 +416,23 @@ class Drainer:
                     self.python_records += 1
                 if not taken:
                     break
-            if any(s and s.has_pending() for s in self.probes.sides):
-                dev = self.device()
-                if dev is not None:
-                    self.probes.push(*dev)
+            self._push()
         return total
+
+    def _push(self) -> None:
+        if any(s and s.has_pending() for s in self.probes.sides):
+            dev = self.device()
+            if dev is not None:
+                self.probes.push(*dev)
+
+    def deliver_uvm(self, records: list[uvm.UvmRecord]) -> None:
+        """Run the egpu/uvm programs on ``records`` (runtime/uvm.py's sink), in order. It runs on CUPTI's
+        buffer thread, which must make no CUDA calls: the drain thread copies what they wrote in shared
+        maps to the device on its next round."""
+        with self._lock:
+            for r in records:
+                self.probes.run_uvm(r)
+            self.uvm_records += len(records)
 
     def stop(self) -> None:
         """Records off, the thread joined, and what was left in the ring run."""
@@ -403,7 +449,8 @@ class Drainer:
         sides = [s for s in self.probes.sides if s]
         return {"in_c": [str(s.probe.path) for s in sides if s.native],
                 "python_vm": {str(s.probe.path): s.refusal or "--launch-vm python" for s in sides if not s.native},
-                "python_records": self.python_records}
+                "python_records": self.python_records,
+                **({"uvm_records": self.uvm_records} if self.probes.has_uvm else {})}
 
     def forget(self) -> None:
         """Decide again what every handle runs (a module was unloaded: its handles may come back

@@ -612,6 +612,9 @@ class Live:
             probe = load_probe(path)
             if any(p.attach.kind == "launch" for p in probe.obj.programs):
                 raise ControlError(f"{name}: launch programs (egpu/launch/...) cannot be attached to a running job yet")
+            if any(p.attach.kind == "uvm" for p in probe.obj.programs):
+                raise ControlError(f"{name}: unified-memory programs (egpu/uvm/...) cannot be attached to a running "
+                                   "job yet")
         self._verified[path] = probe
         while len(self._verified) > VERIFIED_KEPT:
             del self._verified[next(iter(self._verified))]

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..bpf.program import MAP_ARRAY, BpfObject, MapDef
-from ..bpf.sections import HOST_KINDS
+from ..bpf.sections import HOST_KINDS, HOST_RUN
 from ..bpf.verifier import VerifiedProgram, verify
 
 STRIPE_ROW_MAX = 64 * 1024
@@ -40,7 +40,7 @@ def stripe_counters(obj: BpfObject, verified: Sequence[VerifiedProgram] | None =
     gpu_uses: dict[int, set[str]] = {}
     host: set[int] = set()
     for prog, v in zip(obj.programs, verified, strict=True):
-        if prog.attach.kind == "launch" or prog.attach.kind in HOST_KINDS:
+        if prog.attach.kind in HOST_RUN or prog.attach.kind in HOST_KINDS:
             host |= set(v.value_uses) | {i for i in v.maps.values() if i is not None}
             if None in v.maps.values():
                 host |= set(range(len(obj.maps)))

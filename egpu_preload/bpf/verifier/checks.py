@@ -50,11 +50,12 @@ class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
     __slots__ = ("cfg", "maps", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack", "ctx_reads",
-                 "ctx_at", "value_uses", "_last_id")
+                 "ctx_at", "value_uses", "ctx", "_last_id")
 
-    def __init__(self, cfg: Cfg, maps: list[MapDef]) -> None:
+    def __init__(self, cfg: Cfg, maps: list[MapDef], ctx: egpu_ctx.Layout = egpu_ctx.EGPU_CTX) -> None:
         self.cfg = cfg
         self.maps = maps
+        self.ctx = ctx  # the struct r1 points to at entry
         self.regions: dict[int, str] = {}
         self.map_refs: dict[int, int | None] = {}
         self.depth = [0] * len(cfg.subprogs)
@@ -316,7 +317,7 @@ def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *,
     env.note_region(insn.pc, kind)
     fixed = ptr.off + insn.off
     if kind == CTX:
-        read = _ctx(ptr, fixed, size, mode, signed, reg)
+        read = _ctx(ptr, fixed, size, mode, signed, reg, env.ctx)
         env.note_ctx(insn.pc, fixed, size)
         return read
     _bounded(ptr, kind, reg)
@@ -357,10 +358,10 @@ def _within(ptr: Value, fixed: int, size: int, limit: int, what: str, limit_name
 
 
 @functools.cache
-def _ctx_slots() -> frozenset[tuple[int, int]]:
-    """Every (offset, size) read that stays inside one element of one egpu_ctx field and is aligned."""
+def _ctx_slots(layout: egpu_ctx.Layout) -> frozenset[tuple[int, int]]:
+    """Every (offset, size) read that stays inside one element of one field of the context and is aligned."""
     out = set()
-    for fld in egpu_ctx.FIELDS:
+    for fld in layout.fields:
         for e in range(fld.count):
             start = fld.offset + e * fld.size
             for size in (1, 2, 4, 8):
@@ -369,13 +370,13 @@ def _ctx_slots() -> frozenset[tuple[int, int]]:
     return frozenset(out)
 
 
-def _ctx(ptr: Value, fixed: int, size: int, mode: str, signed: bool, reg: int) -> Value:
+def _ctx(ptr: Value, fixed: int, size: int, mode: str, signed: bool, reg: int, layout: egpu_ctx.Layout) -> Value:
     if mode != "read":
-        raise Reject(f"cannot write into ctx: struct egpu_ctx is read-only (r{reg})")
+        raise Reject(f"cannot write into ctx: struct {layout.name} is read-only (r{reg})")
     if not ptr.is_const:
         raise Reject(f"variable ctx access prohibited (r{reg} smin={ptr.smin} smax={ptr.smax})")
-    if (fixed, size) not in _ctx_slots():
-        raise Reject(f"invalid ctx access off={fixed} size={size} (struct egpu_ctx is {egpu_ctx.SIZE} bytes of "
+    if (fixed, size) not in _ctx_slots(layout):
+        raise Reject(f"invalid ctx access off={fixed} size={size} (struct {layout.name} is {layout.size} bytes of "
                      "aligned fields)")
     return sized(size, signed)
 
