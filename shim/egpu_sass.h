@@ -54,15 +54,15 @@ int egpu_sass_commit_now(void);
  * staged without one: launches run probes only once it is set. */
 void egpu_sass_tables(unsigned long long tables);
 void egpu_sass_stats(struct egpu_sass_stats *out);
+/* Unsubscribe in standby so a CUPTI client (named by `to`) can have the driver's one tool slot; the
+ * SASS back end is off from then on (state 4). 0: yielded or not subscribed; -1: a generation patches
+ * or is staged, and the sanitizer keeps the slot. */
+int egpu_sass_yield(const char *to);
 
 /* ---- part 3: C only ---- */
 
 /* Subscribe when EGPU_BACKEND is sass or auto (once; the shim's cuInit hook calls it). */
 void egpu_sass_start(void);
-/* Unsubscribe in standby so a CUPTI client (named by `to`) can have the driver's one tool slot; the
- * SASS back end is off from then on (state 4). 0: yielded or not subscribed; -1: a generation patches
- * or is staged, and the sanitizer keeps the slot. */
-int egpu_sass_yield(const char *to);
 /* Commit the staged generation, if any: every context drained, every module re-patched. Called by
  * egpu_shim_swap inside its launch gate; 0, or -1 with the old generation still patched. */
 int egpu_sass_flip(void);

@@ -487,7 +487,7 @@ __attribute__((visibility("default"))) int egpu_sass_commit_now(void) {
  * fail with CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (39; on the H200, --durations timed nothing
  * and torch.profiler saw no kernel in a job in standby). Standby patches nothing, so it gives the slot
  * to the first CUPTI client (cupti.c); a generation that patches keeps it. */
-int egpu_sass_yield(const char *to) {
+__attribute__((visibility("default"))) int egpu_sass_yield(const char *to) {
     pthread_mutex_lock(&g_mu);
     int r = 0;
     const struct generation *g = atomic_load(&g_current);

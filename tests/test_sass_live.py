@@ -26,6 +26,7 @@ import pytest
 
 from egpu_preload.control import ControlClient, list_sessions
 from stub_job import ROOT
+from test_durations import cupti_dir  # noqa: F401  (the stand-in libcupti)
 
 SASS_STUB = Path(__file__).parent / "sass_stub"
 RUN = re.compile(r"^\d+ run f=step2? enter=(\S+) record=(\S+)$", re.M)
@@ -200,3 +201,20 @@ def test_cupti_gets_the_tool_slot_from_standby(stub_job, stand_ins, cupti_apps, 
     else:
         assert "cupti register=39 enable=39 launch=0" in r.stdout, r.stdout
         assert "sanitizerUnsubscribe sub=1" not in calls and any(c.startswith("sanitizerPatchModule") for c in calls)
+
+
+@pytest.mark.parametrize("probe", [None, "count"], ids=["no-kernel-probe", "kernel-probe"])
+def test_durations_take_the_slot_unless_start_up_probes_patch(stub_job, stand_ins, cupti_dir, probe_obj, tmp_path,
+                                                              probe):
+    """egpu-run's own CUPTI (--durations) starts inside a hook, where the shim's CUPTI wrappers pass
+    through, so the runtime gives up standby's slot itself, unless the start-up probes have kernel-site
+    programs for the SASS back end to patch: those keep it (and --durations says why it timed nothing)."""
+    log = tmp_path / "log"
+    env = stub_job.env(log, EGPU_SANITIZER_LIB=str(stand_ins[0]), EGPU_STUB_CUPTI="vecadd:1500")
+    env["LD_LIBRARY_PATH"] = f"{cupti_dir}:{env['LD_LIBRARY_PATH']}"
+    args = ["--backend", "sass", "--durations", *(["-p", str(probe_obj(probe))] if probe else [])]
+    r = subprocess.run([sys.executable, "-c", "import launcher; launcher.run_main()", *args, str(stub_job.app),
+                        "cubin", "1", "64", "0"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    calls = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines() if " sanitizer" in ln]
+    assert ("sanitizerUnsubscribe sub=1" in calls) == (probe is None), calls

@@ -57,6 +57,7 @@ from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_CO
 from egpu_preload.runtime.probes import Probe, load_probes
 from egpu_preload.translate.devmaps import DeviceMaps
 from egpu_preload.translate.rewrite import KernelStatus, instrument
+from egpu_preload.translate.sass_patch import has_sites
 
 LIBRARY_APIS = ("LIBRARY_LOAD_DATA", "LIBRARY_LOAD_FROM_FILE")
 STATS = ("launches", "redirected", "records", "dropped", "untracked", "python_calls")
@@ -166,6 +167,10 @@ class Runtime:
         self.exit = ExitHook(self.finish)
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
         uvm_sink = self.drainer.deliver_uvm if self.drainer and self.drainer.probes.has_uvm else None
+        if (cfg.durations or uvm_sink) and not has_sites([p.obj for p in self.probes]):
+            # CUPTI needs the driver's one tool slot; standby would hold it only for a later SASS attach.
+            # (This runs inside a hook, where the shim's CUPTI wrappers pass straight through.)
+            lib.egpu_sass_yield(b"egpu-run's CUPTI (--durations, --perfetto or egpu/uvm)")
         self.durations = (durations.start(cfg.timeline, cfg.durations, uvm_sink)  # CUPTI: kernels, copies, UVM
                           if cfg.durations or uvm_sink else None)
         self.live = live.start(self)                      # the control socket: attach, detach, swap, maps
