@@ -88,4 +88,11 @@ void egpu_lvm_context(const struct egpu_launch_record *rec, unsigned long long k
 
 /* ---- part 3: C only ---- */
 
+/* Host probes (shim/uprobe.c): hold the lock every map and route is under while reading which
+ * programs to run and running them with egpu_lvm_run_host, on a read-only context of `size` bytes;
+ * ktime_get_ns reads CLOCK_MONOTONIC + offset_ns when called. */
+void egpu_lvm_lock(void);
+void egpu_lvm_unlock(void);
+void egpu_lvm_run_host(struct egpu_lvm_prog *p, void *ctx, size_t size, long long offset_ns);
+
 #endif

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "egpu_shim.h"
@@ -373,6 +374,7 @@ struct run {
     size_t ctx_size;
     int ctx_writable, depth, fault;
     uint64_t now;                 /* ktime_get_ns and get_globaltimer */
+    int live_clock;               /* host probes: those read CLOCK_MONOTONIC + now at the call instead */
     const unsigned int *grid, *block;
     struct { size_t ret; uint64_t saved[4]; } calls[MAX_FRAMES];
     /* values of tracked maps a lookup handed out, as they were: a key whose value differs after the
@@ -595,6 +597,11 @@ static int helper(struct run *x, int32_t id) {
         return 0;
     case 5: case 502: /* ktime_get_ns, get_globaltimer */
         x->r[0] = x->now;
+        if (x->live_clock) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            x->r[0] += (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+        }
         return 0;
     case 14: /* get_current_pid_tgid: the process, tgid << 32 | its main thread (helpers.py) */
         x->r[0] = (uint64_t)getpid() << 32 | (uint64_t)getpid();
@@ -764,11 +771,27 @@ static int run_program(struct run *x, const struct egpu_lvm_prog *p, unsigned ch
 EXPORT int egpu_lvm_exec(struct egpu_lvm_prog *p, void *mem, size_t len, unsigned long long *r0, unsigned int *pc) {
     static const unsigned int one[3] = {1, 1, 1}; /* a 1x1x1 launch, as the VM's default ThreadSim */
     struct run x; /* 7 KiB of stack: too big for the static TLS a preloaded library may use */
+    x.live_clock = 0;
     pthread_mutex_lock(&lvm_lock);
     int fault = run_program(&x, p, mem, len, 1, len, 0, one, one, pc);
     pthread_mutex_unlock(&lvm_lock);
     *r0 = x.r[0];
     return fault;
+}
+
+/* ---- host probes (shim/uprobe.c) ---- */
+
+void egpu_lvm_lock(void) { pthread_mutex_lock(&lvm_lock); }
+void egpu_lvm_unlock(void) { pthread_mutex_unlock(&lvm_lock); }
+
+void egpu_lvm_run_host(struct egpu_lvm_prog *p, void *ctx, size_t size, long long offset_ns) {
+    static const unsigned int one[3] = {1, 1, 1};
+    struct run x; /* 7 KiB of stack, as run_route's */
+    unsigned int pc;
+    x.live_clock = 1;
+    int fault = run_program(&x, p, ctx, size, 0, 0, (uint64_t)offset_ns, one, one, &pc);
+    p->stats.runs++;
+    if (fault && !p->stats.faults++) p->stats.fault = fault, p->stats.fault_pc = pc, p->stats.fault_launch = 0;
 }
 
 /* ---- routes and the drain ---- */
@@ -865,6 +888,7 @@ EXPORT void egpu_lvm_context(const struct egpu_launch_record *rec, unsigned long
 static void run_route(const struct route *rt, const struct egpu_launch_record *rec, long long offset_ns) {
     struct run x; /* 7 KiB of stack: too big for the static TLS a preloaded library may use */
     unsigned char ctx[CTX_SIZE];
+    x.live_clock = 0;
     egpu_lvm_context(rec, rt->kernel_id, ctx);
     for (size_t k = 0; k < rt->n; k++) {
         struct egpu_lvm_prog *p = rt->progs[k];

@@ -14,6 +14,7 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_RESTORE  a checkpoint directory to put back once the job has remade its allocations (cow/restore.py)
     EGPU_MIRROR   seconds between copies of the maps into shared memory (runtime/mirror.py); 0: none
     EGPU_LAUNCH_VM  c | python: where launch probes run (runtime/native.py; python: all on the Python VM)
+    EGPU_UPROBES  targets of bare uprobes (egpu-run --uprobe), a JSON object {PROG: "PATH:SYMBOL"}
 
 Not egpu's own: RANK, else LOCAL_RANK (set by torchrun for each worker) name a process's rank (``rank``).
 """
@@ -24,7 +25,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from egpu_preload.errors import EgpuError
@@ -37,6 +38,7 @@ TIMELINE = "EGPU_TIMELINE"
 MIRROR = "EGPU_MIRROR"
 LAUNCH_VM = "EGPU_LAUNCH_VM"
 LAUNCH_VMS = ("c", "python")
+UPROBES = "EGPU_UPROBES"
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Config:
     timeline: bool = False
     mirror: float = 1.0
     launch_vm: str = "c"
+    uprobes: Mapping[str, str] = field(default_factory=dict)
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -66,7 +69,8 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
                   backend=env.get(BACKEND) or "auto", sanitizer=env.get(SANITIZER) or None,
                   restore=Path(env[RESTORE]) if env.get(RESTORE) else None,
                   timeline=env.get(TIMELINE) == "1", mirror=_seconds(env.get(MIRROR), Config.mirror),
-                  launch_vm=env.get(LAUNCH_VM) if env.get(LAUNCH_VM) in LAUNCH_VMS else Config.launch_vm)
+                  launch_vm=env.get(LAUNCH_VM) if env.get(LAUNCH_VM) in LAUNCH_VMS else Config.launch_vm,
+                  uprobes=_uprobes(env.get(UPROBES, "")))
 
 
 def to_env(cfg: Config) -> dict[str, str]:
@@ -82,7 +86,8 @@ def to_env(cfg: Config) -> dict[str, str]:
             RESTORE: str(cfg.restore) if cfg.restore else "",
             TIMELINE: "1" if cfg.timeline else "",
             MIRROR: str(cfg.mirror),
-            LAUNCH_VM: cfg.launch_vm}
+            LAUNCH_VM: cfg.launch_vm,
+            UPROBES: json.dumps(dict(cfg.uprobes)) if cfg.uprobes else ""}
 
 
 def _probes(text: str) -> tuple[Path, ...]:
@@ -96,6 +101,19 @@ def _probes(text: str) -> tuple[Path, ...]:
     if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
         raise EgpuError(f"{PROBES} is not a JSON list of paths")
     return tuple(Path(p) for p in paths)
+
+
+def _uprobes(text: str) -> dict[str, str]:
+    """EGPU_UPROBES's targets: a JSON object of strings, or empty."""
+    if not text:
+        return {}
+    try:
+        targets = json.loads(text)
+    except ValueError as e:
+        raise EgpuError(f"{UPROBES} is not JSON: {e}") from None
+    if not isinstance(targets, dict) or not all(isinstance(v, str) for v in targets.values()):
+        raise EgpuError(f"{UPROBES} is not a JSON object of PATH:SYMBOL strings")
+    return targets
 
 
 def _seconds(text: str | None, default: float) -> float:

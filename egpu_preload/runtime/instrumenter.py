@@ -50,7 +50,7 @@ from egpu_preload.cow import live as cow_live
 from egpu_preload.errors import EgpuError
 from egpu_preload.fatbin import ImageKind
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import config, dump, durations, hooks, launches, live, mirror, ptxas, sass
+from egpu_preload.runtime import config, dump, durations, hooks, launches, live, mirror, ptxas, sass, uprobes
 from egpu_preload.runtime.config import Config, from_env
 from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, ContextMemory, Driver
 from egpu_preload.runtime.probes import Probe, load_probes
@@ -163,6 +163,7 @@ class Runtime:
         self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
         self.exit = ExitHook(self.finish)
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
+        self.uprobes = uprobes.attach(self)               # host uprobes, on the drainer's maps in C
         self.durations = durations.start(cfg.timeline) if cfg.durations else None  # every kernel timed by CUPTI
         self.live = live.start(self)                      # the control socket: attach, detach, swap, maps
         self.mirror = mirror.start(self.live.mirrored, cfg.mirror)  # the maps in shared memory
@@ -396,6 +397,7 @@ class Runtime:
             self._log(1, f"%globaltimer not measured ({e}): launch probes keep CLOCK_REALTIME")
         if measured is not None:
             self.drainer.probes.offset += measured[0]
+            self.lib.egpu_uprobe_clock(self.drainer.probes.offset)
             self._log(1, f"%globaltimer - CLOCK_REALTIME = {measured[0]} ns (+-{measured[1]} ns): "
                          "launch probes' times moved onto the GPU's clock")
 
@@ -432,6 +434,7 @@ class Runtime:
         self.live.stop()  # no daemon thread of ours runs on into the interpreter's finalization
         if self.mirror is not None:
             self.mirror.stop()
+        uprobes_report = self.uprobes.detach() if self.uprobes is not None else None  # before their maps go
         if self.drainer is not None:
             self.drainer.stop()
         if self.cfg.session is None or not self.loads:
@@ -458,6 +461,7 @@ class Runtime:
             "sass": self.sass.stats(),
             "timing": {"probes_ms": self.probes_ms},
             "launch_probes": self.drainer.report() if self.drainer else None,
+            "uprobes": uprobes_report,
             **(self.durations.finish(self.driver.synchronize) if self.durations else {}),
         })
 

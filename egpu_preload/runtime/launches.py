@@ -59,6 +59,7 @@ from egpu_preload.bpf import program as prog
 from egpu_preload.bpf import isa
 from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.program import BpfObject
+from egpu_preload.bpf.sections import HOST_KINDS
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, MapStorage
 from egpu_preload.runtime import mapsync, native
@@ -186,10 +187,11 @@ class ProbeMaps:
 
 
 def launch_side(obj: BpfObject) -> tuple[list[prog.Program], set[int], set[int]]:
-    """An object's launch programs, the maps they use, and which of those GPU programs use too."""
-    launch = [p for p in obj.programs if p.attach.kind == "launch"]
+    """An object's host programs (launch probes and uprobes, runtime/uprobes.py: both run on the host copy
+    of the maps), the maps they use, and which of those GPU programs use too."""
+    launch = [p for p in obj.programs if p.attach.kind == "launch" or p.attach.kind in HOST_KINDS]
     by_launch = set().union(*(maps_used(p.code) for p in launch)) if launch else set()
-    others = [p for p in obj.programs if p.attach.kind != "launch"]
+    others = [p for p in obj.programs if p not in launch]
     by_gpu = set().union(*(maps_used(p.code) for p in others)) if others else set()
     return launch, by_launch, by_launch & by_gpu
 
@@ -211,7 +213,8 @@ def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps
     for i in shared:
         if probe.obj.maps[i].type not in RING_TYPES:
             state.storages[i] = Touched(state.storages[i])  # type: ignore[call-overload]
-    return ProbeMaps(probe, state, [(p, Vm(p.code, probe.obj.maps, state, compiled=True)) for p in launch],
+    return ProbeMaps(probe, state, [(p, Vm(p.code, probe.obj.maps, state, compiled=True)) for p in launch
+                                    if p.attach.kind == "launch"],
                      by_launch - shared, shared, refusal=refusal)
 
 
@@ -257,7 +260,7 @@ class LaunchProbes:
                 return matches(glob, name) if name is not None else glob == "*"
 
             def runs(p: prog.Program) -> bool:
-                return takes(p.attach.glob) and (self.only is None or takes(self.only))
+                return p.attach.kind == "launch" and takes(p.attach.glob) and (self.only is None or takes(self.only))
             chosen = self._chosen[name] = Chosen(
                 [(side, vm) for side in self.sides if side for p, vm in side.programs if runs(p)],
                 [h for side in self.sides if side and side.native for p, h in side.native.programs if runs(p)],

@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from ...errors import DecodeError, VerifierError
+from ...errors import DecodeError, ElfError, VerifierError
 from ..decode import Insn, decode
 from ..disasm import disasm_insn
 from ..program import MapDef
+from ..sections import HOST_KINDS, parse_section
 from . import cfg as cfg_mod
 from .cfg import Cfg, Reject
-from .checks import STEP, Env
+from .checks import EGPU_CTX, PT_REGS, STEP, Context, Env
 from .state import State, covers, fmt_state, key
 
 MAX_INSNS = 1_000_000
@@ -105,6 +106,15 @@ def _live(cfg: Cfg, st: State, pc: int) -> list[int]:
     return masks + [cfg.live[pc]]
 
 
+def _context(section: str | None) -> Context:
+    """pt_regs for a host uprobe's section, struct egpu_ctx for every other (or none)."""
+    try:
+        host = section is not None and parse_section(section).kind in HOST_KINDS
+    except ElfError:
+        host = False
+    return PT_REGS if host else EGPU_CTX
+
+
 def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section: str | None = None,
            max_insns: int = MAX_INSNS) -> VerifiedProgram:
     """Verify one program (subprograms appended, map references resolved as program.py describes).
@@ -117,7 +127,7 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
         cfg = cfg_mod.build(insns, maps)
     except Reject as r:
         raise _error(r, None, insns, maps, None, file, section) from None
-    env = Env(cfg, maps)
+    env = Env(cfg, maps, _context(section))
     seen: dict[int, dict[tuple, _Visit]] = {}
     recent: dict[int, list[_Visit]] = {}
     processed = 0

@@ -11,9 +11,11 @@ Every memory access must be naturally aligned: a misaligned ld/st faults on the 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Callable
 
 from .. import ctx as egpu_ctx
+from .. import ptregs
 from .. import isa
 from ..decode import Insn
 from ..helpers import BPF_NOEXIST, HELPERS, Helper
@@ -45,15 +47,28 @@ _VARIADIC = frozenset({"trace_printk"})
 Succ = list[tuple[State, int]]
 
 
+@dataclass(frozen=True)
+class Context:
+    """What r1 points to at entry: GPU and launch probes get struct egpu_ctx, host uprobes pt_regs."""
+    name: str
+    fields: tuple[egpu_ctx.Field, ...]
+    size: int
+
+
+EGPU_CTX = Context("struct egpu_ctx", egpu_ctx.FIELDS, egpu_ctx.SIZE)
+PT_REGS = Context("struct pt_regs", ptregs.FIELDS, ptregs.SIZE)
+
+
 class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
-    __slots__ = ("cfg", "maps", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack", "ctx_reads",
-                 "ctx_at", "value_uses", "_last_id")
+    __slots__ = ("cfg", "maps", "context", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack",
+                 "ctx_reads", "ctx_at", "value_uses", "_last_id")
 
-    def __init__(self, cfg: Cfg, maps: list[MapDef]) -> None:
+    def __init__(self, cfg: Cfg, maps: list[MapDef], context: Context = EGPU_CTX) -> None:
         self.cfg = cfg
         self.maps = maps
+        self.context = context
         self.regions: dict[int, str] = {}
         self.map_refs: dict[int, int | None] = {}
         self.depth = [0] * len(cfg.subprogs)
@@ -315,7 +330,7 @@ def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *,
     env.note_region(insn.pc, kind)
     fixed = ptr.off + insn.off
     if kind == CTX:
-        read = _ctx(ptr, fixed, size, mode, signed, reg)
+        read = _ctx(env.context, ptr, fixed, size, mode, signed, reg)
         env.note_ctx(insn.pc, fixed, size)
         return read
     _bounded(ptr, kind, reg)
@@ -356,10 +371,10 @@ def _within(ptr: Value, fixed: int, size: int, limit: int, what: str, limit_name
 
 
 @functools.cache
-def _ctx_slots() -> frozenset[tuple[int, int]]:
-    """Every (offset, size) read that stays inside one element of one egpu_ctx field and is aligned."""
+def _ctx_slots(context: Context) -> frozenset[tuple[int, int]]:
+    """Every (offset, size) read that stays inside one element of one field of the context and is aligned."""
     out = set()
-    for fld in egpu_ctx.FIELDS:
+    for fld in context.fields:
         for e in range(fld.count):
             start = fld.offset + e * fld.size
             for size in (1, 2, 4, 8):
@@ -368,13 +383,13 @@ def _ctx_slots() -> frozenset[tuple[int, int]]:
     return frozenset(out)
 
 
-def _ctx(ptr: Value, fixed: int, size: int, mode: str, signed: bool, reg: int) -> Value:
+def _ctx(context: Context, ptr: Value, fixed: int, size: int, mode: str, signed: bool, reg: int) -> Value:
     if mode != "read":
-        raise Reject(f"cannot write into ctx: struct egpu_ctx is read-only (r{reg})")
+        raise Reject(f"cannot write into ctx: {context.name} is read-only (r{reg})")
     if not ptr.is_const:
         raise Reject(f"variable ctx access prohibited (r{reg} smin={ptr.smin} smax={ptr.smax})")
-    if (fixed, size) not in _ctx_slots():
-        raise Reject(f"invalid ctx access off={fixed} size={size} (struct egpu_ctx is {egpu_ctx.SIZE} bytes of "
+    if (fixed, size) not in _ctx_slots(context):
+        raise Reject(f"invalid ctx access off={fixed} size={size} ({context.name} is {context.size} bytes of "
                      "aligned fields)")
     return sized(size, signed)
 
