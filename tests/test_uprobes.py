@@ -1,0 +1,117 @@
+"""Host uprobes (runtime/uprobes.py, shim/uprobe.c) on tests/uprobe_app's library, under egpu-run against
+the stand-in driver: arguments and return values exact, the application's results unchanged, one map
+shared with a launch probe, bare uprobes targeted by --uprobe."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bpftime_build import bpftime_cflags
+from egpu_preload.bpf.compile import find_clang
+from egpu_preload.bpf.elf import load_object
+from egpu_preload.maps import MapsState
+from egpu_preload.runtime import dump
+from egpu_preload.bpf.verifier import verify
+from egpu_preload.errors import VerifierError
+from stub_job import ROOT
+from test_runtime import run_kept
+
+APP = ROOT / "tests" / "uprobe_app"
+PROBE = ROOT / "tests" / "uprobe_probes" / "args.bpf.c"
+BARE = ["--uprobe", "sum8_entry=libupt.so:upt_sum8", "--uprobe", "sum8_exit=libupt.so:upt_sum8"]
+ADD6_CALLS, ADD6_RETURNS, SUM8_CALLS, SUM8_RETURNS, LAUNCHES, HALF_RETURNS = range(6)
+
+
+@pytest.fixture(scope="module")
+def uprobe_app(stub_job, tmp_path_factory) -> tuple[Path, Path]:
+    """(app_uprobe linked against libupt.so beside the stand-in driver, args.bpf.o built with bpftime's flags)."""
+    d = stub_job.driver_dir
+    clang = find_clang()
+    obj = tmp_path_factory.mktemp("uprobe") / "args.bpf.o"
+    for step in (["gcc", "-O1", "-shared", "-fPIC", str(APP / "libupt.c"), "-o", str(d / "libupt.so")],
+                 ["gcc", "-O1", "-Wall", str(APP / "app_uprobe.c"), "-o", str(d / "app_uprobe"), f"-L{d}", "-lupt",
+                  f"-Wl,-rpath,{d}", "-ldl"],
+                 [clang, *bpftime_cflags(clang), "-c", str(PROBE), "-o", str(obj)]):
+        subprocess.run(step, check=True)
+    return d / "app_uprobe", obj
+
+
+def plain_output(app: Path, n: int, env: dict) -> str:
+    return subprocess.run([str(app), "calls", str(n)], env=env, capture_output=True, text=True, check=True).stdout
+
+
+def entries(doc: dict, obj: Path, name: str) -> dict[int, int]:
+    """Map ``name`` of the job's dump, as integers."""
+    state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
+    (storage,) = [s for m, s in zip(state.maps, state.storages) if m.name == name]
+    return {int.from_bytes(k, "little"): int.from_bytes(v, "little") for k, v in storage.items()}
+
+
+def test_uprobes_see_exact_arguments_and_return_values_and_share_a_map_with_launch_probes(stub_job, uprobe_app,
+                                                                                          tmp_path):
+    app, obj = uprobe_app
+    n = 40
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, *BARE, str(app), "calls", str(n))
+    assert r.returncode == 0, r.stderr
+    # the calls went through the stubs and came back with what the functions returned
+    assert r.stdout.splitlines()[0] == plain_output(app, n, stub_job.env(tmp_path / "plain.log")).strip()
+    counts = entries(doc, obj, "counts")
+    assert [counts[k] for k in range(6)] == [n] * 6   # LAUNCHES: the launch probe, on the same map
+    # upt_add6(i, i+1, .., i+5): rdi, rsi, rdx, rcx, r8, r9 each read as PT_REGS_PARMn
+    packed = 1 | 2 << 8 | 3 << 16 | 4 << 24 | 5 << 32
+    assert entries(doc, obj, "add6_args") == {i: packed for i in range(n)}
+    # rax at return: upt_add6 = 6i + 15, upt_sum8(i x7, i + 1) = 36i + 8 (its two stack arguments intact)
+    expected = {6 * i + 15: 0 for i in range(n)} | {36 * i + 8: 0 for i in range(n)}
+    for i in range(n):
+        expected[6 * i + 15] += 1
+        expected[36 * i + 8] += 1
+    assert entries(doc, obj, "returns") == expected
+    sites = {a["prog"]: (a["target"], a["state"], a["sites"]) for a in doc["uprobes"]["attached"]}
+    assert sites["add6_entry"] == ("libupt.so:upt_add6", "attached", 1)  # the app's PLT slot
+    assert sites["sum8_entry"][:2] == ("libupt.so:upt_sum8", "attached")  # reached through dlsym only
+
+
+def test_a_bare_uprobe_needs_a_target(stub_job, uprobe_app, tmp_path):
+    app, obj = uprobe_app
+    from stub_job import egpu_run
+    r = egpu_run(["-p", str(obj), str(app), "calls", "1"], stub_job.env(tmp_path / "log"))
+    assert r.returncode == 125
+    assert "prog sum8_entry (uprobe): no target: give egpu-run --uprobe sum8_entry=PATH:SYMBOL" in r.stderr
+    r = egpu_run(["-p", str(obj), *BARE, "--uprobe", "add6_entry=libupt.so:upt_add6", str(app), "calls", "1"],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == 125
+    assert "--uprobe add6_entry=...: no bare uprobe or uretprobe program is named add6_entry" in r.stderr
+
+
+def test_a_missing_function_is_reported_and_the_job_runs(stub_job, uprobe_app, tmp_path):
+    app, obj = uprobe_app
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "sum8_entry=libupt.so:no_such_function",
+                            "--uprobe", "sum8_exit=libupt.so:upt_sum8", str(app), "calls", "3")
+    assert r.returncode == 0, r.stderr
+    assert "prog sum8_entry (uprobe): not attached at libupt.so:no_such_function: no such function in it" in r.stderr
+    assert entries(doc, obj, "counts")[ADD6_CALLS] == 3
+
+
+
+
+def ctx_read(off: int) -> bytes:
+    return struct.pack("<BBhi", 0x79, 0x10, off, 0) + struct.pack("<BBhi", 0x95, 0, 0, 0)
+
+
+@pytest.mark.parametrize("section, off, ok", [
+    ("uprobe/libc.so.6:malloc", 112, True),     # di: PT_REGS_PARM1
+    ("uretprobe/libc.so.6:malloc", 80, True),   # ax: PT_REGS_RC
+    ("uprobe", 160, True),                      # ss, the last field
+    ("uprobe", 168, False),                     # past struct pt_regs
+    ("kprobe/vecadd", 112, False),              # GPU probes get struct egpu_ctx: grid[1] is 4 bytes
+])
+def test_host_programs_read_pt_regs(section, off, ok):
+    if ok:
+        verify(ctx_read(off), [], section=section)
+    else:
+        with pytest.raises(VerifierError, match="invalid ctx access"):
+            verify(ctx_read(off), [], section=section)
