@@ -1,4 +1,5 @@
-/* uprobe.c: host uprobes. The interface, what is caught and what is not, is egpu_uprobe.h. */
+/* uprobe.c: host uprobes. The interface, what is caught and what is not, is egpu_uprobe.h. x86-64 only
+ * (the stubs, struct pt_regs): elsewhere egpu_uprobe_attach refuses every function. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <elf.h>
@@ -60,6 +61,7 @@ static __thread int tls_in_probe;           /* calls made from a probe run no pr
 static __thread int tls_depth;
 static __thread struct { void *ret; struct hook *hook; } tls_returns[UPROBE_DEPTH];
 
+#if defined(__x86_64__)
 /* ---- the stubs: one per hook, a 16-byte slot each; r11 tells the common part which ---- */
 
 void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, void **ret_slot);
@@ -132,7 +134,8 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
     tls_in_probe = 1;
     egpu_lvm_lock();
     if (h->n[0]) {
-        uint64_t regs[PT_COUNT] = {0};
+        uint64_t regs[PT_COUNT]; /* each slot set: a zeroing store of 168 bytes costs more than the rest */
+        regs[PT_R11] = regs[PT_CS] = regs[PT_FLAGS] = regs[PT_SS] = 0;
         regs[PT_DI] = saved[S_DI], regs[PT_SI] = saved[S_SI], regs[PT_DX] = saved[S_DX];
         regs[PT_CX] = saved[S_CX], regs[PT_R8] = saved[S_R8], regs[PT_R9] = saved[S_R9];
         regs[PT_AX] = regs[PT_ORIG_AX] = saved[S_AX], regs[PT_R10] = saved[S_R10], regs[PT_BX] = saved[S_BX];
@@ -161,7 +164,7 @@ __attribute__((used)) void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp) {
     tls_in_probe = 1;
     egpu_lvm_lock();
     if (h->n[1]) {
-        uint64_t regs[PT_COUNT] = {0};
+        uint64_t regs[PT_COUNT] = {0};  /* only rax, rdx, ip and sp are known at a return */
         regs[PT_AX] = saved[R_AX], regs[PT_DX] = saved[R_DX];
         regs[PT_IP] = (uint64_t)ret, regs[PT_SP] = sp;
         run_all(h, 1, regs);
@@ -170,6 +173,10 @@ __attribute__((used)) void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp) {
     tls_in_probe = was;
     return ret;
 }
+
+#else
+static void *stub_of(const struct hook *h) { return NULL; }
+#endif
 
 /* ---- loaded objects ---- */
 
@@ -365,6 +372,9 @@ static int lookup_one(struct dl_phdr_info *info, size_t size, void *arg) {
 }
 
 EXPORT int egpu_uprobe_attach(const char *path, const char *symbol, int ret, struct egpu_lvm_prog *prog) {
+#if !defined(__x86_64__)
+    return EGPU_UPROBE_NO_SYMBOL;
+#endif
     if (strlen(path) >= NAME_MAX_ || strlen(symbol) >= NAME_MAX_) return EGPU_UPROBE_NO_SYMBOL;
     egpu_fork_handlers();
     struct lookup l = {path, symbol, 0, NULL};

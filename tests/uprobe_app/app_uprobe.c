@@ -1,7 +1,8 @@
 /* `app_uprobe calls N`: starts the stand-in driver (so the runtime comes up), loads one kernel, then N
  * times launches it and calls libupt's upt_add6 through the PLT, upt_sum8 through a dlsym'd pointer and
  * upt_half; prints the sums, so a probe that changed an argument or a return value shows.
- * `app_uprobe bench N`: N calls of upt_inc through the PLT, timed; prints ns per call. */
+ * `app_uprobe bench N`: N calls of upt_inc through the PLT in 10 timed batches; prints the fastest batch's
+ * ns per call (the runtime's threads, starting up beside the loop, slow down the others). */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,13 +30,17 @@ int main(int argc, char **argv) {
     void *mod = NULL, *f = NULL;
     int r = cuInit(0) | cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&f, mod, "vecadd");
     if (!strcmp(argv[1], "bench")) {
-        struct timespec t0, t1;
         volatile int x = 0;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        for (long i = 0; i < n; i++) x = upt_inc(x);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        double ns = (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);
-        printf("app_uprobe bench calls=%ld ns_per_call=%.2f x=%d result=%d\n", n, ns / n, x, r);
+        double best = 1e30;
+        for (int batch = 0; batch < 10; batch++) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            for (long i = 0; i < n / 10; i++) x = upt_inc(x);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            double ns = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / (n / 10);
+            best = ns < best ? ns : best;
+        }
+        printf("app_uprobe bench calls=%ld ns_per_call=%.2f x=%d result=%d\n", n / 10 * 10, best, x, r);
         return 0;
     }
     long (*sum8)(long, long, long, long, long, long, long, long) =
