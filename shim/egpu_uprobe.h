@@ -40,13 +40,16 @@ enum egpu_uprobe_result {
     EGPU_UPROBE_FULL = -2       /* too many hooked functions, programs on one, or patched slots */
 };
 
-/* Run `prog` at each call (ret 0) or return (ret 1) of SYMBOL defined in the loaded object PATH: its
- * file name, its basename, a prefix of its basename ending before a '.' (libcuda.so for libcuda.so.1),
- * or a path resolving to the same file; the executable too. Returns enum egpu_uprobe_result. */
-int egpu_uprobe_attach(const char *path, const char *symbol, int ret, struct egpu_lvm_prog *prog);
-/* `prog` runs no more (after this returns, no thread is inside it); a function left with no program is
- * unhooked (its GOT slots and dlsym answer restored). */
-void egpu_uprobe_detach(struct egpu_lvm_prog *prog);
+/* Run progs[k] at each call (rets[k] 0) or return (rets[k] 1) of SYMBOL defined in the loaded object
+ * PATH: its file name, its basename, a prefix of its basename ending before a '.' (libcuda.so for
+ * libcuda.so.1), or a path resolving to the same file; the executable too. The `n` programs start
+ * together: a call runs all of them or none. Returns enum egpu_uprobe_result. */
+int egpu_uprobe_attach(const char *path, const char *symbol, struct egpu_lvm_prog *const *progs, const int *rets,
+                       size_t n);
+/* The `n` programs run no more, all from the same moment (after this returns, no thread is inside one);
+ * a function left with no program is unhooked (its GOT slots and dlsym answer restored). A call already
+ * inside its function then returns without its return programs. */
+void egpu_uprobe_detach(struct egpu_lvm_prog *const *progs, size_t n);
 /* GOT slots currently pointing at SYMBOL's stub (the sites calls are caught at). */
 size_t egpu_uprobe_sites(const char *symbol);
 /* bpf_ktime_get_ns() in uprobes reads CLOCK_MONOTONIC + offset_ns (the launch probes' clock). */

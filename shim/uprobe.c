@@ -371,7 +371,8 @@ static int lookup_one(struct dl_phdr_info *info, size_t size, void *arg) {
     return l->target != NULL;
 }
 
-EXPORT int egpu_uprobe_attach(const char *path, const char *symbol, int ret, struct egpu_lvm_prog *prog) {
+EXPORT int egpu_uprobe_attach(const char *path, const char *symbol, struct egpu_lvm_prog *const *progs,
+                              const int *rets, size_t n) {
 #if !defined(__x86_64__)
     return EGPU_UPROBE_NO_SYMBOL;
 #endif
@@ -398,11 +399,13 @@ EXPORT int egpu_uprobe_attach(const char *path, const char *symbol, int ret, str
         h->target = l.target, h->used = 1, h->n[0] = h->n[1] = 0;
         egpu_lvm_unlock();
     }
-    if (h->n[ret] == PROGS) goto out;
-    egpu_lvm_lock();
-    h->progs[ret][h->n[ret]++] = prog;
+    int room[2] = {PROGS - h->n[0], PROGS - h->n[1]};
+    for (size_t k = 0; k < n; k++) room[rets[k] != 0]--;
+    if (room[0] < 0 || room[1] < 0) goto out;
+    egpu_lvm_lock(); /* all at once: no call runs some of them and not the others */
+    for (size_t k = 0; k < n; k++) h->progs[rets[k] != 0][h->n[rets[k] != 0]++] = progs[k];
     egpu_lvm_unlock();
-    atomic_fetch_add(&active, 1);
+    atomic_fetch_add(&active, (int)n);
     if (h->target) scan();
     result = h->target ? EGPU_UPROBE_ATTACHED : EGPU_UPROBE_PENDING;
 out:
@@ -410,21 +413,26 @@ out:
     return result;
 }
 
-EXPORT void egpu_uprobe_detach(struct egpu_lvm_prog *prog) {
+static int listed(struct egpu_lvm_prog *const *progs, size_t n, const struct egpu_lvm_prog *p) {
+    for (size_t k = 0; k < n; k++)
+        if (progs[k] == p) return 1;
+    return 0;
+}
+
+EXPORT void egpu_uprobe_detach(struct egpu_lvm_prog *const *progs, size_t n) {
     pthread_mutex_lock(&up_lock);
-    for (int i = 0; i < nhooks; i++) {
-        struct hook *h = &hooks[i];
-        if (!h->used) continue;
-        egpu_lvm_lock(); /* a run holds it: once taken, none runs `prog` */
+    egpu_lvm_lock(); /* a run holds it: once taken, none runs them */
+    for (int i = 0; i < nhooks; i++)
         for (int ret = 0; ret < 2; ret++)
-            for (int k = 0; k < h->n[ret]; k++)
-                if (h->progs[ret][k] == prog) {
-                    h->progs[ret][k--] = h->progs[ret][--h->n[ret]];
+            for (int k = 0; k < hooks[i].n[ret]; k++)
+                if (listed(progs, n, hooks[i].progs[ret][k])) {
+                    hooks[i].progs[ret][k--] = hooks[i].progs[ret][--hooks[i].n[ret]];
                     atomic_fetch_sub(&active, 1);
                 }
-        int idle = !h->n[0] && !h->n[1];
-        egpu_lvm_unlock();
-        if (idle) {
+    egpu_lvm_unlock();
+    for (int i = 0; i < nhooks; i++) {
+        struct hook *h = &hooks[i];
+        if (h->used && !h->n[0] && !h->n[1]) {
             unpatch(h);
             h->used = 0; /* its target stays: stub and target keep matching for threads still in it */
         }

@@ -115,3 +115,57 @@ def test_host_programs_read_pt_regs(section, off, ok):
     else:
         with pytest.raises(VerifierError, match="invalid ctx access"):
             verify(ctx_read(off), [], section=section)
+
+
+def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_app, tmp_path):
+    """app_uprobe loop under egpu-run with no probe: egpu attach hooks upt_add6 through the app's GOT, the
+    maps fill while it runs, detach gives the final maps and puts the slot back (the job's results stay
+    right throughout, and a second attach starts from zero)."""
+    import json
+    import sys
+    import time
+    from egpu_preload.control import list_sessions
+    app, _ = uprobe_app
+    clang = find_clang()
+    live = tmp_path / "live.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"),
+                    "-o", str(live)], check=True)
+    env = stub_job.env(tmp_path / "log")
+    stop = tmp_path / "stop"
+    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", str(app), "loop", str(stop)],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def egpu(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", "import launcher; launcher.egpu_main()", *args], env=env,
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+    def counts(doc: dict) -> list[int]:
+        """counts[0..2] (calls, returns, right returns) of egpu maps/detach --json."""
+        by_key = {e["key"]: e["value"] for e in doc["maps"].get("counts", {}).get("entries", [])}
+        return [by_key.get(k, 0) for k in range(3)]
+
+    try:
+        deadline = time.monotonic() + 30
+        while not (found := [s for s in list_sessions(tmp_path / "egpu") if s.info and str(app) in s.info["argv"]]):
+            assert time.monotonic() < deadline, "no session"
+            time.sleep(0.05)
+        pid = str(found[0].pid)
+        for attempt in range(2):
+            r = egpu("attach", pid, "-p", str(live))
+            assert r.returncode == 0, r.stderr
+            time.sleep(0.5)
+            r = egpu("maps", pid, "--json")
+            assert r.returncode == 0, r.stderr
+            running = counts(json.loads(r.stdout))
+            assert running and running[0] > 0
+            r = egpu("detach", pid, "--json")
+            assert r.returncode == 0, r.stderr
+            final = counts(json.loads(r.stdout))
+            # entry and return programs start and stop together; a call inside upt_add6 at detach ran its
+            # entry program and no return program
+            assert final[0] >= running[0] and final[0] - final[1] in (0, 1) and final[2] == final[1], final
+    finally:
+        stop.touch()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "wrong=0" in out

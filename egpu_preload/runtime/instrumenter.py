@@ -435,6 +435,7 @@ class Runtime:
         if self.mirror is not None:
             self.mirror.stop()
         uprobes_report = self.uprobes.detach() if self.uprobes is not None else None  # before their maps go
+        live_host = self.live.host.detach_all()   # probes attached live: their uprobes' maps
         if self.drainer is not None:
             self.drainer.stop()
         if self.cfg.session is None or not self.loads:
@@ -448,6 +449,9 @@ class Runtime:
             except EgpuError as e:
                 error = f"maps unreadable at exit: {e}"
         states = launches.dump_states(self.drainer, self.probes, states)
+        for state, name in zip(states or [], self.live.names):
+            for i, storage in live_host.get(name, {}).items():
+                state.storages[i] = storage
         if states is not None:
             probes = [{"path": str(p.path), **dump.state_contents(s)} for p, s in zip(self.probes, states)]
         stats = self.ffi.new("struct egpu_stats *")

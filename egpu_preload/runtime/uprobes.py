@@ -66,29 +66,33 @@ class Attached:
 class Uprobes:
     """The host programs of every probe object, hooked in the shim; ``detach`` unhooks them."""
 
-    def __init__(self, lib: Any, sides: Iterable[Any], given: Mapping[str, str]) -> None:
-        self.lib = lib
+    def __init__(self, ffi: Any, lib: Any, sides: Iterable[tuple[Any, Any, str | None]],
+                 given: Mapping[str, str]) -> None:
+        """``sides``: (runtime Probe, its host side in C (native.Side) or None, why not in C)."""
+        self.ffi, self.lib = ffi, lib
         self.attached: list[Attached] = []
         self.refused: list[str] = []
-        for side in sides:
-            if side is None:
+        for probe, in_c, refusal in sides:
+            hosts = host_programs(probe.obj)
+            if hosts and in_c is None:
+                self.refused += [f"{probe.path}: prog {p.name} ({p.section}): not attached: uprobes run in C "
+                                 f"only, and {refusal or '--launch-vm python'}" for p in hosts]
                 continue
-            hosts = [p for p in side.probe.obj.programs if p.attach.kind in HOST_KINDS]
-            if hosts and side.native is None:
-                self.refused += [f"{side.probe.path}: prog {p.name} ({p.section}): not attached: uprobes run in C "
-                                 f"only, and {side.refusal or '--launch-vm python'}" for p in hosts]
-                continue
-            for p, handle in side.native.programs if side.native is not None else ():
+            by_target: dict[str, list[tuple[Program, Any]]] = {}
+            for p, handle in in_c.programs if in_c is not None else ():
                 where = target(p, given) if p.attach.kind in HOST_KINDS else None
-                if where is None:
-                    continue
+                if where is not None:
+                    by_target.setdefault(where, []).append((p, handle))
+            for where, progs in by_target.items():  # a function's programs start together
                 path, _, symbol = where.rpartition(":")
-                result = lib.egpu_uprobe_attach(path.encode(), symbol.encode(), int(p.attach.kind == "uretprobe"),
-                                                handle)
-                self.attached.append(Attached(p, where, handle, result))
-                if result < 0:
-                    self.refused.append(f"{side.probe.path}: prog {p.name} ({p.section}): not attached at {where}: "
-                                        f"{RESULTS.get(result, result)}")
+                handles = ffi.new("struct egpu_lvm_prog *[]", [h for _, h in progs])
+                rets = ffi.new("int[]", [int(p.attach.kind == "uretprobe") for p, _ in progs])
+                result = lib.egpu_uprobe_attach(path.encode(), symbol.encode(), handles, rets, len(progs))
+                for p, handle in progs:
+                    self.attached.append(Attached(p, where, handle, result))
+                    if result < 0:
+                        self.refused.append(f"{probe.path}: prog {p.name} ({p.section}): not attached at {where}: "
+                                            f"{RESULTS.get(result, result)}")
 
     def report(self) -> dict[str, Any]:
         """Each program's target and state (the dump's ``uprobes``), with the call sites patched."""
@@ -99,9 +103,9 @@ class Uprobes:
     def detach(self) -> dict[str, Any]:
         """Unhook every program (no thread runs one after this); the report as it was before."""
         report = self.report()
-        for a in self.attached:
-            if a.result >= 0:
-                self.lib.egpu_uprobe_detach(a.handle)
+        handles = [a.handle for a in self.attached if a.result >= 0]
+        if handles:
+            self.lib.egpu_uprobe_detach(self.ffi.new("struct egpu_lvm_prog *[]", handles), len(handles))
         self.attached = []
         return report
 
@@ -113,7 +117,71 @@ def attach(runtime: Any) -> Uprobes | None:
     if drainer is None:
         return None
     runtime.lib.egpu_uprobe_clock(drainer.probes.offset)
-    up = Uprobes(runtime.lib, drainer.probes.sides, runtime.cfg.uprobes)
+    up = Uprobes(runtime.ffi, runtime.lib, [(s.probe, s.native, s.refusal) for s in drainer.probes.sides if s],
+                 runtime.cfg.uprobes)
     for line in up.refused:
         print(f"egpu: {line}", file=sys.stderr)
     return up
+
+
+def live_refusal(probe: Any) -> str | None:
+    """Why ``egpu attach`` cannot hook the host programs of ``probe`` (a runtime Probe) yet; None when it can
+    (or it has none). Live, their maps stay on the host: none may be one GPU programs use too."""
+    from egpu_preload.runtime import launches, native
+    hosts = host_programs(probe.obj)
+    if not hosts:
+        return None
+    bare = [p.name for p in hosts if not p.attach.glob]
+    if bare:
+        return f"prog {bare[0]} is a bare uprobe: egpu attach takes SEC(\"uprobe/PATH:SYMBOL\") ones only"
+    _, used, shared = launches.launch_side(probe.obj)
+    if shared:
+        names = ", ".join(sorted(probe.obj.maps[i].name for i in shared))
+        return f"its uprobes share maps with GPU programs ({names}): only egpu-run runs those"
+    why = native.refusal(hosts, probe.obj.maps, used)
+    return f"uprobes run in C only, and {why}" if why else None
+
+
+class LiveUprobes:
+    """Host programs of probes attached to a running job (live.py), by probe name: each with its maps in
+    C (a native.Side of its own) and its hooks."""
+
+    def __init__(self, ffi: Any, lib: Any) -> None:
+        self.ffi, self.lib = ffi, lib
+        self.attached: dict[str, tuple[Any, Uprobes]] = {}
+
+    def attach(self, name: str, probe: Any) -> dict[str, Any] | None:
+        """Hook ``probe``'s host programs (live_refusal said it may); their report, None without any."""
+        from egpu_preload.runtime import launches, native
+        hosts = host_programs(probe.obj)
+        if not hosts:
+            return None
+        _, used, _ = launches.launch_side(probe.obj)
+        side = native.Side(self.ffi, self.lib, probe.obj.maps, used, hosts)
+        up = Uprobes(self.ffi, self.lib, [(probe, side, None)], {})
+        self.attached[name] = (side, up)
+        return up.report()
+
+    def detach(self, name: str) -> dict[int, Any]:
+        """Unhook probe ``name``'s host programs; their maps as they were left (index -> MapStorage)."""
+        side, up = self.attached.pop(name, (None, None))
+        if side is None:
+            return {}
+        up.detach()
+        return side.storages()
+
+    def detach_all(self) -> dict[str, dict[int, Any]]:
+        return {name: self.detach(name) for name in list(self.attached)}
+
+    def maps(self, name: str) -> dict[int, Any]:
+        side = self.attached.get(name, (None, None))[0]
+        return side.storages() if side is not None else {}
+
+    @staticmethod
+    def overlay(probes: list[dict], host: dict[str, dict[int, Any]]) -> list[dict]:
+        """Live documents (live.py's _read) with each probe's host maps in place of its device copies."""
+        from egpu_preload.runtime import dump
+        for doc in probes:
+            for i, storage in host.get(doc.get("name", ""), {}).items():
+                doc["maps"][i] = dump.storage_contents(storage)
+        return probes

@@ -1,6 +1,8 @@
 /* `app_uprobe calls N`: starts the stand-in driver (so the runtime comes up), loads one kernel, then N
  * times launches it and calls libupt's upt_add6 through the PLT, upt_sum8 through a dlsym'd pointer and
  * upt_half; prints the sums, so a probe that changed an argument or a return value shows.
+ * `app_uprobe loop STOP`: calls upt_add6(i, ..., i + 5) every 100 us until file STOP exists (a job to
+ * attach to); prints how many calls and whether every result was right.
  * `app_uprobe bench N`: N calls of upt_inc through the PLT in 10 timed batches; prints the fastest batch's
  * ns per call (the runtime's threads, starting up beside the loop, slow down the others). */
 #include <dlfcn.h>
@@ -8,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 long upt_add6(long a, long b, long c, long d, long e, long f);
 double upt_half(double x);
@@ -21,7 +24,7 @@ typedef int (*fn)();
 
 int main(int argc, char **argv) {
     if (argc != 3) return 2;
-    long n = atol(argv[2]);
+    long n = atol(argv[2]); /* loop: 0 */
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
     if (!cuda) return 2;
     fn cuInit = (fn)dlsym(cuda, "cuInit"), cuModuleLoadData = (fn)dlsym(cuda, "cuModuleLoadData");
@@ -29,6 +32,15 @@ int main(int argc, char **argv) {
     fn cuCtxSynchronize = (fn)dlsym(cuda, "cuCtxSynchronize");
     void *mod = NULL, *f = NULL;
     int r = cuInit(0) | cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&f, mod, "vecadd");
+    if (!strcmp(argv[1], "loop")) {
+        long i = 0, wrong = 0;
+        for (; access(argv[2], F_OK) != 0; i++) {
+            wrong += upt_add6(i, i + 1, i + 2, i + 3, i + 4, i + 5) != 6 * i + 15;
+            usleep(100);
+        }
+        printf("app_uprobe loop calls=%ld wrong=%ld result=%d\n", i, wrong, r);
+        return 0;
+    }
     if (!strcmp(argv[1], "bench")) {
         volatile int x = 0;
         double best = 1e30;
