@@ -229,7 +229,7 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
                 typer.echo(f"map {m.name}: only added to ({m.stripe}-byte adds): {rows} row{'s' * (rows > 1)} "
                            "per SM, summed when read")
         launch, used, _ = launches.launch_side(bpf)
-        why = native.refusal(launch, bpf.maps, used) if launch else None
+        why = native.refusal(launch, bpf.maps, used, printk=launches.has_uprobes(launch)) if launch else None
         for prog in uprobes.host_programs(bpf):
             on = prog.attach.glob or f"the function egpu-run --uprobe {prog.name}=PATH:SYMBOL names"
             typer.echo(f"prog {prog.name} ({prog.section}): host uprobe on {on}" if why is None else

@@ -566,6 +566,41 @@ static int store_dim3(struct run *x, const unsigned int *v) {
     return 0;
 }
 
+/* ---- trace_printk: records kept for the runtime (egpu_lvm_trace_take), under lvm_lock ---- */
+
+#define TRACE_RECORDS 16384
+static struct egpu_lvm_trace *trace_ring; /* allocated at the first record */
+static size_t trace_head, trace_count;
+static unsigned long long trace_dropped;
+
+static int trace_printk(struct run *x) {
+    unsigned int size = x->r[2] < EGPU_LVM_TRACE_FMT ? (unsigned int)x->r[2] : EGPU_LVM_TRACE_FMT;
+    const unsigned char *fmt = at(x, x->r[1], size, 0);
+    if (!fmt) return -1;
+    if (!trace_ring) trace_ring = malloc(TRACE_RECORDS * sizeof *trace_ring);
+    if (!trace_ring || trace_count == TRACE_RECORDS) {
+        trace_dropped++;
+    } else {
+        struct egpu_lvm_trace *t = &trace_ring[(trace_head + trace_count++) % TRACE_RECORDS];
+        t->prog = x->p, t->size = size;
+        t->args[0] = x->r[3], t->args[1] = x->r[4], t->args[2] = x->r[5];
+        memcpy(t->fmt, fmt, size);
+    }
+    x->r[0] = 0;
+    return 0;
+}
+
+EXPORT size_t egpu_lvm_trace_take(struct egpu_lvm_trace *out, size_t max, unsigned long long *dropped) {
+    size_t n = 0;
+    pthread_mutex_lock(&lvm_lock);
+    for (; n < max && trace_count; n++, trace_count--, trace_head = (trace_head + 1) % TRACE_RECORDS)
+        out[n] = trace_ring[trace_head];
+    *dropped = trace_dropped;
+    trace_dropped = 0;
+    pthread_mutex_unlock(&lvm_lock);
+    return n;
+}
+
 /* Helpers of bpf/helpers.py that need neither Python nor the GPU (runtime/native.py NATIVE_HELPERS).
  * Returns 0, 1 when the probe ends (exit), -1 on a fault. The host is SM 0, warp 0, lane 0 of block 0,
  * thread 0, as the VM's ThreadSim of a launch. */
@@ -603,6 +638,7 @@ static int helper(struct run *x, int32_t id) {
             x->r[0] += (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
         }
         return 0;
+    case 6: return trace_printk(x);
     case 14: /* get_current_pid_tgid: the process, tgid << 32 | its main thread (helpers.py) */
         x->r[0] = (uint64_t)getpid() << 32 | (uint64_t)getpid();
         return 0;

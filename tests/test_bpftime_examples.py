@@ -83,12 +83,12 @@ def test_the_unbounded_loop_is_refused(built):
         verify(p.code, obj.maps, file=name, section=p.section)
 
 
-def test_egpu_verify_says_why_launchlates_uprobe_is_not_attached(built):
-    """Its uprobe prints (bpf_printk), and uprobes run only in C, which has no trace_printk."""
+def test_egpu_verify_says_where_launchlates_uprobe_attaches(built):
+    """A bare uprobe that prints (bpf_printk): in C, its target from egpu-run --uprobe."""
     res = CliRunner().invoke(egpu, ["verify", str(built["launchlate/launchlate.bpf.c"])])
     assert res.exit_code == 0, res.output
-    assert ("prog uprobe_cuda_launch (uprobe): not attached: uprobes run in C only, and uprobe_cuda_launch calls "
-            "trace_printk") in res.output
+    assert ("prog uprobe_cuda_launch (uprobe): host uprobe on the function egpu-run --uprobe "
+            "uprobe_cuda_launch=PATH:SYMBOL names") in res.output
 
 
 # ---- map types --------------------------------------------------------------------------------

@@ -70,6 +70,8 @@ def test_uprobes_see_exact_arguments_and_return_values_and_share_a_map_with_laun
         expected[6 * i + 15] += 1
         expected[36 * i + 8] += 1
     assert entries(doc, obj, "returns") == expected
+    # bpf_printk in a uretprobe runs in C too: sp at the return is the caller's, 16-aligned
+    assert [tuple(t[:4]) for t in doc["probes"][0]["trace"]] == [(b"upt_half returned, sp %lx\0", 0, 0, 0)] * n
     sites = {a["prog"]: (a["target"], a["state"], a["sites"]) for a in doc["uprobes"]["attached"]}
     assert sites["add6_entry"] == ("libupt.so:upt_add6", "attached", 1)  # the app's PLT slot
     assert sites["sum8_entry"][:2] == ("libupt.so:upt_sum8", "attached")  # reached through dlsym only

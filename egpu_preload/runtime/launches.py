@@ -61,7 +61,7 @@ from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.program import BpfObject
 from egpu_preload.bpf.sections import HOST_KINDS
 from egpu_preload.errors import EgpuError
-from egpu_preload.maps import MapsState, MapStorage
+from egpu_preload.maps import MapsState, MapStorage, TraceRecord
 from egpu_preload.runtime import mapsync, native
 from egpu_preload.runtime.probes import Probe
 from egpu_preload.translate.demangle import matches
@@ -69,6 +69,7 @@ from egpu_preload.vm import ThreadSim, Vm
 
 PERIOD_S = 0.002
 BATCH = 4096
+TRACE_BATCH = 1024
 RING_TYPES = (prog.MAP_RINGBUF, prog.MAP_PERF_EVENT_ARRAY)
 
 
@@ -196,6 +197,11 @@ def launch_side(obj: BpfObject) -> tuple[list[prog.Program], set[int], set[int]]
     return launch, by_launch, by_launch & by_gpu
 
 
+def has_uprobes(programs: Sequence[prog.Program]) -> bool:
+    """Whether host programs include uprobes: then trace_printk runs in C too (native.refusal)."""
+    return any(p.attach.kind in HOST_KINDS for p in programs)
+
+
 def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps | None:
     """The launch side of a probe object, None when it has no launch programs; in C when ``engine``
     (the shim's ffi and lib) is given and runtime/native.py takes it."""
@@ -204,7 +210,7 @@ def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps
         return None
     state = MapsState(probe.obj.maps)
     if engine is not None:
-        refusal = native.refusal(launch, probe.obj.maps, by_launch)
+        refusal = native.refusal(launch, probe.obj.maps, by_launch, printk=has_uprobes(launch))
         if refusal is None:
             side = native.Side(*engine, probe.obj.maps, by_launch, launch, shared)
             return ProbeMaps(probe, state, [], by_launch - shared, shared, native=side)
@@ -348,6 +354,11 @@ class Drainer:
         assert probes.router is not None, "a drainer runs probes built with the shim's engine"
         self.router = probes.router
         self.python_records = 0  # records the Python VM ran probes on
+        # programs in C -> their probe's host side, for the bpf_printk records C keeps (egpu_lvm_trace_take)
+        self._owners = {int(ffi.cast("uintptr_t", h)): side for side in probes.sides if side and side.native
+                        for _, h in side.native.programs}
+        self._trace = ffi.new("struct egpu_lvm_trace[]", TRACE_BATCH)
+        self.trace_dropped = 0
         self._buf = ffi.new("struct egpu_launch_record[]", BATCH)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -386,11 +397,27 @@ class Drainer:
                     self.python_records += 1
                 if not taken:
                     break
+            self._take_trace()
             if any(s and s.has_pending() for s in self.probes.sides):
                 dev = self.device()
                 if dev is not None:
                     self.probes.push(*dev)
         return total
+
+    def _take_trace(self) -> None:
+        """The bpf_printk records programs in C made, onto their probe's host trace, in order."""
+        dropped = self.ffi.new("unsigned long long *")
+        while True:
+            n = self.lib.egpu_lvm_trace_take(self._trace, TRACE_BATCH, dropped)
+            self.trace_dropped += dropped[0]
+            for k in range(n):
+                t = self._trace[k]
+                side = self._owners.get(int(self.ffi.cast("uintptr_t", t.prog)))
+                if side is not None:
+                    side.state.trace.append(TraceRecord(bytes(self.ffi.buffer(t.fmt, t.size)),
+                                                        (int(t.args[0]), int(t.args[1]), int(t.args[2]))))
+            if n < TRACE_BATCH:
+                return
 
     def stop(self) -> None:
         """Records off, the thread joined, and what was left in the ring run."""
@@ -401,6 +428,9 @@ class Drainer:
         self.drain()
         for line in self.probes.faults():
             print(f"egpu: launch probe failed: {line}", file=sys.stderr)
+        if self.trace_dropped:
+            print(f"egpu: {self.trace_dropped} bpf_printk lines of host probes dropped (the C buffer was full)",
+                  file=sys.stderr)
 
     def report(self) -> dict[str, Any]:
         """Where each probe object's launch programs ran (the dump's ``launch_probes``)."""

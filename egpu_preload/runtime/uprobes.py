@@ -8,9 +8,10 @@ the maps in C (runtime/native.py), the keys they change in maps GPU programs use
 launch probes' are (launches.py, "Maps"). ``bpf_ktime_get_ns()`` reads the launch probes' clock
 (CLOCK_MONOTONIC moved onto %globaltimer where GPU programs share a map).
 
-Limits: uprobes run only in C, so an object whose host side the C engine refuses (ring buffers,
-trace_printk: native.refusal) has its uprobes reported not attached; the runtime starts on the first
-CUDA call, so calls made before it are not seen.
+Limits: uprobes run only in C, so an object whose host side the C engine refuses (ring and perf buffers:
+native.refusal) has its uprobes reported not attached; ``bpf_printk`` runs in C for objects with uprobes
+(launches.Drainer takes the lines). The runtime starts on the first CUDA call, so calls made before it are
+not seen.
 """
 
 from __future__ import annotations
@@ -138,7 +139,9 @@ def live_refusal(probe: Any) -> str | None:
     if shared:
         names = ", ".join(sorted(probe.obj.maps[i].name for i in shared))
         return f"its uprobes share maps with GPU programs ({names}): only egpu-run runs those"
-    why = native.refusal(hosts, probe.obj.maps, used)
+    why = native.refusal(hosts, probe.obj.maps, used, printk=True)
+    if why is None and native.refusal(hosts, probe.obj.maps, used) is not None:
+        return "its uprobes print (bpf_printk): only egpu-run takes those"
     return f"uprobes run in C only, and {why}" if why else None
 
 

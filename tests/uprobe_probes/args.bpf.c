@@ -85,6 +85,7 @@ SEC("uretprobe/libupt.so:upt_half")
 int half_exit(struct pt_regs *ctx)
 {
 	count(HALF_RETURNS);
+	bpf_printk("upt_half returned, sp %lx", PT_REGS_SP(ctx) & 0xf); /* 0: 16-aligned after the return */
 	return 0;
 }
 
