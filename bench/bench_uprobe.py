@@ -49,7 +49,7 @@ def build(out: Path) -> tuple[Path, dict[str, Path]]:
     steps = [cc + ["-shared", "-fPIC", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", str(STUB / "libcuda_stub.c"),
                    str(ROOT / "tests" / "runtime_stub" / "driver_more.c"), "-o", str(out / "libcuda.so.1")],
              cc + ["-shared", "-fPIC", str(APP / "libupt.c"), "-o", str(out / "libupt.so")],
-             cc + [str(APP / "app_uprobe.c"), "-o", str(out / "app_uprobe"), f"-L{out}", "-lupt",
+             cc + [str(APP / "app_uprobe.c"), "-o", str(out / "app_uprobe"), f"-L{out}", "-lupt", "-l:libcuda.so.1",
                    f"-Wl,-rpath,{out}", "-ldl"]]
     clang = find_clang()
     probes = {"uprobe": out / "uprobe_count.bpf.o", "uprobe_uretprobe": out / "uprobe_count_ret.bpf.o"}

@@ -261,6 +261,17 @@ static int patched(void **where) {
     return 0;
 }
 
+/* Whether calls through GOT slot `where` of `o` reach h's function: the slot holds it, or (a JUMP_SLOT not
+ * bound yet, still pointing at `o`'s own PLT) the global lookup would bind it there. A slot bound to
+ * another definition (an interposer: the shim's own cu* hooks) is left alone. */
+static int reaches(const struct object *o, void **where, const struct hook *h) {
+    if (*where == h->target) return 1;
+    Dl_info di;
+    struct link_map *lm = NULL;
+    return dladdr1(*where, &di, (void **)&lm, RTLD_DL_LINKMAP) && lm && lm->l_addr == o->base &&
+           egpu_real_dlsym(RTLD_DEFAULT, h->symbol) == h->target;
+}
+
 /* Point `o`'s GOT slots importing a hooked function at its stub. Under up_lock. */
 static void patch_object(const struct object *o) {
     const ElfW(Sym) *symtab = NULL;
@@ -292,9 +303,8 @@ static void patch_object(const struct object *o) {
             void **where = (void **)(o->base + r->r_offset);
             for (int i = 0; i < nhooks; i++) {
                 struct hook *h = &hooks[i];
-                /* a GLOB_DAT slot holds the address itself; a JUMP_SLOT may still hold its PLT entry */
-                if (!h->used || !h->target || strcmp(h->symbol, name) ||
-                    (type == R_X86_64_GLOB_DAT && *where != h->target) || patched(where) || nslots == SLOTS)
+                if (!h->used || !h->target || strcmp(h->symbol, name) || !reaches(o, where, h) || patched(where) ||
+                    nslots == SLOTS)
                     continue;
                 int relro = (ElfW(Addr))where >= o->relro && (ElfW(Addr))where < o->relro_end;
                 slots[nslots++] = (struct slot){where, *where, h, relro};
@@ -458,7 +468,14 @@ int egpu_uprobes_on(void) {
 
 void *egpu_uprobe_dlsym(void *found) {
     if (!found) return NULL;
-    egpu_uprobe_rescan();
+    unsigned long long adds = 0;
+    dl_iterate_phdr(adds_now, &adds);
+    /* never wait here: a dlopen's constructor may call dlsym holding the loader's lock, which an attach
+     * holding up_lock may be waiting for; that attach scans the objects itself */
+    if (adds != scanned_adds && !pthread_mutex_trylock(&up_lock)) {
+        scan();
+        pthread_mutex_unlock(&up_lock);
+    }
     for (int i = 0; i < nhooks; i++)
         if (hooks[i].used && hooks[i].target == found) return stub_of(&hooks[i]);
     return found;

@@ -34,7 +34,7 @@ def uprobe_app(stub_job, tmp_path_factory) -> tuple[Path, Path]:
     obj = tmp_path_factory.mktemp("uprobe") / "args.bpf.o"
     for step in (["gcc", "-O1", "-shared", "-fPIC", str(APP / "libupt.c"), "-o", str(d / "libupt.so")],
                  ["gcc", "-O1", "-Wall", str(APP / "app_uprobe.c"), "-o", str(d / "app_uprobe"), f"-L{d}", "-lupt",
-                  f"-Wl,-rpath,{d}", "-ldl"],
+                  "-l:libcuda.so.1", f"-Wl,-rpath,{d}", "-ldl"],
                  [clang, *bpftime_cflags(clang), "-c", str(PROBE), "-o", str(obj)]):
         subprocess.run(step, check=True)
     return d / "app_uprobe", obj
@@ -60,7 +60,7 @@ def test_uprobes_see_exact_arguments_and_return_values_and_share_a_map_with_laun
     # the calls went through the stubs and came back with what the functions returned
     assert r.stdout.splitlines()[0] == plain_output(app, n, stub_job.env(tmp_path / "plain.log")).strip()
     counts = entries(doc, obj, "counts")
-    assert [counts[k] for k in range(6)] == [n] * 6   # LAUNCHES: the launch probe, on the same map
+    assert [counts[k] for k in range(7)] == [n] * 6 + [0]  # LAUNCHES: the launch probe, on the same map
     # upt_add6(i, i+1, .., i+5): rdi, rsi, rdx, rcx, r8, r9 each read as PT_REGS_PARMn
     packed = 1 | 2 << 8 | 3 << 16 | 4 << 24 | 5 << 32
     assert entries(doc, obj, "add6_args") == {i: packed for i in range(n)}
@@ -75,6 +75,8 @@ def test_uprobes_see_exact_arguments_and_return_values_and_share_a_map_with_laun
     sites = {a["prog"]: (a["target"], a["state"], a["sites"]) for a in doc["uprobes"]["attached"]}
     assert sites["add6_entry"] == ("libupt.so:upt_add6", "attached", 1)  # the app's PLT slot
     assert sites["sum8_entry"][:2] == ("libupt.so:upt_sum8", "attached")  # reached through dlsym only
+    # the GOT slot bound to the shim's own cuLaunchKernel hook stays: its launches (LAUNCHES) still counted
+    assert sites["driver_launch"] == ("libcuda.so.1:cuLaunchKernel", "attached", 0)
 
 
 def test_a_bare_uprobe_needs_a_target(stub_job, uprobe_app, tmp_path):

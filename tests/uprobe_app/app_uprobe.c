@@ -1,5 +1,6 @@
 /* `app_uprobe calls N`: starts the stand-in driver (so the runtime comes up), loads one kernel, then N
- * times launches it and calls libupt's upt_add6 through the PLT, upt_sum8 through a dlsym'd pointer and
+ * times launches it (through cuLaunchKernel linked directly: under LD_PRELOAD it binds to the shim's
+ * hook, as Triton's stub does) and calls libupt's upt_add6 through the PLT, upt_sum8 through a dlsym'd pointer and
  * upt_half; prints the sums, so a probe that changed an argument or a return value shows.
  * `app_uprobe loop STOP`: calls upt_add6(i, ..., i + 5) every 100 us until file STOP exists (a job to
  * attach to); prints how many calls and whether every result was right.
@@ -15,6 +16,8 @@
 long upt_add6(long a, long b, long c, long d, long e, long f);
 double upt_half(double x);
 int upt_inc(int x);
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shared, void *stream, void **params, void **extra);
 
 static const char PTX[] =
     ".version 8.0\n.target sm_90\n.address_size 64\n\n"
@@ -28,7 +31,7 @@ int main(int argc, char **argv) {
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
     if (!cuda) return 2;
     fn cuInit = (fn)dlsym(cuda, "cuInit"), cuModuleLoadData = (fn)dlsym(cuda, "cuModuleLoadData");
-    fn cuModuleGetFunction = (fn)dlsym(cuda, "cuModuleGetFunction"), cuLaunchKernel = (fn)dlsym(cuda, "cuLaunchKernel");
+    fn cuModuleGetFunction = (fn)dlsym(cuda, "cuModuleGetFunction");
     fn cuCtxSynchronize = (fn)dlsym(cuda, "cuCtxSynchronize");
     void *mod = NULL, *f = NULL;
     int r = cuInit(0) | cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&f, mod, "vecadd");
