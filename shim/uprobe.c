@@ -57,8 +57,9 @@ static atomic_llong clock_offset;
 static unsigned long long scanned_adds;     /* dl_phdr_info.dlpi_adds at the last scan */
 static pthread_mutex_t up_lock = PTHREAD_MUTEX_INITIALIZER; /* hooks' targets, slots; before lvm_lock */
 
-static __thread int tls_in_probe;           /* calls made from a probe run no probe */
-static __thread int tls_depth;
+/* read at every call: initial-exec, as interpose.c's flags (8 bytes of the static TLS block) */
+static __thread int tls_in_probe __attribute__((tls_model("initial-exec"))); /* calls from a probe run none */
+static __thread int tls_depth __attribute__((tls_model("initial-exec")));
 static __thread struct { void *ret; struct hook *hook; } tls_returns[UPROBE_DEPTH];
 
 #if defined(__x86_64__)
