@@ -196,7 +196,7 @@ class Live:
         self._workdir: Path | None = None
         self._verified: dict[Path, Probe] = {}   # object path -> the probe loaded from it, oldest first
         self.extra: dict[str, Any] = {}   # handlers other parts of the runtime serve (serve())
-        self.host = uprobes.LiveUprobes(rt.ffi, rt.lib)  # attached probes' host uprobes and their maps
+        self.host = uprobes.LiveUprobes(rt)  # attached probes' host uprobes and their maps
 
     @property
     def memory(self) -> "ContextMemory":

@@ -149,8 +149,8 @@ class LiveUprobes:
     """Host programs of probes attached to a running job (live.py), by probe name: each with its maps in
     C (a native.Side of its own) and its hooks."""
 
-    def __init__(self, ffi: Any, lib: Any) -> None:
-        self.ffi, self.lib = ffi, lib
+    def __init__(self, rt: Any) -> None:
+        self.rt = rt  # the runtime: its shim's ffi and lib
         self.attached: dict[str, tuple[Any, Uprobes]] = {}
 
     def attach(self, name: str, probe: Any) -> dict[str, Any] | None:
@@ -160,8 +160,8 @@ class LiveUprobes:
         if not hosts:
             return None
         _, used, _ = launches.launch_side(probe.obj)
-        side = native.Side(self.ffi, self.lib, probe.obj.maps, used, hosts)
-        up = Uprobes(self.ffi, self.lib, [(probe, side, None)], {})
+        side = native.Side(self.rt.ffi, self.rt.lib, probe.obj.maps, used, hosts)
+        up = Uprobes(self.rt.ffi, self.rt.lib, [(probe, side, None)], {})
         self.attached[name] = (side, up)
         return up.report()
 
