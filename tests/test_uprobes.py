@@ -173,3 +173,23 @@ def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "wrong=0" in out
+
+
+def test_egpu_verify_says_where_each_uprobe_attaches(uprobe_app):
+    from typer.testing import CliRunner
+    from launcher import egpu
+    _, obj = uprobe_app
+    res = CliRunner().invoke(egpu, ["verify", str(obj)])
+    assert res.exit_code == 0, res.output
+    assert "prog add6_entry (uprobe/libupt.so:upt_add6): host uprobe on libupt.so:upt_add6" in res.output
+    assert ("prog sum8_exit (uretprobe): host uprobe on the function egpu-run --uprobe sum8_exit=PATH:SYMBOL "
+            "names") in res.output
+
+
+def test_egpu_attach_refuses_bare_uprobes(uprobe_app):
+    """A running job has no --uprobe to name their target."""
+    from egpu_preload.runtime.probes import load_probe
+    from egpu_preload.runtime.uprobes import live_refusal
+    _, obj = uprobe_app
+    assert live_refusal(load_probe(obj)) == ('prog sum8_entry is a bare uprobe: egpu attach takes '
+                                            'SEC("uprobe/PATH:SYMBOL") ones only')
