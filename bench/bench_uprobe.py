@@ -2,7 +2,8 @@
 
 Usage: ``python3 bench/bench_uprobe.py OUT.json [CALLS]``. Runs on the CPU only: the job is
 tests/uprobe_app's ``app_uprobe bench CALLS`` (CALLS calls of libupt's ``int upt_inc(int)`` through the
-PLT, timed inside the process), against the stand-in driver of tests/stub_driver (the program starts it
+PLT, timed inside the process in batches of 10,000: the fastest batch's ns per call, since on a shared
+machine most batches also hold time the CPU gave other processes), against the stand-in driver of tests/stub_driver (the program starts it
 so that egpu's runtime comes up). Cases:
 
 - plain: no egpu-run.
