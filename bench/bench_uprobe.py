@@ -105,7 +105,7 @@ def measure(work: Path, calls: int = 1_000_000, runs: int = RUNS) -> dict:
 
 
 def machine() -> dict[str, str]:
-    """Where it ran: CPU model, cores, kernel."""
+    """Where it ran: CPU model, cores, kernel, load (a shared CI machine is busy with other jobs)."""
     model = ""
     try:
         model = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
@@ -113,6 +113,7 @@ def machine() -> dict[str, str]:
     except (OSError, StopIteration):
         pass
     return {"cpu": model, "cores": str(os.cpu_count()), "kernel": platform.release(),
+            "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
