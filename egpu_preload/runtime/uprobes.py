@@ -24,6 +24,7 @@ from typing import Any
 from egpu_preload.bpf.program import BpfObject, Program
 from egpu_preload.bpf.sections import HOST_KINDS
 from egpu_preload.errors import EgpuError
+from egpu_preload.runtime import dump, launches, native
 
 RESULTS = {0: "attached", 1: "pending: its object is not loaded yet", -1: "no such function in it",
            -2: "too many hooked functions or patched call sites"}
@@ -49,11 +50,14 @@ def parse_option(text: str) -> tuple[str, str]:
 
 def check_targets(objects: Sequence[BpfObject], given: Mapping[str, str]) -> None:
     """Every bare host program has a target and every --uprobe names one; EgpuError otherwise."""
-    bare = {p.name for obj in objects for p in host_programs(obj) if not p.attach.glob}
-    for name in sorted(bare - set(given)):
-        raise EgpuError(f"prog {name} (uprobe): no target: give egpu-run --uprobe {name}=PATH:SYMBOL")
-    for name in sorted(set(given) - bare):
-        raise EgpuError(f"--uprobe {name}=...: no bare uprobe or uretprobe program is named {name}")
+    bare = {p.name: p.section for obj in objects for p in host_programs(obj) if not p.attach.glob}
+    missing = sorted(set(bare) - set(given))
+    if missing:
+        name = missing[0]
+        raise EgpuError(f"prog {name} ({bare[name]}): no target: give egpu-run --uprobe {name}=PATH:SYMBOL")
+    unknown = sorted(set(given) - set(bare))
+    if unknown:
+        raise EgpuError(f"--uprobe {unknown[0]}=...: no bare uprobe or uretprobe program is named {unknown[0]}")
 
 
 @dataclass
@@ -128,7 +132,6 @@ def attach(runtime: Any) -> Uprobes | None:
 def live_refusal(probe: Any) -> str | None:
     """Why ``egpu attach`` cannot hook the host programs of ``probe`` (a runtime Probe) yet; None when it can
     (or it has none). Live, their maps stay on the host: none may be one GPU programs use too."""
-    from egpu_preload.runtime import launches, native
     hosts = host_programs(probe.obj)
     if not hosts:
         return None
@@ -155,7 +158,6 @@ class LiveUprobes:
 
     def attach(self, name: str, probe: Any) -> dict[str, Any] | None:
         """Hook ``probe``'s host programs (live_refusal said it may); their report, None without any."""
-        from egpu_preload.runtime import launches, native
         hosts = host_programs(probe.obj)
         if not hosts:
             return None
@@ -183,7 +185,6 @@ class LiveUprobes:
     @staticmethod
     def overlay(probes: list[dict], host: dict[str, dict[int, Any]]) -> list[dict]:
         """Live documents (live.py's _read) with each probe's host maps in place of its device copies."""
-        from egpu_preload.runtime import dump
         for doc in probes:
             for i, storage in host.get(doc.get("name", ""), {}).items():
                 doc["maps"][i] = dump.storage_contents(storage)
