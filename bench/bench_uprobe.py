@@ -9,7 +9,7 @@ so that egpu's runtime comes up). Cases:
 - plain: no egpu-run.
 - uprobe: egpu-run -p bench/probes/uprobe_count.bpf.c: an entry probe counting calls in an array map
   (the stub, the context, the C interpreter under its lock, the map update).
-- uprobe_uretprobe: the same with -DRETURNS: a return probe too (the return-address swap and a second run).
+- uprobe_uretprobe: bench/probes/uprobe_count_ret.bpf.c: a return probe too (the return-address swap and a second run).
 
 As in bench_shim.py, the cases run round-robin RUNS times pinned to one CPU, and a case's cost is the
 median of its per-round difference to plain, with the spread (min..max); the goal (< GOAL_NS per call)
@@ -45,21 +45,24 @@ STUB = ROOT / "tests" / "stub_driver"
 
 def build(out: Path) -> tuple[Path, dict[str, Path]]:
     """(the app, case -> probe object), the stand-in driver and libupt.so beside the app."""
-    from egpu_preload.bpf.compile import clang_flags, find_clang
     cc = ["gcc", "-O2"]
     steps = [cc + ["-shared", "-fPIC", "-Wl,-Bsymbolic", "-Wl,-soname,libcuda.so.1", str(STUB / "libcuda_stub.c"),
                    str(ROOT / "tests" / "runtime_stub" / "driver_more.c"), "-o", str(out / "libcuda.so.1")],
              cc + ["-shared", "-fPIC", str(APP / "libupt.c"), "-o", str(out / "libupt.so")],
              cc + [str(APP / "app_uprobe.c"), "-o", str(out / "app_uprobe"), f"-L{out}", "-lupt", "-l:libcuda.so.1",
                    f"-Wl,-rpath,{out}", "-ldl"]]
-    clang = find_clang()
-    probes = {"uprobe": out / "uprobe_count.bpf.o", "uprobe_uretprobe": out / "uprobe_count_ret.bpf.o"}
-    for case, extra in (("uprobe", []), ("uprobe_uretprobe", ["-DRETURNS"])):
-        steps.append([clang, *clang_flags(), *extra, "-c", str(ROOT / "bench" / "probes" / "uprobe_count.bpf.c"),
-                      "-o", str(probes[case])])
     for step in steps:
         subprocess.run(step, check=True)
-    return out / "app_uprobe", probes
+    return out / "app_uprobe", {"uprobe": probe(out, "uprobe_count"), "uprobe_uretprobe": probe(out, "uprobe_count_ret")}
+
+
+def probe(out: Path, name: str) -> Path:
+    """bench/probes/NAME.bpf.c as an object: prebuilt (the GPU machine has no clang) or compiled here."""
+    prebuilt = os.environ.get("EGPU_PREBUILT_PROBES")
+    if prebuilt and (Path(prebuilt) / f"{name}.v3.bpf.o").is_file():
+        return Path(prebuilt) / f"{name}.v3.bpf.o"
+    from egpu_preload.bpf.compile import compile_probe
+    return compile_probe(ROOT / "bench" / "probes" / f"{name}.bpf.c", out / f"{name}.bpf.o")
 
 
 def run(cmd: list[str], env: dict[str, str], cpus: set[int] | None) -> dict:

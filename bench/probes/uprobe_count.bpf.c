@@ -1,5 +1,5 @@
 /* bench/bench_uprobe.py: count the calls of libupt's upt_inc (tests/uprobe_app) at entry, and with
- * -DRETURNS at return too. */
+ * RETURNS (uprobe_count_ret.bpf.c) at return too. */
 #include "egpu.bpf.h"
 
 struct {
