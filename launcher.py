@@ -214,8 +214,8 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
     """Verify each program of a probe object; a refusal prints where (the source line when the object has
     line info), why and the verifier log (exit 1). Then the maps the GPU keeps in rows per SM (counters
     only ever added to) and where launch programs run (the shim's C interpreter or the Python VM)."""
-    from egpu_preload.bpf.sections import unattached
-    from egpu_preload.runtime import launches
+    from egpu_preload.bpf.sections import HOST_KINDS
+    from egpu_preload.runtime import launches, uprobes
     from egpu_preload.translate.devmaps import layout
     from egpu_preload.translate.striping import stripe_counters
     bpf = _probe_object(obj)
@@ -229,12 +229,15 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
                 rows = layout(m).spread
                 typer.echo(f"map {m.name}: only added to ({m.stripe}-byte adds): {rows} row{'s' * (rows > 1)} "
                            "per SM, summed when read")
-        for line in unattached(bpf.programs):
-            typer.echo(line)
         launch, used, _ = launches.launch_side(bpf)
-        if launch:
-            why = launches.host_refusal(launch, bpf.maps, used)
-            what = "launch programs" if all(p.attach.kind == "launch" for p in launch) else "host programs"
+        why = launches.host_refusal(launch, bpf.maps, used) if launch else None
+        for prog in uprobes.host_programs(bpf):
+            on = prog.attach.glob or f"the function egpu-run --uprobe {prog.name}=PATH:SYMBOL names"
+            typer.echo(f"prog {prog.name} ({prog.section}): host uprobe on {on}" if why is None else
+                       f"prog {prog.name} ({prog.section}): not attached: uprobes run in C only, and {why}")
+        others = [p for p in launch if p.attach.kind not in HOST_KINDS]
+        if others:
+            what = "launch programs" if all(p.attach.kind == "launch" for p in others) else "host programs"
             typer.echo(f"{what}: in C (the shim's interpreter)" if why is None
                        else f"{what}: on the Python VM ({why})")
     except EgpuError as e:
@@ -514,6 +517,9 @@ def run_cmd(ctx: typer.Context,
                                                  "auto: PTX where a module has it, SASS otherwise"),
             interval: Optional[float] = typer.Option(None, "--interval", metavar="S", min=0.05,
                                                      help="also print the maps every S seconds while the job runs"),
+            uprobe: list[str] = typer.Option([], "--uprobe", metavar="PROG=PATH:SYMBOL",
+                                             help="where a bare SEC(\"uprobe\") or SEC(\"uretprobe\") program PROG "
+                                                  "attaches: function SYMBOL of the executable or library PATH"),
             launch_vm: LaunchVm = typer.Option("c", "--launch-vm", metavar="c|python",
                                                help="where launch probes run: c (the shim's interpreter, for "
                                                     "probes it takes) or python (the reference VM, slower)"),
@@ -539,8 +545,7 @@ def run_cmd(ctx: typer.Context,
     Exit status: CMD's (128 + N when signal N ended it); 127 when CMD is not found and 126 when it cannot
     be executed, as a shell says; 125 when egpu-run itself fails (a bad option, a probe it refuses), so
     that no status of egpu-run's own can be taken for the job's."""
-    from egpu_preload.bpf.sections import unattached
-    from egpu_preload.runtime import config, dump, job, sass, watch
+    from egpu_preload.runtime import config, dump, job, sass, uprobes, watch
     from egpu_preload.version import cuda_driver
     cmd = ctx.args
     if not cmd:
@@ -555,8 +560,8 @@ def run_cmd(ctx: typer.Context,
             session = job.session_dir()
             # the SASS back end's patch image is built here from these translations: waiting ones too
             loaded = job.prepare_probes(probes, session, progress, wait=on_full == "wait")
-            for line in (line for p in loaded for line in unattached(p.obj.programs)):
-                typer.echo(f"egpu-run: {line}", err=True)
+            targets = dict(uprobes.parse_option(u) for u in uprobe)
+            uprobes.check_targets([p.obj for p in loaded], targets)
             if perfetto is not None:
                 from egpu_preload.runtime import job_trace
                 job_trace.check_writable(perfetto)
@@ -565,7 +570,7 @@ def run_cmd(ctx: typer.Context,
                 trace = tracefile.prepare(trace)
             cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose),
                                 durations or perfetto is not None, backend=backend, timeline=perfetto is not None,
-                                mirror=mirror, launch_vm=launch_vm, trace=trace, on_full=on_full)
+                                mirror=mirror, launch_vm=launch_vm, trace=trace, on_full=on_full, uprobes=targets)
             with progress.step("building the SASS back end's patch image (ptxas)"):
                 cfg, sass_notes = sass.for_job(cfg, loaded)
             if restore is not None:  # refused here, before the job starts, when incomplete or corrupt

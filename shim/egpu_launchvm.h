@@ -66,6 +66,19 @@ void egpu_lvm_prog_stats(const struct egpu_lvm_prog *p, struct egpu_lvm_stats *o
  * fault (0: none), r0 in *r0, the faulting pc in *pc. */
 int egpu_lvm_exec(struct egpu_lvm_prog *p, void *mem, size_t len, unsigned long long *r0, unsigned int *pc);
 
+/* One bpf_trace_printk call of a program in C, formatted by the runtime (maps.TraceRecord): the format's
+ * first EGPU_LVM_TRACE_FMT bytes (a longer one is cut there) and the three arguments. */
+enum { EGPU_LVM_TRACE_FMT = 256 };
+struct egpu_lvm_trace {
+    const struct egpu_lvm_prog *prog;
+    unsigned long long args[3];
+    unsigned int size;
+    unsigned char fmt[256];
+};
+/* Take up to `max` of the trace records programs made, oldest first, into `out`; returns how many.
+ * *dropped: records lost to a full buffer since the last take. */
+size_t egpu_lvm_trace_take(struct egpu_lvm_trace *out, size_t max, unsigned long long *dropped);
+
 /* Which programs each launched handle runs: filled by the runtime as it meets handles. */
 struct egpu_lvm_router *egpu_lvm_router_new(void);
 void egpu_lvm_router_free(struct egpu_lvm_router *r);
@@ -87,5 +100,12 @@ size_t egpu_lvm_drain(struct egpu_lvm_router *r, struct egpu_launch_record *out,
 void egpu_lvm_context(const struct egpu_launch_record *rec, unsigned long long kernel_id, void *out);
 
 /* ---- part 3: C only ---- */
+
+/* Host probes (shim/uprobe.c): hold the lock every map and route is under while reading which
+ * programs to run and running them with egpu_lvm_run_host, on a read-only context of `size` bytes;
+ * ktime_get_ns reads CLOCK_MONOTONIC + offset_ns when called. */
+void egpu_lvm_lock(void);
+void egpu_lvm_unlock(void);
+void egpu_lvm_run_host(struct egpu_lvm_prog *p, void *ctx, size_t size, long long offset_ns);
 
 #endif

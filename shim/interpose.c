@@ -33,6 +33,8 @@
 #include "egpu_gate.h"
 #include "egpu_ring.h"
 #include "egpu_table.h"
+#include "egpu_launchvm.h"
+#include "egpu_uprobe.h"
 
 /* every hooked symbol: the launch and module side here, copies and streams in cow.c */
 #define EGPU_ALL_HOOKS(X) EGPU_HOOKS(X) EGPU_COW_HOOKS(X)
@@ -152,6 +154,10 @@ static dlsym_fn real_dlsym(void) {
     return f;
 }
 
+void *egpu_real_dlsym(void *handle, const char *name) {
+    return real_dlsym()(handle, name);
+}
+
 /* ---- finding the driver's functions ---- */
 
 static void *libcuda(void) {
@@ -247,6 +253,7 @@ EXPORT void *dlsym(void *handle, const char *name) {
         if (i >= 0) return hand_out(i, real(handle, name));
         if ((i = egpu_cupti_fn(name)) >= 0) return egpu_cupti_hand_out(i, real(handle, name));
     }
+    if (egpu_uprobes_on() && handle != RTLD_NEXT) return egpu_uprobe_dlsym(real(handle, name));
     TAIL return real(handle, name);
 }
 
@@ -260,6 +267,7 @@ EXPORT void *dlvsym(void *handle, const char *name, const char *version) {
         int i = variant_by_symbol(name);
         if (i >= 0) return hand_out(i, real(handle, name, version));
     }
+    if (egpu_uprobes_on() && handle != RTLD_NEXT) return egpu_uprobe_dlsym(real(handle, name, version));
     TAIL return real(handle, name, version);
 }
 

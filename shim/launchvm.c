@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "egpu_shim.h"
@@ -373,6 +374,11 @@ struct run {
     size_t ctx_size;
     int ctx_writable, depth, fault;
     uint64_t now;                 /* ktime_get_ns and get_globaltimer */
+    /* a host probe's run (egpu_lvm_run_host): ktime_get_ns and get_globaltimer read CLOCK_MONOTONIC + now
+     * at the call, and frame 0 starts as the thread's stack left it, not cleared: the verifier proved
+     * that no byte is read before the program writes it (its "stack init" check), and clearing it cost as
+     * much as a tenth of a uprobe's call */
+    int host;
     const unsigned int *grid, *block;
     struct { size_t ret; uint64_t saved[4]; } calls[MAX_FRAMES];
     /* values of tracked maps a lookup handed out, as they were: a key whose value differs after the
@@ -564,6 +570,41 @@ static int store_dim3(struct run *x, const unsigned int *v) {
     return 0;
 }
 
+/* ---- trace_printk: records kept for the runtime (egpu_lvm_trace_take), under lvm_lock ---- */
+
+#define TRACE_RECORDS 16384
+static struct egpu_lvm_trace *trace_ring; /* allocated at the first record */
+static size_t trace_head, trace_count;
+static unsigned long long trace_dropped;
+
+static int trace_printk(struct run *x) {
+    unsigned int size = x->r[2] < EGPU_LVM_TRACE_FMT ? (unsigned int)x->r[2] : EGPU_LVM_TRACE_FMT;
+    const unsigned char *fmt = at(x, x->r[1], size, 0);
+    if (!fmt) return -1;
+    if (!trace_ring) trace_ring = malloc(TRACE_RECORDS * sizeof *trace_ring);
+    if (!trace_ring || trace_count == TRACE_RECORDS) {
+        trace_dropped++;
+    } else {
+        struct egpu_lvm_trace *t = &trace_ring[(trace_head + trace_count++) % TRACE_RECORDS];
+        t->prog = x->p, t->size = size;
+        t->args[0] = x->r[3], t->args[1] = x->r[4], t->args[2] = x->r[5];
+        memcpy(t->fmt, fmt, size);
+    }
+    x->r[0] = 0;
+    return 0;
+}
+
+EXPORT size_t egpu_lvm_trace_take(struct egpu_lvm_trace *out, size_t max, unsigned long long *dropped) {
+    size_t n = 0;
+    pthread_mutex_lock(&lvm_lock);
+    for (; n < max && trace_count; n++, trace_count--, trace_head = (trace_head + 1) % TRACE_RECORDS)
+        out[n] = trace_ring[trace_head];
+    *dropped = trace_dropped;
+    trace_dropped = 0;
+    pthread_mutex_unlock(&lvm_lock);
+    return n;
+}
+
 /* Helpers of bpf/helpers.py that need neither Python nor the GPU (runtime/native.py NATIVE_HELPERS).
  * Returns 0, 1 when the probe ends (exit), -1 on a fault. The host is SM 0, warp 0, lane 0 of block 0,
  * thread 0, as the VM's ThreadSim of a launch. */
@@ -595,7 +636,13 @@ static int helper(struct run *x, int32_t id) {
         return 0;
     case 5: case 502: /* ktime_get_ns, get_globaltimer */
         x->r[0] = x->now;
+        if (x->host) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            x->r[0] += (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+        }
         return 0;
+    case 6: return trace_printk(x);
     case 14: /* get_current_pid_tgid: the process, tgid << 32 | its main thread (helpers.py) */
         x->r[0] = (uint64_t)getpid() << 32 | (uint64_t)getpid();
         return 0;
@@ -619,13 +666,17 @@ static int helper(struct run *x, int32_t id) {
 #define FAIL(kind) do { x->fault = (kind); goto out; } while (0)
 #define WRITES_R10(i) (((i)->regs & 15) == 10)
 
+/* The C library's memset, never inlined: gcc's inline `rep stos` for a frame took 40% of a host uprobe's
+ * run (bench/bench_uprobe.py), where the library's vector stores take a few ns. */
+static void *(*volatile clear)(void *, int, size_t) = memset;
+
 /* Run from pc 0 with r1, r2 set; returns the fault (0: none), the faulting pc in *fault_pc. */
 static int execute(struct run *x, unsigned int *fault_pc) {
     const struct egpu_lvm_prog *p = x->p;
     size_t pc = 0;
     long budget = BUDGET;
     x->r[10] = ((R_FRAME + 0) << REGION_SHIFT) + STACK_SIZE;
-    memset(x->frames[0], 0, STACK_SIZE);
+    if (!x->host) clear(x->frames[0], 0, STACK_SIZE);
     for (;;) {
         if (pc >= p->n) FAIL(EGPU_LVM_BAD_INSN);
         if (--budget < 0) FAIL(EGPU_LVM_BUDGET);
@@ -764,11 +815,27 @@ static int run_program(struct run *x, const struct egpu_lvm_prog *p, unsigned ch
 EXPORT int egpu_lvm_exec(struct egpu_lvm_prog *p, void *mem, size_t len, unsigned long long *r0, unsigned int *pc) {
     static const unsigned int one[3] = {1, 1, 1}; /* a 1x1x1 launch, as the VM's default ThreadSim */
     struct run x; /* 7 KiB of stack: too big for the static TLS a preloaded library may use */
+    x.host = 0;
     pthread_mutex_lock(&lvm_lock);
     int fault = run_program(&x, p, mem, len, 1, len, 0, one, one, pc);
     pthread_mutex_unlock(&lvm_lock);
     *r0 = x.r[0];
     return fault;
+}
+
+/* ---- host probes (shim/uprobe.c) ---- */
+
+void egpu_lvm_lock(void) { pthread_mutex_lock(&lvm_lock); }
+void egpu_lvm_unlock(void) { pthread_mutex_unlock(&lvm_lock); }
+
+void egpu_lvm_run_host(struct egpu_lvm_prog *p, void *ctx, size_t size, long long offset_ns) {
+    static const unsigned int one[3] = {1, 1, 1};
+    struct run x; /* 7 KiB of stack, as run_route's */
+    unsigned int pc;
+    x.host = 1;
+    int fault = run_program(&x, p, ctx, size, 0, 0, (uint64_t)offset_ns, one, one, &pc);
+    p->stats.runs++;
+    if (fault && !p->stats.faults++) p->stats.fault = fault, p->stats.fault_pc = pc, p->stats.fault_launch = 0;
 }
 
 /* ---- routes and the drain ---- */
@@ -865,6 +932,7 @@ EXPORT void egpu_lvm_context(const struct egpu_launch_record *rec, unsigned long
 static void run_route(const struct route *rt, const struct egpu_launch_record *rec, long long offset_ns) {
     struct run x; /* 7 KiB of stack: too big for the static TLS a preloaded library may use */
     unsigned char ctx[CTX_SIZE];
+    x.host = 0;
     egpu_lvm_context(rec, rt->kernel_id, ctx);
     for (size_t k = 0; k < rt->n; k++) {
         struct egpu_lvm_prog *p = rt->progs[k];

@@ -15,6 +15,8 @@
 #include <pthread.h>
 
 #include "egpu_shim.h"
+#include "egpu_launchvm.h"
+#include "egpu_uprobe.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -44,6 +46,7 @@ static void prepare(void) {
         tls_gil = PyGILState_Ensure();
         PyOS_BeforeFork();
     }
+    egpu_uprobe_fork(EGPU_FORK_PREPARE); /* before the VM's lock, as attach takes them */
     egpu_lvm_fork(EGPU_FORK_PREPARE);
     egpu_cow_fork(EGPU_FORK_PREPARE);
     egpu_sass_fork(EGPU_FORK_PREPARE);
@@ -55,6 +58,7 @@ static void after(enum egpu_fork_phase phase) {
     egpu_sass_fork(phase);
     egpu_cow_fork(phase);
     egpu_lvm_fork(phase);
+    egpu_uprobe_fork(phase);
     tls_python_forks = 0;
     if (!tls_python_held) return;
     tls_python_held = 0;

@@ -9,6 +9,7 @@ import os
 import re
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from egpu_preload.translate.striping import stripe_counters
 from egpu_preload.vm import ThreadSim, Vm
 import bpftime_build
 from launcher import egpu
+from stub_job import ROOT, egpu_run
 
 # Refused as Linux refuses it: cuda__gemm loops K times, K read from a map (up to 2^32 iterations). The
 # verifier gives up after 8192 waiting branches (about 5 s), so it is left out of the tests that go
@@ -83,10 +85,12 @@ def test_the_unbounded_loop_is_refused(built):
         verify(p.code, obj.maps, file=name, section=p.section)
 
 
-def test_egpu_verify_says_uprobes_are_not_attached(built):
+def test_egpu_verify_says_where_launchlates_uprobe_attaches(built):
+    """A bare uprobe that prints (bpf_printk): in C, its target from egpu-run --uprobe."""
     res = CliRunner().invoke(egpu, ["verify", str(built["launchlate/launchlate.bpf.c"])])
     assert res.exit_code == 0, res.output
-    assert "prog uprobe_cuda_launch (uprobe): not attached: egpu has no host uprobes yet" in res.output
+    assert ("prog uprobe_cuda_launch (uprobe): host uprobe on the function egpu-run --uprobe "
+            "uprobe_cuda_launch=PATH:SYMBOL names") in res.output
 
 
 # ---- map types --------------------------------------------------------------------------------
@@ -237,3 +241,34 @@ def test_pid_tgid_on_the_gpu_is_the_process(built):
     obj = load_object(built["cuda-counter/cuda_probe.bpf.c"])
     _, state = run_probe_on_gpu(obj, obj.programs[0], 1)
     assert _call_count(state) == {struct.pack("<I", os.getpid()): struct.pack("<Q", 1)}
+
+
+# ---- launchlate: a host uprobe on cudaLaunchKernel sharing a map with a GPU probe ----------------
+
+@pytest.mark.gpu
+def test_launchlate_times_every_launch_from_its_uprobe_on_cuda_launch_kernel(built, tmp_path):
+    """bpftime's launchlate unchanged, on tests/e2e/vectoradd_bpftime.cu built with -cudart shared (its
+    cudaLaunchKernel is reached through the PLT; static cudart's is a direct call no uprobe of egpu's
+    catches). The uprobe runs once per launch (its bpf_printk lines); the GPU probe in the launch's one
+    thread finds a host time in last_uprobe_time and counts a latency. egpu copies that host write to the
+    device a few ms after the call, so a kernel may read the previous launch's time, and the first may
+    find none: the histogram holds the launches, or all but the first."""
+    import json
+    from test_e2e_gpu import E2E, cuda_lib_dirs, env_for
+    launches = 8
+    shim = subprocess.run([sys.executable, str(ROOT / "shim" / "build.py"), str(tmp_path)], capture_output=True,
+                          text=True, check=True).stdout.strip().splitlines()[-1]
+    exe = tmp_path / "vectoradd_bpftime"
+    subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-cudart", "shared",
+                    *[f"-Xlinker=-rpath,{d}" for d in cuda_lib_dirs()], str(E2E / "vectoradd_bpftime.cu"),
+                    "-o", str(exe)], check=True)
+    r = egpu_run(["--json", "-p", str(built["launchlate/launchlate.bpf.c"]),
+                  "--uprobe", "uprobe_cuda_launch=libcudart.so:cudaLaunchKernel", str(exe), str(launches)],
+                 env_for(Path(shim), tmp_path), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"vectoradd_bpftime launches={launches} error=0" in r.stdout
+    (doc,) = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith('{"time"')]
+    host_lines = [t for t in doc["trace"] if "CPU: cudaLaunchKernel called" in str(t)]
+    assert len(host_lines) == launches, doc["trace"]
+    histogram = sum(e["value"] for e in doc["maps"]["time_histogram"]["entries"])
+    assert histogram in (launches - 1, launches), doc["maps"]["time_histogram"]

@@ -47,7 +47,7 @@ class MapDef:
 class Attach:
     """What a section name asks for: ``kprobe.warp/vec*`` -> Attach("entry", "vec*", "warp")."""
 
-    kind: str    # entry | exit | mem | load | store | launch | uprobe | uretprobe (host, not attached)
+    kind: str    # entry | exit | mem | load | store | launch | uprobe | uretprobe (host: runtime/uprobes.py)
     glob: str
     scope: str   # thread | warp | block (launch probes: "launch", uprobes: "host")
 

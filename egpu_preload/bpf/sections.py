@@ -8,8 +8,7 @@
 bpftime's spellings, so its probes load unchanged: ``kprobe/__memcapture`` is its memory-access probe
 (every global access of every kernel: ``egpu/mem/*``); ``uprobe[/PATH:SYMBOL]`` and
 ``uretprobe[/PATH:SYMBOL]`` (libbpf's form; bare, bpftime names the target elsewhere) are host probes,
-Attach("uprobe" | "uretprobe", "PATH:SYMBOL" or "", "host"): egpu loads and verifies them but attaches
-nothing yet (``unattached``).
+Attach("uprobe" | "uretprobe", "PATH:SYMBOL" or "", "host") (runtime/uprobes.py).
 
 One rule for the scope: a ``.warp`` or ``.block`` suffix on the word right before the GLOB's ``/``
 (``kprobe.warp/vec*``, ``egpu/mem.block/*``); without it the probe runs in every thread. Launch probes
@@ -18,10 +17,8 @@ run once per launch and take no scope. GLOB is everything after that ``/`` and m
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from ..errors import ElfError
-from .program import Attach, Program
+from .program import Attach
 
 # Section prefix (before the scope suffix) -> attach kind.
 KINDS: dict[str, str] = {
@@ -74,8 +71,3 @@ def parse_section(name: str) -> Attach:
                    "egpu/launch/, egpu/uvm/, uprobe or uretprobe, with .warp or .block before the / on GPU sections)",
                    section=name)
 
-
-def unattached(programs: Iterable[Program]) -> list[str]:
-    """One line for each host probe among ``programs``: egpu runs none yet."""
-    return [f"prog {p.name} ({p.section}): not attached: egpu has no host uprobes yet" for p in programs
-            if p.attach.kind in HOST_KINDS]

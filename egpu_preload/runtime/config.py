@@ -16,6 +16,7 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_LAUNCH_VM  c | python: where launch probes run (runtime/native.py; python: all on the Python VM)
     EGPU_TRACE    the trace file: every ring record goes there while the job runs (runtime/streaming.py)
     EGPU_ON_FULL  drop | wait: what a probe's record meets in a full ring (translate/devmaps.py)
+    EGPU_UPROBES  targets of bare uprobes (egpu-run --uprobe), a JSON object {PROG: "PATH:SYMBOL"}
 
 Not egpu's own: RANK, else LOCAL_RANK (set by torchrun for each worker) name a process's rank (``rank``).
 """
@@ -26,7 +27,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from egpu_preload.errors import EgpuError
@@ -41,6 +42,7 @@ LAUNCH_VM = "EGPU_LAUNCH_VM"
 LAUNCH_VMS = ("c", "python")
 TRACE, ON_FULL = "EGPU_TRACE", "EGPU_ON_FULL"
 ON_FULLS = ("drop", "wait")
+UPROBES = "EGPU_UPROBES"
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Config:
     launch_vm: str = "c"
     trace: Path | None = None
     on_full: str = "drop"
+    uprobes: Mapping[str, str] = field(default_factory=dict)
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -74,7 +77,8 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
                   timeline=env.get(TIMELINE) == "1", mirror=_seconds(env.get(MIRROR), Config.mirror),
                   launch_vm=env.get(LAUNCH_VM) if env.get(LAUNCH_VM) in LAUNCH_VMS else Config.launch_vm,
                   trace=Path(env[TRACE]) if env.get(TRACE) else None,
-                  on_full=env.get(ON_FULL) if env.get(ON_FULL) in ON_FULLS else Config.on_full)
+                  on_full=env.get(ON_FULL) if env.get(ON_FULL) in ON_FULLS else Config.on_full,
+                  uprobes=_uprobes(env.get(UPROBES, "")))
 
 
 def to_env(cfg: Config) -> dict[str, str]:
@@ -92,7 +96,8 @@ def to_env(cfg: Config) -> dict[str, str]:
             MIRROR: str(cfg.mirror),
             LAUNCH_VM: cfg.launch_vm,
             TRACE: str(cfg.trace) if cfg.trace else "",
-            ON_FULL: cfg.on_full}
+            ON_FULL: cfg.on_full,
+            UPROBES: json.dumps(dict(cfg.uprobes)) if cfg.uprobes else ""}
 
 
 def _probes(text: str) -> tuple[Path, ...]:
@@ -106,6 +111,19 @@ def _probes(text: str) -> tuple[Path, ...]:
     if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
         raise EgpuError(f"{PROBES} is not a JSON list of paths")
     return tuple(Path(p) for p in paths)
+
+
+def _uprobes(text: str) -> dict[str, str]:
+    """EGPU_UPROBES's targets: a JSON object of strings, or empty."""
+    if not text:
+        return {}
+    try:
+        targets = json.loads(text)
+    except ValueError as e:
+        raise EgpuError(f"{UPROBES} is not JSON: {e}") from None
+    if not isinstance(targets, dict) or not all(isinstance(v, str) for v in targets.values()):
+        raise EgpuError(f"{UPROBES} is not a JSON object of PATH:SYMBOL strings")
+    return targets
 
 
 def _seconds(text: str | None, default: float) -> float:

@@ -51,7 +51,8 @@ from egpu_preload.cow import live as cow_live
 from egpu_preload.errors import EgpuError
 from egpu_preload.fatbin import ImageKind
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import config, dump, durations, hooks, launches, live, mirror, ptxas, sass, streaming
+from egpu_preload.runtime import (config, dump, durations, hooks, launches, live, mirror, ptxas, sass, streaming,
+                                  uprobes)
 from egpu_preload.runtime.config import Config, from_env
 from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, ContextMemory, Driver
 from egpu_preload.runtime.probes import Probe, load_probes
@@ -166,6 +167,7 @@ class Runtime:
         self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
         self.exit = ExitHook(self.finish)
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
+        self.uprobes = uprobes.attach(self)               # host uprobes, on the drainer's maps in C
         uvm_sink = self.drainer.deliver_uvm if self.drainer and self.drainer.probes.has_uvm else None
         if (cfg.durations or uvm_sink) and not has_sites([p.obj for p in self.probes]):
             # CUPTI needs the driver's one tool slot; standby would hold it only for a later SASS attach.
@@ -407,6 +409,7 @@ class Runtime:
             self._log(1, f"%globaltimer not measured ({e}): launch probes keep CLOCK_REALTIME")
         if measured is not None:
             self.drainer.probes.offset += measured[0]
+            self.lib.egpu_uprobe_clock(self.drainer.probes.offset)
             self._log(1, f"%globaltimer - CLOCK_REALTIME = {measured[0]} ns (+-{measured[1]} ns): "
                          "launch probes' times moved onto the GPU's clock")
 
@@ -445,6 +448,8 @@ class Runtime:
             self.mirror.stop()
         # CUPTI's last records first: its unified-memory records still go to the drainer's probes
         cupti = self.durations.finish(self.driver.synchronize) if self.durations else {}
+        uprobes_report = self.uprobes.detach() if self.uprobes is not None else None  # before their maps go
+        live_host = self.live.host.detach_all()   # probes attached live: their uprobes' maps
         if self.drainer is not None:
             self.drainer.stop()
         if self.cfg.session is None or not self.loads:
@@ -461,6 +466,9 @@ class Runtime:
             except EgpuError as e:
                 error = f"maps unreadable at exit: {e}"
         states = launches.dump_states(self.drainer, self.probes, states)
+        for state, name in zip(states or [], self.live.names):
+            for i, storage in live_host.get(name, {}).items():
+                state.storages[i] = storage
         if states is not None:
             probes = [{"path": str(p.path), **dump.state_contents(s)} for p, s in zip(self.probes, states)]
         stats = self.ffi.new("struct egpu_stats *")
@@ -475,6 +483,7 @@ class Runtime:
             "timing": {"probes_ms": self.probes_ms},
             "launch_probes": self.drainer.report() if self.drainer else None,
             "trace": trace,
+            "uprobes": uprobes_report,
             **cupti,
         })
 

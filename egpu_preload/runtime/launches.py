@@ -60,13 +60,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from egpu_preload.bpf import ctx as C
-from egpu_preload.bpf.sections import HOST_RUN
 from egpu_preload.bpf import program as prog
 from egpu_preload.bpf import isa
 from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.program import BpfObject
+from egpu_preload.bpf.sections import HOST_KINDS, HOST_RUN
 from egpu_preload.errors import EgpuError
-from egpu_preload.maps import MapsState, MapStorage
+from egpu_preload.maps import MapsState, MapStorage, TraceRecord
 from egpu_preload.runtime import mapsync, native, uvm
 from egpu_preload.runtime.probes import RING_TYPES, Probe
 from egpu_preload.translate.demangle import matches
@@ -74,6 +74,7 @@ from egpu_preload.vm import ThreadSim, Vm
 
 PERIOD_S = 0.002
 BATCH = 4096
+TRACE_BATCH = 1024
 
 
 @dataclass(frozen=True)
@@ -191,18 +192,25 @@ class ProbeMaps:
 
 
 def launch_side(obj: BpfObject) -> tuple[list[prog.Program], set[int], set[int]]:
-    """An object's host programs (launch and uvm), the maps they use, and which of those GPU programs use too."""
-    launch = [p for p in obj.programs if p.attach.kind in HOST_RUN]
+    """An object's host programs (launch, uvm, and uprobes, runtime/uprobes.py: all run on the host copy of
+    the maps), the maps they use, and which of those GPU programs use too."""
+    launch = [p for p in obj.programs if p.attach.kind in HOST_RUN or p.attach.kind in HOST_KINDS]
     by_launch = set().union(*(maps_used(p.code) for p in launch)) if launch else set()
-    others = [p for p in obj.programs if p.attach.kind not in HOST_RUN]
+    others = [p for p in obj.programs if p not in launch]
     by_gpu = set().union(*(maps_used(p.code) for p in others)) if others else set()
     return launch, by_launch, by_launch & by_gpu
+
+
+def has_uprobes(programs: Sequence[prog.Program]) -> bool:
+    """Whether host programs include uprobes: then trace_printk runs in C too (native.refusal)."""
+    return any(p.attach.kind in HOST_KINDS for p in programs)
 
 
 def host_refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used: set[int]) -> str | None:
     """Why an object's host programs cannot run in C (egpu/uvm programs never do); None when they can."""
     uvm_programs = [p.name for p in programs if p.attach.kind == "uvm"]
-    return f"{uvm_programs[0]} is an egpu/uvm program" if uvm_programs else native.refusal(programs, maps, used)
+    return (f"{uvm_programs[0]} is an egpu/uvm program" if uvm_programs
+            else native.refusal(programs, maps, used, printk=has_uprobes(programs)))
 
 
 def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps | None:
@@ -222,7 +230,8 @@ def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps
     for i in shared:
         if probe.obj.maps[i].type not in RING_TYPES:
             state.storages[i] = Touched(state.storages[i])  # type: ignore[call-overload]
-    return ProbeMaps(probe, state, [(p, Vm(p.code, probe.obj.maps, state, compiled=True)) for p in launch],
+    return ProbeMaps(probe, state, [(p, Vm(p.code, probe.obj.maps, state, compiled=True)) for p in launch
+                                    if p.attach.kind == "launch"],
                      by_launch - shared, shared, refusal=refusal)
 
 
@@ -378,6 +387,11 @@ class Drainer:
         self.router = probes.router
         self.python_records = 0  # records the Python VM ran probes on
         self.uvm_records = 0     # unified-memory records delivered
+        # programs in C -> their probe's host side, for the bpf_printk records C keeps (egpu_lvm_trace_take)
+        self._owners = {int(ffi.cast("uintptr_t", h)): side for side in probes.sides if side and side.native
+                        for _, h in side.native.programs}
+        self._trace = ffi.new("struct egpu_lvm_trace[]", TRACE_BATCH)
+        self.trace_dropped = 0
         self._buf = ffi.new("struct egpu_launch_record[]", BATCH)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -416,6 +430,7 @@ class Drainer:
                     self.python_records += 1
                 if not taken:
                     break
+            self._take_trace()
             self._push()
         return total
 
@@ -424,6 +439,21 @@ class Drainer:
             dev = self.device()
             if dev is not None:
                 self.probes.push(*dev)
+
+    def _take_trace(self) -> None:
+        """The bpf_printk records programs in C made, onto their probe's host trace, in order."""
+        dropped = self.ffi.new("unsigned long long *")
+        while True:
+            n = self.lib.egpu_lvm_trace_take(self._trace, TRACE_BATCH, dropped)
+            self.trace_dropped += dropped[0]
+            for k in range(n):
+                t = self._trace[k]
+                side = self._owners.get(int(self.ffi.cast("uintptr_t", t.prog)))
+                if side is not None:
+                    side.state.trace.append(TraceRecord(bytes(self.ffi.buffer(t.fmt, t.size)),
+                                                        (int(t.args[0]), int(t.args[1]), int(t.args[2]))))
+            if n < TRACE_BATCH:
+                return
 
     def deliver_uvm(self, records: list[uvm.UvmRecord]) -> None:
         """Run the egpu/uvm programs on ``records`` (runtime/uvm.py's sink), in order. It runs on CUPTI's
@@ -443,6 +473,9 @@ class Drainer:
         self.drain()
         for line in self.probes.faults():
             print(f"egpu: launch probe failed: {line}", file=sys.stderr)
+        if self.trace_dropped:
+            print(f"egpu: {self.trace_dropped} bpf_printk lines of host probes dropped (the C buffer was full)",
+                  file=sys.stderr)
 
     def report(self) -> dict[str, Any]:
         """Where each probe object's launch programs ran (the dump's ``launch_probes``)."""

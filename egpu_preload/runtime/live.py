@@ -72,7 +72,7 @@ from typing import TYPE_CHECKING, Any
 from egpu_preload.control import ControlError, ControlServer
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import config, dump
+from egpu_preload.runtime import config, dump, uprobes
 from egpu_preload.runtime.driver import ATTR_SM_COUNT
 from egpu_preload.runtime.modstate import module_globals
 from egpu_preload.runtime.probes import Probe, load_probe
@@ -196,6 +196,7 @@ class Live:
         self._workdir: Path | None = None
         self._verified: dict[Path, Probe] = {}   # object path -> the probe loaded from it, oldest first
         self.extra: dict[str, Any] = {}   # handlers other parts of the runtime serve (serve())
+        self.host = uprobes.LiveUprobes(rt)  # attached probes' host uprobes and their maps
 
     @property
     def memory(self) -> "ContextMemory":
@@ -255,6 +256,7 @@ class Live:
             maps = self._new_maps(probe, None)
             loaded = time.perf_counter() - t0
             result, _ = self._change(self._probes() + [(name, probe, maps)])
+            result["uprobes"] = self.host.attach(name, probe)
         result["phases_ms"] = {"probe": round(1e3 * loaded, 3), **result["phases_ms"]}
         return {"name": name, "seconds": time.perf_counter() - t0, **result}
 
@@ -267,9 +269,10 @@ class Live:
             if not self.names:
                 raise ControlError("no probe is attached")
             gone = [p for p in self._probes() if name is None or p[0] == name]
+            host = {n: self.host.detach(n) for n, _, _ in gone}
             result, snapshot = self._change([p for p in self._probes() if p not in gone])
             seconds = time.perf_counter() - t0
-            final = self._read_snapshot(snapshot)
+            final = self.host.overlay(self._read_snapshot(snapshot), host)
         return {"names": [n for n, _, _ in gone], "seconds": seconds, "final": final,
                 "kernel_names": self._kernels(), **result}
 
@@ -283,6 +286,7 @@ class Live:
             if new_name != old and new_name in self.names:
                 raise ControlError(f"a probe named {new_name} is attached already")
             probe = self._load(fields["new_probe"], new_name)
+            host = {old: self.host.detach(old)}
             current = self._probes()
             i = self.names.index(old)
             maps = self._new_maps(probe, current[i][1:])
@@ -291,14 +295,15 @@ class Live:
             result, snapshot = self._change(current)
             result["phases_ms"] = {"probe": round(1e3 * loaded, 3), **result["phases_ms"]}
             seconds = time.perf_counter() - t0
-            final = self._read_snapshot(snapshot)  # the new probe may write maps it took over: read the copy
+            final = self.host.overlay(self._read_snapshot(snapshot), host)  # the new probe may write maps it took over: read the copy
+            result["uprobes"] = self.host.attach(new_name, probe)
         return {"old": old, "name": new_name, "seconds": seconds, "final": final,
                 "kernel_names": self._kernels(), **result}
 
     def maps(self, fields: dict) -> dict:
         """A dump-like document (dump.py) of the attached probes' maps, read while the job runs."""
         with self.lock:
-            probes = self._read(self._probes())
+            probes = self.host.overlay(self._read(self._probes()), {n: self.host.maps(n) for n in self.names})
         return self._document(probes)
 
     def mirrored(self) -> dict | None:
@@ -307,7 +312,7 @@ class Live:
         with self.lock, self.rt.driver.capture_relaxed():
             if self.rt.context is None:
                 return None
-            probes = self._read(self._probes())
+            probes = self.host.overlay(self._read(self._probes()), {n: self.host.maps(n) for n in self.names})
         return self._document(probes)
 
     def _document(self, probes: list[dict]) -> dict:
@@ -615,6 +620,9 @@ class Live:
             if any(p.attach.kind == "uvm" for p in probe.obj.programs):
                 raise ControlError(f"{name}: unified-memory programs (egpu/uvm/...) cannot be attached to a running "
                                    "job yet")
+            why = uprobes.live_refusal(probe)
+            if why is not None:
+                raise ControlError(f"{name}: {why}")
         self._verified[path] = probe
         while len(self._verified) > VERIFIED_KEPT:
             del self._verified[next(iter(self._verified))]

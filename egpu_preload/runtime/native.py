@@ -31,8 +31,11 @@ FAULTS = {1: "bad memory access", 2: "write to read-only memory", 3: "unaligned 
           7: "instruction budget exhausted (unbounded loop?)", 8: "out of memory"}
 
 
-def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used: Iterable[int]) -> str | None:
-    """Why launch programs using maps ``used`` cannot run in C; None when they can."""
+def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used: Iterable[int],
+            printk: bool = False) -> str | None:
+    """Why host programs using maps ``used`` cannot run in C; None when they can. ``printk``: trace_printk
+    is allowed (an object with uprobes, which run only in C: its records are taken by launches.Drainer)."""
+    allowed = NATIVE_HELPERS | {BY_NAME["trace_printk"].id} if printk else NATIVE_HELPERS
     for i in sorted(used):
         m = maps[i]
         if m.type not in MAP_TYPES:
@@ -43,7 +46,7 @@ def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used:
         for insn in decode(p.code):
             if insn.kind == "call" and insn.src == isa.CALL_BTF:
                 return f"{p.name} calls a kfunc"
-            if insn.kind == "call" and insn.src == isa.CALL_HELPER and insn.imm not in NATIVE_HELPERS:
+            if insn.kind == "call" and insn.src == isa.CALL_HELPER and insn.imm not in allowed:
                 helper = HELPERS.get(insn.imm)
                 return f"{p.name} calls {helper.name if helper else insn.imm}"
     return None

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from ...errors import DecodeError, VerifierError
+from ...errors import DecodeError, ElfError, VerifierError
 from .. import ctx as egpu_ctx
+from ..ptregs import PT_REGS
 from ..decode import Insn, decode
 from ..disasm import disasm_insn
 from ..program import MapDef
+from ..sections import HOST_KINDS, parse_section
 from . import cfg as cfg_mod
 from .cfg import Cfg, Reject
 from .checks import STEP, Env
@@ -106,6 +108,15 @@ def _live(cfg: Cfg, st: State, pc: int) -> list[int]:
     return masks + [cfg.live[pc]]
 
 
+def _context(section: str | None) -> egpu_ctx.Layout:
+    """pt_regs for a host uprobe's section, else the section's context (ctx.layout_of_section)."""
+    try:
+        host = section is not None and parse_section(section).kind in HOST_KINDS
+    except ElfError:
+        host = False
+    return PT_REGS if host else egpu_ctx.layout_of_section(section)
+
+
 def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section: str | None = None,
            max_insns: int = MAX_INSNS) -> VerifiedProgram:
     """Verify one program (subprograms appended, map references resolved as program.py describes); its
@@ -119,7 +130,7 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
         cfg = cfg_mod.build(insns, maps)
     except Reject as r:
         raise _error(r, None, insns, maps, None, file, section) from None
-    env = Env(cfg, maps, egpu_ctx.layout_of_section(section))
+    env = Env(cfg, maps, _context(section))
     seen: dict[int, dict[tuple, _Visit]] = {}
     recent: dict[int, list[_Visit]] = {}
     processed = 0

@@ -11,9 +11,11 @@ Every memory access must be naturally aligned: a misaligned ld/st faults on the 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Callable
 
 from .. import ctx as egpu_ctx
+from .. import ptregs
 from .. import isa
 from ..decode import Insn
 from ..helpers import BPF_NOEXIST, HELPERS, Helper
@@ -44,6 +46,18 @@ _WRITES_MAP = frozenset({"map_update_elem", "map_delete_elem"})
 _VARIADIC = frozenset({"trace_printk"})
 
 Succ = list[tuple[State, int]]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What r1 points to at entry: GPU and launch probes get struct egpu_ctx, host uprobes pt_regs."""
+    name: str
+    fields: tuple[egpu_ctx.Field, ...]
+    size: int
+
+
+EGPU_CTX = Context("struct egpu_ctx", egpu_ctx.FIELDS, egpu_ctx.SIZE)
+PT_REGS = Context("struct pt_regs", ptregs.FIELDS, ptregs.SIZE)
 
 
 class Env:

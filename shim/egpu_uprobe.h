@@ -1,0 +1,70 @@
+/* egpu_uprobe.h: host uprobes (shim/uprobe.c), in the three parts of egpu_shim.h.
+ *
+ * A uprobe runs a program of launchvm.c (its maps the ones launch probes and, through the runtime's
+ * copies, GPU probes use) at each call of a function, a uretprobe at each return, in the calling
+ * thread, with r1 = a read-only x86-64 `struct pt_regs` (bpf_tracing.h's PT_REGS_PARMn: di, si, dx, cx,
+ * r8, r9; PT_REGS_RC: ax; ip the function, sp the stack pointer at the call or the return).
+ *
+ * How calls are caught, without ptrace or root: the function's address is looked up in the object
+ * that defines it, and then
+ * - every GOT slot that imports it by name (JUMP_SLOT: calls through the PLT; GLOB_DAT: -fno-plt calls
+ *   and address-taken functions) in every loaded object but the shim and ld.so is pointed at a stub;
+ *   objects loaded later are patched at the next dlsym in the process (egpu_uprobe_dlsym) or
+ *   egpu_uprobe_rescan;
+ * - dlsym and dlvsym hand out the stub instead of the function (not for RTLD_NEXT, whose answer
+ *   depends on the caller's address).
+ * Direct calls (inside the defining object, or to a function linked statically into the executable)
+ * are not caught: that needs inline hooking.
+ *
+ * A stub saves the argument registers (and xmm0-7), runs the entry programs, and jumps to the function
+ * with every register and the stack as the caller left them, so any signature and stack arguments
+ * work. With return programs it first swaps the return address for a thunk's (the real one kept on a
+ * per-thread stack of UPROBE_DEPTH entries; deeper calls run no return program): the thunk runs them
+ * with rax and goes back to the caller with rax, rdx, xmm0, xmm1 as the function left them. A C++
+ * exception or longjmp out of such a function skips the thunk: its unwinder finds the thunk's address
+ * where a return address should be and terminates. Calls made while a probe runs (the same thread)
+ * run no probe.
+ */
+#ifndef EGPU_UPROBE_H
+#define EGPU_UPROBE_H
+
+/* ---- part 1: implemented in Python (embedding_api) ---- */
+
+/* ---- part 2: C API for the runtime (cdef) ---- */
+
+/* What egpu_uprobe_attach did. */
+enum egpu_uprobe_result {
+    EGPU_UPROBE_ATTACHED = 0,   /* GOT slots patched (maybe none yet) and dlsym answers the stub */
+    EGPU_UPROBE_PENDING = 1,    /* no loaded object is PATH yet: attached when one is loaded */
+    EGPU_UPROBE_NO_SYMBOL = -1, /* PATH is loaded and defines no function SYMBOL */
+    EGPU_UPROBE_FULL = -2       /* too many hooked functions, programs on one, or patched slots */
+};
+
+/* Run progs[k] at each call (rets[k] 0) or return (rets[k] 1) of SYMBOL defined in the loaded object
+ * PATH: its file name, its basename, a prefix of its basename ending before a '.' (libcuda.so for
+ * libcuda.so.1), or a path resolving to the same file; the executable too. The `n` programs start
+ * together: a call runs all of them or none. Returns enum egpu_uprobe_result. */
+int egpu_uprobe_attach(const char *path, const char *symbol, struct egpu_lvm_prog *const *progs, const int *rets,
+                       size_t n);
+/* The `n` programs run no more, all from the same moment (after this returns, no thread is inside one);
+ * a function left with no program is unhooked (its GOT slots and dlsym answer restored). A call already
+ * inside its function then returns without its return programs. */
+void egpu_uprobe_detach(struct egpu_lvm_prog *const *progs, size_t n);
+/* GOT slots currently pointing at SYMBOL's stub (the sites calls are caught at). */
+size_t egpu_uprobe_sites(const char *symbol);
+/* bpf_ktime_get_ns() in uprobes reads CLOCK_MONOTONIC + offset_ns (the launch probes' clock). */
+void egpu_uprobe_clock(long long offset_ns);
+/* Patch objects loaded since the last scan (cheap when none were). */
+void egpu_uprobe_rescan(void);
+
+/* ---- part 3: C only ---- */
+
+/* dlsym's and dlvsym's answer `found`, or the stub of the hooked function it is; objects loaded since
+ * the last scan are patched first. For interpose.c, only while egpu_uprobes_on(). */
+void *egpu_uprobe_dlsym(void *found);
+int egpu_uprobes_on(void);
+/* interpose.c: the C library's own dlsym (the shim's answers cu* names with its hooks). */
+void *egpu_real_dlsym(void *handle, const char *name);
+void egpu_uprobe_fork(enum egpu_fork_phase phase);
+
+#endif

@@ -1,0 +1,489 @@
+/* uprobe.c: host uprobes. The interface, what is caught and what is not, is egpu_uprobe.h. x86-64 only
+ * (the stubs, struct pt_regs): elsewhere egpu_uprobe_attach refuses every function. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <elf.h>
+#include <limits.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "egpu_shim.h"
+#include "egpu_launchvm.h"
+#include "egpu_uprobe.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define HOOKS 256        /* stubs in the pool below */
+#define PROGS 16         /* programs on one function, entry and return each */
+#define SLOTS 4096       /* patched GOT slots */
+#define UPROBE_DEPTH 32  /* nested calls with return programs, per thread */
+#define NAME_MAX_ 256
+
+/* struct pt_regs of x86-64 (arch/x86/include/asm/ptrace.h), in u64 slots: bpf_tracing.h reads it so */
+enum { PT_R15, PT_R14, PT_R13, PT_R12, PT_BP, PT_BX, PT_R11, PT_R10, PT_R9, PT_R8, PT_AX, PT_CX, PT_DX,
+       PT_SI, PT_DI, PT_ORIG_AX, PT_IP, PT_CS, PT_FLAGS, PT_SP, PT_SS, PT_COUNT };
+/* What the stub saves (egpu_uprobe_common below), in u64 slots; xmm0-7 follow, 16 bytes each. */
+enum { S_DI, S_SI, S_DX, S_CX, S_R8, S_R9, S_AX, S_R10, S_BX, S_R12, S_R13, S_R14, S_R15, S_BP, S_XMM };
+/* What the return thunk saves: rax, rdx, then xmm0-1. */
+enum { R_AX, R_DX };
+
+struct hook {
+    char path[NAME_MAX_], symbol[NAME_MAX_];
+    void *target;                          /* the function (NULL: its object is not loaded yet) */
+    struct egpu_lvm_prog *progs[2][PROGS]; /* entry, return; under egpu_lvm_lock */
+    int n[2];
+    int used;
+};
+
+struct slot {
+    void **where;
+    void *old;
+    struct hook *hook;
+    int relro;      /* read-only once relocated: written between two mprotects */
+};
+
+static struct hook hooks[HOOKS];
+static struct slot slots[SLOTS];
+static size_t nslots;
+static int nhooks;
+static atomic_int active;                   /* hooks with programs */
+static atomic_llong clock_offset;
+static unsigned long long scanned_adds;     /* dl_phdr_info.dlpi_adds at the last scan */
+static pthread_mutex_t up_lock = PTHREAD_MUTEX_INITIALIZER; /* hooks' targets, slots; before lvm_lock */
+
+/* read at every call: initial-exec, as interpose.c's flags (8 bytes of the static TLS block) */
+static __thread int tls_in_probe __attribute__((tls_model("initial-exec"))); /* calls from a probe run none */
+static __thread int tls_depth __attribute__((tls_model("initial-exec")));
+static __thread struct { void *ret; struct hook *hook; } tls_returns[UPROBE_DEPTH];
+
+#if defined(__x86_64__)
+/* ---- the stubs: one per hook, a 16-byte slot each; r11 tells the common part which ---- */
+
+void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, void **ret_slot);
+void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp);
+extern const char egpu_uprobe_stubs[], egpu_uprobe_ret_thunk[];
+
+__asm__(
+    ".text\n"
+    ".balign 16\n"
+    "egpu_uprobe_stubs:\n"
+    ".rept 256\n"                          /* HOOKS */
+    "  .balign 16\n"
+    "  lea 0(%rip), %r11\n"                /* the stub's address + 7 */
+    "  jmp egpu_uprobe_common\n"
+    ".endr\n"
+    /* [rsp] = the caller's return address. Save what the function and the probe may need, run the
+     * entry programs (C), put everything back and jump to the function as if called directly. */
+    "egpu_uprobe_common:\n"
+    "  push %rbp\n"
+    "  mov %rsp, %rbp\n"
+    "  sub $240, %rsp\n"                   /* 14 registers, 8 xmm: rsp stays 16-aligned */
+    "  mov %rdi, 0(%rsp)\n  mov %rsi, 8(%rsp)\n  mov %rdx, 16(%rsp)\n  mov %rcx, 24(%rsp)\n"
+    "  mov %r8, 32(%rsp)\n  mov %r9, 40(%rsp)\n  mov %rax, 48(%rsp)\n  mov %r10, 56(%rsp)\n"
+    "  mov %rbx, 64(%rsp)\n  mov %r12, 72(%rsp)\n  mov %r13, 80(%rsp)\n  mov %r14, 88(%rsp)\n"
+    "  mov %r15, 96(%rsp)\n  mov 0(%rbp), %rax\n  mov %rax, 104(%rsp)\n"
+    "  movdqu %xmm0, 112(%rsp)\n  movdqu %xmm1, 128(%rsp)\n  movdqu %xmm2, 144(%rsp)\n"
+    "  movdqu %xmm3, 160(%rsp)\n  movdqu %xmm4, 176(%rsp)\n  movdqu %xmm5, 192(%rsp)\n"
+    "  movdqu %xmm6, 208(%rsp)\n  movdqu %xmm7, 224(%rsp)\n"
+    "  mov %r11, %rdi\n"
+    "  mov %rsp, %rsi\n"
+    "  lea 8(%rbp), %rdx\n"                /* where the return address is */
+    "  call egpu_uprobe_enter\n"
+    "  mov %rax, %r11\n"                   /* the function */
+    "  mov 0(%rsp), %rdi\n  mov 8(%rsp), %rsi\n  mov 16(%rsp), %rdx\n  mov 24(%rsp), %rcx\n"
+    "  mov 32(%rsp), %r8\n  mov 40(%rsp), %r9\n  mov 48(%rsp), %rax\n  mov 56(%rsp), %r10\n"
+    "  movdqu 112(%rsp), %xmm0\n  movdqu 128(%rsp), %xmm1\n  movdqu 144(%rsp), %xmm2\n"
+    "  movdqu 160(%rsp), %xmm3\n  movdqu 176(%rsp), %xmm4\n  movdqu 192(%rsp), %xmm5\n"
+    "  movdqu 208(%rsp), %xmm6\n  movdqu 224(%rsp), %xmm7\n"
+    "  leave\n"
+    "  jmp *%r11\n"
+    /* The function returned here instead of to its caller (rsp as the caller had it before the call,
+     * 16-aligned). Run the return programs on rax, then go back to the caller. */
+    ".balign 16\n"
+    "egpu_uprobe_ret_thunk:\n"
+    "  sub $48, %rsp\n"
+    "  mov %rax, 0(%rsp)\n  mov %rdx, 8(%rsp)\n  movdqu %xmm0, 16(%rsp)\n  movdqu %xmm1, 32(%rsp)\n"
+    "  mov %rsp, %rdi\n"
+    "  lea 48(%rsp), %rsi\n"
+    "  call egpu_uprobe_exit\n"
+    "  mov %rax, %r11\n"                   /* the caller's return address */
+    "  mov 0(%rsp), %rax\n  mov 8(%rsp), %rdx\n  movdqu 16(%rsp), %xmm0\n  movdqu 32(%rsp), %xmm1\n"
+    "  add $48, %rsp\n"
+    "  jmp *%r11\n");
+
+static void *stub_of(const struct hook *h) {
+    return (void *)(egpu_uprobe_stubs + 16 * (h - hooks));
+}
+
+/* Under egpu_lvm_lock. */
+static void run_all(struct hook *h, int ret, uint64_t *regs) {
+    long long offset = atomic_load_explicit(&clock_offset, memory_order_relaxed);
+    for (int k = 0; k < h->n[ret]; k++) egpu_lvm_run_host(h->progs[ret][k], regs, PT_COUNT * 8, offset);
+}
+
+/* Called by the stub: run the entry programs; swap the return address when there are return
+ * programs; return the function to jump to. */
+__attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, void **ret_slot) {
+    struct hook *h = &hooks[(stub - (uintptr_t)egpu_uprobe_stubs) >> 4];
+    if (tls_in_probe) return h->target;
+    tls_in_probe = 1;
+    egpu_lvm_lock();
+    if (h->n[0]) {
+        uint64_t regs[PT_COUNT]; /* each slot set: a zeroing store of 168 bytes costs more than the rest */
+        regs[PT_R11] = regs[PT_CS] = regs[PT_FLAGS] = regs[PT_SS] = 0;
+        regs[PT_DI] = saved[S_DI], regs[PT_SI] = saved[S_SI], regs[PT_DX] = saved[S_DX];
+        regs[PT_CX] = saved[S_CX], regs[PT_R8] = saved[S_R8], regs[PT_R9] = saved[S_R9];
+        regs[PT_AX] = regs[PT_ORIG_AX] = saved[S_AX], regs[PT_R10] = saved[S_R10], regs[PT_BX] = saved[S_BX];
+        regs[PT_R12] = saved[S_R12], regs[PT_R13] = saved[S_R13], regs[PT_R14] = saved[S_R14];
+        regs[PT_R15] = saved[S_R15], regs[PT_BP] = saved[S_BP];
+        regs[PT_IP] = (uint64_t)h->target, regs[PT_SP] = (uint64_t)ret_slot;
+        run_all(h, 0, regs);
+    }
+    int swap = h->n[1] && tls_depth < UPROBE_DEPTH;
+    egpu_lvm_unlock();
+    if (swap) {
+        tls_returns[tls_depth].ret = *ret_slot, tls_returns[tls_depth].hook = h;
+        tls_depth++;
+        *ret_slot = (void *)egpu_uprobe_ret_thunk;
+    }
+    tls_in_probe = 0;
+    return h->target;
+}
+
+/* Called by the return thunk: run the return programs; return the caller's return address. */
+__attribute__((used)) void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp) {
+    tls_depth--;
+    struct hook *h = tls_returns[tls_depth].hook;
+    void *ret = tls_returns[tls_depth].ret;
+    int was = tls_in_probe;
+    tls_in_probe = 1;
+    egpu_lvm_lock();
+    if (h->n[1]) {
+        uint64_t regs[PT_COUNT] = {0};  /* only rax, rdx, ip and sp are known at a return */
+        regs[PT_AX] = saved[R_AX], regs[PT_DX] = saved[R_DX];
+        regs[PT_IP] = (uint64_t)ret, regs[PT_SP] = sp;
+        run_all(h, 1, regs);
+    }
+    egpu_lvm_unlock();
+    tls_in_probe = was;
+    return ret;
+}
+
+#else
+static void *stub_of(const struct hook *h) { return NULL; }
+#endif
+
+/* ---- loaded objects ---- */
+
+/* One loaded object, as dl_iterate_phdr gives it. */
+struct object {
+    const char *name;         /* the executable's: /proc/self/exe resolved */
+    ElfW(Addr) base;
+    const ElfW(Dyn) *dynamic;
+    ElfW(Addr) relro, relro_end;
+};
+
+static char exe_path[PATH_MAX];
+
+static void object_of(const struct dl_phdr_info *info, struct object *o) {
+    *o = (struct object){info->dlpi_name, info->dlpi_addr};
+    if (!o->name || !o->name[0]) {
+        if (!exe_path[0]) {
+            ssize_t n = readlink("/proc/self/exe", exe_path, sizeof exe_path - 1);
+            exe_path[n > 0 ? n : 0] = 0;
+        }
+        o->name = exe_path;
+    }
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_DYNAMIC) o->dynamic = (const void *)(info->dlpi_addr + ph->p_vaddr);
+        if (ph->p_type == PT_GNU_RELRO)
+            o->relro = info->dlpi_addr + ph->p_vaddr, o->relro_end = o->relro + ph->p_memsz;
+    }
+}
+
+static const char *base_name(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+/* PATH names object `name`: the same string or basename, a basename prefix ending at a '.', or the same
+ * file. */
+static int names(const char *path, const char *name) {
+    const char *pb = base_name(path), *nb = base_name(name);
+    size_t n = strlen(pb);
+    if (!strcmp(path, name) || (!strncmp(pb, nb, n) && (nb[n] == 0 || nb[n] == '.'))) return 1;
+    char a[PATH_MAX], b[PATH_MAX];
+    return strchr(path, '/') && realpath(path, a) && realpath(name, b) && !strcmp(a, b);
+}
+
+/* The shim itself, ld.so and the vDSO: their GOTs are not patched (the shim's calls must not reach
+ * probes; the loader's are not the application's). */
+static int skipped(const struct object *o) {
+    static char self;
+    Dl_info di;
+    struct link_map *lm = NULL;
+    const char *b = base_name(o->name);
+    if (!strncmp(b, "ld-linux", 8) || !strncmp(b, "linux-vdso", 10) || !o->dynamic) return 1;
+    return dladdr1(&self, &di, (void **)&lm, RTLD_DL_LINKMAP) && lm && lm->l_addr == o->base;
+}
+
+/* SYMBOL as object `o` defines it (dlsym on its own handle, then checked to be in it); NULL if not. */
+static void *defined_in(const struct object *o, const char *symbol) {
+    void *handle = dlopen(o->name == exe_path ? NULL : o->name, RTLD_LAZY | RTLD_NOLOAD);
+    if (!handle) return NULL;
+    void *p = egpu_real_dlsym(handle, symbol);
+    dlclose(handle);
+    Dl_info di;
+    struct link_map *lm = NULL;
+    if (!p || !dladdr1(p, &di, (void **)&lm, RTLD_DL_LINKMAP) || !lm || lm->l_addr != o->base) return NULL;
+    return p;
+}
+
+/* ---- GOT slots ---- */
+
+/* One aligned store, so a thread calling through the slot meanwhile reads the old or the new value. */
+static void write_slot(void **where, void *value, int relro) {
+    void *page = (void *)((uintptr_t)where & ~(uintptr_t)4095); /* an aligned slot never spans two */
+    if (relro) mprotect(page, 4096, PROT_READ | PROT_WRITE);
+    atomic_store_explicit((_Atomic(void *) *)where, value, memory_order_release);
+    if (relro) mprotect(page, 4096, PROT_READ);
+}
+
+static int patched(void **where) {
+    for (size_t k = 0; k < nslots; k++)
+        if (slots[k].where == where) return 1;
+    return 0;
+}
+
+/* Whether calls through GOT slot `where` of `o` reach h's function: the slot holds it, or (a JUMP_SLOT not
+ * bound yet, still pointing at `o`'s own PLT) the global lookup would bind it there. A slot bound to
+ * another definition (an interposer: the shim's own cu* hooks) is left alone. */
+static int reaches(const struct object *o, void **where, const struct hook *h) {
+    if (*where == h->target) return 1;
+    Dl_info di;
+    struct link_map *lm = NULL;
+    return dladdr1(*where, &di, (void **)&lm, RTLD_DL_LINKMAP) && lm && lm->l_addr == o->base &&
+           egpu_real_dlsym(RTLD_DEFAULT, h->symbol) == h->target;
+}
+
+/* Point `o`'s GOT slots importing a hooked function at its stub. Under up_lock. */
+static void patch_object(const struct object *o) {
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    const ElfW(Rela) *tables[2] = {NULL, NULL};
+    size_t sizes[2] = {0, 0};
+    for (const ElfW(Dyn) *d = o->dynamic; d->d_tag != DT_NULL; d++) {
+        /* glibc relocates these entries in place where .dynamic is writable; else they are offsets */
+        ElfW(Addr) p = d->d_un.d_ptr < o->base ? d->d_un.d_ptr + o->base : d->d_un.d_ptr;
+        switch (d->d_tag) {
+        case DT_SYMTAB: symtab = (const void *)p; break;
+        case DT_STRTAB: strtab = (const void *)p; break;
+        case DT_JMPREL: tables[0] = (const void *)p; break;
+        case DT_PLTRELSZ: sizes[0] = d->d_un.d_val; break;
+        case DT_RELA: tables[1] = (const void *)p; break;
+        case DT_RELASZ: sizes[1] = d->d_un.d_val; break;
+        }
+    }
+    if (!symtab || !strtab) return;
+    for (int t = 0; t < 2; t++) {
+        for (size_t k = 0; tables[t] && k < sizes[t] / sizeof(ElfW(Rela)); k++) {
+            const ElfW(Rela) *r = &tables[t][k];
+            unsigned type = ELF64_R_TYPE(r->r_info);
+            const ElfW(Sym) *sym = &symtab[ELF64_R_SYM(r->r_info)];
+            if ((type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT) || !ELF64_R_SYM(r->r_info) ||
+                sym->st_shndx != SHN_UNDEF)
+                continue;
+            const char *name = strtab + sym->st_name;
+            void **where = (void **)(o->base + r->r_offset);
+            for (int i = 0; i < nhooks; i++) {
+                struct hook *h = &hooks[i];
+                if (!h->used || !h->target || strcmp(h->symbol, name) || !reaches(o, where, h) || patched(where) ||
+                    nslots == SLOTS)
+                    continue;
+                int relro = (ElfW(Addr))where >= o->relro && (ElfW(Addr))where < o->relro_end;
+                slots[nslots++] = (struct slot){where, *where, h, relro};
+                write_slot(where, stub_of(h), relro);
+            }
+        }
+    }
+}
+
+/* Give every slot of `h` its old value back (those of objects since unloaded are gone). Under up_lock. */
+static void unpatch(struct hook *h) {
+    size_t kept = 0;
+    for (size_t k = 0; k < nslots; k++) {
+        Dl_info di;
+        if (slots[k].hook != h) slots[kept++] = slots[k];
+        else if (dladdr(slots[k].where, &di)) write_slot(slots[k].where, slots[k].old, slots[k].relro);
+    }
+    nslots = kept;
+}
+
+/* Resolve pending hooks and patch every object. Under up_lock. */
+static int scan_one(struct dl_phdr_info *info, size_t size, void *arg) {
+    struct object o;
+    object_of(info, &o);
+    scanned_adds = info->dlpi_adds;
+    for (int i = 0; i < nhooks; i++) {
+        struct hook *h = &hooks[i];
+        if (h->used && !h->target && names(h->path, o.name)) h->target = defined_in(&o, h->symbol);
+    }
+    return 0;
+}
+
+static int patch_one(struct dl_phdr_info *info, size_t size, void *arg) {
+    struct object o;
+    object_of(info, &o);
+    if (!skipped(&o)) patch_object(&o);
+    return 0;
+}
+
+static void scan(void) {
+    dl_iterate_phdr(scan_one, NULL);
+    dl_iterate_phdr(patch_one, NULL);
+}
+
+static int adds_now(struct dl_phdr_info *info, size_t size, void *arg) {
+    *(unsigned long long *)arg = info->dlpi_adds;
+    return 1;
+}
+
+EXPORT void egpu_uprobe_rescan(void) {
+    unsigned long long adds = 0;
+    dl_iterate_phdr(adds_now, &adds);
+    pthread_mutex_lock(&up_lock);
+    if (adds != scanned_adds) scan();
+    pthread_mutex_unlock(&up_lock);
+}
+
+/* ---- the runtime's API ---- */
+
+/* Whether PATH is a loaded object, and defines SYMBOL (*target). */
+struct lookup {
+    const char *path, *symbol;
+    int loaded;
+    void *target;
+};
+
+static int lookup_one(struct dl_phdr_info *info, size_t size, void *arg) {
+    struct lookup *l = arg;
+    struct object o;
+    object_of(info, &o);
+    if (!names(l->path, o.name)) return 0;
+    l->loaded = 1;
+    l->target = defined_in(&o, l->symbol);
+    return l->target != NULL;
+}
+
+EXPORT int egpu_uprobe_attach(const char *path, const char *symbol, struct egpu_lvm_prog *const *progs,
+                              const int *rets, size_t n) {
+#if !defined(__x86_64__)
+    return EGPU_UPROBE_NO_SYMBOL;
+#endif
+    if (strlen(path) >= NAME_MAX_ || strlen(symbol) >= NAME_MAX_) return EGPU_UPROBE_NO_SYMBOL;
+    egpu_fork_handlers();
+    struct lookup l = {path, symbol, 0, NULL};
+    pthread_mutex_lock(&up_lock);
+    dl_iterate_phdr(lookup_one, &l);
+    int result = EGPU_UPROBE_FULL;
+    if (l.loaded && !l.target) {
+        result = EGPU_UPROBE_NO_SYMBOL;
+        goto out;
+    }
+    struct hook *h = NULL, *spare = NULL;
+    for (int i = 0; i < nhooks && !h; i++) {
+        if (hooks[i].used && !strcmp(hooks[i].path, path) && !strcmp(hooks[i].symbol, symbol)) h = &hooks[i];
+        else if (!hooks[i].used && !spare && hooks[i].target == l.target) spare = &hooks[i];
+    }
+    if (!h) { /* a new hook, or a used one's again: a thread may still be in an old stub, so never another's */
+        h = spare ? spare : nhooks < HOOKS ? &hooks[nhooks++] : NULL;
+        if (!h) goto out;
+        egpu_lvm_lock();
+        strcpy(h->path, path), strcpy(h->symbol, symbol);
+        h->target = l.target, h->used = 1, h->n[0] = h->n[1] = 0;
+        egpu_lvm_unlock();
+    }
+    int room[2] = {PROGS - h->n[0], PROGS - h->n[1]};
+    for (size_t k = 0; k < n; k++) room[rets[k] != 0]--;
+    if (room[0] < 0 || room[1] < 0) goto out;
+    egpu_lvm_lock(); /* all at once: no call runs some of them and not the others */
+    for (size_t k = 0; k < n; k++) h->progs[rets[k] != 0][h->n[rets[k] != 0]++] = progs[k];
+    egpu_lvm_unlock();
+    atomic_fetch_add(&active, (int)n);
+    if (h->target) scan();
+    result = h->target ? EGPU_UPROBE_ATTACHED : EGPU_UPROBE_PENDING;
+out:
+    pthread_mutex_unlock(&up_lock);
+    return result;
+}
+
+static int listed(struct egpu_lvm_prog *const *progs, size_t n, const struct egpu_lvm_prog *p) {
+    for (size_t k = 0; k < n; k++)
+        if (progs[k] == p) return 1;
+    return 0;
+}
+
+EXPORT void egpu_uprobe_detach(struct egpu_lvm_prog *const *progs, size_t n) {
+    pthread_mutex_lock(&up_lock);
+    egpu_lvm_lock(); /* a run holds it: once taken, none runs them */
+    for (int i = 0; i < nhooks; i++)
+        for (int ret = 0; ret < 2; ret++)
+            for (int k = 0; k < hooks[i].n[ret]; k++)
+                if (listed(progs, n, hooks[i].progs[ret][k])) {
+                    hooks[i].progs[ret][k--] = hooks[i].progs[ret][--hooks[i].n[ret]];
+                    atomic_fetch_sub(&active, 1);
+                }
+    egpu_lvm_unlock();
+    for (int i = 0; i < nhooks; i++) {
+        struct hook *h = &hooks[i];
+        if (h->used && !h->n[0] && !h->n[1]) {
+            unpatch(h);
+            h->used = 0; /* its target stays: stub and target keep matching for threads still in it */
+        }
+    }
+    pthread_mutex_unlock(&up_lock);
+}
+
+EXPORT size_t egpu_uprobe_sites(const char *symbol) {
+    size_t n = 0;
+    pthread_mutex_lock(&up_lock);
+    for (size_t k = 0; k < nslots; k++) n += !strcmp(slots[k].hook->symbol, symbol);
+    pthread_mutex_unlock(&up_lock);
+    return n;
+}
+
+EXPORT void egpu_uprobe_clock(long long offset_ns) {
+    atomic_store_explicit(&clock_offset, offset_ns, memory_order_relaxed);
+}
+
+int egpu_uprobes_on(void) {
+    return atomic_load_explicit(&active, memory_order_relaxed) > 0;
+}
+
+void *egpu_uprobe_dlsym(void *found) {
+    if (!found) return NULL;
+    unsigned long long adds = 0;
+    dl_iterate_phdr(adds_now, &adds);
+    /* never wait here: a dlopen's constructor may call dlsym holding the loader's lock, which an attach
+     * holding up_lock may be waiting for; that attach scans the objects itself */
+    if (adds != scanned_adds && !pthread_mutex_trylock(&up_lock)) {
+        scan();
+        pthread_mutex_unlock(&up_lock);
+    }
+    for (int i = 0; i < nhooks; i++)
+        if (hooks[i].used && hooks[i].target == found) return stub_of(&hooks[i]);
+    return found;
+}
+
+void egpu_uprobe_fork(enum egpu_fork_phase phase) {
+    if (phase == EGPU_FORK_PREPARE) pthread_mutex_lock(&up_lock);
+    else if (phase == EGPU_FORK_PARENT) pthread_mutex_unlock(&up_lock);
+    else pthread_mutex_init(&up_lock, NULL);
+}

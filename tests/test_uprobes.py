@@ -1,0 +1,195 @@
+"""Host uprobes (runtime/uprobes.py, shim/uprobe.c) on tests/uprobe_app's library, under egpu-run against
+the stand-in driver: arguments and return values exact, the application's results unchanged, one map
+shared with a launch probe, bare uprobes targeted by --uprobe."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bpftime_build import bpftime_cflags
+from egpu_preload.bpf.compile import find_clang
+from egpu_preload.bpf.elf import load_object
+from egpu_preload.maps import MapsState
+from egpu_preload.runtime import dump
+from egpu_preload.bpf.verifier import verify
+from egpu_preload.errors import VerifierError
+from stub_job import ROOT
+from test_runtime import run_kept
+
+APP = ROOT / "tests" / "uprobe_app"
+PROBE = ROOT / "tests" / "uprobe_probes" / "args.bpf.c"
+BARE = ["--uprobe", "sum8_entry=libupt.so:upt_sum8", "--uprobe", "sum8_exit=libupt.so:upt_sum8"]
+ADD6_CALLS, ADD6_RETURNS, SUM8_CALLS, SUM8_RETURNS, LAUNCHES, HALF_RETURNS = range(6)
+
+
+@pytest.fixture(scope="module")
+def uprobe_app(stub_job, tmp_path_factory) -> tuple[Path, Path]:
+    """(app_uprobe linked against libupt.so beside the stand-in driver, args.bpf.o built with bpftime's flags)."""
+    d = stub_job.driver_dir
+    clang = find_clang()
+    obj = tmp_path_factory.mktemp("uprobe") / "args.bpf.o"
+    for step in (["gcc", "-O1", "-shared", "-fPIC", str(APP / "libupt.c"), "-o", str(d / "libupt.so")],
+                 ["gcc", "-O1", "-Wall", str(APP / "app_uprobe.c"), "-o", str(d / "app_uprobe"), f"-L{d}", "-lupt",
+                  "-l:libcuda.so.1", f"-Wl,-rpath,{d}", "-ldl"],
+                 [clang, *bpftime_cflags(clang), "-c", str(PROBE), "-o", str(obj)]):
+        subprocess.run(step, check=True)
+    return d / "app_uprobe", obj
+
+
+def plain_output(app: Path, n: int, env: dict) -> str:
+    return subprocess.run([str(app), "calls", str(n)], env=env, capture_output=True, text=True, check=True).stdout
+
+
+def entries(doc: dict, obj: Path, name: str) -> dict[int, int]:
+    """Map ``name`` of the job's dump, as integers."""
+    state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
+    (storage,) = [s for m, s in zip(state.maps, state.storages) if m.name == name]
+    return {int.from_bytes(k, "little"): int.from_bytes(v, "little") for k, v in storage.items()}
+
+
+def test_uprobes_see_exact_arguments_and_return_values_and_share_a_map_with_launch_probes(stub_job, uprobe_app,
+                                                                                          tmp_path):
+    app, obj = uprobe_app
+    n = 40
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, *BARE, str(app), "calls", str(n))
+    assert r.returncode == 0, r.stderr
+    # the calls went through the stubs and came back with what the functions returned
+    assert r.stdout.splitlines()[0] == plain_output(app, n, stub_job.env(tmp_path / "plain.log")).strip()
+    counts = entries(doc, obj, "counts")
+    assert [counts[k] for k in range(7)] == [n] * 6 + [0]  # LAUNCHES: the launch probe, on the same map
+    # upt_add6(i, i+1, .., i+5): rdi, rsi, rdx, rcx, r8, r9 each read as PT_REGS_PARMn
+    packed = 1 | 2 << 8 | 3 << 16 | 4 << 24 | 5 << 32
+    assert entries(doc, obj, "add6_args") == {i: packed for i in range(n)}
+    # rax at return: upt_add6 = 6i + 15, upt_sum8(i x7, i + 1) = 36i + 8 (its two stack arguments intact)
+    expected = {6 * i + 15: 0 for i in range(n)} | {36 * i + 8: 0 for i in range(n)}
+    for i in range(n):
+        expected[6 * i + 15] += 1
+        expected[36 * i + 8] += 1
+    assert entries(doc, obj, "returns") == expected
+    # bpf_printk in a uretprobe runs in C too: sp at the return is the caller's, 16-aligned
+    assert [tuple(t[:4]) for t in doc["probes"][0]["trace"]] == [(b"upt_half returned, sp %lx\0", 0, 0, 0)] * n
+    sites = {a["prog"]: (a["target"], a["state"], a["sites"]) for a in doc["uprobes"]["attached"]}
+    assert sites["add6_entry"] == ("libupt.so:upt_add6", "attached", 1)  # the app's PLT slot
+    assert sites["sum8_entry"][:2] == ("libupt.so:upt_sum8", "attached")  # reached through dlsym only
+    # the GOT slot bound to the shim's own cuLaunchKernel hook stays: its launches (LAUNCHES) still counted
+    assert sites["driver_launch"] == ("libcuda.so.1:cuLaunchKernel", "attached", 0)
+
+
+def test_a_bare_uprobe_needs_a_target(stub_job, uprobe_app, tmp_path):
+    app, obj = uprobe_app
+    from stub_job import egpu_run
+    r = egpu_run(["-p", str(obj), str(app), "calls", "1"], stub_job.env(tmp_path / "log"))
+    assert r.returncode == 125
+    assert "prog sum8_entry (uprobe): no target: give egpu-run --uprobe sum8_entry=PATH:SYMBOL" in r.stderr
+    r = egpu_run(["-p", str(obj), *BARE, "--uprobe", "add6_entry=libupt.so:upt_add6", str(app), "calls", "1"],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == 125
+    assert "--uprobe add6_entry=...: no bare uprobe or uretprobe program is named add6_entry" in r.stderr
+
+
+def test_a_missing_function_is_reported_and_the_job_runs(stub_job, uprobe_app, tmp_path):
+    app, obj = uprobe_app
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "sum8_entry=libupt.so:no_such_function",
+                            "--uprobe", "sum8_exit=libupt.so:upt_sum8", str(app), "calls", "3")
+    assert r.returncode == 0, r.stderr
+    assert "prog sum8_entry (uprobe): not attached at libupt.so:no_such_function: no such function in it" in r.stderr
+    assert entries(doc, obj, "counts")[ADD6_CALLS] == 3
+
+
+
+
+def ctx_read(off: int) -> bytes:
+    return struct.pack("<BBhi", 0x79, 0x10, off, 0) + struct.pack("<BBhi", 0x95, 0, 0, 0)
+
+
+@pytest.mark.parametrize("section, off, ok", [
+    ("uprobe/libc.so.6:malloc", 112, True),     # di: PT_REGS_PARM1
+    ("uretprobe/libc.so.6:malloc", 80, True),   # ax: PT_REGS_RC
+    ("uprobe", 160, True),                      # ss, the last field
+    ("uprobe", 168, False),                     # past struct pt_regs
+    ("kprobe/vecadd", 112, False),              # GPU probes get struct egpu_ctx: grid[1] is 4 bytes
+])
+def test_host_programs_read_pt_regs(section, off, ok):
+    if ok:
+        verify(ctx_read(off), [], section=section)
+    else:
+        with pytest.raises(VerifierError, match="invalid ctx access"):
+            verify(ctx_read(off), [], section=section)
+
+
+def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_app, tmp_path):
+    """app_uprobe loop under egpu-run with no probe: egpu attach hooks upt_add6 through the app's GOT, the
+    maps fill while it runs, detach gives the final maps and puts the slot back (the job's results stay
+    right throughout, and a second attach starts from zero)."""
+    import json
+    import sys
+    import time
+    from egpu_preload.control import list_sessions
+    app, _ = uprobe_app
+    clang = find_clang()
+    live = tmp_path / "live.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"),
+                    "-o", str(live)], check=True)
+    env = stub_job.env(tmp_path / "log")
+    stop = tmp_path / "stop"
+    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", str(app), "loop", str(stop)],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def egpu(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", "import launcher; launcher.egpu_main()", *args], env=env,
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+    def counts(doc: dict) -> list[int]:
+        """counts[0..2] (calls, returns, right returns) of egpu maps/detach --json."""
+        by_key = {e["key"]: e["value"] for e in doc["maps"].get("counts", {}).get("entries", [])}
+        return [by_key.get(k, 0) for k in range(3)]
+
+    try:
+        deadline = time.monotonic() + 30
+        while not (found := [s for s in list_sessions(tmp_path / "egpu") if s.info and str(app) in s.info["argv"]]):
+            assert time.monotonic() < deadline, "no session"
+            time.sleep(0.05)
+        pid = str(found[0].pid)
+        for attempt in range(2):
+            r = egpu("attach", pid, "-p", str(live))
+            assert r.returncode == 0, r.stderr
+            time.sleep(0.5)
+            r = egpu("maps", pid, "--json")
+            assert r.returncode == 0, r.stderr
+            running = counts(json.loads(r.stdout))
+            assert running and running[0] > 0
+            r = egpu("detach", pid, "--json")
+            assert r.returncode == 0, r.stderr
+            final = counts(json.loads(r.stdout))
+            # entry and return programs start and stop together; a call inside upt_add6 at detach ran its
+            # entry program and no return program
+            assert final[0] >= running[0] and final[0] - final[1] in (0, 1) and final[2] == final[1], final
+    finally:
+        stop.touch()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "wrong=0" in out
+
+
+def test_egpu_verify_says_where_each_uprobe_attaches(uprobe_app):
+    from typer.testing import CliRunner
+    from launcher import egpu
+    _, obj = uprobe_app
+    res = CliRunner().invoke(egpu, ["verify", str(obj)])
+    assert res.exit_code == 0, res.output
+    assert "prog add6_entry (uprobe/libupt.so:upt_add6): host uprobe on libupt.so:upt_add6" in res.output
+    assert ("prog sum8_exit (uretprobe): host uprobe on the function egpu-run --uprobe sum8_exit=PATH:SYMBOL "
+            "names") in res.output
+
+
+def test_egpu_attach_refuses_bare_uprobes(uprobe_app):
+    """A running job has no --uprobe to name their target."""
+    from egpu_preload.runtime.probes import load_probe
+    from egpu_preload.runtime.uprobes import live_refusal
+    _, obj = uprobe_app
+    assert live_refusal(load_probe(obj)) == ('prog sum8_entry is a bare uprobe: egpu attach takes '
+                                            'SEC("uprobe/PATH:SYMBOL") ones only')

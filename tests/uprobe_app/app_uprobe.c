@@ -1,0 +1,78 @@
+/* `app_uprobe calls N`: starts the stand-in driver (so the runtime comes up), loads one kernel, then N
+ * times launches it (through cuLaunchKernel linked directly: under LD_PRELOAD it binds to the shim's
+ * hook, as Triton's stub does) and calls libupt's upt_add6 through the PLT, upt_sum8 through a dlsym'd pointer and
+ * upt_half; prints the sums, so a probe that changed an argument or a return value shows.
+ * `app_uprobe loop STOP`: calls upt_add6(i, ..., i + 5) every 100 us until file STOP exists (a job to
+ * attach to); prints how many calls and whether every result was right.
+ * `app_uprobe bench N`: N calls of upt_inc through the PLT in timed batches of 10000 (about a ms); prints
+ * the fastest batch's ns per call: on a shared machine most batches also hold time the CPU spent on other
+ * processes (and on the runtime's threads), which is not the call's cost. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+long upt_add6(long a, long b, long c, long d, long e, long f);
+double upt_half(double x);
+int upt_inc(int x);
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shared, void *stream, void **params, void **extra);
+
+static const char PTX[] =
+    ".version 8.0\n.target sm_90\n.address_size 64\n\n"
+    ".visible .entry vecadd(\n\t.param .u64 a\n)\n{\n\tret;\n}\n";
+
+typedef int (*fn)();
+
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    long n = atol(argv[2]); /* loop: 0 */
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!cuda) return 2;
+    fn cuInit = (fn)dlsym(cuda, "cuInit"), cuModuleLoadData = (fn)dlsym(cuda, "cuModuleLoadData");
+    fn cuModuleGetFunction = (fn)dlsym(cuda, "cuModuleGetFunction");
+    fn cuCtxSynchronize = (fn)dlsym(cuda, "cuCtxSynchronize");
+    void *mod = NULL, *f = NULL;
+    int r = cuInit(0) | cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&f, mod, "vecadd");
+    if (!strcmp(argv[1], "loop")) {
+        long i = 0, wrong = 0;
+        for (; access(argv[2], F_OK) != 0; i++) {
+            wrong += upt_add6(i, i + 1, i + 2, i + 3, i + 4, i + 5) != 6 * i + 15;
+            usleep(100);
+        }
+        printf("app_uprobe loop calls=%ld wrong=%ld result=%d\n", i, wrong, r);
+        return 0;
+    }
+    if (!strcmp(argv[1], "bench")) {
+        volatile int x = 0;
+        double best = 1e30;
+        const long batch = 10000;
+        for (long done = 0; done + batch <= n; done += batch) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            for (long i = 0; i < batch; i++) x = upt_inc(x);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            double ns = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / batch;
+            best = ns < best ? ns : best;
+        }
+        printf("app_uprobe bench calls=%ld ns_per_call=%.2f x=%d result=%d\n", n / batch * batch, best, x, r);
+        return 0;
+    }
+    long (*sum8)(long, long, long, long, long, long, long, long) =
+        (long (*)(long, long, long, long, long, long, long, long))dlsym(RTLD_DEFAULT, "upt_sum8");
+    unsigned long long a = 0;
+    void *params[] = {&a};
+    long add = 0, sum = 0;
+    double half = 0;
+    for (long i = 0; i < n; i++) {
+        r |= cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
+        add += upt_add6(i, i + 1, i + 2, i + 3, i + 4, i + 5);
+        sum += sum8(i, i, i, i, i, i, i, i + 1);
+        half += upt_half((double)i);
+    }
+    r |= cuCtxSynchronize();
+    printf("app_uprobe calls=%ld add=%ld sum=%ld half=%.1f result=%d\n", n, add, sum, half, r);
+    return 0;
+}
