@@ -231,7 +231,7 @@ def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps
         if probe.obj.maps[i].type not in RING_TYPES:
             state.storages[i] = Touched(state.storages[i])  # type: ignore[call-overload]
     return ProbeMaps(probe, state, [(p, Vm(p.code, probe.obj.maps, state, compiled=True)) for p in launch
-                                    if p.attach.kind == "launch"],
+                                    if p.attach.kind not in HOST_KINDS],   # uprobes run in runtime/uprobes.py
                      by_launch - shared, shared, refusal=refusal)
 
 
