@@ -10,7 +10,11 @@ sass` with no probe, then is attached, swapped and detached over its control soc
   together (a launch never runs one generation's patch with another's record), and each window holds
   exactly the launch ids between the flips that bound it;
 - a re-patch the sanitizer refuses fails the swap, and the old probe goes on running in both modules,
-  whether the first module or the second was refused.
+  whether the first module or the second was refused;
+- a graph replay passes the same gate: it never runs while a flip re-patches (some modules on the old
+  probe, others on the new or on none);
+- a module loaded by another thread while a flip re-patches (inside a sanitizer call that waits for that
+  load) neither deadlocks nor misses the new probe.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from stub_job import ROOT
 
 SASS_STUB = Path(__file__).parent / "sass_stub"
 RUN = re.compile(r"^\d+ run f=step2? enter=(\S+) record=(\S+)$", re.M)
+GRAPH_RUN = re.compile(r"^\d+ graph run enter=(\S*)$", re.M)
 LAUNCH = re.compile(r"^\d+ cuLaunchKernel ", re.M)
 THREADS = 4
 
@@ -46,12 +51,13 @@ def stand_ins(stub_job, tmp_path_factory) -> tuple[Path, Path]:
 
 
 class ThreadedJob:
-    def __init__(self, stub_job, stand_ins: tuple[Path, Path], tmp: Path, **env: str) -> None:
+    def __init__(self, stub_job, stand_ins: tuple[Path, Path], tmp: Path, graph: bool = False, **env: str) -> None:
         sanitizer, self.app = stand_ins
         self.log, self.stop = tmp / "log", tmp / "stop"
         self.env = stub_job.env(self.log, EGPU_SANITIZER_LIB=str(sanitizer), **env)
         self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "--backend",
-                                      "sass", str(self.app), str(self.stop), str(THREADS)], env=self.env, cwd=ROOT,
+                                      "sass", str(self.app), str(self.stop), str(THREADS)] + ["graph"] * graph,
+                                     env=self.env, cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -164,3 +170,23 @@ def test_a_failed_repatch_leaves_the_old_probe_running(stub_job, stand_ins, prob
     assert len(attached[0]) == 1   # its own image's entry point, before the failed swap and after it
     assert min(attached[1]) == a["launches"] + 1 and max(attached[1]) <= d["launches"]   # attach to detach
     assert [c for c in job.calls() if c.startswith("sanitizerPatchModule")].count("sanitizerPatchModule -> 7") == 1
+
+
+def test_a_graph_replay_waits_for_a_flip(stub_job, stand_ins, probe_obj, tmp_path, monkeypatch):
+    """Re-patching takes 20 ms a module while a thread replays a graph every 200 us: every replay finds
+    both modules on one generation's patch (or both unpatched), never one old and one new."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with ThreadedJob(stub_job, stand_ins, tmp_path, graph=True, EGPU_STUB_SANITIZER_DELAY_US="20000") as job:
+        job.client.request("attach", probe=probe_obj("count").read_bytes(), name="count")
+        job.wait_runs()
+        job.client.request("swap", old="count", new_probe=probe_obj("hash_count").read_bytes(), new_name="hash_count")
+        job.wait_runs()
+        job.client.request("detach")
+        time.sleep(0.1)
+        job.finish()
+    replays = [tuple(e.split(",")) for e in GRAPH_RUN.findall(job.log.read_text())]
+    mixed = [r for r in replays if len(set(r)) > 1]
+    assert not mixed, f"{len(mixed)} of {len(replays)} replays ran mid-flip: {mixed[:3]}"
+    patched = {r[0] for r in replays if r[0].startswith("egpu_sass_block_enter_")}
+    assert len(patched) == 2 and len(replays[-1]) == 2   # both probes replayed, in both modules
+
