@@ -7,7 +7,8 @@ A job of four launching threads and two modules (tests/sass_stub/app_threads_loo
 sass` with no probe, then is attached, swapped and detached over its control socket:
 - standby: subscribed, no patch, launch callbacks off, every launch runs nothing;
 - every launch between two flips runs the generation the first one committed, its patch and its record
-  together (a launch never runs one generation's patch with another's record), and each window holds
+  together (the first launch of a kernel asks Python which programs run in it; a flip stages the answers
+  for the kernels known by then, so their launches after it ask nothing) (a launch never runs one generation's patch with another's record), and each window holds
   exactly the launch ids between the flips that bound it;
 - a re-patch the sanitizer refuses fails the swap, and the old probe goes on running in both modules,
   whether the first module or the second was refused;
@@ -118,9 +119,13 @@ def test_standby_then_attach_swap_detach_while_threads_launch(stub_job, stand_in
         a = job.client.request("attach", probe=probe_obj("count").read_bytes(), name="count")
         assert (a["sass"]["modules_patched"], a["sass"]["modules"]) == (2, 2), a["sass"]
         job.wait_runs()
+        asked = job.client.request("modules")["sass"]["asked"]
         s = job.client.request("swap", old="count", new_probe=probe_obj("hash_count").read_bytes(),
                                new_name="hash_count")
         job.wait_runs()
+        # Python was asked about each kernel at its first patched launch (by each thread that launched
+        # it first at once); the swap staged the answers for both, so launches after it asked nothing
+        assert 2 <= asked == job.client.request("modules")["sass"]["asked"]
         d = job.client.request("detach")
         assert (d["sass"]["modules_patched"], d["sass"]["modules"]) == (0, 2), d["sass"]
         time.sleep(0.1)
@@ -190,3 +195,24 @@ def test_a_graph_replay_waits_for_a_flip(stub_job, stand_ins, probe_obj, tmp_pat
     patched = {r[0] for r in replays if r[0].startswith("egpu_sass_block_enter_")}
     assert len(patched) == 2 and len(replays[-1]) == 2   # both probes replayed, in both modules
 
+
+
+def test_a_module_loaded_during_a_flip(stub_job, stand_ins, probe_obj, tmp_path, monkeypatch):
+    """The swap's first re-patch (the sanitizer's third sanitizerPatchModule) waits for a module load on
+    another thread, as the real sanitizer may wait for a driver lock that load holds: the load's callback
+    must not wait for the flip in turn. The late module runs the new probe once the swap replies."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with ThreadedJob(stub_job, stand_ins, tmp_path, EGPU_STUB_SANITIZER_LOAD_IN="3") as job:
+        job.client.request("attach", probe=probe_obj("count").read_bytes(), name="count")
+        job.wait_runs()
+        s = job.client.request("swap", old="count", new_probe=probe_obj("hash_count").read_bytes(),
+                               new_name="hash_count")
+        job.wait_runs()
+        job.client.request("detach")
+        job.finish()
+    calls = job.calls()
+    assert not [c for c in calls if "deadlock" in c], calls
+    assert (s["sass"]["modules_patched"], s["sass"]["modules"]) == (3, 3), s["sass"]
+    swap_entry = {e for e, r in job.runs() if r != "-"} - {job.runs()[0][0]}
+    patched = [c.split("name=")[1] for c in calls if c.startswith("sanitizerPatchInstructions id=1")]
+    assert len(swap_entry) == 1 and patched.count(swap_entry.pop()) == 3   # the late module too

@@ -319,7 +319,7 @@ class Live:
     def modules(self, fields: dict) -> dict:
         with self.lock:
             return {"pid": os.getpid(), "probes": list(self.names), "modules": self._module_reports(),
-                    "stats": self._stats()}
+                    "stats": self._stats(), "sass": self.rt.sass.stats()}
 
     # ---- hooks from the runtime -----------------------------------------------------------------
     def route(self, mod: "Module", name: str, handle: int) -> bool:
@@ -445,7 +445,8 @@ class Live:
         re-patch time; or why it was left as it was."""
         stats = self.rt.sass.stats()
         report = {"generation": stats["generation"], "modules_patched": stats["patched_now"],
-                  "modules": stats["modules_loaded"], "patch_ms": round(stats["flip_us"] / 1e3, 3)}
+                  "modules": stats["modules_loaded"], "patch_ms": round(stats["flip_us"] / 1e3, 3),
+                  "drain_ms": round(stats["drain_us"] / 1e3, 3), "asked": stats["asked"]}
         return report if not note else {**report, "unchanged": note}
 
     def _unload_dead(self, ctx: int) -> int:

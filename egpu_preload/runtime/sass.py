@@ -8,9 +8,10 @@ directory) with its table block. The start-up probes are generation 1, committed
 load this back end serves (``prepare``); every live attach, detach and swap stages the next one
 (``stage``), which egpu_shim_swap commits inside its flip: the contexts drain and every module is
 re-patched with the new image, or all stay on the old one. A job started with no probe waits in
-standby: subscribed, nothing patched. When a patched kernel first launches under a generation, the
-shim asks ``kernel`` which of that generation's programs run in it: the same globs (mangled or
-demangled) and --kernel selection as the PTX back end.
+standby: subscribed, nothing patched. Which of a generation's programs run in a kernel: the same globs
+(mangled or demangled) and --kernel selection as the PTX back end. The shim asks ``kernel`` when a
+patched kernel first launches; every kernel asked about so far is answered again for each new
+generation when it is staged (``stage``), so the launches after a flip find their answer in C.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from egpu_preload.translate.sass_patch import PatchModule, build_image, has_site
 
 BACKENDS = ("auto", "ptx", "sass")
 STATES = {0: "not started", 2: "subscribed", 3: "off", -1: "failed"}
-STAT_FIELDS = ("modules_seen", "modules_patched", "modules_skipped", "launches", "probed", "errors", "flips",
-               "flip_us", "generation", "modules_loaded", "patched_now")
+STAT_FIELDS = ("modules_seen", "modules_patched", "modules_skipped", "launches", "probed", "errors", "flips", "asked",
+               "flip_us", "drain_us", "generation", "modules_loaded", "patched_now")
 NO_PROGRAMS = "no kernel-site probes"
 
 
@@ -74,6 +75,7 @@ class SassBackend:
         self.current = 0                                 # the committed generation (0: none yet)
         self.staged: Staged | None = None
         self.block: int | None = None                    # the current generation's table block
+        self.seen: dict[str, int] = {}                   # every kernel name asked about -> its kernel id
         self._next = 1
         self.configured: str | None = None   # None: not yet; "": ready; else why it cannot serve
 
@@ -140,10 +142,20 @@ class SassBackend:
                 raise EgpuError("no session directory for the patch image")
             image = build_image(module.ptx, sm, cache).read_bytes()
         gen = self._next
-        entries = [self.ffi.new("char[]", e.encode()) if e else self.ffi.NULL for e in module.entry_names()]
-        if self.lib.egpu_sass_stage(self.ffi.from_buffer(image) if image else self.ffi.NULL, len(image),
-                                    module.instruction_classes(), self.ffi.new("char *[]", entries),
-                                    module.image_id, gen, tables or 0):
+        ffi = self.ffi
+        # every cdata the struct points to is held here until the call returns (the shim copies them)
+        entry_strings = [ffi.new("char[]", e.encode()) if e else ffi.NULL for e in module.entry_names()]
+        known = list(self.seen.items()) if module.programs else []
+        name_strings = [ffi.new("char[]", n.encode()) for n, _ in known]
+        arrays = (ffi.from_buffer(image) if image else ffi.NULL, ffi.new("char *[]", entry_strings),
+                  ffi.new("char *[]", name_strings or 1),
+                  ffi.new("unsigned long long[]", [self._mask(module, n) for n, _ in known] or 1),
+                  ffi.new("unsigned long long[]", [k for _, k in known] or 1))
+        g = ffi.new("struct egpu_sass_generation *")
+        g.image, g.entries, g.names, g.masks, g.kernel_ids = arrays
+        g.size, g.classes, g.nkernels = len(image), module.instruction_classes(), len(known)
+        g.image_id, g.id, g.tables = module.image_id, gen, tables or 0
+        if self.lib.egpu_sass_stage(g):
             raise EgpuError("the shim refused the patch image (out of memory, or the sanitizer is not subscribed)")
         self._next += 1
         self.generations[gen] = module
@@ -178,13 +190,14 @@ class SassBackend:
     # ---- the shim's question ---------------------------------------------------------------------------
     def kernel(self, generation: int, name: str) -> KernelChoice:
         """The programs of ``generation`` that run in kernel ``name`` (mangled, as the sanitizer reports it)."""
-        mask = 0
+        kid = self.seen.setdefault(name, kernel_id(name))
         module = self.generations.get(generation)
-        if module is not None and (self.cfg.kernel is None or matches(self.cfg.kernel, name)):
-            for p in module.programs:
-                if matches(p.attach.glob, name):
-                    mask |= 1 << p.bit
-        return KernelChoice(mask, kernel_id(name))
+        return KernelChoice(self._mask(module, name) if module is not None else 0, kid)
+
+    def _mask(self, module: PatchModule, name: str) -> int:
+        if self.cfg.kernel is not None and not matches(self.cfg.kernel, name):
+            return 0
+        return sum(1 << p.bit for p in module.programs if matches(p.attach.glob, name))
 
 
 def table_block(memory: Any, maps: list[Any]) -> int:
