@@ -118,7 +118,8 @@ def test_attach_swap_detach_through_the_cli(job, probes):
     assert attach.returncode == 0, attach.stderr
     assert attach.stdout.startswith(f"attached count in {job.pid}: PTX 1 modules, 1 kernels instrumented; "
                                     "SASS unchanged: ")
-    assert re.search(r" ms \(probe [\d.]+, instrument [\d.]+, flip [\d.]+, unload [\d.]+\)$", attach.stdout.strip())
+    assert re.search(r" ms \(verify [\d.]+, maps [\d.]+, instrument [\d.]+, sass [\d.]+, flip [\d.]+, publish [\d.]+, "
+                     r"unload [\d.]+, gc [\d.]+\)$", attach.stdout.strip())
     job.wait_launches()
     modules = egpu(["modules", str(job.pid)], job.env)
     assert modules.stdout.splitlines() == [f"{api} ptx: instrumented [count]", "  step: instrumented"]
@@ -217,12 +218,14 @@ def test_swap_and_detach_reply_with_the_maps_as_the_flip_left_them(stub_job, tmp
             job.wait_launches(5)
             detach = client.request("detach")
             counts.append([int.from_bytes(r["final"][0]["maps"][0]["values"][0], "little") for r in (swap, detach)])
-            # where a flip's time goes, in the reply: a probe loaded for swap, none for detach
-            assert set(swap["phases_ms"]) == {"probe", "instrument", "flip", "unload"}
-            assert set(detach["phases_ms"]) == {"instrument", "flip", "unload"}
+            # where a flip's time goes, in the reply: a probe loaded for swap, none for detach; the
+            # interpreter's collections (gc) overlap the others
+            phases = {"instrument", "sass", "flip", "publish", "unload", "gc"}
+            assert set(swap["phases_ms"]) == {"verify", "maps"} | phases
+            assert set(detach["phases_ms"]) == phases
             for r in (swap, detach):
                 assert all(v >= 0 for v in r["phases_ms"].values())
-                assert sum(r["phases_ms"].values()) <= 1e3 * r["seconds"] + 0.01
+                assert sum(v for k, v in r["phases_ms"].items() if k != "gc") <= 1e3 * r["seconds"] + 0.01
         status, _, err = job.finish()
     assert status == 0, err
     runs = [int(m) for m, _ in LAUNCH.findall(job.log.read_text())]
@@ -597,3 +600,27 @@ def test_prometheus_series_one_per_map_entry(probes):
          "trace": []}]}
     assert list(series(doc)) == [("egpu_counts", {"pid": "7", "rank": "1"}, 42.0),
                                  ("egpu_per_kernel", {"pid": "7", "rank": "1", "key": "step"}, 3.0)]
+
+
+def test_a_change_runs_with_a_short_switch_interval_and_no_collection():
+    """attach, swap and detach take the GIL back quickly after each driver call and start no collection;
+    the application's settings come back after, even when the change fails."""
+    import gc
+
+    from egpu_preload.runtime.live import SWITCH_S, prompt
+
+    seen = []
+
+    def handler(fields: dict) -> dict:
+        seen.append((sys.getswitchinterval(), gc.isenabled()))
+        if fields.get("fail"):
+            raise ControlError("refused")
+        return {}
+
+    before = sys.getswitchinterval()
+    assert before > SWITCH_S and gc.isenabled()
+    prompt(handler)({})
+    with pytest.raises(ControlError):
+        prompt(handler)({"fail": True})
+    assert seen == [(pytest.approx(SWITCH_S), False)] * 2
+    assert (sys.getswitchinterval(), gc.isenabled()) == (before, True)

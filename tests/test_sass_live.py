@@ -52,17 +52,20 @@ def stand_ins(stub_job, tmp_path_factory) -> tuple[Path, Path]:
 
 
 class ThreadedJob:
-    def __init__(self, stub_job, stand_ins: tuple[Path, Path], tmp: Path, graph: bool = False, **env: str) -> None:
+    def __init__(self, stub_job, stand_ins: tuple[Path, Path], tmp: Path, graph: bool = False, busy: bool = False,
+                 **env: str) -> None:
+        """The C job of THREADS threads (``graph``: and a graph replayer), or with ``busy`` the Python one."""
         sanitizer, self.app = stand_ins
         self.log, self.stop = tmp / "log", tmp / "stop"
         self.env = stub_job.env(self.log, EGPU_SANITIZER_LIB=str(sanitizer), **env)
+        app = [sys.executable, str(SASS_STUB / "app_busy.py"), str(self.stop)] if busy else \
+            [str(self.app), str(self.stop), str(THREADS)] + ["graph"] * graph
         self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "--backend",
-                                      "sass", str(self.app), str(self.stop), str(THREADS)] + ["graph"] * graph,
-                                     env=self.env, cwd=ROOT,
+                                      "sass", *app], env=self.env, cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            found = [s for s in list_sessions(tmp / "egpu") if s.info and str(self.app) in s.info["argv"]]
+            found = [s for s in list_sessions(tmp / "egpu") if s.info and app[-1] in s.info["argv"]]
             if found and self.log.exists() and len(LAUNCH.findall(self.log.read_text())) > 20:
                 self.client = ControlClient(found[0].pid, directory=tmp / "egpu", timeout=30)
                 return
@@ -216,3 +219,25 @@ def test_a_module_loaded_during_a_flip(stub_job, stand_ins, probe_obj, tmp_path,
     swap_entry = {e for e, r in job.runs() if r != "-"} - {job.runs()[0][0]}
     patched = [c.split("name=")[1] for c in calls if c.startswith("sanitizerPatchInstructions id=1")]
     assert len(swap_entry) == 1 and patched.count(swap_entry.pop()) == 3   # the late module too
+
+
+def test_a_change_reports_its_phases_in_a_gil_busy_job(stub_job, stand_ins, probe_obj, tmp_path, monkeypatch):
+    """A Python job that holds the GIL between launches, as a PyTorch eager step does: the replies say where
+    each change spent its time (the GPU test keeps them), and an attach of a probe set seen before finds
+    its patch image built (no ptxas)."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    count = probe_obj("count").read_bytes()
+    with ThreadedJob(stub_job, stand_ins, tmp_path, busy=True) as job:
+        replies = []
+        for _ in range(2):
+            replies.append(job.client.request("attach", probe=count, name="count"))
+            replies.append(job.client.request("detach"))
+        out = job.finish()
+    assert re.search(r"app_busy launches \d+ failed 0", out), out
+    first, again = replies[0], replies[2]
+    for r in (first, again):
+        assert set(r["phases_ms"]) == {"verify", "maps", "instrument", "sass", "flip", "publish", "unload", "gc"}
+        assert set(r["sass"]["phases_ms"]) == {"translate", "image", "stage"}
+        assert {"patch_ms", "drain_ms", "asked"} <= set(r["sass"]), r["sass"]
+    assert again["sass"]["phases_ms"]["image"] < first["sass"]["phases_ms"]["image"] / 10   # cached
+    assert replies[1]["sass"]["modules_patched"] == 0   # standby again

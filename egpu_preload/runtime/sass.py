@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ class Staged:
     generation: int
     module: PatchModule
     tables: int | None   # the table block's device address (None: set once the maps exist)
+    phases_ms: dict[str, float]   # translate (the patch module), image (cache or ptxas), stage (the shim's copy)
 
 
 class SassBackend:
@@ -134,13 +136,16 @@ class SassBackend:
     def stage(self, objects: list[BpfObject], sm: int, tables: int | None) -> Staged:
         """Stage the generation of ``objects`` (raises EgpuError: a probe the translator or ptxas refuses;
         nothing is staged then). With no kernel-site program, the generation patches nothing: standby."""
+        t0 = time.perf_counter()
         module = patch_module(objects)
+        t1 = time.perf_counter()
         image = b""
         if module.programs:
             cache = cache_dir(self.cfg)
             if cache is None:
                 raise EgpuError("no session directory for the patch image")
             image = build_image(module.ptx, sm, cache).read_bytes()
+        t2 = time.perf_counter()
         gen = self._next
         ffi = self.ffi
         # every cdata the struct points to is held here until the call returns (the shim copies them)
@@ -159,7 +164,8 @@ class SassBackend:
             raise EgpuError("the shim refused the patch image (out of memory, or the sanitizer is not subscribed)")
         self._next += 1
         self.generations[gen] = module
-        self.staged = Staged(gen, module, tables)
+        phases = {"translate": t1 - t0, "image": t2 - t1, "stage": time.perf_counter() - t2}
+        self.staged = Staged(gen, module, tables, {k: round(1e3 * v, 3) for k, v in phases.items()})
         return self.staged
 
     def committed(self) -> int | None:
