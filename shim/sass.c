@@ -327,10 +327,11 @@ static const struct function *function_of(const san_launch_data *ld, const struc
     if (!fresh) return NULL;
     fresh->generation = gen, fresh->patches = g->id;
     const struct kernel *k = kernel_of(g, ld->functionName);
-    if (k) { /* known at staging: no call into Python on the launch path after a flip */
+    if (!egpu_python_up()) { /* no probes: the interpreter is finalized (egpu_shim_python_gone) */
+    } else if (k) { /* known at staging: no call into Python on the launch path after a flip */
         fresh->mask = k->mask;
         fresh->kernel_id = k->kernel_id;
-    } else if (egpu_python_up()) { /* else no probes: the interpreter is finalized (egpu_shim_python_gone) */
+    } else {
         atomic_fetch_add_explicit(&g_stats.asked, 1, memory_order_relaxed);
         int old = egpu_shim_bypass(1); /* Python must not reach the driver from here; hooks pass through */
         fresh->mask = egpu_py_sass_kernel(ld->module, ld->functionName ? ld->functionName : "", g->id,

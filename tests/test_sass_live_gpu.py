@@ -162,7 +162,8 @@ def live_cycles(shim: Path, objects: dict[str, Path], tmp_path: Path, mode: str,
             "flip": {cmd: summary(vs) for cmd, vs in flips.items()},
             "flip_all": summary([v for vs in flips.values() for v in vs]),
             "sass_patch_ms": summary([v / 1000 for v in patch_ms]),
-            "replies": replies}   # every flip's phases: where a slow one spent its time
+            "slow": [r for r in replies if r["seconds"] > 0.05],   # past the 50 ms goal: their phases say why
+            "replies": replies}   # every flip's phases (live.py _change, sass.phases_ms, drain_ms, patch_ms)
 
 
 def write_report(name: str, report: dict) -> None:
