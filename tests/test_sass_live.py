@@ -79,10 +79,16 @@ class ThreadedJob:
     def calls(self) -> list[str]:
         return [ln.split(" ", 1)[1] for ln in self.log.read_text().splitlines() if " sanitizer" in ln]
 
-    def wait_runs(self, n: int = 40) -> None:
-        target = len(self.runs()) + n
+    def replays(self) -> list[tuple[str, ...]]:
+        """What every module ran at each graph replay (a ``graph`` job)."""
+        return [tuple(e.split(",")) for e in GRAPH_RUN.findall(self.log.read_text())] if self.log.exists() else []
+
+    def wait_runs(self, n: int = 40, of: str = "runs") -> None:
+        """Until ``n`` more launches (``of="replays"``: graph replays) ran, at most 20 s."""
+        count = self.runs if of == "runs" else self.replays
+        target = len(count()) + n
         deadline = time.monotonic() + 20
-        while len(self.runs()) < target and time.monotonic() < deadline:
+        while len(count()) < target and time.monotonic() < deadline:
             time.sleep(0.01)
 
     def finish(self) -> str:
@@ -186,13 +192,13 @@ def test_a_graph_replay_waits_for_a_flip(stub_job, stand_ins, probe_obj, tmp_pat
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     with ThreadedJob(stub_job, stand_ins, tmp_path, graph=True, EGPU_STUB_SANITIZER_DELAY_US="20000") as job:
         job.client.request("attach", probe=probe_obj("count").read_bytes(), name="count")
-        job.wait_runs()
+        job.wait_runs(20, of="replays")
         job.client.request("swap", old="count", new_probe=probe_obj("hash_count").read_bytes(), new_name="hash_count")
-        job.wait_runs()
+        job.wait_runs(20, of="replays")
         job.client.request("detach")
-        time.sleep(0.1)
+        job.wait_runs(20, of="replays")
         job.finish()
-    replays = [tuple(e.split(",")) for e in GRAPH_RUN.findall(job.log.read_text())]
+    replays = job.replays()
     mixed = [r for r in replays if len(set(r)) > 1]
     assert not mixed, f"{len(mixed)} of {len(replays)} replays ran mid-flip: {mixed[:3]}"
     patched = {r[0] for r in replays if r[0].startswith("egpu_sass_block_enter_")}

@@ -277,7 +277,7 @@ class Live:
             t1 = time.perf_counter()
             maps = self._new_maps(probe, None)
             loaded = {"verify": t1 - t0, "maps": time.perf_counter() - t1}
-            result, _ = self._change(self._probes() + [(name, probe, maps)])
+            result, _ = self._change(self._probes() + [(name, probe, maps)], t0)
         result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
         return {"name": name, "seconds": time.perf_counter() - t0, **result}
 
@@ -290,7 +290,7 @@ class Live:
             if not self.names:
                 raise ControlError("no probe is attached")
             gone = [p for p in self._probes() if name is None or p[0] == name]
-            result, snapshot = self._change([p for p in self._probes() if p not in gone])
+            result, snapshot = self._change([p for p in self._probes() if p not in gone], t0)
             seconds = time.perf_counter() - t0
             final = self._read_snapshot(snapshot)
         return {"names": [n for n, _, _ in gone], "seconds": seconds, "final": final,
@@ -312,7 +312,7 @@ class Live:
             maps = self._new_maps(probe, current[i][1:])
             current[i] = (new_name, probe, maps)
             loaded = {"verify": t1 - t0, "maps": time.perf_counter() - t1}
-            result, snapshot = self._change(current)
+            result, snapshot = self._change(current, t0)
             result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
             seconds = time.perf_counter() - t0
             final = self._read_snapshot(snapshot)  # the new probe may write maps it took over: read the copy
@@ -380,9 +380,11 @@ class Live:
     def _probes(self) -> list[tuple[str, Probe, DeviceMaps]]:
         return list(zip(self.names, self.rt.probes, self.rt.maps or [None] * len(self.rt.probes)))
 
-    def _change(self, new: list[tuple[str, Probe, DeviceMaps]]) -> tuple[dict, Snapshot]:
+    def _change(self, new: list[tuple[str, Probe, DeviceMaps]], asked: float) -> tuple[dict, Snapshot]:
         """Serve every module with ``new``'s probes in one flip; what changed, and the maps of the probes
-        that left as the flip found them (read them with _read_snapshot). ``phases_ms``: instrument (the
+        that left as the flip found them (read them with _read_snapshot). ``to_flip_ms``: from ``asked``
+        (the request, perf_counter) to the flip's end, when the next launch runs the new probes (what
+        follows, publish and unload, delays the reply, not them). ``phases_ms``: instrument (the
         PTX copies made: rewrite and the driver's load and JIT), sass (staging the SASS generation: its
         table block, and under ``sass`` its translate, image and stage), flip (egpu_shim_swap: the hold,
         the drain, state copies, the SASS commit, whose drain and re-patch ``sass`` shows), publish,
@@ -441,6 +443,7 @@ class Live:
         instrumented = sum(1 for mod, t, _ in plan for k in (t.kernels if t else mod.kernels).values()
                            if k.status == "instrumented")
         return {"modules": len(plan), "kernels": instrumented, "launches": launches, "failed": failed,
+                "to_flip_ms": round(1e3 * (t2 - asked), 3),
                 "probes": list(self.names), "unloaded": unloaded,
                 "sass": {**self._sass_report(sass_note), **sass_phases},
                 "phases_ms": {k: round(1e3 * v, 3) for k, v in phases.items()}}, snapshot
