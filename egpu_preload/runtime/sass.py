@@ -37,6 +37,7 @@ STATES = {0: "not started", 2: "subscribed", 3: "off", -1: "failed"}
 STAT_FIELDS = ("modules_seen", "modules_patched", "modules_skipped", "launches", "probed", "errors", "flips", "asked",
                "flip_us", "drain_us", "generation", "modules_loaded", "patched_now")
 NO_PROGRAMS = "no kernel-site probes"
+MODULES_KEPT = 16   # patch modules kept translated, by probe set: attached again, a set skips translation
 
 
 def choose(backend: str, has_ptx: bool) -> str | None:
@@ -78,6 +79,8 @@ class SassBackend:
         self.staged: Staged | None = None
         self.block: int | None = None                    # the current generation's table block
         self.seen: dict[str, int] = {}                   # every kernel name asked about -> its kernel id
+        # (object ids) -> (the objects, kept so that their ids stay theirs; their patch module), oldest first
+        self._modules: dict[tuple[int, ...], tuple[tuple[BpfObject, ...], PatchModule]] = {}
         self._next = 1
         self.configured: str | None = None   # None: not yet; "": ready; else why it cannot serve
 
@@ -137,7 +140,7 @@ class SassBackend:
         """Stage the generation of ``objects`` (raises EgpuError: a probe the translator or ptxas refuses;
         nothing is staged then). With no kernel-site program, the generation patches nothing: standby."""
         t0 = time.perf_counter()
-        module = patch_module(objects)
+        module = self._patch_module(objects)
         t1 = time.perf_counter()
         image = b""
         if module.programs:
@@ -167,6 +170,17 @@ class SassBackend:
         phases = {"translate": t1 - t0, "image": t2 - t1, "stage": time.perf_counter() - t2}
         self.staged = Staged(gen, module, tables, {k: round(1e3 * v, 3) for k, v in phases.items()})
         return self.staged
+
+    def _patch_module(self, objects: list[BpfObject]) -> PatchModule:
+        """patch_module(objects), translated once per probe set: live attach, swap and detach cycles among
+        a few probe objects (live.py keeps each loaded object) stage the same sets again and again."""
+        key = tuple(id(o) for o in objects)
+        kept = self._modules.pop(key, None)
+        module = kept[1] if kept is not None else patch_module(objects)
+        self._modules[key] = (tuple(objects), module)
+        while len(self._modules) > MODULES_KEPT:
+            del self._modules[next(iter(self._modules))]
+        return module
 
     def committed(self) -> int | None:
         """The staged generation patches now (egpu_sass_commit_now or a flip said so); the table block of
