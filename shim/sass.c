@@ -14,9 +14,11 @@
  *   breaks the module: measured on the H200). A generation without classes unpatches everything and
  *   turns the launch domain off again: standby. A failed re-patch puts the old generation back.
  * - MODULE_LOADED of a module the PTX back end did not instrument (its cubin has no "__egpu_maps_"
- *   table) while a generation patches: patched with it at once (a first patch needs no drain).
+ *   table) while a generation patches: patched with it at once (a first patch needs no drain), or, while
+ *   another thread patches, by that thread before it lets go (Locks below).
  * - LAUNCH_BEGIN of a patched module's kernel: the function's programs under the current generation
- *   (asked from Python once per function and generation) decide; with any, a launch record
+ *   (once per function and generation: from the generation's table of the kernels known when it was
+ *   staged, else asked from Python) decide; with any, a launch record
  *   (sass_patch.Record) is copied into a per-context ring on the launch's stream and given to the
  *   launch as its callback data (sanitizerSetLaunchCallbackData). Without, nothing: the patches see
  *   NULL and return.
