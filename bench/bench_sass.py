@@ -113,7 +113,8 @@ def vecadd_accesses(rec: dict[str, Any]) -> str | None:
         return "run: no unit count (BENCH_UNITS)"
     want = [2 * rec["units"] * VECADD_THREADS, rec["units"] * VECADD_THREADS]
     if counts[:2] != want:
-        return f"run: {counts[0]:,} loads and {counts[1]:,} stores for {rec['units']:,} launches (want {want[0]:,}, {want[1]:,})"
+        return (f"run: {counts[0]:,} loads and {counts[1]:,} stores for {rec['units']:,} launches "
+                f"(want {want[0]:,}, {want[1]:,})")
     return None
 
 
@@ -200,7 +201,8 @@ def main() -> None:
     for workload in ("vecadd", "torch_gpu"):
         for name, cell in result.get(workload, {}).items():
             ms = f"{cell['ms_per_unit']:10.3f} ms" if cell["ms_per_unit"] else " " * 13
-            print(f"{workload:10s} {name:20s} {ms}  " + (f"x{cell['ratio']}" if "ratio" in cell else cell["check"] or ""))
+            shown = f"x{cell['ratio']}" if "ratio" in cell else cell["check"] or ""
+            print(f"{workload:10s} {name:20s} {ms}  {shown}")
     for goal, g in result["goals"].items():
         print(f"goal {goal}: {g['value']} (<= {g['goal']}: {g['met']})")
     out_path.write_text(json.dumps({"rows": result, "raw": {f"{w}/{n}": r for (w, n), r in records.items()}},

@@ -171,7 +171,8 @@ static uint64_t name_hash(const char *s) {
 
 static const struct kernel *kernel_of(const struct generation *g, const char *name) {
     if (!g->nkernels || !name) return NULL;
-    for (size_t i = name_hash(name) & (g->nkernels - 1), n = 0; n < g->nkernels; n++, i = (i + 1) & (g->nkernels - 1)) {
+    size_t last = g->nkernels - 1;
+    for (size_t i = name_hash(name) & last, n = 0; n <= last; n++, i = (i + 1) & last) {
         if (!g->kernels[i].name) return NULL;
         if (!strcmp(g->kernels[i].name, name)) return &g->kernels[i];
     }
