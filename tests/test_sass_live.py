@@ -65,7 +65,7 @@ class ThreadedJob:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            found = [s for s in list_sessions(tmp / "egpu") if s.info and app[-1] in s.info["argv"]]
+            found = [s for s in list_sessions(tmp / "egpu") if s.info and str(self.stop) in s.info["argv"]]
             if found and self.log.exists() and len(LAUNCH.findall(self.log.read_text())) > 20:
                 self.client = ControlClient(found[0].pid, directory=tmp / "egpu", timeout=30)
                 return
