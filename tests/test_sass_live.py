@@ -101,9 +101,11 @@ class ThreadedJob:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
+        if self.proc.poll() is None or exc[0] is not None:
             self.stop.touch()
-            self.proc.communicate(timeout=60)
+            out, err = self.proc.communicate(timeout=60)
+            if exc[0] is not None:   # what the job said, for the failure's report
+                print(f"job exit {self.proc.returncode}\n{out[-2000:]}\n{err[-4000:]}")
 
 
 def windows(runs: list[tuple[str, str]]) -> dict[int, tuple[set[str], set[int]]]:
