@@ -1,25 +1,27 @@
-"""The SASS back end's cost next to the PTX back end's, against no instrumentation, in one run.
+"""Issue 17 item 3's cost table in one GPU call: ``python3 bench/bench_sass.py OUT.json`` on the GPU machine
+(nvcc, PyTorch, and the probes prebuilt by scripts/gpu-prep.sh in EGPU_PREBUILT_PROBES or .gpubuild/probes).
+About 2-3 minutes on an H200; a row that would start after DEADLINE_S is skipped and says so.
 
-Usage (on the GPU machine): ``python3 bench/bench_sass.py OUT.json [PROBE.bpf.o]`` (default: the
-kernel-entry counter tests/probes/count.bpf.c, prebuilt by scripts/gpu-prep.sh).
+One process per row, each timed inside itself by the suite's protocol (bench/workloads: a warm-up unit,
+calibration, repetitions of about 100 ms; the median per unit), so start-up, patching and the JIT stay out:
 
-- nvcc kernels: the suite's vecadd (bench/workloads/kernels.cu, 16 Mi threads, PTX and sm_90 SASS, so
-  both back ends can serve it): plain, ``egpu-run --backend ptx`` (PTX rewritten) and ``--backend sass``
-  (SASS patched), each timed inside its process by the suite's protocol (warm-up, calibration,
-  repetitions of about 100 ms; median per launch), so start-up and JIT stay out. (Until 2026-12-01 this
-  differenced whole-process times at 20 and 220 launches, which process noise drove negative.)
-- PyTorch: one eager training step (matmul, conv, MLP forward, backward and SGD) timed in the process
-  (median of STEPS after a warm-up): plain, ``--backend ptx`` (the shim only: PyTorch ships no PTX) and
-  ``--backend sass`` (every kernel patched, the probe in each); with the shim, the launches and the
-  shim's calls into Python per timed step too (``torch_shim_per_step``). A job with no probe at all is
-  bench_torch_shim.py's, in pinned rounds: one unpinned process per mode cannot resolve it.
+- vecadd (bench/workloads/kernels.cu: 16 Mi threads, PTX and SASS, so both back ends serve it): plain, and
+  the entry/exit and memory-access counters (bench/probes) under --backend ptx and --backend sass.
+- torch_gpu (bench/workloads/frameworks.py: a stock PyTorch eager CNN training step, GPU-bound; SASS only,
+  so every probe runs through the SASS back end): plain; torch_profiler (plain inside torch.profiler);
+  standby (egpu-run with no probe: subscribed, nothing patched); floor (bench/probes/floor_entry_exit:
+  every module patched at block enter and exit with patches that return at once, its programs matching no
+  kernel); entry_exit; floor_mem (the same at every global access); mem_count.
 
-A probed case's ratio counts only when its run proves the probe ran (bench/probe_check.py): vecadd,
-entries == launches x 16 Mi threads and the plain output; PyTorch under --backend sass, entries == the
-threads launched, as a second process with bench/probes/launch_threads beside the probe counts them
-(its per-launch cost stays out of the timed one). PyTorch ships no PTX, so under --backend ptx no
-kernel has the probe: that case is reported as the shim's cost, not a probe's ("ptx_probe_check").
-Otherwise the ratio is left out and the reason is given.
+Before any ratio, each row must prove it measured what it says (bench/probe_check.py), else its ratio is
+left out and the reason given: every row the plain output (the digest); vecadd's counters exact
+(entries == exits == launches x threads; 2 loads and 1 store per thread); torch_gpu's entry/exit counter
+== the threads launched, as a second process with bench/probes/launch_threads beside it counts them
+(``entry_exit_witness``: its per-launch cost stays out of the timed row); its memory counter > 0; standby
+and the floors subscribed, and the floors' patched kernels launched with no record (``check_sass``).
+
+Goals (issue 17 item 3): torch_gpu entry_exit <= 1.1x plain, mem_count <= 2x plain; vecadd's SASS memory
+counter <= 1.5x the PTX back end's.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
@@ -38,135 +42,171 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 import probe_check  # noqa: E402
 import suite  # noqa: E402
 
-STEPS = 50
+DEADLINE_S = 210
 VECADD_THREADS = 1 << 24
-BACKENDS = ("plain", "ptx", "sass")
-
-TORCH_STEP = r"""
-import os, statistics, time
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-import torch, torch.nn.functional as F
-dev = "cuda"
-g = torch.Generator(device="cpu").manual_seed(0)
-A, B = torch.randn(512, 512, generator=g).to(dev), torch.randn(512, 512, generator=g).to(dev)
-img, w = torch.randn(8, 16, 64, 64, generator=g).to(dev), torch.randn(32, 16, 3, 3, generator=g).to(dev)
-mlp = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(dev)
-inp, tgt = torch.randn(64, 256, generator=g).to(dev), torch.randint(0, 10, (64,), generator=g).to(dev)
-opt = torch.optim.SGD(mlp.parameters(), lr=0.1)
-def step():
-    C = A @ B
-    o = F.conv2d(img, w, padding=1)
-    loss = F.cross_entropy(mlp(inp), tgt) + C.mean() * 0 + o.mean() * 0
-    opt.zero_grad(); loss.backward(); opt.step()
-    torch.cuda.synchronize()
-def shim_counts():  # (launches, Python calls) so far; None without the shim
-    import ctypes
-    stats = getattr(ctypes.CDLL(None), "egpu_shim_stats", None)
-    if stats is None:
-        return None
-    s = (ctypes.c_ulonglong * 6)()
-    stats(s)
-    return s[0], s[5]
-for _ in range(5):
-    step()
-before = shim_counts()
-times = []
-for _ in range(STEPS):
-    t = time.perf_counter(); step(); times.append(time.perf_counter() - t)
-print(f"STEP_US {statistics.median(times) * 1e6:.1f}")
-if before:
-    after = shim_counts()
-    print(f"SHIM_PER_STEP {(after[0] - before[0]) / STEPS:.1f} {(after[1] - before[1]) / STEPS:.2f}")
-"""
+UNCOMPARED = ("plain", "entry_exit_witness")   # no ratio: the reference, and a count the checks read
+GOALS = {"torch_gpu entry_exit / plain": 1.1, "torch_gpu mem_count / plain": 2.0,
+         "vecadd sass_mem_count / ptx_mem_count": 1.5}
 
 
-def command(backend: str, probe: Path, cmd: list[str], witness: Path | None = None) -> list[str]:
-    if backend == "plain":
+@dataclass(frozen=True)
+class Row:
+    name: str
+    workload: str             # "vecadd" or "torch_gpu"
+    backend: str | None       # None: plain, no egpu-run
+    probes: tuple[str, ...] = ()
+    profile: bool = False     # inside torch.profiler
+
+
+ROWS = (
+    Row("plain", "vecadd", None),
+    Row("ptx_entry_exit", "vecadd", "ptx", ("entry_exit",)),
+    Row("sass_entry_exit", "vecadd", "sass", ("entry_exit",)),
+    Row("ptx_mem_count", "vecadd", "ptx", ("mem_count",)),
+    Row("sass_mem_count", "vecadd", "sass", ("mem_count",)),
+    Row("plain", "torch_gpu", None),
+    Row("torch_profiler", "torch_gpu", None, profile=True),
+    Row("standby", "torch_gpu", "sass"),
+    Row("floor", "torch_gpu", "sass", ("floor_entry_exit",)),
+    Row("entry_exit", "torch_gpu", "sass", ("entry_exit",)),
+    Row("entry_exit_witness", "torch_gpu", "sass", ("entry_exit", "launch_threads")),   # before the slow rows
+    Row("floor_mem", "torch_gpu", "sass", ("floor_mem",)),
+    Row("mem_count", "torch_gpu", "sass", ("mem_count",)),
+)
+
+
+def command(row: Row, exe: Path, probes: Path) -> list[str]:
+    if row.workload == "vecadd":
+        cmd = suite.workload_cmd("vecadd", exe)
+    else:
+        cmd = [sys.executable, str(suite.BENCH / "workloads" / "frameworks.py"), row.workload, str(suite.REPS),
+               str(suite.BUDGET_S), *(["--profile"] if row.profile else [])]
+    if row.backend is None:
         return cmd
-    probes = [a for p in [probe, *([witness] if witness else [])] for a in ("-p", str(p))]
-    return suite.egpu_run() + ["--keep", "--backend", backend, *probes, *cmd]
+    loaded = [a for p in row.probes for a in ("-p", str(probes / f"{p}.v3.bpf.o"))]
+    return [*suite.egpu_run(), "--keep", "--backend", row.backend, *loaded, *cmd]
 
 
-def vecadd_run(exe: Path, backend: str, probe: Path, env: dict[str, str]) -> dict:
-    """The suite's record of vecadd under ``backend`` (counts from the dump when probed)."""
-    rec = suite.run_case(command(backend, probe, suite.workload_cmd("vecadd", exe)), env, suite.TIMEOUT_S["cuda"])
-    if rec["status"] != "ok":
-        raise SystemExit(f"vecadd ({backend}): {rec['status']}: {rec.get('error', '')}")
-    return rec
-
-
-def torch_step(backend: str, probe: Path, env: dict[str, str], script: Path, witness: Path | None = None) -> dict:
-    """{"us": median µs per step, "per_step": [launches, calls into Python] per timed step (empty
-    without the shim), "counts": the probes' arrays from the dump (probe_check.counts_from_dumps)}."""
-    cmd = command(backend, probe, [sys.executable, str(script)], witness)
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    found = {ln.split()[0]: [float(x) for x in ln.split()[1:]] for ln in out.stdout.splitlines()
-             if ln.startswith(("STEP_US", "SHIM_PER_STEP"))}
-    if out.returncode or "STEP_US" not in found:
-        raise SystemExit(f"torch step ({backend}): exit {out.returncode}\n{out.stderr[-2000:]}")
-    session = suite.SESSION_RE.search(out.stderr)
-    facts = suite.dump_facts(Path(session.group(1))) if session else {}
-    if session:
-        suite.shutil.rmtree(session.group(1), ignore_errors=True)
-    return {"us": found["STEP_US"][0], "per_step": found.get("SHIM_PER_STEP", []), "counts": facts.get("counts"),
-            "shim_stats": facts.get("shim_stats")}
-
-
-def torch_sass_check(step: dict, witness: dict) -> str | None:
-    """Why the sass back end's torch step does not prove its probe (an entry counter) ran in every
-    launched thread, from the witness process's counts; None when it does."""
-    timed = (step.get("counts") or [[None]])[0][0]
-    if not timed or not timed[0]:
-        return "run: the probe never ran (0 entries)"
-    counts = witness.get("counts") or []
-    if len(counts) < 2 or not counts[0][0] or not counts[1][0]:
-        return "witness run: no counts in the exit dump"
-    if (witness.get("shim_stats") or {}).get("dropped"):
-        return f"witness run: {witness['shim_stats']['dropped']:,} launch records dropped"
-    entries, (threads, launches) = counts[0][0][0], counts[1][0][:2]
-    if entries != threads:
-        return f"witness run: {entries:,} entries for {threads:,} launched threads ({launches:,} launches)"
+def check_sass(row: Row, rec: dict[str, Any]) -> str | None:
+    """Why a torch_gpu row under the SASS back end did not run as its name says: standby subscribed with
+    nothing patched; a floor's patched kernels launched, none with a record (its patches returned at once)."""
+    sass = rec.get("sass") or {}
+    if "subscribed" not in sass.get("states", []):
+        return f"the sanitizer was not subscribed ({', '.join(sass.get('states', [])) or 'no SASS state in the dump'})"
+    if row.name == "standby" and sass.get("modules_patched"):
+        return f"standby patched {sass['modules_patched']} modules"
+    if row.name.startswith("floor"):
+        if not sass.get("launches"):
+            return "no launch of a patched kernel: the floor measured nothing"
+        if sass.get("probed"):
+            return f"{sass['probed']:,} launches got a record: the floor's programs matched a kernel"
     return None
 
 
+def vecadd_accesses(rec: dict[str, Any]) -> str | None:
+    """vecadd reads a[i] and b[i] and writes c[i] in every thread: mem_count's [loads, stores] must be
+    exactly [2, 1] x launches x threads."""
+    counts = ((rec.get("counts") or [[None]])[0] or [None])[0]
+    if not counts or len(counts) < 2:
+        return "run: no access counts in the exit dump"
+    if not rec.get("units"):
+        return "run: no unit count (BENCH_UNITS)"
+    want = [2 * rec["units"] * VECADD_THREADS, rec["units"] * VECADD_THREADS]
+    if counts[:2] != want:
+        return (f"run: {counts[0]:,} loads and {counts[1]:,} stores for {rec['units']:,} launches "
+                f"(want {want[0]:,}, {want[1]:,})")
+    return None
+
+
+def check(row: Row, rec: dict[str, Any], plain: dict[str, Any] | None, witness: dict[str, Any] | None) -> str | None:
+    """Why ``row``'s record does not prove it measured what it says (None: it does); ``plain`` is its
+    workload's plain record, ``witness`` torch_gpu's entry_exit_witness record."""
+    if rec.get("status") != "ok":
+        return f"run: {rec.get('status')}" + (f" ({rec['error']})" if rec.get("error") else "")
+    if row.name in UNCOMPARED:
+        return None
+    if plain is None:
+        return "no plain run to compare with"
+    why = probe_check.check_counter(rec, plain, None)   # the plain output
+    if why:
+        return why
+    if row.workload == "vecadd":
+        return probe_check.check_counter(rec, plain, VECADD_THREADS) if "entry_exit" in row.probes \
+            else vecadd_accesses(rec)
+    if row.backend == "sass":
+        why = check_sass(row, rec)
+        if why:
+            return why
+    if row.probes == ("entry_exit",):
+        return probe_check.check_cell(row.workload, "entry_exit",
+                                      {"entry_exit": {**rec, "check_run": witness}, "plain": plain})
+    if row.probes == ("mem_count",):
+        return probe_check.check_cell(row.workload, "mem_count", {"mem_count": rec, "plain": plain})
+    return None
+
+
+def table(records: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+    """Per workload and row: ms per unit, its check, its ratio to plain (only when checked); the goals."""
+    out: dict[str, Any] = {}
+    witness = records.get(("torch_gpu", "entry_exit_witness"))
+    for row in ROWS:
+        rec = records.get((row.workload, row.name))
+        if rec is None:
+            continue
+        plain = records.get((row.workload, "plain"))
+        why = rec.get("skipped") or check(row, rec, plain, witness)
+        cell: dict[str, Any] = {"ms_per_unit": statistics.median(rec["unit_ms"]) if rec.get("unit_ms") else None,
+                                "check": why}
+        if why is None and row.name not in UNCOMPARED and plain and plain.get("unit_ms") and cell["ms_per_unit"]:
+            cell["ratio"] = round(cell["ms_per_unit"] / statistics.median(plain["unit_ms"]), 3)
+        out.setdefault(row.workload, {})[row.name] = cell
+    vecadd, torch = out.get("vecadd", {}), out.get("torch_gpu", {})
+    sass_mem, ptx_mem = vecadd.get("sass_mem_count", {}), vecadd.get("ptx_mem_count", {})
+    got = {"torch_gpu entry_exit / plain": torch.get("entry_exit", {}).get("ratio"),
+           "torch_gpu mem_count / plain": torch.get("mem_count", {}).get("ratio"),
+           "vecadd sass_mem_count / ptx_mem_count":
+               round(sass_mem["ms_per_unit"] / ptx_mem["ms_per_unit"], 3)
+               if sass_mem.get("check", "x") is None and ptx_mem.get("check", "x") is None else None}
+    out["goals"] = {k: {"value": v, "goal": GOALS[k], "met": None if v is None else v <= GOALS[k]}
+                    for k, v in got.items()}
+    return out
+
+
+def run_rows(rows: tuple[Row, ...], exe: Path, probes: Path, env: dict[str, str], deadline: float
+             ) -> dict[tuple[str, str], dict[str, Any]]:
+    records: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        left = deadline - time.monotonic()
+        if left < 20:
+            records[(row.workload, row.name)] = {"skipped": f"skipped: past the {DEADLINE_S} s budget"}
+            continue
+        timeout = min(suite.TIMEOUT_S["python" if row.workload != "vecadd" else "cuda"], left)
+        records[(row.workload, row.name)] = suite.run_case(command(row, exe, probes), env, timeout)
+    return records
+
+
 def main() -> None:
-    if len(sys.argv) < 2:
+    if len(sys.argv) != 2:
         raise SystemExit(__doc__)
     out_path = Path(sys.argv[1])
-    prebuilt = Path(os.environ.get("EGPU_PREBUILT_PROBES", ROOT / ".gpubuild" / "probes"))
-    probe = Path(sys.argv[2]) if len(sys.argv) > 2 else prebuilt / "count.v3.bpf.o"
-    result: dict[str, dict] = {}
-    witness = prebuilt / "launch_threads.v3.bpf.o"
-    result: dict[str, dict] = {}
+    probes = Path(os.environ.get("EGPU_PREBUILT_PROBES", ROOT / ".gpubuild" / "probes"))
+    missing = sorted({p for r in ROWS for p in r.probes if not (probes / f"{p}.v3.bpf.o").exists()})
+    if missing:
+        raise SystemExit(f"bench_sass: {probes}: no prebuilt {', '.join(missing)} (run scripts/gpu-prep.sh)")
+    deadline = time.monotonic() + DEADLINE_S
     with tempfile.TemporaryDirectory() as tmp:
         env = suite.base_env(Path(tmp))
-        exe = suite.build_kernels(Path(tmp))
-        runs = {b: vecadd_run(exe, b, probe, env) for b in BACKENDS}
-        checks = {b: probe_check.check_counter(runs[b], runs["plain"], VECADD_THREADS) for b in BACKENDS[1:]}
-        result["vecadd_us_per_launch"] = {b: statistics.median(r["unit_ms"]) * 1e3 for b, r in runs.items()}
-        result["vecadd_probe_check"] = checks
-        script = Path(tmp) / "step.py"
-        script.write_text(TORCH_STEP.replace("STEPS", str(STEPS)))
-        if subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
-                          capture_output=True).returncode == 0:
-            steps = {b: torch_step(b, probe, env, script) for b in BACKENDS}
-            result["torch_step_us"] = {b: st["us"] for b, st in steps.items()}
-            result["torch_probe_check"] = {
-                "ptx": "no kernel has the probe (PyTorch ships no PTX): the shim's cost, not a probe's",
-                "sass": torch_sass_check(steps["sass"], torch_step("sass", probe, env, script, witness))}
-            # what the shim's hooks did per step: a call into Python per launch would be the cost
-            result["torch_shim_per_step"] = {b: dict(zip(("launches", "python_calls"), st["per_step"]))
-                                             for b, st in steps.items() if st["per_step"]}
-    for case, check in (("vecadd_us_per_launch", "vecadd_probe_check"), ("torch_step_us", "torch_probe_check")):
-        if case not in result:
-            continue
-        times = result[case]
-        times.update({f"{b}_ratio": round(times[b] / times["plain"], 3) for b in BACKENDS[1:]
-                      if result[check][b] is None})
-        print(f"{case:24s} " + "  ".join(f"{b} {times[b]:10.1f}" for b in BACKENDS)
-              + "   " + "  ".join(f"{b} x{times[f'{b}_ratio']}" if f"{b}_ratio" in times else f"{b}: {result[check][b]}"
-                                  for b in BACKENDS[1:]))
-    out_path.write_text(json.dumps({"probe": str(probe), "vecadd_threads": VECADD_THREADS, **result}, indent=1))
+        records = run_rows(ROWS, suite.build_kernels(Path(tmp)), probes, env, deadline)
+    result = table(records)
+    for workload in ("vecadd", "torch_gpu"):
+        for name, cell in result.get(workload, {}).items():
+            ms = f"{cell['ms_per_unit']:10.3f} ms" if cell["ms_per_unit"] else " " * 13
+            shown = f"x{cell['ratio']}" if "ratio" in cell else cell["check"] or ""
+            print(f"{workload:10s} {name:20s} {ms}  {shown}")
+    for goal, g in result["goals"].items():
+        print(f"goal {goal}: {g['value']} (<= {g['goal']}: {g['met']})")
+    out_path.write_text(json.dumps({"rows": result, "raw": {f"{w}/{n}": r for (w, n), r in records.items()}},
+                                   indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -166,10 +166,12 @@ def dump_facts(session: Path) -> dict[str, Any]:
 
 def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per module its load's timings, the ring records kept and dropped, the shim's counters summed
-    over the processes (python_calls against launches says whether a hook went into Python often), and
-    the probes' array maps (what probe_check reads)."""
+    over the processes (python_calls against launches says whether a hook went into Python often), the
+    SASS back end's counters summed the same way (with the states seen), and the probes' array maps (what
+    probe_check reads)."""
     modules, records, drops, streamed = [], 0, 0, False
     stats: dict[str, int] = {}
+    sass: dict[str, Any] = {"states": []}
     for d in docs:
         if d.get("trace"):   # egpu-run --trace: what reached the file, and what the probes dropped
             streamed = True
@@ -177,6 +179,11 @@ def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
             drops += d["trace"]["dropped"]
         for name, n in d.get("stats", {}).items():
             stats[name] = stats.get(name, 0) + n
+        for name, v in (d.get("sass") or {}).items():
+            if name == "state":
+                sass["states"].append(v)
+            elif isinstance(v, int):
+                sass[name] = sass.get(name, 0) + v
         probes_ms = d.get("timing", {}).get("probes_ms")
         for m in d.get("modules", []):
             timing = m.get("timing") or {}
@@ -189,7 +196,7 @@ def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
                     records += len(storage["records"])
                     drops += storage["drops"]
     return {"modules": modules, "trace": {"records": records, "drops": drops, "streamed": streamed}, "shim_stats": stats,
-            "counts": probe_check.counts_from_dumps(docs)}
+            "sass": sass, "counts": probe_check.counts_from_dumps(docs)}
 
 
 def hot_swap(work: Path, env: dict[str, str], probes: dict[str, Path], seconds: float) -> dict[str, Any]:

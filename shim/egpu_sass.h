@@ -32,20 +32,34 @@ struct egpu_sass_stats {
     unsigned long long probed;          /* of those, launches that ran probes (a record was written) */
     unsigned long long errors;          /* failed sanitizer calls; the last is in `error` */
     unsigned long long flips;           /* generations committed */
+    unsigned long long asked;           /* launch callbacks that asked Python for a kernel's programs */
     unsigned long long flip_us;         /* the last commit's unpatching and re-patching */
+    unsigned long long drain_us;        /* the last flip's drain of the patched contexts, before it */
     unsigned long long generation;      /* the one patching now (0: none since the start) */
     unsigned long long modules_loaded;  /* modules the back end may patch (loaded, not the PTX back end's) */
     unsigned long long patched_now;     /* of those, patched with the current generation */
     char error[256];
 };
 
-/* Stage generation `id`: the patch image (a cubin from sass_patch.build_image; copied; `image_id` names
+/* A generation to stage: the patch image (a cubin from sass_patch.build_image; copied; `image_id` names
  * it, so an image is added to a context once), the instruction classes it patches (bit 1 <<
- * Sanitizer_InstructionId; 0: none, standby again), its entry point for each class (entries[id]) and
- * its table block. It replaces any staged one; egpu_sass_commit_now or the next egpu_shim_swap
- * commits it. -1: the sanitizer is not subscribed, or out of memory. */
-int egpu_sass_stage(const void *image, size_t size, unsigned int classes, const char *const *entries,
-                    unsigned long long image_id, unsigned long long id, unsigned long long tables);
+ * Sanitizer_InstructionId; 0: none, standby again), its entry point for each class (entries[id]), its
+ * table block, and what its programs are in every kernel the runtime was asked about so far (names[k]:
+ * masks[k], kernel_ids[k]; copied), so that launches after the flip need no call into Python for them. */
+struct egpu_sass_generation {
+    const void *image;
+    size_t size;
+    unsigned int classes;
+    const char *const *entries;
+    unsigned long long image_id, id, tables;
+    const char *const *names;
+    const unsigned long long *masks, *kernel_ids;
+    size_t nkernels;
+};
+
+/* Stage generation `in->id`. It replaces any staged one; egpu_sass_commit_now or the next
+ * egpu_shim_swap commits it. -1: the sanitizer is not subscribed, or out of memory. */
+int egpu_sass_stage(const struct egpu_sass_generation *in);
 void egpu_sass_unstage(void);
 /* Commit the staged generation now: only while no module is patched (a first patch needs no drain).
  * 0, or -1 with the reason in the stats' error. */

@@ -291,6 +291,8 @@ typedef struct {
     X(cuGraphAddNode_v2, cuGraphAddNode, 12030, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, CUgraphNodeParams *nodeParams)) \
     X(cuGraphNodeSetParams, cuGraphNodeSetParams, 12020, 0, (CUgraphNode hNode, CUgraphNodeParams *nodeParams)) \
     X(cuGraphExecNodeSetParams, cuGraphExecNodeSetParams, 12020, 0, (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraphNodeParams *nodeParams)) \
+    X(cuGraphLaunch, cuGraphLaunch, 10000, 0, (CUgraphExec hGraphExec, CUstream hStream)) \
+    X(cuGraphLaunch_ptsz, cuGraphLaunch, 10000, 1, (CUgraphExec hGraphExec, CUstream hStream)) \
     X(cuStreamBeginCapture, cuStreamBeginCapture, 10000, 0, (CUstream hStream)) \
     X(cuStreamBeginCapture_ptsz, cuStreamBeginCapture, 10000, 1, (CUstream hStream)) \
     X(cuStreamBeginCapture_v2, cuStreamBeginCapture, 10010, 0, (CUstream hStream, int mode)) \

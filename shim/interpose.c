@@ -962,6 +962,20 @@ NODE_HOOK(cuGraphExecNodeSetParams, RETARGET_NODE,
           (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraphNodeParams *nodeParams),
           hGraphExec, hNode, nodeParams)
 
+/* A graph replay launches its kernel nodes past every launch hook: it passes the gate, so that none is
+ * enqueued while a flip holds it (the flip drains what was enqueued before, then re-patches SASS modules:
+ * a replay in between would run some modules unpatched, or old and new patches mixed). */
+#define GRAPH_LAUNCH(sym) \
+    EXPORT CUresult sym(CUgraphExec hGraphExec, CUstream hStream) { \
+        if (passthrough()) return CALL_REAL(sym, hGraphExec, hStream); \
+        egpu_gate_enter(&g_launch_gate); \
+        CUresult r = CALL_REAL(sym, hGraphExec, hStream); \
+        egpu_gate_exit(&g_launch_gate); \
+        return r; \
+    }
+GRAPH_LAUNCH(cuGraphLaunch)
+GRAPH_LAUNCH(cuGraphLaunch_ptsz)
+
 /* ---- module loads and lookups: into Python, outside any driver call, while Python is up ---- */
 
 static _Atomic int g_python_gone;

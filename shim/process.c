@@ -23,11 +23,16 @@
 void *egpu_gil_let_go(void) {
     if (!Py_IsInitialized()) return NULL;
 #if PY_VERSION_HEX >= 0x030D0000
-    PyThreadState *mine = PyThreadState_GetUnchecked();
+    PyThreadState *mine = PyThreadState_GetUnchecked(); /* this thread's: a current one is the GIL held */
 #else
-    PyThreadState *mine = _PyThreadState_UncheckedGet();
+    /* Before 3.12 the current thread state is the process's, whichever thread holds the GIL: this thread
+     * holds it only when that state is its own. Letting it go for another thread left that one running
+     * Python without its state (a launching C thread at the gate during a flip, while the control
+     * server's thread held the GIL: SIGSEGV in PyErr_Occurred, tests/test_sass_live.py, 2 runs of 8). */
+    PyThreadState *held = _PyThreadState_UncheckedGet();
+    PyThreadState *mine = held && held == PyGILState_GetThisThreadState() ? held : NULL;
 #endif
-    return mine ? PyEval_SaveThread() : NULL; /* a current thread state is the GIL held */
+    return mine ? PyEval_SaveThread() : NULL;
 }
 
 void egpu_gil_take_back(void *state) {

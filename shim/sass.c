@@ -14,12 +14,21 @@
  *   breaks the module: measured on the H200). A generation without classes unpatches everything and
  *   turns the launch domain off again: standby. A failed re-patch puts the old generation back.
  * - MODULE_LOADED of a module the PTX back end did not instrument (its cubin has no "__egpu_maps_"
- *   table) while a generation patches: patched with it at once (a first patch needs no drain).
+ *   table) while a generation patches: patched with it at once (a first patch needs no drain), or, while
+ *   another thread patches, by that thread before it lets go (Locks below).
  * - LAUNCH_BEGIN of a patched module's kernel: the function's programs under the current generation
- *   (asked from Python once per function and generation) decide; with any, a launch record
+ *   (once per function and generation: from the generation's table of the kernels known when it was
+ *   staged, else asked from Python) decide; with any, a launch record
  *   (sass_patch.Record) is copied into a per-context ring on the launch's stream and given to the
  *   launch as its callback data (sanitizerSetLaunchCallbackData). Without, nothing: the patches see
  *   NULL and return.
+ *
+ * Locks. Every sanitizer call that patches (and the contexts' images) is made under g_commit_mu, which
+ * no callback ever waits for: a MODULE_LOADED callback runs inside the driver's load, and a commit's
+ * sanitizer call may wait for a driver lock that load holds. So a load only tries the lock: got, it
+ * patches its module at once (before the load returns); held, it records the module as pending and
+ * the holder patches it before letting go (commit_unlock). g_list_mu guards the module list and the
+ * staged generation, and is held for a few loads and stores only, never across a call.
  *
  * The sanitizer's types and functions are declared here, not taken from its headers, so the shim
  * builds without them; tests/test_sass_gpu.py checks them against the real headers.
@@ -104,15 +113,17 @@ __thread unsigned long long egpu_sass_launch_id;
 
 static _Atomic int g_state;
 static struct {
-    _Atomic unsigned long long modules_seen, modules_patched, modules_skipped, launches, probed, errors, flips;
+    _Atomic unsigned long long modules_seen, modules_patched, modules_skipped, launches, probed, errors, flips, asked;
 } g_stats;
 static pthread_mutex_t g_err_mu = PTHREAD_MUTEX_INITIALIZER; /* g_error: any thread may fail a call */
 static char g_error[256];
 static Sanitizer_SubscriberHandle g_subscriber;
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* generations, contexts' images, the module list */
+static pthread_mutex_t g_commit_mu = PTHREAD_MUTEX_INITIALIZER; /* patching calls, contexts' images */
+static pthread_mutex_t g_list_mu = PTHREAD_MUTEX_INITIALIZER;   /* the module list, the staged generation */
 static __thread int tls_adding; /* our own sanitizerAddPatches: its module is the patch image */
-static int g_launches_on;        /* the launch domain is enabled (under g_mu) */
+static int g_launches_on;        /* the launch domain is enabled (under g_commit_mu) */
 static _Atomic unsigned long long g_flip_us; /* the last commit's unpatch and re-patch, microseconds */
+static _Atomic unsigned long long g_drain_us; /* the last flip's drain of the patched contexts */
 
 __attribute__((format(printf, 1, 2))) static void set_error(const char *fmt, ...) {
     va_list ap;
@@ -135,6 +146,11 @@ static int ok(SanitizerResult r, const char *call) {
 
 /* ---- generations: immutable once published; never freed (a launch callback may hold one) ---- */
 
+struct kernel { /* what the runtime said at staging about a kernel name it had been asked about */
+    const char *name;               /* NULL: a free slot */
+    unsigned long long mask, kernel_id;
+};
+
 struct generation {
     unsigned long long id;
     unsigned int classes;           /* bit 1 << Sanitizer_InstructionId */
@@ -142,9 +158,57 @@ struct generation {
     unsigned long long image_id;    /* names the image: added to a context once */
     void *image;                    /* owned until the generation is replaced */
     _Atomic unsigned long long tables;
+    struct kernel *kernels;         /* open addressing by name; nkernels a power of two (0: none) */
+    size_t nkernels;
 };
 static _Atomic(struct generation *) g_current; /* NULL or no classes: standby */
-static struct generation *g_staged;             /* under g_mu */
+static struct generation *g_staged;             /* under g_list_mu */
+
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 0xCBF29CE484222325ull;
+    while (*s) h = (h ^ (unsigned char)*s++) * 0x100000001B3ull;
+    return h;
+}
+
+static const struct kernel *kernel_of(const struct generation *g, const char *name) {
+    if (!g->nkernels || !name) return NULL;
+    size_t last = g->nkernels - 1;
+    for (size_t i = name_hash(name) & last, n = 0; n <= last; n++, i = (i + 1) & last) {
+        if (!g->kernels[i].name) return NULL;
+        if (!strcmp(g->kernels[i].name, name)) return &g->kernels[i];
+    }
+    return NULL;
+}
+
+/* g's table of the kernels the runtime knew at staging; 0, or -1 out of memory. The names are copied
+ * into one block after the slots. */
+static int set_kernels(struct generation *g, const char *const *names, const unsigned long long *masks,
+                       const unsigned long long *ids, size_t n) {
+    if (!n) return 0;
+    size_t slots = 2, text = 0;
+    while (slots < 2 * n) slots *= 2;
+    for (size_t k = 0; k < n; k++) text += strlen(names[k]) + 1;
+    if (!(g->kernels = calloc(1, slots * sizeof *g->kernels + text))) return -1;
+    g->nkernels = slots;
+    char *at = (char *)(g->kernels + slots);
+    for (size_t k = 0; k < n; k++) {
+        size_t i = name_hash(names[k]) & (slots - 1);
+        while (g->kernels[i].name && strcmp(g->kernels[i].name, names[k])) i = (i + 1) & (slots - 1);
+        size_t len = strlen(names[k]) + 1;
+        memcpy(at, names[k], len);
+        g->kernels[i] = (struct kernel){at, masks[k], ids[k]};
+        at += len;
+    }
+    return 0;
+}
+
+static void free_generation(struct generation *g) {
+    if (g) {
+        free(g->image);
+        free(g->kernels);
+        free(g);
+    }
+}
 
 /* ---- contexts: the images added to each, and a record ring ---- */
 
@@ -160,7 +224,7 @@ struct context {
 static struct context contexts[MAX_CONTEXTS];
 static _Atomic int ncontexts;
 
-/* Caller holds g_mu when create. */
+/* Caller holds g_commit_mu when create. */
 static struct context *context_of(CUcontext ctx, int create) {
     int n = atomic_load_explicit(&ncontexts, memory_order_acquire);
     for (int i = 0; i < n; i++)
@@ -171,7 +235,7 @@ static struct context *context_of(CUcontext ctx, int create) {
     return &contexts[n];
 }
 
-/* The context, ready for generation g's patches: its ring allocated, g's image added. Under g_mu. */
+/* The context, ready for generation g's patches: its ring allocated, g's image added. Under g_commit_mu. */
 static struct context *context_ready(CUcontext ctx, const struct generation *g) {
     struct context *c = context_of(ctx, 1);
     if (!c) {
@@ -198,32 +262,50 @@ static struct context *context_ready(CUcontext ctx, const struct generation *g) 
     return c;
 }
 
-/* ---- modules: every one loaded (a list under g_mu), and a lock-free patched/skipped table ---- */
+/* ---- modules: every one loaded (a list), and a lock-free table of the generation each runs ---- */
 
-enum { MOD_UNKNOWN, MOD_PATCHED, MOD_SKIPPED };
+#define SKIPPED (~0ull) /* the PTX back end's: never patched */
 #define MODULES (1u << 14)
 static struct {
     _Atomic(void *) key;
-    _Atomic int state;
+    _Atomic unsigned long long runs; /* the generation id it is patched with; 0 none, or SKIPPED */
 } modules[MODULES];
 
-static _Atomic int *module_state(void *m, int insert) {
+static _Atomic unsigned long long *module_runs(void *m, int insert) {
     __typeof__(&modules[0]) e = EGPU_TABLE_FIND(modules, m, insert);
-    return e ? &e->state : NULL;
+    return e ? &e->runs : NULL;
 }
 
-static void set_module(void *m, int state) {
-    _Atomic int *s = module_state(m, 1);
-    if (s) atomic_store_explicit(s, state, memory_order_release);
+static void set_runs(void *m, unsigned long long id) {
+    _Atomic unsigned long long *s = module_runs(m, 1);
+    if (s) atomic_store_explicit(s, id, memory_order_release);
 }
 
+/* A module the back end may patch (not the PTX back end's), in load order. */
 struct loaded {
+    struct loaded *next;
     CUcontext ctx;
     CUmodule module;
-    int patched;
+    const struct generation *runs; /* written under both locks */
+    int pending;                   /* recorded by a load that found g_commit_mu held: not patched yet */
+    int gone;                      /* unloaded: out of the list, freed once unpinned */
+    int pins;                      /* holders of g_commit_mu working on it */
 };
-static struct loaded *g_loaded;   /* modules the back end may patch (not the PTX back end's) */
-static size_t g_nloaded, g_capacity;
+static struct loaded *g_loaded;   /* under g_list_mu */
+static size_t g_nloaded;
+static _Atomic int g_pending;     /* modules pending */
+
+/* Under g_list_mu. */
+static void unpin(struct loaded *n) {
+    if (!--n->pins && n->gone) free(n);
+}
+
+static int is_gone(struct loaded *n) {
+    pthread_mutex_lock(&g_list_mu);
+    int gone = n->gone;
+    pthread_mutex_unlock(&g_list_mu);
+    return gone;
+}
 
 /* ---- functions: what Python said about each (a generation per unload or flip, handles get reused) ---- */
 
@@ -248,7 +330,13 @@ static const struct function *function_of(const san_launch_data *ld, const struc
     struct function *fresh = calloc(1, sizeof *fresh);
     if (!fresh) return NULL;
     fresh->generation = gen, fresh->patches = g->id;
-    if (egpu_python_up()) { /* else no probes: the interpreter is finalized (egpu_shim_python_gone) */
+    const struct kernel *k = kernel_of(g, ld->functionName);
+    if (!egpu_python_up()) { /* no probes: the interpreter is finalized (egpu_shim_python_gone) */
+    } else if (k) { /* known at staging: no call into Python on the launch path after a flip */
+        fresh->mask = k->mask;
+        fresh->kernel_id = k->kernel_id;
+    } else {
+        atomic_fetch_add_explicit(&g_stats.asked, 1, memory_order_relaxed);
         int old = egpu_shim_bypass(1); /* Python must not reach the driver from here; hooks pass through */
         fresh->mask = egpu_py_sass_kernel(ld->module, ld->functionName ? ld->functionName : "", g->id,
                                           &fresh->kernel_id);
@@ -264,7 +352,7 @@ static const struct function *function_of(const san_launch_data *ld, const struc
     return fresh;
 }
 
-/* ---- patching (under g_mu) ---- */
+/* ---- patching (under g_commit_mu) ---- */
 
 /* Launch callbacks only while a module is patched: with them on, every launch of the process pays
  * the sanitizer's callback (PyTorch eager's step 1.15x with no module patched, 2026-12-02). */
@@ -274,23 +362,28 @@ static void launch_domain(int on) {
         g_launches_on = on;
 }
 
-/* Module m made to run generation g's patches (NULL or no classes: none). Unpatched first whenever it
- * was patched: the API does not replace a patch. */
-static int repatch(struct loaded *m, const struct generation *g) {
-    if (m->patched) {
-        if (!ok(san.sanitizerUnpatchModule(m->module), "sanitizerUnpatchModule")) return 0;
-        m->patched = 0;
-        set_module(m->module, MOD_UNKNOWN);
+static void set_loaded(struct loaded *n, const struct generation *g) {
+    pthread_mutex_lock(&g_list_mu);
+    n->runs = g;
+    if (!n->gone) set_runs(n->module, g ? g->id : 0);
+    pthread_mutex_unlock(&g_list_mu);
+}
+
+/* Module n (pinned) made to run generation g's patches (NULL or no classes: none). Unpatched first
+ * whenever it was patched: the API does not replace a patch. */
+static int repatch(struct loaded *n, const struct generation *g) {
+    if (n->runs) {
+        if (!ok(san.sanitizerUnpatchModule(n->module), "sanitizerUnpatchModule")) return 0;
+        set_loaded(n, NULL);
     }
     if (!g || !g->classes) return 1;
-    if (!context_ready(m->ctx, g)) return 0;
+    if (!context_ready(n->ctx, g)) return 0;
     for (int id = 1; id < CLASSES; id++)
-        if ((g->classes >> id & 1) && !ok(san.sanitizerPatchInstructions(id, m->module, g->entry[id]),
+        if ((g->classes >> id & 1) && !ok(san.sanitizerPatchInstructions(id, n->module, g->entry[id]),
                                           "sanitizerPatchInstructions"))
             return 0;
-    if (!ok(san.sanitizerPatchModule(m->module), "sanitizerPatchModule")) return 0;
-    m->patched = 1;
-    set_module(m->module, MOD_PATCHED);
+    if (!ok(san.sanitizerPatchModule(n->module), "sanitizerPatchModule")) return 0;
+    set_loaded(n, g);
     atomic_fetch_add(&g_stats.modules_patched, 1);
     launch_domain(1);
     return 1;
@@ -302,91 +395,158 @@ static unsigned long long micros(void) {
     return (unsigned long long)t.tv_sec * 1000000 + (unsigned long long)t.tv_nsec / 1000;
 }
 
-/* Under g_mu. */
-static void drop_staged(void) {
-    if (g_staged) {
-        free(g_staged->image);
-        free(g_staged);
-        g_staged = NULL;
+/* Patch every pending module with the current generation. */
+static void settle(void) {
+    for (;;) {
+        pthread_mutex_lock(&g_list_mu);
+        struct loaded *n = g_loaded;
+        while (n && !n->pending) n = n->next;
+        if (n) {
+            n->pending = 0, n->pins++;
+            atomic_fetch_sub(&g_pending, 1);
+        }
+        pthread_mutex_unlock(&g_list_mu);
+        if (!n) return;
+        repatch(n, atomic_load(&g_current)); /* a failure: this module runs no probe, the error is kept */
+        pthread_mutex_lock(&g_list_mu);
+        unpin(n);
+        pthread_mutex_unlock(&g_list_mu);
     }
 }
 
-/* Every module to the staged generation, or, should one fail, the modules it reached (that one
- * included: repatch unpatches first) back to the current one. 0, or -1 with g_error saying why. */
-static int commit_staged(void) {
-    struct generation *old = atomic_load(&g_current), *g = g_staged;
+/* Let go of g_commit_mu with no module left pending: a load that found it held after the last settle is
+ * settled here, unless another thread holds it by then (that one does). The fences pair with
+ * module_loaded's: either its trylock sees the lock free, or this sees its module pending. */
+static void commit_unlock(void) {
+    for (;;) {
+        settle();
+        pthread_mutex_unlock(&g_commit_mu);
+        atomic_thread_fence(memory_order_seq_cst);
+        if (!atomic_load(&g_pending) || pthread_mutex_trylock(&g_commit_mu)) return;
+    }
+}
+
+/* Every module to generation g (staged, now owned here), or, should one fail, every module back to the
+ * current one (the one that failed included: repatch unpatches first). Modules loaded meanwhile are
+ * pending: settled after, with whichever generation stands. 0, or -1 with g_error saying why. */
+static int commit(struct generation *g) {
+    struct generation *old = atomic_load(&g_current);
     unsigned long long t0 = micros();
-    size_t reached = 0;
-    while (reached < g_nloaded && repatch(&g_loaded[reached], g)) reached++;
-    if (reached < g_nloaded) {
+    pthread_mutex_lock(&g_list_mu);
+    size_t count = g_nloaded, reached = 0;
+    struct loaded **nodes = malloc((count ? count : 1) * sizeof *nodes);
+    for (struct loaded *n = g_loaded; nodes && n; n = n->next) {
+        nodes[reached++] = n;
+        n->pins++;
+        if (n->pending) { /* this commit patches it */
+            n->pending = 0;
+            atomic_fetch_sub(&g_pending, 1);
+        }
+    }
+    pthread_mutex_unlock(&g_list_mu);
+    if (!nodes) {
+        set_error("out of memory listing %zu modules", count);
+        free_generation(g);
+        return -1;
+    }
+    count = reached, reached = 0;
+    /* a module unloaded meanwhile fails its calls: that is no reason to refuse the flip */
+    while (reached < count && (repatch(nodes[reached], g) || is_gone(nodes[reached]))) reached++;
+    int r = 0;
+    if (reached < count) {
         char why[sizeof g_error];
         pthread_mutex_lock(&g_err_mu);
         memcpy(why, g_error, sizeof why);
         pthread_mutex_unlock(&g_err_mu);
-        size_t lost = 0;
-        for (size_t i = 0; i <= reached; i++) lost += !repatch(&g_loaded[i], old);
+        const struct generation *back = old && old->classes ? old : NULL;
+        size_t lost = 0; /* the modules reached, and those pending when it began */
+        for (size_t i = 0; i < count; i++)
+            if (nodes[i]->runs != back) lost += !repatch(nodes[i], back) && !is_gone(nodes[i]);
         if (!old || !old->classes) launch_domain(0);
         if (lost) set_error("%s; putting the probes before it back failed too: %zu modules run no probe", why, lost);
         else set_error("%s; the probes before it go on running", why);
-        drop_staged();
-        return -1;
+        free_generation(g);
+        r = -1;
+    } else {
+        atomic_store_explicit(&g_current, g, memory_order_release);
+        atomic_fetch_add(&g_generation, 1); /* every function's programs asked again */
+        atomic_fetch_add(&g_stats.flips, 1);
+        if (!g->classes) launch_domain(0); /* every module unpatched: standby */
+        if (old) { /* no context it is not in yet needs it now */
+            free(old->image);
+            old->image = NULL;
+        }
+        atomic_store(&g_flip_us, micros() - t0);
     }
+    pthread_mutex_lock(&g_list_mu);
+    for (size_t i = 0; i < count; i++) unpin(nodes[i]);
+    pthread_mutex_unlock(&g_list_mu);
+    free(nodes);
+    return r;
+}
+
+static struct generation *take_staged(void) {
+    pthread_mutex_lock(&g_list_mu);
+    struct generation *g = g_staged;
     g_staged = NULL;
-    atomic_store_explicit(&g_current, g, memory_order_release);
-    atomic_fetch_add(&g_generation, 1); /* every function's programs asked again */
-    atomic_fetch_add(&g_stats.flips, 1);
-    if (!g->classes) launch_domain(0); /* every module unpatched: standby */
-    if (old) { /* no context it is not in yet needs it now */
-        free(old->image);
-        old->image = NULL;
-    }
-    atomic_store(&g_flip_us, micros() - t0);
-    return 0;
+    pthread_mutex_unlock(&g_list_mu);
+    return g;
 }
 
 static void module_loaded(const san_module_data *d) {
     atomic_fetch_add(&g_stats.modules_seen, 1);
     if (tls_adding) return;
     if (d->pCubin && memmem(d->pCubin, d->cubinSize, MARKER, sizeof MARKER - 1)) {
-        set_module(d->module, MOD_SKIPPED);
+        set_runs(d->module, SKIPPED);
         atomic_fetch_add(&g_stats.modules_skipped, 1);
         return;
     }
-    pthread_mutex_lock(&g_mu);
-    if (g_nloaded == g_capacity) {
-        size_t cap = g_capacity ? 2 * g_capacity : 256;
-        struct loaded *grown = realloc(g_loaded, cap * sizeof *grown);
-        if (!grown) {
-            set_error("out of memory recording module %zu", g_nloaded);
-            pthread_mutex_unlock(&g_mu);
-            return;
-        }
-        g_loaded = grown, g_capacity = cap;
+    struct loaded *n = calloc(1, sizeof *n);
+    if (!n) {
+        set_error("out of memory recording module %zu", g_nloaded);
+        return;
     }
-    struct loaded *m = &g_loaded[g_nloaded++];
-    *m = (struct loaded){d->context, d->module, 0};
-    repatch(m, atomic_load(&g_current));
-    pthread_mutex_unlock(&g_mu);
+    n->ctx = d->context, n->module = d->module, n->pending = 1;
+    pthread_mutex_lock(&g_list_mu);
+    struct loaded **at = &g_loaded;
+    while (*at) at = &(*at)->next;
+    *at = n;
+    g_nloaded++;
+    atomic_fetch_add(&g_pending, 1);
+    pthread_mutex_unlock(&g_list_mu);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (pthread_mutex_trylock(&g_commit_mu) == 0) commit_unlock(); /* never waited for: see Locks */
 }
 
 static void module_unloading(const san_module_data *d) {
-    pthread_mutex_lock(&g_mu); /* so no commit marks the handle patched again after this */
-    for (size_t i = 0; i < g_nloaded; i++)
-        if (g_loaded[i].module == d->module) g_loaded[i--] = g_loaded[--g_nloaded];
-    _Atomic int *s = module_state(d->module, 0);
-    if (s) atomic_store(s, MOD_UNKNOWN);
-    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_lock(&g_list_mu);
+    for (struct loaded **at = &g_loaded; *at; at = &(*at)->next)
+        if ((*at)->module == d->module) {
+            struct loaded *n = *at;
+            *at = n->next;
+            g_nloaded--;
+            if (n->pending) atomic_fetch_sub(&g_pending, 1);
+            n->gone = 1, n->pending = 0;
+            if (!n->pins) free(n);
+            break;
+        }
+    _Atomic unsigned long long *s = module_runs(d->module, 0);
+    if (s) atomic_store(s, 0); /* so no commit marks the handle patched again after this: set_loaded */
+    pthread_mutex_unlock(&g_list_mu);
     atomic_fetch_add(&g_generation, 1);
 }
 
 static void launch_begin(const san_launch_data *ld) {
     unsigned long long launch_id = egpu_sass_launch_id; /* this launch's, set by the shim's hook */
     egpu_sass_launch_id = 0;                             /* never a later, unhooked launch's */
-    _Atomic int *s = module_state(ld->module, 0);
-    if (!s || atomic_load_explicit(s, memory_order_acquire) != MOD_PATCHED) return;
+    _Atomic unsigned long long *s = module_runs(ld->module, 0);
+    unsigned long long runs = s ? atomic_load_explicit(s, memory_order_acquire) : 0;
+    if (!runs || runs == SKIPPED) return;
     atomic_fetch_add_explicit(&g_stats.launches, 1, memory_order_relaxed);
+    /* A record only for the generation its module's patches are: no launch runs one generation's
+     * patch with another's programs (a module patched by a load during a flip: pending, then settled). */
     const struct generation *g = atomic_load_explicit(&g_current, memory_order_acquire);
-    if (!g) return;
+    if (!g || g->id != runs) return;
     unsigned long long tables = atomic_load_explicit(&((struct generation *)g)->tables, memory_order_acquire);
     const struct function *f = function_of(ld, g);
     struct context *c = context_of(ld->context, 0);
@@ -444,42 +604,41 @@ void egpu_sass_start(void) {
     egpu_shim_bypass(old);
 }
 
-__attribute__((visibility("default"))) int egpu_sass_stage(const void *image, size_t size, unsigned int classes,
-                                                           const char *const *entries, unsigned long long image_id,
-                                                           unsigned long long id, unsigned long long tables) {
-    if (atomic_load(&g_state) != 2 || (classes && (!image || !size))) return -1;
+__attribute__((visibility("default"))) int egpu_sass_stage(const struct egpu_sass_generation *in) {
+    if (atomic_load(&g_state) != 2 || (in->classes && (!in->image || !in->size))) return -1;
     struct generation *g = calloc(1, sizeof *g);
-    if (!g || (classes && !(g->image = malloc(size)))) {
-        free(g);
+    if (!g || (in->classes && !(g->image = malloc(in->size))) ||
+        set_kernels(g, in->names, in->masks, in->kernel_ids, in->nkernels)) {
+        free_generation(g);
         return -1;
     }
-    if (classes) memcpy(g->image, image, size);
-    g->id = id, g->classes = classes, g->image_id = image_id;
-    atomic_store(&g->tables, tables);
+    if (in->classes) memcpy(g->image, in->image, in->size);
+    g->id = in->id, g->classes = in->classes, g->image_id = in->image_id;
+    atomic_store(&g->tables, in->tables);
     for (int k = 1; k < CLASSES; k++)
-        if (classes >> k & 1) snprintf(g->entry[k], sizeof g->entry[k], "%s", entries[k] ? entries[k] : "");
-    pthread_mutex_lock(&g_mu);
-    drop_staged();
+        if (in->classes >> k & 1)
+            snprintf(g->entry[k], sizeof g->entry[k], "%s", in->entries[k] ? in->entries[k] : "");
+    pthread_mutex_lock(&g_list_mu);
+    struct generation *replaced = g_staged;
     g_staged = g;
-    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_unlock(&g_list_mu);
+    free_generation(replaced);
     return 0;
 }
 
-__attribute__((visibility("default"))) void egpu_sass_unstage(void) {
-    pthread_mutex_lock(&g_mu);
-    drop_staged();
-    pthread_mutex_unlock(&g_mu);
-}
+__attribute__((visibility("default"))) void egpu_sass_unstage(void) { free_generation(take_staged()); }
 
 __attribute__((visibility("default"))) int egpu_sass_commit_now(void) {
-    pthread_mutex_lock(&g_mu);
-    int r = -1;
-    int patched = 0;
-    for (size_t i = 0; i < g_nloaded; i++) patched |= g_loaded[i].patched;
-    if (!g_staged) set_error("no generation staged");
+    pthread_mutex_lock(&g_commit_mu);
+    int r = -1, patched = 0;
+    pthread_mutex_lock(&g_list_mu);
+    for (struct loaded *n = g_loaded; n; n = n->next) patched |= n->runs != NULL;
+    int staged = g_staged != NULL;
+    pthread_mutex_unlock(&g_list_mu);
+    if (!staged) set_error("no generation staged");
     else if (patched) set_error("modules are patched: a new generation needs a flip");
-    else r = commit_staged();
-    pthread_mutex_unlock(&g_mu);
+    else r = commit(take_staged());
+    commit_unlock();
     return r;
 }
 
@@ -488,12 +647,15 @@ __attribute__((visibility("default"))) int egpu_sass_commit_now(void) {
  * and torch.profiler saw no kernel in a job in standby). Standby patches nothing, so it gives the slot
  * to the first CUPTI client (cupti.c); a generation that patches keeps it. */
 __attribute__((visibility("default"))) int egpu_sass_yield(const char *to) {
-    pthread_mutex_lock(&g_mu);
-    int r = 0;
+    pthread_mutex_lock(&g_commit_mu); /* a sanitizer call, as patching ones: see Locks */
+    pthread_mutex_lock(&g_list_mu);
+    int staged = g_staged != NULL;
+    pthread_mutex_unlock(&g_list_mu);
     const struct generation *g = atomic_load(&g_current);
+    int r = 0;
     if (atomic_load(&g_state) != 2) {
         r = 0;
-    } else if ((g && g->classes) || g_staged) {
+    } else if ((g && g->classes) || staged) {
         r = -1;
     } else if (ok(san.sanitizerUnsubscribe(g_subscriber), "sanitizerUnsubscribe")) {
         g_launches_on = 0;
@@ -502,15 +664,15 @@ __attribute__((visibility("default"))) int egpu_sass_yield(const char *to) {
     } else {
         r = -1;
     }
-    pthread_mutex_unlock(&g_mu);
+    commit_unlock();
     return r;
 }
 
 /* Inside egpu_shim_swap's hold, after the maps context drained: drain the others, then commit. */
 int egpu_sass_flip(void) {
-    pthread_mutex_lock(&g_mu);
+    pthread_mutex_lock(&g_list_mu);
     int staged = g_staged != NULL;
-    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_unlock(&g_list_mu);
     if (!staged) return 0;
     typedef CUresult (*pfn_push)(CUcontext);
     typedef CUresult (*pfn_pop)(CUcontext *);
@@ -518,6 +680,7 @@ int egpu_sass_flip(void) {
     pfn_push push = (pfn_push)egpu_shim_real("cuCtxPushCurrent_v2");
     pfn_pop pop = (pfn_pop)egpu_shim_real("cuCtxPopCurrent_v2");
     pfn_sync sync = (pfn_sync)egpu_shim_real("cuCtxSynchronize");
+    unsigned long long t0 = micros();
     int n = atomic_load_explicit(&ncontexts, memory_order_acquire);
     for (int i = 0; i < n; i++) { /* unpatching code a kernel still runs would pull it from under it */
         CUcontext popped;
@@ -530,9 +693,11 @@ int egpu_sass_flip(void) {
             return -1;
         }
     }
-    pthread_mutex_lock(&g_mu);
-    int r = g_staged ? commit_staged() : 0;
-    pthread_mutex_unlock(&g_mu);
+    atomic_store(&g_drain_us, micros() - t0);
+    pthread_mutex_lock(&g_commit_mu);
+    struct generation *g = take_staged();
+    int r = g ? commit(g) : 0;
+    commit_unlock();
     return r;
 }
 
@@ -551,14 +716,16 @@ __attribute__((visibility("default"))) void egpu_sass_stats(struct egpu_sass_sta
     out->probed = atomic_load(&g_stats.probed);
     out->errors = atomic_load(&g_stats.errors);
     out->flips = atomic_load(&g_stats.flips);
+    out->asked = atomic_load(&g_stats.asked);
     out->flip_us = atomic_load(&g_flip_us);
+    out->drain_us = atomic_load(&g_drain_us);
     struct generation *g = atomic_load(&g_current);
     out->generation = g ? g->id : 0;
-    pthread_mutex_lock(&g_mu);
+    pthread_mutex_lock(&g_list_mu);
     out->modules_loaded = g_nloaded;
     out->patched_now = 0;
-    for (size_t i = 0; i < g_nloaded; i++) out->patched_now += g_loaded[i].patched;
-    pthread_mutex_unlock(&g_mu);
+    for (struct loaded *n = g_loaded; n; n = n->next) out->patched_now += n->runs != NULL;
+    pthread_mutex_unlock(&g_list_mu);
     pthread_mutex_lock(&g_err_mu);
     memcpy(out->error, g_error, sizeof out->error);
     pthread_mutex_unlock(&g_err_mu);
@@ -570,15 +737,18 @@ __attribute__((visibility("default"))) void egpu_sass_stats(struct egpu_sass_sta
 
 void egpu_sass_fork(enum egpu_fork_phase phase) {
     if (phase == EGPU_FORK_PREPARE) {
-        pthread_mutex_lock(&g_mu);
+        pthread_mutex_lock(&g_commit_mu);
+        pthread_mutex_lock(&g_list_mu);
         pthread_mutex_lock(&g_err_mu);
         return;
     }
     if (phase == EGPU_FORK_PARENT) {
         pthread_mutex_unlock(&g_err_mu);
-        pthread_mutex_unlock(&g_mu);
+        pthread_mutex_unlock(&g_list_mu);
+        pthread_mutex_unlock(&g_commit_mu);
         return;
     }
     pthread_mutex_init(&g_err_mu, NULL);
-    pthread_mutex_init(&g_mu, NULL);
+    pthread_mutex_init(&g_list_mu, NULL);
+    pthread_mutex_init(&g_commit_mu, NULL);
 }

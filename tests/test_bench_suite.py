@@ -365,13 +365,14 @@ def test_facts_from_dumps(suite):
                          {"image": "cubin", "status": "SASS only", "timing": {}, "kernels": []}],
              "probes": [{"maps": [{"values": [b"\0" * 8]}, {"records": [b"r1", b"r2"], "drops": 5}]}]},
             {"modules": [], "probes": [{"maps": [{"records": [b"r3"], "drops": 1}]}],
-             "stats": {"launches": 10, "python_calls": 4}}]
+             "stats": {"launches": 10, "python_calls": 4},
+             "sass": {"state": "subscribed", "error": "", "serving": "", "launches": 7, "probed": 0}}]
     docs[0]["stats"] = {"launches": 5, "python_calls": 1}
     assert suite.facts_from_dumps(docs) == {
         "modules": [{"image": "fatbin compute_90", "status": "instrumented", "probes_ms": 4.0, "kernels": 1,
                      "rewrite_ms": 2.0, "driver_ms": 9.0}],
         "trace": {"records": 3, "drops": 6, "streamed": False}, "shim_stats": {"launches": 15, "python_calls": 5},
-        "counts": [[[0], None]]}
+        "sass": {"states": ["subscribed"], "launches": 7, "probed": 0}, "counts": [[[0], None]]}
 
 
 def test_facts_from_dumps_of_a_streamed_trace(suite):
@@ -553,51 +554,111 @@ def test_swap_latency_on_a_live_job(suite, stub_job, probe_obj, tmp_path):
         assert len(flip["runs"]) == 1 and 0 < flip["median"] <= trip["median"]
 
 
-@pytest.mark.parametrize("digests, entries, checks", [
-    ({"plain": "d", "ptx": "d", "sass": "d"}, {"ptx": 10 << 24, "sass": 10 << 24}, {"ptx": None, "sass": None}),
-    ({"plain": "d", "ptx": "d", "sass": "x"}, {"ptx": 10 << 24, "sass": 10 << 24},
-     {"ptx": None, "sass": "run: output x differs from the uninstrumented d"}),
-    ({"plain": "d", "ptx": "d", "sass": "d"}, {"ptx": 10 << 24, "sass": 0},
-     {"ptx": None, "sass": "run: the probe never ran (0 entries)"}),
-])
-def test_sass_bench_times_each_back_end_inside_its_process(suite, tmp_path, monkeypatch, digests, entries, checks):
-    """bench_sass.py's vecadd: one suite case per back end, the median per launch of each, ratios to plain
-    only for back ends whose run proves the probe counted every thread with the plain output."""
+def sass_records(sass, **changed):
+    """A record per bench_sass row that checks out (vecadd exact, torch_gpu's counters witnessed), ``changed``
+    replacing some: what a clean GPU run of bench_sass.py would give its table."""
+    t = sass.VECADD_THREADS
+    subscribed = {"states": ["subscribed"], "launches": 40, "probed": 0, "modules_patched": 0}
+    ms = {"plain": 1.0, "ptx_entry_exit": 1.5, "sass_entry_exit": 2.0, "ptx_mem_count": 2.0, "sass_mem_count": 2.5,
+          "torch_profiler": 1.2, "standby": 1.02, "floor": 1.5, "entry_exit": 1.6, "floor_mem": 3.0, "mem_count": 4.0,
+          "entry_exit_witness": 9.0}
+    out = {}
+    for row in sass.ROWS:
+        rec = case([ms[row.name]] * 5, units=10)
+        if row.workload == "vecadd" and "entry_exit" in row.probes:
+            rec["counts"] = [[[10 * t, 10 * t]]]
+        elif row.workload == "vecadd" and "mem_count" in row.probes:
+            rec["counts"] = [[[20 * t, 10 * t]]]
+        elif row.backend == "sass":
+            rec["sass"] = {**subscribed, "modules_patched": 0 if row.name == "standby" else 12,
+                           "probed": 0 if row.name in ("standby", "floor", "floor_mem") else 40}
+            rec["counts"] = {"entry_exit": [[[500, 500]]], "mem_count": [[[70, 30]]],
+                             "entry_exit_witness": [[[500, 500]], [[500, 7]]]}.get(row.name)
+            rec["shim_stats"] = {"dropped": 0}
+        out[(row.workload, row.name)] = rec
+    out.update(changed)
+    return out
+
+
+def test_sass_bench_table_takes_ratios_of_checked_rows_only():
     sass = importlib.import_module("bench_sass")
-    ms = {"plain": 0.0625, "ptx": 0.125, "sass": 0.25}
+    doc = sass.table(sass_records(sass))
+    assert {n: c["ratio"] for n, c in doc["vecadd"].items() if "ratio" in c} == \
+        {"ptx_entry_exit": 1.5, "sass_entry_exit": 2.0, "ptx_mem_count": 2.0, "sass_mem_count": 2.5}
+    assert {n: c["ratio"] for n, c in doc["torch_gpu"].items() if "ratio" in c} == \
+        {"torch_profiler": 1.2, "standby": 1.02, "floor": 1.5, "entry_exit": 1.6, "floor_mem": 3.0, "mem_count": 4.0}
+    assert all(c["check"] is None for w in ("vecadd", "torch_gpu") for c in doc[w].values())
+    assert doc["goals"] == {"torch_gpu entry_exit / plain": {"value": 1.6, "goal": 1.1, "met": False},
+                            "torch_gpu mem_count / plain": {"value": 4.0, "goal": 2.0, "met": False},
+                            "vecadd sass_mem_count / ptx_mem_count": {"value": 1.25, "goal": 1.5, "met": True}}
+
+
+@pytest.mark.parametrize("where, change, why", [
+    (("vecadd", "sass_mem_count"), {"counts": [[[20 << 24, 9 << 24]]]},
+     "run: 335,544,320 loads and 150,994,944 stores for 10 launches (want 335,544,320, 167,772,160)"),
+    (("vecadd", "sass_entry_exit"), {"digest": "x"}, "run: output x differs from the uninstrumented d"),
+    (("torch_gpu", "floor"), {"sass": {"states": ["subscribed"], "launches": 40, "probed": 3}},
+     "3 launches got a record: the floor's programs matched a kernel"),
+    (("torch_gpu", "floor_mem"), {"sass": {"states": ["subscribed"], "launches": 0}},
+     "no launch of a patched kernel: the floor measured nothing"),
+    (("torch_gpu", "standby"), {"sass": {"states": ["failed"]}}, "the sanitizer was not subscribed (failed)"),
+    (("torch_gpu", "entry_exit_witness"), {"counts": [[[400, 400]], [[500, 7]]]},
+     "witness run: 400 entries for 500 launched threads (7 launches)"),
+    (("torch_gpu", "mem_count"), {"counts": [[[0, 0]]]}, "the probe never ran (0 accesses)"),
+    (("torch_gpu", "entry_exit"), {"status": "timeout"}, "run: timeout"),
+])
+def test_sass_bench_leaves_out_a_row_that_does_not_prove_itself(where, change, why):
+    sass = importlib.import_module("bench_sass")
+    records = sass_records(sass)
+    records[where] = {**records[where], **change}
+    doc = sass.table(records)
+    shown = where if where[1] != "entry_exit_witness" else ("torch_gpu", "entry_exit")   # it checks entry_exit
+    cell = doc[shown[0]][shown[1]]
+    assert cell["check"] == why and "ratio" not in cell
+    goal = {"entry_exit": "torch_gpu entry_exit / plain", "mem_count": "torch_gpu mem_count / plain",
+            "sass_mem_count": "vecadd sass_mem_count / ptx_mem_count"}.get(shown[1])
+    if goal:
+        assert doc["goals"][goal] == {"value": None, "goal": sass.GOALS[goal], "met": None}
+
+
+def test_sass_bench_runs_every_row_once_in_one_call(suite, tmp_path, monkeypatch):
+    """main(): one process per row (plain without egpu-run, the others with their back end and prebuilt
+    probes), the rows past the time budget skipped with the reason, the table written."""
+    sass = importlib.import_module("bench_sass")
+    for p in {p for r in sass.ROWS for p in r.probes}:
+        (tmp_path / f"{p}.v3.bpf.o").write_bytes(b"")
+    monkeypatch.setenv("EGPU_PREBUILT_PROBES", str(tmp_path))
+    records = sass_records(sass)
     seen = []
 
     def fake_run(cmd, env, timeout):
-        backend = cmd[cmd.index("--backend") + 1] if "--backend" in cmd else "plain"
-        seen.append((backend, cmd[-3:], "--keep" in cmd))
-        counts = {"counts": [[[entries[backend]]]], "units": 10} if backend != "plain" else {}
-        return case([ms[backend]] * 5, digest=digests[backend], **counts)
+        backend = cmd[cmd.index("--backend") + 1] if "--backend" in cmd else None
+        probes = tuple(Path(cmd[i + 1]).name.split(".")[0] for i, a in enumerate(cmd) if a == "-p")
+        row = next(r for r in sass.ROWS if (r.backend, r.probes, r.profile) == (backend, probes, "--profile" in cmd)
+                   and r.workload in cmd and (r, backend) not in seen)
+        seen.append((row, backend))
+        if len(seen) == len(sass.ROWS) - 1:   # the budget runs out before the last row
+            monkeypatch.setattr(sass.time, "monotonic", lambda: 1e12)
+        return records[(row.workload, row.name)]
     monkeypatch.setattr(suite, "run_case", fake_run)
-    monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: None)   # the nvcc build
-    monkeypatch.setattr(sass.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1))  # no torch
+    monkeypatch.setattr(suite, "build_kernels", lambda work: work / "kernels")
     out = tmp_path / "sass.json"
-    monkeypatch.setattr(sass.sys, "argv", ["bench_sass.py", str(out), str(tmp_path / "count.bpf.o")])
+    monkeypatch.setattr(sass.sys, "argv", ["bench_sass.py", str(out)])
     sass.main()
-    doc = json.loads(out.read_text())
-    ratios = {"ptx_ratio": 2.0, "sass_ratio": 4.0}
-    assert doc["vecadd_us_per_launch"] == {"plain": 62.5, "ptx": 125.0, "sass": 250.0,
-                                           **{f"{b}_ratio": r for b, r in zip(("ptx", "sass"), ratios.values())
-                                              if checks[b] is None}}
-    assert doc["vecadd_probe_check"] == checks
-    assert [(b, keep) for b, _, keep in seen] == [("plain", False), ("ptx", True), ("sass", True)]
-    assert all(c[0] == "vecadd" for _, c, _ in seen)
+    assert [r for r, _ in seen] == list(sass.ROWS[:-1])
+    doc = json.loads(out.read_text())["rows"]
+    assert doc["torch_gpu"]["mem_count"]["check"] == f"skipped: past the {sass.DEADLINE_S} s budget"
+    assert doc["torch_gpu"]["floor_mem"]["ratio"] == 3.0
+    assert doc["goals"]["torch_gpu mem_count / plain"]["value"] is None
 
 
-def test_sass_bench_checks_the_torch_step_against_launched_threads():
+def test_sass_bench_refuses_to_start_without_its_probes(tmp_path, monkeypatch):
     sass = importlib.import_module("bench_sass")
-    step = {"counts": [[[500]]]}
-    assert sass.torch_sass_check(step, {"counts": [[[500]], [[500, 7]]], "shim_stats": {"dropped": 0}}) is None
-    assert sass.torch_sass_check(step, {"counts": [[[400]], [[500, 7]]]}) == \
-        "witness run: 400 entries for 500 launched threads (7 launches)"
-    assert sass.torch_sass_check({"counts": [[[0]]]}, {}) == "run: the probe never ran (0 entries)"
-    assert sass.torch_sass_check(step, {"counts": [[[500]]]}) == "witness run: no counts in the exit dump"
-    assert sass.torch_sass_check(step, {"counts": [[[500]], [[500, 7]]], "shim_stats": {"dropped": 2}}) == \
-        "witness run: 2 launch records dropped"
+    monkeypatch.setenv("EGPU_PREBUILT_PROBES", str(tmp_path))
+    monkeypatch.setattr(sass.sys, "argv", ["bench_sass.py", str(tmp_path / "out.json")])
+    with pytest.raises(SystemExit, match=r"no prebuilt entry_exit, floor_entry_exit, floor_mem, launch_threads, "
+                                         r"mem_count \(run scripts/gpu-prep.sh\)"):
+        sass.main()
 
 
 def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, monkeypatch):

@@ -118,7 +118,8 @@ def test_attach_swap_detach_through_the_cli(job, probes):
     assert attach.returncode == 0, attach.stderr
     assert attach.stdout.startswith(f"attached count in {job.pid}: PTX 1 modules, 1 kernels instrumented; "
                                     "SASS unchanged: ")
-    assert re.search(r" ms \(probe [\d.]+, instrument [\d.]+, flip [\d.]+, unload [\d.]+\)$", attach.stdout.strip())
+    assert re.search(r" ms \(verify [\d.]+, maps [\d.]+, instrument [\d.]+, sass [\d.]+, flip [\d.]+, publish [\d.]+, "
+                     r"unload [\d.]+, gc [\d.]+\)$", attach.stdout.strip())
     job.wait_launches()
     modules = egpu(["modules", str(job.pid)], job.env)
     assert modules.stdout.splitlines() == [f"{api} ptx: instrumented [count]", "  step: instrumented"]
@@ -217,12 +218,18 @@ def test_swap_and_detach_reply_with_the_maps_as_the_flip_left_them(stub_job, tmp
             job.wait_launches(5)
             detach = client.request("detach")
             counts.append([int.from_bytes(r["final"][0]["maps"][0]["values"][0], "little") for r in (swap, detach)])
-            # where a flip's time goes, in the reply: a probe loaded for swap, none for detach
-            assert set(swap["phases_ms"]) == {"probe", "instrument", "flip", "unload"}
-            assert set(detach["phases_ms"]) == {"instrument", "flip", "unload"}
+            # where a flip's time goes, in the reply: a probe loaded for swap, none for detach; the
+            # interpreter's collections (gc) overlap the others
+            phases = {"instrument", "sass", "flip", "publish", "unload", "gc"}
+            assert set(swap["phases_ms"]) == {"verify", "maps"} | phases
+            assert set(detach["phases_ms"]) == phases
             for r in (swap, detach):
                 assert all(v >= 0 for v in r["phases_ms"].values())
-                assert sum(r["phases_ms"].values()) <= 1e3 * r["seconds"] + 0.01
+                assert sum(v for k, v in r["phases_ms"].items() if k != "gc") <= 1e3 * r["seconds"] + 0.01
+                # the new probes run from the flip on: before the publish and unload that end the reply
+                phases = r["phases_ms"]
+                after = phases["publish"] + phases["unload"]
+                assert phases["flip"] <= r["to_flip_ms"] <= 1e3 * r["seconds"] - after + 0.01
         status, _, err = job.finish()
     assert status == 0, err
     runs = [int(m) for m, _ in LAUNCH.findall(job.log.read_text())]
@@ -597,3 +604,25 @@ def test_prometheus_series_one_per_map_entry(probes):
          "trace": []}]}
     assert list(series(doc)) == [("egpu_counts", {"pid": "7", "rank": "1"}, 42.0),
                                  ("egpu_per_kernel", {"pid": "7", "rank": "1", "key": "step"}, 3.0)]
+
+
+def test_a_change_starts_no_collection():
+    """attach, swap and detach start no collection; the application's setting comes back after, even when
+    the change fails (the GIL's handoff is control.prompt_gil's: test_control)."""
+    import gc
+
+    from egpu_preload.runtime.live import no_collection
+
+    seen = []
+
+    def handler(fields: dict) -> dict:
+        seen.append(gc.isenabled())
+        if fields.get("fail"):
+            raise ControlError("refused")
+        return {}
+
+    assert gc.isenabled()
+    no_collection(handler)({})
+    with pytest.raises(ControlError):
+        no_collection(handler)({"fail": True})
+    assert seen == [False, False] and gc.isenabled()

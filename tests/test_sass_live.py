@@ -7,10 +7,15 @@ A job of four launching threads and two modules (tests/sass_stub/app_threads_loo
 sass` with no probe, then is attached, swapped and detached over its control socket:
 - standby: subscribed, no patch, launch callbacks off, every launch runs nothing;
 - every launch between two flips runs the generation the first one committed, its patch and its record
-  together (a launch never runs one generation's patch with another's record), and each window holds
+  together (the first launch of a kernel asks Python which programs run in it; a flip stages the answers
+  for the kernels known by then, so their launches after it ask nothing) (a launch never runs one generation's patch with another's record), and each window holds
   exactly the launch ids between the flips that bound it;
 - a re-patch the sanitizer refuses fails the swap, and the old probe goes on running in both modules,
-  whether the first module or the second was refused.
+  whether the first module or the second was refused;
+- a graph replay passes the same gate: it never runs while a flip re-patches (some modules on the old
+  probe, others on the new or on none);
+- a module loaded by another thread while a flip re-patches (inside a sanitizer call that waits for that
+  load) neither deadlocks nor misses the new probe.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from test_durations import cupti_dir  # noqa: F401  (the stand-in libcupti)
 
 SASS_STUB = Path(__file__).parent / "sass_stub"
 RUN = re.compile(r"^\d+ run f=step2? enter=(\S+) record=(\S+)$", re.M)
+GRAPH_RUN = re.compile(r"^\d+ graph run enter=(\S*)$", re.M)
 LAUNCH = re.compile(r"^\d+ cuLaunchKernel ", re.M)
 THREADS = 4
 
@@ -47,16 +53,20 @@ def stand_ins(stub_job, tmp_path_factory) -> tuple[Path, Path]:
 
 
 class ThreadedJob:
-    def __init__(self, stub_job, stand_ins: tuple[Path, Path], tmp: Path, **env: str) -> None:
+    def __init__(self, stub_job, stand_ins: tuple[Path, Path], tmp: Path, graph: bool = False, busy: bool = False,
+                 **env: str) -> None:
+        """The C job of THREADS threads (``graph``: and a graph replayer), or with ``busy`` the Python one."""
         sanitizer, self.app = stand_ins
         self.log, self.stop = tmp / "log", tmp / "stop"
         self.env = stub_job.env(self.log, EGPU_SANITIZER_LIB=str(sanitizer), **env)
+        app = [sys.executable, str(SASS_STUB / "app_busy.py"), str(self.stop)] if busy else \
+            [str(self.app), str(self.stop), str(THREADS)] + ["graph"] * graph
         self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "--backend",
-                                      "sass", str(self.app), str(self.stop), str(THREADS)], env=self.env, cwd=ROOT,
+                                      "sass", *app], env=self.env, cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            found = [s for s in list_sessions(tmp / "egpu") if s.info and str(self.app) in s.info["argv"]]
+            found = [s for s in list_sessions(tmp / "egpu") if s.info and str(self.stop) in s.info["argv"]]
             if found and self.log.exists() and len(LAUNCH.findall(self.log.read_text())) > 20:
                 self.client = ControlClient(found[0].pid, directory=tmp / "egpu", timeout=30)
                 return
@@ -70,10 +80,16 @@ class ThreadedJob:
     def calls(self) -> list[str]:
         return [ln.split(" ", 1)[1] for ln in self.log.read_text().splitlines() if " sanitizer" in ln]
 
-    def wait_runs(self, n: int = 40) -> None:
-        target = len(self.runs()) + n
+    def replays(self) -> list[tuple[str, ...]]:
+        """What every module ran at each graph replay (a ``graph`` job)."""
+        return [tuple(e.split(",")) for e in GRAPH_RUN.findall(self.log.read_text())] if self.log.exists() else []
+
+    def wait_runs(self, n: int = 40, of: str = "runs") -> None:
+        """Until ``n`` more launches (``of="replays"``: graph replays) ran, at most 20 s."""
+        count = self.runs if of == "runs" else self.replays
+        target = len(count()) + n
         deadline = time.monotonic() + 20
-        while len(self.runs()) < target and time.monotonic() < deadline:
+        while len(count()) < target and time.monotonic() < deadline:
             time.sleep(0.01)
 
     def finish(self) -> str:
@@ -86,9 +102,11 @@ class ThreadedJob:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
+        if self.proc.poll() is None or exc[0] is not None:
             self.stop.touch()
-            self.proc.communicate(timeout=60)
+            out, err = self.proc.communicate(timeout=60)
+            if exc[0] is not None:   # what the job said, for the failure's report
+                print(f"job exit {self.proc.returncode}\n{out[-2000:]}\n{err[-4000:]}")
 
 
 def windows(runs: list[tuple[str, str]]) -> dict[int, tuple[set[str], set[int]]]:
@@ -113,9 +131,13 @@ def test_standby_then_attach_swap_detach_while_threads_launch(stub_job, stand_in
         a = job.client.request("attach", probe=probe_obj("count").read_bytes(), name="count")
         assert (a["sass"]["modules_patched"], a["sass"]["modules"]) == (2, 2), a["sass"]
         job.wait_runs()
+        asked = job.client.request("modules")["sass"]["asked"]
         s = job.client.request("swap", old="count", new_probe=probe_obj("hash_count").read_bytes(),
                                new_name="hash_count")
         job.wait_runs()
+        # Python was asked about each kernel at its first patched launch (by each thread that launched
+        # it first at once); the swap staged the answers for both, so launches after it asked nothing
+        assert 2 <= asked == job.client.request("modules")["sass"]["asked"]
         d = job.client.request("detach")
         assert (d["sass"]["modules_patched"], d["sass"]["modules"]) == (0, 2), d["sass"]
         time.sleep(0.1)
@@ -218,3 +240,66 @@ def test_durations_take_the_slot_unless_start_up_probes_patch(stub_job, stand_in
     assert r.returncode == 0, r.stderr
     calls = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines() if " sanitizer" in ln]
     assert ("sanitizerUnsubscribe sub=1" in calls) == (probe is None), calls
+
+
+def test_a_graph_replay_waits_for_a_flip(stub_job, stand_ins, probe_obj, tmp_path, monkeypatch):
+    """Re-patching takes 20 ms a module while a thread replays a graph every 200 us: every replay finds
+    both modules on one generation's patch (or both unpatched), never one old and one new."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with ThreadedJob(stub_job, stand_ins, tmp_path, graph=True, EGPU_STUB_SANITIZER_DELAY_US="20000") as job:
+        job.client.request("attach", probe=probe_obj("count").read_bytes(), name="count")
+        job.wait_runs(20, of="replays")
+        job.client.request("swap", old="count", new_probe=probe_obj("hash_count").read_bytes(), new_name="hash_count")
+        job.wait_runs(20, of="replays")
+        job.client.request("detach")
+        job.wait_runs(20, of="replays")
+        job.finish()
+    replays = job.replays()
+    mixed = [r for r in replays if len(set(r)) > 1]
+    assert not mixed, f"{len(mixed)} of {len(replays)} replays ran mid-flip: {mixed[:3]}"
+    patched = {r[0] for r in replays if r[0].startswith("egpu_sass_block_enter_")}
+    assert len(patched) == 2 and len(replays[-1]) == 2   # both probes replayed, in both modules
+
+
+
+def test_a_module_loaded_during_a_flip(stub_job, stand_ins, probe_obj, tmp_path, monkeypatch):
+    """The swap's first re-patch (the sanitizer's third sanitizerPatchModule) waits for a module load on
+    another thread, as the real sanitizer may wait for a driver lock that load holds: the load's callback
+    must not wait for the flip in turn. The late module runs the new probe once the swap replies."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with ThreadedJob(stub_job, stand_ins, tmp_path, EGPU_STUB_SANITIZER_LOAD_IN="3") as job:
+        job.client.request("attach", probe=probe_obj("count").read_bytes(), name="count")
+        job.wait_runs()
+        s = job.client.request("swap", old="count", new_probe=probe_obj("hash_count").read_bytes(),
+                               new_name="hash_count")
+        job.wait_runs()
+        job.client.request("detach")
+        job.finish()
+    calls = job.calls()
+    assert not [c for c in calls if "deadlock" in c], calls
+    assert (s["sass"]["modules_patched"], s["sass"]["modules"]) == (3, 3), s["sass"]
+    swap_entry = {e for e, r in job.runs() if r != "-"} - {job.runs()[0][0]}
+    patched = [c.split("name=")[1] for c in calls if c.startswith("sanitizerPatchInstructions id=1")]
+    assert len(swap_entry) == 1 and patched.count(swap_entry.pop()) == 3   # the late module too
+
+
+def test_a_change_reports_its_phases_in_a_gil_busy_job(stub_job, stand_ins, probe_obj, tmp_path, monkeypatch):
+    """A Python job that holds the GIL between launches, as a PyTorch eager step does: the replies say where
+    each change spent its time (the GPU test keeps them), and an attach of a probe set seen before finds
+    its patch image built (no ptxas)."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    count = probe_obj("count").read_bytes()
+    with ThreadedJob(stub_job, stand_ins, tmp_path, busy=True) as job:
+        replies = []
+        for _ in range(2):
+            replies.append(job.client.request("attach", probe=count, name="count"))
+            replies.append(job.client.request("detach"))
+        out = job.finish()
+    assert re.search(r"app_busy launches \d+ failed 0", out), out
+    first, again = replies[0], replies[2]
+    for r in (first, again):
+        assert set(r["phases_ms"]) == {"verify", "maps", "instrument", "sass", "flip", "publish", "unload", "gc"}
+        assert set(r["sass"]["phases_ms"]) == {"translate", "image", "stage"}
+        assert {"patch_ms", "drain_ms", "asked"} <= set(r["sass"]), r["sass"]
+    assert again["sass"]["phases_ms"]["image"] < first["sass"]["phases_ms"]["image"] / 10   # cached
+    assert replies[1]["sass"]["modules_patched"] == 0   # standby again

@@ -183,3 +183,31 @@ def test_the_first_sass_load_patches_the_probes_attached_then():
     b = sass.SassBackend(config.Config(), probes, None, None)
     probes[:] = []   # Live's detach changes the runtime's list in place
     assert b.prepare(90) == sass.NO_PROGRAMS and b.staged is None
+
+
+def test_a_probe_set_staged_again_is_not_translated_again(tmp_path, monkeypatch):
+    """Live cycles stage the same probe sets over and over: each set's patch module is translated once
+    (the image comes from the session's cache, the shim gets a fresh generation each time)."""
+    import cffi
+    ffi = cffi.FFI()
+    ffi.cdef("struct egpu_sass_generation { const void *image; size_t size; unsigned int classes;"
+             " const char *const *entries; unsigned long long image_id, id, tables; const char *const *names;"
+             " const unsigned long long *masks, *kernel_ids; size_t nkernels; };")
+
+    class Lib:
+        staged: list = []
+
+        def egpu_sass_stage(self, g) -> int:
+            self.staged.append((int(g.id), int(g.nkernels)))
+            return 0
+    translated = []
+    monkeypatch.setattr(sass, "patch_module", lambda objects: translated.append(objects) or patch_module(objects))
+    monkeypatch.setattr(sass, "build_image", lambda ptx, sm, cache: tmp_path / "image")
+    (tmp_path / "image").write_bytes(b"\x7fELF")
+    a, b = probe([("entry", "*", "thread")], "a.bpf.o"), probe([("mem", "*", "thread")], "b.bpf.o")
+    backend = sass.SassBackend(config.Config(session=tmp_path), [], ffi, Lib())
+    backend.kernel(0, "_Z6vecaddPKfS0_Pfi")   # a kernel seen before: its answer goes with every generation
+    for objects in ([a.obj], [a.obj, b.obj], [a.obj], [a.obj, b.obj]):
+        backend.stage(objects, 90, None)
+    assert translated == [[a.obj], [a.obj, b.obj]]
+    assert Lib.staged == [(1, 1), (2, 1), (3, 1), (4, 1)]

@@ -2,6 +2,8 @@
 
 - torch_eager: a training step of a small CNN (two convolutions, pooling, two linear layers, cross
   entropy, SGD) in stock PyTorch: cuDNN, cuBLAS and PyTorch's own kernels, SASS only. Unit: one step.
+- torch_gpu: a GPU-bound training step of a larger CNN (three convolutions over 64x64 images, batch 256),
+  for bench/bench_sass.py (issue 17's probe costs are goals on a GPU-bound step). Unit: one step.
 - torch_compile: an inference step of a residual MLP block (linear, GELU, linear, LayerNorm) compiled
   by torch.compile: Triton kernels (PTX through Triton's ptxas) beside cuBLAS's. Unit: one forward.
 - cupy: a CuPy RawKernel (y = 2.5 x + 1 over 16 Mi floats). Unit: one launch.
@@ -47,6 +49,32 @@ def torch_eager() -> Workload:
         loss.backward()
         opt.step()
         if not first:  # the warm-up's loss: the same whatever follows
+            first.append(float(loss))
+
+    return step, torch.cuda.synchronize, lambda: f"{first[0]:.6g}"
+
+
+def torch_gpu() -> Workload:
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(128, 128, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+        torch.nn.Linear(128 * 16 * 16, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(256, 3, 64, 64, device="cuda")
+    y = torch.randint(0, 10, (256,), device="cuda")
+    first: list[float] = []
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if not first:
             first.append(float(loss))
 
     return step, torch.cuda.synchronize, lambda: f"{first[0]:.6g}"
@@ -98,7 +126,7 @@ def cupy() -> Workload:
     return launch, cp.cuda.Device().synchronize, lambda: hashlib.sha256(y.get().tobytes()).hexdigest()[:16]
 
 
-WORKLOADS = {"torch_eager": torch_eager, "torch_compile": torch_compile, "cupy": cupy}
+WORKLOADS = {"torch_eager": torch_eager, "torch_gpu": torch_gpu, "torch_compile": torch_compile, "cupy": cupy}
 
 
 def profiled() -> contextlib.AbstractContextManager:

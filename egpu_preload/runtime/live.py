@@ -59,6 +59,7 @@ attached live; a module loaded by a thread while a swap runs is brought to the n
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import sys
@@ -67,7 +68,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from egpu_preload.control import ControlError, ControlServer
 from egpu_preload.errors import EgpuError
@@ -110,6 +111,21 @@ class Flip:
     nparams: int = 0
     param_offset: int = 0
     launch_id: bool = False
+
+
+def no_collection(handler: Callable[[dict], dict]) -> Callable[[dict], dict]:
+    """``handler`` run with the cyclic collector paused: a full collection in a PyTorch process can take
+    tens of milliseconds, and none starts during a change (one the application asks for still runs, and
+    the reply's gc phase shows it). The GIL's prompt handoff during requests is control.prompt_gil's."""
+    def run(fields: dict) -> dict:
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return handler(fields)
+        finally:
+            if collecting:
+                gc.enable()
+    return run
 
 
 def probe_name(path: Path) -> str:
@@ -207,8 +223,8 @@ class Live:
     def start(self) -> "Live":
         """Serve this process's control socket; a process without one still runs (one line on stderr)."""
         handlers = {cmd: self._relaxed(h) for cmd, h in {
-            "ping": self.ping, "attach": self.attach, "detach": self.detach, "swap": self.swap, "maps": self.maps,
-            "modules": self.modules, **self.extra}.items()}
+            "ping": self.ping, "attach": no_collection(self.attach), "detach": no_collection(self.detach),
+            "swap": no_collection(self.swap), "maps": self.maps, "modules": self.modules, **self.extra}.items()}
         try:
             self.server = ControlServer(handlers).start()
         except EgpuError as e:
@@ -253,11 +269,12 @@ class Live:
             if name in self.names:
                 raise ControlError(f"a probe named {name} is attached already")
             probe = self._load(fields["probe"], name)
+            t1 = time.perf_counter()
             maps = self._new_maps(probe, None)
-            loaded = time.perf_counter() - t0
-            result, _ = self._change(self._probes() + [(name, probe, maps)])
+            loaded = {"verify": t1 - t0, "maps": time.perf_counter() - t1}
+            result, _ = self._change(self._probes() + [(name, probe, maps)], t0)
             result["uprobes"] = self.host.attach(name, probe)
-        result["phases_ms"] = {"probe": round(1e3 * loaded, 3), **result["phases_ms"]}
+        result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
         return {"name": name, "seconds": time.perf_counter() - t0, **result}
 
     def detach(self, fields: dict) -> dict:
@@ -270,7 +287,7 @@ class Live:
                 raise ControlError("no probe is attached")
             gone = [p for p in self._probes() if name is None or p[0] == name]
             host = {n: self.host.detach(n) for n, _, _ in gone}
-            result, snapshot = self._change([p for p in self._probes() if p not in gone])
+            result, snapshot = self._change([p for p in self._probes() if p not in gone], t0)
             seconds = time.perf_counter() - t0
             final = self.host.overlay(self._read_snapshot(snapshot), host)
         return {"names": [n for n, _, _ in gone], "seconds": seconds, "final": final,
@@ -287,13 +304,14 @@ class Live:
                 raise ControlError(f"a probe named {new_name} is attached already")
             probe = self._load(fields["new_probe"], new_name)
             host = {old: self.host.detach(old)}
+            t1 = time.perf_counter()
             current = self._probes()
             i = self.names.index(old)
             maps = self._new_maps(probe, current[i][1:])
             current[i] = (new_name, probe, maps)
-            loaded = time.perf_counter() - t0
-            result, snapshot = self._change(current)
-            result["phases_ms"] = {"probe": round(1e3 * loaded, 3), **result["phases_ms"]}
+            loaded = {"verify": t1 - t0, "maps": time.perf_counter() - t1}
+            result, snapshot = self._change(current, t0)
+            result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
             seconds = time.perf_counter() - t0
             final = self.host.overlay(self._read_snapshot(snapshot), host)  # the new probe may write maps it took over: read the copy
             result["uprobes"] = self.host.attach(new_name, probe)
@@ -324,7 +342,7 @@ class Live:
     def modules(self, fields: dict) -> dict:
         with self.lock:
             return {"pid": os.getpid(), "probes": list(self.names), "modules": self._module_reports(),
-                    "stats": self._stats()}
+                    "stats": self._stats(), "sass": self.rt.sass.stats()}
 
     # ---- hooks from the runtime -----------------------------------------------------------------
     def route(self, mod: "Module", name: str, handle: int) -> bool:
@@ -361,12 +379,18 @@ class Live:
     def _probes(self) -> list[tuple[str, Probe, DeviceMaps]]:
         return list(zip(self.names, self.rt.probes, self.rt.maps or [None] * len(self.rt.probes)))
 
-    def _change(self, new: list[tuple[str, Probe, DeviceMaps]]) -> tuple[dict, Snapshot]:
+    def _change(self, new: list[tuple[str, Probe, DeviceMaps]], asked: float) -> tuple[dict, Snapshot]:
         """Serve every module with ``new``'s probes in one flip; what changed, and the maps of the probes
-        that left as the flip found them (read them with _read_snapshot). ``phases_ms``: instrument (the
-        copies made: rewrite and the driver's load and JIT), flip (state copies, the table, the drain),
-        unload (copies no flip can choose again)."""
+        that left as the flip found them (read them with _read_snapshot). ``to_flip_ms``: from ``asked``
+        (the request, perf_counter) to the flip's end, when the next launch runs the new probes (what
+        follows, publish and unload, delays the reply, not them). ``phases_ms``: instrument (the
+        PTX copies made: rewrite and the driver's load and JIT), sass (staging the SASS generation: its
+        table block, and under ``sass`` its translate, image and stage), flip (egpu_shim_swap: the hold,
+        the drain, state copies, the SASS commit, whose drain and re-patch ``sass`` shows), publish,
+        unload (copies no flip can choose again), gc (the interpreter's collections meanwhile, on any
+        thread: they hold the GIL the change needs)."""
         rt = self.rt
+        collected = GcPauses()
         t0 = time.perf_counter()
         ctx = self._context()
         plan: list[tuple[Module, Copy | None, list[tuple[int, int, int]]]] = []
@@ -383,7 +407,8 @@ class Live:
                 for handle, name in self._handles(mod).items():
                     flips.append(self._flip(mod, target, name, handle))
             copies += snapshot.stage(self.memory)
-            sass_note = self._stage_sass(new)
+            ts = time.perf_counter()
+            sass_note, sass_phases = self._stage_sass(new)
         t1 = time.perf_counter()
         try:
             launches = self._flip_all(ctx, copies, flips, [r for _, _, rows in plan for r in rows])
@@ -392,7 +417,9 @@ class Live:
                 snapshot.free(self.memory)
                 self._unstage_sass()
             self._unload_dead(ctx)  # the copies loaded for ``new``: nothing ever pointed at them
+            collected.stop()
             raise
+        t2 = time.perf_counter()
         with rt.driver.current(ctx):
             retired_block = rt.sass.committed()
             if retired_block is not None:
@@ -407,37 +434,41 @@ class Live:
         rt.specs[:] = [s for p in rt.probes for s in p.specs]
         self.generation += 1
         self.flips += 1
-        t2 = time.perf_counter()
+        t3 = time.perf_counter()
         unloaded = self._unload_dead(ctx)
-        phases = {"instrument": t1 - t0, "flip": t2 - t1, "unload": time.perf_counter() - t2}
+        phases = {"instrument": ts - t0, "sass": t1 - ts, "flip": t2 - t1, "publish": t3 - t2,
+                  "unload": time.perf_counter() - t3, "gc": collected.stop()}
         rt.exit.arm()
         instrumented = sum(1 for mod, t, _ in plan for k in (t.kernels if t else mod.kernels).values()
                            if k.status == "instrumented")
         return {"modules": len(plan), "kernels": instrumented, "launches": launches, "failed": failed,
-                "probes": list(self.names), "unloaded": unloaded, "sass": self._sass_report(sass_note),
+                "to_flip_ms": round(1e3 * (t2 - asked), 3),
+                "probes": list(self.names), "unloaded": unloaded,
+                "sass": {**self._sass_report(sass_note), **sass_phases},
                 "phases_ms": {k: round(1e3 * v, 3) for k, v in phases.items()}}, snapshot
 
-    def _stage_sass(self, new: list[tuple[str, Probe, DeviceMaps]]) -> str:
-        """Stage the SASS back end's generation for ``new`` (the flip commits it); "" when staged, else
-        why SASS-only kernels keep what they run (the reply says it). Raises ControlError for a probe set
-        whose patch image cannot be built: nothing changes then. In the maps' context."""
+    def _stage_sass(self, new: list[tuple[str, Probe, DeviceMaps]]) -> tuple[str, dict]:
+        """Stage the SASS back end's generation for ``new`` (the flip commits it): "" when staged, else
+        why SASS-only kernels keep what they run (the reply says it); and the staging's phases
+        ({"phases_ms": ...}, or none). Raises ControlError for a probe set whose patch image cannot be
+        built: nothing changes then. In the maps' context."""
         rt = self.rt
         why = rt.sass.unavailable()
         if why:
-            return why
+            return why, {}
         objects = [p.obj for _, p, _ in new]
         sites = has_sites(objects)
         current = rt.sass.module()
         if not sites and (current is None or not current.programs):
-            return NO_PROGRAMS
+            return NO_PROGRAMS, {}
         tables = table_block(self.memory, [m for _, _, m in new]) if sites else None
         try:
-            rt.sass.stage(objects, rt._device_sm(), tables)
+            staged = rt.sass.stage(objects, rt._device_sm(), tables)
         except EgpuError as e:
             if tables is not None:
                 self.memory.free(tables)
             raise ControlError(f"SASS back end: {e}; nothing changed") from e
-        return ""
+        return "", {"phases_ms": staged.phases_ms}
 
     def _unstage_sass(self) -> None:
         staged = self.rt.sass.staged
@@ -450,7 +481,8 @@ class Live:
         re-patch time; or why it was left as it was."""
         stats = self.rt.sass.stats()
         report = {"generation": stats["generation"], "modules_patched": stats["patched_now"],
-                  "modules": stats["modules_loaded"], "patch_ms": round(stats["flip_us"] / 1e3, 3)}
+                  "modules": stats["modules_loaded"], "patch_ms": round(stats["flip_us"] / 1e3, 3),
+                  "drain_ms": round(stats["drain_us"] / 1e3, 3), "asked": stats["asked"]}
         return report if not note else {**report, "unchanged": note}
 
     def _unload_dead(self, ctx: int) -> int:
@@ -719,6 +751,25 @@ class Live:
 
     def _launches(self) -> int:
         return self._stats()["launches"]
+
+
+class GcPauses:
+    """Seconds the interpreter spent collecting garbage from now to ``stop()``, on any thread."""
+
+    def __init__(self) -> None:
+        self.total, self._began = 0.0, 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began:
+            self.total += time.perf_counter() - self._began
+
+    def stop(self) -> float:
+        if self._on in gc.callbacks:
+            gc.callbacks.remove(self._on)
+        return self.total
 
 
 def start(rt: "Runtime") -> Live:

@@ -8,9 +8,10 @@ directory) with its table block. The start-up probes are generation 1, committed
 load this back end serves (``prepare``); every live attach, detach and swap stages the next one
 (``stage``), which egpu_shim_swap commits inside its flip: the contexts drain and every module is
 re-patched with the new image, or all stay on the old one. A job started with no probe waits in
-standby: subscribed, nothing patched. When a patched kernel first launches under a generation, the
-shim asks ``kernel`` which of that generation's programs run in it: the same globs (mangled or
-demangled) and --kernel selection as the PTX back end.
+standby: subscribed, nothing patched. Which of a generation's programs run in a kernel: the same globs
+(mangled or demangled) and --kernel selection as the PTX back end. The shim asks ``kernel`` when a
+patched kernel first launches; every kernel asked about so far is answered again for each new
+generation when it is staged (``stage``), so the launches after a flip find their answer in C.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +34,10 @@ from egpu_preload.translate.sass_patch import PatchModule, build_image, has_site
 
 BACKENDS = ("auto", "ptx", "sass")
 STATES = {0: "not started", 2: "subscribed", 3: "off", 4: "gave way to CUPTI", -1: "failed"}
-STAT_FIELDS = ("modules_seen", "modules_patched", "modules_skipped", "launches", "probed", "errors", "flips",
-               "flip_us", "generation", "modules_loaded", "patched_now")
+STAT_FIELDS = ("modules_seen", "modules_patched", "modules_skipped", "launches", "probed", "errors", "flips", "asked",
+               "flip_us", "drain_us", "generation", "modules_loaded", "patched_now")
 NO_PROGRAMS = "no kernel-site probes"
+MODULES_KEPT = 16   # patch modules kept translated, by probe set: attached again, a set skips translation
 
 
 def choose(backend: str, has_ptx: bool) -> str | None:
@@ -62,6 +65,7 @@ class Staged:
     generation: int
     module: PatchModule
     tables: int | None   # the table block's device address (None: set once the maps exist)
+    phases_ms: dict[str, float]   # translate (the patch module), image (cache or ptxas), stage (the shim's copy)
 
 
 class SassBackend:
@@ -74,6 +78,9 @@ class SassBackend:
         self.current = 0                                 # the committed generation (0: none yet)
         self.staged: Staged | None = None
         self.block: int | None = None                    # the current generation's table block
+        self.seen: dict[str, int] = {}                   # every kernel name asked about -> its kernel id
+        # (object ids) -> (the objects, kept so that their ids stay theirs; their patch module), oldest first
+        self._modules: dict[tuple[int, ...], tuple[tuple[BpfObject, ...], PatchModule]] = {}
         self._next = 1
         self.configured: str | None = None   # None: not yet; "": ready; else why it cannot serve
 
@@ -132,23 +139,48 @@ class SassBackend:
     def stage(self, objects: list[BpfObject], sm: int, tables: int | None) -> Staged:
         """Stage the generation of ``objects`` (raises EgpuError: a probe the translator or ptxas refuses;
         nothing is staged then). With no kernel-site program, the generation patches nothing: standby."""
-        module = patch_module(objects)
+        t0 = time.perf_counter()
+        module = self._patch_module(objects)
+        t1 = time.perf_counter()
         image = b""
         if module.programs:
             cache = cache_dir(self.cfg)
             if cache is None:
                 raise EgpuError("no session directory for the patch image")
             image = build_image(module.ptx, sm, cache).read_bytes()
+        t2 = time.perf_counter()
         gen = self._next
-        entries = [self.ffi.new("char[]", e.encode()) if e else self.ffi.NULL for e in module.entry_names()]
-        if self.lib.egpu_sass_stage(self.ffi.from_buffer(image) if image else self.ffi.NULL, len(image),
-                                    module.instruction_classes(), self.ffi.new("char *[]", entries),
-                                    module.image_id, gen, tables or 0):
+        ffi = self.ffi
+        # every cdata the struct points to is held here until the call returns (the shim copies them)
+        entry_strings = [ffi.new("char[]", e.encode()) if e else ffi.NULL for e in module.entry_names()]
+        known = list(self.seen.items()) if module.programs else []
+        name_strings = [ffi.new("char[]", n.encode()) for n, _ in known]
+        arrays = (ffi.from_buffer(image) if image else ffi.NULL, ffi.new("char *[]", entry_strings),
+                  ffi.new("char *[]", name_strings or 1),
+                  ffi.new("unsigned long long[]", [self._mask(module, n) for n, _ in known] or 1),
+                  ffi.new("unsigned long long[]", [k for _, k in known] or 1))
+        g = ffi.new("struct egpu_sass_generation *")
+        g.image, g.entries, g.names, g.masks, g.kernel_ids = arrays
+        g.size, g.classes, g.nkernels = len(image), module.instruction_classes(), len(known)
+        g.image_id, g.id, g.tables = module.image_id, gen, tables or 0
+        if self.lib.egpu_sass_stage(g):
             raise EgpuError("the shim refused the patch image (out of memory, or the sanitizer is not subscribed)")
         self._next += 1
         self.generations[gen] = module
-        self.staged = Staged(gen, module, tables)
+        phases = {"translate": t1 - t0, "image": t2 - t1, "stage": time.perf_counter() - t2}
+        self.staged = Staged(gen, module, tables, {k: round(1e3 * v, 3) for k, v in phases.items()})
         return self.staged
+
+    def _patch_module(self, objects: list[BpfObject]) -> PatchModule:
+        """patch_module(objects), translated once per probe set: live attach, swap and detach cycles among
+        a few probe objects (live.py keeps each loaded object) stage the same sets again and again."""
+        key = tuple(id(o) for o in objects)
+        kept = self._modules.pop(key, None)
+        module = kept[1] if kept is not None else patch_module(objects)
+        self._modules[key] = (tuple(objects), module)
+        while len(self._modules) > MODULES_KEPT:
+            del self._modules[next(iter(self._modules))]
+        return module
 
     def committed(self) -> int | None:
         """The staged generation patches now (egpu_sass_commit_now or a flip said so); the table block of
@@ -178,13 +210,14 @@ class SassBackend:
     # ---- the shim's question ---------------------------------------------------------------------------
     def kernel(self, generation: int, name: str) -> KernelChoice:
         """The programs of ``generation`` that run in kernel ``name`` (mangled, as the sanitizer reports it)."""
-        mask = 0
+        kid = self.seen.setdefault(name, kernel_id(name))
         module = self.generations.get(generation)
-        if module is not None and (self.cfg.kernel is None or matches(self.cfg.kernel, name)):
-            for p in module.programs:
-                if matches(p.attach.glob, name):
-                    mask |= 1 << p.bit
-        return KernelChoice(mask, kernel_id(name))
+        return KernelChoice(self._mask(module, name) if module is not None else 0, kid)
+
+    def _mask(self, module: PatchModule, name: str) -> int:
+        if self.cfg.kernel is not None and not matches(self.cfg.kernel, name):
+            return 0
+        return sum(1 << p.bit for p in module.programs if matches(p.attach.glob, name))
 
 
 def table_block(memory: Any, maps: list[Any]) -> int:

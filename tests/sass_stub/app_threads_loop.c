@@ -1,19 +1,21 @@
-/* A job for the SASS back end's live tests (tests/test_sass_live.py): `app_threads_loop STOP THREADS`
+/* A job for the SASS back end's live tests (tests/test_sass_live.py): `app_threads_loop STOP THREADS [graph]`
  * loads two PTX modules (kernels `step` and `step2`, no parameters) and launches them in turn from
  * THREADS threads, each about every 200 us, until the file STOP exists; then prints
- * "app_threads_loop launches N failed F". */
+ * "app_threads_loop launches N failed F". With `graph`, one more thread replays a graph
+ * (cuGraphLaunch; the stand-in keeps no graphs, so the handle is made up) as often. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 static const char PTX[] = ".version 8.0\n.target sm_90\n.address_size 64\n\n.visible .entry step()\n{\n\tret;\n}\n";
 static const char PTX2[] = ".version 8.0\n.target sm_90\n.address_size 64\n\n.visible .entry step2()\n{\n\tret;\n}\n";
 
 typedef int (*fn)();
-static fn launch;
+static fn launch, graph_launch;
 static void *functions[2];
 static const char *stop;
 static atomic_long launches, failed;
@@ -23,6 +25,15 @@ static void *worker(void *arg) {
     for (unsigned i = 0; access(stop, F_OK); i++) {
         int r = launch(functions[i & 1], 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
         atomic_fetch_add(r ? &failed : &launches, 1);
+        usleep(200);
+    }
+    return NULL;
+}
+
+static void *replayer(void *arg) {
+    (void)arg;
+    while (access(stop, F_OK)) {
+        atomic_fetch_add(graph_launch((void *)0x6a, NULL) ? &failed : &launches, 1);
         usleep(200);
     }
     return NULL;
@@ -41,9 +52,13 @@ int main(int argc, char **argv) {
     if (init(0) || load(&module, PTX) || get(&functions[0], module, "step") || load(&module2, PTX2) ||
         get(&functions[1], module2, "step2"))
         return 4;
-    pthread_t threads[64];
+    pthread_t threads[65];
     if (n < 1 || n > 64) return 2;
     for (int i = 0; i < n; i++) pthread_create(&threads[i], NULL, worker, NULL);
+    if (argc > 3 && !strcmp(argv[3], "graph")) {
+        if (!(graph_launch = (fn)dlsym(cuda, "cuGraphLaunch"))) return 4;
+        pthread_create(&threads[n++], NULL, replayer, NULL);
+    }
     for (int i = 0; i < n; i++) pthread_join(threads[i], NULL);
     printf("app_threads_loop launches %ld failed %ld\n", atomic_load(&launches), atomic_load(&failed));
     return 0;

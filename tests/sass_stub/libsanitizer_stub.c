@@ -9,9 +9,18 @@
  * sanitizerPatchModule applies, sanitizerUnpatchModule removes; staging over an applied patch fails:
  * on the GPU that breaks the module). After each LAUNCH_BEGIN it logs what the launch would run:
  *   run f=<kernel> enter=<block-enter entry, or -> record=<generation>:<launch id>:<mask>, or ->
- * the record being the userdata the launch was given, copied there by sanitizerMemcpyHostToDeviceAsync. */
+ * the record being the userdata the launch was given, copied there by sanitizerMemcpyHostToDeviceAsync.
+ * At a graph replay (the stand-in driver's event 99) it logs what each module patched so far would run:
+ *   graph run enter=<module 1's block-enter entry, or ->,<module 2's>,...
+ * Two knobs make races visible:
+ * - EGPU_STUB_SANITIZER_DELAY_US=<us>: sanitizerPatchModule takes that long (a re-patch takes a while);
+ * - EGPU_STUB_SANITIZER_LOAD_IN=<n>: the n-th sanitizerPatchModule loads a module through the driver on
+ *   another thread and waits for that load to end, as the real one would wait for a driver lock the
+ *   loading thread holds; after 2 s it gives up and logs "sanitizerPatchModule: deadlock". */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -81,7 +90,20 @@ static struct patched *module_of(void *m) {
     return NULL;
 }
 
+static void graph_run(void) {
+    char line[512] = "";
+    size_t at = 0;
+    for (int i = 0; i < MODULES && modules[i].module && at < sizeof line - 100; i++)
+        at += snprintf(line + at, sizeof line - at, "%s%s", i ? "," : "",
+                       modules[i].on && modules[i].applied[1][0] ? modules[i].applied[1] : "-");
+    logf_("graph run enter=%s", line);
+}
+
 static void event(int domain, unsigned int cbid, const void *data) {
+    if (domain == 99) {
+        graph_run();
+        return;
+    }
     if (!subscriber || domain < 0 || domain >= 8 || !enabled[domain]) return;
     if (domain != 5) {
         subscriber(subscriber_data, domain, cbid, data);
@@ -97,10 +119,39 @@ static void event(int domain, unsigned int cbid, const void *data) {
     else logf_("run f=%s enter=%s record=-", ld->name, enter);
 }
 
+typedef int (*load_fn)(void **module, const void *image);
+static load_fn driver_load; /* the driver's own cuModuleLoadData (resolved while the shim passes us through) */
+
+static void *load_module(void *done) {
+    static const char ptx[] = ".version 8.0\n.target sm_90\n.address_size 64\n\n.visible .entry late()\n{\n\tret;\n}\n";
+    void *m = NULL;
+    int r = driver_load ? driver_load(&m, ptx) : -1;
+    logf_("load on another thread -> %d", r);
+    __atomic_store_n((int *)done, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+/* EGPU_STUB_SANITIZER_LOAD_IN: a load on another thread, waited for (at most 2 s) */
+static void load_meanwhile(void) {
+    static int calls;
+    const char *at = getenv("EGPU_STUB_SANITIZER_LOAD_IN");
+    if (!at || ++calls != atoi(at)) return;
+    static int done;
+    pthread_t t;
+    if (pthread_create(&t, NULL, load_module, &done)) return;
+    for (int ms = 0; ms < 2000 && !__atomic_load_n(&done, __ATOMIC_SEQ_CST); ms++) usleep(1000);
+    if (__atomic_load_n(&done, __ATOMIC_SEQ_CST)) pthread_join(t, NULL);
+    else {
+        logf_("sanitizerPatchModule: deadlock (the load on another thread waits for this call)");
+        pthread_detach(t);
+    }
+}
+
 int sanitizerSubscribe(void **sub, callback cb, void *ud) {
     subscriber = cb, subscriber_data = ud;
     *sub = (void *)1;
     void *driver = dlopen("libcuda.so.1", RTLD_NOW);
+    driver_load = driver ? (load_fn)dlsym(driver, "cuModuleLoadData") : NULL;
     void (*reg)(void (*)(int, unsigned int, const void *)) = driver ? dlsym(driver, "egpu_stub_sanitizer") : NULL;
     if (reg) reg(event);
     CALL(sanitizerSubscribe, "cb=%d", cb != NULL);
@@ -126,6 +177,9 @@ int sanitizerPatchInstructions(int id, void *m, const char *name) {
     CALL(sanitizerPatchInstructions, "id=%d name=%s", id, name);
 }
 int sanitizerPatchModule(void *m) {
+    const char *delay = getenv("EGPU_STUB_SANITIZER_DELAY_US");
+    if (delay) usleep(atoi(delay));
+    load_meanwhile();
     struct patched *p = module_of(m);
     int r = result("sanitizerPatchModule");
     logf_("sanitizerPatchModule %s", r ? "-> 7" : "-");

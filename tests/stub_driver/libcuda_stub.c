@@ -415,6 +415,17 @@ CUresult cuGraphAddNode_v2(void **node, void *g, void **deps, const void *edges,
 CUresult cuGraphNodeSetParams(void *node, graph_node *p) { return log_any_node(__func__, p, 0); }
 CUresult cuGraphExecNodeSetParams(void *exec, void *node, graph_node *p) { return log_any_node(__func__, p, 0); }
 
+/* A graph replay: the stand-in keeps no graphs, so it only tells the stand-in sanitizer (event 99, not the
+ * driver's), which logs what every patched module would run now. */
+#define GRAPH_LAUNCH(sym) \
+    CUresult sym(void *exec, void *stream) { \
+        logf_(#sym " exec=%p", exec); \
+        if (san_event) san_event(99, 0, NULL); \
+        return OK; \
+    }
+GRAPH_LAUNCH(cuGraphLaunch)
+GRAPH_LAUNCH(cuGraphLaunch_ptsz)
+
 /* Stream capture, minimally: which streams capture, in which mode. A launch into one is logged and run at
  * once like any other (the stand-in keeps no graphs); the legacy stream (NULL) cannot capture, as on the
  * driver, and ending a capture a stream never began is refused. The driver's rules for calls made while
@@ -547,6 +558,7 @@ static const struct { const char *api; int version, ptsz; const char *symbol; vo
     R(cuGraphAddNode, 12020, 0, cuGraphAddNode) R(cuGraphAddNode, 12030, 0, cuGraphAddNode_v2)
     R(cuGraphNodeSetParams, 12020, 0, cuGraphNodeSetParams)
     R(cuGraphExecNodeSetParams, 12020, 0, cuGraphExecNodeSetParams)
+    R(cuGraphLaunch, 10000, 0, cuGraphLaunch) R(cuGraphLaunch, 10000, 1, cuGraphLaunch_ptsz)
     R(cuStreamBeginCapture, 10000, 0, cuStreamBeginCapture) R(cuStreamBeginCapture, 10000, 1, cuStreamBeginCapture_ptsz)
     R(cuStreamBeginCapture, 10010, 0, cuStreamBeginCapture_v2)
     R(cuStreamBeginCapture, 10010, 1, cuStreamBeginCapture_v2_ptsz)
