@@ -134,10 +134,12 @@ def _probe_object(path: Path) -> "BpfObject":
 
 def _verified(path: Path, bpf: "BpfObject") -> list:
     """Each program of ``bpf`` verified; a refusal names the source line when the object has line info."""
+    from egpu_preload.bpf.ctx import layout_for
     from egpu_preload.bpf.lineinfo import located
     from egpu_preload.bpf.verifier import verify
     try:
-        return [verify(prog.code, bpf.maps, file=str(path), section=prog.section) for prog in bpf.programs]
+        return [verify(prog.code, bpf.maps, file=str(path), section=prog.section, layout=layout_for(prog.attach.kind))
+                for prog in bpf.programs]
     except EgpuError as e:
         raise located(e, _read_input(path), str(path)) from None
 
@@ -215,7 +217,7 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
     line info), why and the verifier log (exit 1). Then the maps the GPU keeps in rows per SM (counters
     only ever added to) and where launch programs run (the shim's C interpreter or the Python VM)."""
     from egpu_preload.bpf.sections import unattached
-    from egpu_preload.runtime import launches, native
+    from egpu_preload.runtime import native
     from egpu_preload.translate.devmaps import layout
     from egpu_preload.translate.striping import stripe_counters
     bpf = _probe_object(obj)
@@ -231,11 +233,17 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
                            "per SM, summed when read")
         for line in unattached(bpf.programs):
             typer.echo(line)
-        launch, used, _ = launches.launch_side(bpf)
+        host, used, _ = native.host_side(bpf)
+        launch = [p for p in host if p.attach.kind == "launch"]
         if launch:
             why = native.refusal(launch, bpf.maps, used)
             typer.echo("launch programs: in C (the shim's interpreter)" if why is None
                        else f"launch programs: on the Python VM ({why})")
+        if len(launch) < len(host):
+            why = native.api_refusal(bpf)
+            if why is not None:
+                raise EgpuError(why)
+            typer.echo("host-API programs: in C, in the hooks")
     except EgpuError as e:
         raise e.where(file=str(obj))
 

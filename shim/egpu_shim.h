@@ -192,6 +192,13 @@ void egpu_sass_fork(enum egpu_fork_phase phase);
 
 /* Nonzero while a stream capture the shim saw begin is in progress (interpose.c, "stream capture"). */
 int egpu_shim_capturing(void);
+/* Nonzero when this thread's hooks pass straight through (egpu_shim_bypass, or inside a Python callback). */
+int egpu_passthrough(void);
+/* The driver's `name` as a `type`, looked up once per call site (egpu_shim_real never returns a hook). */
+#define EGPU_REAL(type, name) ({ static _Atomic(void *) cache_; \
+    void *p_ = atomic_load_explicit(&cache_, memory_order_acquire); \
+    if (!p_) { p_ = egpu_shim_real(name); atomic_store_explicit(&cache_, p_, memory_order_release); } \
+    (type)p_; })
 
 typedef int CUresult;
 typedef void *CUmodule, *CUfunction, *CUlibrary, *CUkernel, *CUlinkState, *CUstream, *CUgraph,

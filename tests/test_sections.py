@@ -23,6 +23,12 @@ GOOD = [
     ("egpu/load.block/*", Attach("load", "*", "block")),
     ("egpu/store.warp/x", Attach("store", "x", "warp")),
     ("egpu/launch/*", Attach("launch", "*", "launch")),
+    # host-API sections: the GLOB is a driver API's name
+    ("egpu/memcpy/cuMemcpyHtoDAsync*", Attach("memcpy", "cuMemcpyHtoDAsync*", "api")),
+    ("egpu/memset/*", Attach("memset", "*", "api")),
+    ("egpu/alloc/cuMemAlloc*", Attach("alloc", "cuMemAlloc*", "api")),
+    ("egpu/free/*", Attach("free", "*", "api")),
+    ("egpu/sync/cuStreamSynchronize", Attach("sync", "cuStreamSynchronize", "api")),
     ("kprobe/void add<float>(float*, int)", Attach("entry", "void add<float>(float*, int)", "thread")),
     ("kprobe/a/b", Attach("entry", "a/b", "thread")),          # the GLOB is everything after the first /
     ("kprobe/x.warp/y", Attach("entry", "x.warp/y", "thread")),  # a scope only counts before that /
@@ -42,6 +48,9 @@ BAD = [
     ("kprobes/x", "unknown section"),
     ("egpu/memory/x", "unknown section"),
     ("egpu/launch.warp/*", "take no scope"),
+    ("egpu/memcpy.warp/*", "memcpy probes run once per call and take no scope"),
+    ("egpu/sync/", "empty driver API name pattern"),
+    ("egpu/memcpyx/*", "unknown section"),
     ("kprobe.lane/*", "unknown scope .lane"),
     ("egpu/mem.thread/*", "unknown scope .thread"),
     ("kprobe/", "empty kernel name pattern"),

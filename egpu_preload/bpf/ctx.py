@@ -1,5 +1,8 @@
-"""``struct egpu_ctx``: what a probe sees in r1. The layout is ABI: egpu.bpf.h, the verifier, the VM and
-the PTX rewriter (which fills it in) all read these offsets from here.
+"""What a probe sees in r1: ``struct egpu_ctx`` for GPU and launch sections, ``struct egpu_host_ctx``
+for the host-API sections (egpu/memcpy, memset, alloc, free, sync). The layouts are ABI: egpu.bpf.h,
+the verifier, the VM, the PTX rewriter and the shim (shim/hostapi.c) all read these offsets from here,
+and the verifier holds each program to its section's layout (``layout_for``), so a host probe cannot
+read a GPU field and the reverse.
 """
 
 from __future__ import annotations
@@ -44,6 +47,59 @@ WORDS = SIZE // 8
 NO_ADDRESS = 1 << 40
 BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 ALL_FIELDS: frozenset[str] = frozenset(BY_NAME)
+
+
+# ---- struct egpu_host_ctx: one call of a driver API (shim/hostapi.c fills it after the call returns) ----
+# kind of a copy (egpu/memcpy) and of a set (egpu/memset); the numbers of egpu_cow.h's egpu_op_kind
+COPY_H2D, COPY_D2H, COPY_D2D, COPY_H2H, COPY_PEER, COPY_SET = 1, 2, 3, 4, 5, 6
+# kind of an allocation or free: egpu_shim.h's egpu_alloc_kind
+ALLOC_DEVICE, ALLOC_PITCH, ALLOC_MANAGED, ALLOC_POOL, ALLOC_HOST, ALLOC_HOST_REGISTERED = 1, 2, 3, 4, 5, 6
+ALLOC_VMM_HANDLE, ALLOC_VMM_MAPPING = 7, 8
+# kind of a synchronization
+SYNC_STREAM, SYNC_EVENT, SYNC_CONTEXT = 1, 2, 3
+# flags
+HOST_F_ASYNC, HOST_F_PER_THREAD, HOST_F_STRIDED, HOST_F_CAPTURED = 1, 2, 4, 8
+
+# Its fields begin where struct egpu_ctx ends (the first SIZE bytes are reserved), so no offset is a field
+# of both: the verifier tells a GPU field read in a host section (and the reverse) by its offset alone.
+HOST_FIELDS: tuple[Field, ...] = (
+    Field("api_id", SIZE + 0, 8),      # api_id(symbol): FNV-1a 64 of the driver symbol ("cuMemcpyHtoD_v2")
+    Field("dst", SIZE + 8, 8),         # copy/set: destination; alloc/free: the address (also named addr)
+    Field("addr", SIZE + 8, 8),
+    Field("src", SIZE + 16, 8),        # copy: source; set: the value
+    Field("bytes", SIZE + 24, 8),      # bytes copied, set or allocated (2D/3D: width x height x depth)
+    Field("stream", SIZE + 32, 8),     # the CUstream (0: the legacy default stream; per-thread twins: 2)
+    Field("handle", SIZE + 40, 8),     # sync: the event or stream waited for; pool alloc: the pool
+    Field("blocked_ns", SIZE + 48, 8), # ns the calling thread spent in the driver call (sync: blocked)
+    Field("kind", SIZE + 56, 4),       # COPY_* / ALLOC_* / SYNC_*
+    Field("flags", SIZE + 60, 4),      # HOST_F_*
+    Field("result", SIZE + 64, 4),     # the CUresult the driver returned (0: success)
+    Field("pad", SIZE + 68, 4),
+)
+HOST_SIZE = SIZE + 72
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One context struct: its C name, fields and size."""
+    struct: str
+    fields: tuple[Field, ...]
+    size: int
+
+
+GPU = Layout("egpu_ctx", FIELDS, SIZE)
+HOST = Layout("egpu_host_ctx", HOST_FIELDS, HOST_SIZE)
+HOST_API_KINDS = frozenset(("memcpy", "memset", "alloc", "free", "sync"))  # bpf/sections.py API_KINDS
+
+
+def layout_for(kind: str) -> Layout:
+    """The context a program of attach ``kind`` receives."""
+    return HOST if kind in HOST_API_KINDS else GPU
+
+
+def api_id(symbol: str) -> int:
+    """``struct egpu_host_ctx``'s api_id: FNV-1a 64 of the driver symbol, as kernel_id hashes a kernel name."""
+    return kernel_id(symbol)
 
 
 def fields_at(offsets: frozenset[int]) -> frozenset[str]:

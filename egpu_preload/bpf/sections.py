@@ -3,6 +3,14 @@
     kprobe[.SCOPE]/GLOB          entry        kretprobe[.SCOPE]/GLOB    exit
     egpu/mem[.SCOPE]/GLOB        mem          egpu/load[.SCOPE]/GLOB    load
     egpu/store[.SCOPE]/GLOB      store        egpu/launch/GLOB          launch
+    egpu/memcpy/GLOB             memcpy       egpu/memset/GLOB          memset
+    egpu/alloc/GLOB              alloc        egpu/free/GLOB            free
+    egpu/sync/GLOB               sync
+
+The host-API sections (``API_KINDS``) run on the host, in C, after each call of a driver API whose name
+the GLOB matches: the API's name (``cuMemcpyHtoDAsync``) or the exported symbol the program called
+(``cuMemcpyHtoDAsync_v2_ptsz``), so ``egpu/memcpy/cuMemcpyHtoDAsync*`` takes every variant of it. They
+receive ``struct egpu_host_ctx`` (bpf/ctx.py HOST), GPU and launch sections ``struct egpu_ctx``.
 
 bpftime's spellings, so its probes load unchanged: ``kprobe/__memcapture`` is its memory-access probe
 (every global access of every kernel: ``egpu/mem/*``); ``uprobe[/PATH:SYMBOL]`` and
@@ -30,9 +38,16 @@ KINDS: dict[str, str] = {
     "egpu/load": "load",
     "egpu/store": "store",
     "egpu/launch": "launch",
+    "egpu/memcpy": "memcpy",
+    "egpu/memset": "memset",
+    "egpu/alloc": "alloc",
+    "egpu/free": "free",
+    "egpu/sync": "sync",
 }
 SCOPES = ("warp", "block")  # besides the default, "thread"
 HOST_KINDS = ("uprobe", "uretprobe")
+API_KINDS = ("memcpy", "memset", "alloc", "free", "sync")  # ctx.HOST_API_KINDS
+ONCE_PER_CALL = ("launch",) + API_KINDS  # sections that take no scope: they run once per launch or call
 MEMCAPTURE = "kprobe/__memcapture"  # bpftime's section for a probe at every memory access
 
 
@@ -49,13 +64,14 @@ def parse_section(name: str) -> Attach:
         if not name.startswith(prefix):
             continue
         rest = name[len(prefix):]
-        scope = "launch" if kind == "launch" else "thread"
+        scope = "launch" if kind == "launch" else "api" if kind in API_KINDS else "thread"
         if rest.startswith("."):
             suffix, sep, _ = rest[1:].partition("/")
             if not sep:
                 break
-            if kind == "launch":
-                raise ElfError(f"launch probes run once per launch and take no scope (.{suffix})", section=name)
+            if kind in ONCE_PER_CALL:
+                what = "launch probes run once per launch" if kind == "launch" else f"{kind} probes run once per call"
+                raise ElfError(f"{what} and take no scope (.{suffix})", section=name)
             if suffix not in SCOPES:
                 raise ElfError(f"unknown scope .{suffix} (use .warp or .block)", section=name)
             scope, rest = suffix, rest[1 + len(suffix):]
@@ -63,10 +79,12 @@ def parse_section(name: str) -> Attach:
             continue  # e.g. "kprobes/x": another word that merely starts like ours
         glob = rest[1:]
         if not glob:
-            raise ElfError("empty kernel name pattern (use * for every kernel)", section=name)
+            what = "driver API" if kind in API_KINDS else "kernel"
+            raise ElfError(f"empty {what} name pattern (use * for every {what})", section=name)
         return Attach(kind, glob, scope)
     raise ElfError("unknown section (expected kprobe/, kretprobe/, egpu/mem/, egpu/load/, egpu/store/, "
-                   "egpu/launch/, uprobe or uretprobe, with .warp or .block before the / on GPU sections)",
+                   "egpu/launch/, egpu/memcpy/, egpu/memset/, egpu/alloc/, egpu/free/, egpu/sync/, uprobe or "
+                   "uretprobe, with .warp or .block before the / on GPU sections)",
                    section=name)
 
 

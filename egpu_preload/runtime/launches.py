@@ -39,6 +39,13 @@ Launches of kernels no probe matches are dropped in C either way. Which handle r
 the first time it is launched (the drain stops there and asks), and forgotten when a module unloads,
 since the driver hands the same handles out again.
 
+Host-API probes (egpu/memcpy, memset, alloc, free, sync) are part of the same host side: one set of
+host maps per probe object with its launch programs, in C (native.py refuses an object they cannot run
+in when it is loaded). They run in the application's thread, in the hook, after the driver call
+(shim/hostapi.c); ``LaunchProbes`` routes them to the hooked APIs their globs match (native.ApiRoutes)
+and takes them off before their programs are freed (``Drainer.stop``). Their ktime is this module's
+clock: CLOCK_MONOTONIC plus ``offset``.
+
 Limits: launches replayed from CUDA graphs (cuGraphLaunch) are not seen; a full ring drops records
 (counted in the shim's stats as ``dropped``; egpu-run says how many at exit). The ring holds 16 Ki
 records, so a loop of back-to-back launches outruns probes on the Python VM.
@@ -56,9 +63,8 @@ from typing import Any
 
 from egpu_preload.bpf import ctx as C
 from egpu_preload.bpf import program as prog
-from egpu_preload.bpf import isa
 from egpu_preload.bpf.decode import decode
-from egpu_preload.bpf.program import BpfObject
+from egpu_preload.bpf.sections import API_KINDS
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, MapStorage
 from egpu_preload.runtime import mapsync, native
@@ -111,12 +117,6 @@ _CONTEXT = _context_struct()
 def context_bytes(launch: Launch, kernel_id: int) -> bytes:
     """``struct egpu_ctx`` of a launch probe (egpu_preload/bpf/ctx.py)."""
     return _CONTEXT.pack(kernel_id, launch.launch_id, C.KIND_LAUNCH, *launch.grid, *launch.block, launch.stream)
-
-
-def maps_used(code: bytes) -> set[int]:
-    """Indices of the maps a program refers to (lddw with a map-index source)."""
-    return {i.imm & 0xFFFFFFFF for i in decode(code) if i.kind == "lddw"
-            and i.src in (isa.LDDW_MAP_IDX, isa.LDDW_MAP_IDX_VALUE)}
 
 
 class Touched:
@@ -185,19 +185,10 @@ class ProbeMaps:
         return st
 
 
-def launch_side(obj: BpfObject) -> tuple[list[prog.Program], set[int], set[int]]:
-    """An object's launch programs, the maps they use, and which of those GPU programs use too."""
-    launch = [p for p in obj.programs if p.attach.kind == "launch"]
-    by_launch = set().union(*(maps_used(p.code) for p in launch)) if launch else set()
-    others = [p for p in obj.programs if p.attach.kind != "launch"]
-    by_gpu = set().union(*(maps_used(p.code) for p in others)) if others else set()
-    return launch, by_launch, by_launch & by_gpu
-
-
 def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps | None:
-    """The launch side of a probe object, None when it has no launch programs; in C when ``engine``
-    (the shim's ffi and lib) is given and runtime/native.py takes it."""
-    launch, by_launch, shared = launch_side(probe.obj)
+    """The host side of a probe object (launch and host-API programs, native.host_side), None when it has
+    none; in C when ``engine`` (the shim's ffi and lib) is given and runtime/native.py takes it."""
+    launch, by_launch, shared = native.host_side(probe.obj)
     if not launch:
         return None
     state = MapsState(probe.obj.maps)
@@ -211,7 +202,8 @@ def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps
     for i in shared:
         if probe.obj.maps[i].type not in RING_TYPES:
             state.storages[i] = Touched(state.storages[i])  # type: ignore[call-overload]
-    return ProbeMaps(probe, state, [(p, Vm(p.code, probe.obj.maps, state, compiled=True)) for p in launch],
+    return ProbeMaps(probe, state, [(p, Vm(p.code, probe.obj.maps, state, compiled=True)) for p in launch
+                                    if p.attach.kind == "launch"],
                      by_launch - shared, shared, refusal=refusal)
 
 
@@ -233,9 +225,14 @@ class LaunchProbes:
     def __init__(self, probes: Sequence[Probe], only: str | None = None,
                  engine: tuple[Any, Any] | None = None, in_c: bool = True) -> None:
         self.probes = list(probes)  # the probes at start, the sides' owners (live.py may replace them later)
-        self.sides = [probe_maps(p, engine if in_c else None) for p in probes]
+        # host-API programs run in C whatever in_c says (load_probe refused the objects C cannot take)
+        self.sides = [probe_maps(p, engine if in_c or native.api_refusal(p.obj) is None and _has_api(p) else None)
+                      for p in probes]
         self.router = native.Router(*engine) if engine is not None else None
+        self.apis = native.ApiRoutes(*engine, [s.native for s in self.sides if s and s.native]) \
+            if engine is not None else None
         self.only = only  # egpu-run --kernel: launch probes see only those kernels too
+        self._offset = 0
         self.offset = clock_offset()   # MONOTONIC -> REALTIME; the runtime adds REALTIME -> %globaltimer
         self._chosen: dict[str | None, Chosen] = {}
         self.python_runs = 0
@@ -243,6 +240,17 @@ class LaunchProbes:
 
     def __bool__(self) -> bool:
         return any(self.sides)
+
+    @property
+    def offset(self) -> int:
+        """ns added to CLOCK_MONOTONIC for probes' ktime (launch records' times, host-API calls)."""
+        return self._offset
+
+    @offset.setter
+    def offset(self, value: int) -> None:
+        self._offset = value
+        if self.router is not None:
+            self.router.lib.egpu_lvm_api_clock(value)
 
     @property
     def runs(self) -> int:
@@ -257,7 +265,7 @@ class LaunchProbes:
                 return matches(glob, name) if name is not None else glob == "*"
 
             def runs(p: prog.Program) -> bool:
-                return takes(p.attach.glob) and (self.only is None or takes(self.only))
+                return p.attach.kind == "launch" and takes(p.attach.glob) and (self.only is None or takes(self.only))
             chosen = self._chosen[name] = Chosen(
                 [(side, vm) for side in self.sides if side for p, vm in side.programs if runs(p)],
                 [h for side in self.sides if side and side.native for p, h in side.native.programs if runs(p)],
@@ -390,7 +398,10 @@ class Drainer:
         return total
 
     def stop(self) -> None:
-        """Records off, the thread joined, and what was left in the ring run."""
+        """Host-API calls run no program any more, records off, the thread joined, and what was left in the
+        ring run."""
+        if self.probes.apis is not None:
+            self.probes.apis.clear()
         self.lib.egpu_shim_records(0)
         self._stop.set()
         if self._thread.is_alive():
@@ -402,9 +413,13 @@ class Drainer:
     def report(self) -> dict[str, Any]:
         """Where each probe object's launch programs ran (the dump's ``launch_probes``)."""
         sides = [s for s in self.probes.sides if s]
-        return {"in_c": [str(s.probe.path) for s in sides if s.native],
-                "python_vm": {str(s.probe.path): s.refusal or "--launch-vm python" for s in sides if not s.native},
-                "python_records": self.python_records}
+        out: dict[str, Any] = {"in_c": [str(s.probe.path) for s in sides if s.native],
+                               "python_vm": {str(s.probe.path): s.refusal or "--launch-vm python"
+                                             for s in sides if not s.native},
+                               "python_records": self.python_records}
+        if self.probes.apis is not None and self.probes.apis.attached:
+            out["host_apis"] = self.probes.apis.attached  # section -> the hooked symbols it runs on
+        return out
 
     def forget(self) -> None:
         """Decide again what every handle runs (a module was unloaded: its handles may come back
@@ -419,6 +434,9 @@ def attach(runtime: Any) -> Drainer | None:
     probes = LaunchProbes(runtime.probes, runtime.cfg.kernel, (runtime.ffi, runtime.lib), runtime.cfg.launch_vm == "c")
     if not probes:
         return None
+    for line in probes.apis.unmatched() if probes.apis is not None else ():
+        print(f"egpu: {line}", file=sys.stderr)
+
     def name_of(handle: int) -> str | None:
         found = runtime.functions.get(handle)
         return found[1] if found else None
@@ -430,6 +448,10 @@ def attach(runtime: Any) -> Drainer | None:
         return memory, [m.addrs for m in maps]
 
     return Drainer(runtime.ffi, runtime.lib, probes, name_of, device).start()
+
+
+def _has_api(probe: Probe) -> bool:
+    return any(p.attach.kind in API_KINDS for p in probe.obj.programs)
 
 
 def dump_states(drainer: Drainer | None, probes: Sequence[Probe],

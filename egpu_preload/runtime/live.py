@@ -69,6 +69,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from egpu_preload.bpf.sections import ONCE_PER_CALL
 from egpu_preload.control import ControlError, ControlServer
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState
@@ -610,8 +611,9 @@ class Live:
         if probe is None:
             path.write_bytes(data)
             probe = load_probe(path)
-            if any(p.attach.kind == "launch" for p in probe.obj.programs):
-                raise ControlError(f"{name}: launch programs (egpu/launch/...) cannot be attached to a running job yet")
+            if any(p.attach.kind in ONCE_PER_CALL for p in probe.obj.programs):
+                raise ControlError(f"{name}: launch and host-API programs (egpu/launch/..., egpu/memcpy/..., ...) "
+                                   "cannot be attached to a running job yet")
         self._verified[path] = probe
         while len(self._verified) > VERIFIED_KEPT:
             del self._verified[next(iter(self._verified))]

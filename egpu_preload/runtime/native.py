@@ -1,4 +1,5 @@
-"""Launch probes in C (shim/launchvm.c): which probe objects run there, their maps and programs, and the
+"""Launch and host-API probes in C (shim/launchvm.c): which probe objects run there, their maps and
+programs, the routes of host-API programs to the driver APIs the shim hooks (shim/hostapi.c), and the
 maps read back into the host containers the dumps print.
 
 A probe object's launch side runs in C when every map its launch programs use is an ARRAY,
@@ -6,11 +7,16 @@ PERCPU_ARRAY, HASH, LRU_HASH or global data, and they call only the helpers in `
 then no record of its kernels reaches Python. Maps GPU programs share are tracked in C (the keys a run
 changed are logged, launches.py pushes them to the device copy). Otherwise (ring and perf buffers,
 trace_printk) it stays on the Python VM, and ``refusal`` says why.
+
+Host-API programs (egpu/memcpy, memset, alloc, free, sync) run in the application's thread, inside the
+hook, so they run in C or not at all: an object whose host side C cannot take is refused when it is
+loaded (``api_refusal``). They share the object's host maps with its launch programs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from fnmatch import fnmatchcase
 from typing import Any
 
 from egpu_preload.bpf import isa
@@ -18,6 +24,7 @@ from egpu_preload.bpf import program as prog
 from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.disasm import disasm_insn
 from egpu_preload.bpf.helpers import BPF_ANY, BY_NAME, HELPERS
+from egpu_preload.bpf.sections import API_KINDS, ONCE_PER_CALL
 from egpu_preload.maps import STORAGE_BY_TYPE, MapStorage
 
 MAP_TYPES = frozenset((prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_HASH, prog.MAP_LRU_HASH))
@@ -28,6 +35,31 @@ MAX_ENTRIES, MAX_VALUE = 1 << 24, 1 << 20  # launchvm.c's limits on a map's shap
 FAULTS = {1: "bad memory access", 2: "write to read-only memory", 3: "unaligned atomic access",
           4: "not a map", 5: "invalid instruction", 6: "call depth exceeds 8 frames",
           7: "instruction budget exhausted (unbounded loop?)", 8: "out of memory"}
+
+
+def maps_used(code: bytes) -> set[int]:
+    """Indices of the maps a program refers to (lddw with a map-index source)."""
+    return {i.imm & 0xFFFFFFFF for i in decode(code) if i.kind == "lddw"
+            and i.src in (isa.LDDW_MAP_IDX, isa.LDDW_MAP_IDX_VALUE)}
+
+
+def host_side(obj: prog.BpfObject) -> tuple[list[prog.Program], set[int], set[int]]:
+    """An object's programs that run on the host once per launch or call (launch and host-API sections),
+    the maps they use, and which of those GPU programs use too."""
+    host = [p for p in obj.programs if p.attach.kind in ONCE_PER_CALL]
+    by_host = set().union(*(maps_used(p.code) for p in host)) if host else set()
+    others = [p for p in obj.programs if p.attach.kind not in ONCE_PER_CALL]
+    by_gpu = set().union(*(maps_used(p.code) for p in others)) if others else set()
+    return host, by_host, by_host & by_gpu
+
+
+def api_refusal(obj: prog.BpfObject) -> str | None:
+    """Why the object's host-API programs cannot run (they run in C only); None when they can or it has none."""
+    host, used, _ = host_side(obj)
+    if not any(p.attach.kind in API_KINDS for p in host):
+        return None
+    why = refusal(host, obj.maps, used)
+    return None if why is None else f"host-API programs run only in C, in the hooks, which cannot take this object: {why}"
 
 
 def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used: Iterable[int]) -> str | None:
@@ -121,7 +153,8 @@ class Side:
             if s.faults:
                 insn = {i.pc: i for i in decode(p.code)}.get(s.fault_pc)
                 where = f" ({disasm_insn(insn)})" if insn is not None else ""
-                lines.append(f"{path}: launch {s.fault_launch}: {p.name}: {FAULTS.get(s.fault, s.fault)} at pc "
+                when = f"launch {s.fault_launch}" if p.attach.kind == "launch" else f"{p.section}"
+                lines.append(f"{path}: {when}: {p.name}: {FAULTS.get(s.fault, s.fault)} at pc "
                              f"{s.fault_pc}{where}" + (f"; {s.faults} runs faulted" if s.faults > 1 else ""))
         return lines
 
@@ -161,3 +194,50 @@ class Router:
         taken = self.ffi.new("unsigned long long *")
         n = self.lib.egpu_lvm_drain(self.handle, out, max_records, offset, taken)
         return n, taken[0]
+
+
+def host_apis(ffi: Any, lib: Any) -> list[tuple[str, str, str]]:
+    """The shim's hooked driver APIs by number (egpu_host_apis): (symbol, API name, section or "")."""
+    n = lib.egpu_host_apis(ffi.NULL, ffi.NULL, ffi.NULL, 0)
+    cols = [ffi.new("const char *[]", n) for _ in range(3)]
+    lib.egpu_host_apis(*cols, n)
+    return [tuple(ffi.string(c[i]).decode() for c in cols) for i in range(n)]  # type: ignore[misc]
+
+
+def api_matches(p: prog.Program, symbol: str, api: str, section: str) -> bool:
+    """Whether host-API program ``p`` runs on calls of ``symbol``: its section's, and its GLOB matches the
+    API's name or the symbol (``cuMemcpyHtoDAsync*`` takes cuMemcpyHtoDAsync_v2 and _v2_ptsz)."""
+    return p.attach.kind == section and (fnmatchcase(api, p.attach.glob) or fnmatchcase(symbol, p.attach.glob))
+
+
+class ApiRoutes:
+    """Which host-API programs, of every side, the calls of each hooked API run (egpu_lvm_route_api)."""
+
+    def __init__(self, ffi: Any, lib: Any, sides: Sequence[Side]) -> None:
+        self.ffi, self.lib = ffi, lib
+        self.attached: dict[str, list[str]] = {}  # section of a program -> the symbols it runs on
+        self.routed: list[int] = []
+        programs = [(p, h) for side in sides for p, h in side.programs if p.attach.kind in API_KINDS]
+        for p, _ in programs:
+            self.attached.setdefault(p.section, [])
+        for i, (symbol, api, section) in enumerate(host_apis(ffi, lib) if programs else []):
+            chosen = [(p, h) for p, h in programs if api_matches(p, symbol, api, section)]
+            if not chosen:
+                continue
+            table = ffi.new("struct egpu_lvm_prog *[]", [h for _, h in chosen])
+            if lib.egpu_lvm_route_api(i, table, len(chosen)):
+                raise MemoryError(f"no memory for the route of {symbol}")
+            self.routed.append(i)
+            for p, _ in chosen:
+                self.attached[p.section].append(symbol)
+
+    def unmatched(self) -> list[str]:
+        """One line for each host-API program no hooked API matched."""
+        return [f"{section}: no driver API the shim hooks matches: the program never runs"
+                for section, symbols in self.attached.items() if not symbols]
+
+    def clear(self) -> None:
+        """Calls run no program any more (before the programs are freed)."""
+        for i in self.routed:
+            self.lib.egpu_lvm_route_api(i, self.ffi.NULL, 0)
+        self.routed = []

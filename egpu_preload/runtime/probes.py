@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from egpu_preload.bpf.compile import compile_probe
+from egpu_preload.bpf.ctx import layout_for
 from egpu_preload.bpf.elf import load_object
 from egpu_preload.bpf.lineinfo import located
 from egpu_preload.bpf.program import BpfObject
 from egpu_preload.bpf.verifier import verify
 from egpu_preload.errors import EgpuError
 from egpu_preload.progress import Progress
+from egpu_preload.runtime.native import api_refusal
 from egpu_preload.translate.module import object_tag, table_symbol
 from egpu_preload.translate.rewrite import ProbeSpec, probe_specs
 
@@ -33,8 +35,12 @@ def load_probe(path: Path) -> Probe:
     """Load, verify and translate one .bpf.o; EgpuError (file:section:insn: reason) when it cannot run."""
     try:
         obj = load_object(path)
-        verified = [verify(prog.code, obj.maps, file=str(path), section=prog.section) for prog in obj.programs]
+        verified = [verify(prog.code, obj.maps, file=str(path), section=prog.section, layout=layout_for(prog.attach.kind))
+                    for prog in obj.programs]
         specs = tuple(probe_specs(obj, verified))
+        why = api_refusal(obj)
+        if why is not None:
+            raise EgpuError(why)
     except EgpuError as e:
         raise e.where(file=str(path))
     if not obj.programs:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..bpf.ctx import ALL_FIELDS, SIZE as CTX_SIZE, fields_at, words_at
+from ..bpf.ctx import ALL_FIELDS, SIZE as CTX_SIZE, fields_at, layout_for, words_at
 from ..bpf.decode import decode
 from ..bpf.program import BpfObject, Program
 from ..bpf.verifier import VerifiedProgram, verify
@@ -89,7 +89,8 @@ def probe_function(program: Program, obj: BpfObject, tag: str | None = None,
     tag = tag or object_tag(obj)
     name = f"__egpu_{tag}_{_ident(program.name)}"
     if verified is None:
-        verified = verify(program.code, obj.maps, file=obj.path, section=program.section)
+        verified = verify(program.code, obj.maps, file=obj.path, section=program.section,
+                          layout=layout_for(program.attach.kind))
     words = words_at(verified.ctx_reads) if ctx_params and None not in verified.ctx_at.values() else None
     target = Target(tag, tuple(obj.maps), table_symbol(tag), table_param, words)
     try:

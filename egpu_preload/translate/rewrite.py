@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from egpu_preload.bpf import ctx as C
+from egpu_preload.bpf.ctx import layout_for
 from egpu_preload.bpf.program import Attach, BpfObject
 from egpu_preload.bpf.verifier import VerifiedProgram, verify
 from egpu_preload.errors import PtxError
@@ -141,7 +142,8 @@ def probe_specs(obj: BpfObject, verified: Sequence[VerifiedProgram] | None = Non
     verifier's result for each of ``obj.programs``, in order (verified here when not given)."""
     from egpu_preload.translate import probe_function   # the translator imports this package
     if verified is None:
-        verified = [verify(p.code, obj.maps, file=obj.path, section=p.section) for p in obj.programs]
+        verified = [verify(p.code, obj.maps, file=obj.path, section=p.section, layout=layout_for(p.attach.kind))
+                    for p in obj.programs]
     stripe_counters(obj, verified)
     specs = []
     for prog, v in zip(obj.programs, verified, strict=True):

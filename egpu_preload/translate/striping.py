@@ -15,7 +15,7 @@ A map is striped when all of this holds (the verifier's value_uses, every path o
 - it is an ARRAY (or .bss/.data) that is not read-only;
 - the GPU programs touch its values only with atomic adds that do not fetch the old value, all of one
   width, and take the map for nothing but lookups (an update with BPF_NOEXIST changes no array slot);
-- no launch probe or host uprobe uses it (those run on the host copy, which mapsync.py copies to the device);
+- no launch probe, host-API probe (egpu/memcpy, ...) or host uprobe uses it (those run on the host copy, which mapsync.py copies to the device);
 - one row of it is at most STRIPE_ROW_MAX bytes (a large array is a spread one, and rows cost memory).
 """
 
@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from ..bpf.ctx import layout_for
 from ..bpf.program import MAP_ARRAY, BpfObject, MapDef
-from ..bpf.sections import HOST_KINDS
+from ..bpf.sections import HOST_KINDS, ONCE_PER_CALL
 from ..bpf.verifier import VerifiedProgram, verify
 
 STRIPE_ROW_MAX = 64 * 1024
@@ -36,11 +37,12 @@ def stripe_counters(obj: BpfObject, verified: Sequence[VerifiedProgram] | None =
     """Mark the object's maps that qualify (MapDef.stripe), in place; ``verified``: the verifier's
     result for each of ``obj.programs``, in order (verified here when not given)."""
     if verified is None:
-        verified = [verify(p.code, obj.maps, file=obj.path, section=p.section) for p in obj.programs]
+        verified = [verify(p.code, obj.maps, file=obj.path, section=p.section, layout=layout_for(p.attach.kind))
+                    for p in obj.programs]
     gpu_uses: dict[int, set[str]] = {}
     host: set[int] = set()
     for prog, v in zip(obj.programs, verified, strict=True):
-        if prog.attach.kind == "launch" or prog.attach.kind in HOST_KINDS:
+        if prog.attach.kind in ONCE_PER_CALL or prog.attach.kind in HOST_KINDS:
             host |= set(v.value_uses) | {i for i in v.maps.values() if i is not None}
             if None in v.maps.values():
                 host |= set(range(len(obj.maps)))

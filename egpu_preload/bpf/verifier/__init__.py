@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from ...errors import DecodeError, VerifierError
+from ..ctx import GPU, Layout
 from ..decode import Insn, decode
 from ..disasm import disasm_insn
 from ..program import MapDef
@@ -106,8 +107,9 @@ def _live(cfg: Cfg, st: State, pc: int) -> list[int]:
 
 
 def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section: str | None = None,
-           max_insns: int = MAX_INSNS) -> VerifiedProgram:
-    """Verify one program (subprograms appended, map references resolved as program.py describes).
+           max_insns: int = MAX_INSNS, layout: Layout = GPU) -> VerifiedProgram:
+    """Verify one program (subprograms appended, map references resolved as program.py describes), its
+    context reads against ``layout`` (ctx.layout_for its attach kind).
     Raises VerifierError ("17: <insn>: <what> (<check>)", with the state log as detail) or DecodeError."""
     try:
         insns = decode(code)
@@ -117,7 +119,7 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
         cfg = cfg_mod.build(insns, maps)
     except Reject as r:
         raise _error(r, None, insns, maps, None, file, section) from None
-    env = Env(cfg, maps)
+    env = Env(cfg, maps, layout)
     seen: dict[int, dict[tuple, _Visit]] = {}
     recent: dict[int, list[_Visit]] = {}
     processed = 0

@@ -48,12 +48,13 @@ Succ = list[tuple[State, int]]
 class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
-    __slots__ = ("cfg", "maps", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack", "ctx_reads",
+    __slots__ = ("cfg", "maps", "layout", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack", "ctx_reads",
                  "ctx_at", "value_uses", "_last_id")
 
-    def __init__(self, cfg: Cfg, maps: list[MapDef]) -> None:
+    def __init__(self, cfg: Cfg, maps: list[MapDef], layout: egpu_ctx.Layout = egpu_ctx.GPU) -> None:
         self.cfg = cfg
         self.maps = maps
+        self.layout = layout  # the context r1 points to (ctx.layout_for the program's section)
         self.regions: dict[int, str] = {}
         self.map_refs: dict[int, int | None] = {}
         self.depth = [0] * len(cfg.subprogs)
@@ -315,7 +316,7 @@ def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *,
     env.note_region(insn.pc, kind)
     fixed = ptr.off + insn.off
     if kind == CTX:
-        read = _ctx(ptr, fixed, size, mode, signed, reg)
+        read = _ctx(env.layout, ptr, fixed, size, mode, signed, reg)
         env.note_ctx(insn.pc, fixed, size)
         return read
     _bounded(ptr, kind, reg)
@@ -356,10 +357,10 @@ def _within(ptr: Value, fixed: int, size: int, limit: int, what: str, limit_name
 
 
 @functools.cache
-def _ctx_slots() -> frozenset[tuple[int, int]]:
-    """Every (offset, size) read that stays inside one element of one egpu_ctx field and is aligned."""
+def _ctx_slots(layout: egpu_ctx.Layout) -> frozenset[tuple[int, int]]:
+    """Every (offset, size) read that stays inside one element of one field of ``layout`` and is aligned."""
     out = set()
-    for fld in egpu_ctx.FIELDS:
+    for fld in layout.fields:
         for e in range(fld.count):
             start = fld.offset + e * fld.size
             for size in (1, 2, 4, 8):
@@ -368,14 +369,28 @@ def _ctx_slots() -> frozenset[tuple[int, int]]:
     return frozenset(out)
 
 
-def _ctx(ptr: Value, fixed: int, size: int, mode: str, signed: bool, reg: int) -> Value:
+def _field_of_other(layout: egpu_ctx.Layout, offset: int) -> str | None:
+    """What a read at ``offset`` would be in the other context struct (None: nothing there either)."""
+    other = egpu_ctx.HOST if layout is egpu_ctx.GPU else egpu_ctx.GPU
+    names = [f.name for f in other.fields if f.offset <= offset < f.offset + f.size * f.count]
+    if not names:
+        return None
+    who = "host-API sections (egpu/memcpy, memset, alloc, free, sync)" if other is egpu_ctx.HOST \
+        else "GPU and launch sections"
+    return f"{'/'.join(names)} is a field of struct {other.struct}, which only {who} receive"
+
+
+def _ctx(layout: egpu_ctx.Layout, ptr: Value, fixed: int, size: int, mode: str, signed: bool, reg: int) -> Value:
     if mode != "read":
-        raise Reject(f"cannot write into ctx: struct egpu_ctx is read-only (r{reg})")
+        raise Reject(f"cannot write into ctx: struct {layout.struct} is read-only (r{reg})")
     if not ptr.is_const:
         raise Reject(f"variable ctx access prohibited (r{reg} smin={ptr.smin} smax={ptr.smax})")
-    if (fixed, size) not in _ctx_slots():
-        raise Reject(f"invalid ctx access off={fixed} size={size} (struct egpu_ctx is {egpu_ctx.SIZE} bytes of "
-                     "aligned fields)")
+    if (fixed, size) not in _ctx_slots(layout):
+        other = _field_of_other(layout, fixed)
+        if other is not None:
+            raise Reject(f"invalid ctx access off={fixed} size={size}: {other} (section context)")
+        raise Reject(f"invalid ctx access off={fixed} size={size} (struct {layout.struct} is {layout.size} bytes "
+                     "of aligned fields)")
     return sized(size, signed)
 
 

@@ -1,0 +1,156 @@
+/* hostapi.c: host-API probes in the hooks (egpu_hostapi.h): the table of APIs the runtime routes
+ * programs to, the context of one call (struct egpu_host_ctx, egpu_preload/bpf/ctx.py HOST), and the
+ * synchronization hooks. Copies and sets are hooked in cow.c, allocations and frees in interpose.c; each
+ * brackets its driver call with EGPU_HOST_BEGIN/END. The programs run in launchvm.c.
+ *
+ * Cost: with no program on an API, one relaxed load per call. With one, two clock reads, the context,
+ * the probe under launchvm.c's lock (shared with the launch drain), and for cuMemcpy/cuMemcpyAsync (the
+ * unified-addressing copies, whose direction the call does not say) one cuPointerGetAttribute per
+ * operand; while a stream capture the shim saw begin is in progress, one cuStreamIsCapturing.
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <string.h>
+
+#include "egpu_shim.h"
+#include "egpu_cow.h"
+#include "egpu_gate.h"
+#include "egpu_hostapi.h"
+#include "egpu_launchvm.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_NOT_FOUND 500
+#define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_MEMORYTYPE_DEVICE 2
+#define CU_MEMORYTYPE_UNIFIED 4
+#define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
+#define P(x) ((unsigned long long)(uintptr_t)(x))
+
+_Static_assert(EGPU_H_COUNT <= EGPU_LVM_APIS, "launchvm.c's route table must hold every hooked API");
+
+/* struct egpu_host_ctx (egpu_preload/bpf/ctx.py HOST_FIELDS; test_hostapi.py reads it back field by field) */
+#define CTX_BASE 144
+#define CTX_SIZE (CTX_BASE + 72)
+struct host_ctx {
+    unsigned char gpu_part[CTX_BASE];
+    unsigned long long api_id, dst, src, bytes, stream, handle, blocked_ns;
+    unsigned int kind, flags;
+    int result;
+    unsigned int pad;
+};
+_Static_assert(sizeof(struct host_ctx) == CTX_SIZE, "struct egpu_host_ctx is 216 bytes");
+
+/* ---- the table ---- */
+
+static const struct { const char *symbol, *api; } apis[EGPU_H_COUNT] = {
+#define X(sym, api_, ver, ptsz, params) [EGPU_H_##sym] = {#sym, #api_},
+    EGPU_HOST_ALL(X)
+#undef X
+};
+
+/* Which section a hook runs: the hooks below, cow.c's copies and sets, interpose.c's allocations. */
+static const char *section_of(const char *api) {
+    static const char *const alloc[] = {"cuMemAlloc", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync",
+                                        "cuMemAllocFromPoolAsync", "cuMemAllocHost", "cuMemHostAlloc",
+                                        "cuMemHostRegister", "cuMemCreate", "cuMemMap"};
+    static const char *const free_[] = {"cuMemFree", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister",
+                                        "cuMemRelease", "cuMemUnmap"};
+    static const char *const sync[] = {"cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize"};
+    if (!strncmp(api, "cuMemcpy", 8)) return "memcpy";
+    if (!strncmp(api, "cuMemset", 8)) return "memset";
+    for (size_t i = 0; i < sizeof alloc / sizeof *alloc; i++) if (!strcmp(api, alloc[i])) return "alloc";
+    for (size_t i = 0; i < sizeof free_ / sizeof *free_; i++) if (!strcmp(api, free_[i])) return "free";
+    for (size_t i = 0; i < sizeof sync / sizeof *sync; i++) if (!strcmp(api, sync[i])) return "sync";
+    return "";
+}
+
+EXPORT size_t egpu_host_apis(const char **symbols, const char **api_names, const char **sections, size_t max) {
+    for (size_t i = 0; i < EGPU_H_COUNT && i < max; i++)
+        symbols[i] = apis[i].symbol, api_names[i] = apis[i].api, sections[i] = section_of(apis[i].api);
+    return EGPU_H_COUNT;
+}
+
+/* ---- one call ---- */
+
+static uint64_t fnv1a(const char *s) { /* ctx.py api_id */
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001B3ull;
+    return h;
+}
+
+unsigned long long egpu_host_begin(int api) {
+    if (__builtin_expect(!egpu_lvm_api_routed((unsigned int)api), 1) || egpu_passthrough()) return 0;
+    return egpu_now_ns() | 1;
+}
+
+typedef CUresult (*pfn_pointer_attr)(void *data, int attribute, CUdeviceptr ptr);
+typedef CUresult (*pfn_is_capturing)(CUstream stream, int *status);
+
+/* Device-side memory (device, managed), or host memory (pinned, or unknown to CUDA: pageable). */
+static int on_device(unsigned long long p) {
+    unsigned int type = 0;
+    pfn_pointer_attr attr = EGPU_REAL(pfn_pointer_attr, "cuPointerGetAttribute");
+    return attr && attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) == CUDA_SUCCESS &&
+           (type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED);
+}
+
+/* cuMemcpy and cuMemcpyAsync take any two addresses (unified addressing): their direction. */
+static unsigned int direction(unsigned long long dst, unsigned long long src) {
+    int d = on_device(dst), s = on_device(src);
+    return s && d ? EGPU_COPY_D2D : d ? EGPU_COPY_H2D : s ? EGPU_COPY_D2H : EGPU_COPY_H2H;
+}
+
+static int captured(unsigned long long stream) {
+    int status = 0;
+    if (!egpu_shim_capturing()) return 0;
+    pfn_is_capturing is = EGPU_REAL(pfn_is_capturing, "cuStreamIsCapturing");
+    return is && is((CUstream)(uintptr_t)stream, &status) == CUDA_SUCCESS && status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+}
+
+void egpu_host_end(int api, unsigned long long t0, int result, const struct egpu_host_call *call) {
+    unsigned long long t1 = egpu_now_ns();
+    struct host_ctx c;
+    memset(&c, 0, sizeof c);
+    c.api_id = fnv1a(apis[api].symbol);
+    c.dst = call->dst, c.src = call->src, c.bytes = call->bytes, c.stream = call->stream, c.handle = call->handle;
+    c.blocked_ns = t1 > (t0 & ~1ull) ? t1 - (t0 & ~1ull) : 0;
+    c.kind = call->kind, c.flags = call->flags, c.result = result;
+    if (api == EGPU_H_cuMemcpy || api == EGPU_H_cuMemcpy_ptds || api == EGPU_H_cuMemcpyAsync ||
+        api == EGPU_H_cuMemcpyAsync_ptsz)
+        c.kind = direction(c.dst, c.src);
+    if (captured(c.stream)) c.flags |= EGPU_HOST_F_CAPTURED;
+    egpu_lvm_run_api((unsigned int)api, &c, sizeof c);
+}
+
+/* ---- synchronization: the time the caller was blocked ---- */
+
+#define X(sym, api, ver, ptsz, params) typedef CUresult (*pfn_##sym) params;
+EGPU_HOSTAPI_HOOKS(X)
+#undef X
+#define CALL(sym, ...) ({ pfn_##sym fn_ = EGPU_REAL(pfn_##sym, #sym); fn_ ? fn_(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
+
+#define STREAM_SYNC(sym, per_thread) \
+    EXPORT CUresult sym(CUstream s) { \
+        unsigned long long t_ = EGPU_HOST_BEGIN(sym); \
+        CUresult r_ = CALL(sym, s); \
+        EGPU_HOST_END(sym, t_, r_, .stream = EGPU_HOST_STREAM(s, per_thread), .handle = P(s), \
+                      .kind = EGPU_SYNC_STREAM, .flags = (per_thread) ? EGPU_HOST_F_PER_THREAD : 0); \
+        return r_; \
+    }
+STREAM_SYNC(cuStreamSynchronize, 0)
+STREAM_SYNC(cuStreamSynchronize_ptsz, 1)
+
+EXPORT CUresult cuEventSynchronize(CUevent e) {
+    unsigned long long t = EGPU_HOST_BEGIN(cuEventSynchronize);
+    CUresult r = CALL(cuEventSynchronize, e);
+    EGPU_HOST_END(cuEventSynchronize, t, r, .handle = P(e), .kind = EGPU_SYNC_EVENT);
+    return r;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    unsigned long long t = EGPU_HOST_BEGIN(cuCtxSynchronize);
+    CUresult r = CALL(cuCtxSynchronize);
+    EGPU_HOST_END(cuCtxSynchronize, t, r, .kind = EGPU_SYNC_CONTEXT);
+    return r;
+}
