@@ -452,7 +452,8 @@ class Runtime:
         dump.write(self.cfg.session, {
             "pid": os.getpid(), "argv": config.argv(), "rank": config.rank(),
             "probes": probes, "error": error,
-            "kernels": [[k, n] for k, n in self.kernel_names.items()],
+            # host-API probes' api ids print as the symbols they hash, as kernel ids print as kernel names
+            "kernels": [[k, n] for k, n in self.kernel_names.items()] + (self.drainer.api_names() if self.drainer else []),
             "modules": [m.report() for m in self.loads],
             "stats": {f: int(getattr(stats, f)) for f in STATS},
             "sass": self.sass.stats(),

@@ -421,6 +421,12 @@ class Drainer:
             out["host_apis"] = self.probes.apis.attached  # section -> the hooked symbols it runs on
         return out
 
+    def api_names(self) -> list[list[Any]]:
+        """[api id, symbol] of every hooked API a host-API program runs on (dump's names of ids)."""
+        apis = self.probes.apis
+        symbols = sorted({s for found in apis.attached.values() for s in found}) if apis is not None else []
+        return [[C.api_id(s), s] for s in symbols]
+
     def forget(self) -> None:
         """Decide again what every handle runs (a module was unloaded: its handles may come back
         as other kernels')."""
