@@ -15,6 +15,11 @@
 
 /* ---- part 1: implemented in Python (embedding_api) ---- */
 
+/* Does nothing: its first call starts Python, whose init code attaches the runtime (as any part-1 call
+ * does). The first host-API hook of a job with host-API probes (EGPU_HOST_APIS=1) calls it, so a program
+ * that copies or allocates before it loads any module is seen from its first call. */
+void egpu_py_start(void);
+
 /* ---- part 2: C API for the runtime (cdef) ---- */
 
 /* The hooked driver APIs by number: symbols[i] (the exported symbol), apis[i] (what cuGetProcAddress is

@@ -175,6 +175,8 @@ void egpu_shim_python_forking(void);
 int egpu_python_up(void);
 /* 1 once the shim has called into Python (hooks.attach ran) and until egpu_shim_python_gone(). */
 int egpu_python_attached(void);
+/* Start Python and the runtime now, as a module load would (egpu_hostapi.h egpu_py_start). */
+void egpu_python_start(void);
 
 /* process.c: if this thread holds the GIL, let it go and return what egpu_gil_take_back needs (NULL:
  * it did not hold it). For a thread about to wait on another that may need the GIL. */

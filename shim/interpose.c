@@ -962,6 +962,14 @@ int egpu_python_up(void) { return !atomic_load_explicit(&g_python_gone, memory_o
 
 int egpu_python_attached(void) { return atomic_load(&g_stats.python_calls) && egpu_python_up(); }
 
+void egpu_python_start(void) {
+    if (!egpu_python_up()) return;
+    atomic_fetch_add_explicit(&g_stats.python_calls, 1, memory_order_relaxed);
+    tls_in_python++;
+    egpu_py_start();
+    tls_in_python--;
+}
+
 static const void *py_image(int api, unsigned long long call, const void *image, size_t size,
                             const char *path, size_t *out_size) {
     if (!egpu_python_up()) return NULL; /* the original loads */

@@ -133,13 +133,16 @@ CALL = struct.Struct("<6Q2Ii I")
 
 
 @pytest.fixture(scope="module")
-def job(stub_job, tmp_path_factory):
+def app(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("app_hostapi") / "app_hostapi"
+    subprocess.run(["gcc", "-O1", "-Wall", "-Werror", str(MORE / "app_hostapi.c"), "-o", str(out), "-ldl"], check=True)
+    return out
+
+
+def run_app(stub_job, d: Path, app: Path, *args: str):
     """app_hostapi under host_calls.bpf.c: (egpu-run's result, the app's calls, the probe's rows by
-    symbol, the events array, the dump)."""
-    d = tmp_path_factory.mktemp("hostapi")
-    app = d / "app_hostapi"
-    subprocess.run(["gcc", "-O1", "-Wall", "-Werror", str(MORE / "app_hostapi.c"), "-o", str(app), "-ldl"], check=True)
-    r, (doc,), _ = run_kept(stub_job, d, PROBE, "-v", str(app))
+    symbol, the events array, the app's stream, the dump)."""
+    r, (doc,), _ = run_kept(stub_job, d, PROBE, "-v", str(app), *args)
     assert r.returncode == 0, r.stdout + r.stderr
     calls: dict[str, list[int]] = {}
     for line in r.stdout.splitlines():
@@ -152,6 +155,11 @@ def job(stub_job, tmp_path_factory):
     rows = {by_id[struct.unpack("<Q", k)[0]]: CALL.unpack(v) for k, v in maps[0]["entries"]}
     events = [struct.unpack("<Q", v)[0] for v in maps[1]["values"]]
     return r, calls, rows, events, stream, doc
+
+
+@pytest.fixture(scope="module")
+def job(stub_job, app, tmp_path_factory):
+    return run_app(stub_job, tmp_path_factory.mktemp("hostapi"), app)
 
 
 def test_every_call_is_counted_once_with_its_bytes(job):
@@ -209,3 +217,13 @@ def test_one_object_one_set_of_maps(job):
     assert attached["egpu/memcpy/cuMemcpyHtoDAsync*"] == ["cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"]
     assert len(attached["egpu/sync/*"]) == 4 and len(attached["egpu/memset/*"]) == 24
     assert doc["launch_probes"]["in_c"] == [doc["probes"][0]["path"]]
+
+
+def test_a_program_that_loads_no_module_is_seen_from_its_first_call(stub_job, app, tmp_path):
+    """The runtime starts at a process's first module load; a job with host-API probes also starts it
+    at the first hooked copy, allocation or sync (EGPU_HOST_APIS), so a program that copies before (or
+    without) loading code is seen from its first call."""
+    _, calls, rows, events, _, _ = run_app(stub_job, tmp_path, app, "nomodule")
+    assert {s: (len(sizes), sum(sizes)) for s, sizes in calls.items()} == \
+        {s: (row[0], row[1]) for s, row in rows.items()}
+    assert events[0] == 0 and events[1] > 0  # no launch; every copy

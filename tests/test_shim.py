@@ -115,7 +115,7 @@ def run(built: Path, app: str, *args: str, preload: bool = True, runtime: str | 
 
 
 # The driver's own entry points the scenario uses; every other one it resolves must be a hook.
-UNHOOKED = {"cuFuncGetAttribute", "cuCtxSynchronize", "cuGetExportTable", "cuLinkDestroy",
+UNHOOKED = {"cuFuncGetAttribute", "cuGetExportTable", "cuLinkDestroy",
             "cuMemAlloc"}  # cuMemAlloc: the v2000 twin with 32-bit pointers, not hooked
 
 # cudart's lookups beyond the scenario's: (api, cudaVersion, flags) -> the symbol handed back.

@@ -14,6 +14,8 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_RESTORE  a checkpoint directory to put back once the job has remade its allocations (cow/restore.py)
     EGPU_MIRROR   seconds between copies of the maps into shared memory (runtime/mirror.py); 0: none
     EGPU_LAUNCH_VM  c | python: where launch probes run (runtime/native.py; python: all on the Python VM)
+    EGPU_HOST_APIS  1: a probe has host-API programs; the shim's first copy, allocation or sync hook
+                  starts the runtime (shim/hostapi.c), before the first module load would
 
 Not egpu's own: RANK, else LOCAL_RANK (set by torchrun for each worker) name a process's rank (``rank``).
 """
@@ -37,6 +39,7 @@ TIMELINE = "EGPU_TIMELINE"
 MIRROR = "EGPU_MIRROR"
 LAUNCH_VM = "EGPU_LAUNCH_VM"
 LAUNCH_VMS = ("c", "python")
+HOST_APIS = "EGPU_HOST_APIS"
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Config:
     timeline: bool = False
     mirror: float = 1.0
     launch_vm: str = "c"
+    host_apis: bool = False
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -66,7 +70,8 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
                   backend=env.get(BACKEND) or "auto", sanitizer=env.get(SANITIZER) or None,
                   restore=Path(env[RESTORE]) if env.get(RESTORE) else None,
                   timeline=env.get(TIMELINE) == "1", mirror=_seconds(env.get(MIRROR), Config.mirror),
-                  launch_vm=env.get(LAUNCH_VM) if env.get(LAUNCH_VM) in LAUNCH_VMS else Config.launch_vm)
+                  launch_vm=env.get(LAUNCH_VM) if env.get(LAUNCH_VM) in LAUNCH_VMS else Config.launch_vm,
+                  host_apis=env.get(HOST_APIS) == "1")
 
 
 def to_env(cfg: Config) -> dict[str, str]:
@@ -82,7 +87,8 @@ def to_env(cfg: Config) -> dict[str, str]:
             RESTORE: str(cfg.restore) if cfg.restore else "",
             TIMELINE: "1" if cfg.timeline else "",
             MIRROR: str(cfg.mirror),
-            LAUNCH_VM: cfg.launch_vm}
+            LAUNCH_VM: cfg.launch_vm,
+            HOST_APIS: "1" if cfg.host_apis else ""}
 
 
 def _probes(text: str) -> tuple[Path, ...]:

@@ -428,13 +428,14 @@ class Runtime:
 
     # ---- exit --------------------------------------------------------------------------------------
     def finish(self) -> None:
-        """Read the maps back and write this process's dump (nothing if it loaded no module)."""
+        """Read the maps back and write this process's dump (nothing if it loaded no module and the job has
+        no host-API probe: one that only copied or allocated has their maps)."""
         self.live.stop()  # no daemon thread of ours runs on into the interpreter's finalization
         if self.mirror is not None:
             self.mirror.stop()
         if self.drainer is not None:
             self.drainer.stop()
-        if self.cfg.session is None or not self.loads:
+        if self.cfg.session is None or not (self.loads or self.cfg.host_apis):
             return
         probes, error, states = [], None, None
         if self.maps:
