@@ -165,3 +165,100 @@ EXPORT CUresult cuCtxSynchronize(void) {
     EGPU_HOST_END(cuCtxSynchronize, t, r, .kind = EGPU_SYNC_CONTEXT);
     return r;
 }
+
+/* CUDA 13's: the context named (NULL: the current one) */
+EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+    unsigned long long t = EGPU_HOST_BEGIN(cuCtxSynchronize_v2);
+    CUresult r = CALL(cuCtxSynchronize_v2, ctx);
+    EGPU_HOST_END(cuCtxSynchronize_v2, t, r, .handle = P(ctx), .kind = EGPU_SYNC_CONTEXT);
+    return r;
+}
+
+/* ---- copies to and from CUDA arrays: an array operand is its CUarray handle (the offset not added) ---- */
+
+#define ARRAY_END(sym, kind_, flags_, d, s, n, st_) \
+    EGPU_HOST_END(sym, t_, r_, .dst = P(d), .src = P(s), .bytes = (n), \
+                  .stream = EGPU_HOST_STREAM(st_, (flags_) & EGPU_HOST_F_PER_THREAD), .kind = (kind_), \
+                  .flags = (flags_))
+#define TO_ARRAY(sym, kind_, flags_, st) \
+    EXPORT CUresult sym(CUarray d, size_t off, st s, size_t n) { \
+        unsigned long long t_ = EGPU_HOST_BEGIN(sym); \
+        CUresult r_ = CALL(sym, d, off, s, n); \
+        ARRAY_END(sym, kind_, flags_, d, s, n, NULL); \
+        return r_; \
+    }
+#define FROM_ARRAY(sym, kind_, flags_, dt) \
+    EXPORT CUresult sym(dt d, CUarray s, size_t off, size_t n) { \
+        unsigned long long t_ = EGPU_HOST_BEGIN(sym); \
+        CUresult r_ = CALL(sym, d, s, off, n); \
+        ARRAY_END(sym, kind_, flags_, d, s, n, NULL); \
+        return r_; \
+    }
+#define ARRAY_TO_ARRAY(sym, flags_) \
+    EXPORT CUresult sym(CUarray d, size_t doff, CUarray s, size_t soff, size_t n) { \
+        unsigned long long t_ = EGPU_HOST_BEGIN(sym); \
+        CUresult r_ = CALL(sym, d, doff, s, soff, n); \
+        ARRAY_END(sym, EGPU_COPY_D2D, flags_, d, s, n, NULL); \
+        return r_; \
+    }
+#define TO_ARRAY_ASYNC(sym, flags_) \
+    EXPORT CUresult sym(CUarray d, size_t off, const void *s, size_t n, CUstream stream) { \
+        unsigned long long t_ = EGPU_HOST_BEGIN(sym); \
+        CUresult r_ = CALL(sym, d, off, s, n, stream); \
+        ARRAY_END(sym, EGPU_COPY_H2D, EGPU_HOST_F_ASYNC | (flags_), d, s, n, stream); \
+        return r_; \
+    }
+#define FROM_ARRAY_ASYNC(sym, flags_) \
+    EXPORT CUresult sym(void *d, CUarray s, size_t off, size_t n, CUstream stream) { \
+        unsigned long long t_ = EGPU_HOST_BEGIN(sym); \
+        CUresult r_ = CALL(sym, d, s, off, n, stream); \
+        ARRAY_END(sym, EGPU_COPY_D2H, EGPU_HOST_F_ASYNC | (flags_), d, s, n, stream); \
+        return r_; \
+    }
+#define PT EGPU_HOST_F_PER_THREAD
+TO_ARRAY(cuMemcpyHtoA_v2, EGPU_COPY_H2D, 0, const void *)
+TO_ARRAY(cuMemcpyHtoA_v2_ptds, EGPU_COPY_H2D, PT, const void *)
+TO_ARRAY(cuMemcpyDtoA_v2, EGPU_COPY_D2D, 0, CUdeviceptr)
+TO_ARRAY(cuMemcpyDtoA_v2_ptds, EGPU_COPY_D2D, PT, CUdeviceptr)
+FROM_ARRAY(cuMemcpyAtoH_v2, EGPU_COPY_D2H, 0, void *)
+FROM_ARRAY(cuMemcpyAtoH_v2_ptds, EGPU_COPY_D2H, PT, void *)
+FROM_ARRAY(cuMemcpyAtoD_v2, EGPU_COPY_D2D, 0, CUdeviceptr)
+FROM_ARRAY(cuMemcpyAtoD_v2_ptds, EGPU_COPY_D2D, PT, CUdeviceptr)
+ARRAY_TO_ARRAY(cuMemcpyAtoA_v2, 0)
+ARRAY_TO_ARRAY(cuMemcpyAtoA_v2_ptds, PT)
+TO_ARRAY_ASYNC(cuMemcpyHtoAAsync_v2, 0)
+TO_ARRAY_ASYNC(cuMemcpyHtoAAsync_v2_ptsz, PT)
+FROM_ARRAY_ASYNC(cuMemcpyAtoHAsync_v2, 0)
+FROM_ARRAY_ASYNC(cuMemcpyAtoHAsync_v2_ptsz, PT)
+
+/* ---- batches (CUDA 12.8): the probe runs once per copy of the batch, each with the batch's time ---- */
+
+static void batch_end(int api, unsigned long long t0, CUresult r, const CUdeviceptr *dsts, const CUdeviceptr *srcs,
+                      const size_t *sizes, size_t count, CUstream stream, unsigned int flags) {
+    if (!dsts || !srcs || !sizes) return;
+    for (size_t i = 0; i < count; i++) {
+        struct egpu_host_call c = {dsts[i], srcs[i], sizes[i], EGPU_HOST_STREAM(stream, flags & EGPU_HOST_F_PER_THREAD),
+                                   0, direction(dsts[i], srcs[i]), EGPU_HOST_F_ASYNC | flags};
+        egpu_host_end(api, t0, r, &c);
+    }
+}
+#define BATCH(sym, flags_) \
+    EXPORT CUresult sym(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, \
+                        size_t *attrsIdxs, size_t numAttrs, size_t *failIdx, CUstream stream) { \
+        unsigned long long t_ = EGPU_HOST_BEGIN(sym); \
+        CUresult r_ = CALL(sym, dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, failIdx, stream); \
+        if (t_) batch_end(EGPU_H_##sym, t_, r_, dsts, srcs, sizes, count, stream, flags_); \
+        return r_; \
+    }
+#define BATCH_V2(sym, flags_) \
+    EXPORT CUresult sym(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, \
+                        size_t *attrsIdxs, size_t numAttrs, CUstream stream) { \
+        unsigned long long t_ = EGPU_HOST_BEGIN(sym); \
+        CUresult r_ = CALL(sym, dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs, stream); \
+        if (t_) batch_end(EGPU_H_##sym, t_, r_, dsts, srcs, sizes, count, stream, flags_); \
+        return r_; \
+    }
+BATCH(cuMemcpyBatchAsync, 0)
+BATCH(cuMemcpyBatchAsync_ptsz, PT)
+BATCH_V2(cuMemcpyBatchAsync_v2, 0)
+BATCH_V2(cuMemcpyBatchAsync_v2_ptsz, PT)

@@ -116,11 +116,13 @@ def expected_kind(symbol: str) -> int:
         return C.COPY_D2H
     if b.startswith("cuMemcpyPeer"):
         return C.COPY_PEER
-    for word, kind in (("HtoD", C.COPY_H2D), ("DtoH", C.COPY_D2H), ("DtoD", C.COPY_D2D)):
+    if b.startswith("cuMemcpyBatch"):
+        return C.COPY_H2D  # app_hostapi's batches copy host to device
+    for word, kind in (("HtoD", C.COPY_H2D), ("DtoH", C.COPY_D2H), ("DtoD", C.COPY_D2D), ("HtoA", C.COPY_H2D),
+                       ("AtoH", C.COPY_D2H), ("DtoA", C.COPY_D2D), ("AtoD", C.COPY_D2D), ("AtoA", C.COPY_D2D)):
         if word in b:
             return kind
-    table = {**ALLOC_KINDS, **FREE_KINDS, **{s: k for s, k in SYNC_KINDS.items()}}
-    return table.get(symbol, table.get(re.sub(r"_ptsz$", "", symbol), -1))
+    return {**ALLOC_KINDS, **FREE_KINDS}.get(symbol) or {**ALLOC_KINDS, **FREE_KINDS, **SYNC_KINDS}.get(b, -1)
 
 
 def expected_flags(symbol: str) -> int:
@@ -184,7 +186,8 @@ def test_streams_are_the_apps_or_the_per_thread_stream(job):
     every synchronous per-thread copy, is on the per-thread stream (2); the others on the legacy one."""
     _, calls, rows, _, stream, _ = job
     given_null = {"cuMemAllocAsync_ptsz", "cuMemAllocFromPoolAsync_ptsz", "cuMemFreeAsync_ptsz",
-                  "cuMemcpyAsync_ptsz", "cuMemcpyHtoDAsync_v2_ptsz", "cuStreamSynchronize_ptsz"}
+                  "cuMemcpyAsync_ptsz", "cuMemcpyHtoDAsync_v2_ptsz", "cuStreamSynchronize_ptsz",
+                  "cuMemcpyAtoHAsync_v2_ptsz"}
 
     def want(s: str) -> int:
         if s in given_null or (s.endswith("_ptds")):
@@ -199,7 +202,8 @@ def test_operands_reach_the_context(job):
     _, _, rows, _, stream, _ = job
     assert rows["cuMemsetD2D16_v2"][3] == 0x55 and rows["cuMemsetD8Async_ptsz"][3] == 0x11
     assert rows["cuMemAllocFromPoolAsync"][5] == 0x77 and rows["cuStreamSynchronize"][5] == stream
-    assert rows["cuEventSynchronize"][5] == 0x99
+    assert rows["cuEventSynchronize"][5] == 0x99 and rows["cuCtxSynchronize_v2"][5] == 0x33
+    assert rows["cuMemcpyHtoA_v2"][2] == 0x5000 and rows["cuMemcpyAtoA_v2"][3] == 0x6000
     assert rows["cuMemMap"][2] == 0x7100000000 and rows["cuMemMap"][5] == 42
     assert rows["cuMemUnmap"][2] == 0x7100000000 and rows["cuMemRelease"][2] == 42
     htod = rows["cuMemcpyHtoD_v2"]
@@ -215,7 +219,7 @@ def test_one_object_one_set_of_maps(job):
     assert events == [1, copies, 2]
     attached = doc["launch_probes"]["host_apis"]
     assert attached["egpu/memcpy/cuMemcpyHtoDAsync*"] == ["cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"]
-    assert len(attached["egpu/sync/*"]) == 4 and len(attached["egpu/memset/*"]) == 24
+    assert len(attached["egpu/sync/*"]) == 5 and len(attached["egpu/memset/*"]) == 24
     assert doc["launch_probes"]["in_c"] == [doc["probes"][0]["path"]]
 
 

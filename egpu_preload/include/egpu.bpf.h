@@ -10,7 +10,7 @@
  * Host-API sections run on the host, in C, after each call of a driver API whose name GLOB matches (the
  * API's name or the symbol called: egpu/memcpy/cuMemcpyHtoDAsync* takes cuMemcpyHtoDAsync_v2 and _v2_ptsz),
  * with struct egpu_host_ctx (below) instead of struct egpu_ctx:
- *   egpu/memcpy/GLOB   every copy (cuMemcpy*: 1D, 2D, 3D, peer, sync and async)
+ *   egpu/memcpy/GLOB   every copy (cuMemcpy*: 1D, 2D, 3D, peer, arrays, batches, sync and async)
  *   egpu/memset/GLOB   every set (cuMemsetD8/16/32, 2D, sync and async)
  *   egpu/alloc/GLOB    device, pitched, managed, pool (stream-ordered), pinned host and VMM allocations
  *   egpu/free/GLOB     their frees

@@ -1,5 +1,6 @@
 /* Every copy, set, allocation, free and synchronization the shim hooks, called once each (cuMemFreeHost
- * twice: it frees both kinds of pinned memory) with its own byte count, for the host-API probes' tests
+ * twice: it frees both kinds of pinned memory; a batch of three copies runs the probe three times) with
+ * its own byte count, for the host-API probes' tests
  * (tests/test_hostapi.py). Entry points come from dlsym, a few per-thread twins from cuGetProcAddress_v2
  * with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, as cudart gets them. A cubin is loaded first and
  * launched once, unless the argument is "nomodule" (then the runtime starts at the first host-API
@@ -140,6 +141,33 @@ int main(int argc, char **argv) {
     CALL("cuMemcpy3DPeerAsync", 128, &p3, s);
     CALL("cuMemcpy3DPeerAsync_ptsz", 128, &p3, s);
 
+    /* copies to and from CUDA arrays (the stand-in's handles 0x5000, 0x6000) */
+    void *arr = (void *)0x5000, *arr2 = (void *)0x6000;
+    CALL("cuMemcpyHtoA_v2", 121, arr, 0, host, 121);
+    CALL("cuMemcpyHtoA_v2_ptds", 122, arr, 0, host, 122);
+    CALL("cuMemcpyAtoH_v2", 123, host, arr, 0, 123);
+    CALL("cuMemcpyAtoH_v2_ptds", 124, host, arr, 0, 124);
+    CALL("cuMemcpyDtoA_v2", 125, arr, 0, d2, 125);
+    CALL("cuMemcpyDtoA_v2_ptds", 126, arr, 0, d2, 126);
+    CALL("cuMemcpyAtoD_v2", 127, d, arr, 0, 127);
+    CALL("cuMemcpyAtoD_v2_ptds", 128, d, arr, 0, 128);
+    CALL("cuMemcpyAtoA_v2", 129, arr, 0, arr2, 0, 129);
+    CALL("cuMemcpyAtoA_v2_ptds", 130, arr, 0, arr2, 0, 130);
+    CALL("cuMemcpyHtoAAsync_v2", 131, arr, 0, host, 131, s);
+    CALL("cuMemcpyHtoAAsync_v2_ptsz", 132, arr, 0, host, 132, s);
+    CALL("cuMemcpyAtoHAsync_v2", 133, host, arr, 0, 133, s);
+    CALL("cuMemcpyAtoHAsync_v2_ptsz", 134, host, arr, 0, 134, NULL);
+    /* batches: three host-to-device copies each (a line per copy: the probe runs per copy) */
+    u64 dsts[3] = {d, d2, d}, srcs[3] = {(u64)(uintptr_t)host, (u64)(uintptr_t)(host + 64), (u64)(uintptr_t)host};
+    size_t sizes[3] = {10, 20, 30}, fail = 0;
+    const char *batch[] = {"cuMemcpyBatchAsync", "cuMemcpyBatchAsync_ptsz", "cuMemcpyBatchAsync_v2",
+                           "cuMemcpyBatchAsync_v2_ptsz"};
+    for (int i = 0; i < 4; i++) {
+        for (int k = 0; k < 3; k++) printf("call %s bytes=%zu\n", batch[i], sizes[k]);
+        rc |= i < 2 ? sym(batch[i])(dsts, srcs, sizes, (size_t)3, NULL, NULL, (size_t)0, &fail, s)
+                    : sym(batch[i])(dsts, srcs, sizes, (size_t)3, NULL, NULL, (size_t)0, s);
+    }
+
     /* sets: 1D (n elements) and 2D (pitch 256, 10 x 3 elements) */
     CALL("cuMemsetD8_v2", 100, d, 0x11, 100);
     CALL_PT("cuMemsetD8_v2_ptds", "cuMemsetD8", 12000, 100, d, 0x11, 100);
@@ -176,6 +204,7 @@ int main(int argc, char **argv) {
     CALL_PT("cuStreamSynchronize_ptsz", "cuStreamSynchronize", 12000, 0, NULL);
     CALL("cuEventSynchronize", 0, (void *)0x99);
     CALL("cuCtxSynchronize", 0);
+    CALL("cuCtxSynchronize_v2", 0, (void *)0x33);
 
     /* frees: the probe sees the size the allocation had */
     CALL("cuMemFree_v2", 1000, d);

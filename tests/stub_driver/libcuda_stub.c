@@ -547,7 +547,12 @@ TWINS(cuMemsetD2D16_v2, cuMemsetD2D16_v2_ptds) TWINS(cuMemsetD2D32_v2, cuMemsetD
 TWINS(cuMemsetD8Async, cuMemsetD8Async_ptsz) TWINS(cuMemsetD16Async, cuMemsetD16Async_ptsz)
 TWINS(cuMemsetD32Async, cuMemsetD32Async_ptsz) TWINS(cuMemsetD2D8Async, cuMemsetD2D8Async_ptsz)
 TWINS(cuMemsetD2D16Async, cuMemsetD2D16Async_ptsz) TWINS(cuMemsetD2D32Async, cuMemsetD2D32Async_ptsz)
-TWINS(cuStreamSynchronize, cuStreamSynchronize_ptsz) ANY(cuEventSynchronize)
+TWINS(cuStreamSynchronize, cuStreamSynchronize_ptsz) ANY(cuEventSynchronize) ANY(cuCtxSynchronize_v2)
+TWINS(cuMemcpyHtoA_v2, cuMemcpyHtoA_v2_ptds) TWINS(cuMemcpyAtoH_v2, cuMemcpyAtoH_v2_ptds)
+TWINS(cuMemcpyDtoA_v2, cuMemcpyDtoA_v2_ptds) TWINS(cuMemcpyAtoD_v2, cuMemcpyAtoD_v2_ptds)
+TWINS(cuMemcpyAtoA_v2, cuMemcpyAtoA_v2_ptds) TWINS(cuMemcpyHtoAAsync_v2, cuMemcpyHtoAAsync_v2_ptsz)
+TWINS(cuMemcpyAtoHAsync_v2, cuMemcpyAtoHAsync_v2_ptsz) TWINS(cuMemcpyBatchAsync, cuMemcpyBatchAsync_ptsz)
+TWINS(cuMemcpyBatchAsync_v2, cuMemcpyBatchAsync_v2_ptsz)
 #undef TWINS
 #undef ANY
 /* Device memory is what new_ptr hands out (0x7000'0000'0000 up): CU_MEMORYTYPE_DEVICE (2); anything else
@@ -604,7 +609,7 @@ static const struct { const char *api; int version, ptsz; const char *symbol; vo
     R(cuMemcpy, 4000, 0, cuMemcpy) R(cuMemcpy, 7000, 1, cuMemcpy_ptds)
     R(cuStreamIsCapturing, 10000, 0, cuStreamIsCapturing)
     R(cuStreamSynchronize, 2000, 0, cuStreamSynchronize) R(cuStreamSynchronize, 7000, 1, cuStreamSynchronize_ptsz)
-    R(cuEventSynchronize, 2000, 0, cuEventSynchronize)
+    R(cuEventSynchronize, 2000, 0, cuEventSynchronize) R(cuCtxSynchronize, 13000, 0, cuCtxSynchronize_v2)
     R(cuMemcpyHtoDAsync, 3020, 0, cuMemcpyHtoDAsync_v2) R(cuMemcpyHtoDAsync, 7000, 1, cuMemcpyHtoDAsync_v2_ptsz)
     R(cuMemsetD8, 3020, 0, cuMemsetD8_v2) R(cuMemsetD8, 7000, 1, cuMemsetD8_v2_ptds)
 #undef R
