@@ -5,8 +5,8 @@
  * the per-thread twins), in the application's thread, in C. A synchronous copy returns when its bytes
  * have arrived, so the time the caller spent in it (blocked_ns) gives its bandwidth; an async copy
  * returns once queued, so only its bytes are counted here (its device time is CUPTI's: egpu-run
- * --durations). Copies captured into a CUDA graph are seen once, at capture: a replay repeats them
- * without calling the driver (the flag EGPU_HOST_F_CAPTURED marks them).
+ * --durations). Copies captured into a CUDA graph, or added to one as nodes, are seen once, when made:
+ * a replay repeats them without calling the driver (the flag EGPU_HOST_F_GRAPH marks them).
  *
  *   egpu-run -p examples/memcpy_bytes.bpf.c ./app
  */
@@ -42,7 +42,7 @@ struct {
 	__type(value, __u64);
 } hist_copy_bytes SEC(".maps");
 
-__u64 captured_copies; /* .bss: copies made into a graph being captured */
+__u64 captured_copies; /* .bss: copies made into a CUDA graph (captured, or nodes added) */
 
 SEC("egpu/memcpy/*")
 int on_copy(struct egpu_host_ctx *ctx)
@@ -73,7 +73,7 @@ int on_copy(struct egpu_host_ctx *ctx)
 	}
 	count_add(&bytes_by_stream, &stream, bytes);
 	hist_add(&hist_copy_bytes, bytes);
-	if (ctx->flags & EGPU_HOST_F_CAPTURED)
+	if (ctx->flags & EGPU_HOST_F_GRAPH)
 		__sync_fetch_and_add(&captured_copies, 1);
 	return 0;
 }

@@ -29,8 +29,16 @@ size_t egpu_host_apis(const char **symbols, const char **apis, const char **sect
 
 /* ---- part 3: C only ---- */
 
+/* cuda.h's CUDA_MEMSET_NODE_PARAMS (_v1) */
+typedef struct {
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned int value, elementSize;
+    size_t width, height;
+} CUDA_MEMSET_NODE_PARAMS;
+
 /* The hooks of hostapi.c, rows as in EGPU_HOOKS: synchronization, the copies cow.c does not hook (to and
- * from CUDA arrays, batches). cuStreamWaitEvent is not among them: it makes a stream wait on the GPU and
+ * from CUDA arrays, batches, copy and set nodes added to a graph). cuStreamWaitEvent is not among them: it makes a stream wait on the GPU and
  * returns at once (cow.c hooks it). */
 #define EGPU_HOSTAPI_HOOKS(X) \
     X(cuStreamSynchronize, cuStreamSynchronize, 2000, 0, (CUstream hStream)) \
@@ -55,7 +63,9 @@ size_t egpu_host_apis(const char **symbols, const char **apis, const char **sect
     X(cuMemcpyBatchAsync, cuMemcpyBatchAsync, 12080, 0, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx, CUstream hStream)) \
     X(cuMemcpyBatchAsync_ptsz, cuMemcpyBatchAsync, 12080, 1, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx, CUstream hStream)) \
     X(cuMemcpyBatchAsync_v2, cuMemcpyBatchAsync, 13000, 0, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream hStream)) \
-    X(cuMemcpyBatchAsync_v2_ptsz, cuMemcpyBatchAsync, 13000, 1, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream hStream))
+    X(cuMemcpyBatchAsync_v2_ptsz, cuMemcpyBatchAsync, 13000, 1, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream hStream)) \
+    X(cuGraphAddMemcpyNode, cuGraphAddMemcpyNode, 10000, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, const CUDA_MEMCPY3D *copyParams, CUcontext ctx)) \
+    X(cuGraphAddMemsetNode, cuGraphAddMemsetNode, 10000, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, const CUDA_MEMSET_NODE_PARAMS *memsetParams, CUcontext ctx))
 
 /* Every hooked symbol, in API-number order. */
 #define EGPU_HOST_ALL(X) EGPU_HOOKS(X) EGPU_COW_HOOKS(X) EGPU_HOSTAPI_HOOKS(X)
@@ -71,7 +81,7 @@ enum egpu_host_api {
  * egpu_op_kind's, allocation kinds egpu_alloc_kind's. */
 enum { EGPU_COPY_H2D = 1, EGPU_COPY_D2H, EGPU_COPY_D2D, EGPU_COPY_H2H, EGPU_COPY_PEER, EGPU_COPY_SET };
 enum { EGPU_SYNC_STREAM = 1, EGPU_SYNC_EVENT, EGPU_SYNC_CONTEXT };
-enum { EGPU_HOST_F_ASYNC = 1, EGPU_HOST_F_PER_THREAD = 2, EGPU_HOST_F_STRIDED = 4, EGPU_HOST_F_CAPTURED = 8 };
+enum { EGPU_HOST_F_ASYNC = 1, EGPU_HOST_F_PER_THREAD = 2, EGPU_HOST_F_STRIDED = 4, EGPU_HOST_F_GRAPH = 8 };
 
 /* What a hook knows of one call, besides the API and the result. */
 struct egpu_host_call {

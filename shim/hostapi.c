@@ -59,8 +59,8 @@ static const char *section_of(const char *api) {
     static const char *const free_[] = {"cuMemFree", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister",
                                         "cuMemRelease", "cuMemUnmap"};
     static const char *const sync[] = {"cuStreamSynchronize", "cuEventSynchronize", "cuCtxSynchronize"};
-    if (!strncmp(api, "cuMemcpy", 8)) return "memcpy";
-    if (!strncmp(api, "cuMemset", 8)) return "memset";
+    if (!strncmp(api, "cuMemcpy", 8) || !strcmp(api, "cuGraphAddMemcpyNode")) return "memcpy";
+    if (!strncmp(api, "cuMemset", 8) || !strcmp(api, "cuGraphAddMemsetNode")) return "memset";
     for (size_t i = 0; i < sizeof alloc / sizeof *alloc; i++) if (!strcmp(api, alloc[i])) return "alloc";
     for (size_t i = 0; i < sizeof free_ / sizeof *free_; i++) if (!strcmp(api, free_[i])) return "free";
     for (size_t i = 0; i < sizeof sync / sizeof *sync; i++) if (!strcmp(api, sync[i])) return "sync";
@@ -130,7 +130,7 @@ void egpu_host_end(int api, unsigned long long t0, int result, const struct egpu
     if (api == EGPU_H_cuMemcpy || api == EGPU_H_cuMemcpy_ptds || api == EGPU_H_cuMemcpyAsync ||
         api == EGPU_H_cuMemcpyAsync_ptsz)
         c.kind = direction(c.dst, c.src);
-    if (captured(c.stream)) c.flags |= EGPU_HOST_F_CAPTURED;
+    if (captured(c.stream)) c.flags |= EGPU_HOST_F_GRAPH;
     egpu_lvm_run_api((unsigned int)api, &c, sizeof c);
 }
 
@@ -262,3 +262,42 @@ BATCH(cuMemcpyBatchAsync, 0)
 BATCH(cuMemcpyBatchAsync_ptsz, PT)
 BATCH_V2(cuMemcpyBatchAsync_v2, 0)
 BATCH_V2(cuMemcpyBatchAsync_v2_ptsz, PT)
+
+/* ---- copy and set nodes added to a graph: seen once, when added (the replays repeat them unseen) ---- */
+
+#define MT_HOST 1
+#define MT_ARRAY 3
+/* The operand of a 3D copy by its memory type (an array: its handle). */
+static unsigned long long operand(int type, const void *host, CUdeviceptr dev, CUarray array) {
+    return type == MT_HOST ? P(host) : type == MT_ARRAY ? P(array) : dev;
+}
+
+/* A 3D copy's direction by its memory types: anything but host memory is on the device. */
+static unsigned int kind_of_types(int src, int dst) {
+    return src == MT_HOST ? (dst == MT_HOST ? EGPU_COPY_H2H : EGPU_COPY_H2D)
+                          : (dst == MT_HOST ? EGPU_COPY_D2H : EGPU_COPY_D2D);
+}
+
+EXPORT CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                     const CUDA_MEMCPY3D *c, CUcontext ctx) {
+    unsigned long long t = EGPU_HOST_BEGIN(cuGraphAddMemcpyNode);
+    CUresult r = CALL(cuGraphAddMemcpyNode, node, graph, deps, ndeps, c, ctx);
+    if (c)
+        EGPU_HOST_END(cuGraphAddMemcpyNode, t, r, .dst = operand(c->dstMemoryType, c->dstHost, c->dstDevice, c->dstArray),
+                      .src = operand(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcArray),
+                      .bytes = (unsigned long long)c->WidthInBytes * c->Height * c->Depth, .handle = P(graph),
+                      .kind = kind_of_types(c->srcMemoryType, c->dstMemoryType),
+                      .flags = EGPU_HOST_F_STRIDED | EGPU_HOST_F_GRAPH);
+    return r;
+}
+
+EXPORT CUresult cuGraphAddMemsetNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t ndeps,
+                                     const CUDA_MEMSET_NODE_PARAMS *m, CUcontext ctx) {
+    unsigned long long t = EGPU_HOST_BEGIN(cuGraphAddMemsetNode);
+    CUresult r = CALL(cuGraphAddMemsetNode, node, graph, deps, ndeps, m, ctx);
+    if (m)
+        EGPU_HOST_END(cuGraphAddMemsetNode, t, r, .dst = m->dst, .src = m->value,
+                      .bytes = (unsigned long long)m->elementSize * m->width * m->height, .handle = P(graph),
+                      .kind = EGPU_COPY_SET, .flags = EGPU_HOST_F_STRIDED | EGPU_HOST_F_GRAPH);
+    return r;
+}

@@ -220,7 +220,7 @@ SCENARIOS = [
         ev("on_copy", kind=ctxmod.COPY_H2D, bytes=1000, blocked_ns=500, stream=0),
         ev("on_copy", kind=ctxmod.COPY_H2D, bytes=3000, blocked_ns=20, stream=0xABC, flags=ctxmod.HOST_F_ASYNC),
         ev("on_copy", kind=ctxmod.COPY_D2H, bytes=4096, blocked_ns=1024, stream=2, flags=ctxmod.HOST_F_PER_THREAD),
-        ev("on_copy", kind=ctxmod.COPY_D2D, bytes=8, stream=0xABC, flags=ctxmod.HOST_F_ASYNC | ctxmod.HOST_F_CAPTURED),
+        ev("on_copy", kind=ctxmod.COPY_D2D, bytes=8, stream=0xABC, flags=ctxmod.HOST_F_ASYNC | ctxmod.HOST_F_GRAPH),
         ev("on_copy", kind=ctxmod.COPY_H2D, bytes=5, result=1),  # refused by the driver: nothing moved
     ], maps={"by_direction": Contents({1: (2, 4000, 1000, 500, 2000), 2: (1, 4096, 4096, 1024, 4000),
                                        3: (1, 8, 0, 0, 0)}, "<QQQQQ", "<I"),

@@ -116,6 +116,10 @@ def expected_kind(symbol: str) -> int:
         return C.COPY_D2H
     if b.startswith("cuMemcpyPeer"):
         return C.COPY_PEER
+    if b == "cuGraphAddMemcpyNode":
+        return C.COPY_D2H  # app_hostapi's 3D copy
+    if b == "cuGraphAddMemsetNode":
+        return C.COPY_SET
     if b.startswith("cuMemcpyBatch"):
         return C.COPY_H2D  # app_hostapi's batches copy host to device
     for word, kind in (("HtoD", C.COPY_H2D), ("DtoH", C.COPY_D2H), ("DtoD", C.COPY_D2D), ("HtoA", C.COPY_H2D),
@@ -127,8 +131,8 @@ def expected_kind(symbol: str) -> int:
 
 def expected_flags(symbol: str) -> int:
     flags = C.HOST_F_ASYNC * ("Async" in symbol) + C.HOST_F_PER_THREAD * symbol.endswith(("_ptds", "_ptsz"))
-    flags += C.HOST_F_STRIDED * bool(re.search(r"(2D|3D)", symbol))
-    return flags + C.HOST_F_CAPTURED * (symbol == CAPTURED)
+    flags += C.HOST_F_STRIDED * bool(re.search(r"(2D|3D|^cuGraphAdd)", symbol))
+    return flags + C.HOST_F_GRAPH * (symbol == CAPTURED or symbol.startswith("cuGraphAdd"))
 
 
 CALL = struct.Struct("<6Q2Ii I")
@@ -204,6 +208,7 @@ def test_operands_reach_the_context(job):
     assert rows["cuMemAllocFromPoolAsync"][5] == 0x77 and rows["cuStreamSynchronize"][5] == stream
     assert rows["cuEventSynchronize"][5] == 0x99 and rows["cuCtxSynchronize_v2"][5] == 0x33
     assert rows["cuMemcpyHtoA_v2"][2] == 0x5000 and rows["cuMemcpyAtoA_v2"][3] == 0x6000
+    assert rows["cuGraphAddMemsetNode"][3] == 0x77 and rows["cuGraphAddMemsetNode"][5] == 0x6a  # value; the graph
     assert rows["cuMemMap"][2] == 0x7100000000 and rows["cuMemMap"][5] == 42
     assert rows["cuMemUnmap"][2] == 0x7100000000 and rows["cuMemRelease"][2] == 42
     htod = rows["cuMemcpyHtoD_v2"]
@@ -215,11 +220,11 @@ def test_one_object_one_set_of_maps(job):
     """The launch program and the copy programs count into the same array; a glob takes every variant
     of one API (cuMemcpyHtoDAsync_v2 and _v2_ptsz); the dump names what each section ran on."""
     _, calls, _, events, _, doc = job
-    copies = sum(len(v) for s, v in calls.items() if s.startswith("cuMemcpy"))
-    assert events == [1, copies, 2]
     attached = doc["launch_probes"]["host_apis"]
+    copies = sum(len(v) for s, v in calls.items() if s in attached["egpu/memcpy/*"])
+    assert events == [1, copies, 2]
     assert attached["egpu/memcpy/cuMemcpyHtoDAsync*"] == ["cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"]
-    assert len(attached["egpu/sync/*"]) == 5 and len(attached["egpu/memset/*"]) == 24
+    assert len(attached["egpu/sync/*"]) == 5 and len(attached["egpu/memset/*"]) == 25
     assert doc["launch_probes"]["in_c"] == [doc["probes"][0]["path"]]
 
 

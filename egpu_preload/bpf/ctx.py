@@ -58,7 +58,7 @@ ALLOC_VMM_HANDLE, ALLOC_VMM_MAPPING = 7, 8
 # kind of a synchronization
 SYNC_STREAM, SYNC_EVENT, SYNC_CONTEXT = 1, 2, 3
 # flags
-HOST_F_ASYNC, HOST_F_PER_THREAD, HOST_F_STRIDED, HOST_F_CAPTURED = 1, 2, 4, 8
+HOST_F_ASYNC, HOST_F_PER_THREAD, HOST_F_STRIDED, HOST_F_GRAPH = 1, 2, 4, 8  # GRAPH: captured, or a graph node
 
 # Its fields begin where struct egpu_ctx ends (the first SIZE bytes are reserved), so no offset is a field
 # of both: the verifier tells a GPU field read in a host section (and the reverse) by its offset alone.

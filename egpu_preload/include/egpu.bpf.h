@@ -153,8 +153,8 @@ enum egpu_host_flags {
 	EGPU_HOST_F_ASYNC = 1,      /* an ...Async call */
 	EGPU_HOST_F_PER_THREAD = 2, /* the _ptds/_ptsz twin (stream 0 means the per-thread stream) */
 	EGPU_HOST_F_STRIDED = 4,    /* 2D/3D */
-	EGPU_HOST_F_CAPTURED = 8    /* made while its stream was being captured into a graph: the graph's
-	                               replays repeat it without another call */
+	EGPU_HOST_F_GRAPH = 8       /* goes into a CUDA graph (made while its stream was captured, or a node
+	                               added): the graph's replays repeat it without another call */
 };
 
 struct egpu_host_ctx {

@@ -199,6 +199,11 @@ int main(int argc, char **argv) {
     CALL("cuMemcpyDtoDAsync_v2_ptsz", 120, d, d2, 120, s);
     rc |= sym("cuStreamEndCapture")(s, &graph);
 
+    /* nodes added to a graph: the 3D copy above (device to host), a 2D set of 10 x 3 four-byte elements */
+    struct { u64 dst; size_t pitch; unsigned value, element; size_t width, height; } set = {d, 256, 0x77, 4, 10, 3};
+    CALL("cuGraphAddMemcpyNode", 128, NULL, (void *)0x6a, NULL, (size_t)0, &c3, NULL);
+    CALL("cuGraphAddMemsetNode", 120, NULL, (void *)0x6a, NULL, (size_t)0, &set, NULL);
+
     /* synchronization */
     CALL("cuStreamSynchronize", 0, s);
     CALL_PT("cuStreamSynchronize_ptsz", "cuStreamSynchronize", 12000, 0, NULL);

@@ -552,7 +552,7 @@ TWINS(cuMemcpyHtoA_v2, cuMemcpyHtoA_v2_ptds) TWINS(cuMemcpyAtoH_v2, cuMemcpyAtoH
 TWINS(cuMemcpyDtoA_v2, cuMemcpyDtoA_v2_ptds) TWINS(cuMemcpyAtoD_v2, cuMemcpyAtoD_v2_ptds)
 TWINS(cuMemcpyAtoA_v2, cuMemcpyAtoA_v2_ptds) TWINS(cuMemcpyHtoAAsync_v2, cuMemcpyHtoAAsync_v2_ptsz)
 TWINS(cuMemcpyAtoHAsync_v2, cuMemcpyAtoHAsync_v2_ptsz) TWINS(cuMemcpyBatchAsync, cuMemcpyBatchAsync_ptsz)
-TWINS(cuMemcpyBatchAsync_v2, cuMemcpyBatchAsync_v2_ptsz)
+TWINS(cuMemcpyBatchAsync_v2, cuMemcpyBatchAsync_v2_ptsz) TWINS(cuGraphAddMemcpyNode, cuGraphAddMemsetNode)
 #undef TWINS
 #undef ANY
 /* Device memory is what new_ptr hands out (0x7000'0000'0000 up): CU_MEMORYTYPE_DEVICE (2); anything else
