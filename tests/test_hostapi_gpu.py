@@ -23,7 +23,6 @@ from stub_job import ROOT, egpu_run
 pytestmark = pytest.mark.gpu
 
 E2E = ROOT / "tests" / "e2e"
-PROBE = E2E / "copy_sizes.bpf.c"
 KINDS = {"H2D": C.COPY_H2D, "D2H": C.COPY_D2H, "D2D": C.COPY_D2D, "SET": C.COPY_SET,
          "ALLOC_DEVICE": C.ALLOC_DEVICE, "ALLOC_HOST": C.ALLOC_HOST, "FREE_DEVICE": C.ALLOC_DEVICE}
 SIZED = struct.Struct("<IIQ")  # copy_sizes.bpf.c struct sized
@@ -35,6 +34,22 @@ def shim(tmp_path_factory) -> Path:
     done = subprocess.run([sys.executable, str(ROOT / "shim" / "build.py"), str(out)], capture_output=True,
                           text=True, check=True)
     return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory) -> dict[str, Path]:
+    """copy_sizes and memcpy_bytes, prebuilt by scripts/gpu-prep.sh (the GPU machine has no clang), else
+    compiled here."""
+    prebuilt = os.environ.get("EGPU_PREBUILT_PROBES")
+    out = tmp_path_factory.mktemp("hostapi_probes")
+    paths = {}
+    for name, src in (("copy_sizes", E2E), ("memcpy_bytes", ROOT / "examples")):
+        if prebuilt:
+            paths[name] = Path(prebuilt, f"{name}.v3.bpf.o")
+        else:
+            from egpu_preload.bpf.compile import compile_probe
+            paths[name] = compile_probe(src / f"{name}.bpf.c", out / f"{name}.bpf.o")
+    return paths
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +96,8 @@ def expected(stdout: str) -> dict[str, Counter]:
     return want
 
 
-def test_an_nvcc_programs_copies_sets_allocations_and_waits_are_counted_exactly(shim, copies, tmp_path):
-    r, docs = probed(shim, tmp_path, PROBE, str(copies))
+def test_an_nvcc_programs_copies_sets_allocations_and_waits_are_counted_exactly(shim, probes, copies, tmp_path):
+    r, docs = probed(shim, tmp_path, probes["copy_sizes"], str(copies))
     (doc,) = docs
     want = expected(r.stdout)
     print("copies", dict(sized(doc, 0)), "allocs", dict(sized(doc, 1)), "frees", dict(sized(doc, 2)))
@@ -93,10 +108,10 @@ def test_an_nvcc_programs_copies_sets_allocations_and_waits_are_counted_exactly(
     assert syncs == want["syncs"] and blocked_ns > 0
 
 
-def test_pytorch_to_and_cpu_copies_are_counted(shim, tmp_path):
+def test_pytorch_to_and_cpu_copies_are_counted(shim, probes, tmp_path):
     """.to("cuda") of a pageable and of a pinned tensor are two host-to-device copies of its bytes,
     .cpu() one device-to-host copy; PyTorch's other copies (if any) are of other sizes."""
-    r, docs = probed(shim, tmp_path, PROBE, sys.executable, str(E2E / "torch_copies.py"))
+    r, docs = probed(shim, tmp_path, probes["copy_sizes"], sys.executable, str(E2E / "torch_copies.py"))
     (doc,) = docs
     want = expected(r.stdout)["copies"]
     got = sized(doc, 0)
@@ -104,7 +119,7 @@ def test_pytorch_to_and_cpu_copies_are_counted(shim, tmp_path):
     assert {k: got[k] for k in want} == dict(want)
 
 
-def test_a_copy_bound_loop_costs_at_most_5_percent(shim, copies, tmp_path):
+def test_a_copy_bound_loop_costs_at_most_5_percent(shim, probes, copies, tmp_path):
     """20,000 synchronous 64 KiB host-to-device copies, plain and under memcpy_bytes (3 rounds each,
     interleaved; the fastest of each): probed / plain <= 1.05, and the probe counted every copy."""
     n = 20_000
@@ -113,7 +128,7 @@ def test_a_copy_bound_loop_costs_at_most_5_percent(shim, copies, tmp_path):
     for _ in range(3):
         p = subprocess.run([str(copies), "loop", str(n)], env=env, capture_output=True, text=True, check=True)
         plain.append(int(re.search(r"TIME_NS (\d+)", p.stdout).group(1)))
-        r = egpu_run(["-p", str(ROOT / "examples" / "memcpy_bytes.bpf.c"), str(copies), "loop", str(n)], env,
+        r = egpu_run(["-p", str(probes["memcpy_bytes"]), str(copies), "loop", str(n)], env,
                      timeout=300)
         assert r.returncode == 0, r.stderr
         under.append(int(re.search(r"TIME_NS (\d+)", r.stdout).group(1)))
