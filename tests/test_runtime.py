@@ -35,12 +35,13 @@ from stub_job import MORE, egpu_run
     config.Config(mirror=0.0),
     config.Config(mirror=0.25),
     config.Config(launch_vm="python"),
+    config.Config(host_apis=True),
 ])
 def test_config_survives_the_environment(cfg):
     env = config.to_env(cfg)
     assert set(env) == {config.PROBES, config.SESSION, config.KERNEL, config.LOG, config.DURATIONS,
                         config.PTXAS, config.BACKEND, config.SANITIZER, config.RESTORE, config.TIMELINE,
-                        config.MIRROR, config.LAUNCH_VM}
+                        config.MIRROR, config.LAUNCH_VM, config.HOST_APIS}
     assert config.from_env(env) == cfg
 
 
