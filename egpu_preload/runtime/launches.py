@@ -63,7 +63,6 @@ from typing import Any
 
 from egpu_preload.bpf import ctx as C
 from egpu_preload.bpf import program as prog
-from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.sections import API_KINDS
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, MapStorage
