@@ -213,9 +213,9 @@ def disasm_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
 def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
     """Verify each program of a probe object; a refusal prints where (the source line when the object has
     line info), why and the verifier log (exit 1). Then the maps the GPU keeps in rows per SM (counters
-    only ever added to) and where launch programs run (the shim's C interpreter or the Python VM)."""
-    from egpu_preload.bpf.sections import HOST_KINDS
-    from egpu_preload.runtime import launches, uprobes
+    only ever added to) and where its host programs run (the shim's C interpreter or the Python VM)."""
+    from egpu_preload.bpf.sections import API_KINDS, HOST_KINDS
+    from egpu_preload.runtime import native, uprobes
     from egpu_preload.translate.devmaps import layout
     from egpu_preload.translate.striping import stripe_counters
     bpf = _probe_object(obj)
@@ -229,17 +229,22 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
                 rows = layout(m).spread
                 typer.echo(f"map {m.name}: only added to ({m.stripe}-byte adds): {rows} row{'s' * (rows > 1)} "
                            "per SM, summed when read")
-        launch, used, _ = launches.launch_side(bpf)
-        why = launches.host_refusal(launch, bpf.maps, used) if launch else None
+        host, used, _ = native.host_side(bpf)
+        why = native.refusal(host, bpf.maps, used) if host else None
         for prog in uprobes.host_programs(bpf):
             on = prog.attach.glob or f"the function egpu-run --uprobe {prog.name}=PATH:SYMBOL names"
             typer.echo(f"prog {prog.name} ({prog.section}): host uprobe on {on}" if why is None else
                        f"prog {prog.name} ({prog.section}): not attached: uprobes run in C only, and {why}")
-        others = [p for p in launch if p.attach.kind not in HOST_KINDS]
+        others = [p for p in host if p.attach.kind not in HOST_KINDS and p.attach.kind not in API_KINDS]
         if others:
             what = "launch programs" if all(p.attach.kind == "launch" for p in others) else "host programs"
             typer.echo(f"{what}: in C (the shim's interpreter)" if why is None
                        else f"{what}: on the Python VM ({why})")
+        if any(p.attach.kind in API_KINDS for p in host):
+            api_why = native.api_refusal(bpf)
+            if api_why is not None:
+                raise EgpuError(api_why)
+            typer.echo("host-API programs: in C, in the hooks")
     except EgpuError as e:
         raise e.where(file=str(obj))
 
@@ -545,6 +550,7 @@ def run_cmd(ctx: typer.Context,
     Exit status: CMD's (128 + N when signal N ended it); 127 when CMD is not found and 126 when it cannot
     be executed, as a shell says; 125 when egpu-run itself fails (a bad option, a probe it refuses), so
     that no status of egpu-run's own can be taken for the job's."""
+    from egpu_preload.bpf.sections import API_KINDS
     from egpu_preload.runtime import config, dump, job, sass, uprobes, watch
     from egpu_preload.version import cuda_driver
     cmd = ctx.args
@@ -570,7 +576,8 @@ def run_cmd(ctx: typer.Context,
                 trace = tracefile.prepare(trace)
             cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose),
                                 durations or perfetto is not None, backend=backend, timeline=perfetto is not None,
-                                mirror=mirror, launch_vm=launch_vm, trace=trace, on_full=on_full, uprobes=targets)
+                                mirror=mirror, launch_vm=launch_vm, trace=trace, on_full=on_full, uprobes=targets,
+                                host_apis=any(p.attach.kind in API_KINDS for pr in loaded for p in pr.obj.programs))
             with progress.step("building the SASS back end's patch image (ptxas)"):
                 cfg, sass_notes = sass.for_job(cfg, loaded)
             if restore is not None:  # refused here, before the job starts, when incomplete or corrupt

@@ -13,8 +13,10 @@ OUT/examples.json beside it. Back where the repository is edited:
 puts each captured output in place of its section's "(output captured on the GPU: ...)" line.
 
 Programs: bpftime's ports run on examples/vec_add.cu (as bpftime's on its vec_add), the launch probes
-on a small PyTorch eager program (tests/e2e/torch_eager.py: cuBLAS kernels, no PTX), uvm_ranges on
-tests/e2e/uvm_oversub.cu (managed memory that migrates), the rest on tests/e2e/vecadd.cu. Whatever runs past DEADLINE_S is left out and says so.
+on a small PyTorch eager program (tests/e2e/torch_eager.py: cuBLAS kernels, no PTX), and alloc_hist on it
+too, uvm_ranges on tests/e2e/uvm_oversub.cu (managed memory that migrates), memcpy_bytes and sync_wait on
+tests/e2e/host_copies.cu, the rest on tests/e2e/vecadd.cu. Whatever runs past DEADLINE_S is left out and
+says so.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ PLACEHOLDER = re.compile(r"^\(output captured on the GPU[^)]*\)[ \t]*$", re.M)  
 VECADD = ("./vecadd", ["10", "1048576"])
 TORCH = ("python3 tests/e2e/torch_eager.py", ["20"])
 VEC_ADD = ("./vec_add", [])
+HOST_COPIES = ("./host_copies", [])
 # example -> (program, its arguments, egpu-run options beside -p)
 EXAMPLES = {
     "launch_count": (*TORCH, []),
@@ -55,6 +58,9 @@ EXAMPLES = {
     "kernelretsnoop": (*VEC_ADD, []),
     "threadhist": (*VEC_ADD, []),
     "launchlate": (*VEC_ADD, []),
+    "memcpy_bytes": (*HOST_COPIES, []),
+    "alloc_hist": (*TORCH, []),
+    "sync_wait": (*HOST_COPIES, []),
 }
 
 
@@ -68,7 +74,7 @@ def shown(lines: list[str], limit: int = MAX_LINES) -> str:
 def build(work: Path) -> dict[str, str]:
     """The compiled programs, by the name the README's commands use."""
     progs = {"./vecadd": ROOT / "tests/e2e/vecadd.cu", "./vec_add": ROOT / "examples/vec_add.cu",
-             "./uvm_oversub": ROOT / "tests/e2e/uvm_oversub.cu"}
+             "./uvm_oversub": ROOT / "tests/e2e/uvm_oversub.cu", "./host_copies": ROOT / "tests/e2e/host_copies.cu"}
     out = {}
     for name, src in progs.items():
         exe = work / name.removeprefix("./")

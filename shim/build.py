@@ -35,8 +35,8 @@ hooks.attach(ffi, lib)
 """
 
 
-HEADERS = ("egpu_shim.h", "egpu_sass.h", "egpu_cow.h", "egpu_launchvm.h", "egpu_uprobe.h")
-SOURCES = ("interpose.c", "sass.c", "cupti.c", "cow.c", "launchvm.c", "process.c", "uprobe.c")
+HEADERS = ("egpu_shim.h", "egpu_sass.h", "egpu_cow.h", "egpu_launchvm.h", "egpu_uprobe.h", "egpu_hostapi.h")
+SOURCES = ("interpose.c", "sass.c", "cupti.c", "cow.c", "launchvm.c", "hostapi.c", "process.c", "uprobe.c")
 
 
 def header_parts() -> tuple[str, str]:

@@ -19,6 +19,7 @@
 #include "egpu_shim.h"
 #include "egpu_cow.h"
 #include "egpu_gate.h"
+#include "egpu_hostapi.h"
 #include "egpu_ring.h"
 #include "egpu_table.h"
 
@@ -55,12 +56,8 @@ typedef CUresult (*pfn_mem_free)(CUdeviceptr);
 typedef CUresult (*pfn_host_alloc)(void **, size_t, unsigned int);
 typedef CUresult (*pfn_host_free)(void *);
 
-#define REAL(type, name) ({ static _Atomic(void *) cache_; \
-    void *p_ = atomic_load_explicit(&cache_, memory_order_acquire); \
-    if (!p_) { p_ = egpu_shim_real(name); atomic_store_explicit(&cache_, p_, memory_order_release); } \
-    (type)p_; })
-#define CALL(sym, ...) ({ pfn_##sym fn_ = REAL(pfn_##sym, #sym); fn_ ? fn_(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
-#define CALL_AS(type, name, ...) ({ type fn_ = REAL(type, name); fn_ ? fn_(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
+#define CALL(sym, ...) ({ pfn_##sym fn_ = EGPU_REAL(pfn_##sym, #sym); fn_ ? fn_(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
+#define CALL_AS(type, name, ...) ({ type fn_ = EGPU_REAL(type, name); fn_ ? fn_(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
 
 /* ---- the record ring (egpu_ring.h): the hooks push, the runtime takes ---- */
 
@@ -442,7 +439,7 @@ static void forget_all(void) {
 }
 
 static void release_all(void) {
-    pfn_event destroy = REAL(pfn_event, "cuEventDestroy_v2");
+    pfn_event destroy = EGPU_REAL(pfn_event, "cuEventDestroy_v2");
     for (size_t i = 0; destroy && i < cow.nunits; i++)
         if (cow.units[i].event) destroy(cow.units[i].event);
     for (size_t i = 0; destroy && i < cow.nevents; i++)
@@ -556,7 +553,7 @@ EXPORT long egpu_cow_copy_next(void *side) {
 
 EXPORT int egpu_cow_disarm(void) {
     pthread_mutex_lock(&arm_lock);
-    pfn_event sync = REAL(pfn_event, "cuEventSynchronize");
+    pfn_event sync = EGPU_REAL(pfn_event, "cuEventSynchronize");
     for (size_t i = 0; i < cow.nunits; i++) {
         int st = atomic_load(&cow.units[i].state);
         while (st == CLAIMED) {
@@ -654,17 +651,22 @@ static void restore_check(void) {
 #define WRITES(kind) ((kind) == EGPU_OP_HTOD || (kind) == EGPU_OP_DTOD || (kind) == EGPU_OP_COPY || \
                       (kind) == EGPU_OP_PEER || (kind) == EGPU_OP_MEMSET)
 
-/* One copy or memset: its operands moved (`move`, a statement run inside the gate: a variable of a
- * module that a copy serves), copy-on-write for what it writes, the driver call, its record. */
-#define OP(sym, kind, flags, stream, move, dst, src, size, ...) do { \
-        CUstream s_ = effective((stream), (flags) & EGPU_OP_PER_THREAD); \
+/* One copy or memset: its operands moved (`move_`, a statement run inside the gate: a variable of a
+ * module that a copy serves), copy-on-write for what it writes, the driver call, its record, the
+ * egpu/memcpy or egpu/memset probes (egpu_hostapi.h; `bytes_` the bytes it moves, where `size_` spans
+ * the rows a 2D/3D one touches). */
+#define OP(sym, kind_, flags_, stream_, move_, dst_, src_, size_, bytes_, ...) do { \
+        CUstream s_ = effective((stream_), (flags_) & EGPU_OP_PER_THREAD); \
         egpu_gate_enter(&copy_gate); \
-        move; \
-        unsigned long long d_ = (dst), n_ = (size); \
-        if (WRITES(kind)) cow_write(d_, n_, s_); \
+        move_; \
+        unsigned long long d_ = (dst_), n_ = (size_); \
+        if (WRITES(kind_)) cow_write(d_, n_, s_); \
+        unsigned long long t_ = EGPU_HOST_BEGIN(sym); \
         CUresult r_ = CALL(sym, __VA_ARGS__); \
         egpu_gate_exit(&copy_gate); \
-        if (r_ == CUDA_SUCCESS) record((kind), (flags), d_, (src), n_, s_); \
+        if (r_ == CUDA_SUCCESS) record((kind_), (flags_), d_, (src_), n_, s_); \
+        EGPU_HOST_END(sym, t_, r_, .dst = d_, .src = (src_), .bytes = (bytes_), .stream = P(s_), .kind = (kind_), \
+                      .flags = (flags_)); \
         return r_; \
     } while (0)
 
@@ -677,10 +679,10 @@ static void restore_check(void) {
 #define MOVED(x, n) (x = (__typeof__(x))(uintptr_t)egpu_moved_address(P(x), (n)))
 #define LINEAR(sym, kind, flags, dt, st) \
     EXPORT CUresult sym(dt dst, st src, size_t n) { \
-        OP(sym, kind, flags, NULL, (MOVED(dst, n), MOVED(src, n)), P(dst), P(src), n, dst, src, n); }
+        OP(sym, kind, flags, NULL, (MOVED(dst, n), MOVED(src, n)), P(dst), P(src), n, n, dst, src, n); }
 #define LINEAR_ASYNC(sym, kind, flags, dt, st) \
     EXPORT CUresult sym(dt dst, st src, size_t n, CUstream s) { \
-        OP(sym, kind, (flags) | AS, s, (MOVED(dst, n), MOVED(src, n)), P(dst), P(src), n, dst, src, n, s); }
+        OP(sym, kind, (flags) | AS, s, (MOVED(dst, n), MOVED(src, n)), P(dst), P(src), n, n, dst, src, n, s); }
 LINEAR(cuMemcpy, EGPU_OP_COPY, 0, CUdeviceptr, CUdeviceptr)
 LINEAR(cuMemcpy_ptds, EGPU_OP_COPY, PT, CUdeviceptr, CUdeviceptr)
 LINEAR(cuMemcpyHtoD_v2, EGPU_OP_HTOD, 0, CUdeviceptr, const void *)
@@ -700,10 +702,10 @@ LINEAR_ASYNC(cuMemcpyDtoDAsync_v2_ptsz, EGPU_OP_DTOD, PT, CUdeviceptr, CUdevicep
 
 #define PEER(sym, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n) { \
-        OP(sym, EGPU_OP_PEER, flags, NULL, NO_MOVE, dst, src, n, dst, dc, src, sc, n); }
+        OP(sym, EGPU_OP_PEER, flags, NULL, NO_MOVE, dst, src, n, n, dst, dc, src, sc, n); }
 #define PEER_ASYNC(sym, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n, CUstream s) { \
-        OP(sym, EGPU_OP_PEER, (flags) | AS, s, NO_MOVE, dst, src, n, dst, dc, src, sc, n, s); }
+        OP(sym, EGPU_OP_PEER, (flags) | AS, s, NO_MOVE, dst, src, n, n, dst, dc, src, sc, n, s); }
 PEER(cuMemcpyPeer, 0)
 PEER(cuMemcpyPeer_ptds, PT)
 PEER_ASYNC(cuMemcpyPeerAsync, 0)
@@ -723,6 +725,8 @@ static int kind_of(int src, int dst) {
 #define C2_SRC(c) span(span(end_of((c)->srcHost, (c)->srcDevice, (c)->srcMemoryType), (c)->srcY, (c)->srcPitch), \
                          (c)->srcXInBytes, 1)
 #define C2_SIZE(c) ((c)->Height ? span((c)->WidthInBytes, (c)->Height - 1, (c)->dstPitch) : 0)
+#define C2_BYTES(c) span(0, (c)->WidthInBytes, (c)->Height)
+#define C3_BYTES(c) span(0, span(0, (c)->WidthInBytes, (c)->Height), (c)->Depth)
 #define C3_DST(c) span(span(end_of((c)->dstHost, (c)->dstDevice, (c)->dstMemoryType), (c)->dstXInBytes, 1), \
                          span((c)->dstY, (c)->dstZ, (c)->dstHeight), (c)->dstPitch)
 #define C3_SRC(c) span(span(end_of((c)->srcHost, (c)->srcDevice, (c)->srcMemoryType), (c)->srcXInBytes, 1), \
@@ -734,12 +738,12 @@ static int kind_of(int src, int dst) {
     EXPORT CUresult sym(const T *c) { \
         if (!c) return CALL(sym, c); \
         OP(sym, kind_of(c->srcMemoryType, c->dstMemoryType), (flags) | EGPU_OP_STRIDED, NULL, NO_MOVE, \
-           D##_DST(c), D##_SRC(c), D##_SIZE(c), c); }
+           D##_DST(c), D##_SRC(c), D##_SIZE(c), D##_BYTES(c), c); }
 #define STRIDED_ASYNC(sym, T, D, flags) \
     EXPORT CUresult sym(const T *c, CUstream s) { \
         if (!c) return CALL(sym, c, s); \
         OP(sym, kind_of(c->srcMemoryType, c->dstMemoryType), (flags) | AS | EGPU_OP_STRIDED, s, NO_MOVE, \
-           D##_DST(c), D##_SRC(c), D##_SIZE(c), c, s); }
+           D##_DST(c), D##_SRC(c), D##_SIZE(c), D##_BYTES(c), c, s); }
 STRIDED(cuMemcpy2D_v2, CUDA_MEMCPY2D, C2, 0)
 STRIDED(cuMemcpy2D_v2_ptds, CUDA_MEMCPY2D, C2, PT)
 STRIDED(cuMemcpy2DUnaligned_v2, CUDA_MEMCPY2D, C2, 0)
@@ -757,19 +761,21 @@ STRIDED_ASYNC(cuMemcpy3DPeerAsync_ptsz, CUDA_MEMCPY3D, C3, PT)
 
 #define MEMSET(sym, T, unit, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, T v, size_t n) { \
-        OP(sym, EGPU_OP_MEMSET, flags, NULL, MOVED(dst, span(0, n, unit)), dst, v, span(0, n, unit), dst, v, n); }
+        OP(sym, EGPU_OP_MEMSET, flags, NULL, MOVED(dst, span(0, n, unit)), dst, v, span(0, n, unit), span(0, n, unit), \
+           dst, v, n); }
 #define MEMSET_ASYNC(sym, T, unit, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, T v, size_t n, CUstream s) { \
-        OP(sym, EGPU_OP_MEMSET, (flags) | AS, s, MOVED(dst, span(0, n, unit)), dst, v, span(0, n, unit), dst, v, n, s); }
+        OP(sym, EGPU_OP_MEMSET, (flags) | AS, s, MOVED(dst, span(0, n, unit)), dst, v, span(0, n, unit), \
+           span(0, n, unit), dst, v, n, s); }
 #define MEMSET2D(sym, T, unit, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, size_t pitch, T v, size_t w, size_t h) { \
         OP(sym, EGPU_OP_MEMSET, (flags) | EGPU_OP_STRIDED, NULL, NO_MOVE, dst, v, \
-           h ? span(span(0, w, unit), h - 1, pitch) : 0, \
+           h ? span(span(0, w, unit), h - 1, pitch) : 0, span(0, span(0, w, unit), h), \
            dst, pitch, v, w, h); }
 #define MEMSET2D_ASYNC(sym, T, unit, flags) \
     EXPORT CUresult sym(CUdeviceptr dst, size_t pitch, T v, size_t w, size_t h, CUstream s) { \
         OP(sym, EGPU_OP_MEMSET, (flags) | AS | EGPU_OP_STRIDED, s, NO_MOVE, dst, v, \
-           h ? span(span(0, w, unit), h - 1, pitch) : 0, \
+           h ? span(span(0, w, unit), h - 1, pitch) : 0, span(0, span(0, w, unit), h), \
            dst, pitch, v, w, h, s); }
 MEMSET(cuMemsetD8_v2, unsigned char, 1, 0)
 MEMSET(cuMemsetD8_v2_ptds, unsigned char, 1, PT)

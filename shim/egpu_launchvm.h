@@ -99,6 +99,14 @@ size_t egpu_lvm_drain(struct egpu_lvm_router *r, struct egpu_launch_record *out,
 /* struct egpu_ctx of a launch probe for `rec` (144 bytes; egpu_preload/bpf/ctx.py). */
 void egpu_lvm_context(const struct egpu_launch_record *rec, unsigned long long kernel_id, void *out);
 
+/* Host-API probes (shim/hostapi.c): calls of API `api` (an index of egpu_host_apis) run `progs` in the
+ * calling thread from now on (n 0: none; the previous list is forgotten, under the lock runs hold, so
+ * its programs may be freed once this returns). Returns 0, or -1 when memory is out or `api` is past
+ * EGPU_LVM_APIS. */
+int egpu_lvm_route_api(unsigned int api, struct egpu_lvm_prog *const *progs, size_t n);
+/* ktime_get_ns in host-API probes: CLOCK_MONOTONIC + offset_ns (the launch probes' offset, kept equal). */
+void egpu_lvm_api_clock(long long offset_ns);
+
 /* ---- part 3: C only ---- */
 
 /* Host probes (shim/uprobe.c): hold the lock every map and route is under while reading which
@@ -107,5 +115,11 @@ void egpu_lvm_context(const struct egpu_launch_record *rec, unsigned long long k
 void egpu_lvm_lock(void);
 void egpu_lvm_unlock(void);
 void egpu_lvm_run_host(struct egpu_lvm_prog *p, void *ctx, size_t size, long long offset_ns);
+
+#define EGPU_LVM_APIS 256          /* host APIs a route can name (hostapi.c checks its table fits) */
+/* Whether calls of `api` run programs now: one relaxed load, for the hooks' fast path. */
+int egpu_lvm_api_routed(unsigned int api);
+/* Run `api`'s programs on `ctx` (`size` bytes, read-only to them), ktime = now on egpu_lvm_api_clock's clock. */
+void egpu_lvm_run_api(unsigned int api, const void *ctx, size_t size);
 
 #endif

@@ -175,6 +175,8 @@ void egpu_shim_python_forking(void);
 int egpu_python_up(void);
 /* 1 once the shim has called into Python (hooks.attach ran) and until egpu_shim_python_gone(). */
 int egpu_python_attached(void);
+/* Start Python and the runtime now, as a module load would (egpu_hostapi.h egpu_py_start). */
+void egpu_python_start(void);
 
 /* process.c: if this thread holds the GIL, let it go and return what egpu_gil_take_back needs (NULL:
  * it did not hold it). For a thread about to wait on another that may need the GIL. */
@@ -199,6 +201,13 @@ void *egpu_cupti_hand_out(int i, void *found);
 
 /* Nonzero while a stream capture the shim saw begin is in progress (interpose.c, "stream capture"). */
 int egpu_shim_capturing(void);
+/* Nonzero when this thread's hooks pass straight through (egpu_shim_bypass, or inside a Python callback). */
+int egpu_passthrough(void);
+/* The driver's `name` as a `type`, looked up once per call site (egpu_shim_real never returns a hook). */
+#define EGPU_REAL(type, name) ({ static _Atomic(void *) cache_; \
+    void *p_ = atomic_load_explicit(&cache_, memory_order_acquire); \
+    if (!p_) { p_ = egpu_shim_real(name); atomic_store_explicit(&cache_, p_, memory_order_release); } \
+    (type)p_; })
 
 typedef int CUresult;
 typedef void *CUmodule, *CUfunction, *CUlibrary, *CUkernel, *CUlinkState, *CUstream, *CUgraph,

@@ -30,14 +30,16 @@
 #include "egpu_shim.h"
 #include "egpu_sass.h"
 #include "egpu_cow.h"
+#include "egpu_hostapi.h"
 #include "egpu_gate.h"
 #include "egpu_ring.h"
 #include "egpu_table.h"
 #include "egpu_launchvm.h"
 #include "egpu_uprobe.h"
 
-/* every hooked symbol: the launch and module side here, copies and streams in cow.c */
-#define EGPU_ALL_HOOKS(X) EGPU_HOOKS(X) EGPU_COW_HOOKS(X)
+/* every hooked symbol: the launch and module side here, copies and streams in cow.c, synchronization in
+ * hostapi.c (egpu_hostapi.h's order) */
+#define EGPU_ALL_HOOKS(X) EGPU_HOST_ALL(X)
 
 #define EXPORT __attribute__((visibility("default")))
 #if defined(__has_attribute) && __has_attribute(musttail)
@@ -221,6 +223,7 @@ static __thread int tls_bypass __attribute__((tls_model("initial-exec")));
 static __thread int tls_in_python __attribute__((tls_model("initial-exec")));
 
 static inline int passthrough(void) { return tls_bypass | tls_in_python; }
+int egpu_passthrough(void) { return passthrough(); }
 
 EXPORT int egpu_shim_bypass(int on) {
     int old = tls_bypass;
@@ -986,6 +989,14 @@ int egpu_python_up(void) { return !atomic_load_explicit(&g_python_gone, memory_o
 
 int egpu_python_attached(void) { return atomic_load(&g_stats.python_calls) && egpu_python_up(); }
 
+void egpu_python_start(void) {
+    if (!egpu_python_up()) return;
+    atomic_fetch_add_explicit(&g_stats.python_calls, 1, memory_order_relaxed);
+    tls_in_python++;
+    egpu_py_start();
+    tls_in_python--;
+}
+
 static const void *py_image(int api, unsigned long long call, const void *image, size_t size,
                             const char *path, size_t *out_size) {
     if (!egpu_python_up()) return NULL; /* the original loads */
@@ -1281,12 +1292,15 @@ static void alloc_add(unsigned long long addr, unsigned long long size, int kind
     pthread_mutex_unlock(&alloc_lock);
 }
 
-static void alloc_del(unsigned long long addr, int handle) {
-    if (!addr) return;
+/* Returns what it removed (address 0: not in the table). */
+static struct egpu_alloc alloc_del(unsigned long long addr, int handle) {
+    struct egpu_alloc gone = {0, 0, 0, 0};
+    if (!addr) return gone;
     pthread_mutex_lock(&alloc_lock);
     uint32_t i = alloc_home(addr);
     for (uint32_t n = 0; n < ALLOC_SIZE && allocs[i].address; n++, i = (i + 1) & (ALLOC_SIZE - 1)) {
         if (!alloc_same(&allocs[i], addr, handle)) continue;
+        gone = allocs[i];
         /* backward-shift deletion keeps every probe chain unbroken without tombstones */
         uint32_t hole = i;
         for (uint32_t j = (i + 1) & (ALLOC_SIZE - 1); allocs[j].address; j = (j + 1) & (ALLOC_SIZE - 1)) {
@@ -1301,6 +1315,7 @@ static void alloc_del(unsigned long long addr, int handle) {
         break;
     }
     pthread_mutex_unlock(&alloc_lock);
+    return gone;
 }
 
 EXPORT size_t egpu_shim_allocations(struct egpu_alloc *out, size_t max) {
@@ -1315,114 +1330,113 @@ EXPORT size_t egpu_shim_allocations(struct egpu_alloc *out, size_t max) {
 
 #define PTR(p) ((unsigned long long)(uintptr_t)(p))
 
+/* Each hook: the driver call, the table, then the egpu/alloc or egpu/free probes (egpu_hostapi.h). A
+ * free's probe sees the size and kind the table had for the address (0 when it never saw it made). */
+#define ALLOC_HOOK(sym, call, ok, addr, size_, kind_, ...) do { \
+        unsigned long long t_ = EGPU_HOST_BEGIN(sym); \
+        CUresult r = call; \
+        if (r == CUDA_SUCCESS && (ok)) alloc_add((addr), (size_), (kind_)); \
+        EGPU_HOST_END(sym, t_, r, .dst = (r == CUDA_SUCCESS && (ok)) ? (addr) : 0, .bytes = (size_), \
+                      .kind = (kind_), __VA_ARGS__); \
+        return r; \
+    } while (0)
+#define FREE_HOOK(sym, call, addr, handle, ...) do { \
+        unsigned long long t_ = EGPU_HOST_BEGIN(sym); \
+        CUresult r = call; \
+        struct egpu_alloc gone_ = {0, 0, 0, 0}; \
+        if (r == CUDA_SUCCESS) gone_ = alloc_del((addr), (handle)); \
+        EGPU_HOST_END(sym, t_, r, .dst = (addr), .bytes = gone_.size, .kind = (unsigned int)gone_.kind, __VA_ARGS__); \
+        return r; \
+    } while (0)
+
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
-    CUresult r = CALL_REAL(cuMemAlloc_v2, dptr, bytesize);
-    if (r == CUDA_SUCCESS && dptr) alloc_add(*dptr, bytesize, EGPU_ALLOC_DEVICE);
-    return r;
+    ALLOC_HOOK(cuMemAlloc_v2, CALL_REAL(cuMemAlloc_v2, dptr, bytesize), dptr, *dptr, bytesize, EGPU_ALLOC_DEVICE,
+               .flags = 0);
 }
 
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
                                    unsigned int ElementSizeBytes) {
-    CUresult r = CALL_REAL(cuMemAllocPitch_v2, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
-    if (r == CUDA_SUCCESS && dptr && pPitch) alloc_add(*dptr, (unsigned long long)*pPitch * Height,
-                                                       EGPU_ALLOC_PITCH);
-    return r;
+    ALLOC_HOOK(cuMemAllocPitch_v2, CALL_REAL(cuMemAllocPitch_v2, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes),
+               dptr && pPitch, *dptr, pPitch ? (unsigned long long)*pPitch * Height : 0, EGPU_ALLOC_PITCH, .flags = 0);
 }
 
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
-    CUresult r = CALL_REAL(cuMemAllocManaged, dptr, bytesize, flags);
-    if (r == CUDA_SUCCESS && dptr) alloc_add(*dptr, bytesize, EGPU_ALLOC_MANAGED);
-    return r;
+    ALLOC_HOOK(cuMemAllocManaged, CALL_REAL(cuMemAllocManaged, dptr, bytesize, flags), dptr, *dptr, bytesize,
+               EGPU_ALLOC_MANAGED, .flags = 0);
 }
 
-#define ALLOC_ASYNC(sym) \
+#define ALLOC_ASYNC(sym, per_thread) \
     EXPORT CUresult sym(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) { \
-        CUresult r = CALL_REAL(sym, dptr, bytesize, hStream); \
-        if (r == CUDA_SUCCESS && dptr) alloc_add(*dptr, bytesize, EGPU_ALLOC_ASYNC); \
-        return r; \
+        ALLOC_HOOK(sym, CALL_REAL(sym, dptr, bytesize, hStream), dptr, *dptr, bytesize, EGPU_ALLOC_ASYNC, \
+                   .stream = EGPU_HOST_STREAM(hStream, per_thread), \
+                   .flags = EGPU_HOST_F_ASYNC | ((per_thread) ? EGPU_HOST_F_PER_THREAD : 0)); \
     }
-ALLOC_ASYNC(cuMemAllocAsync)
-ALLOC_ASYNC(cuMemAllocAsync_ptsz)
+ALLOC_ASYNC(cuMemAllocAsync, 0)
+ALLOC_ASYNC(cuMemAllocAsync_ptsz, 1)
 
-#define ALLOC_POOL(sym) \
+#define ALLOC_POOL(sym, per_thread) \
     EXPORT CUresult sym(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) { \
-        CUresult r = CALL_REAL(sym, dptr, bytesize, pool, hStream); \
-        if (r == CUDA_SUCCESS && dptr) alloc_add(*dptr, bytesize, EGPU_ALLOC_ASYNC); \
-        return r; \
+        ALLOC_HOOK(sym, CALL_REAL(sym, dptr, bytesize, pool, hStream), dptr, *dptr, bytesize, EGPU_ALLOC_ASYNC, \
+                   .stream = EGPU_HOST_STREAM(hStream, per_thread), .handle = PTR(pool), \
+                   .flags = EGPU_HOST_F_ASYNC | ((per_thread) ? EGPU_HOST_F_PER_THREAD : 0)); \
     }
-ALLOC_POOL(cuMemAllocFromPoolAsync)
-ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz)
+ALLOC_POOL(cuMemAllocFromPoolAsync, 0)
+ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz, 1)
 
 EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
-    CUresult r = CALL_REAL(cuMemFree_v2, dptr);
-    if (r == CUDA_SUCCESS) alloc_del(dptr, 0);
-    return r;
+    FREE_HOOK(cuMemFree_v2, CALL_REAL(cuMemFree_v2, dptr), dptr, 0, .flags = 0);
 }
 
-#define FREE_ASYNC(sym) \
+#define FREE_ASYNC(sym, per_thread) \
     EXPORT CUresult sym(CUdeviceptr dptr, CUstream hStream) { \
-        CUresult r = CALL_REAL(sym, dptr, hStream); \
-        if (r == CUDA_SUCCESS) alloc_del(dptr, 0); \
-        return r; \
+        FREE_HOOK(sym, CALL_REAL(sym, dptr, hStream), dptr, 0, .stream = EGPU_HOST_STREAM(hStream, per_thread), \
+                  .flags = EGPU_HOST_F_ASYNC | ((per_thread) ? EGPU_HOST_F_PER_THREAD : 0)); \
     }
-FREE_ASYNC(cuMemFreeAsync)
-FREE_ASYNC(cuMemFreeAsync_ptsz)
+FREE_ASYNC(cuMemFreeAsync, 0)
+FREE_ASYNC(cuMemFreeAsync_ptsz, 1)
 
 EXPORT CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
-    CUresult r = CALL_REAL(cuMemHostAlloc, pp, bytesize, Flags);
-    if (r == CUDA_SUCCESS && pp) alloc_add(PTR(*pp), bytesize, EGPU_ALLOC_HOST);
-    return r;
+    ALLOC_HOOK(cuMemHostAlloc, CALL_REAL(cuMemHostAlloc, pp, bytesize, Flags), pp, PTR(*pp), bytesize,
+               EGPU_ALLOC_HOST, .flags = 0);
 }
 
 /* cuMemHostAlloc with no flags; cuMemFreeHost frees both */
 EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize) {
-    CUresult r = CALL_REAL(cuMemAllocHost_v2, pp, bytesize);
-    if (r == CUDA_SUCCESS && pp) alloc_add(PTR(*pp), bytesize, EGPU_ALLOC_HOST);
-    return r;
+    ALLOC_HOOK(cuMemAllocHost_v2, CALL_REAL(cuMemAllocHost_v2, pp, bytesize), pp, PTR(*pp), bytesize,
+               EGPU_ALLOC_HOST, .flags = 0);
 }
 
 EXPORT CUresult cuMemFreeHost(void *p) {
-    CUresult r = CALL_REAL(cuMemFreeHost, p);
-    if (r == CUDA_SUCCESS) alloc_del(PTR(p), 0);
-    return r;
+    FREE_HOOK(cuMemFreeHost, CALL_REAL(cuMemFreeHost, p), PTR(p), 0, .flags = 0);
 }
 
 EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags) {
-    CUresult r = CALL_REAL(cuMemHostRegister_v2, p, bytesize, Flags);
-    if (r == CUDA_SUCCESS) alloc_add(PTR(p), bytesize, EGPU_ALLOC_HOST_REGISTERED);
-    return r;
+    ALLOC_HOOK(cuMemHostRegister_v2, CALL_REAL(cuMemHostRegister_v2, p, bytesize, Flags), 1, PTR(p), bytesize,
+               EGPU_ALLOC_HOST_REGISTERED, .flags = 0);
 }
 
 EXPORT CUresult cuMemHostUnregister(void *p) {
-    CUresult r = CALL_REAL(cuMemHostUnregister, p);
-    if (r == CUDA_SUCCESS) alloc_del(PTR(p), 0);
-    return r;
+    FREE_HOOK(cuMemHostUnregister, CALL_REAL(cuMemHostUnregister, p), PTR(p), 0, .flags = 0);
 }
 
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const void *prop,
                             unsigned long long flags) {
-    CUresult r = CALL_REAL(cuMemCreate, handle, size, prop, flags);
-    if (r == CUDA_SUCCESS && handle) alloc_add(*handle, size, EGPU_ALLOC_VMM_HANDLE);
-    return r;
+    ALLOC_HOOK(cuMemCreate, CALL_REAL(cuMemCreate, handle, size, prop, flags), handle, *handle, size,
+               EGPU_ALLOC_VMM_HANDLE, .flags = 0);
 }
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
-    CUresult r = CALL_REAL(cuMemRelease, handle);
-    if (r == CUDA_SUCCESS) alloc_del(handle, 1);
-    return r;
+    FREE_HOOK(cuMemRelease, CALL_REAL(cuMemRelease, handle), handle, 1, .flags = 0);
 }
 
 EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                          unsigned long long flags) {
-    CUresult r = CALL_REAL(cuMemMap, ptr, size, offset, handle, flags);
-    if (r == CUDA_SUCCESS) alloc_add(ptr, size, EGPU_ALLOC_VMM_MAPPING);
-    return r;
+    ALLOC_HOOK(cuMemMap, CALL_REAL(cuMemMap, ptr, size, offset, handle, flags), 1, ptr, size,
+               EGPU_ALLOC_VMM_MAPPING, .handle = handle);
 }
 
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
-    CUresult r = CALL_REAL(cuMemUnmap, ptr, size);
-    if (r == CUDA_SUCCESS) alloc_del(ptr, 0);
-    return r;
+    FREE_HOOK(cuMemUnmap, CALL_REAL(cuMemUnmap, ptr, size), ptr, 0, .flags = 0);
 }
 
 /* ---- fork (process.c): the tables' locks taken across it; in the child, the gate and the launch

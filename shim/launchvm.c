@@ -3,6 +3,7 @@
  * file to: tests/isa_cases.py run here, and every launch probe run on both over the same records. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 
 #include "egpu_shim.h"
 #include "egpu_launchvm.h"
+#include "egpu_gate.h" /* egpu_now_ns */
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -973,6 +975,52 @@ EXPORT size_t egpu_lvm_drain(struct egpu_lvm_router *r, struct egpu_launch_recor
     pthread_mutex_unlock(&lvm_lock);
     if (taken) *taken = t;
     return n;
+}
+
+/* ---- host-API probes (shim/hostapi.c): routes by API, runs in the calling thread ---- */
+
+struct api_route {
+    size_t n;
+    struct egpu_lvm_prog *progs[];
+};
+/* Written under lvm_lock, read without it by egpu_lvm_api_routed (a hint) and under it by runs. */
+static _Atomic(struct api_route *) api_routes[EGPU_LVM_APIS];
+static _Atomic long long api_offset_ns;
+static struct run api_run; /* under lvm_lock: an application thread's stack is not ours to take 7 KiB of */
+
+EXPORT int egpu_lvm_route_api(unsigned int api, struct egpu_lvm_prog *const *progs, size_t n) {
+    if (api >= EGPU_LVM_APIS) return -1;
+    struct api_route *r = NULL;
+    if (n) {
+        if (!(r = malloc(sizeof *r + n * sizeof *progs))) return -1;
+        r->n = n;
+        memcpy(r->progs, progs, n * sizeof *progs);
+    }
+    pthread_mutex_lock(&lvm_lock);
+    free(atomic_exchange(&api_routes[api], r));
+    pthread_mutex_unlock(&lvm_lock);
+    return 0;
+}
+
+EXPORT void egpu_lvm_api_clock(long long offset_ns) { atomic_store(&api_offset_ns, offset_ns); }
+
+int egpu_lvm_api_routed(unsigned int api) {
+    return atomic_load_explicit(&api_routes[api], memory_order_relaxed) != NULL;
+}
+
+void egpu_lvm_run_api(unsigned int api, const void *ctx, size_t size) {
+    static const unsigned int one[3] = {1, 1, 1};
+    unsigned long long now = egpu_now_ns() + (unsigned long long)atomic_load(&api_offset_ns);
+    pthread_mutex_lock(&lvm_lock);
+    const struct api_route *r = atomic_load_explicit(&api_routes[api], memory_order_relaxed);
+    for (size_t k = 0; r && k < r->n; k++) {
+        struct egpu_lvm_prog *p = r->progs[k];
+        unsigned int pc;
+        int fault = run_program(&api_run, p, (unsigned char *)ctx, size, 0, 0, now, one, one, &pc); /* read-only */
+        p->stats.runs++;
+        if (fault && !p->stats.faults++) p->stats.fault = fault, p->stats.fault_pc = pc, p->stats.fault_launch = 0;
+    }
+    pthread_mutex_unlock(&lvm_lock);
 }
 
 /* ---- fork (process.c): no map mid-update in the child ---- */

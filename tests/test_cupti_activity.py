@@ -245,6 +245,28 @@ def test_a_running_job_refuses_egpu_uvm_programs(tmp_path):
         control._load(data, "u")
 
 
+def test_egpu_uvm_programs_run_on_the_python_vm_beside_their_objects_uprobes(tmp_path):
+    """An object's host side is one: its egpu/uvm programs run on the Python VM (run_uvm) and its uprobes
+    only in C, so the Python VM's list holds the uvm programs and no uprobe."""
+    from egpu_preload.bpf.compile import compile_probe
+    from egpu_preload.runtime import launches
+    from egpu_preload.runtime.probes import load_probe
+    src = tmp_path / "u.bpf.c"
+    src.write_text('#include "egpu.bpf.h"\n'
+                   'struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); '
+                   '__type(value, __u64); } moved SEC(".maps");\n'
+                   'SEC("egpu/uvm/htod") int on_uvm(struct egpu_uvm_ctx *c) { __u32 k = 0; '
+                   '__u64 *v = bpf_map_lookup_elem(&moved, &k); if (v) *v += c->bytes; return 0; }\n'
+                   'SEC("uprobe/libc.so.6:getpid") int on_call(void *regs) { return 0; }\n')
+    probe = load_probe(compile_probe(src, tmp_path / "u.bpf.o"))
+    probes = launches.LaunchProbes([probe])
+    (side,) = probes.sides
+    assert [p.name for p, _ in side.programs] == ["on_uvm"] and probes.has_uvm
+    probes.run_uvm(uvm.UvmRecord(1, 0x1000, 8192, 10, 20, 0, 1, 0, 7))
+    probes.run_uvm(uvm.UvmRecord(2, 0x1000, 4096, 30, 40, 1, 0, 0, 7))  # dtoh: the glob takes htod only
+    assert struct.unpack("<Q", side.state.storages[0].lookup(struct.pack("<I", 0)))[0] == 8192
+
+
 def test_struct_egpu_uvm_ctx_in_the_header_matches_ctx_py_and_context_bytes(tmp_path):
     """egpu.bpf.h's struct and enum (compiled by gcc) against bpf/ctx.py UVM_CTX and uvm.COUNTERS; and
     context_bytes puts each field where UVM_CTX says."""

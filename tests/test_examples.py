@@ -242,6 +242,48 @@ SCENARIOS = [
              "block_start": Contents({(1, 1): 1000}, key_fmt="<QQ"),  # block (1,0,0) is still running
              "stragglers": Records([(GEMM, 1, 1000, 300_000, 1, 1, 0, 4)], STRAGGLER)}),
 
+    # host-API probes (struct egpu_host_ctx)
+    Scenario("memcpy_bytes", "bytes by direction and stream; bandwidth of the synchronous copies", [
+        ev("on_copy", kind=ctxmod.COPY_H2D, bytes=1000, blocked_ns=500, stream=0),
+        ev("on_copy", kind=ctxmod.COPY_H2D, bytes=3000, blocked_ns=20, stream=0xABC, flags=ctxmod.HOST_F_ASYNC),
+        ev("on_copy", kind=ctxmod.COPY_D2H, bytes=4096, blocked_ns=1024, stream=2, flags=ctxmod.HOST_F_PER_THREAD),
+        ev("on_copy", kind=ctxmod.COPY_D2D, bytes=8, stream=0xABC, flags=ctxmod.HOST_F_ASYNC | ctxmod.HOST_F_GRAPH),
+        ev("on_copy", kind=ctxmod.COPY_H2D, bytes=5, result=1),  # refused by the driver: nothing moved
+    ], maps={"by_direction": Contents({1: (2, 4000, 1000, 500, 2000), 2: (1, 4096, 4096, 1024, 4000),
+                                       3: (1, 8, 0, 0, 0)}, "<QQQQQ", "<I"),
+             "bytes_by_stream": Contents({0: 1000, 0xABC: 3008, 2: 4096}),
+             "hist_copy_bytes": Contents({9: 1, 11: 1, 12: 1, 3: 1})},
+        globals={"captured_copies": 1},
+        text=("@by_direction[EGPU_COPY_H2D]: { copies: 2, bytes: 4000, sync_bytes: 1000, sync_ns: 500, "
+              "sync_mb_per_s: 2000 }", "@bytes_by_stream[0xabc]: 3008")),
+
+    Scenario("alloc_hist", "sizes by kind, live bytes and their peak per second", [
+        ev("on_alloc", t=10**9, kind=ctxmod.ALLOC_DEVICE, bytes=1 << 20, addr=0x7000),
+        ev("on_alloc", t=15 * 10**8, kind=ctxmod.ALLOC_POOL, bytes=4096),
+        ev("on_alloc", t=22 * 10**8, kind=ctxmod.ALLOC_HOST, bytes=100),
+        ev("on_free", t=31 * 10**8, kind=ctxmod.ALLOC_DEVICE, bytes=1 << 20, addr=0x7000),
+        ev("on_free", t=32 * 10**8, kind=0, bytes=0),                 # never seen allocated: ignored
+        ev("on_alloc", t=32 * 10**8, kind=ctxmod.ALLOC_VMM_HANDLE, bytes=2 << 20),  # live once mapped
+        ev("on_alloc", t=33 * 10**8, kind=ctxmod.ALLOC_DEVICE, bytes=7, result=2),  # out of memory: ignored
+    ], maps={"by_kind": Contents({1: (1, 1 << 20, 1, 1 << 20), 4: (1, 4096, 0, 0), 5: (1, 100, 0, 0),
+                                  7: (1, 2 << 20, 0, 0)}, "<QQQQ", "<I"),
+             "hist_alloc_bytes": Contents({20: 1, 12: 1, 6: 1, 21: 1}),
+             "peak_live_by_second": Contents({0: (1 << 20) + 4096, 1: (1 << 20) + 4196, 2: 4196})},
+        globals={"live_bytes": 4196, "peak_live_bytes": (1 << 20) + 4196, "first_ns": 10**9},
+        text=("@by_kind[EGPU_ALLOC_DEVICE]: { allocs: 1, bytes: 1048576, frees: 1, freed_bytes: 1048576 }",)),
+
+    Scenario("sync_wait", "time blocked by stream, event and context", [
+        ev("on_sync", kind=ctxmod.SYNC_STREAM, stream=0xABC, handle=0xABC, blocked_ns=1000),
+        ev("on_sync", kind=ctxmod.SYNC_STREAM, stream=0xABC, handle=0xABC, blocked_ns=3000),
+        ev("on_sync", kind=ctxmod.SYNC_EVENT, handle=0x99, blocked_ns=50),
+        ev("on_sync", kind=ctxmod.SYNC_CONTEXT, blocked_ns=1 << 20),
+    ], maps={"blocked_by_handle": Contents({0xABC: (2, 4000, 3000), 0x99: (1, 50, 50), 0: (1, 1 << 20, 1 << 20)},
+                                           "<QQQ"),
+             "blocked_ns_by_kind": Contents({1: 4000, 2: 50, 3: 1 << 20}, "<Q", "<I"),
+             "hist_blocked_ns": Contents({9: 1, 11: 1, 5: 1, 20: 1})},
+        text=("@blocked_ns_by_kind[EGPU_SYNC_STREAM]: 4000",
+              "@blocked_by_handle[0xabc]: { calls: 2, blocked_ns: 4000, max_ns: 3000 }")),
+
     Scenario("launch_latency", "enqueue on the host, first block on the GPU", [
         ev("on_enqueue", t=1000, launch_id=1),
         ev("on_enqueue", t=1500, launch_id=2),
@@ -325,16 +367,6 @@ def _contents(storage, key_fmt: str | None, value_fmt: str) -> dict:
             if not (skip_zero and not any(v))}
 
 
-def _host_ctx(layout: ctxmod.Layout, values: dict) -> bytes:
-    """A host section's context (struct egpu_uvm_ctx, ...) with the named fields set."""
-    buf = bytearray(layout.size)
-    fields = {f.name: f for f in layout.fields}
-    for name, value in values.items():
-        f = fields[name]
-        buf[f.offset:f.offset + f.size] = value.to_bytes(f.size, "little")
-    return bytes(buf)
-
-
 def run_scenario(obj: BpfObject, sc: Scenario) -> MapsState:
     state = MapsState(obj.maps)
     variables = _global_vars(obj)
@@ -342,12 +374,10 @@ def run_scenario(obj: BpfObject, sc: Scenario) -> MapsState:
         index, off, size = variables[name]
         state[index].lookup(struct.pack("<I", 0))[off:off + size] = value.to_bytes(size, "little")
     vms = {p.name: Vm(p.code, obj.maps, state) for p in obj.programs}
-    layouts = {p.name: ctxmod.layout_of_section(p.section) for p in obj.programs}
+    layouts = {p.name: ctxmod.layout_for(p.attach.kind) for p in obj.programs}
     for i, e in enumerate(sc.events):
         thread = ThreadSim(**e.thread)
-        layout = layouts[e.program]
-        ctx = make_ctx(**e.ctx) if layout is ctxmod.EGPU_CTX else _host_ctx(layout, e.ctx)
-        assert vms[e.program].run(ctx, thread) == 0, f"event {i}"
+        assert vms[e.program].run(make_ctx(layouts[e.program], **e.ctx), thread) == 0, f"event {i}"
         if e.timer_after is not None:
             assert thread.globaltimer == e.timer_after, f"event {i}: timer"
     return state

@@ -25,6 +25,12 @@ GOOD = [
     ("egpu/launch/*", Attach("launch", "*", "launch")),
     ("egpu/uvm/*", Attach("uvm", "*", "host")),
     ("egpu/uvm/*_page_fault", Attach("uvm", "*_page_fault", "host")),
+    # host-API sections: the GLOB is a driver API's name
+    ("egpu/memcpy/cuMemcpyHtoDAsync*", Attach("memcpy", "cuMemcpyHtoDAsync*", "api")),
+    ("egpu/memset/*", Attach("memset", "*", "api")),
+    ("egpu/alloc/cuMemAlloc*", Attach("alloc", "cuMemAlloc*", "api")),
+    ("egpu/free/*", Attach("free", "*", "api")),
+    ("egpu/sync/cuStreamSynchronize", Attach("sync", "cuStreamSynchronize", "api")),
     ("kprobe/void add<float>(float*, int)", Attach("entry", "void add<float>(float*, int)", "thread")),
     ("kprobe/a/b", Attach("entry", "a/b", "thread")),          # the GLOB is everything after the first /
     ("kprobe/x.warp/y", Attach("entry", "x.warp/y", "thread")),  # a scope only counts before that /
@@ -46,6 +52,9 @@ BAD = [
     ("egpu/launch.warp/*", "take no scope"),
     ("egpu/uvm.block/*", "egpu/uvm probes run on the host and take no scope (.block)"),
     ("egpu/uvm/", "empty kernel name pattern"),
+    ("egpu/memcpy.warp/*", "egpu/memcpy probes run on the host and take no scope (.warp)"),
+    ("egpu/sync/", "empty driver API name pattern"),
+    ("egpu/memcpyx/*", "unknown section"),
     ("kprobe.lane/*", "unknown scope .lane"),
     ("egpu/mem.thread/*", "unknown scope .thread"),
     ("kprobe/", "empty kernel name pattern"),

@@ -115,7 +115,7 @@ def run(built: Path, app: str, *args: str, preload: bool = True, runtime: str | 
 
 
 # The driver's own entry points the scenario uses; every other one it resolves must be a hook.
-UNHOOKED = {"cuFuncGetAttribute", "cuCtxSynchronize", "cuGetExportTable", "cuLinkDestroy",
+UNHOOKED = {"cuFuncGetAttribute", "cuGetExportTable", "cuLinkDestroy",
             "cuMemAlloc"}  # cuMemAlloc: the v2000 twin with 32-bit pointers, not hooked
 
 # cudart's lookups beyond the scenario's: (api, cudaVersion, flags) -> the symbol handed back.
@@ -428,8 +428,10 @@ ABI_CHECK = r"""
 #include <type_traits>
 namespace egpu {
 #include "egpu_shim.h"
+#include "egpu_cow.h"
+#include "egpu_hostapi.h"
 #define X(sym, api, ver, ptsz, params) typedef CUresult sym##_t params;
-EGPU_HOOKS(X)
+EGPU_HOOKS(X) EGPU_COW_HOOKS(X) EGPU_HOSTAPI_HOOKS(X)
 #undef X
 }
 template <typename T> char cls() { return std::is_floating_point<T>::value ? 'f' : std::is_pointer<T>::value ? 'p' : 'i'; }
@@ -442,11 +444,12 @@ template <typename R, typename... A> void sig(const char *who, const char *name,
 #define PFN_SEL(base, ptsz) PFN_SEL_##ptsz(base)
 #define PFN_SEL_0(base) base
 #define PFN_SEL_1(base) base##_ptsz
+#define PFN_SEL_2(base) base##_ptds
 #define FIELD(t, f) std::printf("field %s.%s %zu %zu\n", #t, #f, offsetof(egpu::t, f), offsetof(::t, f));
 int main() {
 #define X(sym, api, ver, ptsz, params) sig("ours", #sym, (egpu::sym##_t *)nullptr); \
     sig("cuda", #sym, (PFN_SEL(PFN_##api##_v##ver, ptsz))nullptr);
-    EGPU_HOOKS(X)
+    EGPU_HOOKS(X) EGPU_COW_HOOKS(X) EGPU_HOSTAPI_HOOKS(X)
     std::printf("size CUlaunchConfig %zu %zu\n", sizeof(egpu::CUlaunchConfig), sizeof(::CUlaunchConfig));
     std::printf("size params_v1 %zu %zu\n", sizeof(egpu::CUDA_KERNEL_NODE_PARAMS_v1), sizeof(::CUDA_KERNEL_NODE_PARAMS_v1));
     std::printf("size params_v2 %zu %zu\n", sizeof(egpu::CUDA_KERNEL_NODE_PARAMS_v2), sizeof(::CUDA_KERNEL_NODE_PARAMS_v2));
@@ -475,7 +478,7 @@ def test_hook_prototypes_match_cuda_h(tmp_path):
     out = subprocess.run([str(tmp_path / "abi")], capture_output=True, text=True, check=True).stdout
     ours = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("ours ")]
     cuda = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("cuda ")]
-    assert len(ours) == 64 and ours == cuda
+    assert len(ours) == 64 + 67 + 25 and ours == cuda
     for ln in out.splitlines():
         if ln.startswith(("size ", "field ")):
             a, b = ln.split()[-2:]

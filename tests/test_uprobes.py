@@ -193,3 +193,24 @@ def test_egpu_attach_refuses_bare_uprobes(uprobe_app):
     _, obj = uprobe_app
     assert live_refusal(load_probe(obj)) == ('prog sum8_entry is a bare uprobe: egpu attach takes '
                                             'SEC("uprobe/PATH:SYMBOL") ones only')
+
+
+def test_uprobes_may_print_where_egpu_run_takes_the_lines(tmp_path):
+    """One refusal rule for an object's host side: trace_printk runs in C beside uprobes (the drainer takes
+    its records), not beside launch programs alone; a live attach has no drainer for it, so refuses it."""
+    from egpu_preload.bpf.compile import compile_probe
+    from egpu_preload.runtime import native
+    from egpu_preload.runtime.probes import load_probe
+    from egpu_preload.runtime.uprobes import live_refusal
+    src = tmp_path / "p.bpf.c"
+    src.write_text('#include "egpu.bpf.h"\n'
+                   'SEC("uprobe/libc.so.6:getpid") int on_call(void *regs) { bpf_printk("call"); return 0; }\n'
+                   'SEC("egpu/launch/*") int on_launch(struct egpu_ctx *c) { bpf_printk("launch"); return 0; }\n')
+    probe = load_probe(compile_probe(src, tmp_path / "p.bpf.o"))
+    host, used, _ = native.host_side(probe.obj)
+    assert native.refusal(host, probe.obj.maps, used) is None
+    launch = [p for p in host if p.attach.kind == "launch"]
+    assert native.refusal(launch, probe.obj.maps, used) == "on_launch calls trace_printk"
+    uprobe = [p for p in probe.obj.programs if p.attach.kind == "uprobe"]
+    assert native.prints(uprobe) and not native.prints([])
+    assert live_refusal(probe) == "its uprobes print (bpf_printk): only egpu-run takes those"

@@ -378,11 +378,12 @@ def test_readonly_global_data() -> None:
 
 # --- the probes of tests/probes, loaded and run with exact results ----------------------------------
 
-def make_ctx(**values: int | tuple[int, ...]) -> bytes:
-    """struct egpu_ctx bytes with the named fields set (ctx.FIELDS gives the layout)."""
-    buf = bytearray(ctxmod.SIZE)
+def make_ctx(layout: ctxmod.Layout = ctxmod.EGPU_CTX, **values: int | tuple[int, ...]) -> bytes:
+    """struct egpu_ctx bytes (or another ``layout``'s: ctx.HOST, ctx.UVM_CTX) with the named fields set."""
+    buf = bytearray(layout.size)
+    by_name = {f.name: f for f in layout.fields}
     for name, value in values.items():
-        f = ctxmod.BY_NAME[name]
+        f = by_name[name]
         items = value if isinstance(value, tuple) else (value,)
         for n, v in enumerate(items):
             buf[f.offset + n * f.size:f.offset + (n + 1) * f.size] = (v & ((1 << 8 * f.size) - 1)).to_bytes(

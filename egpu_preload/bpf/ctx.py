@@ -1,15 +1,18 @@
-"""``struct egpu_ctx``: what a probe sees in r1. The layout is ABI: egpu.bpf.h, the verifier, the VM and
-the PTX rewriter (which fills it in) all read these offsets from here.
-
-Host sections that are not about a kernel get a context of their own (``Layout``; ``layout_of_section``
-says which a section gets): ``egpu/uvm/GLOB`` probes get ``struct egpu_uvm_ctx`` (UVM_CTX, filled by
-runtime/uvm.context_bytes).
+"""What a probe sees in r1, one ``Layout`` per context struct, and ``layout_for`` says which a section's
+attach kind gets: ``struct egpu_ctx`` (EGPU_CTX) for GPU and launch sections, ``struct egpu_host_ctx``
+(HOST, filled by shim/hostapi.c) for the host-API sections (egpu/memcpy, memset, alloc, free, sync),
+``struct egpu_uvm_ctx`` (UVM_CTX, filled by runtime/uvm.context_bytes) for egpu/uvm, and ``struct
+pt_regs`` (bpf/ptregs.py) for host uprobes. The layouts are ABI: egpu.bpf.h, the verifier, the VM, the
+PTX rewriter and the shim all read these offsets from here, and the verifier holds each program to its
+section's layout, so a host probe cannot read a GPU field and the reverse.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from .sections import API_KINDS, HOST_KINDS
 
 # Attach kinds, stored in ctx.kind.
 KIND_ENTRY, KIND_EXIT, KIND_MEM, KIND_LAUNCH = 0, 1, 2, 3
@@ -52,6 +55,36 @@ BY_NAME: dict[str, Field] = {f.name: f for f in FIELDS}
 ALL_FIELDS: frozenset[str] = frozenset(BY_NAME)
 
 
+# ---- struct egpu_host_ctx: one call of a driver API (shim/hostapi.c fills it after the call returns) ----
+# kind of a copy (egpu/memcpy) and of a set (egpu/memset); the numbers of egpu_cow.h's egpu_op_kind
+COPY_H2D, COPY_D2H, COPY_D2D, COPY_H2H, COPY_PEER, COPY_SET = 1, 2, 3, 4, 5, 6
+# kind of an allocation or free: egpu_shim.h's egpu_alloc_kind
+ALLOC_DEVICE, ALLOC_PITCH, ALLOC_MANAGED, ALLOC_POOL, ALLOC_HOST, ALLOC_HOST_REGISTERED = 1, 2, 3, 4, 5, 6
+ALLOC_VMM_HANDLE, ALLOC_VMM_MAPPING = 7, 8
+# kind of a synchronization
+SYNC_STREAM, SYNC_EVENT, SYNC_CONTEXT = 1, 2, 3
+# flags
+HOST_F_ASYNC, HOST_F_PER_THREAD, HOST_F_STRIDED, HOST_F_GRAPH = 1, 2, 4, 8  # GRAPH: captured, or a graph node
+
+# Its fields begin where struct egpu_ctx ends (the first SIZE bytes are reserved), so no offset is a field
+# of both: the verifier tells a GPU field read in a host section (and the reverse) by its offset alone.
+HOST_FIELDS: tuple[Field, ...] = (
+    Field("api_id", SIZE + 0, 8),      # api_id(symbol): FNV-1a 64 of the driver symbol ("cuMemcpyHtoD_v2")
+    Field("dst", SIZE + 8, 8),         # copy/set: destination; alloc/free: the address (also named addr)
+    Field("addr", SIZE + 8, 8),
+    Field("src", SIZE + 16, 8),        # copy: source; set: the value
+    Field("bytes", SIZE + 24, 8),      # bytes copied, set or allocated (2D/3D: width x height x depth)
+    Field("stream", SIZE + 32, 8),     # the CUstream (0: the legacy default stream; per-thread twins: 2)
+    Field("handle", SIZE + 40, 8),     # sync: the event or stream waited for; pool alloc: the pool
+    Field("blocked_ns", SIZE + 48, 8), # ns the calling thread spent in the driver call (sync: blocked)
+    Field("kind", SIZE + 56, 4),       # COPY_* / ALLOC_* / SYNC_*
+    Field("flags", SIZE + 60, 4),      # HOST_F_*
+    Field("result", SIZE + 64, 4),     # the CUresult the driver returned (0: success)
+    Field("pad", SIZE + 68, 4),
+)
+HOST_SIZE = SIZE + 72
+
+
 class Layout(NamedTuple):
     """A context struct: its C name, its fields, its size in bytes."""
     name: str
@@ -60,6 +93,7 @@ class Layout(NamedTuple):
 
 
 EGPU_CTX = Layout("egpu_ctx", FIELDS, SIZE)
+HOST = Layout("egpu_host_ctx", HOST_FIELDS, HOST_SIZE)
 # struct egpu_uvm_ctx: one unified-memory event (runtime/uvm.py says what each holds per counter kind).
 UVM_CTX = Layout("egpu_uvm_ctx", (
     Field("addr", 0, 8),        # the first page's virtual address (faults: the faulting page)
@@ -74,16 +108,21 @@ UVM_CTX = Layout("egpu_uvm_ctx", (
     Field("stream", 56, 4),
     Field("pad", 60, 4),
 ), 64)
-# Section prefix -> the context its programs get; every other section: struct egpu_ctx.
-SECTION_LAYOUTS: dict[str, Layout] = {"egpu/uvm": UVM_CTX}
 
 
-def layout_of_section(section: str | None) -> Layout:
-    """The context a program of ``section`` receives in r1."""
-    for prefix, layout in SECTION_LAYOUTS.items():
-        if section is not None and section.startswith(prefix + "/"):
-            return layout
-    return EGPU_CTX
+def layout_for(kind: str) -> Layout:
+    """The context a program of attach ``kind`` (bpf/sections.py) receives in r1."""
+    from .ptregs import PT_REGS  # ptregs builds its Layout from this module
+    if kind in API_KINDS:
+        return HOST
+    if kind in HOST_KINDS:
+        return PT_REGS
+    return UVM_CTX if kind == "uvm" else EGPU_CTX
+
+
+def api_id(symbol: str) -> int:
+    """``struct egpu_host_ctx``'s api_id: FNV-1a 64 of the driver symbol, as kernel_id hashes a kernel name."""
+    return kernel_id(symbol)
 
 
 def fields_at(offsets: frozenset[int]) -> frozenset[str]:

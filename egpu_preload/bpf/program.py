@@ -49,7 +49,7 @@ class Attach:
 
     kind: str    # entry | exit | mem | load | store | launch | uprobe | uretprobe (host: runtime/uprobes.py)
     glob: str
-    scope: str   # thread | warp | block (launch probes: "launch", uprobes: "host")
+    scope: str   # thread | warp | block (launch probes: "launch", host-API probes: "api", uprobes: "host")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,14 @@
     egpu/mem[.SCOPE]/GLOB        mem          egpu/load[.SCOPE]/GLOB    load
     egpu/store[.SCOPE]/GLOB      store        egpu/launch/GLOB          launch
     egpu/uvm/GLOB                uvm (host; GLOB matches the counter kind: htod, gpu_page_fault, ...)
+    egpu/memcpy/GLOB             memcpy       egpu/memset/GLOB          memset
+    egpu/alloc/GLOB              alloc        egpu/free/GLOB            free
+    egpu/sync/GLOB               sync
+
+The host-API sections (``API_KINDS``) run on the host, in C, after each call of a driver API whose name
+the GLOB matches: the API's name (``cuMemcpyHtoDAsync``) or the exported symbol the program called
+(``cuMemcpyHtoDAsync_v2_ptsz``), so ``egpu/memcpy/cuMemcpyHtoDAsync*`` takes every variant of it. Each
+section's programs receive the context bpf/ctx.py's ``layout_for`` names for its kind.
 
 bpftime's spellings, so its probes load unchanged: ``kprobe/__memcapture`` is its memory-access probe
 (every global access of every kernel: ``egpu/mem/*``); ``uprobe[/PATH:SYMBOL]`` and
@@ -11,8 +19,9 @@ bpftime's spellings, so its probes load unchanged: ``kprobe/__memcapture`` is it
 Attach("uprobe" | "uretprobe", "PATH:SYMBOL" or "", "host") (runtime/uprobes.py).
 
 One rule for the scope: a ``.warp`` or ``.block`` suffix on the word right before the GLOB's ``/``
-(``kprobe.warp/vec*``, ``egpu/mem.block/*``); without it the probe runs in every thread. Launch probes
-run once per launch and take no scope. GLOB is everything after that ``/`` and may not be empty.
+(``kprobe.warp/vec*``, ``egpu/mem.block/*``); without it the probe runs in every thread. Host sections
+(``HOST_RUN``: launch, uvm and host-API probes, run once per launch, record or call) take no scope. GLOB
+is everything after that ``/`` and may not be empty.
 """
 
 from __future__ import annotations
@@ -29,10 +38,19 @@ KINDS: dict[str, str] = {
     "egpu/store": "store",
     "egpu/launch": "launch",
     "egpu/uvm": "uvm",
+    "egpu/memcpy": "memcpy",
+    "egpu/memset": "memset",
+    "egpu/alloc": "alloc",
+    "egpu/free": "free",
+    "egpu/sync": "sync",
 }
-HOST_RUN = {"launch": "launch", "uvm": "host"}  # kinds the runtime runs on the host -> their scope
+API_KINDS = ("memcpy", "memset", "alloc", "free", "sync")  # host-API sections: run in C in the shim's hooks
+# Kinds the runtime runs on the host, once per launch, record or call -> their scope; they take no suffix.
+HOST_RUN: dict[str, str] = {"launch": "launch", "uvm": "host", **{k: "api" for k in API_KINDS}}
 SCOPES = ("warp", "block")  # besides the default, "thread"
 HOST_KINDS = ("uprobe", "uretprobe")
+# Every kind whose programs run on the object's host copy of the maps (its host side, runtime/native.py).
+HOST_SIDE = frozenset(HOST_RUN) | frozenset(HOST_KINDS)
 MEMCAPTURE = "kprobe/__memcapture"  # bpftime's section for a probe at every memory access
 
 
@@ -54,8 +72,6 @@ def parse_section(name: str) -> Attach:
             suffix, sep, _ = rest[1:].partition("/")
             if not sep:
                 break
-            if kind == "launch":
-                raise ElfError(f"launch probes run once per launch and take no scope (.{suffix})", section=name)
             if kind in HOST_RUN:
                 raise ElfError(f"{prefix} probes run on the host and take no scope (.{suffix})", section=name)
             if suffix not in SCOPES:
@@ -65,9 +81,11 @@ def parse_section(name: str) -> Attach:
             continue  # e.g. "kprobes/x": another word that merely starts like ours
         glob = rest[1:]
         if not glob:
-            raise ElfError("empty kernel name pattern (use * for every kernel)", section=name)
+            what = "driver API" if kind in API_KINDS else "kernel"
+            raise ElfError(f"empty {what} name pattern (use * for every {what})", section=name)
         return Attach(kind, glob, scope)
     raise ElfError("unknown section (expected kprobe/, kretprobe/, egpu/mem/, egpu/load/, egpu/store/, "
-                   "egpu/launch/, egpu/uvm/, uprobe or uretprobe, with .warp or .block before the / on GPU sections)",
+                   "egpu/launch/, egpu/uvm/, egpu/memcpy/, egpu/memset/, egpu/alloc/, egpu/free/, egpu/sync/, uprobe "
+                   "or uretprobe, with .warp or .block before the / on GPU sections)",
                    section=name)
 

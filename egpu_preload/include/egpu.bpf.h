@@ -10,10 +10,18 @@
  *                      (below); GLOB matches the event's kind: htod, dtoh, dtod, cpu_page_fault,
  *                      gpu_page_fault, thrashing, throttling, remote_map ("*" for all, "*_page_fault")
  * GLOB matches the mangled or demangled kernel name (fnmatch rules; "*" for every kernel).
+ * Host-API sections run on the host, in C, after each call of a driver API whose name GLOB matches (the
+ * API's name or the symbol called: egpu/memcpy/cuMemcpyHtoDAsync* takes cuMemcpyHtoDAsync_v2 and _v2_ptsz),
+ * with struct egpu_host_ctx (below) instead of struct egpu_ctx:
+ *   egpu/memcpy/GLOB   every copy (cuMemcpy*: 1D, 2D, 3D, peer, arrays, batches, sync and async)
+ *   egpu/memset/GLOB   every set (cuMemsetD8/16/32, 2D, sync and async)
+ *   egpu/alloc/GLOB    device, pitched, managed, pool (stream-ordered), pinned host and VMM allocations
+ *   egpu/free/GLOB     their frees
+ *   egpu/sync/GLOB     cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize, with the time blocked
  * Scope: the suffix ".warp" or ".block" on the word before the first "/" of a GPU section runs the probe
  * once per warp (lowest active lane) or once per block instead of in every thread:
  *   kprobe.warp/GLOB, kretprobe.block/GLOB, egpu/mem.warp/GLOB, egpu/store.block/GLOB.
- * egpu/launch takes no scope (it runs once per launch already).
+ * egpu/launch and the host-API sections take no scope (they run once per launch or call already).
  *
  * The header may be combined with libbpf's <bpf/bpf_helpers.h> in either order: whichever comes first
  * defines SEC(), the map macros and the standard helpers, and the other adds only what it lacks.
@@ -200,6 +208,45 @@ struct egpu_uvm_ctx {
 	__u32 pad;
 };
 _Static_assert(sizeof(struct egpu_uvm_ctx) == 64, "struct egpu_uvm_ctx must match egpu_preload/bpf/ctx.py");
+
+/* ---- The context of a host-API section (egpu/memcpy, memset, alloc, free, sync): one driver call, seen
+ * after it returned. Its fields start where struct egpu_ctx's end, so the verifier refuses a GPU field read
+ * in a host section and the reverse (egpu_preload/bpf/ctx.py HOST is the ABI). ---- */
+enum egpu_copy_kind { /* egpu/memcpy: direction (cuMemcpy/cuMemcpyAsync: by the pointers' memory types) */
+	EGPU_COPY_H2D = 1, EGPU_COPY_D2H = 2, EGPU_COPY_D2D = 3, EGPU_COPY_H2H = 4, EGPU_COPY_PEER = 5,
+	EGPU_COPY_SET = 6 /* egpu/memset */
+};
+enum egpu_alloc_kind { /* egpu/alloc and egpu/free */
+	EGPU_ALLOC_DEVICE = 1, EGPU_ALLOC_PITCH = 2, EGPU_ALLOC_MANAGED = 3, EGPU_ALLOC_POOL = 4,
+	EGPU_ALLOC_HOST = 5, EGPU_ALLOC_HOST_REGISTERED = 6, EGPU_ALLOC_VMM_HANDLE = 7, EGPU_ALLOC_VMM_MAPPING = 8
+};
+enum egpu_sync_kind { EGPU_SYNC_STREAM = 1, EGPU_SYNC_EVENT = 2, EGPU_SYNC_CONTEXT = 3 };
+enum egpu_host_flags {
+	EGPU_HOST_F_ASYNC = 1,      /* an ...Async call */
+	EGPU_HOST_F_PER_THREAD = 2, /* the _ptds/_ptsz twin (stream 0 means the per-thread stream) */
+	EGPU_HOST_F_STRIDED = 4,    /* 2D/3D */
+	EGPU_HOST_F_GRAPH = 8       /* goes into a CUDA graph (made while its stream was captured, or a node
+	                               added): the graph's replays repeat it without another call */
+};
+
+struct egpu_host_ctx {
+	__u8 __egpu_ctx_part[144];  /* reserved: struct egpu_ctx's offsets */
+	__u64 api_id;      /* FNV-1a 64 of the driver symbol called, e.g. "cuMemcpyHtoDAsync_v2" */
+	union {
+		__u64 dst;     /* copy/set: the destination */
+		__u64 addr;    /* alloc/free: the address */
+	};
+	__u64 src;         /* copy: the source; set: the value */
+	__u64 bytes;       /* bytes copied, set or allocated (2D/3D: width x height x depth); free: 0 */
+	__u64 stream;      /* the CUstream (0: legacy default stream; per-thread twins: 2) */
+	__u64 handle;      /* sync: the event or stream waited for; pool alloc: the pool */
+	__u64 blocked_ns;  /* ns the calling thread spent in the call (sync: blocked; a sync copy: its duration) */
+	__u32 kind;        /* enum egpu_copy_kind / egpu_alloc_kind / egpu_sync_kind */
+	__u32 flags;       /* enum egpu_host_flags */
+	__s32 result;      /* the CUresult the driver returned (0: success) */
+	__u32 pad;
+};
+_Static_assert(sizeof(struct egpu_host_ctx) == 216, "struct egpu_host_ctx must match egpu_preload/bpf/ctx.py");
 
 /* Legacy map definitions in SEC("maps"), for probes written before BTF-defined maps. */
 struct egpu_map_def {

@@ -17,6 +17,8 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_TRACE    the trace file: every ring record goes there while the job runs (runtime/streaming.py)
     EGPU_ON_FULL  drop | wait: what a probe's record meets in a full ring (translate/devmaps.py)
     EGPU_UPROBES  targets of bare uprobes (egpu-run --uprobe), a JSON object {PROG: "PATH:SYMBOL"}
+    EGPU_HOST_APIS  1: a probe has host-API programs; the shim's first copy, allocation or sync hook
+                  starts the runtime (shim/hostapi.c), before the first module load would
 
 Not egpu's own: RANK, else LOCAL_RANK (set by torchrun for each worker) name a process's rank (``rank``).
 """
@@ -43,6 +45,7 @@ LAUNCH_VMS = ("c", "python")
 TRACE, ON_FULL = "EGPU_TRACE", "EGPU_ON_FULL"
 ON_FULLS = ("drop", "wait")
 UPROBES = "EGPU_UPROBES"
+HOST_APIS = "EGPU_HOST_APIS"
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class Config:
     trace: Path | None = None
     on_full: str = "drop"
     uprobes: Mapping[str, str] = field(default_factory=dict)
+    host_apis: bool = False
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -78,7 +82,8 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
                   launch_vm=env.get(LAUNCH_VM) if env.get(LAUNCH_VM) in LAUNCH_VMS else Config.launch_vm,
                   trace=Path(env[TRACE]) if env.get(TRACE) else None,
                   on_full=env.get(ON_FULL) if env.get(ON_FULL) in ON_FULLS else Config.on_full,
-                  uprobes=_uprobes(env.get(UPROBES, "")))
+                  uprobes=_uprobes(env.get(UPROBES, "")),
+                  host_apis=env.get(HOST_APIS) == "1")
 
 
 def to_env(cfg: Config) -> dict[str, str]:
@@ -97,7 +102,8 @@ def to_env(cfg: Config) -> dict[str, str]:
             LAUNCH_VM: cfg.launch_vm,
             TRACE: str(cfg.trace) if cfg.trace else "",
             ON_FULL: cfg.on_full,
-            UPROBES: json.dumps(dict(cfg.uprobes)) if cfg.uprobes else ""}
+            UPROBES: json.dumps(dict(cfg.uprobes)) if cfg.uprobes else "",
+            HOST_APIS: "1" if cfg.host_apis else ""}
 
 
 def _probes(text: str) -> tuple[Path, ...]:

@@ -129,6 +129,10 @@ def attach(ffi: Any, lib: Any) -> None:
         return int(ffi.cast("uintptr_t", p))
 
     @ffi.def_extern(onerror=_report)
+    def egpu_py_start():
+        """The first host-API hook asks for the runtime: attach (this function's caller) started it."""
+
+    @ffi.def_extern(onerror=_report)
     def egpu_py_module_load(api, call, image, size, path, out_size):
         if _instrumenter is None:
             return ffi.NULL

@@ -442,7 +442,8 @@ class Runtime:
 
     # ---- exit --------------------------------------------------------------------------------------
     def finish(self) -> None:
-        """Read the maps back and write this process's dump (nothing if it loaded no module)."""
+        """Read the maps back and write this process's dump (nothing if it loaded no module and the job has
+        no host-API probe: one that only copied or allocated has their maps)."""
         self.live.stop()  # no daemon thread of ours runs on into the interpreter's finalization
         if self.mirror is not None:
             self.mirror.stop()
@@ -452,7 +453,7 @@ class Runtime:
         live_host = self.live.host.detach_all()   # probes attached live: their uprobes' maps
         if self.drainer is not None:
             self.drainer.stop()
-        if self.cfg.session is None or not self.loads:
+        if self.cfg.session is None or not (self.loads or self.cfg.host_apis):
             return
         probes, error, states, trace = [], None, None, None
         if self.maps:
@@ -476,7 +477,8 @@ class Runtime:
         dump.write(self.cfg.session, {
             "pid": os.getpid(), "argv": config.argv(), "rank": config.rank(),
             "probes": probes, "error": error,
-            "kernels": [[k, n] for k, n in self.kernel_names.items()],
+            # host-API probes' api ids print as the symbols they hash, as kernel ids print as kernel names
+            "kernels": [[k, n] for k, n in self.kernel_names.items()] + (self.drainer.api_names() if self.drainer else []),
             "modules": [m.report() for m in self.loads],
             "stats": {f: int(getattr(stats, f)) for f in STATS},
             "sass": self.sass.stats(),

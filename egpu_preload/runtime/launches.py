@@ -44,6 +44,13 @@ host copy of the maps and run on the Python VM (an object with any runs there wh
 thread, when runtime/uvm.py hands a buffer's records to ``Drainer.deliver_uvm``; ``struct
 egpu_uvm_ctx`` is their context and bpf_ktime_get_ns() the record's start (CLOCK_REALTIME).
 
+Host-API probes (egpu/memcpy, memset, alloc, free, sync) are part of the same host side: one set of
+host maps per probe object with its launch programs, in C (native.py refuses an object they cannot run
+in when it is loaded). They run in the application's thread, in the hook, after the driver call
+(shim/hostapi.c); ``LaunchProbes`` routes them to the hooked APIs their globs match (native.ApiRoutes)
+and takes them off before their programs are freed (``Drainer.stop``). Their ktime is this module's
+clock: CLOCK_MONOTONIC plus ``offset``.
+
 Limits: launches replayed from CUDA graphs (cuGraphLaunch) are not seen; a full ring drops records
 (counted in the shim's stats as ``dropped``; egpu-run says how many at exit). The ring holds 16 Ki
 records, so a loop of back-to-back launches outruns probes on the Python VM.
@@ -61,10 +68,7 @@ from typing import Any
 
 from egpu_preload.bpf import ctx as C
 from egpu_preload.bpf import program as prog
-from egpu_preload.bpf import isa
-from egpu_preload.bpf.decode import decode
-from egpu_preload.bpf.program import BpfObject
-from egpu_preload.bpf.sections import HOST_KINDS, HOST_RUN
+from egpu_preload.bpf.sections import API_KINDS, HOST_KINDS
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, MapStorage, TraceRecord
 from egpu_preload.runtime import mapsync, native, uvm
@@ -117,12 +121,6 @@ _CONTEXT = _context_struct()
 def context_bytes(launch: Launch, kernel_id: int) -> bytes:
     """``struct egpu_ctx`` of a launch probe (egpu_preload/bpf/ctx.py)."""
     return _CONTEXT.pack(kernel_id, launch.launch_id, C.KIND_LAUNCH, *launch.grid, *launch.block, launch.stream)
-
-
-def maps_used(code: bytes) -> set[int]:
-    """Indices of the maps a program refers to (lddw with a map-index source)."""
-    return {i.imm & 0xFFFFFFFF for i in decode(code) if i.kind == "lddw"
-            and i.src in (isa.LDDW_MAP_IDX, isa.LDDW_MAP_IDX_VALUE)}
 
 
 class Touched:
@@ -191,37 +189,15 @@ class ProbeMaps:
         return st
 
 
-def launch_side(obj: BpfObject) -> tuple[list[prog.Program], set[int], set[int]]:
-    """An object's host programs (launch, uvm, and uprobes, runtime/uprobes.py: all run on the host copy of
-    the maps), the maps they use, and which of those GPU programs use too."""
-    launch = [p for p in obj.programs if p.attach.kind in HOST_RUN or p.attach.kind in HOST_KINDS]
-    by_launch = set().union(*(maps_used(p.code) for p in launch)) if launch else set()
-    others = [p for p in obj.programs if p not in launch]
-    by_gpu = set().union(*(maps_used(p.code) for p in others)) if others else set()
-    return launch, by_launch, by_launch & by_gpu
-
-
-def has_uprobes(programs: Sequence[prog.Program]) -> bool:
-    """Whether host programs include uprobes: then trace_printk runs in C too (native.refusal)."""
-    return any(p.attach.kind in HOST_KINDS for p in programs)
-
-
-def host_refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used: set[int]) -> str | None:
-    """Why an object's host programs cannot run in C (egpu/uvm programs never do); None when they can."""
-    uvm_programs = [p.name for p in programs if p.attach.kind == "uvm"]
-    return (f"{uvm_programs[0]} is an egpu/uvm program" if uvm_programs
-            else native.refusal(programs, maps, used, printk=has_uprobes(programs)))
-
-
 def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps | None:
-    """The launch side of a probe object, None when it has no launch programs; in C when ``engine``
-    (the shim's ffi and lib) is given and runtime/native.py takes it."""
-    launch, by_launch, shared = launch_side(probe.obj)
+    """The host side of a probe object (its launch, uvm, host-API and uprobe programs, native.host_side),
+    None when it has none; in C when ``engine`` (the shim's ffi and lib) is given and runtime/native.py takes it."""
+    launch, by_launch, shared = native.host_side(probe.obj)
     if not launch:
         return None
     state = MapsState(probe.obj.maps)
     if engine is not None:
-        refusal = host_refusal(launch, probe.obj.maps, by_launch)
+        refusal = native.refusal(launch, probe.obj.maps, by_launch)
         if refusal is None:
             side = native.Side(*engine, probe.obj.maps, by_launch, launch, shared)
             return ProbeMaps(probe, state, [], by_launch - shared, shared, native=side)
@@ -230,8 +206,9 @@ def probe_maps(probe: Probe, engine: tuple[Any, Any] | None = None) -> ProbeMaps
     for i in shared:
         if probe.obj.maps[i].type not in RING_TYPES:
             state.storages[i] = Touched(state.storages[i])  # type: ignore[call-overload]
+    # on the Python VM: launch and egpu/uvm programs (uprobes and host-API programs run only in C)
     return ProbeMaps(probe, state, [(p, Vm(p.code, probe.obj.maps, state, compiled=True)) for p in launch
-                                    if p.attach.kind not in HOST_KINDS],   # uprobes run in runtime/uprobes.py
+                                    if p.attach.kind in ("launch", "uvm")],
                      by_launch - shared, shared, refusal=refusal)
 
 
@@ -253,9 +230,13 @@ class LaunchProbes:
     def __init__(self, probes: Sequence[Probe], only: str | None = None,
                  engine: tuple[Any, Any] | None = None, in_c: bool = True) -> None:
         self.probes = list(probes)  # the probes at start, the sides' owners (live.py may replace them later)
-        self.sides = [probe_maps(p, engine if in_c else None) for p in probes]
+        # uprobes and host-API programs run in C whatever in_c says (they run nowhere else)
+        self.sides = [probe_maps(p, engine if in_c or _c_only(p) else None) for p in probes]
         self.router = native.Router(*engine) if engine is not None else None
+        self.apis = native.ApiRoutes(*engine, [s.native for s in self.sides if s and s.native]) \
+            if engine is not None else None
         self.only = only  # egpu-run --kernel: launch probes see only those kernels too
+        self._offset = 0
         self.offset = clock_offset()   # MONOTONIC -> REALTIME; the runtime adds REALTIME -> %globaltimer
         self._chosen: dict[str | None, Chosen] = {}
         self._uvm: dict[str, list[tuple[ProbeMaps, Vm]]] = {}  # counter kind name -> the programs it runs
@@ -269,6 +250,17 @@ class LaunchProbes:
     def has_uvm(self) -> bool:
         """Whether any probe object has egpu/uvm programs."""
         return any(p.attach.kind == "uvm" for side in self.sides if side for p, _ in side.programs)
+
+    @property
+    def offset(self) -> int:
+        """ns added to CLOCK_MONOTONIC for probes' ktime (launch records' times, host-API calls)."""
+        return self._offset
+
+    @offset.setter
+    def offset(self, value: int) -> None:
+        self._offset = value
+        if self.router is not None:
+            self.router.lib.egpu_lvm_api_clock(value)
 
     @property
     def runs(self) -> int:
@@ -465,7 +457,10 @@ class Drainer:
             self.uvm_records += len(records)
 
     def stop(self) -> None:
-        """Records off, the thread joined, and what was left in the ring run."""
+        """Host-API calls run no program any more, records off, the thread joined, and what was left in the
+        ring run."""
+        if self.probes.apis is not None:
+            self.probes.apis.clear()
         self.lib.egpu_shim_records(0)
         self._stop.set()
         if self._thread.is_alive():
@@ -480,10 +475,21 @@ class Drainer:
     def report(self) -> dict[str, Any]:
         """Where each probe object's launch programs ran (the dump's ``launch_probes``)."""
         sides = [s for s in self.probes.sides if s]
-        return {"in_c": [str(s.probe.path) for s in sides if s.native],
-                "python_vm": {str(s.probe.path): s.refusal or "--launch-vm python" for s in sides if not s.native},
-                "python_records": self.python_records,
-                **({"uvm_records": self.uvm_records} if self.probes.has_uvm else {})}
+        out: dict[str, Any] = {"in_c": [str(s.probe.path) for s in sides if s.native],
+                               "python_vm": {str(s.probe.path): s.refusal or "--launch-vm python"
+                                             for s in sides if not s.native},
+                               "python_records": self.python_records}
+        if self.probes.has_uvm:
+            out["uvm_records"] = self.uvm_records
+        if self.probes.apis is not None and self.probes.apis.attached:
+            out["host_apis"] = self.probes.apis.attached  # section -> the hooked symbols it runs on
+        return out
+
+    def api_names(self) -> list[list[Any]]:
+        """[api id, symbol] of every hooked API a host-API program runs on (dump's names of ids)."""
+        apis = self.probes.apis
+        symbols = sorted({s for found in apis.attached.values() for s in found}) if apis is not None else []
+        return [[C.api_id(s), s] for s in symbols]
 
     def forget(self) -> None:
         """Decide again what every handle runs (a module was unloaded: its handles may come back
@@ -498,6 +504,9 @@ def attach(runtime: Any) -> Drainer | None:
     probes = LaunchProbes(runtime.probes, runtime.cfg.kernel, (runtime.ffi, runtime.lib), runtime.cfg.launch_vm == "c")
     if not probes:
         return None
+    for line in probes.apis.unmatched() if probes.apis is not None else ():
+        print(f"egpu: {line}", file=sys.stderr)
+
     def name_of(handle: int) -> str | None:
         found = runtime.functions.get(handle)
         return found[1] if found else None
@@ -509,6 +518,11 @@ def attach(runtime: Any) -> Drainer | None:
         return memory, [m.addrs for m in maps]
 
     return Drainer(runtime.ffi, runtime.lib, probes, name_of, device).start()
+
+
+def _c_only(probe: Probe) -> bool:
+    """Whether ``probe`` has host programs that run only in C, in the hooks: uprobes or host-API programs."""
+    return any(p.attach.kind in API_KINDS or p.attach.kind in HOST_KINDS for p in probe.obj.programs)
 
 
 def dump_states(drainer: Drainer | None, probes: Sequence[Probe],

@@ -70,6 +70,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from egpu_preload.bpf.sections import HOST_RUN
 from egpu_preload.control import ControlError, ControlServer
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState
@@ -647,11 +648,11 @@ class Live:
         if probe is None:
             path.write_bytes(data)
             probe = load_probe(path)
-            if any(p.attach.kind == "launch" for p in probe.obj.programs):
-                raise ControlError(f"{name}: launch programs (egpu/launch/...) cannot be attached to a running job yet")
-            if any(p.attach.kind == "uvm" for p in probe.obj.programs):
-                raise ControlError(f"{name}: unified-memory programs (egpu/uvm/...) cannot be attached to a running "
-                                   "job yet")
+            host_run = [p.attach.kind for p in probe.obj.programs if p.attach.kind in HOST_RUN]
+            if host_run:
+                what = {"launch": "launch", "uvm": "unified-memory"}.get(host_run[0], "host-API")
+                raise ControlError(f"{name}: {what} programs (egpu/{host_run[0]}/...) cannot be attached to a "
+                                   "running job yet")
             why = uprobes.live_refusal(probe)
             if why is not None:
                 raise ControlError(f"{name}: {why}")

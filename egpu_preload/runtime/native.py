@@ -1,16 +1,24 @@
-"""Launch probes in C (shim/launchvm.c): which probe objects run there, their maps and programs, and the
+"""Host programs in C (shim/launchvm.c): which probe objects' host sides run there, their maps and
+programs, the routes of host-API programs to the driver APIs the shim hooks (shim/hostapi.c), and the
 maps read back into the host containers the dumps print.
 
-A probe object's launch side runs in C when every map its launch programs use is an ARRAY,
-PERCPU_ARRAY, HASH, LRU_HASH or global data, and they call only the helpers in ``NATIVE_HELPERS``:
-then no record of its kernels reaches Python. Maps GPU programs share are tracked in C (the keys a run
-changed are logged, launches.py pushes them to the device copy). Otherwise (ring and perf buffers,
-trace_printk) it stays on the Python VM, and ``refusal`` says why.
+A probe object's host side (``host_side``: its launch, egpu/uvm, host-API and uprobe programs, on one
+host copy of its maps) runs in C when every map they use is an ARRAY, PERCPU_ARRAY, HASH, LRU_HASH or
+global data, and they call only the helpers in ``NATIVE_HELPERS`` (trace_printk too in an object with
+uprobes): then no record of its kernels reaches Python. Maps GPU programs share are tracked in C (the
+keys a run changed are logged, launches.py pushes them to the device copy). Otherwise (ring and perf
+buffers, trace_printk, egpu/uvm programs) its launch programs run on the Python VM, and ``refusal`` says
+why.
+
+Uprobes and host-API programs run in the application's thread, inside the hook, so they run in C or not
+at all: uprobes of an object C cannot take are not attached (runtime/uprobes.py), and an object with
+host-API programs C cannot take is refused when it is loaded (``api_refusal``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from fnmatch import fnmatchcase
 from typing import Any
 
 from egpu_preload.bpf import isa
@@ -18,6 +26,7 @@ from egpu_preload.bpf import program as prog
 from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.disasm import disasm_insn
 from egpu_preload.bpf.helpers import BPF_ANY, BY_NAME, HELPERS
+from egpu_preload.bpf.sections import API_KINDS, HOST_KINDS, HOST_SIDE
 from egpu_preload.maps import STORAGE_BY_TYPE, MapStorage
 
 MAP_TYPES = frozenset((prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_HASH, prog.MAP_LRU_HASH))
@@ -31,10 +40,30 @@ FAULTS = {1: "bad memory access", 2: "write to read-only memory", 3: "unaligned 
           7: "instruction budget exhausted (unbounded loop?)", 8: "out of memory"}
 
 
-def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used: Iterable[int],
-            printk: bool = False) -> str | None:
-    """Why host programs using maps ``used`` cannot run in C; None when they can. ``printk``: trace_printk
-    is allowed (an object with uprobes, which run only in C: its records are taken by launches.Drainer)."""
+def maps_used(code: bytes) -> set[int]:
+    """Indices of the maps a program refers to (lddw with a map-index source)."""
+    return {i.imm & 0xFFFFFFFF for i in decode(code) if i.kind == "lddw"
+            and i.src in (isa.LDDW_MAP_IDX, isa.LDDW_MAP_IDX_VALUE)}
+
+
+def host_side(obj: prog.BpfObject) -> tuple[list[prog.Program], set[int], set[int]]:
+    """An object's host programs (sections.HOST_SIDE: launch, uvm, host-API and uprobes, which all run on
+    one host copy of its maps), the maps they use, and which of those GPU programs use too."""
+    host = [p for p in obj.programs if p.attach.kind in HOST_SIDE]
+    by_host = set().union(*(maps_used(p.code) for p in host)) if host else set()
+    others = [p for p in obj.programs if p.attach.kind not in HOST_SIDE]
+    by_gpu = set().union(*(maps_used(p.code) for p in others)) if others else set()
+    return host, by_host, by_host & by_gpu
+
+
+def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used: Iterable[int]) -> str | None:
+    """Why an object's host programs (``host_side``) using maps ``used`` cannot run in C; None when they can.
+    egpu/uvm programs never do (CUPTI's thread runs them on the Python VM). trace_printk runs in C for an
+    object with uprobes, which run only in C (launches.Drainer takes its records)."""
+    uvm = [p.name for p in programs if p.attach.kind == "uvm"]
+    if uvm:
+        return f"{uvm[0]} is an egpu/uvm program"
+    printk = any(p.attach.kind in HOST_KINDS for p in programs)
     allowed = NATIVE_HELPERS | {BY_NAME["trace_printk"].id} if printk else NATIVE_HELPERS
     for i in sorted(used):
         m = maps[i]
@@ -52,8 +81,26 @@ def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used:
     return None
 
 
+def api_refusal(obj: prog.BpfObject) -> str | None:
+    """Why the object cannot be loaded: its host-API programs run only in C, in the hooks, and ``refusal``
+    says C cannot take its host side; None when it can or it has none."""
+    host, used, _ = host_side(obj)
+    if not any(p.attach.kind in API_KINDS for p in host):
+        return None
+    why = refusal(host, obj.maps, used)
+    return None if why is None else (f"host-API programs run only in C, in the hooks, which cannot take this "
+                                     f"object: {why}")
+
+
+def prints(programs: Sequence[prog.Program]) -> bool:
+    """Whether any of ``programs`` calls trace_printk (bpf_printk)."""
+    printk = BY_NAME["trace_printk"].id
+    return any(i.kind == "call" and i.src == isa.CALL_HELPER and i.imm == printk
+               for p in programs for i in decode(p.code))
+
+
 class Side:
-    """One probe object's launch programs and their maps, in C; those in ``shared`` tracked."""
+    """One probe object's host programs and their maps, in C; those in ``shared`` tracked."""
 
     def __init__(self, ffi: Any, lib: Any, maps: Sequence[prog.MapDef], used: Iterable[int],
                  programs: Sequence[prog.Program], shared: Iterable[int] = ()) -> None:
@@ -125,7 +172,8 @@ class Side:
             if s.faults:
                 insn = {i.pc: i for i in decode(p.code)}.get(s.fault_pc)
                 where = f" ({disasm_insn(insn)})" if insn is not None else ""
-                lines.append(f"{path}: launch {s.fault_launch}: {p.name}: {FAULTS.get(s.fault, s.fault)} at pc "
+                when = f"launch {s.fault_launch}" if p.attach.kind == "launch" else f"{p.section}"
+                lines.append(f"{path}: {when}: {p.name}: {FAULTS.get(s.fault, s.fault)} at pc "
                              f"{s.fault_pc}{where}" + (f"; {s.faults} runs faulted" if s.faults > 1 else ""))
         return lines
 
@@ -165,3 +213,50 @@ class Router:
         taken = self.ffi.new("unsigned long long *")
         n = self.lib.egpu_lvm_drain(self.handle, out, max_records, offset, taken)
         return n, taken[0]
+
+
+def host_apis(ffi: Any, lib: Any) -> list[tuple[str, str, str]]:
+    """The shim's hooked driver APIs by number (egpu_host_apis): (symbol, API name, section or "")."""
+    n = lib.egpu_host_apis(ffi.NULL, ffi.NULL, ffi.NULL, 0)
+    cols = [ffi.new("const char *[]", n) for _ in range(3)]
+    lib.egpu_host_apis(*cols, n)
+    return [tuple(ffi.string(c[i]).decode() for c in cols) for i in range(n)]  # type: ignore[misc]
+
+
+def api_matches(p: prog.Program, symbol: str, api: str, section: str) -> bool:
+    """Whether host-API program ``p`` runs on calls of ``symbol``: its section's, and its GLOB matches the
+    API's name or the symbol (``cuMemcpyHtoDAsync*`` takes cuMemcpyHtoDAsync_v2 and _v2_ptsz)."""
+    return p.attach.kind == section and (fnmatchcase(api, p.attach.glob) or fnmatchcase(symbol, p.attach.glob))
+
+
+class ApiRoutes:
+    """Which host-API programs, of every side, the calls of each hooked API run (egpu_lvm_route_api)."""
+
+    def __init__(self, ffi: Any, lib: Any, sides: Sequence[Side]) -> None:
+        self.ffi, self.lib = ffi, lib
+        self.attached: dict[str, list[str]] = {}  # section of a program -> the symbols it runs on
+        self.routed: list[int] = []
+        programs = [(p, h) for side in sides for p, h in side.programs if p.attach.kind in API_KINDS]
+        for p, _ in programs:
+            self.attached.setdefault(p.section, [])
+        for i, (symbol, api, section) in enumerate(host_apis(ffi, lib) if programs else []):
+            chosen = [(p, h) for p, h in programs if api_matches(p, symbol, api, section)]
+            if not chosen:
+                continue
+            table = ffi.new("struct egpu_lvm_prog *[]", [h for _, h in chosen])
+            if lib.egpu_lvm_route_api(i, table, len(chosen)):
+                raise MemoryError(f"no memory for the route of {symbol}")
+            self.routed.append(i)
+            for p, _ in chosen:
+                self.attached[p.section].append(symbol)
+
+    def unmatched(self) -> list[str]:
+        """One line for each host-API program no hooked API matched."""
+        return [f"{section}: no driver API the shim hooks matches: the program never runs"
+                for section, symbols in self.attached.items() if not symbols]
+
+    def clear(self) -> None:
+        """Calls run no program any more (before the programs are freed)."""
+        for i in self.routed:
+            self.lib.egpu_lvm_route_api(i, self.ffi.NULL, 0)
+        self.routed = []

@@ -17,6 +17,7 @@ from egpu_preload.bpf.program import MAP_PERF_EVENT_ARRAY, MAP_RINGBUF, BpfObjec
 from egpu_preload.bpf.verifier import verify
 from egpu_preload.errors import EgpuError
 from egpu_preload.progress import Progress
+from egpu_preload.runtime.native import api_refusal
 from egpu_preload.translate.module import object_tag, table_symbol
 from egpu_preload.translate.rewrite import ProbeSpec, probe_specs
 
@@ -40,6 +41,9 @@ def load_probe(path: Path, wait: bool = False) -> Probe:
             obj.maps[:] = [replace(m, wait=True) if m.type in RING_TYPES else m for m in obj.maps]
         verified = [verify(prog.code, obj.maps, file=str(path), section=prog.section) for prog in obj.programs]
         specs = tuple(probe_specs(obj, verified))
+        why = api_refusal(obj)
+        if why is not None:
+            raise EgpuError(why)
     except EgpuError as e:
         raise e.where(file=str(path))
     if not obj.programs:

@@ -3,7 +3,7 @@ bpftime's bare ``SEC("uprobe")`` / ``SEC("uretprobe")`` with the target from ``e
 PROG=PATH:SYMBOL``. They run in the job's threads, in C (shim/uprobe.c: how calls are caught and which are
 not), with r1 = ``struct pt_regs`` (bpf/ptregs.py).
 
-Maps. A probe object's uprobes and launch probes are its host side (launches.launch_side): one copy of
+Maps. A probe object's uprobes and launch probes are its host side (native.host_side): one copy of
 the maps in C (runtime/native.py), the keys they change in maps GPU programs use copied to the device as
 launch probes' are (launches.py, "Maps"). ``bpf_ktime_get_ns()`` reads the launch probes' clock
 (CLOCK_MONOTONIC moved onto %globaltimer where GPU programs share a map).
@@ -24,7 +24,7 @@ from typing import Any
 from egpu_preload.bpf.program import BpfObject, Program
 from egpu_preload.bpf.sections import HOST_KINDS
 from egpu_preload.errors import EgpuError
-from egpu_preload.runtime import dump, launches, native
+from egpu_preload.runtime import dump, native
 
 RESULTS = {0: "attached", 1: "pending: its object is not loaded yet", -1: "no such function in it",
            -2: "too many hooked functions or patched call sites"}
@@ -138,12 +138,12 @@ def live_refusal(probe: Any) -> str | None:
     bare = [p.name for p in hosts if not p.attach.glob]
     if bare:
         return f"prog {bare[0]} is a bare uprobe: egpu attach takes SEC(\"uprobe/PATH:SYMBOL\") ones only"
-    _, used, shared = launches.launch_side(probe.obj)
+    _, used, shared = native.host_side(probe.obj)
     if shared:
         names = ", ".join(sorted(probe.obj.maps[i].name for i in shared))
         return f"its uprobes share maps with GPU programs ({names}): only egpu-run runs those"
-    why = native.refusal(hosts, probe.obj.maps, used, printk=True)
-    if why is None and native.refusal(hosts, probe.obj.maps, used) is not None:
+    why = native.refusal(hosts, probe.obj.maps, used)
+    if why is None and native.prints(hosts):
         return "its uprobes print (bpf_printk): only egpu-run takes those"
     return f"uprobes run in C only, and {why}" if why else None
 
@@ -161,7 +161,7 @@ class LiveUprobes:
         hosts = host_programs(probe.obj)
         if not hosts:
             return None
-        _, used, _ = launches.launch_side(probe.obj)
+        _, used, _ = native.host_side(probe.obj)
         side = native.Side(self.rt.ffi, self.rt.lib, probe.obj.maps, used, hosts)
         up = Uprobes(self.rt.ffi, self.rt.lib, [(probe, side, None)], {})
         self.attached[name] = (side, up)

@@ -15,7 +15,7 @@ A map is striped when all of this holds (the verifier's value_uses, every path o
 - it is an ARRAY (or .bss/.data) that is not read-only;
 - the GPU programs touch its values only with atomic adds that do not fetch the old value, all of one
   width, and take the map for nothing but lookups (an update with BPF_NOEXIST changes no array slot);
-- no launch probe or host uprobe uses it (those run on the host copy, which mapsync.py copies to the device);
+- no launch probe, host-API probe (egpu/memcpy, ...) or host uprobe uses it (those run on the host copy, which mapsync.py copies to the device);
 - one row of it is at most STRIPE_ROW_MAX bytes (a large array is a spread one, and rows cost memory).
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..bpf.program import MAP_ARRAY, BpfObject, MapDef
-from ..bpf.sections import HOST_KINDS, HOST_RUN
+from ..bpf.sections import HOST_SIDE
 from ..bpf.verifier import VerifiedProgram, verify
 
 STRIPE_ROW_MAX = 64 * 1024
@@ -40,7 +40,7 @@ def stripe_counters(obj: BpfObject, verified: Sequence[VerifiedProgram] | None =
     gpu_uses: dict[int, set[str]] = {}
     host: set[int] = set()
     for prog, v in zip(obj.programs, verified, strict=True):
-        if prog.attach.kind in HOST_RUN or prog.attach.kind in HOST_KINDS:
+        if prog.attach.kind in HOST_SIDE:
             host |= set(v.value_uses) | {i for i in v.maps.values() if i is not None}
             if None in v.maps.values():
                 host |= set(range(len(obj.maps)))

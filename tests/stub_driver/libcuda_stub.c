@@ -481,6 +481,11 @@ CUresult cuStreamBeginCaptureToGraph(void *s, void *g, void **deps, const void *
 CUresult cuStreamBeginCaptureToGraph_ptsz(void *s, void *g, void **deps, const void *edges, size_t n, int mode) {
     return begin_capture(__func__, s, mode);
 }
+CUresult cuStreamIsCapturing(void *s, int *status) { /* CU_STREAM_CAPTURE_STATUS_ACTIVE = 1 */
+    *status = 0;
+    for (int i = 0; s && i < 16; i++) *status |= capturing[i] == s;
+    return OK;
+}
 CUresult cuStreamEndCapture(void *s, void **graph) { return end_capture(__func__, s, graph); }
 CUresult cuStreamEndCapture_ptsz(void *s, void **graph) { return end_capture(__func__, s, graph); }
 
@@ -531,6 +536,44 @@ CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) { logf_("cuMe
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
 
+/* Every copy, set and synchronization the shim hooks, for the host-API probes' tests: each logs its name
+ * and first three arguments and succeeds. Weak, so that runtime_stub/driver_more.c and driver_cow.c,
+ * which move bytes, replace those they define. The arguments are read as 64-bit words: in the x86-64
+ * ABI every integer or pointer argument of these calls sits in its own register, and unread ones cost
+ * nothing. */
+#define ANY(sym) __attribute__((weak)) CUresult sym(unsigned long long a, unsigned long long b, unsigned long long c) { \
+        logf_(#sym " a=%#llx b=%#llx c=%#llx", a, b, c); return OK; }
+#define TWINS(sym, twin) ANY(sym) ANY(twin)
+TWINS(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds) TWINS(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds)
+TWINS(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds) TWINS(cuMemcpyAsync, cuMemcpyAsync_ptsz)
+TWINS(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz) TWINS(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz)
+TWINS(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2_ptsz) TWINS(cuMemcpyPeer, cuMemcpyPeer_ptds)
+TWINS(cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz) TWINS(cuMemcpy2D_v2, cuMemcpy2D_v2_ptds)
+TWINS(cuMemcpy2DUnaligned_v2, cuMemcpy2DUnaligned_v2_ptds) TWINS(cuMemcpy2DAsync_v2, cuMemcpy2DAsync_v2_ptsz)
+TWINS(cuMemcpy3D_v2, cuMemcpy3D_v2_ptds) TWINS(cuMemcpy3DAsync_v2, cuMemcpy3DAsync_v2_ptsz)
+TWINS(cuMemcpy3DPeer, cuMemcpy3DPeer_ptds) TWINS(cuMemcpy3DPeerAsync, cuMemcpy3DPeerAsync_ptsz)
+TWINS(cuMemsetD8_v2, cuMemsetD8_v2_ptds) TWINS(cuMemsetD16_v2, cuMemsetD16_v2_ptds)
+TWINS(cuMemsetD32_v2, cuMemsetD32_v2_ptds) TWINS(cuMemsetD2D8_v2, cuMemsetD2D8_v2_ptds)
+TWINS(cuMemsetD2D16_v2, cuMemsetD2D16_v2_ptds) TWINS(cuMemsetD2D32_v2, cuMemsetD2D32_v2_ptds)
+TWINS(cuMemsetD8Async, cuMemsetD8Async_ptsz) TWINS(cuMemsetD16Async, cuMemsetD16Async_ptsz)
+TWINS(cuMemsetD32Async, cuMemsetD32Async_ptsz) TWINS(cuMemsetD2D8Async, cuMemsetD2D8Async_ptsz)
+TWINS(cuMemsetD2D16Async, cuMemsetD2D16Async_ptsz) TWINS(cuMemsetD2D32Async, cuMemsetD2D32Async_ptsz)
+TWINS(cuStreamSynchronize, cuStreamSynchronize_ptsz) ANY(cuEventSynchronize) ANY(cuCtxSynchronize_v2)
+TWINS(cuMemcpyHtoA_v2, cuMemcpyHtoA_v2_ptds) TWINS(cuMemcpyAtoH_v2, cuMemcpyAtoH_v2_ptds)
+TWINS(cuMemcpyDtoA_v2, cuMemcpyDtoA_v2_ptds) TWINS(cuMemcpyAtoD_v2, cuMemcpyAtoD_v2_ptds)
+TWINS(cuMemcpyAtoA_v2, cuMemcpyAtoA_v2_ptds) TWINS(cuMemcpyHtoAAsync_v2, cuMemcpyHtoAAsync_v2_ptsz)
+TWINS(cuMemcpyAtoHAsync_v2, cuMemcpyAtoHAsync_v2_ptsz) TWINS(cuMemcpyBatchAsync, cuMemcpyBatchAsync_ptsz)
+TWINS(cuMemcpyBatchAsync_v2, cuMemcpyBatchAsync_v2_ptsz) TWINS(cuGraphAddMemcpyNode, cuGraphAddMemsetNode)
+#undef TWINS
+#undef ANY
+/* Device memory is what new_ptr hands out (0x7000'0000'0000 up): CU_MEMORYTYPE_DEVICE (2); anything else
+ * is memory CUDA does not know (pageable host memory), which the driver refuses as invalid. */
+CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr p) {
+    if (attribute != 2 || p < 0x700000000000ull || p >= 0x710000000000ull) return INVALID_VALUE;
+    *(unsigned int *)data = 2;
+    return OK;
+}
+
 static const struct { const char *api; int version, ptsz; const char *symbol; void *fn; } rows[] = {
 #define R(api, ver, ptsz, sym) {#api, ver, ptsz, #sym, (void *)sym},
     R(cuGetProcAddress, 11030, 0, cuGetProcAddress) R(cuGetProcAddress, 12000, 0, cuGetProcAddress_v2)
@@ -576,6 +619,11 @@ static const struct { const char *api; int version, ptsz; const char *symbol; vo
     R(cuMemHostUnregister, 4000, 0, cuMemHostUnregister) R(cuMemCreate, 10020, 0, cuMemCreate)
     R(cuMemRelease, 10020, 0, cuMemRelease) R(cuMemMap, 10020, 0, cuMemMap) R(cuMemUnmap, 10020, 0, cuMemUnmap)
     R(cuMemcpy, 4000, 0, cuMemcpy) R(cuMemcpy, 7000, 1, cuMemcpy_ptds)
+    R(cuStreamIsCapturing, 10000, 0, cuStreamIsCapturing)
+    R(cuStreamSynchronize, 2000, 0, cuStreamSynchronize) R(cuStreamSynchronize, 7000, 1, cuStreamSynchronize_ptsz)
+    R(cuEventSynchronize, 2000, 0, cuEventSynchronize) R(cuCtxSynchronize, 13000, 0, cuCtxSynchronize_v2)
+    R(cuMemcpyHtoDAsync, 3020, 0, cuMemcpyHtoDAsync_v2) R(cuMemcpyHtoDAsync, 7000, 1, cuMemcpyHtoDAsync_v2_ptsz)
+    R(cuMemsetD8, 3020, 0, cuMemsetD8_v2) R(cuMemsetD8, 7000, 1, cuMemsetD8_v2_ptds)
 #undef R
 };
 

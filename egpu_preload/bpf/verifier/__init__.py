@@ -16,12 +16,11 @@ from types import MappingProxyType
 from typing import Mapping
 
 from ...errors import DecodeError, ElfError, VerifierError
-from .. import ctx as egpu_ctx
-from ..ptregs import PT_REGS
+from ..ctx import EGPU_CTX, Layout, layout_for
 from ..decode import Insn, decode
 from ..disasm import disasm_insn
 from ..program import MapDef
-from ..sections import HOST_KINDS, parse_section
+from ..sections import parse_section
 from . import cfg as cfg_mod
 from .cfg import Cfg, Reject
 from .checks import STEP, Env
@@ -108,19 +107,18 @@ def _live(cfg: Cfg, st: State, pc: int) -> list[int]:
     return masks + [cfg.live[pc]]
 
 
-def _context(section: str | None) -> egpu_ctx.Layout:
-    """pt_regs for a host uprobe's section, else the section's context (ctx.layout_of_section)."""
+def _context(section: str | None) -> Layout:
+    """The context a program of ``section`` receives (ctx.layout_for its kind); struct egpu_ctx for none."""
     try:
-        host = section is not None and parse_section(section).kind in HOST_KINDS
+        return layout_for(parse_section(section).kind) if section is not None else EGPU_CTX
     except ElfError:
-        host = False
-    return PT_REGS if host else egpu_ctx.layout_of_section(section)
+        return EGPU_CTX
 
 
 def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section: str | None = None,
-           max_insns: int = MAX_INSNS) -> VerifiedProgram:
-    """Verify one program (subprograms appended, map references resolved as program.py describes); its
-    context is the struct ``section`` gets (ctx.layout_of_section).
+           max_insns: int = MAX_INSNS, layout: Layout | None = None) -> VerifiedProgram:
+    """Verify one program (subprograms appended, map references resolved as program.py describes), its
+    context reads against ``layout``: by default the struct ``section``'s kind gets (ctx.layout_for).
     Raises VerifierError ("17: <insn>: <what> (<check>)", with the state log as detail) or DecodeError."""
     try:
         insns = decode(code)
@@ -130,7 +128,7 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
         cfg = cfg_mod.build(insns, maps)
     except Reject as r:
         raise _error(r, None, insns, maps, None, file, section) from None
-    env = Env(cfg, maps, _context(section))
+    env = Env(cfg, maps, layout if layout is not None else _context(section))
     seen: dict[int, dict[tuple, _Visit]] = {}
     recent: dict[int, list[_Visit]] = {}
     processed = 0

@@ -11,11 +11,9 @@ Every memory access must be naturally aligned: a misaligned ld/st faults on the 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Callable
 
 from .. import ctx as egpu_ctx
-from .. import ptregs
 from .. import isa
 from ..decode import Insn
 from ..helpers import BPF_NOEXIST, HELPERS, Helper
@@ -48,28 +46,16 @@ _VARIADIC = frozenset({"trace_printk"})
 Succ = list[tuple[State, int]]
 
 
-@dataclass(frozen=True)
-class Context:
-    """What r1 points to at entry: GPU and launch probes get struct egpu_ctx, host uprobes pt_regs."""
-    name: str
-    fields: tuple[egpu_ctx.Field, ...]
-    size: int
-
-
-EGPU_CTX = Context("struct egpu_ctx", egpu_ctx.FIELDS, egpu_ctx.SIZE)
-PT_REGS = Context("struct pt_regs", ptregs.FIELDS, ptregs.SIZE)
-
-
 class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
-    __slots__ = ("cfg", "maps", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack", "ctx_reads",
-                 "ctx_at", "value_uses", "ctx", "_last_id")
+    __slots__ = ("cfg", "maps", "layout", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack",
+                 "ctx_reads", "ctx_at", "value_uses", "_last_id")
 
-    def __init__(self, cfg: Cfg, maps: list[MapDef], ctx: egpu_ctx.Layout = egpu_ctx.EGPU_CTX) -> None:
+    def __init__(self, cfg: Cfg, maps: list[MapDef], layout: egpu_ctx.Layout = egpu_ctx.EGPU_CTX) -> None:
         self.cfg = cfg
         self.maps = maps
-        self.ctx = ctx  # the struct r1 points to at entry
+        self.layout = layout  # the context r1 points to at entry (ctx.layout_for the program's section)
         self.regions: dict[int, str] = {}
         self.map_refs: dict[int, int | None] = {}
         self.depth = [0] * len(cfg.subprogs)
@@ -331,7 +317,7 @@ def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *,
     env.note_region(insn.pc, kind)
     fixed = ptr.off + insn.off
     if kind == CTX:
-        read = _ctx(ptr, fixed, size, mode, signed, reg, env.ctx)
+        read = _ctx(env.layout, ptr, fixed, size, mode, signed, reg)
         env.note_ctx(insn.pc, fixed, size)
         return read
     _bounded(ptr, kind, reg)
@@ -373,7 +359,7 @@ def _within(ptr: Value, fixed: int, size: int, limit: int, what: str, limit_name
 
 @functools.cache
 def _ctx_slots(layout: egpu_ctx.Layout) -> frozenset[tuple[int, int]]:
-    """Every (offset, size) read that stays inside one element of one field of the context and is aligned."""
+    """Every (offset, size) read that stays inside one element of one field of ``layout`` and is aligned."""
     out = set()
     for fld in layout.fields:
         for e in range(fld.count):
@@ -384,14 +370,31 @@ def _ctx_slots(layout: egpu_ctx.Layout) -> frozenset[tuple[int, int]]:
     return frozenset(out)
 
 
-def _ctx(ptr: Value, fixed: int, size: int, mode: str, signed: bool, reg: int, layout: egpu_ctx.Layout) -> Value:
+def _field_of_other(layout: egpu_ctx.Layout, offset: int) -> str | None:
+    """What a read at ``offset`` would be in the struct of the other side: struct egpu_ctx and struct
+    egpu_host_ctx share no offset, so a field of one read in a section of the other is told by its offset
+    (None: ``layout`` is neither, or nothing is there either)."""
+    if layout is egpu_ctx.EGPU_CTX:
+        other, who = egpu_ctx.HOST, "host-API sections (egpu/memcpy, memset, alloc, free, sync)"
+    elif layout is egpu_ctx.HOST:
+        other, who = egpu_ctx.EGPU_CTX, "GPU and launch sections"
+    else:
+        return None
+    names = [f.name for f in other.fields if f.offset <= offset < f.offset + f.size * f.count]
+    return f"{'/'.join(names)} is a field of struct {other.name}, which only {who} receive" if names else None
+
+
+def _ctx(layout: egpu_ctx.Layout, ptr: Value, fixed: int, size: int, mode: str, signed: bool, reg: int) -> Value:
     if mode != "read":
         raise Reject(f"cannot write into ctx: struct {layout.name} is read-only (r{reg})")
     if not ptr.is_const:
         raise Reject(f"variable ctx access prohibited (r{reg} smin={ptr.smin} smax={ptr.smax})")
     if (fixed, size) not in _ctx_slots(layout):
-        raise Reject(f"invalid ctx access off={fixed} size={size} (struct {layout.name} is {layout.size} bytes of "
-                     "aligned fields)")
+        other = _field_of_other(layout, fixed)
+        if other is not None:
+            raise Reject(f"invalid ctx access off={fixed} size={size}: {other} (section context)")
+        raise Reject(f"invalid ctx access off={fixed} size={size} (struct {layout.name} is {layout.size} bytes "
+                     "of aligned fields)")
     return sized(size, signed)
 
 
