@@ -520,6 +520,10 @@ def run_cmd(ctx: typer.Context,
             backend: Backend = typer.Option("auto", "--backend", metavar="auto|ptx|sass",
                                             help="ptx: rewrite PTX; sass: patch SASS (Compute Sanitizer); "
                                                  "auto: PTX where a module has it, SASS otherwise"),
+            live_sass: bool = typer.Option(False, "--live-sass",
+                                           help="keep the Compute Sanitizer subscribed from the start, so that "
+                                                "egpu attach reaches SASS-only kernels (PyTorch's); CUPTI "
+                                                "(torch.profiler, --durations) cannot share the process with it"),
             interval: Optional[float] = typer.Option(None, "--interval", metavar="S", min=0.05,
                                                      help="also print the maps every S seconds while the job runs"),
             uprobe: list[str] = typer.Option([], "--uprobe", metavar="PROG=PATH:SYMBOL",
@@ -579,7 +583,7 @@ def run_cmd(ctx: typer.Context,
                                 mirror=mirror, launch_vm=launch_vm, trace=trace, on_full=on_full, uprobes=targets,
                                 host_apis=any(p.attach.kind in API_KINDS for pr in loaded for p in pr.obj.programs))
             with progress.step("building the SASS back end's patch image (ptxas)"):
-                cfg, sass_notes = sass.for_job(cfg, loaded)
+                cfg, sass_notes = sass.for_job(cfg, loaded, standby=live_sass)
             if restore is not None:  # refused here, before the job starts, when incomplete or corrupt
                 from egpu_preload.cow import remote
                 cfg = dataclasses.replace(cfg, restore=remote.checked(restore))

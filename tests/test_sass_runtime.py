@@ -65,7 +65,10 @@ def test_for_job_settles_the_back_end(tmp_path):
         sass.for_job(config.Config(backend="cuda"), [kernel_site])
     cfg, _ = sass.for_job(config.Config(backend="auto"), [launch_only])
     assert cfg.backend == "ptx"   # nothing to patch and no sanitizer found: the shim never loads one
-    cfg, _ = sass.for_job(config.Config(backend="auto", sanitizer="/x/libsanitizer-public.so"), [launch_only])
+    with_sanitizer = config.Config(backend="auto", sanitizer="/x/libsanitizer-public.so")
+    cfg, _ = sass.for_job(with_sanitizer, [launch_only])
+    assert cfg.backend == "ptx"   # no standby unless asked: CUPTI users need the driver's one tool slot
+    cfg, _ = sass.for_job(with_sanitizer, [launch_only], standby=True)
     assert cfg.backend == "auto"  # standby: subscribed from cuInit, for a kernel-site probe attached later
     cfg, _ = sass.for_job(config.Config(backend="ptx", sanitizer="/x/libsanitizer-public.so"), [kernel_site])
     assert cfg.backend == "ptx"
@@ -87,10 +90,11 @@ def sanitizer_stub(tmp_path_factory) -> Path:
     return out
 
 
-def job(stub_job, tmp_path, probe_path: Path, backend: str, mode: str, sanitizer: str, **env: str):
-    """egpu-run --keep --backend B app_vec MODE 2 32 0: (result, the one dump, the logged calls)."""
+def job(stub_job, tmp_path, probe_path: Path, backend: str, mode: str, sanitizer: str, *flags: str, **env: str):
+    """egpu-run --keep --backend B [FLAGS] app_vec MODE 2 32 0: (result, the one dump, the logged calls)."""
     log = tmp_path / "driver.log"
-    r = egpu_run(["--keep", "--backend", backend, "-p", str(probe_path), str(stub_job.app), mode, "2", "32", "0"],
+    r = egpu_run(["--keep", "--backend", backend, *flags, "-p", str(probe_path), str(stub_job.app), mode, "2", "32",
+                  "0"],
                  stub_job.env(log, EGPU_SANITIZER_LIB=sanitizer, **env))
     assert r.returncode == 0, r.stderr
     session = Path(next(ln for ln in r.stderr.splitlines() if "session kept" in ln).split(" in ")[1])
@@ -154,12 +158,21 @@ def test_a_failing_subscription_is_reported(stub_job, probe_obj, tmp_path, sanit
 
 
 def test_launch_probes_alone_leave_the_sanitizer_in_standby(stub_job, probe_obj, tmp_path, sanitizer_stub):
-    """Subscribed from cuInit (a probe attached later needs it), but nothing patched and no launch callbacks."""
-    doc, calls = job(stub_job, tmp_path, probe_obj("launch"), "auto", "cubin", str(sanitizer_stub))
+    """With --live-sass: subscribed from cuInit (a probe attached later needs it), but nothing patched and
+    no launch callbacks."""
+    doc, calls = job(stub_job, tmp_path, probe_obj("launch"), "auto", "cubin", str(sanitizer_stub), "--live-sass")
     san = [c for c in calls if c.startswith("sanitizer")]
     assert san == ["sanitizerSubscribe cb=1", "sanitizerEnableDomain on=1 domain=3"]
     assert doc["sass"]["state"] == "subscribed" and doc["sass"]["serving"] == sass.NO_PROGRAMS
     assert doc["modules"][0]["status"] == "SASS only"
+
+
+def test_without_live_sass_launch_probes_never_load_the_sanitizer(stub_job, probe_obj, tmp_path, sanitizer_stub):
+    """No kernel-site probe and no --live-sass: the job runs as --backend ptx, so CUPTI users in it
+    (torch.profiler, --durations) find the driver's tool slot free."""
+    doc, calls = job(stub_job, tmp_path, probe_obj("launch"), "auto", "cubin", str(sanitizer_stub))
+    assert not [c for c in calls if c.startswith("sanitizer")]
+    assert doc["sass"]["state"] == "off" and doc["modules"][0]["status"] == "SASS only"
 
 
 def test_backend_ptx_never_loads_the_sanitizer(stub_job, probe_obj, tmp_path, sanitizer_stub):

@@ -96,7 +96,8 @@ class SassBackend:
     def unavailable(self) -> str:
         """Why this process cannot patch SASS ("" when it can): the reason a live attach reports."""
         if self.cfg.backend == "ptx":
-            return "the job runs --backend ptx"
+            return ("the job runs --backend ptx (start it with egpu-run --live-sass to attach into SASS-only "
+                    "kernels)")
         stats = self.stats()
         if stats["state"] != "subscribed":
             return f"sanitizer {stats['state']}" + (f": {stats['error']}" if stats["error"] else "")
@@ -259,21 +260,24 @@ def visible_sms() -> list[int]:
     return sorted(sms)
 
 
-def for_job(cfg: Config, probes: list[Probe]) -> tuple[Config, list[str]]:
+def for_job(cfg: Config, probes: list[Probe], standby: bool = False) -> tuple[Config, list[str]]:
     """The job's Config with the back end settled and the sanitizer found, and the start-up probes'
     patch image prebuilt in the session for every GPU nvidia-smi shows, so the job's processes need no
-    ptxas. A job with no kernel-site probe keeps ``auto`` where a sanitizer is found: the shim
-    subscribes in standby, so that a probe attached later reaches SASS-only kernels (a subscription
-    made after CUDA started sees no launch). Returns notes for stderr (a failed prebuild: the
-    processes try again and report)."""
+    ptxas. A job with no kernel-site probe subscribes in standby only with ``standby`` (egpu-run
+    --live-sass) or --backend sass, so that a probe attached later reaches SASS-only kernels (a
+    subscription made after CUDA started sees no launch); otherwise it runs --backend ptx. Standby is
+    asked for, not the default, because the subscribed sanitizer holds the driver's one tool slot, which
+    CUPTI users (torch.profiler, --durations, Nsight) need: on the H200 they timed nothing beside it.
+    Returns notes for stderr (a failed prebuild: the processes try again and report)."""
     if cfg.backend not in BACKENDS:
         raise EgpuError(f"--backend {cfg.backend}: must be one of {', '.join(BACKENDS)}")
     if cfg.backend == "ptx":
         return cfg, []
     cfg = dataclasses.replace(cfg, sanitizer=cfg.sanitizer or sanitizer_library())
     objects = [p.obj for p in probes]
-    if not has_sites(objects):   # standby, where a sanitizer is there to subscribe
-        return (dataclasses.replace(cfg, backend="ptx") if cfg.backend == "auto" and not cfg.sanitizer else cfg), []
+    if not has_sites(objects):   # standby only where asked for, and a sanitizer is there to subscribe
+        return (dataclasses.replace(cfg, backend="ptx") if cfg.backend == "auto" and not (standby and cfg.sanitizer)
+                else cfg), []
     module = patch_module(objects)
     notes, cache = [], cache_dir(cfg)
     for sm in visible_sms() if cache is not None else []:
