@@ -4,7 +4,8 @@
  *   libsanitizer-public.so (EGPU_SANITIZER_LIB), subscribes and enables the resource domain. That is
  *   standby: every module load is recorded (MODULE_LOADED), nothing is patched and the launch domain
  *   is off, so a job pays nothing until a probe arrives. A subscription made after CUDA started would
- *   never see a launch (docs/sass-backend.md), so it is made for every job that may want one.
+ *   never see a launch (docs/sass-backend.md), so it is made for every job that asked for the back end
+ *   (runtime/sass.py for_job: kernel-site probes, --backend sass, --live-sass).
  * - A generation is one patch image (sass_patch.py, entry points named after the image) with the
  *   instruction classes it patches and its map-table block. The runtime stages one
  *   (egpu_sass_stage) and it is committed either at once, while no module is patched
