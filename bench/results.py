@@ -207,7 +207,8 @@ def notes(doc: dict[str, Any]) -> list[str]:
     for w, t in doc.get("trace", {}).items():
         total = t["records"] + t["drops"]
         if total and t["drops"]:
-            out.append(f"{w}: the full trace delivered {t['records']:,} of {total:,} records ({t['records'] / total:.1%}) "
+            kept = f"{t['records']:,} of {total:,} records ({t['records'] / total:.1%})"
+            out.append(f"{w}: the full trace delivered {kept} "
                        + ("into the trace file: its ring dropped the rest, so the cell has no ratio."
                           if t.get("streamed") else
                           "from a ring read at exit: once it was full the rest took the drop path, so the cell has "

@@ -119,8 +119,8 @@ def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path], witness: 
         return workload_cmd(name, exe, profile=mode == "torch_profiler")
     loaded = [probes[mode]] if mode in probes else []
     trace = ["--trace", str(trace_file(exe))] if mode == "mem_trace" else []
-    return [*egpu_run(), "--keep", *trace, *[a for p in loaded + ([witness] if witness else []) for a in ("-p", str(p))],
-            *workload_cmd(name, exe)]
+    flags = [a for p in loaded + ([witness] if witness else []) for a in ("-p", str(p))]
+    return [*egpu_run(), "--keep", *trace, *flags, *workload_cmd(name, exe)]
 
 
 def trace_file(exe: Path) -> Path:
@@ -195,8 +195,8 @@ def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
                 if "records" in storage and "drops" in storage:
                     records += len(storage["records"])
                     drops += storage["drops"]
-    return {"modules": modules, "trace": {"records": records, "drops": drops, "streamed": streamed}, "shim_stats": stats,
-            "sass": sass, "counts": probe_check.counts_from_dumps(docs)}
+    return {"modules": modules, "trace": {"records": records, "drops": drops, "streamed": streamed},
+            "shim_stats": stats, "sass": sass, "counts": probe_check.counts_from_dumps(docs)}
 
 
 def hot_swap(work: Path, env: dict[str, str], probes: dict[str, Path], seconds: float) -> dict[str, Any]:

@@ -478,7 +478,8 @@ class Runtime:
             "pid": os.getpid(), "argv": config.argv(), "rank": config.rank(),
             "probes": probes, "error": error,
             # host-API probes' api ids print as the symbols they hash, as kernel ids print as kernel names
-            "kernels": [[k, n] for k, n in self.kernel_names.items()] + (self.drainer.api_names() if self.drainer else []),
+            "kernels": [[k, n] for k, n in self.kernel_names.items()]
+                       + (self.drainer.api_names() if self.drainer else []),
             "modules": [m.report() for m in self.loads],
             "stats": {f: int(getattr(stats, f)) for f in STATS},
             "sass": self.sass.stats(),

@@ -314,7 +314,8 @@ class Live:
             result, snapshot = self._change(current, t0)
             result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
             seconds = time.perf_counter() - t0
-            final = self.host.overlay(self._read_snapshot(snapshot), host)  # the new probe may write maps it took over: read the copy
+            # the new probe may write maps it took over: read the copy
+            final = self.host.overlay(self._read_snapshot(snapshot), host)
             result["uprobes"] = self.host.attach(new_name, probe)
         return {"old": old, "name": new_name, "seconds": seconds, "final": final,
                 "kernel_names": self._kernels(), **result}

@@ -34,7 +34,10 @@ def claim(path: Path) -> Path:
         return path.with_name(f"{path.stem}.{os.getpid()}{path.suffix}")
 
 
-def rings(probes: list[Probe], maps: list[DeviceMaps]) -> list[tuple[str, tuple[int, Any], tracefile.RecordLayout | None]]:
+Ring = tuple[str, tuple[int, Any], tracefile.RecordLayout | None]   # name, (map set, region), layout
+
+
+def rings(probes: list[Probe], maps: list[DeviceMaps]) -> list[Ring]:
     """(name in the trace, (device map set index, region index), record layout) of every ring to drain:
     map names, prefixed with the probe's name where the job has several probes."""
     out = []
