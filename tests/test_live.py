@@ -626,3 +626,35 @@ def test_a_change_starts_no_collection():
     with pytest.raises(ControlError):
         no_collection(handler)({"fail": True})
     assert seen == [False, False] and gc.isenabled()
+
+
+@pytest.mark.parametrize("reader", ["maps", "mirrored"])
+def test_maps_are_decoded_outside_the_lock_a_change_takes(tmp_path, monkeypatch, reader):
+    """`egpu maps` and the mirror copy the regions under Live.lock (a change frees them) but decode them
+    after letting it go: a change never waits for a large map's decoding."""
+    import contextlib
+    import threading
+    from types import SimpleNamespace
+
+    from egpu_preload.runtime import live
+    rt = SimpleNamespace(probes=[], maps=[], context=1, cfg=SimpleNamespace(session=tmp_path),
+                         driver=SimpleNamespace(capture_relaxed=contextlib.nullcontext))
+    control = live.Live(rt)
+    free_while_decoding = []
+
+    def take_and_give_back():
+        free_while_decoding.append(control.lock.acquire(timeout=5))
+        if free_while_decoding[-1]:
+            control.lock.release()
+
+    def decode(fetched):
+        other = threading.Thread(target=take_and_give_back)   # a change on the control thread
+        other.start()
+        other.join()
+        return []
+
+    monkeypatch.setattr(control, "_fetch", lambda probes: [("p", None, [b""])])
+    monkeypatch.setattr(control, "_decode", decode)
+    monkeypatch.setattr(control, "_document", lambda probes: {"probes": probes})
+    assert (control.maps({}) if reader == "maps" else control.mirrored()) == {"probes": []}
+    assert free_while_decoding == [True]
