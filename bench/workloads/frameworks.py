@@ -12,8 +12,8 @@ The protocol of kernels.cu: a warm-up unit (compilation, module loads, the JIT),
 units until they take 10 ms) sizing a repetition at TARGET_MS, then REPS repetitions, fewer once
 BUDGET_S seconds of them are used up (at least 3), each timed from its first launch to a synchronize
 after its last. Prints "BENCH_WARMUP ms", "BENCH_REP ms units" per repetition as it ends, "BENCH_UNITS n"
-(every unit the process ran), then "BENCH_DONE digest" of the warm-up's result (the same in every mode). ``--profile`` runs everything
-inside torch.profiler (CPU and CUDA activities, i.e. CUPTI), the trace never exported: what tracing the
+(every unit the process ran), then "BENCH_DONE digest" of the warm-up's result (the same in every mode).
+``--profile`` runs everything inside torch.profiler (CPU and CUDA activities, i.e. CUPTI), the trace never exported: what tracing the
 same step with PyTorch's own profiler costs.
 """
 
@@ -29,18 +29,12 @@ from collections.abc import Callable
 Workload = tuple[Callable[[], None], Callable[[], None], Callable[[], str]]  # unit, synchronize, digest
 
 
-def torch_eager() -> Workload:
+def _training(model: "torch.nn.Module", x: "torch.Tensor", y: "torch.Tensor") -> Workload:
+    """One SGD step of ``model`` on (x, y) with cross entropy; the digest is the warm-up's loss."""
     import torch
     import torch.nn.functional as F
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
-        torch.nn.Linear(64 * 16 * 16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(64, 3, 32, 32, device="cuda")
-    y = torch.randint(0, 10, (64,), device="cuda")
     first: list[float] = []
 
     def step() -> None:
@@ -54,9 +48,19 @@ def torch_eager() -> Workload:
     return step, torch.cuda.synchronize, lambda: f"{first[0]:.6g}"
 
 
+def torch_eager() -> Workload:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+        torch.nn.Linear(64 * 16 * 16, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()
+    return _training(model, torch.randn(64, 3, 32, 32, device="cuda"), torch.randint(0, 10, (64,), device="cuda"))
+
+
 def torch_gpu() -> Workload:
     import torch
-    import torch.nn.functional as F
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -64,20 +68,8 @@ def torch_gpu() -> Workload:
         torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
         torch.nn.Conv2d(128, 128, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
         torch.nn.Linear(128 * 16 * 16, 10)).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(256, 3, 64, 64, device="cuda")
-    y = torch.randint(0, 10, (256,), device="cuda")
-    first: list[float] = []
-
-    def step() -> None:
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if not first:
-            first.append(float(loss))
-
-    return step, torch.cuda.synchronize, lambda: f"{first[0]:.6g}"
+    return _training(model, torch.randn(256, 3, 64, 64, device="cuda"),
+                     torch.randint(0, 10, (256,), device="cuda"))
 
 
 def torch_compile() -> Workload:
