@@ -19,9 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "gpu-results"
 OWED = RESULTS / "owed.txt"
 RUN_DIR = re.compile(r"\d{4}-\d{2}-\d{2}[a-z]?")
-# pytest -v: "ID PASSED [ 1%]" (or "ID PASSED" at the end of the line); -rA's summary: "PASSED ID"
+# pytest -v: "ID PASSED [ 1%]" (or "ID PASSED" at the end of the line); -rA's summary: "PASSED ID";
+# pytest-xdist -v: "[gw3] [ 12%] PASSED ID"
 VERBOSE_LINE = re.compile(r"^(tests/\S.*?) PASSED(?: +\[ *\d+%\])?$")
-SUMMARY_LINE = re.compile(r"^PASSED (tests/\S.*?)(?: - .*)?$")
+SUMMARY_LINE = re.compile(r"^(?:\[gw\d+\] \[ *\d+%\] )?PASSED (tests/\S.*?)(?: - .*)?$")
 
 
 def newest_run(results: Path) -> Path:
@@ -76,14 +77,15 @@ def test_every_gpu_test_is_logged_or_owed():
     assert not stale, f"owed.txt names tests that are not gpu tests: {stale}"
 
 
-def test_log_lines_are_read_in_both_pytest_formats():
+def test_log_lines_are_read_in_every_pytest_format():
     log = ("tests/test_a.py::test_x[r0 = r2\\nexit-abc-3] PASSED [  6%]\n"
            "tests/test_a.py::test_y FAILED [ 10%]\n"
            "tests/test_a.py::test_z SKIPPED (needs x) [ 12%]\n"
            "PASSED tests/test_b.py::test_w\n"
+           "[gw1] [ 40%] PASSED tests/test_d.py::test_u[a b]\n"
            "tests/test_c.py::test_v PASSED\n")
     assert passed_ids(log) == {"tests/test_a.py::test_x[r0 = r2\\nexit-abc-3]", "tests/test_b.py::test_w",
-                               "tests/test_c.py::test_v"}
+                               "tests/test_c.py::test_v", "tests/test_d.py::test_u[a b]"}
 
 
 def test_owed_lines_need_a_reason_and_are_matched_by_id():
