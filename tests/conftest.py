@@ -69,6 +69,18 @@ def probe_obj(tmp_path_factory):
     return build
 
 
+def pytest_runtest_logreport(report):
+    """A GPU call may be cut off before pytest's summary: with EGPU_TEST_FAILURES set (scripts/gpu-test.sh),
+    each failure, its traceback and its captured output are written there as it happens."""
+    path = os.environ.get("EGPU_TEST_FAILURES")
+    if not path or not report.failed:
+        return
+    with open(path, "a") as f:
+        f.write(f"===== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n")
+        for title, text in report.sections:
+            f.write(f"----- {title}\n{text[-20000:]}\n")
+
+
 def pytest_terminal_summary(terminalreporter):
     """The translator's registers and stack per program (test_translate.py), summarized."""
     from translate_support import report_lines
