@@ -554,7 +554,7 @@ def run_cmd(ctx: typer.Context,
     Exit status: CMD's (128 + N when signal N ended it); 127 when CMD is not found and 126 when it cannot
     be executed, as a shell says; 125 when egpu-run itself fails (a bad option, a probe it refuses), so
     that no status of egpu-run's own can be taken for the job's."""
-    from egpu_preload.bpf.sections import API_KINDS
+    from egpu_preload.bpf.sections import EARLY_KINDS
     from egpu_preload.runtime import config, dump, job, sass, uprobes, watch
     from egpu_preload.version import cuda_driver
     cmd = ctx.args
@@ -581,7 +581,8 @@ def run_cmd(ctx: typer.Context,
             cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose),
                                 durations or perfetto is not None, backend=backend, timeline=perfetto is not None,
                                 mirror=mirror, launch_vm=launch_vm, trace=trace, on_full=on_full, uprobes=targets,
-                                host_apis=any(p.attach.kind in API_KINDS for pr in loaded for p in pr.obj.programs))
+                                early_start=durations or perfetto is not None or any(
+                                    p.attach.kind in EARLY_KINDS for pr in loaded for p in pr.obj.programs))
             with progress.step("building the SASS back end's patch image (ptxas)"):
                 cfg, sass_notes = sass.for_job(cfg, loaded, standby=live_sass)
             if restore is not None:  # refused here, before the job starts, when incomplete or corrupt

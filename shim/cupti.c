@@ -6,7 +6,9 @@
  * are wrapped: a program linked to libcupti reaches the exported ones here (the preload comes first),
  * one that dlsyms them (ctypes, dlopen'ed CUPTI) is handed them by the dlsym hook. Each asks the SASS
  * back end to yield before the real call; a generation that patches keeps the slot, and CUPTI then
- * fails as it would have.
+ * fails as it would have. A job not in standby gets dlsym's answer unchanged, and its linked callers
+ * reach their own libcupti (real_for): one loaded by an RTLD_LOCAL dlopen (torch's kineto, a dependency
+ * of a Python extension) is in no global scope, and a job may hold two copies of libcupti.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -40,19 +42,32 @@ static const char *const names[NFNS] = {
 #undef X
 };
 
-static _Atomic(void *) reals[NFNS]; /* what dlsym found in the application's libcupti */
+static _Atomic(void *) handed[NFNS]; /* what dlsym found for a caller handed the wrapper (standby) */
+static void *const wrappers[NFNS];
 
-static void *real(int i) {
-    void *p = atomic_load_explicit(&reals[i], memory_order_acquire);
-    if (!p && (p = egpu_dlsym_next(names[i]))) atomic_store_explicit(&reals[i], p, memory_order_release);
-    return p;
+/* The function the caller at `ret` would have bound to without the preload: the first definition in
+ * its own object's scope (not the wrapper: the main program's scope holds the preload), else the one
+ * dlsym found for a caller handed the wrapper, else the next in the global scope. Never cached: these
+ * calls are few, and two callers may hold different copies of libcupti. */
+static void *real_for(int i, const void *ret) {
+    void *p = NULL;
+    Dl_info info;
+    if (dladdr(ret, &info) && info.dli_fname) {
+        void *h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+        if (h) {
+            p = egpu_real_dlsym(h, names[i]);
+            dlclose(h);
+        }
+    }
+    if (!p || p == wrappers[i]) p = atomic_load_explicit(&handed[i], memory_order_acquire);
+    return p ? p : egpu_dlsym_next(names[i]);
 }
 
-#define X(name, params, args)                                                 \
-    EXPORT CUptiResult name params {                                          \
-        egpu_sass_yield("CUPTI (" #name ")");                                 \
-        CUptiResult(*f) params = (CUptiResult(*) params)real(FN_##name);      \
-        return f ? f args : CUPTI_ERROR_NOT_INITIALIZED;                      \
+#define X(name, params, args)                                                                  \
+    EXPORT CUptiResult name params {                                                           \
+        egpu_sass_yield("CUPTI (" #name ")");                                                  \
+        CUptiResult(*f) params = (CUptiResult(*) params)real_for(FN_##name, __builtin_return_address(0)); \
+        return f ? f args : CUPTI_ERROR_NOT_INITIALIZED;                                       \
     }
 CUPTI_FNS(X)
 #undef X
@@ -70,7 +85,7 @@ int egpu_cupti_fn(const char *name) {
 }
 
 void *egpu_cupti_hand_out(int i, void *found) {
-    if (!found) return NULL;
-    atomic_store_explicit(&reals[i], found, memory_order_release);
+    if (!found || !egpu_sass_holds_slot()) return found; /* only standby needs its callers to pass here */
+    atomic_store_explicit(&handed[i], found, memory_order_release);
     return wrappers[i];
 }

@@ -77,6 +77,8 @@ int egpu_sass_yield(const char *to);
 
 /* Subscribe when EGPU_BACKEND is sass or auto (once; the shim's cuInit hook calls it). */
 void egpu_sass_start(void);
+/* 1 while the sanitizer is subscribed and holds the driver's tool slot (standby or patching). */
+int egpu_sass_holds_slot(void);
 /* Commit the staged generation, if any: every context drained, every module re-patched. Called by
  * egpu_shim_swap inside its launch gate; 0, or -1 with the old generation still patched. */
 int egpu_sass_flip(void);

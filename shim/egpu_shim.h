@@ -177,6 +177,9 @@ int egpu_python_up(void);
 int egpu_python_attached(void);
 /* Start Python and the runtime now, as a module load would (egpu_hostapi.h egpu_py_start). */
 void egpu_python_start(void);
+/* Once, in a job that asks for it (EGPU_EARLY_START=1: host-API probes, CUPTI): start the runtime at the
+ * process's first CUDA call (the cuInit hook, else the first copy, allocation or sync hook). */
+void egpu_python_start_early(void);
 
 /* process.c: if this thread holds the GIL, let it go and return what egpu_gil_take_back needs (NULL:
  * it did not hold it). For a thread about to wait on another that may need the GIL. */
@@ -194,6 +197,8 @@ void egpu_sass_fork(enum egpu_fork_phase phase);
 
 /* The next definition of `name` after the shim (dlsym(RTLD_NEXT) from inside it). */
 void *egpu_dlsym_next(const char *name);
+/* dlsym itself, past the shim's hook. */
+void *egpu_real_dlsym(void *handle, const char *name);
 /* cupti.c: the index of a CUPTI function the shim wraps (-1: none), and its wrapper, given what the
  * application's dlsym found (NULL when it found nothing). */
 int egpu_cupti_fn(const char *name);

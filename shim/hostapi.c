@@ -81,16 +81,8 @@ static uint64_t fnv1a(const char *s) { /* ctx.py api_id */
     return h;
 }
 
-/* Start the runtime on the first host-API call of a job that has host-API probes (egpu_py_start). */
-static void start_runtime(void) {
-    static _Atomic int asked; /* 0 not yet, 1 asked (or not wanted) */
-    if (__builtin_expect(atomic_load_explicit(&asked, memory_order_relaxed), 1) || atomic_exchange(&asked, 1)) return;
-    const char *want = getenv("EGPU_HOST_APIS");
-    if (want && !strcmp(want, "1") && !egpu_python_attached() && !egpu_passthrough()) egpu_python_start();
-}
-
 unsigned long long egpu_host_begin(int api) {
-    start_runtime();
+    egpu_python_start_early(); /* a program whose copies come before any cuInit the shim saw */
     if (__builtin_expect(!egpu_lvm_api_routed((unsigned int)api), 1) || egpu_passthrough()) return 0;
     return egpu_now_ns() | 1;
 }

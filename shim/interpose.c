@@ -309,6 +309,7 @@ EXPORT CUresult cuInit(unsigned int Flags) {
     if (!passthrough()) egpu_sass_start();
     CUresult r = CALL_REAL(cuInit, Flags);
     if (r != CUDA_SUCCESS && !passthrough()) cuinit_failed(r);
+    else if (r == CUDA_SUCCESS) egpu_python_start_early(); /* before any context exists */
     return r;
 }
 
@@ -995,6 +996,15 @@ void egpu_python_start(void) {
     tls_in_python++;
     egpu_py_start();
     tls_in_python--;
+}
+
+void egpu_python_start_early(void) {
+    static _Atomic int asked; /* 0 not yet, 1 asked (or not wanted) */
+    if (__builtin_expect(atomic_load_explicit(&asked, memory_order_relaxed), 1) || passthrough() ||
+        atomic_exchange(&asked, 1))
+        return;
+    const char *want = getenv("EGPU_EARLY_START");
+    if (want && !strcmp(want, "1") && !egpu_python_attached()) egpu_python_start();
 }
 
 static const void *py_image(int api, unsigned long long call, const void *image, size_t size,

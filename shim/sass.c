@@ -647,6 +647,8 @@ __attribute__((visibility("default"))) int egpu_sass_commit_now(void) {
  * fail with CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED (39; on the H200, --durations timed nothing
  * and torch.profiler saw no kernel in a job in standby). Standby patches nothing, so it gives the slot
  * to the first CUPTI client (cupti.c); a generation that patches keeps it. */
+int egpu_sass_holds_slot(void) { return atomic_load(&g_state) == 2; }
+
 __attribute__((visibility("default"))) int egpu_sass_yield(const char *to) {
     pthread_mutex_lock(&g_commit_mu); /* a sanitizer call, as patching ones: see Locks */
     pthread_mutex_lock(&g_list_mu);

@@ -73,7 +73,7 @@ def pytest_runtest_logreport(report):
     """A GPU call may be cut off before pytest's summary: with EGPU_TEST_FAILURES set (scripts/gpu-test.sh),
     each failure, its traceback and its captured output are written there as it happens."""
     path = os.environ.get("EGPU_TEST_FAILURES")
-    if not path or not report.failed:
+    if not path or not report.failed or getattr(report, "node", None) is not None:  # xdist: its worker wrote it
         return
     with open(path, "a") as f:
         f.write(f"===== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n")

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
 
 import pytest
 
 from egpu_preload.runtime import copies, durations, uvm
-from stub_job import egpu_run
+from stub_job import MORE, egpu_run
 from test_durations import cupti_dir  # noqa: F401  (the stand-in libcupti, built once per module)
 
 
@@ -293,3 +294,22 @@ def test_struct_egpu_uvm_ctx_in_the_header_matches_ctx_py_and_context_bytes(tmp_
     at = {f.name: int.from_bytes(ctx[f.offset:f.offset + f.size], "little") for f in fields}
     assert at == {"addr": 0xA000, "bytes": 4096, "value": 4096, "start_ns": 11, "end_ns": 22, "kind": 2, "flags": 3,
                   "src": 5, "dst": 6, "stream": 7, "pad": 0}
+
+
+def test_a_program_that_loads_no_code_is_timed_from_its_first_call(stub_job, cupti_dir, tmp_path):  # noqa: F811
+    """--durations starts the runtime with CUDA (EGPU_EARLY_START, the cuInit hook): a program that only
+    copies (no module load ever starts the runtime) still gets its copies and unified-memory records,
+    and CUPTI is set before the program's first allocation (its unified-memory counters need that)."""
+    app = tmp_path / "app_hostapi"
+    subprocess.run(["gcc", "-O1", "-Wall", "-Werror", str(MORE / "app_hostapi.c"), "-o", str(app), "-ldl"],
+                   check=True)
+    log = tmp_path / "log"
+    env = stub_job.env(log, EGPU_STUB_CUPTI_COPIES=COPIES, EGPU_STUB_CUPTI_UVM=UVM)
+    env["LD_LIBRARY_PATH"] = f"{cupti_dir}:{env['LD_LIBRARY_PATH']}"
+    r = egpu_run(["--json", "--durations", str(app), "nomodule"], env)
+    assert r.returncode == 0, r.stderr
+    (doc,) = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(doc["copies"]) == 4 and doc["uvm"]["htod"] == {"count": 2, "value": 69632}
+    calls = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines()]
+    first_alloc = next(i for i, c in enumerate(calls) if c.startswith("cuMemAlloc"))
+    assert calls.index("cuptiActivityEnable 25") < first_alloc

@@ -262,9 +262,9 @@ def test_one_object_one_set_of_maps(job):
 
 
 def test_a_program_that_loads_no_module_is_seen_from_its_first_call(stub_job, app, tmp_path):
-    """The runtime starts at a process's first module load; a job with host-API probes also starts it
-    at the first hooked copy, allocation or sync (EGPU_HOST_APIS), so a program that copies before (or
-    without) loading code is seen from its first call."""
+    """The runtime starts at a process's first module load; a job with host-API probes starts it with
+    CUDA (EGPU_EARLY_START: the cuInit hook, else the first hooked copy, allocation or sync), so a program
+    that copies before (or without) loading code is seen from its first call."""
     _, calls, rows, events, _, _ = run_app(stub_job, tmp_path, app, "nomodule")
     assert {s: (len(sizes), sum(sizes)) for s, sizes in calls.items()} == \
         {s: (row[0], row[1]) for s, row in rows.items()}

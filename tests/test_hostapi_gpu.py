@@ -24,7 +24,8 @@ pytestmark = pytest.mark.gpu
 
 E2E = ROOT / "tests" / "e2e"
 KINDS = {"H2D": C.COPY_H2D, "D2H": C.COPY_D2H, "D2D": C.COPY_D2D, "SET": C.COPY_SET,
-         "ALLOC_DEVICE": C.ALLOC_DEVICE, "ALLOC_HOST": C.ALLOC_HOST, "FREE_DEVICE": C.ALLOC_DEVICE}
+         "ALLOC_DEVICE": C.ALLOC_DEVICE, "ALLOC_HOST": C.ALLOC_HOST, "FREE_DEVICE": C.ALLOC_DEVICE,
+         "FREE_HOST": C.ALLOC_HOST}
 SIZED = struct.Struct("<IIQ")  # copy_sizes.bpf.c struct sized
 
 

@@ -37,14 +37,14 @@ from stub_job import MORE, egpu_run
     config.Config(launch_vm="python"),
     config.Config(trace=Path("/t/out trace.parquet"), on_full="wait"),
     config.Config(uprobes={"on_call": "libcudart.so:cudaLaunchKernel", "b": "/a:b/lib.so:f"}),
-    config.Config(host_apis=True),
+    config.Config(early_start=True),
 ])
 def test_config_survives_the_environment(cfg):
     env = config.to_env(cfg)
     assert set(env) == {config.PROBES, config.SESSION, config.KERNEL, config.LOG, config.DURATIONS,
                         config.PTXAS, config.BACKEND, config.SANITIZER, config.RESTORE, config.TIMELINE,
                         config.MIRROR, config.LAUNCH_VM, config.TRACE, config.ON_FULL, config.UPROBES,
-                        config.HOST_APIS}
+                        config.EARLY_START}
     assert config.from_env(env) == cfg
 
 

@@ -190,8 +190,9 @@ def test_a_failed_repatch_leaves_the_old_probe_running(stub_job, stand_ins, prob
 
 
 @pytest.fixture(scope="module")
-def cupti_apps(stand_ins, tmp_path_factory) -> tuple[Path, Path, Path]:
-    """(the stand-in libcupti, the job that dlopens it, the job linked with it)."""
+def cupti_apps(stand_ins, tmp_path_factory) -> tuple[Path, Path, Path, Path]:
+    """(the stand-in libcupti, the job that dlopens it, the job linked with it, a profiler library linked
+    with it, for the job to dlopen locally)."""
     d = tmp_path_factory.mktemp("cupti")
     cc = ["gcc", "-O1", "-Wall", "-Werror"]
     subprocess.run(cc + ["-shared", "-fPIC", str(SASS_STUB / "libcupti_stub.c"), "-o", str(d / "libcupti.so"), "-ldl"],
@@ -199,20 +200,24 @@ def cupti_apps(stand_ins, tmp_path_factory) -> tuple[Path, Path, Path]:
     subprocess.run(cc + [str(SASS_STUB / "app_cupti.c"), "-o", str(d / "app_cupti"), "-ldl"], check=True)
     subprocess.run(cc + ["-DLINKED", str(SASS_STUB / "app_cupti.c"), "-o", str(d / "app_cupti_linked"), "-ldl",
                          f"-L{d}", "-lcupti", f"-Wl,-rpath,{d}"], check=True)
-    return d / "libcupti.so", d / "app_cupti", d / "app_cupti_linked"
+    subprocess.run(cc + ["-shared", "-fPIC", str(SASS_STUB / "profiler_lib.c"), "-o", str(d / "libprofiler.so"),
+                         f"-L{d}", "-lcupti", f"-Wl,-rpath,{d}"], check=True)
+    return d / "libcupti.so", d / "app_cupti", d / "app_cupti_linked", d / "libprofiler.so"
 
 
-@pytest.mark.parametrize("linked", [False, True], ids=["dlsym", "linked"])
+CUPTI_CALLERS = {"dlsym": lambda c: [str(c[1]), str(c[0])], "linked": lambda c: [str(c[2])],
+                 "library": lambda c: [str(c[1]), str(c[3]), "start"]}
+
+
+@pytest.mark.parametrize("caller", CUPTI_CALLERS)
 @pytest.mark.parametrize("probe", [None, "count"], ids=["standby", "patching"])
-def test_cupti_gets_the_tool_slot_from_standby(stub_job, stand_ins, cupti_apps, probe_obj, tmp_path, linked, probe):
+def test_cupti_gets_the_tool_slot_from_standby(stub_job, stand_ins, cupti_apps, probe_obj, tmp_path, caller, probe):
     """CUPTI and the sanitizer share the driver's one tool slot (on the H200 a job in standby broke
     --durations and torch.profiler). In standby the sanitizer gives it up at the job's first CUPTI call,
-    reached through dlsym or a link to libcupti; while a generation patches, it keeps it and CUPTI fails
-    as it would have, the job running on either way."""
-    cupti, app, app_linked = cupti_apps
+    reached through dlsym, a link to libcupti or a library dlopened locally that links it; while a
+    generation patches, it keeps it and CUPTI fails as it would have, the job running on either way."""
     env = stub_job.env(tmp_path / "log", EGPU_SANITIZER_LIB=str(stand_ins[0]))
-    args = ["--backend", "sass", *(["-p", str(probe_obj(probe))] if probe else []),
-            *([str(app_linked)] if linked else [str(app), str(cupti)])]
+    args = ["--backend", "sass", *(["-p", str(probe_obj(probe))] if probe else []), *CUPTI_CALLERS[caller](cupti_apps)]
     r = subprocess.run([sys.executable, "-c", "import launcher; launcher.run_main()", *args], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -223,6 +228,19 @@ def test_cupti_gets_the_tool_slot_from_standby(stub_job, stand_ins, cupti_apps, 
     else:
         assert "cupti register=39 enable=39 launch=0" in r.stdout, r.stdout
         assert "sanitizerUnsubscribe sub=1" not in calls and any(c.startswith("sanitizerPatchModule") for c in calls)
+
+
+@pytest.mark.parametrize("caller", CUPTI_CALLERS)
+def test_cupti_callers_reach_their_own_libcupti_outside_standby(stub_job, stand_ins, cupti_apps, tmp_path, caller):
+    """A job not in standby (the default) leaves CUPTI alone: a caller of any kind reaches the libcupti it
+    loaded, one dlopened locally as a library's dependency too (on the H200, torch.profiler saw no kernel
+    while the shim looked for kineto's libcupti in the global scope only)."""
+    env = stub_job.env(tmp_path / "log", EGPU_SANITIZER_LIB=str(stand_ins[0]))
+    r = subprocess.run([sys.executable, "-c", "import launcher; launcher.run_main()",
+                        *CUPTI_CALLERS[caller](cupti_apps)], env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "cupti register=0 enable=0 launch=0" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("probe", [None, "count"], ids=["no-kernel-probe", "kernel-probe"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -61,13 +62,22 @@ def _untimed(r: wr.LaneAccess) -> tuple:
     return (r.addr, r.kernel_id, r.launch_id, r.site, r.size, r.flags, r.sm, r.block, r.thread)
 
 
+def _same_lanes(expanded: list[wr.LaneAccess], per_lane: list[wr.LaneAccess]) -> None:
+    """The same lanes, as multisets; else a short account (pytest's own diff of 10^5 records runs minutes)."""
+    got, want = Counter(map(_untimed, expanded)), Counter(map(_untimed, per_lane))
+    same = got == want
+    assert same, (f"{len(expanded)} expanded lanes, {len(per_lane)} per-lane records; only expanded "
+                  f"({sum((got - want).values())}): {sorted(got - want)[:4]}; only per-lane "
+                  f"({sum((want - got).values())}): {sorted(want - got)[:4]}")
+
+
 def _both(cmd: list[str], env: dict[str, str], tmp_path: Path) -> tuple[list[wr.LaneAccess], list[bytes]]:
     """(access_trace's records, mem_trace_warp's) of one run each of cmd, after checking that the warp
     records expand to the per-lane ones."""
     per_lane = [_lane(v) for v in _records(cmd, _example("access_trace", tmp_path), "events", env)]
     raw = [bytes.fromhex(v) for v in _records(cmd, _example("mem_trace_warp", tmp_path), "warp_events", env)]
     expanded = [lane for r in raw for lane in wr.expand(r)]
-    assert sorted(map(_untimed, expanded)) == sorted(map(_untimed, per_lane))
+    _same_lanes(expanded, per_lane)
     ring = (sum(wr.LANE.size + 8 for _ in per_lane), sum(len(r) + 8 for r in raw))
     print(f"{Path(cmd[0]).name}: ring bytes per lane {ring[0]}, per warp {ring[1]} ({ring[0] / ring[1]:.1f}x fewer)")
     return per_lane, raw

@@ -49,6 +49,8 @@ API_KINDS = ("memcpy", "memset", "alloc", "free", "sync")  # host-API sections: 
 HOST_RUN: dict[str, str] = {"launch": "launch", "uvm": "host", **{k: "api" for k in API_KINDS}}
 SCOPES = ("warp", "block")  # besides the default, "thread"
 HOST_KINDS = ("uprobe", "uretprobe")
+# Kinds that see a job only when the runtime starts with CUDA, before any module load (config.EARLY_START).
+EARLY_KINDS = API_KINDS + ("uvm",)
 # Every kind whose programs run on the object's host copy of the maps (its host side, runtime/native.py).
 HOST_SIDE = frozenset(HOST_RUN) | frozenset(HOST_KINDS)
 MEMCAPTURE = "kprobe/__memcapture"  # bpftime's section for a probe at every memory access

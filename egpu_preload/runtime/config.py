@@ -17,8 +17,10 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_TRACE    the trace file: every ring record goes there while the job runs (runtime/streaming.py)
     EGPU_ON_FULL  drop | wait: what a probe's record meets in a full ring (translate/devmaps.py)
     EGPU_UPROBES  targets of bare uprobes (egpu-run --uprobe), a JSON object {PROG: "PATH:SYMBOL"}
-    EGPU_HOST_APIS  1: a probe has host-API programs; the shim's first copy, allocation or sync hook
-                  starts the runtime (shim/hostapi.c), before the first module load would
+    EGPU_EARLY_START  1: the runtime starts with CUDA (the shim's cuInit hook, else its first copy,
+                  allocation or sync hook), not at the first module load: host-API probes and CUPTI
+                  (--durations, --perfetto, egpu/uvm) see a job from its first call, even one that loads
+                  no code, and CUPTI's unified-memory counters are set before the first context
 
 Not egpu's own: RANK, else LOCAL_RANK (set by torchrun for each worker) name a process's rank (``rank``).
 """
@@ -45,7 +47,7 @@ LAUNCH_VMS = ("c", "python")
 TRACE, ON_FULL = "EGPU_TRACE", "EGPU_ON_FULL"
 ON_FULLS = ("drop", "wait")
 UPROBES = "EGPU_UPROBES"
-HOST_APIS = "EGPU_HOST_APIS"
+EARLY_START = "EGPU_EARLY_START"
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class Config:
     trace: Path | None = None
     on_full: str = "drop"
     uprobes: Mapping[str, str] = field(default_factory=dict)
-    host_apis: bool = False
+    early_start: bool = False
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -83,7 +85,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
                   trace=Path(env[TRACE]) if env.get(TRACE) else None,
                   on_full=env.get(ON_FULL) if env.get(ON_FULL) in ON_FULLS else Config.on_full,
                   uprobes=_uprobes(env.get(UPROBES, "")),
-                  host_apis=env.get(HOST_APIS) == "1")
+                  early_start=env.get(EARLY_START) == "1")
 
 
 def to_env(cfg: Config) -> dict[str, str]:
@@ -103,7 +105,7 @@ def to_env(cfg: Config) -> dict[str, str]:
             TRACE: str(cfg.trace) if cfg.trace else "",
             ON_FULL: cfg.on_full,
             UPROBES: json.dumps(dict(cfg.uprobes)) if cfg.uprobes else "",
-            HOST_APIS: "1" if cfg.host_apis else ""}
+            EARLY_START: "1" if cfg.early_start else ""}
 
 
 def _probes(text: str) -> tuple[Path, ...]:

@@ -399,6 +399,7 @@ class Runtime:
         self.context, self.maps, self.memory = ctx, maps, memory
         if self.cfg.trace is not None:
             self.streaming = streaming.Streaming(self.cfg.trace, self.probes, maps, memory)
+            self.exit.arm()  # after pyarrow's libraries registered their teardown: the dump's drain precedes it
 
     def _align_clocks(self, memory: ContextMemory) -> None:
         """Put launch probes' clock on the GPU's: their times are CLOCK_REALTIME, GPU probes' %globaltimer."""
@@ -453,7 +454,7 @@ class Runtime:
         live_host = self.live.host.detach_all()   # probes attached live: their uprobes' maps
         if self.drainer is not None:
             self.drainer.stop()
-        if self.cfg.session is None or not (self.loads or self.cfg.host_apis):
+        if self.cfg.session is None or not (self.loads or self.cfg.early_start):
             return
         probes, error, states, trace = [], None, None, None
         if self.maps:

@@ -66,6 +66,7 @@ int main(int argc, char **argv) {
     std::printf("EXPECT ALLOC_DEVICE %zu 2\n", bytes);
     std::printf("EXPECT ALLOC_HOST %zu 1\n", bytes);
     std::printf("EXPECT FREE_DEVICE %zu 2\n", bytes);
+    std::printf("EXPECT FREE_HOST %zu 1\n", bytes);
     std::printf("EXPECT SYNC_STREAM 2\n");
     return 0;
 }

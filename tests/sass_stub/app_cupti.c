@@ -1,6 +1,8 @@
 /* A job that turns on CUPTI after its first kernel, as torch.profiler does (tests/test_sass_live.py):
  * `app_cupti LIBCUPTI` dlopens the stand-in CUPTI locally and calls it through dlsym; built with
- * -DLINKED it calls the one it was linked with. Prints "cupti register=R enable=E launch=L". */
+ * -DLINKED it calls the one it was linked with; `app_cupti LIBPROFILER start` dlopens profiler_lib.c's
+ * library locally, which calls the libcupti it was linked with, as torch's kineto does. Prints
+ * "cupti register=R enable=E launch=L". */
 #include <dlfcn.h>
 #include <stdio.h>
 
@@ -24,10 +26,15 @@ int main(int argc, char **argv) {
     (void)argc, (void)argv;
     int reg = cuptiActivityRegisterCallbacks(NULL, NULL), en = cuptiActivityEnable(10);
 #else
-    void *cupti = argc > 1 ? dlopen(argv[1], RTLD_NOW | RTLD_LOCAL) : NULL;
-    if (!cupti) return 5;
-    int reg = ((fn)dlsym(cupti, "cuptiActivityRegisterCallbacks"))(NULL, NULL);
-    int en = ((fn)dlsym(cupti, "cuptiActivityEnable"))(10);
+    void *lib = argc > 1 ? dlopen(argv[1], RTLD_NOW | RTLD_LOCAL) : NULL;
+    if (!lib) return 5;
+    int reg, en;
+    if (argc > 2) {
+        reg = ((int (*)(int *))dlsym(lib, "profiler_start"))(&en);
+    } else {
+        reg = ((fn)dlsym(lib, "cuptiActivityRegisterCallbacks"))(NULL, NULL);
+        en = ((fn)dlsym(lib, "cuptiActivityEnable"))(10);
+    }
 #endif
     printf("cupti register=%d enable=%d launch=%d\n", reg, en, launch(f, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
     return 0;
