@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
+import types
 from pathlib import Path
 
 import msgpack
@@ -375,3 +377,33 @@ def test_a_table_that_cannot_be_filled_sends_launches_to_the_original(stub_job, 
     (m,) = doc["modules"]
     assert m["status"].startswith("failed: cannot fill the map table: ")
     assert m["kernels"][0][:2] == ["vecadd", "failed"]
+
+
+class _CxaAtexit:
+    """A stand-in for C's __cxa_atexit: records registrations, registers nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.argtypes = None
+
+    def __call__(self, *args) -> int:
+        self.calls.append(args)
+        return 0
+
+
+def test_the_exit_hook_registers_again_once_python_loaded_modules(monkeypatch):
+    """An embedded runtime's dump runs among C's exit handlers, last registered first: the hook
+    registers again after Python loaded modules (pyarrow, pandas under its first write register
+    their teardown as they load), so that it runs before their teardown."""
+    from egpu_preload.runtime import exit_hook
+    cxa = _CxaAtexit()
+    monkeypatch.setattr(exit_hook.sys, "orig_argv", [])
+    monkeypatch.setattr(exit_hook.ctypes, "CDLL", lambda _: {"__cxa_atexit": cxa})
+    hook = exit_hook.ExitHook(lambda: None)
+    assert len(cxa.calls) == 1
+    hook.rearm_if_loaded()
+    assert len(cxa.calls) == 1
+    monkeypatch.setitem(sys.modules, "egpu_test_loaded_late", types.ModuleType("egpu_test_loaded_late"))
+    hook.rearm_if_loaded()
+    hook.rearm_if_loaded()
+    assert len(cxa.calls) == 2

@@ -33,8 +33,6 @@ not fill, no original can be loaded beside it.
 
 from __future__ import annotations
 
-import atexit
-import ctypes
 import dataclasses
 import hashlib
 import os
@@ -55,6 +53,7 @@ from egpu_preload.runtime import (config, dump, durations, hooks, launches, live
                                   uprobes)
 from egpu_preload.runtime.config import Config, from_env
 from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, ContextMemory, Driver
+from egpu_preload.runtime.exit_hook import ExitHook
 from egpu_preload.runtime.probes import Probe, load_probes
 from egpu_preload.translate.devmaps import DeviceMaps
 from egpu_preload.translate.rewrite import KernelStatus, instrument
@@ -98,47 +97,6 @@ class Module:
         return {"api": self.api, "call": self.call, "image": self.image, "status": self.status,
                 "backend": self.backend, "timing": dict(self.timing),
                 "kernels": [[k.name, k.status, k.reason] for k in self.kernels.values()]}
-
-
-class ExitHook:
-    """Runs ``fn`` once at exit, in this process only (not in a forked child), while CUDA is still up.
-
-    Python programs: Python's atexit, which runs before the interpreter and the CUDA libraries tear
-    down. A multiprocessing worker started by fork or forkserver ends in os._exit, past atexit: its
-    process's _bootstrap runs multiprocessing's exit finalizers first, so the hook is one of those too
-    (where multiprocessing is loaded; a spawned worker runs both, the first one dumps). Other programs
-    (Python embedded by the shim, never finalized): C's exit handlers, which run last registered first,
-    so ``arm`` registers again whenever more CUDA work may have registered its own teardown (cudart
-    registers at its initialization, before our first hook)."""
-
-    def __init__(self, fn: Callable[[], None]) -> None:
-        self.fn = fn
-        self.pid = os.getpid()
-        self.done = False
-        self._callback: Any = None
-        if sys.orig_argv:  # empty when Python was started by an embedding library
-            atexit.register(self.run)
-            workers = sys.modules.get("multiprocessing.util")
-            if workers is not None:
-                workers.Finalize(None, self.run, exitpriority=0)
-        else:
-            self._callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: self.run())
-            self._cxa_atexit = ctypes.CDLL(None)["__cxa_atexit"]
-            self._cxa_atexit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-            self.arm()
-
-    def arm(self) -> None:
-        if self._callback is not None:
-            self._cxa_atexit(ctypes.cast(self._callback, ctypes.c_void_p), None, None)
-
-    def run(self) -> None:
-        if self.done or os.getpid() != self.pid:
-            return
-        self.done = True
-        try:
-            self.fn()
-        except Exception as e:  # never a traceback in the application's exit
-            print(f"egpu: exit dump failed: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 class Runtime:
@@ -398,8 +356,9 @@ class Runtime:
             self._align_clocks(memory)   # globaltimer_offset makes the maps' context current itself
         self.context, self.maps, self.memory = ctx, maps, memory
         if self.cfg.trace is not None:
-            self.streaming = streaming.Streaming(self.cfg.trace, self.probes, maps, memory)
-            self.exit.arm()  # after pyarrow's libraries registered their teardown: the dump's drain precedes it
+            self.streaming = streaming.Streaming(self.cfg.trace, self.probes, maps, memory,
+                                                 after_write=self.exit.rearm_if_loaded)
+            self.exit.rearm_if_loaded()
 
     def _align_clocks(self, memory: ContextMemory) -> None:
         """Put launch probes' clock on the GPU's: their times are CLOCK_REALTIME, GPU probes' %globaltimer."""

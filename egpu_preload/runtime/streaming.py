@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,10 @@ def _layout(btf: btfmod.Btf | None) -> tracefile.RecordLayout | None:
 class Streaming:
     """The reader thread and the trace file of one process."""
 
-    def __init__(self, path: Path, probes: list[Probe], maps: list[DeviceMaps], memory: Memory) -> None:
+    def __init__(self, path: Path, probes: list[Probe], maps: list[DeviceMaps], memory: Memory,
+                 after_write: Callable[[], None] = lambda: None) -> None:
+        """``after_write``: called on the reader's thread after each batch written (the exit hook re-arms
+        there when the writer loaded libraries)."""
         drained = rings(probes, maps)
         self.names = [name for name, _, _ in drained]
         self.readers = [RingReader(memory, maps[k].addrs[i], maps[k].layouts[i]) for _, (k, i), _ in drained]
@@ -78,6 +82,7 @@ class Streaming:
         except EgpuError as e:   # still drained, so that rings made to wait never stop the job
             self.writer, self.error = None, str(e)
             print(f"egpu[{os.getpid()}]: {e}; the job's records are read and thrown away", file=sys.stderr)
+        self.after_write = after_write
         self.drain = RingDrain(self.readers, self._write).start()
 
     def _write(self, index: int, records: list[Record]) -> None:
@@ -86,6 +91,7 @@ class Streaming:
         if self.writer is not None and self.error is None:
             try:
                 self.writer.add(index, records)
+                self.after_write()
             except Exception as e:  # noqa: BLE001  (pyarrow's and the OS's errors alike)
                 self.error = f"cannot write the trace: {e}"
                 print(f"egpu[{os.getpid()}]: {self.path}: {self.error}", file=sys.stderr)
