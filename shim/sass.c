@@ -106,7 +106,7 @@ static struct {
 
 /* sass_patch.Record, padded to 64 bytes */
 struct record {
-    unsigned long long kernel_id, launch_id, start, mask, tables, generation, pad[2];
+    unsigned long long kernel_id, launch_id, start, mask, tables, generation, stream, pad;
 };
 #define RING 4096 /* records per context: a slot is reused after RING later launches in that context */
 
@@ -553,7 +553,8 @@ static void launch_begin(const san_launch_data *ld) {
     struct context *c = context_of(ld->context, 0);
     if (!f || !f->mask || !tables || !c || !c->ring) return;
     unsigned long long slot = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed) % RING;
-    struct record r = {f->kernel_id, launch_id, f->start, f->mask, tables, g->id, {0, 0}};
+    struct record r = {f->kernel_id, launch_id, f->start, f->mask, tables, g->id,
+                       (unsigned long long)(uintptr_t)ld->hStream, 0};
     /* Stream-ordered before the kernel, which is not enqueued yet at LAUNCH_BEGIN; the sanitizer stages
      * the pageable source before returning. */
     if (ok(san.sanitizerMemcpyHostToDeviceAsync(c->ring + slot, &r, sizeof r, ld->hStream),

@@ -283,10 +283,13 @@ def test_context_words_hold_the_site_values():
     site, size, flags = 2, 8, C.FLAG_LOAD   # the ld is the kernel's second instruction, ret the third
     assert f"ld.param.u64 %__egpu_c1, [{LAUNCH_PARAM}];" in lines
     assert lines[lines.index("ld.param.b64 %__egpu_t, [k_0];") + 1] == "mov.b64 %__egpu_c5, %__egpu_t;"
+    at = lines.index("mov.b64 %__egpu_c13, 2;")   # nargs in the low half, grid.x (%nctaid.x) in the high
+    assert lines[at + 1:at + 5] == ["mov.u32 %__egpu_w, %nctaid.x;", "cvt.u64.u32 %__egpu_t, %__egpu_w;",
+                                    "shl.b64 %__egpu_t, %__egpu_t, 32;", "or.b64 %__egpu_c13, %__egpu_c13, %__egpu_t;"]
     at = lines.index("mov.b64 %__egpu_a, %rd1;")
     assert lines[at + 1:at + 3] == ["add.s64 %__egpu_a, %__egpu_a, 8;", "cvta.global.u64 %__egpu_a, %__egpu_a;"]
     words = {0: C.kernel_id("k"), 1: "%__egpu_c1", 2: "%__egpu_a", 3: site | size << 32,
-             4: flags | C.KIND_MEM << 32, 5: "%__egpu_c5", 13: 2}   # 13: nargs, and grid[0] = 0 in kernels
+             4: flags | C.KIND_MEM << 32, 5: "%__egpu_c5", 13: "%__egpu_c13"}   # 13: nargs and grid.x
     assert lines[at + 3:at + 10] == [f"st.param.b64 [__egpu_cw{w}], {v};" for w, v in words.items()]
     exit_words = {**words, 3: 3, 4: C.KIND_EXIT << 32}
     at = lines.index("mov.u64 %__egpu_a, 0;")   # no address at an exit

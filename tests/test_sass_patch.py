@@ -23,9 +23,17 @@ needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas no
 COUNTS = [prog.MapDef("counts", 2, 4, 8, 1)]  # ARRAY, key u32, value u64, 1 entry
 
 
-def obj_of(sections: list[tuple[str, str, str, str]], maps=COUNTS, path="p.bpf.o") -> prog.BpfObject:
-    """An object with one program per (section, kind, glob, scope) counting into map 0."""
-    progs = [prog.Program(f"p{k}", sec, prog.Attach(kind, glob, scope), assemble(COUNTER))
+# Every field a kernel site can read, each at a fixed offset (so the probe takes context words), and a
+# load whose offset differs by path (so it takes a %ctx address).
+FIXED_READS = "\n".join(f"r2 = *(u{8 * f.size} *)(r1 + {f.offset + f.size * e})" for f in C.FIELDS
+                        if f.name != "pad" for e in range(f.count)) + "\nr0 = 0\nexit"
+PATH_READS = "r2 = *(u32 *)(r1 + 24)\nif r2 == 0 goto +1\nr1 += 84\nr0 = *(u32 *)(r1 + 24)\nexit"
+
+
+def obj_of(sections: list[tuple[str, str, str, str]], maps=COUNTS, path="p.bpf.o", code=COUNTER) -> prog.BpfObject:
+    """An object with one program per (section, kind, glob, scope) running ``code`` (default: counting
+    into map 0)."""
+    progs = [prog.Program(f"p{k}", sec, prog.Attach(kind, glob, scope), assemble(code))
              for k, (sec, kind, glob, scope) in enumerate(sections)]
     return prog.BpfObject(path, progs, maps)
 
@@ -86,13 +94,13 @@ def test_probe_takes_its_table_as_a_parameter():
 
 
 def _program_block(ptx: str, bit: int) -> str:
-    """The code that runs program ``bit``: from the label before it (or the context's address) to its own."""
+    """The code that runs program ``bit``: from the label before it (or the table's load) to its own."""
     end = ptx.index(f"$Lskip{bit}:")
-    return ptx[max(ptx.rfind("cvta.local.u64 %c, __ctx;", 0, end), ptx.rfind(f"$Lskip{bit - 1}:", 0, end)):end]
+    return ptx[max(ptx.rfind(f"[%u+{RECORD.TABLES}];", 0, end), ptx.rfind(f"$Lskip{bit - 1}:", 0, end)):end]
 
 
 @pytest.mark.parametrize("kind, scope, present, absent", [
-    ("entry", "thread", [f"st.local.u32 [__ctx+{C.BY_NAME['kind'].offset}], %w0;"], ["activemask", "%tid"]),
+    ("entry", "thread", [], ["activemask", "%tid"]),
     ("entry", "warp", ["activemask.b32 %w0;", "%lanemask_lt"], ["%tid"]),
     ("entry", "block", ["mov.u32 %w0, %tid.x;", "%tid.z"], ["activemask"]),
     ("load", "thread", [f"and.b32 %w0, %flags_e, {C.FLAG_LOAD};"], []),
@@ -106,17 +114,39 @@ def test_selection_per_program(kind, scope, present, absent):
         assert s in pm.ptx
     for s in absent:
         assert s not in block
-    assert f"call (%rv), {pm.programs[0].func}, (%a0, %a1);" in block
+    # the counter reads no context: it takes only its table, and nothing is stored to local memory
+    assert f"call (%rv), {pm.programs[0].func}, (%a0);" in block and "__ctx" not in pm.ptx
 
 
 def test_record_and_ctx_fields_read_where_sass_c_writes_them():
-    pm = patch_module([obj_of([("m", "mem", "*", "thread")])])
-    for off in (RECORD.KERNEL_ID, RECORD.LAUNCH_ID, RECORD.START, RECORD.MASK, RECORD.TABLES):
+    pm = patch_module([obj_of([("m", "mem", "*", "thread")], code=FIXED_READS)])
+    for off in (RECORD.KERNEL_ID, RECORD.LAUNCH_ID, RECORD.START, RECORD.MASK, RECORD.TABLES, RECORD.STREAM):
         assert f"[%u+{off}]" in pm.ptx
-    for f in ("kernel_id", "launch_id", "addr", "size", "flags", "site", "kind"):
-        assert f"[__ctx+{C.BY_NAME[f].offset}]" in pm.ptx
+    for reg in ("%nctaid.x", "%nctaid.y", "%nctaid.z", "%ntid.x", "%ntid.y", "%ntid.z", "[%ptr]", "[%size]", "[%pc]"):
+        assert reg in pm.ptx
     # NULL userdata (a kernel no probe selects) returns before touching anything
     assert re.search(r"ld\.param\.b64 %u, \[%ud\];\s+setp\.eq\.u64 %p0, %u, 0;\s+@%p0 bra \$Ldone;", pm.ptx)
+
+
+def test_context_words_go_as_parameters_and_only_those_read():
+    """A program whose context loads the verifier pinned takes exactly those words, in registers; one
+    whose load moves with the path gets a %ctx holding the words of the fields it reads, and no others."""
+    words = patch_module([obj_of([("m", "mem", "*", "thread")], code="r0 = *(u32 *)(r1 + 112)\nexit")])
+    assert "__ctx" not in words.ptx and words.programs[0].words == (14,)   # grid[1] and grid[2]
+    assert "%nctaid.y" in words.ptx and "%nctaid.z" in words.ptx and "%ntid" not in words.ptx
+    assert f"call (%rv), {words.programs[0].func}, (%a0, %a1);" in words.ptx
+    by_path = patch_module([obj_of([("m", "mem", "*", "thread")], code=PATH_READS)])
+    assert by_path.programs[0].words is None
+    stores = sorted(int(m) for m in re.findall(r"st\.local\.u64 \[__ctx\+(\d+)\]", by_path.ptx))
+    assert stores == [24, 104, 112]   # site's word, and grid's (ctx + 108 is grid[0]): no others
+
+
+@needs_ptxas
+@pytest.mark.parametrize("kind", ["entry", "exit", "mem"])
+@pytest.mark.parametrize("code", [FIXED_READS, PATH_READS], ids=["words", "address"])
+def test_context_forms_assemble_as_a_tools_patch(kind, code, tmp_path):
+    pm = patch_module([obj_of([("s", kind, "*", "thread"), ("t", kind, "*", "warp")], code=code)])
+    assert build_image(pm.ptx, 90, tmp_path).read_bytes()[:4] == b"\x7fELF"
 
 
 def test_programs_and_objects_are_numbered_in_order():

@@ -39,10 +39,10 @@ FIELDS: tuple[Field, ...] = (
     Field("kind", 36, 4),       # KIND_*
     Field("args", 40, 8, MAX_ARGS),  # the kernel's first parameters, each zero-extended to 64 bits
     Field("nargs", 104, 4),
-    Field("grid", 108, 4, 3),   # launch probes: gridDim
-    Field("block", 120, 4, 3),  # launch probes: blockDim
+    Field("grid", 108, 4, 3),   # gridDim (kernel sites: %nctaid)
+    Field("block", 120, 4, 3),  # blockDim (kernel sites: %ntid)
     Field("pad", 132, 4),
-    Field("stream", 136, 8),    # launch probes: the CUstream handle
+    Field("stream", 136, 8),    # the CUstream handle: launch probes, and kernel sites on the SASS back end
 )
 SIZE = 144
 WORDS = SIZE // 8

@@ -133,10 +133,10 @@ struct egpu_ctx {
 	__u32 kind;        /* EGPU_KIND_* */
 	__u64 args[EGPU_MAX_ARGS]; /* the kernel's first parameters, each zero-extended to 64 bits */
 	__u32 nargs;
-	__u32 grid[3];     /* launch probes: gridDim */
-	__u32 block[3];    /* launch probes: blockDim */
+	__u32 grid[3];     /* gridDim (kernel sites too: %nctaid) */
+	__u32 block[3];    /* blockDim (kernel sites too: %ntid) */
 	__u32 pad;
-	__u64 stream;      /* launch probes: the CUstream handle */
+	__u64 stream;      /* the CUstream handle: launch probes; kernel sites on the SASS back end */
 };
 _Static_assert(sizeof(struct egpu_ctx) == 144, "struct egpu_ctx must match egpu_preload/bpf/ctx.py");
 

@@ -63,6 +63,8 @@ def ctx_word_reg(word: int) -> str:
 
 
 TABLE_PARAM, TABLE_REG = "%maps", "%maptab"
+# Where a kernel's own code reads the launch dimensions of struct egpu_ctx (its .x, .y, .z elements).
+DIM_REGISTERS = {"grid": "%nctaid", "block": "%ntid"}
 
 
 def lit(v: int, bits: int = 64) -> str:

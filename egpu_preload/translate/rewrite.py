@@ -77,6 +77,7 @@ from egpu_preload.bpf.verifier import VerifiedProgram, verify
 from egpu_preload.errors import PtxError
 from egpu_preload.translate import ptx
 from egpu_preload.translate.demangle import matches
+from egpu_preload.translate.emitter import DIM_REGISTERS
 from egpu_preload.translate.striping import stripe_counters
 
 LAUNCH_PARAM = "__egpu_launch_id"
@@ -92,7 +93,7 @@ _MEMORY_OPS = {"ld": C.FLAG_LOAD, "ldu": C.FLAG_LOAD, "st": C.FLAG_STORE,
                "cp": C.FLAG_LOAD}   # cp.async.{ca,cg}: checked in memory_access
 _DECLS = (".reg", ".local", ".shared", ".param", ".const", ".global")
 _SITE_FIELDS = ("site", "size", "flags", "kind")   # and addr: stored at each site, the rest at entry
-_ZERO_FIELDS = ("grid", "block", "pad", "stream")  # launch probes only: zero in kernels
+_ZERO_FIELDS = ("pad", "stream")  # zero in kernels (a kernel does not know its stream)
 # Context word -> the (field, bit shift, mask) of each field element in it.
 _WORD_FIELDS: dict[int, list[tuple[str, int, int]]] = {w: [] for w in range(C.WORDS)}
 for _f in C.FIELDS:
@@ -368,6 +369,11 @@ class _Kernel:
         if "nargs" in reads:
             lines += [f"mov.u32 %{PREFIX}_w, {len(params)};",
                       f"st.local.u32 [{PREFIX}_ctx+{F['nargs'].offset}], %{PREFIX}_w;"]
+        for name, special in DIM_REGISTERS.items():
+            if name in reads:
+                lines += [line for e, axis in enumerate("xyz") for line in (
+                    f"mov.u32 %{PREFIX}_w, {special}.{axis};",
+                    f"st.local.u32 [{PREFIX}_ctx+{F[name].offset + 4 * e}], %{PREFIX}_w;")]
         zero = [F[name] for name in _ZERO_FIELDS if name in reads]
         if zero:
             lines += [f"mov.u32 %{PREFIX}_w, 0;", f"mov.u64 %{PREFIX}_t, 0;"]
@@ -386,18 +392,28 @@ class _Kernel:
             return f"%{PREFIX}_a"
         if names & set(_SITE_FIELDS):
             return None
-        if "launch_id" in names:
+        if "launch_id" in names or names & set(DIM_REGISTERS):
             return f"%{PREFIX}_c{word}"
         if "args" in names:
             return f"%{PREFIX}_c{word}" if word - C.BY_NAME["args"].offset // 8 < len(self.fn.params) else "0"
         values = {"kernel_id": C.kernel_id(self.fn.name), "nargs": min(len(self.fn.params), C.MAX_ARGS)}
-        return str(_pack(word, values))   # launch-only fields (grid, block, stream) are 0 in kernels
+        return str(_pack(word, values))   # stream is 0 in kernels
 
     def _word_code(self, word: int) -> list[str]:
-        """PTX filling %__egpu_c<word> with a per-kernel word: the launch id, or a kernel parameter."""
+        """PTX filling %__egpu_c<word> with a per-kernel word: the launch id, launch dimensions (with
+        nargs beside grid.x), or a kernel parameter."""
         reg = f"%{PREFIX}_c{word}"
         if word == C.BY_NAME["launch_id"].offset // 8:
             return [f"ld.param.u64 {reg}, [{LAUNCH_PARAM}];"]
+        dims = [(name, shift) for name, shift, _ in _WORD_FIELDS[word] if name in DIM_REGISTERS]
+        if dims:
+            out = [f"mov.b64 {reg}, {_pack(word, {'nargs': min(len(self.fn.params), C.MAX_ARGS)})};"]
+            for name, shift in dims:
+                axis = "xyz"[(8 * word + shift // 8 - C.BY_NAME[name].offset) // 4]
+                out += [f"mov.u32 %{PREFIX}_w, {DIM_REGISTERS[name]}.{axis};", f"cvt.u64.u32 %{PREFIX}_t, %{PREFIX}_w;"]
+                out += [f"shl.b64 %{PREFIX}_t, %{PREFIX}_t, {shift};"] if shift else []
+                out.append(f"or.b64 {reg}, {reg}, %{PREFIX}_t;")
+            return out
         return _load_param(self.fn.params[word - C.BY_NAME["args"].offset // 8]) + [f"mov.b64 {reg}, %{PREFIX}_t;"]
 
     def _site(self, ins: ptx.Instruction | None, index: int, kind: int, acc: "Access | None",

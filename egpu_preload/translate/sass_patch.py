@@ -21,7 +21,10 @@ writes at every launch (shim/sass.c, RECORD below); NULL (a kernel no probe sele
 ctx fields on this back end: kernel_id and launch_id as on the PTX back end; site = the SASS
 instruction index, (pc - function start) / 16; addr, size as the hardware accesses them; flags from
 Sanitizer_DeviceMemoryFlags (READ load, WRITE store, both or ATOMSYS atomic, so a ``red`` counts as a
-store); args, nargs, grid, block and stream are zero (a patch cannot see the kernel's parameters).
+store); grid and block from %nctaid and %ntid; stream the launch's, as the sanitizer reports it; args
+and nargs are zero (a patch cannot see the kernel's parameters). Only the context words a program
+reads are made, and a program whose reads the verifier pinned to fixed offsets takes them as
+parameters (module.probe_function's ``ctx_params``), as in instrumented kernels: no local memory at all.
 Scopes as in rewrite.py: warp = the lowest lane of ``activemask`` at the call, block = thread (0,0,0).
 
 ``build_image`` runs ``ptxas --compile-as-tools-patch`` once per (module text, sm) and keeps the cubin
@@ -41,7 +44,7 @@ from pathlib import Path
 from ..bpf import ctx as C
 from ..bpf.program import Attach, BpfObject
 from ..errors import TranslateError
-from .emitter import lit
+from .emitter import DIM_REGISTERS, lit
 from .module import PTX_VERSION, SM_MIN, header, probe_function
 
 ENTER, EXIT, MEM = "egpu_sass_block_enter", "egpu_sass_block_exit", "egpu_sass_global_access"
@@ -62,7 +65,8 @@ class Record:
     MASK = 24        # u64 bit k: program k runs in this kernel
     TABLES = 32      # u64 global address of the table block (each object's map table, back to back)
     GENERATION = 40  # u64 the generation whose image patched the kernel (read by the stand-in, not here)
-    SIZE = 48
+    STREAM = 48      # u64 ctx.stream: the launch's CUstream (the sanitizer's hStream)
+    SIZE = 56
 
 
 RECORD = Record()
@@ -74,6 +78,8 @@ class PatchProgram:
     obj: int          # index of its object: its table starts at PatchModule.table_offsets[obj]
     attach: Attach
     func: str
+    words: tuple[int, ...] | None = None   # the context words it takes as parameters; None: a %ctx address
+    fields: frozenset[str] = C.ALL_FIELDS  # the context fields it reads (what a %ctx must hold)
 
 
 @dataclass(frozen=True)
@@ -120,8 +126,8 @@ def patch_module(objects: list[BpfObject]) -> PatchModule:
             if len(programs) == MAX_PROGRAMS:
                 raise TranslateError(f"more than {MAX_PROGRAMS} kernel-site programs for the SASS back end",
                                      file=obj.path, section=prog.section)
-            pp = probe_function(prog, obj, table_param=True)
-            programs.append(PatchProgram(len(programs), j, prog.attach, pp.name))
+            pp = probe_function(prog, obj, table_param=True, ctx_params=True)
+            programs.append(PatchProgram(len(programs), j, prog.attach, pp.name, pp.ctx_words, pp.ctx_fields))
             funcs.append(pp.func)
             version = max(version, pp.version)
     bases = tuple(e for e in (ENTER, EXIT, MEM) if any(KINDS[p.attach.kind] == e for p in programs))
@@ -138,10 +144,14 @@ def _entry(name: str, programs: list[PatchProgram], offsets: list[int]) -> str:
     mem = name == MEM
     params = ["%ud", "%pc"] + (["%ptr", "%size", "%flags", "%data"] if mem else [])
     types = {"%size": ".b32", "%flags": ".b32"}
+    by_ctx = [p for p in programs if p.words is None]
+    stored = _words_holding(frozenset().union(*(p.fields for p in by_ctx)))
+    words = sorted(stored.union(*(p.words for p in programs if p.words is not None)))
     out = [f".visible .func (.param .b32 %res) {name}("
            + ", ".join(f".param {types.get(p, '.b64')} {p}" for p in params) + ")", "{",
-           f"\t.local .align 8 .b8 __ctx[{C.SIZE}];",
+           *([f"\t.local .align 8 .b8 __ctx[{C.SIZE}];"] if by_ctx else []),
            "\t.reg .b64 %u, %mask, %tab, %c, %t<3>;", "\t.reg .b32 %w<4>, %flags_e;", "\t.reg .pred %p<2>;",
+           *(f"\t.reg .b64 %cw{w};" for w in words),
            "\tld.param.b64 %u, [%ud];", "\tsetp.eq.u64 %p0, %u, 0;", "\t@%p0 bra $Ldone;"]
     if mem:
         # Sanitizer_DeviceMemoryFlags: READ 1, WRITE 2, ATOMSYS 4, PREFETCH 8. A prefetch is no access.
@@ -149,24 +159,12 @@ def _entry(name: str, programs: list[PatchProgram], offsets: list[int]) -> str:
                 "\t@%p0 bra $Ldone;", "\tsetp.eq.u32 %p1, %flags_e, 3;", "\tand.b32 %w1, %w0, 4;",
                 "\tsetp.ne.or.u32 %p1, %w1, 0, %p1;", f"\tselp.b32 %w1, {C.FLAG_ATOMIC}, 0, %p1;",
                 "\tor.b32 %flags_e, %flags_e, %w1;"]
-    out += [f"\tld.global.u64 %mask, [%u+{RECORD.MASK}];", f"\tld.global.u64 %tab, [%u+{RECORD.TABLES}];",
-            "\tmov.b64 %t0, 0;"]
-    out += [f"\tst.local.u64 [__ctx+{8 * k}], %t0;" for k in range(C.SIZE // 8)]
-    field = C.BY_NAME
-    out += [f"\tld.global.u64 %t0, [%u+{RECORD.KERNEL_ID}];",
-            f"\tst.local.u64 [__ctx+{field['kernel_id'].offset}], %t0;",
-            f"\tld.global.u64 %t0, [%u+{RECORD.LAUNCH_ID}];",
-            f"\tst.local.u64 [__ctx+{field['launch_id'].offset}], %t0;",
-            f"\tmov.u32 %w0, {_KIND[name]};", f"\tst.local.u32 [__ctx+{field['kind'].offset}], %w0;"]
-    if name != ENTER:   # site: the SASS instruction index (16-byte instructions since sm_70); entry: 0
-        out += ["\tld.param.b64 %t0, [%pc];", f"\tld.global.u64 %t1, [%u+{RECORD.START}];",
-                "\tsetp.lo.u64 %p0, %t0, %t1;", "\t@!%p0 sub.u64 %t0, %t0, %t1;", "\tshr.u64 %t0, %t0, 4;",
-                "\tcvt.u32.u64 %w0, %t0;", f"\tst.local.u32 [__ctx+{field['site'].offset}], %w0;"]
-    if mem:
-        out += ["\tld.param.b64 %t0, [%ptr];", f"\tst.local.u64 [__ctx+{field['addr'].offset}], %t0;",
-                "\tld.param.b32 %w0, [%size];", f"\tst.local.u32 [__ctx+{field['size'].offset}], %w0;",
-                f"\tst.local.u32 [__ctx+{field['flags'].offset}], %flags_e;"]
-    out.append("\tcvta.local.u64 %c, __ctx;")
+    out += [f"\tld.global.u64 %mask, [%u+{RECORD.MASK}];", f"\tld.global.u64 %tab, [%u+{RECORD.TABLES}];"]
+    for w in words:
+        out += _word(name, w)
+    if by_ctx:
+        out += [f"\tst.local.u64 [__ctx+{8 * w}], %cw{w};" for w in sorted(stored)]
+        out.append("\tcvta.local.u64 %c, __ctx;")
     for p in programs:
         skip = f"$Lskip{p.bit}"
         out += [f"\tand.b64 %t0, %mask, {lit(1 << p.bit)};", "\tsetp.eq.u64 %p0, %t0, 0;", f"\t@%p0 bra {skip};"]
@@ -174,12 +172,59 @@ def _entry(name: str, programs: list[PatchProgram], offsets: list[int]) -> str:
         if want:
             out += [f"\tand.b32 %w0, %flags_e, {want};", "\tsetp.eq.u32 %p0, %w0, 0;", f"\t@%p0 bra {skip};"]
         out += _scope(p.attach.scope, skip)
-        out += [f"\tadd.u64 %t1, %tab, {offsets[p.obj]};", "\t{", "\t\t.param .b64 %rv;", "\t\t.param .b64 %a0;",
-                "\t\t.param .b64 %a1;", "\t\tst.param.b64 [%a0], %c;", "\t\tst.param.b64 [%a1], %t1;",
-                f"\t\tcall (%rv), {p.func}, (%a0, %a1);", "\t}", f"{skip}:"]
+        args = ["%c"] if p.words is None else [f"%cw{w}" for w in p.words]
+        formal = [f"%a{k}" for k in range(len(args) + 1)]
+        out += [f"\tadd.u64 %t1, %tab, {offsets[p.obj]};", "\t{", "\t\t.param .b64 %rv;",
+                *(f"\t\t.param .b64 {a};" for a in formal),
+                *(f"\t\tst.param.b64 [{a}], {v};" for a, v in zip(formal, [*args, "%t1"])),
+                f"\t\tcall (%rv), {p.func}, ({', '.join(formal)});", "\t}", f"{skip}:"]
     out += ["$Ldone:", "\tmov.u32 %w0, 0;", "\tst.param.b32 [%res], %w0;   // SANITIZER_PATCH_SUCCESS", "\tret;",
             "}", ""]
     return "\n".join(out)
+
+
+def _words_holding(fields: frozenset[str]) -> frozenset[int]:
+    """The context words that hold any element of these fields."""
+    return frozenset((f.offset + f.size * e) // 8 for f in C.FIELDS if f.name in fields for e in range(f.count))
+
+
+def _word(entry: str, word: int) -> list[str]:
+    """PTX leaving context word ``word`` in %cw<word> at this entry point (bpf/ctx.py's layout; the
+    fields this back end cannot give are 0)."""
+    reg = f"%cw{word}"
+    whole = {C.BY_NAME[n].offset // 8: n for n in ("kernel_id", "launch_id", "addr", "stream")}
+    if word in whole:
+        name = whole[word]
+        if name == "addr":
+            return [f"\tld.param.b64 {reg}, [%ptr];" if entry == MEM else f"\tmov.b64 {reg}, 0;"]
+        at = {"kernel_id": RECORD.KERNEL_ID, "launch_id": RECORD.LAUNCH_ID, "stream": RECORD.STREAM}[name]
+        return [f"\tld.global.u64 {reg}, [%u+{at}];"]
+    constant, parts = 0, []   # 32-bit elements: a constant part, and values to shift in
+    for f in C.FIELDS:
+        for e in range(f.count):
+            at = f.offset + f.size * e
+            if at // 8 != word or f.size != 4:
+                continue
+            shift = 8 * (at % 8)
+            if f.name == "kind":
+                constant |= _KIND[entry] << shift
+            elif f.name in DIM_REGISTERS:
+                parts.append((f"\tmov.u32 %w2, {DIM_REGISTERS[f.name]}.{'xyz'[e]};", shift))
+            elif f.name == "site" and entry != ENTER:   # the SASS instruction index; entry: 0
+                parts.append(("\tld.param.b64 %t0, [%pc];\n"
+                              f"\tld.global.u64 %t1, [%u+{RECORD.START}];\n"
+                              "\tsetp.lo.u64 %p0, %t0, %t1;\n\t@!%p0 sub.u64 %t0, %t0, %t1;\n"
+                              "\tshr.u64 %t0, %t0, 4;\n\tcvt.u32.u64 %w2, %t0;", shift))
+            elif f.name == "size" and entry == MEM:
+                parts.append(("\tld.param.b32 %w2, [%size];", shift))
+            elif f.name == "flags" and entry == MEM:
+                parts.append(("\tmov.u32 %w2, %flags_e;", shift))
+    out = [f"\tmov.b64 {reg}, {lit(constant)};"]
+    for code, shift in parts:
+        out += [code, "\tcvt.u64.u32 %t2, %w2;"]
+        out += [f"\tshl.b64 %t2, %t2, {shift};"] if shift else []
+        out.append(f"\tor.b64 {reg}, {reg}, %t2;")
+    return out
 
 
 _KIND = {ENTER: C.KIND_ENTRY, EXIT: C.KIND_EXIT, MEM: C.KIND_MEM}
