@@ -24,10 +24,10 @@ PYTHONPATH=tests python3 -c 'from pathlib import Path; from bpftime_build import
 rm -f .gpubuild/COMMIT
 python3 bench/provenance.py manifest
 [ -d .whl ] || bash ../shared/tools/device-wheels.sh .whl >/dev/null
-# pyarrow for egpu-run --trace (tests/test_trace_stream_gpu.py, the suite's full-trace column): 55 MB of
-# the carry's 64 MiB with the tree, so in a folder of its own, carried only by calls that need it
-ls .whl-trace/pyarrow-*.whl >/dev/null 2>&1 || python3 -m pip download -q --no-deps --only-binary=:all: \
-  --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 -d .whl-trace pyarrow
+# capstone for inline uprobe hooks (runtime/inline_hooks.py); the image has none. (Its pyarrow, 25.0.1,
+# serves egpu-run --trace.)
+ls .whl/capstone-*.whl >/dev/null 2>&1 || python3 -m pip download -q --no-deps --only-binary=:all: \
+  --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 -d .whl "capstone>=5.0"
 # The image's numba needs numpy < 2.3 (the image has 2.5): a numpy for the numba test's processes only.
 [ -d .whl/numba ] || python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl/numba "numpy==2.2.6"

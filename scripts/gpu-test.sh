@@ -14,10 +14,6 @@ export PYTHONUNBUFFERED=1 EGPU_PREBUILT_PROBES=$PWD/.gpubuild/probes EGPU_TEST_F
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "wheel install failed"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD
-if [ -d .whl-trace ]; then  # pyarrow, carried apart (scripts/gpu-prep.sh)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl-trace/*.whl || echo "pyarrow install failed: the trace tests will skip"
-fi
 if [ -d .whl/numba ]; then  # tests/test_e2e_gpu.py's numba test puts it first on its processes' path
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-numba \
     .whl/numba/*.whl && export EGPU_TEST_NUMBA_SITE=/tmp/site-numba

@@ -13,8 +13,9 @@
  *   egpu_uprobe_rescan;
  * - dlsym and dlvsym hand out the stub instead of the function (not for RTLD_NEXT, whose answer
  *   depends on the caller's address).
- * Direct calls (inside the defining object, or to a function linked statically into the executable)
- * are not caught: that needs inline hooking.
+ * A function no GOT slot or dlsym reaches (linked statically into the executable, as static cudart's
+ * cudaLaunchKernel is) gets an inline hook instead (egpu_uprobe_attach_inline). Direct calls inside a
+ * shared object to a function it exports are not caught.
  *
  * A stub saves the argument registers (and xmm0-7), runs the entry programs, and jumps to the function
  * with every register and the stack as the caller left them, so any signature and stack arguments
@@ -32,12 +33,13 @@
 
 /* ---- part 2: C API for the runtime (cdef) ---- */
 
-/* What egpu_uprobe_attach did. */
+/* What egpu_uprobe_attach (or egpu_uprobe_attach_inline) did. */
 enum egpu_uprobe_result {
     EGPU_UPROBE_ATTACHED = 0,   /* GOT slots patched (maybe none yet) and dlsym answers the stub */
     EGPU_UPROBE_PENDING = 1,    /* no loaded object is PATH yet: attached when one is loaded */
     EGPU_UPROBE_NO_SYMBOL = -1, /* PATH is loaded and defines no function SYMBOL */
-    EGPU_UPROBE_FULL = -2       /* too many hooked functions, programs on one, or patched slots */
+    EGPU_UPROBE_FULL = -2,      /* too many hooked functions, programs on one, or patched slots */
+    EGPU_UPROBE_UNPATCHABLE = -3 /* an inline hook cannot be written there (see egpu_uprobe_attach_inline) */
 };
 
 /* Run progs[k] at each call (rets[k] 0) or return (rets[k] 1) of SYMBOL defined in the loaded object
@@ -50,6 +52,18 @@ int egpu_uprobe_attach(const char *path, const char *symbol, struct egpu_lvm_pro
  * a function left with no program is unhooked (its GOT slots and dlsym answer restored). A call already
  * inside its function then returns without its return programs. */
 void egpu_uprobe_detach(struct egpu_lvm_prog *const *progs, size_t n);
+/* A page within a rel32 jump of `function` for its inline hook (the one it has, once hooked), writable
+ * until egpu_uprobe_attach_inline fills it; NULL if none could be mapped. */
+void *egpu_uprobe_near(void *function);
+/* An inline hook for a function no GOT slot or dlsym reaches (one linked into the executable): `function`
+ * at most 3 bytes past an 8-byte boundary, its first `cut` (>= 5) bytes whole instructions, `moved` those
+ * instructions re-encoded to run at near + 16 (runtime/inline_hooks.py); PATH and SYMBOL name it in
+ * reports. Then as egpu_uprobe_attach; egpu_uprobe_detach of its last program puts its bytes back. */
+int egpu_uprobe_attach_inline(const char *path, const char *symbol, void *function, void *near,
+                              const unsigned char *moved, size_t moved_len, size_t cut,
+                              struct egpu_lvm_prog *const *progs, const int *rets, size_t n);
+/* Whether a loaded object is PATH (as egpu_uprobe_attach matches it): 1 and its file and load base. */
+int egpu_uprobe_object(const char *path, char *file, size_t file_len, unsigned long long *base);
 /* GOT slots currently pointing at SYMBOL's stub (the sites calls are caught at). */
 size_t egpu_uprobe_sites(const char *symbol);
 /* bpf_ktime_get_ns() in uprobes reads CLOCK_MONOTONIC + offset_ns (the launch probes' clock). */

@@ -39,6 +39,9 @@ struct hook {
     struct egpu_lvm_prog *progs[2][PROGS]; /* entry, return; under egpu_lvm_lock */
     int n[2];
     int used;
+    unsigned char *code;  /* an inline hook: the function, whose first 5 bytes jump to `near` (NULL: none) */
+    uint64_t code_was;    /* its first 8 bytes before */
+    unsigned char *near;  /* a page within reach of a rel32 jump: to the stub, then the trampoline */
 };
 
 struct slot {
@@ -363,6 +366,108 @@ EXPORT void egpu_uprobe_rescan(void) {
     pthread_mutex_unlock(&up_lock);
 }
 
+/* ---- inline hooks: functions no GOT slot or dlsym reaches ----
+ *
+ * The function's first 5 bytes become `jmp rel32` to a page beside it (within 2 GB), which jumps on to
+ * the stub; the stub's target is the trampoline on that page: the instructions those bytes cut into,
+ * moved there by the runtime (runtime/inline_hooks.py re-encodes what is relative to where they run),
+ * then a jump back to the first instruction after them. The jump is written with one aligned 8-byte
+ * store, so a thread running the function meanwhile runs the old bytes or the new, never a mix: the
+ * function must start at most 3 bytes past an 8-byte boundary (compilers align functions to 16). */
+
+#define NEAR_STUB 0     /* jmp *0(%rip); .quad stub */
+#define NEAR_TRAMPOLINE 16
+
+static void write_code(unsigned char *at, uint64_t value) {
+    void *page = (void *)((uintptr_t)at & ~(uintptr_t)4095); /* an aligned word never spans two */
+    mprotect(page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC); /* executable throughout: threads run here */
+    atomic_store_explicit((_Atomic uint64_t *)at, value, memory_order_release);
+    mprotect(page, 4096, PROT_READ | PROT_EXEC);
+}
+
+static void put_jump(unsigned char *at, const void *to) { /* jmp *0(%rip); .quad to: 14 bytes */
+    static const unsigned char jmp[6] = {0xff, 0x25, 0, 0, 0, 0};
+    memcpy(at, jmp, sizeof jmp);
+    memcpy(at + 6, &to, 8);
+}
+
+static struct hook *inline_hook_of(const void *function) {
+    for (int i = 0; i < nhooks; i++)
+        if (hooks[i].code == function) return &hooks[i];
+    return NULL;
+}
+
+EXPORT void *egpu_uprobe_near(void *function) {
+    pthread_mutex_lock(&up_lock);
+    struct hook *h = inline_hook_of(function);
+    void *page = h ? h->near : NULL;
+    uintptr_t f = (uintptr_t)function & ~(uintptr_t)4095;
+    for (uintptr_t d = 1 << 20; !page && d < (1ul << 31) - (1 << 21); d += 1 << 20)
+        for (int side = 0; side < 2 && !page; side++) {
+            if (side == 0 && d > f) continue;
+            uintptr_t want = side == 0 ? f - d : f + d;
+            void *p = mmap((void *)want, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (p == MAP_FAILED) continue;
+            intptr_t dist = (intptr_t)p - (intptr_t)function;
+            if (dist > -(1l << 31) + 8192 && dist < (1l << 31) - 8192) page = p;
+            else munmap(p, 4096);
+        }
+    pthread_mutex_unlock(&up_lock);
+    return page;
+}
+
+EXPORT int egpu_uprobe_attach_inline(const char *path, const char *symbol, void *function, void *near,
+                                     const unsigned char *moved, size_t moved_len, size_t cut,
+                                     struct egpu_lvm_prog *const *progs, const int *rets, size_t n) {
+#if !defined(__x86_64__)
+    return EGPU_UPROBE_NO_SYMBOL;
+#endif
+    unsigned char *f = function, *page = near;
+    intptr_t rel = (intptr_t)page - (intptr_t)(f + 5);
+    if (((uintptr_t)f & 7) > 3 || cut < 5 || moved_len + NEAR_TRAMPOLINE + 14 > 4096 || rel != (int32_t)rel ||
+        strlen(path) >= NAME_MAX_ || strlen(symbol) >= NAME_MAX_)
+        return EGPU_UPROBE_UNPATCHABLE;
+    egpu_fork_handlers();
+    pthread_mutex_lock(&up_lock);
+    int result = EGPU_UPROBE_FULL;
+    struct hook *h = inline_hook_of(f);
+    if (h && h->near != page) goto out;   /* the page egpu_uprobe_near gave for it */
+    if (!h) {
+        if (nhooks == HOOKS) goto out;
+        h = &hooks[nhooks++];
+        put_jump(page + NEAR_STUB, stub_of(h));
+        memcpy(page + NEAR_TRAMPOLINE, moved, moved_len);
+        put_jump(page + NEAR_TRAMPOLINE + moved_len, f + cut);
+        mprotect(page, 4096, PROT_READ | PROT_EXEC);
+        egpu_lvm_lock();
+        strcpy(h->path, path), strcpy(h->symbol, symbol);
+        h->target = page + NEAR_TRAMPOLINE, h->n[0] = h->n[1] = 0;
+        h->code = f, h->near = page;
+        egpu_lvm_unlock();
+    }
+    int room[2] = {PROGS - h->n[0], PROGS - h->n[1]};
+    for (size_t k = 0; k < n; k++) room[rets[k] != 0]--;
+    if (room[0] < 0 || room[1] < 0) goto out;
+    egpu_lvm_lock(); /* all at once: no call runs some of them and not the others */
+    for (size_t k = 0; k < n; k++) h->progs[rets[k] != 0][h->n[rets[k] != 0]++] = progs[k];
+    h->used = 1;
+    egpu_lvm_unlock();
+    atomic_fetch_add(&active, (int)n);
+    uint64_t now = atomic_load_explicit((_Atomic uint64_t *)f, memory_order_relaxed), jump = now;
+    unsigned char *b = (unsigned char *)&jump;
+    int32_t rel32 = (int32_t)rel;
+    b[0] = 0xe9;
+    memcpy(b + 1, &rel32, 4);
+    if (now != jump) {
+        h->code_was = now;
+        write_code(f, jump);
+    }
+    result = EGPU_UPROBE_ATTACHED;
+out:
+    pthread_mutex_unlock(&up_lock);
+    return result;
+}
+
 /* ---- the runtime's API ---- */
 
 /* Whether PATH is a loaded object, and defines SYMBOL (*target). */
@@ -380,6 +485,31 @@ static int lookup_one(struct dl_phdr_info *info, size_t size, void *arg) {
     l->loaded = 1;
     l->target = defined_in(&o, l->symbol);
     return l->target != NULL;
+}
+
+struct found {
+    const char *path;
+    char *file;
+    size_t file_len;
+    unsigned long long base;
+    int loaded;
+};
+
+static int find_one(struct dl_phdr_info *info, size_t size, void *arg) {
+    struct found *f = arg;
+    struct object o;
+    object_of(info, &o);
+    if (!names(f->path, o.name) || strlen(o.name) >= f->file_len) return 0;
+    strcpy(f->file, o.name);
+    f->base = o.base, f->loaded = 1;
+    return 1;
+}
+
+EXPORT int egpu_uprobe_object(const char *path, char *file, size_t file_len, unsigned long long *base) {
+    struct found f = {path, file, file_len, 0, 0};
+    dl_iterate_phdr(find_one, &f);
+    *base = f.base;
+    return f.loaded;
 }
 
 EXPORT int egpu_uprobe_attach(const char *path, const char *symbol, struct egpu_lvm_prog *const *progs,
@@ -445,6 +575,7 @@ EXPORT void egpu_uprobe_detach(struct egpu_lvm_prog *const *progs, size_t n) {
         struct hook *h = &hooks[i];
         if (h->used && !h->n[0] && !h->n[1]) {
             unpatch(h);
+            if (h->code) write_code(h->code, h->code_was); /* its page stays: a thread may be in it */
             h->used = 0; /* its target stays: stub and target keep matching for threads still in it */
         }
     }

@@ -246,25 +246,29 @@ def test_pid_tgid_on_the_gpu_is_the_process(built):
 # ---- launchlate: a host uprobe on cudaLaunchKernel sharing a map with a GPU probe ----------------
 
 @pytest.mark.gpu
-def test_launchlate_times_every_launch_from_its_uprobe_on_cuda_launch_kernel(built, tmp_path):
+@pytest.mark.parametrize("cudart, target", [("shared", "libcudart.so:__cudaLaunchKernel"),
+                                            ("static", "vectoradd_bpftime:__cudaLaunchKernel")])
+def test_launchlate_times_every_launch_from_its_uprobe_on_cuda_launch_kernel(built, tmp_path, cudart, target):
     """bpftime's launchlate unchanged, on tests/e2e/vectoradd_bpftime.cu built with -cudart shared (its
-    launches reach cudart through the PLT; static cudart's are direct calls no uprobe of egpu's catches).
+    launches reach cudart through the PLT) and static (nvcc's default: cudart is linked into the
+    executable and called directly, so the uprobe is an inline hook on the executable's own copy).
     CUDA 13's <<<>>> calls __cudaLaunchKernel, not cudaLaunchKernel (crt/host_runtime.h; the H200 saw no
-    call of the latter), so the bare uprobe is given that symbol. The uprobe runs once per launch (its bpf_printk lines); the GPU probe in the launch's one
-    thread finds a host time in last_uprobe_time and counts a latency. egpu copies that host write to the
-    device a few ms after the call, so a kernel may read the previous launch's time, and the first may
-    find none: the histogram holds the launches, or all but the first."""
+    call of the latter), so the bare uprobe is given that symbol. The uprobe runs once per launch (its
+    bpf_printk lines); the GPU probe in the launch's one thread finds a host time in last_uprobe_time and
+    counts a latency. egpu copies that host write to the device a few ms after the call, so a kernel may
+    read the previous launch's time, and the first may find none: the histogram holds the launches, or
+    all but the first."""
     import json
     from test_e2e_gpu import E2E, cuda_lib_dirs, env_for
     launches = 8
     shim = subprocess.run([sys.executable, str(ROOT / "shim" / "build.py"), str(tmp_path)], capture_output=True,
                           text=True, check=True).stdout.strip().splitlines()[-1]
     exe = tmp_path / "vectoradd_bpftime"
-    subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-cudart", "shared",
+    subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-cudart", cudart,
                     *[f"-Xlinker=-rpath,{d}" for d in cuda_lib_dirs()], str(E2E / "vectoradd_bpftime.cu"),
                     "-o", str(exe)], check=True)
     r = egpu_run(["--json", "-p", str(built["launchlate/launchlate.bpf.c"]),
-                  "--uprobe", "uprobe_cuda_launch=libcudart.so:__cudaLaunchKernel", str(exe), str(launches)],
+                  "--uprobe", f"uprobe_cuda_launch={target}", str(exe), str(launches)],
                  env_for(Path(shim), tmp_path), timeout=300)
     assert r.returncode == 0, r.stderr
     assert f"vectoradd_bpftime launches={launches} error=0" in r.stdout

@@ -4,6 +4,8 @@ shared with a launch probe, bare uprobes targeted by --uprobe."""
 
 from __future__ import annotations
 
+import re
+
 import struct
 import subprocess
 from pathlib import Path
@@ -33,8 +35,8 @@ def uprobe_app(stub_job, tmp_path_factory) -> tuple[Path, Path]:
     clang = find_clang()
     obj = tmp_path_factory.mktemp("uprobe") / "args.bpf.o"
     for step in (["gcc", "-O1", "-shared", "-fPIC", str(APP / "libupt.c"), "-o", str(d / "libupt.so")],
-                 ["gcc", "-O1", "-Wall", str(APP / "app_uprobe.c"), "-o", str(d / "app_uprobe"), f"-L{d}", "-lupt",
-                  "-l:libcuda.so.1", f"-Wl,-rpath,{d}", "-ldl"],
+                 ["gcc", "-O1", "-Wall", "-fcf-protection=full", str(APP / "app_uprobe.c"), "-o", str(d / "app_uprobe"),
+                  f"-L{d}", "-lupt", "-l:libcuda.so.1", f"-Wl,-rpath,{d}", "-ldl", "-lpthread"],
                  [clang, *bpftime_cflags(clang), "-c", str(PROBE), "-o", str(obj)]):
         subprocess.run(step, check=True)
     return d / "app_uprobe", obj
@@ -79,6 +81,61 @@ def test_uprobes_see_exact_arguments_and_return_values_and_share_a_map_with_laun
     assert sites["driver_launch"] == ("libcuda.so.1:cuLaunchKernel", "attached", 0)
 
 
+DIRECT = ["--uprobe", "sum8_entry=app_uprobe:upt_direct", "--uprobe", "sum8_exit=app_uprobe:upt_direct"]
+
+
+def test_a_function_linked_into_the_executable_is_hooked_inline(stub_job, uprobe_app, tmp_path):
+    """upt_direct is called directly and exported by no symbol table the loader reads: no GOT slot or
+    dlsym reaches it, so it is hooked inline. Its first instructions (endbr64, a RIP-relative locked add)
+    run moved; every call after the hook runs the entry and the return program, on exact values."""
+    app, obj = uprobe_app
+    n = 50
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, *DIRECT, str(app), "direct", str(n))
+    assert r.returncode == 0, r.stderr
+    assert f"app_uprobe direct calls={n} sum={sum(4 * i + 1 for i in range(n))} wrong=0 result=0" in r.stdout
+    counts = entries(doc, obj, "counts")
+    assert (counts[SUM8_CALLS], counts[SUM8_RETURNS]) == (n, n)
+    assert entries(doc, obj, "returns") == {4 * i + 1: 1 for i in range(n)}
+    states = {a["prog"]: (a["target"], a["state"]) for a in doc["uprobes"]["attached"]}
+    assert states["sum8_entry"] == ("app_uprobe:upt_direct", "attached")
+
+
+def test_an_inline_hook_is_written_while_threads_run_the_function(stub_job, uprobe_app, tmp_path):
+    """Two threads call upt_direct without pause while the runtime hooks it: each call runs the old code
+    or the hooked, no result is wrong, and every call whose entry program ran ran its return program."""
+    app, obj = uprobe_app
+    n = 1000
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, *DIRECT, str(app), "direct_threads", str(n))
+    assert r.returncode == 0, r.stderr
+    assert "wrong=0 result=0" in r.stdout, r.stdout
+    counts = entries(doc, obj, "counts")
+    assert counts[SUM8_CALLS] >= n and counts[SUM8_RETURNS] == counts[SUM8_CALLS]
+
+
+@pytest.mark.parametrize("code, why", [
+    (bytes.fromhex("eb0290909090c3"), "its first 5 bytes hold a branch (jmp"),
+    (bytes.fromhex("31c0c3"), "its first 5 bytes hold a branch (ret)"),   # a function of 3 bytes
+    (bytes.fromhex("31c0"), "do not decode"),
+])
+def test_a_prologue_that_cannot_move_is_refused_with_the_reason(code, why):
+    from egpu_preload.errors import EgpuError
+    from egpu_preload.runtime.inline_hooks import moved
+    with pytest.raises(EgpuError, match=re.escape(why)):
+        moved(code, 0x1000, 0x2000)
+
+
+def test_moved_instructions_keep_their_operands():
+    """A relative call keeps its callee and a RIP-relative operand its address, from the trampoline."""
+    from egpu_preload.runtime.inline_hooks import moved
+    at, to = 0x400000, 0x500010
+    code = bytes.fromhex("f30f1efa" "e8f00f0000" "488b0508000000" "c3")   # endbr64; call +0xff0; mov rax, [rip+8]
+    out, cut = moved(code, at, to)
+    assert cut == 9 and out[:4] == code[:4] and out[4] == 0xE8
+    assert to + 4 + 5 + int.from_bytes(out[5:9], "little", signed=True) == at + 4 + 5 + 0xFF0
+    out, cut = moved(code[9:], at + 9, to)
+    assert cut == 7 and to + 7 + int.from_bytes(out[3:7], "little", signed=True) == at + 9 + 7 + 8
+
+
 def test_a_bare_uprobe_needs_a_target(stub_job, uprobe_app, tmp_path):
     app, obj = uprobe_app
     from stub_job import egpu_run
@@ -121,10 +178,12 @@ def test_host_programs_read_pt_regs(section, off, ok):
             verify(ctx_read(off), [], section=section)
 
 
-def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_app, tmp_path):
-    """app_uprobe loop under egpu-run with no probe: egpu attach hooks upt_add6 through the app's GOT, the
-    maps fill while it runs, detach gives the final maps and puts the slot back (the job's results stay
-    right throughout, and a second attach starts from zero)."""
+@pytest.mark.parametrize("probe, mode", [("live.bpf.c", "loop"), ("live_direct.bpf.c", "direct_loop")],
+                         ids=["got", "inline"])
+def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_app, tmp_path, probe, mode):
+    """app_uprobe loop under egpu-run with no probe: egpu attach hooks upt_add6 through the app's GOT (or
+    upt_direct inline), the maps fill while it runs, detach gives the final maps and puts the slot (or the
+    function's bytes) back (the job's results stay right throughout, and a second attach starts from zero)."""
     import json
     import sys
     import time
@@ -132,11 +191,11 @@ def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_
     app, _ = uprobe_app
     clang = find_clang()
     live = tmp_path / "live.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"),
+    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / probe),
                     "-o", str(live)], check=True)
     env = stub_job.env(tmp_path / "log")
     stop = tmp_path / "stop"
-    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", str(app), "loop", str(stop)],
+    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", str(app), mode, str(stop)],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def egpu(*args: str) -> subprocess.CompletedProcess:

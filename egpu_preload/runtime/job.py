@@ -35,7 +35,7 @@ RUNTIME_MODULE = "egpu_preload.runtime.instrumenter"
 PTXAS_WRAPPER = Path(__file__).resolve().parent / "egpu-ptxas"
 # What the runtime imports inside the job; a program that is not Python gets its embedded interpreter
 # pointed at the directories these live in here.
-RUNTIME_IMPORTS = ("egpu_preload", "_cffi_backend", "msgpack", "elftools", "zstandard", "lz4")
+RUNTIME_IMPORTS = ("egpu_preload", "_cffi_backend", "msgpack", "elftools", "zstandard", "lz4", "capstone")
 
 
 class ProgramError(EgpuError):

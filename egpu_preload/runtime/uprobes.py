@@ -1,7 +1,8 @@
 """Host uprobes: ``SEC("uprobe/PATH:SYMBOL")``, ``SEC("uretprobe/PATH:SYMBOL")`` (libbpf's spelling) and
 bpftime's bare ``SEC("uprobe")`` / ``SEC("uretprobe")`` with the target from ``egpu-run --uprobe
 PROG=PATH:SYMBOL``. They run in the job's threads, in C (shim/uprobe.c: how calls are caught and which are
-not), with r1 = ``struct pt_regs`` (bpf/ptregs.py).
+not), with r1 = ``struct pt_regs`` (bpf/ptregs.py). A function no GOT slot or dlsym reaches (linked into
+the executable) is hooked inline (inline_hooks.py).
 
 Maps. A probe object's uprobes and launch probes are its host side (native.host_side): one copy of
 the maps in C (runtime/native.py), the keys they change in maps GPU programs use copied to the device as
@@ -24,10 +25,10 @@ from typing import Any
 from egpu_preload.bpf.program import BpfObject, Program
 from egpu_preload.bpf.sections import HOST_KINDS
 from egpu_preload.errors import EgpuError
-from egpu_preload.runtime import dump, native
+from egpu_preload.runtime import dump, inline_hooks, native
 
 RESULTS = {0: "attached", 1: "pending: its object is not loaded yet", -1: "no such function in it",
-           -2: "too many hooked functions or patched call sites"}
+           -2: "too many hooked functions or patched call sites", -3: "it cannot be hooked inline"}
 
 
 def host_programs(obj: BpfObject) -> list[Program]:
@@ -93,11 +94,14 @@ class Uprobes:
                 handles = ffi.new("struct egpu_lvm_prog *[]", [h for _, h in progs])
                 rets = ffi.new("int[]", [int(p.attach.kind == "uretprobe") for p, _ in progs])
                 result = lib.egpu_uprobe_attach(path.encode(), symbol.encode(), handles, rets, len(progs))
+                why = None
+                if result == -1:   # no GOT slot or dlsym reaches it: linked into its object (the executable)
+                    result, why = inline_hooks.attach(ffi, lib, path, symbol, handles, rets, len(progs))
                 for p, handle in progs:
                     self.attached.append(Attached(p, where, handle, result))
                     if result < 0:
                         self.refused.append(f"{probe.path}: prog {p.name} ({p.section}): not attached at {where}: "
-                                            f"{RESULTS.get(result, result)}")
+                                            f"{why or RESULTS.get(result, result)}")
 
     def report(self) -> dict[str, Any]:
         """Each program's target and state (the dump's ``uprobes``), with the call sites patched."""

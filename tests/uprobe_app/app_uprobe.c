@@ -6,8 +6,14 @@
  * attach to); prints how many calls and whether every result was right.
  * `app_uprobe bench N`: N calls of upt_inc through the PLT in timed batches of 10000 (about a ms); prints
  * the fastest batch's ns per call: on a shared machine most batches also hold time the CPU spent on other
- * processes (and on the runtime's threads), which is not the call's cost. */
+ * processes (and on the runtime's threads), which is not the call's cost.
+ * `app_uprobe direct N` / `app_uprobe direct_threads N`: N direct calls of upt_direct, a function of this
+ * executable no GOT slot or dlsym reaches (an inline hook's case); direct_threads first starts two
+ * threads calling it without pause, so the runtime hooks it while they run, and stops them after.
+ * `app_uprobe direct_loop STOP`: as loop, calling upt_direct(i, 1). */
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +32,23 @@ static const char PTX[] =
 
 typedef int (*fn)();
 
+/* Starts with endbr64 (built with -fcf-protection) and a RIP-relative locked add: both move to the trampoline. */
+long upt_direct_total;
+__attribute__((noinline, aligned(16))) long upt_direct(long a, long b) {
+    __atomic_fetch_add(&upt_direct_total, a, __ATOMIC_RELAXED);
+    return 3 * a + b;
+}
+
+static atomic_int stop_workers;
+static atomic_long workers_wrong;
+
+static void *direct_worker(void *arg) {
+    long wrong = 0;
+    for (long i = 0; !atomic_load_explicit(&stop_workers, memory_order_relaxed); i++) wrong += upt_direct(i, 1) != 3 * i + 1;
+    atomic_fetch_add(&workers_wrong, wrong);
+    return arg;
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) return 2;
     long n = atol(argv[2]); /* loop: 0 */
@@ -35,11 +58,26 @@ int main(int argc, char **argv) {
     fn cuModuleGetFunction = (fn)dlsym(cuda, "cuModuleGetFunction");
     fn cuCtxSynchronize = (fn)dlsym(cuda, "cuCtxSynchronize");
     void *mod = NULL, *f = NULL;
+    pthread_t workers[2];
+    int threaded = !strcmp(argv[1], "direct_threads");
+    for (int k = 0; threaded && k < 2; k++) pthread_create(&workers[k], NULL, direct_worker, NULL);
     int r = cuInit(0) | cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&f, mod, "vecadd");
-    if (!strcmp(argv[1], "loop")) {
+    if (!strcmp(argv[1], "direct") || threaded) {   /* the runtime is up, its uprobes hooked */
+        long sum = 0, wrong = 0;
+        for (long i = 0; i < n; i++) {
+            long v = upt_direct(i, i + 1);
+            sum += v, wrong += v != 4 * i + 1;
+        }
+        atomic_store(&stop_workers, 1);
+        for (int k = 0; threaded && k < 2; k++) pthread_join(workers[k], NULL);
+        printf("app_uprobe %s calls=%ld sum=%ld wrong=%ld result=%d\n", argv[1], n, sum,
+               wrong + atomic_load(&workers_wrong), r);
+        return 0;
+    }
+    if (!strcmp(argv[1], "loop") || !strcmp(argv[1], "direct_loop")) {
         long i = 0, wrong = 0;
-        for (; access(argv[2], F_OK) != 0; i++) {
-            wrong += upt_add6(i, i + 1, i + 2, i + 3, i + 4, i + 5) != 6 * i + 15;
+        for (int direct = argv[1][0] == 'd'; access(argv[2], F_OK) != 0; i++) {
+            wrong += direct ? upt_direct(i, 1) != 3 * i + 1 : upt_add6(i, i + 1, i + 2, i + 3, i + 4, i + 5) != 6 * i + 15;
             usleep(100);
         }
         printf("app_uprobe loop calls=%ld wrong=%ld result=%d\n", i, wrong, r);
