@@ -366,6 +366,20 @@ EXPORT void egpu_uprobe_rescan(void) {
     pthread_mutex_unlock(&up_lock);
 }
 
+/* Give h the `n` programs, all at once (no call runs some of them and not the others), and mark it used:
+ * 0, or -1 when they do not fit. Under up_lock. */
+static int add_programs(struct hook *h, struct egpu_lvm_prog *const *progs, const int *rets, size_t n) {
+    int room[2] = {PROGS - h->n[0], PROGS - h->n[1]};
+    for (size_t k = 0; k < n; k++) room[rets[k] != 0]--;
+    if (room[0] < 0 || room[1] < 0) return -1;
+    egpu_lvm_lock();
+    for (size_t k = 0; k < n; k++) h->progs[rets[k] != 0][h->n[rets[k] != 0]++] = progs[k];
+    h->used = 1;
+    egpu_lvm_unlock();
+    atomic_fetch_add(&active, (int)n);
+    return 0;
+}
+
 /* ---- inline hooks: functions no GOT slot or dlsym reaches ----
  *
  * The function's first 5 bytes become `jmp rel32` to a page beside it (within 2 GB), which jumps on to
@@ -445,14 +459,7 @@ EXPORT int egpu_uprobe_attach_inline(const char *path, const char *symbol, void 
         h->code = f, h->near = page;
         egpu_lvm_unlock();
     }
-    int room[2] = {PROGS - h->n[0], PROGS - h->n[1]};
-    for (size_t k = 0; k < n; k++) room[rets[k] != 0]--;
-    if (room[0] < 0 || room[1] < 0) goto out;
-    egpu_lvm_lock(); /* all at once: no call runs some of them and not the others */
-    for (size_t k = 0; k < n; k++) h->progs[rets[k] != 0][h->n[rets[k] != 0]++] = progs[k];
-    h->used = 1;
-    egpu_lvm_unlock();
-    atomic_fetch_add(&active, (int)n);
+    if (add_programs(h, progs, rets, n)) goto out;
     uint64_t now = atomic_load_explicit((_Atomic uint64_t *)f, memory_order_relaxed), jump = now;
     unsigned char *b = (unsigned char *)&jump;
     int32_t rel32 = (int32_t)rel;
@@ -540,13 +547,7 @@ EXPORT int egpu_uprobe_attach(const char *path, const char *symbol, struct egpu_
         h->target = l.target, h->used = 1, h->n[0] = h->n[1] = 0;
         egpu_lvm_unlock();
     }
-    int room[2] = {PROGS - h->n[0], PROGS - h->n[1]};
-    for (size_t k = 0; k < n; k++) room[rets[k] != 0]--;
-    if (room[0] < 0 || room[1] < 0) goto out;
-    egpu_lvm_lock(); /* all at once: no call runs some of them and not the others */
-    for (size_t k = 0; k < n; k++) h->progs[rets[k] != 0][h->n[rets[k] != 0]++] = progs[k];
-    egpu_lvm_unlock();
-    atomic_fetch_add(&active, (int)n);
+    if (add_programs(h, progs, rets, n)) goto out;
     if (h->target) scan();
     result = h->target ? EGPU_UPROBE_ATTACHED : EGPU_UPROBE_PENDING;
 out:

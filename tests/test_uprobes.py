@@ -96,8 +96,9 @@ def test_a_function_linked_into_the_executable_is_hooked_inline(stub_job, uprobe
     counts = entries(doc, obj, "counts")
     assert (counts[SUM8_CALLS], counts[SUM8_RETURNS]) == (n, n)
     assert entries(doc, obj, "returns") == {4 * i + 1: 1 for i in range(n)}
-    states = {a["prog"]: (a["target"], a["state"]) for a in doc["uprobes"]["attached"]}
-    assert states["sum8_entry"] == ("app_uprobe:upt_direct", "attached")
+    states = {a["prog"]: (a["target"], a["state"], a["inline"]) for a in doc["uprobes"]["attached"]}
+    assert states["sum8_entry"] == ("app_uprobe:upt_direct", "attached", True)
+    assert states["add6_entry"] == ("libupt.so:upt_add6", "attached", False)
 
 
 def test_an_inline_hook_is_written_while_threads_run_the_function(stub_job, uprobe_app, tmp_path):
@@ -178,9 +179,8 @@ def test_host_programs_read_pt_regs(section, off, ok):
             verify(ctx_read(off), [], section=section)
 
 
-@pytest.mark.parametrize("probe, mode", [("live.bpf.c", "loop"), ("live_direct.bpf.c", "direct_loop")],
-                         ids=["got", "inline"])
-def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_app, tmp_path, probe, mode):
+@pytest.mark.parametrize("defines, mode", [([], "loop"), (["-DDIRECT"], "direct_loop")], ids=["got", "inline"])
+def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_app, tmp_path, defines, mode):
     """app_uprobe loop under egpu-run with no probe: egpu attach hooks upt_add6 through the app's GOT (or
     upt_direct inline), the maps fill while it runs, detach gives the final maps and puts the slot (or the
     function's bytes) back (the job's results stay right throughout, and a second attach starts from zero)."""
@@ -191,7 +191,7 @@ def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_
     app, _ = uprobe_app
     clang = find_clang()
     live = tmp_path / "live.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / probe),
+    subprocess.run([clang, *bpftime_cflags(clang), *defines, "-c", str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"),
                     "-o", str(live)], check=True)
     env = stub_job.env(tmp_path / "log")
     stop = tmp_path / "stop"

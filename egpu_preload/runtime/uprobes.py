@@ -67,6 +67,7 @@ class Attached:
     where: str
     handle: Any       # the C program (kept alive by its native.Side)
     result: int
+    inline: bool = False   # hooked inline (inline_hooks.py), not through GOT slots and dlsym
 
 
 class Uprobes:
@@ -94,19 +95,21 @@ class Uprobes:
                 handles = ffi.new("struct egpu_lvm_prog *[]", [h for _, h in progs])
                 rets = ffi.new("int[]", [int(p.attach.kind == "uretprobe") for p, _ in progs])
                 result = lib.egpu_uprobe_attach(path.encode(), symbol.encode(), handles, rets, len(progs))
-                why = None
-                if result == -1:   # no GOT slot or dlsym reaches it: linked into its object (the executable)
+                why, inline = None, result == -1
+                if inline:   # no GOT slot or dlsym reaches it: linked into its object (the executable)
                     result, why = inline_hooks.attach(ffi, lib, path, symbol, handles, rets, len(progs))
                 for p, handle in progs:
-                    self.attached.append(Attached(p, where, handle, result))
+                    self.attached.append(Attached(p, where, handle, result, inline and result >= 0))
                     if result < 0:
                         self.refused.append(f"{probe.path}: prog {p.name} ({p.section}): not attached at {where}: "
                                             f"{why or RESULTS.get(result, result)}")
 
     def report(self) -> dict[str, Any]:
-        """Each program's target and state (the dump's ``uprobes``), with the call sites patched."""
+        """Each program's target and state (the dump's ``uprobes``), with the GOT slots patched, or
+        ``inline`` where the function itself was (every call is caught)."""
         return {"attached": [{"prog": a.program.name, "target": a.where, "state": RESULTS.get(a.result, a.result),
-                              "sites": int(self.lib.egpu_uprobe_sites(a.where.rpartition(":")[2].encode()))}
+                              "sites": int(self.lib.egpu_uprobe_sites(a.where.rpartition(":")[2].encode())),
+                              "inline": a.inline}
                              for a in self.attached], "refused": self.refused}
 
     def detach(self) -> dict[str, Any]:

@@ -1,8 +1,17 @@
 /* A probe egpu attach hooks into a running tests/uprobe_app (app_uprobe loop): counts upt_add6's calls
- * and returns, and the returns that are 6 * first argument + 15, as upt_add6's always are. */
+ * and returns, and the returns that are 6 * first argument + 15, as upt_add6's always are. Built with
+ * -DDIRECT (app_uprobe direct_loop): the same on upt_direct, hooked inline, whose returns are 3a + 1. */
 #include <vmlinux.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+
+#ifdef DIRECT
+#define TARGET "app_uprobe:upt_direct"
+#define RESULT(a) (3 * (a) + 1)
+#else
+#define TARGET "libupt.so:upt_add6"
+#define RESULT(a) (6 * (a) + 15)
+#endif
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -26,7 +35,7 @@ static __always_inline void count(u32 k)
 		*v += 1;
 }
 
-SEC("uprobe/libupt.so:upt_add6")
+SEC("uprobe/" TARGET)
 int BPF_KPROBE(add6_entry, long a)
 {
 	u32 zero = 0;
@@ -36,13 +45,13 @@ int BPF_KPROBE(add6_entry, long a)
 	return 0;
 }
 
-SEC("uretprobe/libupt.so:upt_add6")
+SEC("uretprobe/" TARGET)
 int BPF_KRETPROBE(add6_exit, long rc)
 {
 	u32 zero = 0;
 	u64 *a = bpf_map_lookup_elem(&first, &zero);
 	count(1);
-	if (a && rc == 6 * *a + 15)
+	if (a && rc == RESULT(*a))
 		count(2);
 	return 0;
 }
