@@ -264,6 +264,18 @@ def test_the_trace_file_reads_back_with_pyarrow_alone(access_trace, tmp_path):
     assert path.stat().st_size < 3000 * MEM_EVENT.size // 2   # columnar and compressed
 
 
+def test_blocks_of_a_map_with_no_struct_keep_their_bytes(tmp_path):
+    """Records of one size from a map whose probe has no record struct go into ``data`` as they were,
+    taken as one array (no Python object per record), with their SMs."""
+    import numpy as np
+    rows = np.arange(5 * 24, dtype=np.uint8).reshape(5, 24)
+    w = tracefile.TraceWriter(tmp_path / "raw.parquet", [("raw", None)])
+    w.add(0, [Block(np.array([3, 4, 5], np.uint32), rows[:3]), Block(np.array([6, 7], np.uint32), rows[3:])])
+    w.close({"raw": 0})
+    t = pq.read_table(tmp_path / "raw.parquet").to_pydict()
+    assert t["data"] == [bytes(r) for r in rows] and t["cpu"] == [3, 4, 5, 6, 7] and t["seq"] == list(range(5))
+
+
 def test_egpu_trace_prints_filters_and_converts(access_trace, tmp_path):
     path = tmp_path / "t.parquet"
     _write_trace(access_trace, path, 600)
