@@ -36,6 +36,7 @@ class Memory(Protocol):
 
     def read(self, addr: int, n: int) -> bytes: ...
     def write(self, addr: int, data: bytes) -> None: ...
+    def clear(self, addr: int, n: int) -> None: ...   # zero where the memory is: no bytes over the link
 
 
 Record = tuple[int, bytes]   # (SM id: perf and trace_printk records carry it, ringbuf records 0; data)
@@ -102,9 +103,9 @@ class RingReader:
         if took_a is None:
             return out
         if took_a:
-            self.mem.write(self.addr + HEADER + first, bytes(took_a))
+            self.mem.clear(self.addr + HEADER + first, took_a)
         if took_b:
-            self.mem.write(self.addr + HEADER, bytes(took_b))
+            self.mem.clear(self.addr + HEADER, took_b)
         self.consumed += straight + took_b if took_b is not None else took_a
         self.mem.write(self.addr + 16, struct.pack("<Q", self.consumed))
         if not self.lay.wait:
