@@ -13,7 +13,9 @@ probes are not drained (their rings drop when full, as without --trace).
 from __future__ import annotations
 
 import os
+import queue
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from egpu_preload.bpf import btf as btfmod
 from egpu_preload.errors import EgpuError
 from egpu_preload.output import tracefile
 from egpu_preload.runtime.probes import RING_TYPES, Probe
-from egpu_preload.runtime.ring_drain import Memory, Record, RingDrain, RingReader
+from egpu_preload.runtime.ring_drain import Memory, RingDrain, RingReader, Taken
 from egpu_preload.translate.devmaps import DeviceMaps
 
 
@@ -64,12 +66,16 @@ def _layout(btf: btfmod.Btf | None) -> tracefile.RecordLayout | None:
         return None
 
 
+QUEUED = 32   # batches taken and not yet written; the reader waits for the writer beyond (a bound on memory)
+
+
 class Streaming:
-    """The reader thread and the trace file of one process."""
+    """The reader thread, the writer thread and the trace file of one process: the reader copies records
+    out of the rings while the writer encodes the batches before (pyarrow lets the GIL go meanwhile)."""
 
     def __init__(self, path: Path, probes: list[Probe], maps: list[DeviceMaps], memory: Memory,
                  after_write: Callable[[], None] = lambda: None) -> None:
-        """``after_write``: called on the reader's thread after each batch written (the exit hook re-arms
+        """``after_write``: called on the writer's thread after each batch written (the exit hook re-arms
         there when the writer loaded libraries)."""
         drained = rings(probes, maps)
         self.names = [name for name, _, _ in drained]
@@ -83,14 +89,20 @@ class Streaming:
             self.writer, self.error = None, str(e)
             print(f"egpu[{os.getpid()}]: {e}; the job's records are read and thrown away", file=sys.stderr)
         self.after_write = after_write
-        self.drain = RingDrain(self.readers, self._write).start()
+        self._batches: queue.Queue[tuple[int, Taken] | None] = queue.Queue(QUEUED)
+        self._writing = threading.Thread(target=self._write_all, name="egpu-trace-writer", daemon=True)
+        self._writing.start()
+        self.drain = RingDrain(self.readers, lambda index, taken: self._batches.put((index, taken))).start()
 
-    def _write(self, index: int, records: list[Record]) -> None:
-        """The drain's sink. A file that cannot be written (disk full) must not stop the reader, or a
-        ring made to wait would stop the job: from then on records are taken and not written."""
-        if self.writer is not None and self.error is None:
+    def _write_all(self) -> None:
+        """The writer's thread, until finish() hands it None. A file that cannot be written (disk full)
+        must not stop the reader, or a ring made to wait would stop the job: from then on batches are
+        taken and not written."""
+        while (batch := self._batches.get()) is not None:
+            if self.writer is None or self.error is not None:
+                continue
             try:
-                self.writer.add(index, records)
+                self.writer.add(*batch)
                 self.after_write()
             except Exception as e:  # noqa: BLE001  (pyarrow's and the OS's errors alike)
                 self.error = f"cannot write the trace: {e}"
@@ -102,6 +114,8 @@ class Streaming:
             self.drain.stop()
         except Exception as e:  # noqa: BLE001  (the reader's failure, reported in the dump)
             self.error = self.error or f"the ring reader failed: {e}"
+        self._batches.put(None)
+        self._writing.join()
         dropped = {name: r.dropped for name, r in zip(self.names, self.readers)}
         if self.writer is not None and self.error is None:
             try:
