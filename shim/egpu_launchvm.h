@@ -67,10 +67,13 @@ void egpu_lvm_prog_stats(const struct egpu_lvm_prog *p, struct egpu_lvm_stats *o
 int egpu_lvm_exec(struct egpu_lvm_prog *p, void *mem, size_t len, unsigned long long *r0, unsigned int *pc);
 
 /* One bpf_trace_printk call of a program in C, formatted by the runtime (maps.TraceRecord): the format's
- * first EGPU_LVM_TRACE_FMT bytes (a longer one is cut there) and the three arguments. */
+ * first EGPU_LVM_TRACE_FMT bytes (a longer one is cut there) and the three arguments. Or (map >= 0) one
+ * record a bpf_ringbuf_output or bpf_perf_event_output call sent to the program's map `map`, in fmt (a
+ * record longer than EGPU_LVM_TRACE_FMT is refused: the helper returns -E2BIG). */
 enum { EGPU_LVM_TRACE_FMT = 256 };
 struct egpu_lvm_trace {
     const struct egpu_lvm_prog *prog;
+    int map;
     unsigned long long args[3];
     unsigned int size;
     unsigned char fmt[256];

@@ -572,27 +572,58 @@ static int store_dim3(struct run *x, const unsigned int *v) {
     return 0;
 }
 
-/* ---- trace_printk: records kept for the runtime (egpu_lvm_trace_take), under lvm_lock ---- */
+/* ---- trace_printk and ring or perf buffer output: records kept for the runtime (egpu_lvm_trace_take),
+ * which hands them to the probe's host maps, under lvm_lock ---- */
 
 #define TRACE_RECORDS 16384
 static struct egpu_lvm_trace *trace_ring; /* allocated at the first record */
 static size_t trace_head, trace_count;
 static unsigned long long trace_dropped;
 
+static struct egpu_lvm_trace *trace_slot(void) {
+    if (!trace_ring) trace_ring = malloc(TRACE_RECORDS * sizeof *trace_ring);
+    if (!trace_ring || trace_count == TRACE_RECORDS) {
+        trace_dropped++;
+        return NULL;
+    }
+    return &trace_ring[(trace_head + trace_count++) % TRACE_RECORDS];
+}
+
 static int trace_printk(struct run *x) {
     unsigned int size = x->r[2] < EGPU_LVM_TRACE_FMT ? (unsigned int)x->r[2] : EGPU_LVM_TRACE_FMT;
     const unsigned char *fmt = at(x, x->r[1], size, 0);
     if (!fmt) return -1;
-    if (!trace_ring) trace_ring = malloc(TRACE_RECORDS * sizeof *trace_ring);
-    if (!trace_ring || trace_count == TRACE_RECORDS) {
-        trace_dropped++;
-    } else {
-        struct egpu_lvm_trace *t = &trace_ring[(trace_head + trace_count++) % TRACE_RECORDS];
-        t->prog = x->p, t->size = size;
+    struct egpu_lvm_trace *t = trace_slot();
+    if (t) {
+        t->prog = x->p, t->map = -1, t->size = size;
         t->args[0] = x->r[3], t->args[1] = x->r[4], t->args[2] = x->r[5];
         memcpy(t->fmt, fmt, size);
     }
     x->r[0] = 0;
+    return 0;
+}
+
+/* bpf_ringbuf_output, bpf_perf_event_output: the record goes to the runtime, which puts it in the map;
+ * 0 once kept (a map found full then counts it dropped there), -ENOSPC when this buffer is full. */
+static int output(struct run *x, int map_reg, int data_reg, int size_reg) {
+    uint64_t k = x->r[map_reg] - MAP_HANDLE(0), size = x->r[size_reg];
+    if (k >= x->p->nmaps) {
+        x->fault = EGPU_LVM_NOT_A_MAP;
+        return -1;
+    }
+    if (size > EGPU_LVM_TRACE_FMT) {
+        x->r[0] = (uint64_t)-E2BIG;
+        return 0;
+    }
+    const unsigned char *data = at(x, x->r[data_reg], size, 0);
+    if (!data) return -1;
+    struct egpu_lvm_trace *t = trace_slot();
+    if (t) {
+        t->prog = x->p, t->map = (int)k, t->size = (unsigned int)size;
+        t->args[0] = t->args[1] = t->args[2] = 0;
+        memcpy(t->fmt, data, size);
+    }
+    x->r[0] = t ? 0 : (uint64_t)-ENOSPC;
     return 0;
 }
 
@@ -645,6 +676,8 @@ static int helper(struct run *x, int32_t id) {
         }
         return 0;
     case 6: return trace_printk(x);
+    case 25: return output(x, 2, 4, 5);  /* perf_event_output(ctx, map, flags, data, size) */
+    case 130: return output(x, 1, 2, 3); /* ringbuf_output(map, data, size, flags) */
     case 14: /* get_current_pid_tgid: the process, tgid << 32 | its main thread (helpers.py) */
         x->r[0] = (uint64_t)getpid() << 32 | (uint64_t)getpid();
         return 0;
@@ -696,8 +729,8 @@ static int execute(struct run *x, unsigned int *fault_pc) {
             uint32_t lo = (uint32_t)i->imm, hi = (uint32_t)p->insns[pc + 1].imm;
             if (src == 0) {
                 x->r[dst] = (uint64_t)hi << 32 | lo;
-            } else if (src == 5) { /* map by index */
-                if (hi || lo >= p->nmaps || !p->maps[lo]) FAIL(EGPU_LVM_NOT_A_MAP);
+            } else if (src == 5) { /* map by index (NULL: a ring or perf buffer the runtime keeps: output) */
+                if (hi || lo >= p->nmaps) FAIL(EGPU_LVM_NOT_A_MAP);
                 x->r[dst] = MAP_HANDLE(lo);
             } else if (src == 6) { /* a map's value 0 (global data) + offset */
                 if (lo >= p->nmaps || !p->maps[lo] || is_hash(p->maps[lo])) FAIL(EGPU_LVM_NOT_A_MAP);

@@ -81,6 +81,24 @@ def test_uprobes_see_exact_arguments_and_return_values_and_share_a_map_with_laun
     assert sites["driver_launch"] == ("libcuda.so.1:cuLaunchKernel", "attached", 0)
 
 
+def test_uprobes_send_records_to_ring_and_perf_buffers_from_c(stub_job, uprobe_app, tmp_path):
+    """bpf_ringbuf_output and bpf_perf_event_output in uprobes, which run only in C: every call's record
+    reaches the ring, every return's the perf buffer (the host as CPU 0), in order, in the dump."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    obj = tmp_path / "records.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "records.bpf.c"),
+                    "-o", str(obj)], check=True)
+    n = 30
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, str(app), "calls", str(n))
+    assert r.returncode == 0, r.stderr
+    assert "not attached" not in r.stderr, r.stderr
+    state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
+    calls, returns = state.storages
+    assert [struct.unpack("<qq", rec) for rec in calls.records] == [(i, i + 1) for i in range(n)]
+    assert [(cpu, struct.unpack("<q", rec)[0]) for cpu, rec in returns.records] == [(0, 6 * i + 15) for i in range(n)]
+
+
 DIRECT = ["--uprobe", "sum8_entry=app_uprobe:upt_direct", "--uprobe", "sum8_exit=app_uprobe:upt_direct"]
 
 

@@ -176,7 +176,8 @@ class ProbeMaps:
 
     def has_pending(self) -> bool:
         """Whether shared maps have keys to copy to the device."""
-        return bool(self.pending) or (self.native is not None and any(self.native.changed(i) for i in self.shared))
+        return bool(self.pending) or (self.native is not None
+                                      and any(self.native.changed(i) for i in self.native.tracked))
 
     def host_state(self) -> MapsState:
         """The host copy with plain storages (for dumps)."""
@@ -341,7 +342,7 @@ class LaunchProbes:
                     mapsync.push_key(mem, addrs[i], storage, key, now)
             side.pending = {}
             if side.native is not None:
-                for i in side.shared:
+                for i in side.native.tracked:
                     storage, taken = side.native.changes(i)
                     for key in taken:
                         mapsync.push_key(mem, addrs[i], storage, key, now)
@@ -433,7 +434,8 @@ class Drainer:
                 self.probes.push(*dev)
 
     def _take_trace(self) -> None:
-        """The bpf_printk records programs in C made, onto their probe's host trace, in order."""
+        """The bpf_printk lines programs in C made, onto their probe's host trace, and the records they
+        output, into their ring or perf buffer, in order."""
         dropped = self.ffi.new("unsigned long long *")
         while True:
             n = self.lib.egpu_lvm_trace_take(self._trace, TRACE_BATCH, dropped)
@@ -441,9 +443,18 @@ class Drainer:
             for k in range(n):
                 t = self._trace[k]
                 side = self._owners.get(int(self.ffi.cast("uintptr_t", t.prog)))
-                if side is not None:
-                    side.state.trace.append(TraceRecord(bytes(self.ffi.buffer(t.fmt, t.size)),
-                                                        (int(t.args[0]), int(t.args[1]), int(t.args[2]))))
+                if side is None:
+                    continue
+                data = bytes(self.ffi.buffer(t.fmt, t.size))
+                if t.map < 0:
+                    side.state.trace.append(TraceRecord(data, (int(t.args[0]), int(t.args[1]), int(t.args[2]))))
+                    continue
+                storage = side.state.storages[t.map]
+                storage = storage.inner if isinstance(storage, Touched) else storage
+                if side.state.maps[t.map].type == prog.MAP_PERF_EVENT_ARRAY:
+                    storage.output(0, data)   # the host is CPU 0, as in the VM's launch runs
+                else:
+                    storage.output(data)
             if n < TRACE_BATCH:
                 return
 

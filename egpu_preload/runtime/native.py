@@ -4,9 +4,11 @@ maps read back into the host containers the dumps print.
 
 A probe object's host side (``host_side``: its launch, egpu/uvm, host-API and uprobe programs, on one
 host copy of its maps) runs in C when every map they use is an ARRAY, PERCPU_ARRAY, HASH, LRU_HASH or
-global data, and they call only the helpers in ``NATIVE_HELPERS`` (trace_printk too in an object with
-uprobes): then no record of its kernels reaches Python. Maps GPU programs share are tracked in C (the
-keys a run changed are logged, launches.py pushes them to the device copy). Otherwise (ring and perf
+global data, and they call only the helpers in ``NATIVE_HELPERS``: then no record of its kernels reaches
+Python. In an object with uprobes, which run only in C, trace_printk, bpf_ringbuf_output and
+bpf_perf_event_output run there too, on ring and perf buffers the runtime keeps (C queues each record,
+launches.Drainer puts it in the map; a record over 256 bytes is refused with -E2BIG). Maps GPU programs
+share are tracked in C (the keys a run changed are logged, launches.py pushes them to the device copy). Otherwise (ring and perf
 buffers, trace_printk, egpu/uvm programs) its launch programs run on the Python VM, and ``refusal`` says
 why.
 
@@ -30,6 +32,9 @@ from egpu_preload.bpf.sections import API_KINDS, HOST_KINDS, HOST_SIDE
 from egpu_preload.maps import STORAGE_BY_TYPE, MapStorage
 
 MAP_TYPES = frozenset((prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_HASH, prog.MAP_LRU_HASH))
+OUTPUT_MAPS = frozenset((prog.MAP_RINGBUF, prog.MAP_PERF_EVENT_ARRAY))   # kept by the runtime, fed from C
+# with uprobes: what C hands to the runtime (launches.Drainer) rather than keeps
+QUEUED_HELPERS = frozenset(BY_NAME[n].id for n in ("trace_printk", "ringbuf_output", "perf_event_output"))
 # launchvm.c's helper(): every helper but those that send records or text to the host
 NATIVE_HELPERS = frozenset(HELPERS) - {BY_NAME[n].id for n in (
     "trace_printk", "perf_event_output", "ringbuf_output", "ringbuf_reserve", "ringbuf_submit", "ringbuf_discard",
@@ -63,10 +68,12 @@ def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used:
     uvm = [p.name for p in programs if p.attach.kind == "uvm"]
     if uvm:
         return f"{uvm[0]} is an egpu/uvm program"
-    printk = any(p.attach.kind in HOST_KINDS for p in programs)
-    allowed = NATIVE_HELPERS | {BY_NAME["trace_printk"].id} if printk else NATIVE_HELPERS
+    queued = any(p.attach.kind in HOST_KINDS for p in programs)
+    allowed = NATIVE_HELPERS | QUEUED_HELPERS if queued else NATIVE_HELPERS
     for i in sorted(used):
         m = maps[i]
+        if queued and m.type in OUTPUT_MAPS:
+            continue
         if m.type not in MAP_TYPES:
             return f"map {m.name} is a {prog.MAP_TYPE_NAMES.get(m.type, m.type)}"
         if m.max_entries > MAX_ENTRIES or not 0 < m.value_size <= MAX_VALUE or not 0 < m.key_size <= MAX_VALUE:
@@ -109,13 +116,16 @@ class Side:
         self.maps: dict[int, Any] = {}
         for i in sorted(used):
             m = maps[i]
+            if m.type in OUTPUT_MAPS:   # the runtime's (launches.Drainer): C only names them
+                continue
             initial = m.initial or b""
             made = lib.egpu_lvm_map_new(m.type, m.key_size, m.value_size, m.max_entries, int(m.readonly),
                                         initial, len(initial))
             if made == ffi.NULL:
                 raise MemoryError(f"map {m.name}: no memory for {m.max_entries} entries")
             self.maps[i] = ffi.gc(made, lib.egpu_lvm_map_free)
-        for i in shared:
+        self.tracked = [i for i in sorted(shared) if i in self.maps]   # a shared ring is the runtime's
+        for i in self.tracked:
             lib.egpu_lvm_map_track(self.maps[i])
         table = ffi.new("struct egpu_lvm_map *[]", [self.maps.get(i, ffi.NULL) for i in range(len(maps))] or 1)
         self.programs: list[tuple[prog.Program, Any]] = []
