@@ -273,8 +273,9 @@ def test_egpu_attach_refuses_bare_uprobes(uprobe_app):
 
 
 def test_uprobes_may_print_where_egpu_run_takes_the_lines(tmp_path):
-    """One refusal rule for an object's host side: trace_printk runs in C beside uprobes (the drainer takes
-    its records), not beside launch programs alone; a live attach has no drainer for it, so refuses it."""
+    """One refusal rule for an object's host side: trace_printk and ring or perf buffer output run in C
+    beside uprobes (the drainer takes their records), not beside launch programs alone; a live attach
+    has no drainer for them, so refuses them."""
     from egpu_preload.bpf.compile import compile_probe
     from egpu_preload.runtime import native
     from egpu_preload.runtime.probes import load_probe
@@ -289,5 +290,12 @@ def test_uprobes_may_print_where_egpu_run_takes_the_lines(tmp_path):
     launch = [p for p in host if p.attach.kind == "launch"]
     assert native.refusal(launch, probe.obj.maps, used) == "on_launch calls trace_printk"
     uprobe = [p for p in probe.obj.programs if p.attach.kind == "uprobe"]
-    assert native.prints(uprobe) and not native.prints([])
-    assert live_refusal(probe) == "its uprobes print (bpf_printk): only egpu-run takes those"
+    assert native.queues(uprobe) and not native.queues([])
+    refused = "its uprobes print or send records (bpf_printk, ring or perf buffers): only egpu-run takes those"
+    assert live_refusal(probe) == refused
+    # a record for a ring buffer, as a line: the drainer of egpu-run's start-up probes would not take it
+    src.write_text('#include "egpu.bpf.h"\n'
+                   'struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096); } rb SEC(".maps");\n'
+                   'SEC("uprobe/libc.so.6:getpid") int on_call(void *regs) { __u64 v = 1;\n'
+                   '  bpf_ringbuf_output(&rb, &v, sizeof(v), 0); return 0; }\n')
+    assert live_refusal(load_probe(compile_probe(src, tmp_path / "r.bpf.o"))) == refused

@@ -99,10 +99,10 @@ def api_refusal(obj: prog.BpfObject) -> str | None:
                                      f"object: {why}")
 
 
-def prints(programs: Sequence[prog.Program]) -> bool:
-    """Whether any of ``programs`` calls trace_printk (bpf_printk)."""
-    printk = BY_NAME["trace_printk"].id
-    return any(i.kind == "call" and i.src == isa.CALL_HELPER and i.imm == printk
+def queues(programs: Sequence[prog.Program]) -> bool:
+    """Whether any of ``programs`` hands C something only the runtime's drainer takes: a bpf_printk line
+    or a ring or perf buffer record (QUEUED_HELPERS)."""
+    return any(i.kind == "call" and i.src == isa.CALL_HELPER and i.imm in QUEUED_HELPERS
                for p in programs for i in decode(p.code))
 
 

@@ -151,8 +151,8 @@ def live_refusal(probe: Any) -> str | None:
         names = ", ".join(sorted(probe.obj.maps[i].name for i in shared))
         return f"its uprobes share maps with GPU programs ({names}): only egpu-run runs those"
     why = native.refusal(hosts, probe.obj.maps, used)
-    if why is None and native.prints(hosts):
-        return "its uprobes print (bpf_printk): only egpu-run takes those"
+    if why is None and native.queues(hosts):
+        return "its uprobes print or send records (bpf_printk, ring or perf buffers): only egpu-run takes those"
     return f"uprobes run in C only, and {why}" if why else None
 
 
