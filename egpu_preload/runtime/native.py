@@ -8,8 +8,9 @@ global data, and they call only the helpers in ``NATIVE_HELPERS``: then no recor
 Python. In an object with uprobes, which run only in C, trace_printk, bpf_ringbuf_output and
 bpf_perf_event_output run there too, on ring and perf buffers the runtime keeps (C queues each record,
 launches.Drainer puts it in the map; a record over 256 bytes is refused with -E2BIG). Maps GPU programs
-share are tracked in C (the keys a run changed are logged, launches.py pushes them to the device copy). Otherwise (ring and perf
-buffers, trace_printk, egpu/uvm programs) its launch programs run on the Python VM, and ``refusal`` says
+share are tracked in C (the keys a run changed are logged, launches.py pushes them to the device copy).
+Otherwise (ring and perf buffers, trace_printk, egpu/uvm programs) its launch programs run on the Python
+VM, and ``refusal`` says
 why.
 
 Uprobes and host-API programs run in the application's thread, inside the hook, so they run in C or not

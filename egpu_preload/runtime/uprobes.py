@@ -12,8 +12,8 @@ launch probes' are (launches.py, "Maps"). ``bpf_ktime_get_ns()`` reads the launc
 Limits: uprobes run only in C, so an object whose host side the C engine refuses (native.refusal: a
 map type it does not keep, bpf_ringbuf_reserve) has its uprobes reported not attached; ``bpf_printk``,
 ``bpf_ringbuf_output`` and ``bpf_perf_event_output`` run in C for objects with uprobes (launches.Drainer
-takes the lines and records, a record up to 256 bytes). The runtime starts on the first CUDA call, so calls made before it are
-not seen.
+takes the lines and records, a record up to 256 bytes). The runtime starts on the first CUDA call, so
+calls made before it are not seen.
 """
 
 from __future__ import annotations
