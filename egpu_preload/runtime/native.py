@@ -10,8 +10,7 @@ bpf_perf_event_output run there too, on ring and perf buffers the runtime keeps 
 launches.Drainer puts it in the map; a record over 256 bytes is refused with -E2BIG). Maps GPU programs
 share are tracked in C (the keys a run changed are logged, launches.py pushes them to the device copy).
 Otherwise (ring and perf buffers, trace_printk, egpu/uvm programs) its launch programs run on the Python
-VM, and ``refusal`` says
-why.
+VM, and ``refusal`` says why.
 
 Uprobes and host-API programs run in the application's thread, inside the hook, so they run in C or not
 at all: uprobes of an object C cannot take are not attached (runtime/uprobes.py), and an object with
