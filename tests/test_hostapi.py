@@ -71,13 +71,14 @@ def test_every_host_field_reads_where_ctx_py_says(tmp_path):
 
 
 def test_host_api_programs_that_c_cannot_run_are_refused_when_loaded(tmp_path):
-    """Host-API programs run in the hook, in C only: a ring buffer (which C does not take) refuses the
-    object before the job starts, where a launch program alone would fall back to the Python VM."""
+    """Host-API programs run in the hook, in C only: a ring buffer record reserved in place (which C does
+    not do; bpf_ringbuf_output it does) refuses the object before the job starts, where a launch program
+    alone would fall back to the Python VM."""
     ring = ('struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096); } rb SEC(".maps");\n'
-            'SEC("egpu/memcpy/*") int p(struct egpu_host_ctx *c) { __u64 n = c->bytes; '
-            'bpf_ringbuf_output(&rb, &n, 8, 0); return 0; }\n')
+            'SEC("egpu/memcpy/*") int p(struct egpu_host_ctx *c) { __u64 *n = bpf_ringbuf_reserve(&rb, 8, 0);\n'
+            '  if (n) { *n = c->bytes; bpf_ringbuf_submit(n, 0); } return 0; }\n')
     with pytest.raises(EgpuError, match="host-API programs run only in C, in the hooks, which cannot take this "
-                                        "object: map rb is a ringbuf"):
+                                        "object: p calls ringbuf_reserve"):
         _load(tmp_path, ring)
 
 
@@ -259,6 +260,27 @@ def test_one_object_one_set_of_maps(job):
     assert attached["egpu/memcpy/cuMemcpyHtoDAsync*"] == ["cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"]
     assert len(attached["egpu/sync/*"]) == 5 and len(attached["egpu/memset/*"]) == 25
     assert doc["launch_probes"]["in_c"] == [doc["probes"][0]["path"]]
+
+
+def test_host_api_programs_print_and_send_records_from_c(stub_job, app, tmp_path):
+    """A host-API program runs only in C: its bpf_printk lines and ring buffer records reach the dump, one
+    per synchronous host-to-device copy of the app, with the bytes it copied."""
+    probe = _load(tmp_path, 'struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 1 << 16); } '
+                            'copies SEC(".maps");\n'
+                            'SEC("egpu/memcpy/cuMemcpyHtoD_v2") int on_copy(struct egpu_host_ctx *c) {\n'
+                            '  __u64 n = c->bytes; bpf_ringbuf_output(&copies, &n, sizeof(n), 0);\n'
+                            '  bpf_printk("copy %llu", n); return 0; }\n')
+    r, (doc,), _ = run_kept(stub_job, tmp_path, probe.path, str(app))
+    assert r.returncode == 0, r.stderr
+    sizes = [int(ln.split("bytes=")[1]) for ln in r.stdout.splitlines()
+             if ln.startswith("call cuMemcpyHtoD_v2 ")]
+    assert sizes
+    from egpu_preload.maps import MapsState
+    from egpu_preload.runtime import dump
+    state = dump.restore_state(MapsState(probe.obj.maps), doc["probes"][0])
+    (ring,) = [s for m, s in zip(state.maps, state.storages) if m.name == "copies"]
+    assert [struct.unpack("<Q", rec)[0] for rec in ring.records] == sizes
+    assert [(bytes(t.fmt).rstrip(b"\0"), t.args[0]) for t in state.trace] == [(b"copy %llu", n) for n in sizes]
 
 
 def test_a_program_that_loads_no_module_is_seen_from_its_first_call(stub_job, app, tmp_path):

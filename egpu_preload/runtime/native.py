@@ -5,10 +5,11 @@ maps read back into the host containers the dumps print.
 A probe object's host side (``host_side``: its launch, egpu/uvm, host-API and uprobe programs, on one
 host copy of its maps) runs in C when every map they use is an ARRAY, PERCPU_ARRAY, HASH, LRU_HASH or
 global data, and they call only the helpers in ``NATIVE_HELPERS``: then no record of its kernels reaches
-Python. In an object with uprobes, which run only in C, trace_printk, bpf_ringbuf_output and
-bpf_perf_event_output run there too, on ring and perf buffers the runtime keeps (C queues each record,
-launches.Drainer puts it in the map; a record over 256 bytes is refused with -E2BIG). Maps GPU programs
-share are tracked in C (the keys a run changed are logged, launches.py pushes them to the device copy).
+Python. In an object with uprobes or host-API programs, which run only in C, trace_printk,
+bpf_ringbuf_output and bpf_perf_event_output run there too, on ring and perf buffers the runtime keeps
+(C queues each record, launches.Drainer puts it in the map; a record over 256 bytes is refused with
+-E2BIG). Maps GPU programs share are tracked in C (the keys a run changed are logged, launches.py
+pushes them to the device copy).
 Otherwise (ring and perf buffers, trace_printk, egpu/uvm programs) its launch programs run on the Python
 VM, and ``refusal`` says why.
 
@@ -63,12 +64,13 @@ def host_side(obj: prog.BpfObject) -> tuple[list[prog.Program], set[int], set[in
 
 def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used: Iterable[int]) -> str | None:
     """Why an object's host programs (``host_side``) using maps ``used`` cannot run in C; None when they can.
-    egpu/uvm programs never do (CUPTI's thread runs them on the Python VM). trace_printk runs in C for an
-    object with uprobes, which run only in C (launches.Drainer takes its records)."""
+    egpu/uvm programs never do (CUPTI's thread runs them on the Python VM). trace_printk and ring or perf
+    buffer output run in C for an object with uprobes or host-API programs, which run only in C
+    (launches.Drainer takes their records)."""
     uvm = [p.name for p in programs if p.attach.kind == "uvm"]
     if uvm:
         return f"{uvm[0]} is an egpu/uvm program"
-    queued = any(p.attach.kind in HOST_KINDS for p in programs)
+    queued = any(p.attach.kind in HOST_KINDS or p.attach.kind in API_KINDS for p in programs)
     allowed = NATIVE_HELPERS | QUEUED_HELPERS if queued else NATIVE_HELPERS
     for i in sorted(used):
         m = maps[i]
