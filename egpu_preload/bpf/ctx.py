@@ -47,6 +47,16 @@ FIELDS: tuple[Field, ...] = (
 SIZE = 144
 WORDS = SIZE // 8
 
+
+class Element(NamedTuple):
+    field: Field
+    index: int    # which element of an array field (grid[1]: 1)
+    offset: int   # its byte offset in the context; the 8-byte word holding it is offset // 8
+
+
+# Every element of every field, in offset order: what each context word holds.
+ELEMENTS: tuple[Element, ...] = tuple(Element(f, e, f.offset + f.size * e) for f in FIELDS for e in range(f.count))
+
 # What r1 holds where a probe's context is not in memory (its words passed in registers, or none read).
 # Not NULL: the verifier proves ctx never NULL, so a probe's `if (!ctx)` branch is not translated; and
 # farther from 0 than any offset it allows.

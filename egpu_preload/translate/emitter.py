@@ -18,7 +18,7 @@ does not).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..bpf import isa
@@ -65,6 +65,18 @@ def ctx_word_reg(word: int) -> str:
 TABLE_PARAM, TABLE_REG = "%maps", "%maptab"
 # Where a kernel's own code reads the launch dimensions of struct egpu_ctx (its .x, .y, .z elements).
 DIM_REGISTERS = {"grid": "%nctaid", "block": "%ntid"}
+
+
+def packed_word(reg: str, constant: str, parts: Sequence[tuple[Sequence[str], int]], narrow: str,
+                wide: str) -> list[str]:
+    """PTX leaving a context word in ``reg``: ``constant``, with each 32-bit part, which its code leaves in
+    ``narrow``, shifted into its place (bits) through ``wide``."""
+    out = [f"mov.b64 {reg}, {constant};"]
+    for code, shift in parts:
+        out += [*code, f"cvt.u64.u32 {wide}, {narrow};"]
+        out += [f"shl.b64 {wide}, {wide}, {shift};"] if shift else []
+        out.append(f"or.b64 {reg}, {reg}, {wide};")
+    return out
 
 
 def lit(v: int, bits: int = 64) -> str:

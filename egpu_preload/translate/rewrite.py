@@ -77,7 +77,7 @@ from egpu_preload.bpf.verifier import VerifiedProgram, verify
 from egpu_preload.errors import PtxError
 from egpu_preload.translate import ptx
 from egpu_preload.translate.demangle import matches
-from egpu_preload.translate.emitter import DIM_REGISTERS
+from egpu_preload.translate.emitter import DIM_REGISTERS, packed_word
 from egpu_preload.translate.striping import stripe_counters
 
 LAUNCH_PARAM = "__egpu_launch_id"
@@ -96,10 +96,8 @@ _SITE_FIELDS = ("site", "size", "flags", "kind")   # and addr: stored at each si
 _ZERO_FIELDS = ("pad", "stream")  # zero in kernels (a kernel does not know its stream)
 # Context word -> the (field, bit shift, mask) of each field element in it.
 _WORD_FIELDS: dict[int, list[tuple[str, int, int]]] = {w: [] for w in range(C.WORDS)}
-for _f in C.FIELDS:
-    for _e in range(_f.count):
-        _at = _f.offset + _e * _f.size
-        _WORD_FIELDS[_at // 8].append((_f.name, 8 * (_at % 8), (1 << 8 * _f.size) - 1))
+for _el in C.ELEMENTS:
+    _WORD_FIELDS[_el.offset // 8].append((_el.field.name, 8 * (_el.offset % 8), (1 << 8 * _el.field.size) - 1))
 
 
 @dataclass(frozen=True)
@@ -405,15 +403,11 @@ class _Kernel:
         reg = f"%{PREFIX}_c{word}"
         if word == C.BY_NAME["launch_id"].offset // 8:
             return [f"ld.param.u64 {reg}, [{LAUNCH_PARAM}];"]
-        dims = [(name, shift) for name, shift, _ in _WORD_FIELDS[word] if name in DIM_REGISTERS]
+        dims = [el for el in C.ELEMENTS if el.offset // 8 == word and el.field.name in DIM_REGISTERS]
         if dims:
-            out = [f"mov.b64 {reg}, {_pack(word, {'nargs': min(len(self.fn.params), C.MAX_ARGS)})};"]
-            for name, shift in dims:
-                axis = "xyz"[(8 * word + shift // 8 - C.BY_NAME[name].offset) // 4]
-                out += [f"mov.u32 %{PREFIX}_w, {DIM_REGISTERS[name]}.{axis};", f"cvt.u64.u32 %{PREFIX}_t, %{PREFIX}_w;"]
-                out += [f"shl.b64 %{PREFIX}_t, %{PREFIX}_t, {shift};"] if shift else []
-                out.append(f"or.b64 {reg}, {reg}, %{PREFIX}_t;")
-            return out
+            return packed_word(reg, str(_pack(word, {"nargs": min(len(self.fn.params), C.MAX_ARGS)})),
+                               [([f"mov.u32 %{PREFIX}_w, {DIM_REGISTERS[el.field.name]}.{'xyz'[el.index]};"],
+                                 8 * (el.offset % 8)) for el in dims], f"%{PREFIX}_w", f"%{PREFIX}_t")
         return _load_param(self.fn.params[word - C.BY_NAME["args"].offset // 8]) + [f"mov.b64 {reg}, %{PREFIX}_t;"]
 
     def _site(self, ins: ptx.Instruction | None, index: int, kind: int, acc: "Access | None",

@@ -44,7 +44,7 @@ from pathlib import Path
 from ..bpf import ctx as C
 from ..bpf.program import Attach, BpfObject
 from ..errors import TranslateError
-from .emitter import DIM_REGISTERS, lit
+from .emitter import DIM_REGISTERS, lit, packed_word
 from .module import PTX_VERSION, SM_MIN, header, probe_function
 
 ENTER, EXIT, MEM = "egpu_sass_block_enter", "egpu_sass_block_exit", "egpu_sass_global_access"
@@ -185,7 +185,7 @@ def _entry(name: str, programs: list[PatchProgram], offsets: list[int]) -> str:
 
 def _words_holding(fields: frozenset[str]) -> frozenset[int]:
     """The context words that hold any element of these fields."""
-    return frozenset((f.offset + f.size * e) // 8 for f in C.FIELDS if f.name in fields for e in range(f.count))
+    return frozenset(el.offset // 8 for el in C.ELEMENTS if el.field.name in fields)
 
 
 def _word(entry: str, word: int) -> list[str]:
@@ -200,31 +200,23 @@ def _word(entry: str, word: int) -> list[str]:
         at = {"kernel_id": RECORD.KERNEL_ID, "launch_id": RECORD.LAUNCH_ID, "stream": RECORD.STREAM}[name]
         return [f"\tld.global.u64 {reg}, [%u+{at}];"]
     constant, parts = 0, []   # 32-bit elements: a constant part, and values to shift in
-    for f in C.FIELDS:
-        for e in range(f.count):
-            at = f.offset + f.size * e
-            if at // 8 != word or f.size != 4:
-                continue
-            shift = 8 * (at % 8)
-            if f.name == "kind":
-                constant |= _KIND[entry] << shift
-            elif f.name in DIM_REGISTERS:
-                parts.append((f"\tmov.u32 %w2, {DIM_REGISTERS[f.name]}.{'xyz'[e]};", shift))
-            elif f.name == "site" and entry != ENTER:   # the SASS instruction index; entry: 0
-                parts.append(("\tld.param.b64 %t0, [%pc];\n"
-                              f"\tld.global.u64 %t1, [%u+{RECORD.START}];\n"
-                              "\tsetp.lo.u64 %p0, %t0, %t1;\n\t@!%p0 sub.u64 %t0, %t0, %t1;\n"
-                              "\tshr.u64 %t0, %t0, 4;\n\tcvt.u32.u64 %w2, %t0;", shift))
-            elif f.name == "size" and entry == MEM:
-                parts.append(("\tld.param.b32 %w2, [%size];", shift))
-            elif f.name == "flags" and entry == MEM:
-                parts.append(("\tmov.u32 %w2, %flags_e;", shift))
-    out = [f"\tmov.b64 {reg}, {lit(constant)};"]
-    for code, shift in parts:
-        out += [code, "\tcvt.u64.u32 %t2, %w2;"]
-        out += [f"\tshl.b64 %t2, %t2, {shift};"] if shift else []
-        out.append(f"\tor.b64 {reg}, {reg}, %t2;")
-    return out
+    for el in C.ELEMENTS:
+        name, shift = el.field.name, 8 * (el.offset % 8)
+        if el.offset // 8 != word or el.field.size != 4:
+            continue
+        if name == "kind":
+            constant |= _KIND[entry] << shift
+        elif name in DIM_REGISTERS:
+            parts.append(([f"mov.u32 %w2, {DIM_REGISTERS[name]}.{'xyz'[el.index]};"], shift))
+        elif name == "site" and entry != ENTER:   # the SASS instruction index; entry: 0
+            parts.append((["ld.param.b64 %t0, [%pc];", f"ld.global.u64 %t1, [%u+{RECORD.START}];",
+                           "setp.lo.u64 %p0, %t0, %t1;", "@!%p0 sub.u64 %t0, %t0, %t1;", "shr.u64 %t0, %t0, 4;",
+                           "cvt.u32.u64 %w2, %t0;"], shift))
+        elif name == "size" and entry == MEM:
+            parts.append((["ld.param.b32 %w2, [%size];"], shift))
+        elif name == "flags" and entry == MEM:
+            parts.append((["mov.u32 %w2, %flags_e;"], shift))
+    return ["\t" + line for line in packed_word(reg, lit(constant), parts, "%w2", "%t2")]
 
 
 _KIND = {ENTER: C.KIND_ENTRY, EXIT: C.KIND_EXIT, MEM: C.KIND_MEM}
