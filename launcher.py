@@ -578,10 +578,11 @@ def run_cmd(ctx: typer.Context,
             if trace is not None:
                 from egpu_preload.output import tracefile
                 trace = tracefile.prepare(trace)
-            cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose),
-                                durations or perfetto is not None, backend=backend, timeline=perfetto is not None,
+            timed = durations or perfetto is not None   # CUPTI: from the job's first CUDA call
+            cfg = config.Config(tuple(p.path for p in loaded), session, kernel, int(verbose), timed,
+                                backend=backend, timeline=perfetto is not None,
                                 mirror=mirror, launch_vm=launch_vm, trace=trace, on_full=on_full, uprobes=targets,
-                                early_start=durations or perfetto is not None or any(
+                                early_start=timed or any(
                                     p.attach.kind in EARLY_KINDS for pr in loaded for p in pr.obj.programs))
             with progress.step("building the SASS back end's patch image (ptxas)"):
                 cfg, sass_notes = sass.for_job(cfg, loaded, standby=live_sass)

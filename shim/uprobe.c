@@ -477,11 +477,14 @@ out:
 
 /* ---- the runtime's API ---- */
 
-/* Whether PATH is a loaded object, and defines SYMBOL (*target). */
+/* Whether PATH is a loaded object (the last one PATH names: its name and base), and defines SYMBOL
+ * (*target; no SYMBOL: the first object PATH names). */
 struct lookup {
     const char *path, *symbol;
     int loaded;
     void *target;
+    const char *name;
+    unsigned long long base;
 };
 
 static int lookup_one(struct dl_phdr_info *info, size_t size, void *arg) {
@@ -489,34 +492,19 @@ static int lookup_one(struct dl_phdr_info *info, size_t size, void *arg) {
     struct object o;
     object_of(info, &o);
     if (!names(l->path, o.name)) return 0;
-    l->loaded = 1;
+    l->loaded = 1, l->name = o.name, l->base = o.base;
+    if (!l->symbol) return 1;
     l->target = defined_in(&o, l->symbol);
     return l->target != NULL;
 }
 
-struct found {
-    const char *path;
-    char *file;
-    size_t file_len;
-    unsigned long long base;
-    int loaded;
-};
-
-static int find_one(struct dl_phdr_info *info, size_t size, void *arg) {
-    struct found *f = arg;
-    struct object o;
-    object_of(info, &o);
-    if (!names(f->path, o.name) || strlen(o.name) >= f->file_len) return 0;
-    strcpy(f->file, o.name);
-    f->base = o.base, f->loaded = 1;
-    return 1;
-}
-
 EXPORT int egpu_uprobe_object(const char *path, char *file, size_t file_len, unsigned long long *base) {
-    struct found f = {path, file, file_len, 0, 0};
-    dl_iterate_phdr(find_one, &f);
-    *base = f.base;
-    return f.loaded;
+    struct lookup l = {path, NULL, 0, NULL, NULL, 0};
+    dl_iterate_phdr(lookup_one, &l);
+    if (!l.loaded || strlen(l.name) >= file_len) return 0;
+    strcpy(file, l.name);
+    *base = l.base;
+    return 1;
 }
 
 EXPORT int egpu_uprobe_attach(const char *path, const char *symbol, struct egpu_lvm_prog *const *progs,
@@ -526,7 +514,7 @@ EXPORT int egpu_uprobe_attach(const char *path, const char *symbol, struct egpu_
 #endif
     if (strlen(path) >= NAME_MAX_ || strlen(symbol) >= NAME_MAX_) return EGPU_UPROBE_NO_SYMBOL;
     egpu_fork_handlers();
-    struct lookup l = {path, symbol, 0, NULL};
+    struct lookup l = {path, symbol, 0, NULL, NULL, 0};
     pthread_mutex_lock(&up_lock);
     dl_iterate_phdr(lookup_one, &l);
     int result = EGPU_UPROBE_FULL;

@@ -449,8 +449,7 @@ class Drainer:
                 if t.map < 0:
                     side.state.trace.append(TraceRecord(data, (int(t.args[0]), int(t.args[1]), int(t.args[2]))))
                     continue
-                storage = side.state.storages[t.map]
-                storage = storage.inner if isinstance(storage, Touched) else storage
+                storage = side.state.storages[t.map]   # never Touched: a side in C tracks its maps itself
                 if side.state.maps[t.map].type == prog.MAP_PERF_EVENT_ARRAY:
                     storage.output(0, data)   # the host is CPU 0, as in the VM's launch runs
                 else:

@@ -9,9 +9,8 @@ Python. In an object with uprobes or host-API programs, which run only in C, tra
 bpf_ringbuf_output and bpf_perf_event_output run there too, on ring and perf buffers the runtime keeps
 (C queues each record, launches.Drainer puts it in the map; a record over 256 bytes is refused with
 -E2BIG). Maps GPU programs share are tracked in C (the keys a run changed are logged, launches.py
-pushes them to the device copy).
-Otherwise (ring and perf buffers, trace_printk, egpu/uvm programs) its launch programs run on the Python
-VM, and ``refusal`` says why.
+pushes them to the device copy). Otherwise (ring and perf buffers, trace_printk, egpu/uvm programs)
+its launch programs run on the Python VM, and ``refusal`` says why.
 
 Uprobes and host-API programs run in the application's thread, inside the hook, so they run in C or not
 at all: uprobes of an object C cannot take are not attached (runtime/uprobes.py), and an object with
@@ -37,9 +36,8 @@ OUTPUT_MAPS = frozenset((prog.MAP_RINGBUF, prog.MAP_PERF_EVENT_ARRAY))   # kept 
 # with uprobes: what C hands to the runtime (launches.Drainer) rather than keeps
 QUEUED_HELPERS = frozenset(BY_NAME[n].id for n in ("trace_printk", "ringbuf_output", "perf_event_output"))
 # launchvm.c's helper(): every helper but those that send records or text to the host
-NATIVE_HELPERS = frozenset(HELPERS) - {BY_NAME[n].id for n in (
-    "trace_printk", "perf_event_output", "ringbuf_output", "ringbuf_reserve", "ringbuf_submit", "ringbuf_discard",
-    "egpu_warp_mem_record")}
+NATIVE_HELPERS = frozenset(HELPERS) - QUEUED_HELPERS - {BY_NAME[n].id for n in (
+    "ringbuf_reserve", "ringbuf_submit", "ringbuf_discard", "egpu_warp_mem_record")}
 MAX_ENTRIES, MAX_VALUE = 1 << 24, 1 << 20  # launchvm.c's limits on a map's shape
 FAULTS = {1: "bad memory access", 2: "write to read-only memory", 3: "unaligned atomic access",
           4: "not a map", 5: "invalid instruction", 6: "call depth exceeds 8 frames",
