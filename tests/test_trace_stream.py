@@ -69,9 +69,6 @@ class HostRing:
     def write(self, addr: int, data: bytes) -> None:
         self.mem[addr:addr + len(data)] = data
 
-    def clear(self, addr: int, n: int) -> None:
-        self.mem[addr:addr + n] = bytes(n)
-
     def _u64(self, off: int) -> int:
         return struct.unpack_from("<Q", self.mem, self.base + off)[0]
 
@@ -367,9 +364,6 @@ class Arena:
 
     def write(self, addr: int, data: bytes) -> None:
         self.mem[addr:addr + len(data)] = data
-
-    def clear(self, addr: int, n: int) -> None:
-        self.mem[addr:addr + n] = bytes(n)
 
     htod, dtoh = write, read
 

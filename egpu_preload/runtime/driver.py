@@ -42,7 +42,6 @@ SIGNATURES = {
     "cuMemcpyDtoH_v2": "int (*)(void *, unsigned long long, size_t)",
     "cuMemcpyHtoDAsync_v2": "int (*)(unsigned long long, const void *, size_t, void *)",
     "cuMemcpyDtoHAsync_v2": "int (*)(void *, unsigned long long, size_t, void *)",
-    "cuMemsetD8Async": "int (*)(unsigned long long, unsigned char, size_t, void *)",
     "cuStreamCreate": "int (*)(void **, unsigned int)",
     "cuStreamDestroy_v2": "int (*)(void *)",
     "cuStreamSynchronize": "int (*)(void *)",
@@ -217,13 +216,6 @@ class Driver:
         self.call("cuStreamSynchronize", s)
         return self.ffi.buffer(buf, size)[:]
 
-    def zero_on(self, stream: int, ptr: int, size: int) -> None:
-        """Zero ``size`` bytes on ``stream`` (on the device: nothing crosses the link) and wait for it."""
-        if size:
-            s = self.ffi.cast("void *", stream)
-            self.call("cuMemsetD8Async", ptr, 0, size, s)
-            self.call("cuStreamSynchronize", s)
-
     def htod_on(self, stream: int, ptr: int, data: bytes) -> None:
         """Copy in on ``stream`` and wait for that stream only (copies on one stream land in order)."""
         if data:
@@ -305,11 +297,6 @@ class ContextMemory:
         """htod from any thread, as read()."""
         with self.driver.current(self.context), self.driver.capture_relaxed():
             self.htod(addr, data)
-
-    def clear(self, addr: int, n: int) -> None:
-        """Zero device memory from any thread, as read()."""
-        with self.driver.current(self.context), self.driver.capture_relaxed():
-            self.driver.zero_on(self.stream, addr, n)
 
     def globaltimer_offset(self, tries: int = 5) -> tuple[int, int] | None:
         """(%globaltimer - CLOCK_REALTIME, the uncertainty) in ns: a one-thread kernel reads the GPU's clock

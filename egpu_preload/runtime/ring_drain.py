@@ -36,7 +36,6 @@ class Memory(Protocol):
 
     def read(self, addr: int, n: int) -> bytes: ...
     def write(self, addr: int, data: bytes) -> None: ...
-    def clear(self, addr: int, n: int) -> None: ...   # zero where the memory is: no bytes over the link
 
 
 Record = tuple[int, bytes]   # (SM id: perf and trace_printk records carry it, ringbuf records 0; data)
@@ -102,10 +101,12 @@ class RingReader:
         self.seen = self.consumed + k
         if took_a is None:
             return out
+        # Zeros copied in, not a memset: a memset is a kernel, which under --on-full wait never starts
+        # while the producers' blocks hold every SM spinning for room (a hang on the H200, 2026-12-04).
         if took_a:
-            self.mem.clear(self.addr + HEADER + first, took_a)
+            self.mem.write(self.addr + HEADER + first, bytes(took_a))
         if took_b:
-            self.mem.clear(self.addr + HEADER, took_b)
+            self.mem.write(self.addr + HEADER, bytes(took_b))
         self.consumed += straight + took_b if took_b is not None else took_a
         self.mem.write(self.addr + 16, struct.pack("<Q", self.consumed))
         if not self.lay.wait:

@@ -168,14 +168,6 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *
     note("cuMemcpyHtoDAsync_v2 size=%zu stream=%s ctx=%s", n, s == &a_stream ? "ours" : "other", context_name());
     return OK;
 }
-CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, void *s) {
-    char *b = malloc(n ? n : 1);
-    memset(b, v, n);
-    put(dst, b, n);
-    free(b);
-    note("cuMemsetD8Async size=%zu stream=%s ctx=%s", n, s == &a_stream ? "ours" : "other", context_name());
-    return OK;
-}
 
 /* ---- globals: the stand-in's modules keep their PTX (struct module in libcuda_stub.c). A global's
  * address is fixed by its module and its place in the PTX, its size by its type and count:
