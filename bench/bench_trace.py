@@ -1,0 +1,101 @@
+"""What a full memory trace costs and how fast egpu-run --trace drains it (issue 19, item 4).
+
+Usage: ``python3 bench/bench_trace.py OUT.json``. One launch of tests/e2e/vecadd.cu at N threads (3 global
+accesses each), under ``egpu-run`` with no probe and under ``egpu-run --trace F -p access_trace`` (an 80-byte
+ring record per access, ``--on-full wait``: none may be dropped), for growing N until DEADLINE_S. The
+drain's rate is the records' bytes over the time the traced run took beyond the untraced one (start-up,
+the JIT and the kernel's own time are in both). Beside it, the host link's limit: a pinned device-to-host
+copy of 1 GiB (torch), the fastest of three. Probes prebuilt by scripts/gpu-prep.sh."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import suite  # noqa: E402
+
+RECORD_BYTES = 80   # examples/access_trace.bpf.c's 72-byte struct behind the ring's 8-byte header
+DEADLINE_S = 95.0
+SIZES = (1 << 20, 1 << 22, 1 << 24)
+DELIVERED = re.compile(r"egpu-run: ([\d,]+) records in \S+?(, none dropped|.*)$", re.M)
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+    t = time.perf_counter()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    return time.perf_counter() - t, r
+
+
+def _result(stdout: str) -> list[str]:
+    """vecadd's own line (wrong elements and the checksum), whatever egpu-run printed around it."""
+    return [line for line in stdout.splitlines() if line.startswith("vecadd ")]
+
+
+def link_gbps() -> float | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return (1 << 30) / best / 1e9
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    out_path = Path(sys.argv[1])
+    probe = Path(os.environ.get("EGPU_PREBUILT_PROBES", ROOT / ".gpubuild" / "probes")) / "access_trace.v3.bpf.o"
+    if not probe.exists():
+        raise SystemExit(f"bench_trace: no prebuilt {probe} (run scripts/gpu-prep.sh)")
+    doc: dict = {"record_bytes": RECORD_BYTES, "link_dtoh_pinned_gbps": link_gbps(), "runs": []}
+    deadline = time.monotonic() + DEADLINE_S
+    with tempfile.TemporaryDirectory() as tmp:
+        env = suite.base_env(Path(tmp))
+        exe = Path(tmp) / "vecadd"
+        subprocess.run(["nvcc", "-O2", "-arch=sm_90", str(ROOT / "tests" / "e2e" / "vecadd.cu"), "-o", str(exe)],
+                       check=True)
+        for n in SIZES:
+            if time.monotonic() > deadline:
+                break
+            trace = Path(tmp) / "trace.parquet"
+            base_s, base = timed([*suite.egpu_run(), str(exe), "1", str(n)], env)
+            trace_s, traced = timed([*suite.egpu_run(), "--trace", str(trace), "-p", str(probe), str(exe), "1",
+                                     str(n)], env)
+            m = DELIVERED.search(traced.stderr)
+            records = int(m.group(1).replace(",", "")) if m else None
+            run = {"threads": n, "records_expected": 3 * n, "records_delivered": records,
+                   "none_dropped": bool(m and m.group(2) == ", none dropped"),
+                   "same_output": traced.returncode == 0 and _result(base.stdout) == _result(traced.stdout) != [],
+                   "untraced_s": round(base_s, 3), "traced_s": round(trace_s, 3),
+                   "file_bytes": trace.stat().st_size if trace.exists() else None}
+            if records and trace_s > base_s:
+                run["drain_gbps"] = round(records * RECORD_BYTES / (trace_s - base_s) / 1e9, 3)
+            if not m:
+                run["stderr_tail"] = traced.stderr[-2000:]
+            trace.unlink(missing_ok=True)
+            doc["runs"].append(run)
+            print(json.dumps(run))
+            out_path.write_text(json.dumps(doc, indent=1))
+    print(f"link (pinned dtoh): {doc['link_dtoh_pinned_gbps']} GB/s")
+    out_path.write_text(json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
