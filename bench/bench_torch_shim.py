@@ -5,9 +5,9 @@ paired.MIN_PAIRS, 10: about 6 minutes).
 
 The suite's torch_eager workload (bench/workloads/frameworks.py: a CNN training step of ~1.5 ms, 29
 launches, SASS-only kernels), timed inside each process by the suite's protocol, in rounds of three
-processes on the suite's pinned CPUs: plain, ``egpu-run`` with no probe (the default back end, auto:
-the Compute Sanitizer is subscribed, so a probe attached later can patch SASS-only kernels) and
-``egpu-run --backend ptx`` (no sanitizer). Processes of one program vary by 10-20% here, so the
+processes on the suite's pinned CPUs: plain, ``egpu-run`` with no probe (the default: no sanitizer
+until a probe needs one) and ``egpu-run --live-sass`` (the Compute Sanitizer subscribed from cuInit in
+standby, so that a probe attached later can patch SASS-only kernels). Processes of one program vary by 10-20% here, so the
 ratios are per round (each against the plain run of its round), all kept, summarized as their median
 and spread (bench/paired.py); a lost process loses its round's pair, not the run.
 """
@@ -39,7 +39,7 @@ def main() -> None:
     out_path, rounds = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else paired.MIN_PAIRS
     step = suite.workload_cmd("torch_eager", Path())
     run = [*suite.egpu_run(), "--keep"]   # kept sessions: run_case reads the shim's counters from the dumps
-    modes = {"plain": step, "shim": [*run, *step], "shim_ptx": [*run, "--backend", "ptx", *step]}
+    modes = {"plain": step, "shim": [*run, *step], "standby": [*run, "--live-sass", *step]}
     with tempfile.TemporaryDirectory() as tmp:
         env = suite.base_env(Path(tmp))
         cpus = suite.bench_shim.pick_cpus(suite.CASE_CPUS)
@@ -54,7 +54,8 @@ def main() -> None:
                     doc["errors"].append(f"round {i} {mode}: {rec['status']}: {rec.get('error', '')}")
                 doc["shim_stats"].setdefault(mode, rec.get("shim_stats"))
                 print(f"round {i} {mode:>8}: {doc['us_per_step'][mode][-1]} us/step", flush=True)
-    doc["ratios"] = summarize(doc["us_per_step"])
+            doc["ratios"] = summarize(doc["us_per_step"])   # written each round: a call cut short keeps them
+            out_path.write_text(json.dumps(doc, indent=1))
     print(json.dumps({m: {k: r.get(k) for k in ("pairs", "median", "min", "max")} for m, r in doc["ratios"].items()}))
     out_path.write_text(json.dumps(doc, indent=1))
 

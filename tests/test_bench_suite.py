@@ -662,14 +662,15 @@ def test_sass_bench_refuses_to_start_without_its_probes(tmp_path, monkeypatch):
 
 
 def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, monkeypatch):
-    """bench_torch_shim.py: rounds of plain, egpu-run with no probe and egpu-run --backend ptx, on the
-    suite's CPUs; each ratio against its own round's plain run; a failed process is no result."""
+    """bench_torch_shim.py: rounds of plain, egpu-run with no probe and egpu-run --live-sass (standby), on
+    the suite's CPUs; each ratio against its own round's plain run; a failed process is no result; the
+    file holds every round finished, so a call cut short keeps them."""
     bench = importlib.import_module("bench_torch_shim")
     us = iter([1.5, 1.8, 1.5, 1.0, 1.2, 1.1])   # ms per step: round 0, then round 1
     seen = []
 
     def fake_run(cmd, env, timeout, cpus):
-        seen.append(("--backend" in cmd and cmd[cmd.index("--backend") + 1]) or ("--keep" in cmd and "auto"))
+        seen.append(("--live-sass" in cmd and "standby") or ("--keep" in cmd and "default"))
         return case([next(us)] * 3, shim_stats={"launches": 29, "python_calls": 0} if "--keep" in cmd else None)
     monkeypatch.setattr(suite, "run_case", fake_run)
     monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: None)
@@ -677,18 +678,26 @@ def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, m
     monkeypatch.setattr(bench.sys, "argv", ["bench_torch_shim.py", str(out), "2"])
     bench.main()
     doc = json.loads(out.read_text())
-    assert seen == [False, "auto", "ptx"] * 2
-    assert doc["us_per_step"] == {"plain": [1500.0, 1000.0], "shim": [1800.0, 1200.0], "shim_ptx": [1500.0, 1100.0]}
-    assert doc["ratios"]["shim"]["values"] == [1.2, 1.2] and doc["ratios"]["shim_ptx"]["median"] == pytest.approx(1.05)
-    assert (doc["ratios"]["shim_ptx"]["min"], doc["ratios"]["shim_ptx"]["max"]) == (1.0, pytest.approx(1.1))
+    assert seen == [False, "default", "standby"] * 2
+    assert doc["us_per_step"] == {"plain": [1500.0, 1000.0], "shim": [1800.0, 1200.0], "standby": [1500.0, 1100.0]}
+    assert doc["ratios"]["shim"]["values"] == [1.2, 1.2] and doc["ratios"]["standby"]["median"] == pytest.approx(1.05)
+    assert (doc["ratios"]["standby"]["min"], doc["ratios"]["standby"]["max"]) == (1.0, pytest.approx(1.1))
     assert doc["shim_stats"]["shim"] == {"launches": 29, "python_calls": 0} and doc["shim_stats"]["plain"] is None
     # a lost process loses its round's pair, not the run
     outcomes = iter([case([1.0] * 3), case([], status="failed", error="exit 1: boom"), case([1.1] * 3)] * 2)
     monkeypatch.setattr(suite, "run_case", lambda *a: next(outcomes))
     bench.main()
     doc = json.loads(out.read_text())
-    assert doc["ratios"]["shim"]["pairs"] == 0 and doc["ratios"]["shim_ptx"]["pairs"] == 2
+    assert doc["ratios"]["shim"]["pairs"] == 0 and doc["ratios"]["standby"]["pairs"] == 2
     assert doc["errors"] == ["round 0 shim: failed: exit 1: boom", "round 1 shim: failed: exit 1: boom"]
+    # killed in round 1 (the device call's timeout): round 0 is in the file
+    outcomes = iter([case([1.0] * 3), case([1.1] * 3), case([1.2] * 3)])
+    monkeypatch.setattr(suite, "run_case", lambda *a: next(outcomes))
+    with pytest.raises(StopIteration):
+        bench.main()
+    doc = json.loads(out.read_text())
+    assert doc["us_per_step"] == {"plain": [1000.0], "shim": [1100.0], "standby": [1200.0]}
+    assert doc["ratios"]["standby"]["median"] == pytest.approx(1.2)
 
 
 provenance = importlib.import_module("provenance")
