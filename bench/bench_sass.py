@@ -186,6 +186,7 @@ def run_rows(rows: tuple[Row, ...], exe: Path, probes: Path, env: dict[str, str]
 
 
 def main() -> None:
+    suite.exit_on_term()
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
     out_path = Path(sys.argv[1])

@@ -34,6 +34,7 @@ def summarize(us_per_step: dict[str, list[float | None]]) -> dict[str, dict]:
 
 
 def main() -> None:
+    suite.exit_on_term()
     if len(sys.argv) < 2:
         raise SystemExit(__doc__)
     out_path, rounds = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else paired.MIN_PAIRS

@@ -7,8 +7,10 @@ import importlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -356,6 +358,30 @@ def test_run_case_ok_failed_and_timeout(suite, tmp_path):
     show = "import os; print('BENCH_REP 1 1'); print('BENCH_DONE', *os.sched_getaffinity(0))"
     pinned = suite.run_case([py, "-c", show], {}, 30, {cpu})
     assert (pinned["status"], pinned["digest"]) == ("ok", str(cpu))
+
+
+def test_a_terminated_bench_kills_the_case_it_waits_for(tmp_path):
+    """`timeout` on a bench sends SIGTERM to the bench alone; the case it runs (its own session) must
+    not outlive it and take the CPUs and the GPU from the next bench."""
+    pid_file = tmp_path / "case.pid"
+    bench = subprocess.Popen([sys.executable, "-c", f"""
+import sys; sys.path.insert(0, {str(BENCH)!r}); import suite
+suite.exit_on_term()
+suite.run_case([sys.executable, "-c", "import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"], {{}}, 60)
+"""])
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    case = int(pid_file.read_text())
+    bench.terminate()
+    assert bench.wait(timeout=30) == 128 + signal.SIGTERM
+    while time.monotonic() < deadline:
+        try:
+            os.kill(case, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"the case (pid {case}) outlived its terminated bench")
 
 
 def test_facts_from_dumps(suite):
