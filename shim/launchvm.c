@@ -30,6 +30,9 @@ enum { BPF_ANY, BPF_NOEXIST, BPF_EXIST };
 #define R_MAP (R_FRAME + MAX_FRAMES)
 /* lddw map[k]: a handle in a region past any map's, so no access can use it (vm/machine.py's). */
 #define MAP_HANDLE(k) ((((1ull << 27) - 1) << REGION_SHIFT) + (k))
+/* bpf_ringbuf_reserve's records: up to RESERVED held at once by a run, each a region below the handles'. */
+#define RESERVED 4
+#define R_RESERVED(k) ((1ull << 27) - 2 - (k))
 #define TOMB (-1)
 /* Shapes a map may have here (runtime/native.py sends larger ones to the Python VM): sizes stay far
  * from overflowing an int slot number or a size_t product. */
@@ -389,6 +392,10 @@ struct run {
     size_t watch_used;
     struct { struct egpu_lvm_map *m; size_t at; } watches[WATCHES];
     unsigned char watch_buf[WATCH_BYTES];
+    /* records bpf_ringbuf_reserve handed out and no submit or discard released yet (the verifier proved
+     * that each is released before the program ends) */
+    struct { int map; unsigned int size; } reserved[RESERVED];
+    unsigned char reserved_buf[RESERVED][EGPU_LVM_TRACE_FMT];
     unsigned char frames[MAX_FRAMES][STACK_SIZE];
 };
 
@@ -435,6 +442,8 @@ static unsigned char *at(struct run *x, uint64_t addr, size_t size, int write) {
         uint64_t slot = off / m->stride;
         base = m->values, writable = !m->readonly;
         limit = slot < m->max_entries ? slot * m->stride + m->value_size : 0;
+    } else if (region <= R_RESERVED(0) && region > R_RESERVED(RESERVED) && x->reserved[R_RESERVED(0) - region].size) {
+        base = x->reserved_buf[R_RESERVED(0) - region], limit = x->reserved[R_RESERVED(0) - region].size;
     } else {
         x->fault = EGPU_LVM_BAD_ACCESS;
         return NULL;
@@ -627,6 +636,43 @@ static int output(struct run *x, int map_reg, int data_reg, int size_reg) {
     return 0;
 }
 
+/* bpf_ringbuf_reserve(map, size, flags): a record of the run's own, NULL when RESERVED are held or it is
+ * longer than a queued record may be (the kernel's NULL for a ring without room). */
+static int reserve(struct run *x) {
+    uint64_t k = x->r[1] - MAP_HANDLE(0), size = x->r[2];
+    if (k >= x->p->nmaps) {
+        x->fault = EGPU_LVM_NOT_A_MAP;
+        return -1;
+    }
+    x->r[0] = 0;
+    for (int s = 0; s < RESERVED && size && size <= EGPU_LVM_TRACE_FMT; s++)
+        if (!x->reserved[s].size) {
+            x->reserved[s].map = (int)k, x->reserved[s].size = (unsigned int)size;
+            x->r[0] = R_RESERVED(s) << REGION_SHIFT;
+            break;
+        }
+    return 0;
+}
+
+/* bpf_ringbuf_submit / bpf_ringbuf_discard(data, flags): the record queued as bpf_ringbuf_output's (or
+ * dropped), its region released. */
+static int release(struct run *x, int submit) {
+    uint64_t region = x->r[1] >> REGION_SHIFT, s = R_RESERVED(0) - region;
+    if ((x->r[1] & OFFSET_MASK) || region > R_RESERVED(0) || s >= RESERVED || !x->reserved[s].size) {
+        x->fault = EGPU_LVM_BAD_ACCESS;
+        return -1;
+    }
+    struct egpu_lvm_trace *t = submit ? trace_slot() : NULL;
+    if (t) {
+        t->prog = x->p, t->map = x->reserved[s].map, t->size = x->reserved[s].size;
+        t->args[0] = t->args[1] = t->args[2] = 0;
+        memcpy(t->fmt, x->reserved_buf[s], t->size);
+    }
+    x->reserved[s].size = 0;
+    x->r[0] = 0;
+    return 0;
+}
+
 EXPORT size_t egpu_lvm_trace_take(struct egpu_lvm_trace *out, size_t max, unsigned long long *dropped) {
     size_t n = 0;
     pthread_mutex_lock(&lvm_lock);
@@ -678,6 +724,8 @@ static int helper(struct run *x, int32_t id) {
     case 6: return trace_printk(x);
     case 25: return output(x, 2, 4, 5);  /* perf_event_output(ctx, map, flags, data, size) */
     case 130: return output(x, 1, 2, 3); /* ringbuf_output(map, data, size, flags) */
+    case 131: return reserve(x);
+    case 132: case 133: return release(x, id == 132); /* ringbuf_submit, ringbuf_discard */
     case 14: /* get_current_pid_tgid: the process, tgid << 32 | its main thread (helpers.py) */
         x->r[0] = (uint64_t)getpid() << 32 | (uint64_t)getpid();
         return 0;
@@ -840,6 +888,7 @@ static int run_program(struct run *x, const struct egpu_lvm_prog *p, unsigned ch
     memset(x->r, 0, sizeof x->r);
     x->p = p, x->ctx = ctx, x->ctx_size = size, x->ctx_writable = writable, x->depth = 0, x->fault = 0;
     x->now = now, x->grid = grid, x->block = block, x->nwatch = 0, x->watch_used = 0;
+    memset(x->reserved, 0, sizeof x->reserved);
     x->r[1] = ctx ? R_CTX << REGION_SHIFT : 0, x->r[2] = r2;
     *fault_pc = 0;
     execute(x, fault_pc);

@@ -6,9 +6,10 @@ A probe object's host side (``host_side``: its launch, egpu/uvm, host-API and up
 host copy of its maps) runs in C when every map they use is an ARRAY, PERCPU_ARRAY, HASH, LRU_HASH or
 global data, and they call only the helpers in ``NATIVE_HELPERS``: then no record of its kernels reaches
 Python. In an object with uprobes or host-API programs, which run only in C, trace_printk,
-bpf_ringbuf_output and bpf_perf_event_output run there too, on ring and perf buffers the runtime keeps
-(C queues each record, launches.Drainer puts it in the map; a record over 256 bytes is refused with
--E2BIG). Maps GPU programs share are tracked in C (the keys a run changed are logged, launches.py
+bpf_ringbuf_output, bpf_perf_event_output and bpf_ringbuf_reserve/submit/discard run there too, on ring
+and perf buffers the runtime keeps (C queues each record, launches.Drainer puts it in the map; a record
+over 256 bytes is refused: -E2BIG from an output call, NULL from a reserve, as is a fifth reserve held at
+once). Maps GPU programs share are tracked in C (the keys a run changed are logged, launches.py
 pushes them to the device copy). Otherwise (ring and perf buffers, trace_printk, egpu/uvm programs)
 its launch programs run on the Python VM, and ``refusal`` says why.
 
@@ -34,10 +35,10 @@ from egpu_preload.maps import STORAGE_BY_TYPE, MapStorage
 MAP_TYPES = frozenset((prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_HASH, prog.MAP_LRU_HASH))
 OUTPUT_MAPS = frozenset((prog.MAP_RINGBUF, prog.MAP_PERF_EVENT_ARRAY))   # kept by the runtime, fed from C
 # with uprobes: what C hands to the runtime (launches.Drainer) rather than keeps
-QUEUED_HELPERS = frozenset(BY_NAME[n].id for n in ("trace_printk", "ringbuf_output", "perf_event_output"))
+QUEUED_HELPERS = frozenset(BY_NAME[n].id for n in ("trace_printk", "ringbuf_output", "perf_event_output",
+                                                    "ringbuf_reserve", "ringbuf_submit", "ringbuf_discard"))
 # launchvm.c's helper(): every helper but those that send records or text to the host
-NATIVE_HELPERS = frozenset(HELPERS) - QUEUED_HELPERS - {BY_NAME[n].id for n in (
-    "ringbuf_reserve", "ringbuf_submit", "ringbuf_discard", "egpu_warp_mem_record")}
+NATIVE_HELPERS = frozenset(HELPERS) - QUEUED_HELPERS - {BY_NAME["egpu_warp_mem_record"].id}
 MAX_ENTRIES, MAX_VALUE = 1 << 24, 1 << 20  # launchvm.c's limits on a map's shape
 FAULTS = {1: "bad memory access", 2: "write to read-only memory", 3: "unaligned atomic access",
           4: "not a map", 5: "invalid instruction", 6: "call depth exceeds 8 frames",

@@ -10,9 +10,10 @@ launch probes' are (launches.py, "Maps"). ``bpf_ktime_get_ns()`` reads the launc
 (CLOCK_MONOTONIC moved onto %globaltimer where GPU programs share a map).
 
 Limits: uprobes run only in C, so an object whose host side the C engine refuses (native.refusal: a
-map type it does not keep, bpf_ringbuf_reserve) has its uprobes reported not attached; ``bpf_printk``,
-``bpf_ringbuf_output`` and ``bpf_perf_event_output`` run in C for objects with uprobes (launches.Drainer
-takes the lines and records, a record up to 256 bytes). The runtime starts on the first CUDA call, so
+map type it does not keep, a kfunc) has its uprobes reported not attached; ``bpf_printk``,
+``bpf_ringbuf_output``, ``bpf_perf_event_output`` and ``bpf_ringbuf_reserve``/``submit``/``discard`` run
+in C for objects with uprobes (launches.Drainer takes the lines and records, a record up to 256 bytes,
+four reserved at once). The runtime starts on the first CUDA call, so
 calls made before it are not seen.
 """
 
