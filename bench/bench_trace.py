@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -26,18 +27,26 @@ import suite  # noqa: E402
 RECORD_BYTES = 80   # examples/access_trace.bpf.c's 72-byte struct behind the ring's 8-byte header
 DEADLINE_S = 95.0
 SIZES = (1 << 20, 1 << 22, 1 << 24)
-DELIVERED = re.compile(r"egpu-run: ([\d,]+) records in \S+?(, none dropped|.*)$", re.M)
+DELIVERED = re.compile(r"^egpu-run: ([\d,]+) records in \S+?(, none dropped)?(?:[,;].*)?$", re.M)
+
+
+def delivered(stderr: str) -> tuple[int | None, bool]:
+    """(records written, whether none was dropped) from egpu-run's line about the trace file."""
+    m = DELIVERED.search(stderr)
+    return (int(m.group(1).replace(",", "")), m.group(2) is not None) if m else (None, False)
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """Run ``cmd`` in a session of its own, killed whole should this bench stop (suite.exit_on_term)."""
     t = time.perf_counter()
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    return time.perf_counter() - t, r
-
-
-def _result(stdout: str) -> list[str]:
-    """vecadd's own line (wrong elements and the checksum), whatever egpu-run printed around it."""
-    return [line for line in stdout.splitlines() if line.startswith("vecadd ")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return time.perf_counter() - t, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def link_gbps() -> float | None:
@@ -60,6 +69,7 @@ def link_gbps() -> float | None:
 def main() -> None:
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
+    suite.exit_on_term()
     out_path = Path(sys.argv[1])
     probe = Path(os.environ.get("EGPU_PREBUILT_PROBES", ROOT / ".gpubuild" / "probes")) / "access_trace.v3.bpf.o"
     if not probe.exists():
@@ -78,16 +88,14 @@ def main() -> None:
             base_s, base = timed([*suite.egpu_run(), str(exe), "1", str(n)], env)
             trace_s, traced = timed([*suite.egpu_run(), "--trace", str(trace), "-p", str(probe), str(exe), "1",
                                      str(n)], env)
-            m = DELIVERED.search(traced.stderr)
-            records = int(m.group(1).replace(",", "")) if m else None
-            run = {"threads": n, "records_expected": 3 * n, "records_delivered": records,
-                   "none_dropped": bool(m and m.group(2) == ", none dropped"),
+            records, none_dropped = delivered(traced.stderr)
+            run = {"threads": n, "records_expected": 3 * n, "records_delivered": records, "none_dropped": none_dropped,
                    "same_output": traced.returncode == 0 and _result(base.stdout) == _result(traced.stdout) != [],
                    "untraced_s": round(base_s, 3), "traced_s": round(trace_s, 3),
                    "file_bytes": trace.stat().st_size if trace.exists() else None}
             if records and trace_s > base_s:
                 run["drain_gbps"] = round(records * RECORD_BYTES / (trace_s - base_s) / 1e9, 3)
-            if not m:
+            if records is None:
                 run["stderr_tail"] = traced.stderr[-2000:]
             trace.unlink(missing_ok=True)
             doc["runs"].append(run)

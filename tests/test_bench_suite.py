@@ -775,3 +775,19 @@ def test_provenance_without_a_manifest_and_annotating_results(tmp_path, capsys):
     provenance.annotate(bad, {"commit": "c"})
     assert json.loads(good.read_text()) == {"x": 1, "provenance": {"commit": "c"}}
     assert bad.read_text() == "[1, 2]" and capsys.readouterr().err == f"{bad}: not annotated: not a JSON object\n"
+
+
+def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
+    """bench_trace.py: the records written and whether none was dropped, from egpu-run's trace line
+    (streaming.notes), whatever is printed around it; no line, no count; no prebuilt probe, no run."""
+    bench = importlib.import_module("bench_trace")
+    from egpu_preload.runtime import streaming
+    for dropped, error in ((0, None), (5, None), (0, "cannot write the trace: disk full")):
+        line, = streaming.notes([{"trace": {"records": 786_432, "path": str(tmp_path / "t.parquet"),
+                                            "dropped": dropped, "error": error}}])
+        assert bench.delivered(f"egpu[1]: a note\n{line}\nvecadd done\n") == (786_432, dropped == 0)
+    assert bench.delivered("egpu-run: job exited 1\n") == (None, False)
+    monkeypatch.setenv("EGPU_PREBUILT_PROBES", str(tmp_path))
+    monkeypatch.setattr(bench.sys, "argv", ["bench_trace.py", str(tmp_path / "out.json")])
+    with pytest.raises(SystemExit, match="no prebuilt .*access_trace.v3.bpf.o"):
+        bench.main()
