@@ -7,9 +7,9 @@ The suite's torch_eager workload (bench/workloads/frameworks.py: a CNN training 
 launches, SASS-only kernels), timed inside each process by the suite's protocol, in rounds of three
 processes on the suite's pinned CPUs: plain, ``egpu-run`` with no probe (the default: no sanitizer
 until a probe needs one) and ``egpu-run --live-sass`` (the Compute Sanitizer subscribed from cuInit in
-standby, so that a probe attached later can patch SASS-only kernels). Processes of one program vary by 10-20% here, so the
-ratios are per round (each against the plain run of its round), all kept, summarized as their median
-and spread (bench/paired.py); a lost process loses its round's pair, not the run.
+standby, so that a probe attached later can patch SASS-only kernels). Processes of one program vary by
+10-20% here, so the ratios are per round (each against the plain run of its round), all kept, summarized
+as their median and spread (bench/paired.py); a lost process loses its round's pair, not the run.
 """
 
 from __future__ import annotations

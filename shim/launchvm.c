@@ -442,7 +442,8 @@ static unsigned char *at(struct run *x, uint64_t addr, size_t size, int write) {
         uint64_t slot = off / m->stride;
         base = m->values, writable = !m->readonly;
         limit = slot < m->max_entries ? slot * m->stride + m->value_size : 0;
-    } else if (region <= R_RESERVED(0) && region > R_RESERVED(RESERVED) && x->reserved[R_RESERVED(0) - region].size) {
+    } else if (region <= R_RESERVED(0) && region > R_RESERVED(RESERVED) &&
+               x->reserved[R_RESERVED(0) - region].size) {
         base = x->reserved_buf[R_RESERVED(0) - region], limit = x->reserved[R_RESERVED(0) - region].size;
     } else {
         x->fault = EGPU_LVM_BAD_ACCESS;
@@ -898,7 +899,7 @@ static int run_program(struct run *x, const struct egpu_lvm_prog *p, unsigned ch
 
 EXPORT int egpu_lvm_exec(struct egpu_lvm_prog *p, void *mem, size_t len, unsigned long long *r0, unsigned int *pc) {
     static const unsigned int one[3] = {1, 1, 1}; /* a 1x1x1 launch, as the VM's default ThreadSim */
-    struct run x; /* 7 KiB of stack: too big for the static TLS a preloaded library may use */
+    struct run x; /* 8 KiB of stack: too big for the static TLS a preloaded library may use */
     x.host = 0;
     pthread_mutex_lock(&lvm_lock);
     int fault = run_program(&x, p, mem, len, 1, len, 0, one, one, pc);
@@ -914,7 +915,7 @@ void egpu_lvm_unlock(void) { pthread_mutex_unlock(&lvm_lock); }
 
 void egpu_lvm_run_host(struct egpu_lvm_prog *p, void *ctx, size_t size, long long offset_ns) {
     static const unsigned int one[3] = {1, 1, 1};
-    struct run x; /* 7 KiB of stack, as run_route's */
+    struct run x; /* 8 KiB of stack, as run_route's */
     unsigned int pc;
     x.host = 1;
     int fault = run_program(&x, p, ctx, size, 0, 0, (uint64_t)offset_ns, one, one, &pc);
@@ -1014,7 +1015,7 @@ EXPORT void egpu_lvm_context(const struct egpu_launch_record *rec, unsigned long
 
 /* Under lvm_lock. */
 static void run_route(const struct route *rt, const struct egpu_launch_record *rec, long long offset_ns) {
-    struct run x; /* 7 KiB of stack: too big for the static TLS a preloaded library may use */
+    struct run x; /* 8 KiB of stack: too big for the static TLS a preloaded library may use */
     unsigned char ctx[CTX_SIZE];
     x.host = 0;
     egpu_lvm_context(rec, rt->kernel_id, ctx);

@@ -367,7 +367,8 @@ def test_a_terminated_bench_kills_the_case_it_waits_for(tmp_path):
     bench = subprocess.Popen([sys.executable, "-c", f"""
 import sys; sys.path.insert(0, {str(BENCH)!r}); import suite
 suite.exit_on_term()
-suite.run_case([sys.executable, "-c", "import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"], {{}}, 60)
+case = "import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+suite.run_case([sys.executable, "-c", case], {{}}, 60)
 """])
     deadline = time.monotonic() + 30
     while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
