@@ -786,7 +786,7 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
     for dropped, error in ((0, None), (5, None), (0, "cannot write the trace: disk full")):
         line, = streaming.notes([{"trace": {"records": 786_432, "path": str(tmp_path / "t.parquet"),
                                             "dropped": dropped, "error": error}}])
-        assert bench.delivered(f"egpu[1]: a note\n{line}\nvecadd done\n") == (786_432, dropped == 0)
+        assert bench.delivered(f"egpu[1]: a note\n{line}\nvecadd done\n") == (786_432, not dropped and not error)
     assert bench.delivered("egpu-run: job exited 1\n") == (None, False)
     monkeypatch.setenv("EGPU_PREBUILT_PROBES", str(tmp_path))
     monkeypatch.setattr(bench.sys, "argv", ["bench_trace.py", str(tmp_path / "out.json")])

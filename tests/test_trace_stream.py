@@ -427,6 +427,47 @@ def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp
     assert report["error"] == "cannot write the trace: [Errno 28] No space left on device (1,000 records taken and not written)"
 
 
+def test_a_reader_that_fails_lets_waiting_producers_go_on(access_trace, tmp_path):
+    """A reader that dies (here: its copy fails after 50 records) must not stop the job either: the ring
+    made to wait is passed over unread from then on, so the producers finish, and the report says the
+    reader failed and how many bytes of records it passed over (no "none dropped")."""
+    from egpu_preload.maps import MapsState
+    from egpu_preload.runtime import streaming as streaming_mod
+    from egpu_preload.runtime.probes import Probe
+    maps = [dataclasses.replace(m, max_entries=4096, wait=True) if m.type == prog.MAP_RINGBUF else m
+            for m in access_trace.maps]
+    obj = dataclasses.replace(access_trace, maps=maps)
+    arena = Arena(8 << 20)
+    device = devmaps.DeviceMaps(arena, MapsState(obj.maps), 1)
+    ring = HostRing(4096, 1, True, arena.mem, device.addrs[next(i for i, m in enumerate(maps) if m.name == "events")])
+    out = tmp_path / "t.parquet"
+    streaming = streaming_mod.Streaming(out, [Probe(Path("a.bpf.o"), obj, (), "t")], [device], arena)
+    reader = streaming.readers[0]
+    take = reader.take
+
+    def failing_take():
+        if reader.taken >= 50:
+            raise RuntimeError("copy failed: CUDA_ERROR_LAUNCH_FAILED")
+        return take()
+
+    reader.take = failing_take
+    done = threading.Event()
+
+    def producer() -> None:
+        for i in range(1000):   # 80 KB through a 4 KiB ring: only a reader that keeps consuming lets this end
+            ring.produce(_event(i), sm=0)
+        done.set()
+
+    threading.Thread(target=producer, daemon=True).start()
+    assert done.wait(30), "producers made to wait stopped for good after the reader failed"
+    report = streaming.finish()
+    assert report["error"].startswith("the ring reader failed: copy failed: CUDA_ERROR_LAUNCH_FAILED; ")
+    skipped = int(report["error"].split("; ")[1].split(" bytes")[0].replace(",", ""))
+    assert skipped > 0 and skipped % 80 == 0 and report["records"] + skipped // 80 <= 1000
+    line, = streaming_mod.notes([{"trace": report}])
+    assert "none dropped" not in line and "the ring reader failed" in line
+
+
 def test_runs_of_one_size_come_as_blocks_and_stop_where_the_pass_saw_complete(tmp_path):
     """Records of one size in a row are taken as numpy Blocks: a record of another size ends one, and
     so does the end of what the previous pass saw complete (later records wait for the next pass);

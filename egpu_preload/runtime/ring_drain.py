@@ -15,6 +15,9 @@ an earlier pass saw complete; a record reaches the sink one pass after it was co
 Before ``consumed`` moves past records, their bytes are zeroed (the producer's BUSY flag is written
 after its position is taken, so between the two the reader must find no stale READY there: devmaps.py's
 "the host clears the headers"). A dropping ring's per-SM full marks are reset once it has room again.
+
+A reader that fails (a copy that errs) goes on moving ``consumed`` to ``head`` unread until stopped,
+counting what it passed over: producers made to wait would otherwise spin, and the job with them.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class RingReader:
     seen: int = 0          # the end of the records an earlier pass saw complete
     taken: int = 0         # records handed out
     dropped: int = 0       # the producers' count (header plus per-SM lines) at the last pass
+    skipped: int = 0       # bytes of records passed over unread after the reader failed (skip)
 
     def take(self) -> Taken:
         """The records complete since an earlier pass (in ring order), their bytes cleared and
@@ -119,6 +123,15 @@ class RingReader:
         for c in range(ncpu):
             if struct.unpack_from("<Q", lines, c * LINE)[0] != M64:
                 self.mem.write(self.addr + self.lay.lines_off + c * LINE, struct.pack("<Q", M64))
+
+    def skip(self) -> None:
+        """``consumed`` moved to ``head`` unread, the bytes counted in ``skipped``: what a failed reader
+        does so that producers made to wait go on."""
+        (head,) = struct.unpack("<Q", self.mem.read(self.addr, 8))
+        if head != self.consumed:
+            self.skipped += head - self.consumed
+            self.consumed = head
+            self.mem.write(self.addr + 16, struct.pack("<Q", head))
 
     def empty(self) -> bool:
         """Nothing left between consumed and head (the producers are done: the job's kernels finished)."""
@@ -212,8 +225,19 @@ class RingDrain:
             while not self._stop.is_set():
                 if not self.drain_once():
                     self._stop.wait(self.idle_s)
-        except BaseException as e:   # reported by stop(): a reader that dies must not kill the job
-            self.error = e
+        except BaseException as e:   # reported by stop(): a reader that dies must not kill the job,
+            self.error = e           # nor stop it: producers made to wait would spin for good
+            self._release()
+
+    def _release(self) -> None:
+        """After a failure: every ring's records passed over unread until stopped (RingReader.skip)."""
+        try:
+            while not self._stop.is_set():
+                for r in self.readers:
+                    r.skip()
+                self._stop.wait(self.idle_s)
+        except Exception:   # noqa: BLE001  (the memory itself fails: nothing more can be done from here)
+            pass
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """After the job's kernels have finished: the thread joined, then every record left taken (a

@@ -113,7 +113,9 @@ class Streaming:
         try:
             self.drain.stop()
         except Exception as e:  # noqa: BLE001  (the reader's failure, reported in the dump)
-            self.error = self.error or f"the ring reader failed: {e}"
+            skipped = sum(r.skipped for r in self.readers)
+            self.error = self.error or (f"the ring reader failed: {e}; {skipped:,} bytes of records after it "
+                                        f"passed over unread")
         self._batches.put(None)
         self._writing.join()
         dropped = {name: r.dropped for name, r in zip(self.names, self.readers)}
@@ -134,7 +136,8 @@ def notes(dumps: list[dict[str, Any]]) -> list[str]:
     for doc in dumps:
         t = doc.get("trace")
         if t:
-            dropped = f", {t['dropped']:,} dropped by the probes (ring full)" if t["dropped"] else ", none dropped"
+            dropped = (f", {t['dropped']:,} dropped by the probes (ring full)" if t["dropped"] else
+                       "" if t.get("error") else ", none dropped")
             out.append(f"egpu-run: {t['records']:,} records in {t['path']}{dropped}"
                        + (f"; {t['error']}" if t.get("error") else ""))
     return out
