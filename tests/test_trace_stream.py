@@ -402,9 +402,8 @@ def test_streaming_drains_a_jobs_rings_into_the_trace_file(access_trace, tmp_pat
 
 
 
-def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp_path):
-    """A writer that fails (a full disk) must not stop the reader, or a waiting ring would stop the job:
-    every record is still taken, and the counts say how many did not reach the file."""
+def _one_waiting_ring(access_trace, out: Path):
+    """access_trace's ring made to wait (4 KiB, one SM) in host memory, and the Streaming that drains it."""
     from egpu_preload.maps import MapsState
     from egpu_preload.runtime.probes import Probe
     from egpu_preload.runtime.streaming import Streaming
@@ -414,7 +413,13 @@ def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp
     arena = Arena(8 << 20)
     device = devmaps.DeviceMaps(arena, MapsState(obj.maps), 1)
     ring = HostRing(4096, 1, True, arena.mem, device.addrs[next(i for i, m in enumerate(maps) if m.name == "events")])
-    streaming = Streaming(tmp_path / "t.parquet", [Probe(Path("a.bpf.o"), obj, (), "t")], [device], arena)
+    return ring, Streaming(out, [Probe(Path("a.bpf.o"), obj, (), "t")], [device], arena)
+
+
+def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp_path):
+    """A writer that fails (a full disk) must not stop the reader, or a waiting ring would stop the job:
+    every record is still taken, and the counts say how many did not reach the file."""
+    ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet")
 
     def full(index, records):
         raise OSError(28, "No space left on device")
@@ -431,17 +436,8 @@ def test_a_reader_that_fails_lets_waiting_producers_go_on(access_trace, tmp_path
     """A reader that dies (here: its copy fails after 50 records) must not stop the job either: the ring
     made to wait is passed over unread from then on, so the producers finish, and the report says the
     reader failed and how many bytes of records it passed over (no "none dropped")."""
-    from egpu_preload.maps import MapsState
     from egpu_preload.runtime import streaming as streaming_mod
-    from egpu_preload.runtime.probes import Probe
-    maps = [dataclasses.replace(m, max_entries=4096, wait=True) if m.type == prog.MAP_RINGBUF else m
-            for m in access_trace.maps]
-    obj = dataclasses.replace(access_trace, maps=maps)
-    arena = Arena(8 << 20)
-    device = devmaps.DeviceMaps(arena, MapsState(obj.maps), 1)
-    ring = HostRing(4096, 1, True, arena.mem, device.addrs[next(i for i, m in enumerate(maps) if m.name == "events")])
-    out = tmp_path / "t.parquet"
-    streaming = streaming_mod.Streaming(out, [Probe(Path("a.bpf.o"), obj, (), "t")], [device], arena)
+    ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet")
     reader = streaming.readers[0]
     take = reader.take
 

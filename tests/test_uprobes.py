@@ -83,7 +83,9 @@ def test_uprobes_see_exact_arguments_and_return_values_and_share_a_map_with_laun
 
 def test_uprobes_send_records_to_ring_and_perf_buffers_from_c(stub_job, uprobe_app, tmp_path):
     """bpf_ringbuf_output and bpf_perf_event_output in uprobes, which run only in C: every call's record
-    reaches the ring, every return's the perf buffer (the host as CPU 0), in order, in the dump."""
+    reaches the ring, every return's the perf buffer (the host as CPU 0), in order, in the dump. Reserved
+    in place (bpf_ringbuf_reserve, submit, discard): a submitted record arrives, a discarded one does
+    not, and two held at once arrive in the order they were submitted."""
     app, _ = uprobe_app
     clang = find_clang()
     obj = tmp_path / "records.bpf.o"
@@ -94,28 +96,12 @@ def test_uprobes_send_records_to_ring_and_perf_buffers_from_c(stub_job, uprobe_a
     assert r.returncode == 0, r.stderr
     assert "not attached" not in r.stderr, r.stderr
     state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
-    calls, returns = state.storages
+    calls, returns, reserved_calls, reserved_returns = state.storages
     assert [struct.unpack("<qq", rec) for rec in calls.records] == [(i, i + 1) for i in range(n)]
     assert [(cpu, struct.unpack("<q", rec)[0]) for cpu, rec in returns.records] == [(0, 6 * i + 15) for i in range(n)]
-
-
-def test_uprobes_reserve_submit_and_discard_records_from_c(stub_job, uprobe_app, tmp_path):
-    """bpf_ringbuf_reserve, submit and discard in uprobes, in C: a submitted record reaches the ring, a
-    discarded one does not, and two held at once go in the order they were submitted."""
-    app, _ = uprobe_app
-    clang = find_clang()
-    obj = tmp_path / "reserved.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "reserved.bpf.c"),
-                    "-o", str(obj)], check=True)
-    n = 30
-    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, str(app), "calls", str(n))
-    assert r.returncode == 0, r.stderr
-    assert "not attached" not in r.stderr, r.stderr
-    state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
-    calls, returns = state.storages
-    assert [struct.unpack("<qq", rec) for rec in calls.records] == [(i, i + 1) for i in range(n) if i % 3]
-    rets = [struct.unpack("<q", rec)[0] for rec in returns.records]
-    assert rets == [v for i in range(n) for v in (-(6 * i + 15), 6 * i + 15)]
+    assert [struct.unpack("<qq", rec) for rec in reserved_calls.records] == [(i, i + 1) for i in range(n) if i % 3]
+    assert [struct.unpack("<q", rec)[0] for rec in reserved_returns.records] == \
+        [v for i in range(n) for v in (-(6 * i + 15), 6 * i + 15)]
 
 
 DIRECT = ["--uprobe", "sum8_entry=app_uprobe:upt_direct", "--uprobe", "sum8_exit=app_uprobe:upt_direct"]

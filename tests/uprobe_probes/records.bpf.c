@@ -1,5 +1,7 @@
-/* Host uprobes that send records (tests/test_uprobes.py): upt_add6's first two arguments at each call to
- * a ring buffer, its return value at each return to a perf buffer, from C. */
+/* Host uprobes that send records (tests/test_uprobes.py), from C: upt_add6's first two arguments at each
+ * call to a ring buffer, its return value at each return to a perf buffer; and the same reserved in
+ * place in two more rings, a call's record submitted unless the first argument is a multiple of 3 (then
+ * discarded), two held at once at each return, the second submitted first. */
 #include <vmlinux.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -20,6 +22,16 @@ struct {
 	__uint(value_size, sizeof(u32));
 } returns SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 16);
+} reserved_calls SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 16);
+} reserved_returns SEC(".maps");
+
 SEC("uprobe/libupt.so:upt_add6")
 int BPF_KPROBE(add6_entry, long a, long b)
 {
@@ -33,6 +45,42 @@ SEC("uretprobe/libupt.so:upt_add6")
 int BPF_KRETPROBE(add6_exit, long rc)
 {
 	bpf_perf_event_output(ctx, &returns, BPF_F_CURRENT_CPU, &rc, sizeof(rc));
+	return 0;
+}
+
+SEC("uprobe/libupt.so:upt_add6")
+int BPF_KPROBE(add6_reserve, long a, long b)
+{
+	struct call *c = bpf_ringbuf_reserve(&reserved_calls, sizeof(*c), 0);
+
+	if (!c)
+		return 0;
+	c->a = a;
+	c->b = b;
+	if ((unsigned long)a % 3 == 0)
+		bpf_ringbuf_discard(c, 0);
+	else
+		bpf_ringbuf_submit(c, 0);
+	return 0;
+}
+
+SEC("uretprobe/libupt.so:upt_add6")
+int BPF_KRETPROBE(add6_reserve_exit, long rc)
+{
+	long *first = bpf_ringbuf_reserve(&reserved_returns, sizeof(long), 0);
+	long *second;
+
+	if (!first)
+		return 0;
+	second = bpf_ringbuf_reserve(&reserved_returns, sizeof(long), 0);
+	if (!second) {
+		bpf_ringbuf_discard(first, 0);
+		return 0;
+	}
+	*first = rc;
+	*second = -rc;
+	bpf_ringbuf_submit(second, 0);
+	bpf_ringbuf_submit(first, 0);
 	return 0;
 }
 
