@@ -6,7 +6,10 @@ One process per row, each timed inside itself by the suite's protocol (bench/wor
 calibration, repetitions of about 100 ms; the median per unit), so start-up, patching and the JIT stay out:
 
 - vecadd (bench/workloads/kernels.cu: 16 Mi threads, PTX and SASS, so both back ends serve it): plain, and
-  the entry/exit and memory-access counters (bench/probes) under --backend ptx and --backend sass.
+  the entry/exit and memory-access counters (bench/probes) under --backend ptx and --backend sass; the
+  entry/exit floor (below) under --backend sass, here and on vecadd_1block (one block of 256 threads): what
+  the floor adds to a launch of 65,536 blocks against one of a single block tells a cost per launch (the
+  sanitizer's) from one per block (the patches').
 - torch_gpu (bench/workloads/frameworks.py: a stock PyTorch eager CNN training step, GPU-bound; SASS only,
   so every probe runs through the SASS back end): plain; torch_profiler (plain inside torch.profiler);
   standby (egpu-run with no probe: subscribed, nothing patched); floor (bench/probes/floor_entry_exit:
@@ -52,7 +55,7 @@ GOALS = {"torch_gpu entry_exit / plain": 1.1, "torch_gpu mem_count / plain": 2.0
 @dataclass(frozen=True)
 class Row:
     name: str
-    workload: str             # "vecadd" or "torch_gpu"
+    workload: str             # "vecadd", "vecadd_1block" (kernels.cu) or "torch_gpu" (frameworks.py)
     backend: str | None       # None: plain, no egpu-run
     probes: tuple[str, ...] = ()
     profile: bool = False     # inside torch.profiler
@@ -64,6 +67,9 @@ ROWS = (
     Row("sass_entry_exit", "vecadd", "sass", ("entry_exit",)),
     Row("ptx_mem_count", "vecadd", "ptx", ("mem_count",)),
     Row("sass_mem_count", "vecadd", "sass", ("mem_count",)),
+    Row("sass_floor", "vecadd", "sass", ("floor_entry_exit",)),
+    Row("plain", "vecadd_1block", None),
+    Row("sass_floor", "vecadd_1block", "sass", ("floor_entry_exit",)),
     Row("plain", "torch_gpu", None),
     Row("torch_profiler", "torch_gpu", None, profile=True),
     Row("standby", "torch_gpu", "sass"),
@@ -76,8 +82,8 @@ ROWS = (
 
 
 def command(row: Row, exe: Path, probes: Path) -> list[str]:
-    if row.workload == "vecadd":
-        cmd = suite.workload_cmd("vecadd", exe)
+    if row.workload.startswith("vecadd"):
+        cmd = [str(exe), row.workload, str(suite.REPS), str(suite.BUDGET_S)]
     else:
         cmd = [sys.executable, str(suite.BENCH / "workloads" / "frameworks.py"), row.workload, str(suite.REPS),
                str(suite.BUDGET_S), *(["--profile"] if row.profile else [])]
@@ -88,14 +94,14 @@ def command(row: Row, exe: Path, probes: Path) -> list[str]:
 
 
 def check_sass(row: Row, rec: dict[str, Any]) -> str | None:
-    """Why a torch_gpu row under the SASS back end did not run as its name says: standby subscribed with
-    nothing patched; a floor's patched kernels launched, none with a record (its patches returned at once)."""
+    """Why a row under the SASS back end did not run as its name says: standby subscribed with nothing
+    patched; a floor's patched kernels launched, none with a record (its patches returned at once)."""
     sass = rec.get("sass") or {}
     if "subscribed" not in sass.get("states", []):
         return f"the sanitizer was not subscribed ({', '.join(sass.get('states', [])) or 'no SASS state in the dump'})"
     if row.name == "standby" and sass.get("modules_patched"):
         return f"standby patched {sass['modules_patched']} modules"
-    if row.name.startswith("floor"):
+    if any(p.startswith("floor_") for p in row.probes):
         if not sass.get("launches"):
             return "no launch of a patched kernel: the floor measured nothing"
         if sass.get("probed"):
@@ -130,6 +136,8 @@ def check(row: Row, rec: dict[str, Any], plain: dict[str, Any] | None, witness: 
     why = probe_check.check_counter(rec, plain, None)   # the plain output
     if why:
         return why
+    if row.workload.startswith("vecadd") and row.name == "sass_floor":
+        return check_sass(row, rec)
     if row.workload == "vecadd":
         return probe_check.check_counter(rec, plain, VECADD_THREADS) if "entry_exit" in row.probes \
             else vecadd_accesses(rec)
@@ -169,6 +177,8 @@ def table(records: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
                if sass_mem.get("check", "x") is None and ptx_mem.get("check", "x") is None else None}
     out["goals"] = {k: {"value": v, "goal": GOALS[k], "met": None if v is None else v <= GOALS[k]}
                     for k, v in got.items()}
+    out["floor_added_ms"] = {w: round(out[w]["sass_floor"]["ms_per_unit"] - out[w]["plain"]["ms_per_unit"], 4)
+                             for w in ("vecadd", "vecadd_1block") if "ratio" in out.get(w, {}).get("sass_floor", {})}
     return out
 
 
@@ -180,7 +190,7 @@ def run_rows(rows: tuple[Row, ...], exe: Path, probes: Path, env: dict[str, str]
         if left < 20:
             records[(row.workload, row.name)] = {"skipped": f"skipped: past the {DEADLINE_S} s budget"}
             continue
-        timeout = min(suite.TIMEOUT_S["python" if row.workload != "vecadd" else "cuda"], left)
+        timeout = min(suite.TIMEOUT_S["cuda" if row.workload.startswith("vecadd") else "python"], left)
         records[(row.workload, row.name)] = suite.run_case(command(row, exe, probes), env, timeout)
     return records
 
@@ -199,13 +209,15 @@ def main() -> None:
         env = suite.base_env(Path(tmp))
         records = run_rows(ROWS, suite.build_kernels(Path(tmp)), probes, env, deadline)
     result = table(records)
-    for workload in ("vecadd", "torch_gpu"):
+    for workload in ("vecadd", "vecadd_1block", "torch_gpu"):
         for name, cell in result.get(workload, {}).items():
             ms = f"{cell['ms_per_unit']:10.3f} ms" if cell["ms_per_unit"] else " " * 13
             shown = f"x{cell['ratio']}" if "ratio" in cell else cell["check"] or ""
             print(f"{workload:10s} {name:20s} {ms}  {shown}")
     for goal, g in result["goals"].items():
         print(f"goal {goal}: {g['value']} (<= {g['goal']}: {g['met']})")
+    for workload, ms in result["floor_added_ms"].items():
+        print(f"the entry/exit floor adds {ms} ms to a launch of {workload}")
     out_path.write_text(json.dumps({"rows": result, "raw": {f"{w}/{n}": r for (w, n), r in records.items()}},
                                    indent=1, default=str))
 

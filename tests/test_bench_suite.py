@@ -587,7 +587,8 @@ def sass_records(sass, **changed):
     t = sass.VECADD_THREADS
     subscribed = {"states": ["subscribed"], "launches": 40, "probed": 0, "modules_patched": 0}
     ms = {"plain": 1.0, "ptx_entry_exit": 1.5, "sass_entry_exit": 2.0, "ptx_mem_count": 2.0, "sass_mem_count": 2.5,
-          "torch_profiler": 1.2, "standby": 1.02, "floor": 1.5, "entry_exit": 1.6, "floor_mem": 3.0, "mem_count": 4.0,
+          "sass_floor": 1.75, "torch_profiler": 1.2, "standby": 1.02, "floor": 1.5, "entry_exit": 1.6,
+          "floor_mem": 3.0, "mem_count": 4.0,
           "entry_exit_witness": 9.0}
     out = {}
     for row in sass.ROWS:
@@ -598,7 +599,7 @@ def sass_records(sass, **changed):
             rec["counts"] = [[[20 * t, 10 * t]]]
         elif row.backend == "sass":
             rec["sass"] = {**subscribed, "modules_patched": 0 if row.name == "standby" else 12,
-                           "probed": 0 if row.name in ("standby", "floor", "floor_mem") else 40}
+                           "probed": 0 if row.name in ("standby", "floor", "floor_mem", "sass_floor") else 40}
             rec["counts"] = {"entry_exit": [[[500, 500]]], "mem_count": [[[70, 30]]],
                              "entry_exit_witness": [[[500, 500]], [[500, 7]]]}.get(row.name)
             rec["shim_stats"] = {"dropped": 0}
@@ -611,10 +612,12 @@ def test_sass_bench_table_takes_ratios_of_checked_rows_only():
     sass = importlib.import_module("bench_sass")
     doc = sass.table(sass_records(sass))
     assert {n: c["ratio"] for n, c in doc["vecadd"].items() if "ratio" in c} == \
-        {"ptx_entry_exit": 1.5, "sass_entry_exit": 2.0, "ptx_mem_count": 2.0, "sass_mem_count": 2.5}
+        {"ptx_entry_exit": 1.5, "sass_entry_exit": 2.0, "ptx_mem_count": 2.0, "sass_mem_count": 2.5, "sass_floor": 1.75}
+    assert doc["vecadd_1block"]["sass_floor"]["ratio"] == 1.75
+    assert doc["floor_added_ms"] == {"vecadd": 0.75, "vecadd_1block": 0.75}
     assert {n: c["ratio"] for n, c in doc["torch_gpu"].items() if "ratio" in c} == \
         {"torch_profiler": 1.2, "standby": 1.02, "floor": 1.5, "entry_exit": 1.6, "floor_mem": 3.0, "mem_count": 4.0}
-    assert all(c["check"] is None for w in ("vecadd", "torch_gpu") for c in doc[w].values())
+    assert all(c["check"] is None for w in ("vecadd", "vecadd_1block", "torch_gpu") for c in doc[w].values())
     assert doc["goals"] == {"torch_gpu entry_exit / plain": {"value": 1.6, "goal": 1.1, "met": False},
                             "torch_gpu mem_count / plain": {"value": 4.0, "goal": 2.0, "met": False},
                             "vecadd sass_mem_count / ptx_mem_count": {"value": 1.25, "goal": 1.5, "met": True}}
@@ -628,6 +631,9 @@ def test_sass_bench_table_takes_ratios_of_checked_rows_only():
      "3 launches got a record: the floor's programs matched a kernel"),
     (("torch_gpu", "floor_mem"), {"sass": {"states": ["subscribed"], "launches": 0}},
      "no launch of a patched kernel: the floor measured nothing"),
+    (("vecadd_1block", "sass_floor"), {"sass": {"states": ["subscribed"], "launches": 10, "probed": 10}},
+     "10 launches got a record: the floor's programs matched a kernel"),
+    (("vecadd", "sass_floor"), {"digest": "x"}, "run: output x differs from the uninstrumented d"),
     (("torch_gpu", "standby"), {"sass": {"states": ["failed"]}}, "the sanitizer was not subscribed (failed)"),
     (("torch_gpu", "entry_exit_witness"), {"counts": [[[400, 400]], [[500, 7]]]},
      "witness run: 400 entries for 500 launched threads (7 launches)"),
