@@ -213,7 +213,7 @@ def main() -> None:
         for name, cell in result.get(workload, {}).items():
             ms = f"{cell['ms_per_unit']:10.3f} ms" if cell["ms_per_unit"] else " " * 13
             shown = f"x{cell['ratio']}" if "ratio" in cell else cell["check"] or ""
-            print(f"{workload:10s} {name:20s} {ms}  {shown}")
+            print(f"{workload:14s} {name:20s} {ms}  {shown}")
     for goal, g in result["goals"].items():
         print(f"goal {goal}: {g['value']} (<= {g['goal']}: {g['met']})")
     for workload, ms in result["floor_added_ms"].items():

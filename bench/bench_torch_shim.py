@@ -45,7 +45,8 @@ def main() -> None:
         env = suite.base_env(Path(tmp))
         cpus = suite.bench_shim.pick_cpus(suite.CASE_CPUS)
         suite.subprocess.run([*suite.egpu_run(), "true"], env=env, cwd=ROOT, capture_output=True)  # the shim, built
-        doc: dict = {"cpus": sorted(cpus or ()), "us_per_step": {m: [] for m in modes}, "shim_stats": {}, "errors": []}
+        doc: dict = {"cpus": sorted(cpus or ()), "us_per_step": {m: [] for m in modes}, "shim_stats": {}, "errors": [],
+                     "ratios": {}}
         for i in range(rounds):
             for mode, cmd in modes.items():
                 rec = suite.run_case(cmd, env, suite.TIMEOUT_S["python"], cpus)

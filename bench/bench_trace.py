@@ -36,20 +36,51 @@ def delivered(stderr: str) -> tuple[int | None, bool]:
     return (int(m.group(1).replace(",", "")), m.group(2) is not None) if m else (None, False)
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
-    """Run ``cmd`` in a session of its own, killed whole should this bench stop (suite.exit_on_term)."""
+def timed(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[float, subprocess.CompletedProcess[str] | None]:
+    """Run ``cmd`` in a session of its own, killed whole at ``timeout`` (then None) or should this bench
+    stop (suite.exit_on_term)."""
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=300)
-    except BaseException:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException as e:
         os.killpg(proc.pid, signal.SIGKILL)
-        raise
+        if not isinstance(e, subprocess.TimeoutExpired):
+            raise
+        proc.communicate()
+        return time.perf_counter() - t, None
     return time.perf_counter() - t, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def vecadd_line(stdout: str) -> list[str]:
+    """vecadd's own line (wrong elements and the checksum), whatever egpu-run printed around it."""
+    return [line for line in stdout.splitlines() if line.startswith("vecadd ")]
+
+
+def one_size(exe: Path, probe: Path, trace: Path, threads: int, env: dict[str, str], timeout: float) -> dict:
+    """One launch at ``threads`` threads untraced and traced: what was delivered, in how long."""
+    base_s, base = timed([*suite.egpu_run(), str(exe), "1", str(threads)], env, timeout)
+    trace_s, traced = timed([*suite.egpu_run(), "--trace", str(trace), "-p", str(probe), str(exe), "1",
+                             str(threads)], env, timeout)
+    run: dict = {"threads": threads, "records_expected": 3 * threads, "untraced_s": round(base_s, 3),
+                 "traced_s": round(trace_s, 3)}
+    if base is None or traced is None:
+        return {**run, "error": f"{'untraced' if base is None else 'traced'} run past {timeout:.0f} s"}
+    records, none_dropped = delivered(traced.stderr)
+    run.update(records_delivered=records, none_dropped=none_dropped,
+               same_output=traced.returncode == 0 and vecadd_line(base.stdout) == vecadd_line(traced.stdout) != [],
+               file_bytes=trace.stat().st_size if trace.exists() else None)
+    if records and trace_s > base_s:
+        run["drain_gbps"] = round(records * RECORD_BYTES / (trace_s - base_s) / 1e9, 3)
+    if records is None:
+        run["stderr_tail"] = traced.stderr[-2000:]
+    trace.unlink(missing_ok=True)
+    return run
+
+
 def link_gbps() -> float | None:
+    """A pinned device-to-host copy of 1 GiB, the fastest of three (torch), its memory given back."""
     try:
         import torch
     except ImportError:
@@ -63,6 +94,8 @@ def link_gbps() -> float | None:
         dst.copy_(src)
         torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t)
+    del src, dst
+    torch.cuda.empty_cache()
     return (1 << 30) / best / 1e9
 
 
@@ -74,7 +107,7 @@ def main() -> None:
     probe = Path(os.environ.get("EGPU_PREBUILT_PROBES", ROOT / ".gpubuild" / "probes")) / "access_trace.v3.bpf.o"
     if not probe.exists():
         raise SystemExit(f"bench_trace: no prebuilt {probe} (run scripts/gpu-prep.sh)")
-    doc: dict = {"record_bytes": RECORD_BYTES, "link_dtoh_pinned_gbps": link_gbps(), "runs": []}
+    doc: dict = {"record_bytes": RECORD_BYTES, "runs": []}
     deadline = time.monotonic() + DEADLINE_S
     with tempfile.TemporaryDirectory() as tmp:
         env = suite.base_env(Path(tmp))
@@ -82,25 +115,14 @@ def main() -> None:
         subprocess.run(["nvcc", "-O2", "-arch=sm_90", str(ROOT / "tests" / "e2e" / "vecadd.cu"), "-o", str(exe)],
                        check=True)
         for n in SIZES:
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left < 5:
                 break
-            trace = Path(tmp) / "trace.parquet"
-            base_s, base = timed([*suite.egpu_run(), str(exe), "1", str(n)], env)
-            trace_s, traced = timed([*suite.egpu_run(), "--trace", str(trace), "-p", str(probe), str(exe), "1",
-                                     str(n)], env)
-            records, none_dropped = delivered(traced.stderr)
-            run = {"threads": n, "records_expected": 3 * n, "records_delivered": records, "none_dropped": none_dropped,
-                   "same_output": traced.returncode == 0 and _result(base.stdout) == _result(traced.stdout) != [],
-                   "untraced_s": round(base_s, 3), "traced_s": round(trace_s, 3),
-                   "file_bytes": trace.stat().st_size if trace.exists() else None}
-            if records and trace_s > base_s:
-                run["drain_gbps"] = round(records * RECORD_BYTES / (trace_s - base_s) / 1e9, 3)
-            if records is None:
-                run["stderr_tail"] = traced.stderr[-2000:]
-            trace.unlink(missing_ok=True)
+            run = one_size(exe, probe, Path(tmp) / "trace.parquet", n, env, left / 2)
             doc["runs"].append(run)
-            print(json.dumps(run))
+            print(json.dumps(run), flush=True)
             out_path.write_text(json.dumps(doc, indent=1))
+    doc["link_dtoh_pinned_gbps"] = link_gbps()   # after the runs: none of them beside torch's context
     print(f"link (pinned dtoh): {doc['link_dtoh_pinned_gbps']} GB/s")
     out_path.write_text(json.dumps(doc, indent=1))
 

@@ -394,7 +394,7 @@ struct run {
     unsigned char watch_buf[WATCH_BYTES];
     /* records bpf_ringbuf_reserve handed out and no submit or discard released yet (the verifier proved
      * that each is released before the program ends) */
-    struct { int map; unsigned int size; } reserved[RESERVED];
+    struct { int map, held; unsigned int size; } reserved[RESERVED];
     unsigned char reserved_buf[RESERVED][EGPU_LVM_TRACE_FMT];
     unsigned char frames[MAX_FRAMES][STACK_SIZE];
 };
@@ -443,7 +443,7 @@ static unsigned char *at(struct run *x, uint64_t addr, size_t size, int write) {
         base = m->values, writable = !m->readonly;
         limit = slot < m->max_entries ? slot * m->stride + m->value_size : 0;
     } else if (region <= R_RESERVED(0) && region > R_RESERVED(RESERVED) &&
-               x->reserved[R_RESERVED(0) - region].size) {
+               x->reserved[R_RESERVED(0) - region].held) {
         base = x->reserved_buf[R_RESERVED(0) - region], limit = x->reserved[R_RESERVED(0) - region].size;
     } else {
         x->fault = EGPU_LVM_BAD_ACCESS;
@@ -637,8 +637,8 @@ static int output(struct run *x, int map_reg, int data_reg, int size_reg) {
     return 0;
 }
 
-/* bpf_ringbuf_reserve(map, size, flags): a record of the run's own, NULL when RESERVED are held or it is
- * longer than a queued record may be (the kernel's NULL for a ring without room). */
+/* bpf_ringbuf_reserve(map, size, flags): a zeroed record of the run's own (as the VM's), NULL for flags
+ * (ringbuf.c takes none), when RESERVED are held, or when it is longer than a queued record may be. */
 static int reserve(struct run *x) {
     uint64_t k = x->r[1] - MAP_HANDLE(0), size = x->r[2];
     if (k >= x->p->nmaps) {
@@ -646,9 +646,10 @@ static int reserve(struct run *x) {
         return -1;
     }
     x->r[0] = 0;
-    for (int s = 0; s < RESERVED && size && size <= EGPU_LVM_TRACE_FMT; s++)
-        if (!x->reserved[s].size) {
-            x->reserved[s].map = (int)k, x->reserved[s].size = (unsigned int)size;
+    for (int s = 0; s < RESERVED && !x->r[3] && size <= EGPU_LVM_TRACE_FMT; s++)
+        if (!x->reserved[s].held) {
+            x->reserved[s].map = (int)k, x->reserved[s].held = 1, x->reserved[s].size = (unsigned int)size;
+            memset(x->reserved_buf[s], 0, size);
             x->r[0] = R_RESERVED(s) << REGION_SHIFT;
             break;
         }
@@ -659,7 +660,7 @@ static int reserve(struct run *x) {
  * dropped), its region released. */
 static int release(struct run *x, int submit) {
     uint64_t region = x->r[1] >> REGION_SHIFT, s = R_RESERVED(0) - region;
-    if ((x->r[1] & OFFSET_MASK) || region > R_RESERVED(0) || s >= RESERVED || !x->reserved[s].size) {
+    if ((x->r[1] & OFFSET_MASK) || region > R_RESERVED(0) || s >= RESERVED || !x->reserved[s].held) {
         x->fault = EGPU_LVM_BAD_ACCESS;
         return -1;
     }
@@ -669,7 +670,7 @@ static int release(struct run *x, int submit) {
         t->args[0] = t->args[1] = t->args[2] = 0;
         memcpy(t->fmt, x->reserved_buf[s], t->size);
     }
-    x->reserved[s].size = 0;
+    x->reserved[s].held = 0;
     x->r[0] = 0;
     return 0;
 }

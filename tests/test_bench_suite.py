@@ -675,6 +675,7 @@ def test_sass_bench_runs_every_row_once_in_one_call(suite, tmp_path, monkeypatch
         return records[(row.workload, row.name)]
     monkeypatch.setattr(suite, "run_case", fake_run)
     monkeypatch.setattr(suite, "build_kernels", lambda work: work / "kernels")
+    monkeypatch.setattr(suite, "exit_on_term", lambda: None)   # pytest keeps its own SIGTERM
     out = tmp_path / "sass.json"
     monkeypatch.setattr(sass.sys, "argv", ["bench_sass.py", str(out)])
     sass.main()
@@ -687,6 +688,7 @@ def test_sass_bench_runs_every_row_once_in_one_call(suite, tmp_path, monkeypatch
 
 def test_sass_bench_refuses_to_start_without_its_probes(tmp_path, monkeypatch):
     sass = importlib.import_module("bench_sass")
+    monkeypatch.setattr(sass.suite, "exit_on_term", lambda: None)   # pytest keeps its own SIGTERM
     monkeypatch.setenv("EGPU_PREBUILT_PROBES", str(tmp_path))
     monkeypatch.setattr(sass.sys, "argv", ["bench_sass.py", str(tmp_path / "out.json")])
     with pytest.raises(SystemExit, match=r"no prebuilt entry_exit, floor_entry_exit, floor_mem, launch_threads, "
@@ -699,6 +701,7 @@ def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, m
     the suite's CPUs; each ratio against its own round's plain run; a failed process is no result; the
     file holds every round finished, so a call cut short keeps them."""
     bench = importlib.import_module("bench_torch_shim")
+    monkeypatch.setattr(suite, "exit_on_term", lambda: None)   # pytest keeps its own SIGTERM
     us = iter([1.5, 1.8, 1.5, 1.0, 1.2, 1.1])   # ms per step: round 0, then round 1
     seen = []
 
@@ -794,7 +797,33 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
                                             "dropped": dropped, "error": error}}])
         assert bench.delivered(f"egpu[1]: a note\n{line}\nvecadd done\n") == (786_432, not dropped and not error)
     assert bench.delivered("egpu-run: job exited 1\n") == (None, False)
+    monkeypatch.setattr(bench.suite, "exit_on_term", lambda: None)   # pytest keeps its own SIGTERM
     monkeypatch.setenv("EGPU_PREBUILT_PROBES", str(tmp_path))
     monkeypatch.setattr(bench.sys, "argv", ["bench_trace.py", str(tmp_path / "out.json")])
     with pytest.raises(SystemExit, match="no prebuilt .*access_trace.v3.bpf.o"):
         bench.main()
+
+
+def test_trace_bench_times_one_size_against_the_untraced_run(tmp_path, monkeypatch):
+    """bench_trace.one_size: the drain's rate is the records' bytes over the time the traced run took
+    beyond the untraced one, the output compared on vecadd's own line; a run past its time is an error."""
+    bench = importlib.import_module("bench_trace")
+    trace = tmp_path / "t.parquet"
+    line = "egpu-run: 30,000,000 records in t.parquet, none dropped"
+
+    def fake(cmd, env, timeout):
+        traced = "--trace" in cmd
+        if traced:
+            trace.write_bytes(b"x" * 100)
+        out = "vecadd launches 1 threads 10000000 wrong 0 checksum 00ab\n" + ("@maps\n" if traced else "")
+        return (3.0 if traced else 1.0), subprocess.CompletedProcess(cmd, 0, out, line if traced else "")
+    monkeypatch.setattr(bench, "timed", fake)
+    run = bench.one_size(tmp_path / "vecadd", tmp_path / "p.o", trace, 10_000_000, {}, 60)
+    assert run == {"threads": 10_000_000, "records_expected": 30_000_000, "untraced_s": 1.0, "traced_s": 3.0,
+                   "records_delivered": 30_000_000, "none_dropped": True, "same_output": True, "file_bytes": 100,
+                   "drain_gbps": 1.2}
+    assert not trace.exists()
+    monkeypatch.setattr(bench, "timed", lambda cmd, env, timeout:
+                        (timeout, None if "--trace" in cmd else fake(cmd, env, 0)[1]))
+    assert bench.one_size(tmp_path / "vecadd", tmp_path / "p.o", trace, 1000, {}, 60)["error"] == \
+        "traced run past 60 s"

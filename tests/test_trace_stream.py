@@ -180,6 +180,34 @@ def test_drop_counts_every_record_it_does_not_deliver():
     assert ring.reopened > 0   # the reader reset the SMs' full marks once it had made room
 
 
+def test_a_failed_reader_still_reopens_a_dropping_ring_and_counts_its_drops():
+    """After the reader fails, a dropping ring is passed over too: its refused SMs may ask again (records
+    keep being accepted from an SM after it was refused) and the drops are still counted exactly."""
+    ring = HostRing(1024, PRODUCERS, wait=False)
+    reader = RingReader(ring, 0, ring.lay)
+
+    def failing_take():
+        raise RuntimeError("copy failed")
+
+    reader.take = failing_take
+    drain = RingDrain([reader], lambda i, taken: None, idle_s=0.0001).start()
+    refused = [1 << 30] * PRODUCERS
+    for k in range(PER_PRODUCER):
+        for p in range(PRODUCERS):
+            data = struct.pack("<II", p, k) + bytes(8 * (k % 3))
+            if ring.produce(data, sm=p):
+                ring.reopened += len(data) >= refused[p]
+            else:
+                refused[p] = min(refused[p], len(data))
+        if k % 64 == 0:
+            time.sleep(0.001)   # room for the drain's passes
+    with pytest.raises(RuntimeError, match="copy failed"):
+        drain.stop()
+    reader.skip()
+    assert ring.refused > 0 and ring.reopened > 0 and reader.dropped == ring.refused
+    assert reader.skipped > 0 and reader.consumed == ring._u64(0)
+
+
 def test_a_record_is_taken_only_once_a_pass_saw_it_complete():
     """A copy engine may copy a flag before the bytes it guards: a record seen READY is taken only by
     the next pass, and one still BUSY stops the pass (nothing after it is taken out of order)."""

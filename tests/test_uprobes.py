@@ -84,8 +84,9 @@ def test_uprobes_see_exact_arguments_and_return_values_and_share_a_map_with_laun
 def test_uprobes_send_records_to_ring_and_perf_buffers_from_c(stub_job, uprobe_app, tmp_path):
     """bpf_ringbuf_output and bpf_perf_event_output in uprobes, which run only in C: every call's record
     reaches the ring, every return's the perf buffer (the host as CPU 0), in order, in the dump. Reserved
-    in place (bpf_ringbuf_reserve, submit, discard): a submitted record arrives, a discarded one does
-    not, and two held at once arrive in the order they were submitted."""
+    in place (bpf_ringbuf_reserve, submit, discard): a submitted record arrives zeroed where the probe did
+    not write it, a discarded one does not arrive, two held at once arrive in the order they were
+    submitted, and a reserve with flags gets NULL."""
     app, _ = uprobe_app
     clang = find_clang()
     obj = tmp_path / "records.bpf.o"
@@ -99,7 +100,8 @@ def test_uprobes_send_records_to_ring_and_perf_buffers_from_c(stub_job, uprobe_a
     calls, returns, reserved_calls, reserved_returns = state.storages
     assert [struct.unpack("<qq", rec) for rec in calls.records] == [(i, i + 1) for i in range(n)]
     assert [(cpu, struct.unpack("<q", rec)[0]) for cpu, rec in returns.records] == [(0, 6 * i + 15) for i in range(n)]
-    assert [struct.unpack("<qq", rec) for rec in reserved_calls.records] == [(i, i + 1) for i in range(n) if i % 3]
+    assert [struct.unpack("<qq", rec) for rec in reserved_calls.records] == \
+        [(i, i + 1 if i % 3 == 1 else 0) for i in range(n) if i % 3]   # a field left unwritten reads 0
     assert [struct.unpack("<q", rec)[0] for rec in reserved_returns.records] == \
         [v for i in range(n) for v in (-(6 * i + 15), 6 * i + 15)]
 

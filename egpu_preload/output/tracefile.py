@@ -279,7 +279,7 @@ class TraceWriter:
 def _words(raw: Any, numbers: Sequence[Column]) -> dict[str, Any]:
     """Each number column of the struct rows ``raw`` as contiguous unsigned words, all of them taken
     CHUNK_ROWS rows at a time: a row is read from memory once, not once per column (a column at a time,
-    byte by byte, held the writer to 264 MB/s of access records on the CI machine)."""
+    byte by byte, was the writer's slowest step: 264 MB/s of access records by itself on the CI machine)."""
     import numpy as np
     views = {c.name: raw[:, c.offset:c.offset + c.size].view(f"<u{c.size}")[:, 0] for c in numbers}
     out = {name: np.empty(len(v), v.dtype) for name, v in views.items()}

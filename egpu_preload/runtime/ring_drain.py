@@ -83,11 +83,7 @@ class RingReader:
     def take(self) -> Taken:
         """The records complete since an earlier pass (in ring order), their bytes cleared and
         ``consumed`` moved past them."""
-        header = self.mem.read(self.addr, RING_NCPU + 4)
-        head, _reserved, _consumed, dropped = struct.unpack_from("<QQQQ", header, 0)
-        (ncpu,) = struct.unpack_from("<I", header, RING_NCPU)
-        lines = self.mem.read(self.addr + self.lay.lines_off, ncpu * LINE) if ncpu else b""
-        self.dropped = dropped + sum(struct.unpack_from("<Q", lines, c * LINE + 8)[0] for c in range(ncpu))
+        head, lines, ncpu = self._header()
         if head == self.consumed:
             return []
         cap, n = self.lay.capacity, head - self.consumed   # n <= capacity: credit bounds what is unread
@@ -118,6 +114,15 @@ class RingReader:
         self.taken += count(out)
         return out
 
+    def _header(self) -> tuple[int, bytes, int]:
+        """(head, the per-SM lines, their count), ``dropped`` updated from the producers' counts."""
+        header = self.mem.read(self.addr, RING_NCPU + 4)
+        head, _reserved, _consumed, dropped = struct.unpack_from("<QQQQ", header, 0)
+        (ncpu,) = struct.unpack_from("<I", header, RING_NCPU)
+        lines = self.mem.read(self.addr + self.lay.lines_off, ncpu * LINE) if ncpu else b""
+        self.dropped = dropped + sum(struct.unpack_from("<Q", lines, c * LINE + 8)[0] for c in range(ncpu))
+        return head, lines, ncpu
+
     def _reopen(self, lines: bytes, ncpu: int) -> None:
         """A dropping ring's SMs that were refused may ask again now that there is room (devmaps.py)."""
         for c in range(ncpu):
@@ -126,12 +131,14 @@ class RingReader:
 
     def skip(self) -> None:
         """``consumed`` moved to ``head`` unread, the bytes counted in ``skipped``: what a failed reader
-        does so that producers made to wait go on."""
-        (head,) = struct.unpack("<Q", self.mem.read(self.addr, 8))
+        does so that producers made to wait go on (and a dropping ring's refused SMs may ask again)."""
+        head, lines, ncpu = self._header()
         if head != self.consumed:
             self.skipped += head - self.consumed
             self.consumed = head
             self.mem.write(self.addr + 16, struct.pack("<Q", head))
+        if not self.lay.wait:
+            self._reopen(lines, ncpu)
 
     def empty(self) -> bool:
         """Nothing left between consumed and head (the producers are done: the job's kernels finished)."""

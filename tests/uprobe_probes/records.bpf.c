@@ -1,7 +1,8 @@
 /* Host uprobes that send records (tests/test_uprobes.py), from C: upt_add6's first two arguments at each
  * call to a ring buffer, its return value at each return to a perf buffer; and the same reserved in
- * place in two more rings, a call's record submitted unless the first argument is a multiple of 3 (then
- * discarded), two held at once at each return, the second submitted first. */
+ * place in two more rings: a call's record discarded where the first argument is a multiple of 3, else
+ * submitted, its second field left unwritten (so zero) where the first is 2 more than one; at each
+ * return two held at once, the second submitted first, and a reserve with flags (NULL). */
 #include <vmlinux.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -55,8 +56,15 @@ int BPF_KPROBE(add6_reserve, long a, long b)
 
 	if (!c)
 		return 0;
+	c->a = -1; /* discarded: the next record, in the same place, must not show it */
+	c->b = -1;
+	bpf_ringbuf_discard(c, 0);
+	c = bpf_ringbuf_reserve(&reserved_calls, sizeof(*c), 0);
+	if (!c)
+		return 0;
 	c->a = a;
-	c->b = b;
+	if ((unsigned long)a % 3 == 1)
+		c->b = b;
 	if ((unsigned long)a % 3 == 0)
 		bpf_ringbuf_discard(c, 0);
 	else
@@ -68,8 +76,12 @@ SEC("uretprobe/libupt.so:upt_add6")
 int BPF_KRETPROBE(add6_reserve_exit, long rc)
 {
 	long *first = bpf_ringbuf_reserve(&reserved_returns, sizeof(long), 0);
-	long *second;
+	long *second, *flagged = bpf_ringbuf_reserve(&reserved_returns, sizeof(long), 1);
 
+	if (flagged) { /* reserve takes no flags: NULL, as the kernel's */
+		*flagged = 0;
+		bpf_ringbuf_submit(flagged, 0);
+	}
 	if (!first)
 		return 0;
 	second = bpf_ringbuf_reserve(&reserved_returns, sizeof(long), 0);
