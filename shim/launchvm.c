@@ -599,56 +599,65 @@ static struct egpu_lvm_trace *trace_slot(void) {
     return &trace_ring[(trace_head + trace_count++) % TRACE_RECORDS];
 }
 
+/* One record queued for the runtime: for map k, or (k = -1) a trace_printk line with its three
+ * arguments (args; NULL for a record); 0 when the queue is full (counted dropped). */
+static int queue_record(const struct run *x, int k, const unsigned char *data, unsigned int size,
+                        const uint64_t *args) {
+    struct egpu_lvm_trace *t = trace_slot();
+    if (!t) return 0;
+    t->prog = x->p, t->map = k, t->size = size;
+    for (int i = 0; i < 3; i++) t->args[i] = args ? args[i] : 0;
+    memcpy(t->fmt, data, size);
+    return 1;
+}
+
 static int trace_printk(struct run *x) {
     unsigned int size = x->r[2] < EGPU_LVM_TRACE_FMT ? (unsigned int)x->r[2] : EGPU_LVM_TRACE_FMT;
     const unsigned char *fmt = at(x, x->r[1], size, 0);
     if (!fmt) return -1;
-    struct egpu_lvm_trace *t = trace_slot();
-    if (t) {
-        t->prog = x->p, t->map = -1, t->size = size;
-        t->args[0] = x->r[3], t->args[1] = x->r[4], t->args[2] = x->r[5];
-        memcpy(t->fmt, fmt, size);
-    }
+    queue_record(x, -1, fmt, size, &x->r[3]);
     x->r[0] = 0;
     return 0;
 }
 
-/* bpf_ringbuf_output, bpf_perf_event_output: the record goes to the runtime, which puts it in the map;
- * 0 once kept (a map found full then counts it dropped there), -ENOSPC when this buffer is full. */
-static int output(struct run *x, int map_reg, int data_reg, int size_reg) {
-    uint64_t k = x->r[map_reg] - MAP_HANDLE(0), size = x->r[size_reg];
-    if (k >= x->p->nmaps) {
+/* The ring or perf buffer map r[reg] names, which the runtime keeps (no C copy: map_of has none); -1 and
+ * the fault set otherwise. */
+static int output_map(struct run *x, int reg, int *k) {
+    uint64_t index = x->r[reg] - MAP_HANDLE(0);
+    if (index >= x->p->nmaps) {
         x->fault = EGPU_LVM_NOT_A_MAP;
         return -1;
     }
+    *k = (int)index;
+    return 0;
+}
+
+/* bpf_ringbuf_output, bpf_perf_event_output: 0 once queued (a map found full then counts it dropped
+ * there), -ENOSPC when the queue is full. */
+static int output(struct run *x, int map_reg, int data_reg, int size_reg) {
+    uint64_t size = x->r[size_reg];
+    int k;
+    if (output_map(x, map_reg, &k)) return -1;
     if (size > EGPU_LVM_TRACE_FMT) {
         x->r[0] = (uint64_t)-E2BIG;
         return 0;
     }
     const unsigned char *data = at(x, x->r[data_reg], size, 0);
     if (!data) return -1;
-    struct egpu_lvm_trace *t = trace_slot();
-    if (t) {
-        t->prog = x->p, t->map = (int)k, t->size = (unsigned int)size;
-        t->args[0] = t->args[1] = t->args[2] = 0;
-        memcpy(t->fmt, data, size);
-    }
-    x->r[0] = t ? 0 : (uint64_t)-ENOSPC;
+    x->r[0] = queue_record(x, k, data, (unsigned int)size, NULL) ? 0 : (uint64_t)-ENOSPC;
     return 0;
 }
 
 /* bpf_ringbuf_reserve(map, size, flags): a zeroed record of the run's own (as the VM's), NULL for flags
  * (ringbuf.c takes none), when RESERVED are held, or when it is longer than a queued record may be. */
 static int reserve(struct run *x) {
-    uint64_t k = x->r[1] - MAP_HANDLE(0), size = x->r[2];
-    if (k >= x->p->nmaps) {
-        x->fault = EGPU_LVM_NOT_A_MAP;
-        return -1;
-    }
+    uint64_t size = x->r[2];
+    int k;
+    if (output_map(x, 1, &k)) return -1;
     x->r[0] = 0;
     for (int s = 0; s < RESERVED && !x->r[3] && size <= EGPU_LVM_TRACE_FMT; s++)
         if (!x->reserved[s].held) {
-            x->reserved[s].map = (int)k, x->reserved[s].held = 1, x->reserved[s].size = (unsigned int)size;
+            x->reserved[s].map = k, x->reserved[s].held = 1, x->reserved[s].size = (unsigned int)size;
             memset(x->reserved_buf[s], 0, size);
             x->r[0] = R_RESERVED(s) << REGION_SHIFT;
             break;
@@ -664,12 +673,7 @@ static int release(struct run *x, int submit) {
         x->fault = EGPU_LVM_BAD_ACCESS;
         return -1;
     }
-    struct egpu_lvm_trace *t = submit ? trace_slot() : NULL;
-    if (t) {
-        t->prog = x->p, t->map = x->reserved[s].map, t->size = x->reserved[s].size;
-        t->args[0] = t->args[1] = t->args[2] = 0;
-        memcpy(t->fmt, x->reserved_buf[s], t->size);
-    }
+    if (submit) queue_record(x, x->reserved[s].map, x->reserved_buf[s], x->reserved[s].size, NULL);
     x->reserved[s].held = 0;
     x->r[0] = 0;
     return 0;
