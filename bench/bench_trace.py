@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,20 +36,9 @@ def delivered(stderr: str) -> tuple[int | None, bool]:
 
 
 def timed(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[float, subprocess.CompletedProcess[str] | None]:
-    """Run ``cmd`` in a session of its own, killed whole at ``timeout`` (then None) or should this bench
-    stop (suite.exit_on_term)."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except BaseException as e:
-        os.killpg(proc.pid, signal.SIGKILL)
-        if not isinstance(e, subprocess.TimeoutExpired):
-            raise
-        proc.communicate()
-        return time.perf_counter() - t, None
-    return time.perf_counter() - t, subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    """(wall time, what ``cmd`` did; None past ``timeout``): suite.run_session."""
+    done, wall_s, timed_out = suite.run_session(cmd, env, timeout)
+    return wall_s, None if timed_out else done
 
 
 def vecadd_line(stdout: str) -> list[str]:

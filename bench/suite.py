@@ -138,28 +138,37 @@ def exit_on_term() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
-def run_case(cmd: list[str], env: dict[str, str], timeout: float, cpus: set[int] | None = None) -> dict[str, Any]:
-    """Run one case in its own process group (killed whole on timeout: egpu-run's job too), on ``cpus``
-    when given, parse what it printed, and read the runtime's dumps when egpu-run kept a session."""
+def run_session(cmd: list[str], env: dict[str, str], timeout: float, cpus: set[int] | None = None
+                ) -> tuple[subprocess.CompletedProcess[str], float, bool]:
+    """Run ``cmd`` in a session of its own (killed whole on timeout: egpu-run's job too, and whenever this
+    bench stops: exit_on_term), on ``cpus`` when given; (what it did, its wall time, whether it timed out)."""
     t = time.perf_counter()
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=pin)
-    status = "ok"
+    timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
-        status = "timeout"
+        timed_out = True
     except BaseException:   # the bench itself stopped (terminated: a call's timeout): its case stops too
         os.killpg(proc.pid, signal.SIGKILL)
         raise
-    rec: dict[str, Any] = {"status": status, "wall_s": time.perf_counter() - t, **results.parse_output(stdout)}
-    if status == "ok" and (proc.returncode or rec["digest"] is None):
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), time.perf_counter() - t, timed_out
+
+
+def run_case(cmd: list[str], env: dict[str, str], timeout: float, cpus: set[int] | None = None) -> dict[str, Any]:
+    """Run one case (run_session), parse what it printed, and read the runtime's dumps when egpu-run kept a
+    session."""
+    done, wall_s, timed_out = run_session(cmd, env, timeout, cpus)
+    stdout, stderr, status = done.stdout, done.stderr, "timeout" if timed_out else "ok"
+    rec: dict[str, Any] = {"status": status, "wall_s": wall_s, **results.parse_output(stdout)}
+    if status == "ok" and (done.returncode or rec["digest"] is None):
         rec["status"] = "failed"
     if rec["status"] != "ok":
-        rec["error"] = f"exit {proc.returncode}: " + (stderr.strip().splitlines() or [""])[-1][-300:]
+        rec["error"] = f"exit {done.returncode}: " + (stderr.strip().splitlines() or [""])[-1][-300:]
     m = SESSION_RE.search(stderr)
     if m:
         rec.update(dump_facts(Path(m.group(1))))
