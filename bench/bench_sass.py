@@ -164,7 +164,7 @@ def table(records: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
         plain = records.get((row.workload, "plain"))
         why = rec.get("skipped") or check(row, rec, plain, witness)
         cell: dict[str, Any] = {"ms_per_unit": statistics.median(rec["unit_ms"]) if rec.get("unit_ms") else None,
-                                "check": why}
+                                "check": why, **({"split": rec["split"]} if rec.get("split") else {})}
         if why is None and row.name not in UNCOMPARED and plain and plain.get("unit_ms") and cell["ms_per_unit"]:
             cell["ratio"] = round(cell["ms_per_unit"] / statistics.median(plain["unit_ms"]), 3)
         out.setdefault(row.workload, {})[row.name] = cell
@@ -213,6 +213,9 @@ def main() -> None:
         for name, cell in result.get(workload, {}).items():
             ms = f"{cell['ms_per_unit']:10.3f} ms" if cell["ms_per_unit"] else " " * 13
             shown = f"x{cell['ratio']}" if "ratio" in cell else cell["check"] or ""
+            split = cell.get("split")
+            if split:   # one launch alone: its host call and its kernel
+                shown += f"  (launch call {split['host_us']} us, kernel {split['kernel_us']} us)"
             print(f"{workload:14s} {name:20s} {ms}  {shown}")
     for goal, g in result["goals"].items():
         print(f"goal {goal}: {g['value']} (<= {g['goal']}: {g['met']})")

@@ -60,9 +60,10 @@ UNQUOTED = ("NVBit's own paper (Villa et al., MICRO 2019): we could not locate i
 
 def parse_output(stdout: str) -> dict[str, Any]:
     """The BENCH_ lines of a workload program (bench/workloads): warm-up, repetitions ("ms units", units
-    1 when left out), every unit the process ran, digest. Other lines (egpu-run's maps) are ignored; a
-    run cut short keeps the repetitions it printed."""
-    warmup, reps, units, digest = None, [], None, None
+    1 when left out), every unit the process ran, digest, and kernels.cu's split of one launch's time
+    (host_us in the call, kernel_us between events). Other lines (egpu-run's maps) are ignored; a run cut
+    short keeps the repetitions it printed."""
+    warmup, reps, units, digest, split = None, [], None, None, None
     for line in stdout.splitlines():
         key, _, value = line.strip().partition(" ")
         try:
@@ -73,12 +74,15 @@ def parse_output(stdout: str) -> dict[str, Any]:
                 reps.append([float(ms), int(n[0]) if n else 1])
             elif key == "BENCH_UNITS":
                 units = int(value)
+            elif key == "BENCH_SPLIT":
+                host_us, kernel_us = map(float, value.split())
+                split = {"host_us": host_us, "kernel_us": kernel_us}
         except (ValueError, IndexError):
             continue
         if key == "BENCH_DONE":
             digest = value.strip() or None
     return {"warmup_ms": warmup, "reps": reps, "unit_ms": [ms / n for ms, n in reps if n > 0], "units": units,
-            "digest": digest}
+            "digest": digest, "split": split}
 
 
 # ---- runs to ratios ----------------------------------------------------------------------------------

@@ -76,14 +76,16 @@ def fake_doc():
 
 
 @pytest.mark.parametrize("stdout, want", [
-    ("BENCH_WARMUP 120.5\nBENCH_REP 50.0 100\nBENCH_REP 51.5 50\nBENCH_UNITS 158\nBENCH_DONE abc\n",
-     {"warmup_ms": 120.5, "reps": [[50.0, 100], [51.5, 50]], "unit_ms": [0.5, 1.03], "units": 158, "digest": "abc"}),
+    ("BENCH_WARMUP 120.5\nBENCH_REP 50.0 100\nBENCH_REP 51.5 50\nBENCH_SPLIT 4.5 61.25\nBENCH_UNITS 158\n"
+     "BENCH_DONE abc\n",
+     {"warmup_ms": 120.5, "reps": [[50.0, 100], [51.5, 50]], "unit_ms": [0.5, 1.03], "units": 158, "digest": "abc",
+      "split": {"host_us": 4.5, "kernel_us": 61.25}}),
     # egpu-run's maps around the program's lines, a run cut short (no DONE), units left out
     ("@calls[0]: 12\nBENCH_WARMUP 1\n  BENCH_REP 2.5\nkernel vecadd\n",
-     {"warmup_ms": 1.0, "reps": [[2.5, 1]], "unit_ms": [2.5], "units": None, "digest": None}),
-    ("BENCH_REP oops\nBENCH_REP 3 x\nBENCH_REP 3 0\nBENCH_UNITS x\n",
-     {"warmup_ms": None, "reps": [[3.0, 0]], "unit_ms": [], "units": None, "digest": None}),
-    ("", {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None}),
+     {"warmup_ms": 1.0, "reps": [[2.5, 1]], "unit_ms": [2.5], "units": None, "digest": None, "split": None}),
+    ("BENCH_REP oops\nBENCH_REP 3 x\nBENCH_REP 3 0\nBENCH_UNITS x\nBENCH_SPLIT 1\n",
+     {"warmup_ms": None, "reps": [[3.0, 0]], "unit_ms": [], "units": None, "digest": None, "split": None}),
+    ("", {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None, "split": None}),
 ])
 def test_parse_output(stdout, want):
     assert results.parse_output(stdout) == want

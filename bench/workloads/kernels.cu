@@ -11,7 +11,9 @@
 // Prints "BENCH_WARMUP ms", then "BENCH_REP ms units" per repetition as it ends (a run cut short still
 // tells how far it got), "BENCH_UNITS n" (every unit of the process: warm-up, calibration, repetitions;
 // what a probe's counts are divided by), then "BENCH_DONE checksum" of the output's bits: the same in
-// every mode.
+// every mode. Last, "BENCH_SPLIT host_us kernel_us": the medians, over 32 launches on their own, of the
+// host's time in the launch call and the kernel's time between events on either side of it. A mode's cost
+// per launch is in one or the other: the driver's or a tool's host work, or the kernel running longer.
 //
 // Built with -gencode arch=compute_90,code=[sm_90,compute_90]: the fatbin carries PTX for egpu to
 // rewrite and SASS for the uninstrumented runs.
@@ -20,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <utility>
 #include <cuda_runtime.h>
 
 #include "../../tests/cuda/gemm_tiled.cu"  // gemm_tiled (16x16 shared-memory tiles)
@@ -59,6 +62,35 @@ static double timed(const Work &w, long units) {
     for (long i = 0; i < units; i++) w.run(w);
     CHECK(cudaDeviceSynchronize());
     return now_ms() - t;
+}
+
+static double median(double *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) std::swap(v[j - 1], v[j]);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// BENCH_SPLIT: each launch alone (synchronized before and after), so neither number hides in a queue
+static void split(const Work &w) {
+    enum { N = 32 };
+    double host_us[N], kernel_us[N];
+    cudaEvent_t before, after;
+    CHECK(cudaEventCreate(&before));
+    CHECK(cudaEventCreate(&after));
+    for (int i = 0; i < N; i++) {
+        CHECK(cudaEventRecord(before));
+        double t = now_ms();
+        w.run(w);
+        host_us[i] = (now_ms() - t) * 1e3;
+        CHECK(cudaEventRecord(after));
+        CHECK(cudaEventSynchronize(after));
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, before, after));
+        kernel_us[i] = ms * 1e3;
+    }
+    std::printf("BENCH_SPLIT %.2f %.2f\n", median(host_us, N), median(kernel_us, N));
+    CHECK(cudaEventDestroy(before));
+    CHECK(cudaEventDestroy(after));
 }
 
 int main(int argc, char **argv) {
@@ -113,6 +145,8 @@ int main(int argc, char **argv) {
         std::printf("BENCH_REP %.3f %ld\n", ms, units);
         std::fflush(stdout);
     }
+    split(w);
+    total += 32;
     CHECK(cudaGetLastError());
     CHECK(cudaMemcpy(host, w.z, bytes, cudaMemcpyDeviceToHost));
     unsigned long long sum = 1469598103934665603ull;
