@@ -829,3 +829,11 @@ def test_trace_bench_times_one_size_against_the_untraced_run(tmp_path, monkeypat
                         (timeout, None if "--trace" in cmd else fake(cmd, env, 0)[1]))
     assert bench.one_size(tmp_path / "vecadd", tmp_path / "p.o", trace, 1000, {}, 60)["error"] == \
         "traced run past 60 s"
+
+
+def test_sass_sweep_reads_its_lines_and_the_cost_per_block():
+    import bench_sass_sweep as sweep
+    got = sweep.parse("noise\nSWEEP 256 132 10.50\nSWEEP 256 264 12.00\nATTR 16 0 8\nSWEEP bad\nSWEEP_DONE ok\n")
+    assert got == {"us": {"256/132": 10.5, "256/264": 12.0}, "attr": [16, 0, 8], "done": True}
+    assert sweep.added(got["us"], {"256/132": 13.14, "256/264": 12.0, "32/132": 1.0}) == {
+        "256/132": {"added_us": 2.64, "ns_per_block": 20.0}, "256/264": {"added_us": 0.0, "ns_per_block": 0.0}}
