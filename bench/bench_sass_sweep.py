@@ -3,8 +3,9 @@ machine (nvcc, the probes prebuilt by scripts/gpu-prep.sh). About 30 s.
 
 bench_sass found the entry/exit floor (patches that return at once) adding 1.28 ms to a 65,536-block vecadd
 launch and 2.5 us to a one-block one, all of it in the kernel, none in the launch call (BENCH_SPLIT). This
-runs bench/workloads/grid_sweep.cu plain and under each floor, at 1 to 64 blocks per SM and 32, 256 and
-1024 threads a block. How the added time grows with blocks per SM says whether patched blocks still share
+runs bench/workloads/grid_sweep.cu plain, under each floor, and under bench/empty_patch (a sanitizer tool of
+its own patching block enter and exit with functions that return at once, egpu nowhere: what the patching
+mechanism costs by itself), at 1 to 64 blocks per SM and 32, 256 and 1024 threads a block. How the added time grows with blocks per SM says whether patched blocks still share
 an SM (the added time per block falls as they overlap) or run one at a time; how it grows with threads a
 block, whether the cost is per thread or per block. Each floor's dump must show patched launches and no
 record (bench_sass.check_sass), else its rows are left out.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,6 +29,21 @@ import bench_sass  # noqa: E402
 import suite  # noqa: E402
 
 FLOORS = ("floor_entry_exit", "floor_mem")
+EMPTY = "sanitizer_empty"
+CUDA = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+
+
+def build_empty_patch(work: Path) -> dict[str, str]:
+    """bench/empty_patch's tool and patch image built in ``work``: the environment that injects them."""
+    san, src = CUDA / "compute-sanitizer", ROOT / "bench/empty_patch"
+    tool, image = work / "empty_patch.so", work / "empty_patch.fatbin"
+    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", f"-I{san}/include", f"-I{CUDA}/include", str(src / "tool.c"),
+                    "-o", str(tool), f"-L{san}", "-lsanitizer-public", f"-Wl,-rpath,{san}"], check=True)
+    subprocess.run(["nvcc", "-gencode", "arch=compute_90,code=sm_90", "--fatbin", "--keep-device-functions",
+                    "-Xptxas", "--compile-as-tools-patch", f"-I{san}/include", str(src / "patches.cu"),
+                    "-o", str(image)], check=True)
+    return {"CUDA_INJECTION64_PATH": str(tool), "EMPTY_PATCH_IMAGE": str(image),
+            "EMPTY_PATCH_ENTER": "EmptyEnter", "EMPTY_PATCH_EXIT": "EmptyExit"}
 
 
 def parse(stdout: str) -> dict[str, Any]:
@@ -65,30 +82,41 @@ def main() -> None:
         subprocess.run(["nvcc", "-O2", "-gencode", "arch=compute_90,code=[sm_90,compute_90]",
                         str(ROOT / "bench/workloads/grid_sweep.cu"), "-o", str(exe)], check=True)
         env = suite.base_env(Path(tmp))
-        runs = {"plain": [str(exe)]}
+        runs: dict[str, list[str]] = {"plain": [str(exe)]}
+        envs: dict[str, dict[str, str]] = {}
+        try:
+            envs[EMPTY] = {**env, **build_empty_patch(Path(tmp))}
+            runs[EMPTY] = [str(exe)]
+        except subprocess.CalledProcessError as e:
+            result[EMPTY] = {"check": f"build: {' '.join(e.cmd[:2])} exit {e.returncode}"}
         for floor in FLOORS:
             runs[floor] = [*suite.egpu_run(), "--keep", "--backend", "sass", "-p",
                            str(probes / f"{floor}.v3.bpf.o"), str(exe)]
         for name, cmd in runs.items():
-            done, wall_s, timed_out = suite.run_session(cmd, env, 120)
+            done, wall_s, timed_out = suite.run_session(cmd, envs.get(name, env), 120)
             rec = {"status": "timeout" if timed_out else "ok" if done.returncode == 0 else "failed",
                    "wall_s": wall_s, **parse(done.stdout)}
             m = suite.SESSION_RE.search(done.stderr)
             if m:
                 rec.update(suite.dump_facts(Path(m.group(1))))
-            if name != "plain":
+            if name == EMPTY:
+                said = re.search(r"empty_patch: (\d+) modules patched", done.stderr)
+                rec["check"] = (f"run: {rec['status']} ({done.stderr.strip()[-300:]})"
+                                if rec["status"] != "ok" or not rec["done"] else
+                                None if said and int(said.group(1)) else "the tool patched no module")
+            elif name != "plain":
                 row = bench_sass.Row(name, "vecadd", "sass", (name,))
                 rec["check"] = (f"run: {rec['status']}" if rec["status"] != "ok" or not rec["done"]
                                 else bench_sass.check_sass(row, rec))
             result[name] = rec
     plain = result["plain"]["us"]
-    table = {f: added(plain, result[f]["us"]) for f in FLOORS if result[f].get("check") is None}
+    table = {f: added(plain, result[f]["us"]) for f in (EMPTY, *FLOORS) if result[f].get("check") is None}
     for floor, rows in table.items():
-        print(f"## {floor} (attr plain {result['plain']['attr']}, patched {result[floor]['attr']})")
+        print(f"## {floor} (attr plain {result['plain']['attr']}, here {result[floor]['attr']})")
         for shape, a in rows.items():
             print(f"{shape:>12} threads/blocks  plain {plain[shape]:9.2f} us  +{a['added_us']:9.2f} us  "
                   f"{a['ns_per_block']:8.2f} ns/block")
-    for f in FLOORS:
+    for f in (EMPTY, *FLOORS):
         if result[f].get("check"):
             print(f"{f}: left out: {result[f]['check']}")
     Path(sys.argv[1]).write_text(json.dumps({"added": table, "raw": result}, indent=1, default=str))
