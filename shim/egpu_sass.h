@@ -11,11 +11,12 @@
 
 /* ---- part 1: implemented in Python (embedding_api) ---- */
 
-/* A kernel of a SASS-patched module launches and the shim has not seen this function under this
- * generation yet: which of the generation's kernel-site programs run in it (bit k =
+/* Which of generation `generation`'s kernel-site programs run in kernel `name` of `module` (bit k =
  * sass_patch.PatchProgram.bit; 0: none, its launches run without probe calls) and, in *kernel_id,
- * ctx.kernel_id. Called from the sanitizer's launch callback, inside the driver's launch call: it must
- * not call CUDA. */
+ * ctx.kernel_id. Asked when a module is about to be patched (none of its kernels running a program: left
+ * unpatched) and at a kernel's first launch under a generation, for kernels the generation's table does
+ * not hold; from the sanitizer's callbacks, inside the driver's load or launch call: it must not call
+ * CUDA. */
 unsigned long long egpu_py_sass_kernel(void *module, const char *name, unsigned long long generation,
                                        unsigned long long *kernel_id);
 
@@ -28,6 +29,8 @@ struct egpu_sass_stats {
     unsigned long long modules_seen;    /* MODULE_LOADED callbacks */
     unsigned long long modules_patched;
     unsigned long long modules_skipped; /* already instrumented by the PTX back end */
+    unsigned long long modules_unselected; /* left unpatched by a commit: none of their kernels runs a
+                                              program of its generation (counted at each commit) */
     unsigned long long launches;        /* launch callbacks of patched modules */
     unsigned long long probed;          /* of those, launches that ran probes (a record was written) */
     unsigned long long errors;          /* failed sanitizer calls; the last is in `error` */

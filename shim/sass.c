@@ -16,7 +16,12 @@
  *   turns the launch domain off again: standby. A failed re-patch puts the old generation back.
  * - MODULE_LOADED of a module the PTX back end did not instrument (its cubin has no "__egpu_maps_"
  *   table) while a generation patches: patched with it at once (a first patch needs no drain), or, while
- *   another thread patches, by that thread before it lets go (Locks below).
+ *   another thread patches, by that thread before it lets go (Locks below). Its kernels' names are read
+ *   from the cubin's symbol table then: a generation patches a module only where one of its kernels
+ *   runs a program (the sanitizer patches whole modules, and every thread of a patched kernel pays the
+ *   patch mechanism, about 1 ns of GPU time a warp and patch class on the H200, even when the patch
+ *   returns at once: bench/bench_sass_sweep.py). A module whose cubin cannot be read is patched
+ *   whatever its kernels.
  * - LAUNCH_BEGIN of a patched module's kernel: the function's programs under the current generation
  *   (once per function and generation: from the generation's table of the kernels known when it was
  *   staged, else asked from Python) decide; with any, a launch record
@@ -114,7 +119,8 @@ __thread unsigned long long egpu_sass_launch_id;
 
 static _Atomic int g_state;
 static struct {
-    _Atomic unsigned long long modules_seen, modules_patched, modules_skipped, launches, probed, errors, flips, asked;
+    _Atomic unsigned long long modules_seen, modules_patched, modules_skipped, modules_unselected, launches, probed,
+        errors, flips, asked;
 } g_stats;
 static pthread_mutex_t g_err_mu = PTHREAD_MUTEX_INITIALIZER; /* g_error: any thread may fail a call */
 static char g_error[256];
@@ -287,6 +293,7 @@ struct loaded {
     struct loaded *next;
     CUcontext ctx;
     CUmodule module;
+    struct kernel_names *kernels;  /* NULL: unknown, patched whatever they are */
     const struct generation *runs; /* written under both locks */
     int pending;                   /* recorded by a load that found g_commit_mu held: not patched yet */
     int gone;                      /* unloaded: out of the list, freed once unpinned */
@@ -296,9 +303,14 @@ static struct loaded *g_loaded;   /* under g_list_mu */
 static size_t g_nloaded;
 static _Atomic int g_pending;     /* modules pending */
 
+static void free_loaded(struct loaded *n) {
+    free(n->kernels);
+    free(n);
+}
+
 /* Under g_list_mu. */
 static void unpin(struct loaded *n) {
-    if (!--n->pins && n->gone) free(n);
+    if (!--n->pins && n->gone) free_loaded(n);
 }
 
 static int is_gone(struct loaded *n) {
@@ -306,6 +318,85 @@ static int is_gone(struct loaded *n) {
     int gone = n->gone;
     pthread_mutex_unlock(&g_list_mu);
     return gone;
+}
+
+/* ---- a cubin's kernels: what decides whether a generation patches its module ---- */
+
+struct kernel_names {
+    size_t n;
+    const char *name[]; /* into the same block, after the pointers */
+};
+
+static uint64_t rd(const unsigned char *p, int bytes) {
+    uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+/* The entry functions of an ELF64 cubin (symbols of type STT_FUNC marked STO_CUDA_ENTRY, 0x10), names
+ * copied; NULL when the image is no ELF64 this can read whole within `size` bytes, or out of memory. */
+static struct kernel_names *cubin_kernels(const unsigned char *elf, size_t size) {
+    if (!elf || size < 64 || memcmp(elf, "\x7f" "ELF\x02\x01", 6)) return NULL;
+    uint64_t shoff = rd(elf + 0x28, 8), shentsize = rd(elf + 0x3A, 2), shnum = rd(elf + 0x3C, 2);
+    if (shentsize < 64 || shoff > size || shnum > (size - shoff) / shentsize) return NULL;
+    const unsigned char *symtab = NULL, *strtab = NULL;
+    uint64_t nsyms = 0, strsize = 0;
+    for (uint64_t i = 0; i < shnum && !symtab; i++) {
+        const unsigned char *sh = elf + shoff + i * shentsize;
+        uint64_t off = rd(sh + 0x18, 8), len = rd(sh + 0x20, 8), link = rd(sh + 0x28, 4);
+        if (rd(sh + 4, 4) != 2 /* SHT_SYMTAB */ || off > size || len > size - off || link >= shnum) continue;
+        const unsigned char *lh = elf + shoff + link * shentsize;
+        uint64_t soff = rd(lh + 0x18, 8), slen = rd(lh + 0x20, 8);
+        if (soff > size || slen > size - soff || !slen) return NULL;
+        symtab = elf + off, nsyms = len / 24, strtab = elf + soff, strsize = slen;
+    }
+    if (!symtab) return NULL;
+    size_t n = 0, text = 0;
+    for (int pass = 0; pass < 2; pass++) { /* count, then copy */
+        struct kernel_names *out = NULL;
+        char *at = NULL;
+        if (pass) {
+            if (!(out = malloc(sizeof *out + n * sizeof(char *) + text))) return NULL;
+            at = (char *)&out->name[n];
+            out->n = 0;
+        }
+        for (uint64_t k = 0; k < nsyms; k++) {
+            const unsigned char *sym = symtab + 24 * k;
+            uint64_t name = rd(sym, 4);
+            if ((sym[4] & 0xf) != 2 /* STT_FUNC */ || !(sym[5] & 0x10) || name >= strsize) continue;
+            const char *s = (const char *)strtab + name;
+            size_t len = strnlen(s, strsize - name);
+            if (len == strsize - name) continue; /* unterminated */
+            if (!pass) {
+                n++, text += len + 1;
+                continue;
+            }
+            memcpy(at, s, len + 1);
+            out->name[out->n++] = at;
+            at += len + 1;
+        }
+        if (pass) return out;
+    }
+    return NULL;
+}
+
+/* Whether generation g runs a program in any kernel of module n: the generation's table answers for the
+ * kernels known at staging, Python for the others (as at a launch: with the driver bypassed). */
+static int selects(const struct loaded *n, const struct generation *g) {
+    if (!n->kernels) return 1;
+    for (size_t i = 0; i < n->kernels->n; i++) {
+        const struct kernel *k = kernel_of(g, n->kernels->name[i]);
+        unsigned long long mask = 0, kernel_id;
+        if (k) {
+            mask = k->mask;
+        } else if (egpu_python_up()) {
+            int old = egpu_shim_bypass(1);
+            mask = egpu_py_sass_kernel(n->module, n->kernels->name[i], g->id, &kernel_id);
+            egpu_shim_bypass(old);
+        }
+        if (mask) return 1;
+    }
+    return 0;
 }
 
 /* ---- functions: what Python said about each (a generation per unload or flip, handles get reused) ---- */
@@ -378,6 +469,10 @@ static int repatch(struct loaded *n, const struct generation *g) {
         set_loaded(n, NULL);
     }
     if (!g || !g->classes) return 1;
+    if (!selects(n, g)) {
+        atomic_fetch_add(&g_stats.modules_unselected, 1);
+        return 1;
+    }
     if (!context_ready(n->ctx, g)) return 0;
     for (int id = 1; id < CLASSES; id++)
         if ((g->classes >> id & 1) && !ok(san.sanitizerPatchInstructions(id, n->module, g->entry[id]),
@@ -508,6 +603,7 @@ static void module_loaded(const san_module_data *d) {
         return;
     }
     n->ctx = d->context, n->module = d->module, n->pending = 1;
+    n->kernels = cubin_kernels((const unsigned char *)d->pCubin, d->cubinSize);
     pthread_mutex_lock(&g_list_mu);
     struct loaded **at = &g_loaded;
     while (*at) at = &(*at)->next;
@@ -528,7 +624,7 @@ static void module_unloading(const san_module_data *d) {
             g_nloaded--;
             if (n->pending) atomic_fetch_sub(&g_pending, 1);
             n->gone = 1, n->pending = 0;
-            if (!n->pins) free(n);
+            if (!n->pins) free_loaded(n);
             break;
         }
     _Atomic unsigned long long *s = module_runs(d->module, 0);
@@ -716,6 +812,7 @@ __attribute__((visibility("default"))) void egpu_sass_stats(struct egpu_sass_sta
     out->modules_seen = atomic_load(&g_stats.modules_seen);
     out->modules_patched = atomic_load(&g_stats.modules_patched);
     out->modules_skipped = atomic_load(&g_stats.modules_skipped);
+    out->modules_unselected = atomic_load(&g_stats.modules_unselected);
     out->launches = atomic_load(&g_stats.launches);
     out->probed = atomic_load(&g_stats.probed);
     out->errors = atomic_load(&g_stats.errors);

@@ -21,6 +21,8 @@ from egpu_preload.translate.sass_patch import patch_module
 from stub_job import egpu_run
 from translate_support import COUNTER, EMPTY
 
+PROBES = Path(__file__).resolve().parent / "probes"
+
 SASS_STUB = Path(__file__).parent / "sass_stub" / "libsanitizer_stub.c"   # calls back from the stand-in driver
 COUNTS = [prog.MapDef("counts", 2, 4, 8, 1)]
 needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
@@ -147,6 +149,55 @@ def test_with_the_stand_in_sanitizer(stub_job, probe_obj, tmp_path, sanitizer_st
     assert launches(calls) == [plain, plain]   # the kernel as it was: no launch id appended
     assert any(c.startswith("cuMemcpyHtoD") for c in calls)   # the table block the patches read
     assert doc["probes"][0]["maps"] == [{"values": [bytes(8)]}]   # maps made and read back at exit
+
+
+TWO_KERNELS = r"""
+extern "C" __global__ void vecadd(long *a, long *b, long n) { a[threadIdx.x] += b[threadIdx.x] + n; }
+extern "C" __global__ void scale(float *a, float k) { a[threadIdx.x] *= k; }
+__device__ __noinline__ float twice(float x) { return 2 * x; }   // a device function: no kernel
+extern "C" __global__ void halve(float *a) { a[threadIdx.x] = twice(a[threadIdx.x]) / 4; }
+"""
+
+
+@pytest.fixture(scope="module")
+def two_kernel_cubin(tmp_path_factory) -> Path:
+    """nvcc's cubin holding vecadd (app_vec's kernel), scale and halve: what the sanitizer reports at load."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    d = tmp_path_factory.mktemp("cubin")
+    (d / "k.cu").write_text(TWO_KERNELS)
+    subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-rdc=true", "-o", str(d / "k.cubin"), str(d / "k.cu")],
+                   check=True)
+    return d / "k.cubin"
+
+
+@needs_ptxas
+@pytest.mark.parametrize("glob, patched, runs", [
+    ("vecadd", True, True),      # the kernel that launches
+    ("scale", True, False),      # another kernel of its module: the whole module is patched, vecadd gets no record
+    ("nothing_here", False, False),   # no kernel of the module: left as it is, no launch callback at all
+    ("twice", False, False),     # a device function is no kernel
+])
+def test_a_module_is_patched_only_where_a_probe_selects_a_kernel(stub_job, tmp_path, sanitizer_stub,
+                                                                 two_kernel_cubin, glob, patched, runs):
+    from egpu_preload.bpf.compile import compile_probe
+    src = tmp_path / "p.bpf.c"
+    src.write_text((PROBES / "count.bpf.c").read_text().replace('SEC("kprobe/*")', f'SEC("kprobe/{glob}")'))
+    doc, calls = job(stub_job, tmp_path, compile_probe(src, tmp_path / "p.bpf.o"), "sass", "elf",
+                     str(sanitizer_stub), APP_VEC_CUBIN=str(two_kernel_cubin))
+    san = [c for c in calls if c.startswith("sanitizer")]
+    assert any(c.startswith("sanitizerPatchModule") for c in san) == patched, san
+    assert ("sanitizerEnableDomain on=1 domain=5" in san) == patched   # no launch callbacks with nothing patched
+    assert doc["sass"]["modules_unselected"] == (not patched) and doc["sass"]["patched_now"] == patched
+    if patched:
+        records = [c for c in calls if c.startswith("run ")]
+        assert len(records) == 2 and all((" record=-" in r) != runs for r in records), records
+    # every kernel of the module is named at its load, with what runs in it; the device function is not
+    (kernels, _) = doc["modules"]   # the module as the sanitizer saw it load, then the load call
+    assert kernels["status"] == ("instrumented" if patched else "untouched")
+    assert sorted((k[0], k[1]) for k in kernels["kernels"]) == sorted(
+        (name, "instrumented" if name == glob else "untouched") for name in ("vecadd", "scale", "halve"))
+    assert doc["probes"][0]["maps"] == [{"values": [bytes(8)]}]
 
 
 def test_a_failing_subscription_is_reported(stub_job, probe_obj, tmp_path, sanitizer_stub):

@@ -260,16 +260,18 @@ class Runtime:
         self.live.unloaded(mod)
 
     def sass_kernel(self, module: int, name: str, generation: int) -> tuple[int, int]:
-        """(program mask, kernel id) for a SASS-patched kernel's first launch under a generation. Runs
-        inside the driver's launch call: no CUDA, no lock another thread could hold across a driver call."""
+        """(program mask, kernel id) of a kernel in a module the SASS back end is about to patch (none
+        selected: the module is left unpatched), or at its first launch under a generation. Runs inside the
+        driver's load or launch call: no CUDA, no lock another thread could hold across a driver call."""
         choice = self.sass.kernel(generation, name)
         self.kernel_names[choice.kernel_id] = name
         mod = self.sass_modules.get(module)
         if mod is None:
-            mod = self.sass_modules[module] = Module("SANITIZER_MODULE", 0, "cubin", "instrumented", backend="sass")
+            mod = self.sass_modules[module] = Module("SANITIZER_MODULE", 0, "cubin", "untouched", backend="sass")
             self.loads.append(mod)
         mod.kernels[name] = (KernelStatus(name, "instrumented", "SASS patch") if choice.mask
                              else KernelStatus(name, "untouched", "no probe matches"))
+        mod.status = "instrumented" if any(k.status == "instrumented" for k in mod.kernels.values()) else "untouched"
         return choice.mask, choice.kernel_id
 
     # ---- the pieces ----------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
  * killed by SIGTERM when STATUS is "kill". Entry points come from dlsym, as PyTorch gets them.
  * MODE: module (PTX text, cuModuleLoadData + cuModuleGetFunction), library (PTX text,
  * cuLibraryLoadData + cuLibraryGetKernel), fatbin (a fatbin wrapper holding the PTX through
- * cuLibraryLoadData, as cudart loads), cubin (an ELF image: no PTX to instrument), link (the PTX
+ * cuLibraryLoadData, as cudart loads), cubin (an ELF image: no PTX to instrument), elf (the cubin file
+ * APP_VEC_CUBIN names, nvcc's, through cuModuleLoadData: a SASS-only module whose kernels the SASS back
+ * end reads from its symbol table), link (the PTX
  * through cuLinkAddData, then the cubin cuLinkComplete made, copied, through cuModuleLoadData, as
  * numba does), capture (the fatbin loaded and launched into a stream while it captures a graph in
  * global mode: CUDA's lazy loading loads a module at its first launch, which may be captured). */
@@ -42,6 +44,14 @@ int main(int argc, char **argv) {
     const void *image = !strcmp(argv[1], "fatbin") || capture ? (const void *)&wrapper
                         : !strcmp(argv[1], "cubin") ? (const void *)cubin : (const void *)PTX;
     memcpy(fatbin.ptx, PTX, sizeof PTX);
+    if (!strcmp(argv[1], "elf")) {
+        const char *path = getenv("APP_VEC_CUBIN");
+        FILE *f = path ? fopen(path, "rb") : NULL;
+        static char elf[1 << 20];
+        if (!f || !fread(elf, 1, sizeof elf, f)) return 2;
+        fclose(f);
+        image = elf;
+    }
     unsigned k = atoi(argv[2]), n = atoi(argv[3]);
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
     if (!cuda) return 2;

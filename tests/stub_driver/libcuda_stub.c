@@ -53,7 +53,7 @@ static void logf_(const char *fmt, ...) {
 
 /* ---- modules, functions ---- */
 
-struct module { int id; char *ptx; };
+struct module { int id; char *ptx; const void *elf; size_t elf_size; }; /* elf: a real cubin, as loaded */
 struct function { char name[128]; struct module *m; int kernel; struct function *next, *function; };
 static struct function *functions; /* every handle handed out: a lookup repeated gets the same one */
 static int next_module = 1;
@@ -83,10 +83,16 @@ static CUresult load(const char *api, const void *image, void **out) {
     m->id = next_module++;
     const char *kind = image_kind(image);
     if (!strcmp(kind, "ptx")) m->ptx = strdup(image);
-    else if (!strcmp(kind, "elf")) { /* one cuLinkComplete made: the linked PTX after the header */
+    else if (!strcmp(kind, "elf")) {
         unsigned long long shoff;
+        uint16_t shentsize, shnum;
         memcpy(&shoff, (const char *)image + 0x28, 8);
-        if (shoff > 65) m->ptx = strdup((const char *)image + 64);
+        memcpy(&shentsize, (const char *)image + 0x3A, 2);
+        memcpy(&shnum, (const char *)image + 0x3C, 2);
+        if (shnum) /* a real cubin (nvcc's): the sanitizer is given it whole */
+            m->elf = image, m->elf_size = shoff + (size_t)shnum * shentsize;
+        else if (shoff > 65) /* one cuLinkComplete made: the linked PTX after the header */
+            m->ptx = strdup((const char *)image + 64);
     }
     const char *marker = m->ptx ? strstr(m->ptx, "// egpu-instrumented") : NULL;
     const char *images = getenv("EGPU_STUB_IMAGES"); /* a directory: each module's PTX, as module-ID.ptx */
@@ -100,7 +106,7 @@ static CUresult load(const char *api, const void *image, void **out) {
     *out = m;
     if (san_event) { /* Sanitizer_ResourceModuleData: MODULE_LOADED */
         struct { void *ctx, *module; size_t size; const char *cubin; void *library; } d =
-            {(void *)1, m, m->ptx ? strlen(m->ptx) : 0, m->ptx, NULL};
+            {(void *)1, m, m->elf ? m->elf_size : m->ptx ? strlen(m->ptx) : 0, m->elf ? m->elf : m->ptx, NULL};
         san_event(3, 9, &d);
     }
     return OK;
