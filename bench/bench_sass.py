@@ -6,22 +6,25 @@ One process per row, each timed inside itself by the suite's protocol (bench/wor
 calibration, repetitions of about 100 ms; the median per unit), so start-up, patching and the JIT stay out:
 
 - vecadd (bench/workloads/kernels.cu: 16 Mi threads, PTX and SASS, so both back ends serve it): plain, and
-  the entry/exit and memory-access counters (bench/probes) under --backend ptx and --backend sass; the
-  entry/exit floor (below) under --backend sass, here and on vecadd_1block (one block of 256 threads): what
-  the floor adds to a launch of 65,536 blocks against one of a single block tells a cost per launch (the
-  sanitizer's) from one per block (the patches').
+  the entry/exit and memory-access counters (bench/probes) under --backend ptx and --backend sass;
+  sanitizer_empty and sanitizer_empty_mem (below).
 - torch_gpu (bench/workloads/frameworks.py: a stock PyTorch eager CNN training step, GPU-bound; SASS only,
   so every probe runs through the SASS back end): plain; torch_profiler (plain inside torch.profiler);
-  standby (egpu-run with no probe: subscribed, nothing patched); floor (bench/probes/floor_entry_exit:
-  every module patched at block enter and exit with patches that return at once, its programs matching no
-  kernel); entry_exit; floor_mem (the same at every global access); mem_count.
+  standby (egpu-run with no probe: subscribed, nothing patched); unselected (bench/probes/unselected: entry,
+  exit and memory programs whose glob matches no kernel, so no module is patched: a probe costs nothing
+  where it selects nothing); sanitizer_empty; entry_exit_empty (egpu's floor: empty programs in every
+  kernel, each launch given its record); entry_exit; sanitizer_empty_mem; mem_count.
+- sanitizer_empty and sanitizer_empty_mem: no egpu at all, but bench/empty_patch, a sanitizer tool of its
+  own patching every module at block enter and exit (or at every global access) with functions that return
+  at once: what the patching mechanism costs by itself, the floor no patch function can go below.
 
 Before any ratio, each row must prove it measured what it says (bench/probe_check.py), else its ratio is
 left out and the reason given: every row the plain output (the digest); vecadd's counters exact
 (entries == exits == launches x threads; 2 loads and 1 store per thread); torch_gpu's entry/exit counter
 == the threads launched, as a second process with bench/probes/launch_threads beside it counts them
 (``entry_exit_witness``: its per-launch cost stays out of the timed row); its memory counter > 0; standby
-and the floors subscribed, and the floors' patched kernels launched with no record (``check_sass``).
+and unselected subscribed with no module patched, unselected with its modules left unpatched, and
+entry_exit_empty's launches given records (``check_sass``); the empty patch rows' tool patched a module.
 
 Goals (issue 17 item 3): torch_gpu entry_exit <= 1.1x plain, mem_count <= 2x plain; vecadd's SASS memory
 counter <= 1.5x the PTX back end's.
@@ -32,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import empty_patch  # noqa: E402
 import probe_check  # noqa: E402
 import suite  # noqa: E402
 
@@ -55,34 +60,37 @@ GOALS = {"torch_gpu entry_exit / plain": 1.1, "torch_gpu mem_count / plain": 2.0
 @dataclass(frozen=True)
 class Row:
     name: str
-    workload: str             # "vecadd", "vecadd_1block" (kernels.cu) or "torch_gpu" (frameworks.py)
-    backend: str | None       # None: plain, no egpu-run
+    workload: str             # "vecadd" (kernels.cu) or "torch_gpu" (frameworks.py)
+    backend: str | None       # None: no egpu-run
     probes: tuple[str, ...] = ()
     profile: bool = False     # inside torch.profiler
+    empty_patch: tuple[str, ...] = ()   # bench/empty_patch injected, patching these classes
 
 
+ENTER_EXIT, MEM = ("enter", "exit"), ("mem",)
 ROWS = (
     Row("plain", "vecadd", None),
     Row("ptx_entry_exit", "vecadd", "ptx", ("entry_exit",)),
     Row("sass_entry_exit", "vecadd", "sass", ("entry_exit",)),
     Row("ptx_mem_count", "vecadd", "ptx", ("mem_count",)),
     Row("sass_mem_count", "vecadd", "sass", ("mem_count",)),
-    Row("sass_floor", "vecadd", "sass", ("floor_entry_exit",)),
-    Row("plain", "vecadd_1block", None),
-    Row("sass_floor", "vecadd_1block", "sass", ("floor_entry_exit",)),
+    Row("sanitizer_empty", "vecadd", None, empty_patch=ENTER_EXIT),
+    Row("sanitizer_empty_mem", "vecadd", None, empty_patch=MEM),
     Row("plain", "torch_gpu", None),
     Row("torch_profiler", "torch_gpu", None, profile=True),
     Row("standby", "torch_gpu", "sass"),
-    Row("floor", "torch_gpu", "sass", ("floor_entry_exit",)),
+    Row("unselected", "torch_gpu", "sass", ("unselected",)),
+    Row("sanitizer_empty", "torch_gpu", None, empty_patch=ENTER_EXIT),
+    Row("entry_exit_empty", "torch_gpu", "sass", ("entry_exit_empty",)),
     Row("entry_exit", "torch_gpu", "sass", ("entry_exit",)),
     Row("entry_exit_witness", "torch_gpu", "sass", ("entry_exit", "launch_threads")),   # before the slow rows
-    Row("floor_mem", "torch_gpu", "sass", ("floor_mem",)),
+    Row("sanitizer_empty_mem", "torch_gpu", None, empty_patch=MEM),
     Row("mem_count", "torch_gpu", "sass", ("mem_count",)),
 )
 
 
 def command(row: Row, exe: Path, probes: Path) -> list[str]:
-    if row.workload.startswith("vecadd"):
+    if row.workload == "vecadd":
         cmd = [str(exe), row.workload, str(suite.REPS), str(suite.BUDGET_S)]
     else:
         cmd = [sys.executable, str(suite.BENCH / "workloads" / "frameworks.py"), row.workload, str(suite.REPS),
@@ -94,19 +102,25 @@ def command(row: Row, exe: Path, probes: Path) -> list[str]:
 
 
 def check_sass(row: Row, rec: dict[str, Any]) -> str | None:
-    """Why a row under the SASS back end did not run as its name says: standby subscribed with nothing
-    patched; a floor's patched kernels launched, none with a record (its patches returned at once)."""
+    """Why a row under the SASS back end did not run as its name says: standby and unselected subscribed
+    with no module patched, unselected with modules left unpatched for want of a selected kernel; the
+    others' patched kernels launched with records."""
     sass = rec.get("sass") or {}
     if "subscribed" not in sass.get("states", []):
         return f"the sanitizer was not subscribed ({', '.join(sass.get('states', [])) or 'no SASS state in the dump'})"
-    if row.name == "standby" and sass.get("modules_patched"):
-        return f"standby patched {sass['modules_patched']} modules"
-    if any(p.startswith("floor_") for p in row.probes):
-        if not sass.get("launches"):
-            return "no launch of a patched kernel: the floor measured nothing"
-        if sass.get("probed"):
-            return f"{sass['probed']:,} launches got a record: the floor's programs matched a kernel"
+    if row.name in ("standby", "unselected"):
+        if sass.get("modules_patched"):
+            return f"{row.name} patched {sass['modules_patched']} modules"
+        if row.name == "unselected" and not sass.get("modules_unselected"):
+            return "no module was left unpatched: the probe's programs were never weighed against a kernel"
+        return None
+    if not sass.get("probed"):
+        return "no launch of a patched kernel got a record: the probes never ran"
     return None
+
+
+def check_empty_patch(rec: dict[str, Any]) -> str | None:
+    return None if rec.get("tool_patched") else "the empty patch tool patched no module"
 
 
 def vecadd_accesses(rec: dict[str, Any]) -> str | None:
@@ -136,8 +150,8 @@ def check(row: Row, rec: dict[str, Any], plain: dict[str, Any] | None, witness: 
     why = probe_check.check_counter(rec, plain, None)   # the plain output
     if why:
         return why
-    if row.workload.startswith("vecadd") and row.name == "sass_floor":
-        return check_sass(row, rec)
+    if row.empty_patch:
+        return check_empty_patch(rec)
     if row.workload == "vecadd":
         return probe_check.check_counter(rec, plain, VECADD_THREADS) if "entry_exit" in row.probes \
             else vecadd_accesses(rec)
@@ -177,22 +191,31 @@ def table(records: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
                if sass_mem.get("check", "x") is None and ptx_mem.get("check", "x") is None else None}
     out["goals"] = {k: {"value": v, "goal": GOALS[k], "met": None if v is None else v <= GOALS[k]}
                     for k, v in got.items()}
-    out["floor_added_ms"] = {w: round(out[w]["sass_floor"]["ms_per_unit"] - out[w]["plain"]["ms_per_unit"], 4)
-                             for w in ("vecadd", "vecadd_1block") if "ratio" in out.get(w, {}).get("sass_floor", {})}
     return out
 
 
-def run_rows(rows: tuple[Row, ...], exe: Path, probes: Path, env: dict[str, str], deadline: float
-             ) -> dict[tuple[str, str], dict[str, Any]]:
+def run_rows(rows: tuple[Row, ...], exe: Path, probes: Path, env: dict[str, str], deadline: float,
+             tool: tuple[Path, Path] | str) -> dict[tuple[str, str], dict[str, Any]]:
+    """One process per row; ``tool``: bench/empty_patch built, or why it could not be."""
     records: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
         left = deadline - time.monotonic()
         if left < 20:
             records[(row.workload, row.name)] = {"skipped": f"skipped: past the {DEADLINE_S} s budget"}
-            continue
-        timeout = min(suite.TIMEOUT_S["cuda" if row.workload.startswith("vecadd") else "python"], left)
-        records[(row.workload, row.name)] = suite.run_case(command(row, exe, probes), env, timeout)
+        elif row.empty_patch and isinstance(tool, str):
+            records[(row.workload, row.name)] = {"skipped": tool}
+        else:
+            timeout = min(suite.TIMEOUT_S["cuda" if row.workload == "vecadd" else "python"], left)
+            row_env = {**env, **empty_patch.env(tool, row.empty_patch)} if row.empty_patch else env
+            records[(row.workload, row.name)] = suite.run_case(command(row, exe, probes), row_env, timeout)
     return records
+
+
+def build_tool(work: Path) -> tuple[Path, Path] | str:
+    try:
+        return empty_patch.build(work)
+    except (OSError, subprocess.CalledProcessError) as e:
+        return f"skipped: bench/empty_patch did not build ({e})"
 
 
 def main() -> None:
@@ -207,9 +230,9 @@ def main() -> None:
     deadline = time.monotonic() + DEADLINE_S
     with tempfile.TemporaryDirectory() as tmp:
         env = suite.base_env(Path(tmp))
-        records = run_rows(ROWS, suite.build_kernels(Path(tmp)), probes, env, deadline)
+        records = run_rows(ROWS, suite.build_kernels(Path(tmp)), probes, env, deadline, build_tool(Path(tmp)))
     result = table(records)
-    for workload in ("vecadd", "vecadd_1block", "torch_gpu"):
+    for workload in ("vecadd", "torch_gpu"):
         for name, cell in result.get(workload, {}).items():
             ms = f"{cell['ms_per_unit']:10.3f} ms" if cell["ms_per_unit"] else " " * 13
             shown = f"x{cell['ratio']}" if "ratio" in cell else cell["check"] or ""
@@ -219,8 +242,6 @@ def main() -> None:
             print(f"{workload:14s} {name:20s} {ms}  {shown}")
     for goal, g in result["goals"].items():
         print(f"goal {goal}: {g['value']} (<= {g['goal']}: {g['met']})")
-    for workload, ms in result["floor_added_ms"].items():
-        print(f"the entry/exit floor adds {ms} ms to a launch of {workload}")
     out_path.write_text(json.dumps({"rows": result, "raw": {f"{w}/{n}": r for (w, n), r in records.items()}},
                                    indent=1, default=str))
 

@@ -1,21 +1,20 @@
 """Where the SASS back end's patch cost goes: ``python3 bench/bench_sass_sweep.py OUT.json`` on the GPU
-machine (nvcc, the probes prebuilt by scripts/gpu-prep.sh). About 30 s.
+machine (nvcc, the probes prebuilt by scripts/gpu-prep.sh). About a minute.
 
-bench_sass found the entry/exit floor (patches that return at once) adding 1.28 ms to a 65,536-block vecadd
-launch and 2.5 us to a one-block one, all of it in the kernel, none in the launch call (BENCH_SPLIT). This
-runs bench/workloads/grid_sweep.cu plain, under each floor, and under bench/empty_patch (a sanitizer tool of
-its own patching block enter and exit with functions that return at once, egpu nowhere: what the patching
-mechanism costs by itself), at 1 to 64 blocks per SM and 32, 256 and 1024 threads a block. How the added time grows with blocks per SM says whether patched blocks still share
-an SM (the added time per block falls as they overlap) or run one at a time; how it grows with threads a
-block, whether the cost is per thread or per block. Each floor's dump must show patched launches and no
-record (bench_sass.check_sass), else its rows are left out.
+bench_sass found an entry/exit patch that returns at once adding 1.28 ms to a 65,536-block vecadd launch and
+2.5 us to a one-block one, all of it in the kernel, none in the launch call (BENCH_SPLIT, 2026-12-04c). This
+runs bench/workloads/grid_sweep.cu plain, under bench/empty_patch (a sanitizer tool of its own patching
+block enter and exit with functions that return at once, egpu nowhere: what the patching mechanism costs
+by itself) and under egpu with entry_exit_empty (empty programs in every kernel, each launch given its
+record: egpu's floor), at 1 to 64 blocks per SM and 32, 256 and 1024 threads a block. How the added time
+grows with blocks per SM and threads a block places the cost: per launch, per block, per warp or per
+thread. The egpu row must show launches given records, the tool a module patched, else it is left out.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -26,35 +25,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import bench_sass  # noqa: E402
+import empty_patch  # noqa: E402
 import suite  # noqa: E402
 
-FLOORS = ("floor_entry_exit", "floor_mem")
-EMPTY = "sanitizer_empty"
-CUDA = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
-
-
-def build_empty_patch(work: Path) -> dict[str, str]:
-    """bench/empty_patch's tool and patch image built in ``work``: the environment that injects them."""
-    san, src = CUDA / "compute-sanitizer", ROOT / "bench/empty_patch"
-    tool, image = work / "empty_patch.so", work / "empty_patch.fatbin"
-    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", f"-I{san}/include", f"-I{CUDA}/include", str(src / "tool.c"),
-                    "-o", str(tool), f"-L{san}", "-lsanitizer-public", f"-Wl,-rpath,{san}"], check=True)
-    subprocess.run(["nvcc", "-gencode", "arch=compute_90,code=sm_90", "--fatbin", "--keep-device-functions",
-                    "-Xptxas", "--compile-as-tools-patch", f"-I{san}/include", str(src / "patches.cu"),
-                    "-o", str(image)], check=True)
-    return {"CUDA_INJECTION64_PATH": str(tool), "EMPTY_PATCH_IMAGE": str(image),
-            "EMPTY_PATCH_ENTER": "EmptyEnter", "EMPTY_PATCH_EXIT": "EmptyExit"}
+EMPTY, EGPU = "sanitizer_empty", "entry_exit_empty"
 
 
 def parse(stdout: str) -> dict[str, Any]:
-    """grid_sweep's lines: {"us": {"threads/blocks": us}, "attr": [regs, local bytes, blocks per SM]}."""
-    out: dict[str, Any] = {"us": {}, "attr": None, "done": False}
+    """grid_sweep's lines: {"us": {"threads/blocks": us}, "attr": [regs, local bytes, blocks per SM]}, and
+    the modules bench/empty_patch patched when it was injected."""
+    out: dict[str, Any] = {"us": {}, "attr": None, "done": False, "tool_patched": None}
     for line in stdout.splitlines():
         key, *values = line.split()
         if key == "SWEEP" and len(values) == 3:
             out["us"][f"{values[0]}/{values[1]}"] = float(values[2])
         elif key == "ATTR" and len(values) == 3:
             out["attr"] = [int(v) for v in values]
+        elif key == "BENCH_TOOL_PATCHED" and len(values) == 1:
+            out["tool_patched"] = int(values[0])
         elif key == "SWEEP_DONE":
             out["done"] = True
     return out
@@ -84,14 +72,14 @@ def main() -> None:
         env = suite.base_env(Path(tmp))
         runs: dict[str, list[str]] = {"plain": [str(exe)]}
         envs: dict[str, dict[str, str]] = {}
-        try:
-            envs[EMPTY] = {**env, **build_empty_patch(Path(tmp))}
+        tool = bench_sass.build_tool(Path(tmp))
+        if isinstance(tool, str):
+            result[EMPTY] = {"check": tool}
+        else:
+            envs[EMPTY] = {**env, **empty_patch.env(tool, bench_sass.ENTER_EXIT)}
             runs[EMPTY] = [str(exe)]
-        except subprocess.CalledProcessError as e:
-            result[EMPTY] = {"check": f"build: {' '.join(e.cmd[:2])} exit {e.returncode}"}
-        for floor in FLOORS:
-            runs[floor] = [*suite.egpu_run(), "--keep", "--backend", "sass", "-p",
-                           str(probes / f"{floor}.v3.bpf.o"), str(exe)]
+        runs[EGPU] = [*suite.egpu_run(), "--keep", "--backend", "sass", "-p", str(probes / f"{EGPU}.v3.bpf.o"),
+                      str(exe)]
         for name, cmd in runs.items():
             done, wall_s, timed_out = suite.run_session(cmd, envs.get(name, env), 120)
             rec = {"status": "timeout" if timed_out else "ok" if done.returncode == 0 else "failed",
@@ -99,24 +87,20 @@ def main() -> None:
             m = suite.SESSION_RE.search(done.stderr)
             if m:
                 rec.update(suite.dump_facts(Path(m.group(1))))
-            if name == EMPTY:
-                said = re.search(r"empty_patch: (\d+) modules patched", done.stderr)
+            if name != "plain":
                 rec["check"] = (f"run: {rec['status']} ({done.stderr.strip()[-300:]})"
                                 if rec["status"] != "ok" or not rec["done"] else
-                                None if said and int(said.group(1)) else "the tool patched no module")
-            elif name != "plain":
-                row = bench_sass.Row(name, "vecadd", "sass", (name,))
-                rec["check"] = (f"run: {rec['status']}" if rec["status"] != "ok" or not rec["done"]
-                                else bench_sass.check_sass(row, rec))
+                                bench_sass.check_empty_patch(rec) if name == EMPTY else
+                                bench_sass.check_sass(bench_sass.Row(name, "vecadd", "sass", (name,)), rec))
             result[name] = rec
     plain = result["plain"]["us"]
-    table = {f: added(plain, result[f]["us"]) for f in (EMPTY, *FLOORS) if result[f].get("check") is None}
+    table = {f: added(plain, result[f]["us"]) for f in (EMPTY, EGPU) if result[f].get("check") is None}
     for floor, rows in table.items():
         print(f"## {floor} (attr plain {result['plain']['attr']}, here {result[floor]['attr']})")
         for shape, a in rows.items():
             print(f"{shape:>12} threads/blocks  plain {plain[shape]:9.2f} us  +{a['added_us']:9.2f} us  "
                   f"{a['ns_per_block']:8.2f} ns/block")
-    for f in (EMPTY, *FLOORS):
+    for f in (EMPTY, EGPU):
         if result[f].get("check"):
             print(f"{f}: left out: {result[f]['check']}")
     Path(sys.argv[1]).write_text(json.dumps({"added": table, "raw": result}, indent=1, default=str))

@@ -12,6 +12,8 @@ Cases:
 
 - plain: no LD_PRELOAD.
 - shim: egpu-run with no probe (the launch hook: one table lookup, counters).
+- standby: egpu-run --live-sass with no probe: the same, with the Compute Sanitizer subscribed from cuInit
+  (its launch callbacks off until a module is patched), as a job that may take SASS probes live runs.
 - launch_probe: egpu-run -p examples/launch_count (records on: one clock read and one ring push per
   launch; the probe runs in C, shim/launchvm.c, on the runtime's thread, which here shares the loop's
   CPU (see below), so its work is counted against the launches, and records are dropped, counted in
@@ -54,7 +56,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import paired  # noqa: E402
 
 RUNS = 11
-CASES = ("plain", "shim", "launch_probe", "launch_probe_vm", "durations", "events")
+CASES = ("plain", "shim", "standby", "launch_probe", "launch_probe_vm", "durations", "events")
 GOAL_NS = 100.0
 WARMUP = 1000  # launch_loop.cu's untimed launches
 SPARE_CPU_CASES = ("plain", "launch_probe", "launch_probe_vm")
@@ -141,6 +143,7 @@ def measure(work: Path, launches: int = 200_000, runs: int = RUNS, cases: tuple[
     commands = {
         "plain": [exe, "plain", n],
         "shim": [*egpu, exe, "plain", n],
+        "standby": [*egpu, "--live-sass", exe, "plain", n],
         "launch_probe": [*egpu, "-p", probe, exe, "plain", n],
         "launch_probe_vm": [*egpu, "--launch-vm", "python", "-p", probe, exe, "plain", n],
         "durations": [*egpu, "--durations", exe, "plain", n],

@@ -60,10 +60,10 @@ UNQUOTED = ("NVBit's own paper (Villa et al., MICRO 2019): we could not locate i
 
 def parse_output(stdout: str) -> dict[str, Any]:
     """The BENCH_ lines of a workload program (bench/workloads): warm-up, repetitions ("ms units", units
-    1 when left out), every unit the process ran, digest, and kernels.cu's split of one launch's time
-    (host_us in the call, kernel_us between events). Other lines (egpu-run's maps) are ignored; a run cut
-    short keeps the repetitions it printed."""
-    warmup, reps, units, digest, split = None, [], None, None, None
+    1 when left out), every unit the process ran, digest, kernels.cu's split of one launch's time
+    (host_us in the call, kernel_us between events), and the modules bench/empty_patch patched when it was
+    injected. Other lines (egpu-run's maps) are ignored; a run cut short keeps the repetitions it printed."""
+    warmup, reps, units, digest, split, tool_patched = None, [], None, None, None, None
     for line in stdout.splitlines():
         key, _, value = line.strip().partition(" ")
         try:
@@ -74,6 +74,8 @@ def parse_output(stdout: str) -> dict[str, Any]:
                 reps.append([float(ms), int(n[0]) if n else 1])
             elif key == "BENCH_UNITS":
                 units = int(value)
+            elif key == "BENCH_TOOL_PATCHED":
+                tool_patched = int(value)
             elif key == "BENCH_SPLIT":
                 host_us, kernel_us = map(float, value.split())
                 split = {"host_us": host_us, "kernel_us": kernel_us}
@@ -82,7 +84,7 @@ def parse_output(stdout: str) -> dict[str, Any]:
         if key == "BENCH_DONE":
             digest = value.strip() or None
     return {"warmup_ms": warmup, "reps": reps, "unit_ms": [ms / n for ms, n in reps if n > 0], "units": units,
-            "digest": digest, "split": split}
+            "digest": digest, "split": split, "tool_patched": tool_patched}
 
 
 # ---- runs to ratios ----------------------------------------------------------------------------------

@@ -79,13 +79,17 @@ def fake_doc():
     ("BENCH_WARMUP 120.5\nBENCH_REP 50.0 100\nBENCH_REP 51.5 50\nBENCH_SPLIT 4.5 61.25\nBENCH_UNITS 158\n"
      "BENCH_DONE abc\n",
      {"warmup_ms": 120.5, "reps": [[50.0, 100], [51.5, 50]], "unit_ms": [0.5, 1.03], "units": 158, "digest": "abc",
-      "split": {"host_us": 4.5, "kernel_us": 61.25}}),
+      "split": {"host_us": 4.5, "kernel_us": 61.25},
+      "tool_patched": None}),
     # egpu-run's maps around the program's lines, a run cut short (no DONE), units left out
     ("@calls[0]: 12\nBENCH_WARMUP 1\n  BENCH_REP 2.5\nkernel vecadd\n",
-     {"warmup_ms": 1.0, "reps": [[2.5, 1]], "unit_ms": [2.5], "units": None, "digest": None, "split": None}),
+     {"warmup_ms": 1.0, "reps": [[2.5, 1]], "unit_ms": [2.5], "units": None, "digest": None, "split": None,
+      "tool_patched": None}),
     ("BENCH_REP oops\nBENCH_REP 3 x\nBENCH_REP 3 0\nBENCH_UNITS x\nBENCH_SPLIT 1\n",
-     {"warmup_ms": None, "reps": [[3.0, 0]], "unit_ms": [], "units": None, "digest": None, "split": None}),
-    ("", {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None, "split": None}),
+     {"warmup_ms": None, "reps": [[3.0, 0]], "unit_ms": [], "units": None, "digest": None, "split": None,
+      "tool_patched": None}),
+    ("BENCH_TOOL_PATCHED 3\n", {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None,
+                               "split": None, "tool_patched": 3}),
 ])
 def test_parse_output(stdout, want):
     assert results.parse_output(stdout) == want
@@ -587,21 +591,22 @@ def sass_records(sass, **changed):
     """A record per bench_sass row that checks out (vecadd exact, torch_gpu's counters witnessed), ``changed``
     replacing some: what a clean GPU run of bench_sass.py would give its table."""
     t = sass.VECADD_THREADS
-    subscribed = {"states": ["subscribed"], "launches": 40, "probed": 0, "modules_patched": 0}
     ms = {"plain": 1.0, "ptx_entry_exit": 1.5, "sass_entry_exit": 2.0, "ptx_mem_count": 2.0, "sass_mem_count": 2.5,
-          "sass_floor": 1.75, "torch_profiler": 1.2, "standby": 1.02, "floor": 1.5, "entry_exit": 1.6,
-          "floor_mem": 3.0, "mem_count": 4.0,
-          "entry_exit_witness": 9.0}
+          "sanitizer_empty": 1.75, "sanitizer_empty_mem": 2.25, "torch_profiler": 1.2, "standby": 1.02,
+          "unselected": 1.01, "entry_exit_empty": 1.55, "entry_exit": 1.6, "mem_count": 4.0, "entry_exit_witness": 9.0}
     out = {}
     for row in sass.ROWS:
         rec = case([ms[row.name]] * 5, units=10)
-        if row.workload == "vecadd" and "entry_exit" in row.probes:
+        if row.empty_patch:
+            rec["tool_patched"] = 3
+        elif row.workload == "vecadd" and "entry_exit" in row.probes:
             rec["counts"] = [[[10 * t, 10 * t]]]
         elif row.workload == "vecadd" and "mem_count" in row.probes:
             rec["counts"] = [[[20 * t, 10 * t]]]
         elif row.backend == "sass":
-            rec["sass"] = {**subscribed, "modules_patched": 0 if row.name == "standby" else 12,
-                           "probed": 0 if row.name in ("standby", "floor", "floor_mem", "sass_floor") else 40}
+            idle = row.name in ("standby", "unselected")
+            rec["sass"] = {"states": ["subscribed"], "launches": 0 if idle else 40, "probed": 0 if idle else 40,
+                           "modules_patched": 0 if idle else 12, "modules_unselected": 12 if row.name == "unselected" else 0}
             rec["counts"] = {"entry_exit": [[[500, 500]]], "mem_count": [[[70, 30]]],
                              "entry_exit_witness": [[[500, 500]], [[500, 7]]]}.get(row.name)
             rec["shim_stats"] = {"dropped": 0}
@@ -614,12 +619,12 @@ def test_sass_bench_table_takes_ratios_of_checked_rows_only():
     sass = importlib.import_module("bench_sass")
     doc = sass.table(sass_records(sass))
     assert {n: c["ratio"] for n, c in doc["vecadd"].items() if "ratio" in c} == \
-        {"ptx_entry_exit": 1.5, "sass_entry_exit": 2.0, "ptx_mem_count": 2.0, "sass_mem_count": 2.5, "sass_floor": 1.75}
-    assert doc["vecadd_1block"]["sass_floor"]["ratio"] == 1.75
-    assert doc["floor_added_ms"] == {"vecadd": 0.75, "vecadd_1block": 0.75}
+        {"ptx_entry_exit": 1.5, "sass_entry_exit": 2.0, "ptx_mem_count": 2.0, "sass_mem_count": 2.5,
+         "sanitizer_empty": 1.75, "sanitizer_empty_mem": 2.25}
     assert {n: c["ratio"] for n, c in doc["torch_gpu"].items() if "ratio" in c} == \
-        {"torch_profiler": 1.2, "standby": 1.02, "floor": 1.5, "entry_exit": 1.6, "floor_mem": 3.0, "mem_count": 4.0}
-    assert all(c["check"] is None for w in ("vecadd", "vecadd_1block", "torch_gpu") for c in doc[w].values())
+        {"torch_profiler": 1.2, "standby": 1.02, "unselected": 1.01, "sanitizer_empty": 1.75, "entry_exit_empty": 1.55,
+         "entry_exit": 1.6, "sanitizer_empty_mem": 2.25, "mem_count": 4.0}
+    assert all(c["check"] is None for w in ("vecadd", "torch_gpu") for c in doc[w].values())
     assert doc["goals"] == {"torch_gpu entry_exit / plain": {"value": 1.6, "goal": 1.1, "met": False},
                             "torch_gpu mem_count / plain": {"value": 4.0, "goal": 2.0, "met": False},
                             "vecadd sass_mem_count / ptx_mem_count": {"value": 1.25, "goal": 1.5, "met": True}}
@@ -629,13 +634,14 @@ def test_sass_bench_table_takes_ratios_of_checked_rows_only():
     (("vecadd", "sass_mem_count"), {"counts": [[[20 << 24, 9 << 24]]]},
      "run: 335,544,320 loads and 150,994,944 stores for 10 launches (want 335,544,320, 167,772,160)"),
     (("vecadd", "sass_entry_exit"), {"digest": "x"}, "run: output x differs from the uninstrumented d"),
-    (("torch_gpu", "floor"), {"sass": {"states": ["subscribed"], "launches": 40, "probed": 3}},
-     "3 launches got a record: the floor's programs matched a kernel"),
-    (("torch_gpu", "floor_mem"), {"sass": {"states": ["subscribed"], "launches": 0}},
-     "no launch of a patched kernel: the floor measured nothing"),
-    (("vecadd_1block", "sass_floor"), {"sass": {"states": ["subscribed"], "launches": 10, "probed": 10}},
-     "10 launches got a record: the floor's programs matched a kernel"),
-    (("vecadd", "sass_floor"), {"digest": "x"}, "run: output x differs from the uninstrumented d"),
+    (("torch_gpu", "unselected"), {"sass": {"states": ["subscribed"], "modules_patched": 3}},
+     "unselected patched 3 modules"),
+    (("torch_gpu", "unselected"), {"sass": {"states": ["subscribed"], "modules_unselected": 0}},
+     "no module was left unpatched: the probe's programs were never weighed against a kernel"),
+    (("torch_gpu", "entry_exit_empty"), {"sass": {"states": ["subscribed"], "launches": 40, "probed": 0}},
+     "no launch of a patched kernel got a record: the probes never ran"),
+    (("vecadd", "sanitizer_empty"), {"tool_patched": 0}, "the empty patch tool patched no module"),
+    (("torch_gpu", "sanitizer_empty_mem"), {"digest": "x"}, "run: output x differs from the uninstrumented d"),
     (("torch_gpu", "standby"), {"sass": {"states": ["failed"]}}, "the sanitizer was not subscribed (failed)"),
     (("torch_gpu", "entry_exit_witness"), {"counts": [[[400, 400]], [[500, 7]]]},
      "witness run: 400 entries for 500 launched threads (7 launches)"),
@@ -669,14 +675,17 @@ def test_sass_bench_runs_every_row_once_in_one_call(suite, tmp_path, monkeypatch
     def fake_run(cmd, env, timeout):
         backend = cmd[cmd.index("--backend") + 1] if "--backend" in cmd else None
         probes = tuple(Path(cmd[i + 1]).name.split(".")[0] for i, a in enumerate(cmd) if a == "-p")
-        row = next(r for r in sass.ROWS if (r.backend, r.probes, r.profile) == (backend, probes, "--profile" in cmd)
-                   and r.workload in cmd and (r, backend) not in seen)
+        tool = tuple(c for c in ("enter", "exit", "mem") if f"EMPTY_PATCH_{c.upper()}" in env)
+        assert bool(tool) == ("CUDA_INJECTION64_PATH" in env)
+        row = next(r for r in sass.ROWS if (r.backend, r.probes, r.profile, r.empty_patch) ==
+                   (backend, probes, "--profile" in cmd, tool) and r.workload in cmd and (r, backend) not in seen)
         seen.append((row, backend))
         if len(seen) == len(sass.ROWS) - 1:   # the budget runs out before the last row
             monkeypatch.setattr(sass.time, "monotonic", lambda: 1e12)
         return records[(row.workload, row.name)]
     monkeypatch.setattr(suite, "run_case", fake_run)
     monkeypatch.setattr(suite, "build_kernels", lambda work: work / "kernels")
+    monkeypatch.setattr(sass, "build_tool", lambda work: (work / "tool.so", work / "image.fatbin"))
     monkeypatch.setattr(suite, "exit_on_term", lambda: None)   # pytest keeps its own SIGTERM
     out = tmp_path / "sass.json"
     monkeypatch.setattr(sass.sys, "argv", ["bench_sass.py", str(out)])
@@ -684,8 +693,17 @@ def test_sass_bench_runs_every_row_once_in_one_call(suite, tmp_path, monkeypatch
     assert [r for r, _ in seen] == list(sass.ROWS[:-1])
     doc = json.loads(out.read_text())["rows"]
     assert doc["torch_gpu"]["mem_count"]["check"] == f"skipped: past the {sass.DEADLINE_S} s budget"
-    assert doc["torch_gpu"]["floor_mem"]["ratio"] == 3.0
+    assert doc["torch_gpu"]["sanitizer_empty_mem"]["ratio"] == 2.25
     assert doc["goals"]["torch_gpu mem_count / plain"]["value"] is None
+
+
+def test_sass_bench_skips_the_empty_patch_rows_when_the_tool_does_not_build(suite, tmp_path, monkeypatch):
+    sass = importlib.import_module("bench_sass")
+    calls = []
+    monkeypatch.setattr(suite, "run_case", lambda cmd, env, timeout: calls.append(cmd) or {"status": "ok"})
+    records = sass.run_rows(sass.ROWS, tmp_path / "kernels", tmp_path, {}, 1e12, "skipped: no nvcc")
+    assert len(calls) == sum(not r.empty_patch for r in sass.ROWS)
+    assert records[("torch_gpu", "sanitizer_empty")] == {"skipped": "skipped: no nvcc"}
 
 
 def test_sass_bench_refuses_to_start_without_its_probes(tmp_path, monkeypatch):
@@ -693,8 +711,8 @@ def test_sass_bench_refuses_to_start_without_its_probes(tmp_path, monkeypatch):
     monkeypatch.setattr(sass.suite, "exit_on_term", lambda: None)   # pytest keeps its own SIGTERM
     monkeypatch.setenv("EGPU_PREBUILT_PROBES", str(tmp_path))
     monkeypatch.setattr(sass.sys, "argv", ["bench_sass.py", str(tmp_path / "out.json")])
-    with pytest.raises(SystemExit, match=r"no prebuilt entry_exit, floor_entry_exit, floor_mem, launch_threads, "
-                                         r"mem_count \(run scripts/gpu-prep.sh\)"):
+    with pytest.raises(SystemExit, match=r"no prebuilt entry_exit, entry_exit_empty, launch_threads, mem_count, "
+                                         r"unselected \(run scripts/gpu-prep.sh\)"):
         sass.main()
 
 
@@ -833,7 +851,8 @@ def test_trace_bench_times_one_size_against_the_untraced_run(tmp_path, monkeypat
 
 def test_sass_sweep_reads_its_lines_and_the_cost_per_block():
     import bench_sass_sweep as sweep
-    got = sweep.parse("noise\nSWEEP 256 132 10.50\nSWEEP 256 264 12.00\nATTR 16 0 8\nSWEEP bad\nSWEEP_DONE ok\n")
-    assert got == {"us": {"256/132": 10.5, "256/264": 12.0}, "attr": [16, 0, 8], "done": True}
+    got = sweep.parse("noise\nSWEEP 256 132 10.50\nSWEEP 256 264 12.00\nATTR 16 0 8\nSWEEP bad\nSWEEP_DONE ok\n"
+                      "BENCH_TOOL_PATCHED 1\n")
+    assert got == {"us": {"256/132": 10.5, "256/264": 12.0}, "attr": [16, 0, 8], "done": True, "tool_patched": 1}
     assert sweep.added(got["us"], {"256/132": 13.14, "256/264": 12.0, "32/132": 1.0}) == {
         "256/132": {"added_us": 2.64, "ns_per_block": 20.0}, "256/264": {"added_us": 0.0, "ns_per_block": 0.0}}

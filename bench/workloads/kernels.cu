@@ -1,6 +1,5 @@
 // The suite's nvcc workloads (bench/suite.py): `kernels WORKLOAD REPS BUDGET_S [TARGET_MS]`, WORKLOAD
-// one of vecadd (16 Mi floats), stencil (16 Mi floats), gemm (1024 x 1024, shared-memory tiles) and
-// vecadd_1block (256 floats, one block: what a launch costs apart from its threads, bench/bench_sass.py).
+// one of vecadd (16 Mi floats), stencil (16 Mi floats) and gemm (1024 x 1024, shared-memory tiles).
 // The unit of work is one launch. Protocol (frameworks.py follows it too):
 //   - warm-up: one unit (module load, the driver's JIT of an instrumented image, first touch);
 //   - calibration: 1, 2, 4, ... units until they take 10 ms, which sizes a repetition at TARGET_MS
@@ -95,7 +94,7 @@ static void split(const Work &w) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        std::fprintf(stderr, "usage: %s vecadd|stencil|gemm|vecadd_1block REPS BUDGET_S [TARGET_MS]\n", argv[0]);
+        std::fprintf(stderr, "usage: %s vecadd|stencil|gemm REPS BUDGET_S [TARGET_MS]\n", argv[0]);
         return 2;
     }
     const char *name = argv[1];
@@ -105,8 +104,6 @@ int main(int argc, char **argv) {
     size_t elems;
     if (!std::strcmp(name, "vecadd")) {
         w.n = 1 << 24, elems = w.n, w.run = run_vecadd;
-    } else if (!std::strcmp(name, "vecadd_1block")) {
-        w.n = 256, elems = w.n, w.run = run_vecadd;
     } else if (!std::strcmp(name, "stencil")) {
         w.n = 1 << 24, elems = w.n, w.run = run_stencil;
     } else if (!std::strcmp(name, "gemm")) {
