@@ -268,10 +268,22 @@ def trace_cmd(path: Path = typer.Argument(..., metavar="FILE", help="a trace egp
               limit: Optional[int] = typer.Option(None, "--limit", metavar="N", min=0, help="the first N records"),
               as_json: bool = typer.Option(False, "--json", help="one JSON object per record"),
               perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="OUT",
-                                                      help="records with a ts field as a trace for ui.perfetto.dev")) -> None:
+                                                      help="records with a ts field as a trace for ui.perfetto.dev"),
+              parquet: Optional[Path] = typer.Option(None, "--parquet", metavar="OUT",
+                                                     help="the records as a Parquet trace file (from an .arrow one: "
+                                                          "smaller, read by more tools)")) -> None:
     """Print a trace file's records (one line each, in each map's order), filtered, or convert them."""
     from egpu_preload.output import tracefile
     trace = tracefile.read(path)
+    if parquet is not None:
+        table = tracefile.where(trace.rows, conditions, str(path))
+        table = table if limit is None else table.slice(0, limit)
+        try:
+            tracefile.to_parquet(tracefile.Trace(table, trace.record_types, trace.dropped), parquet)
+        except OSError as e:
+            raise EgpuError(f"cannot write: {e.strerror or e}", file=str(parquet)) from None
+        typer.echo(f"egpu: {table.num_rows} records in {parquet}", err=True)
+        return
     rows = tracefile.rows(tracefile.where(trace.rows, conditions, str(path)), limit)
     if perfetto is not None:
         n = tracefile.to_perfetto(rows, perfetto, str(path))
@@ -542,9 +554,10 @@ def run_cmd(ctx: typer.Context,
                                                    help="put checkpoint DIR back once the job has remade its "
                                                         "allocations (egpu checkpoint)"),
             trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE",
-                                                 help="write every ring and perf buffer record to FILE (Parquet, "
-                                                      "read by egpu trace or any Parquet reader) as the job runs; "
-                                                      "needs egpu[trace]"),
+                                                 help="write every ring and perf buffer record to FILE as the job "
+                                                      "runs: Parquet, or Arrow IPC (written faster) when FILE ends "
+                                                      "in .arrow or .feather; read by egpu trace, pyarrow, pandas, "
+                                                      "polars or DuckDB; needs egpu[trace]"),
             on_full: Optional[OnFull] = typer.Option(None, "--on-full", metavar="drop|wait",
                                                      help="a record meeting a full ring: drop it (counted) or wait "
                                                           "for room (needs --trace; its default there)"),

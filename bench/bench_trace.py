@@ -1,8 +1,9 @@
 """What a full memory trace costs and how fast egpu-run --trace drains it (issue 19, item 4).
 
-Usage: ``python3 bench/bench_trace.py OUT.json``. One launch of tests/e2e/vecadd.cu at N threads (3 global
+Usage: ``python3 bench/bench_trace.py OUT.json [THREADS...]`` (default SIZES). One launch of tests/e2e/vecadd.cu at N threads (3 global
 accesses each), under ``egpu-run`` with no probe and under ``egpu-run --trace F -p access_trace`` (an 80-byte
-ring record per access, ``--on-full wait``: none may be dropped), for growing N until DEADLINE_S. The
+ring record per access, ``--on-full wait``: none may be dropped), F an Arrow IPC file and a Parquet file in
+turn (the writer's two forms, output/tracefile.py), for growing N until DEADLINE_S. The
 drain's rate is the records' bytes over the time the traced run took beyond the untraced one (start-up,
 the JIT and the kernel's own time are in both). Beside it, the host link's limit: a pinned device-to-host
 copy of 1 GiB (torch), the fastest of three. Probes prebuilt by scripts/gpu-prep.sh."""
@@ -24,7 +25,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import suite  # noqa: E402
 
 RECORD_BYTES = 80   # examples/access_trace.bpf.c's 72-byte struct behind the ring's 8-byte header
-DEADLINE_S = 95.0
+DEADLINE_S = 120.0
+FORMATS = (".arrow", ".parquet")   # the trace file's suffix picks its form
 SIZES = (1 << 20, 1 << 22, 1 << 24)
 DELIVERED = re.compile(r"^egpu-run: ([\d,]+) records in \S+?(, none dropped)?(?:[,;].*)?$", re.M)
 
@@ -51,8 +53,8 @@ def one_size(exe: Path, probe: Path, trace: Path, threads: int, env: dict[str, s
     base_s, base = timed([*suite.egpu_run(), str(exe), "1", str(threads)], env, timeout)
     trace_s, traced = timed([*suite.egpu_run(), "--trace", str(trace), "-p", str(probe), str(exe), "1",
                              str(threads)], env, timeout)
-    run: dict = {"threads": threads, "records_expected": 3 * threads, "untraced_s": round(base_s, 3),
-                 "traced_s": round(trace_s, 3)}
+    run: dict = {"threads": threads, "format": trace.suffix.lstrip("."), "records_expected": 3 * threads,
+                 "untraced_s": round(base_s, 3), "traced_s": round(trace_s, 3)}
     if base is None or traced is None:
         return {**run, "error": f"{'untraced' if base is None else 'traced'} run past {timeout:.0f} s"}
     records, none_dropped = delivered(traced.stderr)
@@ -88,10 +90,10 @@ def link_gbps() -> float | None:
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2 or not all(a.isdigit() for a in sys.argv[2:]):
         raise SystemExit(__doc__)
     suite.exit_on_term()
-    out_path = Path(sys.argv[1])
+    out_path, sizes = Path(sys.argv[1]), tuple(int(a) for a in sys.argv[2:]) or SIZES
     probe = Path(os.environ.get("EGPU_PREBUILT_PROBES", ROOT / ".gpubuild" / "probes")) / "access_trace.v3.bpf.o"
     if not probe.exists():
         raise SystemExit(f"bench_trace: no prebuilt {probe} (run scripts/gpu-prep.sh)")
@@ -102,11 +104,11 @@ def main() -> None:
         exe = Path(tmp) / "vecadd"
         subprocess.run(["nvcc", "-O2", "-arch=sm_90", str(ROOT / "tests" / "e2e" / "vecadd.cu"), "-o", str(exe)],
                        check=True)
-        for n in SIZES:
+        for n, suffix in ((n, f) for n in sizes for f in FORMATS):
             left = deadline - time.monotonic()
             if left < 5:
                 break
-            run = one_size(exe, probe, Path(tmp) / "trace.parquet", n, env, left / 2)
+            run = one_size(exe, probe, Path(tmp) / f"trace{suffix}", n, env, left / 2)
             doc["runs"].append(run)
             print(json.dumps(run), flush=True)
             out_path.write_text(json.dumps(doc, indent=1))

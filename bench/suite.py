@@ -127,8 +127,9 @@ def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path], witness: 
 
 
 def trace_file(exe: Path) -> Path:
-    """Where a mem_trace case writes its trace (beside the kernels; each case's is removed after it)."""
-    return exe.parent / "trace.parquet"
+    """Where a mem_trace case writes its trace (beside the kernels; each case's is removed after it): an
+    Arrow IPC file, the form the writer keeps up with best (bench_trace.py times both)."""
+    return exe.parent / "trace.arrow"
 
 
 def exit_on_term() -> None:

@@ -430,7 +430,7 @@ def test_case_commands(suite, name, modes, tmp_path):
         assert ("--keep" in cmd) == wrapped
         assert [a for a in cmd if a.endswith(".bpf.o")] == ([str(probes[mode])] if mode in probes else [])
         assert ("--profile" in cmd) == (mode == "torch_profiler")
-        assert cmd[cmd.index("--trace") + 1:][:1] == [str(tmp_path / "trace.parquet")] if mode == "mem_trace" \
+        assert cmd[cmd.index("--trace") + 1:][:1] == [str(tmp_path / "trace.arrow")] if mode == "mem_trace" \
             else "--trace" not in cmd
         base = suite.workload_cmd(name, exe, profile=mode == "torch_profiler")
         assert cmd[-len(base):] == base and name in base and str(suite.REPS) in base
@@ -839,7 +839,8 @@ def test_trace_bench_times_one_size_against_the_untraced_run(tmp_path, monkeypat
         return (3.0 if traced else 1.0), subprocess.CompletedProcess(cmd, 0, out, line if traced else "")
     monkeypatch.setattr(bench, "timed", fake)
     run = bench.one_size(tmp_path / "vecadd", tmp_path / "p.o", trace, 10_000_000, {}, 60)
-    assert run == {"threads": 10_000_000, "records_expected": 30_000_000, "untraced_s": 1.0, "traced_s": 3.0,
+    assert run == {"threads": 10_000_000, "format": "parquet", "records_expected": 30_000_000, "untraced_s": 1.0,
+                   "traced_s": 3.0,
                    "records_delivered": 30_000_000, "none_dropped": True, "same_output": True, "file_bytes": 100,
                    "drain_gbps": 1.2}
     assert not trace.exists()

@@ -292,6 +292,35 @@ def test_the_trace_file_reads_back_with_pyarrow_alone(access_trace, tmp_path):
     assert path.stat().st_size < 3000 * MEM_EVENT.size // 2   # columnar and compressed
 
 
+def test_an_arrow_trace_file_reads_back_with_pyarrow_alone(access_trace, tmp_path):
+    """FILE ending in .arrow: an Arrow IPC file with the same rows, types and record types, each map's
+    dropped count in its last batch's custom metadata; egpu trace reads it (by its bytes, not its name)
+    and converts it to the Parquet form."""
+    import pyarrow.ipc as ipc
+    path = tmp_path / "t.arrow"
+    _write_trace(access_trace, path, 3000)
+    with pa.memory_map(str(path)) as source:
+        reader = ipc.open_file(source)
+        t = reader.read_all()
+        batch, meta = reader.get_batch_with_custom_metadata(reader.num_record_batches - 1)
+    assert t.num_rows == 3000 + 3 and batch.num_rows == 0
+    assert json.loads(meta[b"egpu.dropped"]) == {"events": 7, "raw": 0}
+    assert json.loads(t.schema.metadata[b"egpu.record_types"]) == {"events": "struct mem_event"}
+    assert t.schema.field("addr").type == pa.uint64()
+    events = t.filter(pa.compute.equal(t.column("map").cast(pa.string()), "events")).to_pydict()
+    assert events["seq"] == list(range(3001)) and events["addr"][:3000] == [0x7F0000000000 + 4 * i for i in range(3000)]
+    assert path.stat().st_size < 3000 * MEM_EVENT.size // 2   # compressed
+    renamed = tmp_path / "t.bin"
+    renamed.write_bytes(path.read_bytes())
+    trace = tracefile.read(renamed)
+    assert trace.dropped == {"events": 7, "raw": 0} and trace.rows.num_rows == 3003
+    res = CliRunner().invoke(egpu, ["trace", str(path), "--parquet", str(tmp_path / "t.parquet")])
+    assert res.exit_code == 0, res.output
+    converted = pq.read_table(tmp_path / "t.parquet")
+    assert converted.to_pylist() == t.to_pylist()
+    assert json.loads(pq.read_metadata(tmp_path / "t.parquet").metadata[b"egpu.dropped"]) == {"events": 7, "raw": 0}
+
+
 def test_blocks_of_a_map_with_no_struct_keep_their_bytes(tmp_path):
     """Records of one size from a map whose probe has no record struct go into ``data`` as they were,
     taken as one array (no Python object per record), with their SMs."""
