@@ -4,8 +4,9 @@
 # bench's JSON beside it, every JSON stamped (bench/provenance.py) with the commit and dirty state of
 # the files that ran here, the GPU, its driver, the time and the log. pytest -v logs one line per test
 # id (tests/test_gpu_logged.py reads them). GPU_TESTS: pytest's arguments (default tests; "none": no
-# tests); GPU_BENCH: bench scripts (default bench/bench_*.py; "none": none); GPU_SUITE: bench/suite.py's
-# PARTs (unset: no suite; "all": every part), its suite.json and suite.md into $OUT.
+# tests); GPU_BENCH: bench scripts (default bench/bench_*.py; "none": none), each given OUT.json and then
+# GPU_BENCH_ARGS; GPU_SUITE: bench/suite.py's PARTs (unset: no suite; "all": every part), its suite.json
+# and suite.md into $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/egpu-gpu-test}
@@ -34,7 +35,7 @@ fi
     [ -f "$b" ] || continue
     echo "## bench $b"
     json="$OUT/$(basename "${b%.py}").json"
-    timeout "${GPU_BENCH_TIMEOUT:-400}" python3 "$b" "$json" 2>&1 || echo "bench $b failed: $?"
+    timeout "${GPU_BENCH_TIMEOUT:-400}" python3 "$b" "$json" ${GPU_BENCH_ARGS:-} 2>&1 || echo "bench $b failed: $?"
     [ -f "$json" ] && python3 bench/provenance.py annotate "$json"
   done
   if [ -n "${GPU_SUITE:-}" ]; then
