@@ -21,6 +21,7 @@ sass` with no probe, then is attached, swapped and detached over its control soc
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -30,11 +31,14 @@ from pathlib import Path
 import pytest
 
 from egpu_preload.control import ControlClient, list_sessions
+from egpu_preload.runtime import remote
 from stub_job import ROOT
 from test_durations import cupti_dir  # noqa: F401  (the stand-in libcupti)
 
 SASS_STUB = Path(__file__).parent / "sass_stub"
+PROBES = Path(__file__).parent / "probes"
 RUN = re.compile(r"^\d+ run f=step2? enter=(\S+) record=(\S+)$", re.M)
+STEP_RUN = re.compile(r"^\d+ run f=(step2?)\S* enter=(\S+) record=(\S+)$", re.M)
 GRAPH_RUN = re.compile(r"^\d+ graph run enter=(\S*)$", re.M)
 LAUNCH = re.compile(r"^\d+ cuLaunchKernel ", re.M)
 THREADS = 4
@@ -159,6 +163,48 @@ def test_standby_then_attach_swap_detach_while_threads_launch(stub_job, stand_in
     assert ids2 == set(range(s["launches"] + 1, d["launches"] + 1))
     # a launch called back without a record (the detach's drain window) ran no patch either
     assert by_gen.get(0, ({"-"}, set()))[0] == {"-"}
+
+
+@pytest.fixture(scope="module")
+def step_cubins(tmp_path_factory) -> str:
+    """APP_CUBINS for the threaded job: nvcc's cubins of step and of step2, one kernel each."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    d = tmp_path_factory.mktemp("cubins")
+    for name in ("step", "step2"):
+        (d / f"{name}.cu").write_text(f'extern "C" __global__ void {name}() {{}}\n')
+        subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(d / f"{name}.cubin"), str(d / f"{name}.cu")],
+                       check=True)
+    return f"{d / 'step.cubin'}:{d / 'step2.cubin'}"
+
+
+def test_a_live_probe_on_one_kernel_patches_its_module_only(stub_job, stand_ins, step_cubins, probe_obj, tmp_path,
+                                                            monkeypatch):
+    """From standby, a probe on step2 patches step2's module and leaves step's as it is (its launches run no
+    patch), and the reply says so; a swap to a probe on every kernel patches both."""
+    from egpu_preload.bpf.compile import compile_probe
+    src = tmp_path / "one.bpf.c"
+    src.write_text((PROBES / "count.bpf.c").read_text().replace('SEC("kprobe/*")', 'SEC("kprobe/step2")'))
+    one = compile_probe(src, tmp_path / "one.bpf.o")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with ThreadedJob(stub_job, stand_ins, tmp_path, APP_CUBINS=step_cubins) as job:
+        a = job.client.request("attach", probe=one.read_bytes(), name="one")
+        at_attach = len(STEP_RUN.findall(job.log.read_text()))
+        assert (a["sass"]["modules_patched"], a["sass"]["modules"]) == (1, 2), a["sass"]
+        assert "SASS 1 of 2 modules patched (the other 1 runs no probe)" in remote.sass_words(a["sass"])
+        job.wait_runs()
+        s = job.client.request("swap", old="one", new_probe=probe_obj("count").read_bytes(), new_name="count")
+        assert (s["sass"]["modules_patched"], s["sass"]["modules"]) == (2, 2), s["sass"]
+        job.wait_runs()
+        out = job.finish()
+    assert re.search(r"launches \d+ failed 0$", out, re.M)
+    runs = STEP_RUN.findall(job.log.read_text())
+    patched = lambda window: {f: {e.startswith("egpu_sass_block_enter_") for g, e, _ in window if g == f}
+                              for f in ("step", "step2")}
+    # the log is in about launch order: around the swap's first record, the threads' launches may interleave
+    swapped = next(i for i, (_, _, rec) in enumerate(runs) if rec.startswith(f"{s['sass']['generation']}:"))
+    assert patched(runs[at_attach:swapped - THREADS]) == {"step": {False}, "step2": {True}}
+    assert patched(runs[swapped + THREADS:]) == {"step": {True}, "step2": {True}}
 
 
 @pytest.mark.parametrize("refused", [3, 4])

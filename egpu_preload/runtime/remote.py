@@ -70,8 +70,10 @@ def sass_words(sass: dict | None) -> str:
     """What the SASS back end runs after a flip, or why it was left as it was."""
     if not sass:
         return "SASS back end not reported"
-    words = (f"SASS {sass['modules_patched']} of {sass['modules']} modules patched "
-             f"(their kernels show in `egpu modules` as they launch)")
+    idle = sass["modules"] - sass["modules_patched"]
+    words = (f"SASS {sass['modules_patched']} of {sass['modules']} modules patched"
+             + (f" (the other {idle} {'runs' if idle == 1 else 'run'} no probe)" if idle and sass["modules_patched"]
+                else ""))
     if sass.get("unchanged"):
         return f"SASS unchanged: {sass['unchanged']}" if not sass["modules_patched"] else f"{words}, unchanged: {sass['unchanged']}"
     return f"{words} in {sass['patch_ms']:.1f} ms"

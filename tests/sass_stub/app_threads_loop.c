@@ -2,7 +2,8 @@
  * loads two PTX modules (kernels `step` and `step2`, no parameters) and launches them in turn from
  * THREADS threads, each about every 200 us, until the file STOP exists; then prints
  * "app_threads_loop launches N failed F". With `graph`, one more thread replays a graph
- * (cuGraphLaunch; the stand-in keeps no graphs, so the handle is made up) as often. */
+ * (cuGraphLaunch; the stand-in keeps no graphs, so the handle is made up) as often. APP_CUBINS=A:B loads
+ * the cubin files A and B (nvcc's, holding step and step2) in place of the PTX. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -30,6 +31,15 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* The file at `path`, whole, in memory that is never freed; NULL when it cannot be read. */
+static const void *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *data = f ? malloc(1 << 20) : NULL;
+    size_t n = data ? fread(data, 1, 1 << 20, f) : 0;
+    if (f) fclose(f);
+    return n ? data : NULL;
+}
+
 static void *replayer(void *arg) {
     (void)arg;
     while (access(stop, F_OK)) {
@@ -49,7 +59,16 @@ int main(int argc, char **argv) {
     fn get = (fn)dlsym(cuda, "cuModuleGetFunction");
     launch = (fn)dlsym(cuda, "cuLaunchKernel");
     void *module = NULL, *module2 = NULL;
-    if (init(0) || load(&module, PTX) || get(&functions[0], module, "step") || load(&module2, PTX2) ||
+    const void *image = PTX, *image2 = PTX2;
+    const char *cubins = getenv("APP_CUBINS");
+    if (cubins && *cubins) {
+        char first[4096];
+        snprintf(first, sizeof first, "%.*s", (int)strcspn(cubins, ":"), cubins);
+        image = slurp(first);
+        image2 = strchr(cubins, ':') ? slurp(strchr(cubins, ':') + 1) : NULL;
+        if (!image || !image2) return 5;
+    }
+    if (init(0) || load(&module, image) || get(&functions[0], module, "step") || load(&module2, image2) ||
         get(&functions[1], module2, "step2"))
         return 4;
     pthread_t threads[65];
