@@ -13,10 +13,10 @@
 
 /* Which of generation `generation`'s kernel-site programs run in kernel `name` of `module` (bit k =
  * sass_patch.PatchProgram.bit; 0: none, its launches run without probe calls) and, in *kernel_id,
- * ctx.kernel_id. Asked when a module is about to be patched (none of its kernels running a program: left
- * unpatched) and at a kernel's first launch under a generation, for kernels the generation's table does
- * not hold; from the sanitizer's callbacks, inside the driver's load or launch call: it must not call
- * CUDA. */
+ * ctx.kernel_id. Asked at a module's load about the generation current then (none of its kernels running
+ * a program: the module is left unpatched) and at a kernel's first launch under a generation, for kernels
+ * the generation's table does not hold; from the sanitizer's callbacks, inside the driver's load or
+ * launch call, with no lock of the shim held: it must not call CUDA. */
 unsigned long long egpu_py_sass_kernel(void *module, const char *name, unsigned long long generation,
                                        unsigned long long *kernel_id);
 
@@ -29,8 +29,8 @@ struct egpu_sass_stats {
     unsigned long long modules_seen;    /* MODULE_LOADED callbacks */
     unsigned long long modules_patched;
     unsigned long long modules_skipped; /* already instrumented by the PTX back end */
-    unsigned long long modules_unselected; /* left unpatched by a commit: none of their kernels runs a
-                                              program of its generation (counted at each commit) */
+    unsigned long long modules_unselected; /* of those loaded, left unpatched by the current generation:
+                                              none of their kernels runs a program of it */
     unsigned long long launches;        /* launch callbacks of patched modules */
     unsigned long long probed;          /* of those, launches that ran probes (a record was written) */
     unsigned long long errors;          /* failed sanitizer calls; the last is in `error` */
@@ -71,6 +71,10 @@ int egpu_sass_commit_now(void);
  * staged without one: launches run probes only once it is set. */
 void egpu_sass_tables(unsigned long long tables);
 void egpu_sass_stats(struct egpu_sass_stats *out);
+/* The kernels of every module loaded (those the back end may patch), each name followed by a NUL, into
+ * `out` as far as `size` bytes hold whole names; the bytes all of them need. A generation staged with them
+ * in its table weighs those modules without asking Python at the flip. */
+size_t egpu_sass_kernel_names(char *out, size_t size);
 /* Unsubscribe in standby so a CUPTI client (named by `to`) can have the driver's one tool slot; the
  * SASS back end is off from then on (state 4). 0: yielded or not subscribed; -1: a generation patches
  * or is staged, and the sanitizer keeps the slot. */

@@ -20,8 +20,10 @@
  *   from the cubin's symbol table then: a generation patches a module only where one of its kernels
  *   runs a program (the sanitizer patches whole modules, and every thread of a patched kernel pays the
  *   patch mechanism, about 1 ns of GPU time a warp and patch class on the H200, even when the patch
- *   returns at once: bench/bench_sass_sweep.py). A module whose cubin cannot be read is patched
- *   whatever its kernels.
+ *   returns at once: bench/bench_sass_sweep.py). What runs where comes from the generation's table (a
+ *   staged generation holds every kernel of the modules loaded before it: egpu_sass_kernel_names), or,
+ *   for a module loaded after, from Python, asked at its load about the generation current then, before
+ *   any lock is taken. A kernel neither knows, or a cubin that cannot be read, gets its module patched.
  * - LAUNCH_BEGIN of a patched module's kernel: the function's programs under the current generation
  *   (once per function and generation: from the generation's table of the kernels known when it was
  *   staged, else asked from Python) decide; with any, a launch record
@@ -119,8 +121,7 @@ __thread unsigned long long egpu_sass_launch_id;
 
 static _Atomic int g_state;
 static struct {
-    _Atomic unsigned long long modules_seen, modules_patched, modules_skipped, modules_unselected, launches, probed,
-        errors, flips, asked;
+    _Atomic unsigned long long modules_seen, modules_patched, modules_skipped, launches, probed, errors, flips, asked;
 } g_stats;
 static pthread_mutex_t g_err_mu = PTHREAD_MUTEX_INITIALIZER; /* g_error: any thread may fail a call */
 static char g_error[256];
@@ -294,6 +295,9 @@ struct loaded {
     CUcontext ctx;
     CUmodule module;
     struct kernel_names *kernels;  /* NULL: unknown, patched whatever they are */
+    unsigned long long asked;      /* the generation Python was asked about at the load (0: none)... */
+    int asked_runs;                /* ...and whether any of these kernels runs a program of it */
+    int unselected;                /* left unpatched by the last commit: no kernel of it runs a program */
     const struct generation *runs; /* written under both locks */
     int pending;                   /* recorded by a load that found g_commit_mu held: not patched yet */
     int gone;                      /* unloaded: out of the list, freed once unpinned */
@@ -380,23 +384,37 @@ static struct kernel_names *cubin_kernels(const unsigned char *elf, size_t size)
     return NULL;
 }
 
-/* Whether generation g runs a program in any kernel of module n: the generation's table answers for the
- * kernels known at staging, Python for the others (as at a launch: with the driver bypassed). */
+/* Whether generation g runs a program in any kernel of module n, as far as the generation's table and the
+ * answer Python gave at the load tell; 1 where neither knows. Under g_commit_mu: never calls Python (a
+ * thread holding the GIL may wait for g_commit_mu: fork, egpu_sass_yield). */
 static int selects(const struct loaded *n, const struct generation *g) {
     if (!n->kernels) return 1;
+    int unknown = 0;
     for (size_t i = 0; i < n->kernels->n; i++) {
         const struct kernel *k = kernel_of(g, n->kernels->name[i]);
-        unsigned long long mask = 0, kernel_id;
-        if (k) {
-            mask = k->mask;
-        } else if (egpu_python_up()) {
-            int old = egpu_shim_bypass(1);
-            mask = egpu_py_sass_kernel(n->module, n->kernels->name[i], g->id, &kernel_id);
-            egpu_shim_bypass(old);
-        }
-        if (mask) return 1;
+        if (k && k->mask) return 1;
+        unknown |= !k;
     }
-    return 0;
+    return unknown ? n->asked != g->id || n->asked_runs : 0;
+}
+
+/* At a load, before any lock: whether generation g runs a program in any kernel of n, asked of Python
+ * for the kernels g's table lacks (as at a launch: the driver bypassed). */
+static void ask_at_load(struct loaded *n, const struct generation *g) {
+    if (!n->kernels || !g || !g->classes || !egpu_python_up()) return;
+    int runs = 0;
+    for (size_t i = 0; i < n->kernels->n && !runs; i++) {
+        const struct kernel *k = kernel_of(g, n->kernels->name[i]);
+        unsigned long long kernel_id;
+        if (k) {
+            runs = k->mask != 0;
+            continue;
+        }
+        int old = egpu_shim_bypass(1);
+        runs = egpu_py_sass_kernel(n->module, n->kernels->name[i], g->id, &kernel_id) != 0;
+        egpu_shim_bypass(old);
+    }
+    n->asked = g->id, n->asked_runs = runs;
 }
 
 /* ---- functions: what Python said about each (a generation per unload or flip, handles get reused) ---- */
@@ -468,11 +486,11 @@ static int repatch(struct loaded *n, const struct generation *g) {
         if (!ok(san.sanitizerUnpatchModule(n->module), "sanitizerUnpatchModule")) return 0;
         set_loaded(n, NULL);
     }
-    if (!g || !g->classes) return 1;
-    if (!selects(n, g)) {
-        atomic_fetch_add(&g_stats.modules_unselected, 1);
-        return 1;
-    }
+    int skip = g && g->classes && !selects(n, g);
+    pthread_mutex_lock(&g_list_mu);
+    n->unselected = skip;
+    pthread_mutex_unlock(&g_list_mu);
+    if (!g || !g->classes || skip) return 1;
     if (!context_ready(n->ctx, g)) return 0;
     for (int id = 1; id < CLASSES; id++)
         if ((g->classes >> id & 1) && !ok(san.sanitizerPatchInstructions(id, n->module, g->entry[id]),
@@ -483,6 +501,16 @@ static int repatch(struct loaded *n, const struct generation *g) {
     atomic_fetch_add(&g_stats.modules_patched, 1);
     launch_domain(1);
     return 1;
+}
+
+/* The launch domain on while any module is patched, off otherwise (a commit may leave none patched: a
+ * probe whose kernels are not loaded). Under g_commit_mu. */
+static void launch_domain_as_patched(void) {
+    int any = 0;
+    pthread_mutex_lock(&g_list_mu);
+    for (struct loaded *n = g_loaded; n && !any; n = n->next) any = n->runs != NULL;
+    pthread_mutex_unlock(&g_list_mu);
+    launch_domain(any);
 }
 
 static unsigned long long micros(void) {
@@ -558,7 +586,7 @@ static int commit(struct generation *g) {
         size_t lost = 0; /* the modules reached, and those pending when it began */
         for (size_t i = 0; i < count; i++)
             if (nodes[i]->runs != back) lost += !repatch(nodes[i], back) && !is_gone(nodes[i]);
-        if (!old || !old->classes) launch_domain(0);
+        launch_domain_as_patched();
         if (lost) set_error("%s; putting the probes before it back failed too: %zu modules run no probe", why, lost);
         else set_error("%s; the probes before it go on running", why);
         free_generation(g);
@@ -567,7 +595,7 @@ static int commit(struct generation *g) {
         atomic_store_explicit(&g_current, g, memory_order_release);
         atomic_fetch_add(&g_generation, 1); /* every function's programs asked again */
         atomic_fetch_add(&g_stats.flips, 1);
-        if (!g->classes) launch_domain(0); /* every module unpatched: standby */
+        launch_domain_as_patched(); /* off in standby, or when no kernel of any module runs a program */
         if (old) { /* no context it is not in yet needs it now */
             free(old->image);
             old->image = NULL;
@@ -604,6 +632,7 @@ static void module_loaded(const san_module_data *d) {
     }
     n->ctx = d->context, n->module = d->module, n->pending = 1;
     n->kernels = cubin_kernels((const unsigned char *)d->pCubin, d->cubinSize);
+    ask_at_load(n, atomic_load(&g_current));
     pthread_mutex_lock(&g_list_mu);
     struct loaded **at = &g_loaded;
     while (*at) at = &(*at)->next;
@@ -801,6 +830,19 @@ int egpu_sass_flip(void) {
     return r;
 }
 
+__attribute__((visibility("default"))) size_t egpu_sass_kernel_names(char *out, size_t size) {
+    size_t need = 0;
+    pthread_mutex_lock(&g_list_mu);
+    for (struct loaded *n = g_loaded; n; n = n->next)
+        for (size_t i = 0; n->kernels && i < n->kernels->n; i++) {
+            size_t len = strlen(n->kernels->name[i]) + 1;
+            if (out && need + len <= size) memcpy(out + need, n->kernels->name[i], len);
+            need += len;
+        }
+    pthread_mutex_unlock(&g_list_mu);
+    return need;
+}
+
 __attribute__((visibility("default"))) void egpu_sass_tables(unsigned long long tables) {
     struct generation *g = atomic_load_explicit(&g_current, memory_order_acquire);
     if (g) atomic_store_explicit(&g->tables, tables, memory_order_release);
@@ -812,7 +854,6 @@ __attribute__((visibility("default"))) void egpu_sass_stats(struct egpu_sass_sta
     out->modules_seen = atomic_load(&g_stats.modules_seen);
     out->modules_patched = atomic_load(&g_stats.modules_patched);
     out->modules_skipped = atomic_load(&g_stats.modules_skipped);
-    out->modules_unselected = atomic_load(&g_stats.modules_unselected);
     out->launches = atomic_load(&g_stats.launches);
     out->probed = atomic_load(&g_stats.probed);
     out->errors = atomic_load(&g_stats.errors);
@@ -824,8 +865,11 @@ __attribute__((visibility("default"))) void egpu_sass_stats(struct egpu_sass_sta
     out->generation = g ? g->id : 0;
     pthread_mutex_lock(&g_list_mu);
     out->modules_loaded = g_nloaded;
-    out->patched_now = 0;
-    for (struct loaded *n = g_loaded; n; n = n->next) out->patched_now += n->runs != NULL;
+    out->patched_now = out->modules_unselected = 0;
+    for (struct loaded *n = g_loaded; n; n = n->next) {
+        out->patched_now += n->runs != NULL;
+        out->modules_unselected += !n->runs && n->unselected;
+    }
     pthread_mutex_unlock(&g_list_mu);
     pthread_mutex_lock(&g_err_mu);
     memcpy(out->error, g_error, sizeof out->error);

@@ -181,7 +181,8 @@ def step_cubins(tmp_path_factory) -> str:
 def test_a_live_probe_on_one_kernel_patches_its_module_only(stub_job, stand_ins, step_cubins, probe_obj, tmp_path,
                                                             monkeypatch):
     """From standby, a probe on step2 patches step2's module and leaves step's as it is (its launches run no
-    patch), and the reply says so; a swap to a probe on every kernel patches both."""
+    patch), and the reply says so; a swap to a probe on every kernel patches both; one to a probe on no
+    loaded kernel unpatches both and turns the launch callbacks off."""
     from egpu_preload.bpf.compile import compile_probe
     src = tmp_path / "one.bpf.c"
     src.write_text((PROBES / "count.bpf.c").read_text().replace('SEC("kprobe/*")', 'SEC("kprobe/step2")'))
@@ -196,7 +197,13 @@ def test_a_live_probe_on_one_kernel_patches_its_module_only(stub_job, stand_ins,
         s = job.client.request("swap", old="one", new_probe=probe_obj("count").read_bytes(), new_name="count")
         assert (s["sass"]["modules_patched"], s["sass"]["modules"]) == (2, 2), s["sass"]
         job.wait_runs()
+        src.write_text(src.read_text().replace('SEC("kprobe/step2")', 'SEC("kprobe/not_loaded")'))
+        none = compile_probe(src, tmp_path / "none.bpf.o")
+        n = job.client.request("swap", old="count", new_probe=none.read_bytes(), new_name="none")
+        assert (n["sass"]["modules_patched"], n["sass"]["modules"]) == (0, 2), n["sass"]
         out = job.finish()
+    # nothing patched after the last swap: no launch callbacks for the job to pay
+    assert job.calls()[-1] == "sanitizerEnableDomain on=0 domain=5", job.calls()[-3:]
     assert re.search(r"launches \d+ failed 0$", out, re.M)
     runs = STEP_RUN.findall(job.log.read_text())
     patched = lambda window: {f: {e.startswith("egpu_sass_block_enter_") for g, e, _ in window if g == f}
@@ -204,7 +211,8 @@ def test_a_live_probe_on_one_kernel_patches_its_module_only(stub_job, stand_ins,
     # the log is in about launch order: around the swap's first record, the threads' launches may interleave
     swapped = next(i for i, (_, _, rec) in enumerate(runs) if rec.startswith(f"{s['sass']['generation']}:"))
     assert patched(runs[at_attach:swapped - THREADS]) == {"step": {False}, "step2": {True}}
-    assert patched(runs[swapped + THREADS:]) == {"step": {True}, "step2": {True}}
+    done = max(i for i, (_, e, _) in enumerate(runs) if e != "-")
+    assert patched(runs[swapped + THREADS:done - THREADS]) == {"step": {True}, "step2": {True}}
 
 
 @pytest.mark.parametrize("refused", [3, 4])

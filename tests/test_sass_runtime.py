@@ -264,6 +264,9 @@ def test_a_probe_set_staged_again_is_not_translated_again(tmp_path, monkeypatch)
         def egpu_sass_stage(self, g) -> int:
             self.staged.append((int(g.id), int(g.nkernels)))
             return 0
+
+        def egpu_sass_kernel_names(self, out, size) -> int:
+            return 0
     translated = []
     monkeypatch.setattr(sass, "patch_module", lambda objects: translated.append(objects) or patch_module(objects))
     monkeypatch.setattr(sass, "build_image", lambda ptx, sm, cache: tmp_path / "image")
@@ -275,3 +278,31 @@ def test_a_probe_set_staged_again_is_not_translated_again(tmp_path, monkeypatch)
         backend.stage(objects, 90, None)
     assert translated == [[a.obj], [a.obj, b.obj]]
     assert Lib.staged == [(1, 1), (2, 1), (3, 1), (4, 1)]
+
+
+def test_a_generation_is_staged_with_every_loaded_modules_kernels(tmp_path, monkeypatch):
+    """The shim names the kernels of the modules loaded so far (egpu_sass_kernel_names): each goes into the
+    staged generation's table with its programs, so the flip weighs those modules without asking Python."""
+    import cffi
+    ffi = cffi.FFI()
+    ffi.cdef("struct egpu_sass_generation { const void *image; size_t size; unsigned int classes;"
+             " const char *const *entries; unsigned long long image_id, id, tables; const char *const *names;"
+             " const unsigned long long *masks, *kernel_ids; size_t nkernels; };")
+    names = b"vecadd\0scale\0vecadd\0"   # a name in two modules counts once
+
+    class Lib:
+        table: dict = {}
+
+        def egpu_sass_stage(self, g) -> int:
+            self.table.update({ffi.string(g.names[k]).decode(): int(g.masks[k]) for k in range(g.nkernels)})
+            return 0
+
+        def egpu_sass_kernel_names(self, out, size) -> int:
+            if out != ffi.NULL:
+                ffi.memmove(out, names, min(size, len(names)))
+            return len(names)
+    monkeypatch.setattr(sass, "build_image", lambda ptx, sm, cache: tmp_path / "image")
+    (tmp_path / "image").write_bytes(b"\x7fELF")
+    backend = sass.SassBackend(config.Config(session=tmp_path), [], ffi, Lib())
+    backend.stage([probe([("entry", "vecadd", "thread")]).obj], 90, None)
+    assert Lib.table == {"vecadd": 1, "scale": 0}

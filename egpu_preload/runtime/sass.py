@@ -154,6 +154,9 @@ class SassBackend:
         ffi = self.ffi
         # every cdata the struct points to is held here until the call returns (the shim copies them)
         entry_strings = [ffi.new("char[]", e.encode()) if e else ffi.NULL for e in module.entry_names()]
+        if module.programs:   # the loaded modules' kernels too: the flip weighs them without asking Python
+            for name in self.loaded_kernels():
+                self.seen.setdefault(name, kernel_id(name))
         known = list(self.seen.items()) if module.programs else []
         name_strings = [ffi.new("char[]", n.encode()) for n, _ in known]
         arrays = (ffi.from_buffer(image) if image else ffi.NULL, ffi.new("char *[]", entry_strings),
@@ -171,6 +174,15 @@ class SassBackend:
         phases = {"translate": t1 - t0, "image": t2 - t1, "stage": time.perf_counter() - t2}
         self.staged = Staged(gen, module, tables, {k: round(1e3 * v, 3) for k, v in phases.items()})
         return self.staged
+
+    def loaded_kernels(self) -> list[str]:
+        """The kernels of every module loaded that the back end may patch (egpu_sass_kernel_names)."""
+        need = self.lib.egpu_sass_kernel_names(self.ffi.NULL, 0)
+        if not need:
+            return []
+        buf = self.ffi.new("char[]", need)   # modules loaded meanwhile are left out: their loads ask Python
+        self.lib.egpu_sass_kernel_names(buf, need)
+        return [n.decode() for n in self.ffi.buffer(buf, need)[:].split(b"\0") if n]
 
     def _patch_module(self, objects: list[BpfObject]) -> PatchModule:
         """patch_module(objects), translated once per probe set: live attach, swap and detach cycles among
