@@ -274,7 +274,10 @@ def trace_cmd(path: Path = typer.Argument(..., metavar="FILE", help="a trace egp
                                                           "smaller, read by more tools)")) -> None:
     """Print a trace file's records (one line each, in each map's order), filtered, or convert them."""
     from egpu_preload.output import tracefile
-    trace = tracefile.read(path)
+    trace = tracefile.read(path, {} if parquet is not None else tracefile.EXPANDERS)   # converted as recorded
+    if not trace.complete:
+        typer.echo(f"egpu: {path} was never closed (its job died?): {trace.rows.num_rows} records read, "
+                   "the probes' dropped counts unknown", err=True)
     if parquet is not None:
         table = tracefile.where(trace.rows, conditions, str(path))
         table = table if limit is None else table.slice(0, limit)

@@ -93,6 +93,8 @@ def main() -> None:
                                 bench_sass.check_empty_patch(rec) if name == EMPTY else
                                 bench_sass.check_sass(bench_sass.Row(name, "vecadd", "sass", (name,)), rec))
             result[name] = rec
+    if result["plain"]["status"] != "ok" or not result["plain"]["done"]:
+        raise SystemExit(f"bench_sass_sweep: the plain run {result['plain']['status']}: nothing to compare with")
     plain = result["plain"]["us"]
     table = {f: added(plain, result[f]["us"]) for f in (EMPTY, EGPU) if result[f].get("check") is None}
     for floor, rows in table.items():

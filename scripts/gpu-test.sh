@@ -5,8 +5,8 @@
 # the files that ran here, the GPU, its driver, the time and the log. pytest -v logs one line per test
 # id (tests/test_gpu_logged.py reads them). GPU_TESTS: pytest's arguments (default tests; "none": no
 # tests); GPU_BENCH: bench scripts (default bench/bench_*.py; "none": none), each given OUT.json and then
-# GPU_BENCH_ARGS; GPU_SUITE: bench/suite.py's PARTs (unset: no suite; "all": every part), its suite.json
-# and suite.md into $OUT.
+# GPU_BENCH_ARGS (for one bench that takes them, as bench_trace.py's sizes); GPU_SUITE: bench/suite.py's
+# PARTs (unset: no suite; "all": every part), its suite.json and suite.md into $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/egpu-gpu-test}

@@ -292,10 +292,10 @@ def test_the_trace_file_reads_back_with_pyarrow_alone(access_trace, tmp_path):
     assert path.stat().st_size < 3000 * MEM_EVENT.size // 2   # columnar and compressed
 
 
-def test_an_arrow_trace_file_reads_back_with_pyarrow_alone(access_trace, tmp_path):
+def test_an_arrow_trace_file_reads_back_with_pyarrow_alone(access_trace, tmp_path, monkeypatch):
     """FILE ending in .arrow: an Arrow IPC file with the same rows, types and record types, each map's
     dropped count in its last batch's custom metadata; egpu trace reads it (by its bytes, not its name)
-    and converts it to the Parquet form."""
+    and converts it to the Parquet form; one never closed reads as far as its batches go."""
     import pyarrow.ipc as ipc
     path = tmp_path / "t.arrow"
     _write_trace(access_trace, path, 3000)
@@ -319,6 +319,16 @@ def test_an_arrow_trace_file_reads_back_with_pyarrow_alone(access_trace, tmp_pat
     converted = pq.read_table(tmp_path / "t.parquet")
     assert converted.to_pylist() == t.to_pylist()
     assert json.loads(pq.read_metadata(tmp_path / "t.parquet").metadata[b"egpu.dropped"]) == {"events": 7, "raw": 0}
+    # a job that died before closing its file: the batches written are read, and egpu trace says so
+    monkeypatch.setattr(tracefile, "FLUSH_ROWS", 500)   # a batch every 500 records
+    _write_trace(access_trace, path, 3000)
+    cut = tmp_path / "cut.arrow"
+    cut.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    trace = tracefile.read(cut)
+    assert not trace.complete and trace.dropped == {} and 0 < trace.rows.num_rows < 3003
+    assert trace.rows.column("seq").to_pylist() == list(range(trace.rows.num_rows))
+    res = CliRunner().invoke(egpu, ["trace", str(cut), "--limit", "1"])
+    assert res.exit_code == 0 and "was never closed" in res.stderr and res.stdout.startswith("events #0 ")
 
 
 def test_blocks_of_a_map_with_no_struct_keep_their_bytes(tmp_path):

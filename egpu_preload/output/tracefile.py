@@ -346,13 +346,14 @@ class Trace:
     rows: Any                      # a pyarrow Table, expanded
     record_types: dict[str, str]   # map -> "struct NAME"
     dropped: dict[str, int]        # map -> records the probes dropped
+    complete: bool = True          # False: an Arrow IPC file never closed, read as far as its batches go
 
 
 def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) -> Trace:
     """The file's rows, each map's rows put through the expander of its record type (if any)."""
     pa = arrow()
     try:
-        table, meta = _load(path, pa)
+        table, meta, complete = _load(path, pa)
     except OSError as e:
         raise EgpuError(f"not a trace file: {e}", file=str(path)) from None
     except pa.ArrowInvalid as e:
@@ -368,22 +369,36 @@ def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) 
         parts = [table.filter(pc.invert(pc.is_in(names, pa.array(sorted(wanted)))))]
         parts += [expanders[types[m]](table.filter(pc.equal(names, m))) for m in sorted(wanted)]
         table = pa.concat_tables(parts, promote_options="permissive")
-    return Trace(table, types, dropped)
+    return Trace(table, types, dropped, complete)
 
 
-def _load(path: Path, pa: Any) -> tuple[Any, Mapping[bytes, bytes]]:
-    """(every row, the metadata that holds the dropped counts) of a Parquet or Arrow IPC trace file, told
-    apart by the file's first bytes, not its name."""
+def _load(path: Path, pa: Any) -> tuple[Any, Mapping[bytes, bytes], bool]:
+    """(every row, the metadata that holds the dropped counts, whether the file was closed) of a Parquet or
+    Arrow IPC trace file, told apart by the file's first bytes, not its name. An IPC file its job never
+    closed has no footer: its batches are read as the stream they are, up to the first one cut short."""
     with open(path, "rb") as f:
         arrow_file = f.read(len(ARROW_MAGIC)) == ARROW_MAGIC
     if not arrow_file:
-        return pa.parquet.read_table(str(path)), pa.parquet.read_metadata(str(path)).metadata or {}
+        return pa.parquet.read_table(str(path)), pa.parquet.read_metadata(str(path)).metadata or {}, True
+    try:
+        with pa.OSFile(str(path)) as source:
+            reader = pa.ipc.open_file(source)
+            table = reader.read_all()
+            last = reader.num_record_batches - 1
+            meta = reader.get_batch_with_custom_metadata(last)[1] if last >= 0 else None
+        return table, dict(meta or {}), True
+    except pa.ArrowInvalid:
+        pass
     with pa.OSFile(str(path)) as source:
-        reader = pa.ipc.open_file(source)
-        table = reader.read_all()
-        last = reader.num_record_batches - 1
-        meta = reader.get_batch_with_custom_metadata(last)[1] if last >= 0 else None
-    return table, dict(meta or {})
+        source.seek(8)   # the magic, padded: the stream starts after it
+        reader = pa.ipc.open_stream(source)
+        batches = []
+        try:
+            for batch in reader:
+                batches.append(batch)
+        except (pa.ArrowInvalid, OSError):   # the batch being written when the job died
+            pass
+        return pa.Table.from_batches(batches, reader.schema), {}, False
 
 
 def to_parquet(trace: Trace, path: Path) -> None:
