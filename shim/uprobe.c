@@ -386,8 +386,11 @@ static int add_programs(struct hook *h, struct egpu_lvm_prog *const *progs, cons
  * the stub; the stub's target is the trampoline on that page: the instructions those bytes cut into,
  * moved there by the runtime (runtime/inline_hooks.py re-encodes what is relative to where they run),
  * then a jump back to the first instruction after them. The jump is written with one aligned 8-byte
- * store, so a thread running the function meanwhile runs the old bytes or the new, never a mix: the
- * function must start at most 3 bytes past an 8-byte boundary (compilers align functions to 16). */
+ * store, so a thread entering the function meanwhile runs the old bytes or the new, never a mix: the
+ * function must start at most 3 bytes past an 8-byte boundary (compilers align functions to 16). Not
+ * covered: a thread stopped on an instruction boundary inside the first 5 bytes (after an endbr64, say)
+ * when the store lands resumes in the middle of the jump. Closing that needs the other threads stopped
+ * and their PCs moved onto the trampoline, as frida does; seen once in CI (test_uprobes.py). */
 
 #define NEAR_STUB 0     /* jmp *0(%rip); .quad stub */
 #define NEAR_TRAMPOLINE 16

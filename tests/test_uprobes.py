@@ -128,10 +128,14 @@ def test_a_function_linked_into_the_executable_is_hooked_inline(stub_job, uprobe
 
 def test_an_inline_hook_is_written_while_threads_run_the_function(stub_job, uprobe_app, tmp_path):
     """Two threads call upt_direct without pause while the runtime hooks it: each call runs the old code
-    or the hooked, no result is wrong, and every call whose entry program ran ran its return program."""
+    or the hooked, no result is wrong, and every call whose entry program ran ran its return program.
+    Known to fail rarely (once in CI on 2026-12-04, under load): a thread stopped between the function's
+    first instruction and the fifth byte when the jump is written resumes inside it (shim/uprobe.c)."""
     app, obj = uprobe_app
     n = 1000
-    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, *DIRECT, str(app), "direct_threads", str(n))
+    r, docs, _ = run_kept(stub_job, tmp_path, obj, *DIRECT, str(app), "direct_threads", str(n))
+    assert len(docs) == 1, f"exit {r.returncode}, no exit dump: {r.stderr[-2000:]}"
+    doc = docs[0]
     assert r.returncode == 0, r.stderr
     assert "wrong=0 result=0" in r.stdout, r.stdout
     counts = entries(doc, obj, "counts")
