@@ -306,3 +306,16 @@ def test_a_generation_is_staged_with_every_loaded_modules_kernels(tmp_path, monk
     backend = sass.SassBackend(config.Config(session=tmp_path), [], ffi, Lib())
     backend.stage([probe([("entry", "vecadd", "thread")]).obj], 90, None)
     assert Lib.table == {"vecadd": 1, "scale": 0}
+
+
+def test_a_kernels_programs_are_weighed_once_per_set_of_globs(monkeypatch):
+    """Each (globs, kernel) is matched once: stages weigh every loaded kernel, and live cycles stage the
+    same sets again. Two sets whose programs differ only in their globs still get their own answers."""
+    calls = []
+    monkeypatch.setattr(sass, "matches", lambda glob, name: calls.append((glob, name)) or glob == name)
+    backend = sass.SassBackend(config.Config(), [], None, None)
+    one = patch_module([probe([("entry", "step", "thread")]).obj])
+    two = patch_module([probe([("entry", "step2", "thread")]).obj])
+    backend.generations = {1: one, 2: two}
+    assert [backend.kernel(g, k).mask for g in (1, 2, 1, 2) for k in ("step", "step2")] == [1, 0, 0, 1] * 2
+    assert len(calls) == 4

@@ -38,6 +38,7 @@ STAT_FIELDS = ("modules_seen", "modules_patched", "modules_skipped", "modules_un
                "errors", "flips", "asked", "flip_us", "drain_us", "generation", "modules_loaded", "patched_now")
 NO_PROGRAMS = "no kernel-site probes"
 MODULES_KEPT = 16   # patch modules kept translated, by probe set: attached again, a set skips translation
+MASKS_KEPT = 1 << 20   # kernels' program masks remembered, over every probe set, before starting afresh
 
 
 def choose(backend: str, has_ptx: bool) -> str | None:
@@ -83,6 +84,9 @@ class SassBackend:
         self._modules: dict[tuple[int, ...], tuple[tuple[BpfObject, ...], PatchModule]] = {}
         self._next = 1
         self.configured: str | None = None   # None: not yet; "": ready; else why it cannot serve
+        # (the programs' globs in bit order, kernel name) -> mask: a stage weighs every loaded kernel
+        # (thousands in a PyTorch job, ~10 us each against a glob), and live cycles stage the same sets again
+        self._masks: dict[tuple[tuple[str, ...], str], int] = {}
 
     # ---- state -------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -228,9 +232,15 @@ class SassBackend:
         return KernelChoice(self._mask(module, name) if module is not None else 0, kid)
 
     def _mask(self, module: PatchModule, name: str) -> int:
-        if self.cfg.kernel is not None and not matches(self.cfg.kernel, name):
-            return 0
-        return sum(1 << p.bit for p in module.programs if matches(p.attach.glob, name))
+        key = (tuple(p.attach.glob for p in module.programs), name)   # the mask follows from these alone
+        mask = self._masks.get(key)
+        if mask is None:
+            if len(self._masks) >= MASKS_KEPT:
+                self._masks.clear()
+            mask = 0 if self.cfg.kernel is not None and not matches(self.cfg.kernel, name) else \
+                sum(1 << p.bit for p in module.programs if matches(p.attach.glob, name))
+            self._masks[key] = mask
+        return mask
 
 
 def table_block(memory: Any, maps: list[Any]) -> int:
