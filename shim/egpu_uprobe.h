@@ -39,7 +39,8 @@ enum egpu_uprobe_result {
     EGPU_UPROBE_PENDING = 1,    /* no loaded object is PATH yet: attached when one is loaded */
     EGPU_UPROBE_NO_SYMBOL = -1, /* PATH is loaded and defines no function SYMBOL */
     EGPU_UPROBE_FULL = -2,      /* too many hooked functions, programs on one, or patched slots */
-    EGPU_UPROBE_UNPATCHABLE = -3 /* an inline hook cannot be written there (see egpu_uprobe_attach_inline) */
+    EGPU_UPROBE_UNPATCHABLE = -3, /* an inline hook cannot be written there (see egpu_uprobe_attach_inline) */
+    EGPU_UPROBE_BUSY = -4         /* a thread stayed inside the bytes an inline hook's jump would cover */
 };
 
 /* Run progs[k] at each call (rets[k] 0) or return (rets[k] 1) of SYMBOL defined in the loaded object
@@ -58,7 +59,10 @@ void *egpu_uprobe_near(void *function);
 /* An inline hook for a function no GOT slot or dlsym reaches (one linked into the executable): `function`
  * at most 3 bytes past an 8-byte boundary, its first `cut` (>= 5) bytes whole instructions, `moved` those
  * instructions re-encoded to run at near + 16 (runtime/inline_hooks.py); PATH and SYMBOL name it in
- * reports. Then as egpu_uprobe_attach; egpu_uprobe_detach of its last program puts its bytes back. */
+ * reports. The jump is stored while every other thread of the process is held in a handler of signal
+ * SIGRTMAX - 5 outside its 5 bytes (one that blocks the signal, or the signal being another's, leaves it
+ * stored unguarded); EGPU_UPROBE_BUSY when a thread stayed inside them through 100 rounds. Then as
+ * egpu_uprobe_attach; egpu_uprobe_detach of its last program puts its bytes back. */
 int egpu_uprobe_attach_inline(const char *path, const char *symbol, void *function, void *near,
                               const unsigned char *moved, size_t moved_len, size_t cut,
                               struct egpu_lvm_prog *const *progs, const int *rets, size_t n);

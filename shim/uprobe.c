@@ -1,16 +1,24 @@
 /* uprobe.c: host uprobes. The interface, what is caught and what is not, is egpu_uprobe.h. x86-64 only
  * (the stubs, struct pt_regs): elsewhere egpu_uprobe_attach refuses every function. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <elf.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <link.h>
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "egpu_shim.h"
@@ -380,6 +388,21 @@ static int add_programs(struct hook *h, struct egpu_lvm_prog *const *progs, cons
     return 0;
 }
 
+static int listed(struct egpu_lvm_prog *const *progs, size_t n, const struct egpu_lvm_prog *p);
+
+/* The programs out of every hook they are on (under up_lock). */
+static void drop_programs(struct egpu_lvm_prog *const *progs, size_t n) {
+    egpu_lvm_lock(); /* a run holds it: once taken, none runs them */
+    for (int i = 0; i < nhooks; i++)
+        for (int ret = 0; ret < 2; ret++)
+            for (int k = 0; k < hooks[i].n[ret]; k++)
+                if (listed(progs, n, hooks[i].progs[ret][k])) {
+                    hooks[i].progs[ret][k--] = hooks[i].progs[ret][--hooks[i].n[ret]];
+                    atomic_fetch_sub(&active, 1);
+                }
+    egpu_lvm_unlock();
+}
+
 /* ---- inline hooks: functions no GOT slot or dlsym reaches ----
  *
  * The function's first 5 bytes become `jmp rel32` to a page beside it (within 2 GB), which jumps on to
@@ -387,10 +410,10 @@ static int add_programs(struct hook *h, struct egpu_lvm_prog *const *progs, cons
  * moved there by the runtime (runtime/inline_hooks.py re-encodes what is relative to where they run),
  * then a jump back to the first instruction after them. The jump is written with one aligned 8-byte
  * store, so a thread entering the function meanwhile runs the old bytes or the new, never a mix: the
- * function must start at most 3 bytes past an 8-byte boundary (compilers align functions to 16). Not
- * covered: a thread stopped on an instruction boundary inside the first 5 bytes (after an endbr64, say)
- * when the store lands resumes in the middle of the jump. Closing that needs the other threads stopped
- * and their PCs moved onto the trampoline, as frida does; seen once in CI (test_uprobes.py). */
+ * function must start at most 3 bytes past an 8-byte boundary (compilers align functions to 16). A thread
+ * stopped on an instruction boundary inside those 5 bytes (after an endbr64, say) would resume in the
+ * middle of the jump (seen once in CI), so the store is made while every other thread waits in a signal
+ * handler, none of them inside (store_stopped). */
 
 #define NEAR_STUB 0     /* jmp *0(%rip); .quad stub */
 #define NEAR_TRAMPOLINE 16
@@ -400,6 +423,111 @@ static void write_code(unsigned char *at, uint64_t value) {
     mprotect(page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC); /* executable throughout: threads run here */
     atomic_store_explicit((_Atomic uint64_t *)at, value, memory_order_release);
     mprotect(page, 4096, PROT_READ | PROT_EXEC);
+}
+
+/* ---- the other threads held while a jump is stored ----
+ * Each other thread is sent STOP_SIGNAL (its round in si_value: a late one from an earlier round is let
+ * go at once), reports whether it stopped inside (at, at + 5) and spins until released. With one inside,
+ * all are released and the round is tried again: it leaves those bytes within a few instructions. No
+ * lock is taken while they are held: one may be held inside malloc's. A thread that blocks the signal is
+ * not waited for, and not guarded against. */
+
+#define STOP_SIGNAL (SIGRTMAX - 5)
+#define STOP_ROUNDS 100
+#define STOP_WAIT_NS 20000000ll /* a thread that has not answered by then blocks the signal, or cannot run */
+#define STOP_THREADS 4096
+
+static _Atomic int stop_round, stop_arrived, stop_inside;
+static _Atomic uintptr_t stop_at;
+
+static void stop_handler(int sig, siginfo_t *si, void *context) {
+    (void)sig, (void)context;
+    if (si->si_code != SI_QUEUE || si->si_value.sival_int != atomic_load(&stop_round)) return;
+#if defined(__x86_64__)
+    uintptr_t pc = (uintptr_t)((ucontext_t *)context)->uc_mcontext.gregs[REG_RIP], at = atomic_load(&stop_at);
+    if (pc > at && pc < at + 5) atomic_fetch_add(&stop_inside, 1);
+#endif
+    atomic_fetch_add(&stop_arrived, 1);
+    while (atomic_load_explicit(&stop_round, memory_order_acquire) == si->si_value.sival_int) sched_yield();
+}
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000ll + t.tv_nsec;
+}
+
+/* Whether thread `tid` blocks STOP_SIGNAL (its status's SigBlk; unreadable: as if it did). Such a thread
+ * (the CUDA driver's own, say) cannot be held: it is not waited for. */
+static int blocks_stop(pid_t tid) {
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
+    if (fd >= 0) close(fd);
+    if (n <= 0) return 1;
+    buf[n] = 0;
+    const char *at = strstr(buf, "\nSigBlk:");
+    return !at || (strtoull(at + 8, NULL, 16) >> (STOP_SIGNAL - 1) & 1);
+}
+
+enum { STORED, STORED_UNGUARDED, STAYED_INSIDE };
+
+/* The jump stored at `at` with no other thread inside its 5 bytes; STORED_UNGUARDED when the threads could
+ * not be held (the signal is another's, a thread did not answer): stored as before, unguarded. Under
+ * up_lock (the tid list and the rounds are this lock's). */
+static int store_stopped(unsigned char *at, uint64_t value) {
+    static pid_t tids[STOP_THREADS];
+    static int installed, round;
+    if (!installed) {
+        struct sigaction sa = {0}, old;
+        sa.sa_sigaction = stop_handler;
+        sa.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigfillset(&sa.sa_mask);
+        if (sigaction(STOP_SIGNAL, NULL, &old) || old.sa_handler != SIG_DFL || sigaction(STOP_SIGNAL, &sa, NULL)) {
+            write_code(at, value);
+            return STORED_UNGUARDED;
+        }
+        installed = 1; /* for good: a signal still pending after a round must find it, not the default */
+    }
+    pid_t pid = getpid(), self = (pid_t)syscall(SYS_gettid);
+    atomic_store(&stop_at, (uintptr_t)at);
+    int stayed = 0; /* the last round held every thread, one of them inside */
+    for (int attempt = 0; attempt < STOP_ROUNDS; attempt++) {
+        int n = 0;
+        DIR *d = opendir("/proc/self/task");
+        for (struct dirent *e; d && (e = readdir(d)) && n < STOP_THREADS;) {
+            pid_t tid = (pid_t)atoi(e->d_name);
+            if (tid > 0 && tid != self && !blocks_stop(tid)) tids[n++] = tid;
+        }
+        if (d) closedir(d);
+        if (!d || n == STOP_THREADS) {
+            stayed = 0;
+            break;
+        }
+        atomic_store(&stop_arrived, 0);
+        atomic_store(&stop_inside, 0);
+        atomic_store_explicit(&stop_round, ++round, memory_order_release);
+        int sent = 0;
+        for (int k = 0; k < n; k++) {
+            siginfo_t info = {0};
+            info.si_signo = STOP_SIGNAL, info.si_code = SI_QUEUE, info.si_pid = pid, info.si_uid = getuid();
+            info.si_value.sival_int = round;
+            sent += syscall(SYS_rt_tgsigqueueinfo, pid, tids[k], STOP_SIGNAL, &info) == 0;
+        }
+        for (long long end = now_ns() + STOP_WAIT_NS; atomic_load(&stop_arrived) < sent && now_ns() < end;)
+            sched_yield();
+        int held = atomic_load(&stop_arrived) == sent;
+        stayed = held && atomic_load(&stop_inside);
+        if (held && !stayed) write_code(at, value);
+        atomic_store_explicit(&stop_round, 0, memory_order_release); /* every held thread goes on */
+        if (held && !stayed) return STORED;
+        if (!held) break;
+        usleep(100);
+    }
+    if (stayed) return STAYED_INSIDE;
+    write_code(at, value);
+    return STORED_UNGUARDED;
 }
 
 static void put_jump(unsigned char *at, const void *to) { /* jmp *0(%rip); .quad to: 14 bytes */
@@ -470,7 +598,12 @@ EXPORT int egpu_uprobe_attach_inline(const char *path, const char *symbol, void 
     memcpy(b + 1, &rel32, 4);
     if (now != jump) {
         h->code_was = now;
-        write_code(f, jump);
+        if (store_stopped(f, jump) == STAYED_INSIDE) {
+            drop_programs(progs, n);
+            h->used = h->n[0] || h->n[1];
+            result = EGPU_UPROBE_BUSY;
+            goto out;
+        }
     }
     result = EGPU_UPROBE_ATTACHED;
 out:
@@ -554,15 +687,7 @@ static int listed(struct egpu_lvm_prog *const *progs, size_t n, const struct egp
 
 EXPORT void egpu_uprobe_detach(struct egpu_lvm_prog *const *progs, size_t n) {
     pthread_mutex_lock(&up_lock);
-    egpu_lvm_lock(); /* a run holds it: once taken, none runs them */
-    for (int i = 0; i < nhooks; i++)
-        for (int ret = 0; ret < 2; ret++)
-            for (int k = 0; k < hooks[i].n[ret]; k++)
-                if (listed(progs, n, hooks[i].progs[ret][k])) {
-                    hooks[i].progs[ret][k--] = hooks[i].progs[ret][--hooks[i].n[ret]];
-                    atomic_fetch_sub(&active, 1);
-                }
-    egpu_lvm_unlock();
+    drop_programs(progs, n);
     for (int i = 0; i < nhooks; i++) {
         struct hook *h = &hooks[i];
         if (h->used && !h->n[0] && !h->n[1]) {

@@ -126,11 +126,26 @@ def test_a_function_linked_into_the_executable_is_hooked_inline(stub_job, uprobe
     assert states["add6_entry"] == ("libupt.so:upt_add6", "attached", False)
 
 
+def test_an_inline_hook_is_not_stored_while_a_thread_stays_inside_its_bytes(stub_job, uprobe_app, tmp_path):
+    """A thread that never leaves the 5 bytes the jump would cover (blocked in upt_parked's read, 2 bytes
+    in): the hook is refused and says why, the function is left as it was, and the job runs on; a thread
+    blocking every signal beside it (as the CUDA driver's do) is not waited for."""
+    app, obj = uprobe_app
+    r, docs, _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "sum8_entry=app_uprobe:upt_parked", "--uprobe",
+                          "sum8_exit=app_uprobe:upt_parked", str(app),
+                          "parked", "0")
+    assert r.returncode == 0 and "app_uprobe parked direct=5 result=0" in r.stdout, r.stderr
+    (doc,) = docs
+    (state,) = [a["state"] for a in doc["uprobes"]["attached"] if a["prog"] == "sum8_entry"]
+    assert state.startswith("a thread stayed inside the 5 bytes"), doc["uprobes"]
+    assert any("upt_parked" in x and "a thread stayed inside" in x for x in doc["uprobes"]["refused"])
+
+
 def test_an_inline_hook_is_written_while_threads_run_the_function(stub_job, uprobe_app, tmp_path):
     """Two threads call upt_direct without pause while the runtime hooks it: each call runs the old code
     or the hooked, no result is wrong, and every call whose entry program ran ran its return program.
-    Known to fail rarely (once in CI on 2026-12-04, under load): a thread stopped between the function's
-    first instruction and the fifth byte when the jump is written resumes inside it (shim/uprobe.c)."""
+    Before the jump was stored with the other threads held (shim/uprobe.c store_stopped), this failed
+    once in CI under load: a thread stopped after the endbr64 resumed inside the jump."""
     app, obj = uprobe_app
     n = 1000
     r, docs, _ = run_kept(stub_job, tmp_path, obj, *DIRECT, str(app), "direct_threads", str(n))

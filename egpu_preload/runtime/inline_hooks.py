@@ -59,7 +59,9 @@ def moved(code: bytes, at: int, to: int) -> tuple[bytes, int]:
         what = f"{insn.mnemonic} {insn.op_str}".strip()
         if insn.group(CS_GRP_CALL) and b[0] == 0xE8 and insn.size == 5:   # call rel32: the same callee
             b[1:5] = _rel32(insn.operands[0].imm - (here + 5), what).to_bytes(4, "little", signed=True)
-        elif any(insn.group(g) for g in (CS_GRP_JUMP, CS_GRP_CALL, CS_GRP_RET, CS_GRP_INT, CS_GRP_IRET)):
+        elif insn.mnemonic != "syscall" and \
+                any(insn.group(g) for g in (CS_GRP_JUMP, CS_GRP_CALL, CS_GRP_RET, CS_GRP_INT, CS_GRP_IRET)):
+            # a syscall returns to the instruction after it, moved or not (a restart runs the moved copy again)
             raise EgpuError(f"its first {JUMP} bytes hold a branch ({what}), which cannot be moved")
         elif any(op.type == X86_OP_MEM and op.mem.base == X86_REG_RIP for op in insn.operands):
             k, n = insn.disp_offset, insn.disp_size

@@ -10,9 +10,12 @@
  * `app_uprobe direct N` / `app_uprobe direct_threads N`: N direct calls of upt_direct, a function of this
  * executable no GOT slot or dlsym reaches (an inline hook's case); direct_threads first starts two
  * threads calling it without pause, so the runtime hooks it while they run, and stops them after.
- * `app_uprobe direct_loop STOP`: as loop, calling upt_direct(i, 1). */
+ * `app_uprobe direct_loop STOP`: as loop, calling upt_direct(i, 1).
+ * `app_uprobe parked 0`: first starts a thread that blocks every signal and one that enters upt_parked and
+ * stays blocked in its first bytes, then brings the runtime up, calls upt_direct once and exits. */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +42,32 @@ __attribute__((noinline, aligned(16))) long upt_direct(long a, long b) {
     return 3 * a + b;
 }
 
+/* A read(2) of a pipe nobody writes, made by a syscall instruction 2 bytes into the function: a thread
+ * in it is blocked there for good, and a signal it takes (restarted: SA_RESTART) finds it at that
+ * instruction, inside the 5 bytes an inline hook's jump would cover. No branch in them: they can move. */
+__asm__(".text\n.globl upt_parked\n.type upt_parked, @function\n.p2align 4\nupt_parked:\n"
+        "\t.byte 0x66, 0x90\n\tsyscall\n\tnop\n\tret\n.size upt_parked, .-upt_parked\n");
+static atomic_int parked;
+static int park_pipe[2];
+static char park_byte;
+
+/* A thread that blocks every signal, as the CUDA driver's own do: the hook's guard cannot hold it. */
+static void *deaf_worker(void *arg) {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    for (;;) pause();
+    return arg;
+}
+
+static void *parked_worker(void *arg) {
+    long got;
+    atomic_store(&parked, 1);
+    __asm__ volatile("sub $128, %%rsp\n\tcall upt_parked\n\tadd $128, %%rsp"   /* past the red zone */
+                     : "=a"(got) : "a"(0L), "D"((long)park_pipe[0]), "S"(&park_byte), "d"(1L) : "rcx", "r11", "memory");
+    return arg;
+}
+
 static atomic_int stop_workers;
 static atomic_long workers_wrong;
 
@@ -59,6 +88,18 @@ int main(int argc, char **argv) {
     fn cuCtxSynchronize = (fn)dlsym(cuda, "cuCtxSynchronize");
     void *mod = NULL, *f = NULL;
     pthread_t workers[2];
+    if (!strcmp(argv[1], "parked")) {
+        pthread_t worker, deaf;
+        if (pipe(park_pipe)) return 2;
+        pthread_create(&deaf, NULL, deaf_worker, NULL);
+        pthread_create(&worker, NULL, parked_worker, NULL);
+        while (!atomic_load(&parked)) usleep(100);
+        usleep(1000);   /* past its first instruction */
+        int r = cuInit(0) | cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&f, mod, "vecadd");
+        printf("app_uprobe parked direct=%ld result=%d\n", upt_direct(1, 2), r);
+        fflush(stdout);
+        return 0;   /* the parked thread never returns: exit ends it */
+    }
     int threaded = !strcmp(argv[1], "direct_threads");
     for (int k = 0; threaded && k < 2; k++) pthread_create(&workers[k], NULL, direct_worker, NULL);
     int r = cuInit(0) | cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&f, mod, "vecadd");
