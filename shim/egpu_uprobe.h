@@ -60,8 +60,9 @@ void *egpu_uprobe_near(void *function);
  * at most 3 bytes past an 8-byte boundary, its first `cut` (>= 5) bytes whole instructions, `moved` those
  * instructions re-encoded to run at near + 16 (runtime/inline_hooks.py); PATH and SYMBOL name it in
  * reports. The jump is stored while every other thread of the process is held in a handler of signal
- * SIGRTMAX - 5 outside its 5 bytes (one that blocks the signal, or the signal being another's, leaves it
- * stored unguarded); EGPU_UPROBE_BUSY when a thread stayed inside them through 100 rounds. Then as
+ * SIGRTMAX - 5 outside its 5 bytes (a thread that blocks the signal is neither waited for nor guarded
+ * against; the signal being another's, or a thread not answering, leaves the store unguarded);
+ * EGPU_UPROBE_BUSY when a thread stayed inside them through 100 rounds. Then as
  * egpu_uprobe_attach; egpu_uprobe_detach of its last program puts its bytes back. */
 int egpu_uprobe_attach_inline(const char *path, const char *symbol, void *function, void *near,
                               const unsigned char *moved, size_t moved_len, size_t cut,

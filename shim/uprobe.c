@@ -437,18 +437,31 @@ static void write_code(unsigned char *at, uint64_t value) {
 #define STOP_WAIT_NS 20000000ll /* a thread that has not answered by then blocks the signal, or cannot run */
 #define STOP_THREADS 4096
 
-static _Atomic int stop_round, stop_arrived, stop_inside;
+/* Each round's counts in one word: the round (high 32 bits), threads inside (bits 16-31), threads that
+ * answered (bits 0-15); a handler adds to it only while the word is its round's, so one that comes late
+ * never counts in a later round. stop_left counts those that left the handler, the same way. */
+static _Atomic uint64_t stop_count, stop_left;
+static _Atomic int stop_round;
 static _Atomic uintptr_t stop_at;
+
+static void tagged_add(_Atomic uint64_t *word, int round, uint64_t add) {
+    uint64_t v = atomic_load(word);
+    while (v >> 32 == (uint64_t)round && !atomic_compare_exchange_weak(word, &v, v + add)) {
+    }
+}
 
 static void stop_handler(int sig, siginfo_t *si, void *context) {
     (void)sig, (void)context;
-    if (si->si_code != SI_QUEUE || si->si_value.sival_int != atomic_load(&stop_round)) return;
+    int round = si->si_value.sival_int;
+    if (si->si_code != SI_QUEUE || round != atomic_load(&stop_round)) return;
+    uint64_t inside = 0;
 #if defined(__x86_64__)
     uintptr_t pc = (uintptr_t)((ucontext_t *)context)->uc_mcontext.gregs[REG_RIP], at = atomic_load(&stop_at);
-    if (pc > at && pc < at + 5) atomic_fetch_add(&stop_inside, 1);
+    inside = pc > at && pc < at + 5;
 #endif
-    atomic_fetch_add(&stop_arrived, 1);
-    while (atomic_load_explicit(&stop_round, memory_order_acquire) == si->si_value.sival_int) sched_yield();
+    tagged_add(&stop_count, round, inside << 16 | 1);
+    while (atomic_load_explicit(&stop_round, memory_order_acquire) == round) sched_yield();
+    tagged_add(&stop_left, round, 1);
 }
 
 static long long now_ns(void) {
@@ -457,9 +470,10 @@ static long long now_ns(void) {
     return t.tv_sec * 1000000000ll + t.tv_nsec;
 }
 
-/* Whether thread `tid` blocks STOP_SIGNAL (its status's SigBlk; unreadable: as if it did). Such a thread
- * (the CUDA driver's own, say) cannot be held: it is not waited for. */
-static int blocks_stop(pid_t tid) {
+/* Whether thread `tid` cannot be held: it blocks STOP_SIGNAL (its status's SigBlk: the CUDA driver's own
+ * threads, say), it is a zombie (a main thread that called pthread_exit), or its status is unreadable.
+ * Such a thread is not waited for. */
+static int cannot_hold(pid_t tid) {
     char path[64], buf[4096];
     snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)tid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -467,28 +481,34 @@ static int blocks_stop(pid_t tid) {
     if (fd >= 0) close(fd);
     if (n <= 0) return 1;
     buf[n] = 0;
-    const char *at = strstr(buf, "\nSigBlk:");
-    return !at || (strtoull(at + 8, NULL, 16) >> (STOP_SIGNAL - 1) & 1);
+    const char *mask = strstr(buf, "\nSigBlk:");
+    return strstr(buf, "\nState:\tZ") || !mask || (strtoull(mask + 8, NULL, 16) >> (STOP_SIGNAL - 1) & 1);
 }
 
 enum { STORED, STORED_UNGUARDED, STAYED_INSIDE };
+
+/* Our handler on STOP_SIGNAL (checked each time: the application may have taken the signal since); 0 when
+ * the signal is another's. Once installed it stays: a signal still pending after a round must find it. */
+static int stop_handler_in_place(void) {
+    struct sigaction sa = {0}, cur;
+    if (sigaction(STOP_SIGNAL, NULL, &cur)) return 0;
+    if (cur.sa_flags & SA_SIGINFO && cur.sa_sigaction == stop_handler) return 1;
+    if (cur.sa_handler != SIG_DFL) return 0;
+    sa.sa_sigaction = stop_handler;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigfillset(&sa.sa_mask);
+    return sigaction(STOP_SIGNAL, &sa, NULL) == 0;
+}
 
 /* The jump stored at `at` with no other thread inside its 5 bytes; STORED_UNGUARDED when the threads could
  * not be held (the signal is another's, a thread did not answer): stored as before, unguarded. Under
  * up_lock (the tid list and the rounds are this lock's). */
 static int store_stopped(unsigned char *at, uint64_t value) {
     static pid_t tids[STOP_THREADS];
-    static int installed, round;
-    if (!installed) {
-        struct sigaction sa = {0}, old;
-        sa.sa_sigaction = stop_handler;
-        sa.sa_flags = SA_SIGINFO | SA_RESTART;
-        sigfillset(&sa.sa_mask);
-        if (sigaction(STOP_SIGNAL, NULL, &old) || old.sa_handler != SIG_DFL || sigaction(STOP_SIGNAL, &sa, NULL)) {
-            write_code(at, value);
-            return STORED_UNGUARDED;
-        }
-        installed = 1; /* for good: a signal still pending after a round must find it, not the default */
+    static int round;
+    if (!stop_handler_in_place()) {
+        write_code(at, value);
+        return STORED_UNGUARDED;
     }
     pid_t pid = getpid(), self = (pid_t)syscall(SYS_gettid);
     atomic_store(&stop_at, (uintptr_t)at);
@@ -498,29 +518,36 @@ static int store_stopped(unsigned char *at, uint64_t value) {
         DIR *d = opendir("/proc/self/task");
         for (struct dirent *e; d && (e = readdir(d)) && n < STOP_THREADS;) {
             pid_t tid = (pid_t)atoi(e->d_name);
-            if (tid > 0 && tid != self && !blocks_stop(tid)) tids[n++] = tid;
+            if (tid > 0 && tid != self && !cannot_hold(tid)) tids[n++] = tid;
         }
         if (d) closedir(d);
         if (!d || n == STOP_THREADS) {
             stayed = 0;
             break;
         }
-        atomic_store(&stop_arrived, 0);
-        atomic_store(&stop_inside, 0);
-        atomic_store_explicit(&stop_round, ++round, memory_order_release);
-        int sent = 0;
+        round = round % 0x7fffffff + 1;
+        atomic_store(&stop_count, (uint64_t)round << 32);
+        atomic_store(&stop_left, (uint64_t)round << 32);
+        atomic_store_explicit(&stop_round, round, memory_order_release);
+        uint64_t sent = 0;
         for (int k = 0; k < n; k++) {
             siginfo_t info = {0};
             info.si_signo = STOP_SIGNAL, info.si_code = SI_QUEUE, info.si_pid = pid, info.si_uid = getuid();
             info.si_value.sival_int = round;
             sent += syscall(SYS_rt_tgsigqueueinfo, pid, tids[k], STOP_SIGNAL, &info) == 0;
         }
-        for (long long end = now_ns() + STOP_WAIT_NS; atomic_load(&stop_arrived) < sent && now_ns() < end;)
+        for (long long end = now_ns() + STOP_WAIT_NS; (atomic_load(&stop_count) & 0xffff) < sent && now_ns() < end;)
             sched_yield();
-        int held = atomic_load(&stop_arrived) == sent;
-        stayed = held && atomic_load(&stop_inside);
+        uint64_t counts = atomic_load(&stop_count);
+        int held = (counts & 0xffff) == sent;
+        stayed = held && (counts >> 16 & 0xffff);
         if (held && !stayed) write_code(at, value);
         atomic_store_explicit(&stop_round, 0, memory_order_release); /* every held thread goes on */
+        /* ...and is out of the handler before anything else: one still in it has its mask full, and the
+         * next listing would take it for a thread that blocks the signal and leave it out */
+        for (long long end = now_ns() + STOP_WAIT_NS;
+             (atomic_load(&stop_left) & 0xffff) < (counts & 0xffff) && now_ns() < end;)
+            sched_yield();
         if (held && !stayed) return STORED;
         if (!held) break;
         usleep(100);

@@ -11,8 +11,9 @@
  * executable no GOT slot or dlsym reaches (an inline hook's case); direct_threads first starts two
  * threads calling it without pause, so the runtime hooks it while they run, and stops them after.
  * `app_uprobe direct_loop STOP`: as loop, calling upt_direct(i, 1).
- * `app_uprobe parked 0`: first starts a thread that blocks every signal and one that enters upt_parked and
- * stays blocked in its first bytes, then brings the runtime up, calls upt_direct once and exits. */
+ * `app_uprobe parked 0`: first starts a thread that blocks every signal, two that call upt_direct without
+ * pause and one that enters upt_parked and stays blocked in its first bytes, then brings the runtime up,
+ * calls upt_direct once and exits. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
@@ -61,10 +62,11 @@ static void *deaf_worker(void *arg) {
 }
 
 static void *parked_worker(void *arg) {
-    long got;
+    long nr = 0 /* read */, fd = park_pipe[0], buf = (long)&park_byte, len = 1;
     atomic_store(&parked, 1);
     __asm__ volatile("sub $128, %%rsp\n\tcall upt_parked\n\tadd $128, %%rsp"   /* past the red zone */
-                     : "=a"(got) : "a"(0L), "D"((long)park_pipe[0]), "S"(&park_byte), "d"(1L) : "rcx", "r11", "memory");
+                     : "+a"(nr), "+D"(fd), "+S"(buf), "+d"(len)
+                     : : "rcx", "r8", "r9", "r10", "r11", "memory", "cc");
     return arg;
 }
 
@@ -89,9 +91,10 @@ int main(int argc, char **argv) {
     void *mod = NULL, *f = NULL;
     pthread_t workers[2];
     if (!strcmp(argv[1], "parked")) {
-        pthread_t worker, deaf;
+        pthread_t worker, deaf, busy[2];
         if (pipe(park_pipe)) return 2;
         pthread_create(&deaf, NULL, deaf_worker, NULL);
+        for (int k = 0; k < 2; k++) pthread_create(&busy[k], NULL, direct_worker, NULL);   /* compete for the CPUs */
         pthread_create(&worker, NULL, parked_worker, NULL);
         while (!atomic_load(&parked)) usleep(100);
         usleep(1000);   /* past its first instruction */
