@@ -16,7 +16,8 @@
  * ctx.kernel_id. Asked at a module's load about the generation current then (none of its kernels running
  * a program: the module is left unpatched) and at a kernel's first launch under a generation, for kernels
  * the generation's table does not hold; from the sanitizer's callbacks, inside the driver's load or
- * launch call, with no lock of the shim held: it must not call CUDA. */
+ * launch call, with no lock of the shim held: it must not call CUDA. ~0: no answer (Python failed, or its
+ * runtime is not up): the module is patched all the same, the kernel runs none (hooks.py SASS_UNKNOWN). */
 unsigned long long egpu_py_sass_kernel(void *module, const char *name, unsigned long long generation,
                                        unsigned long long *kernel_id);
 

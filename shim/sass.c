@@ -108,6 +108,7 @@ static struct {
 } san;
 
 #define DEFAULT_LIB "/usr/local/cuda/compute-sanitizer/libsanitizer-public.so"
+#define SASS_UNKNOWN (~0ull) /* egpu_py_sass_kernel's "no answer": its module patched, the kernel running none */
 #define MARKER "__egpu_maps_" /* translate/module.py table_symbol: the PTX back end's modules */
 #define CLASSES 4             /* Sanitizer_InstructionId 1..3: block enter, block exit, global access */
 
@@ -411,7 +412,7 @@ static void ask_at_load(struct loaded *n, const struct generation *g) {
             continue;
         }
         int old = egpu_shim_bypass(1);
-        runs = egpu_py_sass_kernel(n->module, n->kernels->name[i], g->id, &kernel_id) != 0;
+        runs = egpu_py_sass_kernel(n->module, n->kernels->name[i], g->id, &kernel_id) != 0; /* or unknown */
         egpu_shim_bypass(old);
     }
     n->asked = g->id, n->asked_runs = runs;
@@ -451,6 +452,7 @@ static const struct function *function_of(const san_launch_data *ld, const struc
         fresh->mask = egpu_py_sass_kernel(ld->module, ld->functionName ? ld->functionName : "", g->id,
                                           &fresh->kernel_id);
         egpu_shim_bypass(old);
+        if (fresh->mask == SASS_UNKNOWN) fresh->mask = 0;
     }
     uint64_t pc = 0, size = 0;
     if (fresh->mask && ld->functionName &&

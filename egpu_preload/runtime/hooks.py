@@ -102,6 +102,9 @@ def read_image(ffi: Any, address: int, size: int, path: str | None, api: str, ca
     return ModuleImage(api, call, kind, data, path)
 
 
+SASS_UNKNOWN = (1 << 64) - 1   # egpu_py_sass_kernel's "no answer" (shim/egpu_sass.h)
+
+
 def _report(exc_type: type, exc: BaseException, tb: Any) -> None:
     """cffi's onerror: one line, and the hook returns its "no change" default."""
     print(f"egpu: hook failed, the original call proceeds: {exc_type.__name__}: {exc}", file=sys.stderr)
@@ -171,10 +174,10 @@ def attach(ffi: Any, lib: Any) -> None:
         if _instrumenter is not None:
             _instrumenter.unloaded(api_name(api), addr(handle))
 
-    @ffi.def_extern(onerror=_report)
+    @ffi.def_extern(error=SASS_UNKNOWN, onerror=_report)   # a failure is no answer, not "no program"
     def egpu_py_sass_kernel(module, name, generation, kernel_id_out):
         if _instrumenter is None:
-            return 0
+            return SASS_UNKNOWN
         mask, kernel_id_out[0] = _instrumenter.sass_kernel(addr(module), text(name) or "", int(generation))
         return mask
 
