@@ -278,8 +278,8 @@ def trace_cmd(path: Path = typer.Argument(..., metavar="FILE", help="a trace egp
     if not trace.complete:
         typer.echo(f"egpu: {path} was never closed (its job died?): {trace.rows.num_rows} records read, "
                    "the probes' dropped counts unknown", err=True)
+    table = tracefile.where(trace.rows, conditions, str(path))
     if parquet is not None:
-        table = tracefile.where(trace.rows, conditions, str(path))
         table = table if limit is None else table.slice(0, limit)
         try:
             tracefile.to_parquet(tracefile.Trace(table, trace.record_types, trace.dropped), parquet)
@@ -287,7 +287,7 @@ def trace_cmd(path: Path = typer.Argument(..., metavar="FILE", help="a trace egp
             raise EgpuError(f"cannot write: {e.strerror or e}", file=str(parquet)) from None
         typer.echo(f"egpu: {table.num_rows} records in {parquet}", err=True)
         return
-    rows = tracefile.rows(tracefile.where(trace.rows, conditions, str(path)), limit)
+    rows = tracefile.rows(table, limit)
     if perfetto is not None:
         n = tracefile.to_perfetto(rows, perfetto, str(path))
         typer.echo(f"egpu: {n} records with a ts in {perfetto}", err=True)

@@ -26,6 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import bench_sass  # noqa: E402
 import empty_patch  # noqa: E402
+import results  # noqa: E402
 import suite  # noqa: E402
 
 EMPTY, EGPU = "sanitizer_empty", "entry_exit_empty"
@@ -34,15 +35,14 @@ EMPTY, EGPU = "sanitizer_empty", "entry_exit_empty"
 def parse(stdout: str) -> dict[str, Any]:
     """grid_sweep's lines: {"us": {"threads/blocks": us}, "attr": [regs, local bytes, blocks per SM]}, and
     the modules bench/empty_patch patched when it was injected."""
-    out: dict[str, Any] = {"us": {}, "attr": None, "done": False, "tool_patched": None}
+    out: dict[str, Any] = {"us": {}, "attr": None, "done": False,
+                           "tool_patched": results.parse_output(stdout)["tool_patched"]}
     for line in stdout.splitlines():
         key, *values = line.split()
         if key == "SWEEP" and len(values) == 3:
             out["us"][f"{values[0]}/{values[1]}"] = float(values[2])
         elif key == "ATTR" and len(values) == 3:
             out["attr"] = [int(v) for v in values]
-        elif key == "BENCH_TOOL_PATCHED" and len(values) == 1:
-            out["tool_patched"] = int(values[0])
         elif key == "SWEEP_DONE":
             out["done"] = True
     return out

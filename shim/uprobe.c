@@ -485,8 +485,6 @@ static int cannot_hold(pid_t tid) {
     return strstr(buf, "\nState:\tZ") || !mask || (strtoull(mask + 8, NULL, 16) >> (STOP_SIGNAL - 1) & 1);
 }
 
-enum { STORED, STORED_UNGUARDED, STAYED_INSIDE };
-
 /* Our handler on STOP_SIGNAL (checked each time: the application may have taken the signal since); 0 when
  * the signal is another's. Once installed it stays: a signal still pending after a round must find it. */
 static int stop_handler_in_place(void) {
@@ -500,15 +498,15 @@ static int stop_handler_in_place(void) {
     return sigaction(STOP_SIGNAL, &sa, NULL) == 0;
 }
 
-/* The jump stored at `at` with no other thread inside its 5 bytes; STORED_UNGUARDED when the threads could
- * not be held (the signal is another's, a thread did not answer): stored as before, unguarded. Under
- * up_lock (the tid list and the rounds are this lock's). */
+/* The jump stored at `at` with no other thread inside its 5 bytes: 1. Where the threads could not be held
+ * (the signal is another's, a thread did not answer) it is stored as before, unguarded: 1 too. 0: a thread
+ * stayed inside through every round, nothing stored. Under up_lock (the tid list and the rounds are its). */
 static int store_stopped(unsigned char *at, uint64_t value) {
     static pid_t tids[STOP_THREADS];
     static int round;
     if (!stop_handler_in_place()) {
         write_code(at, value);
-        return STORED_UNGUARDED;
+        return 1;
     }
     pid_t pid = getpid(), self = (pid_t)syscall(SYS_gettid);
     atomic_store(&stop_at, (uintptr_t)at);
@@ -548,13 +546,13 @@ static int store_stopped(unsigned char *at, uint64_t value) {
         for (long long end = now_ns() + STOP_WAIT_NS;
              (atomic_load(&stop_left) & 0xffff) < (counts & 0xffff) && now_ns() < end;)
             sched_yield();
-        if (held && !stayed) return STORED;
+        if (held && !stayed) return 1;
         if (!held) break;
         usleep(100);
     }
-    if (stayed) return STAYED_INSIDE;
+    if (stayed) return 0;
     write_code(at, value);
-    return STORED_UNGUARDED;
+    return 1;
 }
 
 static void put_jump(unsigned char *at, const void *to) { /* jmp *0(%rip); .quad to: 14 bytes */
@@ -625,7 +623,7 @@ EXPORT int egpu_uprobe_attach_inline(const char *path, const char *symbol, void 
     memcpy(b + 1, &rel32, 4);
     if (now != jump) {
         h->code_was = now;
-        if (store_stopped(f, jump) == STAYED_INSIDE) {
+        if (!store_stopped(f, jump)) {
             drop_programs(progs, n);
             h->used = h->n[0] || h->n[1];
             result = EGPU_UPROBE_BUSY;

@@ -4,9 +4,9 @@ Parquet file, or one Arrow IPC file when FILE ends in .arrow or .feather (pyarro
 
 Columnar because a memory trace is billions of rows of a few integer fields: per-column encoding and
 compression make them small, and every data tool reads both forms. Parquet is the smaller and the more
-widely read; Arrow IPC is written several times faster (no encoding, its buffers compressed with zstd
-on every core: 1 M access records in 0.06 s against 0.4 s on the CI machine), for traces whose drain
-would otherwise wait for the writer. Perfetto's protobuf suits records with a ``ts`` only;
+widely read; Arrow IPC is written 2-3x faster (no encoding, its buffers compressed with zstd on every
+core: 1 M access records in 0.08 s against 0.19 s on the CI machine, bench/bench_trace_writer.py), for
+traces whose drain would otherwise wait for the writer. Perfetto's protobuf suits records with a ``ts`` only;
 ``egpu trace --perfetto`` converts to it, ``egpu trace --parquet`` from Arrow IPC to Parquet.
 
 Columns, one row per record, in the order each ring committed them:
@@ -51,6 +51,11 @@ CHUNK_ROWS = 1 << 12          # struct rows split into columns a cache-sized pie
 NEEDS_PYARROW = "needs pyarrow (pip install 'egpu[trace]')"
 ARROW_SUFFIXES = (".arrow", ".feather")   # FILE written as Arrow IPC; any other name, Parquet
 ARROW_MAGIC = b"ARROW1"
+# Dictionaries only for names and text, level-1 zstd, no column statistics: a record column's values are
+# mostly distinct, and the other settings wrote 2.5x slower (129 against 318 MB/s of access records on the
+# CI machine) into a larger file.
+PARQUET = {"compression": "zstd", "compression_level": 1, "use_dictionary": ["map", "text"],
+           "write_statistics": False}
 
 # record type name ("struct NAME") -> a function from that type's rows (a pyarrow Table) to the rows it
 # stands for; egpu trace applies it before filtering (warp-level records expand to one row per lane).
@@ -190,11 +195,7 @@ class TraceWriter:
                 self.writer = pa.ipc.new_file(self.sink, schema, options=pa.ipc.IpcWriteOptions(
                     compression="zstd", use_threads=True))
             else:
-                # Dictionaries only for names and text, level-1 zstd, no column statistics: a record column's
-                # values are mostly distinct, and the other settings wrote 2.5x slower (129 against 318 MB/s
-                # of access records on the CI machine) into a larger file.
-                self.writer = pa.parquet.ParquetWriter(str(path), schema, compression="zstd", compression_level=1,
-                                                       use_dictionary=["map", "text"], write_statistics=False)
+                self.writer = pa.parquet.ParquetWriter(str(path), schema, **PARQUET)
         except OSError as e:
             raise EgpuError(f"--trace: cannot write: {e.strerror or e}", file=str(path)) from None
 
@@ -402,10 +403,11 @@ def _load(path: Path, pa: Any) -> tuple[Any, Mapping[bytes, bytes], bool]:
 
 
 def to_parquet(trace: Trace, path: Path) -> None:
-    """``trace`` (as read: expanded) as a Parquet trace file, with its record types and dropped counts."""
+    """``trace``'s rows as a Parquet trace file, with its record types and dropped counts (egpu trace hands
+    them over unexpanded, so a reader expands them once)."""
     pa = arrow()
     schema = trace.rows.schema.with_metadata({RECORD_TYPES: json.dumps(trace.record_types)})
-    with pa.parquet.ParquetWriter(str(path), schema, compression="zstd", use_dictionary=["map", "text"]) as w:
+    with pa.parquet.ParquetWriter(str(path), schema, **PARQUET) as w:
         w.write_table(trace.rows.cast(schema))
         w.add_key_value_metadata({DROPPED: json.dumps(trace.dropped)})
 
