@@ -40,7 +40,8 @@ enum egpu_uprobe_result {
     EGPU_UPROBE_NO_SYMBOL = -1, /* PATH is loaded and defines no function SYMBOL */
     EGPU_UPROBE_FULL = -2,      /* too many hooked functions, programs on one, or patched slots */
     EGPU_UPROBE_UNPATCHABLE = -3, /* an inline hook cannot be written there (see egpu_uprobe_attach_inline) */
-    EGPU_UPROBE_BUSY = -4         /* a thread stayed inside the bytes an inline hook's jump would cover */
+    EGPU_UPROBE_BUSY = -4,        /* a thread stayed inside the bytes an inline hook's jump would cover */
+    EGPU_UPROBE_UNHELD = -5       /* the other threads could not be held while an inline hook was stored */
 };
 
 /* Run progs[k] at each call (rets[k] 0) or return (rets[k] 1) of SYMBOL defined in the loaded object
@@ -61,8 +62,9 @@ void *egpu_uprobe_near(void *function);
  * instructions re-encoded to run at near + 16 (runtime/inline_hooks.py); PATH and SYMBOL name it in
  * reports. The jump is stored while every other thread of the process is held in a handler of signal
  * SIGRTMAX - 5 outside its 5 bytes (a thread that blocks the signal is neither waited for nor guarded
- * against; the signal being another's, or a thread not answering, leaves the store unguarded);
- * EGPU_UPROBE_BUSY when a thread stayed inside them through 100 rounds. Then as
+ * against); EGPU_UPROBE_BUSY when a thread stayed inside them through 100 rounds, EGPU_UPROBE_UNHELD
+ * (nothing stored) when the signal is the application's, or some thread did not answer or had just
+ * started in 10 rounds. Then as
  * egpu_uprobe_attach; egpu_uprobe_detach of its last program puts its bytes back. */
 int egpu_uprobe_attach_inline(const char *path, const char *symbol, void *function, void *near,
                               const unsigned char *moved, size_t moved_len, size_t cut,

@@ -434,7 +434,8 @@ static void write_code(unsigned char *at, uint64_t value) {
 
 #define STOP_SIGNAL (SIGRTMAX - 5)
 #define STOP_ROUNDS 100
-#define STOP_WAIT_NS 20000000ll /* a thread that has not answered by then blocks the signal, or cannot run */
+#define STOP_UNHELD_ROUNDS 10 /* rounds in which some thread did not answer before the hook is refused */
+#define STOP_WAIT_NS 20000000ll /* a round's wait for the answers, and 100 us more a thread */
 #define STOP_THREADS 4096
 
 /* Each round's counts in one word: the round (high 32 bits), threads inside (bits 16-31), threads that
@@ -498,31 +499,53 @@ static int stop_handler_in_place(void) {
     return sigaction(STOP_SIGNAL, &sa, NULL) == 0;
 }
 
-/* The jump stored at `at` with no other thread inside its 5 bytes: 1. Where the threads could not be held
- * (the signal is another's, a thread did not answer) it is stored as before, unguarded: 1 too. 0: a thread
- * stayed inside through every round, nothing stored. Under up_lock (the tid list and the rounds are its). */
-static int store_stopped(unsigned char *at, uint64_t value) {
+/* Lists in tids[] the threads but this one that can be held (at most STOP_THREADS); -1 when /proc cannot
+ * be read or there are more. */
+static int holdable_threads(pid_t *tids, pid_t self) {
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d)) && n <= STOP_THREADS;) {
+        pid_t tid = (pid_t)atoi(e->d_name);
+        if (tid > 0 && tid != self && !cannot_hold(tid)) {
+            if (n < STOP_THREADS) tids[n] = tid;
+            n++;
+        }
+    }
+    closedir(d);
+    return n > STOP_THREADS ? -1 : n;
+}
+
+/* Whether a thread that could be held is missing from tids[0..n): one started during the round. */
+static int thread_started(const pid_t *tids, int n, pid_t self) {
+    static pid_t now[STOP_THREADS];
+    int m = holdable_threads(now, self);
+    if (m < 0) return 1;
+    for (int i = 0; i < m; i++) {
+        int known = 0;
+        for (int k = 0; k < n && !known; k++) known = tids[k] == now[i];
+        if (!known) return 1;
+    }
+    return 0;
+}
+
+enum stop_result { STORED, STAYED, UNHELD };
+
+/* The jump stored at `at` while every other thread that can be held is held outside its 5 bytes:
+ * STORED. STAYED: a thread was inside them in the last of STOP_ROUNDS rounds; UNHELD: the threads could
+ * not be held (the signal is the application's, /proc unreadable, a thread that never answered, threads
+ * forever starting); nothing is stored then, since a thread resuming inside the jump would crash the
+ * job. Under up_lock (the tid list and the rounds are its). */
+static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
     static pid_t tids[STOP_THREADS];
     static int round;
-    if (!stop_handler_in_place()) {
-        write_code(at, value);
-        return 1;
-    }
+    if (!stop_handler_in_place()) return UNHELD;
     pid_t pid = getpid(), self = (pid_t)syscall(SYS_gettid);
     atomic_store(&stop_at, (uintptr_t)at);
-    int stayed = 0; /* the last round held every thread, one of them inside */
-    for (int attempt = 0; attempt < STOP_ROUNDS; attempt++) {
-        int n = 0;
-        DIR *d = opendir("/proc/self/task");
-        for (struct dirent *e; d && (e = readdir(d)) && n < STOP_THREADS;) {
-            pid_t tid = (pid_t)atoi(e->d_name);
-            if (tid > 0 && tid != self && !cannot_hold(tid)) tids[n++] = tid;
-        }
-        if (d) closedir(d);
-        if (!d || n == STOP_THREADS) {
-            stayed = 0;
-            break;
-        }
+    enum stop_result last = UNHELD;
+    for (int attempt = 0, unheld = 0; attempt < STOP_ROUNDS; attempt++) {
+        int n = holdable_threads(tids, self);
+        if (n < 0) return UNHELD;
         round = round % 0x7fffffff + 1;
         atomic_store(&stop_count, (uint64_t)round << 32);
         atomic_store(&stop_left, (uint64_t)round << 32);
@@ -534,25 +557,23 @@ static int store_stopped(unsigned char *at, uint64_t value) {
             info.si_value.sival_int = round;
             sent += syscall(SYS_rt_tgsigqueueinfo, pid, tids[k], STOP_SIGNAL, &info) == 0;
         }
-        for (long long end = now_ns() + STOP_WAIT_NS; (atomic_load(&stop_count) & 0xffff) < sent && now_ns() < end;)
+        /* a loaded machine delivers late: the wait grows with the threads to run */
+        long long wait = STOP_WAIT_NS + n * 100000ll;
+        for (long long end = now_ns() + wait; (atomic_load(&stop_count) & 0xffff) < sent && now_ns() < end;)
             sched_yield();
         uint64_t counts = atomic_load(&stop_count);
-        int held = (counts & 0xffff) == sent;
-        stayed = held && (counts >> 16 & 0xffff);
-        if (held && !stayed) write_code(at, value);
+        int held = (counts & 0xffff) == sent && sent == (uint64_t)n && !thread_started(tids, n, self);
+        last = !held ? UNHELD : counts >> 16 & 0xffff ? STAYED : STORED;
+        if (last == STORED) write_code(at, value);
         atomic_store_explicit(&stop_round, 0, memory_order_release); /* every held thread goes on */
         /* ...and is out of the handler before anything else: one still in it has its mask full, and the
          * next listing would take it for a thread that blocks the signal and leave it out */
-        for (long long end = now_ns() + STOP_WAIT_NS;
-             (atomic_load(&stop_left) & 0xffff) < (counts & 0xffff) && now_ns() < end;)
+        for (long long end = now_ns() + wait; (atomic_load(&stop_left) & 0xffff) < (counts & 0xffff) && now_ns() < end;)
             sched_yield();
-        if (held && !stayed) return 1;
-        if (!held) break;
-        usleep(100);
+        if (last == STORED || (last == UNHELD && ++unheld == STOP_UNHELD_ROUNDS)) return last;
+        usleep(last == UNHELD ? 1000 : 100);
     }
-    if (stayed) return 0;
-    write_code(at, value);
-    return 1;
+    return last;
 }
 
 static void put_jump(unsigned char *at, const void *to) { /* jmp *0(%rip); .quad to: 14 bytes */
@@ -623,10 +644,11 @@ EXPORT int egpu_uprobe_attach_inline(const char *path, const char *symbol, void 
     memcpy(b + 1, &rel32, 4);
     if (now != jump) {
         h->code_was = now;
-        if (!store_stopped(f, jump)) {
+        enum stop_result stored = store_stopped(f, jump);
+        if (stored != STORED) {
             drop_programs(progs, n);
             h->used = h->n[0] || h->n[1];
-            result = EGPU_UPROBE_BUSY;
+            result = stored == STAYED ? EGPU_UPROBE_BUSY : EGPU_UPROBE_UNHELD;
             goto out;
         }
     }

@@ -141,6 +141,22 @@ def test_an_inline_hook_is_not_stored_while_a_thread_stays_inside_its_bytes(stub
     assert any("upt_parked" in x and "a thread stayed inside" in x for x in doc["uprobes"]["refused"])
 
 
+def test_an_inline_hook_is_refused_when_the_application_owns_the_guards_signal(stub_job, uprobe_app, tmp_path):
+    """The application has its own handler on SIGRTMAX-5, so the other threads cannot be held while the jump
+    is stored: the hook is refused with that reason (before, the jump was stored unguarded and reported
+    attached), the function is left as it was, and the job's calls, two threads' among them, stay right."""
+    app, obj = uprobe_app
+    n = 200
+    r, docs, _ = run_kept(stub_job, tmp_path, obj, *DIRECT, str(app), "owned_signal", str(n))
+    assert r.returncode == 0, r.stderr
+    assert f"app_uprobe owned_signal calls={n} sum={sum(4 * i + 1 for i in range(n))} wrong=0 result=0" in r.stdout
+    (doc,) = docs
+    (state,) = [a["state"] for a in doc["uprobes"]["attached"] if a["prog"] == "sum8_entry"]
+    assert state.startswith("the other threads could not be held"), doc["uprobes"]
+    assert "SIGRTMAX-5 is the application's" in state
+    assert entries(doc, obj, "counts").get(SUM8_CALLS, 0) == 0
+
+
 def test_an_inline_hook_is_written_while_threads_run_the_function(stub_job, uprobe_app, tmp_path):
     """Two threads call upt_direct without pause while the runtime hooks it: each call runs the old code
     or the hooked, no result is wrong, and every call whose entry program ran ran its return program.

@@ -31,7 +31,9 @@ from egpu_preload.runtime import dump, inline_hooks, native
 
 RESULTS = {0: "attached", 1: "pending: its object is not loaded yet", -1: "no such function in it",
            -2: "too many hooked functions or patched call sites", -3: "it cannot be hooked inline",
-           -4: "a thread stayed inside the 5 bytes the inline hook's jump covers (100 tries)"}
+           -4: "a thread stayed inside the 5 bytes the inline hook's jump covers (100 tries)",
+           -5: "the other threads could not be held while the inline hook's jump was stored (SIGRTMAX-5 is the "
+               "application's, or a thread did not answer in 10 tries): nothing written"}
 
 
 def host_programs(obj: BpfObject) -> list[Program]:

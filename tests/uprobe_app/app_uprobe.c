@@ -13,7 +13,9 @@
  * `app_uprobe direct_loop STOP`: as loop, calling upt_direct(i, 1).
  * `app_uprobe parked 0`: first starts a thread that blocks every signal, two that call upt_direct without
  * pause and one that enters upt_parked and stays blocked in its first bytes, then brings the runtime up,
- * calls upt_direct once and exits. */
+ * calls upt_direct once and exits.
+ * `app_uprobe owned_signal N`: as direct, with a handler of its own on SIGRTMAX - 5 (the signal an inline
+ * hook's guard holds threads with) installed first, as direct_threads. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
@@ -61,6 +63,10 @@ static void *deaf_worker(void *arg) {
     return arg;
 }
 
+static void own_handler(int sig) {
+    (void)sig;
+}
+
 static void *parked_worker(void *arg) {
     long nr = 0 /* read */, fd = park_pipe[0], buf = (long)&park_byte, len = 1;
     atomic_store(&parked, 1);
@@ -103,7 +109,8 @@ int main(int argc, char **argv) {
         fflush(stdout);
         return 0;   /* the parked thread never returns: exit ends it */
     }
-    int threaded = !strcmp(argv[1], "direct_threads");
+    int owned = !strcmp(argv[1], "owned_signal"), threaded = owned || !strcmp(argv[1], "direct_threads");
+    if (owned) signal(SIGRTMAX - 5, own_handler);
     for (int k = 0; threaded && k < 2; k++) pthread_create(&workers[k], NULL, direct_worker, NULL);
     int r = cuInit(0) | cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&f, mod, "vecadd");
     if (!strcmp(argv[1], "direct") || threaded) {   /* the runtime is up, its uprobes hooked */
