@@ -4,6 +4,10 @@
 //
 //   nvcc -arch=sm_90 -o vec_add examples/vec_add.cu     (sm_90 keeps compute_90 PTX for egpu to rewrite)
 //   egpu-run -p examples/threadhist.bpf.c ./vec_add [ROUNDS]
+//
+// -DLENGTH_PARAM: vectorAdd(const float*, const float*, float*, int) (_Z9vectorAddPKfS0_Pfi), the kernel
+// bpftime's kernel_trace and threadscheduling_dynamic_hook name. -DGRAPH: the launch is captured once
+// into a CUDA graph and each round replays it, as bpftime's cudagraph example does.
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
@@ -13,10 +17,19 @@ constexpr int THREADS = 256;
 
 __constant__ int n;              // as in bpftime's sample: the length lives in constant memory
 
+#ifdef LENGTH_PARAM
+__global__ void vectorAdd(const float *a, const float *b, float *c, int len) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < len && i < n) c[i] = a[i] + b[i];
+}
+#define VECTOR_ADD_ARGS a, b, c, N
+#else
 __global__ void vectorAdd(const float *a, const float *b, float *c) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) c[i] = a[i] + b[i];
 }
+#define VECTOR_ADD_ARGS a, b, c
+#endif
 
 static void check(cudaError_t e, const char *what) {
     if (e != cudaSuccess) {
@@ -36,9 +49,24 @@ int main(int argc, char **argv) {
     check(cudaMemcpy(a, ha, sizeof ha, cudaMemcpyHostToDevice), "copy a");
     check(cudaMemcpy(b, hb, sizeof hb, cudaMemcpyHostToDevice), "copy b");
     check(cudaMemcpyToSymbol(n, &N, sizeof N), "copy n");
+#ifdef GRAPH
+    cudaStream_t stream;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    vectorAdd<<<(N + THREADS - 1) / THREADS, THREADS, 0, stream>>>(VECTOR_ADD_ARGS);
+    check(cudaStreamEndCapture(stream, &graph), "end capture");
+    check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+#endif
     for (int r = 0; r < rounds; r++) {
         check(cudaMemset(c, 0, sizeof hc), "cudaMemset");
-        vectorAdd<<<(N + THREADS - 1) / THREADS, THREADS>>>(a, b, c);
+#ifdef GRAPH
+        check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+        check(cudaStreamSynchronize(stream), "graph replay");
+#else
+        vectorAdd<<<(N + THREADS - 1) / THREADS, THREADS>>>(VECTOR_ADD_ARGS);
+#endif
         check(cudaGetLastError(), "launch");
         check(cudaMemcpy(hc, c, sizeof hc, cudaMemcpyDeviceToHost), "copy c");
         for (int i = 0; i < N; i++) {

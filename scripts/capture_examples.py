@@ -15,8 +15,12 @@ puts each captured output in place of its section's "(output captured on the GPU
 Programs: bpftime's ports run on examples/vec_add.cu (as bpftime's on its vec_add), the launch probes
 on a small PyTorch eager program (tests/e2e/torch_eager.py: cuBLAS kernels, no PTX), and alloc_hist on it
 too, uvm_ranges on tests/e2e/uvm_oversub.cu (managed memory that migrates), memcpy_bytes and sync_wait on
-tests/e2e/host_copies.cu, the rest on tests/e2e/vecadd.cu. Whatever runs past DEADLINE_S is left out and
-says so.
+tests/e2e/host_copies.cu, the rest on tests/e2e/vecadd.cu. bpftime's own files (BPFTIME: the
+objects scripts/gpu-prep.sh builds with bpftime's flags into .gpubuild/bpftime) run on examples/vec_add.cu
+as bpftime's run on its vec_add: built with -DLENGTH_PARAM for those naming vectorAdd(..., int), with
+-DGRAPH for the cudagraph example; pytorch-test's on tests/e2e/torch_sort.py. Whatever runs past
+DEADLINE_S is left out and says so. Names after OUT (an example's, or a bpftime file's as in BPFTIME)
+capture only those.
 """
 
 from __future__ import annotations
@@ -32,13 +36,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 30
-DEADLINE_S = 90
+DEADLINE_S = 240
 TIMEOUT_S = 60
 PLACEHOLDER = re.compile(r"^\(output captured on the GPU[^)]*\)[ \t]*$", re.M)  # the line alone: its newline stays
 
 VECADD = ("./vecadd", ["10", "1048576"])
 TORCH = ("python3 tests/e2e/torch_eager.py", ["20"])
 VEC_ADD = ("./vec_add", [])
+VEC_ADD_N = ("./vec_add_n", [])
+VEC_ADD_GRAPH = ("./vec_add_graph", [])
+TORCH_SORT = ("python3 tests/e2e/torch_sort.py", [])
 HOST_COPIES = ("./host_copies", [])
 # example -> (program, its arguments, egpu-run options beside -p)
 EXAMPLES = {
@@ -62,6 +69,25 @@ EXAMPLES = {
     "alloc_hist": (*TORCH, []),
     "sync_wait": (*HOST_COPIES, []),
 }
+LAUNCH_UPROBE = ["--uprobe", "uprobe_cuda_launch=vec_add:__cudaLaunchKernel"]   # nvcc's static cudart: inline
+# bpftime's example/gpu files (as tests/fixtures/bpftime holds them) that run on a program here -> the same
+BPFTIME = {
+    "atomizer/atomizer": (*VEC_ADD, []),
+    "cuda-counter/cuda_probe": (*VEC_ADD, []),
+    "cudagraph/cuda_probe": (*VEC_ADD_GRAPH, []),
+    "gpu_shared_map/gpu_shared_map": (*VEC_ADD, []),
+    "host_map_test/host_map_test": (*VEC_ADD, []),
+    "kernel_trace/kernel_trace": (*VEC_ADD_N, []),
+    "kernelretsnoop/kernelretsnoop": (*VEC_ADD, []),
+    "launchlate/launchlate": (*VEC_ADD, LAUNCH_UPROBE),
+    "launchlate-kernel-gpu-shared-map/launchlate": (*VEC_ADD, LAUNCH_UPROBE),
+    "mem_trace/mem_trace": (*VEC_ADD, []),
+    "pytorch-test/threadhist": (*TORCH_SORT, []),
+    "threadhist/threadhist": (*VEC_ADD, []),
+    "threadhist-gpu-kernel-shared-map/threadhist": (*VEC_ADD, []),
+    "threadscheduling/threadscheduling": (*VEC_ADD, []),
+    "threadscheduling_dynamic_hook/threadscheduling": (*VEC_ADD_N, []),
+}
 
 
 def shown(lines: list[str], limit: int = MAX_LINES) -> str:
@@ -73,19 +99,25 @@ def shown(lines: list[str], limit: int = MAX_LINES) -> str:
 
 def build(work: Path) -> dict[str, str]:
     """The compiled programs, by the name the README's commands use."""
-    progs = {"./vecadd": ROOT / "tests/e2e/vecadd.cu", "./vec_add": ROOT / "examples/vec_add.cu",
-             "./uvm_oversub": ROOT / "tests/e2e/uvm_oversub.cu", "./host_copies": ROOT / "tests/e2e/host_copies.cu"}
+    vec_add = ROOT / "examples/vec_add.cu"
+    progs = {"./vecadd": (ROOT / "tests/e2e/vecadd.cu", []), "./vec_add": (vec_add, []),
+             "./vec_add_n": (vec_add, ["-DLENGTH_PARAM"]), "./vec_add_graph": (vec_add, ["-DGRAPH"]),
+             "./uvm_oversub": (ROOT / "tests/e2e/uvm_oversub.cu", []),
+             "./host_copies": (ROOT / "tests/e2e/host_copies.cu", [])}
     out = {}
-    for name, src in progs.items():
+    for name, (src, flags) in progs.items():
         exe = work / name.removeprefix("./")
-        subprocess.run(["nvcc", "-O2", "-gencode", "arch=compute_90,code=[sm_90,compute_90]", str(src), "-o", str(exe)],
-                       check=True)
+        subprocess.run(["nvcc", "-O2", "-gencode", "arch=compute_90,code=[sm_90,compute_90]", *flags, str(src),
+                        "-o", str(exe)], check=True)
         out[name] = str(exe)
-    out["python3 tests/e2e/torch_eager.py"] = f"{sys.executable} {ROOT / 'tests/e2e/torch_eager.py'}"
+    for script in ("torch_eager", "torch_sort"):
+        out[f"python3 tests/e2e/{script}.py"] = f"{sys.executable} {ROOT / 'tests/e2e' / script}.py"
     return out
 
 
 def probe_path(name: str, work: Path) -> Path:
+    if name in BPFTIME:   # built by gpu-prep.sh with bpftime's flags and headers, as bpftime_build names them
+        return ROOT / ".gpubuild" / "bpftime" / f"{name.replace('/', '_')}.bpf.o"
     prebuilt = Path(os.environ.get("EGPU_PREBUILT_PROBES") or ROOT / ".gpubuild" / "probes") / f"{name}.v3.bpf.o"
     if prebuilt.is_file():
         return prebuilt
@@ -100,7 +132,7 @@ def capture(name: str, program: str, args: list[str], options: list[str], progs:
     if options and options[0] not in supported:  # an option this egpu-run lacks: run without it
         options = []
     probe = [] if name == "durations" else ["-p", str(probe_path(name, work))]
-    shown_probe = [] if name == "durations" else ["-p", f"examples/{name}.bpf.c"]
+    shown_probe = [] if name == "durations" else ["-p", f"{name}.bpf.o" if name in BPFTIME else f"examples/{name}.bpf.c"]
     cmd = [sys.executable, "-c", "import launcher; launcher.run_main()", *probe, *options,
            *progs[program].split(), *args]
     display = " ".join(["egpu-run", *shown_probe, *[o if not o.endswith("trace.json") else "trace.json" for o in options],
@@ -148,9 +180,12 @@ def main() -> None:
         readme = Path(sys.argv[3])
         readme.write_text(apply(readme.read_text(), captures))
         return
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
         raise SystemExit(__doc__)
-    out = Path(sys.argv[1])
+    out, wanted = Path(sys.argv[1]), set(sys.argv[2:])
+    unknown = wanted - {*EXAMPLES, *BPFTIME, "durations"}
+    if unknown:
+        raise SystemExit(f"capture_examples.py: no example named {', '.join(sorted(unknown))}")
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     captures = []
@@ -162,7 +197,8 @@ def main() -> None:
         egpu_run = [sys.executable, "-c", "import launcher; launcher.run_main()"]
         supported = subprocess.run([*egpu_run, "--help"], env=env, cwd=ROOT, capture_output=True, text=True).stdout
         subprocess.run([*egpu_run, "true"], env=env, cwd=ROOT, capture_output=True)  # builds a stale shim first
-        jobs = [(n, *spec) for n, spec in EXAMPLES.items()] + [("durations", *TORCH, ["--durations"])]
+        jobs = [(n, *spec) for n, spec in {**EXAMPLES, **BPFTIME}.items()] + [("durations", *TORCH, ["--durations"])]
+        jobs = [j for j in jobs if not wanted or j[0] in wanted]
         for name, program, args, options in jobs:
             left = DEADLINE_S - (time.monotonic() - start)
             if left < 10:

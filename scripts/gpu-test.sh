@@ -6,7 +6,8 @@
 # id (tests/test_gpu_logged.py reads them). GPU_TESTS: pytest's arguments (default tests; "none": no
 # tests); GPU_BENCH: bench scripts (default bench/bench_*.py; "none": none), each given OUT.json and then
 # GPU_BENCH_ARGS (for one bench that takes them, as bench_trace.py's sizes); GPU_SUITE: bench/suite.py's
-# PARTs (unset: no suite; "all": every part), its suite.json and suite.md into $OUT.
+# PARTs (unset: no suite; "all": every part), its suite.json and suite.md into $OUT; GPU_EXAMPLES:
+# scripts/capture_examples.py's names ("all": every example) captured into $OUT/examples.md and .json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/egpu-gpu-test}
@@ -38,6 +39,11 @@ fi
     timeout "${GPU_BENCH_TIMEOUT:-400}" python3 "$b" "$json" ${GPU_BENCH_ARGS:-} 2>&1 || echo "bench $b failed: $?"
     [ -f "$json" ] && python3 bench/provenance.py annotate "$json"
   done
+  if [ -n "${GPU_EXAMPLES:-}" ]; then
+    echo "## examples ${GPU_EXAMPLES}"
+    python3 scripts/capture_examples.py "$OUT/examples.md" $([ "$GPU_EXAMPLES" = all ] || echo "$GPU_EXAMPLES") 2>&1 \
+      || echo "examples failed: $?"
+  fi
   if [ -n "${GPU_SUITE:-}" ]; then
     echo "## suite ${GPU_SUITE}"
     python3 bench/suite.py "$OUT" $([ "$GPU_SUITE" = all ] || echo "$GPU_SUITE") 2>&1 || echo "suite failed: $?"

@@ -71,3 +71,10 @@ def test_markdown():
     md = cap.markdown([c("a"), {**c("b"), "status": "timeout after 60 s"}])
     assert "## a\n\nexit 0, 1.0 s\n\n```\n$ egpu-run -p examples/a.bpf.c ./vec_add\n@x: 1\n```" in md
     assert "timeout after 60 s" in md
+
+
+def test_every_bpftime_file_captured_is_a_fixture_and_has_a_readme_heading():
+    readme = (ROOT / "examples" / "README.md").read_text()
+    for name in cap.BPFTIME:
+        assert (ROOT / "tests" / "fixtures" / "bpftime" / f"{name}.bpf.c").is_file(), name
+        assert f"#### {name}.bpf.c\n" in readme, name

@@ -63,13 +63,19 @@ def _untimed(r: wr.LaneAccess) -> tuple:
 
 
 def _placed(lanes: list[wr.LaneAccess]) -> Counter:
-    """Lanes untimed, each address as its offset from its site's lowest: the two runs are two processes,
-    whose buffers the driver places apart (the H200 put vecadd's 0x7f2c... in one and 0x7f38... in the
-    other), and each site of these programs reads or writes one buffer."""
+    """Lanes untimed and unplaced: each address as its offset from its site's lowest, and each SM as the
+    block's. The two runs are two processes, whose buffers the driver places apart (the H200 put vecadd's
+    0x7f2c... in one and 0x7f38... in the other; each site of these programs reads or writes one buffer),
+    and whose blocks the GPU places on SMs of its choosing (block 0 ran on SM 124 in one and 128 in the
+    other while other tests ran beside them, 2026-12-04d). Within a run, every lane of a block must carry
+    that block's one SM."""
     low: dict[int, int] = {}
+    sms: dict[tuple, set[int]] = {}
     for r in lanes:
         low[r.site] = min(low.get(r.site, r.addr), r.addr)
-    return Counter((r.addr - low[r.site], *_untimed(r)[1:]) for r in lanes)
+        sms.setdefault(r.block, set()).add(r.sm)
+    assert all(len(s) == 1 for s in sms.values()), {b: s for b, s in sms.items() if len(s) > 1}
+    return Counter((r.addr - low[r.site], *_untimed(r)[1:6], *_untimed(r)[7:]) for r in lanes)
 
 
 def _same_lanes(expanded: list[wr.LaneAccess], per_lane: list[wr.LaneAccess]) -> None:
