@@ -2,8 +2,8 @@
 and what CUDA events around every launch would cost, against the same launch-bound loop without
 LD_PRELOAD, all in one run.
 
-Usage (on the GPU machine): ``python3 bench/bench_shim.py OUT.json [LAUNCHES]``; bench/suite.py calls
-``measure`` with fewer cases.
+Usage (on the GPU machine): ``python3 bench/bench_shim.py OUT.json [LAUNCHES [CASE,...]]`` (plain always
+runs; all cases take longer than 300 s); bench/suite.py calls ``measure`` with fewer cases.
 
 The loop is bench/launch_loop.cu (built here with nvcc): LAUNCHES launches of an empty kernel through
 cudaLaunchKernel in batches of 256 that never fill the launch queue, so "enqueue_ns" is the host's cost
@@ -171,8 +171,12 @@ def measure(work: Path, launches: int = 200_000, runs: int = RUNS, cases: tuple[
 def main() -> None:
     out_path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("bench_shim.json")
     launches = int(sys.argv[2]) if len(sys.argv) > 2 else 200_000
+    cases = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else CASES
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        raise SystemExit(f"bench_shim.py: no case {', '.join(sorted(unknown))} (cases: {', '.join(CASES)})")
     with tempfile.TemporaryDirectory() as tmp:
-        doc = measure(Path(tmp), launches)
+        doc = measure(Path(tmp), launches, cases=cases)
     for title, cases in (("one CPU", doc["cases"]), ("two CPUs", doc.get("spare_cpu", {}).get("cases", {}))):
         for name, row in cases.items():
             e, w = row["enqueue_ns"], row["wall_ns"]
