@@ -371,19 +371,23 @@ def test_egpu_trace_prints_filters_and_converts(access_trace, tmp_path):
 
 # ---- egpu-run --trace against the stand-in driver ------------------------------------------------------
 
-def test_egpu_run_trace_writes_the_file_and_says_what_it_holds(stub_job, probe_obj, tmp_path):
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_egpu_run_trace_writes_the_file_and_says_what_it_holds(stub_job, probe_obj, tmp_path, suffix):
     """The job's rings drained into FILE, closed at exit with each ring's dropped count (the stand-in's
-    kernels run no probe, so it holds none); an old FILE is replaced, not appended to."""
+    kernels run no probe, so it holds none); an old FILE is replaced, not appended to; the job's maps
+    are printed as without --trace."""
     from stub_job import egpu_run
-    out = tmp_path / "t.parquet"
+    out = tmp_path / f"t{suffix}"
     out.write_text("old")
     r = egpu_run(["--trace", str(out), "-p", str(probe_obj("ringbuf")), str(stub_job.app), "module", "2", "64", "0"],
                  stub_job.env(tmp_path / "log"))
     assert r.returncode == 0, r.stderr
     assert f"egpu-run: 0 records in {out}, none dropped" in r.stderr.splitlines()
-    t = pq.read_table(out)
-    assert t.num_rows == 0 and t.column_names == list(tracefile.FIXED)   # its struct is not in its BTF
-    assert json.loads(pq.read_metadata(out).metadata[b"egpu.dropped"]) == {"events": 0, "trace_printk": 0}
+    assert "no maps" not in r.stderr
+    trace = tracefile.read(out)
+    assert trace.complete and trace.rows.num_rows == 0
+    assert trace.rows.column_names == list(tracefile.FIXED)   # its struct is not in its BTF
+    assert trace.dropped == {"events": 0, "trace_printk": 0}
 
 
 def test_on_full_wait_without_a_reader_is_refused(stub_job, probe_obj, tmp_path):

@@ -190,14 +190,30 @@ class TraceWriter:
         schema = self.schema.with_metadata({RECORD_TYPES: json.dumps(self.record_types)})
         self.arrow = path.suffix in ARROW_SUFFIXES
         try:
-            if self.arrow:
-                self.sink = pa.OSFile(str(path), "wb")
-                self.writer = pa.ipc.new_file(self.sink, schema, options=pa.ipc.IpcWriteOptions(
-                    compression="zstd", use_threads=True))
-            else:
-                self.writer = pa.parquet.ParquetWriter(str(path), schema, **PARQUET)
+            self.sink, self.writer = self._open(pa.OSFile(str(path), "wb"), schema)
         except OSError as e:
             raise EgpuError(f"--trace: cannot write: {e.strerror or e}", file=str(path)) from None
+        self._warm_up(schema)
+
+    def _open(self, sink: Any, schema: Any) -> tuple[Any, Any]:
+        pa = self.pa
+        if self.arrow:
+            return sink, pa.ipc.new_file(sink, schema, options=pa.ipc.IpcWriteOptions(compression="zstd",
+                                                                                      use_threads=True))
+        return sink, pa.parquet.ParquetWriter(sink, schema, **PARQUET)
+
+    def _warm_up(self, schema: Any) -> None:
+        """One row written and closed in memory the way the file's are. pyarrow's C++ sets up some of its
+        state at its first use and registers that state's teardown then, with the C exit handlers that
+        run last registered first; done here, before the runtime arms its exit hook again, that teardown
+        comes after the hook, whose last batches still need it (writing Arrow IPC, the H200's vecadd
+        segfaulted in write_table at exit, 2026-12-04d)."""
+        pa = self.pa
+        row = [pa.DictionaryArray.from_arrays(pa.array([0], pa.int32()), self.map_names)]
+        row += [pa.nulls(1, f.type) for f in self.schema][1:]
+        _, writer = self._open(pa.BufferOutputStream(), schema)
+        writer.write_table(pa.table(row, schema=self.schema))
+        writer.close()
 
     def add(self, index: int, taken: Sequence[Any]) -> None:
         """Map ``index``'s new records: (cpu, bytes) tuples, or blocks of records of one size
@@ -293,11 +309,10 @@ class TraceWriter:
             none = [pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), self.map_names)]
             none += [pa.nulls(0, f.type) for f in self.schema][1:]
             self.writer.write_batch(pa.RecordBatch.from_arrays(none, schema=self.schema), custom_metadata=counts)
-            self.writer.close()
-            self.sink.close()
         else:
             self.writer.add_key_value_metadata(counts)
-            self.writer.close()
+        self.writer.close()
+        self.sink.close()
 
 
 def _words(raw: Any, numbers: Sequence[Column]) -> dict[str, Any]:

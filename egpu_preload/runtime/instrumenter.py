@@ -360,7 +360,7 @@ class Runtime:
         if self.cfg.trace is not None:
             self.streaming = streaming.Streaming(self.cfg.trace, self.probes, maps, memory,
                                                  after_write=self.exit.rearm_if_loaded)
-            self.exit.rearm_if_loaded()
+            self.exit.arm()   # after the writer's first use of pyarrow (tracefile.TraceWriter._warm_up)
 
     def _align_clocks(self, memory: ContextMemory) -> None:
         """Put launch probes' clock on the GPU's: their times are CLOCK_REALTIME, GPU probes' %globaltimer."""
