@@ -1,16 +1,17 @@
-"""Stock PyTorch sorting short int rows (`python3 torch_sort.py [ROWS]`): rows of 16 int32 keys, sorted
-with their indices, take ATen's bitonicSortKVInPlace<-2, -1, 16, 16, int, long, LTOp<int, true>, unsigned>,
-the kernel bpftime's pytorch-test probe names (SASS only in PyTorch's wheels). Checked against the CPU."""
+"""bpftime's pytorch-test program (`python3 torch_sort.py [N]`): stock PyTorch sorting N (default 10)
+int32 keys on the GPU, the sort of a small 1-D tensor that runs ATen's
+bitonicSortKVInPlace<-2, -1, 16, 16, int, long, LTOp<int, true>, unsigned> (SASS only in PyTorch's
+wheels), the kernel bpftime's probe names. Checked against the CPU's sort."""
 
 import sys
 
 import torch
 
-rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
-keys = torch.randint(-1000, 1000, (rows, 16), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
-values, indices = torch.sort(keys.cuda(), dim=-1)
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 10
+data = torch.randint(0, 1000, (n,), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+values, indices = torch.sort(data.cuda())
 torch.cuda.synchronize()
-want_values, _ = torch.sort(keys, dim=-1, stable=True)
-ok = torch.equal(values.cpu(), want_values) and torch.equal(keys.gather(1, indices.cpu()), want_values)
-print(f"torch_sort: {rows} rows of 16 sorted {'OK' if ok else 'WRONG'}")
+want, _ = torch.sort(data, stable=True)
+ok = torch.equal(values.cpu(), want) and torch.equal(data[indices.cpu()], want)
+print(f"torch_sort: {n} keys sorted {'OK' if ok else 'WRONG'}")
 sys.exit(0 if ok else 1)
