@@ -169,8 +169,10 @@ def apply(readme: str, captures: list[dict]) -> str:
         m = PLACEHOLDER.search(readme, heading.end(), end)
         if m is None:
             continue
-        block = f"Output on the GPU:\n\n```\n$ {c['command']}\n{c['output']}\n```"
-        readme = readme[:m.start()] + block + readme[m.end():]
+        block = f"```\n$ {c['command']}\n{c['output']}\n```"
+        lead = "Output on the GPU:\n\n"   # unless the section says it before its placeholder
+        lead = "" if readme[:m.start()].endswith(lead) else lead
+        readme = readme[:m.start()] + lead + block + readme[m.end():]
     return readme
 
 

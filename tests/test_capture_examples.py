@@ -78,3 +78,9 @@ def test_every_bpftime_file_captured_is_a_fixture_and_has_a_readme_heading():
     for name in cap.BPFTIME:
         assert (ROOT / "tests" / "fixtures" / "bpftime" / f"{name}.bpf.c").is_file(), name
         assert f"#### {name}.bpf.c\n" in readme, name
+
+
+def test_apply_says_output_on_the_gpu_once():
+    text = "## a.bpf.c\n\nOutput on the GPU:\n\n(output captured on the GPU: later)\n"
+    assert cap.apply(text, [c("a")]).count("Output on the GPU:") == 1
+    assert cap.apply(README, [c("a")]).count("Output on the GPU:") == 1

@@ -308,6 +308,43 @@ def test_a_generation_is_staged_with_every_loaded_modules_kernels(tmp_path, monk
     assert Lib.table == {"vecadd": 1, "scale": 0}
 
 
+def test_restaging_hashes_no_kernel_id_again(tmp_path, monkeypatch):
+    """Every stage lists every loaded kernel; each one's id is hashed once per process. Hashing them all
+    again at each stage (a pure-Python FNV of a long mangled name, thousands of them in a PyTorch job) made
+    the live cycles' stage step 89 ms on the H200 (2026-12-04d), where the goal for the whole swap is 50."""
+    import cffi
+    from egpu_preload.bpf.ctx import kernel_id
+    ffi = cffi.FFI()
+    ffi.cdef("struct egpu_sass_generation { const void *image; size_t size; unsigned int classes;"
+             " const char *const *entries; unsigned long long image_id, id, tables; const char *const *names;"
+             " const unsigned long long *masks, *kernel_ids; size_t nkernels; };")
+    names = [f"_ZN2at6native{k}kernelEv" for k in range(300)]
+    listed = b"".join(n.encode() + b"\0" for n in names)
+
+    class Lib:
+        tables: list = []
+
+        def egpu_sass_stage(self, g) -> int:
+            self.tables.append({ffi.string(g.names[k]).decode(): (int(g.masks[k]), int(g.kernel_ids[k]))
+                                for k in range(g.nkernels)})
+            return 0
+
+        def egpu_sass_kernel_names(self, out, size) -> int:
+            if out != ffi.NULL:
+                ffi.memmove(out, listed, min(size, len(listed)))
+            return len(listed)
+    hashed = []
+    monkeypatch.setattr(sass, "kernel_id", lambda name: hashed.append(name) or kernel_id(name))
+    monkeypatch.setattr(sass, "build_image", lambda ptx, sm, cache: tmp_path / "image")
+    (tmp_path / "image").write_bytes(b"\x7fELF")
+    backend = sass.SassBackend(config.Config(session=tmp_path), [], ffi, Lib())
+    for glob in ("*native7kernel*", "*native1*", "*native7kernel*"):
+        backend.stage([probe([("entry", glob, "thread")]).obj], 90, None)
+    assert sorted(hashed) == sorted(names)
+    assert [sum(m for m, _ in t.values()) for t in Lib.tables] == [1, 111, 1]
+    assert all(t[n][1] == kernel_id(n) for t in Lib.tables for n in names)
+
+
 def test_a_kernels_programs_are_weighed_once_per_set_of_globs(monkeypatch):
     """Each (globs, kernel) is matched once: stages weigh every loaded kernel, and live cycles stage the
     same sets again. Two sets whose programs differ only in their globs still get their own answers."""

@@ -20,6 +20,7 @@ import dataclasses
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,34 @@ class Staged:
     phases_ms: dict[str, float]   # translate (the patch module), image (cache or ptxas), stage (the shim's copy)
 
 
+class KernelTable:
+    """Kernel names and ids as egpu_sass_generation takes them (the shim copies them at each stage), and
+    each probe set's masks over them, kept for the sets staged again."""
+
+    def __init__(self, ffi: Any, known: list[tuple[str, int]]) -> None:
+        self.ffi, self.kernels = ffi, [n for n, _ in known]
+        encoded = [n.encode() + b"\0" for n in self.kernels]
+        self._buffer = ffi.from_buffer(b"".join(encoded))   # one buffer, pointers into it: not a cdata each
+        starts, at = [], ffi.cast("char *", self._buffer)
+        for e in encoded:
+            starts.append(at)
+            at += len(e)
+        self.names = ffi.new("char *[]", starts or 1)
+        self.ids = ffi.new("unsigned long long[]", [k for _, k in known] or 1)
+        self._masks: dict[tuple[str, ...], Any] = {}
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    def masks(self, module: PatchModule, mask: Callable[[PatchModule, str], int]) -> Any:
+        key = tuple(p.attach.glob for p in module.programs)
+        if key not in self._masks:
+            if len(self._masks) >= MODULES_KEPT:
+                del self._masks[next(iter(self._masks))]
+            self._masks[key] = self.ffi.new("unsigned long long[]", [mask(module, n) for n in self.kernels] or 1)
+        return self._masks[key]
+
+
 class SassBackend:
     """One per process; ``ffi``/``lib`` are the shim's (egpu_sass.h part 2)."""
 
@@ -87,6 +116,8 @@ class SassBackend:
         # (the programs' globs in bit order, kernel name) -> mask: a stage weighs every loaded kernel
         # (thousands in a PyTorch job, ~10 us each against a glob), and live cycles stage the same sets again
         self._masks: dict[tuple[tuple[str, ...], str], int] = {}
+        self._listed = b""                   # egpu_sass_kernel_names' answer at the last stage
+        self._table: KernelTable | None = None   # every kernel seen, as the shim takes them
 
     # ---- state -------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -158,18 +189,14 @@ class SassBackend:
         ffi = self.ffi
         # every cdata the struct points to is held here until the call returns (the shim copies them)
         entry_strings = [ffi.new("char[]", e.encode()) if e else ffi.NULL for e in module.entry_names()]
-        if module.programs:   # the loaded modules' kernels too: the flip weighs them without asking Python
-            for name in self.loaded_kernels():
-                self.seen.setdefault(name, kernel_id(name))
-        known = list(self.seen.items()) if module.programs else []
-        name_strings = [ffi.new("char[]", n.encode()) for n, _ in known]
+        table = self._kernel_table() if module.programs else None
         arrays = (ffi.from_buffer(image) if image else ffi.NULL, ffi.new("char *[]", entry_strings),
-                  ffi.new("char *[]", name_strings or 1),
-                  ffi.new("unsigned long long[]", [self._mask(module, n) for n, _ in known] or 1),
-                  ffi.new("unsigned long long[]", [k for _, k in known] or 1))
+                  table.names if table else ffi.new("char *[]", 1),
+                  table.masks(module, self._mask) if table else ffi.new("unsigned long long[]", 1),
+                  table.ids if table else ffi.new("unsigned long long[]", 1))
         g = ffi.new("struct egpu_sass_generation *")
         g.image, g.entries, g.names, g.masks, g.kernel_ids = arrays
-        g.size, g.classes, g.nkernels = len(image), module.instruction_classes(), len(known)
+        g.size, g.classes, g.nkernels = len(image), module.instruction_classes(), len(table) if table else 0
         g.image_id, g.id, g.tables = module.image_id, gen, tables or 0
         if self.lib.egpu_sass_stage(g):
             raise EgpuError("the shim refused the patch image (out of memory, or the sanitizer is not subscribed)")
@@ -179,14 +206,28 @@ class SassBackend:
         self.staged = Staged(gen, module, tables, {k: round(1e3 * v, 3) for k, v in phases.items()})
         return self.staged
 
-    def loaded_kernels(self) -> list[str]:
-        """The kernels of every module loaded that the back end may patch (egpu_sass_kernel_names)."""
+    def _kernel_table(self) -> KernelTable:
+        """Every kernel seen (those of the modules loaded now among them: the flip weighs them without
+        asking Python), built again only when one was added: a PyTorch job has thousands, and live cycles
+        stage again and again while none is loaded."""
+        listed = self._loaded_kernels()
+        if listed != self._listed:
+            self._listed = listed
+            for name in filter(None, listed.decode().split("\0")):
+                if name not in self.seen:
+                    self.seen[name] = kernel_id(name)
+        if self._table is None or len(self._table) != len(self.seen):
+            self._table = KernelTable(self.ffi, list(self.seen.items()))
+        return self._table
+
+    def _loaded_kernels(self) -> bytes:
+        """egpu_sass_kernel_names: the kernels of every module loaded that the back end may patch."""
         need = self.lib.egpu_sass_kernel_names(self.ffi.NULL, 0)
         if not need:
-            return []
+            return b""
         buf = self.ffi.new("char[]", need)   # modules loaded meanwhile are left out: their loads ask Python
         self.lib.egpu_sass_kernel_names(buf, need)
-        return [n.decode() for n in self.ffi.buffer(buf, need)[:].split(b"\0") if n]
+        return self.ffi.buffer(buf, need)[:]
 
     def _patch_module(self, objects: list[BpfObject]) -> PatchModule:
         """patch_module(objects), translated once per probe set: live attach, swap and detach cycles among
