@@ -25,6 +25,7 @@ capture only those.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -56,7 +57,7 @@ EXAMPLES = {
     "mem_trace_warp": ("./vecadd", ["1", "4096"], []),
     "sm_balance": (*VECADD, []),
     "hot_pages": (*VECADD, []),
-    "uvm_ranges": ("./uvm_oversub", ["128", "8"], ["--durations"]),
+    "uvm_ranges": ("./uvm_oversub", ["128", "8"], ["--perfetto", "trace.json", "--durations"]),
     "cxl_latency": (*VECADD, []),
     "stragglers": (*VECADD, []),
     "launch_latency": (*TORCH, []),
@@ -150,6 +151,21 @@ def capture(name: str, program: str, args: list[str], options: list[str], progs:
             "lines": len(lines), "output": shown(lines)}
 
 
+def replay_uvm(work: Path, out_dir: Path, env: dict[str, str]) -> dict:
+    """examples/uvm_lru.py on uvm_ranges' --perfetto trace: the LRU and LFU hit rates (the paper's
+    cooperative-caching question) and their plot, hit_rate.png beside OUT."""
+    plot = ["--plot", "hit_rate.png"] if importlib.util.find_spec("matplotlib") else []   # the plot needs it
+    shown_cmd = " ".join(["python3 examples/uvm_lru.py trace.json --range 2M --sizes 8,16,24,32", *plot])
+    cmd = [sys.executable, str(ROOT / "examples" / "uvm_lru.py"), str(work / "trace.json"), "--range", "2M",
+           "--sizes", "8,16,24,32", *plot[:1], *[str(out_dir / p) for p in plot[1:]]]
+    t = time.perf_counter()
+    done = subprocess.run(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=TIMEOUT_S)
+    lines = done.stdout.rstrip().splitlines()
+    return {"name": "uvm_lru", "command": shown_cmd, "status": f"exit {done.returncode}",
+            "seconds": round(time.perf_counter() - t, 1), "lines": len(lines), "output": shown(lines)}
+
+
 def markdown(captures: list[dict]) -> str:
     out = ["# examples/ output captured on the GPU", ""]
     for c in captures:
@@ -207,9 +223,13 @@ def main() -> None:
                 captures.append({"name": name, "command": "", "status": "not run (time budget)", "seconds": 0,
                                  "lines": 0, "output": ""})
                 continue
-            c = capture(name, program, args, options, progs, work, env, supported, min(TIMEOUT_S, left))
-            print(f"{name:>16}: {c['status']}, {c['lines']} lines, {c['seconds']} s", flush=True)
-            captures.append(c)
+            (work / "trace.json").unlink(missing_ok=True)   # uvm_lru replays this run's trace, no other's
+            done = [capture(name, program, args, options, progs, work, env, supported, min(TIMEOUT_S, left))]
+            if name == "uvm_ranges" and (work / "trace.json").is_file():
+                done.append(replay_uvm(work, out.parent, env))
+            for c in done:
+                print(f"{c['name']:>16}: {c['status']}, {c['lines']} lines, {c['seconds']} s", flush=True)
+            captures += done
     out.write_text(markdown(captures))
     out.with_suffix(".json").write_text(json.dumps(captures, indent=1) + "\n")
 

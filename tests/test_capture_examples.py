@@ -4,6 +4,7 @@ markdown, and putting outputs into examples/README.md in place of each section's
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,18 @@ def test_apply_says_output_on_the_gpu_once():
     text = "## a.bpf.c\n\nOutput on the GPU:\n\n(output captured on the GPU: later)\n"
     assert cap.apply(text, [c("a")]).count("Output on the GPU:") == 1
     assert cap.apply(README, [c("a")]).count("Output on the GPU:") == 1
+
+
+def test_uvm_ranges_trace_is_replayed_through_the_caches(tmp_path):
+    """uvm_ranges runs with --perfetto, and its trace goes through examples/uvm_lru.py as a capture of its
+    own: the hit rates the README's uvm section shows."""
+    from egpu_preload.output import perfetto
+    assert cap.EXAMPLES["uvm_ranges"][2][:2] == ["--perfetto", "trace.json"]
+    t = perfetto.Trace(7, "app")
+    for start, addr in [(100, 0), (200, 4 << 20), (300, 0)]:
+        t.add_slice(perfetto.Slice("unified memory htod", "htod", start, 10, "uvm",
+                                   {"address": f"{addr:#x}", "value": 4096}))
+    t.write(tmp_path / "trace.json")
+    c = cap.replay_uvm(tmp_path, tmp_path, dict(os.environ))
+    assert c["name"] == "uvm_lru" and c["status"] == "exit 0", c["output"]
+    assert c["output"].splitlines()[0] == "3 accesses to 2 ranges of 2097152 bytes"
