@@ -1,7 +1,6 @@
 /* uprobe.c: host uprobes. The interface, what is caught and what is not, is egpu_uprobe.h. x86-64 only
  * (the stubs, struct pt_regs): elsewhere egpu_uprobe_attach refuses every function. */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <dlfcn.h>
 #include <elf.h>
 #include <fcntl.h>
@@ -471,19 +470,52 @@ static long long now_ns(void) {
     return t.tv_sec * 1000000000ll + t.tv_nsec;
 }
 
-/* Whether thread `tid` cannot be held: it blocks STOP_SIGNAL (its status's SigBlk: the CUDA driver's own
- * threads, say), it is a zombie (a main thread that called pthread_exit), or its status is unreadable.
- * Such a thread is not waited for. */
-static int cannot_hold(pid_t tid) {
-    char path[64], buf[4096];
-    snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)tid);
+/* Nothing from here to the store may call malloc, or anything that may: a held thread may be held inside
+ * malloc's lock (opendir's malloc while they were held hung a test harness: found in review). */
+
+/* Whether thread `tid` can be held: MASKED when it blocks STOP_SIGNAL (its status's SigBlk: the CUDA
+ * driver's own threads, say, or one still in our handler, which blocks every signal), GONE when it is a
+ * zombie (a main thread that called pthread_exit) or its status cannot be read. Neither is waited for. */
+enum hold { HOLDABLE, MASKED, GONE };
+static enum hold hold_state(pid_t tid) {
+    char path[64] = "/proc/self/task/", digits[16], buf[4096];
+    int len = 0;
+    for (unsigned v = (unsigned)tid; v || !len; v /= 10) digits[len++] = (char)('0' + v % 10);
+    size_t at = strlen(path);
+    while (len) path[at++] = digits[--len];
+    memcpy(path + at, "/status", sizeof "/status");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
     if (fd >= 0) close(fd);
-    if (n <= 0) return 1;
+    if (n <= 0) return GONE;
     buf[n] = 0;
     const char *mask = strstr(buf, "\nSigBlk:");
-    return strstr(buf, "\nState:\tZ") || !mask || (strtoull(mask + 8, NULL, 16) >> (STOP_SIGNAL - 1) & 1);
+    if (strstr(buf, "\nState:\tZ") || !mask) return GONE;
+    return strtoull(mask + 8, NULL, 16) >> (STOP_SIGNAL - 1) & 1 ? MASKED : HOLDABLE;
+}
+
+/* The tids of this process's threads into tids[] (at most `max`), read with getdents64 into a static
+ * buffer; -1 when /proc cannot be read or there are more. */
+static int list_threads(pid_t *tids, int max) {
+    static char buf[16384] __attribute__((aligned(8)));
+    struct dirent64_ {
+        uint64_t ino;
+        int64_t off;
+        unsigned short reclen;
+        unsigned char type;
+        char name[];
+    };
+    int fd = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC), n = 0;
+    if (fd < 0) return -1;
+    long got = 0;
+    while (n >= 0 && (got = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0)
+        for (long off = 0; off < got && n >= 0; off += ((struct dirent64_ *)(buf + off))->reclen) {
+            pid_t tid = (pid_t)atoi(((struct dirent64_ *)(buf + off))->name);
+            if (tid > 0) n = n < max ? (tids[n] = tid, n + 1) : -1;
+        }
+    if (got < 0) n = -1;
+    close(fd);
+    return n;
 }
 
 /* Our handler on STOP_SIGNAL (checked each time: the application may have taken the signal since); 0 when
@@ -499,21 +531,13 @@ static int stop_handler_in_place(void) {
     return sigaction(STOP_SIGNAL, &sa, NULL) == 0;
 }
 
-/* Lists in tids[] the threads but this one that can be held (at most STOP_THREADS); -1 when /proc cannot
- * be read or there are more. */
+/* The threads but this one that can be held, into tids[]; -1 as list_threads. */
 static int holdable_threads(pid_t *tids, pid_t self) {
-    int n = 0;
-    DIR *d = opendir("/proc/self/task");
-    if (!d) return -1;
-    for (struct dirent *e; (e = readdir(d)) && n <= STOP_THREADS;) {
-        pid_t tid = (pid_t)atoi(e->d_name);
-        if (tid > 0 && tid != self && !cannot_hold(tid)) {
-            if (n < STOP_THREADS) tids[n] = tid;
-            n++;
-        }
-    }
-    closedir(d);
-    return n > STOP_THREADS ? -1 : n;
+    static pid_t all[STOP_THREADS];
+    int n = list_threads(all, STOP_THREADS), m = 0;
+    for (int i = 0; i < n; i++)
+        if (all[i] != self && hold_state(all[i]) == HOLDABLE) tids[m++] = all[i];
+    return n < 0 ? -1 : m;
 }
 
 /* Whether a thread that could be held is missing from tids[0..n): one started during the round. */
@@ -529,6 +553,15 @@ static int thread_started(const pid_t *tids, int n, pid_t self) {
     return 0;
 }
 
+/* Whether a thread held in the last round blocks the signal now: still on its way out of our handler
+ * (it blocks every signal until its sigreturn, after it counted itself out), maybe stopped inside the 5
+ * bytes; listed now it would be taken for a thread that blocks the signal for good and not be held. */
+static int held_still_masked(const pid_t *held, int n) {
+    for (int i = 0; i < n; i++)
+        if (hold_state(held[i]) == MASKED) return 1;
+    return 0;
+}
+
 enum stop_result { STORED, STAYED, UNHELD };
 
 /* The jump stored at `at` while every other thread that can be held is held outside its 5 bytes:
@@ -537,15 +570,23 @@ enum stop_result { STORED, STAYED, UNHELD };
  * forever starting); nothing is stored then, since a thread resuming inside the jump would crash the
  * job. Under up_lock (the tid list and the rounds are its). */
 static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
-    static pid_t tids[STOP_THREADS];
+    static pid_t tids[STOP_THREADS], held[STOP_THREADS];
     static int round;
     if (!stop_handler_in_place()) return UNHELD;
     pid_t pid = getpid(), self = (pid_t)syscall(SYS_gettid);
     atomic_store(&stop_at, (uintptr_t)at);
     enum stop_result last = UNHELD;
+    int nheld = 0;
     for (int attempt = 0, unheld = 0; attempt < STOP_ROUNDS; attempt++) {
-        int n = holdable_threads(tids, self);
-        if (n < 0) return UNHELD;
+        int n = held_still_masked(held, nheld) ? -2 : holdable_threads(tids, self);
+        if (n == -1) return UNHELD;
+        if (n == -2) {
+            last = UNHELD;
+            if (++unheld == STOP_UNHELD_ROUNDS) return UNHELD;
+            usleep(1000);
+            continue;
+        }
+        memcpy(held, tids, (size_t)n * sizeof *tids), nheld = n;
         round = round % 0x7fffffff + 1;
         atomic_store(&stop_count, (uint64_t)round << 32);
         atomic_store(&stop_left, (uint64_t)round << 32);
