@@ -369,6 +369,21 @@ def test_egpu_trace_prints_filters_and_converts(access_trace, tmp_path):
     assert res.exit_code == 1 and "none.parquet" in res.stderr
 
 
+@pytest.mark.parametrize("content", [b"", b"\x00" * 100, b"PAR1 not really", b"ARROW1 cut"])
+def test_a_file_that_is_no_trace_says_so_by_name(content, tmp_path):
+    """Empty, random or cut bytes under either suffix: one line naming the file and what a trace file is,
+    not pyarrow's message about a format the user did not ask for."""
+    from egpu_preload.errors import EgpuError
+    for suffix in (".arrow", ".parquet"):
+        path = tmp_path / f"t{suffix}"
+        path.write_bytes(content)
+        with pytest.raises(EgpuError, match="not a trace file") as e:
+            tracefile.read(path)
+        assert str(path) in str(e.value)
+        if not content.startswith(b"ARROW1"):
+            assert "neither an Arrow IPC file nor a Parquet file" in str(e.value)
+
+
 # ---- egpu-run --trace against the stand-in driver ------------------------------------------------------
 
 @pytest.mark.parametrize("suffix", [".parquet", ".arrow"])

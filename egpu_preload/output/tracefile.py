@@ -51,6 +51,7 @@ CHUNK_ROWS = 1 << 12          # struct rows split into columns a cache-sized pie
 NEEDS_PYARROW = "needs pyarrow (pip install 'egpu[trace]')"
 ARROW_SUFFIXES = (".arrow", ".feather")   # FILE written as Arrow IPC; any other name, Parquet
 ARROW_MAGIC = b"ARROW1"
+PARQUET_MAGIC = b"PAR1"   # a Parquet file's first and last four bytes
 # Dictionaries only for names and text, level-1 zstd, no column statistics: a record column's values are
 # mostly distinct, and the other settings wrote 2.5x slower (129 against 318 MB/s of access records on the
 # CI machine) into a larger file.
@@ -393,8 +394,12 @@ def _load(path: Path, pa: Any) -> tuple[Any, Mapping[bytes, bytes], bool]:
     Arrow IPC trace file, told apart by the file's first bytes, not its name. An IPC file its job never
     closed has no footer: its batches are read as the stream they are, up to the first one cut short."""
     with open(path, "rb") as f:
-        arrow_file = f.read(len(ARROW_MAGIC)) == ARROW_MAGIC
-    if not arrow_file:
+        head = f.read(len(ARROW_MAGIC))
+        f.seek(-min(4, f.seek(0, 2)), 2)
+        tail = f.read(4)
+    if head != ARROW_MAGIC and (head[:4] != PARQUET_MAGIC or tail != PARQUET_MAGIC):
+        raise pa.ArrowInvalid("neither an Arrow IPC file nor a Parquet file (egpu-run --trace writes one)")
+    if head != ARROW_MAGIC:
         return pa.parquet.read_table(str(path)), pa.parquet.read_metadata(str(path)).metadata or {}, True
     try:
         with pa.OSFile(str(path)) as source:
