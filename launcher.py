@@ -366,7 +366,16 @@ def ps_cmd(as_json: bool = typer.Option(False, "--json", help="one JSON list")) 
     typer.echo(remote.ps_json(sessions) if as_json else "\n".join(remote.ps_lines(sessions)))
 
 
-_PID = typer.Argument(..., metavar="PID", help="a process with an egpu session (egpu ps), or its job's")
+def _pid(text: str) -> int:
+    """A process id as int() reads it: typer's own int also took "0.0" as process 0 (found by
+    tests/test_cli_fuzz.py)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a process id") from None
+
+
+_PID = typer.Argument(..., metavar="PID", parser=_pid, help="a process with an egpu session (egpu ps), or its job's")
 _RANK = typer.Option(None, "--rank", metavar="R",
                      help="PID is the job's (egpu-run's, torchrun's): address its process of rank R")
 _ALL = typer.Option(False, "--all", help="PID is the job's: address every process of it")

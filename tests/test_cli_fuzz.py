@@ -182,3 +182,9 @@ def _number(kind: type, text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+@pytest.mark.parametrize("pid", ["0.0", "7.5", "1e3", "0x10"])
+def test_a_pid_int_cannot_read_is_a_usage_error(pid):
+    """typer's int took "0.0" for process 0 (hypothesis found it): PID is read as int() reads it."""
+    check(egpu, ["maps", pid], "PID", USAGE_STATUS)
