@@ -435,7 +435,8 @@ static void write_code(unsigned char *at, uint64_t value) {
 #define STOP_ROUNDS 100
 #define STOP_UNHELD_ROUNDS 10 /* rounds in which some thread did not answer before the hook is refused */
 #define STOP_WAIT_NS 20000000ll /* a round's wait for the answers, and 100 us more a thread */
-#define STOP_THREADS 4096
+#define STOP_THREADS 4096 /* threads held at most (the answer counts are 16 bits) */
+#define STOP_LISTED 32768 /* threads listed at most, those that cannot be held among them */
 
 /* Each round's counts in one word: the round (high 32 bits), threads inside (bits 16-31), threads that
  * answered (bits 0-15); a handler adds to it only while the word is its round's, so one that comes late
@@ -444,11 +445,15 @@ static _Atomic uint64_t stop_count, stop_left;
 static _Atomic int stop_round;
 static _Atomic uintptr_t stop_at;
 
-static void tagged_add(_Atomic uint64_t *word, int round, uint64_t add) {
+/* The word before the add; UINT64_MAX when it is no longer the round's (nothing added). */
+static uint64_t tagged_add(_Atomic uint64_t *word, int round, uint64_t add) {
     uint64_t v = atomic_load(word);
-    while (v >> 32 == (uint64_t)round && !atomic_compare_exchange_weak(word, &v, v + add)) {
-    }
+    while (v >> 32 == (uint64_t)round)
+        if (atomic_compare_exchange_weak(word, &v, v + add)) return v;
+    return UINT64_MAX;
 }
+
+static _Atomic pid_t stop_who[STOP_THREADS]; /* the threads that answered the round, in answer order */
 
 static void stop_handler(int sig, siginfo_t *si, void *context) {
     (void)sig, (void)context;
@@ -459,7 +464,9 @@ static void stop_handler(int sig, siginfo_t *si, void *context) {
     uintptr_t pc = (uintptr_t)((ucontext_t *)context)->uc_mcontext.gregs[REG_RIP], at = atomic_load(&stop_at);
     inside = pc > at && pc < at + 5;
 #endif
-    tagged_add(&stop_count, round, inside << 16 | 1);
+    uint64_t before = tagged_add(&stop_count, round, inside << 16 | 1);
+    if (before != UINT64_MAX && (before & 0xffff) < STOP_THREADS)
+        atomic_store(&stop_who[before & 0xffff], (pid_t)syscall(SYS_gettid));
     while (atomic_load_explicit(&stop_round, memory_order_acquire) == round) sched_yield();
     tagged_add(&stop_left, round, 1);
 }
@@ -531,12 +538,16 @@ static int stop_handler_in_place(void) {
     return sigaction(STOP_SIGNAL, &sa, NULL) == 0;
 }
 
-/* The threads but this one that can be held, into tids[]; -1 as list_threads. */
+/* The threads but this one that can be held, into tids[] (STOP_THREADS of them at most); -1 when there
+ * are more, or as list_threads. */
 static int holdable_threads(pid_t *tids, pid_t self) {
-    static pid_t all[STOP_THREADS];
-    int n = list_threads(all, STOP_THREADS), m = 0;
+    static pid_t all[STOP_LISTED];
+    int n = list_threads(all, STOP_LISTED), m = 0;
     for (int i = 0; i < n; i++)
-        if (all[i] != self && hold_state(all[i]) == HOLDABLE) tids[m++] = all[i];
+        if (all[i] != self && hold_state(all[i]) == HOLDABLE) {
+            if (m == STOP_THREADS) return -1;
+            tids[m++] = all[i];
+        }
     return n < 0 ? -1 : m;
 }
 
@@ -553,12 +564,12 @@ static int thread_started(const pid_t *tids, int n, pid_t self) {
     return 0;
 }
 
-/* Whether a thread held in the last round blocks the signal now: still on its way out of our handler
- * (it blocks every signal until its sigreturn, after it counted itself out), maybe stopped inside the 5
- * bytes; listed now it would be taken for a thread that blocks the signal for good and not be held. */
-static int held_still_masked(const pid_t *held, int n) {
+/* Whether a thread that answered the last round blocks the signal now: maybe still on its way out of our
+ * handler (it blocks every signal until its sigreturn, after it counted itself out), maybe stopped inside
+ * the 5 bytes; listed now it would be taken for a thread that blocks the signal for good, and not held. */
+static int answered_still_masked(const pid_t *answered, int n) {
     for (int i = 0; i < n; i++)
-        if (hold_state(held[i]) == MASKED) return 1;
+        if (answered[i] && hold_state(answered[i]) == MASKED) return 1;
     return 0;
 }
 
@@ -570,24 +581,22 @@ enum stop_result { STORED, STAYED, UNHELD };
  * forever starting); nothing is stored then, since a thread resuming inside the jump would crash the
  * job. Under up_lock (the tid list and the rounds are its). */
 static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
-    static pid_t tids[STOP_THREADS], held[STOP_THREADS];
+    static pid_t tids[STOP_THREADS], answered[STOP_THREADS];
     static int round;
     if (!stop_handler_in_place()) return UNHELD;
     pid_t pid = getpid(), self = (pid_t)syscall(SYS_gettid);
     atomic_store(&stop_at, (uintptr_t)at);
     enum stop_result last = UNHELD;
-    int nheld = 0;
+    int nanswered = 0;
     for (int attempt = 0, unheld = 0; attempt < STOP_ROUNDS; attempt++) {
-        int n = held_still_masked(held, nheld) ? -2 : holdable_threads(tids, self);
-        if (n == -1) return UNHELD;
-        if (n == -2) {
-            last = UNHELD;
-            if (++unheld == STOP_UNHELD_ROUNDS) return UNHELD;
-            usleep(1000);
-            continue;
-        }
-        memcpy(held, tids, (size_t)n * sizeof *tids), nheld = n;
+        /* those that answered the last round out of the handler first; one masked longer than a round's
+         * wait blocks the signal of its own accord (or is not scheduled at all), and is not waited for */
+        for (long long end = now_ns() + STOP_WAIT_NS; answered_still_masked(answered, nanswered) && now_ns() < end;)
+            usleep(100);
+        int n = holdable_threads(tids, self);
+        if (n < 0) return UNHELD;
         round = round % 0x7fffffff + 1;
+        for (int k = 0; k < n; k++) atomic_store(&stop_who[k], 0);
         atomic_store(&stop_count, (uint64_t)round << 32);
         atomic_store(&stop_left, (uint64_t)round << 32);
         atomic_store_explicit(&stop_round, round, memory_order_release);
@@ -603,12 +612,15 @@ static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
         for (long long end = now_ns() + wait; (atomic_load(&stop_count) & 0xffff) < sent && now_ns() < end;)
             sched_yield();
         uint64_t counts = atomic_load(&stop_count);
-        int held = (counts & 0xffff) == sent && sent == (uint64_t)n && !thread_started(tids, n, self);
-        last = !held ? UNHELD : counts >> 16 & 0xffff ? STAYED : STORED;
+        int all_held = (counts & 0xffff) == sent && sent == (uint64_t)n && !thread_started(tids, n, self);
+        last = !all_held ? UNHELD : counts >> 16 & 0xffff ? STAYED : STORED;
         if (last == STORED) write_code(at, value);
         atomic_store_explicit(&stop_round, 0, memory_order_release); /* every held thread goes on */
-        /* ...and is out of the handler before anything else: one still in it has its mask full, and the
-         * next listing would take it for a thread that blocks the signal and leave it out */
+        nanswered = (int)(counts & 0xffff);
+        for (int k = 0; k < nanswered; k++) { /* each wrote its slot right after it counted itself in */
+            for (long long end = now_ns() + wait; !atomic_load(&stop_who[k]) && now_ns() < end;) sched_yield();
+            answered[k] = atomic_load(&stop_who[k]);
+        }
         for (long long end = now_ns() + wait; (atomic_load(&stop_left) & 0xffff) < (counts & 0xffff) && now_ns() < end;)
             sched_yield();
         if (last == STORED || (last == UNHELD && ++unheld == STOP_UNHELD_ROUNDS)) return last;
