@@ -453,7 +453,9 @@ static uint64_t tagged_add(_Atomic uint64_t *word, int round, uint64_t add) {
     return UINT64_MAX;
 }
 
-static _Atomic pid_t stop_who[STOP_THREADS]; /* the threads that answered the round, in answer order */
+/* Who answered the round, in answer order: the round (high 32 bits), whether it was inside (bit 31), its
+ * tid. Tagged, so that a handler that stalls past its round writes nothing a later round reads as its own. */
+static _Atomic uint64_t stop_who[STOP_THREADS];
 
 static void stop_handler(int sig, siginfo_t *si, void *context) {
     (void)sig, (void)context;
@@ -466,7 +468,7 @@ static void stop_handler(int sig, siginfo_t *si, void *context) {
 #endif
     uint64_t before = tagged_add(&stop_count, round, inside << 16 | 1);
     if (before != UINT64_MAX && (before & 0xffff) < STOP_THREADS)
-        atomic_store(&stop_who[before & 0xffff], (pid_t)syscall(SYS_gettid));
+        atomic_store(&stop_who[before & 0xffff], (uint64_t)round << 32 | inside << 31 | (uint32_t)syscall(SYS_gettid));
     while (atomic_load_explicit(&stop_round, memory_order_acquire) == round) sched_yield();
     tagged_add(&stop_left, round, 1);
 }
@@ -564,12 +566,13 @@ static int thread_started(const pid_t *tids, int n, pid_t self) {
     return 0;
 }
 
-/* Whether a thread that answered the last round blocks the signal now: maybe still on its way out of our
- * handler (it blocks every signal until its sigreturn, after it counted itself out), maybe stopped inside
- * the 5 bytes; listed now it would be taken for a thread that blocks the signal for good, and not held. */
-static int answered_still_masked(const pid_t *answered, int n) {
+/* Whether a thread that was inside the 5 bytes in the last round blocks the signal now: still on its way
+ * out of our handler (it blocks every signal until its sigreturn, after it counted itself out), so still
+ * inside; listed now it would be taken for a thread that blocks the signal for good, and not held. A
+ * thread that answered from outside resumes outside: it needs no such wait. */
+static int inside_still_masked(const pid_t *inside, int n) {
     for (int i = 0; i < n; i++)
-        if (answered[i] && hold_state(answered[i]) == MASKED) return 1;
+        if (hold_state(inside[i]) == MASKED) return 1;
     return 0;
 }
 
@@ -581,22 +584,33 @@ enum stop_result { STORED, STAYED, UNHELD };
  * forever starting); nothing is stored then, since a thread resuming inside the jump would crash the
  * job. Under up_lock (the tid list and the rounds are its). */
 static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
-    static pid_t tids[STOP_THREADS], answered[STOP_THREADS];
-    static int round;
+    static pid_t tids[STOP_THREADS], inside[STOP_THREADS];
+    static int round, ninside, unknown; /* kept across calls: a refused hook's last round counts too */
     if (!stop_handler_in_place()) return UNHELD;
     pid_t pid = getpid(), self = (pid_t)syscall(SYS_gettid);
     atomic_store(&stop_at, (uintptr_t)at);
     enum stop_result last = UNHELD;
-    int nanswered = 0;
     for (int attempt = 0, unheld = 0; attempt < STOP_ROUNDS; attempt++) {
-        /* those that answered the last round out of the handler first; one masked longer than a round's
-         * wait blocks the signal of its own accord (or is not scheduled at all), and is not waited for */
-        for (long long end = now_ns() + STOP_WAIT_NS; answered_still_masked(answered, nanswered) && now_ns() < end;)
-            usleep(100);
+        /* Those inside the last round out of the handler first. One still masked after a round's wait
+         * keeps this round from holding (and is waited for again next round); so does a handler that
+         * never said who it was (stalled: given that wait once, as it may have been inside). */
+        int masked = unknown;
+        if (unknown) usleep(STOP_WAIT_NS / 1000);
+        for (long long end = now_ns() + STOP_WAIT_NS; !masked && ninside;) {
+            if (!inside_still_masked(inside, ninside)) ninside = 0;
+            else if (now_ns() >= end) masked = 1;
+            else usleep(100);
+        }
+        unknown = 0;
+        if (masked) {
+            last = UNHELD;
+            if (++unheld == STOP_UNHELD_ROUNDS) return UNHELD;
+            usleep(1000);
+            continue;
+        }
         int n = holdable_threads(tids, self);
         if (n < 0) return UNHELD;
         round = round % 0x7fffffff + 1;
-        for (int k = 0; k < n; k++) atomic_store(&stop_who[k], 0);
         atomic_store(&stop_count, (uint64_t)round << 32);
         atomic_store(&stop_left, (uint64_t)round << 32);
         atomic_store_explicit(&stop_round, round, memory_order_release);
@@ -616,13 +630,16 @@ static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
         last = !all_held ? UNHELD : counts >> 16 & 0xffff ? STAYED : STORED;
         if (last == STORED) write_code(at, value);
         atomic_store_explicit(&stop_round, 0, memory_order_release); /* every held thread goes on */
-        nanswered = (int)(counts & 0xffff);
-        for (int k = 0; k < nanswered; k++) { /* each wrote its slot right after it counted itself in */
-            for (long long end = now_ns() + wait; !atomic_load(&stop_who[k]) && now_ns() < end;) sched_yield();
-            answered[k] = atomic_load(&stop_who[k]);
+        for (int k = 0; k < (int)(counts & 0xffff); k++) { /* each says who it was right after counting in */
+            uint64_t who = atomic_load(&stop_who[k]);
+            for (long long end = now_ns() + wait; who >> 32 != (uint64_t)round && now_ns() < end;)
+                sched_yield(), who = atomic_load(&stop_who[k]);
+            if (who >> 32 != (uint64_t)round) unknown = 1;
+            else if (who >> 31 & 1) inside[ninside++] = (pid_t)(who & 0x7fffffff);
         }
         for (long long end = now_ns() + wait; (atomic_load(&stop_left) & 0xffff) < (counts & 0xffff) && now_ns() < end;)
             sched_yield();
+        if (last == STORED) ninside = unknown = 0; /* nobody was inside */
         if (last == STORED || (last == UNHELD && ++unheld == STOP_UNHELD_ROUNDS)) return last;
         usleep(last == UNHELD ? 1000 : 100);
     }
