@@ -486,7 +486,7 @@ static long long now_ns(void) {
  * driver's own threads, say, or one still in our handler, which blocks every signal), GONE when it is a
  * zombie (a main thread that called pthread_exit) or its status cannot be read. Neither is waited for. */
 enum hold { HOLDABLE, MASKED, GONE };
-static enum hold hold_state(pid_t tid) {
+static enum hold hold_state_of(pid_t tid, char *state) {
     char path[64] = "/proc/self/task/", digits[16], buf[4096];
     int len = 0;
     for (unsigned v = (unsigned)tid; v || !len; v /= 10) digits[len++] = (char)('0' + v % 10);
@@ -498,9 +498,15 @@ static enum hold hold_state(pid_t tid) {
     if (fd >= 0) close(fd);
     if (n <= 0) return GONE;
     buf[n] = 0;
-    const char *mask = strstr(buf, "\nSigBlk:");
-    if (strstr(buf, "\nState:\tZ") || !mask) return GONE;
+    const char *mask = strstr(buf, "\nSigBlk:"), *st = strstr(buf, "\nState:\t");
+    *state = st ? st[8] : '?';
+    if (*state == 'Z' || !mask) return GONE;
     return strtoull(mask + 8, NULL, 16) >> (STOP_SIGNAL - 1) & 1 ? MASKED : HOLDABLE;
+}
+
+static enum hold hold_state(pid_t tid) {
+    char state;
+    return hold_state_of(tid, &state);
 }
 
 /* The tids of this process's threads into tids[] (at most `max`), read with getdents64 into a static
@@ -566,13 +572,16 @@ static int thread_started(const pid_t *tids, int n, pid_t self) {
     return 0;
 }
 
-/* Whether a thread that was inside the 5 bytes in the last round blocks the signal now: still on its way
- * out of our handler (it blocks every signal until its sigreturn, after it counted itself out), so still
- * inside; listed now it would be taken for a thread that blocks the signal for good, and not held. A
- * thread that answered from outside resumes outside: it needs no such wait. */
-static int inside_still_masked(const pid_t *inside, int n) {
-    for (int i = 0; i < n; i++)
-        if (hold_state(inside[i]) == MASKED) return 1;
+/* Whether a thread that was inside the 5 bytes in the last round may still be on its way out of our
+ * handler: it blocks every signal until its sigreturn, after it counted itself out, so listed now it
+ * would be taken for a thread that blocks the signal for good, and not held. Such a thread runs (state
+ * R): one that blocks the signal while it sleeps, or stopped, has left the handler and blocks it of its
+ * own accord. A thread that answered from outside resumes outside: it needs no such wait. */
+static int inside_in_handler(const pid_t *inside, int n) {
+    for (int i = 0; i < n; i++) {
+        char state;
+        if (hold_state_of(inside[i], &state) == MASKED && state == 'R') return 1;
+    }
     return 0;
 }
 
@@ -585,23 +594,21 @@ enum stop_result { STORED, STAYED, UNHELD };
  * job. Under up_lock (the tid list and the rounds are its). */
 static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
     static pid_t tids[STOP_THREADS], inside[STOP_THREADS];
-    static int round, ninside, unknown; /* kept across calls: a refused hook's last round counts too */
+    static int round, ninside; /* kept across calls: a refused hook's last round counts too */
     if (!stop_handler_in_place()) return UNHELD;
     pid_t pid = getpid(), self = (pid_t)syscall(SYS_gettid);
     atomic_store(&stop_at, (uintptr_t)at);
     enum stop_result last = UNHELD;
     for (int attempt = 0, unheld = 0; attempt < STOP_ROUNDS; attempt++) {
-        /* Those inside the last round out of the handler first. One still masked after a round's wait
-         * keeps this round from holding (and is waited for again next round); so does a handler that
-         * never said who it was (stalled: given that wait once, as it may have been inside). */
-        int masked = unknown;
-        if (unknown) usleep(STOP_WAIT_NS / 1000);
+        /* Those inside the last round out of the handler first (a handler that never said who it was
+         * counts every thread that did not as inside). One still in it after a round's wait keeps this
+         * round from holding, and is waited for again next round. */
+        int masked = 0;
         for (long long end = now_ns() + STOP_WAIT_NS; !masked && ninside;) {
-            if (!inside_still_masked(inside, ninside)) ninside = 0;
+            if (!inside_in_handler(inside, ninside)) ninside = 0;
             else if (now_ns() >= end) masked = 1;
             else usleep(100);
         }
-        unknown = 0;
         if (masked) {
             last = UNHELD;
             if (++unheld == STOP_UNHELD_ROUNDS) return UNHELD;
@@ -630,6 +637,7 @@ static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
         last = !all_held ? UNHELD : counts >> 16 & 0xffff ? STAYED : STORED;
         if (last == STORED) write_code(at, value);
         atomic_store_explicit(&stop_round, 0, memory_order_release); /* every held thread goes on */
+        int unknown = 0;
         for (int k = 0; k < (int)(counts & 0xffff); k++) { /* each says who it was right after counting in */
             uint64_t who = atomic_load(&stop_who[k]);
             for (long long end = now_ns() + wait; who >> 32 != (uint64_t)round && now_ns() < end;)
@@ -637,9 +645,17 @@ static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
             if (who >> 32 != (uint64_t)round) unknown = 1;
             else if (who >> 31 & 1) inside[ninside++] = (pid_t)(who & 0x7fffffff);
         }
+        for (int k = 0; unknown && last != STORED && k < n; k++) { /* any that did not say may be inside */
+            int named = 0;
+            for (int j = 0; j < (int)(counts & 0xffff) && !named; j++) {
+                uint64_t who = atomic_load(&stop_who[j]);
+                named = who >> 32 == (uint64_t)round && (pid_t)(who & 0x7fffffff) == tids[k];
+            }
+            if (!named) inside[ninside++] = tids[k];
+        }
         for (long long end = now_ns() + wait; (atomic_load(&stop_left) & 0xffff) < (counts & 0xffff) && now_ns() < end;)
             sched_yield();
-        if (last == STORED) ninside = unknown = 0; /* nobody was inside */
+        if (last == STORED) ninside = 0; /* nobody was inside */
         if (last == STORED || (last == UNHELD && ++unheld == STOP_UNHELD_ROUNDS)) return last;
         usleep(last == UNHELD ? 1000 : 100);
     }
