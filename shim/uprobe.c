@@ -574,13 +574,14 @@ static int thread_started(const pid_t *tids, int n, pid_t self) {
 
 /* Whether a thread that was inside the 5 bytes in the last round may still be on its way out of our
  * handler: it blocks every signal until its sigreturn, after it counted itself out, so listed now it
- * would be taken for a thread that blocks the signal for good, and not held. Such a thread runs (state
- * R): one that blocks the signal while it sleeps, or stopped, has left the handler and blocks it of its
- * own accord. A thread that answered from outside resumes outside: it needs no such wait. */
+ * would be taken for a thread that blocks the signal for good, and not held. Our handler never sleeps:
+ * such a thread runs or waits for a page (state R or D); one that blocks the signal while it sleeps has
+ * left the handler and blocks it of its own accord. A thread that answered from outside resumes outside:
+ * it needs no such wait. */
 static int inside_in_handler(const pid_t *inside, int n) {
     for (int i = 0; i < n; i++) {
         char state;
-        if (hold_state_of(inside[i], &state) == MASKED && state == 'R') return 1;
+        if (hold_state_of(inside[i], &state) == MASKED && (state == 'R' || state == 'D')) return 1;
     }
     return 0;
 }
@@ -645,7 +646,9 @@ static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
             if (who >> 32 != (uint64_t)round) unknown = 1;
             else if (who >> 31 & 1) inside[ninside++] = (pid_t)(who & 0x7fffffff);
         }
-        for (int k = 0; unknown && last != STORED && k < n; k++) { /* any that did not say may be inside */
+        /* any signalled thread that did not say who it was (stalled before or after counting in) may be
+         * inside, or still in a handler with the signal masked: waited for as if inside */
+        for (int k = 0; (unknown || (counts & 0xffff) < (uint64_t)n) && last != STORED && k < n; k++) {
             int named = 0;
             for (int j = 0; j < (int)(counts & 0xffff) && !named; j++) {
                 uint64_t who = atomic_load(&stop_who[j]);
