@@ -486,7 +486,7 @@ static long long now_ns(void) {
  * driver's own threads, say, or one still in our handler, which blocks every signal), GONE when it is a
  * zombie (a main thread that called pthread_exit) or its status cannot be read. Neither is waited for. */
 enum hold { HOLDABLE, MASKED, GONE };
-static enum hold hold_state_of(pid_t tid, char *state) {
+static enum hold hold_state_of(pid_t tid, char *state, int *pending) {
     char path[64] = "/proc/self/task/", digits[16], buf[4096];
     int len = 0;
     for (unsigned v = (unsigned)tid; v || !len; v /= 10) digits[len++] = (char)('0' + v % 10);
@@ -498,15 +498,17 @@ static enum hold hold_state_of(pid_t tid, char *state) {
     if (fd >= 0) close(fd);
     if (n <= 0) return GONE;
     buf[n] = 0;
-    const char *mask = strstr(buf, "\nSigBlk:"), *st = strstr(buf, "\nState:\t");
+    const char *mask = strstr(buf, "\nSigBlk:"), *st = strstr(buf, "\nState:\t"), *pnd = strstr(buf, "\nSigPnd:");
     *state = st ? st[8] : '?';
+    *pending = pnd && strtoull(pnd + 8, NULL, 16) >> (STOP_SIGNAL - 1) & 1; /* sent to it, not yet taken */
     if (*state == 'Z' || !mask) return GONE;
     return strtoull(mask + 8, NULL, 16) >> (STOP_SIGNAL - 1) & 1 ? MASKED : HOLDABLE;
 }
 
 static enum hold hold_state(pid_t tid) {
     char state;
-    return hold_state_of(tid, &state);
+    int pending;
+    return hold_state_of(tid, &state, &pending);
 }
 
 /* The tids of this process's threads into tids[] (at most `max`), read with getdents64 into a static
@@ -572,16 +574,19 @@ static int thread_started(const pid_t *tids, int n, pid_t self) {
     return 0;
 }
 
-/* Whether a thread that was inside the 5 bytes in the last round may still be on its way out of our
- * handler: it blocks every signal until its sigreturn, after it counted itself out, so listed now it
- * would be taken for a thread that blocks the signal for good, and not held. Our handler never sleeps:
- * such a thread runs or waits for a page (state R or D); one that blocks the signal while it sleeps has
- * left the handler and blocks it of its own accord. A thread that answered from outside resumes outside:
- * it needs no such wait. */
+/* Whether a thread that was inside the 5 bytes in the last round, or was signalled and did not answer,
+ * may still be in our handler or have it still to run: in it, it blocks every signal until its
+ * sigreturn, so listed then it would be taken for a thread that blocks the signal for good, and not held,
+ * and a late one runs the handler of a round gone by. Our handler never sleeps: a thread in it runs or
+ * waits for a page (state R or D); one with the signal pending and not blocked has it still to run. One
+ * that blocks the signal while it sleeps blocks it of its own accord. A thread that answered from outside
+ * resumes outside: it needs no such wait. */
 static int inside_in_handler(const pid_t *inside, int n) {
     for (int i = 0; i < n; i++) {
         char state;
-        if (hold_state_of(inside[i], &state) == MASKED && (state == 'R' || state == 'D')) return 1;
+        int pending;
+        enum hold h = hold_state_of(inside[i], &state, &pending);
+        if ((h == MASKED && (state == 'R' || state == 'D')) || (h == HOLDABLE && pending)) return 1;
     }
     return 0;
 }
