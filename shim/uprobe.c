@@ -457,10 +457,24 @@ static uint64_t tagged_add(_Atomic uint64_t *word, int round, uint64_t add) {
  * tid. Tagged, so that a handler that stalls past its round writes nothing a later round reads as its own. */
 static _Atomic uint64_t stop_who[STOP_THREADS];
 
+/* The last round each thread's handler finished, late or not: tid (high 32 bits) and round, by the tid's
+ * low 16 bits (another tid there reads as not finished). A thread can be seen neither masked nor with the
+ * signal pending in the instant between the two, and then run the handler: only this mark says it has. */
+static _Atomic uint64_t stop_done[1 << 16];
+
+static void stop_finished(int round) {
+    pid_t tid = (pid_t)syscall(SYS_gettid);
+    atomic_store(&stop_done[tid & 0xffff], (uint64_t)(uint32_t)tid << 32 | (uint32_t)round);
+}
+
 static void stop_handler(int sig, siginfo_t *si, void *context) {
     (void)sig, (void)context;
     int round = si->si_value.sival_int;
-    if (si->si_code != SI_QUEUE || round != atomic_load(&stop_round)) return;
+    if (si->si_code != SI_QUEUE) return;
+    if (round != atomic_load(&stop_round)) { /* a round gone by */
+        stop_finished(round);
+        return;
+    }
     uint64_t inside = 0;
 #if defined(__x86_64__)
     uintptr_t pc = (uintptr_t)((ucontext_t *)context)->uc_mcontext.gregs[REG_RIP], at = atomic_load(&stop_at);
@@ -470,6 +484,7 @@ static void stop_handler(int sig, siginfo_t *si, void *context) {
     if (before != UINT64_MAX && (before & 0xffff) < STOP_THREADS)
         atomic_store(&stop_who[before & 0xffff], (uint64_t)round << 32 | inside << 31 | (uint32_t)syscall(SYS_gettid));
     while (atomic_load_explicit(&stop_round, memory_order_acquire) == round) sched_yield();
+    stop_finished(round);
     tagged_add(&stop_left, round, 1);
 }
 
@@ -574,19 +589,24 @@ static int thread_started(const pid_t *tids, int n, pid_t self) {
     return 0;
 }
 
-/* Whether a thread that was inside the 5 bytes in the last round, or was signalled and did not answer,
- * may still be in our handler or have it still to run: in it, it blocks every signal until its
+/* Whether a thread that was inside the 5 bytes in round `round`, or was signalled then and did not
+ * answer, may still be in our handler or have it still to run: in it, it blocks every signal until its
  * sigreturn, so listed then it would be taken for a thread that blocks the signal for good, and not held,
  * and a late one runs the handler of a round gone by. Our handler never sleeps: a thread in it runs or
- * waits for a page (state R or D); one with the signal pending and not blocked has it still to run. One
+ * waits for a page (state R or D). So it is waited for while it runs masked, while the signal is pending
+ * and not blocked, and while it runs and its handler has not marked that round finished (stop_done). One
  * that blocks the signal while it sleeps blocks it of its own accord. A thread that answered from outside
  * resumes outside: it needs no such wait. */
-static int inside_in_handler(const pid_t *inside, int n) {
+static int inside_in_handler(const pid_t *inside, int n, int round) {
     for (int i = 0; i < n; i++) {
         char state;
         int pending;
         enum hold h = hold_state_of(inside[i], &state, &pending);
-        if ((h == MASKED && (state == 'R' || state == 'D')) || (h == HOLDABLE && pending)) return 1;
+        uint64_t done = atomic_load(&stop_done[inside[i] & 0xffff]);
+        int running = state == 'R' || state == 'D';
+        int finished = done >> 32 == (uint32_t)inside[i] && (uint32_t)done >= (uint32_t)round;
+        if ((h == MASKED && running) || (h == HOLDABLE && pending) || (h != GONE && running && !finished))
+            return 1;
     }
     return 0;
 }
@@ -600,7 +620,7 @@ enum stop_result { STORED, STAYED, UNHELD };
  * job. Under up_lock (the tid list and the rounds are its). */
 static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
     static pid_t tids[STOP_THREADS], inside[STOP_THREADS];
-    static int round, ninside; /* kept across calls: a refused hook's last round counts too */
+    static int round, ninside, inside_round; /* kept across calls: a refused hook's last round counts too */
     if (!stop_handler_in_place()) return UNHELD;
     pid_t pid = getpid(), self = (pid_t)syscall(SYS_gettid);
     atomic_store(&stop_at, (uintptr_t)at);
@@ -611,7 +631,7 @@ static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
          * round from holding, and is waited for again next round. */
         int masked = 0;
         for (long long end = now_ns() + STOP_WAIT_NS; !masked && ninside;) {
-            if (!inside_in_handler(inside, ninside)) ninside = 0;
+            if (!inside_in_handler(inside, ninside, inside_round)) ninside = 0;
             else if (now_ns() >= end) masked = 1;
             else usleep(100);
         }
@@ -644,6 +664,7 @@ static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
         if (last == STORED) write_code(at, value);
         atomic_store_explicit(&stop_round, 0, memory_order_release); /* every held thread goes on */
         int unknown = 0;
+        inside_round = round;
         for (int k = 0; k < (int)(counts & 0xffff); k++) { /* each says who it was right after counting in */
             uint64_t who = atomic_load(&stop_who[k]);
             for (long long end = now_ns() + wait; who >> 32 != (uint64_t)round && now_ns() < end;)
