@@ -209,12 +209,15 @@ class TraceWriter:
         run last registered first; done here, before the runtime arms its exit hook again, that teardown
         comes after the hook, whose last batches still need it (writing Arrow IPC, the H200's vecadd
         segfaulted in write_table at exit, 2026-12-04d)."""
-        pa = self.pa
-        row = [pa.DictionaryArray.from_arrays(pa.array([0], pa.int32()), self.map_names)]
-        row += [pa.nulls(1, f.type) for f in self.schema][1:]
-        _, writer = self._open(pa.BufferOutputStream(), schema)
-        writer.write_table(pa.table(row, schema=self.schema))
+        _, writer = self._open(self.pa.BufferOutputStream(), schema)
+        writer.write_table(self.pa.table(self._blank_rows(1), schema=self.schema))
         writer.close()
+
+    def _blank_rows(self, n: int) -> list[Any]:
+        """Columns of ``n`` rows of the first map with every other field null."""
+        pa = self.pa
+        return [pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), self.map_names)] + \
+            [pa.nulls(n, f.type) for f in self.schema][1:]
 
     def add(self, index: int, taken: Sequence[Any]) -> None:
         """Map ``index``'s new records: (cpu, bytes) tuples, or blocks of records of one size
@@ -306,10 +309,8 @@ class TraceWriter:
             self._flush(i)
         counts = {DROPPED: json.dumps(dict(dropped))}
         if self.arrow:
-            pa = self.pa
-            none = [pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), self.map_names)]
-            none += [pa.nulls(0, f.type) for f in self.schema][1:]
-            self.writer.write_batch(pa.RecordBatch.from_arrays(none, schema=self.schema), custom_metadata=counts)
+            self.writer.write_batch(self.pa.RecordBatch.from_arrays(self._blank_rows(0), schema=self.schema),
+                                    custom_metadata=counts)
         else:
             self.writer.add_key_value_metadata(counts)
         self.writer.close()

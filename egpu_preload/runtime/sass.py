@@ -70,6 +70,11 @@ class Staged:
     phases_ms: dict[str, float]   # translate (the patch module), image (cache or ptxas), stage (the shim's copy)
 
 
+def globs(module: PatchModule) -> tuple[str, ...]:
+    """The programs' kernel globs in bit order: all a kernel's mask under ``module`` depends on."""
+    return tuple(p.attach.glob for p in module.programs)
+
+
 class KernelTable:
     """Kernel names and ids as egpu_sass_generation takes them (the shim copies them at each stage), and
     each probe set's masks over them, kept for the sets staged again."""
@@ -90,7 +95,7 @@ class KernelTable:
         return len(self.kernels)
 
     def masks(self, module: PatchModule, mask: Callable[[PatchModule, str], int]) -> Any:
-        key = tuple(p.attach.glob for p in module.programs)
+        key = globs(module)
         if key not in self._masks:
             if len(self._masks) >= MODULES_KEPT:
                 del self._masks[next(iter(self._masks))]
@@ -273,7 +278,7 @@ class SassBackend:
         return KernelChoice(self._mask(module, name) if module is not None else 0, kid)
 
     def _mask(self, module: PatchModule, name: str) -> int:
-        key = (tuple(p.attach.glob for p in module.programs), name)   # the mask follows from these alone
+        key = (globs(module), name)   # the mask follows from these alone
         mask = self._masks.get(key)
         if mask is None:
             if len(self._masks) >= MASKS_KEPT:
