@@ -7,7 +7,8 @@
  * access_trace.bpf.c writes (egpu_preload/output/warp_records.py: expand), each lane with the leader's ts.
  * A ring with no room drops the record and counts it.
  *
- *   egpu-run -p examples/mem_trace_warp.bpf.c --json ./app   (records print as hex: warp_records.decode)
+ *   egpu-run --trace trace.arrow -p examples/mem_trace_warp.bpf.c ./app
+ *   egpu trace trace.arrow        (a row per lane; printed at exit without --trace, the records are hex)
  */
 #include "egpu.bpf.h"
 

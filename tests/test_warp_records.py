@@ -312,3 +312,96 @@ def test_vm_a_warp_record_takes_its_lowest_lanes_time_whatever_order_lanes_run(t
                                                                                   globaltimer=100 + lane))
     rec, = [wr.decode(r) for r in state.by_name("ring").consume()]
     assert (rec.ins.ts, rec.mask, rec.base, rec.stride) == (102, 1 << 2 | 1 << 5 | 1 << 9, 0x110, 8)
+
+
+# ---- in the trace file: written whole, expanded per lane by its reader --------------------------------
+
+def _trace_rows(path: Path, records: list[bytes], layout) -> list[dict]:
+    from egpu_preload.output import tracefile
+    writer = tracefile.TraceWriter(path, [("events", layout)])
+    writer.add(0, [(0, r) for r in records])
+    writer.close({"events": 0})
+    return tracefile.read(path).rows.drop_columns(["data", "text"]).to_pylist()
+
+
+@pytest.mark.parametrize("suffix", [".arrow", ".parquet"])
+def test_a_warp_trace_file_reads_back_as_the_per_thread_trace_file(tmp_path: Path, suffix: str) -> None:
+    """The VM's warp records of the grid, as egpu-run --trace writes them (whole, the ring named a ring of
+    struct egpu_warp_mem), read back by egpu trace's reader: row for row the file access_trace.bpf.c's
+    per-lane records make, every column alike (seq numbering the lanes), on records of all three forms."""
+    pytest.importorskip("pyarrow")
+    from egpu_preload.output import tracefile
+    at = compile_probe(EXAMPLES / "access_trace.bpf.c", tmp_path / "at.bpf.o")
+    btf = load_object(at).btf
+    per_lane = _trace_rows(tmp_path / f"lanes{suffix}", _run_grid(at, "events", False),
+                           tracefile.record_layout(btf, tracefile.record_struct(btf)))
+    warp = _run_grid(compile_probe(EXAMPLES / "mem_trace_warp.bpf.c", tmp_path / "w.bpf.o"), "warp_events", True)
+    assert len({wr.decode(r).form for r in warp}) == 3
+    assert _trace_rows(tmp_path / f"warp{suffix}", warp, tracefile.whole_records(wr.RECORD_TYPE)) == per_lane
+    assert len(per_lane) == 4 * N + 75
+
+
+def test_warp_records_read_by_pyarrow_alone_are_the_rings_bytes(tmp_path: Path) -> None:
+    """Without egpu the file holds each record's bytes in ``data`` and names their struct in its metadata."""
+    pa = pytest.importorskip("pyarrow")
+    import json
+
+    from egpu_preload.output import tracefile
+    warp = _run_grid(compile_probe(EXAMPLES / "mem_trace_warp.bpf.c", tmp_path / "w.bpf.o"), "warp_events", True)
+    writer = tracefile.TraceWriter(tmp_path / "w.arrow", [("warp_events", tracefile.whole_records(wr.RECORD_TYPE))])
+    writer.add(0, [(0, r) for r in warp])
+    writer.close({"warp_events": 0})
+    with pa.OSFile(str(tmp_path / "w.arrow")) as f:
+        table = pa.ipc.open_file(f).read_all()
+    assert table.column("data").to_pylist() == warp
+    assert json.loads(table.schema.metadata[b"egpu.record_types"]) == {"warp_events": "struct egpu_warp_mem"}
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (b"\0" * 16, "record 1: warp record of 16 bytes, shorter than its 72-byte header"),
+    (wr.HEADER.pack(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 1, 0, 0, 4, 1, 0), "record 1: warp record with no lane"),
+    (wr.HEADER.pack(0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 4, 1, 0), "record 1: a block dimension of 0"),
+])
+def test_a_record_that_is_no_warp_record_is_named_with_the_file(tmp_path: Path, bad: bytes, reason: str) -> None:
+    pytest.importorskip("pyarrow")
+    from egpu_preload.errors import EgpuError
+    from egpu_preload.output import tracefile
+    good = wr.encode(wr.warp_record(wr.Instruction(1, 2, 3, 4, 4, 1, 0, (0, 0, 0), (32, 1), 0), {0: 64, 1: 68}))
+    path = tmp_path / "w.arrow"
+    writer = tracefile.TraceWriter(path, [("warp_events", tracefile.whole_records(wr.RECORD_TYPE))])
+    writer.add(0, [(0, good), (0, bad)])
+    writer.close({})
+    with pytest.raises(EgpuError) as e:
+        tracefile.read(path)
+    assert str(path) in str(e.value) and reason in str(e.value)
+
+
+BOTH = """#include "egpu.bpf.h"
+struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 1 << 16); } warps SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 1 << 16); } mixed SEC(".maps");
+SEC("egpu/mem/*") int p(struct egpu_ctx *ctx) {
+	__u64 a = ctx->addr;
+	egpu_warp_mem_record(&warps, ctx);
+	egpu_warp_mem_record(&mixed, ctx);
+	bpf_ringbuf_output(&mixed, &a, sizeof(a), 0);
+	return 0;
+}
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
+@pytest.mark.parametrize("source, rings", [("mem_trace_warp", {"warp_events"}), ("access_trace", set()),
+                                           ("divergent", {"loads", "stores"}), ("both", {"warps"})])
+def test_the_rings_egpu_run_trace_names_warp_rings(tmp_path: Path, source: str, rings: set[str]) -> None:
+    """Only a ring no other helper writes holds nothing but warp records, and only it is expanded."""
+    from types import SimpleNamespace
+
+    from egpu_preload.runtime.probes import load_probe
+    from egpu_preload.runtime.streaming import WARP_LAYOUT, rings as drained
+    src = EXAMPLES / f"{source}.bpf.c"
+    if source in ("divergent", "both"):
+        src = tmp_path / f"{source}.bpf.c"
+        src.write_text(DIVERGENT if source == "divergent" else BOTH)
+    probe = load_probe(compile_probe(src, tmp_path / f"{source}.bpf.o"))
+    maps = [SimpleNamespace(state=MapsState(probe.obj.maps))]
+    assert {name for name, _, layout in drained([probe], maps) if layout is WARP_LAYOUT} == rings

@@ -40,6 +40,7 @@ from typing import Any
 from ..bpf import btf as btfmod
 from ..errors import EgpuError
 from ..maps import format_trace
+from . import warp_records
 from .values import CTX_STRUCT
 
 TRACE_PRINTK = "trace_printk"
@@ -60,7 +61,7 @@ PARQUET = {"compression": "zstd", "compression_level": 1, "use_dictionary": ["ma
 
 # record type name ("struct NAME") -> a function from that type's rows (a pyarrow Table) to the rows it
 # stands for; egpu trace applies it before filtering (warp-level records expand to one row per lane).
-EXPANDERS: dict[str, Callable[[Any], Any]] = {}
+EXPANDERS: dict[str, Callable[[Any], Any]] = {warp_records.RECORD_TYPE: warp_records.expand_table}
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,12 @@ class RecordLayout:
     type_name: str           # "struct NAME"
     size: int
     columns: tuple[Column, ...]
+
+
+def whole_records(type_name: str) -> RecordLayout:
+    """The layout of records kept whole in ``data`` whose type a reader may still expand (``EXPANDERS``):
+    warp memory records, whose size follows from their mask and form."""
+    return RecordLayout(type_name, 0, ())
 
 
 def record_layout(btf: btfmod.Btf, type_id: int) -> RecordLayout:
@@ -230,6 +237,7 @@ class TraceWriter:
     def _flush(self, index: int) -> None:
         import numpy as np   # a dependency of pyarrow
         items, n, lay = self.pending[index], self.rows[index], self.maps[index][1]
+        lay = lay if lay and lay.columns else None   # a layout of no columns: records kept whole in ``data``
         if not items:
             return
         self.pending[index], self.rows[index] = [], 0
@@ -385,8 +393,14 @@ def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) 
         import pyarrow.compute as pc
         names = table.column("map").cast(pa.string())
         parts = [table.filter(pc.invert(pc.is_in(names, pa.array(sorted(wanted)))))]
-        parts += [expanders[types[m]](table.filter(pc.equal(names, m))) for m in sorted(wanted)]
+        for m in sorted(wanted):
+            try:
+                parts.append(expanders[types[m]](table.filter(pc.equal(names, m))))
+            except ValueError as e:   # a record the expander cannot read (warp_records.WarpRecordError)
+                raise EgpuError(f"map {m}: not {types[m]} records: {e}", file=str(path)) from None
         table = pa.concat_tables(parts, promote_options="permissive")
+        last = [c for c in ("data", "text") if c in table.column_names]   # where a file's columns have them
+        table = table.select([c for c in table.column_names if c not in last] + last)
     return Trace(table, types, dropped, complete)
 
 

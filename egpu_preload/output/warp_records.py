@@ -19,7 +19,8 @@ the group's lowest lane: what they share, the lanes' mask, and their addresses i
 leader's ``ts``: one instruction, one time; a per-thread probe reads the clock in each lane, so on the
 GPU the two traces may differ there by the lanes' skew, and nowhere else. ``warp_record`` is the form
 rule the PTX follows and the VM's helper runs; ``compress``, the reference encoder of a whole per-lane
-trace: any per-lane trace compresses to records that expand back to it.
+trace: any per-lane trace compresses to records that expand back to it. ``expand_table`` does what
+``expand`` does for a whole trace file's rows at once (egpu trace; egpu-run --trace keeps the records whole).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 Dim3 = tuple[int, int, int]
 
@@ -214,3 +216,108 @@ def compress(records: Iterable[LaneAccess], block_dim: Dim3) -> list[WarpRecord]
     if key is not None:
         out.append(warp_record(key, addrs))
     return out
+
+
+# ---- a trace file's warp records, expanded a table at a time (egpu trace) --------------------------------
+
+RECORD_TYPE = "struct egpu_warp_mem"   # what the trace file names a ring of warp records (output/tracefile.py)
+# struct mem_event's columns as a trace file holds access_trace.bpf.c's records, in order, with their widths
+LANE_COLUMNS = (("ts", 8), ("addr", 8), ("kernel_id", 8), ("launch_id", 8), ("site", 4), ("size", 4),
+                ("flags", 4), ("sm", 4), *((f"block[{i}]", 4) for i in range(3)),
+                *((f"thread[{i}]", 4) for i in range(3)))
+TAIL_BYTES = (0, 4, 8)   # per active lane, by form
+
+
+def expand_table(table: Any) -> Any:
+    """A trace file's rows of warp records (a pyarrow Table whose ``data`` holds each record's bytes) as
+    the rows of the per-lane trace: one per active lane, in record then lane order, with struct
+    mem_event's columns, ``seq`` numbering the lanes and ``map`` and ``cpu`` their record's. What expand()
+    does record by record, with numpy over the whole table; WarpRecordError names the first record that
+    cannot be one by its ``seq``."""
+    import numpy as np
+    import pyarrow as pa
+
+    data, buf, starts, head, lanes = _records(table)
+    count = lanes.sum(axis=1, dtype=np.int64)
+    width = np.array(TAIL_BYTES + (0,), np.int64)[np.minimum(head["form"], len(TAIL_BYTES))]
+    tails = width * count
+    bad = (count == 0) | (head["form"] >= len(TAIL_BYTES)) | (head["block_dim"] == 0).any(axis=1)
+    bad |= np.diff(_offsets(data)) != HEADER.size + tails + -tails % 8
+    if bad.any():
+        _refuse(table, data, int(np.argmax(bad)))
+    rec, lane = np.nonzero(lanes)
+    first = np.concatenate(([0], np.cumsum(count)[:-1]))
+
+    def per_lane(name: str) -> Any:
+        return np.ascontiguousarray(head[name])[rec]
+
+    form, base = per_lane("form"), per_lane("base")
+    addr = base + (per_lane("stride") * (lane - lane[first][rec])).astype(np.uint64)   # wraps as the GPU's does
+    for f, kind in ((FORM_OFFSETS, "<i4"), (FORM_ADDRS, "<u8")):
+        pick = np.flatnonzero(form == f)
+        at = starts[rec[pick]] + HEADER.size + (pick - first[rec[pick]]) * TAIL_BYTES[f]   # by the lane's rank
+        value = buf[at[:, None] + np.arange(TAIL_BYTES[f])].view(kind).reshape(len(pick))
+        addr[pick] = value if f == FORM_ADDRS else base[pick] + value.astype(np.int64).astype(np.uint64)
+    dims = np.ascontiguousarray(head["block_dim"]).astype(np.int64)
+    bx, by = dims[:, 0][rec], dims[:, 1][rec]
+    linear = per_lane("warp").astype(np.int64) * WARP + lane
+    block = np.ascontiguousarray(head["block"])
+    values = {"ts": per_lane("ts"), "addr": addr, "kernel_id": per_lane("kernel_id"),
+              "launch_id": per_lane("launch_id"), "site": per_lane("site"), "size": per_lane("size"),
+              "flags": per_lane("flags"), "sm": per_lane("sm"), **{f"block[{i}]": block[:, i][rec] for i in range(3)},
+              "thread[0]": linear % bx, "thread[1]": linear // bx % by, "thread[2]": linear // (bx * by)}
+    index = pa.array(rec)
+    cols = {"map": table.column("map").take(index), "seq": pa.array(np.arange(len(rec), dtype=np.uint64)),
+            "cpu": table.column("cpu").take(index)}
+    cols.update({name: pa.array(values[name].astype(f"<u{size}", copy=False)) for name, size in LANE_COLUMNS})
+    return pa.table(cols)
+
+
+def lane_count(table: Any) -> int:
+    """The lanes the warp records of ``table`` (as expand_table takes it) stand for: the rows it expands to."""
+    return int(_records(table)[4].sum())
+
+
+def _offsets(data: Any) -> Any:
+    """Where each record of a large_binary array starts in its data buffer, and where the last ends."""
+    import numpy as np
+    return np.frombuffer(data.buffers()[1], np.int64)[data.offset:data.offset + len(data) + 1]
+
+
+def _records(table: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """(``data`` as large_binary, its bytes, each record's start, their headers, their masks as (n, 32) bits)
+    of a table of warp records; WarpRecordError for the first one too short to have a header."""
+    import numpy as np
+    import pyarrow as pa
+
+    data = table.column("data").combine_chunks().cast(pa.large_binary())
+    offsets = _offsets(data)
+    buf = np.frombuffer(data.buffers()[2] or b"", np.uint8)
+    short = np.flatnonzero((np.diff(offsets) < HEADER.size) | np.asarray(data.is_null()))
+    if len(short):
+        _refuse(table, data, int(short[0]))
+    n, starts = len(data), offsets[:-1]
+    head = buf[starts[:, None] + np.arange(HEADER.size)].view(_header_dtype(np)).reshape(n)
+    lanes = np.unpackbits(head["mask"].astype("<u4").view(np.uint8).reshape(n, 4), axis=1, bitorder="little")
+    return data, buf, starts, head, lanes
+
+
+def _header_dtype(np: Any) -> Any:
+    """struct egpu_warp_mem's header (HEADER) as a numpy record."""
+    return np.dtype([("ts", "<u8"), ("base", "<u8"), ("kernel_id", "<u8"), ("launch_id", "<u8"),
+                     ("stride", "<i8"), ("site", "<u4"), ("mask", "<u4"), ("block", "<u4", 3),
+                     ("block_dim", "<u2", 2), ("warp", "<u2"), ("sm", "<u2"), ("size", "<u2"), ("flags", "u1"),
+                     ("form", "u1")])
+
+
+def _refuse(table: Any, data: Any, row: int) -> None:
+    """WarpRecordError for the table's ``row``: decode()'s reason, or the one decode() does not check."""
+    seq = table.column("seq")[row].as_py()
+    raw = data[row].as_py()
+    if raw is None:
+        raise WarpRecordError(f"record {seq}: no bytes")
+    try:
+        decode(raw)
+    except WarpRecordError as e:   # a size, mask or form that cannot be
+        raise WarpRecordError(f"record {seq}: {e}") from None
+    raise WarpRecordError(f"record {seq}: a block dimension of 0")

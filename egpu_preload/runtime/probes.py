@@ -12,9 +12,10 @@ from pathlib import Path
 
 from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.bpf.elf import load_object
+from egpu_preload.bpf.helpers import BY_NAME
 from egpu_preload.bpf.lineinfo import located
 from egpu_preload.bpf.program import MAP_PERF_EVENT_ARRAY, MAP_RINGBUF, BpfObject
-from egpu_preload.bpf.verifier import verify
+from egpu_preload.bpf.verifier import VerifiedProgram, verify
 from egpu_preload.errors import EgpuError
 from egpu_preload.progress import Progress
 from egpu_preload.runtime.native import api_refusal
@@ -30,6 +31,7 @@ class Probe:
     obj: BpfObject
     specs: tuple[ProbeSpec, ...]   # kernel-site programs (entry, exit, memory), translated
     table: str                     # the .const map table symbol instrumented modules declare
+    warp_rings: frozenset[int] = frozenset()   # rings that only egpu_warp_mem_record writes (warp_rings())
 
 
 def load_probe(path: Path, wait: bool = False) -> Probe:
@@ -48,7 +50,31 @@ def load_probe(path: Path, wait: bool = False) -> Probe:
         raise e.where(file=str(path))
     if not obj.programs:
         raise EgpuError("no programs in the object", file=str(path))
-    return Probe(Path(path), obj, specs, table_symbol(object_tag(obj)))
+    return Probe(Path(path), obj, specs, table_symbol(object_tag(obj)), warp_rings(verified))
+
+
+_WARP = BY_NAME["egpu_warp_mem_record"].id
+_RECORDS = frozenset(BY_NAME[h].id for h in ("ringbuf_output", "ringbuf_reserve", "perf_event_output"))
+
+
+def warp_rings(verified: list[VerifiedProgram]) -> frozenset[int]:
+    """The maps every record of which is a warp memory record: egpu_warp_mem_record writes them and no
+    other helper does (a trace reader expands those records into per-lane rows: output/warp_records.py).
+    None at all when a call that writes other records may take any map."""
+    warp: set[int] = set()
+    other: set[int] = set()
+    for v in verified:
+        for insn in v.insns:
+            if insn.op != "call" or insn.src != 0 or insn.pc not in v.maps:
+                continue
+            index = v.maps[insn.pc]
+            if insn.imm == _WARP and index is not None:
+                warp.add(index)
+            elif insn.imm in _RECORDS:
+                if index is None:   # paths pass different maps: which get other records is not known
+                    return frozenset()
+                other.add(index)
+    return frozenset(warp - other)
 
 
 def load_probes(paths: tuple[Path, ...] | list[Path], wait: bool = False) -> list[Probe]:

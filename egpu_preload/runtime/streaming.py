@@ -22,7 +22,7 @@ from typing import Any
 
 from egpu_preload.bpf import btf as btfmod
 from egpu_preload.errors import EgpuError
-from egpu_preload.output import tracefile
+from egpu_preload.output import tracefile, warp_records
 from egpu_preload.runtime.probes import RING_TYPES, Probe
 from egpu_preload.runtime.ring_drain import Memory, RingDrain, RingReader, Taken
 from egpu_preload.translate.devmaps import DeviceMaps
@@ -38,6 +38,7 @@ def claim(path: Path) -> Path:
 
 
 Ring = tuple[str, tuple[int, Any], tracefile.RecordLayout | None]   # name, (map set, region), layout
+WARP_LAYOUT = tracefile.whole_records(warp_records.RECORD_TYPE)   # expanded per lane by egpu trace
 
 
 def rings(probes: list[Probe], maps: list[DeviceMaps]) -> list[Ring]:
@@ -50,7 +51,7 @@ def rings(probes: list[Probe], maps: list[DeviceMaps]) -> list[Ring]:
         lay = _layout(btf)
         for i, m in enumerate(dm.state.maps):
             if m.type in RING_TYPES:
-                out.append((prefix + m.name, (k, i), lay))
+                out.append((prefix + m.name, (k, i), WARP_LAYOUT if i in probe.warp_rings else lay))
         out.append((prefix + tracefile.TRACE_PRINTK, (k, len(dm.state.maps)), None))
     return out
 
