@@ -12,6 +12,8 @@ output is the uninstrumented run's:
   launched) a whole number per unit, equal to the full trace's per unit (another process).
 - mem_trace: records delivered (> 0); for a deterministic workload records + drops a whole number per
   unit, equal to the memory counter's per unit.
+- mem_trace_warp: warp records delivered (> 0), none dropped, and the lanes they stand for (counted from
+  the trace file by suite.count_lanes) checked as mem_trace's records are.
 
 Records are ``suite.run_case``'s, with "counts" (``counts_from_dumps``), "units" (BENCH_UNITS) and, for
 entry_exit, "check_run" (the witness process's record). Pure functions: tests/test_bench_suite.py
@@ -22,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-PROBE_MODES = ("entry_exit", "mem_count", "mem_trace")
+PROBE_MODES = ("entry_exit", "mem_count", "mem_trace", "mem_trace_warp")
+TRACED = ("mem_trace", "mem_trace_warp")   # the modes run under egpu-run --trace
 # nvcc workloads launch one kernel per unit and nothing else; CuPy and PyTorch launch kernels of their
 # own (setup, allocator, autotuning), so their counts per unit are not fixed
 DETERMINISTIC = frozenset({"vecadd", "stencil", "gemm"})
@@ -107,11 +110,14 @@ def _witnessed(check: dict[str, Any] | None, plain: dict[str, Any]) -> str | Non
 
 
 def _accesses(rec: dict[str, Any], mode: str) -> int | None:
-    """Memory accesses the run's probe saw: the counter's sum, or the trace's records + drops."""
+    """Memory accesses the run's probe saw: the counter's sum, the trace's records + drops, or the lanes of
+    the warp trace's records."""
     if mode == "mem_count":
         counts = _first_array(rec)
         return sum(counts) if counts else None
     trace = rec.get("trace")
+    if mode == "mem_trace_warp":
+        return trace.get("lanes") if trace else None
     return trace["records"] + trace["drops"] if trace else None
 
 
@@ -125,12 +131,15 @@ def _per_unit(rec: dict[str, Any], mode: str) -> int | None:
 
 def _memory(workload: str, mode: str, modes: dict[str, dict[str, Any]]) -> str | None:
     rec = modes[mode]
+    why = _warp_trace(rec) if mode == "mem_trace_warp" else None
+    if why:
+        return why
     n = _accesses(rec, mode)
     if n is None:
         return f"no {'access counts' if mode == 'mem_count' else 'trace'} in the exit dump"
     if n == 0:
         return "the probe never ran (0 accesses)"
-    if mode == "mem_trace" and rec["trace"]["records"] == 0:
+    if mode in TRACED and rec["trace"]["records"] == 0:
         return f"no trace record delivered ({rec['trace']['drops']:,} dropped)"
     if workload not in DETERMINISTIC:
         return _dropped(rec, mode, n)
@@ -139,12 +148,22 @@ def _memory(workload: str, mode: str, modes: dict[str, dict[str, Any]]) -> str |
         return "no unit count (BENCH_UNITS) to divide the accesses by"
     if n % units:
         return f"{n:,} accesses over {units:,} units is not the same number every unit"
-    other = "mem_trace" if mode == "mem_count" else "mem_count"
-    theirs = _per_unit(modes[other], other) if other in modes else None
-    if theirs is not None and theirs != n // units:
-        return f"{n // units:,} accesses per unit, {other} saw {theirs:,}"
+    for other in TRACED if mode == "mem_count" else ("mem_count",):
+        theirs = _per_unit(modes[other], other) if other in modes else None
+        if theirs is not None and theirs != n // units:
+            return f"{n // units:,} accesses per unit, {other} saw {theirs:,}"
     return _dropped(rec, mode, n)
 
+
+def _warp_trace(rec: dict[str, Any]) -> str | None:
+    """Why a warp trace's lanes cannot stand for its accesses: they count only the records delivered."""
+    t = rec.get("trace")
+    if t and t["drops"]:
+        return (f"{t['drops']:,} warp records dropped ({t['records']:,} delivered): a full trace counts only runs "
+                "that drop none")
+    if t and "lanes_error" in t:
+        return f"the warp records' lanes were not counted: {t['lanes_error']}"
+    return None
 
 
 def _dropped(rec: dict[str, Any], mode: str, n: int) -> str | None:
@@ -152,6 +171,7 @@ def _dropped(rec: dict[str, Any], mode: str, n: int) -> str | None:
     if mode == "mem_trace" and rec["trace"]["drops"]:
         return f"{rec['trace']['drops']:,} of {n:,} records dropped: a full trace counts only runs that drop none"
     return None
+
 
 def check_counter(rec: dict[str, Any], plain: dict[str, Any], threads_per_unit: int | None) -> str | None:
     """For a workload whose threads per unit are known (bench_counters' and bench_sass's vecadd): the

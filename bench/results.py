@@ -14,18 +14,18 @@ import statistics
 from typing import Any
 
 import paired
-from probe_check import PROBE_MODES, check_cell
+from probe_check import PROBE_MODES, TRACED, check_cell
 
 # Modes in table order: (key, column title). "torch_profiler" runs only for the PyTorch workloads.
 MODES = (("plain", "uninstrumented"), ("shim", "shim only"), ("entry_exit", "entry/exit counter"),
          ("mem_count", "mem-access counter"), ("mem_trace", "full mem trace"),
-         ("torch_profiler", "torch.profiler (CUPTI)"))
+         ("mem_trace_warp", "full mem trace, warp records"), ("torch_profiler", "torch.profiler (CUPTI)"))
 MIN_RUNS = 10
 UNITS = {"torch_eager": "training step", "torch_compile": "forward"}  # otherwise a launch
 
 # Goals on the median ratio to uninstrumented (every workload must meet them), and on two costs.
 RATIO_GOALS = (("entry_exit", "entry/exit counter", 1.03), ("mem_count", "memory-access counter", 1.3),
-               ("mem_trace", "full memory trace", 2.0))
+               ("mem_trace", "full memory trace", 2.0), ("mem_trace_warp", "full memory trace, warp records", 2.0))
 SHIM_GOAL_NS = 100.0
 JIT_GOAL_MS = 100.0
 
@@ -132,9 +132,11 @@ def summarize(cases: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str
             if mode not in modes:
                 continue
             s = out[workload][mode]
-            if mode == "mem_trace" and "trace" in modes[mode]:
+            if mode in TRACED and "trace" in modes[mode]:
                 s["records_delivered"] = modes[mode]["trace"]["records"]
                 s["records_dropped"] = modes[mode]["trace"]["drops"]
+                if "lanes" in modes[mode]["trace"]:
+                    s["lanes_delivered"] = modes[mode]["trace"]["lanes"]
             why = check_cell(workload, mode, modes)
             s["probe_checked"] = why is None
             if why is not None:
@@ -210,15 +212,16 @@ def notes(doc: dict[str, Any]) -> list[str]:
     """Facts the reader needs to read the table right, derived from the results (the analysis of why a
     goal was missed is written by whoever reads them)."""
     out = []
-    for w, t in doc.get("trace", {}).items():
-        total = t["records"] + t["drops"]
-        if total and t["drops"]:
-            kept = f"{t['records']:,} of {total:,} records ({t['records'] / total:.1%})"
-            out.append(f"{w}: the full trace delivered {kept} "
-                       + ("into the trace file: its ring dropped the rest, so the cell has no ratio."
-                          if t.get("streamed") else
-                          "from a ring read at exit: once it was full the rest took the drop path, so the cell has "
-                          "no ratio."))
+    for w, traced in doc.get("trace", {}).items():
+        for mode, t in traced.items():
+            total = t["records"] + t["drops"]
+            if total and t["drops"]:
+                kept = f"{t['records']:,} of {total:,} records ({t['records'] / total:.1%})"
+                out.append(f"{w}{'' if mode == 'mem_trace' else f' ({mode})'}: the full trace delivered {kept} "
+                           + ("into the trace file: its ring dropped the rest, so the cell has no ratio."
+                              if t.get("streamed") else
+                              "from a ring read at exit: once it was full the rest took the drop path, so the cell "
+                              "has no ratio."))
     for w, modes in doc.get("summary", {}).items():
         for m, s in modes.items():
             if s.get("status") not in (None, "ok"):
@@ -343,14 +346,18 @@ def shim_lines(shim: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def trace_lines(summary_trace: dict[str, dict[str, int]]) -> list[str]:
-    if not summary_trace:
+def trace_lines(summary_trace: dict[str, dict[str, Any]]) -> list[str]:
+    rows = [(w, mode, t) for w, traced in summary_trace.items() for mode, t in traced.items()]
+    if not rows:
         return []
     lines = ["Full-trace records delivered (into egpu-run --trace's file while the job ran) and dropped (the ring "
-             "was full): a full-trace ratio counts only a run that dropped none.", "",
-             "| workload | delivered | dropped |", "| --- | ---: | ---: |"]
-    for w, t in summary_trace.items():
-        lines.append(f"| {w} | {t['records']:,} | {t['drops']:,} |")
+             "was full): a full-trace ratio counts only a run that dropped none. A warp record stands for the "
+             "lanes that made one access together: egpu trace expands it to a row per lane.", "",
+             "| workload | trace | delivered | dropped | lanes |", "| --- | --- | ---: | ---: | ---: |"]
+    for w, mode, t in rows:
+        lanes = f"{t['lanes']:,}" if "lanes" in t else "—"
+        kind = "warp records" if mode == "mem_trace_warp" else "lane records"
+        lines.append(f"| {w} | {kind} | {t['records']:,} | {t['drops']:,} | {lanes} |")
     return lines + [""]
 
 

@@ -19,7 +19,9 @@ up), so process start-up, compilation and the JIT stay out of the ratios, which 
     shim            egpu-run with no probe
     entry_exit      egpu-run -p bench/probes/entry_exit (kprobe + kretprobe counters, every thread)
     mem_count       egpu-run -p bench/probes/mem_count (a counter bumped by every global access)
-    mem_trace       egpu-run -p examples/access_trace (a 72-byte ring-buffer record per global access)
+    mem_trace       egpu-run --trace F -p examples/access_trace (a 72-byte record per lane's global access)
+    mem_trace_warp  egpu-run --trace F -p examples/mem_trace_warp (a record per warp instruction, 72 bytes
+                    when the lanes' addresses are affine: the same trace, expanded by its reader)
     torch_profiler  uninstrumented inside torch.profiler (CUPTI), PyTorch workloads only
 
 Host-bound workloads (HOST_BOUND: the eager PyTorch step, whose processes differ by 10-20%) run in
@@ -76,7 +78,7 @@ SWAP_CYCLES = 10
 WORKLOADS = {"vecadd": "cuda", "stencil": "cuda", "gemm": "cuda",
              "cupy": "python", "torch_eager": "python", "torch_compile": "python"}
 PROBES = {"entry_exit": "bench/probes/entry_exit", "mem_count": "bench/probes/mem_count",
-          "mem_trace": "examples/access_trace"}
+          "mem_trace": "examples/access_trace", "mem_trace_warp": "examples/mem_trace_warp"}
 WITNESS = "bench/probes/launch_threads"  # beside entry_exit in its witness run (bench/probe_check.py)
 SESSION_RE = re.compile(r"session kept in (\S+)")
 
@@ -122,9 +124,30 @@ def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path], witness: 
     if mode in ("plain", "torch_profiler"):
         return workload_cmd(name, exe, profile=mode == "torch_profiler")
     loaded = [probes[mode]] if mode in probes else []
-    trace = ["--trace", str(trace_file(exe))] if mode == "mem_trace" else []
+    trace = ["--trace", str(trace_file(exe))] if mode in probe_check.TRACED else []
     flags = [a for p in loaded + ([witness] if witness else []) for a in ("-p", str(p))]
     return [*egpu_run(), "--keep", *trace, *flags, *workload_cmd(name, exe)]
+
+
+def count_lanes(trace: dict[str, Any], files: list[Path]) -> None:
+    """Into a mem_trace_warp case's ``trace``: the lanes its files' warp records stand for (the rows egpu
+    trace expands them to), or why they could not be counted."""
+    import pyarrow.compute as pc
+
+    from egpu_preload.errors import EgpuError
+    from egpu_preload.output import tracefile, warp_records
+    lanes = 0
+    try:
+        for f in files:
+            read = tracefile.read(f, {})
+            names = read.rows.column("map").cast("string")
+            for m, t in read.record_types.items():
+                if t == warp_records.RECORD_TYPE:
+                    lanes += warp_records.lane_count(read.rows.filter(pc.equal(names, m)))
+    except (EgpuError, ValueError) as e:
+        trace["lanes_error"] = str(e)
+        return
+    trace["lanes"] = lanes
 
 
 def trace_file(exe: Path) -> Path:
@@ -345,9 +368,12 @@ def main() -> None:
                         continue
                     # nvcc programs load eagerly: the instrumented image's JIT falls inside the load the dump times
                     case_env = {**env, "CUDA_MODULE_LOADING": "EAGER"} if kind == "cuda" else env
-                    limit = TRACE_TIMEOUT_S if mode == "mem_trace" else TIMEOUT_S[kind]
+                    limit = TRACE_TIMEOUT_S if mode in probe_check.TRACED else TIMEOUT_S[kind]
                     rec = run_case(case_cmd(name, mode, exe, probes), case_env, min(limit, left()), cpus)
-                    for f in work.glob(trace_file(exe).stem + "*"):   # gigabytes: one case's at a time
+                    files = sorted(work.glob(trace_file(exe).stem + "*"))
+                    if mode == "mem_trace_warp" and "trace" in rec:
+                        count_lanes(rec["trace"], files)
+                    for f in files:   # gigabytes: one case's at a time
                         f.unlink()
                     if i == 0 and mode == "entry_exit" and rec["status"] == "ok" and left() > 30:
                         rec["check_run"] = run_case(case_cmd(name, mode, exe, probes, witness), case_env,
@@ -364,7 +390,8 @@ def main() -> None:
         doc["summary"] = results.summarize(cases)
         doc["modules"] = [{"workload": w, "mode": m, **mod} for w, ms in cases.items() for m, r in ms.items()
                           for mod in r.get("modules", [])]
-        doc["trace"] = {w: ms["mem_trace"]["trace"] for w, ms in cases.items() if "trace" in ms.get("mem_trace", {})}
+        doc["trace"] = {w: {m: ms[m]["trace"] for m in probe_check.TRACED if "trace" in ms.get(m, {})}
+                        for w, ms in cases.items()}
     shim = doc["shim"] if "cases" in doc["shim"] else None
     jit = doc["jit"] if "probes" in doc["jit"] else None
     doc["goals"] = results.goals(doc["summary"], shim, jit)

@@ -68,7 +68,8 @@ def fake_doc():
            "goals": results.goals(summary, shim, jit), "jit": jit, "shim": shim,
            "modules": [{"workload": "vecadd", "mode": "shim", "image": "fatbin compute_90", "kernels": 0,
                         "probes_ms": 1.5, "rewrite_ms": 2.0, "driver_ms": 30.0}],
-           "trace": {"vecadd": {"records": 1000, "drops": 0}},
+           "trace": {"vecadd": {"mem_trace": {"records": 1000, "drops": 0},
+                                "mem_trace_warp": {"records": 40, "drops": 0, "lanes": 1000}}},
            "hot_swap": {"cycles": 2, "flip_ms": {c: {"median": 1.0, "max": 2.0} for c in ("attach", "swap", "detach")},
                         "round_trip_ms": {c: {"median": 5.0, "max": 6.0} for c in ("attach", "swap", "detach")}}}
     doc["notes"] = results.notes(doc)
@@ -269,7 +270,7 @@ def test_a_host_bound_workload_is_judged_on_its_paired_rounds():
 
 def test_goals_without_measurements():
     rows = results.goals({}, None, None)
-    assert [r["status"] for r in rows] == ["not measured"] * 5
+    assert [r["status"] for r in rows] == ["not measured"] * 6
 
 
 @pytest.mark.parametrize("summary, want", [
@@ -298,10 +299,10 @@ def test_markdown_report():
                for ln in lines)
     assert "| shim | 3900.0 | 3790.0 | +90.0 |" in lines
     assert "pinned to CPU 1;" in md
-    assert "| vecadd | 1,000 | 0 |" in lines
+    assert "| vecadd | lane records | 1,000 | 0 | — |" in lines and "| vecadd | warp records | 40 | 0 | 1,000 |" in lines
     assert "| attach | 1.0 (2.0) | 5.0 (6.0) |" in lines
     assert "| mem_count | 3.0 ms | 8.0 ms | 140.0 ms | 151.0 ms | 9459 |" in lines
-    doc = {**fake_doc(), "trace": {"vecadd": {"records": 200, "drops": 800, "streamed": True}}}
+    doc = {**fake_doc(), "trace": {"vecadd": {"mem_trace": {"records": 200, "drops": 800, "streamed": True}}}}
     assert "vecadd: the full trace delivered 200 of 1,000 records (20.0%) into the trace file" in results.notes(doc)[0]
     assert "torch_eager / mem_count: timeout" in md
     assert "torch_eager / shim: the output differs" in md
@@ -417,8 +418,8 @@ def test_facts_from_dumps_of_a_streamed_trace(suite):
 
 
 @pytest.mark.parametrize("name, modes", [
-    ("vecadd", ["plain", "shim", "entry_exit", "mem_count", "mem_trace"]),
-    ("torch_eager", ["plain", "shim", "entry_exit", "mem_count", "mem_trace", "torch_profiler"]),
+    ("vecadd", ["plain", "shim", "entry_exit", "mem_count", "mem_trace", "mem_trace_warp"]),
+    ("torch_eager", ["plain", "shim", "entry_exit", "mem_count", "mem_trace", "mem_trace_warp", "torch_profiler"]),
 ])
 def test_case_commands(suite, name, modes, tmp_path):
     probes = {m: tmp_path / f"{m}.bpf.o" for m in suite.PROBES}
@@ -430,7 +431,7 @@ def test_case_commands(suite, name, modes, tmp_path):
         assert ("--keep" in cmd) == wrapped
         assert [a for a in cmd if a.endswith(".bpf.o")] == ([str(probes[mode])] if mode in probes else [])
         assert ("--profile" in cmd) == (mode == "torch_profiler")
-        assert cmd[cmd.index("--trace") + 1:][:1] == [str(tmp_path / "trace.arrow")] if mode == "mem_trace" \
+        assert cmd[cmd.index("--trace") + 1:][:1] == [str(tmp_path / "trace.arrow")] if mode.startswith("mem_trace") \
             else "--trace" not in cmd
         base = suite.workload_cmd(name, exe, profile=mode == "torch_profiler")
         assert cmd[-len(base):] == base and name in base and str(suite.REPS) in base
@@ -513,6 +514,42 @@ def test_alloc_bench_pairs_rounds_and_reads_the_goal_as_a_fraction(monkeypatch, 
     assert doc["goal"] == "undecided" and doc["added_fraction_spread"] == [pytest.approx(0.005), pytest.approx(0.012)]
 
 
+def warp_trace(path: Path, masks: list[int]) -> None:
+    """A trace file as egpu-run --trace writes mem_trace_warp's ring: a record per mask, affine."""
+    from egpu_preload.output import tracefile
+    from egpu_preload.output import warp_records as wr
+    writer = tracefile.TraceWriter(path, [("warp_events", tracefile.whole_records(wr.RECORD_TYPE))])
+    ins = wr.Instruction(1, 2, 3, 4, 4, 1, 0, (0, 0, 0), (32, 1), 0)
+    writer.add(0, [(0, wr.encode(wr.warp_record(ins, {i: 64 + 4 * i for i in wr.lanes_of(m)}))) for m in masks])
+    writer.close({"warp_events": 0})
+
+
+@pytest.mark.parametrize("damage, why", [
+    (None, None),
+    ("drop", "1 warp records dropped (2 delivered): a full trace counts only runs that drop none"),
+    ("cut", "the warp records' lanes were not counted: "),
+])
+def test_a_warp_traces_lanes_are_counted_from_its_file(suite, tmp_path, damage, why):
+    """The lanes come from the file the case wrote, and only a whole, undropped warp trace stands for its
+    accesses, checked against the counter's as the per-lane trace's records are."""
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "trace.arrow"
+    warp_trace(path, [0x7FFF, 0x7FFF0000])
+    if damage == "cut":
+        path.write_bytes(path.read_bytes()[:20])
+    trace = {"records": 2, "drops": 1 if damage == "drop" else 0, "streamed": True}
+    suite.count_lanes(trace, [path])
+    assert trace.get("lanes") == (None if damage == "cut" else 30)
+    rec = case([1.0], trace=trace, units=10)
+    got = probe_check.check_cell("vecadd", "mem_trace_warp", {"plain": case([1.0]), "mem_trace_warp": rec,
+                                                               "mem_count": mem("mem_count", 30, 10)})
+    assert got == why if not why or why.endswith("none") else got.startswith(why)
+    if damage is None:   # a counter that saw another number per unit refutes it
+        other = probe_check.check_cell("vecadd", "mem_trace_warp", {"plain": case([1.0]), "mem_trace_warp": rec,
+                                                                     "mem_count": mem("mem_count", 40, 10)})
+        assert other == "3 accesses per unit, mem_count saw 4"
+
+
 def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
     """main() with every measurement replaced: the JSON and the report come out whole."""
     monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: None)
@@ -525,10 +562,13 @@ def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
     def fake_run(cmd, env, timeout, cpus=None):
         """A run whose probes counted as a checked run must: 10 units, 2 threads and 3 accesses each."""
         probes = [Path(a).name.split(".")[0] for a in cmd if a.endswith(".bpf.o")]
-        slow = 3.0 if "access_trace" in probes else 1.0
+        slow = 3.0 if "access_trace" in probes else 1.5 if "mem_trace_warp" in probes else 1.0
         counts = {"entry_exit": [[20, 20]], "mem_count": [[10, 20]], "launch_threads": [[20, 10]]}
-        dropped = 30 if "gemm" in cmd and slow > 1 else 0   # gemm's full trace drops some
+        dropped = 30 if "gemm" in cmd and slow == 3.0 else 0   # gemm's full trace drops some
         trace = {"trace": {"records": 30 - dropped, "drops": dropped, "streamed": "--trace" in cmd}} if slow > 1 else {}
+        if "mem_trace_warp" in probes:   # two warp records of 15 lanes in the file the suite counts lanes in
+            trace["trace"]["records"] = 2
+            warp_trace(Path(cmd[cmd.index("--trace") + 1]), [0x7FFF, 0xFFFE0000 >> 1])
         return {**case([10.0 * slow] * 10), **trace,
                 "units": 10, "counts": [counts.get(p, [None]) for p in probes], "shim_stats": {"dropped": 0},
                 "modules": [{"image": "ptx", "kernels": 3, "rewrite_ms": 1.0}] if "--keep" in cmd else []}
@@ -543,7 +583,7 @@ def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
     assert "ratio" not in gemm and gemm["unchecked_ratio"] == pytest.approx(3.0)
     assert "torch_profiler" in doc["summary"]["torch_eager"] and "torch_profiler" not in doc["summary"]["cupy"]
     assert doc["hot_swap"]["skipped"].startswith("hot swap: RuntimeError: no egpu attach here")
-    assert doc["trace"]["vecadd"] == {"records": 30, "drops": 0, "streamed": True}
+    assert doc["trace"]["vecadd"]["mem_trace"] == {"records": 30, "drops": 0, "streamed": True}
     assert all(doc["summary"][w][m]["probe_checked"] for w in suite.WORKLOADS for m in suite.PROBES
                if (w, m) != ("gemm", "mem_trace"))
     eager = doc["summary"]["torch_eager"]
@@ -553,7 +593,9 @@ def test_main_end_to_end_with_stand_ins(suite, tmp_path, monkeypatch):
     assert mem["status"] == "too few pairs (1)" and "too few pairs: torch_eager" in mem["scope"]
     assert len(doc["cases"]["torch_eager"]["shim"]["rounds_ms"]) == 10
     assert doc["cases"]["gemm"]["entry_exit"]["check_run"]["counts"][1] == [[20, 10]]
-    assert len(doc["modules"]) == 6 * 4  # shim, entry_exit, mem_count, mem_trace per workload
+    assert len(doc["modules"]) == 6 * 5  # shim, entry_exit, mem_count, mem_trace, mem_trace_warp per workload
+    assert doc["summary"]["vecadd"]["mem_trace_warp"]["ratio"] == pytest.approx(1.5)
+    assert doc["trace"]["vecadd"]["mem_trace_warp"] == {"records": 2, "drops": 0, "streamed": True, "lanes": 30}
     md = (tmp_path / "suite.md").read_text()
     assert "| full memory trace | ≤ 2.0x | 3.000x |" in md and "Skipped: hot swap" in md
 
