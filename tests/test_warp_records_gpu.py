@@ -117,3 +117,26 @@ def test_gather_warp_records_of_every_form_expand_to_the_per_thread_trace(gather
     records = [wr.decode(r) for r in raw]
     assert {r.form for r in records} == {wr.FORM_AFFINE, wr.FORM_OFFSETS, wr.FORM_ADDRS}
     assert any(bin(r.mask).count("1") == n % 32 for r in records)   # the last warp
+
+
+def _trace_file_lanes(cmd: list[str], probe: Path, env: dict[str, str], path: Path) -> list[wr.LaneAccess]:
+    """The lanes of one run of cmd under egpu-run --trace, as egpu trace reads its file back."""
+    from egpu_preload.output import tracefile
+    done = egpu_run(["--trace", str(path), "-p", str(probe), *cmd], env, timeout=300)
+    assert done.returncode == 0 and "wrong 0" in done.stdout, done.stderr[-3000:]
+    assert "none dropped" in done.stderr, done.stderr[-3000:]
+    return [wr.LaneAccess(r["ts"], r["addr"], r["kernel_id"], r["launch_id"], r["site"], r["size"], r["flags"],
+                          r["sm"], (r["block[0]"], r["block[1]"], r["block[2]"]),
+                          (r["thread[0]"], r["thread[1]"], r["thread[2]"]))
+            for r in tracefile.read(path).rows.to_pylist()]
+
+
+def test_gather_warp_trace_file_reads_back_as_the_per_thread_trace_file(gather, shim, tmp_path):  # noqa: F811
+    """egpu-run --trace keeps mem_trace_warp's records whole; egpu trace's reader expands them into the rows
+    access_trace's trace file has, on records of every form."""
+    n = 4001
+    cmd, env = [str(gather), str(n)], env_for(shim, tmp_path / "s")
+    per_lane = _trace_file_lanes(cmd, _example("access_trace", tmp_path), env, tmp_path / "lanes.arrow")
+    expanded = _trace_file_lanes(cmd, _example("mem_trace_warp", tmp_path), env, tmp_path / "warp.parquet")
+    assert len(per_lane) == 4 * n + n // 2
+    _same_lanes(expanded, per_lane)
