@@ -49,7 +49,29 @@ def test_a_waiting_ring_spins_on_consumed_and_never_gives_credit_back(name, tmp_
 
 # ---- the reader against a stand-in ring written by producer threads ---------------------------------
 
-class HostRing:
+class HostMemory:
+    """The reader's Memory over the bytearray ``mem``: offsets in it stand for device addresses, and a
+    bytearray of its own for pinned memory."""
+
+    mem: bytearray
+
+    def read(self, addr: int, n: int) -> bytes:
+        return bytes(self.mem[addr:addr + n])
+
+    def read_into(self, addr: int, buf: memoryview) -> None:
+        buf[:] = self.mem[addr:addr + len(buf)]
+
+    def write(self, addr: int, data: bytes | memoryview) -> None:
+        self.mem[addr:addr + len(data)] = data
+
+    def pinned(self, size: int) -> memoryview:
+        return memoryview(bytearray(size))
+
+    def unpin(self, buf: memoryview) -> None:
+        pass
+
+
+class HostRing(HostMemory):
     """A ring region in host memory with devmaps.py's protocol, written by producer threads the way the
     generated PTX does (a lock stands in for each atomic) and read through the reader's Memory calls."""
 
@@ -61,13 +83,6 @@ class HostRing:
         self.atomic = threading.Lock()
         self.refused = 0   # the producers' own count of records they dropped
         self.reopened = 0  # records delivered from an SM that had been refused as large a record before
-
-    # Memory (the reader's side; offsets from 0 stand for device addresses)
-    def read(self, addr: int, n: int) -> bytes:
-        return bytes(self.mem[addr:addr + n])
-
-    def write(self, addr: int, data: bytes) -> None:
-        self.mem[addr:addr + len(data)] = data
 
     def _u64(self, off: int) -> int:
         return struct.unpack_from("<Q", self.mem, self.base + off)[0]
@@ -225,6 +240,89 @@ def test_a_record_is_taken_only_once_a_pass_saw_it_complete():
     reader.take()
     assert reader.take() == [(0, b"second..")] and reader.empty()
     assert not any(ring.mem[devmaps.HEADER:devmaps.HEADER + 48])   # consumed bytes cleared
+
+
+class StagedRing(HostRing):
+    """A HostRing that keeps what the reader asks of it: the pinned buffers it made and freed, the sizes
+    read() copied, the data write() was given."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.pins: list[bytearray] = []
+        self.unpinned: list[bytearray] = []
+        self.reads: list[int] = []
+        self.writes: list[bytes | memoryview] = []
+
+    def pinned(self, size: int) -> memoryview:
+        self.pins.append(bytearray(size))
+        return memoryview(self.pins[-1])
+
+    def unpin(self, buf: memoryview) -> None:
+        self.unpinned.append(buf.obj)
+
+    def read(self, addr: int, n: int) -> bytes:
+        self.reads.append(n)
+        return super().read(addr, n)
+
+    def write(self, addr: int, data: bytes | memoryview) -> None:
+        self.writes.append(data)
+        super().write(addr, data)
+
+
+def test_what_a_pass_hands_out_outlives_the_pinned_memory_later_passes_copy_into():
+    """The writer holds a pass's records while later passes copy into the same pinned memory: Blocks and
+    single records kept over 40 passes, looked at only after, are what was written. That memory is made
+    once and freed by stop(); the records' bytes reach the reader only through it (read() copies no more
+    than a header or the SMs' lines) and the zeros that clear them come from it too."""
+    from egpu_preload.runtime.ring_drain import RUN
+    ring = StagedRing(4096, 3, wait=False)
+    reader = RingReader(ring, 0, ring.lay)
+    written, kept = [], []
+    for p in range(40):
+        for i in range(RUN + 2):   # a Block, then records one by one: another size ends the run
+            data = struct.pack("<II", p, i) + bytes(8 * (i >= RUN))
+            assert ring.produce(data, sm=i % 3)
+            written.append((i % 3, data))
+        kept.append(reader.take())
+    RingDrain([reader], lambda i, taken: kept.append(taken)).stop()
+    assert flat([x for taken in kept for x in taken]) == written
+    assert {type(x) for taken in kept for x in taken} == {Block, tuple}
+    assert len(ring.pins) == len(ring.unpinned) == 1 and ring.unpinned[0] is ring.pins[0]
+    assert set(ring.reads) <= {devmaps.RING_NCPU + 4, 3 * devmaps.LINE, 8}
+    zeros = [w for w in ring.writes if len(w) > 8]
+    assert zeros and all(isinstance(w, memoryview) and w.obj is ring.pins[0] for w in zeros)
+
+
+def test_a_reader_whose_copy_fails_frees_its_pinned_memory_and_stop_reports_the_copy():
+    """The copy fails while the job runs: the ring is passed over unread from then on, and stop() frees
+    the pinned memory and raises the copy's failure, not that of freeing after it."""
+    ring = StagedRing(4096, 1, wait=False)
+    reader = RingReader(ring, 0, ring.lay)
+    copies = []
+
+    def read_into(addr: int, buf: memoryview) -> None:
+        if copies:
+            raise RuntimeError("copy failed")
+        copies.append(addr)
+        HostRing.read_into(ring, addr, buf)
+
+    def unpin(buf: memoryview) -> None:
+        ring.unpinned.append(buf.obj)
+        raise RuntimeError("free failed")
+
+    ring.read_into, ring.unpin = read_into, unpin
+    assert ring.produce(b"first...", 0)
+    drain = RingDrain([reader], lambda i, taken: None, idle_s=0.0001).start()
+    deadline = time.monotonic() + 10
+    while drain.error is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert ring.produce(b"second..", 0)
+    while reader.consumed != ring._u64(0) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    with pytest.raises(RuntimeError, match="copy failed"):
+        drain.stop()
+    assert len(ring.pins) == len(ring.unpinned) == 1 and ring.unpinned[0] is ring.pins[0]
+    assert reader.skipped == 32 and reader.taken == 0
 
 
 # ---- the trace file ----------------------------------------------------------------------------------
@@ -405,6 +503,54 @@ def test_egpu_run_trace_writes_the_file_and_says_what_it_holds(stub_job, probe_o
     assert trace.dropped == {"events": 0, "trace_printk": 0}
 
 
+# The reader through runtime/driver.py in a process of its own (loaded into pytest's, the stand-in would be
+# the libcuda.so.1 of every later test there): three records in a ring the stand-in's memory holds.
+THROUGH_THE_DRIVER = """
+import struct, sys
+import cffi
+from egpu_preload.runtime.driver import ContextMemory, Driver
+from egpu_preload.runtime.ring_drain import RingDrain, RingReader
+from egpu_preload.translate import devmaps
+
+ffi = cffi.FFI()
+ffi.cdef("void *dlopen(const char *, int); void *dlsym(void *, const char *);")
+libc = ffi.dlopen(None)
+cuda = libc.dlopen(sys.argv[1].encode(), 2)   # RTLD_NOW
+
+
+class Shim:   # egpu_shim_real: the driver's own symbols
+    def egpu_shim_real(self, symbol):
+        return libc.dlsym(cuda, symbol)
+
+
+driver = Driver(ffi, Shim())
+mem = ContextMemory(driver, driver.maps_context())
+lay = devmaps.MapLayout("ringbuf", capacity=4096)
+addr = mem.alloc(lay.region_size(2))
+mem.write(addr, devmaps.ring_image(lay, 2))
+mem.write(addr + devmaps.HEADER, b"".join(struct.pack("<II", 8, devmaps.REC_READY | 1 << 8) + b"record%02d" % i
+                                          for i in range(3)))
+mem.write(addr, struct.pack("<QQ", 48, 48))
+got = []
+RingDrain([RingReader(mem, addr, lay)], lambda i, taken: got.extend(taken)).stop()
+print(got)
+"""
+
+
+def test_the_reader_copies_into_pinned_memory_through_the_driver(stub_job, tmp_path):
+    """runtime/driver.py's pinned memory and copies into it against the stand-in driver: the records come
+    through one buffer cuMemHostAlloc made, a copy per pass on the runtime's stream in the maps' context,
+    and stop() frees it."""
+    log = tmp_path / "log"
+    r = subprocess.run([sys.executable, "-c", THROUGH_THE_DRIVER, str(stub_job.driver_dir / "libcuda.so.1")],
+                       env=stub_job.env(log), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "[(1, b'record00'), (1, b'record01'), (1, b'record02')]\n"
+    calls = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
+    staged = [c for c in calls if c.startswith(("cuMemHostAlloc", "cuMemFreeHost", "cuMemcpyDtoHAsync_v2 size=48"))]
+    assert staged == ["cuMemHostAlloc"] + ["cuMemcpyDtoHAsync_v2 size=48 stream=ours ctx=app"] * 2 + ["cuMemFreeHost"]
+
+
 def test_on_full_wait_without_a_reader_is_refused(stub_job, probe_obj, tmp_path):
     """Nobody would make room in a waiting ring: the job never starts."""
     from stub_job import egpu_run
@@ -431,7 +577,7 @@ def test_the_reader_expands_a_record_type_through_its_hook(access_trace, tmp_pat
 
 
 
-class Arena:
+class Arena(HostMemory):
     """Device memory for DeviceMaps and the reader alike: one bytearray, addresses are its offsets."""
 
     def __init__(self, size: int) -> None:
@@ -445,13 +591,7 @@ class Arena:
     def free(self, ptr: int) -> None:
         pass
 
-    def read(self, addr: int, n: int) -> bytes:
-        return bytes(self.mem[addr:addr + n])
-
-    def write(self, addr: int, data: bytes) -> None:
-        self.mem[addr:addr + len(data)] = data
-
-    htod, dtoh = write, read
+    htod, dtoh = HostMemory.write, HostMemory.read
 
 
 def test_streaming_drains_a_jobs_rings_into_the_trace_file(access_trace, tmp_path):

@@ -42,6 +42,8 @@ SIGNATURES = {
     "cuMemcpyDtoH_v2": "int (*)(void *, unsigned long long, size_t)",
     "cuMemcpyHtoDAsync_v2": "int (*)(unsigned long long, const void *, size_t, void *)",
     "cuMemcpyDtoHAsync_v2": "int (*)(void *, unsigned long long, size_t, void *)",
+    "cuMemHostAlloc": "int (*)(void **, size_t, unsigned int)",
+    "cuMemFreeHost": "int (*)(void *)",
     "cuStreamCreate": "int (*)(void **, unsigned int)",
     "cuStreamDestroy_v2": "int (*)(void *)",
     "cuStreamSynchronize": "int (*)(void *)",
@@ -167,6 +169,17 @@ class Driver:
     def free(self, ptr: int) -> None:
         self.call("cuMemFree_v2", ptr)
 
+    def host_alloc(self, size: int) -> memoryview:
+        """``size`` bytes of page-locked host memory, not zeroed: the copy engine reads and writes it
+        directly, where a copy from or to pageable memory goes through the driver's own bounce buffer."""
+        p = self.ffi.new("void **")
+        self.call("cuMemHostAlloc", p, max(size, 8), 0)
+        return memoryview(self.ffi.buffer(self.ffi.cast("char *", p[0]), size))
+
+    def host_free(self, buf: memoryview) -> None:
+        """Free what host_alloc returned; nothing may use ``buf`` after."""
+        self.call("cuMemFreeHost", self.ffi.from_buffer(buf))
+
     def htod(self, ptr: int, data: bytes) -> None:
         if data:
             self.call("cuMemcpyHtoD_v2", ptr, self.ffi.from_buffer(data), len(data))
@@ -208,15 +221,19 @@ class Driver:
 
     def dtoh_on(self, stream: int, ptr: int, size: int) -> bytes:
         """Copy out on ``stream`` and wait for that stream only."""
-        if not size:
-            return b""
-        buf = self.ffi.new("char[]", size)
-        s = self.ffi.cast("void *", stream)
-        self.call("cuMemcpyDtoHAsync_v2", buf, ptr, size, s)
-        self.call("cuStreamSynchronize", s)
-        return self.ffi.buffer(buf, size)[:]
+        out = bytearray(size)
+        self.dtoh_into(stream, ptr, memoryview(out))
+        return bytes(out)
 
-    def htod_on(self, stream: int, ptr: int, data: bytes) -> None:
+    def dtoh_into(self, stream: int, ptr: int, buf: memoryview) -> None:
+        """Copy ``buf.nbytes`` bytes out into ``buf`` on ``stream`` and wait for that stream only: into
+        page-locked memory (host_alloc) the copy engine writes directly."""
+        if buf.nbytes:
+            s = self.ffi.cast("void *", stream)
+            self.call("cuMemcpyDtoHAsync_v2", self.ffi.from_buffer(buf, require_writable=True), ptr, buf.nbytes, s)
+            self.call("cuStreamSynchronize", s)
+
+    def htod_on(self, stream: int, ptr: int, data: bytes | memoryview) -> None:
         """Copy in on ``stream`` and wait for that stream only (copies on one stream land in order)."""
         if data:
             s = self.ffi.cast("void *", stream)
@@ -282,28 +299,48 @@ class ContextMemory:
     def free(self, ptr: int) -> None:
         self.driver.free(ptr)
 
-    def htod(self, ptr: int, data: bytes) -> None:
+    def htod(self, ptr: int, data: bytes | memoryview) -> None:
         self.driver.htod_on(self.stream, ptr, data)
 
     def dtoh(self, ptr: int, size: int) -> bytes:
         return self.driver.dtoh_on(self.stream, ptr, size)
 
-    def read(self, addr: int, n: int) -> bytes:
-        """dtoh from any thread: the context made current, capture mode relaxed, for the copy."""
+    @contextmanager
+    def _from_any_thread(self) -> Iterator[None]:
+        """The context made current and capture mode relaxed for the block, on whatever thread it runs."""
         with self.driver.current(self.context), self.driver.capture_relaxed():
+            yield
+
+    def read(self, addr: int, n: int) -> bytes:
+        """dtoh from any thread."""
+        with self._from_any_thread():
             return self.dtoh(addr, n)
 
-    def write(self, addr: int, data: bytes) -> None:
-        """htod from any thread, as read()."""
-        with self.driver.current(self.context), self.driver.capture_relaxed():
+    def read_into(self, addr: int, buf: memoryview) -> None:
+        """read() into ``buf``, memory from pinned(): the copy engine writes it, and nothing is allocated."""
+        with self._from_any_thread():
+            self.driver.dtoh_into(self.stream, addr, buf)
+
+    def write(self, addr: int, data: bytes | memoryview) -> None:
+        """htod from any thread; from memory pinned() returned, the copy engine reads it directly."""
+        with self._from_any_thread():
             self.htod(addr, data)
+
+    def pinned(self, size: int) -> memoryview:
+        """Page-locked host memory for read_into() and write(), from any thread; freed by unpin()."""
+        with self._from_any_thread():
+            return self.driver.host_alloc(size)
+
+    def unpin(self, buf: memoryview) -> None:
+        with self._from_any_thread():
+            self.driver.host_free(buf)
 
     def globaltimer_offset(self, tries: int = 5) -> tuple[int, int] | None:
         """(%globaltimer - CLOCK_REALTIME, the uncertainty) in ns: a one-thread kernel reads the GPU's clock
         between two host reads, the tightest of ``tries``; None when the kernel stored nothing (a driver
         that runs no kernels). The driver keeps %globaltimer near the Unix epoch, not on it: 1.19 ms ahead
         on the H200 of 2026-12-01, which launch probes' enqueue times must not carry."""
-        with self.driver.current(self.context), self.driver.capture_relaxed():
+        with self._from_any_thread():
             module = self.driver.load(GLOBALTIMER_PTX, library=False)
             try:
                 out = self.alloc(8)

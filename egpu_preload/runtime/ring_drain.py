@@ -4,7 +4,12 @@ ring made to wait (devmaps.py, ``--on-full wait``) loses nothing.
 
 The regions stay in device memory, where the producers' atomics are cheap; the reader copies on the
 runtime's own stream (driver.ContextMemory.read/write: a non-blocking stream, never the application's,
-so the application never synchronizes with it and its kernels keep running while the copies do).
+so the application never synchronizes with it and its kernels keep running while the copies do). The
+records' bytes and the zeros that clear them go through page-locked memory of each reader's own, made
+at its first pass with records and freed when the drain stops: from pageable memory the driver copies
+through a bounce buffer of its own, and a buffer made per pass is zero-filled besides. The scan reads
+that memory in place and copies out what it hands on, once: the writer holds records past the next
+pass, which overwrites it.
 
 A copy engine reads a range in no particular order, so one copy may hold a record's READY flag and an
 older copy of its bytes. A record is therefore taken only from a copy made after an earlier copy had
@@ -26,7 +31,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from egpu_preload.translate.devmaps import HEADER, LINE, M64, RING_NCPU, REC_DISCARD, REC_READY, MapLayout
@@ -35,10 +40,14 @@ IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that fo
 
 
 class Memory(Protocol):
-    """Device memory the reader can copy from any thread (driver.ContextMemory)."""
+    """Device memory the reader can copy from any thread (driver.ContextMemory): headers with read(), the
+    records into memory from pinned() with read_into()."""
 
     def read(self, addr: int, n: int) -> bytes: ...
-    def write(self, addr: int, data: bytes) -> None: ...
+    def read_into(self, addr: int, buf: memoryview) -> None: ...
+    def write(self, addr: int, data: bytes | memoryview) -> None: ...
+    def pinned(self, size: int) -> memoryview: ...
+    def unpin(self, buf: memoryview) -> None: ...
 
 
 Record = tuple[int, bytes]   # (SM id: perf and trace_printk records carry it, ringbuf records 0; data)
@@ -79,6 +88,7 @@ class RingReader:
     taken: int = 0         # records handed out
     dropped: int = 0       # the producers' count (header plus per-SM lines) at the last pass
     skipped: int = 0       # bytes of records passed over unread after the reader failed (skip)
+    _pinned: memoryview | None = field(default=None, init=False, repr=False, compare=False)   # see _staging
 
     def take(self) -> Taken:
         """The records complete since an earlier pass (in ring order), their bytes cleared and
@@ -90,12 +100,15 @@ class RingReader:
         first = self.consumed % cap
         straight = cap - first   # positions before the wrap; a record starting there may run into the slack
         limit = self.seen - self.consumed
+        stage, zeros = self._staging()
         out: Taken = []
-        a = self.mem.read(self.addr + HEADER + first, n)    # first + n < 2 * capacity: data and slack
+        a = stage[:n]
+        self.mem.read_into(self.addr + HEADER + first, a)    # first + n < 2 * capacity: data and slack
         k, took_a, stopped = _scan(a, 0, min(n, straight), limit, out)
         took_b = None
-        if not stopped and k < n:   # on from the data area's start
-            b = self.mem.read(self.addr + HEADER, n - straight)
+        if not stopped and k < n:   # on from the data area's start, over ``a``: _scan copied its records out
+            b = stage[:n - straight]
+            self.mem.read_into(self.addr + HEADER, b)
             kb, took_b, _ = _scan(b, k - straight, n - straight, limit - straight, out)
             k = straight + kb
         self.seen = self.consumed + k
@@ -104,15 +117,30 @@ class RingReader:
         # Zeros copied in, not a memset: a memset is a kernel, which under --on-full wait never starts
         # while the producers' blocks hold every SM spinning for room (a hang on the H200, 2026-12-04).
         if took_a:
-            self.mem.write(self.addr + HEADER + first, bytes(took_a))
+            self.mem.write(self.addr + HEADER + first, zeros[:took_a])
         if took_b:
-            self.mem.write(self.addr + HEADER, bytes(took_b))
+            self.mem.write(self.addr + HEADER, zeros[:took_b])
         self.consumed += straight + took_b if took_b is not None else took_a
         self.mem.write(self.addr + 16, struct.pack("<Q", self.consumed))
         if not self.lay.wait:
             self._reopen(lines, ncpu)
         self.taken += count(out)
         return out
+
+    def _staging(self) -> tuple[memoryview, memoryview]:
+        """(where a pass's copies land, zeros to clear what it took): ``capacity`` bytes each, as a copy is
+        at most what is unread; pinned memory made at the first pass that has records, kept until close()."""
+        cap = self.lay.capacity
+        if self._pinned is None:
+            self._pinned = self.mem.pinned(2 * cap)
+            self._pinned[cap:] = bytes(cap)
+        return self._pinned[:cap], self._pinned[cap:]
+
+    def close(self) -> None:
+        """The pinned memory freed (no pass runs any more; a later one would make it again)."""
+        if self._pinned is not None:
+            buf, self._pinned = self._pinned, None
+            self.mem.unpin(buf)
 
     def _header(self) -> tuple[int, bytes, int]:
         """(head, the per-SM lines, their count), ``dropped`` updated from the producers' counts."""
@@ -146,12 +174,13 @@ class RingReader:
         return head == self.consumed
 
 
-def _scan(buf: bytes, k: int, stop: int, limit: int, out: Taken) -> tuple[int, int | None, bool]:
-    """Walk the records of ``buf`` that start in [k, stop), appending to ``out`` the committed ones that
-    start before ``limit``; (where the walk ended, the end of the last record taken or None, whether it
-    stopped at a record not yet complete). Offsets and lengths are 8-byte aligned (devmaps.py). Runs of
-    RUN or more records of one size go as Blocks, found and cut out with numpy where it is installed."""
-    words = memoryview(buf).cast("I")
+def _scan(buf: memoryview, k: int, stop: int, limit: int, out: Taken) -> tuple[int, int | None, bool]:
+    """Walk the records of ``buf`` that start in [k, stop), appending to ``out`` copies of the committed
+    ones that start before ``limit`` (``buf`` is the reader's staging, overwritten by the next pass); (where
+    the walk ended, the end of the last record taken or None, whether it stopped at a record not yet
+    complete). Offsets and lengths are 8-byte aligned (devmaps.py). Runs of RUN or more records of one
+    size go as Blocks, found and cut out with numpy where it is installed."""
+    words = buf.cast("I")
     np = _numpy()
     took, single = None, 0   # single: records to walk one by one before looking for a run again
     while k < stop:
@@ -168,7 +197,7 @@ def _scan(buf: bytes, k: int, stop: int, limit: int, out: Taken) -> tuple[int, i
             if n >= RUN:
                 if k < limit:
                     rows = np.frombuffer(buf, np.uint8, n * size, k).reshape(n, size)
-                    out.append(Block(cpus[:n], rows[:, 8:8 + length]))
+                    out.append(Block(cpus[:n], rows[:, 8:8 + length].copy()))
                     took = k + n * size
                 k += n * size
                 continue
@@ -176,13 +205,13 @@ def _scan(buf: bytes, k: int, stop: int, limit: int, out: Taken) -> tuple[int, i
         single = max(single - 1, 0)
         if k < limit:
             if flags & REC_READY:
-                out.append((flags >> 8, buf[k + 8:k + 8 + length]))
+                out.append((flags >> 8, buf[k + 8:k + 8 + length].tobytes()))
             took = end
         k = end
     return k, took, False
 
 
-def _run(np: Any, buf: bytes, k: int, bound: int, length: int, size: int) -> tuple[int, Any]:
+def _run(np: Any, buf: memoryview, k: int, bound: int, length: int, size: int) -> tuple[int, Any]:
     """How many records from ``k`` on, starting before ``bound``, are committed with ``length`` bytes
     (each one's place follows from the one before being such), and every candidate's SM id."""
     words = np.frombuffer(buf, np.uint32)
@@ -248,13 +277,31 @@ class RingDrain:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """After the job's kernels have finished: the thread joined, then every record left taken (a
-        record is taken one pass after it is seen, so passes go on until every ring is empty)."""
+        record is taken one pass after it is seen, so passes go on until every ring is empty), then the
+        readers' pinned memory freed, after a failure too; the first failure raised."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        if self.error is None:
+            try:
+                self._last_passes(timeout_s)
+            except BaseException as e:   # raised below, once the memory is freed
+                self.error = e
+        self._close()
         if self.error is not None:
             raise self.error
+
+    def _last_passes(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while self.drain_once() or not all(r.empty() for r in self.readers):
             if time.monotonic() > deadline:   # a record left BUSY: a probe reserved and never submitted
                 break
+
+    def _close(self) -> None:
+        """Every reader closed; where a pass failed, that failure is the one stop() raises, not a free's."""
+        try:
+            for r in self.readers:
+                r.close()
+        except Exception:
+            if self.error is None:
+                raise
