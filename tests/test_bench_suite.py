@@ -418,8 +418,8 @@ def test_facts_from_dumps_of_a_streamed_trace(suite):
 
 
 @pytest.mark.parametrize("name, modes", [
-    ("vecadd", ["plain", "shim", "entry_exit", "mem_count", "mem_trace", "mem_trace_warp"]),
-    ("torch_eager", ["plain", "shim", "entry_exit", "mem_count", "mem_trace", "mem_trace_warp", "torch_profiler"]),
+    ("vecadd", ["plain", "shim", "entry_exit", "mem_count", "mem_trace_warp", "mem_trace"]),
+    ("torch_eager", ["plain", "shim", "entry_exit", "mem_count", "mem_trace_warp", "mem_trace", "torch_profiler"]),
 ])
 def test_case_commands(suite, name, modes, tmp_path):
     probes = {m: tmp_path / f"{m}.bpf.o" for m in suite.PROBES}
