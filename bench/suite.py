@@ -117,7 +117,10 @@ def workload_cmd(name: str, exe: Path, profile: bool = False) -> list[str]:
 
 
 def modes_for(name: str) -> list[str]:
-    return ["plain", "shim", *PROBES, *(["torch_profiler"] if name.startswith("torch") else [])]
+    """The workload's modes; SUITE_MODES (comma-separated) keeps only those named, to fit a device call."""
+    modes = ["plain", "shim", *PROBES, *(["torch_profiler"] if name.startswith("torch") else [])]
+    kept = os.environ.get("SUITE_MODES")
+    return [m for m in modes if m in kept.split(",")] if kept else modes
 
 
 def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path], witness: Path | None = None) -> list[str]:

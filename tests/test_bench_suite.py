@@ -899,3 +899,9 @@ def test_sass_sweep_reads_its_lines_and_the_cost_per_block():
     assert got == {"us": {"256/132": 10.5, "256/264": 12.0}, "attr": [16, 0, 8], "done": True, "tool_patched": 1}
     assert sweep.added(got["us"], {"256/132": 13.14, "256/264": 12.0, "32/132": 1.0}) == {
         "256/132": {"added_us": 2.64, "ns_per_block": 20.0}, "256/264": {"added_us": 0.0, "ns_per_block": 0.0}}
+
+
+def test_suite_modes_keeps_the_modes_named(suite, monkeypatch):
+    monkeypatch.setenv("SUITE_MODES", "plain,mem_trace_warp,torch_profiler")
+    assert suite.modes_for("vecadd") == ["plain", "mem_trace_warp"]
+    assert suite.modes_for("torch_eager") == ["plain", "mem_trace_warp", "torch_profiler"]

@@ -35,6 +35,7 @@ def test_a_full_memory_trace_of_vecadd_keeps_every_access(shim, tmp_path, suffix
     exit (2026-12-04d), behind the teardown of pyarrow state first used after the exit hook was armed."""
     pa = pytest.importorskip("pyarrow")
     import numpy as np
+    import pyarrow.compute as pc
     from egpu_preload.output import tracefile
     exe = tmp_path / "vecadd"
     subprocess.run(["nvcc", "-O2", "-arch=sm_90", str(ROOT / "tests" / "e2e" / "vecadd.cu"), "-o", str(exe)],
@@ -48,7 +49,7 @@ def test_a_full_memory_trace_of_vecadd_keeps_every_access(shim, tmp_path, suffix
     trace = tracefile.read(out)
     assert trace.complete and trace.dropped == {"events": 0, "trace_printk": 0}
     t = trace.rows.select(["map", "seq", "addr", "flags", "site", "block[0]", "thread[0]"])
-    t = t.filter(pa.compute.equal(t.column("map").cast(pa.string()), "events"))
+    t = t.filter(pc.equal(t.column("map").cast(pa.string()), "events"))
     assert t.num_rows == 3 * THREADS
     assert np.array_equal(np.sort(t.column("seq").to_numpy()), np.arange(3 * THREADS, dtype=np.uint64))
     i = t.column("block[0]").to_numpy().astype(np.int64) * 256 + t.column("thread[0]").to_numpy()

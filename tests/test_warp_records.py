@@ -405,3 +405,23 @@ def test_the_rings_egpu_run_trace_names_warp_rings(tmp_path: Path, source: str, 
     probe = load_probe(compile_probe(src, tmp_path / f"{source}.bpf.o"))
     maps = [SimpleNamespace(state=MapsState(probe.obj.maps))]
     assert {name for name, _, layout in drained([probe], maps) if layout is WARP_LAYOUT} == rings
+
+
+def test_warp_records_taken_as_blocks_read_back_as_written(tmp_path: Path) -> None:
+    """Records of one size come from the drain as a Block (runtime/ring_drain.py) and go into the file's data
+    column as they are, offsets made, no pyarrow compute kernel run in the job: read back they expand as
+    expand() expands each."""
+    pytest.importorskip("pyarrow")
+    import numpy as np
+
+    from egpu_preload.output import tracefile
+    from egpu_preload.runtime.ring_drain import Block
+    raw = [wr.encode(wr.warp_record(wr.Instruction(t, 7, 9, t % 3, 4, 1, 5, (t, 0, 0), (64, 1), t % 2),
+                                    {lane: 4096 + 4 * lane + 256 * t for lane in range(32)})) for t in range(40)]
+    path = tmp_path / "w.arrow"
+    writer = tracefile.TraceWriter(path, [("warp_events", tracefile.whole_records(wr.RECORD_TYPE))])
+    writer.add(0, [Block(np.zeros(40, np.uint32), np.frombuffer(b"".join(raw), np.uint8).reshape(40, 72))])
+    writer.close({})
+    rows = tracefile.read(path).rows.to_pylist()
+    assert [(r["addr"], r["thread[0]"], r["ts"]) for r in rows] == \
+        [(lane.addr, lane.thread[0], lane.ts) for r in raw for lane in wr.expand(r)]

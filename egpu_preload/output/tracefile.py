@@ -282,9 +282,11 @@ class TraceWriter:
         elif records is not None and (raw is None or fits is not None):
             cols["data"] = pa.array([None if fits and fits[i] else d for i, (_, d) in enumerate(records)],
                                     pa.binary())
-        elif blob is not None:
-            fixed = pa.FixedSizeBinaryArray.from_buffers(pa.binary(blob.shape[1]), n, [None, pa.py_buffer(blob)])
-            cols["data"] = fixed.cast(pa.binary())
+        elif blob is not None:   # the bytes as they are, their offsets made: no cast, no compute kernel, whose
+            # registry pyarrow would set up (and register the teardown of) at its first use in the job's exit,
+            # after the exit hook: mem_trace_warp's job segfaulted there on the H200 (2026-12-04e)
+            offsets = np.arange(0, (n + 1) * blob.shape[1], blob.shape[1], dtype=np.int32)
+            cols["data"] = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(blob)])
         return pa.table([cols.get(f.name, pa.nulls(n, f.type)) for f in self.schema], schema=self.schema)
 
     def _column(self, raw: Any, word: Any, c: Column, fits: list[bool] | None) -> Any:

@@ -290,7 +290,7 @@ def _records(table: Any) -> tuple[Any, Any, Any, Any, Any]:
     import numpy as np
     import pyarrow as pa
 
-    data = table.column("data").combine_chunks().cast(pa.large_binary())
+    data = table.column("data").cast(pa.large_binary()).combine_chunks()   # over 2 GiB: 32-bit offsets overflow
     offsets = _offsets(data)
     buf = np.frombuffer(data.buffers()[2] or b"", np.uint8)
     short = np.flatnonzero((np.diff(offsets) < HEADER.size) | np.asarray(data.is_null()))
