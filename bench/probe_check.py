@@ -122,9 +122,12 @@ def _accesses(rec: dict[str, Any], mode: str) -> int | None:
 
 
 def _per_unit(rec: dict[str, Any], mode: str) -> int | None:
-    """Accesses per unit of a deterministic run that checked out as whole, else None."""
+    """Accesses per unit of a deterministic run that checked out as whole, else None (a warp trace that
+    dropped records counts only the lanes of those delivered)."""
     n, units = _accesses(rec, mode), rec.get("units")
     if rec.get("status", "ok") != "ok" or not n or not units or n % units:
+        return None
+    if mode == "mem_trace_warp" and _warp_trace(rec):
         return None
     return n // units
 

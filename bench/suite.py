@@ -119,8 +119,13 @@ def workload_cmd(name: str, exe: Path, profile: bool = False) -> list[str]:
 def modes_for(name: str) -> list[str]:
     """The workload's modes; SUITE_MODES (comma-separated) keeps only those named, to fit a device call."""
     modes = ["plain", "shim", *PROBES, *(["torch_profiler"] if name.startswith("torch") else [])]
-    kept = os.environ.get("SUITE_MODES")
-    return [m for m in modes if m in kept.split(",")] if kept else modes
+    kept = {m.strip() for m in os.environ.get("SUITE_MODES", "").split(",") if m.strip()}
+    unknown = kept - {*modes, "torch_profiler"}
+    if unknown:
+        raise SystemExit(f"suite.py: SUITE_MODES names no mode {', '.join(sorted(unknown))}")
+    if kept and "plain" not in kept:
+        raise SystemExit("suite.py: SUITE_MODES must keep plain: every ratio and probe check is against it")
+    return [m for m in modes if m in kept] if kept else modes
 
 
 def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path], witness: Path | None = None) -> list[str]:
@@ -135,21 +140,27 @@ def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path], witness: 
 
 def count_lanes(trace: dict[str, Any], files: list[Path]) -> None:
     """Into a mem_trace_warp case's ``trace``: the lanes its files' warp records stand for (the rows egpu
-    trace expands them to), or why they could not be counted."""
+    trace expands them to), or why they do not stand for the job's records: a file not closed, records
+    that are none, or a count other than the one the job reported delivered."""
     import pyarrow.compute as pc
 
-    from egpu_preload.errors import EgpuError
     from egpu_preload.output import tracefile, warp_records
-    lanes = 0
+    lanes = records = 0
     try:
         for f in files:
             read = tracefile.read(f, {})
+            if not read.complete:
+                raise ValueError(f"{f.name} was not closed")
             names = read.rows.column("map").cast("string")
             for m, t in read.record_types.items():
                 if t == warp_records.RECORD_TYPE:
-                    lanes += warp_records.lane_count(read.rows.filter(pc.equal(names, m)))
-    except (EgpuError, ValueError) as e:
-        trace["lanes_error"] = str(e)
+                    rows = read.rows.filter(pc.equal(names, m))
+                    lanes, records = lanes + warp_records.lane_count(rows), records + rows.num_rows
+    except Exception as e:  # noqa: BLE001  (pyarrow's, egpu's and memory errors alike: the cell fails, not the suite)
+        trace["lanes_error"] = f"{type(e).__name__}: {e}"
+        return
+    if records != trace["records"]:
+        trace["lanes_error"] = f"the files hold {records:,} warp records, the job reported {trace['records']:,}"
         return
     trace["lanes"] = lanes
 

@@ -528,6 +528,7 @@ def warp_trace(path: Path, masks: list[int]) -> None:
     (None, None),
     ("drop", "1 warp records dropped (2 delivered): a full trace counts only runs that drop none"),
     ("cut", "the warp records' lanes were not counted: "),
+    ("more", "the warp records' lanes were not counted: the files hold 2 warp records, the job reported 3"),
 ])
 def test_a_warp_traces_lanes_are_counted_from_its_file(suite, tmp_path, damage, why):
     """The lanes come from the file the case wrote, and only a whole, undropped warp trace stands for its
@@ -537,13 +538,16 @@ def test_a_warp_traces_lanes_are_counted_from_its_file(suite, tmp_path, damage, 
     warp_trace(path, [0x7FFF, 0x7FFF0000])
     if damage == "cut":
         path.write_bytes(path.read_bytes()[:20])
-    trace = {"records": 2, "drops": 1 if damage == "drop" else 0, "streamed": True}
+    trace = {"records": 3 if damage == "more" else 2, "drops": 1 if damage == "drop" else 0, "streamed": True}
     suite.count_lanes(trace, [path])
-    assert trace.get("lanes") == (None if damage == "cut" else 30)
+    assert trace.get("lanes") == (None if damage in ("cut", "more") else 30)
     rec = case([1.0], trace=trace, units=10)
     got = probe_check.check_cell("vecadd", "mem_trace_warp", {"plain": case([1.0]), "mem_trace_warp": rec,
                                                                "mem_count": mem("mem_count", 30, 10)})
-    assert got == why if not why or why.endswith("none") else got.startswith(why)
+    assert got == why if not why or why.endswith(("none", "3")) else got.startswith(why)
+    counter = probe_check.check_cell("vecadd", "mem_count", {"plain": case([1.0]), "mem_trace_warp": rec,
+                                                              "mem_count": mem("mem_count", 30, 10)})
+    assert counter is None   # a warp trace that does not stand refutes no counter
     if damage is None:   # a counter that saw another number per unit refutes it
         other = probe_check.check_cell("vecadd", "mem_trace_warp", {"plain": case([1.0]), "mem_trace_warp": rec,
                                                                      "mem_count": mem("mem_count", 40, 10)})
@@ -902,6 +906,10 @@ def test_sass_sweep_reads_its_lines_and_the_cost_per_block():
 
 
 def test_suite_modes_keeps_the_modes_named(suite, monkeypatch):
-    monkeypatch.setenv("SUITE_MODES", "plain,mem_trace_warp,torch_profiler")
+    monkeypatch.setenv("SUITE_MODES", "plain, mem_trace_warp,torch_profiler")
     assert suite.modes_for("vecadd") == ["plain", "mem_trace_warp"]
     assert suite.modes_for("torch_eager") == ["plain", "mem_trace_warp", "torch_profiler"]
+    for modes, why in (("plain,mem_trace_wrap", "names no mode mem_trace_wrap"), ("shim", "must keep plain")):
+        monkeypatch.setenv("SUITE_MODES", modes)
+        with pytest.raises(SystemExit, match=why):
+            suite.modes_for("vecadd")

@@ -325,6 +325,40 @@ def test_a_reader_whose_copy_fails_frees_its_pinned_memory_and_stop_reports_the_
     assert reader.skipped == 32 and reader.taken == 0
 
 
+def test_a_ring_the_driver_has_no_pinned_memory_for_is_read_through_pageable_memory():
+    """cuMemHostAlloc refused (a ring of gigabytes): the reader takes every record all the same, through
+    memory of its own, and frees nothing it did not get from the driver."""
+    from egpu_preload.errors import EgpuError
+    ring = StagedRing(4096, 1, wait=False)
+
+    def refused(size: int) -> memoryview:
+        raise EgpuError("cuMemHostAlloc failed: CUDA_ERROR_OUT_OF_MEMORY")
+
+    ring.pinned = refused
+    reader = RingReader(ring, 0, ring.lay)
+    assert ring.produce(b"first...", 0) and ring.produce(b"second..", 0)
+    drain = RingDrain([reader], lambda i, taken: None, idle_s=0.0001).start()
+    drain.stop()
+    assert reader.taken == 2 and reader.empty() and ring.unpinned == []
+
+
+def test_stop_frees_every_readers_pinned_memory_when_one_free_fails():
+    rings = [StagedRing(4096, 1, wait=False) for _ in range(3)]
+
+    def unpin(buf: memoryview) -> None:
+        raise RuntimeError("free failed")
+
+    rings[0].unpin = unpin
+    readers = [RingReader(r, 0, r.lay) for r in rings]
+    for r in rings:
+        assert r.produce(b"record..", 0)
+    drain = RingDrain(readers, lambda i, taken: None, idle_s=0.0001).start()
+    with pytest.raises(RuntimeError, match="free failed"):
+        drain.stop()
+    assert all(r.taken == 1 for r in readers)
+    assert [len(r.unpinned) for r in rings[1:]] == [1, 1]
+
+
 # ---- the trace file ----------------------------------------------------------------------------------
 
 pa = pytest.importorskip("pyarrow")   # the optional extra egpu[trace]

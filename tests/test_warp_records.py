@@ -425,3 +425,32 @@ def test_warp_records_taken_as_blocks_read_back_as_written(tmp_path: Path) -> No
     rows = tracefile.read(path).rows.to_pylist()
     assert [(r["addr"], r["thread[0]"], r["ts"]) for r in rows] == \
         [(lane.addr, lane.thread[0], lane.ts) for r in raw for lane in wr.expand(r)]
+
+
+def test_a_warp_ring_with_no_records_reads_back_empty(tmp_path: Path) -> None:
+    """A process whose kernels made no access still writes its file: the ring's map is there, its rows none."""
+    pytest.importorskip("pyarrow")
+    from egpu_preload.output import tracefile
+    path = tmp_path / "w.arrow"
+    writer = tracefile.TraceWriter(path, [("warp_events", tracefile.whole_records(wr.RECORD_TYPE)),
+                                          ("trace_printk", None)])
+    writer.close({})
+    assert tracefile.read(path).rows.num_rows == 0
+
+
+def test_expanded_columns_another_struct_types_otherwise_are_prefixed(tmp_path: Path) -> None:
+    """Lane columns named as another ring's struct members but typed otherwise (a signed ts) take their
+    map's name, as the writer prefixes clashing members, instead of failing the read or changing type."""
+    pytest.importorskip("pyarrow")
+    import struct
+
+    from egpu_preload.output import tracefile
+    good = wr.encode(wr.warp_record(wr.Instruction(1, 2, 3, 4, 4, 1, 0, (0, 0, 0), (32, 1), 0), {0: 64, 1: 68}))
+    signed = tracefile.RecordLayout("struct ev", 8, (tracefile.Column("ts", 0, 8, "i"),))
+    path = tmp_path / "w.arrow"
+    writer = tracefile.TraceWriter(path, [("warp", tracefile.whole_records(wr.RECORD_TYPE)), ("ev", signed)])
+    writer.add(0, [(0, good)])
+    writer.add(1, [(0, struct.pack("<q", -5))])
+    writer.close({})
+    rows = tracefile.read(path).rows
+    assert rows.column("ts").to_pylist() == [-5, None, None] and rows.column("warp.ts").to_pylist() == [None, 1, 1]

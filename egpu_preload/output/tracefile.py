@@ -397,13 +397,21 @@ def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) 
         parts = [table.filter(pc.invert(pc.is_in(names, pa.array(sorted(wanted)))))]
         for m in sorted(wanted):
             try:
-                parts.append(expanders[types[m]](table.filter(pc.equal(names, m))))
+                rows = expanders[types[m]](table.filter(pc.equal(names, m)))
             except ValueError as e:   # a record the expander cannot read (warp_records.WarpRecordError)
                 raise EgpuError(f"map {m}: not {types[m]} records: {e}", file=str(path)) from None
+            parts.append(_apart(rows, parts[0].schema, m))
         table = pa.concat_tables(parts, promote_options="permissive")
         last = [c for c in ("data", "text") if c in table.column_names]   # where a file's columns have them
         table = table.select([c for c in table.column_names if c not in last] + last)
     return Trace(table, types, dropped, complete)
+
+
+def _apart(rows: Any, schema: Any, name: str) -> Any:
+    """Map ``name``'s expanded rows with each column another map's struct gives another type prefixed with
+    the map's name, as the writer prefixes clashing struct members (``events.cpu``)."""
+    clash = {f.name for f in rows.schema if f.name in schema.names and schema.field(f.name).type != f.type}
+    return rows.rename_columns([f"{name}.{c}" if c in clash else c for c in rows.column_names])
 
 
 def _load(path: Path, pa: Any) -> tuple[Any, Mapping[bytes, bytes], bool]:

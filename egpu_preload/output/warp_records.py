@@ -237,22 +237,18 @@ def expand_table(table: Any) -> Any:
     import numpy as np
     import pyarrow as pa
 
-    data, buf, starts, head, lanes = _records(table)
-    count = lanes.sum(axis=1, dtype=np.int64)
-    width = np.array(TAIL_BYTES + (0,), np.int64)[np.minimum(head["form"], len(TAIL_BYTES))]
-    tails = width * count
-    bad = (count == 0) | (head["form"] >= len(TAIL_BYTES)) | (head["block_dim"] == 0).any(axis=1)
-    bad |= np.diff(_offsets(data)) != HEADER.size + tails + -tails % 8
-    if bad.any():
-        _refuse(table, data, int(np.argmax(bad)))
+    data, buf, starts = _records(table)
+    lanes, width = _checked_lanes(table, data, buf, starts)
+    head = buf[starts[:, None] + np.arange(HEADER.size)].view(_header_dtype(np)).reshape(len(starts))
     rec, lane = np.nonzero(lanes)
-    first = np.concatenate(([0], np.cumsum(count)[:-1]))
+    first = np.concatenate(([0], np.cumsum(lanes.sum(axis=1, dtype=np.int64))[:-1]))[:len(starts)]
 
     def per_lane(name: str) -> Any:
         return np.ascontiguousarray(head[name])[rec]
 
     form, base = per_lane("form"), per_lane("base")
-    addr = base + (per_lane("stride") * (lane - lane[first][rec])).astype(np.uint64)   # wraps as the GPU's does
+    leader = lane[first][rec] if len(rec) else lane
+    addr = base + (per_lane("stride") * (lane - leader)).astype(np.uint64)   # wraps as the GPU's does
     for f, kind in ((FORM_OFFSETS, "<i4"), (FORM_ADDRS, "<u8")):
         pick = np.flatnonzero(form == f)
         at = starts[rec[pick]] + HEADER.size + (pick - first[rec[pick]]) * TAIL_BYTES[f]   # by the lane's rank
@@ -266,7 +262,7 @@ def expand_table(table: Any) -> Any:
               "launch_id": per_lane("launch_id"), "site": per_lane("site"), "size": per_lane("size"),
               "flags": per_lane("flags"), "sm": per_lane("sm"), **{f"block[{i}]": block[:, i][rec] for i in range(3)},
               "thread[0]": linear % bx, "thread[1]": linear // bx % by, "thread[2]": linear // (bx * by)}
-    index = pa.array(rec)
+    index = pa.array(rec, pa.int64())
     cols = {"map": table.column("map").take(index), "seq": pa.array(np.arange(len(rec), dtype=np.uint64)),
             "cpu": table.column("cpu").take(index)}
     cols.update({name: pa.array(values[name].astype(f"<u{size}", copy=False)) for name, size in LANE_COLUMNS})
@@ -274,8 +270,9 @@ def expand_table(table: Any) -> Any:
 
 
 def lane_count(table: Any) -> int:
-    """The lanes the warp records of ``table`` (as expand_table takes it) stand for: the rows it expands to."""
-    return int(_records(table)[4].sum())
+    """The lanes the warp records of ``table`` (as expand_table takes it) stand for: the rows it expands to;
+    WarpRecordError as expand_table's."""
+    return int(_checked_lanes(table, *_records(table))[0].sum())
 
 
 def _offsets(data: Any) -> Any:
@@ -284,22 +281,42 @@ def _offsets(data: Any) -> Any:
     return np.frombuffer(data.buffers()[1], np.int64)[data.offset:data.offset + len(data) + 1]
 
 
-def _records(table: Any) -> tuple[Any, Any, Any, Any, Any]:
-    """(``data`` as large_binary, its bytes, each record's start, their headers, their masks as (n, 32) bits)
-    of a table of warp records; WarpRecordError for the first one too short to have a header."""
+def _records(table: Any) -> tuple[Any, Any, Any]:
+    """(``data`` as large_binary, its bytes, each record's start) of a table of warp records;
+    WarpRecordError for the first one too short to have a header."""
     import numpy as np
     import pyarrow as pa
 
     data = table.column("data").cast(pa.large_binary()).combine_chunks()   # over 2 GiB: 32-bit offsets overflow
     offsets = _offsets(data)
     buf = np.frombuffer(data.buffers()[2] or b"", np.uint8)
-    short = np.flatnonzero((np.diff(offsets) < HEADER.size) | np.asarray(data.is_null()))
+    short = np.flatnonzero((np.diff(offsets) < HEADER.size) | np.asarray(data.is_null(), bool))
     if len(short):
         _refuse(table, data, int(short[0]))
-    n, starts = len(data), offsets[:-1]
-    head = buf[starts[:, None] + np.arange(HEADER.size)].view(_header_dtype(np)).reshape(n)
-    lanes = np.unpackbits(head["mask"].astype("<u4").view(np.uint8).reshape(n, 4), axis=1, bitorder="little")
-    return data, buf, starts, head, lanes
+    return data, buf, offsets[:-1]
+
+
+def _checked_lanes(table: Any, data: Any, buf: Any, starts: Any) -> tuple[Any, Any]:
+    """(each record's lanes as (n, 32) bits, its tail's bytes per lane), every record's size, mask, form and
+    block dimensions checked as decode() checks them: WarpRecordError for the first that fails. Only the
+    header fields checked are gathered (a whole header per record is 9 times the memory)."""
+    import numpy as np
+
+    def field(offset: int, size: int, kind: str) -> Any:
+        return buf[starts[:, None] + np.arange(offset, offset + size)].view(kind).reshape(
+            len(starts), size // np.dtype(kind).itemsize)
+
+    mask, dims = field(OFFSET["mask"], 4, "<u4")[:, 0], field(OFFSET["block_dim"], 4, "<u2")
+    form = field(OFFSET["form"], 1, "u1")[:, 0]
+    lanes = np.unpackbits(mask.astype("<u4").view(np.uint8).reshape(len(starts), 4), axis=1, bitorder="little")
+    count = lanes.sum(axis=1, dtype=np.int64)
+    width = np.array(TAIL_BYTES + (0,), np.int64)[np.minimum(form, len(TAIL_BYTES))]
+    tails = width * count
+    bad = (count == 0) | (form >= len(TAIL_BYTES)) | (dims == 0).any(axis=1)
+    bad |= np.diff(_offsets(data)) != HEADER.size + tails + -tails % 8
+    if bad.any():
+        _refuse(table, data, int(np.argmax(bad)))
+    return lanes, width
 
 
 def _header_dtype(np: Any) -> Any:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from egpu_preload.errors import EgpuError
 from egpu_preload.translate.devmaps import HEADER, LINE, M64, RING_NCPU, REC_DISCARD, REC_READY, MapLayout
 
 IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that found records goes on at once
@@ -89,6 +90,7 @@ class RingReader:
     dropped: int = 0       # the producers' count (header plus per-SM lines) at the last pass
     skipped: int = 0       # bytes of records passed over unread after the reader failed (skip)
     _pinned: memoryview | None = field(default=None, init=False, repr=False, compare=False)   # see _staging
+    _pageable: bool = field(default=False, init=False, repr=False, compare=False)   # _pinned is not pinned
 
     def take(self) -> Taken:
         """The records complete since an earlier pass (in ring order), their bytes cleared and
@@ -129,10 +131,15 @@ class RingReader:
 
     def _staging(self) -> tuple[memoryview, memoryview]:
         """(where a pass's copies land, zeros to clear what it took): ``capacity`` bytes each, as a copy is
-        at most what is unread; pinned memory made at the first pass that has records, kept until close()."""
+        at most what is unread; pinned memory made at the first pass that has records, kept until close().
+        Where the driver has no pinned memory to give (rings of gigabytes), pageable memory does, slower:
+        a reader that failed for it would pass every ring's records over unread."""
         cap = self.lay.capacity
         if self._pinned is None:
-            self._pinned = self.mem.pinned(2 * cap)
+            try:
+                self._pinned = self.mem.pinned(2 * cap)
+            except EgpuError:
+                self._pinned, self._pageable = memoryview(bytearray(2 * cap)), True
             self._pinned[cap:] = bytes(cap)
         return self._pinned[:cap], self._pinned[cap:]
 
@@ -140,7 +147,9 @@ class RingReader:
         """The pinned memory freed (no pass runs any more; a later one would make it again)."""
         if self._pinned is not None:
             buf, self._pinned = self._pinned, None
-            self.mem.unpin(buf)
+            if not self._pageable:
+                self.mem.unpin(buf)
+            self._pageable = False
 
     def _header(self) -> tuple[int, bytes, int]:
         """(head, the per-SM lines, their count), ``dropped`` updated from the producers' counts."""
@@ -298,10 +307,13 @@ class RingDrain:
                 break
 
     def _close(self) -> None:
-        """Every reader closed; where a pass failed, that failure is the one stop() raises, not a free's."""
-        try:
-            for r in self.readers:
+        """Every reader closed, each whatever another's close raised; where a pass failed, that failure is
+        the one stop() raises, else the first close's."""
+        failed: Exception | None = None
+        for r in self.readers:
+            try:
                 r.close()
-        except Exception:
-            if self.error is None:
-                raise
+            except Exception as e:  # noqa: BLE001  (the driver's: the other readers' memory is freed still)
+                failed = failed or e
+        if failed is not None and self.error is None:
+            raise failed
