@@ -19,7 +19,9 @@ Columns, one row per record, in the order each ring committed them:
   flattened as ``outer.inner``; bitfields extracted), null in
   rows of other maps; a member named as one of these columns, or that two record types give
   different types, is prefixed with its map's name (``events.cpu``)
-- ``data`` (binary): the bytes of a record with no struct layout (none known, or of another size)
+- ``data`` (binary): the bytes of a record with no struct layout (none known, or of another size), and of
+  every record of a ring only egpu_warp_mem_record writes (runtime/probes.warp_rings): warp memory
+  records, whose size follows from their lanes, named ``struct egpu_warp_mem`` in the metadata below
 - ``text`` (string): a trace_printk line, formatted
 
 The schema's metadata ``egpu.record_types`` (JSON) names each map's record struct, where readers that
