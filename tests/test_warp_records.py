@@ -454,3 +454,20 @@ def test_expanded_columns_another_struct_types_otherwise_are_prefixed(tmp_path: 
     writer.close({})
     rows = tracefile.read(path).rows
     assert rows.column("ts").to_pylist() == [-5, None, None] and rows.column("warp.ts").to_pylist() == [None, 1, 1]
+
+
+def test_raw_records_past_a_binary_arrays_reach_are_written_in_chunks(tmp_path: Path, monkeypatch) -> None:
+    """A flush of raw records whose bytes exceed what 32-bit offsets reach (rings of gigabytes, records of
+    tens of KiB) is written as several binary chunks, every record whole and in order."""
+    pytest.importorskip("pyarrow")
+    import numpy as np
+
+    from egpu_preload.output import tracefile
+    from egpu_preload.runtime.ring_drain import Block
+    monkeypatch.setattr(tracefile, "BINARY_BYTES", 100)   # 4 records of 24 bytes a chunk
+    rows = np.arange(10 * 24, dtype=np.uint8).reshape(10, 24)
+    path = tmp_path / "raw.arrow"
+    writer = tracefile.TraceWriter(path, [("raw", None)])
+    writer.add(0, [Block(np.zeros(10, np.uint32), rows)])
+    writer.close({})
+    assert tracefile.read(path).rows.column("data").to_pylist() == [r.tobytes() for r in rows]

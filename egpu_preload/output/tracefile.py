@@ -51,6 +51,7 @@ RECORD_TYPES, DROPPED = "egpu.record_types", "egpu.dropped"   # keys of the file
 MAX_ELEMS = 16                # integer arrays up to this long become a column per element, name[i]
 FLUSH_ROWS = 1 << 16          # records buffered per map before they become a row group
 CHUNK_ROWS = 1 << 12          # struct rows split into columns a cache-sized piece at a time
+BINARY_BYTES = (1 << 31) - 1  # the bytes a binary array's 32-bit offsets reach
 NEEDS_PYARROW = "needs pyarrow (pip install 'egpu[trace]')"
 ARROW_SUFFIXES = (".arrow", ".feather")   # FILE written as Arrow IPC; any other name, Parquet
 ARROW_MAGIC = b"ARROW1"
@@ -284,11 +285,8 @@ class TraceWriter:
         elif records is not None and (raw is None or fits is not None):
             cols["data"] = pa.array([None if fits and fits[i] else d for i, (_, d) in enumerate(records)],
                                     pa.binary())
-        elif blob is not None:   # the bytes as they are, their offsets made: no cast, no compute kernel, whose
-            # registry pyarrow would set up (and register the teardown of) at its first use in the job's exit,
-            # after the exit hook: mem_trace_warp's job segfaulted there on the H200 (2026-12-04e)
-            offsets = np.arange(0, (n + 1) * blob.shape[1], blob.shape[1], dtype=np.int32)
-            cols["data"] = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(blob)])
+        elif blob is not None:
+            cols["data"] = _binary(pa, blob)
         return pa.table([cols.get(f.name, pa.nulls(n, f.type)) for f in self.schema], schema=self.schema)
 
     def _column(self, raw: Any, word: Any, c: Column, fits: list[bool] | None) -> Any:
@@ -327,6 +325,22 @@ class TraceWriter:
             self.writer.add_key_value_metadata(counts)
         self.writer.close()
         self.sink.close()
+
+
+def _binary(pa: Any, rows: Any) -> Any:
+    """The rows of a uint8 array as a binary column, bytes as they are and offsets made: no cast, no compute
+    kernel, whose registry pyarrow would set up (and register the teardown of) at its first use in the job's
+    exit, after the exit hook (mem_trace_warp's job segfaulted there on the H200, 2026-12-04e). In chunks of
+    under BINARY_BYTES, the most a binary array's 32-bit offsets reach."""
+    import numpy as np
+    width = rows.shape[1]
+    per = max(1, BINARY_BYTES // max(width, 1))
+    chunks = []
+    for start in range(0, len(rows), per):
+        part = np.ascontiguousarray(rows[start:start + per])
+        offsets = np.arange(0, (len(part) + 1) * width, width, dtype=np.int32)
+        chunks.append(pa.Array.from_buffers(pa.binary(), len(part), [None, pa.py_buffer(offsets), pa.py_buffer(part)]))
+    return pa.chunked_array(chunks, pa.binary())
 
 
 def _words(raw: Any, numbers: Sequence[Column]) -> dict[str, Any]:
