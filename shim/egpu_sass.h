@@ -90,6 +90,9 @@ int egpu_sass_holds_slot(void);
 /* Commit the staged generation, if any: every context drained, every module re-patched. Called by
  * egpu_shim_swap inside its launch gate; 0, or -1 with the old generation still patched. */
 int egpu_sass_flip(void);
+/* After a module or library unload returned (the shim's hooks): launch callbacks off when the last
+ * patched module went with it. */
+void egpu_sass_unloaded(void);
 /* The launch id the shim's launch hook drew on this thread, for the launch callback that follows. */
 extern __thread unsigned long long egpu_sass_launch_id;
 

@@ -1256,14 +1256,14 @@ EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
 
 EXPORT CUresult cuModuleUnload(CUmodule hmod) {
     CUresult r = CALL_REAL(cuModuleUnload, hmod);
-    if (r == CUDA_SUCCESS) seen_forget();
+    if (r == CUDA_SUCCESS) seen_forget(), egpu_sass_unloaded();
     if (r == CUDA_SUCCESS && !passthrough()) py_unloaded(EGPU_API_MODULE_UNLOAD, hmod);
     return r;
 }
 
 EXPORT CUresult cuLibraryUnload(CUlibrary library) {
     CUresult r = CALL_REAL(cuLibraryUnload, library);
-    if (r == CUDA_SUCCESS) seen_forget();
+    if (r == CUDA_SUCCESS) seen_forget(), egpu_sass_unloaded();
     if (r == CUDA_SUCCESS && !passthrough()) py_unloaded(EGPU_API_LIBRARY_UNLOAD, library);
     return r;
 }

@@ -307,6 +307,7 @@ struct loaded {
 static struct loaded *g_loaded;   /* under g_list_mu */
 static size_t g_nloaded;
 static _Atomic int g_pending;     /* modules pending */
+static _Atomic int g_domain_stale; /* a patched module unloaded: the launch domain may have to go off */
 
 static void free_loaded(struct loaded *n) {
     free(n->kernels);
@@ -546,9 +547,11 @@ static void settle(void) {
 static void commit_unlock(void) {
     for (;;) {
         settle();
+        if (atomic_exchange(&g_domain_stale, 0)) launch_domain_as_patched();
         pthread_mutex_unlock(&g_commit_mu);
         atomic_thread_fence(memory_order_seq_cst);
-        if (!atomic_load(&g_pending) || pthread_mutex_trylock(&g_commit_mu)) return;
+        if ((!atomic_load(&g_pending) && !atomic_load(&g_domain_stale)) || pthread_mutex_trylock(&g_commit_mu))
+            return;
     }
 }
 
@@ -655,6 +658,7 @@ static void module_unloading(const san_module_data *d) {
             g_nloaded--;
             if (n->pending) atomic_fetch_sub(&g_pending, 1);
             n->gone = 1, n->pending = 0;
+            if (n->runs) atomic_store(&g_domain_stale, 1); /* egpu_sass_unloaded, after the unload */
             if (!n->pins) free_loaded(n);
             break;
         }
@@ -662,6 +666,14 @@ static void module_unloading(const san_module_data *d) {
     if (s) atomic_store(s, 0); /* so no commit marks the handle patched again after this: set_loaded */
     pthread_mutex_unlock(&g_list_mu);
     atomic_fetch_add(&g_generation, 1);
+}
+
+/* Launch callbacks off once the last patched module is gone, from the thread that unloaded it, after
+ * the driver's unload returned: not from the unload callback, inside the driver's unload. A commit
+ * under way does it as it lets go (commit_unlock). */
+void egpu_sass_unloaded(void) {
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load(&g_domain_stale) && pthread_mutex_trylock(&g_commit_mu) == 0) commit_unlock();
 }
 
 static void launch_begin(const san_launch_data *ld) {

@@ -356,3 +356,22 @@ def test_a_kernels_programs_are_weighed_once_per_set_of_globs(monkeypatch):
     backend.generations = {1: one, 2: two}
     assert [backend.kernel(g, k).mask for g in (1, 2, 1, 2) for k in ("step", "step2")] == [1, 0, 0, 1] * 2
     assert len(calls) == 4
+
+
+@needs_ptxas
+@pytest.mark.parametrize("mode, unload", [("module", "cuModuleUnload"), ("library", "cuLibraryUnload")])
+def test_launch_callbacks_go_off_with_the_last_patched_module(stub_job, probe_obj, tmp_path, sanitizer_stub,
+                                                              mode, unload):
+    """A program that unloads its patched module (here from a C exit handler, after Py_FinalizeEx, as cuDNN's
+    static destructors do): once the unload has returned, the launch callbacks, which cost every launch of
+    the process, are off; the unload callback itself made no sanitizer call."""
+    app = Path(__file__).parent / "runtime_stub" / "app_vec.py"
+    log = tmp_path / "driver.log"
+    r = egpu_run(["--keep", "--backend", "sass", "-p", str(probe_obj("count")), "python3", str(app), mode, "2",
+                  "32", "0", "late"], stub_job.env(log, EGPU_SANITIZER_LIB=str(sanitizer_stub)))
+    assert r.returncode == 0, r.stderr
+    calls = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines()]
+    at = next(i for i, c in enumerate(calls) if c.startswith(unload))
+    on, off = "sanitizerEnableDomain on=1 domain=5", "sanitizerEnableDomain on=0 domain=5"
+    assert on in calls[:at] and off not in calls[:at]
+    assert [c for c in calls[at + 1:] if c.startswith("sanitizer")] == [off]

@@ -229,7 +229,17 @@ CUresult cuModuleLoadDataEx(void **mod, const void *image, unsigned int n, int *
 CUresult cuModuleLoadFatBinary(void **mod, const void *fatCubin) {
     return load("cuModuleLoadFatBinary", fatCubin, mod);
 }
-CUresult cuModuleUnload(void *mod) { logf_("cuModuleUnload module=%d", ((struct module *)mod)->id); return OK; }
+/* Sanitizer_ResourceModuleData: MODULE_UNLOAD_STARTING, inside the unload as the driver raises it */
+static void unload_starting(void *mod) {
+    if (!san_event) return;
+    struct { void *ctx, *module; size_t size; const char *cubin; void *library; } d = {(void *)1, mod, 0, NULL, NULL};
+    san_event(3, 10, &d);
+}
+CUresult cuModuleUnload(void *mod) {
+    logf_("cuModuleUnload module=%d", ((struct module *)mod)->id);
+    unload_starting(mod);
+    return OK;
+}
 static struct function *function_for(struct module *m, const char *name, int kernel) {
     for (struct function *f = functions; f; f = f->next)
         if (f->m == m && f->kernel == kernel && !strcmp(f->name, name)) return f;
@@ -253,7 +263,11 @@ CUresult cuLibraryLoadFromFile(void **lib, const char *path, int *jo, void **jv,
                                void **lv, unsigned int nl) {
     return load_file("cuLibraryLoadFromFile", path, lib);
 }
-CUresult cuLibraryUnload(void *lib) { logf_("cuLibraryUnload module=%d", ((struct module *)lib)->id); return OK; }
+CUresult cuLibraryUnload(void *lib) {
+    logf_("cuLibraryUnload module=%d", ((struct module *)lib)->id);
+    unload_starting(lib);
+    return OK;
+}
 CUresult cuLibraryGetKernel(void **out, void *lib, const char *name) {
     *out = function_for(lib, name, 1);
     logf_("cuModuleGetFunction module=%d name=%s", ((struct module *)lib)->id, name);
