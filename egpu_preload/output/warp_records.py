@@ -237,11 +237,12 @@ def expand_table(table: Any) -> Any:
     import numpy as np
     import pyarrow as pa
 
-    data, buf, starts = _records(table)
-    lanes, width = _checked_lanes(table, data, buf, starts)
+    data, buf, offsets = _records(table)
+    lanes, count = _checked_lanes(table, data, buf, offsets)
+    starts = offsets[:-1]
     head = buf[starts[:, None] + np.arange(HEADER.size)].view(_header_dtype(np)).reshape(len(starts))
     rec, lane = np.nonzero(lanes)
-    first = np.concatenate(([0], np.cumsum(lanes.sum(axis=1, dtype=np.int64))[:-1]))[:len(starts)]
+    first = np.concatenate(([0], np.cumsum(count)[:-1]))[:len(starts)]   # each record's first lane's row
 
     def per_lane(name: str) -> Any:
         return np.ascontiguousarray(head[name])[rec]
@@ -272,35 +273,30 @@ def expand_table(table: Any) -> Any:
 def lane_count(table: Any) -> int:
     """The lanes the warp records of ``table`` (as expand_table takes it) stand for: the rows it expands to;
     WarpRecordError as expand_table's."""
-    return int(_checked_lanes(table, *_records(table))[0].sum())
-
-
-def _offsets(data: Any) -> Any:
-    """Where each record of a large_binary array starts in its data buffer, and where the last ends."""
-    import numpy as np
-    return np.frombuffer(data.buffers()[1], np.int64)[data.offset:data.offset + len(data) + 1]
+    return int(_checked_lanes(table, *_records(table))[1].sum())
 
 
 def _records(table: Any) -> tuple[Any, Any, Any]:
-    """(``data`` as large_binary, its bytes, each record's start) of a table of warp records;
-    WarpRecordError for the first one too short to have a header."""
+    """(``data`` as large_binary, its bytes, where each record starts and the last ends) of a table of warp
+    records; WarpRecordError for the first one too short to have a header."""
     import numpy as np
     import pyarrow as pa
 
     data = table.column("data").cast(pa.large_binary()).combine_chunks()   # over 2 GiB: 32-bit offsets overflow
-    offsets = _offsets(data)
+    offsets = np.frombuffer(data.buffers()[1], np.int64)[data.offset:data.offset + len(data) + 1]
     buf = np.frombuffer(data.buffers()[2] or b"", np.uint8)
     short = np.flatnonzero((np.diff(offsets) < HEADER.size) | np.asarray(data.is_null(), bool))
     if len(short):
         _refuse(table, data, int(short[0]))
-    return data, buf, offsets[:-1]
+    return data, buf, offsets
 
 
-def _checked_lanes(table: Any, data: Any, buf: Any, starts: Any) -> tuple[Any, Any]:
-    """(each record's lanes as (n, 32) bits, its tail's bytes per lane), every record's size, mask, form and
-    block dimensions checked as decode() checks them: WarpRecordError for the first that fails. Only the
-    header fields checked are gathered (a whole header per record is 9 times the memory)."""
+def _checked_lanes(table: Any, data: Any, buf: Any, offsets: Any) -> tuple[Any, Any]:
+    """(each record's lanes as (n, 32) bits, how many), every record's size, mask, form and block dimensions
+    checked as decode() checks them: WarpRecordError for the first that fails. Only the header fields
+    checked are gathered (a whole header per record is 9 times the memory)."""
     import numpy as np
+    starts = offsets[:-1]
 
     def field(offset: int, size: int, kind: str) -> Any:
         return buf[starts[:, None] + np.arange(offset, offset + size)].view(kind).reshape(
@@ -313,10 +309,10 @@ def _checked_lanes(table: Any, data: Any, buf: Any, starts: Any) -> tuple[Any, A
     width = np.array(TAIL_BYTES + (0,), np.int64)[np.minimum(form, len(TAIL_BYTES))]
     tails = width * count
     bad = (count == 0) | (form >= len(TAIL_BYTES)) | (dims == 0).any(axis=1)
-    bad |= np.diff(_offsets(data)) != HEADER.size + tails + -tails % 8
+    bad |= np.diff(offsets) != HEADER.size + tails + -tails % 8
     if bad.any():
         _refuse(table, data, int(np.argmax(bad)))
-    return lanes, width
+    return lanes, count
 
 
 def _header_dtype(np: Any) -> Any:
