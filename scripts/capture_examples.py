@@ -138,6 +138,12 @@ def capture(name: str, program: str, args: list[str], options: list[str], progs:
            *progs[program].split(), *args]
     display = " ".join(["egpu-run", *shown_probe, *[o if not o.endswith("trace.json") else "trace.json" for o in options],
                         program, *args])
+    return run_captured(name, display, cmd, work, env, timeout)
+
+
+def run_captured(name: str, display: str, cmd: list[str], work: Path, env: dict[str, str], timeout: float) -> dict:
+    """Run ``cmd`` in ``work``: the capture of its output and status, shown as the command ``display``, with
+    ``work``'s paths made relative as a user's would be."""
     t = time.perf_counter()
     try:
         done = subprocess.run(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -158,12 +164,7 @@ def replay_uvm(work: Path, out_dir: Path, env: dict[str, str]) -> dict:
     shown_cmd = " ".join(["python3 examples/uvm_lru.py trace.json --range 2M --sizes 8,16,24,32", *plot])
     cmd = [sys.executable, str(ROOT / "examples" / "uvm_lru.py"), str(work / "trace.json"), "--range", "2M",
            "--sizes", "8,16,24,32", *plot[:1], *[str(out_dir / p) for p in plot[1:]]]
-    t = time.perf_counter()
-    done = subprocess.run(cmd, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=TIMEOUT_S)
-    lines = done.stdout.rstrip().splitlines()
-    return {"name": "uvm_lru", "command": shown_cmd, "status": f"exit {done.returncode}",
-            "seconds": round(time.perf_counter() - t, 1), "lines": len(lines), "output": shown(lines)}
+    return run_captured("uvm_lru", shown_cmd, cmd, work, env, TIMEOUT_S)
 
 
 def markdown(captures: list[dict]) -> str:
