@@ -41,10 +41,7 @@ def overhead(doc: dict[str, Any], out: Path, plt: Any) -> Path | None:
         ax.bar_label(bars, labels=["" if y != y else f"{y:.2f}" for y in ys], fontsize=6, rotation=90, padding=2)
         for x, w, y in zip(xs, workloads, ys):
             if y != y and mode in summary[w]:  # ran, but no ratio: timed out, failed, skipped or unchecked
-                s = summary[w][mode]
-                why = "probe check failed" if s.get("probe_checked") is False and s.get("status") == "ok" else \
-                    s.get("status", "failed")
-                ax.text(x, 1.0, why, fontsize=6, rotation=90, ha="center",
+                ax.text(x, 1.0, results.no_ratio(summary[w][mode]), fontsize=6, rotation=90, ha="center",
                         va="bottom")
         if mode in GOALS:
             ax.axhline(GOALS[mode], color=color, linestyle="--", linewidth=1)

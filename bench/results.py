@@ -244,15 +244,21 @@ def _num(v: float | None, unit: str = "", digits: int = 2) -> str:
     return "—" if v is None else f"{v:.{digits}f}{unit}"
 
 
+def no_ratio(s: dict[str, Any]) -> str:
+    """Why a cell that ran has no ratio: its probe check failed, its status (timed out, failed, skipped), or
+    no repetition finished."""
+    if s.get("probe_checked") is False and s.get("status") == "ok":
+        return "probe check failed"
+    return s.get("status", "failed") if s.get("status") != "ok" else "no runs"
+
+
 def cell(s: dict[str, Any] | None) -> str:
     """One table cell: the ratio, with its spread and pairs when paired, else n when fewer than
     MIN_RUNS, and a mark when the output differs."""
     if s is None:
         return "—"
-    if s.get("probe_checked") is False and s.get("status") == "ok":
-        return "probe check failed"
     if "ratio" not in s:
-        return s.get("status", "failed") if s.get("status") != "ok" else "no runs"
+        return no_ratio(s)
     text = f"{s['ratio']:.2f}x"
     if s.get("pairs") is not None:
         text += f" ({s['spread'][0]:.2f}-{s['spread'][1]:.2f}, {s['pairs']} pairs)"
