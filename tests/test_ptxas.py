@@ -132,3 +132,19 @@ def test_the_job_runs_triton_through_the_wrapper(theirs, real):
     assert config.from_env(env).ptxas == real
     assert env["TRITON_CACHE_DIR"] == "/run/s/triton" and env["TORCHINDUCTOR_CACHE_DIR"] == "/run/s/inductor"
     assert env["EGPU_PYTHON"] == sys.executable
+
+
+def test_under_on_full_wait_triton_kernels_wait_for_room_as_the_runtimes_do(probe_obj, tmp_path):
+    """The ring a Triton kernel writes is the one the runtime's reader drains: under --on-full wait its
+    producers must wait too, or a full ring drops records in Triton's kernels only (the H200, 2026-12-04f)."""
+    from egpu_preload.runtime.probes import load_probes
+    from egpu_preload.translate.rewrite import instrument
+    text, probe = (FIXTURES / "triton_add.ptx").read_text(), probe_obj("ringbuf")
+    made = {}
+    for on_full in config.ON_FULLS:
+        cfg = config.Config((probe,), tmp_path, None, 0, on_full=on_full)
+        _, ptx, _ = wrapper.instrument_file(text, cfg)
+        made[on_full] = ptx.split(f".visible .global .align 1 .b8 {wrapper.MARKER}")[0].rstrip("\n")
+        runtime = instrument(text, [s for p in load_probes([probe], wait=on_full == "wait") for s in p.specs])
+        assert made[on_full] == runtime.text.rstrip("\n"), on_full
+    assert made["wait"] != made["drop"]

@@ -67,7 +67,8 @@ def instrument_file(text: str, cfg: config.Config) -> tuple[str, str, list[Kerne
     """(key, instrumented PTX with the marker, kernel statuses), or None when no kernel was instrumented."""
     from egpu_preload.runtime.probes import load_probes
     from egpu_preload.translate.rewrite import instrument
-    specs = [s for p in load_probes(cfg.probes) for s in p.specs]
+    # the rings' back-pressure as the runtime's: one ring's producers must all wait or all drop (devmaps.py)
+    specs = [s for p in load_probes(cfg.probes, wait=cfg.on_full == "wait") for s in p.specs]
     res = instrument(text, specs, cfg.kernel)
     if not any(k.status == "instrumented" for k in res.kernels):
         return None
