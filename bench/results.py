@@ -1,6 +1,6 @@
 """The suite's results: a workload program's output parsed, runs reduced to ratios, the goals judged,
-and the markdown report. Pure functions over plain dicts (bench/suite.py measures, bench/plots.py
-draws, tests/test_bench_suite.py checks these with made-up measurements).
+and the markdown report. Pure functions over plain dicts but publish, which writes them (bench/suite.py
+measures, bench/plots.py draws, tests/test_bench_suite.py checks these with made-up measurements).
 
 A case is one (workload, mode) process; its raw record (suite.run_case) is
 ``{"status": ok|failed|timeout, "warmup_ms", "reps": [[ms, units]], "unit_ms": [...], "digest", "wall_s",
@@ -10,7 +10,9 @@ A case is one (workload, mode) process; its raw record (suite.run_case) is
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 from typing import Any
 
 import paired
@@ -236,6 +238,33 @@ def notes(doc: dict[str, Any]) -> list[str]:
                    "SASS back end (Compute Sanitizer patching) serves the probes there, the PTX back end "
                    "everywhere else; torch_compile mixes both (Triton's kernels are PTX, cuBLAS's SASS).")
     return out
+
+
+def complete(doc: dict[str, Any]) -> None:
+    """Into a doc holding "cases", "jit", "shim" and "hot_swap": the summary, per-module timings, trace
+    deliveries, goals and notes derived from them; a JIT or shim part that measured nothing becomes
+    {"error": why}."""
+    cases = doc["cases"]
+    doc["summary"] = summarize(cases)
+    doc["modules"] = [{"workload": w, "mode": m, **mod} for w, ms in cases.items() for m, r in ms.items()
+                      for mod in r.get("modules", [])]
+    doc["trace"] = {w: {m: ms[m]["trace"] for m in TRACED if "trace" in ms.get(m, {})} for w, ms in cases.items()}
+    shim = doc["shim"] if "cases" in doc["shim"] else None
+    jit = doc["jit"] if "probes" in doc["jit"] else None
+    doc["goals"] = goals(doc["summary"], shim, jit)
+    if jit is None:
+        doc["jit"] = {"error": doc["jit"].get("skipped", "not measured")}
+    if shim is None:
+        doc["shim"] = {"error": doc["shim"].get("skipped", "not measured")}
+    doc.setdefault("notes", []).extend(notes(doc))
+
+
+def publish(doc: dict[str, Any], out_dir: Path) -> str:
+    """OUT_DIR/suite.json and OUT_DIR/suite.md of a completed doc; the markdown."""
+    md = markdown(doc)
+    (out_dir / "suite.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out_dir / "suite.md").write_text(md)
+    return md
 
 
 # ---- markdown ----------------------------------------------------------------------------------------

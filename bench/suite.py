@@ -38,7 +38,6 @@ a device call beside other work) is skipped and says so.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -402,23 +401,9 @@ def main() -> None:
                           f"({rec['wall_s']:.1f} s)" + (f"  {rec.get('error', '')}" if rec["status"] != "ok" else ""),
                           flush=True)
         doc["cases"] = cases
-        doc["summary"] = results.summarize(cases)
-        doc["modules"] = [{"workload": w, "mode": m, **mod} for w, ms in cases.items() for m, r in ms.items()
-                          for mod in r.get("modules", [])]
-        doc["trace"] = {w: {m: ms[m]["trace"] for m in probe_check.TRACED if "trace" in ms.get(m, {})}
-                        for w, ms in cases.items()}
-    shim = doc["shim"] if "cases" in doc["shim"] else None
-    jit = doc["jit"] if "probes" in doc["jit"] else None
-    doc["goals"] = results.goals(doc["summary"], shim, jit)
-    if jit is None:
-        doc["jit"] = {"error": doc["jit"].get("skipped", "not measured")}
-    if shim is None:
-        doc["shim"] = {"error": doc["shim"].get("skipped", "not measured")}
-    doc["notes"] += results.notes(doc)
+    results.complete(doc)
     doc["meta"]["total_s"] = round(time.monotonic() - start)
-    (out_dir / "suite.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out_dir / "suite.md").write_text(results.markdown(doc))
-    print(results.markdown(doc))
+    print(results.publish(doc, out_dir))
 
 
 if __name__ == "__main__":
