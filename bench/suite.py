@@ -2,7 +2,8 @@
 $OUT, else the current directory) writes OUT_DIR/suite.json and OUT_DIR/suite.md; bench/plots.py draws
 the JSON. PARTs are workload names and "parts" (JIT, shim per launch, hot swap); none: all. All of it
 takes longer than one 10-minute device call, so run it as two: ``suite.py OUT parts vecadd stencil gemm
-cupy torch_compile`` and ``suite.py OUT2 torch_eager`` (its paired rounds alone take about 6 minutes).
+cupy torch_compile`` and ``suite.py OUT2 torch_eager`` (its paired rounds alone take about 6 minutes);
+bench/combine.py makes one report of such part runs.
 Needs nvcc, the shim's build tools and the probes prebuilt by scripts/gpu-prep.sh
 (EGPU_PREBUILT_PROBES or .gpubuild/probes; the GPU machine has no clang); PyTorch, Triton and CuPy for
 their workloads (a workload that cannot run is reported as failed, the rest go on).
