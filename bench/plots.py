@@ -51,7 +51,11 @@ def overhead(doc: dict[str, Any], out: Path, plt: Any) -> Path | None:
     ax.yaxis.set_major_formatter(ratio)
     ax.yaxis.set_minor_formatter(ratio)
     ax.tick_params(axis="y", which="minor", labelsize=7)
-    ax.set_xticks(range(len(workloads)), workloads)
+    # a combined doc's (bench/combine.py): each workload's run under its name
+    runs = {w: results.run_label(r["run"]) for w, ms in doc.get("cases", {}).items() for r in list(ms.values())[:1]
+            if "run" in r}
+    ax.set_xticks(range(len(workloads)), ["\n".join([w, *runs[w].rsplit(" ", 1)]) if w in runs else w
+                                          for w in workloads], fontsize=8 if runs else None)
     ax.set_ylabel("time / uninstrumented (median, log scale)")
     ax.set_title("egpu overhead per workload (dashed: goals)")
     ax.legend(fontsize=8, ncol=2)

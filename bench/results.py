@@ -1,6 +1,7 @@
 """The suite's results: a workload program's output parsed, runs reduced to ratios, the goals judged,
-and the markdown report. Pure functions over plain dicts (bench/suite.py measures, bench/plots.py
-draws, tests/test_bench_suite.py checks these with made-up measurements).
+and the markdown report. Pure functions over plain dicts but publish, which writes them (bench/suite.py
+measures, bench/combine.py joins part runs, bench/plots.py draws, tests/test_bench_suite.py checks these
+with made-up measurements).
 
 A case is one (workload, mode) process; its raw record (suite.run_case) is
 ``{"status": ok|failed|timeout, "warmup_ms", "reps": [[ms, units]], "unit_ms": [...], "digest", "wall_s",
@@ -10,7 +11,9 @@ A case is one (workload, mode) process; its raw record (suite.run_case) is
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 from typing import Any
 
 import paired
@@ -120,7 +123,8 @@ def summarize(cases: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str
     """``cases[workload][mode]`` raw records -> the same shape of summaries (ratios to that workload's
     plain). A probe mode's ratio stands only when probe_check.check_cell proves its probe ran:
     "probe_checked" true; else false with "probe_check" the reason, and the ratio kept aside as
-    "unchecked_ratio", which no goal and no table counts."""
+    "unchecked_ratio", which no goal and no table counts. A record whose "run" (bench/combine.py's) predates
+    the probe checks fails them whatever it holds."""
     out = {}
     for workload, modes in cases.items():
         plain = modes.get("plain", {})
@@ -138,6 +142,8 @@ def summarize(cases: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str
                 if "lanes" in modes[mode]["trace"]:
                     s["lanes_delivered"] = modes[mode]["trace"]["lanes"]
             why = check_cell(workload, mode, modes)
+            if modes[mode].get("run", {}).get("predates_probe_checks"):
+                why = "its run predates the probe checks" + (f" ({why})" if why else "")
             s["probe_checked"] = why is None
             if why is not None:
                 s["probe_check"] = why
@@ -238,6 +244,33 @@ def notes(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def complete(doc: dict[str, Any]) -> None:
+    """Into a doc holding "cases", "jit", "shim" and "hot_swap" (one run's, or bench/combine.py's of
+    several): the summary, per-module timings, trace deliveries, goals and notes derived from them; a JIT
+    or shim part that measured nothing becomes {"error": why}."""
+    cases = doc["cases"]
+    doc["summary"] = summarize(cases)
+    doc["modules"] = [{"workload": w, "mode": m, **mod} for w, ms in cases.items() for m, r in ms.items()
+                      for mod in r.get("modules", [])]
+    doc["trace"] = {w: {m: ms[m]["trace"] for m in TRACED if "trace" in ms.get(m, {})} for w, ms in cases.items()}
+    shim = doc["shim"] if "cases" in doc["shim"] else None
+    jit = doc["jit"] if "probes" in doc["jit"] else None
+    doc["goals"] = goals(doc["summary"], shim, jit)
+    if jit is None:
+        doc["jit"] = {"error": doc["jit"].get("skipped", "not measured")}
+    if shim is None:
+        doc["shim"] = {"error": doc["shim"].get("skipped", "not measured")}
+    doc.setdefault("notes", []).extend(notes(doc))
+
+
+def publish(doc: dict[str, Any], out_dir: Path) -> str:
+    """OUT_DIR/suite.json and OUT_DIR/suite.md of a completed doc; the markdown."""
+    md = markdown(doc)
+    (out_dir / "suite.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out_dir / "suite.md").write_text(md)
+    return md
+
+
 # ---- markdown ----------------------------------------------------------------------------------------
 
 def _num(v: float | None, unit: str = "", digits: int = 2) -> str:
@@ -271,15 +304,18 @@ def cell(s: dict[str, Any] | None) -> str:
     return text
 
 
-def overhead_table(summary: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+def overhead_table(summary: dict[str, dict[str, dict[str, Any]]], runs: dict[str, str] | None = None) -> list[str]:
+    """The ratios, a row per workload; with ``runs`` (a combined doc's), a last column saying its run."""
     modes = [(k, t) for k, t in MODES if any(k in s for s in summary.values())]
-    lines = ["| workload | " + " | ".join(t if k != "plain" else "uninstrumented (per unit)" for k, t in modes) + " |",
-             "| --- |" + " ---: |" * len(modes)]
+    lines = ["| workload | " + " | ".join(t if k != "plain" else "uninstrumented (per unit)" for k, t in modes)
+             + (" | run |" if runs else " |"),
+             "| --- |" + " ---: |" * len(modes) + (" --- |" if runs else "")]
     for workload, s in summary.items():
         plain = s.get("plain", {})
         first = (f"{plain['median_ms'] * 1e3:.1f} µs / {UNITS.get(workload, 'launch')}" if "median_ms" in plain
                  else plain.get("status", "—"))
-        lines.append(f"| {workload} | {first} | " + " | ".join(cell(s.get(k)) for k, _ in modes[1:]) + " |")
+        lines.append(f"| {workload} | {first} | " + " | ".join(cell(s.get(k)) for k, _ in modes[1:])
+                     + (f" | {runs[workload]} |" if runs else " |"))
     return lines
 
 
@@ -367,28 +403,68 @@ def trace_lines(summary_trace: dict[str, dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
-META_SHOWN = ("gpu", "driver", "date", "commit", "dirty", "log", "total_s", "cpus")
+META_SHOWN = ("combined", "gpu", "driver", "date", "commit", "dirty", "log", "total_s", "cpus")
+
+
+def run_label(source: dict[str, Any]) -> str:
+    """A run as a reader tells it apart: its date, time and short commit."""
+    return f"{source['date'][:10]} {source['date'][11:16]} {str(source.get('commit', '?'))[:7]}"
+
+
+def run_link(meta: dict[str, Any], source: dict[str, Any]) -> str:
+    """A link to the run ``source`` names in a combined doc's meta: its report, else its JSON."""
+    run = next(r for r in meta["runs"] if r["json"] == source["json"])
+    return f"[{run_label(run)}]({run['links'].get('report', run['links']['json'])})"
+
+
+def runs_table(meta: dict[str, Any]) -> list[str]:
+    """A combined doc's runs, newest first: the tree that ran, what each gave, its files."""
+    lines = ["| run | tree | GPU, driver | gave | files |", "| --- | --- | --- | --- | --- |"]
+    for r in meta["runs"]:
+        tree = ("clean" if r.get("dirty") is False else
+                f"dirty ({r['differs']['count']} files differ, listed in its JSON)" if r.get("differs") else
+                "dirty" if r.get("dirty") else "not recorded (the run predates provenance stamps)")
+        gave = ", ".join(r["gave"]) or "nothing newer runs did not measure"
+        if r.get("predates_probe_checks"):
+            gave += " (before the probe checks)"
+        files = ", ".join(f"[{k}]({r['links'][k]})" for k in ("report", "json", "log") if k in r["links"])
+        lines.append(f"| {run_label(r)} | {tree} | {r.get('gpu', '?')}, {r.get('driver', '?')} | {gave} | {files} |")
+    return lines
+
+
+def from_run(doc: dict[str, Any], part: str) -> list[str]:
+    """In a combined doc, the line saying which run a part came from."""
+    source = (doc.get(part) or {}).get("run")
+    return [f"From the run {run_link(doc['meta'], source)}.", ""] if source else []
 
 
 def markdown(doc: dict[str, Any]) -> str:
     """The report: overheads, goals, JIT, hot swap, shim per launch, trace delivery, published numbers."""
     meta = doc.get("meta", {})
     summary = doc["summary"]
+    combined = "runs" in meta
     out = ["# egpu benchmark suite", "",
-           " · ".join(f"{k}: {v}" for k, v in meta.items() if k in META_SHOWN), "",
-           "## Overhead: steady-state time relative to uninstrumented", "",
+           " · ".join(f"{k}: {v}" for k, v in meta.items() if k in META_SHOWN), ""]
+    if combined:
+        out += ["Runs combined (bench/combine.py), newest first:", ""] + runs_table(meta) + [""]
+    out += ["## Overhead: steady-state time relative to uninstrumented", "",
            "Each cell: the median time per unit of work (a launch, a training step, a forward) over the "
            "repetitions of the workload's timed region, divided by the uninstrumented median. The region "
            "follows a warm-up, so process start-up, compilation and the JIT are excluded; each repetition "
            f"takes about 100 ms (fewer units when a mode is slower); n is shown when fewer than {MIN_RUNS} "
            "repetitions fit the time budget; † marks an output that differs from the uninstrumented run. "
            "A probe cell shows a ratio only when its run proved the probe ran as often as it must, with the "
-           "uninstrumented output (bench/probe_check.py); otherwise \"probe check failed\", the reason in the notes.", ""]
-    out += overhead_table(summary)
+           "uninstrumented output (bench/probe_check.py); otherwise \"probe check failed\", the reason in the notes."
+           + (" Each row comes whole from the run its last column names; — marks a mode that run did not run."
+              if combined else ""), ""]
+    runs = ({w: next((run_link(meta, r["run"]) for r in ms.values()), "—") for w, ms in doc["cases"].items()}
+            if combined else None)
+    out += overhead_table(summary, runs)
     out += ["", "## Goals", ""] + goal_table(doc["goals"])
-    out += ["", "## JIT and instrumentation cost", ""] + jit_tables(doc.get("jit"), doc.get("modules", []))
-    out += ["## Hot swap", ""] + swap_lines(doc.get("hot_swap"))
-    out += ["", "## Shim cost per launch", ""] + shim_lines(doc.get("shim"))
+    out += ["", "## JIT and instrumentation cost", ""] + from_run(doc, "jit") + jit_tables(doc.get("jit"),
+                                                                                         doc.get("modules", []))
+    out += ["## Hot swap", ""] + from_run(doc, "hot_swap") + swap_lines(doc.get("hot_swap"))
+    out += ["", "## Shim cost per launch", ""] + from_run(doc, "shim") + shim_lines(doc.get("shim"))
     out += [""] + trace_lines(doc.get("trace", {}))
     out += ["## Published numbers of the peers (quoted, not measured here)", "",
             "| tool | what | GPU | overhead | detail | source |", "| --- | --- | --- | ---: | --- | --- |"]

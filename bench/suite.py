@@ -2,7 +2,8 @@
 $OUT, else the current directory) writes OUT_DIR/suite.json and OUT_DIR/suite.md; bench/plots.py draws
 the JSON. PARTs are workload names and "parts" (JIT, shim per launch, hot swap); none: all. All of it
 takes longer than one 10-minute device call, so run it as two: ``suite.py OUT parts vecadd stencil gemm
-cupy torch_compile`` and ``suite.py OUT2 torch_eager`` (its paired rounds alone take about 6 minutes).
+cupy torch_compile`` and ``suite.py OUT2 torch_eager`` (its paired rounds alone take about 6 minutes);
+bench/combine.py makes one report of such part runs.
 Needs nvcc, the shim's build tools and the probes prebuilt by scripts/gpu-prep.sh
 (EGPU_PREBUILT_PROBES or .gpubuild/probes; the GPU machine has no clang); PyTorch, Triton and CuPy for
 their workloads (a workload that cannot run is reported as failed, the rest go on).
@@ -38,7 +39,6 @@ a device call beside other work) is skipped and says so.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -402,23 +402,9 @@ def main() -> None:
                           f"({rec['wall_s']:.1f} s)" + (f"  {rec.get('error', '')}" if rec["status"] != "ok" else ""),
                           flush=True)
         doc["cases"] = cases
-        doc["summary"] = results.summarize(cases)
-        doc["modules"] = [{"workload": w, "mode": m, **mod} for w, ms in cases.items() for m, r in ms.items()
-                          for mod in r.get("modules", [])]
-        doc["trace"] = {w: {m: ms[m]["trace"] for m in probe_check.TRACED if "trace" in ms.get(m, {})}
-                        for w, ms in cases.items()}
-    shim = doc["shim"] if "cases" in doc["shim"] else None
-    jit = doc["jit"] if "probes" in doc["jit"] else None
-    doc["goals"] = results.goals(doc["summary"], shim, jit)
-    if jit is None:
-        doc["jit"] = {"error": doc["jit"].get("skipped", "not measured")}
-    if shim is None:
-        doc["shim"] = {"error": doc["shim"].get("skipped", "not measured")}
-    doc["notes"] += results.notes(doc)
+    results.complete(doc)
     doc["meta"]["total_s"] = round(time.monotonic() - start)
-    (out_dir / "suite.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out_dir / "suite.md").write_text(results.markdown(doc))
-    print(results.markdown(doc))
+    print(results.publish(doc, out_dir))
 
 
 if __name__ == "__main__":

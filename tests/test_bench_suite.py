@@ -308,9 +308,13 @@ def test_markdown_report():
     assert "torch_eager / shim: the output differs" in md
     for p in results.PUBLISHED:
         assert p["source"] in md
-    # every table row has as many cells as its header
+    assert_tables_whole(md)
+
+
+def assert_tables_whole(md):
+    """Every table row of ``md`` has as many cells as its header."""
     tables, current = [], []
-    for ln in lines + [""]:
+    for ln in md.splitlines() + [""]:
         if ln.startswith("|"):
             current.append(ln.count("|"))
         elif current:
@@ -326,6 +330,132 @@ def test_markdown_with_parts_skipped():
     doc["goals"] = results.goals(doc["summary"], None, None)
     md = results.markdown(doc)
     assert "Not measured: no nvcc" in md and "Not measured: bench_shim: boom" in md and "Skipped: no session" in md
+
+
+# ---- part runs combined (bench/combine.py) -----------------------------------------------------------
+
+combine = importlib.import_module("combine")
+SKIPPED = {"skipped": "not selected on the command line"}
+
+
+def part_run(path, date, cases, parts=False, log=True):
+    """A part run's JSON at ``path`` as suite.main writes it, measuring ``cases`` and the parts when ``parts``,
+    its log beside it unless ``log`` is False."""
+    fake = fake_doc()
+    doc = {"meta": {"commit": path.stem[:4] * 10, "dirty": False, "gpu": "H200", "driver": "580", "date": date,
+                    "log": "gpu-test.log", "reps": 10},
+           "cases": cases, **{p: fake[p] if parts else SKIPPED for p in ("jit", "shim", "hot_swap")}}
+    results.complete(doc)
+    path.write_text(json.dumps(doc))
+    if log:
+        path.with_suffix(".log").write_text("suite: the run's lines\n")
+    return str(path)
+
+
+def past_budget(modes):
+    return {m: case([], digest=None, status="skipped (time budget)") for m in modes}
+
+
+def slower(modes, by):
+    """The same records with every instrumented mode ``by`` times slower."""
+    return {m: r if m == "plain" else {**r, "unit_ms": [v * by for v in r["unit_ms"]]} for m, r in modes.items()}
+
+
+def test_combine_takes_each_workload_whole_from_the_newest_run_that_ran_it(tmp_path):
+    cases = fake_cases()
+    old = part_run(tmp_path / "old.json", "2026-12-02T05:00:00Z", cases, parts=True)
+    new = part_run(tmp_path / "new.json", "2026-12-04T17:00:00Z",
+                   {"vecadd": slower(cases["vecadd"], 1.1), "torch_eager": past_budget(cases["torch_eager"])})
+    doc = combine.combine([combine.load(new), combine.load(old)], tmp_path)
+    assert list(doc["cases"]) == ["vecadd", "torch_eager"]
+    assert doc["summary"]["vecadd"]["shim"]["ratio"] == pytest.approx(1.01 * 1.1)   # the newer run's
+    # the older run's: the newer one skipped it
+    assert doc["summary"]["torch_eager"]["entry_exit"]["ratio"] == pytest.approx(1.02)
+    assert {r["run"]["json"] for r in doc["cases"]["vecadd"].values()} == {str(tmp_path / "new.json")}
+    assert {r["run"]["json"] for r in doc["cases"]["torch_eager"].values()} == {str(tmp_path / "old.json")}
+    # goals over the cases kept: the entry/exit counter's worst is the newer vecadd's, no longer torch_eager's
+    assert doc["goals"] == results.goals(doc["summary"], doc["shim"], doc["jit"])
+    entry = next(r for r in doc["goals"] if r["goal"] == "entry/exit counter")
+    assert (entry["where"], entry["value"]) == ("vecadd", pytest.approx(1.02 * 1.1))
+    assert [r["gave"] for r in doc["meta"]["runs"]] == [["vecadd"], ["torch_eager", "jit", "shim", "hot_swap"]]
+
+
+def test_combine_keeps_an_older_measured_part_before_a_newer_skip(tmp_path):
+    cases = fake_cases()
+    old = part_run(tmp_path / "old.json", "2026-12-01T00:00:00Z", cases, parts=True)
+    new = part_run(tmp_path / "new.json", "2026-12-03T00:00:00Z", cases)   # jit and shim as {"error"}, hot_swap skipped
+    doc = combine.combine([combine.load(old), combine.load(new)], tmp_path)
+    assert all(doc[p]["run"]["json"] == str(tmp_path / "old.json") for p in ("jit", "shim", "hot_swap"))
+    assert doc["jit"]["probes"] == fake_doc()["jit"]["probes"] and "cases" in doc["shim"]
+    assert all(r["run"]["json"] == str(tmp_path / "new.json") for r in doc["cases"]["vecadd"].values())
+    newer = part_run(tmp_path / "newer.json", "2026-12-04T00:00:00Z", {}, parts=True)
+    doc = combine.combine([combine.load(p) for p in (old, new, newer)], tmp_path)
+    assert doc["hot_swap"]["run"]["json"] == str(tmp_path / "newer.json")
+    none = combine.combine([combine.load(new)], tmp_path)
+    assert none["jit"] == {"error": "measured in none of the runs combined"} and "Skipped: measured in none" in \
+        results.markdown(none)
+
+
+def test_combine_records_each_cases_run_and_links_it_in_the_report(tmp_path):
+    run_dir, out = tmp_path / "gpu-results", tmp_path / "docs"
+    run_dir.mkdir()
+    path = part_run(run_dir / "call2-suite.json", "2026-12-04T16:44:28Z", fake_cases(), parts=True, log=False)
+    (run_dir / "call2-suite.md").write_text("# its report\n")
+    (run_dir / "call2.log").write_text("suite: ...\n")
+    doc = combine.combine([combine.load(f"{path}={run_dir / 'call2.log'}")], out)
+    source = {"commit": "call" * 10, "dirty": False, "gpu": "H200", "driver": "580", "date": "2026-12-04T16:44:28Z",
+              "json": path, "log": str(run_dir / "call2.log"), "report": str(run_dir / "call2-suite.md")}
+    assert doc["cases"]["torch_eager"]["mem_count"]["run"] == source == doc["shim"]["run"]
+    assert doc["meta"]["runs"][0]["links"] == {"json": "../gpu-results/call2-suite.json",
+                                               "log": "../gpu-results/call2.log",
+                                               "report": "../gpu-results/call2-suite.md"}
+    md = results.markdown(doc)
+    link = "[2026-12-04 16:44 callcal](../gpu-results/call2-suite.md)"
+    assert "| vecadd | 10000.0 µs / launch | 1.01x | 1.02x | 1.20x | 5.00x (n=3) | — | " + link + " |" in md
+    assert md.count(f"From the run {link}.") == 3   # JIT, hot swap, shim
+    assert "combined: 1 run, each workload" in md
+    assert "| clean | H200, 580 | vecadd, torch_eager, jit, shim, hot_swap |" in md
+    assert_tables_whole(md)
+    combine.main([str(out), f"{path}={run_dir / 'call2.log'}"])
+    assert (out / "suite.md").read_text() == md and json.loads((out / "suite.json").read_text()) == doc
+
+
+def test_a_run_from_before_the_probe_checks_gives_no_probe_ratio(tmp_path):
+    """Its records may satisfy today's checks or not: it never proved its probes ran, so no ratio."""
+    path = tmp_path / "old.json"
+    part_run(path, "2026-12-02T05:38:22Z", fake_cases())
+    doc = json.loads(path.read_text())
+    for modes in doc["summary"].values():
+        for s in modes.values():
+            s.pop("probe_checked", None)
+    path.write_text(json.dumps(doc))
+    combined = combine.combine([combine.load(str(path))], tmp_path)
+    vecadd = combined["summary"]["vecadd"]
+    assert vecadd["shim"]["ratio"] == pytest.approx(1.01)   # not a probe cell
+    assert all("ratio" not in vecadd[m] and vecadd[m]["probe_checked"] is False for m in ("entry_exit", "mem_count"))
+    assert vecadd["entry_exit"]["probe_check"] == "its run predates the probe checks"
+    md = results.markdown(combined)
+    failed = " | ".join(["probe check failed"] * 3)
+    assert f"| vecadd | 10000.0 µs / launch | 1.01x | {failed} |" in md
+    assert "(before the probe checks)" in md
+
+
+def test_combine_refuses_a_run_it_cannot_read_naming_the_file(tmp_path):
+    good = part_run(tmp_path / "good.json", "2026-12-04T00:00:00Z", fake_cases())
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[]")
+    (tmp_path / "nodate.json").write_text(json.dumps({"meta": {}, "cases": {}}))
+    (tmp_path / "cases.json").write_text(json.dumps({"meta": {"date": "d"}, "cases": {"vecadd": []}}))
+    nolog = part_run(tmp_path / "nolog.json", "2026-12-04T00:00:00Z", fake_cases(), log=False)
+    for args, why in (([str(tmp_path / "gone.json")], "gone.json: cannot read it"),
+                      ([str(tmp_path / "bad.json")], "bad.json: cannot read it: Expecting"),
+                      ([str(tmp_path / "list.json")], "list.json: not a suite run's JSON: not a JSON object"),
+                      ([str(tmp_path / "nodate.json")], "nodate.json: not a suite run's JSON: no meta.date"),
+                      ([str(tmp_path / "cases.json")], "cases.json: not a suite run's JSON: no cases"),
+                      ([nolog], "nolog.json: no log at .*nolog.log"),
+                      ([good, good], "good.json: given twice")):
+        with pytest.raises(SystemExit, match=f"^combine.py: .*{why}"):
+            combine.main([str(tmp_path / "out"), *args])
 
 
 def test_plots_written(tmp_path):
