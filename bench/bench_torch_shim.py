@@ -10,6 +10,11 @@ until a probe needs one) and ``egpu-run --live-sass`` (the Compute Sanitizer sub
 standby, so that a probe attached later can patch SASS-only kernels). Processes of one program vary by
 10-20% here, so the ratios are per round (each against the plain run of its round), all kept, summarized
 as their median and spread (bench/paired.py); a lost process loses its round's pair, not the run.
+
+Beside the time, each process counts the user-space instructions its threads retire per step
+(workloads/instructions.py), paired the same way: a measure the core, clock and neighbours do not move,
+so a standby cost too small for the time's spread shows there. Where the machine gives no instruction
+counter (a VM without a virtual PMU) the JSON says why and only the time is paired.
 """
 
 from __future__ import annotations
@@ -27,10 +32,14 @@ import paired  # noqa: E402
 import suite  # noqa: E402
 
 
-def summarize(us_per_step: dict[str, list[float | None]]) -> dict[str, dict]:
+def summarize(per_step: dict[str, list[float | None]]) -> dict[str, dict]:
     """Per mode other than plain: the per-round ratios to plain, their median and spread."""
-    plain = us_per_step["plain"]
-    return {m: paired.ratios(plain, ts) for m, ts in us_per_step.items() if m != "plain"}
+    plain = per_step["plain"]
+    return {m: paired.ratios(plain, ts) for m, ts in per_step.items() if m != "plain"}
+
+
+def median_or_none(values: list[float] | None) -> float | None:
+    return round(statistics.median(values), 1) if values else None
 
 
 def main() -> None:
@@ -38,27 +47,35 @@ def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit(__doc__)
     out_path, rounds = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else paired.MIN_PAIRS
-    step = suite.workload_cmd("torch_eager", Path())
+    step = [*suite.workload_cmd("torch_eager", Path()), "--count", "instructions"]
     run = [*suite.egpu_run(), "--keep"]   # kept sessions: run_case reads the shim's counters from the dumps
     modes = {"plain": step, "shim": [*run, *step], "standby": [*run, "--live-sass", *step]}
     with tempfile.TemporaryDirectory() as tmp:
         env = suite.base_env(Path(tmp))
         cpus = suite.bench_shim.pick_cpus(suite.CASE_CPUS)
         suite.subprocess.run([*suite.egpu_run(), "true"], env=env, cwd=ROOT, capture_output=True)  # the shim, built
-        doc: dict = {"cpus": sorted(cpus or ()), "us_per_step": {m: [] for m in modes}, "shim_stats": {}, "errors": [],
-                     "ratios": {}}
+        doc: dict = {"cpus": sorted(cpus or ()), "us_per_step": {m: [] for m in modes},
+                     "instructions_per_step": {m: [] for m in modes}, "shim_stats": {}, "errors": [], "ratios": {},
+                     "instruction_ratios": {}}
         for i in range(rounds):
             for mode, cmd in modes.items():
                 rec = suite.run_case(cmd, env, suite.TIMEOUT_S["python"], cpus)
                 ok = rec["status"] == "ok" and rec["unit_ms"]
                 doc["us_per_step"][mode].append(round(statistics.median(rec["unit_ms"]) * 1e3, 1) if ok else None)
+                doc["instructions_per_step"][mode].append(median_or_none(rec.get("count_per_unit")) if ok else None)
+                if rec.get("count_error"):
+                    doc["instructions_unavailable"] = rec["count_error"]
                 if not ok:
                     doc["errors"].append(f"round {i} {mode}: {rec['status']}: {rec.get('error', '')}")
                 doc["shim_stats"].setdefault(mode, rec.get("shim_stats"))
-                print(f"round {i} {mode:>8}: {doc['us_per_step'][mode][-1]} us/step", flush=True)
+                print(f"round {i} {mode:>8}: {doc['us_per_step'][mode][-1]} us/step, "
+                      f"{doc['instructions_per_step'][mode][-1]} instructions/step", flush=True)
             doc["ratios"] = summarize(doc["us_per_step"])   # written each round: a call cut short keeps them
+            doc["instruction_ratios"] = summarize(doc["instructions_per_step"])
             out_path.write_text(json.dumps(doc, indent=1))
-    print(json.dumps({m: {k: r.get(k) for k in ("pairs", "median", "min", "max")} for m, r in doc["ratios"].items()}))
+    for name in ("ratios", "instruction_ratios"):
+        print(name, json.dumps({m: {k: r.get(k) for k in ("pairs", "median", "min", "max")}
+                                for m, r in doc[name].items()}))
     out_path.write_text(json.dumps(doc, indent=1))
 
 

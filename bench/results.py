@@ -64,9 +64,12 @@ UNQUOTED = ("NVBit's own paper (Villa et al., MICRO 2019): we could not locate i
 def parse_output(stdout: str) -> dict[str, Any]:
     """The BENCH_ lines of a workload program (bench/workloads): warm-up, repetitions ("ms units", units
     1 when left out), every unit the process ran, digest, kernels.cu's split of one launch's time
-    (host_us in the call, kernel_us between events), and the modules bench/empty_patch patched when it was
-    injected. Other lines (egpu-run's maps) are ignored; a run cut short keeps the repetitions it printed."""
+    (host_us in the call, kernel_us between events), the modules bench/empty_patch patched when it was
+    injected, and --count's event per unit of each repetition ("count_per_unit") or why it was not counted
+    ("count_error"), where the program was asked to count. Other lines (egpu-run's maps) are ignored; a run
+    cut short keeps the repetitions it printed."""
     warmup, reps, units, digest, split, tool_patched = None, [], None, None, None, None
+    counted: dict[str, Any] = {}   # --count's: per unit of each repetition, or why nothing was counted
     for line in stdout.splitlines():
         key, _, value = line.strip().partition(" ")
         try:
@@ -79,6 +82,10 @@ def parse_output(stdout: str) -> dict[str, Any]:
                 units = int(value)
             elif key == "BENCH_TOOL_PATCHED":
                 tool_patched = int(value)
+            elif key == "BENCH_COUNT" and reps and reps[-1][1] > 0:
+                counted.setdefault("count_per_unit", []).append(int(value) / reps[-1][1])
+            elif key == "BENCH_COUNT_UNAVAILABLE":
+                counted["count_error"] = value.strip()
             elif key == "BENCH_SPLIT":
                 host_us, kernel_us = map(float, value.split())
                 split = {"host_us": host_us, "kernel_us": kernel_us}
@@ -87,7 +94,7 @@ def parse_output(stdout: str) -> dict[str, Any]:
         if key == "BENCH_DONE":
             digest = value.strip() or None
     return {"warmup_ms": warmup, "reps": reps, "unit_ms": [ms / n for ms, n in reps if n > 0], "units": units,
-            "digest": digest, "split": split, "tool_patched": tool_patched}
+            "digest": digest, "split": split, "tool_patched": tool_patched, **counted}
 
 
 # ---- runs to ratios ----------------------------------------------------------------------------------

@@ -91,6 +91,13 @@ def fake_doc():
       "tool_patched": None}),
     ("BENCH_TOOL_PATCHED 3\n", {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None,
                                "split": None, "tool_patched": 3}),
+    # --count: the event per unit of the repetition just before; a count before any repetition is nobody's
+    ("BENCH_COUNT 7\nBENCH_REP 2.0 4\nBENCH_COUNT 1000\nBENCH_REP 2.0 2\nBENCH_COUNT 1000\n",
+     {"warmup_ms": None, "reps": [[2.0, 4], [2.0, 2]], "unit_ms": [0.5, 1.0], "units": None, "digest": None,
+      "split": None, "tool_patched": None, "count_per_unit": [250.0, 500.0]}),
+    ("BENCH_COUNT_UNAVAILABLE [Errno 2] perf_event_open (instructions): No such file or directory\n",
+     {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None, "split": None,
+      "tool_patched": None, "count_error": "[Errno 2] perf_event_open (instructions): No such file or directory"}),
 ])
 def test_parse_output(stdout, want):
     assert results.parse_output(stdout) == want
@@ -903,7 +910,10 @@ def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, m
 
     def fake_run(cmd, env, timeout, cpus):
         seen.append(("--live-sass" in cmd and "standby") or ("--keep" in cmd and "default"))
-        return case([next(us)] * 3, shim_stats={"launches": 29, "python_calls": 0} if "--keep" in cmd else None)
+        assert cmd[-2:] == ["--count", "instructions"]
+        t = next(us)
+        return case([t] * 3, shim_stats={"launches": 29, "python_calls": 0} if "--keep" in cmd else None,
+                    count_per_unit=[t * 1e6, t * 1e6, 1.0])
     monkeypatch.setattr(suite, "run_case", fake_run)
     monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: None)
     out = tmp_path / "torch_shim.json"
@@ -915,12 +925,18 @@ def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, m
     assert doc["ratios"]["shim"]["values"] == [1.2, 1.2] and doc["ratios"]["standby"]["median"] == pytest.approx(1.05)
     assert (doc["ratios"]["standby"]["min"], doc["ratios"]["standby"]["max"]) == (1.0, pytest.approx(1.1))
     assert doc["shim_stats"]["shim"] == {"launches": 29, "python_calls": 0} and doc["shim_stats"]["plain"] is None
+    # the instructions per step (each process's median) paired as the time is
+    assert doc["instructions_per_step"]["standby"] == [1.5e6, 1.1e6]
+    assert doc["instruction_ratios"]["standby"]["median"] == pytest.approx(1.05)
     # a lost process loses its round's pair, not the run
-    outcomes = iter([case([1.0] * 3), case([], status="failed", error="exit 1: boom"), case([1.1] * 3)] * 2)
+    no_pmu = "[Errno 2] perf_event_open (instructions): No such file or directory"
+    outcomes = iter([case([1.0] * 3, count_error=no_pmu), case([], status="failed", error="exit 1: boom"),
+                     case([1.1] * 3, count_error=no_pmu)] * 2)
     monkeypatch.setattr(suite, "run_case", lambda *a: next(outcomes))
     bench.main()
     doc = json.loads(out.read_text())
     assert doc["ratios"]["shim"]["pairs"] == 0 and doc["ratios"]["standby"]["pairs"] == 2
+    assert doc["instructions_unavailable"] == no_pmu and doc["instruction_ratios"]["standby"]["pairs"] == 0
     assert doc["errors"] == ["round 0 shim: failed: exit 1: boom", "round 1 shim: failed: exit 1: boom"]
     # killed in round 1 (the device call's timeout): round 0 is in the file
     outcomes = iter([case([1.0] * 3), case([1.1] * 3), case([1.2] * 3)])
@@ -1043,3 +1059,31 @@ def test_suite_modes_keeps_the_modes_named(suite, monkeypatch):
         monkeypatch.setenv("SUITE_MODES", modes)
         with pytest.raises(SystemExit, match=why):
             suite.modes_for("vecadd")
+
+
+def test_framework_workload_counts_each_repetition_over_the_threads_it_starts(monkeypatch, capsys):
+    """frameworks.py --count: the counter opens before the workload is built, so threads it starts are
+    counted (perf_event_open's inherit); each repetition's count follows its line and parse_output makes
+    it per unit. task_clock (CPU ns) stands in for instructions, which a VM without a PMU lacks."""
+    import threading
+    sys.path.insert(0, str(BENCH / "workloads"))
+    frameworks = importlib.import_module("frameworks")
+
+    def spinning_workload():
+        def unit():   # 5 ms of CPU on a thread the workload starts, as autograd's do
+            t = threading.Thread(target=_spin, args=(0.005,))
+            t.start()
+            t.join()
+        return unit, lambda: None, lambda: "d"
+    monkeypatch.setitem(frameworks.WORKLOADS, "spin", spinning_workload)
+    monkeypatch.setattr(sys, "argv", ["frameworks.py", "spin", "3", "0.1", "20", "--count", "task_clock"])
+    frameworks.main()
+    rec = results.parse_output(capsys.readouterr().out)
+    assert len(rec["count_per_unit"]) == len(rec["reps"]) == 3
+    assert all(4.5e6 < ns < 50e6 for ns in rec["count_per_unit"]), rec["count_per_unit"]
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass

@@ -14,7 +14,9 @@ BUDGET_S seconds of them are used up (at least 3), each timed from its first lau
 after its last. Prints "BENCH_WARMUP ms", "BENCH_REP ms units" per repetition as it ends, "BENCH_UNITS n"
 (every unit the process ran), then "BENCH_DONE digest" of the warm-up's result (the same in every mode).
 ``--profile`` runs everything inside torch.profiler (CPU and CUDA activities, i.e. CUPTI), the trace never exported: what tracing the
-same step with PyTorch's own profiler costs.
+same step with PyTorch's own profiler costs. ``--count EVENT`` (instructions.py's: instructions, task_clock)
+counts EVENT over every thread the workload starts, and prints "BENCH_COUNT n" after each repetition's
+line (n: EVENT over that repetition), or "BENCH_COUNT_UNAVAILABLE why" once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import hashlib
 import math
 import time
 from collections.abc import Callable
+
+import instructions
 
 Workload = tuple[Callable[[], None], Callable[[], None], Callable[[], str]]  # unit, synchronize, digest
 
@@ -142,7 +146,14 @@ def main() -> None:
     ap.add_argument("budget_s", type=float)
     ap.add_argument("target_ms", type=float, nargs="?", default=100.0)
     ap.add_argument("--profile", action="store_true", help="inside torch.profiler (CUPTI)")
+    ap.add_argument("--count", choices=sorted(instructions.EVENTS), help="an event counted over each repetition")
     args = ap.parse_args()
+    counter = None
+    if args.count:
+        try:   # before the workload starts its threads: only those started after are counted
+            counter = instructions.Counter(args.count)
+        except OSError as e:
+            print(f"BENCH_COUNT_UNAVAILABLE {e}", flush=True)
     unit, sync, digest = WORKLOADS[args.workload]()
     with profiled() if args.profile else contextlib.nullcontext():
         print(f"BENCH_WARMUP {timed(unit, sync, 1):.3f}", flush=True)
@@ -158,10 +169,13 @@ def main() -> None:
         for r in range(args.reps):
             if r >= 3 and used >= args.budget_s * 1e3:
                 break
+            before = counter.read() if counter else 0
             ms = timed(unit, sync, units)
             used += ms
             total += units
             print(f"BENCH_REP {ms:.3f} {units}", flush=True)
+            if counter:
+                print(f"BENCH_COUNT {counter.read() - before}", flush=True)
     print(f"BENCH_UNITS {total}\nBENCH_DONE {digest()}", flush=True)
 
 
