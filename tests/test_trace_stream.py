@@ -125,8 +125,8 @@ PRODUCERS, PER_PRODUCER = 4, 6000
 
 
 def flat(taken: list) -> list[tuple[int, bytes]]:
-    """What a reader took, Blocks of records of one size made single records."""
-    return [r for x in taken for r in (x.records() if isinstance(x, Block) else [x])]
+    """What a reader took, records taken at once (Blocks, Packed) made single records."""
+    return [r for x in taken for r in (x.records() if not isinstance(x, tuple) else [x])]
 
 
 def _run_producers(ring: HostRing) -> tuple[list[tuple[int, bytes]], RingReader, list[int]]:
