@@ -125,8 +125,8 @@ PRODUCERS, PER_PRODUCER = 4, 6000
 
 
 def flat(taken: list) -> list[tuple[int, bytes]]:
-    """What a reader took, Blocks of records of one size made single records."""
-    return [r for x in taken for r in (x.records() if isinstance(x, Block) else [x])]
+    """What a reader took, records taken at once (Blocks, Packed) made single records."""
+    return [r for x in taken for r in (x.records() if not isinstance(x, tuple) else [x])]
 
 
 def _run_producers(ring: HostRing) -> tuple[list[tuple[int, bytes]], RingReader, list[int]]:
@@ -752,3 +752,93 @@ def test_runs_of_one_size_come_as_blocks_and_stop_where_the_pass_saw_complete(tm
     second = reader.take()
     assert [type(x) for x in second] == [Block] and len(second[0]) == RUN
     assert flat(first + second) == written and reader.empty() and reader.taken == len(written)
+
+
+def test_mixed_sizes_come_as_one_packed_with_runs_of_one_size_as_blocks():
+    """Records of mixed sizes (warp records: 72 to 328 bytes) are taken at once: a stretch of them as one
+    Packed (their bytes back to back), a run of RUN or more of one size within it as a Block, discarded
+    records left out, and across the ring's wrap; flattened, the ring's records in order."""
+    from egpu_preload.runtime.ring_drain import RUN, Packed
+    ring = HostRing(1 << 14, 3, wait=False)
+    reader = RingReader(ring, 0, ring.lay)
+    written, taken = [], []
+    for lap in range(3):   # 3 x about 10 KB through a 16 KiB ring: the second pass wraps
+        for i in range(2 * RUN + 40):
+            size = 72 if RUN <= i < 2 * RUN else (72, 104, 200, 328)[i * 7 % 4]
+            data = struct.pack("<II", lap, i) + bytes(size - 8)
+            if i % 9 == 4 and not RUN <= i < 2 * RUN:   # reserved, then discarded: consumed, not handed on
+                pos = ring._add(0, 8 + size)
+                ring._add(8, 8 + size)
+                at = devmaps.HEADER + pos % ring.lay.capacity
+                struct.pack_into("<II", ring.mem, at, size, devmaps.REC_DISCARD)
+                continue
+            assert ring.produce(data, sm=i % 3)
+            written.append((i % 3, data))
+        taken += reader.take() + reader.take()
+    assert flat(taken) == written and reader.empty() and reader.taken == len(written)
+    assert {type(x) for x in taken} >= {Packed, Block}
+    packed = next(x for x in taken if isinstance(x, Packed))
+    assert packed.data.tobytes() == b"".join(d for _, d in packed.records())
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["wait", "drop"])
+@pytest.mark.parametrize("suffix", [".arrow", ".parquet"])
+def test_producers_at_full_speed_reach_the_file_whole_and_in_order(access_trace, tmp_path, wait, suffix):
+    """Two rings of one probe, one of access records (a struct: typed columns) and one kept whole (warp
+    records, mixed sizes), each written by four producer threads as fast as they go while Streaming drains
+    them: the file read back by pyarrow holds every record delivered once, each producer's in the order it
+    wrote them, their bytes as written; waiting, all of them; dropping, exactly those not counted dropped."""
+    from egpu_preload.maps import MapsState
+    from egpu_preload.output import warp_records
+    from egpu_preload.runtime.probes import Probe
+    from egpu_preload.runtime.streaming import Streaming
+    ringbuf = next(m for m in access_trace.maps if m.type == prog.MAP_RINGBUF)
+    maps = [dataclasses.replace(ringbuf, max_entries=1 << 14, wait=wait),
+            dataclasses.replace(ringbuf, name="warp", max_entries=1 << 14, wait=wait)]
+    obj = dataclasses.replace(access_trace, maps=maps)
+    arena = Arena(8 << 20)
+    device = devmaps.DeviceMaps(arena, MapsState(obj.maps), 4)
+    rings = [HostRing(1 << 14, 4, wait, arena.mem, device.addrs[i]) for i in range(2)]
+    streaming = Streaming(tmp_path / f"t{suffix}", [Probe(Path("a.bpf.o"), obj, (), "t", frozenset({1}))],
+                          [device], arena)
+    per = 3000
+    kept: list[list[list[bytes]]] = [[[] for _ in range(4)] for _ in rings]
+
+    def producer(p: int) -> None:
+        for k in range(per):
+            i = p * per + k
+            for r, data in enumerate((_event(i), struct.pack("<Q", i) + bytes((64, 96, 192, 320)[k * 5 % 4]))):
+                if rings[r].produce(data, sm=p):
+                    kept[r][p].append(data)
+
+    threads = [threading.Thread(target=producer, args=(p,)) for p in range(4)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    report = streaming.finish()
+    delivered = [sum(map(len, k)) for k in kept]
+    assert report["error"] is None and report["records"] == sum(delivered)
+    assert report["dropped"] == sum(r.refused for r in rings) == 2 * 4 * per - sum(delivered)
+    assert (report["dropped"] == 0) == wait
+    path = tmp_path / f"t{suffix}"
+    table = pq.read_table(path) if suffix == ".parquet" else pa.ipc.open_file(pa.OSFile(str(path))).read_all()
+    assert json.loads(table.schema.metadata[b"egpu.record_types"])["warp"] == warp_records.RECORD_TYPE
+    t = table.to_pydict()
+    for r, name in enumerate(("events", "warp")):
+        rows = [i for i, m in enumerate(t["map"]) if m == name]
+        assert [t["seq"][i] for i in rows] == list(range(delivered[r]))
+        for p in range(4):
+            if r == 0:
+                got = [MEM_EVENT.pack(*(t[c][i] for c in ("ts", "addr", "kernel_id", "launch_id", "site", "size",
+                                                            "flags", "sm", "block[0]", "block[1]", "block[2]",
+                                                            "thread[0]", "thread[1]", "thread[2]")))
+                       for i in rows if t["cpu"][i] == p]
+            else:
+                got = [t["data"][i] for i in rows if t["cpu"][i] == p]
+            assert got == kept[r][p]

@@ -230,31 +230,28 @@ class TraceWriter:
             [pa.nulls(n, f.type) for f in self.schema][1:]
 
     def add(self, index: int, taken: Sequence[Any]) -> None:
-        """Map ``index``'s new records: (cpu, bytes) tuples, or blocks of records of one size
-        (runtime/ring_drain.Block: ``cpus``, ``rows``, ``len``, ``records()``)."""
+        """Map ``index``'s new records: (cpu, bytes) tuples, or records taken at once (runtime/ring_drain.py:
+        a Block of one size, ``cpus`` and ``rows``; a Packed of mixed sizes, ``cpus``, ``data``, ``offsets``;
+        both with ``len`` and ``records()``)."""
         self.pending[index].extend(taken)
-        self.rows[index] += sum(len(x) if hasattr(x, "rows") else 1 for x in taken)
+        self.rows[index] += sum(1 if isinstance(x, tuple) else len(x) for x in taken)
         if self.rows[index] >= FLUSH_ROWS:
             self._flush(index)
 
     def _flush(self, index: int) -> None:
         import numpy as np   # a dependency of pyarrow
-        items, n, lay = self.pending[index], self.rows[index], self.maps[index][1]
+        items, n, (name, lay) = self.pending[index], self.rows[index], self.maps[index]
         lay = lay if lay and lay.columns else None   # a layout of no columns: records kept whole in ``data``
         if not items:
             return
         self.pending[index], self.rows[index] = [], 0
-        blocks = all(hasattr(x, "rows") for x in items)
-        if blocks and lay is not None and all(x.rows.shape[1] == lay.size for x in items):
-            table = self._table(index, np.concatenate([x.cpus for x in items]).astype(np.uint32),
-                                np.concatenate([x.rows for x in items]))
-        elif blocks and lay is None and self.maps[index][0] != TRACE_PRINTK \
-                and len({x.rows.shape[1] for x in items}) == 1:
-            rows = np.ascontiguousarray(np.concatenate([x.rows for x in items]))   # one size: no object per record
-            table = self._table(index, np.concatenate([x.cpus for x in items]).astype(np.uint32), None,
-                                blob=rows)
-        else:
-            records = [r for x in items for r in (x.records() if hasattr(x, "rows") else (x,))]
+        cpus, data, offsets = _packed(np, items) if name != TRACE_PRINTK else (None, None, None)
+        if data is not None and lay is None:   # no object per record: their bytes as they came
+            table = self._table(index, cpus, None, blob=(data, offsets))
+        elif data is not None and (offsets[1:] - offsets[:-1] == lay.size).all():
+            table = self._table(index, cpus, data.reshape(n, lay.size))
+        else:   # trace_printk's, or records of another size than the struct's among them
+            records = [r for x in items for r in (x.records() if not isinstance(x, tuple) else (x,))]
             fits = [lay is not None and len(d) == lay.size for _, d in records]
             rows = [d for (_, d), ok in zip(records, fits) if ok]
             raw = np.frombuffer(b"".join(rows), np.uint8).reshape(len(rows), lay.size) if rows else None
@@ -264,10 +261,10 @@ class TraceWriter:
         self.written += n
 
     def _table(self, index: int, cpus: Any, raw: Any, records: list[tuple[int, bytes]] | None = None,
-               fits: list[bool] | None = None, blob: Any = None) -> Any:
+               fits: list[bool] | None = None, blob: tuple[Any, Any] | None = None) -> Any:
         """Rows of map ``index``: ``raw`` holds the struct rows (those ``fits`` marks, where only some are;
         ``records`` every record, where some are not struct rows or the map has no struct; ``blob`` the
-        records of a map with no struct, all of one size, as rows of a uint8 array)."""
+        records of a map with no struct, their bytes back to back and where each starts, numpy arrays)."""
         import numpy as np
         pa, (name, lay), n = self.pa, self.maps[index], len(cpus)
         cols: dict[str, Any] = {
@@ -286,7 +283,7 @@ class TraceWriter:
             cols["data"] = pa.array([None if fits and fits[i] else d for i, (_, d) in enumerate(records)],
                                     pa.binary())
         elif blob is not None:
-            cols["data"] = _binary(pa, blob)
+            cols["data"] = _binary(pa, *blob)
         return pa.table([cols.get(f.name, pa.nulls(n, f.type)) for f in self.schema], schema=self.schema)
 
     def _column(self, raw: Any, word: Any, c: Column, fits: list[bool] | None) -> Any:
@@ -327,19 +324,56 @@ class TraceWriter:
         self.sink.close()
 
 
-def _binary(pa: Any, rows: Any) -> Any:
-    """The rows of a uint8 array as a binary column, bytes as they are and offsets made: no cast, no compute
-    kernel, whose registry pyarrow would set up (and register the teardown of) at its first use in the job's
-    exit, after the exit hook (mem_trace_warp's job segfaulted there on the H200, 2026-12-04e). In chunks of
-    under BINARY_BYTES, the most a binary array's 32-bit offsets reach."""
+def _joined(np: Any, arrays: Sequence[Any]) -> Any:
+    """The arrays one after the other: the one itself where there is one (no copy)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def _packed(np: Any, items: Sequence[Any]) -> tuple[Any, Any, Any]:
+    """(SM ids, bytes back to back, where each record starts and the last ends) of records as the reader
+    hands them on: Blocks and Packed as they are, single records (a few between runs) joined."""
+    cpus, data, lengths, single = [], [], [], []
+
+    def singles() -> None:
+        if single:
+            cpus.append(np.array([c for c, _ in single], np.uint32))
+            data.append(np.frombuffer(b"".join(d for _, d in single), np.uint8))
+            lengths.append(np.array([len(d) for _, d in single], np.int64))
+            single.clear()
+
+    for x in items:
+        if isinstance(x, tuple):
+            single.append(x)
+            continue
+        singles()
+        cpus.append(x.cpus)
+        if hasattr(x, "rows"):
+            data.append(np.ascontiguousarray(x.rows).reshape(-1))
+            lengths.append(np.full(len(x), x.rows.shape[1], np.int64))
+        else:
+            data.append(x.data)
+            lengths.append(np.diff(x.offsets))
+    singles()
+    offsets = np.zeros(sum(len(x) for x in lengths) + 1, np.int64)
+    np.cumsum(_joined(np, lengths), out=offsets[1:])
+    return _joined(np, cpus).astype(np.uint32, copy=False), _joined(np, data), offsets
+
+
+def _binary(pa: Any, data: Any, offsets: Any) -> Any:
+    """Records as a binary column, their bytes as they are (``data``, uint8) and ``offsets`` made 32-bit: no
+    cast, no compute kernel, whose registry pyarrow would set up (and register the teardown of) at its first
+    use in the job's exit, after the exit hook (mem_trace_warp's job segfaulted there on the H200,
+    2026-12-04e). In chunks of under BINARY_BYTES, the most a binary array's 32-bit offsets reach."""
     import numpy as np
-    width = rows.shape[1]
-    per = max(1, BINARY_BYTES // max(width, 1))
+    n, bounds = len(offsets) - 1, [0]
+    while bounds[-1] < n:
+        at = bounds[-1]
+        bounds.append(min(n, max(at + 1, int(np.searchsorted(offsets, offsets[at] + BINARY_BYTES, "right")) - 1)))
     chunks = []
-    for start in range(0, len(rows), per):
-        part = np.ascontiguousarray(rows[start:start + per])
-        offsets = np.arange(0, (len(part) + 1) * width, width, dtype=np.int32)
-        chunks.append(pa.Array.from_buffers(pa.binary(), len(part), [None, pa.py_buffer(offsets), pa.py_buffer(part)]))
+    for a, b in zip(bounds, bounds[1:]):
+        part = (offsets[a:b + 1] - offsets[a]).astype(np.int32)
+        values = data[offsets[a]:offsets[b]]
+        chunks.append(pa.Array.from_buffers(pa.binary(), b - a, [None, pa.py_buffer(part), pa.py_buffer(values)]))
     return pa.chunked_array(chunks, pa.binary())
 
 

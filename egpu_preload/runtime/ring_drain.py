@@ -52,7 +52,7 @@ class Memory(Protocol):
 
 
 Record = tuple[int, bytes]   # (SM id: perf and trace_printk records carry it, ringbuf records 0; data)
-RUN = 32   # records of one size in a row taken as a Block (numpy) rather than one by one
+RUN = 32   # records taken at once (numpy) rather than one by one: a run of one size, or as many of mixed sizes
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,29 @@ class Block:
         return [(int(c), r.tobytes()) for c, r in zip(self.cpus, self.rows)]
 
 
-Taken = list[Record | Block]
+@dataclass(frozen=True)
+class Packed:
+    """Records of mixed sizes, taken at once: record i is (``cpus[i]``, ``data[offsets[i]:offsets[i + 1]]``),
+    numpy arrays of uint32, of uint8 (the records' bytes back to back) and of int64 (warp memory records,
+    whose size follows from their lanes, are mostly this)."""
+
+    cpus: Any
+    data: Any
+    offsets: Any
+
+    def __len__(self) -> int:
+        return len(self.cpus)
+
+    def records(self) -> list[Record]:
+        d, o = self.data, self.offsets.tolist()
+        return [(int(c), d[o[i]:o[i + 1]].tobytes()) for i, c in enumerate(self.cpus)]
+
+
+Taken = list[Record | Block | Packed]
 
 
 def count(items: Taken) -> int:
-    return sum(len(x) if isinstance(x, Block) else 1 for x in items)
+    return sum(1 if isinstance(x, tuple) else len(x) for x in items)
 
 
 @dataclass
@@ -183,52 +201,121 @@ class RingReader:
         return head == self.consumed
 
 
+HEAD = (1 << 32) - 1 | 7 << 32   # of a header word (length | flags << 32): the length and the state
+
+
 def _scan(buf: memoryview, k: int, stop: int, limit: int, out: Taken) -> tuple[int, int | None, bool]:
     """Walk the records of ``buf`` that start in [k, stop), appending to ``out`` copies of the committed
     ones that start before ``limit`` (``buf`` is the reader's staging, overwritten by the next pass); (where
     the walk ended, the end of the last record taken or None, whether it stopped at a record not yet
-    complete). Offsets and lengths are 8-byte aligned (devmaps.py). Runs of RUN or more records of one
-    size go as Blocks, found and cut out with numpy where it is installed."""
-    words = buf.cast("I")
+    complete). Offsets and lengths are 8-byte aligned (devmaps.py); ``limit`` is where an earlier walk
+    ended, a record's start."""
     np = _numpy()
-    took, single = None, 0   # single: records to walk one by one before looking for a run again
+    end, stopped = _walk(np, buf, k, min(stop, limit), out)
+    took = end if end > k else None
+    if not stopped and end < stop:   # complete, taken by the next pass
+        end, stopped = _walk(np, buf, end, stop, None)
+    return end, took, stopped
+
+
+def _walk(np: Any, buf: memoryview, k: int, stop: int, out: Taken | None) -> tuple[int, bool]:
+    """Walk the records that start in [k, stop) to the first not complete, appending to ``out`` (unless
+    None) copies of the committed ones; (where the walk ended, whether it stopped at a record not complete).
+    Records of one size, a memory trace's, are found by numpy alone; where sizes are mixed, the walk goes
+    record by record, and _hand_on cuts what it found into Blocks and Packed."""
+    words = buf.cast("Q")   # record headers: length | flags << 32
+    if np is not None and k < stop and words[k >> 3] >> 32 & 7 == REC_READY:
+        head = words[k >> 3]
+        size = 8 + ((head & 0xFFFFFFFF) + 7 & ~7)
+        n = _run(np, buf, k, stop, head & HEAD, size)
+        if n >= RUN:
+            if out is not None:
+                out.append(_block(np, buf, k, n, head & 0xFFFFFFFF))
+            k += n * size
+    starts: list[int] = []
     while k < stop:
-        length, flags = words[k >> 2], words[(k >> 2) + 1]
-        if not flags & (REC_READY | REC_DISCARD):
-            return k, took, True
-        end = k + 8 + ((length + 7) & ~7)
-        size, last = end - k, k + (RUN - 1) * (end - k)
-        bound = min(stop, limit) if k < limit else stop   # a block is all taken or all only seen
-        # a run's last record is like its first: then numpy checks those in between and the rest
-        if np is not None and not single and last < bound and words[last >> 2] == length \
-                and words[(last >> 2) + 1] & 7 == REC_READY:
-            n, cpus = _run(np, buf, k, bound, length, size)
-            if n >= RUN:
-                if k < limit:
-                    rows = np.frombuffer(buf, np.uint8, n * size, k).reshape(n, size)
-                    out.append(Block(cpus[:n], rows[:, 8:8 + length].copy()))
-                    took = k + n * size
-                k += n * size
-                continue
-            single = RUN
-        single = max(single - 1, 0)
-        if k < limit:
-            if flags & REC_READY:
-                out.append((flags >> 8, buf[k + 8:k + 8 + length].tobytes()))
-            took = end
-        k = end
-    return k, took, False
+        head = words[k >> 3]
+        if not head >> 32 & (REC_READY | REC_DISCARD):
+            break
+        starts.append(k)
+        k += 8 + ((head & 0xFFFFFFFF) + 7 & ~7)
+    if out is not None:
+        _hand_on(np, buf, starts, out)
+    return k, k < stop
 
 
-def _run(np: Any, buf: memoryview, k: int, bound: int, length: int, size: int) -> tuple[int, Any]:
-    """How many records from ``k`` on, starting before ``bound``, are committed with ``length`` bytes
-    (each one's place follows from the one before being such), and every candidate's SM id."""
-    words = np.frombuffer(buf, np.uint32)
-    at = (k >> 2) + np.arange((bound - k + size - 1) // size) * (size >> 2)
-    flags = words[at + 1]
-    good = (words[at] == length) & ((flags & 7) == REC_READY)
-    n = len(good) if good.all() else int(good.argmin())
-    return n, flags >> 8
+def _run(np: Any, buf: memoryview, k: int, stop: int, head: int, size: int) -> int:
+    """How many records from ``k`` on, starting before ``stop``, are committed with header ``head``
+    (length and state; each one's place follows from the one before being such): RUN at first, then
+    windows four times larger, so a run costs numpy calls in proportion to its log and work to its length."""
+    words = np.frombuffer(buf, np.uint64)
+    total, n, window = (stop - k + size - 1) // size, 0, RUN
+    while n < total:
+        at = (k >> 3) + (n + np.arange(min(window, total - n))) * (size >> 3)
+        good = (words[at] & np.uint64(HEAD)) == head
+        if not good.all():
+            return n + int(good.argmin())
+        n, window = n + len(at), window * 4
+    return n
+
+
+def _hand_on(np: Any, buf: memoryview, starts: list[int], out: Taken) -> None:
+    """The committed records at ``starts`` (consecutive; discarded ones left out) appended to ``out``: runs
+    of RUN or more of one size as Blocks, the records between as one Packed, or one by one when fewer than
+    RUN (or without numpy)."""
+    if np is None or len(starts) < RUN:
+        _single(buf, starts, out)
+        return
+    at = np.array(starts, np.int64)
+    heads = np.frombuffer(buf, np.uint64)[at >> 3]
+    key = heads & np.uint64(HEAD)
+    bounds = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1], [True])))
+    long = np.flatnonzero((np.diff(bounds) >= RUN) & (key[bounds[:-1]] >> np.uint64(32) == REC_READY))
+    done = 0
+    for a, b in zip(bounds[long].tolist(), bounds[long + 1].tolist()):
+        _mixed(np, buf, at[done:a], heads[done:a], out)
+        out.append(_block(np, buf, int(at[a]), b - a, int(heads[a]) & 0xFFFFFFFF))
+        done = b
+    _mixed(np, buf, at[done:], heads[done:], out)
+
+
+def _block(np: Any, buf: memoryview, k: int, n: int, length: int) -> Block:
+    """The ``n`` records of ``length`` bytes from ``k`` on as a Block: their SM ids and bytes copied out."""
+    rows = np.frombuffer(buf, np.uint8, n * (8 + (length + 7 & ~7)), k).reshape(n, -1)
+    return Block(rows[:, 4:8].copy().view(np.uint32)[:, 0] >> 8, rows[:, 8:8 + length].copy())
+
+
+def _mixed(np: Any, buf: memoryview, at: Any, heads: Any, out: Taken) -> None:
+    """The committed records at ``at`` with headers ``heads`` (numpy arrays) appended to ``out`` as one
+    Packed, or one by one when fewer than RUN."""
+    ready = (heads >> np.uint64(32) & np.uint64(REC_READY)) != 0
+    at, heads = at[ready], heads[ready]
+    if len(at) < RUN:
+        _single(buf, at.tolist(), out)
+        return
+    lengths = (heads & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    offsets = np.zeros(len(at) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    # the records' bytes cut out of the span they lie in by a mask: the bytes from each one's end (or the
+    # span's start) to the next one's data out, its data in; a word at a time where every length allows
+    unit = 1 if (lengths & 7).any() else 8
+    ends = at + 8 + lengths
+    counts = np.empty(2 * len(at), np.int64)
+    counts[0], counts[2::2] = 0, (at[1:] + 8 - ends[:-1]) // unit
+    counts[1::2] = lengths // unit
+    mask = np.repeat(np.tile(np.array([False, True]), len(at)), counts)
+    span = np.frombuffer(buf, np.uint8 if unit == 1 else np.uint64, len(mask), int(at[0]) + 8)
+    data = span[mask].view(np.uint8)
+    out.append(Packed((heads >> np.uint64(40)).astype(np.uint32), data, offsets))
+
+
+def _single(buf: memoryview, starts: list[int], out: Taken) -> None:
+    """The committed records at ``starts`` appended to ``out`` one by one (discarded ones left out)."""
+    words = buf.cast("Q")
+    for k in starts:
+        head = words[k >> 3]
+        if head >> 32 & REC_READY:
+            out.append((head >> 40, buf[k + 8:k + 8 + (head & 0xFFFFFFFF)].tobytes()))
 
 
 def _numpy() -> Any:
