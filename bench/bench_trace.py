@@ -31,6 +31,19 @@ SIZES = (1 << 20, 1 << 22, 1 << 24)
 DELIVERED = re.compile(r"^egpu-run: ([\d,]+) records in \S+?(, none dropped)?(?:[,;].*)?$", re.M)
 
 
+PACE = re.compile(r"drained in ([\d,]+) passes, ([\d,.]+) MB copied; reader: (.*); writer ([\d.]+) s$", re.M)
+
+
+def pace(stderr: str) -> dict | None:
+    """Where the drain's time went, from egpu-run's line under the trace line (streaming.pace_line)."""
+    m = PACE.search(stderr)
+    if m is None:
+        return None
+    spent = dict(part.removesuffix(" s").rsplit(" ", 1) for part in m.group(3).split(", "))
+    return {"passes": int(m.group(1).replace(",", "")), "copied_mb": float(m.group(2).replace(",", "")),
+            **{f"{k.replace(' ', '_')}_s": float(v) for k, v in spent.items()}, "write_s": float(m.group(4))}
+
+
 def delivered(stderr: str) -> tuple[int | None, bool]:
     """(records written, whether none was dropped) from egpu-run's line about the trace file."""
     m = DELIVERED.search(stderr)
@@ -60,7 +73,7 @@ def one_size(exe: Path, probe: Path, trace: Path, threads: int, env: dict[str, s
     records, none_dropped = delivered(traced.stderr)
     run.update(records_delivered=records, none_dropped=none_dropped,
                same_output=traced.returncode == 0 and vecadd_line(base.stdout) == vecadd_line(traced.stdout) != [],
-               file_bytes=trace.stat().st_size if trace.exists() else None)
+               file_bytes=trace.stat().st_size if trace.exists() else None, drain_pace=pace(traced.stderr))
     if records and trace_s > base_s:
         run["drain_gbps"] = round(records * RECORD_BYTES / (trace_s - base_s) / 1e9, 3)
     if records is None:

@@ -231,7 +231,7 @@ def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
     over the processes (python_calls against launches says whether a hook went into Python often), the
     SASS back end's counters summed the same way (with the states seen), and the probes' array maps (what
     probe_check reads)."""
-    modules, records, drops, streamed = [], 0, 0, False
+    modules, records, drops, streamed, paces = [], 0, 0, False, []
     stats: dict[str, int] = {}
     sass: dict[str, Any] = {"states": []}
     for d in docs:
@@ -239,6 +239,8 @@ def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
             streamed = True
             records += d["trace"]["records"]
             drops += d["trace"]["dropped"]
+            if "drain" in d["trace"]:   # where each process's drain spent its time (streaming.pace)
+                paces.append(d["trace"]["drain"])
         for name, n in d.get("stats", {}).items():
             stats[name] = stats.get(name, 0) + n
         for name, v in (d.get("sass") or {}).items():
@@ -257,7 +259,8 @@ def facts_from_dumps(docs: list[dict[str, Any]]) -> dict[str, Any]:
                 if "records" in storage and "drops" in storage:
                     records += len(storage["records"])
                     drops += storage["drops"]
-    return {"modules": modules, "trace": {"records": records, "drops": drops, "streamed": streamed},
+    return {"modules": modules, "trace": {"records": records, "drops": drops, "streamed": streamed,
+                                          **({"drain": paces} if paces else {})},
             "shim_stats": stats, "sass": sass, "counts": probe_check.counts_from_dumps(docs)}
 
 

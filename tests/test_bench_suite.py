@@ -552,6 +552,10 @@ def test_facts_from_dumps_of_a_streamed_trace(suite):
              "probes": [{"maps": [{"records": [b"r1"], "drops": 0}]}]},
             {"trace": {"path": "t.9.parquet", "records": 30, "dropped": 0, "error": None}}]
     assert suite.facts_from_dumps(docs)["trace"] == {"records": 100, "drops": 2, "streamed": True}
+    # each process's drain pace kept beside them
+    docs[1]["trace"]["drain"] = {"passes": 3, "copy_s": 0.5}
+    assert suite.facts_from_dumps(docs)["trace"] == {"records": 100, "drops": 2, "streamed": True,
+                                                     "drain": [{"passes": 3, "copy_s": 0.5}]}
 
 
 @pytest.mark.parametrize("name, modes", [
@@ -1009,6 +1013,15 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
                                             "dropped": dropped, "error": error}}])
         assert bench.delivered(f"egpu[1]: a note\n{line}\nvecadd done\n") == (786_432, not dropped and not error)
     assert bench.delivered("egpu-run: job exited 1\n") == (None, False)
+    # the drain's pace, from the line egpu-run prints under the trace line
+    drain = {"passes": 1_234, "copied_bytes": 8_050_000_000, "header_s": 0.5, "copy_s": 1.25, "scan_s": 3.0,
+             "clear_s": 0.75, "hand_off_s": 2.0, "idle_s": 0.125, "write_s": 6.5}
+    _, pace_line = streaming.notes([{"trace": {"records": 1, "path": "t.arrow", "dropped": 0, "error": None,
+                                               "drain": drain}}])
+    assert bench.pace(f"{pace_line}\nvecadd done\n") == {
+        "passes": 1_234, "copied_mb": 8_050.0, "header_s": 0.5, "copy_s": 1.25, "scan_s": 3.0, "clear_s": 0.75,
+        "hand_off_s": 2.0, "idle_s": 0.12, "write_s": 6.5}
+    assert bench.pace("egpu-run: job exited 1\n") is None
     monkeypatch.setattr(bench.suite, "exit_on_term", lambda: None)   # pytest keeps its own SIGTERM
     monkeypatch.setenv("EGPU_PREBUILT_PROBES", str(tmp_path))
     monkeypatch.setattr(bench.sys, "argv", ["bench_trace.py", str(tmp_path / "out.json")])
@@ -1034,7 +1047,7 @@ def test_trace_bench_times_one_size_against_the_untraced_run(tmp_path, monkeypat
     assert run == {"threads": 10_000_000, "format": "parquet", "records_expected": 30_000_000, "untraced_s": 1.0,
                    "traced_s": 3.0,
                    "records_delivered": 30_000_000, "none_dropped": True, "same_output": True, "file_bytes": 100,
-                   "drain_gbps": 1.2}
+                   "drain_gbps": 1.2, "drain_pace": None}
     assert not trace.exists()
     monkeypatch.setattr(bench, "timed", lambda cmd, env, timeout:
                         (timeout, None if "--trace" in cmd else fake(cmd, env, 0)[1]))

@@ -654,7 +654,17 @@ def test_streaming_drains_a_jobs_rings_into_the_trace_file(access_trace, tmp_pat
         t.start()
     for t in threads:
         t.join()
-    assert streaming.finish() == {"path": str(out), "records": 4000, "dropped": 0, "error": None}
+    report = streaming.finish()
+    pace = report.pop("drain")
+    assert report == {"path": str(out), "records": 4000, "dropped": 0, "error": None}
+    # every record copied out at least once (twice where a pass saw it before the next took it), and the
+    # phases of a reader that ran: time spent copying and scanning, the writer's too
+    assert pace["copied_bytes"] >= 4000 * 80 and pace["passes"] > 0
+    assert pace["copy_s"] > 0 and pace["scan_s"] > 0 and pace["write_s"] > 0
+    from egpu_preload.runtime import streaming as streaming_mod
+    first, second = streaming_mod.notes([{"trace": report | {"drain": pace}}])
+    assert first.endswith("4,000 records in " + str(out) + ", none dropped")
+    assert f"drained in {pace['passes']:,} passes" in second and "copy " in second and "writer " in second
     t = pq.read_table(out).to_pydict()
     assert t["map"] == ["events"] * 4000 and t["seq"] == list(range(4000))
     for p in range(4):
@@ -720,7 +730,7 @@ def test_a_reader_that_fails_lets_waiting_producers_go_on(access_trace, tmp_path
     assert report["error"].startswith("the ring reader failed: copy failed: CUDA_ERROR_LAUNCH_FAILED; ")
     skipped = int(report["error"].split("; ")[1].split(" bytes")[0].replace(",", ""))
     assert skipped > 0 and skipped % 80 == 0 and report["records"] + skipped // 80 <= 1000
-    line, = streaming_mod.notes([{"trace": report}])
+    line = streaming_mod.notes([{"trace": report}])[0]
     assert "none dropped" not in line and "the ring reader failed" in line
 
 

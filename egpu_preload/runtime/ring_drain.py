@@ -38,6 +38,11 @@ from egpu_preload.errors import EgpuError
 from egpu_preload.translate.devmaps import HEADER, LINE, M64, RING_NCPU, REC_DISCARD, REC_READY, MapLayout
 
 IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that found records goes on at once
+# Where a reader's time goes (RingReader.phases, RingDrain.phases): the header read, the records' copies, the
+# scan that cuts them out, the zeros and ``consumed`` written back; the hand-off to the writer (waiting while
+# QUEUED batches are unwritten) and the pauses after passes that found nothing. What sets a drain's pace.
+PHASES = ("header", "copy", "scan", "clear")
+DRAIN_PHASES = ("hand_off", "idle")
 
 
 class Memory(Protocol):
@@ -107,13 +112,17 @@ class RingReader:
     taken: int = 0         # records handed out
     dropped: int = 0       # the producers' count (header plus per-SM lines) at the last pass
     skipped: int = 0       # bytes of records passed over unread after the reader failed (skip)
+    copied: int = 0        # bytes copied out of the ring, every pass's (a record is copied by two passes at least)
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0), compare=False)   # seconds
     _pinned: memoryview | None = field(default=None, init=False, repr=False, compare=False)   # see _staging
     _pageable: bool = field(default=False, init=False, repr=False, compare=False)   # _pinned is not pinned
 
     def take(self) -> Taken:
         """The records complete since an earlier pass (in ring order), their bytes cleared and
         ``consumed`` moved past them."""
+        t = time.perf_counter()
         head, lines, ncpu = self._header()
+        t = self._spent("header", t)
         if head == self.consumed:
             return []
         cap, n = self.lay.capacity, head - self.consumed   # n <= capacity: credit bounds what is unread
@@ -124,13 +133,18 @@ class RingReader:
         out: Taken = []
         a = stage[:n]
         self.mem.read_into(self.addr + HEADER + first, a)    # first + n < 2 * capacity: data and slack
+        t = self._spent("copy", t)
         k, took_a, stopped = _scan(a, 0, min(n, straight), limit, out)
+        t = self._spent("scan", t)
         took_b = None
         if not stopped and k < n:   # on from the data area's start, over ``a``: _scan copied its records out
             b = stage[:n - straight]
             self.mem.read_into(self.addr + HEADER, b)
+            t = self._spent("copy", t)
             kb, took_b, _ = _scan(b, k - straight, n - straight, limit - straight, out)
+            t = self._spent("scan", t)
             k = straight + kb
+        self.copied += n
         self.seen = self.consumed + k
         if took_a is None:
             return out
@@ -144,8 +158,15 @@ class RingReader:
         self.mem.write(self.addr + 16, struct.pack("<Q", self.consumed))
         if not self.lay.wait:
             self._reopen(lines, ncpu)
+        self._spent("clear", t)
         self.taken += count(out)
         return out
+
+    def _spent(self, phase: str, since: float) -> float:
+        """The time since ``since`` added to ``phase``; now."""
+        now = time.perf_counter()
+        self.phases[phase] += now - since
+        return now
 
     def _staging(self) -> tuple[memoryview, memoryview]:
         """(where a pass's copies land, zeros to clear what it took): ``capacity`` bytes each, as a copy is
@@ -335,6 +356,8 @@ class RingDrain:
     def __init__(self, readers: list[RingReader], sink: Sink, idle_s: float = IDLE_S) -> None:
         self.readers, self.sink, self.idle_s = readers, sink, idle_s
         self.error: BaseException | None = None
+        self.passes = 0
+        self.phases = dict.fromkeys(DRAIN_PHASES, 0.0)   # seconds; the readers' own in RingReader.phases
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="egpu-ring-drain", daemon=True)
 
@@ -348,15 +371,20 @@ class RingDrain:
         for i, r in enumerate(self.readers):
             taken = r.take()
             if taken:
+                t = time.perf_counter()
                 self.sink(i, taken)
+                self.phases["hand_off"] += time.perf_counter() - t
                 n += count(taken)
+        self.passes += 1
         return n
 
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
                 if not self.drain_once():
+                    t = time.perf_counter()
                     self._stop.wait(self.idle_s)
+                    self.phases["idle"] += time.perf_counter() - t
         except BaseException as e:   # reported by stop(): a reader that dies must not kill the job,
             self.error = e           # nor stop it: producers made to wait would spin for good
             self._release()

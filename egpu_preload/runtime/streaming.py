@@ -16,6 +16,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from egpu_preload.bpf import btf as btfmod
 from egpu_preload.errors import EgpuError
 from egpu_preload.output import tracefile, warp_records
 from egpu_preload.runtime.probes import RING_TYPES, Probe
-from egpu_preload.runtime.ring_drain import Memory, RingDrain, RingReader, Taken
+from egpu_preload.runtime.ring_drain import DRAIN_PHASES, PHASES, Memory, RingDrain, RingReader, Taken
 from egpu_preload.translate.devmaps import DeviceMaps
 
 
@@ -90,6 +91,7 @@ class Streaming:
             self.writer, self.error = None, str(e)
             print(f"egpu[{os.getpid()}]: {e}; the job's records are read and thrown away", file=sys.stderr)
         self.after_write = after_write
+        self.write_s = 0.0   # the writer's encoding and writing, its flushes' included
         self._batches: queue.Queue[tuple[int, Taken] | None] = queue.Queue(QUEUED)
         self._writing = threading.Thread(target=self._write_all, name="egpu-trace-writer", daemon=True)
         self._writing.start()
@@ -103,7 +105,9 @@ class Streaming:
             if self.writer is None or self.error is not None:
                 continue
             try:
+                t = time.perf_counter()
                 self.writer.add(*batch)
+                self.write_s += time.perf_counter() - t
                 self.after_write()
             except Exception as e:  # noqa: BLE001  (pyarrow's and the OS's errors alike)
                 self.error = f"cannot write the trace: {e}"
@@ -122,13 +126,24 @@ class Streaming:
         dropped = {name: r.dropped for name, r in zip(self.names, self.readers)}
         if self.writer is not None and self.error is None:
             try:
-                self.writer.close(dropped)
+                t = time.perf_counter()
+                self.writer.close(dropped)   # the last flush
+                self.write_s += time.perf_counter() - t
             except Exception as e:  # noqa: BLE001
                 self.error = f"cannot write the trace: {e}"
         taken = sum(r.taken for r in self.readers)
         written = self.writer.written if self.writer is not None else 0
         error = self.error and f"{self.error} ({taken - written:,} records taken and not written)"
-        return {"path": str(self.path), "records": written, "dropped": sum(dropped.values()), "error": error}
+        return {"path": str(self.path), "records": written, "dropped": sum(dropped.values()), "error": error,
+                "drain": self.pace()}
+
+    def pace(self) -> dict[str, Any]:
+        """Where the drain's time went (ring_drain.PHASES, DRAIN_PHASES; seconds), its passes and the bytes
+        they copied, and the writer's time: what says whether the reader, the writer or the link sets the
+        pace of a trace."""
+        phases = {p: sum(r.phases[p] for r in self.readers) for p in PHASES} | self.drain.phases
+        return {"passes": self.drain.passes, "copied_bytes": sum(r.copied for r in self.readers),
+                **{f"{p}_s": round(v, 3) for p, v in phases.items()}, "write_s": round(self.write_s, 3)}
 
 
 def notes(dumps: list[dict[str, Any]]) -> list[str]:
@@ -141,4 +156,13 @@ def notes(dumps: list[dict[str, Any]]) -> list[str]:
                        "" if t.get("error") else ", none dropped")
             out.append(f"egpu-run: {t['records']:,} records in {t['path']}{dropped}"
                        + (f"; {t['error']}" if t.get("error") else ""))
+            if t.get("drain", {}).get("copied_bytes"):
+                out.append(pace_line(t["drain"]))
     return out
+
+
+def pace_line(d: dict[str, Any]) -> str:
+    """The drain's pace as egpu-run prints it under its trace line."""
+    spent = ", ".join(f"{p.replace('_', ' ')} {d[f'{p}_s']:.2f} s" for p in (*PHASES, *DRAIN_PHASES))
+    return (f"egpu-run:   drained in {d['passes']:,} passes, {d['copied_bytes'] / 1e6:,.1f} MB copied; "
+            f"reader: {spent}; writer {d['write_s']:.2f} s")
