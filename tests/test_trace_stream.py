@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,20 @@ def flat(taken: list) -> list[tuple[int, bytes]]:
     return [r for x in taken for r in (x.records() if not isinstance(x, tuple) else [x])]
 
 
+def interleaved(producer: Callable[[int], None], n: int) -> None:
+    """``producer(p)`` for p < n on threads of their own, switching finely, as warps on SMs do; joined."""
+    threads = [threading.Thread(target=producer, args=(p,)) for p in range(n)]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+
+
 def _run_producers(ring: HostRing) -> tuple[list[tuple[int, bytes]], RingReader, list[int]]:
     """PRODUCERS threads, each PER_PRODUCER records (producer, its sequence number, padding that varies
     the size) as fast as they can, while a RingDrain takes them; what it delivered, in order."""
@@ -147,16 +162,7 @@ def _run_producers(ring: HostRing) -> tuple[list[tuple[int, bytes]], RingReader,
             else:
                 refused = min(refused, len(data))
 
-    threads = [threading.Thread(target=producer, args=(p,)) for p in range(PRODUCERS)]
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)   # threads interleave finely, as warps on SMs do
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(switch)
+    interleaved(producer, PRODUCERS)
     drain.stop()
     return got, reader, kept
 
@@ -821,16 +827,7 @@ def test_producers_at_full_speed_reach_the_file_whole_and_in_order(access_trace,
                 if rings[r].produce(data, sm=p):
                     kept[r][p].append(data)
 
-    threads = [threading.Thread(target=producer, args=(p,)) for p in range(4)]
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(switch)
+    interleaved(producer, 4)
     report = streaming.finish()
     delivered = [sum(map(len, k)) for k in kept]
     assert report["error"] is None and report["records"] == sum(delivered)
