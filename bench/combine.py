@@ -120,9 +120,12 @@ def cells(w: str, having: list[Run], own: dict[str, dict[str, Any]]) -> tuple[di
     picked, notes = {}, []
     for m in modes:
         held = [r for r in having if m in r.doc["cases"][w]]
-        tried = [r for r in held if ran(r.doc["cases"][w][m])] or held
-        if m == "plain":
-            picked[m] = shown if shown in held else tried[0]
+        if m == "plain" and shown in held:
+            picked[m] = shown
+            continue
+        # a mode no run ran shows as the plain's run left it ("skipped (time budget)"), else not at all
+        tried = [r for r in held if ran(r.doc["cases"][w][m])] or [shown] * (shown in held)
+        if not tried:
             continue
         picked[m] = next((r for r in tried if "ratio" in own[r.source["json"]][w][m]), tried[0])
         for newer in tried[:tried.index(picked[m])]:

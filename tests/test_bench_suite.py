@@ -435,8 +435,9 @@ def test_combine_keeps_an_older_runs_other_modes_each_against_its_own_runs_plain
 
 def test_combine_keeps_an_older_measured_cell_before_a_newer_attempt_with_no_ratio(tmp_path):
     """A newer timeout does not replace an older ratio, and the notes name it; where no older run measured
-    the mode, the newer attempt shows as it ended."""
+    the mode, the newer attempt shows as it ended; a mode only another run's budget skipped is not shown."""
     cases = fake_cases()
+    cases["vecadd"]["torch_profiler"] = case([], digest=None, status="skipped (time budget)")
     old = part_run(tmp_path / "old.json", "2026-12-02T05:00:00Z", cases)
     new = part_run(tmp_path / "new.json", "2026-12-04T17:00:00Z",
                    {"vecadd": {"plain": case([20.0] * 10), "mem_count": case([], digest=None, status="timeout"),
@@ -450,6 +451,7 @@ def test_combine_keeps_an_older_measured_cell_before_a_newer_attempt_with_no_rat
     assert (f"vecadd / mem_count: a newer attempt (run {label}) has no ratio (run: timeout); the ratio shown is the "
             f"run {results.run_label(doc['meta']['runs'][1])}'s") in doc["notes"]
     assert "vecadd / mem_trace_warp: timeout" in doc["notes"]
+    assert "torch_profiler" not in doc["cases"]["vecadd"]
 
 
 def test_combine_keeps_an_older_measured_part_before_a_newer_skip(tmp_path):
