@@ -174,8 +174,8 @@ def combine(runs: list[Run], out_dir: Path) -> dict[str, Any]:
             continue
         doc[part] = {**run.doc[part], "run": run.source}
         given[run.source["json"]].append(part)
-    doc["meta"] = {"combined": f"{len(runs)} run{'s' * (len(runs) > 1)}, each workload's mode and each part from "
-                               "the newest that measured it",
+    doc["meta"] = {"combined": f"{len(runs)} run{'s' * (len(runs) > 1)}, each cell from the newest that ran it, "
+                               "each part from the newest that measured it",
                    "gpu": ", ".join(sorted({r.source.get("gpu", "?") for r in runs})),
                    "driver": ", ".join(sorted({r.source.get("driver", "?") for r in runs})),
                    "runs": [{**r.source, "gave": given[r.source["json"]],

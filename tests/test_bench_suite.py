@@ -487,7 +487,7 @@ def test_combine_records_each_cases_run_and_links_it_in_the_report(tmp_path):
     link = "[2026-12-04 16:44 callcal](../gpu-results/call2-suite.md)"
     assert "| vecadd | 10000.0 µs / launch | 1.01x | 1.02x | 1.20x | 5.00x (n=3) | — | " + link + " |" in md
     assert md.count(f"From the run {link}.") == 3   # JIT, hot swap, shim
-    assert "combined: 1 run, each workload" in md
+    assert "combined: 1 run, each cell from the newest that ran it" in md
     assert "| clean | H200, 580 | vecadd, torch_eager, jit, shim, hot_swap |" in md
     assert_tables_whole(md)
     combine.main([str(out), f"{path}={run_dir / 'call2.log'}"])
