@@ -2,13 +2,16 @@
 OUT_DIR/suite.json and OUT_DIR/suite.md as bench/suite.py does for one run.
 
 The whole suite does not fit one device call, so it runs in parts (``suite.py OUT PART...``), across calls
-and sessions. Each workload's cases come whole from the newest run (by meta.date) in which it ran (some
-mode not "skipped (...)"), so its ratios stay against the uninstrumented case of the same process set;
-each part (jit, shim, hot_swap) from the newest run that measured it (not {"skipped"} nor {"error"}), an
-older measurement before a newer skip. Every case and part keeps its run as "run": that run's commit,
-dirty state (and the files that differ), GPU, driver and date, and its JSON, log and report paths
-relative to the repository. Summary, goals and notes are derived again from what was kept
-(results.complete), as for one run.
+and sessions, often a workload's plain with one mode (SUITE_MODES). So each cell is combined on its own
+(``cells``): a workload's plain from the newest run (by meta.date) that ran it (some mode not "skipped
+(...)"), each other mode from the newest run that ran that mode, unless that attempt has no ratio and an
+older one has (the notes name the attempt passed over). Processes differ run to run, so a cell from another
+run than the plain shown keeps its own run's plain as "base": its ratio, paired rounds, output digest and
+probe check are against it, never another run's plain. Each part (jit, shim, hot_swap) comes from the
+newest run that measured it (not {"skipped"} nor {"error"}), an older measurement before a newer skip.
+Every case and part keeps its run as "run": that run's commit, dirty state (and the files that differ),
+GPU, driver and date, and its JSON, log and report paths relative to the repository. Summary, goals and
+notes are derived again from what was kept (results.complete), as for one run.
 
 A run's log is its JSON's path with .log, unless named after "="; a run without a log is refused, as is a
 file that is not a suite run, with a line naming it. A run whose summary has no probe_checked field
@@ -89,9 +92,9 @@ def load(arg: str) -> Run:
     return Run(doc, source)
 
 
-def ran(modes: dict[str, dict[str, Any]]) -> bool:
-    """Whether a workload ran in its run: some mode not skipped ("skipped (time budget)")."""
-    return any(not str(r.get("status", "")).startswith("skipped") for r in modes.values())
+def ran(rec: dict[str, Any]) -> bool:
+    """Whether a case ran in its run: not skipped ("skipped (time budget)")."""
+    return not str(rec.get("status", "")).startswith("skipped")
 
 
 def measured(part: Any) -> bool:
@@ -103,6 +106,51 @@ def link(path: str, out_dir: Path) -> str:
     return Path(os.path.relpath(ROOT / path, out_dir.resolve())).as_posix()
 
 
+def cells(w: str, having: list[Run], own: dict[str, dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """Workload ``w``'s records from ``having`` (the runs that hold it, newest first; ``own`` each one's
+    summary by its JSON), and notes on newer attempts passed over. Plain comes from the newest run that ran
+    the workload; each other mode from the newest run that ran it, unless that attempt has no ratio (timed
+    out, failed, failed its probe check) and an older one has: a measured cell is not replaced by a failed
+    attempt, which the notes name instead. A record from another run than the plain shown carries its own
+    run's plain as "base" (none: {}), which its ratio, digest and paired rounds are compared with."""
+    shown = next((r for r in having if any(ran(rec) for rec in r.doc["cases"][w].values())), having[0])
+    order = [k for k, _ in results.MODES]
+    modes = sorted(dict.fromkeys(m for r in having for m in r.doc["cases"][w]),
+                   key=lambda m: order.index(m) if m in order else len(order))
+    picked, notes = {}, []
+    for m in modes:
+        held = [r for r in having if m in r.doc["cases"][w]]
+        if m == "plain" and shown in held:
+            picked[m] = shown
+            continue
+        # a mode no run ran shows as the plain's run left it ("skipped (time budget)"), else not at all
+        tried = [r for r in held if ran(r.doc["cases"][w][m])] or [shown] * (shown in held)
+        if not tried:
+            continue
+        picked[m] = next((r for r in tried if "ratio" in own[r.source["json"]][w][m]), tried[0])
+        for newer in tried[:tried.index(picked[m])]:
+            s = own[newer.source["json"]][w][m]
+            notes.append(f"{w} / {m}: a newer attempt (run {results.run_label(newer.source)}) has no ratio "
+                         f"({s.get('probe_check') or results.no_ratio(s)}); the ratio shown is the run "
+                         f"{results.run_label(picked[m].source)}'s")
+    out = {m: {**r.doc["cases"][w][m], "run": r.source} for m, r in picked.items()}
+    for m, r in picked.items():
+        if m != "plain" and r is not picked.get("plain"):
+            out[m]["base"] = r.doc["cases"][w].get("plain", {})
+    return out, notes
+
+
+def gave(run: Run, cases: dict[str, dict[str, Any]]) -> list[str]:
+    """What ``run`` gave the combined ``cases``: a workload by name when all its cells are the run's, else
+    with the modes it gave."""
+    out = []
+    for w, modes in cases.items():
+        mine = [m for m, rec in modes.items() if rec["run"]["json"] == run.source["json"]]
+        if mine:
+            out.append(w if len(mine) == len(modes) else f"{w} ({', '.join(mine)})")
+    return out
+
+
 def combine(runs: list[Run], out_dir: Path) -> dict[str, Any]:
     """The combined doc, completed (results.complete); its meta lists the runs, newest first, each with
     what it gave and links from OUT_DIR."""
@@ -111,28 +159,28 @@ def combine(runs: list[Run], out_dir: Path) -> dict[str, Any]:
     if twice:
         raise SystemExit(f"combine.py: {twice}: given twice")
     newest = sorted(runs, key=lambda r: r.doc["meta"]["date"], reverse=True)
-    gave: dict[str, list[str]] = {p: [] for p in paths}
-    doc: dict[str, Any] = {"cases": {}}
+    # each run's cells summarized against its own plain: which of them have a ratio
+    own = {r.source["json"]: results.summarize({w: {m: {**rec, "run": r.source} for m, rec in ms.items()}
+                                                for w, ms in r.doc["cases"].items()}) for r in runs}
+    doc: dict[str, Any] = {"cases": {}, "notes": []}
     for w in dict.fromkeys(w for r in reversed(newest) for w in r.doc["cases"]):  # the oldest run's order first
-        having = [r for r in newest if w in r.doc["cases"]]
-        run = next((r for r in having if ran(r.doc["cases"][w])), having[0])
-        doc["cases"][w] = {m: {**rec, "run": run.source} for m, rec in run.doc["cases"][w].items()}
-        gave[run.source["json"]].append(w)
+        doc["cases"][w], notes = cells(w, [r for r in newest if w in r.doc["cases"]], own)
+        doc["notes"] += notes
+    given = {r.source["json"]: gave(r, doc["cases"]) for r in runs}
     for part in PARTS:
         run = next((r for r in newest if measured(r.doc.get(part))), None)
         if run is None:
             doc[part] = {"skipped": "measured in none of the runs combined"}
             continue
         doc[part] = {**run.doc[part], "run": run.source}
-        gave[run.source["json"]].append(part)
-    doc["meta"] = {"combined": f"{len(runs)} run{'s' * (len(runs) > 1)}, each workload and part from the newest "
-                               "that measured it",
+        given[run.source["json"]].append(part)
+    doc["meta"] = {"combined": f"{len(runs)} run{'s' * (len(runs) > 1)}, each cell from the newest that ran it, "
+                               "each part from the newest that measured it",
                    "gpu": ", ".join(sorted({r.source.get("gpu", "?") for r in runs})),
                    "driver": ", ".join(sorted({r.source.get("driver", "?") for r in runs})),
-                   "runs": [{**r.source, "gave": gave[r.source["json"]],
+                   "runs": [{**r.source, "gave": given[r.source["json"]],
                              "links": {k: link(r.source[k], out_dir) for k in ("json", "log", "report")
                                        if k in r.source}} for r in newest]}
-    doc["notes"] = []
     results.complete(doc)
     return doc
 

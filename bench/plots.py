@@ -51,11 +51,17 @@ def overhead(doc: dict[str, Any], out: Path, plt: Any) -> Path | None:
     ax.yaxis.set_major_formatter(ratio)
     ax.yaxis.set_minor_formatter(ratio)
     ax.tick_params(axis="y", which="minor", labelsize=7)
-    # a combined doc's (bench/combine.py): each workload's run under its name
-    runs = {w: results.run_label(r["run"]) for w, ms in doc.get("cases", {}).items() for r in list(ms.values())[:1]
-            if "run" in r}
-    ax.set_xticks(range(len(workloads)), ["\n".join([w, *runs[w].rsplit(" ", 1)]) if w in runs else w
-                                          for w in workloads], fontsize=8 if runs else None)
+    # a combined doc's (bench/combine.py): under each workload the run of its uninstrumented time, and how
+    # many other runs gave it cells (the report's table names them)
+    runs: dict[str, list[str]] = {}
+    for w, ms in doc.get("cases", {}).items():
+        first = (ms.get("plain") or next(iter(ms.values()), {})).get("run")
+        if first:
+            others = len({r["run"]["json"] for r in ms.values()} - {first["json"]})
+            more = [f"+{others} run{'s' * (others > 1)}"] if others else []
+            runs[w] = results.run_label(first).rsplit(" ", 1) + more
+    ax.set_xticks(range(len(workloads)), ["\n".join([w, *runs.get(w, [])]) for w in workloads],
+                  fontsize=8 if runs else None)
     ax.set_ylabel("time / uninstrumented (median, log scale)")
     ax.set_title("egpu overhead per workload (dashed: goals)")
     ax.legend(fontsize=8, ncol=2)

@@ -9,7 +9,8 @@ output is the uninstrumented run's:
   grid x block), entries == exits == the launched threads, with no launch record dropped. The witness
   runs in its own process so its per-launch cost stays out of the timed run.
 - mem_count: accesses > 0; for a deterministic workload (the same kernel every unit, nothing else
-  launched) a whole number per unit, equal to the full trace's per unit (another process).
+  launched) a whole number per unit, equal to the full trace's per unit (another process, of this run or,
+  in a combined report, another one that computed the same output).
 - mem_trace: records delivered (> 0); for a deterministic workload records + drops a whole number per
   unit, equal to the memory counter's per unit.
 - mem_trace_warp: warp records delivered (> 0), none dropped, and the lanes they stand for (counted from
@@ -152,7 +153,11 @@ def _memory(workload: str, mode: str, modes: dict[str, dict[str, Any]]) -> str |
     if n % units:
         return f"{n:,} accesses over {units:,} units is not the same number every unit"
     for other in TRACED if mode == "mem_count" else ("mem_count",):
-        theirs = _per_unit(modes[other], other) if other in modes else None
+        # The partner may come from another run (bench/combine.py): it witnesses only when it computed this
+        # output, whose digest (kernels.cu hashes every element) pins the problem a deterministic kernel
+        # makes a fixed number of accesses per unit over.
+        partner = modes.get(other, {})
+        theirs = _per_unit(partner, other) if partner.get("digest") == rec.get("digest") else None
         if theirs is not None and theirs != n // units:
             return f"{n // units:,} accesses per unit, {other} saw {theirs:,}"
     return _dropped(rec, mode, n)
@@ -195,8 +200,10 @@ def check_counter(rec: dict[str, Any], plain: dict[str, Any], threads_per_unit: 
 
 def check_cell(workload: str, mode: str, modes: dict[str, dict[str, Any]]) -> str | None:
     """Why ``modes[mode]`` (a probe mode's raw record; ``modes`` all of the workload's) does not prove
-    its probe ran as often as it must with the uninstrumented output, or None when it does."""
-    rec, plain = modes[mode], modes.get("plain", {})
+    its probe ran as often as it must with the uninstrumented output, or None when it does. Its
+    uninstrumented record is its "base" (its own run's, bench/combine.py's) when it has one, else plain."""
+    rec = modes[mode]
+    plain = rec.get("base", modes.get("plain", {}))
     why = _same_output(rec, plain, "run")
     if why:
         return why

@@ -126,19 +126,24 @@ def summarize_case(case: dict[str, Any], base: dict[str, Any] | None) -> dict[st
     return out
 
 
+def _base(plain: dict[str, Any]) -> dict[str, Any]:
+    """What summarize_case compares a case with: the plain record's summary and its output digest."""
+    return summarize_case(plain, None) | {"digest": plain.get("digest")}
+
+
 def summarize(cases: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
     """``cases[workload][mode]`` raw records -> the same shape of summaries (ratios to that workload's
-    plain). A probe mode's ratio stands only when probe_check.check_cell proves its probe ran:
-    "probe_checked" true; else false with "probe_check" the reason, and the ratio kept aside as
-    "unchecked_ratio", which no goal and no table counts. A record whose "run" (bench/combine.py's) predates
-    the probe checks fails them whatever it holds."""
+    plain, or to a record's "base": the plain of its own run, which bench/combine.py gives a record taken
+    from another run than the plain shown, since processes differ run to run). A probe mode's ratio stands
+    only when probe_check.check_cell proves its probe ran: "probe_checked" true; else false with
+    "probe_check" the reason, and the ratio kept aside as "unchecked_ratio", which no goal and no table
+    counts. A record whose "run" (bench/combine.py's) predates the probe checks fails them whatever it
+    holds."""
     out = {}
     for workload, modes in cases.items():
         plain = modes.get("plain", {})
-        base = summarize_case(plain, None) | {"digest": plain.get("digest")}
-        out[workload] = {mode: (summarize_case(raw, base) if mode != "plain" else
-                                {k: v for k, v in base.items() if k != "digest"})
-                         for mode, raw in modes.items()}
+        out[workload] = {mode: summarize_case(raw, _base(raw.get("base", plain))) if mode != "plain" else
+                         summarize_case(plain, None) for mode, raw in modes.items()}
         for mode in PROBE_MODES:
             if mode not in modes:
                 continue
@@ -312,7 +317,7 @@ def cell(s: dict[str, Any] | None) -> str:
 
 
 def overhead_table(summary: dict[str, dict[str, dict[str, Any]]], runs: dict[str, str] | None = None) -> list[str]:
-    """The ratios, a row per workload; with ``runs`` (a combined doc's), a last column saying its run."""
+    """The ratios, a row per workload; with ``runs`` (a combined doc's), a last column saying its runs."""
     modes = [(k, t) for k, t in MODES if any(k in s for s in summary.values())]
     lines = ["| workload | " + " | ".join(t if k != "plain" else "uninstrumented (per unit)" for k, t in modes)
              + (" | run |" if runs else " |"),
@@ -424,6 +429,20 @@ def run_link(meta: dict[str, Any], source: dict[str, Any]) -> str:
     return f"[{run_label(run)}]({run['links'].get('report', run['links']['json'])})"
 
 
+def row_runs(meta: dict[str, Any], modes: dict[str, dict[str, Any]]) -> str:
+    """A combined row's runs: the one its uninstrumented cell came from, then each other with the modes it
+    gave ("[run A]; mem_trace_warp: [run B]")."""
+    if not modes:
+        return "—"
+    by_run: dict[str, list[str]] = {}
+    for m, rec in modes.items():
+        by_run.setdefault(rec["run"]["json"], []).append(m)
+    sources = {rec["run"]["json"]: rec["run"] for rec in modes.values()}
+    first = (modes.get("plain") or next(iter(modes.values())))["run"]["json"]
+    return "; ".join([run_link(meta, sources[first])] + [f"{', '.join(ms)}: {run_link(meta, sources[j])}"
+                                                         for j, ms in by_run.items() if j != first])
+
+
 def runs_table(meta: dict[str, Any]) -> list[str]:
     """A combined doc's runs, newest first: the tree that ran, what each gave, its files."""
     lines = ["| run | tree | GPU, driver | gave | files |", "| --- | --- | --- | --- | --- |"]
@@ -462,10 +481,11 @@ def markdown(doc: dict[str, Any]) -> str:
            "repetitions fit the time budget; † marks an output that differs from the uninstrumented run. "
            "A probe cell shows a ratio only when its run proved the probe ran as often as it must, with the "
            "uninstrumented output (bench/probe_check.py); otherwise \"probe check failed\", the reason in the notes."
-           + (" Each row comes whole from the run its last column names; — marks a mode that run did not run."
-              if combined else ""), ""]
-    runs = ({w: next((run_link(meta, r["run"]) for r in ms.values()), "—") for w, ms in doc["cases"].items()}
-            if combined else None)
+           + (" Each cell comes from the newest run that ran its mode (an older measured cell before a newer "
+              "attempt with no ratio, named in the notes), its ratio against that run's own uninstrumented "
+              "case. The last column names the run of the uninstrumented time shown, then any other with the "
+              "modes it gave; — marks a mode no run ran." if combined else ""), ""]
+    runs = {w: row_runs(meta, ms) for w, ms in doc["cases"].items()} if combined else None
     out += overhead_table(summary, runs)
     out += ["", "## Goals", ""] + goal_table(doc["goals"])
     out += ["", "## JIT and instrumentation cost", ""] + from_run(doc, "jit") + jit_tables(doc.get("jit"),

@@ -157,6 +157,8 @@ def mem(mode, n, units, records=None, **extra):
      "5 of 7 records dropped: a full trace counts only runs that drop none"),
     ("vecadd", "mem_trace", mem("mem_trace", 30, 10, records=29), {"mem_count": mem("mem_count", 30, 10)},
      "1 of 30 records dropped: a full trace counts only runs that drop none"),
+    # a partner that computed another output (another run's, another problem) witnesses nothing
+    ("vecadd", "mem_count", mem("mem_count", 30, 10), {"mem_trace": mem("mem_trace", 40, 10, digest="e")}, None),
     # a timed-out partner is no witness either way
     ("vecadd", "mem_count", mem("mem_count", 30, 10), {"mem_trace": mem("mem_trace", 40, 10, status="timeout")}, None),
     ("vecadd", "entry_exit", entry_exit([1.0], 5, 5), {}, None),
@@ -368,7 +370,7 @@ def slower(modes, by):
     return {m: r if m == "plain" else {**r, "unit_ms": [v * by for v in r["unit_ms"]]} for m, r in modes.items()}
 
 
-def test_combine_takes_each_workload_whole_from_the_newest_run_that_ran_it(tmp_path):
+def test_combine_takes_each_cell_from_the_newest_run_that_ran_it(tmp_path):
     cases = fake_cases()
     old = part_run(tmp_path / "old.json", "2026-12-02T05:00:00Z", cases, parts=True)
     new = part_run(tmp_path / "new.json", "2026-12-04T17:00:00Z",
@@ -385,6 +387,71 @@ def test_combine_takes_each_workload_whole_from_the_newest_run_that_ran_it(tmp_p
     entry = next(r for r in doc["goals"] if r["goal"] == "entry/exit counter")
     assert (entry["where"], entry["value"]) == ("vecadd", pytest.approx(1.02 * 1.1))
     assert [r["gave"] for r in doc["meta"]["runs"]] == [["vecadd"], ["torch_eager", "jit", "shim", "hot_swap"]]
+
+
+def test_combine_keeps_an_older_runs_other_modes_each_against_its_own_runs_plain(tmp_path):
+    """A newer run of plain + one mode: the older run's other cells stay, each with its ratio, digest and
+    paired rounds against its own run's plain (the two plains differ, so a wrong one shows), and the table
+    says which run each came from."""
+    old_cases = fake_cases()
+    old_cases["torch_eager"]["plain"]["rounds_ms"] = [20.0] * 10
+    old_cases["torch_eager"]["entry_exit"]["rounds_ms"] = [20.4] * 10
+    old = part_run(tmp_path / "old.json", "2026-12-02T05:00:00Z", old_cases, parts=True)
+    new_cases = {"vecadd": {"plain": case([20.0] * 10, digest="n"),
+                            "mem_trace": case([60.0] * 10, digest="n", trace={"records": 2000, "drops": 0}, units=100)},
+                 "torch_eager": {"plain": case([40.0] * 10, digest="n", rounds_ms=[40.0] * 10),
+                                 "mem_trace": case([80.0] * 10, digest="n", trace={"records": 7, "drops": 0}, units=3,
+                                                   rounds_ms=[80.0] * 10)}}
+    new = part_run(tmp_path / "new.json", "2026-12-04T17:00:00Z", new_cases)
+    doc = combine.combine([combine.load(new), combine.load(old)], tmp_path)
+    vecadd, eager = doc["summary"]["vecadd"], doc["summary"]["torch_eager"]
+    assert vecadd["plain"]["median_ms"] == 20.0 and eager["plain"]["median_ms"] == 40.0   # the newer run's
+    assert vecadd["mem_trace"]["ratio"] == pytest.approx(3.0) and vecadd["mem_trace"]["probe_checked"]
+    assert vecadd["shim"]["ratio"] == pytest.approx(1.01) and vecadd["mem_count"]["ratio"] == pytest.approx(1.2)
+    assert all(vecadd[m]["same_output"] for m in ("shim", "entry_exit", "mem_count", "mem_trace"))
+    # mem_count's full-trace partner computed another output ("n"): no witness, so 10 vs 20 per unit is no failure
+    assert vecadd["entry_exit"]["probe_checked"] and vecadd["mem_count"]["probe_checked"]
+    assert eager["entry_exit"]["pairs"] == 10 and eager["entry_exit"]["ratio"] == pytest.approx(1.02)
+    assert eager["mem_trace"]["pairs"] == 10 and eager["mem_trace"]["ratio"] == pytest.approx(2.0)
+    assert doc["cases"]["vecadd"]["shim"]["base"] == old_cases["vecadd"]["plain"]
+    assert "base" not in doc["cases"]["vecadd"]["mem_trace"] and "base" not in doc["cases"]["vecadd"]["plain"]
+    assert {m: r["run"]["json"] for m, r in doc["cases"]["vecadd"].items()} == {
+        "plain": new, "shim": old, "entry_exit": old, "mem_count": old, "mem_trace": new}
+    assert [r["gave"] for r in doc["meta"]["runs"]] == [
+        ["vecadd (plain, mem_trace)", "torch_eager (plain, mem_trace)"],
+        ["vecadd (shim, entry_exit, mem_count)", "torch_eager (shim, entry_exit, mem_count, torch_profiler)",
+         "jit", "shim", "hot_swap"]]
+    assert all(doc[p]["run"]["json"] == old for p in ("jit", "shim", "hot_swap"))
+    md = results.markdown(doc)
+    link = {p: f"[{results.run_label(json.loads(Path(p).read_text())['meta'] | {'commit': Path(p).stem * 10})}]"
+               f"({Path(p).name})" for p in (new, old)}
+    assert (f"| vecadd | 20000.0 µs / launch | 1.01x | 1.02x | 1.20x | 3.00x | — | {link[new]}; "
+            f"shim, entry_exit, mem_count: {link[old]} |") in md
+    assert_tables_whole(md)
+    # the same cells taken from the older run whole give what its own report gave
+    alone = combine.combine([combine.load(old)], tmp_path)["summary"]
+    assert all(vecadd[m] == alone["vecadd"][m] for m in ("shim", "entry_exit", "mem_count"))
+
+
+def test_combine_keeps_an_older_measured_cell_before_a_newer_attempt_with_no_ratio(tmp_path):
+    """A newer timeout does not replace an older ratio, and the notes name it; where no older run measured
+    the mode, the newer attempt shows as it ended; a mode only another run's budget skipped is not shown."""
+    cases = fake_cases()
+    cases["vecadd"]["torch_profiler"] = case([], digest=None, status="skipped (time budget)")
+    old = part_run(tmp_path / "old.json", "2026-12-02T05:00:00Z", cases)
+    new = part_run(tmp_path / "new.json", "2026-12-04T17:00:00Z",
+                   {"vecadd": {"plain": case([20.0] * 10), "mem_count": case([], digest=None, status="timeout"),
+                               "mem_trace_warp": case([], digest=None, status="timeout")}})
+    doc = combine.combine([combine.load(new), combine.load(old)], tmp_path)
+    vecadd = doc["summary"]["vecadd"]
+    assert vecadd["mem_count"]["ratio"] == pytest.approx(1.2)
+    assert doc["cases"]["vecadd"]["mem_count"]["run"]["json"] == old
+    assert vecadd["mem_trace_warp"]["status"] == "timeout" and "ratio" not in vecadd["mem_trace_warp"]
+    label = results.run_label(doc["meta"]["runs"][0])
+    assert (f"vecadd / mem_count: a newer attempt (run {label}) has no ratio (run: timeout); the ratio shown is the "
+            f"run {results.run_label(doc['meta']['runs'][1])}'s") in doc["notes"]
+    assert "vecadd / mem_trace_warp: timeout" in doc["notes"]
+    assert "torch_profiler" not in doc["cases"]["vecadd"]
 
 
 def test_combine_keeps_an_older_measured_part_before_a_newer_skip(tmp_path):
@@ -420,7 +487,7 @@ def test_combine_records_each_cases_run_and_links_it_in_the_report(tmp_path):
     link = "[2026-12-04 16:44 callcal](../gpu-results/call2-suite.md)"
     assert "| vecadd | 10000.0 µs / launch | 1.01x | 1.02x | 1.20x | 5.00x (n=3) | — | " + link + " |" in md
     assert md.count(f"From the run {link}.") == 3   # JIT, hot swap, shim
-    assert "combined: 1 run, each workload" in md
+    assert "combined: 1 run, each cell from the newest that ran it" in md
     assert "| clean | H200, 580 | vecadd, torch_eager, jit, shim, hot_swap |" in md
     assert_tables_whole(md)
     combine.main([str(out), f"{path}={run_dir / 'call2.log'}"])
