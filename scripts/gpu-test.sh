@@ -31,6 +31,9 @@ fi
   if [ "${GPU_TESTS:-tests}" != none ]; then
     python3 -m pytest -m gpu -v -rsx --durations=40 -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1
     echo "pytest exit: $?"
+    for j in "$OUT"/*.json; do   # what the tests measured (swap latency, checkpoints): stamped as benches are
+      [ -f "$j" ] && python3 bench/provenance.py annotate "$j"
+    done
   fi
   for b in ${GPU_BENCH:-bench/bench_*.py}; do
     [ -f "$b" ] || continue
