@@ -1,13 +1,15 @@
 """What a job started with no probe (for a later ``egpu attach``) costs a host-bound PyTorch step.
 
-Usage (on the GPU machine): ``python3 bench/bench_torch_shim.py OUT.json [ROUNDS]`` (default
-paired.MIN_PAIRS, 10: about 6 minutes).
+Usage (on the GPU machine): ``python3 bench/bench_torch_shim.py OUT.json [ROUNDS [MODES]]`` (default
+paired.MIN_PAIRS, 10, and plain,shim,standby: about 6 minutes; MODES comma-separated, plain among them).
 
 The suite's torch_eager workload (bench/workloads/frameworks.py: a CNN training step of ~1.5 ms, 29
 launches, SASS-only kernels), timed inside each process by the suite's protocol, in rounds of three
 processes on the suite's pinned CPUs: plain, ``egpu-run`` with no probe (the default: no sanitizer
 until a probe needs one) and ``egpu-run --live-sass`` (the Compute Sanitizer subscribed from cuInit in
-standby, so that a probe attached later can patch SASS-only kernels). Processes of one program vary by
+standby, so that a probe attached later can patch SASS-only kernels); ``plain_again``, a second plain
+process each round, is the control: its ratios are what a change that costs nothing gets, the floor any
+other mode's spread is read against. Processes of one program vary by
 10-20% here, so the ratios are per round (each against the plain run of its round), all kept, summarized
 as their median and spread (bench/paired.py); a lost process loses its round's pair, not the run.
 
@@ -49,7 +51,11 @@ def main() -> None:
     out_path, rounds = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else paired.MIN_PAIRS
     step = [*suite.workload_cmd("torch_eager", Path()), "--count", "instructions"]
     run = [*suite.egpu_run(), "--keep"]   # kept sessions: run_case reads the shim's counters from the dumps
-    modes = {"plain": step, "shim": [*run, *step], "standby": [*run, "--live-sass", *step]}
+    known = {"plain": step, "plain_again": step, "shim": [*run, *step], "standby": [*run, "--live-sass", *step]}
+    names = sys.argv[3].split(",") if len(sys.argv) > 3 else ["plain", "shim", "standby"]
+    if "plain" not in names or not set(names) <= known.keys():
+        raise SystemExit(f"bench_torch_shim: MODES are {', '.join(known)}, plain among them: not {sys.argv[3]}")
+    modes = {m: known[m] for m in ["plain", *(n for n in names if n != "plain")]}
     with tempfile.TemporaryDirectory() as tmp:
         env = suite.base_env(Path(tmp))
         cpus = suite.bench_shim.pick_cpus(suite.CASE_CPUS)

@@ -1017,6 +1017,23 @@ def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, m
     doc = json.loads(out.read_text())
     assert doc["us_per_step"] == {"plain": [1000.0], "shim": [1100.0], "standby": [1200.0]}
     assert doc["ratios"]["standby"]["median"] == pytest.approx(1.2)
+    # the control: a second plain process each round, paired as any mode; modes named, plain first
+    outcomes = iter([case([t] * 3) for t in (1.0, 1.1)])
+    commands = []
+    monkeypatch.setattr(suite, "run_case", lambda cmd, *a: (commands.append(cmd), next(outcomes))[1])
+    monkeypatch.setattr(bench.sys, "argv", ["bench_torch_shim.py", str(out), "2", "standby,plain"])
+    with pytest.raises(StopIteration):
+        bench.main()
+    assert "--live-sass" not in commands[0] and "--live-sass" in commands[1]
+    monkeypatch.setattr(bench.sys, "argv", ["bench_torch_shim.py", str(out), "1", "plain_again,plain"])
+    outcomes = iter([case([t] * 3) for t in (1.0, 1.1)])
+    bench.main()
+    doc = json.loads(out.read_text())
+    assert list(doc["us_per_step"]) == ["plain", "plain_again"]
+    assert doc["ratios"]["plain_again"]["median"] == pytest.approx(1.1)
+    monkeypatch.setattr(bench.sys, "argv", ["bench_torch_shim.py", str(out), "1", "shim"])
+    with pytest.raises(SystemExit, match="plain among them"):
+        bench.main()
 
 
 provenance = importlib.import_module("provenance")
