@@ -15,6 +15,7 @@ import pytest
 from egpu_preload.runtime import ring_drain
 from egpu_preload.runtime.ring_drain import RUN, Block, Packed, RingReader
 from egpu_preload.translate.devmaps import HEADER, REC_BUSY, REC_DISCARD, REC_READY, MapLayout, ring_image
+from test_trace_stream import HostMemory
 
 # ---- the oracle: the scan of 58a0154, one record at a time (test code, not the product's) -------------
 
@@ -164,7 +165,7 @@ def test_the_bulk_scan_takes_what_the_record_by_record_scan_took(with_numpy, mon
             raise AssertionError(f"case {case}: k={k} stop={stop} limit={limit} len={len(buf)}") from e
 
 
-class _Ring:
+class _Ring(HostMemory):
     """A ring region in host memory, read through the reader's Memory calls."""
 
     def __init__(self, capacity: int) -> None:
@@ -173,21 +174,6 @@ class _Ring:
 
     def u64(self, off: int) -> int:
         return struct.unpack_from("<Q", self.mem, off)[0]
-
-    def read(self, addr: int, n: int) -> bytes:
-        return bytes(self.mem[addr:addr + n])
-
-    def read_into(self, addr: int, buf: memoryview) -> None:
-        buf[:] = self.mem[addr:addr + len(buf)]
-
-    def write(self, addr: int, data: bytes | memoryview) -> None:
-        self.mem[addr:addr + len(data)] = data
-
-    def pinned(self, size: int) -> memoryview:
-        return memoryview(bytearray(size))
-
-    def unpin(self, buf: memoryview) -> None:
-        pass
 
 
 def _passes(seed: int) -> list[tuple[list[tuple[int, bytes]], int]]:
