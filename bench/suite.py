@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -71,6 +72,8 @@ TIMEOUT_S = {"cuda": 60, "python": 150}
 # A full trace of a 16 Mi-thread launch is 4 GB of records, and a case runs at least five launches: at 60 s
 # the H200's vecadd and stencil cells ended with no repetition (2026-12-04b), which measures nothing.
 TRACE_TIMEOUT_S = 240
+ABORT_GRACE_S = 10.0   # after SIGABRT, for a timed-out case's stacks to be written
+STDERR_KEPT = 8000     # of a timed-out case's stderr
 SHIM_LAUNCHES, SHIM_RUNS = 100_000, 11
 HOST_BOUND, PAIRS = frozenset({"torch_eager"}), paired.MIN_PAIRS
 PAIRED_MODES = ("plain", "shim", "entry_exit")  # the goals a host-bound step can decide; ~12 s a process
@@ -92,12 +95,14 @@ def base_env(work: Path) -> dict[str, str]:
     """The environment of every case: no egpu settings from outside (EGPU_SHIM aside), our import
     path, fresh caches in ``work``, CuPy handing the driver PTX in every mode (egpu-run sets it anyway:
     the same code runs plain), one inductor compile thread (no worker pool to start), and the driver's
-    JIT cache off so each instrumented load pays its JIT where the dump records it."""
+    JIT cache off so each instrumented load pays its JIT where the dump records it; Python's fault handler on,
+    for the stacks of a case that hangs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU_") or k == "EGPU_SHIM"}
     env.update(XDG_RUNTIME_DIR=str(work), PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
                CUPY_COMPILE_WITH_PTX="1", CUPY_CACHE_DIR=str(work / "cupy"),
                TORCHINDUCTOR_CACHE_DIR=str(work / "inductor"), TRITON_CACHE_DIR=str(work / "triton"),
-               TORCHINDUCTOR_COMPILE_THREADS="1", CUDA_CACHE_DISABLE="1", PYTHONUNBUFFERED="1")
+               TORCHINDUCTOR_COMPILE_THREADS="1", CUDA_CACHE_DISABLE="1", PYTHONUNBUFFERED="1",
+               PYTHONFAULTHANDLER="1")   # a case past its time prints each thread's stack (run_session)
     return env
 
 
@@ -181,17 +186,28 @@ def exit_on_term() -> None:
 def run_session(cmd: list[str], env: dict[str, str], timeout: float, cpus: set[int] | None = None
                 ) -> tuple[subprocess.CompletedProcess[str], float, bool]:
     """Run ``cmd`` in a session of its own (killed whole on timeout: egpu-run's job too, and whenever this
-    bench stops: exit_on_term), on ``cpus`` when given; (what it did, its wall time, whether it timed out)."""
+    bench stops: exit_on_term), on ``cpus`` when given; (what it did, its wall time, whether it timed out).
+    Past ``timeout`` the session gets SIGABRT first, on which Python processes with PYTHONFAULTHANDLER set
+    print every thread's stack (where a hung job waits: its threads, egpu's ring reader among them), then,
+    ABORT_GRACE_S later, SIGKILL; no core file is written (a CUDA process's would be gigabytes)."""
     t = time.perf_counter()
-    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+
+    def start() -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if cpus:
+            os.sched_setaffinity(0, cpus)
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=pin)
+                            start_new_session=True, preexec_fn=start)
     timed_out = False
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
+        os.killpg(proc.pid, signal.SIGABRT)
+        try:
+            stdout, stderr = proc.communicate(timeout=ABORT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
         timed_out = True
     except BaseException:   # the bench itself stopped (terminated: a call's timeout): its case stops too
         os.killpg(proc.pid, signal.SIGKILL)
@@ -209,6 +225,8 @@ def run_case(cmd: list[str], env: dict[str, str], timeout: float, cpus: set[int]
         rec["status"] = "failed"
     if rec["status"] != "ok":
         rec["error"] = f"exit {done.returncode}: " + (stderr.strip().splitlines() or [""])[-1][-300:]
+    if timed_out:   # the threads' stacks at SIGABRT (run_session), with what the job said before
+        rec["stderr_tail"] = stderr[-STDERR_KEPT:]
     m = SESSION_RE.search(stderr)
     if m:
         rec.update(dump_facts(Path(m.group(1))))

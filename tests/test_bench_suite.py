@@ -571,6 +571,21 @@ def test_run_case_ok_failed_and_timeout(suite, tmp_path):
     assert (pinned["status"], pinned["digest"]) == ("ok", str(cpu))
 
 
+def test_a_case_past_its_time_leaves_the_stacks_of_its_threads(suite):
+    """A hung case's stderr keeps where each of its threads waited (SIGABRT to Python's fault handler, as
+    base_env turns it on) before it is killed: what tells a slow drain from a deadlock on the GPU."""
+    hang = ("import threading, time\n"
+            "def ring_reader(): time.sleep(60)\n"
+            "threading.Thread(target=ring_reader, daemon=True).start()\n"
+            "def waits_for_the_gpu(): time.sleep(60)\n"
+            "print('BENCH_WARMUP 1', flush=True); waits_for_the_gpu()\n")
+    rec = suite.run_case([sys.executable, "-c", hang], {"PYTHONFAULTHANDLER": "1"}, 2)
+    assert rec["status"] == "timeout" and rec["warmup_ms"] == 1.0 and rec["wall_s"] < 2 + suite.ABORT_GRACE_S
+    assert "Fatal Python error: Aborted" in rec["stderr_tail"]
+    assert "in ring_reader" in rec["stderr_tail"] and "in waits_for_the_gpu" in rec["stderr_tail"]
+    assert suite.base_env(Path("/tmp"))["PYTHONFAULTHANDLER"] == "1"
+
+
 def test_a_terminated_bench_kills_the_case_it_waits_for(tmp_path):
     """`timeout` on a bench sends SIGTERM to the bench alone; the case it runs (its own session) must
     not outlive it and take the CPUs and the GPU from the next bench."""
