@@ -51,6 +51,10 @@ void egpu_lvm_map_track(struct egpu_lvm_map *m);
  * present[k] = 1 (0: the key is gone; its value zeros). Returns how many were logged before the take. */
 size_t egpu_lvm_map_changes(struct egpu_lvm_map *m, void *keys, void *values, unsigned char *present,
                             size_t max);
+/* Put n entries (keys key_size each, values value_size each) into `m` as BPF_ANY updates, logging none
+ * (a live probe's host copy of a shared map starts from the device's, live.py); returns how many went in
+ * (fewer: the map is full). */
+size_t egpu_lvm_map_load(struct egpu_lvm_map *m, const void *keys, const void *values, size_t n);
 /* Copy up to `max` entries, in the order the reference VM keeps them (index order; hash: insertion
  * order, LRU: least recent first), into keys (key_size each) and values (value_size each); returns
  * how many the map holds. */

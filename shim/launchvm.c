@@ -305,6 +305,17 @@ EXPORT size_t egpu_lvm_map_read(struct egpu_lvm_map *m, void *keys, void *values
     return n;
 }
 
+EXPORT size_t egpu_lvm_map_load(struct egpu_lvm_map *m, const void *keys, const void *values, size_t n) {
+    size_t k = 0;
+    pthread_mutex_lock(&lvm_lock);
+    for (; k < n; k++)
+        if (map_update(m, (const unsigned char *)keys + k * m->key_size,
+                       (const unsigned char *)values + k * m->value_size, BPF_ANY))
+            break;
+    pthread_mutex_unlock(&lvm_lock);
+    return k;
+}
+
 EXPORT size_t egpu_lvm_map_changes(struct egpu_lvm_map *m, void *keys, void *values, unsigned char *present,
                                    size_t max) {
     pthread_mutex_lock(&lvm_lock);

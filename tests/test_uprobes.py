@@ -4,11 +4,16 @@ shared with a launch probe, bare uprobes targeted by --uprobe."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
-
 import struct
 import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,59 +244,123 @@ def test_host_programs_read_pt_regs(section, off, ok):
             verify(ctx_read(off), [], section=section)
 
 
-@pytest.mark.parametrize("defines, mode", [([], "loop"), (["-DDIRECT"], "direct_loop")], ids=["got", "inline"])
-def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_app, tmp_path, defines, mode):
-    """app_uprobe loop under egpu-run with no probe: egpu attach hooks upt_add6 through the app's GOT (or
-    upt_direct inline), the maps fill while it runs, detach gives the final maps and puts the slot (or the
-    function's bytes) back (the job's results stay right throughout, and a second attach starts from zero)."""
-    import json
-    import sys
-    import time
+@contextlib.contextmanager
+def attachable_job(stub_job, tmp_path: Path, app: Path, mode: str, **env: str) -> Iterator[tuple[str, Any]]:
+    """app_uprobe ``mode`` (a loop) under egpu-run with no probe: (its pid, egpu(*args) run against it as
+    the console script); at the end the loop stops, and every result it got must have been right."""
     from egpu_preload.control import list_sessions
-    app, _ = uprobe_app
-    clang = find_clang()
-    live = tmp_path / "live.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), *defines, "-c", str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"),
-                    "-o", str(live)], check=True)
-    env = stub_job.env(tmp_path / "log")
+    environ = stub_job.env(tmp_path / "log", **env)
     stop = tmp_path / "stop"
     proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", str(app), mode, str(stop)],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=environ, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def egpu(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", "import launcher; launcher.egpu_main()", *args], env=env,
+        return subprocess.run([sys.executable, "-c", "import launcher; launcher.egpu_main()", *args], env=environ,
                               capture_output=True, text=True, timeout=60, cwd=ROOT)
-
-    def counts(doc: dict) -> list[int]:
-        """counts[0..2] (calls, returns, right returns) of egpu maps/detach --json."""
-        by_key = {e["key"]: e["value"] for e in doc["maps"].get("counts", {}).get("entries", [])}
-        return [by_key.get(k, 0) for k in range(3)]
 
     try:
         deadline = time.monotonic() + 30
         while not (found := [s for s in list_sessions(tmp_path / "egpu") if s.info and str(app) in s.info["argv"]]):
             assert time.monotonic() < deadline, "no session"
             time.sleep(0.05)
-        pid = str(found[0].pid)
-        for attempt in range(2):
-            r = egpu("attach", pid, "-p", str(live))
-            assert r.returncode == 0, r.stderr
-            time.sleep(0.5)
-            r = egpu("maps", pid, "--json")
-            assert r.returncode == 0, r.stderr
-            running = counts(json.loads(r.stdout))
-            assert running and running[0] > 0
-            r = egpu("detach", pid, "--json")
-            assert r.returncode == 0, r.stderr
-            final = counts(json.loads(r.stdout))
-            # entry and return programs start and stop together; a call inside upt_add6 at detach ran its
-            # entry program and no return program
-            assert final[0] >= running[0] and final[0] - final[1] in (0, 1) and final[2] == final[1], final
+        yield str(found[0].pid), egpu
     finally:
         stop.touch()
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "wrong=0" in out
+
+
+def live_maps(r: subprocess.CompletedProcess, name: str) -> dict[int, int]:
+    """Map ``name`` of the probe in egpu maps or detach --json's document, as integers."""
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    return {e["key"]: e["value"] for e in doc["maps"].get(name, {}).get("entries", [])}
+
+
+@pytest.mark.parametrize("defines, mode", [([], "loop"), (["-DDIRECT"], "direct_loop")], ids=["got", "inline"])
+def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_app, tmp_path, defines, mode):
+    """app_uprobe loop under egpu-run with no probe: egpu attach hooks upt_add6 through the app's GOT (or
+    upt_direct inline), the maps fill while it runs, detach gives the final maps and puts the slot (or the
+    function's bytes) back (the job's results stay right throughout, and a second attach starts from zero)."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    live = tmp_path / "live.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), *defines, "-c", str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"),
+                    "-o", str(live)], check=True)
+
+    def counts(r: subprocess.CompletedProcess) -> list[int]:
+        """counts[0..2] (calls, returns, right returns) of egpu maps/detach --json."""
+        by_key = live_maps(r, "counts")
+        return [by_key.get(k, 0) for k in range(3)]
+
+    with attachable_job(stub_job, tmp_path, app, mode) as (pid, egpu):
+        for attempt in range(2):
+            r = egpu("attach", pid, "-p", str(live))
+            assert r.returncode == 0, r.stderr
+            time.sleep(0.5)
+            running = counts(egpu("maps", pid, "--json"))
+            assert running and running[0] > 0
+            final = counts(egpu("detach", pid, "--json"))
+            # entry and return programs start and stop together; a call inside upt_add6 at detach ran its
+            # entry program and no return program
+            assert final[0] >= running[0] and final[0] - final[1] in (0, 1) and final[2] == final[1], final
+    assert "egpu_globaltimer" not in (tmp_path / "log").read_text()   # no map shared with GPU programs: no clock
+
+
+GPU_LAUNCHES, CALLS, RETURNS, RIGHT_RETURNS, CALL_TIME, FIRST, LAST = range(7)   # shared.bpf.c's counts
+
+
+def test_egpu_attach_takes_uprobes_that_share_maps_with_gpu_programs(stub_job, uprobe_app, tmp_path):
+    """shared.bpf.c attached live to app_uprobe launch_loop: its uprobes' writes reach the device copy (egpu
+    maps reads the shared maps there: slot GPU_LAUNCHES, which only the stand-in's launches write, sits beside
+    the uprobes' counts), the clock is put on the GPU's once (the stand-in's kernel stores nothing: so
+    CLOCK_REALTIME), detach's final maps are exact, a second attach starts from zero, and a swap to a second
+    such object takes both regions over with their contents and pushes into them."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    objs = [tmp_path / "shared.bpf.o", tmp_path / "second.bpf.o"]
+    for obj, defines in zip(objs, ([], ["-DSECOND"])):
+        subprocess.run([clang, *bpftime_cflags(clang), *defines, "-c", str(ROOT / "tests" / "uprobe_probes" /
+                        "shared.bpf.c"), "-o", str(obj)], check=True)
+    log = tmp_path / "log"
+
+    def exact(r: subprocess.CompletedProcess, missed: bool = False) -> dict[int, int]:
+        """counts of a detach reply, checked: every call from the first one hooked to the last counted once
+        (``missed``: but those a swap made between unhooking the old uprobes and hooking the new), its
+        return too (but for one inside upt_add6 at the end); seen counted them alike."""
+        final, seen = live_maps(r, "counts"), live_maps(r, "seen")
+        calls = final[LAST] - (final[FIRST] - 1) + 1
+        assert final[CALLS] <= calls if missed else final[CALLS] == calls, final
+        assert final[CALLS] - final[RETURNS] in (0, 1) and final[RIGHT_RETURNS] == final[RETURNS], final
+        assert sum(seen.values()) == final[CALLS], (seen, final)
+        return final
+
+    with attachable_job(stub_job, tmp_path, app, "launch_loop", EGPU_STUB_PROBE_COUNTS="1") as (pid, egpu):
+        for attempt in range(2):
+            r = egpu("attach", pid, "-p", str(objs[0]))
+            assert r.returncode == 0, r.stderr
+            measured = log.read_text().count("egpu_globaltimer")
+            assert measured, "the first attach of such an object measures %globaltimer"
+            time.sleep(0.5)
+            first = live_maps(egpu("maps", pid, "--json"), "counts")
+            time.sleep(0.3)
+            r = egpu("maps", pid, "--json")
+            running, seen = live_maps(r, "counts"), live_maps(r, "seen")
+            assert first[GPU_LAUNCHES] > 0 and first[CALLS] > 0 and seen, first   # both sides' writes, on the device
+            assert running[CALLS] > first[CALLS] and running[GPU_LAUNCHES] > first[GPU_LAUNCHES], (first, running)
+            assert abs(running[CALL_TIME] - time.time_ns()) < 60e9, running[CALL_TIME]   # CLOCK_REALTIME
+            if attempt == 0:
+                assert exact(egpu("detach", pid, "--json"))[CALLS] >= running[CALLS]
+                continue
+            r = egpu("swap", pid, "shared", str(objs[1]))
+            assert r.returncode == 0, r.stderr
+            time.sleep(0.2)
+            after = live_maps(egpu("maps", pid, "--json"), "counts")
+            # the new uprobes start from the regions they took over (FIRST stays) and go on counting there
+            assert after[FIRST] == running[FIRST] and after[CALLS] > running[CALLS], (running, after)
+            assert exact(egpu("detach", pid, "--json"), missed=True)[CALLS] >= after[CALLS]
+        assert log.read_text().count("egpu_globaltimer") == measured, "measured once per process"
 
 
 def test_egpu_verify_says_where_each_uprobe_attaches(uprobe_app):
@@ -317,7 +386,7 @@ def test_egpu_attach_refuses_bare_uprobes(uprobe_app):
 def test_uprobes_may_print_where_egpu_run_takes_the_lines(tmp_path):
     """One refusal rule for an object's host side: trace_printk and ring or perf buffer output run in C
     beside uprobes (the drainer takes their records), not beside launch programs alone; a live attach
-    has no drainer for them, so refuses them."""
+    has no drainer for them, so refuses them, maps shared with GPU programs or not (those alone it takes)."""
     from egpu_preload.bpf.compile import compile_probe
     from egpu_preload.runtime import native
     from egpu_preload.runtime.probes import load_probe
@@ -341,3 +410,14 @@ def test_uprobes_may_print_where_egpu_run_takes_the_lines(tmp_path):
                    'SEC("uprobe/libc.so.6:getpid") int on_call(void *regs) { __u64 v = 1;\n'
                    '  bpf_ringbuf_output(&rb, &v, sizeof(v), 0); return 0; }\n')
     assert live_refusal(load_probe(compile_probe(src, tmp_path / "r.bpf.o"))) == refused
+    shared = ('#include "egpu.bpf.h"\n'
+              'struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32);\n'
+              '  __type(value, __u64); } n SEC(".maps");\n'
+              'static void add(void) { __u32 k = 0; __u64 *v = bpf_map_lookup_elem(&n, &k); if (v) *v += 1; }\n'
+              'SEC("kprobe/vecadd") int on_kernel(struct egpu_ctx *c) { add(); return 0; }\n'
+              'SEC("uprobe/libc.so.6:getpid") int on_call(void *regs) { add(); PRINT; return 0; }\n')
+    src.write_text(shared.replace("PRINT;", ""))
+    probe = load_probe(compile_probe(src, tmp_path / "s.bpf.o"))
+    assert native.host_side(probe.obj)[2] == {0} and live_refusal(probe) is None
+    src.write_text(shared.replace("PRINT;", 'bpf_printk("call");'))
+    assert live_refusal(load_probe(compile_probe(src, tmp_path / "sp.bpf.o"))) == refused

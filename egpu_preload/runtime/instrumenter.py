@@ -120,6 +120,7 @@ class Runtime:
         self.context: int | None = None                   # where the maps live
         self.maps: list[DeviceMaps] = []
         self.memory: ContextMemory | None = None          # the maps context's memory and stream
+        self.clock: int | None = None                     # host probes' offset once on %globaltimer (align_clocks)
         self.streaming: streaming.Streaming | None = None  # --trace: the rings drained while kernels run
         self._sm: dict[int, int] = {}                     # device -> compute capability (90)
         self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
@@ -351,29 +352,37 @@ class Runtime:
                     m.free()
                 memory.close()   # the next module load tries again, with a stream of its own
                 raise
-        # Launch probes' times meet %globaltimer only through maps they share with GPU programs; the
-        # measuring kernel is the one egpu launches of its own, and profilers see it: only then. Before
-        # the maps are published, so that no shared-map write is pushed on the unaligned clock.
+        # Before the maps are published, so that no shared-map write is pushed on the unaligned clock.
         if self.drainer is not None and any(side and side.shared for side in self.drainer.probes.sides):
-            self._align_clocks(memory)   # globaltimer_offset makes the maps' context current itself
+            self.align_clocks(memory)   # globaltimer_offset makes the maps' context current itself
         self.context, self.maps, self.memory = ctx, maps, memory
         if self.cfg.trace is not None:
             self.streaming = streaming.Streaming(self.cfg.trace, self.probes, maps, memory,
                                                  after_write=self.exit.rearm_if_loaded)
             self.exit.arm()   # after the writer's first use of pyarrow (tracefile.TraceWriter._warm_up)
 
-    def _align_clocks(self, memory: ContextMemory) -> None:
-        """Put launch probes' clock on the GPU's: their times are CLOCK_REALTIME, GPU probes' %globaltimer."""
+    def align_clocks(self, memory: ContextMemory) -> int:
+        """Put host probes' clock (launch, host-API and uprobes: CLOCK_MONOTONIC plus an offset) on the GPU's,
+        once per process; the offset. Their times meet GPU probes' %globaltimer only through maps they share
+        with GPU programs (at start-up, or a live attach: uprobes.LiveUprobes), and the measuring kernel is
+        the one egpu launches of its own, which profilers see: only then. Not measured: CLOCK_REALTIME,
+        which the driver keeps %globaltimer near."""
+        if self.clock is not None:
+            return self.clock
+        self.clock = self.drainer.probes.offset if self.drainer is not None else launches.clock_offset()
         try:
             measured = memory.globaltimer_offset()
         except EgpuError as e:
             measured = None
-            self._log(1, f"%globaltimer not measured ({e}): launch probes keep CLOCK_REALTIME")
+            self._log(1, f"%globaltimer not measured ({e}): host probes keep CLOCK_REALTIME")
         if measured is not None:
-            self.drainer.probes.offset += measured[0]
-            self.lib.egpu_uprobe_clock(self.drainer.probes.offset)
+            self.clock += measured[0]
             self._log(1, f"%globaltimer - CLOCK_REALTIME = {measured[0]} ns (+-{measured[1]} ns): "
-                         "launch probes' times moved onto the GPU's clock")
+                         "host probes' times moved onto the GPU's clock")
+        if self.drainer is not None:
+            self.drainer.probes.offset = self.clock
+        self.lib.egpu_uprobe_clock(self.clock)
+        return self.clock
 
     def _fail(self, mod: Module, reason: str) -> None:
         mod.status = f"failed: {reason}"

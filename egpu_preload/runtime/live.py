@@ -45,7 +45,9 @@ each region is a copy taken while kernels may be writing it (aligned 8-byte word
 entries written during the copy may show either value; different maps are copied at different times).
 The final maps a swap or detach replies with are exact: the flip itself copies the leaving probe's
 regions after the context drained and before a launch runs the new code (Snapshot), so launches of a
-new probe that took a map over do not show in the old one's reply.
+new probe that took a map over do not show in the old one's reply. A probe's uprobes (uprobes.LiveUprobes)
+keep their maps on the host; those they share with GPU programs are pushed into its regions, the last
+keys before the change that retires them, and a swap's new uprobes start from the regions they took over.
 
 SASS-only kernels (runtime/sass.py): the flip also commits the SASS back end's next generation, the
 patch image of the probes attached after it, staged beforehand with its table block. Inside the same
@@ -274,7 +276,7 @@ class Live:
             maps = self._new_maps(probe, None)
             loaded = {"verify": t1 - t0, "maps": time.perf_counter() - t1}
             result, _ = self._change(self._probes() + [(name, probe, maps)], t0)
-            result["uprobes"] = self.host.attach(name, probe)
+            result["uprobes"] = self.host.attach(name, probe, maps)
         result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
         return {"name": name, "seconds": time.perf_counter() - t0, **result}
 
@@ -316,7 +318,7 @@ class Live:
             seconds = time.perf_counter() - t0
             # the new probe may write maps it took over: read the copy
             final = self.host.overlay(self._read_snapshot(snapshot), host)
-            result["uprobes"] = self.host.attach(new_name, probe)
+            result["uprobes"] = self.host.attach(new_name, probe, maps)
         return {"old": old, "name": new_name, "seconds": seconds, "final": final,
                 "kernel_names": self._kernels(), **result}
 

@@ -150,6 +150,14 @@ class Side:
         rows = self._fetch(i, self.lib.egpu_lvm_map_changes, present=True)
         return self._storage(i, rows), [key for key, _ in rows]
 
+    def load(self, i: int, storage: MapStorage) -> None:
+        """Put ``storage``'s entries into map ``i`` (none logged as changed)."""
+        rows = list(storage.items())
+        keys = self.ffi.new("unsigned char[]", b"".join(bytes(k) for k, _ in rows) or b"\0")
+        values = self.ffi.new("unsigned char[]", b"".join(bytes(v) for _, v in rows) or b"\0")
+        if self.lib.egpu_lvm_map_load(self.maps[i], keys, values, len(rows)) < len(rows):
+            raise MemoryError(f"map {self.mapdefs[i].name}: {len(rows)} entries do not fit")
+
     def _fetch(self, i: int, call: Any, present: bool = False) -> list[tuple[bytes, bytes | None]]:
         """Map ``i``'s (key, value) rows from ``call(map, keys, values[, present], max)``, asked first with
         max 0 for the count (egpu_lvm_map_read, egpu_lvm_map_changes); None for a key that is gone."""

@@ -6,8 +6,9 @@ the executable) is hooked inline (inline_hooks.py).
 
 Maps. A probe object's uprobes and launch probes are its host side (native.host_side): one copy of
 the maps in C (runtime/native.py), the keys they change in maps GPU programs use copied to the device as
-launch probes' are (launches.py, "Maps"). ``bpf_ktime_get_ns()`` reads the launch probes' clock
-(CLOCK_MONOTONIC moved onto %globaltimer where GPU programs share a map).
+launch probes' are (launches.py, "Maps": by the drainer at start-up, by ``Pushes`` for probes attached
+live). ``bpf_ktime_get_ns()`` reads the launch probes' clock (CLOCK_MONOTONIC moved onto %globaltimer
+where GPU programs share a map: measured at start-up, or at the first live attach of such an object).
 
 Limits: uprobes run only in C, so an object whose host side the C engine refuses (native.refusal: a
 map type it does not keep, a kfunc) has its uprobes reported not attached; ``bpf_printk``,
@@ -20,6 +21,8 @@ calls made before it are not seen.
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +30,10 @@ from typing import Any
 from egpu_preload.bpf.program import BpfObject, Program
 from egpu_preload.bpf.sections import HOST_KINDS
 from egpu_preload.errors import EgpuError
-from egpu_preload.runtime import dump, inline_hooks, native
+from egpu_preload.maps import MapsState
+from egpu_preload.runtime import dump, inline_hooks, mapsync, native
+from egpu_preload.runtime.launches import PERIOD_S
+from egpu_preload.translate.devmaps import DeviceMaps, apply_region
 
 RESULTS = {0: "attached", 1: "pending: its object is not loaded yet", -1: "no such function in it",
            -2: "too many hooked functions or patched call sites", -3: "it cannot be hooked inline",
@@ -143,60 +149,131 @@ def attach(runtime: Any) -> Uprobes | None:
 
 def live_refusal(probe: Any) -> str | None:
     """Why ``egpu attach`` cannot hook the host programs of ``probe`` (a runtime Probe) yet; None when it can
-    (or it has none). Live, their maps stay on the host: none may be one GPU programs use too."""
+    (or it has none). Live, nothing drains what C queues (bpf_printk lines, ring and perf buffer records):
+    an object whose uprobes make any is refused, as are bare uprobes (no --uprobe names their target) and
+    host sides C cannot run. Maps they share with GPU programs are pushed to the device (LiveUprobes)."""
     hosts = host_programs(probe.obj)
     if not hosts:
         return None
     bare = [p.name for p in hosts if not p.attach.glob]
     if bare:
         return f"prog {bare[0]} is a bare uprobe: egpu attach takes SEC(\"uprobe/PATH:SYMBOL\") ones only"
-    _, used, shared = native.host_side(probe.obj)
-    if shared:
-        names = ", ".join(sorted(probe.obj.maps[i].name for i in shared))
-        return f"its uprobes share maps with GPU programs ({names}): only egpu-run runs those"
+    _, used, _ = native.host_side(probe.obj)
     why = native.refusal(hosts, probe.obj.maps, used)
     if why is None and native.queues(hosts):
         return "its uprobes print or send records (bpf_printk, ring or perf buffers): only egpu-run takes those"
     return f"uprobes run in C only, and {why}" if why else None
 
 
+class Pushes:
+    """A thread that copies the keys live uprobes changed in maps they share with GPU programs into their
+    probe's device regions every launches.PERIOD_S, as the launch drainer does for egpu-run's probes
+    (launches.py, "Maps"), while any such probe is attached. Its own thread, not the drainer's: a job
+    started with no host probe has no drainer, and the drainer's sides are the start-up probes'."""
+
+    def __init__(self, memory: mapsync.Memory) -> None:
+        self.memory = memory
+        self.sides: dict[str, tuple[native.Side, list[int], int]] = {}  # name -> (side, regions, clock offset)
+        self.lock = threading.Lock()   # held by every push: once ``stop`` returns, none writes that probe's regions
+        self._thread: threading.Thread | None = None
+
+    def start(self, name: str, side: native.Side, addrs: list[int], offset: int) -> None:
+        """Push ``side``'s tracked maps into regions ``addrs`` (by map index); ``offset``: the clock's
+        (CLOCK_MONOTONIC to %globaltimer), for LRU stamps."""
+        with self.lock:
+            self.sides[name] = (side, addrs, offset)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="egpu-uprobe-maps", daemon=True)
+                self._thread.start()
+
+    def stop(self, name: str) -> None:
+        """Push what probe ``name``'s uprobes left (its regions exact after this; they have stopped), then no more."""
+        with self.lock:
+            entry = self.sides.pop(name, None)
+            if entry is not None:
+                self._push(*entry)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(PERIOD_S)
+            with self.lock:
+                if not self.sides:   # the next start makes a thread again
+                    self._thread = None
+                    return
+                for entry in self.sides.values():
+                    try:
+                        self._push(*entry)
+                    except Exception as e:  # the thread goes on; the application never sees it
+                        print(f"egpu: uprobes' shared maps: {type(e).__name__}: {e}", file=sys.stderr)
+
+    def _push(self, side: native.Side, addrs: list[int], offset: int) -> None:
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + offset
+        for i in side.tracked:
+            if side.changed(i):
+                storage, keys = side.changes(i)
+                for key in keys:
+                    mapsync.push_key(self.memory, addrs[i], storage, key, now)
+
+
 class LiveUprobes:
     """Host programs of probes attached to a running job (live.py), by probe name: each with its maps in
-    C (a native.Side of its own) and its hooks."""
+    C (a native.Side of its own) and its hooks. Maps they share with GPU programs start from the device
+    copy (a swap may have taken the region over with its contents) and are pushed there (Pushes); the
+    device copy, which holds both sides' writes, is the one to read; the host copy of the others."""
 
     def __init__(self, rt: Any) -> None:
-        self.rt = rt  # the runtime: its shim's ffi and lib
+        self.rt = rt  # the runtime: its shim's ffi and lib, its maps' memory and clock
         self.attached: dict[str, tuple[Any, Uprobes]] = {}
+        self.pushes: Pushes | None = None
 
-    def attach(self, name: str, probe: Any) -> dict[str, Any] | None:
-        """Hook ``probe``'s host programs (live_refusal said it may); their report, None without any."""
+    def attach(self, name: str, probe: Any, maps: DeviceMaps) -> dict[str, Any] | None:
+        """Hook ``probe``'s host programs (live_refusal said it may), ``maps`` its device maps; their report,
+        None without any."""
         hosts = host_programs(probe.obj)
         if not hosts:
             return None
-        _, used, _ = native.host_side(probe.obj)
-        side = native.Side(self.rt.ffi, self.rt.lib, probe.obj.maps, used, hosts)
+        _, used, shared = native.host_side(probe.obj)
+        side = native.Side(self.rt.ffi, self.rt.lib, probe.obj.maps, used, hosts, shared)
+        memory = self.rt.memory
+        offset = self.rt.align_clocks(memory) if side.tracked else 0   # before the hooks: calls read the clock
+        state = MapsState(probe.obj.maps)
+        for i in side.tracked:   # before the hooks: no call may change a key the device's value then replaces
+            apply_region(state, i, memory.read(maps.addrs[i], maps.layouts[i].region_size(maps.ncpu)))
+            side.load(i, state.storages[i])
         up = Uprobes(self.rt.ffi, self.rt.lib, [(probe, side, None)], {})
         self.attached[name] = (side, up)
+        if side.tracked:   # what calls changed meanwhile is logged, and goes with the first push
+            if self.pushes is None:
+                self.pushes = Pushes(memory)
+            self.pushes.start(name, side, maps.addrs, offset)
         return up.report()
 
     def detach(self, name: str) -> dict[int, Any]:
-        """Unhook probe ``name``'s host programs; their maps as they were left (index -> MapStorage)."""
+        """Unhook probe ``name``'s host programs and push what they left in shared maps (before a flip
+        retires its regions); their host-only maps as they were left (index -> MapStorage)."""
         side, up = self.attached.pop(name, (None, None))
         if side is None:
             return {}
         up.detach()
-        return side.storages()
+        if self.pushes is not None:
+            self.pushes.stop(name)
+        return self._host_only(side)
 
     def detach_all(self) -> dict[str, dict[int, Any]]:
         return {name: self.detach(name) for name in list(self.attached)}
 
     def maps(self, name: str) -> dict[int, Any]:
+        """Probe ``name``'s host-only maps now (index -> MapStorage)."""
         side = self.attached.get(name, (None, None))[0]
-        return side.storages() if side is not None else {}
+        return self._host_only(side) if side is not None else {}
+
+    @staticmethod
+    def _host_only(side: native.Side) -> dict[int, Any]:
+        return {i: s for i, s in side.storages().items() if i not in side.tracked}
 
     @staticmethod
     def overlay(probes: list[dict], host: dict[str, dict[int, Any]]) -> list[dict]:
-        """Live documents (live.py's _read) with each probe's host maps in place of its device copies."""
+        """Live documents (live.py's _read) with each probe's host-only maps in place of their device copies."""
         for doc in probes:
             for i, storage in host.get(doc.get("name", ""), {}).items():
                 doc["maps"][i] = dump.storage_contents(storage)

@@ -11,6 +11,7 @@
  * executable no GOT slot or dlsym reaches (an inline hook's case); direct_threads first starts two
  * threads calling it without pause, so the runtime hooks it while they run, and stops them after.
  * `app_uprobe direct_loop STOP`: as loop, calling upt_direct(i, 1).
+ * `app_uprobe launch_loop STOP`: as loop, launching the kernel before each call.
  * `app_uprobe parked 0`: first starts a thread that blocks every signal, two that call upt_direct without
  * pause and one that enters upt_parked and stays blocked in its first bytes, then brings the runtime up,
  * calls upt_direct once and exits.
@@ -125,9 +126,13 @@ int main(int argc, char **argv) {
                wrong + atomic_load(&workers_wrong), r);
         return 0;
     }
-    if (!strcmp(argv[1], "loop") || !strcmp(argv[1], "direct_loop")) {
+    if (!strcmp(argv[1], "loop") || !strcmp(argv[1], "direct_loop") || !strcmp(argv[1], "launch_loop")) {
         long i = 0, wrong = 0;
+        int launch = !strcmp(argv[1], "launch_loop");
+        unsigned long long a = 0;
+        void *params[] = {&a};
         for (int direct = argv[1][0] == 'd'; access(argv[2], F_OK) != 0; i++) {
+            if (launch) r |= cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
             wrong += direct ? upt_direct(i, 1) != 3 * i + 1 : upt_add6(i, i + 1, i + 2, i + 3, i + 4, i + 5) != 6 * i + 15;
             usleep(100);
         }
