@@ -308,6 +308,29 @@ def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_
     assert "egpu_globaltimer" not in (tmp_path / "log").read_text()   # no map shared with GPU programs: no clock
 
 
+def test_a_swap_that_fails_puts_the_old_uprobes_back_as_they_were(stub_job, uprobe_app, tmp_path):
+    """A swap refused after the old probe's uprobes came off (the new probe's maps do not fit the device)
+    hooks them again from the maps they left: the old probe counts on from where it was, exactly."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    objs = {name: tmp_path / f"{name}.bpf.o" for name in ("live", "big")}
+    for name, defines in (("live", []), ("big", ["-DBIG"])):
+        subprocess.run([clang, *bpftime_cflags(clang), *defines, "-c",
+                        str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"), "-o", str(objs[name])], check=True)
+    with attachable_job(stub_job, tmp_path, app, "loop", EGPU_STUB_ALLOC_LIMIT=str(1 << 22)) as (pid, egpu):
+        assert egpu("attach", pid, "-p", str(objs["live"])).returncode == 0
+        time.sleep(3)   # longer than the swap and the next read take: counts made again from zero stay below
+        before = live_maps(egpu("maps", pid, "--json"), "counts")
+        r = egpu("swap", pid, "live", str(objs["big"]))
+        assert r.returncode != 0 and " big" not in egpu("ps").stdout, r.stdout + r.stderr
+        after = live_maps(egpu("maps", pid, "--json"), "counts")
+        time.sleep(0.3)
+        later = live_maps(egpu("maps", pid, "--json"), "counts")
+        final = live_maps(egpu("detach", pid, "--json"), "counts")
+    assert before[0] > 0 and after[0] >= before[0] and later[0] > after[0], (before, after, later)
+    assert final[0] >= later[0] and final[0] - final[1] in (0, 1) and final[2] == final[1], final
+
+
 GPU_LAUNCHES, CALLS, RETURNS, RIGHT_RETURNS, CALL_TIME, FIRST, LAST = range(7)   # shared.bpf.c's counts
 
 

@@ -306,14 +306,18 @@ class Live:
             if new_name != old and new_name in self.names:
                 raise ControlError(f"a probe named {new_name} is attached already")
             probe = self._load(fields["new_probe"], new_name)
-            host = {old: self.host.detach(old)}
-            t1 = time.perf_counter()
             current = self._probes()
             i = self.names.index(old)
-            maps = self._new_maps(probe, current[i][1:])
-            current[i] = (new_name, probe, maps)
-            loaded = {"verify": t1 - t0, "maps": time.perf_counter() - t1}
-            result, snapshot = self._change(current, t0)
+            host = {old: self.host.detach(old)}
+            t1 = time.perf_counter()
+            try:
+                maps = self._new_maps(probe, current[i][1:])
+                current[i] = (new_name, probe, maps)
+                loaded = {"verify": t1 - t0, "maps": time.perf_counter() - t1}
+                result, snapshot = self._change(current, t0)
+            except BaseException:   # nothing flipped: the old probe runs on, its uprobes from the maps they left
+                self.host.attach(old, *self._probes()[i][1:], host=host[old])
+                raise
             result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
             seconds = time.perf_counter() - t0
             # the new probe may write maps it took over: read the copy

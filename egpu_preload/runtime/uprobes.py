@@ -30,7 +30,7 @@ from typing import Any
 from egpu_preload.bpf.program import BpfObject, Program
 from egpu_preload.bpf.sections import HOST_KINDS
 from egpu_preload.errors import EgpuError
-from egpu_preload.maps import MapsState
+from egpu_preload.maps import MapStorage, MapsState
 from egpu_preload.runtime import dump, inline_hooks, mapsync, native
 from egpu_preload.runtime.launches import PERIOD_S
 from egpu_preload.translate.devmaps import DeviceMaps, apply_region
@@ -226,14 +226,18 @@ class LiveUprobes:
         self.attached: dict[str, tuple[Any, Uprobes]] = {}
         self.pushes: Pushes | None = None
 
-    def attach(self, name: str, probe: Any, maps: DeviceMaps) -> dict[str, Any] | None:
+    def attach(self, name: str, probe: Any, maps: DeviceMaps,
+               host: Mapping[int, MapStorage] | None = None) -> dict[str, Any] | None:
         """Hook ``probe``'s host programs (live_refusal said it may), ``maps`` its device maps; their report,
-        None without any."""
+        None without any. ``host``: host-only maps to start from (what detach returned: a swap that failed
+        puts the old probe's uprobes back as they were)."""
         hosts = host_programs(probe.obj)
         if not hosts:
             return None
         _, used, shared = native.host_side(probe.obj)
         side = native.Side(self.rt.ffi, self.rt.lib, probe.obj.maps, used, hosts, shared)
+        for i, storage in (host or {}).items():
+            side.load(i, storage)
         memory = self.rt.memory
         offset = self.rt.align_clocks(memory) if side.tracked else 0   # before the hooks: calls read the clock
         state = MapsState(probe.obj.maps)

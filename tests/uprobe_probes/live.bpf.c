@@ -1,6 +1,7 @@
 /* A probe egpu attach hooks into a running tests/uprobe_app (app_uprobe loop): counts upt_add6's calls
  * and returns, and the returns that are 6 * first argument + 15, as upt_add6's always are. Built with
- * -DDIRECT (app_uprobe direct_loop): the same on upt_direct, hooked inline, whose returns are 3a + 1. */
+ * -DDIRECT (app_uprobe direct_loop): the same on upt_direct, hooked inline, whose returns are 3a + 1;
+ * with -DBIG: the same with a large map besides. */
 #include <vmlinux.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -27,6 +28,16 @@ struct {
 	__type(key, u32);
 	__type(value, u64);
 } first SEC(".maps");
+
+#ifdef BIG
+/* 8 MiB of device map: more than a device the test makes small holds (a swap to it fails) */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << 20);
+	__type(key, u32);
+	__type(value, u64);
+} ballast SEC(".maps");
+#endif
 
 static __always_inline void count(u32 k)
 {
