@@ -81,6 +81,11 @@ class ThreadedJob:
     def runs(self) -> list[tuple[str, str]]:
         return RUN.findall(self.log.read_text()) if self.log.exists() else []
 
+    def memory(self) -> list[str]:
+        """The stand-in driver's device allocations and frees so far, in order."""
+        return [ln.split(" ", 1)[1] for ln in self.log.read_text().splitlines()
+                if " cuMemAlloc_v2" in ln or " cuMemFree_v2" in ln]
+
     def calls(self) -> list[str]:
         return [ln.split(" ", 1)[1] for ln in self.log.read_text().splitlines() if " sanitizer" in ln]
 
@@ -226,10 +231,14 @@ def test_a_failed_repatch_leaves_the_old_probe_running(stub_job, stand_ins, prob
         a = job.client.request("attach", probe=probe_obj("count").read_bytes(), name="count")
         job.wait_runs()
         from egpu_preload.errors import EgpuError
+        made = len(job.memory())
         with pytest.raises(EgpuError, match=r"SASS back end: sanitizerPatchModule failed: 7 "
                                             r"\(SANITIZER_ERROR_OUT_OF_MEMORY\); the probes before it go on running"):
             job.client.request("swap", old="count", new_probe=probe_obj("hash_count").read_bytes(),
                                new_name="hash_count")
+        # every region the refused swap made (hash_count's maps, the flip's copies) was freed again
+        swap_allocs = [c for c in job.memory()[made:] if c.startswith("cuMemAlloc_v2")]
+        assert swap_allocs and len(swap_allocs) == sum(c.startswith("cuMemFree_v2") for c in job.memory()[made:])
         assert job.client.request("ping")["probes"] == ["count"]
         before = len(job.runs())
         job.wait_runs()

@@ -68,6 +68,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -275,7 +276,11 @@ class Live:
             t1 = time.perf_counter()
             maps = self._new_maps(probe, None)
             loaded = {"verify": t1 - t0, "maps": time.perf_counter() - t1}
-            result, _ = self._change(self._probes() + [(name, probe, maps)], t0)
+            try:
+                result, _ = self._change(self._probes() + [(name, probe, maps)], t0)
+            except BaseException:
+                self._drop_maps(maps)
+                raise
             result["uprobes"] = self.host.attach(name, probe, maps)
         result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
         return {"name": name, "seconds": time.perf_counter() - t0, **result}
@@ -310,13 +315,17 @@ class Live:
             i = self.names.index(old)
             host = {old: self.host.detach(old)}
             t1 = time.perf_counter()
+            maps = None
             try:
                 maps = self._new_maps(probe, current[i][1:])
                 current[i] = (new_name, probe, maps)
                 loaded = {"verify": t1 - t0, "maps": time.perf_counter() - t1}
                 result, snapshot = self._change(current, t0)
             except BaseException:   # nothing flipped: the old probe runs on, its uprobes from the maps they left
-                self.host.attach(old, *self._probes()[i][1:], host=host[old])
+                kept = self._probes()[i][1:]
+                if maps is not None:
+                    self._drop_maps(maps, kept[1].addrs)
+                self.host.attach(old, *kept, host=host[old])
                 raise
             result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
             seconds = time.perf_counter() - t0
@@ -690,6 +699,14 @@ class Live:
                         driver.free(maps.addrs[i])
                         maps.addrs[i] = old_maps.addrs[j]
         return maps
+
+    def _drop_maps(self, maps: DeviceMaps, kept: Sequence[int] = ()) -> None:
+        """Free the regions made for a probe a change failed to attach, but those in ``kept`` (taken over
+        from the probe a swap leaves attached)."""
+        with self.rt.driver.current(self._context()):
+            for addr in maps.addrs:
+                if addr not in kept:
+                    self.rt.driver.free(addr)
 
     def _read_snapshot(self, snapshot: "Snapshot") -> list[dict]:
         """The maps a flip copied (exact: no launch ran between the drain and the copy), then freed."""
