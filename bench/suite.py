@@ -1,9 +1,9 @@
 """egpu's benchmark suite on the GPU machine: ``python3 bench/suite.py [OUT_DIR [PART...]]`` (default
 $OUT, else the current directory) writes OUT_DIR/suite.json and OUT_DIR/suite.md; bench/plots.py draws
 the JSON. PARTs are workload names and "parts" (JIT, shim per launch, hot swap); none: all. All of it
-takes longer than one 10-minute device call, so run it as two: ``suite.py OUT parts vecadd stencil gemm
-cupy torch_compile`` and ``suite.py OUT2 torch_eager`` (its paired rounds alone take about 6 minutes);
-bench/combine.py makes one report of such part runs.
+takes longer than one 10-minute device call, so run it in parts (``suite.py OUT parts vecadd stencil``,
+``suite.py OUT2 gemm cupy torch_compile``, and torch_eager a few modes at a time, SUITE_MODES: its paired
+rounds take about 2.5 minutes a mode); bench/combine.py makes one report of such part runs.
 Needs nvcc, the shim's build tools and the probes prebuilt by scripts/gpu-prep.sh
 (EGPU_PREBUILT_PROBES or .gpubuild/probes; the GPU machine has no clang); PyTorch, Triton and CuPy for
 their workloads (a workload that cannot run is reported as failed, the rest go on).
@@ -26,9 +26,10 @@ up), so process start-up, compilation and the JIT stay out of the ratios, which 
     torch_profiler  uninstrumented inside torch.profiler (CUPTI), PyTorch workloads only
 
 Host-bound workloads (HOST_BOUND: the eager PyTorch step, whose processes differ by 10-20%) run in
-PAIRS interleaved rounds of PAIRED_MODES on the same pinned CPUs, each mode's ratio the median of the
-per-round ratios to that round's plain run, with their spread (bench/paired.py); their other modes run
-once, one pair, which decides no goal. A cell's first round is its record (the probe check reads it).
+PAIRS interleaved rounds of every mode but the full traces on the same pinned CPUs, each mode's ratio the
+median of the per-round ratios to that round's plain run, with their spread (bench/paired.py); the full
+traces, far above any goal a pair could move, run once. A cell's first round is its record (the probe
+check reads it).
 
 Also measured: the JIT cost of a 1,100-instruction kernel (bench_jit.py) and per module in the runs
 above (the runtime's exit dump), the shim's cost per launch (bench_shim.py: plain and shim
@@ -76,7 +77,6 @@ ABORT_GRACE_S = 10.0   # after SIGABRT, for a timed-out case's stacks to be writ
 STDERR_KEPT = 8000     # of a timed-out case's stderr
 SHIM_LAUNCHES, SHIM_RUNS = 100_000, 11
 HOST_BOUND, PAIRS = frozenset({"torch_eager"}), paired.MIN_PAIRS
-PAIRED_MODES = ("plain", "shim", "entry_exit")  # the goals a host-bound step can decide; ~12 s a process
 SWAP_CYCLES = 10
 WORKLOADS = {"vecadd": "cuda", "stencil": "cuda", "gemm": "cuda",
              "cupy": "python", "torch_eager": "python", "torch_compile": "python"}
@@ -350,12 +350,12 @@ def meta() -> dict[str, Any]:
 
 
 def rounds_of(name: str) -> list[list[str]]:
-    """The modes each round of a workload runs: every mode once, host-bound ones PAIRS rounds of
-    PAIRED_MODES (the first round runs the others too)."""
+    """The modes each round of a workload runs: every mode once, host-bound ones PAIRS rounds of every
+    mode but the full traces (the first round runs those too)."""
     modes = modes_for(name)
     if name not in HOST_BOUND:
         return [modes]
-    return [modes] + [[m for m in modes if m in PAIRED_MODES]] * (PAIRS - 1)
+    return [modes] + [[m for m in modes if m not in probe_check.TRACED]] * (PAIRS - 1)
 
 
 def selected(argv: list[str]) -> tuple[list[str], bool]:
