@@ -65,8 +65,8 @@ def parse_output(stdout: str) -> dict[str, Any]:
     """The BENCH_ lines of a workload program (bench/workloads): warm-up, repetitions ("ms units", units
     1 when left out), every unit the process ran, digest, kernels.cu's split of one launch's time
     (host_us in the call, kernel_us between events), the modules bench/empty_patch patched when it was
-    injected, and --count's event per unit of each repetition ("count_per_unit") or why it was not counted
-    ("count_error"), where the program was asked to count. Other lines (egpu-run's maps) are ignored; a run
+    injected, and --count's event ("count_event") per unit of each repetition ("count_per_unit") or why
+    nothing was counted ("count_error"), where the program was asked to count. Other lines (egpu-run's maps) are ignored; a run
     cut short keeps the repetitions it printed."""
     warmup, reps, units, digest, split, tool_patched = None, [], None, None, None, None
     counted: dict[str, Any] = {}   # --count's: per unit of each repetition, or why nothing was counted
@@ -86,6 +86,8 @@ def parse_output(stdout: str) -> dict[str, Any]:
                 counted.setdefault("count_per_unit", []).append(int(value) / reps[-1][1])
             elif key == "BENCH_COUNT_UNAVAILABLE":
                 counted["count_error"] = value.strip()
+            elif key == "BENCH_COUNT_EVENT":
+                counted["count_event"] = value.strip()
             elif key == "BENCH_SPLIT":
                 host_us, kernel_us = map(float, value.split())
                 split = {"host_us": host_us, "kernel_us": kernel_us}

@@ -98,6 +98,8 @@ def fake_doc():
     ("BENCH_COUNT_UNAVAILABLE [Errno 2] perf_event_open (instructions): No such file or directory\n",
      {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None, "split": None,
       "tool_patched": None, "count_error": "[Errno 2] perf_event_open (instructions): No such file or directory"}),
+    ("BENCH_COUNT_EVENT task_clock\n", {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None,
+                                        "split": None, "tool_patched": None, "count_event": "task_clock"}),
 ])
 def test_parse_output(stdout, want):
     assert results.parse_output(stdout) == want
@@ -999,10 +1001,10 @@ def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, m
 
     def fake_run(cmd, env, timeout, cpus):
         seen.append(("--live-sass" in cmd and "standby") or ("--keep" in cmd and "default"))
-        assert cmd[-2:] == ["--count", "instructions"]
+        assert cmd[-2:] == ["--count", "instructions,task_clock"]
         t = next(us)
         return case([t] * 3, shim_stats={"launches": 29, "python_calls": 0} if "--keep" in cmd else None,
-                    count_per_unit=[t * 1e6, t * 1e6, 1.0])
+                    count_per_unit=[t * 1e6, t * 1e6, 1.0], count_event="task_clock")
     monkeypatch.setattr(suite, "run_case", fake_run)
     monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: None)
     out = tmp_path / "torch_shim.json"
@@ -1014,9 +1016,9 @@ def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, m
     assert doc["ratios"]["shim"]["values"] == [1.2, 1.2] and doc["ratios"]["standby"]["median"] == pytest.approx(1.05)
     assert (doc["ratios"]["standby"]["min"], doc["ratios"]["standby"]["max"]) == (1.0, pytest.approx(1.1))
     assert doc["shim_stats"]["shim"] == {"launches": 29, "python_calls": 0} and doc["shim_stats"]["plain"] is None
-    # the instructions per step (each process's median) paired as the time is
-    assert doc["instructions_per_step"]["standby"] == [1.5e6, 1.1e6]
-    assert doc["instruction_ratios"]["standby"]["median"] == pytest.approx(1.05)
+    # the event counted per step (each process's median) paired as the time is, and named
+    assert doc["counted"] == ["task_clock"] and doc["counted_per_step"]["standby"] == [1.5e6, 1.1e6]
+    assert doc["counted_ratios"]["standby"]["median"] == pytest.approx(1.05)
     # a lost process loses its round's pair, not the run
     no_pmu = "[Errno 2] perf_event_open (instructions): No such file or directory"
     outcomes = iter([case([1.0] * 3, count_error=no_pmu), case([], status="failed", error="exit 1: boom"),
@@ -1025,7 +1027,7 @@ def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, m
     bench.main()
     doc = json.loads(out.read_text())
     assert doc["ratios"]["shim"]["pairs"] == 0 and doc["ratios"]["standby"]["pairs"] == 2
-    assert doc["instructions_unavailable"] == no_pmu and doc["instruction_ratios"]["standby"]["pairs"] == 0
+    assert doc["count_unavailable"] == no_pmu and doc["counted_ratios"]["standby"]["pairs"] == 0
     assert doc["errors"] == ["round 0 shim: failed: exit 1: boom", "round 1 shim: failed: exit 1: boom"]
     # killed in round 1 (the device call's timeout): round 0 is in the file
     outcomes = iter([case([1.0] * 3), case([1.1] * 3), case([1.2] * 3)])
@@ -1191,11 +1193,17 @@ def test_framework_workload_counts_each_repetition_over_the_threads_it_starts(mo
             t.join()
         return unit, lambda: None, lambda: "d"
     monkeypatch.setitem(frameworks.WORKLOADS, "spin", spinning_workload)
-    monkeypatch.setattr(sys, "argv", ["frameworks.py", "spin", "3", "0.1", "20", "--count", "task_clock"])
+    # the first event the machine gives is counted: a made-up one is passed over, named in no output
+    monkeypatch.setattr(sys, "argv", ["frameworks.py", "spin", "3", "0.1", "20", "--count", "no_such,task_clock"])
     frameworks.main()
     rec = results.parse_output(capsys.readouterr().out)
+    assert rec["count_event"] == "task_clock" and "count_error" not in rec
     assert len(rec["count_per_unit"]) == len(rec["reps"]) == 3
     assert all(4.5e6 < ns < 50e6 for ns in rec["count_per_unit"]), rec["count_per_unit"]
+    monkeypatch.setattr(sys, "argv", ["frameworks.py", "spin", "3", "0.1", "20", "--count", "no_such"])
+    frameworks.main()
+    rec = results.parse_output(capsys.readouterr().out)
+    assert rec["count_error"] == "no event no_such" and "count_per_unit" not in rec
 
 
 def _spin(seconds: float) -> None:

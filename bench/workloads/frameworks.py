@@ -14,9 +14,10 @@ BUDGET_S seconds of them are used up (at least 3), each timed from its first lau
 after its last. Prints "BENCH_WARMUP ms", "BENCH_REP ms units" per repetition as it ends, "BENCH_UNITS n"
 (every unit the process ran), then "BENCH_DONE digest" of the warm-up's result (the same in every mode).
 ``--profile`` runs everything inside torch.profiler (CPU and CUDA activities, i.e. CUPTI), the trace never exported: what tracing the
-same step with PyTorch's own profiler costs. ``--count EVENT`` (instructions.py's: instructions, task_clock)
-counts EVENT over every thread the workload starts, and prints "BENCH_COUNT n" after each repetition's
-line (n: EVENT over that repetition), or "BENCH_COUNT_UNAVAILABLE why" once.
+same step with PyTorch's own profiler costs. ``--count EVENT[,EVENT...]`` (instructions.py's: instructions,
+task_clock) counts the first of them the machine gives over every thread the workload starts: it prints
+"BENCH_COUNT_EVENT name" once and "BENCH_COUNT n" after each repetition's line (n: the event over that
+repetition), or "BENCH_COUNT_UNAVAILABLE why" once when none can be counted.
 """
 
 from __future__ import annotations
@@ -146,14 +147,20 @@ def main() -> None:
     ap.add_argument("budget_s", type=float)
     ap.add_argument("target_ms", type=float, nargs="?", default=100.0)
     ap.add_argument("--profile", action="store_true", help="inside torch.profiler (CUPTI)")
-    ap.add_argument("--count", choices=sorted(instructions.EVENTS), help="an event counted over each repetition")
+    ap.add_argument("--count", metavar="EVENT[,EVENT...]", help="the first of these events the machine gives, "
+                    f"counted over each repetition ({', '.join(instructions.EVENTS)})")
     args = ap.parse_args()
-    counter = None
-    if args.count:
+    counter, refused = None, []
+    for event in args.count.split(",") if args.count else []:
         try:   # before the workload starts its threads: only those started after are counted
-            counter = instructions.Counter(args.count)
-        except OSError as e:
-            print(f"BENCH_COUNT_UNAVAILABLE {e}", flush=True)
+            counter = instructions.Counter(event)
+        except (OSError, KeyError) as e:
+            refused.append(str(e) if isinstance(e, OSError) else f"no event {event}")
+            continue
+        print(f"BENCH_COUNT_EVENT {event}", flush=True)
+        break
+    if args.count and counter is None:
+        print(f"BENCH_COUNT_UNAVAILABLE {'; '.join(refused)}", flush=True)
     unit, sync, digest = WORKLOADS[args.workload]()
     with profiled() if args.profile else contextlib.nullcontext():
         print(f"BENCH_WARMUP {timed(unit, sync, 1):.3f}", flush=True)
