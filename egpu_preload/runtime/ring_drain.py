@@ -222,7 +222,13 @@ class RingReader:
         return head == self.consumed
 
 
-HEAD = (1 << 32) - 1 | 7 << 32   # of a header word (length | flags << 32): the length and the state
+LENGTH = (1 << 32) - 1   # of a header word (length | flags << 32): the data's length
+HEAD = LENGTH | 7 << 32   # the length and the state
+
+
+def _footprint(length: int) -> int:
+    """A record's bytes in the ring: its 8-byte header and its data padded to 8 (devmaps.py)."""
+    return 8 + (length + 7 & ~7)
 
 
 def _scan(buf: memoryview, k: int, stop: int, limit: int, out: Taken) -> tuple[int, int | None, bool]:
@@ -247,11 +253,11 @@ def _walk(np: Any, buf: memoryview, k: int, stop: int, out: Taken | None) -> tup
     words = buf.cast("Q")   # record headers: length | flags << 32
     if np is not None and k < stop and words[k >> 3] >> 32 & 7 == REC_READY:
         head = words[k >> 3]
-        size = 8 + ((head & 0xFFFFFFFF) + 7 & ~7)
+        size = _footprint(head & LENGTH)
         n = _run(np, buf, k, stop, head & HEAD, size)
         if n >= RUN:
             if out is not None:
-                out.append(_block(np, buf, k, n, head & 0xFFFFFFFF))
+                out.append(_block(np, buf, k, n, head & LENGTH))
             k += n * size
     starts: list[int] = []
     while k < stop:
@@ -259,7 +265,7 @@ def _walk(np: Any, buf: memoryview, k: int, stop: int, out: Taken | None) -> tup
         if not head >> 32 & (REC_READY | REC_DISCARD):
             break
         starts.append(k)
-        k += 8 + ((head & 0xFFFFFFFF) + 7 & ~7)
+        k += _footprint(head & LENGTH)
     if out is not None:
         _hand_on(np, buf, starts, out)
     return k, k < stop
@@ -295,14 +301,14 @@ def _hand_on(np: Any, buf: memoryview, starts: list[int], out: Taken) -> None:
     done = 0
     for a, b in zip(bounds[long].tolist(), bounds[long + 1].tolist()):
         _mixed(np, buf, at[done:a], heads[done:a], out)
-        out.append(_block(np, buf, int(at[a]), b - a, int(heads[a]) & 0xFFFFFFFF))
+        out.append(_block(np, buf, int(at[a]), b - a, int(heads[a]) & LENGTH))
         done = b
     _mixed(np, buf, at[done:], heads[done:], out)
 
 
 def _block(np: Any, buf: memoryview, k: int, n: int, length: int) -> Block:
     """The ``n`` records of ``length`` bytes from ``k`` on as a Block: their SM ids and bytes copied out."""
-    rows = np.frombuffer(buf, np.uint8, n * (8 + (length + 7 & ~7)), k).reshape(n, -1)
+    rows = np.frombuffer(buf, np.uint8, n * _footprint(length), k).reshape(n, -1)
     return Block(rows[:, 4:8].copy().view(np.uint32)[:, 0] >> 8, rows[:, 8:8 + length].copy())
 
 
@@ -314,7 +320,7 @@ def _mixed(np: Any, buf: memoryview, at: Any, heads: Any, out: Taken) -> None:
     if len(at) < RUN:
         _single(buf, at.tolist(), out)
         return
-    lengths = (heads & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    lengths = (heads & np.uint64(LENGTH)).astype(np.int64)
     offsets = np.zeros(len(at) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     # the records' bytes cut out of the span they lie in by a mask: the bytes from each one's end (or the
@@ -336,7 +342,7 @@ def _single(buf: memoryview, starts: list[int], out: Taken) -> None:
     for k in starts:
         head = words[k >> 3]
         if head >> 32 & REC_READY:
-            out.append((head >> 40, buf[k + 8:k + 8 + (head & 0xFFFFFFFF)].tobytes()))
+            out.append((head >> 40, buf[k + 8:k + 8 + (head & LENGTH)].tobytes()))
 
 
 def _numpy() -> Any:
