@@ -342,10 +342,7 @@ class LaunchProbes:
                     mapsync.push_key(mem, addrs[i], storage, key, now)
             side.pending = {}
             if side.native is not None:
-                for i in side.native.tracked:
-                    storage, taken = side.native.changes(i)
-                    for key in taken:
-                        mapsync.push_key(mem, addrs[i], storage, key, now)
+                side.native.push(mem, addrs, now)
 
     def merge(self, index: int, device: MapsState | None) -> MapsState | None:
         """Probe ``index``'s maps for the dump: the device's state (None: no module had its maps) with

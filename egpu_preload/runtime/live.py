@@ -313,19 +313,19 @@ class Live:
             probe = self._load(fields["new_probe"], new_name)
             current = self._probes()
             i = self.names.index(old)
+            old_probe, old_maps = current[i][1:]
             host = {old: self.host.detach(old)}
             t1 = time.perf_counter()
             maps = None
             try:
-                maps = self._new_maps(probe, current[i][1:])
+                maps = self._new_maps(probe, (old_probe, old_maps))
                 current[i] = (new_name, probe, maps)
                 loaded = {"verify": t1 - t0, "maps": time.perf_counter() - t1}
                 result, snapshot = self._change(current, t0)
             except BaseException:   # nothing flipped: the old probe runs on, its uprobes from the maps they left
-                kept = self._probes()[i][1:]
                 if maps is not None:
-                    self._drop_maps(maps, kept[1].addrs)
-                self.host.attach(old, *kept, host=host[old])
+                    self._drop_maps(maps, old_maps.addrs)
+                self.host.attach(old, old_probe, old_maps, host=host[old])
                 raise
             result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
             seconds = time.perf_counter() - t0

@@ -31,6 +31,7 @@ from egpu_preload.bpf.disasm import disasm_insn
 from egpu_preload.bpf.helpers import BPF_ANY, BY_NAME, HELPERS
 from egpu_preload.bpf.sections import API_KINDS, HOST_KINDS, HOST_SIDE
 from egpu_preload.maps import STORAGE_BY_TYPE, MapStorage
+from egpu_preload.runtime import mapsync
 
 MAP_TYPES = frozenset((prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_HASH, prog.MAP_LRU_HASH))
 OUTPUT_MAPS = frozenset((prog.MAP_RINGBUF, prog.MAP_PERF_EVENT_ARRAY))   # kept by the runtime, fed from C
@@ -149,6 +150,14 @@ class Side:
         still there) and the keys, for mapsync.push_key."""
         rows = self._fetch(i, self.lib.egpu_lvm_map_changes, present=True)
         return self._storage(i, rows), [key for key, _ in rows]
+
+    def push(self, mem: mapsync.Memory, addrs: Sequence[int], now_ns: int) -> None:
+        """Copy the keys the programs changed in tracked maps since the last push into their device
+        regions (``addrs``, by map index); ``now_ns`` stamps LRU slots (mapsync.push_key)."""
+        for i in self.tracked:
+            storage, keys = self.changes(i)
+            for key in keys:
+                mapsync.push_key(mem, addrs[i], storage, key, now_ns)
 
     def load(self, i: int, storage: MapStorage) -> None:
         """Put ``storage``'s entries into map ``i`` (none logged as changed)."""

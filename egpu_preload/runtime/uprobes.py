@@ -207,12 +207,7 @@ class Pushes:
                         print(f"egpu: uprobes' shared maps: {type(e).__name__}: {e}", file=sys.stderr)
 
     def _push(self, side: native.Side, addrs: list[int], offset: int) -> None:
-        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + offset
-        for i in side.tracked:
-            if side.changed(i):
-                storage, keys = side.changes(i)
-                for key in keys:
-                    mapsync.push_key(self.memory, addrs[i], storage, key, now)
+        side.push(self.memory, addrs, time.clock_gettime_ns(time.CLOCK_MONOTONIC) + offset)
 
 
 class LiveUprobes:
