@@ -66,8 +66,8 @@ def parse_output(stdout: str) -> dict[str, Any]:
     1 when left out), every unit the process ran, digest, kernels.cu's split of one launch's time
     (host_us in the call, kernel_us between events), the modules bench/empty_patch patched when it was
     injected, and --count's event ("count_event") per unit of each repetition ("count_per_unit") or why
-    nothing was counted ("count_error"), where the program was asked to count. Other lines (egpu-run's maps) are ignored; a run
-    cut short keeps the repetitions it printed."""
+    nothing was counted ("count_error"), where the program was asked to count. Other lines (egpu-run's
+    maps) are ignored; a run cut short keeps the repetitions it printed."""
     warmup, reps, units, digest, split, tool_patched = None, [], None, None, None, None
     counted: dict[str, Any] = {}   # --count's: per unit of each repetition, or why nothing was counted
     for line in stdout.splitlines():
@@ -143,9 +143,10 @@ def summarize(cases: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str
     holds."""
     out = {}
     for workload, modes in cases.items():
-        plain = modes.get("plain", {})
-        out[workload] = {mode: summarize_case(raw, _base(raw.get("base", plain))) if mode != "plain" else
-                         summarize_case(plain, None) for mode, raw in modes.items()}
+        shown = _base(modes.get("plain", {}))
+        out[workload] = {mode: summarize_case(raw, _base(raw["base"]) if "base" in raw else shown)
+                         if mode != "plain" else {k: v for k, v in shown.items() if k != "digest"}
+                         for mode, raw in modes.items()}
         for mode in PROBE_MODES:
             if mode not in modes:
                 continue
