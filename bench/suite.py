@@ -74,7 +74,8 @@ TIMEOUT_S = {"cuda": 60, "python": 150}
 # the H200's vecadd and stencil cells ended with no repetition (2026-12-04b), which measures nothing.
 TRACE_TIMEOUT_S = 240
 ABORT_GRACE_S = 10.0   # after SIGABRT, for a timed-out case's stacks to be written
-STDERR_KEPT = 8000     # of a timed-out case's stderr
+STACKS_S = 45.0        # per process, for a debugger to print a timed-out case's native stacks
+STDERR_KEPT = 40000    # of a timed-out case's stderr, native stacks included
 SHIM_LAUNCHES, SHIM_RUNS = 100_000, 11
 HOST_BOUND, PAIRS = frozenset({"torch_eager"}), paired.MIN_PAIRS
 SWAP_CYCLES = 10
@@ -202,17 +203,53 @@ def run_session(cmd: list[str], env: dict[str, str], timeout: float, cpus: set[i
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        stacks = native_stacks(proc.pid)
         os.killpg(proc.pid, signal.SIGABRT)
         try:
             stdout, stderr = proc.communicate(timeout=ABORT_GRACE_S)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
+        stderr += stacks
         timed_out = True
     except BaseException:   # the bench itself stopped (terminated: a call's timeout): its case stops too
         os.killpg(proc.pid, signal.SIGKILL)
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), time.perf_counter() - t, timed_out
+
+
+def native_stacks(session: int) -> str:
+    """Every thread's native stack in each process of ``session``, as a debugger prints them ("" with none on
+    the PATH): where Python's stacks end in C (a driver call that never returns), these go on into the
+    driver. cuda-gdb is the one the GPU machine has (no gdb there); attached, it stops the process a moment."""
+    debugger = shutil.which("cuda-gdb") or shutil.which("gdb")
+    if debugger is None:
+        return ""
+    out = []
+    for pid in session_pids(session):
+        try:
+            r = subprocess.run([debugger, "-nx", "-batch", "-p", str(pid), "-ex", "thread apply all bt 30"],
+                               capture_output=True, text=True, timeout=STACKS_S)
+            text = r.stdout
+        except subprocess.TimeoutExpired as e:   # its output so far comes as bytes, text=True or not
+            text = (e.stdout or b"").decode(errors="replace") + f"\n(the debugger ran past {STACKS_S:.0f} s)"
+        frames = [line for line in text.splitlines() if line.startswith(("Thread ", "#"))]
+        out.append(f"\n== native stacks of pid {pid} ({Path(debugger).name}) ==\n" + "\n".join(frames))
+    return "".join(out)
+
+
+def session_pids(session: int) -> list[int]:
+    """The processes whose session id is ``session`` (/proc/PID/stat's sixth field)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == session:
+                pids.append(int(d.name))
+    return sorted(pids)
 
 
 def run_case(cmd: list[str], env: dict[str, str], timeout: float, cpus: set[int] | None = None) -> dict[str, Any]:

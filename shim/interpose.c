@@ -1094,6 +1094,25 @@ static unsigned long long next_call(void) {
     return atomic_fetch_add_explicit(&g_stats.calls, 1, memory_order_relaxed) + 1;
 }
 
+/* ---- waiting rings (--trace with --on-full wait): code loads meet an idle context ----
+ * A kernel whose ring is full waits for the runtime's reader, a thread of ours that copies on a stream of
+ * its own. A module load made while such a kernel ran never returned, and the reader's copies stopped in
+ * the driver with it (cupy's warp trace on the H200: the app in cuModuleLoadData, the reader in
+ * cuMemcpyDtoHAsync, 2026-12-04g): the driver waits for the context's work there, it seems, and holds the
+ * copies up meanwhile. So while rings wait, loads, unloads and lookups (which load a kernel's code under
+ * lazy loading) first wait for the context's work themselves, letting go of the GIL the reader needs; not
+ * while a stream is captured, where a synchronize is refused and would end the capture. */
+static _Atomic int g_rings_wait;
+
+EXPORT void egpu_shim_rings_wait(int on) { atomic_store(&g_rings_wait, on); }
+
+static void idle_before_load(void) {
+    if (!atomic_load_explicit(&g_rings_wait, memory_order_relaxed) || atomic_load(&g_captures)) return;
+    void *gil = egpu_gil_let_go();
+    ((pfn_ctx_sync)egpu_shim_real("cuCtxSynchronize"))();
+    egpu_gil_take_back(gil);
+}
+
 /* One load with an optional replacement image: `image` is the variable the real call reads. A
  * replacement the driver refuses is followed by the original call, so the app never sees our error. */
 #define LOAD(sym, api, out, image_in, size_in, path_in, image, ...) do { \
@@ -1104,6 +1123,7 @@ static unsigned long long next_call(void) {
         const void *repl_ = py_image(api, call_, image_in, size_in, path_in, &n_); \
         int rr_ = -1; \
         CUresult r_; \
+        idle_before_load(); \
         if (repl_) { \
             image = repl_; \
             r_ = rr_ = CALL_REAL(sym, __VA_ARGS__); \
@@ -1122,6 +1142,7 @@ EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname) {
     const void *repl = py_image(EGPU_API_MODULE_LOAD, call, NULL, 0, fname, &n);
     int rr = -1;
     CUresult r;
+    idle_before_load();
     if (repl) rr = CALL_REAL(cuModuleLoadData, module, repl);
     r = repl && rr == CUDA_SUCCESS ? rr : CALL_REAL(cuModuleLoad, module, fname);
     py_loaded(EGPU_API_MODULE_LOAD, call, r == CUDA_SUCCESS && module ? *module : NULL, r, rr);
@@ -1164,6 +1185,7 @@ EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, 
     const void *repl = py_image(EGPU_API_LIBRARY_LOAD_FROM_FILE, call, NULL, 0, fileName, &n);
     int rr = -1;
     CUresult r;
+    idle_before_load();
     if (repl)
         rr = CALL_REAL(cuLibraryLoadData, library, repl, jitOptions, jitOptionsValues, numJitOptions,
                        libraryOptions, libraryOptionValues, numLibraryOptions);
@@ -1238,6 +1260,7 @@ EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeO
     return r;
 
 EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+    idle_before_load(); /* lazy loading loads the kernel's code here */
     FOUND(cuModuleGetFunction, EGPU_API_MODULE_GET_FUNCTION, hfunc, hmod, name, hfunc, hmod, name)
 }
 
@@ -1255,6 +1278,7 @@ EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
 }
 
 EXPORT CUresult cuModuleUnload(CUmodule hmod) {
+    idle_before_load();
     CUresult r = CALL_REAL(cuModuleUnload, hmod);
     if (r == CUDA_SUCCESS) seen_forget(), egpu_sass_unloaded();
     if (r == CUDA_SUCCESS && !passthrough()) py_unloaded(EGPU_API_MODULE_UNLOAD, hmod);
@@ -1262,6 +1286,7 @@ EXPORT CUresult cuModuleUnload(CUmodule hmod) {
 }
 
 EXPORT CUresult cuLibraryUnload(CUlibrary library) {
+    idle_before_load();
     CUresult r = CALL_REAL(cuLibraryUnload, library);
     if (r == CUDA_SUCCESS) seen_forget(), egpu_sass_unloaded();
     if (r == CUDA_SUCCESS && !passthrough()) py_unloaded(EGPU_API_LIBRARY_UNLOAD, library);

@@ -582,10 +582,25 @@ def test_a_case_past_its_time_leaves_the_stacks_of_its_threads(suite):
             "def waits_for_the_gpu(): time.sleep(60)\n"
             "print('BENCH_WARMUP 1', flush=True); waits_for_the_gpu()\n")
     rec = suite.run_case([sys.executable, "-c", hang], {"PYTHONFAULTHANDLER": "1"}, 2)
-    assert rec["status"] == "timeout" and rec["warmup_ms"] == 1.0 and rec["wall_s"] < 2 + suite.ABORT_GRACE_S
+    assert rec["status"] == "timeout" and rec["warmup_ms"] == 1.0
+    assert rec["wall_s"] < 2 + suite.ABORT_GRACE_S + suite.STACKS_S
     assert "Fatal Python error: Aborted" in rec["stderr_tail"]
     assert "in ring_reader" in rec["stderr_tail"] and "in waits_for_the_gpu" in rec["stderr_tail"]
     assert suite.base_env(Path("/tmp"))["PYTHONFAULTHANDLER"] == "1"
+    # and, where a debugger is on the PATH, where those threads wait in C: both sleeping in the kernel
+    if shutil.which("cuda-gdb") or shutil.which("gdb"):
+        native = rec["stderr_tail"].split("== native stacks of pid ", 1)[1]
+        assert native.count("\nThread ") == 2 and native.count("sleep") >= 2, native
+
+
+def test_session_pids_are_the_processes_of_a_session(suite):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        assert suite.session_pids(child.pid) == [child.pid]
+        assert os.getpid() not in suite.session_pids(child.pid)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_terminated_bench_kills_the_case_it_waits_for(tmp_path):

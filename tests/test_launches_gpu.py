@@ -81,7 +81,7 @@ def test_launch_latency_pairs_host_and_gpu_probes(vecadd, shim, probe_obj, tmp_p
     to 200) finds its enqueue time (an enqueue time no block took stays in enqueue_ns under its launch
     id), each launch is measured at most once, and none seems to start before its enqueue on the
     aligned clocks."""
-    r = egpu_run(["--json", "-p", str(probe_obj("launch_latency")), str(vecadd["static"]), "200", str(1 << 26)],
+    r = egpu_run(["--json", "-v", "-p", str(probe_obj("launch_latency")), str(vecadd["static"]), "200", str(1 << 26)],
                  env_for(shim, tmp_path), timeout=300)
     assert r.returncode == 0, r.stderr
     doc = maps_doc(r.stdout)
@@ -91,9 +91,9 @@ def test_launch_latency_pairs_host_and_gpu_probes(vecadd, shim, probe_obj, tmp_p
     untaken = sorted(e["key"] for e in doc["maps"]["enqueue_ns"]["entries"] if e["value"])
     print(f"launch_latency: {measured} of 200 launches measured, clock_skew {skew}, not taken {untaken}",
           doc["maps"]["hist_launch_latency_ns"])
-    assert skew == 0
-    assert measured + len(untaken) == 200
-    assert not [k for k in untaken if k > 100], "later launches that found no enqueue time"
+    assert skew == 0, r.stderr[-3000:]
+    assert measured + len(untaken) == 200, r.stderr[-3000:]
+    assert not [k for k in untaken if k > 100], "later launches that found no enqueue time\n" + r.stderr[-3000:]
 
 
 def test_torch_compile_is_instrumented_exactly(shim, probe_obj, tmp_path):  # noqa: F811

@@ -543,6 +543,22 @@ def test_egpu_run_trace_writes_the_file_and_says_what_it_holds(stub_job, probe_o
     assert trace.dropped == {"events": 0, "trace_printk": 0}
 
 
+@pytest.mark.parametrize("on_full", ["wait", "drop"])
+def test_code_loads_wait_for_the_context_while_rings_wait(stub_job, probe_obj, tmp_path, on_full):
+    """A kernel in a full waiting ring waits for the reader; a load of code made meanwhile held the driver up
+    and the reader's copies with it (cupy on the H200). Once the reader runs, the app's cuModuleGetFunction
+    (where lazy loading loads the kernel) comes right after a cuCtxSynchronize under wait, not under drop."""
+    from stub_job import egpu_run
+    log = tmp_path / "log"
+    r = egpu_run(["--trace", str(tmp_path / "t.arrow"), "--on-full", on_full, "-p", str(probe_obj("ringbuf")),
+                  str(stub_job.app), "module", "2", "64", "0"], stub_job.env(log))
+    assert r.returncode == 0, r.stderr
+    calls = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
+    lookup = next(i for i, c in enumerate(calls) if c.startswith("cuModuleGetFunction"))
+    assert calls.index("cuStreamCreate flags=1 ctx=app") < lookup   # the reader's stream: it runs by then
+    assert (calls[lookup - 1] == "cuCtxSynchronize") == (on_full == "wait"), calls[:lookup + 1]
+
+
 # The reader through runtime/driver.py in a process of its own (loaded into pytest's, the stand-in would be
 # the libcuda.so.1 of every later test there): three records in a ring the stand-in's memory holds.
 THROUGH_THE_DRIVER = """
