@@ -1225,3 +1225,28 @@ def _spin(seconds: float) -> None:
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         pass
+
+
+def test_repeat_case_runs_one_suite_case_again_and_again(suite, tmp_path, monkeypatch):
+    """bench/repeat_case.py: the suite's case command and timeout, TIMES runs, each one's outcome kept (a
+    hang among them with its stacks), and a case the suite has not refused."""
+    repeat = importlib.import_module("repeat_case")
+    seen = []
+
+    def run_case(cmd, env, timeout, cpus):
+        seen.append((cmd, timeout))
+        return ({"status": "timeout", "wall_s": 9.0, "unit_ms": [], "stderr_tail": "stacks"} if len(seen) == 2 else
+                {"status": "ok", "wall_s": 1.0, "unit_ms": [2.0], "trace": {"records": 5, "drops": 0}, "digest": "x"})
+    monkeypatch.setattr(suite, "run_case", run_case)
+    monkeypatch.setattr(suite, "build_kernels", lambda work: work / "kernels")
+    monkeypatch.setattr(repeat.bench_jit, "probe_object", lambda src, pre, work: work / Path(src).name)
+    out = tmp_path / "r.json"
+    monkeypatch.setattr(sys, "argv", ["repeat_case.py", str(out), "cupy", "mem_trace_warp", "3", "50"])
+    repeat.main()
+    doc = json.loads(out.read_text())
+    assert [r["status"] for r in doc["runs"]] == ["ok", "timeout", "ok"] and doc["runs"][1]["stderr_tail"] == "stacks"
+    assert doc["runs"][0]["trace"] == {"records": 5, "drops": 0} and "digest" not in doc["runs"][0]
+    assert all(t == 50.0 and "--trace" in cmd and "cupy" in cmd for cmd, t in seen)
+    monkeypatch.setattr(sys, "argv", ["repeat_case.py", str(out), "cupy", "nonsense"])
+    with pytest.raises(SystemExit, match="no case cupy nonsense"):
+        repeat.main()
