@@ -474,6 +474,30 @@ typedef CUresult (*pfn_ctx_pop)(CUcontext *);
 typedef CUresult (*pfn_ctx_sync)(void);
 typedef CUresult (*pfn_dtod)(CUdeviceptr, CUdeviceptr, size_t);
 
+/* ---- waiting rings (--trace with --on-full wait): code loads meet an idle context ----
+ * A kernel whose ring is full waits for the runtime's reader, a thread of ours that copies on a stream of
+ * its own. A module load made while such a kernel ran never returned, and the reader's copies stopped in
+ * the driver with it (cupy's warp trace on the H200: the app in cuModuleLoadData, the reader in
+ * cuMemcpyDtoHAsync, 2026-12-04g): the driver waits for the context's work there, it seems, and holds the
+ * copies up meanwhile; torch's eager step hung so in cuKernelGetFunction (cuBLASLt, under cuDNN), the
+ * reader and the mirror waiting on the driver's lock (native stacks, 2 of 4 runs, 2026-12-04g call 4).
+ * So while rings wait, whatever may load code first waits for the context's work itself, letting go of
+ * the GIL the reader needs: module and library loads and unloads, cuModuleGetFunction, the first
+ * cuKernelGetFunction of a kernel in a context and the first launch of a handle (lazy loading loads a
+ * kernel at those). Not while a stream is captured, where a synchronize is refused and would end the
+ * capture. Another thread's launch between the wait and the load can still meet it. */
+static _Atomic int g_rings_wait;
+
+EXPORT void egpu_shim_rings_wait(int on) { atomic_store(&g_rings_wait, on); }
+
+static void idle_before_load(void) {
+    if (!atomic_load_explicit(&g_rings_wait, memory_order_relaxed) || atomic_load(&g_captures)) return;
+    void *gil = egpu_gil_let_go();
+    pfn_ctx_sync sync = (pfn_ctx_sync)egpu_shim_real("cuCtxSynchronize");
+    if (sync) sync();
+    egpu_gil_take_back(gil);
+}
+
 /* The swap's work under the hold, on a thread of its own so that the swap can stop waiting for it: drain
  * the context, copy, drain the copies. No Python, so a held launch that keeps the GIL cannot stop it. A
  * drain past the deadline (a kernel that runs long or never ends) is abandoned: the swap returns and the
@@ -738,7 +762,7 @@ static inline struct launch launch_begin(void *f, int api, unsigned int gx, unsi
     egpu_sass_launch_id = l.id; /* for the SASS back end's launch callback inside the real call */
     struct slot *s = slot_for(f, 1);
     if (s) {
-        atomic_fetch_add_explicit(&s->launches, 1, memory_order_relaxed);
+        if (!atomic_fetch_add_explicit(&s->launches, 1, memory_order_relaxed)) idle_before_load();
         l.target = atomic_load_explicit(&s->target, memory_order_acquire);
         if (l.target) {
             atomic_fetch_add_explicit(&g_stats.redirected, 1, memory_order_relaxed);
@@ -1094,25 +1118,6 @@ static unsigned long long next_call(void) {
     return atomic_fetch_add_explicit(&g_stats.calls, 1, memory_order_relaxed) + 1;
 }
 
-/* ---- waiting rings (--trace with --on-full wait): code loads meet an idle context ----
- * A kernel whose ring is full waits for the runtime's reader, a thread of ours that copies on a stream of
- * its own. A module load made while such a kernel ran never returned, and the reader's copies stopped in
- * the driver with it (cupy's warp trace on the H200: the app in cuModuleLoadData, the reader in
- * cuMemcpyDtoHAsync, 2026-12-04g): the driver waits for the context's work there, it seems, and holds the
- * copies up meanwhile. So while rings wait, loads, unloads and lookups (which load a kernel's code under
- * lazy loading) first wait for the context's work themselves, letting go of the GIL the reader needs; not
- * while a stream is captured, where a synchronize is refused and would end the capture. */
-static _Atomic int g_rings_wait;
-
-EXPORT void egpu_shim_rings_wait(int on) { atomic_store(&g_rings_wait, on); }
-
-static void idle_before_load(void) {
-    if (!atomic_load_explicit(&g_rings_wait, memory_order_relaxed) || atomic_load(&g_captures)) return;
-    void *gil = egpu_gil_let_go();
-    ((pfn_ctx_sync)egpu_shim_real("cuCtxSynchronize"))();
-    egpu_gil_take_back(gil);
-}
-
 /* One load with an optional replacement image: `image` is the variable the real call reads. A
  * replacement the driver refuses is followed by the original call, so the app never sees our error. */
 #define LOAD(sym, api, out, image_in, size_in, path_in, image, ...) do { \
@@ -1269,8 +1274,24 @@ EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const c
           name)
 }
 
+/* The seen table's key for "this kernel is loaded in this context" (owner: the context). */
+#define KERNEL_LOADED (-EGPU_API_KERNEL_GET_FUNCTION)
+
 EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
-    FOUND(cuKernelGetFunction, EGPU_API_KERNEL_GET_FUNCTION, pFunc, kernel, NULL, pFunc, kernel)
+    /* libraries call it again and again (cuBLASLt per heuristic query): the wait only before the first */
+    CUcontext ctx = NULL;
+    unsigned long generation = 0;
+    int loaded = 1;
+    if (atomic_load_explicit(&g_rings_wait, memory_order_relaxed) && kernel) {
+        CUresult (*current)(CUcontext *) = (CUresult(*)(CUcontext *))egpu_shim_real("cuCtxGetCurrent");
+        if (current) current(&ctx);
+        loaded = seen_before(KERNEL_LOADED, ctx, kernel, &generation);
+        if (!loaded) idle_before_load();
+    }
+    CUresult r = CALL_REAL(cuKernelGetFunction, pFunc, kernel);
+    if (!loaded && r == CUDA_SUCCESS) seen_enter(KERNEL_LOADED, ctx, kernel, generation);
+    if (r == CUDA_SUCCESS && pFunc && !passthrough()) py_found(EGPU_API_KERNEL_GET_FUNCTION, kernel, NULL, *pFunc);
+    return r;
 }
 
 EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {

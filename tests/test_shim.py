@@ -182,6 +182,7 @@ def expected_calls(instrumented: bool, beside: bool) -> list[str]:
         f"cuLibraryLoadData module={lib} kind={'ptx' if i else 'wrapper'} instrumented={i}",
         f"cuModuleGetFunction module={lib} name=kernel_a",
         "cuKernelGetFunction name=kernel_a",
+        "cuKernelGetFunction name=kernel_a",
         # the stand-in counts parameters in PTX only, so the original wrapper's launch shows none
         f"cuLaunchKernel f=kernel_a@{lib}k grid=7 block=32 stream=(nil) params={args(8) if i else ''}",
         # an instrumented file load reaches the driver as cuModuleLoadData of the replacement
@@ -267,6 +268,41 @@ def test_driver_receives_instrumented_code_and_redirected_launches(built, app):
     assert r.driver_calls() == expected_calls(instrumented=True, beside=True)
     assert {k: v for k, v in r.rc().items() if v} == RESULTS
     assert r.lines("node_out") == NODE_OUT
+
+
+def test_while_rings_wait_what_may_load_code_waits_for_the_context_first(built):
+    """Under --trace with waiting rings a kernel may wait for egpu's reader, and a load of code meanwhile
+    held the driver and the reader's copies up (H200, 2026-12-04g). With the wait on, a cuCtxSynchronize
+    comes right before each load and unload, each cuModuleGetFunction, the first cuKernelGetFunction of
+    a kernel (not the same again) and the first launch of each handle; nothing else changes."""
+    off = run(built, "app_linked").driver_calls()
+    r = run(built, "app_linked", EGPU_TEST_RINGS_WAIT="1")
+    assert r.returncode == 0, r.stderr
+    waited, left = [], iter(off)   # the calls after each cuCtxSynchronize the app did not make itself
+    expected = next(left)
+    for call in r.driver_calls():
+        if call == expected:
+            expected = next(left, None)
+        else:
+            assert call == "cuCtxSynchronize", (call, expected)
+            waited.append(expected.split(" grid=")[0])
+    assert expected is None
+    lib = 3   # the library the runtime's kernel_b module (2) comes before
+    assert waited == [
+        "cuModuleLoadData module=1 kind=ptx instrumented=1",
+        "cuModuleGetFunction module=1 name=kernel_a", "cuModuleGetFunction module=1 name=kernel_b",
+        "cuLaunchKernel f=kernel_a@1", "cuLaunchKernel_ptsz f=kernel_b@2",
+        f"cuLibraryLoadData module={lib} kind=ptx instrumented=1", "cuKernelGetFunction name=kernel_a",
+        f"cuLaunchKernel f=kernel_a@{lib}k",
+        f"cuModuleLoadData module={lib + 1} kind=ptx instrumented=1",
+        f"cuModuleGetFunction module={lib + 1} name=kernel_a",
+        f"cuModuleLoadDataEx module={lib + 2} kind=ptx instrumented=1",
+        f"cuModuleLoadFatBinary module={lib + 3} kind=ptx instrumented=1",
+        f"cuLibraryLoadData module={lib + 4} kind=ptx instrumented=1",
+        f"cuModuleGetFunction module={lib + 4} name=kernel_a",
+        f"cuLaunchKernelEx f=kernel_a@{lib + 4}",
+        "cuModuleLoad path=/nonexistent/egpu.ptx missing",   # a load that fails waits all the same
+        *[c for c in off if c.startswith(("cuModuleUnload", "cuLibraryUnload"))]]
 
 
 def test_without_the_shim_the_program_is_untouched(built):

@@ -136,6 +136,7 @@ static int scenario(resolve_fn get, int full) {
     RC("library_load", cuLibraryLoadData(&lib, &wrapper, NULL, NULL, 0, NULL, NULL, 0));
     RC("library_kernel", cuLibraryGetKernel(&kern, lib, "kernel_a"));
     RC("kernel_function", cuKernelGetFunction(&kfunc, kern));
+    RC("kernel_function_again", cuKernelGetFunction(&kfunc, kern)); /* as libraries repeat it */
     RC("launch_kernel_handle", cuLaunchKernel(kern, 7, 1, 1, 32, 1, 1, 0, NULL, params_ab, NULL));
 
     /* the other ways to load code: a file (torch.compile's path), options, a bare fatbin */
