@@ -559,6 +559,22 @@ def test_code_loads_wait_for_the_context_while_rings_wait(stub_job, probe_obj, t
     assert (calls[lookup - 1] == "cuCtxSynchronize") == (on_full == "wait"), calls[:lookup + 1]
 
 
+def test_code_loaded_while_a_stream_captures_does_not_wait_even_when_rings_wait(stub_job, probe_obj, tmp_path):
+    """A synchronize while a stream captures in global mode is refused and ends the capture: the app that
+    loads and launches its kernel into a capture (cudart's lazy loading) gets no wait from egpu, rings or
+    not, and its graph is made."""
+    from stub_job import egpu_run
+    log = tmp_path / "log"
+    r = egpu_run(["--trace", str(tmp_path / "t.arrow"), "--on-full", "wait", "-p", str(probe_obj("ringbuf")),
+                  str(stub_job.app), "capture", "2", "64", "0"], stub_job.env(log))
+    assert r.returncode == 0 and "result=0" in r.stdout, r.stderr
+    calls = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
+    begin = next(i for i, c in enumerate(calls) if c.startswith("cuStreamBeginCapture"))
+    end = next(i for i, c in enumerate(calls) if c.startswith("cuStreamEndCapture"))
+    assert not [c for c in calls[begin:end] if c.startswith("cuCtxSynchronize")], calls[begin:end]
+    assert any(c.startswith("cuLaunchKernel") for c in calls[begin:end])
+
+
 # The reader through runtime/driver.py in a process of its own (loaded into pytest's, the stand-in would be
 # the libcuda.so.1 of every later test there): three records in a ring the stand-in's memory holds.
 THROUGH_THE_DRIVER = """
