@@ -1290,7 +1290,8 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
     }
     CUresult r = CALL_REAL(cuKernelGetFunction, pFunc, kernel);
     if (!loaded && r == CUDA_SUCCESS) seen_enter(KERNEL_LOADED, ctx, kernel, generation);
-    if (r == CUDA_SUCCESS && pFunc && !passthrough()) py_found(EGPU_API_KERNEL_GET_FUNCTION, kernel, NULL, *pFunc);
+    if (r == CUDA_SUCCESS && pFunc && !passthrough())
+        py_found(EGPU_API_KERNEL_GET_FUNCTION, kernel, NULL, *pFunc);
     return r;
 }
 
