@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,9 +28,10 @@ def main() -> None:
         raise SystemExit(__doc__.splitlines()[1].strip())
     out, name, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     times = int(sys.argv[4]) if len(sys.argv) > 4 else 3
-    timeout = float(sys.argv[5]) if len(sys.argv) > 5 else suite.TRACE_TIMEOUT_S
     if name not in suite.WORKLOADS or mode not in ("plain", "torch_profiler", *suite.PROBES):
         raise SystemExit(f"repeat_case.py: no case {name} {mode}")
+    timeout = float(sys.argv[5]) if len(sys.argv) > 5 else (
+        suite.TRACE_TIMEOUT_S if mode in suite.probe_check.TRACED else suite.TIMEOUT_S[suite.WORKLOADS[name]])
     suite.exit_on_term()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -40,6 +42,8 @@ def main() -> None:
         if suite.WORKLOADS[name] == "cuda":
             env = {**env, "CUDA_MODULE_LOADING": "EAGER"}
         cpus = bench_shim.pick_cpus(suite.CASE_CPUS)
+        # as suite.py does: a stale shim is built here, not inside the first run's time
+        subprocess.run([*suite.egpu_run(), "true"], env=env, cwd=suite.ROOT, capture_output=True)
         for i in range(times):
             rec = suite.run_case(suite.case_cmd(name, mode, exe, probes), env, timeout, cpus)
             for f in work.glob(suite.trace_file(exe).stem + "*"):

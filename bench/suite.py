@@ -74,7 +74,7 @@ TIMEOUT_S = {"cuda": 60, "python": 150}
 # the H200's vecadd and stencil cells ended with no repetition (2026-12-04b), which measures nothing.
 TRACE_TIMEOUT_S = 240
 ABORT_GRACE_S = 10.0   # after SIGABRT, for a timed-out case's stacks to be written
-STACKS_S = 45.0        # per process, for a debugger to print a timed-out case's native stacks
+STACKS_S = 60.0        # for a debugger to print a timed-out case's native stacks, every process
 STDERR_KEPT = 40000    # of a timed-out case's stderr, native stacks included
 SHIM_LAUNCHES, SHIM_RUNS = 100_000, 11
 HOST_BOUND, PAIRS = frozenset({"torch_eager"}), paired.MIN_PAIRS
@@ -219,23 +219,38 @@ def run_session(cmd: list[str], env: dict[str, str], timeout: float, cpus: set[i
 
 
 def native_stacks(session: int) -> str:
-    """Every thread's native stack in each process of ``session``, as a debugger prints them ("" with none on
-    the PATH): where Python's stacks end in C (a driver call that never returns), these go on into the
-    driver. cuda-gdb is the one the GPU machine has (no gdb there); attached, it stops the process a moment."""
+    """Every thread's native stack in the processes of ``session`` that hold the CUDA driver (all of them
+    where none does), as a debugger prints them ("" with none on the PATH): where Python's stacks end in C
+    (a driver call that never returns), these go on into the driver. cuda-gdb is the one the GPU machine has
+    (no gdb there); attached, it stops the process a moment. STACKS_S for them all."""
     debugger = shutil.which("cuda-gdb") or shutil.which("gdb")
     if debugger is None:
         return ""
-    out = []
-    for pid in session_pids(session):
+    pids = session_pids(session)
+    cuda = [pid for pid in pids if maps_cuda(pid)]
+    deadline, out = time.monotonic() + STACKS_S, []
+    for pid in cuda or pids:
+        left = deadline - time.monotonic()
+        if left < 1:
+            out.append(f"\n== native stacks of pid {pid}: no time left ==")
+            continue
         try:
             r = subprocess.run([debugger, "-nx", "-batch", "-p", str(pid), "-ex", "thread apply all bt 30"],
-                               capture_output=True, text=True, timeout=STACKS_S)
-            text = r.stdout
+                               capture_output=True, text=True, timeout=left)
+            text, why = r.stdout, r.stderr
         except subprocess.TimeoutExpired as e:   # its output so far comes as bytes, text=True or not
-            text = (e.stdout or b"").decode(errors="replace") + f"\n(the debugger ran past {STACKS_S:.0f} s)"
+            text, why = (e.stdout or b"").decode(errors="replace"), f"the debugger ran past {left:.0f} s"
         frames = [line for line in text.splitlines() if line.startswith(("Thread ", "#"))]
-        out.append(f"\n== native stacks of pid {pid} ({Path(debugger).name}) ==\n" + "\n".join(frames))
+        out.append(f"\n== native stacks of pid {pid} ({Path(debugger).name}) ==\n" +
+                   "\n".join(frames or why.strip().splitlines()[-5:]))
     return "".join(out)
+
+
+def maps_cuda(pid: int) -> bool:
+    try:
+        return "libcuda.so" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
 
 
 def session_pids(session: int) -> list[int]:

@@ -148,9 +148,11 @@ unsigned long long egpu_shim_launches(void *orig);
 void egpu_shim_stats(struct egpu_stats *out);
 /* Turn launch records on (1) or off (0); returns the previous setting. */
 int egpu_shim_records(int on);
-/* While rings wait for the reader (--trace, --on-full wait): 1 makes module loads, unloads and
- * cuModuleGetFunction wait for the context's work first (interpose.c, "waiting rings"). */
-void egpu_shim_rings_wait(int on);
+/* While rings wait for the reader (--trace, --on-full wait): `ctx`, the maps' context, makes whatever may
+ * load code wait for that context's work first (interpose.c, "waiting rings"); NULL turns it off. */
+void egpu_shim_rings_wait(void *ctx);
+/* That wait, for the runtime's own loads and lookups: nothing unless rings wait. */
+void egpu_shim_idle(void);
 /* Move up to `max` launch records into `out` (single consumer); returns how many. */
 size_t egpu_shim_drain(struct egpu_launch_record *out, size_t max);
 /* Copy up to `max` live allocations into `out`; returns how many there are in all. */

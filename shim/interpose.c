@@ -481,21 +481,46 @@ typedef CUresult (*pfn_dtod)(CUdeviceptr, CUdeviceptr, size_t);
  * cuMemcpyDtoHAsync, 2026-12-04g): the driver waits for the context's work there, it seems, and holds the
  * copies up meanwhile; torch's eager step hung so in cuKernelGetFunction (cuBLASLt, under cuDNN), the
  * reader and the mirror waiting on the driver's lock (native stacks, 2 of 4 runs, 2026-12-04g call 4).
- * So while rings wait, whatever may load code first waits for the context's work itself, letting go of
- * the GIL the reader needs: module and library loads and unloads, cuModuleGetFunction, the first
- * cuKernelGetFunction of a kernel in a context and the first launch of a handle (lazy loading loads a
- * kernel at those). Not while a stream is captured, where a synchronize is refused and would end the
- * capture. Another thread's launch between the wait and the load can still meet it. */
-static _Atomic int g_rings_wait;
+ * So while rings wait, whatever may load code first waits for the maps' context to drain itself, letting
+ * go of the GIL the reader needs: module and library loads and unloads, and where the driver loads lazily
+ * (it may synchronize there itself, CUDA's lazy loading notes), cuModuleGetFunction, cuLibraryGetModule,
+ * the first cuKernelGetFunction of a kernel in a context and the first launch of a handle (before the
+ * launch gate: a cut or a swap closing it does not wait on this). Not while a stream is captured, where a
+ * synchronize is refused and would end the capture. Another thread's launch between the wait and the load
+ * can still meet a waiting kernel. The runtime's own loads call egpu_shim_idle. */
+static _Atomic int g_rings_wait, g_lazy;
+static CUcontext g_rings_ctx; /* the maps' context, set before g_rings_wait */
+static CUresult (*g_ctx_current)(CUcontext *);
 
-EXPORT void egpu_shim_rings_wait(int on) { atomic_store(&g_rings_wait, on); }
+EXPORT void egpu_shim_rings_wait(void *ctx) {
+    if (ctx) {
+        int mode = 0; /* CU_MODULE_EAGER_LOADING 1, CU_MODULE_LAZY_LOADING 2 */
+        CUresult (*loading)(int *) = (CUresult(*)(int *))egpu_shim_real("cuModuleGetLoadingMode");
+        atomic_store(&g_lazy, !loading || loading(&mode) != CUDA_SUCCESS || mode != 1);
+        g_ctx_current = (CUresult(*)(CUcontext *))egpu_shim_real("cuCtxGetCurrent");
+        g_rings_ctx = ctx;
+    }
+    atomic_store(&g_rings_wait, ctx != NULL);
+}
 
-static void idle_before_load(void) {
+EXPORT void egpu_shim_idle(void) {
     if (!atomic_load_explicit(&g_rings_wait, memory_order_relaxed) || atomic_load(&g_captures)) return;
-    void *gil = egpu_gil_let_go();
+    pfn_ctx_push push = (pfn_ctx_push)egpu_shim_real("cuCtxPushCurrent_v2");
+    pfn_ctx_pop pop = (pfn_ctx_pop)egpu_shim_real("cuCtxPopCurrent_v2");
     pfn_ctx_sync sync = (pfn_ctx_sync)egpu_shim_real("cuCtxSynchronize");
-    if (sync) sync();
+    if (!sync) return;
+    void *gil = egpu_gil_let_go();
+    /* a maps' context that cannot be made current: the caller's is drained instead */
+    int pushed = push && pop && push(g_rings_ctx) == CUDA_SUCCESS;
+    CUcontext popped;
+    sync();
+    if (pushed) pop(&popped);
     egpu_gil_take_back(gil);
+}
+
+/* Where the driver loads code only under lazy loading. */
+static inline int lazy_waits(void) {
+    return atomic_load_explicit(&g_rings_wait, memory_order_relaxed) && atomic_load(&g_lazy);
 }
 
 /* The swap's work under the hold, on a thread of its own so that the swap can stop waiting for it: drain
@@ -755,6 +780,14 @@ struct launch {
 
 /* Count the launch, record it if asked, and find what to run. The launch id is the process-wide
  * launch counter. */
+/* A handle's first launch may load its kernel (lazy loading): the wait comes before the gate. Two threads
+ * that both see it unlaunched both wait, which is harmless. */
+static inline void idle_before_first_launch(void *f) {
+    if (__builtin_expect(!lazy_waits(), 1)) return;
+    struct slot *s = slot_for(f, 1);
+    if (s && !atomic_load_explicit(&s->launches, memory_order_relaxed)) egpu_shim_idle();
+}
+
 static inline struct launch launch_begin(void *f, int api, unsigned int gx, unsigned int gy,
                                          unsigned int gz, unsigned int bx, unsigned int by,
                                          unsigned int bz, unsigned int shmem, void *stream) {
@@ -762,7 +795,7 @@ static inline struct launch launch_begin(void *f, int api, unsigned int gx, unsi
     egpu_sass_launch_id = l.id; /* for the SASS back end's launch callback inside the real call */
     struct slot *s = slot_for(f, 1);
     if (s) {
-        if (!atomic_fetch_add_explicit(&s->launches, 1, memory_order_relaxed)) idle_before_load();
+        atomic_fetch_add_explicit(&s->launches, 1, memory_order_relaxed);
         l.target = atomic_load_explicit(&s->target, memory_order_acquire);
         if (l.target) {
             atomic_fetch_add_explicit(&g_stats.redirected, 1, memory_order_relaxed);
@@ -849,6 +882,7 @@ static CUresult no_memory(void) {
 #define LAUNCH_KERNEL(sym) \
     EXPORT CUresult sym(EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams, void **extra) { \
         if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams, extra); \
+        idle_before_first_launch(f); \
         egpu_gate_enter(&g_launch_gate); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL, GRID); \
         EGPU_COW_LAUNCH(f, hStream, variants[V_##sym].ptsz, kernelParams, extra); \
@@ -870,6 +904,7 @@ LAUNCH_KERNEL(cuLaunchKernel_ptsz)
 #define LAUNCH_COOPERATIVE(sym) \
     EXPORT CUresult sym(EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams) { \
         if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams); \
+        idle_before_first_launch(f); \
         egpu_gate_enter(&g_launch_gate); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_COOPERATIVE_KERNEL, GRID); \
         EGPU_COW_LAUNCH(f, hStream, variants[V_##sym].ptsz, kernelParams, NULL); \
@@ -893,6 +928,7 @@ LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz)
 #define LAUNCH_EX(sym) \
     EXPORT CUresult sym(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) { \
         if (passthrough() || !config) return CALL_REAL(sym, config, f, kernelParams, extra); \
+        idle_before_first_launch(f); \
         egpu_gate_enter(&g_launch_gate); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL_EX, CONFIG(config)); \
         EGPU_COW_LAUNCH(f, config->hStream, variants[V_##sym].ptsz, kernelParams, extra); \
@@ -1128,7 +1164,7 @@ static unsigned long long next_call(void) {
         const void *repl_ = py_image(api, call_, image_in, size_in, path_in, &n_); \
         int rr_ = -1; \
         CUresult r_; \
-        idle_before_load(); \
+        egpu_shim_idle(); \
         if (repl_) { \
             image = repl_; \
             r_ = rr_ = CALL_REAL(sym, __VA_ARGS__); \
@@ -1147,7 +1183,7 @@ EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname) {
     const void *repl = py_image(EGPU_API_MODULE_LOAD, call, NULL, 0, fname, &n);
     int rr = -1;
     CUresult r;
-    idle_before_load();
+    egpu_shim_idle();
     if (repl) rr = CALL_REAL(cuModuleLoadData, module, repl);
     r = repl && rr == CUDA_SUCCESS ? rr : CALL_REAL(cuModuleLoad, module, fname);
     py_loaded(EGPU_API_MODULE_LOAD, call, r == CUDA_SUCCESS && module ? *module : NULL, r, rr);
@@ -1190,7 +1226,7 @@ EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, 
     const void *repl = py_image(EGPU_API_LIBRARY_LOAD_FROM_FILE, call, NULL, 0, fileName, &n);
     int rr = -1;
     CUresult r;
-    idle_before_load();
+    egpu_shim_idle();
     if (repl)
         rr = CALL_REAL(cuLibraryLoadData, library, repl, jitOptions, jitOptionsValues, numJitOptions,
                        libraryOptions, libraryOptionValues, numLibraryOptions);
@@ -1265,7 +1301,7 @@ EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeO
     return r;
 
 EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
-    idle_before_load(); /* lazy loading loads the kernel's code here */
+    if (lazy_waits()) egpu_shim_idle(); /* lazy loading loads the kernel's code here */
     FOUND(cuModuleGetFunction, EGPU_API_MODULE_GET_FUNCTION, hfunc, hmod, name, hfunc, hmod, name)
 }
 
@@ -1282,11 +1318,10 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
     CUcontext ctx = NULL;
     unsigned long generation = 0;
     int loaded = 1;
-    if (atomic_load_explicit(&g_rings_wait, memory_order_relaxed) && kernel) {
-        CUresult (*current)(CUcontext *) = (CUresult(*)(CUcontext *))egpu_shim_real("cuCtxGetCurrent");
-        if (current) current(&ctx);
+    if (lazy_waits() && kernel) {
+        if (g_ctx_current) g_ctx_current(&ctx);
         loaded = seen_before(KERNEL_LOADED, ctx, kernel, &generation);
-        if (!loaded) idle_before_load();
+        if (!loaded) egpu_shim_idle();
     }
     CUresult r = CALL_REAL(cuKernelGetFunction, pFunc, kernel);
     if (!loaded && r == CUDA_SUCCESS) seen_enter(KERNEL_LOADED, ctx, kernel, generation);
@@ -1296,11 +1331,12 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
 }
 
 EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
+    if (lazy_waits()) egpu_shim_idle(); /* loads the library into the current context */
     FOUND(cuLibraryGetModule, EGPU_API_LIBRARY_GET_MODULE, pMod, library, NULL, pMod, library)
 }
 
 EXPORT CUresult cuModuleUnload(CUmodule hmod) {
-    idle_before_load();
+    egpu_shim_idle();
     CUresult r = CALL_REAL(cuModuleUnload, hmod);
     if (r == CUDA_SUCCESS) seen_forget(), egpu_sass_unloaded();
     if (r == CUDA_SUCCESS && !passthrough()) py_unloaded(EGPU_API_MODULE_UNLOAD, hmod);
@@ -1308,7 +1344,7 @@ EXPORT CUresult cuModuleUnload(CUmodule hmod) {
 }
 
 EXPORT CUresult cuLibraryUnload(CUlibrary library) {
-    idle_before_load();
+    egpu_shim_idle();
     CUresult r = CALL_REAL(cuLibraryUnload, library);
     if (r == CUDA_SUCCESS) seen_forget(), egpu_sass_unloaded();
     if (r == CUDA_SUCCESS && !passthrough()) py_unloaded(EGPU_API_LIBRARY_UNLOAD, library);
@@ -1509,5 +1545,6 @@ void egpu_interpose_fork(enum egpu_fork_phase phase) {
     if (phase != EGPU_FORK_CHILD) return;
     egpu_gate_reset(&g_launch_gate);
     atomic_store(&records_on, 0);
+    atomic_store(&g_rings_wait, 0); /* the reader is a thread of the parent's */
     launch_ring_reset();
 }

@@ -1239,6 +1239,7 @@ def test_repeat_case_runs_one_suite_case_again_and_again(suite, tmp_path, monkey
                 {"status": "ok", "wall_s": 1.0, "unit_ms": [2.0], "trace": {"records": 5, "drops": 0}, "digest": "x"})
     monkeypatch.setattr(suite, "run_case", run_case)
     monkeypatch.setattr(suite, "build_kernels", lambda work: work / "kernels")
+    monkeypatch.setattr(repeat.subprocess, "run", lambda *a, **k: None)   # the shim's build
     monkeypatch.setattr(repeat.bench_jit, "probe_object", lambda src, pre, work: work / Path(src).name)
     out = tmp_path / "r.json"
     monkeypatch.setattr(sys, "argv", ["repeat_case.py", str(out), "cupy", "mem_trace_warp", "3", "50"])
@@ -1247,6 +1248,10 @@ def test_repeat_case_runs_one_suite_case_again_and_again(suite, tmp_path, monkey
     assert [r["status"] for r in doc["runs"]] == ["ok", "timeout", "ok"] and doc["runs"][1]["stderr_tail"] == "stacks"
     assert doc["runs"][0]["trace"] == {"records": 5, "drops": 0} and "digest" not in doc["runs"][0]
     assert all(t == 50.0 and "--trace" in cmd and "cupy" in cmd for cmd, t in seen)
+    seen.clear()
+    monkeypatch.setattr(sys, "argv", ["repeat_case.py", str(out), "cupy", "mem_count", "1"])
+    repeat.main()
+    assert [t for _, t in seen] == [suite.TIMEOUT_S["python"]]   # an untraced mode: the suite's own limit
     monkeypatch.setattr(sys, "argv", ["repeat_case.py", str(out), "cupy", "nonsense"])
     with pytest.raises(SystemExit, match="no case cupy nonsense"):
         repeat.main()

@@ -270,13 +270,11 @@ def test_driver_receives_instrumented_code_and_redirected_launches(built, app):
     assert r.lines("node_out") == NODE_OUT
 
 
-def test_while_rings_wait_what_may_load_code_waits_for_the_context_first(built):
-    """Under --trace with waiting rings a kernel may wait for egpu's reader, and a load of code meanwhile
-    held the driver and the reader's copies up (H200, 2026-12-04g). With the wait on, a cuCtxSynchronize
-    comes right before each load and unload, each cuModuleGetFunction, the first cuKernelGetFunction of
-    a kernel (not the same again) and the first launch of each handle; nothing else changes."""
-    off = run(built, "app_linked").driver_calls()
-    r = run(built, "app_linked", EGPU_TEST_RINGS_WAIT="1")
+def waits(built: Path, env: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(app_linked's driver calls with no wait, the calls each added cuCtxSynchronize comes before when
+    rings wait), the rest of the calls checked unchanged."""
+    off = run(built, "app_linked", **env).driver_calls()
+    r = run(built, "app_linked", EGPU_TEST_RINGS_WAIT="1", **env)
     assert r.returncode == 0, r.stderr
     waited, left = [], iter(off)   # the calls after each cuCtxSynchronize the app did not make itself
     expected = next(left)
@@ -287,6 +285,16 @@ def test_while_rings_wait_what_may_load_code_waits_for_the_context_first(built):
             assert call == "cuCtxSynchronize", (call, expected)
             waited.append(expected.split(" grid=")[0])
     assert expected is None
+    return off, waited
+
+
+def test_while_rings_wait_what_may_load_code_waits_for_the_context_first(built):
+    """Under --trace with waiting rings a kernel may wait for egpu's reader, and a load of code meanwhile
+    held the driver and the reader's copies up (H200, 2026-12-04g). With the wait on, a cuCtxSynchronize
+    comes right before each load and unload, each cuModuleGetFunction and cuLibraryGetModule, the first
+    cuKernelGetFunction of a kernel (not the same again) and the first launch of each handle (the stand-in
+    has no cuModuleGetLoadingMode: lazy loading assumed); nothing else changes."""
+    off, waited = waits(built, {})
     lib = 3   # the library the runtime's kernel_b module (2) comes before
     assert waited == [
         "cuModuleLoadData module=1 kind=ptx instrumented=1",
@@ -298,11 +306,21 @@ def test_while_rings_wait_what_may_load_code_waits_for_the_context_first(built):
         f"cuModuleGetFunction module={lib + 1} name=kernel_a",
         f"cuModuleLoadDataEx module={lib + 2} kind=ptx instrumented=1",
         f"cuModuleLoadFatBinary module={lib + 3} kind=ptx instrumented=1",
-        f"cuLibraryLoadData module={lib + 4} kind=ptx instrumented=1",
+        f"cuLibraryLoadData module={lib + 4} kind=ptx instrumented=1", f"cuLibraryGetModule module={lib + 4}",
         f"cuModuleGetFunction module={lib + 4} name=kernel_a",
         f"cuLaunchKernelEx f=kernel_a@{lib + 4}",
         "cuModuleLoad path=/nonexistent/egpu.ptx missing",   # a load that fails waits all the same
         *[c for c in off if c.startswith(("cuModuleUnload", "cuLibraryUnload"))]]
+
+
+def test_under_eager_loading_only_loads_and_unloads_wait(built):
+    """CUDA_MODULE_LOADING=EAGER: the driver loads every kernel with its module, so lookups and first
+    launches go on at once, and only loads and unloads wait while rings wait."""
+    off, waited = waits(built, {"EGPU_STUB_LOADING": "1"})
+    assert waited and all(w.startswith(("cuModuleLoad", "cuLibraryLoad", "cuModuleUnload", "cuLibraryUnload"))
+                          for w in waited), waited
+    assert len(waited) == len([c for c in off if c.startswith(("cuModuleLoad", "cuLibraryLoad", "cuModuleUnload",
+                                                               "cuLibraryUnload")) and "module=2 " not in c])
 
 
 def test_without_the_shim_the_program_is_untouched(built):

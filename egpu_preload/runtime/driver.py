@@ -241,7 +241,10 @@ class Driver:
             self.call("cuStreamSynchronize", s)
 
     # ---- loading the original beside an instrumented image ------------------------------------------
+    # Each waits for the maps' context first while rings wait (egpu_shim_idle): the driver holds the ring
+    # reader's copies up while it loads code beside a kernel that waits for the reader.
     def load(self, image: bytes, library: bool) -> int:
+        self._lib.egpu_shim_idle()
         out = self.ffi.new("void **")
         data = self.ffi.from_buffer(image)
         if library:
@@ -253,9 +256,11 @@ class Driver:
 
     def unload(self, handle: int, library: bool) -> None:
         """Unload a module or library load() made (in the context current when it was loaded)."""
+        self._lib.egpu_shim_idle()
         self.call("cuLibraryUnload" if library else "cuModuleUnload", self.ffi.cast("void *", handle))
 
     def function(self, owner: int, name: str, library: bool) -> int:
+        self._lib.egpu_shim_idle()
         out = self.ffi.new("void **")
         self.call("cuLibraryGetKernel" if library else "cuModuleGetFunction", out,
                   self.ffi.cast("void *", owner), name.encode())

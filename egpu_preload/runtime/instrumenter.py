@@ -359,8 +359,8 @@ class Runtime:
         if self.cfg.trace is not None:
             self.streaming = streaming.Streaming(self.cfg.trace, self.probes, maps, memory,
                                                  after_write=self.exit.rearm_if_loaded)
-            # Waiting kernels need the reader: loads of code wait for them first (interpose.c).
-            self.lib.egpu_shim_rings_wait(int(self.cfg.on_full == "wait"))
+            if self.cfg.on_full == "wait":   # waiting kernels need the reader: loads of code wait for them
+                self.lib.egpu_shim_rings_wait(self.ffi.cast("void *", ctx))   # first (interpose.c)
             self.exit.arm()   # after the writer's first use of pyarrow (tracefile.TraceWriter._warm_up)
 
     def align_clocks(self, memory: ContextMemory) -> int:
@@ -436,10 +436,11 @@ class Runtime:
                         self.driver.synchronize()   # the ring reader still runs: a kernel may wait for it
                     finally:   # the trace file closed even where the context failed
                         trace = self.streaming.finish() if self.streaming is not None else None
-                        self.lib.egpu_shim_rings_wait(0)   # no reader now: nothing to wait for
                     states = [m.read_back() for m in self.maps]
             except EgpuError as e:
                 error = f"maps unreadable at exit: {e}"
+            finally:
+                self.lib.egpu_shim_rings_wait(self.ffi.NULL)   # no reader now: nothing to wait for
         states = launches.dump_states(self.drainer, self.probes, states)
         for state, name in zip(states or [], self.live.names):
             for i, storage in live_host.get(name, {}).items():

@@ -37,7 +37,7 @@ class TestInstrumenter:
         self.instrumented: set[int] = set()  # modules and libraries loaded from our replacement
         self.found_failed = False
         if os.environ.get("EGPU_TEST_RINGS_WAIT"):   # as the runtime's --trace with waiting rings
-            self.lib.egpu_shim_rings_wait(1)
+            self.lib.egpu_shim_rings_wait(self.ffi.cast("void *", 1))   # a context the stand-in has not
 
     def module_load(self, image: hooks.ModuleImage) -> bytes | None:
         if os.environ.get("EGPU_TEST_FAIL"):

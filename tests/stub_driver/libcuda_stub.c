@@ -175,6 +175,14 @@ CUresult cuInit(unsigned int flags) { /* EGPU_STUB_CUINIT=N: cuInit fails with N
     return getenv("EGPU_STUB_CUINIT") ? (CUresult)atoi(getenv("EGPU_STUB_CUINIT")) : OK;
 }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; logf_("cuDriverGetVersion"); return OK; }
+/* EGPU_STUB_LOADING=N: the module loading mode cuModuleGetLoadingMode answers (1 eager, 2 lazy); unset,
+ * it fails, as a driver that cannot say. */
+CUresult cuModuleGetLoadingMode(int *mode) {
+    const char *m = getenv("EGPU_STUB_LOADING");
+    if (!m) return NOT_FOUND;
+    *mode = atoi(m);
+    return OK;
+}
 CUresult egpu_stub_during_capture(const char *api, int waits);
 /* egpu_stub_hold_sync(1): the context's work runs until egpu_stub_hold_sync(0), as a kernel that never
  * ends would, and cuCtxSynchronize waits for it. */
