@@ -1,22 +1,21 @@
 """One suite case run again and again, to catch a hang that comes now and then:
 ``python3 bench/repeat_case.py OUT.json WORKLOAD MODE [TIMES [TIMEOUT_S]]``.
 
-Each run is the suite's own (suite.case_cmd, its environment, CPUs and timeout path: a run past TIMEOUT_S
-leaves every thread's Python and native stacks in its ``stderr_tail``). OUT.json holds each run's status,
-wall time, units and, for a traced mode, the records delivered and dropped (scripts/gpu-test.sh stamps it)."""
+Each run is the suite's own (suite.run_workload_case: its command, environment, CPUs, lane count and
+timeout path; a run past TIMEOUT_S leaves every thread's Python and native stacks in its ``stderr_tail``).
+OUT.json holds each run's status, wall time, units and, for a traced mode, the records delivered and
+dropped (scripts/gpu-test.sh stamps it)."""
 
 from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_jit  # noqa: E402
 import bench_shim  # noqa: E402
 import suite  # noqa: E402
 
@@ -30,24 +29,14 @@ def main() -> None:
     times = int(sys.argv[4]) if len(sys.argv) > 4 else 3
     if name not in suite.WORKLOADS or mode not in ("plain", "torch_profiler", *suite.PROBES):
         raise SystemExit(f"repeat_case.py: no case {name} {mode}")
-    timeout = float(sys.argv[5]) if len(sys.argv) > 5 else (
-        suite.TRACE_TIMEOUT_S if mode in suite.probe_check.TRACED else suite.TIMEOUT_S[suite.WORKLOADS[name]])
+    timeout = float(sys.argv[5]) if len(sys.argv) > 5 else suite.case_limit(name, mode)
     suite.exit_on_term()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        env = suite.base_env(work)
-        exe = suite.build_kernels(work)
-        probes = {m: bench_jit.probe_object(src, bench_jit.prebuilt_dir(), work) for m, src in suite.PROBES.items()}
-        if suite.WORKLOADS[name] == "cuda":
-            env = {**env, "CUDA_MODULE_LOADING": "EAGER"}
+        env, exe, probes = suite.prepare(Path(tmp))
         cpus = bench_shim.pick_cpus(suite.CASE_CPUS)
-        # as suite.py does: a stale shim is built here, not inside the first run's time
-        subprocess.run([*suite.egpu_run(), "true"], env=env, cwd=suite.ROOT, capture_output=True)
         for i in range(times):
-            rec = suite.run_case(suite.case_cmd(name, mode, exe, probes), env, timeout, cpus)
-            for f in work.glob(suite.trace_file(exe).stem + "*"):
-                f.unlink()
+            rec = suite.run_workload_case(name, mode, exe, probes, env, timeout, cpus)
             runs.append({k: rec[k] for k in KEPT if k in rec})
             median = statistics.median(rec["unit_ms"]) * 1e3 if rec["unit_ms"] else float("nan")
             print(f"repeat: {name} {mode} run {i}: {rec['status']} ({rec['wall_s']:.1f} s, median {median:.1f} us/unit"

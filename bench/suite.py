@@ -144,6 +144,35 @@ def case_cmd(name: str, mode: str, exe: Path, probes: dict[str, Path], witness: 
     return [*egpu_run(), "--keep", *trace, *flags, *workload_cmd(name, exe)]
 
 
+def prepare(work: Path) -> tuple[dict[str, str], Path, dict[str, Path]]:
+    """The cases' environment, kernels and probes in ``work``; a stale shim built now, untimed."""
+    env = base_env(work)
+    exe = build_kernels(work)
+    probes = {m: bench_jit.probe_object(src, bench_jit.prebuilt_dir(), work) for m, src in PROBES.items()}
+    subprocess.run([*egpu_run(), "true"], env=env, cwd=ROOT, capture_output=True)
+    return env, exe, probes
+
+
+def case_limit(name: str, mode: str) -> float:
+    """How long a case may run: a full trace drains gigabytes."""
+    return TRACE_TIMEOUT_S if mode in probe_check.TRACED else TIMEOUT_S[WORKLOADS[name]]
+
+
+def run_workload_case(name: str, mode: str, exe: Path, probes: dict[str, Path], env: dict[str, str],
+                      timeout: float, cpus: set[int] | None, witness: Path | None = None) -> dict[str, Any]:
+    """One case (run_case) in its workload's environment; a warp trace's lanes counted from its files, which
+    are removed then (gigabytes: one case's at a time)."""
+    # nvcc programs load eagerly: the instrumented image's JIT falls inside the load the dump times
+    case_env = {**env, "CUDA_MODULE_LOADING": "EAGER"} if WORKLOADS[name] == "cuda" else env
+    rec = run_case(case_cmd(name, mode, exe, probes, witness), case_env, timeout, cpus)
+    files = sorted(trace_file(exe).parent.glob(trace_file(exe).stem + "*"))
+    if mode == "mem_trace_warp" and "trace" in rec:
+        count_lanes(rec["trace"], files)
+    for f in files:
+        f.unlink()
+    return rec
+
+
 def count_lanes(trace: dict[str, Any], files: list[Path]) -> None:
     """Into a mem_trace_warp case's ``trace``: the lanes its files' warp records stand for (the rows egpu
     trace expands them to), or why they do not stand for the job's records: a file not closed, records
@@ -431,13 +460,10 @@ def main() -> None:
     not_run = {"skipped": "not selected on the command line"}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        env = base_env(work)
-        exe = build_kernels(work)
-        probes = {m: bench_jit.probe_object(src, bench_jit.prebuilt_dir(), work) for m, src in PROBES.items()}
+        env, exe, probes = prepare(work)
         witness = bench_jit.probe_object(WITNESS, bench_jit.prebuilt_dir(), work)
         print("suite: JIT cost", flush=True)
         doc["jit"] = guarded("bench_jit", bench_jit.measure, work) if parts else not_run
-        subprocess.run([*egpu_run(), "true"], env=env, cwd=ROOT, capture_output=True)  # builds a stale shim, untimed
         print("suite: shim per launch", flush=True)
         doc["shim"] = (guarded("bench_shim", bench_shim.measure, work, SHIM_LAUNCHES, SHIM_RUNS, ("plain", "shim"))
                        if parts else not_run)
@@ -447,25 +473,16 @@ def main() -> None:
         cpus = bench_shim.pick_cpus(CASE_CPUS)
         doc["meta"]["cpus"] = sorted(cpus or ())
         for name in workloads:
-            kind = WORKLOADS[name]
             cases[name] = {}
             for i, modes in enumerate(rounds_of(name)):
                 for mode in modes:
                     if left() < 30:
                         cases[name].setdefault(mode, {"status": "skipped (time budget)", "reps": [], "unit_ms": []})
                         continue
-                    # nvcc programs load eagerly: the instrumented image's JIT falls inside the load the dump times
-                    case_env = {**env, "CUDA_MODULE_LOADING": "EAGER"} if kind == "cuda" else env
-                    limit = TRACE_TIMEOUT_S if mode in probe_check.TRACED else TIMEOUT_S[kind]
-                    rec = run_case(case_cmd(name, mode, exe, probes), case_env, min(limit, left()), cpus)
-                    files = sorted(work.glob(trace_file(exe).stem + "*"))
-                    if mode == "mem_trace_warp" and "trace" in rec:
-                        count_lanes(rec["trace"], files)
-                    for f in files:   # gigabytes: one case's at a time
-                        f.unlink()
+                    rec = run_workload_case(name, mode, exe, probes, env, min(case_limit(name, mode), left()), cpus)
                     if i == 0 and mode == "entry_exit" and rec["status"] == "ok" and left() > 30:
-                        rec["check_run"] = run_case(case_cmd(name, mode, exe, probes, witness), case_env,
-                                                    min(TIMEOUT_S[kind], left()), cpus)
+                        rec["check_run"] = run_workload_case(name, mode, exe, probes, env,
+                                                             min(case_limit(name, mode), left()), cpus, witness)
                     first = cases[name].setdefault(mode, rec)
                     if name in HOST_BOUND:  # this round's median, None for a lost process
                         first.setdefault("rounds_ms", []).append(

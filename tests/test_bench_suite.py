@@ -1238,15 +1238,16 @@ def test_repeat_case_runs_one_suite_case_again_and_again(suite, tmp_path, monkey
         return ({"status": "timeout", "wall_s": 9.0, "unit_ms": [], "stderr_tail": "stacks"} if len(seen) == 2 else
                 {"status": "ok", "wall_s": 1.0, "unit_ms": [2.0], "trace": {"records": 5, "drops": 0}, "digest": "x"})
     monkeypatch.setattr(suite, "run_case", run_case)
-    monkeypatch.setattr(suite, "build_kernels", lambda work: work / "kernels")
-    monkeypatch.setattr(repeat.subprocess, "run", lambda *a, **k: None)   # the shim's build
-    monkeypatch.setattr(repeat.bench_jit, "probe_object", lambda src, pre, work: work / Path(src).name)
+    monkeypatch.setattr(suite, "prepare", lambda work: ({}, work / "kernels", {m: work / m for m in suite.PROBES}))
     out = tmp_path / "r.json"
     monkeypatch.setattr(sys, "argv", ["repeat_case.py", str(out), "cupy", "mem_trace_warp", "3", "50"])
     repeat.main()
     doc = json.loads(out.read_text())
     assert [r["status"] for r in doc["runs"]] == ["ok", "timeout", "ok"] and doc["runs"][1]["stderr_tail"] == "stacks"
-    assert doc["runs"][0]["trace"] == {"records": 5, "drops": 0} and "digest" not in doc["runs"][0]
+    # the suite's lane count too: a warp trace whose files do not hold the records it reported says so
+    assert doc["runs"][0]["trace"] == {"records": 5, "drops": 0,
+                                       "lanes_error": "the files hold 0 warp records, the job reported 5"}
+    assert "digest" not in doc["runs"][0]
     assert all(t == 50.0 and "--trace" in cmd and "cupy" in cmd for cmd, t in seen)
     seen.clear()
     monkeypatch.setattr(sys, "argv", ["repeat_case.py", str(out), "cupy", "mem_count", "1"])
