@@ -489,8 +489,12 @@ typedef CUresult (*pfn_dtod)(CUdeviceptr, CUdeviceptr, size_t);
  * synchronize is refused and would end the capture. Another thread's launch between the wait and the load
  * can still meet a waiting kernel. The runtime's own loads call egpu_shim_idle. */
 static _Atomic int g_rings_wait, g_lazy;
-static CUcontext g_rings_ctx; /* the maps' context, set before g_rings_wait */
+/* Set before g_rings_wait: the maps' context and the driver calls the waits make, looked up once. */
+static CUcontext g_rings_ctx;
 static CUresult (*g_ctx_current)(CUcontext *);
+static pfn_ctx_push g_ctx_push;
+static pfn_ctx_pop g_ctx_pop;
+static pfn_ctx_sync g_ctx_sync;
 
 EXPORT void egpu_shim_rings_wait(void *ctx) {
     if (ctx) {
@@ -498,29 +502,28 @@ EXPORT void egpu_shim_rings_wait(void *ctx) {
         CUresult (*loading)(int *) = (CUresult(*)(int *))egpu_shim_real("cuModuleGetLoadingMode");
         atomic_store(&g_lazy, !loading || loading(&mode) != CUDA_SUCCESS || mode != 1);
         g_ctx_current = (CUresult(*)(CUcontext *))egpu_shim_real("cuCtxGetCurrent");
+        g_ctx_push = (pfn_ctx_push)egpu_shim_real("cuCtxPushCurrent_v2");
+        g_ctx_pop = (pfn_ctx_pop)egpu_shim_real("cuCtxPopCurrent_v2");
+        g_ctx_sync = (pfn_ctx_sync)egpu_shim_real("cuCtxSynchronize");
         g_rings_ctx = ctx;
     }
-    atomic_store(&g_rings_wait, ctx != NULL);
+    atomic_store(&g_rings_wait, ctx != NULL && g_ctx_sync != NULL);
 }
 
 EXPORT void egpu_shim_idle(void) {
-    if (!atomic_load_explicit(&g_rings_wait, memory_order_relaxed) || atomic_load(&g_captures)) return;
-    pfn_ctx_push push = (pfn_ctx_push)egpu_shim_real("cuCtxPushCurrent_v2");
-    pfn_ctx_pop pop = (pfn_ctx_pop)egpu_shim_real("cuCtxPopCurrent_v2");
-    pfn_ctx_sync sync = (pfn_ctx_sync)egpu_shim_real("cuCtxSynchronize");
-    if (!sync) return;
+    if (!atomic_load(&g_rings_wait) || atomic_load(&g_captures)) return;
     void *gil = egpu_gil_let_go();
     /* a maps' context that cannot be made current: the caller's is drained instead */
-    int pushed = push && pop && push(g_rings_ctx) == CUDA_SUCCESS;
+    int pushed = g_ctx_push && g_ctx_pop && g_ctx_push(g_rings_ctx) == CUDA_SUCCESS;
     CUcontext popped;
-    sync();
-    if (pushed) pop(&popped);
+    g_ctx_sync();
+    if (pushed) g_ctx_pop(&popped);
     egpu_gil_take_back(gil);
 }
 
 /* Where the driver loads code only under lazy loading. */
 static inline int lazy_waits(void) {
-    return atomic_load_explicit(&g_rings_wait, memory_order_relaxed) && atomic_load(&g_lazy);
+    return atomic_load(&g_rings_wait) && atomic_load(&g_lazy); /* acquire: the pointers set before it */
 }
 
 /* The swap's work under the hold, on a thread of its own so that the swap can stop waiting for it: drain
@@ -778,8 +781,6 @@ struct launch {
     unsigned long long id;
 };
 
-/* Count the launch, record it if asked, and find what to run. The launch id is the process-wide
- * launch counter. */
 /* A handle's first launch may load its kernel (lazy loading): the wait comes before the gate. Two threads
  * that both see it unlaunched both wait, which is harmless. */
 static inline void idle_before_first_launch(void *f) {
@@ -788,6 +789,8 @@ static inline void idle_before_first_launch(void *f) {
     if (s && !atomic_load_explicit(&s->launches, memory_order_relaxed)) egpu_shim_idle();
 }
 
+/* Count the launch, record it if asked, and find what to run. The launch id is the process-wide
+ * launch counter. */
 static inline struct launch launch_begin(void *f, int api, unsigned int gx, unsigned int gy,
                                          unsigned int gz, unsigned int bx, unsigned int by,
                                          unsigned int bz, unsigned int shmem, void *stream) {
