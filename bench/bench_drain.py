@@ -5,7 +5,8 @@ would) holds the probe's 16 MiB ring, made to wait; a producer thread fills it t
 producers do (each record's header, READY flag and bytes, head moved past them, room waited for). Two
 record streams: examples/access_trace.bpf.c's (80 bytes with the ring header) and mem_trace_warp.bpf.c's
 warp records, whose size follows from the lanes' form (72 to 336 bytes, mixed as below). For each,
-three configurations, the best of three runs each, in MB/s of ring bytes (headers included):
+three configurations, the best of three runs each, in MB/s of ring bytes (headers included), the
+reader's walk in the shim's C as inside a job (the shim is built here):
 
 - ``reader``: ring_drain.RingDrain alone, the records thrown away;
 - ``writer``: output/tracefile.TraceWriter alone, fed what the reader took (Arrow IPC and Parquet);
@@ -42,6 +43,7 @@ from egpu_preload.bpf.elf import load_object  # noqa: E402
 from egpu_preload.maps import MapsState  # noqa: E402
 from egpu_preload.output import tracefile, warp_records as wr  # noqa: E402
 from egpu_preload.runtime.probes import Probe  # noqa: E402
+from egpu_preload.runtime import ring_drain  # noqa: E402
 from egpu_preload.runtime.ring_drain import RingDrain, RingReader, count  # noqa: E402
 from egpu_preload.runtime.streaming import Streaming, rings  # noqa: E402
 from egpu_preload.translate import devmaps  # noqa: E402
@@ -303,12 +305,25 @@ def profile(target: str, tmp: Path) -> None:
     print(text.getvalue())
 
 
+def walk_in_c(tmp: Path) -> None:
+    """The reader's walk on the shim's C (shim/drain.c), as inside a job: the shim built here and loaded
+    ABI-mode (its Python never starts)."""
+    import cffi
+    sys.path.insert(0, str(ROOT / "shim"))
+    import build as shim_build
+    ffi = cffi.FFI()
+    ffi.cdef(shim_build.header_parts()[1])
+    c = ffi, ffi.dlopen(str(shim_build.build(tmp / "shim")))
+    ring_drain._shim = lambda: c
+
+
 def main() -> None:
     args = sys.argv[1:]
     if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--profile"):
         raise SystemExit(__doc__)
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
+        walk_in_c(tmp)
         if len(args) == 3:
             profile(args[2], tmp)
             return

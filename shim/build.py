@@ -35,8 +35,10 @@ hooks.attach(ffi, lib)
 """
 
 
-HEADERS = ("egpu_shim.h", "egpu_sass.h", "egpu_cow.h", "egpu_launchvm.h", "egpu_uprobe.h", "egpu_hostapi.h")
-SOURCES = ("interpose.c", "sass.c", "cupti.c", "cow.c", "launchvm.c", "hostapi.c", "process.c", "uprobe.c")
+HEADERS = ("egpu_shim.h", "egpu_sass.h", "egpu_cow.h", "egpu_launchvm.h", "egpu_uprobe.h", "egpu_hostapi.h",
+           "egpu_drain.h")
+SOURCES = ("interpose.c", "sass.c", "cupti.c", "cow.c", "launchvm.c", "hostapi.c", "process.c", "uprobe.c",
+           "drain.c")
 
 
 def header_parts() -> tuple[str, str]:

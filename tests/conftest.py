@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -92,3 +93,34 @@ def pytest_terminal_summary(terminalreporter):
 
 
 pytest_plugins = ["stub_job"]  # jobs against the stand-in driver (test_runtime.py, test_egpu_run.py)
+
+
+@pytest.fixture(scope="session")
+def shim_api(tmp_path_factory):
+    """(ffi, lib): the shim's C API (part 2 of its headers), built once per session by shim/build.py and
+    loaded into this process ABI-mode: no hook is called, so its Python never starts."""
+    return shim_api_of(_shim_build().build(tmp_path_factory.mktemp("shim_api")))
+
+
+def shim_api_of(lib: str | Path) -> tuple:
+    """(ffi, lib) of the built shim at ``lib``, loaded ABI-mode (shim_api)."""
+    import cffi
+
+    ffi = cffi.FFI()
+    ffi.cdef(_shim_build().header_parts()[1])
+    return ffi, ffi.dlopen(str(lib))
+
+
+def _shim_build():
+    spec = importlib.util.spec_from_file_location("shim_build", Path(__file__).parent.parent / "shim" / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def ring_walk_in_c(shim_api, monkeypatch):
+    """The ring reader's walk (runtime/ring_drain.py) on the shim's C, as inside a job."""
+    from egpu_preload.runtime import ring_drain
+
+    monkeypatch.setattr(ring_drain, "_shim", lambda: shim_api)

@@ -4,11 +4,9 @@ on both over the same launches with the maps compared entry by entry."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import struct
 
-import cffi
 import pytest
 
 from egpu_preload.bpf import ctx as C
@@ -18,28 +16,11 @@ from egpu_preload.runtime import launches, native
 from egpu_preload.runtime.probes import load_probe
 from isa_cases import CASES, Case
 from stub_job import ROOT
-from test_shim import built  # noqa: F401  (the shim, built once per session)
 
 
-def _header_parts() -> tuple[str, str]:
-    spec = importlib.util.spec_from_file_location("shim_build", ROOT / "shim" / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.header_parts()
-
-
-@pytest.fixture(scope="module")
-def engine(built):  # noqa: F811
-    """The built shim's C API, loaded into this process (ABI mode: no hook is called, so its Python
-    never starts)."""
-    ffi = cffi.FFI()
-    ffi.cdef(_header_parts()[1])
-    return ffi, ffi.dlopen(str(built / "libegpu_shim.so"))
-
-
-def _exec(engine, code: bytes, mem: bytes | None) -> tuple[int, int, int, bytes | None]:
+def _exec(shim_api, code: bytes, mem: bytes | None) -> tuple[int, int, int, bytes | None]:
     """(fault, r0, pc, memory after) of egpu_lvm_exec."""
-    ffi, lib = engine
+    ffi, lib = shim_api
     p = ffi.gc(lib.egpu_lvm_prog_new(code, len(code) // 8, ffi.NULL, 0), lib.egpu_lvm_prog_free)
     buf = ffi.new("unsigned char[]", len(mem)) if mem else ffi.NULL
     if mem:
@@ -50,8 +31,8 @@ def _exec(engine, code: bytes, mem: bytes | None) -> tuple[int, int, int, bytes 
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_isa_case_in_c(engine, case: Case) -> None:
-    fault, r0, pc, mem = _exec(engine, assemble(case.asm), case.mem)
+def test_isa_case_in_c(shim_api, case: Case) -> None:
+    fault, r0, pc, mem = _exec(shim_api, assemble(case.asm), case.mem)
     assert fault == 0, f"{native.FAULTS[fault]} at pc {pc}"
     assert r0 == case.r0, f"r0 = 0x{r0:x}, expected 0x{case.r0:x}"
     if case.mem_after is not None:
@@ -68,19 +49,19 @@ def test_isa_case_in_c(engine, case: Case) -> None:
     ("call local f\nexit\nf: call local f\nexit", None, "call depth exceeds 8 frames", 2),
     ("r1 = 0 ll\nr0 = 0\nexit", None, None, None),                                      # fine: a control
 ])
-def test_faults_stop_the_run_where_they_happen(engine, asm, mem, fault, pc):
-    got, _, at, _ = _exec(engine, assemble(asm), mem)
+def test_faults_stop_the_run_where_they_happen(shim_api, asm, mem, fault, pc):
+    got, _, at, _ = _exec(shim_api, assemble(asm), mem)
     assert (native.FAULTS.get(got), at if got else None) == (fault, pc)
 
 
-def test_pid_tgid_is_the_process(engine):
+def test_pid_tgid_is_the_process(shim_api):
     """Helper 14 as bpf/helpers.py defines it, in C as on the VM (tests/test_bpftime_examples.py)."""
-    fault, r0, _, _ = _exec(engine, assemble("call 14\nexit"), None)
+    fault, r0, _, _ = _exec(shim_api, assemble("call 14\nexit"), None)
     assert (fault, r0) == (0, os.getpid() << 32 | os.getpid())
 
 
-def test_the_context_is_the_one_ctx_py_lays_out(engine):
-    ffi, lib = engine
+def test_the_context_is_the_one_ctx_py_lays_out(shim_api):
+    ffi, lib = shim_api
     launch = launches.Launch(7, 1_000, 0x1234, 0xABC, (4, 2, 1), (128, 3, 1), "k")
     rec = _record(ffi, launch)
     out = ffi.new("unsigned char[]", C.SIZE)
@@ -120,12 +101,12 @@ def _launches(n: int) -> list[launches.Launch]:
     ("tests/launch_probes/launch_maps", "v3"), ("tests/launch_probes/launch_maps", "v4"),
     ("examples/launch_latency", "v3"), ("examples/launchlate", "v3"), ("tests/launch_probes/shared_rw", "v3"),
 ])
-def test_c_and_the_vm_leave_the_same_maps(engine, probe, path, mcpu):
+def test_c_and_the_vm_leave_the_same_maps(shim_api, probe, path, mcpu):
     """Every launch probe of the tree that the C engine takes, over 300 launches: each map's entries
     (and their order) as the Python VM leaves them, and every run counted, none faulting."""
-    ffi, _ = engine
+    ffi, _ = shim_api
     obj = probe(path, mcpu)
-    on_vm, in_c = launches.LaunchProbes([obj]), launches.LaunchProbes([obj], engine=engine)
+    on_vm, in_c = launches.LaunchProbes([obj]), launches.LaunchProbes([obj], engine=shim_api)
     assert in_c.sides[0].native is not None and not in_c.sides[0].programs
     on_vm.offset = in_c.offset = 5_000
     for launch in _launches(300):
@@ -139,11 +120,11 @@ def test_c_and_the_vm_leave_the_same_maps(engine, probe, path, mcpu):
     assert in_c.runs == on_vm.runs > 0 and in_c.faults() == [] == on_vm.errors
 
 
-def test_the_checked_semantics_are_reached(engine, probe):
+def test_the_checked_semantics_are_reached(shim_api, probe):
     """launch_maps exercises what it says: the LRU evicted but kept what was used, the hash filled up,
     flags were refused."""
-    ffi, _ = engine
-    in_c = launches.LaunchProbes([probe("tests/launch_probes/launch_maps", "v4")], engine=engine)
+    ffi, _ = shim_api
+    in_c = launches.LaunchProbes([probe("tests/launch_probes/launch_maps", "v4")], engine=shim_api)
     for launch in _launches(300):
         if launch.function not in in_c.router.python:
             in_c.route(launch.function, launch.name)
@@ -159,9 +140,9 @@ def test_the_checked_semantics_are_reached(engine, probe):
     ("tests/launch_probes/launch_printk", "say_launch calls trace_printk"),
     ("tests/probes/ringbuf", None),
 ])
-def test_objects_the_c_engine_leaves_to_the_vm(engine, probe, path, why):
+def test_objects_the_c_engine_leaves_to_the_vm(shim_api, probe, path, why):
     obj = probe(path)
-    sides = launches.LaunchProbes([obj], engine=engine).sides
+    sides = launches.LaunchProbes([obj], engine=shim_api).sides
     if why is None:  # no launch program at all
         assert sides == [None]
         return
@@ -186,21 +167,21 @@ def test_a_refusal_names_the_helper(probe):
     ((1, 8, native.MAX_VALUE + 1, 1), False),
     ((27, 0, 0, 4096), False),            # a ring buffer is not a C map
 ])
-def test_map_shapes_past_the_limits_are_refused(engine, shape, made):
-    ffi, lib = engine
+def test_map_shapes_past_the_limits_are_refused(shim_api, shape, made):
+    ffi, lib = shim_api
     m = lib.egpu_lvm_map_new(*shape, 0, ffi.NULL, 0)
     assert (m != ffi.NULL) == made
     lib.egpu_lvm_map_free(m)
 
 
 @pytest.mark.parametrize("access", ["r0 = *(u64 *)(r0 + 0)", "r0 = *(u32 *)(r0 + 4)", "r0 = *(u32 *)(r0 + 0)"])
-def test_an_access_is_bounded_by_its_value_not_its_map(engine, access):
+def test_an_access_is_bounded_by_its_value_not_its_map(shim_api, access):
     """A lookup's pointer reaches its own 4-byte value only (the VM maps each value apart), though the
     next value lies 8 bytes on in C."""
     from egpu_preload.bpf import program as prog
     from egpu_preload.errors import VmError
     from egpu_preload.vm import Vm
-    ffi, lib = engine
+    ffi, lib = shim_api
     code = assemble("\n".join(["*(u32 *)(r10 - 4) = 0", "r2 = r10", "r2 += -4", "r1 = map[0] ll",
                                "call map_lookup_elem", "if r0 == 0 goto out", access, "out:", "exit"]))
     mapdef = prog.MapDef("a", prog.MAP_ARRAY, 4, 4, 2)
@@ -220,8 +201,8 @@ def test_an_access_is_bounded_by_its_value_not_its_map(engine, access):
 
 @pytest.mark.parametrize("asm, pc", [
     ("goto +5\nexit", 0), ("r0 = 1\nif r0 == 1 goto +7\nexit", 1), ("call local +9\nexit", 0)])
-def test_a_jump_out_of_the_program_faults_where_it_is(engine, asm, pc):
-    fault, _, at, _ = _exec(engine, assemble(asm), None)
+def test_a_jump_out_of_the_program_faults_where_it_is(shim_api, asm, pc):
+    fault, _, at, _ = _exec(shim_api, assemble(asm), None)
     assert (native.FAULTS[fault], at) == ("invalid instruction", pc)
 
 
@@ -238,14 +219,14 @@ def _map_op(op: str, key: int, value: int, flags: int) -> bytes:
 
 
 @pytest.mark.parametrize("seed", range(24))
-def test_random_hash_sessions_match_the_vm(engine, seed):
+def test_random_hash_sessions_match_the_vm(shim_api, seed):
     """Lookups, updates with every flag (and a bad one) and deletes on a small HASH or LRU_HASH, more
     keys than it holds: every result as the VM's, and the entries in the VM's order along the way."""
     import random
     from egpu_preload.bpf import program as prog
     from egpu_preload.maps import MapsState
     from egpu_preload.vm import Vm
-    ffi, lib = engine
+    ffi, lib = shim_api
     rng = random.Random(seed)
     mtype, size = rng.choice([prog.MAP_HASH, prog.MAP_LRU_HASH]), rng.randint(1, 12)
     mapdef = prog.MapDef("m", mtype, 8, 8, size)
@@ -275,13 +256,13 @@ def _peek(storage, key: bytes) -> bytes | None:
 
 
 @pytest.mark.parametrize("path", ["tests/launch_probes/shared_rw", "examples/launch_latency", "examples/launchlate"])
-def test_c_logs_the_changes_the_vm_would_push(engine, probe, path):
+def test_c_logs_the_changes_the_vm_would_push(shim_api, probe, path):
     """Maps GPU probes share: after the same launches, the keys C logged as changed (to copy to the
     device) are the keys the VM's Touched collected, each with the host value; a read, or a value
     written back unchanged, is not a change; taking them empties the log."""
-    ffi, _ = engine
+    ffi, _ = shim_api
     obj = probe(path)
-    on_vm, in_c = launches.LaunchProbes([obj]), launches.LaunchProbes([obj], engine=engine)
+    on_vm, in_c = launches.LaunchProbes([obj]), launches.LaunchProbes([obj], engine=shim_api)
     vm_side, c_side = on_vm.sides[0], in_c.sides[0]
     assert c_side.native is not None and c_side.shared == vm_side.shared != set()
     on_vm.offset = in_c.offset = 5_000

@@ -17,6 +17,8 @@ from egpu_preload.runtime.ring_drain import RUN, Block, Packed, RingReader
 from egpu_preload.translate.devmaps import HEADER, REC_BUSY, REC_DISCARD, REC_READY, MapLayout, ring_image
 from test_trace_stream import HostMemory
 
+pytestmark = pytest.mark.usefixtures("ring_walk_in_c")
+
 # ---- the oracle: the scan of 58a0154, one record at a time (test code, not the product's) -------------
 
 
@@ -126,7 +128,7 @@ def _check_items(taken: list) -> None:
             assert len(x) == len(x.rows) >= RUN and x.rows.flags.c_contiguous
         elif isinstance(x, Packed):
             assert x.cpus.dtype == numpy.uint32 and x.data.dtype == numpy.uint8 and x.data.ndim == 1
-            assert x.offsets.dtype == numpy.int64 and len(x.offsets) == len(x) + 1 >= RUN + 1
+            assert x.offsets.dtype == numpy.int64 and len(x.offsets) == len(x) + 1 >= 2
             assert x.offsets[0] == 0 and x.offsets[-1] == len(x.data) and (numpy.diff(x.offsets) >= 0).all()
         else:
             assert isinstance(x, tuple) and isinstance(x[0], int) and isinstance(x[1], bytes)
@@ -163,6 +165,32 @@ def test_the_bulk_scan_takes_what_the_record_by_record_scan_took(with_numpy, mon
             _compare(buf, k, stop, limit, numpy if with_numpy else None)
         except AssertionError as e:
             raise AssertionError(f"case {case}: k={k} stop={stop} limit={limit} len={len(buf)}") from e
+
+
+def test_the_c_walk_reads_no_header_past_the_buffer(shim_api):
+    """egpu_ring_walk told to walk past the buffer (a stop beyond it, a length that ends past it) stops at
+    its end: the next header would lie outside."""
+    ffi, lib = shim_api
+    buf = bytearray(struct.pack("<II", 8, REC_READY) + bytes(8) + struct.pack("<II", 1 << 20, REC_READY) + bytes(8))
+    starts, runs, counts = ffi.new("long long[8]"), ffi.new("long long[8]"), ffi.new("unsigned long long[2]")
+    end = lib.egpu_ring_walk(ffi.from_buffer(buf), 28, 0, 64, starts, counts, runs, counts + 1)
+    assert (end, list(starts[0:counts[0]]), list(runs[0:counts[1]])) == (16 + 8 + (1 << 20), [0, 16], [0, 1])
+    assert lib.egpu_ring_walk(ffi.from_buffer(buf), 20, 0, 64, starts, counts, runs, counts + 1) == 16
+
+
+@pytest.mark.parametrize("size, room, ok", [(32, 16, True), (31, 16, False), (32, 15, False)])
+def test_the_c_pack_refuses_a_record_past_the_buffer_or_the_room(shim_api, size, room, ok):
+    """egpu_ring_pack copies a record only where its bytes lie inside the buffer and fit the room left;
+    otherwise it says so (-1), and the reader raises rather than hand on bytes from beyond the copy."""
+    ffi, lib = shim_api
+    buf = bytearray(struct.pack("<II", 8, REC_READY | 7 << 8) + b"abcdefgh" + struct.pack("<II", 8, REC_READY | 9 << 8)
+                    + b"ijklmnop")
+    at, offsets, sms = ffi.new("long long[]", [0, 16]), ffi.new("long long[3]"), ffi.new("unsigned int[2]")
+    data = bytearray(room)
+    n = lib.egpu_ring_pack(ffi.from_buffer(buf), size, at, 2, ffi.from_buffer(data), room, offsets, sms)
+    assert n == (2 if ok else -1)
+    if ok:
+        assert (bytes(data), list(offsets), list(sms)) == (b"abcdefghijklmnop", [0, 8, 16], [7, 9])
 
 
 class _Ring(HostMemory):

@@ -19,7 +19,10 @@ from egpu_preload.bpf import program as prog
 from egpu_preload.runtime.ring_drain import Block, RingDrain, RingReader
 from egpu_preload.translate import devmaps, probe_function
 from egpu_preload.translate.module import probe_runner_ptx
+from stub_job import ROOT
 from translate_support import GPU_TEST_PROBES, probe_object
+
+pytestmark = pytest.mark.usefixtures("ring_walk_in_c")
 
 
 # ---- --on-full wait: the PTX ------------------------------------------------------------------------
@@ -580,14 +583,18 @@ def test_code_loaded_while_a_stream_captures_does_not_wait_even_when_rings_wait(
 THROUGH_THE_DRIVER = """
 import struct, sys
 import cffi
+from egpu_preload.runtime import ring_drain
 from egpu_preload.runtime.driver import ContextMemory, Driver
 from egpu_preload.runtime.ring_drain import RingDrain, RingReader
 from egpu_preload.translate import devmaps
+from conftest import shim_api_of
 
 ffi = cffi.FFI()
 ffi.cdef("void *dlopen(const char *, int); void *dlsym(void *, const char *);")
 libc = ffi.dlopen(None)
 cuda = libc.dlopen(sys.argv[1].encode(), 2)   # RTLD_NOW
+c_walk = shim_api_of(sys.argv[2])   # the walk's C, as inside a job
+ring_drain._shim = lambda: c_walk
 
 
 class Shim:   # egpu_shim_real: the driver's own symbols
@@ -614,8 +621,9 @@ def test_the_reader_copies_into_pinned_memory_through_the_driver(stub_job, tmp_p
     through one buffer cuMemHostAlloc made, a copy per pass on the runtime's stream in the maps' context,
     and stop() frees it."""
     log = tmp_path / "log"
-    r = subprocess.run([sys.executable, "-c", THROUGH_THE_DRIVER, str(stub_job.driver_dir / "libcuda.so.1")],
-                       env=stub_job.env(log), capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", THROUGH_THE_DRIVER, str(stub_job.driver_dir / "libcuda.so.1"),
+                        str(stub_job.shim)], env=stub_job.env(log, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}"),
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout == "[(1, b'record00'), (1, b'record01'), (1, b'record02')]\n"
     calls = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]

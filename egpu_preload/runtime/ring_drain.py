@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from egpu_preload.errors import EgpuError
-from egpu_preload.translate.devmaps import HEADER, LINE, M64, RING_NCPU, REC_DISCARD, REC_READY, MapLayout
+from egpu_preload.translate.devmaps import HEADER, LINE, M64, RING_NCPU, REC_READY, MapLayout
 
 IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that found records goes on at once
 # Where a reader's time goes (RingReader.phases, RingDrain.phases): the header read, the records' copies, the
@@ -222,8 +222,7 @@ class RingReader:
         return head == self.consumed
 
 
-LENGTH = (1 << 32) - 1   # of a header word (length | flags << 32): the data's length
-HEAD = LENGTH | 7 << 32   # the length and the state
+LENGTH = (1 << 32) - 1   # of a header word (length | flags << 32 | SM id << 40): the data's length
 
 
 def _footprint(length: int) -> int:
@@ -246,64 +245,51 @@ def _scan(buf: memoryview, k: int, stop: int, limit: int, out: Taken) -> tuple[i
 
 
 def _walk(np: Any, buf: memoryview, k: int, stop: int, out: Taken | None) -> tuple[int, bool]:
-    """Walk the records that start in [k, stop) to the first not complete, appending to ``out`` (unless
-    None) copies of the committed ones; (where the walk ended, whether it stopped at a record not complete).
-    Records of one size, a memory trace's, are found by numpy alone; where sizes are mixed, the walk goes
-    record by record, and _hand_on cuts what it found into Blocks and Packed."""
-    words = buf.cast("Q")   # record headers: length | flags << 32
-    if np is not None and k < stop and words[k >> 3] >> 32 & 7 == REC_READY:
-        head = words[k >> 3]
-        size = _footprint(head & LENGTH)
-        n = _run(np, buf, k, stop, head & HEAD, size)
-        if n >= RUN:
-            if out is not None:
-                out.append(_block(np, buf, k, n, head & LENGTH))
-            k += n * size
-    starts: list[int] = []
-    while k < stop:
-        head = words[k >> 3]
-        if not head >> 32 & (REC_READY | REC_DISCARD):
-            break
-        starts.append(k)
-        k += _footprint(head & LENGTH)
+    """Walk the records that start in [k, stop) to the first not complete (in C: shim/drain.c), appending
+    to ``out`` (unless None) copies of the committed ones; (where the walk ended, whether it stopped at a
+    record not complete)."""
+    if k >= stop:
+        return k, False
+    ffi, lib = _shim()
+    room = (stop - k >> 3) + 1
+    starts, runs = _longs(np, room), _longs(np, room)
+    counts = ffi.new("unsigned long long[2]")
+    end = lib.egpu_ring_walk(ffi.from_buffer(buf), len(buf), k, stop, ffi.from_buffer("long long[]", starts),
+                             counts, ffi.from_buffer("long long[]", runs), counts + 1)
     if out is not None:
-        _hand_on(np, buf, starts, out)
-    return k, k < stop
+        _hand_on(np, buf, starts[:counts[0]], runs[:counts[1]], out)
+    return end, end < stop
 
 
-def _run(np: Any, buf: memoryview, k: int, stop: int, head: int, size: int) -> int:
-    """How many records from ``k`` on, starting before ``stop``, are committed with header ``head``
-    (length and state; each one's place follows from the one before being such): RUN at first, then
-    windows four times larger, so a run costs numpy calls in proportion to its log and work to its length."""
-    words = np.frombuffer(buf, np.uint64)
-    total, n, window = (stop - k + size - 1) // size, 0, RUN
-    while n < total:
-        at = (k >> 3) + (n + np.arange(min(window, total - n))) * (size >> 3)
-        good = (words[at] & np.uint64(HEAD)) == head
-        if not good.all():
-            return n + int(good.argmin())
-        n, window = n + len(at), window * 4
-    return n
+def _longs(np: Any, n: int) -> Any:
+    """Room for ``n`` int64s the C fills: numpy's, or a memoryview's without numpy."""
+    return np.empty(n, np.int64) if np is not None else memoryview(bytearray(8 * n)).cast("q")
 
 
-def _hand_on(np: Any, buf: memoryview, starts: list[int], out: Taken) -> None:
-    """The committed records at ``starts`` (consecutive; discarded ones left out) appended to ``out``: runs
-    of RUN or more of one size as Blocks, the records between as one Packed, or one by one when fewer than
-    RUN (or without numpy)."""
-    if np is None or len(starts) < RUN:
-        _single(buf, starts, out)
+def _shim() -> tuple[Any, Any]:
+    """(ffi, lib) of the loaded shim, whose C the walk runs (tests and benchmarks load it themselves)."""
+    from egpu_preload.runtime import hooks
+    return hooks.shim()
+
+
+def _hand_on(np: Any, buf: memoryview, at: Any, runs: Any, out: Taken) -> None:
+    """The committed records at ``at`` (consecutive offsets; discarded ones left out), whose headers' length
+    and state change at the indices ``runs`` (egpu_ring_walk's), appended to ``out``: runs of RUN or more
+    committed records of one size as Blocks, the records between as one Packed; one by one when fewer than
+    RUN in all (or without numpy)."""
+    if np is None or len(at) < RUN:
+        _single(buf, at.tolist(), out)
         return
-    at = np.array(starts, np.int64)
-    heads = np.frombuffer(buf, np.uint64)[at >> 3]
-    key = heads & np.uint64(HEAD)
-    bounds = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1], [True])))
-    long = np.flatnonzero((np.diff(bounds) >= RUN) & (key[bounds[:-1]] >> np.uint64(32) == REC_READY))
+    heads = np.frombuffer(buf, np.uint64)[at[runs] >> 3]
+    ends = np.append(runs[1:], len(at))
+    long = np.flatnonzero((ends - runs >= RUN) & (heads >> np.uint64(32) & np.uint64(7) == REC_READY))
     done = 0
-    for a, b in zip(bounds[long].tolist(), bounds[long + 1].tolist()):
-        _mixed(np, buf, at[done:a], heads[done:a], out)
-        out.append(_block(np, buf, int(at[a]), b - a, int(heads[a]) & LENGTH))
+    for i in long.tolist():
+        a, b = int(runs[i]), int(ends[i])
+        _packed(np, buf, at[done:a], out)
+        out.append(_block(np, buf, int(at[a]), b - a, int(heads[i]) & LENGTH))
         done = b
-    _mixed(np, buf, at[done:], heads[done:], out)
+    _packed(np, buf, at[done:], out)
 
 
 def _block(np: Any, buf: memoryview, k: int, n: int, length: int) -> Block:
@@ -312,28 +298,23 @@ def _block(np: Any, buf: memoryview, k: int, n: int, length: int) -> Block:
     return Block(rows[:, 4:8].copy().view(np.uint32)[:, 0] >> 8, rows[:, 8:8 + length].copy())
 
 
-def _mixed(np: Any, buf: memoryview, at: Any, heads: Any, out: Taken) -> None:
-    """The committed records at ``at`` with headers ``heads`` (numpy arrays) appended to ``out`` as one
-    Packed, or one by one when fewer than RUN."""
-    ready = (heads >> np.uint64(32) & np.uint64(REC_READY)) != 0
-    at, heads = at[ready], heads[ready]
+def _packed(np: Any, buf: memoryview, at: Any, out: Taken) -> None:
+    """The committed records at ``at`` (a numpy array; discarded ones left out) appended to ``out`` as one
+    Packed (in C: shim/drain.c), or one by one when fewer than RUN are at ``at``."""
     if len(at) < RUN:
         _single(buf, at.tolist(), out)
         return
-    lengths = (heads & np.uint64(LENGTH)).astype(np.int64)
-    offsets = np.zeros(len(at) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    # the records' bytes cut out of the span they lie in by a mask: the bytes from each one's end (or the
-    # span's start) to the next one's data out, its data in; a word at a time where every length allows
-    unit = 1 if (lengths & 7).any() else 8
-    ends = at + 8 + lengths
-    counts = np.empty(2 * len(at), np.int64)
-    counts[0], counts[2::2] = 0, (at[1:] + 8 - ends[:-1]) // unit
-    counts[1::2] = lengths // unit
-    mask = np.repeat(np.tile(np.array([False, True]), len(at)), counts)
-    span = np.frombuffer(buf, np.uint8 if unit == 1 else np.uint64, len(mask), int(at[0]) + 8)
-    data = span[mask].view(np.uint8)
-    out.append(Packed((heads >> np.uint64(40)).astype(np.uint32), data, offsets))
+    last = int(at[-1])
+    data = np.empty(last + 8 + (buf[last:last + 8].cast("Q")[0] & LENGTH) - int(at[0]), np.uint8)   # the span
+    offsets, sms = np.empty(len(at) + 1, np.int64), np.empty(len(at), np.uint32)
+    ffi, lib = _shim()
+    n = lib.egpu_ring_pack(ffi.from_buffer(buf), len(buf), ffi.from_buffer("long long[]", at), len(at),
+                           ffi.from_buffer(data), len(data), ffi.from_buffer("long long[]", offsets),
+                           ffi.from_buffer("unsigned int[]", sms))
+    if n < 0:
+        raise EgpuError("a ring record reaches past the bytes copied out of the ring")
+    if n:
+        out.append(Packed(sms[:n], data[:offsets[n]], offsets[:n + 1]))
 
 
 def _single(buf: memoryview, starts: list[int], out: Taken) -> None:
