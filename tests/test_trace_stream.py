@@ -559,7 +559,21 @@ def test_code_loads_wait_for_the_context_while_rings_wait(stub_job, probe_obj, t
     calls = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
     lookup = next(i for i, c in enumerate(calls) if c.startswith("cuModuleGetFunction"))
     assert calls.index("cuStreamCreate flags=1 ctx=app") < lookup   # the reader's stream: it runs by then
-    assert (calls[lookup - 1] == "cuCtxSynchronize") == (on_full == "wait"), calls[:lookup + 1]
+    assert (calls[lookup - 1] == "cuCtxSynchronize ctx=app") == (on_full == "wait"), calls[:lookup + 1]
+
+
+def test_the_wait_drains_the_maps_context_not_the_callers(stub_job, probe_obj, tmp_path):
+    """The kernels that wait for the reader run where the maps are: with no context current in the app,
+    the maps went to the device's primary context, and that is the one the wait before a handle's first
+    launch synchronizes (pushed for it), not the caller's (none here)."""
+    from stub_job import egpu_run
+    log = tmp_path / "log"
+    r = egpu_run(["--trace", str(tmp_path / "t.arrow"), "--on-full", "wait", "-p", str(probe_obj("ringbuf")),
+                  str(stub_job.app), "library", "2", "64", "0"], stub_job.env(log, EGPU_STUB_NO_CONTEXT="1"))
+    assert r.returncode == 0 and "result=0" in r.stdout, r.stderr
+    calls = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
+    first = next(i for i, c in enumerate(calls) if c.startswith("cuLaunchKernel"))
+    assert calls[first - 1] == "cuCtxSynchronize ctx=primary", calls[:first + 1]
 
 
 def test_code_loaded_while_a_stream_captures_does_not_wait_even_when_rings_wait(stub_job, probe_obj, tmp_path):

@@ -45,7 +45,7 @@ static int app_context, primary_context;
 static void *stack[16];
 static int depth;
 
-static const char *context_name(void) {
+const char *egpu_stub_context_name(void) {
     void *c = depth ? stack[depth - 1] : getenv("EGPU_STUB_NO_CONTEXT") ? NULL : &app_context;
     return c == &app_context ? "app" : c == &primary_context ? "primary" : "none";
 }
@@ -124,7 +124,7 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
     CUresult r = egpu_stub_during_capture(__func__, 1);
     if (r != OK) return r;
     put(dst, src, n);
-    note("cuMemcpyHtoD_v2 size=%zu ctx=%s", n, context_name());
+    note("cuMemcpyHtoD_v2 size=%zu ctx=%s", n, egpu_stub_context_name());
     return OK;
 }
 
@@ -132,7 +132,7 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
     CUresult r = egpu_stub_during_capture(__func__, 1);
     if (r != OK) return r;
     get(dst, src, n);
-    note("cuMemcpyDtoH_v2 size=%zu ctx=%s", n, context_name());
+    note("cuMemcpyDtoH_v2 size=%zu ctx=%s", n, egpu_stub_context_name());
     return OK;
 }
 
@@ -141,31 +141,31 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
     get(tmp, src, n);
     put(dst, tmp, n);
     free(tmp);
-    note("cuMemcpyDtoD_v2 dst=%#llx src=%#llx size=%zu ctx=%s", dst, src, n, context_name());
+    note("cuMemcpyDtoD_v2 dst=%#llx src=%#llx size=%zu ctx=%s", dst, src, n, egpu_stub_context_name());
     return OK;
 }
 
 /* Streams: one stand-in stream; async copies are done when they return. */
 static int a_stream;
 CUresult cuStreamCreate(void **s, unsigned int flags) {
-    note("cuStreamCreate flags=%u ctx=%s", flags, context_name());
+    note("cuStreamCreate flags=%u ctx=%s", flags, egpu_stub_context_name());
     *s = &a_stream;
     return OK;
 }
 CUresult cuStreamDestroy_v2(void *s) {   /* driver_cow.c's streams too */
-    note("cuStreamDestroy_v2 stream=%s ctx=%s", s == &a_stream ? "ours" : "other", context_name());
+    note("cuStreamDestroy_v2 stream=%s ctx=%s", s == &a_stream ? "ours" : "other", egpu_stub_context_name());
     return OK;
 }
 CUresult cuStreamSynchronize(void *s) { return s == &a_stream ? OK : 400; }
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
     if (getenv("EGPU_STUB_PROBE_COUNTS")) usleep(20000); /* launches run between a flip and this read */
     get(dst, src, n);
-    note("cuMemcpyDtoHAsync_v2 size=%zu stream=%s ctx=%s", n, s == &a_stream ? "ours" : "other", context_name());
+    note("cuMemcpyDtoHAsync_v2 size=%zu stream=%s ctx=%s", n, s == &a_stream ? "ours" : "other", egpu_stub_context_name());
     return OK;
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
     put(dst, src, n);
-    note("cuMemcpyHtoDAsync_v2 size=%zu stream=%s ctx=%s", n, s == &a_stream ? "ours" : "other", context_name());
+    note("cuMemcpyHtoDAsync_v2 size=%zu stream=%s ctx=%s", n, s == &a_stream ? "ours" : "other", egpu_stub_context_name());
     return OK;
 }
 

@@ -187,12 +187,17 @@ CUresult egpu_stub_during_capture(const char *api, int waits);
 /* egpu_stub_hold_sync(1): the context's work runs until egpu_stub_hold_sync(0), as a kernel that never
  * ends would, and cuCtxSynchronize waits for it. */
 static volatile int sync_held;
+/* runtime_stub/driver_more.c's: the current context's name, where the stand-in has contexts */
+__attribute__((weak)) const char *egpu_stub_context_name(void);
 void egpu_stub_hold_sync(int on) { __atomic_store_n(&sync_held, on, __ATOMIC_SEQ_CST); }
 CUresult cuCtxSynchronize(void) {   /* it would wait for the capturing stream: refused, as a legacy copy */
     CUresult r = egpu_stub_during_capture(__func__, 1);
     if (r != OK) return r;
     while (__atomic_load_n(&sync_held, __ATOMIC_SEQ_CST)) usleep(1000);
-    logf_("cuCtxSynchronize");
+    if (egpu_stub_context_name)
+        logf_("cuCtxSynchronize ctx=%s", egpu_stub_context_name());
+    else
+        logf_("cuCtxSynchronize");
     return OK;
 }
 CUresult cuFuncGetAttribute(int *pi, int attrib, void *f) {
