@@ -302,6 +302,26 @@ def test_what_a_pass_hands_out_outlives_the_pinned_memory_later_passes_copy_into
     assert zeros and all(isinstance(w, memoryview) and w.obj is ring.pins[0] for w in zeros)
 
 
+@pytest.mark.parametrize("wait", [True, False], ids=["wait", "drop"])
+def test_a_waiting_rings_drops_are_read_once_at_stop(wait):
+    """A waiting ring's producers count on their SM's line only records larger than the ring: its passes
+    copy the header alone, and stop() reads the lines once, so the count it leaves is exact. A dropping
+    ring reads them every pass (the marks it resets live there)."""
+    ring = StagedRing(4096, 3, wait=wait)
+    reader = RingReader(ring, 0, ring.lay)
+    drain = RingDrain([reader], lambda i, taken: None)
+    for p in range(5):
+        assert ring.produce(struct.pack("<I", p), sm=p % 3)
+        drain.drain_once()
+    struct.pack_into("<Q", ring.mem, ring.lay.lines_off + 2 * devmaps.LINE + 8, 7)   # SM 2: 7 records too large
+    drain.drain_once()
+    header, lines = devmaps.RING_NCPU + 4, 3 * devmaps.LINE
+    assert (lines in ring.reads) != wait and (reader.dropped == 7) != wait
+    drain.stop()
+    assert reader.dropped == 7 and reader.taken == 5
+    assert ring.reads.count(lines) == (1 if wait else ring.reads.count(header))
+
+
 def test_a_reader_whose_copy_fails_frees_its_pinned_memory_and_stop_reports_the_copy():
     """The copy fails while the job runs: the ring is passed over unread from then on, and stop() frees
     the pinned memory and raises the copy's failure, not that of freeing after it."""

@@ -110,18 +110,19 @@ class RingReader:
     consumed: int = 0      # the reader's copy of the header's consumed: only the reader writes it
     seen: int = 0          # the end of the records an earlier pass saw complete
     taken: int = 0         # records handed out
-    dropped: int = 0       # the producers' count (header plus per-SM lines) at the last pass
+    dropped: int = 0       # the producers' count (header plus per-SM lines; a waiting ring's lines: at stop)
     skipped: int = 0       # bytes of records passed over unread after the reader failed (skip)
     copied: int = 0        # bytes copied out of the ring, every pass's (a record is copied by two passes at least)
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0), compare=False)   # seconds
     _pinned: memoryview | None = field(default=None, init=False, repr=False, compare=False)   # see _staging
     _pageable: bool = field(default=False, init=False, repr=False, compare=False)   # _pinned is not pinned
+    _line_drops: int = field(default=0, init=False, repr=False, compare=False)   # the lines' at the last read
 
     def take(self) -> Taken:
         """The records complete since an earlier pass (in ring order), their bytes cleared and
         ``consumed`` moved past them."""
         t = time.perf_counter()
-        head, lines, ncpu = self._header()
+        head, lines, ncpu = self._header(lines=not self.lay.wait)   # a waiting ring's marks stay as they are
         t = self._spent("header", t)
         if head == self.consumed:
             return []
@@ -190,14 +191,22 @@ class RingReader:
                 self.mem.unpin(buf)
             self._pageable = False
 
-    def _header(self) -> tuple[int, bytes, int]:
-        """(head, the per-SM lines, their count), ``dropped`` updated from the producers' counts."""
+    def _header(self, lines: bool = True) -> tuple[int, bytes, int]:
+        """(head, the per-SM lines or b"" where ``lines`` is false, their count), ``dropped`` updated from
+        the producers' counts the copies held."""
         header = self.mem.read(self.addr, RING_NCPU + 4)
         head, _reserved, _consumed, dropped = struct.unpack_from("<QQQQ", header, 0)
         (ncpu,) = struct.unpack_from("<I", header, RING_NCPU)
-        lines = self.mem.read(self.addr + self.lay.lines_off, ncpu * LINE) if ncpu else b""
-        self.dropped = dropped + sum(struct.unpack_from("<Q", lines, c * LINE + 8)[0] for c in range(ncpu))
-        return head, lines, ncpu
+        if lines and ncpu:
+            marks = self.mem.read(self.addr + self.lay.lines_off, ncpu * LINE)
+            self._line_drops = sum(struct.unpack_from("<Q", marks, c * LINE + 8)[0] for c in range(ncpu))
+        self.dropped = dropped + self._line_drops
+        return head, marks if lines and ncpu else b"", ncpu
+
+    def count_drops(self) -> None:
+        """``dropped`` brought up to date with the per-SM lines: a waiting ring's passes leave them unread
+        (its producers count there only records larger than the ring), so its count is read once, at the end."""
+        self._header()
 
     def _reopen(self, lines: bytes, ncpu: int) -> None:
         """A dropping ring's SMs that were refused may ask again now that there is room (devmaps.py)."""
@@ -407,6 +416,8 @@ class RingDrain:
         while self.drain_once() or not all(r.empty() for r in self.readers):
             if time.monotonic() > deadline:   # a record left BUSY: a probe reserved and never submitted
                 break
+        for r in self.readers:
+            r.count_drops()
 
     def _close(self) -> None:
         """Every reader closed, each whatever another's close raised; where a pass failed, that failure is
