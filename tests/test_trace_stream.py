@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import struct
@@ -73,6 +74,9 @@ class HostMemory:
 
     def unpin(self, buf: memoryview) -> None:
         pass
+
+    def entered(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
 
 
 class HostRing(HostMemory):
@@ -300,6 +304,83 @@ def test_what_a_pass_hands_out_outlives_the_pinned_memory_later_passes_copy_into
     assert set(ring.reads) <= {devmaps.RING_NCPU + 4, 3 * devmaps.LINE, 8}
     zeros = [w for w in ring.writes if len(w) > 8]
     assert zeros and all(isinstance(w, memoryview) and w.obj is ring.pins[0] for w in zeros)
+
+
+class _Calls:
+    """A Driver that logs what ContextMemory asks of it."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []
+
+    def _note(self, what: str) -> None:
+        self.log.append((threading.current_thread().name, what))
+
+    def stream(self) -> int:
+        return 7
+
+    @contextlib.contextmanager
+    def current(self, context: int):
+        self._note(f"push {context}")
+        yield
+        self._note("pop")
+
+    @contextlib.contextmanager
+    def capture_relaxed(self):
+        self._note("relax")
+        yield
+        self._note("restore")
+
+    def dtoh_on(self, stream: int, ptr: int, size: int) -> bytes:
+        self._note(f"copy {ptr}")
+        return bytes(size)
+
+
+def test_context_memory_entered_sets_the_context_up_once_for_its_block():
+    """Inside entered() (nested or not) copies go straight to the driver; outside it, and on other threads
+    meanwhile, each copy pushes the context and relaxes capture mode around itself."""
+    from egpu_preload.runtime.driver import ContextMemory
+    drv = _Calls()
+    mem = ContextMemory(drv, 5)
+    around = ["push 5", "relax", "copy 2", "restore", "pop"]
+    with mem.entered():
+        mem.read(1, 8)
+        with mem.entered():
+            mem.read(1, 8)
+        mem.read(1, 8)
+        other = threading.Thread(target=mem.read, args=(2, 8), name="other")
+        other.start()
+        other.join()
+    mem.read(2, 8)
+    main = threading.current_thread().name
+    assert drv.log == [(main, w) for w in ("push 5", "relax", "copy 1", "copy 1", "copy 1")] + \
+        [("other", w) for w in around] + [(main, "restore"), (main, "pop")] + [(main, w) for w in around]
+
+
+def test_the_readers_thread_enters_the_memorys_context_once_for_all_its_passes():
+    """The reader's thread holds the copies' context (ContextMemory.entered: current, capture relaxed) from
+    its first pass to its last, so that no copy pays a push and a pop of its own; the passes stop() makes
+    on the caller's thread enter it per copy, as any other thread does."""
+    ring = HostRing(4096, 1, wait=True)
+    entries, inside = [], threading.local()
+
+    @contextlib.contextmanager
+    def hold():
+        entries.append(threading.current_thread().name)
+        inside.on = True
+        yield
+        inside.on = False
+
+    passes = []
+
+    def sink(i, taken):
+        passes.append(getattr(inside, "on", False))
+
+    drain = RingDrain([RingReader(ring, 0, ring.lay)], sink, idle_s=0.0001, hold=hold).start()
+    for p in range(50):
+        assert ring.produce(struct.pack("<Q", p), 0)
+        time.sleep(0.0005)
+    drain.stop()
+    assert entries == ["egpu-ring-drain"] and len(passes) > 2 and all(passes[:-1])
 
 
 @pytest.mark.parametrize("wait", [True, False], ids=["wait", "drop"])

@@ -8,6 +8,7 @@ Every CUresult is checked: a failure is a DriverError naming the call and the dr
 from __future__ import annotations
 
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -293,6 +294,7 @@ class ContextMemory:
     def __init__(self, driver: Driver, context: int) -> None:
         self.driver, self.context = driver, context
         self.stream = driver.stream()
+        self._entered = threading.local()   # .on: this thread is inside entered()
 
     def close(self) -> None:
         """Destroy the stream (the context current); for memory whose maps could not be made."""
@@ -313,8 +315,22 @@ class ContextMemory:
     @contextmanager
     def _from_any_thread(self) -> Iterator[None]:
         """The context made current and capture mode relaxed for the block, on whatever thread it runs."""
+        if getattr(self._entered, "on", False):
+            yield
+            return
         with self.driver.current(self.context), self.driver.capture_relaxed():
             yield
+
+    @contextmanager
+    def entered(self) -> Iterator[None]:
+        """The context current and capture mode relaxed on this thread for the block, once: the copies
+        inside skip their own four driver calls around each (the ring reader's thread, for its run)."""
+        with self._from_any_thread():
+            was, self._entered.on = getattr(self._entered, "on", False), True
+            try:
+                yield
+            finally:
+                self._entered.on = was
 
     def read(self, addr: int, n: int) -> bytes:
         """dtoh from any thread."""

@@ -31,6 +31,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -54,6 +55,7 @@ class Memory(Protocol):
     def write(self, addr: int, data: bytes | memoryview) -> None: ...
     def pinned(self, size: int) -> memoryview: ...
     def unpin(self, buf: memoryview) -> None: ...
+    def entered(self) -> AbstractContextManager[Any]: ...   # the copies' context set up once for a block
 
 
 Record = tuple[int, bytes]   # (SM id: perf and trace_printk records carry it, ringbuf records 0; data)
@@ -349,8 +351,11 @@ Sink = Callable[[int, Taken], None]   # (the ring's index among the drained, its
 class RingDrain:
     """A thread that passes over every ring until stopped, handing each ring's records to ``sink``."""
 
-    def __init__(self, readers: list[RingReader], sink: Sink, idle_s: float = IDLE_S) -> None:
-        self.readers, self.sink, self.idle_s = readers, sink, idle_s
+    def __init__(self, readers: list[RingReader], sink: Sink, idle_s: float = IDLE_S,
+                 hold: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
+        """``hold``: entered once around the thread's passes (ContextMemory.entered: the maps' context
+        current on it for good, not pushed and popped around every copy)."""
+        self.readers, self.sink, self.idle_s, self.hold = readers, sink, idle_s, hold
         self.error: BaseException | None = None
         self.passes = 0
         self.phases = dict.fromkeys(DRAIN_PHASES, 0.0)   # seconds; the readers' own in RingReader.phases
@@ -376,11 +381,12 @@ class RingDrain:
 
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
-                if not self.drain_once():
-                    t = time.perf_counter()
-                    self._stop.wait(self.idle_s)
-                    self.phases["idle"] += time.perf_counter() - t
+            with self.hold():
+                while not self._stop.is_set():
+                    if not self.drain_once():
+                        t = time.perf_counter()
+                        self._stop.wait(self.idle_s)
+                        self.phases["idle"] += time.perf_counter() - t
         except BaseException as e:   # reported by stop(): a reader that dies must not kill the job,
             self.error = e           # nor stop it: producers made to wait would spin for good
             self._release()

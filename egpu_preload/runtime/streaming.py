@@ -95,7 +95,8 @@ class Streaming:
         self._batches: queue.Queue[tuple[int, Taken] | None] = queue.Queue(QUEUED)
         self._writing = threading.Thread(target=self._write_all, name="egpu-trace-writer", daemon=True)
         self._writing.start()
-        self.drain = RingDrain(self.readers, lambda index, taken: self._batches.put((index, taken))).start()
+        self.drain = RingDrain(self.readers, lambda index, taken: self._batches.put((index, taken)),
+                               hold=memory.entered).start()
 
     def _write_all(self) -> None:
         """The writer's thread, until finish() hands it None. A file that cannot be written (disk full)
