@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -624,6 +625,53 @@ def test_a_file_that_is_no_trace_says_so_by_name(content, tmp_path):
         assert str(path) in str(e.value)
         if not content.startswith(b"ARROW1"):
             assert "neither an Arrow IPC file nor a Parquet file" in str(e.value)
+
+
+def _damaged(kind: str) -> tuple[Any, dict]:
+    """(a table, its schema metadata) as a damaged trace file holds them: bytes that are no UTF-8 in a map
+    name, a map or seq missing, a column twice, nulls in a column declared without them, metadata that
+    is not JSON or not egpu's."""
+    names = pa.array(["events", "raw"])
+    maps = pa.DictionaryArray.from_arrays(pa.array([0, 1], pa.int32()), names)
+    seq, addr = pa.array([0, 1], pa.uint64()), pa.array([5, None], pa.uint64())
+    cols, fields = [maps, seq, addr], [pa.field("map", maps.type), pa.field("seq", pa.uint64()),
+                                       pa.field("addr", pa.uint64())]
+    meta = {tracefile.RECORD_TYPES: json.dumps({"events": "struct ev"})}
+    if kind == "utf8":
+        bad = pa.Array.from_buffers(pa.string(), 2, [None, pa.py_buffer(struct.pack("<3i", 0, 6, 9)),
+                                                     pa.py_buffer(b"events\xff\xfe\x80")])
+        cols[0] = pa.DictionaryArray.from_arrays(pa.array([0, 1], pa.int32()), bad)
+    elif kind == "null map":
+        cols[0] = pa.DictionaryArray.from_arrays(pa.array([0, None], pa.int32()), names)
+    elif kind == "twice":
+        cols[2], fields[2] = seq, pa.field("seq", pa.uint64())
+    elif kind == "not null":
+        fields[2] = pa.field("addr", pa.uint64(), nullable=False)
+    elif kind == "json":
+        meta[tracefile.RECORD_TYPES] = '{"events": '
+    elif kind == "not egpu's":
+        meta[tracefile.RECORD_TYPES] = '["events"]'
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields)), meta
+
+
+@pytest.mark.parametrize("kind, suffix", [(k, s) for k in ("utf8", "null map", "twice", "not null", "json", "not egpu's")
+                                          for s in (".arrow", ".parquet") if (k, s) != ("not null", ".parquet")])
+def test_a_damaged_trace_file_says_so_by_name(kind, suffix, tmp_path):
+    """A file of the right format whose contents no egpu-run wrote (found by mutating trace files: each
+    printed a traceback once, some only halfway through the records): egpu trace names the file and the
+    damage, whichever way it prints or converts (Parquet's writer makes no file with nulls in a column
+    declared without them)."""
+    table, meta = _damaged(kind)
+    path = tmp_path / f"t{suffix}"
+    if suffix == ".arrow":
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema.with_metadata(meta)) as w:
+            w.write_table(table.replace_schema_metadata(meta))
+    else:
+        pq.write_table(table.replace_schema_metadata(meta), path)
+    for more in ([], ["--json"], ["--parquet", str(tmp_path / "o.parquet")], ["--perfetto", str(tmp_path / "o.json")]):
+        res = CliRunner().invoke(egpu, ["trace", str(path), *more])
+        assert res.exit_code == 1 and "Traceback" not in res.output, (more, res.output)
+        assert res.stderr.startswith(f"egpu: {path}: not a trace file"), (more, res.stderr)
 
 
 # ---- egpu-run --trace against the stand-in driver ------------------------------------------------------

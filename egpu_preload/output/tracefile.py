@@ -432,14 +432,20 @@ def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) 
     pa = arrow()
     try:
         table, meta, complete = _load(path, pa)
-    except OSError as e:
-        raise EgpuError(f"not a trace file: {e}", file=str(path)) from None
-    except pa.ArrowInvalid as e:
+        table.validate(full=True)   # a damaged file fails here, not halfway through printing it
+        if len(set(table.column_names)) != table.num_columns:
+            raise ValueError("a column name appears twice")
+        for f, column in zip(table.schema, table.columns):
+            if not f.nullable and column.null_count:
+                raise ValueError(f"column {f.name}: nulls in a column declared without them")
+        types = _labels((table.schema.metadata or {}).get(RECORD_TYPES.encode(), b"{}"), str)
+        dropped = _labels(meta.get(DROPPED.encode(), b"{}"), int)
+    except (OSError, ValueError, pa.ArrowException) as e:   # pyarrow's, and a damaged file's metadata
         raise EgpuError(f"not a trace file: {e}", file=str(path)) from None
     if "map" not in table.column_names or "seq" not in table.column_names:
         raise EgpuError("not a trace file: no map and seq columns", file=str(path))
-    types = json.loads((table.schema.metadata or {}).get(RECORD_TYPES.encode(), b"{}"))
-    dropped = json.loads(meta.get(DROPPED.encode(), b"{}"))
+    if table.column("map").null_count or table.column("seq").null_count:
+        raise EgpuError("not a trace file: records without a map or a seq", file=str(path))
     wanted = {m for m, t in types.items() if t in expanders}
     if wanted:
         import pyarrow.compute as pc
@@ -455,6 +461,14 @@ def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) 
         last = [c for c in ("data", "text") if c in table.column_names]   # where a file's columns have them
         table = table.select([c for c in table.column_names if c not in last] + last)
     return Trace(table, types, dropped, complete)
+
+
+def _labels(text: bytes, kind: type) -> dict[str, Any]:
+    """A metadata entry the writer made: a JSON object of map names to ``kind``; ValueError if not."""
+    d = json.loads(text)
+    if not isinstance(d, dict) or not all(isinstance(k, str) and type(v) is kind for k, v in d.items()):
+        raise ValueError(f"its metadata is not egpu's: {text[:80]!r}")
+    return d
 
 
 def _apart(rows: Any, schema: Any, name: str) -> Any:
@@ -522,7 +536,7 @@ def where(table: Any, conditions: Sequence[str], source: str) -> Any:
         try:
             value = _value(text, column.type, pa)
             table = table.filter(pc.fill_null(pc.equal(column, pa.scalar(value, column.type)), False))
-        except (ValueError, OverflowError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        except (ValueError, OverflowError, pa.ArrowException):
             raise EgpuError(f"--where {cond}: {text!r} is not a value of {name} ({column.type})",
                             file=source) from None
     return table
