@@ -78,3 +78,14 @@ class CowError(EgpuError):
 
 class SnapshotError(CowError):
     """A checkpoint directory that cannot be written, read or restored."""
+
+
+def elf_refusals() -> tuple[type[BaseException], ...]:
+    """What pyelftools raises reading a malformed file: its own errors, and Python's where a header field
+    points outside the file (a seek past 2**63, a short read, an index or a string that is not there).
+    For code that only reads through pyelftools: around egpu's own logic it would hide bugs."""
+    import struct
+
+    from elftools.common.exceptions import ELFError
+    from elftools.construct.core import ConstructError
+    return ELFError, ConstructError, ValueError, struct.error, OverflowError, IndexError, KeyError, EOFError

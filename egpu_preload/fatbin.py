@@ -23,7 +23,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from egpu_preload.errors import FatbinError
+from egpu_preload.errors import FatbinError, elf_refusals
 
 WRAPPER_MAGIC = 0x466243B1
 FATBIN_MAGIC = 0xBA55ED50
@@ -306,7 +306,7 @@ def archive_members(data: bytes) -> list[tuple[str, bytes]]:
 
 def _elf_fatbin_sections(binary: bytes) -> list[tuple[str, int, int]]:
     import io
-    from elftools.common.exceptions import ELFError
+
     from elftools.elf.elffile import ELFFile
     try:
         elf = ELFFile(io.BytesIO(binary))
@@ -316,8 +316,8 @@ def _elf_fatbin_sections(binary: bytes) -> list[tuple[str, int, int]]:
                 start = sec["sh_offset"]
                 out.append((sec.name, start, min(start + sec["sh_size"], len(binary))))
         return out
-    except (ELFError, ValueError, struct.error) as e:
-        raise FatbinError(f"not a readable ELF file ({e})")
+    except elf_refusals() as e:
+        raise FatbinError(f"not a readable ELF file ({e})") from None
 
 
 def best_ptx(fatbins: list[Fatbin], sm: int) -> Entry | None:

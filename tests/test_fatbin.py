@@ -210,3 +210,21 @@ def test_inspect_command_refuses_unreadable_file(tmp_path):
     result = CliRunner().invoke(launcher.egpu, ["inspect", str(tmp_path / "missing")])
     assert result.exit_code == 1
     assert "cannot read" in result.output
+
+
+def _elf_with_names_at(offset: int) -> bytes:
+    """An ELF64 header and two section headers, the second the section-name table at ``offset``."""
+    ident = b"\x7fELF\x02\x01\x01" + bytes(9)
+    header = ident + struct.pack("<HHIQQQIHHHHHH", 1, 62, 1, 0, 0, 64, 0, 64, 0, 0, 64, 2, 1)
+    null = bytes(64)
+    names = struct.pack("<IIQQQQIIQQ", 1, 3, 0, 0, offset, 16, 0, 0, 1, 0)   # SHT_STRTAB
+    return header + null + names
+
+
+def test_an_elf_whose_fields_point_outside_it_is_refused_as_fatbin_error():
+    """Found by mutating nvcc objects: a section-name table past 2**63 (pyelftools' seek raises
+    OverflowError) is a FatbinError, which egpu inspect prints by name, not a traceback; one merely past
+    the end of the file names no section, and the file is scanned for fatbins as one without sections."""
+    with pytest.raises(FatbinError, match="not a readable ELF file"):
+        F.find_fatbins(_elf_with_names_at(2**63 - 1))
+    assert F.find_fatbins(_elf_with_names_at(10**6)) == []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from egpu_preload.errors import EgpuError
+from egpu_preload.errors import EgpuError, elf_refusals
 
 JUMP = 5            # jmp rel32
 TRAMPOLINE = 16     # where the trampoline starts on the near page (shim/uprobe.c NEAR_TRAMPOLINE)
@@ -26,7 +26,6 @@ _READ = 32          # bytes read from the function: the instructions covering JU
 def function_address(ffi: Any, lib: Any, path: str, symbol: str) -> tuple[int, int] | None:
     """(address, size) of SYMBOL, a function defined in the loaded object PATH (its ``.symtab``, else
     its ``.dynsym``); None when PATH is not loaded or defines no such function."""
-    from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
     file, base = ffi.new("char[]", 4096), ffi.new("unsigned long long *")
     if not lib.egpu_uprobe_object(path.encode(), file, 4096, base):
@@ -39,7 +38,7 @@ def function_address(ffi: Any, lib: Any, path: str, symbol: str) -> tuple[int, i
                 for sym in (table.get_symbol_by_name(symbol) or []) if table is not None else []:
                     if sym["st_info"]["type"] == "STT_FUNC" and sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
                         return base[0] + sym["st_value"], sym["st_size"]
-    except (OSError, ELFError):
+    except (OSError, *elf_refusals()):
         return None
     return None
 
