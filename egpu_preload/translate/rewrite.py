@@ -261,6 +261,8 @@ class _Kernel:
     groups and changed the kernel's output."""
 
     def __init__(self, fn: ptx.Function, probes: list[ProbeSpec]) -> None:
+        if fn.params is None or fn.params_end is None:   # the context words below read the parameters
+            raise PtxError("kernel signature does not parse")
         self.fn, self.text = fn, fn.text
         self.entry = [p for p in probes if p.attach.kind == "entry"]
         self.exit = [p for p in probes if p.attach.kind == "exit"]
@@ -282,8 +284,6 @@ class _Kernel:
         """The kernel's edits (its body with the sites spliced in, as one edit: a site each would make a
         large module's edits costly to build, sort and apply; the launch parameter) and its calls."""
         fn, text = self.fn, self.text
-        if fn.params is None or fn.params_end is None:
-            raise PtxError("kernel signature does not parse")
         if PREFIX in text[fn.start:fn.end]:
             raise PtxError(f"kernel already uses the reserved prefix {PREFIX}")
         out: list[str] = []   # the body's text and what goes in it by turns
