@@ -59,6 +59,7 @@ struct egpu_lvm_map {
     int type, readonly;
     unsigned int key_size, value_size, max_entries;
     size_t stride;            /* between values: value_size rounded up to 8, so 8-byte atomics align */
+    int stride_shift;         /* log2(stride) where it is a power of two, else -1 (at() divides then) */
     unsigned char *values;    /* max_entries * stride */
     /* hash maps */
     unsigned char *keys;      /* max_entries * key_size */
@@ -96,6 +97,7 @@ EXPORT struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, un
     if (!m) return NULL;
     *m = (struct egpu_lvm_map){type, readonly, key_size, value_size, max_entries, (value_size + 7u) & ~7u};
     m->head = m->tail = -1;
+    m->stride_shift = m->stride & (m->stride - 1) ? -1 : __builtin_ctzll(m->stride);
     m->values = calloc((size_t)max_entries + 1, m->stride);
     m->scratch = malloc((size_t)key_size + value_size + 1);
     int ok = m->values && m->scratch;
@@ -439,7 +441,7 @@ static void settle(struct run *x) {
 }
 
 /* The host address of [addr, addr + size) in the run's memory; NULL (and the fault set) if outside. */
-static unsigned char *at(struct run *x, uint64_t addr, size_t size, int write) {
+static inline __attribute__((always_inline)) unsigned char *at(struct run *x, uint64_t addr, size_t size, int write) {
     uint64_t region = addr >> REGION_SHIFT, off = addr & OFFSET_MASK, limit;
     unsigned char *base;
     int writable = 1;
@@ -450,7 +452,7 @@ static unsigned char *at(struct run *x, uint64_t addr, size_t size, int write) {
     } else if (region >= R_MAP && region - R_MAP < x->p->nmaps && x->p->maps[region - R_MAP]) {
         /* one value: the VM maps each value as a region of its own */
         const struct egpu_lvm_map *m = x->p->maps[region - R_MAP];
-        uint64_t slot = off / m->stride;
+        uint64_t slot = m->stride_shift >= 0 ? off >> m->stride_shift : off / m->stride;
         base = m->values, writable = !m->readonly;
         limit = slot < m->max_entries ? slot * m->stride + m->value_size : 0;
     } else if (region <= R_RESERVED(0) && region > R_RESERVED(RESERVED) &&
@@ -471,7 +473,7 @@ static unsigned char *at(struct run *x, uint64_t addr, size_t size, int write) {
     return base + off;
 }
 
-static int load(struct run *x, uint64_t addr, unsigned int size, uint64_t *out) {
+static inline __attribute__((always_inline)) int load(struct run *x, uint64_t addr, unsigned int size, uint64_t *out) {
     unsigned char *p = at(x, addr, size, 0);
     if (!p) return -1;
     uint64_t v = 0;
@@ -480,7 +482,7 @@ static int load(struct run *x, uint64_t addr, unsigned int size, uint64_t *out) 
     return 0;
 }
 
-static int store(struct run *x, uint64_t addr, unsigned int size, uint64_t v) {
+static inline __attribute__((always_inline)) int store(struct run *x, uint64_t addr, unsigned int size, uint64_t v) {
     unsigned char *p = at(x, addr, size, 1);
     if (!p) return -1;
     memcpy(p, &v, size);
@@ -529,7 +531,7 @@ static uint64_t bswap(uint64_t v, int bits) {
                                                                       : __builtin_bswap64(v);
 }
 
-static int alu(struct run *x, const struct insn *i, int bits) {
+static inline __attribute__((always_inline)) int alu(struct run *x, const struct insn *i, int bits) {
     int dst = i->regs & 15, src = i->regs >> 4, op = i->code & 0xf0;
     uint64_t m = mask(bits), a = x->r[dst] & m, b = ((i->code & 0x08) ? x->r[src] : (uint64_t)(int64_t)i->imm) & m;
     uint64_t s = b & (uint64_t)(bits - 1);
@@ -567,7 +569,7 @@ static int alu(struct run *x, const struct insn *i, int bits) {
     return 0;
 }
 
-static int taken(const struct insn *i, uint64_t a, uint64_t b, int bits) {
+static inline __attribute__((always_inline)) int taken(const struct insn *i, uint64_t a, uint64_t b, int bits) {
     switch (i->code & 0xf0) {
     case 0x10: return a == b;
     case 0x20: return a > b;
