@@ -179,7 +179,7 @@ def test_a_bad_statement_after_a_long_run_of_blanks_fails_at_once_on_its_own_lin
         ptx.parse(text).kernels()[0].statements()
 
 
-@pytest.mark.parametrize("version", ["8.k4", "x", ".5", "8.0a"])
+@pytest.mark.parametrize("version", ["8.k4", "x", ".5", "8.0a", "\u00b2.0"])
 def test_a_version_that_is_no_number_is_a_ptx_error(version):
     """Found by mutating PTX: ``.version 8.k4`` raised int()'s ValueError out of the parser."""
     with pytest.raises(PtxError, match="expected MAJOR.MINOR"):

@@ -404,6 +404,23 @@ def test_a_waiting_rings_drops_are_read_once_at_stop(wait):
     assert ring.reads.count(lines) == (1 if wait else ring.reads.count(header))
 
 
+def test_a_waiting_rings_drops_are_counted_when_its_last_passes_fail():
+    """The lines are read at stop() even when a last pass's copy fails (found by review: the count then
+    left out every per-SM drop), and the copy's failure is what stop() raises."""
+    ring = StagedRing(4096, 3, wait=True)
+    reader = RingReader(ring, 0, ring.lay)
+    struct.pack_into("<Q", ring.mem, ring.lay.lines_off + 2 * devmaps.LINE + 8, 7)
+    assert ring.produce(b"abcd", sm=0)
+
+    def read_into(addr: int, buf: memoryview) -> None:
+        raise OSError("copy failed")
+
+    ring.read_into = read_into
+    with pytest.raises(OSError, match="copy failed"):
+        RingDrain([reader], lambda i, taken: None).stop()
+    assert reader.dropped == 7
+
+
 def test_a_reader_whose_copy_fails_frees_its_pinned_memory_and_stop_reports_the_copy():
     """The copy fails while the job runs: the ring is passed over unread from then on, and stop() frees
     the pinned memory and raises the copy's failure, not that of freeing after it."""

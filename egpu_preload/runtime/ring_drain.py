@@ -413,6 +413,7 @@ class RingDrain:
                 self._last_passes(timeout_s)
             except BaseException as e:   # raised below, once the memory is freed
                 self.error = e
+        self._count_drops()
         self._close()
         if self.error is not None:
             raise self.error
@@ -422,8 +423,16 @@ class RingDrain:
         while self.drain_once() or not all(r.empty() for r in self.readers):
             if time.monotonic() > deadline:   # a record left BUSY: a probe reserved and never submitted
                 break
+
+    def _count_drops(self) -> None:
+        """Every waiting ring's dropped count completed from its per-SM lines (RingReader.count_drops), after
+        a failed pass too; a ring whose lines cannot be read keeps the count it had."""
         for r in self.readers:
-            r.count_drops()
+            if r.lay.wait:
+                try:
+                    r.count_drops()
+                except Exception:  # noqa: BLE001  (the memory itself fails: stop() reports the pass's failure)
+                    pass
 
     def _close(self) -> None:
         """Every reader closed, each whatever another's close raised; where a pass failed, that failure is

@@ -222,7 +222,7 @@ def _header_line(mod: Module, start: int, end: int) -> None:
     words = mod.text[start:end].split("//")[0].replace(",", " ").split()
     if words[0] == ".version" and len(words) > 1:
         major, _, minor = words[1].partition(".")
-        if not major.isdigit() or not (minor or "0").isdigit():
+        if not all(part.isascii() and part.isdigit() for part in (major, minor or "0")):   # isdigit: '²' too
             raise PtxError(f".version {words[1]}: expected MAJOR.MINOR")
         mod.version = (int(major), int(minor or 0))
         vstart = mod.text.index(words[1], start)
