@@ -31,9 +31,11 @@ EXPORT unsigned long long egpu_ring_walk(const void *buf, unsigned long long siz
             break;
         if ((head & HEAD) != key) {
             key = head & HEAD;
-            runs[nrun++] = (long long)count;
+            if (runs) runs[nrun] = (long long)count;
+            nrun++;
         }
-        starts[count++] = (long long)k;
+        if (starts) starts[count] = (long long)k;
+        count++;
         k += 8 + (((head & LENGTH) + 7) & ~7ULL);
     }
     *n = count;

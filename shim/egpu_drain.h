@@ -18,8 +18,9 @@
 /* Walk the records of buf[0, size) that start in [k, stop) (8-aligned offsets) to the first one not
  * complete (neither READY nor DISCARD): each one's offset into starts, their count into *n; into runs,
  * the index in starts of each record whose length or state differs from the one before's (runs[0] = 0),
- * their count into *nruns (starts and runs have room for (stop - k) / 8 + 1). Returns where the walk
- * ended: the first record not complete, or the end of the last one (past stop where it crosses it). */
+ * their count into *nruns (starts and runs have room for (stop - k) / 8 + 1, or are NULL: only counted).
+ * Returns where the walk ended: the first record not complete, or the end of the last one (past stop
+ * where it crosses it). */
 unsigned long long egpu_ring_walk(const void *buf, unsigned long long size, unsigned long long k,
                                   unsigned long long stop, long long *starts, unsigned long long *n,
                                   long long *runs, unsigned long long *nruns);

@@ -169,13 +169,17 @@ def test_the_bulk_scan_takes_what_the_record_by_record_scan_took(with_numpy, mon
 
 def test_the_c_walk_reads_no_header_past_the_buffer(shim_api):
     """egpu_ring_walk told to walk past the buffer (a stop beyond it, a length that ends past it) stops at
-    its end: the next header would lie outside."""
+    its end: the next header would lie outside; without arrays it counts what it would have written."""
     ffi, lib = shim_api
     buf = bytearray(struct.pack("<II", 8, REC_READY) + bytes(8) + struct.pack("<II", 1 << 20, REC_READY) + bytes(8))
     starts, runs, counts = ffi.new("long long[8]"), ffi.new("long long[8]"), ffi.new("unsigned long long[2]")
     end = lib.egpu_ring_walk(ffi.from_buffer(buf), 28, 0, 64, starts, counts, runs, counts + 1)
     assert (end, list(starts[0:counts[0]]), list(runs[0:counts[1]])) == (16 + 8 + (1 << 20), [0, 16], [0, 1])
     assert lib.egpu_ring_walk(ffi.from_buffer(buf), 20, 0, 64, starts, counts, runs, counts + 1) == 16
+    # without room for offsets (the walk that only finds where complete records end): counted all the same
+    end = lib.egpu_ring_walk(ffi.from_buffer(buf), 28, 0, 64, ffi.NULL, counts, ffi.NULL, counts + 1)
+    assert end == 16 + 8 + (1 << 20)
+    assert (counts[0], counts[1]) == (2, 2)
 
 
 @pytest.mark.parametrize("size, room, ok", [(32, 16, True), (31, 16, False), (32, 15, False)])

@@ -262,13 +262,15 @@ def _walk(np: Any, buf: memoryview, k: int, stop: int, out: Taken | None) -> tup
     if k >= stop:
         return k, False
     ffi, lib = _shim()
+    counts = ffi.new("unsigned long long[2]")
+    if out is None:   # only where the walk ends
+        end = lib.egpu_ring_walk(ffi.from_buffer(buf), len(buf), k, stop, ffi.NULL, counts, ffi.NULL, counts + 1)
+        return end, end < stop
     room = (stop - k >> 3) + 1
     starts, runs = _longs(np, room), _longs(np, room)
-    counts = ffi.new("unsigned long long[2]")
     end = lib.egpu_ring_walk(ffi.from_buffer(buf), len(buf), k, stop, ffi.from_buffer("long long[]", starts),
                              counts, ffi.from_buffer("long long[]", runs), counts + 1)
-    if out is not None:
-        _hand_on(np, buf, starts[:counts[0]], runs[:counts[1]], out)
+    _hand_on(np, buf, starts[:counts[0]], runs[:counts[1]], out)
     return end, end < stop
 
 
