@@ -8,8 +8,9 @@ so the application never synchronizes with it and its kernels keep running while
 records' bytes and the zeros that clear them go through page-locked memory of each reader's own, made
 at its first pass with records and freed when the drain stops: from pageable memory the driver copies
 through a bounce buffer of its own, and a buffer made per pass is zero-filled besides. The scan reads
-that memory in place and copies out what it hands on, once: the writer holds records past the next
-pass, which overwrites it.
+that memory in place (the walk from record to record in C, shim/drain.c: the loaded shim's) and copies
+out what it hands on, once: the writer holds records past the next pass, which overwrites it. The
+reader's thread holds the maps' context for its whole run (ContextMemory.entered).
 
 A copy engine reads a range in no particular order, so one copy may hold a record's READY flag and an
 older copy of its bytes. A record is therefore taken only from a copy made after an earlier copy had
@@ -19,7 +20,9 @@ an earlier pass saw complete; a record reaches the sink one pass after it was co
 
 Before ``consumed`` moves past records, their bytes are zeroed (the producer's BUSY flag is written
 after its position is taken, so between the two the reader must find no stale READY there: devmaps.py's
-"the host clears the headers"). A dropping ring's per-SM full marks are reset once it has room again.
+"the host clears the headers"). A dropping ring's per-SM full marks are reset once it has room again;
+a waiting ring's per-SM lines, where its producers count only records larger than the ring, are read
+once, when the drain stops.
 
 A reader that fails (a copy that errs) goes on moving ``consumed`` to ``head`` unread until stopped,
 counting what it passed over: producers made to wait would otherwise spin, and the job with them.
