@@ -153,8 +153,11 @@ class Side:
 
     def push(self, mem: mapsync.Memory, addrs: Sequence[int], now_ns: int) -> None:
         """Copy the keys the programs changed in tracked maps since the last push into their device
-        regions (``addrs``, by map index); ``now_ns`` stamps LRU slots (mapsync.push_key)."""
+        regions (``addrs``, by map index); ``now_ns`` stamps LRU slots (mapsync.push_key). A map with no
+        change is passed over: changes() builds a host container of the map's size (an ARRAY's every entry)."""
         for i in self.tracked:
+            if not self.changed(i):
+                continue
             storage, keys = self.changes(i)
             for key in keys:
                 mapsync.push_key(mem, addrs[i], storage, key, now_ns)
