@@ -312,12 +312,9 @@ def profile(target: str, tmp: Path) -> None:
 def walk_in_c(tmp: Path) -> None:
     """The reader's walk on the shim's C (shim/drain.c), as inside a job: the shim built here and loaded
     ABI-mode (its Python never starts)."""
-    import cffi
     sys.path.insert(0, str(ROOT / "shim"))
     import build as shim_build
-    ffi = cffi.FFI()
-    ffi.cdef(shim_build.header_parts()[1])
-    c = ffi, ffi.dlopen(str(shim_build.build(tmp / "shim")))
+    c = shim_build.load(shim_build.build(tmp / "shim"))
     ring_drain._shim = lambda: c
 
 

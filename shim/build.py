@@ -12,6 +12,7 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import cffi
 
@@ -72,6 +73,14 @@ def build(out_dir: Path) -> Path:
         target = out_dir / built.name
         built.replace(target)
     return target
+
+
+def load(lib: Path) -> tuple[Any, Any]:
+    """(ffi, lib) of the built shim at ``lib``, its C API (part 2) loaded ABI-mode into this process (tests,
+    benchmarks): no hook is called, so its Python never starts."""
+    ffi = cffi.FFI()
+    ffi.cdef(header_parts()[1])
+    return ffi, ffi.dlopen(str(lib))
 
 
 if __name__ == "__main__":

@@ -94,28 +94,22 @@ def pytest_terminal_summary(terminalreporter):
 
 pytest_plugins = ["stub_job"]  # jobs against the stand-in driver (test_runtime.py, test_egpu_run.py)
 
+from test_shim import built  # noqa: E402,F401  (the shim, built once per session)
+
 
 @pytest.fixture(scope="session")
-def shim_api(tmp_path_factory):
-    """(ffi, lib): the shim's C API (part 2 of its headers), built once per session by shim/build.py and
-    loaded into this process ABI-mode: no hook is called, so its Python never starts."""
-    return shim_api_of(_shim_build().build(tmp_path_factory.mktemp("shim_api")))
+def shim_api(built):  # noqa: F811
+    """(ffi, lib): the shim test_shim.py builds, its C API loaded into this process ABI-mode (its Python
+    never starts)."""
+    return shim_api_of(built / "libegpu_shim.so")
 
 
 def shim_api_of(lib: str | Path) -> tuple:
-    """(ffi, lib) of the built shim at ``lib``, loaded ABI-mode (shim_api)."""
-    import cffi
-
-    ffi = cffi.FFI()
-    ffi.cdef(_shim_build().header_parts()[1])
-    return ffi, ffi.dlopen(str(lib))
-
-
-def _shim_build():
+    """shim/build.py's load(): (ffi, lib) of the built shim at ``lib`` (shim_api; a subprocess of a test)."""
     spec = importlib.util.spec_from_file_location("shim_build", Path(__file__).parent.parent / "shim" / "build.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    return module.load(Path(lib))
 
 
 @pytest.fixture
