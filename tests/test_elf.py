@@ -205,6 +205,10 @@ BAD_SOURCES = [
     ("size mismatch", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
                                      "__uint(key_size, 8); __type(key, __u32); __type(value, __u64);"),
      "key_size 8 disagrees with the key type's 4 bytes"),
+    ("callback", 'static long (*bpf_loop)(__u32 n, void *fn, void *c, __u64 f) = (void *)181;\n'
+                 'static int cb(__u32 i, void *c) { *(__u64 *)c += i; return 0; }\n'
+                 'SEC("kprobe/*") int p(void *c) { __u64 s = 0; bpf_loop(4, cb, &s, 0); return s; }',
+     "takes the address of function cb: callbacks (bpf_loop, bpf_for_each_map_elem, timers) are not supported"),
     ("legacy map type", 'struct egpu_map_def SEC("maps") m = { .type = 99, .key_size = 4, .value_size = 4, '
                         '.max_entries = 1 };\n'
                         'SEC("kprobe/*") int p(void *c) { __u32 k = 0; return bpf_map_lookup_elem(&m, &k) != 0; }',

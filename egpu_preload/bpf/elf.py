@@ -307,6 +307,13 @@ class _Loader:
                 raise ElfError(f"bad relocation at insn {pc}: {sym.name} + {addend} is outside "
                                f"{self.sections[sym.shndx].name}", section=sec.name)
             src, value = isa.LDDW_MAP_IDX_VALUE, self.data_map[sym.shndx] | where << 32
+        elif sym.shndx in self.code:
+            # A function's address (lddw r, func): a callback, as bpf_loop and bpf_for_each_map_elem take.
+            func = self.funcs.get((sym.shndx, (sym.value + addend) // 8))
+            name = func.name if func else sym.name or self.sections[sym.shndx].name
+            raise ElfError(f"insn {pc} takes the address of function {name}: callbacks (bpf_loop, "
+                           f"bpf_for_each_map_elem, timers) are not supported; write a bounded loop instead",
+                           section=sec.name)
         else:
             target = self.sections[sym.shndx].name
             raise ElfError(f"bad relocation at insn {pc}: {sym.name or target} in section {target} is neither "
