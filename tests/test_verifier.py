@@ -193,6 +193,12 @@ def test_decode_errors_name_the_file():
     assert str(info.value).startswith("x.bpf.o:kprobe/y:0: unknown opcode")
 
 
+def test_an_indirect_call_says_how_it_came():
+    """clang -O0 calls helpers through a register (callx, opcode 0x8d), which neither Linux nor egpu runs."""
+    with pytest.raises(DecodeError, match=r"unknown opcode 0x8d \(callx, .*compile with -O1 or more\)"):
+        verify(bytes([0x8D, 0x01, 0, 0, 0, 0, 0, 0]) + bytes([0x95]) + bytes(7), [])
+
+
 def test_empty_program():
     with pytest.raises(VerifierError, match="empty program"):
         verify(b"", [])

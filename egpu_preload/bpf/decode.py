@@ -134,7 +134,10 @@ def decode(code: bytes) -> list[Insn]:
         dst, src = regs & 0x0F, regs >> 4
         spec = isa.lookup(opcode, off)
         if spec is None:
-            raise _reserved(pc, f"unknown opcode 0x{opcode:02x}" + (f" with offset {off}" if off else ""))
+            why = f"unknown opcode 0x{opcode:02x}" + (f" with offset {off}" if off else "")
+            if opcode == 0x8D:  # BPF_JMP | BPF_CALL | BPF_X
+                why += " (callx, a call through a register: clang -O0 calls helpers so; compile with -O1 or more)"
+            raise _reserved(pc, why)
         if spec.kind == "lddw":
             if pc + 1 >= n:
                 raise _reserved(pc, "lddw is missing its second slot")
