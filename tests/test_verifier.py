@@ -4,6 +4,7 @@ its arithmetic, fuzzing, and `egpu verify`."""
 from __future__ import annotations
 
 import random
+import re
 import struct
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.disasm import disasm
 from egpu_preload.bpf.elf import load_object
+from egpu_preload.bpf.program import MAP_ARRAY, MapDef
 from egpu_preload.bpf.verifier import VerifiedProgram, verify
 from egpu_preload.bpf.verifier import arith
 from egpu_preload.bpf.verifier.checks import STEP
@@ -191,6 +193,21 @@ def test_decode_errors_name_the_file():
     with pytest.raises(DecodeError) as info:
         verify(bytes(8), [], file="x.bpf.o", section="kprobe/y")
     assert str(info.value).startswith("x.bpf.o:kprobe/y:0: unknown opcode")
+
+
+@pytest.mark.parametrize("fmt, refused", [
+    (b"str %s\0", "%s"), (b"w=%-8s!\0", "%-8s"), (b"%ls\0", "%ls"),
+    (b"100%%s %d\0", None), (b"%d %u %x %llx %c %p\0", None), (b"%d\0%s", None),  # past the NUL: unread
+])
+def test_a_printk_format_may_not_print_a_string(fmt, refused):
+    """The host formats bpf_printk's numbers: a .rodata format with %s is refused, not printed as "%s"."""
+    rodata = MapDef(".rodata", MAP_ARRAY, 4, len(fmt), 1, initial=fmt, readonly=True)
+    asm = f"r1 = map_value[0] + 0x0 ll\nr2 = {len(fmt)}\nr3 = 7\ncall trace_printk\nr0 = 0\nexit"
+    if refused is None:
+        verify(assemble(asm), [rodata])
+        return
+    with pytest.raises(VerifierError, match=f"{re.escape(refused)} \\(a string\\) is not supported"):
+        verify(assemble(asm), [rodata])
 
 
 def test_an_indirect_call_says_how_it_came():

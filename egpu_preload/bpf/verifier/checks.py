@@ -11,6 +11,7 @@ Every memory access must be naturally aligned: a misaligned ld/st faults on the 
 from __future__ import annotations
 
 import functools
+import re
 from typing import Callable
 
 from .. import ctx as egpu_ctx
@@ -42,6 +43,8 @@ _WRITES_MAP = frozenset({"map_update_elem", "map_delete_elem"})
 # Helpers declared variadic in C (bpf_printk): the registers of arguments the format does not use hold
 # whatever clang left there, unset or a pointer, so their "anything" arguments take any value.
 _VARIADIC = frozenset({"trace_printk"})
+# A conversion of a printk format: %s is the one Linux formats that the host cannot (it gets numbers only).
+_PRINTK_STRING = re.compile(rb"%[-0+ #]*\d*(?:hh|h|ll|l|z)?s")
 
 Succ = list[tuple[State, int]]
 
@@ -604,6 +607,8 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
             raise Reject(f"r{n} leaks addr into {h.name} (arg{n} is {v.kind})")
         if v.kind in (STACK, MAP_VALUE, RINGBUF_MEM):
             env.note_arg(st, insn.pc, n, v)
+    if h.name == "trace_printk":
+        _printk_format(env, f.regs[1], f.regs[2])
     if m is not None and h.name != "map_lookup_elem" and not (h.name == "map_update_elem" and _noexist(f.regs[4])):
         env.note_use(m, "helper")
     if release:
@@ -623,6 +628,22 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
     else:
         f.regs[0] = NOT_INIT_VALUE if h.ret == "void" else UNKNOWN
     return [(st, insn.pc + 1)]
+
+
+def _printk_format(env: Env, fmt: Value, size: Value) -> None:
+    """A format in read-only data (bpf_printk's) may not print a string: the probe sends its arguments as
+    numbers and the host formats them, so %s would print as the two characters it is."""
+    if fmt.kind != MAP_VALUE or not fmt.is_const or size.kind != SCALAR or not size.is_const:
+        return
+    m = env.maps[fmt.aux]
+    if not m.readonly or m.initial is None:
+        return
+    start = fmt.off + fmt.tv
+    text = m.initial[start:start + size.tv].split(b"\0", 1)[0]
+    if (c := _PRINTK_STRING.search(text.replace(b"%%", b""))) is not None:
+        shown = text.decode("utf-8", "replace").encode("unicode_escape").decode()
+        raise Reject(f'format "{shown}": {c.group().decode()} (a string) is not supported: the host formats '
+                     "numbers only (print characters with %c)")
 
 
 def _noexist(flags: Value) -> bool:
