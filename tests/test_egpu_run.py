@@ -167,6 +167,25 @@ def test_sigterm_reaches_the_job(stub_job, probe_obj, tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, err
 
 
+def test_sigint_stops_a_c_program(stub_job, probe_obj, tmp_path):
+    """Ctrl-C (SIGINT, forwarded: no terminal here) ends a C program under egpu-run as it would end it
+    alone: the shim's Python must not take SIGINT for a KeyboardInterrupt (it did, and app_loop ran on)."""
+    stop = tmp_path / "stop"
+    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "-p", str(probe_obj("count")),
+                             str(stub_job.loop), str(stop), "60"], env=stub_job.env(tmp_path / "log"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout.readline() == "ready\n"
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=20)
+    finally:
+        stop.touch()
+    assert proc.returncode == 128 + signal.SIGINT, (out, err)
+    assert "KeyboardInterrupt" not in err
+
+
 def test_a_probe_path_with_colons_spaces_and_a_newline_reaches_the_job(stub_job, probe_obj, tmp_path):
     """EGPU_PROBES was os.pathsep-separated: a ':' split the path and the job ran with no probe."""
     where = tmp_path / "a:b c\nd"

@@ -110,11 +110,29 @@ def _report(exc_type: type, exc: BaseException, tb: Any) -> None:
     print(f"egpu: hook failed, the original call proceeds: {exc_type.__name__}: {exc}", file=sys.stderr)
 
 
+def _leave_sigint_alone() -> None:
+    """A program that is not Python keeps its own Ctrl-C. Python's signal module, once imported (and the
+    runtime imports it), puts a handler raising KeyboardInterrupt on SIGINT wherever SIGINT was SIG_DFL,
+    even in an interpreter started without signal handlers, as the shim's is: the KeyboardInterrupt then
+    surfaced in the runtime's next hook ("Exception ignored") and the C program never stopped. Imported
+    here, before anything else can, and put back to SIG_DFL (a handler of the program's own, or SIG_IGN,
+    the module leaves as it is)."""
+    import signal
+    if sys.orig_argv:   # Python's own program: its KeyboardInterrupt is its own
+        return
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+    except ValueError:   # not the interpreter's main thread: nothing else can be done from Python
+        pass
+
+
 def attach(ffi: Any, lib: Any) -> None:
     """Bind the shim's Python entry points (called once by the shim's init code), then import the
     runtime module that registers the instrumenter."""
     global _shim
     _shim = (ffi, lib)
+    _leave_sigint_alone()
     # First: atexit runs last registered first, so this runs after every handler the runtime registers
     # (the exit dump). Past it no hook calls in: C exit handlers run after the interpreter is finalized.
     atexit.register(lib.egpu_shim_python_gone)
