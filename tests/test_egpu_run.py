@@ -138,6 +138,9 @@ def test_a_probe_source_is_compiled_for_the_job(stub_job, tmp_path):
     (["no-such-program-egpu"], 127, "egpu-run: no-such-program-egpu: command not found"),
     (["./no/such/file"], 127, "egpu-run: ./no/such/file: no such file"),
     (["/"], 126, "egpu-run: /: permission denied"),
+    (["./tests/runtime_stub/no_shebang.sh"], 126,
+     "egpu-run: ./tests/runtime_stub/no_shebang.sh: exec format error (not a program for this machine, "
+     "or a script without a #! line)"),
 ])
 def test_a_program_that_cannot_run(stub_job, probe_obj, tmp_path, cmd, status, message):
     r = egpu_run(["-p", str(probe_obj("count")), *cmd], stub_job.env(tmp_path / "log"))

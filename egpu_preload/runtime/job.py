@@ -7,6 +7,7 @@ The environment is set in one place (``job_env``); what the runtime reads from i
 from __future__ import annotations
 
 import dataclasses
+import errno
 import importlib.util
 import os
 import shutil
@@ -152,6 +153,9 @@ def run_child(cmd: list[str], env: Mapping[str, str], every: tuple[float, Callab
         raise ProgramError(f"{cmd[0]}: {e.strerror}", 127) from None
     except PermissionError as e:
         raise ProgramError(f"{cmd[0]}: {e.strerror}", 126) from None
+    except OSError as e:   # found but cannot be executed: a script without a #! line (ENOEXEC), ... as env says
+        hint = " (not a program for this machine, or a script without a #! line)" if e.errno == errno.ENOEXEC else ""
+        raise ProgramError(f"{cmd[0]}: {e.strerror.lower() if e.strerror else e}{hint}", 126) from None
 
     def forward(sig: int, _frame: Any) -> None:
         if sig == signal.SIGINT and _terminal_foreground():
