@@ -329,6 +329,15 @@ def test_modules_left_alone_are_reported(stub_job, probe_obj, tmp_path, mode, ke
     assert r.stdout.splitlines() == [f"app_vec {mode} launches=2 threads=32 result=0"]
 
 
+def test_launch_probes_alone_need_no_instrumented_kernel(stub_job, probe_obj, tmp_path):
+    """A probe of launch programs only runs on the host: its kernels left untouched are no failure, so
+    no warning says "no kernel was instrumented" beside its maps."""
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("launch"), str(stub_job.app), "module", "2", "32", "0")
+    assert r.returncode == 0, r.stderr
+    assert "no kernel was instrumented" not in r.stderr
+    assert "@launches[vecadd]: { launches: 2," in r.stdout
+
+
 def test_global_data_reaches_the_device_and_comes_back(stub_job, probe_obj, tmp_path):
     """globals.bpf.c's .data weight = 3 and .rodata min_size = 4 go into device memory with the
     module's table and are read back from there at exit."""

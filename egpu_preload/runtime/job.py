@@ -242,9 +242,10 @@ def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view
     return "\n".join(out)
 
 
-def module_report(dumps: list[dict[str, Any]], verbose: bool) -> list[str]:
+def module_report(dumps: list[dict[str, Any]], verbose: bool, in_kernels: bool = True) -> list[str]:
     """Lines for stderr: every load and kernel when verbose; maps that could not be read; launch records
-    lost to the shim's full ring; a warning when no kernel was instrumented."""
+    lost to the shim's full ring; a warning when no kernel was instrumented though some program
+    (``in_kernels``) runs in kernels: launch, host-API and uprobe programs need no kernel of their own."""
     lines = [f"egpu-run: pid {d['pid']}: {d['error']}" for d in dumps if d["error"]]
     for d in dumps:
         stats = d.get("stats", {})
@@ -265,7 +266,7 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool) -> list[str]:
                       for path, why in where.get("python_vm", {}).items()]
     if not dumps:
         lines.append("egpu-run: no maps: no process of the job loaded CUDA code and exited normally")
-    elif not any(m["status"] == "instrumented" for _, m in modules):
+    elif in_kernels and not any(m["status"] == "instrumented" for _, m in modules):
         counts: dict[str, int] = {}
         for _, m in modules:
             counts[m["status"]] = counts.get(m["status"], 0) + 1
@@ -282,4 +283,6 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
     out = render(probes, dumps, as_json, view)
     if with_durations and any("durations" in d for d in dumps):  # egpu-run --durations
         out += durations.render_json(dumps, time.time()) if as_json else ("\n" if out else "") + durations.render(dumps)
-    return out, module_report(dumps, verbose) if probes else []
+    from egpu_preload.bpf.sections import HOST_SIDE
+    in_kernels = any(prog.attach.kind not in HOST_SIDE for p in probes for prog in p.obj.programs)
+    return out, module_report(dumps, verbose, in_kernels) if probes else []
