@@ -136,6 +136,20 @@ def test_no_mirror_when_its_period_is_zero(stub_job, tmp_path, monkeypatch, prob
     assert r.returncode == 1 and "no map mirror" in r.stderr
 
 
+@pytest.mark.parametrize("period", [float("inf"), 1e300])
+def test_a_period_too_long_for_a_wait_means_never(tmp_path, period):
+    """egpu-run --mirror inf: no OverflowError in the mirror's thread (a traceback in the job's stderr)."""
+    errors = []
+    old, threading.excepthook = threading.excepthook, errors.append
+    try:
+        m = mirror.Mirror(lambda: {"probes": []}, period, tmp_path / "1.maps").start()
+        time.sleep(0.2)
+        m.stop()
+    finally:
+        threading.excepthook = old
+    assert errors == [] and not m._thread.is_alive()
+
+
 def test_no_private_directory_means_no_mirror_and_one_line(tmp_path, monkeypatch, capsys):
     """Another user's directory where the sockets go and no fallback made yet (the control socket failed
     to start): the runtime runs on without a mirror, never writing the maps into that directory."""

@@ -96,7 +96,9 @@ class Mirror:
     """Writes ``read()`` (a document) into the segment every ``period`` seconds, on a daemon thread."""
 
     def __init__(self, read: Callable[[], dict | None], period: float, path: Path) -> None:
-        self.read, self.period = read, period
+        # egpu-run --mirror inf (or 1e300): as good as never, within what a wait takes (it raised
+        # OverflowError in the thread, a traceback in the job's stderr); stop() waits 5 periods, errors 10
+        self.read, self.period = read, min(period, threading.TIMEOUT_MAX / 20)
         self.segment = Segment(path)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="egpu-mirror", daemon=True)
