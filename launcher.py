@@ -14,6 +14,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, Optional
@@ -474,10 +475,17 @@ def maps_cmd(pid: int = _PID, as_json: bool = typer.Option(False, "--json", help
     from egpu_preload.runtime import job, mirror, remote
     read = (lambda p: mirror.read_mirror(p)[0]) if from_mirror else (lambda p: remote.request(p, "maps"))
     done, failed = _each(pid, rank, every, read)
+    out = job.render([], [doc for _, doc in done], as_json)
     for t, doc in done:
         if not doc["probes"]:
             typer.echo(f"egpu: no probe is attached to {t.pid}", err=True)
-    typer.echo(job.render([], [doc for _, doc in done], as_json), nl=False)
+            if as_json:   # still one document per process, as --json promises: its maps none
+                from egpu_preload.output import json as json_out
+                from egpu_preload.output.values import Snapshot, Trace
+                out += json_out.render(Snapshot((), Trace(())), time=time.time(), pid=t.pid, rank=t.rank)
+        elif not as_json and not job.render([], [doc], False):   # bpftrace's way: empty maps print nothing
+            typer.echo(f"egpu: every map of the probes attached to {t.pid} is empty", err=True)
+    typer.echo(out, nl=False)
     raise typer.Exit(int(failed))
 
 

@@ -466,6 +466,24 @@ def test_refused_requests(job, probe_obj, args, message):
     assert r.returncode == 1 and message in r.stderr and len(r.stderr.splitlines()) == 1
 
 
+@pytest.mark.parametrize("job", ["module"], indirect=True)
+def test_maps_that_show_nothing_say_so(job, probes):
+    """egpu maps with no probe: --json still gives the process's document (its maps none), never an
+    empty stdout; with probes whose maps are all empty (no kernel ran them in the stand-in): a line says
+    so, where the text itself shows nothing."""
+    r = egpu(["maps", str(job.pid), "--json"], job.env)
+    doc = json.loads(r.stdout)
+    assert (r.returncode, doc["pid"], doc["maps"]) == (0, job.pid, {})
+    assert r.stderr == f"egpu: no probe is attached to {job.pid}\n"
+    assert egpu(["attach", str(job.pid), "-p", str(probes["hash_count"])], job.env).returncode == 0
+    r = egpu(["maps", str(job.pid)], job.env)
+    assert (r.returncode, r.stdout) == (0, "")
+    assert r.stderr == f"egpu: every map of the probes attached to {job.pid} is empty\n"
+    assert json.loads(egpu(["maps", str(job.pid), "--json"], job.env).stdout)["maps"] == {
+        "per_kernel": {"kind": "map", "entries": []}}
+    job.finish()
+
+
 @pytest.mark.parametrize("cmd", [["maps"], ["modules"], ["detach"], ["attach", "-p", "PROBE"]])
 def test_a_pid_without_egpu(stub_job, probe_obj, tmp_path, cmd):
     env = stub_job.env(tmp_path / "log")
