@@ -46,6 +46,15 @@ def test_exit_status_is_the_jobs(stub_job, probe_obj, tmp_path, status, exit_sta
         assert r.stderr == ""
 
 
+def test_maps_all_empty_say_so(stub_job, probe_obj, tmp_path):
+    """Empty maps print nothing (as bpftrace's): then a line on stderr says so, not silence."""
+    r = egpu_run(["-p", str(probe_obj("hash_count")), str(stub_job.app), "module", "1", "32", "0"],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["app_vec module launches=1 threads=32 result=0"]
+    assert r.stderr == "egpu-run: every map is empty: no probe program stored anything\n"
+
+
 def test_a_process_whose_cuinit_fails_says_so(stub_job, probe_obj, tmp_path):
     """A driver but no GPU (cuInit: CUDA_ERROR_NO_DEVICE): the job runs as it would, and egpu says once
     why no probe ran in it."""

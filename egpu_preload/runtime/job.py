@@ -285,4 +285,7 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
         out += durations.render_json(dumps, time.time()) if as_json else ("\n" if out else "") + durations.render(dumps)
     from egpu_preload.bpf.sections import HOST_SIDE
     in_kernels = any(prog.attach.kind not in HOST_SIDE for p in probes for prog in p.obj.programs)
-    return out, module_report(dumps, verbose, in_kernels) if probes else []
+    notes = module_report(dumps, verbose, in_kernels) if probes else []
+    if not out and not as_json and any(d["probes"] for d in dumps):   # empty maps print nothing (bpftrace's way)
+        notes.append("egpu-run: every map is empty: no probe program stored anything")
+    return out, notes
