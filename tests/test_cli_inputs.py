@@ -131,6 +131,19 @@ def test_compile_shows_clangs_warnings_on_success(tmp_path):
     assert f"{src}:2:2: warning: \"look here\"" in r.stderr
 
 
+@pytest.mark.parametrize("output", ["SRC", "LINK", "-"])
+def test_compile_never_writes_over_its_source_nor_into_stdout(tmp_path, output):
+    """-o naming the source (or a link to it) overwrote the probe's C with the object; -o - was a
+    UnicodeDecodeError traceback (clang's object in its captured stdout)."""
+    src = tmp_path / "s.bpf.c"
+    text = HEAD + 'SEC("kprobe/*") int p(struct egpu_ctx *c) { return 0; }\n' + LICENSE
+    src.write_text(text)
+    (tmp_path / "link.bpf.c").symlink_to(src)
+    out = {"SRC": src, "LINK": tmp_path / "link.bpf.c", "-": "-"}[output]
+    refused(egpu, ["compile", src, "-o", out], 1, f"egpu: {src}: ")
+    assert src.read_text() == text
+
+
 def test_compile_shows_clangs_errors_as_clang_prints_them(tmp_path):
     src = tmp_path / "e.bpf.c"
     src.write_text(HEAD + "SEC(\"kprobe/*\") int p(struct egpu_ctx *c) { return undeclared; }\n")

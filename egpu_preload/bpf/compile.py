@@ -60,6 +60,11 @@ def compile_probe(src: Path, out: Path | None = None, *, mcpu: str = "v3", clang
     out = Path(out) if out is not None else src.with_suffix(".o")
     if not src.is_file():
         raise EgpuError("no such probe source" if not src.exists() else "not a file", file=str(src))
+    if str(out) == "-":   # clang would write the object into its captured stdout
+        raise EgpuError("-o -: an object goes into a file (egpu loads it back to check it)", file=str(src))
+    if out.exists() and out.samefile(src):
+        raise EgpuError("the output is the source itself: clang would overwrite it with the object "
+                        "(-o X.bpf.o)", file=str(src))
     check_output_file(out)
     cmd = [clang or find_clang(), *clang_args(src, out, mcpu)]
     try:
