@@ -94,6 +94,8 @@ def files(tmp_path, probe_obj):
     (lambda f: ["disasm", f["noprog"]], "noprog.bpf.o: no programs in the object"),
     (lambda f: ["ptx", f["noprog"]], "noprog.bpf.o: no programs in the object"),
     (lambda f: ["verify", f["src"]], "count.bpf.c: a probe source: compile it first (egpu compile"),
+    (lambda f: ["trace", "/nonexistent.parquet"], "egpu: /nonexistent.parquet: no such file"),   # no "not a
+    (lambda f: ["trace", f["rand"].parent], ": is a directory"),                       # trace file: [Errno 2]"
 ], ids=lambda v: "" if callable(v) else v.split(": ", 1)[-1][:40])
 def test_bad_input_is_one_line_and_exit_1(files, args, message):
     refused(egpu, args(files), 1, message)

@@ -430,6 +430,10 @@ class Trace:
 def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) -> Trace:
     """The file's rows, each map's rows put through the expander of its record type (if any)."""
     pa = arrow()
+    if not path.exists():
+        raise EgpuError("no such file", file=str(path))
+    if path.is_dir():
+        raise EgpuError("is a directory", file=str(path))
     try:
         table, meta, complete = _load(path, pa)
         table.validate(full=True)   # a damaged file fails here, not halfway through printing it
