@@ -276,9 +276,10 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool, in_kernels: bool =
 
 
 def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
-           view: str = "auto", with_durations: bool = True) -> tuple[str, list[str]]:
+           view: str = "auto", with_durations: bool = True, traced: bool = False) -> tuple[str, list[str]]:
     """(maps for stdout, lines for stderr) from the dumps the job's processes left in the session;
-    kernel durations too when ``with_durations`` and the dumps have them."""
+    kernel durations too when ``with_durations`` and the dumps have them. ``traced`` (egpu-run --trace):
+    the rings' records went into the trace file, so maps empty at exit are no news."""
     dumps = dump.read_all(session)
     out = render(probes, dumps, as_json, view)
     if with_durations and any("durations" in d for d in dumps):  # egpu-run --durations
@@ -286,6 +287,6 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
     from egpu_preload.bpf.sections import HOST_SIDE
     in_kernels = any(prog.attach.kind not in HOST_SIDE for p in probes for prog in p.obj.programs)
     notes = module_report(dumps, verbose, in_kernels) if probes else []
-    if not out and not as_json and any(d["probes"] for d in dumps):   # empty maps print nothing (bpftrace's way)
+    if not out and not as_json and not traced and any(d["probes"] for d in dumps):   # empty maps print nothing (bpftrace's way)
         notes.append("egpu-run: every map is empty: no probe program stored anything")
     return out, notes
