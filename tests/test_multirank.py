@@ -124,9 +124,25 @@ JOB = sessions(p20=0, p21=1, p22=2, p30=1, p50=0)
     (21, None, True, [ranks.Target(21, 1), ranks.Target(30, 1)]),
     (30, 1, False, [ranks.Target(30, 1)]),             # below the root, no ancestor of its rank
     (99, None, False, [ranks.Target(99)]),             # neither: the pid as given, nothing listed
+    (20, None, False, [ranks.Target(20)]),             # a session of its own: itself
+    (21, None, False, [ranks.Target(21)]),             # itself, not its worker below
+    (30, None, False, [ranks.Target(30)]),
+    (50, None, False, [ranks.Target(50)]),
+    (10, None, False, "refused"),                      # egpu-run's pid over several: refused below
 ])
 def test_select(root, rank, every, want):
+    if want == "refused":
+        with pytest.raises(EgpuError, match=re.escape("no egpu session in process 10, but in 4 processes below it "
+                                                      "(20, 21, 30, 22): give one of them, --rank R or --all")):
+            ranks.select(root, rank, every, JOB, TREE.get)
+        return
     assert ranks.select(root, rank, every, JOB, TREE.get) == want
+
+
+def test_egpu_run_pid_addresses_its_only_process():
+    """egpu attach $! (egpu-run's pid, which has no session): the one process of its job that has one."""
+    tree = {10: 1, 11: 10}
+    assert ranks.select(10, None, False, sessions(p11=None), tree.get) == [ranks.Target(11)]
 
 
 @pytest.mark.parametrize("root, rank, every, message", [

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from egpu_preload.control import SessionInfo, list_sessions
+from egpu_preload.control import SessionInfo, list_sessions, socket_path
 from egpu_preload.errors import EgpuError
 
 PROC = Path("/proc")
@@ -72,10 +72,20 @@ def job_targets(root: int, sessions: list[SessionInfo],
 
 def select(root: int, rank: int | None = None, every: bool = False, sessions: list[SessionInfo] | None = None,
            parent_of: Callable[[int], int | None] = parent) -> list[Target]:
-    """The processes a request addresses: ``root`` itself (neither rank nor every), the job's processes
-    of rank ``rank`` (helpers left out), or all of the job's processes (``every``)."""
+    """The processes a request addresses: ``root`` itself (neither rank nor every; when it has no session,
+    as egpu-run's own pid has not, the one process below it that has), the job's processes of rank
+    ``rank`` (helpers left out), or all of the job's processes (``every``)."""
     if rank is None and not every:
-        return [Target(root)]
+        if sessions is None and socket_path(root).exists():
+            return [Target(root)]
+        sessions = list_sessions() if sessions is None else sessions
+        below = [t for t, _ in job_targets(root, sessions, parent_of)]
+        if any(t.pid == root for t in below) or not below:
+            return [Target(root)]   # a pid with no session below it: its request says so
+        if len(below) == 1:
+            return below
+        raise EgpuError(f"no egpu session in process {root}, but in {len(below)} processes below it "
+                        f"({', '.join(str(t.pid) for t in below)}): give one of them, --rank R or --all")
     if rank is not None and every:
         raise EgpuError("--rank and --all: give one of them")
     found = job_targets(root, list_sessions() if sessions is None else sessions, parent_of)
