@@ -290,6 +290,28 @@ typedef struct {
     X(cuLibraryGetKernel, cuLibraryGetKernel, 12000, 0, (CUkernel *pKernel, CUlibrary library, const char *name)) \
     X(cuLibraryGetModule, cuLibraryGetModule, 12000, 0, (CUmodule *pMod, CUlibrary library)) \
     X(cuKernelGetFunction, cuKernelGetFunction, 12000, 0, (CUfunction *pFunc, CUkernel kernel)) \
+    X(cuLibraryGetGlobal, cuLibraryGetGlobal, 12000, 0, (CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)) \
+    X(cuLibraryGetManaged, cuLibraryGetManaged, 12000, 0, (CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)) \
+    X(cuKernelGetAttribute, cuKernelGetAttribute, 12000, 0, (int *pi, int attrib, CUkernel kernel, int dev)) \
+    X(cuKernelSetAttribute, cuKernelSetAttribute, 12000, 0, (int attrib, int val, CUkernel kernel, int dev)) \
+    X(cuKernelSetCacheConfig, cuKernelSetCacheConfig, 12000, 0, (CUkernel kernel, int config, int dev)) \
+    X(cuFuncGetAttribute, cuFuncGetAttribute, 2020, 0, (int *pi, int attrib, CUfunction hfunc)) \
+    X(cuFuncSetAttribute, cuFuncSetAttribute, 9000, 0, (CUfunction hfunc, int attrib, int value)) \
+    X(cuFuncSetCacheConfig, cuFuncSetCacheConfig, 3000, 0, (CUfunction hfunc, int config)) \
+    X(cuFuncLoad, cuFuncLoad, 12040, 0, (CUfunction hfunc)) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050, 0, (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize)) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, 7000, 0, (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags)) \
+    X(cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSize, 6050, 0, (int *minGridSize, int *blockSize, CUfunction func, size_t (*blockSizeToDynamicSMemSize)(int), size_t dynamicSMemSize, int blockSizeLimit)) \
+    X(cuOccupancyMaxPotentialBlockSizeWithFlags, cuOccupancyMaxPotentialBlockSizeWithFlags, 7000, 0, (int *minGridSize, int *blockSize, CUfunction func, size_t (*blockSizeToDynamicSMemSize)(int), size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags)) \
+    X(cuOccupancyAvailableDynamicSMemPerBlock, cuOccupancyAvailableDynamicSMemPerBlock, 10020, 0, (size_t *dynamicSmemSize, CUfunction func, int numBlocks, int blockSize)) \
+    X(cuOccupancyMaxPotentialClusterSize, cuOccupancyMaxPotentialClusterSize, 11070, 0, (int *clusterSize, CUfunction func, const CUlaunchConfig *config)) \
+    X(cuOccupancyMaxActiveClusters, cuOccupancyMaxActiveClusters, 11070, 0, (int *numClusters, CUfunction func, const CUlaunchConfig *config)) \
+    X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, 0, (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)) \
+    X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, 12000, 0, (CUgraphExec *phGraphExec, CUgraph hGraph, void *instantiateParams)) \
+    X(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams, 12000, 1, (CUgraphExec *phGraphExec, CUgraph hGraph, void *instantiateParams)) \
+    X(cuGraphExecUpdate_v2, cuGraphExecUpdate, 12000, 0, (CUgraphExec hGraphExec, CUgraph hGraph, void *resultInfo)) \
+    X(cuGraphUpload, cuGraphUpload, 11010, 0, (CUgraphExec hGraphExec, CUstream hStream)) \
+    X(cuGraphUpload_ptsz, cuGraphUpload, 11010, 1, (CUgraphExec hGraphExec, CUstream hStream)) \
     X(cuLinkCreate_v2, cuLinkCreate, 6050, 0, (unsigned int numOptions, int *options, void **optionValues, CUlinkState *stateOut)) \
     X(cuLinkAddData_v2, cuLinkAddData, 6050, 0, (CUlinkState state, int type, void *data, size_t size, const char *name, unsigned int numOptions, int *options, void **optionValues)) \
     X(cuLinkAddFile_v2, cuLinkAddFile, 6050, 0, (CUlinkState state, int type, const char *path, unsigned int numOptions, int *options, void **optionValues)) \

@@ -485,13 +485,19 @@ typedef CUresult (*pfn_dtod)(CUdeviceptr, CUdeviceptr, size_t);
  * go of the GIL the reader needs: module and library loads and unloads, and where the driver loads lazily
  * (it may synchronize there itself, CUDA's lazy loading notes), cuModuleGetFunction, cuLibraryGetModule,
  * the first cuKernelGetFunction of a kernel in a context and the first launch of a handle (before the
- * launch gate: a cut or a swap closing it does not wait on this). Not while a stream is captured, where a
- * synchronize is refused and would end the capture. Another thread's launch between the wait and the load
- * can still meet a waiting kernel. The runtime's own loads call egpu_shim_idle. */
-static _Atomic int g_rings_wait, g_lazy;
+ * launch gate: a cut or a swap closing it does not wait on this). A function handle may also come partly
+ * loaded (cuModuleEnumerateFunctions), and "CUDA APIs may load the function automatically" when given one
+ * (the driver API's notes): its attributes, occupancy, cuFuncLoad, graph instantiation; those wait unless
+ * cuFuncIsLoaded says it is loaded, and a lookup that waited loads what it found (cuFuncLoad) inside its
+ * wait, so that its later uses need none. Not while a stream is captured, where a synchronize is refused
+ * and would end the capture; a capture begun meanwhile waits for the synchronize to end. Another thread's
+ * launch between the wait and the load can still meet a waiting kernel. The runtime's own loads call
+ * egpu_shim_idle. */
+static _Atomic int g_rings_wait, g_lazy, g_idling;
 /* Set before g_rings_wait: the maps' context and the driver calls the waits make, looked up once. */
 static CUcontext g_rings_ctx;
 static CUresult (*g_ctx_current)(CUcontext *);
+static CUresult (*g_func_is_loaded)(int *, CUfunction);
 static pfn_ctx_push g_ctx_push;
 static pfn_ctx_pop g_ctx_pop;
 static pfn_ctx_sync g_ctx_sync;
@@ -505,25 +511,53 @@ EXPORT void egpu_shim_rings_wait(void *ctx) {
         g_ctx_push = (pfn_ctx_push)egpu_shim_real("cuCtxPushCurrent_v2");
         g_ctx_pop = (pfn_ctx_pop)egpu_shim_real("cuCtxPopCurrent_v2");
         g_ctx_sync = (pfn_ctx_sync)egpu_shim_real("cuCtxSynchronize");
+        g_func_is_loaded = (CUresult(*)(int *, CUfunction))egpu_shim_real("cuFuncIsLoaded");
         g_rings_ctx = ctx;
     }
     atomic_store(&g_rings_wait, ctx != NULL && g_ctx_sync != NULL);
 }
 
 EXPORT void egpu_shim_idle(void) {
-    if (!atomic_load(&g_rings_wait) || atomic_load(&g_captures)) return;
+    if (!atomic_load(&g_rings_wait)) return;
+    /* counted in before g_captures is read, a capture's begin counted in before g_idling is: one of the
+     * two sees the other (sequentially consistent), so no synchronize runs once a capture has begun */
+    atomic_fetch_add(&g_idling, 1);
+    if (!atomic_load(&g_captures)) {
+        void *gil = egpu_gil_let_go();
+        /* a maps' context that cannot be made current: the caller's is drained instead */
+        int pushed = g_ctx_push && g_ctx_pop && g_ctx_push(g_rings_ctx) == CUDA_SUCCESS;
+        CUcontext popped;
+        g_ctx_sync();
+        if (pushed) g_ctx_pop(&popped);
+        egpu_gil_take_back(gil);
+    }
+    atomic_fetch_sub(&g_idling, 1);
+}
+
+/* A capture's begin, counted in: the synchronizes begun before it end first (letting go of the GIL, which
+ * the reader they wait for needs). */
+static void captures_wait_for_idle(void) {
+    if (!atomic_load(&g_idling)) return;
     void *gil = egpu_gil_let_go();
-    /* a maps' context that cannot be made current: the caller's is drained instead */
-    int pushed = g_ctx_push && g_ctx_pop && g_ctx_push(g_rings_ctx) == CUDA_SUCCESS;
-    CUcontext popped;
-    g_ctx_sync();
-    if (pushed) g_ctx_pop(&popped);
+    while (atomic_load(&g_idling)) usleep(100);
     egpu_gil_take_back(gil);
 }
 
 /* Where the driver loads code only under lazy loading. */
 static inline int lazy_waits(void) {
     return atomic_load(&g_rings_wait) && atomic_load(&g_lazy); /* acquire: the pointers set before it */
+}
+
+/* Whether f's code is loaded, as far as the driver says (a driver before 12.4 cannot: no). */
+static int function_loaded(CUfunction f) {
+    int state = 0;
+    return g_func_is_loaded && g_func_is_loaded(&state, f) == CUDA_SUCCESS && state == 1;
+}
+
+/* A call that may load f's code waits first, unless it is loaded. */
+static inline void idle_unless_loaded(CUfunction f) {
+    if (__builtin_expect(!lazy_waits(), 1)) return;
+    if (!function_loaded(f)) egpu_shim_idle();
 }
 
 /* The swap's work under the hold, on a thread of its own so that the swap can stop waiting for it: drain
@@ -749,6 +783,7 @@ static void capture_ended(void) {
         egpu_gate_enter(&g_launch_gate); \
         atomic_fetch_add(&g_captures, 1); \
         egpu_gate_exit(&g_launch_gate); \
+        captures_wait_for_idle(); \
         CUresult r = CALL_REAL(sym, __VA_ARGS__); \
         if (r != CUDA_SUCCESS) capture_ended(); \
         return r; \
@@ -781,12 +816,32 @@ struct launch {
     unsigned long long id;
 };
 
-/* A handle's first launch may load its kernel (lazy loading): the wait comes before the gate. Two threads
- * that both see it unlaunched both wait, which is harmless. */
-static inline void idle_before_first_launch(void *f) {
+/* The seen table (below), where "this CUkernel is loaded in this context" is kept too (owner: the
+ * context). */
+static int seen_before(int api, void *owner, void *handle, unsigned long *generation);
+static void seen_enter(int api, void *owner, void *handle, unsigned long generation);
+#define KERNEL_LOADED (-EGPU_API_KERNEL_GET_FUNCTION)
+
+/* A launch may load its kernel (lazy loading): the wait comes before the gate, unless the driver says the
+ * function to be launched (the instrumented one a launch is sent to, if any) is loaded. Where it cannot
+ * say (a CUkernel's handle, loaded per context; a driver before 12.4) the first launch of the handle in
+ * each context waits. Two threads that both find it unloaded both wait, which is harmless. */
+static inline void idle_before_launch(void *f) {
     if (__builtin_expect(!lazy_waits(), 1)) return;
     struct slot *s = slot_for(f, 1);
-    if (s && !atomic_load_explicit(&s->launches, memory_order_relaxed)) egpu_shim_idle();
+    const struct target *t = s ? atomic_load_explicit(&s->target, memory_order_acquire) : NULL;
+    void *launched = t ? t->function : f;
+    int state = 0;
+    if (g_func_is_loaded && g_func_is_loaded(&state, launched) == CUDA_SUCCESS) {
+        if (state != 1) egpu_shim_idle();
+        return;
+    }
+    CUcontext ctx = NULL;
+    unsigned long generation = 0;
+    if (g_ctx_current) g_ctx_current(&ctx);
+    if (seen_before(KERNEL_LOADED, ctx, launched, &generation)) return;
+    egpu_shim_idle();
+    seen_enter(KERNEL_LOADED, ctx, launched, generation);
 }
 
 /* Count the launch, record it if asked, and find what to run. The launch id is the process-wide
@@ -885,7 +940,7 @@ static CUresult no_memory(void) {
 #define LAUNCH_KERNEL(sym) \
     EXPORT CUresult sym(EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams, void **extra) { \
         if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams, extra); \
-        idle_before_first_launch(f); \
+        idle_before_launch(f); \
         egpu_gate_enter(&g_launch_gate); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL, GRID); \
         EGPU_COW_LAUNCH(f, hStream, variants[V_##sym].ptsz, kernelParams, extra); \
@@ -907,7 +962,7 @@ LAUNCH_KERNEL(cuLaunchKernel_ptsz)
 #define LAUNCH_COOPERATIVE(sym) \
     EXPORT CUresult sym(EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams) { \
         if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams); \
-        idle_before_first_launch(f); \
+        idle_before_launch(f); \
         egpu_gate_enter(&g_launch_gate); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_COOPERATIVE_KERNEL, GRID); \
         EGPU_COW_LAUNCH(f, hStream, variants[V_##sym].ptsz, kernelParams, NULL); \
@@ -931,7 +986,7 @@ LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz)
 #define LAUNCH_EX(sym) \
     EXPORT CUresult sym(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) { \
         if (passthrough() || !config) return CALL_REAL(sym, config, f, kernelParams, extra); \
-        idle_before_first_launch(f); \
+        idle_before_launch(f); \
         egpu_gate_enter(&g_launch_gate); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL_EX, CONFIG(config)); \
         EGPU_COW_LAUNCH(f, config->hStream, variants[V_##sym].ptsz, kernelParams, extra); \
@@ -1303,9 +1358,19 @@ EXPORT CUresult cuLinkComplete(CUlinkState state, void **cubinOut, size_t *sizeO
     if (r == CUDA_SUCCESS && out && !passthrough()) py_found(api, owner, name, *out); \
     return r;
 
+/* A function found inside a wait is loaded there too, so its later uses need no wait of their own (an
+ * error leaves it as it was: they wait then). */
+static void load_found(CUresult r, CUfunction *f) {
+    if (r == CUDA_SUCCESS && f && *f) CALL_REAL(cuFuncLoad, *f);
+}
+
 EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
-    if (lazy_waits()) egpu_shim_idle(); /* lazy loading loads the kernel's code here */
-    FOUND(cuModuleGetFunction, EGPU_API_MODULE_GET_FUNCTION, hfunc, hmod, name, hfunc, hmod, name)
+    int waits = lazy_waits();
+    if (waits) egpu_shim_idle(); /* lazy loading loads the kernel's code here */
+    CUresult r = CALL_REAL(cuModuleGetFunction, hfunc, hmod, name);
+    if (waits) load_found(r, hfunc);
+    if (r == CUDA_SUCCESS && hfunc && !passthrough()) py_found(EGPU_API_MODULE_GET_FUNCTION, hmod, name, *hfunc);
+    return r;
 }
 
 EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
@@ -1313,8 +1378,6 @@ EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const c
           name)
 }
 
-/* The seen table's key for "this kernel is loaded in this context" (owner: the context). */
-#define KERNEL_LOADED (-EGPU_API_KERNEL_GET_FUNCTION)
 
 EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
     /* libraries call it again and again (cuBLASLt per heuristic query): the wait only before the first */
@@ -1327,6 +1390,7 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
         if (!loaded) egpu_shim_idle();
     }
     CUresult r = CALL_REAL(cuKernelGetFunction, pFunc, kernel);
+    if (!loaded) load_found(r, pFunc);
     if (!loaded && r == CUDA_SUCCESS) seen_enter(KERNEL_LOADED, ctx, kernel, generation);
     if (r == CUDA_SUCCESS && pFunc && !passthrough())
         py_found(EGPU_API_KERNEL_GET_FUNCTION, kernel, NULL, *pFunc);
@@ -1337,6 +1401,73 @@ EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
     if (lazy_waits()) egpu_shim_idle(); /* loads the library into the current context */
     FOUND(cuLibraryGetModule, EGPU_API_LIBRARY_GET_MODULE, pMod, library, NULL, pMod, library)
 }
+
+/* What else may load code lazily: a library's variables (the library into the current context), a
+ * CUkernel's attributes before it was seen loaded in this context, a function's while it is partly loaded,
+ * a graph's kernels at instantiation, update or upload. */
+#define LAZY_WAIT(sym, params, wait, ...) \
+    EXPORT CUresult sym params { \
+        if (lazy_waits()) wait; \
+        return CALL_REAL(sym, __VA_ARGS__); \
+    }
+#define FUNCTION_WAIT(sym, params, f, ...) \
+    EXPORT CUresult sym params { \
+        idle_unless_loaded(f); \
+        return CALL_REAL(sym, __VA_ARGS__); \
+    }
+
+static void idle_unless_kernel_loaded(CUkernel kernel) {
+    CUcontext ctx = NULL;
+    unsigned long generation = 0;
+    if (g_ctx_current) g_ctx_current(&ctx);
+    if (!seen_before(KERNEL_LOADED, ctx, kernel, &generation)) egpu_shim_idle();
+}
+
+LAZY_WAIT(cuLibraryGetGlobal, (CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name),
+          egpu_shim_idle(), dptr, bytes, library, name)
+LAZY_WAIT(cuLibraryGetManaged, (CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name),
+          egpu_shim_idle(), dptr, bytes, library, name)
+LAZY_WAIT(cuKernelGetAttribute, (int *pi, int attrib, CUkernel kernel, int dev),
+          idle_unless_kernel_loaded(kernel), pi, attrib, kernel, dev)
+LAZY_WAIT(cuKernelSetAttribute, (int attrib, int val, CUkernel kernel, int dev),
+          idle_unless_kernel_loaded(kernel), attrib, val, kernel, dev)
+LAZY_WAIT(cuKernelSetCacheConfig, (CUkernel kernel, int config, int dev),
+          idle_unless_kernel_loaded(kernel), kernel, config, dev)
+FUNCTION_WAIT(cuFuncGetAttribute, (int *pi, int attrib, CUfunction hfunc), hfunc, pi, attrib, hfunc)
+FUNCTION_WAIT(cuFuncSetAttribute, (CUfunction hfunc, int attrib, int value), hfunc, hfunc, attrib, value)
+FUNCTION_WAIT(cuFuncSetCacheConfig, (CUfunction hfunc, int config), hfunc, hfunc, config)
+FUNCTION_WAIT(cuFuncLoad, (CUfunction hfunc), hfunc, hfunc)
+FUNCTION_WAIT(cuOccupancyMaxActiveBlocksPerMultiprocessor,
+              (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize), func,
+              numBlocks, func, blockSize, dynamicSMemSize)
+FUNCTION_WAIT(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+              (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags), func,
+              numBlocks, func, blockSize, dynamicSMemSize, flags)
+FUNCTION_WAIT(cuOccupancyMaxPotentialBlockSize,
+              (int *minGridSize, int *blockSize, CUfunction func, size_t (*blockSizeToDynamicSMemSize)(int),
+               size_t dynamicSMemSize, int blockSizeLimit), func,
+              minGridSize, blockSize, func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit)
+FUNCTION_WAIT(cuOccupancyMaxPotentialBlockSizeWithFlags,
+              (int *minGridSize, int *blockSize, CUfunction func, size_t (*blockSizeToDynamicSMemSize)(int),
+               size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags), func,
+              minGridSize, blockSize, func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit, flags)
+FUNCTION_WAIT(cuOccupancyAvailableDynamicSMemPerBlock,
+              (size_t *dynamicSmemSize, CUfunction func, int numBlocks, int blockSize), func,
+              dynamicSmemSize, func, numBlocks, blockSize)
+FUNCTION_WAIT(cuOccupancyMaxPotentialClusterSize, (int *clusterSize, CUfunction func, const CUlaunchConfig *config),
+              func, clusterSize, func, config)
+FUNCTION_WAIT(cuOccupancyMaxActiveClusters, (int *numClusters, CUfunction func, const CUlaunchConfig *config),
+              func, numClusters, func, config)
+LAZY_WAIT(cuGraphInstantiateWithFlags, (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags),
+          egpu_shim_idle(), phGraphExec, hGraph, flags)
+LAZY_WAIT(cuGraphInstantiateWithParams, (CUgraphExec *phGraphExec, CUgraph hGraph, void *instantiateParams),
+          egpu_shim_idle(), phGraphExec, hGraph, instantiateParams)
+LAZY_WAIT(cuGraphInstantiateWithParams_ptsz, (CUgraphExec *phGraphExec, CUgraph hGraph, void *instantiateParams),
+          egpu_shim_idle(), phGraphExec, hGraph, instantiateParams)
+LAZY_WAIT(cuGraphExecUpdate_v2, (CUgraphExec hGraphExec, CUgraph hGraph, void *resultInfo),
+          egpu_shim_idle(), hGraphExec, hGraph, resultInfo)
+LAZY_WAIT(cuGraphUpload, (CUgraphExec hGraphExec, CUstream hStream), egpu_shim_idle(), hGraphExec, hStream)
+LAZY_WAIT(cuGraphUpload_ptsz, (CUgraphExec hGraphExec, CUstream hStream), egpu_shim_idle(), hGraphExec, hStream)
 
 EXPORT CUresult cuModuleUnload(CUmodule hmod) {
     egpu_shim_idle();

@@ -115,7 +115,7 @@ def run(built: Path, app: str, *args: str, preload: bool = True, runtime: str | 
 
 
 # The driver's own entry points the scenario uses; every other one it resolves must be a hook.
-UNHOOKED = {"cuFuncGetAttribute", "cuGetExportTable", "cuLinkDestroy",
+UNHOOKED = {"cuGetExportTable", "cuLinkDestroy", "cuModuleEnumerateFunctions",
             "cuMemAlloc"}  # cuMemAlloc: the v2000 twin with 32-bit pointers, not hooked
 
 # cudart's lookups beyond the scenario's: (api, cudaVersion, flags) -> the symbol handed back.
@@ -141,7 +141,7 @@ def test_every_lookup_gets_the_abi_matching_hook(built, app):
     assert r.returncode == 0, r.stderr
     resolved = [re.match(r"(\w+) (\d+) (\d+) -> (.*)", ln).groups() for ln in r.lines("resolve")]
     scenario = resolved[len(PROC_ADDRESS):] if app == "app_cudart" else resolved
-    assert len(scenario) == 57
+    assert len(scenario) == 62
     for api, version, flags, answer in scenario:
         lib, symbol = answer.split()
         assert lib == ("libcuda.so.1" if symbol in UNHOOKED else "libegpu_shim.so"), (api, answer)
@@ -242,6 +242,16 @@ def expected_calls(instrumented: bool, beside: bool) -> list[str]:
         "cuMemFreeHost",
         "cuMemFreeAsync",
         "cuMemHostUnregister",
+        f"cuModuleEnumerateFunctions module={lib + 3}",
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor name=kernel_a",
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor name=kernel_a",
+        "cuFuncSetAttribute name=kernel_b",
+        "cuKernelGetAttribute name=kernel_a",
+        f"cuModuleGetFunction module={lib + 4} name=kernel_a",
+        "cuKernelGetAttribute name=kernel_a",
+        f"cuLaunchKernel f=kernel_a@{lib + 4}k grid=20 block=32 stream=(nil) params={args(20)}",
+        f"cuLaunchKernel f=kernel_a@{lib + 4}k grid=21 block=32 stream=(nil) params={args(21)}",
+        "cuGraphInstantiateWithFlags",
         "cuModuleLoad path=/nonexistent/egpu.ptx missing",
         "cuFuncGetAttribute attrib=99",
         "cuCtxSynchronize",
@@ -270,53 +280,69 @@ def test_driver_receives_instrumented_code_and_redirected_launches(built, app):
     assert r.lines("node_out") == NODE_OUT
 
 
-def waits(built: Path, env: dict[str, str]) -> tuple[list[str], list[str]]:
+def waits(built: Path, env: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
     """(app_linked's driver calls with no wait, the calls each added cuCtxSynchronize comes before when
-    rings wait), the rest of the calls checked unchanged."""
+    rings wait, the calls each added cuFuncLoad comes right after), the rest of the calls checked
+    unchanged."""
     off = run(built, "app_linked", **env).driver_calls()
     r = run(built, "app_linked", EGPU_TEST_RINGS_WAIT="1", **env)
     assert r.returncode == 0, r.stderr
-    waited, left = [], iter(off)   # the calls after each cuCtxSynchronize the app did not make itself
-    expected = next(left)
+    waited, loaded, left = [], [], iter(off)   # what the shim added: the calls around it
+    expected, previous = next(left), None
     for call in r.driver_calls():
         if call == expected:
-            expected = next(left, None)
+            expected, previous = next(left, None), call
+        elif call.startswith("cuFuncLoad "):
+            loaded.append(f"{previous} -> {call}")
         else:
             assert call == "cuCtxSynchronize", (call, expected)
             waited.append(expected.split(" grid=")[0])
     assert expected is None
-    return off, waited
+    return off, waited, loaded
 
 
 def test_while_rings_wait_what_may_load_code_waits_for_the_context_first(built):
     """Under --trace with waiting rings a kernel may wait for egpu's reader, and a load of code meanwhile
     held the driver and the reader's copies up (H200, 2026-12-04g). With the wait on, a cuCtxSynchronize
     comes right before each load and unload, each cuModuleGetFunction and cuLibraryGetModule, the first
-    cuKernelGetFunction of a kernel (not the same again) and the first launch of each handle (the stand-in
-    has no cuModuleGetLoadingMode: lazy loading assumed); nothing else changes."""
-    off, waited = waits(built, {})
+    cuKernelGetFunction of a kernel (not the same again), and, where the driver says a function is not
+    loaded (cuFuncIsLoaded: a CUkernel's handle never is), before its first launch, occupancy or attribute
+    call; before a CUkernel's attributes until it was seen loaded; before a graph's instantiation. A lookup
+    that waited loads what it found (cuFuncLoad), so its launches need no wait (the stand-in has no
+    cuModuleGetLoadingMode: lazy loading assumed); nothing else changes."""
+    off, waited, loaded = waits(built, {})
     lib = 3   # the library the runtime's kernel_b module (2) comes before
     assert waited == [
         "cuModuleLoadData module=1 kind=ptx instrumented=1",
         "cuModuleGetFunction module=1 name=kernel_a", "cuModuleGetFunction module=1 name=kernel_b",
-        "cuLaunchKernel f=kernel_a@1", "cuLaunchKernel_ptsz f=kernel_b@2",
+        # kernel_b is sent to the runtime's module, whose function no lookup of the app's loaded
+        "cuLaunchKernel_ptsz f=kernel_b@2",
+        # the CUkernel's launch: cuKernelGetFunction loaded it in this context
         f"cuLibraryLoadData module={lib} kind=ptx instrumented=1", "cuKernelGetFunction name=kernel_a",
-        f"cuLaunchKernel f=kernel_a@{lib}k",
         f"cuModuleLoadData module={lib + 1} kind=ptx instrumented=1",
         f"cuModuleGetFunction module={lib + 1} name=kernel_a",
         f"cuModuleLoadDataEx module={lib + 2} kind=ptx instrumented=1",
         f"cuModuleLoadFatBinary module={lib + 3} kind=ptx instrumented=1",
         f"cuLibraryLoadData module={lib + 4} kind=ptx instrumented=1", f"cuLibraryGetModule module={lib + 4}",
         f"cuModuleGetFunction module={lib + 4} name=kernel_a",
-        f"cuLaunchKernelEx f=kernel_a@{lib + 4}",
+        # functions cuModuleEnumerateFunctions handed out partly loaded: the first call that loads each
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor name=kernel_a", "cuFuncSetAttribute name=kernel_b",
+        "cuKernelGetAttribute name=kernel_a",   # the library file's CUkernel; not the first library's
+        f"cuLaunchKernel f=kernel_a@{lib + 4}k",   # its first launch in this context; not the second
+        "cuGraphInstantiateWithFlags",
         "cuModuleLoad path=/nonexistent/egpu.ptx missing",   # a load that fails waits all the same
         *[c for c in off if c.startswith(("cuModuleUnload", "cuLibraryUnload"))]]
+    assert loaded == [f"{lookup} -> cuFuncLoad name={lookup.rsplit('=', 1)[1]}" for lookup in (
+        "cuModuleGetFunction module=1 name=kernel_a", "cuModuleGetFunction module=1 name=kernel_b",
+        "cuKernelGetFunction name=kernel_a", f"cuModuleGetFunction module={lib + 1} name=kernel_a",
+        f"cuModuleGetFunction module={lib + 4} name=kernel_a")]
 
 
 def test_under_eager_loading_only_loads_and_unloads_wait(built):
     """CUDA_MODULE_LOADING=EAGER: the driver loads every kernel with its module, so lookups and first
     launches go on at once, and only loads and unloads wait while rings wait."""
-    off, waited = waits(built, {"EGPU_STUB_LOADING": "1"})
+    off, waited, loaded = waits(built, {"EGPU_STUB_LOADING": "1"})
+    assert loaded == []
     assert waited and all(w.startswith(("cuModuleLoad", "cuLibraryLoad", "cuModuleUnload", "cuLibraryUnload"))
                           for w in waited), waited
     assert len(waited) == len([c for c in off if c.startswith(("cuModuleLoad", "cuLibraryLoad", "cuModuleUnload",
@@ -361,7 +387,7 @@ def test_a_failing_runtime_leaves_the_original_path_working(built, env, message)
 def test_launch_counters_records_and_allocations(built):
     r = run(built, "app_cudart")
     # launch ids 12-19 went to graph nodes: drawn, never launched through a hook
-    assert r.lines("stats") == ["launches=19 redirected=9 records=8 dropped=0 launches_a=5 launches_b=2"]
+    assert r.lines("stats") == ["launches=21 redirected=11 records=10 dropped=0 launches_a=5 launches_b=2"]
     assert r.lines("record") == [
         "id=2 api=17 f=b redirected=1 grid=2 block=64 stream=0x5",
         "id=3 api=17 f=a redirected=0 grid=3 block=32 stream=(nil)",
@@ -371,6 +397,8 @@ def test_launch_counters_records_and_allocations(built):
         "id=8 api=17 f=kern redirected=0 grid=7 block=32 stream=(nil)",
         "id=10 api=18 f=? redirected=0 grid=10 block=128 stream=(nil)",
         "id=11 api=19 f=b redirected=1 grid=11 block=64 stream=(nil)",
+        "id=20 api=17 f=? redirected=0 grid=20 block=32 stream=(nil)",
+        "id=21 api=17 f=? redirected=0 grid=21 block=32 stream=(nil)",
     ]
     # kinds (egpu_shim.h): 1 device, 2 pitch (3 rows of 512), 3 managed, 4 async, 5 host,
     # 6 registered host, 7 VMM handle, 8 VMM mapping
@@ -532,7 +560,7 @@ def test_hook_prototypes_match_cuda_h(tmp_path):
     out = subprocess.run([str(tmp_path / "abi")], capture_output=True, text=True, check=True).stdout
     ours = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("ours ")]
     cuda = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("cuda ")]
-    assert len(ours) == 64 + 67 + 25 and ours == cuda
+    assert len(ours) == 86 + 67 + 25 and ours == cuda
     for ln in out.splitlines():
         if ln.startswith(("size ", "field ")):
             a, b = ln.split()[-2:]
@@ -595,6 +623,20 @@ def test_a_swap_whose_drain_never_ends_gives_up_and_launches_never_wait_longer(f
     stats = dict(zip(words[1::2], words[2::2]))
     assert float(stats["max_ms"]) < 1500 and int(stats["old"]) > 0 and int(stats["new"]) > 0, r.stdout
     assert stats["wrong"] == "0", r.stdout
+
+
+def test_a_capture_begun_while_rings_wait_never_meets_the_waits_synchronize(full_stub):
+    """While rings wait, egpu_shim_idle synchronizes before code loads; a stream capture that begins while
+    one runs would be invalidated by it (a synchronize during a capture is refused and ends the capture).
+    The begin waits for the synchronize to end (held 200 ms here), and an idle after the begin
+    synchronizes nothing; the capture ends whole."""
+    r = run(full_stub, "app_safety", "capture", runtime=None)
+    assert r.returncode == 0, r.stdout + r.stderr
+    words = r.lines("capture")[0].split()
+    got = dict(zip(words[0::2], words[1::2]))
+    assert got["begin"] == "0" and got["end"] == "0" and got["idled_first"] == "1", r.stdout
+    assert 100 <= float(got["ms"]) < 1500 and float(got["idle_after_ms"]) < 100, r.stdout
+    assert not [c for c in r.driver_calls() if "refused" in c], r.driver_calls()
 
 
 def test_a_launch_with_no_memory_for_its_launch_id_is_refused_not_launched_short(full_stub):

@@ -11,6 +11,9 @@
  *   app_safety fork STOP a job under egpu-run that forks while another thread's swap holds the launch
  *                        gate: the child launches, allocates and copies until STOP exists, as the parent
  *                        does; prints "child exit=N" and "parent steps=N swap=R"
+ *   app_safety capture   rings wait and a thread's egpu_shim_idle synchronizes while the work never ends
+ *                        (held 200 ms): a capture begun meanwhile on another thread; prints "capture begin R
+ *                        ms MS idled_first N idle_after_ms MS end R"
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -196,6 +199,49 @@ static int fork_job(const char *stop) {
     return r || !WIFEXITED(status) || WEXITSTATUS(status);
 }
 
+static volatile int idled;
+
+static void *idler(void *arg) {
+    API(egpu_shim_idle);
+    p_egpu_shim_idle();
+    idled = 1;
+    return arg;
+}
+
+static void *release_sync(void *arg) {
+    usleep(200000);
+    hold_sync(0);
+    return arg;
+}
+
+static int capture(void) {
+    SYM(cuInit); SYM(cuCtxGetCurrent); SYM(cuStreamBeginCapture_v2); SYM(cuStreamEndCapture);
+    API(egpu_shim_rings_wait); API(egpu_shim_idle);
+    void *ctx = NULL, *graph = NULL, *stream = (void *)0x5;
+    cuInit(0);
+    cuCtxGetCurrent(&ctx);
+    p_egpu_shim_rings_wait(ctx);
+    hold_sync(1);
+    pthread_t idle_thread, release_thread;
+    pthread_create(&idle_thread, NULL, idler, NULL);
+    usleep(50000); /* the idler is in its synchronize */
+    pthread_create(&release_thread, NULL, release_sync, NULL);
+    double t0 = now_ms();
+    int begin = cuStreamBeginCapture_v2(stream, 0);
+    double ms = now_ms() - t0;
+    int idled_first = idled;
+    t0 = now_ms();
+    hold_sync(1); /* a synchronize now would never end: the capture must keep idle from one */
+    p_egpu_shim_idle();
+    double idle_ms = now_ms() - t0;
+    hold_sync(0);
+    int end = cuStreamEndCapture(stream, &graph);
+    pthread_join(idle_thread, NULL), pthread_join(release_thread, NULL);
+    printf("capture begin %d ms %.0f idled_first %d idle_after_ms %.0f end %d\n", begin, ms, idled_first, idle_ms,
+           end);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     alarm(60); /* a hang is a failure, not a stuck test run */
     cuda = dlopen("libcuda.so.1", RTLD_NOW);
@@ -204,6 +250,7 @@ int main(int argc, char **argv) {
     hold_sync = (void (*)(int))dlsym(cuda, "egpu_stub_hold_sync");
     if (!strcmp(argv[1], "gate")) return gate();
     if (!strcmp(argv[1], "oom")) return oom();
+    if (!strcmp(argv[1], "capture")) return capture();
     if (!strcmp(argv[1], "fork") && argc == 3) return fork_job(argv[2]);
     return 2;
 }

@@ -281,6 +281,27 @@ static int scenario(resolve_fn get, int full) {
     RC("host_unregister", cuMemHostUnregister(registered));
     print_allocations("after");
 
+    /* what may load code lazily besides loads and lookups: a partly loaded function's occupancy and
+     * attributes (cuModuleEnumerateFunctions hands such out), a CUkernel's attributes, a graph's kernels */
+    GET(cuModuleEnumerateFunctions, 12040, 0, cuModuleEnumerateFunctions, CUresult (*)(H *, unsigned, H));
+    GET(cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050, 0, cuOccupancyMaxActiveBlocksPerMultiprocessor,
+        CUresult (*)(int *, H, int, size_t));
+    GET(cuFuncSetAttribute, 9000, 0, cuFuncSetAttribute, CUresult (*)(H, int, int));
+    GET(cuKernelGetAttribute, 12000, 0, cuKernelGetAttribute, CUresult (*)(int *, int, H, int));
+    GET(cuGraphInstantiateWithFlags, 11040, 0, cuGraphInstantiateWithFlags, CUresult (*)(H *, H, unsigned long long));
+    H listed[2], kern_file, exec;
+    int blocks, kernel_attr;
+    RC("enumerate", cuModuleEnumerateFunctions(listed, 2, from_fatbin));
+    RC("occupancy_listed", cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, listed[0], 128, 0));
+    RC("occupancy_listed_again", cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, listed[0], 128, 0));
+    RC("set_attribute_listed", cuFuncSetAttribute(listed[1], 8, 1024));
+    RC("kernel_attribute", cuKernelGetAttribute(&kernel_attr, 0, kern, 0));
+    RC("library_file_kernel", cuLibraryGetKernel(&kern_file, lib_file, "kernel_a"));
+    RC("kernel_attribute_file", cuKernelGetAttribute(&kernel_attr, 0, kern_file, 0));
+    RC("launch_kernel_file", cuLaunchKernel(kern_file, 20, 1, 1, 32, 1, 1, 0, NULL, params_ab, NULL));
+    RC("launch_kernel_file_again", cuLaunchKernel(kern_file, 21, 1, 1, 32, 1, 1, 0, NULL, params_ab, NULL));
+    RC("graph_instantiate", cuGraphInstantiateWithFlags(&exec, (H)0x7, 0));
+
     /* the driver's own answers pass through unchanged */
     GET(cuFuncGetAttribute, 2020, 0, cuFuncGetAttribute, CUresult (*)(int *, int, H));
     GET(cuCtxSynchronize, 2000, 0, cuCtxSynchronize, CUresult (*)(void));

@@ -5,6 +5,7 @@
 
 extern int cuCtxSynchronize();
 extern int cuFuncGetAttribute();
+extern int cuFuncSetAttribute();
 extern int cuGetExportTable();
 extern int cuGraphAddKernelNode();
 extern int cuGraphAddKernelNode_v2();
@@ -13,10 +14,12 @@ extern int cuGraphAddNode_v2();
 extern int cuGraphExecKernelNodeSetParams();
 extern int cuGraphExecKernelNodeSetParams_v2();
 extern int cuGraphExecNodeSetParams();
+extern int cuGraphInstantiateWithFlags();
 extern int cuGraphKernelNodeSetParams();
 extern int cuGraphKernelNodeSetParams_v2();
 extern int cuGraphNodeSetParams();
 extern int cuInit();
+extern int cuKernelGetAttribute();
 extern int cuKernelGetFunction();
 extern int cuLaunchCooperativeKernel();
 extern int cuLaunchCooperativeKernel_ptsz();
@@ -54,16 +57,19 @@ extern int cuMemMap();
 extern int cuMemRelease();
 extern int cuMemUnmap();
 extern int cuMemcpy_ptds();
+extern int cuModuleEnumerateFunctions();
 extern int cuModuleGetFunction();
 extern int cuModuleLoad();
 extern int cuModuleLoadData();
 extern int cuModuleLoadDataEx();
 extern int cuModuleLoadFatBinary();
 extern int cuModuleUnload();
+extern int cuOccupancyMaxActiveBlocksPerMultiprocessor();
 
 static const struct { const char *symbol; void *address; } linked[] = {
     {"cuCtxSynchronize", (void *)cuCtxSynchronize},
     {"cuFuncGetAttribute", (void *)cuFuncGetAttribute},
+    {"cuFuncSetAttribute", (void *)cuFuncSetAttribute},
     {"cuGetExportTable", (void *)cuGetExportTable},
     {"cuGraphAddKernelNode", (void *)cuGraphAddKernelNode},
     {"cuGraphAddKernelNode_v2", (void *)cuGraphAddKernelNode_v2},
@@ -72,10 +78,12 @@ static const struct { const char *symbol; void *address; } linked[] = {
     {"cuGraphExecKernelNodeSetParams", (void *)cuGraphExecKernelNodeSetParams},
     {"cuGraphExecKernelNodeSetParams_v2", (void *)cuGraphExecKernelNodeSetParams_v2},
     {"cuGraphExecNodeSetParams", (void *)cuGraphExecNodeSetParams},
+    {"cuGraphInstantiateWithFlags", (void *)cuGraphInstantiateWithFlags},
     {"cuGraphKernelNodeSetParams", (void *)cuGraphKernelNodeSetParams},
     {"cuGraphKernelNodeSetParams_v2", (void *)cuGraphKernelNodeSetParams_v2},
     {"cuGraphNodeSetParams", (void *)cuGraphNodeSetParams},
     {"cuInit", (void *)cuInit},
+    {"cuKernelGetAttribute", (void *)cuKernelGetAttribute},
     {"cuKernelGetFunction", (void *)cuKernelGetFunction},
     {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel},
     {"cuLaunchCooperativeKernel_ptsz", (void *)cuLaunchCooperativeKernel_ptsz},
@@ -113,12 +121,14 @@ static const struct { const char *symbol; void *address; } linked[] = {
     {"cuMemRelease", (void *)cuMemRelease},
     {"cuMemUnmap", (void *)cuMemUnmap},
     {"cuMemcpy_ptds", (void *)cuMemcpy_ptds},
+    {"cuModuleEnumerateFunctions", (void *)cuModuleEnumerateFunctions},
     {"cuModuleGetFunction", (void *)cuModuleGetFunction},
     {"cuModuleLoad", (void *)cuModuleLoad},
     {"cuModuleLoadData", (void *)cuModuleLoadData},
     {"cuModuleLoadDataEx", (void *)cuModuleLoadDataEx},
     {"cuModuleLoadFatBinary", (void *)cuModuleLoadFatBinary},
     {"cuModuleUnload", (void *)cuModuleUnload},
+    {"cuOccupancyMaxActiveBlocksPerMultiprocessor", (void *)cuOccupancyMaxActiveBlocksPerMultiprocessor},
 };
 
 static void *by_link(const char *api, int version, unsigned long long flags, const char *symbol) {

@@ -54,7 +54,9 @@ static void logf_(const char *fmt, ...) {
 /* ---- modules, functions ---- */
 
 struct module { int id; char *ptx; const void *elf; size_t elf_size; }; /* elf: a real cubin, as loaded */
-struct function { char name[128]; struct module *m; int kernel; struct function *next, *function; };
+/* loaded: whether its code is (cuFuncIsLoaded); a lookup hands out functions partly loaded, as the driver
+ * may under lazy loading, and what may load one loads it */
+struct function { char name[128]; struct module *m; int kernel, loaded; struct function *next, *function; };
 static struct function *functions; /* every handle handed out: a lookup repeated gets the same one */
 static int next_module = 1;
 
@@ -139,6 +141,7 @@ __attribute__((weak)) void egpu_stub_launched(const void *f);
 static void log_launch(const char *api, const void *f, unsigned gx, unsigned bx, void *stream,
                        void **params, void **extra, int runs) {
     if (!logging()) return; /* app_threads launches made-up handles */
+    if (f && runs) ((struct function *)f)->loaded = 1; /* as the driver, loading what it launches */
     if (san_event && f && runs) { /* Sanitizer_LaunchData: LAUNCH_BEGIN (hLaunch: the function) */
         const struct function *fn = f;
         struct {
@@ -200,10 +203,40 @@ CUresult cuCtxSynchronize(void) {   /* it would wait for the capturing stream: r
         logf_("cuCtxSynchronize");
     return OK;
 }
+#define INVALID_HANDLE 400
 CUresult cuFuncGetAttribute(int *pi, int attrib, void *f) {
     logf_("cuFuncGetAttribute attrib=%d", attrib);
     if (attrib == 99) return INVALID_VALUE;
+    ((struct function *)f)->loaded = 1;
     *pi = 7;
+    return OK;
+}
+CUresult cuFuncIsLoaded(int *state, void *f) { /* a CUkernel is no function */
+    if (((struct function *)f)->kernel) return INVALID_HANDLE;
+    *state = ((struct function *)f)->loaded;
+    return OK;
+}
+static CUresult load_function(const char *api, void *f) {
+    struct function *fn = f;
+    logf_("%s name=%s", api, fn->name);
+    if (fn->kernel) return INVALID_HANDLE;
+    fn->loaded = 1;
+    return OK;
+}
+CUresult cuFuncLoad(void *f) { return load_function(__func__, f); }
+CUresult cuFuncSetAttribute(void *f, int attrib, int value) { return load_function(__func__, f); }
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *f, int block, size_t shmem) {
+    *blocks = 8;
+    return load_function(__func__, f);
+}
+CUresult cuKernelGetAttribute(int *pi, int attrib, void *kernel, int dev) {
+    logf_("cuKernelGetAttribute name=%s", ((struct function *)kernel)->name);
+    *pi = 7;
+    return OK;
+}
+CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
+    logf_("cuGraphInstantiateWithFlags");
+    *exec = (void *)0x9;
     return OK;
 }
 static const void *export_table[4];
@@ -279,6 +312,12 @@ CUresult cuLibraryLoadFromFile(void **lib, const char *path, int *jo, void **jv,
 CUresult cuLibraryUnload(void *lib) {
     logf_("cuLibraryUnload module=%d", ((struct module *)lib)->id);
     unload_starting(lib);
+    return OK;
+}
+CUresult cuModuleEnumerateFunctions(void **out, unsigned int n, void *mod) { /* the PTX's first two */
+    logf_("cuModuleEnumerateFunctions module=%d", ((struct module *)mod)->id);
+    if (n > 0) out[0] = function_for(mod, "kernel_a", 0);
+    if (n > 1) out[1] = function_for(mod, "kernel_b", 0);
     return OK;
 }
 CUresult cuLibraryGetKernel(void **out, void *lib, const char *name) {
@@ -612,6 +651,11 @@ static const struct { const char *api; int version, ptsz; const char *symbol; vo
     R(cuGetProcAddress, 11030, 0, cuGetProcAddress) R(cuGetProcAddress, 12000, 0, cuGetProcAddress_v2)
     R(cuInit, 2000, 0, cuInit) R(cuDriverGetVersion, 2020, 0, cuDriverGetVersion)
     R(cuCtxSynchronize, 2000, 0, cuCtxSynchronize) R(cuFuncGetAttribute, 2020, 0, cuFuncGetAttribute)
+    R(cuFuncIsLoaded, 12040, 0, cuFuncIsLoaded) R(cuFuncLoad, 12040, 0, cuFuncLoad)
+    R(cuFuncSetAttribute, 9000, 0, cuFuncSetAttribute) R(cuModuleEnumerateFunctions, 12040, 0, cuModuleEnumerateFunctions)
+    R(cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050, 0, cuOccupancyMaxActiveBlocksPerMultiprocessor)
+    R(cuKernelGetAttribute, 12000, 0, cuKernelGetAttribute)
+    R(cuGraphInstantiateWithFlags, 11040, 0, cuGraphInstantiateWithFlags)
     R(cuGetExportTable, 3000, 0, cuGetExportTable)
     R(cuModuleLoad, 2000, 0, cuModuleLoad) R(cuModuleLoadData, 2000, 0, cuModuleLoadData)
     R(cuModuleLoadDataEx, 2010, 0, cuModuleLoadDataEx) R(cuModuleLoadFatBinary, 2000, 0, cuModuleLoadFatBinary)
