@@ -219,8 +219,13 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
     from egpu_preload.runtime import native, uprobes
     from egpu_preload.translate.devmaps import layout
     from egpu_preload.translate.striping import stripe_counters
+    from egpu_preload.translate.rewrite import probe_specs
     bpf = _probe_object(obj)
     verified = _verified(obj, bpf)
+    try:   # what the translator refuses, egpu-run refuses too: "ok" promises the probe loads
+        probe_specs(bpf, verified)
+    except EgpuError as e:
+        raise e.where(file=str(obj))
     for prog, v in zip(bpf.programs, verified):
         typer.echo(f"prog {prog.name} ({prog.section}): ok, {len(v.insns)} insns")
     try:

@@ -602,6 +602,35 @@ def test_cli_verify_unsafe(tmp_path):
     assert any(line.startswith("frame0: R0=map_value_or_null") for line in log)
 
 
+RINGBUF_BY_PATH = r"""
+#include "egpu.bpf.h"
+struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096); } loads SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 8192); } stores SEC(".maps");
+SEC("egpu/mem/*")
+int trace(struct egpu_ctx *ctx)
+{
+	__u64 *e = bpf_ringbuf_reserve(ctx->flags & EGPU_F_STORE ? (void *)&stores : (void *)&loads, 8, 0);
+	if (!e)
+		return 0;
+	*e = ctx->addr;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
+def test_cli_verify_refuses_what_the_translator_refuses(tmp_path):
+    """The verifier lets a ring chosen per path through, but the translator needs each helper's map known
+    where it translates the call, so egpu-run refuses the probe: verify must not say "ok" of it."""
+    src = tmp_path / "by_path.bpf.c"
+    src.write_text(RINGBUF_BY_PATH)
+    r = _egpu("verify", str(compile_probe(src)))
+    assert r.exit_code == 1, r.output
+    assert "ok" not in r.output
+    assert "is not a map known at translation time (different maps on different paths)" in r.output
+
+
 @pytest.mark.parametrize("what", ["truncated", "not_bpf", "missing"])
 def test_cli_verify_bad_files(tmp_path, probe_obj, what):
     path = tmp_path / "x.bpf.o"
