@@ -484,8 +484,8 @@ typedef CUresult (*pfn_dtod)(CUdeviceptr, CUdeviceptr, size_t);
  * So while rings wait, whatever may load code first waits for the maps' context to drain itself, letting
  * go of the GIL the reader needs: module and library loads and unloads, and where the driver loads lazily
  * (it may synchronize there itself, CUDA's lazy loading notes), cuModuleGetFunction, cuLibraryGetModule,
- * the first cuKernelGetFunction of a kernel in a context and the first launch of a handle (before the
- * launch gate: a cut or a swap closing it does not wait on this). A function handle may also come partly
+ * the first cuKernelGetFunction of a kernel in a context and a launch of a function not loaded yet (before
+ * the launch gate: a cut or a swap closing it does not wait on this). A function handle may also come partly
  * loaded (cuModuleEnumerateFunctions), and "CUDA APIs may load the function automatically" when given one
  * (the driver API's notes): its attributes, occupancy, cuFuncLoad, graph instantiation; those wait unless
  * cuFuncIsLoaded says it is loaded, and a lookup that waited loads what it found (cuFuncLoad) inside its
@@ -1377,7 +1377,6 @@ EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const c
     FOUND(cuLibraryGetKernel, EGPU_API_LIBRARY_GET_KERNEL, pKernel, library, name, pKernel, library,
           name)
 }
-
 
 EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
     /* libraries call it again and again (cuBLASLt per heuristic query): the wait only before the first */
