@@ -153,6 +153,9 @@ int egpu_shim_records(int on);
 void egpu_shim_rings_wait(void *ctx);
 /* That wait, for the runtime's own loads and lookups: nothing unless rings wait. */
 void egpu_shim_idle(void);
+/* A function the runtime looked up after that wait, loaded there too while rings wait under lazy loading
+ * (cuFuncLoad), so that its first launch needs no wait of its own. */
+void egpu_shim_found(void *function);
 /* Move up to `max` launch records into `out` (single consumer); returns how many. */
 size_t egpu_shim_drain(struct egpu_launch_record *out, size_t max);
 /* Copy up to `max` live allocations into `out`; returns how many there are in all. */

@@ -1364,6 +1364,10 @@ static void load_found(CUresult r, CUfunction *f) {
     if (r == CUDA_SUCCESS && f && *f) CALL_REAL(cuFuncLoad, *f);
 }
 
+EXPORT void egpu_shim_found(void *function) {
+    if (lazy_waits()) load_found(CUDA_SUCCESS, &function);
+}
+
 EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
     int waits = lazy_waits();
     if (waits) egpu_shim_idle(); /* lazy loading loads the kernel's code here */

@@ -11,7 +11,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any
 
 from egpu_preload.errors import EgpuError
@@ -53,7 +53,6 @@ SIGNATURES = {
     "cuLibraryGetGlobal": "int (*)(unsigned long long *, size_t *, void *, const char *)",
     "cuModuleLoadData": "int (*)(void **, const void *)",
     "cuModuleGetFunction": "int (*)(void **, void *, const char *)",
-    "cuFuncLoad": "int (*)(void *)",
     "cuLaunchKernel": "int (*)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, "
                       "unsigned int, unsigned int, void *, void **, void **)",
     "cuLibraryLoadData": "int (*)(void **, const void *, void *, void *, unsigned int, void *, void *, unsigned int)",
@@ -266,9 +265,8 @@ class Driver:
         out = self.ffi.new("void **")
         self.call("cuLibraryGetKernel" if library else "cuModuleGetFunction", out,
                   self.ffi.cast("void *", owner), name.encode())
-        if not library:   # loaded inside the wait, so that its first launch loads nothing (lazy loading)
-            with suppress(DriverError):   # before CUDA 12.4: that launch waits instead
-                self.call("cuFuncLoad", out[0])
+        if not library:
+            self._lib.egpu_shim_found(out[0])
         return int(self.ffi.cast("uintptr_t", out[0]))
 
 
