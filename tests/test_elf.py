@@ -39,6 +39,7 @@ PROGRAMS = {
                  ("warp_stores", "egpu/store.warp/*", Attach("store", "*", W))],
     "launch": [("on_launch", "egpu/launch/*", Attach("launch", "*", "launch"))],
     "gpu_helpers": [("where_am_i", "kprobe.warp/*", Attach("entry", "*", W))],
+    "self_wait": [("twice", "kprobe.block/*", Attach("entry", "*", B))],
 }
 
 # probe -> maps as (name, type, key_size, value_size, max_entries, flags, readonly)
@@ -57,6 +58,7 @@ MAPS = {
     "launch": [("launches", MAP_HASH, 8, 48, 512, 0, False)],
     "gpu_helpers": [("events", MAP_PERF_EVENT_ARRAY, 4, 4, 0, 0, False),
                     ("per_sm", MAP_PERCPU_ARRAY, 4, 8, 1, 0, False)],
+    "self_wait": [("events", MAP_RINGBUF, 0, 0, 4096, 0, False)],
 }
 
 # probe -> per program, its map references in code order: a map name, or (data map name, offset).
@@ -73,6 +75,7 @@ REFS = {
     "memtrace": [["bytes", "pages", "pages"], ["bytes"]],
     "launch": [["launches"] * 3],
     "gpu_helpers": [["events", "per_sm"]],
+    "self_wait": [["events", "events"]],
 }
 
 # probe -> per program, (instruction count after linking, pcs that local calls enter)

@@ -34,15 +34,22 @@ def _waiting(maps: list[prog.MapDef]) -> list[prog.MapDef]:
 
 
 @pytest.mark.parametrize("name", ["ring", "ring_mixed", "ring_big"])
-def test_a_waiting_ring_spins_on_consumed_and_never_gives_credit_back(name, tmp_path):
+def test_a_waiting_ring_spins_on_consumed_and_gives_credit_back_only_when_its_reader_stalls(name, tmp_path):
     """Group and one-by-one reserves of a ring made to wait assemble for sm_90; they read ``consumed``
-    with acquire at system scope in a loop, and no credit is given back (no negative add on reserved),
-    unlike the dropping ring's code."""
+    with acquire at system scope in a loop, and give credit back (a negative add on reserved) only on the
+    path past the stall check: once %globaltimer says ``consumed`` has not moved for WAIT_STALL_NS. They
+    mark no size refused (the dropping ring's code does)."""
     asm, maps = GPU_TEST_PROBES[name]
     obj, p = probe_object(asm, _waiting(maps), f"{name}.bpf.o")
     func = probe_function(p, obj, ctx_params=True).func
-    assert "ld.acquire.sys.u64" in func and "nanosleep.u32" in func
-    assert "neg.s64" not in func and "red.min.u64" not in func
+    assert "ld.acquire.sys.u64" in func and "nanosleep.u32" in func and "red.min.u64" not in func
+    lines = [ln.strip() for ln in func.splitlines()]
+    stall = [i for i, ln in enumerate(lines) if ln.startswith("setp.gt.u64") and f"{devmaps.WAIT_STALL_NS:#X}"[2:] in ln]
+    gives = [i for i, ln in enumerate(lines) if ln.startswith("neg.s64")]
+    assert stall and len(gives) == len(stall), func   # one give-back for each wait, after it
+    for at, back in zip(stall, gives):
+        label = lines[at + 1].split("bra ")[1].rstrip(";")   # the branch the stall check takes
+        assert lines.index(f"{label}:") < back and "%globaltimer" in "".join(lines[at - 8:at]), func
     plain_obj, plain = probe_object(asm, maps, f"{name}.bpf.o")
     dropping = probe_function(plain, plain_obj, ctx_params=True).func
     assert "ld.acquire.sys.u64" not in dropping and "neg.s64" in dropping
@@ -882,7 +889,7 @@ def test_streaming_drains_a_jobs_rings_into_the_trace_file(access_trace, tmp_pat
         t.join()
     report = streaming.finish()
     pace = report.pop("drain")
-    assert report == {"path": str(out), "records": 4000, "dropped": 0, "error": None}
+    assert report == {"path": str(out), "records": 4000, "dropped": 0, "error": None, "stall_s": 10.0}
     # every record copied out at least once (twice where a pass saw it before the next took it), and the
     # phases of a reader that ran: time spent copying and scanning, the writer's too
     assert pace["copied_bytes"] >= 4000 * 80 and pace["passes"] > 0
@@ -958,6 +965,19 @@ def test_a_reader_that_fails_lets_waiting_producers_go_on(access_trace, tmp_path
     assert skipped > 0 and skipped % 80 == 0 and report["records"] + skipped // 80 <= 1000
     line = streaming_mod.notes([{"trace": report}])[0]
     assert "none dropped" not in line and "the ring reader failed" in line
+
+
+def test_the_trace_line_says_why_records_were_dropped():
+    """A dropping ring drops when full; a waiting ring only records larger than it (or a warp's beyond
+    what it holds at once) and those whose reader took nothing for the stall time (helpers_ptx.py
+    _wait_for_room): the line names the causes of its kind."""
+    from egpu_preload.runtime import streaming as streaming_mod
+    base = {"records": 10, "path": "t.arrow", "dropped": 3, "error": None}
+    assert streaming_mod.notes([{"trace": base}]) == [
+        "egpu-run: 10 records in t.arrow, 3 dropped by the probes (ring full)"]
+    assert streaming_mod.notes([{"trace": base | {"stall_s": 10.0}}]) == [
+        "egpu-run: 10 records in t.arrow, 3 dropped by the probes (larger than the ring, or waiting on a reader "
+        "that took nothing for 10 s)"]
 
 
 def test_runs_of_one_size_come_as_blocks_and_stop_where_the_pass_saw_complete(tmp_path):

@@ -67,3 +67,24 @@ def test_a_full_memory_trace_of_vecadd_keeps_every_access(shim, tmp_path, suffix
     assert kinds == [LOAD, LOAD, STORE], bases           # a[i], b[i] loaded; c[i] stored
     starts = sorted(b for b, _ in bases.values())
     assert all(hi - lo >= 4 * THREADS for lo, hi in zip(starts, starts[1:]))   # three distinct arrays
+
+
+def test_a_probe_waiting_for_its_own_record_ends_after_the_stall_time(shim, probe_obj, tmp_path):  # noqa: F811
+    """tests/probes/self_wait.bpf.c reserves a second record while it holds the first unsubmitted, and two
+    never fit its ring: under --on-full wait the second waits for a reader that stops at the first. With
+    the stall time at 500 ms (EGPU_WAIT_STALL_MS) the second gives its credit back and is dropped,
+    counted, the first is kept, and the job ends (the kernel never did before)."""
+    pytest.importorskip("pyarrow")
+    from egpu_preload.output import tracefile
+    exe = tmp_path / "vecadd"
+    subprocess.run(["nvcc", "-O2", "-arch=sm_90", str(ROOT / "tests" / "e2e" / "vecadd.cu"), "-o", str(exe)],
+                   check=True)
+    out = tmp_path / "t.arrow"
+    env = env_for(shim, tmp_path) | {"EGPU_WAIT_STALL_MS": "500"}
+    r = egpu_run(["--trace", str(out), "-p", str(probe_obj("self_wait")), str(exe), "1", "32"], env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert " wrong 0 " in r.stdout
+    assert (f"egpu-run: 1 records in {out}, 1 dropped by the probes (larger than the ring, or waiting on a "
+            "reader that took nothing for 0.5 s)") in r.stderr, r.stderr
+    trace = tracefile.read(out)
+    assert trace.dropped["events"] == 1 and trace.rows.num_rows == 1

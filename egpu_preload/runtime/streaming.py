@@ -26,6 +26,7 @@ from egpu_preload.errors import EgpuError
 from egpu_preload.output import tracefile, warp_records
 from egpu_preload.runtime.probes import RING_TYPES, Probe
 from egpu_preload.runtime.ring_drain import DRAIN_PHASES, PHASES, Memory, RingDrain, RingReader, Taken
+from egpu_preload.translate import devmaps
 from egpu_preload.translate.devmaps import DeviceMaps
 
 
@@ -135,8 +136,9 @@ class Streaming:
         taken = sum(r.taken for r in self.readers)
         written = self.writer.written if self.writer is not None else 0
         error = self.error and f"{self.error} ({taken - written:,} records taken and not written)"
+        waited = any(r.lay.wait for r in self.readers)   # a waiting ring drops only what the note says
         return {"path": str(self.path), "records": written, "dropped": sum(dropped.values()), "error": error,
-                "drain": self.pace()}
+                "drain": self.pace(), **({"stall_s": devmaps.WAIT_STALL_NS / 1e9} if waited else {})}
 
     def pace(self) -> dict[str, Any]:
         """Where the drain's time went (ring_drain.PHASES, DRAIN_PHASES; seconds), its passes and the bytes
@@ -153,7 +155,9 @@ def notes(dumps: list[dict[str, Any]]) -> list[str]:
     for doc in dumps:
         t = doc.get("trace")
         if t:
-            dropped = (f", {t['dropped']:,} dropped by the probes (ring full)" if t["dropped"] else
+            why = ("ring full" if "stall_s" not in t else
+                   f"larger than the ring, or waiting on a reader that took nothing for {t['stall_s']:g} s")
+            dropped = (f", {t['dropped']:,} dropped by the probes ({why})" if t["dropped"] else
                        "" if t.get("error") else ", none dropped")
             out.append(f"egpu-run: {t['records']:,} records in {t['path']}{dropped}"
                        + (f"; {t['error']}" if t.get("error") else ""))

@@ -44,14 +44,18 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
   the lines once it has made room), and a
   refusal caused by credit another producer gives back makes the SM's later records of that size drop
   too: at most the credit in flight is left unused. The dropped count is the header's plus the lines'.
-  A ring made to wait (MapLayout.wait, egpu-run --on-full wait) never gives credit back: a producer
-  takes it and spins on ``consumed`` (ld.acquire.sys, the host moves it) until its record fits, so
-  nothing is dropped but a record larger than the ring (counted on the SM's line, no credit taken). A
-  warp's group takes at most ``capacity // size`` records at once and drops the rest, counted: only a
-  ring smaller than a warp's records loses any. Such a ring needs a reader that moves ``consumed``
-  while kernels run (runtime/ring_drain.py), or a full ring stops its kernels for good; and a probe
-  that reserves a second record while it holds one unsubmitted may wait for itself (the reader stops
-  at the first). The trace_printk ring always drops.
+  A ring made to wait (MapLayout.wait, egpu-run --on-full wait): a producer takes credit and spins on
+  ``consumed`` (ld.acquire.sys, the host moves it) until its record fits, so nothing is dropped but a
+  record larger than the ring (counted on the SM's line, no credit taken). A warp's group takes at most
+  ``capacity // size`` records at once and drops the rest, counted: only a ring smaller than a warp's
+  records loses any. Such a ring needs a reader that moves ``consumed`` while kernels run
+  (runtime/ring_drain.py). One that has not moved it for WAIT_STALL_NS (stuck behind the driver, or
+  behind a probe that reserves a second record while it holds one unsubmitted: the reader stops at the
+  first) no longer holds the kernel: each waiter then gives its credit back and counts its records on
+  its SM's line as dropped. Credit given back can leave other waiters' bounds past what the ring will
+  ever hold (their credit counted it), so they too drop theirs when the stall outlasts their wait; a
+  producer's head position stays within the credit of the last producer to pass (the records it writes
+  were made room for). The trace_printk ring always drops.
 - trace_printk ring: a ring of TRACE_BYTES whose records hold u64 a1, a2, a3 then the format bytes. Its
   header also holds, at PID_TGID (u64), what bpf_get_current_pid_tgid returns on the GPU: the process
   that allocates the regions, the application, as tgid << 32 | tgid (bpf/helpers.py).
@@ -68,6 +72,10 @@ from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, PerthreadArrayStora
 
 HEADER = 64
 LINE = 128          # bytes of an L2 cache line
+# A producer made to wait gives up (its record dropped, counted) once the reader has not moved
+# ``consumed`` for this long: a reader stuck for good would otherwise stop the kernel, and the job, for ever.
+# EGPU_WAIT_STALL_MS sets it (the GPU test of a stall, which should not take 10 s).
+WAIT_STALL_NS = int(os.environ.get("EGPU_WAIT_STALL_MS", "10000")) * 1_000_000
 RING_NCPU = 32      # a ring header's u32: how many per-SM lines follow the ring's slack
 SPREAD, SPREAD_BYTES = 8, 8192   # a striped ARRAY's rows per SM, and the most bytes they may take an SM
 EMPTY, BUSY, FULL, DELETED = 0, 1, 2, 3

@@ -611,18 +611,34 @@ def _reserve_group(g: FuncGen, base: str, lay: MapLayout, total: str, peers: str
     g.emit(f"mad.lo.u64 {pos}, {mine}, {total}, {pos};")
 
 
-def _wait_for_room(g: FuncGen, base: str, lay: MapLayout, end: str) -> None:
+STALLED = (1 << 64) - 1   # the position a group's lowest lane hands on when its reader stalled
+
+
+def _wait_for_room(g: FuncGen, base: str, lay: MapLayout, end: str, stalled: str) -> None:
     """Spin until the credit that ends at ``end`` fits: end - consumed <= capacity. ``consumed`` is
     written by the host (the reader), so the load is ld.acquire.sys: the reader cleared the bytes it
     consumed before moving it, and this producer's record is written after. nanosleep leaves the SM to
-    the warps that hold records the reader waits for."""
+    the warps that hold records the reader waits for. A reader that has not moved ``consumed`` for
+    devmaps.WAIT_STALL_NS (stuck: the driver holding its copies, a probe waiting for its own unsubmitted
+    record) ends the wait at ``stalled``, where the caller gives its credit back and counts its drops:
+    the kernel then ends, instead of never."""
     spin, room = g.label(), g.label()
-    c = g.t64()
+    c, seen, since, left = g.t64(), g.t64(), g.t64(), g.t64()
+    moved = g.pred()
+    g.emit(f"ld.acquire.sys.u64 {seen}, [{base}+16];")
+    g.emit(f"mov.u64 {since}, %globaltimer;")
+    g.emit(f"mov.u64 {c}, {seen};")
     g.place(spin)
-    g.emit(f"ld.acquire.sys.u64 {c}, [{base}+16];")
-    g.emit(f"sub.u64 {c}, {end}, {c};")
-    _branch(g, "le", c, lay.capacity, room)
+    g.emit(f"sub.u64 {left}, {end}, {c};")
+    _branch(g, "le", left, lay.capacity, room)
     g.emit("nanosleep.u32 256;")
+    g.emit(f"ld.acquire.sys.u64 {c}, [{base}+16];")
+    g.emit(f"setp.ne.u64 {moved}, {c}, {seen};")
+    g.emit(f"mov.u64 {left}, %globaltimer;")
+    g.emit(f"@{moved} mov.u64 {since}, {left};")
+    g.emit(f"mov.u64 {seen}, {c};")
+    g.emit(f"sub.u64 {left}, {left}, {since};")
+    _branch(g, "gt", left, devmaps.WAIT_STALL_NS, stalled)
     g.emit(f"bra {spin};")
     g.place(room)
 
@@ -630,8 +646,9 @@ def _wait_for_room(g: FuncGen, base: str, lay: MapLayout, end: str) -> None:
 def _reserve_one_wait(g: FuncGen, base: str, lay: MapLayout, total: str, pos: str, line: str,
                       fail: str) -> None:
     """pos = the ring position of this lane's record of ``total`` bytes, waiting for the reader to make
-    room; a record larger than the ring is a counted drop (no credit taken) and fail."""
-    fits = g.label()
+    room; a record larger than the ring is a counted drop (no credit taken) and fail, as is one whose
+    reader stalled (its credit given back)."""
+    fits, stalled, placed = g.label(), g.label(), g.label()
     _branch(g, "le", total, lay.capacity, fits)
     g.emit(f"red.add.u64 [{line}+8], 1;")
     g.emit(f"bra {fail};")
@@ -639,8 +656,16 @@ def _reserve_one_wait(g: FuncGen, base: str, lay: MapLayout, total: str, pos: st
     end = g.t64()
     g.emit(f"atom.add.u64 {end}, [{base}+8], {total};")
     g.emit(f"add.u64 {end}, {end}, {total};")
-    _wait_for_room(g, base, lay, end)
+    _wait_for_room(g, base, lay, end, stalled)
     g.emit(f"atom.add.u64 {pos}, [{base}], {total};")
+    g.emit(f"bra {placed};")
+    g.place(stalled)
+    neg = g.t64()
+    g.emit(f"neg.s64 {neg}, {total};")
+    g.emit(f"red.add.u64 [{base}+8], {neg};")
+    g.emit(f"red.add.u64 [{line}+8], 1;")
+    g.emit(f"bra {fail};")
+    g.place(placed)
 
 
 def _reserve_group_wait(g: FuncGen, base: str, lay: MapLayout, total: str, group: tuple[str, str, str],
@@ -648,8 +673,8 @@ def _reserve_group_wait(g: FuncGen, base: str, lay: MapLayout, total: str, group
     """_reserve_one_wait for the group of lanes in ``peers``, each reserving ``total`` bytes: every lane
     computes k = min(n, capacity // total), the records the ring can ever hold at once; the lowest lane
     counts the other n - k as dropped, takes credit for k, waits for room and takes their positions,
-    which it hands to the others. Credit is never given back, so a waiter's credit stays a bound the
-    reader's progress always meets (devmaps.py)."""
+    which it hands to the others. Credit is given back only when the reader stalled (_wait_for_room):
+    the k are dropped then, and every lane learns it from the position the lowest hands on (all ones)."""
     rank, n, lead = group
     k, n64, span, miss = g.t64(), g.t64(), g.t64(), g.t64()
     g.emit(f"cvt.u64.u32 {n64}, {n};")
@@ -664,16 +689,24 @@ def _reserve_group_wait(g: FuncGen, base: str, lay: MapLayout, total: str, group
     g.emit(f"setp.ne.u64 {asks}, {k}, 0;")
     g.emit(f"and.pred {asks}, {asks}, {lead};")
     g.emit(f"mov.b64 {pos}, 0;")
-    taken = g.label()
+    taken, stalled = g.label(), g.label()
     g.emit(f"@!{asks} bra {taken};")
     end = g.t64()
     g.emit(f"atom.add.u64 {end}, [{base}+8], {span};")
     g.emit(f"add.u64 {end}, {end}, {span};")
-    _wait_for_room(g, base, lay, end)
+    _wait_for_room(g, base, lay, end, stalled)
     g.emit(f"atom.add.u64 {pos}, [{base}], {span};")
+    g.emit(f"bra {taken};")
+    g.place(stalled)
+    refund = g.t64()
+    g.emit(f"neg.s64 {refund}, {span};")
+    g.emit(f"red.add.u64 [{base}+8], {refund};")
+    g.emit(f"red.add.u64 [{line}+8], {k};")
+    g.emit(f"mov.b64 {pos}, {lit(STALLED)};")
     g.place(taken)
     leader = group_leader(g, peers)
     from_leader(g, pos, 64, leader, peers)
+    _branch(g, "eq", pos, STALLED, fail)
     mine = g.t64()
     g.emit(f"cvt.u64.u32 {mine}, {rank};")
     _branch(g, "ge", mine, k, fail)
