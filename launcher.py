@@ -648,7 +648,7 @@ def run_cmd(ctx: typer.Context,
             view = {(False, False): "auto", (True, False): "per-rank", (False, True): "sum"}.get((per_rank, summed),
                                                                                               "both")
             maps, notes = job.report(loaded, session, as_json, verbose, view, durations,
-                                     traced=trace is not None)
+                                     traced=trace is not None, status=status, mirror_s=mirror)
         except EgpuError as e:  # the job ran: its status still goes out
             maps, notes = "", [f"egpu-run: {e}"]
         if perfetto is not None:

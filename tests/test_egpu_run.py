@@ -37,10 +37,10 @@ def test_exit_status_is_the_jobs(stub_job, probe_obj, tmp_path, status, exit_sta
     assert r.returncode == exit_status, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "app_vec module launches=2 threads=64 result=0"
-    if status == "kill":  # killed before its exit handlers: no dump, and egpu-run says so
+    if status == "kill":  # killed before its exit handlers and before a mirror copy: egpu-run says so
         assert lines == lines[:1]
-        assert r.stderr.splitlines() == ["egpu-run: no maps: no process of the job loaded CUDA code and "
-                                         "exited normally"]
+        assert r.stderr.splitlines() == ["egpu-run: no maps: the job was killed by signal 15 (SIGTERM) before "
+                                         "any copy of its maps (--mirror 1: a copy every 1 s)"]
     else:
         assert lines[1:] == ["@counts: 0"]
         assert r.stderr == ""
@@ -196,6 +196,32 @@ def test_sigint_stops_a_c_program(stub_job, probe_obj, tmp_path):
         stop.touch()
     assert proc.returncode == 128 + signal.SIGINT, (out, err)
     assert "KeyboardInterrupt" not in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_killed_job_prints_its_last_mirror_copy(stub_job, probe_obj, tmp_path, sig):
+    """A job killed by a signal leaves no exit dump: egpu-run prints the maps of its last map mirror copy
+    and says so, with the signal (it said no process had loaded CUDA code), and exits 128 + N still."""
+    stop = tmp_path / "stop"
+    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "--mirror", "0.05",
+                             "-p", str(probe_obj("count")), str(stub_job.loop), str(stop), "60"],
+                            env=stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdout.readline() == "ready\n"
+    time.sleep(0.5)
+    os.kill(proc.pid, sig)
+    try:
+        out, err = proc.communicate(timeout=20)
+    finally:
+        stop.touch()
+    assert proc.returncode == 128 + sig, (out, err)
+    [line] = err.splitlines()
+    assert re.fullmatch(rf"egpu-run: pid \d+ was ended by signal {int(sig)} \({sig.name}\) before its exit dump: "
+                        r"its maps are as of its last copy, \d+\.\d s old", line), line
+    counts = re.fullmatch(r"@counts: (\d+)\n", out)
+    assert counts and int(counts[1]) > 0, out
+    assert not list((tmp_path / "egpu").glob("*.maps"))   # the dead process's segment read and removed
 
 
 def test_a_probe_path_with_colons_spaces_and_a_newline_reaches_the_job(stub_job, probe_obj, tmp_path):

@@ -135,7 +135,7 @@ class Runtime:
         self.durations = (durations.start(cfg.timeline, cfg.durations, uvm_sink)  # CUPTI: kernels, copies, UVM
                           if cfg.durations or uvm_sink else None)
         self.live = live.start(self)                      # the control socket: attach, detach, swap, maps
-        self.mirror = mirror.start(self.live.mirrored, cfg.mirror)  # the maps in shared memory
+        self.mirror = mirror.start(self.live.mirrored, cfg.mirror, cfg.session)  # the maps in shared memory
         self.cow = cow_live.attach(self)                  # checkpoint and restore (cow/), a --restore pending
         self.sass = sass.SassBackend(cfg, self.probes, ffi, lib)  # modules without PTX (shim/sass.c)
         self.sass_modules: dict[int, Module] = {}         # sanitizer module handle -> its patched kernels

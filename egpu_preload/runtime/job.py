@@ -242,10 +242,13 @@ def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view
     return "\n".join(out)
 
 
-def module_report(dumps: list[dict[str, Any]], verbose: bool, in_kernels: bool = True) -> list[str]:
+def module_report(dumps: list[dict[str, Any]], verbose: bool, in_kernels: bool = True,
+                  killed_by: int | None = None, mirror_s: float = config.Config.mirror) -> list[str]:
     """Lines for stderr: every load and kernel when verbose; maps that could not be read; launch records
     lost to the shim's full ring; a warning when no kernel was instrumented though some program
-    (``in_kernels``) runs in kernels: launch, host-API and uprobe programs need no kernel of their own."""
+    (``in_kernels``) runs in kernels: launch, host-API and uprobe programs need no kernel of their own.
+    ``killed_by``: the signal that ended the job, when one did (no dumps then is no news about CUDA);
+    ``mirror_s``: how often its processes copied their maps (egpu-run --mirror)."""
     lines = [f"egpu-run: pid {d['pid']}: {d['error']}" for d in dumps if d["error"]]
     for d in dumps:
         stats = d.get("stats", {})
@@ -264,7 +267,11 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool, in_kernels: bool =
             lines += [f"egpu-run: pid {d['pid']}: launch probes of {path}: in C" for path in where.get("in_c", [])]
             lines += [f"egpu-run: pid {d['pid']}: launch probes of {path}: on the Python VM ({why})"
                       for path, why in where.get("python_vm", {}).items()]
-    if not dumps:
+    if not dumps and killed_by is not None:
+        every = f"--mirror {mirror_s:g}: a copy every {mirror_s:g} s" if mirror_s > 0 else "--mirror 0: no copies"
+        lines.append(f"egpu-run: no maps: the job was killed by {_signal(killed_by)} before any copy of its maps "
+                     f"({every})")
+    elif not dumps:
         lines.append("egpu-run: no maps: no process of the job loaded CUDA code and exited normally")
     elif in_kernels and not any(m["status"] == "instrumented" for _, m in modules):
         counts: dict[str, int] = {}
@@ -275,18 +282,42 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool, in_kernels: bool =
     return lines
 
 
+def _signal(n: int) -> str:
+    try:
+        return f"signal {n} ({signal.Signals(n).name})"
+    except ValueError:   # a real-time signal
+        return f"signal {n}"
+
+
+def _ended_by(status: int) -> int | None:
+    """The signal that ended a job of exit status ``status`` (128 + N, as run_child and shells report it)."""
+    return status - 128 if 128 < status < 128 + signal.NSIG else None
+
+
 def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
-           view: str = "auto", with_durations: bool = True, traced: bool = False) -> tuple[str, list[str]]:
-    """(maps for stdout, lines for stderr) from the dumps the job's processes left in the session;
-    kernel durations too when ``with_durations`` and the dumps have them. ``traced`` (egpu-run --trace):
-    the rings' records went into the trace file, so maps empty at exit are no news."""
+           view: str = "auto", with_durations: bool = True, traced: bool = False,
+           status: int = 0, mirror_s: float = config.Config.mirror) -> tuple[str, list[str]]:
+    """(maps for stdout, lines for stderr) from the dumps the job's processes left in the session, and
+    for a process killed before its dump, its last map mirror (said on stderr: how old, which signal
+    ended the job of exit ``status``); kernel durations too when ``with_durations`` and the dumps have
+    them. ``traced`` (egpu-run --trace): the rings' records went into the trace file, so maps empty at
+    exit are no news. ``mirror_s``: how often the processes copied their maps (egpu-run --mirror)."""
+    from egpu_preload.runtime import mirror
     dumps = dump.read_all(session)
+    signum, now = _ended_by(status), time.time()
+    killed = []
+    for doc, when in mirror.left_behind(session, {d["pid"] for d in dumps}):
+        how = f"was ended by {_signal(signum)}" if signum else "ended (killed?)"
+        killed.append(f"egpu-run: pid {doc['pid']} {how} before its exit dump: its maps are as of its last "
+                      f"copy, {max(now - when, 0):.1f} s old")
+        dumps.append(doc)
+    dumps.sort(key=lambda d: d["pid"])
     out = render(probes, dumps, as_json, view)
     if with_durations and any("durations" in d for d in dumps):  # egpu-run --durations
         out += durations.render_json(dumps, time.time()) if as_json else ("\n" if out else "") + durations.render(dumps)
     from egpu_preload.bpf.sections import HOST_SIDE
     in_kernels = any(prog.attach.kind not in HOST_SIDE for p in probes for prog in p.obj.programs)
-    notes = module_report(dumps, verbose, in_kernels) if probes else []
+    notes = killed + (module_report(dumps, verbose, in_kernels, signum, mirror_s) if probes else [])
     if not out and not as_json and not traced and any(d["probes"] for d in dumps):   # empty maps print nothing (bpftrace's way)
         notes.append("egpu-run: every map is empty: no probe program stored anything")
     return out, notes

@@ -18,6 +18,10 @@ Segment layout (little-endian), a seqlock around one msgpack document:
 The writer maps the file and updates it in place; when a document does not fit it makes a file twice
 the size and renames it over the old one (a reader that opened the old one reads a complete, older
 document). A reader copies the file and retries while the sequence is odd or moved during the copy.
+
+In a job of egpu-run, the first copy also leaves a symlink ``<session>/<pid>.maps`` to the segment: a
+process killed before its exit dump (SIGTERM, SIGKILL) leaves its segment behind, and egpu-run finds
+it there and prints its maps as of that copy (``left_behind``).
 """
 
 from __future__ import annotations
@@ -93,13 +97,16 @@ class Segment:
 
 
 class Mirror:
-    """Writes ``read()`` (a document) into the segment every ``period`` seconds, on a daemon thread."""
+    """Writes ``read()`` (a document) into the segment every ``period`` seconds, on a daemon thread; after
+    the first, a symlink to the segment in ``session`` (egpu-run's, when there is one)."""
 
-    def __init__(self, read: Callable[[], dict | None], period: float, path: Path) -> None:
+    def __init__(self, read: Callable[[], dict | None], period: float, path: Path,
+                 session: Path | None = None) -> None:
         # egpu-run --mirror inf (or 1e300): as good as never, within what a wait takes (it raised
         # OverflowError in the thread, a traceback in the job's stderr); stop() waits 5 periods, errors 10
         self.read, self.period = read, min(period, threading.TIMEOUT_MAX / 20)
         self.segment = Segment(path)
+        self.link = session / path.name if session is not None else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="egpu-mirror", daemon=True)
 
@@ -120,6 +127,10 @@ class Mirror:
                 doc = self.read()
                 if doc is not None:
                     self.segment.write(msgpack.packb(doc, use_bin_type=True))
+                    if self.link is not None:
+                        self.link, link = None, self.link
+                        link.unlink(missing_ok=True)   # a reused pid's, from an earlier process
+                        link.symlink_to(self.segment.path)
             except (EgpuError, OSError) as e:   # the maps are unreadable now; the job runs on
                 print(f"egpu[{os.getpid()}]: map mirror: {e}", file=sys.stderr)
                 self._stop.wait(10 * self.period)
@@ -128,28 +139,29 @@ class Mirror:
 class Mirrors:
     """This process's mirror, remade in every child it forks (a process of its own: its pid, its file)."""
 
-    def __init__(self, read: Callable[[], dict | None], period: float) -> None:
-        self.read, self.period = read, period
+    def __init__(self, read: Callable[[], dict | None], period: float, session: Path | None) -> None:
+        self.read, self.period, self.session = read, period, session
         self.pid = os.getpid()
-        self.current = Mirror(read, period, mirror_path(self.pid)).start()
+        self.current = Mirror(read, period, mirror_path(self.pid), session).start()
         os.register_at_fork(after_in_child=self._in_child)
 
     def _in_child(self) -> None:
         self.pid = os.getpid()
-        self.current = Mirror(self.read, self.period, mirror_path(self.pid)).start()
+        self.current = Mirror(self.read, self.period, mirror_path(self.pid), self.session).start()
 
     def stop(self) -> None:
         if self.pid == os.getpid():
             self.current.stop()
 
 
-def start(read: Callable[[], dict | None], period: float) -> Mirrors | None:
-    """Mirror ``read()`` (None: nothing to show yet) every ``period`` seconds; None when period is 0, or
-    when this user has no private directory for it (control.socket_dir; one line says so)."""
+def start(read: Callable[[], dict | None], period: float, session: Path | None = None) -> Mirrors | None:
+    """Mirror ``read()`` (None: nothing to show yet) every ``period`` seconds, linked from egpu-run's
+    ``session``; None when period is 0, or when this user has no private directory for it
+    (control.socket_dir; one line says so)."""
     if period <= 0:
         return None
     try:
-        return Mirrors(read, period)
+        return Mirrors(read, period, session)
     except EgpuError as e:
         print(f"egpu[{os.getpid()}]: no map mirror: {e}", file=sys.stderr)
         return None
@@ -162,6 +174,29 @@ def read_mirror(pid: int, directory: Path | None = None) -> tuple[dict, float]:
     if path.exists() and not process_exists(pid):
         path.unlink(missing_ok=True)
         raise EgpuError(f"process {pid} is not running (its stale map mirror was removed)", file=str(path))
+    return read_segment(path)
+
+
+def left_behind(session: Path, dumped: set[int]) -> list[tuple[dict, float]]:
+    """(document, when copied) of every process of egpu-run's ``session`` that mirrored its maps and is
+    gone without a dump (pid not in ``dumped``): killed. Their segments are removed once read."""
+    found = []
+    for link in sorted(session.glob("*.maps")):
+        pid = int(link.stem) if link.stem.isdigit() else None
+        if pid is None or pid in dumped or process_exists(pid) or not link.exists():
+            continue
+        try:
+            doc, when = read_segment(link)
+        except EgpuError:   # half made when it was killed: no copy to show
+            continue
+        finally:
+            link.resolve().unlink(missing_ok=True)
+        found.append((doc, when))
+    return found
+
+
+def read_segment(path: Path) -> tuple[dict, float]:
+    """read_mirror's document and time, from the segment at ``path``."""
     for _ in range(RETRIES):
         try:
             with open(path, "rb") as f:
