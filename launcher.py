@@ -10,6 +10,7 @@ shell meaning (CMD found but not executable, not found).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shutil
 import sys
@@ -75,6 +76,16 @@ def _echo_error(prog: str, e: EgpuError, detail: bool = True) -> None:
     typer.echo(f"{prog}: {e}", err=True)
     if e.detail and (detail or isinstance(e, CompileError)):   # clang's own words always
         typer.echo(e.detail, err=True)
+
+
+def _echo_after_job(text: str, err: bool = False, nl: bool = True) -> None:
+    """egpu-run's output once the job ran. A reader that closed its pipe (egpu-run ... | head) wanted no
+    more: the rest goes to /dev/null without a word, as coreutils end on SIGPIPE, and egpu-run still exits
+    with the job's status, as env and timeout do (click said nothing and exited 1)."""
+    try:
+        typer.echo(text, err=err, nl=nl)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), (sys.stderr if err else sys.stdout).fileno())
 
 
 def _show_version(value: bool) -> None:
@@ -636,7 +647,7 @@ def run_cmd(ctx: typer.Context,
             if prometheus is not None:
                 watch.serve_prometheus(prometheus, session)
             if interval is not None:
-                every = (interval, lambda: typer.echo(watch.interval_output(session, as_json), nl=False))
+                every = (interval, lambda: _echo_after_job(watch.interval_output(session, as_json), nl=False))
             status = job.run_job(cmd, cfg, job.find_shim(), every)
         except job.ProgramError as e:
             typer.echo(f"egpu-run: {e}", err=True)
@@ -664,11 +675,11 @@ def run_cmd(ctx: typer.Context,
             except EgpuError as e:
                 notes.append(f"egpu-run: {e}")
         for line in notes:
-            typer.echo(line, err=True)
-        typer.echo(maps, nl=False)
+            _echo_after_job(line, err=True)
+        _echo_after_job(maps, nl=False)
     finally:
         if session is not None and (keep or verbose):
-            typer.echo(f"egpu-run: session kept in {session}", err=True)
+            _echo_after_job(f"egpu-run: session kept in {session}", err=True)
         elif session is not None:
             shutil.rmtree(session, ignore_errors=True)
     raise typer.Exit(status)

@@ -164,6 +164,22 @@ def test_options_stop_at_the_command(stub_job, probe_obj, tmp_path):
     assert r.stderr == "egpu-run: no maps: no process of the job loaded CUDA code and exited normally\n"
 
 
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_closed_stdout_keeps_the_jobs_status(stub_job, probe_obj, tmp_path, status):
+    """egpu-run ... | head: the reader is gone before the maps are printed. Nothing is said (no traceback,
+    as coreutils end silently on SIGPIPE) and the status is still the job's (click exited 1)."""
+    r, w = os.pipe()
+    os.close(r)   # the job's own output goes elsewhere: only egpu-run's maps meet the closed pipe
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import launcher; launcher.run_main()", "-p",
+                               str(probe_obj("count")), "sh", "-c", f'"$0" module 1 32 {status} >/dev/null',
+                               str(stub_job.app)], env=stub_job.env(tmp_path / "log"), cwd=ROOT, stdout=w,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(w)
+    assert (proc.returncode, proc.stderr) == (status, "")
+
+
 def test_sigterm_reaches_the_job(stub_job, probe_obj, tmp_path):
     started = tmp_path / "started"
     env = stub_job.env(tmp_path / "log")
