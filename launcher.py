@@ -609,6 +609,9 @@ def run_cmd(ctx: typer.Context,
     cmd = ctx.args
     if not cmd:
         raise UsageError("Missing CMD, the program to run.", ctx=ctx)
+    if per_rank and summed:   # each says "only": together they printed the maps twice, unlabelled
+        raise UsageError("--per-rank and --sum exclude each other (neither: each process, and the sum "
+                         "when there are ranks)", ctx=ctx)
     progress = _notes(steps=verbose, prefix="egpu-run")
     session = None
     try:
@@ -656,8 +659,7 @@ def run_cmd(ctx: typer.Context,
             _echo_error("egpu-run", e, detail=verbose)
             raise typer.Exit(OWN_FAILURE)
         try:
-            view = {(False, False): "auto", (True, False): "per-rank", (False, True): "sum"}.get((per_rank, summed),
-                                                                                              "both")
+            view = "per-rank" if per_rank else "sum" if summed else "auto"
             maps, notes = job.report(loaded, session, as_json, verbose, view, durations,
                                      traced=trace is not None, status=status, mirror_s=mirror)
         except EgpuError as e:  # the job ran: its status still goes out

@@ -168,6 +168,7 @@ def test_compile_shows_clangs_errors_as_clang_prints_them(tmp_path):
     (["--no-such-option", "true"], "No such option: --no-such-option"),
     (["-p"], "Option '-p' requires an argument"),
     (["-v"], "Missing CMD"),
+    (["--per-rank", "--sum", "true"], "--per-rank and --sum exclude each other"),   # printed the maps twice
     (["-p", "/nonexistent.bpf.o", "true"], "/nonexistent.bpf.o: cannot read"),
 ])
 def test_egpu_run_own_failures_exit_125(args, message):

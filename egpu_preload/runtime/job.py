@@ -209,7 +209,7 @@ def snapshots(probes: list[Probe], doc: dict[str, Any],
 def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view: str = "auto") -> str:
     """The maps of every process that has some, by rank (then pid): text (a header per process when
     several) or one JSON document per process; and their sum (output/combine.py: a section "all ranks",
-    JSON rank "all", pid null). ``view``: per-rank, sum, both, or auto: the sum too when the processes
+    JSON rank "all", pid null). ``view``: per-rank, sum, or auto: the sum too when the processes
     have two ranks or more (a torchrun job)."""
     from egpu_preload.output import json as json_out
     from egpu_preload.output import text as text_out
@@ -219,7 +219,7 @@ def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view
     snaps = [snapshots(probes, doc) for doc in with_maps]
     ranks = {d["rank"] for d in with_maps if d["rank"] is not None}
     per_rank = view != "sum"
-    summed = view in ("sum", "both") or (view == "auto" and len(ranks) > 1)
+    summed = view == "sum" or (view == "auto" and len(ranks) > 1)
     now = time.time()
     out = []
     if per_rank:
