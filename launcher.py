@@ -279,7 +279,8 @@ def ptx_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
 
 
 @egpu.command("trace")
-def trace_cmd(path: Path = typer.Argument(..., metavar="FILE", help="a trace egpu-run --trace wrote"),
+def trace_cmd(ctx: typer.Context,
+              path: Path = typer.Argument(..., metavar="FILE", help="a trace egpu-run --trace wrote"),
               conditions: list[str] = typer.Option([], "--where", metavar="FIELD=VALUE",
                                                     help="only records where FIELD is VALUE (repeatable: all hold)"),
               limit: Optional[int] = typer.Option(None, "--limit", metavar="N", min=0, help="the first N records"),
@@ -291,6 +292,9 @@ def trace_cmd(path: Path = typer.Argument(..., metavar="FILE", help="a trace egp
                                                           "smaller, read by more tools)")) -> None:
     """Print a trace file's records (one line each, in each map's order), filtered, or convert them."""
     from egpu_preload.output import tracefile
+    outputs = [o for o, given in (("--json", as_json), ("--perfetto", perfetto), ("--parquet", parquet)) if given]
+    if len(outputs) > 1:   # one output each run: the others were silently ignored
+        raise UsageError(f"{' and '.join(outputs)} exclude each other: one output at a time", ctx=ctx)
     trace = tracefile.read(path, {} if parquet is not None else tracefile.EXPANDERS)   # converted as recorded
     if not trace.complete:
         typer.echo(f"egpu: {path} was never closed (its job died?): {trace.rows.num_rows} records read, "

@@ -634,6 +634,12 @@ def test_egpu_trace_prints_filters_and_converts(access_trace, tmp_path):
         assert res.exit_code == 1 and why in res.stderr and "Traceback" not in res.output
     res = run(egpu, ["trace", str(tmp_path / "none.parquet")])
     assert res.exit_code == 1 and "none.parquet" in res.stderr
+    for both in (["--json", "--perfetto", str(out)], ["--perfetto", str(out), "--parquet", str(tmp_path / "o.parquet")],
+                 ["--json", "--parquet", str(tmp_path / "o.parquet")]):   # the second was silently ignored
+        res = run(egpu, ["trace", str(path), *both])
+        assert res.exit_code == 2 and res.stdout == "" and len(res.stderr.splitlines()) == 1, (both, res.output)
+        assert "exclude each other" in res.stderr
+    assert not (tmp_path / "o.parquet").exists()
 
 
 @pytest.mark.parametrize("content", [b"", b"\x00" * 100, b"PAR1 not really", b"ARROW1 cut"])
