@@ -299,6 +299,9 @@ def trace_cmd(ctx: typer.Context,
     if not trace.complete:
         typer.echo(f"egpu: {path} was never closed (its job died?): {trace.rows.num_rows} records read, "
                    "the probes' dropped counts unknown", err=True)
+    elif not trace.rows.num_rows:   # printing nothing looked like a filter that matched nothing
+        maps = ", ".join(f"@{m}" for m in sorted({*trace.dropped, *trace.record_types}))
+        typer.echo(f"egpu: {path} holds no records" + (f" (a trace of {maps})" if maps else ""), err=True)
     table = tracefile.where(trace.rows, conditions, str(path))
     if parquet is not None:
         table = table if limit is None else table.slice(0, limit)

@@ -642,6 +642,19 @@ def test_egpu_trace_prints_filters_and_converts(access_trace, tmp_path):
     assert not (tmp_path / "o.parquet").exists()
 
 
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_a_trace_of_no_records_says_so(access_trace, tmp_path, suffix):
+    """A job whose probes wrote nothing leaves a file of no records: egpu trace printed nothing and exited
+    0, as a --where that matched nothing does. It says so, with the maps the file was for."""
+    path = tmp_path / f"t{suffix}"
+    w = tracefile.TraceWriter(path, [("events", tracefile.record_layout(access_trace.btf,
+                                      tracefile.record_struct(access_trace.btf))), ("raw", None)])
+    w.close({"events": 0, "raw": 0})
+    res = CliRunner().invoke(egpu, ["trace", str(path)])
+    assert (res.exit_code, res.stdout) == (0, "")
+    assert res.stderr == f"egpu: {path} holds no records (a trace of @events, @raw)\n"
+
+
 @pytest.mark.parametrize("content", [b"", b"\x00" * 100, b"PAR1 not really", b"ARROW1 cut"])
 def test_a_file_that_is_no_trace_says_so_by_name(content, tmp_path):
     """Empty, random or cut bytes under either suffix: one line naming the file and what a trace file is,
