@@ -118,6 +118,11 @@ def test_attach_swap_detach_through_the_cli(job, probes):
     assert attach.returncode == 0, attach.stderr
     assert attach.stdout.startswith(f"attached count in {job.pid}: PTX 1 modules, 1 kernels instrumented; "
                                     "SASS unchanged: ")
+    # the job was started with the default --backend auto (it said "the job runs --backend ptx"): what
+    # auto became, and why
+    assert "SASS unchanged: --backend auto ran the job as ptx: no probe given at its start patches kernels, " \
+           "and no --live-sass kept the Compute Sanitizer loaded (start the job with egpu-run --live-sass " \
+           "to attach into SASS-only kernels); flip at" in attach.stdout, attach.stdout
     assert re.search(r" ms \(verify [\d.]+, maps [\d.]+, instrument [\d.]+, sass [\d.]+, flip [\d.]+, publish [\d.]+, "
                      r"unload [\d.]+, gc [\d.]+\)$", attach.stdout.strip())
     job.wait_launches()

@@ -32,6 +32,7 @@ from stub_job import MORE, egpu_run
     config.Config((), Path("/run/egpu/s2"), None, 0, durations=True, ptxas="/opt/ptxas"),
     config.Config(backend="sass", sanitizer="/opt/san/libsanitizer-public.so"),
     config.Config(backend="ptx"),
+    config.Config(backend="ptx", backend_why="--backend auto ran the job as ptx: no probe"),
     config.Config(restore=Path("/ckpt/step 40")),
     config.Config(durations=True, timeline=True),
     config.Config(mirror=0.0),
@@ -44,7 +45,8 @@ from stub_job import MORE, egpu_run
 def test_config_survives_the_environment(cfg):
     env = config.to_env(cfg)
     assert set(env) == {config.PROBES, config.SESSION, config.KERNEL, config.LOG, config.DURATIONS,
-                        config.PTXAS, config.BACKEND, config.SANITIZER, config.RESTORE, config.TIMELINE,
+                        config.PTXAS, config.BACKEND, config.BACKEND_WHY, config.SANITIZER, config.RESTORE,
+                        config.TIMELINE,
                         config.MIRROR, config.LAUNCH_VM, config.TRACE, config.ON_FULL, config.UPROBES,
                         config.EARLY_START}
     assert config.from_env(env) == cfg

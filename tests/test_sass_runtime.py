@@ -61,19 +61,23 @@ def test_kernel_runs_the_programs_whose_globs_match(only, name, mask):
     assert b.kernel(2, name) == sass.KernelChoice(0, kernel_id(name))   # a generation it never had: no programs
 
 
-def test_for_job_settles_the_back_end(tmp_path):
+def test_for_job_settles_the_back_end(tmp_path, monkeypatch):
     kernel_site, launch_only = probe([("entry", "*", "thread")]), probe([("launch", "*", "launch")])
     with pytest.raises(EgpuError, match="--backend cuda: must be one of auto, ptx, sass"):
         sass.for_job(config.Config(backend="cuda"), [kernel_site])
-    cfg, _ = sass.for_job(config.Config(backend="auto"), [launch_only])
+    with monkeypatch.context() as m:
+        m.setattr(sass, "sanitizer_library", lambda: None)
+        cfg, _ = sass.for_job(config.Config(backend="auto"), [launch_only], standby=True)
     assert cfg.backend == "ptx"   # nothing to patch and no sanitizer found: the shim never loads one
+    assert cfg.backend_why.startswith("--backend auto ran the job as ptx: --live-sass, but no Compute Sanitizer")
     with_sanitizer = config.Config(backend="auto", sanitizer="/x/libsanitizer-public.so")
     cfg, _ = sass.for_job(with_sanitizer, [launch_only])
     assert cfg.backend == "ptx"   # no standby unless asked: CUPTI users need the driver's one tool slot
+    assert "no probe given at its start patches kernels, and no --live-sass" in cfg.backend_why
     cfg, _ = sass.for_job(with_sanitizer, [launch_only], standby=True)
     assert cfg.backend == "auto"  # standby: subscribed from cuInit, for a kernel-site probe attached later
     cfg, _ = sass.for_job(config.Config(backend="ptx", sanitizer="/x/libsanitizer-public.so"), [kernel_site])
-    assert cfg.backend == "ptx"
+    assert (cfg.backend, cfg.backend_why) == ("ptx", None)   # asked for: nothing to explain
     cfg, _ = sass.for_job(config.Config(backend="sass", sanitizer="/x/libsanitizer-public.so"), [kernel_site])
     assert (cfg.backend, cfg.sanitizer) == ("sass", "/x/libsanitizer-public.so")
     assert sass.sanitizer_library({"CUDA_HOME": str(tmp_path)}) in (None, "/usr/local/cuda/" + sass.SANITIZER_LIB)

@@ -9,6 +9,7 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_DURATIONS  1: time every kernel (CUPTI activity records, runtime/durations.py)
     EGPU_TIMELINE   1: keep each kernel's CUPTI record too, for egpu-run --perfetto (durations.Timeline)
     EGPU_BACKEND  auto | ptx | sass (runtime/sass.py); the shim loads the sanitizer only when it is set
+    EGPU_BACKEND_WHY  why egpu-run made --backend auto ptx (sass.for_job), for the replies that say so
     EGPU_SANITIZER_LIB  libsanitizer-public.so for the SASS back end (shim/sass.c has a default)
     EGPU_PTXAS    the real ptxas egpu-ptxas runs for Triton (runtime/ptxas.py); empty: Triton's own
     EGPU_RESTORE  a checkpoint directory to put back once the job has remade its allocations (cow/restore.py)
@@ -38,7 +39,7 @@ from egpu_preload.errors import EgpuError
 
 PROBES, SESSION, KERNEL, LOG = "EGPU_PROBES", "EGPU_SESSION", "EGPU_KERNEL", "EGPU_LOG"
 DURATIONS, PTXAS = "EGPU_DURATIONS", "EGPU_PTXAS"
-BACKEND, SANITIZER = "EGPU_BACKEND", "EGPU_SANITIZER_LIB"
+BACKEND, SANITIZER, BACKEND_WHY = "EGPU_BACKEND", "EGPU_SANITIZER_LIB", "EGPU_BACKEND_WHY"
 RESTORE = "EGPU_RESTORE"
 TIMELINE = "EGPU_TIMELINE"
 MIRROR = "EGPU_MIRROR"
@@ -59,6 +60,7 @@ class Config:
     durations: bool = False
     ptxas: str | None = None
     backend: str = "auto"
+    backend_why: str | None = None   # auto settled as ptx: why (sass.for_job)
     sanitizer: str | None = None
     restore: Path | None = None
     timeline: bool = False
@@ -78,7 +80,8 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
     return Config(probes=probes, session=Path(env[SESSION]) if env.get(SESSION) else None,
                   kernel=env.get(KERNEL) or None, log=int(log) if log.isdigit() else 0,
                   durations=env.get(DURATIONS) == "1", ptxas=env.get(PTXAS) or None,
-                  backend=env.get(BACKEND) or "auto", sanitizer=env.get(SANITIZER) or None,
+                  backend=env.get(BACKEND) or "auto", backend_why=env.get(BACKEND_WHY) or None,
+                  sanitizer=env.get(SANITIZER) or None,
                   restore=Path(env[RESTORE]) if env.get(RESTORE) else None,
                   timeline=env.get(TIMELINE) == "1", mirror=_seconds(env.get(MIRROR), Config.mirror),
                   launch_vm=env.get(LAUNCH_VM) if env.get(LAUNCH_VM) in LAUNCH_VMS else Config.launch_vm,
@@ -97,6 +100,7 @@ def to_env(cfg: Config) -> dict[str, str]:
             DURATIONS: "1" if cfg.durations else "",
             PTXAS: cfg.ptxas or "",
             BACKEND: cfg.backend,
+            BACKEND_WHY: cfg.backend_why or "",
             SANITIZER: cfg.sanitizer or "",
             RESTORE: str(cfg.restore) if cfg.restore else "",
             TIMELINE: "1" if cfg.timeline else "",

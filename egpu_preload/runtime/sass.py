@@ -135,9 +135,9 @@ class SassBackend:
 
     def unavailable(self) -> str:
         """Why this process cannot patch SASS ("" when it can): the reason a live attach reports."""
-        if self.cfg.backend == "ptx":
-            return ("the job runs --backend ptx (start it with egpu-run --live-sass to attach into SASS-only "
-                    "kernels)")
+        if self.cfg.backend == "ptx":   # asked for, or what egpu-run made of --backend auto (for_job)
+            return self.cfg.backend_why or ("the job runs --backend ptx (start it with --backend auto --live-sass "
+                                            "to attach into SASS-only kernels)")
         stats = self.stats()
         if stats["state"] != "subscribed":
             return f"sanitizer {stats['state']}" + (f": {stats['error']}" if stats["error"] else "")
@@ -344,8 +344,12 @@ def for_job(cfg: Config, probes: list[Probe], standby: bool = False) -> tuple[Co
     cfg = dataclasses.replace(cfg, sanitizer=cfg.sanitizer or sanitizer_library())
     objects = [p.obj for p in probes]
     if not has_sites(objects):   # standby only where asked for, and a sanitizer is there to subscribe
-        return (dataclasses.replace(cfg, backend="ptx") if cfg.backend == "auto" and not (standby and cfg.sanitizer)
-                else cfg), []
+        if cfg.backend == "sass" or (standby and cfg.sanitizer):
+            return cfg, []
+        why = ("--live-sass, but no Compute Sanitizer library was found (EGPU_SANITIZER_LIB, CUDA_HOME)" if standby
+               else "no probe given at its start patches kernels, and no --live-sass kept the Compute Sanitizer "
+                    "loaded (start the job with egpu-run --live-sass to attach into SASS-only kernels)")
+        return dataclasses.replace(cfg, backend="ptx", backend_why=f"--backend auto ran the job as ptx: {why}"), []
     module = patch_module(objects)
     notes, cache = [], cache_dir(cfg)
     for sm in visible_sms() if cache is not None else []:
