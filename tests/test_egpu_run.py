@@ -146,7 +146,8 @@ def test_a_probe_source_is_compiled_for_the_job(stub_job, tmp_path):
 @pytest.mark.parametrize("cmd, status, message", [
     (["no-such-program-egpu"], 127, "egpu-run: no-such-program-egpu: command not found"),
     (["./no/such/file"], 127, "egpu-run: ./no/such/file: no such file"),
-    (["/"], 126, "egpu-run: /: permission denied"),
+    (["/tmp"], 126, "egpu-run: /tmp: is a directory"),   # as bash says it; it said permission denied
+    (["./tests/runtime_stub/app_loop.c"], 126, "egpu-run: ./tests/runtime_stub/app_loop.c: permission denied"),
     (["./tests/runtime_stub/no_shebang.sh"], 126,
      "egpu-run: ./tests/runtime_stub/no_shebang.sh: exec format error (not a program for this machine, "
      "or a script without a #! line)"),

@@ -128,7 +128,9 @@ def resolve_program(name: str, env: Mapping[str, str]) -> str:
     path = name if "/" in name else shutil.which(name, path=env.get("PATH", os.defpath))
     if path is None or not os.path.exists(path):
         raise ProgramError(f"{name}: command not found" if "/" not in name else f"{name}: no such file", 127)
-    if os.path.isdir(path) or not os.access(path, os.X_OK):
+    if os.path.isdir(path):   # as a shell says it (exit 126), not as a permission
+        raise ProgramError(f"{name}: is a directory", 126)
+    if not os.access(path, os.X_OK):
         raise ProgramError(f"{name}: permission denied", 126)
     return path
 
