@@ -28,7 +28,7 @@ RECORD_BYTES = 80   # examples/access_trace.bpf.c's 72-byte struct behind the ri
 DEADLINE_S = 120.0
 FORMATS = (".arrow", ".parquet")   # the trace file's suffix picks its form
 SIZES = (1 << 20, 1 << 22, 1 << 24)
-DELIVERED = re.compile(r"^egpu-run: ([\d,]+) records in \S+?(, none dropped)?(?:[,;].*)?$", re.M)
+DELIVERED = re.compile(r"^egpu-run: ([\d,]+) records? in \S+?(, none dropped)?(?:[,;].*)?$", re.M)
 
 
 PACE = re.compile(r"drained in ([\d,]+) passes, ([\d,.]+) MB copied; reader: (.*); writer ([\d.]+) s$", re.M)

@@ -84,7 +84,7 @@ def test_a_probe_waiting_for_its_own_record_ends_after_the_stall_time(shim, prob
     r = egpu_run(["--trace", str(out), "-p", str(probe_obj("self_wait")), str(exe), "1", "32"], env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert " wrong 0 " in r.stdout
-    assert (f"egpu-run: 1 records in {out}, 1 dropped by the probes (larger than the ring, or waiting on a "
+    assert (f"egpu-run: 1 record in {out}, 1 dropped by the probes (larger than the ring, or waiting on a "
             "reader that took nothing for 0.5 s)") in r.stderr, r.stderr
     trace = tracefile.read(out)
     assert trace.dropped["events"] == 1 and trace.rows.num_rows == 1

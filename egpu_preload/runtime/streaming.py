@@ -159,7 +159,7 @@ def notes(dumps: list[dict[str, Any]]) -> list[str]:
                    f"larger than the ring, or waiting on a reader that took nothing for {t['stall_s']:g} s")
             dropped = (f", {t['dropped']:,} dropped by the probes ({why})" if t["dropped"] else
                        "" if t.get("error") else ", none dropped")
-            out.append(f"egpu-run: {t['records']:,} records in {t['path']}{dropped}"
+            out.append(f"egpu-run: {t['records']:,} record{'s' * (t['records'] != 1)} in {t['path']}{dropped}"
                        + (f"; {t['error']}" if t.get("error") else ""))
             if t.get("drain", {}).get("copied_bytes"):
                 out.append(pace_line(t["drain"]))
