@@ -681,3 +681,23 @@ def test_maps_are_decoded_outside_the_lock_a_change_takes(tmp_path, monkeypatch,
     monkeypatch.setattr(control, "_document", lambda probes: {"probes": probes})
     assert (control.maps({}) if reader == "maps" else control.mirrored()) == {"probes": []}
     assert free_while_decoding == [True]
+
+
+def test_attach_says_which_uprobes_found_no_function(job, tmp_path):
+    """A uprobe whose function the target lacks is left unhooked in the job (its reply's uprobes say
+    so, as egpu-run says at start): egpu attach must say it too, not just 'attached'."""
+    from egpu_preload.bpf.compile import compile_probe
+    src = tmp_path / "up_missing.bpf.c"
+    src.write_text('#include "egpu.bpf.h"\n'
+                   'struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32);\n'
+                   '         __type(value, __u64); } calls SEC(".maps");\n'
+                   'SEC("uprobe/libcuda.so.1:no_such_function_xyz")\n'
+                   'int up(void *ctx) { __u32 k = 0; __u64 *n = bpf_map_lookup_elem(&calls, &k);\n'
+                   '                    if (n) __sync_fetch_and_add(n, 1); return 0; }\n'
+                   'char LICENSE[] SEC("license") = "GPL";\n')
+    obj = compile_probe(src, tmp_path / "up_missing.bpf.o")
+    r = egpu(["attach", str(job.pid), "-p", str(obj)], job.env)
+    assert r.returncode == 0, r.stderr
+    assert ("uprobe not attached: prog up at libcuda.so.1:no_such_function_xyz: no such function in it"
+            in r.stdout), r.stdout
+    job.finish()

@@ -63,7 +63,9 @@ def change_line(cmd: str, pid: int, reply: dict) -> str:
             f"{sass_words(reply.get('sass'))}; flip at launch {reply['launches']}, {reply['seconds'] * 1000:.1f} ms")
     if phases:
         line += f" ({phases})"
-    return "\n".join([line] + [f"  failed: {f}" for f in reply.get("failed", [])])
+    unhooked = [f"  uprobe not attached: prog {u['prog']} at {u['target']}: {u['state']}"
+                for u in (reply.get("uprobes") or {}).get("attached", []) if u.get("state") != "attached"]
+    return "\n".join([line] + [f"  failed: {f}" for f in reply.get("failed", [])] + unhooked)
 
 
 def sass_words(sass: dict | None) -> str:
