@@ -431,6 +431,21 @@ def _checked_probe(path: Path, progress: "Progress", verbose: bool) -> tuple[byt
         raise
 
 
+def _name_for(probe: Path, name: Optional[str]) -> str:
+    """The name a probe attaches as: ``name`` (--name), else its file name's; checked here, before clang
+    and the verifier run, as the job checks it (a file name with a space or non-ASCII letters makes none)."""
+    from egpu_preload.runtime.live import NAME_RULE, name_ok, probe_name
+    if name is not None:
+        if not name_ok(name):
+            raise typer.BadParameter(f"bad probe name {name!r}: {NAME_RULE}", param_hint="'--name'")
+        return name
+    default = probe_name(probe)
+    if not name_ok(default):
+        raise EgpuError(f"its file name makes no probe name ({default!r}; a name is {NAME_RULE}): "
+                        "give one with --name NAME", file=str(probe))
+    return default
+
+
 def _rank_prefix(target: Any) -> str:
     return "" if target.rank is None else f"rank {target.rank}: "
 
@@ -449,13 +464,14 @@ def attach_cmd(pid: int = _PID, probe: Path = typer.Option(..., "-p", "--probe",
     that takes more than a second says what it waits for."""
     from egpu_preload.runtime import remote
     progress = _notes(steps=True)
-    data, default = _checked_probe(probe, progress, verbose)
+    name = _name_for(probe, name)
+    data, _ = _checked_probe(probe, progress, verbose)
 
     def attach(p: int) -> Any:
         loaded = len(remote.request(p, "modules")["modules"])
         with progress.step(f"waiting for {p}: translating {probe.name} and JIT-compiling {loaded} "
                            f"module{'s' * (loaded != 1)} with it"):
-            return remote.request(p, "attach", probe=data, name=name or default)
+            return remote.request(p, "attach", probe=data, name=name)
     done, failed = _each(pid, rank, every, attach)
     for t, reply in done:
         typer.echo(_rank_prefix(t) + remote.change_line("attach", t.pid, reply))
@@ -478,10 +494,13 @@ def detach_cmd(pid: int = _PID, probe: Optional[str] = typer.Argument(None, meta
 @egpu.command("swap")
 def swap_cmd(pid: int = _PID, old: str = typer.Argument(..., metavar="OLD", help="the attached probe's name"),
              new: Path = typer.Argument(..., metavar="NEW", help="the new probe, a .bpf.o or .bpf.c"),
+             name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
+                                                help="NEW's name (default: the file name without .bpf.o)"),
              rank: Optional[int] = _RANK, every: bool = _ALL, verbose: bool = _VERBOSE) -> None:
     """Replace an attached probe with another in one step: every launch runs one of them."""
     from egpu_preload.runtime import remote
-    data, name = _checked_probe(new, _notes(steps=True), verbose)
+    name = _name_for(new, name)
+    data, _ = _checked_probe(new, _notes(steps=True), verbose)
     done, failed = _each(pid, rank, every, lambda p: remote.request(p, "swap", old=old, new_probe=data, new_name=name))
     for t, reply in done:
         typer.echo(_rank_prefix(t) + remote.change_line("swap", t.pid, reply))

@@ -701,3 +701,21 @@ def test_attach_says_which_uprobes_found_no_function(job, tmp_path):
     assert ("uprobe not attached: prog up at libcuda.so.1:no_such_function_xyz: no such function in it"
             in r.stdout), r.stdout
     job.finish()
+
+
+def test_a_file_name_that_makes_no_probe_name_asks_for_name(job, probes, tmp_path):
+    """A probe on a path with a space or non-ASCII letters in its file name: egpu-run takes it; attach and
+    swap say before clang and the verifier run that its name needs --name (the job refused it after, as
+    'bad probe name' of a name the user never gave), and take it with one."""
+    odd = tmp_path / "sp ace" / "cöunt x.bpf.o"
+    odd.parent.mkdir()
+    odd.write_bytes(probes["count"].read_bytes())
+    for args in (["attach", str(job.pid), "-p", str(odd)], ["swap", str(job.pid), "count", str(odd)]):
+        r = egpu(args, job.env)
+        assert r.returncode == 1 and "give one with --name NAME" in r.stderr and str(odd) in r.stderr, r.stderr
+    r = egpu(["attach", str(job.pid), "-p", str(odd), "--name", "a b"], job.env)
+    assert r.returncode == 2 and "bad probe name 'a b'" in r.stderr, r.stderr
+    assert egpu(["attach", str(job.pid), "-p", str(odd), "--name", "cx"], job.env).returncode == 0
+    r = egpu(["swap", str(job.pid), "cx", str(odd), "--name", "cy"], job.env)
+    assert r.returncode == 0 and r.stdout.startswith(f"swapped cx -> cy in {job.pid}"), r.stderr
+    job.finish()

@@ -132,6 +132,14 @@ def no_collection(handler: Callable[[dict], dict]) -> Callable[[dict], dict]:
     return run
 
 
+NAME_RULE = "letters, digits, _ . - (at most 64)"
+
+
+def name_ok(name: str) -> bool:
+    """Whether ``name`` may name an attached probe (NAME_RULE; not starting with a dot)."""
+    return bool(name) and len(name) <= 64 and set(name) <= NAME_CHARS and not name.startswith(".")
+
+
 def probe_name(path: Path) -> str:
     """A probe's default name: its file name without .bpf.o / .bpf.c (``count.bpf.o`` -> ``count``)."""
     name = path.name
@@ -648,8 +656,8 @@ class Live:
 
     # ---- probes and maps --------------------------------------------------------------------------
     def _check_name(self, name: str) -> str:
-        if not name or len(name) > 64 or not set(name) <= NAME_CHARS or name.startswith("."):
-            raise ControlError(f"bad probe name {name!r}: letters, digits, _ . - (at most 64)")
+        if not name_ok(name):
+            raise ControlError(f"bad probe name {name!r}: {NAME_RULE}")
         return name
 
     def _load(self, data: bytes, name: str) -> Probe:
