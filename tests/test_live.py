@@ -683,6 +683,46 @@ def test_maps_are_decoded_outside_the_lock_a_change_takes(tmp_path, monkeypatch,
     assert free_while_decoding == [True]
 
 
+def test_an_attach_whose_maps_the_gpu_cannot_hold_is_refused_and_the_job_goes_on(stub_job, tmp_path, monkeypatch):
+    """A HASH of 2^26 entries needs 3.2 GB of device memory (and as much host memory to build): with 1 GB
+    free (the stand-in's cuMemGetInfo) the attach is refused, naming the map, before anything is made,
+    and the job runs on (a 12.9 GB map built on the host got the job killed by the kernel's OOM killer)."""
+    from egpu_preload.bpf.compile import compile_probe
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    src = tmp_path / "huge.bpf.c"
+    src.write_text((ROOT / "tests" / "probes" / "hash_count.bpf.c").read_text()
+                   .replace("__uint(max_entries, 1024);", "__uint(max_entries, 1 << 26);"))
+    obj = compile_probe(src, tmp_path / "huge.bpf.o")
+    with Job(stub_job, tmp_path, EGPU_STUB_FREE_MB="1024") as job:
+        r = egpu(["attach", str(job.pid), "-p", str(obj)], job.env)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "map per_kernel (67,108,864 entries) needs 3.2 GB of device memory, the maps 3.2 GB: the GPU has " \
+               "1.1 GB free" in r.stderr, r.stderr
+        before = job.launches()
+        job.wait_launches()
+        assert job.launches() > before and job.proc.poll() is None
+        code, _, err = job.finish()
+        assert code == 0, err
+
+
+def test_check_room_counts_the_device_and_the_host():
+    """devmaps.check_room: the device's free memory against every region; the host's available memory,
+    half of it, against the images and an ARRAY's own copy; None (the driver or /proc cannot say) passes."""
+    from egpu_preload.bpf.program import MAP_ARRAY, MAP_HASH, MapDef
+    from egpu_preload.errors import EgpuError
+    from egpu_preload.translate import devmaps
+    arr = MapDef("big", MAP_ARRAY, 4, 8, 1 << 20, 0)
+    need = devmaps.layout(arr).region_size(132) + devmaps.trace_layout().region_size(132)
+    devmaps.check_room([arr], 132, need, None)
+    with pytest.raises(EgpuError, match=r"map big \(1,048,576 entries\) needs 8\.4 MB of device memory"):
+        devmaps.check_room([arr], 132, need - 1, None)
+    host = need + (1 << 20) * (8 + 64)
+    devmaps.check_room([arr], 132, None, 2 * host)
+    with pytest.raises(EgpuError, match="the host has .* available, and egpu takes at most half"):
+        devmaps.check_room([arr], 132, None, 2 * host - 2)
+    devmaps.check_room([MapDef("h", MAP_HASH, 8, 8, 1 << 30, 0)], 132, None, None)
+
+
 def test_attach_says_which_uprobes_found_no_function(job, tmp_path):
     """A uprobe whose function the target lacks is left unhooked in the job (its reply's uprobes say
     so, as egpu-run says at start): egpu attach must say it too, not just 'attached'."""

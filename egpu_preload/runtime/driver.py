@@ -38,6 +38,7 @@ SIGNATURES = {
     "cuDevicePrimaryCtxRetain": "int (*)(void **, int)",
     "cuDevicePrimaryCtxRelease_v2": "int (*)(int)",
     "cuMemAlloc_v2": "int (*)(unsigned long long *, size_t)",
+    "cuMemGetInfo_v2": "int (*)(size_t *, size_t *)",
     "cuMemFree_v2": "int (*)(unsigned long long)",
     "cuMemcpyHtoD_v2": "int (*)(unsigned long long, const void *, size_t)",
     "cuMemcpyDtoH_v2": "int (*)(void *, unsigned long long, size_t)",
@@ -162,6 +163,15 @@ class Driver:
         self.call("cuCtxSynchronize")
 
     # ---- memory ----------------------------------------------------------------------------------
+    def free_memory(self) -> int | None:
+        """Bytes of device memory free in the current context's device; None when the driver cannot say."""
+        free, total = self.ffi.new("size_t *"), self.ffi.new("size_t *")
+        try:
+            self.call("cuMemGetInfo_v2", free, total)
+        except DriverError:
+            return None
+        return int(free[0])
+
     def alloc(self, size: int) -> int:
         p = self.ffi.new("unsigned long long *")
         self.call("cuMemAlloc_v2", p, max(size, 8))

@@ -55,6 +55,7 @@ from egpu_preload.runtime.config import Config, from_env
 from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, ContextMemory, Driver
 from egpu_preload.runtime.exit_hook import ExitHook
 from egpu_preload.runtime.probes import Probe, load_probes
+from egpu_preload.translate import devmaps
 from egpu_preload.translate.devmaps import DeviceMaps
 from egpu_preload.translate.rewrite import KernelStatus, instrument
 from egpu_preload.translate.sass_patch import has_sites
@@ -345,6 +346,9 @@ class Runtime:
             memory = ContextMemory(self.driver, ctx)
             maps = []
             try:
+                free = self.driver.free_memory()
+                devmaps.check_room([m for p in self.probes for m in p.obj.maps], ncpu, free,
+                                   devmaps.host_available())
                 for p in self.probes:
                     maps.append(DeviceMaps(memory, MapsState(p.obj.maps), ncpu))
             except Exception:

@@ -82,6 +82,7 @@ from egpu_preload.runtime.driver import ATTR_SM_COUNT
 from egpu_preload.runtime.modstate import module_globals
 from egpu_preload.runtime.probes import Probe, load_probe
 from egpu_preload.runtime.sass import NO_PROGRAMS, table_block
+from egpu_preload.translate import devmaps
 from egpu_preload.translate.devmaps import DeviceMaps, apply_region, apply_trace
 from egpu_preload.translate.rewrite import KernelStatus, instrument
 from egpu_preload.translate.sass_patch import has_sites
@@ -698,6 +699,7 @@ class Live:
         driver = self.rt.driver
         with driver.current(ctx):
             ncpu = driver.attribute(ATTR_SM_COUNT, driver.device())
+            devmaps.check_room(probe.obj.maps, ncpu, driver.free_memory(), devmaps.host_available())
             maps = DeviceMaps(self.memory, MapsState(probe.obj.maps), ncpu)
             if old is not None:
                 old_probe, old_maps = old

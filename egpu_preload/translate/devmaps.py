@@ -68,6 +68,7 @@ import struct
 from dataclasses import dataclass, replace
 
 from ..bpf import program as prog
+from ..errors import EgpuError
 from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, PerthreadArrayStorage, TraceRecord
 
 HEADER = 64
@@ -316,6 +317,41 @@ def apply_trace(state: MapsState, img: bytes) -> None:
     for cpu, data in records:
         a1, a2, a3 = struct.unpack_from("<QQQ", data, 0)
         state.trace.append(TraceRecord(data[24:], (a1, a2, a3), cpu))
+
+
+def host_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def check_room(maps: list[prog.MapDef], ncpu: int, device_free: int | None, host_free: int | None) -> None:
+    """Refuse maps the job cannot hold, naming the largest, before anything is made: their regions in
+    device memory; on the host, the image each region is made from and an ARRAY's own copy (a bytearray
+    an entry). An attach of a HASH of 2^28 entries (12.9 GB) grew the job past the host's memory, and the
+    kernel's OOM killer ended it."""
+    if not maps:
+        return
+    sizes = [(layout(m).region_size(ncpu), m) for m in maps]
+    device = sum(n for n, _ in sizes) + trace_layout().region_size(ncpu)
+    host = device + sum(m.max_entries * (m.value_size + 64) for m in maps if layout(m).kind == "array")
+    size, big = max(sizes, key=lambda s: s[0])
+    what = f"map {big.name} ({big.max_entries:,} entries) needs {_gb(size)} of device memory, the maps {_gb(device)}"
+    if device_free is not None and device > device_free:
+        raise EgpuError(f"{what}: the GPU has {_gb(device_free)} free")
+    if host_free is not None and host > host_free // 2:
+        raise EgpuError(f"{what}, and as much host memory to build them ({_gb(host)} in all): the host has "
+                        f"{_gb(host_free)} available, and egpu takes at most half")
 
 
 class DeviceMaps:

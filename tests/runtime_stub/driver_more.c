@@ -3,6 +3,7 @@
  * fake device memory that keeps what is copied in. Logs to EGPU_STUB_LOG like the stand-in.
  * EGPU_STUB_NO_CONTEXT=1: no context is current (as when cudart loads a library before making one).
  * EGPU_STUB_NO_GLOBALS=1: global lookups fail (CUDA_ERROR_INVALID_CONTEXT), so no map table can be filled.
+ * EGPU_STUB_FREE_MB=N: cuMemGetInfo_v2 says N MB of device memory are free (unset: 80 GB).
  * EGPU_STUB_PROBE_COUNTS=1: launches of instrumented modules count themselves in their probe's first map,
  * and reads on the runtime's stream take 20 ms (launches run between a hot swap's flip and its reads).
  * Live control (tests/test_live.py): device-to-device copies, a stream of the runtime's own, and a
@@ -67,6 +68,12 @@ CUresult cuCtxPopCurrent_v2(void **ctx) {
     return OK;
 }
 CUresult cuDeviceGet(int *dev, int ordinal) { *dev = ordinal; return OK; }
+CUresult cuMemGetInfo_v2(size_t *free_, size_t *total) {
+    const char *mb = getenv("EGPU_STUB_FREE_MB");
+    *total = 80ull << 30;
+    *free_ = mb ? (size_t)atoll(mb) << 20 : *total;
+    return OK;
+}
 CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) {
     note("cuDevicePrimaryCtxRetain dev=%d", dev);
     *ctx = &primary_context;
