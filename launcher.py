@@ -405,6 +405,12 @@ _RANK = typer.Option(None, "--rank", metavar="R",
 _ALL = typer.Option(False, "--all", help="PID is the job's: address every process of it")
 
 
+def _one(pid: int) -> int:
+    """The process a single-process command addresses: PID, or the one process of egpu-run PID's job."""
+    from egpu_preload.runtime import ranks
+    return ranks.select(pid)[0].pid
+
+
 def _each(pid: int, rank: Optional[int], every: bool, fn: Callable[[int], Any]) -> tuple[list[tuple[Any, Any]], bool]:
     """fn(pid) in each process addressed (runtime/ranks.py), all at once: ((target, reply) of those that
     answered, whether any failed); each failure is one line on stderr."""
@@ -536,7 +542,7 @@ def modules_cmd(pid: int = _PID, as_json: bool = typer.Option(False, "--json", h
     """Every module a running job loaded and each kernel: instrumented, SASS only, failed (why), untouched."""
     import json
     from egpu_preload.runtime import remote
-    reply = remote.request(pid, "modules")
+    reply = remote.request(_one(pid), "modules")
     typer.echo(json.dumps(reply) if as_json else "\n".join(remote.modules_lines(reply)))
 
 
@@ -549,14 +555,14 @@ def checkpoint_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metava
                                                             "and report how long that held it")) -> None:
     """Snapshot a running job's device memory and module globals into DIR while it keeps running."""
     from egpu_preload.cow import remote
-    typer.echo(remote.checkpoint(pid, directory, stop_the_world))
+    typer.echo(remote.checkpoint(_one(pid), directory, stop_the_world))
 
 
 @egpu.command("restore")
 def restore_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="DIR")) -> None:
     """Roll a running job back to a checkpoint (its streams drained, then every allocation written back)."""
     from egpu_preload.cow import remote
-    typer.echo(remote.restore(pid, directory))
+    typer.echo(remote.restore(_one(pid), directory))
 
 
 egpu_run = typer.Typer(name="egpu-run", add_completion=False, no_args_is_help=True, rich_markup_mode=None)

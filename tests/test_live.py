@@ -705,6 +705,16 @@ def test_an_attach_whose_maps_the_gpu_cannot_hold_is_refused_and_the_job_goes_on
         assert code == 0, err
 
 
+@pytest.mark.parametrize("job", ["module"], indirect=True)
+def test_single_process_commands_take_egpu_runs_pid(job):
+    """egpu modules (as checkpoint and restore) address the one process of egpu-run PID's job, as attach and
+    maps do: the PID help says "or its job's"; they refused egpu-run's pid."""
+    by_job = egpu(["modules", str(job.proc.pid)], job.env)
+    assert by_job.returncode == 0, by_job.stderr
+    assert by_job.stdout == egpu(["modules", str(job.pid)], job.env).stdout
+    job.finish()
+
+
 def test_check_room_counts_the_device_and_the_host():
     """devmaps.check_room: the device's free memory against every region; the host's available memory,
     half of it, against the images and an ARRAY's own copy; None (the driver or /proc cannot say) passes."""

@@ -129,20 +129,36 @@ JOB = sessions(p20=0, p21=1, p22=2, p30=1, p50=0)
     (30, None, False, [ranks.Target(30)]),
     (50, None, False, [ranks.Target(50)]),
     (10, None, False, "refused"),                      # egpu-run's pid over several: refused below
+    (1, None, False, [ranks.Target(1)]),               # any other ancestor: itself (its request fails)
+    (11, None, False, [ranks.Target(11)]),             # torchrun's agent, not an egpu-run: itself
 ])
 def test_select(root, rank, every, want):
+    egpu_run = {10}.__contains__   # pid 10 is the egpu-run
     if want == "refused":
         with pytest.raises(EgpuError, match=re.escape("no egpu session in process 10, but in 4 processes below it "
                                                       "(20, 21, 30, 22): give one of them, --rank R or --all")):
-            ranks.select(root, rank, every, JOB, TREE.get)
+            ranks.select(root, rank, every, JOB, TREE.get, egpu_run)
         return
-    assert ranks.select(root, rank, every, JOB, TREE.get) == want
+    assert ranks.select(root, rank, every, JOB, TREE.get, egpu_run) == want
 
 
 def test_egpu_run_pid_addresses_its_only_process():
-    """egpu attach $! (egpu-run's pid, which has no session): the one process of its job that has one."""
+    """egpu attach $! (egpu-run's pid, which has no session): the one process of its job that has one; the
+    same from pid 1 or a shell above it addresses nothing but itself (egpu detach 1 --all would have
+    reached every job the user runs)."""
     tree = {10: 1, 11: 10}
-    assert ranks.select(10, None, False, sessions(p11=None), tree.get) == [ranks.Target(11)]
+    assert ranks.select(10, None, False, sessions(p11=None), tree.get, {10}.__contains__) == [ranks.Target(11)]
+    assert ranks.select(1, None, False, sessions(p11=None), tree.get, {10}.__contains__) == [ranks.Target(1)]
+
+
+def test_runs_egpu_run_reads_the_command_line(tmp_path, monkeypatch):
+    for pid, argv in ((10, [sys.executable, "/usr/bin/egpu-run", "-p", "x.bpf.o", "./app"]),
+                      (11, [sys.executable, "-c", "import launcher; launcher.run_main()", "./app"]),
+                      (12, ["/bin/bash"]), (13, ["torchrun", "--nproc-per-node", "2", "egpu-run.py"])):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    monkeypatch.setattr(ranks, "PROC", tmp_path)
+    assert [p for p in (10, 11, 12, 13, 14) if ranks.runs_egpu_run(p)] == [10, 11]
 
 
 @pytest.mark.parametrize("root, rank, every, message", [

@@ -70,13 +70,24 @@ def job_targets(root: int, sessions: list[SessionInfo],
     return sorted(out, key=lambda th: (th[0].rank is None, th[0].rank or 0, th[0].pid))
 
 
+def runs_egpu_run(pid: int) -> bool:
+    """Whether ``pid`` is an egpu-run (its console script, or launcher.run_main as the tests start it)."""
+    try:
+        args = (PROC / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(Path(a.decode(errors="replace")).name == "egpu-run" or b"run_main()" in a for a in args)
+
+
 def select(root: int, rank: int | None = None, every: bool = False, sessions: list[SessionInfo] | None = None,
-           parent_of: Callable[[int], int | None] = parent) -> list[Target]:
-    """The processes a request addresses: ``root`` itself (neither rank nor every; when it has no session,
-    as egpu-run's own pid has not, the one process below it that has), the job's processes of rank
-    ``rank`` (helpers left out), or all of the job's processes (``every``)."""
+           parent_of: Callable[[int], int | None] = parent,
+           is_egpu_run: Callable[[int], bool] = runs_egpu_run) -> list[Target]:
+    """The processes a request addresses: ``root`` itself (neither rank nor every; when it is an egpu-run,
+    which has no session, the one process of its job that has: never any other ancestor's, which would
+    reach every job of a shell or of pid 1 unasked), the job's processes of rank ``rank`` (helpers left
+    out), or all of the job's processes (``every``)."""
     if rank is None and not every:
-        if sessions is None and socket_path(root).exists():
+        if sessions is None and socket_path(root).exists() or not is_egpu_run(root):
             return [Target(root)]
         sessions = list_sessions() if sessions is None else sessions
         below = [t for t, _ in job_targets(root, sessions, parent_of)]
