@@ -715,6 +715,20 @@ def test_single_process_commands_take_egpu_runs_pid(job):
     job.finish()
 
 
+@pytest.mark.parametrize("job", ["module"], indirect=True)
+def test_maps_whose_name_two_probes_share_are_labelled_by_probe(job, probes, tmp_path):
+    """count and a copy of it attached as count2 both have @counts: printed twice unlabelled, and one JSON
+    key, one was lost. A name two probes share is PROBE:MAP in text and JSON; others stay as they are."""
+    (tmp_path / "count2.bpf.o").write_bytes(probes["count"].read_bytes())
+    for obj in (probes["count"], tmp_path / "count2.bpf.o", probes["hash_count"]):
+        assert egpu(["attach", str(job.pid), "-p", str(obj)], job.env).returncode == 0
+    text = egpu(["maps", str(job.pid)], job.env)
+    assert [ln for ln in text.stdout.splitlines() if ln] == ["@count:counts: 0", "@count2:counts: 0"], text.stdout
+    doc = json.loads(egpu(["maps", str(job.pid), "--json"], job.env).stdout)
+    assert sorted(doc["maps"]) == ["count2:counts", "count:counts", "per_kernel"]
+    job.finish()
+
+
 def test_check_room_counts_the_device_and_the_host():
     """devmaps.check_room: the device's free memory against every region; the host's available memory,
     half of it, against the images and an ARRAY's own copy; None (the driver or /proc cannot say) passes."""

@@ -205,7 +205,21 @@ def snapshots(probes: list[Probe], doc: dict[str, Any],
         snaps.append(snapshot(dump.restore_state(MapsState(obj.maps), d), obj, names,
                               event_types(obj) if event_types else None))
     lines = tuple(line for s in snaps for line in s.trace.lines)
-    return Snapshot(tuple(m for s in snaps for m in s.maps), Trace(lines), names)
+    return Snapshot(_qualified(doc["probes"], snaps), Trace(lines), names)
+
+
+def _qualified(docs: list[dict[str, Any]], snaps: list["Snapshot"]) -> tuple:
+    """Every probe's maps, a name two probes share given as PROBE:MAP (PROBE: its attach name, or its file's
+    stem): printed twice unlabelled, and one JSON key, one of them was lost."""
+    seen: dict[str, int] = {}
+    for s in snaps:
+        for m in s.maps:
+            seen[m.name] = seen.get(m.name, 0) + 1
+    out = []
+    for d, s in zip(docs, snaps):
+        probe = d.get("name") or Path(d["path"]).name.split(".bpf.")[0]
+        out += [dataclasses.replace(m, name=f"{probe}:{m.name}") if seen[m.name] > 1 else m for m in s.maps]
+    return tuple(out)
 
 
 def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view: str = "auto") -> str:
