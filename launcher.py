@@ -502,14 +502,17 @@ def swap_cmd(pid: int = _PID, old: str = typer.Argument(..., metavar="OLD", help
              new: Path = typer.Argument(..., metavar="NEW", help="the new probe, a .bpf.o or .bpf.c"),
              name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
                                                 help="NEW's name (default: the file name without .bpf.o)"),
+             as_json: bool = typer.Option(False, "--json", help="OLD's final maps as JSON"),
              rank: Optional[int] = _RANK, every: bool = _ALL, verbose: bool = _VERBOSE) -> None:
-    """Replace an attached probe with another in one step: every launch runs one of them."""
-    from egpu_preload.runtime import remote
+    """Replace an attached probe with another in one step: every launch runs one of them. Prints OLD's final
+    maps, as detach does (the line saying what changed goes to stderr)."""
+    from egpu_preload.runtime import job, remote
     name = _name_for(new, name)
     data, _ = _checked_probe(new, _notes(steps=True), verbose)
     done, failed = _each(pid, rank, every, lambda p: remote.request(p, "swap", old=old, new_probe=data, new_name=name))
     for t, reply in done:
-        typer.echo(_rank_prefix(t) + remote.change_line("swap", t.pid, reply))
+        typer.echo(_rank_prefix(t) + remote.change_line("swap", t.pid, reply), err=True)
+    typer.echo(job.render([], [_maps_doc(t, r) for t, r in done], as_json), nl=False)
     raise typer.Exit(int(failed))
 
 

@@ -99,8 +99,8 @@ def test_ddp_two_ranks_on_one_gpu(shim, probe_obj, tmp_path):  # noqa: F811
         assert [ln.split(":")[0] for ln in attach.stdout.splitlines()] == ["rank 0", "rank 1"], attach.stdout
         swap = egpu(["swap", "--all", str(job.pid), probe_name(count), str(hashed)], env)
         assert swap.returncode == 0, swap.stderr
-        assert [ln.split(":")[0] for ln in swap.stdout.splitlines()] == ["rank 0", "rank 1"], swap.stdout
-        print(attach.stdout, swap.stdout, sep="")
+        assert [ln.split(":")[0] for ln in swap.stderr.splitlines()] == ["rank 0", "rank 1"], swap.stderr
+        print(attach.stdout, swap.stderr, swap.stdout, sep="")
         modules = egpu(["modules", str(found[0][0].pid)], env)
         print("\n".join(modules.stdout.splitlines()[:20]))
         ps = {s.info["rank"]: s.info["probes"] for s in list_sessions(tmp_path / "egpu") if s.info and s.pid in

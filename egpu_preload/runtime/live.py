@@ -307,7 +307,7 @@ class Live:
             result, snapshot = self._change([p for p in self._probes() if p not in gone], t0)
             seconds = time.perf_counter() - t0
             final = self.host.overlay(self._read_snapshot(snapshot), host)
-        return {"names": [n for n, _, _ in gone], "seconds": seconds, "final": final,
+        return {"names": [n for n, _, _ in gone], "seconds": seconds, "final": final, "argv": config.argv(),
                 "kernel_names": self._kernels(), **result}
 
     def swap(self, fields: dict) -> dict:
@@ -341,7 +341,7 @@ class Live:
             # the new probe may write maps it took over: read the copy
             final = self.host.overlay(self._read_snapshot(snapshot), host)
             result["uprobes"] = self.host.attach(new_name, probe, maps)
-        return {"old": old, "name": new_name, "seconds": seconds, "final": final,
+        return {"old": old, "name": new_name, "seconds": seconds, "final": final, "argv": config.argv(),
                 "kernel_names": self._kernels(), **result}
 
     def maps(self, fields: dict) -> dict:
