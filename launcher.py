@@ -508,7 +508,12 @@ def swap_cmd(pid: int = _PID, old: str = typer.Argument(..., metavar="OLD", help
     maps, as detach does (the line saying what changed goes to stderr)."""
     from egpu_preload.runtime import job, remote
     name = _name_for(new, name)
-    data, _ = _checked_probe(new, _notes(steps=True), verbose)
+    try:
+        data, _ = _checked_probe(new, _notes(steps=True), verbose)
+    except EgpuError as e:   # the reason, then that the job is as it was
+        _echo_error("egpu", e)
+        typer.echo(f"egpu: nothing was changed in {pid}: what was attached runs on", err=True)
+        raise typer.Exit(1) from None
     done, failed = _each(pid, rank, every, lambda p: remote.request(p, "swap", old=old, new_probe=data, new_name=name))
     for t, reply in done:
         typer.echo(_rank_prefix(t) + remote.change_line("swap", t.pid, reply), err=True)

@@ -472,6 +472,18 @@ def test_refused_requests(job, probe_obj, args, message):
     assert r.returncode == 1 and message in r.stderr and len(r.stderr.splitlines()) == 1
 
 
+def test_a_swap_to_a_probe_that_does_not_compile_says_nothing_changed(job, probes, tmp_path):
+    """clang's error, then that the job is as it was (a helper's sweep: the reason alone left it unsaid)."""
+    assert egpu(["attach", str(job.pid), "-p", str(probes["count"])], job.env).returncode == 0
+    bad = tmp_path / "bad.bpf.c"
+    bad.write_text("this is not C\n")
+    r = egpu(["swap", str(job.pid), "count", str(bad)], job.env)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.splitlines()[-1] == f"egpu: nothing was changed in {job.pid}: what was attached runs on"
+    assert egpu(["maps", str(job.pid)], job.env).stdout == "@counts: 0\n"
+    job.finish()
+
+
 @pytest.mark.parametrize("job", ["module"], indirect=True)
 def test_maps_that_show_nothing_say_so(job, probes):
     """egpu maps with no probe: --json still gives the process's document (its maps none), never an
