@@ -445,10 +445,8 @@ class Runtime:
                 error = f"maps unreadable at exit: {e}"
             finally:
                 self.lib.egpu_shim_rings_wait(self.ffi.NULL)   # no reader now: nothing to wait for
-        states = launches.dump_states(self.drainer, self.probes, states)
-        for state, name in zip(states or [], self.live.names):
-            for i, storage in live_host.get(name, {}).items():
-                state.storages[i] = storage
+        states = launches.dump_states(self.drainer, self.probes, states,
+                                      [live_host.get(name, {}) for name in self.live.names])
         if states is not None:
             probes = [{"path": str(p.path), **dump.state_contents(s)} for p, s in zip(self.probes, states)]
         stats = self.ffi.new("struct egpu_stats *")

@@ -20,7 +20,8 @@ measuring kernel is visible to profilers (torch.profiler listed it), so others k
 
 Maps. Each probe object's maps have one host copy for its launch probes (a MapsState), and the device
 copy its GPU probes use (translate/devmaps.py). Which copy is authoritative depends on who uses a map:
-- used by launch probes only: the host copy; the GPU never sees it. It goes into the exit dump.
+- used by launch probes only: the host copy; the GPU never sees it. It goes into the exit dump and
+  the live views (``dump_states``).
 - used by GPU probes only: the device copy, as without launch probes.
 - shared: every key (array index, global variable) a launch probe writes is copied into the device
   copy right after the probe ran (mapsync.py), with copies on a stream of the runtime's own, so no
@@ -62,7 +63,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +72,7 @@ from egpu_preload.bpf import program as prog
 from egpu_preload.bpf.sections import API_KINDS, HOST_KINDS
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, MapStorage, TraceRecord
-from egpu_preload.runtime import mapsync, native, uvm
+from egpu_preload.runtime import dump, mapsync, native, uvm
 from egpu_preload.runtime.probes import RING_TYPES, Probe
 from egpu_preload.translate.demangle import matches
 from egpu_preload.vm import ThreadSim, Vm
@@ -180,13 +181,17 @@ class ProbeMaps:
                                       and any(self.native.changed(i) for i in self.native.tracked))
 
     def host_state(self) -> MapsState:
-        """The host copy with plain storages (for dumps)."""
+        """A copy of the host copy with plain storages, for the dump and the live views (taken under the
+        drain's lock: Drainer.host_states): the maps host programs use, the others as they began."""
         st = MapsState(self.state.maps)
-        st.storages = [s.inner if isinstance(s, Touched) else s for s in self.state.storages]
-        if self.native is not None:
-            for i, storage in self.native.storages().items():
-                st.storages[i] = storage
-        st.trace = self.state.trace
+        in_c = self.native.storages() if self.native is not None else {}
+        for i in self.launch_only | self.shared:
+            if i in in_c:
+                st.storages[i] = in_c[i]
+            else:   # copied: the drain thread goes on changing the Python VM's maps and the records C queued
+                s = self.state.storages[i]
+                dump.restore_storage(st.storages[i], dump.storage_contents(s.inner if isinstance(s, Touched) else s))
+        st.trace = list(self.state.trace)
         return st
 
 
@@ -344,24 +349,6 @@ class LaunchProbes:
             if side.native is not None:
                 side.native.push(mem, addrs, now)
 
-    def merge(self, index: int, device: MapsState | None) -> MapsState | None:
-        """Probe ``index``'s maps for the dump: the device's state (None: no module had its maps) with
-        the host copies of launch-only maps and the host's ring records and trace lines added."""
-        side = self.sides[index]
-        if side is None:
-            return device
-        host = side.host_state()
-        if device is None:
-            return host
-        for i in side.launch_only:
-            device.storages[i] = host.storages[i]
-        for i in side.shared:
-            if device.maps[i].type in RING_TYPES:
-                device.storages[i].records += host.storages[i].records  # type: ignore[attr-defined]
-                device.storages[i].drops += host.storages[i].drops      # type: ignore[attr-defined]
-        device.trace += host.trace
-        return device
-
 
 class Drainer:
     """The runtime thread: turns launch records on, drains the shim's ring every PERIOD_S, runs the
@@ -492,6 +479,13 @@ class Drainer:
             out["host_apis"] = self.probes.apis.attached  # section -> the hooked symbols it runs on
         return out
 
+    def host_states(self) -> dict[int, tuple[ProbeMaps, MapsState]]:
+        """id(probe) -> (its host side, a copy of the side's maps now), for every start-up probe that has
+        one. Copied under the drain's lock, so no run and no take of C's records changes them while they
+        are copied: the live views read them while the job runs."""
+        with self._lock:
+            return {id(s.probe): (s, s.host_state()) for s in self.probes.sides if s}
+
     def api_names(self) -> list[list[Any]]:
         """[api id, symbol] of every hooked API a host-API program runs on (dump's names of ids)."""
         apis = self.probes.apis
@@ -532,14 +526,40 @@ def _c_only(probe: Probe) -> bool:
     return any(p.attach.kind in API_KINDS or p.attach.kind in HOST_KINDS for p in probe.obj.programs)
 
 
-def dump_states(drainer: Drainer | None, probes: Sequence[Probe],
-                device: Sequence[MapsState] | None) -> list[MapsState] | None:
-    """Every probe's maps for the exit dump: the device's read back (None: none were allocated), with
-    the launch probes' host side merged in; None when there is nothing to dump. A probe swapped in
-    live in place of one that had launch programs has no host side here."""
-    if drainer is None:
-        return list(device) if device is not None else None
-    started = drainer.probes.probes
-    return [(drainer.probes.merge(i, device[i] if device is not None else None)
-             if i < len(started) and started[i] is p else (device[i] if device is not None else None))
-            or MapsState(p.obj.maps) for i, p in enumerate(probes)]
+def dump_states(drainer: Drainer | None, probes: Sequence[Probe], device: Sequence[MapsState] | None,
+                live: Sequence[Mapping[int, MapStorage]] = ()) -> list[MapsState] | None:
+    """Every probe's maps as the exit dump has them, and the live views too (live.py: egpu maps, the mirror,
+    --interval, a detach's or swap's final maps): the device's read back (None: none were allocated) with
+    each probe's host side merged in (``merge``), then the host-only maps of uprobes attached live
+    (``live``, by probe: uprobes.LiveUprobes); None when there is nothing to show. Host sides are found by
+    their probe, so ``probes`` may be any of them; a probe attached live has none here (the drainer's
+    sides are the start-up probes')."""
+    hosts = drainer.host_states() if drainer is not None else {}
+    if device is None and not hosts:
+        return None
+    states = []
+    for i, p in enumerate(probes):
+        state = device[i] if device is not None else None
+        if id(p) in hosts:
+            state = merge(*hosts[id(p)], state)
+        states.append(state or MapsState(p.obj.maps))
+    for state, host in zip(states, live):
+        for i, storage in host.items():
+            state.storages[i] = storage
+    return states
+
+
+def merge(side: ProbeMaps, host: MapsState, device: MapsState | None) -> MapsState:
+    """A probe's maps from its device state (None: no module had its maps) and its host side's state
+    ``host``: the host copies of maps only host programs use, the device's of shared ones (every key the
+    host wrote was pushed there), and the ring records and trace lines of both, the device's first."""
+    if device is None:
+        return host
+    for i in side.launch_only:
+        device.storages[i] = host.storages[i]
+    for i in side.shared:
+        if device.maps[i].type in RING_TYPES:
+            device.storages[i].records += host.storages[i].records  # type: ignore[attr-defined]
+            device.storages[i].drops += host.storages[i].drops      # type: ignore[attr-defined]
+    device.trace += host.trace
+    return device
