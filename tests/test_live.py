@@ -3,8 +3,9 @@
 egpu CLI; the stand-in's log shows which module every launch ran and what reached the driver; the
 job's own __device__ state (bumped by the stand-in at every launch of the module, by a __constant__)
 must come through every swap, and so must what the job writes into both while a copy serves. The
-maps while the job runs (--interval, --prometheus). Plus the ways it can go wrong: a bad probe, a pid
-without egpu, stale sockets, malformed and oversized control messages."""
+maps while the job runs (egpu maps, --mirror, --interval, --prometheus), those its launch probes fill on
+the host (in C or on the Python VM) as the exit dump merges them. Plus the ways it can go wrong: a bad
+probe, a pid without egpu, stale sockets, malformed and oversized control messages."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from egpu_preload.bpf import ctx as C
 from egpu_preload.control import MAX_FRAME, ControlClient, ControlError, list_sessions
 from stub_job import MORE, ROOT
 from test_control import _raw, _reply, _req, _send_body
@@ -581,6 +583,95 @@ def test_interval_prints_the_maps_while_the_job_runs(stub_job, tmp_path, monkeyp
         assert out.count("@counts: 0\n") >= 3  # every interval, then at exit
 
 
+LAUNCH_PROBE = ROOT / "tests" / "probes" / "launch.bpf.c"   # one map, filled by a launch program (on the host)
+STEP_LAUNCHES = re.compile(r"^@launches\[step\]: \{ launches: (\d+),", re.M)
+
+
+def step_launches(doc: dict) -> int:
+    """launch.bpf.c's count of step's launches in a maps document (--json)."""
+    (entry,) = doc["maps"]["launches"]["entries"]
+    return entry["value"]["launches"]
+
+
+@pytest.mark.parametrize("vm", ["c", "python"])
+def test_maps_host_programs_fill_are_read_while_the_job_runs(stub_job, tmp_path, monkeypatch, probe_obj, probes, vm):
+    """launch.bpf.c's map is the host's (its launch program runs in C, or on the Python VM), and no module
+    makes device maps for it: egpu maps (text, --json) and --mirror show it as egpu-run's exit does, and it
+    counts on. An attach of an object with launch programs is refused (live.py, Limits) and changes
+    nothing; an attach of a GPU probe makes the device maps, and the host's copy still shows over the
+    launch probe's empty device one."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with Job(stub_job, tmp_path, options=("--launch-vm", vm, "--mirror", "0.05", "-p", str(LAUNCH_PROBE))) as job:
+        pid = str(job.pid)
+        text = egpu(["maps", pid], job.env)
+        assert text.returncode == 0 and STEP_LAUNCHES.search(text.stdout), text
+        first = int(STEP_LAUNCHES.search(text.stdout).group(1))
+        job.wait_launches()
+        r = egpu(["maps", pid, "--json"], job.env)
+        assert r.returncode == 0, r.stderr
+        running = step_launches(json.loads(r.stdout))
+        assert running > first > 0
+        time.sleep(0.2)
+        r = egpu(["maps", pid, "--mirror", "--json"], job.env)
+        assert r.returncode == 0, r.stderr
+        assert step_launches(json.loads(r.stdout)) >= running
+        refused = egpu(["attach", pid, "-p", str(probe_obj("launch")), "--name", "again"], job.env)
+        assert refused.returncode == 1 and "again: launch programs (egpu/launch/...) cannot be attached to a " \
+                                          "running job yet" in refused.stderr, refused
+        assert egpu(["attach", pid, "-p", str(probes["count"])], job.env).returncode == 0
+        job.wait_launches()
+        text = egpu(["maps", pid], job.env)
+        assert text.returncode == 0 and "@counts: 0" in text.stdout, text
+        later = int(STEP_LAUNCHES.search(text.stdout).group(1))
+        assert later > running
+        status, out, err = job.finish()
+    assert status == 0, err
+    assert int(STEP_LAUNCHES.search(out).group(1)) >= later
+
+
+@pytest.mark.parametrize("vm", ["c", "python"])
+def test_maps_host_and_gpu_programs_share_are_read_as_at_exit(stub_job, tmp_path, monkeypatch, vm):
+    """live_mix.bpf.c: counts, which its launch and GPU programs share, is read from the device copy ([0] the
+    GPU's, [1] the launch program's, pushed there), by_kernel, its launch program's alone, from the host
+    copy, as the exit dump merges them; so are the final maps of its detach."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    probe = ROOT / "tests" / "launch_probes" / "live_mix.bpf.c"
+    with Job(stub_job, tmp_path, options=("--launch-vm", vm, "-p", str(probe)), EGPU_STUB_PROBE_COUNTS="1") as job:
+        job.wait_launches()
+
+        def maps(r: subprocess.CompletedProcess) -> tuple[list[int], dict[int, int]]:
+            assert r.returncode == 0, r.stderr
+            doc = json.loads(r.stdout)["maps"]
+            return ([e["value"] for e in doc["counts"]["entries"]],
+                    {e["key"]: e["value"] for e in doc["by_kernel"]["entries"]})
+
+        (gpu, host), by_kernel = maps(egpu(["maps", str(job.pid), "--json"], job.env))
+        assert gpu > 0 and host > 0 and list(by_kernel.values()) == [by_kernel[C.kernel_id("step")]] and \
+            by_kernel[C.kernel_id("step")] >= host, (gpu, host, by_kernel)
+        text = egpu(["maps", str(job.pid)], job.env).stdout
+        assert re.search(r"^@by_kernel\[step\]: [1-9]", text, re.M) and re.search(r"^@counts\[1\]: [1-9]", text, re.M)
+        (gpu_final, host_final), final = maps(egpu(["detach", str(job.pid), "--json"], job.env))
+        assert gpu_final >= gpu and host_final >= host and final[C.kernel_id("step")] >= by_kernel[C.kernel_id("step")]
+        status, _, err = job.finish()
+    assert status == 0, err
+
+
+@pytest.mark.parametrize("vm", ["c", "python"])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_interval_prints_the_maps_host_programs_fill(stub_job, tmp_path, monkeypatch, as_json, vm):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    job = Job(stub_job, tmp_path, options=("--interval", "0.2", "--launch-vm", vm, *(["--json"] if as_json else []),
+                                           "-p", str(LAUNCH_PROBE)))
+    time.sleep(1.0)
+    status, out, err = job.finish()
+    assert status == 0, err
+    if as_json:
+        counts = [step_launches(json.loads(ln)) for ln in out.splitlines() if ln.startswith("{")]
+    else:
+        counts = [int(n) for n in STEP_LAUNCHES.findall(out)]
+    assert len(counts) >= 3 and counts == sorted(counts) and counts[0] > 0, out   # every interval, then at exit
+
+
 def test_prometheus_without_its_package_is_a_clear_error(stub_job, probes, tmp_path):
     shadow = tmp_path / "shadow" / "prometheus_client"  # the package made missing, installed or not
     shadow.mkdir(parents=True)
@@ -626,6 +717,22 @@ def test_prometheus_scrapes_every_process_while_the_job_runs(stub_job, tmp_path,
     assert [(s.labels, s.value) for s in samples] == [({"pid": ranks[r], "rank": r}, float(int(r) + 1)) for r in "01"]
     assert proc.returncode == 3, err
     assert out.read_text().count("@counts: ") == 3  # each rank and their sum, at exit
+
+
+def test_prometheus_scrapes_the_maps_host_programs_fill(stub_job, tmp_path):
+    """launch.bpf.c's map (the host's) in a scrape while the job runs: its fields, one series each."""
+    from prometheus_client.parser import text_string_to_metric_families
+    port = free_port()
+    job = Job(stub_job, tmp_path, options=("--prometheus", str(port), "-p", str(LAUNCH_PROBE)))
+    try:
+        job.wait_launches()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as page:
+            families = {f.name: f for f in text_string_to_metric_families(page.read().decode())}
+    finally:
+        status, _, err = job.finish()
+    assert status == 0, err
+    values = {s.labels["field"]: s.value for s in families["egpu_launches"].samples if s.labels["key"] == "step"}
+    assert values["launches"] > 0 and values["last_block[0]"] == 32, values
 
 
 def test_prometheus_series_one_per_map_entry(probes):
@@ -683,13 +790,13 @@ def test_maps_are_decoded_outside_the_lock_a_change_takes(tmp_path, monkeypatch,
         if free_while_decoding[-1]:
             control.lock.release()
 
-    def decode(fetched):
+    def decode(probes, fetched, host):
         other = threading.Thread(target=take_and_give_back)   # a change on the control thread
         other.start()
         other.join()
         return []
 
-    monkeypatch.setattr(control, "_fetch", lambda probes: [("p", None, [b""])])
+    monkeypatch.setattr(control, "_fetch", lambda probes: [[b""]])
     monkeypatch.setattr(control, "_decode", decode)
     monkeypatch.setattr(control, "_document", lambda probes: {"probes": probes})
     assert (control.maps({}) if reader == "maps" else control.mirrored()) == {"probes": []}

@@ -245,13 +245,16 @@ def test_host_programs_read_pt_regs(section, off, ok):
 
 
 @contextlib.contextmanager
-def attachable_job(stub_job, tmp_path: Path, app: Path, mode: str, **env: str) -> Iterator[tuple[str, Any]]:
-    """app_uprobe ``mode`` (a loop) under egpu-run with no probe: (its pid, egpu(*args) run against it as
-    the console script); at the end the loop stops, and every result it got must have been right."""
+def attachable_job(stub_job, tmp_path: Path, app: Path, mode: str, options: tuple[str, ...] = (),
+                   **env: str) -> Iterator[tuple[str, Any]]:
+    """app_uprobe ``mode`` (a loop) under egpu-run with ``options`` (no probe unless they give one): (its pid,
+    egpu(*args) run against it as the console script); at the end the loop stops, and every result it got
+    must have been right."""
     from egpu_preload.control import list_sessions
     environ = stub_job.env(tmp_path / "log", **env)
     stop = tmp_path / "stop"
-    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", str(app), mode, str(stop)],
+    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", *options, str(app), mode,
+                             str(stop)],
                             env=environ, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def egpu(*args: str) -> subprocess.CompletedProcess:
@@ -306,6 +309,22 @@ def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_
             # entry program and no return program
             assert final[0] >= running[0] and final[0] - final[1] in (0, 1) and final[2] == final[1], final
     assert "egpu_globaltimer" not in (tmp_path / "log").read_text()   # no map shared with GPU programs: no clock
+
+
+def test_egpu_maps_reads_the_uprobes_egpu_run_attached(stub_job, uprobe_app, tmp_path):
+    """live.bpf.c given to egpu-run: its uprobes' maps are the host side the launch drainer keeps in C (no
+    GPU program: no device maps), which egpu maps and --mirror read as the exit dump does, counting on."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    live = tmp_path / "live.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"),
+                    "-o", str(live)], check=True)
+    with attachable_job(stub_job, tmp_path, app, "loop", ("--mirror", "0.05", "-p", str(live))) as (pid, egpu):
+        time.sleep(0.5)
+        first = live_maps(egpu("maps", pid, "--json"), "counts")
+        time.sleep(0.3)
+        later = live_maps(egpu("maps", pid, "--mirror", "--json"), "counts")
+    assert first[0] > 0 and later[0] > first[0] and later[2] > 0, (first, later)
 
 
 def test_a_swap_that_fails_puts_the_old_uprobes_back_as_they_were(stub_job, uprobe_app, tmp_path):

@@ -48,6 +48,10 @@ regions after the context drained and before a launch runs the new code (Snapsho
 new probe that took a map over do not show in the old one's reply. A probe's uprobes (uprobes.LiveUprobes)
 keep their maps on the host; those they share with GPU programs are pushed into its regions, the last
 keys before the change that retires them, and a swap's new uprobes start from the regions they took over.
+Every read (``maps``, the mirror, a detach's or swap's final maps) merges the host sides in with the exit
+dump's own function (launches.dump_states): maps only host programs use (launch, host-API, egpu/uvm and
+uprobe programs of the probes egpu-run started with; live uprobes) from their host copy, shared ones
+from the device. A read makes no device maps: a job whose probes run only on the host has none.
 
 SASS-only kernels (runtime/sass.py): the flip also commits the SASS back end's next generation, the
 patch image of the probes attached after it, staged beforehand with its table block. Inside the same
@@ -77,7 +81,7 @@ from egpu_preload.bpf.sections import HOST_RUN
 from egpu_preload.control import ControlError, ControlServer
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState
-from egpu_preload.runtime import config, dump, uprobes
+from egpu_preload.runtime import config, dump, launches, uprobes
 from egpu_preload.runtime.driver import ATTR_SM_COUNT
 from egpu_preload.runtime.modstate import module_globals
 from egpu_preload.runtime.probes import Probe, load_probe
@@ -306,7 +310,7 @@ class Live:
             host = {n: self.host.detach(n) for n, _, _ in gone}
             result, snapshot = self._change([p for p in self._probes() if p not in gone], t0)
             seconds = time.perf_counter() - t0
-            final = self.host.overlay(self._read_snapshot(snapshot), host)
+            final = self._read_snapshot(snapshot, host)
         return {"names": [n for n, _, _ in gone], "seconds": seconds, "final": final, "argv": config.argv(),
                 "kernel_names": self._kernels(), **result}
 
@@ -339,25 +343,31 @@ class Live:
             result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
             seconds = time.perf_counter() - t0
             # the new probe may write maps it took over: read the copy
-            final = self.host.overlay(self._read_snapshot(snapshot), host)
+            final = self._read_snapshot(snapshot, host)
             result["uprobes"] = self.host.attach(new_name, probe, maps)
         return {"old": old, "name": new_name, "seconds": seconds, "final": final, "argv": config.argv(),
                 "kernel_names": self._kernels(), **result}
 
     def maps(self, fields: dict) -> dict:
         """A dump-like document (dump.py) of the attached probes' maps, read while the job runs."""
-        with self.lock:
-            fetched, host = self._fetch(self._probes()), {n: self.host.maps(n) for n in self.names}
-        return self._document(self.host.overlay(self._decode(fetched), host))
+        return self._document(self._now() or [])
 
     def mirrored(self) -> dict | None:
-        """What the map mirror (mirror.py) writes: the maps document, once maps exist (None before: the
-        mirror never allocates them)."""
-        with self.lock, self.rt.driver.capture_relaxed():
-            if self.rt.context is None:
-                return None
-            fetched, host = self._fetch(self._probes()), {n: self.host.maps(n) for n in self.names}
-        return self._document(self.host.overlay(self._decode(fetched), host))
+        """What the map mirror (mirror.py) writes: the maps document, once there is something to show
+        (None before)."""
+        with self.rt.driver.capture_relaxed():
+            probes = self._now()
+        return self._document(probes) if probes is not None else None
+
+    def _now(self) -> list[dict] | None:
+        """The attached probes' maps now, merged as the exit dump merges them (_decode); None while there is
+        nothing to show. Reading allocates nothing: a job whose probes have only host programs (launch,
+        host-API, uprobes) never makes device maps, and their maps are the host's."""
+        with self.lock:
+            probes = self._probes()
+            fetched = self._fetch(probes) if self.rt.context is not None else None
+            host = [self.host.maps(n) for n, _, _ in probes]
+        return self._decode(probes, fetched, host)
 
     def _document(self, probes: list[dict]) -> dict:
         return {"version": dump.VERSION, "pid": os.getpid(), "argv": config.argv(),
@@ -718,47 +728,53 @@ class Live:
                 if addr not in kept:
                     self.rt.driver.free(addr)
 
-    def _read_snapshot(self, snapshot: "Snapshot") -> list[dict]:
-        """The maps a flip copied (exact: no launch ran between the drain and the copy), then freed."""
+    def _read_snapshot(self, snapshot: "Snapshot", host: dict[str, dict[int, Any]]) -> list[dict]:
+        """The maps a flip copied (exact: no launch ran between the drain and the copy), then freed; ``host``:
+        the leaving probes' live uprobes' host-only maps, by name (LiveUprobes.detach)."""
         try:
-            return self._read(snapshot.probes, snapshot.addrs)
+            fetched = self._fetch(snapshot.probes, snapshot.addrs)
         finally:
             with self.rt.driver.current(self._context()):
                 snapshot.free(self.memory)
-
-    def _read(self, probes: list[tuple[str, Probe, DeviceMaps]], addrs: list[list[int]] | None = None) -> list[dict]:
-        """Each probe's maps as the exit dump has them ({"name", "path", "maps", "trace"}), from their
-        regions or from copies of them at ``addrs`` (one list per probe)."""
-        return self._decode(self._fetch(probes, addrs))
+        return self._decode(snapshot.probes, fetched, [host.get(n, {}) for n, _, _ in snapshot.probes]) or []
 
     def _fetch(self, probes: list[tuple[str, Probe, DeviceMaps]],
-               addrs: list[list[int]] | None = None) -> list[tuple[str, Probe, list[bytes]]]:
-        """Each probe's region images, copied from the device (under Live.lock: a change frees regions)."""
+               addrs: list[list[int]] | None = None) -> list[list[bytes]]:
+        """Each probe's region images, copied from the device (under Live.lock: a change frees regions), from
+        its regions or from copies of them at ``addrs`` (one list per probe)."""
         if not probes:
             return []
         out = []
         with self.rt.driver.current(self._context()):
-            for k, (name, probe, maps) in enumerate(probes):
-                out.append((name, probe, [self.memory.dtoh(addr, lay.region_size(maps.ncpu))
-                                          for addr, lay in zip(addrs[k] if addrs else maps.addrs, maps.layouts)]))
+            for k, (_, _, maps) in enumerate(probes):
+                out.append([self.memory.dtoh(addr, lay.region_size(maps.ncpu))
+                            for addr, lay in zip(addrs[k] if addrs else maps.addrs, maps.layouts)])
         return out
 
-    @staticmethod
-    def _decode(fetched: list[tuple[str, Probe, list[bytes]]]) -> list[dict]:
-        """_fetch's images as the exit dump has them. Outside Live.lock for maps and the mirror: decoding a
-        large map is Python that competes with the application's threads for the GIL, and a change waiting
-        for the lock would wait for it (on the H200 4 of 30 detaches spent 75-160 ms before their change
-        began; the likely holder, the mirror reading a 32,768-entry hash map every second)."""
-        out = []
-        for name, probe, images in fetched:
-            state = MapsState(probe.obj.maps)
-            for i, img in enumerate(images):
-                if i < len(state.maps):
-                    apply_region(state, i, img)
-                else:
-                    apply_trace(state, img)
-            out.append({"name": name, "path": str(probe.path), **dump.state_contents(state)})
-        return out
+    def _decode(self, probes: list[tuple[str, Probe, DeviceMaps]], fetched: list[list[bytes]] | None,
+                host: list[dict[int, Any]]) -> list[dict] | None:
+        """Each probe's maps as the exit dump has them ({"name", "path", "maps", "trace"}): _fetch's images
+        (None: no device maps yet) with the host sides merged in by the exit dump's own function
+        (launches.dump_states: launch, host-API and uprobe programs' maps, the drainer's; ``host``, by probe,
+        the live uprobes' host-only maps); None when there is nothing to show. Outside Live.lock for maps and
+        the mirror: decoding a large map is Python that competes with the application's threads for the
+        GIL, and a change waiting for the lock would wait for it (on the H200 4 of 30 detaches spent 75-160
+        ms before their change began; the likely holder, the mirror reading a 32,768-entry hash map every
+        second)."""
+        device = None
+        if fetched is not None:
+            device = [MapsState(probe.obj.maps) for _, probe, _ in probes]
+            for state, images in zip(device, fetched):
+                for i, img in enumerate(images):
+                    if i < len(state.maps):
+                        apply_region(state, i, img)
+                    else:
+                        apply_trace(state, img)
+        states = launches.dump_states(self.rt.drainer, [p for _, p, _ in probes], device, host)
+        if states is None:
+            return None
+        return [{"name": name, "path": str(probe.path), **dump.state_contents(state)}
+                for (name, probe, _), state in zip(probes, states)]
 
     def _listing(self) -> str:
         return ", ".join(self.names) or "none"

@@ -31,7 +31,7 @@ from egpu_preload.bpf.program import BpfObject, Program
 from egpu_preload.bpf.sections import HOST_KINDS
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapStorage, MapsState
-from egpu_preload.runtime import dump, inline_hooks, mapsync, native
+from egpu_preload.runtime import inline_hooks, mapsync, native
 from egpu_preload.runtime.launches import PERIOD_S
 from egpu_preload.translate.devmaps import DeviceMaps, apply_region
 
@@ -269,11 +269,3 @@ class LiveUprobes:
     @staticmethod
     def _host_only(side: native.Side) -> dict[int, Any]:
         return {i: s for i, s in side.storages().items() if i not in side.tracked}
-
-    @staticmethod
-    def overlay(probes: list[dict], host: dict[str, dict[int, Any]]) -> list[dict]:
-        """Live documents (live.py's _read) with each probe's host-only maps in place of their device copies."""
-        for doc in probes:
-            for i, storage in host.get(doc.get("name", ""), {}).items():
-                doc["maps"][i] = dump.storage_contents(storage)
-        return probes
