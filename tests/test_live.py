@@ -629,6 +629,21 @@ def test_maps_host_programs_fill_are_read_while_the_job_runs(stub_job, tmp_path,
     assert int(STEP_LAUNCHES.search(out).group(1)) >= later
 
 
+def test_maps_host_api_programs_fill_are_read_while_the_job_runs(stub_job, tmp_path, monkeypatch):
+    """host_calls.bpf.c on app_loop: its host-API programs (app_loop's two copies to its symbols, before it
+    launches) and its launch program keep one set of host maps in C, which egpu maps shows as the exit
+    dump does, API ids by the symbols they hash."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with Job(stub_job, tmp_path, options=("-p", str(ROOT / "tests" / "host_probes" / "host_calls.bpf.c"))) as job:
+        text = egpu(["maps", str(job.pid)], job.env)
+        assert text.returncode == 0, text.stderr
+        assert re.search(r"^@calls\[cuMemcpyHtoD_v2\]: \{ count: 2, bytes: 16,", text.stdout, re.M), text.stdout
+        assert "@events[1]: 2\n" in text.stdout and re.search(r"^@events\[0\]: [1-9]", text.stdout, re.M)
+        status, out, err = job.finish()
+    assert status == 0, err
+    assert re.search(r"^@calls\[cuMemcpyHtoD_v2\]: \{ count: 2,", out, re.M)
+
+
 @pytest.mark.parametrize("vm", ["c", "python"])
 def test_maps_host_and_gpu_programs_share_are_read_as_at_exit(stub_job, tmp_path, monkeypatch, vm):
     """live_mix.bpf.c: counts, which its launch and GPU programs share, is read from the device copy ([0] the

@@ -417,6 +417,12 @@ class Runtime:
         if self.cfg.log >= level:
             print(f"egpu[{os.getpid()}]: {line}", file=sys.stderr)
 
+    def id_names(self) -> list[list[Any]]:
+        """[id, name] of every kernel the process loaded or looked up, then of every hooked API a host-API
+        program runs on: the dump's and the live views' ``kernels`` (host-API probes' api ids print as the
+        symbols they hash, as kernel ids print as kernel names)."""
+        return [[k, n] for k, n in self.kernel_names.items()] + (self.drainer.api_names() if self.drainer else [])
+
     # ---- exit --------------------------------------------------------------------------------------
     def finish(self) -> None:
         """Read the maps back and write this process's dump (nothing if it loaded no module and the job has
@@ -454,9 +460,7 @@ class Runtime:
         dump.write(self.cfg.session, {
             "pid": os.getpid(), "argv": config.argv(), "rank": config.rank(),
             "probes": probes, "error": error,
-            # host-API probes' api ids print as the symbols they hash, as kernel ids print as kernel names
-            "kernels": [[k, n] for k, n in self.kernel_names.items()]
-                       + (self.drainer.api_names() if self.drainer else []),
+            "kernels": self.id_names(),
             "modules": [m.report() for m in self.loads],
             "stats": {f: int(getattr(stats, f)) for f in STATS},
             "sass": self.sass.stats(),

@@ -813,7 +813,7 @@ class Live:
         return {f: int(getattr(stats, f)) for f in STATS}
 
     def _kernels(self) -> list[list]:
-        return [[k, n] for k, n in self.rt.kernel_names.items()]
+        return self.rt.id_names()
 
     def _launches(self) -> int:
         return self._stats()["launches"]
