@@ -795,7 +795,7 @@ def test_maps_are_decoded_outside_the_lock_a_change_takes(tmp_path, monkeypatch,
     from types import SimpleNamespace
 
     from egpu_preload.runtime import live
-    rt = SimpleNamespace(probes=[], maps=[], context=1, cfg=SimpleNamespace(session=tmp_path),
+    rt = SimpleNamespace(probes=[], maps=[], context=1, drainer=None, cfg=SimpleNamespace(session=tmp_path),
                          driver=SimpleNamespace(capture_relaxed=contextlib.nullcontext))
     control = live.Live(rt)
     free_while_decoding = []
@@ -918,3 +918,20 @@ def test_a_file_name_that_makes_no_probe_name_asks_for_name(job, probes, tmp_pat
     r = egpu(["swap", str(job.pid), "cx", str(odd), "--name", "cy"], job.env)
     assert r.returncode == 0 and r.stderr.startswith(f"swapped cx -> cy in {job.pid}"), r.stderr
     job.finish()
+
+
+def test_maps_before_the_job_loaded_a_module_are_empty_and_make_nothing(probe_obj, tmp_path, monkeypatch):
+    """egpu maps before the job loaded a module (no device maps, no host programs): each attached probe
+    with its maps as they begin, and no device maps made for the read (the mirror writes nothing yet)."""
+    from types import SimpleNamespace
+
+    from egpu_preload.maps import MapsState
+    from egpu_preload.runtime import dump, live
+    from egpu_preload.runtime.probes import load_probe
+    probe = load_probe(probe_obj("count"))
+    rt = SimpleNamespace(probes=[probe], maps=[], context=None, drainer=None, cfg=SimpleNamespace(session=tmp_path))
+    control = live.Live(rt)
+    monkeypatch.setattr(control, "_document", lambda probes: {"probes": probes})
+    assert control.maps({})["probes"] == [{"name": "count.v3", "path": str(probe.path),
+                                          **dump.state_contents(MapsState(probe.obj.maps))}]
+    assert control.mirrored() is None and (rt.context, rt.maps) == (None, [])

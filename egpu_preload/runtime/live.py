@@ -350,19 +350,20 @@ class Live:
 
     def maps(self, fields: dict) -> dict:
         """A dump-like document (dump.py) of the attached probes' maps, read while the job runs."""
-        return self._document(self._now() or [])
+        return self._document(self._now())
 
     def mirrored(self) -> dict | None:
-        """What the map mirror (mirror.py) writes: the maps document, once there is something to show
-        (None before)."""
+        """What the map mirror (mirror.py) writes: the maps document, once there are maps to read, on the
+        device or the host (None before: the mirror never makes device maps)."""
+        if self.rt.context is None and self.rt.drainer is None:
+            return None
         with self.rt.driver.capture_relaxed():
-            probes = self._now()
-        return self._document(probes) if probes is not None else None
+            return self._document(self._now())
 
-    def _now(self) -> list[dict] | None:
-        """The attached probes' maps now, merged as the exit dump merges them (_decode); None while there is
-        nothing to show. Reading allocates nothing: a job whose probes have only host programs (launch,
-        host-API, uprobes) never makes device maps, and their maps are the host's."""
+    def _now(self) -> list[dict]:
+        """The attached probes' maps now, merged as the exit dump merges them (_decode). Reading makes no
+        device maps: a job whose probes have only host programs (launch, host-API, uprobes) never needs
+        any, and before a module loads there is nothing in them."""
         with self.lock:
             probes = self._probes()
             fetched = self._fetch(probes) if self.rt.context is not None else None
@@ -736,7 +737,7 @@ class Live:
         finally:
             with self.rt.driver.current(self._context()):
                 snapshot.free(self.memory)
-        return self._decode(snapshot.probes, fetched, [host.get(n, {}) for n, _, _ in snapshot.probes]) or []
+        return self._decode(snapshot.probes, fetched, [host.get(n, {}) for n, _, _ in snapshot.probes])
 
     def _fetch(self, probes: list[tuple[str, Probe, DeviceMaps]],
                addrs: list[list[int]] | None = None) -> list[list[bytes]]:
@@ -752,12 +753,12 @@ class Live:
         return out
 
     def _decode(self, probes: list[tuple[str, Probe, DeviceMaps]], fetched: list[list[bytes]] | None,
-                host: list[dict[int, Any]]) -> list[dict] | None:
+                host: list[dict[int, Any]]) -> list[dict]:
         """Each probe's maps as the exit dump has them ({"name", "path", "maps", "trace"}): _fetch's images
         (None: no device maps yet) with the host sides merged in by the exit dump's own function
         (launches.dump_states: launch, host-API and uprobe programs' maps, the drainer's; ``host``, by probe,
-        the live uprobes' host-only maps); None when there is nothing to show. Outside Live.lock for maps and
-        the mirror: decoding a large map is Python that competes with the application's threads for the
+        the live uprobes' host-only maps); with neither, every map as it begins. Outside Live.lock for maps
+        and the mirror: decoding a large map is Python that competes with the application's threads for the
         GIL, and a change waiting for the lock would wait for it (on the H200 4 of 30 detaches spent 75-160
         ms before their change began; the likely holder, the mirror reading a 32,768-entry hash map every
         second)."""
@@ -770,9 +771,8 @@ class Live:
                         apply_region(state, i, img)
                     else:
                         apply_trace(state, img)
-        states = launches.dump_states(self.rt.drainer, [p for _, p, _ in probes], device, host)
-        if states is None:
-            return None
+        states = (launches.dump_states(self.rt.drainer, [p for _, p, _ in probes], device, host)
+                  or [MapsState(p.obj.maps) for _, p, _ in probes])
         return [{"name": name, "path": str(probe.path), **dump.state_contents(state)}
                 for (name, probe, _), state in zip(probes, states)]
 
