@@ -510,10 +510,9 @@ def swap_cmd(pid: int = _PID, old: str = typer.Argument(..., metavar="OLD", help
     name = _name_for(new, name)
     try:
         data, _ = _checked_probe(new, _notes(steps=True), verbose)
-    except EgpuError as e:   # the reason, then that the job is as it was
-        _echo_error("egpu", e)
-        typer.echo(f"egpu: nothing was changed in {pid}: what was attached runs on", err=True)
-        raise typer.Exit(1) from None
+    except EgpuError as e:   # the reason, and that the job is as it was, in its one line
+        e.reason += f"; nothing was changed in {pid}: what was attached runs on"
+        raise
     done, failed = _each(pid, rank, every, lambda p: remote.request(p, "swap", old=old, new_probe=data, new_name=name))
     for t, reply in done:
         typer.echo(_rank_prefix(t) + remote.change_line("swap", t.pid, reply), err=True)

@@ -25,7 +25,7 @@ from egpu_preload.bpf.program import MAP_ARRAY, MapDef
 from egpu_preload.bpf.verifier import VerifiedProgram, verify
 from egpu_preload.bpf.verifier import arith
 from egpu_preload.bpf.verifier.checks import STEP
-from egpu_preload.bpf.verifier.value import M64, bounded, const, contains, lo32, sext32
+from egpu_preload.bpf.verifier.value import M64, bounded, const, contains
 from egpu_preload.errors import DecodeError, EgpuError, VerifierError, VmError
 from egpu_preload.maps import MapsState
 from egpu_preload.runtime.dump import storage_contents

@@ -39,7 +39,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
