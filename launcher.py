@@ -635,7 +635,8 @@ def run_cmd(ctx: typer.Context,
                                                       "polars or DuckDB; needs egpu[trace]"),
             on_full: Optional[OnFull] = typer.Option(None, "--on-full", metavar="drop|wait",
                                                      help="a record meeting a full ring: drop it (counted) or wait "
-                                                          "for room (needs --trace; its default there)"),
+                                                          "for room (needs --trace; its default there; a reader "
+                                                          "that takes nothing for 10 s ends the wait, counted)"),
             version: bool = _VERSION) -> None:
     """Run CMD with probes spliced into its kernels; print the maps at exit and exit with CMD's status.
 

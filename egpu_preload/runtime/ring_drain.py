@@ -1,6 +1,7 @@
 """The reader that drains ring and perf buffers while kernels run (egpu-run --trace): records are taken
 as they are committed, their bytes cleared and ``consumed`` moved, so producers find room again and a
-ring made to wait (devmaps.py, ``--on-full wait``) loses nothing.
+ring made to wait (devmaps.py, ``--on-full wait``) loses nothing while this reader keeps taking records
+(its producers give up, counted, only once it has taken nothing for devmaps.WAIT_STALL_NS).
 
 The regions stay in device memory, where the producers' atomics are cheap; the reader copies on the
 runtime's own stream (driver.ContextMemory.read/write: a non-blocking stream, never the application's,
