@@ -902,6 +902,27 @@ def test_attach_says_which_uprobes_found_no_function(job, tmp_path):
     job.finish()
 
 
+def test_attach_says_a_uprobe_has_no_call_site_patched(job, tmp_path):
+    """app_loop looked cuLaunchKernel up with dlsym before the attach: a uprobe on it is hooked (GOT slots
+    and later dlsym answers) but no call site is patched, so its calls are never caught; the reply had
+    sites 0 and the line said only 'attached' (a helper's sweep)."""
+    from egpu_preload.bpf.compile import compile_probe
+    src = tmp_path / "up_launch.bpf.c"
+    src.write_text('#include "egpu.bpf.h"\n'
+                   'struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32);\n'
+                   '         __type(value, __u64); } calls SEC(".maps");\n'
+                   'SEC("uprobe/libcuda.so.1:cuLaunchKernel")\n'
+                   'int up(void *ctx) { __u32 k = 0; __u64 *n = bpf_map_lookup_elem(&calls, &k);\n'
+                   '                    if (n) __sync_fetch_and_add(n, 1); return 0; }\n'
+                   'char LICENSE[] SEC("license") = "GPL";\n')
+    r = egpu(["attach", str(job.pid), "-p", str(compile_probe(src, tmp_path / "up_launch.bpf.o"))], job.env)
+    assert r.returncode == 0, r.stderr
+    assert ("uprobe at libcuda.so.1:cuLaunchKernel (prog up): no call site patched yet; it catches calls through "
+            "GOT slots and through pointers dlsym hands out from now on, not a pointer the program took before"
+            in r.stdout), r.stdout
+    job.finish()
+
+
 def test_a_file_name_that_makes_no_probe_name_asks_for_name(job, probes, tmp_path):
     """A probe on a path with a space or non-ASCII letters in its file name: egpu-run takes it; attach and
     swap say before clang and the verifier run that its name needs --name (the job refused it after, as

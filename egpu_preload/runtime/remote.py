@@ -63,9 +63,22 @@ def change_line(cmd: str, pid: int, reply: dict) -> str:
             f"{sass_words(reply.get('sass'))}; flip at launch {reply['launches']}, {reply['seconds'] * 1000:.1f} ms")
     if phases:
         line += f" ({phases})"
-    unhooked = [f"  uprobe not attached: prog {u['prog']} at {u['target']}: {u['state']}"
-                for u in (reply.get("uprobes") or {}).get("attached", []) if u.get("state") != "attached"]
-    return "\n".join([line] + [f"  failed: {f}" for f in reply.get("failed", [])] + unhooked)
+    return "\n".join([line] + [f"  failed: {f}" for f in reply.get("failed", [])]
+                     + uprobe_lines((reply.get("uprobes") or {}).get("attached", [])))
+
+
+def uprobe_lines(attached: list[dict]) -> list[str]:
+    """What an attach's uprobes cannot catch: one that found no function, and one hooked through GOT slots
+    and dlsym with no call site patched (a pointer the program took before the attach is never caught)."""
+    out = []
+    for u in attached:
+        if u.get("state") != "attached":
+            out.append(f"  uprobe not attached: prog {u['prog']} at {u['target']}: {u['state']}")
+        elif not u.get("inline") and not u.get("sites"):
+            out.append(f"  uprobe at {u['target']} (prog {u['prog']}): no call site patched yet; it catches calls "
+                       "through GOT slots and through pointers dlsym hands out from now on, not a pointer the "
+                       "program took before")
+    return out
 
 
 def sass_words(sass: dict | None) -> str:
