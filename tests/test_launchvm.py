@@ -12,7 +12,7 @@ import pytest
 from egpu_preload.bpf import ctx as C
 from egpu_preload.bpf.asm import assemble
 from egpu_preload.bpf.compile import compile_probe
-from egpu_preload.runtime import launches, native
+from egpu_preload.runtime import dump, launches, native
 from egpu_preload.runtime.probes import load_probe
 from isa_cases import CASES, Case
 from stub_job import ROOT
@@ -118,6 +118,36 @@ def test_c_and_the_vm_leave_the_same_maps(shim_api, probe, path, mcpu):
     for m, vm_map, c_map in zip(vm_state.maps, vm_state.storages, c_state.storages):
         assert list(c_map.items()) == list(vm_map.items()), m.name
     assert in_c.runs == on_vm.runs > 0 and in_c.faults() == [] == on_vm.errors
+
+
+@pytest.mark.parametrize("engine", ["c", "vm"])
+def test_a_retired_probe_runs_no_more_and_the_others_go_on(shim_api, probe, engine):
+    """A probe egpu-run started with, detached or swapped out live (LaunchProbes.retire): its launch
+    programs ran on after the detach, where nothing read their maps (a helper's sweep). From the retire on
+    none of its programs runs, on either engine, and the other probe's count every launch."""
+    ffi, _ = shim_api
+    objs = [probe("examples/launch_count", "v3"), probe("tests/probes/launch", "v3")]
+    probes = launches.LaunchProbes(objs, engine=shim_api, in_c=engine == "c")
+
+    def run(batch: list[launches.Launch]) -> None:
+        for launch in batch:
+            if engine == "vm":
+                probes.run(launch)
+                continue
+            if launch.function not in probes.router.python:
+                probes.route(launch.function, launch.name)
+            probes.router.run(_record(ffi, launch), probes.offset)
+
+    def maps(i: int) -> dict:
+        return dump.state_contents(probes.sides[i].host_state())
+
+    batch = _launches(60)
+    run(batch[:30])
+    before = [maps(0), maps(1)]
+    assert probes.runs > 0
+    assert probes.retire(objs[0]) and not probes.retire(objs[0])   # once
+    run(batch[30:])
+    assert maps(0) == before[0] and maps(1) != before[1]
 
 
 def test_the_checked_semantics_are_reached(shim_api, probe):

@@ -246,6 +246,7 @@ class LaunchProbes:
         self.offset = clock_offset()   # MONOTONIC -> REALTIME; the runtime adds REALTIME -> %globaltimer
         self._chosen: dict[str | None, Chosen] = {}
         self._uvm: dict[str, list[tuple[ProbeMaps, Vm]]] = {}  # counter kind name -> the programs it runs
+        self.retired: set[int] = set()   # sides of probes detached or swapped out live: they run no more
         self.python_runs = 0
         self.errors: list[str] = []
 
@@ -273,6 +274,10 @@ class LaunchProbes:
         """Probe runs so far, on either side."""
         return self.python_runs + sum(s.native.runs() for s in self.sides if s and s.native)
 
+    def _running(self) -> list[ProbeMaps]:
+        """The sides whose programs run: every probe's but those retired."""
+        return [s for i, s in enumerate(self.sides) if s and i not in self.retired]
+
     def _programs(self, name: str | None) -> Chosen:
         """The programs kernel ``name`` runs, and its kernel id."""
         chosen = self._chosen.get(name)
@@ -283,10 +288,27 @@ class LaunchProbes:
             def runs(p: prog.Program) -> bool:
                 return p.attach.kind == "launch" and takes(p.attach.glob) and (self.only is None or takes(self.only))
             chosen = self._chosen[name] = Chosen(
-                [(side, vm) for side in self.sides if side for p, vm in side.programs if runs(p)],
-                [h for side in self.sides if side and side.native for p, h in side.native.programs if runs(p)],
+                [(side, vm) for side in self._running() for p, vm in side.programs if runs(p)],
+                [h for side in self._running() if side.native for p, h in side.native.programs if runs(p)],
                 C.kernel_id(name) if name else 0)
         return chosen
+
+    def retire(self, probe: Probe) -> bool:
+        """Stop the host programs of ``probe`` (one egpu-run started with, detached or swapped out live): no
+        launch record, call or unified-memory record runs them from here on; their side stays, its maps as
+        they were left (the final maps read them). Whether it had any. Under the drain's lock
+        (Drainer.retire): launch routes are made again as records come, host-API routes at once."""
+        i = next((i for i, p in enumerate(self.probes) if p is probe), None)
+        if i is None or not self.sides[i] or i in self.retired:
+            return False
+        self.retired.add(i)
+        self._chosen.clear()
+        self._uvm.clear()
+        if self.router is not None:
+            self.router.clear()
+        if self.apis is not None:
+            self.apis.reroute([s.native for s in self._running() if s.native])
+        return True
 
     def route(self, function: int, name: str | None) -> bool:
         """Tell the C side what launches of handle ``function`` (kernel ``name``) run; whether they
@@ -315,7 +337,7 @@ class LaunchProbes:
         """The egpu/uvm programs whose glob matches the record's kind (uvm.COUNTERS), on the Python VM."""
         programs = self._uvm.get(record.name)
         if programs is None:
-            programs = self._uvm[record.name] = [(side, vm) for side in self.sides if side
+            programs = self._uvm[record.name] = [(side, vm) for side in self._running()
                                                  for p, vm in side.programs
                                                  if p.attach.kind == "uvm" and matches(p.attach.glob, record.name)]
         ctx = uvm.context_bytes(record)
@@ -478,6 +500,11 @@ class Drainer:
         if self.probes.apis is not None and self.probes.apis.attached:
             out["host_apis"] = self.probes.apis.attached  # section -> the hooked symbols it runs on
         return out
+
+    def retire(self, probe: Probe) -> bool:
+        """LaunchProbes.retire under the drain's lock: a record being run finishes first."""
+        with self._lock:
+            return self.probes.retire(probe)
 
     def host_states(self) -> dict[int, tuple[ProbeMaps, MapsState]]:
         """id(probe) -> (its host side, a copy of the side's maps now), for every start-up probe that has

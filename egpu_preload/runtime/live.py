@@ -309,6 +309,8 @@ class Live:
             gone = [p for p in self._probes() if name is None or p[0] == name]
             host = {n: self.host.detach(n) for n, _, _ in gone}
             result, snapshot = self._change([p for p in self._probes() if p not in gone], t0)
+            for _, probe, _ in gone:
+                self._retire(probe)
             seconds = time.perf_counter() - t0
             final = self._read_snapshot(snapshot, host)
         return {"names": [n for n, _, _ in gone], "seconds": seconds, "final": final, "argv": config.argv(),
@@ -340,6 +342,7 @@ class Live:
                     self._drop_maps(maps, old_maps.addrs)
                 self.host.attach(old, old_probe, old_maps, host=host[old])
                 raise
+            self._retire(old_probe)
             result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
             seconds = time.perf_counter() - t0
             # the new probe may write maps it took over: read the copy
@@ -347,6 +350,14 @@ class Live:
             result["uprobes"] = self.host.attach(new_name, probe, maps)
         return {"old": old, "name": new_name, "seconds": seconds, "final": final, "argv": config.argv(),
                 "kernel_names": self._kernels(), **result}
+
+    def _retire(self, probe: Probe) -> None:
+        """A probe egpu-run started with, detached or swapped out: its host programs stop too (its launch,
+        host-API and egpu/uvm programs in the drainer, its uprobes), before its final maps are read."""
+        if self.rt.drainer is not None:
+            self.rt.drainer.retire(probe)
+        if self.rt.uprobes is not None:
+            self.rt.uprobes.detach_probe(probe)
 
     def maps(self, fields: dict) -> dict:
         """A dump-like document (dump.py) of the attached probes' maps, read while the job runs."""

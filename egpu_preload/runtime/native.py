@@ -267,19 +267,27 @@ class ApiRoutes:
         self.ffi, self.lib = ffi, lib
         self.attached: dict[str, list[str]] = {}  # section of a program -> the symbols it runs on
         self.routed: list[int] = []
+        self.reroute(sides)
+
+    def reroute(self, sides: Sequence[Side]) -> None:
+        """Route every hooked API to the host-API programs of ``sides`` that match it, in place: an API
+        whose programs stay never runs none meanwhile; one left with none runs none."""
         programs = [(p, h) for side in sides for p, h in side.programs if p.attach.kind in API_KINDS]
-        for p, _ in programs:
-            self.attached.setdefault(p.section, [])
-        for i, (symbol, api, section) in enumerate(host_apis(ffi, lib) if programs else []):
+        attached: dict[str, list[str]] = {p.section: [] for p, _ in programs}
+        routed = []
+        for i, (symbol, api, section) in enumerate(host_apis(self.ffi, self.lib) if programs or self.routed else []):
             chosen = [(p, h) for p, h in programs if api_matches(p, symbol, api, section)]
             if not chosen:
+                if i in self.routed:
+                    self.lib.egpu_lvm_route_api(i, self.ffi.NULL, 0)
                 continue
-            table = ffi.new("struct egpu_lvm_prog *[]", [h for _, h in chosen])
-            if lib.egpu_lvm_route_api(i, table, len(chosen)):
+            table = self.ffi.new("struct egpu_lvm_prog *[]", [h for _, h in chosen])
+            if self.lib.egpu_lvm_route_api(i, table, len(chosen)):
                 raise MemoryError(f"no memory for the route of {symbol}")
-            self.routed.append(i)
+            routed.append(i)
             for p, _ in chosen:
-                self.attached[p.section].append(symbol)
+                attached[p.section].append(symbol)
+        self.attached, self.routed = attached, routed
 
     def unmatched(self) -> list[str]:
         """One line for each host-API program no hooked API matched."""

@@ -123,6 +123,14 @@ class Uprobes:
                               "inline": a.inline}
                              for a in self.attached], "refused": self.refused}
 
+    def detach_probe(self, probe: Any) -> None:
+        """Unhook the programs of ``probe`` alone (detached or swapped out live); no thread runs one after."""
+        mine = [a for a in self.attached if any(a.program is p for p in probe.obj.programs)]
+        handles = [a.handle for a in mine if a.result >= 0]
+        if handles:
+            self.lib.egpu_uprobe_detach(self.ffi.new("struct egpu_lvm_prog *[]", handles), len(handles))
+        self.attached = [a for a in self.attached if a not in mine]
+
     def detach(self) -> dict[str, Any]:
         """Unhook every program (no thread runs one after this); the report as it was before."""
         report = self.report()
