@@ -10,6 +10,7 @@ shell meaning (CMD found but not executable, not found).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -465,6 +466,7 @@ def _maps_doc(target: Any, reply: dict) -> dict:
 def attach_cmd(pid: int = _PID, probe: Path = typer.Option(..., "-p", "--probe", metavar="PROBE", help="a .bpf.o or .bpf.c"),
                name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
                                                   help="default: the file name without .bpf.o"),
+               as_json: bool = typer.Option(False, "--json", help="each process's reply as one JSON document"),
                rank: Optional[int] = _RANK, every: bool = _ALL, verbose: bool = _VERBOSE) -> None:
     """Attach a probe to a running job: verified here, then loaded, translated and spliced in there. A step
     that takes more than a second says what it waits for."""
@@ -480,7 +482,8 @@ def attach_cmd(pid: int = _PID, probe: Path = typer.Option(..., "-p", "--probe",
             return remote.request(p, "attach", probe=data, name=name)
     done, failed = _each(pid, rank, every, attach)
     for t, reply in done:
-        typer.echo(_rank_prefix(t) + remote.change_line("attach", t.pid, reply))
+        typer.echo(json.dumps({"pid": t.pid, "rank": t.rank, **reply}) if as_json
+                   else _rank_prefix(t) + remote.change_line("attach", t.pid, reply))
     raise typer.Exit(int(failed))
 
 
@@ -547,7 +550,6 @@ def maps_cmd(pid: int = _PID, as_json: bool = typer.Option(False, "--json", help
 @egpu.command("modules")
 def modules_cmd(pid: int = _PID, as_json: bool = typer.Option(False, "--json", help="one JSON document")) -> None:
     """Every module a running job loaded and each kernel: instrumented, SASS only, failed (why), untouched."""
-    import json
     from egpu_preload.runtime import remote
     reply = remote.request(_one(pid), "modules")
     typer.echo(json.dumps(reply) if as_json else "\n".join(remote.modules_lines(reply)))

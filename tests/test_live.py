@@ -864,6 +864,17 @@ def test_maps_whose_name_two_probes_share_are_labelled_by_probe(job, probes, tmp
     job.finish()
 
 
+@pytest.mark.parametrize("job", ["module"], indirect=True)
+def test_attach_json_is_the_reply(job, probes):
+    """egpu attach --json: one JSON document a process, its reply (what the line says, as numbers)."""
+    r = egpu(["attach", str(job.pid), "-p", str(probes["count"]), "--json"], job.env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert (doc["pid"], doc["rank"], doc["name"], doc["modules"], doc["kernels"]) == (job.pid, None, "count", 1, 1)
+    assert doc["launches"] > 0 and doc["seconds"] > 0 and "flip" in doc["phases_ms"]
+    job.finish()
+
+
 def test_check_room_counts_the_device_and_the_host():
     """devmaps.check_room: the device's free memory against every region; the host's available memory,
     half of it, against the images and an ARRAY's own copy; None (the driver or /proc cannot say) passes."""
