@@ -529,6 +529,15 @@ class ControlClient:
         self.timeout = timeout
         self._ids = itertools.count(1)
 
+    def _gone(self, cmd: str) -> str | None:
+        """Why a connection broke when it is that the process ended (or is ending: a zombie) during ``cmd``;
+        None when it still runs. A process exits a little after its socket closes: waited for 0.5 s."""
+        for _ in range(10):
+            if not process_exists(self.pid) or _zombie(self.pid):
+                return f"process {self.pid} exited during {cmd}"
+            time.sleep(0.05)
+        return None
+
     def request(self, cmd: str, **fields: object) -> object:
         """Send one request and return its result within ``timeout`` seconds; EgpuError on any failure
         or error reply (ControlBusy when the session serves as many clients as it may)."""
@@ -552,9 +561,11 @@ class ControlClient:
             except (socket.timeout, TimeoutError):
                 raise ControlTimeout(f"process {self.pid}: no reply to {cmd} within {self.timeout:g} s") from None
             except (_FrameTooLarge, OSError) as e:
-                raise ControlError(f"process {self.pid}: connection failed during {cmd}: {e}") from None
+                raise ControlError(self._gone(cmd) or f"process {self.pid}: connection failed during {cmd}: {e}") \
+                    from None
         if body is None:
-            raise ControlError(f"process {self.pid}: closed the connection without replying to {cmd}")
+            raise ControlError(self._gone(cmd) or f"process {self.pid}: closed the connection without replying "
+                               f"to {cmd}")
         reply = decode_message(body)
         if not isinstance(reply, dict) or reply.get("v") != VERSION or "ok" not in reply:
             raise ControlError(f"process {self.pid}: malformed reply to {cmd}")
@@ -614,6 +625,14 @@ def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> lis
         if path.stem.isdigit() and not process_exists(int(path.stem)):
             path.unlink(missing_ok=True)
     return sessions
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return line[line.rindex(")") + 2:][:1] == "Z"
 
 
 def process_exists(pid: int) -> bool:

@@ -671,3 +671,23 @@ def test_a_session_in_a_fallback_is_found_by_another_process(sock_dir, private_t
         proc.stdin.close()
         proc.wait(timeout=30)
     assert "instead" in proc.stderr.read()
+
+
+def test_a_process_that_exits_during_a_request_is_said_to_have_exited(sock_dir):
+    """A job ending while egpu attach waits for its reply: 'process N exited during attach', not
+    'connection failed during attach: Connection reset by peer' (a helper's sweep)."""
+    script = ("import os, socket, sys\n"
+              "d = sys.argv[1]\n"
+              "os.makedirs(d, mode=0o700, exist_ok=True)\n"
+              "s = socket.socket(socket.AF_UNIX); s.bind(f'{d}/{os.getpid()}.sock'); s.listen()\n"
+              "print('ready', flush=True)\n"
+              "c, _ = s.accept(); c.recv(1 << 16)\n"   # the request read, then gone without a reply
+              "os._exit(0)\n")
+    child = subprocess.Popen([sys.executable, "-c", script, str(sock_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        with pytest.raises(ControlError, match=f"^process {child.pid} exited during attach$"):
+            ControlClient(child.pid).request("attach", probe=b"x", name="count")
+    finally:
+        child.kill()
+        child.wait()
