@@ -126,19 +126,20 @@ class Uprobes:
     def detach_probe(self, probe: Any) -> None:
         """Unhook the programs of ``probe`` alone (detached or swapped out live); no thread runs one after."""
         mine = [a for a in self.attached if any(a.program is p for p in probe.obj.programs)]
-        handles = [a.handle for a in mine if a.result >= 0]
-        if handles:
-            self.lib.egpu_uprobe_detach(self.ffi.new("struct egpu_lvm_prog *[]", handles), len(handles))
+        self._unhook(mine)
         self.attached = [a for a in self.attached if a not in mine]
 
     def detach(self) -> dict[str, Any]:
         """Unhook every program (no thread runs one after this); the report as it was before."""
         report = self.report()
-        handles = [a.handle for a in self.attached if a.result >= 0]
-        if handles:
-            self.lib.egpu_uprobe_detach(self.ffi.new("struct egpu_lvm_prog *[]", handles), len(handles))
+        self._unhook(self.attached)
         self.attached = []
         return report
+
+    def _unhook(self, attached: list[Attached]) -> None:
+        handles = [a.handle for a in attached if a.result >= 0]
+        if handles:
+            self.lib.egpu_uprobe_detach(self.ffi.new("struct egpu_lvm_prog *[]", handles), len(handles))
 
 
 def attach(runtime: Any) -> Uprobes | None:
