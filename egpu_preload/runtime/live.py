@@ -87,7 +87,7 @@ from egpu_preload.runtime.modstate import module_globals
 from egpu_preload.runtime.probes import Probe, load_probe
 from egpu_preload.runtime.sass import NO_PROGRAMS, table_block
 from egpu_preload.translate import devmaps
-from egpu_preload.translate.devmaps import DeviceMaps, apply_region, apply_trace
+from egpu_preload.translate.devmaps import DeviceMaps, apply_images
 from egpu_preload.translate.rewrite import KernelStatus, instrument
 from egpu_preload.translate.sass_patch import has_sites
 
@@ -773,15 +773,8 @@ class Live:
         GIL, and a change waiting for the lock would wait for it (on the H200 4 of 30 detaches spent 75-160
         ms before their change began; the likely holder, the mirror reading a 32,768-entry hash map every
         second)."""
-        device = None
-        if fetched is not None:
-            device = [MapsState(probe.obj.maps) for _, probe, _ in probes]
-            for state, images in zip(device, fetched):
-                for i, img in enumerate(images):
-                    if i < len(state.maps):
-                        apply_region(state, i, img)
-                    else:
-                        apply_trace(state, img)
+        device = None if fetched is None else [apply_images(MapsState(probe.obj.maps), images)
+                                               for (_, probe, _), images in zip(probes, fetched)]
         states = (launches.dump_states(self.rt.drainer, [p for _, p, _ in probes], device, host)
                   or [MapsState(p.obj.maps) for _, p, _ in probes])
         return [{"name": name, "path": str(probe.path), **dump.state_contents(state)}

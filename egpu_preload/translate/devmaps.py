@@ -311,6 +311,16 @@ def _sum_rows(values: list[bytearray], img: bytes, lay: MapLayout) -> None:
         v[:] = value.pack(*sums[i * lanes:(i + 1) * lanes])
 
 
+def apply_images(state: MapsState, images: list[bytes]) -> MapsState:
+    """A DeviceMaps' region images, in its order (every map's, then the trace ring's), into ``state``."""
+    for i, img in enumerate(images):
+        if i < len(state.maps):
+            apply_region(state, i, img)
+        else:
+            apply_trace(state, img)
+    return state
+
+
 def apply_trace(state: MapsState, img: bytes) -> None:
     """Append the trace_printk records of a trace ring image to ``state.trace``."""
     records, _, _ = read_ring(img, trace_layout())
@@ -389,13 +399,8 @@ class DeviceMaps:
 
     def read_back(self) -> MapsState:
         """Copy every region out and replace the MapsState's contents with it; returns the state."""
-        for i, (addr, lay) in enumerate(zip(self.addrs, self.layouts)):
-            img = self.mem.dtoh(addr, lay.region_size(self.ncpu))
-            if i < len(self.state.maps):
-                apply_region(self.state, i, img)
-            else:
-                apply_trace(self.state, img)
-        return self.state
+        return apply_images(self.state, [self.mem.dtoh(addr, lay.region_size(self.ncpu))
+                                         for addr, lay in zip(self.addrs, self.layouts)])
 
     def free(self) -> None:
         for addr in self.addrs:
