@@ -627,12 +627,19 @@ def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> lis
     return sessions
 
 
-def _zombie(pid: int) -> bool:
+def proc_stat(pid: int, proc: Path = Path("/proc")) -> list[str] | None:
+    """/proc/PID/stat's fields after ``(comm)``: state, ppid, ...; None when PID is gone. comm may hold
+    spaces and parentheses, so they are counted from the last ')'."""
     try:
-        line = Path(f"/proc/{pid}/stat").read_text()
+        line = (proc / str(pid) / "stat").read_text()
     except OSError:
-        return False
-    return line[line.rindex(")") + 2:][:1] == "Z"
+        return None
+    return line[line.rindex(")") + 1:].split()
+
+
+def _zombie(pid: int) -> bool:
+    fields = proc_stat(pid)
+    return bool(fields) and fields[0] == "Z"
 
 
 def process_exists(pid: int) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from egpu_preload.control import SessionInfo, list_sessions, socket_path
+from egpu_preload.control import SessionInfo, list_sessions, proc_stat, socket_path
 from egpu_preload.errors import EgpuError
 
 PROC = Path("/proc")
@@ -32,14 +32,9 @@ class Target:
 
 
 def parent(pid: int, proc: Path = PROC) -> int | None:
-    """PID's parent, or None when PID is gone. /proc/PID/stat: ``pid (comm) state ppid ...``, where comm
-    may hold spaces and parentheses, so fields are counted from the last ')'."""
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 1:].split()
-    return int(fields[1]) if len(fields) > 1 else None
+    """PID's parent, or None when PID is gone (control.proc_stat: ``state ppid ...``)."""
+    fields = proc_stat(pid, proc)
+    return int(fields[1]) if fields and len(fields) > 1 else None
 
 
 def ancestors(pid: int, parent_of: Callable[[int], int | None] = parent) -> list[int]:
