@@ -822,6 +822,14 @@ static int seen_before(int api, void *owner, void *handle, unsigned long *genera
 static void seen_enter(int api, void *owner, void *handle, unsigned long generation);
 #define KERNEL_LOADED (-EGPU_API_KERNEL_GET_FUNCTION)
 
+/* Whether `handle` was seen loaded in the current context; that context, and the unload generation to
+ * enter it under (seen_enter). */
+static int loaded_here(void *handle, CUcontext *ctx, unsigned long *generation) {
+    *ctx = NULL;
+    if (g_ctx_current) g_ctx_current(ctx);
+    return seen_before(KERNEL_LOADED, *ctx, handle, generation);
+}
+
 /* A launch may load its kernel (lazy loading): the wait comes before the gate, unless the driver says the
  * function to be launched (the instrumented one a launch is sent to, if any) is loaded. Where it cannot
  * say (a CUkernel's handle, loaded per context; a driver before 12.4) the first launch of the handle in
@@ -836,10 +844,9 @@ static inline void idle_before_launch(void *f) {
         if (state != 1) egpu_shim_idle();
         return;
     }
-    CUcontext ctx = NULL;
-    unsigned long generation = 0;
-    if (g_ctx_current) g_ctx_current(&ctx);
-    if (seen_before(KERNEL_LOADED, ctx, launched, &generation)) return;
+    CUcontext ctx;
+    unsigned long generation;
+    if (loaded_here(launched, &ctx, &generation)) return;
     egpu_shim_idle();
     seen_enter(KERNEL_LOADED, ctx, launched, generation);
 }
@@ -1388,8 +1395,7 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
     unsigned long generation = 0;
     int loaded = 1;
     if (lazy_waits() && kernel) {
-        if (g_ctx_current) g_ctx_current(&ctx);
-        loaded = seen_before(KERNEL_LOADED, ctx, kernel, &generation);
+        loaded = loaded_here(kernel, &ctx, &generation);
         if (!loaded) egpu_shim_idle();
     }
     CUresult r = CALL_REAL(cuKernelGetFunction, pFunc, kernel);
@@ -1420,10 +1426,9 @@ EXPORT CUresult cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
     }
 
 static void idle_unless_kernel_loaded(CUkernel kernel) {
-    CUcontext ctx = NULL;
-    unsigned long generation = 0;
-    if (g_ctx_current) g_ctx_current(&ctx);
-    if (!seen_before(KERNEL_LOADED, ctx, kernel, &generation)) egpu_shim_idle();
+    CUcontext ctx;
+    unsigned long generation;
+    if (!loaded_here(kernel, &ctx, &generation)) egpu_shim_idle();
 }
 
 LAZY_WAIT(cuLibraryGetGlobal, (CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name),
