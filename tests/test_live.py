@@ -893,23 +893,34 @@ def test_check_room_counts_the_device_and_the_host():
     devmaps.check_room([MapDef("h", MAP_HASH, 8, 8, 1 << 30, 0)], 132, None, None)
 
 
-def test_attach_says_which_uprobes_found_no_function(job, tmp_path):
-    """A uprobe whose function the target lacks is left unhooked in the job (its reply's uprobes say
-    so, as egpu-run says at start): egpu attach must say it too, not just 'attached'."""
+def test_attach_says_which_uprobes_found_no_function(job, probes, tmp_path):
+    """An object whose every program is a uprobe and none found its function runs nothing: the attach
+    exits 1 saying why, as bpftool's failed attach does, and leaves no probe behind (its name is free,
+    the job's other probes run on); one of whose uprobes one is hooked attaches."""
     from egpu_preload.bpf.compile import compile_probe
-    src = tmp_path / "up_missing.bpf.c"
-    src.write_text('#include "egpu.bpf.h"\n'
-                   'struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32);\n'
-                   '         __type(value, __u64); } calls SEC(".maps");\n'
-                   'SEC("uprobe/libcuda.so.1:no_such_function_xyz")\n'
-                   'int up(void *ctx) { __u32 k = 0; __u64 *n = bpf_map_lookup_elem(&calls, &k);\n'
-                   '                    if (n) __sync_fetch_and_add(n, 1); return 0; }\n'
-                   'char LICENSE[] SEC("license") = "GPL";\n')
-    obj = compile_probe(src, tmp_path / "up_missing.bpf.o")
-    r = egpu(["attach", str(job.pid), "-p", str(obj)], job.env)
-    assert r.returncode == 0, r.stderr
-    assert ("uprobe not attached: prog up at libcuda.so.1:no_such_function_xyz: no such function in it"
-            in r.stdout), r.stdout
+    body = ('#include "egpu.bpf.h"\n'
+            'struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32);\n'
+            '         __type(value, __u64); } calls SEC(".maps");\n'
+            'static int hit(void) { __u32 k = 0; __u64 *n = bpf_map_lookup_elem(&calls, &k);\n'
+            '                       if (n) __sync_fetch_and_add(n, 1); return 0; }\n'
+            'SEC("uprobe/libcuda.so.1:no_such_function_xyz") int up(void *ctx) { return hit(); }\n'
+            'SEC("uprobe/libcuda.so.1:no_such_function_abc") int up2(void *ctx) { return hit(); }\n')
+    (tmp_path / "none.bpf.c").write_text(body + 'char LICENSE[] SEC("license") = "GPL";\n')
+    (tmp_path / "one.bpf.c").write_text(body + 'SEC("uprobe/libcuda.so.1:cuLaunchKernel") int up3(void *ctx) '
+                                        '{ return hit(); }\nchar LICENSE[] SEC("license") = "GPL";\n')
+    assert egpu(["attach", str(job.pid), "-p", str(probes["count"])], job.env).returncode == 0
+    r = egpu(["attach", str(job.pid), "-p", str(compile_probe(tmp_path / "none.bpf.c", tmp_path / "u.bpf.o"))],
+             job.env)
+    assert r.returncode == 1 and not r.stdout, (r.stdout, r.stderr)
+    assert ("u: nothing of it can run, so it was not attached: prog up at libcuda.so.1:no_such_function_xyz: no "
+            "such function in it; prog up2 at libcuda.so.1:no_such_function_abc: no such function in it"
+            in r.stderr), r.stderr
+    ps = json.loads(egpu(["ps", "--json"], job.env).stdout)
+    assert [s["probes"] for s in ps if s["pid"] == job.pid] == [["count"]], ps
+    r = egpu(["attach", str(job.pid), "-p", str(compile_probe(tmp_path / "one.bpf.c", tmp_path / "u.bpf.o"))],
+             job.env)
+    assert r.returncode == 0 and r.stdout.startswith(f"attached u in {job.pid}"), r.stderr
+    assert "uprobe not attached: prog up2 at libcuda.so.1:no_such_function_abc" in r.stdout, r.stdout
     job.finish()
 
 

@@ -295,6 +295,11 @@ class Live:
                 self._drop_maps(maps)
                 raise
             result["uprobes"] = self.host.attach(name, probe, maps)
+            idle = uprobes.none_hooked(probe, result["uprobes"])
+            if idle is not None:   # as bpftool's failed attach: nothing stays attached, the status says so
+                self.host.detach(name)
+                self._change([p for p in self._probes() if p[0] != name], t0)
+                raise ControlError(f"{name}: nothing of it can run, so it was not attached: {idle}")
         result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
         return {"name": name, "seconds": time.perf_counter() - t0, **result}
 

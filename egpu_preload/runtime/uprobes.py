@@ -156,6 +156,17 @@ def attach(runtime: Any) -> Uprobes | None:
     return up
 
 
+def none_hooked(probe: Any, report: dict[str, Any] | None) -> str | None:
+    """Why nothing of ``probe`` runs when its programs are all uprobes and none was hooked or waits for its
+    library to load (each one's state); None when it has a GPU program or such a uprobe."""
+    if report is None or len(host_programs(probe.obj)) < len(probe.obj.programs):
+        return None
+    if any(u["state"] in (RESULTS[0], RESULTS[1]) for u in report["attached"]):
+        return None
+    return "; ".join(f"prog {u['prog']} at {u['target']}: {u['state']}" for u in report["attached"]) \
+        or "no uprobe was hooked"
+
+
 def live_refusal(probe: Any) -> str | None:
     """Why ``egpu attach`` cannot hook the host programs of ``probe`` (a runtime Probe) yet; None when it can
     (or it has none). Live, nothing drains what C queues (bpf_printk lines, ring and perf buffer records):
