@@ -9,6 +9,7 @@ shell meaning (CMD found but not executable, not found).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -18,7 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import typer
@@ -412,11 +413,35 @@ def _one(pid: int) -> int:
     return ranks.select(pid)[0].pid
 
 
-def _each(pid: int, rank: Optional[int], every: bool, fn: Callable[[int], Any]) -> tuple[list[tuple[Any, Any]], bool]:
+@contextlib.contextmanager
+def _interruptible(cmd: str, pids: list[int], asked: Optional[set[int]] = None) -> Iterator[None]:
+    """Ctrl-C while jobs work on ``cmd``: egpu stops waiting, they do not, so it says what may still happen
+    in each process ``asked`` (default: all) and exits 130 as a shell's interrupted command does (typer's
+    own exit said nothing)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        asked = set(pids) if asked is None else asked
+        sent, unsent = [p for p in pids if p in asked], [p for p in pids if p not in asked]
+        if unsent:
+            typer.echo(f"egpu: interrupted before the {cmd} was asked of {', '.join(map(str, unsent))}: nothing "
+                       "changed there", err=True)
+        if sent:
+            after = "" if cmd in ("maps", "modules") else f": the {cmd} may still complete there"
+            if cmd in ("attach", "detach", "swap"):
+                after += " (egpu ps lists the probes attached)"
+            typer.echo(f"egpu: interrupted while waiting for {', '.join(map(str, sent))}{after}", err=True)
+        raise typer.Exit(130) from None
+
+
+def _each(pid: int, rank: Optional[int], every: bool, cmd: str, fn: Callable[[int], Any],
+          asked: Optional[set[int]] = None) -> tuple[list[tuple[Any, Any]], bool]:
     """fn(pid) in each process addressed (runtime/ranks.py), all at once: ((target, reply) of those that
-    answered, whether any failed); each failure is one line on stderr."""
+    answered, whether any failed); each failure is one line on stderr. ``asked``: see _interruptible."""
     from egpu_preload.runtime import ranks
-    results = ranks.fan_out(ranks.select(pid, rank, every), fn)
+    targets = ranks.select(pid, rank, every)
+    with _interruptible(cmd, [t.pid for t in targets], asked):
+        results = ranks.fan_out(targets, fn)
     for _, r in results:
         if isinstance(r, EgpuError):
             typer.echo(f"egpu: {r}", err=True)
@@ -475,12 +500,15 @@ def attach_cmd(pid: int = _PID, probe: Path = typer.Option(..., "-p", "--probe",
     name = _name_for(probe, name)
     data, _ = _checked_probe(probe, progress, verbose)
 
+    asked: set[int] = set()
+
     def attach(p: int) -> Any:
         loaded = len(remote.request(p, "modules")["modules"])
         with progress.step(f"waiting for {p}: translating {probe.name} and JIT-compiling {loaded} "
                            f"module{'s' * (loaded != 1)} with it"):
+            asked.add(p)
             return remote.request(p, "attach", probe=data, name=name)
-    done, failed = _each(pid, rank, every, attach)
+    done, failed = _each(pid, rank, every, "attach", attach, asked)
     for t, reply in done:
         typer.echo(json.dumps({"pid": t.pid, "rank": t.rank, **reply}) if as_json
                    else _rank_prefix(t) + remote.change_line("attach", t.pid, reply))
@@ -493,7 +521,7 @@ def detach_cmd(pid: int = _PID, probe: Optional[str] = typer.Argument(None, meta
                rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
     """Detach one probe (or all) from a running job and print its final maps (per rank, and summed)."""
     from egpu_preload.runtime import job, remote
-    done, failed = _each(pid, rank, every, lambda p: remote.request(p, "detach", **({"name": probe} if probe else {})))
+    done, failed = _each(pid, rank, every, "detach", lambda p: remote.request(p, "detach", **({"name": probe} if probe else {})))
     for t, reply in done:
         typer.echo(_rank_prefix(t) + remote.change_line("detach", t.pid, reply), err=True)
     typer.echo(job.render([], [_maps_doc(t, r) for t, r in done], as_json), nl=False)
@@ -516,7 +544,7 @@ def swap_cmd(pid: int = _PID, old: str = typer.Argument(..., metavar="OLD", help
     except EgpuError as e:   # the reason, and that the job is as it was, in its one line
         e.reason += f"; nothing was changed in {pid}: what was attached runs on"
         raise
-    done, failed = _each(pid, rank, every, lambda p: remote.request(p, "swap", old=old, new_probe=data, new_name=name))
+    done, failed = _each(pid, rank, every, "swap", lambda p: remote.request(p, "swap", old=old, new_probe=data, new_name=name))
     for t, reply in done:
         typer.echo(_rank_prefix(t) + remote.change_line("swap", t.pid, reply), err=True)
     typer.echo(job.render([], [_maps_doc(t, r) for t, r in done], as_json), nl=False)
@@ -532,7 +560,7 @@ def maps_cmd(pid: int = _PID, as_json: bool = typer.Option(False, "--json", help
     ranks: each, then their sum."""
     from egpu_preload.runtime import job, mirror, remote
     read = (lambda p: mirror.read_mirror(p)[0]) if from_mirror else (lambda p: remote.request(p, "maps"))
-    done, failed = _each(pid, rank, every, read)
+    done, failed = _each(pid, rank, every, "maps", read)
     out = job.render([], [doc for _, doc in done], as_json)
     for t, doc in done:
         if not doc["probes"]:
@@ -551,7 +579,9 @@ def maps_cmd(pid: int = _PID, as_json: bool = typer.Option(False, "--json", help
 def modules_cmd(pid: int = _PID, as_json: bool = typer.Option(False, "--json", help="one JSON document")) -> None:
     """Every module a running job loaded and each kernel: instrumented, SASS only, failed (why), untouched."""
     from egpu_preload.runtime import remote
-    reply = remote.request(_one(pid), "modules")
+    target = _one(pid)
+    with _interruptible("modules", [target]):
+        reply = remote.request(target, "modules")
     typer.echo(json.dumps(reply) if as_json else "\n".join(remote.modules_lines(reply)))
 
 
@@ -564,14 +594,18 @@ def checkpoint_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metava
                                                             "and report how long that held it")) -> None:
     """Snapshot a running job's device memory and module globals into DIR while it keeps running."""
     from egpu_preload.cow import remote
-    typer.echo(remote.checkpoint(_one(pid), directory, stop_the_world))
+    target = _one(pid)
+    with _interruptible("checkpoint", [target]):
+        typer.echo(remote.checkpoint(target, directory, stop_the_world))
 
 
 @egpu.command("restore")
 def restore_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="DIR")) -> None:
     """Roll a running job back to a checkpoint (its streams drained, then every allocation written back)."""
     from egpu_preload.cow import remote
-    typer.echo(remote.restore(_one(pid), directory))
+    target = _one(pid)
+    with _interruptible("restore", [target]):
+        typer.echo(remote.restore(target, directory))
 
 
 egpu_run = typer.Typer(name="egpu-run", add_completion=False, no_args_is_help=True, rich_markup_mode=None)

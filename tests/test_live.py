@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -978,3 +979,38 @@ def test_maps_before_the_job_loaded_a_module_are_empty_and_make_nothing(probe_ob
     assert control.maps({})["probes"] == [{"name": "count.v3", "path": str(probe.path),
                                           **dump.state_contents(MapsState(probe.obj.maps))}]
     assert control.mirrored() is None and (rt.context, rt.maps) == (None, [])
+
+
+def test_ctrl_c_while_a_job_works_says_what_may_still_happen(job, probes):
+    """Ctrl-C while egpu waits for a job (here: the job stopped, so no reply comes) exits 130, as a shell's
+    interrupted command does, saying what may still happen there (typer's exit said nothing): an attach
+    stopped at its first question (the job's modules) was never asked, and nothing changes; a detach that
+    was sent completes once the job goes on."""
+    def interrupted(*args: str) -> str:
+        os.kill(job.pid, signal.SIGSTOP)
+        try:
+            p = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.egpu_main()", *args],
+                                 env=job.env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            time.sleep(3)   # the request is sent and waits
+            p.send_signal(signal.SIGINT)
+            out, err = p.communicate(timeout=30)
+        finally:
+            os.kill(job.pid, signal.SIGCONT)
+        assert p.returncode == 130 and not out, (p.returncode, out, err)
+        return err.strip().splitlines()[-1]
+
+    def attached() -> list[str]:
+        return [s.get("probes") for s in json.loads(egpu(["ps", "--json"], job.env).stdout) if s["pid"] == job.pid][0]
+
+    assert interrupted("attach", str(job.pid), "-p", str(probes["count"])) == (
+        f"egpu: interrupted before the attach was asked of {job.pid}: nothing changed there")
+    job.wait_launches()
+    assert attached() == []
+    assert egpu(["attach", str(job.pid), "-p", str(probes["count"])], job.env).returncode == 0
+    assert interrupted("detach", str(job.pid)) == (f"egpu: interrupted while waiting for {job.pid}: the detach "
+                                                   "may still complete there (egpu ps lists the probes attached)")
+    deadline = time.monotonic() + 30
+    while attached() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert attached() == []
+    job.finish()

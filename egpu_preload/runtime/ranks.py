@@ -11,8 +11,8 @@ about the same time.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,14 +108,22 @@ def select(root: int, rank: int | None = None, every: bool = False, sessions: li
 
 
 def fan_out(targets: list[Target], fn: Callable[[int], Any]) -> list[tuple[Target, Any]]:
-    """fn(pid) for every target at once; (target, its result or the EgpuError it raised), in order."""
-    def call(t: Target) -> tuple[Target, Any]:
+    """fn(pid) for every target at once; (target, its result or the EgpuError it raised), in order. Daemon
+    threads: a Ctrl-C meanwhile ends egpu at once, where a pool's exit waited for every process's reply."""
+    results: list[tuple[Target, Any]] = [(t, None) for t in targets]
+
+    def call(i: int) -> None:
         try:
-            return t, fn(t.pid)
+            results[i] = (targets[i], fn(targets[i].pid))
         except EgpuError as e:
-            return t, e
+            results[i] = (targets[i], e)
 
     if len(targets) == 1:
-        return [call(targets[0])]
-    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
-        return list(pool.map(call, targets))
+        call(0)
+        return results
+    threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(len(targets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
