@@ -10,11 +10,16 @@ from egpu_preload.bpf.compile import find_clang
 
 FIXTURES = Path(__file__).parent / "fixtures" / "bpftime"
 SOURCES = sorted(FIXTURES.glob("**/*.bpf.c"))
+# bpftime's probes as `egpu attach` takes them into a running job, each a fixture a few lines apart (its
+# comment says which; tests/test_bpftime_examples.py pins them): built with bpftime's flags too
+LIVE = Path(__file__).parent / "fixtures" / "bpftime-live"
+LIVE_SOURCES = sorted(LIVE.glob("*.bpf.c"))
 
 
 def name(src: Path) -> str:
-    """``threadhist/threadhist.bpf.c``: a source's path under the fixtures, as bpftime's example/gpu has it."""
-    return str(src.relative_to(FIXTURES))
+    """``threadhist/threadhist.bpf.c``: a source's path under the fixtures, as bpftime's example/gpu has it;
+    ``live/launchlate.bpf.c`` for a live one."""
+    return str(src.relative_to(FIXTURES)) if src.is_relative_to(FIXTURES) else f"live/{src.name}"
 
 
 def object_name(src: Path) -> str:
@@ -37,7 +42,7 @@ def build_all(out_dir: Path) -> dict[str, Path]:
     flags = bpftime_cflags(clang)
     out_dir.mkdir(parents=True, exist_ok=True)
     objs = {}
-    for src in SOURCES:
+    for src in SOURCES + LIVE_SOURCES:
         obj = out_dir / object_name(src)
         done = subprocess.run([clang, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
         if done.returncode != 0:

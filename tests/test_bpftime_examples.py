@@ -39,12 +39,26 @@ def built(tmp_path_factory) -> dict[str, Path]:
     prebuilt = os.environ.get("EGPU_PREBUILT_PROBES")
     if prebuilt:
         return {bpftime_build.name(src): Path(prebuilt).parent / "bpftime" / bpftime_build.object_name(src)
-                for src in bpftime_build.SOURCES}
+                for src in bpftime_build.SOURCES + bpftime_build.LIVE_SOURCES}
     return bpftime_build.build_all(tmp_path_factory.mktemp("bpftime"))
 
 
 def test_the_fixtures_are_bpftimes_twenty():
     assert len(bpftime_build.SOURCES) == 20
+
+
+def test_live_launchlate_is_bpftimes_two_changes_apart():
+    """live/launchlate.bpf.c is bpftime's launchlate-kernel-gpu-shared-map but for what egpu attach needs
+    (its comment says why): the uprobe's target in its section, its bpf_printk gone. Nothing else."""
+    import difflib
+    theirs = (bpftime_build.FIXTURES / "launchlate-kernel-gpu-shared-map" / "launchlate.bpf.c").read_text()
+    ours = (bpftime_build.LIVE / "launchlate.bpf.c").read_text()
+    ours = ours[ours.index("*/\n") + 3:]   # its comment
+    changed = [ln for ln in difflib.unified_diff(theirs.splitlines(), ours.splitlines(), lineterm="", n=0)
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    assert changed == ['-SEC("uprobe")', '+SEC("uprobe/libcudart.so:__cudaLaunchKernel")',
+                       '-\tbpf_printk("CPU: cudaLaunchKernel called at ts=%lu ns (calibrated=%lu), pid=%u\\n",',
+                       '-\t\t   ts_mono, ts_calibrated, pid);'], changed
 
 
 def test_every_example_verifies_and_assembles(built, ptxas, tmp_path):
@@ -62,7 +76,7 @@ def test_every_example_verifies_and_assembles(built, ptxas, tmp_path):
                                   capture_output=True, text=True)
             assert done.returncode == 0, f"{name}:{p.section}: {done.stderr[-2000:]}"
             assembled.append(f"{name}:{p.name}")
-    assert len(assembled) == 29
+    assert len(assembled) == 29 + 2   # bpftime's, and live/launchlate's two
 
 
 def test_egpu_verify_and_ptx_accept_the_examples(built):
@@ -277,3 +291,56 @@ def test_launchlate_times_every_launch_from_its_uprobe_on_cuda_launch_kernel(bui
     assert len(host_lines) == launches, doc["trace"]
     histogram = sum(e["value"] for e in doc["maps"]["time_histogram"]["entries"])
     assert histogram in (launches - 1, launches), doc["maps"]["time_histogram"]
+
+
+@pytest.mark.gpu
+def test_launchlate_attached_live_counts_the_launches_after_its_push(built, tmp_path):
+    """live/launchlate.bpf.c attached with `egpu attach` to vectoradd (-cudart shared) running under egpu-run
+    with no probe, then detached. Its uprobe on __cudaLaunchKernel writes the launch's host time into a map
+    its GPU program reads; egpu pushes that host write to the device copy every 2 ms, and the GPU program
+    counts the latency of each launch that found a time. So every launch between the attach's flip and the
+    detach's is counted but those before the first push arrived (launches are 20 ms apart: at most the first
+    two), and the latencies are an idle GPU's: from 100 ns to 10 ms (bins 1 to 5; bin 0 would mean the host
+    and GPU clocks disagree)."""
+    import json
+    import time
+    from egpu_preload.control import list_sessions
+    from test_e2e_gpu import E2E, cuda_lib_dirs, env_for
+    shim = subprocess.run([sys.executable, str(ROOT / "shim" / "build.py"), str(tmp_path)], capture_output=True,
+                          text=True, check=True).stdout.strip().splitlines()[-1]
+    exe = tmp_path / "vectoradd_bpftime"
+    subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-cudart", "shared",
+                    *[f"-Xlinker=-rpath,{d}" for d in cuda_lib_dirs()], str(E2E / "vectoradd_bpftime.cu"),
+                    "-o", str(exe)], check=True)
+    env = env_for(Path(shim), tmp_path)
+
+    def egpu_cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", "import launcher; launcher.egpu_main()", *args], env=env,
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+    job = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", str(exe), "400"],
+                           env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, pid = time.monotonic() + 60, None
+        while pid is None and time.monotonic() < deadline and job.poll() is None:
+            pid = next((s.pid for s in list_sessions(tmp_path / "egpu")
+                        if s.info and str(exe) in s.info["argv"] and s.info["launches"] > 0), None)
+            time.sleep(0.05)
+        assert pid is not None, job.communicate(timeout=60)
+        r = egpu_cli("attach", str(pid), "-p", str(built["live/launchlate.bpf.c"]), "--json")
+        assert r.returncode == 0, r.stderr
+        attached = json.loads(r.stdout)
+        assert (attached["kernels"], attached["uprobes"]["attached"][0]["state"]) == (1, "attached"), attached
+        time.sleep(3)
+        r = egpu_cli("detach", str(pid), "--json")
+        assert r.returncode == 0, r.stderr
+        detached = int(re.search(r"flip at launch (\d+)", r.stderr).group(1))
+        histogram = {e["key"]: e["value"] for e in json.loads(r.stdout)["maps"]["time_histogram"]["entries"]
+                     if e["value"]}
+    finally:
+        out, err = job.communicate(timeout=120)
+    assert job.returncode == 0 and "vectoradd_bpftime launches=400 error=0" in out, err
+    between = detached - attached["launches"]
+    assert between > 50, (attached["launches"], detached)
+    assert between - 2 <= sum(histogram.values()) <= between, (between, histogram)
+    assert set(histogram) <= {1, 2, 3, 4, 5}, histogram
