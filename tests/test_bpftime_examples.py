@@ -299,9 +299,10 @@ def test_launchlate_attached_live_counts_the_launches_after_its_push(built, tmp_
     with no probe, then detached. Its uprobe on __cudaLaunchKernel writes the launch's host time into a map
     its GPU program reads; egpu pushes that host write to the device copy every 2 ms, and the GPU program
     counts the latency of each launch that found a time. So every launch between the attach's flip and the
-    detach's is counted but those before the first push arrived (launches are 20 ms apart: at most the first
-    two), and the latencies are an idle GPU's: from 100 ns to 10 ms (bins 1 to 5; bin 0 would mean the host
-    and GPU clocks disagree)."""
+    detach's is counted but those before the first push arrived: the uprobe is hooked after the flip, once
+    the clocks are aligned and the shared maps seeded (launches are 20 ms apart: 10 launches allowed for
+    that), and the one at either flip may fall on either side. The latencies are an idle GPU's, from 100 ns
+    to 10 ms (bins 1 to 5; bin 0 would mean the host and GPU clocks disagree)."""
     import json
     import time
     from egpu_preload.control import list_sessions
@@ -342,5 +343,5 @@ def test_launchlate_attached_live_counts_the_launches_after_its_push(built, tmp_
     assert job.returncode == 0 and "vectoradd_bpftime launches=400 error=0" in out, err
     between = detached - attached["launches"]
     assert between > 50, (attached["launches"], detached)
-    assert between - 2 <= sum(histogram.values()) <= between, (between, histogram)
+    assert between - 10 <= sum(histogram.values()) <= between + 1, (between, histogram)
     assert set(histogram) <= {1, 2, 3, 4, 5}, histogram
