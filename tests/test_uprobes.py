@@ -405,6 +405,44 @@ def test_egpu_attach_takes_uprobes_that_share_maps_with_gpu_programs(stub_job, u
         assert log.read_text().count("egpu_globaltimer") == measured, "measured once per process"
 
 
+def test_the_uprobes_of_a_probe_egpu_run_started_with_stop_at_its_detach_or_swap(stub_job, uprobe_app, tmp_path):
+    """egpu detach or swap of a probe egpu-run started with unhooks its uprobes, its alone (Live._retire:
+    Uprobes.detach_probe). Two copies of shared.bpf.c count upt_add6's calls into maps their GPU program
+    shares, which the drain thread pushes into each one's own regions. After left's detach kept counts on
+    there (the pushes went by position among the attached probes': kept's to none). Swapped for quiet, which
+    takes its regions over and hooks only upt_half (never called), kept counts no more: what quiet reads
+    there stays as kept left it (kept's uprobes, left hooked, counted on into them). The exit dump lists no
+    uprobe of egpu-run's hooked."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    objs = {name: tmp_path / f"{name}.bpf.o" for name in ("left", "kept", "quiet")}
+    for name, obj in objs.items():
+        subprocess.run([clang, *bpftime_cflags(clang), *(["-DQUIET"] if name == "quiet" else []), "-c",
+                        str(ROOT / "tests" / "uprobe_probes" / "shared.bpf.c"), "-o", str(obj)], check=True)
+    options = ("--keep", "-p", str(objs["left"]), "-p", str(objs["kept"]))
+    with attachable_job(stub_job, tmp_path, app, "launch_loop", options) as (pid, egpu):
+        time.sleep(0.5)
+        left_final = live_maps(egpu("detach", pid, "left", "--json"), "counts")
+        time.sleep(0.3)
+        kept_after_detach = live_maps(egpu("maps", pid, "--json"), "counts")
+        time.sleep(0.3)
+        kept_later = live_maps(egpu("maps", pid, "--json"), "counts")
+        kept_final = live_maps(egpu("swap", pid, "kept", str(objs["quiet"]), "--json"), "counts")
+        time.sleep(0.3)   # kept's last keys pushed, if any were left
+        quiet_after_swap = live_maps(egpu("maps", pid, "--json"), "counts")
+        time.sleep(0.5)
+        quiet_later = live_maps(egpu("maps", pid, "--json"), "counts")
+    assert left_final[CALLS] > 0 and kept_after_detach[LAST] > left_final[LAST], (left_final, kept_after_detach)
+    assert kept_later[CALLS] > kept_after_detach[CALLS], (kept_after_detach, kept_later)
+    assert kept_final[CALLS] >= kept_later[CALLS], (kept_later, kept_final)
+    # the regions quiet took over hold kept's counts, and nothing adds to them once the swap is over
+    assert quiet_after_swap[CALLS] >= kept_final[CALLS] and quiet_after_swap[FIRST] == kept_final[FIRST]
+    assert quiet_later == quiet_after_swap, (quiet_after_swap, quiet_later)
+    (session,) = (tmp_path / "egpu").glob("session-*")
+    (doc,) = dump.read_all(session)
+    assert doc["uprobes"]["attached"] == [], doc["uprobes"]
+
+
 def test_egpu_verify_says_where_each_uprobe_attaches(uprobe_app):
     from typer.testing import CliRunner
     from launcher import egpu

@@ -118,7 +118,8 @@ class Runtime:
         self.links: dict[int, list[Module]] = {}          # link state -> its instrumented PTX inputs
         self.linked: dict[str, list[Module]] = {}         # sha256 of a linked cubin -> those inputs
         self.context: int | None = None                   # where the maps live
-        self.maps: list[DeviceMaps] = []
+        self.maps: list[DeviceMaps] = []                  # the attached probes' (live.py changes them)
+        self.startup_maps: tuple[DeviceMaps, ...] = ()    # egpu-run's probes', in their order, detached or not
         self.memory: ContextMemory | None = None          # the maps context's memory and stream
         self.clock: int | None = None                     # host probes' offset once on %globaltimer (align_clocks)
         self.streaming: streaming.Streaming | None = None  # --trace: the rings drained while kernels run
@@ -358,6 +359,7 @@ class Runtime:
         # Before the maps are published, so that no shared-map write is pushed on the unaligned clock.
         if self.drainer is not None and any(side and side.shared for side in self.drainer.probes.sides):
             self.align_clocks(memory)   # globaltimer_offset makes the maps' context current itself
+        self.startup_maps = tuple(maps)   # made before any change: self.probes are egpu-run's
         self.context, self.maps, self.memory = ctx, maps, memory
         if self.cfg.trace is not None:
             self.streaming = streaming.Streaming(self.cfg.trace, self.probes, maps, memory,

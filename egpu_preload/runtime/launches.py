@@ -540,7 +540,8 @@ def attach(runtime: Any) -> Drainer | None:
         return found[1] if found else None
 
     def device() -> tuple[mapsync.Memory, list[list[int]]] | None:
-        maps, memory = runtime.maps, runtime.memory
+        """The regions of each side's own probe: a detach or swap changes runtime.maps, not the sides."""
+        maps, memory = runtime.startup_maps, runtime.memory
         if not maps or memory is None:
             return None
         return memory, [m.addrs for m in maps]
