@@ -405,6 +405,30 @@ def test_egpu_attach_takes_uprobes_that_share_maps_with_gpu_programs(stub_job, u
         assert log.read_text().count("egpu_globaltimer") == measured, "measured once per process"
 
 
+@pytest.mark.parametrize("change", ["detach", "swap"])
+def test_a_first_change_in_a_job_without_device_maps_leaves_the_others_readable(stub_job, uprobe_app, tmp_path,
+                                                                                change):
+    """Two copies of live.bpf.c given to egpu-run: only uprobes, so no device maps until the first change
+    makes them. A detach or swap read the probes' maps before that (none): the detach published the other
+    with none (every egpu maps after failed, AttributeError), the swap failed taking regions over from none.
+    Now both go through and the other probe counts on."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    objs = {name: tmp_path / f"{name}.bpf.o" for name in ("left", "kept", "twin")}
+    for obj in objs.values():
+        subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"),
+                        "-o", str(obj)], check=True)
+    options = ("-p", str(objs["left"]), "-p", str(objs["kept"]))
+    with attachable_job(stub_job, tmp_path, app, "loop", options) as (pid, egpu):
+        time.sleep(0.5)
+        args = ("detach", pid, "left") if change == "detach" else ("swap", pid, "left", str(objs["twin"]))
+        left_final = live_maps(egpu(*args, "--json"), "counts")
+        time.sleep(0.3)
+        kept = live_maps(egpu("maps", pid, "--json"), "counts" if change == "detach" else "kept:counts")
+    assert left_final[0] > 0 and left_final[0] - left_final[1] in (0, 1) and left_final[2] == left_final[1]
+    assert kept[0] > left_final[0], (left_final, kept)
+
+
 def test_the_uprobes_of_a_probe_egpu_run_started_with_stop_at_its_detach_or_swap(stub_job, uprobe_app, tmp_path):
     """egpu detach or swap of a probe egpu-run started with unhooks its uprobes, its alone (Live._retire:
     Uprobes.detach_probe). Two copies of shared.bpf.c count upt_add6's calls into maps their GPU program

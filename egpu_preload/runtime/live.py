@@ -311,6 +311,7 @@ class Live:
                 raise ControlError(f"no probe named {name} is attached (attached: {self._listing()})")
             if not self.names:
                 raise ControlError("no probe is attached")
+            self._context()   # the maps first: a job whose probes run only on the host has none before
             gone = [p for p in self._probes() if name is None or p[0] == name]
             host = {n: self.host.detach(n) for n, _, _ in gone}
             result, snapshot = self._change([p for p in self._probes() if p not in gone], t0)
@@ -331,6 +332,7 @@ class Live:
             if new_name != old and new_name in self.names:
                 raise ControlError(f"a probe named {new_name} is attached already")
             probe = self._load(fields["new_probe"], new_name)
+            self._context()   # the maps first: a job whose probes run only on the host has none before
             current = self._probes()
             i = self.names.index(old)
             old_probe, old_maps = current[i][1:]
