@@ -327,17 +327,21 @@ def test_egpu_maps_reads_the_uprobes_egpu_run_attached(stub_job, uprobe_app, tmp
     assert first[0] > 0 and later[0] > first[0] and later[2] > 0, (first, later)
 
 
-def test_a_swap_that_fails_puts_the_old_uprobes_back_as_they_were(stub_job, uprobe_app, tmp_path):
+@pytest.mark.parametrize("started", [False, True], ids=["attached", "started"])
+def test_a_swap_that_fails_puts_the_old_uprobes_back_as_they_were(stub_job, uprobe_app, tmp_path, started):
     """A swap refused after the old probe's uprobes came off (the new probe's maps do not fit the device)
-    hooks them again from the maps they left: the old probe counts on from where it was, exactly."""
+    hooks them again from the maps they left: the old probe counts on from where it was, exactly. Given to
+    egpu-run (``started``), its uprobes stay hooked until a swap goes through: they were hooked a second
+    time, live, from zero (its counts went back, every call ran it twice)."""
     app, _ = uprobe_app
     clang = find_clang()
     objs = {name: tmp_path / f"{name}.bpf.o" for name in ("live", "big")}
     for name, defines in (("live", []), ("big", ["-DBIG"])):
         subprocess.run([clang, *bpftime_cflags(clang), *defines, "-c",
                         str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"), "-o", str(objs[name])], check=True)
-    with attachable_job(stub_job, tmp_path, app, "loop", EGPU_STUB_ALLOC_LIMIT=str(1 << 22)) as (pid, egpu):
-        assert egpu("attach", pid, "-p", str(objs["live"])).returncode == 0
+    options = ("-p", str(objs["live"])) if started else ()
+    with attachable_job(stub_job, tmp_path, app, "loop", options, EGPU_STUB_ALLOC_LIMIT=str(1 << 22)) as (pid, egpu):
+        assert started or egpu("attach", pid, "-p", str(objs["live"])).returncode == 0
         time.sleep(3)   # longer than the swap and the next read take: counts made again from zero stay below
         before = live_maps(egpu("maps", pid, "--json"), "counts")
         r = egpu("swap", pid, "live", str(objs["big"]))

@@ -336,6 +336,7 @@ class Live:
             current = self._probes()
             i = self.names.index(old)
             old_probe, old_maps = current[i][1:]
+            hooked_live = old in self.host.attached   # egpu-run's probes' uprobes stay hooked until _retire
             host = {old: self.host.detach(old)}
             t1 = time.perf_counter()
             maps = None
@@ -347,7 +348,8 @@ class Live:
             except BaseException:   # nothing flipped: the old probe runs on, its uprobes from the maps they left
                 if maps is not None:
                     self._drop_maps(maps, old_maps.addrs)
-                self.host.attach(old, old_probe, old_maps, host=host[old])
+                if hooked_live:
+                    self.host.attach(old, old_probe, old_maps, host=host[old])
                 raise
             self._retire(old_probe)
             result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
