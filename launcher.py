@@ -521,7 +521,8 @@ def detach_cmd(pid: int = _PID, probe: Optional[str] = typer.Argument(None, meta
                rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
     """Detach one probe (or all) from a running job and print its final maps (per rank, and summed)."""
     from egpu_preload.runtime import job, remote
-    done, failed = _each(pid, rank, every, "detach", lambda p: remote.request(p, "detach", **({"name": probe} if probe else {})))
+    done, failed = _each(pid, rank, every, "detach",
+                         lambda p: remote.request(p, "detach", **({"name": probe} if probe else {})))
     for t, reply in done:
         typer.echo(_rank_prefix(t) + remote.change_line("detach", t.pid, reply), err=True)
     typer.echo(job.render([], [_maps_doc(t, r) for t, r in done], as_json), nl=False)
@@ -544,7 +545,8 @@ def swap_cmd(pid: int = _PID, old: str = typer.Argument(..., metavar="OLD", help
     except EgpuError as e:   # the reason, and that the job is as it was, in its one line
         e.reason += f"; nothing was changed in {pid}: what was attached runs on"
         raise
-    done, failed = _each(pid, rank, every, "swap", lambda p: remote.request(p, "swap", old=old, new_probe=data, new_name=name))
+    done, failed = _each(pid, rank, every, "swap",
+                         lambda p: remote.request(p, "swap", old=old, new_probe=data, new_name=name))
     for t, reply in done:
         typer.echo(_rank_prefix(t) + remote.change_line("swap", t.pid, reply), err=True)
     typer.echo(job.render([], [_maps_doc(t, r) for t, r in done], as_json), nl=False)

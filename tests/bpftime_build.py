@@ -10,20 +10,35 @@ from egpu_preload.bpf.compile import find_clang
 
 FIXTURES = Path(__file__).parent / "fixtures" / "bpftime"
 SOURCES = sorted(FIXTURES.glob("**/*.bpf.c"))
-# bpftime's probes as `egpu attach` takes them into a running job, each a fixture a few lines apart (its
-# comment says which; tests/test_bpftime_examples.py pins them): built with bpftime's flags too
-LIVE = Path(__file__).parent / "fixtures" / "bpftime-live"
-LIVE_SOURCES = sorted(LIVE.glob("*.bpf.c"))
+# bpftime's probes as `egpu attach` takes them into a running job: name -> (the fixture, its edits: each
+# (text, replacement), the text found exactly once). Live, a uprobe names its target in its section (no
+# egpu-run --uprobe names it) and makes no bpf_printk line (nothing drains a host program's lines in a
+# job that started without them).
+LIVE = {"live/launchlate.bpf.c": ("launchlate-kernel-gpu-shared-map/launchlate.bpf.c", (
+    ('SEC("uprobe")\n', 'SEC("uprobe/libcudart.so:__cudaLaunchKernel")\n'),
+    ('\tbpf_printk("CPU: cudaLaunchKernel called at ts=%lu ns (calibrated=%lu), pid=%u\\n",\n'
+     '\t\t   ts_mono, ts_calibrated, pid);\n', ''),
+))}
 
 
 def name(src: Path) -> str:
-    """``threadhist/threadhist.bpf.c``: a source's path under the fixtures, as bpftime's example/gpu has it;
-    ``live/launchlate.bpf.c`` for a live one."""
-    return str(src.relative_to(FIXTURES)) if src.is_relative_to(FIXTURES) else f"live/{src.name}"
+    """``threadhist/threadhist.bpf.c``: a source's path under the fixtures, as bpftime's example/gpu has it."""
+    return str(src.relative_to(FIXTURES))
 
 
-def object_name(src: Path) -> str:
-    return name(src).replace("/", "_").removesuffix(".c") + ".o"
+def object_name(name: str) -> str:
+    return name.replace("/", "_").removesuffix(".c") + ".o"
+
+
+def live_source(name: str) -> str:
+    """The text of LIVE's ``name``: its fixture with its edits made; ValueError when one does not apply."""
+    fixture, edits = LIVE[name]
+    text = (FIXTURES / fixture).read_text()
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise ValueError(f"{name}: {old!r} is not in {fixture} exactly once")
+        text = text.replace(old, new)
+    return text
 
 
 def bpftime_cflags(clang: str) -> list[str]:
@@ -41,11 +56,16 @@ def build_all(out_dir: Path) -> dict[str, Path]:
     clang = find_clang()
     flags = bpftime_cflags(clang)
     out_dir.mkdir(parents=True, exist_ok=True)
+    sources = {name(src): src for src in SOURCES}
+    for n in LIVE:
+        sources[n] = out_dir / n
+        sources[n].parent.mkdir(exist_ok=True)
+        sources[n].write_text(live_source(n))
     objs = {}
-    for src in SOURCES + LIVE_SOURCES:
-        obj = out_dir / object_name(src)
+    for n, src in sources.items():
+        obj = out_dir / object_name(n)
         done = subprocess.run([clang, *flags, "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"{name(src)}: {done.stderr[-2000:]}")
-        objs[name(src)] = obj
+            raise RuntimeError(f"{n}: {done.stderr[-2000:]}")
+        objs[n] = obj
     return objs

@@ -38,8 +38,8 @@ def built(tmp_path_factory) -> dict[str, Path]:
     no clang, the objects scripts/gpu-prep.sh built beside the other prebuilt probes."""
     prebuilt = os.environ.get("EGPU_PREBUILT_PROBES")
     if prebuilt:
-        return {bpftime_build.name(src): Path(prebuilt).parent / "bpftime" / bpftime_build.object_name(src)
-                for src in bpftime_build.SOURCES + bpftime_build.LIVE_SOURCES}
+        names = [bpftime_build.name(src) for src in bpftime_build.SOURCES] + list(bpftime_build.LIVE)
+        return {n: Path(prebuilt).parent / "bpftime" / bpftime_build.object_name(n) for n in names}
     return bpftime_build.build_all(tmp_path_factory.mktemp("bpftime"))
 
 
@@ -47,18 +47,19 @@ def test_the_fixtures_are_bpftimes_twenty():
     assert len(bpftime_build.SOURCES) == 20
 
 
-def test_live_launchlate_is_bpftimes_two_changes_apart():
-    """live/launchlate.bpf.c is bpftime's launchlate-kernel-gpu-shared-map but for what egpu attach needs
-    (its comment says why): the uprobe's target in its section, its bpf_printk gone. Nothing else."""
-    import difflib
+def test_live_sources_are_their_fixtures_with_their_edits():
+    """LIVE's edits apply (each text once: a fixture that changed under them fails here, not as a probe
+    built from a half-edited file), and live/launchlate.bpf.c keeps the rest of bpftime's file."""
+    text = bpftime_build.live_source("live/launchlate.bpf.c")
+    assert 'SEC("uprobe/libcudart.so:__cudaLaunchKernel")' in text and 'bpf_printk("CPU' not in text
     theirs = (bpftime_build.FIXTURES / "launchlate-kernel-gpu-shared-map" / "launchlate.bpf.c").read_text()
-    ours = (bpftime_build.LIVE / "launchlate.bpf.c").read_text()
-    ours = ours[ours.index("*/\n") + 3:]   # its comment
-    changed = [ln for ln in difflib.unified_diff(theirs.splitlines(), ours.splitlines(), lineterm="", n=0)
-               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
-    assert changed == ['-SEC("uprobe")', '+SEC("uprobe/libcudart.so:__cudaLaunchKernel")',
-                       '-\tbpf_printk("CPU: cudaLaunchKernel called at ts=%lu ns (calibrated=%lu), pid=%u\\n",',
-                       '-\t\t   ts_mono, ts_calibrated, pid);'], changed
+    assert len(theirs.splitlines()) - len(text.splitlines()) == 2
+    with pytest.raises(ValueError, match="is not in .* exactly once"):
+        bpftime_build.LIVE["x"] = ("launchlate/launchlate.bpf.c", (("no such text", ""),))
+        try:
+            bpftime_build.live_source("x")
+        finally:
+            del bpftime_build.LIVE["x"]
 
 
 def test_every_example_verifies_and_assembles(built, ptxas, tmp_path):
