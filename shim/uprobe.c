@@ -43,6 +43,7 @@ struct hook {
     char path[NAME_MAX_], symbol[NAME_MAX_];
     void *target;                          /* the function (NULL: its object is not loaded yet) */
     struct egpu_lvm_prog *progs[2][PROGS]; /* entry, return; under egpu_lvm_lock */
+    unsigned char paused[2][PROGS];        /* progs[r][k] runs not (egpu_uprobe_pause) */
     int n[2];
     int used;
     unsigned char *code;  /* an inline hook: the function, whose first 5 bytes jump to `near` (NULL: none) */
@@ -133,7 +134,8 @@ static void *stub_of(const struct hook *h) {
 /* Under egpu_lvm_lock. */
 static void run_all(struct hook *h, int ret, uint64_t *regs) {
     long long offset = atomic_load_explicit(&clock_offset, memory_order_relaxed);
-    for (int k = 0; k < h->n[ret]; k++) egpu_lvm_run_host(h->progs[ret][k], regs, PT_COUNT * 8, offset);
+    for (int k = 0; k < h->n[ret]; k++)
+        if (!h->paused[ret][k]) egpu_lvm_run_host(h->progs[ret][k], regs, PT_COUNT * 8, offset);
 }
 
 /* Called by the stub: run the entry programs; swap the return address when there are return
@@ -384,7 +386,11 @@ static int add_programs(struct hook *h, struct egpu_lvm_prog *const *progs, cons
     for (size_t k = 0; k < n; k++) room[rets[k] != 0]--;
     if (room[0] < 0 || room[1] < 0) return -1;
     egpu_lvm_lock();
-    for (size_t k = 0; k < n; k++) h->progs[rets[k] != 0][h->n[rets[k] != 0]++] = progs[k];
+    for (size_t k = 0; k < n; k++) {
+        int r = rets[k] != 0;
+        h->paused[r][h->n[r]] = 0;
+        h->progs[r][h->n[r]++] = progs[k];
+    }
     h->used = 1;
     egpu_lvm_unlock();
     atomic_fetch_add(&active, (int)n);
@@ -400,7 +406,9 @@ static void drop_programs(struct egpu_lvm_prog *const *progs, size_t n) {
         for (int ret = 0; ret < 2; ret++)
             for (int k = 0; k < hooks[i].n[ret]; k++)
                 if (listed(progs, n, hooks[i].progs[ret][k])) {
-                    hooks[i].progs[ret][k--] = hooks[i].progs[ret][--hooks[i].n[ret]];
+                    int last = --hooks[i].n[ret];
+                    hooks[i].paused[ret][k] = hooks[i].paused[ret][last];
+                    hooks[i].progs[ret][k--] = hooks[i].progs[ret][last];
                     atomic_fetch_sub(&active, 1);
                 }
     egpu_lvm_unlock();
@@ -862,6 +870,17 @@ EXPORT void egpu_uprobe_detach(struct egpu_lvm_prog *const *progs, size_t n) {
             h->used = 0; /* its target stays: stub and target keep matching for threads still in it */
         }
     }
+    pthread_mutex_unlock(&up_lock);
+}
+
+EXPORT void egpu_uprobe_pause(struct egpu_lvm_prog *const *progs, size_t n, int paused) {
+    pthread_mutex_lock(&up_lock);
+    egpu_lvm_lock(); /* a run holds it: once taken, none runs them */
+    for (int i = 0; i < nhooks; i++)
+        for (int ret = 0; ret < 2; ret++)
+            for (int k = 0; k < hooks[i].n[ret]; k++)
+                if (listed(progs, n, hooks[i].progs[ret][k])) hooks[i].paused[ret][k] = paused != 0;
+    egpu_lvm_unlock();
     pthread_mutex_unlock(&up_lock);
 }
 

@@ -124,7 +124,8 @@ def test_c_and_the_vm_leave_the_same_maps(shim_api, probe, path, mcpu):
 def test_a_retired_probe_runs_no_more_and_the_others_go_on(shim_api, probe, engine):
     """A probe egpu-run started with, detached or swapped out live (LaunchProbes.retire): its launch
     programs ran on after the detach, where nothing read their maps (a helper's sweep). From the retire on
-    none of its programs runs, on either engine, and the other probe's count every launch."""
+    none of its programs runs, on either engine, and the other probe's count every launch; restored (the
+    change that retired it failed), it runs again."""
     ffi, _ = shim_api
     objs = [probe("examples/launch_count", "v3"), probe("tests/probes/launch", "v3")]
     probes = launches.LaunchProbes(objs, engine=shim_api, in_c=engine == "c")
@@ -146,8 +147,11 @@ def test_a_retired_probe_runs_no_more_and_the_others_go_on(shim_api, probe, engi
     before = [maps(0), maps(1)]
     assert probes.runs > 0
     assert probes.retire(objs[0]) and not probes.retire(objs[0])   # once
-    run(batch[30:])
+    run(batch[30:45])
     assert maps(0) == before[0] and maps(1) != before[1]
+    probes.restore(objs[0])
+    run(batch[45:])
+    assert maps(0) != before[0]
 
 
 def test_the_checked_semantics_are_reached(shim_api, probe):

@@ -296,19 +296,29 @@ class LaunchProbes:
     def retire(self, probe: Probe) -> bool:
         """Stop the host programs of ``probe`` (one egpu-run started with, detached or swapped out live): no
         launch record, call or unified-memory record runs them from here on; their side stays, its maps as
-        they were left (the final maps read them). Whether it had any. Under the drain's lock
-        (Drainer.retire): launch routes are made again as records come, host-API routes at once."""
+        they were left (the final maps read them). Whether it had any. Under the drain's lock (Drainer.retire)."""
         i = next((i for i, p in enumerate(self.probes) if p is probe), None)
         if i is None or not self.sides[i] or i in self.retired:
             return False
         self.retired.add(i)
+        self._reroute()
+        return True
+
+    def restore(self, probe: Probe) -> None:
+        """Run the host programs of ``probe``, retired by a change that then failed, again."""
+        i = next((i for i, p in enumerate(self.probes) if p is probe), None)
+        if i in self.retired:
+            self.retired.discard(i)
+            self._reroute()
+
+    def _reroute(self) -> None:
+        """Routes made again for the sides running now: launch routes as records come, host-API ones at once."""
         self._chosen.clear()
         self._uvm.clear()
         if self.router is not None:
             self.router.clear()
         if self.apis is not None:
             self.apis.reroute([s.native for s in self._running() if s.native])
-        return True
 
     def route(self, function: int, name: str | None) -> bool:
         """Tell the C side what launches of handle ``function`` (kernel ``name``) run; whether they
@@ -501,10 +511,22 @@ class Drainer:
             out["host_apis"] = self.probes.apis.attached  # section -> the hooked symbols it runs on
         return out
 
-    def retire(self, probe: Probe) -> bool:
-        """LaunchProbes.retire under the drain's lock: a record being run finishes first."""
+    def retire(self, probe: Probe, uprobes: Any = None) -> None:
+        """LaunchProbes.retire under the drain's lock (a record being run finishes first), ``probe``'s
+        programs in ``uprobes`` (the runtime's uprobes.Uprobes) paused, then what they wrote in shared maps
+        pushed: its regions exact, and pushed no more (nothing of it runs)."""
         with self._lock:
-            return self.probes.retire(probe)
+            if self.probes.retire(probe):
+                if uprobes is not None:
+                    uprobes.pause(probe, True)
+                self._push()
+
+    def restore(self, probe: Probe, uprobes: Any = None) -> None:
+        """Undo ``retire`` (the change that retired ``probe`` failed): its programs run again."""
+        with self._lock:
+            self.probes.restore(probe)
+            if uprobes is not None:
+                uprobes.pause(probe, False)
 
     def host_states(self) -> dict[int, tuple[ProbeMaps, MapsState]]:
         """id(probe) -> (its host side, a copy of the side's maps now), for every start-up probe that has

@@ -45,9 +45,10 @@ each region is a copy taken while kernels may be writing it (aligned 8-byte word
 entries written during the copy may show either value; different maps are copied at different times).
 The final maps a swap or detach replies with are exact: the flip itself copies the leaving probe's
 regions after the context drained and before a launch runs the new code (Snapshot), so launches of a
-new probe that took a map over do not show in the old one's reply. A probe's uprobes (uprobes.LiveUprobes)
-keep their maps on the host; those they share with GPU programs are pushed into its regions, the last
-keys before the change that retires them, and a swap's new uprobes start from the regions they took over.
+new probe that took a map over do not show in the old one's reply. A probe's uprobes (uprobes.LiveUprobes,
+or egpu-run's: the drainer's) keep their maps on the host; those they share with GPU programs are pushed into
+its regions, the last keys before the change that retires them (its host programs stop first, and run again
+if it fails), and a swap's new uprobes start from the regions they took over.
 Every read (``maps``, the mirror, a detach's or swap's final maps) merges the host sides in with the exit
 dump's own function (launches.dump_states): maps only host programs use (launch, host-API, egpu/uvm and
 uprobe programs of the probes egpu-run started with; live uprobes) from their host copy, shared ones
@@ -313,8 +314,18 @@ class Live:
                 raise ControlError("no probe is attached")
             self._context()   # the maps first: a job whose probes run only on the host has none before
             gone = [p for p in self._probes() if name is None or p[0] == name]
+            hooked_live = [n for n, _, _ in gone if n in self.host.attached]
             host = {n: self.host.detach(n) for n, _, _ in gone}
-            result, snapshot = self._change([p for p in self._probes() if p not in gone], t0)
+            try:
+                for _, probe, _ in gone:
+                    self._stop(probe)
+                result, snapshot = self._change([p for p in self._probes() if p not in gone], t0)
+            except BaseException:   # nothing flipped: the probes run on as they were
+                for n, probe, maps in gone:
+                    self._resume(probe)
+                    if n in hooked_live:
+                        self.host.attach(n, probe, maps, host=host[n])
+                raise
             for _, probe, _ in gone:
                 self._retire(probe)
             seconds = time.perf_counter() - t0
@@ -336,11 +347,12 @@ class Live:
             current = self._probes()
             i = self.names.index(old)
             old_probe, old_maps = current[i][1:]
-            hooked_live = old in self.host.attached   # egpu-run's probes' uprobes stay hooked until _retire
+            hooked_live = old in self.host.attached   # egpu-run's probes' uprobes are paused (_stop), not detached
             host = {old: self.host.detach(old)}
             t1 = time.perf_counter()
             maps = None
             try:
+                self._stop(old_probe)
                 maps = self._new_maps(probe, (old_probe, old_maps))
                 current[i] = (new_name, probe, maps)
                 loaded = {"verify": t1 - t0, "maps": time.perf_counter() - t1}
@@ -348,6 +360,7 @@ class Live:
             except BaseException:   # nothing flipped: the old probe runs on, its uprobes from the maps they left
                 if maps is not None:
                     self._drop_maps(maps, old_maps.addrs)
+                self._resume(old_probe)
                 if hooked_live:
                     self.host.attach(old, old_probe, old_maps, host=host[old])
                 raise
@@ -360,11 +373,21 @@ class Live:
         return {"old": old, "name": new_name, "seconds": seconds, "final": final, "argv": config.argv(),
                 "kernel_names": self._kernels(), **result}
 
-    def _retire(self, probe: Probe) -> None:
-        """A probe egpu-run started with, detached or swapped out: its host programs stop too (its launch,
-        host-API and egpu/uvm programs in the drainer, its uprobes), before its final maps are read."""
+    def _stop(self, probe: Probe) -> None:
+        """A probe egpu-run started with, about to be detached or swapped out: its host programs stop (its
+        launch, host-API and egpu/uvm programs in the drainer; its uprobes paused, still hooked) and what they
+        wrote in shared maps is pushed into its regions, so the flip's snapshot holds every write and no push
+        reaches a region after the flip retired it (host.detach does the same for probes attached live). A
+        change that fails puts them back (_resume), which cannot fail; one that flips unhooks them (_retire)."""
         if self.rt.drainer is not None:
-            self.rt.drainer.retire(probe)
+            self.rt.drainer.retire(probe, self.rt.uprobes)
+
+    def _resume(self, probe: Probe) -> None:
+        if self.rt.drainer is not None:
+            self.rt.drainer.restore(probe, self.rt.uprobes)
+
+    def _retire(self, probe: Probe) -> None:
+        """A probe egpu-run started with, detached or swapped out: its paused uprobes are unhooked."""
         if self.rt.uprobes is not None:
             self.rt.uprobes.detach_probe(probe)
 

@@ -123,11 +123,21 @@ class Uprobes:
                               "inline": a.inline}
                              for a in self.attached], "refused": self.refused}
 
+    def pause(self, probe: Any, paused: bool) -> None:
+        """Stop running the programs of ``probe`` alone (no thread runs one after), or run them again; their
+        functions stay hooked, so this cannot fail (egpu_uprobe_pause)."""
+        handles = [a.handle for a in self._of(probe) if a.result >= 0]
+        if handles:
+            self.lib.egpu_uprobe_pause(self.ffi.new("struct egpu_lvm_prog *[]", handles), len(handles), int(paused))
+
     def detach_probe(self, probe: Any) -> None:
         """Unhook the programs of ``probe`` alone (detached or swapped out live); no thread runs one after."""
-        mine = [a for a in self.attached if any(a.program is p for p in probe.obj.programs)]
+        mine = self._of(probe)
         self._unhook(mine)
         self.attached = [a for a in self.attached if a not in mine]
+
+    def _of(self, probe: Any) -> list[Attached]:
+        return [a for a in self.attached if any(a.program is p for p in probe.obj.programs)]
 
     def detach(self) -> dict[str, Any]:
         """Unhook every program (no thread runs one after this); the report as it was before."""
