@@ -910,9 +910,13 @@ def test_attach_says_which_uprobes_found_no_function(job, probes, tmp_path):
     (tmp_path / "one.bpf.c").write_text(body + 'SEC("uprobe/libcuda.so.1:cuLaunchKernel") int up3(void *ctx) '
                                         '{ return hit(); }\nchar LICENSE[] SEC("license") = "GPL";\n')
     assert egpu(["attach", str(job.pid), "-p", str(probes["count"])], job.env).returncode == 0
+    before = len(job.log.read_text())
     r = egpu(["attach", str(job.pid), "-p", str(compile_probe(tmp_path / "none.bpf.c", tmp_path / "u.bpf.o"))],
              job.env)
     assert r.returncode == 1 and not r.stdout, (r.stdout, r.stderr)
+    # every region it made is freed: its maps, and the copies the flip that took it off made of them
+    during = job.log.read_text()[before:]
+    assert during.count("cuMemAlloc_v2 size=") == during.count("cuMemFree_v2 ptr=") > 0, during
     assert ("u: nothing of it can run, so it was not attached: prog up at libcuda.so.1:no_such_function_xyz: no "
             "such function in it; prog up2 at libcuda.so.1:no_such_function_abc: no such function in it"
             in r.stderr), r.stderr

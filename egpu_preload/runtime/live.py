@@ -299,7 +299,12 @@ class Live:
             idle = uprobes.none_hooked(probe, result["uprobes"])
             if idle is not None:   # as bpftool's failed attach: nothing stays attached, the status says so
                 self.host.detach(name)
-                self._change([p for p in self._probes() if p[0] != name], t0)
+                _, snapshot = self._change([p for p in self._probes() if p[0] != name], t0)
+                with self.rt.driver.current(self._context()):
+                    snapshot.free(self.memory)
+                # only uprobes: no image, map table or SASS block kept its regions (its Probe stays retired:
+                # its id names the dead copies of the first flip)
+                self._drop_maps(maps)
                 raise ControlError(f"{name}: nothing of it can run, so it was not attached: {idle}")
         result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
         return {"name": name, "seconds": time.perf_counter() - t0, **result}
