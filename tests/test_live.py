@@ -985,6 +985,39 @@ def test_maps_before_the_job_loaded_a_module_are_empty_and_make_nothing(probe_ob
     assert control.mirrored() is None and (rt.context, rt.maps) == (None, [])
 
 
+def test_an_idle_attach_whose_take_back_fails_says_it_stays(tmp_path, monkeypatch):
+    """An attach of only uprobes, none hooked, is taken off by a second flip; when that flip fails (a capture
+    began meanwhile, a hold timed out) the probe stays attached, running nothing: the reply says so, not the
+    flip's own 'nothing changed' (the attach changed the job, and attaching it again is refused by name)."""
+    from types import SimpleNamespace
+
+    from egpu_preload.runtime import live
+    up = SimpleNamespace(attach=SimpleNamespace(kind="uprobe"))
+    probe = SimpleNamespace(obj=SimpleNamespace(programs=[up], maps=[]))
+    rt = SimpleNamespace(probes=[], maps=[], context=None, drainer=None, cfg=SimpleNamespace(session=tmp_path))
+    control = live.Live(rt)
+    flips = []
+
+    def change(new, asked):
+        flips.append([n for n, _, _ in new])
+        if len(flips) == 2:
+            raise ControlError(f"{live.CAPTURING}; nothing changed, try again once it has ended")
+        control.names = [n for n, _, _ in new]
+        return {"phases_ms": {}}, None
+
+    monkeypatch.setattr(control, "_load", lambda data, name: probe)
+    monkeypatch.setattr(control, "_new_maps", lambda p, old: object())
+    monkeypatch.setattr(control, "_change", change)
+    monkeypatch.setattr(control.host, "attach", lambda *a, **k: {"attached": [
+        {"prog": "up", "target": "libx.so:f", "state": "no such function in it"}], "refused": []})
+    monkeypatch.setattr(control.host, "detach", lambda name: {})
+    with pytest.raises(ControlError) as e:
+        control.attach({"name": "u", "probe": b""})
+    assert flips == [["u"], []] and control.names == ["u"]
+    assert str(e.value).startswith("u: nothing of it can run (prog up at libx.so:f: no such function in it), and "
+                                   "taking it off again failed: the application is capturing"), e.value
+    assert str(e.value).endswith("; it stays attached, running nothing (egpu detach takes it off)"), e.value
+
 def test_ctrl_c_while_a_job_works_says_what_may_still_happen(job, probes):
     """Ctrl-C while egpu waits for a job (here: the job stopped, so no reply comes) exits 130, as a shell's
     interrupted command does, saying what may still happen there (typer's exit said nothing): an attach

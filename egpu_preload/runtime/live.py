@@ -299,7 +299,11 @@ class Live:
             idle = uprobes.none_hooked(probe, result["uprobes"])
             if idle is not None:   # as bpftool's failed attach: nothing stays attached, the status says so
                 self.host.detach(name)
-                _, snapshot = self._change([p for p in self._probes() if p[0] != name], t0)
+                try:
+                    _, snapshot = self._change([p for p in self._probes() if p[0] != name], t0)
+                except EgpuError as e:   # its "nothing changed" is the take-back's: the attach stands
+                    raise ControlError(f"{name}: nothing of it can run ({idle}), and taking it off again failed: "
+                                       f"{e}; it stays attached, running nothing (egpu detach takes it off)") from e
                 with self.rt.driver.current(self._context()):
                     snapshot.free(self.memory)
                 # only uprobes: no image, map table or SASS block kept its regions (its Probe stays retired:
