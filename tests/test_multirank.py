@@ -181,6 +181,17 @@ def test_fan_out_keeps_order_and_errors():
     assert [(t.pid, r if isinstance(r, int) else str(r)) for t, r in out] == [(1, 10), (2, "no"), (3, 30)]
 
 
+
+def test_fan_out_raises_what_is_not_an_egpu_error():
+    """An exception other than EgpuError in any process's call reaches the caller, as the thread pool's
+    map gave it: on daemon threads it was printed by the thread and its process's reply read as None."""
+    def fn(pid: int) -> int:
+        if pid == 2:
+            raise ValueError("bad reply")
+        return pid
+    with pytest.raises(ValueError, match="bad reply"):
+        ranks.fan_out([ranks.Target(1, 0), ranks.Target(2, 1)], fn)
+
 @pytest.mark.parametrize("env, want", [
     ({"RANK": "3", "LOCAL_RANK": "1"}, 3), ({"LOCAL_RANK": "1"}, 1), ({"RANK": "x"}, None), ({}, None),
     ({"RANK": "", "LOCAL_RANK": "0"}, 0),

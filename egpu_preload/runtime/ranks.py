@@ -111,19 +111,24 @@ def fan_out(targets: list[Target], fn: Callable[[int], Any]) -> list[tuple[Targe
     """fn(pid) for every target at once; (target, its result or the EgpuError it raised), in order. Daemon
     threads: a Ctrl-C meanwhile ends egpu at once, where a pool's exit waited for every process's reply."""
     results: list[tuple[Target, Any]] = [(t, None) for t in targets]
+    raised: list[Exception] = []   # any other exception: re-raised here, as the pool's map did
 
     def call(i: int) -> None:
         try:
             results[i] = (targets[i], fn(targets[i].pid))
         except EgpuError as e:
             results[i] = (targets[i], e)
+        except Exception as e:
+            raised.append(e)
 
     if len(targets) == 1:
         call(0)
-        return results
-    threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(len(targets))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    else:
+        threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(len(targets))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if raised:
+        raise raised[0]
     return results
