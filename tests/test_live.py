@@ -1018,6 +1018,35 @@ def test_an_idle_attach_whose_take_back_fails_says_it_stays(tmp_path, monkeypatc
                                    "taking it off again failed: the application is capturing"), e.value
     assert str(e.value).endswith("; it stays attached, running nothing (egpu detach takes it off)"), e.value
 
+def test_a_detach_whose_flip_fails_hooks_the_live_uprobes_again(tmp_path, monkeypatch):
+    """A detach unhooks the probe's live uprobes before its flip; when the flip fails (a capture, a hold that
+    timed out) the probe stays attached, so its uprobes are hooked again from the maps they left, as a
+    failed swap's are: they stayed off, while the reply said nothing changed."""
+    from types import SimpleNamespace
+
+    from egpu_preload.runtime import live
+    probe, maps = SimpleNamespace(path=tmp_path / "u.bpf.o"), object()
+    rt = SimpleNamespace(probes=[probe], maps=[maps], context=1, drainer=None, cfg=SimpleNamespace(session=None))
+    control = live.Live(rt)
+    control.names = ["u"]
+    control.host.attached["u"] = (None, None)
+    hooked = []
+
+    def unhook(name):
+        control.host.attached.pop(name)
+        return {0: "left"}
+
+    def change(new, asked):
+        raise ControlError(f"{live.CAPTURING}; nothing changed, try again once it has ended")
+
+    monkeypatch.setattr(control, "_context", lambda: 1)
+    monkeypatch.setattr(control, "_change", change)
+    monkeypatch.setattr(control.host, "detach", unhook)
+    monkeypatch.setattr(control.host, "attach", lambda *a, **k: hooked.append((a, k)))
+    with pytest.raises(ControlError, match="nothing changed"):
+        control.detach({"name": "u"})
+    assert hooked == [(("u", probe, maps), {"host": {0: "left"}})] and control.names == ["u"]
+
 def test_ctrl_c_while_a_job_works_says_what_may_still_happen(job, probes):
     """Ctrl-C while egpu waits for a job (here: the job stopped, so no reply comes) exits 130, as a shell's
     interrupted command does, saying what may still happen there (typer's exit said nothing): an attach
