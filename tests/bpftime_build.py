@@ -14,7 +14,7 @@ SOURCES = sorted(FIXTURES.glob("**/*.bpf.c"))
 # (text, replacement), the text found exactly once). Live, a uprobe names its target in its section (no
 # egpu-run --uprobe names it) and makes no bpf_printk line (nothing drains a host program's lines in a
 # job that started without them).
-LIVE = {"live/launchlate.bpf.c": ("launchlate-kernel-gpu-shared-map/launchlate.bpf.c", (
+LIVE = {"live/launchlate.bpf.c": ("launchlate/launchlate.bpf.c", (
     ('SEC("uprobe")\n', 'SEC("uprobe/libcudart.so:__cudaLaunchKernel")\n'),
     ('\tbpf_printk("CPU: cudaLaunchKernel called at ts=%lu ns (calibrated=%lu), pid=%u\\n",\n'
      '\t\t   ts_mono, ts_calibrated, pid);\n', ''),

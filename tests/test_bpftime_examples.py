@@ -47,15 +47,24 @@ def test_the_fixtures_are_bpftimes_twenty():
     assert len(bpftime_build.SOURCES) == 20
 
 
+def test_live_launchlate_hooks_the_launch_and_probes_vector_add(built):
+    """What its GPU test attaches: a uprobe with its target, and a GPU program on vectorAdd itself (the
+    -kernel-gpu-shared-map file's `cuda__` section names no kernel, so it is not the one made live)."""
+    attach = {p.name: p.attach for p in load_object(built["live/launchlate.bpf.c"]).programs}
+    assert {n: (a.kind, a.glob) for n, a in attach.items()} == {
+        "uprobe_cuda_launch": ("uprobe", "libcudart.so:__cudaLaunchKernel"),
+        "cuda__probe": ("entry", "_Z9vectorAddPKfS0_Pf")}
+
+
 def test_live_sources_are_their_fixtures_with_their_edits():
     """LIVE's edits apply (each text once: a fixture that changed under them fails here, not as a probe
     built from a half-edited file), and live/launchlate.bpf.c keeps the rest of bpftime's file."""
     text = bpftime_build.live_source("live/launchlate.bpf.c")
     assert 'SEC("uprobe/libcudart.so:__cudaLaunchKernel")' in text and 'bpf_printk("CPU' not in text
-    theirs = (bpftime_build.FIXTURES / "launchlate-kernel-gpu-shared-map" / "launchlate.bpf.c").read_text()
+    theirs = (bpftime_build.FIXTURES / "launchlate" / "launchlate.bpf.c").read_text()
     assert len(theirs.splitlines()) - len(text.splitlines()) == 2
     with pytest.raises(ValueError, match="is not in .* exactly once"):
-        bpftime_build.LIVE["x"] = ("launchlate/launchlate.bpf.c", (("no such text", ""),))
+        bpftime_build.LIVE["x"] = ("threadhist/threadhist.bpf.c", (("no such text", ""),))
         try:
             bpftime_build.live_source("x")
         finally:
