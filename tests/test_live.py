@@ -1018,6 +1018,7 @@ def test_an_idle_attach_whose_take_back_fails_says_it_stays(tmp_path, monkeypatc
                                    "taking it off again failed: the application is capturing"), e.value
     assert str(e.value).endswith("; it stays attached, running nothing (egpu detach takes it off)"), e.value
 
+
 def test_a_detach_whose_flip_fails_hooks_the_live_uprobes_again(tmp_path, monkeypatch):
     """A detach unhooks the probe's live uprobes before its flip; when the flip fails (a capture, a hold that
     timed out) the probe stays attached, so its uprobes are hooked again from the maps they left, as a
@@ -1046,6 +1047,7 @@ def test_a_detach_whose_flip_fails_hooks_the_live_uprobes_again(tmp_path, monkey
     with pytest.raises(ControlError, match="nothing changed"):
         control.detach({"name": "u"})
     assert hooked == [(("u", probe, maps), {"host": {0: "left"}})] and control.names == ["u"]
+
 
 def test_ctrl_c_while_a_job_works_says_what_may_still_happen(job, probes):
     """Ctrl-C while egpu waits for a job (here: the job stopped, so no reply comes) exits 130, as a shell's

@@ -223,8 +223,6 @@ def test_a_missing_function_is_reported_and_the_job_runs(stub_job, uprobe_app, t
     assert entries(doc, obj, "counts")[ADD6_CALLS] == 3
 
 
-
-
 def ctx_read(off: int) -> bytes:
     return struct.pack("<BBhi", 0x79, 0x10, off, 0) + struct.pack("<BBhi", 0x95, 0, 0, 0)
 
