@@ -1019,6 +1019,36 @@ def test_an_idle_attach_whose_take_back_fails_says_it_stays(tmp_path, monkeypatc
     assert str(e.value).endswith("; it stays attached, running nothing (egpu detach takes it off)"), e.value
 
 
+def test_an_attach_whose_uprobes_cannot_be_hooked_says_it_stands(tmp_path, monkeypatch):
+    """The uprobes are hooked after the flip: when hooking fails (a driver error seeding the shared maps,
+    say), the probe's GPU programs already run, so the reply says it is attached and how to take it off; it
+    said only the error, and `egpu ps` then listed a probe the user was told had failed."""
+    from types import SimpleNamespace
+
+    from egpu_preload.errors import EgpuError
+    from egpu_preload.runtime import live
+    probe = SimpleNamespace(obj=SimpleNamespace(programs=[], maps=[]))
+    rt = SimpleNamespace(probes=[], maps=[], context=None, drainer=None, cfg=SimpleNamespace(session=tmp_path))
+    control = live.Live(rt)
+
+    def change(new, asked):
+        control.names = [n for n, _, _ in new]
+        return {"phases_ms": {}}, None
+
+    def hook(*a, **k):
+        raise EgpuError("cuMemcpyDtoH_v2 failed: CUDA_ERROR_ILLEGAL_ADDRESS")
+
+    monkeypatch.setattr(control, "_load", lambda data, name: probe)
+    monkeypatch.setattr(control, "_new_maps", lambda p, old: object())
+    monkeypatch.setattr(control, "_change", change)
+    monkeypatch.setattr(control.host, "attach", hook)
+    with pytest.raises(ControlError) as e:
+        control.attach({"name": "u", "probe": b""})
+    assert str(e.value) == ("u: attached, but its uprobes could not be hooked: cuMemcpyDtoH_v2 failed: "
+                            "CUDA_ERROR_ILLEGAL_ADDRESS; its other programs run (egpu detach takes it off)")
+    assert control.names == ["u"]
+
+
 def test_a_detach_whose_flip_fails_hooks_the_live_uprobes_again(tmp_path, monkeypatch):
     """A detach unhooks the probe's live uprobes before its flip; when the flip fails (a capture, a hold that
     timed out) the probe stays attached, so its uprobes are hooked again from the maps they left, as a

@@ -295,7 +295,11 @@ class Live:
             except BaseException:
                 self._drop_maps(maps)
                 raise
-            result["uprobes"] = self.host.attach(name, probe, maps)
+            try:
+                result["uprobes"] = self.host.attach(name, probe, maps)
+            except EgpuError as e:   # after the flip: its GPU programs run, and the reply must not say otherwise
+                raise ControlError(f"{name}: attached, but its uprobes could not be hooked: {e}; its other "
+                                   "programs run (egpu detach takes it off)") from e
             idle = uprobes.none_hooked(probe, result["uprobes"])
             if idle is not None:   # as bpftool's failed attach: nothing stays attached, the status says so
                 self.host.detach(name)
