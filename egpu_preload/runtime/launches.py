@@ -297,7 +297,7 @@ class LaunchProbes:
         """Stop the host programs of ``probe`` (one egpu-run started with, detached or swapped out live): no
         launch record, call or unified-memory record runs them from here on; their side stays, its maps as
         they were left (the final maps read them). Whether it had any. Under the drain's lock (Drainer.retire)."""
-        i = next((i for i, p in enumerate(self.probes) if p is probe), None)
+        i = self._index(probe)
         if i is None or not self.sides[i] or i in self.retired:
             return False
         self.retired.add(i)
@@ -306,10 +306,13 @@ class LaunchProbes:
 
     def restore(self, probe: Probe) -> None:
         """Run the host programs of ``probe``, retired by a change that then failed, again."""
-        i = next((i for i, p in enumerate(self.probes) if p is probe), None)
+        i = self._index(probe)
         if i in self.retired:
             self.retired.discard(i)
             self._reroute()
+
+    def _index(self, probe: Probe) -> int | None:
+        return next((i for i, p in enumerate(self.probes) if p is probe), None)
 
     def _reroute(self) -> None:
         """Routes made again for the sides running now: launch routes as records come, host-API ones at once."""
