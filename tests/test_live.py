@@ -897,7 +897,8 @@ def test_check_room_counts_the_device_and_the_host():
 def test_attach_says_which_uprobes_found_no_function(job, probes, tmp_path):
     """An object whose every program is a uprobe and none found its function runs nothing: the attach
     exits 1 saying why, as bpftool's failed attach does, and leaves no probe behind (its name is free,
-    the job's other probes run on); one of whose uprobes one is hooked attaches."""
+    the job's other probes run on); a swap to it exits 1 with the old probe put back; one of whose uprobes
+    one is hooked attaches."""
     from egpu_preload.bpf.compile import compile_probe
     body = ('#include "egpu.bpf.h"\n'
             'struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32);\n'
@@ -922,6 +923,21 @@ def test_attach_says_which_uprobes_found_no_function(job, probes, tmp_path):
             in r.stderr), r.stderr
     ps = json.loads(egpu(["ps", "--json"], job.env).stdout)
     assert [s["probes"] for s in ps if s["pid"] == job.pid] == [["count"]], ps
+    # a swap to it likewise: count is put back by a second flip, and serves the module again
+    before = len(job.log.read_text())
+    r = egpu(["swap", str(job.pid), "count", str(tmp_path / "u.bpf.o")], job.env)
+    assert r.returncode == 1 and not r.stdout, (r.stdout, r.stderr)
+    assert re.search(r"u: nothing of it can run, so count was put back \(count ran nothing for the [\d.]+ ms "
+                     r"between the two flips\): prog up at libcuda.so.1:no_such_function_xyz: no such function",
+                     r.stderr), r.stderr
+    during = job.log.read_text()[before:]
+    assert during.count("cuMemAlloc_v2 size=") == during.count("cuMemFree_v2 ptr=") > 0, during
+    assert len(MODULE_LOAD.findall(during)) == 1, during   # count's copy again (the first flip served the original)
+    ps = json.loads(egpu(["ps", "--json"], job.env).stdout)
+    assert [s["probes"] for s in ps if s["pid"] == job.pid] == [["count"]], ps
+    job.wait_launches()
+    modules = egpu(["modules", str(job.pid)], job.env).stdout.splitlines()
+    assert modules[0].endswith("ptx: instrumented [count]"), modules
     r = egpu(["attach", str(job.pid), "-p", str(compile_probe(tmp_path / "one.bpf.c", tmp_path / "u.bpf.o"))],
              job.env)
     assert r.returncode == 0 and r.stdout.startswith(f"attached u in {job.pid}"), r.stderr
@@ -1047,6 +1063,42 @@ def test_an_attach_whose_uprobes_cannot_be_hooked_says_it_stands(tmp_path, monke
     assert str(e.value) == ("u: attached, but its uprobes could not be hooked: cuMemcpyDtoH_v2 failed: "
                             "CUDA_ERROR_ILLEGAL_ADDRESS; its other programs run (egpu detach takes it off)")
     assert control.names == ["u"]
+
+
+def test_a_swap_whose_put_back_fails_says_the_new_probe_stays(tmp_path, monkeypatch):
+    """A swap to only uprobes, none hooked, flips the old probe back; when that second flip fails the new
+    probe stays, running nothing, and the reply says so rather than the flip's own 'nothing changed'."""
+    from types import SimpleNamespace
+
+    from egpu_preload.runtime import live
+    up = SimpleNamespace(attach=SimpleNamespace(kind="uprobe"))
+    new = SimpleNamespace(obj=SimpleNamespace(programs=[up], maps=[]))
+    old = SimpleNamespace(obj=SimpleNamespace(programs=[], maps=[]), path=tmp_path / "c.bpf.o")
+    rt = SimpleNamespace(probes=[old], maps=[object()], context=None, drainer=None, uprobes=None,
+                         cfg=SimpleNamespace(session=tmp_path))
+    control = live.Live(rt)
+    flips = []
+
+    def change(probes, asked):
+        flips.append([n for n, _, _ in probes])
+        if len(flips) == 2:
+            raise ControlError(f"{live.CAPTURING}; nothing changed, try again once it has ended")
+        control.names, rt.probes[:] = [n for n, _, _ in probes], [p for _, p, _ in probes]
+        return {"phases_ms": {}, "to_flip_ms": 1.0}, live.Snapshot([])
+
+    monkeypatch.setattr(control, "_load", lambda data, name: new)
+    monkeypatch.setattr(control, "_context", lambda: 0)
+    monkeypatch.setattr(control, "_new_maps", lambda p, o: object())
+    monkeypatch.setattr(control, "_change", change)
+    monkeypatch.setattr(control, "_free", lambda *snapshots: None)
+    monkeypatch.setattr(control.host, "attach", lambda *a, **k: {"attached": [
+        {"prog": "up", "target": "libx.so:f", "state": "no such function in it"}], "refused": []})
+    with pytest.raises(ControlError) as e:
+        control.swap({"old": "c", "new_name": "u", "new_probe": b""})
+    assert flips == [["u"], ["c"]] and control.names == ["u"]
+    assert str(e.value).startswith("u: nothing of it can run, and putting c back failed: the application is "
+                                   "capturing"), e.value
+    assert str(e.value).endswith("; u stays attached, running nothing (egpu swap or detach takes it off)"), e.value
 
 
 def test_a_detach_whose_flip_fails_hooks_the_live_uprobes_again(tmp_path, monkeypatch):

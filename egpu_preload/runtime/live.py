@@ -308,8 +308,7 @@ class Live:
                 except EgpuError as e:   # its "nothing changed" is the take-back's: the attach stands
                     raise ControlError(f"{name}: nothing of it can run ({idle}), and taking it off again failed: "
                                        f"{e}; it stays attached, running nothing (egpu detach takes it off)") from e
-                with self.rt.driver.current(self._context()):
-                    snapshot.free(self.memory)
+                self._free(snapshot)
                 # only uprobes: no image, map table or SASS block kept its regions (its Probe stays retired:
                 # its id names the dead copies of the first flip)
                 self._drop_maps(maps)
@@ -377,14 +376,53 @@ class Live:
                 if hooked_live:
                     self.host.attach(old, old_probe, old_maps, host=host[old])
                 raise
-            self._retire(old_probe)
             result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
             seconds = time.perf_counter() - t0
+            try:
+                result["uprobes"] = self.host.attach(new_name, probe, maps)
+            except EgpuError as e:   # after the flip: its GPU programs run, and the reply must not say otherwise
+                self._retire(old_probe)
+                self._free(snapshot)
+                raise ControlError(f"{new_name}: swapped in for {old}, but its uprobes could not be hooked: {e}; "
+                                   "its other programs run (egpu detach takes it off)") from e
+            idle = uprobes.none_hooked(probe, result["uprobes"])
+            if idle is not None:   # as attach: a swap to nothing that runs is refused, the old probe put back
+                gap = self._put_back(i, current[i], (old, old_probe, old_maps), snapshot, result["to_flip_ms"], t0)
+                self._resume(old_probe)
+                if hooked_live:
+                    self.host.attach(old, old_probe, old_maps, host=host[old])
+                raise ControlError(f"{new_name}: nothing of it can run, so {old} was put back ({old} ran nothing for "
+                                   f"the {gap:.1f} ms between the two flips): {idle}")
+            self._retire(old_probe)
             # the new probe may write maps it took over: read the copy
             final = self._read_snapshot(snapshot, host)
-            result["uprobes"] = self.host.attach(new_name, probe, maps)
         return {"old": old, "name": new_name, "seconds": seconds, "final": final, "argv": config.argv(),
                 "kernel_names": self._kernels(), **result}
+
+    def _put_back(self, i: int, new: tuple[str, Probe, DeviceMaps], old: tuple[str, Probe, DeviceMaps],
+                  snapshot: Snapshot, flipped_ms: float, asked: float) -> float:
+        """Undo a swap that flipped to ``new``, only uprobes of which none was hooked: a second flip serves
+        ``old`` again (at index ``i``), with the regions it left (nothing wrote them since: ``new`` ran
+        nothing), and ``new``'s own regions and the flips' copies are freed; the ms between the flips.
+        Raises ControlError when the second flip fails: ``new`` stays, running nothing."""
+        self.host.detach(new[0])
+        current = self._probes()
+        current[i] = old
+        try:
+            back, copies = self._change(current, asked)
+        except EgpuError as e:
+            self._retire(old[1])
+            self._free(snapshot)
+            raise ControlError(f"{new[0]}: nothing of it can run, and putting {old[0]} back failed: {e}; {new[0]} "
+                               f"stays attached, running nothing (egpu swap or detach takes it off)") from e
+        self._free(snapshot, copies)
+        self._drop_maps(new[2], old[2].addrs)
+        return back["to_flip_ms"] - flipped_ms
+
+    def _free(self, *snapshots: Snapshot) -> None:
+        with self.rt.driver.current(self._context()):
+            for snapshot in snapshots:
+                snapshot.free(self.memory)
 
     def _stop(self, probe: Probe) -> None:
         """A probe egpu-run started with, about to be detached or swapped out: its host programs stop (its
