@@ -70,7 +70,8 @@ static pthread_mutex_t up_lock = PTHREAD_MUTEX_INITIALIZER; /* hooks' targets, s
 /* read at every call: initial-exec, as interpose.c's flags (8 bytes of the static TLS block) */
 static __thread int tls_in_probe __attribute__((tls_model("initial-exec"))); /* calls from a probe run none */
 static __thread int tls_depth __attribute__((tls_model("initial-exec")));
-static __thread struct { void *ret; struct hook *hook; } tls_returns[UPROBE_DEPTH];
+/* the return addresses swapped for the return thunk, innermost last: each with where it was (the frame's slot) */
+static __thread struct { void *ret; struct hook *hook; void **slot; } tls_returns[UPROBE_DEPTH];
 
 #if defined(__x86_64__)
 /* ---- the stubs: one per hook, a 16-byte slot each; r11 tells the common part which ---- */
@@ -156,12 +157,17 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
         regs[PT_IP] = (uint64_t)h->target, regs[PT_SP] = (uint64_t)ret_slot;
         run_all(h, 0, regs);
     }
-    int swap = h->n[1] && tls_depth < UPROBE_DEPTH;
+    int swap = h->n[1];
     egpu_lvm_unlock();
     if (swap) {
-        tls_returns[tls_depth].ret = *ret_slot, tls_returns[tls_depth].hook = h;
-        tls_depth++;
-        *ret_slot = (void *)egpu_uprobe_ret_thunk;
+        /* frames a longjmp left lie at or below this call's slot: their functions never return */
+        while (tls_depth && (uintptr_t)tls_returns[tls_depth - 1].slot <= (uintptr_t)ret_slot) tls_depth--;
+        if (tls_depth < UPROBE_DEPTH) {
+            tls_returns[tls_depth].ret = *ret_slot, tls_returns[tls_depth].hook = h;
+            tls_returns[tls_depth].slot = ret_slot;
+            tls_depth++;
+            *ret_slot = (void *)egpu_uprobe_ret_thunk;
+        }
     }
     tls_in_probe = 0;
     return h->target;
@@ -169,6 +175,8 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
 
 /* Called by the return thunk: run the return programs; return the caller's return address. */
 __attribute__((used)) void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp) {
+    void **slot = (void **)(sp - 8);   /* the return took the thunk's address from there */
+    while (tls_depth > 1 && tls_returns[tls_depth - 1].slot < slot) tls_depth--;   /* left by a longjmp */
     tls_depth--;
     struct hook *h = tls_returns[tls_depth].hook;
     void *ret = tls_returns[tls_depth].ret;
@@ -189,6 +197,40 @@ __attribute__((used)) void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp) {
     egpu_lvm_unlock();
     tls_in_probe = was;
     return ret;
+}
+
+/* An unwind looks each frame's return address up in the unwind tables: the return thunk has none, so a
+ * C++ exception ends the program (std::terminate) at the first frame whose return address was swapped,
+ * and pthread_exit's unwind stops there (the destructors of the frames past it never run). Before an
+ * unwind starts (a throw, a rethrow, pthread_exit, a forced unwind asked for through the global scope),
+ * every address the thread swapped goes back in place (the newest first: a slot a longjmp abandoned and
+ * a later frame reused holds the thunk only if that frame swapped it too); the return programs of those
+ * frames do not run, those of frames that catch the exception included. Not covered: pthread_cancel's
+ * unwind, which glibc starts inside the cancelled thread with a function it looks up in libgcc_s itself. */
+static void unswap_all(void) {
+    for (int k = tls_depth - 1; k >= 0; k--)
+        if (*tls_returns[k].slot == (void *)egpu_uprobe_ret_thunk) *tls_returns[k].slot = tls_returns[k].ret;
+    tls_depth = 0;
+}
+
+#define UNWINDER(name, params, args)                                                      \
+    EXPORT int name params {                                                              \
+        static int (*real) params;                                                        \
+        if (!real) real = (int (*) params)egpu_real_dlsym(RTLD_NEXT, #name);              \
+        unswap_all();                                                                     \
+        return real args;                                                                 \
+    }
+UNWINDER(_Unwind_RaiseException, (void *exc), (exc))
+UNWINDER(_Unwind_Resume_or_Rethrow, (void *exc), (exc))
+UNWINDER(_Unwind_ForcedUnwind, (void *exc, void *stop, void *arg), (exc, stop, arg))
+#undef UNWINDER
+
+EXPORT void pthread_exit(void *value) {
+    static void (*real)(void *);
+    if (!real) real = (void (*)(void *))egpu_real_dlsym(RTLD_NEXT, "pthread_exit");
+    unswap_all();
+    real(value);
+    __builtin_unreachable();
 }
 
 #else

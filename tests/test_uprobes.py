@@ -531,3 +531,33 @@ def test_uprobes_may_print_where_egpu_run_takes_the_lines(tmp_path):
     assert native.host_side(probe.obj)[2] == {0} and live_refusal(probe) is None
     src.write_text(shared.replace("PRINT;", 'bpf_printk("call");'))
     assert live_refusal(load_probe(compile_probe(src, tmp_path / "sp.bpf.o"))) == refused
+
+
+def test_functions_left_by_a_throw_or_a_longjmp_keep_the_job_running(stub_job, tmp_path):
+    """A uretprobe swaps its function's return address for egpu's thunk, which has no unwind tables: a C++
+    exception through such a frame ended the job (std::terminate), pthread_exit's unwind stopped there
+    (the destructors of the frames past it never ran), and a longjmp out of one left its entry behind, so
+    the frame it jumped to returned through the wrong entry. Now every swapped address goes back before an
+    unwind starts, and entries a longjmp left are passed over: the output is the plain run's, calls all
+    counted, returns of the functions so left not (nor, for a throw, of the frames then pending:
+    thr_outer's when thr_maybe throws inside it)."""
+    d = stub_job.driver_dir
+    cxx = ["g++", "-O1", "-Wall"]
+    for step in (cxx + ["-shared", "-fPIC", str(APP / "libthrow.cpp"), "-o", str(d / "libthrow.so")],
+                 cxx + ["-shared", "-fPIC", str(APP / "libouter.cpp"), "-o", str(d / "libouter.so"), f"-L{d}",
+                        "-lthrow", f"-Wl,-rpath,{d}"],
+                 cxx + [str(APP / "app_unwind.cpp"), "-o", str(d / "app_unwind"), f"-L{d}", "-lthrow", "-louter",
+                        f"-Wl,-rpath,{d}", "-ldl", "-lpthread"]):
+        subprocess.run(step, check=True)
+    clang = find_clang()
+    obj = tmp_path / "unwind.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "unwind.bpf.c"),
+                    "-o", str(obj)], check=True)
+    n = 100   # 50 longjmps: more than the 32 pending returns a thread keeps
+    plain = subprocess.run([str(d / "app_unwind"), str(n)], env=stub_job.env(tmp_path / "plain.log"),
+                           capture_output=True, text=True, check=True).stdout
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, str(d / "app_unwind"), str(n))
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == plain.strip(), (r.stdout, r.stderr[-2000:])
+    threes, fours = len(range(0, n, 3)), len(range(0, n, 4))
+    assert entries(doc, obj, "counts") == {0: 2 * n, 1: 2 * (n - threes), 2: 2 * n, 3: 2 * (n - fours),
+                                           4: n, 5: n - threes, 6: n, 7: n, 8: 2, 9: 1}

@@ -1,0 +1,21 @@
+/* Callers of libthrow's functions through the PLT, each a frame a probe's return programs wait on while
+ * its callee is left: thr_outer catches what thr_maybe throws, thr_nest is where thr_jump longjmps to. */
+#include <csetjmp>
+#include <stdexcept>
+
+extern "C" long thr_maybe(long x);
+extern "C" long thr_jump(std::jmp_buf *env, long x);
+
+extern "C" __attribute__((noinline)) long thr_outer(long x) {
+    try {
+        return thr_maybe(x);
+    } catch (const std::runtime_error &) {
+        return -1;
+    }
+}
+
+extern "C" __attribute__((noinline)) long thr_nest(long x) {
+    std::jmp_buf env;
+    if (setjmp(env)) return -2;
+    return thr_jump(&env, x) + 1;
+}

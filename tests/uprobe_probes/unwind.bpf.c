@@ -1,0 +1,33 @@
+/* Calls and returns of tests/uprobe_app's functions left by throws and longjmps (app_unwind): one counter
+ * each in `counts`, calls at even keys, returns at the odd key after. */
+#include <vmlinux.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 10);
+	__type(key, u32);
+	__type(value, u64);
+} counts SEC(".maps");
+
+static void bump(u32 k)
+{
+	u64 *n = bpf_map_lookup_elem(&counts, &k);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
+SEC("uprobe/libthrow.so:thr_maybe") int BPF_KPROBE(maybe_call) { bump(0); return 0; }
+SEC("uretprobe/libthrow.so:thr_maybe") int BPF_KRETPROBE(maybe_return) { bump(1); return 0; }
+SEC("uprobe/libthrow.so:thr_jump") int BPF_KPROBE(jump_call) { bump(2); return 0; }
+SEC("uretprobe/libthrow.so:thr_jump") int BPF_KRETPROBE(jump_return) { bump(3); return 0; }
+SEC("uprobe/libouter.so:thr_outer") int BPF_KPROBE(outer_call) { bump(4); return 0; }
+SEC("uretprobe/libouter.so:thr_outer") int BPF_KRETPROBE(outer_return) { bump(5); return 0; }
+SEC("uprobe/libouter.so:thr_nest") int BPF_KPROBE(nest_call) { bump(6); return 0; }
+SEC("uretprobe/libouter.so:thr_nest") int BPF_KRETPROBE(nest_return) { bump(7); return 0; }
+SEC("uprobe/libthrow.so:thr_exit") int BPF_KPROBE(exit_call) { bump(8); return 0; }
+SEC("uretprobe/libthrow.so:thr_exit") int BPF_KRETPROBE(exit_return) { bump(9); return 0; }
+
+char LICENSE[] SEC("license") = "GPL";
