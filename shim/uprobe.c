@@ -160,8 +160,9 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
     int swap = h->n[1];
     egpu_lvm_unlock();
     if (swap) {
-        /* frames a longjmp left lie at or below this call's slot: their functions never return */
-        while (tls_depth && (uintptr_t)tls_returns[tls_depth - 1].slot <= (uintptr_t)ret_slot) tls_depth--;
+        /* frames a longjmp left lie below this call's slot: their functions never return (one at the
+         * slot itself made a tail call to this function, and returns after it) */
+        while (tls_depth && (uintptr_t)tls_returns[tls_depth - 1].slot < (uintptr_t)ret_slot) tls_depth--;
         if (tls_depth < UPROBE_DEPTH) {
             tls_returns[tls_depth].ret = *ret_slot, tls_returns[tls_depth].hook = h;
             tls_returns[tls_depth].slot = ret_slot;

@@ -1,6 +1,6 @@
 /* `app_unwind N`: starts the stand-in driver (so the runtime comes up), then N times calls libthrow's
  * thr_maybe (catching what it throws) and thr_jump (a setjmp here taking its longjmp), and libouter's
- * thr_outer and thr_nest; then a thread calls thr_exit, which ends it, while an object of its frame waits
+ * thr_outer, thr_nest and thr_tail; then a thread calls thr_exit, which ends it, while an object of its frame waits
  * for its destructor. Prints what the calls returned, how many were left by a throw or a jump, and how
  * many destructors the thread's end ran. */
 #include <dlfcn.h>
@@ -16,6 +16,7 @@ extern "C" long thr_jump(std::jmp_buf *env, long x);
 extern "C" long thr_outer(long x);
 extern "C" long thr_nest(long x);
 extern "C" long thr_exit(long x);
+extern "C" long thr_tail(long x);
 
 typedef int (*fn)(...);
 static const char PTX[] = ".version 8.0\n.target sm_90\n.address_size 64\n\n"
@@ -52,7 +53,7 @@ int main(int argc, char **argv) {
             jumped++;
         else
             sum += thr_jump(&env, i);
-        sum += thr_outer(i) + thr_nest(i);
+        sum += thr_outer(i) + thr_nest(i) + thr_tail(i);
     }
     pthread_t t;
     pthread_create(&t, nullptr, exiting, nullptr);

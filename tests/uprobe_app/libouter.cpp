@@ -1,10 +1,12 @@
 /* Callers of libthrow's functions through the PLT, each a frame a probe's return programs wait on while
- * its callee is left: thr_outer catches what thr_maybe throws, thr_nest is where thr_jump longjmps to. */
+ * its callee is left: thr_outer catches what thr_maybe throws, thr_nest is where thr_jump longjmps to;
+ * and thr_tail, whose tail call (built -O2: a jmp) enters thr_add with thr_tail's return slot. */
 #include <csetjmp>
 #include <stdexcept>
 
 extern "C" long thr_maybe(long x);
 extern "C" long thr_jump(std::jmp_buf *env, long x);
+extern "C" long thr_add(long x);
 
 extern "C" __attribute__((noinline)) long thr_outer(long x) {
     try {
@@ -19,3 +21,5 @@ extern "C" __attribute__((noinline)) long thr_nest(long x) {
     if (setjmp(env)) return -2;
     return thr_jump(&env, x) + 1;
 }
+
+extern "C" __attribute__((noinline)) long thr_tail(long x) { return thr_add(x + 1); }

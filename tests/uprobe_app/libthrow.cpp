@@ -1,5 +1,5 @@
 /* Functions left otherwise than by their return (tests/test_uprobes.py's unwinding test): thr_maybe throws
- * for multiples of 3, thr_jump longjmps out for multiples of 4, thr_exit ends its thread. */
+ * for multiples of 3, thr_jump longjmps out for multiples of 4, thr_exit ends its thread; thr_add returns. */
 #include <pthread.h>
 
 #include <csetjmp>
@@ -19,3 +19,5 @@ extern "C" __attribute__((noinline)) long thr_exit(long x) {
     if (x) pthread_exit(nullptr);
     return x + 3;
 }
+
+extern "C" __attribute__((noinline)) long thr_add(long x) { return x + 4; }

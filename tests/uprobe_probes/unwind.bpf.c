@@ -6,7 +6,7 @@
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 10);
+	__uint(max_entries, 14);
 	__type(key, u32);
 	__type(value, u64);
 } counts SEC(".maps");
@@ -29,5 +29,9 @@ SEC("uprobe/libouter.so:thr_nest") int BPF_KPROBE(nest_call) { bump(6); return 0
 SEC("uretprobe/libouter.so:thr_nest") int BPF_KRETPROBE(nest_return) { bump(7); return 0; }
 SEC("uprobe/libthrow.so:thr_exit") int BPF_KPROBE(exit_call) { bump(8); return 0; }
 SEC("uretprobe/libthrow.so:thr_exit") int BPF_KRETPROBE(exit_return) { bump(9); return 0; }
+SEC("uprobe/libouter.so:thr_tail") int BPF_KPROBE(tail_call) { bump(10); return 0; }
+SEC("uretprobe/libouter.so:thr_tail") int BPF_KRETPROBE(tail_return) { bump(11); return 0; }
+SEC("uprobe/libthrow.so:thr_add") int BPF_KPROBE(add_call) { bump(12); return 0; }
+SEC("uretprobe/libthrow.so:thr_add") int BPF_KRETPROBE(add_return) { bump(13); return 0; }
 
 char LICENSE[] SEC("license") = "GPL";
