@@ -160,9 +160,15 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
     int swap = h->n[1];
     egpu_lvm_unlock();
     if (swap) {
-        /* frames a longjmp left lie below this call's slot: their functions never return (one at the
-         * slot itself made a tail call to this function, and returns after it) */
-        while (tls_depth && (uintptr_t)tls_returns[tls_depth - 1].slot < (uintptr_t)ret_slot) tls_depth--;
+        /* entries a longjmp left: their slots at or below this call's and no longer holding the thunk
+         * (written over since). One that still holds it is pending: a tail call from a probed function
+         * enters with its caller's slot, and a signal handler on a stack above the thread's enters above
+         * the frames it interrupted; an entry left with its slot intact is dropped at a return (below). */
+        while (tls_depth) {
+            void **top = tls_returns[tls_depth - 1].slot;
+            if (top > ret_slot || *top == (void *)egpu_uprobe_ret_thunk) break;
+            tls_depth--;
+        }
         if (tls_depth < UPROBE_DEPTH) {
             tls_returns[tls_depth].ret = *ret_slot, tls_returns[tls_depth].hook = h;
             tls_returns[tls_depth].slot = ret_slot;
@@ -177,8 +183,9 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
 /* Called by the return thunk: run the return programs; return the caller's return address. */
 __attribute__((used)) void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp) {
     void **slot = (void **)(sp - 8);   /* the return took the thunk's address from there */
-    while (tls_depth > 1 && tls_returns[tls_depth - 1].slot < slot) tls_depth--;   /* left by a longjmp */
-    tls_depth--;
+    int k = tls_depth - 1;
+    while (k > 0 && tls_returns[k].slot != slot) k--;   /* entries above the returning frame's: left by a longjmp */
+    tls_depth = k;
     struct hook *h = tls_returns[tls_depth].hook;
     void *ret = tls_returns[tls_depth].ret;
     int was = tls_in_probe;

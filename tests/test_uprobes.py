@@ -554,7 +554,7 @@ def test_functions_left_by_a_throw_or_a_longjmp_keep_the_job_running(stub_job, t
     obj = tmp_path / "unwind.bpf.o"
     subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "unwind.bpf.c"),
                     "-o", str(obj)], check=True)
-    n = 100   # 50 longjmps: more than the 32 pending returns a thread keeps
+    n = 200   # 50 longjmps from one call site (one slot), 50 nested: each more than the 32 entries a thread keeps
     plain = subprocess.run([str(d / "app_unwind"), str(n)], env=stub_job.env(tmp_path / "plain.log"),
                            capture_output=True, text=True, check=True).stdout
     r, (doc,), _ = run_kept(stub_job, tmp_path, obj, str(d / "app_unwind"), str(n))

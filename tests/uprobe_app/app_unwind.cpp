@@ -1,8 +1,8 @@
 /* `app_unwind N`: starts the stand-in driver (so the runtime comes up), then N times calls libthrow's
- * thr_maybe (catching what it throws) and thr_jump (a setjmp here taking its longjmp), and libouter's
- * thr_outer, thr_nest and thr_tail; then a thread calls thr_exit, which ends it, while an object of its frame waits
- * for its destructor. Prints what the calls returned, how many were left by a throw or a jump, and how
- * many destructors the thread's end ran. */
+ * thr_maybe (catching what it throws) and libouter's thr_outer, then N times libthrow's thr_jump (a setjmp
+ * here taking its longjmp) and libouter's thr_nest and thr_tail; then a thread calls thr_exit, which ends
+ * it, while an object of its frame waits for its destructor. Prints what the calls returned, how many
+ * were left by a throw or a jump, and how many destructors the thread's end ran. */
 #include <dlfcn.h>
 #include <pthread.h>
 
@@ -49,11 +49,14 @@ int main(int argc, char **argv) {
         } catch (const std::runtime_error &) {
             caught++;
         }
+        sum += thr_outer(i);
+    }
+    for (long i = 0; i < n; i++) {   /* apart: a throw puts every swapped address back, a jump's entry too */
         if (setjmp(env))
             jumped++;
         else
             sum += thr_jump(&env, i);
-        sum += thr_outer(i) + thr_nest(i) + thr_tail(i);
+        sum += thr_nest(i) + thr_tail(i);
     }
     pthread_t t;
     pthread_create(&t, nullptr, exiting, nullptr);
