@@ -154,6 +154,26 @@ def test_a_retired_probe_runs_no_more_and_the_others_go_on(shim_api, probe, engi
     assert maps(0) != before[0]
 
 
+def test_retiring_a_probe_attached_live_does_not_wait_for_a_pass(shim_api, probe):
+    """A detach or swap stops the old probe's host programs in the drainer first (Drainer.retire); a probe
+    attached live has none there, yet waited for the drain's lock, which a pass holds while it runs records:
+    on the H200 live detaches and swaps in a PyTorch job waited 130-510 ms. Now only egpu-run's own probes
+    take the lock."""
+    import threading
+    ffi, lib = shim_api
+    started, live = probe("examples/launch_count", "v3"), probe("tests/probes/launch", "v3")
+    drainer = launches.Drainer(ffi, lib, launches.LaunchProbes([started], engine=shim_api), lambda f: None,
+                               lambda: None)
+    done = threading.Event()
+    with drainer._lock:   # a pass running records
+        threading.Thread(target=lambda: (drainer.retire(live), drainer.restore(live), done.set()), daemon=True).start()
+        assert done.wait(5), "retire of a probe attached live waited for the drain's lock"
+        retired = threading.Event()
+        threading.Thread(target=lambda: (drainer.retire(started), retired.set()), daemon=True).start()
+        assert not retired.wait(0.2)   # egpu-run's own probe waits for the pass, as it must
+    assert retired.wait(5) and drainer.probes.retired == {0}
+
+
 def test_the_checked_semantics_are_reached(shim_api, probe):
     """launch_maps exercises what it says: the LRU evicted but kept what was used, the hash filled up,
     flags were refused."""

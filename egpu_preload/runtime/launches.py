@@ -311,6 +311,12 @@ class LaunchProbes:
             self.retired.discard(i)
             self._reroute()
 
+    def has_side(self, probe: Probe) -> bool:
+        """Whether ``probe`` is one egpu-run started with that has host programs (read without the drain's
+        lock: the probes and their sides are fixed at start)."""
+        i = self._index(probe)
+        return i is not None and bool(self.sides[i])
+
     def _index(self, probe: Probe) -> int | None:
         return next((i for i, p in enumerate(self.probes) if p is probe), None)
 
@@ -517,7 +523,11 @@ class Drainer:
     def retire(self, probe: Probe, uprobes: Any = None) -> None:
         """LaunchProbes.retire under the drain's lock (a record being run finishes first), ``probe``'s
         programs in ``uprobes`` (the runtime's uprobes.Uprobes) paused, then what they wrote in shared maps
-        pushed: its regions exact, and pushed no more (nothing of it runs)."""
+        pushed: its regions exact, and pushed no more (nothing of it runs). A probe attached live has nothing
+        here, and does not wait for the lock, which a pass holds while it runs records (on the H200 detaches
+        and swaps of live probes in a PyTorch job waited 130-510 ms for it)."""
+        if not self.probes.has_side(probe):
+            return
         with self._lock:
             if self.probes.retire(probe):
                 if uprobes is not None:
@@ -526,6 +536,8 @@ class Drainer:
 
     def restore(self, probe: Probe, uprobes: Any = None) -> None:
         """Undo ``retire`` (the change that retired ``probe`` failed): its programs run again."""
+        if not self.probes.has_side(probe):
+            return
         with self._lock:
             self.probes.restore(probe)
             if uprobes is not None:
