@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 EGPU_PREBUILT_PROBES=$PWD/.gpubuild/probes EGPU_TEST_FAILURES=$OUT/failures.log
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "wheel install failed"; exit 1; }
-export PYTHONPATH=/tmp/site:$PWD
+export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}   # a caller's own after ours (next-run.md item 2)
 if [ -d .whl/numba ]; then  # tests/test_e2e_gpu.py's numba test puts it first on its processes' path
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-numba \
     .whl/numba/*.whl && export EGPU_TEST_NUMBA_SITE=/tmp/site-numba
