@@ -221,12 +221,35 @@ static void unswap_all(void) {
     tls_depth = 0;
 }
 
+/* The unwinder function ``name`` the caller would call without the shim. RTLD_NEXT sees the global scope only:
+ * a C++ library opened RTLD_LOCAL (a Python extension module) brings libgcc_s into none, and RTLD_NEXT finds
+ * nothing; then the caller's own scope is searched (not kept: that library may be closed). */
+static void *unwinder(const char *name, void **cached, void *self, void *caller) {
+    void *p = *cached;
+    if (p) return p;
+    if ((p = egpu_real_dlsym(RTLD_NEXT, name))) return *cached = p;
+    Dl_info info;
+    void *h;
+    if (dladdr(caller, &info) && info.dli_fname && *info.dli_fname &&
+        (h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD))) {
+        p = egpu_real_dlsym(h, name);
+        dlclose(h);
+    }
+    if (!p || p == self) {
+        static const char msg[] = "egpu: no unwinder function to call; aborting\n";
+        (void)!write(2, msg, sizeof msg - 1);
+        abort();
+    }
+    return p;
+}
+
 #define UNWINDER(name, params, args)                                                      \
     EXPORT int name params {                                                              \
-        static int (*real) params;                                                        \
-        if (!real) real = (int (*) params)egpu_real_dlsym(RTLD_NEXT, #name);              \
+        static void *real;                                                                \
+        int (*f) params = (int (*) params)unwinder(#name, &real, (void *)name,            \
+                                                   __builtin_return_address(0));         \
         unswap_all();                                                                     \
-        return real args;                                                                 \
+        return f args;                                                                    \
     }
 UNWINDER(_Unwind_RaiseException, (void *exc), (exc))
 UNWINDER(_Unwind_Resume_or_Rethrow, (void *exc), (exc))

@@ -533,6 +533,19 @@ def test_uprobes_may_print_where_egpu_run_takes_the_lines(tmp_path):
     assert live_refusal(load_probe(compile_probe(src, tmp_path / "sp.bpf.o"))) == refused
 
 
+def test_a_throw_in_a_library_opened_locally_is_caught(built, tmp_path):
+    """The shim's _Unwind_RaiseException, which puts swapped return addresses back before an unwind, forwarded
+    to RTLD_NEXT's: a C++ library a C program (or Python) opens RTLD_LOCAL brings libgcc_s into no global
+    scope, so that found nothing and every throw, with or without uprobes, jumped to NULL (SIGSEGV). Now the
+    unwinder the throwing library itself sees is called."""
+    lib, app = tmp_path / "libcatch.so", tmp_path / "app_local"
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", str(APP / "libcatch.cpp"), "-o", str(lib)], check=True)
+    subprocess.run(["gcc", "-O1", "-Wall", str(APP / "app_local.c"), "-o", str(app), "-ldl"], check=True)
+    r = subprocess.run([str(app), str(lib)], env={"LD_PRELOAD": str(built / "libegpu_shim.so")},
+                       capture_output=True, text=True)
+    assert (r.returncode, r.stdout) == (0, "caught 7\n"), (r.returncode, r.stderr)
+
+
 def test_functions_left_by_a_throw_or_a_longjmp_keep_the_job_running(stub_job, tmp_path):
     """A uretprobe swaps its function's return address for egpu's thunk, which has no unwind tables: a C++
     exception through such a frame ended the job (std::terminate), pthread_exit's unwind stopped there
