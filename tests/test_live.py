@@ -1131,6 +1131,38 @@ def test_a_detach_whose_flip_fails_hooks_the_live_uprobes_again(tmp_path, monkey
     assert hooked == [(("u", probe, maps), {"host": {0: "left"}})] and control.names == ["u"]
 
 
+def test_a_change_whose_sass_staging_fails_frees_the_snapshot(tmp_path, monkeypatch):
+    """_change stages the copies of the leaving probes' regions (its Snapshot) before the SASS generation;
+    when that staging is refused ("nothing changed") the copies were never freed: each such detach or swap
+    lost the leaving probes' map regions' worth of device memory."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from egpu_preload.runtime import live
+    allocated: set[int] = set()
+
+    def alloc(size):
+        allocated.add(len(allocated) + 100)
+        return len(allocated) + 99
+
+    memory = SimpleNamespace(alloc=alloc, free=allocated.remove)
+    probe = SimpleNamespace(path=tmp_path / "u.bpf.o")
+    maps = SimpleNamespace(addrs=[1, 2], layouts=[SimpleNamespace(region_size=lambda n: 64)] * 2, ncpu=1)
+    rt = SimpleNamespace(probes=[probe], maps=[maps], context=1, drainer=None, uprobes=None, modules={},
+                         functions={}, memory=memory, cfg=SimpleNamespace(session=None),
+                         driver=SimpleNamespace(current=lambda ctx: contextlib.nullcontext()))
+    control = live.Live(rt)
+
+    def refused(new):
+        raise ControlError("SASS back end: no room; nothing changed")
+
+    monkeypatch.setattr(control, "_context", lambda: 1)
+    monkeypatch.setattr(control, "_stage_sass", refused)
+    with pytest.raises(ControlError, match="nothing changed"):
+        control.detach({"name": "u"})
+    assert control.names == ["u"] and not allocated, allocated
+
+
 def test_ctrl_c_while_a_job_works_says_what_may_still_happen(job, probes):
     """Ctrl-C while egpu waits for a job (here: the job stopped, so no reply comes) exits 130, as a shell's
     interrupted command does, saying what may still happen there (typer's exit said nothing): an attach

@@ -539,7 +539,11 @@ class Live:
                     flips.append(self._flip(mod, target, name, handle))
             copies += snapshot.stage(self.memory)
             ts = time.perf_counter()
-            sass_note, sass_phases = self._stage_sass(new)
+            try:
+                sass_note, sass_phases = self._stage_sass(new)
+            except BaseException:   # refused, nothing changed: the copies staged for the flip are not made
+                snapshot.free(self.memory)
+                raise
         t1 = time.perf_counter()
         try:
             launches = self._flip_all(ctx, copies, flips, [r for _, _, rows in plan for r in rows])
