@@ -118,14 +118,14 @@ __asm__(
      * 16-aligned). Run the return programs on rax, then go back to the caller. */
     ".balign 16\n"
     "egpu_uprobe_ret_thunk:\n"
-    "  sub $48, %rsp\n"
+    "  sub $64, %rsp\n"                    /* the 16 bytes above the saves keep the slot just returned from */
     "  mov %rax, 0(%rsp)\n  mov %rdx, 8(%rsp)\n  movdqu %xmm0, 16(%rsp)\n  movdqu %xmm1, 32(%rsp)\n"
     "  mov %rsp, %rdi\n"
-    "  lea 48(%rsp), %rsi\n"
+    "  lea 64(%rsp), %rsi\n"
     "  call egpu_uprobe_exit\n"
     "  mov %rax, %r11\n"                   /* the caller's return address */
     "  mov 0(%rsp), %rax\n  mov 8(%rsp), %rdx\n  movdqu 16(%rsp), %xmm0\n  movdqu 32(%rsp), %xmm1\n"
-    "  add $48, %rsp\n"
+    "  add $64, %rsp\n"
     "  jmp *%r11\n");
 
 static void *stub_of(const struct hook *h) {
@@ -183,6 +183,11 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
 /* Called by the return thunk: run the return programs; return the caller's return address. */
 __attribute__((used)) void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp) {
     void **slot = (void **)(sp - 8);   /* the return took the thunk's address from there */
+    if (tls_depth <= 0) {   /* no entry to return through (a stack switched by swapcontext, say): nowhere to go */
+        static const char msg[] = "egpu: a uretprobe's function returned with no return address kept; aborting\n";
+        (void)!write(2, msg, sizeof msg - 1);
+        abort();
+    }
     int k = tls_depth - 1;
     while (k > 0 && tls_returns[k].slot != slot) k--;   /* entries above the returning frame's: left by a longjmp */
     tls_depth = k;
