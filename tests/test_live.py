@@ -20,6 +20,7 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -1001,6 +1002,23 @@ def test_maps_before_the_job_loaded_a_module_are_empty_and_make_nothing(probe_ob
     assert control.mirrored() is None and (rt.context, rt.maps) == (None, [])
 
 
+def second_flip_fails(control: Any, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Live._change stood in for: the first flip serves its probes, the second fails as a capture that began
+    meanwhile makes it; the probe names of each flip asked for, in the list returned."""
+    from egpu_preload.runtime import live
+    flips: list[list[str]] = []
+
+    def change(new, asked):
+        flips.append([n for n, _, _ in new])
+        if len(flips) == 2:
+            raise ControlError(f"{live.CAPTURING}; nothing changed, try again once it has ended")
+        control.names, control.rt.probes[:] = [n for n, _, _ in new], [p for _, p, _ in new]
+        return {"phases_ms": {}, "to_flip_ms": 1.0}, live.Snapshot([])
+
+    monkeypatch.setattr(control, "_change", change)
+    return flips
+
+
 def test_an_idle_attach_whose_take_back_fails_says_it_stays(tmp_path, monkeypatch):
     """An attach of only uprobes, none hooked, is taken off by a second flip; when that flip fails (a capture
     began meanwhile, a hold timed out) the probe stays attached, running nothing: the reply says so, not the
@@ -1012,18 +1030,9 @@ def test_an_idle_attach_whose_take_back_fails_says_it_stays(tmp_path, monkeypatc
     probe = SimpleNamespace(obj=SimpleNamespace(programs=[up], maps=[]))
     rt = SimpleNamespace(probes=[], maps=[], context=None, drainer=None, cfg=SimpleNamespace(session=tmp_path))
     control = live.Live(rt)
-    flips = []
-
-    def change(new, asked):
-        flips.append([n for n, _, _ in new])
-        if len(flips) == 2:
-            raise ControlError(f"{live.CAPTURING}; nothing changed, try again once it has ended")
-        control.names = [n for n, _, _ in new]
-        return {"phases_ms": {}}, None
-
+    flips = second_flip_fails(control, monkeypatch)
     monkeypatch.setattr(control, "_load", lambda data, name: probe)
     monkeypatch.setattr(control, "_new_maps", lambda p, old: object())
-    monkeypatch.setattr(control, "_change", change)
     monkeypatch.setattr(control.host, "attach", lambda *a, **k: {"attached": [
         {"prog": "up", "target": "libx.so:f", "state": "no such function in it"}], "refused": []})
     monkeypatch.setattr(control.host, "detach", lambda name: {})
@@ -1077,19 +1086,10 @@ def test_a_swap_whose_put_back_fails_says_the_new_probe_stays(tmp_path, monkeypa
     rt = SimpleNamespace(probes=[old], maps=[object()], context=None, drainer=None, uprobes=None,
                          cfg=SimpleNamespace(session=tmp_path))
     control = live.Live(rt)
-    flips = []
-
-    def change(probes, asked):
-        flips.append([n for n, _, _ in probes])
-        if len(flips) == 2:
-            raise ControlError(f"{live.CAPTURING}; nothing changed, try again once it has ended")
-        control.names, rt.probes[:] = [n for n, _, _ in probes], [p for _, p, _ in probes]
-        return {"phases_ms": {}, "to_flip_ms": 1.0}, live.Snapshot([])
-
+    flips = second_flip_fails(control, monkeypatch)
     monkeypatch.setattr(control, "_load", lambda data, name: new)
     monkeypatch.setattr(control, "_context", lambda: 0)
     monkeypatch.setattr(control, "_new_maps", lambda p, o: object())
-    monkeypatch.setattr(control, "_change", change)
     monkeypatch.setattr(control, "_free", lambda *snapshots: None)
     monkeypatch.setattr(control.host, "attach", lambda *a, **k: {"attached": [
         {"prog": "up", "target": "libx.so:f", "state": "no such function in it"}], "refused": []})
