@@ -228,7 +228,8 @@ static void unswap_all(void) {
 
 /* The unwinder function ``name`` the caller would call without the shim. RTLD_NEXT sees the global scope only:
  * a C++ library opened RTLD_LOCAL (a Python extension module) brings libgcc_s into none, and RTLD_NEXT finds
- * nothing; then the caller's own scope is searched (not kept: that library may be closed). */
+ * nothing; then the caller's own scope is searched, and the object found in made undeletable so that the
+ * function can be kept (else looked up again at every throw: that object may be closed). */
 static void *unwinder(const char *name, void **cached, void *self, void *caller) {
     void *p = *cached;
     if (p) return p;
@@ -245,6 +246,8 @@ static void *unwinder(const char *name, void **cached, void *self, void *caller)
         (void)!write(2, msg, sizeof msg - 1);
         abort();
     }
+    if (dladdr(p, &info) && info.dli_fname && dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE))
+        *cached = p;
     return p;
 }
 

@@ -543,7 +543,7 @@ def test_a_throw_in_a_library_opened_locally_is_caught(built, tmp_path):
     subprocess.run(["gcc", "-O1", "-Wall", str(APP / "app_local.c"), "-o", str(app), "-ldl"], check=True)
     r = subprocess.run([str(app), str(lib)], env={"LD_PRELOAD": str(built / "libegpu_shim.so")},
                        capture_output=True, text=True)
-    assert (r.returncode, r.stdout) == (0, "caught 7\n"), (r.returncode, r.stderr)
+    assert (r.returncode, r.stdout) == (0, "caught 28\n"), (r.returncode, r.stderr)
 
 
 def test_functions_left_by_a_throw_or_a_longjmp_keep_the_job_running(stub_job, tmp_path):
