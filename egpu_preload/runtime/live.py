@@ -334,9 +334,7 @@ class Live:
                 result, snapshot = self._change([p for p in self._probes() if p not in gone], t0)
             except BaseException:   # nothing flipped: the probes run on as they were
                 for n, probe, maps in gone:
-                    self._resume(probe)
-                    if n in hooked_live:
-                        self.host.attach(n, probe, maps, host=host[n])
+                    self._back_on(n, probe, maps, n in hooked_live, host[n])
                 raise
             for _, probe, _ in gone:
                 self._retire(probe)
@@ -372,9 +370,7 @@ class Live:
             except BaseException:   # nothing flipped: the old probe runs on, its uprobes from the maps they left
                 if maps is not None:
                     self._drop_maps(maps, old_maps.addrs)
-                self._resume(old_probe)
-                if hooked_live:
-                    self.host.attach(old, old_probe, old_maps, host=host[old])
+                self._back_on(old, old_probe, old_maps, hooked_live, host[old])
                 raise
             result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
             seconds = time.perf_counter() - t0
@@ -388,9 +384,7 @@ class Live:
             idle = uprobes.none_hooked(probe, result["uprobes"])
             if idle is not None:   # as attach: a swap to nothing that runs is refused, the old probe put back
                 gap = self._put_back(i, current[i], (old, old_probe, old_maps), snapshot, result["to_flip_ms"], t0)
-                self._resume(old_probe)
-                if hooked_live:
-                    self.host.attach(old, old_probe, old_maps, host=host[old])
+                self._back_on(old, old_probe, old_maps, hooked_live, host[old])
                 raise ControlError(f"{new_name}: nothing of it can run, so {old} was put back ({old} ran nothing for "
                                    f"the {gap:.1f} ms between the two flips): {idle}")
             self._retire(old_probe)
@@ -436,6 +430,15 @@ class Live:
     def _resume(self, probe: Probe) -> None:
         if self.rt.drainer is not None:
             self.rt.drainer.restore(probe, self.rt.uprobes)
+
+    def _back_on(self, name: str, probe: Probe, maps: DeviceMaps, hooked_live: bool,
+                 host: dict[int, Any]) -> None:
+        """Probe ``name``, which a change that failed or was undone leaves attached, runs as before it: its
+        host programs in the drainer and paused uprobes again (_resume), its live uprobes hooked again from
+        the host maps they left (``host``, what LiveUprobes.detach returned)."""
+        self._resume(probe)
+        if hooked_live:
+            self.host.attach(name, probe, maps, host=host)
 
     def _retire(self, probe: Probe) -> None:
         """A probe egpu-run started with, detached or swapped out: its paused uprobes are unhooked."""
@@ -833,8 +836,7 @@ class Live:
         try:
             fetched = self._fetch(snapshot.probes, snapshot.addrs)
         finally:
-            with self.rt.driver.current(self._context()):
-                snapshot.free(self.memory)
+            self._free(snapshot)
         return self._decode(snapshot.probes, fetched, [host.get(n, {}) for n, _, _ in snapshot.probes])
 
     def _fetch(self, probes: list[tuple[str, Probe, DeviceMaps]],
