@@ -180,14 +180,17 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
     return h->target;
 }
 
+/* Where the shim cannot go on: the line, then abort (write(2): the thread may hold any lock, malloc's too). */
+__attribute__((noreturn)) static void die(const char *line) {
+    (void)!write(2, line, strlen(line));
+    abort();
+}
+
 /* Called by the return thunk: run the return programs; return the caller's return address. */
 __attribute__((used)) void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp) {
     void **slot = (void **)(sp - 8);   /* the return took the thunk's address from there */
-    if (tls_depth <= 0) {   /* no entry to return through (a stack switched by swapcontext, say): nowhere to go */
-        static const char msg[] = "egpu: a uretprobe's function returned with no return address kept; aborting\n";
-        (void)!write(2, msg, sizeof msg - 1);
-        abort();
-    }
+    if (tls_depth <= 0)   /* no entry to return through (a stack switched by swapcontext, say): nowhere to go */
+        die("egpu: a uretprobe's function returned with no return address kept; aborting\n");
     int k = tls_depth - 1;
     while (k > 0 && tls_returns[k].slot != slot) k--;   /* entries above the returning frame's: left by a longjmp */
     tls_depth = k;
@@ -241,11 +244,7 @@ static void *unwinder(const char *name, void **cached, void *self, void *caller)
         p = egpu_real_dlsym(h, name);
         dlclose(h);
     }
-    if (!p || p == self) {
-        static const char msg[] = "egpu: no unwinder function to call; aborting\n";
-        (void)!write(2, msg, sizeof msg - 1);
-        abort();
-    }
+    if (!p || p == self) die("egpu: no unwinder function to call; aborting\n");
     if (dladdr(p, &info) && info.dli_fname && dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE))
         *cached = p;
     return p;
