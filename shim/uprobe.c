@@ -70,8 +70,9 @@ static pthread_mutex_t up_lock = PTHREAD_MUTEX_INITIALIZER; /* hooks' targets, s
 /* read at every call: initial-exec, as interpose.c's flags (8 bytes of the static TLS block) */
 static __thread int tls_in_probe __attribute__((tls_model("initial-exec"))); /* calls from a probe run none */
 static __thread int tls_depth __attribute__((tls_model("initial-exec")));
-/* the return addresses swapped for the return thunk, innermost last: each with where it was (the frame's slot) */
-static __thread struct { void *ret; struct hook *hook; void **slot; } tls_returns[UPROBE_DEPTH];
+/* the return addresses swapped for the return thunk, innermost last: each with where it was (the frame's slot);
+ * `unwound`: the exception whose unwind put it back (below) */
+static __thread struct { void *ret; struct hook *hook; void **slot; void *unwound; } tls_returns[UPROBE_DEPTH];
 
 #if defined(__x86_64__)
 /* ---- the stubs: one per hook, a 16-byte slot each; r11 tells the common part which ---- */
@@ -171,7 +172,7 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
         }
         if (tls_depth < UPROBE_DEPTH) {
             tls_returns[tls_depth].ret = *ret_slot, tls_returns[tls_depth].hook = h;
-            tls_returns[tls_depth].slot = ret_slot;
+            tls_returns[tls_depth].slot = ret_slot, tls_returns[tls_depth].unwound = NULL;
             tls_depth++;
             *ret_slot = (void *)egpu_uprobe_ret_thunk;
         }
@@ -220,13 +221,37 @@ __attribute__((used)) void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp) {
  * and pthread_exit's unwind stops there (the destructors of the frames past it never run). Before an
  * unwind starts (a throw, a rethrow, pthread_exit, a forced unwind asked for through the global scope),
  * every address the thread swapped goes back in place (the newest first: a slot a longjmp abandoned and
- * a later frame reused holds the thunk only if that frame swapped it too); the return programs of those
- * frames do not run, those of frames that catch the exception included. Not covered: pthread_cancel's
- * unwind, which glibc starts inside the cancelled thread with a function it looks up in libgcc_s itself. */
-static void unswap_all(void) {
+ * a later frame reused holds the thunk only if that frame swapped it too), its entry kept, marked with
+ * the exception. Where the unwind stops, the entries of the frames it left are dropped (their return
+ * programs do not run, as the kernel's do not for a frame an exception leaves) and the frames still there
+ * get the thunk again: at the exception's catch, where __cxa_begin_catch's caller is the catching frame
+ * (its callees' slots lie at or below the one this call returns through). Entries another exception
+ * marked wait for that one's catch (a destructor may throw and catch inside a cleanup of its unwind), and
+ * a cleanup's _Unwind_Resume drops those the unwind has passed. An unwind that ends otherwise (a foreign
+ * runtime's catch) leaves its entries marked: their functions return past the thunk, and the entries go
+ * as a longjmp's do. Not covered: pthread_cancel's unwind, which glibc starts inside the cancelled thread
+ * with a function it looks up in libgcc_s itself. */
+static void unswap_all(void *exc) {
     for (int k = tls_depth - 1; k >= 0; k--)
-        if (*tls_returns[k].slot == (void *)egpu_uprobe_ret_thunk) *tls_returns[k].slot = tls_returns[k].ret;
-    tls_depth = 0;
+        if (*tls_returns[k].slot == (void *)egpu_uprobe_ret_thunk)
+            *tls_returns[k].slot = tls_returns[k].ret, tls_returns[k].unwound = exc;
+}
+
+/* An unwind has reached the frame that called through `limit` (its callees' slots are at or below it):
+ * drop the marked entries at or below it; when `exc` is caught there, swap its others back in. */
+static void unwound_to(void **limit, void *caught) {
+    int n = 0;
+    for (int k = 0; k < tls_depth; k++) {
+        if (tls_returns[k].unwound) {
+            if (tls_returns[k].slot <= limit) continue;
+            if (tls_returns[k].unwound == caught) {
+                if (*tls_returns[k].slot != tls_returns[k].ret) continue;
+                *tls_returns[k].slot = (void *)egpu_uprobe_ret_thunk, tls_returns[k].unwound = NULL;
+            }
+        }
+        tls_returns[n++] = tls_returns[k];
+    }
+    tls_depth = n;
 }
 
 /* The unwinder function ``name`` the caller would call without the shim. RTLD_NEXT sees the global scope only:
@@ -250,23 +275,29 @@ static void *unwinder(const char *name, void **cached, void *self, void *caller)
     return p;
 }
 
-#define UNWINDER(name, params, args)                                                      \
-    EXPORT int name params {                                                              \
+/* ``before`` runs with `limit`: the slot this call returns through. */
+#define UNWINDER(type, name, params, args, before)                                        \
+    EXPORT type name params {                                                             \
         static void *real;                                                                \
-        int (*f) params = (int (*) params)unwinder(#name, &real, (void *)name,            \
-                                                   __builtin_return_address(0));         \
-        unswap_all();                                                                     \
+        type (*f) params = (type (*) params)unwinder(#name, &real, (void *)name,          \
+                                                     __builtin_return_address(0));       \
+        void **limit = (void **)__builtin_frame_address(0) + 1;                           \
+        (void)limit;                                                                      \
+        before;                                                                           \
         return f args;                                                                    \
     }
-UNWINDER(_Unwind_RaiseException, (void *exc), (exc))
-UNWINDER(_Unwind_Resume_or_Rethrow, (void *exc), (exc))
-UNWINDER(_Unwind_ForcedUnwind, (void *exc, void *stop, void *arg), (exc, stop, arg))
+UNWINDER(int, _Unwind_RaiseException, (void *exc), (exc), unswap_all(exc))
+UNWINDER(int, _Unwind_Resume_or_Rethrow, (void *exc), (exc), unswap_all(exc))
+UNWINDER(int, _Unwind_ForcedUnwind, (void *exc, void *stop, void *arg), (exc, stop, arg), unswap_all(exc))
+UNWINDER(void, _Unwind_Resume, (void *exc), (exc), unwound_to(limit, NULL))
+UNWINDER(void *, __cxa_begin_catch, (void *exc), (exc), unwound_to(limit, exc))
 #undef UNWINDER
 
 EXPORT void pthread_exit(void *value) {
     static void (*real)(void *);
     if (!real) real = (void (*)(void *))egpu_real_dlsym(RTLD_NEXT, "pthread_exit");
-    unswap_all();
+    static char exiting;   /* the unwind's exception is glibc's own: a mark no catch names */
+    unswap_all(&exiting);
     real(value);
     __builtin_unreachable();
 }

@@ -1,5 +1,6 @@
 /* Callers of libthrow's functions through the PLT, each a frame a probe's return programs wait on while
- * its callee is left: thr_outer catches what thr_maybe throws, thr_nest is where thr_jump longjmps to;
+ * its callee is left: thr_outer catches what thr_maybe throws, thr_guard what thr_clean passes on, thr_nest
+ * is where thr_jump longjmps to;
  * and thr_tail, whose tail call (built -O2: a jmp) enters thr_add with thr_tail's return slot. */
 #include <csetjmp>
 #include <stdexcept>
@@ -7,10 +8,19 @@
 extern "C" long thr_maybe(long x);
 extern "C" long thr_jump(std::jmp_buf *env, long x);
 extern "C" long thr_add(long x);
+extern "C" long thr_clean(long x);
 
 extern "C" __attribute__((noinline)) long thr_outer(long x) {
     try {
         return thr_maybe(x);
+    } catch (const std::runtime_error &) {
+        return -1;
+    }
+}
+
+extern "C" __attribute__((noinline)) long thr_guard(long x) {
+    try {
+        return thr_clean(x);
     } catch (const std::runtime_error &) {
         return -1;
     }

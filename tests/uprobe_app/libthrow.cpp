@@ -1,5 +1,6 @@
 /* Functions left otherwise than by their return (tests/test_uprobes.py's unwinding test): thr_maybe throws
- * for multiples of 3, thr_jump longjmps out for multiples of 4, thr_exit ends its thread; thr_add returns. */
+ * for multiples of 3, thr_jump longjmps out for multiples of 4, thr_exit ends its thread; thr_add returns;
+ * thr_clean passes thr_maybe's throw on, and its frame's cleanup throws and catches one more. */
 #include <pthread.h>
 
 #include <csetjmp>
@@ -21,3 +22,19 @@ extern "C" __attribute__((noinline)) long thr_exit(long x) {
 }
 
 extern "C" __attribute__((noinline)) long thr_add(long x) { return x + 4; }
+
+/* Its destructor runs on every way out of thr_clean: in the unwind of thr_maybe's throw, a throw of its own
+ * and a catch before that unwind goes on. */
+struct Rethrown {
+    ~Rethrown() {
+        try {
+            thr_maybe(3);
+        } catch (const std::runtime_error &) {
+        }
+    }
+};
+
+extern "C" __attribute__((noinline)) long thr_clean(long x) {
+    Rethrown r;
+    return thr_maybe(x);
+}

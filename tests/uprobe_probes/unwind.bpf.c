@@ -6,7 +6,7 @@
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 14);
+	__uint(max_entries, 18);
 	__type(key, u32);
 	__type(value, u64);
 } counts SEC(".maps");
@@ -33,5 +33,9 @@ SEC("uprobe/libouter.so:thr_tail") int BPF_KPROBE(tail_call) { bump(10); return 
 SEC("uretprobe/libouter.so:thr_tail") int BPF_KRETPROBE(tail_return) { bump(11); return 0; }
 SEC("uprobe/libthrow.so:thr_add") int BPF_KPROBE(add_call) { bump(12); return 0; }
 SEC("uretprobe/libthrow.so:thr_add") int BPF_KRETPROBE(add_return) { bump(13); return 0; }
+SEC("uprobe/libthrow.so:thr_clean") int BPF_KPROBE(clean_call) { bump(14); return 0; }
+SEC("uretprobe/libthrow.so:thr_clean") int BPF_KRETPROBE(clean_return) { bump(15); return 0; }
+SEC("uprobe/libouter.so:thr_guard") int BPF_KPROBE(guard_call) { bump(16); return 0; }
+SEC("uretprobe/libouter.so:thr_guard") int BPF_KRETPROBE(guard_return) { bump(17); return 0; }
 
 char LICENSE[] SEC("license") = "GPL";
