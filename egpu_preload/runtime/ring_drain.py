@@ -6,12 +6,14 @@ ring made to wait (devmaps.py, ``--on-full wait``) loses nothing while this read
 The regions stay in device memory, where the producers' atomics are cheap; the reader copies on the
 runtime's own stream (driver.ContextMemory.read/write: a non-blocking stream, never the application's,
 so the application never synchronizes with it and its kernels keep running while the copies do). The
-records' bytes and the zeros that clear them go through page-locked memory of each reader's own, made
-at its first pass with records and freed when the drain stops: from pageable memory the driver copies
-through a bounce buffer of its own, and a buffer made per pass is zero-filled besides. The scan reads
-that memory in place (the walk from record to record in C, shim/drain.c: the loaded shim's) and copies
-out what it hands on, once: the writer holds records past the next pass, which overwrites it. The
-reader's thread holds the maps' context for its whole run (ContextMemory.entered).
+header, the SMs' lines, the records' bytes and the zeros that clear them go through page-locked memory
+of each reader's own, made at its first pass (the records': the first with records) and freed when the
+drain stops: from pageable memory the driver copies through a bounce buffer of its own, and a buffer
+made per pass is zero-filled besides. (Headers read into pageable memory took 3.0-3.8 ms a pass in a
+PyTorch eager step's trace on the H200, 2026-12-05b, the records' copies into page-locked 0.3-0.5 ms.)
+The scan reads that memory in place (the walk from record to record in C, shim/drain.c: the loaded
+shim's) and copies out what it hands on, once: the writer holds records past the next pass, which
+overwrites it. The reader's thread holds the maps' context for its whole run (ContextMemory.entered).
 
 A copy engine reads a range in no particular order, so one copy may hold a record's READY flag and an
 older copy of its bytes. A record is therefore taken only from a copy made after an earlier copy had
@@ -51,8 +53,8 @@ DRAIN_PHASES = ("hand_off", "idle")
 
 
 class Memory(Protocol):
-    """Device memory the reader can copy from any thread (driver.ContextMemory): headers with read(), the
-    records into memory from pinned() with read_into()."""
+    """Device memory the reader can copy from any thread (driver.ContextMemory): into memory from pinned()
+    with read_into(), a ring's SM count once with read()."""
 
     def read(self, addr: int, n: int) -> bytes: ...
     def read_into(self, addr: int, buf: memoryview) -> None: ...
@@ -120,8 +122,11 @@ class RingReader:
     skipped: int = 0       # bytes of records passed over unread after the reader failed (skip)
     copied: int = 0        # bytes copied out of the ring, every pass's (a record is copied by two passes at least)
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0), compare=False)   # seconds
-    _pinned: memoryview | None = field(default=None, init=False, repr=False, compare=False)   # see _staging
-    _pageable: bool = field(default=False, init=False, repr=False, compare=False)   # _pinned is not pinned
+    # page-locked memory (or, where the driver gives none, pageable: not freed through unpin): _staging's,
+    # and the header with the SMs' lines after it (_head)
+    _pinned: memoryview | None = field(default=None, init=False, repr=False, compare=False)
+    _head_buf: memoryview | None = field(default=None, init=False, repr=False, compare=False)
+    _pageable: list[memoryview] = field(default_factory=list, init=False, repr=False, compare=False)
     _line_drops: int = field(default=0, init=False, repr=False, compare=False)   # the lines' at the last read
 
     def take(self) -> Taken:
@@ -182,39 +187,60 @@ class RingReader:
         a reader that failed for it would pass every ring's records over unread."""
         cap = self.lay.capacity
         if self._pinned is None:
-            try:
-                self._pinned = self.mem.pinned(2 * cap)
-            except EgpuError:
-                self._pinned, self._pageable = memoryview(bytearray(2 * cap)), True
+            self._pinned = self._pin(2 * cap)
             self._pinned[cap:] = bytes(cap)
         return self._pinned[:cap], self._pinned[cap:]
 
-    def close(self) -> None:
-        """The pinned memory freed (no pass runs any more; a later one would make it again)."""
-        if self._pinned is not None:
-            buf, self._pinned = self._pinned, None
-            if not self._pageable:
-                self.mem.unpin(buf)
-            self._pageable = False
+    def _head(self) -> memoryview:
+        """Where the header and the SMs' lines are copied each pass: their count read once to size it."""
+        if self._head_buf is None:
+            (ncpu,) = struct.unpack("<I", self.mem.read(self.addr + RING_NCPU, 4))
+            self._head_buf = self._pin(RING_NCPU + 4 + ncpu * LINE)
+        return self._head_buf
 
-    def _header(self, lines: bool = True) -> tuple[int, bytes, int]:
-        """(head, the per-SM lines or b"" where ``lines`` is false, their count), ``dropped`` updated from
+    def _pin(self, size: int) -> memoryview:
+        try:
+            return self.mem.pinned(size)
+        except EgpuError:
+            self._pageable.append(memoryview(bytearray(size)))
+            return self._pageable[-1]
+
+    def close(self) -> None:
+        """The pinned memory freed (no pass runs any more; a later one would make it again), the rest
+        freed whatever the first free raised."""
+        bufs, self._pinned, self._head_buf = [self._pinned, self._head_buf], None, None
+        pageable, self._pageable = self._pageable, []
+        failed: Exception | None = None
+        for buf in bufs:
+            if buf is not None and not any(buf is b for b in pageable):
+                try:
+                    self.mem.unpin(buf)
+                except Exception as e:  # noqa: BLE001  (raised once the other is freed)
+                    failed = failed or e
+        if failed is not None:
+            raise failed
+
+    def _header(self, lines: bool = True) -> tuple[int, memoryview, int]:
+        """(head, the per-SM lines, empty where ``lines`` is false, their count), ``dropped`` updated from
         the producers' counts the copies held."""
-        header = self.mem.read(self.addr, RING_NCPU + 4)
-        head, _reserved, _consumed, dropped = struct.unpack_from("<QQQQ", header, 0)
-        (ncpu,) = struct.unpack_from("<I", header, RING_NCPU)
-        if lines and ncpu:
-            marks = self.mem.read(self.addr + self.lay.lines_off, ncpu * LINE)
+        buf = self._head()
+        n = RING_NCPU + 4
+        self.mem.read_into(self.addr, buf[:n])
+        head, _reserved, _consumed, dropped = struct.unpack_from("<QQQQ", buf, 0)
+        (ncpu,) = struct.unpack_from("<I", buf, RING_NCPU)
+        marks = buf[n:n + ncpu * LINE] if lines else buf[n:n]
+        if marks:
+            self.mem.read_into(self.addr + self.lay.lines_off, marks)
             self._line_drops = sum(struct.unpack_from("<Q", marks, c * LINE + 8)[0] for c in range(ncpu))
         self.dropped = dropped + self._line_drops
-        return head, marks if lines and ncpu else b"", ncpu
+        return head, marks, ncpu
 
     def count_drops(self) -> None:
         """``dropped`` brought up to date with the per-SM lines: a waiting ring's passes leave them unread
         (its producers count there only records larger than the ring), so its count is read once, at the end."""
         self._header()
 
-    def _reopen(self, lines: bytes, ncpu: int) -> None:
+    def _reopen(self, lines: memoryview, ncpu: int) -> None:
         """A dropping ring's SMs that were refused may ask again now that there is room (devmaps.py)."""
         for c in range(ncpu):
             if struct.unpack_from("<Q", lines, c * LINE)[0] != M64:
