@@ -254,13 +254,26 @@ static void unwound_to(void **limit, void *caught) {
     tls_depth = n;
 }
 
+/* Functions found in a caller's own scope, by the caller's return address (a call site calls one of them): each
+ * object's scope may give its own (a library linked with -static-libstdc++ exports a C++ runtime of its own,
+ * another loads libstdc++.so), and a __cxa_begin_catch of another runtime than the catch's ends its rethrow in
+ * std::terminate. Each slot filled once (`at` 1: being filled); when all are, such callers search every time. */
+#define SCOPED 256
+static struct { _Atomic uintptr_t at; void *fn; } scoped[SCOPED];
+
 /* The unwinder function ``name`` the caller would call without the shim. RTLD_NEXT sees the global scope only:
  * a C++ library opened RTLD_LOCAL (a Python extension module) brings libgcc_s into none, and RTLD_NEXT finds
  * nothing; then the caller's own scope is searched, and the object found in made undeletable so that the
- * function can be kept (else looked up again at every throw: that object may be closed). */
+ * function can be kept for that caller (else looked up again at every throw: that object may be closed). */
 static void *unwinder(const char *name, void **cached, void *self, void *caller) {
     void *p = *cached;
     if (p) return p;
+    uintptr_t at = (uintptr_t)caller, first = (at >> 2) * 0x9e3779b97f4a7c15ull >> 56;   /* SCOPED: 8 bits */
+    for (int k = 0; k < SCOPED; k++) {
+        uintptr_t seen = atomic_load_explicit(&scoped[(first + k) % SCOPED].at, memory_order_acquire);
+        if (seen == at) return scoped[(first + k) % SCOPED].fn;
+        if (!seen) break;
+    }
     if ((p = egpu_real_dlsym(RTLD_NEXT, name))) return *cached = p;
     Dl_info info;
     void *h;
@@ -271,7 +284,14 @@ static void *unwinder(const char *name, void **cached, void *self, void *caller)
     }
     if (!p || p == self) die("egpu: no unwinder function to call; aborting\n");
     if (dladdr(p, &info) && info.dli_fname && dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE))
-        *cached = p;
+        for (int k = 0; k < SCOPED; k++) {
+            uintptr_t free_ = 0;
+            if (atomic_compare_exchange_strong(&scoped[(first + k) % SCOPED].at, &free_, 1)) {
+                scoped[(first + k) % SCOPED].fn = p;
+                atomic_store_explicit(&scoped[(first + k) % SCOPED].at, at, memory_order_release);
+                break;
+            }
+        }
     return p;
 }
 

@@ -546,6 +546,24 @@ def test_a_throw_in_a_library_opened_locally_is_caught(built, tmp_path):
     assert (r.returncode, r.stdout) == (0, "caught 28\n"), (r.returncode, r.stderr)
 
 
+def test_throws_in_libraries_with_c_runtimes_of_their_own_are_caught_by_each(built, tmp_path):
+    """A library linked with -static-libstdc++ exports a C++ runtime of its own; opened RTLD_LOCAL beside one
+    that uses libstdc++.so, each catches with its own. The shim's __cxa_begin_catch kept the first function
+    a caller's scope gave for every caller: the other library's catch began in the wrong runtime, and its
+    rethrow inside the catch found no exception there (std::terminate), with or without uprobes."""
+    own, shared, app = tmp_path / "libcatch_own.so", tmp_path / "libcatch.so", tmp_path / "app_local"
+    for lib, static in ((own, ["-static-libstdc++"]), (shared, [])):
+        subprocess.run(["g++", "-O1", "-shared", "-fPIC", *static, str(APP / "libcatch.cpp"), "-o", str(lib)],
+                       check=True)
+    subprocess.run(["gcc", "-O1", "-Wall", str(APP / "app_local.c"), "-o", str(app), "-ldl"], check=True)
+    for libs in ((own, shared), (shared, own)):
+        plain = subprocess.run([str(app), *map(str, libs)], capture_output=True, text=True)
+        assert (plain.returncode, plain.stdout) == (0, "caught 56\n"), plain.stderr
+        r = subprocess.run([str(app), *map(str, libs)], env={"LD_PRELOAD": str(built / "libegpu_shim.so")},
+                           capture_output=True, text=True)
+        assert (r.returncode, r.stdout) == (0, "caught 56\n"), (libs, r.returncode, r.stderr)
+
+
 def test_functions_left_by_a_throw_or_a_longjmp_keep_the_job_running(stub_job, tmp_path):
     """A uretprobe swaps its function's return address for egpu's thunk, which has no unwind tables: a C++
     exception through such a frame ended the job (std::terminate), pthread_exit's unwind stopped there
