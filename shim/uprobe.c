@@ -258,7 +258,7 @@ static void unwound_to(void **limit, void *caught) {
  * object's scope may give its own (a library linked with -static-libstdc++ exports a C++ runtime of its own,
  * another loads libstdc++.so), and a __cxa_begin_catch of another runtime than the catch's ends its rethrow in
  * std::terminate. Each slot filled once (`at` 1: being filled); when all are, such callers search every time. */
-#define SCOPED 256
+#define SCOPED 1024
 static struct { _Atomic uintptr_t at; void *fn; } scoped[SCOPED];
 
 /* The unwinder function ``name`` the caller would call without the shim. RTLD_NEXT sees the global scope only:
@@ -268,7 +268,7 @@ static struct { _Atomic uintptr_t at; void *fn; } scoped[SCOPED];
 static void *unwinder(const char *name, void **cached, void *self, void *caller) {
     void *p = *cached;
     if (p) return p;
-    uintptr_t at = (uintptr_t)caller, first = (at >> 2) * 0x9e3779b97f4a7c15ull >> 56;   /* SCOPED: 8 bits */
+    uintptr_t at = (uintptr_t)caller, first = (at >> 2) * 0x9e3779b97f4a7c15ull >> 54;   /* SCOPED: 10 bits */
     for (int k = 0; k < SCOPED; k++) {
         uintptr_t seen = atomic_load_explicit(&scoped[(first + k) % SCOPED].at, memory_order_acquire);
         if (seen == at) return scoped[(first + k) % SCOPED].fn;
