@@ -212,6 +212,14 @@ BAD_SOURCES = [
                  'static int cb(__u32 i, void *c) { *(__u64 *)c += i; return 0; }\n'
                  'SEC("kprobe/*") int p(void *c) { __u64 s = 0; bpf_loop(4, cb, &s, 0); return s; }',
      "takes the address of function cb: callbacks (bpf_loop, bpf_for_each_map_elem, timers) are not supported"),
+    ("map of maps", 'struct inner { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); '
+                    '__type(value, __u64); } in SEC(".maps");\n' + MAP_SRC.format(
+                        fields="__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS); __uint(max_entries, 1); __type(key, __u32); "
+                               "__array(values, struct inner);"),
+     "map m: unsupported map type 12 (BPF_MAP_TYPE_ARRAY_OF_MAPS;"),   # not "field values is not a __uint"
+    ("values of a hash", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
+                                        "__type(key, __u32); __array(values, struct { int x; });"),
+     "map m: __array(values, ...) is for maps of maps and program arrays, not hash"),
     ("legacy map type", 'struct egpu_map_def SEC("maps") m = { .type = 99, .key_size = 4, .value_size = 4, '
                         '.max_entries = 1 };\n'
                         'SEC("kprobe/*") int p(void *c) { __u32 k = 0; return bpf_map_lookup_elem(&m, &k) != 0; }',

@@ -389,8 +389,12 @@ def _btf_map_def(btf: btfmod.Btf, var: btfmod.Type) -> MapDef:
     ``__type(x, T)`` = ``T *x`` (bpf_helpers.h)."""
     attrs: dict[str, int] = {}
     types: dict[str, int] = {}
+    inner = False
     try:
         for m in btf.members(var.ref):
+            if m.name == "values":   # libbpf's __array(values, ...): the inner maps or programs, an array
+                inner = True         # of pointers; the map type says why egpu refuses it
+                continue
             ptr = btf.resolve(m.type)
             if ptr.kind != btfmod.KIND_PTR:
                 raise ElfError(f"map {var.name}: field {m.name} is not a __uint or __type", section=".maps")
@@ -413,6 +417,9 @@ def _btf_map_def(btf: btfmod.Btf, var: btfmod.Type) -> MapDef:
     if "type" not in attrs:
         raise ElfError(f"map {var.name}: no type", section=".maps")
     typ = attrs["type"]
+    if inner and typ in MAP_TYPE_NAMES:   # libbpf: "should be map-in-map or prog-array"
+        raise ElfError(f"map {var.name}: __array(values, ...) is for maps of maps and program arrays, "
+                       f"not {MAP_TYPE_NAMES[typ]}", section=".maps")
     key_size, value_size = attrs.get("key_size", 0), attrs.get("value_size", 0)
     if typ == MAP_PERF_EVENT_ARRAY:  # libbpf fills in the int-sized key and value (fd slots)
         key_size, value_size = key_size or 4, value_size or 4
