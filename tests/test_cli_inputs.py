@@ -293,6 +293,19 @@ def test_unsupported_map_type_and_helper_by_name(tmp_path):
     assert "unknown func bpf_probe_read#4 (a Linux helper egpu does not provide)" in r.stderr.splitlines()[0]
 
 
+def test_libbpf_printk_of_four_arguments_says_why_it_is_refused(tmp_path):
+    """libbpf's bpf_printk calls bpf_trace_vprintk past three arguments: the refusal names what was written."""
+    src = tmp_path / "p4.bpf.c"
+    src.write_text("#include <linux/bpf.h>\n#include <bpf/bpf_helpers.h>\n" + HEAD +
+                   "SEC(\"kprobe/*\") int p(struct egpu_ctx *c) { bpf_printk(\"%d %d %d %d\", 1, 2, 3, c->site); "
+                   "return 0; }\n" + LICENSE)
+    compile_probe(src)
+    r = run(egpu, ["verify", tmp_path / "p4.bpf.o"])
+    assert r.exit_code == 1
+    assert ("unknown func bpf_trace_vprintk#177 (libbpf's bpf_printk calls it for more than three arguments: "
+            "egpu's takes at most three)") in r.stderr.splitlines()[0]
+
+
 # ---- static archives ---------------------------------------------------------------------------------
 
 def _ar(members: dict[str, bytes]) -> bytes:

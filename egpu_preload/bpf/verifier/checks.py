@@ -43,6 +43,9 @@ _WRITES_MAP = frozenset({"map_update_elem", "map_delete_elem"})
 # Helpers declared variadic in C (bpf_printk): the registers of arguments the format does not use hold
 # whatever clang left there, unset or a pointer, so their "anything" arguments take any value.
 _VARIADIC = frozenset({"trace_printk"})
+# Linux helpers a probe calls without naming them: what the user wrote instead.
+_NOT_WRITTEN = {"bpf_trace_vprintk": "libbpf's bpf_printk calls it for more than three arguments: egpu's takes at "
+                                     "most three"}
 # A conversion of a printk format: %s is the one Linux formats that the host cannot (it gets numbers only).
 _PRINTK_STRING = re.compile(rb"%[-0+ #]*\d*(?:hh|h|ll|l|z)?s")
 
@@ -556,7 +559,8 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
     if h is None:
         # The kernel's spellings: "unknown func bpf_x#N" for a helper it has, else "invalid func unknown#N".
         if is_linux_helper(insn.imm):
-            raise Reject(f"unknown func {helper_name(insn.imm)}#{insn.imm} (a Linux helper egpu does not provide)")
+            why = _NOT_WRITTEN.get(helper_name(insn.imm), "a Linux helper egpu does not provide")
+            raise Reject(f"unknown func {helper_name(insn.imm)}#{insn.imm} ({why})")
         raise Reject(f"invalid func unknown#{insn.imm} (helper id)")
     f = st.top
     m: int | None = None
