@@ -116,6 +116,40 @@ def test_libbpf_headers_in_either_order(tmp_path, includes):
     assert _helper_calls(_build(tmp_path, source)) == [502, 2, 6]
 
 
+# What other libbpf headers (bpf_core_read.h's ___bpf_apply, ___bpf_narg) and map definitions (LIBBPF_PIN_*)
+# take from bpf_helpers.h.
+LIBBPF_EXTRAS = """
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} m SEC(".maps");
+struct mine { __u64 kernel_id; } __attribute__((preserve_access_index));
+
+SEC("kprobe/*")
+int p(struct egpu_ctx *ctx)
+{
+	__u32 k = bpf_core_field_exists(((struct mine *)ctx)->kernel_id);
+	__u64 one = 1;
+
+	bpf_map_update_elem(&m, &k, &one, BPF_ANY);
+	return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("includes", [
+    ['"egpu.bpf.h"', "<bpf/bpf_helpers.h>", "<bpf/bpf_core_read.h>"],
+    ["<linux/bpf.h>", "<bpf/bpf_helpers.h>", '"egpu.bpf.h"', "<bpf/bpf_core_read.h>"],
+], ids=["egpu-first", "libbpf-first"])
+def test_libbpf_headers_get_what_bpf_helpers_h_gives_them_after_egpu_bpf_h(tmp_path, includes):
+    """egpu.bpf.h first makes bpf_helpers.h a no-op: it defines what libbpf's other headers use from it."""
+    source = "".join(f"#include {h}\n" for h in includes) + LIBBPF_EXTRAS
+    assert _helper_calls(_build(tmp_path, source)) == [2]
+
+
 def test_default_output(tmp_path):
     src = tmp_path / "x.bpf.c"
     src.write_text((PROBES / "count.bpf.c").read_text())

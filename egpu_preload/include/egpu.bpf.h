@@ -85,6 +85,22 @@ enum { BPF_F_CURRENT_CPU = 0xffffffffULL };
 #ifndef barrier
 #define barrier() asm volatile("" ::: "memory")
 #endif
+/* What libbpf's other headers (bpf_core_read.h) and map definitions (pinning) take from bpf_helpers.h. */
+enum libbpf_pin_type { LIBBPF_PIN_NONE, LIBBPF_PIN_BY_NAME };
+#define __kconfig __attribute__((section(".kconfig")))
+#define __ksym __attribute__((section(".ksyms")))
+#ifndef ___bpf_concat
+#define ___bpf_concat(a, b) a ## b
+#endif
+#ifndef ___bpf_apply
+#define ___bpf_apply(fn, n) ___bpf_concat(fn, n)
+#endif
+#ifndef ___bpf_nth
+#define ___bpf_nth(_, _1, _2, _3, _4, _5, _6, _7, _8, _9, _a, _b, _c, N, ...) N
+#endif
+#ifndef ___bpf_narg
+#define ___bpf_narg(...) ___bpf_nth(_, ##__VA_ARGS__, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#endif
 
 /* Standard helpers (linux/bpf.h ids). */
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
