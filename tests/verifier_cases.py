@@ -247,6 +247,9 @@ REJECT: tuple[Case, ...] = (
     Case("pointer_plus_pointer", "r1 += r10\nr0 = 0\nexit", "pointer += pointer prohibited", 0),
     Case("pointer_minus_other_region", "r1 -= r10\nr0 = r1\nexit", "subtraction of pointers to different regions", 0),
     Case("pointer_comparison", "r0 = 0\nif r1 > r10 goto +0\nexit", "pointer comparison prohibited", 1),
+    Case("pointer_equality_then_deref", LOOKUP_COUNTS + "r6 = r0\nr1 = map[0] ll\nr2 = r10\nr2 += -4\n"
+         "call map_lookup_elem\nif r6 != r0 goto +1\nr0 = *(u64 *)(r6 + 0x0)\nr0 = 0\nexit",
+         "invalid mem access 'map_value_or_null'", 13),   # equal says nothing of null
     Case("pointer_compare_nonzero", "r0 = 0\nif r1 == 5 goto +0\nexit", "only == 0 and != 0 null checks", 1),
     Case("pointer_jmp32", "r0 = 0\nif w1 == 0 goto +0\nexit", "pointer comparison prohibited", 1),
     Case("pointer_neg", "r1 = -r1\nr0 = 0\nexit", "neg of a pointer prohibited", 0),
@@ -635,6 +638,21 @@ REJECT: tuple[Case, ...] = (
 )
 
 ACCEPT: tuple[Case, ...] = (
+    # Two pointers compared for equality (clang's order for "a && b && a != b" of two lookups); the kernel
+    # allows it where pointers may leak, as in every tracing program, and on a GPU no address leaks anywhere.
+    Case("pointer_equality", LOOKUP_COUNTS + """
+        r6 = r0
+        r1 = map[0] ll
+        r2 = r10
+        r2 += -4
+        call map_lookup_elem
+        if r6 == r0 goto out
+        if r6 == 0 goto out
+        r1 = 1
+        lock *(u64 *)(r6 + 0x0) += r1
+    out:
+        r0 = 0
+        exit"""),
     Case("bounded_loop", """
         r1 = 0
         r2 = 0

@@ -532,8 +532,12 @@ def _narrowed(s: State, insn: Insn, ops: tuple[Value, Value]) -> State:
 
 
 def _null_check(st: State, insn: Insn, a: Value, b: Value, target: int, nxt: int) -> Succ:
-    """The only comparison a pointer takes: == 0 / != 0, which splits an or_null pointer in two."""
+    """The comparisons a pointer takes: == 0 / != 0, which splits an or_null pointer in two, and == / != with
+    another pointer, which proves nothing (both outcomes go on as they were). The kernel allows the latter
+    where pointers may leak (CAP_PERFMON, every tracing program); clang makes it of "a && b && a != b"."""
     if a.is_pointer and b.is_pointer:
+        if insn.width == 64 and insn.op in ("jeq", "jne"):
+            return [(st, nxt), (st.copy(), target)]
         raise Reject(f"pointer comparison prohibited (r{insn.dst} is {a.kind}, r{insn.src} is {b.kind})")
     p, s, reg = (a, b, insn.dst) if a.is_pointer else (b, a, insn.src)
     if insn.width == 32 or insn.op not in ("jeq", "jne") or not (s.is_const and s.tv == 0):
