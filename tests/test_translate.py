@@ -394,6 +394,19 @@ def test_egpu_ptx_prints_the_module(probe_obj):
     assert ".func (.param .b64 %ret) __egpu_" in result.output
 
 
+def test_programs_whose_names_differ_only_outside_ptx_identifiers_get_distinct_functions(tmp_path):
+    """C takes $ and UTF-8 in names, PTX functions neither: "$" and "_", "café" and "cafè" were one name
+    each, which ptxas refused as a duplicate definition."""
+    from egpu_preload.translate import probe_object_ptx
+    code = assemble("r0 = 0\nexit")
+    names = ["$", "_", "café", "cafè", "caf_"]
+    obj = BpfObject("n.bpf.o", [Program(n, "kprobe/*", parse_section("kprobe/*"), code) for n in names])
+    text = probe_object_ptx(obj)
+    funcs = re.findall(r"^\.func \(\.param \.b64 %ret\) (\S+)\(", text, re.M)
+    assert len(set(funcs)) == len(names), funcs
+    ptxas(text, "sm_90", tmp_path)
+
+
 # ---- what the GPU tests and the benchmark will load -----------------------------------------------
 
 def test_gpu_test_and_bench_probes_assemble(tmp_path):

@@ -45,7 +45,9 @@ def header(version: tuple[int, int] = PTX_VERSION, sm: int = SM_MIN) -> str:
 
 
 def _ident(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", s)
+    """A PTX identifier's characters for a C name, one to one: names that differ only in characters PTX lacks
+    (C takes $ and UTF-8) must not become one function. Each such character is $<hex>$; $ itself is one."""
+    return re.sub(r"[^A-Za-z0-9_]", lambda m: f"${ord(m[0]):x}$", s)
 
 
 def object_tag(obj: BpfObject) -> str:
