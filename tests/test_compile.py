@@ -185,6 +185,20 @@ def test_errors(tmp_path, case, reason):
         assert "bad.bpf.c:2" in e.value.detail
 
 
+def test_bpf_printk_with_more_than_three_arguments_says_so_at_its_line(tmp_path):
+    """clang's BPF back end refuses a call of more than five arguments as "i64 = Constant<6> too many
+    arguments" and no more; the macro says what is wrong before that, at the call's line."""
+    src = tmp_path / "four.bpf.c"
+    src.write_text('#include "egpu.bpf.h"\nSEC("kprobe/*") int p(struct egpu_ctx *c)\n'
+                   '{ bpf_printk("%d %d %d %d", 1, 2, 3, c->site); return 0; }\n')
+    with pytest.raises(EgpuError) as e:
+        compile_probe(src)
+    assert "four.bpf.c:3" in e.value.detail and "bpf_printk takes at most three arguments" in e.value.detail
+    src.write_text('#include "egpu.bpf.h"\nSEC("kprobe/*") int p(struct egpu_ctx *c)\n'
+                   '{ bpf_printk("none"); bpf_printk("%d %d %d", 1, 2, c->site); return 0; }\n')
+    assert compile_probe(src).exists()
+
+
 def test_no_clang_on_path(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(EgpuError, match="no clang found"):

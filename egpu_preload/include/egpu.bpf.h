@@ -116,9 +116,11 @@ static void *(*bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (v
 static void (*bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
 static void (*bpf_ringbuf_discard)(void *data, __u64 flags) = (void *)133;
 
-/* bpf_printk("fmt", a, b, c): up to three arguments, like libbpf's short form. */
+/* bpf_printk("fmt", a, b, c): up to three arguments, like libbpf's short form (more would reach clang's
+ * BPF back end as "too many arguments" with no line to it). */
 #define bpf_printk(fmt, ...) \
-	({ static const char ____fmt[] = fmt; bpf_trace_printk(____fmt, sizeof(____fmt), ##__VA_ARGS__); })
+	({ _Static_assert(___bpf_narg(__VA_ARGS__) <= 3, "bpf_printk takes at most three arguments"); \
+	   static const char ____fmt[] = fmt; bpf_trace_printk(____fmt, sizeof(____fmt), ##__VA_ARGS__); })
 #endif /* __BPF_HELPERS__ */
 
 /* ---- GPU helpers: bpftime's ids and names, so its probes run unchanged. ---- */
