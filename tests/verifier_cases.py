@@ -261,6 +261,8 @@ REJECT: tuple[Case, ...] = (
     Case("helper_arg_uninit", "r1 = map[0] ll\ncall map_lookup_elem\nr0 = 0\nexit", "r2 is not initialized", 2),
     Case("helper_key_uninit_stack", "r2 = r10\nr2 += -4\nr1 = map[0] ll\ncall map_lookup_elem\nr0 = 0\nexit",
          "not initialized (map_lookup_elem arg2)", 4),
+    Case("helper_key_padding", "*(u16 *)(r10 - 4) = 1\nr2 = r10\nr2 += -4\nr1 = map[0] ll\ncall map_lookup_elem\n"
+         "r0 = 0\nexit", "not initialized (map_lookup_elem arg2); 2 of its 4 bytes written: a struct's padding?", 5),
     Case("helper_key_outside_stack", "r2 = r10\nr1 = map[0] ll\ncall map_lookup_elem\nr0 = 0\nexit",
          "invalid stack access off=0 size=4", 3),
     Case("helper_value_too_small", """

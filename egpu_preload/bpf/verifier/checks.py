@@ -730,9 +730,19 @@ def _helper_mem(env: Env, st: State, h: Helper, n: int, v: Value, size: int, *, 
                 f.stack[k] = slot.as_data()
             continue
         if slot is None or slot.bytes[i] == "u":
-            raise Reject(f"invalid read from stack off={o} size=1: not initialized ({h.name} arg{n})")
+            raise Reject(f"invalid read from stack off={o} size=1: not initialized ({h.name} arg{n})"
+                         + _padding_hint(f, lo, hi))
         if slot.spill is not None and slot.spill.is_pointer:
             raise Reject(f"r{n} leaks addr into {h.name}: fp{-8 * (k + 1)} holds {slot.spill.kind} (arg{n})")
+
+
+def _padding_hint(f: Frame, lo: int, hi: int) -> str:
+    """Where a helper's memory argument is partly written: most often a struct key's padding, which the
+    kernel's privileged programs may pass (and hash as whatever the stack held) and egpu does not."""
+    written = sum(1 for o in range(lo, hi) if (slot := f.stack.get(_slot_of(o)[0])) is not None
+                  and slot.bytes[_slot_of(o)[1]] != "u")
+    return (f"; {written} of its {hi - lo} bytes written: a struct's padding? clear the struct first "
+            "(__builtin_memset)") if written else ""
 
 
 def _local_call(env: Env, st: State, insn: Insn) -> Succ:
