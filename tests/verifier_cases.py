@@ -109,7 +109,7 @@ REJECT: tuple[Case, ...] = (
     sub:
         *(u64 *)(r10 - 8) = 0
         r0 = 0
-        exit""", "combined stack size of 2 calls is 544", 0),
+        exit""", "combined stack size of 2 calls is 544 (512 at pc 0, 32 at pc 4)", 1),
     Case("return_callee_stack", """
         call local sub
         exit

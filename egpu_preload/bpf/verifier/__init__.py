@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from ...errors import DecodeError, ElfError, VerifierError
+from .. import isa
 from ..ctx import EGPU_CTX, Layout, layout_for
 from ..decode import Insn, decode
 from ..disasm import disasm_insn
@@ -192,19 +193,26 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
 
 
 def _check_combined_stack(cfg: Cfg, depths: tuple[int, ...]) -> None:
-    """The deepest call chain's frames together fit 512 bytes; frames round up to 32 like the kernel's."""
-    memo: dict[int, tuple[int, int]] = {}
+    """The deepest call chain's frames together fit 512 bytes; frames round up to 32 like the kernel's. A
+    refusal names the main program's call that starts that chain and each frame's size."""
+    memo: dict[int, tuple[int, tuple[int, ...]]] = {}
 
-    def chain(s: int) -> tuple[int, int]:  # (bytes, frames) of the deepest chain from s
+    def frame(s: int) -> int:
+        return (max(depths[s], 1) + 31) // 32 * 32
+
+    def chain(s: int) -> tuple[int, tuple[int, ...]]:  # (bytes, the subprograms) of the deepest chain from s
         if s not in memo:
-            below = max((chain(c) for c in cfg.callees[s]), default=(0, 0))
-            memo[s] = ((max(depths[s], 1) + 31) // 32 * 32 + below[0], below[1] + 1)
+            below = max((chain(c) for c in cfg.callees[s]), default=(0, ()))
+            memo[s] = (frame(s) + below[0], (s, *below[1]))
         return memo[s]
 
-    total, frames = chain(0)
+    total, subs = chain(0)
     if total > MAX_COMBINED_STACK:
-        raise Reject(f"combined stack size of {frames} calls is {total}, more than {MAX_COMBINED_STACK} "
-                     "(stack size)", pc=0)
+        call = next(i.pc for i in cfg.insns if i.kind == "call" and i.src == isa.CALL_LOCAL
+                    and cfg.subprog_of[i.pc] == 0 and cfg.subprog_of[i.call_target()] == subs[1])
+        frames = ", ".join(f"{frame(s)} at pc {cfg.subprogs[s]}" for s in subs)
+        raise Reject(f"combined stack size of {len(subs)} calls is {total} ({frames}), more than "
+                     f"{MAX_COMBINED_STACK} (stack size)", pc=call)
 
 
 def _error(r: Reject, pc: int | None, insns: list[Insn], maps: list[MapDef],
