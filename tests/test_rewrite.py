@@ -359,6 +359,16 @@ def test_translated_probes_carry_what_they_read(probe_obj):
     ("_ZNSt6vectorIiE4sizeEv", "std::vector::size"),
     ("vector_add", None),
     ("_Zbroken", None),
+    # CUB's (CUDA 13): an enum literal, whose type's E is not the literal's, and argument packs (J ... E).
+    ("_ZN3cub17CUB_300001_SM_9006detail10radix_sort30DeviceRadixSortHistogramKernelINS1_5radix10policy_hubIiNS0_"
+     "8NullTypeEyE10Policy1000ELNS0_9SortOrderE0EiyNS1_21identity_decomposer_tEEEvPT2_PKT1_SB_iiT3_",
+     "cub::CUB_300001_SM_900::detail::radix_sort::DeviceRadixSortHistogramKernel"),
+    ("_ZN3cub17CUB_300001_SM_9006detail9transform16transform_kernelINS2_10policy_hubILb1EN4cuda3std3__45tupleIJN6"
+     "thrust23THRUST_300001_SM_900_NS6detail15normal_iteratorINSA_10device_ptrIiEEEEEEEE10policy1000Ei2OpSF_JPiEEEvT0"
+     "_iT1_T2_DpNS2_10kernel_argIT3_EE", "cub::CUB_300001_SM_900::detail::transform::transform_kernel"),
+    ("_ZN2ns5kenumILN1e4ModeE1ELNS1_5PlainE1EJifNS1_3BoxIS2_EEEE3runEv", "ns::kenum::run"),
+    ("_ZN2ns5kfptrIXadL_Z4gfuniEEE3runEv", "ns::kfptr::run"),
+    ("_ZN2ns5knullILDnEE3runEv", "ns::knull::run"),
 ])
 def test_base_name(mangled, base):
     assert base_name(mangled) == base

@@ -70,6 +70,11 @@ def _skip_template_args(s: str, i: int) -> int:
     """Past an ``I ... E`` template argument list at i (or i itself when there is none)."""
     if i >= len(s) or s[i] != "I":
         return i
+    return _skip_group(s, i)
+
+
+def _skip_group(s: str, i: int) -> int:
+    """Past the group that opens at i (I, N, X or J) and its matching E."""
     depth = 0
     while True:
         c = s[i]
@@ -84,11 +89,39 @@ def _skip_template_args(s: str, i: int) -> int:
             while s[i] != "_":
                 i += 1
         elif c == "L":         # literal: L <type> <value> E, or L _Z <encoding> E
-            i = s.index("E", i + 1)
-        elif c in "INX":
+            if s.startswith("_Z", i + 1):   # the encoding's names, closed by the E below
+                depth += 1
+                i += 3
+                continue
+            # The type may be a nested name with E's of its own (an enum: LNS0_9SortOrderE0E); the value,
+            # digits or lowercase hex, has none.
+            i = s.index("E", _skip_type(s, i + 1))
+        elif c in "INXJ":      # J: an argument pack (cub's kernels take them)
             depth += 1
         elif c == "E":
             depth -= 1
             if depth == 0:
                 return i + 1
         i += 1
+
+
+def _skip_type(s: str, i: int) -> int:
+    """Past the type at i of a template-argument literal: a class or enum name (plain, nested or a
+    substitution, with its template arguments) or a builtin type."""
+    c = s[i]
+    if c.isdigit():
+        _, i = _source_name(s, i)
+    elif c == "N":
+        i = _skip_group(s, i)
+    elif c == "S":
+        if s[i + 1] in "tabsiod":
+            i += 2
+            if s[i].isdigit():
+                _, i = _source_name(s, i)
+        else:
+            i = s.index("_", i) + 1
+    elif c == "D":             # two-letter builtins: Dn (nullptr_t), Di, Ds
+        i += 2
+    else:
+        return i + 1
+    return _skip_template_args(s, i)
