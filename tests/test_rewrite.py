@@ -188,6 +188,23 @@ def test_a_kernel_whose_parameters_do_not_parse_is_left_as_it_was(words):
     assert res.status("other").status == "instrumented"
 
 
+@pytest.mark.parametrize("version, size, fits", [
+    ("8.0", 4352 - 8, True), ("8.0", 4352 - 7, False),        # before PTX 8.1: 4352 bytes
+    ("9.0", 32764 - 8, False), ("9.0", 32764 - 12, True),    # 8.1 on: 32764, the launch id 8-aligned
+])
+def test_a_kernel_whose_parameters_leave_no_room_for_the_launch_id_fails(version, size, fits):
+    """Found by the PTX sweep: a kernel whose parameters (CUDA 12.1's 32 KB of them) end within 8 bytes of
+    the limit was instrumented, and ptxas refused the module ('uses too much parameter space')."""
+    text = _kernel("ret;", f".param .align 4 .b8 k_0[{size}]", HEAD.replace("8.0", version))
+    res = instrument(text, [_probe("entry")])
+    assert res.status("k").status == ("instrumented" if fits else "failed")
+    if fits:
+        _assembles(res.text)
+    else:
+        assert "no room for the launch id parameter" in res.status("k").reason
+        assert res.text == text
+
+
 def test_kernel_with_no_site_for_its_probes_is_untouched():
     text = _kernel(REGS + "add.s32 %r1, %r1, 1;\nret;")
     res = instrument(text, [_probe("mem")])

@@ -7,7 +7,8 @@ pass over the top level, one over the body of each matching kernel, one join.
 
 What an instrumented kernel looks like
 --------------------------------------
-- Its parameter list gains a trailing ``.param .u64 __egpu_launch_id`` (the launch contract below).
+- Its parameter list gains a trailing ``.param .u64 __egpu_launch_id`` (the launch contract below); a
+  kernel whose parameters leave no room for it in the parameter space fails.
 - The context (``struct egpu_ctx``, bpf/ctx.py) holds kernel_id (FNV-1a of the mangled name),
   launch_id, args (the first 8 parameters, each zero-extended; an aggregate gives its first 8/4/2/1
   bytes as its alignment allows), nargs, and per site: site, addr, size, flags, kind; the launch-only
@@ -81,6 +82,7 @@ from egpu_preload.translate.emitter import DIM_REGISTERS, packed_word
 from egpu_preload.translate.striping import stripe_counters
 
 LAUNCH_PARAM = "__egpu_launch_id"
+PARAM_SPACE, PARAM_SPACE_LARGE = 4352, 32764   # bytes of kernel parameters ptxas takes (_check_param_space)
 PREFIX = "__egpu"
 # PTX 6.2 introduced activemask (PTX ISA 9.7.13.4), which every site uses to regroup its lanes.
 SITE_VERSION = (6, 2)
@@ -191,6 +193,8 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
             continue
         try:
             kernel_edits, calls = _Kernel(fn, mine).edits()
+            if calls:
+                _check_param_space(fn.params, mod.version)
         except PtxError as e:
             statuses.append(KernelStatus(fn.name, "failed", e.reason))
             continue
@@ -215,6 +219,16 @@ def _launch_param_offset(params: tuple[ptx.Param, ...]) -> int:
     for p in params:
         off = -(-off // p.align) * p.align + p.size
     return -(-off // 8) * 8
+
+
+def _check_param_space(params: tuple[ptx.Param, ...], version: tuple[int, int] | None) -> None:
+    """PtxError when the launch id does not fit in the kernel's parameter space: ptxas 13.0 allows 4352
+    bytes before PTX ISA 8.1 and 32764 from 8.1 on (CUDA 12.1's large kernel parameters)."""
+    limit = PARAM_SPACE_LARGE if (version or (0, 0)) >= (8, 1) else PARAM_SPACE
+    end = _launch_param_offset(params) + 8
+    if end > limit:
+        raise PtxError(f"no room for the launch id parameter: it would end at byte {end}, past the {limit} "
+                       f"bytes of kernel parameters PTX {'.'.join(map(str, version or (0, 0)))} allows")
 
 
 def _module_edits(mod: ptx.Module, used: list[ProbeSpec], weak: bool) -> list[ptx.Edit]:
