@@ -13,7 +13,9 @@ jiegec/fatbinary), all little endian:
              ptxas options text (e.g. "--compile-only" in -rdc objects), then the payload.
 
 Flags 0x2000 mark LZ4 block compression, 0x8000 Zstd; compressed_size bytes of the padded payload are
-the stream and uncompressed_size the text it decodes to (PTX keeps its trailing NUL).
+the stream and uncompressed_size the text it decodes to (PTX keeps its trailing NUL). 0x100000 marks
+arch-specific code (sm_90a, compute_100a: that one arch only), 0x200000 family-specific code (sm_100f:
+the archs of its major version from it on), as nvcc 13.0 writes them; arch is the number alone.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ FLAG_64BIT = 0x1
 FLAG_DEBUG = 0x2
 FLAG_LZ4 = 0x2000
 FLAG_ZSTD = 0x8000
+FLAG_ARCH_SPECIFIC = 0x100000
+FLAG_FAMILY = 0x200000
 
 # Sections nvcc puts fatbins in: .nv_fatbin for loadable code, __nv_relfatbin for -rdc objects that
 # nvlink (or the driver's linker) still has to link.
@@ -79,6 +83,19 @@ class Entry:
         if self.flags & FLAG_LZ4:
             return "lz4"
         return "none"
+
+    @property
+    def suffix(self) -> str:
+        """"a" for arch-specific code, "f" for family-specific code, "" for code later archs run."""
+        return "a" if self.flags & FLAG_ARCH_SPECIFIC else "f" if self.flags & FLAG_FAMILY else ""
+
+    def runs_on(self, sm: int) -> bool:
+        """Whether a device of compute capability ``sm`` runs (SASS) or JITs (PTX) this entry."""
+        if self.suffix == "a":
+            return sm == self.arch
+        if self.suffix == "f":
+            return sm // 10 == self.arch // 10 and sm >= self.arch
+        return sm >= self.arch
 
     @property
     def size(self) -> int:
@@ -321,21 +338,22 @@ def _elf_fatbin_sections(binary: bytes) -> list[tuple[str, int, int]]:
 
 
 def best_ptx(fatbins: list[Fatbin], sm: int) -> Entry | None:
-    """The PTX a device of compute capability `sm` (e.g. 90) should JIT: highest arch <= sm.
+    """The PTX a device of compute capability `sm` (e.g. 90) should JIT: highest arch <= sm, of those it
+    can run (compute_90a PTX only on sm_90: the driver refuses it elsewhere).
 
     Ties (the same arch in several fatbins) keep the first. None if no PTX fits.
     """
     best = None
     for fatbin in fatbins:
         for e in fatbin.entries:
-            if e.kind == Kind.PTX and e.arch <= sm and (best is None or e.arch > best.arch):
+            if e.kind == Kind.PTX and e.runs_on(sm) and (best is None or e.arch > best.arch):
                 best = e
     return best
 
 
 def entry_name(entry: Entry) -> str:
-    """cuobjdump's name for the target: sm_XX for SASS, compute_XX for PTX."""
-    return f"{'compute' if entry.kind == Kind.PTX else 'sm'}_{entry.arch}"
+    """cuobjdump's name for the target: sm_XX for SASS, compute_XX for PTX (sm_90a, compute_100f)."""
+    return f"{'compute' if entry.kind == Kind.PTX else 'sm'}_{entry.arch}{entry.suffix}"
 
 
 def listing(fatbins: list[Fatbin]) -> list[str]:

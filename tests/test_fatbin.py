@@ -30,6 +30,8 @@ BUILDS = {
     "size": ["-fatbin", "--compress-mode=size", *ARCHS],
     "none": ["-fatbin", "--compress-mode=none", *ARCHS],
     "rdc": ["-c", "-rdc=true", "-gencode", "arch=compute_80,code=[sm_80,compute_80]"],
+    "specific": ["-fatbin", "-gencode", "arch=compute_90a,code=[sm_90a,compute_90a]", "-gencode",
+                 "arch=compute_100f,code=compute_100f", "-gencode", "arch=compute_80,code=compute_80"],
 }
 
 
@@ -103,6 +105,19 @@ def test_every_entry_decodes_to_its_size(built):
 def test_best_ptx_is_highest_arch_not_above_device(built, sm, arch):
     entry = F.best_ptx(F.find_fatbins(built["default"].read_bytes()), sm)
     assert (entry.arch if entry else None) == arch
+
+
+@pytest.mark.parametrize("sm, name", [(80, "compute_80"), (89, "compute_80"), (90, "compute_90a"),
+                                      (100, "compute_100f"), (103, "compute_100f"), (120, "compute_80")])
+def test_best_ptx_takes_arch_and_family_specific_ptx_only_where_it_runs(built, sm, name):
+    """Found by the PTX sweep: compute_90a PTX read as compute_90 was chosen for an sm_100 device, whose
+    driver refuses to JIT it, although the fatbin's compute_80 PTX runs there."""
+    fatbins = F.find_fatbins(built["specific"].read_bytes())
+    assert [F.entry_name(e) for fb in fatbins for e in fb.entries] == \
+        ["sm_90a", "compute_90a", "compute_100f", "compute_80"]
+    entry = F.best_ptx(fatbins, sm)
+    assert F.entry_name(entry) == name
+    assert re.search(rf"^\.target\s+sm_{name.removeprefix('compute_')}\b", entry.ptx(), re.M)
 
 
 def test_rdc_object_keeps_relocatable_code_in_nv_relfatbin(built):
