@@ -208,8 +208,10 @@ def _parse_entry(data: bytes, pos: int, end: int) -> tuple[Entry, int]:
         if text_size:
             if text_offset + text_size > header_size:
                 raise FatbinError(f"entry at {pos}: ptxas options outside its header")
-            raw = data[pos + text_offset:pos + text_offset + text_size]
-            options = raw.rstrip(b"\0").decode("latin-1").strip()
+            raw = data[pos + text_offset:pos + text_offset + text_size].rstrip(b"\0")
+            # nvcc 13.0's sm_100+ cubins keep binary data there (flag 0x1000000), not ptxas options.
+            if all(32 <= b < 127 for b in raw):
+                options = raw.decode("ascii").strip()
     entry = Entry(Kind(kind), arch, (major, minor), flags, payload, uncompressed_size, options, pos)
     return entry, pos + header_size + payload_size
 

@@ -30,6 +30,7 @@ BUILDS = {
     "size": ["-fatbin", "--compress-mode=size", *ARCHS],
     "none": ["-fatbin", "--compress-mode=none", *ARCHS],
     "rdc": ["-c", "-rdc=true", "-gencode", "arch=compute_80,code=[sm_80,compute_80]"],
+    "sm100": ["-fatbin", "-gencode", "arch=compute_100,code=sm_100"],
     "specific": ["-fatbin", "-gencode", "arch=compute_90a,code=[sm_90a,compute_90a]", "-gencode",
                  "arch=compute_100f,code=compute_100f", "-gencode", "arch=compute_80,code=compute_80"],
 }
@@ -118,6 +119,14 @@ def test_best_ptx_takes_arch_and_family_specific_ptx_only_where_it_runs(built, s
     entry = F.best_ptx(fatbins, sm)
     assert F.entry_name(entry) == name
     assert re.search(rf"^\.target\s+sm_{name.removeprefix('compute_')}\b", entry.ptx(), re.M)
+
+
+def test_binary_data_in_the_options_slot_is_not_taken_for_options(built):
+    """Found by the PTX sweep: nvcc 13.0's sm_100 cubins keep 36 bytes of binary data where ptxas
+    options go, and egpu inspect printed them, NULs and control characters, as the entry's options."""
+    [fb] = F.find_fatbins(built["sm100"].read_bytes())
+    assert [(F.entry_name(e), e.options) for e in fb.entries] == [("sm_100", "")]
+    assert not any("[" in line for line in F.listing([fb]))
 
 
 def test_rdc_object_keeps_relocatable_code_in_nv_relfatbin(built):
