@@ -34,6 +34,7 @@ HEADER = struct.Struct("<IHHQ")
 ENTRY = struct.Struct("<HHIQIIHHIIIQQQ")
 OPTIONS = struct.Struct("<II")
 ELF_MAGIC = b"\x7fELF"
+EM_CUDA = struct.pack("<H", 190)   # e_machine of a cubin
 AR_MAGIC = b"!<arch>\n"   # a static library (ar(5))
 AR_HEADER = 60
 
@@ -284,6 +285,10 @@ def find_in_file(data: bytes) -> list[tuple[str, list[Fatbin]]]:
     if data.startswith(AR_MAGIC):
         found = [(name, find_fatbins(member)) for name, member in archive_members(data) if member[:4] == ELF_MAGIC]
         return [(name, fatbins) for name, fatbins in found if fatbins]
+    if image_kind(data[:4]) == ImageKind.FATBIN:
+        parse_fatbin(data)   # a bare fatbin that does not read says why, not that there is none
+    elif data[:4] == ELF_MAGIC and data[18:20] == EM_CUDA:
+        raise FatbinError("a cubin (device code itself, not a host binary that embeds it): it holds no fatbin")
     if data[:4] == ELF_MAGIC or image_kind(data[:4]) == ImageKind.FATBIN:
         return [("", find_fatbins(data))]
     what = "an empty file" if not data else "a thin archive (its members live elsewhere)" \

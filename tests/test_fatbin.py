@@ -236,6 +236,20 @@ def test_inspect_command_refuses_unreadable_file(tmp_path):
     assert "cannot read" in result.output
 
 
+def test_inspect_command_says_what_a_file_without_a_fatbin_is(built, tmp_path):
+    """Found by the PTX sweep: a truncated fatbin and a cubin were both reported as 'no CUDA device code
+    (no fatbin in it)'."""
+    from typer.testing import CliRunner
+    import launcher
+    data = built["default"].read_bytes()
+    (tmp_path / "cut.fatbin").write_bytes(data[:len(data) // 2])
+    cubin = next(e for fb in F.find_fatbins(data) for e in fb.entries if e.kind == F.Kind.ELF).data()
+    (tmp_path / "k.cubin").write_bytes(cubin)
+    for name, reason in [("cut.fatbin", "fatbin at 0 runs past the end"), ("k.cubin", "a cubin (device code")]:
+        result = CliRunner().invoke(launcher.egpu, ["inspect", str(tmp_path / name)])
+        assert result.exit_code == 1 and reason in result.output and "no CUDA device code" not in result.output
+
+
 def _elf_with_names_at(offset: int) -> bytes:
     """An ELF64 header and two section headers, the second the section-name table at ``offset``."""
     ident = b"\x7fELF\x02\x01\x01" + bytes(9)
