@@ -386,6 +386,8 @@ def test_translated_probes_carry_what_they_read(probe_obj):
     ("_ZN2ns5kenumILN1e4ModeE1ELNS1_5PlainE1EJifNS1_3BoxIS2_EEEE3runEv", "ns::kenum::run"),
     ("_ZN2ns5kfptrIXadL_Z4gfuniEEE3runEv", "ns::kfptr::run"),
     ("_ZN2ns5knullILDnEE3runEv", "ns::knull::run"),
+    ("_ZN2at6native40_GLOBAL__N__0f1a8107_8_Shape_cu_49f7391c6kernelEv", "at::native::(anonymous namespace)::kernel"),
+    ("_ZN12_GLOBAL__N_15kanonEPi", "(anonymous namespace)::kanon"),
 ])
 def test_base_name(mangled, base):
     assert base_name(mangled) == base
@@ -398,6 +400,8 @@ def test_base_name(mangled, base):
     ("ns::*", "_ZN2ns6kernelEPf", True),
     ("kernel", "_ZN2ns6kernelEPf", False),
     ("Vector_add", "vector_add", False),
+    ("at::native::(anonymous namespace)::kernel", "_ZN2at6native40_GLOBAL__N__0f1a8107_8_Shape_cu_49f7391c6kernelEv",
+     True),
 ])
 def test_glob_matches_mangled_or_base_name(glob, name, hit):
     assert matches(glob, name) is hit

@@ -8,6 +8,8 @@ recover a function's qualified name without template arguments or parameter type
     _Z5scaleIfLi1EEvPT_S0_i      -> scale          (every instantiation of the template)
     _ZN2ns6kernelEPf             -> ns::kernel
     _ZN2ns3VecIfE3addEv          -> ns::Vec::add
+    _ZN2at6native40_GLOBAL__N__0f1a8107_8_Shape_cu_49f7391c6kernelEv
+                                 -> at::native::(anonymous namespace)::kernel   (as c++filt has it)
 
 A glob matches a kernel when it matches either form (``fnmatch``, case-sensitive). Names outside this
 subset (operators, local entities, ``extern "C"``) match by their mangled name only.
@@ -63,7 +65,10 @@ def _source_name(s: str, i: int) -> tuple[str, int]:
     if j == i:
         raise ValueError(f"no source name at {i}")
     n = int(s[i:j])
-    return s[j:j + n], j + n
+    name = s[j:j + n]
+    # An unnamed namespace is _GLOBAL__N plus a per-file hash (section 5.1.4.3 and GCC's, nvcc's forms);
+    # tools (c++filt, Nsight, nvcc's messages) and so users call it (anonymous namespace).
+    return "(anonymous namespace)" if name.startswith("_GLOBAL__N") else name, j + n
 
 
 def _skip_template_args(s: str, i: int) -> int:
