@@ -129,9 +129,13 @@ def _read_ptx(path: Path) -> str:
         text = data.decode()
     except UnicodeDecodeError as e:
         raise EgpuError(f"not PTX: binary data (byte {e.start} is not UTF-8 text)", file=str(path)) from None
-    if not re.search(r"^\s*\.version\s", text, re.M):
+    if not re.search(r"^[\s\ufeff]*\.version\s", text, re.M):
         raise EgpuError("not PTX: no .version directive" + (" (the file is empty)" if not text.strip() else ""),
                         file=str(path))
+    # ptxas refuses any, comments included; a byte-order mark before .version also hid the first kernel.
+    if (m := re.search(r"[^\x00-\x7f]", text)) is not None:
+        raise EgpuError(f"not PTX: non-ASCII character {m.group()!r} on line {text.count(chr(10), 0, m.start()) + 1} "
+                        "(ptxas accepts none, not even in comments)", file=str(path))
     return text
 
 

@@ -65,6 +65,8 @@ def files(tmp_path, probe_obj):
     f["empty"].write_bytes(b"")
     f["cu"].write_text("__global__ void k(float *a) { a[0] = 1; }\n")
     f["bad_ptx"].write_text(BAD_PTX)
+    f["bom"] = tmp_path / "bom.ptx"
+    f["bom"].write_text("\ufeff" + NO_ACCESS_PTX)
     f["no_access"].write_text(NO_ACCESS_PTX)
     f["noprog_src"] = tmp_path / "noprog.bpf.c"
     f["noprog_src"].write_text(HEAD + "int x;\n")
@@ -77,6 +79,8 @@ def files(tmp_path, probe_obj):
     (lambda f: ["rewrite", "/bin/true", "-p", f["count"]], "/bin/true: not PTX: binary data"),
     (lambda f: ["rewrite", f["empty"], "-p", f["count"]], "empty.ptx: not PTX: no .version directive (the file is empty)"),
     (lambda f: ["rewrite", f["cu"], "-p", f["count"]], "k.cu: not PTX: no .version directive"),
+    # Found by the PTX sweep: after a byte-order mark the first kernel went unseen ("no kernels").
+    (lambda f: ["rewrite", f["bom"], "-p", f["count"]], "bom.ptx: not PTX: non-ASCII character '\\ufeff' on line 1"),
     (lambda f: ["rewrite", PTX, "-p", f["count"], "-o", "/nonexistent/dir/x.ptx"],
      "/nonexistent/dir/x.ptx: cannot write: no directory /nonexistent/dir"),
     (lambda f: ["rewrite", PTX, "-p", f["noprog"]], "noprog.bpf.o: no programs in the object"),
