@@ -134,8 +134,9 @@ def _read_ptx(path: Path) -> str:
                         file=str(path))
     # ptxas refuses any, comments included; a byte-order mark before .version also hid the first kernel.
     if (m := re.search(r"[^\x00-\x7f]", text)) is not None:
-        raise EgpuError(f"not PTX: non-ASCII character {m.group()!r} on line {text.count(chr(10), 0, m.start()) + 1} "
-                        "(ptxas accepts none, not even in comments)", file=str(path))
+        line = text.count("\n", 0, m.start()) + 1
+        raise EgpuError(f"not PTX: non-ASCII character {m.group()!r} on line {line} (ptxas accepts none, not even "
+                        "in comments)", file=str(path))
     return text
 
 
