@@ -353,10 +353,14 @@ def rewrite_cmd(ptx_in: Path = typer.Argument(..., metavar="IN.ptx"),
     if output is not None:
         check_output_file(output)
     text = _read_ptx(ptx_in)
+    specs = []
     with tempfile.TemporaryDirectory(prefix="egpu-rewrite-") as tmp:
-        specs = [s for i, p in enumerate(probes)
-                 for s in load_user_probe(p, Path(tmp) / f"{i}.{p.name.removesuffix('.c')}.o",
-                                          progress=_notes()).specs]
+        for i, p in enumerate(probes):
+            mine = load_user_probe(p, Path(tmp) / f"{i}.{p.name.removesuffix('.c')}.o", progress=_notes()).specs
+            if not mine:   # else every kernel reads "no probe matches", as if a glob were wrong
+                typer.echo(f"egpu: {p}: no kernel-site program to splice (launch, uprobe and host-API programs "
+                           "run on the host, under egpu-run)", err=True)
+            specs += mine
     try:
         res = instrument(text, specs)
     except EgpuError as e:

@@ -121,6 +121,16 @@ def test_an_untouched_kernel_says_why(files):
     assert "not wmma" in r.stderr and "nvcc -G" in r.stderr
 
 
+def test_rewrite_says_which_probe_has_nothing_to_splice(files, probe_obj):
+    """A launch probe's object alone left every kernel "untouched: no probe matches", as if its glob were
+    wrong (found by a helper's PTX sweep); the object is named once, the kernels as before."""
+    r = run(egpu, ["rewrite", PTX, "-p", probe_obj("launch"), "-p", files["count"]])
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.splitlines() == [f"egpu: {probe_obj('launch')}: no kernel-site program to splice (launch, uprobe "
+                                     "and host-API programs run on the host, under egpu-run)",
+                                     "cupy_multiply__float32_float_float32: instrumented (1 calls)"]
+
+
 def test_rewrite_takes_a_probe_source(files, tmp_path):
     out = tmp_path / "out.ptx"
     r = run(egpu, ["rewrite", PTX, "-p", files["src"], "-o", out])
