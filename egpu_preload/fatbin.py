@@ -6,7 +6,7 @@ jiegec/fatbinary), all little endian:
     wrapper  {u32 magic 0x466243B1, u32 version (1, or 2 for -rdc linked code), u64 data -> fatbin,
               u64 extra (version 2: list of prelinked fatbins)}
     fatbin   {u32 magic 0xBA55ED50, u16 version 1, u16 header_size 16, u64 size of the entries}
-    entry    {u16 kind (1 PTX, 2 ELF), u16 0x0101, u32 header_size, u64 payload_size (padded),
+    entry    {u16 kind (1 PTX, 2 ELF, 8 LTO IR), u16 0x0101, u32 header_size, u64 payload_size (padded),
               u32 compressed_size, u32 options_offset, u16 minor, u16 major, u32 arch,
               u32 name_offset, u32 name_size, u64 flags, u64 0, u64 uncompressed_size} = 64 bytes,
              then (header_size - 64) bytes of extras: at options_offset {u32 offset, u32 size} of the
@@ -53,8 +53,19 @@ LZ4_MAX_RATIO = 256
 
 
 class Kind(enum.IntEnum):
+    """An entry's contents: PTX text, an ELF cubin, or NVVM IR for link-time optimization (nvcc's
+    code=lto_XX). Other kinds are kept unread (as KIND_0xNN): a fatbin with one still has its PTX."""
     PTX = 1
     ELF = 2
+    LTO = 8
+
+    @classmethod
+    def _missing_(cls, value: object) -> "Kind | None":
+        if not isinstance(value, int):
+            return None
+        other = int.__new__(cls, value)
+        other._name_, other._value_ = f"KIND_{value:#x}", value
+        return other
 
 
 class ImageKind(enum.Enum):
@@ -187,8 +198,6 @@ def _parse_entry(data: bytes, pos: int, end: int) -> tuple[Entry, int]:
         raise FatbinError(f"entry header at {pos} runs past the fatbin's end {end}")
     (kind, _, header_size, payload_size, compressed_size, options_offset, minor, major, arch,
      _, _, flags, _, uncompressed_size) = ENTRY.unpack_from(data, pos)
-    if kind not in (Kind.PTX, Kind.ELF):
-        raise FatbinError(f"entry at {pos}: unknown kind {kind}")
     if header_size < ENTRY.size or pos + header_size + payload_size > end:
         raise FatbinError(f"entry at {pos}: header {header_size} + payload {payload_size} bytes "
                           f"overrun the fatbin's end {end}")
@@ -359,8 +368,10 @@ def best_ptx(fatbins: list[Fatbin], sm: int) -> Entry | None:
 
 
 def entry_name(entry: Entry) -> str:
-    """cuobjdump's name for the target: sm_XX for SASS, compute_XX for PTX (sm_90a, compute_100f)."""
-    return f"{'compute' if entry.kind == Kind.PTX else 'sm'}_{entry.arch}{entry.suffix}"
+    """cuobjdump's name for the target: sm_XX for SASS, compute_XX for PTX (sm_90a, compute_100f), lto_XX
+    for NVVM IR as nvcc's -gencode names it."""
+    prefix = {Kind.PTX: "compute", Kind.ELF: "sm", Kind.LTO: "lto"}.get(entry.kind, entry.kind.name.lower())
+    return f"{prefix}_{entry.arch}{entry.suffix}"
 
 
 def listing(fatbins: list[Fatbin]) -> list[str]:
