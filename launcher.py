@@ -353,6 +353,7 @@ def rewrite_cmd(ptx_in: Path = typer.Argument(..., metavar="IN.ptx"),
     if output is not None:
         check_output_file(output)
     text = _read_ptx(ptx_in)
+    _each_once(probes)
     specs = []
     with tempfile.TemporaryDirectory(prefix="egpu-rewrite-") as tmp:
         for i, p in enumerate(probes):
@@ -382,6 +383,15 @@ def rewrite_cmd(ptx_in: Path = typer.Argument(..., metavar="IN.ptx"),
         output.write_text(res.text)
     except OSError as e:
         raise EgpuError(f"cannot write ({e.strerror})", file=str(output)) from None
+
+
+def _each_once(probes: list[Path]) -> None:
+    """EgpuError for a probe named twice: each -p attaches a copy, so its programs would run twice."""
+    seen: set[Path] = set()
+    for p in probes:
+        if p.resolve() in seen:
+            raise EgpuError("given twice (-p): its programs would run twice", file=str(p))
+        seen.add(p.resolve())
 
 
 def _notes(steps: bool = False, prefix: str = "egpu") -> "Progress":
@@ -706,6 +716,7 @@ def run_cmd(ctx: typer.Context,
             if on_full == "wait" and trace is None:
                 raise EgpuError("--on-full wait needs --trace FILE: only its reader makes room while kernels run")
             on_full = on_full or ("wait" if trace is not None else "drop")
+            _each_once(probes)
             session = job.session_dir()
             # the SASS back end's patch image is built here from these translations: waiting ones too
             loaded = job.prepare_probes(probes, session, progress, wait=on_full == "wait")

@@ -84,6 +84,8 @@ def files(tmp_path, probe_obj):
     (lambda f: ["rewrite", PTX, "-p", f["count"], "-o", "/nonexistent/dir/x.ptx"],
      "/nonexistent/dir/x.ptx: cannot write: no directory /nonexistent/dir"),
     (lambda f: ["rewrite", PTX, "-p", f["noprog"]], "noprog.bpf.o: no programs in the object"),
+    # found by a helper's PTX sweep: every probe call was spliced twice
+    (lambda f: ["rewrite", PTX, "-p", f["count"], "-p", f["count"]], "given twice (-p): its programs would run twice"),
     (lambda f: ["rewrite", PTX, "-p", f["rand"]], "rand.bin: not an ELF file"),
     (lambda f: ["inspect", "/bin/true", "--extract-ptx", f["cu"]], "k.cu: exists and is not a directory"),
     (lambda f: ["inspect", f["rand"]], "rand.bin: not an ELF file, static archive or fatbin"),
@@ -184,6 +186,8 @@ def test_compile_shows_clangs_errors_as_clang_prints_them(tmp_path):
     (["-v"], "Missing CMD"),
     (["--per-rank", "--sum", "true"], "--per-rank and --sum exclude each other"),   # printed the maps twice
     (["-p", "/nonexistent.bpf.o", "true"], "/nonexistent.bpf.o: cannot read"),
+    (["-p", str(ROOT / "tests/probes/count.bpf.c"), "-p", str(ROOT / "tests/../tests/probes/count.bpf.c"), "true"],
+     "count.bpf.c: given twice (-p): its programs would run twice"),
 ])
 def test_egpu_run_own_failures_exit_125(args, message):
     line = refused(egpu_run, args, 125, message)
