@@ -1,5 +1,5 @@
 /* `app_unwind N`: starts the stand-in driver (so the runtime comes up), then N times calls libthrow's
- * thr_maybe (catching what it throws) and libouter's thr_outer and thr_guard, then N times libthrow's thr_jump (a setjmp
+ * thr_maybe (catching what it throws) and libouter's thr_outer, thr_guard and thr_shelter, then N times libthrow's thr_jump (a setjmp
  * here taking its longjmp) and libouter's thr_nest and thr_tail; then a thread calls thr_exit, which ends
  * it, while an object of its frame waits for its destructor. Prints what the calls returned, how many
  * were left by a throw or a jump, and how many destructors the thread's end ran. */
@@ -18,6 +18,7 @@ extern "C" long thr_nest(long x);
 extern "C" long thr_exit(long x);
 extern "C" long thr_tail(long x);
 extern "C" long thr_guard(long x);
+extern "C" long thr_shelter(long x);
 
 typedef int (*fn)(...);
 static const char PTX[] = ".version 8.0\n.target sm_90\n.address_size 64\n\n"
@@ -50,7 +51,7 @@ int main(int argc, char **argv) {
         } catch (const std::runtime_error &) {
             caught++;
         }
-        sum += thr_outer(i) + thr_guard(i);
+        sum += thr_outer(i) + thr_guard(i) + thr_shelter(i);
     }
     for (long i = 0; i < n; i++) {   /* apart: a throw puts every swapped address back, a jump's entry too */
         if (setjmp(env))

@@ -1,6 +1,7 @@
 /* Functions left otherwise than by their return (tests/test_uprobes.py's unwinding test): thr_maybe throws
  * for multiples of 3, thr_jump longjmps out for multiples of 4, thr_exit ends its thread; thr_add returns;
- * thr_clean passes thr_maybe's throw on, and its frame's cleanup throws and catches one more. */
+ * thr_clean passes thr_maybe's throw on, and its frame's cleanup throws and catches one more; thr_relay
+ * catches thr_maybe's and throws it again. */
 #include <pthread.h>
 
 #include <csetjmp>
@@ -37,4 +38,12 @@ struct Rethrown {
 extern "C" __attribute__((noinline)) long thr_clean(long x) {
     Rethrown r;
     return thr_maybe(x);
+}
+
+extern "C" __attribute__((noinline)) long thr_relay(long x) {
+    try {
+        return thr_maybe(x);
+    } catch (...) {
+        throw;
+    }
 }

@@ -6,7 +6,7 @@
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 18);
+	__uint(max_entries, 22);
 	__type(key, u32);
 	__type(value, u64);
 } counts SEC(".maps");
@@ -37,5 +37,9 @@ SEC("uprobe/libthrow.so:thr_clean") int BPF_KPROBE(clean_call) { bump(14); retur
 SEC("uretprobe/libthrow.so:thr_clean") int BPF_KRETPROBE(clean_return) { bump(15); return 0; }
 SEC("uprobe/libouter.so:thr_guard") int BPF_KPROBE(guard_call) { bump(16); return 0; }
 SEC("uretprobe/libouter.so:thr_guard") int BPF_KRETPROBE(guard_return) { bump(17); return 0; }
+SEC("uprobe/libthrow.so:thr_relay") int BPF_KPROBE(relay_call) { bump(18); return 0; }
+SEC("uretprobe/libthrow.so:thr_relay") int BPF_KRETPROBE(relay_return) { bump(19); return 0; }
+SEC("uprobe/libouter.so:thr_shelter") int BPF_KPROBE(shelter_call) { bump(20); return 0; }
+SEC("uretprobe/libouter.so:thr_shelter") int BPF_KRETPROBE(shelter_return) { bump(21); return 0; }
 
 char LICENSE[] SEC("license") = "GPL";
