@@ -205,6 +205,28 @@ def test_a_kernel_whose_parameters_leave_no_room_for_the_launch_id_fails(version
         assert res.text == text
 
 
+DEVICE_LAUNCH = """
+__global__ void child(int *a) { a[threadIdx.x] += 1; }
+__global__ void parent(int *a) { if (threadIdx.x == 0) child<<<1, 32>>>(a); }
+"""
+
+
+def test_kernels_of_a_module_that_launches_from_the_device_say_their_launch_id_is_unset(tmp_path):
+    """nvcc's parameter buffer for a device-side launch (dynamic parallelism) has no value for the launch id
+    the rewriter appends, so a kernel launched there reads whatever the buffer held: a probe that reads
+    ctx->launch_id is told so (found by a helper's PTX sweep); one that does not is not."""
+    import subprocess
+    (tmp_path / "dp.cu").write_text(DEVICE_LAUNCH)
+    subprocess.run(["nvcc", "-ptx", "-rdc=true", "-arch=sm_90", "dp.cu", "-o", "dp.ptx"], cwd=tmp_path, check=True)
+    text = (tmp_path / "dp.ptx").read_text()
+    reads = instrument(text, [_probe("entry")])
+    assert {k.name: (k.status, k.reason.split(":")[0]) for k in reads.kernels} == \
+        {n: ("instrumented", "this module launches kernels from the device") for n in ("_Z5childPi", "_Z6parentPi")}
+    blind = instrument(text, [ProbeSpec(Attach("entry", "*", "thread"), "egpu_test_stats_thread",
+                                        ptx_corpus.stats_probe("thread"), ctx_fields=frozenset({"kernel_id"}))])
+    assert [(k.status, k.reason) for k in blind.kernels] == [("instrumented", "")] * 2
+
+
 def test_kernel_with_no_site_for_its_probes_is_untouched():
     text = _kernel(REGS + "add.s32 %r1, %r1, 1;\nret;")
     res = instrument(text, [_probe("mem")])

@@ -82,6 +82,10 @@ from egpu_preload.translate.emitter import DIM_REGISTERS, packed_word
 from egpu_preload.translate.striping import stripe_counters
 
 LAUNCH_PARAM = "__egpu_launch_id"
+# A device-side launch (dynamic parallelism): CUDA 13's __cudaCDP2LaunchDeviceV2, earlier cudaLaunchDevice[V2].
+DEVICE_LAUNCH = re.compile(r"\b(?:__cudaCDP2|cuda)LaunchDevice(?:V2)?\b")
+UNSET_LAUNCH_ID = ("this module launches kernels from the device: a kernel so launched reads an undefined "
+                   "ctx->launch_id (the parameter buffer leaves it unset)")
 PARAM_SPACE, PARAM_SPACE_LARGE = 4352, 32764   # bytes of kernel parameters ptxas takes (_check_param_space)
 PREFIX = "__egpu"
 # PTX 6.2 introduced activemask (PTX ISA 9.7.13.4), which every site uses to regroup its lanes.
@@ -183,6 +187,7 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
     t1 = time.perf_counter()
     edits: list[ptx.Edit] = []
     statuses, used = [], []
+    device_launches = DEVICE_LAUNCH.search(module_ptx) is not None
     for fn in mod.kernels():
         if only is not None and not matches(only, fn.name):
             statuses.append(KernelStatus(fn.name, "untouched", f"not selected by {only}"))
@@ -203,7 +208,8 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
             continue
         edits += kernel_edits
         used += [p for p in mine if p not in used]
-        statuses.append(KernelStatus(fn.name, "instrumented", calls=calls,
+        unset = device_launches and any("launch_id" in p.ctx_fields for p in mine)
+        statuses.append(KernelStatus(fn.name, "instrumented", UNSET_LAUNCH_ID if unset else "", calls=calls,
                                      launch_param_offset=_launch_param_offset(fn.params),
                                      nparams=len(fn.params)))
     if used:
