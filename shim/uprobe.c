@@ -259,7 +259,7 @@ static void unwound_to(void **limit, void *caught) {
  * another loads libstdc++.so), and a __cxa_begin_catch of another runtime than the catch's ends its rethrow in
  * std::terminate. Each slot filled once (`at` 1: being filled); when all are, such callers search every time. */
 #define SCOPED 1024
-static struct { _Atomic uintptr_t at; void *fn; } scoped[SCOPED];
+static struct scoped { _Atomic uintptr_t at; void *fn; } scoped[SCOPED];
 
 /* The unwinder function ``name`` the caller would call without the shim. RTLD_NEXT sees the global scope only:
  * a C++ library opened RTLD_LOCAL (a Python extension module) brings libgcc_s into none, and RTLD_NEXT finds
@@ -270,8 +270,9 @@ static void *unwinder(const char *name, void **cached, void *self, void *caller)
     if (p) return p;
     uintptr_t at = (uintptr_t)caller, first = (at >> 2) * 0x9e3779b97f4a7c15ull >> 54;   /* SCOPED: 10 bits */
     for (int k = 0; k < SCOPED; k++) {
-        uintptr_t seen = atomic_load_explicit(&scoped[(first + k) % SCOPED].at, memory_order_acquire);
-        if (seen == at) return scoped[(first + k) % SCOPED].fn;
+        struct scoped *e = &scoped[(first + k) % SCOPED];
+        uintptr_t seen = atomic_load_explicit(&e->at, memory_order_acquire);
+        if (seen == at) return e->fn;
         if (!seen) break;
     }
     if ((p = egpu_real_dlsym(RTLD_NEXT, name))) return *cached = p;
@@ -285,10 +286,11 @@ static void *unwinder(const char *name, void **cached, void *self, void *caller)
     if (!p || p == self) die("egpu: no unwinder function to call; aborting\n");
     if (dladdr(p, &info) && info.dli_fname && dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE))
         for (int k = 0; k < SCOPED; k++) {
+            struct scoped *e = &scoped[(first + k) % SCOPED];
             uintptr_t free_ = 0;
-            if (atomic_compare_exchange_strong(&scoped[(first + k) % SCOPED].at, &free_, 1)) {
-                scoped[(first + k) % SCOPED].fn = p;
-                atomic_store_explicit(&scoped[(first + k) % SCOPED].at, at, memory_order_release);
+            if (atomic_compare_exchange_strong(&e->at, &free_, 1)) {
+                e->fn = p;
+                atomic_store_explicit(&e->at, at, memory_order_release);
                 break;
             }
         }

@@ -122,11 +122,11 @@ class RingReader:
     skipped: int = 0       # bytes of records passed over unread after the reader failed (skip)
     copied: int = 0        # bytes copied out of the ring, every pass's (a record is copied by two passes at least)
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0), compare=False)   # seconds
-    # page-locked memory (or, where the driver gives none, pageable: not freed through unpin): _staging's,
-    # and the header with the SMs' lines after it (_head)
+    # page-locked memory (or, where the driver gives none, pageable): _staging's, and the header with the SMs'
+    # lines after it (_head); _unpin: those of them the driver gave, which close() gives back
     _pinned: memoryview | None = field(default=None, init=False, repr=False, compare=False)
     _head_buf: memoryview | None = field(default=None, init=False, repr=False, compare=False)
-    _pageable: list[memoryview] = field(default_factory=list, init=False, repr=False, compare=False)
+    _unpin: list[memoryview] = field(default_factory=list, init=False, repr=False, compare=False)
     _line_drops: int = field(default=0, init=False, repr=False, compare=False)   # the lines' at the last read
 
     def take(self) -> Taken:
@@ -200,23 +200,21 @@ class RingReader:
 
     def _pin(self, size: int) -> memoryview:
         try:
-            return self.mem.pinned(size)
+            self._unpin.append(self.mem.pinned(size))
         except EgpuError:
-            self._pageable.append(memoryview(bytearray(size)))
-            return self._pageable[-1]
+            return memoryview(bytearray(size))
+        return self._unpin[-1]
 
     def close(self) -> None:
         """The pinned memory freed (no pass runs any more; a later one would make it again), the rest
         freed whatever the first free raised."""
-        bufs, self._pinned, self._head_buf = [self._pinned, self._head_buf], None, None
-        pageable, self._pageable = self._pageable, []
+        bufs, self._unpin, self._pinned, self._head_buf = self._unpin, [], None, None
         failed: Exception | None = None
         for buf in bufs:
-            if buf is not None and not any(buf is b for b in pageable):
-                try:
-                    self.mem.unpin(buf)
-                except Exception as e:  # noqa: BLE001  (raised once the other is freed)
-                    failed = failed or e
+            try:
+                self.mem.unpin(buf)
+            except Exception as e:  # noqa: BLE001  (raised once the other is freed)
+                failed = failed or e
         if failed is not None:
             raise failed
 

@@ -739,8 +739,8 @@ def _helper_mem(env: Env, st: State, h: Helper, n: int, v: Value, size: int, *, 
 def _padding_hint(f: Frame, lo: int, hi: int) -> str:
     """Where a helper's memory argument is partly written: most often a struct key's padding, which the
     kernel's privileged programs may pass (and hash as whatever the stack held) and egpu does not."""
-    written = sum(1 for o in range(lo, hi) if (slot := f.stack.get(_slot_of(o)[0])) is not None
-                  and slot.bytes[_slot_of(o)[1]] != "u")
+    slots = [_slot_of(o) for o in range(lo, hi)]
+    written = sum(1 for k, i in slots if (slot := f.stack.get(k)) is not None and slot.bytes[i] != "u")
     return (f"; {written} of its {hi - lo} bytes written: a struct's padding? clear the struct first "
             "(__builtin_memset)") if written else ""
 
