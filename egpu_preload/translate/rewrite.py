@@ -230,11 +230,12 @@ def _launch_param_offset(params: tuple[ptx.Param, ...]) -> int:
 def _check_param_space(params: tuple[ptx.Param, ...], version: tuple[int, int] | None) -> None:
     """PtxError when the launch id does not fit in the kernel's parameter space: ptxas 13.0 allows 4352
     bytes before PTX ISA 8.1 and 32764 from 8.1 on (CUDA 12.1's large kernel parameters)."""
-    limit = PARAM_SPACE_LARGE if (version or (0, 0)) >= (8, 1) else PARAM_SPACE
+    version = version or (0, 0)
+    limit = PARAM_SPACE_LARGE if version >= (8, 1) else PARAM_SPACE
     end = _launch_param_offset(params) + 8
     if end > limit:
         raise PtxError(f"no room for the launch id parameter: it would end at byte {end}, past the {limit} "
-                       f"bytes of kernel parameters PTX {'.'.join(map(str, version or (0, 0)))} allows")
+                       f"bytes of kernel parameters PTX {'.'.join(map(str, version))} allows")
 
 
 def _module_edits(mod: ptx.Module, used: list[ProbeSpec], weak: bool) -> list[ptx.Edit]:
