@@ -40,6 +40,7 @@ PROGRAMS = {
     "launch": [("on_launch", "egpu/launch/*", Attach("launch", "*", "launch"))],
     "gpu_helpers": [("where_am_i", "kprobe.warp/*", Attach("entry", "*", W))],
     "self_wait": [("twice", "kprobe.block/*", Attach("entry", "*", B))],
+    "ptr_order": [("lower_slot", "kprobe/*", Attach("entry", "*", T))],
 }
 
 # probe -> maps as (name, type, key_size, value_size, max_entries, flags, readonly)
@@ -59,6 +60,7 @@ MAPS = {
     "gpu_helpers": [("events", MAP_PERF_EVENT_ARRAY, 4, 4, 0, 0, False),
                     ("per_sm", MAP_PERCPU_ARRAY, 4, 8, 1, 0, False)],
     "self_wait": [("events", MAP_RINGBUF, 0, 0, 4096, 0, False)],
+    "ptr_order": [("slots", MAP_ARRAY, 4, 8, 4, 0, False)],
 }
 
 # probe -> per program, its map references in code order: a map name, or (data map name, offset).
@@ -76,6 +78,7 @@ REFS = {
     "launch": [["launches"] * 3],
     "gpu_helpers": [["events", "per_sm"]],
     "self_wait": [["events", "events"]],
+    "ptr_order": [["slots", "slots"]],
 }
 
 # probe -> per program, (instruction count after linking, pcs that local calls enter)

@@ -246,7 +246,24 @@ REJECT: tuple[Case, ...] = (
     Case("pointer_partial_copy", "w2 = w10\nr0 = 0\nexit", "partial copy of a pointer", 0),
     Case("pointer_plus_pointer", "r1 += r10\nr0 = 0\nexit", "pointer += pointer prohibited", 0),
     Case("pointer_minus_other_region", "r1 -= r10\nr0 = r1\nexit", "subtraction of pointers to different regions", 0),
-    Case("pointer_comparison", "r0 = 0\nif r1 > r10 goto +0\nexit", "pointer comparison prohibited", 1),
+    Case("pointer_jset", "r0 = 0\nif r1 & r10 goto +0\nexit", "jset tests an address's bits", 1),
+    Case("pointer_ordering_then_deref", LOOKUP_COUNTS + "r6 = r0\nr1 = map[0] ll\nr2 = r10\nr2 += -4\n"
+         "call map_lookup_elem\nif r6 < r0 goto +1\nr0 = *(u64 *)(r6 + 0x0)\nr0 = 0\nexit",
+         "invalid mem access 'map_value_or_null'", 13),   # an order says nothing of null either
+    # p <= end proves nothing of p's offset (the kernel learns bounds only between packet pointers)
+    Case("pointer_ordering_learns_no_bounds", "r9 = r1" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r1 = *(u32 *)(r9 + 0x1c)
+        r1 &= 0xf8
+        r6 = r0
+        r6 += r1
+        r7 = r0
+        r7 += 56
+        if r6 > r7 goto out
+        r0 = *(u64 *)(r6 + 0x0)
+    out:
+        r0 = 0
+        exit""", "invalid access to map value, value_size=64 off=0+[0, 248] size=8", 15),
     Case("pointer_equality_then_deref", LOOKUP_COUNTS + "r6 = r0\nr1 = map[0] ll\nr2 = r10\nr2 += -4\n"
          "call map_lookup_elem\nif r6 != r0 goto +1\nr0 = *(u64 *)(r6 + 0x0)\nr0 = 0\nexit",
          "invalid mem access 'map_value_or_null'", 13),   # equal says nothing of null
@@ -640,6 +657,42 @@ REJECT: tuple[Case, ...] = (
 )
 
 ACCEPT: tuple[Case, ...] = (
+    # Two pointers ordered, signed or not, in 64 and 32 bits: two lookups before their null checks, a
+    # value against its end, against the stack. The kernel allows it where pointers may leak (tracing).
+    Case("pointer_ordering", LOOKUP_ARR + """
+        r6 = r0
+        r1 = map[1] ll
+        r2 = r10
+        r2 += -4
+        call map_lookup_elem
+        if r6 s< r0 goto +0
+        if r6 == 0 goto out
+        if r0 == 0 goto out
+        r1 = 1
+        r7 = r6
+        r7 += 64
+        if r6 >= r7 goto out
+        lock *(u64 *)(r6 + 0x0) += r1
+        if r0 < r6 goto low
+        lock *(u64 *)(r0 + 0x8) += r1
+    low:
+        if r6 > r10 goto +0
+        if r7 <= r0 goto +0
+        if r6 s> r7 goto +0
+        if r6 s>= r7 goto +0
+        if r6 s<= r7 goto +0
+        if w6 < w7 goto +0
+        if w6 s> w10 goto +0
+        if w7 >= w0 goto +0
+        if w7 <= w6 goto +0
+        if w0 s< w6 goto +0
+        if w0 s>= w6 goto +0
+        if w0 s<= w7 goto +0
+        if w0 > w7 goto +0
+        if w0 == w6 goto +0
+    out:
+        r0 = 0
+        exit"""),
     # Two pointers compared for equality (clang's order for "a && b && a != b" of two lookups); the kernel
     # allows it where pointers may leak, as in every tracing program, and on a GPU no address leaks anywhere.
     Case("pointer_equality", LOOKUP_COUNTS + """

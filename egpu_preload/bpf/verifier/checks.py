@@ -532,13 +532,17 @@ def _narrowed(s: State, insn: Insn, ops: tuple[Value, Value]) -> State:
 
 
 def _null_check(st: State, insn: Insn, a: Value, b: Value, target: int, nxt: int) -> Succ:
-    """The comparisons a pointer takes: == 0 / != 0, which splits an or_null pointer in two, and == / != with
-    another pointer, which proves nothing (both outcomes go on as they were). The kernel allows the latter
-    where pointers may leak (CAP_PERFMON, every tracing program); clang makes it of "a && b && a != b"."""
+    """The comparisons a pointer takes: == 0 / != 0, which splits an or_null pointer in two, and == / != or an
+    ordering (signed or not, JMP or JMP32) with another pointer, which proves nothing: both outcomes go on
+    as they were. The kernel allows these where pointers may leak (allow_ptr_leaks: CAP_PERFMON, every
+    tracing program) and learns no bounds from them outside packet pointers (reg_set_min_max); clang makes
+    them of "a && b && a != b" and "a < b ? a : b". jset stays refused: two pointers into one object order
+    alike on the VM and the GPU, but an address's bits differ between them."""
     if a.is_pointer and b.is_pointer:
-        if insn.width == 64 and insn.op in ("jeq", "jne"):
+        if insn.op != "jset":
             return [(st, nxt), (st.copy(), target)]
-        raise Reject(f"pointer comparison prohibited (r{insn.dst} is {a.kind}, r{insn.src} is {b.kind})")
+        raise Reject(f"pointer comparison prohibited (r{insn.dst} is {a.kind}, r{insn.src} is {b.kind}): "
+                     "jset tests an address's bits")
     p, s, reg = (a, b, insn.dst) if a.is_pointer else (b, a, insn.src)
     if insn.width == 32 or insn.op not in ("jeq", "jne") or not (s.is_const and s.tv == 0):
         raise Reject(f"pointer comparison prohibited (r{reg} is {p.kind}): only == 0 and != 0 null checks")
