@@ -41,6 +41,7 @@ PROGRAMS = {
     "gpu_helpers": [("where_am_i", "kprobe.warp/*", Attach("entry", "*", W))],
     "self_wait": [("twice", "kprobe.block/*", Attach("entry", "*", B))],
     "ptr_order": [("lower_slot", "kprobe/*", Attach("entry", "*", T))],
+    "record_atomics": [("record_atomics", "kprobe/*", Attach("entry", "*", T))],
 }
 
 # probe -> maps as (name, type, key_size, value_size, max_entries, flags, readonly)
@@ -61,6 +62,7 @@ MAPS = {
                     ("per_sm", MAP_PERCPU_ARRAY, 4, 8, 1, 0, False)],
     "self_wait": [("events", MAP_RINGBUF, 0, 0, 4096, 0, False)],
     "ptr_order": [("slots", MAP_ARRAY, 4, 8, 4, 0, False)],
+    "record_atomics": [("tallies", MAP_RINGBUF, 0, 0, 4096, 0, False)],
 }
 
 # probe -> per program, its map references in code order: a map name, or (data map name, offset).
@@ -79,6 +81,7 @@ REFS = {
     "gpu_helpers": [["events", "per_sm"]],
     "self_wait": [["events", "events"]],
     "ptr_order": [["slots", "slots"]],
+    "record_atomics": [["tallies"]],
 }
 
 # probe -> per program, (instruction count after linking, pcs that local calls enter)

@@ -90,8 +90,8 @@ def test_uprobes_send_records_to_ring_and_perf_buffers_from_c(stub_job, uprobe_a
     """bpf_ringbuf_output and bpf_perf_event_output in uprobes, which run only in C: every call's record
     reaches the ring, every return's the perf buffer (the host as CPU 0), in order, in the dump. Reserved
     in place (bpf_ringbuf_reserve, submit, discard): a submitted record arrives zeroed where the probe did
-    not write it, a discarded one does not arrive, two held at once arrive in the order they were
-    submitted, and a reserve with flags gets NULL."""
+    not write it, a discarded one does not arrive, two held at once (filled by atomic adds, as the kernel
+    allows on a record) arrive in the order they were submitted, and a reserve with flags gets NULL."""
     app, _ = uprobe_app
     clang = find_clang()
     obj = tmp_path / "records.bpf.o"

@@ -501,6 +501,17 @@ def test_probe_ptr_order(probe_obj, mcpu: str) -> None:
 
 
 @MCPUS
+def test_probe_record_atomics(probe_obj, mcpu: str) -> None:
+    p = Probe(probe_obj, "record_atomics", mcpu)
+    for size in (4, 0xFFFFFFFF):
+        assert p.run("record_atomics", size=size) == 0
+    # sum: 1 + size, then 2 more; bits: 0xf0 & 0x3c ^ 1; swapped: xchg'd 7, then cmpxchg'd to the low
+    # half of sum before the 2 (+ 0, what xchg found)
+    assert [struct.unpack("<QII", r) for r in p.state.by_name("tallies").consume()] == \
+        [(size + 3, 0x31, (size + 1) & 0xFFFFFFFF) for size in (4, 0xFFFFFFFF)]
+
+
+@MCPUS
 def test_probe_subprog(probe_obj, mcpu: str) -> None:
     p = Probe(probe_obj, "subprog", mcpu)
     assert [p.run("loads", size=s) for s in (1, 4, 8, 16)] == [0, 1, 2, 3]

@@ -449,16 +449,39 @@ REJECT: tuple[Case, ...] = (
     out:
         r0 = 0
         exit""", "invalid access to ringbuf record, size=16 off=16", 6),
-    Case("ringbuf_atomic", RESERVE + """
+    # atomics on a record: within it, aligned, after the null check, and with no address as the operand
+    Case("ringbuf_atomic_past_end", RESERVE + """
         if r0 == 0 goto out
         r1 = 1
-        lock *(u64 *)(r0 + 0x0) += r1
+        lock *(u64 *)(r0 + 0x10) += r1
         r1 = r0
         r2 = 0
         call ringbuf_submit
     out:
         r0 = 0
-        exit""", "atomic access to ringbuf_mem prohibited", 7),
+        exit""", "invalid access to ringbuf record, size=16 off=16 size=8", 7),
+    Case("ringbuf_atomic_misaligned", RESERVE + """
+        if r0 == 0 goto out
+        w1 = 1
+        lock *(u32 *)(r0 + 0x6) += w1
+        r1 = r0
+        r2 = 0
+        call ringbuf_submit
+    out:
+        r0 = 0
+        exit""", "misaligned ringbuf_mem access off=6 size=4", 7),
+    Case("ringbuf_atomic_unchecked", RESERVE + "r1 = 1\nlock *(u64 *)(r0 + 0x0) += r1\nr0 = 0\nexit",
+         "invalid mem access 'ringbuf_mem_or_null'", 6),
+    Case("ringbuf_xchg_pointer", RESERVE + """
+        if r0 == 0 goto out
+        r1 = r10
+        r1 = xchg_64(r0 + 0x0, r1)
+        r1 = r0
+        r2 = 0
+        call ringbuf_submit
+    out:
+        r0 = 0
+        exit""", "r1 leaks addr into memory (atomic operand is stack)", 7),
     Case("submit_map_value", LOOKUP_COUNTS + """
         if r0 == 0 goto out
         r1 = r0
@@ -690,6 +713,32 @@ ACCEPT: tuple[Case, ...] = (
         if w0 s<= w7 goto +0
         if w0 > w7 goto +0
         if w0 == w6 goto +0
+    out:
+        r0 = 0
+        exit"""),
+    # Every atomic, 64 and 32 bits, on a ringbuf record (the kernel's PTR_TO_MEM)
+    Case("ringbuf_atomics", RESERVE + """
+        if r0 == 0 goto out
+        r6 = r0
+        *(u64 *)(r6 + 0x0) = 0
+        *(u64 *)(r6 + 0x8) = 0
+        r1 = 1
+        lock *(u64 *)(r6 + 0x0) += r1
+        lock *(u32 *)(r6 + 0x8) |= w1
+        lock *(u32 *)(r6 + 0xc) &= w1
+        lock *(u64 *)(r6 + 0x8) ^= r1
+        r1 = atomic_fetch_add((u64 *)(r6 + 0x0), r1)
+        w1 = atomic_fetch_or((u32 *)(r6 + 0x8), w1)
+        w1 = atomic_fetch_and((u32 *)(r6 + 0xc), w1)
+        r1 = atomic_fetch_xor((u64 *)(r6 + 0x8), r1)
+        r1 = xchg_64(r6 + 0x8, r1)
+        w1 = xchg32_32(r6 + 0xc, w1)
+        r0 = 5
+        r0 = cmpxchg_64(r6 + 0x0, r0, r1)
+        w0 = cmpxchg32_32(r6 + 0xc, w0, w1)
+        r1 = r6
+        r2 = 0
+        call ringbuf_submit
     out:
         r0 = 0
         exit"""),

@@ -215,11 +215,12 @@ _RMW = {"add": "add.u", "or": "or.b", "and": "and.b", "xor": "xor.b", "xchg": "e
 def atomic(g: FuncGen, insn: Insn) -> None:
     """Atomic read-modify-write of *(dst + off) (RFC 9669 5.3): add/or/and/xor, whose FETCH form loads
     the old value into src; xchg; cmpxchg, which compares with r0 and loads the old value into r0.
-    32-bit forms zero-extend what they load. Stack slots are thread-private and a misaligned address
-    cannot be atomic on a GPU (it faults), so both take a plain read-modify-write: what one thread
-    observes is the same. PTX atomics on generic addresses that point to local memory are undefined,
-    so a generic base (a "mixed" region, or an unverified program) is tested with isspacep.local at
-    run time, and for alignment too when nothing proved it."""
+    32-bit forms zero-extend what they load. Map values and ringbuf records lie in the maps' device memory
+    (emitter.SPACES): atom/red.global, on the address cvta.to.global gives. Stack slots are thread-private
+    and a misaligned address cannot be atomic on a GPU (it faults), so both take a plain read-modify-write:
+    what one thread observes is the same. PTX atomics on generic addresses that point to local memory are
+    undefined, so a generic base (a "mixed" region, or an unverified program) is tested with isspacep.local
+    at run time, and for alignment too when nothing proved it."""
     a = g.address(insn, insn.dst, insn.size)
     if a.space == ".local" or a.aligned is False:
         _rmw_plain(g, insn, a)

@@ -2,7 +2,8 @@
  * call to a ring buffer, its return value at each return to a perf buffer; and the same reserved in
  * place in two more rings: a call's record discarded where the first argument is a multiple of 3, else
  * submitted, its second field left unwritten (so zero) where the first is 2 more than one; at each
- * return two held at once, the second submitted first, and a reserve with flags (NULL). */
+ * return two held at once, filled by atomic adds, the second submitted first, and a reserve with flags
+ * (NULL). */
 #include <vmlinux.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -89,8 +90,10 @@ int BPF_KRETPROBE(add6_reserve_exit, long rc)
 		bpf_ringbuf_discard(first, 0);
 		return 0;
 	}
-	*first = rc;
-	*second = -rc;
+	*first = 0;
+	*second = 0;
+	__sync_fetch_and_add(first, rc); /* atomics on a record, which the kernel allows (PTR_TO_MEM) */
+	__sync_fetch_and_add(second, -rc);
 	bpf_ringbuf_submit(second, 0);
 	bpf_ringbuf_submit(first, 0);
 	return 0;

@@ -288,7 +288,7 @@ def _store(env: Env, st: State, insn: Insn) -> Succ:
 
 
 def _atomic(env: Env, st: State, insn: Insn) -> Succ:
-    """Read-modify-write of 4 or 8 bytes on the stack or a map value (RFC 9669 5.3)."""
+    """Read-modify-write of 4 or 8 bytes on the stack, a map value or a ringbuf record (RFC 9669 5.3)."""
     f = st.top
     base, operand = _reg(f, insn.dst), _reg(f, insn.src)
     if operand.is_pointer:
@@ -318,8 +318,9 @@ def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *,
         raise Reject(f"invalid mem access '{kind}' (r{reg}{hint})")
     if value is not None and value.is_pointer and kind != STACK:
         raise Reject(f"r{insn.src} leaks addr into {kind} (pointer store)")
-    if mode == "atomic" and kind not in (STACK, MAP_VALUE):
-        raise Reject(f"atomic access to {kind} prohibited, only stack and map values (r{reg})")
+    # A record is the kernel's PTR_TO_MEM, which check_atomic takes like a map value; the context is not.
+    if mode == "atomic" and kind not in (STACK, MAP_VALUE, RINGBUF_MEM):
+        raise Reject(f"atomic access to {kind} prohibited, only stack, map values and ringbuf records (r{reg})")
     env.note_region(insn.pc, kind)
     fixed = ptr.off + insn.off
     if kind == CTX:
