@@ -513,6 +513,9 @@ def _jmp(env: Env, st: State, insn: Insn) -> Succ:
     b = const(insn.imm) if insn.use_imm else _reg(f, insn.src)
     target, nxt = insn.jump_target(), insn.pc + 1
     if a.is_pointer or b.is_pointer:
+        for v in (a, b) if a.is_pointer and b.is_pointer else ():
+            if v.kind in (MAP_VALUE, MAP_VALUE_OR_NULL):   # compared by address: one row per lookup (striping.py)
+                env.note_use(v.aux, "address")
         return _null_check(st, insn, a, b, target, nxt)
     known, taken, fallen = arith.branch(insn.op, insn.width, a, b)
     if known is not None:
