@@ -231,6 +231,9 @@ def test_hash_update_claims_a_slot_in_one_place(kind):
     credits = [s for s in lines if s.startswith("atom.add.u32")]
     evictions = [s for s in lines if s.startswith("ld.relaxed.gpu.u64")]   # the LRU scan reads each time
     assert (len(claims), len(credits), len(evictions)) == (1, 1, int(kind == prog.MAP_LRU_HASH))
+    # the eviction scan stays a loop: unrolled, ptxas spent a quarter of an LRU probe's time on it
+    rolled = [lines[i - 1] for i, s in enumerate(lines) if s == '.pragma "nounroll";']
+    assert len(rolled) == len(evictions) and all(re.fullmatch(r"\$La\d+:", lab) for lab in rolled)
 
 
 @pytest.mark.parametrize("asm, present, absent", [

@@ -320,6 +320,9 @@ def _evict(g: FuncGen, base: str, home: str, lay: MapLayout) -> None:
     g.emit(f"mov.b64 {j}, 0;")
     loop, skip, pick = g.label(), g.label(), g.label()
     g.place(loop)
+    # Kept rolled (PTX ISA: .pragma "nounroll" in the loop's header block). Unrolled it was a quarter of
+    # ptxas's time for an LRU probe, paid again for every kernel; each pass waits on its ld.acquire anyway.
+    g.emit('.pragma "nounroll";')
     b = g.t64()
     g.emit(f"add.u64 {b}, {home}, {j};")
     g.emit(f"and.b64 {b}, {b}, {lay.entries - 1};")
