@@ -84,10 +84,11 @@ def probe_function(program: Program, obj: BpfObject, tag: str | None = None,
     global address as a second parameter, ``(.param .b64 %ctx, .param .b64 %maps)``, and ``globals`` is empty.
 
     ``ctx_params`` (instrumented kernels): the context in registers where it can be, so that a site
-    stores nothing to local memory and, once ptxas inlines the call, the constants it passes fold into
-    the probe. The function then takes ``(.param .b64 %cw<w>, ...)``, one per 8-byte context word
-    the program reads (ProbePtx.ctx_words, ascending), and r1 is ctx.NO_ADDRESS. That holds when the
-    verifier saw every context load at one offset on all paths; otherwise the %ctx form is used.
+    stores nothing to local memory and the constants every site of a kernel passes fold into that
+    kernel's copy of the probe (ptxas compiles one per calling kernel). The function then takes
+    ``(.param .b64 %cw<w>, ...)``, one per 8-byte context word the program reads (ProbePtx.ctx_words,
+    ascending), and r1 is ctx.NO_ADDRESS. That holds when the verifier saw every context load at one
+    offset on all paths; otherwise the %ctx form is used.
     """
     tag = tag or object_tag(obj)
     name = f"__egpu_{tag}_{_ident(program.name)}"

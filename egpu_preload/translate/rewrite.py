@@ -16,7 +16,8 @@ What an instrumented kernel looks like
   - in words (translated probes, whenever the verifier saw each ctx load at one offset): the site
     computes each 8-byte word the probe reads into ``%__egpu_c<w>`` (constants folded into one
     literal) and passes them as ``.param .b64`` arguments, so nothing goes through local memory and,
-    once ptxas inlines the call, the probe's ``ctx->flags & STORE`` folds to a constant;
+    in the kernel's own copy of the probe (below), a word every site of the kernel passes alike folds
+    (a kernel that only stores: the probe's ``ctx->flags & STORE``);
   - by address (``.func (.param .b64 %ret) NAME(.param .b64 %ctx)``): a ``.local`` context is
     declared after the kernel's own declarations, its per-kernel fields stored once at entry and its
     site fields at each site, only those some probe of the kernel reads (ProbeSpec.ctx_fields, from the
@@ -48,6 +49,11 @@ What an instrumented kernel looks like
   a branch instead of a predicate changed nothing.
 - ``.version``/``.target`` are raised only to what the probes and sites need (PTX 6.2 for
   ``activemask``).
+- Load cost: ptxas, as the driver runs it on a module (whole program), does not inline the probe calls
+  but compiles a copy of each called ``.func`` for every kernel that calls it (``$k1$__egpu_...`` in
+  the cubin), so its time grows as instrumented kernels x probe code (100 small kernels with
+  examples/mem_bytes: 1.3 s against 0.14 s; ``ptxas -c`` compiles the probe once: 0.31 s). Hence
+  helpers_ptx.py keeps each helper's code, its loops above all, small.
 
 Launch contract (what the shim must do)
 ---------------------------------------
