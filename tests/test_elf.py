@@ -40,7 +40,6 @@ PROGRAMS = {
     "launch": [("on_launch", "egpu/launch/*", Attach("launch", "*", "launch"))],
     "gpu_helpers": [("where_am_i", "kprobe.warp/*", Attach("entry", "*", W))],
     "self_wait": [("twice", "kprobe.block/*", Attach("entry", "*", B))],
-    "ptr_order": [("lower_slot", "kprobe/*", Attach("entry", "*", T))],
     "record_atomics": [("record_atomics", "kprobe/*", Attach("entry", "*", T))],
 }
 
@@ -61,7 +60,6 @@ MAPS = {
     "gpu_helpers": [("events", MAP_PERF_EVENT_ARRAY, 4, 4, 0, 0, False),
                     ("per_sm", MAP_PERCPU_ARRAY, 4, 8, 1, 0, False)],
     "self_wait": [("events", MAP_RINGBUF, 0, 0, 4096, 0, False)],
-    "ptr_order": [("slots", MAP_ARRAY, 4, 8, 4, 0, False)],
     "record_atomics": [("tallies", MAP_RINGBUF, 0, 0, 4096, 0, False)],
 }
 
@@ -80,7 +78,6 @@ REFS = {
     "launch": [["launches"] * 3],
     "gpu_helpers": [["events", "per_sm"]],
     "self_wait": [["events", "events"]],
-    "ptr_order": [["slots", "slots"]],
     "record_atomics": [["tallies"]],
 }
 

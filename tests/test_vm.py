@@ -493,14 +493,6 @@ def test_probe_ringbuf(probe_obj, mcpu: str) -> None:
 
 
 @MCPUS
-def test_probe_ptr_order(probe_obj, mcpu: str) -> None:
-    p = Probe(probe_obj, "ptr_order", mcpu)
-    for site in (0, 1, 2, 3):
-        assert p.run("lower_slot", site=site) == 0
-    assert p.values("slots") == {0: 4, 1: 0, 2: 0, 3: 0}   # slot 0, looked up first, is the lower address
-
-
-@MCPUS
 def test_probe_record_atomics(probe_obj, mcpu: str) -> None:
     p = Probe(probe_obj, "record_atomics", mcpu)
     for size in (4, 0xFFFFFFFF):

@@ -535,18 +535,35 @@ def _narrowed(s: State, insn: Insn, ops: tuple[Value, Value]) -> State:
     return s
 
 
+def _one_region(a: Value, b: Value) -> bool:
+    """Whether two pointers lie in one region that every back end lays out alike: one stack frame, the
+    context, one ringbuf record (its reference id). Not two map values: nothing tells two lookups apart."""
+    if a.kind != b.kind or a.aux != b.aux:
+        return False
+    return a.kind in (STACK, CTX) or (a.kind == RINGBUF_MEM and a.id == b.id != 0)
+
+
 def _null_check(st: State, insn: Insn, a: Value, b: Value, target: int, nxt: int) -> Succ:
-    """The comparisons a pointer takes: == 0 / != 0, which splits an or_null pointer in two, and == / != or an
-    ordering (signed or not, JMP or JMP32) with another pointer, which proves nothing: both outcomes go on
-    as they were. The kernel allows these where pointers may leak (allow_ptr_leaks: CAP_PERFMON, every
-    tracing program) and learns no bounds from them outside packet pointers (reg_set_min_max); clang makes
-    them of "a && b && a != b" and "a < b ? a : b". jset stays refused: two pointers into one object order
-    alike on the VM and the GPU, but an address's bits differ between them."""
+    """The comparisons a pointer takes: == 0 / != 0, which splits an or_null pointer in two, and == / != with
+    another pointer (64 bits), or an ordering (signed or not) of two pointers into one region
+    (_one_region), which prove nothing: both outcomes go on as they were. The kernel allows these where
+    pointers may leak (allow_ptr_leaks: CAP_PERFMON, every tracing program) and learns no bounds from them
+    outside packet pointers (reg_set_min_max); clang makes them of "a && b && a != b". Refused: jset and
+    JMP32, which test an address's bits, and an order of two regions (two map values, "a < b ? a : b"),
+    which the VM gives by first lookup and the C engine and the GPU by key: the three would disagree."""
     if a.is_pointer and b.is_pointer:
-        if insn.op != "jset":
-            return [(st, nxt), (st.copy(), target)]
-        raise Reject(f"pointer comparison prohibited (r{insn.dst} is {a.kind}, r{insn.src} is {b.kind}): "
-                     "jset tests an address's bits")
+        what = f"pointer comparison prohibited (r{insn.dst} is {a.kind}, r{insn.src} is {b.kind})"
+        if insn.op == "jset":
+            raise Reject(f"{what}: jset tests an address's bits")
+        # The VM and the C engine put each region at a multiple of 2**36, so a pointer's low half is its
+        # offset there (two values at one offset are equal in 32 bits), not the GPU address's low half.
+        if insn.width == 32:
+            raise Reject(f"{what}: JMP32 compares an address's low half")
+        # Regions order alike everywhere only from within: the VM maps each map value apart, in the order
+        # of first lookup, where the C engine and the GPU lay a map's values out by key.
+        if insn.op not in ("jeq", "jne") and not _one_region(a, b):
+            raise Reject(f"{what}: an order between two regions differs between the VM and the GPU")
+        return [(st, nxt), (st.copy(), target)]
     p, s, reg = (a, b, insn.dst) if a.is_pointer else (b, a, insn.src)
     if insn.width == 32 or insn.op not in ("jeq", "jne") or not (s.is_const and s.tv == 0):
         raise Reject(f"pointer comparison prohibited (r{reg} is {p.kind}): only == 0 and != 0 null checks")
