@@ -211,7 +211,10 @@ def _pointer_alu(insn: Insn, a: Value, b: Value) -> Value:
             if a.kind != b.kind or a.aux != b.aux or a.kind in OR_NULL or a.kind == MAP_PTR:
                 raise Reject(f"subtraction of pointers to different regions (r{insn.dst} is {a.kind}, "
                              f"r{insn.src} is {b.kind})")
-            if a.is_const and b.is_const:
+            # A distance is known only within one object: two lookups of a map (or two records) have the
+            # same offsets and lie apart, as far as the verifier knows (the kernel makes every such
+            # difference unknown).
+            if a.is_const and b.is_const and _one_region(a, b):
                 return const(a.off + s64(a.tv) - b.off - s64(b.tv))
             return UNKNOWN
         if b.is_pointer:
