@@ -573,8 +573,9 @@ def test_functions_left_by_a_throw_or_a_longjmp_keep_the_job_running(stub_job, t
     counted, returns of the functions so left not. The frames that catch a throw, and their callers, get
     their addresses swapped again at the catch: thr_outer's and thr_guard's returns all run (thr_outer's
     ran none after a throw inside it), thr_guard's through a cleanup in thr_clean that throws and catches
-    in the unwind, thr_shelter's through thr_relay's catch and rethrow (`throw;`). A tail call from one probed function into another (thr_tail's, into thr_add) enters
-    with its caller's slot: both returns run."""
+    in the unwind, thr_shelter's through thr_relay's catch and rethrow (`throw;`). A tail call from one
+    probed function into another (thr_tail's, into thr_add) enters with its caller's slot: both returns
+    run."""
     d = stub_job.driver_dir
     cxx = ["g++", "-O1", "-Wall"]
     for step in (cxx + ["-shared", "-fPIC", str(APP / "libthrow.cpp"), "-o", str(d / "libthrow.so")],
@@ -593,8 +594,8 @@ def test_functions_left_by_a_throw_or_a_longjmp_keep_the_job_running(stub_job, t
     r, (doc,), _ = run_kept(stub_job, tmp_path, obj, str(d / "app_unwind"), str(n))
     assert r.returncode == 0 and r.stdout.splitlines()[0] == plain.strip(), (r.stdout, r.stderr[-2000:])
     threes, fours = len(range(0, n, 3)), len(range(0, n, 4))
-    # libthrow's own calls of thr_maybe (thr_clean's, its cleanup's, thr_relay's) are not hooked: only GOTs
-    # importing it are
+    # libthrow's own calls of thr_maybe (thr_clean's, its cleanup's, thr_relay's) are not hooked: only the
+    # GOTs that import it are
     assert entries(doc, obj, "counts") == {0: 2 * n, 1: 2 * (n - threes), 2: 2 * n, 3: 2 * (n - fours),
                                            4: n, 5: n, 6: n, 7: n, 8: 2, 9: 1, 10: n, 11: n, 12: n, 13: n,
                                            14: n, 15: n - threes, 16: n, 17: n, 18: n, 19: n - threes, 20: n, 21: n}

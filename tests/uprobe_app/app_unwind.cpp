@@ -1,7 +1,7 @@
 /* `app_unwind N`: starts the stand-in driver (so the runtime comes up), then N times calls libthrow's
- * thr_maybe (catching what it throws) and libouter's thr_outer, thr_guard and thr_shelter, then N times libthrow's thr_jump (a setjmp
- * here taking its longjmp) and libouter's thr_nest and thr_tail; then a thread calls thr_exit, which ends
- * it, while an object of its frame waits for its destructor. Prints what the calls returned, how many
+ * thr_maybe (catching what it throws) and libouter's thr_outer, thr_guard and thr_shelter, then N times
+ * libthrow's thr_jump (a setjmp here taking its longjmp) and libouter's thr_nest and thr_tail; then a
+ * thread calls thr_exit, which ends it, while an object of its frame waits for its destructor. Prints what the calls returned, how many
  * were left by a throw or a jump, and how many destructors the thread's end ran. */
 #include <dlfcn.h>
 #include <pthread.h>
