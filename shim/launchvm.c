@@ -348,8 +348,88 @@ struct insn {
     int32_t imm;
 };
 
+/* A program's instructions decoded once, when it is loaded, for execute()'s fast path: one operation per
+ * operation, width and operand kind, taken only where every check the instruction needs holds whatever the
+ * registers hold (registers in range, a known operation, a jump's target inside the program or its end,
+ * where the run faults as it falls off); anything else,
+ * and what is rare, is OP_SLOW: step() runs it from the raw instruction, checking each field as it goes.
+ * Both paths are one semantics, the VM's: decoding moves checks to load time, it decides nothing new. */
+#define ALU_OPS(F) F(ADD) F(SUB) F(MUL) F(OR) F(AND) F(XOR) F(MOV) F(LSH) F(RSH) F(ARSH)
+#define JMP_OPS(F) F(JEQ) F(JGT) F(JGE) F(JSET) F(JNE) F(JSGT) F(JSGE) F(JLT) F(JLE) F(JSLT) F(JSLE)
+/* each in four forms, in this order: 64-bit with the immediate, 64-bit with a register, then 32-bit */
+#define FORMS(NAME) OP_##NAME##64K, OP_##NAME##64X, OP_##NAME##32K, OP_##NAME##32X,
+enum operation {
+    OP_SLOW, OP_END, OP_LDDW, OP_CALL, OP_EXIT, OP_JA,
+    OP_LDX1, OP_LDX2, OP_LDX4, OP_LDX8, OP_ST1, OP_ST2, OP_ST4, OP_ST8, OP_STX1, OP_STX2, OP_STX4, OP_STX8,
+    ALU_OPS(FORMS) JMP_OPS(FORMS) OP_COUNT
+};
+
+struct decoded {
+    uint8_t op, dst, src;
+    int32_t off;  /* loads and stores: the offset; jumps: the target's pc */
+    uint64_t imm; /* the immediate as the operation takes it: sign-extended, cut to 32 bits in 32-bit forms */
+};
+
+/* by the instruction's operation (code >> 4): the 64-bit immediate form, 0 where step() runs it */
+static const uint8_t alu_ops[16] = {
+    [0x0] = OP_ADD64K, [0x1] = OP_SUB64K, [0x2] = OP_MUL64K, [0x4] = OP_OR64K, [0x5] = OP_AND64K,
+    [0x6] = OP_LSH64K, [0x7] = OP_RSH64K, [0xa] = OP_XOR64K, [0xb] = OP_MOV64K, [0xc] = OP_ARSH64K,
+};
+static const uint8_t jmp_ops[16] = {
+    [0x1] = OP_JEQ64K, [0x2] = OP_JGT64K, [0x3] = OP_JGE64K, [0x4] = OP_JSET64K, [0x5] = OP_JNE64K,
+    [0x6] = OP_JSGT64K, [0x7] = OP_JSGE64K, [0xa] = OP_JLT64K, [0xb] = OP_JLE64K, [0xc] = OP_JSLT64K,
+    [0xd] = OP_JSLE64K,
+};
+
+/* insns[0, n) into ops[0, n], ops[n] the end a program must not run into. */
+static void decode(const struct insn *insns, size_t n, size_t nmaps, struct decoded *ops) {
+    static const uint8_t by_size[4] = {2, 1, 0, 3}; /* the size field (W, H, B, DW) to 4, 2, 1, 8's index */
+    for (size_t pc = 0; pc < n; pc++) {
+        const struct insn *i = &insns[pc];
+        struct decoded *o = &ops[pc];
+        int cls = i->code & 7, mode = i->code & 0xe0, sized = by_size[(i->code >> 3) & 3];
+        int form = (cls == 4 || cls == 6 ? 2 : 0) + (i->code & 0x08 ? 1 : 0), op = i->code >> 4;
+        int64_t target = (int64_t)pc + 1 + i->off;
+        *o = (struct decoded){OP_SLOW, i->regs & 15, i->regs >> 4, i->off, (uint64_t)(int64_t)i->imm};
+        if (o->dst > 10 || o->src > 10) continue;
+        if (form >= 2) o->imm &= 0xffffffffull;
+        switch (cls) {
+        case 4: case 7:
+            if (o->dst != 10 && !i->off && alu_ops[op]) o->op = (uint8_t)(alu_ops[op] + form);
+            break;
+        case 1:
+            if (o->dst != 10 && mode == 0x60) o->op = (uint8_t)(OP_LDX1 + sized);
+            break;
+        case 2: case 3:
+            if (mode == 0x60) o->op = (uint8_t)((cls == 2 ? OP_ST1 : OP_STX1) + sized);
+            break;
+        case 0: {
+            if (i->code != 0x18 || pc + 1 >= n || o->dst == 10) break;
+            uint64_t lo = (uint32_t)i->imm, hi = (uint32_t)insns[pc + 1].imm;
+            if (o->src == 0) o->op = OP_LDDW, o->imm = hi << 32 | lo;
+            else if (o->src == 5 && !hi && lo < nmaps) o->op = OP_LDDW, o->imm = MAP_HANDLE(lo);
+            break;
+        }
+        case 5: case 6:
+            if (op == 0x0) {
+                target = (int64_t)pc + 1 + (cls == 5 ? i->off : i->imm);
+                if (target >= 0 && (size_t)target <= n) o->op = OP_JA, o->off = (int32_t)target;
+            } else if (op == 0x9 && cls == 5) {
+                o->op = OP_EXIT;
+            } else if (op == 0x8 && cls == 5 && o->src == 0) {
+                o->op = OP_CALL;
+            } else if (jmp_ops[op] && target >= 0 && (size_t)target <= n) {
+                o->op = (uint8_t)(jmp_ops[op] + form), o->off = (int32_t)target;
+            }
+            break;
+        }
+    }
+    ops[n] = (struct decoded){.op = OP_END};
+}
+
 struct egpu_lvm_prog {
     struct insn *insns;
+    struct decoded *ops;   /* decode()'s, n + 1 */
     size_t n;
     struct egpu_lvm_map **maps;
     size_t nmaps;
@@ -361,20 +441,22 @@ EXPORT struct egpu_lvm_prog *egpu_lvm_prog_new(const void *insns, size_t n, stru
     struct egpu_lvm_prog *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->insns = malloc(n * sizeof *p->insns + 1);
+    p->ops = malloc((n + 1) * sizeof *p->ops);
     p->maps = malloc(nmaps * sizeof *p->maps + 1);
-    if (!p->insns || !p->maps) {
+    if (!p->insns || !p->ops || !p->maps) {
         egpu_lvm_prog_free(p);
         return NULL;
     }
     memcpy(p->insns, insns, n * sizeof *p->insns);
     memcpy(p->maps, maps, nmaps * sizeof *p->maps);
     p->n = n, p->nmaps = nmaps;
+    decode(p->insns, n, nmaps, p->ops);
     return p;
 }
 
 EXPORT void egpu_lvm_prog_free(struct egpu_lvm_prog *p) {
     if (!p) return;
-    free(p->insns), free(p->maps), free(p);
+    free(p->insns), free(p->ops), free(p->maps), free(p);
 }
 
 EXPORT void egpu_lvm_prog_stats(const struct egpu_lvm_prog *p, struct egpu_lvm_stats *out) {
@@ -783,127 +865,228 @@ static int helper(struct run *x, int32_t id) {
  * run (bench/bench_uprobe.py), where the library's vector stores take a few ns. */
 static void *(*volatile clear)(void *, int, size_t) = memset;
 
-/* Run from pc 0 with r1, r2 set; returns the fault (0: none), the faulting pc in *fault_pc. */
-static int execute(struct run *x, unsigned int *fault_pc) {
+/* The instruction at *pc_at the long way, each field checked as it is used: what decode() leaves to
+ * OP_SLOW (bad instructions, bpf-to-bpf calls, atomics, division, sign extension, ...). Returns 0 with
+ * *pc_at moved on, 1 when the program ends, -1 on a fault (x->fault set, *pc_at left at the instruction). */
+static int step(struct run *x, size_t *pc_at) {
     const struct egpu_lvm_prog *p = x->p;
-    size_t pc = 0;
-    long budget = BUDGET;
-    x->r[10] = ((R_FRAME + 0) << REGION_SHIFT) + STACK_SIZE;
-    if (!x->host) clear(x->frames[0], 0, STACK_SIZE);
-    for (;;) {
-        if (pc >= p->n) FAIL(EGPU_LVM_BAD_INSN);
-        if (--budget < 0) FAIL(EGPU_LVM_BUDGET);
-        const struct insn *i = &p->insns[pc];
-        int cls = i->code & 7, dst = i->regs & 15, src = i->regs >> 4, size, bits;
-        uint64_t v;
-        if (dst > 10 || src > 10) FAIL(EGPU_LVM_BAD_INSN);
-        switch (cls) {
-        case 4: case 7: /* ALU, ALU64 */
-            if (WRITES_R10(i) || alu(x, i, cls == 7 ? 64 : 32)) FAIL(EGPU_LVM_BAD_INSN);
+    size_t pc = *pc_at;
+    const struct insn *i = &p->insns[pc];
+    int cls = i->code & 7, dst = i->regs & 15, src = i->regs >> 4, size, bits;
+    uint64_t v;
+    if (dst > 10 || src > 10) FAIL(EGPU_LVM_BAD_INSN);
+    switch (cls) {
+    case 4: case 7: /* ALU, ALU64 */
+        if (WRITES_R10(i) || alu(x, i, cls == 7 ? 64 : 32)) FAIL(EGPU_LVM_BAD_INSN);
+        pc++;
+        break;
+    case 0: { /* lddw */
+        if (i->code != 0x18 || pc + 1 >= p->n || WRITES_R10(i)) FAIL(EGPU_LVM_BAD_INSN);
+        uint32_t lo = (uint32_t)i->imm, hi = (uint32_t)p->insns[pc + 1].imm;
+        if (src == 0) {
+            x->r[dst] = (uint64_t)hi << 32 | lo;
+        } else if (src == 5) { /* map by index (NULL: a ring or perf buffer the runtime keeps: output) */
+            if (hi || lo >= p->nmaps) FAIL(EGPU_LVM_NOT_A_MAP);
+            x->r[dst] = MAP_HANDLE(lo);
+        } else if (src == 6) { /* a map's value 0 (global data) + offset */
+            if (lo >= p->nmaps || !p->maps[lo] || is_hash(p->maps[lo])) FAIL(EGPU_LVM_NOT_A_MAP);
+            static const unsigned char key0[4];
+            int s0 = p->maps[lo]->max_entries ? 0 : -1;
+            if (watch(x, p->maps[lo], key0, s0)) FAIL(EGPU_LVM_NO_MEMORY);
+            x->r[dst] = value_address(lo, p->maps[lo], s0) + hi;
+        } else {
+            FAIL(EGPU_LVM_BAD_INSN);
+        }
+        pc += 2;
+        break;
+    }
+    case 1: /* ldx: mem, memsx */
+        size = (int[]){4, 2, 1, 8}[(i->code >> 3) & 3];
+        if (((i->code & 0xe0) != 0x60 && (i->code & 0xe0) != 0x80) || WRITES_R10(i)) FAIL(EGPU_LVM_BAD_INSN);
+        if (load(x, x->r[src] + (uint64_t)(int64_t)i->off, size, &v)) goto out;
+        x->r[dst] = (i->code & 0xe0) == 0x80 ? (uint64_t)sext(v, 8 * size) : v;
+        pc++;
+        break;
+    case 2: case 3: { /* st, stx: mem, atomic */
+        size = (int[]){4, 2, 1, 8}[(i->code >> 3) & 3];
+        uint64_t addr = x->r[dst] + (uint64_t)(int64_t)i->off;
+        if ((i->code & 0xe0) == 0x60) {
+            if (store(x, addr, size, cls == 2 ? (uint64_t)(int64_t)i->imm : x->r[src])) goto out;
             pc++;
             break;
-        case 0: { /* lddw */
-            if (i->code != 0x18 || pc + 1 >= p->n || WRITES_R10(i)) FAIL(EGPU_LVM_BAD_INSN);
-            uint32_t lo = (uint32_t)i->imm, hi = (uint32_t)p->insns[pc + 1].imm;
+        }
+        if (cls != 3 || (i->code & 0xe0) != 0xc0 || (size != 4 && size != 8)) FAIL(EGPU_LVM_BAD_INSN);
+        if (addr % size) FAIL(EGPU_LVM_UNALIGNED);
+        uint64_t m = mask(8 * size), old, operand = x->r[src] & m;
+        if (load(x, addr, size, &old)) goto out;
+        switch (i->imm) {
+        case 0x00: case 0x01: v = old + operand; break;
+        case 0x40: case 0x41: v = old | operand; break;
+        case 0x50: case 0x51: v = old & operand; break;
+        case 0xa0: case 0xa1: v = old ^ operand; break;
+        case 0xe1: v = operand; break;
+        case 0xf1: /* cmpxchg: compares with r0, which gets the old value */
+            if (old == (x->r[0] & m) && store(x, addr, size, x->r[src])) goto out;
+            x->r[0] = old;
+            pc++;
+            goto done;
+        default: FAIL(EGPU_LVM_BAD_INSN);
+        }
+        if (store(x, addr, size, v)) goto out;
+        if (i->imm & 1) x->r[src] = old;
+        pc++;
+        break;
+    }
+    case 5: case 6: { /* jmp, jmp32 */
+        int op = i->code & 0xf0;
+        bits = cls == 5 ? 64 : 32;
+        if (op == 0x00) { /* ja; ja32 (gotol) jumps by imm */
+            size_t to = pc + 1 + (size_t)(int64_t)(cls == 5 ? i->off : i->imm);
+            if (to > p->n) FAIL(EGPU_LVM_BAD_INSN); /* n itself is the end, reached to fault there */
+            pc = to;
+            break;
+        }
+        if (op == 0x90 && cls == 5) { /* exit */
+            if (x->depth == 0) return 1;
+            x->depth--;
+            memcpy(&x->r[6], x->calls[x->depth].saved, sizeof x->calls[x->depth].saved);
+            x->r[10] = ((R_FRAME + (uint64_t)x->depth) << REGION_SHIFT) + STACK_SIZE;
+            pc = x->calls[x->depth].ret;
+            break;
+        }
+        if (op == 0x80 && cls == 5) { /* call */
             if (src == 0) {
-                x->r[dst] = (uint64_t)hi << 32 | lo;
-            } else if (src == 5) { /* map by index (NULL: a ring or perf buffer the runtime keeps: output) */
-                if (hi || lo >= p->nmaps) FAIL(EGPU_LVM_NOT_A_MAP);
-                x->r[dst] = MAP_HANDLE(lo);
-            } else if (src == 6) { /* a map's value 0 (global data) + offset */
-                if (lo >= p->nmaps || !p->maps[lo] || is_hash(p->maps[lo])) FAIL(EGPU_LVM_NOT_A_MAP);
-                static const unsigned char key0[4];
-                int s0 = p->maps[lo]->max_entries ? 0 : -1;
-                if (watch(x, p->maps[lo], key0, s0)) FAIL(EGPU_LVM_NO_MEMORY);
-                x->r[dst] = value_address(lo, p->maps[lo], s0) + hi;
+                int r = helper(x, i->imm);
+                if (r < 0) goto out;
+                if (r > 0) return 1;
+                pc++;
+            } else if (src == 1) {
+                if (pc + 1 + (size_t)(int64_t)i->imm >= p->n) FAIL(EGPU_LVM_BAD_INSN);
+                if (x->depth + 1 >= MAX_FRAMES) FAIL(EGPU_LVM_DEPTH);
+                x->calls[x->depth].ret = pc + 1;
+                memcpy(x->calls[x->depth].saved, &x->r[6], sizeof x->calls[x->depth].saved);
+                x->depth++;
+                memset(x->frames[x->depth], 0, STACK_SIZE);
+                x->r[10] = ((R_FRAME + (uint64_t)x->depth) << REGION_SHIFT) + STACK_SIZE;
+                pc += 1 + (size_t)(int64_t)i->imm;
             } else {
                 FAIL(EGPU_LVM_BAD_INSN);
             }
-            pc += 2;
             break;
         }
-        case 1: /* ldx: mem, memsx */
-            size = (int[]){4, 2, 1, 8}[(i->code >> 3) & 3];
-            if (((i->code & 0xe0) != 0x60 && (i->code & 0xe0) != 0x80) || WRITES_R10(i)) FAIL(EGPU_LVM_BAD_INSN);
-            if (load(x, x->r[src] + (uint64_t)(int64_t)i->off, size, &v)) goto out;
-            x->r[dst] = (i->code & 0xe0) == 0x80 ? (uint64_t)sext(v, 8 * size) : v;
-            pc++;
-            break;
-        case 2: case 3: { /* st, stx: mem, atomic */
-            size = (int[]){4, 2, 1, 8}[(i->code >> 3) & 3];
-            uint64_t addr = x->r[dst] + (uint64_t)(int64_t)i->off;
-            if ((i->code & 0xe0) == 0x60) {
-                if (store(x, addr, size, cls == 2 ? (uint64_t)(int64_t)i->imm : x->r[src])) goto out;
-                pc++;
-                break;
-            }
-            if (cls != 3 || (i->code & 0xe0) != 0xc0 || (size != 4 && size != 8)) FAIL(EGPU_LVM_BAD_INSN);
-            if (addr % size) FAIL(EGPU_LVM_UNALIGNED);
-            uint64_t m = mask(8 * size), old, operand = x->r[src] & m;
-            if (load(x, addr, size, &old)) goto out;
-            switch (i->imm) {
-            case 0x00: case 0x01: v = old + operand; break;
-            case 0x40: case 0x41: v = old | operand; break;
-            case 0x50: case 0x51: v = old & operand; break;
-            case 0xa0: case 0xa1: v = old ^ operand; break;
-            case 0xe1: v = operand; break;
-            case 0xf1: /* cmpxchg: compares with r0, which gets the old value */
-                if (old == (x->r[0] & m) && store(x, addr, size, x->r[src])) goto out;
-                x->r[0] = old;
-                pc++;
-                continue;
-            default: FAIL(EGPU_LVM_BAD_INSN);
-            }
-            if (store(x, addr, size, v)) goto out;
-            if (i->imm & 1) x->r[src] = old;
-            pc++;
-            break;
-        }
-        case 5: case 6: { /* jmp, jmp32 */
-            int op = i->code & 0xf0;
-            bits = cls == 5 ? 64 : 32;
-            if (op == 0x00) { /* ja; ja32 (gotol) jumps by imm */
-                size_t to = pc + 1 + (size_t)(int64_t)(cls == 5 ? i->off : i->imm);
-                if (to >= p->n) FAIL(EGPU_LVM_BAD_INSN);
-                pc = to;
-                break;
-            }
-            if (op == 0x90 && cls == 5) { /* exit */
-                if (x->depth == 0) return EGPU_LVM_OK;
-                x->depth--;
-                memcpy(&x->r[6], x->calls[x->depth].saved, sizeof x->calls[x->depth].saved);
-                x->r[10] = ((R_FRAME + (uint64_t)x->depth) << REGION_SHIFT) + STACK_SIZE;
-                pc = x->calls[x->depth].ret;
-                break;
-            }
-            if (op == 0x80 && cls == 5) { /* call */
-                if (src == 0) {
-                    int r = helper(x, i->imm);
-                    if (r < 0) goto out;
-                    if (r > 0) return EGPU_LVM_OK;
-                    pc++;
-                } else if (src == 1) {
-                    if (pc + 1 + (size_t)(int64_t)i->imm >= p->n) FAIL(EGPU_LVM_BAD_INSN);
-                    if (x->depth + 1 >= MAX_FRAMES) FAIL(EGPU_LVM_DEPTH);
-                    x->calls[x->depth].ret = pc + 1;
-                    memcpy(x->calls[x->depth].saved, &x->r[6], sizeof x->calls[x->depth].saved);
-                    x->depth++;
-                    memset(x->frames[x->depth], 0, STACK_SIZE);
-                    x->r[10] = ((R_FRAME + (uint64_t)x->depth) << REGION_SHIFT) + STACK_SIZE;
-                    pc += 1 + (size_t)(int64_t)i->imm;
-                } else {
-                    FAIL(EGPU_LVM_BAD_INSN);
-                }
-                break;
-            }
-            uint64_t m = mask(bits);
-            int t = taken(i, x->r[dst] & m, ((i->code & 0x08) ? x->r[src] : (uint64_t)(int64_t)i->imm) & m, bits);
-            if (t < 0 || (t && pc + 1 + (size_t)(int64_t)i->off >= p->n)) FAIL(EGPU_LVM_BAD_INSN);
-            pc += 1 + (t ? (size_t)(int64_t)i->off : 0);
-            break;
-        }
-        }
+        uint64_t m = mask(bits);
+        int t = taken(i, x->r[dst] & m, ((i->code & 0x08) ? x->r[src] : (uint64_t)(int64_t)i->imm) & m, bits);
+        if (t < 0 || pc + 1 + (size_t)(int64_t)i->off > p->n) FAIL(EGPU_LVM_BAD_INSN); /* taken or not */
+        pc += 1 + (t ? (size_t)(int64_t)i->off : 0);
+        break;
     }
+    }
+done:
+    *pc_at = pc;
+    return 0;
+out:
+    return -1;
+}
+
+/* Run from pc 0 with r1, r2 set; returns the fault (0: none), the faulting pc in *fault_pc. */
+static int execute(struct run *x, unsigned int *fault_pc) {
+#define FORM_LABELS(NAME) [OP_##NAME##64K] = &&NAME##64K, [OP_##NAME##64X] = &&NAME##64X, \
+    [OP_##NAME##32K] = &&NAME##32K, [OP_##NAME##32X] = &&NAME##32X,
+    static const void *const labels[OP_COUNT] = {
+        [OP_SLOW] = &&slow, [OP_END] = &&end, [OP_LDDW] = &&lddw, [OP_CALL] = &&call, [OP_EXIT] = &&exit,
+        [OP_JA] = &&ja, [OP_LDX1] = &&ldx1, [OP_LDX2] = &&ldx2, [OP_LDX4] = &&ldx4, [OP_LDX8] = &&ldx8,
+        [OP_ST1] = &&st1, [OP_ST2] = &&st2, [OP_ST4] = &&st4, [OP_ST8] = &&st8,
+        [OP_STX1] = &&stx1, [OP_STX2] = &&stx2, [OP_STX4] = &&stx4, [OP_STX8] = &&stx8,
+        ALU_OPS(FORM_LABELS) JMP_OPS(FORM_LABELS)
+    };
+    const struct egpu_lvm_prog *p = x->p;
+    const struct decoded *o;
+    uint64_t *r = x->r;
+    size_t pc = 0;
+    long budget = BUDGET;
+    r[10] = ((R_FRAME + 0) << REGION_SHIFT) + STACK_SIZE;
+    if (!x->host) clear(x->frames[0], 0, STACK_SIZE);
+#define DISPATCH() do { o = &p->ops[pc]; if (--budget < 0) goto spent; goto *labels[o->op]; } while (0)
+#define NEXT(k) do { pc += (k); DISPATCH(); } while (0)
+    DISPATCH();
+slow:
+    switch (step(x, &pc)) {
+    case 0: DISPATCH();
+    case 1: return EGPU_LVM_OK;
+    default: goto out;
+    }
+end:
+    FAIL(EGPU_LVM_BAD_INSN);
+spent: /* the end is checked before the budget, as step() did when it ran every instruction */
+    FAIL(pc >= p->n ? EGPU_LVM_BAD_INSN : EGPU_LVM_BUDGET);
+lddw:
+    r[o->dst] = o->imm;
+    NEXT(2);
+call: {
+    int k = helper(x, (int32_t)o->imm);
+    if (k < 0) goto out;
+    if (k > 0) return EGPU_LVM_OK;
+    NEXT(1);
+}
+exit:
+    if (x->depth == 0) return EGPU_LVM_OK;
+    x->depth--;
+    memcpy(&r[6], x->calls[x->depth].saved, sizeof x->calls[x->depth].saved);
+    r[10] = ((R_FRAME + (uint64_t)x->depth) << REGION_SHIFT) + STACK_SIZE;
+    pc = x->calls[x->depth].ret;
+    DISPATCH();
+ja:
+    pc = (size_t)o->off;
+    DISPATCH();
+#define LDX(S) ldx##S: { \
+        uint64_t v; \
+        if (load(x, r[o->src] + (uint64_t)(int64_t)o->off, S, &v)) goto out; \
+        r[o->dst] = v; \
+        NEXT(1); \
+    }
+#define ST(S, NAME, VALUE) NAME##S: \
+    if (store(x, r[o->dst] + (uint64_t)(int64_t)o->off, S, VALUE)) goto out; \
+    NEXT(1);
+    LDX(1) LDX(2) LDX(4) LDX(8)
+    ST(1, st, o->imm) ST(2, st, o->imm) ST(4, st, o->imm) ST(8, st, o->imm)
+    ST(1, stx, r[o->src]) ST(2, stx, r[o->src]) ST(4, stx, r[o->src]) ST(8, stx, r[o->src])
+#define M32 0xffffffffull
+#define ALU(NAME, E64, E32) \
+    NAME##64K: { uint64_t a __attribute__((unused)) = r[o->dst], b = o->imm; r[o->dst] = (E64); NEXT(1); } \
+    NAME##64X: { uint64_t a __attribute__((unused)) = r[o->dst], b = r[o->src]; r[o->dst] = (E64); NEXT(1); } \
+    NAME##32K: { uint64_t a __attribute__((unused)) = r[o->dst] & M32, b = o->imm; r[o->dst] = (E32) & M32; NEXT(1); } \
+    NAME##32X: { \
+        uint64_t a __attribute__((unused)) = r[o->dst] & M32, b = r[o->src] & M32; \
+        r[o->dst] = (E32) & M32; \
+        NEXT(1); \
+    }
+    ALU(ADD, a + b, a + b)
+    ALU(SUB, a - b, a - b)
+    ALU(MUL, a * b, a * b)
+    ALU(OR, a | b, a | b)
+    ALU(AND, a & b, a & b)
+    ALU(XOR, a ^ b, a ^ b)
+    ALU(MOV, b, b)
+    ALU(LSH, a << (b & 63), a << (b & 31))
+    ALU(RSH, a >> (b & 63), a >> (b & 31))
+    ALU(ARSH, (uint64_t)((int64_t)a >> (b & 63)), (uint32_t)((int32_t)a >> (b & 31)))
+#define JUMP_IF(COND) do { if (COND) pc = (size_t)o->off; else pc++; DISPATCH(); } while (0)
+#define JMP(NAME, T64, T32, OP) \
+    NAME##64K: JUMP_IF((T64)r[o->dst] OP (T64)o->imm); \
+    NAME##64X: JUMP_IF((T64)r[o->dst] OP (T64)r[o->src]); \
+    NAME##32K: JUMP_IF((T32)r[o->dst] OP (T32)o->imm); \
+    NAME##32X: JUMP_IF((T32)r[o->dst] OP (T32)r[o->src]);
+    JMP(JEQ, uint64_t, uint32_t, ==)
+    JMP(JGT, uint64_t, uint32_t, >)
+    JMP(JGE, uint64_t, uint32_t, >=)
+    JMP(JSET, uint64_t, uint32_t, &)
+    JMP(JNE, uint64_t, uint32_t, !=)
+    JMP(JSGT, int64_t, int32_t, >)
+    JMP(JSGE, int64_t, int32_t, >=)
+    JMP(JLT, uint64_t, uint32_t, <)
+    JMP(JLE, uint64_t, uint32_t, <=)
+    JMP(JSLT, int64_t, int32_t, <)
+    JMP(JSLE, int64_t, int32_t, <=)
 out:
     *fault_pc = (unsigned int)pc;
     return x->fault;

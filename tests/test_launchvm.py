@@ -5,6 +5,7 @@ on both over the same launches with the maps compared entry by entry."""
 from __future__ import annotations
 
 import os
+import random
 import struct
 
 import pytest
@@ -14,8 +15,10 @@ from egpu_preload.bpf.asm import assemble
 from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.runtime import dump, launches, native
 from egpu_preload.runtime.probes import load_probe
+from egpu_preload.vm import Vm
 from isa_cases import CASES, Case
 from stub_job import ROOT
+from translate_support import memory_program, straight_line_program
 
 
 def _exec(shim_api, code: bytes, mem: bytes | None) -> tuple[int, int, int, bytes | None]:
@@ -52,6 +55,45 @@ def test_isa_case_in_c(shim_api, case: Case) -> None:
 def test_faults_stop_the_run_where_they_happen(shim_api, asm, mem, fault, pc):
     got, _, at, _ = _exec(shim_api, assemble(asm), mem)
     assert (native.FAULTS.get(got), at if got else None) == (fault, pc)
+
+
+@pytest.mark.parametrize("make", [straight_line_program, memory_program], ids=["alu-branches", "stack-atomics-calls"])
+def test_random_programs_run_as_on_the_vm(shim_api, make):
+    """shim/launchvm.c's decoded fast path and its step() for the rest (atomics, sign extension, division,
+    bpf-to-bpf calls) against the VM: every ALU and branch row of the ISA table, in both widths, with the
+    immediate and with a register, on edge values."""
+    rng = random.Random(23)
+    for n in range(300):
+        code = make(rng)
+        fault, r0, pc, mem = _exec(shim_api, code, bytes(8))
+        assert (native.FAULTS.get(fault), pc if fault else 0) == (None, 0), n
+        assert (r0, mem) == Vm(code).run_with_mem(bytes(8)), n
+
+
+def _raw(code: int, regs: int) -> bytes:
+    return struct.pack("<BBhi", code, regs, 0, 0)
+
+
+@pytest.mark.parametrize("code", [
+    assemble("r0 = 0"), assemble("goto +1\nr0 = 1 ll\nexit"), assemble("r10 = 0\nexit"),
+    assemble("if r1 > 0 goto +0"), assemble("if r1 == 0 goto +5\nexit"), assemble("w0 = 1\nif w0 s> -1 goto +4\nexit"),
+    assemble("goto -2\nexit"), assemble("r1 = 1\ncall local f\nexit\nf: goto +1\nr0 = 1 ll\nexit"),
+    assemble("r0 = 1") + _raw(0xf4, 0) + assemble("exit"), assemble("r0 = 2 ll"), _raw(0xb7, 0x0b) + assemble("exit"),
+    assemble("r0 = 1") + _raw(0x0c, 0xb0) + assemble("exit"),
+], ids=["falls_off", "into_lddw", "r10", "branch_to_the_end", "branch_out_not_taken", "jmp32_out", "before_start",
+        "sub_into_lddw", "unknown_alu", "lddw_falls_off", "dst_r11", "src_r11"])
+def test_bad_programs_fault_where_the_vm_does(shim_api, code):
+    """What decode() leaves to step() faults at the VM's pc when it runs: a branch to outside the program
+    faults taken or not, one to the end faults there, an instruction the VM's decoder refuses faults when
+    it is reached."""
+    from egpu_preload.errors import EgpuError
+    try:
+        Vm(code).run_with_mem(bytes(8))
+        on_vm = None
+    except EgpuError as e:
+        on_vm = e.insn
+    fault, _, pc, _ = _exec(shim_api, code, bytes(8))
+    assert (fault != 0, pc if fault else None) == (on_vm is not None, on_vm)
 
 
 def test_pid_tgid_is_the_process(shim_api):
