@@ -148,6 +148,24 @@ REJECT: tuple[Case, ...] = (
     out:
         r0 = 0
         exit""", "invalid variable-offset read from stack", 6),
+    # a signed byte read at a variable offset is [-128, 127]: taken as [0, 255], "s> 56" let -128 index arr
+    Case("variable_stack_signed_load", "r6 = r1" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r7 = r0
+        r1 = 0x8080808080808080 ll
+        *(u64 *)(r10 - 16) = r1
+        r1 = *(u32 *)(r6 + 0x1c)
+        r1 &= 7
+        r2 = r10
+        r2 += -16
+        r2 += r1
+        r0 = *(s8 *)(r2 + 0x0)
+        if r0 s> 56 goto out
+        r7 += r0
+        r0 = *(u8 *)(r7 + 0x0)
+    out:
+        r0 = 0
+        exit""", "invalid access to map value, value_size=64 off=0+[-128, 56] size=1", 20),
     # ctx
     Case("ctx_write", "*(u64 *)(r1 + 0x0) = 0\nr0 = 0\nexit", "cannot write into ctx", 0),
     Case("ctx_write_through_copy", "r2 = r1\nr2 += 8\n*(u32 *)(r2 + 0x0) = 1\nr0 = 0\nexit",

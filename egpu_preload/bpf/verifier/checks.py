@@ -419,7 +419,7 @@ def _stack(env: Env, st: State, ptr: Value, fixed: int, size: int, mode: str, va
     env.note_depth(st, ptr.aux, lo)
     f = st.frames[ptr.aux]
     if not ptr.is_const:
-        return _stack_var(f, lo, hi, size, mode, value)
+        return _stack_var(f, lo, hi, size, mode, value, signed)
     out = UNKNOWN
     if mode != "write":
         out = _stack_read(f, fixed, size, signed, mode == "atomic")
@@ -478,10 +478,10 @@ def _stack_write(f: Frame, o: int, size: int, value: Value | None) -> None:
     f.stack[k] = Slot(b[:i] + fill * size + b[i + size:], spill)
 
 
-def _stack_var(f: Frame, lo: int, hi: int, size: int, mode: str, value: Value | None) -> Value:
+def _stack_var(f: Frame, lo: int, hi: int, size: int, mode: str, value: Value | None, signed: bool) -> Value:
     """A variable-offset access to the bytes [lo, hi): reads need them all initialized and free of
     spilled pointers; writes may or may not touch each byte, so spills there become plain data and
-    uninitialized bytes stay uninitialized."""
+    uninitialized bytes stay uninitialized. A read gives any value of its size, sign-extended for ldxs."""
     if value is not None and value.is_pointer:
         raise Reject("variable-offset pointer spill prohibited (register spill)")
     for k in range(_slot_of(hi - 1)[0], _slot_of(lo)[0] + 1):
@@ -499,7 +499,7 @@ def _stack_var(f: Frame, lo: int, hi: int, size: int, mode: str, value: Value | 
                 raise Reject(f"spilled {slot.spill.kind} at fp{-8 * (k + 1)} in range of a variable-offset "
                              "stack write (register spill)")
             f.stack[k] = slot.as_data()
-    return sized(size, False)
+    return sized(size, signed)
 
 
 # ---- jumps ------------------------------------------------------------------------------------------
