@@ -351,9 +351,10 @@ struct insn {
 /* A program's instructions decoded once, when it is loaded, for execute()'s fast path: one operation per
  * operation, width and operand kind, taken only where every check the instruction needs holds whatever the
  * registers hold (registers in range, a known operation, a jump's target inside the program or its end,
- * where the run faults as it falls off); anything else,
- * and what is rare, is OP_SLOW: step() runs it from the raw instruction, checking each field as it goes.
- * Both paths are one semantics, the VM's: decoding moves checks to load time, it decides nothing new. */
+ * where the run faults as it falls off). Anything else, and what is rare, is OP_SLOW: step() runs it from
+ * the raw instruction, checking each field as it goes. Both paths are the VM's semantics for what the VM's
+ * decoder accepts (the runtime hands C nothing else; reserved fields are not checked here): decoding moves
+ * checks to load time and decides nothing new. */
 #define ALU_OPS(F) F(ADD) F(SUB) F(MUL) F(OR) F(AND) F(XOR) F(MOV) F(LSH) F(RSH) F(ARSH)
 #define JMP_OPS(F) F(JEQ) F(JGT) F(JGE) F(JSET) F(JNE) F(JSGT) F(JSGE) F(JLT) F(JLE) F(JSLT) F(JSLE)
 /* each in four forms, in this order: 64-bit with the immediate, 64-bit with a register, then 32-bit */

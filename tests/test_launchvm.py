@@ -84,8 +84,8 @@ def _raw(code: int, regs: int) -> bytes:
         "sub_into_lddw", "unknown_alu", "lddw_falls_off", "dst_r11", "src_r11"])
 def test_bad_programs_fault_where_the_vm_does(shim_api, code):
     """What decode() leaves to step() faults at the VM's pc when it runs: a branch to outside the program
-    faults taken or not, one to the end faults there, an instruction the VM's decoder refuses faults when
-    it is reached."""
+    faults taken or not, one to the end faults there; a register out of range or an unknown operation,
+    which the VM's decoder refuses, faults when it is reached."""
     from egpu_preload.errors import EgpuError
     try:
         Vm(code).run_with_mem(bytes(8))
@@ -94,6 +94,33 @@ def test_bad_programs_fault_where_the_vm_does(shim_api, code):
         on_vm = e.insn
     fault, _, pc, _ = _exec(shim_api, code, bytes(8))
     assert (fault != 0, pc if fault else None) == (on_vm is not None, on_vm)
+
+
+def test_every_opcode_runs_or_faults_as_on_the_vm(shim_api):
+    """Each opcode byte, its fields in range, out of range or reserved but set, reached by the run: where the
+    VM's decoder takes it, C runs it as the VM does, fault and pc included. What that decoder refuses (a
+    reserved field not zero, an offset that selects no operation) never reaches C, whose programs are the
+    decoded and verified ones (runtime/native.py), so C's reading of it is left open."""
+    from egpu_preload.errors import DecodeError, EgpuError
+    rng = random.Random(11)
+    prefix = assemble("r3 = r10\nr3 += -16\nr4 = 5")
+    for opcode in range(256):
+        for _ in range(24):
+            regs = rng.choice((0x00, 0x01, 0x03, 0x04, 0x10, 0x13, 0x31, 0x41, 0x14, 0x1a, 0xa1, 0x30, 0x0b, 0xb0))
+            off = rng.choice((0, 0, 0, 1, 2, -8, 8, 16, 32))
+            imm = rng.choice((0, 0, 0, 1, -8, 8, 16, 32, 64, 0xe1, 0xf1, 0xe0))
+            insn = struct.pack("<BBhi", opcode, regs, off, imm)
+            if opcode == 0x18:
+                insn += struct.pack("<BBhi", rng.choice((0, 0, 0x95, 0)), rng.choice((0, 0, 1)), 0, 7)
+            code = prefix + insn + assemble("exit")
+            fault, r0, pc, mem = _exec(shim_api, code, bytes(16))
+            try:
+                want = (0, *Vm(code).run_with_mem(bytes(16)))
+            except DecodeError:
+                continue
+            except EgpuError as e:
+                want = (e.insn,)
+            assert ((pc,) if fault else (0, r0, mem)) == want, (opcode, regs, off, imm)
 
 
 def test_pid_tgid_is_the_process(shim_api):
