@@ -449,7 +449,7 @@ EXPORT struct egpu_lvm_prog *egpu_lvm_prog_new(const void *insns, size_t n, stru
         return NULL;
     }
     memcpy(p->insns, insns, n * sizeof *p->insns);
-    memcpy(p->maps, maps, nmaps * sizeof *p->maps);
+    if (nmaps) memcpy(p->maps, maps, nmaps * sizeof *p->maps); /* maps may be NULL then: memcpy must not see it */
     p->n = n, p->nmaps = nmaps;
     decode(p->insns, n, nmaps, p->ops);
     return p;
