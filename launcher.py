@@ -100,7 +100,10 @@ def _show_version(value: bool) -> None:
 _VERSION = typer.Option(False, "--version", is_eager=True, callback=_show_version,
                         help="egpu's version, the CUDA driver, GPUs and toolkit found, and the back ends usable here")
 
-egpu = typer.Typer(name="egpu", cls=_Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None)
+# -h as well as --help, as bpftool and bpftrace take it (click's default is --help alone); subcommands inherit it.
+HELP = {"help_option_names": ["-h", "--help"]}
+egpu = typer.Typer(name="egpu", cls=_Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                   context_settings=HELP)
 
 
 @egpu.callback()
@@ -638,7 +641,7 @@ OnFull = Literal["drop", "wait"]           # runtime/config.py ON_FULLS
 # CMD and its arguments are what is left after egpu-run's options (ctx.args): options stop at CMD, and an
 # unknown option before it is refused, not run as the command.
 @egpu_run.command("egpu-run", cls=_RunCommand, no_args_is_help=True, options_metavar="[OPTIONS] CMD [ARGS]...",
-                  context_settings={"allow_interspersed_args": False, "allow_extra_args": True})
+                  context_settings={**HELP, "allow_interspersed_args": False, "allow_extra_args": True})
 def run_cmd(ctx: typer.Context,
             probes: list[Path] = typer.Option([], "-p", "--probe", metavar="PROBE",
                                               help="a .bpf.o or .bpf.c (repeatable)"),

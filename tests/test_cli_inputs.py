@@ -250,8 +250,8 @@ def test_progress_is_silent_for_short_steps(capsys):
 
 # ---- help, version, names --------------------------------------------------------------------------------
 
-COMMANDS = ["inspect", "compile", "disasm", "verify", "ptx", "rewrite", "ps", "attach", "detach", "swap", "maps",
-            "modules", "checkpoint", "restore"]
+COMMANDS = ["inspect", "compile", "disasm", "verify", "ptx", "trace", "rewrite", "ps", "attach", "detach", "swap",
+            "maps", "modules", "checkpoint", "restore"]
 
 
 @pytest.mark.parametrize("app, args", [(egpu, []), (egpu_run, [])] + [(egpu, [c]) for c in COMMANDS])
@@ -260,6 +260,22 @@ def test_help_shows_no_python_types_or_source_paths(app, args):
     assert r.exit_code == 0
     for leak in ("<bool>", "<list", ".py", "egpu_preload"):
         assert leak not in r.stdout, (leak, r.stdout)
+
+
+@pytest.mark.parametrize("app, args", [(egpu, []), (egpu_run, [])] + [(egpu, [c]) for c in COMMANDS])
+def test_dash_h_is_help(app, args):
+    """-h, as bpftool and bpftrace take it: it was "No such option: -h" (exit 2, egpu-run 125)."""
+    short, long = run(app, args + ["-h"]), run(app, args + ["--help"])
+    assert (short.exit_code, short.stdout) == (0, long.stdout) and "-h, --help" in short.stdout
+
+
+def test_dash_h_after_cmd_is_the_jobs(monkeypatch):
+    from egpu_preload.runtime import job
+    seen = {}
+    monkeypatch.setattr(job, "find_shim", lambda: Path("/no/shim.so"))
+    monkeypatch.setattr(job, "run_job", lambda cmd, *a, **k: seen.setdefault("cmd", cmd) and 0)
+    assert run(egpu_run, ["ls", "-h"]).exit_code == 0
+    assert seen["cmd"] == ["ls", "-h"]
 
 
 @pytest.mark.parametrize("app, args", [(egpu, ["--version"]), (egpu_run, ["--version"])])
