@@ -305,6 +305,7 @@ def trace_cmd(ctx: typer.Context,
     outputs = [o for o, given in (("--json", as_json), ("--perfetto", perfetto), ("--parquet", parquet)) if given]
     if len(outputs) > 1:   # one output each run: the others were silently ignored
         raise UsageError(f"{' and '.join(outputs)} exclude each other: one output at a time", ctx=ctx)
+    _no_overwrite({"--perfetto": perfetto, "--parquet": parquet}, {path: "the trace file it reads"})
     trace = tracefile.read(path, {} if parquet is not None else tracefile.EXPANDERS)   # converted as recorded
     if not trace.complete:
         typer.echo(f"egpu: {path} was never closed (its job died?): {trace.rows.num_rows} records read, "
@@ -395,6 +396,19 @@ def _each_once(probes: list[Path]) -> None:
         if p.resolve() in seen:
             raise EgpuError("given twice (-p): its programs would run twice", file=str(p))
         seen.add(p.resolve())
+
+
+def _no_overwrite(outputs: dict[str, Optional[Path]], inputs: dict[Path, str]) -> None:
+    """EgpuError for an output (option: path) that is an input (path: what it is) or another output:
+    egpu-run --trace unlinks its FILE before the job and --perfetto writes over its FILE after it, so a probe
+    named there was lost (the job ran without it), and of two outputs in one file only the last was left."""
+    taken = {p.resolve(): f"{what}: it would be overwritten" for p, what in inputs.items()}
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        if path.resolve() in taken:
+            raise EgpuError(f"{option} names {taken[path.resolve()]}", file=str(path))
+        taken[path.resolve()] = f"the {option} file too: one would overwrite the other"
 
 
 def _notes(steps: bool = False, prefix: str = "egpu") -> "Progress":
@@ -720,6 +734,7 @@ def run_cmd(ctx: typer.Context,
                 raise EgpuError("--on-full wait needs --trace FILE: only its reader makes room while kernels run")
             on_full = on_full or ("wait" if trace is not None else "drop")
             _each_once(probes)
+            _no_overwrite({"--trace": trace, "--perfetto": perfetto}, dict.fromkeys(probes, "a probe given with -p"))
             session = job.session_dir()
             # the SASS back end's patch image is built here from these translations: waiting ones too
             loaded = job.prepare_probes(probes, session, progress, wait=on_full == "wait")

@@ -470,3 +470,34 @@ def test_egpu_run_shows_clangs_warnings(monkeypatch, tmp_path):
     r = run(egpu_run, ["-p", src, "true"])
     assert r.exit_code == 0, r.stderr
     assert f"{src}:2:2: warning: \"look here\"" in r.stderr
+
+
+# ---- outputs that are inputs -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("outputs", [["--trace", "PROBE"], ["--perfetto", "PROBE"],
+                                     ["--trace", "OUT", "--perfetto", "OUT"]])
+def test_egpu_run_writes_no_output_over_a_probe_or_another_output(monkeypatch, tmp_path, probe_obj, outputs):
+    """--trace X.bpf.o unlinked the probe before the job (which then ran uninstrumented, exit 0), --perfetto
+    X.bpf.o wrote its JSON over it, and --trace F --perfetto F left only the Perfetto trace in F."""
+    from egpu_preload.runtime import job
+    monkeypatch.setattr(job, "run_job", lambda *a, **k: pytest.fail("the job ran"))
+    probe = tmp_path / "p.bpf.o"
+    probe.write_bytes(probe_obj("ringbuf").read_bytes())
+    paths = {"PROBE": probe, "OUT": tmp_path / "out"}
+    line = refused(egpu_run, ["-p", probe, *[paths.get(o, o) for o in outputs], "true"], 125, f"{paths[outputs[-1]]}: ")
+    assert line.endswith("it would be overwritten" if "PROBE" in outputs else "one would overwrite the other")
+    assert probe.read_bytes() == probe_obj("ringbuf").read_bytes()
+
+
+@pytest.mark.parametrize("option", ["--perfetto", "--parquet"])
+def test_egpu_trace_writes_no_output_over_its_input(tmp_path, option):
+    """egpu trace T --perfetto T replaced the trace with a Perfetto trace of it (no records with a ts: none)."""
+    from egpu_preload.output.tracefile import TraceWriter
+    path = tmp_path / "t.parquet"
+    w = TraceWriter(path, [("events", None)])
+    w.add(0, [(0, b"\1\2\3\4")])
+    w.close({"events": 0})
+    before = path.read_bytes()
+    refused(egpu, ["trace", path, option, tmp_path / "." / "t.parquet"], 1,
+            f"{option} names the trace file it reads: it would be overwritten")
+    assert path.read_bytes() == before
