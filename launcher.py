@@ -475,6 +475,8 @@ def _each(pid: int, rank: Optional[int], every: bool, cmd: str, fn: Callable[[in
     """fn(pid) in each process addressed (runtime/ranks.py), all at once: ((target, reply) of those that
     answered, whether any failed); each failure is one line on stderr. ``asked``: see _interruptible."""
     from egpu_preload.runtime import ranks
+    if rank is not None and every:   # a usage error, as --per-rank with --sum (it exited 1, as a job's failure)
+        raise UsageError("--rank and --all exclude each other: --rank R addresses one process, --all every one")
     targets = ranks.select(pid, rank, every)
     with _interruptible(cmd, [t.pid for t in targets], asked):
         results = ranks.fan_out(targets, fn)

@@ -200,6 +200,14 @@ def test_egpu_usage_errors_exit_2():
     refused(egpu, ["compile", "x.bpf.c", "--mcpu", "v9"], 2, "Invalid value for '--mcpu'")
 
 
+@pytest.mark.parametrize("args", [["maps", "1"], ["detach", "1"], ["swap", "1", "old", "NEW"],
+                                  ["attach", "1", "-p", "NEW"]])
+def test_rank_and_all_together_are_a_usage_error(probe_obj, args):
+    """Conflicting options exit 2, as trace's --json --parquet do: --rank R --all exited 1, a job's failure."""
+    args = [probe_obj("count") if a == "NEW" else a for a in args]
+    refused(egpu, args + ["--rank", "0", "--all"], 2, f"egpu {args[0]}: --rank and --all exclude each other")
+
+
 def test_choices_match_the_runtime():
     from typing import get_args
     from egpu_preload.runtime import config, sass
