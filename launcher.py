@@ -326,14 +326,14 @@ def trace_cmd(ctx: typer.Context,
     if perfetto is not None:
         n = tracefile.to_perfetto(rows, perfetto, str(path))
         typer.echo(f"egpu: {n} records with a ts in {perfetto}", err=True)
-        return
-    render = tracefile.json_line if as_json else tracefile.text_line
-    for r in rows:
-        typer.echo(render(r))
-    if not as_json:
-        for name, n in sorted(trace.dropped.items()):
-            if n:
-                typer.echo(f"@{name}: {n} records dropped by the probes (the ring was full)", err=True)
+    else:
+        render = tracefile.json_line if as_json else tracefile.text_line
+        for r in rows:
+            typer.echo(render(r))
+    # on stderr whatever the output: a trace with holes answers questions wrongly without saying so
+    for name, n in sorted(trace.dropped.items()):
+        if n:
+            typer.echo(f"@{name}: {n} records dropped by the probes (the ring was full)", err=True)
 
 
 # Why a kernel a memory probe matched may still have no site (docs/sass-backend.md): the PTX back end

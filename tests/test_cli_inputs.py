@@ -509,3 +509,19 @@ def test_egpu_trace_writes_no_output_over_its_input(tmp_path, option):
     refused(egpu, ["trace", path, option, tmp_path / "." / "t.parquet"], 1,
             f"{option} names the trace file it reads: it would be overwritten")
     assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("output", [[], ["--json"], ["--perfetto", "OUT"]])
+def test_egpu_trace_says_what_the_probes_dropped_whatever_the_output(tmp_path, output):
+    """--json and --perfetto said nothing of the records the probes dropped, as if the trace were whole."""
+    import json
+    from egpu_preload.output.tracefile import TraceWriter
+    path = tmp_path / "t.arrow"
+    w = TraceWriter(path, [("events", None)])
+    w.add(0, [(0, b"\1\2\3\4"), (1, b"\5\6")])
+    w.close({"events": 7})
+    r = run(egpu, ["trace", path, *[tmp_path / "t.json" if o == "OUT" else o for o in output]])
+    assert r.exit_code == 0, r.stderr
+    assert "@events: 7 records dropped by the probes (the ring was full)" in r.stderr.splitlines()
+    if output == ["--json"]:   # stdout is the records alone
+        assert [json.loads(x)["seq"] for x in r.stdout.splitlines()] == [0, 1]
