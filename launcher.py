@@ -554,7 +554,8 @@ def attach_cmd(pid: int = _PID, probe: Path = typer.Option(..., "-p", "--probe",
 
 
 @egpu.command("detach")
-def detach_cmd(pid: int = _PID, probe: Optional[str] = typer.Argument(None, metavar="[PROBE]", help="its name (default: every probe)"),
+def detach_cmd(pid: int = _PID, probe: Optional[str] = typer.Argument(None, metavar="PROBE",
+                                                                help="its name (default: every probe)"),
                as_json: bool = typer.Option(False, "--json", help="the final maps as JSON"),
                rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
     """Detach one probe (or all) from a running job and print its final maps (per rank, and summed)."""
