@@ -215,12 +215,17 @@ def compile_cmd(source: Path = typer.Argument(..., metavar="X.bpf.c"),
                                                  "your own (clang $(egpu compile --cflags) -c X.bpf.c), and exit")
                 ) -> None:
     """Compile a probe with clang (-O2 -g -target bpf) and egpu.bpf.h on the include path; clang's warnings
-    go to stderr as clang prints them. An object egpu cannot load, or without programs, is refused (exit 1)."""
+    go to stderr as clang prints them. An object egpu cannot load, or without programs, is refused (exit 1)
+    and removed."""
     from egpu_preload.bpf.compile import compile_probe
     from egpu_preload.bpf.elf import load_object
     out = compile_probe(source, output, mcpu=mcpu, warn=lambda text: typer.echo(text, err=True))
-    if not load_object(out).programs:   # egpu-run would refuse it: say so now
-        raise EgpuError(NO_PROGRAMS, file=str(source))
+    try:
+        if not load_object(out).programs:   # egpu-run would refuse it: say so now
+            raise EgpuError(NO_PROGRAMS, file=str(source))
+    except EgpuError:   # left behind, it looked built to make, and only egpu-run refused it, later
+        out.unlink(missing_ok=True)
+        raise
     typer.echo(str(out))
 
 

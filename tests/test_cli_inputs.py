@@ -162,6 +162,16 @@ def test_compile_never_writes_over_its_source_nor_into_stdout(tmp_path, output):
     assert src.read_text() == text
 
 
+@pytest.mark.parametrize("body, message", [("int x;\n", "no programs in the object"),
+                                           ('SEC("tracepoint/x") int p(void *c) { return 0; }\n', "unknown section")])
+def test_compile_removes_the_object_it_refuses(tmp_path, body, message):
+    """The refused object was left in place: make took it for built, and egpu-run refused it later."""
+    src = tmp_path / "r.bpf.c"
+    src.write_text(HEAD + body + LICENSE)
+    refused(egpu, ["compile", src], 1, message)
+    assert not (tmp_path / "r.bpf.o").exists()
+
+
 def test_compile_shows_clangs_errors_as_clang_prints_them(tmp_path):
     src = tmp_path / "e.bpf.c"
     src.write_text(HEAD + "SEC(\"kprobe/*\") int p(struct egpu_ctx *c) { return undeclared; }\n")
