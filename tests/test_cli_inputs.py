@@ -218,6 +218,15 @@ def test_rank_and_all_together_are_a_usage_error(probe_obj, args):
     refused(egpu, args + ["--rank", "0", "--all"], 2, f"egpu {args[0]}: --rank and --all exclude each other")
 
 
+@pytest.mark.parametrize("app, args", [(egpu, ["restore", "1"]), (egpu_run, ["--restore"])])
+def test_a_checkpoint_that_is_a_file_is_not_called_missing(tmp_path, app, args):
+    """--restore FILE and egpu restore PID FILE said "no such checkpoint directory" of a file that is there."""
+    path = tmp_path / "ckpt"
+    path.write_text("")
+    refused(app, [*args, path] + (["true"] if app is egpu_run else []), 1 if app is egpu else 125,
+            f"{path}: not a directory (a checkpoint is one)")
+
+
 def test_choices_match_the_runtime():
     from typing import get_args
     from egpu_preload.runtime import config, sass

@@ -236,7 +236,7 @@ def load(directory: Path | str, *, verify: bool = True) -> Manifest:
     if not d.is_dir():
         tmp = d.with_name(d.name + ".tmp")
         raise _error(d, f"an interrupted checkpoint ({tmp.name} was never completed)" if tmp.exists()
-                     else "no such checkpoint directory")
+                     else "not a directory (a checkpoint is one)" if d.exists() else "no such checkpoint directory")
     for path in (d, d / MANIFEST, d / SEAL):
         _check_private(d, path)
     try:
