@@ -704,7 +704,7 @@ def run_cmd(ctx: typer.Context,
             mirror: float = typer.Option(1.0, "--mirror", metavar="S", min=0,
                                          help="copy the maps into shared memory every S seconds, where "
                                               "egpu maps PID --mirror reads them; 0: never"),
-            prometheus: Optional[int] = typer.Option(None, "--prometheus", metavar="PORT", min=0, max=65535,
+            prometheus: Optional[int] = typer.Option(None, "--prometheus", metavar="PORT", min=1, max=65535,
                                                      help="serve the maps for Prometheus on PORT while the job runs "
                                                           "(needs egpu[prometheus])"),
             restore: Optional[Path] = typer.Option(None, "--restore", metavar="DIR",

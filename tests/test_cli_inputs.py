@@ -191,6 +191,7 @@ def test_compile_shows_clangs_errors_as_clang_prints_them(tmp_path):
     (["--prometheus", "port", "true"], "Invalid value for '--prometheus'"),
     (["--prometheus", "99999", "true"], "Invalid value for '--prometheus'"),   # was bind()'s OverflowError
     (["--prometheus", "-1", "true"], "Invalid value for '--prometheus'"),
+    (["--prometheus", "0", "true"], "Invalid value for '--prometheus'"),   # served on a port no one was told
     (["--no-such-option", "true"], "No such option: --no-such-option"),
     (["-p"], "Option '-p' requires an argument"),
     (["-v"], "Missing CMD"),
