@@ -246,6 +246,24 @@ def test_no_driver_is_said_before_the_job(monkeypatch):
     assert r.stderr.startswith("egpu-run: no CUDA driver (libcuda.so.1 not found): the job cannot load CUDA code")
 
 
+@pytest.mark.parametrize("flag, lost", [("--backend=sass", "no kernel"), ("--live-sass", "no SASS-only kernel")])
+def test_no_sanitizer_for_the_sass_back_end_is_said_before_the_job(monkeypatch, probe_obj, flag, lost):
+    """--backend sass without a Compute Sanitizer ran the job with every kernel "SASS only" and never said why;
+    --live-sass without one said nothing at all."""
+    from egpu_preload import version
+    from egpu_preload.runtime import job, sass
+    monkeypatch.setattr(sass, "sanitizer_library", lambda: None)
+    monkeypatch.setattr(version, "cuda_driver", lambda: "13.0")
+    monkeypatch.setattr(job, "find_shim", lambda: Path("/no/shim.so"))
+    monkeypatch.setattr(job, "run_job", lambda *a, **k: 3)
+    monkeypatch.setattr(job, "report", lambda *a, **k: ("", []))
+    r = run(egpu_run, [flag, "-p", probe_obj("count"), "true"])
+    assert r.exit_code == 3   # the job runs, and its status is passed through
+    assert r.stderr.splitlines() == [f"egpu-run: {flag.split('=')[0]}{' sass' * ('=' in flag)}, but no Compute "
+                                     "Sanitizer library was found (EGPU_SANITIZER_LIB, CUDA_HOME): "
+                                     f"{lost} can be instrumented in this job"]
+
+
 def test_long_steps_say_what_they_wait_for(monkeypatch, tmp_path, files):
     """-v: a clang that takes longer than the patience is announced; without -v nothing is said."""
     from egpu_preload import progress

@@ -342,16 +342,22 @@ def for_job(cfg: Config, probes: list[Probe], standby: bool = False) -> tuple[Co
     if cfg.backend == "ptx":
         return cfg, []
     cfg = dataclasses.replace(cfg, sanitizer=cfg.sanitizer or sanitizer_library())
+    notes = []
+    if cfg.sanitizer is None and (cfg.backend == "sass" or standby):   # the job only said "SASS only" of its kernels
+        asked = "--backend sass" if cfg.backend == "sass" else "--live-sass"
+        lost = "no kernel" if cfg.backend == "sass" else "no SASS-only kernel"
+        notes.append(f"egpu-run: {asked}, but no Compute Sanitizer library was found (EGPU_SANITIZER_LIB, "
+                     f"CUDA_HOME): {lost} can be instrumented in this job")
     objects = [p.obj for p in probes]
     if not has_sites(objects):   # standby only where asked for, and a sanitizer is there to subscribe
         if cfg.backend == "sass" or (standby and cfg.sanitizer):
-            return cfg, []
+            return cfg, notes
         why = ("--live-sass, but no Compute Sanitizer library was found (EGPU_SANITIZER_LIB, CUDA_HOME)" if standby
                else "no probe given at its start patches kernels, and no --live-sass kept the Compute Sanitizer "
                     "loaded (start the job with egpu-run --live-sass to attach into SASS-only kernels)")
-        return dataclasses.replace(cfg, backend="ptx", backend_why=f"--backend auto ran the job as ptx: {why}"), []
+        return dataclasses.replace(cfg, backend="ptx", backend_why=f"--backend auto ran the job as ptx: {why}"), notes
     module = patch_module(objects)
-    notes, cache = [], cache_dir(cfg)
+    cache = cache_dir(cfg)
     for sm in visible_sms() if cache is not None else []:
         try:
             build_image(module.ptx, sm, cache)
