@@ -264,6 +264,18 @@ def test_no_sanitizer_for_the_sass_back_end_is_said_before_the_job(monkeypatch, 
                                      f"{lost} can be instrumented in this job"]
 
 
+def test_no_kernel_instrumented_says_where_the_reasons_are():
+    """egpu-run --kernel GLOB matching nothing said "no kernel was instrumented (1 load untouched)" and no
+    more: why ("not selected by GLOB") is in -v's lines only, which nothing pointed to."""
+    from egpu_preload.runtime.job import module_report
+    d = {"pid": 7, "error": None, "modules": [{"api": "MODULE_LOAD_DATA", "image": "ptx", "status": "untouched",
+                                                "kernels": [["vecadd", "untouched", "not selected by nomatch"]]}]}
+    assert module_report([d], verbose=False) == ["egpu-run: no kernel was instrumented (1 load untouched): "
+                                                 "egpu-run -v says why, kernel by kernel"]
+    assert module_report([d], verbose=True)[-2:] == ["egpu-run:   vecadd: untouched (not selected by nomatch)",
+                                                     "egpu-run: no kernel was instrumented (1 load untouched)"]
+
+
 def test_long_steps_say_what_they_wait_for(monkeypatch, tmp_path, files):
     """-v: a clang that takes longer than the patience is announced; without -v nothing is said."""
     from egpu_preload import progress

@@ -294,7 +294,8 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool, in_kernels: bool =
         for _, m in modules:
             counts[m["status"]] = counts.get(m["status"], 0) + 1
         lines.append("egpu-run: no kernel was instrumented ("
-                     + ", ".join(f"{n} {'load' if n == 1 else 'loads'} {s}" for s, n in counts.items()) + ")")
+                     + ", ".join(f"{n} {'load' if n == 1 else 'loads'} {s}" for s, n in counts.items()) + ")"
+                     + ("" if verbose else ": egpu-run -v says why, kernel by kernel"))   # --kernel GLOB, no sites
     return lines
 
 
