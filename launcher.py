@@ -363,6 +363,7 @@ def rewrite_cmd(ptx_in: Path = typer.Argument(..., metavar="IN.ptx"),
         check_output_file(output)
     text = _read_ptx(ptx_in)
     _each_once(probes)
+    _no_overwrite({"-o": output}, dict.fromkeys(probes, "a probe given with -p"))   # IN.ptx itself: in place
     specs = []
     with tempfile.TemporaryDirectory(prefix="egpu-rewrite-") as tmp:
         for i, p in enumerate(probes):

@@ -71,6 +71,8 @@ def files(tmp_path, probe_obj):
     f["noprog_src"] = tmp_path / "noprog.bpf.c"
     f["noprog_src"].write_text(HEAD + "int x;\n")
     f["noprog"] = compile_probe(f["noprog_src"])
+    f["mine"] = tmp_path / "mine.bpf.o"   # a probe a test may write over (probe_obj's are the session's)
+    f["mine"].write_bytes(f["count"].read_bytes())
     return f
 
 
@@ -87,6 +89,8 @@ def files(tmp_path, probe_obj):
     # found by a helper's PTX sweep: every probe call was spliced twice
     (lambda f: ["rewrite", PTX, "-p", f["count"], "-p", f["count"]], "given twice (-p): its programs would run twice"),
     (lambda f: ["rewrite", PTX, "-p", f["rand"]], "rand.bin: not an ELF file"),
+    # the instrumented PTX was written over the probe
+    (lambda f: ["rewrite", PTX, "-p", f["mine"], "-o", f["mine"]], "mine.bpf.o: -o names a probe given with -p"),
     (lambda f: ["inspect", "/bin/true", "--extract-ptx", f["cu"]], "k.cu: exists and is not a directory"),
     (lambda f: ["inspect", f["rand"]], "rand.bin: not an ELF file, static archive or fatbin"),
     (lambda f: ["inspect", f["empty"]], "empty.ptx: not an ELF file, static archive or fatbin: an empty file"),
