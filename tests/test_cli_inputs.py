@@ -331,15 +331,6 @@ def test_dash_h_is_help(app, args):
     assert (short.exit_code, short.stdout) == (0, long.stdout) and "-h, --help" in short.stdout
 
 
-def test_dash_h_after_cmd_is_the_jobs(monkeypatch):
-    from egpu_preload.runtime import job
-    seen = {}
-    monkeypatch.setattr(job, "find_shim", lambda: Path("/no/shim.so"))
-    monkeypatch.setattr(job, "run_job", lambda cmd, *a, **k: seen.setdefault("cmd", cmd) and 0)
-    assert run(egpu_run, ["ls", "-h"]).exit_code == 0
-    assert seen["cmd"] == ["ls", "-h"]
-
-
 @pytest.mark.parametrize("app, args", [(egpu, ["--version"]), (egpu_run, ["--version"])])
 def test_version(app, args):
     from egpu_preload import __version__
@@ -363,13 +354,14 @@ def test_version_without_a_driver_says_why_no_back_end_works():
     assert "SASS back end: not usable (no CUDA driver)" in r.stdout.splitlines()
 
 
-def test_version_after_cmd_is_the_jobs(monkeypatch):
+@pytest.mark.parametrize("cmd", [["ls", "-h"], ["python3", "--version"]])
+def test_options_after_cmd_are_the_jobs(monkeypatch, cmd):
     from egpu_preload.runtime import job
     seen = {}
     monkeypatch.setattr(job, "find_shim", lambda: Path("/no/shim.so"))
     monkeypatch.setattr(job, "run_job", lambda cmd, *a, **k: seen.setdefault("cmd", cmd) and 0)
-    assert run(egpu_run, ["python3", "--version"]).exit_code == 0
-    assert seen["cmd"] == ["python3", "--version"]
+    assert run(egpu_run, cmd).exit_code == 0
+    assert seen["cmd"] == cmd
 
 
 def test_unsupported_map_type_and_helper_by_name(tmp_path):
