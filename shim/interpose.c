@@ -1536,9 +1536,10 @@ static struct egpu_alloc alloc_del(unsigned long long addr, int handle) {
     for (uint32_t n = 0; n < ALLOC_SIZE && allocs[i].address; n++, i = (i + 1) & (ALLOC_SIZE - 1)) {
         if (!alloc_same(&allocs[i], addr, handle)) continue;
         gone = allocs[i];
-        /* backward-shift deletion keeps every probe chain unbroken without tombstones */
+        /* backward-shift deletion keeps every probe chain unbroken without tombstones; in a full table no slot
+         * is empty, so the shift stops after every other slot (it never ended there, under the lock) */
         uint32_t hole = i;
-        for (uint32_t j = (i + 1) & (ALLOC_SIZE - 1); allocs[j].address; j = (j + 1) & (ALLOC_SIZE - 1)) {
+        for (uint32_t j = (i + 1) & (ALLOC_SIZE - 1); j != i && allocs[j].address; j = (j + 1) & (ALLOC_SIZE - 1)) {
             uint32_t home = alloc_home(allocs[j].address);
             if (((j - home) & (ALLOC_SIZE - 1)) >= ((j - hole) & (ALLOC_SIZE - 1))) {
                 allocs[hole] = allocs[j];

@@ -650,6 +650,15 @@ def test_a_launch_with_no_memory_for_its_launch_id_is_refused_not_launched_short
     assert launches == ["cuLaunchKernel f=kernel_a@1 grid=4 block=32 stream=(nil) params=11,22"]
 
 
+def test_a_free_in_a_full_allocation_table_ends(full_stub):
+    """The allocation table full (a job with 65536 live allocations: VMM handles and mappings count one each):
+    a free's backward shift looked for an empty slot after the freed one, found none and never ended, under
+    the table's lock (the job hung). Every range freed, one registered again between, leaves none behind."""
+    r = run(full_stub, "app_safety", "allocs", runtime=None, EGPU_STUB_LOG="")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.lines("allocs") == ["full 65536 less 65535 again 65536 empty 0"]
+
+
 def test_a_restore_in_python_never_blocks_a_launch_that_holds_the_gil(full_stub):
     """The launch that restores a checkpoint calls Python; another thread launching meanwhile with the GIL
     held (ctypes.PyDLL, as PyTorch launches) waits for the restore without keeping the GIL from it."""

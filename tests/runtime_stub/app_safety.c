@@ -14,6 +14,9 @@
  *   app_safety capture   rings wait and a thread's egpu_shim_idle synchronizes while the work never ends
  *                        (held 200 ms): a capture begun meanwhile on another thread; prints "capture begin R
  *                        ms MS idled_first N idle_after_ms MS end R"
+ *   app_safety allocs    the allocation table filled (65536 host ranges registered), then every range
+ *                        unregistered, one of them registered again between; prints "allocs full N less N
+ *                        again N empty N" (the table's count after each)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -242,6 +245,23 @@ static int capture(void) {
     return 0;
 }
 
+static int allocs(void) {
+    SYM(cuMemHostRegister_v2); SYM(cuMemHostUnregister);
+    API(egpu_shim_allocations);
+    enum { N = 1 << 16 }; /* interpose.c's ALLOC_SIZE */
+    int r = 0;
+    alarm(10); /* a free that never ends is a hang */
+    for (int i = 0; i < N; i++) r |= cuMemHostRegister_v2((void *)(0x10000000ul + 0x1000ul * i), 0x1000, 0);
+    size_t full = p_egpu_shim_allocations(NULL, 0);
+    r |= cuMemHostUnregister((void *)0x10000000ul);
+    size_t less = p_egpu_shim_allocations(NULL, 0);
+    r |= cuMemHostRegister_v2((void *)0x10000000ul, 0x1000, 0);
+    size_t again = p_egpu_shim_allocations(NULL, 0);
+    for (int i = 0; i < N; i++) r |= cuMemHostUnregister((void *)(0x10000000ul + 0x1000ul * i));
+    printf("allocs full %zu less %zu again %zu empty %zu\n", full, less, again, p_egpu_shim_allocations(NULL, 0));
+    return r;
+}
+
 int main(int argc, char **argv) {
     alarm(60); /* a hang is a failure, not a stuck test run */
     cuda = dlopen("libcuda.so.1", RTLD_NOW);
@@ -251,6 +271,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "gate")) return gate();
     if (!strcmp(argv[1], "oom")) return oom();
     if (!strcmp(argv[1], "capture")) return capture();
+    if (!strcmp(argv[1], "allocs")) return allocs();
     if (!strcmp(argv[1], "fork") && argc == 3) return fork_job(argv[2]);
     return 2;
 }
