@@ -56,6 +56,8 @@ struct slot {
     void *old;
     struct hook *hook;
     int relro;      /* read-only once relocated: written between two mprotects */
+    ElfW(Addr) base; /* its object's, and the hash of its name: another may be loaded there once it is closed */
+    uint64_t name;
 };
 
 static struct hook hooks[HOOKS];
@@ -397,12 +399,28 @@ static void *defined_in(const struct object *o, const char *symbol) {
 
 /* ---- GOT slots ---- */
 
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
 /* One aligned store, so a thread calling through the slot meanwhile reads the old or the new value. */
 static void write_slot(void **where, void *value, int relro) {
     void *page = (void *)((uintptr_t)where & ~(uintptr_t)4095); /* an aligned slot never spans two */
     if (relro) mprotect(page, 4096, PROT_READ | PROT_WRITE);
     atomic_store_explicit((_Atomic(void *) *)where, value, memory_order_release);
     if (relro) mprotect(page, 4096, PROT_READ);
+}
+
+/* Whether slot s is still the one patched: its object, not another loaded at its address since it was closed (a
+ * slot there may import some other function, or be data), and still holding the stub (not the same file loaded
+ * anew). Read only once the object is known: where may be in no mapped page of another. */
+static int slot_live(const struct slot *s) {
+    Dl_info di;
+    struct link_map *lm = NULL;
+    return dladdr1(s->where, &di, (void **)&lm, RTLD_DL_LINKMAP) && lm && lm->l_addr == s->base &&
+           name_hash(lm->l_name ? lm->l_name : "") == s->name && *s->where == stub_of(s->hook);
 }
 
 static int patched(void **where) {
@@ -457,20 +475,21 @@ static void patch_object(const struct object *o) {
                     nslots == SLOTS)
                     continue;
                 int relro = (ElfW(Addr))where >= o->relro && (ElfW(Addr))where < o->relro_end;
-                slots[nslots++] = (struct slot){where, *where, h, relro};
+                slots[nslots++] = (struct slot){where, *where, h, relro, o->base,
+                                                name_hash(o->name == exe_path ? "" : o->name)}; /* its l_name */
                 write_slot(where, stub_of(h), relro);
             }
         }
     }
 }
 
-/* Give every slot of `h` its old value back (those of objects since unloaded are gone). Under up_lock. */
+/* Give every slot of `h` its old value back (those of objects since closed are not written: another object may be
+ * there). Under up_lock. */
 static void unpatch(struct hook *h) {
     size_t kept = 0;
     for (size_t k = 0; k < nslots; k++) {
-        Dl_info di;
         if (slots[k].hook != h) slots[kept++] = slots[k];
-        else if (dladdr(slots[k].where, &di)) write_slot(slots[k].where, slots[k].old, slots[k].relro);
+        else if (slot_live(&slots[k])) write_slot(slots[k].where, slots[k].old, slots[k].relro);
     }
     nslots = kept;
 }
@@ -495,6 +514,10 @@ static int patch_one(struct dl_phdr_info *info, size_t size, void *arg) {
 }
 
 static void scan(void) {
+    size_t kept = 0; /* slots of objects closed since: a new one there is patched as any other */
+    for (size_t k = 0; k < nslots; k++)
+        if (slot_live(&slots[k])) slots[kept++] = slots[k];
+    nslots = kept;
     dl_iterate_phdr(scan_one, NULL);
     dl_iterate_phdr(patch_one, NULL);
 }

@@ -564,6 +564,23 @@ def test_throws_in_libraries_with_c_runtimes_of_their_own_are_caught_by_each(bui
         assert (r.returncode, r.stdout) == (0, "caught 56\n"), (libs, r.returncode, r.stderr)
 
 
+def test_a_library_loaded_where_a_patched_one_was_closed_is_patched_and_never_written_by_a_detach(built, tmp_path):
+    """A library whose GOT slot a uprobe patched is closed and another is loaded at its address (the loader reuses
+    the hole). The shim kept the closed one's slot: the same file loaded anew was not patched there (its calls ran
+    no probe), and the detach wrote the closed one's old value there, into whatever the new library keeps at that
+    address: here its slot of getpid, which then called getppid."""
+    lib, other, again, app = (tmp_path / n for n in ("libreload.so", "libother.so", "libagain.so", "app_reload"))
+    for out, flags in ((lib, []), (other, ["-DOTHER"])):
+        subprocess.run(["gcc", "-O1", "-shared", "-fPIC", *flags, str(APP / "libreload.c"), "-o", str(out)], check=True)
+    again.write_bytes(lib.read_bytes())
+    subprocess.run(["gcc", "-O1", "-Wall", "-I", str(ROOT / "shim"), str(APP / "app_reload.c"), "-o", str(app), "-ldl"],
+                   check=True)
+    for second in (again, other):
+        r = subprocess.run([str(app), str(lib), str(second)], env={"LD_PRELOAD": str(built / "libegpu_shim.so")},
+                           capture_output=True, text=True)
+        assert (r.returncode, r.stdout) == (0, "base same runs 2\ngetpid ok\n"), (second.name, r.returncode, r.stderr)
+
+
 def test_functions_left_by_a_throw_or_a_longjmp_keep_the_job_running(stub_job, tmp_path):
     """A uretprobe swaps its function's return address for egpu's thunk, which has no unwind tables: a C++
     exception through such a frame ended the job (std::terminate), pthread_exit's unwind stopped there
