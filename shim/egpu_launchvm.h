@@ -121,6 +121,9 @@ void egpu_lvm_api_clock(long long offset_ns);
  * ktime_get_ns reads CLOCK_MONOTONIC + offset_ns when called. */
 void egpu_lvm_lock(void);
 void egpu_lvm_unlock(void);
+/* Nonzero while this thread holds that lock or waits for it: a uprobe then runs no program (a signal handler that
+ * interrupted the holder would wait for itself). */
+extern __thread int egpu_lvm_held __attribute__((tls_model("initial-exec")));
 void egpu_lvm_run_host(struct egpu_lvm_prog *p, void *ctx, size_t size, long long offset_ns);
 
 #define EGPU_LVM_APIS 256          /* host APIs a route can name (hostapi.c checks its table fits) */

@@ -52,6 +52,19 @@ enum { BPF_ANY, BPF_NOEXIST, BPF_EXIST };
 #define KIND_LAUNCH 3
 
 static pthread_mutex_t lvm_lock = PTHREAD_MUTEX_INITIALIZER; /* every map, every run */
+__thread int egpu_lvm_held __attribute__((tls_model("initial-exec")));
+
+/* Counted in before the lock is asked for and out after it is let go: a signal handler on this thread meanwhile
+ * that calls a function with a uprobe must not wait for the lock (uprobe.c). */
+static void lvm_hold(void) {
+    egpu_lvm_held++;
+    pthread_mutex_lock(&lvm_lock);
+}
+
+static void lvm_release(void) {
+    pthread_mutex_unlock(&lvm_lock);
+    egpu_lvm_held--;
+}
 
 /* ---- maps ---- */
 
@@ -207,9 +220,9 @@ static int dirty_add(struct egpu_lvm_map *m, const unsigned char *key) {
 }
 
 EXPORT void egpu_lvm_map_track(struct egpu_lvm_map *m) {
-    pthread_mutex_lock(&lvm_lock);
+    lvm_hold();
     m->track = 1;
-    pthread_mutex_unlock(&lvm_lock);
+    lvm_release();
 }
 
 static unsigned int array_index(const unsigned char *key) {
@@ -288,7 +301,7 @@ static long long map_delete(struct egpu_lvm_map *m, const unsigned char *key) {
 EXPORT size_t egpu_lvm_map_read(struct egpu_lvm_map *m, void *keys, void *values, size_t max) {
     unsigned char *k = keys, *v = values;
     size_t n = 0;
-    pthread_mutex_lock(&lvm_lock);
+    lvm_hold();
     if (!is_hash(m)) {
         for (; n < m->max_entries; n++) {
             if (n >= max) continue;
@@ -303,24 +316,24 @@ EXPORT size_t egpu_lvm_map_read(struct egpu_lvm_map *m, void *keys, void *values
             memcpy(v + n * m->value_size, m->values + (size_t)s * m->stride, m->value_size);
         }
     }
-    pthread_mutex_unlock(&lvm_lock);
+    lvm_release();
     return n;
 }
 
 EXPORT size_t egpu_lvm_map_load(struct egpu_lvm_map *m, const void *keys, const void *values, size_t n) {
     size_t k = 0;
-    pthread_mutex_lock(&lvm_lock);
+    lvm_hold();
     for (; k < n; k++)
         if (map_update(m, (const unsigned char *)keys + k * m->key_size,
                        (const unsigned char *)values + k * m->value_size, BPF_ANY))
             break;
-    pthread_mutex_unlock(&lvm_lock);
+    lvm_release();
     return k;
 }
 
 EXPORT size_t egpu_lvm_map_changes(struct egpu_lvm_map *m, void *keys, void *values, unsigned char *present,
                                    size_t max) {
-    pthread_mutex_lock(&lvm_lock);
+    lvm_hold();
     size_t total = m->ndirty, n = total < max ? total : max;
     for (size_t k = 0; k < n; k++) {
         const unsigned char *key = m->dirty + k * m->key_size;
@@ -336,7 +349,7 @@ EXPORT size_t egpu_lvm_map_changes(struct egpu_lvm_map *m, void *keys, void *val
         m->ndirty = total - n;
         dirty_reindex(m);
     }
-    pthread_mutex_unlock(&lvm_lock);
+    lvm_release();
     return total;
 }
 
@@ -461,9 +474,9 @@ EXPORT void egpu_lvm_prog_free(struct egpu_lvm_prog *p) {
 }
 
 EXPORT void egpu_lvm_prog_stats(const struct egpu_lvm_prog *p, struct egpu_lvm_stats *out) {
-    pthread_mutex_lock(&lvm_lock);
+    lvm_hold();
     *out = p->stats;
-    pthread_mutex_unlock(&lvm_lock);
+    lvm_release();
 }
 
 /* ---- the interpreter ---- */
@@ -788,12 +801,12 @@ static int release(struct run *x, int submit) {
 
 EXPORT size_t egpu_lvm_trace_take(struct egpu_lvm_trace *out, size_t max, unsigned long long *dropped) {
     size_t n = 0;
-    pthread_mutex_lock(&lvm_lock);
+    lvm_hold();
     for (; n < max && trace_count; n++, trace_count--, trace_head = (trace_head + 1) % TRACE_RECORDS)
         out[n] = trace_ring[trace_head];
     *dropped = trace_dropped;
     trace_dropped = 0;
-    pthread_mutex_unlock(&lvm_lock);
+    lvm_release();
     return n;
 }
 
@@ -1114,17 +1127,17 @@ EXPORT int egpu_lvm_exec(struct egpu_lvm_prog *p, void *mem, size_t len, unsigne
     static const unsigned int one[3] = {1, 1, 1}; /* a 1x1x1 launch, as the VM's default ThreadSim */
     struct run x; /* 8 KiB of stack: too big for the static TLS a preloaded library may use */
     x.host = 0;
-    pthread_mutex_lock(&lvm_lock);
+    lvm_hold();
     int fault = run_program(&x, p, mem, len, 1, len, 0, one, one, pc);
-    pthread_mutex_unlock(&lvm_lock);
+    lvm_release();
     *r0 = x.r[0];
     return fault;
 }
 
 /* ---- host probes (shim/uprobe.c) ---- */
 
-void egpu_lvm_lock(void) { pthread_mutex_lock(&lvm_lock); }
-void egpu_lvm_unlock(void) { pthread_mutex_unlock(&lvm_lock); }
+void egpu_lvm_lock(void) { lvm_hold(); }
+void egpu_lvm_unlock(void) { lvm_release(); }
 
 void egpu_lvm_run_host(struct egpu_lvm_prog *p, void *ctx, size_t size, long long offset_ns) {
     static const unsigned int one[3] = {1, 1, 1};
@@ -1162,11 +1175,11 @@ EXPORT struct egpu_lvm_router *egpu_lvm_router_new(void) {
 }
 
 EXPORT void egpu_lvm_router_clear(struct egpu_lvm_router *r) {
-    pthread_mutex_lock(&lvm_lock);
+    lvm_hold();
     for (size_t i = 0; i <= r->mask; i++) free(r->slots[i].progs);
     memset(r->slots, 0, (r->mask + 1) * sizeof *r->slots);
     r->count = 0;
-    pthread_mutex_unlock(&lvm_lock);
+    lvm_release();
 }
 
 EXPORT void egpu_lvm_router_free(struct egpu_lvm_router *r) {
@@ -1207,9 +1220,9 @@ static int route_locked(struct egpu_lvm_router *r, void *function, unsigned long
 
 EXPORT int egpu_lvm_route(struct egpu_lvm_router *r, void *function, unsigned long long kernel_id,
                           struct egpu_lvm_prog *const *progs, size_t nprogs, int python) {
-    pthread_mutex_lock(&lvm_lock);
+    lvm_hold();
     int rc = route_locked(r, function, kernel_id, progs, nprogs, python);
-    pthread_mutex_unlock(&lvm_lock);
+    lvm_release();
     return rc;
 }
 
@@ -1244,11 +1257,11 @@ static void run_route(const struct route *rt, const struct egpu_launch_record *r
 }
 
 EXPORT int egpu_lvm_run(struct egpu_lvm_router *r, const struct egpu_launch_record *rec, long long offset_ns) {
-    pthread_mutex_lock(&lvm_lock);
+    lvm_hold();
     const struct route *rt = route_slot(r->slots, r->mask, rec->function);
     int found = rt->function != NULL;
     if (found) run_route(rt, rec, offset_ns);
-    pthread_mutex_unlock(&lvm_lock);
+    lvm_release();
     return found ? 0 : -1;
 }
 
@@ -1257,7 +1270,7 @@ EXPORT size_t egpu_lvm_drain(struct egpu_lvm_router *r, struct egpu_launch_recor
     struct egpu_launch_record rec;
     size_t n = 0;
     unsigned long long t = 0;
-    pthread_mutex_lock(&lvm_lock);
+    lvm_hold();
     while (n < max && egpu_shim_drain(&rec, 1)) {
         t++;
         const struct route *rt = route_slot(r->slots, r->mask, rec.function);
@@ -1268,7 +1281,7 @@ EXPORT size_t egpu_lvm_drain(struct egpu_lvm_router *r, struct egpu_launch_recor
         run_route(rt, &rec, offset_ns);
         if (rt->python) out[n++] = rec;
     }
-    pthread_mutex_unlock(&lvm_lock);
+    lvm_release();
     if (taken) *taken = t;
     return n;
 }
@@ -1292,9 +1305,9 @@ EXPORT int egpu_lvm_route_api(unsigned int api, struct egpu_lvm_prog *const *pro
         r->n = n;
         memcpy(r->progs, progs, n * sizeof *progs);
     }
-    pthread_mutex_lock(&lvm_lock);
+    lvm_hold();
     free(atomic_exchange(&api_routes[api], r));
-    pthread_mutex_unlock(&lvm_lock);
+    lvm_release();
     return 0;
 }
 
@@ -1307,7 +1320,7 @@ int egpu_lvm_api_routed(unsigned int api) {
 void egpu_lvm_run_api(unsigned int api, const void *ctx, size_t size) {
     static const unsigned int one[3] = {1, 1, 1};
     unsigned long long now = egpu_now_ns() + (unsigned long long)atomic_load(&api_offset_ns);
-    pthread_mutex_lock(&lvm_lock);
+    lvm_hold();
     const struct api_route *r = atomic_load_explicit(&api_routes[api], memory_order_relaxed);
     for (size_t k = 0; r && k < r->n; k++) {
         struct egpu_lvm_prog *p = r->progs[k];
@@ -1316,13 +1329,13 @@ void egpu_lvm_run_api(unsigned int api, const void *ctx, size_t size) {
         p->stats.runs++;
         if (fault && !p->stats.faults++) p->stats.fault = fault, p->stats.fault_pc = pc, p->stats.fault_launch = 0;
     }
-    pthread_mutex_unlock(&lvm_lock);
+    lvm_release();
 }
 
 /* ---- fork (process.c): no map mid-update in the child ---- */
 
 void egpu_lvm_fork(enum egpu_fork_phase phase) {
-    if (phase == EGPU_FORK_PREPARE) pthread_mutex_lock(&lvm_lock);
-    else if (phase == EGPU_FORK_PARENT) pthread_mutex_unlock(&lvm_lock);
-    else pthread_mutex_init(&lvm_lock, NULL);
+    if (phase == EGPU_FORK_PREPARE) lvm_hold();
+    else if (phase == EGPU_FORK_PARENT) lvm_release();
+    else pthread_mutex_init(&lvm_lock, NULL), egpu_lvm_held--;
 }

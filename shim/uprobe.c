@@ -146,7 +146,7 @@ static void run_all(struct hook *h, int ret, uint64_t *regs) {
  * programs; return the function to jump to. */
 __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, void **ret_slot) {
     struct hook *h = &hooks[(stub - (uintptr_t)egpu_uprobe_stubs) >> 4];
-    if (tls_in_probe) return h->target;
+    if (tls_in_probe || egpu_lvm_held) return h->target; /* held: by the code a signal handler interrupted */
     tls_in_probe = 1;
     egpu_lvm_lock();
     if (h->n[0]) {

@@ -581,6 +581,18 @@ def test_a_library_loaded_where_a_patched_one_was_closed_is_patched_and_never_wr
         assert (r.returncode, r.stdout) == (0, "base same runs 2\ngetpid ok\n"), (second.name, r.returncode, r.stderr)
 
 
+def test_a_uprobe_in_a_signal_handler_never_waits_for_the_lock_its_thread_holds(built, tmp_path):
+    """A signal handler that calls a function with a uprobe, on a thread that holds launchvm.c's lock (a host-API
+    probe running in a hook, the runtime's drain of launch records, an attach): the probe waited for that lock,
+    which its own thread held, for good (the job hung). Such a call now runs no program."""
+    app = tmp_path / "app_signal"
+    subprocess.run(["gcc", "-O1", "-Wall", "-I", str(ROOT / "shim"), str(APP / "app_signal.c"), "-o", str(app), "-ldl",
+                    "-pthread"], check=True)
+    r = subprocess.run([str(app)], env={"LD_PRELOAD": str(built / "libegpu_shim.so")}, capture_output=True, text=True,
+                       timeout=30)
+    assert (r.returncode, r.stdout) == (0, "handled 1\n"), (r.returncode, r.stderr)
+
+
 def test_functions_left_by_a_throw_or_a_longjmp_keep_the_job_running(stub_job, tmp_path):
     """A uretprobe swaps its function's return address for egpu's thunk, which has no unwind tables: a C++
     exception through such a frame ended the job (std::terminate), pthread_exit's unwind stopped there
