@@ -19,12 +19,16 @@
  *
  * A stub saves the argument registers (and xmm0-7), runs the entry programs, and jumps to the function
  * with every register and the stack as the caller left them, so any signature and stack arguments
- * work. With return programs it first swaps the return address for a thunk's (the real one kept on a
- * per-thread stack of UPROBE_DEPTH entries; deeper calls run no return program): the thunk runs them
- * with rax and goes back to the caller with rax, rdx, xmm0, xmm1 as the function left them. A C++
- * exception or longjmp out of such a function skips the thunk: its unwinder finds the thunk's address
- * where a return address should be and terminates. Calls made while a probe runs (the same thread)
- * run no probe.
+ * work, but for vector arguments wider than 128 bits (__m256, __m512 in ymm/zmm0-7): only their low 128
+ * bits are saved, and a C library routine a probe run calls may clear the rest (the AVX2 forms end
+ * with vzeroupper; on CPUs with AVX-512 glibc picks forms that leave ymm0-15 alone). With return
+ * programs it first swaps the return address for a thunk's (the real one kept on a per-thread stack of
+ * UPROBE_DEPTH entries; deeper calls run no return program): the thunk runs them with rax and goes back
+ * to the caller with rax, rdx, xmm0, xmm1 as the function left them. A C++ throw, longjmp or
+ * pthread_exit out of such a function skips the thunk and its return programs (uprobe.c puts the
+ * swapped addresses back before an unwind starts). Calls made while a probe runs on the same thread,
+ * or while the thread holds the probe engine's lock (a signal handler that interrupted it), run no
+ * probe.
  */
 #ifndef EGPU_UPROBE_H
 #define EGPU_UPROBE_H
