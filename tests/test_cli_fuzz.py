@@ -32,6 +32,8 @@ FAST = settings(deadline=None, max_examples=50, suppress_health_check=[HealthChe
 # rewrite's per-kernel status before a failed rewrite's line.
 KERNEL_STATUS = re.compile(r"^\S+: (failed|untouched|instrumented)\b")
 PROGRESS = re.compile(r"^egpu(-run)?: .* \.\.\.$")   # a step that took more than a second (attach says so)
+# clang's warnings on a .bpf.c that still compiles, printed as clang prints them before the refusal
+CLANG_NOTE = re.compile(r"^(\S.*:\d+:\d+: (warning|note): |\s*\d* \| |\d+ warnings? generated\.$)")
 
 runner = CliRunner()
 counter = itertools.count()
@@ -96,9 +98,17 @@ def check(app, args: list, named: str, status: int | None = None) -> None:
     assert len(mine) == 1, (args, r.stderr)
     line = lines[mine[0]]
     assert named in line, (args, named, r.stderr)
-    rest = lines[:mine[0]] + lines[mine[0] + 1:]
     if "clang failed" not in line:
-        assert all(KERNEL_STATUS.match(x) for x in rest), (args, r.stderr)
+        assert all(KERNEL_STATUS.match(x) or CLANG_NOTE.match(x) for x in lines[:mine[0]]), (args, r.stderr)
+        assert all(KERNEL_STATUS.match(x) for x in lines[mine[0] + 1:]), (args, r.stderr)
+
+
+def test_a_refused_source_with_clang_warnings_is_refused_in_one_line(tmp_path):
+    """A .bpf.c that compiles with warnings to an object without programs (a NUL byte: hypothesis found it):
+    clang's warnings as clang prints them, then egpu's one line."""
+    path = tmp_path / "nul.bpf.c"
+    path.write_bytes(b"\x00")
+    check(egpu, ["compile", path], str(path))
 
 
 @FAST
