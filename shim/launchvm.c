@@ -879,6 +879,14 @@ static int helper(struct run *x, int32_t id) {
  * run (bench/bench_uprobe.py), where the library's vector stores take a few ns. */
 static void *(*volatile clear)(void *, int, size_t) = memset;
 
+/* A bpf-to-bpf call's exit: the caller's r6-r9 and frame back; returns where the caller goes on. */
+static size_t leave_frame(struct run *x) {
+    x->depth--;
+    memcpy(&x->r[6], x->calls[x->depth].saved, sizeof x->calls[x->depth].saved);
+    x->r[10] = ((R_FRAME + (uint64_t)x->depth) << REGION_SHIFT) + STACK_SIZE;
+    return x->calls[x->depth].ret;
+}
+
 /* The instruction at *pc_at the long way, each field checked as it is used: what decode() leaves to
  * OP_SLOW (bad instructions, bpf-to-bpf calls, atomics, division, sign extension, ...). Returns 0 with
  * *pc_at moved on, 1 when the program ends, -1 on a fault (x->fault set, *pc_at left at the instruction). */
@@ -962,10 +970,7 @@ static int step(struct run *x, size_t *pc_at) {
         }
         if (op == 0x90 && cls == 5) { /* exit */
             if (x->depth == 0) return 1;
-            x->depth--;
-            memcpy(&x->r[6], x->calls[x->depth].saved, sizeof x->calls[x->depth].saved);
-            x->r[10] = ((R_FRAME + (uint64_t)x->depth) << REGION_SHIFT) + STACK_SIZE;
-            pc = x->calls[x->depth].ret;
+            pc = leave_frame(x);
             break;
         }
         if (op == 0x80 && cls == 5) { /* call */
@@ -1044,10 +1049,7 @@ call: {
 }
 exit:
     if (x->depth == 0) return EGPU_LVM_OK;
-    x->depth--;
-    memcpy(&r[6], x->calls[x->depth].saved, sizeof x->calls[x->depth].saved);
-    r[10] = ((R_FRAME + (uint64_t)x->depth) << REGION_SHIFT) + STACK_SIZE;
-    pc = x->calls[x->depth].ret;
+    pc = leave_frame(x);
     DISPATCH();
 ja:
     pc = (size_t)o->off;
