@@ -164,7 +164,6 @@ def test_runs_egpu_run_reads_the_command_line(tmp_path, monkeypatch):
 @pytest.mark.parametrize("root, rank, every, message", [
     (10, 7, False, "no process of job 10 has rank 7 (ranks: 0, 1, 2)"),
     (60, None, True, "no egpu session in process 60 or below it"),
-    (10, 1, True, "--rank and --all: give one of them"),
 ])
 def test_select_refuses(root, rank, every, message):
     with pytest.raises(EgpuError, match=re.escape(message)):

@@ -80,7 +80,7 @@ def select(root: int, rank: int | None = None, every: bool = False, sessions: li
     """The processes a request addresses: ``root`` itself (neither rank nor every; when it is an egpu-run,
     which has no session, the one process of its job that has: never any other ancestor's, which would
     reach every job of a shell or of pid 1 unasked), the job's processes of rank ``rank`` (helpers left
-    out), or all of the job's processes (``every``)."""
+    out), or all of the job's processes (``every``: the CLI refuses it beside a rank, a usage error)."""
     if rank is None and not every:
         if sessions is None and socket_path(root).exists() or not is_egpu_run(root):
             return [Target(root)]
@@ -92,8 +92,6 @@ def select(root: int, rank: int | None = None, every: bool = False, sessions: li
             return below
         raise EgpuError(f"no egpu session in process {root}, but in {len(below)} processes below it "
                         f"({', '.join(str(t.pid) for t in below)}): give one of them, --rank R or --all")
-    if rank is not None and every:
-        raise EgpuError("--rank and --all: give one of them")
     found = job_targets(root, list_sessions() if sessions is None else sessions, parent_of)
     if not found:
         raise EgpuError(f"no egpu session in process {root} or below it")
