@@ -45,7 +45,8 @@ def globaltimer_bracket(tmp_path) -> tuple[int, int]:
     """(lowest, highest) %globaltimer - CLOCK_REALTIME can be, from reads of %globaltimer between two
     host reads (tests/e2e/globaltimer.cu)."""
     exe = tmp_path / "globaltimer"
-    subprocess.run(["nvcc", "-O2", "-arch=sm_90", str(E2E / "globaltimer.cu"), "-o", str(exe)], check=True)
+    if not exe.exists():
+        subprocess.run(["nvcc", "-O2", "-arch=sm_90", str(E2E / "globaltimer.cu"), "-o", str(exe)], check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     lead, lag = map(int, re.findall(r"-?\d+", out))   # min(gpu - before), min(after - gpu)
     return -lag, lead
@@ -54,16 +55,19 @@ def globaltimer_bracket(tmp_path) -> tuple[int, int]:
 def test_launch_probes_run_on_the_gpu_clock(vecadd, shim, probe_obj, tmp_path):  # noqa: F811
     """The runtime's %globaltimer - CLOCK_REALTIME (ContextMemory.globaltimer_offset) lies where a
     separate program brackets it: the driver keeps the two clocks apart by about a ms on the H200
-    (1.19 ms on 2026-12-01), which launch probes' enqueue times must not carry."""
-    low, high = globaltimer_bracket(tmp_path)
+    (1.19 ms on 2026-12-01), which launch probes' enqueue times must not carry. The two clocks drift apart
+    while the programs run (34 us in the seconds between them on an H100 under load, 2026-12-05c), so the
+    separate program brackets the offset before the job and after it: the runtime's lies between."""
+    before = globaltimer_bracket(tmp_path)
     r = egpu_run(["-v", "-p", str(probe_obj("launch_latency")), str(vecadd["static"]), "2", "4096"],
                  env_for(shim, tmp_path), timeout=300)
+    after = globaltimer_bracket(tmp_path)
     assert r.returncode == 0, r.stderr
     (m,) = re.findall(r"%globaltimer - CLOCK_REALTIME = (-?\d+) ns \(\+-(\d+) ns\)", r.stderr)
     offset, within = map(int, m)
-    print(f"bracket [{low}, {high}] ns; the runtime measured {offset} +- {within} ns")
-    slack = within + 20_000   # the two programs run a second apart: the clocks may drift a little
-    assert low - slack <= offset <= high + slack
+    print(f"brackets {before} then {after} ns; the runtime measured {offset} +- {within} ns")
+    low, high = min(before[0], after[0]), max(before[1], after[1])
+    assert low - within <= offset <= high + within
 
 
 def test_launch_count_names_every_launch(vecadd, shim, probe_obj, tmp_path):  # noqa: F811
