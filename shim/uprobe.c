@@ -30,6 +30,7 @@
 #define SLOTS 4096       /* patched GOT slots */
 #define UPROBE_DEPTH 32  /* nested calls with return programs, per thread */
 #define NAME_MAX_ 256
+#define JUMP 5           /* an inline hook's jmp rel32 */
 
 /* struct pt_regs of x86-64 (arch/x86/include/asm/ptrace.h), in u64 slots: bpf_tracing.h reads it so */
 enum { PT_R15, PT_R14, PT_R13, PT_R12, PT_BP, PT_BX, PT_R11, PT_R10, PT_R9, PT_R8, PT_AX, PT_CX, PT_DX,
@@ -47,7 +48,7 @@ struct hook {
     int n[2];
     int used;
     unsigned char *code;  /* an inline hook: the function, whose first 5 bytes jump to `near` (NULL: none) */
-    uint64_t code_was;    /* its first 8 bytes before */
+    unsigned char code_was[JUMP]; /* those bytes before */
     unsigned char *near;  /* a page within reach of a rel32 jump: to the stub, then the trampoline */
 };
 
@@ -575,20 +576,28 @@ static void drop_programs(struct egpu_lvm_prog *const *progs, size_t n) {
  * The function's first 5 bytes become `jmp rel32` to a page beside it (within 2 GB), which jumps on to
  * the stub; the stub's target is the trampoline on that page: the instructions those bytes cut into,
  * moved there by the runtime (runtime/inline_hooks.py re-encodes what is relative to where they run),
- * then a jump back to the first instruction after them. The jump is written with one aligned 8-byte
- * store, so a thread entering the function meanwhile runs the old bytes or the new, never a mix: the
- * function must start at most 3 bytes past an 8-byte boundary (compilers align functions to 16). A thread
- * stopped on an instruction boundary inside those 5 bytes (after an endbr64, say) would resume in the
- * middle of the jump (seen once in CI), so the store is made while every other thread waits in a signal
- * handler, none of them inside (store_stopped). */
+ * then a jump back to the first instruction after them. The jump is written with one store of the aligned
+ * 8-byte word holding its 5 bytes, so a thread entering the function meanwhile runs the old bytes or the
+ * new, never a mix: the function must start at most 3 bytes past an 8-byte boundary (compilers align
+ * functions to 16). The word's other 3 bytes are stored as they are at that moment (compare-exchange), at
+ * the hook and when detach puts the 5 bytes back, so a debugger's breakpoint or another tool's patch on
+ * the next instruction stays. A thread stopped on an instruction boundary inside those 5 bytes (after an
+ * endbr64, say) would resume in the middle of the jump (seen once in CI), so the store is made while every
+ * other thread waits in a signal handler, none of them inside (store_stopped). */
 
 #define NEAR_STUB 0     /* jmp *0(%rip); .quad stub */
 #define NEAR_TRAMPOLINE 16
 
-static void write_code(unsigned char *at, uint64_t value) {
-    void *page = (void *)((uintptr_t)at & ~(uintptr_t)4095); /* an aligned word never spans two */
+/* The JUMP bytes at `at` (at most 3 past an 8-byte boundary) become `bytes`, in one store of their word. */
+static void write_code(unsigned char *at, const unsigned char *bytes) {
+    _Atomic uint64_t *word = (_Atomic uint64_t *)((uintptr_t)at & ~(uintptr_t)7);
+    void *page = (void *)((uintptr_t)word & ~(uintptr_t)4095); /* an aligned word never spans two */
     mprotect(page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC); /* executable throughout: threads run here */
-    atomic_store_explicit((_Atomic uint64_t *)at, value, memory_order_release);
+    uint64_t was = atomic_load_explicit(word, memory_order_relaxed), now;
+    do {
+        now = was;
+        memcpy((unsigned char *)&now + (at - (unsigned char *)word), bytes, JUMP);
+    } while (!atomic_compare_exchange_weak_explicit(word, &was, now, memory_order_release, memory_order_relaxed));
     mprotect(page, 4096, PROT_READ | PROT_EXEC);
 }
 
@@ -646,7 +655,7 @@ static void stop_handler(int sig, siginfo_t *si, void *context) {
     uint64_t inside = 0;
 #if defined(__x86_64__)
     uintptr_t pc = (uintptr_t)((ucontext_t *)context)->uc_mcontext.gregs[REG_RIP], at = atomic_load(&stop_at);
-    inside = pc > at && pc < at + 5;
+    inside = pc > at && pc < at + JUMP;
 #endif
     uint64_t before = tagged_add(&stop_count, round, inside << 16 | 1);
     if (before != UINT64_MAX && (before & 0xffff) < STOP_THREADS)
@@ -786,7 +795,7 @@ enum stop_result { STORED, STAYED, UNHELD };
  * not be held (the signal is the application's, /proc unreadable, a thread that never answered, threads
  * forever starting); nothing is stored then, since a thread resuming inside the jump would crash the
  * job. Under up_lock (the tid list and the rounds are its). */
-static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
+static enum stop_result store_stopped(unsigned char *at, const unsigned char *jump) {
     static pid_t tids[STOP_THREADS], inside[STOP_THREADS];
     static int round, ninside, inside_round; /* kept across calls: a refused hook's last round counts too */
     if (!stop_handler_in_place()) return UNHELD;
@@ -829,7 +838,7 @@ static enum stop_result store_stopped(unsigned char *at, uint64_t value) {
         uint64_t counts = atomic_load(&stop_count);
         int all_held = (counts & 0xffff) == sent && sent == (uint64_t)n && !thread_started(tids, n, self);
         last = !all_held ? UNHELD : counts >> 16 & 0xffff ? STAYED : STORED;
-        if (last == STORED) write_code(at, value);
+        if (last == STORED) write_code(at, jump);
         atomic_store_explicit(&stop_round, 0, memory_order_release); /* every held thread goes on */
         int unknown = 0;
         inside_round = round;
@@ -897,8 +906,8 @@ EXPORT int egpu_uprobe_attach_inline(const char *path, const char *symbol, void 
     return EGPU_UPROBE_NO_SYMBOL;
 #endif
     unsigned char *f = function, *page = near;
-    intptr_t rel = (intptr_t)page - (intptr_t)(f + 5);
-    if (((uintptr_t)f & 7) > 3 || cut < 5 || moved_len + NEAR_TRAMPOLINE + 14 > 4096 || rel != (int32_t)rel ||
+    intptr_t rel = (intptr_t)page - (intptr_t)(f + JUMP);
+    if (((uintptr_t)f & 7) > 8 - JUMP || cut < JUMP || moved_len + NEAR_TRAMPOLINE + 14 > 4096 || rel != (int32_t)rel ||
         strlen(path) >= NAME_MAX_ || strlen(symbol) >= NAME_MAX_)
         return EGPU_UPROBE_UNPATCHABLE;
     egpu_fork_handlers();
@@ -920,13 +929,11 @@ EXPORT int egpu_uprobe_attach_inline(const char *path, const char *symbol, void 
         egpu_lvm_unlock();
     }
     if (add_programs(h, progs, rets, n)) goto out;
-    uint64_t now = atomic_load_explicit((_Atomic uint64_t *)f, memory_order_relaxed), jump = now;
-    unsigned char *b = (unsigned char *)&jump;
+    unsigned char jump[JUMP] = {0xe9};
     int32_t rel32 = (int32_t)rel;
-    b[0] = 0xe9;
-    memcpy(b + 1, &rel32, 4);
-    if (now != jump) {
-        h->code_was = now;
+    memcpy(jump + 1, &rel32, 4);
+    if (memcmp(f, jump, JUMP)) {
+        memcpy(h->code_was, f, JUMP);
         enum stop_result stored = store_stopped(f, jump);
         if (stored != STORED) {
             drop_programs(progs, n);

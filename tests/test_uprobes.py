@@ -178,6 +178,41 @@ def test_an_inline_hook_is_written_while_threads_run_the_function(stub_job, upro
     assert counts[SUM8_CALLS] >= n and counts[SUM8_RETURNS] == counts[SUM8_CALLS]
 
 
+def test_an_inline_hook_near_the_end_of_a_page_writes_within_it(stub_job, uprobe_app, tmp_path):
+    """upt_edge starts 1 byte past an 8-byte boundary, 7 bytes before its page ends: the jump goes into the
+    aligned word holding its 5 bytes, not into the 8 bytes from the function's start (the last of them on the
+    next page, which the shim had not made writable: the job died of SIGSEGV as the hook was stored)."""
+    app, obj = uprobe_app
+    n = 50
+    r, docs, _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "sum8_entry=app_uprobe:upt_edge", "--uprobe",
+                          "sum8_exit=app_uprobe:upt_edge", str(app), "edge", str(n))
+    assert r.returncode == 0 and f"app_uprobe edge calls={n} wrong=0 result=0" in r.stdout, r.stderr[-2000:]
+    (doc,) = docs
+    assert entries(doc, obj, "counts")[SUM8_CALLS] == n
+    assert entries(doc, obj, "returns") == {i + 2: 1 for i in range(n)}
+
+
+def test_detach_puts_back_only_the_bytes_the_jump_covered(stub_job, uprobe_app, tmp_path):
+    """While upt_near is hooked inline, the application changes the instruction right after the jump's 5 bytes
+    (as a debugger's breakpoint there would): detach restores those 5 bytes and leaves the change (before, it
+    wrote back the 8 bytes it had read at attach, undoing it)."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    live = tmp_path / "live.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), "-DNEAR", "-c", str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"),
+                    "-o", str(live)], check=True)
+    with attachable_job(stub_job, tmp_path, app, "near_loop") as (pid, egpu):
+        r = egpu("attach", pid, "-p", str(live))
+        assert r.returncode == 0, r.stderr
+        deadline = time.monotonic() + 10
+        while live_maps(egpu("maps", pid, "--json"), "counts").get(1, 0) < 10:   # returns of the changed code
+            assert time.monotonic() < deadline, "no calls hooked"
+            time.sleep(0.05)
+        r = egpu("detach", pid)
+        assert r.returncode == 0, r.stderr
+    # attachable_job: the job's every result was right, and at the end upt_near was unhooked, still changed
+
+
 @pytest.mark.parametrize("code, why", [
     (bytes.fromhex("eb0290909090c3"), "its first 5 bytes hold a branch (jmp"),
     (bytes.fromhex("31c0c3"), "its first 5 bytes hold a branch (ret)"),   # a function of 3 bytes

@@ -16,14 +16,20 @@
  * pause and one that enters upt_parked and stays blocked in its first bytes, then brings the runtime up,
  * calls upt_direct once and exits.
  * `app_uprobe owned_signal N`: as direct, with a handler of its own on SIGRTMAX - 5 (the signal an inline
- * hook's guard holds threads with) installed first, as direct_threads. */
+ * hook's guard holds threads with) installed first, as direct_threads.
+ * `app_uprobe edge N`: N direct calls of upt_edge, which starts 7 bytes before a page ends.
+ * `app_uprobe near_loop STOP`: calls upt_near every 100 us until file STOP exists; once it finds upt_near
+ * hooked inline it changes the constant of its instruction right after the jump's 5 bytes (as a debugger's
+ * breakpoint or another tool's patch would); at the end it must be unhooked and the change still there. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -51,6 +57,26 @@ __attribute__((noinline, aligned(16))) long upt_direct(long a, long b) {
  * instruction, inside the 5 bytes an inline hook's jump would cover. No branch in them: they can move. */
 __asm__(".text\n.globl upt_parked\n.type upt_parked, @function\n.p2align 4\nupt_parked:\n"
         "\t.byte 0x66, 0x90\n\tsyscall\n\tnop\n\tret\n.size upt_parked, .-upt_parked\n");
+/* 1 byte past an 8-byte boundary and 7 bytes before a page ends: the jump's 5 bytes lie in this page, the
+ * 8 bytes from the function's start do not. Returns a + 2b. */
+__asm__(".text\n.globl upt_edge\n.type upt_edge, @function\n.p2align 12\n.skip 4089, 0xcc\nupt_edge:\n"
+        "\tendbr64\n\tlea (%rdi,%rsi,2), %rax\n\tret\n.size upt_edge, .-upt_edge\n");
+long upt_edge(long a, long b);
+
+/* endbr64 and push (the jump's 5 bytes), then `mov $1, %eax`: its constant is byte 6. */
+__asm__(".text\n.globl upt_near\n.type upt_near, @function\n.p2align 4\nupt_near:\n"
+        "\tendbr64\n\tpush %rbp\n\tmov $1, %eax\n\tpop %rbp\n\tret\n.size upt_near, .-upt_near\n");
+int upt_near(void);
+
+/* Another writer of upt_near's code than the hook: its `mov` returns `value` from now on. */
+static void near_returns(unsigned char value) {
+    unsigned char *code = (unsigned char *)(void *)upt_near;
+    void *page = (void *)((uintptr_t)code & ~(uintptr_t)4095);
+    mprotect(page, 4096, PROT_READ | PROT_WRITE | PROT_EXEC);
+    code[6] = value;
+    mprotect(page, 4096, PROT_READ | PROT_EXEC);
+}
+
 static atomic_int parked;
 static int park_pipe[2];
 static char park_byte;
@@ -124,6 +150,25 @@ int main(int argc, char **argv) {
         for (int k = 0; threaded && k < 2; k++) pthread_join(workers[k], NULL);
         printf("app_uprobe %s calls=%ld sum=%ld wrong=%ld result=%d\n", argv[1], n, sum,
                wrong + atomic_load(&workers_wrong), r);
+        return 0;
+    }
+    if (!strcmp(argv[1], "edge")) {
+        long wrong = 0;
+        for (long i = 0; i < n; i++) wrong += upt_edge(i, 1) != i + 2;
+        printf("app_uprobe edge calls=%ld wrong=%ld result=%d\n", n, wrong, r);
+        return 0;
+    }
+    if (!strcmp(argv[1], "near_loop")) {   /* wrong: a call's result; at the end, still hooked or the change gone */
+        const volatile unsigned char *code = (const volatile unsigned char *)(void *)upt_near;
+        long i = 0, wrong = 0;
+        int changed = 0;
+        for (; access(argv[2], F_OK) != 0; i++) {
+            if (!changed && code[0] == 0xe9) near_returns(2), changed = 1;   /* hooked */
+            wrong += upt_near() != 1 + changed;
+            usleep(100);
+        }
+        wrong += !changed || code[0] == 0xe9 || upt_near() != 2;
+        printf("app_uprobe near_loop calls=%ld wrong=%ld result=%d\n", i, wrong, r);
         return 0;
     }
     if (!strcmp(argv[1], "loop") || !strcmp(argv[1], "direct_loop") || !strcmp(argv[1], "launch_loop")) {

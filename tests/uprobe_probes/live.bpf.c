@@ -1,7 +1,8 @@
 /* A probe egpu attach hooks into a running tests/uprobe_app (app_uprobe loop): counts upt_add6's calls
  * and returns, and the returns that are 6 * first argument + 15, as upt_add6's always are. Built with
  * -DDIRECT (app_uprobe direct_loop): the same on upt_direct, hooked inline, whose returns are 3a + 1;
- * with -DBIG: the same with a large map besides. */
+ * with -DNEAR: the same on upt_near (app_uprobe near_loop), hooked inline, which returns 1 or 2 (RESULT is
+ * not its); with -DBIG: the same with a large map besides. */
 #include <vmlinux.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -9,6 +10,9 @@
 #ifdef DIRECT
 #define TARGET "app_uprobe:upt_direct"
 #define RESULT(a) (3 * (a) + 1)
+#elif defined(NEAR)
+#define TARGET "app_uprobe:upt_near"
+#define RESULT(a) 2
 #else
 #define TARGET "libupt.so:upt_add6"
 #define RESULT(a) (6 * (a) + 15)
