@@ -925,6 +925,7 @@ static int args_init(struct args *a, const struct target *t, unsigned long long 
         a->extra = x;
         return 0;
     }
+    if (!params && t->nparams) return 0; /* no parameters given: the driver's to refuse, as without the shim */
     void **p = t->nparams < INLINE_PARAMS ? a->param_store
                                           : (a->heap = malloc(((size_t)t->nparams + 1) * sizeof(void *)));
     if (!p) return -1;

@@ -38,6 +38,7 @@ def built(tmp_path_factory) -> Path:
         cc + ["-DBY_DLVSYM", str(STUB / "app_dlsym.c"), "-o", "app_dlvsym", "-ldl"],
         cc + [str(STUB / "app_threads.c"), "-o", "app_threads", "-ldl", "-pthread"],
         cc + [str(STUB / "app_escape.c"), "-o", "app_escape", "-ldl"],
+        cc + [str(STUB / "app_no_params.c"), "-o", "app_no_params", "-ldl"],
         cc + [str(STUB / "app_lookups.c"), "-o", "app_lookups", "-ldl", "-pthread"],
     ]
     procs = [subprocess.Popen(s, cwd=d) for s in steps]
@@ -456,6 +457,19 @@ def test_targets_that_escape_the_launch_hooks(built):
     assert r.returncode == 0, r.stdout + r.stderr
     assert dict((k, int(v)) for k, v in (ln.split() for ln in r.lines("escaped"))) == ESCAPED
     assert r.lines("begin") == []
+
+
+def test_launches_that_name_no_parameters(built):
+    """kernelParams NULL and no buffer in extra, to a target with a launch id: a kernel with parameters gets
+    the application's NULL and extra, for the driver to refuse as it would without the shim (before, the shim
+    read the NULL list and the job died of SIGSEGV); a kernel with none gets its launch id alone."""
+    r = run(built, "app_no_params", EGPU_STUB_LOG="")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["null result=0 params=null extra=null",
+                                     "pointer_only result=0 params=null extra=app",
+                                     "ex_null result=0 params=null extra=null",
+                                     "no_params result=0 params=4 extra=null",
+                                     "ex_no_params result=0 params=5 extra=null"]
 
 
 def test_child_processes_get_the_shim(built):

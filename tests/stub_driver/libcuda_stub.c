@@ -137,9 +137,16 @@ static void fn_name(char *out, size_t size, const void *h) {
  * state; absent in the shim tests' build. */
 __attribute__((weak)) void egpu_stub_launched(const void *f);
 
+/* What the last launch or node was given (app_no_params.c: made-up handles are not logged). */
+static void **last_params, **last_extra;
+void egpu_stub_last_launch(void ***params, void ***extra) {
+    *params = last_params, *extra = last_extra;
+}
+
 /* `runs`: a launch (its effect runs), not a graph node being set. */
 static void log_launch(const char *api, const void *f, unsigned gx, unsigned bx, void *stream,
                        void **params, void **extra, int runs) {
+    last_params = params, last_extra = extra;
     if (!logging()) return; /* app_threads launches made-up handles */
     if (f && runs) ((struct function *)f)->loaded = 1; /* as the driver, loading what it launches */
     if (san_event && f && runs) { /* Sanitizer_LaunchData: LAUNCH_BEGIN (hLaunch: the function) */
