@@ -38,7 +38,7 @@ FIELDS: tuple[Field, ...] = (
     Field("flags", 32, 4),      # FLAG_*
     Field("kind", 36, 4),       # KIND_*
     Field("args", 40, 8, MAX_ARGS),  # the kernel's first parameters, each zero-extended to 64 bits
-    Field("nargs", 104, 4),
+    Field("nargs", 104, 4),     # 0 (args all 0) in launch probes and on the SASS back end
     Field("grid", 108, 4, 3),   # gridDim (kernel sites: %nctaid)
     Field("block", 120, 4, 3),  # blockDim (kernel sites: %ntid)
     Field("pad", 132, 4),

@@ -150,7 +150,7 @@ struct egpu_ctx {
 	__u32 flags;       /* EGPU_F_* */
 	__u32 kind;        /* EGPU_KIND_* */
 	__u64 args[EGPU_MAX_ARGS]; /* the kernel's first parameters, each zero-extended to 64 bits */
-	__u32 nargs;
+	__u32 nargs;       /* 0, args all 0, in launch probes and on the SASS back end: neither sees them */
 	__u32 grid[3];     /* gridDim (kernel sites too: %nctaid) */
 	__u32 block[3];    /* blockDim (kernel sites too: %ntid) */
 	__u32 pad;
