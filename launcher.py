@@ -671,6 +671,10 @@ def run_cmd(ctx: typer.Context,
             kernel: Optional[str] = typer.Option(None, "--kernel", metavar="GLOB",
                                                  help="instrument only kernels this glob matches"),
             as_json: bool = typer.Option(False, "--json", help="maps as one JSON document per process"),
+            output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE",
+                                                  help="write the maps (and --interval's) to FILE, not to stdout, "
+                                                       "which CMD writes too: egpu-run --json -o m.json CMD, then "
+                                                       "jq . m.json"),
             per_rank: bool = typer.Option(False, "--per-rank", help="the maps of each process only (no sum)"),
             summed: bool = typer.Option(False, "--sum", help="the maps summed over the processes only "
                                                              "(default: each, and the sum when there are ranks)"),
@@ -736,14 +740,23 @@ def run_cmd(ctx: typer.Context,
         raise UsageError("--per-rank and --sum exclude each other (neither: each process, and the sum "
                          "when there are ranks)", ctx=ctx)
     progress = _notes(steps=verbose, prefix="egpu-run")
-    session = None
+    session = maps_file = None
+
+    def put_maps(text: str) -> None:
+        if maps_file is None:
+            _echo_after_job(text, nl=False)
+        else:
+            maps_file.write(text)
+            maps_file.flush()
+
     try:
         try:
             if on_full == "wait" and trace is None:
                 raise EgpuError("--on-full wait needs --trace FILE: only its reader makes room while kernels run")
             on_full = on_full or ("wait" if trace is not None else "drop")
             _each_once(probes)
-            _no_overwrite({"--trace": trace, "--perfetto": perfetto}, dict.fromkeys(probes, "a probe given with -p"))
+            _no_overwrite({"--trace": trace, "--perfetto": perfetto, "-o": output},
+                          dict.fromkeys(probes, "a probe given with -p"))
             session = job.session_dir()
             # the SASS back end's patch image is built here from these translations: waiting ones too
             loaded = job.prepare_probes(probes, session, progress, wait=on_full == "wait")
@@ -771,11 +784,16 @@ def run_cmd(ctx: typer.Context,
                                   "CUDA code, so nothing will be instrumented (egpu-run --version)")
             for line in sass_notes:
                 typer.echo(line, err=True)
+            if output is not None:   # opened before the job starts: a FILE it cannot write is refused first
+                try:
+                    maps_file = open(output, "w", encoding="utf-8")
+                except OSError as e:
+                    raise EgpuError(f"-o: {e.strerror}", file=str(output)) from None
             every = None
             if prometheus is not None:
                 watch.serve_prometheus(prometheus, session)
             if interval is not None:
-                every = (interval, lambda: _echo_after_job(watch.interval_output(session, as_json), nl=False))
+                every = (interval, lambda: put_maps(watch.interval_output(session, as_json)))
             status = job.run_job(cmd, cfg, job.find_shim(), every)
         except job.ProgramError as e:
             typer.echo(f"egpu-run: {e}", err=True)
@@ -803,8 +821,10 @@ def run_cmd(ctx: typer.Context,
                 notes.append(f"egpu-run: {e}")
         for line in notes:
             _echo_after_job(line, err=True)
-        _echo_after_job(maps, nl=False)
+        put_maps(maps)
     finally:
+        if maps_file is not None:
+            maps_file.close()
         if session is not None and (keep or verbose):
             _echo_after_job(f"egpu-run: session kept in {session}", err=True)
         elif session is not None:

@@ -76,6 +76,23 @@ def test_json_gives_one_document_per_process(stub_job, probe_obj, tmp_path):
     assert isinstance(d["pid"], int) and d["rank"] is None
 
 
+def test_output_file_keeps_the_maps_apart_from_the_jobs_stdout(stub_job, probe_obj, tmp_path):
+    """-o FILE: the maps go there, so egpu-run --json -o FILE ... gives jq a file of JSON alone, and stdout is
+    the job's own (before, the document followed the job's lines on stdout); a FILE that cannot be written
+    is refused before the job starts."""
+    maps = tmp_path / "maps.json"
+    r = egpu_run(["--json", "-o", str(maps), "-p", str(probe_obj("count")), str(stub_job.app), "fatbin", "1", "32",
+                  "0"], stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("app_vec fatbin") and "maps" not in r.stdout
+    assert json.loads(maps.read_text())["maps"] == {"counts": {"kind": "scalar", "value": 0}}
+    missing = tmp_path / "no" / "maps.json"
+    r = egpu_run(["-o", str(missing), "-p", str(probe_obj("count")), str(stub_job.app), "fatbin", "1", "32", "0"],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == 125 and r.stdout == ""
+    assert r.stderr.strip() == f"egpu-run: {missing}: -o: No such file or directory"
+
+
 def test_a_job_of_several_processes_prints_each(stub_job, probe_obj, tmp_path):
     app = str(stub_job.app)
     script = f"{app} module 1 32 0 && {app} library 2 64 0 && echo none"
