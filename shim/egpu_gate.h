@@ -7,7 +7,13 @@
  * Every hold is bounded. The holder waits for the drain only until its deadline (a hook may sit in a
  * driver call that waits for a kernel that never ends), then opens the gate again and fails; every
  * holder (egpu_shim_swap, cow.c's cut) opens by its deadline whatever happens, so a hook waits at most
- * that long. egpu_gate_wait lets go of the GIL while it waits (interpose.c). */
+ * that long. egpu_gate_wait lets go of the GIL while it waits (interpose.c).
+ *
+ * One holder at a time: `hold` is a flag, not a count, so a second holder would find the gate closed and
+ * drained, and the first one's open would let launches through in the middle of the second's flip. The
+ * holders (egpu_shim_swap, cow.c's arm and disarm) are only called from the handlers of EXCLUSIVE control
+ * commands (control.py: attach, detach, swap, checkpoint, restore), which run one at a time; the runtime's
+ * Live.lock around a swap's flip and a checkpoint's arm and disarm keeps them apart too. */
 #ifndef EGPU_GATE_H
 #define EGPU_GATE_H
 
