@@ -1256,3 +1256,17 @@ def test_repeat_case_runs_one_suite_case_again_and_again(suite, tmp_path, monkey
     monkeypatch.setattr(sys, "argv", ["repeat_case.py", str(out), "cupy", "nonsense"])
     with pytest.raises(SystemExit, match="no case cupy nonsense"):
         repeat.main()
+
+
+def test_header_read_builds_and_refuses_an_unknown_mode(tmp_path):
+    """bench/header_read.cu, whose run is a GPU call's: nvcc builds it and its usage is checked before any
+    CUDA call, so a typo in bench_header_read's modes fails here."""
+    exe = tmp_path / "header_read"
+    subprocess.run(["nvcc", "-O2", "-arch=sm_90", str(BENCH / "header_read.cu"), "-o", str(exe)], check=True)
+    bad = subprocess.run([str(exe), "spin", "3"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown mode spin" in bad.stderr
+    header_read = importlib.import_module("bench_header_read")
+    assert header_read.summary([float(v) for v in range(1, 12)]) == {"median": 6.0, "p90": 10.0, "max": 11.0}
+    for mode in header_read.MODES:   # each mode the bench runs gets past the program's usage check
+        r = subprocess.run([str(exe), mode, "1"], capture_output=True, text=True)
+        assert "unknown mode" not in r.stderr, r.stderr
