@@ -177,12 +177,18 @@ def test_a_kernel_that_cannot_be_instrumented_is_left_as_it_was(body, reason):
     assert res.text[k_after.start:k_after.end] == text[k_before.start:k_before.end]
 
 
+@pytest.mark.parametrize("params", [
+    ".param .u64 .ptr .g{lobal k_0",
+    # Found by the PTX sweep: each raised IndexError or ValueError out of instrument() (ptxas refuses them).
+    ".param .u64 .align k_0", ".param .align .b8 k_0[8]", ".param .align 0 .b8 k_0[8]",
+    ".param .align 4 .b8 k_0[0]", ".param .align 4 .b8 k_0[]",
+])
 @pytest.mark.parametrize("words", [False, True], ids=["by address", "in words"])
-def test_a_kernel_whose_parameters_do_not_parse_is_left_as_it_was(words):
+def test_a_kernel_whose_parameters_do_not_parse_is_left_as_it_was(words, params):
     """Found by mutating PTX: a parameter list the parser cannot read fails its kernel alone, also where
     the probes take their context in words (which read the parameters first: a TypeError once)."""
     good = ".visible .entry other(.param .u64 o_0)\n{\nret;\n}\n"
-    text = _kernel("ret;", ".param .u64 .ptr .g{lobal k_0") + good
+    text = _kernel("ret;", params) + good
     res = instrument(text, [_probe("entry", words=words)])
     assert res.status("k").status == "failed" and "kernel signature does not parse" in res.status("k").reason
     assert res.status("other").status == "instrumented"

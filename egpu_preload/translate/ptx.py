@@ -288,8 +288,9 @@ def _function(mod: Module, start: int, end: int, body_open: int | None) -> None:
                                   params, params_end, body_open))
 
 
-_PARAM = re.compile(r"\.param\s+(?P<attrs>(?:\.[\w:]+\s+(?:\d+\s+)?)*)(?P<name>[$%A-Za-z_][\w$]*)"
-                    r"\s*(?:\[\s*(?P<count>\d*)\s*\])?\s*$")
+# Of the attributes only .align takes a number, and it must (section 5.4.5).
+_PARAM = re.compile(r"\.param\s+(?P<attrs>(?:\.align\s+\d+\s+|\.(?!align\b)[\w:]+\s+)*)(?P<name>[$%A-Za-z_][\w$]*)"
+                    r"\s*(?P<array>\[\s*(?P<count>\d*)\s*\])?\s*$")
 
 
 def _params(text: str) -> tuple[Param, ...] | None:
@@ -305,10 +306,13 @@ def _params(text: str) -> tuple[Param, ...] | None:
         types = [a[1:] for a in attrs if a[1:] in TYPE_SIZES]
         if not types:
             return None
-        size = TYPE_SIZES[types[0]] * int(m.group("count") or 1)
+        count = 1 if m.group("array") is None else int(m.group("count") or 0)   # [] or [0]: no size to read
+        size = TYPE_SIZES[types[0]] * count
         # With .ptr, .align is the pointee's alignment (PTX ISA 5.1.6.1), not the parameter's.
         explicit = ".align" in attrs and ".ptr" not in attrs
         align = int(attrs[attrs.index(".align") + 1]) if explicit else TYPE_SIZES[types[0]]
+        if size <= 0 or align <= 0 or align & (align - 1):   # alignments are powers of two (ptxas)
+            return None
         out.append(Param(m.group("name"), types[0], size, align))
     return tuple(out)
 
