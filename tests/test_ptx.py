@@ -76,6 +76,15 @@ def _describe(s: ptx.Stmt) -> tuple:
      [("insn", None, "cp.async.cg.shared.global", ("[%r1]", "[%rd2]", "16"), 1)]),
     ("wgmma.fence.sync.aligned;", [("insn", None, "wgmma.fence.sync.aligned", (), 1)]),
     ("ld.shared::cta.u32 %r1, [%r2];", [("insn", None, "ld.shared::cta.u32", ("%r1", "[%r2]"), 1)]),
+    # Found by the PTX sweep: comments are white space inside an instruction too (section 4.2), which
+    # ptxas takes and the parser refused; the operands leave them out.
+    ("ld.global.f32 %f1, /* [%rd9] */ [%rd1];", [("insn", None, "ld.global.f32", ("%f1", "[%rd1]"), 1)]),
+    ("st.global.f32 [%rd1], // the value; a ; here\n %f1;", [("insn", None, "st.global.f32", ("[%rd1]", "%f1"), 1)]),
+    ("@%p1 /* c */ ld.global/**/.f32 %f1, [%rd1];", [("insn", "%p1", "ld.global.f32", ("%f1", "[%rd1]"), 1)]),
+    ('.pragma "a // b"; ret;', [("dir", ".pragma"), ("insn", None, "ret", (), 1)]),
+    # ... and so is white space between a guard's parts or before an opcode's modifiers.
+    ("@ %p1 bra $L;\n@! %p2 ret;", [("insn", "%p1", "bra", ("$L",), 1), ("insn", "!%p2", "ret", (), 1)]),
+    ("ld .global .f32 %f1, [%rd1];", [("insn", None, "ld.global.f32", ("%f1", "[%rd1]"), 1)]),
 ])
 def test_statements(body, expected):
     assert [_describe(s) for s in _body(body)] == expected

@@ -138,6 +138,21 @@ def test_guarded_site_branches_around_the_probe(guarded, branch, insn):
     _assembles(res.text)
 
 
+def test_comments_and_blanks_inside_instructions():
+    """Found by the PTX sweep: ptxas reads a comment inside an instruction, and blanks inside a guard or
+    before an opcode's modifiers, as white space, but such a kernel failed ('cannot parse', 'bad guard',
+    'no access type'). Each site takes the address the instruction reads, not one in a comment."""
+    body = REGS + "setp.eq.u64 %p1, %rd1, 0;\n@! %p1 ld.global.f32 %f1, /* [%rd2] */ [%rd1+4];\n" \
+                  "st .global.f32 [%rd1], // [%rd3]; the value\n %f1;\nret;"
+    res = instrument(_kernel(body), [_probe("mem"), _probe("exit")])
+    assert res.status("k").calls == 3, res.kernels
+    sites = res.text.split("{ // egpu site ")[1:]
+    assert "@%p1 bra \t$__egpu_skip1;" in res.text.split("{ // egpu site ")[0]
+    for site, offset in zip(sites, ["\n\tadd.s64 %__egpu_a, %__egpu_a, 4;", ""]):
+        assert f"mov.b64 %__egpu_a, %rd1;{offset}\n\tcvta.global.u64 %__egpu_a, %__egpu_a;" in site
+    _assembles(res.text)
+
+
 def test_sites_inside_inline_asm_scopes_use_scoped_registers():
     body = REGS + "{\n.reg .pred p;\n.reg .b64 a;\nsetp.ne.u32 p, %r1, 0;\nmov.b64 a, %rd1;\n" \
                   "@p ld.global.nc.f32 %f1, [a+4];\n}\nret;"

@@ -32,19 +32,22 @@ _LINE_DIRECTIVES = (".version", ".target", ".address_size", ".file", ".loc")
 # the end (no group). The skip is atomic: nested repetition over a run of blanks would otherwise try
 # every split of the run before failing (exponential in its length on a bad statement).
 # An instruction of the plain shape (an optional "@pred " guard, then an opcode of ASCII word characters,
-# dots and colons) comes out split into its parts (insn), which saves _statement's Python work;
-# _statement splits any other (a directive, an odd guard or opcode) the same way. Both take the same text.
+# dots and colons, then operands without comments) comes out split into its parts (insn), which saves
+# _statement's Python work; _statement splits any other (a directive, an odd guard or opcode, a comment
+# inside) the same way.
 _BLANKS = r"(?>(?:\s+|//[^\n]*|/\*.*?\*/)*)"
-# A statement's text up to its ';': {} groups (vector operands), strings and lone slashes included.
+# A statement's text up to its ';': {} groups (vector operands), strings and lone slashes included;
+# _TAIL_C takes comments too (ptxas reads them as white space anywhere, section 4.2).
 _TAIL = r'[^;{}"/]*+(?:(?:\{[^{}]*+\}|"[^"]*+"|/(?![/*]))[^;{}"/]*+)*+'
+_TAIL_C = r'[^;{}"/]*+(?:(?:\{[^{}]*+\}|"[^"]*+"|//[^\n]*+|/\*.*?\*/|/(?![/*]))[^;{}"/]*+)*+'
 _BODY = re.compile(_BLANKS + rf"""
     (?: (?P<open>\{{)
       | (?P<close>\}})
       | (?P<line>\.(?:loc|file)\b[^\n]*)
       | (?P<label>[$%A-Za-z_][\w$]*+[ \t]*+:(?!:))
       | (?P<insn>(?:@(?P<pred>!?[$%0-9A-Za-z_]++)\s++)?(?P<opcode>(?P<op>[0-9A-Za-z_:]++)[0-9A-Za-z_.:]*+)
-                 (?![^\s;])\s*+(?P<args>{_TAIL}));
-      | (?P<stmt>{_TAIL};)
+                 (?![^\s;])\s*+(?!\.)(?P<args>{_TAIL}));
+      | (?P<stmt>{_TAIL_C};)
       | \Z)
 """, re.X | re.S)
 
@@ -353,11 +356,16 @@ def _parse_body(text: str, start: int, end: int) -> list[Stmt]:
 
 
 _SKIP = re.compile(_BLANKS, re.S)
-_GUARD = re.compile(r"@(!?[$%\w]+)\s*")
+_GUARD = re.compile(r"@\s*(!?)\s*([$%\w]+)\s*")
+_COMMENT = re.compile(r'("(?:[^"\\\n]|\\.)*")|//[^\n]*|/\*.*?\*/', re.S)
+# The opcode and the operands; ptxas reads "ld .global.f32" (and "ld.global/**/.f32") as "ld.global.f32".
+_OPCODE = re.compile(r"(\S*(?:\s+\.\S*)*)\s*(.*)", re.S)
 
 
 def _statement(text: str, start: int, end: int, depth: int) -> Stmt:
     body = text[start:end - 1]
+    if "/" in body:
+        body = _COMMENT.sub(lambda m: m.group(1) or " ", body)
     if body.startswith("."):
         return Directive(start, end, depth, body.split(None, 1)[0], body)
     pred = None
@@ -365,10 +373,10 @@ def _statement(text: str, start: int, end: int, depth: int) -> Stmt:
         g = _GUARD.match(body)
         if g is None:
             raise PtxError(f"bad guard in {body!r}")
-        pred, body = g.group(1), body[g.end():]
-    head = body.split(None, 1)
-    opcode = head[0] if head else ""
-    return Instruction(start, end, depth, pred, opcode, head[1] if len(head) > 1 else "", opcode.partition(".")[0])
+        pred, body = g.group(1) + g.group(2), body[g.end():]
+    opcode, args = _OPCODE.match(body).groups()
+    opcode = "".join(opcode.split())
+    return Instruction(start, end, depth, pred, opcode, args, opcode.partition(".")[0])
 
 
 # One operand: anything but a top-level comma; (), [] and {} groups nest one level deep, which is
