@@ -92,6 +92,7 @@ REGS = ".reg .b64 %rd<4>;\n.reg .b32 %r<4>;\n.reg .f32 %f<5>;\n.reg .pred %p<2>;
     ("red.global.add.f32 [%rd1], %f1;", C.FLAG_STORE | C.FLAG_ATOMIC, "global", 4),
     ("cp.async.cg.shared.global [%r1], [%rd1], 16;", C.FLAG_LOAD, "global", 16),
     ("cp.async.ca.shared.global [%r1], [%rd1], 4, %r2;", C.FLAG_LOAD, "global", 4),
+    ("cp.async.cg.shared.global [%r1], [%rd1], 0x10U;", C.FLAG_LOAD, "global", 16),
     ("ld.shared.f32 %f1, [%r1];", None, None, None),
     ("st.shared::cta.u32 [%r1], %r2;", None, None, None),
     ("ld.param.u64 %rd1, [k_0];", None, None, None),
@@ -113,6 +114,11 @@ def test_memory_access(insn, flags, space, size):
     ("[%rd1+0x10]", ["add.s64 %__egpu_a, %__egpu_a, 16;"]),
     ("[a]", ["mov.b64 %__egpu_a, a;"]),
     ("[gvar+8]", ["mov.u64 %__egpu_a, gvar;", "add.s64 %__egpu_a, %__egpu_a, 8;"]),
+    # Found by the PTX sweep: octal, binary and U-suffixed offsets (PTX ISA 4.5.1) failed their kernel.
+    ("[%rd1+010]", ["add.s64 %__egpu_a, %__egpu_a, 8;"]),
+    ("[%rd1+0b100]", ["add.s64 %__egpu_a, %__egpu_a, 4;"]),
+    ("[%rd1+4U]", ["add.s64 %__egpu_a, %__egpu_a, 4;"]),
+    ("[%rd1+0x10U]", ["add.s64 %__egpu_a, %__egpu_a, 16;"]),
 ])
 def test_effective_address(operand, lines):
     text = _kernel(REGS + f".reg .u64 a;\nld.global.f32 %f1, {operand};\nret;").replace(

@@ -379,6 +379,20 @@ def _statement(text: str, start: int, end: int, depth: int) -> Stmt:
     return Instruction(start, end, depth, pred, opcode, args, opcode.partition(".")[0])
 
 
+# PTX ISA 4.5.1: hexadecimal, binary, octal (a leading 0) or decimal, each with an optional U.
+_INTEGER = re.compile(r"-?(?:0[xX][0-9a-fA-F]+|0[bB][01]+|0[0-7]*|[1-9][0-9]*)U?")
+
+
+def integer(text: str) -> int:
+    """The value of a PTX integer literal; PtxError for anything else."""
+    if _INTEGER.fullmatch(text) is None:
+        raise PtxError(f"expected an integer, got {text!r}")
+    digits = text.removesuffix("U")
+    sign, digits = (-1, digits[1:]) if digits[0] == "-" else (1, digits)
+    octal = digits[0] == "0" and digits[1:2].isdigit()
+    return sign * (int(digits, 8) if octal else int(digits, 0))
+
+
 # One operand: anything but a top-level comma; (), [] and {} groups nest one level deep, which is
 # all PTX has (a texture's "[%rd6, {%r2}]" is the deepest, section 9.7.9.3).
 _OPERAND = re.compile(r"(?:[^,\[\]{}()]|\[[^\]]*\]|\{[^}]*\}|\([^)]*\))+")

@@ -98,8 +98,9 @@ PREFIX = "__egpu"
 SITE_VERSION = (6, 2)
 MEM_KINDS = {"mem": 0, "load": C.FLAG_LOAD, "store": C.FLAG_STORE}
 _SPACES = ("global", "shared", "local", "param", "const", "tex")
-# [reg], [reg+imm], [var+imm], [imm]; a negative offset is written +-imm (PTX ISA 6.4.1.4).
-_ADDR = re.compile(r"\[\s*(?P<base>[$%\w.]+)\s*(?:\+\s*(?P<off>-?(?:0[xX][0-9a-fA-F]+|\d+)))?\s*\]$")
+# [reg], [reg+imm], [var+imm], [imm]; a negative offset is written +-imm (PTX ISA 6.4.1.4), imm any integer
+# literal (ptx.integer).
+_ADDR = re.compile(r"\[\s*(?P<base>[$%\w.]+)\s*(?:\+\s*(?P<off>-?\w+))?\s*\]$")
 _MEMORY_OPS = {"ld": C.FLAG_LOAD, "ldu": C.FLAG_LOAD, "st": C.FLAG_STORE,
                "atom": C.FLAG_LOAD | C.FLAG_STORE | C.FLAG_ATOMIC, "red": C.FLAG_STORE | C.FLAG_ATOMIC,
                "cp": C.FLAG_LOAD}   # cp.async.{ca,cg}: checked in memory_access
@@ -529,7 +530,7 @@ def _address_shape(operand: str) -> tuple[str, str | None] | None:
 def _address_code(move: str, base: str, off: str | None, space: str) -> str:
     text = f"mov.{move} %{PREFIX}_a, {base};"
     if off:
-        text += f"\n\tadd.s64 %{PREFIX}_a, %{PREFIX}_a, {_int(off)};"
+        text += f"\n\tadd.s64 %{PREFIX}_a, %{PREFIX}_a, {ptx.integer(off)};"
     if space == "global":
         text += f"\n\tcvta.global.u64 %{PREFIX}_a, %{PREFIX}_a;"
     return text
@@ -642,7 +643,7 @@ def memory_access(ins: ptx.Instruction) -> Access | None:
         addrs, operands = _BRACKETS.findall(ins.args), ins.operands
         if len(addrs) < 2 or len(operands) < 3:
             raise PtxError(f"{ins.opcode} with operands {ins.args!r}")
-        return Access(flags, space, addrs[1], _int(operands[2]))
+        return Access(flags, space, addrs[1], ptx.integer(operands[2]))
     first = _BRACKETS.search(ins.args)
     if first is None:
         raise PtxError(f"{ins.opcode} without an address operand")
@@ -671,13 +672,6 @@ def _opcode_access(opcode: str) -> tuple[int, str, int] | None:
         raise PtxError(f"{opcode}: no access type")
     vec = next((int(q[1:]) for q in parts[1:] if q[0] == "v" and q[1:].isdigit()), 1)
     return flags, "global" if spaces else "", vec * ptx.TYPE_SIZES[types[-1]]
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text, 0)
-    except ValueError:
-        raise PtxError(f"expected an integer, got {text!r}") from None
 
 
 class _Registers:
