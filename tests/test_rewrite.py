@@ -254,6 +254,32 @@ def test_kernels_of_a_module_that_launches_from_the_device_say_their_launch_id_i
     assert [(k.status, k.reason) for k in blind.kernels] == [("instrumented", "")] * 2
 
 
+@pytest.mark.parametrize("body, end", [
+    ("", True),
+    ("st.global.u32 [%rd1], 1;", True),
+    ("@%p1 ret;", True),
+    ("@%p1 bra $L;\nst.global.u32 [%rd1], 1;\nret;\n$L:", True),       # a branch to the end
+    ("$T: .branchtargets $A, $L;\nbrx.idx %r1, $T;\n$A:\nret;\n$L:", True),
+    ("ret;", False),
+    ("exit;", False),
+    ("ret;\n$L__func_end0:", False),   # nvcc -G's end label, which only debug information names
+    ("$L:\nbra.uni $L;", False),
+])
+def test_a_thread_that_reaches_the_closing_brace_runs_the_exit_probes(body, end):
+    """Found by the PTX sweep: ptxas takes a kernel body that ends without ret (hand-written PTX), whose
+    threads leave there, and they left without running the exit probes. An end no thread reaches gets
+    no site."""
+    text = _kernel(REGS + "ld.param.u64 %rd1, [k_0];\nsetp.eq.u64 %p1, %rd1, 0;\n" + body)
+    res = instrument(text, [_probe("exit")])
+    rets = body.count("ret;") + body.count("exit;")
+    assert res.status("k").calls == rets + end
+    if end:
+        stmts = ptx.parse(text).kernels()[0].statements()
+        index = sum(isinstance(st, ptx.Instruction) for st in stmts) + 1   # the brace: one past the last
+        assert res.text.endswith("bar.warp.sync %__egpu_m;\n\t}\n\t}\n") and f"{{ // egpu site {index}\n" in res.text
+        _assembles(res.text)
+
+
 def test_kernel_with_no_site_for_its_probes_is_untouched():
     text = _kernel(REGS + "add.s32 %r1, %r1, 1;\nret;")
     res = instrument(text, [_probe("mem")])

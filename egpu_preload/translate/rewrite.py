@@ -27,13 +27,14 @@ What an instrumented kernel looks like
   not nest; a kernel that already mentions ``__egpu`` is refused, so nothing clashes with its names).
   Each site is one ``{ }`` scope that declares its ``.param`` slots, computes the context its probes
   read and calls each probe. site is the index of the instruction among the kernel's instructions
-  (entry: 0).
-- Sites: entry; before every ``ret``/``exit``; before every ``ld``/``ldu``/``st``/``atom``/``red`` on
-  ``.global`` or generic addresses and every ``cp.async.{ca,cg}`` from global memory. ctx.addr is the
-  generic address (``.global`` addresses go through ``cvta.global``); size is the vector width times
-  the type's size (cp.async: its cp-size); flags: ld/ldu/cp.async load, st store, atom
-  load|store|atomic, red store|atomic. ``egpu/load`` probes see sites with the load flag, ``egpu/store``
-  those with the store flag. Accesses inside non-kernel ``.func``s are not sites (no context there).
+  (entry: 0; the closing brace: one past the last).
+- Sites: entry; before every ``ret``/``exit`` and at the body's closing brace where a thread can reach
+  it (_reaches_end); before every ``ld``/``ldu``/``st``/``atom``/``red`` on ``.global`` or generic
+  addresses and every ``cp.async.{ca,cg}`` from global memory. ctx.addr is the generic address
+  (``.global`` addresses go through ``cvta.global``); size is the vector width times the type's size
+  (cp.async: its cp-size); flags: ld/ldu/cp.async load, st store, atom load|store|atomic, red
+  store|atomic. ``egpu/load`` probes see sites with the load flag, ``egpu/store`` those with the store
+  flag. Accesses inside non-kernel ``.func``s are not sites (no context there).
 - A guarded site (``@%p st...``, ``@%p ret``) is preceded by ``@!%p bra`` around the probe scope, so
   the probe runs exactly when the instruction does.
 - Scopes: thread: every thread that reaches the site. warp: the lowest lane of ``activemask`` at the
@@ -320,7 +321,8 @@ class _Kernel:
         calls = index = 0
         regs = _Registers()
         Instruction, Directive = ptx.Instruction, ptx.Directive
-        for st in fn.statements():
+        stmts = fn.statements()
+        for st in stmts:
             if prologue is None and not (type(st) is Directive and st.depth == 1 and st.name in _DECLS):
                 out += (text[pos:st.start], "")
                 pos, prologue = st.start, len(out) - 1
@@ -342,11 +344,15 @@ class _Kernel:
             if site:
                 out += (text[pos:st.start], site)
                 pos = st.start
-        if not calls and not self.entry:
-            return [], 0
         if prologue is None:   # nothing but declarations: the prologue ends the body
             out += (text[pos:fn.end - 1], "")
             pos, prologue = fn.end - 1, len(out) - 1
+        if self.exit and _reaches_end(stmts):   # a thread leaves at the closing brace as at a ret
+            out += (text[pos:fn.end - 1], self._site(None, index + 1, C.KIND_EXIT, None, self.exit, regs))
+            pos = fn.end - 1
+            calls += len(self.exit)
+        if not calls and not self.entry:
+            return [], 0
         out[prologue] = self._prologue()
         if self.entry:
             out[prologue] += self._site(None, 0, C.KIND_ENTRY, None, self.entry, regs)
@@ -515,6 +521,37 @@ class _Kernel:
         else:
             raise PtxError(f"site {index}: generic access through variable {base}")
         return _address_code(move, base, off, acc.space)
+
+
+_NO_FALL_THROUGH = frozenset({"ret", "exit", "bra", "brx", "trap"})
+
+
+def _reaches_end(stmts: list[ptx.Stmt]) -> bool:
+    """Whether a thread can reach a body's closing brace (ptxas takes a kernel without a final ret): the
+    last instruction goes on to the next one, or a branch targets a label after it (not nvcc -G's
+    ``$L__func_end0``, named only by debug information)."""
+    labels = set()
+    for st in reversed(stmts):
+        if type(st) is ptx.Label:
+            labels.add(st.name)
+        elif type(st) is ptx.Instruction:
+            if st.pred is not None or st.op not in _NO_FALL_THROUGH:
+                return True
+            break
+    else:
+        return True
+    if not labels:
+        return False
+    for st in stmts:
+        if type(st) is ptx.Instruction and st.op in ("bra", "brx"):
+            targets = st.operands
+        elif type(st) is ptx.Directive and st.name == ".branchtargets":   # brx.idx's list of labels
+            targets = st.text.replace(",", " ").split()
+        else:
+            continue
+        if labels.intersection(targets):
+            return True
+    return False
 
 
 # Kernels repeat their address operands (a module's unrolled loops, each kernel's parameters): both
