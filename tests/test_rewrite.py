@@ -186,6 +186,9 @@ def test_untouched_kernels_are_byte_identical(rewritten):
     (REGS + ".reg .b64 %__egpu_x;\nret;", "reserved prefix"),
     (REGS + "ld.global.f32 %f1, [%rd1*2];\nret;", "unsupported address operand"),
     (REGS + "ld.global.f32 %f1, [%r1];\nret;", "not a declared 64-bit register"),
+    # Found by mutating PTX: an empty part raised IndexError out of instrument().
+    (REGS + "ld.global..f32 %f1, [%rd1];\nret;", "ld.global..f32: an empty part"),
+    (REGS + "st.global.f32. [%rd1], %f1;\nret;", "st.global.f32.: an empty part"),
 ])
 def test_a_kernel_that_cannot_be_instrumented_is_left_as_it_was(body, reason):
     good = ".visible .entry other(.param .u64 o_0)\n{\n.reg .f32 %f1;\nret;\n}\n"

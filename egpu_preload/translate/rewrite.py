@@ -698,6 +698,8 @@ def _opcode_access(opcode: str) -> tuple[int, str, int] | None:
     flags = _MEMORY_OPS.get(parts[0])
     if flags is None:
         return None
+    if "" in parts:
+        raise PtxError(f"{opcode}: an empty part in the opcode")
     spaces = {q.split("::")[0] for q in parts[1:]} & set(_SPACES)
     if parts[0] == "cp":
         ok = len(parts) > 2 and parts[1] == "async" and parts[2] in ("ca", "cg") and "global" in spaces
