@@ -37,6 +37,14 @@ CORPUS = {
     ("vector_loads", "add_float4"): ({(0, 0): "r", (1, 0): "r", (2, 0): "w"}, True),
     ("vector_loads", "add_half2"): ({(0, 0): "r", (1, 0): "r", (2, 0): "w"}, True),
     ("wgmma", "wgmma_m64n8k16"): ({(0, 0): "r", (1, 0): "w"}, True),        # da, db are descriptors
+    # printf reads out[0] back; malloc'd scratch, the virtual call and ops[] make it inexact.
+    ("device_runtime", "device_runtime"): ({(0, 0): "r", (1, 0): "rw"}, False),
+    # (g, vg, ro, d, u, f, f4, n): atomics on g, d, u and f; __ldcv reads f back.
+    ("memory_orders", "memory_orders"): ({(0, 0): "rw", (1, 0): "r", (2, 0): "r", (3, 0): "rw", (4, 0): "rw",
+                                          (5, 0): "rw", (6, 0): "r"}, True),
+    ("warp_ops", "warp_ops"): ({(0, 0): "r", (1, 0): "w"}, True),
+    ("tma_cluster", "cluster_peer"): ({(0, 0): "r", (1, 0): "w"}, False),  # the peer block's shared memory
+    ("tma_cluster", "tma_load"): ({(2, 0): "w"}, False),   # in is read by cp.async.bulk, not modelled
     # CuPy passes arrays as CArray structs (data pointer at offset 0, then sizes and strides).
     ("fixture.cupy_0", "cupy_multiply__float32_float_float32"): ({(0, 0): "r", (2, 0): "w"}, True),
     ("fixture.cupy_1", "cupy_arange__float_float_float32"): ({(2, 0): "w"}, True),
@@ -60,7 +68,8 @@ CORPUS = {
     ("relocatable", "strong_kernel"): ({(0, 0): "rw"}, True),
 }
 # Module globals a corpus kernel reads or writes (none for the others).
-GLOBALS = {("relocatable", "_Z9clamp_allIfEvPT_S0_i"): {"weak_hits": "rw"},
+GLOBALS = {("device_runtime", "device_runtime"): {"ops": "r"},
+           ("relocatable", "_Z9clamp_allIfEvPT_S0_i"): {"weak_hits": "rw"},
            ("relocatable", "_Z9clamp_allIiEvPT_S0_i"): {"weak_hits": "rw"},
            ("relocatable", "strong_kernel"): {"weak_hits": "r"}}
 
