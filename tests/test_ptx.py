@@ -134,6 +134,7 @@ def test_top_level_items():
         ("vprintf", "func", False, (".extern",)), ("helper", "func", True, (".weak",)),
         ("k", "entry", True, (".visible",))]
     assert [k.name for k in mod.kernels()] == ["k"]
+    assert mod.declared() == {"vprintf", "table", "smem", "helper", "k"}
 
 
 def test_edits_apply_in_order_and_refuse_overlap():

@@ -201,6 +201,18 @@ def test_a_kernel_that_cannot_be_instrumented_is_left_as_it_was(body, reason):
     assert res.text[k_after.start:k_after.end] == text[k_before.start:k_before.end]
 
 
+def test_a_module_instrumented_before_is_left_as_it_was():
+    """Found by the PTX sweep: instrumenting egpu's own output again (a kernel the first globs left out)
+    pasted the probes' definitions a second time, and ptxas refused the module ('Duplicate definition')."""
+    text = HEAD + "".join(f".visible .entry {k}()\n{{\nret;\n}}\n" for k in ("a", "b"))
+    once = instrument(text, ptx_corpus.stats_probes(glob="a"))
+    assert [k.status for k in once.kernels] == ["instrumented", "untouched"]
+    twice = instrument(once.text, ptx_corpus.stats_probes())
+    assert [k.status for k in twice.kernels] == ["failed"] * 2 and twice.text == once.text
+    assert twice.status("b").reason.startswith("the module already declares __egpu_test_stats_block, ")
+    assert [k.status for k in instrument(once.text, ptx_corpus.stats_probes(glob="none")).kernels] == ["untouched"] * 2
+
+
 @pytest.mark.parametrize("params", [
     ".param .u64 .ptr .g{lobal k_0",
     # Found by the PTX sweep: each raised IndexError or ValueError out of instrument() (ptxas refuses them).

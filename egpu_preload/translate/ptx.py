@@ -51,6 +51,7 @@ _BODY = re.compile(_BLANKS + rf"""
       | \Z)
 """, re.X | re.S)
 
+_DECLARED = re.compile(r"([$%A-Za-z_][\w$]*)\s*(?:\[[^\]]*\]\s*)*[=;]")
 _HEADER = re.compile(r"""
     (?P<pre>(?:\.\w+\s+)*?)\.(?P<kind>entry|func)\b\s*
     (?:\((?P<ret>[^()]*)\)\s*)?
@@ -176,6 +177,19 @@ class Module:
 
     def kernels(self) -> list[Function]:
         return [f for f in self.functions if f.is_kernel]
+
+    def declared(self) -> set[str]:
+        """The names declared at the top level: functions, and variables (the name before an optional
+        array size and the initializer or ';', section 5.4)."""
+        names = {f.name for f in self.functions}
+        spans = {(f.start, f.end) for f in self.functions}
+        for start, end in self.items:
+            if (start, end) not in spans and self.text.startswith((".global", ".const", ".shared", ".local", ".visible",
+                                                                   ".extern", ".weak", ".common"), start):
+                m = _DECLARED.search(self.text, start, end)
+                if m is not None:
+                    names.add(m.group(1))
+        return names
 
     def render(self, edits: list[Edit]) -> str:
         """The module text with non-overlapping edits applied (an empty list gives the text back)."""

@@ -196,6 +196,7 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
     edits: list[ptx.Edit] = []
     statuses, used = [], []
     device_launches = DEVICE_LAUNCH.search(module_ptx) is not None
+    declared = mod.declared()
     for fn in mod.kernels():
         if only is not None and not matches(only, fn.name):
             statuses.append(KernelStatus(fn.name, "untouched", f"not selected by {only}"))
@@ -203,6 +204,11 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
         mine = [p for p in probes if matches(p.attach.glob, fn.name)]
         if not mine:
             statuses.append(KernelStatus(fn.name, "untouched", "no probe matches"))
+            continue
+        clash = sorted(set().union(*(_declares(p) for p in mine)) & declared)
+        if clash:   # pasting the probes' definitions would define these twice (egpu's own output, say)
+            statuses.append(KernelStatus(fn.name, "failed", f"the module already declares {', '.join(clash)}, "
+                                                            f"which the probes define (instrumented before?)"))
             continue
         try:
             kernel_edits, calls = _Kernel(fn, mine).edits()
@@ -226,6 +232,12 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
     text = mod.render(edits)
     t3 = time.perf_counter()
     return RewriteResult(text, statuses, {"parse": t1 - t0, "rewrite": t2 - t1, "render": t3 - t2})
+
+
+@functools.cache
+def _declares(probe: ProbeSpec) -> frozenset[str]:
+    """The module-level names a probe's text declares."""
+    return frozenset(ptx.parse("\n".join([*probe.globals, probe.ptx])).declared())
 
 
 def _launch_param_offset(params: tuple[ptx.Param, ...]) -> int:
