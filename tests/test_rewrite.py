@@ -167,6 +167,18 @@ def test_sites_inside_inline_asm_scopes_use_scoped_registers():
     _assembles(res.text)
 
 
+def test_a_scope_declaring_a_range_hides_only_the_registers_in_it():
+    """Found by the PTX sweep: ``.reg .b32 %rd<2>`` in a scope declares %rd0 and %rd1 only, so the outer
+    64-bit %rd3 is still the address there; the kernel failed ('not a declared 64-bit register')."""
+    body = REGS + "ld.param.u64 %rd3, [k_0];\n{\n.reg .b32 %rd<2>;\nmov.b32 %rd1, 0;\nld.global.f32 %f1, [%rd3];\n" \
+                  "ld.global.f32 %f2, [%rd1];\n}\nret;"
+    res = instrument(_kernel(body), [_probe("mem")])
+    assert res.status("k").reason == "site 4: address register %rd1 is not a declared 64-bit register"
+    res = instrument(_kernel(body.replace("ld.global.f32 %f2, [%rd1];\n", "")), [_probe("mem")])
+    assert res.status("k").status == "instrumented" and "mov.b64 %__egpu_a, %rd3;" in res.text
+    _assembles(res.text)
+
+
 def test_untouched_kernels_are_byte_identical(rewritten):
     text = ptx_corpus.build()["coop_groups.sm_90"]
     res = instrument(text, ptx_corpus.stats_probes(glob="cg_tile_sum"))

@@ -729,7 +729,7 @@ class _Registers:
     """Widths of the registers declared so far, by scope (``.reg .b64 %rd<11>;``, ``.reg .u32 a, b;``)."""
 
     def __init__(self) -> None:
-        self.scopes: list[dict[str, int]] = [{}]
+        self.scopes: list[dict[str, tuple[int, int]]] = [{}]   # name or "stem<>" -> (width, count of a range)
         self._known: dict[str, int | None] = {}   # width's answers since the declarations last changed
 
     def see(self, st: ptx.Stmt) -> None:
@@ -748,8 +748,9 @@ class _Registers:
             width = 8 * ptx.TYPE_SIZES[types[0]]
             for w in words[1:]:
                 if not w.startswith("."):
-                    name = w.split("<")[0]   # %rd<11> declares %rd0..%rd10 (PTX ISA 5.1.4)
-                    self.scopes[-1][name + ("<>" if "<" in w else "")] = width
+                    name, _, count = w.partition("<")   # %rd<11> declares %rd0..%rd10 (PTX ISA 5.1.4)
+                    count = count.rstrip(">")
+                    self.scopes[-1][name + ("<>" if _ else "")] = (width, int(count) if count.isdigit() else 0)
 
     def width(self, reg: str) -> int | None:
         known = self._known.get(reg, False)
@@ -762,7 +763,8 @@ class _Registers:
         stem = reg.rstrip("0123456789")
         for scope in reversed(self.scopes):
             if reg in scope:
-                return scope[reg]
-            if stem != reg and stem + "<>" in scope:
-                return scope[stem + "<>"]
+                return scope[reg][0]
+            declared = scope.get(stem + "<>") if stem != reg else None
+            if declared is not None and int(reg[len(stem):]) < declared[1]:   # a range hides only its own
+                return declared[0]
         return None
