@@ -234,7 +234,7 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
     return RewriteResult(text, statuses, {"parse": t1 - t0, "rewrite": t2 - t1, "render": t3 - t2})
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)   # bounded: a long session swaps probes in and out
 def _declares(probe: ProbeSpec) -> frozenset[str]:
     """The module-level names a probe's text declares."""
     return frozenset(ptx.parse("\n".join([*probe.globals, probe.ptx])).declared())
