@@ -326,6 +326,8 @@ REJECT: tuple[Case, ...] = (
     Case("pointer_neg", "r1 = -r1\nr0 = 0\nexit", "neg of a pointer prohibited", 0),
     # helpers
     Case("unknown_helper", "call 999\nr0 = 0\nexit", "invalid func unknown#999", 0),
+    Case("bpftime_puts", "call 501\nr0 = 0\nexit", "unknown func ebpf_puts#501 (bpftime's GPU helper egpu does "
+         "not provide: print with bpf_printk, whose format may be the string)", 0),
     Case("kfunc", "call kfunc 7\nr0 = 0\nexit", "kfunc calls are not supported", 0),
     Case("helper_map_arg_not_a_map", "r1 = 0\nr2 = r10\nr2 += -8\ncall map_lookup_elem\nr0 = 0\nexit",
          "r1 is scalar, map_lookup_elem needs a map", 3),

@@ -46,6 +46,8 @@ _VARIADIC = frozenset({"trace_printk"})
 # Linux helpers a probe calls without naming them: what the user wrote instead.
 _NOT_WRITTEN = {"bpf_trace_vprintk": "libbpf's bpf_printk calls it for more than three arguments: egpu's takes at "
                                      "most three"}
+# bpftime's GPU helpers (its example/gpu/README.md) egpu leaves out: id -> (bpftime's name, what to write instead).
+_BPFTIME_NOT_PROVIDED = {501: ("ebpf_puts", "print with bpf_printk, whose format may be the string")}
 # A conversion of a printk format: %s is the one Linux formats that the host cannot (it gets numbers only).
 _PRINTK_STRING = re.compile(rb"%[-0+ #]*\d*(?:hh|h|ll|l|z)?s")
 
@@ -589,10 +591,13 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
         return _local_call(env, st, insn)
     h = HELPERS.get(insn.imm)
     if h is None:
-        # The kernel's spellings: "unknown func bpf_x#N" for a helper it has, else "invalid func unknown#N".
+        # The kernel's spellings: "unknown func NAME#N" for a helper with a name, else "invalid func unknown#N".
         if is_linux_helper(insn.imm):
             why = _NOT_WRITTEN.get(helper_name(insn.imm), "a Linux helper egpu does not provide")
             raise Reject(f"unknown func {helper_name(insn.imm)}#{insn.imm} ({why})")
+        if insn.imm in _BPFTIME_NOT_PROVIDED:
+            name, instead = _BPFTIME_NOT_PROVIDED[insn.imm]
+            raise Reject(f"unknown func {name}#{insn.imm} (bpftime's GPU helper egpu does not provide: {instead})")
         raise Reject(f"invalid func unknown#{insn.imm} (helper id)")
     f = st.top
     m: int | None = None
