@@ -210,6 +210,9 @@ def compile_cmd(source: Path = typer.Argument(..., metavar="X.bpf.c"),
                                                       help="default: X.bpf.c -> X.bpf.o"),
                 mcpu: Literal["v3", "v4"] = typer.Option("v3", "--mcpu", metavar="v3|v4",
                                                          help="eBPF ISA version for clang"),
+                include: list[Path] = typer.Option([], "-I", "--include", metavar="DIR",
+                                                   help="add DIR to the include path (a vmlinux.h's, say); "
+                                                        "repeatable"),
                 cflags: bool = typer.Option(False, "--cflags", is_eager=True, callback=_show_cflags,
                                             help="print the clang flags a probe needs here, for a build of "
                                                  "your own (clang $(egpu compile --cflags) -c X.bpf.c), and exit")
@@ -219,7 +222,7 @@ def compile_cmd(source: Path = typer.Argument(..., metavar="X.bpf.c"),
     and removed."""
     from egpu_preload.bpf.compile import compile_probe
     from egpu_preload.bpf.elf import load_object
-    out = compile_probe(source, output, mcpu=mcpu, warn=lambda text: typer.echo(text, err=True))
+    out = compile_probe(source, output, mcpu=mcpu, warn=lambda text: typer.echo(text, err=True), include=include)
     try:
         if not load_object(out).programs:   # egpu-run would refuse it: say so now
             raise EgpuError(NO_PROGRAMS, file=str(source))

@@ -153,6 +153,20 @@ def test_compile_shows_clangs_warnings_on_success(tmp_path):
     assert f"{src}:2:2: warning: \"look here\"" in r.stderr
 
 
+def test_compile_searches_the_include_directories_given(tmp_path):
+    """A bpftime or libbpf-tools probe includes a vmlinux.h of its own: -I says where, as with clang."""
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "knobs.h").write_text("#define SITE_KIND EGPU_KIND_ENTRY\n")
+    src = tmp_path / "i.bpf.c"
+    src.write_text(HEAD + '#include "knobs.h"\n'
+                   'SEC("kprobe/*") int p(struct egpu_ctx *c) { return c->kind == SITE_KIND; }\n' + LICENSE)
+    assert "knobs.h' file not found" in run(egpu, ["compile", src]).stderr
+    r = run(egpu, ["compile", "-I", tmp_path / "inc", src])
+    assert r.exit_code == 0 and r.stdout == f"{tmp_path / 'i.bpf.o'}\n", r.stderr
+    r = run(egpu, ["compile", "-I", tmp_path / "nope", src])
+    assert r.exit_code == 1 and r.stderr == f"egpu: {src}: -I {tmp_path / 'nope'}: not a directory\n"
+
+
 @pytest.mark.parametrize("output", ["SRC", "LINK", "-"])
 def test_compile_never_writes_over_its_source_nor_into_stdout(tmp_path, output):
     """-o naming the source (or a link to it) overwrote the probe's C with the object; -o - was a

@@ -6,7 +6,7 @@ import platform
 import shutil
 import subprocess
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..errors import CompileError, EgpuError
@@ -41,15 +41,17 @@ def clang_flags(mcpu: str = "v3") -> list[str]:
     return flags
 
 
-def clang_args(src: Path, out: Path, mcpu: str = "v3") -> list[str]:
-    """Everything after the clang executable."""
-    return clang_flags(mcpu) + ["-c", str(src), "-o", str(out)]
+def clang_args(src: Path, out: Path, mcpu: str = "v3", include: Sequence[Path] = ()) -> list[str]:
+    """Everything after the clang executable; ``include``: the user's directories, searched after egpu's
+    own header (a bpftime or libbpf-tools probe's vmlinux.h, say)."""
+    return clang_flags(mcpu) + [a for d in include for a in ("-I", str(d))] + ["-c", str(src), "-o", str(out)]
 
 
 def compile_probe(src: Path, out: Path | None = None, *, mcpu: str = "v3", clang: str | None = None,
-                  warn: Callable[[str], None] | None = None) -> Path:
+                  warn: Callable[[str], None] | None = None, include: Sequence[Path] = ()) -> Path:
     """Compile ``X.bpf.c`` to ``X.bpf.o`` (or ``out``); returns the object's path. ``warn`` gets clang's
-    diagnostics of a successful compile (its warnings), as clang printed them.
+    diagnostics of a successful compile (its warnings), as clang printed them; ``include``: directories
+    added to the include path.
 
     Raises CompileError naming the source, with clang's diagnostics in ``detail``; EgpuError for a
     source that is not a C file or an output that cannot be written.
@@ -66,7 +68,10 @@ def compile_probe(src: Path, out: Path | None = None, *, mcpu: str = "v3", clang
         raise EgpuError("the output is the source itself: clang would overwrite it with the object "
                         "(-o X.bpf.o)", file=str(src))
     check_output_file(out)
-    cmd = [clang or find_clang(), *clang_args(src, out, mcpu)]
+    missing = [d for d in include if not Path(d).is_dir()]
+    if missing:   # clang would only say that a header it looked for there is missing
+        raise EgpuError(f"-I {missing[0]}: not a directory", file=str(src))
+    cmd = [clang or find_clang(), *clang_args(src, out, mcpu, include)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True)
     except OSError as e:
