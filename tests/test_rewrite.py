@@ -213,6 +213,23 @@ def test_a_kernel_that_cannot_be_instrumented_is_left_as_it_was(body, reason):
     assert res.text[k_after.start:k_after.end] == text[k_before.start:k_before.end]
 
 
+def test_accesses_memory_probes_cannot_see_are_counted_in_the_status():
+    """Found by the PTX sweep: wmma's fragment loads and stores and bulk copies on global memory are no
+    sites, so a memory counter undercounts such kernels; their status says by how much, and a kernel
+    with only entry probes says nothing of them."""
+    wmma = ("wmma.load.a.sync.aligned.row.m16n16k16.global.f16 {%r0, %r1, %r2, %r3, %r0, %r1, %r2, %r3}, [%rd1];\n"
+            "wmma.load.a.sync.aligned.row.m16n16k16.shared.f16 {%r0, %r1, %r2, %r3, %r0, %r1, %r2, %r3}, [%rd2];\n")
+    bulk = ("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%rd2], [%rd1], %r1, [%rd3];\n"
+            "cp.async.bulk.prefetch.L2.global [%rd1], %r1;\n")
+    text = _kernel(REGS + wmma * 2 + bulk + "ld.global.f32 %f1, [%rd1];\nret;")
+    res = instrument(text, [_probe("mem")])
+    assert res.status("k").status == "instrumented" and res.status("k").calls == 1
+    assert res.status("k").reason == ("3 global memory accesses that memory probes do not see "
+                                      "(cp.async.bulk x1, wmma.load x2)")
+    _assembles(res.text)
+    assert instrument(text, [_probe("entry")]).status("k").reason == ""
+
+
 def test_a_module_instrumented_before_is_left_as_it_was():
     """Found by the PTX sweep: instrumenting egpu's own output again (a kernel the first globs left out)
     pasted the probes' definitions a second time, and ptxas refused the module ('Duplicate definition')."""

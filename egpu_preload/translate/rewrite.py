@@ -34,7 +34,9 @@ What an instrumented kernel looks like
   (``.global`` addresses go through ``cvta.global``); size is the vector width times the type's size
   (cp.async: its cp-size); flags: ld/ldu/cp.async load, st store, atom load|store|atomic, red
   store|atomic. ``egpu/load`` probes see sites with the load flag, ``egpu/store`` those with the store
-  flag. Accesses inside non-kernel ``.func``s are not sites (no context there).
+  flag. Accesses inside non-kernel ``.func``s are not sites (no context there), nor are ``wmma.load``/
+  ``wmma.store`` and bulk copies on global memory (a fragment's addresses, a size in a register): the
+  kernel's status counts those.
 - A guarded site (``@%p st...``, ``@%p ret``) is preceded by ``@!%p bra`` around the probe scope, so
   the probe runs exactly when the instruction does.
 - Scopes: thread: every thread that reaches the site. warp: the lowest lane of ``activemask`` at the
@@ -70,6 +72,7 @@ Kernels reported ``untouched`` or ``failed`` are launched unchanged, with the or
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import re
@@ -211,7 +214,8 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
                                                             f"which the probes define (instrumented before?)"))
             continue
         try:
-            kernel_edits, calls = _Kernel(fn, mine).edits()
+            kernel = _Kernel(fn, mine)
+            kernel_edits, calls = kernel.edits()
             if calls:
                 _check_param_space(fn.params, mod.version)
         except PtxError as e:
@@ -223,7 +227,8 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
         edits += kernel_edits
         used += [p for p in mine if p not in used]
         unset = device_launches and any("launch_id" in p.ctx_fields for p in mine)
-        statuses.append(KernelStatus(fn.name, "instrumented", UNSET_LAUNCH_ID if unset else "", calls=calls,
+        notes = [UNSET_LAUNCH_ID] * unset + [_unseen_note(kernel.unseen)] * bool(kernel.unseen)
+        statuses.append(KernelStatus(fn.name, "instrumented", "; ".join(notes), calls=calls,
                                      launch_param_offset=_launch_param_offset(fn.params),
                                      nparams=len(fn.params)))
     if used:
@@ -320,6 +325,7 @@ class _Kernel:
         self.words = sorted({w for p in probes for w in p.ctx_words or ()})
         self.kernel_words = {w: v for w in self.words if (v := self._kernel_word(w)) is not None}
         self.labels = 0
+        self.unseen: collections.Counter[str] = collections.Counter()   # _unseen_access's, with memory probes
 
     def edits(self) -> tuple[list[ptx.Edit], int]:
         """The kernel's edits (its body with the sites spliced in, as one edit: a site each would make a
@@ -356,6 +362,8 @@ class _Kernel:
             if site:
                 out += (text[pos:st.start], site)
                 pos = st.start
+            elif self.mem and op in _UNSEEN_OPS and (unseen := _unseen_access(st.opcode)):
+                self.unseen[unseen] += 1
         if prologue is None:   # nothing but declarations: the prologue ends the body
             out += (text[pos:fn.end - 1], "")
             pos, prologue = fn.end - 1, len(out) - 1
@@ -723,6 +731,29 @@ def _opcode_access(opcode: str) -> tuple[int, str, int] | None:
         raise PtxError(f"{opcode}: no access type")
     vec = next((int(q[1:]) for q in parts[1:] if q[0] == "v" and q[1:].isdigit()), 1)
     return flags, "global" if spaces else "", vec * ptx.TYPE_SIZES[types[-1]]
+
+
+_UNSEEN_OPS = frozenset({"wmma", "cp"})
+
+
+@functools.lru_cache(maxsize=1024)
+def _unseen_access(opcode: str) -> str | None:
+    """The name of a global or generic memory access that is no site (its addresses are a matrix fragment's,
+    or a bulk copy's size is a register), for the kernel's status to say so; None for any other opcode."""
+    parts = opcode.split(".")
+    if parts[0] == "wmma" and len(parts) > 1 and parts[1] in ("load", "store") and "shared" not in parts:
+        return f"wmma.{parts[1]}"
+    spaces = {q.split("::")[0] for q in parts}
+    if parts[0] == "cp" and "bulk" in parts and "global" in spaces and "prefetch" not in parts:
+        end = parts.index("bulk") + 1
+        return ".".join(parts[:end + (parts[end:end + 1] == ["tensor"])])
+    return None
+
+
+def _unseen_note(unseen: collections.Counter[str]) -> str:
+    n = sum(unseen.values())
+    what = ", ".join(f"{name} x{count}" for name, count in sorted(unseen.items()))
+    return f"{n} global memory access{'es' if n > 1 else ''} that memory probes do not see ({what})"
 
 
 class _Registers:
