@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
+import decimal
 import json
 import struct
 import subprocess
@@ -687,10 +689,15 @@ def test_a_file_that_is_no_trace_says_so_by_name(content, tmp_path):
             assert "neither an Arrow IPC file nor a Parquet file" in str(e.value)
 
 
+FOREIGN = {"timestamp": pa.array([datetime.datetime(2025, 1, 1)] * 2), "duration": pa.array([1, 2], pa.duration("ns")),
+           "decimal": pa.array([decimal.Decimal("1.5")] * 2), "struct": pa.array([{"b": b"\1"}, {"b": b"\2"}])}
+
+
 def _damaged(kind: str) -> tuple[Any, dict]:
     """(a table, its schema metadata) as a damaged trace file holds them: bytes that are no UTF-8 in a map
     name, a map or seq missing, a column twice, nulls in a column declared without them, metadata that
-    is not JSON or not egpu's."""
+    is not JSON (nested past Python's recursion limit too) or not egpu's, a column of a type egpu-run
+    never writes."""
     names = pa.array(["events", "raw"])
     maps = pa.DictionaryArray.from_arrays(pa.array([0, 1], pa.int32()), names)
     seq, addr = pa.array([0, 1], pa.uint64()), pa.array([5, None], pa.uint64())
@@ -711,11 +718,18 @@ def _damaged(kind: str) -> tuple[Any, dict]:
         meta[tracefile.RECORD_TYPES] = '{"events": '
     elif kind == "not egpu's":
         meta[tracefile.RECORD_TYPES] = '["events"]'
+    elif kind == "deep json":
+        meta[tracefile.RECORD_TYPES] = "[" * 100_000 + "]" * 100_000
+    elif kind in FOREIGN:   # a column egpu-run never writes, which --json (or any output) could not print
+        cols[2], fields[2] = FOREIGN[kind], pa.field("addr", FOREIGN[kind].type)
     return pa.Table.from_arrays(cols, schema=pa.schema(fields)), meta
 
 
-@pytest.mark.parametrize("kind, suffix", [(k, s) for k in ("utf8", "null map", "twice", "not null", "json", "not egpu's")
-                                          for s in (".arrow", ".parquet") if (k, s) != ("not null", ".parquet")])
+DAMAGES = ("utf8", "null map", "twice", "not null", "json", "not egpu's", "deep json", *FOREIGN)
+
+
+@pytest.mark.parametrize("kind, suffix", [(k, s) for k in DAMAGES for s in (".arrow", ".parquet")
+                                          if (k, s) != ("not null", ".parquet")])
 def test_a_damaged_trace_file_says_so_by_name(kind, suffix, tmp_path):
     """A file of the right format whose contents no egpu-run wrote (found by mutating trace files: each
     printed a traceback once, some only halfway through the records): egpu trace names the file and the

@@ -442,6 +442,9 @@ def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) 
         for f, column in zip(table.schema, table.columns):
             if not f.nullable and column.null_count:
                 raise ValueError(f"column {f.name}: nulls in a column declared without them")
+            if not _printable(pa, f.type):   # --json and the filters would meet it halfway through
+                raise ValueError(f"column {f.name} is {f.type}, which egpu-run never writes (integers, floats, "
+                                 "text, bytes)")
         types = _labels((table.schema.metadata or {}).get(RECORD_TYPES.encode(), b"{}"), str)
         dropped = _labels(meta.get(DROPPED.encode(), b"{}"), int)
     except (OSError, ValueError, pa.ArrowException) as e:   # pyarrow's, and a damaged file's metadata
@@ -467,9 +470,21 @@ def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) 
     return Trace(table, types, dropped, complete)
 
 
+def _printable(pa: Any, t: Any) -> bool:
+    """A column type of egpu-run's (integers, floats, text, bytes, map names in a dictionary), or one another
+    writer may turn it into; what every output prints and a filter compares."""
+    t = t.value_type if pa.types.is_dictionary(t) else t
+    return any(is_(t) for is_ in (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_null,
+                                  pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                  pa.types.is_large_binary, pa.types.is_fixed_size_binary))
+
+
 def _labels(text: bytes, kind: type) -> dict[str, Any]:
     """A metadata entry the writer made: a JSON object of map names to ``kind``; ValueError if not."""
-    d = json.loads(text)
+    try:
+        d = json.loads(text)
+    except RecursionError:   # nested past Python's limit: no writer of egpu's made it
+        raise ValueError(f"its metadata is not egpu's: {text[:80]!r}") from None
     if not isinstance(d, dict) or not all(isinstance(k, str) and type(v) is kind for k, v in d.items()):
         raise ValueError(f"its metadata is not egpu's: {text[:80]!r}")
     return d
