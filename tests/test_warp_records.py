@@ -376,6 +376,27 @@ def test_a_record_that_is_no_warp_record_is_named_with_the_file(tmp_path: Path, 
     assert str(path) in str(e.value) and reason in str(e.value)
 
 
+@pytest.mark.parametrize("columns, reason", [
+    ({"cpu": [0]}, "no data column"), ({"data": [1], "cpu": [0]}, "data is int64, not the records' bytes"),
+    ({"data": [wr.encode(wr.warp_record(wr.Instruction(1, 2, 3, 4, 4, 1, 0, (0, 0, 0), (32, 1), 0), {0: 64}))]},
+     "no cpu column")])
+def test_warp_records_without_their_columns_are_named_with_the_file(tmp_path: Path, columns: dict,
+                                                                    reason: str) -> None:
+    """A file whose metadata names a map's records struct egpu_warp_mem, without the columns a warp record is
+    read from (found by writing such files with pyarrow: KeyError and ArrowNotImplementedError tracebacks)."""
+    pa = pytest.importorskip("pyarrow")
+    import json
+    import pyarrow.parquet as pq
+    from egpu_preload.errors import EgpuError
+    from egpu_preload.output import tracefile
+    path = tmp_path / "w.parquet"
+    pq.write_table(pa.table({"map": ["warp_events"], "seq": [0], **columns}).replace_schema_metadata(
+        {tracefile.RECORD_TYPES: json.dumps({"warp_events": wr.RECORD_TYPE})}), path)
+    with pytest.raises(EgpuError) as e:
+        tracefile.read(path)
+    assert str(e.value) == f"{path}: map warp_events: not {wr.RECORD_TYPE} records: {reason}"
+
+
 BOTH = """#include "egpu.bpf.h"
 struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 1 << 16); } warps SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 1 << 16); } mixed SEC(".maps");

@@ -278,11 +278,18 @@ def lane_count(table: Any) -> int:
 
 def _records(table: Any) -> tuple[Any, Any, Any]:
     """(``data`` as large_binary, its bytes, where each record starts and the last ends) of a table of warp
-    records; WarpRecordError for the first one too short to have a header."""
+    records; WarpRecordError for a table without their bytes and SMs, or the first record too short to have a
+    header."""
     import numpy as np
     import pyarrow as pa
 
-    data = table.column("data").cast(pa.large_binary()).combine_chunks()   # over 2 GiB: 32-bit offsets overflow
+    for name in ("data", "cpu"):   # a file another writer made may lack them
+        if name not in table.column_names:
+            raise WarpRecordError(f"no {name} column")
+    data = table.column("data")
+    if not (pa.types.is_binary(data.type) or pa.types.is_large_binary(data.type)):
+        raise WarpRecordError(f"data is {data.type}, not the records' bytes")
+    data = data.cast(pa.large_binary()).combine_chunks()   # over 2 GiB: 32-bit offsets overflow
     offsets = np.frombuffer(data.buffers()[1], np.int64)[data.offset:data.offset + len(data) + 1]
     buf = np.frombuffer(data.buffers()[2] or b"", np.uint8)
     short = np.flatnonzero((np.diff(offsets) < HEADER.size) | np.asarray(data.is_null(), bool))
