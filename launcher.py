@@ -315,13 +315,13 @@ def trace_cmd(ctx: typer.Context,
         raise UsageError(f"{' and '.join(outputs)} exclude each other: one output at a time", ctx=ctx)
     _no_overwrite({"--perfetto": perfetto, "--parquet": parquet}, {path: "the trace file it reads"})
     trace = tracefile.read(path, {} if parquet is not None else tracefile.EXPANDERS)   # converted as recorded
+    table = tracefile.where(trace.rows, conditions, str(path))   # a refusal before any note: its one line
     if not trace.complete:
         typer.echo(f"egpu: {path} was never closed (its job died?): {trace.rows.num_rows} records read, "
                    "the probes' dropped counts unknown", err=True)
     elif not trace.rows.num_rows:   # printing nothing looked like a filter that matched nothing
         maps = ", ".join(f"@{m}" for m in sorted({*trace.dropped, *trace.record_types}))
         typer.echo(f"egpu: {path} holds no records" + (f" (a trace of {maps})" if maps else ""), err=True)
-    table = tracefile.where(trace.rows, conditions, str(path))
     if parquet is not None:
         table = table if limit is None else table.slice(0, limit)
         try:

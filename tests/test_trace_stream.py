@@ -672,6 +672,9 @@ def test_a_trace_of_no_records_says_so(access_trace, tmp_path, suffix):
     res = CliRunner().invoke(egpu, ["trace", str(path)])
     assert (res.exit_code, res.stdout) == (0, "")
     assert res.stderr == f"egpu: {path} holds no records (a trace of @events, @raw)\n"
+    res = CliRunner().invoke(egpu, ["trace", str(path), "--where", "nosuch=1"])   # a refusal is its one line
+    assert res.exit_code == 1 and res.stderr.startswith(f"egpu: {path}: --where nosuch=1: ")
+    assert len(res.stderr.splitlines()) == 1, res.stderr
 
 
 @pytest.mark.parametrize("content", [b"", b"\x00" * 100, b"PAR1 not really", b"ARROW1 cut"])
