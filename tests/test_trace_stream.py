@@ -677,6 +677,18 @@ def test_a_trace_of_no_records_says_so(access_trace, tmp_path, suffix):
     assert len(res.stderr.splitlines()) == 1, res.stderr
 
 
+@pytest.mark.parametrize("text, raw", [(pa.string(), pa.binary()), (pa.large_string(), pa.large_binary())])
+def test_where_compares_text_and_bytes_of_either_offset_width(tmp_path, text, raw):
+    """A trace another tool rewrote with 64-bit offsets (large_string, large_binary) was filtered as if its
+    map names and bytes were numbers: "'b' is not a value of map (large_string)"."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"map": pa.array(["a", "b"], text), "seq": pa.array([0, 0], pa.uint64()),
+                             "data": pa.array([b"\1", b"\2"], raw)}), path)
+    for where in ("map=b", "data=02"):
+        res = CliRunner().invoke(egpu, ["trace", str(path), "--where", where])
+        assert (res.exit_code, res.stdout) == (0, "b #0 data=02\n"), res.output
+
+
 @pytest.mark.parametrize("content", [b"", b"\x00" * 100, b"PAR1 not really", b"ARROW1 cut"])
 def test_a_file_that_is_no_trace_says_so_by_name(content, tmp_path):
     """Empty, random or cut bytes under either suffix: one line naming the file and what a trace file is,

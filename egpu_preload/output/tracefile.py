@@ -562,11 +562,11 @@ def where(table: Any, conditions: Sequence[str], source: str) -> Any:
 
 
 def _value(text: str, arrow_type: Any, pa: Any) -> Any:
-    if pa.types.is_string(arrow_type):
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
         return text
     if pa.types.is_floating(arrow_type):
         return float(text)
-    if pa.types.is_binary(arrow_type):
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
         return bytes.fromhex(text)
     return int(text, 0)
 
