@@ -194,6 +194,8 @@ def inspect(binary: Path = typer.Argument(..., metavar="BINARY", help="an execut
                     typer.echo(f"wrote {path}")
         except OSError as e:
             raise EgpuError(f"cannot write ({e.strerror})", file=e.filename or str(extract_ptx)) from None
+        except EgpuError as e:   # an entry whose PTX does not decode: only here is it read
+            raise e.where(file=str(binary))
 
 
 def _show_cflags(value: bool) -> None:

@@ -264,6 +264,22 @@ def test_inspect_command_says_what_a_file_without_a_fatbin_is(built, tmp_path):
         assert result.exit_code == 1 and reason in result.output and "no CUDA device code" not in result.output
 
 
+def test_inspect_names_the_file_of_a_ptx_entry_that_does_not_decode(built, tmp_path):
+    """Found by mutating fatbins: --extract-ptx of a PTX entry whose size or bytes are wrong said
+    "egpu: entry at 16: ..." without the file."""
+    from typer.testing import CliRunner
+    import launcher
+    data = bytearray(built["default"].read_bytes())
+    ptx = next(e for fb in F.find_fatbins(bytes(data)) for e in fb.entries if e.compression == "zstd")
+    struct.pack_into("<Q", data, ptx.offset + 56, ptx.uncompressed_size + 1)   # the header's uncompressed_size
+    bad = tmp_path / "bad.fatbin"
+    bad.write_bytes(data)
+    result = CliRunner().invoke(launcher.egpu, ["inspect", str(bad), "--extract-ptx", str(tmp_path / "out")])
+    assert result.exit_code == 1 and result.stderr == (f"egpu: {bad}: entry at {ptx.offset}: decoded "
+                                                       f"{ptx.uncompressed_size} bytes, header says "
+                                                       f"{ptx.uncompressed_size + 1}\n")
+
+
 def _elf_with_names_at(offset: int) -> bytes:
     """An ELF64 header and two section headers, the second the section-name table at ``offset``."""
     ident = b"\x7fELF\x02\x01\x01" + bytes(9)
