@@ -127,7 +127,15 @@ def _read_input(path: Path) -> bytes:
 
 def _read_ptx(path: Path) -> str:
     """A PTX module's text; EgpuError naming the file when it is not PTX (binary, empty, C++ source)."""
+    from egpu_preload import fatbin
     data = _read_input(path)
+    kind = fatbin.image_kind(data[:4])
+    if kind in (fatbin.ImageKind.FATBIN, fatbin.ImageKind.WRAPPER):
+        raise EgpuError("not PTX: a fatbin (egpu inspect --extract-ptx DIR writes its PTX entries)", file=str(path))
+    if kind == fatbin.ImageKind.ELF:
+        raise EgpuError("not PTX: a cubin, SASS for one GPU (it has no PTX to rewrite)" if fatbin.is_cubin(data)
+                        else "not PTX: an ELF file (egpu inspect lists the device code it embeds; --extract-ptx DIR "
+                             "writes its PTX)", file=str(path))
     try:
         text = data.decode()
     except UnicodeDecodeError as e:

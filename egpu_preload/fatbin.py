@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import struct
 from dataclasses import dataclass
 
@@ -253,6 +254,11 @@ def image_kind(head: bytes) -> ImageKind:
     return ImageKind.UNKNOWN
 
 
+def is_cubin(data: bytes) -> bool:
+    """An ELF file of device code (e_machine EM_CUDA), not a host binary that embeds it."""
+    return data[:4] == ELF_MAGIC and data[18:20] == EM_CUDA
+
+
 def _scan(data: bytes, start: int, end: int, section: str) -> list[Fatbin]:
     """Every fatbin in data[start:end]; fatbins are 8-byte aligned and separated by padding."""
     found = []
@@ -296,10 +302,12 @@ def find_in_file(data: bytes) -> list[tuple[str, list[Fatbin]]]:
         return [(name, fatbins) for name, fatbins in found if fatbins]
     if image_kind(data[:4]) == ImageKind.FATBIN:
         parse_fatbin(data)   # a bare fatbin that does not read says why, not that there is none
-    elif data[:4] == ELF_MAGIC and data[18:20] == EM_CUDA:
+    elif is_cubin(data):
         raise FatbinError("a cubin (device code itself, not a host binary that embeds it): it holds no fatbin")
     if data[:4] == ELF_MAGIC or image_kind(data[:4]) == ImageKind.FATBIN:
         return [("", find_fatbins(data))]
+    if re.search(rb"^\s*\.version\s", data, re.M):   # the directive egpu rewrite looks for
+        raise FatbinError("PTX text, not a binary: it holds no fatbin (egpu rewrite instruments its kernels)")
     what = "an empty file" if not data else "a thin archive (its members live elsewhere)" \
         if data.startswith(b"!<thin>\n") else f"{len(data)} bytes of something else"
     raise FatbinError(f"not an ELF file, static archive or fatbin: {what}")

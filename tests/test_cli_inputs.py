@@ -78,7 +78,7 @@ def files(tmp_path, probe_obj):
 
 @pytest.mark.parametrize("args, message", [
     (lambda f: ["rewrite", f["rand"], "-p", f["count"]], "rand.bin: not PTX: binary data"),
-    (lambda f: ["rewrite", "/bin/true", "-p", f["count"]], "/bin/true: not PTX: binary data"),
+    (lambda f: ["rewrite", "/bin/true", "-p", f["count"]], "/bin/true: not PTX: an ELF file"),
     (lambda f: ["rewrite", f["empty"], "-p", f["count"]], "empty.ptx: not PTX: no .version directive (the file is empty)"),
     (lambda f: ["rewrite", f["cu"], "-p", f["count"]], "k.cu: not PTX: no .version directive"),
     # Found by the PTX sweep: after a byte-order mark the first kernel went unseen ("no kernels").

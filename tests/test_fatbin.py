@@ -264,6 +264,29 @@ def test_inspect_command_says_what_a_file_without_a_fatbin_is(built, tmp_path):
         assert result.exit_code == 1 and reason in result.output and "no CUDA device code" not in result.output
 
 
+def test_inspect_and_rewrite_say_what_device_code_they_were_given(built, tmp_path, probe_obj):
+    """Each command handed the other's input: inspect called PTX "1196 bytes of something else", rewrite
+    called a fatbin, a cubin and an object "binary data (byte 1 is not UTF-8 text)". Each says what the file
+    is and what reads it."""
+    from typer.testing import CliRunner
+    import launcher
+    data = built["default"].read_bytes()
+    entries = [e for fb in F.find_fatbins(data) for e in fb.entries]
+    (tmp_path / "k.ptx").write_text(next(e for e in entries if e.kind == F.Kind.PTX).ptx())
+    (tmp_path / "k.cubin").write_bytes(next(e for e in entries if e.kind == F.Kind.ELF).data())
+    for args, reason in [
+            (["inspect", tmp_path / "k.ptx"], "PTX text, not a binary: it holds no fatbin (egpu rewrite instruments "
+                                              "its kernels)"),
+            (["rewrite", built["default"], "-p", probe_obj("count")],
+             "not PTX: a fatbin (egpu inspect --extract-ptx DIR writes its PTX entries)"),
+            (["rewrite", built["rdc"], "-p", probe_obj("count")],
+             "not PTX: an ELF file (egpu inspect lists the device code it embeds; --extract-ptx DIR writes its PTX)"),
+            (["rewrite", tmp_path / "k.cubin", "-p", probe_obj("count")],
+             "not PTX: a cubin, SASS for one GPU (it has no PTX to rewrite)")]:
+        result = CliRunner().invoke(launcher.egpu, [str(a) for a in args])
+        assert (result.exit_code, result.stderr) == (1, f"egpu: {args[1]}: {reason}\n")
+
+
 def test_inspect_names_the_file_of_a_ptx_entry_that_does_not_decode(built, tmp_path):
     """Found by mutating fatbins: --extract-ptx of a PTX entry whose size or bytes are wrong said
     "egpu: entry at 16: ..." without the file."""
