@@ -469,6 +469,30 @@ def test_line_info_of_a_verifier_refusal(tmp_path):
     assert LineTable.from_object(b"\x7fELF junk").records == {}
 
 
+@pytest.mark.timeout(60)
+def test_line_info_of_records_of_no_bytes_is_no_line_info(tmp_path):
+    """Found by mutating .BTF.ext: line records of 0 bytes, 0xFFFFFFFF of them, made egpu verify of a refused
+    probe hang while it looked up the source line. Records shorter than bpf_line_info's 16 bytes are refused
+    as libbpf's btf_ext_setup_info refuses them: no source lines."""
+    import io
+    import struct
+    from elftools.elf.elffile import ELFFile
+    from test_egpu_run import BAD_PROBE
+    src = tmp_path / "bad.bpf.c"
+    src.write_text(BAD_PROBE)
+    data = bytearray(compile_probe(src).read_bytes())
+    ext = ELFFile(io.BytesIO(bytes(data))).get_section_by_name(".BTF.ext")["sh_offset"]
+    hdr_len, line_off = struct.unpack_from("<I", data, ext + 4)[0], struct.unpack_from("<I", data, ext + 16)[0]
+    at = ext + hdr_len + line_off   # u32 record size, then the first section's {u32 name, u32 count}
+    struct.pack_into("<I", data, at, 0)
+    struct.pack_into("<I", data, at + 8, 0xFFFFFFFF)
+    obj = tmp_path / "bad.bpf.o"
+    obj.write_bytes(data)
+    assert LineTable.from_object(bytes(data)).records == {}
+    r = run(egpu, ["verify", obj])
+    assert r.exit_code == 1 and r.stderr.startswith(f"egpu: {obj}:kprobe/*:7: r0 = *(u64 *)(r0 + 0x0): invalid mem")
+
+
 SUBPROGRAM_PROBE = """#include "egpu.bpf.h"
 struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64); } m SEC(".maps");
 static __attribute__((noinline)) __u64 value_of(__u32 k)

@@ -112,6 +112,8 @@ def _read(data: bytes) -> tuple[dict[str, list[tuple[int, SourceLine]]], dict[st
         return {}, {}
     pos, end = hdr_len + line_off, hdr_len + line_off + line_len
     rec_size, = struct.unpack_from("<I", raw, pos)
+    if rec_size < _RECORD.size:   # as libbpf's btf_ext_setup_info: a record holds a bpf_line_info
+        return {}, {}
     pos += 4
     records: dict[str, list[tuple[int, SourceLine]]] = {}
     while pos + 8 <= end:
