@@ -111,6 +111,16 @@ def test_bad_input_is_one_line_and_exit_1(files, args, message):
     refused(egpu, args(files), 1, message)
 
 
+def test_disasm_names_the_file_and_section_of_an_instruction_it_cannot_decode(files):
+    """Found by mutating instructions: "egpu: 0: unknown opcode 0x00", with neither the file nor the program."""
+    import io
+    from elftools.elf.elffile import ELFFile
+    data = bytearray(files["mine"].read_bytes())
+    data[ELFFile(io.BytesIO(bytes(data))).get_section_by_name("kprobe/*")["sh_offset"]] = 0   # no opcode 0x00
+    files["mine"].write_bytes(data)
+    refused(egpu, ["disasm", files["mine"]], 1, f"egpu: {files['mine']}:kprobe/*:0: unknown opcode 0x00")
+
+
 def test_a_failed_rewrite_writes_nothing(files, tmp_path):
     out = tmp_path / "out.ptx"
     r = run(egpu, ["rewrite", files["bad_ptx"], "-p", files["memtrace"], "-o", out])

@@ -14,6 +14,7 @@ other two as ``<unknown>``). Where llvm's text loses information, egpu prints it
 
 from __future__ import annotations
 
+from ..errors import EgpuError
 from . import isa
 from .decode import Insn, decode
 from .program import MAP_TYPE_NAMES, BpfObject
@@ -146,5 +147,8 @@ def object_listing(obj: BpfObject) -> str:
     out = [f"map[{n}] = {m.name} ({MAP_TYPE_NAMES.get(m.type, m.type)}, key {m.key_size}, value {m.value_size}, "
            f"max_entries {m.max_entries})" for n, m in enumerate(obj.maps)]
     for p in obj.programs:
-        out += ["", f"{p.section} <{p.name}>:", listing(p.code)]
+        try:
+            out += ["", f"{p.section} <{p.name}>:", listing(p.code)]
+        except EgpuError as e:   # the loader relocates instructions but does not decode them
+            raise e.where(file=obj.path, section=p.section)
     return "\n".join(out).lstrip("\n")
