@@ -298,7 +298,12 @@ def find_in_file(data: bytes) -> list[tuple[str, list[Fatbin]]]:
     anything but an archive; members without device code are left out). FatbinError when the bytes are
     none of an ELF file, a static archive (.a) or a bare fatbin."""
     if data.startswith(AR_MAGIC):
-        found = [(name, find_fatbins(member)) for name, member in archive_members(data) if member[:4] == ELF_MAGIC]
+        found = []
+        for name, member in archive_members(data):
+            try:
+                found += [(name, find_fatbins(member))] if member[:4] == ELF_MAGIC else []
+            except FatbinError as e:   # its offsets count from the member's start: say which one
+                raise FatbinError(f"member {name}: {e.reason}") from None
         return [(name, fatbins) for name, fatbins in found if fatbins]
     if image_kind(data[:4]) == ImageKind.FATBIN:
         parse_fatbin(data)   # a bare fatbin that does not read says why, not that there is none

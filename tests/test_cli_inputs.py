@@ -458,6 +458,10 @@ def test_inspect_a_static_archive(tmp_path, probe_obj):
     assert any("PTX  compute_90" in line for line in lines)
     lib.write_bytes(lib.read_bytes()[:200])
     refused(egpu, ["inspect", lib], 1, "libk.a: archive member at 68 runs past the end")
+    bad = bytearray((tmp_path / "k.o").read_bytes())
+    bad[0x28:0x30] = (1 << 63).to_bytes(8, "little")   # e_shoff: the section headers far past the end
+    lib.write_bytes(_ar({"count.bpf.o": probe_obj("count").read_bytes(), "k.o": bytes(bad)}))
+    refused(egpu, ["inspect", lib], 1, "libk.a: member k.o: not a readable ELF file")   # which of its members
 
 
 # ---- line info ---------------------------------------------------------------------------------------
