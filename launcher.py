@@ -26,6 +26,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from egpu_preload.errors import CompileError, EgpuError
+from egpu_preload.outpaths import read_input
 
 if TYPE_CHECKING:
     from egpu_preload.bpf.program import BpfObject
@@ -115,20 +116,10 @@ def egpu_main() -> None:
     egpu(prog_name="egpu")
 
 
-def _read_input(path: Path) -> bytes:
-    """The bytes of an input file; EgpuError naming it when it cannot be read."""
-    try:
-        return path.read_bytes()
-    except IsADirectoryError:
-        raise EgpuError("is a directory", file=str(path)) from None
-    except OSError as e:
-        raise EgpuError(f"cannot read ({e.strerror})", file=str(path)) from None
-
-
 def _read_ptx(path: Path) -> str:
     """A PTX module's text; EgpuError naming the file when it is not PTX (binary, empty, C++ source)."""
     from egpu_preload import fatbin
-    data = _read_input(path)
+    data = read_input(path)
     kind = fatbin.image_kind(data[:4])
     if kind in (fatbin.ImageKind.FATBIN, fatbin.ImageKind.WRAPPER):
         raise EgpuError("not PTX: a fatbin (egpu inspect --extract-ptx DIR writes its PTX entries)", file=str(path))
@@ -169,7 +160,7 @@ def _verified(path: Path, bpf: "BpfObject") -> list:
     try:
         return [verify(prog.code, bpf.maps, file=str(path), section=prog.section) for prog in bpf.programs]
     except EgpuError as e:
-        raise located(e, _read_input(path), str(path)) from None
+        raise located(e, read_input(path), str(path)) from None
 
 
 @egpu.command()
@@ -182,7 +173,7 @@ def inspect(binary: Path = typer.Argument(..., metavar="BINARY", help="an execut
     from egpu_preload.outpaths import check_output_dir
     if extract_ptx is not None:
         check_output_dir(extract_ptx)
-    data = _read_input(binary)
+    data = read_input(binary)
     try:
         found = fatbin.find_in_file(data)
     except EgpuError as e:

@@ -1,12 +1,27 @@
 """Output paths checked before the work that fills them, so a bad ``-o`` is one line up front instead of
-an OSError after minutes of compiling or rewriting."""
+an OSError after minutes of compiling or rewriting; and input files read whole, refused by name."""
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from .errors import EgpuError
+
+
+def read_input(path: Path, error: type[EgpuError] = EgpuError) -> bytes:
+    """The bytes of an input file, or ``error`` naming it: a directory, a device (/dev/zero never ends,
+    and the read held memory until the machine ran out), a file that cannot be read. Pipes are read."""
+    try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise error("is a directory", file=str(path))
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+            raise error("is a device, not a file", file=str(path))
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise error(f"cannot read ({e.strerror})", file=str(path)) from None
 
 
 def check_output_file(path: Path) -> None:

@@ -623,3 +623,12 @@ def test_egpu_trace_says_what_the_probes_dropped_whatever_the_output(tmp_path, o
     assert "@events: 7 records dropped by the probes (the ring was full)" in r.stderr.splitlines()
     if output == ["--json"]:   # stdout is the records alone
         assert [json.loads(x)["seq"] for x in r.stdout.splitlines()] == [0, 1]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", [["verify"], ["inspect"], ["disasm"], ["ptx"], ["rewrite", "-p", "x.bpf.o"]])
+def test_a_device_is_refused_not_read_to_its_end(command):
+    """Found by a fuzz sweep: `egpu verify /dev/zero` read until the machine ran out of memory."""
+    args = command[:1] + ["/dev/zero"] + command[1:]
+    r = run(egpu, args)
+    assert r.exit_code != 0 and "/dev/zero: is a device, not a file" in r.stderr, r.stderr

@@ -122,7 +122,7 @@ def test_multiprocessing_workers_are_each_instrumented(stub_job, probe_obj, tmp_
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda d: d / "missing.bpf.o", "missing.bpf.o: cannot read: No such file or directory"),
+    (lambda d: d / "missing.bpf.o", "missing.bpf.o: cannot read (No such file or directory)"),
     (lambda d: (d / "junk.bpf.o").write_bytes(b"not an ELF") and d / "junk.bpf.o", "junk.bpf.o: "),
     # named by the user's source and line (BTF line info), not by the session's compiled copy
     (lambda d: (d / "bad.bpf.c").write_text(BAD_PROBE) and d / "bad.bpf.c", "/bad.bpf.c:8:kprobe/*:7: "),

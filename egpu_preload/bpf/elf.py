@@ -29,6 +29,7 @@ from elftools.construct.core import ConstructError as _ConstructError
 from elftools.elf.elffile import ELFFile
 
 from ..errors import BtfError, EgpuError, ElfError
+from ..outpaths import read_input
 from . import btf as btfmod
 from . import isa
 from .program import (BPFTIME_MAP_TYPES, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY, MAP_PERTHREAD_ARRAY,
@@ -479,8 +480,4 @@ def load_bytes(data: bytes, path: str) -> BpfObject:
 
 def load_object(path: str | Path) -> BpfObject:
     """Load ``X.bpf.o``."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise ElfError(f"cannot read: {e.strerror}", file=str(path)) from None
-    return load_bytes(data, str(path))
+    return load_bytes(read_input(Path(path), ElfError), str(path))
