@@ -197,7 +197,8 @@ def test_decode_errors_name_the_file():
 
 @pytest.mark.parametrize("fmt, refused", [
     (b"str %s\0", "%s"), (b"w=%-8s!\0", "%-8s"), (b"%ls\0", "%ls"),
-    (b"100%%s %d\0", None), (b"%d %u %x %llx %c %p\0", None), (b"%d\0%s", None),  # past the NUL: unread
+    (b"100%%s %d\0", None), (b"%d %u %x\0", None), (b"%llx %c %p\0", None), (b"%d\0%s", None),  # past the NUL: unread
+    (b"%pks\0", "%pks"), (b"%px %pK %X\0", None),
 ])
 def test_a_printk_format_may_not_print_a_string(fmt, refused):
     """The host formats bpf_printk's numbers: a .rodata format with %s is refused, not printed as "%s"."""
@@ -207,6 +208,20 @@ def test_a_printk_format_may_not_print_a_string(fmt, refused):
         verify(assemble(asm), [rodata])
         return
     with pytest.raises(VerifierError, match=f"{re.escape(refused)} \\(a string\\) is not supported"):
+        verify(assemble(asm), [rodata])
+
+
+@pytest.mark.parametrize("fmt, refused", [
+    (b"%f\0", '"%f": %f is not supported'), (b"%.3d\0", '"%.3d": %.3d is not supported'),
+    (b"at %pB\0", '"at %pB": %pB is not supported'), (b"%pi4\0", "%pi4 is not supported"),
+    (b"%d %d %d %d\0", '"%d %d %d %d": 4 conversions: bpf_trace_printk takes three arguments'),
+])
+def test_a_printk_format_linux_would_refuse_is_refused(fmt, refused):
+    """Conversions bpf_trace_printk does not take (kernel/bpf/helpers.c bpf_bprintf_prepare) printed as
+    written, and a fourth took no argument: refused, as Linux's helper refuses them."""
+    rodata = MapDef(".rodata", MAP_ARRAY, 4, len(fmt), 1, initial=fmt, readonly=True)
+    asm = f"r1 = map_value[0] + 0x0 ll\nr2 = {len(fmt)}\nr3 = 7\ncall trace_printk\nr0 = 0\nexit"
+    with pytest.raises(VerifierError, match=re.escape(refused)):
         verify(assemble(asm), [rodata])
 
 

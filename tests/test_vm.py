@@ -198,6 +198,7 @@ def test_perf_buffer_drops_when_full() -> None:
     (b"%llx|%5d|%-3u|%c%%\0", (255, 42, 7, 65), "ff|   42|7  |A%"),
     (b"%hhd %hu\0", (0x1FF, 0x1FFFF), "-1 65535"),
     (b"%p\0", (0x1000,), "0x1000"),
+    (b"%px|%pK|%pKx\0", (0x10, 0x20, 0x30), "0x10|0x20|0x30x"),   # Linux's raw and kptr forms print as %p
     (b"missing %d\0", (), "missing 0"),
     (b"stops\0here %d", (1,), "stops"),
 ])

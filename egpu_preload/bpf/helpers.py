@@ -21,6 +21,7 @@ Nothing here may wait on the host (DESIGN.md 2).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -72,3 +73,29 @@ BY_NAME: dict[str, Helper] = {h.name: h for h in HELPERS.values()}
 BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
 # Flags of ringbuf/perf output: index mask for perf_event_output's current-CPU selector.
 BPF_F_CURRENT_CPU = 0xFFFFFFFF
+
+# A conversion of a bpf_trace_printk format as Linux takes it (kernel/bpf/helpers.c bpf_bprintf_prepare):
+# flags, width, l or ll, then d i u x X c s p, where %pK and %px print the pointer as %p does; h, hh and z
+# are taken too, as clang emits them for short types. Linux refuses anything else (%f, a precision, %pB).
+PRINTK_CONVERSION = re.compile(r"%([-0+ #]*)(\d*)(hh|h|ll|l|z)?([diuxXcs%]|p[Kx]|p(?![0-9A-Za-z]))")
+_PRINTK_WRITTEN = re.compile(r"%[-0+ #.\d]*[A-Za-z]*\d?")   # what a conversion the grammar refuses spans
+PRINTK_ARGS = 3
+
+
+def printk_refusal(fmt: str) -> str | None:
+    """Why the host cannot print a trace_printk format as Linux would (it gets the arguments as numbers),
+    or None when it can."""
+    pos, count = 0, 0
+    while (at := fmt.find("%", pos)) >= 0:
+        m = PRINTK_CONVERSION.match(fmt, at)
+        written = m.group() if m else _PRINTK_WRITTEN.match(fmt, at).group()
+        if (m and m.group(4) == "s") or (not m and written.endswith("s")):
+            return f"{written} (a string) is not supported: the host formats numbers only (print characters with %c)"
+        if not m:
+            return (f"{written} is not supported: Linux takes %d %i %u %x %X (with l or ll), %c, %p, %pK, %px "
+                    "and %%")
+        count += m.group(4) != "%"
+        pos = m.end()
+    if count > PRINTK_ARGS:
+        return f"{count} conversions: bpf_trace_printk takes three arguments"
+    return None

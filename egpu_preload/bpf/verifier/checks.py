@@ -11,13 +11,12 @@ Every memory access must be naturally aligned: a misaligned ld/st faults on the 
 from __future__ import annotations
 
 import functools
-import re
 from typing import Callable
 
 from .. import ctx as egpu_ctx
 from .. import isa
 from ..decode import Insn
-from ..helpers import BPF_NOEXIST, HELPERS, Helper
+from ..helpers import BPF_NOEXIST, HELPERS, Helper, printk_refusal
 from ..linux_names import helper_name, is_linux_helper
 from ..program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
                        MAP_PERTHREAD_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, MapDef)
@@ -48,8 +47,6 @@ _NOT_WRITTEN = {"bpf_trace_vprintk": "libbpf's bpf_printk calls it for more than
                                      "most three"}
 # bpftime's GPU helpers (its example/gpu/README.md) egpu leaves out: id -> (bpftime's name, what to write instead).
 _BPFTIME_NOT_PROVIDED = {501: ("ebpf_puts", "print with bpf_printk, whose format may be the string")}
-# A conversion of a printk format: %s is the one Linux formats that the host cannot (it gets numbers only).
-_PRINTK_STRING = re.compile(rb"%[-0+ #]*\d*(?:hh|h|ll|l|z)?s")
 
 Succ = list[tuple[State, int]]
 
@@ -672,8 +669,9 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
 
 
 def _printk_format(env: Env, fmt: Value, size: Value) -> None:
-    """A format in read-only data (bpf_printk's) may not print a string: the probe sends its arguments as
-    numbers and the host formats them, so %s would print as the two characters it is."""
+    """A format in read-only data (bpf_printk's) must be one the host prints as Linux would: the probe sends
+    its arguments as numbers, so %s would print as the two characters it is, and a conversion Linux
+    refuses (%f, %pB) as written, taking no argument."""
     if fmt.kind != MAP_VALUE or not fmt.is_const or size.kind != SCALAR or not size.is_const:
         return
     m = env.maps[fmt.aux]
@@ -681,10 +679,9 @@ def _printk_format(env: Env, fmt: Value, size: Value) -> None:
         return
     start = fmt.off + fmt.tv
     text = m.initial[start:start + size.tv].split(b"\0", 1)[0]
-    if (c := _PRINTK_STRING.search(text.replace(b"%%", b""))) is not None:
-        shown = text.decode("utf-8", "replace").encode("unicode_escape").decode()
-        raise Reject(f'format "{shown}": {c.group().decode()} (a string) is not supported: the host formats '
-                     "numbers only (print characters with %c)")
+    decoded = text.decode("utf-8", "replace")
+    if (why := printk_refusal(decoded)) is not None:
+        raise Reject(f'format "{decoded.encode("unicode_escape").decode()}": {why}')
 
 
 def _noexist(flags: Value) -> bool:
