@@ -19,7 +19,7 @@ from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.elf import load_bytes, load_object
 from egpu_preload.bpf.program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
                                       MAP_RINGBUF, Attach)
-from egpu_preload.errors import EgpuError, ElfError
+from egpu_preload.errors import BtfError, EgpuError, ElfError
 
 T, W, B = "thread", "warp", "block"
 
@@ -187,6 +187,14 @@ def _patch_reloc(obj: Path, field: str, value) -> bytes:
     return bytes(raw)
 
 
+def _patch_btf_ext(obj: Path, at: int, value: int) -> bytes:
+    """Set the u32 at byte ``at`` of .BTF.ext (28: the length of its CO-RE relocations)."""
+    raw = bytearray(obj.read_bytes())
+    with open(obj, "rb") as f:
+        struct.pack_into("<I", raw, ELFFile(f).get_section_by_name(".BTF.ext")["sh_offset"] + at, value)
+    return bytes(raw)
+
+
 MAP_SRC = """
 struct {{ {fields} }} m SEC(".maps");
 SEC("kprobe/*") int p(struct egpu_ctx *c) {{ __u32 k = 0; return bpf_map_lookup_elem(&m, &k) != 0; }}
@@ -223,6 +231,15 @@ BAD_SOURCES = [
     ("values of a hash", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
                                         "__type(key, __u32); __array(values, struct { int x; });"),
      "map m: __array(values, ...) is for maps of maps and program arrays, not hash"),
+    # CO-RE: a ___flavor's offsets are the flavor's, which egpu would keep (it relocates nothing): ->size at 0
+    ("CO-RE flavor", 'struct egpu_ctx___mine { __u32 size; } __attribute__((preserve_access_index));\n'
+                     'SEC("kprobe/*") int p(struct egpu_ctx *c) { return ((struct egpu_ctx___mine *)c)->size; }',
+     "kprobe/*:0: CO-RE relocation (field_byte_offset) through struct egpu_ctx___mine, a flavor of "
+     "egpu_ctx: egpu relocates no CO-RE access"),
+    ("CO-RE field exists", 'struct egpu_ctx___new { __u64 newfield; } __attribute__((preserve_access_index));\n'
+                           'SEC("kprobe/*") int p(struct egpu_ctx *c) '
+                           '{ return __builtin_preserve_field_info(((struct egpu_ctx___new *)c)->newfield, 2); }',
+     "CO-RE relocation (field_exists) through struct egpu_ctx___new"),
     ("legacy map type", 'struct egpu_map_def SEC("maps") m = { .type = 99, .key_size = 4, .value_size = 4, '
                         '.max_entries = 1 };\n'
                         'SEC("kprobe/*") int p(void *c) { __u32 k = 0; return bpf_map_lookup_elem(&m, &k) != 0; }',
@@ -268,6 +285,16 @@ def test_refused_bytes(probe_obj, tmp_path, case, make, reason):
     with pytest.raises(ElfError) as e:
         load_bytes(make(probe_obj("count"), tmp_path), "probe.bpf.o")
     assert str(e.value).startswith("probe.bpf.o:") and reason in str(e.value)
+
+
+@pytest.mark.parametrize("at, value, reason", [
+    (0, 0xBEEF, "bad magic 0xbeef"), (28, 1 << 20, "CO-RE relocations outside the"),
+])
+def test_refused_btf_ext(probe_obj, at, value, reason):
+    """.BTF.ext is read for its CO-RE relocations, which a ___flavor would need relocated."""
+    with pytest.raises(BtfError) as e:
+        load_bytes(_patch_btf_ext(probe_obj("count"), at, value), "probe.bpf.o")
+    assert str(e.value).startswith("probe.bpf.o:.BTF.ext: ") and reason in str(e.value)
 
 
 def test_unreadable_file(tmp_path):

@@ -40,6 +40,29 @@ _TRANSPARENT = {KIND_TYPEDEF, KIND_VOLATILE, KIND_CONST, KIND_RESTRICT, KIND_TYP
 INT_SIGNED, INT_CHAR, INT_BOOL = 1, 2, 4
 
 
+# enum bpf_core_relo_kind (linux/bpf.h), by value.
+CORE_KINDS = ("field_byte_offset", "field_byte_size", "field_exists", "field_signed", "field_lshift_u64",
+              "field_rshift_u64", "type_id_local", "type_id_target", "type_exists", "type_size", "enumval_exists",
+              "enumval_value", "type_matches")
+# .BTF.ext (libbpf btf_ext__new): {u16 magic, u8 version, u8 flags, u32 hdr_len, then offset and length of
+# func info, line info and CO-RE relocations, counted from the end of the header; headers of 24 bytes
+# predate CO-RE}. CO-RE relocations: u32 record size, then per code section {u32 section name, u32 count}
+# and count records {u32 insn_off (bytes into the section), u32 type id, u32 access string, u32 kind}.
+_EXT_HEADER = struct.Struct("<HBBIIIIIII")
+_EXT_HEADER_V1 = 24
+_CORE_RECORD = struct.Struct("<IIII")
+
+
+@dataclass(frozen=True)
+class CoreRelo:
+    """A CO-RE relocation: the instruction whose constant libbpf would compute against the target's BTF."""
+
+    section: str   # the code section holding the instruction
+    insn: int      # the instruction's index in that section
+    type_id: int   # the local type the access starts from
+    kind: int      # an index into CORE_KINDS
+
+
 @dataclass(frozen=True)
 class Member:
     """A struct/union member. ``bit_offset`` from the start of the aggregate; bitfields have a size."""
@@ -273,6 +296,43 @@ def _format_int(t: Type, raw: int) -> str:
     return str(raw)
 
 
+def core_relos(btf_data: bytes, ext: bytes) -> list[CoreRelo]:
+    """The CO-RE relocations of a .BTF.ext section (none where its header predates them), their section
+    names read from the .BTF section ``btf_data``."""
+    _, strings = _split(bytes(btf_data))
+    names = _Reader(b"", strings)
+    if len(ext) < _EXT_HEADER_V1:
+        raise BtfError(f"header truncated ({len(ext)} bytes)")
+    magic, _, _, hdr_len, *_ = _EXT_HEADER.unpack_from(ext.ljust(_EXT_HEADER.size, b"\0"))
+    if magic != MAGIC:
+        raise BtfError(f"bad magic 0x{magic:04x}")
+    if hdr_len < _EXT_HEADER.size:
+        return []
+    *_, off, length = _EXT_HEADER.unpack_from(ext)
+    pos, end = hdr_len + off, hdr_len + off + length
+    if end > len(ext) or (length and length < 4):
+        raise BtfError(f"CO-RE relocations outside the {len(ext)}-byte section")
+    if not length:
+        return []
+    rec_size, = _U32.unpack_from(ext, pos)
+    if rec_size < _CORE_RECORD.size:
+        raise BtfError(f"CO-RE record size {rec_size} is less than {_CORE_RECORD.size}")
+    pos += 4
+    out = []
+    while pos < end:
+        if pos + 8 > end:
+            raise BtfError("CO-RE relocations truncated")
+        name_off, count = _U32_PAIR.unpack_from(ext, pos)
+        section, pos = names.string(name_off), pos + 8
+        if pos + count * rec_size > end:
+            raise BtfError(f"CO-RE relocations of {section} truncated")
+        for i in range(count):
+            insn_off, type_id, _, kind = _CORE_RECORD.unpack_from(ext, pos + i * rec_size)
+            out.append(CoreRelo(section, insn_off // 8, type_id, kind))
+        pos += count * rec_size
+    return out
+
+
 class _Reader:
     """Bounds-checked reads from the type section; every overrun is a BtfError, never an IndexError."""
 
@@ -298,6 +358,17 @@ class _Reader:
 
 
 def _parse(data: bytes) -> list[Type]:
+    type_section, strings = _split(data)
+    r = _Reader(type_section, strings)
+    types = [VOID]
+    while r.pos < len(r.data):
+        types.append(_parse_type(r, len(types)))
+    _check_refs(types)
+    return types
+
+
+def _split(data: bytes) -> tuple[bytes, bytes]:
+    """The type and string sections of a .BTF section, its header checked."""
     if len(data) < _HEADER.size:
         raise BtfError(f"BTF header truncated ({len(data)} bytes)")
     magic, version, _flags, hdr_len, type_off, type_len, str_off, str_len = _HEADER.unpack_from(data)
@@ -313,12 +384,7 @@ def _parse(data: bytes) -> list[Type]:
     strings = body[str_off:str_off + str_len]
     if strings and strings[0] != 0:
         raise BtfError("BTF string section does not start with an empty string")
-    r = _Reader(body[type_off:type_off + type_len], strings)
-    types = [VOID]
-    while r.pos < len(r.data):
-        types.append(_parse_type(r, len(types)))
-    _check_refs(types)
-    return types
+    return body[type_off:type_off + type_len], strings
 
 
 def _parse_type(r: _Reader, tid: int) -> Type:

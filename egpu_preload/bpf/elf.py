@@ -12,6 +12,8 @@ bpf_object__relocate) so probes written for libbpf load unchanged:
   whole fits 15 characters, followed by the section name (``globals.bss``, ``g.rodata.str1.1``);
 - calls into .text (or into another function of the same section) append the callee after the
   program, transitively, each subprogram once, and the call's imm is fixed to reach it.
+- CO-RE relocations (.BTF.ext) keep the constants clang computed: the object's BTF is the only one
+  there is, so a type the object defines is its own target; an access through a ___flavor is refused.
 
 The pyelftools layer is used only after the file's header and section table have been checked against
 its size; anything malformed becomes an ElfError naming the file and the reason.
@@ -175,6 +177,27 @@ class _Loader:
     def license(self) -> str:
         sec = self.section_named("license")
         return sec.data.split(b"\0", 1)[0].decode("utf-8", "replace") if sec else ""
+
+    def check_core_relos(self) -> None:
+        """libbpf computes the constant of each CO-RE relocation against the target's BTF; egpu's only BTF
+        is the object's, so it keeps clang's constants, right for the types the object defines. A ___flavor
+        stands for another type, whose layout it may not share: refused rather than read at its offsets."""
+        btf, ext = self.section_named(".BTF"), self.section_named(".BTF.ext")
+        if self.btf is None or ext is None:
+            return
+        try:
+            for r in btfmod.core_relos(btf.data, ext.data):
+                t = next((t for t in (self.btf.type(r.type_id), self.btf.resolve(r.type_id)) if "___" in t.name),
+                         None)
+                if t is None:
+                    continue
+                kind = btfmod.CORE_KINDS[r.kind] if r.kind < len(btfmod.CORE_KINDS) else f"kind {r.kind}"
+                base = t.name.rsplit("___", 1)[0]
+                raise ElfError(f"CO-RE relocation ({kind}) through {t.kind_name} {t.name}, a flavor of {base}: egpu "
+                               f"relocates no CO-RE access, so the flavor's own layout would be used; use "
+                               f"{t.kind_name} {base} itself", section=r.section, insn=r.insn)
+        except BtfError as e:
+            raise e.where(section=".BTF.ext")
 
     # ---- maps ----
 
@@ -370,6 +393,7 @@ class _Loader:
     def load(self) -> BpfObject:
         self.read_elf()
         self.read_btf()
+        self.check_core_relos()
         self.read_legacy_maps()
         self.read_btf_maps()
         self.read_global_data()
