@@ -219,6 +219,10 @@ BAD_SOURCES = [
     ("size mismatch", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
                                      "__uint(key_size, 8); __type(key, __u32); __type(value, __u64);"),
      "key_size 8 disagrees with the key type's 4 bytes"),
+    ("tail calls", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_PROG_ARRAY); __uint(max_entries, 1); "
+                                    "__type(key, __u32); __type(value, __u32);"),
+     "map m: unsupported map type 3 (BPF_MAP_TYPE_PROG_ARRAY: tail calls are not supported, call a static "
+     "__noinline function instead; supported: hash,"),
     ("callback", 'static long (*bpf_loop)(__u32 n, void *fn, void *c, __u64 f) = (void *)181;\n'
                  'static int cb(__u32 i, void *c) { *(__u64 *)c += i; return 0; }\n'
                  'SEC("kprobe/*") int p(void *c) { __u64 s = 0; bpf_loop(4, cb, &s, 0); return s; }',

@@ -225,6 +225,18 @@ def test_a_printk_format_linux_would_refuse_is_refused(fmt, refused):
         verify(assemble(asm), [rodata])
 
 
+@pytest.mark.parametrize("helper, instead", [
+    (12, "bpf_tail_call#12 (a Linux helper egpu does not provide: call a static __noinline function instead)"),
+    (113, "bpf_probe_read_kernel#113 (a Linux helper egpu does not provide: a probe reads its context, stack, "
+          "maps and global data directly, and no other memory)"),
+    (93, "bpf_spin_lock#93 (a Linux helper egpu does not provide: update the map value with __sync_* atomics)"),
+    (16, "bpf_get_current_comm#16 (a Linux helper egpu does not provide)"),
+])
+def test_a_linux_helper_egpu_lacks_says_what_to_write_instead(helper, instead):
+    with pytest.raises(VerifierError, match=re.escape(f"unknown func {instead}")):
+        verify(assemble(f"r1 = 0\nr2 = 0\nr3 = 0\ncall {helper}\nr0 = 0\nexit"), [])
+
+
 def test_an_indirect_call_says_how_it_came():
     """clang -O0 calls helpers through a register (callx, opcode 0x8d), which neither Linux nor egpu runs."""
     with pytest.raises(DecodeError, match=r"unknown opcode 0x8d \(callx, .*compile with -O1 or more\)"):

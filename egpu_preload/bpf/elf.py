@@ -49,6 +49,7 @@ _MAP_DEF = struct.Struct("<IIIII")      # legacy struct bpf_map_def: type, key_s
 _MAP_DEF_MIN = 16                       # map_flags (libbpf accepts definitions without map_flags)
 _BPF_OBJ_NAME_LEN = 16                  # linux/bpf.h: map names hold 15 characters and a NUL
 _PAGE = 4096
+_MAP_PROG_ARRAY = 3                     # linux/bpf.h: bpf_tail_call's map
 _SUPPORTED = (", ".join(n for t, n in MAP_TYPE_NAMES.items() if t != MAP_PERTHREAD_ARRAY) + "; bpftime's "
               + ", ".join(map(str, sorted({*BPFTIME_MAP_TYPES, MAP_PERTHREAD_ARRAY}))))
 # BTF-defined map attributes given with __uint(...) (libbpf parse_btf_map_def); numa_node and pinning
@@ -460,7 +461,9 @@ def _checked_map(m: MapDef) -> MapDef:
         if m.type == MAP_PERF_EVENT_ARRAY:  # bpftime sizes its per-thread rings by record; ours are per map
             m = replace(m, key_size=4, value_size=4, max_entries=0)
     if m.type not in MAP_TYPE_NAMES:
-        raise ElfError(f"map {m.name}: unsupported map type {m.type} ({map_type_name(m.type)}; "
+        instead = ": tail calls are not supported, call a static __noinline function instead" \
+            if m.type == _MAP_PROG_ARRAY else ""
+        raise ElfError(f"map {m.name}: unsupported map type {m.type} ({map_type_name(m.type)}{instead}; "
                        f"supported: {_SUPPORTED})")
     kind = MAP_TYPE_NAMES[m.type]
     if m.type == MAP_RINGBUF:

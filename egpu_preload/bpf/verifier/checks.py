@@ -47,6 +47,12 @@ _NOT_WRITTEN = {"bpf_trace_vprintk": "libbpf's bpf_printk calls it for more than
                                      "most three"}
 # bpftime's GPU helpers (its example/gpu/README.md) egpu leaves out: id -> (bpftime's name, what to write instead).
 _BPFTIME_NOT_PROVIDED = {501: ("ebpf_puts", "print with bpf_printk, whose format may be the string")}
+# Linux helpers probes ported from libbpf reach for, and what does their job in egpu.
+_READS = "a probe reads its context, stack, maps and global data directly, and no other memory"
+_INSTEAD = {"bpf_tail_call": "call a static __noinline function instead",
+            "bpf_spin_lock": "update the map value with __sync_* atomics", "bpf_probe_read": _READS,
+            "bpf_probe_read_kernel": _READS, "bpf_probe_read_user": _READS, "bpf_probe_read_str": _READS,
+            "bpf_probe_read_kernel_str": _READS, "bpf_probe_read_user_str": _READS}
 
 Succ = list[tuple[State, int]]
 
@@ -590,8 +596,10 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
     if h is None:
         # The kernel's spellings: "unknown func NAME#N" for a helper with a name, else "invalid func unknown#N".
         if is_linux_helper(insn.imm):
-            why = _NOT_WRITTEN.get(helper_name(insn.imm), "a Linux helper egpu does not provide")
-            raise Reject(f"unknown func {helper_name(insn.imm)}#{insn.imm} ({why})")
+            name = helper_name(insn.imm)
+            why = _NOT_WRITTEN.get(name, "a Linux helper egpu does not provide" +
+                                   (f": {_INSTEAD[name]}" if name in _INSTEAD else ""))
+            raise Reject(f"unknown func {name}#{insn.imm} ({why})")
         if insn.imm in _BPFTIME_NOT_PROVIDED:
             name, instead = _BPFTIME_NOT_PROVIDED[insn.imm]
             raise Reject(f"unknown func {name}#{insn.imm} (bpftime's GPU helper egpu does not provide: {instead})")
