@@ -97,7 +97,17 @@ REJECT: tuple[Case, ...] = (
     main:
         r0 = 0
         call local main
-        exit""", "recursive call", 0),
+        exit""", "recursive call to the function at 0", 1),
+    Case("mutual_recursion", """
+        call local f
+        exit
+    f:
+        r0 = 0
+        call local g
+        exit
+    g:
+        call local f
+        exit""", "recursive call to the function at 2", 5),   # named at the call that closes the cycle
     Case("call_depth", "\n".join(["r0 = 0", "call local f1", "exit"]
                                   + [f"f{i}:\ncall local f{i + 1}\nexit" for i in range(1, 9)]
                                   + ["f9:\nr0 = 0\nexit"]), "the call stack of 9 frames is too deep", 15),

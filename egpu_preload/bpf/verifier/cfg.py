@@ -104,7 +104,7 @@ def build(insns: list[Insn], maps: list[MapDef]) -> Cfg:
     for last in ends:
         if last.kind not in ("exit", "ja"):
             raise Reject(pc=last.pc, reason="last instruction of a function is not exit or goto (falls off the end)")
-    callees: list[set[int]] = [set() for _ in subprogs]
+    callees: list[dict[int, int]] = [{} for _ in subprogs]   # callee -> the pc of the first call to it
     prune: set[int] = set(subprogs)
     for insn in insns:
         if insn.kind in ("jmp", "ja"):
@@ -115,21 +115,22 @@ def build(insns: list[Insn], maps: list[MapDef]) -> Cfg:
             if insn.kind == "jmp":
                 prune.add(insn.pc + 1)
         elif insn.kind == "call" and insn.src == isa.CALL_LOCAL:
-            callees[subprog_of[insn.pc]].add(subprog_of[insn.call_target()])
+            callees[subprog_of[insn.pc]].setdefault(subprog_of[insn.call_target()], insn.pc)
             prune.add(insn.pc + 1)
     _check_recursion(subprogs, callees)
     return Cfg(tuple(insns), at, subprogs, subprog_of, tuple(frozenset(c) for c in callees),
                frozenset(prune), _liveness(insns, at))
 
 
-def _check_recursion(subprogs: tuple[int, ...], callees: list[set[int]]) -> None:
+def _check_recursion(subprogs: tuple[int, ...], callees: list[dict[int, int]]) -> None:
+    """Named at the call that closes a cycle, the line a user must change."""
     state = [0] * len(subprogs)  # 0 new, 1 on the current call chain, 2 done
 
     def visit(s: int) -> None:
         state[s] = 1
-        for c in sorted(callees[s]):
+        for c, pc in sorted(callees[s].items()):
             if state[c] == 1:
-                raise Reject(pc=subprogs[c], reason=f"recursive call to the function at {subprogs[c]} (call graph)")
+                raise Reject(pc=pc, reason=f"recursive call to the function at {subprogs[c]} (call graph)")
             if state[c] == 0:
                 visit(c)
         state[s] = 2
