@@ -79,7 +79,7 @@ BPF_F_CURRENT_CPU = 0xFFFFFFFF
 # are taken too, as clang emits them for short types. Linux refuses anything else (%f, a precision, %pB).
 PRINTK_CONVERSION = re.compile(r"%([-0+ #]*)(\d*)(hh|h|ll|l|z)?([diuxXcs%]|p[Kx]|p(?![0-9A-Za-z]))")
 _PRINTK_WRITTEN = re.compile(r"%[-0+ #.\d]*[A-Za-z]*\d?")   # what a conversion the grammar refuses spans
-PRINTK_ARGS = 3
+_PRINTK_ARGS = 3
 
 
 def printk_refusal(fmt: str) -> str | None:
@@ -96,6 +96,6 @@ def printk_refusal(fmt: str) -> str | None:
                     "and %%")
         count += m.group(4) != "%"
         pos = m.end()
-    if count > PRINTK_ARGS:
+    if count > _PRINTK_ARGS:
         return f"{count} conversions: bpf_trace_printk takes three arguments"
     return None
