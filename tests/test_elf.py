@@ -219,6 +219,16 @@ BAD_SOURCES = [
     ("size mismatch", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
                                      "__uint(key_size, 8); __type(key, __u32); __type(value, __u64);"),
      "key_size 8 disagrees with the key type's 4 bytes"),
+    # Found by a probe sweep: verified, then the VM built the 32 GiB array whole (Linux refuses >= 4 GiB).
+    ("huge array", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 0xFFFFFFFF); "
+                                  "__type(key, __u32); __type(value, __u64);"),
+     "map m: 4,294,967,295 entries of 8 bytes make 34,359,738,360 bytes: Linux refuses an array of 4 GiB or more"),
+    ("huge value", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
+                                  "__type(key, __u32); __type(value, char[(1 << 22) + 1]);"),
+     "map m: a value of 4,194,305 bytes (Linux's limit is 4,194,304)"),
+    ("huge key", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
+                                "__type(key, char[513]); __type(value, __u64);"),
+     "map m: a key of 513 bytes (at most 512, as a program's stack holds its keys)"),
     ("tail calls", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_PROG_ARRAY); __uint(max_entries, 1); "
                                     "__type(key, __u32); __type(value, __u32);"),
      "map m: unsupported map type 3 (BPF_MAP_TYPE_PROG_ARRAY: tail calls are not supported, call a static "

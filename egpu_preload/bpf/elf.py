@@ -49,6 +49,12 @@ _MAP_DEF = struct.Struct("<IIIII")      # legacy struct bpf_map_def: type, key_s
 _MAP_DEF_MIN = 16                       # map_flags (libbpf accepts definitions without map_flags)
 _BPF_OBJ_NAME_LEN = 16                  # linux/bpf.h: map names hold 15 characters and a NUL
 _PAGE = 4096
+# The kernel's map_alloc_check limits (array_map_alloc_check, htab_map_alloc_check): a value fits one kmalloc
+# (KMALLOC_MAX_SIZE, x86-64), an array's elements (each rounded up to 8 bytes) stay under U32_MAX - PAGE_SIZE,
+# a hash key fits the stack (MAX_BPF_STACK).
+_KMALLOC_MAX = 1 << 22
+_ARRAY_MAX = (1 << 32) - 1 - _PAGE
+_STACK = 512
 _MAP_PROG_ARRAY = 3                     # linux/bpf.h: bpf_tail_call's map
 _SUPPORTED = (", ".join(n for t, n in MAP_TYPE_NAMES.items() if t != MAP_PERTHREAD_ARRAY) + "; bpftime's "
               + ", ".join(map(str, sorted({*BPFTIME_MAP_TYPES, MAP_PERTHREAD_ARRAY}))))
@@ -479,8 +485,18 @@ def _checked_map(m: MapDef) -> MapDef:
     if m.key_size == 0 or m.value_size == 0 or m.max_entries == 0:
         raise ElfError(f"map {m.name}: {kind} needs key_size, value_size and max_entries "
                        f"(got {m.key_size}, {m.value_size}, {m.max_entries})")
-    if m.type in (MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_PERTHREAD_ARRAY) and m.key_size != 4:
-        raise ElfError(f"map {m.name}: {kind} keys are 4 bytes, not {m.key_size}")
+    if m.value_size > _KMALLOC_MAX:
+        raise ElfError(f"map {m.name}: a value of {m.value_size:,} bytes (Linux's limit is {_KMALLOC_MAX:,})")
+    if m.type in (MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_PERTHREAD_ARRAY):
+        if m.key_size != 4:
+            raise ElfError(f"map {m.name}: {kind} keys are 4 bytes, not {m.key_size}")
+        size = m.max_entries * (-(-m.value_size // 8) * 8)
+        if size >= _ARRAY_MAX:   # the VM and the launch VM would build it whole before anything refused it
+            raise ElfError(f"map {m.name}: {m.max_entries:,} entries of {m.value_size} bytes make {size:,} bytes: "
+                           f"Linux refuses an array of 4 GiB or more")
+    elif m.key_size > _STACK:
+        raise ElfError(f"map {m.name}: a key of {m.key_size} bytes (at most {_STACK}, as a program's stack holds "
+                       f"its keys)")
     return m
 
 
