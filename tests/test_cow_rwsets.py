@@ -210,6 +210,26 @@ CASES |= {
     "bulk tensor copy": (_ptx(
         "ld.param.u64 %rd1, [k_p0];\ncp.async.bulk.global.shared::cta.bulk_group [%rd1], [%r1], 64;"),
         {}, {}, "not modelled"),
+    "matrix fragment stored to global": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\nld.global.u32 %r1, [%rd1];\nld.param.u64 %rd2, [k_p1];\n"
+        "cvta.to.global.u64 %rd3, %rd2;\n"
+        "wmma.store.d.sync.aligned.row.m16n16k16.global.f32 [%rd3], {%f1, %f1, %f1, %f1, %f1, %f1, %f1, %f1}, 16;"),
+        {("k_p0", 0): "r"}, {}, "not modelled"),
+    "matrix fragment stored through a generic address": (_ptx(
+        "ld.param.u64 %rd1, [k_p1];\n"
+        "wmma.store.d.sync.aligned.row.m16n16k16.f32 [%rd1], {%f1, %f1, %f1, %f1, %f1, %f1, %f1, %f1}, 16;"),
+        {}, {}, "not modelled"),
+    # (char *)__shfl_sync(~0, (uintptr_t)p, 0) + off, off a size_t parameter: the pointer's halves lose
+    # their origins in shfl, so the sum's only origin is the integer.
+    "pointer broadcast by shfl, plus an integer parameter": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\nld.param.u64 %rd2, [k_p1];\nmov.b64 {%r1, %r2}, %rd1;\n"
+        "shfl.sync.idx.b32 %r3, %r1, 0, 31, -1;\nshfl.sync.idx.b32 %r4, %r2, 0, 31, -1;\n"
+        "mov.b64 %rd3, {%r3, %r4};\nadd.s64 %rd4, %rd3, %rd2;\nst.global.u8 [%rd4], %r1;"),
+        {("k_p1", 0): "w"}, {}, "halves"),
+    "pointer loaded as two 32-bit halves": (_ptx(
+        "ld.param.u64 %rd1, [k_p0];\nld.param.u64 %rd2, [k_p1];\nld.global.v2.u32 {%r1, %r2}, [%rd1];\n"
+        "mov.b64 %rd3, {%r1, %r2};\nadd.s64 %rd4, %rd3, %rd2;\nst.global.u8 [%rd4], %r1;"),
+        {("k_p0", 0): "r", ("k_p1", 0): "w"}, {}, "halves"),
 }
 
 

@@ -9,15 +9,17 @@ A register's value is described by its origins, a set of:
 - ``("s", symbol)``         the address of a module or function variable, space not yet known;
 - ``("g", symbol)``         a module ``.global`` variable's address in the global window;
 - ``("x",)``                an address in shared, local, const or param space (not a buffer);
-- ``("?",)``                a 64-bit value loaded from memory: possibly any pointer.
+- ``("?",)``                a 64-bit value loaded from memory, or packed from halves that carry no
+  origin (a pointer shuffled across the warp, or loaded as ``v2.u32``): possibly any pointer.
 
 Origins flow through mov, cvta, cvt, add/sub, the addend of mad, and/or/xor/not, selp/slct and min/max;
 every other instruction (mul, shl, shr, shfl, ...) produces a plain number. The analysis is
 flow-insensitive (each register gets the union over all its definitions), iterated to a fixpoint, so
 loops need no special case. It stays sound without tracking numbers: an address whose origins are empty
 (a pointer that went through mul or shl, an integer parameter) or hold ``("?",)`` makes the kernel
-``unknown``. The one unsound corner is a pointer difference scaled and added to another pointer
-(``p + (q - p) * 1``), which no compiler emits for ordinary C++.
+``unknown``. The unsound corners are a pointer difference scaled and added to another pointer
+(``p + (q - p) * 1``), which no compiler emits for ordinary C++, and a pointer rebuilt from its halves
+by shl and or rather than by mov (mov packing halves without origins gives ``("?",)``).
 
 ``.func`` bodies are analysed once each with their own parameters as origins and applied at every call
 (the caller's ``st.param`` of each argument slot gives its origins); recursion, indirect calls and
@@ -32,6 +34,7 @@ from egpu_preload.bpf import ctx as C
 from egpu_preload.errors import PtxError
 from egpu_preload.translate import ptx
 from egpu_preload.translate.rewrite import _ADDR as ADDRESS   # the rewriter's [base+offset] form
+from egpu_preload.translate.rewrite import _unseen_access as unseen_access   # wmma, bulk copies
 from egpu_preload.translate.rewrite import memory_access
 
 Origin = tuple
@@ -181,6 +184,9 @@ class _Function:
             vals = [self.add(self.value(ops[1]), self.value(ops[2]), ops[1], ops[2])] * len(dests)
         else:   # mov.b64 %rd, {%r1, %r2} packs, mov.b64 {%r1, %r2}, %rd unpacks: origins go along
             src = frozenset().union(*(self.value(o) for o in ops[1:]))
+            if op == "mov" and not src and any(o.strip().startswith("{") for o in ops):
+                # halves without origins (a shfl'd pointer, one loaded as v2.u32 or b128) may rebuild any pointer
+                src = frozenset({UNKNOWN})
             if op not in _SELECT:   # sub, and, ...: a parameter address's offset is no longer known
                 src = frozenset(("a", o[1], None) if o[0] == "a" else o for o in src)
             vals = [src] * len(dests)
@@ -255,8 +261,9 @@ class _Function:
             return
         acc = memory_access(ins)
         if acc is None:
-            if op in ("cp", "st", "red", "ld", "atom", "discard") and "global" in parts \
-                    and "prefetch" not in parts:
+            unmodelled = op in ("cp", "st", "red", "ld", "atom", "discard") and "global" in parts \
+                and "prefetch" not in parts
+            if unmodelled or unseen_access(ins.opcode):   # wmma.store: a generic one writes a buffer too
                 self.out._flag(f"{ins.opcode}: a global access form not modelled")
             return
         mode = "rw" if acc.flags & C.FLAG_ATOMIC else "r" if acc.flags & C.FLAG_LOAD else "w"
@@ -277,7 +284,7 @@ class _Function:
             elif kind == "g" or (kind == "s" and self.spaces.get(o[1]) == "global"):
                 self.out._add(self.out.globals, o[1], mode)
             elif kind == "?":
-                self.out._flag(f"{what}: address loaded from memory")
+                self.out._flag(f"{what}: address loaded from memory or rebuilt from 32-bit halves")
             elif kind == "s" and self.spaces.get(o[1]) is None:
                 self.out._flag(f"{what}: address of unknown symbol {o[1]}")
             # "a", "x" and symbols of other spaces: not application buffers
