@@ -288,7 +288,7 @@ static void cow_write(unsigned long long dst, unsigned long long size, CUstream 
 struct layout {
     int known;                 /* 0: the parameters cannot be read */
     unsigned int nparams;
-    int nwrites;               /* -1: every word may be written through */
+    int nwrites;               /* -1: every word may be written through; EGPU_COW_ANYTHING */
     unsigned int *offsets, *sizes, *writes;
 };
 #define LAYOUTS (1u << 14)
@@ -398,7 +398,8 @@ void egpu_cow_launch(void *f, CUstream stream, int per_thread, void **params, vo
         else if (e[0] == CU_LAUNCH_PARAM_BUFFER_SIZE && e[1]) bufsize = *(size_t *)e[1];
     }
     struct layout *l = layout_for(f);
-    if (bufsize > PARAM_BYTES_MAX) { /* not a buffer to read: the driver refuses the launch */
+    /* a buffer past the driver's limit (it refuses the launch), or a kernel that loads its pointers */
+    if (bufsize > PARAM_BYTES_MAX || l->nwrites == EGPU_COW_ANYTHING) {
         all_written(s);
     } else if (buf && bufsize && (!l->known || l->nwrites < 0)) {
         scan(buf, 0, bufsize, s);

@@ -80,9 +80,11 @@ void egpu_cow_stats(struct egpu_cow_stats *out);
 
 /* Tell the launch hook where a kernel's parameters are (from its PTX): offsets/sizes of `nparams`
  * parameters; `writes`: byte offsets (in the parameter buffer) of the pointer words the kernel may
- * write through, or nwrites -1 when unknown (every word counts). Without this the hook asks the
- * driver (cuFuncGetParamInfo / cuKernelGetParamInfo) and treats every word as written through.
- * Returns 0, or -1 when the table is full or memory is out. */
+ * write through, or nwrites -1 when unknown (every word counts), or EGPU_COW_ANYTHING when it may
+ * write through pointers no argument holds (loaded from memory, handles): every pending range counts.
+ * Without this the hook asks the driver (cuFuncGetParamInfo / cuKernelGetParamInfo) and treats every
+ * word as written through. Returns 0, or -1 when the table is full or memory is out. */
+enum { EGPU_COW_ANYTHING = -2 };
 int egpu_cow_layout(void *function, const unsigned int *offsets, const unsigned int *sizes,
                     unsigned int nparams, const unsigned int *writes, int nwrites);
 

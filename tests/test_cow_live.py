@@ -166,6 +166,34 @@ def test_a_parameter_buffer_past_the_drivers_limit_is_never_read(cow_stub, tmp_p
     assert "overflow hook_copies 1 unknown 1 result 0" in r.stdout, r.stdout
 
 
+def test_a_kernel_that_may_write_anything_copies_every_range_first(cow_stub, tmp_path):
+    """A kernel whose PTX writes through a pointer it loads from memory (rwsets: not exact) may write a range
+    no argument points into: its launch copies every pending range first, not just those its words name."""
+    r = cow_stub.run("anything", tmp_path / "log")
+    assert r.returncode == 0, r.stderr
+    assert "overflow hook_copies 1 unknown 1 result 0" in r.stdout, r.stdout
+
+
+def test_an_inexact_write_set_is_registered_as_writing_anything():
+    """live.register_layouts hands the shim EGPU_COW_ANYTHING for a kernel rwsets cannot follow (it once
+    passed -1, "every word", so a pointer loaded from memory wrote past the copy-on-write)."""
+    from types import SimpleNamespace
+
+    import cffi
+
+    from egpu_preload.cow import live
+    text = (".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k(.param .u64 k_t)\n{\n"
+            ".reg .b64 %rd<4>;\n.reg .b32 %r<2>;\nld.param.u64 %rd1, [k_t];\nld.global.u64 %rd2, [%rd1];\n"
+            "st.global.u32 [%rd2], %r1;\nret;\n}\n")
+    calls = []
+    lib = SimpleNamespace(EGPU_COW_ANYTHING=-2,
+                          egpu_cow_layout=lambda f, offs, sizes, n, writes, nwrites: calls.append(nwrites) or 0)
+    mod = SimpleNamespace(ptx=text)
+    rt = SimpleNamespace(ffi=cffi.FFI(), lib=lib, functions={0x10: (mod, "k")})
+    assert live.register_layouts(rt) == 1
+    assert calls == [lib.EGPU_COW_ANYTHING]
+
+
 # ---- egpu checkpoint / restore / egpu-run --restore -----------------------------------------------
 
 class Loop:

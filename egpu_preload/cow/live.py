@@ -11,8 +11,9 @@
    copies it first on its own stream, after waiting for every stream's cut event (shim/cow.c); this
    thread's copier copies the rest, one range at a time, on a stream of its own that waits for the cut
    events too. So every copy holds its range as of the cut, whoever made it. The kernels' PTX write sets
-   (cow/rwsets.py) tell the hook which parameter words are written through; kernels without PTX get
-   their layout from the driver and every word counts.
+   (cow/rwsets.py) tell the hook which parameter words are written through; a kernel they cannot follow
+   (a pointer loaded from memory, a call without a body) copies every pending range first; kernels without
+   PTX get their layout from the driver and every word counts.
 4. Disarm (every copy finished), then the staging memory goes to DIR through snapshot.SnapshotWriter,
    with what the checkpoint cost the application in the manifest's ``info``: time inside hooks on
    copy-on-write (sum and max) and the window it ran in (CLOCK_MONOTONIC, as the application's clocks).
@@ -131,7 +132,7 @@ def register_layouts(rt: "Runtime") -> int:
         offsets = param_offsets(rw.params)
         where = dict(zip((p.name for p in rw.params), offsets))
         writes = sorted({where[p] + off for (p, off), mode in rw.access.items() if "w" in mode})
-        nwrites = len(writes) if rw.exact else -1
+        nwrites = len(writes) if rw.exact else rt.lib.EGPU_COW_ANYTHING   # a loaded pointer may reach any range
         if rt.lib.egpu_cow_layout(ffi.cast("void *", handle), ffi.new("unsigned int[]", offsets),
                                   ffi.new("unsigned int[]", [p.size for p in rw.params]), len(offsets),
                                   ffi.new("unsigned int[]", writes or [0]), nwrites) == 0:

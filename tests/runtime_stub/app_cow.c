@@ -14,6 +14,8 @@
  *   app_cow streams N    a cut after the app made N streams: prints "cut_streams N armed R result R"
  *   app_cow overflow     a memset into an armed range whose end wraps: prints "overflow hook_copies N ..."
  *   app_cow huge-params  a launch whose parameter buffer claims 4 GiB, while armed: the same line
+ *   app_cow anything     a launch of a kernel registered as writing anything, whose arguments point at no
+ *                        range, while armed: the same line
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -169,6 +171,16 @@ static int cut_after(int nstreams, int overflow) {
         r |= cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&k, mod, "k");
         cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, side, NULL, extra);
     }
+    if (overflow == 3) { /* a kernel that writes through a pointer it loads: no argument points at buf */
+        SYM(cuModuleLoadData); SYM(cuModuleGetFunction); SYM(cuLaunchKernel); API(egpu_cow_layout);
+        void *mod = NULL, *k = NULL;
+        unsigned long long table = 0x1234, n = 1;
+        unsigned int offsets[2] = {0, 8}, sizes[2] = {8, 8};
+        void *params[] = {&table, &n};
+        r |= cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&k, mod, "k");
+        r |= p_egpu_cow_layout(k, offsets, sizes, 2, NULL, EGPU_COW_ANYTHING);
+        r |= cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, side, params, NULL);
+    }
     while (p_egpu_cow_copy_next(side) >= 0) {}
     struct egpu_cow_stats st;
     p_egpu_cow_stats(&st);
@@ -240,6 +252,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "streams") && argc == 3) return cut_after(atoi(argv[2]), 0) ? 1 : 0;
     if (!strcmp(argv[1], "overflow")) return cut_after(1, 1) ? 1 : 0;
     if (!strcmp(argv[1], "huge-params")) return cut_after(1, 2) ? 1 : 0;
+    if (!strcmp(argv[1], "anything")) return cut_after(1, 3) ? 1 : 0;
     if (!strcmp(argv[1], "loop") && argc == 3) return job(argv[2], 0);
     if (!strcmp(argv[1], "resume")) return job(NULL, 0) ? 1 : 0;
     if (!strcmp(argv[1], "resume-captured")) return job(NULL, 1) ? 1 : 0;
