@@ -242,6 +242,36 @@ def test_a_checkpoint_others_may_write_is_refused(written, expose, reason):
     assert str(e.value).startswith(f"{written}: " + reason.format(uid=os.geteuid())), str(e.value)
 
 
+def _denied(*names: str):
+    """os.lstat, os.stat and open raising EACCES for these names, as for a user without read or search
+    permission (the tests may run as root, who has both)."""
+    def wrap(real):
+        def call(path, *a, **k):
+            if Path(path).name in names:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real(path, *a, **k)
+        return call
+    return wrap
+
+
+@pytest.mark.parametrize("name", ["alloc-000002.bin", "manifest.json", "manifest.hmac"])
+def test_a_file_the_user_cannot_read_is_refused_naming_it(written, monkeypatch, name):
+    deny = _denied(name)
+    monkeypatch.setattr(snapshot.os, "lstat", deny(os.lstat))
+    monkeypatch.setattr(snapshot.os, "stat", deny(os.stat))
+    monkeypatch.setattr(snapshot, "open", deny(open), raising=False)
+    with pytest.raises(SnapshotError) as e:
+        load(written)
+    assert str(e.value) == f"{written}: {name}: cannot read: Permission denied", str(e.value)
+
+
+def test_a_data_file_that_cannot_be_opened_is_refused_naming_it(written, monkeypatch):
+    monkeypatch.setattr(snapshot, "open", _denied("alloc-000002.bin")(open), raising=False)
+    with pytest.raises(SnapshotError) as e:
+        load(written)
+    assert str(e.value) == f"{written}: alloc-000002.bin: cannot read: Permission denied", str(e.value)
+
+
 def test_without_verify_sizes_are_still_checked_but_contents_are_not(written):
     _flip_byte(written)
     load(written, verify=False)

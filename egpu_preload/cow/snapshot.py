@@ -290,6 +290,8 @@ def _check_private(d: Path, path: Path) -> None:
         st = os.stat(path) if path == d else os.lstat(path)   # the directory may be a link of the user's
     except FileNotFoundError:
         return   # the callers say what is missing
+    except OSError as e:   # EACCES: a directory without search permission
+        raise _error(d, f"{'the directory' if path == d else path.name}: cannot read: {e.strerror}") from None
     if path != d and not stat.S_ISREG(st.st_mode):
         raise _error(d, f"{path.name} is not a plain file")
     if st.st_uid != os.geteuid() or st.st_mode & 0o022:
@@ -303,17 +305,19 @@ def _check_file(d: Path, entry: AllocEntry | GlobalEntry, verify: bool) -> tuple
     _check_private(d, path)
     try:
         st = path.stat()
+        if st.st_size != entry.size:
+            raise _error(d, f"{entry.file}: {st.st_size} bytes, the manifest says {entry.size}")
+        if verify:
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    h.update(chunk)
+            if h.hexdigest() != entry.sha256:
+                raise _error(d, f"{entry.file}: sha256 mismatch (corrupt contents)")
     except FileNotFoundError:
         raise _error(d, f"{entry.file} missing") from None
-    if st.st_size != entry.size:
-        raise _error(d, f"{entry.file}: {st.st_size} bytes, the manifest says {entry.size}")
-    if verify:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(CHUNK):
-                h.update(chunk)
-        if h.hexdigest() != entry.sha256:
-            raise _error(d, f"{entry.file}: sha256 mismatch (corrupt contents)")
+    except OSError as e:   # EACCES, EIO: a file the restore could not read either
+        raise _error(d, f"{entry.file}: cannot read: {e.strerror}") from None
     return st.st_size, st.st_mtime_ns
 
 
