@@ -194,6 +194,28 @@ def test_an_inexact_write_set_is_registered_as_writing_anything():
     assert calls == [lib.EGPU_COW_ANYTHING]
 
 
+def test_allocations_the_shims_table_dropped_refuse_a_checkpoint_or_restore(monkeypatch):
+    """The shim's table holds 65536 live allocations; one made past that is counted (alloc_overflow) but
+    not listed. live_allocations, which checkpoint and restore read, refuses rather than leave it out."""
+    from types import SimpleNamespace
+
+    import cffi
+
+    from egpu_preload.cow import live
+    from egpu_preload.errors import CowError
+    monkeypatch.syspath_prepend(str(ROOT / "shim"))
+    from build import header_parts
+    ffi = cffi.FFI()
+    ffi.cdef(header_parts()[1])
+
+    def stats(out):
+        out.alloc_overflow = 3
+
+    lib = SimpleNamespace(egpu_shim_allocations=lambda buf, room: 0, egpu_cow_stats=stats)
+    with pytest.raises(CowError, match="3 allocations .* not in the shim's table"):
+        live.live_allocations(SimpleNamespace(ffi=ffi, lib=lib))
+
+
 # ---- egpu checkpoint / restore / egpu-run --restore -----------------------------------------------
 
 class Loop:

@@ -103,7 +103,12 @@ def live_globals(rt: "Runtime") -> dict[tuple[str, str], tuple[int, int]]:
 
 
 def live_allocations(rt: "Runtime") -> list[Allocation]:
-    """The shim's allocation table now, by creation number."""
+    """The shim's allocation table now, by creation number; CowError if it ever dropped one (full table)."""
+    stats = rt.ffi.new("struct egpu_cow_stats *")
+    rt.lib.egpu_cow_stats(stats)
+    if stats.alloc_overflow:   # counted once made, never listed: it may still be live, unseen
+        raise CowError(f"{stats.alloc_overflow} allocations were made while the shim's table was full and are not "
+                       "in the shim's table: a checkpoint or restore would leave them out")
     table = AllocationTable()
     table.sync(read_shim(rt.ffi, rt.lib))
     return table.by_creation()
