@@ -7,6 +7,7 @@ kernel names, records and drops.
 from __future__ import annotations
 
 import json
+import struct
 import os
 from pathlib import Path
 
@@ -316,3 +317,51 @@ def test_perfetto_trace_processor_loads_it(own_probe, tmp_path):
         assert [r.n for r in tp.query("select count(*) as n from slice where dur = 0")] == [6]
     finally:
         tp.close()
+
+
+# --- every BTF shape (tests/output_probes/types.bpf.c) ------------------------------------------------
+
+def _types_state(obj: BpfObject) -> MapsState:
+    """types.bpf.c's maps after the workload (its LRU map), filled byte by byte as the probe's BTF lays
+    them out (clang's layout: the struct formats spell out its padding)."""
+    state = run_probe(obj)
+    s = {st.mapdef.name: st for st in state.storages}
+    ints = "<bBhH2xiIqQ?7x"
+    s["ints"].update(b"\xff", struct.pack(ints, -128, 255, -32768, 65535, -2**31, 2**32 - 1, -2**63, 2**64 - 1, True))
+    s["ints"].update(b"\x01", struct.pack(ints, -1, 1, -1, 1, -1, 1, 2**53 + 1, 2**63, False))
+    s["s16"].update(struct.pack("<h", -5), struct.pack("<h", -7))
+    s["s64"].update(struct.pack("<q", -5), struct.pack("<q", -2**63))
+    s["flags"].update(_u32(1), b"\x01")
+    s["flags"].update(_u32(2), b"\x00")
+    for i, raw in enumerate([b"abcdefgh", b"ab\0cd\0\0\0", b"\xff\xfeok\0\0\0\0", b'a"b\nc\0\0\0', b"\x1b[31m\0\0\0"]):
+        s["strs"].update(_u32(i), raw)
+    # sb:4 = -1, ub:3 = 5, eb:3 = P_B, bb:1 = true, 2 unnamed bits, wide:40 = 2**40 - 1 (bit offsets 0/4/7/10/13)
+    s["bits"].update(_u32(1), _u64(0xF | 5 << 4 | 2 << 7 | 1 << 10 | (2**40 - 1) << 13))
+    s["bits"].update(_u32(2), _u64(8 | 7 << 7))   # sb = -8, eb = 7: no name
+    outer = "<I4sfHHiB3xQQdiiQI3I"
+    s["nested"].update(_u32(5) + b"tag\0\0\0\0\0", struct.pack(outer, 7, b"abcd", -2.5, 3, 4, -9, 0xEE, 2**64 - 1,
+                                                              0xDEADBEEF, 3.25, -1, -2, 0x8000000000000001, 9, 1, 2, 3))
+    s["nested"].update(_u32(5) + b"abc\0\0\0\0\0", bytes(80))
+    for k, v in [(1, 1.5), (2, float("inf")), (3, float("nan"))]:
+        s["floats"].update(_u32(k), struct.pack("<f", v))
+    for k, v in [(-2, 0x8000000000000001), (7, 5), (3, 1)]:
+        s["enums"].update(struct.pack("<i", k), _u64(v))
+    for sm in (0, 2, 5):
+        s["per_sm"].update(_u32(0), struct.pack("<QQ4sIQ?3xi", IDS[0], sm + 1, b"sm", 2, 0x1000, True, -sm), cpu=sm)
+    s["empty"].update(_u32(1), _u64(1))
+    s["empty"].delete(_u32(1))
+    return state
+
+
+@pytest.fixture(scope="module")
+def types_obj(own_probe) -> BpfObject:
+    return load_object(own_probe("types"))
+
+
+def test_bitfields_read_as_their_members_type(types_obj):
+    """A bitfield is its member's type cut to its width: a signed int sign-extends, a bool is true or
+    false, an enum prints its name."""
+    bits = next(m for m in values.snapshot(_types_state(types_obj), types_obj).maps if m.name == "bits")
+    assert [e.value for e in bits.entries] == [
+        {"sb": -1, "ub": 5, "eb": "P_B", "bb": True, "wide": 2**40 - 1},
+        {"sb": -8, "ub": 0, "eb": 7, "bb": False, "wide": 0}]

@@ -324,11 +324,7 @@ class _Reader:
         if t.kind == btfmod.KIND_PTR:
             return Address(int.from_bytes(raw[off:off + 8], "little"))
         if t.kind in (btfmod.KIND_ENUM, btfmod.KIND_ENUM64):
-            v = int.from_bytes(raw[off:off + t.size], "little", signed=t.kind_flag)
-            bits = t.size * 8
-            signed = v - (1 << bits) if v >> (bits - 1) else v
-            names = [e.name for e in t.enum_values if e.value in (v, signed)]
-            return Symbol(names[0]) if names else v
+            return _enum(t, int.from_bytes(raw[off:off + t.size], "little"), t.size * 8)
         if t.kind == btfmod.KIND_FLOAT:
             fmt = {4: "<f", 8: "<d"}.get(t.size)
             return struct.unpack_from(fmt, raw, off)[0] if fmt else Symbol(raw[off:off + t.size].hex())
@@ -344,7 +340,7 @@ class _Reader:
             for m in t.members:
                 if m.bitfield_size:
                     word = int.from_bytes(raw[off:off + t.size], "little")
-                    value: Data = (word >> m.bit_offset) & ((1 << m.bitfield_size) - 1)
+                    value: Data = self._bitfield(m, (word >> m.bit_offset) & ((1 << m.bitfield_size) - 1))
                 else:
                     value = self._decode(m.type, raw, off + m.offset, depth + 1)
                 if not m.name and isinstance(value, dict):
@@ -361,13 +357,33 @@ class _Reader:
             return self._decode(t.ref, raw, off, depth + 1)
         return Symbol(raw[off:off + btf.size(type_id)].hex())
 
+    def _bitfield(self, m: btfmod.Member, raw: int) -> Data:
+        """A bitfield's bits as its member's type (C: an int bitfield is signed, ``int x : 4`` holds -8..7)."""
+        t = self.btf.resolve(m.type)
+        if t.kind == btfmod.KIND_INT:
+            return _int(t, raw, m.bitfield_size)
+        if t.kind in (btfmod.KIND_ENUM, btfmod.KIND_ENUM64):
+            return _enum(t, raw, m.bitfield_size)
+        return raw
 
-def _int(t: btfmod.Type, raw: int) -> int | bool:
-    if t.int_bits and t.int_bits < t.size * 8:
-        raw = (raw >> t.int_bit_offset) & ((1 << t.int_bits) - 1)
+
+def _int(t: btfmod.Type, raw: int, bits: int = 0) -> int | bool:
+    """``raw`` as the integer type ``t``; ``bits``: a bitfield's width, its bits already taken out."""
+    if not bits:
+        bits = t.int_bits or t.size * 8
+        if bits < t.size * 8:
+            raw = (raw >> t.int_bit_offset) & ((1 << bits) - 1)
     if t.int_encoding & btfmod.INT_BOOL:
         return bool(raw)
     if t.int_encoding & btfmod.INT_SIGNED:
-        bits = t.int_bits or t.size * 8
         raw = raw - (1 << bits) if raw >> (bits - 1) else raw
     return raw
+
+
+def _enum(t: btfmod.Type, raw: int, bits: int) -> Data:
+    """An enum's ``bits`` low bits as its value's name, else its number (signed where BTF says so). BTF
+    keeps a 32-bit enum's values signed whatever the enum's sign: match either reading."""
+    signed = raw - (1 << bits) if raw >> (bits - 1) else raw
+    v = signed if t.kind_flag else raw
+    names = [e.name for e in t.enum_values if e.value in (raw, signed)]
+    return Symbol(names[0]) if names else v
