@@ -365,3 +365,13 @@ def test_bitfields_read_as_their_members_type(types_obj):
     assert [e.value for e in bits.entries] == [
         {"sb": -1, "ub": 5, "eb": "P_B", "bb": True, "wide": 2**40 - 1},
         {"sb": -8, "ub": 0, "eb": 7, "bb": False, "wide": 0}]
+
+
+def test_percpu_struct_sum_keeps_what_is_not_summed(types_obj):
+    """The sum over SMs adds numbers field by field and keeps the rest (kernel ids, strings, enums,
+    pointers, bools) as the SMs that wrote the slot have them, not as an unwritten slot's zeros."""
+    snap = values.snapshot(_types_state(types_obj), types_obj, NAMES)
+    per_sm = next(m for m in snap.maps if m.name == "per_sm")
+    assert per_sm.value == {"kernel_id": IDS[0], "n": 1 + 3 + 6, "tag": "sm", "e": "P_B", "p": 0x1000, "seen": True,
+                            "neg": -7}
+    assert text.value(per_sm.value, NAMES).startswith("{ kernel_id: vecAdd, n: 10, ")

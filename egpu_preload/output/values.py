@@ -216,8 +216,11 @@ def _rows(storage: MapStorage, reader: "_Reader") -> list[tuple[Data, Data, dict
             if not keep_zero and not any(any(r) for r in raws.values()):
                 continue
             per_sm = {cpu: reader.data(m.value_type_id, r) for cpu, r in raws.items()}
-            total = reader.data(m.value_type_id, bytes(m.value_size))
-            for v in per_sm.values():
+            # Summed from the first SM that wrote the slot: _add keeps what it cannot add (a kernel id, a
+            # string) from its first operand, which must not be an unwritten slot's zeros.
+            written = [per_sm[cpu] for cpu, r in raws.items() if any(r)]
+            total = written[0] if written else reader.data(m.value_type_id, bytes(m.value_size))
+            for v in written[1:]:
                 total = _add(total, v)
             rows.append((reader.key(m, struct.pack("<I", i)), total, per_sm))
         return rows
