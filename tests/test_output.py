@@ -149,6 +149,9 @@ def test_empty_histogram_prints_nothing():
     (Address(4096), "0x1000"), ([1, 2], "[1, 2]"), ({}, "{}"), ({"a": 1, "b": {"c": "x"}}, '{ a: 1, b: { c: "x" } }'),
     (KernelId(IDS[0]), "vecAdd"), (KernelId(IDS[1]), "ns::kernel"), (KernelId(IDS[2]), "scale"),
     (KernelId(7), "7"),
+    # a string stays on its line and inside its quotes, and sends no control sequence to a terminal
+    ("a\nb\tc\r", r'"a\nb\tc\r"'), ('say "hi"', r'"say \"hi\""'), ("\x1b[31m\x00\x7f\x9b", r'"\x1b[31m\x00\x7f\x9b"'),
+    ({"s": "\n"}, r'{ s: "\n" }'),
 ])
 def test_value_text(v, expected):
     assert text.value(v, NAMES) == expected
