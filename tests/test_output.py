@@ -378,3 +378,12 @@ def test_percpu_struct_sum_keeps_what_is_not_summed(types_obj):
     assert per_sm.value == {"kernel_id": IDS[0], "n": 1 + 3 + 6, "tag": "sm", "e": "P_B", "p": 0x1000, "seen": True,
                             "neg": -7}
     assert text.value(per_sm.value, NAMES).startswith("{ kernel_id: vecAdd, n: 10, ")
+
+
+def test_log2_slots_past_64_bits_are_keys():
+    """floor(log2) of a 64-bit value is at most 63: a hist map with a larger key holds values, not slots,
+    and prints as a keyed map (as a histogram, slot 10000 drew 30 MB of rows, slot 2**20 never ended)."""
+    m = MapDef("hist_raw", prog.MAP_HASH, 8, 8, 8)
+    snap = values.snapshot(_state(m, {_u64(0): _u64(1), _u64(64): _u64(2)}), BpfObject("t.bpf.o", maps=[m]))
+    assert text.render(snap) == "@hist_raw[0]: 1\n@hist_raw[64]: 2\n"
+    assert _hist("hist", {63: 1}).buckets() == [(1 << 63, 1 << 64, 1)]

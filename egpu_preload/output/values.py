@@ -13,8 +13,8 @@ Which map becomes which value:
 
 - ``Scalar``: a single-slot ARRAY or PERCPU_ARRAY, and libbpf global data (``.bss``/``.data``, a DATASEC).
   ``.rodata`` is constant and not shown.
-- ``Histogram``: an ARRAY, PERCPU_ARRAY or HASH with integer keys and values whose name starts with
-  ``hist`` (log2) or ``lhist`` (linear). egpu's convention (a probe computes the slot itself):
+- ``Histogram``: an ARRAY, PERCPU_ARRAY or HASH with integer keys (log2: 0-63) and values whose name starts
+  with ``hist`` (log2) or ``lhist`` (linear). egpu's convention (a probe computes the slot itself):
   log2 slot 0 counts values 0 and 1, slot k >= 1 counts [2**k, 2**(k+1)), i.e. slot = floor(log2(v));
   linear slot k counts [k*step, (k+1)*step), where step is the number after ``lhist`` in the name
   (``lhist100_latency``: step 100), 1 when there is none.
@@ -233,12 +233,16 @@ _HIST_NAME = re.compile(r"(lhist)(\d*)|hist")
 
 def _histogram(m: MapDef, rows: list[tuple[Data, Data, dict | None]]) -> Histogram | None:
     match = _HIST_NAME.match(m.name)
-    if match is None or not all(_is_int(k) and _is_int(v) and k >= 0 for k, v, _ in rows):
+    if match is None:
+        return None
+    linear = match.group(1) is not None
+    # A log2 slot of a 64-bit value is at most 63: a larger key is a value, and filling the slots up to it
+    # would never end.
+    if not all(_is_int(k) and _is_int(v) and 0 <= k and (linear or k < 64) for k, v, _ in rows):
         return None
     counts: dict[int, int] = {}
     for k, v, _ in rows:
         counts[int(k)] = counts.get(int(k), 0) + int(v)
-    linear = match.group(1) is not None
     return histogram(m.name, "linear" if linear else "log2", int(match.group(2) or 1) if linear else 1, counts)
 
 
