@@ -16,12 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from egpu_preload.bpf.elf import load_object
 from egpu_preload.control import SessionInfo, list_sessions
 from egpu_preload.errors import EgpuError
+from egpu_preload.maps import MapsState
 from egpu_preload.output.combine import sum_snapshots
 from egpu_preload.output.values import (Entry, Histogram, KernelId, KeyedScalars, Record, Records, Scalar, Snapshot,
                                         Trace, histogram)
-from egpu_preload.runtime import config, ranks
+from egpu_preload.runtime import config, dump, job, ranks
 from stub_job import MORE, ROOT, egpu_run
 
 EXAMPLES = ROOT / "examples"
@@ -95,6 +97,17 @@ def test_histograms_sum_slot_by_slot(kind, parts):
 
 
 # ---- ranks: the process tree and who is addressed ----------------------------------------------------
+
+def test_json_of_several_processes_is_a_document_a_line(probe_obj):
+    """--json over several processes (each rank, then the sum; -o FILE, egpu maps --all) is NDJSON: no
+    blank line between documents, which a reader taking a line at a time cannot parse."""
+    obj = load_object(probe_obj("count"))
+    dumps = [{"pid": 10 + r, "rank": r, "argv": ["train.py"], "kernels": [],
+              "probes": [{"path": str(obj.path), **dump.state_contents(MapsState(obj.maps))}]} for r in (0, 1)]
+    out = job.render([], dumps, as_json=True)
+    assert [json.loads(line)["rank"] for line in out.splitlines()] == [0, 1, "all"]
+    assert out.endswith("}\n")
+
 
 def test_parent_reads_stat_past_an_odd_command_name(tmp_path):
     (tmp_path / "42").mkdir()

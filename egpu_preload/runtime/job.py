@@ -255,7 +255,7 @@ def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view
         else:
             head = f"all ranks (sum of {len(snaps)} processes):\n" if len(snaps) > 1 else ""
             out.append(head + text_out.render(total))
-    return "\n".join(out)
+    return "".join(out) if as_json else "\n".join(out)   # NDJSON: each document is already a line
 
 
 def module_report(dumps: list[dict[str, Any]], verbose: bool, in_kernels: bool = True,
