@@ -387,3 +387,13 @@ def test_log2_slots_past_64_bits_are_keys():
     snap = values.snapshot(_state(m, {_u64(0): _u64(1), _u64(64): _u64(2)}), BpfObject("t.bpf.o", maps=[m]))
     assert text.render(snap) == "@hist_raw[0]: 1\n@hist_raw[64]: 2\n"
     assert _hist("hist", {63: 1}).buckets() == [(1 << 63, 1 << 64, 1)]
+
+
+def test_perthread_array_leaves_zero_slots_out_as_arrays_do():
+    """bpftime's per-thread array (1502, 1512) is an array of a slot per key: unwritten slots are left out,
+    a single slot is a scalar."""
+    m, one = MapDef("pt", prog.MAP_PERTHREAD_ARRAY, 4, 8, 4), MapDef("pt1", prog.MAP_PERTHREAD_ARRAY, 4, 8, 1)
+    state = MapsState([m, one])
+    for thread in (0, 7, 40):
+        state[0].update(_u32(1), _u64(thread + 1), cpu=thread)
+    assert text.render(values.snapshot(state, BpfObject("t.bpf.o", maps=[m, one]))) == "@pt[1]: 50\n\n@pt1: 0\n"

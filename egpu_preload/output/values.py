@@ -11,8 +11,8 @@ three marked types the renderers treat specially:
 
 Which map becomes which value:
 
-- ``Scalar``: a single-slot ARRAY or PERCPU_ARRAY, and libbpf global data (``.bss``/``.data``, a DATASEC).
-  ``.rodata`` is constant and not shown.
+- ``Scalar``: a single-slot ARRAY, PERCPU_ARRAY or PERTHREAD_ARRAY (bpftime's), and libbpf global data
+  (``.bss``/``.data``, a DATASEC). ``.rodata`` is constant and not shown.
 - ``Histogram``: an ARRAY, PERCPU_ARRAY or HASH with integer keys (log2: 0-63) and values whose name starts
   with ``hist`` (log2) or ``lhist`` (linear). egpu's convention (a probe computes the slot itself):
   log2 slot 0 counts values 0 and 1, slot k >= 1 counts [2**k, 2**(k+1)), i.e. slot = floor(log2(v));
@@ -43,6 +43,7 @@ from ..errors import EgpuError
 from ..maps import MapsState, MapStorage, PercpuArrayStorage, PerfStorage, RingbufStorage
 
 KERNEL_ID_FIELD = "kernel_id"
+_ARRAYS = (prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_PERTHREAD_ARRAY)   # every slot always there
 CTX_STRUCT = "egpu_ctx"   # the probes' context: never a record type
 
 
@@ -190,7 +191,7 @@ def _map_value(storage: MapStorage, reader: "_Reader", record_type: int | None) 
                         for cpu, r in storage.consume())
         return Records(m.name, records, storage.drops)
     rows = _rows(storage, reader)
-    if m.max_entries == 1 and m.type in (prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY):
+    if m.max_entries == 1 and m.type in _ARRAYS:
         _, value, per_sm = rows[0]
         return Scalar(m.name, value, per_sm)
     hist = _histogram(m, rows)
@@ -207,7 +208,7 @@ def _rows(storage: MapStorage, reader: "_Reader") -> list[tuple[Data, Data, dict
     """(key, value, per-SM values) of every entry, decoded; all-zero slots of multi-slot arrays are left
     out before decoding (an array has every slot, most of them unused)."""
     m = storage.mapdef
-    keep_zero = m.type not in (prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY) or m.max_entries == 1
+    keep_zero = m.type not in _ARRAYS or m.max_entries == 1
     if isinstance(storage, PercpuArrayStorage):
         cpus = storage.cpus()
         rows = []
