@@ -21,7 +21,7 @@ from egpu_preload.bpf.program import BpfObject, MapDef
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, TraceRecord
 from egpu_preload.output import json as json_out
-from egpu_preload.output import perfetto, text, values
+from egpu_preload.output import combine, perfetto, text, values
 from egpu_preload.output.values import Address, Histogram, KernelId, Symbol
 from egpu_preload.vm import ThreadSim, Vm
 
@@ -359,6 +359,19 @@ def _types_state(obj: BpfObject) -> MapsState:
 @pytest.fixture(scope="module")
 def types_obj(own_probe) -> BpfObject:
     return load_object(own_probe("types"))
+
+
+def test_types_golden(types_obj):
+    snap = values.snapshot(_types_state(types_obj), types_obj, NAMES)
+    _golden("types.txt", text.render(snap))
+    line = json_out.render(snap, time=1700000000.25, pid=4242, rank=0)
+    doc = json.loads(line)
+    _golden("types.json", json.dumps(doc, indent=1) + "\n")
+    assert json.loads(json.dumps(doc)) == doc
+    assert doc["maps"]["ints"]["entries"][0]["value"]["u64"] == 2**64 - 1   # exact, not a double
+    total = combine.sum_snapshots([snap, values.snapshot(_types_state(types_obj), types_obj, NAMES)])
+    _golden("types_sum.txt", text.render(total))
+    json.loads(json_out.render(total, time=0.0, pid=None, rank="all"))
 
 
 def test_bitfields_read_as_their_members_type(types_obj):
