@@ -20,6 +20,7 @@ from egpu_preload.bpf.elf import load_bytes, load_object
 from egpu_preload.bpf.program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
                                       MAP_RINGBUF, Attach)
 from egpu_preload.errors import BtfError, EgpuError, ElfError
+from egpu_preload.output import text, values
 
 T, W, B = "thread", "warp", "block"
 
@@ -141,8 +142,9 @@ def test_global_data(probe_obj):
     assert data.initial == struct.pack("<Q", 3) and bss.initial is None
     assert rodata.initial == struct.pack("<I", 4) + b"egpu\0\0\0\0" and strs.initial == b"wide %u\n\0"
     # clang leaves the DATASEC sizes and offsets 0; the loader fixes them from the ELF as libbpf does.
-    assert obj.btf.format(bss.value_type_id, struct.pack("<QQ", 5, 7)) == "{ hits: 5, weighted_bytes: 7 }"
-    assert obj.btf.format(rodata.value_type_id, rodata.initial) == '{ min_size: 4, tag: "egpu" }'
+    shown = values._Reader(obj.btf, {})   # as egpu-run prints them
+    assert text.value(shown.data(bss.value_type_id, struct.pack("<QQ", 5, 7)), {}) == "{ hits: 5, weighted_bytes: 7 }"
+    assert text.value(shown.data(rodata.value_type_id, rodata.initial), {}) == '{ min_size: 4, tag: "egpu" }'
     assert strs.value_type_id is None  # string literals have no BTF
 
 

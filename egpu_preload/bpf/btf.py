@@ -130,7 +130,7 @@ VOID = Type(0, 0, "void")
 
 
 class Btf:
-    """Parsed BTF: ``types[id]`` (id 0 is void), sizes, members, and values formatted with field names."""
+    """Parsed BTF: ``types[id]`` (id 0 is void), sizes, members and names (output/values.py reads values by them)."""
 
     def __init__(self, types: list[Type]) -> None:
         self.types = types
@@ -224,55 +224,6 @@ class Btf:
             infos.append(VarSecinfo(vs.type, off, vs.size))
         self.types[sec.id] = dataclasses.replace(sec, size=size, secinfos=tuple(infos))
 
-    def format(self, type_id: int, data: bytes) -> str:
-        """A value as text with field names, like bpftrace: ``{ pid: 3, comm: "x" }``."""
-        if len(data) < self.size(type_id):
-            raise BtfError(f"{self.type_name(type_id)} needs {self.size(type_id)} bytes, got {len(data)}")
-        return self._format(type_id, bytes(data), 0, 0)
-
-    def _format(self, type_id: int, data: bytes, off: int, depth: int) -> str:
-        if depth > _MAX_DEPTH:
-            raise BtfError(f"type {type_id}: nesting too deep to format")
-        t = self.resolve(type_id)
-        if t.kind == KIND_INT:
-            return _format_int(t, int.from_bytes(data[off:off + t.size], "little"))
-        if t.kind == KIND_PTR:
-            return hex(int.from_bytes(data[off:off + 8], "little"))
-        if t.kind in (KIND_ENUM, KIND_ENUM64):
-            raw = int.from_bytes(data[off:off + t.size], "little", signed=t.kind_flag)
-            names = [v.name for v in t.enum_values if v.value == raw or v.value == _wrap(raw, t.size)]
-            return names[0] if names else str(raw)
-        if t.kind == KIND_FLOAT:
-            fmt = {4: "<f", 8: "<d"}.get(t.size)
-            return repr(struct.unpack_from(fmt, data, off)[0]) if fmt else data[off:off + t.size].hex()
-        if t.kind == KIND_ARRAY:
-            elem = self.resolve(t.ref)
-            if _is_char(elem):
-                raw = data[off:off + t.nelems]
-                return '"' + raw.split(b"\0", 1)[0].decode("utf-8", "backslashreplace") + '"'
-            step = self.size(t.ref)
-            if step == 0:  # zero-sized elements (empty structs): nothing to show, and no 2**32-step walk
-                return "[]"
-            return "[" + ", ".join(self._format(t.ref, data, off + i * step, depth + 1)
-                                   for i in range(t.nelems)) + "]"
-        if t.kind in (KIND_STRUCT, KIND_UNION):
-            fields = []
-            for m in t.members:
-                if m.bitfield_size:
-                    word = int.from_bytes(data[off:off + t.size], "little")
-                    value = str((word >> m.bit_offset) & ((1 << m.bitfield_size) - 1))
-                else:
-                    value = self._format(m.type, data, off + m.offset, depth + 1)
-                fields.append(f"{m.name}: {value}" if m.name else value)
-            return "{ " + ", ".join(fields) + " }" if fields else "{}"
-        if t.kind == KIND_DATASEC:
-            parts = [f"{self.type(v.type).name}: {self._format(v.type, data, off + v.offset, depth + 1)}"
-                     for v in t.secinfos]
-            return "{ " + ", ".join(parts) + " }" if parts else "{}"
-        if t.kind == KIND_VAR:
-            return self._format(t.ref, data, off, depth + 1)
-        raise BtfError(f"cannot format a value of type {type_id} ({t.kind_name or 'void'})")
-
 
 def _is_char(t: Type) -> bool:
     """clang marks ``char`` signed, not BTF_INT_CHAR: go by the name too."""
@@ -283,17 +234,6 @@ def _wrap(value: int, size: int) -> int:
     """An enum value read unsigned, as the signed value BTF_KIND_ENUM stores."""
     bits = size * 8
     return value - (1 << bits) if value >> (bits - 1) else value
-
-
-def _format_int(t: Type, raw: int) -> str:
-    if t.int_bits and t.int_bits < t.size * 8:
-        raw = (raw >> t.int_bit_offset) & ((1 << t.int_bits) - 1)
-    if t.int_encoding & INT_BOOL:
-        return "true" if raw else "false"
-    if t.int_encoding & INT_SIGNED:
-        bits = t.int_bits or t.size * 8
-        raw = raw - (1 << bits) if raw >> (bits - 1) else raw
-    return str(raw)
 
 
 def core_relos(btf_data: bytes, ext: bytes) -> list[CoreRelo]:
