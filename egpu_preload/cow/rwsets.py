@@ -34,7 +34,7 @@ from egpu_preload.bpf import ctx as C
 from egpu_preload.errors import PtxError
 from egpu_preload.translate import ptx
 from egpu_preload.translate.rewrite import _ADDR as ADDRESS   # the rewriter's [base+offset] form
-from egpu_preload.translate.rewrite import _unseen_access as unseen_access   # wmma, bulk copies
+from egpu_preload.translate.rewrite import unseen_access   # wmma, bulk copies
 from egpu_preload.translate.rewrite import memory_access
 
 Origin = tuple

@@ -325,7 +325,7 @@ class _Kernel:
         self.words = sorted({w for p in probes for w in p.ctx_words or ()})
         self.kernel_words = {w: v for w in self.words if (v := self._kernel_word(w)) is not None}
         self.labels = 0
-        self.unseen: collections.Counter[str] = collections.Counter()   # _unseen_access's, with memory probes
+        self.unseen: collections.Counter[str] = collections.Counter()   # unseen_access's, with memory probes
 
     def edits(self) -> tuple[list[ptx.Edit], int]:
         """The kernel's edits (its body with the sites spliced in, as one edit: a site each would make a
@@ -362,7 +362,7 @@ class _Kernel:
             if site:
                 out += (text[pos:st.start], site)
                 pos = st.start
-            elif self.mem and op in _UNSEEN_OPS and (unseen := _unseen_access(st.opcode)):
+            elif self.mem and op in _UNSEEN_OPS and (unseen := unseen_access(st.opcode)):
                 self.unseen[unseen] += 1
         if prologue is None:   # nothing but declarations: the prologue ends the body
             out += (text[pos:fn.end - 1], "")
@@ -737,7 +737,7 @@ _UNSEEN_OPS = frozenset({"wmma", "cp"})
 
 
 @functools.lru_cache(maxsize=1024)
-def _unseen_access(opcode: str) -> str | None:
+def unseen_access(opcode: str) -> str | None:
     """The name of a global or generic memory access that is no site (its addresses are a matrix fragment's,
     or a bulk copy's size is a register), for the kernel's status to say so; None for any other opcode."""
     parts = opcode.split(".")
