@@ -6,7 +6,7 @@ writes (``consumed``), each on a non-blocking stream with its own synchronize, o
 poll and of a line 4 KiB away, in four modes: no kernel (idle), every warp's lane 0 polling 256 ns apart
 as `--on-full wait` producers do (poll), the pause doubling to 8 us (backoff), and polls with an atom.add on
 the line each time (poll_atomics). Each mode's median and 90th percentile per access, in microseconds.
-The --trace reader's header phase took 2.4 ms a pass in PyTorch eager's warp trace (2026-12-05c); a
+The --trace reader's header phase took about 2.5 ms a pass in PyTorch eager's warp trace (2026-12-05c); a
 read of the polled line that is slow only while warps poll says the producers' polling is what it waits for.
 """
 

@@ -2,8 +2,8 @@
 // against a line nobody touches (bench/bench_header_read.py runs it).
 //
 // The --trace reader reads a ring's 36-byte header once a pass; in PyTorch eager's warp trace that read took
-// 2.4 ms a pass while the pass's megabytes of records took 0.2-0.35 ms (2026-12-05c). Producers made to wait
-// poll ``consumed`` on that header line with ld.acquire.sys and nanosleep (translate/helpers_ptx.py
+// about 2.5 ms a pass while the pass's megabytes of records took 0.2-0.35 ms (2026-12-05c). Producers made
+// to wait poll ``consumed`` on that header line with ld.acquire.sys and nanosleep (translate/helpers_ptx.py
 // _wait_for_room), and take credit with atomics on it. This program asks whether polling alone slows the
 // copy engine's access to the line, and whether backing the polls off helps.
 //
