@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from ..errors import BtfError
 
@@ -46,10 +46,13 @@ CORE_KINDS = ("field_byte_offset", "field_byte_size", "field_exists", "field_sig
               "enumval_value", "type_matches")
 # .BTF.ext (libbpf btf_ext__new): {u16 magic, u8 version, u8 flags, u32 hdr_len, then offset and length of
 # func info, line info and CO-RE relocations, counted from the end of the header; headers of 24 bytes
-# predate CO-RE}. CO-RE relocations: u32 record size, then per code section {u32 section name, u32 count}
-# and count records {u32 insn_off (bytes into the section), u32 type id, u32 access string, u32 kind}.
+# predate CO-RE}. Each subsection: u32 record size, then per code section {u32 section name, u32 count} and
+# count records; a CO-RE relocation's: {u32 insn_off (bytes into the section), u32 type id, u32 access string,
+# u32 kind}.
 _EXT_HEADER = struct.Struct("<HBBIIIIIII")
 _EXT_HEADER_V1 = 24
+EXT_LINE_INFO, EXT_CORE_RELO = 1, 2   # subsections, by their place in the header (0: func info)
+_EXT_INFOS = ("func info", "line info", "CO-RE relocations")
 _CORE_RECORD = struct.Struct("<IIII")
 
 
@@ -236,41 +239,45 @@ def _wrap(value: int, size: int) -> int:
     return value - (1 << bits) if value >> (bits - 1) else value
 
 
-def core_relos(btf_data: bytes, ext: bytes) -> list[CoreRelo]:
-    """The CO-RE relocations of a .BTF.ext section (none where its header predates them), their section
-    names read from the .BTF section ``btf_data``."""
+def ext_records(btf_data: bytes, ext: bytes, which: int, record: struct.Struct) -> Iterator[tuple[str, tuple]]:
+    """(code section, unpacked ``record``) of each record of .BTF.ext's info subsection ``which`` (EXT_*), the
+    section names read from the .BTF section ``btf_data``; none where the header predates the subsection.
+    BtfError for a subsection outside the section, records smaller than ``record`` or cut short."""
     _, strings = _split(bytes(btf_data))
     names = _Reader(b"", strings)
     if len(ext) < _EXT_HEADER_V1:
         raise BtfError(f"header truncated ({len(ext)} bytes)")
-    magic, _, _, hdr_len, *_ = _EXT_HEADER.unpack_from(ext.ljust(_EXT_HEADER.size, b"\0"))
+    magic, _, _, hdr_len, *spans = _EXT_HEADER.unpack_from(ext.ljust(_EXT_HEADER.size, b"\0"))
     if magic != MAGIC:
         raise BtfError(f"bad magic 0x{magic:04x}")
-    if hdr_len < _EXT_HEADER.size:
-        return []
-    *_, off, length = _EXT_HEADER.unpack_from(ext)
+    if hdr_len < 8 + 8 * (which + 1):   # 8 bytes, then an (offset, length) per subsection
+        return
+    what, (off, length) = _EXT_INFOS[which], spans[2 * which:2 * which + 2]
     pos, end = hdr_len + off, hdr_len + off + length
     if end > len(ext) or (length and length < 4):
-        raise BtfError(f"CO-RE relocations outside the {len(ext)}-byte section")
+        raise BtfError(f"{what} outside the {len(ext)}-byte section")
     if not length:
-        return []
+        return
     rec_size, = _U32.unpack_from(ext, pos)
-    if rec_size < _CORE_RECORD.size:
-        raise BtfError(f"CO-RE record size {rec_size} is less than {_CORE_RECORD.size}")
+    if rec_size < record.size:   # as libbpf's btf_ext_setup_info
+        raise BtfError(f"{what}: record size {rec_size} is less than {record.size}")
     pos += 4
-    out = []
     while pos < end:
         if pos + 8 > end:
-            raise BtfError("CO-RE relocations truncated")
+            raise BtfError(f"{what} truncated")
         name_off, count = _U32_PAIR.unpack_from(ext, pos)
         section, pos = names.string(name_off), pos + 8
         if pos + count * rec_size > end:
-            raise BtfError(f"CO-RE relocations of {section} truncated")
+            raise BtfError(f"{what} of {section} truncated")
         for i in range(count):
-            insn_off, type_id, _, kind = _CORE_RECORD.unpack_from(ext, pos + i * rec_size)
-            out.append(CoreRelo(section, insn_off // 8, type_id, kind))
+            yield section, record.unpack_from(ext, pos + i * rec_size)
         pos += count * rec_size
-    return out
+
+
+def core_relos(btf_data: bytes, ext: bytes) -> list[CoreRelo]:
+    """The CO-RE relocations of a .BTF.ext section (none where its header predates them)."""
+    return [CoreRelo(section, insn_off // 8, type_id, kind)
+            for section, (insn_off, type_id, _, kind) in ext_records(btf_data, ext, EXT_CORE_RELO, _CORE_RECORD)]
 
 
 class _Reader:

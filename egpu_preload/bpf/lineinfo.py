@@ -20,10 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import EgpuError
+from .btf import EXT_LINE_INFO, ext_records
 
-_BTF_MAGIC = 0xEB9F
 _BTF_HEADER = struct.Struct("<HBBIIIII")       # magic, version, flags, hdr_len, type_off, type_len, str_off, str_len
-_EXT_HEADER = struct.Struct("<HBBIIIII")       # magic, version, flags, hdr_len, func off/len, line off/len
 _RECORD = struct.Struct("<IIII")
 
 
@@ -106,24 +105,11 @@ def _read(data: bytes) -> tuple[dict[str, list[tuple[int, SourceLine]]], dict[st
     if btf is None or ext is None:
         return {}, {}
     strings = _strings(btf.data())
-    raw = ext.data()
-    magic, _, _, hdr_len, _, _, line_off, line_len = _EXT_HEADER.unpack_from(raw)
-    if magic != _BTF_MAGIC:
-        return {}, {}
-    pos, end = hdr_len + line_off, hdr_len + line_off + line_len
-    rec_size, = struct.unpack_from("<I", raw, pos)
-    if rec_size < _RECORD.size:   # as libbpf's btf_ext_setup_info: a record holds a bpf_line_info
-        return {}, {}
-    pos += 4
     records: dict[str, list[tuple[int, SourceLine]]] = {}
-    while pos + 8 <= end:
-        name_off, count = struct.unpack_from("<II", raw, pos)
-        pos += 8
-        rows = records.setdefault(strings(name_off), [])
-        for i in range(count):
-            insn_off, file_off, text_off, line_col = _RECORD.unpack_from(raw, pos + i * rec_size)
-            rows.append((insn_off // 8, SourceLine(strings(file_off), line_col >> 10, strings(text_off))))
-        pos += count * rec_size
+    for section, (insn_off, file_off, text_off, line_col) in ext_records(btf.data(), ext.data(), EXT_LINE_INFO,
+                                                                         _RECORD):
+        records.setdefault(section, []).append((insn_off // 8, SourceLine(strings(file_off), line_col >> 10,
+                                                                          strings(text_off))))
     for rows in records.values():
         rows.sort(key=lambda r: r[0])
     funcs: dict[str, list[tuple[int, int]]] = {}
