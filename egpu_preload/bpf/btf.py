@@ -233,9 +233,8 @@ def _is_char(t: Type) -> bool:
     return t.kind == KIND_INT and t.size == 1 and (bool(t.int_encoding & INT_CHAR) or t.name == "char")
 
 
-def _wrap(value: int, size: int) -> int:
-    """An enum value read unsigned, as the signed value BTF_KIND_ENUM stores."""
-    bits = size * 8
+def signed(value: int, bits: int) -> int:
+    """``value``, read unsigned from ``bits`` bits, as two's complement (a signed enum's values, an int's)."""
     return value - (1 << bits) if value >> (bits - 1) else value
 
 
@@ -362,14 +361,14 @@ def _parse_type(r: _Reader, tid: int) -> Type:
         values = []
         for _ in range(vlen):
             vname, val = r.unpack(_U32_PAIR, f"enum {tid}")
-            values.append(EnumValue(r.string(vname), _wrap(val, 4) if kflag else val))
+            values.append(EnumValue(r.string(vname), signed(val, 32) if kflag else val))
         t = dataclasses.replace(t, enum_values=tuple(values))
     elif kind == KIND_ENUM64:
         values = []
         for _ in range(vlen):
             vname, lo, hi = r.unpack(_TRIPLE, f"enum64 {tid}")
             val = lo | hi << 32
-            values.append(EnumValue(r.string(vname), _wrap(val, 8) if kflag else val))
+            values.append(EnumValue(r.string(vname), signed(val, 64) if kflag else val))
         t = dataclasses.replace(t, enum_values=tuple(values))
     elif kind == KIND_FUNC:
         t = dataclasses.replace(t, linkage=vlen)

@@ -384,14 +384,14 @@ def _int(t: btfmod.Type, raw: int, bits: int = 0) -> int | bool:
     if t.int_encoding & btfmod.INT_BOOL:
         return bool(raw)
     if t.int_encoding & btfmod.INT_SIGNED:
-        raw = raw - (1 << bits) if raw >> (bits - 1) else raw
+        raw = btfmod.signed(raw, bits)
     return raw
 
 
 def _enum(t: btfmod.Type, raw: int, bits: int) -> Data:
     """An enum's ``bits`` low bits as its value's name, else its number (signed where BTF says so). BTF
     keeps a 32-bit enum's values signed whatever the enum's sign: match either reading."""
-    signed = raw - (1 << bits) if raw >> (bits - 1) else raw
+    signed = btfmod.signed(raw, bits)
     v = signed if t.kind_flag else raw
     names = [e.name for e in t.enum_values if e.value in (raw, signed)]
     return Symbol(names[0]) if names else v
