@@ -9,7 +9,10 @@ processes on the suite's pinned CPUs: plain, ``egpu-run`` with no probe (the def
 until a probe needs one) and ``egpu-run --live-sass`` (the Compute Sanitizer subscribed from cuInit in
 standby, so that a probe attached later can patch SASS-only kernels); ``plain_again``, a second plain
 process each round, is the control: its ratios are what a change that costs nothing gets, the floor any
-other mode's spread is read against. Processes of one program vary by
+other mode's spread is read against. ``sanitizer_none``, ``sanitizer_resource`` and ``sanitizer_loads`` take
+egpu out and inject bench/empty_patch subscribed alone (no callback, the whole resource domain, the module
+load and unload callbacks standby asks for), patching nothing: what the subscription itself costs, apart
+from what egpu adds to it. Processes of one program vary by
 10-20% here, so the ratios are per round (each against the plain run of its round), all kept, summarized
 as their median and spread (bench/paired.py); a lost process loses its round's pair, not the run.
 
@@ -31,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import empty_patch  # noqa: E402
 import paired  # noqa: E402
 import suite  # noqa: E402
 
@@ -45,6 +49,30 @@ def median_or_none(values: list[float] | None) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
+SUBSCRIBED = {"sanitizer_none": "none", "sanitizer_resource": "resource", "sanitizer_loads": "loads"}
+
+
+def subscribed_alone(step: list[str], names: list[str], work: Path) -> dict[str, list[str]]:
+    """The step under bench/empty_patch subscribed as each of ``names`` says (those of them in SUBSCRIBED)."""
+    wanted = [n for n in names if n in SUBSCRIBED]
+    if not wanted:
+        return {}
+    tool, _ = empty_patch.build(work)
+    return {n: ["env", f"CUDA_INJECTION64_PATH={tool}", f"EMPTY_PATCH_SUBSCRIBE={SUBSCRIBED[n]}", *step]
+            for n in wanted}
+
+
+def tool_unproven(mode: str, rec: dict) -> str | None:
+    """Why a subscribed-alone run does not show the tool subscribed as asked (None: it does)."""
+    if mode not in SUBSCRIBED:
+        return None
+    if rec.get("tool_patched") != 0 or rec.get("tool_seen") is None:
+        return "the subscribing tool was not injected, or patched a module"
+    if (rec["tool_seen"] > 0) != (mode != "sanitizer_none"):
+        return f"the tool was called back for {rec['tool_seen']} module loads"
+    return None
+
+
 def main() -> None:
     suite.exit_on_term()
     if len(sys.argv) < 2:
@@ -52,12 +80,14 @@ def main() -> None:
     out_path, rounds = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else paired.MIN_PAIRS
     step = [*suite.workload_cmd("torch_eager", Path()), "--count", "instructions,task_clock"]
     run = [*suite.egpu_run(), "--keep"]   # kept sessions: run_case reads the shim's counters from the dumps
-    known = {"plain": step, "plain_again": step, "shim": [*run, *step], "standby": [*run, "--live-sass", *step]}
+    known = {"plain": step, "plain_again": step, "shim": [*run, *step], "standby": [*run, "--live-sass", *step],
+             **dict.fromkeys(SUBSCRIBED)}
     names = sys.argv[3].split(",") if len(sys.argv) > 3 else ["plain", "shim", "standby"]
     if "plain" not in names or not set(names) <= known.keys():
         raise SystemExit(f"bench_torch_shim: MODES are {', '.join(known)}, plain among them: not {sys.argv[3]}")
-    modes = {m: known[m] for m in ["plain", *(n for n in names if n != "plain")]}
     with tempfile.TemporaryDirectory() as tmp:
+        known |= subscribed_alone(step, names, Path(tmp))
+        modes = {m: known[m] for m in ["plain", *(n for n in names if n != "plain")]}
         env = suite.base_env(Path(tmp))
         cpus = suite.bench_shim.pick_cpus(suite.CASE_CPUS)
         suite.subprocess.run([*suite.egpu_run(), "true"], env=env, cwd=ROOT, capture_output=True)  # the shim, built
@@ -67,6 +97,9 @@ def main() -> None:
         for i in range(rounds):
             for mode, cmd in modes.items():
                 rec = suite.run_case(cmd, env, suite.TIMEOUT_S["python"], cpus)
+                unproven = tool_unproven(mode, rec) if rec["status"] == "ok" else None
+                if unproven:
+                    rec |= {"status": "unproven", "error": unproven}
                 ok = rec["status"] == "ok" and rec["unit_ms"]
                 doc["us_per_step"][mode].append(round(statistics.median(rec["unit_ms"]) * 1e3, 1) if ok else None)
                 doc["counted_per_step"][mode].append(median_or_none(rec.get("count_per_unit")) if ok else None)

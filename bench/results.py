@@ -64,11 +64,11 @@ UNQUOTED = ("NVBit's own paper (Villa et al., MICRO 2019): we could not locate i
 def parse_output(stdout: str) -> dict[str, Any]:
     """The BENCH_ lines of a workload program (bench/workloads): warm-up, repetitions ("ms units", units
     1 when left out), every unit the process ran, digest, kernels.cu's split of one launch's time
-    (host_us in the call, kernel_us between events), the modules bench/empty_patch patched when it was
-    injected, and --count's event ("count_event") per unit of each repetition ("count_per_unit") or why
+    (host_us in the call, kernel_us between events), the modules bench/empty_patch patched and the loads it
+    was called back for when it was injected, and --count's event ("count_event") per unit of each repetition ("count_per_unit") or why
     nothing was counted ("count_error"), where the program was asked to count. Other lines (egpu-run's
     maps) are ignored; a run cut short keeps the repetitions it printed."""
-    warmup, reps, units, digest, split, tool_patched = None, [], None, None, None, None
+    warmup, reps, units, digest, split, tool_patched, tool_seen = None, [], None, None, None, None, None
     counted: dict[str, Any] = {}   # --count's: per unit of each repetition, or why nothing was counted
     for line in stdout.splitlines():
         key, _, value = line.strip().partition(" ")
@@ -82,6 +82,8 @@ def parse_output(stdout: str) -> dict[str, Any]:
                 units = int(value)
             elif key == "BENCH_TOOL_PATCHED":
                 tool_patched = int(value)
+            elif key == "BENCH_TOOL_SEEN":
+                tool_seen = int(value)
             elif key == "BENCH_COUNT" and reps and reps[-1][1] > 0:
                 counted.setdefault("count_per_unit", []).append(int(value) / reps[-1][1])
             elif key == "BENCH_COUNT_UNAVAILABLE":
@@ -96,7 +98,8 @@ def parse_output(stdout: str) -> dict[str, Any]:
         if key == "BENCH_DONE":
             digest = value.strip() or None
     return {"warmup_ms": warmup, "reps": reps, "unit_ms": [ms / n for ms, n in reps if n > 0], "units": units,
-            "digest": digest, "split": split, "tool_patched": tool_patched, **counted}
+            "digest": digest, "split": split, "tool_patched": tool_patched,
+            "tool_seen": tool_seen, **counted}
 
 
 # ---- runs to ratios ----------------------------------------------------------------------------------

@@ -91,6 +91,7 @@ typedef struct { /* Sanitizer_LaunchData, up to the last member we read */
     X(sanitizerSubscribe, (Sanitizer_SubscriberHandle *subscriber, Sanitizer_CallbackFunc callback, void *userdata)) \
     X(sanitizerUnsubscribe, (Sanitizer_SubscriberHandle subscriber)) \
     X(sanitizerEnableDomain, (uint32_t enable, Sanitizer_SubscriberHandle subscriber, int domain)) \
+    X(sanitizerEnableCallback, (uint32_t enable, Sanitizer_SubscriberHandle subscriber, int domain, uint32_t cbid)) \
     X(sanitizerAddPatches, (const void *image, CUcontext ctx)) \
     X(sanitizerPatchInstructions, (int instructionId, CUmodule module, const char *deviceCallbackName)) \
     X(sanitizerPatchModule, (CUmodule module)) \
@@ -717,6 +718,15 @@ static void fail(const char *what, const char *detail) {
     atomic_store(&g_state, -1);
 }
 
+/* Standby needs only the module loads and unloads, not the whole resource domain: its stream, memory
+ * and context callbacks would run on the job's allocations and stream work for nothing. */
+static int enable_module_callbacks(void) {
+    return ok(san.sanitizerEnableCallback(1, g_subscriber, SAN_DOMAIN_RESOURCE, SAN_CBID_MODULE_LOADED),
+              "sanitizerEnableCallback") &&
+           ok(san.sanitizerEnableCallback(1, g_subscriber, SAN_DOMAIN_RESOURCE, SAN_CBID_MODULE_UNLOAD_STARTING),
+              "sanitizerEnableCallback");
+}
+
 void egpu_sass_start(void) {
     int expect = 0;
     if (!atomic_compare_exchange_strong(&g_state, &expect, 1)) return; /* started, or starting here */
@@ -737,7 +747,7 @@ void egpu_sass_start(void) {
 #undef X
         if (missing) fail("the sanitizer library lacks ", missing);
         else if (!ok(san.sanitizerSubscribe(&g_subscriber, on_callback, NULL), "sanitizerSubscribe") ||
-                 !ok(san.sanitizerEnableDomain(1, g_subscriber, SAN_DOMAIN_RESOURCE), "sanitizerEnableDomain"))
+                 !enable_module_callbacks())
             atomic_store(&g_state, -1); /* ok() wrote the error */
         else
             atomic_store(&g_state, 2);

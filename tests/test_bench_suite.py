@@ -81,25 +81,26 @@ def fake_doc():
      "BENCH_DONE abc\n",
      {"warmup_ms": 120.5, "reps": [[50.0, 100], [51.5, 50]], "unit_ms": [0.5, 1.03], "units": 158, "digest": "abc",
       "split": {"host_us": 4.5, "kernel_us": 61.25},
-      "tool_patched": None}),
+      "tool_patched": None, "tool_seen": None}),
     # egpu-run's maps around the program's lines, a run cut short (no DONE), units left out
     ("@calls[0]: 12\nBENCH_WARMUP 1\n  BENCH_REP 2.5\nkernel vecadd\n",
      {"warmup_ms": 1.0, "reps": [[2.5, 1]], "unit_ms": [2.5], "units": None, "digest": None, "split": None,
-      "tool_patched": None}),
+      "tool_patched": None, "tool_seen": None}),
     ("BENCH_REP oops\nBENCH_REP 3 x\nBENCH_REP 3 0\nBENCH_UNITS x\nBENCH_SPLIT 1\n",
      {"warmup_ms": None, "reps": [[3.0, 0]], "unit_ms": [], "units": None, "digest": None, "split": None,
-      "tool_patched": None}),
-    ("BENCH_TOOL_PATCHED 3\n", {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None,
-                               "split": None, "tool_patched": 3}),
+      "tool_patched": None, "tool_seen": None}),
+    ("BENCH_TOOL_PATCHED 3\nBENCH_TOOL_SEEN 5\n",
+     {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None, "split": None, "tool_patched": 3,
+      "tool_seen": 5}),
     # --count: the event per unit of the repetition just before; a count before any repetition is nobody's
     ("BENCH_COUNT 7\nBENCH_REP 2.0 4\nBENCH_COUNT 1000\nBENCH_REP 2.0 2\nBENCH_COUNT 1000\n",
      {"warmup_ms": None, "reps": [[2.0, 4], [2.0, 2]], "unit_ms": [0.5, 1.0], "units": None, "digest": None,
-      "split": None, "tool_patched": None, "count_per_unit": [250.0, 500.0]}),
+      "split": None, "tool_patched": None, "tool_seen": None, "count_per_unit": [250.0, 500.0]}),
     ("BENCH_COUNT_UNAVAILABLE [Errno 2] perf_event_open (instructions): No such file or directory\n",
      {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None, "split": None,
-      "tool_patched": None, "count_error": "[Errno 2] perf_event_open (instructions): No such file or directory"}),
+      "tool_patched": None, "tool_seen": None, "count_error": "[Errno 2] perf_event_open (instructions): No such file or directory"}),
     ("BENCH_COUNT_EVENT task_clock\n", {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None,
-                                        "split": None, "tool_patched": None, "count_event": "task_clock"}),
+                                        "split": None, "tool_patched": None, "tool_seen": None, "count_event": "task_clock"}),
 ])
 def test_parse_output(stdout, want):
     assert results.parse_output(stdout) == want
@@ -1069,6 +1070,38 @@ def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, m
     monkeypatch.setattr(bench.sys, "argv", ["bench_torch_shim.py", str(out), "1", "shim"])
     with pytest.raises(SystemExit, match="plain among them"):
         bench.main()
+
+
+def test_torch_shim_bench_weighs_the_subscription_alone(suite, tmp_path, monkeypatch):
+    """The sanitizer_* modes: the step under bench/empty_patch subscribed as named, no egpu; a run whose
+    tool output does not show the subscription asked for (not injected, patched, called back for loads it
+    should not see or none it should) is no result."""
+    bench = importlib.import_module("bench_torch_shim")
+    monkeypatch.setattr(suite, "exit_on_term", lambda: None)
+    monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: None)
+    monkeypatch.setattr(bench.empty_patch, "build", lambda work: (work / "tool.so", work / "image.fatbin"))
+    runs = iter([case([1.0] * 3), case([1.1] * 3, tool_patched=0, tool_seen=0),
+                 case([1.2] * 3, tool_patched=0, tool_seen=4), case([1.1] * 3, tool_patched=0, tool_seen=7),
+                 case([1.0] * 3), case([1.1] * 3, tool_patched=0, tool_seen=3),
+                 case([1.2] * 3, tool_patched=0, tool_seen=0), case([1.1] * 3, tool_seen=7)])
+    commands = []
+    monkeypatch.setattr(suite, "run_case", lambda cmd, *a: (commands.append(cmd), next(runs))[1])
+    out = tmp_path / "torch_shim.json"
+    monkeypatch.setattr(bench.sys, "argv", ["bench_torch_shim.py", str(out), "2",
+                                            "plain,sanitizer_none,sanitizer_loads,sanitizer_resource"])
+    bench.main()
+    doc = json.loads(out.read_text())
+    assert "CUDA_INJECTION64_PATH" not in " ".join(commands[0])
+    for cmd, mode in zip(commands[1:4], ("none", "loads", "resource")):
+        assert cmd[0] == "env" and cmd[1].startswith("CUDA_INJECTION64_PATH=") and cmd[1].endswith("tool.so")
+        assert cmd[2] == f"EMPTY_PATCH_SUBSCRIBE={mode}" and "egpu" not in " ".join(cmd)
+    assert doc["us_per_step"]["sanitizer_none"] == [1100.0, None]
+    assert doc["us_per_step"]["sanitizer_loads"] == [1200.0, None]
+    assert doc["us_per_step"]["sanitizer_resource"] == [1100.0, None]
+    assert doc["errors"] == ["round 1 sanitizer_none: unproven: the tool was called back for 3 module loads",
+                             "round 1 sanitizer_loads: unproven: the tool was called back for 0 module loads",
+                             "round 1 sanitizer_resource: unproven: "
+                             "the subscribing tool was not injected, or patched a module"]
 
 
 provenance = importlib.import_module("provenance")

@@ -84,6 +84,8 @@ HEADER_CHECK = r"""
 #define SAME(fn, type) static_assert(std::is_convertible<decltype(&fn), type>::value, #fn " differs from sass.c's");
 SAME(sanitizerSubscribe, SanitizerResult (*)(Sanitizer_SubscriberHandle *, Sanitizer_CallbackFunc, void *))
 SAME(sanitizerEnableDomain, SanitizerResult (*)(uint32_t, Sanitizer_SubscriberHandle, Sanitizer_CallbackDomain))
+SAME(sanitizerEnableCallback,
+     SanitizerResult (*)(uint32_t, Sanitizer_SubscriberHandle, Sanitizer_CallbackDomain, Sanitizer_CallbackId))
 SAME(sanitizerAddPatches, SanitizerResult (*)(const void *, CUcontext))
 SAME(sanitizerPatchInstructions, SanitizerResult (*)(const Sanitizer_InstructionId, CUmodule, const char *))
 SAME(sanitizerPatchModule, SanitizerResult (*)(CUmodule))

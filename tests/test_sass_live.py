@@ -34,6 +34,7 @@ from egpu_preload.control import ControlClient, list_sessions
 from egpu_preload.runtime import remote
 from stub_job import ROOT
 from test_durations import cupti_dir  # noqa: F401  (the stand-in libcupti)
+from test_sass_runtime import STANDBY
 
 SASS_STUB = Path(__file__).parent / "sass_stub"
 PROBES = Path(__file__).parent / "probes"
@@ -134,7 +135,7 @@ def test_standby_then_attach_swap_detach_while_threads_launch(stub_job, stand_in
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     with ThreadedJob(stub_job, stand_ins, tmp_path) as job:
         # standby: subscribed before cuInit, nothing patched, no launch callbacks, nothing run
-        assert job.calls()[:2] == ["sanitizerSubscribe cb=1", "sanitizerEnableDomain on=1 domain=3"]
+        assert job.calls()[:3] == ["sanitizerSubscribe cb=1", *STANDBY]
         assert not [c for c in job.calls() if "Patch" in c or "domain=5" in c]
         assert job.runs() == []   # the launch domain is off: the stand-in never calls back
         a = job.client.request("attach", probe=probe_obj("count").read_bytes(), name="count")

@@ -24,6 +24,8 @@ from translate_support import COUNTER, EMPTY
 PROBES = Path(__file__).resolve().parent / "probes"
 
 SASS_STUB = Path(__file__).parent / "sass_stub" / "libsanitizer_stub.c"   # calls back from the stand-in driver
+# What standby subscribes to: module loads and unloads, not the resource domain's memory and stream callbacks.
+STANDBY = ["sanitizerEnableCallback on=1 domain=3 cbid=9", "sanitizerEnableCallback on=1 domain=3 cbid=10"]
 COUNTS = [prog.MapDef("counts", 2, 4, 8, 1)]
 needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not installed")
 
@@ -138,7 +140,7 @@ def test_with_the_stand_in_sanitizer(stub_job, probe_obj, tmp_path, sanitizer_st
     san = [c for c in calls if c.startswith("sanitizer")]
     # subscribed in cuInit, before the driver started; enter patches only (count has a kprobe only); the
     # launch domain once the module is patched (launch callbacks cost every launch of the process)
-    assert san[:2] == ["sanitizerSubscribe cb=1", "sanitizerEnableDomain on=1 domain=3"]
+    assert san[:3] == ["sanitizerSubscribe cb=1", *STANDBY]
     assert calls.index("sanitizerSubscribe cb=1") < calls.index("cuInit flags=0")
     patched = [c for c in san if c.startswith(("sanitizerPatch", "sanitizerEnableDomain on=1 domain=5"))]
     assert [c.split(" name=")[0] for c in patched] == ["sanitizerPatchInstructions id=1", "sanitizerPatchModule -",
@@ -204,11 +206,13 @@ def test_a_module_is_patched_only_where_a_probe_selects_a_kernel(stub_job, tmp_p
     assert doc["probes"][0]["maps"] == [{"values": [bytes(8)]}]
 
 
-def test_a_failing_subscription_is_reported(stub_job, probe_obj, tmp_path, sanitizer_stub):
+@pytest.mark.parametrize("fail, call", [("sanitizerSubscribe", "sanitizerSubscribe"),
+                                        ("sanitizerEnableCallback:2", "sanitizerEnableCallback")])
+def test_a_failing_subscription_is_reported(stub_job, probe_obj, tmp_path, sanitizer_stub, fail, call):
     doc, calls = job(stub_job, tmp_path, probe_obj("count"), "auto", "cubin", str(sanitizer_stub),
-                     EGPU_STUB_SANITIZER_FAIL="sanitizerSubscribe")
+                     EGPU_STUB_SANITIZER_FAIL=fail)
     assert doc["sass"]["state"] == "failed"
-    assert doc["sass"]["error"] == "sanitizerSubscribe failed: 7 (SANITIZER_ERROR_OUT_OF_MEMORY)"
+    assert doc["sass"]["error"] == f"{call} failed: 7 (SANITIZER_ERROR_OUT_OF_MEMORY)"
     assert doc["modules"][0]["status"] == "SASS only"
 
 
@@ -217,7 +221,7 @@ def test_launch_probes_alone_leave_the_sanitizer_in_standby(stub_job, probe_obj,
     no launch callbacks."""
     doc, calls = job(stub_job, tmp_path, probe_obj("launch"), "auto", "cubin", str(sanitizer_stub), "--live-sass")
     san = [c for c in calls if c.startswith("sanitizer")]
-    assert san == ["sanitizerSubscribe cb=1", "sanitizerEnableDomain on=1 domain=3"]
+    assert san == ["sanitizerSubscribe cb=1", *STANDBY]
     assert doc["sass"]["state"] == "subscribed" and doc["sass"]["serving"] == sass.NO_PROGRAMS
     assert doc["modules"][0]["status"] == "SASS only"
 

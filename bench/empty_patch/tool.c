@@ -3,18 +3,23 @@
  * EMPTY_PATCH_IMAGE's functions: EMPTY_PATCH_ENTER at block enter, EMPTY_PATCH_EXIT at block exit,
  * EMPTY_PATCH_MEM at every global memory access, each only when set. With patches.cu they return at once,
  * so what the kernels lose is the patching mechanism's. A failed call prints to stderr and exits 3; at
- * exit it prints "BENCH_TOOL_PATCHED n" (modules patched) on stdout, so a run that patched nothing shows. */
+ * exit it prints "BENCH_TOOL_PATCHED n" (modules patched) on stdout, so a run that patched nothing shows.
+ *
+ * With EMPTY_PATCH_SUBSCRIBE set it patches nothing and only subscribes, for what egpu's standby costs
+ * (bench/bench_torch_shim.py): "none" enables no callback, "resource" the whole resource domain, "loads"
+ * the module load and unload callbacks alone; at exit "BENCH_TOOL_SEEN n" counts the loads called back. */
 #include <sanitizer.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static Sanitizer_SubscriberHandle subscriber;
 static __thread int adding;  /* the patch image's own MODULE_LOADED */
 static CUcontext added_to;   /* the benches have one context */
-static int patched;
+static int patched, seen;
 
 static void say_patched(void) {
-    printf("BENCH_TOOL_PATCHED %d\n", patched);
+    printf("BENCH_TOOL_PATCHED %d\nBENCH_TOOL_SEEN %d\n", patched, seen);
     fflush(stdout);
 }
 
@@ -35,6 +40,8 @@ static void SANITIZERAPI on_callback(void *userdata, Sanitizer_CallbackDomain do
                                      const void *data) {
     (void)userdata;
     if (domain != SANITIZER_CB_DOMAIN_RESOURCE || cbid != SANITIZER_CBID_RESOURCE_MODULE_LOADED || adding) return;
+    seen++;
+    if (getenv("EMPTY_PATCH_SUBSCRIBE")) return;
     const Sanitizer_ResourceModuleData *m = data;
     if (added_to != m->context) {
         adding = 1;
@@ -49,9 +56,24 @@ static void SANITIZERAPI on_callback(void *userdata, Sanitizer_CallbackDomain do
     patched++;
 }
 
+static void enable_loads(void) {
+    must(sanitizerEnableCallback(1, subscriber, SANITIZER_CB_DOMAIN_RESOURCE, SANITIZER_CBID_RESOURCE_MODULE_LOADED),
+         "sanitizerEnableCallback");
+    must(sanitizerEnableCallback(1, subscriber, SANITIZER_CB_DOMAIN_RESOURCE,
+                                 SANITIZER_CBID_RESOURCE_MODULE_UNLOAD_STARTING), "sanitizerEnableCallback");
+}
+
 int InitializeInjection(void) {
+    const char *only = getenv("EMPTY_PATCH_SUBSCRIBE");
     must(sanitizerSubscribe(&subscriber, on_callback, NULL), "sanitizerSubscribe");
-    must(sanitizerEnableDomain(1, subscriber, SANITIZER_CB_DOMAIN_RESOURCE), "sanitizerEnableDomain");
+    if (!only || !strcmp(only, "resource"))
+        must(sanitizerEnableDomain(1, subscriber, SANITIZER_CB_DOMAIN_RESOURCE), "sanitizerEnableDomain");
+    else if (!strcmp(only, "loads"))
+        enable_loads();
+    else if (strcmp(only, "none")) {
+        fprintf(stderr, "empty_patch: EMPTY_PATCH_SUBSCRIBE is none, resource or loads, not %s\n", only);
+        exit(3);
+    }
     atexit(say_patched);
     return 1;
 }

@@ -63,7 +63,7 @@ static int result(const char *name) {
 typedef void (*callback)(void *userdata, int domain, uint32_t cbid, const void *data);
 static callback subscriber;
 static void *subscriber_data;
-static int enabled[8];
+static unsigned char enabled[8][64]; /* per domain and callback id, as the real API keeps them */
 
 /* Sanitizer_LaunchData as the stand-in driver lays it out */
 struct launch_data {
@@ -104,7 +104,7 @@ static void event(int domain, unsigned int cbid, const void *data) {
         graph_run();
         return;
     }
-    if (!subscriber || domain < 0 || domain >= 8 || !enabled[domain]) return;
+    if (!subscriber || domain < 0 || domain >= 8 || cbid >= 64 || !enabled[domain][cbid]) return;
     if (domain != 5) {
         subscriber(subscriber_data, domain, cbid, data);
         return;
@@ -163,8 +163,12 @@ int sanitizerUnsubscribe(void *sub) {
 /* The driver's one tool slot, for the stand-in CUPTI (libcupti_stub.c). */
 int egpu_stub_sanitizer_subscribed(void) { return subscriber != NULL; }
 int sanitizerEnableDomain(uint32_t on, void *sub, int domain) {
-    if (domain >= 0 && domain < 8) enabled[domain] = on != 0;
+    if (domain >= 0 && domain < 8) memset(enabled[domain], on != 0, sizeof enabled[domain]);
     CALL(sanitizerEnableDomain, "on=%u domain=%d", on, domain);
+}
+int sanitizerEnableCallback(uint32_t on, void *sub, int domain, uint32_t cbid) {
+    if (domain >= 0 && domain < 8 && cbid < 64) enabled[domain][cbid] = on != 0;
+    CALL(sanitizerEnableCallback, "on=%u domain=%d cbid=%u", on, domain, cbid);
 }
 int sanitizerAddPatches(const void *image, void *ctx) { CALL(sanitizerAddPatches, "elf=%d", !memcmp(image, "\177ELF", 4)); }
 int sanitizerPatchInstructions(int id, void *m, const char *name) {
