@@ -719,6 +719,10 @@ def run_cmd(ctx: typer.Context,
             restore: Optional[Path] = typer.Option(None, "--restore", metavar="DIR",
                                                    help="put checkpoint DIR back once the job has remade its "
                                                         "allocations (egpu checkpoint)"),
+            other_build: bool = typer.Option(False, "--restore-other-build",
+                                             help="--restore DIR into another executable than the one it was "
+                                                  "taken of (a rebuild known to allocate the same way); the "
+                                                  "allocations are still matched"),
             trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE",
                                                  help="write every ring and perf buffer record to FILE as the job "
                                                       "runs: Parquet, or Arrow IPC (written faster) when FILE ends "
@@ -780,9 +784,11 @@ def run_cmd(ctx: typer.Context,
                                     p.attach.kind in EARLY_KINDS for pr in loaded for p in pr.obj.programs))
             with progress.step("building the SASS back end's patch image (ptxas)"):
                 cfg, sass_notes = sass.for_job(cfg, loaded, standby=live_sass)
+            if other_build and restore is None:
+                raise EgpuError("--restore-other-build needs --restore DIR")
             if restore is not None:  # refused here, before the job starts, when incomplete or corrupt
                 from egpu_preload.cow import remote
-                cfg = dataclasses.replace(cfg, restore=remote.checked(restore))
+                cfg = dataclasses.replace(cfg, restore=remote.checked(restore), restore_other_build=other_build)
             if cuda_driver() is None:
                 sass_notes.append("egpu-run: no CUDA driver (libcuda.so.1 not found): the job cannot load "
                                   "CUDA code, so nothing will be instrumented (egpu-run --version)")

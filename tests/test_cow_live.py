@@ -269,6 +269,7 @@ def test_checkpoint_while_running_then_rollback_and_restore_into_a_rerun(cow_stu
         # the allocations in creation order: three buffers, then the counter
         assert [(e.index, e.size) for e in m.allocations] == [(0, 64), (1, 64), (2, 64), (3, 8)]
         assert [g.symbol for g in m.globals] == ["launches"]
+        assert m.program.exe == str(cow_stub.app) and len(m.program.sha256) == 64
         assert m.info["bytes"] == 3 * 64 + 8 + 8 and m.info["stall_max_ns"] <= m.info["stall_ns"]
         steps = [_words(ckpt / e.file) for e in m.allocations]
         for b in range(3):  # every word of a buffer from one step
@@ -353,6 +354,40 @@ def test_a_damaged_checkpoint_is_refused_before_the_job_starts(cow_stub, tmp_pat
     r = egpu(["--restore", str(d), str(cow_stub.app), "resume"], cow_stub.env(tmp_path / "log"), "run_main")
     assert r.returncode == 125 and reason in r.stderr, r.stderr
     assert not (tmp_path / "log").exists()   # the job never reached the driver
+
+
+def _one_buffer(d: Path, program: snapshot.Program | None) -> None:
+    """A checkpoint of allocation #0, 64 bytes: app_cow resume's first buffer has that size."""
+    from egpu_preload.cow.allocations import Allocation, AllocKind
+    with snapshot.SnapshotWriter(d, pid=1, argv=["app"], cut={0: 1}, program=program) as w:
+        w.add_allocation(Allocation(0, 0x1000, 64, AllocKind.DEVICE), (7).to_bytes(8, "little") * WORDS)
+        w.commit()
+
+
+def test_a_checkpoint_of_another_executable_is_refused_unless_asked(cow_stub, tmp_path):
+    """Its allocation matches app_cow's first one by number, size and kind: only the executable tells them
+    apart, and without that check its bytes went into app_cow's buffer."""
+    d, env = tmp_path / "ckpt", cow_stub.env(tmp_path / "log")
+    _one_buffer(d, snapshot.Program("/opt/other/app", "ab" * 32))
+    r = egpu(["--restore", str(d), str(cow_stub.app), "resume"], env, "run_main")
+    assert r.returncode == 1 and "buffer 0" not in r.stdout, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "egpu" in ln]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith(f"egpu: --restore refused: {d}: a checkpoint of /opt/other/app (sha256 abababababab), "
+                               f"and this job runs another program, {cow_stub.app} (sha256 "), lines
+    r = egpu(["--restore", str(d), "--restore-other-build", str(cow_stub.app), "resume"], env, "run_main")
+    assert r.returncode == 0 and f"egpu: restored {d}: 1 allocations" in r.stderr, r.stderr
+    assert "buffer 0 7\n" in r.stdout, r.stdout
+
+
+def test_a_copy_of_the_executable_elsewhere_is_the_same_program(cow_stub, tmp_path):
+    import hashlib
+    app = tmp_path / "app_cow"
+    shutil.copy2(cow_stub.app, app)
+    d = tmp_path / "ckpt"
+    _one_buffer(d, snapshot.Program(str(cow_stub.app), hashlib.sha256(app.read_bytes()).hexdigest()))
+    r = egpu(["--restore", str(d), str(app), "resume"], cow_stub.env(tmp_path / "log"), "run_main")
+    assert r.returncode == 0 and "buffer 0 7\n" in r.stdout, r.stdout + r.stderr
 
 
 # ---- the hooks' ABI -----------------------------------------------------------------------------

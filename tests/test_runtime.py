@@ -34,6 +34,7 @@ from stub_job import MORE, egpu_run
     config.Config(backend="ptx"),
     config.Config(backend="ptx", backend_why="--backend auto ran the job as ptx: no probe"),
     config.Config(restore=Path("/ckpt/step 40")),
+    config.Config(restore=Path("/ckpt/step 40"), restore_other_build=True),
     config.Config(durations=True, timeline=True),
     config.Config(mirror=0.0),
     config.Config(mirror=0.25),
@@ -46,7 +47,7 @@ def test_config_survives_the_environment(cfg):
     env = config.to_env(cfg)
     assert set(env) == {config.PROBES, config.SESSION, config.KERNEL, config.LOG, config.DURATIONS,
                         config.PTXAS, config.BACKEND, config.BACKEND_WHY, config.SANITIZER, config.RESTORE,
-                        config.TIMELINE,
+                        config.RESTORE_OTHER_BUILD, config.TIMELINE,
                         config.MIRROR, config.LAUNCH_VM, config.TRACE, config.ON_FULL, config.UPROBES,
                         config.EARLY_START}
     assert config.from_env(env) == cfg

@@ -33,6 +33,7 @@ staging copy as of the cut only if a writer or the copier reached it before the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import secrets
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from egpu_preload.cow import rwsets
 from egpu_preload.cow.allocations import Allocation, AllocationTable, param_offsets, read_shim
-from egpu_preload.cow.snapshot import CHUNK, Job, SnapshotWriter, saved
+from egpu_preload.cow.snapshot import CHUNK, Job, Program, SnapshotWriter, saved
 from egpu_preload.errors import CowError, EgpuError
 from egpu_preload.runtime import config
 from egpu_preload.runtime.modstate import module_globals
@@ -72,6 +73,17 @@ def process_token() -> str:
 
 def this_job() -> Job:
     return Job(process_token(), os.getpid(), tuple(config.argv()))
+
+
+@functools.cache   # the executable of a process never changes but by exec, which starts a new runtime
+def this_program() -> Program:
+    """This process's executable: its path and the sha256 of the file it runs (read through /proc, so a
+    rebuild written over the path since it started does not count)."""
+    h = hashlib.sha256()
+    with open("/proc/self/exe", "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return Program(os.readlink("/proc/self/exe"), h.hexdigest())
 
 
 def module_key(mod: "Module") -> str:
@@ -182,7 +194,8 @@ class Checkpointer:
     def _checkpoint(self, directory: Path, stop_the_world: bool) -> dict:
         rt, ffi, lib = self.rt, self.rt.ffi, self.rt.lib
         job = this_job()
-        writer = SnapshotWriter(directory, pid=job.pid, argv=job.argv, cut={}, process=job.process)
+        writer = SnapshotWriter(directory, pid=job.pid, argv=job.argv, cut={}, process=job.process,
+                                program=this_program())
         with writer:
             ctx = context(rt)
             staged: list[Staged] = []

@@ -2,7 +2,8 @@
 running job (``egpu restore PID DIR``).
 
 Re-run. The launcher validates DIR before the job starts (snapshot.load hashes every file). In the job
-the runtime loads it again and arms the shim's trigger (egpu_cow_restore_at) at the snapshot's
+the runtime loads it again, refuses a checkpoint of another executable (snapshot.check_program; egpu-run
+--restore-other-build skips that, for a rebuild known to allocate the same way), and arms the shim's trigger (egpu_cow_restore_at) at the snapshot's
 allocation count: once the program has made that many allocations, the next launch calls back here
 first, on the launching thread, in its context. The live allocations (creation number, size, kind)
 and module globals (module PTX digest, symbol) are matched by snapshot.plan_restore, which refuses any
@@ -28,8 +29,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from egpu_preload.cow.live import context, live_allocations, live_globals, this_job
-from egpu_preload.cow.snapshot import CHUNK, Manifest, RestorePlan, load, plan_restore
+from egpu_preload.cow.live import context, live_allocations, live_globals, this_job, this_program
+from egpu_preload.cow.snapshot import CHUNK, Manifest, RestorePlan, check_program, load, plan_restore
 from egpu_preload.errors import CowError, EgpuError
 
 if TYPE_CHECKING:
@@ -54,8 +55,11 @@ def put_back(rt: "Runtime", m: Manifest) -> str:
 
 
 def arm_at_start(rt: "Runtime", directory: Path) -> Manifest:
-    """Restore ``directory`` before the first launch after the program remade its allocations."""
+    """Restore ``directory`` before the first launch after the program remade its allocations; refused at
+    once when it is a checkpoint of another executable (unless --restore-other-build)."""
     m = load(directory)
+    if not rt.cfg.restore_other_build:
+        check_program(m, this_program())
     ffi, lib = rt.ffi, rt.lib
 
     def fatal(reason: str) -> None:

@@ -4,6 +4,7 @@ manifest.json (FORMAT_VERSION 2)::
 
     {"version": 2, "pid": 4242, "argv": ["./app", "--n", "8"], "created": "2025-01-01T00:00:00Z",
      "process": "9f0c...",                                    # names the process that took it (rollback)
+     "program": {"exe": "/path/app", "sha256": "..."},        # its executable (re-run; absent: not recorded)
      "allocations_made": 5,                                   # allocations the process had made at the cut
      "cut": [{"stream": 0, "seq": 17}, ...],                  # dag.Cut: last operation per stream
      "allocations": [{"index": 3, "address": 140..., "size": 4096, "kind": 1,
@@ -12,6 +13,9 @@ manifest.json (FORMAT_VERSION 2)::
                   "sha256": "..."}, ...],
      "info": {...}}                                           # optional: how it was taken (live.py)
 
+``program`` is /proc/self/exe of the process that took it (the interpreter, for a script) and the sha256 of
+its contents: a re-run is put back only into the same executable (check_program), since a different program
+or build may well make allocations of the same sizes and would be silently overwritten.
 ``index`` is the allocation's creation number (allocations.Allocation.seq), which is what restore
 matches on, together with size and kind. The list is the whole cut: every allocation of a SAVED_KIND
 (non-empty) numbered below ``allocations_made`` that was live then, and every global of every module
@@ -74,6 +78,14 @@ class Job:
 
 
 @dataclass(frozen=True)
+class Program:
+    """The executable a checkpoint was taken of (/proc/self/exe), by path and by contents."""
+
+    exe: str
+    sha256: str
+
+
+@dataclass(frozen=True)
 class AllocEntry:
     index: int
     address: int
@@ -104,6 +116,7 @@ class Manifest:
     process: str = ""
     allocations_made: int = 0
     version: int = FORMAT_VERSION
+    program: Program | None = None    # None: a checkpoint from before egpu recorded it
     info: dict[str, Any] = field(default_factory=dict, compare=False)   # not validated: a report
     # file -> (size, mtime_ns) as load() checked it; plan_restore refuses files changed since
     checked: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
@@ -113,7 +126,8 @@ class Manifest:
                 "process": self.process, "allocations_made": self.allocations_made,
                 "cut": [{"stream": s, "seq": q} for s, q in sorted(self.cut.items())],
                 "allocations": [asdict(a) for a in self.allocations],
-                "globals": [asdict(g) for g in self.globals], "info": self.info}
+                "globals": [asdict(g) for g in self.globals], "info": self.info,
+                **({"program": asdict(self.program)} if self.program else {})}
 
 
 def _error(directory: Path | str, reason: str) -> SnapshotError:
@@ -125,7 +139,7 @@ class SnapshotWriter:
     exception (or a missing commit) removes DIR.tmp and leaves no DIR."""
 
     def __init__(self, directory: Path | str, *, pid: int, argv: Iterable[str], cut: Cut,
-                 process: str = "") -> None:
+                 process: str = "", program: Program | None = None) -> None:
         self.dir = Path(directory)
         self.tmp = self.dir.with_name(self.dir.name + ".tmp")
         if self.dir.exists():
@@ -134,7 +148,7 @@ class SnapshotWriter:
             raise _error(self.dir, f"{self.tmp.name} exists (an interrupted checkpoint?): remove it first")
         self.tmp.parent.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(mode=0o700)   # the umask may only narrow it
-        self.pid, self.argv, self.cut, self.process = pid, tuple(argv), dict(cut), process
+        self.pid, self.argv, self.cut, self.process, self.program = pid, tuple(argv), dict(cut), process, program
         self.allocations: dict[int, AllocEntry] = {}
         self.globals: dict[tuple[str, str], GlobalEntry] = {}
         self.info: dict[str, Any] = {}     # written into the manifest as it is at commit
@@ -193,7 +207,8 @@ class SnapshotWriter:
         manifest = Manifest(self.dir, self.pid, self.argv,
                             time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), self.cut,
                             tuple(self.allocations[i] for i in sorted(self.allocations)),
-                            tuple(self.globals.values()), self.process, made, info=dict(self.info))
+                            tuple(self.globals.values()), self.process, made, program=self.program,
+                            info=dict(self.info))
         _check_whole(self.dir, manifest)
         text = json.dumps(manifest.to_json(), indent=1).encode()
         for name, data in ((MANIFEST, text), (SEAL, (seal.seal(text) + "\n").encode())):
@@ -354,9 +369,12 @@ def _parse(d: Path, raw: Any) -> Manifest:
     info = raw.get("info", {})
     if not isinstance(info, dict):
         raise _error(d, f"{MANIFEST}: info is not an object")
+    program = raw.get("program")
+    if program is not None:
+        program = Program(**{k: need(program, k, str, "program.") for k in ("exe", "sha256")})
     return Manifest(d, need(raw, "pid", int, ""), tuple(argv), need(raw, "created", str, ""), cut,
                     allocs, globs, need(raw, "process", str, ""), need(raw, "allocations_made", int, ""),
-                    version, info)
+                    version, program, info)
 
 
 @dataclass(frozen=True)
@@ -446,6 +464,18 @@ def plan_restore(manifest: Manifest, live: Iterable[Allocation],
         if manifest.checked[c.path.name] != (st.st_size, st.st_mtime_ns):
             raise _error(d, f"{c.path.name} changed after the checkpoint was checked: load it again")
     return RestorePlan(manifest, tuple(copies))
+
+
+def check_program(m: Manifest, program: Program) -> None:
+    """A re-run goes only into the executable the checkpoint was taken of, by contents (a copy elsewhere is
+    the same program, a rebuild is not): another program, or another build, may make allocations of the
+    same sizes, which plan_restore would overwrite without a word."""
+    if m.program is None or m.program.sha256 == program.sha256:
+        return
+    what = "another build of it" if m.program.exe == program.exe else "another program"
+    raise _error(m.directory, f"a checkpoint of {m.program.exe} (sha256 {m.program.sha256[:12]}), and this job runs "
+                              f"{what}, {program.exe} (sha256 {program.sha256[:12]}); egpu-run "
+                              "--restore-other-build puts it back all the same where the allocations match")
 
 
 def _check_job(m: Manifest, job: Job) -> None:

@@ -13,6 +13,8 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_SANITIZER_LIB  libsanitizer-public.so for the SASS back end (shim/sass.c has a default)
     EGPU_PTXAS    the real ptxas egpu-ptxas runs for Triton (runtime/ptxas.py); empty: Triton's own
     EGPU_RESTORE  a checkpoint directory to put back once the job has remade its allocations (cow/restore.py)
+    EGPU_RESTORE_OTHER_BUILD  1: put EGPU_RESTORE back even into another executable than the one it was
+                  taken of (egpu-run --restore-other-build; the allocations are matched all the same)
     EGPU_MIRROR   seconds between copies of the maps into shared memory (runtime/mirror.py); 0: none
     EGPU_LAUNCH_VM  c | python: where launch probes run (runtime/native.py; python: all on the Python VM)
     EGPU_TRACE    the trace file: every ring record goes there while the job runs (runtime/streaming.py)
@@ -40,7 +42,7 @@ from egpu_preload.errors import EgpuError
 PROBES, SESSION, KERNEL, LOG = "EGPU_PROBES", "EGPU_SESSION", "EGPU_KERNEL", "EGPU_LOG"
 DURATIONS, PTXAS = "EGPU_DURATIONS", "EGPU_PTXAS"
 BACKEND, SANITIZER, BACKEND_WHY = "EGPU_BACKEND", "EGPU_SANITIZER_LIB", "EGPU_BACKEND_WHY"
-RESTORE = "EGPU_RESTORE"
+RESTORE, RESTORE_OTHER_BUILD = "EGPU_RESTORE", "EGPU_RESTORE_OTHER_BUILD"
 TIMELINE = "EGPU_TIMELINE"
 MIRROR = "EGPU_MIRROR"
 LAUNCH_VM = "EGPU_LAUNCH_VM"
@@ -63,6 +65,7 @@ class Config:
     backend_why: str | None = None   # auto settled as ptx: why (sass.for_job)
     sanitizer: str | None = None
     restore: Path | None = None
+    restore_other_build: bool = False
     timeline: bool = False
     mirror: float = 1.0
     launch_vm: str = "c"
@@ -83,6 +86,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
                   backend=env.get(BACKEND) or "auto", backend_why=env.get(BACKEND_WHY) or None,
                   sanitizer=env.get(SANITIZER) or None,
                   restore=Path(env[RESTORE]) if env.get(RESTORE) else None,
+                  restore_other_build=env.get(RESTORE_OTHER_BUILD) == "1",
                   timeline=env.get(TIMELINE) == "1", mirror=_seconds(env.get(MIRROR), Config.mirror),
                   launch_vm=env.get(LAUNCH_VM) if env.get(LAUNCH_VM) in LAUNCH_VMS else Config.launch_vm,
                   trace=Path(env[TRACE]) if env.get(TRACE) else None,
@@ -103,6 +107,7 @@ def to_env(cfg: Config) -> dict[str, str]:
             BACKEND_WHY: cfg.backend_why or "",
             SANITIZER: cfg.sanitizer or "",
             RESTORE: str(cfg.restore) if cfg.restore else "",
+            RESTORE_OTHER_BUILD: "1" if cfg.restore_other_build else "",
             TIMELINE: "1" if cfg.timeline else "",
             MIRROR: str(cfg.mirror),
             LAUNCH_VM: cfg.launch_vm,
