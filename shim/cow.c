@@ -622,9 +622,8 @@ static __thread int tls_restoring; /* this thread runs the restore: its own laun
 
 EXPORT void egpu_cow_restore_at(unsigned long long count) {
     atomic_store(&restore_count, count);
-    atomic_store(&restore_state, count ? RESTORE_ARMED : RESTORE_IDLE);
-    if (count) atomic_fetch_or(&egpu_cow_flags, FLAG_RESTORE);
-    else atomic_fetch_and(&egpu_cow_flags, ~FLAG_RESTORE);
+    atomic_store(&restore_state, RESTORE_ARMED);
+    atomic_fetch_or(&egpu_cow_flags, FLAG_RESTORE);
 }
 
 static void restore_check(void) {

@@ -110,7 +110,8 @@ long egpu_cow_copy_next(void *side);
 int egpu_cow_disarm(void);
 
 /* Arm the restore trigger: once `count` allocations have been made, the next launch calls
- * egpu_py_cow_restore() first (once). 0 disarms it. */
+ * egpu_py_cow_restore() first (once). 0: the first launch (a checkpoint of a job that allocated nothing
+ * still has its module globals to put back). */
 void egpu_cow_restore_at(unsigned long long count);
 
 /* ---- part 3: C only ---- */

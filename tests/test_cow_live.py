@@ -221,13 +221,14 @@ def test_allocations_the_shims_table_dropped_refuse_a_checkpoint_or_restore(monk
 class Loop:
     """`app MODE STOP` (app_cow loop by default) under egpu-run with no probe, until ``sessions`` of it answer."""
 
-    def __init__(self, stub: CowStub, tmp: Path, app: Path | None = None, mode: str = "loop", sessions: int = 1) -> None:
+    def __init__(self, stub: CowStub, tmp: Path, app: Path | None = None, mode: str = "loop", sessions: int = 1,
+                 args: tuple[str, ...] | None = None) -> None:
         self.log, self.stop = tmp / "log", tmp / "stop"
         self.env = stub.env(self.log)
         app = app or stub.app
         self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", str(app),
-                                      mode, str(self.stop)], env=self.env, cwd=ROOT, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                      *(args or (mode, str(self.stop)))], env=self.env, cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             found = [x for x in list_sessions(tmp / "egpu") if x.info and str(app) in x.info["argv"]]
@@ -354,6 +355,28 @@ def test_a_damaged_checkpoint_is_refused_before_the_job_starts(cow_stub, tmp_pat
     r = egpu(["--restore", str(d), str(cow_stub.app), "resume"], cow_stub.env(tmp_path / "log"), "run_main")
     assert r.returncode == 125 and reason in r.stderr, r.stderr
     assert not (tmp_path / "log").exists()   # the job never reached the driver
+
+
+def test_a_checkpoint_of_a_job_that_allocated_nothing_is_put_back_at_the_first_launch(cow_stub, tmp_path, monkeypatch):
+    """app_loop makes no allocation, only its module's globals (launches, increment): its checkpoint has
+    none, and the re-run's trigger, armed at one allocation, never fired."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    app = tmp_path / "app_loop"
+    subprocess.run(["gcc", "-O1", "-Wall", "-Werror", str(MORE / "app_loop.c"), "-o", str(app), "-ldl"], check=True)
+    loop = Loop(cow_stub, tmp_path, app, args=(str(tmp_path / "stop"), "60"))
+    ckpt = tmp_path / "ckpt"
+    try:
+        r = egpu(["checkpoint", str(loop.pid), str(ckpt)], loop.env)
+        assert r.returncode == 0 and ": 0 allocations, 2 globals" in r.stdout, r.stdout + r.stderr
+    finally:
+        loop.finish()
+    state = int.from_bytes((ckpt / next(g.file for g in snapshot.load(ckpt).globals if g.symbol == "launches"))
+                           .read_bytes(), "little")
+    (tmp_path / "stop").unlink()
+    r = egpu(["--restore", str(ckpt), str(app), str(tmp_path / "stop"), "1"], loop.env, "run_main")
+    assert r.returncode == 0 and f"egpu: restored {ckpt}: 0 allocations, 2 globals" in r.stderr, r.stderr
+    launches, now = map(int, re.search(r"launches=(\d+) state=(\d+)", r.stdout).groups())
+    assert now == state + launches > 1000 + launches, r.stdout
 
 
 def _one_buffer(d: Path, program: snapshot.Program | None) -> None:

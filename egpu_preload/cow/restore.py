@@ -74,7 +74,7 @@ def arm_at_start(rt: "Runtime", directory: Path) -> Manifest:
         except EgpuError as e:
             fatal(str(e))
 
-    lib.egpu_cow_restore_at(max(restore_count(m), 1))
+    lib.egpu_cow_restore_at(restore_count(m))
     return m
 
 
