@@ -642,12 +642,15 @@ def modules_cmd(pid: int = _PID, as_json: bool = typer.Option(False, "--json", h
 def checkpoint_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="DIR", help="must not exist yet"),
                    stop_the_world: bool = typer.Option(False, "--compare-stop-the-world",
                                                        help="then copy the same bytes with the job stopped "
-                                                            "and report how long that held it")) -> None:
-    """Snapshot a running job's device memory and module globals into DIR while it keeps running."""
+                                                            "and report how long that held it"),
+                   as_json: bool = typer.Option(False, "--json", help="the reply as one JSON document")) -> None:
+    """Snapshot a running job's device memory and module globals into DIR while it keeps running. The
+    reply says what it left out (pinned host memory, modules without PTX): such a snapshot is partial."""
     from egpu_preload.cow import remote
     target = _one(pid)
     with _interruptible("checkpoint", [target]):
-        typer.echo(remote.checkpoint(target, directory, stop_the_world))
+        reply = remote.checkpoint(target, directory, stop_the_world)
+    typer.echo(json.dumps(reply) if as_json else remote.checkpoint_line(target, reply))
 
 
 @egpu.command("restore")

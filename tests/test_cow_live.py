@@ -263,7 +263,10 @@ def test_checkpoint_while_running_then_rollback_and_restore_into_a_rerun(cow_stu
         r = egpu(["checkpoint", str(loop.pid), str(ckpt), "--compare-stop-the-world"], loop.env)
         assert r.returncode == 0, r.stderr
         assert re.match(rf"checkpoint of {loop.pid} in {ckpt}: 4 allocations, 1 globals, 208 bytes; cut at launch \d+ "
-                        r"on \d+ streams; copied in .*; the same copy stopping the job: [\d.]+ ms$", r.stdout), r.stdout
+                        r"on \d+ streams; copied in .*; the same copy stopping the job: [\d.]+ ms; partial, not "
+                        r"saved: 4096 bytes in 1 HOST allocations$", r.stdout), r.stdout
+        r = egpu(["checkpoint", "--json", str(loop.pid), str(tmp_path / "ckpt.json")], loop.env)
+        assert r.returncode == 0 and json.loads(r.stdout)["not_saved"] == {"HOST": {"allocations": 1, "bytes": 4096}}
         m = snapshot.load(ckpt)
         # copies of device memory: private whatever the job's umask (the CLI's 0o022 here)
         assert ckpt.stat().st_mode & 0o777 == 0o700 and {p.stat().st_mode & 0o777 for p in ckpt.iterdir()} == {0o600}

@@ -25,7 +25,8 @@ Module globals are one unit: the first launch after the cut (any kernel may writ
 all on its stream after waiting for every cut event, or waits for the copier's copy.
 
 Limits: one context (the runtime's, or the primary one); host memory (cuMemHostAlloc, registered) is
-the process's own and is not saved; a per-thread default stream of another thread cannot carry a cut
+the process's own and is not saved, nor are the globals of modules without PTX (the reply's ``not_saved``
+counts both, by kind); a per-thread default stream of another thread cannot carry a cut
 event (its work is cut by the legacy stream only when it synchronizes with it); graph launches
 (cuGraphLaunch) are not checked while armed; an allocation freed during the checkpoint keeps its
 staging copy as of the cut only if a writer or the copier reached it before the free.
@@ -45,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from egpu_preload.cow import rwsets
-from egpu_preload.cow.allocations import Allocation, AllocationTable, param_offsets, read_shim
+from egpu_preload.cow.allocations import Allocation, AllocationTable, AllocKind, param_offsets, read_shim
 from egpu_preload.cow.snapshot import CHUNK, Job, Program, SnapshotWriter, saved
 from egpu_preload.errors import CowError, EgpuError
 from egpu_preload.runtime import config
@@ -111,6 +112,21 @@ def live_globals(rt: "Runtime") -> dict[tuple[str, str], tuple[int, int]]:
             found = rt.driver.global_symbol(mod.handle, name, mod.library)
             if found and found[1]:
                 out[(key, name)] = found
+    return out
+
+
+def not_saved(rt: "Runtime", live: list[Allocation]) -> dict[str, dict[str, int]]:
+    """What the process holds that a checkpoint leaves out, by kind: {"HOST": {"allocations": 2, "bytes":
+    8192}}; "modules without PTX" counts modules whose globals go unsaved (their bytes are not known)."""
+    out: dict[str, dict[str, int]] = {}
+    for a in live:   # a VMM handle's memory is saved (or not) through its mappings
+        if not saved(a) and a.kind != AllocKind.VMM_HANDLE and a.size:
+            row = out.setdefault(a.kind.name, {"allocations": 0, "bytes": 0})
+            row["allocations"] += 1
+            row["bytes"] += a.size
+    opaque = {id(m) for m in rt.modules.values() if m.ptx is None and m.handle is not None}
+    if opaque:
+        out["modules without PTX"] = {"modules": len(opaque)}
     return out
 
 
@@ -201,7 +217,7 @@ class Checkpointer:
             staged: list[Staged] = []
             try:
                 with rt.driver.current(ctx):
-                    staged, writer.allocations_made = self._stage(rt)
+                    staged, writer.allocations_made, left_out = self._stage(rt)
                     layouts = register_layouts(rt)
                     side = self._stream()
                     stw = {}
@@ -209,7 +225,7 @@ class Checkpointer:
                         stw = self._stop_the_world(staged, ctx)
                         time.sleep(STW_GAP_S)
                     info = self._copy(staged, side, ctx)
-                    info.update(stw, layouts=layouts)
+                    info.update(stw, layouts=layouts, not_saved=left_out)
                     t0, self.download_s = time.monotonic(), 0.0
                     for s in staged:
                         data = self._read(s, side)
@@ -230,9 +246,10 @@ class Checkpointer:
         return {"dir": str(directory), "allocations": len(manifest.allocations), "globals": len(manifest.globals),
                 **info}
 
-    def _stage(self, rt: "Runtime") -> tuple[list[Staged], int]:
-        """A staging buffer for every device allocation and module global; and how many allocations the
-        process had made (one past the newest live one: any older one not live now never will be again)."""
+    def _stage(self, rt: "Runtime") -> tuple[list[Staged], int, dict[str, dict[str, int]]]:
+        """A staging buffer for every device allocation and module global; how many allocations the
+        process had made (one past the newest live one: any older one not live now never will be again);
+        and what the checkpoint leaves out (not_saved), for the reply to say the snapshot is partial."""
         ffi, lib = rt.ffi, rt.lib
         live = live_allocations(rt)
         ranges = [Staged(f"allocation #{a.seq}", a.address, a.size, 0, False, alloc=a) for a in live if saved(a)]
@@ -251,7 +268,7 @@ class Checkpointer:
             for s in staged:
                 lib.egpu_cow_staging_free(s.staging, int(s.host))
             raise
-        return ranges, max((a.seq for a in live), default=-1) + 1
+        return ranges, max((a.seq for a in live), default=-1) + 1, not_saved(rt, live)
 
     def _stream(self) -> int:
         if self._side is None:

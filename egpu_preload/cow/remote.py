@@ -17,9 +17,13 @@ def checked(directory: Path) -> Path:
     return directory.resolve()
 
 
-def checkpoint(pid: int, directory: Path, stop_the_world: bool = False) -> str:
+def checkpoint(pid: int, directory: Path, stop_the_world: bool = False) -> dict:
+    """The job's reply: counts, timings and ``not_saved`` (what the snapshot leaves out, live.not_saved)."""
     fields = {"dir": str(directory.resolve()), **({"stop_the_world": True} if stop_the_world else {})}
-    r = ControlClient(pid, timeout=TIMEOUT_S).request("checkpoint", **fields)
+    return ControlClient(pid, timeout=TIMEOUT_S).request("checkpoint", **fields)
+
+
+def checkpoint_line(pid: int, r: dict) -> str:
     line = (f"checkpoint of {pid} in {r['dir']}: {r['allocations']} allocations, {r['globals']} globals, "
             f"{r['bytes']} bytes; cut at launch {r['launches_at_cut']} on {r['cut_streams']} streams; "
             f"copied in {r['copy_ms']:.1f} ms ({r['hook_copies']} by the job's own launches, "
@@ -27,7 +31,14 @@ def checkpoint(pid: int, directory: Path, stop_the_world: bool = False) -> str:
             f"(longest {r['stall_max_ns'] / 1e6:.3f} ms)")
     if "stw_ms" in r:
         line += f"; the same copy stopping the job: {r['stw_ms']:.1f} ms"
-    return line
+    return line + left_out(r.get("not_saved") or {})
+
+
+def left_out(not_saved: dict) -> str:
+    """The reply's tail naming what the snapshot lacks (live.not_saved), or nothing when it has it all."""
+    parts = [f"{row['modules']} modules without PTX (their globals)" if "modules" in row else
+             f"{row['bytes']} bytes in {row['allocations']} {kind} allocations" for kind, row in not_saved.items()]
+    return f"; partial, not saved: {', '.join(parts)}" if parts else ""
 
 
 def restore(pid: int, directory: Path) -> str:

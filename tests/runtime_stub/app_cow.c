@@ -6,7 +6,8 @@
  *                        launches and copies the fast path must see (printing "mark WHAT" into the
  *                        stand-in's log between them), then prints the staged bytes and the counters
  *   app_cow loop STOP    a job to checkpoint: three buffers and a counter rewritten every step (buffer b
- *                        holds b * 1000000 + step in every word), a launch per step, until STOP exists
+ *                        holds b * 1000000 + step in every word) and 4096 bytes of pinned host memory,
+ *                        a launch per step, until STOP exists
  *   app_cow resume       the same allocations, one launch (a --restore puts the snapshot back before
  *                        it), then prints every buffer's first word and the counter
  *   app_cow resume-captured  the same, but a launch captured into a graph (global mode) comes first:
@@ -200,13 +201,14 @@ static double now(void) {
 static int job(const char *stop, int captured) {
     SYM(cuInit); SYM(cuMemAlloc_v2); SYM(cuMemcpyHtoD_v2); SYM(cuMemcpyDtoH_v2); SYM(cuModuleLoadData);
     SYM(cuModuleGetFunction); SYM(cuLaunchKernel); SYM(cuCtxSynchronize); SYM(cuStreamCreate);
-    SYM(cuStreamBeginCapture_v2); SYM(cuStreamEndCapture);
+    SYM(cuStreamBeginCapture_v2); SYM(cuStreamEndCapture); SYM(cuMemAllocHost_v2);
     CUdeviceptr buf[3], counter;
-    void *mod = NULL, *k = NULL;
+    void *mod = NULL, *k = NULL, *pinned = NULL;
     unsigned long long words[WORDS], n = 1;
     int r = cuInit(0) | cuModuleLoadData(&mod, PTX) | cuModuleGetFunction(&k, mod, "k");
     for (int b = 0; b < 3; b++) r |= cuMemAlloc_v2(&buf[b], SIZE);
     r |= cuMemAlloc_v2(&counter, 8);
+    r |= cuMemAllocHost_v2(&pinned, 4096); /* pinned host memory: a checkpoint leaves it out, and says so */
     void *params[] = {&buf[0], &n};
     if (captured) {
         void *s = NULL, *graph = NULL;
