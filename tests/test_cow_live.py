@@ -382,6 +382,21 @@ def test_a_checkpoint_of_a_job_that_allocated_nothing_is_put_back_at_the_first_l
     assert now == state + launches > 1000 + launches, r.stdout
 
 
+def test_a_restore_the_job_never_reached_is_said_at_exit(cow_stub, tmp_path):
+    """A checkpoint of 10 allocations into app_cow resume, which makes 5: the trigger never fires, and the
+    job ran from its start with no word of it."""
+    from egpu_preload.cow.allocations import Allocation, AllocKind
+    d = tmp_path / "ckpt"
+    with snapshot.SnapshotWriter(d, pid=1, argv=["app"], cut={0: 1}) as w:
+        w.add_allocation(Allocation(9, 0x1000, 64, AllocKind.DEVICE), bytes(64))
+        w.commit()
+    r = egpu(["--restore", str(d), str(cow_stub.app), "resume"], cow_stub.env(tmp_path / "log"), "run_main")
+    assert r.returncode == 0 and "counter 0 result 0" in r.stdout, r.stdout + r.stderr
+    assert r.stderr.strip() == (f"egpu: --restore {d} was never put back: the job made 5 allocations, the checkpoint "
+                                "is put back at the first launch after 10 (a checkpoint of other arguments?); the "
+                                "job ran from its start"), r.stderr
+
+
 def _one_buffer(d: Path, program: snapshot.Program | None) -> None:
     """A checkpoint of allocation #0, 64 bytes: app_cow resume's first buffer has that size."""
     from egpu_preload.cow.allocations import Allocation, AllocKind

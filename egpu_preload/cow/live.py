@@ -194,6 +194,7 @@ class Checkpointer:
         self.busy = threading.Lock()
         self._side: int | None = None    # the copier's stream (one per process, in the job's context)
         self.download_s = 0.0            # staging to host, this checkpoint
+        self.pending: Any = None         # the --restore Manifest until it is put back
 
     # ---- checkpoint ---------------------------------------------------------------------------------
     def checkpoint(self, fields: dict) -> dict:
@@ -343,6 +344,13 @@ class Checkpointer:
             raise CowError(f"the stop-the-world copy failed: {swap_failure(self.rt, r)}")
         return {"stw_t0_ns": t0, "stw_t1_ns": t1, "stw_ms": round((t1 - t0) / 1e6, 3)}
 
+    def at_exit(self) -> None:
+        """A --restore that never fired (fewer allocations than the checkpoint's, or no launch after them)
+        says so: the job exits as it would have run without it, and nothing else would tell."""
+        if self.pending is not None:
+            from egpu_preload.cow import restore
+            print(restore.never_put_back(self.rt, self.pending), file=sys.stderr)
+
     # ---- rollback -----------------------------------------------------------------------------------
     def restore(self, fields: dict) -> dict:
         from egpu_preload.cow import restore
@@ -363,7 +371,7 @@ def attach(rt: "Runtime") -> Checkpointer:
     if rt.cfg.restore is not None:
         from egpu_preload.cow import restore
         try:
-            restore.arm_at_start(rt, rt.cfg.restore)
+            cp.pending = restore.arm_at_start(rt, rt.cfg.restore, lambda: setattr(cp, "pending", None))
         except EgpuError as e:  # the launcher checked the directory: this is rare, and fatal
             print(f"egpu: --restore refused: {e}", file=sys.stderr)
             os._exit(1)

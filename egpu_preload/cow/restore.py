@@ -9,7 +9,8 @@ first, on the launching thread, in its context. The live allocations (creation n
 and module globals (module PTX digest, symbol) are matched by snapshot.plan_restore, which refuses any
 mismatch before a byte is written; then every file is copied in. A refusal ends the job (exit 1): it
 asked for a restore, and running on from a half-made state would be worse. Globals of modules not
-loaded by then are left as the program made them (the reply line counts them).
+loaded by then are left as the program made them (the reply line counts them). A trigger never reached
+(the program made fewer allocations, or launched nothing after them) is said at exit (never_put_back).
 
 Rollback. Only into the process that took the checkpoint (snapshot.Job: its pid, argv and a token no
 other process has had). The snapshot is matched against the job as it runs now, whole: every
@@ -27,7 +28,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from egpu_preload.cow.live import context, live_allocations, live_globals, this_job, this_program
 from egpu_preload.cow.snapshot import CHUNK, Manifest, RestorePlan, check_program, load, plan_restore
@@ -54,7 +55,7 @@ def put_back(rt: "Runtime", m: Manifest) -> str:
             + (f" ({skipped} globals of modules not loaded left as they are)" if skipped else ""))
 
 
-def arm_at_start(rt: "Runtime", directory: Path) -> Manifest:
+def arm_at_start(rt: "Runtime", directory: Path, restored: Callable[[], None] = lambda: None) -> Manifest:
     """Restore ``directory`` before the first launch after the program remade its allocations; refused at
     once when it is a checkpoint of another executable (unless --restore-other-build)."""
     m = load(directory)
@@ -71,11 +72,21 @@ def arm_at_start(rt: "Runtime", directory: Path) -> Manifest:
     def egpu_py_cow_restore() -> None:
         try:
             print(f"egpu: restored {put_back(rt, m)}", file=sys.stderr)
+            restored()
         except EgpuError as e:
             fatal(str(e))
 
     lib.egpu_cow_restore_at(restore_count(m))
     return m
+
+
+def never_put_back(rt: "Runtime", m: Manifest) -> str:
+    """Why an armed --restore has not fired (said at exit: the job then ran from its start)."""
+    stats = rt.ffi.new("struct egpu_cow_stats *")
+    rt.lib.egpu_cow_stats(stats)
+    return (f"egpu: --restore {m.directory} was never put back: the job made {stats.allocations} allocations, the "
+            f"checkpoint is put back at the first launch after {restore_count(m)} (a checkpoint of other "
+            "arguments?); the job ran from its start")
 
 
 class _Staging:

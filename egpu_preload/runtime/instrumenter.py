@@ -428,6 +428,7 @@ class Runtime:
     def finish(self) -> None:
         """Read the maps back and write this process's dump (nothing if it loaded no module and the job has
         no host-API probe: one that only copied or allocated has their maps)."""
+        self.cow.at_exit()
         self.live.stop()  # no daemon thread of ours runs on into the interpreter's finalization
         if self.mirror is not None:
             self.mirror.stop()
