@@ -3,7 +3,8 @@ running job (``egpu restore PID DIR``).
 
 Re-run. The launcher validates DIR before the job starts (snapshot.load hashes every file). In the job
 the runtime loads it again, refuses a checkpoint of another executable (snapshot.check_program; egpu-run
---restore-other-build skips that, for a rebuild known to allocate the same way), and arms the shim's trigger (egpu_cow_restore_at) at the snapshot's
+--restore-other-build skips that, for a rebuild known to allocate the same way), and arms the shim's
+trigger (egpu_cow_restore_at) at the snapshot's
 allocation count: once the program has made that many allocations, the next launch calls back here
 first, on the launching thread, in its context. The live allocations (creation number, size, kind)
 and module globals (module PTX digest, symbol) are matched by snapshot.plan_restore, which refuses any
