@@ -231,6 +231,31 @@ BAD_SOURCES = [
     ("huge key", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
                                 "__type(key, char[513]); __type(value, __u64);"),
      "map m: a key of 513 bytes (at most 512, as a program's stack holds its keys)"),
+    # map_flags: Linux's map_alloc_check refuses a flag the type does not take, and bits it does not define
+    ("flag on array", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); "
+                                     "__uint(map_flags, BPF_F_NO_PREALLOC); __type(key, __u32); __type(value, __u64);"),
+     "map m: map_flags BPF_F_NO_PREALLOC: Linux refuses it on array maps (which take BPF_F_NUMA_NODE | "),
+    ("flag on hash", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
+                                    "__uint(map_flags, BPF_F_MMAPABLE); __type(key, __u32); __type(value, __u64);"),
+     "map m: map_flags BPF_F_MMAPABLE: Linux refuses it on hash maps"),
+    ("lru not preallocated", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_LRU_HASH); __uint(max_entries, 1); "
+                                            "__uint(map_flags, BPF_F_NO_PREALLOC); __type(key, __u32); "
+                                            "__type(value, __u64);"),
+     "map m: map_flags BPF_F_NO_PREALLOC: Linux refuses it on lru_hash maps"),
+    ("flag on ringbuf", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096); "
+                                       "__uint(map_flags, BPF_F_RDONLY_PROG);"),
+     "map m: map_flags BPF_F_RDONLY_PROG: Linux refuses it on ringbuf maps (which take BPF_F_NUMA_NODE)"),
+    ("unknown flag", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
+                                    "__uint(map_flags, (1u << 30) | 1); __type(key, __u32); __type(value, __u64);"),
+     "map m: map_flags 0x40000001: 0x40000000 is no flag linux/bpf.h defines"),
+    ("read-only and write-only", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
+                                                "__uint(map_flags, BPF_F_RDONLY_PROG | BPF_F_WRONLY_PROG); "
+                                                "__type(key, __u32); __type(value, __u64);"),
+     "map m: map_flags BPF_F_RDONLY_PROG | BPF_F_WRONLY_PROG: Linux refuses the two together"),
+    ("legacy map flag", 'struct egpu_map_def SEC("maps") m = { .type = BPF_MAP_TYPE_PERCPU_ARRAY, .key_size = 4, '
+                        '.value_size = 8, .max_entries = 1, .map_flags = BPF_F_NUMA_NODE };\n'
+                        'SEC("kprobe/*") int p(void *c) { __u32 k = 0; return bpf_map_lookup_elem(&m, &k) != 0; }',
+     "map m: map_flags BPF_F_NUMA_NODE: Linux refuses it on percpu_array maps"),
     ("tail calls", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_PROG_ARRAY); __uint(max_entries, 1); "
                                     "__type(key, __u32); __type(value, __u32);"),
      "map m: unsupported map type 3 (BPF_MAP_TYPE_PROG_ARRAY: tail calls are not supported, call a static "
@@ -270,6 +295,25 @@ def test_refused_objects(tmp_path, case, source, reason):
         load_object(obj)
     assert reason in str(e.value)
     assert str(e.value).startswith(f"{obj}:")
+
+
+def test_map_flags_linux_takes(tmp_path):
+    """The flags libbpf users put on their maps load: those that choose how the kernel allocates or what user
+    space may do mean nothing for maps in GPU memory; RDONLY_PROG and WRONLY_PROG are kept for the verifier."""
+    obj = load_object(_compile(tmp_path, """
+#define MAP(name, t, f) struct { __uint(type, t); __uint(max_entries, 4); __type(key, __u32); __type(value, __u64); \\
+	__uint(map_flags, f); } name SEC(".maps")
+MAP(h, BPF_MAP_TYPE_HASH, BPF_F_NO_PREALLOC | BPF_F_ZERO_SEED | BPF_F_NUMA_NODE | BPF_F_RDONLY);
+MAP(l, BPF_MAP_TYPE_LRU_HASH, BPF_F_NO_COMMON_LRU | BPF_F_WRONLY);
+MAP(a, BPF_MAP_TYPE_ARRAY, BPF_F_MMAPABLE | BPF_F_RDONLY_PROG | BPF_F_INNER_MAP);
+MAP(pc, BPF_MAP_TYPE_PERCPU_ARRAY, BPF_F_WRONLY_PROG);
+struct { __uint(type, BPF_MAP_TYPE_PERF_EVENT_ARRAY); __uint(map_flags, BPF_F_PRESERVE_ELEMS); } pe SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096); __uint(map_flags, BPF_F_NUMA_NODE); }
+	rb SEC(".maps");
+SEC("kprobe/*") int p(void *c) { return 0; }
+"""))
+    assert {m.name: m.flags for m in obj.maps} == {"h": 0x45 | 8, "l": 0x12, "a": 0x1480, "pc": 0x100, "pe": 0x800,
+                                                   "rb": 0x4}
 
 
 def test_btf_maps_need_btf(tmp_path):

@@ -34,9 +34,9 @@ from ..errors import BtfError, EgpuError, ElfError
 from ..outpaths import read_input
 from . import btf as btfmod
 from . import isa
-from .program import (BPFTIME_MAP_TYPES, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY, MAP_PERTHREAD_ARRAY,
-                      MAP_RINGBUF, MAP_TYPE_NAMES, BpfObject, MapDef, Program)
-from .linux_names import map_type_name
+from .program import (BPFTIME_MAP_TYPES, MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
+                      MAP_PERTHREAD_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, BpfObject, MapDef, Program)
+from .linux_names import MAP_FLAGS, map_flag, map_flag_names, map_type_name
 from .sections import parse_section
 
 EM_BPF = 247
@@ -56,6 +56,24 @@ _KMALLOC_MAX = 1 << 22
 _ARRAY_MAX = (1 << 32) - 1 - _PAGE
 _STACK = 512
 _MAP_PROG_ARRAY = 3                     # linux/bpf.h: bpf_tail_call's map
+# The map_flags Linux's map_alloc_check takes per type (htab_map_alloc_check, array_map_alloc_check,
+# fd_array_map_alloc_check, ringbuf_map_alloc); a flag outside them fails the map there, so here too. Of
+# these, RDONLY_PROG and WRONLY_PROG bind programs (the verifier enforces them: MapDef.prog_writes); the rest
+# choose how the kernel allocates (NO_PREALLOC, NO_COMMON_LRU, NUMA_NODE, ZERO_SEED, MMAPABLE, INNER_MAP,
+# PRESERVE_ELEMS) or what user space may do (RDONLY, WRONLY), and mean nothing for maps that live in GPU
+# memory: accepted and ignored. bpftime checks no flags; its per-thread array takes an array's.
+_ACCESS = map_flag("RDONLY", "WRONLY", "RDONLY_PROG", "WRONLY_PROG")
+_MAP_FLAGS = {
+    MAP_HASH: _ACCESS | map_flag("NO_PREALLOC", "NUMA_NODE", "ZERO_SEED"),
+    MAP_LRU_HASH: _ACCESS | map_flag("NO_COMMON_LRU", "NUMA_NODE", "ZERO_SEED"),   # NO_PREALLOC: -ENOTSUPP
+    MAP_ARRAY: _ACCESS | map_flag("NUMA_NODE", "MMAPABLE", "INNER_MAP"),
+    MAP_PERTHREAD_ARRAY: _ACCESS | map_flag("NUMA_NODE", "MMAPABLE", "INNER_MAP"),
+    MAP_PERCPU_ARRAY: _ACCESS,                                                     # no NUMA node per CPU
+    MAP_PERF_EVENT_ARRAY: map_flag("RDONLY", "WRONLY", "NUMA_NODE", "PRESERVE_ELEMS"),
+    MAP_RINGBUF: map_flag("NUMA_NODE"),
+}
+# Pairs Linux refuses together (bpf_map_flags_access_ok, bpf_get_file_flag, htab_map_alloc_check).
+_EXCLUSIVE = (("RDONLY_PROG", "WRONLY_PROG"), ("RDONLY", "WRONLY"), ("NUMA_NODE", "NO_COMMON_LRU"))
 _SUPPORTED = (", ".join(n for t, n in MAP_TYPE_NAMES.items() if t != MAP_PERTHREAD_ARRAY) + "; bpftime's "
               + ", ".join(map(str, sorted({*BPFTIME_MAP_TYPES, MAP_PERTHREAD_ARRAY}))))
 # BTF-defined map attributes given with __uint(...) (libbpf parse_btf_map_def); numa_node and pinning
@@ -472,6 +490,7 @@ def _checked_map(m: MapDef) -> MapDef:
         raise ElfError(f"map {m.name}: unsupported map type {m.type} ({map_type_name(m.type)}{instead}; "
                        f"supported: {_SUPPORTED})")
     kind = MAP_TYPE_NAMES[m.type]
+    _check_flags(m, kind)
     if m.type == MAP_RINGBUF:
         if m.key_size or m.value_size:
             raise ElfError(f"map {m.name}: a ringbuf has no key or value")
@@ -498,6 +517,18 @@ def _checked_map(m: MapDef) -> MapDef:
         raise ElfError(f"map {m.name}: a key of {m.key_size} bytes (at most {_STACK}, as a program's stack holds "
                        f"its keys)")
     return m
+
+
+def _check_flags(m: MapDef, kind: str) -> None:
+    """The map_flags Linux refuses with EINVAL at BPF_MAP_CREATE, refused at load (_MAP_FLAGS)."""
+    if unknown := m.flags & ~((1 << len(MAP_FLAGS)) - 1):
+        raise ElfError(f"map {m.name}: map_flags {m.flags:#x}: {unknown:#x} is no flag linux/bpf.h defines")
+    if wrong := m.flags & ~_MAP_FLAGS[m.type]:
+        raise ElfError(f"map {m.name}: map_flags {map_flag_names(wrong)}: Linux refuses it on {kind} maps "
+                       f"(which take {map_flag_names(_MAP_FLAGS[m.type])})")
+    for pair in _EXCLUSIVE:
+        if m.flags & map_flag(*pair) == map_flag(*pair):
+            raise ElfError(f"map {m.name}: map_flags {map_flag_names(map_flag(*pair))}: Linux refuses the two together")
 
 
 def _cstr(table: bytes, off: int, what: str) -> str:

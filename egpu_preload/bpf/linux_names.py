@@ -1,9 +1,9 @@
-"""Linux's names for the map types and helper ids egpu may meet in an object, so a refusal says
-"map type 7 (BPF_MAP_TYPE_STACK_TRACE)" and "bpf_probe_read" instead of bare numbers.
+"""Linux's names for the map types, map flags and helper ids egpu may meet in an object, so a refusal
+says "map type 7 (BPF_MAP_TYPE_STACK_TRACE)", "BPF_F_MMAPABLE" and "bpf_probe_read", not bare numbers.
 
-Both tables follow the uapi enums of linux/bpf.h (``enum bpf_map_type``; ``__BPF_FUNC_MAPPER``, where
-a helper's position is its id), as of Linux 6.9. helpers.py and program.py say what egpu implements;
-this module only names.
+The tables follow the uapi enums of linux/bpf.h (``enum bpf_map_type``; BPF_MAP_CREATE's ``BPF_F_*``
+flags; ``__BPF_FUNC_MAPPER``, where a helper's position is its id), as of Linux 6.9. helpers.py and
+program.py say what egpu implements; this module only names.
 """
 
 from __future__ import annotations
@@ -16,6 +16,13 @@ MAP_TYPES = (
     "REUSEPORT_SOCKARRAY", "PERCPU_CGROUP_STORAGE", "QUEUE", "STACK", "SK_STORAGE", "DEVMAP_HASH",
     "STRUCT_OPS", "RINGBUF", "INODE_STORAGE", "TASK_STORAGE", "BLOOM_FILTER", "USER_RINGBUF", "CGRP_STORAGE",
     "ARENA",
+)
+
+# BPF_MAP_CREATE's map_flags without the BPF_F_ prefix; index = bit.
+MAP_FLAGS = (
+    "NO_PREALLOC", "NO_COMMON_LRU", "NUMA_NODE", "RDONLY", "WRONLY", "STACK_BUILD_ID", "ZERO_SEED",
+    "RDONLY_PROG", "WRONLY_PROG", "CLONE", "MMAPABLE", "PRESERVE_ELEMS", "INNER_MAP", "LINK", "PATH_FD",
+    "VTYPE_BTF_OBJ_FD", "TOKEN_FD", "SEGV_ON_FAULT", "NO_USER_CONV",
 )
 
 # __BPF_FUNC_MAPPER: index = helper id (enum bpf_func_id).
@@ -67,6 +74,18 @@ HELPERS = (
 def map_type_name(value: int) -> str:
     """``BPF_MAP_TYPE_STACK_TRACE`` for 7; ``unknown`` past the table."""
     return f"BPF_MAP_TYPE_{MAP_TYPES[value]}" if 0 <= value < len(MAP_TYPES) else "unknown"
+
+
+def map_flag(*names: str) -> int:
+    """The bits of ``BPF_F_<name>``...: 0x80 for "RDONLY_PROG", 0x180 for "RDONLY_PROG", "WRONLY_PROG"."""
+    return sum(1 << MAP_FLAGS.index(n) for n in set(names))
+
+
+def map_flag_names(flags: int) -> str:
+    """``BPF_F_NO_PREALLOC | BPF_F_MMAPABLE`` for 0x401; a bit past the table as its hex value."""
+    bits = (1 << b for b in range(flags.bit_length()) if flags >> b & 1)
+    return " | ".join(f"BPF_F_{MAP_FLAGS[b.bit_length() - 1]}" if b < 1 << len(MAP_FLAGS) else f"{b:#x}"
+                      for b in bits)
 
 
 def is_linux_helper(value: int) -> bool:
