@@ -1135,6 +1135,23 @@ ACCEPT: tuple[Case, ...] = (
 )
 
 
+# A hash map with the given map_flags and a program that looks key 0 up, then runs body with v non-null.
+ACCESS_FLAGS = r"""#include "egpu.bpf.h"
+struct {{ __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 4); __type(key, __u64); __type(value, __u64);
+	 __uint(map_flags, {flags}); }} m SEC(".maps");
+SEC("kprobe/*")
+int p(struct egpu_ctx *ctx)
+{{
+	__u64 k = 0, *v = bpf_map_lookup_elem(&m, &k);
+	if (!v)
+		return 0;
+	{body}
+	return 0;
+}}
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
 # C probes clang turns into what the verifier must follow: loops bounded by a constant, by a value from
 # ctx and by .rodata, variable indices into map values and stack arrays, alu32 spills, a static
 # subprogram taking a stack array, ringbuf submit/discard, printk with leftover registers, u64_out; and
@@ -1298,6 +1315,10 @@ int printk_len(struct egpu_ctx *ctx)
 
 char LICENSE[] SEC("license") = "GPL";
 """,
+    # a read-only map's values are read, a write-only map's written, looked up, updated and deleted (Linux too)
+    "rdonly_prog": ACCESS_FLAGS.format(flags="BPF_F_RDONLY_PROG", body="return *v;"),
+    "wronly_prog": ACCESS_FLAGS.format(flags="BPF_F_WRONLY_PROG", body="*v = ctx->site;\n\tbpf_map_update_elem(&m, "
+                                       "&k, &k, BPF_ANY);\n\tbpf_map_delete_elem(&m, &k);"),
 }
 
 
@@ -1356,4 +1377,21 @@ int wait_flag(struct egpu_ctx *ctx)
 }
 char LICENSE[] SEC("license") = "GPL";
 """, "the sequence of 8193 jumps is too complex"),
+    # BPF_F_RDONLY_PROG and BPF_F_WRONLY_PROG bind programs as Linux's bpf_map_flags_to_cap and
+    # record_func_map do: no store, atomic, update or delete into a read-only map, no read of a write-only
+    # map's value (its lookup itself is allowed: "wronly_prog" in C_PROBES)
+    "store_into_rdonly_prog": (ACCESS_FLAGS.format(flags="BPF_F_RDONLY_PROG", body="*v = ctx->site;"),
+                               "write into read-only map m"),
+    "atomic_on_rdonly_prog": (ACCESS_FLAGS.format(flags="BPF_F_RDONLY_PROG", body="__sync_fetch_and_add(v, 1);"),
+                              "write into read-only map m"),
+    "update_rdonly_prog": (ACCESS_FLAGS.format(flags="BPF_F_RDONLY_PROG",
+                                               body="bpf_map_update_elem(&m, &k, &k, BPF_ANY);"),
+                           "write into read-only map m (map_update_elem)"),
+    "read_wronly_prog": (ACCESS_FLAGS.format(flags="BPF_F_WRONLY_PROG", body="return *v;"),
+                         "read from write-only map m"),
+    "atomic_on_wronly_prog": (ACCESS_FLAGS.format(flags="BPF_F_WRONLY_PROG", body="__sync_fetch_and_add(v, 1);"),
+                              "read from write-only map m"),
+    "helper_reads_wronly_prog": (ACCESS_FLAGS.format(flags="BPF_F_WRONLY_PROG",
+                                                     body="bpf_map_update_elem(&m, &k, v, BPF_ANY);"),
+                                 "read from write-only map m"),
 }

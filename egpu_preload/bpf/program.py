@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .linux_names import map_flag
+
 # linux/bpf.h enum bpf_map_type, the ones egpu implements, and bpftime's per-thread array under its number
 # (runtime/include/bpftime_shm.hpp, BPF_MAP_TYPE_PERGPUTD_ARRAY_MAP): one array per GPU thread.
 MAP_HASH, MAP_ARRAY, MAP_PERF_EVENT_ARRAY, MAP_PERCPU_ARRAY, MAP_LRU_HASH, MAP_RINGBUF = 1, 2, 4, 6, 9, 27
@@ -23,6 +25,9 @@ MAP_TYPE_NAMES = {MAP_HASH: "hash", MAP_ARRAY: "array", MAP_PERF_EVENT_ARRAY: "p
 # in where the bytes live; its GPU ring (1527) is what bpf_perf_event_output writes to.
 BPFTIME_MAP_TYPES = {1501: MAP_HASH, 1503: MAP_ARRAY, 1504: MAP_ARRAY, 1512: MAP_PERTHREAD_ARRAY,
                      1513: MAP_ARRAY, 1527: MAP_PERF_EVENT_ARRAY}
+# The map_flags that mean something on the GPU: what programs may do with the map's values (the verifier
+# enforces them); elf.py says which flags each type takes.
+BPF_F_RDONLY_PROG, BPF_F_WRONLY_PROG = map_flag("RDONLY_PROG"), map_flag("WRONLY_PROG")
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,16 @@ class MapDef:
                                       # of its adds; 0 for one copy (translate/striping.py)
     wait: bool = False                # a ring whose producers wait for the reader when it is full
                                       # (egpu-run --on-full wait) instead of dropping the record
+
+    @property
+    def prog_writes(self) -> bool:
+        """Programs may write its values: not .rodata, not BPF_F_RDONLY_PROG (Linux's bpf_map_flags_to_cap)."""
+        return not self.readonly and not self.flags & BPF_F_RDONLY_PROG
+
+    @property
+    def prog_reads(self) -> bool:
+        """Programs may read its values: not BPF_F_WRONLY_PROG (whose lookups Linux allows, the reads after not)."""
+        return not self.flags & BPF_F_WRONLY_PROG
 
 
 @dataclass(frozen=True)

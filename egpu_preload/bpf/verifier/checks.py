@@ -345,8 +345,8 @@ def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *,
         m = env.maps[ptr.aux]
         plain_add = mode == "atomic" and insn.atomic_op == "add" and not insn.fetch
         env.note_use(ptr.aux, f"add{size}" if plain_add else mode)
-        if mode != "read" and m.readonly:
-            raise Reject(f"write into read-only map {m.name} (r{reg} readonly)")
+        if denied := _map_denied(m, mode):
+            raise Reject(f"{denied[0]} (r{reg} {denied[1]})")
         _within(ptr, fixed, size, m.value_size, "map value", "value_size", reg)
         if mode == "read" and m.readonly and m.initial is not None and ptr.is_const:
             data = m.initial[fixed:fixed + size].ljust(size, b"\0")  # .rodata: known at load time
@@ -354,6 +354,17 @@ def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *,
     else:
         _within(ptr, fixed, size, ptr.aux, "ringbuf record", "size", reg)
     return sized(size, signed)
+
+
+def _map_denied(m: MapDef, mode: str) -> tuple[str, str] | None:
+    """Why a program's read, write or atomic (both) of a map's value is refused, and the check's name, as
+    Linux's check_map_access_type refuses it: a write into .rodata or a BPF_F_RDONLY_PROG map, a read of a
+    BPF_F_WRONLY_PROG map."""
+    if mode != "read" and not m.prog_writes:
+        return f"write into read-only map {m.name}", "readonly"
+    if mode != "write" and not m.prog_reads:
+        return f"read from write-only map {m.name}", "writeonly"
+    return None
 
 
 def _off(ptr: Value, fixed: int) -> str:
@@ -714,7 +725,7 @@ def _map_arg(env: Env, insn: Insn, h: Helper, n: int, v: Value) -> int:
     if md.type not in MAP_TYPES_FOR_HELPER[h.name]:
         kind = MAP_TYPE_NAMES.get(md.type, str(md.type))
         raise Reject(f"map {md.name} of type {kind} cannot be used with {h.name} (arg{n} map type)")
-    if h.name in _WRITES_MAP and md.readonly:
+    if h.name in _WRITES_MAP and not md.prog_writes:
         raise Reject(f"write into read-only map {md.name} ({h.name})")
     env.note_map(insn.pc, v.aux)
     return v.aux
@@ -742,8 +753,8 @@ def _helper_mem(env: Env, st: State, h: Helper, n: int, v: Value, size: int, *, 
     if v.kind == MAP_VALUE:
         md = env.maps[v.aux]
         env.note_use(v.aux, "helper")
-        if write and md.readonly:
-            raise Reject(f"write into read-only map {md.name} (arg{n} of {h.name})")
+        if denied := _map_denied(md, "write" if write else "read"):
+            raise Reject(f"{denied[0]} (arg{n} of {h.name})")
         _within(v, v.off, size, md.value_size, "map value", "value_size", n)
         return
     if v.kind == RINGBUF_MEM:
