@@ -123,6 +123,22 @@ def test_histogram_rows(name, counts, rows):
     assert text.histogram(h) == expected
 
 
+def test_sparse_linear_histogram_prints_an_empty_run_as_one_row():
+    """A probe computes its lhist slots, unbounded (bpftrace's lhist has a max): slots 0 and 10**9 of a hash
+    took a billion rows (10**7: 28 s and 2.7 GB); past MAX_BUCKETS each empty run is one [lo, hi) row."""
+    m = MapDef("lhist", prog.MAP_HASH, 4, 8, 64)
+    for far in (10**6, 10**9):
+        state = MapsState([m])
+        for k, v in {0: 1, 7: 1, far: 2}.items():
+            assert state[0].update(k.to_bytes(4, "little"), v.to_bytes(8, "little")) == 0
+        h = values.snapshot(state, BpfObject("t.bpf.o", maps=[m])).maps[0]
+        rows = [("[0]", 1, 26), ("[1, 7)", 0, 0), ("[7]", 1, 26), (f"[8, {far})", 0, 0), (f"[{far}]", 2, 52)]
+        assert text.histogram(h) == "".join(f"{label:<16}{n:>8} |{'@' * bar:<52}|\n" for label, n, bar in rows)
+        assert h.slots() == {0: 1, 7: 1, far: 2}   # what combine sums across ranks
+    span = {0: 1, values.MAX_BUCKETS - 1: 1}        # within the limit every bucket prints, as bpftrace's do
+    assert len(values.histogram("lhist", "linear", 1, span).counts) == values.MAX_BUCKETS
+
+
 def test_histogram_row_matches_bpftrace_columns():
     h = _hist("hist", {2: 12, 3: 6})
     assert text.histogram(h).splitlines()[1] == \

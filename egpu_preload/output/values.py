@@ -17,7 +17,8 @@ Which map becomes which value:
   with ``hist`` (log2) or ``lhist`` (linear). egpu's convention (a probe computes the slot itself):
   log2 slot 0 counts values 0 and 1, slot k >= 1 counts [2**k, 2**(k+1)), i.e. slot = floor(log2(v));
   linear slot k counts [k*step, (k+1)*step), where step is the number after ``lhist`` in the name
-  (``lhist100_latency``: step 100), 1 when there is none.
+  (``lhist100_latency``: step 100), 1 when there is none. Buckets run from the first non-empty slot to
+  the last, as bpftrace prints them; past MAX_BUCKETS, a run of empty slots is one empty bucket.
 - ``KeyedScalars``: every other ARRAY/HASH/LRU_HASH/PERCPU_ARRAY; all-zero ARRAY slots are left out.
 - ``Records``: RINGBUF and PERF_EVENT_ARRAY records, typed by the struct the caller names for that map
   (``event_types``: a ring buffer has no value type in BTF; without it, the probe's one named struct
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -230,6 +231,10 @@ def _rows(storage: MapStorage, reader: "_Reader") -> list[tuple[Data, Data, dict
 
 
 _HIST_NAME = re.compile(r"(lhist)(\d*)|hist")
+# A probe computes its linear slots itself, unbounded (bpftrace's lhist has a max), so slots 0 and 10**9
+# would fill a billion buckets: past this many from the first used slot to the last, a run of empty slots
+# becomes one empty [lo, hi) bucket.
+MAX_BUCKETS = 1024
 
 
 def _histogram(m: MapDef, rows: list[tuple[Data, Data, dict | None]]) -> Histogram | None:
@@ -248,11 +253,14 @@ def _histogram(m: MapDef, rows: list[tuple[Data, Data, dict | None]]) -> Histogr
 
 
 def histogram(name: str, scale: str, step: int, counts: Mapping[int, int]) -> Histogram:
-    """The Histogram of slot -> count (the module docstring's slots), empty slots between filled in."""
+    """The Histogram of slot -> count (the module docstring's slots), empty slots between filled in; past
+    MAX_BUCKETS, each run of empty slots is one empty bucket."""
     used = sorted(k for k, v in counts.items() if v)
     if not used:
         return Histogram(name, scale, step, 0, (), ())
-    slots = range(used[0], used[-1] + 1)
+    slots: Sequence[int] = range(used[0], used[-1] + 1)
+    if len(slots) > MAX_BUCKETS:   # a gap's bucket ends where the next used slot begins: it is slot next - 1's
+        slots = [s for a, b in zip(used, used[1:]) for s in ((a, b - 1) if b - a > 1 else (a,))] + used[-1:]
     if scale == "linear":
         lower, labels = used[0] * step, tuple((k + 1) * step for k in slots)
     else:
