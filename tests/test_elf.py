@@ -256,6 +256,10 @@ BAD_SOURCES = [
                         '.value_size = 8, .max_entries = 1, .map_flags = BPF_F_NUMA_NODE };\n'
                         'SEC("kprobe/*") int p(void *c) { __u32 k = 0; return bpf_map_lookup_elem(&m, &k) != 0; }',
      "map m: map_flags BPF_F_NUMA_NODE: Linux refuses it on percpu_array maps"),
+    # map_extra is a bloom filter's hash count and an arena's address (Linux's map_create: EINVAL on others)
+    ("map_extra", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
+                                 "__uint(map_extra, 5); __type(key, __u32); __type(value, __u64);"),
+     "map m: map_extra 5: Linux takes it only on bloom filters and arenas"),
     ("tail calls", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_PROG_ARRAY); __uint(max_entries, 1); "
                                     "__type(key, __u32); __type(value, __u32);"),
      "map m: unsupported map type 3 (BPF_MAP_TYPE_PROG_ARRAY: tail calls are not supported, call a static "

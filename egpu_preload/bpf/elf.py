@@ -77,9 +77,10 @@ _EXCLUSIVE = (("RDONLY_PROG", "WRONLY_PROG"), ("RDONLY", "WRONLY"), ("NUMA_NODE"
 _SUPPORTED = (", ".join(n for t, n in MAP_TYPE_NAMES.items() if t != MAP_PERTHREAD_ARRAY) + "; bpftime's "
               + ", ".join(map(str, sorted({*BPFTIME_MAP_TYPES, MAP_PERTHREAD_ARRAY}))))
 # BTF-defined map attributes given with __uint(...) (libbpf parse_btf_map_def); numa_node and pinning
-# mean nothing on a GPU and are accepted and ignored.
+# mean nothing on a GPU and are accepted and ignored; map_extra is refused on the types egpu has.
 _UINT_ATTRS = {"type", "max_entries", "map_flags", "key_size", "value_size", "numa_node", "pinning",
                "map_extra"}
+_MAP_EXTRA_TYPES = (30, 33)             # linux/bpf.h: BLOOM_FILTER (hash count), ARENA (address); not egpu's
 
 
 @dataclass(frozen=True)
@@ -470,6 +471,9 @@ def _btf_map_def(btf: btfmod.Btf, var: btfmod.Type) -> MapDef:
     if inner and typ in MAP_TYPE_NAMES:   # libbpf: "should be map-in-map or prog-array"
         raise ElfError(f"map {var.name}: __array(values, ...) is for maps of maps and program arrays, "
                        f"not {MAP_TYPE_NAMES[typ]}", section=".maps")
+    if attrs.get("map_extra") and typ not in _MAP_EXTRA_TYPES:   # Linux's map_create refuses it: EINVAL
+        raise ElfError(f"map {var.name}: map_extra {attrs['map_extra']}: Linux takes it only on bloom filters and "
+                       f"arenas", section=".maps")
     key_size, value_size = attrs.get("key_size", 0), attrs.get("value_size", 0)
     if typ == MAP_PERF_EVENT_ARRAY:  # libbpf fills in the int-sized key and value (fd slots)
         key_size, value_size = key_size or 4, value_size or 4
