@@ -121,6 +121,29 @@ def test_multiprocessing_workers_are_each_instrumented(stub_job, probe_obj, tmp_
     assert sorted(tables) == sorted(workers.values())  # each loaded the instrumented module and filled its table
 
 
+FORK_AFTER_CUDA = """import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import app_vec
+app_vec.launch("module", 2, 32)
+pid = os.fork()
+if pid == 0:   # a worker forked after CUDA (a DataLoader's): it outlives a few mirror copies, then ends
+    time.sleep(0.5)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("done", flush=True)
+"""
+
+
+def test_a_child_forked_after_cuda_leaves_the_parents_maps_alone(stub_job, probe_obj, tmp_path):
+    """A child forked after CUDA leaves no exit dump of its own (exit_hook.py), yet its map mirror, made
+    anew in it, linked into the session: once it ended, egpu-run took it for a killed process and printed
+    the parent's maps a second time, under the child's pid."""
+    r = egpu_run(["--mirror", "0.05", "-p", str(probe_obj("count")), sys.executable, "-c", FORK_AFTER_CUDA,
+                  str(MORE)], stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
+    assert r.returncode == 0, r.stderr
+    assert (r.stdout, r.stderr) == ("done\n@counts: 2\n", "")
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda d: d / "missing.bpf.o", "missing.bpf.o: cannot read (No such file or directory)"),
     (lambda d: (d / "junk.bpf.o").write_bytes(b"not an ELF") and d / "junk.bpf.o", "junk.bpf.o: "),

@@ -137,17 +137,20 @@ class Mirror:
 
 
 class Mirrors:
-    """This process's mirror, remade in every child it forks (a process of its own: its pid, its file)."""
+    """This process's mirror, remade in every child it forks (a process of its own: its pid, its file). A
+    child's is not linked into egpu-run's session: a child leaves no exit dump (exit_hook.ExitHook), so
+    egpu-run took its segment, once it ended, for a killed process's and printed the maps it inherited
+    from the parent a second time."""
 
     def __init__(self, read: Callable[[], dict | None], period: float, session: Path | None) -> None:
-        self.read, self.period, self.session = read, period, session
+        self.read, self.period = read, period
         self.pid = os.getpid()
         self.current = Mirror(read, period, mirror_path(self.pid), session).start()
         os.register_at_fork(after_in_child=self._in_child)
 
     def _in_child(self) -> None:
         self.pid = os.getpid()
-        self.current = Mirror(self.read, self.period, mirror_path(self.pid), self.session).start()
+        self.current = Mirror(self.read, self.period, mirror_path(self.pid)).start()
 
     def stop(self) -> None:
         if self.pid == os.getpid():
