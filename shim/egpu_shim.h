@@ -179,8 +179,11 @@ void egpu_shim_python_forking(void);
 
 /* ---- part 3: C only ---- */
 
-/* 0 once egpu_shim_python_gone() was called: every caller of a part-1 function asks first. */
+/* 0 once egpu_shim_python_gone() was called, or when the process runs a Python other than the shim's
+ * (egpu_python_matches): every caller of a part-1 function asks first. */
 int egpu_python_up(void);
+/* 1 when the process's Python is the version the shim was built for (process.c); else 0, said once. */
+int egpu_python_matches(void);
 /* 1 once the shim has called into Python (hooks.attach ran) and until egpu_shim_python_gone(). */
 int egpu_python_attached(void);
 /* Start Python and the runtime now, as a module load would (egpu_hostapi.h egpu_py_start). */

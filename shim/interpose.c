@@ -1112,7 +1112,9 @@ static _Atomic int g_python_gone;
 
 EXPORT void egpu_shim_python_gone(void) { atomic_store(&g_python_gone, 1); }
 
-int egpu_python_up(void) { return !atomic_load_explicit(&g_python_gone, memory_order_acquire); }
+int egpu_python_up(void) {
+    return !atomic_load_explicit(&g_python_gone, memory_order_acquire) && egpu_python_matches();
+}
 
 int egpu_python_attached(void) { return atomic_load(&g_stats.python_calls) && egpu_python_up(); }
 

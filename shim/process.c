@@ -13,12 +13,35 @@
  */
 #include <Python.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "egpu_shim.h"
 #include "egpu_launchvm.h"
 #include "egpu_uprobe.h"
 
 #define EXPORT __attribute__((visibility("default")))
+
+/* A Python program of another version than the shim's brings its own interpreter, and the shim's calls
+ * into Python reach it (the program's libpython comes first in the symbol search): cffi's start against
+ * it hung (3.12 and 3.13 under a shim built for 3.11) or failed in every hook (3.10). Such a process runs
+ * no probe, as one whose cuInit fails, and says so once. */
+int egpu_python_matches(void) {
+    static _Atomic int known; /* 0 not asked yet, 1 the same Python, -1 another */
+    int k = atomic_load_explicit(&known, memory_order_relaxed);
+    if (__builtin_expect(k != 0, 1)) return k > 0;
+    char built[16];
+    snprintf(built, sizeof built, "%d.%d.", PY_MAJOR_VERSION, PY_MINOR_VERSION);
+    const char *running = Py_GetVersion();
+    k = strncmp(running, built, strlen(built)) ? -1 : 1;
+    if (!atomic_exchange(&known, k) && k < 0)
+        fprintf(stderr, "egpu[%d]: this process runs Python %.*s, the shim was built for Python %d.%d: it runs no "
+                "probe (run it under the egpu-run of an egpu installed for its Python)\n", (int)getpid(),
+                (int)strcspn(running, " "), running, PY_MAJOR_VERSION, PY_MINOR_VERSION);
+    return k > 0;
+}
 
 void *egpu_gil_let_go(void) {
     if (!Py_IsInitialized()) return NULL;

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -142,6 +143,36 @@ def test_a_child_forked_after_cuda_leaves_the_parents_maps_alone(stub_job, probe
                   str(MORE)], stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
     assert r.returncode == 0, r.stderr
     assert (r.stdout, r.stderr) == ("done\n@counts: 2\n", "")
+
+
+def _other_python() -> str | None:
+    """A Python of another minor version than this one that runs here (on PATH, or pyenv's), or None."""
+    found = [shutil.which(f"python3.{n}") for n in range(8, 20) if n != sys.version_info.minor]
+    found += sorted(str(p) for p in Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")).glob(
+        "versions/3.*/bin/python3"))
+    for exe in filter(None, found):
+        r = subprocess.run([exe, "-c", "import ctypes, sys; print(sys.version_info[1])"], capture_output=True,
+                           text=True)
+        if r.returncode == 0 and r.stdout.strip() != str(sys.version_info.minor):
+            return exe
+    return None
+
+
+def test_a_python_job_of_another_version_runs_uninstrumented_and_says_why(stub_job, probe_obj, tmp_path):
+    """The shim is built for egpu-run's Python; a job of another Python brings its own interpreter, which
+    the shim's calls reach. cffi's start against it hung (3.12 and 3.13 under a shim of 3.11: the job
+    never ended) or failed in every hook (3.10). The job runs as it would alone, and one line says why it
+    runs no probe."""
+    other = _other_python()
+    if other is None:
+        pytest.skip("no Python of another minor version here")
+    r = egpu_run(["-p", str(probe_obj("count")), other, str(MORE / "app_vec.py"), "module", "2", "32", "3"],
+                 stub_job.env(tmp_path / "log"), timeout=30)
+    assert r.returncode == 3, r.stderr
+    assert r.stdout == "app_vec module launches=2 threads=32 result=0\n"
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("egpu[")]
+    assert len(said) == 1 and f"the shim was built for Python 3.{sys.version_info.minor}" in said[0], r.stderr
+    assert "initialization code failed" not in r.stderr
 
 
 @pytest.mark.parametrize("make, message", [
