@@ -47,6 +47,25 @@ def test_exit_status_is_the_jobs(stub_job, probe_obj, tmp_path, status, exit_sta
         assert r.stderr == ""
 
 
+CRASH = """import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+import app_vec
+app_vec.launch("module", 2, 32)
+print("launched", flush=True)
+os.kill(os.getpid(), int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGABRT, signal.SIGKILL])
+def test_a_job_that_crashes_exits_as_a_shell_says(stub_job, probe_obj, tmp_path, sig):
+    """A job that dies of a crash or SIGKILL once the shim's Python is up in it: egpu-run exits 128 + N, as a
+    shell reports it, and says so (only SIGTERM, SIGINT and SIGHUP, which egpu-run forwards, had a test)."""
+    r = egpu_run(["-p", str(probe_obj("count")), sys.executable, "-c", CRASH, str(MORE), str(int(sig))],
+                 stub_job.env(tmp_path / "log"))
+    assert (r.returncode, r.stdout) == (128 + sig, "launched\n"), r.stderr
+    assert f"killed by signal {int(sig)} ({sig.name})" in r.stderr
+
+
 def test_maps_all_empty_say_so(stub_job, probe_obj, tmp_path):
     """Empty maps print nothing (as bpftrace's): then a line on stderr says so, not silence."""
     r = egpu_run(["-p", str(probe_obj("hash_count")), str(stub_job.app), "module", "1", "32", "0"],
