@@ -73,8 +73,9 @@ class Device:
     def read(self, addr: int, n: int) -> bytes:
         return self.u8[addr:addr + n].tobytes()
 
-    def read_into(self, addr: int, buf: memoryview) -> None:
+    def read_into(self, addr: int, buf: memoryview) -> float:
         np.copyto(np.frombuffer(buf, np.uint8), self.u8[addr:addr + len(buf)])
+        return 0.0   # no driver
 
     def write(self, addr: int, data: bytes | memoryview) -> None:
         np.copyto(self.u8[addr:addr + len(data)], np.frombuffer(data, np.uint8))

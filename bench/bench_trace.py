@@ -32,6 +32,7 @@ DELIVERED = re.compile(r"^egpu-run: ([\d,]+) records? in \S+?(, none dropped)?(?
 
 
 PACE = re.compile(r"drained in ([\d,]+) passes, ([\d,.]+) MB copied; reader: (.*); writer ([\d.]+) s$", re.M)
+PHASE = re.compile(r"([a-z][a-z ]*) ([\d.]+) s(?: \(([\d.]+) s in the driver\))?$")
 
 
 def pace(stderr: str) -> dict | None:
@@ -39,9 +40,16 @@ def pace(stderr: str) -> dict | None:
     m = PACE.search(stderr)
     if m is None:
         return None
-    spent = dict(part.removesuffix(" s").rsplit(" ", 1) for part in m.group(3).split(", "))
+    spent = {}
+    for part in m.group(3).split(", "):   # "header 2.31 s (0.02 s in the driver)", "scan 4.30 s"
+        phase = PHASE.match(part)
+        if phase:
+            name = phase.group(1).replace(" ", "_")
+            spent[f"{name}_s"] = float(phase.group(2))
+            if phase.group(3) is not None:
+                spent[f"{name}_driver_s"] = float(phase.group(3))
     return {"passes": int(m.group(1).replace(",", "")), "copied_mb": float(m.group(2).replace(",", "")),
-            **{f"{k.replace(' ', '_')}_s": float(v) for k, v in spent.items()}, "write_s": float(m.group(4))}
+            **spent, "write_s": float(m.group(4))}
 
 
 def delivered(stderr: str) -> tuple[int | None, bool]:

@@ -1,6 +1,7 @@
-/* drain.c: the --trace reader's walk over a ring's records (egpu_drain.h). */
+/* drain.c: the --trace reader's copies out of a ring and its walk over the records (egpu_drain.h). */
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "egpu_drain.h"
 
@@ -64,4 +65,27 @@ EXPORT long long egpu_ring_pack(const void *buf, unsigned long long size, const 
         offsets[++m] = (long long)used;
     }
     return (long long)m;
+}
+
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+typedef int (*copy_out_fn)(void *dst, unsigned long long src, size_t n, void *stream); /* cuMemcpyDtoHAsync_v2 */
+typedef int (*wait_fn)(void *stream);                                                  /* cuStreamSynchronize */
+
+EXPORT int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long src, unsigned long long n,
+                         void *stream, unsigned long long *driver_ns, int *failed)
+{
+    uint64_t t0 = now_ns();
+    int r = ((copy_out_fn)copy)(dst, src, (size_t)n, stream);
+    *failed = r != 0 ? 0 : 1;
+    if (r == 0)
+        r = ((wait_fn)wait)(stream);
+    *driver_ns += now_ns() - t0;
+    return r;
 }

@@ -32,6 +32,14 @@ unsigned long long egpu_ring_walk(const void *buf, unsigned long long size, unsi
 long long egpu_ring_pack(const void *buf, unsigned long long size, const long long *at, unsigned long long n,
                          void *data, unsigned long long room, long long *offsets, unsigned int *sms);
 
+/* Copy n bytes of device memory at src into dst on stream (`copy`: the driver's cuMemcpyDtoHAsync_v2) and
+ * wait for that stream (`wait`: its cuStreamSynchronize): one call, so the reader lets the GIL go once
+ * for the pair, not twice. Adds the nanoseconds spent inside the two driver calls to *driver_ns, so that
+ * the reader can tell the driver's time from its own and from waiting for the GIL. Returns 0, or the
+ * failing call's CUresult with *failed 0 (the copy) or 1 (the wait). */
+int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long src, unsigned long long n, void *stream,
+                  unsigned long long *driver_ns, int *failed);
+
 /* ---- part 3: C only ---- */
 
 #endif

@@ -73,8 +73,9 @@ class HostMemory:
     def read(self, addr: int, n: int) -> bytes:
         return bytes(self.mem[addr:addr + n])
 
-    def read_into(self, addr: int, buf: memoryview) -> None:
+    def read_into(self, addr: int, buf: memoryview) -> float:
         buf[:] = self.mem[addr:addr + len(buf)]
+        return 0.0   # no driver
 
     def write(self, addr: int, data: bytes | memoryview) -> None:
         self.mem[addr:addr + len(data)] = data
@@ -288,9 +289,9 @@ class StagedRing(HostRing):
         self.reads.append(n)
         return super().read(addr, n)
 
-    def read_into(self, addr: int, buf: memoryview) -> None:
+    def read_into(self, addr: int, buf: memoryview) -> float:
         self.copies.append((buf.nbytes, buf.obj))
-        super().read_into(addr, buf)
+        return super().read_into(addr, buf)
 
     def write(self, addr: int, data: bytes | memoryview) -> None:
         self.writes.append(data)
@@ -305,12 +306,12 @@ class StagedRing(HostRing):
         such copies."""
         done = []
 
-        def read_into(addr: int, buf: memoryview) -> None:
+        def read_into(addr: int, buf: memoryview) -> float:
             if devmaps.HEADER <= addr < self.lay.lines_off:
                 if len(done) == after:
                     raise error
                 done.append(addr)
-            StagedRing.read_into(self, addr, buf)
+            return StagedRing.read_into(self, addr, buf)
 
         self.read_into = read_into
 
@@ -849,7 +850,9 @@ c_walk = shim_api_of(sys.argv[2])   # the walk's C, as inside a job
 ring_drain._shim = lambda: c_walk
 
 
-class Shim:   # egpu_shim_real: the driver's own symbols
+class Shim:   # egpu_shim_real: the driver's own symbols; egpu_copy_out: the shim's C, as inside a job
+    egpu_copy_out = c_walk[1].egpu_copy_out
+
     def egpu_shim_real(self, symbol):
         return libc.dlsym(cuda, symbol)
 
@@ -863,8 +866,10 @@ mem.write(addr + devmaps.HEADER, b"".join(struct.pack("<II", 8, devmaps.REC_READ
                                           for i in range(3)))
 mem.write(addr, struct.pack("<QQ", 48, 48))
 got = []
-RingDrain([RingReader(mem, addr, lay)], lambda i, taken: got.extend(taken)).stop()
+reader = RingReader(mem, addr, lay)
+RingDrain([reader], lambda i, taken: got.extend(taken)).stop()
 print(got)
+print(*(0 < reader.in_driver[p] <= reader.phases[p] for p in ("header", "copy")))
 """
 
 
@@ -872,13 +877,14 @@ def test_the_reader_copies_into_pinned_memory_through_the_driver(stub_job, tmp_p
     """runtime/driver.py's pinned memory and copies into it against the stand-in driver: the headers and the
     records come through two buffers cuMemHostAlloc made (the header's at the first pass, the records' at
     the first with records), a copy per pass on the runtime's stream in the maps' context, and stop() frees
-    them."""
+    them; the time inside the driver's calls is counted, within its phase's."""
     log = tmp_path / "log"
     r = subprocess.run([sys.executable, "-c", THROUGH_THE_DRIVER, str(stub_job.driver_dir / "libcuda.so.1"),
                         str(stub_job.shim)], env=stub_job.env(log, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}"),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout == "[(1, b'record00'), (1, b'record01'), (1, b'record02')]\n"
+    # the records, then the time inside the driver's calls: some, within its phase's
+    assert r.stdout == "[(1, b'record00'), (1, b'record01'), (1, b'record02')]\nTrue True\n"
     calls = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
     staged = [c for c in calls if c.startswith(("cuMemHostAlloc", "cuMemFreeHost", "cuMemcpyDtoHAsync_v2 size=48"))]
     copy = "cuMemcpyDtoHAsync_v2 size=48 stream=ours ctx=app"

@@ -236,13 +236,20 @@ class Driver:
         self.dtoh_into(stream, ptr, memoryview(out))
         return bytes(out)
 
-    def dtoh_into(self, stream: int, ptr: int, buf: memoryview) -> None:
+    def dtoh_into(self, stream: int, ptr: int, buf: memoryview) -> float:
         """Copy ``buf.nbytes`` bytes out into ``buf`` on ``stream`` and wait for that stream only: into
-        page-locked memory (host_alloc) the copy engine writes directly."""
-        if buf.nbytes:
-            s = self.ffi.cast("void *", stream)
-            self.call("cuMemcpyDtoHAsync_v2", self.ffi.from_buffer(buf, require_writable=True), ptr, buf.nbytes, s)
-            self.call("cuStreamSynchronize", s)
+        page-locked memory (host_alloc) the copy engine writes directly. Both driver calls are made in one
+        call into the shim (egpu_copy_out), so the GIL is let go once; returns the seconds spent inside them."""
+        if not buf.nbytes:
+            return 0.0
+        ns, failed = self.ffi.new("unsigned long long *"), self.ffi.new("int *")
+        calls = ("cuMemcpyDtoHAsync_v2", "cuStreamSynchronize")
+        r = self._lib.egpu_copy_out(*(self.ffi.cast("void *", self._fn(c)) for c in calls),
+                                    self.ffi.from_buffer(buf, require_writable=True), ptr, buf.nbytes,
+                                    self.ffi.cast("void *", stream), ns, failed)
+        if r != CUDA_SUCCESS:
+            raise DriverError(f"{calls[failed[0]]} failed: {self.error_name(r)}", r)
+        return ns[0] / 1e9
 
     def htod_on(self, stream: int, ptr: int, data: bytes | memoryview) -> None:
         """Copy in on ``stream`` and wait for that stream only (copies on one stream land in order)."""
@@ -349,10 +356,11 @@ class ContextMemory:
         with self._from_any_thread():
             return self.dtoh(addr, n)
 
-    def read_into(self, addr: int, buf: memoryview) -> None:
-        """read() into ``buf``, memory from pinned(): the copy engine writes it, and nothing is allocated."""
+    def read_into(self, addr: int, buf: memoryview) -> float:
+        """read() into ``buf``, memory from pinned(): the copy engine writes it, and nothing is allocated;
+        the seconds spent inside the driver's calls."""
         with self._from_any_thread():
-            self.driver.dtoh_into(self.stream, addr, buf)
+            return self.driver.dtoh_into(self.stream, addr, buf)
 
     def write(self, addr: int, data: bytes | memoryview) -> None:
         """htod from any thread; from memory pinned() returned, the copy engine reads it directly."""

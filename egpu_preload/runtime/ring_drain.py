@@ -50,6 +50,10 @@ IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that fo
 # QUEUED batches are unwritten) and the pauses after passes that found nothing. What sets a drain's pace.
 PHASES = ("header", "copy", "scan", "clear")
 DRAIN_PHASES = ("hand_off", "idle")
+# Of the header and copy phases, the time inside the driver's calls (RingReader.in_driver): the rest of
+# either is Python's and the wait for the GIL after the call, which a phase much longer than its driver
+# time points at.
+READ_PHASES = ("header", "copy")
 
 
 class Memory(Protocol):
@@ -57,7 +61,7 @@ class Memory(Protocol):
     with read_into(), a ring's SM count once with read()."""
 
     def read(self, addr: int, n: int) -> bytes: ...
-    def read_into(self, addr: int, buf: memoryview) -> None: ...
+    def read_into(self, addr: int, buf: memoryview) -> float: ...   # the seconds inside the driver's calls
     def write(self, addr: int, data: bytes | memoryview) -> None: ...
     def pinned(self, size: int) -> memoryview: ...
     def unpin(self, buf: memoryview) -> None: ...
@@ -122,6 +126,7 @@ class RingReader:
     skipped: int = 0       # bytes of records passed over unread after the reader failed (skip)
     copied: int = 0        # bytes copied out of the ring, every pass's (a record is copied by two passes at least)
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0), compare=False)   # seconds
+    in_driver: dict[str, float] = field(default_factory=lambda: dict.fromkeys(READ_PHASES, 0.0), compare=False)
     # page-locked memory (or, where the driver gives none, pageable): _staging's, and the header with the SMs'
     # lines after it (_head); _unpin: those of them the driver gave, which close() gives back
     _pinned: memoryview | None = field(default=None, init=False, repr=False, compare=False)
@@ -132,9 +137,8 @@ class RingReader:
     def take(self) -> Taken:
         """The records complete since an earlier pass (in ring order), their bytes cleared and
         ``consumed`` moved past them."""
-        t = time.perf_counter()
         head, lines, ncpu = self._header(lines=not self.lay.wait)   # a waiting ring's marks stay as they are
-        t = self._spent("header", t)
+        t = time.perf_counter()
         if head == self.consumed:
             return []
         cap, n = self.lay.capacity, head - self.consumed   # n <= capacity: credit bounds what is unread
@@ -144,14 +148,14 @@ class RingReader:
         stage, zeros = self._staging()
         out: Taken = []
         a = stage[:n]
-        self.mem.read_into(self.addr + HEADER + first, a)    # first + n < 2 * capacity: data and slack
+        self._read(self.addr + HEADER + first, a, "copy")    # first + n < 2 * capacity: data and slack
         t = self._spent("copy", t)
         k, took_a, stopped = _scan(a, 0, min(n, straight), limit, out)
         t = self._spent("scan", t)
         took_b = None
         if not stopped and k < n:   # on from the data area's start, over ``a``: _scan copied its records out
             b = stage[:n - straight]
-            self.mem.read_into(self.addr + HEADER, b)
+            self._read(self.addr + HEADER, b, "copy")
             t = self._spent("copy", t)
             kb, took_b, _ = _scan(b, k - straight, n - straight, limit - straight, out)
             t = self._spent("scan", t)
@@ -173,6 +177,9 @@ class RingReader:
         self._spent("clear", t)
         self.taken += count(out)
         return out
+
+    def _read(self, addr: int, buf: memoryview, phase: str) -> None:
+        self.in_driver[phase] += self.mem.read_into(addr, buf)
 
     def _spent(self, phase: str, since: float) -> float:
         """The time since ``since`` added to ``phase``; now."""
@@ -220,17 +227,19 @@ class RingReader:
 
     def _header(self, lines: bool = True) -> tuple[int, memoryview, int]:
         """(head, the per-SM lines, empty where ``lines`` is false, their count), ``dropped`` updated from
-        the producers' counts the copies held."""
+        the producers' counts the copies held; the time it takes is the header phase's."""
+        t = time.perf_counter()
         buf = self._head()
         n = RING_NCPU + 4
-        self.mem.read_into(self.addr, buf[:n])
+        self._read(self.addr, buf[:n], "header")
         head, _reserved, _consumed, dropped = struct.unpack_from("<QQQQ", buf, 0)
         (ncpu,) = struct.unpack_from("<I", buf, RING_NCPU)
         marks = buf[n:n + ncpu * LINE] if lines else buf[n:n]
         if marks:
-            self.mem.read_into(self.addr + self.lay.lines_off, marks)
+            self._read(self.addr + self.lay.lines_off, marks, "header")
             self._line_drops = sum(struct.unpack_from("<Q", marks, c * LINE + 8)[0] for c in range(ncpu))
         self.dropped = dropped + self._line_drops
+        self._spent("header", t)
         return head, marks, ncpu
 
     def count_drops(self) -> None:

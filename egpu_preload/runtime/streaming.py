@@ -25,7 +25,8 @@ from egpu_preload.bpf import btf as btfmod
 from egpu_preload.errors import EgpuError
 from egpu_preload.output import tracefile, warp_records
 from egpu_preload.runtime.probes import RING_TYPES, Probe
-from egpu_preload.runtime.ring_drain import DRAIN_PHASES, PHASES, Memory, RingDrain, RingReader, Taken
+from egpu_preload.runtime.ring_drain import (DRAIN_PHASES, PHASES, READ_PHASES, Memory, RingDrain, RingReader,
+                                             Taken)
 from egpu_preload.translate import devmaps
 from egpu_preload.translate.devmaps import DeviceMaps
 
@@ -141,12 +142,14 @@ class Streaming:
                 "drain": self.pace(), **({"stall_s": devmaps.WAIT_STALL_NS / 1e9} if waited else {})}
 
     def pace(self) -> dict[str, Any]:
-        """Where the drain's time went (ring_drain.PHASES, DRAIN_PHASES; seconds), its passes and the bytes
-        they copied, and the writer's time: what says whether the reader, the writer or the link sets the
-        pace of a trace."""
+        """Where the drain's time went (ring_drain.PHASES, DRAIN_PHASES; seconds; of the header and copy
+        phases, the part inside the driver's calls as ``header_driver_s``, ``copy_driver_s``), its passes and
+        the bytes they copied, and the writer's time: what says whether the reader, the writer or the link
+        sets the pace of a trace."""
         phases = {p: sum(r.phases[p] for r in self.readers) for p in PHASES} | self.drain.phases
+        in_driver = {f"{p}_driver": sum(r.in_driver[p] for r in self.readers) for p in READ_PHASES}
         return {"passes": self.drain.passes, "copied_bytes": sum(r.copied for r in self.readers),
-                **{f"{p}_s": round(v, 3) for p, v in phases.items()}, "write_s": round(self.write_s, 3)}
+                **{f"{p}_s": round(v, 3) for p, v in (phases | in_driver).items()}, "write_s": round(self.write_s, 3)}
 
 
 def notes(dumps: list[dict[str, Any]]) -> list[str]:
@@ -166,8 +169,14 @@ def notes(dumps: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def in_driver(d: dict[str, Any], phase: str) -> str:
+    """`` (0.02 s in the driver)`` after a phase that copies (READ_PHASES); nothing after the others."""
+    s = d.get(f"{phase}_driver_s")
+    return f" ({s:.2f} s in the driver)" if s is not None else ""
+
+
 def pace_line(d: dict[str, Any]) -> str:
     """The drain's pace as egpu-run prints it under its trace line."""
-    spent = ", ".join(f"{p.replace('_', ' ')} {d[f'{p}_s']:.2f} s" for p in (*PHASES, *DRAIN_PHASES))
+    spent = ", ".join(f"{p.replace('_', ' ')} {d[f'{p}_s']:.2f} s" + in_driver(d, p) for p in (*PHASES, *DRAIN_PHASES))
     return (f"egpu-run:   drained in {d['passes']:,} passes, {d['copied_bytes'] / 1e6:,.1f} MB copied; "
             f"reader: {spent}; writer {d['write_s']:.2f} s")
