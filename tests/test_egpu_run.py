@@ -164,6 +164,43 @@ def test_a_child_forked_after_cuda_leaves_the_parents_maps_alone(stub_job, probe
     assert (r.stdout, r.stderr) == ("done\n@counts: 2\n", "")
 
 
+WORKER_AFTER_CUDA = """import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import app_vec
+from egpu_preload.control import ControlClient, EgpuError
+app_vec.launch("module", 2, 32)
+pid = os.fork()
+if pid == 0:   # a DataLoader worker: its own work, no CUDA, for a few mirror periods; then a maps request to it
+    time.sleep(0.5)
+    print(f"worker {os.getpid()} sum={sum(range(10))}", flush=True)
+    try:
+        ControlClient(os.getpid()).request("maps")
+    except EgpuError as e:
+        print(f"maps: {e}", flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print(f"done {os.getpid()}", flush=True)
+"""
+
+
+def test_a_worker_forked_after_cuda_calls_no_cuda(stub_job, probe_obj, tmp_path):
+    """The driver refuses every call in a child forked after cuInit (EGPU_STUB_FORK_FAILS, as the real one):
+    egpu in such a worker must call none (its map mirror read the maps every period and printed the
+    driver's refusal), and a control request to it says why it has no maps (asking cuInit alone)."""
+    log = tmp_path / "log"
+    r = egpu_run(["--mirror", "0.05", "-p", str(probe_obj("count")), sys.executable, "-c", WORKER_AFTER_CUDA,
+                  str(MORE)], stub_job.env(log, EGPU_STUB_PROBE_COUNTS="1", EGPU_STUB_FORK_FAILS="1"))
+    assert r.returncode == 0, r.stderr
+    worker, said, done, *maps = r.stdout.splitlines()
+    child, parent = re.fullmatch(r"worker (\d+) sum=45", worker)[1], re.fullmatch(r"done (\d+)", done)[1]
+    assert said == (f"maps: process {child}: process {child} was forked from {parent} after CUDA started there, and "
+                    "the driver refuses CUDA in it (cuInit failed: CUDA_ERROR_NOT_INITIALIZED): it has no maps, "
+                    f"modules or probes of its own (egpu maps {parent} reads its parent's)")
+    assert (maps, r.stderr) == (["@counts: 2"], "")
+    # the request's one question to the driver, nothing before it
+    assert [ln for ln in log.read_text().splitlines() if ln.split()[0] == child] == [f"{child} cuInit flags=0"]
+
+
 def _other_python() -> str | None:
     """A Python of another minor version than this one that runs here (on PATH, or pyenv's), or None."""
     found = [shutil.which(f"python3.{n}") for n in range(8, 20) if n != sys.version_info.minor]

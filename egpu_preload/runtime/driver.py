@@ -28,6 +28,7 @@ ATTR_CC_MINOR = 76
 # symbol -> C type; the _v2 symbols are the 64-bit-pointer ABI cuda.h's macros select.
 SIGNATURES = {
     "cuGetErrorName": "int (*)(int, const char **)",
+    "cuInit": "int (*)(unsigned int)",
     "cuCtxGetCurrent": "int (*)(void **)",
     "cuCtxGetDevice": "int (*)(int *)",
     "cuCtxPushCurrent_v2": "int (*)(void *)",

@@ -20,6 +20,9 @@ registers the instrumenter with hooks.register and does nothing else).
 - Once maps exist, a thread copies them into shared memory every config.mirror seconds (mirror.py),
   where ``egpu maps PID --mirror`` reads them without asking the process; with config.trace another
   drains every ring into the trace file while kernels run (streaming.py).
+- A child forked after the runtime started was forked after CUDA, where the driver refuses every call:
+  no thread of ours is made again in it (no mirror, no drain), and its control socket answers every
+  request but ping with why (live.Live.after_fork).
 
 - PTX link inputs (cuLinkAddData/AddFile: numba, CuPy's linker) are instrumented like PTX loads; the
   cubin cuLinkComplete hands out is remembered by its digest, and the module later loaded from those

@@ -226,6 +226,8 @@ class Live:
         self.names = self._unique([probe_name(p.path) for p in rt.probes])
         self.retired: list[tuple[Probe, DeviceMaps]] = []  # kept until exit ("Old images")
         self.server: ControlServer | None = None
+        self.forked_from: int | None = None   # the parent, in a child forked after the runtime started
+        self._refused: str | None = None      # there: why the driver refuses CUDA ("" it does not), once asked
         self.flips = 0
         self._workdir: Path | None = None
         self._verified: dict[Path, Probe] = {}   # object path -> the probe loaded from it, oldest first
@@ -240,7 +242,7 @@ class Live:
     # ---- the server ------------------------------------------------------------------------------
     def start(self) -> "Live":
         """Serve this process's control socket; a process without one still runs (one line on stderr)."""
-        handlers = {cmd: self._relaxed(h) for cmd, h in {
+        handlers = {cmd: self._served(cmd, h) for cmd, h in {
             "ping": self.ping, "attach": no_collection(self.attach), "detach": no_collection(self.detach),
             "swap": no_collection(self.swap), "maps": self.maps, "modules": self.modules, **self.extra}.items()}
         try:
@@ -253,7 +255,35 @@ class Live:
         """Answer control command ``cmd`` with ``handler`` from now on (and in forked children)."""
         self.extra[cmd] = handler
         if self.server is not None:
-            self.server.handlers[cmd] = self._relaxed(handler)
+            self.server.handlers[cmd] = self._served(cmd, handler)
+
+    def _served(self, cmd: str, handler: Any) -> Any:
+        """How ``handler`` answers ``cmd``: relaxed (below); in a child forked after CUDA (after_fork), only
+        where the driver serves the child (cuda_here), ping always (it asks the driver nothing)."""
+        if self.forked_from is None:
+            return self._relaxed(handler)
+        if cmd == "ping":
+            return handler
+
+        def run(fields: dict) -> dict:
+            self.cuda_here()
+            return self._relaxed(handler)(fields)
+        return run
+
+    def cuda_here(self) -> None:
+        """In a child forked after CUDA: ControlError saying why it has no maps, unless the driver serves it
+        (a stand-in may). The driver refuses every call there (CUDA_ERROR_NOT_INITIALIZED); asked once, with
+        cuInit, on the first request, so a child no one asks calls nothing."""
+        if self._refused is None:
+            try:
+                self.rt.driver.call("cuInit", 0)
+                self._refused = ""
+            except EgpuError as e:
+                self._refused = str(e)
+        if self._refused:
+            raise ControlError(f"process {os.getpid()} was forked from {self.forked_from} after CUDA started there, "
+                               f"and the driver refuses CUDA in it ({self._refused}): it has no maps, modules or "
+                               f"probes of its own (egpu maps {self.forked_from} reads its parent's)")
 
     def _relaxed(self, handler: Any) -> Any:
         """``handler`` run in relaxed capture mode: the control thread allocates and copies while the
@@ -269,9 +299,12 @@ class Live:
         self.server = None
 
     def after_fork(self) -> None:
-        """A forked child is a process of its own: its own socket (the parent's thread is not there)."""
+        """A forked child is a process of its own: its own socket (the parent's thread is not there). The
+        runtime starts at a process's first CUDA work, and the driver refuses every call in a child forked
+        after cuInit (a DataLoader worker's): its handlers ask it first (cuda_here) and say why not."""
         self.server = None
         self.lock = threading.RLock()
+        self.forked_from = os.getppid()
         self.start()
 
     # ---- handlers ---------------------------------------------------------------------------------

@@ -137,20 +137,15 @@ class Mirror:
 
 
 class Mirrors:
-    """This process's mirror, remade in every child it forks (a process of its own: its pid, its file). A
-    child's is not linked into egpu-run's session: a child leaves no exit dump (exit_hook.ExitHook), so
-    egpu-run took its segment, once it ended, for a killed process's and printed the maps it inherited
-    from the parent a second time."""
+    """This process's mirror, stopped only by the process that made it. A child forked after the runtime
+    started (after CUDA: the runtime starts at a process's first CUDA work) mirrors nothing: the driver
+    refuses every call in a child forked after cuInit, so its reads failed and said so every period (a
+    DataLoader worker's), and it has no maps of its own, while the copy its memory holds is its parent's,
+    which egpu maps --mirror and egpu-run would have shown a second time under the child's pid."""
 
     def __init__(self, read: Callable[[], dict | None], period: float, session: Path | None) -> None:
-        self.read, self.period = read, period
         self.pid = os.getpid()
         self.current = Mirror(read, period, mirror_path(self.pid), session).start()
-        os.register_at_fork(after_in_child=self._in_child)
-
-    def _in_child(self) -> None:
-        self.pid = os.getpid()
-        self.current = Mirror(self.read, self.period, mirror_path(self.pid)).start()
 
     def stop(self) -> None:
         if self.pid == os.getpid():

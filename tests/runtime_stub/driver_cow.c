@@ -12,7 +12,8 @@
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
-#define OK 0
+CUresult egpu_stub_ok(void);   /* libcuda_stub.c: CUDA_SUCCESS, or not after a fork */
+#define OK egpu_stub_ok()
 #define INVALID_VALUE 1
 #define INVALID_HANDLE 400
 

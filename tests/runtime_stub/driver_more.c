@@ -19,7 +19,8 @@
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
-#define OK 0
+CUresult egpu_stub_ok(void);   /* libcuda_stub.c: CUDA_SUCCESS, or not after a fork */
+#define OK egpu_stub_ok()
 #define NOT_FOUND 500
 
 static void note(const char *fmt, ...) {
@@ -84,9 +85,9 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
     *v = attr == 75 ? 9 : attr == 76 ? 0 : attr == 16 ? 132 : 0; /* sm_90, 132 SMs */
     return OK;
 }
-CUresult cuGetErrorName(CUresult r, const char **name) {
-    *name = r == NOT_FOUND ? "CUDA_ERROR_NOT_FOUND" : "CUDA_ERROR_STUB";
-    return OK;
+CUresult cuGetErrorName(CUresult r, const char **name) { /* a lookup: it answers in a forked child too */
+    *name = r == NOT_FOUND ? "CUDA_ERROR_NOT_FOUND" : r == 3 ? "CUDA_ERROR_NOT_INITIALIZED" : "CUDA_ERROR_STUB";
+    return 0;
 }
 
 /* ---- fake device memory: every copy in is kept; a copy out sees the latest bytes, zeros elsewhere.

@@ -7,6 +7,7 @@
  * hands out are its own functions, as the real driver's are, never the preloaded shim's. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,7 +17,8 @@
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
-#define OK 0
+#define OK egpu_stub_ok() /* what a call that succeeds returns (below) */
+#define NOT_INITIALIZED 3
 #define INVALID_VALUE 1
 #define FILE_NOT_FOUND 301
 #define INVALID_PTX 218
@@ -27,6 +29,16 @@ typedef unsigned long long CUdeviceptr;
 #define CAPTURE_UNMATCHED 903
 #define CAPTURE_IMPLICIT 906
 #define MODE_RELAXED 2
+
+/* EGPU_STUB_FORK_FAILS=1: in a process forked after cuInit every call that would succeed returns
+ * CUDA_ERROR_NOT_INITIALIZED (3), as the real driver's do: its state does not survive fork (the CUDA C++
+ * Programming Guide leaves any use of CUDA there undefined; a DataLoader worker forked after CUDA sees
+ * "initialization error"). The call still runs and logs, so a test sees what the child called. Unset, a
+ * child goes on with the parent's stand-in state (tests whose forked child launches, test_cow_live.py). */
+static int forked_after_init;
+static void fork_child(void) { forked_after_init = getenv("EGPU_STUB_FORK_FAILS") != NULL; }
+static void watch_forks(void) { pthread_atfork(NULL, NULL, fork_child); }
+CUresult egpu_stub_ok(void) { return forked_after_init ? NOT_INITIALIZED : 0; }
 
 static int logging(void) {
     const char *path = getenv("EGPU_STUB_LOG");
@@ -181,8 +193,11 @@ static void log_launch(const char *api, const void *f, unsigned gx, unsigned bx,
 /* ---- unhooked entry points ---- */
 
 CUresult cuInit(unsigned int flags) { /* EGPU_STUB_CUINIT=N: cuInit fails with N, as with no GPU (100) */
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
     logf_("cuInit flags=%u", flags);
-    return getenv("EGPU_STUB_CUINIT") ? (CUresult)atoi(getenv("EGPU_STUB_CUINIT")) : OK;
+    if (getenv("EGPU_STUB_CUINIT")) return (CUresult)atoi(getenv("EGPU_STUB_CUINIT"));
+    pthread_once(&once, watch_forks);
+    return OK;
 }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; logf_("cuDriverGetVersion"); return OK; }
 /* EGPU_STUB_LOADING=N: the module loading mode cuModuleGetLoadingMode answers (1 eager, 2 lazy); unset,
