@@ -201,6 +201,47 @@ def test_a_worker_forked_after_cuda_calls_no_cuda(stub_job, probe_obj, tmp_path)
     assert [ln for ln in log.read_text().splitlines() if ln.split()[0] == child] == [f"{child} cuInit flags=0"]
 
 
+WORKER_LOST = """import multiprocessing, os, sys, time
+sys.path.insert(0, sys.argv[1])
+import app_vec
+
+def work(ready):
+    app_vec.launch("module", 3, 32)
+    ready.put(os.getpid())
+    time.sleep(60)
+
+if sys.argv[2] == "terminate":   # as `with multiprocessing.Pool():` ends its workers: SIGTERM
+    ready = multiprocessing.get_context("fork").Queue()
+    worker = multiprocessing.get_context("fork").Process(target=work, args=(ready,))
+    worker.start()
+    pid = ready.get()
+    worker.terminate()
+    worker.join()
+else:   # a worker that ends in os._exit, past every exit handler
+    pid = os.fork()
+    if pid == 0:
+        app_vec.launch("module", 3, 32)
+        os._exit(0)
+    os.waitpid(pid, 0)
+app_vec.launch("module", 2, 32)   # the parent's own, after its worker's end: its maps are printed
+print(f"worker {pid}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["terminate", "_exit"])
+def test_a_worker_that_ends_before_its_dump_is_named(stub_job, probe_obj, tmp_path, how):
+    """A worker that ran probes and ended before its exit dump and any mirror copy (SIGTERMed, as Pool's
+    exit ends its workers; or through os._exit): its counts are lost, and egpu-run says so, naming it
+    (it printed the parent's maps alone as if they were the job's)."""
+    r = egpu_run(["--mirror", "0", "-p", str(probe_obj("count")), sys.executable, "-c", WORKER_LOST, str(MORE), how],
+                 stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
+    assert r.returncode == 0, r.stderr
+    worker = re.fullmatch(r"worker (\d+)\n@counts: 2\n", r.stdout)
+    assert worker, r.stdout
+    assert r.stderr.splitlines() == [f"egpu-run: pid {worker[1]} ended (killed?) before its exit dump and before any "
+                                     "copy of its maps: its counts are missing"]
+
+
 def _other_python() -> str | None:
     """A Python of another minor version than this one that runs here (on PATH, or pyenv's), or None."""
     found = [shutil.which(f"python3.{n}") for n in range(8, 20) if n != sys.version_info.minor]

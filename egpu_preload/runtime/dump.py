@@ -36,6 +36,7 @@ from egpu_preload.maps import (ArrayStorage, HashStorage, MapsState, MapStorage,
 
 VERSION = 1
 SUFFIX = ".msgpack"
+STARTED = ".started"   # <pid>.started: the process runs the runtime, so its dump is due (mark_started)
 
 
 def storage_contents(s: MapStorage) -> dict[str, Any]:
@@ -89,6 +90,22 @@ def write(session: Path, doc: dict[str, Any]) -> Path:
     tmp.write_bytes(msgpack.packb({"version": VERSION, **doc}, use_bin_type=True))
     os.replace(tmp, path)
     return path
+
+
+def mark_started(session: Path) -> None:
+    """Tell egpu-run that this process runs probes, so a dump of it is due: one that ends without it (SIGTERM,
+    as Pool's exit ends its workers; os._exit) loses its counts since its last mirror copy, or all of them,
+    and egpu-run names it instead of printing the others' maps as if they were the job's (job.report). Made
+    once, where the runtime starts: a child forked later runs none of its own and owes none."""
+    try:
+        (session / f"{os.getpid()}{STARTED}").touch()
+    except OSError:   # egpu-run gone, its session with it (a process that outlived the job): no one to tell
+        pass
+
+
+def started(session: Path) -> set[int]:
+    """The pids of every process that marked itself (mark_started)."""
+    return {int(p.name[:-len(STARTED)]) for p in session.glob(f"*{STARTED}") if p.name[:-len(STARTED)].isdigit()}
 
 
 def read_all(session: Path) -> list[dict[str, Any]]:

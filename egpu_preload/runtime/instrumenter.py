@@ -129,6 +129,8 @@ class Runtime:
         self._sm: dict[int, int] = {}                     # device -> compute capability (90)
         self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
         self.exit = ExitHook(self.finish)
+        if cfg.session is not None:
+            dump.mark_started(cfg.session)                # its dump is due: egpu-run names it if none comes
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
         self.uprobes = uprobes.attach(self)               # host uprobes, on the drainer's maps in C
         uvm_sink = self.drainer.deliver_uvm if self.drainer and self.drainer.probes.has_uvm else None

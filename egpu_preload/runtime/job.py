@@ -316,25 +316,31 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
            status: int = 0, mirror_s: float = config.Config.mirror) -> tuple[str, list[str]]:
     """(maps for stdout, lines for stderr) from the dumps the job's processes left in the session, and
     for a process killed before its dump, its last map mirror (said on stderr: how old, which signal
-    ended the job of exit ``status``); kernel durations too when ``with_durations`` and the dumps have
-    them. ``traced`` (egpu-run --trace): the rings' records went into the trace file, so maps empty at
-    exit are no news. ``mirror_s``: how often the processes copied their maps (egpu-run --mirror)."""
+    ended the job of exit ``status``), or where it made no copy, a line that its counts are missing;
+    kernel durations too when ``with_durations`` and the dumps have them. ``traced`` (egpu-run --trace):
+    the rings' records went into the trace file, so maps empty at exit are no news. ``mirror_s``: how
+    often the processes copied their maps (egpu-run --mirror)."""
+    from egpu_preload.control import process_exists
     from egpu_preload.runtime import mirror
     dumps = dump.read_all(session)
     signum, now = _ended_by(status), time.time()
-    killed = []
+    how = f"was ended by {_signal(signum)}" if signum else "ended (killed?)"
+    unfinished = []   # processes of the job that ended before their dump
     for doc, when in mirror.left_behind(session, {d["pid"] for d in dumps}):
-        how = f"was ended by {_signal(signum)}" if signum else "ended (killed?)"
-        killed.append(f"egpu-run: pid {doc['pid']} {how} before its exit dump: its maps are as of its last "
+        unfinished.append(f"egpu-run: pid {doc['pid']} {how} before its exit dump: its maps are as of its last "
                       f"copy, {max(now - when, 0):.1f} s old")
         dumps.append(doc)
+    lost = sorted(p for p in dump.started(session) - {d["pid"] for d in dumps} if not process_exists(p))
+    if probes and (dumps or signum is None):   # none at all of a killed job: module_report says that already
+        unfinished += [f"egpu-run: pid {pid} {how} before its exit dump and before any copy of its maps: its counts "
+                   "are missing" for pid in lost]
     dumps.sort(key=lambda d: d["pid"])
     out = render(probes, dumps, as_json, view)
     if with_durations and any("durations" in d for d in dumps):  # egpu-run --durations
         out += durations.render_json(dumps, time.time()) if as_json else ("\n" if out else "") + durations.render(dumps)
     from egpu_preload.bpf.sections import HOST_SIDE
     in_kernels = any(prog.attach.kind not in HOST_SIDE for p in probes for prog in p.obj.programs)
-    notes = killed + (module_report(dumps, verbose, in_kernels, signum, mirror_s) if probes else [])
+    notes = unfinished + (module_report(dumps, verbose, in_kernels, signum, mirror_s) if probes else [])
     if not out and not as_json and not traced and any(d["probes"] for d in dumps):   # empty maps print nothing (bpftrace's way)
         notes.append("egpu-run: every map is empty: no probe program stored anything")
     return out, notes
