@@ -328,12 +328,12 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
     unfinished = []   # processes of the job that ended before their dump
     for doc, when in mirror.left_behind(session, {d["pid"] for d in dumps}):
         unfinished.append(f"egpu-run: pid {doc['pid']} {how} before its exit dump: its maps are as of its last "
-                      f"copy, {max(now - when, 0):.1f} s old")
+                          f"copy, {max(now - when, 0):.1f} s old")
         dumps.append(doc)
     lost = sorted(p for p in dump.started(session) - {d["pid"] for d in dumps} if not process_exists(p))
     if probes and (dumps or signum is None):   # none at all of a killed job: module_report says that already
-        unfinished += [f"egpu-run: pid {pid} {how} before its exit dump and before any copy of its maps: its counts "
-                   "are missing" for pid in lost]
+        unfinished += [f"egpu-run: pid {pid} {how} before its exit dump and before any copy of its maps: its "
+                       "counts are missing" for pid in lost]
     dumps.sort(key=lambda d: d["pid"])
     out = render(probes, dumps, as_json, view)
     if with_durations and any("durations" in d for d in dumps):  # egpu-run --durations
