@@ -22,10 +22,18 @@ PART1 = "/* ---- part 1: implemented in Python (embedding_api) ---- */"
 PART2 = "/* ---- part 2: C API for the runtime (cdef) ---- */"
 PART3 = "/* ---- part 3: C only ---- */"
 
-# Runs once, in the process being instrumented, on the first hook that needs Python. The source root
-# is the fallback for a checkout that is not installed.
+# Runs once, in the process being instrumented, on the first hook that needs Python (cffi has imported
+# _cffi_backend by then: egpu_preload/runtime/pythonpath). egpu-run's import directories go after the job's
+# own, so that a Python job keeps its packages; first in an interpreter the shim started itself (a program
+# that is not Python: no command line, sys.orig_argv empty), where only egpu's code runs and the base
+# Python's site-packages must not stand in for egpu's environment. The source root is the fallback for a
+# checkout that is not installed.
 INIT = f"""
+import os
 import sys
+dirs = [d for d in os.environ.get("EGPU_IMPORT_DIRS", "").split(os.pathsep) if d and d not in sys.path]
+where = len(sys.path) if sys.orig_argv else 0
+sys.path[where:where] = dirs
 try:
     from egpu_preload.runtime import hooks
 except ImportError:

@@ -14,8 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+import _cffi_backend
 import pytest
 
+from egpu_preload.runtime import job
 from stub_job import MORE, ROOT, egpu_run
 
 BAD_PROBE = """#include "egpu.bpf.h"
@@ -270,6 +272,56 @@ def test_a_python_job_of_another_version_runs_uninstrumented_and_says_why(stub_j
     said = [ln for ln in r.stderr.splitlines() if ln.startswith("egpu[")]
     assert len(said) == 1 and f"the shim was built for Python 3.{sys.version_info.minor}" in said[0], r.stderr
     assert "initialization code failed" not in r.stderr
+
+
+OWN_IMPORTS = """import sys
+sys.path.insert(0, sys.argv[1])
+import app_vec
+app_vec.launch("module", 2, 32)   # the shim's Python is up from the first load on
+import _cffi_backend, launcher, mine, numpy
+print(numpy.__version__, launcher.WHOSE, mine.__file__, _cffi_backend.__file__, sep="\\n")
+"""
+
+
+@pytest.mark.parametrize("own_cffi", [False, True])
+def test_a_python_job_imports_its_own_packages_not_egpus(stub_job, probe_obj, tmp_path, own_cffi):
+    """A job in an environment of its own (a venv without system packages) imports its own numpy and
+    launcher, though egpu's environment has them (numpy where installed; launcher.py always): egpu-run's
+    import directories on its PYTHONPATH came first, so a job got egpu's numpy, or one it never had. The
+    user's PYTHONPATH still comes first, the cffi backend the shim's start imports is the job's own where
+    it has one (another version would break the job's cffi), and the probe runs."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "numpy").mkdir()
+    (site / "numpy" / "__init__.py").write_text("__version__ = '0.0+job'\n")
+    (site / "launcher.py").write_text("WHOSE = 'job'\n")
+    if own_cffi:
+        (site / Path(_cffi_backend.__file__).name).symlink_to(_cffi_backend.__file__)
+    mine = tmp_path / "user" / "mine.py"
+    mine.parent.mkdir()
+    mine.write_text("")
+    script = tmp_path / "job.py"   # not -c: egpu-run's directory, the job's, would come first
+    script.write_text(OWN_IMPORTS)
+    env = stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1", PYTHONPATH=str(mine.parent))
+    r = egpu_run(["-p", str(probe_obj("count")), str(venv / "bin" / "python"), str(script), str(MORE)], env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["0.0+job", "job", str(mine),
+                                     str(site / Path(_cffi_backend.__file__).name) if own_cffi
+                                     else _cffi_backend.__file__, "@counts: 2"], r.stderr
+
+
+def test_a_c_jobs_pythonpath_holds_none_of_egpus_imports(stub_job, probe_obj, tmp_path):
+    """A C job's children (a shell's Python, say) get no egpu directory on their PYTHONPATH, and the
+    shim's own interpreter, which starts with nothing but the base Python's path, still runs the probe."""
+    env = stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1")
+    del env["PYTHONPATH"]
+    r = egpu_run(["-p", str(probe_obj("count")), "sh", "-c", 'printf "%s\\n" "$PYTHONPATH"; exec "$0" module 2 32 0',
+                  str(stub_job.app)], env)
+    assert r.returncode == 0, r.stderr
+    path, *rest = r.stdout.splitlines()
+    assert not set(path.split(os.pathsep)) & set(job.import_dirs()), path
+    assert rest == ["app_vec module launches=2 threads=32 result=0", "@counts: 2"], r.stderr
 
 
 @pytest.mark.parametrize("make, message", [

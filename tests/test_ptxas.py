@@ -34,9 +34,11 @@ exit ${FAKE_STATUS:-0}
 def wrapper_env(tmp_path: Path, probe: Path, real: str, **extra: str) -> dict[str, str]:
     session = tmp_path / "session"
     session.mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU")}
-    env.update(config.to_env(config.Config((probe,), session, None, 0, ptxas=real)))
-    env.update(EGPU_PYTHON=sys.executable, PYTHONPATH=str(ROOT), **extra)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU") and k != "PYTHONPATH"}
+    cfg = config.Config((probe,), session, None, 0, ptxas=real)
+    made = job.job_env(cfg, Path("/s/libegpu_shim.so"), env)   # the paths the job's Triton runs it with
+    env.update(config.to_env(cfg), **{k: made[k] for k in ("EGPU_PYTHON", "PYTHONPATH", job.IMPORT_DIRS_ENV)})
+    env.update(extra)
     return env
 
 
@@ -65,7 +67,7 @@ def test_triton_ptx_is_instrumented_before_the_real_ptxas(probe_obj, tmp_path, f
     shutil.copy(FIXTURES / f"{fixture}.ptx", src)
     env = wrapper_env(tmp_path, probe_obj("count"), str(fake_ptxas / "ptxas"))
     r = subprocess.run([str(job.PTXAS_WRAPPER), *triton_call(src, tmp_path / "out.cubin")], env=env,
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     args = (fake_ptxas / "args").read_text().split()
     seen = (fake_ptxas / "seen.ptx").read_text()

@@ -91,8 +91,9 @@ def test_job_env(base, preload, pythonpath_head):
     assert env["CUPY_COMPILE_WITH_PTX"] == "1"
     assert env["PATH"] == "/bin"
     assert config.from_env(env) == cfg
-    paths = env["PYTHONPATH"].split(os.pathsep)
-    assert paths[:len(pythonpath_head)] == pythonpath_head  # the job's own paths come first
+    # the job's own paths, then only the folder whose _cffi_backend lets the shim's Python start
+    assert env["PYTHONPATH"].split(os.pathsep) == pythonpath_head + [str(job.JOB_PYTHONPATH)]
+    paths = env["EGPU_IMPORT_DIRS"].split(os.pathsep)   # the shim's start-up code puts these after the job's own
     import _cffi_backend
     import egpu_preload
     import msgpack as m

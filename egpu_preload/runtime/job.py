@@ -34,9 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent.parent   # the checkout: shim/ and
 SHIM_ENV = "EGPU_SHIM"
 RUNTIME_MODULE = "egpu_preload.runtime.instrumenter"
 PTXAS_WRAPPER = Path(__file__).resolve().parent / "egpu-ptxas"
-# What the runtime imports inside the job; a program that is not Python gets its embedded interpreter
-# pointed at the directories these live in here.
+# What the runtime imports inside the job. The directories these live in here go to the job in IMPORT_DIRS_ENV,
+# not on its PYTHONPATH, which would put them before a Python job's own packages: the shim's start-up code
+# adds them to sys.path after the job's own (shim/build.py). The PYTHONPATH gets only JOB_PYTHONPATH, whose
+# _cffi_backend stand-in lets cffi's embedding start before that code runs.
 RUNTIME_IMPORTS = ("egpu_preload", "_cffi_backend", "msgpack", "elftools", "zstandard", "lz4", "capstone")
+IMPORT_DIRS_ENV = "EGPU_IMPORT_DIRS"
+JOB_PYTHONPATH = Path(__file__).resolve().parent / "pythonpath"
 
 
 class ProgramError(EgpuError):
@@ -104,7 +108,8 @@ def import_dirs() -> list[str]:
 
 def job_env(cfg: config.Config, shim: Path, base: Mapping[str, str]) -> dict[str, str]:
     """The job's environment: ``base`` plus the runtime's config, the preloaded shim (ahead of any
-    preload already there), the runtime module, import paths after the job's own, PTX from CuPy, and
+    preload already there), the runtime module, the runtime's import directories (IMPORT_DIRS_ENV: none on
+    the job's PYTHONPATH, which keeps its own entries first and gets JOB_PYTHONPATH), PTX from CuPy, and
     Triton's ptxas wrapped (runtime/ptxas.py) with Triton's and inductor's caches in the session, so no
     cubin compiled without the probes is reused and none compiled with them outlives the job."""
     env = dict(base)
@@ -118,7 +123,8 @@ def job_env(cfg: config.Config, shim: Path, base: Mapping[str, str]) -> dict[str
     env["LD_PRELOAD"] = " ".join(p for p in (str(shim), base.get("LD_PRELOAD", "")) if p)
     env["EGPU_RUNTIME"] = RUNTIME_MODULE
     paths = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(paths + [d for d in import_dirs() if d not in paths])
+    env["PYTHONPATH"] = os.pathsep.join(paths + [str(JOB_PYTHONPATH)] * (str(JOB_PYTHONPATH) not in paths))
+    env[IMPORT_DIRS_ENV] = os.pathsep.join(import_dirs())
     env["CUPY_COMPILE_WITH_PTX"] = "1"  # CuPy hands the driver PTX instead of NVRTC cubins
     return env
 
