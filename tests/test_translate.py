@@ -503,3 +503,27 @@ def test_gpu_test_programs_do_on_the_vm_what_their_tests_assert(name):
         assert r0s == [1] * threads and entries == []
     else:
         assert 0 < len(entries) <= 1024 and all(struct.unpack("<Q", v)[0] <= 2 for _, v in entries)
+
+
+def test_a_probe_returns_before_reading_maps_through_an_unfilled_table(probe_objects):
+    """A module used in a context where the runtime did not fill its map table (another device's, or a second
+    context's: instrumenter.py's Limits) has a table of zeros; a probe that went on would load map headers at
+    address 0 and fault the job's kernel. So the probe's first use of the table checks its last entry (the
+    trace ring's, never 0 once filled) and leaves with r0 = 0 when it is 0."""
+    checked = 0
+    for obj in probe_objects:
+        for p in obj.programs:
+            probe = probe_function(p, obj, tag="t", ctx_params=True)
+            body = probe.func.splitlines()
+            loads = [i for i, line in enumerate(body) if "[__egpu_maps_t+" in line]
+            if not loads:
+                continue
+            first = loads[0]
+            reg = body[first].split()[1].rstrip(",")
+            assert body[first].strip() == f"ld.const.u64 {reg}, [__egpu_maps_t+{8 * len(obj.maps)}];", p.name
+            pred = body[first + 1].split()[1].rstrip(",")
+            assert body[first + 1].strip() == f"setp.eq.u64 {pred}, {reg}, 0;", p.name
+            assert body[first + 2].strip() == f"@{pred} bra $Lexit;", p.name
+            assert "\tmov.b64 %r0, 0;" in body[:first], p.name
+            checked += 1
+    assert checked

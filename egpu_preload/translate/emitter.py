@@ -167,6 +167,8 @@ class FuncGen:
         self.inst = 0
         self.base = self.top = 0
         self.ret_label = "$Lexit"
+        self.reads_table = False   # a .const map table load was emitted: the prologue checks it is filled
+        self.unfilled: tuple[str, str] | None = None   # that check's registers, once body() is done
 
     # ---- statements and temporaries -------------------------------------------------------
     def emit(self, s: str) -> None:
@@ -247,6 +249,7 @@ class FuncGen:
         if self.target.table_param:
             self.emit(f"ld.global.u64 {dst}, [{TABLE_REG}+{8 * index}];")
         else:
+            self.reads_table = True
             self.emit(f"ld.const.u64 {dst}, [{self.target.table}+{8 * index}];")
 
     # ---- memory ---------------------------------------------------------------------------------
@@ -443,6 +446,8 @@ class FuncGen:
         self._enter(0)
         self.emit_frame(0)
         self.place("$Lexit")
+        if self.reads_table:
+            self.unfilled = (self.t64(), self.pred())
 
     def ctx_load(self, insn: Insn) -> bool:
         """dst = the context bytes a load reads, from the word registers (Target.ctx_words); False when
@@ -492,4 +497,16 @@ class FuncGen:
                 if not 1 <= n <= len(params) and not (n == 1 and self.target.ctx_words is not None)]
         if self.uses_stack:
             out.append("\tcvta.local.u64 %stack, __stack;")
-        return out
+        return out + self.table_check()
+
+    def table_check(self) -> list[str]:
+        """Leave at once, r0 = 0, where the module's map table is unfilled: a module the runtime loaded in one
+        context and the kernel runs in another (another device's, a second context on one device: the maps
+        live in one, instrumenter.py) has a table of zeros, and map headers read at address 0 would fault
+        the application's kernel. The last entry, the trace ring's, is never 0 once the table is filled
+        (devmaps.DeviceMaps.table writes every entry at once)."""
+        if self.unfilled is None:
+            return []
+        addr, unfilled = self.unfilled
+        return [f"\tld.const.u64 {addr}, [{self.target.table}+{8 * len(self.target.maps)}];",
+                f"\tsetp.eq.u64 {unfilled}, {addr}, 0;", f"\t@{unfilled} bra $Lexit;"]
