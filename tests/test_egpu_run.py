@@ -495,3 +495,17 @@ def test_a_squatted_session_directory_still_runs_the_job(stub_job, probe_obj, tm
     fallback = re.fullmatch(rf"egpu: {squat}: .*: using ({tmp}/egpu-{os.getuid()}-\w+) instead", line)
     assert fallback, line
     assert os.stat(fallback[1]).st_mode & 0o777 == 0o700 and list(squat.iterdir()) == []
+
+
+def test_kernels_on_a_second_device_never_read_the_maps_of_the_first(stub_job, probe_obj, tmp_path):
+    """The maps live in device 0's context (the first instrumented load's). app_vec devices then makes device 1
+    current (cudaSetDevice(1)) and launches there the library's kernel (its copy in device 1's context: a
+    table the runtime never filled) and a module's loaded there: neither may reach device 0's memory, which
+    on a GPU without peer access is an illegal address that kills the job."""
+    log = tmp_path / "log"
+    r = egpu_run(["-p", str(probe_obj("count")), str(stub_job.app), "devices", "3", "32", "0"],
+                 stub_job.env(log, EGPU_STUB_PROBE_COUNTS="1"))
+    assert r.returncode == 0, r.stderr
+    assert "app_vec devices launches=3 threads=32 result=0" in r.stdout
+    assert "probe fault" not in log.read_text()
+    assert "@counts: 3" in r.stdout, r.stdout   # device 0's launches, counted

@@ -113,6 +113,12 @@ class Driver:
         self.call("cuCtxGetDevice", dev)
         return dev[0]
 
+    def context(self) -> int | None:
+        """The calling thread's current context; None when none is."""
+        ctx = self.ffi.new("void **")
+        self.call("cuCtxGetCurrent", ctx)
+        return int(self.ffi.cast("uintptr_t", ctx[0])) or None
+
     def maps_context(self) -> int:
         """Where the maps go: the calling thread's context, else the device's primary context, which
         cudart will use too (cuLibraryLoadData may run before any context is current). A primary

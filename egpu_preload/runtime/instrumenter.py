@@ -28,7 +28,10 @@ registers the instrumenter with hooks.register and does nothing else).
   cubin cuLinkComplete hands out is remembered by its digest, and the module later loaded from those
   bytes is adopted as instrumented (tables filled, launch ids appended).
 
-Limits: one context holds the maps; a module used in another context sees its table unfilled. A module
+Limits: one context holds the maps. A module loaded in another context (another device's, a second one on
+the same device) and a library's copy in another context keep their tables unfilled, so their kernels run
+without probes there (a probe finding its table unfilled returns at once); nothing in them reaches the maps'
+memory, which would be an illegal address for another device's kernel. A module
 linked from PTX keeps the probes it was linked with: live attach/detach/swap leave it (re-linking it
 would need every input of the link, and the shim sees only the PTX ones), and should its map table
 not fill, no original can be loaded beside it.
@@ -91,6 +94,7 @@ class Module:
     backend: str = ""                            # ptx | sass: the back end serving its kernels
     timing: dict[str, float] = field(default_factory=dict)  # ms: rewrite, driver (the replacement's load)
     replaced_at: float | None = None             # perf_counter when the replacement went to the driver
+    context: int | None = None                   # a module's context (its load's); None: a library, in every one
 
     @property
     def library(self) -> bool:
@@ -208,7 +212,8 @@ class Runtime:
             self._fail(mod, f"driver JIT error {replacement_result}")
         elif replacement_result == 0 or mod.status == "instrumented":  # replaced, or adopted as it is
             try:
-                self._fill_tables(handle, mod.library)
+                mod.context = None if mod.library else self.driver.context()   # the hook runs in the load's
+                self._fill_tables(handle, mod)
             except EgpuError as e:
                 self._fail(mod, f"cannot fill the map table: {e}")
                 try:
@@ -332,14 +337,21 @@ class Runtime:
             self._sm[dev] = 10 * self.driver.attribute(ATTR_CC_MAJOR, dev) + self.driver.attribute(ATTR_CC_MINOR, dev)
         return self._sm[dev]
 
-    def _fill_tables(self, handle: int, library: bool) -> None:
-        """Write every probe object's map addresses into the module's table of that object."""
+    def _fill_tables(self, handle: int, mod: Module) -> None:
+        """Write every probe object's map addresses into the module's table of that object, in the maps'
+        context: a library's copy there. A module loaded in another context keeps its table of zeros, so
+        that its probes leave at once (emitter.table_check): addresses of the maps' memory would be an
+        illegal address for a kernel of another device (or of another context on the same one)."""
         with self._maps_lock:
             if self.context is None:
                 self._allocate_maps()
+        if mod.context not in (None, self.context):
+            self._log(1, f"{mod.api} {mod.image}: loaded in another context than the maps': its kernels run "
+                         "without probes")
+            return
         with self.driver.current(self.context):
             for probe, maps in zip(self.probes, self.maps):
-                address = self.driver.global_address(handle, probe.table, library)
+                address = self.driver.global_address(handle, probe.table, mod.library)
                 if address is not None:
                     self.memory.htod(address, maps.table())
 

@@ -8,7 +8,10 @@
  * end reads from its symbol table), link (the PTX
  * through cuLinkAddData, then the cubin cuLinkComplete made, copied, through cuModuleLoadData, as
  * numba does), capture (the fatbin loaded and launched into a stream while it captures a graph in
- * global mode: CUDA's lazy loading loads a module at its first launch, which may be captured). */
+ * global mode: CUDA's lazy loading loads a module at its first launch, which may be captured), devices (the
+ * fatbin through cuLibraryLoadData launched K times on device 0, then device 1's primary context made
+ * current, as cudaSetDevice(1) does, and the library's kernel launched K times there, and the PTX text
+ * loaded there through cuModuleLoadData and launched K times). */
 #include <dlfcn.h>
 #include <signal.h>
 #include <stdint.h>
@@ -39,9 +42,9 @@ static const unsigned char cubin[64] = {0x7f, 'E', 'L', 'F', 2, 1, 1};
 
 int main(int argc, char **argv) {
     if (argc != 5) return 2;
-    int capture = !strcmp(argv[1], "capture");
-    int library = !strcmp(argv[1], "library") || !strcmp(argv[1], "fatbin") || capture;
-    const void *image = !strcmp(argv[1], "fatbin") || capture ? (const void *)&wrapper
+    int capture = !strcmp(argv[1], "capture"), devices = !strcmp(argv[1], "devices");
+    int library = !strcmp(argv[1], "library") || !strcmp(argv[1], "fatbin") || capture || devices;
+    const void *image = !strcmp(argv[1], "fatbin") || capture || devices ? (const void *)&wrapper
                         : !strcmp(argv[1], "cubin") ? (const void *)cubin : (const void *)PTX;
     memcpy(fatbin.ptx, PTX, sizeof PTX);
     if (!strcmp(argv[1], "elf")) {
@@ -60,6 +63,7 @@ int main(int argc, char **argv) {
     SYM(cuLibraryGetKernel); SYM(cuLaunchKernel); SYM(cuCtxSynchronize);
     SYM(cuLinkCreate_v2); SYM(cuLinkAddData_v2); SYM(cuLinkComplete); SYM(cuLinkDestroy);
     SYM(cuStreamCreate); SYM(cuStreamBeginCapture_v2); SYM(cuStreamEndCapture);
+    SYM(cuDevicePrimaryCtxRetain); SYM(cuCtxSetCurrent);
     void *mod = NULL, *f = NULL, *link = NULL, *linked = NULL, *stream = NULL, *graph = NULL;
     size_t linked_size = 0;
     int r = cuInit(0);
@@ -84,6 +88,15 @@ int main(int argc, char **argv) {
         r |= cuLaunchKernel(f, (n + 31) / 32, 1, 1, 32, 1, 1, 0, stream, params, NULL);
     if (capture)
         r |= cuStreamEndCapture(stream, &graph);
+    if (devices) {
+        void *device1 = NULL, *mod1 = NULL, *f1 = NULL;
+        r |= cuDevicePrimaryCtxRetain(&device1, 1) | cuCtxSetCurrent(device1);
+        for (unsigned i = 0; i < k; i++)
+            r |= cuLaunchKernel(f, (n + 31) / 32, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
+        r |= cuModuleLoadData(&mod1, PTX) | cuModuleGetFunction(&f1, mod1, "vecadd");
+        for (unsigned i = 0; i < k; i++)
+            r |= cuLaunchKernel(f1, (n + 31) / 32, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
+    }
     r |= cuCtxSynchronize();
     printf("app_vec %s launches=%u threads=%u result=%d\n", argv[1], k, n, r);
     fflush(stdout);

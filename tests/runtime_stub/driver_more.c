@@ -7,7 +7,10 @@
  * EGPU_STUB_PROBE_COUNTS=1: launches of instrumented modules count themselves in their probe's first map,
  * and reads on the runtime's stream take 20 ms (launches run between a hot swap's flip and its reads).
  * Live control (tests/test_live.py): device-to-device copies, a stream of the runtime's own, and a
- * launch effect on module state (egpu_stub_launched). */
+ * launch effect on module state (egpu_stub_launched).
+ * A second device: cuDevicePrimaryCtxRetain(1) gives its primary context, which cuCtxSetCurrent makes the
+ * application's; device d's memory and globals lie d TB above device 0's, and a probe that reads a map of
+ * another device's memory is logged as the fault a GPU without peer access would raise. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -41,24 +44,37 @@ static void note(const char *fmt, ...) {
     }
 }
 
-/* Two contexts: the application's (current unless EGPU_STUB_NO_CONTEXT) and the device's primary one.
- * Copies log which one they ran in. */
-static int app_context, primary_context;
+/* Three contexts: the application's (current unless EGPU_STUB_NO_CONTEXT) and device 0's primary one, and
+ * device 1's primary one (current once the application sets it). Copies log which one they ran in. */
+static int app_context, primary_context, device1_context;
 static void *stack[16];
 static int depth;
+static void *set_current;   /* cuCtxSetCurrent's, below the pushed ones */
+
+static void *current(void) {
+    if (depth) return stack[depth - 1];
+    return set_current ? set_current : getenv("EGPU_STUB_NO_CONTEXT") ? NULL : &app_context;
+}
 
 const char *egpu_stub_context_name(void) {
-    void *c = depth ? stack[depth - 1] : getenv("EGPU_STUB_NO_CONTEXT") ? NULL : &app_context;
-    return c == &app_context ? "app" : c == &primary_context ? "primary" : "none";
+    void *c = current();
+    return c == &app_context ? "app" : c == &primary_context ? "primary" : c == &device1_context ? "device1" : "none";
 }
 
+int egpu_stub_device(void) { return current() == &device1_context; }
+
 CUresult cuCtxGetCurrent(void **ctx) {
-    *ctx = depth ? stack[depth - 1] : getenv("EGPU_STUB_NO_CONTEXT") ? NULL : &app_context;
+    *ctx = current();
     return OK;
 }
-CUresult cuCtxGetDevice(int *dev) { *dev = 0; return OK; }
+CUresult cuCtxSetCurrent(void *ctx) {
+    note("cuCtxSetCurrent ctx=%s", ctx == &device1_context ? "device1" : ctx == &primary_context ? "primary" : "app");
+    set_current = ctx;
+    return OK;
+}
+CUresult cuCtxGetDevice(int *dev) { *dev = egpu_stub_device(); return OK; }
 CUresult cuCtxPushCurrent_v2(void *ctx) {
-    if (depth == 16 || (ctx != &app_context && ctx != &primary_context)) return 201;
+    if (depth == 16 || (ctx != &app_context && ctx != &primary_context && ctx != &device1_context)) return 201;
     stack[depth++] = ctx;
     return OK;
 }
@@ -77,7 +93,7 @@ CUresult cuMemGetInfo_v2(size_t *free_, size_t *total) {
 }
 CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) {
     note("cuDevicePrimaryCtxRetain dev=%d", dev);
-    *ctx = &primary_context;
+    *ctx = dev == 1 ? (void *)&device1_context : (void *)&primary_context;
     return OK;
 }
 CUresult cuDevicePrimaryCtxRelease_v2(int dev) { note("cuDevicePrimaryCtxRelease_v2 dev=%d", dev); return OK; }
@@ -181,10 +197,11 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *
  * address is fixed by its module and its place in the PTX, its size by its type and count:
  * ".global .u64 name[N]" is 8 * N bytes. ---- */
 
-struct module { int id; char *ptx; };
+struct module { int id; char *ptx; const void *elf; size_t elf_size; int device; }; /* libcuda_stub.c's */
 struct function { char name[128]; struct module *m; int kernel; };
 
-static int lookup_global(struct module *m, const char *name, CUdeviceptr *p, size_t *size) {
+/* A global of module m in the context of `device` (a library is in every context; a module in its own). */
+static int lookup_global(struct module *m, const char *name, CUdeviceptr *p, size_t *size, int device) {
     char decl[256];
     snprintf(decl, sizeof decl, " %s[", name);
     const char *at = m->ptx ? strstr(m->ptx, decl) : NULL;
@@ -193,15 +210,16 @@ static int lookup_global(struct module *m, const char *name, CUdeviceptr *p, siz
     while (type > m->ptx && type[-1] != '.') type--;
     size_t elem = !strncmp(type, "u64", 3) || !strncmp(type, "b64", 3) ? 8
                   : !strncmp(type, "u32", 3) || !strncmp(type, "b32", 3) ? 4 : 1;
-    *p = 0x600000000000ull + ((CUdeviceptr)m->id << 24) + (CUdeviceptr)(at - m->ptx) * 16;
+    *p = 0x600000000000ull + ((CUdeviceptr)device << 40) + ((CUdeviceptr)m->id << 24) + (CUdeviceptr)(at - m->ptx) * 16;
     *size = elem * strtoul(at + strlen(decl), NULL, 10);
     return 1;
 }
 
-static CUresult global(const char *api, CUdeviceptr *p, size_t *size, struct module *m, const char *name) {
+static CUresult global(const char *api, CUdeviceptr *p, size_t *size, struct module *m, const char *name,
+                       int device) {
     CUdeviceptr addr;
     size_t n;
-    int found = lookup_global(m, name, &addr, &n);
+    int found = lookup_global(m, name, &addr, &n, device);
     note("%s module=%d name=%s found=%d", api, m->id, name, found);
     if (getenv("EGPU_STUB_NO_GLOBALS")) return 201;
     if (!found) return NOT_FOUND;
@@ -210,17 +228,17 @@ static CUresult global(const char *api, CUdeviceptr *p, size_t *size, struct mod
     return OK;
 }
 CUresult cuModuleGetGlobal_v2(CUdeviceptr *p, size_t *size, void *mod, const char *name) {
-    return global("cuModuleGetGlobal_v2", p, size, mod, name);
+    return global("cuModuleGetGlobal_v2", p, size, mod, name, ((struct module *)mod)->device);
 }
 CUresult cuLibraryGetGlobal(CUdeviceptr *p, size_t *size, void *lib, const char *name) {
-    return global("cuLibraryGetGlobal", p, size, lib, name);
+    return global("cuLibraryGetGlobal", p, size, lib, name, egpu_stub_device());
 }
 
 /* EGPU_STUB_PROBE_COUNTS=1: a launch of a module with a probe map table (__egpu_maps_<tag>) adds 1 to slot 0
  * of the probe's first map, an ARRAY (after the region's header), as count.bpf.c's probe would (one thread
  * per launch). */
 #define MAP_HEADER 64 /* egpu_preload/translate/devmaps.py HEADER */
-static void probe_effect(struct module *m) {
+static void probe_effect(struct module *m, int device) {
     const char *at = m->ptx ? strstr(m->ptx, " __egpu_maps_") : NULL;
     char name[128];
     size_t k = 0;
@@ -230,9 +248,14 @@ static void probe_effect(struct module *m) {
     if (!at) return;
     for (at++; at[k] && !strchr("[;+, \n", at[k]) && k < sizeof name - 1; k++) name[k] = at[k];
     name[k] = 0;
-    if (!lookup_global(m, name, &table, &n)) return;
+    if (!lookup_global(m, name, &table, &n, device)) return;
     get(&map, table, 8);
-    if (!map) return;
+    if (!map) return;   /* an unfilled table: the probe leaves at once (translate/emitter.py table_check) */
+    int owner = (int)((map >> 40) - 0x70);   /* libcuda_stub.c cuMemAlloc_v2: device d's memory d TB up */
+    if (owner != device) {   /* a GPU without peer access faults: an illegal address, the job's kernel dies */
+        note("probe fault: a kernel on device %d read map memory of device %d (illegal address)", device, owner);
+        return;
+    }
     get(&v, map + MAP_HEADER, 8);
     v++;
     put(map + MAP_HEADER, &v, 8);
@@ -242,13 +265,15 @@ static void probe_effect(struct module *m) {
  * a kernel keeping __device__ state would, each by the value of its ".const .u64 increment[1]" where
  * it declares one (a __constant__ the app sets), else by 1. */
 void egpu_stub_launched(const void *f) {
-    struct module *m = ((const struct function *)f)->m;
+    const struct function *fn = f;
+    struct module *m = fn->m;
     CUdeviceptr addr, inc;
     size_t n;
     unsigned long long v, by = 1;
-    if (m && getenv("EGPU_STUB_PROBE_COUNTS")) probe_effect(m);
-    if (!m || !lookup_global(m, "launches", &addr, &n) || n != 8) return;
-    if (lookup_global(m, "increment", &inc, &n) && n == 8) get(&by, inc, 8);
+    int device = m && !fn->kernel ? m->device : egpu_stub_device();   /* a library's kernel: the current one */
+    if (m && getenv("EGPU_STUB_PROBE_COUNTS")) probe_effect(m, device);
+    if (!m || !lookup_global(m, "launches", &addr, &n, device) || n != 8) return;
+    if (lookup_global(m, "increment", &inc, &n, device) && n == 8) get(&by, inc, 8);
     get(&v, addr, 8);
     v += by;
     put(addr, &v, 8);

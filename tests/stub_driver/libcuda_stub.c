@@ -65,7 +65,11 @@ static void logf_(const char *fmt, ...) {
 
 /* ---- modules, functions ---- */
 
-struct module { int id; char *ptx; const void *elf; size_t elf_size; }; /* elf: a real cubin, as loaded */
+/* elf: a real cubin, as loaded; device: the device of the context it was loaded in */
+struct module { int id; char *ptx; const void *elf; size_t elf_size; int device; };
+/* The current context's device, where the runtime stand-in (tests/runtime_stub/driver_more.c) has two. */
+__attribute__((weak)) int egpu_stub_device(void);
+static int current_device(void) { return egpu_stub_device ? egpu_stub_device() : 0; }
 /* loaded: whether its code is (cuFuncIsLoaded); a lookup hands out functions partly loaded, as the driver
  * may under lazy loading, and what may load one loads it */
 struct function { char name[128]; struct module *m; int kernel, loaded; struct function *next, *function; };
@@ -95,6 +99,7 @@ static CUresult load(const char *api, const void *image, void **out) {
     }
     struct module *m = calloc(1, sizeof *m);
     m->id = next_module++;
+    m->device = current_device();
     const char *kind = image_kind(image);
     if (!strcmp(kind, "ptx")) m->ptx = strdup(image);
     else if (!strcmp(kind, "elf")) {
@@ -594,7 +599,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) {
         logf_("cuMemAlloc_v2 size=%zu refused: out of memory", size);
         return 2;
     }
-    *p = new_ptr(size);
+    *p = new_ptr(size) + ((CUdeviceptr)current_device() << 40); /* device d's memory: d TB up */
     logf_("cuMemAlloc_v2 size=%zu", size);
     return OK;
 }
