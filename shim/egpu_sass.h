@@ -42,6 +42,8 @@ struct egpu_sass_stats {
     unsigned long long generation;      /* the one patching now (0: none since the start) */
     unsigned long long modules_loaded;  /* modules the back end may patch (loaded, not the PTX back end's) */
     unsigned long long patched_now;     /* of those, patched with the current generation */
+    unsigned long long other_context;   /* launches of patched modules in another context than the maps'
+                                           (another GPU's): given no record, their patches run no probe */
     char error[256];
 };
 
@@ -71,6 +73,10 @@ int egpu_sass_commit_now(void);
 /* The current generation's table block (each probe object's map table, back to back), when it was
  * staged without one: launches run probes only once it is set. */
 void egpu_sass_tables(unsigned long long tables);
+/* The context the maps and table blocks live in. A launch in another one (another GPU's, or a second
+ * context on the same one) gets no record, so its patches return at once: the tables' memory would be an
+ * illegal address for its kernels. Until it is set, no launch gets a record (no table block exists). */
+void egpu_sass_maps_context(void *ctx);
 void egpu_sass_stats(struct egpu_sass_stats *out);
 /* The kernels of every module loaded (those the back end may patch), each name followed by a NUL, into
  * `out` as far as `size` bytes hold whole names; the bytes all of them need. A generation staged with them

@@ -124,7 +124,9 @@ __thread unsigned long long egpu_sass_launch_id;
 static _Atomic int g_state;
 static struct {
     _Atomic unsigned long long modules_seen, modules_patched, modules_skipped, launches, probed, errors, flips, asked;
+    _Atomic unsigned long long other_context;
 } g_stats;
+static _Atomic(CUcontext) g_maps_ctx; /* egpu_sass_maps_context: where the tables are */
 static pthread_mutex_t g_err_mu = PTHREAD_MUTEX_INITIALIZER; /* g_error: any thread may fail a call */
 static char g_error[256];
 static Sanitizer_SubscriberHandle g_subscriber;
@@ -684,6 +686,11 @@ static void launch_begin(const san_launch_data *ld) {
     unsigned long long runs = s ? atomic_load_explicit(s, memory_order_acquire) : 0;
     if (!runs || runs == SKIPPED) return;
     atomic_fetch_add_explicit(&g_stats.launches, 1, memory_order_relaxed);
+    CUcontext maps = atomic_load_explicit(&g_maps_ctx, memory_order_acquire);
+    if (maps && ld->context != maps) { /* its kernels cannot reach the tables: egpu_sass_maps_context */
+        atomic_fetch_add_explicit(&g_stats.other_context, 1, memory_order_relaxed);
+        return;
+    }
     /* A record only for the generation its module's patches are: no launch runs one generation's
      * patch with another's programs (a module patched by a load during a flip: pending, then settled). */
     const struct generation *g = atomic_load_explicit(&g_current, memory_order_acquire);
@@ -872,6 +879,10 @@ __attribute__((visibility("default"))) void egpu_sass_tables(unsigned long long 
     if (g) atomic_store_explicit(&g->tables, tables, memory_order_release);
 }
 
+__attribute__((visibility("default"))) void egpu_sass_maps_context(void *ctx) {
+    atomic_store_explicit(&g_maps_ctx, (CUcontext)ctx, memory_order_release);
+}
+
 __attribute__((visibility("default"))) void egpu_sass_stats(struct egpu_sass_stats *out) {
     int state = atomic_load(&g_state);
     out->state = state == 1 ? 0 : state;
@@ -883,6 +894,7 @@ __attribute__((visibility("default"))) void egpu_sass_stats(struct egpu_sass_sta
     out->errors = atomic_load(&g_stats.errors);
     out->flips = atomic_load(&g_stats.flips);
     out->asked = atomic_load(&g_stats.asked);
+    out->other_context = atomic_load(&g_stats.other_context);
     out->flip_us = atomic_load(&g_flip_us);
     out->drain_us = atomic_load(&g_drain_us);
     struct generation *g = atomic_load(&g_current);

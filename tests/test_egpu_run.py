@@ -509,3 +509,6 @@ def test_kernels_on_a_second_device_never_read_the_maps_of_the_first(stub_job, p
     assert "app_vec devices launches=3 threads=32 result=0" in r.stdout
     assert "probe fault" not in log.read_text()
     assert "@counts: 3" in r.stdout, r.stdout   # device 0's launches, counted
+    # the module loaded on device 1 ran without probes, and the maps do not pass for the whole job's
+    assert re.search(r"^egpu-run: pid \d+: 1 load in another context than the maps' \(another GPU's\): their "
+                     r"kernels ran without probes$", r.stderr, re.M), r.stderr

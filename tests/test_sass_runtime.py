@@ -206,6 +206,24 @@ def test_a_module_is_patched_only_where_a_probe_selects_a_kernel(stub_job, tmp_p
     assert doc["probes"][0]["maps"] == [{"values": [bytes(8)]}]
 
 
+@needs_ptxas
+def test_launches_on_another_gpu_get_no_record(stub_job, probe_obj, tmp_path, sanitizer_stub):
+    """app_vec devices launches the library's kernel on device 0, where the maps are, then on device 1, and a
+    module loaded on device 1: the patches there get no record (the tables' memory is device 0's, an illegal
+    address for device 1's kernels), the launches are counted, and egpu-run says they ran without probes."""
+    log = tmp_path / "driver.log"
+    r = egpu_run(["--keep", "--backend", "sass", "-p", str(probe_obj("count")), str(stub_job.app), "devices", "2",
+                  "32", "0"], stub_job.env(log, EGPU_SANITIZER_LIB=str(sanitizer_stub)))
+    assert r.returncode == 0, r.stderr
+    session = Path(next(ln for ln in r.stderr.splitlines() if "session kept" in ln).split(" in ")[1])
+    (doc,) = dump.read_all(session)
+    runs = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines() if " run f=" in ln]
+    assert [("record=-" not in run) for run in runs] == [True] * 2 + [False] * 4, runs
+    assert (doc["sass"]["launches"], doc["sass"]["probed"], doc["sass"]["other_context"]) == (6, 2, 4)
+    assert (f"egpu-run: pid {doc['pid']}: 4 launches of SASS-patched kernels in another context than the maps' "
+            "(another GPU's) ran without probes") in r.stderr.splitlines()
+
+
 @pytest.mark.parametrize("fail, call", [("sanitizerSubscribe", "sanitizerSubscribe"),
                                         ("sanitizerEnableCallback:2", "sanitizerEnableCallback")])
 def test_a_failing_subscription_is_reported(stub_job, probe_obj, tmp_path, sanitizer_stub, fail, call):

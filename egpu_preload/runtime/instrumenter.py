@@ -31,7 +31,9 @@ registers the instrumenter with hooks.register and does nothing else).
 Limits: one context holds the maps. A module loaded in another context (another device's, a second one on
 the same device) and a library's copy in another context keep their tables unfilled, so their kernels run
 without probes there (a probe finding its table unfilled returns at once); nothing in them reaches the maps'
-memory, which would be an illegal address for another device's kernel. A module
+memory, which would be an illegal address for another device's kernel. egpu-run says at exit how many loads
+ran so (Module.elsewhere; the SASS back end counts its launches elsewhere, shim/sass.c); a library's copy in
+another context is not counted. A module
 linked from PTX keeps the probes it was linked with: live attach/detach/swap leave it (re-linking it
 would need every input of the link, and the shim sees only the PTX ones), and should its map table
 not fill, no original can be loaded beside it.
@@ -95,6 +97,7 @@ class Module:
     timing: dict[str, float] = field(default_factory=dict)  # ms: rewrite, driver (the replacement's load)
     replaced_at: float | None = None             # perf_counter when the replacement went to the driver
     context: int | None = None                   # a module's context (its load's); None: a library, in every one
+    elsewhere: bool = False                      # loaded in another context than the maps': runs no probe
 
     @property
     def library(self) -> bool:
@@ -102,7 +105,7 @@ class Module:
 
     def report(self) -> dict[str, Any]:
         return {"api": self.api, "call": self.call, "image": self.image, "status": self.status,
-                "backend": self.backend, "timing": dict(self.timing),
+                "backend": self.backend, "timing": dict(self.timing), "elsewhere": self.elsewhere,
                 "kernels": [[k.name, k.status, k.reason] for k in self.kernels.values()]}
 
 
@@ -346,6 +349,7 @@ class Runtime:
             if self.context is None:
                 self._allocate_maps()
         if mod.context not in (None, self.context):
+            mod.elsewhere = True   # job.module_report says so at exit
             self._log(1, f"{mod.api} {mod.image}: loaded in another context than the maps': its kernels run "
                          "without probes")
             return
@@ -378,6 +382,7 @@ class Runtime:
             self.align_clocks(memory)   # globaltimer_offset makes the maps' context current itself
         self.startup_maps = tuple(maps)   # made before any change: self.probes are egpu-run's
         self.context, self.maps, self.memory = ctx, maps, memory
+        self.lib.egpu_sass_maps_context(self.ffi.cast("void *", ctx))   # SASS patches elsewhere run no probe
         if self.cfg.trace is not None:
             self.streaming = streaming.Streaming(self.cfg.trace, self.probes, maps, memory,
                                                  after_write=self.exit.rearm_if_loaded)

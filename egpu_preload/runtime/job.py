@@ -278,6 +278,7 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool, in_kernels: bool =
         if lost:   # like bpftrace's "Lost N events": the launch probes (and --durations) missed those launches
             lines.append(f"egpu-run: pid {d['pid']}: {lost} of {lost + seen} launch records lost (the launch "
                          "ring was full: launch probes ran slower than the job launched)")
+    lines += elsewhere(dumps)
     modules = [(d["pid"], m) for d in dumps for m in d["modules"]]
     if verbose:
         for pid, m in modules:
@@ -302,6 +303,23 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool, in_kernels: bool =
         lines.append("egpu-run: no kernel was instrumented ("
                      + ", ".join(f"{n} {'load' if n == 1 else 'loads'} {s}" for s, n in counts.items()) + ")"
                      + ("" if verbose else ": egpu-run -v says why, kernel by kernel"))   # --kernel GLOB, no sites
+    return lines
+
+
+def elsewhere(dumps: list[dict[str, Any]]) -> list[str]:
+    """Lines for kernels that ran without probes because they ran in another context than the maps' (another
+    GPU's: the maps live in one context, instrumenter.py): modules loaded there, and launches of SASS-patched
+    kernels there. Their counts are not in the maps, and the maps must not read as the whole job's."""
+    lines = []
+    for d in dumps:
+        loads = sum(1 for m in d["modules"] if m.get("elsewhere"))
+        launches = (d.get("sass") or {}).get("other_context", 0)
+        if loads:
+            lines.append(f"egpu-run: pid {d['pid']}: {loads} {'load' if loads == 1 else 'loads'} in another context "
+                         "than the maps' (another GPU's): their kernels ran without probes")
+        if launches:
+            lines.append(f"egpu-run: pid {d['pid']}: {launches} {'launch' if launches == 1 else 'launches'} of "
+                         "SASS-patched kernels in another context than the maps' (another GPU's) ran without probes")
     return lines
 
 

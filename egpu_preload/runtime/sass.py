@@ -36,7 +36,8 @@ from egpu_preload.translate.sass_patch import PatchModule, build_image, has_site
 BACKENDS = ("auto", "ptx", "sass")
 STATES = {0: "not started", 2: "subscribed", 3: "off", 4: "gave way to CUPTI", -1: "failed"}
 STAT_FIELDS = ("modules_seen", "modules_patched", "modules_skipped", "modules_unselected", "launches", "probed",
-               "errors", "flips", "asked", "flip_us", "drain_us", "generation", "modules_loaded", "patched_now")
+               "errors", "flips", "asked", "flip_us", "drain_us", "generation", "modules_loaded", "patched_now",
+               "other_context")
 NO_PROGRAMS = "no kernel-site probes"
 MODULES_KEPT = 16   # patch modules kept translated, by probe set: attached again, a set skips translation
 MASKS_KEPT = 1 << 20   # kernels' program masks remembered, over every probe set, before starting afresh

@@ -63,6 +63,10 @@ const char *egpu_stub_context_name(void) {
 
 int egpu_stub_device(void) { return current() == &device1_context; }
 
+/* The context a load or launch runs in, for the stand-in sanitizer's callbacks (libcuda_stub.c): the current
+ * one, else device 0's primary one, where the runtime then put the maps. */
+void *egpu_stub_current_context(void) { return current() ? current() : &primary_context; }
+
 CUresult cuCtxGetCurrent(void **ctx) {
     *ctx = current();
     return OK;

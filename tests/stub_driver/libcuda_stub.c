@@ -89,6 +89,9 @@ static const char *image_kind(const void *image) {
  * calls the Compute Sanitizer's subscriber (domain, callback id, data laid out as sanitizer.h has it). */
 typedef void (*sanitizer_event)(int domain, unsigned int cbid, const void *data);
 static sanitizer_event san_event;
+/* The context a callback names: driver_more.c's current one where it is linked in, else a stand-in handle. */
+__attribute__((weak)) void *egpu_stub_current_context(void);
+static void *san_context(void) { return egpu_stub_current_context ? egpu_stub_current_context() : (void *)1; }
 __attribute__((visibility("default"))) void egpu_stub_sanitizer(sanitizer_event fn) { san_event = fn; }
 
 /* Images marked "// egpu-refuse" are refused, as the JIT refuses bad PTX. */
@@ -125,7 +128,7 @@ static CUresult load(const char *api, const void *image, void **out) {
     *out = m;
     if (san_event) { /* Sanitizer_ResourceModuleData: MODULE_LOADED */
         struct { void *ctx, *module; size_t size; const char *cubin; void *library; } d =
-            {(void *)1, m, m->elf ? m->elf_size : m->ptx ? strlen(m->ptx) : 0, m->elf ? m->elf : m->ptx, NULL};
+            {san_context(), m, m->elf ? m->elf_size : m->ptx ? strlen(m->ptx) : 0, m->elf ? m->elf : m->ptx, NULL};
         san_event(3, 9, &d);
     }
     return OK;
@@ -174,7 +177,8 @@ static void log_launch(const char *api, const void *f, unsigned gx, unsigned bx,
             unsigned int grid[3], block[3], cluster[3];
             unsigned long long grid_id;
             void *launch;
-        } d = {(void *)1, stream, stream, fn->m, (void *)f, fn->name, {gx, 1, 1}, {bx, 1, 1}, {1, 1, 1}, 0, (void *)f};
+        } d = {san_context(), stream, stream, fn->m, (void *)f, fn->name, {gx, 1, 1}, {bx, 1, 1}, {1, 1, 1}, 0,
+               (void *)f};
         san_event(5, 1, &d);
     }
     if (egpu_stub_launched && f && runs) egpu_stub_launched(f);
@@ -305,7 +309,8 @@ CUresult cuModuleLoadFatBinary(void **mod, const void *fatCubin) {
 /* Sanitizer_ResourceModuleData: MODULE_UNLOAD_STARTING, inside the unload as the driver raises it */
 static void unload_starting(void *mod) {
     if (!san_event) return;
-    struct { void *ctx, *module; size_t size; const char *cubin; void *library; } d = {(void *)1, mod, 0, NULL, NULL};
+    struct { void *ctx, *module; size_t size; const char *cubin; void *library; } d =
+        {san_context(), mod, 0, NULL, NULL};
     san_event(3, 10, &d);
 }
 CUresult cuModuleUnload(void *mod) {
