@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from egpu_preload.cow import rwsets
 from egpu_preload.cow.allocations import Allocation, AllocationTable, AllocKind, param_offsets, read_shim
-from egpu_preload.cow.snapshot import CHUNK, Job, Program, SnapshotWriter, saved
+from egpu_preload.cow.snapshot import CHUNK, Job, Program, SnapshotWriter, file_sha256, saved
 from egpu_preload.errors import CowError, EgpuError
 from egpu_preload.runtime import config
 from egpu_preload.runtime.modstate import module_globals
@@ -80,11 +80,7 @@ def this_job() -> Job:
 def this_program() -> Program:
     """This process's executable: its path and the sha256 of the file it runs (read through /proc, so a
     rebuild written over the path since it started does not count)."""
-    h = hashlib.sha256()
-    with open("/proc/self/exe", "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return Program(os.readlink("/proc/self/exe"), h.hexdigest())
+    return Program(os.readlink("/proc/self/exe"), file_sha256("/proc/self/exe"))
 
 
 def module_key(mod: "Module") -> str:

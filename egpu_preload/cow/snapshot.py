@@ -315,6 +315,12 @@ def _check_private(d: Path, path: Path) -> None:
                         f"must be private to uid {os.geteuid()} (0600 files in a 0700 directory)")
 
 
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's contents, read a piece at a time (snapshot files and executables are large)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def _check_file(d: Path, entry: AllocEntry | GlobalEntry, verify: bool) -> tuple[int, int]:
     path = d / entry.file
     _check_private(d, path)
@@ -322,13 +328,8 @@ def _check_file(d: Path, entry: AllocEntry | GlobalEntry, verify: bool) -> tuple
         st = path.stat()
         if st.st_size != entry.size:
             raise _error(d, f"{entry.file}: {st.st_size} bytes, the manifest says {entry.size}")
-        if verify:
-            h = hashlib.sha256()
-            with open(path, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    h.update(chunk)
-            if h.hexdigest() != entry.sha256:
-                raise _error(d, f"{entry.file}: sha256 mismatch (corrupt contents)")
+        if verify and file_sha256(path) != entry.sha256:
+            raise _error(d, f"{entry.file}: sha256 mismatch (corrupt contents)")
     except FileNotFoundError:
         raise _error(d, f"{entry.file} missing") from None
     except OSError as e:   # EACCES, EIO: a file the restore could not read either
