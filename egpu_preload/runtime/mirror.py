@@ -105,6 +105,7 @@ class Mirror:
         # egpu-run --mirror inf (or 1e300): as good as never, within what a wait takes (it raised
         # OverflowError in the thread, a traceback in the job's stderr); stop() waits 5 periods, errors 10
         self.read, self.period = read, min(period, threading.TIMEOUT_MAX / 20)
+        self.pid = os.getpid()   # the process that made it: only that one stops it (see stop)
         self.segment = Segment(path)
         self.link = session / path.name if session is not None else None
         self._stop = threading.Event()
@@ -115,7 +116,12 @@ class Mirror:
         return self
 
     def stop(self) -> None:
-        """Stop the thread and remove the segment (a reader finds no stale maps of a process gone)."""
+        """Stop the thread and remove the segment (a reader finds no stale maps of a process gone). In a
+        child forked after the runtime started (after CUDA) there is neither thread nor segment of its own:
+        no mirror is made there, since the driver refuses every call in such a child (a DataLoader worker's),
+        and the maps its memory holds are its parent's, which would show a second time under its pid."""
+        if self.pid != os.getpid():
+            return
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5 * self.period + 5)
@@ -136,30 +142,14 @@ class Mirror:
                 self._stop.wait(10 * self.period)
 
 
-class Mirrors:
-    """This process's mirror, stopped only by the process that made it. A child forked after the runtime
-    started (after CUDA: the runtime starts at a process's first CUDA work) mirrors nothing: the driver
-    refuses every call in a child forked after cuInit, so its reads failed and said so every period (a
-    DataLoader worker's), and it has no maps of its own, while the copy its memory holds is its parent's,
-    which egpu maps --mirror and egpu-run would have shown a second time under the child's pid."""
-
-    def __init__(self, read: Callable[[], dict | None], period: float, session: Path | None) -> None:
-        self.pid = os.getpid()
-        self.current = Mirror(read, period, mirror_path(self.pid), session).start()
-
-    def stop(self) -> None:
-        if self.pid == os.getpid():
-            self.current.stop()
-
-
-def start(read: Callable[[], dict | None], period: float, session: Path | None = None) -> Mirrors | None:
+def start(read: Callable[[], dict | None], period: float, session: Path | None = None) -> Mirror | None:
     """Mirror ``read()`` (None: nothing to show yet) every ``period`` seconds, linked from egpu-run's
     ``session``; None when period is 0, or when this user has no private directory for it
     (control.socket_dir; one line says so)."""
     if period <= 0:
         return None
     try:
-        return Mirrors(read, period, session)
+        return Mirror(read, period, mirror_path(os.getpid()), session).start()
     except EgpuError as e:
         print(f"egpu[{os.getpid()}]: no map mirror: {e}", file=sys.stderr)
         return None
