@@ -743,6 +743,58 @@ REJECT: tuple[Case, ...] = (
          "invalid access to map value, value_size=64 off=0+[0, 65535] size=1", 15),
     Case("atomic_uninit_stack", "r2 = 1\nlock *(u64 *)(r10 - 0x8) += r2\nr0 = 0\nexit",
          "not initialized (stack init)", 1),
+
+    # held in the adversarial sweep: each would reach past its region on the GPU if accepted
+    Case("bound_checked_only_in_jmp32", "r6 = r1" + LOOKUP_ARR + """
+        if r0 == 0 goto +5
+        r3 = *(u64 *)(r6 + 0x0)
+        if w3 > 56 goto +3
+        r0 += r3
+        w1 = *(u8 *)(r0 + 0x0)
+        r0 = 0
+        exit""", "unbounded variable offset into map_value", 11),
+    Case("spill_made_before_the_bound_check_stays_unbounded", "r6 = r1" + LOOKUP_ARR + """
+        if r0 == 0 goto +6
+        r3 = *(u64 *)(r6 + 0x0)
+        *(u64 *)(r10 - 0x10) = r3
+        if r3 > 56 goto +3
+        r3 = *(u64 *)(r10 - 0x10)
+        r0 += r3
+        w1 = *(u8 *)(r0 + 0x0)
+        r0 = 0
+        exit""", "unbounded variable offset into map_value", 13),
+    Case("loop_bound_off_by_one", "r6 = r1" + LOOKUP_ARR + """
+        if r0 == 0 goto +7
+        r7 = r0
+        r4 = 0
+    loop:
+        r5 = r7
+        r5 += r4
+        *(u8 *)(r5 + 0x0) = 1
+        r4 += 1
+        if r4 <= 64 goto loop
+        r0 = 0
+        exit""", "invalid access to map value, value_size=64 off=64 size=1", 12),
+    Case("loop_walks_below_the_frame", """
+        r2 = r10
+        r4 = 0
+    loop:
+        r2 += -8
+        *(u64 *)(r2 + 0x0) = 0
+        r4 += 1
+        if r4 < 65 goto loop
+        r0 = 0
+        exit""", "invalid stack access off=-520 size=8", 3),
+    Case("subprogram_writes_below_callers_frame", """
+        r1 = r10
+        r1 += -8
+        call local sub
+        r0 = 0
+        exit
+    sub:
+        *(u64 *)(r1 - 0x200) = 0
+        r0 = 0
+        exit""", "invalid stack access off=-520 size=8", 5),
 )
 
 ACCEPT: tuple[Case, ...] = (
