@@ -15,6 +15,13 @@ As in bench_shim.py, the cases run round-robin RUNS times pinned to one CPU, and
 median of its per-round difference to plain, with the spread (min..max); the goal (< GOAL_NS per call)
 is met only when the whole spread is under it (bench/paired.py). "counted" is what the probe counted in
 each round (None: egpu-run printed no maps), to check that it saw every call.
+
+"threads" repeats plain and uprobe with THREADS threads calling upt_inc at once (``app_uprobe bench_threads``,
+pinned to as many CPUs as there are threads, up to the machine's): per thread, the median over the threads of
+each one's fastest batch (ns_per_call), and aggregate_ns_per_call, the wall time over every thread's calls
+(what a call costs the process when the threads share the CPUs). Runs on the C VM take no process-wide lock
+(launchvm.c), so the uprobe's cost per thread should stay near its single-threaded cost while the threads
+have a CPU each.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ from bench_shim import pick_cpus  # noqa: E402
 RUNS = 11
 GOAL_NS = 100.0
 CASES = ("plain", "uprobe", "uprobe_uretprobe")
+THREADS = (1, 2, 4)
+THREAD_RUNS = 5
 APP = ROOT / "tests" / "uprobe_app"
 STUB = ROOT / "tests" / "stub_driver"
 
@@ -69,10 +78,13 @@ def run(cmd: list[str], env: dict[str, str], cpus: set[int] | None) -> dict:
     """ns per call, and the calls the probe counted (egpu-run --json's ``calls`` map) when it ran one."""
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus is not None else None
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT, preexec_fn=pin)
-    found = re.search(r"ns_per_call=([0-9.]+)", done.stdout)
+    found = re.search(r" ns_per_call=([0-9.]+)", done.stdout)
     if done.returncode != 0 or not found:
         raise RuntimeError(f"{' '.join(cmd)}: exit {done.returncode}\n{done.stderr[-2000:]}")
     result: dict = {"ns_per_call": float(found.group(1))}
+    aggregate = re.search(r"aggregate_ns_per_call=([0-9.]+)", done.stdout)
+    if aggregate:
+        result["aggregate_ns_per_call"] = float(aggregate.group(1))
     for line in done.stdout.splitlines():
         if line.startswith('{"time"'):
             calls = json.loads(line).get("maps", {}).get("calls")
@@ -104,7 +116,26 @@ def measure(work: Path, calls: int = 1_000_000, runs: int = RUNS) -> dict:
                        goal=paired.verdict({"min": d["min"], "max": d["max"], "pairs": d["pairs"]}, GOAL_NS),
                        counted=[r[case].get("counted") for r in rounds])
         doc["cases"][case] = row
+    doc["threads"] = {str(n): threaded(app, probes["uprobe"], egpu, env, calls, n) for n in THREADS}
     return doc
+
+
+def threaded(app: Path, probe_object: Path, egpu: list[str], env: dict[str, str], calls: int, threads: int) -> dict:
+    """plain and uprobe with `threads` threads of `calls` calls each, round-robin THREAD_RUNS times: the medians
+    of ns_per_call (per thread) and aggregate_ns_per_call, and the uprobe's added median of each."""
+    plain = [str(app), "bench_threads", str(calls), str(threads)]
+    commands = {"plain": plain, "uprobe": [*egpu, "-p", str(probe_object), *plain]}
+    cpus = pick_cpus(min(threads, os.cpu_count() or 1))
+    rounds = [{case: run(cmd, env, cpus) for case, cmd in commands.items()} for _ in range(THREAD_RUNS)]
+    row: dict = {"cpus": sorted(cpus or ())}
+    for case in commands:
+        row[case] = {key: sorted(r[case][key] for r in rounds)[len(rounds) // 2]
+                     for key in ("ns_per_call", "aggregate_ns_per_call")}
+        row[case]["counted"] = [r[case].get("counted") for r in rounds]
+    for key in ("ns_per_call", "aggregate_ns_per_call"):
+        row["uprobe"][f"added_{key}"] = paired.differences([r["plain"][key] for r in rounds],
+                                                           [r["uprobe"][key] for r in rounds])["median"]
+    return row
 
 
 def machine() -> dict[str, str]:
@@ -130,6 +161,11 @@ def main() -> None:
         added = (f"  +{row['added_median']:6.1f} ns/call ({row['added_min']:+.1f} .. {row['added_max']:+.1f}: "
                  f"{row['goal']}), counted {row['counted']}" if name != "plain" else "")
         print(f"{name:>17}: {row['ns_per_call']['median']:7.1f} ns/call{added}")
+    for n, row in doc["threads"].items():
+        up = row["uprobe"]
+        print(f"{n:>2} thread(s), uprobe: +{up['added_ns_per_call']:6.1f} ns/call per thread "
+              f"({up['ns_per_call']:.1f}), aggregate +{up['added_aggregate_ns_per_call']:6.1f} ns/call "
+              f"({up['aggregate_ns_per_call']:.1f}); counted {up['counted']}")
     out_path.write_text(json.dumps(doc, indent=1) + "\n")
 
 

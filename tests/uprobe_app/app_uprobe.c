@@ -7,6 +7,9 @@
  * `app_uprobe bench N`: N calls of upt_inc through the PLT in timed batches of 10000 (about a ms); prints
  * the fastest batch's ns per call: on a shared machine most batches also hold time the CPU spent on other
  * processes (and on the runtime's threads), which is not the call's cost.
+ * `app_uprobe bench_threads N T`: T threads, started together, each making N such calls; prints the median
+ * over the threads of each one's fastest batch (ns_per_call) and the wall time from their start to the last
+ * one's end over the T * N calls (aggregate_ns_per_call: the inverse of the calls all threads made a ns).
  * `app_uprobe direct N` / `app_uprobe direct_threads N`: N direct calls of upt_direct, a function of this
  * executable no GOT slot or dlsym reaches (an inline hook's case); direct_threads first starts two
  * threads calling it without pause, so the runtime hooks it while they run, and stops them after.
@@ -106,6 +109,51 @@ static void *parked_worker(void *arg) {
 static atomic_int stop_workers;
 static atomic_long workers_wrong;
 
+/* bench: `calls` calls of upt_inc in batches of BATCH; ns: the fastest batch's ns per call */
+#define BATCH 10000
+struct bench { long calls; int together; double ns; int x; };   /* together: one of bench_threads' */
+static pthread_barrier_t bench_start;
+
+static void *bench_worker(void *arg) {
+    struct bench *b = arg;
+    volatile int x = 0;
+    b->ns = 1e30;
+    if (b->together) pthread_barrier_wait(&bench_start);
+    for (long done = 0; done + BATCH <= b->calls; done += BATCH) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (long i = 0; i < BATCH; i++) x = upt_inc(x);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ns = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / BATCH;
+        b->ns = ns < b->ns ? ns : b->ns;
+    }
+    b->x = x;
+    return NULL;
+}
+
+static int by_ns(const void *a, const void *b) {
+    double x = ((const struct bench *)a)->ns, y = ((const struct bench *)b)->ns;
+    return (x > y) - (x < y);
+}
+
+/* bench_threads: `threads` threads of `calls` calls each, released together */
+static void bench_threads(long calls, int threads, int r) {
+    pthread_t t[64];
+    struct bench b[64];
+    struct timespec t0, t1;
+    threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
+    pthread_barrier_init(&bench_start, NULL, (unsigned)threads + 1);
+    for (int k = 0; k < threads; k++) b[k] = (struct bench){calls, 1, 0, 0}, pthread_create(&t[k], NULL, bench_worker, &b[k]);
+    pthread_barrier_wait(&bench_start);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int k = 0; k < threads; k++) pthread_join(t[k], NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    qsort(b, (size_t)threads, sizeof *b, by_ns);
+    long total = calls / BATCH * BATCH * threads;
+    printf("app_uprobe bench_threads calls=%ld threads=%d ns_per_call=%.2f aggregate_ns_per_call=%.2f result=%d\n", total,
+           threads, b[threads / 2].ns, ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / total, r);
+}
+
 static void *direct_worker(void *arg) {
     long wrong = 0;
     for (long i = 0; !atomic_load_explicit(&stop_workers, memory_order_relaxed); i++) wrong += upt_direct(i, 1) != 3 * i + 1;
@@ -114,7 +162,7 @@ static void *direct_worker(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) return 2;
+    if (argc != 3 && (argc != 4 || strcmp(argv[1], "bench_threads"))) return 2;
     long n = atol(argv[2]); /* loop: 0 */
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
     if (!cuda) return 2;
@@ -185,18 +233,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "bench")) {
-        volatile int x = 0;
-        double best = 1e30;
-        const long batch = 10000;
-        for (long done = 0; done + batch <= n; done += batch) {
-            struct timespec t0, t1;
-            clock_gettime(CLOCK_MONOTONIC, &t0);
-            for (long i = 0; i < batch; i++) x = upt_inc(x);
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            double ns = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / batch;
-            best = ns < best ? ns : best;
-        }
-        printf("app_uprobe bench calls=%ld ns_per_call=%.2f x=%d result=%d\n", n / batch * batch, best, x, r);
+        struct bench b = {n, 0, 0, 0};
+        bench_worker(&b);
+        printf("app_uprobe bench calls=%ld ns_per_call=%.2f x=%d result=%d\n", n / BATCH * BATCH, b.ns, b.x, r);
+        return 0;
+    }
+    if (!strcmp(argv[1], "bench_threads")) {
+        bench_threads(n, atoi(argv[3]), r);
         return 0;
     }
     long (*sum8)(long, long, long, long, long, long, long, long) =
