@@ -10,7 +10,9 @@
  * values), every access bounds-checked against the value it falls in, so a verifier bug faults the run
  * instead of the application. As in the kernel (and unlike the VM, which keeps an orphaned value), a
  * pointer kept across a delete or an eviction reaches the slot's next value.
- * One lock guards every map and route: runs hold it, and so do the runtime's reads and routes.
+ * Threads: runs take no process-wide lock; a hash map has a lock of its own, arrays none, and a list of
+ * programs replaced waits for the runs that may still read it (egpu_lvm_synchronize). The rule is in
+ * launchvm.c's header.
  */
 #ifndef EGPU_LAUNCHVM_H
 #define EGPU_LAUNCHVM_H
@@ -107,8 +109,8 @@ size_t egpu_lvm_drain(struct egpu_lvm_router *r, struct egpu_launch_record *out,
 void egpu_lvm_context(const struct egpu_launch_record *rec, unsigned long long kernel_id, void *out);
 
 /* Host-API probes (shim/hostapi.c): calls of API `api` (an index of egpu_host_apis) run `progs` in the
- * calling thread from now on (n 0: none; the previous list is forgotten, under the lock runs hold, so
- * its programs may be freed once this returns). Returns 0, or -1 when memory is out or `api` is past
+ * calling thread from now on (n 0: none; the previous list is forgotten once no run reads it, so its
+ * programs may be freed once this returns). Returns 0, or -1 when memory is out or `api` is past
  * EGPU_LVM_APIS. */
 int egpu_lvm_route_api(unsigned int api, struct egpu_lvm_prog *const *progs, size_t n);
 /* ktime_get_ns in host-API probes: CLOCK_MONOTONIC + offset_ns (the launch probes' offset, kept equal). */
@@ -116,20 +118,26 @@ void egpu_lvm_api_clock(long long offset_ns);
 
 /* ---- part 3: C only ---- */
 
-/* Host probes (shim/uprobe.c): hold the lock every map and route is under while reading which
- * programs to run and running them with egpu_lvm_run_host, on a read-only context of `size` bytes;
- * ktime_get_ns reads CLOCK_MONOTONIC + offset_ns when called. */
-void egpu_lvm_lock(void);
-void egpu_lvm_unlock(void);
-/* Nonzero while this thread holds that lock or waits for it: a uprobe then runs no program (a signal handler that
- * interrupted the holder would wait for itself). */
+/* Host probes (shim/uprobe.c): read which programs to run, and run them with egpu_lvm_run_host, between
+ * egpu_lvm_enter and egpu_lvm_leave (a read section: any number of threads at once, nothing waited for);
+ * a list of programs is changed by publishing a new one (an atomic store), then egpu_lvm_synchronize,
+ * which returns once every read section that began before it has ended: then the old list may be reused
+ * and its programs freed. Never call it inside a read section (it would wait for itself). A run is on a
+ * read-only context of `size` bytes; ktime_get_ns reads CLOCK_MONOTONIC + offset_ns when called. */
+typedef _Atomic long *egpu_lvm_reader;
+egpu_lvm_reader egpu_lvm_enter(void);
+void egpu_lvm_leave(egpu_lvm_reader in);
+void egpu_lvm_synchronize(void);
+/* Nonzero while this thread is in a run or a read section, or holds or waits for a lock of launchvm.c's: a
+ * uprobe then runs no program (a signal handler that interrupted the holder could wait for itself). */
 extern __thread int egpu_lvm_held __attribute__((tls_model("initial-exec")));
 void egpu_lvm_run_host(struct egpu_lvm_prog *p, void *ctx, size_t size, long long offset_ns);
 
 #define EGPU_LVM_APIS 256          /* host APIs a route can name (hostapi.c checks its table fits) */
 /* Whether calls of `api` run programs now: one relaxed load, for the hooks' fast path. */
 int egpu_lvm_api_routed(unsigned int api);
-/* Run `api`'s programs on `ctx` (`size` bytes, read-only to them), ktime = now on egpu_lvm_api_clock's clock. */
+/* Run `api`'s programs on `ctx` (`size` bytes, read-only to them), ktime = now on egpu_lvm_api_clock's clock;
+ * none from a signal handler on a thread counted in egpu_lvm_held. */
 void egpu_lvm_run_api(unsigned int api, const void *ctx, size_t size);
 
 #endif

@@ -1,6 +1,28 @@
 /* launchvm.c: launch probes in C. The interface and its contract are egpu_launchvm.h; the semantics
  * are the reference VM's (egpu_preload/vm/machine.py, calls.py, maps.py), which the tests hold this
- * file to: tests/isa_cases.py run here, and every launch probe run on both over the same records. */
+ * file to: tests/isa_cases.py run here, and every launch probe run on both over the same records.
+ *
+ * Threads. Runs take no process-wide lock: host uprobes and host-API probes run in whichever application
+ * threads call their functions, at once, each run with state of its own (struct run: on the caller's
+ * stack for uprobes and launch records, a per-thread block for host-API probes). What they share is made
+ * safe as Linux makes BPF maps safe:
+ * - array and percpu-array values are updated in place with no lock (a lookup is an index); a program's
+ *   atomic instructions (BPF_ATOMIC) are the host's atomics on the value's memory, plain stores are not.
+ * - a hash or LRU hash map has a lock of its own (struct spin), held across its index, its use order and
+ *   an update's copy of the value. Its values are preallocated slots that live as long as the map: a
+ *   pointer a lookup handed out stays valid memory, and after a delete or an eviction reaches the slot's
+ *   next value (Linux's preallocated hash maps reuse an element so too, BPF_F_NO_PREALLOC aside).
+ * - the keys a tracked map logs (dirty_add) are under that map's lock, an array's included; the records
+ *   for the runtime (trace_printk, ring and perf buffer output) under trace_lock.
+ * - a program's counts (stats) are atomic; the first fault's details may trail its count for a moment.
+ * Which programs run is read inside a read section (egpu_lvm_enter / egpu_lvm_leave: a count per epoch
+ * parity, sharded by thread). A change to those lists (uprobe.c's hooks, egpu_lvm_route_api) publishes a
+ * new list with one atomic store, then egpu_lvm_synchronize waits until every run that may have read the
+ * old one has left (Linux's SRCU); only then is the old list reused or freed, or the detach returns: so no
+ * program runs after the call that took it away returned. Launch records (egpu_lvm_run, egpu_lvm_drain) and
+ * their routes, on the runtime's threads, share one mutex (route_lock). Any of these a thread holds or is
+ * inside counts in egpu_lvm_held: a signal handler that interrupts it runs no probe (it could wait for
+ * itself). Fork (egpu_lvm_fork) takes every lock, so that the child finds no map mid-update. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -51,24 +73,83 @@ enum { BPF_ANY, BPF_NOEXIST, BPF_EXIST };
 #define CTX_STREAM 136
 #define KIND_LAUNCH 3
 
-static pthread_mutex_t lvm_lock = PTHREAD_MUTEX_INITIALIZER; /* every map, every run */
 __thread int egpu_lvm_held __attribute__((tls_model("initial-exec")));
 
-/* Counted in before the lock is asked for and out after it is let go: a signal handler on this thread meanwhile
- * that calls a function with a uprobe must not wait for the lock (uprobe.c). */
-static void lvm_hold(void) {
+/* Counted in before a lock is asked for or a run starts, out after: a signal handler on this thread meanwhile
+ * that calls a function with a uprobe must not wait for that lock (uprobe.c). The fences keep the compiler
+ * from moving the count past what it guards (a handler runs on this thread: no CPU fence is needed). */
+static void hold(void) {
     egpu_lvm_held++;
-    pthread_mutex_lock(&lvm_lock);
+    atomic_signal_fence(memory_order_seq_cst);
 }
 
-static void lvm_release(void) {
-    pthread_mutex_unlock(&lvm_lock);
+static void unhold(void) {
+    atomic_signal_fence(memory_order_seq_cst);
     egpu_lvm_held--;
+}
+
+/* A hash map's lock, and trace_lock: held for a few hundred ns at most, by threads that are running
+ * (never across a wait), so a spin costs less than a mutex's futex path. A holder the scheduler took off
+ * its CPU (two CPUs, eight threads) is let run: after SPINS turns the waiter yields. Measured on this
+ * bench's hash map probe against a pthread mutex: see docs/uprobes.md. */
+struct spin { atomic_int held; };
+#define SPINS 64
+
+static void spin_lock(struct spin *l) {
+    hold();
+    for (int n = 0; atomic_exchange_explicit(&l->held, 1, memory_order_acquire); n++) {
+        while (atomic_load_explicit(&l->held, memory_order_relaxed))
+            if (++n < SPINS) __builtin_ia32_pause();
+            else n = 0, sched_yield();
+    }
+}
+
+static void spin_unlock(struct spin *l) {
+    atomic_store_explicit(&l->held, 0, memory_order_release);
+    unhold();
+}
+
+/* ---- the read section: which programs run ---- */
+
+/* Runs in flight, by the parity of the epoch they started in, spread over READERS counts (a thread keeps
+ * one: tls_reader) so that threads on different CPUs touch different cache lines. */
+#define READERS 64
+static struct { atomic_long n; char pad[64 - sizeof(atomic_long)]; } readers[2][READERS] __attribute__((aligned(64)));
+static atomic_uint epoch, next_reader;
+static __thread unsigned int tls_reader __attribute__((tls_model("initial-exec"))); /* its count + 1 */
+static pthread_mutex_t sync_lock = PTHREAD_MUTEX_INITIALIZER; /* one egpu_lvm_synchronize at a time */
+
+egpu_lvm_reader egpu_lvm_enter(void) {
+    hold();
+    if (!tls_reader) tls_reader = atomic_fetch_add_explicit(&next_reader, 1, memory_order_relaxed) % READERS + 1;
+    unsigned int e = atomic_load_explicit(&epoch, memory_order_acquire);
+    atomic_long *n = &readers[e & 1][tls_reader - 1].n;
+    atomic_fetch_add_explicit(n, 1, memory_order_seq_cst); /* before any read of a list: a full fence */
+    return n;
+}
+
+void egpu_lvm_leave(egpu_lvm_reader n) {
+    atomic_fetch_sub_explicit(n, 1, memory_order_release);
+    unhold();
+}
+
+/* Both parities in turn: a run that read its epoch before an earlier flip may count in either (SRCU's two
+ * flips). Each wait ends: runs that start after a flip count in the other parity. */
+void egpu_lvm_synchronize(void) {
+    pthread_mutex_lock(&sync_lock);
+    for (int flip = 0; flip < 2; flip++) {
+        unsigned int old = atomic_fetch_add_explicit(&epoch, 1, memory_order_seq_cst) & 1;
+        for (int k = 0; k < READERS; k++)
+            while (atomic_load_explicit(&readers[old][k].n, memory_order_seq_cst)) sched_yield();
+    }
+    pthread_mutex_unlock(&sync_lock);
 }
 
 /* ---- maps ---- */
 
 struct egpu_lvm_map {
+    struct spin lock;         /* a hash map's index, order and slots, and every map's dirty keys */
+    struct egpu_lvm_map *older, *newer; /* every map (all_maps), for fork */
     int type, readonly;
     unsigned int key_size, value_size, max_entries;
     size_t stride;            /* between values: value_size rounded up to 8, so 8-byte atomics align */
@@ -82,7 +163,7 @@ struct egpu_lvm_map {
     int *free_slots, nfree;
     unsigned char *scratch;   /* an update's key and value, copied before anything moves */
     /* shared with GPU programs (egpu_lvm_map_track): the keys changed since the runtime last took them */
-    int track;
+    atomic_int track;
     unsigned char *dirty;     /* the keys, in the order they changed */
     size_t ndirty, dirty_mask;
     uint32_t *dirty_index;    /* open addressing over them: position + 1, 0 empty */
@@ -92,8 +173,25 @@ static int is_hash(const struct egpu_lvm_map *m) {
     return m->type == MAP_HASH || m->type == MAP_LRU_HASH;
 }
 
+static struct egpu_lvm_map *all_maps; /* the newest */
+static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void map_listed(struct egpu_lvm_map *m, int listed) {
+    pthread_mutex_lock(&maps_lock);
+    if (listed) {
+        m->older = all_maps, m->newer = NULL;
+        if (all_maps) all_maps->newer = m;
+        all_maps = m;
+    } else {
+        if (m->older) m->older->newer = m->newer;
+        if (m->newer) m->newer->older = m->older; else all_maps = m->older;
+    }
+    pthread_mutex_unlock(&maps_lock);
+}
+
 EXPORT void egpu_lvm_map_free(struct egpu_lvm_map *m) {
     if (!m) return;
+    map_listed(m, 0);
     free(m->values), free(m->keys), free(m->index), free(m->prev), free(m->next), free(m->free_slots);
     free(m->scratch), free(m->dirty), free(m->dirty_index), free(m);
 }
@@ -108,7 +206,8 @@ EXPORT struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, un
         return NULL;
     struct egpu_lvm_map *m = calloc(1, sizeof *m);
     if (!m) return NULL;
-    *m = (struct egpu_lvm_map){type, readonly, key_size, value_size, max_entries, (value_size + 7u) & ~7u};
+    *m = (struct egpu_lvm_map){.type = type, .readonly = readonly, .key_size = key_size, .value_size = value_size,
+                               .max_entries = max_entries, .stride = (value_size + 7u) & ~7u};
     m->head = m->tail = -1;
     m->stride_shift = m->stride & (m->stride - 1) ? -1 : __builtin_ctzll(m->stride);
     m->values = calloc((size_t)max_entries + 1, m->stride);
@@ -127,6 +226,7 @@ EXPORT struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, un
         for (unsigned int i = 0; ok && i < max_entries; i++) m->free_slots[i] = (int)(max_entries - 1 - i);
         m->nfree = (int)max_entries;
     }
+    map_listed(m, 1);
     if (!ok) {
         egpu_lvm_map_free(m);
         return NULL;
@@ -198,9 +298,9 @@ static void dirty_reindex(struct egpu_lvm_map *m) {
     }
 }
 
-/* Log `key` of a tracked map as changed (once until taken); -1 when memory is out. */
+/* Log `key` of a tracked map as changed (once until taken); -1 when memory is out. Under m->lock. */
 static int dirty_add(struct egpu_lvm_map *m, const unsigned char *key) {
-    if (!m->track) return 0;
+    if (!atomic_load_explicit(&m->track, memory_order_relaxed)) return 0;
     if (2 * (m->ndirty + 1) > m->dirty_mask + 1) { /* the index at most half full, the keys beside it */
         size_t mask = m->dirty_mask ? 2 * m->dirty_mask + 1 : 15;
         unsigned char *keys = realloc(m->dirty, (mask + 1) / 2 * m->key_size);
@@ -220,9 +320,9 @@ static int dirty_add(struct egpu_lvm_map *m, const unsigned char *key) {
 }
 
 EXPORT void egpu_lvm_map_track(struct egpu_lvm_map *m) {
-    lvm_hold();
-    m->track = 1;
-    lvm_release();
+    spin_lock(&m->lock);
+    atomic_store_explicit(&m->track, 1, memory_order_relaxed);
+    spin_unlock(&m->lock);
 }
 
 static unsigned int array_index(const unsigned char *key) {
@@ -231,21 +331,26 @@ static unsigned int array_index(const unsigned char *key) {
     return i;
 }
 
-/* The slot of `key` (-1: none), without counting as use. */
+/* The slot of `key` (-1: none), without counting as use. A hash map's under m->lock. */
 static int map_peek(const struct egpu_lvm_map *m, const unsigned char *key) {
     unsigned int pos;
     if (!is_hash(m)) return array_index(key) < m->max_entries ? (int)array_index(key) : -1;
     return hash_find(m, key, &pos);
 }
 
-/* The slot of `key` (-1: none). An LRU lookup counts as use (maps.py LruHashStorage). */
+/* The slot of `key` (-1: none). An LRU lookup counts as use (maps.py LruHashStorage). An array's is an index,
+ * a hash map's taken under its lock. */
 static int map_lookup(struct egpu_lvm_map *m, const unsigned char *key) {
+    if (!is_hash(m)) return map_peek(m, key);
+    spin_lock(&m->lock);
     int s = map_peek(m, key);
     if (s >= 0 && m->type == MAP_LRU_HASH) unlink_slot(m, s), link_tail(m, s);
+    spin_unlock(&m->lock);
     return s;
 }
 
-/* maps.py's update, return codes and order of checks included (arraymap.c, hashtab.c). */
+/* maps.py's update, return codes and order of checks included (arraymap.c, hashtab.c). A hash map's under
+ * m->lock (an array's value is copied in place without it). */
 static long long map_update(struct egpu_lvm_map *m, const unsigned char *key, const unsigned char *value,
                             uint64_t flags) {
     if (flags > BPF_EXIST) return -EINVAL;
@@ -289,6 +394,7 @@ static long long map_update(struct egpu_lvm_map *m, const unsigned char *key, co
     return 0;
 }
 
+/* Under m->lock. */
 static long long map_delete(struct egpu_lvm_map *m, const unsigned char *key) {
     if (!is_hash(m)) return -EINVAL; /* array elements cannot be deleted */
     unsigned int pos;
@@ -301,7 +407,7 @@ static long long map_delete(struct egpu_lvm_map *m, const unsigned char *key) {
 EXPORT size_t egpu_lvm_map_read(struct egpu_lvm_map *m, void *keys, void *values, size_t max) {
     unsigned char *k = keys, *v = values;
     size_t n = 0;
-    lvm_hold();
+    spin_lock(&m->lock); /* a hash map's order; array values change in place all the same */
     if (!is_hash(m)) {
         for (; n < m->max_entries; n++) {
             if (n >= max) continue;
@@ -316,24 +422,24 @@ EXPORT size_t egpu_lvm_map_read(struct egpu_lvm_map *m, void *keys, void *values
             memcpy(v + n * m->value_size, m->values + (size_t)s * m->stride, m->value_size);
         }
     }
-    lvm_release();
+    spin_unlock(&m->lock);
     return n;
 }
 
 EXPORT size_t egpu_lvm_map_load(struct egpu_lvm_map *m, const void *keys, const void *values, size_t n) {
     size_t k = 0;
-    lvm_hold();
+    spin_lock(&m->lock);
     for (; k < n; k++)
         if (map_update(m, (const unsigned char *)keys + k * m->key_size,
                        (const unsigned char *)values + k * m->value_size, BPF_ANY))
             break;
-    lvm_release();
+    spin_unlock(&m->lock);
     return k;
 }
 
 EXPORT size_t egpu_lvm_map_changes(struct egpu_lvm_map *m, void *keys, void *values, unsigned char *present,
                                    size_t max) {
-    lvm_hold();
+    spin_lock(&m->lock);
     size_t total = m->ndirty, n = total < max ? total : max;
     for (size_t k = 0; k < n; k++) {
         const unsigned char *key = m->dirty + k * m->key_size;
@@ -349,7 +455,7 @@ EXPORT size_t egpu_lvm_map_changes(struct egpu_lvm_map *m, void *keys, void *val
         m->ndirty = total - n;
         dirty_reindex(m);
     }
-    lvm_release();
+    spin_unlock(&m->lock);
     return total;
 }
 
@@ -474,9 +580,21 @@ EXPORT void egpu_lvm_prog_free(struct egpu_lvm_prog *p) {
 }
 
 EXPORT void egpu_lvm_prog_stats(const struct egpu_lvm_prog *p, struct egpu_lvm_stats *out) {
-    lvm_hold();
-    *out = p->stats;
-    lvm_release();
+    out->faults = __atomic_load_n(&p->stats.faults, __ATOMIC_ACQUIRE);
+    out->runs = __atomic_load_n(&p->stats.runs, __ATOMIC_RELAXED);
+    out->fault = __atomic_load_n(&p->stats.fault, __ATOMIC_RELAXED);
+    out->fault_pc = __atomic_load_n(&p->stats.fault_pc, __ATOMIC_RELAXED);
+    out->fault_launch = __atomic_load_n(&p->stats.fault_launch, __ATOMIC_RELAXED);
+}
+
+/* One run of p counted, from any thread: the first fault's details kept (they may land just after its
+ * count, where egpu_lvm_prog_stats reads them). */
+static void count_run(struct egpu_lvm_prog *p, int fault, unsigned int pc, unsigned long long launch) {
+    __atomic_fetch_add(&p->stats.runs, 1, __ATOMIC_RELAXED);
+    if (!fault || __atomic_fetch_add(&p->stats.faults, 1, __ATOMIC_RELAXED)) return;
+    __atomic_store_n(&p->stats.fault_pc, pc, __ATOMIC_RELAXED);
+    __atomic_store_n(&p->stats.fault_launch, launch, __ATOMIC_RELAXED);
+    __atomic_store_n(&p->stats.fault, fault, __ATOMIC_RELAXED);
 }
 
 /* ---- the interpreter ---- */
@@ -504,18 +622,24 @@ struct run {
     /* records bpf_ringbuf_reserve handed out and no submit or discard released yet (the verifier proved
      * that each is released before the program ends) */
     struct { int map, held; unsigned int size; } reserved[RESERVED];
-    unsigned char reserved_buf[RESERVED][EGPU_LVM_TRACE_FMT];
-    unsigned char frames[MAX_FRAMES][STACK_SIZE];
+    /* aligned as map values are, so that an aligned eBPF address is an aligned host one (atomics) */
+    _Alignas(8) unsigned char reserved_buf[RESERVED][EGPU_LVM_TRACE_FMT];
+    _Alignas(8) unsigned char frames[MAX_FRAMES][STACK_SIZE];
 };
 
 /* Remember slot `s` of `m` (looked up by `key`) as it is now; a value too big to keep is logged as
  * changed at once. */
 static int watch(struct run *x, struct egpu_lvm_map *m, const unsigned char *key, int s) {
-    if (!m->track || s < 0) return 0;
+    if (!atomic_load_explicit(&m->track, memory_order_relaxed) || s < 0) return 0;
     for (int k = 0; k < x->nwatch; k++) /* the value as it was first handed out counts */
         if (x->watches[k].m == m && !memcmp(x->watch_buf + x->watches[k].at, key, m->key_size)) return 0;
     size_t need = (size_t)m->key_size + m->value_size;
-    if (x->nwatch == WATCHES || x->watch_used + need > WATCH_BYTES) return dirty_add(m, key);
+    if (x->nwatch == WATCHES || x->watch_used + need > WATCH_BYTES) {
+        spin_lock(&m->lock);
+        int rc = dirty_add(m, key);
+        spin_unlock(&m->lock);
+        return rc;
+    }
     unsigned char *w = x->watch_buf + x->watch_used;
     memcpy(w, key, m->key_size);
     memcpy(w + m->key_size, m->values + (size_t)s * m->stride, m->value_size);
@@ -529,9 +653,11 @@ static void settle(struct run *x) {
     for (int k = 0; k < x->nwatch; k++) {
         struct egpu_lvm_map *m = x->watches[k].m;
         const unsigned char *key = x->watch_buf + x->watches[k].at;
+        spin_lock(&m->lock);
         int s = map_peek(m, key);
         if (s >= 0 && memcmp(m->values + (size_t)s * m->stride, key + m->key_size, m->value_size) && dirty_add(m, key))
             x->fault = x->fault ? x->fault : EGPU_LVM_NO_MEMORY;
+        spin_unlock(&m->lock);
     }
     x->nwatch = 0, x->watch_used = 0;
 }
@@ -703,15 +829,16 @@ static int store_dim3(struct run *x, const unsigned int *v) {
 }
 
 /* ---- trace_printk and ring or perf buffer output: records kept for the runtime (egpu_lvm_trace_take),
- * which hands them to the probe's host maps, under lvm_lock ---- */
+ * which hands them to the probe's host maps, under trace_lock ---- */
 
 #define TRACE_RECORDS 16384
-static struct egpu_lvm_trace *trace_ring; /* allocated at the first record */
+static struct spin trace_lock;
+static struct egpu_lvm_trace *trace_ring; /* allocated before the first record */
 static size_t trace_head, trace_count;
 static unsigned long long trace_dropped;
 
+/* Under trace_lock. */
 static struct egpu_lvm_trace *trace_slot(void) {
-    if (!trace_ring) trace_ring = malloc(TRACE_RECORDS * sizeof *trace_ring);
     if (!trace_ring || trace_count == TRACE_RECORDS) {
         trace_dropped++;
         return NULL;
@@ -723,12 +850,21 @@ static struct egpu_lvm_trace *trace_slot(void) {
  * arguments (args; NULL for a record); 0 when the queue is full (counted dropped). */
 static int queue_record(const struct run *x, int k, const unsigned char *data, unsigned int size,
                         const uint64_t *args) {
+    if (!atomic_load_explicit((_Atomic(struct egpu_lvm_trace *) *)&trace_ring, memory_order_acquire)) {
+        /* outside the lock: malloc may take its own, and a record is rare */
+        struct egpu_lvm_trace *ring = malloc(TRACE_RECORDS * sizeof *ring), *none = NULL;
+        if (ring && !atomic_compare_exchange_strong((_Atomic(struct egpu_lvm_trace *) *)&trace_ring, &none, ring))
+            free(ring);
+    }
+    spin_lock(&trace_lock);
     struct egpu_lvm_trace *t = trace_slot();
-    if (!t) return 0;
-    t->prog = x->p, t->map = k, t->size = size;
-    for (int i = 0; i < 3; i++) t->args[i] = args ? args[i] : 0;
-    memcpy(t->fmt, data, size);
-    return 1;
+    if (t) {
+        t->prog = x->p, t->map = k, t->size = size;
+        for (int i = 0; i < 3; i++) t->args[i] = args ? args[i] : 0;
+        memcpy(t->fmt, data, size);
+    }
+    spin_unlock(&trace_lock);
+    return t != NULL;
 }
 
 static int trace_printk(struct run *x) {
@@ -801,12 +937,12 @@ static int release(struct run *x, int submit) {
 
 EXPORT size_t egpu_lvm_trace_take(struct egpu_lvm_trace *out, size_t max, unsigned long long *dropped) {
     size_t n = 0;
-    lvm_hold();
+    spin_lock(&trace_lock);
     for (; n < max && trace_count; n++, trace_count--, trace_head = (trace_head + 1) % TRACE_RECORDS)
         out[n] = trace_ring[trace_head];
     *dropped = trace_dropped;
     trace_dropped = 0;
-    lvm_release();
+    spin_unlock(&trace_lock);
     return n;
 }
 
@@ -825,20 +961,31 @@ static int helper(struct run *x, int32_t id) {
         x->r[0] = value_address(index, m, s);
         return 0;
     }
-    case 2: /* map_update_elem */
+    case 2: { /* map_update_elem */
         if (!(m = map_of(x, 1, &index)) || !(key = at(x, x->r[2], m->key_size, 0)) ||
             !(value = at(x, x->r[3], m->value_size, 0)))
             return -1;
         if (!is_hash(m)) memcpy(index_key, key, 4); /* an array's update may overwrite where the key was */
+        /* an untracked array's value is copied in place unlocked (maps are tracked before programs run) */
+        int locked = is_hash(m) || atomic_load_explicit(&m->track, memory_order_relaxed), lost = 0;
+        if (locked) spin_lock(&m->lock);
         x->r[0] = (uint64_t)(m->readonly ? -EINVAL : map_update(m, key, value, x->r[4]));
         /* a hash update left the key in scratch */
-        if (x->r[0] == 0 && dirty_add(m, is_hash(m) ? m->scratch : index_key)) break;
+        if (x->r[0] == 0 && locked) lost = dirty_add(m, is_hash(m) ? m->scratch : index_key);
+        if (locked) spin_unlock(&m->lock);
+        if (lost) break;
         return 0;
-    case 3: /* map_delete_elem */
+    }
+    case 3: { /* map_delete_elem */
         if (!(m = map_of(x, 1, &index)) || !(key = at(x, x->r[2], m->key_size, 0))) return -1;
+        int lost = 0;
+        spin_lock(&m->lock);
         x->r[0] = (uint64_t)map_delete(m, key);
-        if (x->r[0] == 0 && dirty_add(m, key)) break;
+        if (x->r[0] == 0) lost = dirty_add(m, key);
+        spin_unlock(&m->lock);
+        if (lost) break;
         return 0;
+    }
     case 5: case 502: /* ktime_get_ns, get_globaltimer */
         x->r[0] = x->now;
         if (x->host) {
@@ -874,6 +1021,32 @@ static int helper(struct run *x, int32_t id) {
 
 #define FAIL(kind) do { x->fault = (kind); goto out; } while (0)
 #define WRITES_R10(i) (((i)->regs & 15) == 10)
+
+/* BPF_ATOMIC `op` (RFC 9669 5.3: add, or, and, xor, each with BPF_FETCH or not; xchg; cmpxchg against
+ * `expected`) on the aligned 4- or 8-byte value at p, as one host atomic (seq_cst, as Linux's fetch forms
+ * are fully ordered); *old: the value before. Returns -1 for an unknown op (nothing done). */
+#define RMW(T) do { \
+        T *v = (T *)(void *)p, o; \
+        switch (op) { \
+        case 0x00: case 0x01: o = __atomic_fetch_add(v, (T)operand, __ATOMIC_SEQ_CST); break; \
+        case 0x40: case 0x41: o = __atomic_fetch_or(v, (T)operand, __ATOMIC_SEQ_CST); break; \
+        case 0x50: case 0x51: o = __atomic_fetch_and(v, (T)operand, __ATOMIC_SEQ_CST); break; \
+        case 0xa0: case 0xa1: o = __atomic_fetch_xor(v, (T)operand, __ATOMIC_SEQ_CST); break; \
+        case 0xe1: o = __atomic_exchange_n(v, (T)operand, __ATOMIC_SEQ_CST); break; \
+        case 0xf1: \
+            o = (T)expected; \
+            __atomic_compare_exchange_n(v, &o, (T)operand, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST); \
+            break; \
+        default: return -1; \
+        } \
+        *old = o; \
+    } while (0)
+
+static int atomic_rmw(unsigned char *p, int size, int32_t op, uint64_t operand, uint64_t expected, uint64_t *old) {
+    if (size == 4) RMW(uint32_t);
+    else RMW(uint64_t);
+    return 0;
+}
 
 /* The C library's memset, never inlined: gcc's inline `rep stos` for a frame took 40% of a host uprobe's
  * run (bench/bench_uprobe.py), where the library's vector stores take a few ns. */
@@ -940,6 +1113,17 @@ static int step(struct run *x, size_t *pc_at) {
         if (cls != 3 || (i->code & 0xe0) != 0xc0 || (size != 4 && size != 8)) FAIL(EGPU_LVM_BAD_INSN);
         if (addr % size) FAIL(EGPU_LVM_UNALIGNED);
         uint64_t m = mask(8 * size), old, operand = x->r[src] & m;
+        unsigned char *host = at(x, addr, (unsigned int)size, 1);
+        if (!host && x->fault != EGPU_LVM_READ_ONLY) goto out;
+        x->fault = 0; /* read-only: the steps below fault as the VM does, a failed cmpxchg not at all */
+        if (host && !((uintptr_t)host % (uintptr_t)size)) { /* memory other threads may share: the host's atomic */
+            int r = atomic_rmw(host, size, i->imm, operand, x->r[0] & m, &old);
+            if (r < 0) FAIL(EGPU_LVM_BAD_INSN);
+            if (i->imm == 0xf1) x->r[0] = old;
+            else if (i->imm & 1) x->r[src] = old;
+            pc++;
+            break;
+        }
         if (load(x, addr, size, &old)) goto out;
         switch (i->imm) {
         case 0x00: case 0x01: v = old + operand; break;
@@ -1109,7 +1293,7 @@ out:
 }
 
 /* One run of `p` from fresh registers and frames: r1 = the context (`ctx`, `size` bytes; 0 when NULL),
- * r2 = `r2`; the watched values settled after. Under lvm_lock. Returns the fault (0: none), its pc in
+ * r2 = `r2`; the watched values settled after. Counted in egpu_lvm_held. Returns the fault (0: none), its pc in
  * *fault_pc. */
 static int run_program(struct run *x, const struct egpu_lvm_prog *p, unsigned char *ctx, size_t size, int writable,
                        uint64_t r2, uint64_t now, const unsigned int *grid, const unsigned int *block,
@@ -1129,17 +1313,14 @@ EXPORT int egpu_lvm_exec(struct egpu_lvm_prog *p, void *mem, size_t len, unsigne
     static const unsigned int one[3] = {1, 1, 1}; /* a 1x1x1 launch, as the VM's default ThreadSim */
     struct run x; /* 8 KiB of stack: too big for the static TLS a preloaded library may use */
     x.host = 0;
-    lvm_hold();
+    hold(); /* the caller's program: no list to read, but map locks to take */
     int fault = run_program(&x, p, mem, len, 1, len, 0, one, one, pc);
-    lvm_release();
+    unhold();
     *r0 = x.r[0];
     return fault;
 }
 
 /* ---- host probes (shim/uprobe.c) ---- */
-
-void egpu_lvm_lock(void) { lvm_hold(); }
-void egpu_lvm_unlock(void) { lvm_release(); }
 
 void egpu_lvm_run_host(struct egpu_lvm_prog *p, void *ctx, size_t size, long long offset_ns) {
     static const unsigned int one[3] = {1, 1, 1};
@@ -1147,8 +1328,7 @@ void egpu_lvm_run_host(struct egpu_lvm_prog *p, void *ctx, size_t size, long lon
     unsigned int pc;
     x.host = 1;
     int fault = run_program(&x, p, ctx, size, 0, 0, (uint64_t)offset_ns, one, one, &pc);
-    p->stats.runs++;
-    if (fault && !p->stats.faults++) p->stats.fault = fault, p->stats.fault_pc = pc, p->stats.fault_launch = 0;
+    count_run(p, fault, pc, 0);
 }
 
 /* ---- routes and the drain ---- */
@@ -1166,6 +1346,19 @@ struct egpu_lvm_router {
     size_t mask, count;
 };
 
+/* Every router's routes and runs: the runtime's threads route and drain, no application thread. */
+static pthread_mutex_t route_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void route_hold(void) {
+    hold();
+    pthread_mutex_lock(&route_lock);
+}
+
+static void route_release(void) {
+    pthread_mutex_unlock(&route_lock);
+    unhold();
+}
+
 EXPORT struct egpu_lvm_router *egpu_lvm_router_new(void) {
     struct egpu_lvm_router *r = calloc(1, sizeof *r);
     if (r && !(r->slots = calloc(64, sizeof *r->slots))) {
@@ -1177,11 +1370,11 @@ EXPORT struct egpu_lvm_router *egpu_lvm_router_new(void) {
 }
 
 EXPORT void egpu_lvm_router_clear(struct egpu_lvm_router *r) {
-    lvm_hold();
+    route_hold();
     for (size_t i = 0; i <= r->mask; i++) free(r->slots[i].progs);
     memset(r->slots, 0, (r->mask + 1) * sizeof *r->slots);
     r->count = 0;
-    lvm_release();
+    route_release();
 }
 
 EXPORT void egpu_lvm_router_free(struct egpu_lvm_router *r) {
@@ -1198,7 +1391,7 @@ static struct route *route_slot(struct route *slots, size_t mask, void *function
     return &slots[i];
 }
 
-/* Under lvm_lock. */
+/* Under route_lock. */
 static int route_locked(struct egpu_lvm_router *r, void *function, unsigned long long kernel_id,
                         struct egpu_lvm_prog *const *progs, size_t nprogs, int python) {
     if (2 * (r->count + 1) > r->mask + 1) { /* grow: at most half full */
@@ -1222,9 +1415,9 @@ static int route_locked(struct egpu_lvm_router *r, void *function, unsigned long
 
 EXPORT int egpu_lvm_route(struct egpu_lvm_router *r, void *function, unsigned long long kernel_id,
                           struct egpu_lvm_prog *const *progs, size_t nprogs, int python) {
-    lvm_hold();
+    route_hold();
     int rc = route_locked(r, function, kernel_id, progs, nprogs, python);
-    lvm_release();
+    route_release();
     return rc;
 }
 
@@ -1241,7 +1434,7 @@ EXPORT void egpu_lvm_context(const struct egpu_launch_record *rec, unsigned long
     memcpy(c + CTX_STREAM, &stream, 8);
 }
 
-/* Under lvm_lock. */
+/* Under route_lock. */
 static void run_route(const struct route *rt, const struct egpu_launch_record *rec, long long offset_ns) {
     struct run x; /* 8 KiB of stack: too big for the static TLS a preloaded library may use */
     unsigned char ctx[CTX_SIZE];
@@ -1252,18 +1445,16 @@ static void run_route(const struct route *rt, const struct egpu_launch_record *r
         unsigned int pc;
         int fault = run_program(&x, p, ctx, CTX_SIZE, 0, 0, rec->time_ns + (unsigned long long)offset_ns, rec->grid,
                                 rec->block, &pc);
-        p->stats.runs++;
-        if (fault && !p->stats.faults++)
-            p->stats.fault = fault, p->stats.fault_pc = pc, p->stats.fault_launch = rec->launch_id;
+        count_run(p, fault, pc, rec->launch_id);
     }
 }
 
 EXPORT int egpu_lvm_run(struct egpu_lvm_router *r, const struct egpu_launch_record *rec, long long offset_ns) {
-    lvm_hold();
+    route_hold();
     const struct route *rt = route_slot(r->slots, r->mask, rec->function);
     int found = rt->function != NULL;
     if (found) run_route(rt, rec, offset_ns);
-    lvm_release();
+    route_release();
     return found ? 0 : -1;
 }
 
@@ -1272,7 +1463,7 @@ EXPORT size_t egpu_lvm_drain(struct egpu_lvm_router *r, struct egpu_launch_recor
     struct egpu_launch_record rec;
     size_t n = 0;
     unsigned long long t = 0;
-    lvm_hold();
+    route_hold();
     while (n < max && egpu_shim_drain(&rec, 1)) {
         t++;
         const struct route *rt = route_slot(r->slots, r->mask, rec.function);
@@ -1283,7 +1474,7 @@ EXPORT size_t egpu_lvm_drain(struct egpu_lvm_router *r, struct egpu_launch_recor
         run_route(rt, &rec, offset_ns);
         if (rt->python) out[n++] = rec;
     }
-    lvm_release();
+    route_release();
     if (taken) *taken = t;
     return n;
 }
@@ -1294,10 +1485,33 @@ struct api_route {
     size_t n;
     struct egpu_lvm_prog *progs[];
 };
-/* Written under lvm_lock, read without it by egpu_lvm_api_routed (a hint) and under it by runs. */
+/* Read by egpu_lvm_api_routed (a hint) and by runs, in a read section; a list replaced is freed after
+ * egpu_lvm_synchronize. */
 static _Atomic(struct api_route *) api_routes[EGPU_LVM_APIS];
 static _Atomic long long api_offset_ns;
-static struct run api_run; /* under lvm_lock: an application thread's stack is not ours to take 7 KiB of */
+static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER; /* one change of the lists at a time */
+/* An application thread's stack is not ours to take 7 KiB of: each thread that runs host-API probes gets
+ * its run state from the heap, freed when it ends (api_run_key). A handler that interrupts a run on its
+ * thread runs none (egpu_lvm_held), so one run at a time uses it. */
+static __thread struct run *tls_api_run __attribute__((tls_model("initial-exec")));
+static pthread_key_t api_run_key;
+static pthread_once_t api_run_once = PTHREAD_ONCE_INIT;
+
+static void api_run_key_new(void) {
+    if (pthread_key_create(&api_run_key, free)) api_run_key = (pthread_key_t)-1;
+}
+
+/* This thread's run state; NULL when memory is out. */
+static struct run *api_run(void) {
+    if (tls_api_run) return tls_api_run;
+    pthread_once(&api_run_once, api_run_key_new);
+    struct run *x = malloc(sizeof *x);
+    if (!x || api_run_key == (pthread_key_t)-1 || pthread_setspecific(api_run_key, x)) {
+        free(x);
+        return NULL;
+    }
+    return tls_api_run = x;
+}
 
 EXPORT int egpu_lvm_route_api(unsigned int api, struct egpu_lvm_prog *const *progs, size_t n) {
     if (api >= EGPU_LVM_APIS) return -1;
@@ -1307,9 +1521,11 @@ EXPORT int egpu_lvm_route_api(unsigned int api, struct egpu_lvm_prog *const *pro
         r->n = n;
         memcpy(r->progs, progs, n * sizeof *progs);
     }
-    lvm_hold();
-    free(atomic_exchange(&api_routes[api], r));
-    lvm_release();
+    pthread_mutex_lock(&api_lock);
+    struct api_route *old = atomic_exchange(&api_routes[api], r);
+    egpu_lvm_synchronize(); /* no run reads the old list any more */
+    pthread_mutex_unlock(&api_lock);
+    free(old);
     return 0;
 }
 
@@ -1321,23 +1537,48 @@ int egpu_lvm_api_routed(unsigned int api) {
 
 void egpu_lvm_run_api(unsigned int api, const void *ctx, size_t size) {
     static const unsigned int one[3] = {1, 1, 1};
+    if (egpu_lvm_held) return; /* a signal handler's call, on a thread inside a run or holding a lock of ours */
     unsigned long long now = egpu_now_ns() + (unsigned long long)atomic_load(&api_offset_ns);
-    lvm_hold();
-    const struct api_route *r = atomic_load_explicit(&api_routes[api], memory_order_relaxed);
-    for (size_t k = 0; r && k < r->n; k++) {
+    egpu_lvm_reader in = egpu_lvm_enter();
+    const struct api_route *r = atomic_load_explicit(&api_routes[api], memory_order_acquire);
+    struct run *x = r ? api_run() : NULL;
+    for (size_t k = 0; x && k < r->n; k++) {
         struct egpu_lvm_prog *p = r->progs[k];
         unsigned int pc;
-        int fault = run_program(&api_run, p, (unsigned char *)ctx, size, 0, 0, now, one, one, &pc); /* read-only */
-        p->stats.runs++;
-        if (fault && !p->stats.faults++) p->stats.fault = fault, p->stats.fault_pc = pc, p->stats.fault_launch = 0;
+        int fault = run_program(x, p, (unsigned char *)ctx, size, 0, 0, now, one, one, &pc); /* read-only */
+        count_run(p, fault, pc, 0);
     }
-    lvm_release();
+    egpu_lvm_leave(in);
 }
 
 /* ---- fork (process.c): no map mid-update in the child ---- */
 
+/* Every lock but the maps' (and the maps' list) taken or let go, in the order the code takes them. */
+static void fork_locks(int take) {
+    pthread_mutex_t *locks[] = {&api_lock, &sync_lock, &route_lock, &maps_lock};
+    for (size_t k = 0; k < sizeof locks / sizeof *locks; k++) {
+        if (take) pthread_mutex_lock(locks[k]);
+        else pthread_mutex_unlock(locks[sizeof locks / sizeof *locks - 1 - k]);
+    }
+}
+
+/* The child: the other threads are gone, with the runs they were in; their locks are let go as the parent's. */
 void egpu_lvm_fork(enum egpu_fork_phase phase) {
-    if (phase == EGPU_FORK_PREPARE) lvm_hold();
-    else if (phase == EGPU_FORK_PARENT) lvm_release();
-    else pthread_mutex_init(&lvm_lock, NULL), egpu_lvm_held--;
+    if (phase == EGPU_FORK_PREPARE) {
+        hold();
+        fork_locks(1);
+        for (struct egpu_lvm_map *m = all_maps; m; m = m->older) spin_lock(&m->lock);
+        spin_lock(&trace_lock);
+        return;
+    }
+    spin_unlock(&trace_lock);
+    for (struct egpu_lvm_map *m = all_maps; m; m = m->older) spin_unlock(&m->lock);
+    if (phase == EGPU_FORK_CHILD) {
+        memset(readers, 0, sizeof readers);
+        pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+        api_lock = sync_lock = route_lock = maps_lock = fresh;
+    } else {
+        fork_locks(0);
+    }
+    unhold();
 }

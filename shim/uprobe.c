@@ -40,12 +40,21 @@ enum { S_DI, S_SI, S_DX, S_CX, S_R8, S_R9, S_AX, S_R10, S_BX, S_R12, S_R13, S_R1
 /* What the return thunk saves: rax, rdx, then xmm0-1. */
 enum { R_AX, R_DX };
 
+/* A hook's programs: entry, return. Never changed while runs may read it: a change is written into the
+ * hook's other list and published (egpu_lvm_synchronize: launchvm.c's header). */
+struct progs {
+    int n[2];
+    struct egpu_lvm_prog *progs[2][PROGS];
+    unsigned char paused[2][PROGS];        /* progs[r][k] runs not (egpu_uprobe_pause) */
+};
+
 struct hook {
     char path[NAME_MAX_], symbol[NAME_MAX_];
     void *target;                          /* the function (NULL: its object is not loaded yet) */
-    struct egpu_lvm_prog *progs[2][PROGS]; /* entry, return; under egpu_lvm_lock */
-    unsigned char paused[2][PROGS];        /* progs[r][k] runs not (egpu_uprobe_pause) */
-    int n[2];
+    /* the list runs read (NULL: none yet), the other one of `lists`; written under up_lock, each publish
+     * followed by egpu_lvm_synchronize before up_lock is let go, so the other is read by no run then */
+    _Atomic(struct progs *) live;
+    struct progs lists[2];
     int used;
     unsigned char *code;  /* an inline hook: the function, whose first 5 bytes jump to `near` (NULL: none) */
     unsigned char code_was[JUMP]; /* those bytes before */
@@ -68,7 +77,7 @@ static int nhooks;
 static atomic_int active;                   /* hooks with programs */
 static atomic_llong clock_offset;
 static unsigned long long scanned_adds;     /* dl_phdr_info.dlpi_adds at the last scan */
-static pthread_mutex_t up_lock = PTHREAD_MUTEX_INITIALIZER; /* hooks' targets, slots; before lvm_lock */
+static pthread_mutex_t up_lock = PTHREAD_MUTEX_INITIALIZER; /* hooks' targets, lists, slots; before launchvm.c's */
 
 /* read at every call: initial-exec, as interpose.c's flags (8 bytes of the static TLS block) */
 static __thread int tls_in_probe __attribute__((tls_model("initial-exec"))); /* calls from a probe run none */
@@ -136,11 +145,18 @@ static void *stub_of(const struct hook *h) {
     return (void *)(egpu_uprobe_stubs + 16 * (h - hooks));
 }
 
-/* Under egpu_lvm_lock. */
-static void run_all(struct hook *h, int ret, uint64_t *regs) {
+/* The list h's runs read now: inside a read section (egpu_lvm_enter), or under up_lock. */
+static const struct progs *live(struct hook *h) {
+    static const struct progs none;
+    const struct progs *l = atomic_load_explicit(&h->live, memory_order_acquire);
+    return l ? l : &none;
+}
+
+/* Inside a read section. */
+static void run_all(const struct progs *l, int ret, uint64_t *regs) {
     long long offset = atomic_load_explicit(&clock_offset, memory_order_relaxed);
-    for (int k = 0; k < h->n[ret]; k++)
-        if (!h->paused[ret][k]) egpu_lvm_run_host(h->progs[ret][k], regs, PT_COUNT * 8, offset);
+    for (int k = 0; k < l->n[ret]; k++)
+        if (!l->paused[ret][k]) egpu_lvm_run_host(l->progs[ret][k], regs, PT_COUNT * 8, offset);
 }
 
 /* Called by the stub: run the entry programs; swap the return address when there are return
@@ -149,8 +165,9 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
     struct hook *h = &hooks[(stub - (uintptr_t)egpu_uprobe_stubs) >> 4];
     if (tls_in_probe || egpu_lvm_held) return h->target; /* held: by the code a signal handler interrupted */
     tls_in_probe = 1;
-    egpu_lvm_lock();
-    if (h->n[0]) {
+    egpu_lvm_reader in = egpu_lvm_enter();
+    const struct progs *l = live(h);
+    if (l->n[0]) {
         uint64_t regs[PT_COUNT]; /* each slot set: a zeroing store of 168 bytes costs more than the rest */
         regs[PT_R11] = regs[PT_CS] = regs[PT_FLAGS] = regs[PT_SS] = 0;
         regs[PT_DI] = saved[S_DI], regs[PT_SI] = saved[S_SI], regs[PT_DX] = saved[S_DX];
@@ -159,10 +176,10 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
         regs[PT_R12] = saved[S_R12], regs[PT_R13] = saved[S_R13], regs[PT_R14] = saved[S_R14];
         regs[PT_R15] = saved[S_R15], regs[PT_BP] = saved[S_BP];
         regs[PT_IP] = (uint64_t)h->target, regs[PT_SP] = (uint64_t)ret_slot;
-        run_all(h, 0, regs);
+        run_all(l, 0, regs);
     }
-    int swap = h->n[1];
-    egpu_lvm_unlock();
+    int swap = l->n[1];
+    egpu_lvm_leave(in);
     if (swap) {
         /* entries a longjmp left: their slots at or below this call's and no longer holding the thunk
          * (written over since). One that still holds it is pending: a tail call from a probed function
@@ -202,8 +219,9 @@ __attribute__((used)) void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp) {
     void *ret = tls_returns[tls_depth].ret;
     int was = tls_in_probe;
     tls_in_probe = 1;
-    egpu_lvm_lock();
-    if (h->n[1]) {
+    egpu_lvm_reader in = egpu_lvm_enter();
+    const struct progs *l = live(h);
+    if (l->n[1]) {
         /* only rax, rdx, ip and sp are known at a return; each slot set, as at entry (not `= {0}`, which
          * gcc makes a rep stos of 168 bytes: 10 ns of the 147 a uprobe with a uretprobe cost) */
         uint64_t regs[PT_COUNT];
@@ -212,9 +230,9 @@ __attribute__((used)) void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp) {
         regs[PT_ORIG_AX] = regs[PT_CS] = regs[PT_FLAGS] = regs[PT_SS] = 0;
         regs[PT_AX] = saved[R_AX], regs[PT_DX] = saved[R_DX];
         regs[PT_IP] = (uint64_t)ret, regs[PT_SP] = sp;
-        run_all(h, 1, regs);
+        run_all(l, 1, regs);
     }
-    egpu_lvm_unlock();
+    egpu_lvm_leave(in);
     tls_in_probe = was;
     return ret;
 }
@@ -536,39 +554,56 @@ EXPORT void egpu_uprobe_rescan(void) {
     pthread_mutex_unlock(&up_lock);
 }
 
+/* The list to write h's next one into: a copy of the live one, in the list no run reads (under up_lock). */
+static struct progs *next_list(struct hook *h) {
+    struct progs *next = atomic_load_explicit(&h->live, memory_order_relaxed) == &h->lists[0] ? &h->lists[1]
+                                                                                            : &h->lists[0];
+    *next = *live(h);
+    return next;
+}
+
+/* `next` is h's list from now on (under up_lock; egpu_lvm_synchronize before up_lock is let go). */
+static void publish(struct hook *h, struct progs *next) {
+    atomic_store_explicit(&h->live, next, memory_order_release);
+}
+
 /* Give h the `n` programs, all at once (no call runs some of them and not the others), and mark it used:
  * 0, or -1 when they do not fit. Under up_lock. */
 static int add_programs(struct hook *h, struct egpu_lvm_prog *const *progs, const int *rets, size_t n) {
-    int room[2] = {PROGS - h->n[0], PROGS - h->n[1]};
+    struct progs *next = next_list(h);
+    int room[2] = {PROGS - next->n[0], PROGS - next->n[1]};
     for (size_t k = 0; k < n; k++) room[rets[k] != 0]--;
     if (room[0] < 0 || room[1] < 0) return -1;
-    egpu_lvm_lock();
     for (size_t k = 0; k < n; k++) {
         int r = rets[k] != 0;
-        h->paused[r][h->n[r]] = 0;
-        h->progs[r][h->n[r]++] = progs[k];
+        next->paused[r][next->n[r]] = 0;
+        next->progs[r][next->n[r]++] = progs[k];
     }
     h->used = 1;
-    egpu_lvm_unlock();
+    publish(h, next);
+    egpu_lvm_synchronize(); /* the list before is read by no run: the next change may write it */
     atomic_fetch_add(&active, (int)n);
     return 0;
 }
 
 static int listed(struct egpu_lvm_prog *const *progs, size_t n, const struct egpu_lvm_prog *p);
 
-/* The programs out of every hook they are on (under up_lock). */
+/* The programs out of every hook they are on; when this returns, no run of them is under way (under up_lock). */
 static void drop_programs(struct egpu_lvm_prog *const *progs, size_t n) {
-    egpu_lvm_lock(); /* a run holds it: once taken, none runs them */
-    for (int i = 0; i < nhooks; i++)
+    for (int i = 0; i < nhooks; i++) {
+        struct progs *next = next_list(&hooks[i]);
+        int dropped = 0;
         for (int ret = 0; ret < 2; ret++)
-            for (int k = 0; k < hooks[i].n[ret]; k++)
-                if (listed(progs, n, hooks[i].progs[ret][k])) {
-                    int last = --hooks[i].n[ret];
-                    hooks[i].paused[ret][k] = hooks[i].paused[ret][last];
-                    hooks[i].progs[ret][k--] = hooks[i].progs[ret][last];
-                    atomic_fetch_sub(&active, 1);
+            for (int k = 0; k < next->n[ret]; k++)
+                if (listed(progs, n, next->progs[ret][k])) {
+                    int last = --next->n[ret];
+                    next->paused[ret][k] = next->paused[ret][last];
+                    next->progs[ret][k--] = next->progs[ret][last];
+                    dropped++;
                 }
-    egpu_lvm_unlock();
+        if (dropped) publish(&hooks[i], next), atomic_fetch_sub(&active, dropped);
+    }
+    egpu_lvm_synchronize(); /* runs that read the lists before have ended */
 }
 
 /* ---- inline hooks: functions no GOT slot or dlsym reaches ----
@@ -922,11 +957,9 @@ EXPORT int egpu_uprobe_attach_inline(const char *path, const char *symbol, void 
         memcpy(page + NEAR_TRAMPOLINE, moved, moved_len);
         put_jump(page + NEAR_TRAMPOLINE + moved_len, f + cut);
         mprotect(page, 4096, PROT_READ | PROT_EXEC);
-        egpu_lvm_lock();
-        strcpy(h->path, path), strcpy(h->symbol, symbol);
-        h->target = page + NEAR_TRAMPOLINE, h->n[0] = h->n[1] = 0;
+        strcpy(h->path, path), strcpy(h->symbol, symbol); /* no call reaches a new hook before its jump */
+        h->target = page + NEAR_TRAMPOLINE;
         h->code = f, h->near = page;
-        egpu_lvm_unlock();
     }
     if (add_programs(h, progs, rets, n)) goto out;
     unsigned char jump[JUMP] = {0xe9};
@@ -937,7 +970,7 @@ EXPORT int egpu_uprobe_attach_inline(const char *path, const char *symbol, void 
         enum stop_result stored = store_stopped(f, jump);
         if (stored != STORED) {
             drop_programs(progs, n);
-            h->used = h->n[0] || h->n[1];
+            h->used = live(h)->n[0] || live(h)->n[1];
             result = stored == STAYED ? EGPU_UPROBE_BUSY : EGPU_UPROBE_UNHELD;
             goto out;
         }
@@ -1003,10 +1036,9 @@ EXPORT int egpu_uprobe_attach(const char *path, const char *symbol, struct egpu_
     if (!h) { /* a new hook, or a used one's again: a thread may still be in an old stub, so never another's */
         h = spare ? spare : nhooks < HOOKS ? &hooks[nhooks++] : NULL;
         if (!h) goto out;
-        egpu_lvm_lock();
+        /* a spare's lists are empty (it went unused so), and no call reaches a new one before scan() */
         strcpy(h->path, path), strcpy(h->symbol, symbol);
-        h->target = l.target, h->used = 1, h->n[0] = h->n[1] = 0;
-        egpu_lvm_unlock();
+        h->target = l.target, h->used = 1;
     }
     if (add_programs(h, progs, rets, n)) goto out;
     if (h->target) scan();
@@ -1027,7 +1059,7 @@ EXPORT void egpu_uprobe_detach(struct egpu_lvm_prog *const *progs, size_t n) {
     drop_programs(progs, n);
     for (int i = 0; i < nhooks; i++) {
         struct hook *h = &hooks[i];
-        if (h->used && !h->n[0] && !h->n[1]) {
+        if (h->used && !live(h)->n[0] && !live(h)->n[1]) {
             unpatch(h);
             if (h->code) write_code(h->code, h->code_was); /* its page stays: a thread may be in it */
             h->used = 0; /* its target stays: stub and target keep matching for threads still in it */
@@ -1038,12 +1070,15 @@ EXPORT void egpu_uprobe_detach(struct egpu_lvm_prog *const *progs, size_t n) {
 
 EXPORT void egpu_uprobe_pause(struct egpu_lvm_prog *const *progs, size_t n, int paused) {
     pthread_mutex_lock(&up_lock);
-    egpu_lvm_lock(); /* a run holds it: once taken, none runs them */
-    for (int i = 0; i < nhooks; i++)
+    for (int i = 0; i < nhooks; i++) {
+        struct progs *next = next_list(&hooks[i]);
+        int changed = 0;
         for (int ret = 0; ret < 2; ret++)
-            for (int k = 0; k < hooks[i].n[ret]; k++)
-                if (listed(progs, n, hooks[i].progs[ret][k])) hooks[i].paused[ret][k] = paused != 0;
-    egpu_lvm_unlock();
+            for (int k = 0; k < next->n[ret]; k++)
+                if (listed(progs, n, next->progs[ret][k])) next->paused[ret][k] = paused != 0, changed = 1;
+        if (changed) publish(&hooks[i], next);
+    }
+    egpu_lvm_synchronize(); /* once this returns, no run of a paused program is under way */
     pthread_mutex_unlock(&up_lock);
 }
 

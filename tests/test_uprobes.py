@@ -628,6 +628,24 @@ def test_a_uprobe_in_a_signal_handler_never_waits_for_the_lock_its_thread_holds(
     assert (r.returncode, r.stdout) == (0, "handled 1\n"), (r.returncode, r.stderr)
 
 
+@pytest.mark.parametrize("attempt", range(3))
+def test_uprobes_run_in_many_threads_at_once_with_exact_maps_and_detach_while_they_run(built, tmp_path, attempt):
+    """app_concurrent.c: 8 threads call a function with a uprobe, whose program counts into an array map (atomic
+    adds) and a hash map keyed by the thread: every call counted, in both. A program attached and detached over
+    and over meanwhile never runs after its detach returned (its count and runs stay still while the threads go
+    on). And runs overlap: every run took one lock before, so two never did (met=none)."""
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", str(APP / "libupt.c"), "-o", str(tmp_path / "libupt.so")],
+                   check=True)
+    app = tmp_path / "app_concurrent"
+    subprocess.run(["gcc", "-O1", "-Wall", "-I", str(ROOT / "shim"), str(APP / "app_concurrent.c"), "-o", str(app),
+                    f"-L{tmp_path}", "-lupt", f"-Wl,-rpath,{tmp_path}", "-ldl", "-pthread"], check=True)
+    calls = 100_000
+    r = subprocess.run([str(app), str(calls)], env={"LD_PRELOAD": str(built / "libegpu_shim.so")},
+                       capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (0, f"counted={8 * calls} hash=exact cycles=some late=0 marker=exact met=some\n"), \
+        (r.returncode, r.stdout, r.stderr)
+
+
 def test_functions_left_by_a_throw_or_a_longjmp_keep_the_job_running(stub_job, tmp_path):
     """A uretprobe swaps its function's return address for egpu's thunk, which has no unwind tables: a C++
     exception through such a frame ended the job (std::terminate), pthread_exit's unwind stopped there
