@@ -8,7 +8,7 @@ so that egpu's runtime comes up). Cases:
 
 - plain: no egpu-run.
 - uprobe: egpu-run -p bench/probes/uprobe_count.bpf.c: an entry probe counting calls in an array map
-  (the stub, the context, the C interpreter under its lock, the map update).
+  (the stub, the context, the C interpreter's read section, the map update).
 - uprobe_uretprobe: bench/probes/uprobe_count_ret.bpf.c: a return probe too (the return-address swap and a second run).
 
 As in bench_shim.py, the cases run round-robin RUNS times pinned to one CPU, and a case's cost is the

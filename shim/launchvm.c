@@ -89,9 +89,9 @@ static void unhold(void) {
 }
 
 /* A hash map's lock, and trace_lock: held for a few hundred ns at most, by threads that are running
- * (never across a wait), so a spin costs less than a mutex's futex path. A holder the scheduler took off
- * its CPU (two CPUs, eight threads) is let run: after SPINS turns the waiter yields. Measured on this
- * bench's hash map probe against a pthread mutex: see docs/uprobes.md. */
+ * (never across a wait), so spinning beats sleeping, and its release is a plain store where a mutex's is an
+ * atomic exchange. A holder the scheduler took off its CPU (two CPUs, eight threads) is let run: after
+ * SPINS turns the waiter yields. (Not yet timed against a pthread mutex on a contended hash map.) */
 struct spin { atomic_int held; };
 #define SPINS 64
 

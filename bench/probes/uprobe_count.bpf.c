@@ -13,7 +13,7 @@ static __always_inline void count(__u32 k)
 {
 	__u64 *v = bpf_map_lookup_elem(&calls, &k);
 	if (v)
-		*v += 1;
+		__sync_fetch_and_add(v, 1); /* atomic: the threads case's runs overlap */
 }
 
 SEC("uprobe/libupt.so:upt_inc")
