@@ -89,3 +89,184 @@ EXPORT int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long s
     *driver_ns += now_ns() - t0;
     return r;
 }
+
+
+/* ---- one pass over a ring (egpu_ring_pass) ---- */
+
+typedef int (*copy_in_fn)(unsigned long long dst, const void *src, size_t n, void *stream); /* cuMemcpyHtoDAsync_v2 */
+
+enum { HEADER = 64, LINE = 128, RING_NCPU = 32, CONSUMED = 16 };   /* translate/devmaps.py */
+enum { CALL_OUT, CALL_IN, CALL_WAIT };
+static const uint64_t NO_MARK = ~0ULL;   /* an SM's line: no size refused */
+
+/* Each returns 0 or the driver's CUresult, naming the call in p->failed. */
+static int out(struct egpu_ring_pass *p, void *dst, uint64_t src, uint64_t n)
+{
+    int r = ((copy_out_fn)p->copy_out)(dst, src, (size_t)n, p->stream);
+    if (r) p->failed = CALL_OUT;
+    return r;
+}
+
+static int in(struct egpu_ring_pass *p, uint64_t dst, const void *src, uint64_t n)
+{
+    int r = ((copy_in_fn)p->copy_in)(dst, src, (size_t)n, p->stream);
+    if (r) p->failed = CALL_IN;
+    return r;
+}
+
+static int sync_(struct egpu_ring_pass *p)
+{
+    int r = ((wait_fn)p->wait)(p->stream);
+    if (r) p->failed = CALL_WAIT;
+    return r;
+}
+
+/* The header, and the SMs' lines after it in p->head where p->lines (as many as head_size holds): one wait
+ * for both copies. */
+static int read_header(struct egpu_ring_pass *p, uint64_t *ncpu)
+{
+    unsigned char *h = p->head;
+    uint32_t count;
+    int r = out(p, h, p->addr, RING_NCPU + 4);
+    if (!r) r = sync_(p);
+    if (r) return r;
+    memcpy(&count, h + RING_NCPU, 4);
+    uint64_t room = (p->head_size - (RING_NCPU + 4)) / LINE;
+    *ncpu = count < room ? count : room;
+    p->head_pos = word(h, 0);
+    p->dropped = word(h, 24);
+    if (!p->lines || !*ncpu) return 0;
+    r = out(p, h + RING_NCPU + 4, p->addr + p->lines_off, *ncpu * LINE);
+    if (!r) r = sync_(p);
+    if (r) return r;
+    p->line_drops = 0;
+    for (uint64_t c = 0; c < *ncpu; c++)
+        p->line_drops += word(h, RING_NCPU + 4 + c * LINE + 8);
+    return 0;
+}
+
+/* A dropping ring's SMs that were refused may ask again now that there is room (devmaps.py): queued. */
+static int reopen(struct egpu_ring_pass *p, uint64_t ncpu)
+{
+    for (uint64_t c = 0; c < ncpu; c++) {
+        if (word(p->head, RING_NCPU + 4 + c * LINE) == NO_MARK)
+            continue;
+        int r = in(p, p->addr + p->lines_off + c * LINE, &NO_MARK, 8);
+        if (r) return r;
+    }
+    return 0;
+}
+
+/* Walk the records of buf[0, size) starting in [k, stop), taking (into starts, runs) those that start before
+ * limit, then on without taking to the first one not complete. Returns where the walk ended; *took: the end
+ * of the last record taken (-1: none); *stopped: whether it ended at a record not complete. */
+static uint64_t scan(const unsigned char *buf, uint64_t size, uint64_t k, uint64_t stop, long long limit,
+                     long long *starts, unsigned long long *n, long long *runs, unsigned long long *nruns,
+                     long long *took, int *stopped)
+{
+    uint64_t bound = limit < 0 ? 0 : (uint64_t)limit < stop ? (uint64_t)limit : stop, end = k;
+    unsigned long long skipped[2];
+    *n = *nruns = 0;
+    *took = -1;
+    *stopped = 0;
+    if (k < bound) {
+        end = egpu_ring_walk(buf, size, k, bound, starts, n, runs, nruns);
+        if (end > k) *took = (long long)end;
+        if (end < bound) {
+            *stopped = 1;
+            return end;
+        }
+    }
+    if (end < stop) {   /* complete, taken by the next pass */
+        uint64_t k2 = end;
+        end = egpu_ring_walk(buf, size, k2, stop, NULL, skipped, NULL, skipped + 1);
+        *stopped = end < stop;
+    }
+    return end;
+}
+
+/* TAKE's copies and walks; the zeros, consumed and the marks written. */
+static int take(struct egpu_ring_pass *p, uint64_t ncpu)
+{
+    unsigned char *stage = p->stage;
+    uint64_t cap = p->capacity, n = p->head_pos - p->consumed;   /* n <= capacity: credit bounds what is unread */
+    uint64_t first = p->consumed % cap, straight = cap - first;  /* positions before the wrap */
+    long long limit = (long long)(p->seen - p->consumed), took_a, took_b = -1;
+    int stopped, r;
+    uint64_t t = now_ns();
+    r = out(p, stage, p->addr + HEADER + first, n);   /* first + n < 2 * capacity: the data and its slack */
+    if (!r) r = sync_(p);
+    p->copied += n;
+    uint64_t t1 = now_ns();
+    p->ns[1] += t1 - t, p->driver_ns[1] += t1 - t;
+    if (r) return r;
+    uint64_t k = scan(stage, n, 0, n < straight ? n : straight, limit, p->starts, &p->n[0], p->runs, &p->nruns[0],
+                      &took_a, &stopped);
+    t = now_ns();
+    p->ns[2] += t - t1;
+    if (!stopped && k < n) {
+        /* On from the data area's start: a record crossing the wrap ran into the slack to k, so the ring's
+         * bytes from k - straight on follow it, copied in after it (over slack the first copy held). */
+        r = out(p, stage + k, p->addr + HEADER + (k - straight), n - k);
+        if (!r) r = sync_(p);
+        p->copied += n - k;
+        t1 = now_ns();
+        p->ns[1] += t1 - t, p->driver_ns[1] += t1 - t;
+        if (r) return r;
+        k = scan(stage, n, k, n, limit, p->starts + p->n[0], &p->n[1], p->runs + p->nruns[0], &p->nruns[1],
+                 &took_b, &stopped);
+        t = now_ns();
+        p->ns[2] += t - t1;
+    }
+    p->size = n;
+    p->seen = p->consumed + k;
+    if (took_a < 0)
+        return 0;
+    /* Zeros copied in before consumed moves past them (a producer's BUSY flag is written after its position is
+     * taken: between the two the reader must find no stale READY there); on one stream they land in order. */
+    uint64_t zero_a = (uint64_t)took_a, zero_b = took_b < 0 ? 0 : (uint64_t)took_b - straight;
+    r = in(p, p->addr + HEADER + first, p->zeros, zero_a);
+    if (!r && zero_b) r = in(p, p->addr + HEADER, p->zeros, zero_b);
+    uint64_t consumed = p->consumed + (took_b < 0 ? zero_a : (uint64_t)took_b);
+    if (!r) r = in(p, p->addr + CONSUMED, &consumed, 8);
+    if (!r && p->lines) r = reopen(p, ncpu);
+    if (!r) r = sync_(p);
+    if (!r) p->consumed = consumed;
+    p->ns[3] += now_ns() - t;
+    return r;
+}
+
+/* SKIP: consumed moved to head unread; the marks reset. */
+static int skip(struct egpu_ring_pass *p, uint64_t ncpu)
+{
+    uint64_t head = p->head_pos;
+    int r = 0;
+    if (head != p->consumed)
+        r = in(p, p->addr + CONSUMED, &head, 8);
+    if (!r && p->lines) r = reopen(p, ncpu);
+    if (!r) r = sync_(p);
+    if (!r) {
+        p->skipped += head - p->consumed;
+        p->consumed = head;
+    }
+    return r;
+}
+
+EXPORT int egpu_ring_pass(struct egpu_ring_pass *p)
+{
+    uint64_t ncpu = 0, t = now_ns();
+    p->n[0] = p->n[1] = p->nruns[0] = p->nruns[1] = p->size = p->copied = p->skipped = 0;
+    memset(p->ns, 0, sizeof p->ns);
+    memset(p->driver_ns, 0, sizeof p->driver_ns);
+    int r = read_header(p, &ncpu);
+    p->ns[0] = p->driver_ns[0] = now_ns() - t;
+    if (r || p->mode == EGPU_PASS_COUNT)
+        return r;
+    if (p->mode == EGPU_PASS_SKIP)
+        return skip(p, ncpu);
+    if (p->head_pos == p->consumed)
+        return 0;
+    if (!p->stage)
+        return EGPU_PASS_NO_STAGING;
+    return take(p, ncpu);
+}

@@ -1,12 +1,14 @@
-/* egpu_drain.h: the --trace reader's walk over a ring's records (shim/drain.c), in the three parts of
- * egpu_shim.h.
+/* egpu_drain.h: the --trace reader's pass over a ring and its walk over the records (shim/drain.c), in the
+ * three parts of egpu_shim.h.
  *
  * The reader (egpu_preload/runtime/ring_drain.py) copies a ring's unread bytes into host memory and
  * finds the records in it: where their sizes are mixed (warp memory records), each record's place
  * follows from the one before, a walk Python took ~0.8 us a record over. Here it is a few ns; numpy
  * then cuts what was found into the batches the writer takes. Records are laid out as
  * translate/devmaps.py writes them: an 8-byte header (length | flags << 32 | SM id << 40), the data
- * padded to 8 bytes.
+ * padded to 8 bytes. A pass over a ring is one call here too (egpu_ring_pass): its ten or so driver calls,
+ * each made from Python, let the GIL go and then waited behind the job's threads to get it back (up to the
+ * 5 ms switch interval each: ~90% of a pass in a PyTorch eager job's trace on an H100).
  */
 #ifndef EGPU_DRAIN_H
 #define EGPU_DRAIN_H
@@ -39,6 +41,53 @@ long long egpu_ring_pack(const void *buf, unsigned long long size, const long lo
  * failing call's CUresult with *failed 0 (the copy) or 1 (the wait). */
 int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long src, unsigned long long n, void *stream,
                   unsigned long long *driver_ns, int *failed);
+
+/* One pass of the reader over one ring (egpu_ring_pass): what it is given, what it gives back. The driver's
+ * calls come as addresses (copy_out: cuMemcpyDtoHAsync_v2, copy_in: cuMemcpyHtoDAsync_v2, wait:
+ * cuStreamSynchronize), all on `stream`. Host memory is the reader's, page-locked where the driver gave it:
+ * `head` (head_size bytes) for the header (RING_NCPU + 4 bytes) and the SMs' lines after it; `stage` and
+ * `zeros` (capacity bytes each, zeros all zero) and `starts`, `runs` (room for capacity / 8 + 2 each), NULL
+ * until the first pass that finds records. */
+struct egpu_ring_pass {
+    void *copy_out, *copy_in, *wait, *stream;
+    unsigned long long addr, capacity, lines_off;    /* the ring region's device address; its layout */
+    int mode;                  /* EGPU_PASS_TAKE, EGPU_PASS_SKIP or EGPU_PASS_COUNT */
+    int lines;                 /* read the SMs' lines (and, taking or skipping, reopen the refused ones) */
+    void *head, *stage, *zeros;
+    unsigned long long head_size;
+    long long *starts, *runs;
+    unsigned long long consumed, seen;   /* the reader's state, moved by the pass */
+    /* out, this pass's */
+    unsigned long long head_pos;         /* the header's head */
+    unsigned long long dropped;          /* the header's dropped count */
+    unsigned long long line_drops;       /* the lines' drop counts, summed, at the last pass that read them */
+    unsigned long long copied;           /* bytes copied out of the ring's data */
+    unsigned long long skipped;          /* bytes passed over unread (EGPU_PASS_SKIP) */
+    unsigned long long size;             /* stage[0, size): the records taken, in ring order */
+    unsigned long long n[2], nruns[2];   /* the two segments' records (starts from 0, then from n[0]) and runs
+                                          * (runs from 0, then from nruns[0]), as egpu_ring_walk gives them */
+    unsigned long long ns[4];            /* nanoseconds: header, copy, scan, clear */
+    unsigned long long driver_ns[2];     /* of the header's and the copies', those inside the driver's calls */
+    int failed;                          /* the call that failed: 0 copy_out, 1 copy_in, 2 wait */
+};
+
+enum { EGPU_PASS_TAKE = 0, EGPU_PASS_SKIP = 1, EGPU_PASS_COUNT = 2 };
+enum { EGPU_PASS_NO_STAGING = -1 };
+
+/* One pass over the ring, every driver call of it in this one call (the GIL let go once, not per call):
+ * the header read (with the SMs' lines where p->lines), then by mode
+ * - TAKE: where head has moved past consumed, the bytes [consumed, head) copied to stage (the data area and
+ *   its slack from consumed's place; where the walk crosses the wrap, the rest from the data area's start,
+ *   after what the first copy held), walked (egpu_ring_walk) over the records complete in this copy that an
+ *   earlier pass saw complete (those starting before seen) into starts and runs, then on to the first not
+ *   complete (seen moves there); what it took zeroed in the ring by copies from zeros (never a memset: a
+ *   memset is a kernel, which waiting producers may keep from starting), then consumed written past it, then
+ *   the refused SMs' marks reset (p->lines); one wait for the writes, in that order on the stream;
+ * - SKIP: consumed moved to head unread (skipped counts it), the marks reset (p->lines);
+ * - COUNT: nothing more (the counts read).
+ * Returns 0; EGPU_PASS_NO_STAGING where records are there and stage is NULL (nothing written: give it and
+ * pass again); or the failing driver call's CUresult, p->failed naming it. */
+int egpu_ring_pass(struct egpu_ring_pass *p);
 
 /* ---- part 3: C only ---- */
 

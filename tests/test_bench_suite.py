@@ -1167,14 +1167,16 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
     assert bench.delivered("egpu-run: job exited 1\n") == (None, False)
     # the drain's pace, from the line egpu-run prints under the trace line
     drain = {"passes": 1_234, "copied_bytes": 8_050_000_000, "header_s": 0.5, "copy_s": 1.25, "scan_s": 3.0,
-             "clear_s": 0.75, "hand_off_s": 2.0, "idle_s": 0.125, "write_s": 6.5, "header_driver_s": 0.02,
-             "copy_driver_s": 1.0}
+             "clear_s": 0.75, "gil_wait_s": 0.25, "hand_off_s": 2.0, "idle_s": 0.125, "write_s": 6.5,
+             "header_driver_s": 0.02, "copy_driver_s": 1.0}
     _, pace_line = streaming.notes([{"trace": {"records": 1, "path": "t.arrow", "dropped": 0, "error": None,
                                                "drain": drain}}])
     assert "header 0.50 s (0.02 s in the driver), copy 1.25 s (1.00 s in the driver), scan 3.00 s" in pace_line
+    assert "clear 0.75 s, gil wait 0.25 s, hand off 2.00 s" in pace_line
     assert bench.pace(f"{pace_line}\nvecadd done\n") == {
         "passes": 1_234, "copied_mb": 8_050.0, "header_s": 0.5, "copy_s": 1.25, "scan_s": 3.0, "clear_s": 0.75,
-        "hand_off_s": 2.0, "idle_s": 0.12, "write_s": 6.5, "header_driver_s": 0.02, "copy_driver_s": 1.0}
+        "gil_wait_s": 0.25, "hand_off_s": 2.0, "idle_s": 0.12, "write_s": 6.5, "header_driver_s": 0.02,
+        "copy_driver_s": 1.0}
     assert bench.pace("egpu-run: job exited 1\n") is None
     monkeypatch.setattr(bench.suite, "exit_on_term", lambda: None)   # pytest keeps its own SIGTERM
     monkeypatch.setenv("EGPU_PREBUILT_PROBES", str(tmp_path))

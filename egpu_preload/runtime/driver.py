@@ -10,8 +10,9 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from egpu_preload.errors import EgpuError
@@ -72,6 +73,23 @@ class DriverError(EgpuError):
         self.result = result
 
 
+# The driver calls a pass of the ring reader makes in C (shim/drain.c egpu_ring_pass), in the order of its
+# failed index: copy out, copy in, wait for the stream.
+PASS_CALLS = ("cuMemcpyDtoHAsync_v2", "cuMemcpyHtoDAsync_v2", "cuStreamSynchronize")
+
+
+@dataclass(frozen=True)
+class StreamCopies:
+    """What C code that copies on its own needs of the driver: the addresses of the PASS_CALLS functions, the
+    stream they copy on, and ``failure``, which makes what to raise for one that failed: (its name, CUresult)."""
+
+    copy_out: int
+    copy_in: int
+    wait: int
+    stream: int
+    failure: Callable[[str, int], Exception]
+
+
 class Driver:
     """The driver functions of SIGNATURES, bound through the shim's (ffi, lib)."""
 
@@ -92,7 +110,11 @@ class Driver:
     def call(self, symbol: str, *args: Any) -> None:
         r = self._fn(symbol)(*args)
         if r != CUDA_SUCCESS:
-            raise DriverError(f"{symbol} failed: {self.error_name(r)}", r)
+            raise self.failure(symbol, r)
+
+    def failure(self, symbol: str, result: int) -> DriverError:
+        """What a failed call of ``symbol`` raises."""
+        return DriverError(f"{symbol} failed: {self.error_name(result)}", result)
 
     def error_name(self, result: int) -> str:
         name = self.ffi.new("const char **")
@@ -255,8 +277,13 @@ class Driver:
                                     self.ffi.from_buffer(buf, require_writable=True), ptr, buf.nbytes,
                                     self.ffi.cast("void *", stream), ns, failed)
         if r != CUDA_SUCCESS:
-            raise DriverError(f"{calls[failed[0]]} failed: {self.error_name(r)}", r)
+            raise self.failure(calls[failed[0]], r)
         return ns[0] / 1e9
+
+    def stream_copies(self, stream: int) -> StreamCopies:
+        """The PASS_CALLS functions on ``stream``, for C that copies on its own (the ring reader's pass)."""
+        copy_out, copy_in, wait = (int(self.ffi.cast("uintptr_t", self._fn(c))) for c in PASS_CALLS)
+        return StreamCopies(copy_out, copy_in, wait, stream, self.failure)
 
     def htod_on(self, stream: int, ptr: int, data: bytes | memoryview) -> None:
         """Copy in on ``stream`` and wait for that stream only (copies on one stream land in order)."""
@@ -363,11 +390,10 @@ class ContextMemory:
         with self._from_any_thread():
             return self.dtoh(addr, n)
 
-    def read_into(self, addr: int, buf: memoryview) -> float:
-        """read() into ``buf``, memory from pinned(): the copy engine writes it, and nothing is allocated;
-        the seconds spent inside the driver's calls."""
-        with self._from_any_thread():
-            return self.driver.dtoh_into(self.stream, addr, buf)
+    def copies(self) -> StreamCopies:
+        """The driver's copies on this memory's stream, for C that copies on its own (the ring reader's pass),
+        inside entered(): the context current, capture mode relaxed."""
+        return self.driver.stream_copies(self.stream)
 
     def write(self, addr: int, data: bytes | memoryview) -> None:
         """htod from any thread; from memory pinned() returned, the copy engine reads it directly."""
@@ -375,7 +401,8 @@ class ContextMemory:
             self.htod(addr, data)
 
     def pinned(self, size: int) -> memoryview:
-        """Page-locked host memory for read_into() and write(), from any thread; freed by unpin()."""
+        """Page-locked host memory, which the copy engine reads and writes directly (the ring reader's
+        copies), from any thread; freed by unpin()."""
         with self._from_any_thread():
             return self.driver.host_alloc(size)
 

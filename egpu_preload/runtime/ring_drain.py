@@ -42,27 +42,30 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from egpu_preload.errors import EgpuError
-from egpu_preload.translate.devmaps import HEADER, LINE, M64, RING_NCPU, REC_READY, MapLayout
+from egpu_preload.runtime.driver import PASS_CALLS, StreamCopies
+from egpu_preload.translate.devmaps import LINE, RING_NCPU, REC_READY, MapLayout
 
 IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that found records goes on at once
 # Where a reader's time goes (RingReader.phases, RingDrain.phases): the header read, the records' copies, the
-# scan that cuts them out, the zeros and ``consumed`` written back; the hand-off to the writer (waiting while
-# QUEUED batches are unwritten) and the pauses after passes that found nothing. What sets a drain's pace.
-PHASES = ("header", "copy", "scan", "clear")
+# scan that finds them (C's walk, then numpy cutting them out), the zeros and ``consumed`` written back (the
+# first four measured in C, by egpu_ring_pass), the wait for the GIL after the pass's call (cffi lets it go
+# around the call; the job's threads may hold it up to the switch interval); the hand-off to the writer
+# (waiting while QUEUED batches are unwritten) and the pauses after passes that found nothing. What sets a
+# drain's pace.
+PHASES = ("header", "copy", "scan", "clear", "gil_wait")
 DRAIN_PHASES = ("hand_off", "idle")
-# Of the header and copy phases, the time inside the driver's calls (RingReader.in_driver): the rest of
-# either is Python's and the wait for the GIL after the call, which a phase much longer than its driver
-# time points at.
+# Of the header and copy phases, the time inside the driver's calls (RingReader.in_driver): in C, with little
+# besides them, so the two phases are mostly the driver's.
 READ_PHASES = ("header", "copy")
 
 
 class Memory(Protocol):
-    """Device memory the reader can copy from any thread (driver.ContextMemory): into memory from pinned()
-    with read_into(), a ring's SM count once with read()."""
+    """Device memory the reader can copy from any thread (driver.ContextMemory): a ring's SM count once and its
+    head at the end with read(); every pass's copies in C, through the driver's functions copies() gives, inside
+    entered(), into memory from pinned()."""
 
     def read(self, addr: int, n: int) -> bytes: ...
-    def read_into(self, addr: int, buf: memoryview) -> float: ...   # the seconds inside the driver's calls
-    def write(self, addr: int, data: bytes | memoryview) -> None: ...
+    def copies(self) -> StreamCopies: ...
     def pinned(self, size: int) -> memoryview: ...
     def unpin(self, buf: memoryview) -> None: ...
     def entered(self) -> AbstractContextManager[Any]: ...   # the copies' context set up once for a block
@@ -127,83 +130,115 @@ class RingReader:
     copied: int = 0        # bytes copied out of the ring, every pass's (a record is copied by two passes at least)
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0), compare=False)   # seconds
     in_driver: dict[str, float] = field(default_factory=lambda: dict.fromkeys(READ_PHASES, 0.0), compare=False)
-    # page-locked memory (or, where the driver gives none, pageable): _staging's, and the header with the SMs'
-    # lines after it (_head); _unpin: those of them the driver gave, which close() gives back
-    _pinned: memoryview | None = field(default=None, init=False, repr=False, compare=False)
-    _head_buf: memoryview | None = field(default=None, init=False, repr=False, compare=False)
+    # page-locked memory (or, where the driver gives none, pageable): the records' staging and its zeros
+    # (_staging), the header with the SMs' lines after it (_head); _unpin: those of them the driver gave, which
+    # close() gives back; _starts, _runs: where the walk puts the records' offsets
+    _staging: memoryview | None = field(default=None, init=False, repr=False, compare=False)
+    _head: memoryview | None = field(default=None, init=False, repr=False, compare=False)
     _unpin: list[memoryview] = field(default_factory=list, init=False, repr=False, compare=False)
-    _line_drops: int = field(default=0, init=False, repr=False, compare=False)   # the lines' at the last read
+    _starts: Any = field(default=None, init=False, repr=False, compare=False)
+    _runs: Any = field(default=None, init=False, repr=False, compare=False)
+    # the C pass's arguments (struct egpu_ring_pass), made at the first pass, and the buffers it points at; the
+    # driver's calls it makes
+    _pass: Any = field(default=None, init=False, repr=False, compare=False)
+    _buffers: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
+    _copies: StreamCopies | None = field(default=None, init=False, repr=False, compare=False)
 
     def take(self) -> Taken:
         """The records complete since an earlier pass (in ring order), their bytes cleared and
         ``consumed`` moved past them."""
-        head, lines, ncpu = self._header(lines=not self.lay.wait)   # a waiting ring's marks stay as they are
+        p = self._run("EGPU_PASS_TAKE", lines=not self.lay.wait)   # a waiting ring's marks stay as they are
         t = time.perf_counter()
-        if head == self.consumed:
-            return []
-        cap, n = self.lay.capacity, head - self.consumed   # n <= capacity: credit bounds what is unread
-        first = self.consumed % cap
-        straight = cap - first   # positions before the wrap; a record starting there may run into the slack
-        limit = self.seen - self.consumed
-        stage, zeros = self._staging()
         out: Taken = []
-        a = stage[:n]
-        self._read(self.addr + HEADER + first, a, "copy")    # first + n < 2 * capacity: data and slack
-        t = self._spent("copy", t)
-        k, took_a, stopped = _scan(a, 0, min(n, straight), limit, out)
-        t = self._spent("scan", t)
-        took_b = None
-        if not stopped and k < n:   # on from the data area's start, over ``a``: _scan copied its records out
-            b = stage[:n - straight]
-            self._read(self.addr + HEADER, b, "copy")
-            t = self._spent("copy", t)
-            kb, took_b, _ = _scan(b, k - straight, n - straight, limit - straight, out)
-            t = self._spent("scan", t)
-            k = straight + kb
-        self.copied += n
-        self.seen = self.consumed + k
-        if took_a is None:
-            return out
-        # Zeros copied in, not a memset: a memset is a kernel, which under --on-full wait never starts
-        # while the producers' blocks hold every SM spinning for room (a hang on the H200, 2026-12-04).
-        if took_a:
-            self.mem.write(self.addr + HEADER + first, zeros[:took_a])
-        if took_b:
-            self.mem.write(self.addr + HEADER, zeros[:took_b])
-        self.consumed += straight + took_b if took_b is not None else took_a
-        self.mem.write(self.addr + 16, struct.pack("<Q", self.consumed))
-        if not self.lay.wait:
-            self._reopen(lines, ncpu)
-        self._spent("clear", t)
+        at = runs = 0
+        for n, nruns in zip(p.n, p.nruns):   # the records before the ring's wrap, then those after
+            if n:
+                _hand_on(_numpy(), self._staging[:p.size], self._starts[at:at + n], self._runs[runs:runs + nruns], out)
+            at, runs = at + n, runs + nruns
+        self.phases["scan"] += time.perf_counter() - t
         self.taken += count(out)
         return out
 
-    def _read(self, addr: int, buf: memoryview, phase: str) -> None:
-        self.in_driver[phase] += self.mem.read_into(addr, buf)
+    def skip(self) -> None:
+        """``consumed`` moved to ``head`` unread, the bytes counted in ``skipped``: what a failed reader
+        does so that producers made to wait go on (and a dropping ring's refused SMs may ask again)."""
+        self._run("EGPU_PASS_SKIP", lines=True)
 
-    def _spent(self, phase: str, since: float) -> float:
-        """The time since ``since`` added to ``phase``; now."""
-        now = time.perf_counter()
-        self.phases[phase] += now - since
-        return now
+    def count_drops(self) -> None:
+        """``dropped`` brought up to date with the per-SM lines: a waiting ring's passes leave them unread
+        (its producers count there only records larger than the ring), so its count is read once, at the end."""
+        self._run("EGPU_PASS_COUNT", lines=True)
 
-    def _staging(self) -> tuple[memoryview, memoryview]:
-        """(where a pass's copies land, zeros to clear what it took): ``capacity`` bytes each, as a copy is
-        at most what is unread; pinned memory made at the first pass that has records, kept until close().
-        Where the driver has no pinned memory to give (rings of gigabytes), pageable memory does, slower:
-        a reader that failed for it would pass every ring's records over unread."""
+    def empty(self) -> bool:
+        """Nothing left between consumed and head (the producers are done: the job's kernels finished)."""
+        (head,) = struct.unpack("<Q", self.mem.read(self.addr, 8))
+        return head == self.consumed
+
+    def _run(self, mode: str, lines: bool) -> Any:
+        """One pass in C (shim/drain.c egpu_ring_pass; ``mode`` names its EGPU_PASS_ constant), its arguments
+        made at the first and the staging at the first that finds records; the reader's state and counts moved
+        as it says. Returns its arguments, which hold what it took; raises what the memory makes of a driver
+        call that failed."""
+        ffi, lib = _shim()
+        p = self._pass or self._arguments(ffi)
+        p.mode, p.lines, p.consumed, p.seen = getattr(lib, mode), lines, self.consumed, self.seen
+        r = self._call(lib, p)
+        if r == lib.EGPU_PASS_NO_STAGING:
+            self._stage(ffi, p)
+            r = self._call(lib, p)
+        self.consumed, self.seen = p.consumed, p.seen
+        self.copied += p.copied
+        self.skipped += p.skipped
+        self.dropped = p.dropped + p.line_drops
+        if r:
+            raise self._copies.failure(PASS_CALLS[p.failed], r)
+        return p
+
+    def _call(self, lib: Any, p: Any) -> int:
+        """egpu_ring_pass in the memory's context, its phases' time added up; what it took beyond them is the
+        wait for the GIL once the call returned (cffi lets it go around the call)."""
+        with self.mem.entered():
+            t = time.perf_counter()
+            r = lib.egpu_ring_pass(p)
+            spent = time.perf_counter() - t
+        for phase, ns in zip(PHASES, p.ns):   # all but the GIL's
+            self.phases[phase] += ns / 1e9
+        for phase, ns in zip(READ_PHASES, p.driver_ns):
+            self.in_driver[phase] += ns / 1e9
+        self.phases["gil_wait"] += max(spent - sum(p.ns) / 1e9, 0.0)
+        return r
+
+    def _arguments(self, ffi: Any) -> Any:
+        """The C pass's arguments for this ring: the driver's calls, the layout, the header's memory (the SMs'
+        count read once to size it)."""
+        self._copies = c = self.mem.copies()
+        (ncpu,) = struct.unpack("<I", self.mem.read(self.addr + RING_NCPU, 4))
+        self._head = self._pin(RING_NCPU + 4 + ncpu * LINE)
+        p = ffi.new("struct egpu_ring_pass *")
+        p.copy_out, p.copy_in, p.wait, p.stream = (ffi.cast("void *", a) for a in (c.copy_out, c.copy_in, c.wait,
+                                                                                    c.stream))
+        p.addr, p.capacity, p.lines_off = self.addr, self.lay.capacity, self.lay.lines_off
+        self._buffers = [ffi.from_buffer(self._head, require_writable=True)]   # kept while p points at them
+        p.head, p.head_size = self._buffers[0], len(self._head)
+        self._pass = p
+        return p
+
+    def _stage(self, ffi: Any, p: Any) -> None:
+        """Where a pass's copies land and the zeros that clear what it took (``capacity`` bytes each, as a copy
+        is at most what is unread), and room for the walk's offsets (a record takes 8 bytes at least); made at
+        the first pass that has records, kept until close(). Where the driver has no pinned memory to give
+        (rings of gigabytes), pageable memory does, slower: a reader that failed for it would pass every
+        ring's records over unread."""
         cap = self.lay.capacity
-        if self._pinned is None:
-            self._pinned = self._pin(2 * cap)
-            self._pinned[cap:] = bytes(cap)
-        return self._pinned[:cap], self._pinned[cap:]
-
-    def _head(self) -> memoryview:
-        """Where the header and the SMs' lines are copied each pass: their count read once to size it."""
-        if self._head_buf is None:
-            (ncpu,) = struct.unpack("<I", self.mem.read(self.addr + RING_NCPU, 4))
-            self._head_buf = self._pin(RING_NCPU + 4 + ncpu * LINE)
-        return self._head_buf
+        self._staging = self._pin(2 * cap)
+        self._staging[cap:] = bytes(cap)
+        np = _numpy()
+        self._starts, self._runs = _longs(np, cap // 8 + 2), _longs(np, cap // 8 + 2)
+        self._buffers += [ffi.from_buffer(self._staging, require_writable=True),
+                          ffi.from_buffer("long long[]", self._starts, require_writable=True),
+                          ffi.from_buffer("long long[]", self._runs, require_writable=True)]
+        stage, p.starts, p.runs = self._buffers[-3:]
+        p.stage, p.zeros = stage, stage + cap
 
     def _pin(self, size: int) -> memoryview:
         try:
@@ -215,7 +250,8 @@ class RingReader:
     def close(self) -> None:
         """The pinned memory freed (no pass runs any more; a later one would make it again), the rest
         freed whatever the first free raised."""
-        bufs, self._unpin, self._pinned, self._head_buf = self._unpin, [], None, None
+        bufs, self._unpin, self._buffers = self._unpin, [], []
+        self._staging = self._head = self._pass = None
         failed: Exception | None = None
         for buf in bufs:
             try:
@@ -224,50 +260,6 @@ class RingReader:
                 failed = failed or e
         if failed is not None:
             raise failed
-
-    def _header(self, lines: bool = True) -> tuple[int, memoryview, int]:
-        """(head, the per-SM lines, empty where ``lines`` is false, their count), ``dropped`` updated from
-        the producers' counts the copies held; the time it takes is the header phase's."""
-        t = time.perf_counter()
-        buf = self._head()
-        n = RING_NCPU + 4
-        self._read(self.addr, buf[:n], "header")
-        head, _reserved, _consumed, dropped = struct.unpack_from("<QQQQ", buf, 0)
-        (ncpu,) = struct.unpack_from("<I", buf, RING_NCPU)
-        marks = buf[n:n + ncpu * LINE] if lines else buf[n:n]
-        if marks:
-            self._read(self.addr + self.lay.lines_off, marks, "header")
-            self._line_drops = sum(struct.unpack_from("<Q", marks, c * LINE + 8)[0] for c in range(ncpu))
-        self.dropped = dropped + self._line_drops
-        self._spent("header", t)
-        return head, marks, ncpu
-
-    def count_drops(self) -> None:
-        """``dropped`` brought up to date with the per-SM lines: a waiting ring's passes leave them unread
-        (its producers count there only records larger than the ring), so its count is read once, at the end."""
-        self._header()
-
-    def _reopen(self, lines: memoryview, ncpu: int) -> None:
-        """A dropping ring's SMs that were refused may ask again now that there is room (devmaps.py)."""
-        for c in range(ncpu):
-            if struct.unpack_from("<Q", lines, c * LINE)[0] != M64:
-                self.mem.write(self.addr + self.lay.lines_off + c * LINE, struct.pack("<Q", M64))
-
-    def skip(self) -> None:
-        """``consumed`` moved to ``head`` unread, the bytes counted in ``skipped``: what a failed reader
-        does so that producers made to wait go on (and a dropping ring's refused SMs may ask again)."""
-        head, lines, ncpu = self._header()
-        if head != self.consumed:
-            self.skipped += head - self.consumed
-            self.consumed = head
-            self.mem.write(self.addr + 16, struct.pack("<Q", head))
-        if not self.lay.wait:
-            self._reopen(lines, ncpu)
-
-    def empty(self) -> bool:
-        """Nothing left between consumed and head (the producers are done: the job's kernels finished)."""
-        (head,) = struct.unpack("<Q", self.mem.read(self.addr, 8))
-        return head == self.consumed
 
 
 LENGTH = (1 << 32) - 1   # of a header word (length | flags << 32 | SM id << 40): the data's length
@@ -278,46 +270,13 @@ def _footprint(length: int) -> int:
     return 8 + (length + 7 & ~7)
 
 
-def _scan(buf: memoryview, k: int, stop: int, limit: int, out: Taken) -> tuple[int, int | None, bool]:
-    """Walk the records of ``buf`` that start in [k, stop), appending to ``out`` copies of the committed
-    ones that start before ``limit`` (``buf`` is the reader's staging, overwritten by the next pass); (where
-    the walk ended, the end of the last record taken or None, whether it stopped at a record not yet
-    complete). Offsets and lengths are 8-byte aligned (devmaps.py); ``limit`` is where an earlier walk
-    ended, a record's start."""
-    np = _numpy()
-    end, stopped = _walk(np, buf, k, min(stop, limit), out)
-    took = end if end > k else None
-    if not stopped and end < stop:   # complete, taken by the next pass
-        end, stopped = _walk(np, buf, end, stop, None)
-    return end, took, stopped
-
-
-def _walk(np: Any, buf: memoryview, k: int, stop: int, out: Taken | None) -> tuple[int, bool]:
-    """Walk the records that start in [k, stop) to the first not complete (in C: shim/drain.c), appending
-    to ``out`` (unless None) copies of the committed ones; (where the walk ended, whether it stopped at a
-    record not complete)."""
-    if k >= stop:
-        return k, False
-    ffi, lib = _shim()
-    counts = ffi.new("unsigned long long[2]")
-    if out is None:   # only where the walk ends
-        end = lib.egpu_ring_walk(ffi.from_buffer(buf), len(buf), k, stop, ffi.NULL, counts, ffi.NULL, counts + 1)
-        return end, end < stop
-    room = (stop - k >> 3) + 1
-    starts, runs = _longs(np, room), _longs(np, room)
-    end = lib.egpu_ring_walk(ffi.from_buffer(buf), len(buf), k, stop, ffi.from_buffer("long long[]", starts),
-                             counts, ffi.from_buffer("long long[]", runs), counts + 1)
-    _hand_on(np, buf, starts[:counts[0]], runs[:counts[1]], out)
-    return end, end < stop
-
-
 def _longs(np: Any, n: int) -> Any:
     """Room for ``n`` int64s the C fills: numpy's, or a memoryview's without numpy."""
     return np.empty(n, np.int64) if np is not None else memoryview(bytearray(8 * n)).cast("q")
 
 
 def _shim() -> tuple[Any, Any]:
-    """(ffi, lib) of the loaded shim, whose C the walk runs (tests and benchmarks load it themselves)."""
+    """(ffi, lib) of the loaded shim, whose C the passes run (tests and benchmarks load it themselves)."""
     from egpu_preload.runtime import hooks
     return hooks.shim()
 

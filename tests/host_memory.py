@@ -1,0 +1,79 @@
+"""The ring reader's driver calls over memory of this process (tests/stub_driver/host_memory.c), so that its
+pass in C runs against a stand-in ring that producer threads write: for the reader's tests and
+bench/bench_drain.py. Built with gcc once per process, loaded ABI-mode."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import cffi
+
+from egpu_preload.runtime.driver import DriverError, StreamCopies
+
+SOURCE = Path(__file__).resolve().parent / "stub_driver" / "host_memory.c"
+CDEF = """
+struct stub_copy { int call; unsigned long long device, n, host; };
+struct stub_memory {
+    unsigned char *base;
+    unsigned long long fail_lo, fail_hi;
+    long long fail_after;
+    int fail_result;
+    struct stub_copy *log;
+    unsigned long long room, logged;
+};
+int stub_copy_out(void *dst, unsigned long long src, size_t n, void *stream);
+int stub_copy_in(unsigned long long dst, const void *src, size_t n, void *stream);
+int stub_wait(void *stream);
+"""
+OUT, IN = 0, 1   # a logged copy's call
+
+
+@functools.cache
+def _lib() -> tuple[Any, Any]:
+    out = Path(tempfile.mkdtemp(prefix="egpu-host-memory-")) / "libhost_memory.so"
+    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", str(SOURCE), "-o", str(out)], check=True)
+    ffi = cffi.FFI()
+    ffi.cdef(CDEF)
+    return ffi, ffi.dlopen(str(out))
+
+
+def failure(call: str, result: int) -> DriverError:
+    """What the stand-in's failed call raises: driver.Driver.failure's text, the error by its number."""
+    return DriverError(f"{call} failed: CUresult {result}", result)
+
+
+class HostCopies:
+    """The driver's copies over the bytearray ``mem`` (device address 0 is its start; it must not be resized
+    while this lives), each logged where ``room`` (entries) is given."""
+
+    def __init__(self, mem: bytearray, room: int = 0) -> None:
+        self.ffi, self.lib = _lib()
+        self._base = self.ffi.from_buffer(mem)
+        self._log = self.ffi.new("struct stub_copy[]", room) if room else self.ffi.NULL
+        self.state = self.ffi.new("struct stub_memory *", {"base": self._base, "fail_after": -1, "log": self._log,
+                                                             "room": room})
+
+    def copies(self) -> StreamCopies:
+        ffi, lib = self.ffi, self.lib
+        copy_out, copy_in, wait = (int(ffi.cast("uintptr_t", f)) for f in (lib.stub_copy_out, lib.stub_copy_in,
+                                                                             lib.stub_wait))
+        return StreamCopies(copy_out, copy_in, wait, int(ffi.cast("uintptr_t", self.state)), failure)
+
+    def fail(self, lo: int, hi: int, result: int, after: int = 0) -> None:
+        """Copies out of device addresses [lo, hi) fail with ``result``, every one after the first ``after``."""
+        s = self.state
+        s.fail_lo, s.fail_hi, s.fail_result, s.fail_after = lo, hi, result, after
+
+    def log(self) -> list[tuple[int, int, int, int]]:
+        """(call: OUT or IN, device address, bytes, host address) of each copy made, as far as the log holds."""
+        n = min(self.state.logged, self.state.room)
+        return [(c.call, c.device, c.n, c.host) for c in self._log[0:n]]
+
+    def host(self, buf: Any) -> tuple[int, int]:
+        """[start, end) of ``buf``'s memory, to tell which buffer a copy used."""
+        start = int(self.ffi.cast("uintptr_t", self.ffi.from_buffer(buf)))
+        return start, start + memoryview(buf).nbytes
