@@ -1,7 +1,7 @@
-"""The --trace drain on the CPU, no GPU: ``python3 bench/bench_drain.py OUT.json [--profile CONFIG]``.
+"""The --trace drain on the CPU, no GPU: ``python3 bench/bench_drain.py OUT.json [--profile CONFIG | --busy]``.
 
-A stand-in device (a bytearray whose copies go through numpy, which lets the GIL go as a DMA copy
-would) holds the probe's 16 MiB ring, made to wait; a producer thread fills it the way the GPU's
+A stand-in device (a bytearray; the reader's pass copies it with memcpy in C, tests/host_memory.py, the GIL let
+go as around the driver's copies) holds the probe's 16 MiB ring, made to wait; a producer thread fills it the way the GPU's
 producers do (each record's header, READY flag and bytes, head moved past them, room waited for). Two
 record streams: examples/access_trace.bpf.c's (80 bytes with the ring header) and mem_trace_warp.bpf.c's
 warp records, whose size follows from the lanes' form (72 to 336 bytes, mixed as below). For each,
@@ -14,7 +14,9 @@ reader's walk in the shim's C as inside a job (the shim is built here):
   Parquet, the file read back and compared with what was produced.
 
 ``--profile access:both.arrow`` (say) runs that one configuration under cProfile, every thread, and
-prints where the time went. Needs numpy, pyarrow and clang (the probes are compiled)."""
+prints where the time went. ``--busy`` runs every configuration beside a Python thread that spins, holding
+the GIL but for the switch interval, as a job's main thread does: the reader's passes then wait for it after
+each call into C; the reader's passes, and where they spent their time, go into OUT.json too. Needs numpy, pyarrow and clang (the probes are compiled)."""
 
 from __future__ import annotations
 
@@ -31,23 +33,26 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from egpu_preload.bpf import program as prog  # noqa: E402
 from egpu_preload.bpf.compile import compile_probe  # noqa: E402
 from egpu_preload.bpf.elf import load_object  # noqa: E402
 from egpu_preload.maps import MapsState  # noqa: E402
 from egpu_preload.output import tracefile, warp_records as wr  # noqa: E402
+from egpu_preload.runtime.driver import StreamCopies  # noqa: E402
 from egpu_preload.runtime.probes import Probe  # noqa: E402
 from egpu_preload.runtime import ring_drain  # noqa: E402
 from egpu_preload.runtime.ring_drain import RingDrain, RingReader, count  # noqa: E402
 from egpu_preload.runtime.streaming import Streaming, rings  # noqa: E402
 from egpu_preload.translate import devmaps  # noqa: E402
+from host_memory import HostCopies  # noqa: E402
 
 RING = 16 << 20
 RUNS = 3
@@ -56,12 +61,14 @@ FORMATS = (".arrow", ".parquet")
 
 
 class Device:
-    """Device memory in a bytearray; addresses are offsets. Copies go through numpy (the GIL let go, as
-    the driver's copies do); pinned memory is a bytearray of its own, as in tests/test_trace_stream.py."""
+    """Device memory in a bytearray; addresses are offsets. The reader's copies are memcpy in C
+    (tests/host_memory.py), the others go through numpy; pinned memory is a bytearray of its own, as in
+    tests/test_trace_stream.py."""
 
     def __init__(self, size: int) -> None:
         self.mem, self.top = bytearray(size), 0
         self.u8 = np.frombuffer(self.mem, np.uint8)
+        self.host = HostCopies(self.mem)
 
     def alloc(self, n: int) -> int:
         self.top, at = self.top + devmaps.round8(n), self.top
@@ -73,9 +80,8 @@ class Device:
     def read(self, addr: int, n: int) -> bytes:
         return self.u8[addr:addr + n].tobytes()
 
-    def read_into(self, addr: int, buf: memoryview) -> float:
-        np.copyto(np.frombuffer(buf, np.uint8), self.u8[addr:addr + len(buf)])
-        return 0.0   # no driver
+    def copies(self) -> StreamCopies:
+        return self.host.copies()
 
     def write(self, addr: int, data: bytes | memoryview) -> None:
         np.copyto(self.u8[addr:addr + len(data)], np.frombuffer(data, np.uint8))
@@ -183,8 +189,9 @@ def device(p: Probe) -> tuple[Device, devmaps.DeviceMaps]:
     return dev, devmaps.DeviceMaps(dev, MapsState(p.obj.maps), 132)
 
 
-def run_reader(p: Probe, index: int, s: Stream, keep: bool) -> tuple[float, list]:
-    """(seconds, what the reader took if ``keep``) for the whole stream, the records thrown away."""
+def run_reader(p: Probe, index: int, s: Stream, keep: bool) -> tuple[float, list, dict]:
+    """(seconds, what the reader took if ``keep``, its passes and phases) for the whole stream, the records
+    thrown away."""
     dev, dm = device(p)
     reader = RingReader(dev, dm.addrs[index], dm.layouts[index])
     kept: list = []
@@ -197,7 +204,7 @@ def run_reader(p: Probe, index: int, s: Stream, keep: bool) -> tuple[float, list
     drain.stop()
     seconds = time.perf_counter() - t
     assert reader.taken == len(s), (reader.taken, len(s))
-    return seconds, kept
+    return seconds, kept, {"passes": drain.passes, **{f"{k}_s": round(v, 3) for k, v in reader.phases.items()}}
 
 
 def run_writer(p: Probe, index: int, batches: list, path: Path) -> float:
@@ -261,13 +268,17 @@ def measure(name: str, cfg: tuple, tmp: Path, only: str | None = None) -> dict:
     out: dict = {"records": len(s), "ring_bytes": int(s.starts[-1])}
     best: dict[str, float] = {}
 
-    def note(key: str, seconds: float) -> None:
+    def note(key: str, seconds: float) -> bool:
+        """Whether ``seconds`` is the best of ``key`` so far."""
         best[key] = min(best.get(key, float("inf")), seconds)
+        return best[key] == seconds
 
     batches: list = []
     for _ in range(RUNS):
         if only in (None, "reader"):
-            note("reader", run_reader(p, index, s, False)[0])
+            seconds, _, pace = run_reader(p, index, s, False)
+            if note("reader", seconds):
+                out["reader.pace"] = pace
         if only in (None, "writer") or only.startswith("writer"):
             if not batches:
                 batches = run_reader(p, index, s, True)[1]
@@ -319,11 +330,32 @@ def walk_in_c(tmp: Path) -> None:
     ring_drain._shim = lambda: c
 
 
+@contextlib.contextmanager
+def spinning(on: bool) -> Iterator[None]:
+    """A Python thread spinning for the block (``on``), as a job's main thread that holds the GIL."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    thread = threading.Thread(target=spin, name="bench-busy", daemon=True)
+    if on:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if on:
+            thread.join()
+
+
 def main() -> None:
     args = sys.argv[1:]
-    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--profile"):
+    busy = args[1:] == ["--busy"]
+    if len(args) not in (1, 2, 3) or (len(args) == 3 and args[1] != "--profile") or (len(args) == 2 and not busy):
         raise SystemExit(__doc__)
-    with tempfile.TemporaryDirectory() as t:
+    with tempfile.TemporaryDirectory() as t, spinning(busy):
         tmp = Path(t)
         walk_in_c(tmp)
         if len(args) == 3:
@@ -333,7 +365,7 @@ def main() -> None:
                      "warp_mix": dict(zip(("affine32", "offsets32", "offsets7", "addrs32"), WARP_MIX)),
                      "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                                               text=True).stdout.strip(),
-                     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                     "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "busy_thread": busy}
         for name, cfg in configs(tmp).items():
             doc[name] = measure(name, cfg, tmp)
     Path(args[0]).write_text(json.dumps(doc, indent=1) + "\n")

@@ -4,26 +4,33 @@ ring made to wait (devmaps.py, ``--on-full wait``) loses nothing while this read
 (its producers give up, counted, only once it has taken nothing for devmaps.WAIT_STALL_NS).
 
 The regions stay in device memory, where the producers' atomics are cheap; the reader copies on the
-runtime's own stream (driver.ContextMemory.read/write: a non-blocking stream, never the application's,
-so the application never synchronizes with it and its kernels keep running while the copies do). The
-header, the SMs' lines, the records' bytes and the zeros that clear them go through page-locked memory
+runtime's own stream (driver.ContextMemory.copies: a non-blocking stream, never the application's, so the
+application never synchronizes with it and its kernels keep running while the copies do). A pass over a
+ring is one call into C (shim/drain.c egpu_ring_pass): the header read, the records' copies, the walk from
+record to record, the zeros and ``consumed`` written back, every driver call of it made there, because
+cffi lets the GIL go around each call into C and the reader then waits behind the job's threads to get it
+back (up to the 5 ms switch interval: ~90% of a pass when each of its ten or so calls was made from Python,
+a PyTorch eager job's trace on an H100); Python then cuts what the walk found into the batches it hands on.
+The header, the SMs' lines, the records' bytes and the zeros that clear them go through page-locked memory
 of each reader's own, made at its first pass (the records': the first with records) and freed when the
-drain stops: from pageable memory the driver copies through a bounce buffer of its own, and a buffer
-made per pass is zero-filled besides. (Headers read into pageable memory took 3.0-3.8 ms a pass in a
-PyTorch eager step's trace on the H200, 2026-12-05b, the records' copies into page-locked 0.3-0.5 ms.)
-The scan reads that memory in place (the walk from record to record in C, shim/drain.c: the loaded
-shim's) and copies out what it hands on, once: the writer holds records past the next pass, which
-overwrites it. The reader's thread holds the maps' context for its whole run (ContextMemory.entered).
+drain stops: from pageable memory the driver copies through a bounce buffer of its own, and a buffer made
+per pass is zero-filled besides. (Headers read into pageable memory took 3.0-3.8 ms a pass in a PyTorch
+eager step's trace on the H200, 2026-12-05b, the records' copies into page-locked 0.3-0.5 ms.) What a pass
+hands on is copied out of that memory, once: the writer holds records past the next pass, which overwrites
+it. The reader's thread holds the maps' context for its whole run (ContextMemory.entered).
 
 A copy engine reads a range in no particular order, so one copy may hold a record's READY flag and an
 older copy of its bytes. A record is therefore taken only from a copy made after an earlier copy had
 already seen its flag: the producer published the bytes before the flag (st.release.sys), so they were
-complete before this copy began. Each pass copies ``[consumed, head)`` once and takes the records
-an earlier pass saw complete; a record reaches the sink one pass after it was committed.
+complete before this copy began. Each pass copies ``[consumed, head)`` (where the records cross the ring's
+end, the part after the wrap by a second copy) and takes the records an earlier pass saw complete; a record
+reaches the sink one pass after it was committed.
 
-Before ``consumed`` moves past records, their bytes are zeroed (the producer's BUSY flag is written
-after its position is taken, so between the two the reader must find no stale READY there: devmaps.py's
-"the host clears the headers"). A dropping ring's per-SM full marks are reset once it has room again;
+Before ``consumed`` moves past records, their bytes are zeroed by copies from zeros, never a memset (a
+kernel, which under --on-full wait never starts while the producers' blocks hold every SM: a hang on the
+H200, 2026-12-04), and on the same stream, so they land first (the producer's BUSY flag is written after
+its position is taken, so between the two the reader must find no stale READY there: devmaps.py's "the
+host clears the headers"). A dropping ring's per-SM full marks are reset once it has room again;
 a waiting ring's per-SM lines, where its producers count only records larger than the ring, are read
 once, when the drain stops.
 
