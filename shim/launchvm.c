@@ -995,7 +995,14 @@ static int helper(struct run *x, int32_t id) {
         }
         return 0;
     case 6: return trace_printk(x);
-    case 25: return output(x, 2, 4, 5);  /* perf_event_output(ctx, map, flags, data, size) */
+    case 25: { /* perf_event_output(ctx, map, flags, data, size): flags beyond the CPU index get -EINVAL and
+                * no record (bpf_trace.c), as on the VM and the GPU */
+        int k;
+        if (x->r[3] <= 0xffffffffu) return output(x, 2, 4, 5);
+        if (output_map(x, 2, &k)) return -1;
+        x->r[0] = (uint64_t)-EINVAL;
+        return 0;
+    }
     case 130: return output(x, 1, 2, 3); /* ringbuf_output(map, data, size, flags) */
     case 131: return reserve(x);
     case 132: case 133: return release(x, id == 132); /* ringbuf_submit, ringbuf_discard */

@@ -169,6 +169,7 @@ def _launches(n: int) -> list[launches.Launch]:
     ("examples/launch_count", "v3"), ("tests/probes/launch", "v3"), ("tests/probes/histogram", "v3"),
     ("tests/launch_probes/launch_maps", "v3"), ("tests/launch_probes/launch_maps", "v4"),
     ("examples/launch_latency", "v3"), ("examples/launchlate", "v3"), ("tests/launch_probes/shared_rw", "v3"),
+    ("tests/launch_probes/output_flags", "v3"),
 ])
 def test_c_and_the_vm_leave_the_same_maps(shim_api, probe, path, mcpu):
     """Every launch probe of the tree that the C engine takes, over 300 launches: each map's entries
