@@ -1003,7 +1003,14 @@ static int helper(struct run *x, int32_t id) {
         x->r[0] = (uint64_t)-EINVAL;
         return 0;
     }
-    case 130: return output(x, 1, 2, 3); /* ringbuf_output(map, data, size, flags) */
+    case 130: { /* ringbuf_output(map, data, size, flags): flags beyond BPF_RB_NO_WAKEUP | BPF_RB_FORCE_WAKEUP
+                 * get -EINVAL and no record (ringbuf.c) */
+        int k;
+        if (x->r[4] <= 3) return output(x, 1, 2, 3);
+        if (output_map(x, 1, &k)) return -1;
+        x->r[0] = (uint64_t)-EINVAL;
+        return 0;
+    }
     case 131: return reserve(x);
     case 132: case 133: return release(x, id == 132); /* ringbuf_submit, ringbuf_discard */
     case 14: /* get_current_pid_tgid: the process, tgid << 32 | its main thread (helpers.py) */

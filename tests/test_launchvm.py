@@ -191,6 +191,27 @@ def test_c_and_the_vm_leave_the_same_maps(shim_api, probe, path, mcpu):
 
 
 @pytest.mark.parametrize("engine", ["c", "vm"])
+def test_output_helpers_refuse_flags_linux_refuses(shim_api, probe, engine):
+    """bpf_perf_event_output with flags beyond the CPU index and bpf_ringbuf_output with flags beyond
+    BPF_RB_NO_WAKEUP | BPF_RB_FORCE_WAKEUP return -EINVAL and send nothing (bpf_trace.c, ringbuf.c); valid
+    flags return 0. Both were once taken as valid by one engine or all (a helper's probe sweep)."""
+    ffi, _ = shim_api
+    obj = probe("tests/launch_probes/output_flags", "v3")
+    lp = launches.LaunchProbes([obj], engine=shim_api) if engine == "c" else launches.LaunchProbes([obj])
+    lp.offset = 5_000
+    for launch in _launches(3):
+        if engine == "vm":
+            lp.run(launch)
+            continue
+        if launch.function not in lp.router.python:
+            lp.route(launch.function, launch.name)
+        lp.router.run(_record(ffi, launch), lp.offset)
+    state = lp.sides[0].host_state()
+    results = dict(state.storages[[m.name for m in state.maps].index("results")].items())
+    assert [struct.unpack("<q", results[struct.pack("<I", k)])[0] for k in range(4)] == [0, -22, 0, -22]
+
+
+@pytest.mark.parametrize("engine", ["c", "vm"])
 def test_a_retired_probe_runs_no_more_and_the_others_go_on(shim_api, probe, engine):
     """A probe egpu-run started with, detached or swapped out live (LaunchProbes.retire): its launch
     programs ran on after the detach, where nothing read their maps (a helper's sweep). From the retire on

@@ -73,6 +73,7 @@ BY_NAME: dict[str, Helper] = {h.name: h for h in HELPERS.values()}
 BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
 # Flags of ringbuf/perf output: index mask for perf_event_output's current-CPU selector.
 BPF_F_CURRENT_CPU = 0xFFFFFFFF
+BPF_RB_FLAGS = 3   # BPF_RB_NO_WAKEUP | BPF_RB_FORCE_WAKEUP: what bpf_ringbuf_output takes (ringbuf.c)
 
 # A conversion of a bpf_trace_printk format as Linux takes it (kernel/bpf/helpers.c bpf_bprintf_prepare):
 # flags, width, l or ll, then d i u x X c s p, where %pK and %px print the pointer as %p does; h, hh and z

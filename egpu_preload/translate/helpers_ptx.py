@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ..bpf import program as prog
 from ..bpf.decode import Insn
-from ..bpf.helpers import BPF_EXIST, BPF_F_CURRENT_CPU, BPF_NOEXIST, HELPERS
+from ..bpf.helpers import BPF_EXIST, BPF_F_CURRENT_CPU, BPF_NOEXIST, BPF_RB_FLAGS, HELPERS
 from ..maps import E2BIG, EAGAIN, EEXIST, EINVAL, ENOENT, ENOSPC
 from . import devmaps
 from ..output import warp_records as wr
@@ -767,9 +767,11 @@ def _output(g: FuncGen, base: str, lay: MapLayout, data: str, size: str, fail: s
 
 
 def ringbuf_output(g: FuncGen, insn: Insn) -> None:
-    """r0 = 0, or -EAGAIN when the ring is full (the drop is counted)."""
+    """r0 = 0, -EINVAL for flags (r4) beyond the wakeup ones, or -EAGAIN when the ring is full (the drop
+    is counted)."""
     index, m, lay = _map(g, insn)
     done = g.label()
+    _branch(g, "gt", g.reg(4), BPF_RB_FLAGS, _ret(g, done, -EINVAL))
     _output(g, g.map_base(index), lay, g.reg(2), g.reg(3), _ret(g, done, -EAGAIN))
     _succeed(g, done)
 

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..bpf.helpers import BPF_F_CURRENT_CPU, BY_NAME
+from ..bpf.helpers import BPF_F_CURRENT_CPU, BPF_RB_FLAGS, BY_NAME
 from ..errors import VmError
 from ..maps import EINVAL, MapStorage, PerfStorage, PerthreadArrayStorage, RingbufStorage, TraceRecord
 from ..output.warp_records import WARP, Instruction
@@ -90,7 +90,10 @@ def _ringbuf(run: "Run", helper: str) -> RingbufStorage:
 
 
 def ringbuf_output(run: "Run") -> bool:
+    """(map, data, size, flags): flags beyond the wakeup ones get -EINVAL and no record (ringbuf.c)."""
     storage = _ringbuf(run, "ringbuf_output")
+    if run.regs[4] & ~BPF_RB_FLAGS:
+        return _set(run, -EINVAL)
     return _set(run, storage.output(run.mem.read(run.regs[2], run.regs[3])))
 
 

@@ -9,8 +9,13 @@ struct {
 } events SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 16);   /* room for every record of the tests' launches: none refused as full */
+} ring SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2);
+	__uint(max_entries, 4);
 	__type(key, __u32);
 	__type(value, __s64);
 } results SEC(".maps");
@@ -30,6 +35,8 @@ int output_flags(struct egpu_ctx *ctx)
 
 	keep(0, bpf_perf_event_output(ctx, &events, BPF_F_CURRENT_CPU, &v, sizeof(v)));
 	keep(1, bpf_perf_event_output(ctx, &events, 1ULL << 33, &v, sizeof(v)));  /* not a CPU index: -EINVAL */
+	keep(2, bpf_ringbuf_output(&ring, &v, sizeof(v), 2));   /* BPF_RB_FORCE_WAKEUP */
+	keep(3, bpf_ringbuf_output(&ring, &v, sizeof(v), 7));   /* beyond the wakeup flags: -EINVAL */
 	return 0;
 }
 
