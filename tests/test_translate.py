@@ -24,7 +24,8 @@ from egpu_preload.maps import MapsState
 from egpu_preload.translate import devmaps, probe_function, program_to_ptx
 from egpu_preload.translate.execute import layout_memories
 from egpu_preload.translate.gpu import pack_params
-from egpu_preload.translate.module import batch_ptx, entries_ptx, probe_runner_ptx
+from egpu_preload.translate.module import batch_ptx, entries_ptx, header, probe_runner_ptx
+import structured_programs
 from isa_cases import CASES
 from translate_support import (COUNTER, GPU_TEST_PROBES, PTXAS_REPORTS, bench_probes, memory_program,
                                probe_object, verified_programs)
@@ -441,6 +442,21 @@ def test_gpu_test_and_bench_probes_assemble(tmp_path):
 def test_random_programs_assemble(tmp_path):
     ptxas(batch_ptx(verified_programs(seed=7, count=100)), "sm_90", tmp_path)
     ptxas(batch_ptx(verified_programs(seed=7, count=100, make=memory_program)), "sm_90", tmp_path)
+
+
+def test_structured_programs_assemble(tmp_path):
+    """tests/structured_programs.py's loops, subprograms, maps and helpers, each translated as a probe in
+    both context forms, all in one module with a runner kernel per translation: ptxas takes every one."""
+    drawn = structured_programs.programs(seed=5, count=60)
+    parts = []
+    for k, text in enumerate(drawn.accepted):
+        obj, p = probe_object(text, list(structured_programs.MAPS), f"s{k}.bpf.o")
+        for words in (True, False):
+            probe = probe_function(p, obj, tag=f"s{k}{'w' if words else 'a'}", ctx_params=words)
+            runner = probe_runner_ptx(probe, kernel=f"egpu_run_s{k}{'w' if words else 'a'}")
+            parts.append(runner.removeprefix(header(probe.version, probe.sm)))
+    report = ptxas(header() + "\n".join(parts), "sm_90", tmp_path)
+    assert len(report) == 2 * len(drawn.accepted) == 120
 
 
 # ---- the foundation's other programs ----------------------------------------------------------------

@@ -20,6 +20,7 @@ from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState
 from egpu_preload.runtime.dump import storage_contents
 from egpu_preload.vm import ThreadSim, Vm
+from tests import structured_programs as structured
 from tests.isa_cases import CASES
 from tests.verifier_cases import ACCEPT, MAPS
 from translate_support import memory_program, straight_line_program
@@ -94,6 +95,65 @@ def test_random_programs(make):
     rng = random.Random(11)
     for _ in range(150):
         _both(make(rng), None)
+
+
+def _in_c(shim_api, code: bytes, contexts: list[bytes]) -> tuple[list, list]:
+    """shim/launchvm.c's r0 (or fault and pc) for each context, one map state, then every map's entries."""
+    ffi, lib = shim_api
+    maps = [ffi.gc(lib.egpu_lvm_map_new(m.type, m.key_size, m.value_size, m.max_entries, 0, ffi.NULL, 0),
+                   lib.egpu_lvm_map_free) for m in structured.MAPS]
+    p = ffi.gc(lib.egpu_lvm_prog_new(code, len(code) // 8, ffi.new("struct egpu_lvm_map *[]", maps), len(maps)),
+               lib.egpu_lvm_prog_free)
+    r0, pc, r0s = ffi.new("unsigned long long *"), ffi.new("unsigned int *"), []
+    for c in contexts:
+        fault = lib.egpu_lvm_exec(p, ffi.new("unsigned char[]", c), len(c), r0, pc)
+        r0s.append(("fault", fault, pc[0]) if fault else r0[0])
+    contents = []
+    for m, cm in zip(structured.MAPS, maps):
+        n = lib.egpu_lvm_map_read(cm, ffi.NULL, ffi.NULL, 0)
+        keys, values = ffi.new("unsigned char[]", m.key_size * n + 1), ffi.new("unsigned char[]", m.value_size * n + 1)
+        lib.egpu_lvm_map_read(cm, keys, values, n)
+        k, v = ffi.buffer(keys), ffi.buffer(values)
+        contents.append([(k[m.key_size * i:m.key_size * (i + 1)], v[m.value_size * i:m.value_size * (i + 1)])
+                         for i in range(n)])
+    return r0s, contents
+
+
+def _on_vm(code: bytes, contexts: list[bytes], compiled: bool) -> tuple[list, list]:
+    """The VM's r0 (or fault and pc) for each context, one map state, then every map's entries."""
+    state = MapsState(list(structured.MAPS))
+    vm = Vm(code, list(structured.MAPS), state, compiled=compiled)
+    assert (vm.program is not None) == compiled, "the compiled path is not taken"
+    r0s = []
+    for c in contexts:
+        try:
+            r0s.append(vm.run(c, ThreadSim()))
+        except EgpuError as e:
+            r0s.append(("fault", str(e)))
+    return r0s, [list(s.items()) for s in state.storages]
+
+
+def test_structured_programs_run_alike_on_every_executor(shim_api):
+    """Random programs the verifier accepts, with loops, subprograms, maps and helpers
+    (tests/structured_programs.py), each run on three contexts against one map state per executor: the
+    interpreter, the compiled VM and the C engine give the same r0s (each a fold of the registers and the
+    stack) and leave the same maps. None faults: the verifier accepted them. Every program runs on each."""
+    drawn = structured.programs(seed=3, count=200)
+    rng = random.Random(3)
+    ran = {"interpreter": 0, "compiled": 0, "c": 0}
+    for n, text in enumerate(drawn.accepted):
+        code = assemble(text)
+        contexts = [rng.randbytes(C.SIZE) for _ in range(3)]
+        interpreted = _on_vm(code, contexts, False)
+        ran["interpreter"] += 1
+        compiled = _on_vm(code, contexts, True)
+        ran["compiled"] += 1
+        in_c = _in_c(shim_api, code, contexts)
+        ran["c"] += 1
+        assert not any(isinstance(r, tuple) for r in interpreted[0]), (n, interpreted[0], text)
+        assert compiled == interpreted, (n, text)
+        assert in_c == interpreted, (n, text)
+    assert ran == dict.fromkeys(ran, len(drawn.accepted)) and len(drawn.accepted) == 200
 
 
 def _ctx(rng: random.Random) -> bytes:
