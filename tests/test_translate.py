@@ -447,16 +447,16 @@ def test_random_programs_assemble(tmp_path):
 def test_structured_programs_assemble(tmp_path):
     """tests/structured_programs.py's loops, subprograms, maps and helpers, each translated as a probe in
     both context forms, all in one module with a runner kernel per translation: ptxas takes every one."""
-    drawn = structured_programs.programs(seed=5, count=60)
+    texts = structured_programs.programs(seed=5, count=60)
     parts = []
-    for k, text in enumerate(drawn.accepted):
+    for k, text in enumerate(texts):
         obj, p = probe_object(text, list(structured_programs.MAPS), f"s{k}.bpf.o")
         for words in (True, False):
             probe = probe_function(p, obj, tag=f"s{k}{'w' if words else 'a'}", ctx_params=words)
             runner = probe_runner_ptx(probe, kernel=f"egpu_run_s{k}{'w' if words else 'a'}")
             parts.append(runner.removeprefix(header(probe.version, probe.sm)))
     report = ptxas(header() + "\n".join(parts), "sm_90", tmp_path)
-    assert len(report) == 2 * len(drawn.accepted) == 120
+    assert len(report) == 2 * len(texts) == 120
 
 
 # ---- the foundation's other programs ----------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The VM's compiled programs (vm/compile.py) against its interpreter: the ISA table, the verifier's
-accepted programs, random programs (local calls in every stack-atomics-calls one), the faults, and
-every probe of tests/probes and examples/ on the same contexts, maps compared after each run. Each
+accepted programs, random programs (local calls in every stack-atomics-calls one; loops, subprograms,
+maps and helpers in structured_programs.py's, which the C engine, shim/launchvm.c, runs too), the
+faults, and every probe of tests/probes and examples/ on the same contexts, maps compared after each run. Each
 comparison first checks that the compiled form exists (``Vm.program``), so it cannot quietly compare
 the interpreter with itself."""
 
@@ -138,10 +139,10 @@ def test_structured_programs_run_alike_on_every_executor(shim_api):
     (tests/structured_programs.py), each run on three contexts against one map state per executor: the
     interpreter, the compiled VM and the C engine give the same r0s (each a fold of the registers and the
     stack) and leave the same maps. None faults: the verifier accepted them. Every program runs on each."""
-    drawn = structured.programs(seed=3, count=200)
+    texts = structured.programs(seed=3, count=200)
     rng = random.Random(3)
     ran = {"interpreter": 0, "compiled": 0, "c": 0}
-    for n, text in enumerate(drawn.accepted):
+    for n, text in enumerate(texts):
         code = assemble(text)
         contexts = [rng.randbytes(C.SIZE) for _ in range(3)]
         interpreted = _on_vm(code, contexts, False)
@@ -153,7 +154,7 @@ def test_structured_programs_run_alike_on_every_executor(shim_api):
         assert not any(isinstance(r, tuple) for r in interpreted[0]), (n, interpreted[0], text)
         assert compiled == interpreted, (n, text)
         assert in_c == interpreted, (n, text)
-    assert ran == dict.fromkeys(ran, len(drawn.accepted)) and len(drawn.accepted) == 200
+    assert ran == dict.fromkeys(ran, len(texts)) and len(texts) == 200
 
 
 def _ctx(rng: random.Random) -> bytes:
