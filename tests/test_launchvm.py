@@ -165,6 +165,18 @@ def _launches(n: int) -> list[launches.Launch]:
             for i in range(n)]
 
 
+def _run_launches(probes: launches.LaunchProbes, ffi, batch: list[launches.Launch], engine: str) -> None:
+    """Each launch through the Python VM ("vm"), or through the C router, routed the first time its handle
+    is seen ("c")."""
+    for launch in batch:
+        if engine == "vm":
+            probes.run(launch)
+            continue
+        if launch.function not in probes.router.python:
+            probes.route(launch.function, launch.name)
+        probes.router.run(_record(ffi, launch), probes.offset)
+
+
 @pytest.mark.parametrize("path, mcpu", [
     ("examples/launch_count", "v3"), ("tests/probes/launch", "v3"), ("tests/probes/histogram", "v3"),
     ("tests/launch_probes/launch_maps", "v3"), ("tests/launch_probes/launch_maps", "v4"),
@@ -199,13 +211,7 @@ def test_output_helpers_refuse_flags_linux_refuses(shim_api, probe, engine):
     obj = probe("tests/launch_probes/output_flags", "v3")
     lp = launches.LaunchProbes([obj], engine=shim_api) if engine == "c" else launches.LaunchProbes([obj])
     lp.offset = 5_000
-    for launch in _launches(3):
-        if engine == "vm":
-            lp.run(launch)
-            continue
-        if launch.function not in lp.router.python:
-            lp.route(launch.function, launch.name)
-        lp.router.run(_record(ffi, launch), lp.offset)
+    _run_launches(lp, ffi, _launches(3), engine)
     state = lp.sides[0].host_state()
     results = dict(state.storages[[m.name for m in state.maps].index("results")].items())
     assert [struct.unpack("<q", results[struct.pack("<I", k)])[0] for k in range(4)] == [0, -22, 0, -22]
@@ -222,13 +228,7 @@ def test_a_retired_probe_runs_no_more_and_the_others_go_on(shim_api, probe, engi
     probes = launches.LaunchProbes(objs, engine=shim_api, in_c=engine == "c")
 
     def run(batch: list[launches.Launch]) -> None:
-        for launch in batch:
-            if engine == "vm":
-                probes.run(launch)
-                continue
-            if launch.function not in probes.router.python:
-                probes.route(launch.function, launch.name)
-            probes.router.run(_record(ffi, launch), probes.offset)
+        _run_launches(probes, ffi, batch, engine)
 
     def maps(i: int) -> dict:
         return dump.state_contents(probes.sides[i].host_state())
