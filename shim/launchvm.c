@@ -1511,8 +1511,15 @@ static __thread struct run *tls_api_run __attribute__((tls_model("initial-exec")
 static pthread_key_t api_run_key;
 static pthread_once_t api_run_once = PTHREAD_ONCE_INIT;
 
+/* The thread ends: its run state freed, and forgotten, since a later key's destructor may still call an API with
+ * a program (then the state is made again, and glibc runs this again for it). */
+static void api_run_free(void *x) {
+    tls_api_run = NULL;
+    free(x);
+}
+
 static void api_run_key_new(void) {
-    if (pthread_key_create(&api_run_key, free)) api_run_key = (pthread_key_t)-1;
+    if (pthread_key_create(&api_run_key, api_run_free)) api_run_key = (pthread_key_t)-1;
 }
 
 /* This thread's run state; NULL when memory is out. */

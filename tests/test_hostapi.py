@@ -296,3 +296,15 @@ def test_a_program_that_loads_no_module_is_seen_from_its_first_call(stub_job, ap
     assert {s: (len(sizes), sum(sizes)) for s, sizes in calls.items()} == \
         {s: (row[0], row[1]) for s, row in rows.items()}
     assert events[0] == 0 and events[1] > 0  # no launch; every copy
+
+
+def test_a_host_api_call_from_a_thread_key_destructor_writes_no_freed_memory(built, tmp_path):
+    """app_api_exit.c: a thread ends, the shim's destructor frees the run state its host-API programs used, and
+    a destructor of the application's that runs after it calls an API with a program: that run gets a run state
+    of its own (it wrote into the freed one, which the heap had handed to the application by then)."""
+    app = tmp_path / "app_api_exit"
+    subprocess.run(["gcc", "-O1", "-Wall", "-I", str(ROOT / "shim"),
+                    str(ROOT / "tests" / "uprobe_app" / "app_api_exit.c"), "-o", str(app), "-ldl", "-pthread"], check=True)
+    r = subprocess.run([str(app)], env={"LD_PRELOAD": str(built / "libegpu_shim.so")}, capture_output=True, text=True,
+                       timeout=60)
+    assert (r.returncode, r.stdout) == (0, "runs=2 heap=intact\n"), (r.returncode, r.stdout, r.stderr)
