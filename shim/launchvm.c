@@ -6,8 +6,11 @@
  * threads call their functions, at once, each run with state of its own (struct run: on the caller's
  * stack for uprobes and launch records, a per-thread block for host-API probes). What they share is made
  * safe as Linux makes BPF maps safe:
- * - array and percpu-array values are updated in place with no lock (a lookup is an index); a program's
- *   atomic instructions (BPF_ATOMIC) are the host's atomics on the value's memory, plain stores are not.
+ * - array values are updated in place with no lock (a lookup is an index); a program's atomic instructions
+ *   (BPF_ATOMIC) are the host's atomics on the value's memory, plain stores are not.
+ * - a per-CPU array's value is the running CPU's own in Linux, so programs update it with plain loads and
+ *   stores; every host thread here is CPU 0, so the runs of a program that uses one take turns (cpu_lock),
+ *   as runs on one CPU do.
  * - a hash or LRU hash map has a lock of its own (struct spin), held across its index, its use order and
  *   an update's copy of the value. Its values are preallocated slots that live as long as the map: a
  *   pointer a lookup handed out stays valid memory, and after a delete or an eviction reaches the slot's
@@ -553,6 +556,7 @@ struct egpu_lvm_prog {
     size_t n;
     struct egpu_lvm_map **maps;
     size_t nmaps;
+    int percpu;            /* it uses a per-CPU map: its runs hold cpu_lock */
     struct egpu_lvm_stats stats;
 };
 
@@ -570,6 +574,7 @@ EXPORT struct egpu_lvm_prog *egpu_lvm_prog_new(const void *insns, size_t n, stru
     memcpy(p->insns, insns, n * sizeof *p->insns);
     if (nmaps) memcpy(p->maps, maps, nmaps * sizeof *p->maps); /* maps may be NULL then: memcpy must not see it */
     p->n = n, p->nmaps = nmaps;
+    for (size_t k = 0; k < nmaps; k++) p->percpu |= maps[k] && maps[k]->type == MAP_PERCPU_ARRAY;
     decode(p->insns, n, nmaps, p->ops);
     return p;
 }
@@ -1306,6 +1311,10 @@ out:
     return x->fault;
 }
 
+/* CPU 0, the one every host thread runs on (launchvm.c's header): held across a run of a program with a per-CPU
+ * map (a mutex: a run may take a while), inside route_lock, outside the maps' locks. */
+static pthread_mutex_t cpu_lock = PTHREAD_MUTEX_INITIALIZER;
+
 /* One run of `p` from fresh registers and frames: r1 = the context (`ctx`, `size` bytes; 0 when NULL),
  * r2 = `r2`; the watched values settled after. Counted in egpu_lvm_held. Returns the fault (0: none), its pc in
  * *fault_pc. */
@@ -1318,8 +1327,10 @@ static int run_program(struct run *x, const struct egpu_lvm_prog *p, unsigned ch
     memset(x->reserved, 0, sizeof x->reserved);
     x->r[1] = ctx ? R_CTX << REGION_SHIFT : 0, x->r[2] = r2;
     *fault_pc = 0;
+    if (p->percpu) pthread_mutex_lock(&cpu_lock);
     execute(x, fault_pc);
     settle(x);
+    if (p->percpu) pthread_mutex_unlock(&cpu_lock);
     return x->fault;
 }
 
@@ -1576,7 +1587,7 @@ void egpu_lvm_run_api(unsigned int api, const void *ctx, size_t size) {
 
 /* Every lock but the maps' (and the maps' list) taken or let go, in the order the code takes them. */
 static void fork_locks(int take) {
-    pthread_mutex_t *locks[] = {&api_lock, &sync_lock, &route_lock, &maps_lock};
+    pthread_mutex_t *locks[] = {&api_lock, &sync_lock, &route_lock, &cpu_lock, &maps_lock};
     for (size_t k = 0; k < sizeof locks / sizeof *locks; k++) {
         if (take) pthread_mutex_lock(locks[k]);
         else pthread_mutex_unlock(locks[sizeof locks / sizeof *locks - 1 - k]);
@@ -1597,7 +1608,7 @@ void egpu_lvm_fork(enum egpu_fork_phase phase) {
     if (phase == EGPU_FORK_CHILD) {
         memset(readers, 0, sizeof readers);
         pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
-        api_lock = sync_lock = route_lock = maps_lock = fresh;
+        api_lock = sync_lock = route_lock = cpu_lock = maps_lock = fresh;
     } else {
         fork_locks(0);
     }

@@ -7,7 +7,9 @@
  * - then 2 threads call upt_inc with a program that waits, in a bounded loop, for another run to be
  *   under way at once (slot 2 counts runs inside, slot 3 how many saw another): with one lock around every
  *   run none ever does.
- * Prints "counted=N hash=H cycles=C late=L marker=M met=X". The shim's C API by dlsym: no runtime. */
+ * - then 8 threads call upt_inc with a program that adds 1 to a per-CPU array's value with a plain load and
+ *   store (no atomic: a CPU's value is its own in Linux, and every host thread here runs on "CPU 0").
+ * Prints "counted=N hash=H cycles=C late=L marker=M met=X percpu=P". The shim's C API by dlsym: no runtime. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -66,6 +68,16 @@ static const struct insn MEET[] = {
     I(0x05, 0, 0, 9, 0),                /* 15: goto done */
     I(0x62, 10, 0, -8, 3), LD_MAP(1, 0), LOOKUP(-8), I(0x15, 0, 0, 2, 0), ADD1(0), /* met: slot 3 += 1 */
     I(0xb7, 1, 0, 0, -1), I(0xdb, 6, 1, 0, 0), /* 25, done: *r6 -= 1 */
+    EXIT0,
+};
+
+/* percpu[0] = percpu[0] + 1, a load and a store 100 turns of a loop apart (another thread's run would meet it) */
+static const struct insn PLUS[] = {
+    I(0x62, 10, 0, -4, 0), LD_MAP(1, 0), LOOKUP(-4),
+    I(0x15, 0, 0, 6, 0),                /* no value: exit */
+    I(0x79, 1, 0, 0, 0), I(0xb7, 2, 0, 0, 100),
+    I(0x07, 2, 0, 0, -1), I(0x55, 2, 0, -2, 0), /* r2 -= 1 until 0 */
+    I(0x07, 1, 0, 0, 1), I(0x7b, 0, 1, 0, 0),
     EXIT0,
 };
 
@@ -151,8 +163,15 @@ int main(int argc, char **argv) {
     if (p_egpu_uprobe_attach("libupt.so", "upt_inc", &meet, &entry, 1)) return 5;
     start_workers(t, w, 2, MEET_CALLS);
     for (int k = 0; k < 2; k++) pthread_join(t[k], NULL);
-    printf("counted=%llu hash=%s cycles=%s late=%d marker=%s met=%s\n", slot(array, 0), exact ? "exact" : "wrong",
-           cycles > 0 ? "some" : "none", late, marks.runs == slot(array, 1) ? "exact" : "wrong",
-           slot(array, 3) > 0 ? "some" : "none");
+
+    p_egpu_uprobe_detach(&meet, 1);
+    struct egpu_lvm_map *percpu = p_egpu_lvm_map_new(6, 4, 8, 1, 0, NULL, 0);
+    struct egpu_lvm_prog *plus = percpu ? p_egpu_lvm_prog_new(PLUS, sizeof PLUS / 8, &percpu, 1) : NULL;
+    if (!plus || p_egpu_uprobe_attach("libupt.so", "upt_inc", &plus, &entry, 1)) return 6;
+    start_workers(t, w, THREADS, calls);
+    for (int k = 0; k < THREADS; k++) pthread_join(t[k], NULL);
+    printf("counted=%llu hash=%s cycles=%s late=%d marker=%s met=%s percpu=%s\n", slot(array, 0),
+           exact ? "exact" : "wrong", cycles > 0 ? "some" : "none", late, marks.runs == slot(array, 1) ? "exact" : "wrong",
+           slot(array, 3) > 0 ? "some" : "none", slot(percpu, 0) == (unsigned long long)THREADS * calls ? "exact" : "lost");
     return 0;
 }
