@@ -15,8 +15,10 @@
  *   an update's copy of the value. Its values are preallocated slots that live as long as the map: a
  *   pointer a lookup handed out stays valid memory, and after a delete or an eviction reaches the slot's
  *   next value (Linux's preallocated hash maps reuse an element so too, BPF_F_NO_PREALLOC aside).
- * - the keys a tracked map logs (dirty_add) are under that map's lock, an array's included; the records
- *   for the runtime (trace_printk, ring and perf buffer output) under trace_lock.
+ * - the keys a tracked map logs (dirty_add) are under that map's lock, an array's included. A run that wrote
+ *   through a pointer logs the key when the value at its end differs from the one its lookup saw, and
+ *   whatever the value when another run or the runtime's take looked at that map meanwhile (watch).
+ * - the records for the runtime (trace_printk, ring and perf buffer output) are under trace_lock.
  * - a program's counts (stats) are atomic; the first fault's details may trail its count for a moment.
  * Which programs run is read inside a read section (egpu_lvm_enter / egpu_lvm_leave: a count per epoch
  * parity, sharded by thread). A change to those lists (uprobe.c's hooks, egpu_lvm_route_api) publishes a
@@ -167,6 +169,9 @@ struct egpu_lvm_map {
     unsigned char *scratch;   /* an update's key and value, copied before anything moves */
     /* shared with GPU programs (egpu_lvm_map_track): the keys changed since the runtime last took them */
     atomic_int track;
+    /* runs holding values of it they looked up (watch), and a count of those lookups and of the runtime's
+     * takes: a run whose look overlapped another's or a take logs the keys it looked at (settle) */
+    atomic_uint watching, watch_gen;
     unsigned char *dirty;     /* the keys, in the order they changed */
     size_t ndirty, dirty_mask;
     uint32_t *dirty_index;    /* open addressing over them: position + 1, 0 empty */
@@ -454,6 +459,7 @@ EXPORT size_t egpu_lvm_map_changes(struct egpu_lvm_map *m, void *keys, void *val
         else memset(value, 0, m->value_size);
     }
     if (n) {
+        atomic_fetch_add(&m->watch_gen, 1); /* runs that looked at values meanwhile log them (settle) */
         memmove(m->dirty, m->dirty + n * m->key_size, (total - n) * m->key_size);
         m->ndirty = total - n;
         dirty_reindex(m);
@@ -622,7 +628,7 @@ struct run {
      * run was written through the pointer (launches.py's Touched) */
     int nwatch;
     size_t watch_used;
-    struct { struct egpu_lvm_map *m; size_t at; } watches[WATCHES];
+    struct { struct egpu_lvm_map *m; size_t at; unsigned int gen; int shared; } watches[WATCHES];
     unsigned char watch_buf[WATCH_BYTES];
     /* records bpf_ringbuf_reserve handed out and no submit or discard released yet (the verifier proved
      * that each is released before the program ends) */
@@ -632,8 +638,17 @@ struct run {
     _Alignas(8) unsigned char frames[MAX_FRAMES][STACK_SIZE];
 };
 
+/* Watches of x's before its k-th on that one's map. */
+static unsigned int own_watches(const struct run *x, int k, int from, int to) {
+    unsigned int n = 0;
+    for (int j = from; j < to; j++) n += j != k && x->watches[j].m == x->watches[k].m;
+    return n;
+}
+
 /* Remember slot `s` of `m` (looked up by `key`) as it is now; a value too big to keep is logged as
- * changed at once. */
+ * changed at once. Counted in m's watching and watch_gen first, so that settle knows whether another
+ * run looked at m meanwhile (then a value put back as it was handed out may still differ from what the
+ * runtime took: another's change it saw, or one the runtime took in the middle). */
 static int watch(struct run *x, struct egpu_lvm_map *m, const unsigned char *key, int s) {
     if (!atomic_load_explicit(&m->track, memory_order_relaxed) || s < 0) return 0;
     for (int k = 0; k < x->nwatch; k++) /* the value as it was first handed out counts */
@@ -646,24 +661,32 @@ static int watch(struct run *x, struct egpu_lvm_map *m, const unsigned char *key
         return rc;
     }
     unsigned char *w = x->watch_buf + x->watch_used;
+    int k = x->nwatch;
+    x->watches[k].m = m, x->watches[k].at = x->watch_used;
+    x->watches[k].gen = atomic_fetch_add(&m->watch_gen, 1);
+    x->watches[k].shared = atomic_fetch_add(&m->watching, 1) > own_watches(x, k, 0, k);
     memcpy(w, key, m->key_size);
     memcpy(w + m->key_size, m->values + (size_t)s * m->stride, m->value_size);
-    x->watches[x->nwatch].m = m, x->watches[x->nwatch].at = x->watch_used;
     x->nwatch++, x->watch_used += need;
     return 0;
 }
 
-/* After a run: log the watched keys whose values changed (a deleted key logged itself). */
+/* After a run: log the watched keys whose values changed (a deleted key logged itself), and every one of a
+ * map another run or a take looked at while this run did (watch). */
 static void settle(struct run *x) {
     for (int k = 0; k < x->nwatch; k++) {
         struct egpu_lvm_map *m = x->watches[k].m;
         const unsigned char *key = x->watch_buf + x->watches[k].at;
         spin_lock(&m->lock);
+        int shared = x->watches[k].shared ||
+                     atomic_load(&m->watch_gen) != x->watches[k].gen + 1 + own_watches(x, k, k + 1, x->nwatch);
         int s = map_peek(m, key);
-        if (s >= 0 && memcmp(m->values + (size_t)s * m->stride, key + m->key_size, m->value_size) && dirty_add(m, key))
+        if (s >= 0 && (shared || memcmp(m->values + (size_t)s * m->stride, key + m->key_size, m->value_size)) &&
+            dirty_add(m, key))
             x->fault = x->fault ? x->fault : EGPU_LVM_NO_MEMORY;
         spin_unlock(&m->lock);
     }
+    for (int k = 0; k < x->nwatch; k++) atomic_fetch_sub(&x->watches[k].m->watching, 1);
     x->nwatch = 0, x->watch_used = 0;
 }
 
@@ -1604,7 +1627,10 @@ void egpu_lvm_fork(enum egpu_fork_phase phase) {
         return;
     }
     spin_unlock(&trace_lock);
-    for (struct egpu_lvm_map *m = all_maps; m; m = m->older) spin_unlock(&m->lock);
+    for (struct egpu_lvm_map *m = all_maps; m; m = m->older) {
+        if (phase == EGPU_FORK_CHILD) atomic_store(&m->watching, 0); /* the runs of threads gone */
+        spin_unlock(&m->lock);
+    }
     if (phase == EGPU_FORK_CHILD) {
         memset(readers, 0, sizeof readers);
         pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;

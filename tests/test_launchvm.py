@@ -427,3 +427,85 @@ def test_c_logs_the_changes_the_vm_would_push(shim_api, probe, path):
             assert c_side.native.changes(i)[1] == []
         vm_side.pending = {}
     assert not c_side.has_pending()
+
+
+_LOOK = ["r2 = r10", "r2 += -4", "call map_lookup_elem"]
+
+
+def _wait(flag: str, name: str) -> list[str]:
+    """Assembly: r0 = 1 once the u64 at `flag` is set, 0 after 2M turns without (labels `name`...)."""
+    return ["r0 = 0", "r3 = 2000000", f"{name}: r1 = *(u64 *){flag}", f"if r1 != 0 goto {name}_set", "r3 += -1",
+            f"if r3 != 0 goto {name}", f"goto {name}_end", f"{name}_set: r0 = 1", f"{name}_end:"]
+
+
+def _tracked_pair(ffi, lib) -> tuple:
+    """(shared, flags, progs): a tracked array (the value GPU probes share) and two programs that change its
+    key 0 in runs on two threads, in turns set by flags[0..2]. W: 5 into it, flags[0] = 1, wait for flags[1],
+    0 into it. V: wait for flags[0], look it up (5: W's change, not settled), flags[1] = 1, wait for flags[2]
+    (set once W's run has ended), 5 into it. Each returns whether the wait it ends on came."""
+    from egpu_preload.bpf import program as prog
+    look = _LOOK
+    keys = ["*(u32 *)(r10 - 4) = 0", "r1 = map[1] ll", *look, "r7 = r0", "*(u32 *)(r10 - 4) = 1", "r1 = map[1] ll",
+            *look, "r8 = r0", "*(u32 *)(r10 - 4) = 2", "r1 = map[1] ll", *look, "r9 = r0", "*(u32 *)(r10 - 4) = 0"]
+    w = [*keys, "r1 = map[0] ll", *look, "r6 = r0", "r1 = 5", "*(u64 *)(r6 + 0) = r1", "r1 = 1",
+         "*(u64 *)(r7 + 0) = r1", *_wait("(r8 + 0)", "w1"), "r1 = 0", "*(u64 *)(r6 + 0) = r1", "exit"]
+    v = [*keys, *_wait("(r7 + 0)", "v0"), "r1 = map[0] ll", *look, "r6 = r0", "r1 = 1", "*(u64 *)(r8 + 0) = r1",
+         *_wait("(r9 + 0)", "v2"), "r1 = 5", "*(u64 *)(r6 + 0) = r1", "exit"]
+    shared = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 1, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    flags = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 3, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    lib.egpu_lvm_map_track(shared)
+    table = ffi.new("struct egpu_lvm_map *[]", [shared, flags])
+    progs = [ffi.gc(lib.egpu_lvm_prog_new(code, len(code) // 8, table, 2), lib.egpu_lvm_prog_free)
+             for code in (assemble("\n".join(w)), assemble("\n".join(v)))]
+    return shared, flags, progs
+
+
+def test_a_value_changed_by_runs_at_once_is_logged_though_each_put_back_what_it_saw(shim_api):
+    """Runs on many threads share a tracked map: W changes key 0 (5), V looks it up before W's run has ended
+    and sees 5, W puts 0 back and ends, V writes 5 and ends. Each run's value at its end is what its lookup
+    handed out, but the map's value has changed since the runtime took it (0): the key is logged."""
+    import threading
+    ffi, lib = shim_api
+    shared, flags, (w, v) = _tracked_pair(ffi, lib)
+    saw, pc = [ffi.new("unsigned long long *") for _ in range(2)], ffi.new("unsigned int[2]")
+    other = threading.Thread(target=lambda: lib.egpu_lvm_exec(v, ffi.NULL, 0, saw[1], pc + 1))
+    other.start()
+    lib.egpu_lvm_exec(w, ffi.NULL, 0, saw[0], pc)
+    lib.egpu_lvm_map_load(flags, struct.pack("<I", 2), struct.pack("<Q", 1), 1)
+    other.join()
+    assert (saw[0][0], saw[1][0]) == (1, 1)  # the turns came as written
+    value = ffi.new("unsigned long long *")
+    lib.egpu_lvm_map_read(shared, ffi.new("unsigned int *"), value, 1)
+    assert value[0] == 5
+    assert lib.egpu_lvm_map_changes(shared, ffi.NULL, ffi.NULL, ffi.NULL, 0) == 1
+
+
+def test_a_value_the_runtime_took_in_the_middle_of_a_run_is_logged_again(shim_api):
+    """A run looks up key 0 of a tracked array (logged as changed: 3), writes 7 and waits; meanwhile the runtime
+    takes the changes (7); the run puts 3 back and ends. Its value at the end is what its lookup handed out,
+    but not what the runtime took: the key is logged again."""
+    from egpu_preload.bpf import program as prog
+    ffi, lib = shim_api
+    shared = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 1, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    flags = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 2, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    lib.egpu_lvm_map_track(shared)
+    table = ffi.new("struct egpu_lvm_map *[]", [shared, flags])
+    code = ["*(u32 *)(r10 - 4) = 1", "r1 = map[1] ll", *_LOOK, "r8 = r0", "*(u32 *)(r10 - 4) = 0", "r1 = map[1] ll",
+            *_LOOK, "r7 = r0", "r1 = map[0] ll", *_LOOK, "r6 = r0", "r1 = 7", "*(u64 *)(r6 + 0) = r1", "r1 = 1",
+            "*(u64 *)(r7 + 0) = r1", *_wait("(r8 + 0)", "w"), "r1 = 3", "*(u64 *)(r6 + 0) = r1", "exit"]
+    run, put = [ffi.gc(lib.egpu_lvm_prog_new(c, len(c) // 8, table, 2), lib.egpu_lvm_prog_free)
+                for c in (assemble("\n".join(code)), _map_op("update", 0, 3, 0))]  # put: key 0 = 3
+    r0, pc, out = ffi.new("unsigned long long *"), ffi.new("unsigned int *"), ffi.new("unsigned char[]", 8)
+    assert lib.egpu_lvm_exec(put, out, 8, r0, pc) == 0 and bytes(out) == bytes(8)  # 3, logged
+    import threading
+    other = threading.Thread(target=lambda: lib.egpu_lvm_exec(run, ffi.NULL, 0, r0, pc))
+    other.start()
+    value = ffi.new("unsigned long long[2]")
+    while not value[0] and other.is_alive():  # the run wrote 7 and waits
+        lib.egpu_lvm_map_read(flags, ffi.new("unsigned int[2]"), value, 2)
+    keys, taken, present = ffi.new("unsigned int *"), ffi.new("unsigned long long *"), ffi.new("unsigned char *")
+    assert lib.egpu_lvm_map_changes(shared, keys, taken, present, 1) == 1 and taken[0] == 7
+    lib.egpu_lvm_map_load(flags, struct.pack("<I", 1), struct.pack("<Q", 1), 1)
+    other.join()
+    assert r0[0] == 1  # the run's wait ended as written
+    assert lib.egpu_lvm_map_changes(shared, ffi.NULL, ffi.NULL, ffi.NULL, 0) == 1
