@@ -302,9 +302,9 @@ def test_a_host_api_call_from_a_thread_key_destructor_writes_no_freed_memory(bui
     """app_api_exit.c: a thread ends, the shim's destructor frees the run state its host-API programs used, and
     a destructor of the application's that runs after it calls an API with a program: that run gets a run state
     of its own (it wrote into the freed one, which the heap had handed to the application by then)."""
-    app = tmp_path / "app_api_exit"
-    subprocess.run(["gcc", "-O1", "-Wall", "-I", str(ROOT / "shim"),
-                    str(ROOT / "tests" / "uprobe_app" / "app_api_exit.c"), "-o", str(app), "-ldl", "-pthread"], check=True)
+    app, src = tmp_path / "app_api_exit", ROOT / "tests" / "uprobe_app" / "app_api_exit.c"
+    subprocess.run(["gcc", "-O1", "-Wall", "-I", str(ROOT / "shim"), str(src), "-o", str(app), "-ldl", "-pthread"],
+                   check=True)
     r = subprocess.run([str(app)], env={"LD_PRELOAD": str(built / "libegpu_shim.so")}, capture_output=True, text=True,
                        timeout=60)
     assert (r.returncode, r.stdout) == (0, "runs=2 heap=intact\n"), (r.returncode, r.stdout, r.stderr)

@@ -170,8 +170,10 @@ int main(int argc, char **argv) {
     if (!plus || p_egpu_uprobe_attach("libupt.so", "upt_inc", &plus, &entry, 1)) return 6;
     start_workers(t, w, THREADS, calls);
     for (int k = 0; k < THREADS; k++) pthread_join(t[k], NULL);
+    int summed = slot(percpu, 0) == (unsigned long long)THREADS * calls;
     printf("counted=%llu hash=%s cycles=%s late=%d marker=%s met=%s percpu=%s\n", slot(array, 0),
-           exact ? "exact" : "wrong", cycles > 0 ? "some" : "none", late, marks.runs == slot(array, 1) ? "exact" : "wrong",
-           slot(array, 3) > 0 ? "some" : "none", slot(percpu, 0) == (unsigned long long)THREADS * calls ? "exact" : "lost");
+           exact ? "exact" : "wrong", cycles > 0 ? "some" : "none", late,
+           marks.runs == slot(array, 1) ? "exact" : "wrong", slot(array, 3) > 0 ? "some" : "none",
+           summed ? "exact" : "lost");
     return 0;
 }
