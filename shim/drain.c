@@ -189,7 +189,7 @@ static uint64_t scan(const unsigned char *buf, uint64_t size, uint64_t k, uint64
 static int take(struct egpu_ring_pass *p, uint64_t ncpu)
 {
     unsigned char *stage = p->stage;
-    uint64_t cap = p->capacity, n = p->head_pos - p->consumed;   /* n <= capacity: credit bounds what is unread */
+    uint64_t cap = p->capacity, n = p->head_pos - p->consumed;   /* n <= capacity: egpu_ring_pass checked */
     uint64_t first = p->consumed % cap, straight = cap - first;  /* positions before the wrap */
     long long limit = (long long)(p->seen - p->consumed), took_a, took_b = -1;
     int stopped, r;
@@ -262,6 +262,12 @@ EXPORT int egpu_ring_pass(struct egpu_ring_pass *p)
     p->ns[0] = p->driver_ns[0] = now_ns() - t;
     if (r || p->mode == EGPU_PASS_COUNT)
         return r;
+    /* A producer's position stays within the reader's credit (devmaps.py): head - consumed <= capacity. A head
+     * outside that was read while being written or was written over: copying [consumed, head) would run past
+     * the staging (capacity bytes) and moving consumed to it could move it back, so the ring is left as it is
+     * and the next pass reads the header again. */
+    if (p->head_pos - p->consumed > p->capacity)
+        return 0;
     if (p->mode == EGPU_PASS_SKIP)
         return skip(p, ncpu);
     if (p->head_pos == p->consumed)

@@ -85,6 +85,8 @@ enum { EGPU_PASS_NO_STAGING = -1 };
  *   the refused SMs' marks reset (p->lines); one wait for the writes, in that order on the stream;
  * - SKIP: consumed moved to head unread (skipped counts it), the marks reset (p->lines);
  * - COUNT: nothing more (the counts read).
+ * A head before consumed or more than capacity past it (read while being written, or written over) is not acted
+ * on by TAKE or SKIP: the ring is left as it is for the next pass.
  * Returns 0; EGPU_PASS_NO_STAGING where records are there and stage is NULL (nothing written: give it and
  * pass again); or the failing driver call's CUresult, p->failed naming it. */
 int egpu_ring_pass(struct egpu_ring_pass *p);

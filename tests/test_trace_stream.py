@@ -333,6 +333,36 @@ def test_what_a_pass_hands_out_outlives_the_pinned_memory_later_passes_copy_into
     assert zeros and all(host == (staging[0] + staging[1]) // 2 for host in zeros)
 
 
+@pytest.mark.parametrize("mode, off", [("take", 64), ("skip", 64), ("skip", -8)],
+                         ids=["take-past-capacity", "skip-past-capacity", "skip-before-consumed"])
+def test_a_pass_leaves_the_ring_as_it_is_where_head_is_out_of_the_readers_credit(mode, off):
+    """head - consumed <= capacity (devmaps.py); a header whose head lies more than capacity past consumed
+    (``off`` past it), or before it, was read while being written (the stand-in's producers store it byte by
+    byte) or written over. Found by review: the pass in C copied the whole of [consumed, head) into staging of
+    capacity bytes, over the zeros and on into the heap (a segfault in the full-speed tests, 2 runs in 6), and
+    skip() moved consumed to such a head, back where it lay before. Now the ring is left as it is, nothing
+    copied past capacity, and a later pass with a head in range takes what is there. (A take with head before
+    consumed is left out: before the fix it copied 2**64 - 8 bytes, a crash.)"""
+    ring = StagedRing(256, 1, wait=False)
+    reader = RingReader(ring, 0, ring.lay)
+    for i in range(3):
+        assert ring.produce(struct.pack("<Q", i), 0)
+    reader.take()
+    assert len(flat(reader.take())) == 3 and reader.consumed == 48
+    for i in range(3, 5):
+        assert ring.produce(struct.pack("<Q", i), 0)
+    head = ring._u64(0)
+    struct.pack_into("<Q", ring.mem, 0, reader.consumed + (ring.lay.capacity + off if off > 0 else off))
+    before = bytes(ring.mem)
+    for _ in range(2):
+        assert (reader.take() if mode == "take" else reader.skip()) in ([], None)
+    assert bytes(ring.mem) == before and reader.consumed == 48 and reader.skipped == 0
+    assert all(n <= ring.lay.capacity for call, _, n, _ in ring.device.log() if call == OUT)
+    struct.pack_into("<Q", ring.mem, 0, head)
+    reader.take()
+    assert flat(reader.take()) == [(0, struct.pack("<Q", i)) for i in range(3, 5)] and reader.empty()
+
+
 class _Calls:
     """A Driver that logs what ContextMemory asks of it."""
 
