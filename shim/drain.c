@@ -218,6 +218,11 @@ static int take(struct egpu_ring_pass *p, uint64_t ncpu)
         t = now_ns();
         p->ns[2] += t - t1;
     }
+    /* Every record whose header is written lies below head (its producer took its position first), so a walk
+     * past n met a header written over: taking it would zero the ring past what was copied (past the zeros'
+     * capacity bytes, for a length up to 4 GiB) and move consumed past head. Nothing is written. */
+    if (k > n)
+        return EGPU_PASS_PAST_HEAD;
     p->size = n;
     p->seen = p->consumed + k;
     if (took_a < 0)

@@ -72,7 +72,7 @@ struct egpu_ring_pass {
 };
 
 enum { EGPU_PASS_TAKE = 0, EGPU_PASS_SKIP = 1, EGPU_PASS_COUNT = 2 };
-enum { EGPU_PASS_NO_STAGING = -1 };
+enum { EGPU_PASS_NO_STAGING = -1, EGPU_PASS_PAST_HEAD = -2 };
 
 /* One pass over the ring, every driver call of it in this one call (the GIL let go once, not per call):
  * the header read (with the SMs' lines where p->lines), then by mode
@@ -88,7 +88,8 @@ enum { EGPU_PASS_NO_STAGING = -1 };
  * A head before consumed or more than capacity past it (read while being written, or written over) is not acted
  * on by TAKE or SKIP: the ring is left as it is for the next pass.
  * Returns 0; EGPU_PASS_NO_STAGING where records are there and stage is NULL (nothing written: give it and
- * pass again); or the failing driver call's CUresult, p->failed naming it. */
+ * pass again); EGPU_PASS_PAST_HEAD where a record's length runs past head (its header written over: nothing
+ * written, seen unmoved); or the failing driver call's CUresult, p->failed naming it. */
 int egpu_ring_pass(struct egpu_ring_pass *p);
 
 /* ---- part 3: C only ---- */

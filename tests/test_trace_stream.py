@@ -363,6 +363,33 @@ def test_a_pass_leaves_the_ring_as_it_is_where_head_is_out_of_the_readers_credit
     assert flat(reader.take()) == [(0, struct.pack("<Q", i)) for i in range(3, 5)] and reader.empty()
 
 
+def test_a_record_that_runs_past_head_fails_the_reader_and_writes_nothing():
+    """A record whose header claims more bytes than head gives it (200 in a 16-byte reservation: the job wrote
+    over the ring) cannot be what its producer wrote. Found by review: the pass took it, zeroed the ring past
+    the bytes it had copied (past the zeros' capacity bytes for a longer length) and moved consumed past head,
+    and the record went on cut to the copy. Now the pass fails with nothing written, and the drain passes
+    the ring over unread from then on, so that producers go on."""
+    from egpu_preload.errors import EgpuError
+    ring = StagedRing(256, 1, wait=False)
+    reader = RingReader(ring, 0, ring.lay)
+    assert ring.produce(b"first...", 0)
+    pos = ring._add(0, 16)
+    ring._add(8, 16)
+    struct.pack_into("<II", ring.mem, devmaps.HEADER + pos, 200, devmaps.REC_READY)
+    before = bytes(ring.mem)
+    with pytest.raises(EgpuError, match="runs past its head"):
+        reader.take()
+        reader.take()
+    assert bytes(ring.mem) == before and reader.consumed == 0 and reader.taken == 0
+    drain = RingDrain([reader], lambda i, taken: None, idle_s=0.0001).start()
+    deadline = time.monotonic() + 10
+    while reader.consumed != 32 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    with pytest.raises(EgpuError, match="runs past its head"):
+        drain.stop()
+    assert reader.consumed == ring._u64(16) == ring._u64(0) == 32 and reader.skipped == 32
+
+
 class _Calls:
     """A Driver that logs what ContextMemory asks of it."""
 

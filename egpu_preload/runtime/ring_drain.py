@@ -185,7 +185,7 @@ class RingReader:
         """One pass in C (shim/drain.c egpu_ring_pass; ``mode`` names its EGPU_PASS_ constant), its arguments
         made at the first and the staging at the first that finds records; the reader's state and counts moved
         as it says. Returns its arguments, which hold what it took; raises what the memory makes of a driver
-        call that failed."""
+        call that failed, and EgpuError for a ring the job wrote over (a record past head)."""
         ffi, lib = _shim()
         p = self._pass or self._arguments(ffi)
         p.mode, p.lines, p.consumed, p.seen = getattr(lib, mode), lines, self.consumed, self.seen
@@ -197,6 +197,9 @@ class RingReader:
         self.copied += p.copied
         self.skipped += p.skipped
         self.dropped = p.dropped + p.line_drops
+        if r == lib.EGPU_PASS_PAST_HEAD:
+            raise EgpuError(f"the ring at {self.addr:#x} holds a record that runs past its head (its header "
+                            f"written over by the job?)")
         if r:
             raise self._copies.failure(PASS_CALLS[p.failed], r)
         return p
