@@ -97,24 +97,27 @@ class HostMemory:
 
 class HostRing(HostMemory):
     """A ring region in host memory with devmaps.py's protocol, written by producer threads the way the
-    generated PTX does (a lock stands in for each atomic) and read through the reader's Memory calls."""
+    generated PTX does (a lock stands in for each atomic) and read through the reader's Memory calls. The
+    header's words and a record's flags are loaded and stored whole, as the GPU's atomics and st.release do:
+    struct.pack_into stores byte by byte, and the reader's pass in C reads them meanwhile, without the GIL."""
 
     def __init__(self, capacity: int, ncpu: int, wait: bool, mem: bytearray | None = None, base: int = 0) -> None:
         """A ring of its own, or the one at ``base`` of ``mem`` (an image DeviceMaps wrote there)."""
         self.lay = devmaps.MapLayout("ringbuf", capacity=capacity, wait=wait)
         self.mem = bytearray(devmaps.ring_image(self.lay, ncpu)) if mem is None else mem
         self.base = base
+        self._words, self._flags = memoryview(self.mem).cast("Q"), memoryview(self.mem).cast("I")
         self.atomic = threading.Lock()
         self.refused = 0   # the producers' own count of records they dropped
         self.reopened = 0  # records delivered from an SM that had been refused as large a record before
 
     def _u64(self, off: int) -> int:
-        return struct.unpack_from("<Q", self.mem, self.base + off)[0]
+        return self._words[(self.base + off) >> 3]
 
     def _add(self, off: int, v: int) -> int:
         with self.atomic:
             old = self._u64(off)
-            struct.pack_into("<Q", self.mem, self.base + off, old + v)
+            self._words[(self.base + off) >> 3] = old + v
             return old
 
     def produce(self, data: bytes, sm: int) -> bool:
@@ -134,14 +137,14 @@ class HostRing(HostMemory):
                 self._add(8, -total)
                 self._add(line + 8, 1)
                 with self.atomic:
-                    struct.pack_into("<Q", self.mem, self.base + line, min(total, self._u64(line)))
+                    self._words[(self.base + line) >> 3] = min(total, self._u64(line))
                 self.refused += 1
                 return False
         pos = self._add(0, total)
         o = self.base + devmaps.HEADER + pos % cap
         struct.pack_into("<II", self.mem, o, len(data), devmaps.REC_BUSY)
         self.mem[o + 8:o + 8 + len(data)] = data
-        struct.pack_into("<I", self.mem, o + 4, devmaps.REC_READY | sm << 8)
+        self._flags[(o + 4) >> 2] = devmaps.REC_READY | sm << 8
         return True
 
 
