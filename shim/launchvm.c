@@ -17,7 +17,9 @@
  *   next value (Linux's preallocated hash maps reuse an element so too, BPF_F_NO_PREALLOC aside).
  * - the keys a tracked map logs (dirty_add) are under that map's lock, an array's included. A run that wrote
  *   through a pointer logs the key when the value at its end differs from the one its lookup saw, and
- *   whatever the value when another run or the runtime's take looked at that map meanwhile (watch).
+ *   whatever the value when another run or the runtime's take looked at that map meanwhile (watch). A run
+ *   with more lookups than it can keep values of logs the rest at the lookup, and until it ends a take
+ *   leaves that map's keys logged (overflowing), so what it writes after a take reaches the next one.
  * - the records for the runtime (trace_printk, ring and perf buffer output) are under trace_lock.
  * - a program's counts (stats) are atomic; the first fault's details may trail its count for a moment.
  * Which programs run is read inside a read section (egpu_lvm_enter / egpu_lvm_leave: a count per epoch
@@ -67,6 +69,7 @@ enum { BPF_ANY, BPF_NOEXIST, BPF_EXIST };
 #define MAX_VALUE (1u << 20)
 #define WATCHES 16
 #define WATCH_BYTES 2048
+#define OVERFLOWS 64 /* as many maps as Linux lets a program use (MAX_USED_MAPS) */
 
 /* struct egpu_ctx (egpu_preload/bpf/ctx.py; test_launchvm.py compares egpu_lvm_context with it) */
 #define CTX_SIZE 144
@@ -172,6 +175,10 @@ struct egpu_lvm_map {
     /* runs holding values of it they looked up (watch), and a count of those lookups and of the runtime's
      * takes: a run whose look overlapped another's or a take logs the keys it looked at (settle) */
     atomic_uint watching, watch_gen;
+    /* runs in flight that logged a key of it at their lookup, not their end (their watches were full): while
+     * any is, a take leaves the keys it copies logged, so that what such a run writes after the take reaches
+     * the next one */
+    atomic_uint overflowing;
     unsigned char *dirty;     /* the keys, in the order they changed */
     size_t ndirty, dirty_mask;
     uint32_t *dirty_index;    /* open addressing over them: position + 1, 0 empty */
@@ -460,9 +467,11 @@ EXPORT size_t egpu_lvm_map_changes(struct egpu_lvm_map *m, void *keys, void *val
     }
     if (n) {
         atomic_fetch_add(&m->watch_gen, 1); /* runs that looked at values meanwhile log them (settle) */
-        memmove(m->dirty, m->dirty + n * m->key_size, (total - n) * m->key_size);
-        m->ndirty = total - n;
-        dirty_reindex(m);
+        if (!atomic_load(&m->overflowing)) { /* else kept: a run that logged them at lookup may write them yet */
+            memmove(m->dirty, m->dirty + n * m->key_size, (total - n) * m->key_size);
+            m->ndirty = total - n;
+            dirty_reindex(m);
+        }
     }
     spin_unlock(&m->lock);
     return total;
@@ -630,6 +639,9 @@ struct run {
     size_t watch_used;
     struct { struct egpu_lvm_map *m; size_t at; unsigned int gen; int shared; } watches[WATCHES];
     unsigned char watch_buf[WATCH_BYTES];
+    /* maps whose keys this run logged at lookup (watch's overflow), counted in their overflowing until settle */
+    int noverflow;
+    struct egpu_lvm_map *overflow[OVERFLOWS];
     /* records bpf_ringbuf_reserve handed out and no submit or discard released yet (the verifier proved
      * that each is released before the program ends) */
     struct { int map, held; unsigned int size; } reserved[RESERVED];
@@ -655,7 +667,12 @@ static int watch(struct run *x, struct egpu_lvm_map *m, const unsigned char *key
         if (x->watches[k].m == m && !memcmp(x->watch_buf + x->watches[k].at, key, m->key_size)) return 0;
     size_t need = (size_t)m->key_size + m->value_size;
     if (x->nwatch == WATCHES || x->watch_used + need > WATCH_BYTES) {
+        /* logged now, before the run writes it: counted in m's overflowing until settle, so that a take
+         * meanwhile leaves it logged (past OVERFLOWS maps, which the loader never gives a program, not) */
+        int k = 0;
+        while (k < x->noverflow && x->overflow[k] != m) k++;
         spin_lock(&m->lock);
+        if (k == x->noverflow && k < OVERFLOWS) x->overflow[x->noverflow++] = m, atomic_fetch_add(&m->overflowing, 1);
         int rc = dirty_add(m, key);
         spin_unlock(&m->lock);
         return rc;
@@ -687,7 +704,8 @@ static void settle(struct run *x) {
         spin_unlock(&m->lock);
     }
     for (int k = 0; k < x->nwatch; k++) atomic_fetch_sub(&x->watches[k].m->watching, 1);
-    x->nwatch = 0, x->watch_used = 0;
+    for (int k = 0; k < x->noverflow; k++) atomic_fetch_sub(&x->overflow[k]->overflowing, 1);
+    x->nwatch = 0, x->watch_used = 0, x->noverflow = 0;
 }
 
 /* The host address of [addr, addr + size) in the run's memory; NULL (and the fault set) if outside. */
@@ -1346,7 +1364,7 @@ static int run_program(struct run *x, const struct egpu_lvm_prog *p, unsigned ch
                        unsigned int *fault_pc) {
     memset(x->r, 0, sizeof x->r);
     x->p = p, x->ctx = ctx, x->ctx_size = size, x->ctx_writable = writable, x->depth = 0, x->fault = 0;
-    x->now = now, x->grid = grid, x->block = block, x->nwatch = 0, x->watch_used = 0;
+    x->now = now, x->grid = grid, x->block = block, x->nwatch = 0, x->watch_used = 0, x->noverflow = 0;
     memset(x->reserved, 0, sizeof x->reserved);
     x->r[1] = ctx ? R_CTX << REGION_SHIFT : 0, x->r[2] = r2;
     *fault_pc = 0;
@@ -1628,7 +1646,8 @@ void egpu_lvm_fork(enum egpu_fork_phase phase) {
     }
     spin_unlock(&trace_lock);
     for (struct egpu_lvm_map *m = all_maps; m; m = m->older) {
-        if (phase == EGPU_FORK_CHILD) atomic_store(&m->watching, 0); /* the runs of threads gone */
+        if (phase == EGPU_FORK_CHILD) /* the runs of threads gone */
+            atomic_store(&m->watching, 0), atomic_store(&m->overflowing, 0);
         spin_unlock(&m->lock);
     }
     if (phase == EGPU_FORK_CHILD) {

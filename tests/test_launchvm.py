@@ -509,3 +509,36 @@ def test_a_value_the_runtime_took_in_the_middle_of_a_run_is_logged_again(shim_ap
     other.join()
     assert r0[0] == 1  # the run's wait ended as written
     assert lib.egpu_lvm_map_changes(shared, ffi.NULL, ffi.NULL, ffi.NULL, 0) == 1
+
+
+def test_a_key_a_run_logged_at_its_lookup_is_taken_again_after_the_run_wrote_it(shim_api):
+    """A run that looked up more values of a tracked map than it keeps (16) logs the next key at its lookup,
+    before it writes through the pointer. The runtime takes the changes in between (key 0: 0), then the run
+    writes 9 and ends: the key is still logged, so the next take carries the 9 to the GPU's copy."""
+    import threading
+    from egpu_preload.bpf import program as prog
+    ffi, lib = shim_api
+    shared = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 32, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    flags = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 2, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    lib.egpu_lvm_map_track(shared)
+    table = ffi.new("struct egpu_lvm_map *[]", [shared, flags])
+    watched = [x for k in range(1, 17) for x in (f"*(u32 *)(r10 - 4) = {k}", "r1 = map[0] ll", *_LOOK)]
+    code = ["*(u32 *)(r10 - 4) = 1", "r1 = map[1] ll", *_LOOK, "r8 = r0", "*(u32 *)(r10 - 4) = 0", "r1 = map[1] ll",
+            *_LOOK, "r7 = r0", *watched, "*(u32 *)(r10 - 4) = 0", "r1 = map[0] ll", *_LOOK, "r6 = r0", "r1 = 1",
+            "*(u64 *)(r7 + 0) = r1", *_wait("(r8 + 0)", "w"), "r1 = 9", "*(u64 *)(r6 + 0) = r1", "exit"]
+    blob = assemble("\n".join(code))
+    run = ffi.gc(lib.egpu_lvm_prog_new(blob, len(blob) // 8, table, 2), lib.egpu_lvm_prog_free)
+    r0, pc = ffi.new("unsigned long long *"), ffi.new("unsigned int *")
+    other = threading.Thread(target=lambda: lib.egpu_lvm_exec(run, ffi.NULL, 0, r0, pc))
+    other.start()
+    flag = ffi.new("unsigned long long[2]")
+    while not flag[0] and other.is_alive():  # the run looked key 0 up and waits
+        lib.egpu_lvm_map_read(flags, ffi.new("unsigned int[2]"), flag, 2)
+    keys, values, present = ffi.new("unsigned int[32]"), ffi.new("unsigned long long[32]"), ffi.new("unsigned char[32]")
+    n = lib.egpu_lvm_map_changes(shared, keys, values, present, 32)
+    assert (n, keys[0], values[0]) == (1, 0, 0)   # key 0, logged at its lookup; the watched 16 are not yet
+    lib.egpu_lvm_map_load(flags, struct.pack("<I", 1), struct.pack("<Q", 1), 1)
+    other.join()
+    assert r0[0] == 1   # the run's wait ended as written
+    n = lib.egpu_lvm_map_changes(shared, keys, values, present, 32)
+    assert {keys[i]: values[i] for i in range(min(n, 32))}.get(0) == 9
