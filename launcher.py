@@ -197,16 +197,9 @@ def inspect(binary: Path = typer.Argument(..., metavar="BINARY", help="an execut
             raise e.where(file=str(binary))
 
 
-def _show_cflags(value: bool) -> None:
-    if value:
-        import shlex
-        from egpu_preload.bpf.compile import clang_flags
-        typer.echo(shlex.join(clang_flags()))
-        raise typer.Exit(0)
-
-
 @egpu.command("compile")
-def compile_cmd(source: Path = typer.Argument(..., metavar="X.bpf.c"),
+def compile_cmd(ctx: typer.Context,
+                source: Optional[Path] = typer.Argument(None, metavar="X.bpf.c", show_default=False),
                 output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE",
                                                       help="default: X.bpf.c -> X.bpf.o"),
                 mcpu: Literal["v3", "v4"] = typer.Option("v3", "--mcpu", metavar="v3|v4",
@@ -214,14 +207,23 @@ def compile_cmd(source: Path = typer.Argument(..., metavar="X.bpf.c"),
                 include: list[Path] = typer.Option([], "-I", "--include", metavar="DIR",
                                                    help="add DIR to the include path (a vmlinux.h's, say); "
                                                         "repeatable"),
-                cflags: bool = typer.Option(False, "--cflags", is_eager=True, callback=_show_cflags,
-                                            help="print the clang flags a probe needs here, for a build of "
-                                                 "your own (clang $(egpu compile --cflags) -c X.bpf.c), and exit")
+                cflags: bool = typer.Option(False, "--cflags",
+                                            help="print the clang flags a probe needs here (with --mcpu's "
+                                                 "ISA and the -I directories), for a build of your own "
+                                                 "(clang $(egpu compile --cflags) -c X.bpf.c), and exit")
                 ) -> None:
     """Compile a probe with clang (-O2 -g -target bpf) and egpu.bpf.h on the include path; clang's warnings
     go to stderr as clang prints them. An object egpu cannot load, or without programs, is refused (exit 1)
     and removed."""
-    from egpu_preload.bpf.compile import compile_probe
+    from egpu_preload.bpf.compile import clang_flags, compile_probe
+    if cflags:   # it exited first, and --mcpu v4 and -I DIR printed flags without them
+        if source is not None or output is not None:
+            raise UsageError("--cflags compiles nothing: it takes no X.bpf.c and no -o", ctx=ctx)
+        import shlex
+        typer.echo(shlex.join(clang_flags(mcpu, include)))
+        return
+    if source is None:
+        raise UsageError("Missing argument 'X.bpf.c'.", ctx=ctx)
     from egpu_preload.bpf.elf import load_object
     out = compile_probe(source, output, mcpu=mcpu, warn=lambda text: typer.echo(text, err=True), include=include)
     try:

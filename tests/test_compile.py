@@ -227,3 +227,16 @@ def test_cflags_build_a_probe_with_plain_clang(tmp_path):
     subprocess.run([find_clang(), *shlex.split(r.stdout), "-c", str(PROBES / "count.bpf.c"), "-o", str(out)],
                    check=True, capture_output=True)
     assert load_object(out).programs[0].name == "count_entries"
+
+
+def test_cflags_take_mcpu_and_include_and_refuse_a_source(tmp_path):
+    """--cflags exited before --mcpu and -I were read: `--cflags --mcpu v4` printed -mcpu=v3, and a source
+    or -o given with it was ignored without a word."""
+    import shlex
+    r = CliRunner().invoke(egpu, ["compile", "--cflags", "--mcpu", "v4", "-I", str(tmp_path)])
+    assert r.exit_code == 0, r.stderr
+    flags = shlex.split(r.stdout)
+    assert "-mcpu=v4" in flags and "-mcpu=v3" not in flags and flags[-2:] == ["-I", str(tmp_path)]
+    r = CliRunner().invoke(egpu, ["compile", "--cflags", str(PROBES / "count.bpf.c"), "-o", str(tmp_path / "x.o")])
+    assert r.exit_code == 2 and r.stdout == "" and "--cflags compiles nothing" in r.stderr, r.stderr
+    assert not (tmp_path / "x.o").exists()

@@ -28,8 +28,10 @@ def find_clang() -> str:
     raise EgpuError(f"no clang found (looked for {', '.join(CLANGS)}): install clang to compile probes")
 
 
-def clang_flags(mcpu: str = "v3") -> list[str]:
-    """The flags a probe needs, for this machine. v3 gives atomics and jmp32; v4 adds sdiv/movsx/bswap/ja32."""
+def clang_flags(mcpu: str = "v3", include: Sequence[Path] = ()) -> list[str]:
+    """The flags a probe needs, for this machine. v3 gives atomics and jmp32; v4 adds sdiv/movsx/bswap/ja32.
+    ``include``: the user's directories, searched after egpu's own header (a bpftime or libbpf-tools
+    probe's vmlinux.h, say)."""
     flags = ["-O2", "-g", "-target", "bpf", f"-mcpu={mcpu}", "-I", str(INCLUDE_DIR)]
     # linux/types.h includes asm/types.h, which Debian keeps under the multiarch directory only.
     multiarch = sysconfig.get_config_var("MULTIARCH")
@@ -38,13 +40,12 @@ def clang_flags(mcpu: str = "v3") -> list[str]:
     arch = _TARGET_ARCH.get(platform.machine().lower())
     if arch:
         flags.append(f"-D__TARGET_ARCH_{arch}")
-    return flags
+    return flags + [a for d in include for a in ("-I", str(d))]
 
 
 def clang_args(src: Path, out: Path, mcpu: str = "v3", include: Sequence[Path] = ()) -> list[str]:
-    """Everything after the clang executable; ``include``: the user's directories, searched after egpu's
-    own header (a bpftime or libbpf-tools probe's vmlinux.h, say)."""
-    return clang_flags(mcpu) + [a for d in include for a in ("-I", str(d))] + ["-c", str(src), "-o", str(out)]
+    """Everything after the clang executable (``include``: as clang_flags takes it)."""
+    return clang_flags(mcpu, include) + ["-c", str(src), "-o", str(out)]
 
 
 def compile_probe(src: Path, out: Path | None = None, *, mcpu: str = "v3", clang: str | None = None,
