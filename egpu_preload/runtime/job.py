@@ -367,4 +367,9 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
     notes = unfinished + (module_report(dumps, verbose, in_kernels, signum, mirror_s) if probes else [])
     if not out and not as_json and not traced and any(d["probes"] for d in dumps):   # empty maps print nothing (bpftrace's way)
         notes.append("egpu-run: every map is empty: no probe program stored anything")
+    elif not out and not any(d["probes"] for d in dumps) and (dumps or not probes):   # it said nothing, -o FILE empty
+        notes.append("egpu-run: no maps: " + ("every probe was detached before the job ended (egpu detach printed "
+                                              "their final maps)" if probes else
+                                              "no probe was given (-p PROBE) nor attached while the job ran "
+                                              "(egpu attach)"))
     return out, notes
