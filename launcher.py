@@ -537,6 +537,18 @@ def _maps_doc(target: Any, reply: dict) -> dict:
     return {**reply, "pid": target.pid, "rank": target.rank, "probes": reply["final"], "kernels": reply["kernel_names"]}
 
 
+def _final_maps(cmd: str, done: list[tuple[Any, Any]], as_json: bool) -> None:
+    """What a detach or swap changed (stderr), then the final maps of the probes it removed; maps all empty
+    print nothing (bpftrace's way), so a line on stderr says so, as egpu maps and egpu-run say it."""
+    from egpu_preload.runtime import job, remote
+    for t, reply in done:
+        typer.echo(_rank_prefix(t) + remote.change_line(cmd, t.pid, reply), err=True)
+        if not as_json and not job.render([], [_maps_doc(t, reply)], False):
+            removed = ", ".join(reply["names"] if cmd == "detach" else [reply["old"]])
+            typer.echo(f"egpu: {_rank_prefix(t)}every map of {removed} was empty", err=True)
+    typer.echo(job.render([], [_maps_doc(t, r) for t, r in done], as_json), nl=False)
+
+
 @egpu.command("attach")
 def attach_cmd(pid: int = _PID, probe: Path = typer.Option(..., "-p", "--probe", metavar="PROBE", help="a .bpf.o or .bpf.c"),
                name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
@@ -571,12 +583,10 @@ def detach_cmd(pid: int = _PID, probe: Optional[str] = typer.Argument(None, meta
                as_json: bool = typer.Option(False, "--json", help="the final maps as JSON"),
                rank: Optional[int] = _RANK, every: bool = _ALL) -> None:
     """Detach one probe (or all) from a running job and print its final maps (per rank, and summed)."""
-    from egpu_preload.runtime import job, remote
+    from egpu_preload.runtime import remote
     done, failed = _each(pid, rank, every, "detach",
                          lambda p: remote.request(p, "detach", **({"name": probe} if probe else {})))
-    for t, reply in done:
-        typer.echo(_rank_prefix(t) + remote.change_line("detach", t.pid, reply), err=True)
-    typer.echo(job.render([], [_maps_doc(t, r) for t, r in done], as_json), nl=False)
+    _final_maps("detach", done, as_json)
     raise typer.Exit(int(failed))
 
 
@@ -589,7 +599,7 @@ def swap_cmd(pid: int = _PID, old: str = typer.Argument(..., metavar="OLD", help
              rank: Optional[int] = _RANK, every: bool = _ALL, verbose: bool = _VERBOSE) -> None:
     """Replace an attached probe with another in one step: every launch runs one of them. Prints OLD's final
     maps, as detach does (the line saying what changed goes to stderr)."""
-    from egpu_preload.runtime import job, remote
+    from egpu_preload.runtime import remote
     name = _name_for(new, name)
     try:
         data, _ = _checked_probe(new, _notes(steps=True), verbose)
@@ -598,9 +608,7 @@ def swap_cmd(pid: int = _PID, old: str = typer.Argument(..., metavar="OLD", help
         raise
     done, failed = _each(pid, rank, every, "swap",
                          lambda p: remote.request(p, "swap", old=old, new_probe=data, new_name=name))
-    for t, reply in done:
-        typer.echo(_rank_prefix(t) + remote.change_line("swap", t.pid, reply), err=True)
-    typer.echo(job.render([], [_maps_doc(t, r) for t, r in done], as_json), nl=False)
+    _final_maps("swap", done, as_json)
     raise typer.Exit(int(failed))
 
 

@@ -506,6 +506,19 @@ def test_maps_that_show_nothing_say_so(job, probes):
     job.finish()
 
 
+@pytest.mark.parametrize("job", ["module"], indirect=True)
+def test_final_maps_that_show_nothing_say_so(job, probes):
+    """detach and swap print the final maps of the probe they remove: all empty, they printed nothing and
+    said nothing of it (egpu maps and egpu-run say so)."""
+    assert egpu(["attach", str(job.pid), "-p", str(probes["hash_count"])], job.env).returncode == 0
+    r = egpu(["swap", str(job.pid), "hash_count", str(probes["count"])], job.env)
+    assert (r.returncode, r.stdout) == (0, ""), r.stderr
+    assert r.stderr.splitlines()[1:] == ["egpu: every map of hash_count was empty"], r.stderr
+    r = egpu(["detach", str(job.pid)], job.env)
+    assert (r.returncode, r.stdout) == (0, "@counts: 0\n") and len(r.stderr.splitlines()) == 1, r.stderr
+    job.finish()
+
+
 @pytest.mark.parametrize("cmd", [["maps"], ["modules"], ["detach"], ["attach", "-p", "PROBE"]])
 def test_a_pid_without_egpu(stub_job, probe_obj, tmp_path, cmd):
     env = stub_job.env(tmp_path / "log")
