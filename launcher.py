@@ -299,10 +299,20 @@ def ptx_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
         raise e.where(file=str(obj))
 
 
+def _field_values(conditions: list[str]) -> list[str]:
+    """--where's FIELD=VALUE, its form checked as --limit's number is (a usage error, exit 2; it exited 1,
+    as a trace it could not read); which fields there are, the trace file says."""
+    for cond in conditions:
+        field, eq, _ = cond.partition("=")
+        if not field or not eq:
+            raise typer.BadParameter(f"{cond!r} is not FIELD=VALUE")
+    return conditions
+
+
 @egpu.command("trace")
 def trace_cmd(ctx: typer.Context,
               path: Path = typer.Argument(..., metavar="FILE", help="a trace egpu-run --trace wrote"),
-              conditions: list[str] = typer.Option([], "--where", metavar="FIELD=VALUE",
+              conditions: list[str] = typer.Option([], "--where", metavar="FIELD=VALUE", callback=_field_values,
                                                     help="only records where FIELD is VALUE (repeatable: all hold)"),
               limit: Optional[int] = typer.Option(None, "--limit", metavar="N", min=0, help="the first N records"),
               as_json: bool = typer.Option(False, "--json", help="one JSON object per record"),

@@ -625,6 +625,18 @@ def test_egpu_trace_says_what_the_probes_dropped_whatever_the_output(tmp_path, o
         assert [json.loads(x)["seq"] for x in r.stdout.splitlines()] == [0, 1]
 
 
+@pytest.mark.parametrize("cond", ["seq", "=1"])
+def test_egpu_trace_where_without_field_and_value_is_a_usage_error(tmp_path, cond):
+    """--where seq exited 1, as a trace it could not read, where --limit -1 exits 2: a malformed option is a
+    usage error, whatever the file."""
+    from egpu_preload.output.tracefile import TraceWriter
+    path = tmp_path / "t.arrow"
+    w = TraceWriter(path, [("events", None)])
+    w.add(0, [(0, b"\1\2\3\4")])
+    w.close({"events": 0})
+    refused(egpu, ["trace", path, "--where", cond], 2, f"Invalid value for '--where': {cond!r} is not FIELD=VALUE")
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("command", [["verify"], ["inspect"], ["disasm"], ["ptx"], ["rewrite", "-p", "x.bpf.o"]])
 def test_a_device_is_refused_not_read_to_its_end(command):
