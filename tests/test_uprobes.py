@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bpftime_build import bpftime_cflags
-from egpu_preload.bpf.compile import find_clang
+from egpu_preload.bpf.compile import compile_probe, find_clang
 from egpu_preload.bpf.elf import load_object
 from egpu_preload.maps import MapsState
 from egpu_preload.runtime import dump
@@ -279,10 +279,10 @@ def test_host_programs_read_pt_regs(section, off, ok):
 
 @contextlib.contextmanager
 def attachable_job(stub_job, tmp_path: Path, app: Path, mode: str, options: tuple[str, ...] = (),
-                   **env: str) -> Iterator[tuple[str, Any]]:
+                   ended: list[str] | None = None, **env: str) -> Iterator[tuple[str, Any]]:
     """app_uprobe ``mode`` (a loop) under egpu-run with ``options`` (no probe unless they give one): (its pid,
     egpu(*args) run against it as the console script); at the end the loop stops, and every result it got
-    must have been right."""
+    must have been right. ``ended`` gets egpu-run's stdout and stderr."""
     from egpu_preload.control import list_sessions
     environ = stub_job.env(tmp_path / "log", **env)
     stop = tmp_path / "stop"
@@ -303,6 +303,8 @@ def attachable_job(stub_job, tmp_path: Path, app: Path, mode: str, options: tupl
     finally:
         stop.touch()
         out, err = proc.communicate(timeout=60)
+    if ended is not None:
+        ended += [out, err]
     assert proc.returncode == 0, err
     assert "wrong=0" in out
 
@@ -506,6 +508,52 @@ def test_the_uprobes_of_a_probe_egpu_run_started_with_stop_at_its_detach_or_swap
     (session,) = (tmp_path / "egpu").glob("session-*")
     (doc,) = dump.read_all(session)
     assert doc["uprobes"]["attached"] == [], doc["uprobes"]
+
+
+ALLOCS, ALLOC_BYTES, COPIES, COPY_BYTES, FREES, LAUNCH_RUNS, EVENTS = range(7)   # host_probes/threads.bpf.c
+THREAD_CALLS, THREAD_RETURNS, THREAD_RIGHT = range(3)   # uprobe_probes/threads_live.bpf.c
+
+
+def test_probes_in_many_threads_and_the_runtimes_count_exactly_while_uprobes_come_and_go(stub_job, uprobe_app,
+                                                                                          tmp_path):
+    """app_stress.c's 8 threads allocate, copy, launch, call upt_add6 and free, in a loop, under host-API
+    programs (run in those threads) and a launch program (on the drainer) sharing two maps, while egpu attach
+    and detach hook a uprobe object with a GPU program (its writes pushed to the device copy) over and over
+    through the control socket: the job ends well, every call and launch record counted once, in total and
+    by thread, and each attach's counts are whole (returns but for calls inside at the detach)."""
+    clang = find_clang()
+    d = stub_job.driver_dir
+    app, host, live = d / "app_stress", tmp_path / "threads.bpf.o", tmp_path / "threads_live.bpf.o"
+    for step in (["gcc", "-O1", "-Wall", "-Werror", str(APP / "app_stress.c"), "-o", str(app), f"-L{d}", "-lupt",
+                  f"-Wl,-rpath,{d}", "-ldl", "-pthread"],
+                 [clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "threads_live.bpf.c"),
+                  "-o", str(live)]):
+        subprocess.run(step, check=True)
+    compile_probe(ROOT / "tests" / "host_probes" / "threads.bpf.c", host)
+    ended: list[str] = []
+    with attachable_job(stub_job, tmp_path, app, "20000", ("--keep", "-p", str(host)), ended,
+                        EGPU_STUB_LOG="") as (pid, egpu):
+        for _ in range(3):
+            r = egpu("attach", pid, "-p", str(live))
+            assert r.returncode == 0, r.stderr
+            time.sleep(0.2)
+            final = live_maps(egpu("detach", pid, "threads_live", "--json"), "counts")
+            calls, returns = final.get(THREAD_CALLS, 0), final.get(THREAD_RETURNS, 0)
+            assert calls > 0 and 0 <= calls - returns <= 8 and final.get(THREAD_RIGHT, 0) == returns, final
+    out, err = ended
+    assert "fault" not in err and "Traceback" not in err, err
+    rounds = [int(r) for r in re.findall(r"^thread \d rounds=(\d+)$", out, re.M)]
+    assert len(rounds) == 8 and f"rounds={sum(rounds)} wrong=0 failed=0" in out, out
+    (doc,) = dump.read_all(Path(re.search(r"session kept in (\S+)", err).group(1)))
+    totals = entries(doc, host, "totals")
+    by_thread = {t: struct.unpack("<3Q", v.to_bytes(24, "little")) for t, v in entries(doc, host, "by_thread").items()}
+    n, recorded = sum(rounds), totals[LAUNCH_RUNS]
+    assert recorded + doc["stats"]["dropped"] == n, (recorded, doc["stats"])
+    assert [totals[k] for k in (ALLOCS, COPIES, FREES, EVENTS)] == [n, n, n, 3 * n + recorded], totals
+    assert totals[ALLOC_BYTES] == sum(256 * (t + 1) * r for t, r in enumerate(rounds)), totals
+    assert totals[COPY_BYTES] == sum(16 * (t + 1) * r for t, r in enumerate(rounds)), totals
+    assert [by_thread[t][:2] for t in range(8)] == [(r, r) for r in rounds], by_thread
+    assert sum(v[2] for v in by_thread.values()) == recorded, by_thread
 
 
 def test_egpu_verify_says_where_each_uprobe_attaches(uprobe_app):
