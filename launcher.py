@@ -837,7 +837,8 @@ def run_cmd(ctx: typer.Context,
         try:
             view = "per-rank" if per_rank else "sum" if summed else "auto"
             maps, notes = job.report(loaded, session, as_json, verbose, view, durations,
-                                     traced=trace is not None, status=status, mirror_s=mirror)
+                                     traced=trace is not None, status=status, mirror_s=mirror,
+                                     maps_asked=as_json or maps_file is not None)
         except EgpuError as e:  # the job ran: its status still goes out
             maps, notes = "", [f"egpu-run: {e}"]
         if perfetto is not None:

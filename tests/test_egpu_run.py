@@ -77,15 +77,18 @@ def test_maps_all_empty_say_so(stub_job, probe_obj, tmp_path):
     assert r.stderr == "egpu-run: every map is empty: no probe program stored anything\n"
 
 
-def test_no_probe_at_all_says_so(stub_job, tmp_path):
-    """egpu-run CMD without -p (and nothing attached): it printed nothing at all, and -o FILE was left empty,
-    as if the probes had run and found nothing."""
+def test_no_probe_at_all_says_so_where_maps_were_asked_for(stub_job, tmp_path):
+    """egpu-run --json -o FILE CMD without -p (and nothing attached) left FILE empty, as if the probes had run
+    and found nothing: a line says why. Without --json or -o (a job run for --restore, --durations or a later
+    attach), no line about maps."""
     maps = tmp_path / "maps.json"
     r = egpu_run(["--json", "-o", str(maps), str(stub_job.app), "module", "1", "32", "0"],
                  stub_job.env(tmp_path / "log"))
     assert (r.returncode, r.stdout) == (0, "app_vec module launches=1 threads=32 result=0\n"), r.stderr
     assert r.stderr == ("egpu-run: no maps: no probe was given (-p PROBE) nor attached while the job ran "
                         "(egpu attach)\n")
+    r = egpu_run([str(stub_job.app), "module", "1", "32", "0"], stub_job.env(tmp_path / "log2"))
+    assert (r.returncode, r.stdout, r.stderr) == (0, "app_vec module launches=1 threads=32 result=0\n", "")
 
 
 def test_a_process_whose_cuinit_fails_says_so(stub_job, probe_obj, tmp_path):

@@ -337,13 +337,16 @@ def _ended_by(status: int) -> int | None:
 
 def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
            view: str = "auto", with_durations: bool = True, traced: bool = False,
-           status: int = 0, mirror_s: float = config.Config.mirror) -> tuple[str, list[str]]:
+           status: int = 0, mirror_s: float = config.Config.mirror, maps_asked: bool = False
+           ) -> tuple[str, list[str]]:
     """(maps for stdout, lines for stderr) from the dumps the job's processes left in the session, and
     for a process killed before its dump, its last map mirror (said on stderr: how old, which signal
     ended the job of exit ``status``), or where it made no copy, a line that its counts are missing;
     kernel durations too when ``with_durations`` and the dumps have them. ``traced`` (egpu-run --trace):
     the rings' records went into the trace file, so maps empty at exit are no news. ``mirror_s``: how
-    often the processes copied their maps (egpu-run --mirror)."""
+    often the processes copied their maps (egpu-run --mirror). ``maps_asked`` (--json or -o FILE): a job that
+    ran no probe says so, where an empty output would pass for maps that stayed empty; without it a job with
+    no probe (--restore, --durations, --live-sass waiting for an attach) prints no line about maps."""
     from egpu_preload.control import process_exists
     from egpu_preload.runtime import mirror
     dumps = dump.read_all(session)
@@ -367,7 +370,7 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
     notes = unfinished + (module_report(dumps, verbose, in_kernels, signum, mirror_s) if probes else [])
     if not out and not as_json and not traced and any(d["probes"] for d in dumps):   # empty maps print nothing (bpftrace's way)
         notes.append("egpu-run: every map is empty: no probe program stored anything")
-    elif not out and not any(d["probes"] for d in dumps) and (dumps or not probes):   # it said nothing, -o FILE empty
+    elif not out and not any(d["probes"] for d in dumps) and (dumps if probes else maps_asked):
         notes.append("egpu-run: no maps: " + ("every probe was detached before the job ended (egpu detach printed "
                                               "their final maps)" if probes else
                                               "no probe was given (-p PROBE) nor attached while the job ran "
