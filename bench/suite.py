@@ -36,10 +36,16 @@ above (the runtime's exit dump), the shim's cost per launch (bench_shim.py: plai
 round-robin, pinned), and hot-swap latency (egpu attach/swap/detach on a running job), each skipped with
 its reason when it cannot run. Whatever runs past DEADLINE_S (SUITE_DEADLINE_S in the environment, to fit
 a device call beside other work) is skipped and says so.
+
+SUITE_FIXED_LAYOUT=1 in the environment runs every case's process with address-space randomization off and
+PYTHONHASHSEED=0: an experiment on why processes of one host-bound program differ by 10-20% in CPU time per
+step (2026-12-05d), where a layout that moves run to run (cache and TLB sets, Python's hash order) may be
+the cause. Off by default: numbers taken with it compare only with numbers taken with it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import resource
@@ -75,6 +81,8 @@ TIMEOUT_S = {"cuda": 60, "python": 150}
 TRACE_TIMEOUT_S = 240
 ABORT_GRACE_S = 10.0   # after SIGABRT, for a timed-out case's stacks to be written
 STACKS_S = 60.0        # for a debugger to print a timed-out case's native stacks, every process
+FIXED_LAYOUT = os.environ.get("SUITE_FIXED_LAYOUT") == "1"   # the docstring's experiment
+ADDR_NO_RANDOMIZE = 0x0040000   # linux/personality.h
 STDERR_KEPT = 40000    # of a timed-out case's stderr, native stacks included
 SHIM_LAUNCHES, SHIM_RUNS = 100_000, 11
 HOST_BOUND, PAIRS = frozenset({"torch_eager"}), paired.MIN_PAIRS
@@ -221,11 +229,16 @@ def run_session(cmd: list[str], env: dict[str, str], timeout: float, cpus: set[i
     print every thread's stack (where a hung job waits: its threads, egpu's ring reader among them), then,
     ABORT_GRACE_S later, SIGKILL; no core file is written (a CUDA process's would be gigabytes)."""
     t = time.perf_counter()
+    personality = ctypes.CDLL(None, use_errno=True).personality if FIXED_LAYOUT else None   # looked up before fork
+    if FIXED_LAYOUT:
+        env = {**env, "PYTHONHASHSEED": "0"}
 
     def start() -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if cpus:
             os.sched_setaffinity(0, cpus)
+        if personality is not None and personality(ADDR_NO_RANDOMIZE) == -1:   # inherited by exec and children
+            raise OSError(ctypes.get_errno(), "personality(ADDR_NO_RANDOMIZE) refused: SUITE_FIXED_LAYOUT cannot hold")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=start)
     timed_out = False

@@ -574,6 +574,22 @@ def test_run_case_ok_failed_and_timeout(suite, tmp_path):
     assert (pinned["status"], pinned["digest"]) == ("ok", str(cpu))
 
 
+def test_fixed_layout_turns_randomization_off_in_the_case_and_its_children(suite, monkeypatch):
+    """SUITE_FIXED_LAYOUT's experiment: the case's process and a child of it run with ADDR_NO_RANDOMIZE set
+    and PYTHONHASHSEED 0; without it, neither (the default)."""
+    show = ("import os, subprocess, sys; child = subprocess.run(['cat', '/proc/self/personality'], "
+            "capture_output=True, text=True).stdout.strip(); print('BENCH_REP 1 1'); "
+            "print('BENCH_DONE', child, os.environ.get('PYTHONHASHSEED'))")
+    monkeypatch.setattr(suite, "FIXED_LAYOUT", True)
+    fixed = suite.run_case([sys.executable, "-c", show], {}, 30)
+    monkeypatch.setattr(suite, "FIXED_LAYOUT", False)
+    default = suite.run_case([sys.executable, "-c", show], {}, 30)
+    flag = lambda digest: int(digest.split()[0], 16) & suite.ADDR_NO_RANDOMIZE   # noqa: E731
+    assert fixed["status"] == default["status"] == "ok", (fixed, default)
+    assert flag(fixed["digest"]) and fixed["digest"].split()[1] == "0"
+    assert not flag(default["digest"]) and default["digest"].split()[1] == "None"
+
+
 def test_a_case_past_its_time_leaves_the_stacks_of_its_threads(suite):
     """A hung case's stderr keeps where each of its threads waited (SIGABRT to Python's fault handler, as
     base_env turns it on) before it is killed: what tells a slow drain from a deadlock on the GPU."""
