@@ -79,14 +79,12 @@ typedef int (*copy_out_fn)(void *dst, unsigned long long src, size_t n, void *st
 typedef int (*wait_fn)(void *stream);                                                  /* cuStreamSynchronize */
 
 EXPORT int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long src, unsigned long long n,
-                         void *stream, unsigned long long *driver_ns, int *failed)
+                         void *stream, int *failed)
 {
-    uint64_t t0 = now_ns();
     int r = ((copy_out_fn)copy)(dst, src, (size_t)n, stream);
     *failed = r != 0 ? 0 : 1;
     if (r == 0)
         r = ((wait_fn)wait)(stream);
-    *driver_ns += now_ns() - t0;
     return r;
 }
 
@@ -198,7 +196,7 @@ static int take(struct egpu_ring_pass *p, uint64_t ncpu)
     if (!r) r = sync_(p);
     p->copied += n;
     uint64_t t1 = now_ns();
-    p->ns[1] += t1 - t, p->driver_ns[1] += t1 - t;
+    p->ns[1] += t1 - t;
     if (r) return r;
     uint64_t k = scan(stage, n, 0, n < straight ? n : straight, limit, p->starts, &p->n[0], p->runs, &p->nruns[0],
                       &took_a, &stopped);
@@ -211,7 +209,7 @@ static int take(struct egpu_ring_pass *p, uint64_t ncpu)
         if (!r) r = sync_(p);
         p->copied += n - k;
         t1 = now_ns();
-        p->ns[1] += t1 - t, p->driver_ns[1] += t1 - t;
+        p->ns[1] += t1 - t;
         if (r) return r;
         k = scan(stage, n, k, n, limit, p->starts + p->n[0], &p->n[1], p->runs + p->nruns[0], &p->nruns[1],
                  &took_b, &stopped);
@@ -262,9 +260,8 @@ EXPORT int egpu_ring_pass(struct egpu_ring_pass *p)
     uint64_t ncpu = 0, t = now_ns();
     p->n[0] = p->n[1] = p->nruns[0] = p->nruns[1] = p->size = p->copied = p->skipped = 0;
     memset(p->ns, 0, sizeof p->ns);
-    memset(p->driver_ns, 0, sizeof p->driver_ns);
     int r = read_header(p, &ncpu);
-    p->ns[0] = p->driver_ns[0] = now_ns() - t;
+    p->ns[0] = now_ns() - t;
     if (r || p->mode == EGPU_PASS_COUNT)
         return r;
     /* A producer's position stays within the reader's credit (devmaps.py): head - consumed <= capacity. A head

@@ -35,12 +35,11 @@ long long egpu_ring_pack(const void *buf, unsigned long long size, const long lo
                          void *data, unsigned long long room, long long *offsets, unsigned int *sms);
 
 /* Copy n bytes of device memory at src into dst on stream (`copy`: the driver's cuMemcpyDtoHAsync_v2) and
- * wait for that stream (`wait`: its cuStreamSynchronize): one call, so the reader lets the GIL go once
- * for the pair, not twice. Adds the nanoseconds spent inside the two driver calls to *driver_ns, so that
- * the reader can tell the driver's time from its own and from waiting for the GIL. Returns 0, or the
- * failing call's CUresult with *failed 0 (the copy) or 1 (the wait). */
+ * wait for that stream (`wait`: its cuStreamSynchronize): one call, so the caller lets the GIL go once
+ * for the pair, not twice (driver.Driver.dtoh_on: checkpoints, map reads). Returns 0, or the failing call's
+ * CUresult with *failed 0 (the copy) or 1 (the wait). */
 int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long src, unsigned long long n, void *stream,
-                  unsigned long long *driver_ns, int *failed);
+                  int *failed);
 
 /* One pass of the reader over one ring (egpu_ring_pass): what it is given, what it gives back. The driver's
  * calls come as addresses (copy_out: cuMemcpyDtoHAsync_v2, copy_in: cuMemcpyHtoDAsync_v2, wait:
@@ -66,8 +65,8 @@ struct egpu_ring_pass {
     unsigned long long size;             /* stage[0, size): the records taken, in ring order */
     unsigned long long n[2], nruns[2];   /* the two segments' records (starts from 0, then from n[0]) and runs
                                           * (runs from 0, then from nruns[0]), as egpu_ring_walk gives them */
-    unsigned long long ns[4];            /* nanoseconds: header, copy, scan, clear */
-    unsigned long long driver_ns[2];     /* of the header's and the copies', those inside the driver's calls */
+    unsigned long long ns[4];            /* nanoseconds: header, copy, scan, clear (the first two: the driver's
+                                          * calls that read the header and copy the records, and little else) */
     int failed;                          /* the call that failed: 0 copy_out, 1 copy_in, 2 wait */
 };
 

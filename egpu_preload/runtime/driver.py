@@ -260,25 +260,18 @@ class Driver:
         self.call("cuStreamDestroy_v2", self.ffi.cast("void *", stream))
 
     def dtoh_on(self, stream: int, ptr: int, size: int) -> bytes:
-        """Copy out on ``stream`` and wait for that stream only."""
+        """Copy out on ``stream`` and wait for that stream only. Both driver calls are made in one call into
+        the shim (egpu_copy_out), so the GIL is let go once."""
+        if not size:
+            return b""
         out = bytearray(size)
-        self.dtoh_into(stream, ptr, memoryview(out))
-        return bytes(out)
-
-    def dtoh_into(self, stream: int, ptr: int, buf: memoryview) -> float:
-        """Copy ``buf.nbytes`` bytes out into ``buf`` on ``stream`` and wait for that stream only: into
-        page-locked memory (host_alloc) the copy engine writes directly. Both driver calls are made in one
-        call into the shim (egpu_copy_out), so the GIL is let go once; returns the seconds spent inside them."""
-        if not buf.nbytes:
-            return 0.0
-        ns, failed = self.ffi.new("unsigned long long *"), self.ffi.new("int *")
+        failed = self.ffi.new("int *")
         calls = ("cuMemcpyDtoHAsync_v2", "cuStreamSynchronize")
-        r = self._lib.egpu_copy_out(*(self.ffi.cast("void *", self._fn(c)) for c in calls),
-                                    self.ffi.from_buffer(buf, require_writable=True), ptr, buf.nbytes,
-                                    self.ffi.cast("void *", stream), ns, failed)
+        r = self._lib.egpu_copy_out(*(self.ffi.cast("void *", self._fn(c)) for c in calls), self.ffi.from_buffer(out),
+                                    ptr, size, self.ffi.cast("void *", stream), failed)
         if r != CUDA_SUCCESS:
             raise self.failure(calls[failed[0]], r)
-        return ns[0] / 1e9
+        return bytes(out)
 
     def stream_copies(self, stream: int) -> StreamCopies:
         """The PASS_CALLS functions on ``stream``, for C that copies on its own (the ring reader's pass)."""

@@ -61,8 +61,8 @@ IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that fo
 # drain's pace.
 PHASES = ("header", "copy", "scan", "clear", "gil_wait")
 DRAIN_PHASES = ("hand_off", "idle")
-# Of the header and copy phases, the time inside the driver's calls (RingReader.in_driver): in C, with little
-# besides them, so the two phases are mostly the driver's.
+# The phases whose time is the driver's calls (RingReader.in_driver): egpu_ring_pass times them around the
+# header's and the records' copies, little else.
 READ_PHASES = ("header", "copy")
 
 
@@ -136,7 +136,6 @@ class RingReader:
     skipped: int = 0       # bytes of records passed over unread after the reader failed (skip)
     copied: int = 0        # bytes copied out of the ring, every pass's (a record is copied by two passes at least)
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0), compare=False)   # seconds
-    in_driver: dict[str, float] = field(default_factory=lambda: dict.fromkeys(READ_PHASES, 0.0), compare=False)
     # page-locked memory (or, where the driver gives none, pageable): the records' staging and its zeros
     # (_staging), the header with the SMs' lines after it (_head); _unpin: those of them the driver gave, which
     # close() gives back; _starts, _runs: where the walk puts the records' offsets
@@ -150,6 +149,12 @@ class RingReader:
     _pass: Any = field(default=None, init=False, repr=False, compare=False)
     _buffers: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
     _copies: StreamCopies | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def in_driver(self) -> dict[str, float]:
+        """Of the header and copy phases, the seconds inside the driver's calls: all of either, as the C pass
+        times them (egpu-run's pace line prints them beside the phases that hold them)."""
+        return {p: self.phases[p] for p in READ_PHASES}
 
     def take(self) -> Taken:
         """The records complete since an earlier pass (in ring order), their bytes cleared and
@@ -213,8 +218,6 @@ class RingReader:
             spent = time.perf_counter() - t
         for phase, ns in zip(PHASES, p.ns):   # all but the GIL's
             self.phases[phase] += ns / 1e9
-        for phase, ns in zip(READ_PHASES, p.driver_ns):
-            self.in_driver[phase] += ns / 1e9
         self.phases["gil_wait"] += max(spent - sum(p.ns) / 1e9, 0.0)
         return r
 
