@@ -505,6 +505,11 @@ def _load(path: Path, pa: Any) -> tuple[Any, Mapping[bytes, bytes], bool]:
         head = f.read(len(ARROW_MAGIC))
         f.seek(-min(4, f.seek(0, 2)), 2)
         tail = f.read(4)
+    if not head:   # what egpu-run --trace leaves of a job killed before its first rows
+        raise pa.ArrowInvalid("empty: the job that had it ended (killed?) before it wrote a record")
+    if head[:4] == PARQUET_MAGIC and tail != PARQUET_MAGIC:   # rows are found through the footer close writes
+        raise pa.ArrowInvalid("a Parquet file never closed (its job killed?): its records cannot be read; "
+                              "a trace in Arrow IPC (--trace FILE.arrow) keeps what a killed job wrote")
     if head != ARROW_MAGIC and (head[:4] != PARQUET_MAGIC or tail != PARQUET_MAGIC):
         raise pa.ArrowInvalid("neither an Arrow IPC file nor a Parquet file (egpu-run --trace writes one)")
     if head != ARROW_MAGIC:
