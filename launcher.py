@@ -850,7 +850,8 @@ def run_cmd(ctx: typer.Context,
         if trace is not None:
             from egpu_preload.runtime import streaming
             try:
-                notes += streaming.notes(dump.read_all(session))
+                dumps = dump.read_all(session)
+                notes += streaming.notes(dumps) + streaming.unclosed(trace, dumps, dump.started(session))
             except EgpuError as e:
                 notes.append(f"egpu-run: {e}")
         for line in notes:

@@ -836,6 +836,21 @@ def test_egpu_run_trace_writes_the_file_and_says_what_it_holds(stub_job, probe_o
     assert trace.dropped == {"events": 0, "trace_printk": 0}
 
 
+@pytest.mark.parametrize("suffix, left, read", [(".parquet", "its records are lost", "a Parquet file never closed"),
+                                                (".arrow", "`egpu trace` reads", "empty: ")])
+def test_a_trace_file_its_killed_job_never_closed_is_named(stub_job, probe_obj, tmp_path, suffix, left, read):
+    """A job SIGTERMed before its exit dump leaves FILE unclosed: egpu-run said nothing of it (only that the
+    maps were lost), and egpu trace read it as a file of neither format. Both say what it is."""
+    from stub_job import egpu_run
+    out = tmp_path / f"t{suffix}"
+    r = egpu_run(["--trace", str(out), "-p", str(probe_obj("ringbuf")), str(stub_job.app), "module", "2", "64",
+                  "kill"], stub_job.env(tmp_path / "log"))
+    assert r.returncode == 128 + 15, r.stderr
+    assert f"egpu-run: {out} was never closed (its process ended before its exit dump): {left}" in r.stderr, r.stderr
+    res = CliRunner().invoke(egpu, ["trace", str(out)])
+    assert res.exit_code == 1 and res.stderr.startswith(f"egpu: {out}: not a trace file: {read}"), res.output
+
+
 @pytest.mark.parametrize("on_full", ["wait", "drop"])
 def test_code_loads_wait_for_the_context_while_rings_wait(stub_job, probe_obj, tmp_path, on_full):
     """A kernel in a full waiting ring waits for the reader; a load of code made meanwhile held the driver up

@@ -503,8 +503,9 @@ def _load(path: Path, pa: Any) -> tuple[Any, Mapping[bytes, bytes], bool]:
     closed has no footer: its batches are read as the stream they are, up to the first one cut short."""
     with open(path, "rb") as f:
         head = f.read(len(ARROW_MAGIC))
-        f.seek(-min(4, f.seek(0, 2)), 2)
-        tail = f.read(4)
+        size = f.seek(0, 2)
+        f.seek(-min(4, size), 2)
+        tail = f.read(4) if size >= 2 * len(PARQUET_MAGIC) else b""   # not the head again
     if not head:   # what egpu-run --trace leaves of a job killed before its first rows
         raise pa.ArrowInvalid("empty: the job that had it ended (killed?) before it wrote a record")
     if head[:4] == PARQUET_MAGIC and tail != PARQUET_MAGIC:   # rows are found through the footer close writes

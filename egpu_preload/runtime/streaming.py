@@ -169,6 +169,22 @@ def notes(dumps: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def unclosed(path: Path, dumps: list[dict[str, Any]], started: set[int]) -> list[str]:
+    """egpu-run's lines about the trace files that processes of the job ended without closing (killed before
+    their exit dump): FILE, or a process's ``FILE.PID`` (claim), that no dump names and that exists."""
+    closed = {Path(d["trace"]["path"]) for d in dumps if d.get("trace")}
+    named = [path] + [path.with_name(f"{path.stem}.{pid}{path.suffix}") for pid in sorted(started)]
+    out = []
+    for f in named:
+        if f not in closed and f.exists():
+            what = ("`egpu trace` reads the records written before (in batches of "
+                    f"{tracefile.FLUSH_ROWS:,} a ring), the dropped counts unknown" if f.suffix in
+                    tracefile.ARROW_SUFFIXES else "its records are lost: a Parquet file is read through the footer "
+                    "its close writes (a trace in Arrow IPC, --trace FILE.arrow, keeps what was written)")
+            out.append(f"egpu-run: {f} was never closed (its process ended before its exit dump): {what}")
+    return out
+
+
 def in_driver(d: dict[str, Any], phase: str) -> str:
     """`` (0.02 s in the driver)`` after a phase that copies (READ_PHASES); nothing after the others."""
     s = d.get(f"{phase}_driver_s")
