@@ -91,7 +91,7 @@ def test_egpu_run_perfetto_writes_launches_and_ring_buffer_instants(stub_job, cu
     instants = [e for e in events if e["ph"] == "i"]
     assert len(instants) == 3 and {threads[e["tid"]] for e in instants} == {"@launch_events"}
     assert [e["args"]["launch_id"] for e in instants] == sorted(e["args"]["launch_id"] for e in instants)
-    assert all(e["args"]["kernel_id"] == "vecadd" and e["args"]["ts"] >= before for e in instants)
+    assert all(e["args"]["kernel_id"] == "vecadd" and int(e["args"]["ts"]) >= before for e in instants)
     # both on CLOCK_REALTIME: the stand-in's kernels (cuptiGetTimestamp = STUB_T0 at start) land near the run
     first_kernel = doc["otherData"]["base_ns"] + round(min(e["ts"] for e in events if e["ph"] == "X") * 1000)
     assert before - 1_000_000 <= first_kernel <= time.clock_gettime_ns(time.CLOCK_REALTIME)

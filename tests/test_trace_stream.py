@@ -711,6 +711,19 @@ def test_egpu_trace_prints_filters_and_converts(access_trace, tmp_path):
     assert not (tmp_path / "o.parquet").exists()
 
 
+def test_perfetto_keeps_64_bit_fields_exact(tmp_path):
+    """The viewers read the Chrome JSON's numbers as doubles: a u64 field of 2**64 - 255 showed as
+    18446744073709552000. Beyond 2**53 a field goes as decimal text; up to it, as a number."""
+    cols = (tracefile.Column("ts", 0, 8, "u"), tracefile.Column("big", 8, 8, "u"), tracefile.Column("neg", 16, 8, "i"))
+    w = tracefile.TraceWriter(tmp_path / "t.arrow", [("r", tracefile.RecordLayout("struct r", 24, cols))])
+    w.add(0, [(0, struct.pack("<QQq", 5, (1 << 64) - 255, -(1 << 60))), (0, struct.pack("<QQq", 6, 1 << 53, -7))])
+    w.close({"r": 0})
+    res = CliRunner().invoke(egpu, ["trace", str(tmp_path / "t.arrow"), "--perfetto", str(tmp_path / "t.json")])
+    assert res.exit_code == 0, res.output
+    args = [e["args"] for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["ph"] == "i"]
+    assert [(a["big"], a["neg"]) for a in args] == [(str((1 << 64) - 255), str(-(1 << 60))), (1 << 53, -7)]
+
+
 @pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
 def test_a_trace_of_no_records_says_so(access_trace, tmp_path, suffix):
     """A job whose probes wrote nothing leaves a file of no records: egpu trace printed nothing and exited

@@ -6,7 +6,8 @@ in its args) and per memory copy or set on that stream (``Slice`` with an int tr
 in its args); a track per other named timeline (host synchronizations, unified-memory migrations and
 faults: ``Slice`` with a str track; a slice of no duration is an instant); one track per ring-buffer or
 perf map, an instant per record that has an integer ``ts`` field (records without one have no place on a
-timeline and are left out). Launch times and record ``ts`` must be the same clock in ns (the GPU's
+timeline and are left out; its integer fields beyond 2**53, which the viewers' doubles round, as decimal
+text). Launch times and record ``ts`` must be the same clock in ns (the GPU's
 %globaltimer, as bpf_ktime_get_ns reads it).
 
 A job's processes go into one file (``write_all``): a process track each (named with its argv and rank,
@@ -30,6 +31,7 @@ from .text import kernel_name
 from .values import KernelId, Records
 
 TS_FIELD = "ts"
+FLOAT_EXACT = 1 << 53   # integers up to this are exact in a double
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,7 @@ class Trace:
         for i, (name, track) in enumerate(sorted(self.records.items()), start=len(tids) + 1):
             events.append(_meta("thread_name", self.pid, i, f"@{name}"))
             events += [{"ph": "i", "s": "t", "cat": "event", "name": name, "pid": self.pid, "tid": i,
-                        "ts": us(ts), "args": args} for ts, args in sorted(track, key=lambda r: r[0])]
+                        "ts": us(ts), "args": _exact(args)} for ts, args in sorted(track, key=lambda r: r[0])]
         return events
 
     def write(self, path: str | Path) -> None:
@@ -154,6 +156,13 @@ def _slice(s: Slice, pid: int, tid: int, us: Callable[[int], float]) -> dict:
     if s.duration_ns > 0:
         return {"ph": "X", **event, "dur": round(s.duration_ns / 1000, 3)}
     return {"ph": "i", "s": "t", **event}
+
+
+def _exact(args: Mapping) -> dict:
+    """A record's fields with the integers a double cannot hold (beyond 2**53, a ``ts`` in ns among them) as
+    decimal text: the viewers read JSON numbers as JavaScript's doubles, which showed 2**64 - 255 as
+    18446744073709552000 and rounded a ts to 256 ns."""
+    return {k: str(v) if type(v) is int and abs(v) > FLOAT_EXACT else v for k, v in args.items()}
 
 
 def _meta(kind: str, pid: int, tid: int, name: str) -> dict:
