@@ -8,7 +8,8 @@
  * How calls are caught, without ptrace or root: the function's address is looked up in the object
  * that defines it, and then
  * - every GOT slot that imports it by name (JUMP_SLOT: calls through the PLT; GLOB_DAT: -fno-plt calls
- *   and address-taken functions) in every loaded object but the shim and ld.so is pointed at a stub;
+ *   and address-taken functions; one asking for another version of the name, foo@VER_1 where foo@@VER_2 is
+ *   probed, is left alone) in every loaded object but the shim and ld.so is pointed at a stub;
  *   objects loaded later are patched at the next dlsym in the process (egpu_uprobe_dlsym) or
  *   egpu_uprobe_rescan;
  * - dlsym and dlvsym hand out the stub instead of the function (not for RTLD_NEXT, whose answer
@@ -94,6 +95,7 @@ void *egpu_uprobe_dlsym(void *found);
 int egpu_uprobes_on(void);
 /* interpose.c: the C library's own dlsym (the shim's answers cu* names with its hooks). */
 void *egpu_real_dlsym(void *handle, const char *name);
+void *egpu_real_dlvsym(void *handle, const char *name, const char *version);
 void egpu_uprobe_fork(enum egpu_fork_phase phase);
 
 #endif

@@ -160,6 +160,10 @@ void *egpu_real_dlsym(void *handle, const char *name) {
     return real_dlsym()(handle, name);
 }
 
+void *egpu_real_dlvsym(void *handle, const char *name, const char *version) {
+    return real_dlvsym()(handle, name, version);
+}
+
 /* ---- finding the driver's functions ---- */
 
 static void *libcuda(void) {

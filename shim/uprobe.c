@@ -449,20 +449,37 @@ static int patched(void **where) {
 }
 
 /* Whether calls through GOT slot `where` of `o` reach h's function: the slot holds it, or (a JUMP_SLOT not
- * bound yet, still pointing at `o`'s own PLT) the global lookup would bind it there. A slot bound to
- * another definition (an interposer: the shim's own cu* hooks) is left alone. */
-static int reaches(const struct object *o, void **where, const struct hook *h) {
+ * bound yet, still pointing at `o`'s own PLT) the global lookup of the slot's symbol at the slot's `version`
+ * (NULL: none asked) would bind it there: a slot importing foo@VER_1 is not bound to foo@@VER_2. A slot
+ * bound to another definition (an interposer: the shim's own cu* hooks) is left alone. */
+static int reaches(const struct object *o, void **where, const struct hook *h, const char *version) {
     if (*where == h->target) return 1;
     Dl_info di;
     struct link_map *lm = NULL;
-    return dladdr1(*where, &di, (void **)&lm, RTLD_DL_LINKMAP) && lm && lm->l_addr == o->base &&
-           egpu_real_dlsym(RTLD_DEFAULT, h->symbol) == h->target;
+    void *bound = version ? egpu_real_dlvsym(RTLD_DEFAULT, h->symbol, version)
+                          : egpu_real_dlsym(RTLD_DEFAULT, h->symbol);
+    return dladdr1(*where, &di, (void **)&lm, RTLD_DL_LINKMAP) && lm && lm->l_addr == o->base && bound == h->target;
+}
+
+/* The version `o` asks of its undefined dynamic symbol `index` (DT_VERSYM's entry, named in DT_VERNEED); NULL
+ * when it asks none. */
+static const char *version_needed(const ElfW(Half) *versym, const ElfW(Verneed) *verneed, const char *strtab,
+                                  size_t index) {
+    ElfW(Half) v = versym ? versym[index] & 0x7fff : 0;
+    if (v < 2) return NULL; /* VER_NDX_LOCAL, VER_NDX_GLOBAL */
+    for (const ElfW(Verneed) *n = verneed; n; n = n->vn_next ? (const void *)((const char *)n + n->vn_next) : NULL)
+        for (const ElfW(Vernaux) *a = (const void *)((const char *)n + n->vn_aux); a;
+             a = a->vna_next ? (const void *)((const char *)a + a->vna_next) : NULL)
+            if (a->vna_other == v) return strtab + a->vna_name;
+    return NULL;
 }
 
 /* Point `o`'s GOT slots importing a hooked function at its stub. Under up_lock. */
 static void patch_object(const struct object *o) {
     const ElfW(Sym) *symtab = NULL;
     const char *strtab = NULL;
+    const ElfW(Half) *versym = NULL;
+    const ElfW(Verneed) *verneed = NULL;
     const ElfW(Rela) *tables[2] = {NULL, NULL};
     size_t sizes[2] = {0, 0};
     for (const ElfW(Dyn) *d = o->dynamic; d->d_tag != DT_NULL; d++) {
@@ -475,6 +492,8 @@ static void patch_object(const struct object *o) {
         case DT_PLTRELSZ: sizes[0] = d->d_un.d_val; break;
         case DT_RELA: tables[1] = (const void *)p; break;
         case DT_RELASZ: sizes[1] = d->d_un.d_val; break;
+        case DT_VERSYM: versym = (const void *)p; break;
+        case DT_VERNEED: verneed = (const void *)p; break;
         }
     }
     if (!symtab || !strtab) return;
@@ -487,11 +506,12 @@ static void patch_object(const struct object *o) {
                 sym->st_shndx != SHN_UNDEF)
                 continue;
             const char *name = strtab + sym->st_name;
+            const char *version = version_needed(versym, verneed, strtab, ELF64_R_SYM(r->r_info));
             void **where = (void **)(o->base + r->r_offset);
             for (int i = 0; i < nhooks; i++) {
                 struct hook *h = &hooks[i];
-                if (!h->used || !h->target || strcmp(h->symbol, name) || !reaches(o, where, h) || patched(where) ||
-                    nslots == SLOTS)
+                if (!h->used || !h->target || strcmp(h->symbol, name) || !reaches(o, where, h, version) ||
+                    patched(where) || nslots == SLOTS)
                     continue;
                 int relro = (ElfW(Addr))where >= o->relro && (ElfW(Addr))where < o->relro_end;
                 slots[nslots++] = (struct slot){where, *where, h, relro, o->base,

@@ -664,6 +664,21 @@ def test_a_library_loaded_where_a_patched_one_was_closed_is_patched_and_never_wr
         assert (r.returncode, r.stdout) == (0, "base same runs 2\ngetpid ok\n"), (second.name, r.returncode, r.stderr)
 
 
+def test_a_slot_importing_an_older_version_of_the_function_keeps_calling_it(built, tmp_path):
+    """A uprobe on ver_get is on its default version (ver_get@@VER_2); the program also imports ver_get@VER_1, as
+    programs built against an older glibc import pthread_cond_wait@GLIBC_2.2.5. Its PLT slot, not bound yet, was
+    matched by name alone and pointed at the probed function's stub: the old version's call ran the probe and then
+    the new version (which returned 2, not 1)."""
+    lib, app = tmp_path / "libver.so", tmp_path / "app_version"
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", f"-Wl,--version-script={APP / 'libver.map'}",
+                    str(APP / "libver.c"), "-o", str(lib)], check=True)
+    subprocess.run(["gcc", "-O1", "-Wall", "-I", str(ROOT / "shim"), str(APP / "app_version.c"), "-o", str(app),
+                    f"-L{tmp_path}", "-lver", f"-Wl,-rpath,{tmp_path}", "-Wl,-z,lazy", "-ldl"], check=True)
+    r = subprocess.run([str(app)], env={"LD_PRELOAD": str(built / "libegpu_shim.so")}, capture_output=True, text=True,
+                       timeout=30)
+    assert (r.returncode, r.stdout) == (0, "new 2 old 1 runs 1\n"), (r.returncode, r.stdout, r.stderr)
+
+
 def test_a_uprobe_in_a_signal_handler_never_waits_for_the_lock_its_thread_holds(built, tmp_path):
     """A signal handler that calls a function with a uprobe, on a thread that holds launchvm.c's lock (a host-API
     probe running in a hook, the runtime's drain of launch records, an attach): the probe waited for that lock,
