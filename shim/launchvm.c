@@ -36,6 +36,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1059,8 +1060,9 @@ static int helper(struct run *x, int32_t id) {
     }
     case 131: return reserve(x);
     case 132: case 133: return release(x, id == 132); /* ringbuf_submit, ringbuf_discard */
-    case 14: /* get_current_pid_tgid: the process, tgid << 32 | its main thread (helpers.py) */
-        x->r[0] = (uint64_t)getpid() << 32 | (uint64_t)getpid();
+    case 14: /* get_current_pid_tgid: tgid << 32 | its main thread (helpers.py); a uprobe's run, in the thread that
+              * called, | that thread, as Linux's (per-thread state is kept under it) */
+        x->r[0] = (uint64_t)getpid() << 32 | (uint32_t)(x->host ? syscall(SYS_gettid) : getpid());
         return 0;
     case 8: case 509: case 510: case 511: case 506: /* smp_processor_id, sm, warp, lane; membar */
         x->r[0] = 0;
@@ -1583,6 +1585,7 @@ static struct run *api_run(void) {
         free(x);
         return NULL;
     }
+    x->host = 0; /* its runs' `now` holds the clock already (malloc's bytes may read as a uprobe's run) */
     return tls_api_run = x;
 }
 

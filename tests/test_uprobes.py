@@ -111,6 +111,23 @@ def test_uprobes_send_records_to_ring_and_perf_buffers_from_c(stub_job, uprobe_a
         [v for i in range(n) for v in (-(6 * i + 15), 6 * i + 15)]
 
 
+def test_bpf_get_current_pid_tgid_in_a_uprobe_is_the_calling_thread(stub_job, uprobe_app, tmp_path):
+    """A uprobe runs in the thread that called, and Linux's bpf_get_current_pid_tgid gives it tgid << 32 | that
+    thread's id, so per-thread state is kept under it (an entry's time or argument, read at the return). Every
+    thread read the process's main thread there: 4 threads' calls of upt_inc all fell under one key."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    obj = tmp_path / "threads_tid.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "threads_tid.bpf.c"),
+                    "-o", str(obj)], check=True)
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "by_thread=libupt.so:upt_inc", str(app),
+                            "bench_threads", "10000", "4")
+    assert r.returncode == 0, r.stderr
+    calls = entries(doc, obj, "calls")
+    assert sorted(calls.values()) == [10000] * 4, calls
+    assert len({key >> 32 for key in calls}) == 1 and all(key >> 32 != key & 0xFFFFFFFF for key in calls), calls
+
+
 DIRECT = ["--uprobe", "sum8_entry=app_uprobe:upt_direct", "--uprobe", "sum8_exit=app_uprobe:upt_direct"]
 
 

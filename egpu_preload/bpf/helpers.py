@@ -42,7 +42,8 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
     Helper(6, "trace_printk", ("mem", "size", "anything", "anything", "anything"), "int"),
     Helper(8, "get_smp_processor_id", (), "int"),
     # The application's process: tgid << 32 | its main thread's id (= tgid). On the GPU no host thread
-    # runs the probe, so every caller sees that value (the GPU reads it where devmaps.PID_TGID says).
+    # runs the probe, so every caller sees that value (the GPU reads it where devmaps.PID_TGID says). A host
+    # uprobe runs in the thread that called: tgid << 32 | that thread's id, as in Linux (shim/launchvm.c).
     Helper(14, "get_current_pid_tgid", (), "int"),
     Helper(25, "perf_event_output", ("ctx", "map", "anything", "mem", "size"), "int"),
     Helper(130, "ringbuf_output", ("map", "mem", "size", "anything"), "int"),
