@@ -275,6 +275,20 @@ def test_a_missing_function_is_reported_and_the_job_runs(stub_job, uprobe_app, t
     assert entries(doc, obj, "counts")[ADD6_CALLS] == 3
 
 
+def test_a_library_not_loaded_is_named_and_the_job_runs(stub_job, uprobe_app, tmp_path):
+    """A target in a library no loaded object is (misspelt here, or one the job opens later) waits for it to be
+    loaded; before, egpu-run said nothing of it, so a misspelt library failed silently."""
+    app, obj = uprobe_app
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "sum8_entry=libupt_typo.so:upt_sum8",
+                            "--uprobe", "sum8_exit=libupt.so:upt_sum8", str(app), "calls", "3")
+    assert r.returncode == 0, r.stderr
+    assert ("prog sum8_entry (uprobe): no loaded object is libupt_typo.so yet: libupt_typo.so:upt_sum8 is hooked "
+            "once one is loaded") in r.stderr
+    assert [ln for ln in r.stderr.splitlines() if "no loaded object" in ln] == \
+        [ln for ln in r.stderr.splitlines() if "sum8_entry" in ln], r.stderr   # one line, naming it
+    assert entries(doc, obj, "counts")[ADD6_CALLS] == 3
+
+
 def ctx_read(off: int) -> bytes:
     return struct.pack("<BBhi", 0x79, 0x10, off, 0) + struct.pack("<BBhi", 0x95, 0, 0, 0)
 

@@ -90,6 +90,7 @@ class Uprobes:
         self.ffi, self.lib = ffi, lib
         self.attached: list[Attached] = []
         self.refused: list[str] = []
+        self.waiting: list[str] = []   # targets no loaded object is yet: a misspelt one would say nothing else
         for probe, in_c, refusal in sides:
             hosts = host_programs(probe.obj)
             if hosts and in_c is None:
@@ -114,6 +115,9 @@ class Uprobes:
                     if result < 0:
                         self.refused.append(f"{probe.path}: prog {p.name} ({p.section}): not attached at {where}: "
                                             f"{why or RESULTS.get(result, result)}")
+                    elif result == 1:
+                        self.waiting.append(f"{probe.path}: prog {p.name} ({p.section}): no loaded object is {path} "
+                                            f"yet: {where} is hooked once one is loaded")
 
     def report(self) -> dict[str, Any]:
         """Each program's target and state (the dump's ``uprobes``), with the GOT slots patched, or
@@ -154,14 +158,14 @@ class Uprobes:
 
 def attach(runtime: Any) -> Uprobes | None:
     """Hook the host programs of the runtime's probes (their C side is the launch drainer's), or None when
-    there are none. What could not be attached is said on stderr."""
+    there are none. What could not be attached, and what waits for its object to be loaded, is said on stderr."""
     drainer = runtime.drainer
     if drainer is None:
         return None
     runtime.lib.egpu_uprobe_clock(drainer.probes.offset)
     up = Uprobes(runtime.ffi, runtime.lib, [(s.probe, s.native, s.refusal) for s in drainer.probes.sides if s],
                  runtime.cfg.uprobes)
-    for line in up.refused:
+    for line in up.refused + up.waiting:
         print(f"egpu: {line}", file=sys.stderr)
     return up
 
