@@ -16,7 +16,9 @@
  *   depends on the caller's address).
  * A function no GOT slot or dlsym reaches (linked statically into the executable, as static cudart's
  * cudaLaunchKernel is) gets an inline hook instead (egpu_uprobe_attach_inline). Direct calls inside a
- * shared object to a function it exports are not caught.
+ * shared object to a function it exports are not caught. The calls egpu's runtime makes in the process (its
+ * Python interpreter and threads) are caught as the application's are: a probe on libc's malloc or strlen
+ * counts them too.
  *
  * A stub saves the argument registers (and xmm0-7), runs the entry programs, and jumps to the function
  * with every register and the stack as the caller left them, so any signature and stack arguments
