@@ -599,7 +599,7 @@ class ControlClient:
 def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> list[SessionInfo]:
     """Live sessions of this user, by pid, for ``egpu ps``: in ``directory``, else in every one of
     socket_dirs(). Removes stale sockets: their process is gone, or nothing listens on them (a reused
-    pid); and the map mirrors of processes gone. A session that accepts but is slow to answer, or busy,
+    pid); and the map mirrors of processes gone. Anything else named like them is left alone. A session that accepts but is slow to answer, or busy,
     is kept, with info None."""
     if directory is None:
         return sorted((s for d in socket_dirs() for s in list_sessions(d, timeout=timeout)), key=lambda s: s.pid)
@@ -607,7 +607,7 @@ def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> lis
         return []
     sessions = []
     for path in sorted(directory.glob("*.sock"), key=lambda p: (len(p.stem), p.stem)):
-        if not path.stem.isdigit():
+        if not path.stem.isdigit() or not path.is_socket():   # not a session's: not ours to remove
             continue
         pid = int(path.stem)
         if not process_exists(pid):
@@ -622,7 +622,7 @@ def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> lis
             info = None
         sessions.append(SessionInfo(pid, path, info if isinstance(info, dict) else None))
     for path in directory.glob("*.maps"):   # runtime/mirror.py's segments of processes gone
-        if path.stem.isdigit() and not process_exists(int(path.stem)):
+        if path.stem.isdigit() and path.is_file() and not process_exists(int(path.stem)):
             path.unlink(missing_ok=True)
     return sessions
 

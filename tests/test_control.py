@@ -385,6 +385,18 @@ def test_list_sessions_lists_live_and_removes_stale(server, sock_dir):
     assert not dead.exists() and not reused.exists() and other.exists()
 
 
+def test_list_sessions_skips_what_is_not_a_socket(server, sock_dir):
+    """A directory or a file named like a session's socket or mirror (of a process gone, of a live one) is
+    no session, and not removed: egpu ps listed the rest instead of failing with a traceback."""
+    odd = [sock_dir / f"{_dead_pid()}.sock", sock_dir / f"{os.getppid()}.sock", sock_dir / f"{_dead_pid()}.maps"]
+    for path in odd:
+        path.mkdir()
+    plain = sock_dir / f"{os.getppid()}.maps"
+    plain.write_text("")
+    assert [s.pid for s in list_sessions()] == [os.getpid()]
+    assert all(path.is_dir() for path in odd) and plain.exists()
+
+
 def test_list_sessions_without_a_directory(sock_dir):
     assert list_sessions() == []
 
