@@ -296,6 +296,19 @@ _handoff_lock = threading.Lock()
 _handoff = [0, 0.0]   # requests being served, the interval before the first of them
 
 
+def _handoff_after_fork() -> None:
+    """In a child forked while requests were served (by threads it does not have): none is, so the
+    interval before them comes back, and a lock a serving thread held is a new one."""
+    global _handoff_lock
+    _handoff_lock = threading.Lock()
+    if _handoff[0]:
+        sys.setswitchinterval(_handoff[1])
+    _handoff[:] = [0, 0.0]
+
+
+os.register_at_fork(after_in_child=_handoff_after_fork)
+
+
 @contextlib.contextmanager
 def prompt_gil() -> Iterator[None]:
     """Run the block with the GIL handed back within HANDOFF_S; the last request out restores the

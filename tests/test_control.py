@@ -192,6 +192,38 @@ def test_requests_run_with_a_prompt_gil_handoff(sock_dir):
     assert sys.getswitchinterval() == before
 
 
+def test_a_child_forked_during_a_request_runs_and_serves_at_the_interval_before_it(sock_dir):
+    """A process that forks while a request is served (a DataLoader's workers start whenever the training
+    loop says): the child has no request in flight, so it runs at the interval the parent had before the
+    request, not at HANDOFF_S for ever, and its own requests hand the GIL off and restore it as the parent's."""
+    inside, leave = threading.Event(), threading.Event()
+
+    def slow(fields):
+        inside.set()
+        leave.wait(10)
+        return None
+
+    before = sys.getswitchinterval()
+    with ControlServer({"attach": slow}):
+        t = threading.Thread(target=lambda: ControlClient(os.getpid()).request("attach", probe=b"", name="x"))
+        t.start()
+        inside.wait(10)
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:   # nothing of pytest's here: the intervals down the pipe, then out
+            with control.prompt_gil():
+                during = sys.getswitchinterval()
+            os.write(w, f"{sys.getswitchinterval()} {during}".encode())
+            os._exit(0)
+        os.close(w)
+        seen = [float(x) for x in os.read(r, 100).split()]
+        os.close(r)
+        os.waitpid(child, 0)
+        leave.set()
+        t.join(10)
+    assert seen == [before, pytest.approx(HANDOFF_S)]
+
+
 @pytest.mark.parametrize("cmd, fields, reason", [
     ("launch", {}, "unknown command 'launch'"),
     ("attach", {"probe": "text", "name": "x"}, "field probe must be bytes, got str"),
