@@ -268,6 +268,11 @@ class Log:
         runs = [m for _, m in self.launches]
         return [m for i, m in enumerate(runs) if i == 0 or runs[i - 1] != m]
 
+    def held(self) -> int:
+        """Device allocations not freed (the stand-in logs each allocation's size, each free's pointer)."""
+        return sum(1 for ln in self.lines if re.match(r"cuMemAlloc_v2 size=\d+$", ln)) - \
+            sum(1 for ln in self.lines if ln.startswith("cuMemFree_v2 "))
+
     def events(self) -> list[str]:
         """"load M" and "unload M", in the order the driver saw them."""
         return [e for _, e in sorted([(i, f"load {m}") for i, m in self.loads] +
@@ -342,6 +347,30 @@ def test_retired_copies_are_unloaded_right_after_their_last_flip(stub_job, tmp_p
     assert_state_carried(out, log)
 
 
+def test_changes_free_the_regions_of_the_probes_they_retire(stub_job, tmp_path, monkeypatch, probes):
+    """Attach and detach, attach and swap (to a probe that takes the map over, then to one that takes
+    nothing), again and again: every region a probe's maps (and trace ring) took and every copy a flip
+    made of them is freed once the change that retired it is done, but what the probe attached now holds
+    (they were kept until exit: 2 MB of trace ring and a host copy of it per attach)."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    job = Job(stub_job, tmp_path)
+    count, hash_count = probes["count"].read_bytes(), probes["hash_count"].read_bytes()
+    steps = [("attach", {"probe": count, "name": "a"}), ("detach", {}),
+             ("attach", {"probe": count, "name": "a"}), ("swap", {"old": "a", "new_probe": count, "new_name": "b"}),
+             ("swap", {"old": "b", "new_probe": hash_count, "new_name": "c"})]
+    with job:
+        client = ControlClient(job.pid, directory=job.dir, timeout=30)
+        for _ in range(3):
+            for cmd, fields in steps:
+                client.request(cmd, **fields)
+            assert Log(job.log).held() == 2   # c's map and trace ring
+            client.request("detach")
+            assert Log(job.log).held() == 0
+        status, out, err = job.finish()
+    assert status == 0, err
+    assert_state_carried(out, Log(job.log))
+
+
 def test_the_original_loaded_beside_stays_for_the_next_detach(stub_job, tmp_path, monkeypatch, probes):
     """A probe loaded at start, detached: the original PTX loaded beside (a copy with no probe) serves.
     A probe attached and detached again: its copy goes, the original copy serves again, never unloaded."""
@@ -374,6 +403,7 @@ def test_a_copy_that_escaped_the_hooks_stays_loaded(stub_job, tmp_path, monkeypa
     assert log.order() == [first, escaped, first, plain, first]
     assert log.events() == ["load 1", f"load {escaped}", f"load {plain}", f"unload {plain}"]
     assert [r["unloaded"] for r in replies] == [0, 0, 0, 1]
+    assert log.held() == 2   # the escaped copy's map table names the first probe's map and trace ring
     if how == "graph":
         assert any(ln.startswith(f"cuGraphAddKernelNode_v2 f=step@{escaped} ") for ln in log.lines)
     else:  # the launch between the begin and the end ran the copy

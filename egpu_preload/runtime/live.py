@@ -31,10 +31,12 @@ Except where a function of the copy escaped the launch hooks (egpu_shim_escaped)
 graph kernel node (node retargeting happens at node set time; the node keeps that function), or it
 was launched while a stream capture was in progress, anywhere in the process (the captured graph keeps
 it). A graph may launch those at any later time, so they stay loaded until exit. So do copies of the
-original (probes ``()``: the next detach reuses them), the copies of a module the application
-unloaded, and the maps of retired probes (``retired``): a probe that took a region over (swap) shares
-it, and the map tables of escaped copies point at them; keeping the Probe objects also keeps their
-ids, which name copies, from being reused. A flip that fails unloads the copies it loaded.
+original (probes ``()``: the next detach reuses them) and the copies of a module the application
+unloaded. A retired probe (``retired``) keeps its Probe object and map regions while such a copy made
+with it stays (the copy's map table points at them; the object's id names copies, so it must not be
+reused), and egpu-run's probes keep theirs until exit; once the change that retired the others is done,
+their regions are freed (Live._release_retired), but those a probe still attached took over (swap). A
+flip that fails unloads the copies it loaded.
 
 Maps. A swap reuses the device region of every map the new probe declares exactly as the old one
 (name, type, key and value size, max_entries, flags) and stripes alike (a counter both only add to has
@@ -224,7 +226,7 @@ class Live:
         self.lock = threading.RLock()     # the runtime's load hooks take it too
         self.generation = 0               # bumped by every flip
         self.names = self._unique([probe_name(p.path) for p in rt.probes])
-        self.retired: list[tuple[Probe, DeviceMaps]] = []  # kept until exit ("Old images")
+        self.retired: list[tuple[Probe, DeviceMaps]] = []  # while a copy needs them ("Old images")
         self.server: ControlServer | None = None
         self.forked_from: int | None = None   # the parent, in a child forked after the runtime started
         self._refused: str | None = None      # there: why the driver refuses CUDA ("" it does not), once asked
@@ -243,13 +245,24 @@ class Live:
     def start(self) -> "Live":
         """Serve this process's control socket; a process without one still runs (one line on stderr)."""
         handlers = {cmd: self._served(cmd, h) for cmd, h in {
-            "ping": self.ping, "attach": no_collection(self.attach), "detach": no_collection(self.detach),
-            "swap": no_collection(self.swap), "maps": self.maps, "modules": self.modules, **self.extra}.items()}
+            "ping": self.ping, "attach": self._settled(self.attach), "detach": self._settled(self.detach),
+            "swap": self._settled(self.swap), "maps": self.maps, "modules": self.modules, **self.extra}.items()}
         try:
             self.server = ControlServer(handlers).start()
         except EgpuError as e:
             print(f"egpu[{os.getpid()}]: no control socket: {e}", file=sys.stderr)
         return self
+
+    def _settled(self, handler: Callable[[dict], dict]) -> Callable[[dict], dict]:
+        """A change's handler (no_collection) that, done or failed, frees what the probes it retired no longer
+        need (_release_retired): only then, as a swap put back or an attach taken back flips to them again."""
+        def run(fields: dict) -> dict:
+            try:
+                return no_collection(handler)(fields)
+            finally:
+                with self.lock:
+                    self._release_retired()
+        return run
 
     def serve(self, cmd: str, handler: Any) -> None:
         """Answer control command ``cmd`` with ``handler`` from now on (and in forked children)."""
@@ -341,10 +354,7 @@ class Live:
                 except EgpuError as e:   # its "nothing changed" is the take-back's: the attach stands
                     raise ControlError(f"{name}: nothing of it can run ({idle}), and taking it off again failed: "
                                        f"{e}; it stays attached, running nothing (egpu detach takes it off)") from e
-                self._free(snapshot)
-                # only uprobes: no image, map table or SASS block kept its regions (its Probe stays retired:
-                # its id names the dead copies of the first flip)
-                self._drop_maps(maps)
+                self._free(snapshot)   # its regions: retired, freed once the attach is done (_settled)
                 raise ControlError(f"{name}: nothing of it can run, so it was not attached: {idle}")
         result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
         return {"name": name, "seconds": time.perf_counter() - t0, **result}
@@ -442,8 +452,7 @@ class Live:
             self._free(snapshot)
             raise ControlError(f"{new[0]}: nothing of it can run, and putting {old[0]} back failed: {e}; {new[0]} "
                                f"stays attached, running nothing (egpu swap or detach takes it off)") from e
-        self._free(snapshot, copies)
-        self._drop_maps(new[2], old[2].addrs)
+        self._free(snapshot, copies)   # ``new``'s own regions: retired, freed once the swap is done (_settled)
         return back["to_flip_ms"] - flipped_ms
 
     def _free(self, *snapshots: Snapshot) -> None:
@@ -676,6 +685,29 @@ class Live:
         except EgpuError as e:  # the flip stands; what is left goes after the next one
             print(f"egpu: retired module copies stay loaded: {e}", file=sys.stderr)
         return unloaded
+
+    def _release_retired(self) -> None:
+        """Free the regions of retired probes nothing can reach any more, and forget the probes: a probe
+        attached again is live, not retired; one that a copy still loaded was made with (escaped the hooks,
+        of a module unloaded, not unloaded yet) stays, as do egpu-run's (its ring readers and host programs
+        keep their regions); the others' regions go but those a probe still kept takes over (swap). Without
+        this every attach and detach kept a probe's regions (its trace ring alone is ~2 MB) until exit."""
+        attached = {id(p) for p in self.rt.probes}
+        named = {i for mod in self.rt.loads for c in mod.copies for i in c.probes}
+        startup = {id(m) for m in self.rt.startup_maps}
+        unreachable = [(p, m) for p, m in self.retired if id(p) not in attached | named and id(m) not in startup]
+        gone = {id(p) for p, _ in unreachable}
+        self.retired = [(p, m) for p, m in self.retired if id(p) not in attached | gone]
+        held = {a for m in [*self.rt.maps, *(m for _, m in self.retired)] for a in m.addrs}
+        freed = {a for _, m in unreachable for a in m.addrs if a not in held}
+        if not freed:
+            return
+        try:
+            with self.rt.driver.current(self._context()):
+                for addr in freed:
+                    self.rt.driver.free(addr)
+        except EgpuError as e:   # the change stands; the memory stays taken
+            print(f"egpu: the maps of detached probes stay allocated: {e}", file=sys.stderr)
 
     def _escaped(self, mod: "Module", copy: Copy) -> bool:
         """Whether a function of ``copy`` went where launches bypass the hooks (a graph kernel node, a
