@@ -612,8 +612,8 @@ class ControlClient:
 def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> list[SessionInfo]:
     """Live sessions of this user, by pid, for ``egpu ps``: in ``directory``, else in every one of
     socket_dirs(). Removes stale sockets: their process is gone, or nothing listens on them (a reused
-    pid); and the map mirrors of processes gone. Anything else named like them is left alone. A session that accepts but is slow to answer, or busy,
-    is kept, with info None."""
+    pid); and the map mirrors of processes gone (anything else named like them is left alone). A session
+    that accepts but is slow to answer, or busy, is kept, with info None."""
     if directory is None:
         return sorted((s for d in socket_dirs() for s in list_sessions(d, timeout=timeout)), key=lambda s: s.pid)
     if not check_private_dir(directory, create=False):
