@@ -91,9 +91,9 @@ def main() -> None:
         env = suite.base_env(Path(tmp))
         cpus = suite.bench_shim.pick_cpus(suite.CASE_CPUS)
         suite.subprocess.run([*suite.egpu_run(), "true"], env=env, cwd=ROOT, capture_output=True)  # the shim, built
-        doc: dict = {"cpus": sorted(cpus or ()), "us_per_step": {m: [] for m in modes}, "counted": [],
-                     "counted_per_step": {m: [] for m in modes}, "shim_stats": {}, "errors": [], "ratios": {},
-                     "counted_ratios": {}}
+        doc: dict = {"cpus": sorted(cpus or ()), "fixed_layout": suite.FIXED_LAYOUT,
+                     "us_per_step": {m: [] for m in modes}, "counted": [], "counted_per_step": {m: [] for m in modes},
+                     "shim_stats": {}, "errors": [], "ratios": {}, "counted_ratios": {}}
         for i in range(rounds):
             for mode, cmd in modes.items():
                 rec = suite.run_case(cmd, env, suite.TIMEOUT_S["python"], cpus)

@@ -440,7 +440,7 @@ def guarded(what: str, fn, *args) -> dict[str, Any]:
 def meta() -> dict[str, Any]:
     """Where and what ran: bench/provenance.py's stamp (commit and dirty state of the files here, GPU,
     driver, time, log) and the suite's settings."""
-    return {**provenance.stamp(), "reps": REPS, "budget_s": BUDGET_S}
+    return {**provenance.stamp(), "reps": REPS, "budget_s": BUDGET_S, "fixed_layout": FIXED_LAYOUT}
 
 
 def rounds_of(name: str) -> list[list[str]]:
