@@ -28,8 +28,9 @@ up), so process start-up, compilation and the JIT stay out of the ratios, which 
 Host-bound workloads (HOST_BOUND: the eager PyTorch step, whose processes differ by 10-20%) run in
 PAIRS interleaved rounds of every mode but the full traces on the same pinned CPUs, each mode's ratio the
 median of the per-round ratios to that round's plain run, with their spread (bench/paired.py); the full
-traces, far above any goal a pair could move, run once. A cell's first round is its record (the probe
-check reads it).
+traces, far above any goal a pair could move, run once (SUITE_TRACE_PAIRS=1: in every round too, for a
+trace cell that rests on pairs as issue 23 asks). A cell's first round is its record (the probe check reads
+it).
 
 Also measured: the JIT cost of a 1,100-instruction kernel (bench_jit.py) and per module in the runs
 above (the runtime's exit dump), the shim's cost per launch (bench_shim.py: plain and shim
@@ -82,6 +83,7 @@ TRACE_TIMEOUT_S = 240
 ABORT_GRACE_S = 10.0   # after SIGABRT, for a timed-out case's stacks to be written
 STACKS_S = 60.0        # for a debugger to print a timed-out case's native stacks, every process
 FIXED_LAYOUT = os.environ.get("SUITE_FIXED_LAYOUT") == "1"   # the docstring's experiment
+TRACE_PAIRS = os.environ.get("SUITE_TRACE_PAIRS") == "1"     # full traces in every round of a host-bound workload
 ADDR_NO_RANDOMIZE = 0x0040000   # linux/personality.h
 STDERR_KEPT = 40000    # of a timed-out case's stderr, native stacks included
 SHIM_LAUNCHES, SHIM_RUNS = 100_000, 11
@@ -440,7 +442,8 @@ def guarded(what: str, fn, *args) -> dict[str, Any]:
 def meta() -> dict[str, Any]:
     """Where and what ran: bench/provenance.py's stamp (commit and dirty state of the files here, GPU,
     driver, time, log) and the suite's settings."""
-    return {**provenance.stamp(), "reps": REPS, "budget_s": BUDGET_S, "fixed_layout": FIXED_LAYOUT}
+    return {**provenance.stamp(), "reps": REPS, "budget_s": BUDGET_S, "fixed_layout": FIXED_LAYOUT,
+            "trace_pairs": TRACE_PAIRS}
 
 
 def rounds_of(name: str) -> list[list[str]]:
@@ -449,7 +452,15 @@ def rounds_of(name: str) -> list[list[str]]:
     modes = modes_for(name)
     if name not in HOST_BOUND:
         return [modes]
-    return [modes] + [[m for m in modes if m not in probe_check.TRACED]] * (PAIRS - 1)
+    later = modes if TRACE_PAIRS else [m for m in modes if m not in probe_check.TRACED]
+    return [modes] + [later] * (PAIRS - 1)
+
+
+def round_ms(rec: dict[str, Any]) -> float | None:
+    """A host-bound case's share of its round's pair: its median unit, None for a lost process or a trace that
+    dropped records (it timed less work than the others)."""
+    kept = rec["status"] == "ok" and rec["unit_ms"] and not rec.get("trace", {}).get("drops")
+    return statistics.median(rec["unit_ms"]) if kept else None
 
 
 def selected(argv: list[str]) -> tuple[list[str], bool]:
@@ -497,9 +508,8 @@ def main() -> None:
                         rec["check_run"] = run_workload_case(name, mode, exe, probes, env,
                                                              min(case_limit(name, mode), left()), cpus, witness)
                     first = cases[name].setdefault(mode, rec)
-                    if name in HOST_BOUND:  # this round's median, None for a lost process
-                        first.setdefault("rounds_ms", []).append(
-                            statistics.median(rec["unit_ms"]) if rec["status"] == "ok" and rec["unit_ms"] else None)
+                    if name in HOST_BOUND:
+                        first.setdefault("rounds_ms", []).append(round_ms(rec))
                     print(f"suite: {name:>13} {mode:>14} round {i}: {rec['status']:>7} {len(rec['unit_ms']):2d} reps "
                           f"median {statistics.median(rec['unit_ms']) * 1e3 if rec['unit_ms'] else float('nan'):10.1f} us/unit "
                           f"({rec['wall_s']:.1f} s)" + (f"  {rec.get('error', '')}" if rec["status"] != "ok" else ""),

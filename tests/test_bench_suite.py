@@ -694,7 +694,7 @@ def test_case_commands(suite, name, modes, tmp_path):
         assert cmd[-len(base):] == base and name in base and str(suite.REPS) in base
 
 
-def test_suite_parts_and_rounds(suite):
+def test_suite_parts_and_rounds(suite, monkeypatch):
     assert suite.selected([]) == (list(suite.WORKLOADS), True)
     assert suite.selected(["torch_eager"]) == (["torch_eager"], False)
     assert suite.selected(["gemm", "parts", "vecadd"]) == (["vecadd", "gemm"], True)
@@ -704,6 +704,12 @@ def test_suite_parts_and_rounds(suite):
     eager = suite.rounds_of("torch_eager")
     assert len(eager) == suite.PAIRS and eager[0] == suite.modes_for("torch_eager")
     assert all(r == ["plain", "shim", "entry_exit", "mem_count", "torch_profiler"] for r in eager[1:])
+    monkeypatch.setattr(suite, "TRACE_PAIRS", True)
+    assert suite.rounds_of("torch_eager") == [suite.modes_for("torch_eager")] * suite.PAIRS
+    ok = {"status": "ok", "unit_ms": [3.0, 1.0, 2.0]}
+    assert suite.round_ms(ok) == 2.0 and suite.round_ms({**ok, "trace": {"records": 9, "drops": 0}}) == 2.0
+    assert suite.round_ms({**ok, "trace": {"records": 9, "drops": 1}}) is None
+    assert suite.round_ms({**ok, "status": "timeout"}) is None and suite.round_ms({**ok, "unit_ms": []}) is None
 
 
 def test_shim_summary_pairs_rounds():
