@@ -864,6 +864,62 @@ def test_a_trace_file_its_killed_job_never_closed_is_named(stub_job, probe_obj, 
     assert res.exit_code == 1 and res.stderr.startswith(f"egpu: {out}: not a trace file: {read}"), res.output
 
 
+# A launch program's records, one per launch, to a ring buffer (a struct with a ts) and to a perf buffer; with
+# SHARED a GPU program writes the ring too (the stand-in's kernels run none of it, but its device maps exist).
+HOST_RECORDS = """#include "egpu.bpf.h"
+struct launch_rec { __u64 ts; __u64 launch_id; __u32 grid; __u32 block; };
+struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 1 << 16); } events SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_PERF_EVENT_ARRAY); __uint(key_size, 4); __uint(value_size, 4); } perf SEC(".maps");
+static __noinline void fill(struct launch_rec *r, const struct egpu_ctx *ctx) {   /* puts the struct in BTF */
+    *r = (struct launch_rec){ bpf_ktime_get_ns(), ctx->launch_id, ctx->grid[0], ctx->block[0] };
+}
+SEC("egpu/launch/*") int on_launch(struct egpu_ctx *ctx) {
+    struct launch_rec r;
+    fill(&r, ctx);
+    bpf_ringbuf_output(&events, &r, sizeof(r), 0);
+    bpf_perf_event_output(ctx, &perf, BPF_F_CURRENT_CPU, &r, sizeof(r));
+    return 0;
+}
+"""
+SHARED = """SEC("kprobe.block/*") int on_block(struct egpu_ctx *ctx) {
+    struct launch_rec r = { bpf_ktime_get_ns(), ctx->launch_id, 0, 0 };
+    bpf_ringbuf_output(&events, &r, sizeof(r), 0);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("shared, vm", [(False, "c"), (True, "c"), (False, "python")],
+                         ids=["host-only", "shared-ring", "python-vm"])
+def test_host_run_probes_records_go_to_the_trace_file(stub_job, tmp_path, shared, vm):
+    """Records a launch program outputs (in C or on the Python VM) go to FILE with the ring's layout, the host
+    as CPU 0, counted in the trace line, as GPU records do: they went to the exit dump (hex ``@ring:`` lines,
+    or merged into a shared ring's), and FILE was never made where the job had no device maps. egpu trace
+    reads them and the Perfetto conversion places each by its ts."""
+    from stub_job import egpu_run
+    src = tmp_path / "host_records.bpf.c"
+    src.write_text(HOST_RECORDS + (SHARED if shared else "") + 'char LICENSE[] SEC("license") = "GPL";\n')
+    obj = compile_probe(src, tmp_path / "host_records.bpf.o")
+    out = tmp_path / "t.parquet"
+    r = egpu_run(["--trace", str(out), "--launch-vm", vm, "-p", str(obj), str(stub_job.app), "module", "2", "64",
+                  "0"], stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    assert f"egpu-run: 4 records in {out}, none dropped" in r.stderr.splitlines(), r.stderr
+    assert "@events" not in r.stdout and "@perf" not in r.stdout, r.stdout
+    trace = tracefile.read(out)
+    rows = trace.rows.to_pylist()
+    events = [x for x in rows if x["map"] == "events"]
+    assert [(x["seq"], x["cpu"], x["grid"], x["block"]) for x in events] == [(0, 0, 2, 32), (1, 0, 2, 32)]
+    assert [x["launch_id"] for x in events] == [x["launch_id"] for x in rows if x["map"] == "perf"]
+    assert all(x["ts"] > 0 and x["data"] is None for x in rows)
+    assert trace.dropped == {"events": 0, "perf": 0, "trace_printk": 0}
+    res = CliRunner().invoke(egpu, ["trace", str(out), "--where", "map=perf"])
+    assert res.exit_code == 0 and res.stdout.startswith("perf #0 cpu=0 ts="), res.output
+    res = CliRunner().invoke(egpu, ["trace", str(out), "--perfetto", str(tmp_path / "t.json")])
+    assert res.exit_code == 0, res.output
+    assert len([e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["ph"] == "i"]) == 4
+
+
 @pytest.mark.parametrize("on_full", ["wait", "drop"])
 def test_code_loads_wait_for_the_context_while_rings_wait(stub_job, probe_obj, tmp_path, on_full):
     """A kernel in a full waiting ring waits for the reader; a load of code made meanwhile held the driver up

@@ -415,8 +415,6 @@ char LICENSE[] SEC("license") = "GPL";
                                            ("divergent", {"loads", "stores"}), ("both", {"warps"})])
 def test_the_rings_egpu_run_trace_names_warp_rings(tmp_path: Path, source: str, rings: set[str]) -> None:
     """Only a ring no other helper writes holds nothing but warp records, and only it is expanded."""
-    from types import SimpleNamespace
-
     from egpu_preload.runtime.probes import load_probe
     from egpu_preload.runtime.streaming import WARP_LAYOUT, rings as drained
     src = EXAMPLES / f"{source}.bpf.c"
@@ -424,8 +422,7 @@ def test_the_rings_egpu_run_trace_names_warp_rings(tmp_path: Path, source: str, 
         src = tmp_path / f"{source}.bpf.c"
         src.write_text(DIVERGENT if source == "divergent" else BOTH)
     probe = load_probe(compile_probe(src, tmp_path / f"{source}.bpf.o"))
-    maps = [SimpleNamespace(state=MapsState(probe.obj.maps))]
-    assert {name for name, _, layout in drained([probe], maps) if layout is WARP_LAYOUT} == rings
+    assert {name for name, _, layout in drained([probe]) if layout is WARP_LAYOUT} == rings
 
 
 def test_warp_records_taken_as_blocks_read_back_as_written(tmp_path: Path) -> None:

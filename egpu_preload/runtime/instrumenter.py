@@ -140,6 +140,8 @@ class Runtime:
             dump.mark_started(cfg.session)                # its dump is due: egpu-run names it if none comes
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
         self.uprobes = uprobes.attach(self)               # host uprobes, on the drainer's maps in C
+        if cfg.trace is not None and self.drainer is not None and self.drainer.outputs:
+            self.streaming = self._trace()                # host programs' records go there from the start
         uvm_sink = self.drainer.deliver_uvm if self.drainer and self.drainer.probes.has_uvm else None
         if (cfg.durations or uvm_sink) and not has_sites([p.obj for p in self.probes]):
             # CUPTI needs the driver's one tool slot; standby would hold it only for a later SASS attach.
@@ -384,11 +386,19 @@ class Runtime:
         self.context, self.maps, self.memory = ctx, maps, memory
         self.lib.egpu_sass_maps_context(self.ffi.cast("void *", ctx))   # SASS patches elsewhere run no probe
         if self.cfg.trace is not None:
-            self.streaming = streaming.Streaming(self.cfg.trace, self.probes, maps, memory,
-                                                 after_write=self.exit.rearm_if_loaded)
+            self.streaming = self.streaming or self._trace()
+            self.streaming.read(maps, memory)
             if self.cfg.on_full == "wait":   # waiting kernels need the reader: loads of code wait for them
                 self.lib.egpu_shim_rings_wait(self.ffi.cast("void *", ctx))   # first (interpose.c)
-            self.exit.arm()   # after the writer's first use of pyarrow (tracefile.TraceWriter._warm_up)
+
+    def _trace(self) -> streaming.Streaming:
+        """The trace file (egpu-run --trace), fed the records of host programs (the drainer's) at once, of the
+        device maps' rings once they exist."""
+        trace = streaming.Streaming(self.cfg.trace, self.probes, after_write=self.exit.rearm_if_loaded)
+        if self.drainer is not None:
+            self.drainer.sink = trace.host
+        self.exit.arm()   # after the writer's first use of pyarrow (tracefile.TraceWriter._warm_up)
+        return trace
 
     def align_clocks(self, memory: ContextMemory) -> int:
         """Put host probes' clock (launch, host-API and uprobes: CLOCK_MONOTONIC plus an offset) on the GPU's,
@@ -460,9 +470,11 @@ class Runtime:
         live_host = self.live.host.detach_all()   # probes attached live: their uprobes' maps
         if self.drainer is not None:
             self.drainer.stop()
-        if self.cfg.session is None or not (self.loads or self.cfg.early_start):
+        if self.cfg.session is None or not (self.loads or self.cfg.early_start or self.streaming):
             return
         probes, error, states, trace = [], None, None, None
+        if self.streaming is not None and not self.maps:   # host programs' records only
+            trace = self.streaming.finish()
         if self.maps:
             try:
                 with self.driver.current(self.context):

@@ -30,6 +30,8 @@ copy its GPU probes use (translate/devmaps.py). Which copy is authoritative depe
   kernels that start earlier do not. Launch probes read the host copy, so they do not see what GPU
   probes wrote. A key has one writer side at a time (the host's copy of a key replaces the device's).
   Ring and perf buffers written by both sides: the dump lists the device's records, then the host's.
+Under egpu-run --trace the host's ring and perf records go to the trace file instead, as each pass takes
+them (``Drainer.sink``: streaming.Streaming.host), beside the device's, with the same columns.
 Writes made before the first instrumented module allocated the device copy are copied then.
 
 Where probes run. A probe object whose launch side runtime/native.py accepts runs in C
@@ -410,6 +412,10 @@ class Drainer:
                         for _, h in side.native.programs}
         self._trace = ffi.new("struct egpu_lvm_trace[]", TRACE_BATCH)
         self.trace_dropped = 0
+        # egpu-run --trace (streaming.Streaming.host): where host programs' ring and perf records go, once set
+        self.sink: Callable[[Probe, int, list[Any], int], None] | None = None
+        self._outputs = [(side, [i for i in sorted(side.launch_only | side.shared)
+                                 if side.state.maps[i].type in RING_TYPES]) for side in probes.sides if side]
         self._buf = ffi.new("struct egpu_launch_record[]", BATCH)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -449,6 +455,7 @@ class Drainer:
                 if not taken:
                     break
             self._take_trace()
+            self._hand_on()
             self._push()
         return total
 
@@ -481,6 +488,21 @@ class Drainer:
                     storage.output(data)
             if n < TRACE_BATCH:
                 return
+
+    @property
+    def outputs(self) -> bool:
+        """Whether any host program may output to a ring or perf buffer."""
+        return any(rings for _, rings in self._outputs)
+
+    def _hand_on(self) -> None:
+        """Under --trace, every record host programs output since the last pass taken out of its map (room
+        made, as the ring reader makes it on the device) and handed to ``sink``, with the map's drops so far."""
+        if self.sink is None:
+            return
+        for side, rings in self._outputs:
+            for i in rings:
+                storage = side.state.storages[i]
+                self.sink(side.probe, i, storage.consume(), storage.drops)  # type: ignore[attr-defined]
 
     def deliver_uvm(self, records: list[uvm.UvmRecord]) -> None:
         """Run the egpu/uvm programs on ``records`` (runtime/uvm.py's sink), in order. It runs on CUPTI's

@@ -1,9 +1,12 @@
 """egpu-run --trace FILE inside the job: every ring and perf buffer of the probes (and each probe's
-trace_printk ring) drained while kernels run (ring_drain.py) into the trace file (output/tracefile.py).
+trace_printk ring) drained while kernels run (ring_drain.py) into the trace file (output/tracefile.py),
+with the records host programs (launch, host-API, uprobes) output to them, which the launch drainer hands
+on (launches.Drainer: ``host``) into the same columns, the host as CPU 0.
 
-Started once the device maps exist; finished at exit after the context is synchronized (the reader
-keeps running through that synchronize: kernels waiting for room in a ring need it), then every record
-left is taken and the file closed with each map's dropped count.
+Opened at start where host programs output to a ring, else once the device maps exist, whose rings are
+drained from then on (``read``); finished at exit after the context is synchronized (the reader keeps
+running through that synchronize: kernels waiting for room in a ring need it), then every record left is
+taken and the file closed with each map's dropped count.
 
 A job of several processes: the first to start claims FILE (O_EXCL: the launcher removed any old one),
 each other writes FILE's name with its pid inserted beside it (``trace.1234.parquet``). Live-attached
@@ -44,18 +47,18 @@ Ring = tuple[str, tuple[int, Any], tracefile.RecordLayout | None]   # name, (map
 WARP_LAYOUT = tracefile.whole_records(warp_records.RECORD_TYPE)   # expanded per lane by egpu trace
 
 
-def rings(probes: list[Probe], maps: list[DeviceMaps]) -> list[Ring]:
-    """(name in the trace, (device map set index, region index), record layout) of every ring to drain:
-    map names, prefixed with the probe's name where the job has several probes."""
+def rings(probes: list[Probe]) -> list[Ring]:
+    """(name in the trace, (probe index: its device map set's, map index: its region's), record layout) of
+    every ring to drain: map names, prefixed with the probe's name where the job has several probes."""
     out = []
-    for k, (probe, dm) in enumerate(zip(probes, maps)):
+    for k, probe in enumerate(probes):
         prefix = f"{probe.path.name.split('.')[0]}:" if len(probes) > 1 else ""
         btf = probe.obj.btf if isinstance(probe.obj.btf, btfmod.Btf) else None
         lay = _layout(btf)
-        for i, m in enumerate(dm.state.maps):
+        for i, m in enumerate(probe.obj.maps):
             if m.type in RING_TYPES:
                 out.append((prefix + m.name, (k, i), WARP_LAYOUT if i in probe.warp_rings else lay))
-        out.append((prefix + tracefile.TRACE_PRINTK, (k, len(dm.state.maps)), None))
+        out.append((prefix + tracefile.TRACE_PRINTK, (k, len(probe.obj.maps)), None))
     return out
 
 
@@ -77,13 +80,18 @@ class Streaming:
     """The reader thread, the writer thread and the trace file of one process: the reader copies records
     out of the rings while the writer encodes the batches before (pyarrow lets the GIL go meanwhile)."""
 
-    def __init__(self, path: Path, probes: list[Probe], maps: list[DeviceMaps], memory: Memory,
-                 after_write: Callable[[], None] = lambda: None) -> None:
-        """``after_write``: called on the writer's thread after each batch written (the exit hook re-arms
-        there when the writer loaded libraries)."""
-        drained = rings(probes, maps)
+    def __init__(self, path: Path, probes: list[Probe], maps: list[DeviceMaps] | None = None,
+                 memory: Memory | None = None, after_write: Callable[[], None] = lambda: None) -> None:
+        """``maps`` (in the order of ``probes``) and their ``memory``: drained at once; None: none yet (``read``).
+        ``after_write``: called on the writer's thread after each batch written (the exit hook re-arms there
+        when the writer loaded libraries)."""
+        drained = rings(probes)
         self.names = [name for name, _, _ in drained]
-        self.readers = [RingReader(memory, maps[k].addrs[i], maps[k].layouts[i]) for _, (k, i), _ in drained]
+        self.slots = {at: n for n, (_, at, _) in enumerate(drained)}   # (probe, map) -> the writer's index
+        self._probe = {id(p): k for k, p in enumerate(probes)}
+        self.readers: list[RingReader] = []
+        self.drain: RingDrain | None = None
+        self.host_dropped = [0] * len(drained)   # what host programs' maps dropped, by the writer's index
         self.path = claim(path)
         self.error: str | None = None
         try:
@@ -97,8 +105,23 @@ class Streaming:
         self._batches: queue.Queue[tuple[int, Taken] | None] = queue.Queue(QUEUED)
         self._writing = threading.Thread(target=self._write_all, name="egpu-trace-writer", daemon=True)
         self._writing.start()
+        if maps is not None and memory is not None:
+            self.read(maps, memory)
+
+    def read(self, maps: list[DeviceMaps], memory: Memory) -> None:
+        """Drain the device maps' rings from now on (once they exist)."""
+        self.readers = [RingReader(memory, maps[k].addrs[i], maps[k].layouts[i]) for k, i in self.slots]
         self.drain = RingDrain(self.readers, lambda index, taken: self._batches.put((index, taken)),
                                hold=memory.entered).start()
+
+    def host(self, probe: Probe, map_index: int, records: list[Any], dropped: int) -> None:
+        """Records host programs of ``probe`` (one of ``probes``) output to map ``map_index`` (a ring's bytes, a
+        perf buffer's (cpu, bytes)), in order, and how many that map has dropped so far; from the launch
+        drainer's thread, onto the writer's queue as the reader's batches go."""
+        index = self.slots[self._probe[id(probe)], map_index]
+        self.host_dropped[index] = dropped
+        if records:
+            self._batches.put((index, [r if isinstance(r, tuple) else (0, r) for r in records]))
 
     def _write_all(self) -> None:
         """The writer's thread, until finish() hands it None. A file that cannot be written (disk full)
@@ -119,14 +142,17 @@ class Streaming:
     def finish(self) -> dict[str, Any]:
         """After the context's work has finished: the rest taken, the file closed; what the dump reports."""
         try:
-            self.drain.stop()
+            if self.drain is not None:
+                self.drain.stop()
         except Exception as e:  # noqa: BLE001  (the reader's failure, reported in the dump)
             skipped = sum(r.skipped for r in self.readers)
             self.error = self.error or (f"the ring reader failed: {e}; {skipped:,} bytes of records after it "
                                         f"passed over unread")
         self._batches.put(None)
         self._writing.join()
-        dropped = {name: r.dropped for name, r in zip(self.names, self.readers)}
+        dropped = dict(zip(self.names, self.host_dropped))
+        for name, r in zip(self.names, self.readers):
+            dropped[name] += r.dropped
         if self.writer is not None and self.error is None:
             try:
                 t = time.perf_counter()
@@ -146,9 +172,11 @@ class Streaming:
         phases, the part inside the driver's calls as ``header_driver_s``, ``copy_driver_s``), its passes and
         the bytes they copied, and the writer's time: what says whether the reader, the writer or the link
         sets the pace of a trace."""
-        phases = {p: sum(r.phases[p] for r in self.readers) for p in PHASES} | self.drain.phases
+        drain = self.drain.phases if self.drain is not None else dict.fromkeys(DRAIN_PHASES, 0.0)
+        phases = {p: sum(r.phases[p] for r in self.readers) for p in PHASES} | drain
         in_driver = {f"{p}_driver": sum(r.in_driver[p] for r in self.readers) for p in READ_PHASES}
-        return {"passes": self.drain.passes, "copied_bytes": sum(r.copied for r in self.readers),
+        return {"passes": self.drain.passes if self.drain is not None else 0,
+                "copied_bytes": sum(r.copied for r in self.readers),
                 **{f"{p}_s": round(v, 3) for p, v in (phases | in_driver).items()}, "write_s": round(self.write_s, 3)}
 
 
