@@ -1146,6 +1146,24 @@ def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp
     assert report["error"] == "cannot write the trace: [Errno 28] No space left on device (1,000 records taken and not written)"
 
 
+def test_an_arrow_trace_writes_what_it_holds_once_it_is_a_moment_old(access_trace, tmp_path, monkeypatch):
+    """A job killed mid-trace keeps, in an Arrow IPC file, the batches written: records were written only once
+    FLUSH_ROWS of a ring had built up, so a killed job lost up to that many a ring, for as long as it ran.
+    Records held FLUSH_S are written whether more come or not."""
+    monkeypatch.setattr(tracefile, "FLUSH_S", 0.2, raising=False)
+    out = tmp_path / "t.arrow"
+    ring, streaming = _one_waiting_ring(access_trace, out)
+    for i in range(10):
+        ring.produce(_event(i), sm=0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and streaming.writer.written < 10:
+        time.sleep(0.05)
+    assert streaming.writer.written == 10
+    trace = tracefile.read(out)   # as a killed job leaves it: never closed
+    assert not trace.complete and trace.rows.column("addr").to_pylist() == [0x7F0000000000 + 4 * i for i in range(10)]
+    assert streaming.finish()["records"] == 10
+
+
 def test_a_reader_that_fails_lets_waiting_producers_go_on(access_trace, tmp_path):
     """A reader that dies (here: its copy fails after 50 records) must not stop the job either: the ring
     made to wait is passed over unread from then on, so the producers finish, and the report says the

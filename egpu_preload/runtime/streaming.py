@@ -124,20 +124,30 @@ class Streaming:
             self._batches.put((index, [r if isinstance(r, tuple) else (0, r) for r in records]))
 
     def _write_all(self) -> None:
-        """The writer's thread, until finish() hands it None. A file that cannot be written (disk full)
-        must not stop the reader, or a ring made to wait would stop the job: from then on batches are
+        """The writer's thread, until finish() hands it None; records held tracefile.FLUSH_S written after
+        each batch, and between batches (woken a few times as often). A file that cannot be written (disk
+        full) must not stop the reader, or a ring made to wait would stop the job: from then on batches are
         taken and not written."""
-        while (batch := self._batches.get()) is not None:
+        while (batch := self._next()) is not None:
             if self.writer is None or self.error is not None:
                 continue
             try:
                 t = time.perf_counter()
-                self.writer.add(*batch)
+                if batch:
+                    self.writer.add(*batch)
+                self.writer.flush_due()
                 self.write_s += time.perf_counter() - t
                 self.after_write()
             except Exception as e:  # noqa: BLE001  (pyarrow's and the OS's errors alike)
                 self.error = f"cannot write the trace: {e}"
                 print(f"egpu[{os.getpid()}]: {self.path}: {self.error}", file=sys.stderr)
+
+    def _next(self) -> tuple[int, Taken] | tuple[()] | None:
+        """The next batch; () when none came for a quarter of tracefile.FLUSH_S."""
+        try:
+            return self._batches.get(timeout=tracefile.FLUSH_S / 4)
+        except queue.Empty:
+            return ()
 
     def finish(self) -> dict[str, Any]:
         """After the context's work has finished: the rest taken, the file closed; what the dump reports."""
@@ -205,8 +215,9 @@ def unclosed(path: Path, dumps: list[dict[str, Any]], started: set[int]) -> list
     out = []
     for f in named:
         if f not in closed and f.exists():
-            what = ("`egpu trace` reads the records written before (in batches of "
-                    f"{tracefile.FLUSH_ROWS:,} a ring), the dropped counts unknown" if f.suffix in
+            what = ("`egpu trace` reads the records written before (all but those of its last second or so: a "
+                    f"ring's are written once {tracefile.FLUSH_ROWS:,} have built up or the oldest has waited "
+                    f"{tracefile.FLUSH_S:g} s), the dropped counts unknown" if f.suffix in
                     tracefile.ARROW_SUFFIXES else "its records are lost: a Parquet file is read through the footer "
                     "its close writes (a trace in Arrow IPC, --trace FILE.arrow, keeps what was written)")
             out.append(f"egpu-run: {f} was never closed (its process ended before its exit dump): {what}")
