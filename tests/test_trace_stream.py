@@ -1318,3 +1318,28 @@ def test_producers_at_full_speed_reach_the_file_whole_and_in_order(access_trace,
             else:
                 got = [t["data"][i] for i in rows if t["cpu"][i] == p]
             assert got == kept[r][p]
+
+
+def test_host_records_wait_beside_a_full_writer_queue_not_in_it():
+    """The launch drainer's thread hands host records on and must go on taking launch records, which a full
+    shim ring drops: while the writer's queue is full they are held, in order, and reach it once there is room
+    or at the latest when the file is finished (a blocking put stalled the drainer behind a slow writer)."""
+    from egpu_preload.runtime import streaming
+    s = object.__new__(streaming.Streaming)
+    probe = object()
+    s.slots, s._probe, s.host_dropped = {(0, 3): 1}, {id(probe): 0}, [0, 0]
+    s._host_held, s._batches = streaming.deque(), streaming.queue.Queue(1)
+    s._batches.put((0, []))   # the writer's queue, full
+    s.host(probe, 3, [b"a", b"b"], 0)
+    s.host(probe, 3, [b"c"], 2)
+    assert s.host_dropped == [0, 2] and len(s._host_held) == 2
+    assert s._batches.get_nowait() == (0, [])
+    s.host(probe, 3, [], 2)
+    assert s._batches.get_nowait() == (1, [(0, b"a"), (0, b"b")]) and len(s._host_held) == 1
+    taken = []
+    reader = threading.Thread(target=lambda: [taken.append(s._batches.get()) for _ in range(2)])
+    s._batches.put((0, []))
+    reader.start()
+    s._hand_host(wait=True)
+    reader.join(5)
+    assert taken == [(0, []), (1, [(0, b"c")])] and not s._host_held

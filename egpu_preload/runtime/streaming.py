@@ -20,6 +20,7 @@ import queue
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,7 @@ class Streaming:
         self.readers: list[RingReader] = []
         self.drain: RingDrain | None = None
         self.host_dropped = [0] * len(drained)   # what host programs' maps dropped, by the writer's index
+        self._host_held: deque[tuple[int, Taken]] = deque()   # host records the writer's full queue refused
         self.path = claim(path)
         self.error: str | None = None
         try:
@@ -121,7 +123,18 @@ class Streaming:
         index = self.slots[self._probe[id(probe)], map_index]
         self.host_dropped[index] = dropped
         if records:
-            self._batches.put((index, [r if isinstance(r, tuple) else (0, r) for r in records]))
+            self._host_held.append((index, [r if isinstance(r, tuple) else (0, r) for r in records]))
+        self._hand_host(wait=False)
+
+    def _hand_host(self, wait: bool) -> None:
+        """Host records held onto the writer's queue, in order; while it is full they stay held (``wait``: not),
+        as the drainer's thread must go on taking launch records, which a full shim ring would drop."""
+        while self._host_held:
+            try:
+                self._batches.put(self._host_held[0], block=wait)
+            except queue.Full:
+                return
+            self._host_held.popleft()
 
     def _write_all(self) -> None:
         """The writer's thread, until finish() hands it None; records held tracefile.FLUSH_S written after
@@ -158,6 +171,7 @@ class Streaming:
             skipped = sum(r.skipped for r in self.readers)
             self.error = self.error or (f"the ring reader failed: {e}; {skipped:,} bytes of records after it "
                                         f"passed over unread")
+        self._hand_host(wait=True)
         self._batches.put(None)
         self._writing.join()
         dropped = dict(zip(self.names, self.host_dropped))
