@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -299,6 +300,57 @@ def test_a_failed_publish_leaves_no_directory(tmp_path, table, monkeypatch):
     monkeypatch.setattr(snapshot.os, "rename", rename)
     with pytest.raises(SnapshotError, match="cannot publish the checkpoint: Invalid cross-device link"):
         _write(d, table)
+    assert not d.exists() and not d.with_name("ckpt.tmp").exists()
+
+
+def test_a_directory_that_cannot_be_made_is_refused_naming_it(tmp_path, table):
+    (tmp_path / "file").write_text("")
+    for d, made in ((tmp_path / "file" / "ckpt", "file: not a directory"),
+                    (tmp_path / "file" / "sub" / "ckpt", "file/sub: Not a directory")):
+        with pytest.raises(SnapshotError, match=f"^{d}: cannot create {tmp_path}/{made}$"):
+            _write(d, table)
+
+
+def test_a_full_filesystem_is_refused_naming_the_file_and_leaves_nothing(tmp_path, table, monkeypatch):
+    d = tmp_path / "ckpt"
+
+    def fsync(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(snapshot.os, "fsync", fsync)
+    with pytest.raises(SnapshotError, match=f"^{d}: cannot write alloc-000003.bin: No space left on device$"):
+        _write(d, table)
+    assert not d.exists() and not d.with_name("ckpt.tmp").exists()
+
+
+FSIZE_JOB = """
+import resource, signal, sys
+from egpu_preload.cow.allocations import Allocation, AllocKind
+from egpu_preload.cow.snapshot import SnapshotWriter
+from egpu_preload.errors import SnapshotError
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)   # as in the job: the shim's interpreter leaves it alone
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), resource.RLIM_INFINITY))
+try:
+    with SnapshotWriter(sys.argv[1], pid=1, argv=[], cut={}) as w:
+        w.add_allocation(Allocation(0, 0x1000, 64, AllocKind.DEVICE), bytes(64))
+        w.commit()
+except SnapshotError as e:
+    print(e)
+"""
+
+
+@pytest.mark.parametrize("limit, reason", [
+    (32, "alloc-000000.bin: 64 bytes, past the job's file size limit \\(ulimit -f\\) of 32 bytes"),
+    (100, r"manifest.json: \d+ bytes, past the job's file size limit \(ulimit -f\) of 100 bytes"),
+])
+def test_a_file_size_limit_is_refused_without_ending_the_job(tmp_path, limit, reason):
+    """Writing past RLIMIT_FSIZE sends SIGXFSZ, which ended the job the checkpoint was taken of."""
+    import subprocess
+    import sys
+    d = tmp_path / "ckpt"
+    r = subprocess.run([sys.executable, "-c", FSIZE_JOB, str(d), str(limit)], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parent.parent, timeout=30)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    assert re.fullmatch(f"{re.escape(str(d))}: {reason}\n", r.stdout), r.stdout
     assert not d.exists() and not d.with_name("ckpt.tmp").exists()
 
 

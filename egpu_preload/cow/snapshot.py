@@ -26,7 +26,9 @@ a manifest, or data with its sha256 rewritten, pass).
 The directory is 0700 and every file 0600 (never wider, whatever the umask): the files are copies of
 device memory.
 Writing is atomic: everything goes into ``DIR.tmp``, is fsynced, and the directory is renamed to DIR
-last, so DIR is either absent or complete. Reading validates everything before anything is handed
+last, so DIR is either absent or complete; a file the filesystem refuses (full, read-only) or one past the
+job's file size limit (checked first: writing past it would end the job by SIGXFSZ) is a SnapshotError
+naming it. Reading validates everything before anything is handed
 out: a directory without a manifest or seal, a seal that does not match, bad JSON, another version,
 entries that contradict each other, a missing or resized file, a wrong sha256, or files others may
 write are refused with a SnapshotError naming DIR and the reason. ``plan_restore`` then matches the
@@ -40,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import shutil
 import stat
 import time
@@ -146,8 +149,12 @@ class SnapshotWriter:
             raise _error(self.dir, "already exists: a checkpoint is never overwritten")
         if self.tmp.exists():
             raise _error(self.dir, f"{self.tmp.name} exists (an interrupted checkpoint?): remove it first")
-        self.tmp.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp.mkdir(mode=0o700)   # the umask may only narrow it
+        try:
+            self.tmp.parent.mkdir(parents=True, exist_ok=True)
+            self.tmp.mkdir(mode=0o700)   # the umask may only narrow it
+        except OSError as e:   # EACCES, EROFS, ENOSPC; EEXIST: a parent is a file (the tmp was checked above)
+            why = "not a directory" if isinstance(e, FileExistsError) else e.strerror
+            raise _error(self.dir, f"cannot create {e.filename}: {why}") from None
         self.pid, self.argv, self.cut, self.process, self.program = pid, tuple(argv), dict(cut), process, program
         self.allocations: dict[int, AllocEntry] = {}
         self.globals: dict[tuple[str, str], GlobalEntry] = {}
@@ -188,16 +195,28 @@ class SnapshotWriter:
     def _write(self, name: str, data: Data, size: int, what: str) -> str:
         h, n = hashlib.sha256(), 0
         chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
-        with _private_file(self.tmp / name) as f:
-            for chunk in chunks:
-                f.write(chunk)
-                h.update(chunk)
-                n += memoryview(chunk).nbytes
-            f.flush()
-            os.fsync(f.fileno())
+        self._check_room(name, size)
+        try:
+            with _private_file(self.tmp / name) as f:
+                for chunk in chunks:
+                    f.write(chunk)
+                    h.update(chunk)
+                    n += memoryview(chunk).nbytes
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:   # ENOSPC, EDQUOT, EIO
+            raise _error(self.dir, f"cannot write {name}: {e.strerror}") from None
         if n != size:
             raise _error(self.dir, f"{what}: {n} bytes given for {size}")
         return h.hexdigest()
+
+    def _check_room(self, name: str, size: int) -> None:
+        """Refuse a file past the file size limit (ulimit -f) before writing it: writing past it sends
+        SIGXFSZ, which ends the job (the shim's interpreter leaves it at its default)."""
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY and size > limit:
+            raise _error(self.dir, f"{name}: {size} bytes, past the job's file size limit (ulimit -f) of "
+                                   f"{limit} bytes")
 
     def commit(self) -> Manifest:
         """Write the manifest and its seal, and publish the directory (one rename)."""
@@ -212,10 +231,7 @@ class SnapshotWriter:
         _check_whole(self.dir, manifest)
         text = json.dumps(manifest.to_json(), indent=1).encode()
         for name, data in ((MANIFEST, text), (SEAL, (seal.seal(text) + "\n").encode())):
-            with _private_file(self.tmp / name) as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            self._write(name, data, len(data), name)
         _fsync_dir(self.tmp)
         try:
             os.rename(self.tmp, self.dir)   # fails if DIR appeared meanwhile (non-empty) or on EXDEV
