@@ -41,7 +41,7 @@
 
 enum { FLAG_ARMED = 1, FLAG_RESTORE = 2 };
 _Atomic int egpu_cow_flags;
-_Atomic unsigned long long egpu_alloc_seq, egpu_alloc_overflow;
+_Atomic unsigned long long egpu_alloc_seq, egpu_alloc_overflow, egpu_alloc_changes, egpu_alloc_digest;
 
 /* ---- the driver's own functions: each looked up once (egpu_shim_real never returns a hook) ---- */
 
@@ -178,7 +178,7 @@ static pthread_mutex_t arm_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static struct {
     _Atomic unsigned long long launches_at_cut, cut_streams, hook_copies, hook_waits, copier_copies, checked,
-        unknown_layout, stall_ns, stall_max_ns;
+        unknown_layout, stall_ns, stall_max_ns, alloc_digest_at_cut;
 } cstats;
 
 static void note_error(CUresult r) {
@@ -516,6 +516,7 @@ EXPORT int egpu_cow_arm(const struct egpu_cow_range *ranges, size_t n, void *sid
         egpu_shim_stats(&st);
         atomic_store(&cstats.launches_at_cut, st.launches);
         atomic_store(&cstats.cut_streams, cow.ncut);
+        atomic_store(&cstats.alloc_digest_at_cut, atomic_load(&egpu_alloc_digest));
         atomic_fetch_or(&egpu_cow_flags, FLAG_ARMED);
     }
     hold_hooks(0);
@@ -601,7 +602,8 @@ EXPORT void egpu_cow_stats(struct egpu_cow_stats *out) {
         atomic_load(&cstats.hook_copies), atomic_load(&cstats.hook_waits),
         atomic_load(&cstats.copier_copies), atomic_load(&cstats.checked),
         atomic_load(&cstats.unknown_layout), atomic_load(&cstats.stall_ns),
-        atomic_load(&cstats.stall_max_ns), (atomic_load(&egpu_cow_flags) & FLAG_ARMED) != 0};
+        atomic_load(&cstats.stall_max_ns), atomic_load(&egpu_alloc_changes), atomic_load(&egpu_alloc_digest),
+        atomic_load(&cstats.alloc_digest_at_cut), (atomic_load(&egpu_cow_flags) & FLAG_ARMED) != 0};
     pthread_mutex_lock(&streams_lock);
     out->streams = nstreams;
     pthread_mutex_unlock(&streams_lock);

@@ -67,6 +67,9 @@ struct egpu_cow_stats {
     unsigned long long unknown_layout;/* launches whose parameters could not be read: every range copied */
     unsigned long long stall_ns;      /* time spent inside hooks on copy-on-write (sum) */
     unsigned long long stall_max_ns;  /* the longest one */
+    unsigned long long alloc_changes;       /* insertions and removals of the allocation table so far */
+    unsigned long long alloc_digest;        /* the live allocations' digest (egpu_alloc_digest) */
+    unsigned long long alloc_digest_at_cut; /* the same when the cut was taken */
     int armed;
 };
 
@@ -229,8 +232,10 @@ typedef struct {
 /* Nonzero while a checkpoint is armed (1) or a restore waits for its allocations (2): the launch
  * hooks' only cost otherwise is loading it. */
 extern _Atomic int egpu_cow_flags;
-/* The allocation table's counters (interpose.c alloc_add): allocations made, and those it dropped. */
-extern _Atomic unsigned long long egpu_alloc_seq, egpu_alloc_overflow;
+/* The allocation table's counters (interpose.c alloc_add): allocations made, and those it dropped;
+ * changes: insertions and removals (a read of the table between two equal counts is whole); digest: the
+ * XOR of a hash of every live allocation's seq, so that a checkpoint knows its table still held at the cut. */
+extern _Atomic unsigned long long egpu_alloc_seq, egpu_alloc_overflow, egpu_alloc_changes, egpu_alloc_digest;
 /* The launch gate of interpose.c (egpu_shim_swap's) and the copy gate of cow.c (egpu_gate.h): hold 1
  * closes it and returns 0 once no hook is inside, or -1 (open again) if one still is at `deadline_ns`;
  * hold 0 opens it. */

@@ -1516,6 +1516,13 @@ static uint32_t alloc_home(unsigned long long addr) {
     return (uint32_t)((addr >> 8) * 0x9E3779B97F4A7C15ull >> 48) & (ALLOC_SIZE - 1);
 }
 
+/* splitmix64's finalizer: distinct seqs, digest bits that XOR does not cancel by accident */
+static unsigned long long seq_hash(unsigned long long x) {
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
 static void alloc_add(unsigned long long addr, unsigned long long size, int kind) {
     if (!addr) return;
     int handle = kind == EGPU_ALLOC_VMM_HANDLE, placed = 0;
@@ -1525,12 +1532,15 @@ static void alloc_add(unsigned long long addr, unsigned long long size, int kind
     for (uint32_t n = 0, i = alloc_home(addr); n < ALLOC_SIZE; n++, i = (i + 1) & (ALLOC_SIZE - 1)) {
         if (!allocs[i].address || alloc_same(&allocs[i], addr, handle)) {
             alloc_count += !allocs[i].address;
+            if (allocs[i].address) atomic_fetch_xor(&egpu_alloc_digest, seq_hash(allocs[i].seq)); /* replaced */
             allocs[i] = (struct egpu_alloc){addr, size, kind, seq};
+            atomic_fetch_xor(&egpu_alloc_digest, seq_hash(seq));
             placed = 1;
             break;
         }
     }
     if (!placed) atomic_fetch_add(&egpu_alloc_overflow, 1);
+    atomic_fetch_add(&egpu_alloc_changes, 1);
     pthread_mutex_unlock(&alloc_lock);
 }
 
@@ -1555,6 +1565,8 @@ static struct egpu_alloc alloc_del(unsigned long long addr, int handle) {
         }
         allocs[hole] = (struct egpu_alloc){0, 0, 0, 0};
         alloc_count--;
+        atomic_fetch_add(&egpu_alloc_changes, 1);
+        atomic_fetch_xor(&egpu_alloc_digest, seq_hash(gone.seq));
         break;
     }
     pthread_mutex_unlock(&alloc_lock);

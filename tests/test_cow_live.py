@@ -314,6 +314,31 @@ def test_checkpoint_while_running_then_rollback_and_restore_into_a_rerun(cow_stu
         assert ("capture 0" in r.stdout) == (mode == "resume-captured"), r.stdout
 
 
+def test_a_checkpoint_never_copies_an_allocation_freed_before_its_cut(cow_stub, tmp_path, monkeypatch):
+    """app_cow churn frees a buffer and allocates another every 50 steps (~20 ms). The stop-the-world
+    comparison waits 0.2 s between reading the allocation table and the cut: the buffer read there was freed
+    before the cut (on a GPU its address may be another's by then), yet it was copied into the checkpoint,
+    and the buffer live at the cut left out. The cut is taken again, and refused after as many tries, with
+    the job running on; a checkpoint without the wait goes through."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    loop = Loop(cow_stub, tmp_path, mode="churn")
+    try:
+        r = egpu(["checkpoint", str(loop.pid), str(tmp_path / "stw"), "--compare-stop-the-world"], loop.env)
+        assert r.returncode == 1 and r.stderr.strip() == (
+            f"egpu: process {loop.pid}: the job's allocations at the cut were not those read just before, 3 "
+            "times (it allocates or frees all the time): try again (nothing was saved)"), r.stdout + r.stderr
+        assert not (tmp_path / "stw").exists()
+        log = loop.log.read_text()
+        freed, copied = (set(re.findall(pattern, log)) for pattern in (r"cuMemFree_v2 ptr=(\S+)",
+                                                                         r"cuMemcpyAsync dst=\S+ src=(\S+)"))
+        assert not freed & copied
+        r = egpu(["checkpoint", str(loop.pid), str(tmp_path / "ckpt")], loop.env)
+        assert r.returncode == 0 and ": 5 allocations" in r.stdout, r.stdout + r.stderr
+    finally:
+        code, out, err = loop.finish()
+    assert code == 0 and "result=0" in out, err
+
+
 def test_a_child_forked_in_c_runs_its_hooks_and_answers_on_its_own_socket(cow_stub, tmp_path, monkeypatch):
     """app_safety forks (C fork(), after CUDA and Python are up) while another of its threads holds the
     launch gate in a swap whose drain the stand-in holds: the child's own launches, allocations and copies

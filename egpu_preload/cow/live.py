@@ -6,7 +6,8 @@
 2. The cut (egpu_cow_arm, shim/cow.c): launches and copies pause at the hooks for the few
    microseconds it takes to record an event on every stream the application made and on the legacy
    stream; the pending table is published with it. What was issued before is in the snapshot, what
-   comes after is not.
+   comes after is not. If the allocations live at the cut are not those staged (the table's digest
+   differs: one was freed, or made, in between), nothing is copied and it starts again, CUT_TRIES times.
 3. Soft copy-on-write: until every range is copied, a launch or copy that may write a pending range
    copies it first on its own stream, after waiting for every stream's cut event (shim/cow.c); this
    thread's copier copies the rest, one range at a time, on a stream of its own that waits for the cut
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from egpu_preload.runtime.instrumenter import Module, Runtime
 
 STW_GAP_S = 0.2   # between the stop-the-world comparison and the live checkpoint
+CUT_TRIES = 3     # cuts taken again when the job's allocations changed between the table's read and the cut
 STATS = ("launches_at_cut", "cut_streams", "hook_copies", "hook_waits", "copier_copies", "checked",
          "unknown_layout", "stall_ns", "stall_max_ns")
 
@@ -138,6 +140,14 @@ def live_allocations(rt: "Runtime") -> list[Allocation]:
     return table.by_creation()
 
 
+def alloc_state(rt: "Runtime") -> tuple[int, int, int]:
+    """The shim's allocation table: (changes so far, digest of the allocations live now, that digest at the
+    last cut); equal digests, equal sets of live allocations."""
+    stats = rt.ffi.new("struct egpu_cow_stats *")
+    rt.lib.egpu_cow_stats(stats)
+    return int(stats.alloc_changes), int(stats.alloc_digest), int(stats.alloc_digest_at_cut)
+
+
 def context(rt: "Runtime") -> int:
     """The context the job's memory lives in: the maps' one, else the current or primary one."""
     return rt.context if rt.context is not None else rt.driver.maps_context()
@@ -211,31 +221,39 @@ class Checkpointer:
                                 program=this_program())
         with writer:
             ctx = context(rt)
-            staged: list[Staged] = []
-            try:
-                with rt.driver.current(ctx):
-                    staged, writer.allocations_made, left_out = self._stage(rt)
-                    layouts = register_layouts(rt)
-                    side = self._stream()
-                    stw = {}
-                    if stop_the_world:  # first, and apart, so that the job's timings can tell them apart
-                        stw = self._stop_the_world(staged, ctx)
-                        time.sleep(STW_GAP_S)
-                    info = self._copy(staged, side, ctx)
-                    info.update(stw, layouts=layouts, not_saved=left_out)
-                    t0, self.download_s = time.monotonic(), 0.0
-                    for s in staged:
-                        data = self._read(s, side)
-                        if s.alloc is not None:
-                            writer.add_allocation(s.alloc, data)
-                        else:
-                            writer.add_global(*s.symbol, data, s.size)
-                    info.update(write_s=round(time.monotonic() - t0, 3), download_s=round(self.download_s, 3),
-                                t_written_ns=time.monotonic_ns())
-            finally:
-                with rt.driver.current(ctx):
-                    for s in staged:
-                        lib.egpu_cow_staging_free(s.staging, int(s.host))
+            info = None
+            for _ in range(CUT_TRIES):
+                staged: list[Staged] = []
+                try:
+                    with rt.driver.current(ctx):
+                        staged, writer.allocations_made, left_out, digest = self._stage(rt)
+                        layouts = register_layouts(rt)
+                        side = self._stream()
+                        stw = {}
+                        if stop_the_world:  # first, and apart, so that the job's timings can tell them apart
+                            stw = self._stop_the_world(staged, ctx)
+                            time.sleep(STW_GAP_S)
+                        info = self._copy(staged, side, ctx, digest)
+                        if info is None:
+                            continue
+                        info.update(stw, layouts=layouts, not_saved=left_out)
+                        t0, self.download_s = time.monotonic(), 0.0
+                        for s in staged:
+                            data = self._read(s, side)
+                            if s.alloc is not None:
+                                writer.add_allocation(s.alloc, data)
+                            else:
+                                writer.add_global(*s.symbol, data, s.size)
+                        info.update(write_s=round(time.monotonic() - t0, 3), download_s=round(self.download_s, 3),
+                                    t_written_ns=time.monotonic_ns())
+                        break
+                finally:
+                    with rt.driver.current(ctx):
+                        for s in staged:
+                            lib.egpu_cow_staging_free(s.staging, int(s.host))
+            if info is None:
+                raise CowError(f"the job's allocations at the cut were not those read just before, {CUT_TRIES} "
+                               "times (it allocates or frees all the time): try again (nothing was saved)")
             writer.cut.update({int(ffi.cast("uintptr_t", h)): info["launches_at_cut"] for h in self._streams()})
             writer.cut.setdefault(0, info["launches_at_cut"])
             writer.info.update(info)
@@ -243,12 +261,17 @@ class Checkpointer:
         return {"dir": str(directory), "allocations": len(manifest.allocations), "globals": len(manifest.globals),
                 **info}
 
-    def _stage(self, rt: "Runtime") -> tuple[list[Staged], int, dict[str, dict[str, int]]]:
+    def _stage(self, rt: "Runtime") -> tuple[list[Staged], int, dict[str, dict[str, int]], int]:
         """A staging buffer for every device allocation and module global; how many allocations the
         process had made (one past the newest live one: any older one not live now never will be again);
-        and what the checkpoint leaves out (not_saved), for the reply to say the snapshot is partial."""
+        what the checkpoint leaves out (not_saved), for the reply to say the snapshot is partial; and the
+        digest of the allocations listed (_copy checks they still were the live ones at the cut)."""
         ffi, lib = rt.ffi, rt.lib
-        live = live_allocations(rt)
+        while True:   # the digest of the very table read
+            changes, digest, _ = alloc_state(rt)
+            live = live_allocations(rt)
+            if alloc_state(rt)[0] == changes:
+                break
         ranges = [Staged(f"allocation #{a.seq}", a.address, a.size, 0, False, alloc=a) for a in live if saved(a)]
         ranges += [Staged(f"global {sym}", addr, size, 0, False, symbol=(key, sym))
                    for (key, sym), (addr, size) in live_globals(rt).items()]
@@ -265,7 +288,7 @@ class Checkpointer:
             for s in staged:
                 lib.egpu_cow_staging_free(s.staging, int(s.host))
             raise
-        return ranges, max((a.seq for a in live), default=-1) + 1, not_saved(rt, live)
+        return ranges, max((a.seq for a in live), default=-1) + 1, not_saved(rt, live), digest
 
     def _stream(self) -> int:
         if self._side is None:
@@ -278,8 +301,10 @@ class Checkpointer:
         n = lib.egpu_cow_streams(buf, 4096)
         return [buf[i] for i in range(min(n, 4096))]
 
-    def _copy(self, staged: list[Staged], side: int, ctx: int) -> dict:
-        """Cut, arm, copy everything, disarm; what it cost the application."""
+    def _copy(self, staged: list[Staged], side: int, ctx: int, digest: int) -> dict | None:
+        """Cut, arm, copy everything, disarm; what it cost the application. None, with nothing copied, when
+        the allocations live at the cut are not those staged (``digest``): one staged was freed since (its
+        address may be another's now), or one made meanwhile, written before the cut, would be missing."""
         rt, ffi, lib = self.rt, self.rt.ffi, self.rt.lib
         table = ffi.new("struct egpu_cow_range[]", max(len(staged), 1))
         for i, s in enumerate(staged):
@@ -295,6 +320,10 @@ class Checkpointer:
                    "a stream the application made is not known to the shim" if r == lib.EGPU_COW_STREAMS else
                    "already armed or bad ranges")
             raise CowError(f"cannot take the cut: {why}")
+        if alloc_state(rt)[2] != digest:
+            with rt.live.lock:
+                lib.egpu_cow_disarm()   # its error: the ranges never copied
+            return None
         try:
             while lib.egpu_cow_copy_next(side_p) >= 0:
                 pass

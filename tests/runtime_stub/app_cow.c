@@ -8,6 +8,7 @@
  *   app_cow loop STOP    a job to checkpoint: three buffers and a counter rewritten every step (buffer b
  *                        holds b * 1000000 + step in every word) and 4096 bytes of pinned host memory,
  *                        a launch per step, until STOP exists
+ *   app_cow churn STOP   loop, and every 50 steps a fifth buffer is freed and another allocated
  *   app_cow resume       the same allocations, one launch (a --restore puts the snapshot back before
  *                        it), then prints every buffer's first word and the counter
  *   app_cow resume-captured  the same, but a launch captured into a graph (global mode) comes first:
@@ -198,10 +199,10 @@ static double now(void) {
 }
 
 /* loop and resume: the same allocations, in the same order. */
-static int job(const char *stop, int captured) {
+static int job(const char *stop, int captured, int churn) {
     SYM(cuInit); SYM(cuMemAlloc_v2); SYM(cuMemcpyHtoD_v2); SYM(cuMemcpyDtoH_v2); SYM(cuModuleLoadData);
     SYM(cuModuleGetFunction); SYM(cuLaunchKernel); SYM(cuCtxSynchronize); SYM(cuStreamCreate);
-    SYM(cuStreamBeginCapture_v2); SYM(cuStreamEndCapture); SYM(cuMemAllocHost_v2);
+    SYM(cuStreamBeginCapture_v2); SYM(cuStreamEndCapture); SYM(cuMemAllocHost_v2); SYM(cuMemFree_v2);
     CUdeviceptr buf[3], counter;
     void *mod = NULL, *k = NULL, *pinned = NULL;
     unsigned long long words[WORDS], n = 1;
@@ -231,6 +232,7 @@ static int job(const char *stop, int captured) {
     printf("ready\n");
     fflush(stdout);
     unsigned long long s = 0;
+    CUdeviceptr tmp = 0;
     double end = now() + 40;
     while (access(stop, F_OK) != 0 && now() < end) {
         s++;
@@ -239,6 +241,10 @@ static int job(const char *stop, int captured) {
             r |= cuMemcpyHtoD_v2(buf[b], words, SIZE);
         }
         r |= cuMemcpyHtoD_v2(counter, &s, 8);
+        if (churn && s % 50 == 1) {
+            if (tmp) r |= cuMemFree_v2(tmp);
+            r |= cuMemAlloc_v2(&tmp, SIZE) | cuMemcpyHtoD_v2(tmp, words, SIZE);
+        }
         r |= cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
         usleep(300);
     }
@@ -255,8 +261,9 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "overflow")) return cut_after(1, 1) ? 1 : 0;
     if (!strcmp(argv[1], "huge-params")) return cut_after(1, 2) ? 1 : 0;
     if (!strcmp(argv[1], "anything")) return cut_after(1, 3) ? 1 : 0;
-    if (!strcmp(argv[1], "loop") && argc == 3) return job(argv[2], 0);
-    if (!strcmp(argv[1], "resume")) return job(NULL, 0) ? 1 : 0;
-    if (!strcmp(argv[1], "resume-captured")) return job(NULL, 1) ? 1 : 0;
+    if (!strcmp(argv[1], "loop") && argc == 3) return job(argv[2], 0, 0);
+    if (!strcmp(argv[1], "churn") && argc == 3) return job(argv[2], 0, 1);
+    if (!strcmp(argv[1], "resume")) return job(NULL, 0, 0) ? 1 : 0;
+    if (!strcmp(argv[1], "resume-captured")) return job(NULL, 1, 0) ? 1 : 0;
     return 2;
 }
