@@ -811,7 +811,9 @@ def run_cmd(ctx: typer.Context,
                 raise EgpuError("--restore-other-build needs --restore DIR")
             if restore is not None:  # refused here, before the job starts, when incomplete or corrupt
                 from egpu_preload.cow import remote
-                cfg = dataclasses.replace(cfg, restore=remote.checked(restore), restore_other_build=other_build)
+                # armed at the job's first CUDA call, so that a job loading no module still puts it back or says why
+                cfg = dataclasses.replace(cfg, restore=remote.checked(restore), restore_other_build=other_build,
+                                          early_start=True)
             if cuda_driver() is None:
                 sass_notes.append("egpu-run: no CUDA driver (libcuda.so.1 not found): the job cannot load "
                                   "CUDA code, so nothing will be instrumented (egpu-run --version)")
@@ -854,6 +856,8 @@ def run_cmd(ctx: typer.Context,
                 notes += streaming.notes(dumps) + streaming.unclosed(trace, dumps, dump.started(session))
             except EgpuError as e:
                 notes.append(f"egpu-run: {e}")
+        if restore is not None and not dump.started(session, dump.RESTORING):
+            notes.append(f"egpu-run: --restore {restore} was never put back: no process of the job started CUDA")
         for line in notes:
             _echo_after_job(line, err=True)
         put_maps(maps)

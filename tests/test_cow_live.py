@@ -422,6 +422,22 @@ def test_a_restore_the_job_never_reached_is_said_at_exit(cow_stub, tmp_path):
                                 "job ran from its start"), r.stderr
 
 
+@pytest.mark.parametrize("job", ["records", "no-cuda"])
+def test_a_restore_into_a_job_that_loads_no_module_is_said_at_exit(cow_stub, tmp_path, job):
+    """The runtime started at the first module load, so a job that loaded none (app_cow records: 3 allocations,
+    no module) or never used CUDA (/bin/true) exited 0 with no word that the checkpoint was never put back."""
+    from egpu_preload.cow.allocations import Allocation, AllocKind
+    d = tmp_path / "ckpt"
+    with snapshot.SnapshotWriter(d, pid=1, argv=["app"], cut={0: 1}) as w:
+        w.add_allocation(Allocation(9, 0x1000, 64, AllocKind.DEVICE), bytes(64))
+        w.commit()
+    cmd = [str(cow_stub.app), "records"] if job == "records" else ["/bin/true"]
+    r = egpu(["--restore", str(d), "--restore-other-build", *cmd], cow_stub.env(tmp_path / "log"), "run_main")
+    want = (f"egpu: --restore {d} was never put back: the job made 3 allocations" if job == "records" else
+            f"egpu-run: --restore {d} was never put back: no process of the job started CUDA")
+    assert r.returncode == 0 and r.stderr.startswith(want), r.stderr
+
+
 def _one_buffer(d: Path, program: snapshot.Program | None) -> None:
     """A checkpoint of allocation #0, 64 bytes: app_cow resume's first buffer has that size."""
     from egpu_preload.cow.allocations import Allocation, AllocKind

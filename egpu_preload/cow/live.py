@@ -50,7 +50,7 @@ from egpu_preload.cow import rwsets
 from egpu_preload.cow.allocations import Allocation, AllocationTable, AllocKind, param_offsets, read_shim
 from egpu_preload.cow.snapshot import CHUNK, Job, Program, SnapshotWriter, file_sha256, saved
 from egpu_preload.errors import CowError, EgpuError
-from egpu_preload.runtime import config
+from egpu_preload.runtime import config, dump
 from egpu_preload.runtime.modstate import module_globals
 
 if TYPE_CHECKING:
@@ -397,6 +397,8 @@ def attach(rt: "Runtime") -> Checkpointer:
         from egpu_preload.cow import restore
         try:
             cp.pending = restore.arm_at_start(rt, rt.cfg.restore, lambda: setattr(cp, "pending", None))
+            if rt.cfg.session is not None:   # egpu-run says so where no process did (a job that never used CUDA)
+                dump.mark_started(rt.cfg.session, dump.RESTORING)
         except EgpuError as e:  # the launcher checked the directory: this is rare, and fatal
             print(f"egpu: --restore refused: {e}", file=sys.stderr)
             os._exit(1)

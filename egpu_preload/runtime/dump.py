@@ -37,6 +37,7 @@ from egpu_preload.maps import (ArrayStorage, HashStorage, MapsState, MapStorage,
 VERSION = 1
 SUFFIX = ".msgpack"
 STARTED = ".started"   # <pid>.started: the process runs the runtime, so its dump is due (mark_started)
+RESTORING = ".restoring"   # <pid>.restoring: the process armed egpu-run --restore (cow/live.py)
 
 
 def storage_contents(s: MapStorage) -> dict[str, Any]:
@@ -92,20 +93,20 @@ def write(session: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
-def mark_started(session: Path) -> None:
+def mark_started(session: Path, marker: str = STARTED) -> None:
     """Tell egpu-run that this process runs probes, so a dump of it is due: one that ends without it (SIGTERM,
     as Pool's exit ends its workers; os._exit) loses its counts since its last mirror copy, or all of them,
     and egpu-run names it instead of printing the others' maps as if they were the job's (job.report). Made
     once, where the runtime starts: a child forked later runs none of its own and owes none."""
     try:
-        (session / f"{os.getpid()}{STARTED}").touch()
+        (session / f"{os.getpid()}{marker}").touch()
     except OSError:   # egpu-run gone, its session with it (a process that outlived the job): no one to tell
         pass
 
 
-def started(session: Path) -> set[int]:
+def started(session: Path, marker: str = STARTED) -> set[int]:
     """The pids of every process that marked itself (mark_started)."""
-    return {int(p.name[:-len(STARTED)]) for p in session.glob(f"*{STARTED}") if p.name[:-len(STARTED)].isdigit()}
+    return {int(p.name[:-len(marker)]) for p in session.glob(f"*{marker}") if p.name[:-len(marker)].isdigit()}
 
 
 def read_all(session: Path) -> list[dict[str, Any]]:
