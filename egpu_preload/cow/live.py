@@ -395,10 +395,10 @@ def attach(rt: "Runtime") -> Checkpointer:
     rt.live.serve("restore", cp.restore)
     if rt.cfg.restore is not None:
         from egpu_preload.cow import restore
+        if rt.cfg.session is not None:   # this process says what becomes of it; egpu-run, where none did
+            dump.mark_started(rt.cfg.session, dump.RESTORING)
         try:
             cp.pending = restore.arm_at_start(rt, rt.cfg.restore, lambda: setattr(cp, "pending", None))
-            if rt.cfg.session is not None:   # egpu-run says so where no process did (a job that never used CUDA)
-                dump.mark_started(rt.cfg.session, dump.RESTORING)
         except EgpuError as e:  # the launcher checked the directory: this is rare, and fatal
             print(f"egpu: --restore refused: {e}", file=sys.stderr)
             os._exit(1)
