@@ -5,12 +5,14 @@ pieces alone: sum_snapshots, the process tree walk and rank selection, config.ra
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -62,22 +64,49 @@ def hist(name: str, slots: dict[int, int], scale: str = "log2", step: int = 1) -
      Records("ev", (Record(1, 3), Record(2, 0), Record(3, 1)), 3)),            # concatenated, drops summed
 ])
 def test_sum_of_one_map(parts, total):
-    assert sum_snapshots([snap(p) for p in parts]).maps == (total,)
+    assert sum_snapshots([snap(p) for p in parts]) == (snap(total, names={VEC: "_Z3vecv"}), [])
 
 
 def test_sum_keeps_map_order_and_concatenates_traces():
     a = snap(Scalar("x", 1), Scalar("y", 1), trace=("a0",), names={1: "_Z1av"})
     b = snap(Scalar("z", 3), Scalar("x", 2), trace=("b0", "b1"), names={2: "_Z1bv"})
-    total = sum_snapshots([a, b])
+    total, _ = sum_snapshots([a, b])
     assert [m.name for m in total.maps] == ["x", "y", "z"]
     assert total.maps[0] == Scalar("x", 3)
     assert total.trace.lines == ("a0", "b0", "b1")
     assert dict(total.kernel_names) == {1: "_Z1av", 2: "_Z1bv"}
 
 
-def test_maps_of_different_kinds_do_not_sum():
-    with pytest.raises(EgpuError, match="map m: a Scalar in one process, a KeyedScalars in another"):
-        sum_snapshots([snap(Scalar("m", 1)), snap(KeyedScalars("m", ()))])
+@pytest.mark.parametrize("a, b, why", [
+    (Scalar("m", 1), KeyedScalars("m", ()), "a Scalar in one process, a KeyedScalars in another"),
+    (Scalar("m", 1), Scalar("m", {"n": 2}), 'values of different types in different processes ("scalar", {"n": "scalar"})'),
+    (Scalar("m", [1, 2]), Scalar("m", [1, 2, 3]),
+     'values of different types in different processes (["scalar", "scalar", "scalar"], ["scalar", "scalar"])'),
+    (KeyedScalars("m", (Entry(7, 1),)), KeyedScalars("m", (Entry(9, {"n": 1}),)),
+     'values of different types in different processes ("scalar", {"n": "scalar"})'),
+    (hist("m", {1: 1}), hist("m", {1: 1}, "linear", 10), "histograms of different scales cannot be summed"),
+])
+def test_a_map_that_does_not_sum_is_left_out_and_the_others_summed(a, b, why):
+    """Ranks that attached different probes with a map of one name: that map is left out of the sum, with
+    why (its kinds raised, losing every map of every rank; values of other types summed to the first)."""
+    total, left_out = sum_snapshots([snap(a, Scalar("n", 1)), snap(b, Scalar("n", 2)), snap(a)])
+    assert (total.maps, left_out) == ((Scalar("n", 3),), [f"map m: {why}"])
+
+
+def test_each_rank_prints_when_the_sum_leaves_a_map_out(probe_obj):
+    """Text and JSON: each rank's maps in full, then the sum of what sums and a line per map it left out."""
+    count, hashed = load_object(probe_obj("count")), load_object(probe_obj("hash_count"))
+    renamed = dataclasses.replace(hashed, maps=[dataclasses.replace(hashed.maps[0], name="counts")])
+    dumps = [{"pid": 10 + r, "rank": r, "argv": ["train.py"], "kernels": [],
+              "probes": [{"path": f"/p{r}.bpf.o", **dump.state_contents(MapsState(obj.maps))}]}
+             for r, obj in enumerate((count, renamed))]
+    probes = [SimpleNamespace(path=Path(f"/p{r}.bpf.o"), obj=obj) for r, obj in enumerate((count, renamed))]
+    why = "not summed: map counts: a Scalar in one process, a KeyedScalars in another\n"
+    assert job.render(probes, dumps, as_json=False) == ("pid 10 rank 0: train.py\n@counts: 0\n\n"
+                                                        f"pid 11 rank 1: train.py\n\nall ranks (sum of 2 processes):\n{why}")
+    docs = [json.loads(line) for line in job.render(probes, dumps, as_json=True).splitlines()]
+    assert [(d["rank"], list(d["maps"]), d.get("left_out")) for d in docs] == [
+        (0, ["counts"], None), (1, ["counts"], None), ("all", [], [why[len("not summed: "):-1]])]
 
 
 @settings(max_examples=60, deadline=None)
@@ -93,7 +122,7 @@ def test_histograms_sum_slot_by_slot(kind, parts):
     for p in parts:
         for k, v in p.items():
             want[k] = want.get(k, 0) + v
-    assert sum_snapshots([snap(h) for h in hists]).maps == (hist("hist_h", want, scale, step),)
+    assert sum_snapshots([snap(h) for h in hists])[0].maps == (hist("hist_h", want, scale, step),)
 
 
 # ---- ranks: the process tree and who is addressed ----------------------------------------------------

@@ -385,7 +385,8 @@ def test_types_golden(types_obj):
     _golden("types.json", json.dumps(doc, indent=1) + "\n")
     assert json.loads(json.dumps(doc)) == doc
     assert doc["maps"]["ints"]["entries"][0]["value"]["u64"] == 2**64 - 1   # exact, not a double
-    total = combine.sum_snapshots([snap, values.snapshot(_types_state(types_obj), types_obj, NAMES)])
+    total, left_out = combine.sum_snapshots([snap, values.snapshot(_types_state(types_obj), types_obj, NAMES)])
+    assert left_out == []
     _golden("types_sum.txt", text.render(total))
     json.loads(json_out.render(total, time=0.0, pid=None, rank="all"))
 

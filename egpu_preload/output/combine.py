@@ -7,6 +7,10 @@ by field, ``values._add``: kernel ids and pointers are kept, not added), histogr
 snapshots come, drop counts summed. Per-SM values are left out: SM ids of different processes (and
 GPUs) are not the same SMs. Kernel name tables are merged: a kernel id is the hash of the mangled name,
 the same in every process.
+
+A map that cannot be summed (a scalar in one process and a keyed map in another, histograms of different
+scales, values of different types: ranks that attached different probes whose maps share a name) is left
+out of the sum, with the reason, and the other maps are summed.
 """
 
 from __future__ import annotations
@@ -20,17 +24,25 @@ from .values import (Data, Entry, Histogram, KeyedScalars, MapValue, Records, Sc
                      _is_int, _order, histogram)
 
 
-def sum_snapshots(snaps: Sequence[Snapshot]) -> Snapshot:
-    """One Snapshot holding the sum of ``snaps``' maps (module docstring); maps in first-seen order."""
+def sum_snapshots(snaps: Sequence[Snapshot]) -> tuple[Snapshot, list[str]]:
+    """One Snapshot holding the sum of ``snaps``' maps (module docstring), maps in first-seen order, and why
+    each map left out of it could not be summed."""
     merged: dict[str, MapValue] = {}
+    left_out: dict[str, str] = {}
     for snap in snaps:
         for m in snap.maps:
-            merged[m.name] = _merge(merged[m.name], m) if m.name in merged else _strip(m)
+            if m.name in left_out:
+                continue
+            try:
+                merged[m.name] = _merge(merged[m.name], m) if m.name in merged else _strip(m)
+            except EgpuError as e:   # one such map used to cost the sum, and egpu-run every rank's maps with it
+                left_out[m.name] = str(e)
+                del merged[m.name]
     names: dict[int, str] = {}
     for snap in snaps:
         names.update(snap.kernel_names)
     return Snapshot(tuple(_ordered(m) for m in merged.values()),
-                    Trace(tuple(line for s in snaps for line in s.trace.lines)), names)
+                    Trace(tuple(line for s in snaps for line in s.trace.lines)), names), list(left_out.values())
 
 
 def _strip(m: MapValue) -> MapValue:
@@ -46,8 +58,10 @@ def _merge(a: MapValue, b: MapValue) -> MapValue:
     if type(a) is not type(b):
         raise EgpuError(f"map {a.name}: a {type(a).__name__} in one process, a {type(b).__name__} in another")
     if isinstance(a, Scalar):
+        _same_form(a.name, [a.value, b.value])
         return Scalar(a.name, _add(a.value, b.value))
     if isinstance(a, KeyedScalars):
+        _same_form(a.name, [e.value for e in a.entries + b.entries])
         entries = {_key(e.key): e for e in a.entries}
         for e in b.entries:
             k = _key(e.key)
@@ -64,6 +78,24 @@ def _merge(a: MapValue, b: MapValue) -> MapValue:
     if isinstance(a, Records):
         return Records(a.name, a.records + b.records, a.dropped + b.dropped)
     raise EgpuError(f"map {a.name}: cannot sum a {type(a).__name__}")
+
+
+def _same_form(name: str, values: list[Data]) -> None:
+    """EgpuError unless ``values`` are alike but for their numbers: _add keeps the first of two values it
+    cannot add (an int and a struct) and zips arrays of different lengths, and such a sum read as one."""
+    forms = {json.dumps(_form(v)) for v in values}
+    if len(forms) > 1:
+        raise EgpuError(f"map {name}: values of different types in different processes ({', '.join(sorted(forms))})")
+
+
+def _form(v: Data) -> object:
+    """A decoded value's fields and array lengths: its shape, what _add walks (an enum member, its name or its
+    number, is one field either way)."""
+    if isinstance(v, dict):
+        return {k: _form(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_form(x) for x in v]
+    return "scalar"
 
 
 def _key(k: Data) -> str:

@@ -231,8 +231,8 @@ def _qualified(docs: list[dict[str, Any]], snaps: list["Snapshot"]) -> tuple:
 def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view: str = "auto") -> str:
     """The maps of every process that has some, by rank (then pid): text (a header per process when
     several) or one JSON document per process; and their sum (output/combine.py: a section "all ranks",
-    JSON rank "all", pid null). ``view``: per-rank, sum, or auto: the sum too when the processes
-    have two ranks or more (a torchrun job)."""
+    JSON rank "all", pid null; a line per map left out of it, "left_out" in JSON). ``view``: per-rank, sum,
+    or auto: the sum too when the processes have two ranks or more (a torchrun job)."""
     from egpu_preload.output import json as json_out
     from egpu_preload.output import text as text_out
     from egpu_preload.output.combine import sum_snapshots
@@ -255,12 +255,12 @@ def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view
                 body = f"pid {doc['pid']}{rank}: {' '.join(doc['argv'])}\n" + body
             out.append(body)
     if summed and snaps:
-        total = sum_snapshots(snaps)
+        total, left_out = sum_snapshots(snaps)
         if as_json:
-            out.append(json_out.render(total, time=now, pid=None, rank="all"))
+            out.append(json_out.render(total, time=now, pid=None, rank="all", left_out=left_out))
         else:
             head = f"all ranks (sum of {len(snaps)} processes):\n" if len(snaps) > 1 else ""
-            out.append(head + text_out.render(total))
+            out.append(head + "".join(f"not summed: {why}\n" for why in left_out) + text_out.render(total))
     return "".join(out) if as_json else "\n".join(out)   # NDJSON: each document is already a line
 
 
