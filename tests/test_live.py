@@ -809,6 +809,39 @@ def test_prometheus_series_one_per_map_entry(probes):
                                  ("egpu_per_kernel", {"pid": "7", "rank": "1", "key": "step"}, 3.0)]
 
 
+def test_prometheus_keys_that_print_alike_are_labelled_by_their_mangled_names(probes):
+    """Kernels that print alike (overloads, a template's instantiations: PyTorch's elementwise kernels) are
+    keys of one map: each keeps a series of its own, its key label the mangled name (both were "step": one
+    series twice, a scrape Prometheus rejects); a key that prints apart keeps its printed name."""
+    from egpu_preload.bpf.ctx import kernel_id
+    from egpu_preload.runtime.watch import series
+    names = ["_Z4stepPy", "_Z4stepPf", "_Z4initv"]
+    entries = [[kernel_id(n).to_bytes(8, "little"), (i + 1).to_bytes(8, "little")] for i, n in enumerate(names)]
+    doc = {"pid": 7, "rank": None, "kernels": [[kernel_id(n), n] for n in names], "probes": [
+        {"path": str(probes["hash_count"]), "maps": [{"entries": entries}], "trace": []}]}
+    assert sorted((labels["key"], v) for _, labels, v in series(doc)) == [
+        ("_Z4stepPf", 2.0), ("_Z4stepPy", 1.0), ("init", 3.0)]
+
+
+def test_prometheus_names_each_metric_once_when_processes_label_it_differently(monkeypatch):
+    """A map of one name that is a scalar in one process and a keyed map in another (ranks that attached
+    different probes): one family, HELP and TYPE once, both series (it was two families of one name)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from egpu_preload.runtime import watch
+    rows = {1: [("egpu_n", {"pid": "1", "rank": "0"}, 4.0)],
+            2: [("egpu_n", {"pid": "2", "rank": "1", "key": "step"}, 5.0)]}
+    monkeypatch.setattr(watch, "job_maps", lambda session: [{"pid": 1}, {"pid": 2}])
+    monkeypatch.setattr(watch, "series", lambda doc: iter(rows[doc["pid"]]))
+    registry = CollectorRegistry()
+    registry.register(watch.JobCollector(Path("/session")))
+    page = generate_latest(registry).decode()
+    assert (page.count("# HELP egpu_n "), page.count("# TYPE egpu_n "), page.count("egpu_n{")) == (1, 1, 2), page
+    [family] = text_string_to_metric_families(page)
+    assert [(s.labels, s.value) for s in family.samples] == [({"pid": "1", "rank": "0"}, 4.0),
+                                                            ({"pid": "2", "rank": "1", "key": "step"}, 5.0)]
+
+
 def test_a_change_starts_no_collection():
     """attach, swap and detach start no collection; the application's setting comes back after, even when
     the change fails (the GIL's handoff is control.prompt_gil's: test_control)."""

@@ -8,7 +8,9 @@ answer between listing and reading is left out of that interval.
 
 from __future__ import annotations
 
+import json
 import re
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,7 +67,6 @@ def series(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, str], float]]:
     """(metric, labels, value) for every entry of every map of one process's ``maps`` document:
     scalars one series, keyed maps one per key, histograms one per bucket, ring buffers their record
     and drop counts; labelled with pid and rank."""
-    from egpu_preload.output.text import value as show
     from egpu_preload.output.values import Histogram, KeyedScalars, Records, Scalar
     snap = job.snapshots([], doc)
     base = {"pid": str(doc["pid"]), "rank": "" if doc.get("rank") is None else str(doc["rank"])}
@@ -74,7 +75,8 @@ def series(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, str], float]]:
         if isinstance(m, Scalar):
             rows = _numbers(m.value, base)
         elif isinstance(m, KeyedScalars):
-            rows = (r for e in m.entries for r in _numbers(e.value, {**base, "key": show(e.key, snap.kernel_names)}))
+            keys = _key_labels([e.key for e in m.entries], snap.kernel_names)
+            rows = (r for e, key in zip(m.entries, keys) for r in _numbers(e.value, {**base, "key": key}))
         elif isinstance(m, Histogram):
             rows = (({**base, "bucket": f"[{lo}, {hi})"}, float(n)) for lo, hi, n in m.buckets())
         elif isinstance(m, Records):
@@ -86,22 +88,33 @@ def series(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, str], float]]:
             yield name, labels, v
 
 
+def _key_labels(keys: list[Any], names: dict[int, str]) -> list[str]:
+    """Each key's "key" label: as egpu-run prints it, but where keys print alike (kernel names print without
+    their template arguments and parameters: PyTorch's many elementwise kernels), their mangled names; one
+    label for two series of a map made them one series twice, which Prometheus rejects."""
+    from egpu_preload.output.json import plain
+    from egpu_preload.output.text import value as show
+    shown = [show(k, names) for k in keys]
+    times = Counter(shown)
+    exact = (plain(k, lambda kid: names.get(int(kid), int(kid))) for k in keys)
+    return [s if times[s] == 1 else e if isinstance(e, str) else json.dumps(e) for s, e in zip(shown, exact)]
+
+
 class JobCollector:
-    """A prometheus_client collector: every scrape reads the job's maps."""
+    """A prometheus_client collector: every scrape reads the job's maps, one family a metric (a map of one
+    name holds other labels in another process, a scalar there and a keyed map here: HELP and TYPE once)."""
 
     def __init__(self, session: Path) -> None:
         self.session = session
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-        families: dict[tuple[str, tuple[str, ...]], Any] = {}
+        from prometheus_client.core import Metric
+        families: dict[str, Any] = {}
         for doc in job_maps(self.session):
             for name, labels, v in series(doc):
-                key = (name, tuple(sorted(labels)))
-                fam = families.get(key)
-                if fam is None:
-                    fam = families[key] = GaugeMetricFamily(name, f"egpu map {name[5:]}", labels=list(key[1]))
-                fam.add_metric([labels[k] for k in key[1]], v)
+                if name not in families:
+                    families[name] = Metric(name, f"egpu map {name[5:]}", "gauge")
+                families[name].add_sample(name, labels, v)
         yield from families.values()
 
 
