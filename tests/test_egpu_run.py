@@ -258,6 +258,47 @@ def test_a_worker_that_ends_before_its_dump_is_named(stub_job, probe_obj, tmp_pa
                                      "copy of its maps: its counts are missing"]
 
 
+ORPHAN = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import app_vec
+r, w = os.pipe()
+if os.fork() == 0:   # a daemon of the job: it outlives the job's main process and egpu-run
+    app_vec.launch("module", 3, 32)
+    print(f"orphan {os.getpid()}", flush=True)
+    os.write(w, b"x")
+    deadline = time.monotonic() + 30
+    while os.path.isdir(os.environ["EGPU_SESSION"]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(float(sys.argv[2]) + 0.2)   # past the first mirror copy, made with the session gone
+    sys.exit(0)
+os.read(r, 1)
+time.sleep(0.3)
+app_vec.launch("module", 2, 32)
+"""
+
+
+@pytest.mark.parametrize("mirror", ["0.05", "3"])
+def test_a_process_still_running_when_the_job_ends_is_named(stub_job, probe_obj, tmp_path, mirror):
+    """A process of the job still running when its main process ends (daemonized, orphaned): its maps as of
+    its last mirror copy, said so, or where it made none, a line that its counts are missing (it was left out
+    without a word); and the process, ending after egpu-run, says nothing of the session egpu-run removed
+    (its exit dump and first mirror copy printed errors into the user's terminal)."""
+    r = egpu_run(["--mirror", mirror, "-p", str(probe_obj("count")), sys.executable, "-c", ORPHAN, str(MORE), mirror],
+                 stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
+    assert r.returncode == 0, r.stderr
+    orphan = re.match(r"orphan (\d+)\n", r.stdout)[1]
+    [line] = r.stderr.splitlines()
+    if mirror == "3":
+        assert line == (f"egpu-run: pid {orphan} was still running when the job's main process ended, before any "
+                        "copy of its maps: its counts are missing")
+        assert r.stdout.endswith("\n@counts: 2\n")
+        return
+    assert re.fullmatch(rf"egpu-run: pid {orphan} was still running when the job's main process ended: its maps "
+                        r"are as of its last copy, \d+\.\d s old", line), line
+    assert r.stdout.split(f"\npid {orphan}: ")[1].endswith(f"{MORE} {mirror}\n@counts: 3\n"), r.stdout
+
+
 def _other_python() -> str | None:
     """A Python of another minor version than this one that runs here (on PATH, or pyenv's), or None."""
     found = [shutil.which(f"python3.{n}") for n in range(8, 20) if n != sys.version_info.minor]

@@ -491,6 +491,8 @@ class Runtime:
                                       [live_host.get(name, {}) for name in self.live.names])
         if states is not None:
             probes = [{"path": str(p.path), **dump.state_contents(s)} for p, s in zip(self.probes, states)]
+        if not self.cfg.session.is_dir():   # this process outlived egpu-run, which removed it: no one reads it
+            return
         stats = self.ffi.new("struct egpu_stats *")
         self.lib.egpu_shim_stats(stats)
         dump.write(self.cfg.session, {

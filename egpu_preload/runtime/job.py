@@ -340,7 +340,8 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
            status: int = 0, mirror_s: float = config.Config.mirror, maps_asked: bool = False
            ) -> tuple[str, list[str]]:
     """(maps for stdout, lines for stderr) from the dumps the job's processes left in the session, and
-    for a process killed before its dump, its last map mirror (said on stderr: how old, which signal
+    for a process killed before its dump, or still running when the job's main process ended (daemonized,
+    orphaned: its dump comes after this report), its last map mirror (said on stderr: how old, which signal
     ended the job of exit ``status``), or where it made no copy, a line that its counts are missing;
     kernel durations too when ``with_durations`` and the dumps have them. ``traced`` (egpu-run --trace):
     the rings' records went into the trace file, so maps empty at exit are no news. ``mirror_s``: how
@@ -353,14 +354,16 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
     signum, now = _ended_by(status), time.time()
     how = f"was ended by {_signal(signum)}" if signum else "ended (killed?)"
     unfinished = []   # processes of the job that ended before their dump
-    for doc, when in mirror.left_behind(session, {d["pid"] for d in dumps}):
-        unfinished.append(f"egpu-run: pid {doc['pid']} {how} before its exit dump: its maps are as of its last "
-                          f"copy, {max(now - when, 0):.1f} s old")
+    running = "was still running when the job's main process ended"
+    for doc, when, alive in mirror.left_behind(session, {d["pid"] for d in dumps}):
+        unfinished.append(f"egpu-run: pid {doc['pid']} {running if alive else how + ' before its exit dump'}: its "
+                          f"maps are as of its last copy, {max(now - when, 0):.1f} s old")
         dumps.append(doc)
-    lost = sorted(p for p in dump.started(session) - {d["pid"] for d in dumps} if not process_exists(p))
+    lost = sorted(dump.started(session) - {d["pid"] for d in dumps})
     if probes and (dumps or signum is None):   # none at all of a killed job: module_report says that already
-        unfinished += [f"egpu-run: pid {pid} {how} before its exit dump and before any copy of its maps: its "
-                       "counts are missing" for pid in lost]
+        unfinished += [f"egpu-run: pid {pid} "
+                       f"{running + ',' if process_exists(pid) else how + ' before its exit dump and'} before any "
+                       "copy of its maps: its counts are missing" for pid in lost]
     dumps.sort(key=lambda d: d["pid"])
     out = render(probes, dumps, as_json, view)
     if with_durations and any("durations" in d for d in dumps):  # egpu-run --durations

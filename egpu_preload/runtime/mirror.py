@@ -21,7 +21,8 @@ document). A reader copies the file and retries while the sequence is odd or mov
 
 In a job of egpu-run, the first copy also leaves a symlink ``<session>/<pid>.maps`` to the segment: a
 process killed before its exit dump (SIGTERM, SIGKILL) leaves its segment behind, and egpu-run finds
-it there and prints its maps as of that copy (``left_behind``).
+it there and prints its maps as of that copy (``left_behind``); so does one still running when the job's
+main process ended (daemonized, orphaned), whose dump would come too late.
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ class Mirror:
                 doc = self.read()
                 if doc is not None:
                     self.segment.write(msgpack.packb(doc, use_bin_type=True))
-                    if self.link is not None:
+                    # no session (this process outlived egpu-run, which removed it): no one to tell
+                    if self.link is not None and self.link.parent.is_dir():
                         self.link, link = None, self.link
                         link.unlink(missing_ok=True)   # a reused pid's, from an earlier process
                         link.symlink_to(self.segment.path)
@@ -165,21 +167,24 @@ def read_mirror(pid: int, directory: Path | None = None) -> tuple[dict, float]:
     return read_segment(path)
 
 
-def left_behind(session: Path, dumped: set[int]) -> list[tuple[dict, float]]:
-    """(document, when copied) of every process of egpu-run's ``session`` that mirrored its maps and is
-    gone without a dump (pid not in ``dumped``): killed. Their segments are removed once read."""
+def left_behind(session: Path, dumped: set[int]) -> list[tuple[dict, float, bool]]:
+    """(document, when copied, still running) of every process of egpu-run's ``session`` that mirrored its
+    maps and made no dump (pid not in ``dumped``): killed, or still running. The segments of those gone are
+    removed once read."""
     found = []
     for link in sorted(session.glob("*.maps")):
         pid = int(link.stem) if link.stem.isdigit() else None
-        if pid is None or pid in dumped or process_exists(pid) or not link.exists():
+        if pid is None or pid in dumped or not link.exists():
             continue
+        running = process_exists(pid)
         try:
             doc, when = read_segment(link)
         except EgpuError:   # half made when it was killed: no copy to show
             continue
         finally:
-            link.resolve().unlink(missing_ok=True)
-        found.append((doc, when))
+            if not running:
+                link.resolve().unlink(missing_ok=True)
+        found.append((doc, when, running))
     return found
 
 
