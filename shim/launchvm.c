@@ -31,11 +31,13 @@
  * inside counts in egpu_lvm_held: a signal handler that interrupts it runs no probe (it could wait for
  * itself). Fork (egpu_lvm_fork) takes every lock, so that the child finds no map mid-update. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -632,6 +634,9 @@ struct run {
      * that no byte is read before the program writes it (its "stack init" check), and clearing it cost as
      * much as a tenth of a uprobe's call */
     int host;
+    /* in the application's thread that called (a uprobe's or host-API probe's run): get_current_comm gives
+     * that thread's name, where others give the main thread's */
+    int caller;
     const unsigned int *grid, *block;
     struct { size_t ret; uint64_t saved[4]; } calls[MAX_FRAMES];
     /* values of tracked maps a lookup handed out, as they were: a key whose value differs after the
@@ -993,6 +998,47 @@ EXPORT size_t egpu_lvm_trace_take(struct egpu_lvm_trace *out, size_t max, unsign
     return n;
 }
 
+/* get_current_comm's names (bpf/helpers.py), TASK_COMM_LEN bytes. A thread's is read at its first call there
+ * (prctl: a syscall a thread, not one a call; a name it takes later is not seen); the main thread's, for runs
+ * no application thread makes (launch records, on the runtime's thread), once from /proc/self/comm (the thread
+ * group leader's), and again in a forked child (egpu_lvm_fork), whose main thread is the one that forked. */
+#define COMM_LEN 16
+static __thread char tls_comm[COMM_LEN] __attribute__((tls_model("initial-exec")));
+static char main_comm[COMM_LEN];
+static pthread_once_t main_comm_once = PTHREAD_ONCE_INIT;
+
+static void main_comm_read(void) {
+    int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 ? read(fd, main_comm, COMM_LEN - 1) : 0;
+    if (fd >= 0) close(fd);
+    n = n < 0 ? 0 : n;
+    memset(main_comm + n, 0, COMM_LEN - (size_t)n);
+    char *nl = strchr(main_comm, '\n');
+    if (nl) *nl = 0;
+}
+
+static const char *comm(const struct run *x) {
+    if (!x->caller) {
+        pthread_once(&main_comm_once, main_comm_read);
+        return main_comm;
+    }
+    if (!tls_comm[0]) prctl(PR_GET_NAME, tls_comm);
+    return tls_comm;
+}
+
+/* bpf_get_current_comm(buf, size): the name as Linux's strscpy_pad copies it, its first size - 1 bytes at most,
+ * then zeros to the buffer's end; 0. */
+static int get_comm(struct run *x) {
+    uint64_t size = x->r[2] <= OFFSET_MASK ? x->r[2] : OFFSET_MASK + 1; /* past any region: at() faults */
+    unsigned char *buf = size ? at(x, x->r[1], size, 1) : NULL;
+    if (size && !buf) return -1;
+    const char *name = comm(x);
+    size_t n = size ? strnlen(name, size - 1) : 0;
+    if (size) memcpy(buf, name, n), memset(buf + n, 0, size - n);
+    x->r[0] = 0;
+    return 0;
+}
+
 /* Helpers of bpf/helpers.py that need neither Python nor the GPU (runtime/native.py NATIVE_HELPERS).
  * Returns 0, 1 when the probe ends (exit), -1 on a fault. The host is SM 0, warp 0, lane 0 of block 0,
  * thread 0, as the VM's ThreadSim of a launch. */
@@ -1064,6 +1110,7 @@ static int helper(struct run *x, int32_t id) {
               * called, | that thread, as Linux's (per-thread state is kept under it) */
         x->r[0] = (uint64_t)getpid() << 32 | (uint32_t)(x->host ? syscall(SYS_gettid) : getpid());
         return 0;
+    case 16: return get_comm(x);
     case 8: case 509: case 510: case 511: case 506: /* smp_processor_id, sm, warp, lane; membar */
         x->r[0] = 0;
         return 0;
@@ -1380,7 +1427,7 @@ static int run_program(struct run *x, const struct egpu_lvm_prog *p, unsigned ch
 EXPORT int egpu_lvm_exec(struct egpu_lvm_prog *p, void *mem, size_t len, unsigned long long *r0, unsigned int *pc) {
     static const unsigned int one[3] = {1, 1, 1}; /* a 1x1x1 launch, as the VM's default ThreadSim */
     struct run x; /* 8 KiB of stack: too big for the static TLS a preloaded library may use */
-    x.host = 0;
+    x.host = 0, x.caller = 0;
     hold(); /* the caller's program: no list to read, but map locks to take */
     int fault = run_program(&x, p, mem, len, 1, len, 0, one, one, pc);
     unhold();
@@ -1394,7 +1441,7 @@ void egpu_lvm_run_host(struct egpu_lvm_prog *p, void *ctx, size_t size, long lon
     static const unsigned int one[3] = {1, 1, 1};
     struct run x; /* 8 KiB of stack, as run_route's */
     unsigned int pc;
-    x.host = 1;
+    x.host = 1, x.caller = 1;
     int fault = run_program(&x, p, ctx, size, 0, 0, (uint64_t)offset_ns, one, one, &pc);
     count_run(p, fault, pc, 0);
 }
@@ -1506,7 +1553,7 @@ EXPORT void egpu_lvm_context(const struct egpu_launch_record *rec, unsigned long
 static void run_route(const struct route *rt, const struct egpu_launch_record *rec, long long offset_ns) {
     struct run x; /* 8 KiB of stack: too big for the static TLS a preloaded library may use */
     unsigned char ctx[CTX_SIZE];
-    x.host = 0;
+    x.host = 0, x.caller = 0;
     egpu_lvm_context(rec, rt->kernel_id, ctx);
     for (size_t k = 0; k < rt->n; k++) {
         struct egpu_lvm_prog *p = rt->progs[k];
@@ -1586,6 +1633,7 @@ static struct run *api_run(void) {
         return NULL;
     }
     x->host = 0; /* its runs' `now` holds the clock already (malloc's bytes may read as a uprobe's run) */
+    x->caller = 1;
     return tls_api_run = x;
 }
 
@@ -1657,6 +1705,7 @@ void egpu_lvm_fork(enum egpu_fork_phase phase) {
         memset(readers, 0, sizeof readers);
         pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
         api_lock = sync_lock = route_lock = cpu_lock = maps_lock = fresh;
+        main_comm_once = (pthread_once_t)PTHREAD_ONCE_INIT;
     } else {
         fork_locks(0);
     }

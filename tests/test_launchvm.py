@@ -4,9 +4,12 @@ on both over the same launches with the maps compared entry by entry."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import struct
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +18,7 @@ from egpu_preload.bpf.asm import assemble
 from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.runtime import dump, launches, native
 from egpu_preload.runtime.probes import load_probe
-from egpu_preload.vm import Vm
+from egpu_preload.vm import Vm, run_with_mem
 from isa_cases import CASES, Case
 from stub_job import ROOT
 from translate_support import memory_program, straight_line_program
@@ -127,6 +130,27 @@ def test_pid_tgid_is_the_process(shim_api):
     """Helper 14 as bpf/helpers.py defines it, in C as on the VM (tests/test_bpftime_examples.py)."""
     fault, r0, _, _ = _exec(shim_api, assemble("call 14\nexit"), None)
     assert (fault, r0) == (0, os.getpid() << 32 | os.getpid())
+
+
+@pytest.mark.parametrize("size", [0, 1, 4, 16, 20])
+def test_comm_is_the_main_threads_name_as_strscpy_pad_copies_it(shim_api, size):
+    """Helper 16 outside a calling thread (a launch record's run, here from a thread named otherwise): the main
+    thread's name, at most size - 1 bytes of it, the rest zeroed, the bytes past size untouched; in C as on the
+    VM."""
+    name = Path("/proc/self/comm").read_bytes().rstrip(b"\n")
+    code = assemble(f"r2 = {size}\ncall get_current_comm\nexit")
+    got = []
+
+    def named_thread() -> None:
+        ctypes.CDLL(None).prctl(15, b"egpu-other")   # PR_SET_NAME: this thread's, not the main thread's
+        got.append(_exec(shim_api, code, b"\xff" * 20))
+
+    t = threading.Thread(target=named_thread)
+    t.start()
+    t.join()
+    want = name[:max(size - 1, 0)].ljust(size, b"\0") + b"\xff" * (20 - size)
+    assert got == [(0, 0, 0, want)]
+    assert run_with_mem(code, b"\xff" * 20) == (0, want)
 
 
 def test_the_context_is_the_one_ctx_py_lays_out(shim_api):
@@ -325,7 +349,7 @@ def test_an_access_is_bounded_by_its_value_not_its_map(shim_api, access):
     next value lies 8 bytes on in C."""
     from egpu_preload.bpf import program as prog
     from egpu_preload.errors import VmError
-    from egpu_preload.vm import Vm
+    from egpu_preload.vm import Vm, run_with_mem
     ffi, lib = shim_api
     code = assemble("\n".join(["*(u32 *)(r10 - 4) = 0", "r2 = r10", "r2 += -4", "r1 = map[0] ll",
                                "call map_lookup_elem", "if r0 == 0 goto out", access, "out:", "exit"]))
@@ -370,7 +394,7 @@ def test_random_hash_sessions_match_the_vm(shim_api, seed):
     import random
     from egpu_preload.bpf import program as prog
     from egpu_preload.maps import MapsState
-    from egpu_preload.vm import Vm
+    from egpu_preload.vm import Vm, run_with_mem
     ffi, lib = shim_api
     rng = random.Random(seed)
     mtype, size = rng.choice([prog.MAP_HASH, prog.MAP_LRU_HASH]), rng.randint(1, 12)

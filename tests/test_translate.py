@@ -386,6 +386,24 @@ def test_device_maps_table_and_read_back():
     assert not mem.blocks
 
 
+def test_comm_on_the_gpu_is_copied_from_the_name_the_host_wrote_into_the_trace_rings_header(tmp_path):
+    """bpf_get_current_comm on the GPU, where no host thread runs the probe: a copy (at most size - 1 bytes,
+    then zeros) from the trace ring's header, where laying the maps out wrote the main thread's name; ptxas
+    takes it for a constant size and a bounded one."""
+    mem = FakeMemory()
+    dm = devmaps.DeviceMaps(mem, MapsState([MAP_ARRAY]), ncpu=4)
+    trace = mem.blocks[struct.unpack("<2Q", dm.table())[1]]
+    name = Path("/proc/self/comm").read_bytes().rstrip(b"\n")
+    assert bytes(trace[devmaps.COMM:devmaps.COMM + 16]) == name[:15].ljust(16, b"\0")
+    for size in ("r2 = 16", "r2 = *(u32 *)(r10 - 4)\nr2 &= 15"):
+        asm = f"*(u32 *)(r10 - 4) = 9\nr1 = r10\nr1 += -24\n{size}\ncall get_current_comm\nr0 = *(u8 *)(r10 - 24)\nexit"
+        obj, p = probe_object(asm, [MAP_ARRAY])
+        text = probe_function(p, obj).func
+        assert f", {devmaps.COMM};" in text and "ld.global.nc.u8" in text
+        ptxas(probe_runner_ptx(probe_function(p, obj, ctx_params=True)), "sm_90", tmp_path)
+    dm.free()
+
+
 # ---- host side of the GPU runner ----------------------------------------------------------------
 
 def test_pack_params_points_at_each_value():

@@ -128,6 +128,23 @@ def test_bpf_get_current_pid_tgid_in_a_uprobe_is_the_calling_thread(stub_job, up
     assert len({key >> 32 for key in calls}) == 1 and all(key >> 32 != key & 0xFFFFFFFF for key in calls), calls
 
 
+def test_bpf_get_current_comm_in_a_uprobe_is_the_calling_threads_name(stub_job, uprobe_app, tmp_path):
+    """Linux's bpf_get_current_comm in a uprobe gives the calling thread's name, which libbpf-tools key their
+    counts by: 4 threads named upt-bench0..3 each count their own calls of upt_inc. It was an unknown helper,
+    and the probe was not attached."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    obj = tmp_path / "threads_comm.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "threads_comm.bpf.c"),
+                    "-o", str(obj)], check=True)
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "by_comm=libupt.so:upt_inc", str(app),
+                            "bench_threads", "10000", "4")
+    assert r.returncode == 0, r.stderr
+    state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
+    calls = {bytes(k): int.from_bytes(v, "little") for k, v in state.storages[0].items()}
+    assert calls == {f"upt-bench{k}".encode().ljust(16, b"\0"): 10000 for k in range(4)}, calls
+
+
 DIRECT = ["--uprobe", "sum8_entry=app_uprobe:upt_direct", "--uprobe", "sum8_exit=app_uprobe:upt_direct"]
 
 

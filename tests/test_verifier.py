@@ -230,7 +230,7 @@ def test_a_printk_format_linux_would_refuse_is_refused(fmt, refused):
     (113, "bpf_probe_read_kernel#113 (a Linux helper egpu does not provide: a probe reads its context, stack, "
           "maps and global data directly, and no other memory)"),
     (93, "bpf_spin_lock#93 (a Linux helper egpu does not provide: update the map value with __sync_* atomics)"),
-    (16, "bpf_get_current_comm#16 (a Linux helper egpu does not provide)"),
+    (15, "bpf_get_current_uid_gid#15 (a Linux helper egpu does not provide)"),
 ])
 def test_a_linux_helper_egpu_lacks_says_what_to_write_instead(helper, instead):
     with pytest.raises(VerifierError, match=re.escape(f"unknown func {instead}")):

@@ -441,6 +441,12 @@ REJECT: tuple[Case, ...] = (
         exit""", "invalid stack access off=-8 size=9", 4),
     Case("u64_out_to_ctx", "r2 = r10\nr2 += -8\nr3 = r2\ncall get_thread_idx\nr0 = 0\nexit",
          "r1 is ctx, get_thread_idx needs a pointer to stack or map memory", 3),
+    # get_current_comm writes its buffer (Linux's ARG_PTR_TO_UNINIT_MEM): one in read-only data, or past the frame,
+    # is refused
+    Case("comm_into_rodata", "r1 = map_value[3] + 0x0 ll\nr2 = 16\ncall get_current_comm\nr0 = 0\nexit",
+         "(arg1 of get_current_comm)", 3),
+    Case("comm_past_the_frame", "r1 = r10\nr1 += -8\nr2 = 16\ncall get_current_comm\nr0 = 0\nexit",
+         "invalid stack access off=-8 size=16", 3),
     # ringbuf references
     Case("ringbuf_submit_unchecked", RESERVE + """
         r1 = r0
@@ -798,6 +804,14 @@ REJECT: tuple[Case, ...] = (
 )
 
 ACCEPT: tuple[Case, ...] = (
+    # get_current_comm fills its buffer, uninitialized before: the bytes it wrote may be read after
+    Case("comm_fills_uninit_stack", """
+        r1 = r10
+        r1 += -16
+        r2 = 16
+        call get_current_comm
+        r0 = *(u64 *)(r10 - 8)
+        exit"""),
     # Two pointers into one region ordered, signed or not (64 bits): a stack frame, the context, a ringbuf
     # record. The kernel allows it where pointers may leak (tracing); each back end lays these out alike.
     Case("pointer_ordering", "r9 = r1" + RESERVE + """

@@ -8,7 +8,9 @@ Argument types (read by the verifier; the VM and translator dispatch on ``name``
 - ``key``        readable memory of the map's key_size (stack or map value)
 - ``value``      readable memory of the map's value_size
 - ``mem``        readable memory whose size is the next argument (``size``, a bounded scalar)
-- ``size``       the size of the preceding ``mem``
+- ``mem_out``    writable memory whose size is the next argument, which the helper fills in (Linux's
+  ARG_PTR_TO_UNINIT_MEM: it need not be initialized before)
+- ``size``       the size of the preceding ``mem`` or ``mem_out``
 - ``const_size`` a scalar known at verification time (ringbuf_reserve)
 - ``u64_out``    writable 8 bytes (stack or map value) the helper fills in
 - ``ctx``        the probe's context pointer (r1 on entry) or NULL
@@ -45,6 +47,12 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
     # runs the probe, so every caller sees that value (the GPU reads it where devmaps.PID_TGID says). A host
     # uprobe runs in the thread that called: tgid << 32 | that thread's id, as in Linux (shim/launchvm.c).
     Helper(14, "get_current_pid_tgid", (), "int"),
+    # (buf, size): a thread's name (comm), NUL-terminated, truncated to size, the rest zeroed; 0. As for
+    # pid_tgid, a host uprobe or host-API probe, in the thread that called, gets that thread's name (read
+    # at its first run there: a name it takes later is not seen); launch probes (run later, on the
+    # runtime's thread), the VM and the GPU get the main thread's, the GPU's read when its maps were laid
+    # out (devmaps.COMM).
+    Helper(16, "get_current_comm", ("mem_out", "size"), "int"),
     Helper(25, "perf_event_output", ("ctx", "map", "anything", "mem", "size"), "int"),
     Helper(130, "ringbuf_output", ("map", "mem", "size", "anything"), "int"),
     Helper(131, "ringbuf_reserve", ("map", "const_size", "anything"), "ringbuf_mem_or_null"),
@@ -70,6 +78,8 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
 
 BY_NAME: dict[str, Helper] = {h.name: h for h in HELPERS.values()}
 
+TASK_COMM_LEN = 16   # linux/sched.h: a comm's bytes, its NUL included
+
 # Update flags of map_update_elem (linux/bpf.h).
 BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
 # Flags of ringbuf/perf output: index mask for perf_event_output's current-CPU selector.
@@ -82,6 +92,24 @@ BPF_RB_FLAGS = 3   # BPF_RB_NO_WAKEUP | BPF_RB_FORCE_WAKEUP: what bpf_ringbuf_ou
 PRINTK_CONVERSION = re.compile(r"%([-0+ #]*)(\d*)(hh|h|ll|l|z)?([diuxXcs%]|p[Kx]|p(?![0-9A-Za-z]))")
 _PRINTK_WRITTEN = re.compile(r"%[-0+ #.\d]*[A-Za-z]*\d?")   # what a conversion the grammar refuses spans
 _PRINTK_ARGS = 3
+
+
+def main_comm() -> bytes:
+    """The process's main thread's name, TASK_COMM_LEN bytes zero padded: get_current_comm where no
+    application thread runs the probe (/proc/self/comm is the thread group leader's)."""
+    try:
+        with open("/proc/self/comm", "rb") as f:
+            name = f.read().rstrip(b"\n")
+    except OSError:
+        name = b""
+    return name[:TASK_COMM_LEN - 1].ljust(TASK_COMM_LEN, b"\0")
+
+
+def comm_bytes(comm: bytes, size: int) -> bytes:
+    """What get_current_comm writes into a buffer of ``size`` bytes (Linux's strscpy_pad): the name
+    truncated to leave its NUL, the rest zeroed."""
+    name = comm.split(b"\0", 1)[0][:max(size - 1, 0)]
+    return name.ljust(size, b"\0")
 
 
 def printk_refusal(fmt: str) -> str | None:

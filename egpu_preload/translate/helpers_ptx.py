@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ..bpf import program as prog
 from ..bpf.decode import Insn
-from ..bpf.helpers import BPF_EXIST, BPF_F_CURRENT_CPU, BPF_NOEXIST, BPF_RB_FLAGS, HELPERS
+from ..bpf.helpers import BPF_EXIST, BPF_F_CURRENT_CPU, BPF_NOEXIST, BPF_RB_FLAGS, HELPERS, TASK_COMM_LEN
 from ..maps import E2BIG, EAGAIN, EEXIST, EINVAL, ENOENT, ENOSPC
 from . import devmaps
 from ..output import warp_records as wr
@@ -992,6 +992,35 @@ def _pid_tgid(g: FuncGen, insn: Insn) -> None:
     g.emit(f"ld.global.nc.u64 {g.reg(0)}, [{t}+{devmaps.PID_TGID}];")
 
 
+def _comm(g: FuncGen, insn: Insn) -> None:
+    """(buf, size): the name the host wrote into the trace ring's header (devmaps.COMM) as Linux's
+    strscpy_pad copies it: its first size - 1 bytes at most, then zeros to the buffer's end; r0 = 0."""
+    if g.target.table is None:
+        raise g.fail(insn, "get_current_comm needs the trace ring (not available in execute_on_gpu)")
+    src, dst, i, n = g.t64(), g.t64(), g.t64(), g.t64()
+    g.emit(f"cvta.to.global.u64 {src}, {g.map_base(len(g.target.maps))};")
+    g.emit(f"add.u64 {src}, {src}, {devmaps.COMM};")
+    g.emit(f"mov.b64 {dst}, {g.reg(1)};")
+    g.emit(f"add.u64 {n}, {g.reg(1)}, {g.reg(2)};")
+    g.emit(f"sub.u64 {i}, {g.reg(2)}, 1;")   # bytes of the name: size 0 copies none (the loop does not run)
+    g.emit(f"min.u64 {i}, {i}, {TASK_COMM_LEN};")
+    g.emit(f"add.u64 {i}, {i}, {src};")        # where the name's bytes end
+    loop, done = g.label(), g.label()
+    p, named, b = g.pred(), g.pred(), g.t32()
+    g.place(loop)
+    g.emit(f"setp.ge.u64 {p}, {dst}, {n};")
+    g.emit(f"@{p} bra {done};")
+    g.emit(f"mov.b32 {b}, 0;")
+    g.emit(f"setp.lt.u64 {named}, {src}, {i};")
+    g.emit(f"@{named} ld.global.nc.u8 {b}, [{src}];")
+    g.emit(f"st.u8 [{dst}], {b};")
+    g.emit(f"add.u64 {src}, {src}, 1;")
+    g.emit(f"add.u64 {dst}, {dst}, 1;")
+    g.emit(f"bra {loop};")
+    g.place(done)
+    _set_r0(g, 0)
+
+
 def _membar(g: FuncGen, insn: Insn) -> None:
     g.emit("membar.gl;")
     _set_r0(g, 0)
@@ -1012,5 +1041,6 @@ _EMIT: dict[str, Callable[[FuncGen, Insn], None]] = {
     "get_block_dim": _dim3("%ntid"), "get_thread_idx": _dim3("%tid"), "membar": _membar, "exit": _exit,
     "get_grid_dim": _dim3("%nctaid"), "get_sm_id": _reg_helper("%smid"), "get_warp_id": _warp_id,
     "get_lane_id": _reg_helper("%laneid"), "get_current_pid_tgid": _pid_tgid,
+    "get_current_comm": _comm,
     "egpu_warp_mem_record": egpu_warp_mem_record,
 }

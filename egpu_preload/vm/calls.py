@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..bpf.helpers import BPF_F_CURRENT_CPU, BPF_RB_FLAGS, BY_NAME
+from ..bpf.helpers import BPF_F_CURRENT_CPU, BPF_RB_FLAGS, BY_NAME, comm_bytes, main_comm
 from ..errors import VmError
 from ..maps import EINVAL, MapStorage, PerfStorage, PerthreadArrayStorage, RingbufStorage, TraceRecord
 from ..output.warp_records import WARP, Instruction
@@ -68,6 +68,15 @@ def trace_printk(run: "Run") -> bool:
     """Records the format and arguments; the host formats them, so the GPU's result (0) is returned."""
     r = run.regs
     run.vm.state.trace.append(TraceRecord(run.mem.read(r[1], r[2]), (r[3], r[4], r[5]), run.thread.smid))
+    return _set(run, 0)
+
+
+def get_current_comm(run: "Run") -> bool:
+    """(buf, size): the main thread's name (bpf/helpers.py: no application thread runs the VM's probe)."""
+    buf, size = run.regs[1], run.regs[2]
+    if size:   # its last byte first: a size past the buffer's region faults before that many bytes are made
+        run.mem.store(buf + size - 1, 1, 0)
+    run.mem.write(buf, comm_bytes(main_comm(), size))
     return _set(run, 0)
 
 
@@ -172,6 +181,7 @@ _BY_NAME: dict[str, Callable[["Run"], bool]] = {
     "exit": exit, "get_sm_id": _sm_id, "get_warp_id": _reads(lambda t: t.warp),
     "get_lane_id": _reads(lambda t: t.lane),
     "get_current_pid_tgid": lambda run: _set(run, os.getpid() << 32 | os.getpid()),
+    "get_current_comm": get_current_comm,
     "egpu_warp_mem_record": egpu_warp_mem_record,
 }
 HANDLERS: dict[int, Callable[["Run"], bool]] = {BY_NAME[name].id: f for name, f in _BY_NAME.items()}

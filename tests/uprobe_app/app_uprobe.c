@@ -7,9 +7,10 @@
  * `app_uprobe bench N`: N calls of upt_inc through the PLT in timed batches of 10000 (about a ms); prints
  * the fastest batch's ns per call: on a shared machine most batches also hold time the CPU spent on other
  * processes (and on the runtime's threads), which is not the call's cost.
- * `app_uprobe bench_threads N T`: T threads, started together, each making N such calls; prints the median
- * over the threads of each one's fastest batch (ns_per_call) and the wall time from their start to the last
- * one's end over the T * N calls (aggregate_ns_per_call: the inverse of the calls all threads made a ns).
+ * `app_uprobe bench_threads N T`: T threads (named upt-bench0, ...), started together, each making N such
+ * calls; prints the median over the threads of each one's fastest batch (ns_per_call) and the wall time from
+ * their start to the last one's end over the T * N calls (aggregate_ns_per_call: the inverse of the calls all
+ * threads made a ns).
  * `app_uprobe direct N` / `app_uprobe direct_threads N`: N direct calls of upt_direct, a function of this
  * executable no GOT slot or dlsym reaches (an inline hook's case); direct_threads first starts two
  * threads calling it without pause, so the runtime hooks it while they run, and stops them after.
@@ -24,6 +25,7 @@
  * `app_uprobe near_loop STOP`: calls upt_near every 100 us until file STOP exists; once it finds upt_near
  * hooked inline it changes the constant of its instruction right after the jump's 5 bytes (as a debugger's
  * breakpoint or another tool's patch would); at the end it must be unhooked and the change still there. */
+#define _GNU_SOURCE /* pthread_setname_np */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
@@ -143,7 +145,12 @@ static void bench_threads(long calls, int threads, int r) {
     struct timespec t0, t1;
     threads = threads < 1 ? 1 : threads > 64 ? 64 : threads;
     pthread_barrier_init(&bench_start, NULL, (unsigned)threads + 1);
-    for (int k = 0; k < threads; k++) b[k] = (struct bench){calls, 1, 0, 0}, pthread_create(&t[k], NULL, bench_worker, &b[k]);
+    for (int k = 0; k < threads; k++) {
+        char name[16];
+        b[k] = (struct bench){calls, 1, 0, 0}, pthread_create(&t[k], NULL, bench_worker, &b[k]);
+        snprintf(name, sizeof name, "upt-bench%d", k); /* named before the barrier lets it call */
+        pthread_setname_np(t[k], name);
+    }
     pthread_barrier_wait(&bench_start);
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int k = 0; k < threads; k++) pthread_join(t[k], NULL);

@@ -617,7 +617,7 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
         raise Reject(f"invalid func unknown#{insn.imm} (helper id)")
     f = st.top
     m: int | None = None
-    mem: tuple[int, Value] | None = None
+    mem: tuple[int, Value, bool] | None = None   # (arg, pointer, written by the helper)
     release = size = 0
     for n, arg in enumerate(h.args, 1):
         v = f.regs[n]
@@ -635,11 +635,11 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
             _helper_mem(env, st, h, n, v, need, write=False)
             if arg == "key":  # a constant key folds to an address
                 env.note_const(insn.pc, _stack_const(st, v, need))
-        elif arg == "mem":
-            mem = (n, v)
+        elif arg in ("mem", "mem_out"):
+            mem = (n, v, arg == "mem_out")
         elif arg == "size":
             _size_arg(h, n, v)
-            _helper_mem(env, st, h, mem[0], mem[1], v.umax, write=False)
+            _helper_mem(env, st, h, mem[0], mem[1], v.umax, write=mem[2])
         elif arg == "const_size":
             if v.kind != SCALAR or not v.is_const:
                 raise Reject(f"r{n} is not a constant: {h.name} needs a size known when verifying (arg{n})")
