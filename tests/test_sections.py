@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from egpu_preload.bpf.program import Attach
 from egpu_preload.bpf.sections import parse_section
-from egpu_preload.errors import ElfError
+from egpu_preload.errors import EgpuError, ElfError
+from egpu_preload.runtime import uprobes
 
 GOOD = [
     ("kprobe/_Z9vectorAddPKfS0_Pf", Attach("entry", "_Z9vectorAddPKfS0_Pf", "thread")),
@@ -46,6 +49,11 @@ GOOD = [
 
 BAD = [
     ("uprobe/cuLaunchKernel", "not PATH:SYMBOL"),
+    # libbpf's offset into a function, and an address: said so, not "no such function in it" at attach
+    ("uprobe/libupt.so:upt_add6+0x10", "offsets into a function are not supported (a hook takes over a function "
+                                       "at its entry; a jump stored inside it could cover a branch target)"),
+    ("uretprobe/./app:main+4", "offsets into a function are not supported"),
+    ("uprobe/./app:0x1234", "'./app:0x1234': an address is not supported: name the function"),
     ("uprobes/x:y", "unknown section"),
     ("kprobes/x", "unknown section"),
     ("egpu/memory/x", "unknown section"),
@@ -78,3 +86,12 @@ def test_refused(name, reason):
     assert reason in e.value.reason
     assert e.value.section == name
     assert str(e.value).startswith(f"{name}:" if name else "")
+
+
+@pytest.mark.parametrize("option, reason", [
+    ("p=libupt.so:upt_add6+16", "--uprobe p='libupt.so:upt_add6+16': offsets into a function are not supported"),
+    ("p=libupt.so:4096", "--uprobe p='libupt.so:4096': an address is not supported"),
+])
+def test_an_uprobe_option_with_an_offset_or_an_address_is_refused(option, reason):
+    with pytest.raises(EgpuError, match=re.escape(reason)):
+        uprobes.parse_option(option)

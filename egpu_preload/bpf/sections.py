@@ -26,6 +26,8 @@ is everything after that ``/`` and may not be empty.
 
 from __future__ import annotations
 
+import re
+
 from ..errors import ElfError
 from .program import Attach
 
@@ -53,7 +55,22 @@ HOST_KINDS = ("uprobe", "uretprobe")
 EARLY_KINDS = API_KINDS + ("uvm",)
 # Every kind whose programs run on the object's host copy of the maps (its host side, runtime/native.py).
 HOST_SIDE = frozenset(HOST_RUN) | frozenset(HOST_KINDS)
+_ADDRESS = re.compile(r"0[xX][0-9a-fA-F]+|[0-9]+")   # libbpf's older PATH:ADDRESS
 MEMCAPTURE = "kprobe/__memcapture"  # bpftime's section for a probe at every memory access
+
+
+def host_target_refusal(target: str) -> str | None:
+    """Why a uprobe's PATH:SYMBOL names no function egpu can hook, or None. libbpf also takes SYMBOL+OFFSET
+    (and once took an address): a hook takes over a function at its entry (its GOT slots, dlsym's answer,
+    or a 5-byte jump over its first instructions, shim/egpu_uprobe.h), and a jump inside a function could
+    cover the target of one of its branches, which no check short of its whole control flow rules out."""
+    symbol = target.rpartition(":")[2]
+    if "+" in symbol:
+        return (f"{target!r}: offsets into a function are not supported (a hook takes over a function at its "
+                "entry; a jump stored inside it could cover a branch target)")
+    if _ADDRESS.fullmatch(symbol):
+        return f"{target!r}: an address is not supported: name the function (a hook finds it by its symbol)"
+    return None
 
 
 def parse_section(name: str) -> Attach:
@@ -64,6 +81,8 @@ def parse_section(name: str) -> Attach:
     if word in HOST_KINDS:
         if sep and ":" not in target:
             raise ElfError(f"{word} target {target!r} is not PATH:SYMBOL", section=name)
+        if sep and (why := host_target_refusal(target)):
+            raise ElfError(f"{word} target {why}", section=name)
         return Attach(word, target, "host")
     for prefix, kind in KINDS.items():
         if not name.startswith(prefix):

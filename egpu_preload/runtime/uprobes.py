@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from egpu_preload.bpf.program import BpfObject, Program
-from egpu_preload.bpf.sections import HOST_KINDS
+from egpu_preload.bpf.sections import HOST_KINDS, host_target_refusal
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapStorage, MapsState
 from egpu_preload.runtime import inline_hooks, mapsync, native
@@ -57,6 +57,8 @@ def parse_option(text: str) -> tuple[str, str]:
     path, colon, symbol = where.rpartition(":")
     if not (name and eq and path and colon and symbol):
         raise EgpuError(f"--uprobe {text!r}: expected PROG=PATH:SYMBOL")
+    if why := host_target_refusal(where):
+        raise EgpuError(f"--uprobe {name}={why}")
     return name, where
 
 
