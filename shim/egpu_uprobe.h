@@ -82,6 +82,9 @@ int egpu_uprobe_attach_inline(const char *path, const char *symbol, void *functi
                               struct egpu_lvm_prog *const *progs, const int *rets, size_t n);
 /* Whether a loaded object is PATH (as egpu_uprobe_attach matches it): 1 and its file and load base. */
 int egpu_uprobe_object(const char *path, char *file, size_t file_len, unsigned long long *base);
+/* What became of a hook egpu_uprobe_attach left pending: EGPU_UPROBE_ATTACHED once an object PATH defining SYMBOL
+ * was loaded and scanned, EGPU_UPROBE_NO_SYMBOL while one is loaded that defines none, else EGPU_UPROBE_PENDING. */
+int egpu_uprobe_state(const char *path, const char *symbol);
 /* GOT slots currently pointing at SYMBOL's stub (the sites calls are caught at). */
 size_t egpu_uprobe_sites(const char *symbol);
 /* bpf_ktime_get_ns() in uprobes reads CLOCK_MONOTONIC + offset_ns (the launch probes' clock). */

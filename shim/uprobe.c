@@ -1102,6 +1102,21 @@ EXPORT void egpu_uprobe_pause(struct egpu_lvm_prog *const *progs, size_t n, int 
     pthread_mutex_unlock(&up_lock);
 }
 
+EXPORT int egpu_uprobe_state(const char *path, const char *symbol) {
+    int state = EGPU_UPROBE_PENDING;
+    pthread_mutex_lock(&up_lock);
+    for (int i = 0; i < nhooks; i++)
+        if (hooks[i].used && hooks[i].target && !strcmp(hooks[i].path, path) && !strcmp(hooks[i].symbol, symbol))
+            state = EGPU_UPROBE_ATTACHED;
+    pthread_mutex_unlock(&up_lock);
+    if (state == EGPU_UPROBE_PENDING) {
+        struct lookup l = {path, symbol, 0, NULL, NULL, 0};
+        dl_iterate_phdr(lookup_one, &l);
+        if (l.loaded && !l.target) state = EGPU_UPROBE_NO_SYMBOL;
+    }
+    return state;
+}
+
 EXPORT size_t egpu_uprobe_sites(const char *symbol) {
     size_t n = 0;
     pthread_mutex_lock(&up_lock);

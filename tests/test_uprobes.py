@@ -145,6 +145,22 @@ def test_bpf_get_current_comm_in_a_uprobe_is_the_calling_threads_name(stub_job, 
     assert calls == {f"upt-bench{k}".encode().ljust(16, b"\0"): 10000 for k in range(4)}, calls
 
 
+def test_a_uprobe_hooked_once_its_library_was_loaded_reports_attached(stub_job, uprobe_app, tmp_path):
+    """Uprobes on a library the job opens after their attach wait for it, and are hooked at the dlsym after its
+    dlopen: every call runs them. The exit dump said "pending" still, the state the attach had left."""
+    app, obj = uprobe_app
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", str(APP / "libupt.c"), "-o",
+                    str(stub_job.driver_dir / "libuptlate.so")], check=True)
+    n = 20
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "sum8_entry=libuptlate.so:upt_add6", "--uprobe",
+                            "sum8_exit=libuptlate.so:upt_add6", str(app), "late", str(n))
+    assert r.returncode == 0 and "app_uprobe late loaded=1 wrong=0 result=0" in r.stdout, r.stderr
+    counts = entries(doc, obj, "counts")
+    assert (counts[SUM8_CALLS], counts[SUM8_RETURNS]) == (n, n)
+    states = {a["prog"]: a["state"] for a in doc["uprobes"]["attached"]}
+    assert states["sum8_entry"] == states["sum8_exit"] == "attached", doc["uprobes"]
+
+
 DIRECT = ["--uprobe", "sum8_entry=app_uprobe:upt_direct", "--uprobe", "sum8_exit=app_uprobe:upt_direct"]
 
 

@@ -123,8 +123,9 @@ class Uprobes:
 
     def report(self) -> dict[str, Any]:
         """Each program's target and state (the dump's ``uprobes``), with the GOT slots patched, or
-        ``inline`` where the function itself was (every call is caught)."""
-        return {"attached": [{"prog": a.program.name, "target": a.where, "state": RESULTS.get(a.result, a.result),
+        ``inline`` where the function itself was (every call is caught). A state is read now: one pending at
+        the attach may have been hooked since its library was loaded."""
+        return {"attached": [{"prog": a.program.name, "target": a.where, "state": RESULTS.get(self._state(a), a.result),
                               "sites": int(self.lib.egpu_uprobe_sites(a.where.rpartition(":")[2].encode())),
                               "inline": a.inline}
                              for a in self.attached], "refused": self.refused}
@@ -141,6 +142,13 @@ class Uprobes:
         mine = self._of(probe)
         self._unhook(mine)
         self.attached = [a for a in self.attached if a not in mine]
+
+    def _state(self, a: Attached) -> int:
+        """Its attach's result, or for one left pending what became of it since (egpu_uprobe_state)."""
+        if a.result != 1:
+            return a.result
+        path, _, symbol = a.where.rpartition(":")
+        return int(self.lib.egpu_uprobe_state(path.encode(), symbol.encode()))
 
     def _of(self, probe: Any) -> list[Attached]:
         return [a for a in self.attached if any(a.program is p for p in probe.obj.programs)]

@@ -21,6 +21,8 @@
  * calls upt_direct once and exits.
  * `app_uprobe owned_signal N`: as direct, with a handler of its own on SIGRTMAX - 5 (the signal an inline
  * hook's guard holds threads with) installed first, as direct_threads.
+ * `app_uprobe late N`: once the runtime is up, dlopens libuptlate.so (libupt.c built again under that name by the
+ * test: no object is it when the uprobes are attached) and calls its upt_add6 N times through dlsym's pointer.
  * `app_uprobe edge N`: N direct calls of upt_edge, which starts 7 bytes before a page ends.
  * `app_uprobe near_loop STOP`: calls upt_near every 100 us until file STOP exists; once it finds upt_near
  * hooked inline it changes the constant of its instruction right after the jump's 5 bytes (as a debugger's
@@ -205,6 +207,14 @@ int main(int argc, char **argv) {
         for (int k = 0; threaded && k < 2; k++) pthread_join(workers[k], NULL);
         printf("app_uprobe %s calls=%ld sum=%ld wrong=%ld result=%d\n", argv[1], n, sum,
                wrong + atomic_load(&workers_wrong), r);
+        return 0;
+    }
+    if (!strcmp(argv[1], "late")) {
+        void *late = dlopen("libuptlate.so", RTLD_NOW);
+        long (*add6)(long, long, long, long, long, long) = late ? dlsym(late, "upt_add6") : NULL;
+        long wrong = 0;
+        for (long i = 0; add6 && i < n; i++) wrong += add6(i, i + 1, i + 2, i + 3, i + 4, i + 5) != 6 * i + 15;
+        printf("app_uprobe late loaded=%d wrong=%ld result=%d\n", add6 != NULL, wrong, r);
         return 0;
     }
     if (!strcmp(argv[1], "edge")) {
