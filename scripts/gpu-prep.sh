@@ -20,6 +20,12 @@ for src in srcs:
 PY
 # bpftime's example probes, with bpftime's flags (tests/test_bpftime_examples.py reads them from here)
 PYTHONPATH=tests python3 -c 'from pathlib import Path; from bpftime_build import build_all; build_all(Path(".gpubuild/bpftime"))'
+# bpftime's CUTLASS example program, which the GPU machine cannot build (no CUTLASS there): against the
+# headers of CUTLASS 3.5.0 from PyPI (downloaded into .deps, which is not carried); fails here if its GEMM
+# kernel is not the one cutlass_launch_counter.bpf.c's section names
+PYTHONPATH=tests python3 -c 'import sys; from pathlib import Path; from bpftime_build import prepare_cutlass
+try: prepare_cutlass(Path(".gpubuild/bpftime"), Path(".deps"))
+except RuntimeError as e: sys.exit(f"gpu-prep: {e}")'
 # HEAD and its files' blob ids: the device hashes the files it received against them (bench/provenance.py)
 rm -f .gpubuild/COMMIT
 python3 bench/provenance.py manifest
