@@ -5,6 +5,7 @@ test_sections.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import struct
@@ -23,6 +24,7 @@ from egpu_preload.translate.module import probe_runner_ptx
 from egpu_preload.translate.striping import stripe_counters
 from egpu_preload.vm import ThreadSim, Vm
 import bpftime_build
+import ptx_corpus
 from launcher import egpu
 from stub_job import ROOT, egpu_run
 
@@ -267,6 +269,88 @@ def test_pid_tgid_on_the_gpu_is_the_process(built):
     assert _call_count(state) == {struct.pack("<I", os.getpid()): struct.pack("<Q", 1)}
 
 
+# ---- programs for the probes whose library the GPU machine lacks ----------------------------------
+
+@pytest.mark.parametrize("probe", sorted(bpftime_build.STAND_INS), ids=lambda p: p.split("/")[0])
+def test_a_stand_ins_kernel_is_the_one_its_probe_names(built, probe, tmp_path):
+    """faiss-test's and llama-cpp-test's threadhist name faiss' and llama.cpp's kernels by their mangled
+    names; tests/bpftime_targets declares each with its library's namespaces, templates and arguments.
+    nvcc's PTX of the stand-in has one kernel, named exactly as the probe's section, and the rewriter
+    instruments it with the probe; ptxas takes the result."""
+    ptx = bpftime_build.build_stand_in(probe, tmp_path / "target.ptx", ptx=True).read_text()
+    (p,) = load_object(built[probe]).programs
+    res = bpftime_build.rewrite(built[probe], ptx)
+    assert {k.name: k.status for k in res.kernels} == {p.attach.glob: "instrumented"}
+    [(_, _, rc, _, err)] = ptx_corpus.ptxas([(bpftime_build.STAND_INS[probe], "sm_90", res.text)])
+    assert rc == 0, err
+
+
+def test_gpu_prep_refuses_a_cutlass_build_whose_kernel_the_counter_does_not_name(built, monkeypatch, tmp_path):
+    """scripts/gpu-prep.sh's check of bpftime's CUTLASS program (CI has no CUTLASS: vec_add stands in for a
+    build whose GEMM kernel came out under another name): it stops, naming each kernel and why."""
+    def build(deps: Path, out: Path) -> Path:
+        exe = tmp_path / "vec_add"
+        subprocess.run(["nvcc", *bpftime_build.SM_90, str(ROOT / "examples" / "vec_add.cu"), "-o", str(exe)],
+                       check=True)
+        return exe
+    monkeypatch.setattr(bpftime_build, "build_cutlass_gemm", build)
+    with pytest.raises(RuntimeError, match=r"vec_add: cutlass/counter/cutlass_launch_counter.bpf.c instruments "
+                                           r"none of its kernels: _Z9vectorAddPKfS0_Pf: untouched \(no probe"):
+        bpftime_build.prepare_cutlass(built[bpftime_build.CUTLASS_PROBE].parent, tmp_path)
+
+
+def _shim(tmp_path: Path) -> Path:
+    """egpu's shim, built into tmp_path."""
+    out = subprocess.run([sys.executable, str(ROOT / "shim" / "build.py"), str(tmp_path)], capture_output=True,
+                         text=True, check=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def _json_doc(stdout: str) -> dict:
+    (doc,) = [json.loads(ln) for ln in stdout.splitlines() if ln.startswith('{"time"')]
+    return doc
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("probe, geometry", [("faiss-test/threadhist.bpf.c", "16 blocks of 64 threads"),
+                                             ("llama-cpp-test/threadhist.bpf.c", "1 block of 1024 threads")],
+                         ids=["faiss-test", "llama-cpp-test"])
+def test_threadhist_on_its_stand_in_counts_every_thread_each_launch(built, tmp_path, probe, geometry):
+    """faiss-test's and llama-cpp-test's threadhist, unchanged, on their stand-ins (faiss_l2norm: 16
+    blocks of 64 threads; llama_rms_norm: one block of 1024): each of the 1024 threads exits once a
+    launch, so its slot of the per-thread array (bpftime's `Thread N: count` lines, equal for every
+    thread in faiss-test's README) holds the launch count, and the sum is launches x 1024."""
+    from test_e2e_gpu import env_for
+    launches = 7
+    exe = bpftime_build.build_stand_in(probe, tmp_path / "target")
+    r = egpu_run(["--json", "-p", str(built[probe]), str(exe), str(launches)], env_for(_shim(tmp_path), tmp_path),
+                 timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"{launches} launches of {geometry}, checksum=" in r.stdout and r.stdout.rstrip().endswith("OK")
+    count = _json_doc(r.stdout)["maps"]["call_count"]
+    per_thread = {t: v for t, v in count["per_sm"].items() if v}
+    assert (count["value"], per_thread) == (launches * 1024, {str(t): launches for t in range(1024)}), count
+
+
+@pytest.mark.gpu
+def test_cutlass_launch_counter_counts_the_launches_of_bpftimes_gemm(built, tmp_path):
+    """bpftime's cutlass example, both halves unchanged: cutlass_gemm.cu, built by scripts/gpu-prep.sh as
+    its Makefile builds it against CUTLASS 3.5.0's headers (gpu-prep checks that its GEMM kernel is the
+    one the probe's section names), and cutlass_launch_counter, which counts a launch in thread (0,0,0) of
+    block (0,0,0) at its exit: the counter is the warmup and timed launches together, as bpftime's README
+    has it climbing in step with the launch count."""
+    from test_e2e_gpu import env_for
+    exe = built[bpftime_build.CUTLASS_PROBE].parent / "cutlass_gemm"
+    assert exe.is_file(), f"{exe}: not built (scripts/gpu-prep.sh builds it)"
+    r = egpu_run(["--json", "-p", str(built[bpftime_build.CUTLASS_PROBE]), str(exe), "--shape", "256x256x256",
+                  "--warmup", "2", "--launches", "5", "--verify"], env_for(_shim(tmp_path), tmp_path), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "[cutlass] completed 5 launches" in r.stdout, r.stdout
+    error = float(re.search(r"max abs error: (\S+)", r.stdout).group(1))
+    assert error < 1e-3, r.stdout
+    assert _json_doc(r.stdout)["maps"]["cutlass_call_count"]["value"] == 2 + 5
+
+
 # ---- launchlate: a host uprobe on cudaLaunchKernel sharing a map with a GPU probe ----------------
 
 @pytest.mark.gpu
@@ -282,21 +366,19 @@ def test_launchlate_times_every_launch_from_its_uprobe_on_cuda_launch_kernel(bui
     counts a latency. egpu copies that host write to the device a few ms after the call, so a kernel may
     read the previous launch's time, and the first may find none: the histogram holds the launches, or
     all but the first."""
-    import json
     from test_e2e_gpu import E2E, cuda_lib_dirs, env_for
     launches = 8
-    shim = subprocess.run([sys.executable, str(ROOT / "shim" / "build.py"), str(tmp_path)], capture_output=True,
-                          text=True, check=True).stdout.strip().splitlines()[-1]
+    shim = _shim(tmp_path)
     exe = tmp_path / "vectoradd_bpftime"
     subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-cudart", cudart,
                     *[f"-Xlinker=-rpath,{d}" for d in cuda_lib_dirs()], str(E2E / "vectoradd_bpftime.cu"),
                     "-o", str(exe)], check=True)
     r = egpu_run(["--json", "-p", str(built["launchlate/launchlate.bpf.c"]),
                   "--uprobe", f"uprobe_cuda_launch={target}", str(exe), str(launches)],
-                 env_for(Path(shim), tmp_path), timeout=300)
+                 env_for(shim, tmp_path), timeout=300)
     assert r.returncode == 0, r.stderr
     assert f"vectoradd_bpftime launches={launches} error=0" in r.stdout
-    (doc,) = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith('{"time"')]
+    doc = _json_doc(r.stdout)
     host_lines = [t for t in doc["trace"] if "CPU: cudaLaunchKernel called" in str(t)]
     assert len(host_lines) == launches, doc["trace"]
     histogram = sum(e["value"] for e in doc["maps"]["time_histogram"]["entries"])
@@ -315,17 +397,15 @@ def test_launchlate_attached_live_counts_the_launches_after_its_push(built, tmp_
     the push comes up to 2 ms after it, so most launches time from the previous launch's call, 20 ms earlier
     (bin 6), and only one the push beat from its own (bins 1 to 5); bin 0 would mean the host and GPU clocks
     disagree, bin 7 on (100 ms) a time left five launches old."""
-    import json
     import time
     from egpu_preload.control import list_sessions
     from test_e2e_gpu import E2E, cuda_lib_dirs, env_for
-    shim = subprocess.run([sys.executable, str(ROOT / "shim" / "build.py"), str(tmp_path)], capture_output=True,
-                          text=True, check=True).stdout.strip().splitlines()[-1]
+    shim = _shim(tmp_path)
     exe = tmp_path / "vectoradd_bpftime"
     subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-cudart", "shared",
                     *[f"-Xlinker=-rpath,{d}" for d in cuda_lib_dirs()], str(E2E / "vectoradd_bpftime.cu"),
                     "-o", str(exe)], check=True)
-    env = env_for(Path(shim), tmp_path)
+    env = env_for(shim, tmp_path)
 
     def egpu_cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-c", "import launcher; launcher.egpu_main()", *args], env=env,
