@@ -1327,7 +1327,7 @@ def test_host_records_wait_beside_a_full_writer_queue_not_in_it():
     from egpu_preload.runtime import streaming
     s = object.__new__(streaming.Streaming)
     probe = object()
-    s.slots, s._probe, s.host_dropped = {(0, 3): 1}, {id(probe): 0}, [0, 0]
+    s.slots, s._probe, s.host_dropped, s.host_taken = {(0, 3): 1}, {id(probe): 0}, [0, 0], 0
     s._host_held, s._batches = streaming.deque(), streaming.queue.Queue(1)
     s._batches.put((0, []))   # the writer's queue, full
     s.host(probe, 3, [b"a", b"b"], 0)
@@ -1343,3 +1343,22 @@ def test_host_records_wait_beside_a_full_writer_queue_not_in_it():
     s._hand_host(wait=True)
     reader.join(5)
     assert taken == [(0, []), (1, [(0, b"c")])] and not s._host_held
+
+
+def test_host_records_a_failed_writer_left_out_are_counted_as_taken(access_trace, tmp_path):
+    """The error's count of records taken and not written holds those host programs handed on (the launch
+    drainer's), not only the ring readers': a job tracing only host probes was told 0 were lost."""
+    from egpu_preload.runtime.probes import Probe
+    from egpu_preload.runtime.streaming import Streaming
+    probe = Probe(Path("a.bpf.o"), access_trace, (), "t")
+    streaming = Streaming(tmp_path / "t.parquet", [probe])
+
+    def full(index, records):
+        raise OSError(28, "No space left on device")
+
+    streaming.writer.add = full
+    index = next(i for i, m in enumerate(access_trace.maps) if m.name == "events")
+    streaming.host(probe, index, [_event(0), _event(1)], 0)
+    streaming.host(probe, index, [_event(2)], 0)
+    report = streaming.finish()
+    assert report["error"] == "cannot write the trace: [Errno 28] No space left on device (3 records taken and not written)"

@@ -93,6 +93,7 @@ class Streaming:
         self.readers: list[RingReader] = []
         self.drain: RingDrain | None = None
         self.host_dropped = [0] * len(drained)   # what host programs' maps dropped, by the writer's index
+        self.host_taken = 0   # records host programs handed on (the readers count their own)
         self._host_held: deque[tuple[int, Taken]] = deque()   # host records the writer's full queue refused
         self.path = claim(path)
         self.error: str | None = None
@@ -122,6 +123,7 @@ class Streaming:
         drainer's thread, onto the writer's queue as the reader's batches go."""
         index = self.slots[self._probe[id(probe)], map_index]
         self.host_dropped[index] = dropped
+        self.host_taken += len(records)
         if records:
             self._host_held.append((index, [r if isinstance(r, tuple) else (0, r) for r in records]))
         self._hand_host(wait=False)
@@ -184,7 +186,7 @@ class Streaming:
                 self.write_s += time.perf_counter() - t
             except Exception as e:  # noqa: BLE001
                 self.error = f"cannot write the trace: {e}"
-        taken = sum(r.taken for r in self.readers)
+        taken = sum(r.taken for r in self.readers) + self.host_taken
         written = self.writer.written if self.writer is not None else 0
         error = self.error and f"{self.error} ({taken - written:,} records taken and not written)"
         waited = any(r.lay.wait for r in self.readers)   # a waiting ring drops only what the note says
