@@ -1361,4 +1361,26 @@ def test_host_records_a_failed_writer_left_out_are_counted_as_taken(access_trace
     streaming.host(probe, index, [_event(0), _event(1)], 0)
     streaming.host(probe, index, [_event(2)], 0)
     report = streaming.finish()
-    assert report["error"] == "cannot write the trace: [Errno 28] No space left on device (3 records taken and not written)"
+    assert report["error"] == ("cannot write the trace: [Errno 28] No space left on device (3 records taken and not "
+                               "written)")
+
+
+def test_a_trace_file_whose_process_still_runs_is_not_called_ended(tmp_path):
+    """A process of the job still running when its main process ended (daemonized) writes its trace file on and
+    closes it at its own exit: egpu-run said it had ended before its exit dump, and what `egpu trace` reads."""
+    import os
+    from egpu_preload.runtime import streaming
+    out = tmp_path / "t.arrow"
+    mine = out.with_name(f"t.{os.getpid()}.arrow")
+    out.touch()
+    mine.touch()
+    child = subprocess.Popen(["true"])
+    child.wait()
+    gone = child.pid   # a process that ended (reaped)
+    running = "is still open: its process was still running when the job's main process ended (it closes it at exit)"
+    assert streaming.unclosed(out, [], {os.getpid()}) == [f"egpu-run: {out} {running}", f"egpu-run: {mine} {running}"]
+    either = streaming.unclosed(out, [], {os.getpid(), gone})[0]
+    assert either.startswith(f"egpu-run: {out} was never closed (its process ended before its exit dump, or still "
+                             "runs and closes it at exit): `egpu trace` reads")
+    assert streaming.unclosed(out, [], {gone})[0].startswith(f"egpu-run: {out} was never closed (its process ended "
+                                                              "before its exit dump): `egpu trace` reads")

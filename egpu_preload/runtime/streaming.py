@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from egpu_preload.bpf import btf as btfmod
+from egpu_preload.control import process_exists
 from egpu_preload.errors import EgpuError
 from egpu_preload.output import tracefile, warp_records
 from egpu_preload.runtime.probes import RING_TYPES, Probe
@@ -224,19 +225,29 @@ def notes(dumps: list[dict[str, Any]]) -> list[str]:
 
 
 def unclosed(path: Path, dumps: list[dict[str, Any]], started: set[int]) -> list[str]:
-    """egpu-run's lines about the trace files that processes of the job ended without closing (killed before
-    their exit dump): FILE, or a process's ``FILE.PID`` (claim), that no dump names and that exists."""
+    """egpu-run's lines about the trace files that processes of the job left unclosed: FILE, or a process's
+    ``FILE.PID`` (claim), that no dump names and that exists; its process killed before its exit dump, or still
+    running (daemonized: it closes the file at its exit). FILE's process is any of those without a dump."""
     closed = {Path(d["trace"]["path"]) for d in dumps if d.get("trace")}
-    named = [path] + [path.with_name(f"{path.stem}.{pid}{path.suffix}") for pid in sorted(started)]
+    undumped = started - {d["pid"] for d in dumps}
+    running = {pid for pid in undumped if process_exists(pid)}
+    owners = [(path, undumped)] + [(path.with_name(f"{path.stem}.{pid}{path.suffix}"), {pid})
+                                   for pid in sorted(started)]
     out = []
-    for f in named:
-        if f not in closed and f.exists():
+    for f, pids in owners:
+        if f in closed or not f.exists():
+            continue
+        if pids and pids <= running:
+            out.append(f"egpu-run: {f} is still open: its process was still running when the job's main process "
+                       "ended (it closes it at exit)")
+        else:
+            how = "ended before its exit dump" + (", or still runs and closes it at exit" if pids & running else "")
             what = ("`egpu trace` reads the records written before (all but those of its last second or so: a "
                     f"ring's are written once {tracefile.FLUSH_ROWS:,} have built up or the oldest has waited "
                     f"{tracefile.FLUSH_S:g} s), the dropped counts unknown" if f.suffix in
                     tracefile.ARROW_SUFFIXES else "its records are lost: a Parquet file is read through the footer "
                     "its close writes (a trace in Arrow IPC, --trace FILE.arrow, keeps what was written)")
-            out.append(f"egpu-run: {f} was never closed (its process ended before its exit dump): {what}")
+            out.append(f"egpu-run: {f} was never closed (its process {how}): {what}")
     return out
 
 
