@@ -153,6 +153,20 @@ def test_comm_is_the_main_threads_name_as_strscpy_pad_copies_it(shim_api, size):
     assert run_with_mem(code, b"\xff" * 20) == (0, want)
 
 
+def test_the_vms_comm_reads_the_name_once_a_process(monkeypatch):
+    """The Python VM's helper 16 opened /proc/self/comm at every call (a launch probe's, every launch); it reads
+    it once a process, as the C engine does, and again in a forked child (another pid)."""
+    from egpu_preload.bpf import helpers
+    opened = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda f, *a, **k: opened.append(f) or real_open(f, *a, **k))
+    monkeypatch.setattr(helpers, "_comm", [0, b""])
+    first = helpers.main_comm()
+    assert helpers.main_comm() == first and len(opened) == 1
+    monkeypatch.setattr(os, "getpid", lambda: -1)
+    assert helpers.main_comm() == first and len(opened) == 2
+
+
 def test_the_context_is_the_one_ctx_py_lays_out(shim_api):
     ffi, lib = shim_api
     launch = launches.Launch(7, 1_000, 0x1234, 0xABC, (4, 2, 1), (128, 3, 1), "k")

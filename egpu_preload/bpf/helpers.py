@@ -23,6 +23,7 @@ Nothing here may wait on the host (DESIGN.md 2).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -96,13 +97,20 @@ _PRINTK_ARGS = 3
 
 def main_comm() -> bytes:
     """The process's main thread's name, TASK_COMM_LEN bytes zero padded: get_current_comm where no
-    application thread runs the probe (/proc/self/comm is the thread group leader's)."""
-    try:
-        with open("/proc/self/comm", "rb") as f:
-            name = f.read().rstrip(b"\n")
-    except OSError:
-        name = b""
-    return name[:TASK_COMM_LEN - 1].ljust(TASK_COMM_LEN, b"\0")
+    application thread runs the probe (/proc/self/comm is the thread group leader's). Read once a process,
+    as the shim's C engine reads it (a launch probe calling it at every launch opened the file each time)."""
+    pid = os.getpid()
+    if _comm[0] != pid:
+        try:
+            with open("/proc/self/comm", "rb") as f:
+                name = f.read().rstrip(b"\n")
+        except OSError:
+            name = b""
+        _comm[:] = [pid, name[:TASK_COMM_LEN - 1].ljust(TASK_COMM_LEN, b"\0")]
+    return _comm[1]
+
+
+_comm: list = [0, b""]   # (pid, name): main_comm's, read again in a forked child
 
 
 def comm_bytes(comm: bytes, size: int) -> bytes:
