@@ -1106,9 +1106,9 @@ static int helper(struct run *x, int32_t id) {
     }
     case 131: return reserve(x);
     case 132: case 133: return release(x, id == 132); /* ringbuf_submit, ringbuf_discard */
-    case 14: /* get_current_pid_tgid: tgid << 32 | its main thread (helpers.py); a uprobe's run, in the thread that
-              * called, | that thread, as Linux's (per-thread state is kept under it) */
-        x->r[0] = (uint64_t)getpid() << 32 | (uint32_t)(x->host ? syscall(SYS_gettid) : getpid());
+    case 14: /* get_current_pid_tgid: tgid << 32 | its main thread (helpers.py); a run in the thread that called
+              * (uprobes, host-API probes), | that thread, as Linux's (per-thread state is kept under it) */
+        x->r[0] = (uint64_t)getpid() << 32 | (uint32_t)(x->caller ? syscall(SYS_gettid) : getpid());
         return 0;
     case 16: return get_comm(x);
     case 8: case 509: case 510: case 511: case 506: /* smp_processor_id, sm, warp, lane; membar */

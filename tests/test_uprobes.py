@@ -617,6 +617,8 @@ def test_probes_in_many_threads_and_the_runtimes_count_exactly_while_uprobes_com
     assert totals[ALLOC_BYTES] == sum(256 * (t + 1) * r for t, r in enumerate(rounds)), totals
     assert totals[COPY_BYTES] == sum(16 * (t + 1) * r for t, r in enumerate(rounds)), totals
     assert [by_thread[t][:2] for t in range(8)] == [(r, r) for r in rounds], by_thread
+    tids = entries(doc, host, "tids")   # host-API programs run in the calling thread: its id, as Linux's
+    assert len(tids) == 8 and len({k >> 32 for k in tids}) == 1 and all(k >> 32 != k & 0xFFFFFFFF for k in tids), tids
     assert sum(v[2] for v in by_thread.values()) == recorded, by_thread
 
 

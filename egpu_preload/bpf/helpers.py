@@ -46,7 +46,8 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
     Helper(8, "get_smp_processor_id", (), "int"),
     # The application's process: tgid << 32 | its main thread's id (= tgid). On the GPU no host thread
     # runs the probe, so every caller sees that value (the GPU reads it where devmaps.PID_TGID says). A host
-    # uprobe runs in the thread that called: tgid << 32 | that thread's id, as in Linux (shim/launchvm.c).
+    # uprobe or host-API probe runs in the thread that called: tgid << 32 | that thread's id, as in Linux
+    # (shim/launchvm.c).
     Helper(14, "get_current_pid_tgid", (), "int"),
     # (buf, size): a thread's name (comm), NUL-terminated, truncated to size, the rest zeroed; 0. As for
     # pid_tgid, a host uprobe or host-API probe, in the thread that called, gets that thread's name (read

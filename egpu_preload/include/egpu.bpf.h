@@ -109,7 +109,7 @@ static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
 static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;           /* %globaltimer on the GPU */
 static long (*bpf_trace_printk)(const char *fmt, __u32 fmt_size, ...) = (void *)6; /* formatted on the host */
 static __u32 (*bpf_get_smp_processor_id)(void) = (void *)8;   /* %smid on the GPU */
-static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;  /* tgid << 32 | tgid (a uprobe: | its thread) */
+static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;  /* tgid << 32 | tgid (host-called: | its thread) */
 /* The thread's name (a uprobe or host-API probe: the calling thread's; elsewhere the main thread's), 0 */
 static long (*bpf_get_current_comm)(void *buf, __u32 size_of_buf) = (void *)16;
 static long (*bpf_perf_event_output)(void *ctx, void *map, __u64 flags, void *data, __u64 size) = (void *)25;
