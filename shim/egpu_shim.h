@@ -33,6 +33,10 @@ void egpu_py_module_loaded(int api, unsigned long long call, void *handle, int r
 int egpu_py_handle_found(int api, void *owner, const char *name, void *handle);
 /* A successful cuModuleUnload / cuLibraryUnload (handle is gone). */
 void egpu_py_unloaded(int api, void *handle);
+/* The process that runs the runtime is about to exec (phase EGPU_EXEC_BEFORE: its image's exit dump, as
+ * no exit handler runs at exec), or its exec failed and it goes on (EGPU_EXEC_FAILED: that dump withdrawn,
+ * the maps count on). process.c's exec hooks call it, through egpu_python_exec. */
+void egpu_py_exec(int phase);
 
 /* ---- part 2: C API for the runtime (cdef) ---- */
 
@@ -176,6 +180,12 @@ int egpu_shim_bypass(int on);
 /* Python's os.fork is about to fork this thread (hooks.attach registers it as a before-fork hook): the
  * shim's fork handlers leave the interpreter to Python (process.c). */
 void egpu_shim_python_forking(void);
+/* The phases of egpu_py_exec. */
+enum egpu_exec_phase { EGPU_EXEC_BEFORE, EGPU_EXEC_FAILED };
+/* The runtime started in process `pid` (it calls this then): an exec in that process, and in no other (a
+ * child it forked or vforked holds its maps' copy, or shares its memory), calls egpu_py_exec first. The exec
+ * hooks' own functions are looked up here, so that such a child never needs the loader's lock. */
+void egpu_shim_exec_owner(int pid);
 
 /* ---- part 3: C only ---- */
 
@@ -188,6 +198,11 @@ int egpu_python_matches(void);
 int egpu_python_attached(void);
 /* Start Python and the runtime now, as a module load would (egpu_hostapi.h egpu_py_start). */
 void egpu_python_start(void);
+/* egpu_py_exec(phase) where this process is egpu_shim_exec_owner's, its Python up and this thread not inside a
+ * callback; returns whether it was called (interpose.c). */
+int egpu_python_exec(int phase);
+/* process.c: the exec hooks' real functions, looked up once (egpu_shim_exec_owner). */
+void egpu_exec_lookup(void);
 /* Once, in a job that asks for it (EGPU_EARLY_START=1: host-API probes, CUPTI): start the runtime at the
  * process's first CUDA call (the cuInit hook, else the first copy, allocation or sync hook). */
 void egpu_python_start_early(void);

@@ -1130,6 +1130,23 @@ void egpu_python_start(void) {
     tls_in_python--;
 }
 
+/* The pid whose runtime dumps at exec: only the process that started it (a child forked after holds a copy of
+ * its maps, a vfork child its very memory; neither may dump them, nor call Python). */
+static _Atomic int g_exec_owner;
+
+EXPORT void egpu_shim_exec_owner(int pid) {
+    egpu_exec_lookup();
+    atomic_store(&g_exec_owner, pid);
+}
+
+int egpu_python_exec(int phase) {
+    if (getpid() != atomic_load(&g_exec_owner) || passthrough() || !egpu_python_up()) return 0;
+    tls_in_python++;
+    egpu_py_exec(phase);
+    tls_in_python--;
+    return 1;
+}
+
 void egpu_python_start_early(void) {
     static _Atomic int asked; /* 0 not yet, 1 asked (or not wanted) */
     if (__builtin_expect(atomic_load_explicit(&asked, memory_order_relaxed), 1) || passthrough() ||

@@ -1,4 +1,4 @@
-/* process.c: the shim across fork() and around the GIL; the one file that includes Python.h.
+/* process.c: the shim across fork() and exec(), and around the GIL; the one file that includes Python.h.
  *
  * A C program's fork() copies the shim as the forking thread's siblings left it: locks they held, a
  * gate a swap held, rings half-written, and an interpreter whose other threads are gone. The handlers
@@ -10,9 +10,20 @@
  * does that itself: hooks.attach tells the shim (egpu_shim_python_forking) and the handlers leave the
  * interpreter alone. The interpreter comes first and goes last: no shim lock is held while waiting for
  * the GIL.
+ *
+ * exec replaces the image without running an exit handler, and the new image writes its exit dump under the
+ * same pid: the exec hooks have the runtime dump the old image first (egpu_py_exec), and withdraw that dump
+ * when the exec fails (the process goes on, its maps count on). Only in the process the runtime started in
+ * (egpu_shim_exec_owner): a child that forked or vforked calls no Python before it execs. The dump runs
+ * while the other threads still live (the kernel ends them only inside the exec), so a lock one of them
+ * holds is let go as at exit. glibc's exec functions make the system call themselves (execvp never reaches
+ * execve through the PLT), so each is hooked; the l forms build their vector and take the v forms' way.
+ * posix_spawn (system, popen) execs in a new process, past these hooks: nothing of this one is replaced.
  */
 #include <Python.h>
+#include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -103,4 +114,76 @@ static void install(void) { pthread_atfork(prepare, in_parent, in_child); }
 void egpu_fork_handlers(void) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, install);
+}
+
+/* ---- exec ---- */
+
+enum exec_fn { EXECVE, EXECV, EXECVP, EXECVPE, FEXECVE, EXECVEAT, EXEC_FNS };
+static const char *const exec_names[EXEC_FNS] = {"execve", "execv", "execvp", "execvpe", "fexecve", "execveat"};
+static _Atomic(void *) exec_reals[EXEC_FNS]; /* NULL where libc lacks one (execveat before glibc 2.34) */
+typedef int (*execve_fn)(const char *, char *const[], char *const[]);
+typedef int (*execv_fn)(const char *, char *const[]);
+typedef int (*fexecve_fn)(int, char *const[], char *const[]);
+typedef int (*execveat_fn)(int, const char *, char *const[], char *const[], int);
+
+void egpu_exec_lookup(void) {
+    for (int i = 0; i < EXEC_FNS; i++)
+        if (!atomic_load(&exec_reals[i])) atomic_store(&exec_reals[i], egpu_dlsym_next(exec_names[i]));
+}
+
+/* The real exec function i (a `type`) called with the arguments, bracketed by the runtime's exec phases;
+ * errno as the failed exec left it. */
+#define EXEC(i, type, ...) ({ \
+    if (!atomic_load_explicit(&exec_reals[i], memory_order_acquire)) egpu_exec_lookup(); \
+    type fn_ = (type)atomic_load_explicit(&exec_reals[i], memory_order_acquire); \
+    int dumped_ = fn_ && egpu_python_exec(EGPU_EXEC_BEFORE); \
+    int r_ = fn_ ? fn_(__VA_ARGS__) : (errno = ENOSYS, -1); \
+    if (dumped_) { int e_ = errno; egpu_python_exec(EGPU_EXEC_FAILED); errno = e_; } \
+    r_; })
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
+    return EXEC(EXECVE, execve_fn, path, argv, envp);
+}
+EXPORT int execv(const char *path, char *const argv[]) { return EXEC(EXECV, execv_fn, path, argv); }
+EXPORT int execvp(const char *file, char *const argv[]) { return EXEC(EXECVP, execv_fn, file, argv); }
+EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
+    return EXEC(EXECVPE, execve_fn, file, argv, envp);
+}
+EXPORT int fexecve(int fd, char *const argv[], char *const envp[]) {
+    return EXEC(FEXECVE, fexecve_fn, fd, argv, envp);
+}
+EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags) {
+    return EXEC(EXECVEAT, execveat_fn, dirfd, path, argv, envp, flags);
+}
+
+/* The l forms' `arg, ...` up to the NULL that ends them as the vector `argv` (a VLA in the caller's frame, as
+ * glibc builds it); `ap` is left past that NULL, where execle's envp follows. */
+#define ARG_VECTOR(arg, argv, ap) \
+    va_start(ap, arg); \
+    size_t n_ = 1; \
+    for (const char *a_ = arg; a_; a_ = va_arg(ap, const char *)) n_++; \
+    va_end(ap); \
+    char *argv[n_]; \
+    va_start(ap, arg); \
+    argv[0] = (char *)arg; \
+    for (size_t k_ = 1; k_ < n_; k_++) argv[k_] = va_arg(ap, char *);
+
+EXPORT int execl(const char *path, const char *arg, ...) {
+    va_list ap;
+    ARG_VECTOR(arg, argv, ap);
+    va_end(ap);
+    return EXEC(EXECV, execv_fn, path, argv);
+}
+EXPORT int execlp(const char *file, const char *arg, ...) {
+    va_list ap;
+    ARG_VECTOR(arg, argv, ap);
+    va_end(ap);
+    return EXEC(EXECVP, execv_fn, file, argv);
+}
+EXPORT int execle(const char *path, const char *arg, ...) {
+    va_list ap;
+    ARG_VECTOR(arg, argv, ap);
+    char *const *envp = va_arg(ap, char *const *);
+    va_end(ap);
+    return EXEC(EXECVE, execve_fn, path, argv, envp);
 }

@@ -299,6 +299,51 @@ def test_a_process_still_running_when_the_job_ends_is_named(stub_job, probe_obj,
     assert r.stdout.split(f"\npid {orphan}: ")[1].endswith(f"{MORE} {mirror}\n@counts: 3\n"), r.stdout
 
 
+EXEC_AFTER_CUDA = """import ctypes, os, subprocess, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import app_vec
+how = sys.argv[2]
+app_vec.launch("module", 3, 32)
+new = [sys.executable, os.path.join(sys.argv[1], "app_vec.py"), "module", "1", "32", "0"]
+if how == "failed":   # the process goes on: its runtime too, and the next exec's dump holds all 5 launches once
+    for _ in range(2):
+        try:
+            os.execv("/nonexistent/egpu", new)
+        except OSError as e:
+            print(f"exec failed: {e.strerror}", flush=True)
+    app_vec.launch("module", 2, 32)
+elif how == "thread":   # its other threads are alive at the exec, the kernel ends them
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+elif how == "vfork":   # subprocess's child execs after vfork: the parent's maps are not its own
+    subprocess.run(["true"], check=True)
+if how == "execl":   # from C, arguments as varargs
+    ctypes.CDLL(None).execl(*[a.encode() for a in [sys.executable] + new], None)
+else:
+    os.execv(sys.executable, new)
+"""
+
+
+@pytest.mark.parametrize("how", ["execv", "failed", "thread", "execl", "vfork", "c-program"])
+def test_an_exec_keeps_the_counts_of_the_image_it_replaces(stub_job, probe_obj, tmp_path, how):
+    """A process that launched 3 kernels, then exec'd into one that launches 1: both images' counts, each under
+    its own header (the replaced image's says so); exec writes no exit dump of the old image, and the new one
+    wrote its own under the same pid, so only the last image's counts were printed. A C program's runtime
+    runs in the shim's own interpreter."""
+    cmd = ([str(stub_job.app), "module", "3", "32", "exec"] if how == "c-program" else
+           [sys.executable, "-c", EXEC_AFTER_CUDA, str(MORE), how])
+    r = egpu_run(["-p", str(probe_obj("count")), *cmd], stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
+    assert r.returncode == 0, r.stderr
+    failed = "exec failed: No such file or directory\n" * 2 if how == "failed" else ""
+    first = "app_vec module launches=3 threads=32 result=0\n" if how == "c-program" else ""
+    assert r.stdout.startswith(failed + first + "app_vec module launches=1 threads=32 result=0\n"), r.stdout
+    images = re.findall(r"^pid (\d+)( before exec \d)?: .*?\n@counts: (\d+)$", r.stdout, re.M | re.S)
+    pid = images[0][0] if images else None
+    assert images == [(pid, " before exec 1", "5" if how == "failed" else "3"), (pid, "", "1")], r.stdout
+    new = f"{stub_job.app}" if how == "c-program" else f"{sys.executable} {MORE}/app_vec.py"
+    assert r.stdout.split(f"pid {pid}: ")[1].startswith(f"{new} module 1 32 0\n")
+    assert r.stderr == ""
+
+
 def _other_python() -> str | None:
     """A Python of another minor version than this one that runs here (on PATH, or pyenv's), or None."""
     found = [shutil.which(f"python3.{n}") for n in range(8, 20) if n != sys.version_info.minor]

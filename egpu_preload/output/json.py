@@ -9,7 +9,7 @@
      "kernels": {"1311768467463790320": "_Z6vecAddPfS_S_i"}}
 
 The sum over the ranks of a job (output/combine.py) has rank "all" and pid null, and "left_out": [why] when a
-map could not be summed.
+map could not be summed. An image its process replaced by its Nth exec has "before_exec": N.
 
 Values are machine-friendly: ints stay ints (kernel ids too: "kernels" maps the ones that appear to their
 mangled names), structs are objects by field name, arrays lists. PERCPU_ARRAY values are the sums over
@@ -26,19 +26,22 @@ from .values import Data, Histogram, KernelId, KeyedScalars, MapValue, Records, 
 
 
 def document(snap: Snapshot, *, time: float, pid: int | None, rank: int | str | None = None,
-             left_out: list[str] | None = None) -> dict:
-    """The interval's document as a dict (what ``render`` serializes); ``left_out``: why maps are not in a sum."""
+             left_out: list[str] | None = None, before_exec: int | None = None) -> dict:
+    """The interval's document as a dict (what ``render`` serializes); ``left_out``: why maps are not in a sum;
+    ``before_exec``: N when the maps are those of an image the process replaced by its Nth exec."""
     seen: set[int] = set()
     maps = {v.name: _map(v, seen) for v in snap.maps}
     return {"time": time, "pid": pid, "rank": rank, "maps": maps, "trace": list(snap.trace.lines),
             "kernels": {str(k): snap.kernel_names[k] for k in sorted(seen) if k in snap.kernel_names},
-            **({"left_out": left_out} if left_out else {})}
+            **({"left_out": left_out} if left_out else {}),
+            **({"before_exec": before_exec} if before_exec is not None else {})}
 
 
 def render(snap: Snapshot, *, time: float, pid: int | None, rank: int | str | None = None,
-           left_out: list[str] | None = None) -> str:
+           left_out: list[str] | None = None, before_exec: int | None = None) -> str:
     """One line of JSON, newline-terminated."""
-    return json.dumps(document(snap, time=time, pid=pid, rank=rank, left_out=left_out), separators=(",", ":")) + "\n"
+    return json.dumps(document(snap, time=time, pid=pid, rank=rank, left_out=left_out, before_exec=before_exec),
+                      separators=(",", ":")) + "\n"
 
 
 def _map(v: MapValue, seen: set[int]) -> dict:

@@ -1,7 +1,9 @@
 """The exit dump: what one instrumented process leaves in the session directory, ``<pid>.msgpack``.
 
 The runtime writes it when the process exits; egpu-run reads every dump after the job and rebuilds each
-probe's MapsState from it (it loaded the same objects, in the same order). Fields:
+probe's MapsState from it (it loaded the same objects, in the same order). An image the process replaced by
+its Nth exec left ``<pid>.exec<N>.msgpack`` (write_exec): the maps as ``egpu maps PID`` reads them, with
+``exec``: N. Fields:
 
     version  1
     pid, argv (list of str), rank (config.rank(): RANK, else LOCAL_RANK, as an int; or None)
@@ -84,13 +86,24 @@ def restore_state(state: MapsState, d: dict[str, Any]) -> MapsState:
     return state
 
 
-def write(session: Path, doc: dict[str, Any]) -> Path:
-    """``session/<pid>.msgpack``, written whole or not at all (a reader never sees half a file)."""
-    path = session / f"{doc['pid']}{SUFFIX}"
-    tmp = session / f".{doc['pid']}{SUFFIX}.tmp"
+def write(session: Path, doc: dict[str, Any], name: str | None = None) -> Path:
+    """``session/<name>.msgpack`` (name: the pid), written whole or not at all (a reader never sees half a file)."""
+    name = name or str(doc["pid"])
+    path = session / f"{name}{SUFFIX}"
+    tmp = session / f".{name}{SUFFIX}.tmp"
     tmp.write_bytes(msgpack.packb({"version": VERSION, **doc}, use_bin_type=True))
     os.replace(tmp, path)
     return path
+
+
+def write_exec(session: Path, doc: dict[str, Any]) -> Path:
+    """The dump of an image its process is replacing by exec: ``<pid>.exec<N>.msgpack``, N the first free (an
+    image exec'd from an exec'd image finds its predecessor's), so that the next image's dumps, under the same
+    pid, leave it alone."""
+    n = 1
+    while (session / f"{doc['pid']}.exec{n}{SUFFIX}").exists():
+        n += 1
+    return write(session, {**doc, "exec": n}, f"{doc['pid']}.exec{n}")
 
 
 def mark_started(session: Path, marker: str = STARTED) -> None:
@@ -110,7 +123,8 @@ def started(session: Path, marker: str = STARTED) -> set[int]:
 
 
 def read_all(session: Path) -> list[dict[str, Any]]:
-    """Every dump in the session, by pid; unreadable ones are EgpuErrors naming the file."""
+    """Every dump in the session, by pid, a process's images in the order it exec'd them; unreadable ones are
+    EgpuErrors naming the file."""
     docs = []
     for path in session.glob(f"*{SUFFIX}"):
         if path.name.startswith("."):
@@ -122,4 +136,4 @@ def read_all(session: Path) -> list[dict[str, Any]]:
         if not isinstance(doc, dict) or doc.get("version") != VERSION:
             raise EgpuError("not an egpu dump of this version", file=str(path))
         docs.append(doc)
-    return sorted(docs, key=lambda d: d["pid"])
+    return sorted(docs, key=lambda d: (d["pid"], "exec" not in d, d.get("exec", 0)))

@@ -51,6 +51,9 @@ class Instrumenter(Protocol):
     def sass_kernel(self, module: int, name: str, generation: int) -> tuple[int, int]:
         """(program mask, kernel id) of a SASS-patched kernel under a generation of patches (egpu_sass.h);
         inside the driver's launch."""
+    def exec_image(self, failed: bool) -> None:
+        """The process is about to exec (its image's dump, as no exit handler runs), or ``failed``: its exec
+        failed and it goes on (that dump withdrawn)."""
 
 
 _instrumenter: Instrumenter | None = None
@@ -198,6 +201,11 @@ def attach(ffi: Any, lib: Any) -> None:
             return SASS_UNKNOWN
         mask, kernel_id_out[0] = _instrumenter.sass_kernel(addr(module), text(name) or "", int(generation))
         return mask
+
+    @ffi.def_extern(onerror=_report)
+    def egpu_py_exec(phase):
+        if _instrumenter is not None:
+            _instrumenter.exec_image(phase == lib.EGPU_EXEC_FAILED)
 
     runtime = os.environ.get(RUNTIME_ENV)
     if runtime:

@@ -15,6 +15,9 @@ registers the instrumenter with hooks.register and does nothing else).
   kernels are registered with the shim to get the launch id appended (rewrite.py's launch contract).
 - At exit (once, in the process that loaded the probes, while CUDA is still up): synchronize, read the
   maps back and write the dump (dump.py) into the session directory.
+- Before an exec (shim/process.c; none runs an exit handler): synchronize and write the maps as ``egpu maps``
+  reads them into the session (dump.write_exec), every thread left running; a failed exec withdraws that dump,
+  so the maps count on into the next exec's or the exit's, each launch once.
 - Every process serves a control socket (live.py): probes attached, detached and swapped while it
   runs, maps and modules read. So the original PTX of every load is kept, even with no probe at all.
 - Once maps exist, a thread copies them into shared memory every config.mirror seconds (mirror.py),
@@ -48,6 +51,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from egpu_preload import fatbin
@@ -136,8 +140,10 @@ class Runtime:
         self._sm: dict[int, int] = {}                     # device -> compute capability (90)
         self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
         self.exit = ExitHook(self.finish)
+        self._exec_dump: Path | None = None               # this image's dump, written before an exec (exec_image)
         if cfg.session is not None:
             dump.mark_started(cfg.session)                # its dump is due: egpu-run names it if none comes
+            lib.egpu_shim_exec_owner(os.getpid())         # and before an exec of this process (only)
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
         self.uprobes = uprobes.attach(self)               # host uprobes, on the drainer's maps in C
         if cfg.trace is not None and self.drainer is not None and self.drainer.outputs:
@@ -470,7 +476,7 @@ class Runtime:
         live_host = self.live.host.detach_all()   # probes attached live: their uprobes' maps
         if self.drainer is not None:
             self.drainer.stop()
-        if self.cfg.session is None or not (self.loads or self.cfg.early_start or self.streaming):
+        if not self._owes_dump():
             return
         probes, error, states, trace = [], None, None, None
         if self.streaming is not None and not self.maps:   # host programs' records only
@@ -508,6 +514,32 @@ class Runtime:
             "uprobes": uprobes_report,
             **cupti,
         })
+
+
+    def _owes_dump(self) -> bool:
+        return self.cfg.session is not None and bool(self.loads or self.cfg.early_start or self.streaming)
+
+    # ---- exec --------------------------------------------------------------------------------------
+    def exec_image(self, failed: bool) -> None:
+        """Dump this image's maps before an exec replaces it, stopping nothing: should the exec fail, the dump is
+        withdrawn and the process runs on with its probes (``failed``). The maps are read as ``egpu maps`` reads
+        them (live.Live.maps), once the launches so far are done and their records run."""
+        if failed:
+            if self._exec_dump is not None:
+                self._exec_dump.unlink(missing_ok=True)
+            self._exec_dump = None
+            return
+        session = self.cfg.session
+        if session is None or not self._owes_dump() or not session.is_dir():   # egpu-run gone: no one reads it
+            return
+        if self.maps:
+            with self.driver.current(self.context):
+                self.driver.synchronize()
+        if self.drainer is not None:
+            self.drainer.drain()
+        with self.driver.capture_relaxed():
+            doc = self.live.maps({})
+        self._exec_dump = dump.write_exec(session, doc)
 
 
 def _start() -> None:

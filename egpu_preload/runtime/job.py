@@ -229,8 +229,9 @@ def _qualified(docs: list[dict[str, Any]], snaps: list["Snapshot"]) -> tuple:
 
 
 def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view: str = "auto") -> str:
-    """The maps of every process that has some, by rank (then pid): text (a header per process when
-    several) or one JSON document per process; and their sum (output/combine.py: a section "all ranks",
+    """The maps of every process that has some, by rank (then pid, then exec): text (a header per process when
+    several, an image a process replaced by exec as one of its own) or one JSON document per process; and
+    their sum (output/combine.py: a section "all ranks",
     JSON rank "all", pid null; a line per map left out of it, "left_out" in JSON). ``view``: per-rank, sum,
     or auto: the sum too when the processes have two ranks or more (a torchrun job)."""
     from egpu_preload.output import json as json_out
@@ -247,12 +248,14 @@ def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view
     if per_rank:
         for doc, snap in zip(with_maps, snaps):
             if as_json:
-                out.append(json_out.render(snap, time=now, pid=doc["pid"], rank=doc["rank"]))
+                out.append(json_out.render(snap, time=now, pid=doc["pid"], rank=doc["rank"],
+                                           before_exec=doc.get("exec")))
                 continue
             body = text_out.render(snap)
             if len(with_maps) > 1:
                 rank = f" rank {doc['rank']}" if doc["rank"] is not None else ""
-                body = f"pid {doc['pid']}{rank}: {' '.join(doc['argv'])}\n" + body
+                image = f" before exec {doc['exec']}" if "exec" in doc else ""   # an image the process replaced
+                body = f"pid {doc['pid']}{rank}{image}: {' '.join(doc['argv'])}\n" + body
             out.append(body)
     if summed and snaps:
         total, left_out = sum_snapshots(snaps)

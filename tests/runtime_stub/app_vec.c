@@ -1,6 +1,7 @@
 /* A CUDA program as the runtime tests need one: `app_vec MODE K N STATUS` loads one kernel,
  * vecadd(a, b, n), launches it K times with N threads, prints a line, then exits with STATUS, or is
- * killed by SIGTERM when STATUS is "kill". Entry points come from dlsym, as PyTorch gets them.
+ * killed by SIGTERM when STATUS is "kill", or execs `app_vec module 1 32 0` when STATUS is "exec". Entry
+ * points come from dlsym, as PyTorch gets them.
  * MODE: module (PTX text, cuModuleLoadData + cuModuleGetFunction), library (PTX text,
  * cuLibraryLoadData + cuLibraryGetKernel), fatbin (a fatbin wrapper holding the PTX through
  * cuLibraryLoadData, as cudart loads), cubin (an ELF image: no PTX to instrument), elf (the cubin file
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char PTX[] =
     ".version 8.0\n.target sm_90\n.address_size 64\n\n"
@@ -101,5 +103,10 @@ int main(int argc, char **argv) {
     printf("app_vec %s launches=%u threads=%u result=%d\n", argv[1], k, n, r);
     fflush(stdout);
     if (!strcmp(argv[4], "kill")) raise(SIGTERM);
+    if (!strcmp(argv[4], "exec")) {
+        char *again[] = {argv[0], "module", "1", "32", "0", NULL};
+        execv(argv[0], again);
+        return 2;
+    }
     return atoi(argv[4]);
 }
