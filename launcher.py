@@ -767,6 +767,10 @@ def run_cmd(ctx: typer.Context,
     cmd = ctx.args
     if not cmd:
         raise UsageError("Missing CMD, the program to run.", ctx=ctx)
+    outer = job.enclosing_run(os.environ)
+    if outer is not None:   # its settings would replace the outer one's in this job: neither would see all of it
+        raise UsageError(f"already inside the job of egpu-run (pid {outer}), whose probes would not reach this job: "
+                         "give every probe to one egpu-run (-p PROBE, repeatable)", ctx=ctx)
     if per_rank and summed:   # each says "only": together they printed the maps twice, unlabelled
         raise UsageError("--per-rank and --sum exclude each other (neither: each process, and the sum "
                          "when there are ranks)", ctx=ctx)

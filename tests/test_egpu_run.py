@@ -424,6 +424,21 @@ def test_a_c_jobs_pythonpath_holds_none_of_egpus_imports(stub_job, probe_obj, tm
     assert rest == ["app_vec module launches=2 threads=32 result=0", "@counts: 2"], r.stderr
 
 
+def test_egpu_run_inside_a_job_of_egpu_run_refuses(stub_job, probe_obj, tmp_path):
+    """A job that runs egpu-run itself: the inner one would replace the outer one's settings in its job, so the
+    outer probes never reached those processes and the outer one said no process loaded CUDA code. The inner
+    one refuses in one line, naming the outer one, with egpu-run's own status; the outer job goes on."""
+    inner = f"{sys.executable} -c 'import launcher; launcher.run_main()'"
+    script = f"{inner} -p {probe_obj('count')} {stub_job.app} module 1 32 0; echo inner=$?; echo outer=$PPID"
+    r = egpu_run(["-p", str(probe_obj("count")), "sh", "-c", script], stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    outer = re.fullmatch(r"inner=125\nouter=(\d+)\n", r.stdout)
+    assert outer, r.stdout
+    assert r.stderr.splitlines()[0] == (
+        f"egpu-run: already inside the job of egpu-run (pid {outer[1]}), whose probes would not reach this job: give "
+        "every probe to one egpu-run (-p PROBE, repeatable) (see egpu-run --help)"), r.stderr
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda d: d / "missing.bpf.o", "missing.bpf.o: cannot read (No such file or directory)"),
     (lambda d: (d / "junk.bpf.o").write_bytes(b"not an ELF") and d / "junk.bpf.o", "junk.bpf.o: "),

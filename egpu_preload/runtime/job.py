@@ -40,6 +40,7 @@ PTXAS_WRAPPER = Path(__file__).resolve().parent / "egpu-ptxas"
 # _cffi_backend stand-in lets cffi's embedding start before that code runs.
 RUNTIME_IMPORTS = ("egpu_preload", "_cffi_backend", "msgpack", "elftools", "zstandard", "lz4", "capstone")
 IMPORT_DIRS_ENV = "EGPU_IMPORT_DIRS"
+RUN_PID_ENV = "EGPU_RUN_PID"   # the egpu-run whose job this is: an egpu-run inside it refuses (enclosing_run)
 JOB_PYTHONPATH = Path(__file__).resolve().parent / "pythonpath"
 
 
@@ -109,7 +110,8 @@ def import_dirs() -> list[str]:
 def job_env(cfg: config.Config, shim: Path, base: Mapping[str, str]) -> dict[str, str]:
     """The job's environment: ``base`` plus the runtime's config, the preloaded shim (ahead of any
     preload already there), the runtime module, the runtime's import directories (IMPORT_DIRS_ENV: none on
-    the job's PYTHONPATH, which keeps its own entries first and gets JOB_PYTHONPATH), PTX from CuPy, and
+    the job's PYTHONPATH, which keeps its own entries first and gets JOB_PYTHONPATH), egpu-run's pid
+    (RUN_PID_ENV: enclosing_run), PTX from CuPy, and
     Triton's ptxas wrapped (runtime/ptxas.py) with Triton's and inductor's caches in the session, so no
     cubin compiled without the probes is reused and none compiled with them outlives the job."""
     env = dict(base)
@@ -125,8 +127,18 @@ def job_env(cfg: config.Config, shim: Path, base: Mapping[str, str]) -> dict[str
     paths = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths + [str(JOB_PYTHONPATH)] * (str(JOB_PYTHONPATH) not in paths))
     env[IMPORT_DIRS_ENV] = os.pathsep.join(import_dirs())
+    env[RUN_PID_ENV] = str(os.getpid())
     env["CUPY_COMPILE_WITH_PTX"] = "1"  # CuPy hands the driver PTX instead of NVRTC cubins
     return env
+
+
+def enclosing_run(env: Mapping[str, str]) -> int | None:
+    """The pid of the egpu-run whose job this process is part of, while it runs (job_env names it), or None. An
+    egpu-run inside it would set its own probes and session for its job, replacing the outer one's: the outer
+    probes would never reach those processes, and the outer report would say no process loaded CUDA code."""
+    from egpu_preload.control import process_exists
+    pid = env.get(RUN_PID_ENV, "")
+    return int(pid) if pid.isdigit() and process_exists(int(pid)) else None
 
 
 def resolve_program(name: str, env: Mapping[str, str]) -> str:
