@@ -674,12 +674,14 @@ def checkpoint_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metava
 
 
 @egpu.command("restore")
-def restore_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="DIR")) -> None:
+def restore_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="DIR"),
+                as_json: bool = typer.Option(False, "--json", help="the reply as one JSON document")) -> None:
     """Roll a running job back to a checkpoint (its streams drained, then every allocation written back)."""
     from egpu_preload.cow import remote
     target = _one(pid)
     with _interruptible("restore", [target]):
-        typer.echo(remote.restore(target, directory))
+        reply = remote.restore(target, directory)
+    typer.echo(json.dumps(reply) if as_json else remote.restore_line(target, reply))
 
 
 egpu_run = typer.Typer(name="egpu-run", add_completion=False, no_args_is_help=True, rich_markup_mode=None)

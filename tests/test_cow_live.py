@@ -299,6 +299,12 @@ def test_checkpoint_while_running_then_rollback_and_restore_into_a_rerun(cow_stu
         written = [ln for ln in tail[:sync] if "cuMemcpyDtoD_v2" in ln][-5:]
         assert sorted(int(re.search(r"dst=(\S+)", ln)[1], 16) for ln in written) == sorted(
             [e.address for e in m.allocations] + [0x600000000000 + (1 << 24) + 16 * _offset_of_launches()])
+        # --json: the reply alone on stdout, as egpu checkpoint --json gives its own
+        r = egpu(["restore", "--json", str(loop.pid), str(ckpt)], loop.env)
+        assert r.returncode == 0, r.stderr
+        reply = json.loads(r.stdout)
+        assert {k: reply[k] for k in ("dir", "allocations", "globals", "bytes")} == {
+            "dir": str(ckpt), "allocations": 4, "globals": 1, "bytes": 208} and reply["held_ms"] >= 0, r.stdout
     finally:
         code, out, err = loop.finish()
     assert code == 0 and "result=0" in out, err

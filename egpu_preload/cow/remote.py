@@ -41,8 +41,12 @@ def left_out(not_saved: dict) -> str:
     return f"; partial, not saved: {', '.join(parts)}" if parts else ""
 
 
-def restore(pid: int, directory: Path) -> str:
+def restore(pid: int, directory: Path) -> dict:
+    """The job's reply: what was written back, and how long its launches were held."""
     path = checked(directory)
-    r = ControlClient(pid, timeout=TIMEOUT_S).request("restore", dir=str(path))
+    return ControlClient(pid, timeout=TIMEOUT_S).request("restore", dir=str(path))
+
+
+def restore_line(pid: int, r: dict) -> str:
     return (f"restored {r['dir']} into {pid}: {r['allocations']} allocations, {r['globals']} globals, "
             f"{r['bytes']} bytes; launches held {r['held_ms']:.1f} ms")
