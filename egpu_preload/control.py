@@ -534,19 +534,33 @@ def _ping(fields: dict) -> dict:
 
 class ControlClient:
     """Requests to the egpu session in process ``pid``: ``ControlClient(1234).request("maps")``.
-    ``directory``: where its socket is (default: the one of socket_dirs() that has it)."""
+    ``directory``: where its socket is (default: the one of socket_dirs() that has it).
+
+    Made before a command's slow first steps (egpu restore verifies every byte of its checkpoint before it
+    asks), it tells a process that exited meanwhile from one that never had a session: it notes whether
+    the session's socket was there, its process running, when it was made."""
 
     def __init__(self, pid: int, *, directory: Path | None = None, timeout: float = 10.0) -> None:
         self.pid = pid
         self.directory = directory
         self.timeout = timeout
         self._ids = itertools.count(1)
+        self._served = self._serving()
 
-    def _gone(self, cmd: str) -> str | None:
-        """Why a connection broke when it is that the process ended (or is ending: a zombie) during ``cmd``;
-        None when it still runs. A process exits a little after its socket closes: waited for 0.5 s."""
+    def _serving(self) -> bool:
+        try:
+            path = socket_path(self.pid, self.directory)
+        except ControlError:   # no directory of ours: no session
+            return False
+        return path.exists() and process_exists(self.pid) and not _zombie(self.pid)
+
+    def _gone(self, cmd: str, path: Path) -> str | None:
+        """Why a connection broke, or could not be made, when it is that the process ended during ``cmd``: it
+        is gone, a zombie, or it removed its socket (the runtime does at exit, then writes its dump and lets
+        CUDA tear down, seconds on a GPU); None when it still runs. A process exits a little after its
+        socket closes: waited for 0.5 s."""
         for _ in range(10):
-            if not process_exists(self.pid) or _zombie(self.pid):
+            if not process_exists(self.pid) or _zombie(self.pid) or not path.exists():
                 return f"process {self.pid} exited during {cmd}"
             time.sleep(0.05)
         return None
@@ -563,7 +577,7 @@ class ControlClient:
             raise NoSession(f"no egpu session in process {self.pid}")
         deadline = time.monotonic() + self.timeout
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-            self._connect(sock, path, deadline)
+            self._connect(sock, path, deadline, cmd)
             try:
                 try:
                     _remaining(sock, deadline)
@@ -574,11 +588,11 @@ class ControlClient:
             except (socket.timeout, TimeoutError):
                 raise ControlTimeout(f"process {self.pid}: no reply to {cmd} within {self.timeout:g} s") from None
             except (_FrameTooLarge, OSError) as e:
-                raise ControlError(self._gone(cmd) or f"process {self.pid}: connection failed during {cmd}: {e}") \
-                    from None
+                raise ControlError(self._gone(cmd, path) or
+                                   f"process {self.pid}: connection failed during {cmd}: {e}") from None
         if body is None:
-            raise ControlError(self._gone(cmd) or f"process {self.pid}: closed the connection without replying "
-                               f"to {cmd}")
+            raise ControlError(self._gone(cmd, path) or
+                               f"process {self.pid}: closed the connection without replying to {cmd}")
         reply = decode_message(body)
         if not isinstance(reply, dict) or reply.get("v") != VERSION or "ok" not in reply:
             raise ControlError(f"process {self.pid}: malformed reply to {cmd}")
@@ -589,9 +603,11 @@ class ControlClient:
             raise ControlError(f"process {self.pid}: reply to request {reply.get('id')}, expected {rid}")
         return reply.get("result")
 
-    def _connect(self, sock: socket.socket, path: Path, deadline: float) -> None:
+    def _connect(self, sock: socket.socket, path: Path, deadline: float, cmd: str) -> None:
         """Connect: a full listen queue (EAGAIN: a unix socket with a timeout is non-blocking underneath)
-        is tried again for BUSY_WAIT_S at most (and never past ``deadline``), then it is ControlBusy."""
+        is tried again for BUSY_WAIT_S at most (and never past ``deadline``), then it is ControlBusy. No
+        socket, or nobody listening, where the session was when this client was made: its process exited
+        during ``cmd``."""
         deadline = min(deadline, time.monotonic() + BUSY_WAIT_S)
         while True:
             try:
@@ -599,7 +615,8 @@ class ControlClient:
                 sock.connect(os.fspath(path))
                 return
             except (FileNotFoundError, ConnectionRefusedError):
-                raise NoSession(f"no egpu session in process {self.pid}") from None
+                raise NoSession((self._served and self._gone(cmd, path)) or
+                                f"no egpu session in process {self.pid}") from None
             except PermissionError:
                 raise ControlError(f"process {self.pid}: permission denied on {path}") from None
             except (BlockingIOError, TimeoutError):

@@ -735,3 +735,43 @@ def test_a_process_that_exits_during_a_request_is_said_to_have_exited(sock_dir):
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("how", ["killed", "exiting"])
+def test_a_process_that_exits_before_a_made_client_connects_is_said_to_have_exited(sock_dir, how):
+    """egpu restore makes its client, then verifies the checkpoint (seconds for a big one), then connects: a
+    job gone meanwhile (killed: its socket left with nobody listening; exiting: the runtime removed its
+    socket and writes its dump) said 'no egpu session in process N', as if it never had one (a sweep)."""
+    script = ("import os, socket, sys, time\n"
+              "d = sys.argv[1]\n"
+              "os.makedirs(d, mode=0o700, exist_ok=True)\n"
+              "path = f'{d}/{os.getpid()}.sock'\n"
+              "s = socket.socket(socket.AF_UNIX); s.bind(path); s.listen()\n"
+              "print('ready', flush=True)\n"
+              "if sys.stdin.readline() == 'killed\\n': os._exit(0)\n"
+              "os.unlink(path); s.close(); print('stopped', flush=True); time.sleep(30)\n")
+    child = subprocess.Popen([sys.executable, "-c", script, str(sock_dir)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        client = ControlClient(child.pid)
+        child.stdin.write(how + "\n")
+        child.stdin.flush()
+        if how == "killed":
+            child.wait(timeout=10)
+        else:
+            assert child.stdout.readline() == "stopped\n"
+        with pytest.raises(NoSession, match=f"^process {child.pid} exited during restore$"):
+            client.request("restore", dir="/x")
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_that_never_had_a_session_is_still_said_to_have_none(sock_dir):
+    """The other side of the test above: a running process without a socket is told apart at once."""
+    sock_dir.mkdir(mode=0o700, parents=True)
+    start = time.monotonic()
+    with pytest.raises(NoSession, match=f"^no egpu session in process {os.getppid()}$"):
+        ControlClient(os.getppid()).request("restore", dir="/x")
+    assert time.monotonic() - start < 0.2

@@ -5,8 +5,10 @@ path (shim/cow.c) seen in the stand-in's call log, and ``egpu checkpoint`` / ``e
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -32,7 +34,6 @@ class CowStub:
     app: Path
 
     def env(self, log: Path) -> dict[str, str]:
-        import os
         env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU")}
         env.update(LD_LIBRARY_PATH=str(self.dir), EGPU_STUB_LOG=str(log), EGPU_SHIM=str(self.shim),
                    PYTHONPATH=str(ROOT), XDG_RUNTIME_DIR=str(log.parent))
@@ -318,6 +319,31 @@ def test_checkpoint_while_running_then_rollback_and_restore_into_a_rerun(cow_stu
         assert re.findall(r"buffer (\d) (\d+)", r.stdout) == [(str(b), str(b * 1000000 + s[b])) for b in range(3)]
         assert f"counter {s[3]} result 0" in r.stdout
         assert ("capture 0" in r.stdout) == (mode == "resume-captured"), r.stdout
+
+
+def test_a_job_killed_while_egpu_restore_checks_its_checkpoint_is_said_to_have_exited(cow_stub, tmp_path, monkeypatch):
+    """egpu restore reads every byte of the checkpoint before it asks the job (seconds for a big one): a job
+    killed meanwhile left its socket with nobody listening, and egpu said 'no egpu session in process N' as
+    of a pid that never had one (a sweep)."""
+    from typer.testing import CliRunner
+
+    import launcher
+    from egpu_preload.cow import remote
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    loop = Loop(cow_stub, tmp_path)
+    try:
+        assert egpu(["checkpoint", str(loop.pid), str(tmp_path / "ckpt")], loop.env).returncode == 0
+
+        def killed_meanwhile(directory: Path) -> Path:
+            os.kill(loop.pid, signal.SIGKILL)
+            return checked(directory)
+        checked = remote.checked
+        monkeypatch.setattr(remote, "checked", killed_meanwhile)
+        r = CliRunner().invoke(launcher.egpu, ["restore", str(loop.pid), str(tmp_path / "ckpt")])
+        assert (r.exit_code, r.stderr) == (1, f"egpu: process {loop.pid} exited during restore\n"), r.stderr
+    finally:
+        code, _, _ = loop.finish()
+    assert code == 128 + signal.SIGKILL   # egpu-run passes the job's end through
 
 
 def test_a_checkpoint_never_copies_an_allocation_freed_before_its_cut(cow_stub, tmp_path, monkeypatch):

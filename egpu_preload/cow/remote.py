@@ -43,8 +43,9 @@ def left_out(not_saved: dict) -> str:
 
 def restore(pid: int, directory: Path) -> dict:
     """The job's reply: what was written back, and how long its launches were held."""
-    path = checked(directory)
-    return ControlClient(pid, timeout=TIMEOUT_S).request("restore", dir=str(path))
+    client = ControlClient(pid, timeout=TIMEOUT_S)   # first: a job that exits during the check is said to
+    path = checked(directory)                        # have exited then (checked reads every byte)
+    return client.request("restore", dir=str(path))
 
 
 def restore_line(pid: int, r: dict) -> str:
