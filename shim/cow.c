@@ -178,7 +178,7 @@ static pthread_mutex_t arm_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static struct {
     _Atomic unsigned long long launches_at_cut, cut_streams, hook_copies, hook_waits, copier_copies, checked,
-        unknown_layout, stall_ns, stall_max_ns, alloc_digest_at_cut;
+        unknown_layout, stall_ns, stall_max_ns, cut_hold_ns, alloc_digest_at_cut;
 } cstats;
 
 static void note_error(CUresult r) {
@@ -496,7 +496,9 @@ EXPORT int egpu_cow_arm(const struct egpu_cow_range *ranges, size_t n, void *sid
     atomic_store(&cow.error, 0);
     memset(&cstats, 0, sizeof cstats);
 
-    /* The cut: no hook between its check and its driver call while events go on every stream. */
+    /* The cut: no hook between its check and its driver call while events go on every stream. A hook
+     * that comes waits from the moment the gates close until they open: that span is the cut's hold. */
+    unsigned long long held_from = egpu_now_ns();
     if (hold_hooks(1)) {
         result = EGPU_COW_TIMEOUT;
         goto fail;
@@ -520,6 +522,7 @@ EXPORT int egpu_cow_arm(const struct egpu_cow_range *ranges, size_t n, void *sid
         atomic_fetch_or(&egpu_cow_flags, FLAG_ARMED);
     }
     hold_hooks(0);
+    atomic_store(&cstats.cut_hold_ns, egpu_now_ns() - held_from);
     if (result != CUDA_SUCCESS) goto fail;
     for (size_t i = 0; i < cow.ncut && result == CUDA_SUCCESS; i++)
         result = CALL(cuStreamWaitEvent, side, cow.cut[i], 0);
@@ -602,8 +605,8 @@ EXPORT void egpu_cow_stats(struct egpu_cow_stats *out) {
         atomic_load(&cstats.hook_copies), atomic_load(&cstats.hook_waits),
         atomic_load(&cstats.copier_copies), atomic_load(&cstats.checked),
         atomic_load(&cstats.unknown_layout), atomic_load(&cstats.stall_ns),
-        atomic_load(&cstats.stall_max_ns), atomic_load(&egpu_alloc_changes), atomic_load(&egpu_alloc_digest),
-        atomic_load(&cstats.alloc_digest_at_cut), (atomic_load(&egpu_cow_flags) & FLAG_ARMED) != 0};
+        atomic_load(&cstats.stall_max_ns), atomic_load(&cstats.cut_hold_ns), atomic_load(&egpu_alloc_changes),
+        atomic_load(&egpu_alloc_digest), atomic_load(&cstats.alloc_digest_at_cut), (atomic_load(&egpu_cow_flags) & FLAG_ARMED) != 0};
     pthread_mutex_lock(&streams_lock);
     out->streams = nstreams;
     pthread_mutex_unlock(&streams_lock);

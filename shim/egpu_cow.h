@@ -67,6 +67,8 @@ struct egpu_cow_stats {
     unsigned long long unknown_layout;/* launches whose parameters could not be read: every range copied */
     unsigned long long stall_ns;      /* time spent inside hooks on copy-on-write (sum) */
     unsigned long long stall_max_ns;  /* the longest one */
+    unsigned long long cut_hold_ns;   /* how long the cut held launches and copies at the hooks (the gates
+                                       * closing, an event on every stream, the gates open again) */
     unsigned long long alloc_changes;       /* insertions and removals of the allocation table so far */
     unsigned long long alloc_digest;        /* the live allocations' digest (egpu_alloc_digest) */
     unsigned long long alloc_digest_at_cut; /* the same when the cut was taken */

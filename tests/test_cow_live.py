@@ -223,9 +223,9 @@ class Loop:
     """`app MODE STOP` (app_cow loop by default) under egpu-run with no probe, until ``sessions`` of it answer."""
 
     def __init__(self, stub: CowStub, tmp: Path, app: Path | None = None, mode: str = "loop", sessions: int = 1,
-                 args: tuple[str, ...] | None = None) -> None:
+                 args: tuple[str, ...] | None = None, env: dict[str, str] | None = None) -> None:
         self.log, self.stop = tmp / "log", tmp / "stop"
-        self.env = stub.env(self.log)
+        self.env = {**stub.env(self.log), **(env or {})}
         app = app or stub.app
         self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", str(app),
                                       *(args or (mode, str(self.stop)))], env=self.env, cwd=ROOT,
@@ -319,6 +319,27 @@ def test_checkpoint_while_running_then_rollback_and_restore_into_a_rerun(cow_stu
         assert re.findall(r"buffer (\d) (\d+)", r.stdout) == [(str(b), str(b * 1000000 + s[b])) for b in range(3)]
         assert f"counter {s[3]} result 0" in r.stdout
         assert ("capture 0" in r.stdout) == (mode == "resume-captured"), r.stdout
+
+
+def test_the_cuts_hold_on_launches_and_copies_is_reported_beside_the_stall(cow_stub, tmp_path, monkeypatch):
+    """The stall the reply gave counted copy-on-write inside hooks only, not the time launches and copies
+    waited at the cut while an event went on every stream (a sweep). A stand-in driver taking 20 ms to
+    record an event holds them at least that long per stream cut."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    loop = Loop(cow_stub, tmp_path, env={"EGPU_STUB_EVENT_RECORD_US": "20000"})
+    try:
+        r = egpu(["checkpoint", "--json", str(loop.pid), str(tmp_path / "ckpt")], loop.env)
+        assert r.returncode == 0, r.stderr
+        reply = json.loads(r.stdout)
+        assert reply["cut_streams"] * 20_000_000 <= reply["cut_hold_ns"] <= reply["copy_ms"] * 1e6, reply
+        assert snapshot.load(tmp_path / "ckpt").info["cut_hold_ns"] == reply["cut_hold_ns"]
+        r = egpu(["checkpoint", str(loop.pid), str(tmp_path / "ckpt2")], loop.env)
+        line = re.search(r"on (\d+) streams; .* ms in copy-on-write hooks \(longest [\d.]+ ms\), cut held launches "
+                         r"and copies ([\d.]+) ms(;|$)", r.stdout)
+        assert line and float(line[2]) >= 20 * int(line[1]), r.stdout
+    finally:
+        code, _, err = loop.finish()
+    assert code == 0, err
 
 
 def test_a_job_killed_while_egpu_restore_checks_its_checkpoint_is_said_to_have_exited(cow_stub, tmp_path, monkeypatch):

@@ -5,9 +5,10 @@
    device is short (egpu_cow_staging).
 2. The cut (egpu_cow_arm, shim/cow.c): launches and copies pause at the hooks for the few
    microseconds it takes to record an event on every stream the application made and on the legacy
-   stream; the pending table is published with it. What was issued before is in the snapshot, what
-   comes after is not. If the allocations live at the cut are not those staged (the table's digest
-   differs: one was freed, or made, in between), nothing is copied and it starts again, CUT_TRIES times.
+   stream (that hold is measured: ``cut_hold_ns``); the pending table is published with it. What was
+   issued before is in the snapshot, what comes after is not. If the allocations live at the cut are not
+   those staged (the table's digest differs: one was freed, or made, in between), nothing is copied and
+   it starts again, CUT_TRIES times.
 3. Soft copy-on-write: until every range is copied, a launch or copy that may write a pending range
    copies it first on its own stream, after waiting for every stream's cut event (shim/cow.c); this
    thread's copier copies the rest, one range at a time, on a stream of its own that waits for the cut
@@ -16,8 +17,10 @@
    (a pointer loaded from memory, a call without a body) copies every pending range first; kernels without
    PTX get their layout from the driver and every word counts.
 4. Disarm (every copy finished), then the staging memory goes to DIR through snapshot.SnapshotWriter,
-   with what the checkpoint cost the application in the manifest's ``info``: time inside hooks on
-   copy-on-write (sum and max) and the window it ran in (CLOCK_MONOTONIC, as the application's clocks).
+   with what the checkpoint cost the application in the manifest's ``info``: the stall, time inside hooks
+   on copy-on-write (``stall_ns`` and ``stall_max_ns``: a writer copying its ranges first), which leaves
+   out the cut's hold on launches and copies (``cut_hold_ns``, from the gates closing to their opening),
+   and the window it ran in (CLOCK_MONOTONIC, as the application's clocks).
    ``stop_the_world`` first copies the same bytes the way a stopping checkpointer does (launches held,
    context drained, device-to-device copies: egpu_shim_swap) and reports how long that held the job;
    ``download_s`` is what copying them to the host took (a stopping checkpointer to host holds that).
@@ -59,7 +62,7 @@ if TYPE_CHECKING:
 STW_GAP_S = 0.2   # between the stop-the-world comparison and the live checkpoint
 CUT_TRIES = 3     # cuts taken again when the job's allocations changed between the table's read and the cut
 STATS = ("launches_at_cut", "cut_streams", "hook_copies", "hook_waits", "copier_copies", "checked",
-         "unknown_layout", "stall_ns", "stall_max_ns")
+         "unknown_layout", "stall_ns", "stall_max_ns", "cut_hold_ns")
 
 
 _process: tuple[int, str] = (0, "")   # (pid, token) of process_token

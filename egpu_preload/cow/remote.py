@@ -27,8 +27,9 @@ def checkpoint_line(pid: int, r: dict) -> str:
     line = (f"checkpoint of {pid} in {r['dir']}: {r['allocations']} allocations, {r['globals']} globals, "
             f"{r['bytes']} bytes; cut at launch {r['launches_at_cut']} on {r['cut_streams']} streams; "
             f"copied in {r['copy_ms']:.1f} ms ({r['hook_copies']} by the job's own launches, "
-            f"{r['copier_copies']} in the background); job stalled {r['stall_ns'] / 1e6:.3f} ms in hooks "
-            f"(longest {r['stall_max_ns'] / 1e6:.3f} ms)")
+            f"{r['copier_copies']} in the background); job stalled {r['stall_ns'] / 1e6:.3f} ms in copy-on-write "
+            f"hooks (longest {r['stall_max_ns'] / 1e6:.3f} ms), cut held launches and copies "
+            f"{r['cut_hold_ns'] / 1e6:.3f} ms")
     if "stw_ms" in r:
         line += f"; the same copy stopping the job: {r['stw_ms']:.1f} ms"
     return line + left_out(r.get("not_saved") or {})

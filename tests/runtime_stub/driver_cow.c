@@ -75,7 +75,12 @@ CUresult cuEventCreate(void **e, unsigned int flags) {
     return OK;
 }
 CUresult cuEventDestroy_v2(void *e) { free(e); return OK; }
-CUresult cuEventRecord(void *e, void *s) { say("cuEventRecord event=%d stream=%p", *(int *)e, s); return OK; }
+CUresult cuEventRecord(void *e, void *s) {
+    const char *us = getenv("EGPU_STUB_EVENT_RECORD_US"); /* a driver slow to record: the cut holds longer */
+    if (us) usleep(atoi(us));
+    say("cuEventRecord event=%d stream=%p", *(int *)e, s);
+    return OK;
+}
 CUresult cuEventSynchronize(void *e) { return OK; }
 CUresult cuStreamWaitEvent(void *s, void *e, unsigned int flags) {
     say("cuStreamWaitEvent stream=%p event=%d", s, *(int *)e);
