@@ -111,18 +111,25 @@ def test_uprobes_send_records_to_ring_and_perf_buffers_from_c(stub_job, uprobe_a
         [v for i in range(n) for v in (-(6 * i + 15), 6 * i + 15)]
 
 
+def _four_threads_calling(stub_job, uprobe_app, tmp_path: Path, probe: str, prog: str) -> tuple[Path, dict]:
+    """tests/uprobe_probes/PROBE.bpf.c (bpftime's flags), its bare uprobe PROG on upt_inc, which app_uprobe's 4
+    bench threads call 10,000 times each: (the object, the job's dump)."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    obj = tmp_path / f"{probe}.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / f"{probe}.bpf.c"),
+                    "-o", str(obj)], check=True)
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", f"{prog}=libupt.so:upt_inc", str(app),
+                            "bench_threads", "10000", "4")
+    assert r.returncode == 0, r.stderr
+    return obj, doc
+
+
 def test_bpf_get_current_pid_tgid_in_a_uprobe_is_the_calling_thread(stub_job, uprobe_app, tmp_path):
     """A uprobe runs in the thread that called, and Linux's bpf_get_current_pid_tgid gives it tgid << 32 | that
     thread's id, so per-thread state is kept under it (an entry's time or argument, read at the return). Every
     thread read the process's main thread there: 4 threads' calls of upt_inc all fell under one key."""
-    app, _ = uprobe_app
-    clang = find_clang()
-    obj = tmp_path / "threads_tid.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "threads_tid.bpf.c"),
-                    "-o", str(obj)], check=True)
-    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "by_thread=libupt.so:upt_inc", str(app),
-                            "bench_threads", "10000", "4")
-    assert r.returncode == 0, r.stderr
+    obj, doc = _four_threads_calling(stub_job, uprobe_app, tmp_path, "threads_tid", "by_thread")
     calls = entries(doc, obj, "calls")
     assert sorted(calls.values()) == [10000] * 4, calls
     assert len({key >> 32 for key in calls}) == 1 and all(key >> 32 != key & 0xFFFFFFFF for key in calls), calls
@@ -132,14 +139,7 @@ def test_bpf_get_current_comm_in_a_uprobe_is_the_calling_threads_name(stub_job, 
     """Linux's bpf_get_current_comm in a uprobe gives the calling thread's name, which libbpf-tools key their
     counts by: 4 threads named upt-bench0..3 each count their own calls of upt_inc. It was an unknown helper,
     and the probe was not attached."""
-    app, _ = uprobe_app
-    clang = find_clang()
-    obj = tmp_path / "threads_comm.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "threads_comm.bpf.c"),
-                    "-o", str(obj)], check=True)
-    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "by_comm=libupt.so:upt_inc", str(app),
-                            "bench_threads", "10000", "4")
-    assert r.returncode == 0, r.stderr
+    obj, doc = _four_threads_calling(stub_job, uprobe_app, tmp_path, "threads_comm", "by_comm")
     state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
     calls = {bytes(k): int.from_bytes(v, "little") for k, v in state.storages[0].items()}
     assert calls == {f"upt-bench{k}".encode().ljust(16, b"\0"): 10000 for k in range(4)}, calls
