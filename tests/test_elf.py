@@ -42,6 +42,7 @@ PROGRAMS = {
     "gpu_helpers": [("where_am_i", "kprobe.warp/*", Attach("entry", "*", W))],
     "self_wait": [("twice", "kprobe.block/*", Attach("entry", "*", B))],
     "record_atomics": [("record_atomics", "kprobe/*", Attach("entry", "*", T))],
+    "process": [("who", "kprobe/*", Attach("entry", "*", T))],
 }
 
 # probe -> maps as (name, type, key_size, value_size, max_entries, flags, readonly)
@@ -62,6 +63,7 @@ MAPS = {
                     ("per_sm", MAP_PERCPU_ARRAY, 4, 8, 1, 0, False)],
     "self_wait": [("events", MAP_RINGBUF, 0, 0, 4096, 0, False)],
     "record_atomics": [("tallies", MAP_RINGBUF, 0, 0, 4096, 0, False)],
+    "process": [("seen", MAP_ARRAY, 4, 32, 1, 0, False)],
 }
 
 # probe -> per program, its map references in code order: a map name, or (data map name, offset).
@@ -80,6 +82,7 @@ REFS = {
     "gpu_helpers": [["events", "per_sm"]],
     "self_wait": [["events", "events"]],
     "record_atomics": [["tallies"]],
+    "process": [["seen"]],
 }
 
 # probe -> per program, (instruction count after linking, pcs that local calls enter)
@@ -89,6 +92,7 @@ CALLS = {"subprog": [(25, [3, 17]), (30, [8, 22, 22])]}
 HELPER_CALLS = {
     "ringbuf": [[131, 5, 8, 133, 132], [5, 8, 130]],
     "gpu_helpers": [[503, 505, 504, 508, 502, 509, 510, 511, 507, 25, 506, 1]],
+    "process": [[1, 14, 16, 16]],
 }
 
 

@@ -4,10 +4,12 @@ tests/probes with exact results, and fuzzing (random bytecode only ever fails wi
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import shutil
 import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
@@ -532,6 +534,19 @@ def test_probe_gpu_helpers(probe_obj, mcpu: str) -> None:
     events = p.state.by_name("events").records
     assert events == [(9, struct.pack("<16Q", 5, 6, 7, 32, 1, 0, 64, 2, 1, 8, 8, 8, 123, 9, 3, 0))]
     assert p.values("per_sm", cpu=9) == {0: 1} and p.values("per_sm", cpu=0) == {0: 0}
+
+
+@MCPUS
+def test_probe_process(probe_obj, mcpu: str) -> None:
+    """pid_tgid and comm as a kernel-site probe reads them (the GPU from the trace ring's header, where
+    test_translate_gpu's every-probe run compares it with this): the process and its main thread's name, cut
+    to the buffer with a NUL, as Linux's strscpy_pad."""
+    p = Probe(probe_obj, "process", mcpu)
+    assert p.run("who") == 0
+    name = Path("/proc/self/comm").read_bytes().rstrip(b"\n")[:15]
+    value = p.state.by_name("seen").lookup(u32(0))
+    assert value == struct.pack("<Q", os.getpid() << 32 | os.getpid()) + name.ljust(16, b"\0") + \
+        name[:3].ljust(4, b"\0") + bytes(4)
 
 
 @MCPUS
