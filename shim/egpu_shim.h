@@ -183,8 +183,7 @@ void egpu_shim_python_forking(void);
 /* The phases of egpu_py_exec. */
 enum egpu_exec_phase { EGPU_EXEC_BEFORE, EGPU_EXEC_FAILED };
 /* The runtime started in process `pid` (it calls this then): an exec in that process, and in no other (a
- * child it forked or vforked holds its maps' copy, or shares its memory), calls egpu_py_exec first. The exec
- * hooks' own functions are looked up here, so that such a child never needs the loader's lock. */
+ * child it forked or vforked holds its maps' copy, or shares its memory), calls egpu_py_exec first. */
 void egpu_shim_exec_owner(int pid);
 
 /* ---- part 3: C only ---- */
@@ -201,8 +200,6 @@ void egpu_python_start(void);
 /* egpu_py_exec(phase) where this process is egpu_shim_exec_owner's, its Python up and this thread not inside a
  * callback; returns whether it was called (interpose.c). */
 int egpu_python_exec(int phase);
-/* process.c: the exec hooks' real functions, looked up once (egpu_shim_exec_owner). */
-void egpu_exec_lookup(void);
 /* Once, in a job that asks for it (EGPU_EARLY_START=1: host-API probes, CUPTI): start the runtime at the
  * process's first CUDA call (the cuInit hook, else the first copy, allocation or sync hook). */
 void egpu_python_start_early(void);

@@ -1135,7 +1135,6 @@ void egpu_python_start(void) {
 static _Atomic int g_exec_owner;
 
 EXPORT void egpu_shim_exec_owner(int pid) {
-    egpu_exec_lookup();
     atomic_store(&g_exec_owner, pid);
 }
 

@@ -126,10 +126,16 @@ typedef int (*execv_fn)(const char *, char *const[]);
 typedef int (*fexecve_fn)(int, char *const[], char *const[]);
 typedef int (*execveat_fn)(int, const char *, char *const[], char *const[], int);
 
-void egpu_exec_lookup(void) {
+static void egpu_exec_lookup(void) {
     for (int i = 0; i < EXEC_FNS; i++)
         if (!atomic_load(&exec_reals[i])) atomic_store(&exec_reals[i], egpu_dlsym_next(exec_names[i]));
 }
+
+/* Looked up as the shim loads, in every process, and never in a child on its way to exec: a vfork child shares
+ * its parent's memory while the parent's other threads run on, and one of them may hold the loader's lock (inside
+ * dlopen) waiting for the vforked thread; a fork child of a threaded process may find the loader's lists half
+ * changed. The one piece of work the constructor does: six lookups (microseconds), and no Python. */
+__attribute__((constructor)) static void exec_lookup_at_load(void) { egpu_exec_lookup(); }
 
 /* The real exec function i (a `type`) called with the arguments, bracketed by the runtime's exec phases;
  * errno as the failed exec left it. */

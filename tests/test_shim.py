@@ -40,6 +40,8 @@ def built(tmp_path_factory) -> Path:
         cc + [str(STUB / "app_escape.c"), "-o", "app_escape", "-ldl"],
         cc + [str(STUB / "app_no_params.c"), "-o", "app_no_params", "-ldl"],
         cc + [str(STUB / "app_lookups.c"), "-o", "app_lookups", "-ldl", "-pthread"],
+        cc + [str(STUB / "app_vfork_exec.c"), "-o", "app_vfork_exec", "-ldl", "-pthread"],
+        cc + ["-shared", "-fPIC", str(STUB / "loader_busy.c"), "-o", "loader_busy.so"],
     ]
     procs = [subprocess.Popen(s, cwd=d) for s in steps]
     assert all(p.wait() == 0 for p in procs), [p.args for p in procs if p.returncode]
@@ -490,6 +492,15 @@ def test_a_program_without_cuda_never_starts_python(built):
     # next=2: dlsym(RTLD_NEXT) still resolves relative to its real caller through the shim's dlsym
     assert sorted(r.stdout.splitlines()) == ["child next=2 puts=1 python=0", "parent next=2 puts=1 python=0"]
     assert r.log == []
+
+
+def test_a_vfork_child_execs_without_the_loaders_lock(built):
+    """A vfork child shares its parent's memory while the parent's other threads run on, one of them maybe
+    inside dlopen: the exec hooks' child must reach the real exec without the loader (no dlsym there), in a
+    process that never started the runtime too, else it waits on that thread, which here waits on the parent."""
+    r = run(built, "app_vfork_exec", str(built / "loader_busy.so"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "child exit=0 signal=0 lib=1\n"
 
 
 @pytest.mark.gpu
