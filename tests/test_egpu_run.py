@@ -439,6 +439,16 @@ def test_egpu_run_inside_a_job_of_egpu_run_refuses(stub_job, probe_obj, tmp_path
         "every probe to one egpu-run (-p PROBE, repeatable) (see egpu-run --help)"), r.stderr
 
 
+def test_a_stale_egpu_run_pid_refuses_nothing(stub_job, probe_obj, tmp_path):
+    """A daemon the job started outlives egpu-run with EGPU_RUN_PID in its environment, and that pid is soon
+    another process's: an egpu-run it starts is inside no job (its session is gone) and runs."""
+    env = stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1", EGPU_RUN_PID=str(os.getpid()),
+                       EGPU_SESSION=str(tmp_path / "gone"))
+    r = egpu_run(["-p", str(probe_obj("count")), str(stub_job.app), "module", "2", "32", "0"], env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "@counts: 2", r.stdout
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda d: d / "missing.bpf.o", "missing.bpf.o: cannot read (No such file or directory)"),
     (lambda d: (d / "junk.bpf.o").write_bytes(b"not an ELF") and d / "junk.bpf.o", "junk.bpf.o: "),
@@ -518,7 +528,8 @@ def test_a_closed_stdout_keeps_the_jobs_status(stub_job, probe_obj, tmp_path, st
 
 def test_sigterm_reaches_the_job(stub_job, probe_obj, tmp_path):
     started = tmp_path / "started"
-    env = stub_job.env(tmp_path / "log")
+    env = stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1", EGPU_RUN_PID=str(os.getpid()),
+                       EGPU_SESSION=str(tmp_path / "gone"))
     proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "-p", str(probe_obj("count")),
                              "sh", "-c", f"touch {started}; exec sleep 30"], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

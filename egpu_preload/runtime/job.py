@@ -135,10 +135,13 @@ def job_env(cfg: config.Config, shim: Path, base: Mapping[str, str]) -> dict[str
 def enclosing_run(env: Mapping[str, str]) -> int | None:
     """The pid of the egpu-run whose job this process is part of, while it runs (job_env names it), or None. An
     egpu-run inside it would set its own probes and session for its job, replacing the outer one's: the outer
-    probes would never reach those processes, and the outer report would say no process loaded CUDA code."""
+    probes would never reach those processes, and the outer report would say no process loaded CUDA code.
+    Its session directory must be there too: a daemon of the job outlives egpu-run, which removes the session
+    as it ends, and the pid it names comes to be another process's."""
     from egpu_preload.control import process_exists
-    pid = env.get(RUN_PID_ENV, "")
-    return int(pid) if pid.isdigit() and process_exists(int(pid)) else None
+    pid, session = env.get(RUN_PID_ENV, ""), env.get(config.SESSION, "")
+    live = pid.isdigit() and session and Path(session).is_dir() and process_exists(int(pid))
+    return int(pid) if live else None
 
 
 def resolve_program(name: str, env: Mapping[str, str]) -> str:
