@@ -552,7 +552,11 @@ class ControlClient:
             path = socket_path(self.pid, self.directory)
         except ControlError:   # no directory of ours: no session
             return False
-        return path.exists() and process_exists(self.pid) and not _zombie(self.pid)
+        try:
+            bound = path.stat().st_mtime
+        except OSError:
+            return False
+        return process_exists(self.pid) and not _zombie(self.pid) and not _bound_before_start(bound, self.pid)
 
     def _gone(self, cmd: str, path: Path) -> str | None:
         """Why a connection broke, or could not be made, when it is that the process ended during ``cmd``: it
@@ -665,6 +669,20 @@ def proc_stat(pid: int, proc: Path = Path("/proc")) -> list[str] | None:
     except OSError:
         return None
     return line[line.rindex(")") + 1:].split()
+
+
+def _bound_before_start(bound: float, pid: int) -> bool:
+    """Whether a socket bound at ``bound`` (its mtime) is older than process ``pid``: one a killed process left,
+    its pid now another's. /proc/stat's boot time is in whole seconds: a socket bound less than a second before
+    the process started is not told apart (False)."""
+    fields = proc_stat(pid)
+    try:
+        btime = next(int(ln.split()[1]) for ln in Path("/proc/stat").read_text().splitlines()
+                     if ln.startswith("btime "))
+        started = btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, TypeError, IndexError, ValueError):
+        return False
+    return bound < started
 
 
 def _zombie(pid: int) -> bool:

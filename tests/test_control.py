@@ -417,6 +417,27 @@ def test_list_sessions_lists_live_and_removes_stale(server, sock_dir):
     assert not dead.exists() and not reused.exists() and other.exists()
 
 
+def test_list_sessions_removes_stale_sockets_of_reused_pids_at_once(sock_dir):
+    """Sockets jobs killed left (bound before their pid's process started: that pid is another's now) are no
+    session: each took egpu ps half a second (waited for, as a process that exits during a command), seconds
+    for a few."""
+    sock_dir.mkdir(parents=True, mode=0o700)
+    others = [subprocess.Popen(["sleep", "30"]) for _ in range(4)]
+    try:
+        old = time.time() - 3600
+        for p in others:
+            _stale_socket(sock_dir / f"{p.pid}.sock")
+            os.utime(sock_dir / f"{p.pid}.sock", (old, old))
+        start = time.monotonic()
+        assert list_sessions() == []
+        assert time.monotonic() - start < 0.3
+        assert list(sock_dir.glob("*.sock")) == []
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()
+
+
 def test_list_sessions_skips_what_is_not_a_socket(server, sock_dir):
     """A directory or a file named like a session's socket or mirror (of a process gone, of a live one) is
     no session, and not removed: egpu ps listed the rest instead of failing with a traceback."""
