@@ -8,6 +8,7 @@ import dataclasses
 import datetime
 import decimal
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -918,6 +919,35 @@ def test_host_run_probes_records_go_to_the_trace_file(stub_job, tmp_path, shared
     res = CliRunner().invoke(egpu, ["trace", str(out), "--perfetto", str(tmp_path / "t.json")])
     assert res.exit_code == 0, res.output
     assert len([e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["ph"] == "i"]) == 4
+
+
+@pytest.mark.parametrize("how", ["c-program", "failed"])
+def test_each_image_of_a_process_that_execs_closes_a_trace_file_of_its_own(stub_job, tmp_path, how):
+    """exec runs no exit handler: the replaced image left FILE unclosed (a Parquet file without its footer, its
+    records lost) and the image after it, under the same pid, took FILE.PID. Each image now finishes its file
+    before the exec, its host programs' last records in it, and egpu-run counts every file: the image an exec
+    made writes FILE.PID.execN, as does one that goes on after an exec that failed (its closed file stays)."""
+    from stub_job import MORE, egpu_run
+    from test_egpu_run import EXEC_AFTER_CUDA
+    src = tmp_path / "host_records.bpf.c"
+    src.write_text(HOST_RECORDS + 'char LICENSE[] SEC("license") = "GPL";\n')
+    obj = compile_probe(src, tmp_path / "host_records.bpf.o")
+    out = tmp_path / "t.parquet"
+    cmd = ([str(stub_job.app), "module", "3", "32", "exec"] if how == "c-program" else
+           [sys.executable, "-c", EXEC_AFTER_CUDA, str(MORE), how])
+    r = egpu_run(["--trace", str(out), "-p", str(obj), *cmd], stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    pid = re.search(r"^pid (\d+) before exec 1:", r.stdout, re.M).group(1)
+    # launches of each image (two records each): 3, then 1 after the exec; failed: 3, none, 2 between them
+    launches = {"c-program": [3, 1], "failed": [3, 0, 2, 1]}[how]
+    files = [out] + [tmp_path / f"t.{pid}.exec{n}.parquet" for n in range(1, len(launches))]
+    lines = [line for line in r.stderr.splitlines() if " in " in line or "closed" in line]
+    assert lines == [f"egpu-run: {2 * k} records in {f}, none dropped"
+                     for k, f in zip(launches, files)], r.stderr
+    for k, f in zip(launches, files):
+        trace = tracefile.read(f)
+        assert trace.complete and trace.rows.num_rows == 2 * k, f
+    assert sorted(tmp_path.glob("t.*")) == sorted(files)
 
 
 @pytest.mark.parametrize("on_full", ["wait", "drop"])

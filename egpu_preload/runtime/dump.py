@@ -22,6 +22,8 @@ its Nth exec left ``<pid>.exec<N>.msgpack`` (write_exec): the maps as ``egpu map
              "python_records": records the Python VM ran probes on, "uvm_records": unified-memory records
              delivered to egpu/uvm programs} (runtime/launches.py)
     durations, copies, uvm, launches, copy_spans and their *_error: CUPTI's records (runtime/durations.py)
+    trace    egpu-run --trace: the image's trace file as it closed it (streaming.Streaming.finish), or None;
+             closed_traces: those it closed before execs that failed, where there are any
 """
 
 from __future__ import annotations
@@ -106,15 +108,19 @@ def write_exec(session: Path, doc: dict[str, Any]) -> Path:
     return write(session, {**doc, "exec": n}, f"{doc['pid']}.exec{n}")
 
 
-def mark_started(session: Path, marker: str = STARTED) -> None:
+def mark_started(session: Path, marker: str = STARTED) -> bool:
     """Tell egpu-run that this process runs probes, so a dump of it is due: one that ends without it (SIGTERM,
     as Pool's exit ends its workers; os._exit) loses its counts since its last mirror copy, or all of them,
     and egpu-run names it instead of printing the others' maps as if they were the job's (job.report). Made
-    once, where the runtime starts: a child forked later runs none of its own and owes none."""
+    once, where the runtime starts: a child forked later runs none of its own and owes none. True when the mark
+    was there already: an image of this process that an exec replaced made it."""
     try:
-        (session / f"{os.getpid()}{marker}").touch()
+        os.close(os.open(session / f"{os.getpid()}{marker}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return True
     except OSError:   # egpu-run gone, its session with it (a process that outlived the job): no one to tell
         pass
+    return False
 
 
 def started(session: Path, marker: str = STARTED) -> set[int]:

@@ -141,8 +141,12 @@ class Runtime:
         self._maps_lock = threading.Lock()                # loads on two threads: one set of maps
         self.exit = ExitHook(self.finish)
         self._exec_dump: Path | None = None               # this image's dump, written before an exec (exec_image)
+        self._exec_trace: dict[str, Any] | None = None    # and its trace file's, closed for it
+        self.closed_traces: list[dict[str, Any]] = []     # trace files closed before execs that failed
+        self.after_exec = False                           # an image an exec made: its trace file's name (claim)
         if cfg.session is not None:
-            dump.mark_started(cfg.session)                # its dump is due: egpu-run names it if none comes
+            # its dump is due: egpu-run names it if none comes (marked already: an earlier image of the process)
+            self.after_exec = dump.mark_started(cfg.session)
             lib.egpu_shim_exec_owner(os.getpid())         # and before an exec of this process (only)
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
         self.uprobes = uprobes.attach(self)               # host uprobes, on the drainer's maps in C
@@ -393,18 +397,33 @@ class Runtime:
         self.lib.egpu_sass_maps_context(self.ffi.cast("void *", ctx))   # SASS patches elsewhere run no probe
         if self.cfg.trace is not None:
             self.streaming = self.streaming or self._trace()
-            self.streaming.read(maps, memory)
-            if self.cfg.on_full == "wait":   # waiting kernels need the reader: loads of code wait for them
-                self.lib.egpu_shim_rings_wait(self.ffi.cast("void *", ctx))   # first (interpose.c)
+            self._read_rings()
 
     def _trace(self) -> streaming.Streaming:
         """The trace file (egpu-run --trace), fed the records of host programs (the drainer's) at once, of the
         device maps' rings once they exist."""
-        trace = streaming.Streaming(self.cfg.trace, self.probes, after_write=self.exit.rearm_if_loaded)
+        trace = streaming.Streaming(self.cfg.trace, self.probes, after_write=self.exit.rearm_if_loaded,
+                                    after_exec=self.after_exec)
         if self.drainer is not None:
             self.drainer.sink = trace.host
         self.exit.arm()   # after the writer's first use of pyarrow (tracefile.TraceWriter._warm_up)
         return trace
+
+    def _read_rings(self) -> None:
+        """The trace drains the device maps' rings from now on."""
+        self.streaming.read(self.maps, self.memory)
+        if self.cfg.on_full == "wait":   # waiting kernels need the reader: loads of code wait for them
+            self.lib.egpu_shim_rings_wait(self.ffi.cast("void *", self.context))   # first (interpose.c)
+
+    def _close_trace(self) -> dict[str, Any] | None:
+        """The trace file finished (Streaming.finish, which runs once only) and closed; what the dump reports of
+        it, None without one. Host programs' records go to their maps from then on."""
+        trace, self.streaming = self.streaming, None
+        if trace is None:
+            return None
+        if self.drainer is not None:
+            self.drainer.sink = None
+        return trace.finish()
 
     def align_clocks(self, memory: ContextMemory) -> int:
         """Put host probes' clock (launch, host-API and uprobes: CLOCK_MONOTONIC plus an offset) on the GPU's,
@@ -479,20 +498,20 @@ class Runtime:
         if not self._owes_dump():
             return
         probes, error, states, trace = [], None, None, None
-        if self.streaming is not None and not self.maps:   # host programs' records only
-            trace = self.streaming.finish()
         if self.maps:
             try:
                 with self.driver.current(self.context):
                     try:
                         self.driver.synchronize()   # the ring reader still runs: a kernel may wait for it
-                    finally:   # the trace file closed even where the context failed
-                        trace = self.streaming.finish() if self.streaming is not None else None
+                    finally:   # the trace file closed even where the synchronize failed
+                        trace = self._close_trace()
                     states = [m.read_back() for m in self.maps]
             except EgpuError as e:
                 error = f"maps unreadable at exit: {e}"
             finally:
                 self.lib.egpu_shim_rings_wait(self.ffi.NULL)   # no reader now: nothing to wait for
+        # host programs' records only, or the maps' context could not be entered (destroyed): closed all the same
+        trace = trace or self._close_trace()
         states = launches.dump_states(self.drainer, self.probes, states,
                                       [live_host.get(name, {}) for name in self.live.names])
         if states is not None:
@@ -511,6 +530,7 @@ class Runtime:
             "timing": {"probes_ms": self.probes_ms},
             "launch_probes": self.drainer.report() if self.drainer else None,
             "trace": trace,
+            **({"closed_traces": self.closed_traces} if self.closed_traces else {}),
             "uprobes": uprobes_report,
             **cupti,
         })
@@ -521,25 +541,44 @@ class Runtime:
 
     # ---- exec --------------------------------------------------------------------------------------
     def exec_image(self, failed: bool) -> None:
-        """Dump this image's maps before an exec replaces it, stopping nothing: should the exec fail, the dump is
-        withdrawn and the process runs on with its probes (``failed``). The maps are read as ``egpu maps`` reads
-        them (live.Live.maps), once the launches so far are done and their records run."""
+        """Dump this image's maps before an exec replaces it, stopping nothing but its trace, which is finished
+        as at exit (the exec may well succeed, and then nothing else closes the file): should the exec fail, the
+        dump is withdrawn and the process runs on with its probes (``failed``) and a new trace file, the old one
+        named in its next dump. The maps are read as ``egpu maps`` reads them (live.Live.maps), once the launches
+        so far are done and their records run."""
         if failed:
-            if self._exec_dump is not None:
-                self._exec_dump.unlink(missing_ok=True)
-            self._exec_dump = None
+            self._exec_failed()
             return
         session = self.cfg.session
         if session is None or not self._owes_dump() or not session.is_dir():   # egpu-run gone: no one reads it
             return
-        if self.maps:
-            with self.driver.current(self.context):
-                self.driver.synchronize()
-        if self.drainer is not None:
-            self.drainer.drain()
+        try:
+            if self.maps:
+                with self.driver.current(self.context):
+                    self.driver.synchronize()   # the ring reader still runs: a kernel may wait for it
+            if self.drainer is not None:
+                self.drainer.drain()   # host programs' last records handed on to the trace
+        finally:
+            self._exec_trace = self._close_trace()
+            self.lib.egpu_shim_rings_wait(self.ffi.NULL)   # no reader now: nothing to wait for
         with self.driver.capture_relaxed():
             doc = self.live.maps({})
-        self._exec_dump = dump.write_exec(session, doc)
+        trace = {"trace": self._exec_trace, **({"closed_traces": self.closed_traces} if self.closed_traces else {})}
+        self._exec_dump = dump.write_exec(session, {**doc, **trace})
+
+    def _exec_failed(self) -> None:
+        """The exec failed: its dump withdrawn (the maps count on into the next), the trace file it closed kept
+        for the next dump to name, and the image's records drained into a new one (claim: FILE.PID.execN)."""
+        if self._exec_dump is not None:
+            self._exec_dump.unlink(missing_ok=True)
+        self._exec_dump = None
+        if self._exec_trace is None:
+            return
+        self.closed_traces.append(self._exec_trace)
+        self._exec_trace, self.after_exec = None, True
+        self.streaming = self._trace()
+        if self.maps:
+            self._read_rings()
 
 
 def _start() -> None:

@@ -9,8 +9,11 @@ running through that synchronize: kernels waiting for room in a ring need it), t
 taken and the file closed with each map's dropped count.
 
 A job of several processes: the first to start claims FILE (O_EXCL: the launcher removed any old one),
-each other writes FILE's name with its pid inserted beside it (``trace.1234.parquet``). Live-attached
-probes are not drained (their rings drop when full, as without --trace).
+each other writes FILE's name with its pid inserted beside it (``trace.1234.parquet``). An exec ends an image
+as exit does (its file finished, its summary in the exec dump), and the image after it writes a file of its own,
+``trace.1234.exec1.parquet`` (claim); an exec that fails leaves the image on with a new file of that kind, the
+one it finished named in its next dump (``closed_traces``). Live-attached probes are not drained (their rings
+drop when full, as without --trace).
 """
 
 from __future__ import annotations
@@ -36,13 +39,31 @@ from egpu_preload.translate import devmaps
 from egpu_preload.translate.devmaps import DeviceMaps
 
 
-def claim(path: Path) -> Path:
-    """FILE if no other process of the job has it yet, else FILE with this pid before its suffix."""
+def claim(path: Path, after_exec: bool = False) -> Path:
+    """FILE if no other process of the job has it yet, else FILE with this pid before its suffix; after an exec
+    of this process (``after_exec``: the image it made, or the one that goes on when it failed), whose earlier
+    files stay as they were closed: the first free ``FILE.PID.execN``."""
+    if not after_exec:
+        return path if _create(path) else own_name(path, os.getpid())
+    n = 1
+    while not _create(own_name(path, os.getpid(), n)):
+        n += 1
+    return own_name(path, os.getpid(), n)
+
+
+def own_name(path: Path, pid: int, image: int = 0) -> Path:
+    """FILE with the pid before its suffix (``trace.1234.parquet``), and ``.execN`` after it for an image that an
+    exec made (``trace.1234.exec1.parquet``): the suffix says the format (tracefile.ARROW_SUFFIXES)."""
+    return path.with_name(f"{path.stem}.{pid}{f'.exec{image}' if image else ''}{path.suffix}")
+
+
+def _create(path: Path) -> bool:
+    """Made here, empty, unless it exists (O_EXCL: two processes never get the same name)."""
     try:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        return path
+        return True
     except FileExistsError:
-        return path.with_name(f"{path.stem}.{os.getpid()}{path.suffix}")
+        return False
 
 
 Ring = tuple[str, tuple[int, Any], tracefile.RecordLayout | None]   # name, (map set, region), layout
@@ -83,10 +104,11 @@ class Streaming:
     out of the rings while the writer encodes the batches before (pyarrow lets the GIL go meanwhile)."""
 
     def __init__(self, path: Path, probes: list[Probe], maps: list[DeviceMaps] | None = None,
-                 memory: Memory | None = None, after_write: Callable[[], None] = lambda: None) -> None:
+                 memory: Memory | None = None, after_write: Callable[[], None] = lambda: None,
+                 after_exec: bool = False) -> None:
         """``maps`` (in the order of ``probes``) and their ``memory``: drained at once; None: none yet (``read``).
         ``after_write``: called on the writer's thread after each batch written (the exit hook re-arms there
-        when the writer loaded libraries)."""
+        when the writer loaded libraries). ``after_exec``: the file of an image after an exec (claim)."""
         drained = rings(probes)
         self.names = [name for name, _, _ in drained]
         self.slots = {at: n for n, (_, at, _) in enumerate(drained)}   # (probe, map) -> the writer's index
@@ -96,7 +118,7 @@ class Streaming:
         self.host_dropped = [0] * len(drained)   # what host programs' maps dropped, by the writer's index
         self.host_taken = 0   # records host programs handed on (the readers count their own)
         self._host_held: deque[tuple[int, Taken]] = deque()   # host records the writer's full queue refused
-        self.path = claim(path)
+        self.path = claim(path, after_exec)
         self.error: str | None = None
         try:
             self.writer: tracefile.TraceWriter | None = tracefile.TraceWriter(
@@ -207,32 +229,35 @@ class Streaming:
                 **{f"{p}_s": round(v, 3) for p, v in (phases | in_driver).items()}, "write_s": round(self.write_s, 3)}
 
 
+def traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trace files a dump's image finished: those before execs that failed, then its own (none: no trace)."""
+    return [*doc.get("closed_traces", []), *([doc["trace"]] if doc.get("trace") else [])]
+
+
 def notes(dumps: list[dict[str, Any]]) -> list[str]:
     """egpu-run's lines about the job's trace files, from the processes' dumps."""
     out = []
-    for doc in dumps:
-        t = doc.get("trace")
-        if t:
-            why = ("ring full" if "stall_s" not in t else
-                   f"larger than the ring, or waiting on a reader that took nothing for {t['stall_s']:g} s")
-            dropped = (f", {t['dropped']:,} dropped by the probes ({why})" if t["dropped"] else
-                       "" if t.get("error") else ", none dropped")
-            out.append(f"egpu-run: {t['records']:,} record{'s' * (t['records'] != 1)} in {t['path']}{dropped}"
-                       + (f"; {t['error']}" if t.get("error") else ""))
-            if t.get("drain", {}).get("copied_bytes"):
-                out.append(pace_line(t["drain"]))
+    for t in (t for doc in dumps for t in traces(doc)):
+        why = ("ring full" if "stall_s" not in t else
+               f"larger than the ring, or waiting on a reader that took nothing for {t['stall_s']:g} s")
+        dropped = (f", {t['dropped']:,} dropped by the probes ({why})" if t["dropped"] else
+                   "" if t.get("error") else ", none dropped")
+        out.append(f"egpu-run: {t['records']:,} record{'s' * (t['records'] != 1)} in {t['path']}{dropped}"
+                   + (f"; {t['error']}" if t.get("error") else ""))
+        if t.get("drain", {}).get("copied_bytes"):
+            out.append(pace_line(t["drain"]))
     return out
 
 
 def unclosed(path: Path, dumps: list[dict[str, Any]], started: set[int]) -> list[str]:
     """egpu-run's lines about the trace files that processes of the job left unclosed: FILE, or a process's
-    ``FILE.PID`` (claim), that no dump names and that exists; its process killed before its exit dump, or still
-    running (daemonized: it closes the file at its exit). FILE's process is any of those without a dump."""
-    closed = {Path(d["trace"]["path"]) for d in dumps if d.get("trace")}
-    undumped = started - {d["pid"] for d in dumps}
+    ``FILE.PID`` or ``FILE.PID.execN`` (claim), that no dump names and that exists; its process killed before its
+    exit dump, or still running (daemonized: it closes the file at its exit). FILE's process is any of those
+    without an exit dump (an exec dump is its replaced image's)."""
+    closed = {Path(t["path"]) for d in dumps for t in traces(d)}
+    undumped = started - {d["pid"] for d in dumps if "exec" not in d}
     running = {pid for pid in undumped if process_exists(pid)}
-    owners = [(path, undumped)] + [(path.with_name(f"{path.stem}.{pid}{path.suffix}"), {pid})
-                                   for pid in sorted(started)]
+    owners = [(path, undumped)] + [(f, {pid}) for pid in sorted(started) for f in _own_files(path, pid)]
     out = []
     for f, pids in owners:
         if f in closed or not f.exists():
@@ -248,6 +273,14 @@ def unclosed(path: Path, dumps: list[dict[str, Any]], started: set[int]) -> list
                     tracefile.ARROW_SUFFIXES else "its records are lost: a Parquet file is read through the footer "
                     "its close writes (a trace in Arrow IPC, --trace FILE.arrow, keeps what was written)")
             out.append(f"egpu-run: {f} was never closed (its process {how}): {what}")
+    return out
+
+
+def _own_files(path: Path, pid: int) -> list[Path]:
+    """The names a process's images may have written (claim): FILE.PID, then each FILE.PID.execN there is."""
+    out = [own_name(path, pid)]
+    while (f := own_name(path, pid, len(out))).exists():
+        out.append(f)
     return out
 
 
