@@ -865,6 +865,22 @@ def test_a_trace_file_its_killed_job_never_closed_is_named(stub_job, probe_obj, 
     assert res.exit_code == 1 and res.stderr.startswith(f"egpu: {out}: not a trace file: {read}"), res.output
 
 
+def test_the_trace_file_closes_at_exit_where_the_maps_context_was_destroyed(stub_job, probe_obj, tmp_path):
+    """An application that destroys its context before it exits: entering it at exit fails, and the trace was
+    finished only inside it, so FILE stayed unclosed (a Parquet file's records lost); and a reader whose last
+    pass fails there left it unclosed too. It closes all the same, once, and both failures are said."""
+    from stub_job import egpu_run
+    out = tmp_path / "t.parquet"
+    r = egpu_run(["--trace", str(out), "-p", str(probe_obj("ringbuf")), str(stub_job.app), "module", "2", "64",
+                  "destroy"], stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    failed = "cuCtxPushCurrent_v2 failed: CUDA_ERROR_STUB"
+    assert f"egpu-run: 0 records in {out}; the ring reader failed: {failed}; 0 bytes of records after it passed " \
+           "over unread" in r.stderr.splitlines(), r.stderr
+    assert "never closed" not in r.stderr and f"maps unreadable at exit: {failed}" in r.stderr, r.stderr
+    assert tracefile.read(out).complete
+
+
 # A launch program's records, one per launch, to a ring buffer (a struct with a ts) and to a perf buffer; with
 # SHARED a GPU program writes the ring too (the stand-in's kernels run none of it, but its device maps exist).
 HOST_RECORDS = """#include "egpu.bpf.h"
@@ -1224,6 +1240,8 @@ def test_a_reader_that_fails_lets_waiting_producers_go_on(access_trace, tmp_path
     assert skipped > 0 and skipped % 80 == 0 and report["records"] + skipped // 80 <= 1000
     line = streaming_mod.notes([{"trace": report}])[0]
     assert "none dropped" not in line and "the ring reader failed" in line
+    trace = tracefile.read(tmp_path / "t.parquet")   # what it took before, closed all the same
+    assert trace.complete and trace.rows.num_rows == report["records"] > 0
 
 
 def test_the_trace_line_says_why_records_were_dropped():
@@ -1414,3 +1432,18 @@ def test_a_trace_file_whose_process_still_runs_is_not_called_ended(tmp_path):
                              "runs and closes it at exit): `egpu trace` reads")
     assert streaming.unclosed(out, [], {gone})[0].startswith(f"egpu-run: {out} was never closed (its process ended "
                                                               "before its exit dump): `egpu trace` reads")
+
+
+def test_the_trace_file_of_an_image_an_exec_made_is_named_while_unclosed(tmp_path):
+    """A process whose first image closed FILE before its exec (its exec dump names it) and whose next image still
+    writes FILE.PID.exec1: that file is named as open, its process as running (an exec dump is no exit dump)."""
+    import os
+    from egpu_preload.runtime import streaming
+    out = tmp_path / "t.arrow"
+    later = tmp_path / f"t.{os.getpid()}.exec1.arrow"
+    out.touch()
+    later.touch()
+    replaced = {"pid": os.getpid(), "exec": 1, "trace": {"path": str(out)}}
+    assert streaming.unclosed(out, [replaced], {os.getpid()}) == [
+        f"egpu-run: {later} is still open: its process was still running when the job's main process ended (it "
+        "closes it at exit)"]

@@ -188,14 +188,16 @@ class Streaming:
             return ()
 
     def finish(self) -> dict[str, Any]:
-        """After the context's work has finished: the rest taken, the file closed; what the dump reports."""
+        """After the context's work has finished: the rest taken, the file closed; what the dump reports. Once
+        only (the writer is gone after). A reader that failed (its context destroyed, say) still leaves the file
+        closed, with what it took before."""
+        unread = None
         try:
             if self.drain is not None:
                 self.drain.stop()
         except Exception as e:  # noqa: BLE001  (the reader's failure, reported in the dump)
             skipped = sum(r.skipped for r in self.readers)
-            self.error = self.error or (f"the ring reader failed: {e}; {skipped:,} bytes of records after it "
-                                        f"passed over unread")
+            unread = f"the ring reader failed: {e}; {skipped:,} bytes of records after it passed over unread"
         self._hand_host(wait=True)
         self._batches.put(None)
         self._writing.join()
@@ -211,7 +213,8 @@ class Streaming:
                 self.error = f"cannot write the trace: {e}"
         taken = sum(r.taken for r in self.readers) + self.host_taken
         written = self.writer.written if self.writer is not None else 0
-        error = self.error and f"{self.error} ({taken - written:,} records taken and not written)"
+        unwritten = self.error and f"{self.error} ({taken - written:,} records taken and not written)"
+        error = "; ".join(e for e in (unread, unwritten) if e) or None
         waited = any(r.lay.wait for r in self.readers)   # a waiting ring drops only what the note says
         return {"path": str(self.path), "records": written, "dropped": sum(dropped.values()), "error": error,
                 "drain": self.pace(), **({"stall_s": devmaps.WAIT_STALL_NS / 1e9} if waited else {})}

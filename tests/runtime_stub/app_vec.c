@@ -1,7 +1,8 @@
 /* A CUDA program as the runtime tests need one: `app_vec MODE K N STATUS` loads one kernel,
  * vecadd(a, b, n), launches it K times with N threads, prints a line, then exits with STATUS, or is
- * killed by SIGTERM when STATUS is "kill", or execs `app_vec module 1 32 0` when STATUS is "exec". Entry
- * points come from dlsym, as PyTorch gets them.
+ * killed by SIGTERM when STATUS is "kill", or execs `app_vec module 1 32 0` when STATUS is "exec", or exits 0
+ * with its context destroyed (cuCtxDestroy) when STATUS is "destroy". Entry points come from dlsym, as PyTorch
+ * gets them.
  * MODE: module (PTX text, cuModuleLoadData + cuModuleGetFunction), library (PTX text,
  * cuLibraryLoadData + cuLibraryGetKernel), fatbin (a fatbin wrapper holding the PTX through
  * cuLibraryLoadData, as cudart loads), cubin (an ELF image: no PTX to instrument), elf (the cubin file
@@ -65,7 +66,7 @@ int main(int argc, char **argv) {
     SYM(cuLibraryGetKernel); SYM(cuLaunchKernel); SYM(cuCtxSynchronize);
     SYM(cuLinkCreate_v2); SYM(cuLinkAddData_v2); SYM(cuLinkComplete); SYM(cuLinkDestroy);
     SYM(cuStreamCreate); SYM(cuStreamBeginCapture_v2); SYM(cuStreamEndCapture);
-    SYM(cuDevicePrimaryCtxRetain); SYM(cuCtxSetCurrent);
+    SYM(cuDevicePrimaryCtxRetain); SYM(cuCtxSetCurrent); SYM(cuCtxGetCurrent); SYM(cuCtxDestroy_v2);
     void *mod = NULL, *f = NULL, *link = NULL, *linked = NULL, *stream = NULL, *graph = NULL;
     size_t linked_size = 0;
     int r = cuInit(0);
@@ -103,6 +104,10 @@ int main(int argc, char **argv) {
     printf("app_vec %s launches=%u threads=%u result=%d\n", argv[1], k, n, r);
     fflush(stdout);
     if (!strcmp(argv[4], "kill")) raise(SIGTERM);
+    if (!strcmp(argv[4], "destroy")) {
+        void *ctx = NULL;
+        return cuCtxGetCurrent(&ctx) | cuCtxDestroy_v2(ctx);
+    }
     if (!strcmp(argv[4], "exec")) {
         char *again[] = {argv[0], "module", "1", "32", "0", NULL};
         execv(argv[0], again);

@@ -77,8 +77,15 @@ CUresult cuCtxSetCurrent(void *ctx) {
     return OK;
 }
 CUresult cuCtxGetDevice(int *dev) { *dev = egpu_stub_device(); return OK; }
+static void *destroyed;   /* cuCtxDestroy_v2's: pushing it fails from then on, as the driver's does */
+CUresult cuCtxDestroy_v2(void *ctx) {
+    note("cuCtxDestroy_v2");
+    destroyed = ctx;
+    return OK;
+}
 CUresult cuCtxPushCurrent_v2(void *ctx) {
-    if (depth == 16 || (ctx != &app_context && ctx != &primary_context && ctx != &device1_context)) return 201;
+    if (depth == 16 || ctx == destroyed || (ctx != &app_context && ctx != &primary_context &&
+                                            ctx != &device1_context)) return 201;
     stack[depth++] = ctx;
     return OK;
 }
