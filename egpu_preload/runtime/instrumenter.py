@@ -16,8 +16,9 @@ registers the instrumenter with hooks.register and does nothing else).
 - At exit (once, in the process that loaded the probes, while CUDA is still up): synchronize, read the
   maps back and write the dump (dump.py) into the session directory.
 - Before an exec (shim/process.c; none runs an exit handler): synchronize and write the maps as ``egpu maps``
-  reads them into the session (dump.write_exec), every thread left running; a failed exec withdraws that dump,
-  so the maps count on into the next exec's or the exit's, each launch once.
+  reads them into the session (dump.write_exec), every thread left running but the trace, whose file is closed
+  as at exit (streaming.py); a failed exec withdraws that dump, so the maps count on into the next exec's or the
+  exit's, each launch once, and drains the rings on into a new trace file.
 - Every process serves a control socket (live.py): probes attached, detached and swapped while it
   runs, maps and modules read. So the original PTX of every load is kept, even with no probe at all.
 - Once maps exist, a thread copies them into shared memory every config.mirror seconds (mirror.py),
