@@ -606,7 +606,8 @@ EXPORT void egpu_cow_stats(struct egpu_cow_stats *out) {
         atomic_load(&cstats.copier_copies), atomic_load(&cstats.checked),
         atomic_load(&cstats.unknown_layout), atomic_load(&cstats.stall_ns),
         atomic_load(&cstats.stall_max_ns), atomic_load(&cstats.cut_hold_ns), atomic_load(&egpu_alloc_changes),
-        atomic_load(&egpu_alloc_digest), atomic_load(&cstats.alloc_digest_at_cut), (atomic_load(&egpu_cow_flags) & FLAG_ARMED) != 0};
+        atomic_load(&egpu_alloc_digest), atomic_load(&cstats.alloc_digest_at_cut),
+        (atomic_load(&egpu_cow_flags) & FLAG_ARMED) != 0};
     pthread_mutex_lock(&streams_lock);
     out->streams = nstreams;
     pthread_mutex_unlock(&streams_lock);

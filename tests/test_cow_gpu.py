@@ -10,7 +10,8 @@ with no probe and is checkpointed mid-run with ``egpu checkpoint PID DIR --compa
   waits for both) in the live checkpoint's window and in the stop-the-world copy's window (same bytes,
   same run, launches held and the context drained), against the median before; and the time the
   runtime's hooks spent on copy-on-write, and how long the cut held launches and copies. Printed, and
-  written to $OUT/cow_checkpoint.json when OUT is set. Goal: hook stall under 5 ms (asserted); the iteration numbers are reported.
+  written to $OUT/cow_checkpoint.json when OUT is set. Goal: hook stall under 5 ms (asserted); the
+  iteration numbers are reported.
 """
 
 from __future__ import annotations
