@@ -54,3 +54,13 @@ def _check_writable_dir(directory: Path, path: Path) -> None:
         raise EgpuError(f"cannot write: {directory} is not a directory", file=str(path))
     if not os.access(directory, os.W_OK | os.X_OK):
         raise EgpuError(f"cannot write in {directory} (permission denied)", file=str(path))
+
+
+def create_new(path: Path) -> bool:
+    """``path`` made here, empty, unless it exists (O_EXCL: of processes racing for one name, one gets it);
+    whether it was made. Other OSErrors are the caller's."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return False
+    return True

@@ -35,6 +35,7 @@ from typing import Any
 import msgpack
 
 from egpu_preload.errors import EgpuError
+from egpu_preload.outpaths import create_new
 from egpu_preload.maps import (ArrayStorage, HashStorage, MapsState, MapStorage, PercpuArrayStorage,
                                PerfStorage, RingbufStorage, TraceRecord)
 
@@ -115,12 +116,9 @@ def mark_started(session: Path, marker: str = STARTED) -> bool:
     once, where the runtime starts: a child forked later runs none of its own and owes none. True when the mark
     was there already: an image of this process that an exec replaced made it."""
     try:
-        os.close(os.open(session / f"{os.getpid()}{marker}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-    except FileExistsError:
-        return True
+        return not create_new(session / f"{os.getpid()}{marker}")
     except OSError:   # egpu-run gone, its session with it (a process that outlived the job): no one to tell
-        pass
-    return False
+        return False
 
 
 def started(session: Path, marker: str = STARTED) -> set[int]:

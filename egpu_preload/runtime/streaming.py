@@ -31,6 +31,7 @@ from typing import Any
 from egpu_preload.bpf import btf as btfmod
 from egpu_preload.control import process_exists
 from egpu_preload.errors import EgpuError
+from egpu_preload.outpaths import create_new
 from egpu_preload.output import tracefile, warp_records
 from egpu_preload.runtime.probes import RING_TYPES, Probe
 from egpu_preload.runtime.ring_drain import (DRAIN_PHASES, PHASES, READ_PHASES, Memory, RingDrain, RingReader,
@@ -44,9 +45,9 @@ def claim(path: Path, after_exec: bool = False) -> Path:
     of this process (``after_exec``: the image it made, or the one that goes on when it failed), whose earlier
     files stay as they were closed: the first free ``FILE.PID.execN``."""
     if not after_exec:
-        return path if _create(path) else own_name(path, os.getpid())
+        return path if create_new(path) else own_name(path, os.getpid())
     n = 1
-    while not _create(own_name(path, os.getpid(), n)):
+    while not create_new(own_name(path, os.getpid(), n)):
         n += 1
     return own_name(path, os.getpid(), n)
 
@@ -55,15 +56,6 @@ def own_name(path: Path, pid: int, image: int = 0) -> Path:
     """FILE with the pid before its suffix (``trace.1234.parquet``), and ``.execN`` after it for an image that an
     exec made (``trace.1234.exec1.parquet``): the suffix says the format (tracefile.ARROW_SUFFIXES)."""
     return path.with_name(f"{path.stem}.{pid}{f'.exec{image}' if image else ''}{path.suffix}")
-
-
-def _create(path: Path) -> bool:
-    """Made here, empty, unless it exists (O_EXCL: two processes never get the same name)."""
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        return True
-    except FileExistsError:
-        return False
 
 
 Ring = tuple[str, tuple[int, Any], tracefile.RecordLayout | None]   # name, (map set, region), layout
