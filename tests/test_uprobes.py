@@ -111,38 +111,26 @@ def test_uprobes_send_records_to_ring_and_perf_buffers_from_c(stub_job, uprobe_a
         [v for i in range(n) for v in (-(6 * i + 15), 6 * i + 15)]
 
 
-def _four_threads_calling(stub_job, uprobe_app, tmp_path: Path, probe: str, prog: str) -> tuple[Path, dict]:
-    """tests/uprobe_probes/PROBE.bpf.c (bpftime's flags), its bare uprobe PROG on upt_inc, which app_uprobe's 4
-    bench threads call 10,000 times each: (the object, the job's dump)."""
+def test_a_uprobe_reads_the_calling_threads_id_and_name(stub_job, uprobe_app, tmp_path):
+    """A uprobe runs in the thread that called. Linux's bpf_get_current_pid_tgid gives it tgid << 32 | that
+    thread's id, so per-thread state is kept under it (an entry's time or argument, read at the return), and
+    bpf_get_current_comm its name, which libbpf-tools key their counts by: app_uprobe's 4 bench threads, named
+    upt-bench0..3, call upt_inc 10,000 times each. Every thread read the process's main thread's id there (all
+    calls under one key), and get_current_comm was an unknown helper (the probe was not attached)."""
     app, _ = uprobe_app
     clang = find_clang()
-    obj = tmp_path / f"{probe}.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / f"{probe}.bpf.c"),
+    obj = tmp_path / "by_thread.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "by_thread.bpf.c"),
                     "-o", str(obj)], check=True)
-    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", f"{prog}=libupt.so:upt_inc", str(app),
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "by_thread=libupt.so:upt_inc", str(app),
                             "bench_threads", "10000", "4")
     assert r.returncode == 0, r.stderr
-    return obj, doc
-
-
-def test_bpf_get_current_pid_tgid_in_a_uprobe_is_the_calling_thread(stub_job, uprobe_app, tmp_path):
-    """A uprobe runs in the thread that called, and Linux's bpf_get_current_pid_tgid gives it tgid << 32 | that
-    thread's id, so per-thread state is kept under it (an entry's time or argument, read at the return). Every
-    thread read the process's main thread there: 4 threads' calls of upt_inc all fell under one key."""
-    obj, doc = _four_threads_calling(stub_job, uprobe_app, tmp_path, "threads_tid", "by_thread")
-    calls = entries(doc, obj, "calls")
-    assert sorted(calls.values()) == [10000] * 4, calls
-    assert len({key >> 32 for key in calls}) == 1 and all(key >> 32 != key & 0xFFFFFFFF for key in calls), calls
-
-
-def test_bpf_get_current_comm_in_a_uprobe_is_the_calling_threads_name(stub_job, uprobe_app, tmp_path):
-    """Linux's bpf_get_current_comm in a uprobe gives the calling thread's name, which libbpf-tools key their
-    counts by: 4 threads named upt-bench0..3 each count their own calls of upt_inc. It was an unknown helper,
-    and the probe was not attached."""
-    obj, doc = _four_threads_calling(stub_job, uprobe_app, tmp_path, "threads_comm", "by_comm")
+    by_tid = entries(doc, obj, "by_tid")
+    assert sorted(by_tid.values()) == [10000] * 4, by_tid
+    assert len({key >> 32 for key in by_tid}) == 1 and all(key >> 32 != key & 0xFFFFFFFF for key in by_tid), by_tid
     state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
-    calls = {bytes(k): int.from_bytes(v, "little") for k, v in state.storages[0].items()}
-    assert calls == {f"upt-bench{k}".encode().ljust(16, b"\0"): 10000 for k in range(4)}, calls
+    by_comm = {bytes(k): int.from_bytes(v, "little") for k, v in state.by_name("by_comm").items()}
+    assert by_comm == {f"upt-bench{k}".encode().ljust(16, b"\0"): 10000 for k in range(4)}, by_comm
 
 
 def test_a_uprobe_hooked_once_its_library_was_loaded_reports_attached(stub_job, uprobe_app, tmp_path):
