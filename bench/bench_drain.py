@@ -11,7 +11,9 @@ reader's walk in the shim's C as inside a job (the shim is built here):
 - ``reader``: ring_drain.RingDrain alone, the records thrown away;
 - ``writer``: output/tracefile.TraceWriter alone, fed what the reader took (Arrow IPC and Parquet);
 - ``both``: runtime/streaming.Streaming, reader and writer threads together, into Arrow IPC and
-  Parquet, the file read back and compared with what was produced.
+  Parquet, the file read back and compared with what was produced; ``both.FORMAT.produced``: until the
+  producer had put its last record in the ring (what kernels made to wait by a ring take), the rest of
+  ``both`` being the writer's catching up.
 
 ``--profile access:both.arrow`` (say) runs that one configuration under cProfile, every thread, and
 prints where the time went. ``--busy`` runs every configuration beside a Python thread that spins, holding
@@ -152,26 +154,15 @@ def warp_stream(n: int) -> Stream:
 
 class Producer(threading.Thread):
     """The GPU's producers at full speed: every record of ``s`` written into the ring at ``addr`` as room
-    appears (bytes and READY flag first, then reserved and head moved past them)."""
+    appears (bytes and READY flag first, then reserved and head moved past them), in C with the GIL let go
+    (host_memory.HostCopies.produce), as no GPU producer waits for it."""
 
     def __init__(self, dev: Device, addr: int, s: Stream) -> None:
         super().__init__(name="bench-producer", daemon=True)
         self.dev, self.addr, self.s = dev, addr, s
-        self.words = np.frombuffer(dev.mem, np.uint64, 3, addr)   # head, reserved, consumed
 
     def run(self) -> None:
-        starts, data, j = self.s.starts, self.s.data, 0
-        while j < len(self.s):
-            room = int(self.words[2]) + RING
-            lap = (int(starts[j]) // RING + 1) * RING   # a record starting in the next lap goes at the start
-            end = min(int(np.searchsorted(starts, room, "right")) - 1, int(np.searchsorted(starts, lap, "left")))
-            if end <= j:
-                time.sleep(0)
-                continue
-            at = self.addr + devmaps.HEADER + int(starts[j]) % RING
-            np.copyto(self.dev.u8[at:at + int(starts[end] - starts[j])], data[starts[j]:starts[end]])
-            self.words[1] = self.words[0] = starts[end]
-            j = end
+        self.dev.host.produce(self.addr, self.s.starts, self.s.data, RING)
 
 
 def probe(tmp: Path, name: str) -> tuple[Probe, int]:
@@ -208,7 +199,7 @@ def run_reader(p: Probe, index: int, s: Stream, keep: bool) -> tuple[float, list
 
 
 def run_writer(p: Probe, index: int, batches: list, path: Path) -> float:
-    name, _, lay = next(r for r in rings([p], [device(p)[1]]) if r[1] == (0, index))
+    name, _, lay = next(r for r in rings([p]) if r[1] == (0, index))
     t = time.perf_counter()
     w = tracefile.TraceWriter(path, [(name, lay)])
     for taken in batches:
@@ -217,18 +208,21 @@ def run_writer(p: Probe, index: int, batches: list, path: Path) -> float:
     return time.perf_counter() - t
 
 
-def run_both(p: Probe, index: int, s: Stream, path: Path) -> float:
+def run_both(p: Probe, index: int, s: Stream, path: Path) -> tuple[float, float]:
+    """(seconds until the file was closed, seconds until the producer had put its last record in the ring: what
+    a job's kernels made to wait would take)."""
     dev, dm = device(p)
     path.unlink(missing_ok=True)
     producer = Producer(dev, dm.addrs[index], s)
-    t = time.perf_counter()
     streaming = Streaming(path, [p], [dm], dev)
+    t = time.perf_counter()
     producer.start()
     producer.join()
+    produced = time.perf_counter() - t
     report = streaming.finish()
     seconds = time.perf_counter() - t
     assert report["records"] == len(s) and report["error"] is None, report
-    return seconds
+    return seconds, produced
 
 
 def check(path: Path, s: Stream, field: str) -> bool:
@@ -289,7 +283,9 @@ def measure(name: str, cfg: tuple, tmp: Path, only: str | None = None) -> dict:
                     note(f"writer{f}", run_writer(p, index, batches, tmp / f"w{f}"))
         for f in FORMATS:
             if only in (None, f"both{f}"):
-                note(f"both{f}", run_both(p, index, s, tmp / f"b{f}"))
+                seconds, produced = run_both(p, index, s, tmp / f"b{f}")
+                note(f"both{f}", seconds)
+                note(f"both{f}.produced", produced)
                 out[f"both{f}.read_back_whole"] = check(tmp / f"b{f}", s, field)
     for key, seconds in best.items():
         out[key] = {"seconds": round(seconds, 4), "mb_per_s": round(mb / seconds)}

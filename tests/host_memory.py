@@ -28,6 +28,8 @@ struct stub_memory {
 int stub_copy_out(void *dst, unsigned long long src, size_t n, void *stream);
 int stub_copy_in(unsigned long long dst, const void *src, size_t n, void *stream);
 int stub_wait(void *stream);
+void stub_produce(struct stub_memory *m, unsigned long long addr, const long long *starts, unsigned long long n,
+                  const unsigned char *data, unsigned long long ring);
 """
 OUT, IN = 0, 1   # a logged copy's call
 
@@ -72,6 +74,14 @@ class HostCopies:
         """(call: OUT or IN, device address, bytes, host address) of each copy made, as far as the log holds."""
         n = min(self.state.logged, self.state.room)
         return [(c.call, c.device, c.n, c.host) for c in self._log[0:n]]
+
+    def produce(self, addr: int, starts: Any, data: Any, ring: int) -> None:
+        """The records of ``data`` (record k at [starts[k], starts[k + 1]), int64 and uint8 numpy arrays) written
+        into the ring at ``addr`` (``ring`` bytes of data) by C as room appears, the GIL let go meanwhile
+        (stub_produce): the GPU's producers at full speed."""
+        ffi = self.ffi
+        self.lib.stub_produce(self.state, addr, ffi.from_buffer("long long[]", starts), len(starts) - 1,
+                              ffi.from_buffer(data), ring)
 
     def host(self, buf: Any) -> tuple[int, int]:
         """[start, end) of ``buf``'s memory, to tell which buffer a copy used."""
