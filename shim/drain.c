@@ -1,6 +1,8 @@
 /* drain.c: the --trace reader's copies out of a ring and its walk over the records (egpu_drain.h). */
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 
 #include "egpu_drain.h"
@@ -277,4 +279,85 @@ EXPORT int egpu_ring_pass(struct egpu_ring_pass *p)
     if (!p->stage)
         return EGPU_PASS_NO_STAGING;
     return take(p, ncpu);
+}
+
+
+/* ---- passes over every ring in one call, into a spool (egpu_ring_burst) ---- */
+
+/* The chunk's head and bytes written whole (a short write goes on where it stopped), then spool->end moved. */
+static int spool_append(struct egpu_spool *s, unsigned int index, const void *bytes, uint64_t n)
+{
+    unsigned char head[EGPU_SPOOL_HEAD] = {0};
+    uint32_t i = index;
+    memcpy(head, &i, 4);
+    memcpy(head + 8, &n, 8);
+    struct iovec v[2] = {{head, sizeof head}, {(void *)bytes, (size_t)n}};
+    struct iovec *at = v;
+    int left = 2;
+    while (left) {
+        ssize_t w = writev(s->fd, at, left);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            s->error = w < 0 ? errno : ENOSPC;
+            return EGPU_PASS_SPOOL;
+        }
+        while (left && (size_t)w >= at->iov_len) {
+            w -= (ssize_t)at->iov_len;
+            at++;
+            left--;
+        }
+        if (left) {
+            at->iov_base = (unsigned char *)at->iov_base + w;
+            at->iov_len -= (size_t)w;
+        }
+    }
+    __atomic_store_n(&s->end, s->end + EGPU_SPOOL_HEAD + n, __ATOMIC_RELEASE);
+    return 0;
+}
+
+static void pause_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000ULL), (long)(ns % 1000000000ULL)};
+    while (nanosleep(&ts, &ts) && errno == EINTR)
+        ;
+}
+
+EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct egpu_spool *spool,
+                           unsigned long long budget_ns, unsigned long long idle_ns, const int *halt,
+                           unsigned int *which, unsigned long long *lost, unsigned long long *out)
+{
+    uint64_t start = now_ns();
+    out[0] = out[1] = out[2] = 0;
+    do {
+        int took = 0;
+        for (unsigned int i = 0; i < n; i++) {
+            struct egpu_ring_pass *p = rings[i];
+            uint64_t before = p->consumed;
+            p->mode = EGPU_PASS_TAKE;
+            int r = egpu_ring_pass(p);
+            for (int k = 0; k < 4; k++)
+                p->total_ns[k] += p->ns[k];
+            p->total_copied += p->copied;
+            if (!r && p->consumed != before) {   /* stage[0, that): what the pass took, in ring order */
+                took = 1;
+                uint64_t t = now_ns();
+                p->total_taken += p->consumed - before;
+                r = spool_append(spool, i, p->stage, p->consumed - before);
+                if (r) *lost = p->consumed - before;
+                out[2] += now_ns() - t;
+            }
+            if (r) {
+                *which = i;
+                return r;
+            }
+        }
+        out[0]++;
+        if (!took && idle_ns) {
+            uint64_t t = now_ns();
+            pause_ns(idle_ns);
+            out[1] += now_ns() - t;
+        }
+    } while (now_ns() - start < budget_ns && !__atomic_load_n(halt, __ATOMIC_ACQUIRE));
+    return 0;
 }

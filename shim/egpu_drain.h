@@ -68,6 +68,8 @@ struct egpu_ring_pass {
     unsigned long long ns[4];            /* nanoseconds: header, copy, scan, clear (the first two: the driver's
                                           * calls that read the header and copy the records, and little else) */
     int failed;                          /* the call that failed: 0 copy_out, 1 copy_in, 2 wait */
+    /* summed over a burst's passes (egpu_ring_burst; its caller zeroes them): ns, copied, the bytes taken */
+    unsigned long long total_ns[4], total_copied, total_taken;
 };
 
 enum { EGPU_PASS_TAKE = 0, EGPU_PASS_SKIP = 1, EGPU_PASS_COUNT = 2 };
@@ -90,6 +92,31 @@ enum { EGPU_PASS_NO_STAGING = -1, EGPU_PASS_PAST_HEAD = -2 };
  * pass again); EGPU_PASS_PAST_HEAD where a record's length runs past head (its header written over: nothing
  * written, seen unmoved); or the failing driver call's CUresult, p->failed naming it. */
 int egpu_ring_pass(struct egpu_ring_pass *p);
+
+/* The spool a burst appends to (egpu_ring_burst): a file (fd) of chunks, each a 16-byte head (the ring's index
+ * in the burst's array, 4 bytes of zero, the bytes that follow: all little-endian) and then the bytes a pass took
+ * from that ring, records with their headers as the ring held them, in ring order. `end`: the bytes of whole
+ * chunks written, moved (a release store) after each chunk is; a reader on another thread reads up to it.
+ * `error`: the errno of the write that failed. */
+struct egpu_spool {
+    int fd;
+    int error;
+    unsigned long long end;
+};
+
+enum { EGPU_PASS_SPOOL = -3, EGPU_SPOOL_HEAD = 16 };
+
+/* Passes over rings[0, n) in turn (TAKE, with each one's own `lines`), what each takes appended to spool as a
+ * chunk, round after round until budget_ns has passed since the call or *halt is set by another thread (one
+ * round at least); a round that took nothing sleeps idle_ns first. Every driver call of every pass in this one call: a reader thread that lets the
+ * GIL go once a burst waits once for it to come back, not once a pass. Each pass's counts add up into the ring's
+ * `total_*` (the burst's caller zeroes them). Returns 0; or what egpu_ring_pass returned, or EGPU_PASS_SPOOL
+ * where the spool's write failed (spool->error), with *which the ring's index: that ring's consumed and seen are
+ * as that pass left them (a failed spool write: its records taken from the ring and lost, counted in
+ * *lost). out[0]: the rounds made; out[1]: nanoseconds slept; out[2]: nanoseconds writing the spool. */
+int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct egpu_spool *spool,
+                    unsigned long long budget_ns, unsigned long long idle_ns, const int *halt, unsigned int *which,
+                    unsigned long long *lost, unsigned long long *out);
 
 /* ---- part 3: C only ---- */
 

@@ -23,6 +23,7 @@ import pytest
 from egpu_preload.bpf import program as prog
 from egpu_preload.runtime.driver import DriverError
 from egpu_preload.runtime.ring_drain import Block, RingDrain, RingReader
+from egpu_preload.runtime.spool import Spool
 from egpu_preload.translate import devmaps, probe_function
 from egpu_preload.translate.module import probe_runner_ptx
 from host_memory import OUT, HostCopies
@@ -171,13 +172,28 @@ def interleaved(producer: Callable[[int], None], n: int) -> None:
         sys.setswitchinterval(switch)
 
 
-def _run_producers(ring: HostRing) -> tuple[list[tuple[int, bytes]], RingReader, list[int]]:
+def _run_producers(ring: HostRing, spool_dir: Path | None = None) -> tuple[list[tuple[int, bytes]], RingReader,
+                                                                           list[int]]:
     """PRODUCERS threads, each PER_PRODUCER records (producer, its sequence number, padding that varies
-    the size) as fast as they can, while a RingDrain takes them; what it delivered, in order."""
+    the size) as fast as they can, while a RingDrain takes them; what it delivered, in order. Given
+    ``spool_dir``, the drain appends to a spool there (a file of no name) and a thread reads it back as
+    the writer does, while the producers run."""
     got: list[tuple[int, bytes]] = []
     reader = RingReader(ring, 0, ring.lay)
-    drain = RingDrain([reader], lambda i, taken: got.extend(flat(taken)), idle_s=0.0001).start()
+    spool = Spool(spool_dir / "t.parquet") if spool_dir else None
+    drain = RingDrain([reader], lambda i, taken: got.extend(flat(taken)), idle_s=0.0001, spool=spool).start()
     kept = [0] * PRODUCERS
+    done = threading.Event()
+
+    def read_once() -> None:
+        for _, taken in spool.taken():
+            reader.taken += len(flat(taken))
+            got.extend(flat(taken))
+
+    def read_back() -> None:
+        while not done.is_set():
+            read_once()
+            time.sleep(0.0005)
 
     def producer(p: int) -> None:
         refused = 1 << 30   # the smallest record of this producer refused so far
@@ -189,8 +205,17 @@ def _run_producers(ring: HostRing) -> tuple[list[tuple[int, bytes]], RingReader,
             else:
                 refused = min(refused, len(data))
 
+    writer = threading.Thread(target=read_back)
+    if spool:
+        writer.start()
     interleaved(producer, PRODUCERS)
     drain.stop()
+    if spool:
+        done.set()
+        writer.join()
+        read_once()   # the chunks of the last passes
+        assert not list(spool_dir.iterdir()) and spool.read_at == spool.c.end > 0
+        spool.close()
     return got, reader, kept
 
 
@@ -203,23 +228,26 @@ def _by_producer(got: list[tuple[int, bytes]]) -> dict[int, list[int]]:
     return seqs
 
 
-def test_wait_loses_nothing_and_keeps_each_producers_order():
+@pytest.mark.parametrize("via", ["sink", "spool"])
+def test_wait_loses_nothing_and_keeps_each_producers_order(via, tmp_path):
     """A 1 KiB ring (about 50 records) under four producers: every record arrives once, each producer's
-    in the order it wrote them, none dropped, and the ring ends empty with consumed at head."""
+    in the order it wrote them, none dropped, and the ring ends empty with consumed at head; handed to a sink
+    pass by pass, or spooled by bursts of passes in C and read back meanwhile."""
     ring = HostRing(1024, PRODUCERS, wait=True)
-    got, reader, kept = _run_producers(ring)
+    got, reader, kept = _run_producers(ring, tmp_path if via == "spool" else None)
     assert _by_producer(got) == {p: list(range(PER_PRODUCER)) for p in range(PRODUCERS)}
     assert reader.dropped == 0 and reader.taken == len(got) == PRODUCERS * PER_PRODUCER
     assert reader.empty() and ring._u64(16) == ring._u64(0) == ring._u64(8)
 
 
-def test_drop_counts_every_record_it_does_not_deliver():
+@pytest.mark.parametrize("via", ["sink", "spool"])
+def test_drop_counts_every_record_it_does_not_deliver(via, tmp_path):
     """The same producers on a dropping ring: what arrives is each producer's records without
     duplicates and in order, and delivered + dropped is exactly what was written (the reader's count
     from the ring equals the producers' own); the reader reopens SMs that were refused, so records keep
     arriving from an SM after it was refused."""
     ring = HostRing(1024, PRODUCERS, wait=False)
-    got, reader, kept = _run_producers(ring)
+    got, reader, kept = _run_producers(ring, tmp_path if via == "spool" else None)
     seqs = _by_producer(got)
     for p in range(PRODUCERS):
         mine = seqs.get(p, [])
@@ -1173,6 +1201,7 @@ def _one_waiting_ring(access_trace, out: Path):
     arena = Arena(8 << 20)
     device = devmaps.DeviceMaps(arena, MapsState(obj.maps), 1)
     ring = HostRing(4096, 1, True, arena.mem, device.addrs[next(i for i, m in enumerate(maps) if m.name == "events")])
+    arena.copies()   # the stand-in driver made before the reader's thread, which a test may tell to fail
     return ring, Streaming(out, [Probe(Path("a.bpf.o"), obj, (), "t")], [device], arena)
 
 
@@ -1210,21 +1239,61 @@ def test_an_arrow_trace_writes_what_it_holds_once_it_is_a_moment_old(access_trac
     assert streaming.finish()["records"] == 10
 
 
+def test_the_reader_never_waits_for_a_writer_that_lags(access_trace, tmp_path):
+    """The reader spools what it takes (an unlinked file beside the trace file) rather than waiting for the
+    writer: 5,000 records through a 4 KiB ring made to wait are all taken while the writer is held up (as by a
+    job's threads that keep the GIL), and reach the file once it goes on."""
+    ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet")
+    held, add = threading.Event(), streaming.writer.add
+
+    def lagging(index, taken):
+        held.wait(60)
+        add(index, taken)
+
+    streaming.writer.add = lagging
+    done = threading.Event()
+
+    def producer() -> None:
+        for i in range(5000):   # some 400 passes' records, far past the writer's queue of QUEUED batches
+            ring.produce(_event(i), sm=0)
+        done.set()
+
+    threading.Thread(target=producer, daemon=True).start()
+    finished = done.wait(30)
+    held.set()
+    assert finished, "the producers waited on a reader that waited on the writer"
+    assert [p.name for p in tmp_path.iterdir()] == ["t.parquet"]   # the spool has no name
+    report = streaming.finish()
+    assert report["records"] == 5000 and report["error"] is None
+    assert tracefile.read(tmp_path / "t.parquet").rows.column("seq").to_pylist() == list(range(5000))
+
+
+def test_a_spool_that_cannot_be_written_fails_the_reader_and_lets_producers_go_on(access_trace, tmp_path):
+    """The spool's disk full (/dev/full stands in): the reader fails, saying so and what it took and lost, the
+    ring is passed over from then on, so the producers made to wait finish, and the file is closed."""
+    import os
+    ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet")
+    full = os.open("/dev/full", os.O_WRONLY)
+    streaming.spool.c.fd = full
+    try:
+        for i in range(1000):
+            ring.produce(_event(i), sm=0)
+        report = streaming.finish()
+    finally:
+        os.close(full)
+    assert re.match(r"the ring reader failed: cannot write the trace's spool beside the trace file: No space left on "
+                    r"device \([1-9][\d,]* bytes of records taken and lost\); [\d,]+ bytes of records after it passed "
+                    r"over unread$", report["error"]), report["error"]
+    assert tracefile.read(tmp_path / "t.parquet").complete
+
+
 def test_a_reader_that_fails_lets_waiting_producers_go_on(access_trace, tmp_path):
-    """A reader that dies (here: its copy fails after 50 records) must not stop the job either: the ring
-    made to wait is passed over unread from then on, so the producers finish, and the report says the
+    """A reader that dies (here: its copies of the records fail after the fifth) must not stop the job either:
+    the ring made to wait is passed over unread from then on, so the producers finish, and the report says the
     reader failed and how many bytes of records it passed over (no "none dropped")."""
     from egpu_preload.runtime import streaming as streaming_mod
     ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet")
-    reader = streaming.readers[0]
-    take = reader.take
-
-    def failing_take():
-        if reader.taken >= 50:
-            raise RuntimeError("copy failed: CUDA_ERROR_LAUNCH_FAILED")
-        return take()
-
-    reader.take = failing_take
+    streaming.readers[0].mem.device.fail(ring.base + devmaps.HEADER, ring.base + ring.lay.lines_off, 719, after=5)
     done = threading.Event()
 
     def producer() -> None:
@@ -1235,7 +1304,7 @@ def test_a_reader_that_fails_lets_waiting_producers_go_on(access_trace, tmp_path
     threading.Thread(target=producer, daemon=True).start()
     assert done.wait(30), "producers made to wait stopped for good after the reader failed"
     report = streaming.finish()
-    assert report["error"].startswith("the ring reader failed: copy failed: CUDA_ERROR_LAUNCH_FAILED; ")
+    assert report["error"].startswith("the ring reader failed: cuMemcpyDtoHAsync_v2 failed: CUresult 719; ")
     skipped = int(report["error"].split("; ")[1].split(" bytes")[0].replace(",", ""))
     assert skipped > 0 and skipped % 80 == 0 and report["records"] + skipped // 80 <= 1000
     line = streaming_mod.notes([{"trace": report}])[0]

@@ -36,10 +36,18 @@ once, when the drain stops.
 
 A reader that fails (a copy that errs) goes on moving ``consumed`` to ``head`` unread until stopped,
 counting what it passed over: producers made to wait would otherwise spin, and the job with them.
+
+Under egpu-run --trace the drain's thread hands nothing to Python while the job runs: one call into C
+(egpu_ring_burst) makes the passes over every ring for up to BURST_S, until stop() sets its flag, appending what
+each pass takes, as the ring held it, to a spool (spool.py) that the writer reads back and cuts into batches. A
+reader that went back to Python after every pass waited there for the GIL (1.2-1.5 ms a pass in PyTorch eager's
+warp trace on an H100, 2026-12-05f), cut the records with numpy, and waited for the writer whenever it lagged
+(QUEUED batches): the producers, made to wait, waited with it.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 import time
@@ -53,6 +61,10 @@ from egpu_preload.runtime.driver import PASS_CALLS, StreamCopies
 from egpu_preload.translate.devmaps import LINE, RING_NCPU, REC_READY, MapLayout
 
 IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that found records goes on at once
+# Into a spool: how long one call into C goes on passing before the reader's thread takes the GIL back
+# (RingDrain._burst; stop() ends it at once). Each return waits for the GIL: beside a busy thread of the job's and
+# the writer's, for a few switch intervals (5 ms each) at times.
+BURST_S = 1.0
 # Where a reader's time goes (RingReader.phases, RingDrain.phases): the header read, the records' copies, the
 # scan that finds them (C's walk, then numpy cutting them out), the zeros and ``consumed`` written back (the
 # first four measured in C, by egpu_ring_pass), the wait for the GIL after the pass's call (cffi lets it go
@@ -192,14 +204,26 @@ class RingReader:
         as it says. Returns its arguments, which hold what it took; raises what the memory makes of a driver
         call that failed, and EgpuError for a ring the job wrote over (a record past head)."""
         ffi, lib = _shim()
-        p = self._pass or self._arguments(ffi)
-        p.mode, p.lines, p.consumed, p.seen = getattr(lib, mode), lines, self.consumed, self.seen
+        p = self._ready(ffi, lines)
+        p.mode = getattr(lib, mode)
         r = self._call(lib, p)
         if r == lib.EGPU_PASS_NO_STAGING:
             self._stage(ffi, p)
             r = self._call(lib, p)
+        self._settle(lib, p, r, p.copied)
+        return p
+
+    def _ready(self, ffi: Any, lines: bool) -> Any:
+        """The C pass's arguments (made at the first pass) with the reader's state."""
+        p = self._pass or self._arguments(ffi)
+        p.lines, p.consumed, p.seen = lines, self.consumed, self.seen
+        return p
+
+    def _settle(self, lib: Any, p: Any, r: int, copied: int) -> None:
+        """The reader's state and counts moved as the pass (or a burst's passes, which ``copied``) left them;
+        raises for the pass's failure ``r``."""
         self.consumed, self.seen = p.consumed, p.seen
-        self.copied += p.copied
+        self.copied += copied
         self.skipped += p.skipped
         self.dropped = p.dropped + p.line_drops
         if r == lib.EGPU_PASS_PAST_HEAD:
@@ -207,7 +231,6 @@ class RingReader:
                             f"written over by the job?)")
         if r:
             raise self._copies.failure(PASS_CALLS[p.failed], r)
-        return p
 
     def _call(self, lib: Any, p: Any) -> int:
         """egpu_ring_pass in the memory's context, its phases' time added up; what it took beyond them is the
@@ -348,6 +371,21 @@ def _single(buf: memoryview, starts: list[int], out: Taken) -> None:
             out.append((head >> 40, buf[k + 8:k + 8 + (head & LENGTH)].tobytes()))
 
 
+def records_in(buf: memoryview) -> Taken:
+    """The records of ``buf``, whole records with their headers as a ring held them (a spool's chunk: spool.py),
+    as a pass hands them on (discarded ones left out)."""
+    ffi, lib, np = *_shim(), _numpy()
+    starts, runs = _longs(np, len(buf) // 8 + 1), _longs(np, len(buf) // 8 + 1)
+    n, nruns = ffi.new("unsigned long long *"), ffi.new("unsigned long long *")
+    end = lib.egpu_ring_walk(ffi.from_buffer(buf), len(buf), 0, len(buf), ffi.from_buffer("long long[]", starts), n,
+                             ffi.from_buffer("long long[]", runs), nruns)
+    if end != len(buf):
+        raise EgpuError(f"a spooled chunk of {len(buf):,} bytes holds a record not complete at byte {end:,}")
+    out: Taken = []
+    _hand_on(np, buf, starts[:n[0]], runs[:nruns[0]], out)
+    return out
+
+
 def _numpy() -> Any:
     try:
         import numpy
@@ -360,13 +398,17 @@ Sink = Callable[[int, Taken], None]   # (the ring's index among the drained, its
 
 
 class RingDrain:
-    """A thread that passes over every ring until stopped, handing each ring's records to ``sink``."""
+    """A thread that passes over every ring until stopped, handing each ring's records to ``sink``, or, given a
+    spool (spool.py), appending them to it in C, BURST_S of passes a call."""
 
     def __init__(self, readers: list[RingReader], sink: Sink, idle_s: float = IDLE_S,
-                 hold: Callable[[], AbstractContextManager[Any]] = nullcontext) -> None:
+                 hold: Callable[[], AbstractContextManager[Any]] = nullcontext, spool: Any = None) -> None:
         """``hold``: entered once around the thread's passes (ContextMemory.entered: the maps' context
-        current on it for good, not pushed and popped around every copy)."""
-        self.readers, self.sink, self.idle_s, self.hold = readers, sink, idle_s, hold
+        current on it for good, not pushed and popped around every copy). ``spool``: a spool.Spool, whose
+        reader then hands the records on, and ``sink`` has none."""
+        self.readers, self.sink, self.idle_s, self.hold, self.spool = readers, sink, idle_s, hold, spool
+        self._bursts: Any = None   # the C burst's array of the readers' arguments (made at the first burst)
+        self._halt = [0]           # set by stop(): the C burst's flag (an int of C's once the first burst made it)
         self.error: BaseException | None = None
         self.passes = 0
         self.phases = dict.fromkeys(DRAIN_PHASES, 0.0)   # seconds; the readers' own in RingReader.phases
@@ -378,7 +420,9 @@ class RingDrain:
         return self
 
     def drain_once(self) -> int:
-        """One pass over every ring; how many records it took."""
+        """One pass over every ring; how many records it took (into a spool: how many bytes of records)."""
+        if self.spool is not None:
+            return self._burst(0)
         n = 0
         for i, r in enumerate(self.readers):
             taken = r.take()
@@ -394,13 +438,60 @@ class RingDrain:
         try:
             with self.hold():
                 while not self._stop.is_set():
-                    if not self.drain_once():
+                    if self.spool is not None:
+                        self._burst(BURST_S)
+                    elif not self.drain_once():
                         t = time.perf_counter()
                         self._stop.wait(self.idle_s)
                         self.phases["idle"] += time.perf_counter() - t
         except BaseException as e:   # reported by stop(): a reader that dies must not kill the job,
             self.error = e           # nor stop it: producers made to wait would spin for good
             self._release()
+
+    def _burst(self, budget_s: float) -> int:
+        """Passes over every ring for ``budget_s`` (one round at least) in one call into C (egpu_ring_burst),
+        each one's records appended to the spool; the bytes of records taken. Where the GIL went after the call
+        (``gil_wait``) is the first reader's to count: it is the burst's, not one ring's; the spool's writes are the
+        drain's hand-off."""
+        if not self.readers:
+            return 0
+        ffi, lib = _shim()
+        ps = [r._ready(ffi, lines=not r.lay.wait) for r in self.readers]   # a waiting ring's marks stay as they are
+        for p in ps:
+            p.total_ns, p.total_copied, p.total_taken = [0] * 4, 0, 0
+        if self._bursts is None:
+            self._bursts = ffi.new("struct egpu_ring_pass *[]", ps)
+            self._halt = ffi.new("int *", self._halt[0])
+        which, lost = ffi.new("unsigned int *"), ffi.new("unsigned long long *")
+        out = ffi.new("unsigned long long[3]")
+        with self.readers[0].mem.entered():
+            t = time.perf_counter()
+            r = lib.egpu_ring_burst(self._bursts, len(ps), self.spool.c, int(budget_s * 1e9), int(self.idle_s * 1e9),
+                                    self._halt, which, lost, out)
+            spent = time.perf_counter() - t
+        in_c = (out[1] + out[2]) / 1e9
+        for reader, p in zip(self.readers, ps):
+            for phase, ns in zip(PHASES, p.total_ns):
+                reader.phases[phase] += ns / 1e9
+                in_c += ns / 1e9
+        self.readers[0].phases["gil_wait"] += max(spent - in_c, 0.0)
+        self.phases["idle"] += out[1] / 1e9
+        self.phases["hand_off"] += out[2] / 1e9   # the spool's writes
+        self.passes += out[0]
+        taken = sum(p.total_taken for p in ps)
+        for reader, p in zip(self.readers, ps):
+            reader._settle(lib, p, 0, p.total_copied)
+        if not r:
+            return taken
+        reader, p = self.readers[which[0]], ps[which[0]]
+        if r == lib.EGPU_PASS_NO_STAGING:   # its staging made; the next burst takes its records
+            reader._stage(ffi, p)
+            return taken + 1
+        if r == lib.EGPU_PASS_SPOOL:
+            raise EgpuError(f"cannot write the trace's spool beside the trace file: "
+                            f"{os.strerror(self.spool.c.error)} ({lost[0]:,} bytes of records taken and lost)")
+        reader._settle(lib, p, r, 0)   # raises for the pass's failure
+        return taken
 
     def _release(self) -> None:
         """After a failure: every ring's records passed over unread until stopped (RingReader.skip)."""
@@ -417,6 +508,7 @@ class RingDrain:
         record is taken one pass after it is seen, so passes go on until every ring is empty), then the
         readers' pinned memory freed, after a failure too; the first failure raised."""
         self._stop.set()
+        self._halt[0] = 1
         if self._thread.is_alive():
             self._thread.join()
         if self.error is None:

@@ -4,9 +4,10 @@ with the records host programs (launch, host-API, uprobes) output to them, which
 on (launches.Drainer: ``host``) into the same columns, the host as CPU 0.
 
 Opened at start where host programs output to a ring, else once the device maps exist, whose rings are
-drained from then on (``read``); finished at exit after the context is synchronized (the reader keeps
-running through that synchronize: kernels waiting for room in a ring need it), then every record left is
-taken and the file closed with each map's dropped count.
+drained from then on (``read``) into a spool beside FILE (spool.py) that the writer reads back, so the reader
+never waits for the writer; finished at exit after the context is synchronized (the reader keeps running
+through that synchronize: kernels waiting for room in a ring need it), then every record left is taken, the
+writer catches up with the spool, and the file is closed with each map's dropped count.
 
 A job of several processes: the first to start claims FILE (O_EXCL: the launcher removed any old one),
 each other writes FILE's name with its pid inserted beside it (``trace.1234.parquet``). An exec ends an image
@@ -24,7 +25,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,8 @@ from egpu_preload.outpaths import create_new
 from egpu_preload.output import tracefile, warp_records
 from egpu_preload.runtime.probes import RING_TYPES, Probe
 from egpu_preload.runtime.ring_drain import (DRAIN_PHASES, PHASES, READ_PHASES, Memory, RingDrain, RingReader,
-                                             Taken)
+                                             Taken, count)
+from egpu_preload.runtime.spool import Spool
 from egpu_preload.translate import devmaps
 from egpu_preload.translate.devmaps import DeviceMaps
 
@@ -89,6 +91,7 @@ def _layout(btf: btfmod.Btf | None) -> tracefile.RecordLayout | None:
 
 
 QUEUED = 32   # batches taken and not yet written; the reader waits for the writer beyond (a bound on memory)
+SPOOL_POLL_S = 0.01   # how often the writer looks for what the reader spooled, when it has nothing else to do
 
 
 class Streaming:
@@ -107,6 +110,7 @@ class Streaming:
         self._probe = {id(p): k for k, p in enumerate(probes)}
         self.readers: list[RingReader] = []
         self.drain: RingDrain | None = None
+        self.spool: Spool | None = None   # where the reader's records wait for the writer (read)
         self.host_dropped = [0] * len(drained)   # what host programs' maps dropped, by the writer's index
         self.host_taken = 0   # records host programs handed on (the readers count their own)
         self._host_held: deque[tuple[int, Taken]] = deque()   # host records the writer's full queue refused
@@ -127,10 +131,17 @@ class Streaming:
             self.read(maps, memory)
 
     def read(self, maps: list[DeviceMaps], memory: Memory) -> None:
-        """Drain the device maps' rings from now on (once they exist)."""
+        """Drain the device maps' rings from now on (once they exist), through a spool where the file is written
+        and one can be made beside it, else through the writer's queue."""
         self.readers = [RingReader(memory, maps[k].addrs[i], maps[k].layouts[i]) for k, i in self.slots]
+        if self.writer is not None:
+            try:
+                self.spool = Spool(self.path)
+            except OSError as e:
+                print(f"egpu[{os.getpid()}]: no spool beside {self.path} ({e.strerror or e}): the trace's records "
+                      "go through memory, and the reader waits whenever the writer lags", file=sys.stderr)
         self.drain = RingDrain(self.readers, lambda index, taken: self._batches.put((index, taken)),
-                               hold=memory.entered).start()
+                               hold=memory.entered, spool=self.spool).start()
 
     def host(self, probe: Probe, map_index: int, records: list[Any], dropped: int) -> None:
         """Records host programs of ``probe`` (one of ``probes``) output to map ``map_index`` (a ring's bytes, a
@@ -154,28 +165,45 @@ class Streaming:
             self._host_held.popleft()
 
     def _write_all(self) -> None:
-        """The writer's thread, until finish() hands it None; records held tracefile.FLUSH_S written after
-        each batch, and between batches (woken a few times as often). A file that cannot be written (disk
+        """The writer's thread, until finish() hands it None; the host's batches and what the reader spooled written
+        as they come, records held tracefile.FLUSH_S written after each batch, and between batches (woken a few
+        times as often). A file that cannot be written (disk
         full) must not stop the reader, or a ring made to wait would stop the job: from then on batches are
         taken and not written."""
         while (batch := self._next()) is not None:
-            if self.writer is None or self.error is not None:
-                continue
-            try:
-                t = time.perf_counter()
-                if batch:
-                    self.writer.add(*batch)
-                self.writer.flush_due()
-                self.write_s += time.perf_counter() - t
-                self.after_write()
-            except Exception as e:  # noqa: BLE001  (pyarrow's and the OS's errors alike)
-                self.error = f"cannot write the trace: {e}"
-                print(f"egpu[{os.getpid()}]: {self.path}: {self.error}", file=sys.stderr)
+            self._write([batch] if batch else [])
+            self._write(self._spooled())
+        self._write(self._spooled())
+
+    def _spooled(self) -> Iterator[tuple[int, Taken]]:
+        """What the reader spooled since the last call, each batch counted as its reader's."""
+        for index, taken in self.spool.taken() if self.spool is not None else ():
+            self.readers[index].taken += count(taken)
+            yield index, taken
+
+    def _write(self, batches: Iterable[tuple[int, Taken]]) -> None:
+        """``batches`` written (taken and thrown away once the file cannot be), then the records due."""
+        if self.writer is None or self.error is not None:
+            for _ in batches:
+                pass
+            return
+        try:
+            t = time.perf_counter()
+            for batch in batches:
+                self.writer.add(*batch)
+            self.writer.flush_due()
+            self.write_s += time.perf_counter() - t
+            self.after_write()
+        except Exception as e:  # noqa: BLE001  (pyarrow's and the OS's errors alike)
+            self.error = f"cannot write the trace: {e}"
+            print(f"egpu[{os.getpid()}]: {self.path}: {self.error}", file=sys.stderr)
+            self._write(batches)   # the rest taken and thrown away
 
     def _next(self) -> tuple[int, Taken] | tuple[()] | None:
-        """The next batch; () when none came for a quarter of tracefile.FLUSH_S."""
+        """The next batch; () when none came for a quarter of tracefile.FLUSH_S, or, while the reader spools, for
+        SPOOL_POLL_S (the spool is looked at after each)."""
         try:
-            return self._batches.get(timeout=tracefile.FLUSH_S / 4)
+            return self._batches.get(timeout=SPOOL_POLL_S if self.spool is not None else tracefile.FLUSH_S / 4)
         except queue.Empty:
             return ()
 
@@ -193,6 +221,8 @@ class Streaming:
         self._hand_host(wait=True)
         self._batches.put(None)
         self._writing.join()
+        if self.spool is not None:
+            self.spool.close()
         dropped = dict(zip(self.names, self.host_dropped))
         for name, r in zip(self.names, self.readers):
             dropped[name] += r.dropped

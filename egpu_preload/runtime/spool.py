@@ -1,0 +1,70 @@
+"""The spool between the --trace reader and its writer: an unlinked file beside the trace file, which the
+reader's passes append to in C (shim/drain.c egpu_ring_burst: each pass's records as the ring held them, a chunk
+a pass) and the writer's thread reads back at its own pace (``taken``).
+
+Why a file and not a queue: the reader must never wait, or producers made to wait (``--on-full wait``) stall
+the job's kernels, while the writer (Python and pyarrow) runs only when it has the GIL, which a job's busy
+threads hold up to the switch interval at a time: beside a thread that spun holding it, the writer alone made
+87 MB/s of warp records on the CI machine (1,351 MB/s without; bench/bench_drain.py --busy). A queue held in
+memory would make the job's memory the bound on a trace's backlog; the spool's bound is the disk the trace goes
+to, and the page cache keeps what the writer reads back soon. Unlinked at once, so a job killed mid-trace
+leaves none behind (its trace file keeps what the writer had written).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from egpu_preload.runtime import ring_drain
+from egpu_preload.runtime.ring_drain import Taken, records_in
+
+HEAD = struct.Struct("<IIQ")   # a chunk's: the ring's index, 0, the bytes after (shim/egpu_drain.h egpu_spool)
+READ = 64 << 20                # bytes read back at once (whole chunks; one chunk larger is read alone)
+
+
+def _unlinked(directory: Path) -> int:
+    """A file of no name in ``directory`` open for reading and writing: O_TMPFILE, or where the filesystem has
+    none, one made and unlinked at once."""
+    try:
+        return os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
+    except (AttributeError, OSError):
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".egpu-spool-")
+        os.unlink(name)
+        return fd
+
+
+class Spool:
+    """The spool of the trace file ``near``: ``c``, the shim's struct egpu_spool the reader's bursts append to;
+    ``taken()``, the chunks written since the last call, as each ring's records."""
+
+    def __init__(self, near: Path) -> None:
+        """Raises OSError where no file can be made beside ``near``."""
+        self.fd = _unlinked(near.parent)
+        self.c = ring_drain._shim()[0].new("struct egpu_spool *")   # the shim's (or a test's) ffi
+        self.c.fd = self.fd
+        self.read_at = 0   # the end of the chunks taken() has handed on
+
+    def taken(self) -> Iterator[tuple[int, Taken]]:
+        """(ring index, its records) of every chunk whole in the file, in the order they were written."""
+        while (end := self.c.end) > self.read_at:
+            base = self.read_at
+            buf = os.pread(self.fd, min(end - base, READ), base)
+            at = 0
+            while at + HEAD.size <= len(buf):
+                index, _, n = HEAD.unpack_from(buf, at)
+                if at + HEAD.size + n > len(buf):
+                    if at == 0:   # one chunk larger than READ: read whole
+                        buf = os.pread(self.fd, HEAD.size + n, base)
+                        continue
+                    break
+                chunk = memoryview(buf)[at + HEAD.size:at + HEAD.size + n]
+                at += HEAD.size + n
+                self.read_at = base + at   # before the yield: a caller that stops there has had this chunk
+                yield index, records_in(chunk)
+
+    def close(self) -> None:
+        os.close(self.fd)
