@@ -344,6 +344,43 @@ def test_an_exec_keeps_the_counts_of_the_image_it_replaces(stub_job, probe_obj, 
     assert r.stderr == ""
 
 
+EXEC_THEN_KILLED = """import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import app_vec
+if sys.argv[3:] == ["exec'd"]:   # the image the exec made: it runs probes, then dies before its exit dump
+    app_vec.launch("module", 2, 32)
+    time.sleep(float(sys.argv[2]) * 4)   # past a mirror copy, where there are copies
+    os.kill(os.getpid(), 9)
+app_vec.launch("module", 3, 32)
+os.execv(sys.executable, [sys.executable, __file__, *sys.argv[1:], "exec'd"])
+"""
+
+
+@pytest.mark.parametrize("mirror", ["0", "0.05"])
+def test_an_image_an_exec_made_and_killed_is_named(stub_job, probe_obj, tmp_path, mirror):
+    """A process that launched 3 kernels and exec'd into an image that launched 2 and was SIGKILLed: the first
+    image's counts, and a line naming the killed image with its maps as of its last mirror copy, or where it made
+    none, that its counts are missing (the first image's exec dump passed for the pid's: egpu-run printed 3 and
+    said nothing)."""
+    script = tmp_path / "exec_then_killed.py"
+    script.write_text(EXEC_THEN_KILLED)
+    r = egpu_run(["--mirror", mirror, "-p", str(probe_obj("count")), sys.executable, str(script), str(MORE), mirror],
+                 stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
+    assert r.returncode == 128 + signal.SIGKILL, r.stderr
+    [line] = r.stderr.splitlines()
+    pid = re.match(r"egpu-run: pid (\d+) ", line)
+    assert pid, line
+    if mirror == "0":
+        assert r.stdout == "@counts: 3\n"
+        assert line == (f"egpu-run: pid {pid[1]} was ended by signal 9 (SIGKILL) before its exit dump and before any "
+                        "copy of its maps: its counts are missing")
+        return
+    images = re.findall(r"^pid (\d+)( before exec 1)?: .*?\n@counts: (\d+)$", r.stdout, re.M | re.S)
+    assert images == [(pid[1], " before exec 1", "3"), (pid[1], "", "2")], r.stdout
+    assert re.fullmatch(rf"egpu-run: pid {pid[1]} was ended by signal 9 \(SIGKILL\) before its exit dump: its maps "
+                        r"are as of its last copy, \d+\.\d s old", line), line
+
+
 def _other_python() -> str | None:
     """A Python of another minor version than this one that runs here (on PATH, or pyenv's), or None."""
     found = [shutil.which(f"python3.{n}") for n in range(8, 20) if n != sys.version_info.minor]

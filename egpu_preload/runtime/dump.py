@@ -103,22 +103,34 @@ def write_exec(session: Path, doc: dict[str, Any]) -> Path:
     """The dump of an image its process is replacing by exec: ``<pid>.exec<N>.msgpack``, N the first free (an
     image exec'd from an exec'd image finds its predecessor's), so that the next image's dumps, under the same
     pid, leave it alone."""
-    n = 1
-    while (session / f"{doc['pid']}.exec{n}{SUFFIX}").exists():
-        n += 1
+    n = exec_dumps(session, doc["pid"]) + 1
     return write(session, {**doc, "exec": n}, f"{doc['pid']}.exec{n}")
+
+
+def exec_dumps(session: Path, pid: int) -> int:
+    """How many images of process ``pid`` an exec replaced after they dumped (write_exec)."""
+    n = 0
+    while (session / f"{pid}.exec{n + 1}{SUFFIX}").exists():
+        n += 1
+    return n
 
 
 def mark_started(session: Path, marker: str = STARTED) -> bool:
     """Tell egpu-run that this process runs probes, so a dump of it is due: one that ends without it (SIGTERM,
-    as Pool's exit ends its workers; os._exit) loses its counts since its last mirror copy, or all of them,
-    and egpu-run names it instead of printing the others' maps as if they were the job's (job.report). Made
-    once, where the runtime starts: a child forked later runs none of its own and owes none. True when the mark
-    was there already: an image of this process that an exec replaced made it."""
+    as Pool's exit ends its workers; os._exit; SIGKILL) loses its counts since its last mirror copy, or all of
+    them, and egpu-run names it instead of printing the others' maps as if they were the job's (job.report).
+    Made once an image, where the runtime starts: a child forked later runs none of its own and owes none, and
+    an image that dumped before an exec withdraws it (unmark_started), so that the next one owes its own. True
+    when the mark was there already: an image of this process that made it owed no dump when it exec'd."""
     try:
         return not create_new(session / f"{os.getpid()}{marker}")
     except OSError:   # egpu-run gone, its session with it (a process that outlived the job): no one to tell
         return False
+
+
+def unmark_started(session: Path) -> None:
+    """Withdraw this process's mark (mark_started): the image dumped before an exec, and owes nothing more."""
+    (session / f"{os.getpid()}{STARTED}").unlink(missing_ok=True)
 
 
 def started(session: Path, marker: str = STARTED) -> set[int]:

@@ -17,8 +17,10 @@ registers the instrumenter with hooks.register and does nothing else).
   maps back and write the dump (dump.py) into the session directory.
 - Before an exec (shim/process.c; none runs an exit handler): synchronize and write the maps as ``egpu maps``
   reads them into the session (dump.write_exec), every thread left running but the trace, whose file is closed
-  as at exit (streaming.py); a failed exec withdraws that dump, so the maps count on into the next exec's or the
-  exit's, each launch once, and drains the rings on into a new trace file.
+  as at exit (streaming.py), and the map mirror, whose segment goes with its started mark (dump.mark_started):
+  the next image owes a dump of its own, and egpu-run names it when it dies without one. A failed exec withdraws
+  that dump, so the maps count on into the next exec's or the exit's, each launch once, and drains the rings on
+  into a new trace file.
 - Every process serves a control socket (live.py): probes attached, detached and swapped while it
   runs, maps and modules read. So the original PTX of every load is kept, even with no probe at all.
 - Once maps exist, a thread copies them into shared memory every config.mirror seconds (mirror.py),
@@ -146,8 +148,9 @@ class Runtime:
         self.closed_traces: list[dict[str, Any]] = []     # trace files closed before execs that failed
         self.after_exec = False                           # an image an exec made: its trace file's name (claim)
         if cfg.session is not None:
-            # its dump is due: egpu-run names it if none comes (marked already: an earlier image of the process)
-            self.after_exec = dump.mark_started(cfg.session)
+            # its dump is due: egpu-run names it if none comes; an earlier image of the process left a dump before
+            # it exec'd (or, owing none, its mark)
+            self.after_exec = dump.mark_started(cfg.session) or dump.exec_dumps(cfg.session, os.getpid()) > 0
             lib.egpu_shim_exec_owner(os.getpid())         # and before an exec of this process (only)
         self.drainer = launches.attach(self)              # launch probes: a thread drains the shim's records
         self.uprobes = uprobes.attach(self)               # host uprobes, on the drainer's maps in C
@@ -566,12 +569,19 @@ class Runtime:
             doc = self.live.maps({})
         trace = {"trace": self._exec_trace, **({"closed_traces": self.closed_traces} if self.closed_traces else {})}
         self._exec_dump = dump.write_exec(session, {**doc, **trace})
+        # this image owes nothing more: egpu-run must wait for the next image's dump, not take this one's for it,
+        # nor this image's last mirror copy for the next one's (a copy made after the dump would count twice)
+        dump.unmark_started(session)
+        if self.mirror is not None:
+            self.mirror.stop()
 
     def _exec_failed(self) -> None:
         """The exec failed: its dump withdrawn (the maps count on into the next), the trace file it closed kept
         for the next dump to name, and the image's records drained into a new one (claim: FILE.PID.execN)."""
         if self._exec_dump is not None:
             self._exec_dump.unlink(missing_ok=True)
+            dump.mark_started(self.cfg.session)   # the dump is this image's exit dump again
+            self.mirror = mirror.start(self.live.mirrored, self.cfg.mirror, self.cfg.session)
         self._exec_dump = None
         if self._exec_trace is None:
             return

@@ -373,11 +373,13 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
     how = f"was ended by {_signal(signum)}" if signum else "ended (killed?)"
     unfinished = []   # processes of the job that ended before their dump
     running = "was still running when the job's main process ended"
-    for doc, when, alive in mirror.left_behind(session, {d["pid"] for d in dumps}):
+    # a process is done with its exit dump; a dump before an exec is its image's, and the next image owes its own
+    exited = {d["pid"] for d in dumps if "exec" not in d}
+    for doc, when, alive in mirror.left_behind(session, exited):
         unfinished.append(f"egpu-run: pid {doc['pid']} {running if alive else how + ' before its exit dump'}: its "
                           f"maps are as of its last copy, {max(now - when, 0):.1f} s old")
         dumps.append(doc)
-    lost = sorted(dump.started(session) - {d["pid"] for d in dumps})
+    lost = sorted(dump.started(session) - {d["pid"] for d in dumps if "exec" not in d})
     if probes and (dumps or signum is None):   # none at all of a killed job: module_report says that already
         unfinished += [f"egpu-run: pid {pid} "
                        f"{running + ',' if process_exists(pid) else how + ' before its exit dump and'} before any "

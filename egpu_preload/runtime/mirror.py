@@ -22,7 +22,8 @@ document). A reader copies the file and retries while the sequence is odd or mov
 In a job of egpu-run, the first copy also leaves a symlink ``<session>/<pid>.maps`` to the segment: a
 process killed before its exit dump (SIGTERM, SIGKILL) leaves its segment behind, and egpu-run finds
 it there and prints its maps as of that copy (``left_behind``); so does one still running when the job's
-main process ended (daemonized, orphaned), whose dump would come too late.
+main process ended (daemonized, orphaned), whose dump would come too late. An image that dumps before an exec
+removes its segment: the next image's copies are its own.
 """
 
 from __future__ import annotations
