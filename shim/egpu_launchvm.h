@@ -84,9 +84,12 @@ struct egpu_lvm_trace {
     unsigned int size;
     unsigned char fmt[256];
 };
-/* Take up to `max` of the trace records programs made, oldest first, into `out`; returns how many.
- * *dropped: records lost to a full buffer since the last take. */
-size_t egpu_lvm_trace_take(struct egpu_lvm_trace *out, size_t max, unsigned long long *dropped);
+/* Take up to `max` of the trace records programs made, oldest first, into `out`; returns how many. */
+size_t egpu_lvm_trace_take(struct egpu_lvm_trace *out, size_t max);
+/* Take what program p's runs lost to a full trace buffer since the last take, by kind, into `lost` (its
+ * nmaps + 1 entries): lost[0] bpf_printk lines, lost[1 + k] bpf_ringbuf_output, bpf_ringbuf_submit and
+ * bpf_perf_event_output records for map k. */
+void egpu_lvm_prog_lost(const struct egpu_lvm_prog *p, unsigned long long *lost);
 
 /* Which programs each launched handle runs: filled by the runtime as it meets handles. */
 struct egpu_lvm_router *egpu_lvm_router_new(void);

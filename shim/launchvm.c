@@ -576,6 +576,9 @@ struct egpu_lvm_prog {
     size_t nmaps;
     int percpu;            /* it uses a per-CPU map: its runs hold cpu_lock */
     struct egpu_lvm_stats stats;
+    /* what its runs lost to a full trace buffer, under trace_lock: [0] bpf_printk lines, [1 + k] records for
+     * map k (egpu_lvm_prog_lost) */
+    unsigned long long *lost;
 };
 
 EXPORT struct egpu_lvm_prog *egpu_lvm_prog_new(const void *insns, size_t n, struct egpu_lvm_map *const *maps,
@@ -585,7 +588,8 @@ EXPORT struct egpu_lvm_prog *egpu_lvm_prog_new(const void *insns, size_t n, stru
     p->insns = malloc(n * sizeof *p->insns + 1);
     p->ops = malloc((n + 1) * sizeof *p->ops);
     p->maps = malloc(nmaps * sizeof *p->maps + 1);
-    if (!p->insns || !p->ops || !p->maps) {
+    p->lost = calloc(nmaps + 1, sizeof *p->lost);
+    if (!p->insns || !p->ops || !p->maps || !p->lost) {
         egpu_lvm_prog_free(p);
         return NULL;
     }
@@ -599,7 +603,7 @@ EXPORT struct egpu_lvm_prog *egpu_lvm_prog_new(const void *insns, size_t n, stru
 
 EXPORT void egpu_lvm_prog_free(struct egpu_lvm_prog *p) {
     if (!p) return;
-    free(p->insns), free(p->ops), free(p->maps), free(p);
+    free(p->insns), free(p->ops), free(p->maps), free(p->lost), free(p);
 }
 
 EXPORT void egpu_lvm_prog_stats(const struct egpu_lvm_prog *p, struct egpu_lvm_stats *out) {
@@ -887,19 +891,19 @@ static int store_dim3(struct run *x, const unsigned int *v) {
 static struct spin trace_lock;
 static struct egpu_lvm_trace *trace_ring; /* allocated before the first record */
 static size_t trace_head, trace_count;
-static unsigned long long trace_dropped;
 
-/* Under trace_lock. */
-static struct egpu_lvm_trace *trace_slot(void) {
+/* Under trace_lock. A record lost is counted as what it was: program x's bpf_printk line (k = -1), or its
+ * record for map k. */
+static struct egpu_lvm_trace *trace_slot(const struct run *x, int k) {
     if (!trace_ring || trace_count == TRACE_RECORDS) {
-        trace_dropped++;
+        x->p->lost[k + 1]++;
         return NULL;
     }
     return &trace_ring[(trace_head + trace_count++) % TRACE_RECORDS];
 }
 
 /* One record queued for the runtime: for map k, or (k = -1) a trace_printk line with its three
- * arguments (args; NULL for a record); 0 when the queue is full (counted dropped). */
+ * arguments (args; NULL for a record); 0 when the queue is full (counted lost, by kind: trace_slot). */
 static int queue_record(const struct run *x, int k, const unsigned char *data, unsigned int size,
                         const uint64_t *args) {
     if (!atomic_load_explicit((_Atomic(struct egpu_lvm_trace *) *)&trace_ring, memory_order_acquire)) {
@@ -909,7 +913,7 @@ static int queue_record(const struct run *x, int k, const unsigned char *data, u
             free(ring);
     }
     spin_lock(&trace_lock);
-    struct egpu_lvm_trace *t = trace_slot();
+    struct egpu_lvm_trace *t = trace_slot(x, k);
     if (t) {
         t->prog = x->p, t->map = k, t->size = size;
         for (int i = 0; i < 3; i++) t->args[i] = args ? args[i] : 0;
@@ -987,15 +991,19 @@ static int release(struct run *x, int submit) {
     return 0;
 }
 
-EXPORT size_t egpu_lvm_trace_take(struct egpu_lvm_trace *out, size_t max, unsigned long long *dropped) {
+EXPORT size_t egpu_lvm_trace_take(struct egpu_lvm_trace *out, size_t max) {
     size_t n = 0;
     spin_lock(&trace_lock);
     for (; n < max && trace_count; n++, trace_count--, trace_head = (trace_head + 1) % TRACE_RECORDS)
         out[n] = trace_ring[trace_head];
-    *dropped = trace_dropped;
-    trace_dropped = 0;
     spin_unlock(&trace_lock);
     return n;
+}
+
+EXPORT void egpu_lvm_prog_lost(const struct egpu_lvm_prog *p, unsigned long long *lost) {
+    spin_lock(&trace_lock);
+    for (size_t k = 0; k <= p->nmaps; k++) lost[k] = p->lost[k], p->lost[k] = 0;
+    spin_unlock(&trace_lock);
 }
 
 /* get_current_comm's names (bpf/helpers.py), TASK_COMM_LEN bytes. A thread's is read at its first call there

@@ -111,6 +111,33 @@ def test_uprobes_send_records_to_ring_and_perf_buffers_from_c(stub_job, uprobe_a
         [v for i in range(n) for v in (-(6 * i + 15), 6 * i + 15)]
 
 
+def test_records_lost_to_a_full_c_buffer_count_as_what_they_were(stub_job, uprobe_app, tmp_path):
+    """4 threads call upt_inc 20,000 times each; at each call a uprobe in C makes a bpf_printk line, a ring buffer
+    record and a perf buffer record, faster than the drain thread takes them out of C's buffer. Every call is
+    accounted for in each kind: the lines the dump has plus those the job says it dropped, the records each map
+    has plus its dropped count (where the map's own drops count too). Every record lost in C was counted as a
+    bpf_printk line, and the maps' dropped counts said nothing of it."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    obj = tmp_path / "lossy.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "lossy.bpf.c"),
+                    "-o", str(obj)], check=True)
+    calls = 4 * 20000
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "lossy=libupt.so:upt_inc", str(app),
+                            "bench_threads", "20000", "4")
+    assert r.returncode == 0, r.stderr
+    lines = re.search(r"^egpu: (\d+) bpf_printk lines of host probes dropped \(the C buffer was full\)$", r.stderr, re.M)
+    lost = {m[1]: int(m[0]) for m in re.findall(r"^egpu: .*lossy\.bpf\.o: (\d+) records of host probes for @(\w+) "
+                                                r"dropped \(the C buffer was full; counted in its dropped\)$",
+                                                r.stderr, re.M)}
+    assert lines and set(lost) == {"calls", "also"}, r.stderr   # the drain ran behind: each kind lost some
+    assert len(doc["probes"][0]["trace"]) + int(lines[1]) == calls
+    state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
+    for name in ("calls", "also"):
+        storage = state.by_name(name)
+        assert len(storage.records) + storage.drops == calls and storage.drops >= lost[name], (name, r.stderr)
+
+
 def test_a_uprobe_reads_the_calling_threads_id_and_name(stub_job, uprobe_app, tmp_path):
     """A uprobe runs in the thread that called. Linux's bpf_get_current_pid_tgid gives it tgid << 32 | that
     thread's id, so per-thread state is kept under it (an entry's time or argument, read at the return), and

@@ -56,7 +56,10 @@ clock: CLOCK_MONOTONIC plus ``offset``.
 
 Limits: launches replayed from CUDA graphs (cuGraphLaunch) are not seen; a full ring drops records
 (counted in the shim's stats as ``dropped``; egpu-run says how many at exit). The ring holds 16 Ki
-records, so a loop of back-to-back launches outruns probes on the Python VM.
+records, so a loop of back-to-back launches outruns probes on the Python VM. Programs in C queue their
+bpf_printk lines and ring and perf buffer records in a buffer of 16 Ki records of C's, which this thread
+empties each pass: a program that outruns it loses what it makes, counted as what it was (``_take_lost``):
+lines in a line at exit, records as drops of their map, where the map's own drops and the device's count too.
 """
 
 from __future__ import annotations
@@ -411,7 +414,12 @@ class Drainer:
         self._owners = {int(ffi.cast("uintptr_t", h)): side for side in probes.sides if side and side.native
                         for _, h in side.native.programs}
         self._trace = ffi.new("struct egpu_lvm_trace[]", TRACE_BATCH)
-        self.trace_dropped = 0
+        # what programs in C lost to C's full trace buffer (egpu_lvm_prog_lost): bpf_printk lines, and records by
+        # (probe path, map name), which count in their map's drops too
+        self._in_c = [side for side in probes.sides if side and side.native]
+        self._lost = ffi.new("unsigned long long[]", 1 + max((len(s.state.maps) for s in self._in_c), default=0))
+        self.lines_dropped = 0
+        self.records_dropped: dict[tuple[str, str], int] = {}
         # egpu-run --trace (streaming.Streaming.host): where host programs' ring and perf records go, once set
         self.sink: Callable[[Probe, int, list[Any], int], None] | None = None
         self._outputs = [(side, [i for i in sorted(side.launch_only | side.shared)
@@ -467,11 +475,9 @@ class Drainer:
 
     def _take_trace(self) -> None:
         """The bpf_printk lines programs in C made, onto their probe's host trace, and the records they
-        output, into their ring or perf buffer, in order."""
-        dropped = self.ffi.new("unsigned long long *")
+        output, into their ring or perf buffer, in order; then what they lost (``_take_lost``)."""
         while True:
-            n = self.lib.egpu_lvm_trace_take(self._trace, TRACE_BATCH, dropped)
-            self.trace_dropped += dropped[0]
+            n = self.lib.egpu_lvm_trace_take(self._trace, TRACE_BATCH)
             for k in range(n):
                 t = self._trace[k]
                 side = self._owners.get(int(self.ffi.cast("uintptr_t", t.prog)))
@@ -487,7 +493,23 @@ class Drainer:
                 else:
                     storage.output(data)
             if n < TRACE_BATCH:
-                return
+                break
+        self._take_lost()
+
+    def _take_lost(self) -> None:
+        """What programs in C lost to C's full trace buffer, by kind: bpf_printk lines counted here, ring and perf
+        buffer records as drops of their map, as the map counts those it found full, and the device its own (one
+        count a map: ``merge``), so the dump, --json, --trace and the live views show them."""
+        lost = self._lost
+        for side in self._in_c:
+            for _, handle in side.native.programs:   # type: ignore[union-attr]
+                self.lib.egpu_lvm_prog_lost(handle, lost)
+                self.lines_dropped += lost[0]
+                for i, m in enumerate(side.state.maps):
+                    if lost[1 + i]:
+                        side.state.storages[i].drops += lost[1 + i]   # type: ignore[union-attr]
+                        key = (str(side.probe.path), m.name)
+                        self.records_dropped[key] = self.records_dropped.get(key, 0) + lost[1 + i]
 
     @property
     def outputs(self) -> bool:
@@ -525,9 +547,16 @@ class Drainer:
         self.drain()
         for line in self.probes.faults():
             print(f"egpu: launch probe failed: {line}", file=sys.stderr)
-        if self.trace_dropped:
-            print(f"egpu: {self.trace_dropped} bpf_printk lines of host probes dropped (the C buffer was full)",
-                  file=sys.stderr)
+        for line in self._dropped_lines():
+            print(f"egpu: {line}", file=sys.stderr)
+
+    def _dropped_lines(self) -> list[str]:
+        """What host programs in C lost to C's full trace buffer (the drain thread ran behind them), each kind
+        apart: bpf_printk lines, and each ring or perf buffer's records (in its dropped count too)."""
+        why = "the C buffer was full"
+        lines = [f"{self.lines_dropped} bpf_printk lines of host probes dropped ({why})"] if self.lines_dropped else []
+        return lines + [f"{path}: {n} records of host probes for @{name} dropped ({why}; counted in its dropped)"
+                        for (path, name), n in self.records_dropped.items()]
 
     def report(self) -> dict[str, Any]:
         """Where each probe object's launch programs ran (the dump's ``launch_probes``)."""
