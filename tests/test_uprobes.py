@@ -126,7 +126,8 @@ def test_records_lost_to_a_full_c_buffer_count_as_what_they_were(stub_job, uprob
     r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "lossy=libupt.so:upt_inc", str(app),
                             "bench_threads", "20000", "4")
     assert r.returncode == 0, r.stderr
-    lines = re.search(r"^egpu: (\d+) bpf_printk lines of host probes dropped \(the C buffer was full\)$", r.stderr, re.M)
+    lines = re.search(r"^egpu: (\d+) bpf_printk lines of host probes dropped \(the C buffer was full\)$", r.stderr,
+                      re.M)
     lost = {m[1]: int(m[0]) for m in re.findall(r"^egpu: .*lossy\.bpf\.o: (\d+) records of host probes for @(\w+) "
                                                 r"dropped \(the C buffer was full; counted in its dropped\)$",
                                                 r.stderr, re.M)}
