@@ -13,6 +13,7 @@ from elftools.elf.elffile import ELFFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from egpu_preload.bpf import ctx as C
 from egpu_preload.bpf import isa
 from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.bpf.decode import decode
@@ -21,6 +22,7 @@ from egpu_preload.bpf.program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PER
                                       MAP_RINGBUF, Attach)
 from egpu_preload.errors import BtfError, EgpuError, ElfError
 from egpu_preload.output import text, values
+from egpu_preload.vm import Vm
 
 T, W, B = "thread", "warp", "block"
 
@@ -168,6 +170,33 @@ SEC("kprobe/*") int outer(struct egpu_ctx *c) { return inner(c) + 1; }
     got = {p.name: (len(p.code) // 8, [i.call_target() for i in decode(p.code) if i.kind == "call"])
            for p in obj.programs}
     assert got == {"inner": (8, [5]), "outer": (11, [3, 8])}
+
+
+@pytest.mark.parametrize("mcpu", ["v1", "v3"])
+def test_globals_of_several_data_sections_read_their_own_bytes(tmp_path, mcpu):
+    """Static and global variables in .data.*, .rodata.* and .bss.* sections of their own: a static one is
+    reached through its section's symbol plus an addend in the lddw (a global one through its own symbol),
+    so each relocation must land on the variable's bytes in the right section's map (a probe sweep's case)."""
+    src = tmp_path / "several.bpf.c"
+    src.write_text('#include "egpu.bpf.h"\n' + """
+static __u64 pad1 SEC(".data.one") = 1;
+static __u64 s1 SEC(".data.one") = 3;
+__u64 g1 SEC(".data.one") = 5;
+static __u32 pad2 SEC(".data.two") = 9;
+static __u32 s2 SEC(".data.two") = 7;
+static const volatile __u64 r1[2] SEC(".rodata.x") = { 11, 13 };
+static __u64 b1[2] SEC(".bss.y");
+#define RD(x) (*(volatile typeof(x) *)&(x))
+SEC("kprobe/*") long several(struct egpu_ctx *c)
+{
+	RD(b1[1]) += 2;
+	return RD(s1) + RD(g1) * 100 + RD(s2) * 10000 + r1[1] * 1000000 + RD(b1[1]) * 100000000 + RD(pad1) * 0 + RD(pad2) * 0;
+}
+""")
+    obj = load_object(compile_probe(src, mcpu=mcpu))
+    assert [m.initial for m in obj.maps] == [struct.pack("<QQQ", 1, 3, 5), struct.pack("<II", 9, 7),
+                                             struct.pack("<QQ", 11, 13), None]
+    assert Vm(obj.programs[0].code, obj.maps).run(bytes(C.SIZE)) == 3 + 500 + 70000 + 13000000 + 200000000
 
 
 def _x86_object(tmp_path: Path) -> Path:
