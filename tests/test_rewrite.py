@@ -277,6 +277,27 @@ def test_a_kernel_whose_parameters_leave_no_room_for_the_launch_id_fails(version
         assert res.text == text
 
 
+@pytest.mark.parametrize("size, fits", [(65536, False), (65497, False), (65496, True)])
+def test_a_module_whose_constant_data_leaves_no_room_for_the_map_tables_fails(probe_obj, size, fits):
+    """Found by a helper's PTX sweep: the probes' map tables are .const data, and a module whose own
+    __constant__ data (tests/cuda/constant_bank.cu: 64 KB) leaves less room than they take was
+    instrumented, then refused by ptxas ('too much global constant data'); its kernels now fail, the
+    module as it was. count and memtrace take 16 + 24 bytes: 65496 of the module's own still fit."""
+    from egpu_preload.bpf.elf import load_object
+    from egpu_preload.translate.rewrite import probe_specs
+    specs = [s for name in ("count", "memtrace") for s in probe_specs(load_object(probe_obj(name)))]
+    text = ptx_corpus.build()["constant_bank.sm_90"].replace("coeff[65536]", f"coeff[{size}]")
+    res = instrument(text, specs)
+    if fits:
+        assert res.status("constant_bank").status == "instrumented"
+        _assembles(res.text)
+    else:
+        assert res.text == text and res.status("constant_bank").status == "failed"
+        assert res.status("constant_bank").reason == (
+            "no room for the probes' map tables (40 bytes) in the 65536 bytes of constant data a module may "
+            f"have: its own __constant__ data takes {size}")
+
+
 DEVICE_LAUNCH = """
 __global__ void child(int *a) { a[threadIdx.x] += 1; }
 __global__ void parent(int *a) { if (threadIdx.x == 0) child<<<1, 32>>>(a); }

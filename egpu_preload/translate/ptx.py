@@ -52,6 +52,11 @@ _BODY = re.compile(_BLANKS + rf"""
 """, re.X | re.S)
 
 _DECLARED = re.compile(r"([$%A-Za-z_][\w$]*)\s*(?:\[[^\]]*\]\s*)*[=;]")
+# A module-level .const variable (section 5.4): linkage, .const, attributes (.align N, a vector, the type),
+# the name and its array sizes, then the initializer or ';'.
+_CONST_VAR = re.compile(r"""(?P<link>(?:\.(?:visible|weak|common|extern)\s+)*)\.const\s+
+                            (?P<attrs>(?:\.\w+\s+(?:\d+\s+)?)*)[$%A-Za-z_][\w$]*\s*
+                            (?P<dims>(?:\[[^\]]*\]\s*)*)[=;]""", re.X)
 _HEADER = re.compile(r"""
     (?P<pre>(?:\.\w+\s+)*?)\.(?P<kind>entry|func)\b\s*
     (?:\((?P<ret>[^()]*)\)\s*)?
@@ -190,6 +195,28 @@ class Module:
                 if m is not None:
                     names.add(m.group(1))
         return names
+
+    def const_bytes(self, start: int = 0) -> int:
+        """Where the module's own ``.const`` variables end in the constant bank, laid out from byte ``start``,
+        each at its alignment in the order declared (``.extern`` ones are another module's; an array of
+        unknown size counts 0)."""
+        spans = {(f.start, f.end) for f in self.functions}
+        end = start
+        for begin, stop in self.items:
+            m = None if (begin, stop) in spans else _CONST_VAR.match(self.text, begin, stop)
+            if m is None or ".extern" in m.group("link"):
+                continue
+            attrs = m.group("attrs").split()
+            types = [a[1:] for a in attrs if a[1:] in TYPE_SIZES]
+            if not types:
+                continue
+            # a vector is aligned to its whole size unless .align says otherwise (section 5.4.5)
+            size = TYPE_SIZES[types[0]] * next((int(a[2:]) for a in attrs if a[:2] == ".v" and a[2:].isdigit()), 1)
+            align = integer(attrs[attrs.index(".align") + 1]) if ".align" in attrs[:-1] else size
+            for dim in re.findall(r"\[([^\]]*)\]", m.group("dims")):
+                size *= integer(dim.strip()) if dim.strip() else 0
+            end = -(-end // max(align, 1)) * max(align, 1) + size
+        return end
 
     def render(self, edits: list[Edit]) -> str:
         """The module text with non-overlapping edits applied (an empty list gives the text back)."""

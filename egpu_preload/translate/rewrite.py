@@ -9,6 +9,8 @@ What an instrumented kernel looks like
 --------------------------------------
 - Its parameter list gains a trailing ``.param .u64 __egpu_launch_id`` (the launch contract below); a
   kernel whose parameters leave no room for it in the parameter space fails.
+- The module gains the probes' definitions and their map tables (``.const``, module.table_decl); when the
+  module's own ``__constant__`` data leaves them no room in the 64 KB a module may have, every kernel fails.
 - The context (``struct egpu_ctx``, bpf/ctx.py) holds kernel_id (FNV-1a of the mangled name),
   launch_id, args (the first 8 parameters, each zero-extended; an aggregate gives its first 8/4/2/1
   bytes as its alignment allows), nargs, and per site: site, addr, size, flags, kind; the launch-only
@@ -79,7 +81,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from egpu_preload.bpf import ctx as C
@@ -97,6 +99,7 @@ DEVICE_LAUNCH = re.compile(r"\b(?:__cudaCDP2|cuda)LaunchDevice(?:V2)?\b")
 UNSET_LAUNCH_ID = ("this module launches kernels from the device: a kernel so launched reads an undefined "
                    "ctx->launch_id (the parameter buffer leaves it unset)")
 PARAM_SPACE, PARAM_SPACE_LARGE = 4352, 32764   # bytes of kernel parameters ptxas takes (_check_param_space)
+CONST_BANK = 65536   # bytes of .const data per module ptxas 13.0 takes ("too much global constant data")
 PREFIX = "__egpu"
 # PTX 6.2 introduced activemask (PTX ISA 9.7.13.4), which every site uses to regroup its lanes.
 SITE_VERSION = (6, 2)
@@ -231,6 +234,10 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
         statuses.append(KernelStatus(fn.name, "instrumented", "; ".join(notes), calls=calls,
                                      launch_param_offset=_launch_param_offset(fn.params),
                                      nparams=len(fn.params)))
+    if used and (full := _const_bank_full(mod, used)):   # the probes' map tables do not fit: no kernel can have them
+        statuses = [replace(k, status="failed", reason=full, calls=0, launch_param_offset=None)
+                    if k.status == "instrumented" else k for k in statuses]
+        edits, used = [], []
     if used:
         edits += _module_edits(mod, used, link_input)
     t2 = time.perf_counter()
@@ -261,6 +268,16 @@ def _check_param_space(params: tuple[ptx.Param, ...], version: tuple[int, int] |
     if end > limit:
         raise PtxError(f"no room for the launch id parameter: it would end at byte {end}, past the {limit} "
                        f"bytes of kernel parameters PTX {'.'.join(map(str, version))} allows")
+
+
+def _const_bank_full(mod: ptx.Module, used: list[ProbeSpec]) -> str:
+    """Why the probes' map tables (``.const``, module.table_decl) do not fit beside the module's own
+    ``__constant__`` data in the constant bank, or "" when they do; ptxas would refuse the module."""
+    tables = ptx.parse("\n".join(dict.fromkeys(g.strip() for p in used for g in p.globals))).const_bytes()
+    if not tables or mod.const_bytes(tables) <= CONST_BANK:   # _module_edits puts the tables first
+        return ""
+    return (f"no room for the probes' map tables ({tables} bytes) in the {CONST_BANK} bytes of constant data a "
+            f"module may have: its own __constant__ data takes {mod.const_bytes()}")
 
 
 def _module_edits(mod: ptx.Module, used: list[ProbeSpec], weak: bool) -> list[ptx.Edit]:
