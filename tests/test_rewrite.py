@@ -230,6 +230,27 @@ def test_accesses_memory_probes_cannot_see_are_counted_in_the_status():
     assert instrument(text, [_probe("entry")]).status("k").reason == ""
 
 
+def test_a_kernel_whose_only_accesses_memory_probes_cannot_see_says_so():
+    """Found by a helper's PTX sweep: multimem loads, stores and reductions (sm_90, NVLink multicast) are
+    global memory accesses no site sees, and an untouched kernel's status said only 'no sites' where
+    wmma fragments or bulk copies were all its global accesses (tests/cuda/wmma.cu's wmma_gemm)."""
+    multimem = ("multimem.ld_reduce.relaxed.sys.global.add.f32 %f1, [%rd1];\n"
+                "multimem.st.relaxed.sys.global.f32 [%rd1], %f1;\n"
+                "multimem.red.relaxed.sys.global.add.f32 [%rd1], %f1;\n")
+    text = _kernel(REGS + multimem + "ret;", head=HEAD.replace("8.0", "8.1"))
+    notes = "3 global memory accesses that memory probes do not see (multimem.ld_reduce x1, multimem.red x1, " \
+            "multimem.st x1)"
+    res = instrument(text, [_probe("mem")])
+    assert (res.status("k").status, res.status("k").reason) == ("untouched",
+                                                                "no sites for the matching probes; " + notes)
+    res = instrument(text.replace("ret;", "st.global.f32 [%rd1], %f1;\nret;"), [_probe("mem")])
+    assert (res.status("k").status, res.status("k").reason) == ("instrumented", notes)
+    _assembles(res.text)
+    wmma = instrument(ptx_corpus.build()["wmma.sm_90"], [_probe("mem")]).status("wmma_gemm")
+    assert (wmma.status, wmma.reason) == ("untouched", "no sites for the matching probes; 3 global memory accesses "
+                                                      "that memory probes do not see (wmma.load x2, wmma.store x1)")
+
+
 def test_a_module_instrumented_before_is_left_as_it_was():
     """Found by the PTX sweep: instrumenting egpu's own output again (a kernel the first globs left out)
     pasted the probes' definitions a second time, and ptxas refused the module ('Duplicate definition')."""
