@@ -298,6 +298,47 @@ def test_a_kernel_whose_parameters_leave_no_room_for_the_launch_id_fails(version
         assert res.text == text
 
 
+def _ptxas_params(text: str) -> dict[str, list[tuple[int, int, int]]]:
+    """Each kernel's parameters as ptxas laid them out: (ordinal, offset, size) from the cubin's
+    EIATTR_KPARAM_INFO (attribute 0x17) and its form for large parameter lists (0x45)."""
+    import struct
+    import subprocess
+    import tempfile
+    from elftools.elf.elffile import ELFFile
+    with tempfile.TemporaryDirectory() as tmp:
+        open(f"{tmp}/m.ptx", "w").write(text)
+        subprocess.run(["ptxas", "-arch=sm_90", f"{tmp}/m.ptx", "-o", f"{tmp}/m.cubin"], check=True)
+        with open(f"{tmp}/m.cubin", "rb") as fh:
+            infos = {s.name.removeprefix(".nv.info."): s.data() for s in ELFFile(fh).iter_sections()
+                     if s.name.startswith(".nv.info.")}
+    out = {}
+    for name, data in infos.items():
+        params, i = [], 0
+        while i + 4 <= len(data):   # (format, attribute, payload size) headers; format 4 has a payload
+            fmt, attr, size = data[i], data[i + 1], struct.unpack_from("<H", data, i + 2)[0]
+            if fmt == 4 and attr == 0x17:
+                _, ordinal, offset, word = struct.unpack_from("<IHHI", data, i + 4)
+                params.append((ordinal, offset, word >> 18 & 0x3FFF))
+            elif fmt == 4 and attr == 0x45:
+                params.append(struct.unpack_from("<HHI", data, i + 8))
+            i += 4 + (size if fmt == 4 else 0)
+        out[name] = sorted(params)
+    return out
+
+
+def test_the_launch_id_sits_where_ptxas_puts_the_parameter():
+    """The shim writes the launch id at KernelStatus.launch_param_offset: checked against ptxas's own layout
+    for parameters of odd sizes and alignments, a kernel without parameters and 32 KB by value
+    (tests/cuda/big_params.cu, from a helper's PTX sweep)."""
+    text = ptx_corpus.build()["big_params.sm_90"]
+    res = instrument(text, ptx_corpus.stats_probes(("thread",)))
+    laid = _ptxas_params(res.text)
+    assert {k.name: laid[k.name][-1] for k in res.kernels} == {
+        k.name: (k.nparams, k.launch_param_offset, 8) for k in res.kernels}
+    assert {k.name: k.launch_param_offset for k in res.kernels} == {
+        "big_param": 32728, "odd_params": 64, "grid_const": 32736, "no_params": 0}
+
+
 @pytest.mark.parametrize("size, fits", [(65536, False), (65497, False), (65496, True)])
 def test_a_module_whose_constant_data_leaves_no_room_for_the_map_tables_fails(probe_obj, size, fits):
     """Found by a helper's PTX sweep: the probes' map tables are .const data, and a module whose own
