@@ -186,9 +186,10 @@ def _run_producers(ring: HostRing, spool_dir: Path | None = None) -> tuple[list[
     done = threading.Event()
 
     def read_once() -> None:
-        for _, taken in spool.taken():
-            reader.taken += len(flat(taken))
-            got.extend(flat(taken))
+        while spool.pending():
+            for _, taken in spool.taken():
+                reader.taken += len(flat(taken))
+                got.extend(flat(taken))
 
     def read_back() -> None:
         while not done.is_set():
@@ -1266,6 +1267,66 @@ def test_the_reader_never_waits_for_a_writer_that_lags(access_trace, tmp_path):
     report = streaming.finish()
     assert report["records"] == 5000 and report["error"] is None
     assert tracefile.read(tmp_path / "t.parquet").rows.column("seq").to_pylist() == list(range(5000))
+
+
+def test_a_writer_behind_a_reader_that_never_pauses_still_writes_what_is_a_moment_old(access_trace, tmp_path,
+                                                                                       monkeypatch):
+    """A writer that reads the spool back slower than the reader appends to it (each batch 5 ms, a chunk a
+    millisecond) still goes back to its queue and its flushes between reads: an Arrow IPC file holds the records
+    FLUSH_S old while the job runs. Reading back until the spool was caught up, it wrote none for as long as the
+    job kept the reader ahead."""
+    monkeypatch.setattr(tracefile, "FLUSH_S", 0.2, raising=False)
+    out = tmp_path / "t.arrow"
+    ring, streaming = _one_waiting_ring(access_trace, out)
+    add = streaming.writer.add
+
+    def slow(index, taken):
+        time.sleep(0.005)
+        add(index, taken)
+
+    streaming.writer.add = slow
+    done = threading.Event()
+
+    def producer() -> None:
+        i = 0
+        while not done.is_set():
+            ring.produce(_event(i), sm=0)
+            i += 1
+            time.sleep(0.001)
+
+    threading.Thread(target=producer, daemon=True).start()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not streaming.writer.written:
+        time.sleep(0.05)
+    written = streaming.writer.written
+    done.set()
+    report = streaming.finish()
+    assert written, "nothing written while the reader stayed ahead of the writer"
+    assert report["error"] is None and report["records"] == tracefile.read(out).rows.num_rows
+
+
+def test_a_spool_is_read_back_a_bounded_piece_at_a_time(tmp_path, monkeypatch):
+    """Spool.taken hands on READ bytes of whole chunks at most a call (a chunk larger than READ alone, whole), in
+    the order written, and nothing of bytes past ``end`` (a chunk the reader is still writing)."""
+    import os
+    from egpu_preload.runtime import spool as spool_mod
+    monkeypatch.setattr(spool_mod, "READ", 64)
+    spool = Spool(tmp_path / "t.parquet")
+
+    def chunk(index: int, *data: bytes) -> bytes:
+        body = b"".join(struct.pack("<II", len(d), devmaps.REC_READY | 3 << 8) + d.ljust(devmaps.round8(len(d)), b"\0")
+                        for d in data)
+        return struct.pack("<IIQ", index, 0, len(body)) + body
+
+    chunks = [chunk(0, b"a" * 8), chunk(1, b"b" * 100), chunk(0, b"c" * 8, b"d" * 5), chunk(1, b"e")]
+    os.write(spool.fd, b"".join(chunks))
+    spool.c.end = sum(map(len, chunks[:3]))   # the last one not yet whole
+    calls = []
+    while spool.pending():
+        calls.append([(i, flat(taken)) for i, taken in spool.taken()])
+    assert calls == [[(0, [(3, b"a" * 8)])], [(1, [(3, b"b" * 100)])], [(0, [(3, b"c" * 8), (3, b"d" * 5)])]]
+    assert spool.read_at == spool.c.end and list(spool.taken()) == []
+    spool.close()
 
 
 def test_a_spool_that_cannot_be_written_fails_the_reader_and_lets_producers_go_on(access_trace, tmp_path):

@@ -48,23 +48,30 @@ class Spool:
         self.c.fd = self.fd
         self.read_at = 0   # the end of the chunks taken() has handed on
 
+    def pending(self) -> bool:
+        """Whether whole chunks wait that taken() has not handed on."""
+        return self.c.end > self.read_at
+
     def taken(self) -> Iterator[tuple[int, Taken]]:
-        """(ring index, its records) of every chunk whole in the file, in the order they were written."""
-        while (end := self.c.end) > self.read_at:
-            base = self.read_at
-            buf = os.pread(self.fd, min(end - base, READ), base)
-            at = 0
-            while at + HEAD.size <= len(buf):
-                index, _, n = HEAD.unpack_from(buf, at)
-                if at + HEAD.size + n > len(buf):
-                    if at == 0:   # one chunk larger than READ: read whole
-                        buf = os.pread(self.fd, HEAD.size + n, base)
-                        continue
+        """(ring index, its records) of the whole chunks not handed on yet, in the order they were written: READ
+        bytes of them at most (one larger chunk whole), so that a writer behind a reader that never pauses goes
+        back between calls to what else it does (its queue, the records due: tracefile.flush_due)."""
+        base, end = self.read_at, self.c.end
+        if end <= base:
+            return
+        buf = os.pread(self.fd, min(end - base, READ), base)
+        at = 0
+        while at + HEAD.size <= len(buf):
+            index, _, n = HEAD.unpack_from(buf, at)
+            if at + HEAD.size + n > len(buf):
+                if at:
                     break
-                chunk = memoryview(buf)[at + HEAD.size:at + HEAD.size + n]
-                at += HEAD.size + n
-                self.read_at = base + at   # before the yield: a caller that stops there has had this chunk
-                yield index, records_in(chunk)
+                buf = os.pread(self.fd, HEAD.size + n, base)   # one chunk larger than READ: read whole
+                continue
+            chunk = memoryview(buf)[at + HEAD.size:at + HEAD.size + n]
+            at += HEAD.size + n
+            self.read_at = base + at   # before the yield: a caller that stops there has had this chunk
+            yield index, records_in(chunk)
 
     def close(self) -> None:
         os.close(self.fd)

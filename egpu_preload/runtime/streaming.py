@@ -173,7 +173,8 @@ class Streaming:
         while (batch := self._next()) is not None:
             self._write([batch] if batch else [])
             self._write(self._spooled())
-        self._write(self._spooled())
+        while self.spool is not None and self.spool.pending():
+            self._write(self._spooled())
 
     def _spooled(self) -> Iterator[tuple[int, Taken]]:
         """What the reader spooled since the last call, each batch counted as its reader's."""
@@ -201,9 +202,10 @@ class Streaming:
 
     def _next(self) -> tuple[int, Taken] | tuple[()] | None:
         """The next batch; () when none came for a quarter of tracefile.FLUSH_S, or, while the reader spools, for
-        SPOOL_POLL_S (the spool is looked at after each)."""
+        SPOOL_POLL_S (the spool is looked at after each), at once where the spool holds more to read back."""
+        wait = (tracefile.FLUSH_S / 4 if self.spool is None else 0 if self.spool.pending() else SPOOL_POLL_S)
         try:
-            return self._batches.get(timeout=SPOOL_POLL_S if self.spool is not None else tracefile.FLUSH_S / 4)
+            return self._batches.get(timeout=wait)
         except queue.Empty:
             return ()
 
