@@ -1,5 +1,7 @@
 /* drain.c: the --trace reader's copies out of a ring and its walk over the records (egpu_drain.h). */
+#define _GNU_SOURCE   /* fallocate */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -314,6 +316,13 @@ static int spool_append(struct egpu_spool *s, unsigned int index, const void *by
     }
     __atomic_store_n(&s->end, s->end + EGPU_SPOOL_HEAD + n, __ATOMIC_RELEASE);
     return 0;
+}
+
+EXPORT int egpu_spool_give_back(const struct egpu_spool *s, unsigned long long from, unsigned long long upto)
+{
+    if (upto <= from)
+        return 0;
+    return fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)from, (off_t)(upto - from)) ? errno : 0;
 }
 
 static void pause_ns(uint64_t ns)

@@ -108,15 +108,20 @@ enum { EGPU_PASS_SPOOL = -3, EGPU_SPOOL_HEAD = 16 };
 
 /* Passes over rings[0, n) in turn (TAKE, with each one's own `lines`), what each takes appended to spool as a
  * chunk, round after round until budget_ns has passed since the call or *halt is set by another thread (one
- * round at least); a round that took nothing sleeps idle_ns first. Every driver call of every pass in this one call: a reader thread that lets the
- * GIL go once a burst waits once for it to come back, not once a pass. Each pass's counts add up into the ring's
- * `total_*` (the burst's caller zeroes them). Returns 0; or what egpu_ring_pass returned, or EGPU_PASS_SPOOL
+ * round at least); a round that took nothing sleeps idle_ns first. Every driver call of every pass in this one
+ * call: a reader thread that lets the GIL go once a burst waits once for it to come back, not once a pass. Each
+ * pass's counts add up into the ring's `total_*` (the burst's caller zeroes them). Returns 0; or what egpu_ring_pass returned, or EGPU_PASS_SPOOL
  * where the spool's write failed (spool->error), with *which the ring's index: that ring's consumed and seen are
  * as that pass left them (a failed spool write: its records taken from the ring and lost, counted in
  * *lost). out[0]: the rounds made; out[1]: nanoseconds slept; out[2]: nanoseconds writing the spool. */
 int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct egpu_spool *spool,
                     unsigned long long budget_ns, unsigned long long idle_ns, const int *halt, unsigned int *which,
                     unsigned long long *lost, unsigned long long *out);
+
+/* The spool's bytes [from, upto), which its reader has read back, given back to the disk: a hole punched, the
+ * file's size and the offsets past it kept (the appender goes on at its end). Returns 0 or the errno
+ * (EOPNOTSUPP: the filesystem has no holes). */
+int egpu_spool_give_back(const struct egpu_spool *spool, unsigned long long from, unsigned long long upto);
 
 /* ---- part 3: C only ---- */
 

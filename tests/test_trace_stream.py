@@ -1305,6 +1305,36 @@ def test_a_writer_behind_a_reader_that_never_pauses_still_writes_what_is_a_momen
     assert report["error"] is None and report["records"] == tracefile.read(out).rows.num_rows
 
 
+def _chunk(index: int, *data: bytes) -> bytes:
+    """A spool's chunk (shim/egpu_drain.h egpu_spool) of ring ``index``: records of ``data`` from SM 3, as a ring
+    holds them."""
+    body = b"".join(struct.pack("<II", len(d), devmaps.REC_READY | 3 << 8) + d.ljust(devmaps.round8(len(d)), b"\0")
+                    for d in data)
+    return struct.pack("<IIQ", index, 0, len(body)) + body
+
+
+def test_a_spool_gives_back_to_the_disk_what_was_read_back(tmp_path, monkeypatch):
+    """The spool's bytes the writer has read back are given back to the disk (a hole punched, GIVE_BACK at a
+    time), while what comes after still reads back whole: a trace's spool holds about what the writer lags by,
+    where it held every record's raw bytes until the job's exit."""
+    import os
+    from egpu_preload.runtime import spool as spool_mod
+    monkeypatch.setattr(spool_mod, "GIVE_BACK", 64 << 10)
+    spool = Spool(tmp_path / "t.parquet")
+    got = []
+    for lap in range(2):
+        chunks = [_chunk(0, bytes([lap, k]) * 8000) for k in range(64)]   # 1 MB
+        os.write(spool.fd, b"".join(chunks))
+        spool.c.end += sum(map(len, chunks))
+        while spool.pending():
+            got += [r for _, taken in spool.taken() for r in flat(taken)]
+    list(spool.taken())
+    assert got == [(3, bytes([lap, k]) * 8000) for lap in range(2) for k in range(64)]
+    assert spool.given_back == spool.c.end // (64 << 10) * (64 << 10) > 0
+    assert os.fstat(spool.fd).st_blocks * 512 <= 2 * (64 << 10) < spool.c.end
+    spool.close()
+
+
 def test_a_spool_is_read_back_a_bounded_piece_at_a_time(tmp_path, monkeypatch):
     """Spool.taken hands on READ bytes of whole chunks at most a call (a chunk larger than READ alone, whole), in
     the order written, and nothing of bytes past ``end`` (a chunk the reader is still writing)."""
@@ -1312,13 +1342,7 @@ def test_a_spool_is_read_back_a_bounded_piece_at_a_time(tmp_path, monkeypatch):
     from egpu_preload.runtime import spool as spool_mod
     monkeypatch.setattr(spool_mod, "READ", 64)
     spool = Spool(tmp_path / "t.parquet")
-
-    def chunk(index: int, *data: bytes) -> bytes:
-        body = b"".join(struct.pack("<II", len(d), devmaps.REC_READY | 3 << 8) + d.ljust(devmaps.round8(len(d)), b"\0")
-                        for d in data)
-        return struct.pack("<IIQ", index, 0, len(body)) + body
-
-    chunks = [chunk(0, b"a" * 8), chunk(1, b"b" * 100), chunk(0, b"c" * 8, b"d" * 5), chunk(1, b"e")]
+    chunks = [_chunk(0, b"a" * 8), _chunk(1, b"b" * 100), _chunk(0, b"c" * 8, b"d" * 5), _chunk(1, b"e")]
     os.write(spool.fd, b"".join(chunks))
     spool.c.end = sum(map(len, chunks[:3]))   # the last one not yet whole
     calls = []

@@ -7,7 +7,9 @@ the job's kernels, while the writer (Python and pyarrow) runs only when it has t
 threads hold up to the switch interval at a time: beside a thread that spun holding it, the writer alone made
 87 MB/s of warp records on the CI machine (1,351 MB/s without; bench/bench_drain.py --busy). A queue held in
 memory would make the job's memory the bound on a trace's backlog; the spool's bound is the disk the trace goes
-to, and the page cache keeps what the writer reads back soon. Unlinked at once, so a job killed mid-trace
+to, and the page cache keeps what the writer reads back soon. What the writer has read back is given back to the
+disk (a hole punched, GIVE_BACK at a time), so the spool holds about what the writer lags by, not the whole trace's
+raw bytes until exit (where the filesystem has no holes, it does). Unlinked at once, so a job killed mid-trace
 leaves none behind (its trace file keeps what the writer had written).
 """
 
@@ -24,6 +26,7 @@ from egpu_preload.runtime.ring_drain import Taken, records_in
 
 HEAD = struct.Struct("<IIQ")   # a chunk's: the ring's index, 0, the bytes after (shim/egpu_drain.h egpu_spool)
 READ = 64 << 20                # bytes read back at once (whole chunks; one chunk larger is read alone)
+GIVE_BACK = 16 << 20           # bytes read back before they are given back to the disk (a multiple of its blocks)
 
 
 def _unlinked(directory: Path) -> int:
@@ -44,9 +47,11 @@ class Spool:
     def __init__(self, near: Path) -> None:
         """Raises OSError where no file can be made beside ``near``."""
         self.fd = _unlinked(near.parent)
-        self.c = ring_drain._shim()[0].new("struct egpu_spool *")   # the shim's (or a test's) ffi
+        ffi, self._lib = ring_drain._shim()   # the shim's (or a test's)
+        self.c = ffi.new("struct egpu_spool *")
         self.c.fd = self.fd
         self.read_at = 0   # the end of the chunks taken() has handed on
+        self.given_back: int | None = 0   # the bytes before it given back to the disk (None: the filesystem can't)
 
     def pending(self) -> bool:
         """Whether whole chunks wait that taken() has not handed on."""
@@ -56,6 +61,7 @@ class Spool:
         """(ring index, its records) of the whole chunks not handed on yet, in the order they were written: READ
         bytes of them at most (one larger chunk whole), so that a writer behind a reader that never pauses goes
         back between calls to what else it does (its queue, the records due: tracefile.flush_due)."""
+        self._give_back()
         base, end = self.read_at, self.c.end
         if end <= base:
             return
@@ -72,6 +78,17 @@ class Spool:
             at += HEAD.size + n
             self.read_at = base + at   # before the yield: a caller that stops there has had this chunk
             yield index, records_in(chunk)
+
+    def _give_back(self) -> None:
+        """The bytes read back given back to the disk, GIVE_BACK at a time; where the filesystem has no holes (or
+        fails to punch one), the spool keeps them until it is closed."""
+        upto = self.read_at // GIVE_BACK * GIVE_BACK
+        if self.given_back is None or upto <= self.given_back:
+            return
+        if self._lib.egpu_spool_give_back(self.c, self.given_back, upto):
+            self.given_back = None
+            return
+        self.given_back = upto
 
     def close(self) -> None:
         os.close(self.fd)
