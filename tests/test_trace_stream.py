@@ -1305,6 +1305,39 @@ def test_a_writer_behind_a_reader_that_never_pauses_still_writes_what_is_a_momen
     assert report["error"] is None and report["records"] == tracefile.read(out).rows.num_rows
 
 
+def test_a_drain_stopped_as_its_first_burst_begins_stops_at_once(shim_api, tmp_path, monkeypatch):
+    """stop() sets the C burst's flag: one made only as the first burst began (from a Python flag stop() may
+    have set just before) lost that stop, and the burst ran its BURST_S out. Here the first burst's flag is made
+    only once stop() has begun (on the drain's thread, were it made there)."""
+    from egpu_preload.runtime import ring_drain
+    ffi, lib = shim_api
+    monkeypatch.setattr(ring_drain, "BURST_S", 5.0)
+    drain: RingDrain | None = None
+    making = threading.Event()
+
+    class LateFlag:
+        def __getattr__(self, name):
+            return getattr(ffi, name)
+
+        def new(self, ctype, *init):
+            if ctype == "int *" and threading.current_thread().name == "egpu-ring-drain":
+                making.set()
+                drain._stop.wait()
+                time.sleep(0.05)   # stop() has set the flag it knew of
+            return ffi.new(ctype, *init)
+
+    monkeypatch.setattr(ring_drain, "_shim", lambda: (LateFlag(), lib))
+    ring = HostRing(1024, 1, wait=True)
+    ring.copies()   # the stand-in driver built before the drain's thread needs it
+    drain = RingDrain([RingReader(ring, 0, ring.lay)], lambda i, taken: None, spool=Spool(tmp_path / "t.parquet"))
+    drain.start()
+    making.wait(0.5)
+    t = time.monotonic()
+    drain.stop()
+    assert time.monotonic() - t < 1, "the first burst ran on past stop()"
+    drain.spool.close()
+
+
 def _chunk(index: int, *data: bytes) -> bytes:
     """A spool's chunk (shim/egpu_drain.h egpu_spool) of ring ``index``: records of ``data`` from SM 3, as a ring
     holds them."""

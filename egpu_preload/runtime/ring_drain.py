@@ -408,7 +408,8 @@ class RingDrain:
         reader then hands the records on, and ``sink`` has none."""
         self.readers, self.sink, self.idle_s, self.hold, self.spool = readers, sink, idle_s, hold, spool
         self._bursts: Any = None   # the C burst's array of the readers' arguments (made at the first burst)
-        self._halt = [0]           # set by stop(): the C burst's flag (an int of C's once the first burst made it)
+        # set by stop(): the C burst's flag, made here so that no burst can start on a flag stop() did not set
+        self._halt = _shim()[0].new("int *") if spool is not None else None
         self.error: BaseException | None = None
         self.passes = 0
         self.phases = dict.fromkeys(DRAIN_PHASES, 0.0)   # seconds; the readers' own in RingReader.phases
@@ -461,7 +462,6 @@ class RingDrain:
             p.total_ns, p.total_copied, p.total_taken = [0] * 4, 0, 0
         if self._bursts is None:
             self._bursts = ffi.new("struct egpu_ring_pass *[]", ps)
-            self._halt = ffi.new("int *", self._halt[0])
         which, lost = ffi.new("unsigned int *"), ffi.new("unsigned long long *")
         out = ffi.new("unsigned long long[3]")
         with self.readers[0].mem.entered():
@@ -508,7 +508,8 @@ class RingDrain:
         record is taken one pass after it is seen, so passes go on until every ring is empty), then the
         readers' pinned memory freed, after a failure too; the first failure raised."""
         self._stop.set()
-        self._halt[0] = 1
+        if self._halt is not None:
+            self._halt[0] = 1
         if self._thread.is_alive():
             self._thread.join()
         if self.error is None:
