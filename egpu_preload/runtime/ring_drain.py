@@ -70,7 +70,8 @@ BURST_S = 1.0
 # first four measured in C, by egpu_ring_pass), the wait for the GIL after the pass's call (cffi lets it go
 # around the call; the job's threads may hold it up to the switch interval); the hand-off to the writer
 # (waiting while QUEUED batches are unwritten) and the pauses after passes that found nothing. What sets a
-# drain's pace.
+# drain's pace. Into a spool (RingDrain._burst): the scan is C's walk alone (the writer cuts the records, in its
+# time), the GIL is waited for once a burst, and the hand-off is the spool's writes.
 PHASES = ("header", "copy", "scan", "clear", "gil_wait")
 DRAIN_PHASES = ("hand_off", "idle")
 # The phases whose time is the driver's calls (RingReader.in_driver): egpu_ring_pass times them around the
