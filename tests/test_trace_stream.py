@@ -1203,7 +1203,8 @@ def _one_waiting_ring(access_trace, out: Path):
     device = devmaps.DeviceMaps(arena, MapsState(obj.maps), 1)
     ring = HostRing(4096, 1, True, arena.mem, device.addrs[next(i for i, m in enumerate(maps) if m.name == "events")])
     arena.copies()   # the stand-in driver made before the reader's thread, which a test may tell to fail
-    return ring, Streaming(out, [Probe(Path("a.bpf.o"), obj, (), "t")], [device], arena)
+    ring.probe, ring.index = Probe(Path("a.bpf.o"), obj, (), "t"), device.addrs.index(ring.base)
+    return ring, Streaming(out, [ring.probe], [device], arena)
 
 
 def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp_path):
@@ -1384,6 +1385,32 @@ def test_a_spool_is_read_back_a_bounded_piece_at_a_time(tmp_path, monkeypatch):
     assert calls == [[(0, [(3, b"a" * 8)])], [(1, [(3, b"b" * 100)])], [(0, [(3, b"c" * 8), (3, b"d" * 5)])]]
     assert spool.read_at == spool.c.end and list(spool.taken()) == []
     spool.close()
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_a_spool_that_cannot_be_read_back_is_reported_and_the_writers_queue_still_emptied(access_trace, tmp_path,
+                                                                                           full):
+    """The spool's read failing (EIO) ends the writing, not the writer's thread, before or after the file could
+    not be written (``full``): host records keep coming past the writer's queue and finish() returns, saying why
+    the file lacks the records."""
+    import os
+    ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet")
+    if full:
+        def no_room(index, records):
+            raise OSError(28, "No space left on device")
+        streaming.writer.add = no_room
+    streaming.spool.fd = os.open("/dev/null", os.O_WRONLY)   # reads fail with EBADF; the C appends to the old fd
+    for i in range(200):
+        ring.produce(_event(i), sm=0)
+    for i in range(3 * 32):   # three times the writer's queue of host batches
+        streaming.host(ring.probe, ring.index, [_event(i)], 0)
+    done: list = []
+    finishing = threading.Thread(target=lambda: done.append(streaming.finish()), daemon=True)
+    finishing.start()
+    finishing.join(30)
+    assert done, "finish() waited for good on a writer's thread that had died"
+    why = "cannot write the trace: [Errno 28]" if full else "cannot read the trace's spool back: [Errno 9] Bad file"
+    assert done[0]["error"].startswith(why)
 
 
 def test_a_spool_that_cannot_be_written_fails_the_reader_and_lets_producers_go_on(access_trace, tmp_path):

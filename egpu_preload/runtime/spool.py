@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from egpu_preload.errors import EgpuError
 from egpu_preload.runtime import ring_drain
 from egpu_preload.runtime.ring_drain import Taken, records_in
 
@@ -38,6 +39,10 @@ def _unlinked(directory: Path) -> int:
         fd, name = tempfile.mkstemp(dir=directory, prefix=".egpu-spool-")
         os.unlink(name)
         return fd
+
+
+class Unreadable(EgpuError):
+    """The spool could not be read back: an OS error, or bytes that are no chunks (never written so by the C)."""
 
 
 class Spool:
@@ -65,19 +70,34 @@ class Spool:
         base, end = self.read_at, self.c.end
         if end <= base:
             return
-        buf = os.pread(self.fd, min(end - base, READ), base)
+        buf = self._read(base, min(end - base, READ))
         at = 0
         while at + HEAD.size <= len(buf):
             index, _, n = HEAD.unpack_from(buf, at)
+            if base + at + HEAD.size + n > end:
+                raise Unreadable(f"its chunk at byte {base + at:,} runs past its end ({end:,})")
             if at + HEAD.size + n > len(buf):
                 if at:
                     break
-                buf = os.pread(self.fd, HEAD.size + n, base)   # one chunk larger than READ: read whole
+                buf = self._read(base, HEAD.size + n)   # one chunk larger than READ: read whole
                 continue
             chunk = memoryview(buf)[at + HEAD.size:at + HEAD.size + n]
             at += HEAD.size + n
             self.read_at = base + at   # before the yield: a caller that stops there has had this chunk
-            yield index, records_in(chunk)
+            try:
+                taken = records_in(chunk)
+            except EgpuError as e:
+                raise Unreadable(str(e)) from None
+            yield index, taken
+
+    def _read(self, at: int, n: int) -> bytes:
+        try:
+            buf = os.pread(self.fd, n, at)
+        except OSError as e:
+            raise Unreadable(str(e)) from None
+        if len(buf) < n:
+            raise Unreadable(f"{n:,} bytes at byte {at:,} read as {len(buf):,}")
+        return buf
 
     def _give_back(self) -> None:
         """The bytes read back given back to the disk, GIVE_BACK at a time; where the filesystem has no holes (or

@@ -37,7 +37,7 @@ from egpu_preload.output import tracefile, warp_records
 from egpu_preload.runtime.probes import RING_TYPES, Probe
 from egpu_preload.runtime.ring_drain import (DRAIN_PHASES, PHASES, READ_PHASES, Memory, RingDrain, RingReader,
                                              Taken, count)
-from egpu_preload.runtime.spool import Spool
+from egpu_preload.runtime.spool import Spool, Unreadable
 from egpu_preload.translate import devmaps
 from egpu_preload.translate.devmaps import DeviceMaps
 
@@ -167,14 +167,21 @@ class Streaming:
     def _write_all(self) -> None:
         """The writer's thread, until finish() hands it None; the host's batches and what the reader spooled written
         as they come, records held tracefile.FLUSH_S written after each batch, and between batches (woken a few
-        times as often). A file that cannot be written (disk
-        full) must not stop the reader, or a ring made to wait would stop the job: from then on batches are
-        taken and not written."""
-        while (batch := self._next()) is not None:
-            self._write([batch] if batch else [])
-            self._write(self._spooled())
-        while self.spool is not None and self.spool.pending():
-            self._write(self._spooled())
+        times as often). A file that cannot be written (disk full) must not stop the reader, or a ring made to wait
+        would stop the job: from then on batches are taken and not written. A spool that cannot be read back ends
+        the writing; the queue is still emptied to the end, or the host's hand-off and finish() would wait on it
+        for good."""
+        try:
+            while (batch := self._next()) is not None:
+                self._write([batch] if batch else [])
+                self._write(self._spooled())
+            while self.spool is not None and self.spool.pending():
+                self._write(self._spooled())
+        except Unreadable as e:
+            self.error = self.error or f"cannot read the trace's spool back: {e}"
+            print(f"egpu[{os.getpid()}]: {self.path}: {self.error}", file=sys.stderr)
+            while self._batches.get() is not None:
+                pass
 
     def _spooled(self) -> Iterator[tuple[int, Taken]]:
         """What the reader spooled since the last call, each batch counted as its reader's."""
@@ -195,6 +202,8 @@ class Streaming:
             self.writer.flush_due()
             self.write_s += time.perf_counter() - t
             self.after_write()
+        except Unreadable:
+            raise
         except Exception as e:  # noqa: BLE001  (pyarrow's and the OS's errors alike)
             self.error = f"cannot write the trace: {e}"
             print(f"egpu[{os.getpid()}]: {self.path}: {self.error}", file=sys.stderr)
