@@ -326,7 +326,8 @@ def test_threadhist_on_its_stand_in_counts_every_thread_each_launch(built, tmp_p
     r = egpu_run(["--json", "-p", str(built[probe]), str(exe), str(launches)], env_for(_shim(tmp_path), tmp_path),
                  timeout=300)
     assert r.returncode == 0, r.stderr
-    assert f"{launches} launches of {geometry}, checksum=" in r.stdout and r.stdout.rstrip().endswith("OK")
+    line = r.stdout.splitlines()[0]   # the program's own; egpu-run's JSON follows it
+    assert f"{launches} launches of {geometry}, checksum=" in line and line.endswith(" OK"), r.stdout
     count = _json_doc(r.stdout)["maps"]["call_count"]
     per_thread = {t: v for t, v in count["per_sm"].items() if v}
     assert (count["value"], per_thread) == (launches * 1024, {str(t): launches for t in range(1024)}), count
