@@ -23,9 +23,12 @@ const void *egpu_py_module_load(int api, unsigned long long call, const void *im
                                 const char *path, size_t *out_size);
 /* After that load: the driver's result and the module, library or link state it made.
  * replacement_result: -1 if no replacement was offered; else the driver's result for the
- * replacement, and when that was an error the original was loaded instead (result, handle). */
+ * replacement, and when that was an error the original was loaded instead (result, handle).
+ * jit_log: the driver's error log for a refused replacement of a module or library load (asked for
+ * with CU_JIT_ERROR_LOG_BUFFER beside the app's own JIT options), else "" (link inputs: cuLinkAddData
+ * takes no log options; the link's log is the app's). */
 void egpu_py_module_loaded(int api, unsigned long long call, void *handle, int result,
-                           int replacement_result);
+                           int replacement_result, const char *jit_log);
 /* A successful call that made a handle: cuModuleGetFunction / cuLibraryGetKernel (owner = module /
  * library, name), cuKernelGetFunction (owner = kernel), cuLibraryGetModule (owner = library),
  * cuLinkCreate (handle = link state), cuLinkComplete (owner = link state, handle = cubin). Returns 1

@@ -53,6 +53,8 @@
 #define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
 #define CU_JIT_INPUT_PTX 1
+#define CU_JIT_ERROR_LOG_BUFFER 5
+#define CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES 6
 #define CU_GRAPH_NODE_TYPE_KERNEL 0
 #define CU_LAUNCH_PARAM_END ((void *)0x00)
 #define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
@@ -1165,10 +1167,11 @@ static const void *py_image(int api, unsigned long long call, const void *image,
     return r;
 }
 
-static void py_loaded(int api, unsigned long long call, void *handle, CUresult r, int repl_result) {
+static void py_loaded(int api, unsigned long long call, void *handle, CUresult r, int repl_result,
+                      const char *jit_log) {
     if (!egpu_python_up()) return;
     tls_in_python++;
-    egpu_py_module_loaded(api, call, handle, r, repl_result);
+    egpu_py_module_loaded(api, call, handle, r, repl_result, jit_log);
     tls_in_python--;
 }
 
@@ -1242,89 +1245,116 @@ static unsigned long long next_call(void) {
     return atomic_fetch_add_explicit(&g_stats.calls, 1, memory_order_relaxed) + 1;
 }
 
-/* One load with an optional replacement image: `image` is the variable the real call reads. A
- * replacement the driver refuses is followed by the original call, so the app never sees our error. */
-#define LOAD(sym, api, out, image_in, size_in, path_in, image, ...) do { \
+/* Room for the driver's error log of a replacement it refuses: egpu reports its first lines. */
+#define JIT_LOG_BYTES 4096
+
+/* The JIT options a replacement load passes: the app's, copied (its arrays stay its own), less any error log of
+ * its own (the errors of egpu's image are egpu's to report, not the app's to read), plus egpu's error log. */
+struct jit_options {
+    unsigned n;
+    int *options;
+    void **values;
+};
+
+static struct jit_options jit_options_with_log(unsigned n, const int *options, void *const *values, char *log) {
+    struct jit_options j = {0, malloc((n + 2) * sizeof(int)), malloc((n + 2) * sizeof(void *))};
+    if (!j.options || !j.values) { /* no memory for a copy: the app's options as they are, no log */
+        free(j.options), free(j.values);
+        return (struct jit_options){n, (int *)options, (void **)values};
+    }
+    for (unsigned i = 0; i < n; i++)
+        if (options[i] != CU_JIT_ERROR_LOG_BUFFER && options[i] != CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
+            j.options[j.n] = options[i], j.values[j.n++] = values[i];
+    j.options[j.n] = CU_JIT_ERROR_LOG_BUFFER, j.values[j.n++] = log;
+    j.options[j.n] = CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, j.values[j.n++] = (void *)(uintptr_t)JIT_LOG_BYTES;
+    return j;
+}
+
+/* What the driver wrote into the app's options (an info log's size, the wall time) goes back to the app's
+ * values, as if its own call had loaded the replacement; then the copy is freed. */
+static void jit_options_done(struct jit_options j, unsigned n, const int *options, void **values) {
+    if (j.options == options) return;
+    for (unsigned i = 0, k = 0; i < n && k < j.n; i++)
+        if (options[i] != CU_JIT_ERROR_LOG_BUFFER && options[i] != CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) {
+            if (values[i] != j.values[k]) values[i] = j.values[k]; /* only outputs: an input array may be const */
+            k++;
+        }
+    free(j.options), free(j.values);
+}
+
+/* A replacement image loaded as the app's call would load it, with its JIT options and an error log (`log`,
+ * JIT_LOG_BYTES): modules through cuModuleLoadDataEx, the one module load that takes options
+ * (cuModuleLoadData(m, i) is cuModuleLoadDataEx(m, i, 0, NULL, NULL); the replacement is PTX or a cubin, never
+ * a file), libraries through cuLibraryLoadData with the app's library options as they are. */
+static CUresult load_replacement(void **out, const void *image, int library, unsigned n_jit, int *jit,
+                                 void **jit_values, unsigned n_lib, int *lib, void **lib_values, char *log) {
+    struct jit_options j = jit_options_with_log(n_jit, jit, jit_values, log);
+    log[0] = 0;
+    CUresult r = library ? CALL_REAL(cuLibraryLoadData, out, image, j.options, j.values, j.n, lib, lib_values, n_lib)
+                         : CALL_REAL(cuModuleLoadDataEx, out, image, j.n, j.options, j.values);
+    jit_options_done(j, n_jit, jit, jit_values);
+    log[JIT_LOG_BYTES - 1] = 0;
+    return r;
+}
+
+/* One load with an optional replacement image (load_replacement), then the app's own call `sym(...)` when
+ * there is none or the driver refused it, so the app never sees our error; Python hears the refusal with the
+ * driver's log. `image_in`/`path_in`: what Python reads; library, n_jit...lib_values: load_replacement's. */
+#define LOAD(sym, api, out, image_in, path_in, library, n_jit, jit, jit_values, n_lib, lib, lib_values, ...) \
+    do { \
         if (passthrough()) return CALL_REAL(sym, __VA_ARGS__); \
         unsigned long long call_ = next_call(); \
         size_t n_ = 0; \
-        const void *orig_ = image; \
-        const void *repl_ = py_image(api, call_, image_in, size_in, path_in, &n_); \
+        const void *repl_ = py_image(api, call_, image_in, 0, path_in, &n_); \
         int rr_ = -1; \
-        CUresult r_; \
+        CUresult r_ = CUDA_SUCCESS; \
+        char log_[JIT_LOG_BYTES]; \
+        log_[0] = 0; \
         egpu_shim_idle(); \
-        if (repl_) { \
-            image = repl_; \
-            r_ = rr_ = CALL_REAL(sym, __VA_ARGS__); \
-            image = orig_; \
-        } \
+        if (repl_) \
+            r_ = rr_ = load_replacement((void **)(out), repl_, library, n_jit, jit, jit_values, n_lib, lib, \
+                                        lib_values, log_); \
         if (!repl_ || rr_ != CUDA_SUCCESS) r_ = CALL_REAL(sym, __VA_ARGS__); \
-        py_loaded(api, call_, r_ == CUDA_SUCCESS && out ? *out : NULL, r_, rr_); \
+        py_loaded(api, call_, r_ == CUDA_SUCCESS && (out) ? *(out) : NULL, r_, rr_, log_); \
         return r_; \
     } while (0)
 
 EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname) {
-    /* a replacement image turns the file load into cuModuleLoadData */
-    if (passthrough()) return CALL_REAL(cuModuleLoad, module, fname);
-    unsigned long long call = next_call();
-    size_t n = 0;
-    const void *repl = py_image(EGPU_API_MODULE_LOAD, call, NULL, 0, fname, &n);
-    int rr = -1;
-    CUresult r;
-    egpu_shim_idle();
-    if (repl) rr = CALL_REAL(cuModuleLoadData, module, repl);
-    r = repl && rr == CUDA_SUCCESS ? rr : CALL_REAL(cuModuleLoad, module, fname);
-    py_loaded(EGPU_API_MODULE_LOAD, call, r == CUDA_SUCCESS && module ? *module : NULL, r, rr);
-    return r;
+    LOAD(cuModuleLoad, EGPU_API_MODULE_LOAD, module, NULL, fname, 0, 0, NULL, NULL, 0, NULL, NULL, module, fname);
 }
 
 EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
-    LOAD(cuModuleLoadData, EGPU_API_MODULE_LOAD_DATA, module, image, 0, NULL, image, module, image);
+    LOAD(cuModuleLoadData, EGPU_API_MODULE_LOAD_DATA, module, image, NULL, 0, 0, NULL, NULL, 0, NULL, NULL, module,
+         image);
 }
 
 EXPORT CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
                                    int *options, void **optionValues) {
-    LOAD(cuModuleLoadDataEx, EGPU_API_MODULE_LOAD_DATA_EX, module, image, 0, NULL, image, module,
-         image, numOptions, options, optionValues);
+    LOAD(cuModuleLoadDataEx, EGPU_API_MODULE_LOAD_DATA_EX, module, image, NULL, 0, numOptions, options, optionValues,
+         0, NULL, NULL, module, image, numOptions, options, optionValues);
 }
 
 EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
-    LOAD(cuModuleLoadFatBinary, EGPU_API_MODULE_LOAD_FAT_BINARY, module, fatCubin, 0, NULL, fatCubin,
-         module, fatCubin);
+    LOAD(cuModuleLoadFatBinary, EGPU_API_MODULE_LOAD_FAT_BINARY, module, fatCubin, NULL, 0, 0, NULL, NULL, 0, NULL,
+         NULL, module, fatCubin);
 }
 
 EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, int *jitOptions,
                                   void **jitOptionsValues, unsigned int numJitOptions,
                                   int *libraryOptions, void **libraryOptionValues,
                                   unsigned int numLibraryOptions) {
-    LOAD(cuLibraryLoadData, EGPU_API_LIBRARY_LOAD_DATA, library, code, 0, NULL, code, library, code,
-         jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues,
-         numLibraryOptions);
+    LOAD(cuLibraryLoadData, EGPU_API_LIBRARY_LOAD_DATA, library, code, NULL, 1, numJitOptions, jitOptions,
+         jitOptionsValues, numLibraryOptions, libraryOptions, libraryOptionValues, library, code, jitOptions,
+         jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
 }
 
 EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *library, const char *fileName, int *jitOptions,
                                       void **jitOptionsValues, unsigned int numJitOptions,
                                       int *libraryOptions, void **libraryOptionValues,
                                       unsigned int numLibraryOptions) {
-    if (passthrough())
-        return CALL_REAL(cuLibraryLoadFromFile, library, fileName, jitOptions, jitOptionsValues,
-                         numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
-    unsigned long long call = next_call();
-    size_t n = 0;
-    const void *repl = py_image(EGPU_API_LIBRARY_LOAD_FROM_FILE, call, NULL, 0, fileName, &n);
-    int rr = -1;
-    CUresult r;
-    egpu_shim_idle();
-    if (repl)
-        rr = CALL_REAL(cuLibraryLoadData, library, repl, jitOptions, jitOptionsValues, numJitOptions,
-                       libraryOptions, libraryOptionValues, numLibraryOptions);
-    r = repl && rr == CUDA_SUCCESS
-            ? rr
-            : CALL_REAL(cuLibraryLoadFromFile, library, fileName, jitOptions, jitOptionsValues,
-                        numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
-    py_loaded(EGPU_API_LIBRARY_LOAD_FROM_FILE, call, r == CUDA_SUCCESS && library ? *library : NULL,
-              r, rr);
-    return r;
+    LOAD(cuLibraryLoadFromFile, EGPU_API_LIBRARY_LOAD_FROM_FILE, library, NULL, fileName, 1, numJitOptions,
+         jitOptions, jitOptionsValues, numLibraryOptions, libraryOptions, libraryOptionValues, library, fileName,
+         jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
 }
 
 EXPORT CUresult cuLinkCreate_v2(unsigned int numOptions, int *options, void **optionValues,
@@ -1353,7 +1383,7 @@ EXPORT CUresult cuLinkAddData_v2(CUlinkState state, int type, void *data, size_t
             ? rr
             : CALL_REAL(cuLinkAddData_v2, state, type, data, size, name, numOptions, options,
                         optionValues);
-    py_loaded(EGPU_API_LINK_ADD_DATA, call, state, r, rr);
+    py_loaded(EGPU_API_LINK_ADD_DATA, call, state, r, rr, "");
     return r;
 }
 
@@ -1372,7 +1402,7 @@ EXPORT CUresult cuLinkAddFile_v2(CUlinkState state, int type, const char *path, 
     r = repl && rr == CUDA_SUCCESS
             ? rr
             : CALL_REAL(cuLinkAddFile_v2, state, type, path, numOptions, options, optionValues);
-    py_loaded(EGPU_API_LINK_ADD_FILE, call, state, r, rr);
+    py_loaded(EGPU_API_LINK_ADD_FILE, call, state, r, rr, "");
     return r;
 }
 

@@ -5,6 +5,7 @@ environment, the exit dump, and the instrumenter inside programs that reach the 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 import types
@@ -333,6 +334,23 @@ def test_modules_left_alone_are_reported(stub_job, probe_obj, tmp_path, mode, ke
     assert r.stdout.splitlines() == [f"app_vec {mode} launches=2 threads=32 result=0"]
 
 
+@pytest.mark.parametrize("mode", ["module", "library"])
+def test_a_module_the_driver_refuses_is_reported_with_its_jit_log(stub_job, probe_obj, tmp_path, mode):
+    """The stand-in's JIT refuses the instrumented PTX (it holds the launch id parameter) with a ptxas log: the
+    original runs, and the reason names the log's first lines, in the dump and on egpu-run's stderr."""
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), str(stub_job.app), mode, "2", "32", "0",
+                              EGPU_STUB_REFUSE="__egpu_launch_id")
+    assert r.returncode == 0, r.stderr
+    assert launches(calls) == ["11,22,32", "11,22,32"]
+    (doc,) = docs
+    (m,) = doc["modules"]
+    why = ("driver JIT error 218: ptxas application ptx input, line {}; error : stand-in refuses '__egpu_launch_id' | "
+           "ptxas fatal : Ptx assembly aborted due to errors")
+    assert re.fullmatch("failed: " + re.escape(why).replace(r"\{\}", r"\d+"), m["status"]), m["status"]
+    assert m["kernels"][0][:2] == ["vecadd", "failed"] and m["kernels"][0][2] == m["status"].removeprefix("failed: ")
+    assert f"no kernel was instrumented (1 load {m['status']})" in r.stderr
+
+
 def test_launch_probes_alone_need_no_instrumented_kernel(stub_job, probe_obj, tmp_path):
     """A probe of launch programs only runs on the host: its kernels left untouched are no failure, so
     no warning says "no kernel was instrumented" beside its maps."""
@@ -381,7 +399,8 @@ def test_a_table_that_cannot_be_filled_sends_launches_to_the_original(stub_job, 
                               EGPU_STUB_NO_GLOBALS="1")
     assert r.returncode == 0, r.stderr
     load = "cuModuleLoadData" if mode == "module" else "cuLibraryLoadData"
-    assert [c for c in calls if c.startswith(load)] == [f"{load} module=1 kind=ptx instrumented=0",
+    replaced = "cuModuleLoadDataEx" if mode == "module" else load   # with the JIT's error log asked for
+    assert [c for c in calls if c.startswith(load)] == [f"{replaced} module=1 kind=ptx instrumented=0 jit=5,6",
                                                         f"{load} module=2 kind=ptx instrumented=0"]
     suffix = "" if mode == "module" else "k"
     assert [c.split(" f=")[1].split()[0] for c in calls if c.startswith("cuLaunchKernel")] == [f"vecadd@2{suffix}"] * 2

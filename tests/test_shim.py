@@ -168,9 +168,18 @@ def expected_calls(instrumented: bool, beside: bool) -> list[str]:
 
     def args(launch: int) -> str:
         return f"11,22,{launch}" if instrumented else "11,22"
+
+    def load(original: str, module: int, kind: str, app_jit: str = "") -> str:
+        """A load: the original call, or the replacement through cuModuleLoadDataEx (cuLibraryLoadData for a
+        library) with the app's JIT options and egpu's error log (5, 6) in place of the app's own."""
+        if not i:
+            return f"{original} module={module} kind={kind} instrumented=0" + (f" jit={app_jit}" if app_jit else "")
+        api = "cuLibraryLoadData" if original.startswith("cuLibrary") else "cuModuleLoadDataEx"
+        kept = [o for o in app_jit.split(",") if o not in ("", "5", "6")]
+        return f"{api} module={module} kind=ptx instrumented=1 jit={','.join(kept + ['5', '6'])}"
     return [
         "cuInit flags=0",
-        f"cuModuleLoadData module=1 kind=ptx instrumented={i}",
+        load("cuModuleLoadData", 1, "ptx"),
         "cuModuleGetFunction module=1 name=kernel_a",
         "cuModuleGetFunction module=1 name=kernel_b",
         *(["cuModuleLoadData module=2 kind=ptx instrumented=0",
@@ -182,24 +191,22 @@ def expected_calls(instrumented: bool, beside: bool) -> list[str]:
         f"cuLaunchCooperativeKernel f=kernel_a@1 grid=5 block=32 stream=(nil) params={args(5)}",
         f"cuGraphAddKernelNode_v2 f=kernel_a@1 grid=6 block=32 stream=(nil) params={args(6)}",
         f"cuLaunchKernel f=kernel_a@1 grid=0 block=32 stream=(nil) params={args(7)}",
-        f"cuLibraryLoadData module={lib} kind={'ptx' if i else 'wrapper'} instrumented={i}",
+        load("cuLibraryLoadData", lib, "wrapper"),
         f"cuModuleGetFunction module={lib} name=kernel_a",
         "cuKernelGetFunction name=kernel_a",
         "cuKernelGetFunction name=kernel_a",
         # the stand-in counts parameters in PTX only, so the original wrapper's launch shows none
         f"cuLaunchKernel f=kernel_a@{lib}k grid=7 block=32 stream=(nil) params={args(8) if i else ''}",
-        # an instrumented file load reaches the driver as cuModuleLoadData of the replacement
-        f"cuModuleLoadData module={lib + 1} kind=ptx instrumented=1" if i else
-        f"cuModuleLoad module={lib + 1} kind=ptx instrumented=0",
+        # an instrumented file load reaches the driver as cuModuleLoadDataEx of the replacement
+        load("cuModuleLoad", lib + 1, "ptx"),
         f"cuModuleGetFunction module={lib + 1} name=kernel_a",
-        f"cuModuleLoadDataEx module={lib + 2} kind=ptx instrumented={i}",
-        f"cuModuleLoadFatBinary module={lib + 3} kind={'ptx' if i else 'fatbin'} instrumented={i}",
+        load("cuModuleLoadDataEx", lib + 2, "ptx", app_jit="0,5,6"),
+        load("cuModuleLoadFatBinary", lib + 3, "fatbin"),
         # a graph node's launch id is drawn once, when its parameters are set
         f"cuGraphExecKernelNodeSetParams_v2 f=kernel_a@{lib + 1} grid=9 block=32 stream=(nil) "
         f"params={args(9)}",
         # likewise a library file: cuLibraryLoadData of the replacement
-        f"cuLibraryLoadData module={lib + 4} kind=ptx instrumented=1" if i else
-        f"cuLibraryLoadFromFile module={lib + 4} kind=ptx instrumented=0",
+        load("cuLibraryLoadFromFile", lib + 4, "ptx"),
         f"cuLibraryGetModule module={lib + 4}",
         f"cuModuleGetFunction module={lib + 4} name=kernel_a",
         f"cuLaunchKernelEx f=kernel_a@{lib + 4} grid=10 block=128 stream=(nil) params={args(10)}",
@@ -316,17 +323,18 @@ def test_while_rings_wait_what_may_load_code_waits_for_the_context_first(built):
     off, waited, loaded = waits(built, {})
     lib = 3   # the library the runtime's kernel_b module (2) comes before
     assert waited == [
-        "cuModuleLoadData module=1 kind=ptx instrumented=1",
+        "cuModuleLoadDataEx module=1 kind=ptx instrumented=1 jit=5,6",
         "cuModuleGetFunction module=1 name=kernel_a", "cuModuleGetFunction module=1 name=kernel_b",
         # kernel_b is sent to the runtime's module, whose function no lookup of the app's loaded
         "cuLaunchKernel_ptsz f=kernel_b@2",
         # the CUkernel's launch: cuKernelGetFunction loaded it in this context
-        f"cuLibraryLoadData module={lib} kind=ptx instrumented=1", "cuKernelGetFunction name=kernel_a",
-        f"cuModuleLoadData module={lib + 1} kind=ptx instrumented=1",
+        f"cuLibraryLoadData module={lib} kind=ptx instrumented=1 jit=5,6", "cuKernelGetFunction name=kernel_a",
+        f"cuModuleLoadDataEx module={lib + 1} kind=ptx instrumented=1 jit=5,6",
         f"cuModuleGetFunction module={lib + 1} name=kernel_a",
-        f"cuModuleLoadDataEx module={lib + 2} kind=ptx instrumented=1",
-        f"cuModuleLoadFatBinary module={lib + 3} kind=ptx instrumented=1",
-        f"cuLibraryLoadData module={lib + 4} kind=ptx instrumented=1", f"cuLibraryGetModule module={lib + 4}",
+        f"cuModuleLoadDataEx module={lib + 2} kind=ptx instrumented=1 jit=0,5,6",
+        f"cuModuleLoadDataEx module={lib + 3} kind=ptx instrumented=1 jit=5,6",
+        f"cuLibraryLoadData module={lib + 4} kind=ptx instrumented=1 jit=5,6",
+        f"cuLibraryGetModule module={lib + 4}",
         f"cuModuleGetFunction module={lib + 4} name=kernel_a",
         # functions cuModuleEnumerateFunctions handed out partly loaded: the first call that loads each
         "cuOccupancyMaxActiveBlocksPerMultiprocessor name=kernel_a", "cuFuncSetAttribute name=kernel_b",
@@ -376,15 +384,22 @@ def test_a_failing_runtime_leaves_the_original_path_working(built, env, message)
     r = run(built, "app_cudart", runtime=runtime, **env)
     assert r.returncode == 0, r.stderr
     assert message in r.stderr
-    calls = [ln for ln in r.driver_calls() if not ln.endswith(" refused")]
+    calls = [ln for ln in r.driver_calls() if " refused" not in ln]
     # kernel_b is still redirected to the module loaded beside whenever the runtime is there
     assert calls == expected_calls(instrumented=False, beside=runtime == "instrumenter")
-    refused = [ln for ln in r.driver_calls() if ln.endswith(" refused")]
-    assert refused == ([f"{api} refused" for api in ("cuModuleLoadData", "cuLibraryLoadData", "cuModuleLoadData",
-                                                      "cuModuleLoadDataEx", "cuModuleLoadFatBinary",
-                                                      "cuLibraryLoadData", "cuLinkAddData_v2",
-                                                      "cuLinkAddData_v2")]
-                       if "EGPU_TEST_REFUSE" in env else [])
+    refused = [ln for ln in r.driver_calls() if " refused" in ln]
+    # a refused module or library is asked for the driver's error log (5, 6), beside the app's own options; a
+    # link input cannot be (cuLinkAddData takes no log options)
+    assert refused == ([f"{api} refused{jit}" for api, jit in (
+        ("cuModuleLoadDataEx", " jit=5,6"), ("cuLibraryLoadData", " jit=5,6"), ("cuModuleLoadDataEx", " jit=5,6"),
+        ("cuModuleLoadDataEx", " jit=0,5,6"), ("cuModuleLoadDataEx", " jit=5,6"), ("cuLibraryLoadData", " jit=5,6"),
+        ("cuLinkAddData_v2", ""), ("cuLinkAddData_v2", ""))] if "EGPU_TEST_REFUSE" in env else [])
+    # the log reached the runtime; the app's options and its own error log are as it left them
+    logs = [ln for ln in r.stderr.splitlines() if ln.startswith("egpu-test: ")]
+    assert len(logs) == (6 if "EGPU_TEST_REFUSE" in env else 0)
+    assert all(ln.endswith("refused: ptxas application ptx input, line 26; error   : stand-in refuses "
+                           "'// egpu-refuse'") for ln in logs), logs
+    assert r.lines("load_ex_options") == ["0,5,6 32 64 the app's log"]
 
 
 def test_launch_counters_records_and_allocations(built):
@@ -567,7 +582,8 @@ int main() {
     FIELD(CUDA_KERNEL_NODE_PARAMS_v2, kernelParams) FIELD(CUDA_KERNEL_NODE_PARAMS_v2, kern)
     FIELD(CUDA_KERNEL_NODE_PARAMS_v3, kernelParams) FIELD(CUDA_KERNEL_NODE_PARAMS_v3, kern)
     FIELD(CUgraphNodeParams, kernel) FIELD(CUgraphNodeParams, reserved2)
-    std::printf("const %d %d %d %d %d %d %d\n", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CU_JIT_INPUT_PTX,
+    std::printf("const %d %d %d %d %d %d %d %d %d\n", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, CU_JIT_INPUT_PTX,
+                (int)CU_JIT_ERROR_LOG_BUFFER, (int)CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
                 (int)CU_GRAPH_NODE_TYPE_KERNEL, (int)(size_t)CU_LAUNCH_PARAM_BUFFER_POINTER,
                 (int)(size_t)CU_LAUNCH_PARAM_BUFFER_SIZE, (int)CUDA_ERROR_NOT_FOUND,
                 (int)CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
@@ -593,7 +609,8 @@ def test_hook_prototypes_match_cuda_h(tmp_path):
     interpose = (ROOT / "shim" / "interpose.c").read_text()
     constants = dict(re.findall(r"#define (CU\w+|CUDA_ERROR_NOT_FOUND) \(?\(?(?:void \*\))?(0x[0-9a-f]+|\d+)", interpose))
     assert out.splitlines()[-1] == "const " + " ".join(str(int(constants[k], 0)) for k in (
-        "CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM", "CU_JIT_INPUT_PTX", "CU_GRAPH_NODE_TYPE_KERNEL",
+        "CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM", "CU_JIT_INPUT_PTX", "CU_JIT_ERROR_LOG_BUFFER",
+        "CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES", "CU_GRAPH_NODE_TYPE_KERNEL",
         "CU_LAUNCH_PARAM_BUFFER_POINTER",
         "CU_LAUNCH_PARAM_BUFFER_SIZE", "CUDA_ERROR_NOT_FOUND", "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"))
 

@@ -41,9 +41,10 @@ class Instrumenter(Protocol):
     def module_load(self, image: ModuleImage) -> bytes | None:
         """A replacement image (PTX text, cubin or fatbin) for the driver to load instead, or None."""
     def module_loaded(self, api: str, call: int, handle: int, result: int,
-                      replacement_result: int) -> None:
+                      replacement_result: int, jit_log: str) -> None:
         """The load finished: result and handle are the app's; replacement_result is -1 if no
-        replacement was offered, else the driver's result for it (an error: the original loaded)."""
+        replacement was offered, else the driver's result for it (an error: the original loaded), and
+        jit_log the driver's error log for it ("" if none: egpu_shim.h)."""
     def handle_found(self, api: str, owner: int, name: str | None, handle: int) -> None:
         """A function, kernel, module, link state or cubin was handed to the app (egpu_shim.h)."""
     def unloaded(self, api: str, handle: int) -> None:
@@ -176,12 +177,13 @@ def attach(ffi: Any, lib: Any) -> None:
         return buf
 
     @ffi.def_extern(onerror=_report)
-    def egpu_py_module_loaded(api, call, handle, result, replacement_result):
+    def egpu_py_module_loaded(api, call, handle, result, replacement_result, jit_log):
         buf = _keep.pop(call, None)
         if buf is not None and replacement_result == 0 and api_name(api).startswith("LIBRARY_"):
             _preserved[addr(handle)] = buf
         if _instrumenter is not None:
-            _instrumenter.module_loaded(api_name(api), call, addr(handle), result, replacement_result)
+            _instrumenter.module_loaded(api_name(api), call, addr(handle), result, replacement_result,
+                                        text(jit_log) or "")
 
     @ffi.def_extern(onerror=_report)
     def egpu_py_handle_found(api, owner, name, handle):

@@ -5,8 +5,9 @@ registers the instrumenter with hooks.register and does nothing else).
 - A module or library load: the PTX of the image (PTX text, or the fatbin's best PTX for the device) is
   instrumented and handed back as the replacement; the application's handles are then the instrumented
   module's. Nothing matched: None, the original loads unchanged. No PTX (cubin, SASS-only fatbin):
-  recorded as "SASS only". The driver refused the replacement: "failed: driver JIT error N" and the
-  shim has loaded the original.
+  recorded as "SASS only". The driver refused the replacement: "failed: driver JIT error N: " and the first
+  lines of the driver's error log (ptxas's errors; the shim asks for it beside the app's JIT options), and the
+  shim has loaded the original. A refused PTX link input has no log of egpu's (cuLinkAddData takes none).
 - After an instrumented load: the device maps (one set per probe object, allocated on the first
   instrumented load in that load's context and shared by every module) go into the module's map
   table. Should that fail, the original is loaded beside it and every kernel handle is redirected to
@@ -76,6 +77,7 @@ from egpu_preload.translate.sass_patch import has_sites
 
 LIBRARY_APIS = ("LIBRARY_LOAD_DATA", "LIBRARY_LOAD_FROM_FILE")
 STATS = ("launches", "redirected", "records", "dropped", "untracked", "python_calls")
+JIT_LOG_LINES, JIT_LOG_CHARS = 3, 500   # of a refused replacement's log, what its reason carries
 
 
 @dataclass
@@ -208,18 +210,20 @@ class Runtime:
         mod.replaced_at = time.perf_counter()
         return res.text.encode()
 
-    def module_loaded(self, api: str, call: int, handle: int, result: int, replacement_result: int) -> None:
+    def module_loaded(self, api: str, call: int, handle: int, result: int, replacement_result: int,
+                      jit_log: str) -> None:
         # Lazy loading brings modules in at a kernel's first launch, which may be one being captured.
         with self.live.lock, self.driver.capture_relaxed():
-            self._module_loaded(api, call, handle, result, replacement_result)
+            self._module_loaded(api, call, handle, result, replacement_result, jit_log)
 
-    def _module_loaded(self, api: str, call: int, handle: int, result: int, replacement_result: int) -> None:
+    def _module_loaded(self, api: str, call: int, handle: int, result: int, replacement_result: int,
+                       jit_log: str) -> None:
         mod = self._pending.pop(call, None)
         if mod is None or result != 0:
             return
         if api.startswith("LINK_"):  # handle: the link state
             if replacement_result > 0:
-                self._fail(mod, f"driver JIT error {replacement_result}")
+                self._fail(mod, jit_refusal(replacement_result, jit_log))
             elif mod.status == "instrumented":
                 self.links.setdefault(handle, []).append(mod)
             mod.original = None
@@ -228,7 +232,7 @@ class Runtime:
         if mod.replaced_at is not None:  # the shim's driver call in between: load and JIT of the replacement
             mod.timing["driver_ms"] = (time.perf_counter() - mod.replaced_at) * 1e3
         if replacement_result > 0:
-            self._fail(mod, f"driver JIT error {replacement_result}")
+            self._fail(mod, jit_refusal(replacement_result, jit_log))
         elif replacement_result == 0 or mod.status == "instrumented":  # replaced, or adopted as it is
             try:
                 mod.context = None if mod.library else self.driver.context()   # the hook runs in the load's
@@ -590,6 +594,15 @@ class Runtime:
         self.streaming = self._trace()
         if self.maps:
             self._read_rings()
+
+
+def jit_refusal(result: int, log: str) -> str:
+    """The reason for a replacement the driver refused, on one line: its CUresult and the first lines of its
+    error log (ptxas's: "ptxas application ptx input, line 12; error : ..."), whitespace runs made one."""
+    lines = [" ".join(ln.split()) for ln in log.splitlines() if ln.strip()][:JIT_LOG_LINES]
+    head = " | ".join(lines)
+    head = head if len(head) <= JIT_LOG_CHARS else head[:JIT_LOG_CHARS - 3] + "..."
+    return f"driver JIT error {result}" + (f": {head}" if head else "")
 
 
 def _start() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 
 from egpu_preload import fatbin
@@ -53,10 +54,12 @@ class TestInstrumenter:
             return None
         return (instrumented(ptx) + (REFUSE if os.environ.get("EGPU_TEST_REFUSE") else "")).encode()
 
-    def module_loaded(self, api, call, handle, result, replacement_result) -> None:
+    def module_loaded(self, api, call, handle, result, replacement_result, jit_log) -> None:
         if os.environ.get("EGPU_TEST_LOADS"):
             with open(os.environ["EGPU_TEST_LOADS"], "a") as f:
                 f.write(f"{api} {result} {replacement_result}\n")
+        if jit_log:   # the driver's log of a refused replacement (EGPU_TEST_REFUSE)
+            print(f"egpu-test: {api} refused: {jit_log.splitlines()[0]}", file=sys.stderr)
         if replacement_result == 0:
             self.instrumented.add(handle)
 

@@ -94,10 +94,42 @@ __attribute__((weak)) void *egpu_stub_current_context(void);
 static void *san_context(void) { return egpu_stub_current_context ? egpu_stub_current_context() : (void *)1; }
 __attribute__((visibility("default"))) void egpu_stub_sanitizer(sanitizer_event fn) { san_event = fn; }
 
-/* Images marked "// egpu-refuse" are refused, as the JIT refuses bad PTX. */
-static CUresult load(const char *api, const void *image, void **out) {
-    if (!strcmp(image_kind(image), "ptx") && strstr(image, "// egpu-refuse")) {
-        logf_("%s refused", api);
+/* JIT options (cuModuleLoadDataEx, cuLibraryLoadData): their ids, as the log line's " jit=5,6" ("" if none),
+ * and where an error log goes (CU_JIT_ERROR_LOG_BUFFER 5, its size CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES 6). */
+struct jit { char ids[256]; char *log; void **log_size; };
+static struct jit jit_options(unsigned n, const int *o, void **v) {
+    struct jit j = {"", NULL, NULL};
+    for (unsigned i = 0, k = 0; i < n && k < sizeof j.ids - 16; i++) {
+        k += snprintf(j.ids + k, sizeof j.ids - k, "%s%d", i ? "," : " jit=", o[i]);
+        if (o[i] == 5) j.log = v[i];
+        if (o[i] == 6) j.log_size = &v[i];
+    }
+    return j;
+}
+
+/* The JIT's refusal, as ptxas words it, into the error log the options name (at most its size, NUL
+ * included; the size written back is what was written, as the driver's is). */
+static void refusal_log(struct jit *j, const char *image, const char *at) {
+    if (!j->log || !j->log_size || !(uintptr_t)*j->log_size) return;
+    int line = 1;
+    for (const char *c = image; c < at; c++) line += *c == '\n';
+    size_t room = (uintptr_t)*j->log_size;
+    int len = (int)strcspn(at, "\n");
+    int n = snprintf(j->log, room, "ptxas application ptx input, line %d; error   : stand-in refuses '%.*s'\n"
+                     "ptxas fatal   : Ptx assembly aborted due to errors\n", line, len < 40 ? len : 40, at);
+    *j->log_size = (void *)(uintptr_t)((size_t)n < room ? (size_t)n + 1 : room);
+}
+
+/* Images marked "// egpu-refuse", or holding EGPU_STUB_REFUSE's text, are refused, as the JIT refuses bad
+ * PTX, with a log where the options ask for one. */
+static CUresult load(const char *api, const void *image, void **out, unsigned n, const int *o, void **v) {
+    struct jit j = jit_options(n, o, v);
+    const char *refuse = getenv("EGPU_STUB_REFUSE");
+    const char *at = strcmp(image_kind(image), "ptx") ? NULL : strstr(image, "// egpu-refuse");
+    if (!strcmp(image_kind(image), "ptx") && !at && refuse && *refuse) at = strstr(image, refuse);
+    if (at) {
+        refusal_log(&j, image, at);
+        logf_("%s refused%s", api, j.ids);
         return INVALID_PTX;
     }
     struct module *m = calloc(1, sizeof *m);
@@ -124,7 +156,7 @@ static CUresult load(const char *api, const void *image, void **out) {
         FILE *f = fopen(name, "w");
         if (f) { fputs(m->ptx, f); fclose(f); }
     }
-    logf_("%s module=%d kind=%s instrumented=%d", api, m->id, kind, marker != NULL);
+    logf_("%s module=%d kind=%s instrumented=%d%s", api, m->id, kind, marker != NULL, j.ids);
     *out = m;
     if (san_event) { /* Sanitizer_ResourceModuleData: MODULE_LOADED */
         struct { void *ctx, *module; size_t size; const char *cubin; void *library; } d =
@@ -295,16 +327,16 @@ static CUresult load_file(const char *api, const char *fname, void **out) {
     char buf[65536] = {0};
     (void)!fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
-    return load(api, buf, out);
+    return load(api, buf, out, 0, NULL, NULL);
 }
 
 CUresult cuModuleLoad(void **mod, const char *fname) { return load_file("cuModuleLoad", fname, mod); }
-CUresult cuModuleLoadData(void **mod, const void *image) { return load("cuModuleLoadData", image, mod); }
+CUresult cuModuleLoadData(void **mod, const void *image) { return load("cuModuleLoadData", image, mod, 0, NULL, NULL); }
 CUresult cuModuleLoadDataEx(void **mod, const void *image, unsigned int n, int *o, void **v) {
-    return load("cuModuleLoadDataEx", image, mod);
+    return load("cuModuleLoadDataEx", image, mod, n, o, v);
 }
 CUresult cuModuleLoadFatBinary(void **mod, const void *fatCubin) {
-    return load("cuModuleLoadFatBinary", fatCubin, mod);
+    return load("cuModuleLoadFatBinary", fatCubin, mod, 0, NULL, NULL);
 }
 /* Sanitizer_ResourceModuleData: MODULE_UNLOAD_STARTING, inside the unload as the driver raises it */
 static void unload_starting(void *mod) {
@@ -335,7 +367,7 @@ CUresult cuModuleGetFunction(void **out, void *mod, const char *name) {
 }
 CUresult cuLibraryLoadData(void **lib, const void *code, int *jo, void **jv, unsigned int nj, int *lo,
                            void **lv, unsigned int nl) {
-    return load("cuLibraryLoadData", code, lib);
+    return load("cuLibraryLoadData", code, lib, nj, jo, jv);
 }
 CUresult cuLibraryLoadFromFile(void **lib, const char *path, int *jo, void **jv, unsigned int nj, int *lo,
                                void **lv, unsigned int nl) {
