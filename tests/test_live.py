@@ -29,7 +29,7 @@ from egpu_preload.control import MAX_FRAME, ControlClient, ControlError, list_se
 from stub_job import MORE, ROOT
 from test_control import _raw, _reply, _req, _send_body
 
-MODULE_LOAD = re.compile(r"cu(?:ModuleLoadData|LibraryLoadData) module=(\d+)")
+MODULE_LOAD = re.compile(r"cu(?:ModuleLoadData(?:Ex)?|LibraryLoadData) module=(\d+)")
 LAUNCH = re.compile(r"cuLaunchKernel f=step@(\d+)k? .* params=([\d,]*)")
 UNLOAD = re.compile(r"cu(?:ModuleUnload|LibraryUnload) module=(\d+)")
 
