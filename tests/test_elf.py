@@ -199,6 +199,41 @@ SEC("kprobe/*") long several(struct egpu_ctx *c)
     assert Vm(obj.programs[0].code, obj.maps).run(bytes(C.SIZE)) == 3 + 500 + 70000 + 13000000 + 200000000
 
 
+POINTERS = """
+__u64 vals[4] = {1, 2, 3, 4};
+static __u64 svals[2] = {5, 6};
+__u64 *ptr = &vals[2];
+__u64 *sptr = &svals[1];
+__u64 plain = 7;
+"""
+
+
+@pytest.mark.parametrize("body, note", [
+    # a load through a pointer global data holds: refused, saying why and where
+    ("return *ptr;", "; pointers stored in global data are not relocated (as in libbpf): .data+32 (ptr) holds "
+                     "&vals+16 as a plain number"),
+    ("return *sptr + 1;", "; pointers stored in global data are not relocated (as in libbpf): .data+56 (sptr) "
+                          "holds &svals+8 as a plain number"),
+    # a number from elsewhere dereferenced, the pointers in the same section never read: no word about them
+    ("return plain + *(__u64 *)c->addr;", ""),
+])
+def test_pointers_in_global_data_are_named_when_a_load_through_one_is_refused(tmp_path, body, note):
+    """libbpf ignores relocations inside data sections, so a pointer stored there (``__u64 *p = &v[2];``)
+    is the number clang wrote; the loader keeps where each is, and the verifier's refusal of a memory
+    access through a number names those the program read (a static one by its variable, not its section)."""
+    from egpu_preload.bpf.program import DataPointer
+    from egpu_preload.bpf.verifier import verify
+    from egpu_preload.errors import VerifierError
+    path = _compile(tmp_path, POINTERS + f'SEC("kprobe/*") long deref(struct egpu_ctx *c) {{ {body} }}\n')
+    obj = load_object(path)
+    (data,) = [m for m in obj.maps if m.name.endswith(".data")]
+    assert data.pointers == (DataPointer(".data", 32, "ptr", "vals+16"), DataPointer(".data", 56, "sptr", "svals+8"))
+    with pytest.raises(VerifierError) as refused:
+        verify(obj.programs[0].code, obj.maps, file=str(path), section=obj.programs[0].section)
+    assert str(refused.value).startswith(f"{path}:kprobe/*:")
+    assert refused.value.reason.endswith("invalid mem access 'scalar' (r1)" + note)
+
+
 def _x86_object(tmp_path: Path) -> Path:
     src = tmp_path / "x86.c"
     src.write_text("int f(int x) { return x + 1; }\n")

@@ -12,6 +12,9 @@ bpf_object__relocate) so probes written for libbpf load unchanged:
   whole fits 15 characters, followed by the section name (``globals.bss``, ``g.rodata.str1.1``);
 - calls into .text (or into another function of the same section) append the callee after the
   program, transitively, each subprogram once, and the call's imm is fixed to reach it.
+- relocations inside data sections (``__u64 *p = &vals[2];``) are left undone, as libbpf leaves them: the
+  slot keeps the number clang wrote, and the section's map lists them (MapDef.pointers), so the verifier's
+  refusal of a load through one names the section, offset and symbols;
 - CO-RE relocations (.BTF.ext) keep the constants clang computed: the object's BTF is the only one
   there is, so a type the object defines is its own target; an access through a ___flavor is refused.
 
@@ -35,12 +38,13 @@ from ..outpaths import read_input
 from . import btf as btfmod
 from . import isa
 from .program import (BPFTIME_MAP_TYPES, MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
-                      MAP_PERTHREAD_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, BpfObject, MapDef, Program)
+                      MAP_PERTHREAD_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, BpfObject, DataPointer, MapDef, Program)
 from .linux_names import MAP_FLAGS, map_flag, map_flag_names, map_type_name
 from .sections import parse_section
 
 EM_BPF = 247
 R_BPF_64_64, R_BPF_64_32 = 1, 10  # lddw of a map or data symbol; pc-relative call (llvm BPF ELF ABI)
+R_BPF_64_ABS32 = 3                # a 32-bit address in data (R_BPF_64_ABS64, 2, an 8-byte one)
 SHT_PROGBITS, SHT_SYMTAB, SHT_NOBITS, SHT_REL, SHT_RELA = 1, 2, 8, 9, 4
 SHF_WRITE, SHF_ALLOC, SHF_EXECINSTR = 1, 2, 4
 _OP_LDDW, _OP_CALL = 0x18, 0x85
@@ -189,6 +193,12 @@ class _Loader:
     def symbols_in(self, index: int, kind: str) -> list[_Sym]:
         return sorted((s for s in self.syms if s.shndx == index and s.type == kind), key=lambda s: s.value)
 
+    def variable_at(self, index: int, offset: int) -> str:
+        """The variable of section ``index`` holding byte ``offset``, as "name" or "name+k"; "" if none."""
+        var = next((o for o in self.symbols_in(index, "STT_OBJECT") if o.value <= offset < o.value + max(o.size, 1)),
+                   None)
+        return "" if var is None else var.name + (f"+{offset - var.value}" if offset > var.value else "")
+
     # ---- BTF, license ----
 
     def read_btf(self) -> None:
@@ -307,6 +317,8 @@ class _Loader:
 
     def relocate(self) -> None:
         for rel in self.sections:
+            if rel.type in (SHT_REL, SHT_RELA) and rel.info in self.data_map:
+                self.note_data_pointers(rel, self.sections[rel.info])
             if rel.type not in (SHT_REL, SHT_RELA) or rel.info not in self.code:
                 continue
             target = self.sections[rel.info]
@@ -315,6 +327,27 @@ class _Loader:
                                section=target.name)
             for off, info in struct.iter_unpack("<QQ", rel.data):
                 self.relocate_one(target, off, info >> 32, info & 0xFFFFFFFF)
+
+    def note_data_pointers(self, rel: _Section, sec: _Section) -> None:
+        """Relocations inside a data section: addresses stored in global data. libbpf ignores them (its
+        bpf_object__collect_relos takes those of programs only), so they stay the numbers clang wrote; the
+        section's map keeps them (MapDef.pointers) so that the verifier's refusal of a load through one says
+        why. Entries that make no sense are passed over, as libbpf passes over the whole section."""
+        found = []
+        entry = 24 if rel.type == SHT_RELA else 16
+        for i in range(0, rel.size - rel.size % entry, entry):
+            off, info = struct.unpack_from("<QQ", rel.data, i)
+            width = 4 if info & 0xFFFFFFFF == R_BPF_64_ABS32 else 8
+            if not 0 < info >> 32 < len(self.syms) or off + width > len(sec.data):
+                continue
+            sym = self.syms[info >> 32]
+            addend = (struct.unpack_from("<q", rel.data, i + 16)[0] if rel.type == SHT_RELA
+                      else int.from_bytes(sec.data[off:off + width], "little"))
+            at = sym.value + addend   # a static variable's address is its section's symbol plus an addend
+            target = self.variable_at(sym.shndx, at) or f"{sym.name or '?'}{f'+{addend}' if addend else ''}"
+            found.append(DataPointer(sec.name, off, self.variable_at(sec.index, off).split("+")[0], target))
+        index = self.data_map[sec.index]
+        self.maps[index] = replace(self.maps[index], pointers=self.maps[index].pointers + tuple(found))
 
     def relocate_one(self, sec: _Section, off: int, sym_index: int, rtype: int) -> None:
         code = self.code[sec.index]

@@ -31,6 +31,18 @@ BPF_F_RDONLY_PROG, BPF_F_WRONLY_PROG = map_flag("RDONLY_PROG"), map_flag("WRONLY
 
 
 @dataclass(frozen=True)
+class DataPointer:
+    """An address the compiler stored in global data (``__u64 *p = &vals[2];``): a relocation inside a data
+    section, which libbpf ignores, and so does egpu: the slot holds the number the compiler wrote (the
+    target's offset in its section), never a pointer a program may dereference."""
+
+    section: str    # the data section holding it (.data, .rodata, .data.rel.ro, ...)
+    offset: int     # its byte offset there
+    holder: str     # the variable whose bytes hold it ("" when no symbol covers the offset)
+    target: str     # what it is the address of: a symbol (or section), with the addend, "vals+16"
+
+
+@dataclass(frozen=True)
 class MapDef:
     name: str
     type: int
@@ -46,6 +58,7 @@ class MapDef:
                                       # of its adds; 0 for one copy (translate/striping.py)
     wait: bool = False                # a ring whose producers wait for the reader when it is full
                                       # (egpu-run --on-full wait) instead of dropping the record
+    pointers: tuple[DataPointer, ...] = ()  # global data: the addresses it holds unrelocated (elf.py)
 
     @property
     def prog_writes(self) -> bool:

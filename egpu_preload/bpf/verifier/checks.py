@@ -19,7 +19,7 @@ from ..decode import Insn
 from ..helpers import BPF_NOEXIST, HELPERS, Helper, printk_refusal
 from ..linux_names import helper_name, is_linux_helper
 from ..program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
-                       MAP_PERTHREAD_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, MapDef)
+                       MAP_PERTHREAD_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, DataPointer, MapDef)
 from . import arith
 from .cfg import Cfg, Reject
 from .state import SPILL_BYTES, UNINIT_SLOT_BYTES, Frame, Slot, State
@@ -61,7 +61,7 @@ class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
     __slots__ = ("cfg", "maps", "layout", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack",
-                 "ctx_reads", "ctx_at", "value_uses", "_last_id")
+                 "ctx_reads", "ctx_at", "value_uses", "pointers_read", "_last_id")
 
     def __init__(self, cfg: Cfg, maps: list[MapDef], layout: egpu_ctx.Layout = egpu_ctx.EGPU_CTX) -> None:
         self.cfg = cfg
@@ -76,6 +76,7 @@ class Env:
         self.ctx_reads: set[int] = set()
         self.ctx_at: dict[int, int | None] = {}
         self.value_uses: dict[int, set[str]] = {}
+        self.pointers_read: dict[DataPointer, None] = {}   # unrelocated addresses read from global data, in order
         self._last_id = 0
 
     def new_id(self) -> int:
@@ -100,6 +101,10 @@ class Env:
 
     def note_use(self, index: int, use: str) -> None:
         self.value_uses.setdefault(index, set()).add(use)
+
+    def note_pointers(self, m: MapDef, lo: int, hi: int) -> None:
+        """A read of bytes [lo, hi) of global data: the addresses stored there (MapDef.pointers) it may get."""
+        self.pointers_read.update((p, None) for p in m.pointers if lo < p.offset + 8 and p.offset < hi)
 
     def note_ctx(self, pc: int, offset: int, size: int) -> None:
         """A context load: the bytes it reads, and its offset when the same on every path."""
@@ -323,7 +328,7 @@ def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *,
     kind, size = ptr.kind, insn.size
     if kind in (SCALAR, MAP_PTR) or kind in OR_NULL:
         hint = ": compare it with 0 first" if kind in OR_NULL else ""
-        raise Reject(f"invalid mem access '{kind}' (r{reg}{hint})")
+        raise Reject(f"invalid mem access '{kind}' (r{reg}{hint})" + (_data_pointers(env) if kind == SCALAR else ""))
     if value is not None and value.is_pointer and kind != STACK:
         raise Reject(f"r{insn.src} leaks addr into {kind} (pointer store)")
     # A record is the kernel's PTR_TO_MEM, which check_atomic takes like a map value; the context is not.
@@ -348,12 +353,26 @@ def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *,
         if denied := _map_denied(m, mode):
             raise Reject(f"{denied[0]} (r{reg} {denied[1]})")
         _within(ptr, fixed, size, m.value_size, "map value", "value_size", reg)
+        if mode != "write" and m.pointers:
+            env.note_pointers(m, fixed + ptr.smin, fixed + ptr.smax + size)
         if mode == "read" and m.readonly and m.initial is not None and ptr.is_const:
             data = m.initial[fixed:fixed + size].ljust(size, b"\0")  # .rodata: known at load time
             return const(int.from_bytes(data, "little", signed=signed))
     else:
         _within(ptr, fixed, size, ptr.aux, "ringbuf record", "size", reg)
     return sized(size, signed)
+
+
+def _data_pointers(env: Env) -> str:
+    """Why a number may stand where the program expects a pointer: it read addresses stored in global data,
+    which the loader leaves unrelocated, as libbpf does (MapDef.pointers); "" when it read none."""
+    held = list(env.pointers_read)
+    if not held:
+        return ""
+    named = [f"{p.section}+{p.offset}{f' ({p.holder})' if p.holder else ''} holds &{p.target}" for p in held[:3]]
+    more = f" and {len(held) - 3} more" if len(held) > 3 else ""
+    return "; pointers stored in global data are not relocated (as in libbpf): " + ", ".join(named) + more + \
+        " as a plain number"
 
 
 def _map_denied(m: MapDef, mode: str) -> tuple[str, str] | None:
