@@ -17,7 +17,7 @@ from pathlib import Path
 import _cffi_backend
 import pytest
 
-from egpu_preload.runtime import job
+from egpu_preload.runtime import dump, job
 from stub_job import MORE, ROOT, egpu_run
 
 BAD_PROBE = """#include "egpu.bpf.h"
@@ -249,13 +249,15 @@ def test_a_worker_that_ends_before_its_dump_is_named(stub_job, probe_obj, tmp_pa
     """A worker that ran probes and ended before its exit dump and any mirror copy (SIGTERMed, as Pool's
     exit ends its workers; or through os._exit): its counts are lost, and egpu-run says so, naming it
     (it printed the parent's maps alone as if they were the job's)."""
-    r = egpu_run(["--mirror", "0", "-p", str(probe_obj("count")), sys.executable, "-c", WORKER_LOST, str(MORE), how],
+    argv = [sys.executable, "-c", WORKER_LOST, str(MORE), how]
+    r = egpu_run(["--mirror", "0", "-p", str(probe_obj("count")), *argv],
                  stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
     assert r.returncode == 0, r.stderr
     worker = re.fullmatch(r"worker (\d+)\n@counts: 2\n", r.stdout)
     assert worker, r.stdout
-    assert r.stderr.splitlines() == [f"egpu-run: pid {worker[1]} ended (killed?) before its exit dump and before any "
-                                     "copy of its maps: its counts are missing"]
+    # named by its command too: the parent's, which it was forked with
+    assert r.stderr.splitlines() == [f"egpu-run: pid {worker[1]} ({dump.command(argv)}) ended (killed?) before its "
+                                     "exit dump and before any copy of its maps: its counts are missing"]
 
 
 ORPHAN = """
@@ -284,18 +286,20 @@ def test_a_process_still_running_when_the_job_ends_is_named(stub_job, probe_obj,
     its last mirror copy, said so, or where it made none, a line that its counts are missing (it was left out
     without a word); and the process, ending after egpu-run, says nothing of the session egpu-run removed
     (its exit dump and first mirror copy printed errors into the user's terminal)."""
-    r = egpu_run(["--mirror", mirror, "-p", str(probe_obj("count")), sys.executable, "-c", ORPHAN, str(MORE), mirror],
+    argv = [sys.executable, "-c", ORPHAN, str(MORE), mirror]
+    r = egpu_run(["--mirror", mirror, "-p", str(probe_obj("count")), *argv],
                  stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
     assert r.returncode == 0, r.stderr
     orphan = re.match(r"orphan (\d+)\n", r.stdout)[1]
+    who = f"pid {orphan} ({dump.command(argv)})"
     [line] = r.stderr.splitlines()
     if mirror == "3":
-        assert line == (f"egpu-run: pid {orphan} was still running when the job's main process ended, before any "
+        assert line == (f"egpu-run: {who} was still running when the job's main process ended, before any "
                         "copy of its maps: its counts are missing")
         assert r.stdout.endswith("\n@counts: 2\n")
         return
-    assert re.fullmatch(rf"egpu-run: pid {orphan} was still running when the job's main process ended: its maps "
-                        r"are as of its last copy, \d+\.\d s old", line), line
+    assert re.fullmatch(rf"egpu-run: {re.escape(who)} was still running when the job's main process ended: its "
+                        r"maps are as of its last copy, \d+\.\d s old", line), line
     assert r.stdout.split(f"\npid {orphan}: ")[1].endswith(f"{MORE} {mirror}\n@counts: 3\n"), r.stdout
 
 
@@ -370,15 +374,17 @@ def test_an_image_an_exec_made_and_killed_is_named(stub_job, probe_obj, tmp_path
     [line] = r.stderr.splitlines()
     pid = re.match(r"egpu-run: pid (\d+) ", line)
     assert pid, line
+    execd = "exec'd"   # the killed image, named by its own command, not the first image's
+    who = f"pid {pid[1]} ({dump.command([sys.executable, str(script), str(MORE), mirror, execd])})"
     if mirror == "0":
         assert r.stdout == "@counts: 3\n"
-        assert line == (f"egpu-run: pid {pid[1]} was ended by signal 9 (SIGKILL) before its exit dump and before any "
+        assert line == (f"egpu-run: {who} was ended by signal 9 (SIGKILL) before its exit dump and before any "
                         "copy of its maps: its counts are missing")
         return
     images = re.findall(r"^pid (\d+)( before exec 1)?: .*?\n@counts: (\d+)$", r.stdout, re.M | re.S)
     assert images == [(pid[1], " before exec 1", "3"), (pid[1], "", "2")], r.stdout
-    assert re.fullmatch(rf"egpu-run: pid {pid[1]} was ended by signal 9 \(SIGKILL\) before its exit dump: its maps "
-                        r"are as of its last copy, \d+\.\d s old", line), line
+    assert re.fullmatch(rf"egpu-run: {re.escape(who)} was ended by signal 9 \(SIGKILL\) before its exit dump: its "
+                        r"maps are as of its last copy, \d+\.\d s old", line), line
 
 
 def _other_python() -> str | None:
@@ -617,8 +623,9 @@ def test_a_killed_job_prints_its_last_mirror_copy(stub_job, probe_obj, tmp_path,
         stop.touch()
     assert proc.returncode == 128 + sig, (out, err)
     [line] = err.splitlines()
-    assert re.fullmatch(rf"egpu-run: pid \d+ was ended by signal {int(sig)} \({sig.name}\) before its exit dump: "
-                        r"its maps are as of its last copy, \d+\.\d s old", line), line
+    who = re.escape(dump.command([str(stub_job.loop), str(stop), "60"]))
+    assert re.fullmatch(rf"egpu-run: pid \d+ \({who}\) was ended by signal {int(sig)} \({sig.name}\) before its exit "
+                        r"dump: its maps are as of its last copy, \d+\.\d s old", line), line
     counts = re.fullmatch(r"@counts: (\d+)\n", out)
     assert counts and int(counts[1]) > 0, out
     assert not list((tmp_path / "egpu").glob("*.maps"))   # the dead process's segment read and removed

@@ -166,6 +166,31 @@ def test_bad_dumps_are_named(tmp_path, data, reason):
     assert e.value.file == str(tmp_path / "7.msgpack")
 
 
+@pytest.mark.parametrize("argv, shown", [
+    (["/usr/bin/python3", "train.py", "--lr", "3e-4"], "python3 train.py --lr 3e-4"),
+    (["./app"], "app"),
+    (["python", "-c", "import os\nos._exit(0)"], "python -c import os?os._exit(0)"),   # as ps shows it
+    (["python", "x" * 80], "python " + "x" * 50 + "..."),
+    ([], ""),
+])
+def test_a_command_is_named_as_ps_shows_it(argv, shown):
+    assert dump.command(argv) == shown
+
+
+def test_a_process_that_ended_before_its_dump_is_named_by_its_command(tmp_path, probe_obj, monkeypatch):
+    """egpu-run's line for a process that owed a dump names it by the command its started mark holds; a mark
+    egpu made before marks held one (empty) leaves the pid alone."""
+    from egpu_preload.runtime.probes import load_probes
+    monkeypatch.setattr(os, "getpid", lambda: 4_000_001)   # no such process (pid_max is at most 2**22)
+    monkeypatch.setattr(config, "argv", lambda: ["/usr/bin/python3", "train.py", "--lr", "3e-4"])
+    assert not dump.mark_started(tmp_path)
+    (tmp_path / "4000002.started").touch()   # an old mark
+    _, notes = job.report(load_probes([probe_obj("count")]), tmp_path, False, False)
+    assert [n for n in notes if " pid " in n] == [
+        f"egpu-run: pid {pid} ended (killed?) before its exit dump and before any copy of its maps: its counts are "
+        "missing" for pid in ("4000001 (python3 train.py --lr 3e-4)", "4000002")]
+
+
 def test_restore_refuses_another_probes_maps():
     with pytest.raises(EgpuError, match="dump has 6 maps, the probe 1"):
         dump.restore_state(MapsState(MAPS[:1]), dump.state_contents(filled_state()))

@@ -35,13 +35,16 @@ from typing import Any
 import msgpack
 
 from egpu_preload.errors import EgpuError
+from egpu_preload.runtime import config
 from egpu_preload.outpaths import create_new
 from egpu_preload.maps import (ArrayStorage, HashStorage, MapsState, MapStorage, PercpuArrayStorage,
                                PerfStorage, RingbufStorage, TraceRecord)
 
 VERSION = 1
 SUFFIX = ".msgpack"
-STARTED = ".started"   # <pid>.started: the process runs the runtime, so its dump is due (mark_started)
+STARTED = ".started"   # <pid>.started: the process runs the runtime, so its dump is due (mark_started); it holds
+                       # the process's command (command()), empty in marks of egpu before it did
+COMMAND_CHARS = 60     # of a command as egpu-run names a process, as much as a ps column shows
 RESTORING = ".restoring"   # <pid>.restoring: the process armed egpu-run --restore (cow/live.py)
 
 
@@ -121,11 +124,34 @@ def mark_started(session: Path, marker: str = STARTED) -> bool:
     them, and egpu-run names it instead of printing the others' maps as if they were the job's (job.report).
     Made once an image, where the runtime starts: a child forked later runs none of its own and owes none, and
     an image that dumped before an exec withdraws it (unmark_started), so that the next one owes its own. True
-    when the mark was there already: an image of this process that made it owed no dump when it exec'd."""
+    when the mark was there already: an image of this process that made it owed no dump when it exec'd. The mark
+    holds this image's command, for egpu-run to name the process by (marked_command)."""
+    path = session / f"{os.getpid()}{marker}"
     try:
-        return not create_new(session / f"{os.getpid()}{marker}")
+        existed = not create_new(path)
     except OSError:   # egpu-run gone, its session with it (a process that outlived the job): no one to tell
         return False
+    try:
+        path.write_text(command(config.argv()) + "\n")
+    except OSError:   # the mark stands without it: egpu-run names the pid alone
+        pass
+    return existed
+
+
+def command(argv: list[str]) -> str:
+    """A command line as egpu-run names a process by: the program's base name and its arguments ("python
+    train.py --lr 3e-4"), what cannot print as "?" (as ps shows it), cut to COMMAND_CHARS with "..."."""
+    text = "".join(c if c.isprintable() else "?" for c in " ".join([os.path.basename(argv[0]), *argv[1:]])) \
+        if argv else ""
+    return text if len(text) <= COMMAND_CHARS else text[:COMMAND_CHARS - 3] + "..."
+
+
+def marked_command(session: Path, pid: int, marker: str = STARTED) -> str:
+    """The command process ``pid`` wrote into its mark (mark_started); "" for none, or a mark without one."""
+    try:
+        return (session / f"{pid}{marker}").read_text(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def unmark_started(session: Path) -> None:

@@ -348,6 +348,13 @@ def _signal(n: int) -> str:
         return f"signal {n}"
 
 
+def _process(session: Path, pid: int) -> str:
+    """A process of the job as egpu-run's lines name it: "pid 1234 (python train.py)", by the command its
+    started mark holds (dump.mark_started); the pid alone for a mark without one."""
+    cmd = dump.marked_command(session, pid)
+    return f"pid {pid} ({cmd})" if cmd else f"pid {pid}"
+
+
 def _ended_by(status: int) -> int | None:
     """The signal that ended a job of exit status ``status`` (128 + N, as run_child and shells report it)."""
     return status - 128 if 128 < status < 128 + signal.NSIG else None
@@ -376,12 +383,13 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
     # a process is done with its exit dump; a dump before an exec is its image's, and the next image owes its own
     exited = {d["pid"] for d in dumps if "exec" not in d}
     for doc, when, alive in mirror.left_behind(session, exited):
-        unfinished.append(f"egpu-run: pid {doc['pid']} {running if alive else how + ' before its exit dump'}: its "
-                          f"maps are as of its last copy, {max(now - when, 0):.1f} s old")
+        unfinished.append(f"egpu-run: {_process(session, doc['pid'])} "
+                          f"{running if alive else how + ' before its exit dump'}: its maps are as of its last copy, "
+                          f"{max(now - when, 0):.1f} s old")
         dumps.append(doc)
     lost = sorted(dump.started(session) - {d["pid"] for d in dumps if "exec" not in d})
     if probes and (dumps or signum is None):   # none at all of a killed job: module_report says that already
-        unfinished += [f"egpu-run: pid {pid} "
+        unfinished += [f"egpu-run: {_process(session, pid)} "
                        f"{running + ',' if process_exists(pid) else how + ' before its exit dump and'} before any "
                        "copy of its maps: its counts are missing" for pid in lost]
     dumps.sort(key=lambda d: d["pid"])
