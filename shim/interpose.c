@@ -1257,6 +1257,8 @@ struct jit_options {
 };
 
 static struct jit_options jit_options_with_log(unsigned n, const int *options, void *const *values, char *log) {
+    if (n && (!options || !values)) /* the driver's to refuse, as it would the app's own call */
+        return (struct jit_options){n, (int *)options, (void **)values};
     struct jit_options j = {0, malloc((n + 2) * sizeof(int)), malloc((n + 2) * sizeof(void *))};
     if (!j.options || !j.values) { /* no memory for a copy: the app's options as they are, no log */
         free(j.options), free(j.values);
