@@ -66,6 +66,18 @@ CORPUS = {
     ("relocatable", "_Z9clamp_allIfEvPT_S0_i"): ({(0, 0): "rw"}, True),
     ("relocatable", "_Z9clamp_allIiEvPT_S0_i"): ({(0, 0): "rw"}, True),
     ("relocatable", "strong_kernel"): ({(0, 0): "rw"}, True),
+    # By-value structs (param space, not global memory) and __grid_constant__ parameters read through their
+    # address: only the pointer last is written.
+    ("big_params", "big_param"): ({(1, 0): "w"}, True),
+    ("big_params", "odd_params"): ({(6, 0): "w"}, True),
+    ("big_params", "grid_const"): ({(2, 0): "w"}, True),
+    ("big_params", "no_params"): ({}, True),
+    ("constant_bank", "constant_bank"): ({(0, 0): "r", (1, 0): "w"}, True),   # coeff is __constant__
+    # asm_clash(p, n) reads p in an asm loop and stores through a register its asm scope names `a`, which the
+    # analysis does not follow: inexact.
+    ("asm_clash", "asm_clash"): ({(0, 0): "rw"}, False),
+    ("wmma", "wmma_gemm"): ({}, False),   # wmma.load / wmma.store: global access forms not modelled
+    ("wmma", "mma_sync_asm"): ({(0, 0): "r", (1, 0): "r", (2, 0): "w"}, True),
 }
 # Module globals a corpus kernel reads or writes (none for the others).
 GLOBALS = {("device_runtime", "device_runtime"): {"ops": "r"},
