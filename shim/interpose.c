@@ -1256,31 +1256,58 @@ struct jit_options {
     void **values;
 };
 
+static int is_error_log(int option) {
+    return option == CU_JIT_ERROR_LOG_BUFFER || option == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES;
+}
+
 static struct jit_options jit_options_with_log(unsigned n, const int *options, void *const *values, char *log) {
     if (n && (!options || !values)) /* the driver's to refuse, as it would the app's own call */
         return (struct jit_options){n, (int *)options, (void **)values};
-    struct jit_options j = {0, malloc((n + 2) * sizeof(int)), malloc((n + 2) * sizeof(void *))};
+    struct jit_options j = {0, malloc(((size_t)n + 2) * sizeof(int)), malloc(((size_t)n + 2) * sizeof(void *))};
     if (!j.options || !j.values) { /* no memory for a copy: the app's options as they are, no log */
         free(j.options), free(j.values);
         return (struct jit_options){n, (int *)options, (void **)values};
     }
     for (unsigned i = 0; i < n; i++)
-        if (options[i] != CU_JIT_ERROR_LOG_BUFFER && options[i] != CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)
-            j.options[j.n] = options[i], j.values[j.n++] = values[i];
+        if (!is_error_log(options[i])) j.options[j.n] = options[i], j.values[j.n++] = values[i];
     j.options[j.n] = CU_JIT_ERROR_LOG_BUFFER, j.values[j.n++] = log;
     j.options[j.n] = CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, j.values[j.n++] = (void *)(uintptr_t)JIT_LOG_BYTES;
     return j;
 }
 
-/* What the driver wrote into the app's options (an info log's size, the wall time) goes back to the app's
- * values, as if its own call had loaded the replacement; then the copy is freed. */
-static void jit_options_done(struct jit_options j, unsigned n, const int *options, void **values) {
-    if (j.options == options) return;
-    for (unsigned i = 0, k = 0; i < n && k < j.n; i++)
-        if (options[i] != CU_JIT_ERROR_LOG_BUFFER && options[i] != CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) {
-            if (values[i] != j.values[k]) values[i] = j.values[k]; /* only outputs: an input array may be const */
-            k++;
+/* The app's own error log after a replacement loaded, as the driver would have written it had the app's call
+ * loaded that image (the driver writes it, empty too, whatever the outcome): egpu's log cut to the app's size
+ * (0 without CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES), and that size's output, what the driver wrote for egpu's. */
+static void error_log_to_app(unsigned n, const int *options, void **values, const char *log, uintptr_t filled) {
+    char *buffer = NULL;
+    uintptr_t room = 0;
+    for (unsigned i = 0; i < n; i++)
+        if (options[i] == CU_JIT_ERROR_LOG_BUFFER) {
+            buffer = values[i];
+        } else if (options[i] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) {
+            room = (uintptr_t)values[i];
+            if (filled < room) values[i] = (void *)filled; /* written only when it changes, as outputs above */
         }
+    if (!buffer || !room) return;
+    size_t k = strnlen(log, room - 1);
+    memcpy(buffer, log, k);
+    buffer[k] = 0;
+}
+
+/* After the replacement's load: when it loaded, what the driver wrote into the options (an info log's size, the
+ * wall time, the error log) goes back to the app's values, as if its own call had loaded the replacement; when it
+ * was refused they stay as the app left them, for its own call that follows. Then the copy is freed. */
+static void jit_options_done(struct jit_options j, CUresult r, unsigned n, const int *options, void **values,
+                             const char *log) {
+    if (j.options == options) return;
+    if (r == CUDA_SUCCESS) {
+        for (unsigned i = 0, k = 0; i < n && k < j.n; i++)
+            if (!is_error_log(options[i])) {
+                if (values[i] != j.values[k]) values[i] = j.values[k]; /* only outputs: an input array may be const */
+                k++;
+            }
+        error_log_to_app(n, options, values, log, (uintptr_t)j.values[j.n - 1]);
+    }
     free(j.options), free(j.values);
 }
 
@@ -1294,8 +1321,8 @@ static CUresult load_replacement(void **out, const void *image, int library, uns
     log[0] = 0;
     CUresult r = library ? CALL_REAL(cuLibraryLoadData, out, image, j.options, j.values, j.n, lib, lib_values, n_lib)
                          : CALL_REAL(cuModuleLoadDataEx, out, image, j.n, j.options, j.values);
-    jit_options_done(j, n_jit, jit, jit_values);
     log[JIT_LOG_BYTES - 1] = 0;
+    jit_options_done(j, r, n_jit, jit, jit_values, log);
     return r;
 }
 

@@ -200,7 +200,7 @@ def expected_calls(instrumented: bool, beside: bool) -> list[str]:
         # an instrumented file load reaches the driver as cuModuleLoadDataEx of the replacement
         load("cuModuleLoad", lib + 1, "ptx"),
         f"cuModuleGetFunction module={lib + 1} name=kernel_a",
-        load("cuModuleLoadDataEx", lib + 2, "ptx", app_jit="0,5,6"),
+        load("cuModuleLoadDataEx", lib + 2, "ptx", app_jit="0,3,4,5,6"),
         load("cuModuleLoadFatBinary", lib + 3, "fatbin"),
         # a graph node's launch id is drawn once, when its parameters are set
         f"cuGraphExecKernelNodeSetParams_v2 f=kernel_a@{lib + 1} grid=9 block=32 stream=(nil) "
@@ -278,6 +278,9 @@ RESULTS = {"launch_zero_grid": 1, "graph_exec_set_v1_zero_grid": 1, "node_set_ke
 # A memory node reaches the driver as the app's own struct: its address comes back there, and the
 # registered function in the word where a kernel node keeps one is left alone.
 NODE_OUT = ["dptr=0x7e0000000000 first=fb"]
+# What the app's own JIT options read back after its cuModuleLoadDataEx without egpu (the stand-in's info and
+# empty error log, their sizes as written): a replacement, loaded or refused, leaves them just so
+LOAD_EX_OPTIONS = ["0,3,4,5,6 32 47 1 [stand-in JIT: loaded with 32 registers at most] []"]
 
 
 @pytest.mark.parametrize("app", APPS)
@@ -288,6 +291,7 @@ def test_driver_receives_instrumented_code_and_redirected_launches(built, app):
     assert r.driver_calls() == expected_calls(instrumented=True, beside=True)
     assert {k: v for k, v in r.rc().items() if v} == RESULTS
     assert r.lines("node_out") == NODE_OUT
+    assert r.lines("load_ex_options") == LOAD_EX_OPTIONS
 
 
 def waits(built: Path, env: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
@@ -331,7 +335,7 @@ def test_while_rings_wait_what_may_load_code_waits_for_the_context_first(built):
         f"cuLibraryLoadData module={lib} kind=ptx instrumented=1 jit=5,6", "cuKernelGetFunction name=kernel_a",
         f"cuModuleLoadDataEx module={lib + 1} kind=ptx instrumented=1 jit=5,6",
         f"cuModuleGetFunction module={lib + 1} name=kernel_a",
-        f"cuModuleLoadDataEx module={lib + 2} kind=ptx instrumented=1 jit=0,5,6",
+        f"cuModuleLoadDataEx module={lib + 2} kind=ptx instrumented=1 jit=0,3,4,5,6",
         f"cuModuleLoadDataEx module={lib + 3} kind=ptx instrumented=1 jit=5,6",
         f"cuLibraryLoadData module={lib + 4} kind=ptx instrumented=1 jit=5,6",
         f"cuLibraryGetModule module={lib + 4}",
@@ -366,6 +370,7 @@ def test_without_the_shim_the_program_is_untouched(built):
     assert r.driver_calls() == expected_calls(instrumented=False, beside=False)
     assert {k: v for k, v in r.rc().items() if v} == RESULTS
     assert r.lines("node_out") == NODE_OUT
+    assert r.lines("load_ex_options") == LOAD_EX_OPTIONS
 
 
 def test_without_an_instrumenter_everything_passes_through(built):
@@ -392,14 +397,14 @@ def test_a_failing_runtime_leaves_the_original_path_working(built, env, message)
     # link input cannot be (cuLinkAddData takes no log options)
     assert refused == ([f"{api} refused{jit}" for api, jit in (
         ("cuModuleLoadDataEx", " jit=5,6"), ("cuLibraryLoadData", " jit=5,6"), ("cuModuleLoadDataEx", " jit=5,6"),
-        ("cuModuleLoadDataEx", " jit=0,5,6"), ("cuModuleLoadDataEx", " jit=5,6"), ("cuLibraryLoadData", " jit=5,6"),
+        ("cuModuleLoadDataEx", " jit=0,3,4,5,6"), ("cuModuleLoadDataEx", " jit=5,6"), ("cuLibraryLoadData", " jit=5,6"),
         ("cuLinkAddData_v2", ""), ("cuLinkAddData_v2", ""))] if "EGPU_TEST_REFUSE" in env else [])
     # the log reached the runtime; the app's options and its own error log are as it left them
     logs = [ln for ln in r.stderr.splitlines() if ln.startswith("egpu-test: ")]
     assert len(logs) == (6 if "EGPU_TEST_REFUSE" in env else 0)
     assert all(ln.endswith("refused: ptxas application ptx input, line 26; error   : stand-in refuses "
                            "'// egpu-refuse'") for ln in logs), logs
-    assert r.lines("load_ex_options") == ["0,5,6 32 64 the app's log"]
+    assert r.lines("load_ex_options") == LOAD_EX_OPTIONS
 
 
 def test_launch_counters_records_and_allocations(built):

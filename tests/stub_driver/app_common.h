@@ -151,13 +151,16 @@ static int scenario(resolve_fn get, int full) {
     H from_file, with_options, from_fatbin, fa_file;
     RC("load_file", cuModuleLoad(&from_file, "egpu_app.ptx"));
     RC("get_a_file", cuModuleGetFunction(&fa_file, from_file, "kernel_a"));
-    /* options of the app's own, an error log among them: a replacement leaves them and the log as they were */
-    char app_log[64] = "the app's log";
-    int options[] = {0 /* CU_JIT_MAX_REGISTERS */, 5 /* CU_JIT_ERROR_LOG_BUFFER */, 6 /* its size */};
-    void *values[] = {(void *)32, app_log, (void *)sizeof app_log};
-    RC("load_ex", cuModuleLoadDataEx(&with_options, PTX, 3, options, values));
-    printf("load_ex_options %d,%d,%d %zu %zu %s\n", options[0], options[1], options[2], (size_t)values[0],
-           (size_t)values[2], values[1] == app_log ? app_log : "moved");
+    /* options of the app's own, its info and error logs among them: the app reads back what the driver wrote
+     * for its load (a replacement's when one loaded, else its own image's), as without egpu */
+    char app_info[64] = "the app's info", app_log[64] = "the app's log";
+    int options[] = {0 /* CU_JIT_MAX_REGISTERS */, 3 /* CU_JIT_INFO_LOG_BUFFER */, 4 /* its size */,
+                     5 /* CU_JIT_ERROR_LOG_BUFFER */, 6 /* its size */};
+    void *values[] = {(void *)32, app_info, (void *)sizeof app_info, app_log, (void *)sizeof app_log};
+    RC("load_ex", cuModuleLoadDataEx(&with_options, PTX, 5, options, values));
+    printf("load_ex_options %d,%d,%d,%d,%d %zu %zu %zu [%s] [%s]\n", options[0], options[1], options[2], options[3],
+           options[4], (size_t)values[0], (size_t)values[2], (size_t)values[4],
+           values[1] == app_info ? app_info : "moved", values[3] == app_log ? app_log : "moved");
     RC("load_fatbin", cuModuleLoadFatBinary(&from_fatbin, &fatbin));
     np.func = fa_file;
     np.gx = 9;

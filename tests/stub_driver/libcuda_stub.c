@@ -95,29 +95,48 @@ static void *san_context(void) { return egpu_stub_current_context ? egpu_stub_cu
 __attribute__((visibility("default"))) void egpu_stub_sanitizer(sanitizer_event fn) { san_event = fn; }
 
 /* JIT options (cuModuleLoadDataEx, cuLibraryLoadData): their ids, as the log line's " jit=5,6" ("" if none),
- * and where an error log goes (CU_JIT_ERROR_LOG_BUFFER 5, its size CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES 6). */
-struct jit { char ids[256]; char *log; void **log_size; };
+ * where the info log goes (CU_JIT_INFO_LOG_BUFFER 3, its size 4), where the error log goes
+ * (CU_JIT_ERROR_LOG_BUFFER 5, its size CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES 6), and CU_JIT_MAX_REGISTERS (0). */
+struct jit { char ids[256]; char *info, *log; void **info_size, **log_size; unsigned registers; };
 static struct jit jit_options(unsigned n, const int *o, void **v) {
-    struct jit j = {"", NULL, NULL};
+    struct jit j = {"", NULL, NULL, NULL, NULL, 255};
     for (unsigned i = 0, k = 0; i < n && k < sizeof j.ids - 16; i++) {
         k += snprintf(j.ids + k, sizeof j.ids - k, "%s%d", i ? "," : " jit=", o[i]);
+        if (o[i] == 0) j.registers = (unsigned)(uintptr_t)v[i];
+        if (o[i] == 3) j.info = v[i];
+        if (o[i] == 4) j.info_size = &v[i];
         if (o[i] == 5) j.log = v[i];
         if (o[i] == 6) j.log_size = &v[i];
     }
     return j;
 }
 
-/* The JIT's refusal, as ptxas words it, into the error log the options name (at most its size, NUL
- * included; the size written back is what was written, as the driver's is). */
-static void refusal_log(struct jit *j, const char *image, const char *at) {
-    if (!j->log || !j->log_size || !(uintptr_t)*j->log_size) return;
+/* `text` into a log the options name (at most its size, NUL included); the size written back is what was
+ * written, as the driver's is, which writes its logs (empty ones too) whether the load succeeds or not. */
+static void jit_log(char *log, void **size, const char *text) {
+    if (!log || !size || !(uintptr_t)*size) return;
+    size_t room = (uintptr_t)*size;
+    int n = snprintf(log, room, "%s", text);
+    *size = (void *)(uintptr_t)((size_t)n < room ? (size_t)n + 1 : room);
+}
+
+/* The JIT's logs for a load: on a refusal ptxas's words for the error, else an empty error log; the info log
+ * says which (a load's info is longer than a refusal's, so a size shrunk by one cuts the next). */
+static void jit_logs(struct jit *j, const char *image, const char *at) {
+    char text[256];
+    if (!at) {
+        snprintf(text, sizeof text, "stand-in JIT: loaded with %u registers at most", j->registers);
+        jit_log(j->info, j->info_size, text);
+        jit_log(j->log, j->log_size, "");
+        return;
+    }
     int line = 1;
     for (const char *c = image; c < at; c++) line += *c == '\n';
-    size_t room = (uintptr_t)*j->log_size;
     int len = (int)strcspn(at, "\n");
-    int n = snprintf(j->log, room, "ptxas application ptx input, line %d; error   : stand-in refuses '%.*s'\n"
-                     "ptxas fatal   : Ptx assembly aborted due to errors\n", line, len < 40 ? len : 40, at);
-    *j->log_size = (void *)(uintptr_t)((size_t)n < room ? (size_t)n + 1 : room);
+    snprintf(text, sizeof text, "ptxas application ptx input, line %d; error   : stand-in refuses '%.*s'\n"
+             "ptxas fatal   : Ptx assembly aborted due to errors\n", line, len < 40 ? len : 40, at);
+    jit_log(j->info, j->info_size, "stand-in JIT: refused");
+    jit_log(j->log, j->log_size, text);
 }
 
 /* Images marked "// egpu-refuse", or holding EGPU_STUB_REFUSE's text, are refused, as the JIT refuses bad
@@ -127,8 +146,8 @@ static CUresult load(const char *api, const void *image, void **out, unsigned n,
     const char *refuse = getenv("EGPU_STUB_REFUSE");
     const char *at = strcmp(image_kind(image), "ptx") ? NULL : strstr(image, "// egpu-refuse");
     if (!strcmp(image_kind(image), "ptx") && !at && refuse && *refuse) at = strstr(image, refuse);
+    jit_logs(&j, image, at);
     if (at) {
-        refusal_log(&j, image, at);
         logf_("%s refused%s", api, j.ids);
         return INVALID_PTX;
     }
