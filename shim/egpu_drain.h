@@ -110,10 +110,11 @@ enum { EGPU_PASS_SPOOL = -3, EGPU_SPOOL_HEAD = 16 };
  * chunk, round after round until budget_ns has passed since the call or *halt is set by another thread (one
  * round at least); a round that took nothing sleeps idle_ns first. Every driver call of every pass in this one
  * call: a reader thread that lets the GIL go once a burst waits once for it to come back, not once a pass. Each
- * pass's counts add up into the ring's `total_*` (the burst's caller zeroes them). Returns 0; or what egpu_ring_pass returned, or EGPU_PASS_SPOOL
- * where the spool's write failed (spool->error), with *which the ring's index: that ring's consumed and seen are
- * as that pass left them (a failed spool write: its records taken from the ring and lost, counted in
- * *lost). out[0]: the rounds made; out[1]: nanoseconds slept; out[2]: nanoseconds writing the spool. */
+ * pass's counts add up into the ring's `total_*` (the burst's caller zeroes them). Returns 0; or what
+ * egpu_ring_pass returned, or EGPU_PASS_SPOOL where the spool's write failed (spool->error), with *which the
+ * ring's index: that ring's consumed and seen are as that pass left them (a failed spool write: its records taken
+ * from the ring and lost, counted in *lost). out[0]: the rounds made; out[1]: nanoseconds slept; out[2]:
+ * nanoseconds writing the spool. */
 int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct egpu_spool *spool,
                     unsigned long long budget_ns, unsigned long long idle_ns, const int *halt, unsigned int *which,
                     unsigned long long *lost, unsigned long long *out);
