@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import struct
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .bpf import program as prog
@@ -198,7 +198,8 @@ class LruHashStorage(HashStorage):
 
 
 class RingbufStorage(MapStorage):
-    """RINGBUF of max_entries bytes: committed records wait for the host; a full buffer drops."""
+    """RINGBUF of max_entries bytes: committed records wait for the host; a full buffer drops, unless ``spill``
+    (set by a reader that runs beside the program, egpu-run --trace --on-full wait) made room first."""
 
     def __init__(self, mapdef: prog.MapDef) -> None:
         super().__init__(mapdef)
@@ -206,9 +207,12 @@ class RingbufStorage(MapStorage):
         self.drops = 0
         self.used = 0  # bytes held by committed and reserved records
         self.reserved: dict[int, bytearray] = {}  # id(buffer) -> buffer, until submit or discard
+        self.spill: Callable[[], None] | None = None   # takes the committed records out (consume) when full
 
     def reserve(self, size: int) -> bytearray | None:
         need = record_bytes(size)
+        if self.used + need > self.mapdef.max_entries and self.spill is not None:
+            self.spill()
         if self.used + need > self.mapdef.max_entries:
             self.drops += 1
             return None
@@ -241,7 +245,8 @@ class RingbufStorage(MapStorage):
 
 
 class PerfStorage(MapStorage):
-    """PERF_EVENT_ARRAY: records tagged with the SM that wrote them, PERF_BUFFER_BYTES per map."""
+    """PERF_EVENT_ARRAY: records tagged with the SM that wrote them, PERF_BUFFER_BYTES per map; full, it drops
+    as RingbufStorage does, unless ``spill`` made room first."""
 
     def __init__(self, mapdef: prog.MapDef, capacity: int = PERF_BUFFER_BYTES) -> None:
         super().__init__(mapdef)
@@ -249,9 +254,12 @@ class PerfStorage(MapStorage):
         self.records: list[tuple[int, bytes]] = []
         self.drops = 0
         self.used = 0
+        self.spill: Callable[[], None] | None = None   # takes the records out (consume) when full
 
     def output(self, cpu: int, data: bytes) -> int:
         need = record_bytes(len(data))
+        if self.used + need > self.capacity and self.spill is not None:
+            self.spill()
         if self.used + need > self.capacity:
             self.drops += 1
             return -ENOSPC  # perf_output_begin failing, as bpf_perf_event_output returns it

@@ -966,6 +966,47 @@ def test_host_run_probes_records_go_to_the_trace_file(stub_job, tmp_path, shared
     assert len([e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["ph"] == "i"]) == 4
 
 
+# A launch program that outputs more records a launch than its ring (4 KiB: 102 of 40 bytes) holds.
+LOOPING = """#include "egpu.bpf.h"
+struct rec { __u64 launch_id; __u64 n; };
+struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096); } small SEC(".maps");
+static __noinline void fill(struct rec *r, const struct egpu_ctx *ctx, __u64 n) {   /* puts the struct in BTF */
+    *r = (struct rec){ ctx->launch_id, n };
+}
+SEC("egpu/launch/*") int on_launch(struct egpu_ctx *ctx) {
+    struct rec r;
+    for (__u64 i = 0; i < 300; i++) {
+        fill(&r, ctx, i);
+        bpf_ringbuf_output(&small, &r, sizeof(r), 0);
+    }
+    return 0;
+}
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
+@pytest.mark.parametrize("vm", ["c", "python"])
+def test_host_records_past_their_rings_size_wait_for_the_trace_under_on_full_wait(stub_job, tmp_path, vm):
+    """The drainer hands host programs' records on after each pass: a ring that one launch (or the launches
+    of one pass) outgrew dropped the rest, --on-full wait or not, so a trace said "none lost" only of small
+    rings. Under wait a full ring hands its records on first, as the device's waits for the reader."""
+    from stub_job import egpu_run
+    src = tmp_path / "looping.bpf.c"
+    src.write_text(LOOPING)
+    obj = compile_probe(src, tmp_path / "looping.bpf.o")
+    out = tmp_path / "t.arrow"
+    r = egpu_run(["--trace", str(out), "--launch-vm", vm, "-p", str(obj), str(stub_job.app), "module", "2", "32",
+                  "0"], stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    assert f"egpu-run: 600 records in {out}, none dropped" in r.stderr.splitlines(), r.stderr
+    rows = tracefile.read(out).rows.to_pylist()
+    assert [(x["seq"], x["launch_id"], x["n"]) for x in rows] == [(k, 1 + k // 300, k % 300) for k in range(600)]
+    r = egpu_run(["--trace", str(out), "--on-full", "drop", "--launch-vm", vm, "-p", str(obj), str(stub_job.app),
+                  "module", "2", "32", "0"], stub_job.env(tmp_path / "log"))
+    assert re.search(rf"^egpu-run: \d+ records in {out}, \d+ dropped by the probes \(ring full\)$", r.stderr, re.M), \
+        r.stderr
+
+
 @pytest.mark.parametrize("how", ["c-program", "failed"])
 def test_each_image_of_a_process_that_execs_closes_a_trace_file_of_its_own(stub_job, tmp_path, how):
     """exec runs no exit handler: the replaced image left FILE unclosed (a Parquet file without its footer, its

@@ -413,7 +413,7 @@ class Runtime:
         trace = streaming.Streaming(self.cfg.trace, self.probes, after_write=self.exit.rearm_if_loaded,
                                     after_exec=self.after_exec)
         if self.drainer is not None:
-            self.drainer.sink = trace.host
+            self.drainer.trace_to(trace.host, wait=self.cfg.on_full == "wait")
         self.exit.arm()   # after the writer's first use of pyarrow (tracefile.TraceWriter._warm_up)
         return trace
 
@@ -430,7 +430,7 @@ class Runtime:
         if trace is None:
             return None
         if self.drainer is not None:
-            self.drainer.sink = None
+            self.drainer.trace_to(None, wait=False)
         return trace.finish()
 
     def align_clocks(self, memory: ContextMemory) -> int:

@@ -64,6 +64,7 @@ lines in a line at exit, records as drops of their map, where the map's own drop
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 import threading
@@ -420,7 +421,7 @@ class Drainer:
         self._lost = ffi.new("unsigned long long[]", 1 + max((len(s.state.maps) for s in self._in_c), default=0))
         self.lines_dropped = 0
         self.records_dropped: dict[tuple[str, str], int] = {}
-        # egpu-run --trace (streaming.Streaming.host): where host programs' ring and perf records go, once set
+        # egpu-run --trace (streaming.Streaming.host): where host programs' ring and perf records go (trace_to)
         self.sink: Callable[[Probe, int, list[Any], int], None] | None = None
         self._outputs = [(side, [i for i in sorted(side.launch_only | side.shared)
                                  if side.state.maps[i].type in RING_TYPES]) for side in probes.sides if side]
@@ -516,6 +517,17 @@ class Drainer:
         """Whether any host program may output to a ring or perf buffer."""
         return any(rings for _, rings in self._outputs)
 
+    def trace_to(self, sink: Callable[[Probe, int, list[Any], int], None] | None, wait: bool) -> None:
+        """Under --trace, host programs' ring and perf records go to ``sink`` after each pass (None: they stay in
+        their maps again); ``wait`` (--on-full wait): also whenever one finds its map full, as a waiting GPU
+        producer has the reader make room, since a pass's records (a loop's, many launches') may outgrow the map
+        (they were dropped and counted: a trace with holes in it)."""
+        self.sink = sink
+        for side, rings in self._outputs:
+            for i in rings:
+                spill = functools.partial(self._spill, side, i) if sink is not None and wait else None
+                side.state.storages[i].spill = spill  # type: ignore[attr-defined]
+
     def _hand_on(self) -> None:
         """Under --trace, every record host programs output since the last pass taken out of its map (room
         made, as the ring reader makes it on the device) and handed to ``sink``, with the map's drops so far."""
@@ -523,8 +535,12 @@ class Drainer:
             return
         for side, rings in self._outputs:
             for i in rings:
-                storage = side.state.storages[i]
-                self.sink(side.probe, i, storage.consume(), storage.drops)  # type: ignore[attr-defined]
+                self._spill(side, i)
+
+    def _spill(self, side: ProbeMaps, i: int) -> None:
+        """Map ``i`` of ``side``'s records taken out of it and handed to ``sink``, with the map's drops so far."""
+        storage = side.state.storages[i]
+        self.sink(side.probe, i, storage.consume(), storage.drops)  # type: ignore[attr-defined,misc]
 
     def deliver_uvm(self, records: list[uvm.UvmRecord]) -> None:
         """Run the egpu/uvm programs on ``records`` (runtime/uvm.py's sink), in order. It runs on CUPTI's
