@@ -330,7 +330,7 @@ def trace_cmd(ctx: typer.Context,
     trace = tracefile.read(path, {} if parquet is not None else tracefile.EXPANDERS)   # converted as recorded
     table = tracefile.where(trace.rows, conditions, str(path))   # a refusal before any note: its one line
     if not trace.complete:
-        typer.echo(f"egpu: {path} was never closed (its job died?): {trace.rows.num_rows} records read, "
+        typer.echo(f"egpu: {path}: its job never closed the trace (died?): {trace.rows.num_rows} records read, "
                    "the probes' dropped counts unknown", err=True)
     elif not trace.rows.num_rows:   # printing nothing looked like a filter that matched nothing
         maps = ", ".join(f"@{m}" for m in sorted({*trace.dropped, *trace.record_types}))
@@ -338,7 +338,8 @@ def trace_cmd(ctx: typer.Context,
     if parquet is not None:
         table = table if limit is None else table.slice(0, limit)
         try:
-            tracefile.to_parquet(tracefile.Trace(table, trace.record_types, trace.dropped), parquet)
+            tracefile.to_parquet(tracefile.Trace(table, trace.record_types, trace.dropped, trace.complete),
+                                 parquet)
         except OSError as e:
             raise EgpuError(f"cannot write: {e.strerror or e}", file=str(parquet)) from None
         typer.echo(f"egpu: {table.num_rows} records in {parquet}", err=True)

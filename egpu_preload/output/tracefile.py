@@ -49,6 +49,7 @@ from .values import CTX_STRUCT
 TRACE_PRINTK = "trace_printk"
 FIXED = ("map", "seq", "cpu", "data", "text")   # the columns every trace file has
 RECORD_TYPES, DROPPED = "egpu.record_types", "egpu.dropped"   # keys of the file's metadata (JSON)
+UNCLOSED = "egpu.unclosed"   # a key of a Parquet file converted from a trace never closed: its drops unknown
 MAX_ELEMS = 16                # integer arrays up to this long become a column per element, name[i]
 FLUSH_ROWS = 1 << 16          # records buffered per map before they become a row group
 # Arrow IPC: a map's records written once the oldest has waited this long (flush_due), however few, so a job
@@ -443,7 +444,8 @@ class Trace:
     rows: Any                      # a pyarrow Table, expanded
     record_types: dict[str, str]   # map -> "struct NAME"
     dropped: dict[str, int]        # map -> records the probes dropped
-    complete: bool = True          # False: an Arrow IPC file never closed, read as far as its batches go
+    complete: bool = True          # False: an Arrow IPC file never closed, read as far as its batches go,
+                                   # or a Parquet file converted from one
 
 
 def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) -> Trace:
@@ -533,7 +535,8 @@ def _load(path: Path, pa: Any) -> tuple[Any, Mapping[bytes, bytes], bool]:
     if head != ARROW_MAGIC and (head[:4] != PARQUET_MAGIC or tail != PARQUET_MAGIC):
         raise pa.ArrowInvalid("neither an Arrow IPC file nor a Parquet file (egpu-run --trace writes one)")
     if head != ARROW_MAGIC:
-        return pa.parquet.read_table(str(path)), pa.parquet.read_metadata(str(path)).metadata or {}, True
+        meta = pa.parquet.read_metadata(str(path)).metadata or {}
+        return pa.parquet.read_table(str(path)), meta, UNCLOSED.encode() not in meta
     try:
         with pa.OSFile(str(path)) as source:
             reader = pa.ipc.open_file(source)
@@ -557,12 +560,13 @@ def _load(path: Path, pa: Any) -> tuple[Any, Mapping[bytes, bytes], bool]:
 
 def to_parquet(trace: Trace, path: Path) -> None:
     """``trace``'s rows as a Parquet trace file, with its record types and dropped counts (egpu trace hands
-    them over unexpanded, so a reader expands them once)."""
+    them over unexpanded, so a reader expands them once); of a trace never closed, whose counts are unknown, none
+    but UNCLOSED, so that it reads as one never closed (as {}, it read as a whole trace that lost nothing)."""
     pa = arrow()
     schema = trace.rows.schema.with_metadata({RECORD_TYPES: json.dumps(trace.record_types)})
     with pa.parquet.ParquetWriter(str(path), schema, **PARQUET) as w:
         w.write_table(trace.rows.cast(schema))
-        w.add_key_value_metadata({DROPPED: json.dumps(trace.dropped)})
+        w.add_key_value_metadata({DROPPED: json.dumps(trace.dropped)} if trace.complete else {UNCLOSED: "true"})
 
 
 def where(table: Any, conditions: Sequence[str], source: str) -> Any:
