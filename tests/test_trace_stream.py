@@ -706,6 +706,16 @@ def test_an_arrow_trace_file_reads_back_with_pyarrow_alone(access_trace, tmp_pat
     assert res.exit_code == 0 and unclosed in res.stderr and res.stdout.startswith("events #0 ")
 
 
+
+@pytest.mark.parametrize("out, why", [("nodir/t.parquet", "No such file or directory"), (".", "Is a directory")])
+def test_a_conversion_that_cannot_be_written_says_why_in_one_line(access_trace, tmp_path, out, why):
+    """--parquet OUT where OUT cannot be made: the line was pyarrow's message, OUT named twice and its errno in
+    brackets ("Failed to open local file '...'. Detail: [errno 2] ..."), unlike --perfetto's."""
+    _write_trace(access_trace, tmp_path / "t.arrow", 3)
+    target = tmp_path / out
+    res = CliRunner().invoke(egpu, ["trace", str(tmp_path / "t.arrow"), "--parquet", str(target)])
+    assert (res.exit_code, res.stderr) == (1, f"egpu: {target}: cannot write: {why}\n"), res.output
+
 def test_blocks_of_a_map_with_no_struct_keep_their_bytes(tmp_path):
     """Records of one size from a map whose probe has no record struct go into ``data`` as they were,
     taken as one array (no Python object per record), with their SMs."""

@@ -564,7 +564,7 @@ def to_parquet(trace: Trace, path: Path) -> None:
     but UNCLOSED, so that it reads as one never closed (as {}, it read as a whole trace that lost nothing)."""
     pa = arrow()
     schema = trace.rows.schema.with_metadata({RECORD_TYPES: json.dumps(trace.record_types)})
-    with pa.parquet.ParquetWriter(str(path), schema, **PARQUET) as w:
+    with open(path, "wb") as f, pa.parquet.ParquetWriter(f, schema, **PARQUET) as w:   # OSError: the OS's reason
         w.write_table(trace.rows.cast(schema))
         w.add_key_value_metadata({DROPPED: json.dumps(trace.dropped)} if trace.complete else {UNCLOSED: "true"})
 
