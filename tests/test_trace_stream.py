@@ -707,6 +707,15 @@ def test_an_arrow_trace_file_reads_back_with_pyarrow_alone(access_trace, tmp_pat
 
 
 
+
+@pytest.mark.parametrize("name", ["t.ARROW", "t.Feather"])
+def test_an_arrow_suffix_in_capitals_is_written_as_arrow_ipc(access_trace, tmp_path, name):
+    """The suffix chose the format case by case: T.ARROW was a Parquet file, which pyarrow.ipc and polars'
+    read_ipc, sent there by its name, refused."""
+    import pyarrow.ipc as ipc
+    _write_trace(access_trace, tmp_path / name, 3)
+    assert ipc.open_file(str(tmp_path / name)).read_all().num_rows == 3 + 3
+
 @pytest.mark.parametrize("out, why", [("nodir/t.parquet", "No such file or directory"), (".", "Is a directory")])
 def test_a_conversion_that_cannot_be_written_says_why_in_one_line(access_trace, tmp_path, out, why):
     """--parquet OUT where OUT cannot be made: the line was pyarrow's message, OUT named twice and its errno in

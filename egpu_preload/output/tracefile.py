@@ -62,6 +62,12 @@ CHUNK_ROWS = 1 << 12          # struct rows split into columns a cache-sized pie
 BINARY_BYTES = (1 << 31) - 1  # the bytes a binary array's 32-bit offsets reach
 NEEDS_PYARROW = "needs pyarrow (pip install 'egpu[trace]')"
 ARROW_SUFFIXES = (".arrow", ".feather")   # FILE written as Arrow IPC; any other name, Parquet
+
+
+def arrow_name(path: Path) -> bool:
+    """Whether egpu-run --trace writes ``path`` as Arrow IPC (its suffix one of ARROW_SUFFIXES, in any case: T.ARROW
+    was written as Parquet, which a reader the name sent to Arrow IPC could not open)."""
+    return path.suffix.lower() in ARROW_SUFFIXES
 ARROW_MAGIC = b"ARROW1"
 PARQUET_MAGIC = b"PAR1"   # a Parquet file's first and last four bytes
 # Dictionaries only for names and text, level-1 zstd, no column statistics: a record column's values are
@@ -208,7 +214,7 @@ class TraceWriter:
         self.since = [0.0] * len(self.maps)   # when each map's oldest pending record came (time.monotonic)
         self.written = 0   # rows in the file
         schema = self.schema.with_metadata({RECORD_TYPES: json.dumps(self.record_types)})
-        self.arrow = path.suffix in ARROW_SUFFIXES
+        self.arrow = arrow_name(path)
         try:
             self.sink, self.writer = self._open(pa.OSFile(str(path), "wb"), schema)
         except OSError as e:
