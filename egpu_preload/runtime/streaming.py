@@ -306,8 +306,9 @@ def unclosed(path: Path, dumps: list[dict[str, Any]], started: set[int]) -> list
             what = ("`egpu trace` reads the records written before (all but those of its last second or so, and "
                     "those its writer had not yet read back from the spool: a ring's are written once "
                     f"{tracefile.FLUSH_ROWS:,} have built up or the oldest has waited {tracefile.FLUSH_S:g} s), the "
-                    "dropped counts unknown" if tracefile.arrow_name(f) else "its records are lost: a Parquet file is read through the footer "
-                    "its close writes (a trace in Arrow IPC, --trace FILE.arrow, keeps what was written)")
+                    "dropped counts unknown" if tracefile.arrow_name(f) else
+                    "its records are lost: a Parquet file is read through the footer its close writes (a trace in "
+                    "Arrow IPC, --trace FILE.arrow, keeps what was written)")
             out.append(f"egpu-run: {f} was never closed (its process {how}): {what}")
     return out
 
