@@ -756,7 +756,9 @@ def test_egpu_trace_prints_filters_and_converts(access_trace, tmp_path):
     assert len([e for e in doc["traceEvents"] if e["ph"] == "i"]) == 120
     for bad, why in ((["--where", "nosuch=1"], "expected FIELD=VALUE"),
                      (["--where", "site=abc"], "'abc' is not a value of site (uint32)"),
-                     (["--where", "addr=-1"], "'-1' is not a value of addr (uint64)")):
+                     (["--where", "addr=-1"], "'-1' is not a value of addr (uint64)"),
+                     (["--where", "map=evnets"], "no map of that name in the trace (its maps: events, raw, "
+                                                  "trace_printk)")):
         res = run(egpu, ["trace", str(path), *bad])
         assert res.exit_code == 1 and why in res.stderr and "Traceback" not in res.output
     res = run(egpu, ["trace", str(tmp_path / "none.parquet")])

@@ -586,6 +586,10 @@ def where(table: Any, conditions: Sequence[str], source: str) -> Any:
             raise EgpuError(f"--where {cond}: expected FIELD=VALUE with FIELD one of {known}", file=source)
         column = table.column(name)
         if pa.types.is_dictionary(column.type):
+            names = {v for chunk in column.chunks for v in chunk.dictionary.to_pylist()}
+            if names and text not in names:   # a map the trace has none of, as a typo reads: not a silent nothing
+                raise EgpuError(f"--where {cond}: no {name} of that name in the trace (its maps: "
+                                f"{', '.join(sorted(names))})", file=source)
             column = column.cast(pa.string())
         try:
             value = _value(text, column.type, pa)
