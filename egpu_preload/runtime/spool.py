@@ -2,15 +2,16 @@
 reader's passes append to in C (shim/drain.c egpu_ring_burst: each pass's records as the ring held them, a chunk
 a pass) and the writer's thread reads back at its own pace (``taken``).
 
-Why a file and not a queue: the reader must never wait, or producers made to wait (``--on-full wait``) stall
-the job's kernels, while the writer (Python and pyarrow) runs only when it has the GIL, which a job's busy
-threads hold up to the switch interval at a time (in PyTorch eager's warp trace on an H100 the reader that waited
-for it and for the writer made a traced step 753-876 ms, the reader in C with this spool 154-168 ms:
-docs/gpu-results/2026-12-06-h100.md). A queue held in memory would make the job's memory the bound on a trace's backlog; the spool's bound is the disk the trace goes
-to, and the page cache keeps what the writer reads back soon. What the writer has read back is given back to the
-disk (a hole punched, GIVE_BACK at a time), so the spool holds about what the writer lags by, not the whole trace's
-raw bytes until exit (where the filesystem has no holes, it does). Unlinked at once, so a job killed mid-trace
-leaves none behind (its trace file keeps what the writer had written).
+Why a file and not a queue: the reader must never wait, or producers made to wait (``--on-full wait``) stall the
+job's kernels, while the writer (Python and pyarrow) runs only when it has the GIL, which a job's busy threads hold
+up to the switch interval at a time (in PyTorch eager's warp trace on an H100 the reader that waited for it and for
+the writer made a traced step 753-876 ms, the reader in C with this spool 154-168 ms:
+docs/gpu-results/2026-12-06-h100.md). A queue held in memory would make the job's memory the bound on a trace's
+backlog; the spool's bound is the disk the trace goes to, and the page cache keeps what the writer reads back soon.
+What the writer has read back is given back to the disk (a hole punched, GIVE_BACK at a time), so the spool holds
+about what the writer lags by, not the whole trace's raw bytes until exit (where the filesystem has no holes, it
+does). Unlinked at once, so a job killed mid-trace leaves none behind (its trace file keeps what the writer had
+written).
 """
 
 from __future__ import annotations
