@@ -62,12 +62,6 @@ CHUNK_ROWS = 1 << 12          # struct rows split into columns a cache-sized pie
 BINARY_BYTES = (1 << 31) - 1  # the bytes a binary array's 32-bit offsets reach
 NEEDS_PYARROW = "needs pyarrow (pip install 'egpu[trace]')"
 ARROW_SUFFIXES = (".arrow", ".feather")   # FILE written as Arrow IPC; any other name, Parquet
-
-
-def arrow_name(path: Path) -> bool:
-    """Whether egpu-run --trace writes ``path`` as Arrow IPC (its suffix one of ARROW_SUFFIXES, in any case: T.ARROW
-    was written as Parquet, which a reader the name sent to Arrow IPC could not open)."""
-    return path.suffix.lower() in ARROW_SUFFIXES
 ARROW_MAGIC = b"ARROW1"
 PARQUET_MAGIC = b"PAR1"   # a Parquet file's first and last four bytes
 # Dictionaries only for names and text, level-1 zstd, no column statistics: a record column's values are
@@ -79,6 +73,12 @@ PARQUET = {"compression": "zstd", "compression_level": 1, "use_dictionary": ["ma
 # record type name ("struct NAME") -> a function from that type's rows (a pyarrow Table) to the rows it
 # stands for; egpu trace applies it before filtering (warp-level records expand to one row per lane).
 EXPANDERS: dict[str, Callable[[Any], Any]] = {warp_records.RECORD_TYPE: warp_records.expand_table}
+
+
+def arrow_name(path: Path) -> bool:
+    """Whether egpu-run --trace writes ``path`` as Arrow IPC (its suffix one of ARROW_SUFFIXES, in any case: T.ARROW
+    was written as Parquet, which a reader the name sent to Arrow IPC could not open)."""
+    return path.suffix.lower() in ARROW_SUFFIXES
 
 
 @dataclass(frozen=True)
