@@ -298,6 +298,7 @@ class MapsState:
     maps: Sequence[prog.MapDef]
     storages: list[MapStorage] = field(init=False)
     trace: list[TraceRecord] = field(default_factory=list)
+    trace_dropped: int = 0   # the device trace_printk ring's dropped count (devmaps.apply_trace)
 
     def __post_init__(self) -> None:
         self.storages = []

@@ -802,9 +802,10 @@ def test_prometheus_series_one_per_map_entry(probes):
     from egpu_preload.runtime.watch import series
     kid = kernel_id("_Z4stepPy")
     doc = {"pid": 7, "rank": 1, "kernels": [[kid, "_Z4stepPy"]], "probes": [
-        {"path": str(probes["count"]), "maps": [{"values": [(42).to_bytes(8, "little")]}], "trace": []},
+        {"path": str(probes["count"]), "maps": [{"values": [(42).to_bytes(8, "little")]}], "trace": [],
+         "trace_dropped": 0},
         {"path": str(probes["hash_count"]), "maps": [{"entries": [[kid.to_bytes(8, "little"), (3).to_bytes(8, "little")]]}],
-         "trace": []}]}
+         "trace": [], "trace_dropped": 0}]}
     assert list(series(doc)) == [("egpu_counts", {"pid": "7", "rank": "1"}, 42.0),
                                  ("egpu_per_kernel", {"pid": "7", "rank": "1", "key": "step"}, 3.0)]
 
@@ -818,7 +819,7 @@ def test_prometheus_keys_that_print_alike_are_labelled_by_their_mangled_names(pr
     names = ["_Z4stepPy", "_Z4stepPf", "_Z4initv"]
     entries = [[kernel_id(n).to_bytes(8, "little"), (i + 1).to_bytes(8, "little")] for i, n in enumerate(names)]
     doc = {"pid": 7, "rank": None, "kernels": [[kernel_id(n), n] for n in names], "probes": [
-        {"path": str(probes["hash_count"]), "maps": [{"entries": entries}], "trace": []}]}
+        {"path": str(probes["hash_count"]), "maps": [{"entries": entries}], "trace": [], "trace_dropped": 0}]}
     assert sorted((labels["key"], v) for _, labels, v in series(doc)) == [
         ("_Z4stepPf", 2.0), ("_Z4stepPy", 1.0), ("init", 3.0)]
 

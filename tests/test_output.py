@@ -268,6 +268,17 @@ def test_event_type_errors(event_types, reason, own_probe):
         values.event_type_ids(obj, event_types)
 
 
+def test_printk_lines_the_trace_ring_dropped_are_said_after_the_lines():
+    """bpf_printk lines lost to a full trace_printk ring are counted where the lines are printed, as a ring's
+    dropped records are (text), and in the JSON document; none lost: nothing said."""
+    snap = values.Snapshot((), values.Trace(("a 1", "b 2\n"), 5), NAMES)
+    assert text.render(snap) == "a 1\nb 2\nbpf_printk: dropped: 5 (the trace_printk ring was full)\n"
+    assert json.loads(json_out.render(snap, time=1.0, pid=3))["trace_dropped"] == 5
+    whole = values.Snapshot((), values.Trace(("a 1",)), NAMES)
+    assert text.render(whole) == "a 1\n"
+    assert "trace_dropped" not in json.loads(json_out.render(whole, time=1.0, pid=3))
+
+
 def test_json_kernels_lists_only_ids_seen_and_floats_stay_valid():
     snap = values.Snapshot((values.Scalar("x", {"kernel_id": KernelId(IDS[1]), "f": float("nan")}),),
                            values.Trace(()), NAMES)

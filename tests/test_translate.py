@@ -331,6 +331,23 @@ def test_ring_reader_stops_at_unfinished_record():
     assert dropped == 3 and pos == len(body) - 16
 
 
+def test_the_trace_rings_dropped_count_reaches_the_state_and_its_dump():
+    """A device whose trace_printk ring filled says how many lines it lost (they were read and thrown away
+    unsaid); the count is the ring's own, which only grows, so a later, smaller image never lowers it."""
+    from egpu_preload.runtime import dump
+    lay = devmaps.trace_layout()
+    line = struct.pack("<QQQ", 1, 2, 3) + b"x=%d\0"
+    body = _record(len(line), devmaps.REC_READY | 4 << 8, line)
+    img = struct.pack("<QQQQ", len(body), len(body), 0, 9).ljust(64, b"\0") + body
+    img = img.ljust(lay.region_size(), b"\0")
+    state = devmaps.apply_images(MapsState([]), [img])
+    assert [(t.cpu, t.args) for t in state.trace] == [(4, (1, 2, 3))] and state.trace_dropped == 9
+    devmaps.apply_trace(state, bytes(devmaps.trace_image(1)))
+    assert state.trace_dropped == 9
+    back = dump.restore_state(MapsState([]), dump.state_contents(state))
+    assert back.trace_dropped == 9 and len(back.trace) == 1
+
+
 def test_an_empty_ring_has_a_line_per_sm_and_its_drops_are_summed():
     lay = devmaps.layout(RING)
     img = bytearray(devmaps.ring_image(lay, 3))

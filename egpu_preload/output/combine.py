@@ -42,7 +42,8 @@ def sum_snapshots(snaps: Sequence[Snapshot]) -> tuple[Snapshot, list[str]]:
     for snap in snaps:
         names.update(snap.kernel_names)
     return Snapshot(tuple(_ordered(m) for m in merged.values()),
-                    Trace(tuple(line for s in snaps for line in s.trace.lines)), names), list(left_out.values())
+                    Trace(tuple(line for s in snaps for line in s.trace.lines), sum(s.trace.dropped for s in snaps)),
+                    names), list(left_out.values())
 
 
 def _strip(m: MapValue) -> MapValue:

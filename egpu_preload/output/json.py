@@ -32,6 +32,7 @@ def document(snap: Snapshot, *, time: float, pid: int | None, rank: int | str | 
     seen: set[int] = set()
     maps = {v.name: _map(v, seen) for v in snap.maps}
     return {"time": time, "pid": pid, "rank": rank, "maps": maps, "trace": list(snap.trace.lines),
+            **({"trace_dropped": snap.trace.dropped} if snap.trace.dropped else {}),
             "kernels": {str(k): snap.kernel_names[k] for k in sorted(seen) if k in snap.kernel_names},
             **({"left_out": left_out} if left_out else {}),
             **({"before_exec": before_exec} if before_exec is not None else {})}

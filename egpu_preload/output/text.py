@@ -29,8 +29,11 @@ _ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
 def render(snap: Snapshot) -> str:
     """The whole snapshot as text, ending in a newline ("" when nothing is to be shown)."""
     blocks = [b for b in (_map(v, snap.kernel_names) for v in snap.maps) if b]
-    if snap.trace.lines:
-        blocks.append("".join(line if line.endswith("\n") else line + "\n" for line in snap.trace.lines))
+    lines = [line if line.endswith("\n") else line + "\n" for line in snap.trace.lines]
+    if snap.trace.dropped:   # as a ring's drops are shown: a trace with holes says so
+        lines.append(f"bpf_printk: dropped: {snap.trace.dropped} (the trace_printk ring was full)\n")
+    if lines:
+        blocks.append("".join(lines))
     return "\n".join(blocks)
 
 

@@ -124,6 +124,7 @@ class Records:
 @dataclass(frozen=True)
 class Trace:
     lines: tuple[str, ...]
+    dropped: int = 0   # lines lost to a full trace_printk ring (devmaps.TRACE_BYTES on the device)
 
 
 MapValue = Union[Scalar, KeyedScalars, Histogram, Records]
@@ -155,7 +156,7 @@ def snapshot(state: MapsState, obj: BpfObject, kernel_names: Mapping[int, str] |
             out.append(value)
     lines = tuple(r.text() for r in state.trace)
     state.trace.clear()
-    return Snapshot(tuple(out), Trace(lines), names)
+    return Snapshot(tuple(out), Trace(lines, state.trace_dropped), names)
 
 
 def event_type_ids(obj: BpfObject, event_types: Mapping[str, str]) -> dict[str, int]:

@@ -7,10 +7,12 @@ its Nth exec left ``<pid>.exec<N>.msgpack`` (write_exec): the maps as ``egpu map
 
     version  1
     pid, argv (list of str), rank (config.rank(): RANK, else LOCAL_RANK, as an int; or None)
-    probes   per probe object, in EGPU_PROBES order: {"path", "maps": [storage per map], "trace": [...]}
+    probes   per probe object, in EGPU_PROBES order: {"path", "maps": [storage per map], "trace": [...],
+             "trace_dropped"}
              storage: ARRAY {"values": [bytes]}, PERCPU_ARRAY {"per_cpu": [[sm, [bytes]]]},
              HASH/LRU_HASH {"entries": [[key, value]]}, RINGBUF {"records": [bytes], "drops"},
-             PERF_EVENT_ARRAY {"records": [[sm, bytes]], "drops"}; trace: [[fmt, a1, a2, a3, sm]]
+             PERF_EVENT_ARRAY {"records": [[sm, bytes]], "drops"}; trace: [[fmt, a1, a2, a3, sm]];
+             trace_dropped: the lines the device's trace_printk ring dropped
     error    why the maps could not be read (then probes is empty), or None
     kernels  [[kernel id, mangled name]] for every kernel the process loaded or looked up
     modules  [{"api", "call", "image", "status", "backend", "timing", "kernels": [[name, status, reason]]}]
@@ -80,7 +82,7 @@ def restore_storage(s: MapStorage, d: dict[str, Any]) -> None:
 
 def state_contents(state: MapsState) -> dict[str, Any]:
     return {"maps": [storage_contents(s) for s in state.storages],
-            "trace": [[t.fmt, *t.args, t.cpu] for t in state.trace]}
+            "trace": [[t.fmt, *t.args, t.cpu] for t in state.trace], "trace_dropped": state.trace_dropped}
 
 
 def restore_state(state: MapsState, d: dict[str, Any]) -> MapsState:
@@ -89,6 +91,7 @@ def restore_state(state: MapsState, d: dict[str, Any]) -> MapsState:
     for s, contents in zip(state.storages, d["maps"]):
         restore_storage(s, contents)
     state.trace[:] = [TraceRecord(bytes(fmt), (a1, a2, a3), cpu) for fmt, a1, a2, a3, cpu in d["trace"]]
+    state.trace_dropped = d["trace_dropped"]
     return state
 
 

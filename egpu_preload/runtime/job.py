@@ -226,7 +226,7 @@ def snapshots(probes: list[Probe], doc: dict[str, Any],
         snaps.append(snapshot(dump.restore_state(MapsState(obj.maps), d), obj, names,
                               event_types(obj) if event_types else None))
     lines = tuple(line for s in snaps for line in s.trace.lines)
-    return Snapshot(_qualified(doc["probes"], snaps), Trace(lines), names)
+    return Snapshot(_qualified(doc["probes"], snaps), Trace(lines, sum(s.trace.dropped for s in snaps)), names)
 
 
 def _qualified(docs: list[dict[str, Any]], snaps: list["Snapshot"]) -> tuple:

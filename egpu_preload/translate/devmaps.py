@@ -327,8 +327,10 @@ def apply_images(state: MapsState, images: list[bytes]) -> MapsState:
 
 
 def apply_trace(state: MapsState, img: bytes) -> None:
-    """Append the trace_printk records of a trace ring image to ``state.trace``."""
-    records, _, _ = read_ring(img, trace_layout())
+    """Append the trace_printk records of a trace ring image to ``state.trace``; its dropped count (the ring's
+    own, which only grows) into ``state.trace_dropped``."""
+    records, dropped, _ = read_ring(img, trace_layout())
+    state.trace_dropped = max(state.trace_dropped, dropped)
     for cpu, data in records:
         a1, a2, a3 = struct.unpack_from("<QQQ", data, 0)
         state.trace.append(TraceRecord(data[24:], (a1, a2, a3), cpu))
