@@ -6,7 +6,8 @@ Programs (tests/e2e): vecadd.cu with nvcc (static cudart and -cudart shared; CUD
 and eager), graphs.cu (a captured and a built CUDA graph replayed), refused.cu (a kernel the rewriter
 leaves alone beside one it instruments), a CuPy RawKernel (PTX through cuModuleLoadData: instrumented),
 a Triton kernel (its PTX instrumented by egpu-ptxas, Triton's ptxas under egpu-run; the cubin it loads
-is adopted).
+is adopted); a bpf_printk line per thread (tests/e2e/printk_flood.bpf.c), more than the device's trace ring
+holds, its drops said.
 """
 
 from __future__ import annotations
@@ -201,3 +202,23 @@ def test_triton_kernel_is_instrumented_exactly(shim, probe_obj, tmp_path):
     assert lines == plain.stdout.splitlines()
     assert "cubin from egpu-ptxas: instrumented" in probed.stderr
     assert counts(docs) == [5 * (THREADS // 1024) * 4 * 32], probed.stderr
+
+
+def test_printk_lines_a_full_trace_ring_dropped_are_said(vecadd, shim, tmp_path):
+    """A bpf_printk line from each of 2^20 threads overflows the device's trace_printk ring (1 MiB, ~40 bytes a
+    line): the lines kept and the count said dropped add up to the entries the probe counted."""
+    prebuilt = os.environ.get("EGPU_PREBUILT_PROBES")   # scripts/gpu-prep.sh's: the GPU machine has no clang
+    if prebuilt:
+        probe = Path(prebuilt, "printk_flood.v3.bpf.o")
+    else:
+        from egpu_preload.bpf.compile import compile_probe
+        probe = compile_probe(E2E / "printk_flood.bpf.c", tmp_path / "printk_flood.bpf.o")
+    r = egpu_run(["--json", "-p", str(probe), str(vecadd["static"]), "1", str(THREADS)], env_for(shim, tmp_path),
+                 timeout=300)
+    assert r.returncode == 0, r.stderr
+    _, docs = split(r.stdout)
+    (doc,) = docs
+    lines, dropped = doc["trace"], doc.get("trace_dropped", 0)
+    assert doc["maps"]["entries"]["value"] == THREADS
+    assert lines and all(ln.startswith("entry ") for ln in lines)
+    assert dropped > 0 and len(lines) + dropped == THREADS, (len(lines), dropped)
