@@ -496,6 +496,37 @@ def test_a_bad_probe_is_refused_and_the_job_runs_on(job, tmp_path):
     assert status == 0 and f"state={1000 + launches}" in out
 
 
+@pytest.mark.parametrize("library", [False, True])
+@pytest.mark.parametrize("refuse", [False, True])
+def test_a_copy_the_driver_refuses_is_reported_with_its_jit_log(stub_job, tmp_path, monkeypatch, probes, library,
+                                                                 refuse):
+    """A live attach loads its copy with the JIT's error log asked for (Driver.load). Refused (the stand-in's JIT
+    refuses the copy's launch id parameter with a ptxas log), the attach's failed line names the log's first
+    lines, as a module refused at start-up is reported, and the job runs on uninstrumented; loaded, as before."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    env = {"EGPU_STUB_REFUSE": "__egpu_launch_id"} if refuse else {}
+    with Job(stub_job, tmp_path, library=library, **env) as job:
+        attach = egpu(["attach", str(job.pid), "-p", str(probes["count"])], job.env)
+        assert attach.returncode == 0, attach.stderr
+        job.wait_launches()
+        modules = egpu(["modules", str(job.pid)], job.env).stdout.splitlines()
+        status, out, err = job.finish()
+    assert status == 0, err
+    api, load = ("LIBRARY_LOAD_DATA", "cuLibraryLoadData") if library else ("MODULE_LOAD_DATA", "cuModuleLoadDataEx")
+    loads = re.findall(r"^\d+ (cu(?:ModuleLoadData(?:Ex)?|LibraryLoadData) .*)$", job.log.read_text(), re.M)
+    # the application's load, then the copy's, with the error log and its size asked for (options 5, 6)
+    copy = f"{load} refused jit=5,6" if refuse else f"{load} module=2 kind=ptx instrumented=0 jit=5,6"
+    assert loads == [f"{load.removesuffix('Ex')} module=1 kind=ptx instrumented=0", copy], loads
+    failed = [ln for ln in attach.stdout.splitlines() if ln.startswith("  failed: ")]
+    if refuse:
+        why = (f"  failed: {api} ptx: {load} failed: CUDA_ERROR_STUB: ptxas application ptx input, line {{}}; error : "
+               "stand-in refuses '__egpu_launch_id' | ptxas fatal : Ptx assembly aborted due to errors")
+        assert len(failed) == 1 and re.fullmatch(re.escape(why).replace(r"\{\}", r"\d+"), failed[0]), attach.stdout
+        assert modules[0] == f"{api} ptx: untouched", modules
+    else:
+        assert failed == [] and modules == [f"{api} ptx: instrumented [count]", "  step: instrumented"], modules
+
+
 @pytest.mark.parametrize("args, message", [
     (["detach", "{pid}", "nope"], "no probe named nope is attached (attached: none)"),
     (["swap", "{pid}", "nope", "{probe}"], "no probe named nope is attached"),

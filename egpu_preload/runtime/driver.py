@@ -2,7 +2,8 @@
 
 Entry points come from egpu_shim_real (the driver's own symbols, never a hook), so the runtime's calls
 neither reach its own hooks nor depend on a binding (cuda-python) being importable in the application.
-Every CUresult is checked: a failure is a DriverError naming the call and the driver's error.
+Every CUresult is checked: a failure is a DriverError naming the call and the driver's error (a refused load: and
+the first lines of the JIT's error log).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ CU_STREAM_CAPTURE_MODE_RELAXED = 2   # cuda.h CUstreamCaptureMode
 ATTR_SM_COUNT = 16
 ATTR_CC_MAJOR = 75
 ATTR_CC_MINOR = 76
+# CUjit_option values (cuda.h): the JIT's error log and its size, in bytes of room in, bytes written out
+CU_JIT_ERROR_LOG_BUFFER = 5
+CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6
+JIT_LOG_BYTES = 4096   # room for the error log of an image the driver refuses, as the shim has (interpose.c)
+JIT_LOG_LINES, JIT_LOG_CHARS = 3, 500   # of a refused image's log, what its reason carries
 
 # symbol -> C type; the _v2 symbols are the 64-bit-pointer ABI cuda.h's macros select.
 SIGNATURES = {
@@ -54,11 +60,11 @@ SIGNATURES = {
     "cuThreadExchangeStreamCaptureMode": "int (*)(int *)",
     "cuModuleGetGlobal_v2": "int (*)(unsigned long long *, size_t *, void *, const char *)",
     "cuLibraryGetGlobal": "int (*)(unsigned long long *, size_t *, void *, const char *)",
-    "cuModuleLoadData": "int (*)(void **, const void *)",
+    "cuModuleLoadDataEx": "int (*)(void **, const void *, unsigned int, int *, void **)",
     "cuModuleGetFunction": "int (*)(void **, void *, const char *)",
     "cuLaunchKernel": "int (*)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, "
                       "unsigned int, unsigned int, void *, void **, void **)",
-    "cuLibraryLoadData": "int (*)(void **, const void *, void *, void *, unsigned int, void *, void *, unsigned int)",
+    "cuLibraryLoadData": "int (*)(void **, const void *, int *, void **, unsigned int, int *, void **, unsigned int)",
     "cuLibraryGetKernel": "int (*)(void **, void *, const char *)",
     "cuModuleUnload": "int (*)(void *)",
     "cuLibraryUnload": "int (*)(void *)",
@@ -71,6 +77,15 @@ class DriverError(EgpuError):
     def __init__(self, reason: str, result: int) -> None:
         super().__init__(reason)
         self.result = result
+
+
+def jit_refusal(cause: str, log: str) -> str:
+    """Why the driver refused an image, on one line: ``cause`` and the first lines of the JIT's error log
+    (ptxas's: "ptxas application ptx input, line 12; error : ..."), whitespace runs made one."""
+    lines = [" ".join(ln.split()) for ln in log.splitlines() if ln.strip()][:JIT_LOG_LINES]
+    head = " | ".join(lines)
+    head = head if len(head) <= JIT_LOG_CHARS else head[:JIT_LOG_CHARS - 3] + "..."
+    return cause + (f": {head}" if head else "")
 
 
 # The driver calls a pass of the ring reader makes in C (shim/drain.c egpu_ring_pass), in the order of its
@@ -289,14 +304,25 @@ class Driver:
     # Each waits for the maps' context first while rings wait (egpu_shim_idle): the driver holds the ring
     # reader's copies up while it loads code beside a kernel that waits for the reader.
     def load(self, image: bytes, library: bool) -> int:
+        """A module or library of ``image``; one the driver refuses raises a DriverError that carries the first
+        lines of the JIT's error log (asked for as the shim asks for a replacement's)."""
         self._lib.egpu_shim_idle()
         out = self.ffi.new("void **")
         data = self.ffi.from_buffer(image)
+        log = self.ffi.new("char[]", JIT_LOG_BYTES)
+        options = self.ffi.new("int[]", [CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES])
+        values = self.ffi.new("void *[]", [log, self.ffi.cast("void *", JIT_LOG_BYTES)])
         if library:
             N = self.ffi.NULL
-            self.call("cuLibraryLoadData", out, data, N, N, 0, N, N, 0)
+            symbol = "cuLibraryLoadData"
+            r = self._fn(symbol)(out, data, options, values, len(options), N, N, 0)
         else:
-            self.call("cuModuleLoadData", out, data)
+            symbol = "cuModuleLoadDataEx"   # cuModuleLoadData(m, i) is cuModuleLoadDataEx(m, i, 0, NULL, NULL)
+            r = self._fn(symbol)(out, data, len(options), options, values)
+        if r != CUDA_SUCCESS:
+            written = min(int(self.ffi.cast("uintptr_t", values[1])), JIT_LOG_BYTES)   # the size option's output
+            text = self.ffi.string(log, written).decode(errors="replace")
+            raise DriverError(jit_refusal(f"{symbol} failed: {self.error_name(r)}", text), r)
         return int(self.ffi.cast("uintptr_t", out[0]))
 
     def unload(self, handle: int, library: bool) -> None:

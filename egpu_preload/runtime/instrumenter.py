@@ -67,7 +67,8 @@ from egpu_preload.maps import MapsState
 from egpu_preload.runtime import (config, dump, durations, hooks, launches, live, mirror, ptxas, sass, streaming,
                                   uprobes)
 from egpu_preload.runtime.config import Config, from_env
-from egpu_preload.runtime.driver import ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, ContextMemory, Driver
+from egpu_preload.runtime.driver import (ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, ContextMemory, Driver,
+                                         jit_refusal)
 from egpu_preload.runtime.exit_hook import ExitHook
 from egpu_preload.runtime.probes import Probe, load_probes
 from egpu_preload.translate import devmaps
@@ -77,7 +78,6 @@ from egpu_preload.translate.sass_patch import has_sites
 
 LIBRARY_APIS = ("LIBRARY_LOAD_DATA", "LIBRARY_LOAD_FROM_FILE")
 STATS = ("launches", "redirected", "records", "dropped", "untracked", "python_calls")
-JIT_LOG_LINES, JIT_LOG_CHARS = 3, 500   # of a refused replacement's log, what its reason carries
 
 
 @dataclass
@@ -223,7 +223,7 @@ class Runtime:
             return
         if api.startswith("LINK_"):  # handle: the link state
             if replacement_result > 0:
-                self._fail(mod, jit_refusal(replacement_result, jit_log))
+                self._fail(mod, jit_refusal(f"driver JIT error {replacement_result}", jit_log))
             elif mod.status == "instrumented":
                 self.links.setdefault(handle, []).append(mod)
             mod.original = None
@@ -232,7 +232,7 @@ class Runtime:
         if mod.replaced_at is not None:  # the shim's driver call in between: load and JIT of the replacement
             mod.timing["driver_ms"] = (time.perf_counter() - mod.replaced_at) * 1e3
         if replacement_result > 0:
-            self._fail(mod, jit_refusal(replacement_result, jit_log))
+            self._fail(mod, jit_refusal(f"driver JIT error {replacement_result}", jit_log))
         elif replacement_result == 0 or mod.status == "instrumented":  # replaced, or adopted as it is
             try:
                 mod.context = None if mod.library else self.driver.context()   # the hook runs in the load's
@@ -594,15 +594,6 @@ class Runtime:
         self.streaming = self._trace()
         if self.maps:
             self._read_rings()
-
-
-def jit_refusal(result: int, log: str) -> str:
-    """The reason for a replacement the driver refused, on one line: its CUresult and the first lines of its
-    error log (ptxas's: "ptxas application ptx input, line 12; error : ..."), whitespace runs made one."""
-    lines = [" ".join(ln.split()) for ln in log.splitlines() if ln.strip()][:JIT_LOG_LINES]
-    head = " | ".join(lines)
-    head = head if len(head) <= JIT_LOG_CHARS else head[:JIT_LOG_CHARS - 3] + "..."
-    return f"driver JIT error {result}" + (f": {head}" if head else "")
 
 
 def _start() -> None:
