@@ -1066,6 +1066,41 @@ def test_each_image_of_a_process_that_execs_closes_a_trace_file_of_its_own(stub_
     assert sorted(tmp_path.glob("t.*")) == sorted(files)
 
 
+# A process forked after the trace began: the child lists what it holds of the trace's folder, then exits as Python
+# does (its finalizers run); the parent says how much its trace file grew meanwhile (its writer, Parquet, writes
+# nothing before 65,536 rows or its close).
+FORK_UNDER_TRACE = """import os, sys
+sys.path.insert(0, sys.argv[1])
+import app_vec
+app_vec.launch("module", 2, 32)   # the device maps made: the reader spools beside the trace file
+trace = sys.argv[2]
+size = os.path.getsize(trace)
+pid = os.fork()
+if pid == 0:
+    fds = [f"/proc/self/fd/{fd}" for fd in os.listdir("/proc/self/fd")]
+    held = [os.readlink(f) for f in fds if os.path.lexists(f)]   # listdir's own closed by now
+    print("child holds", [h for h in held if h.startswith(os.path.dirname(trace))], flush=True)
+    sys.exit(0)
+os.waitpid(pid, 0)
+print("trace file grew by", os.path.getsize(trace) - size, flush=True)
+"""
+
+
+def test_a_child_forked_under_trace_lets_go_of_its_parents_spool_and_trace_file(stub_job, probe_obj, tmp_path):
+    """A child forked after the trace began (after CUDA: it runs no reader nor writer) held its parent's unlinked
+    spool, whose disk space stayed in use until the child exited too, and FILE, into which its exit wrote (pyarrow
+    closes a Parquet writer it frees: a footer in the middle of the parent's file). It holds neither now, and the
+    parent's trace closes whole."""
+    from stub_job import MORE, egpu_run
+    out = tmp_path / "t.parquet"
+    r = egpu_run(["--trace", str(out), "-p", str(probe_obj("ringbuf")), sys.executable, "-c", FORK_UNDER_TRACE,
+                  str(MORE), str(out)], stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[:2] == ["child holds []", "trace file grew by 0"], r.stdout
+    assert f"egpu-run: 0 records in {out}, none dropped" in r.stderr.splitlines(), r.stderr
+    assert tracefile.read(out).complete
+
+
 @pytest.mark.parametrize("on_full", ["wait", "drop"])
 def test_code_loads_wait_for_the_context_while_rings_wait(stub_job, probe_obj, tmp_path, on_full):
     """A kernel in a full waiting ring waits for the reader; a load of code made meanwhile held the driver up
@@ -1456,6 +1491,30 @@ def test_a_spool_is_read_back_a_bounded_piece_at_a_time(tmp_path, monkeypatch):
     assert calls == [[(0, [(3, b"a" * 8)])], [(1, [(3, b"b" * 100)])], [(0, [(3, b"c" * 8), (3, b"d" * 5)])]]
     assert spool.read_at == spool.c.end and list(spool.taken()) == []
     spool.close()
+
+
+def test_a_forked_child_closes_its_parents_spool_and_the_parent_reads_it_back_whole(access_trace, tmp_path):
+    """A child forked while the trace runs closes the spool's descriptor it was forked with (the space is the
+    parent's to give back) and holds nothing of the trace's folder; the parent's spool reads back whole after the
+    child has gone, every record in the file."""
+    import os
+    ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet")
+    spool = streaming.spool
+    for i in range(100):
+        ring.produce(_event(i), sm=0)
+    pid = os.fork()
+    if pid == 0:
+        fds = [f"/proc/self/fd/{fd}" for fd in os.listdir("/proc/self/fd")]
+        held = [os.readlink(f) for f in fds if os.path.lexists(f)]
+        os._exit(0 if (streaming.spool, spool.fd, spool.c.fd, streaming.writer) == (None, -1, -1, None)
+                 and not [h for h in held if h.startswith(str(tmp_path))] else 1)
+    assert os.waitpid(pid, 0)[1] == 0, "the child held the parent's spool or trace file"
+    assert streaming.spool is spool and spool.fd >= 0
+    for i in range(100, 1000):
+        ring.produce(_event(i), sm=0)
+    report = streaming.finish()
+    assert (report["records"], report["error"]) == (1000, None)
+    assert tracefile.read(tmp_path / "t.parquet").rows.num_rows == 1000
 
 
 @pytest.mark.parametrize("full", [False, True])

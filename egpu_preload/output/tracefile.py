@@ -34,6 +34,7 @@ since an IPC file's own metadata is fixed when it is opened.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -348,6 +349,16 @@ class TraceWriter:
             self.writer.add_key_value_metadata(counts)
         self.writer.close()
         self.sink.close()
+
+    def let_go(self) -> None:
+        """In a child forked from the writing process: the file's descriptor made /dev/null's, so the child holds
+        nothing of the parent's file and writes nothing into it (pyarrow closes a Parquet writer it frees, footer
+        and all, at the file's offset, which the two processes share)."""
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, self.sink.fileno(), inheritable=False)
+        finally:
+            os.close(null)
 
 
 def _joined(np: Any, arrays: Sequence[Any]) -> Any:

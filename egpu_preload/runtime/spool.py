@@ -112,4 +112,8 @@ class Spool:
         self.given_back = upto
 
     def close(self) -> None:
-        os.close(self.fd)
+        """The file closed, once (a forked child closes its parent's: streaming.Streaming.let_go); the C's appends
+        fail after (EBADF), never reaching a file opened later under the same number."""
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = self.c.fd = -1

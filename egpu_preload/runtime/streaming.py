@@ -13,7 +13,8 @@ A job of several processes: the first to start claims FILE (O_EXCL: the launcher
 each other writes FILE's name with its pid inserted beside it (``trace.1234.parquet``). An exec ends an image
 as exit does (its file finished, its summary in the exec dump), and the image after it writes a file of its own,
 ``trace.1234.exec1.parquet`` (claim); an exec that fails leaves the image on with a new file of that kind, the
-one it finished named in its next dump (``closed_traces``). Live-attached probes are not drained (their rings
+one it finished named in its next dump (``closed_traces``). A child forked after the trace began (after CUDA) writes
+none, and lets go of its parent's spool and file (``let_go``). Live-attached probes are not drained (their rings
 drop when full, as without --trace).
 """
 
@@ -24,6 +25,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -92,6 +94,7 @@ def _layout(btf: btfmod.Btf | None) -> tracefile.RecordLayout | None:
 
 QUEUED = 32   # batches taken and not yet written; the reader waits for the writer beyond (a bound on memory)
 SPOOL_POLL_S = 0.01   # how often the writer looks for what the reader spooled, when it has nothing else to do
+_UNFINISHED: weakref.WeakSet[Streaming] = weakref.WeakSet()   # this process's, let go of in a forked child
 
 
 class Streaming:
@@ -122,6 +125,7 @@ class Streaming:
         except EgpuError as e:   # still drained, so that rings made to wait never stop the job
             self.writer, self.error = None, str(e)
             print(f"egpu[{os.getpid()}]: {e}; the job's records are read and thrown away", file=sys.stderr)
+        _UNFINISHED.add(self)
         self.after_write = after_write
         self.write_s = 0.0   # the writer's encoding and writing, its flushes' included
         self._batches: queue.Queue[tuple[int, Taken] | None] = queue.Queue(QUEUED)
@@ -142,6 +146,17 @@ class Streaming:
                       "go through memory, and the reader waits whenever the writer lags", file=sys.stderr)
         self.drain = RingDrain(self.readers, lambda index, taken: self._batches.put((index, taken)),
                                hold=memory.entered, spool=self.spool).start()
+
+    def let_go(self) -> None:
+        """In a child forked from this process (after CUDA: none of its threads, no reader nor writer): the spool
+        closed, not truncated nor punched, and the trace file let go of unwritten (tracefile.TraceWriter.let_go),
+        so that the spool's disk space is the parent's alone, given back at its close rather than at the last of
+        its children's exits, and nothing the child does writes into either. The child writes no trace."""
+        if self.spool is not None:
+            self.spool.close()
+        if self.writer is not None:
+            self.writer.let_go()
+        self.spool, self.drain, self.readers, self.writer = None, None, [], None
 
     def host(self, probe: Probe, map_index: int, records: list[Any], dropped: int) -> None:
         """Records host programs of ``probe`` (one of ``probes``) output to map ``map_index`` (a ring's bytes, a
@@ -249,6 +264,7 @@ class Streaming:
         unwritten = self.error and f"{self.error} ({taken - written:,} records taken and not written)"
         error = "; ".join(e for e in (unread, unwritten) if e) or None
         waited = any(r.lay.wait for r in self.readers)   # a waiting ring drops only what the note says
+        _UNFINISHED.discard(self)
         return {"path": str(self.path), "records": written, "dropped": sum(dropped.values()), "error": error,
                 "drain": self.pace(), **({"stall_s": devmaps.WAIT_STALL_NS / 1e9} if waited else {})}
 
@@ -263,6 +279,15 @@ class Streaming:
         return {"passes": self.drain.passes if self.drain is not None else 0,
                 "copied_bytes": sum(r.copied for r in self.readers),
                 **{f"{p}_s": round(v, 3) for p, v in (phases | in_driver).items()}, "write_s": round(self.write_s, 3)}
+
+
+def _forked() -> None:
+    for trace in list(_UNFINISHED):
+        trace.let_go()
+
+
+# os.fork runs it, and so does the shim's fork handler in a C fork() while its Python is up (shim/process.c)
+os.register_at_fork(after_in_child=_forked)
 
 
 def traces(doc: dict[str, Any]) -> list[dict[str, Any]]:
