@@ -1313,9 +1313,11 @@ def _one_waiting_ring(access_trace, out: Path):
     return ring, Streaming(out, [ring.probe], [device], arena)
 
 
-def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp_path):
+def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp_path, capsys):
     """A writer that fails (a full disk) must not stop the reader, or a waiting ring would stop the job:
-    every record is still taken, and the counts say how many did not reach the file."""
+    every record is still taken, and the counts say how many did not reach the file; the writer says why at once,
+    naming the file."""
+    import os
     ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet")
 
     def full(index, records):
@@ -1327,6 +1329,8 @@ def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp
     report = streaming.finish()
     assert report["records"] == 0 and report["dropped"] == 0
     assert report["error"] == "cannot write the trace: [Errno 28] No space left on device (1,000 records taken and not written)"
+    assert capsys.readouterr().err.splitlines() == [
+        f"egpu[{os.getpid()}]: {tmp_path / 't.parquet'}: cannot write the trace: [Errno 28] No space left on device"]
 
 
 def test_an_arrow_trace_writes_what_it_holds_once_it_is_a_moment_old(access_trace, tmp_path, monkeypatch):
@@ -1519,10 +1523,10 @@ def test_a_forked_child_closes_its_parents_spool_and_the_parent_reads_it_back_wh
 
 @pytest.mark.parametrize("full", [False, True])
 def test_a_spool_that_cannot_be_read_back_is_reported_and_the_writers_queue_still_emptied(access_trace, tmp_path,
-                                                                                           full):
+                                                                                           full, capsys):
     """The spool's read failing (EIO) ends the writing, not the writer's thread, before or after the file could
     not be written (``full``): host records keep coming past the writer's queue and finish() returns, saying why
-    the file lacks the records."""
+    the file lacks the records, as the writer said at once, naming the file."""
     import os
     ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet")
     if full:
@@ -1541,6 +1545,8 @@ def test_a_spool_that_cannot_be_read_back_is_reported_and_the_writers_queue_stil
     assert done, "finish() waited for good on a writer's thread that had died"
     why = "cannot write the trace: [Errno 28]" if full else "cannot read the trace's spool back: [Errno 9] Bad file"
     assert done[0]["error"].startswith(why)
+    said = capsys.readouterr().err.splitlines()
+    assert said and all(line.startswith(f"egpu[{os.getpid()}]: {tmp_path / 't.parquet'}: {why}") for line in said), said
 
 
 def test_a_spool_that_cannot_be_written_fails_the_reader_and_lets_producers_go_on(access_trace, tmp_path):

@@ -193,8 +193,7 @@ class Streaming:
             while self.spool is not None and self.spool.pending():
                 self._write(self._spooled())
         except Unreadable as e:
-            self.error = self.error or f"cannot read the trace's spool back: {e}"
-            print(f"egpu[{os.getpid()}]: {self.path}: {self.error}", file=sys.stderr)
+            self._failed(f"cannot read the trace's spool back: {e}")
             while self._batches.get() is not None:
                 pass
 
@@ -220,9 +219,14 @@ class Streaming:
         except Unreadable:
             raise
         except Exception as e:  # noqa: BLE001  (pyarrow's and the OS's errors alike)
-            self.error = f"cannot write the trace: {e}"
-            print(f"egpu[{os.getpid()}]: {self.path}: {self.error}", file=sys.stderr)
+            self._failed(f"cannot write the trace: {e}")
             self._write(batches)   # the rest taken and thrown away
+
+    def _failed(self, why: str) -> None:
+        """The writing ended for ``why`` (where it had not already, for the cause it keeps), which the dump reports
+        and the writer's thread says now, naming the file."""
+        self.error = self.error or why
+        print(f"egpu[{os.getpid()}]: {self.path}: {self.error}", file=sys.stderr)
 
     def _next(self) -> tuple[int, Taken] | tuple[()] | None:
         """The next batch; () when none came for a quarter of tracefile.FLUSH_S, or, while the reader spools, for
