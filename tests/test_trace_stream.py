@@ -996,6 +996,39 @@ def test_host_run_probes_records_go_to_the_trace_file(stub_job, tmp_path, shared
     assert len([e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["ph"] == "i"]) == 4
 
 
+# A launch program that prints a line a launch (and outputs nothing to a ring: the trace begins at start all the same).
+HOST_PRINTK = """#include "egpu.bpf.h"
+SEC("egpu/launch/*") int on_launch(struct egpu_ctx *ctx) {
+    bpf_printk("launch %llu grid %u", ctx->launch_id, ctx->grid[0]);
+    return 0;
+}
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
+@pytest.mark.parametrize("vm", ["c", "python"])
+def test_host_programs_printk_lines_go_to_the_trace_file(stub_job, tmp_path, vm):
+    """A host program's bpf_printk lines (in C or on the Python VM) go to FILE as the device's do, trace_printk rows
+    with their text, the host as CPU 0: they were printed at exit however the job was traced. Without --trace
+    they are printed as before."""
+    from stub_job import egpu_run
+    src = tmp_path / "host_printk.bpf.c"
+    src.write_text(HOST_PRINTK)
+    obj = compile_probe(src, tmp_path / "host_printk.bpf.o")
+    out = tmp_path / "t.parquet"
+    job = ["--launch-vm", vm, "-p", str(obj), str(stub_job.app), "module", "2", "64", "0"]
+    r = egpu_run(["--trace", str(out), *job], stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    assert f"egpu-run: 2 records in {out}, none dropped" in r.stderr.splitlines(), r.stderr
+    assert "launch 1 grid 2" not in r.stdout, r.stdout
+    rows = tracefile.read(out).rows.to_pylist()
+    assert [(x["map"], x["seq"], x["cpu"], x["text"]) for x in rows] == [
+        ("trace_printk", 0, 0, "launch 1 grid 2"), ("trace_printk", 1, 0, "launch 2 grid 2")]
+    r = egpu_run(job, stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    assert "launch 1 grid 2" in r.stdout and "launch 2 grid 2" in r.stdout, r.stdout
+
+
 # A launch program that outputs more records a launch than its ring (4 KiB: 102 of 40 bytes) holds.
 LOOPING = """#include "egpu.bpf.h"
 struct rec { __u64 launch_id; __u64 n; };

@@ -30,8 +30,8 @@ copy its GPU probes use (translate/devmaps.py). Which copy is authoritative depe
   kernels that start earlier do not. Launch probes read the host copy, so they do not see what GPU
   probes wrote. A key has one writer side at a time (the host's copy of a key replaces the device's).
   Ring and perf buffers written by both sides: the dump lists the device's records, then the host's.
-Under egpu-run --trace the host's ring and perf records go to the trace file instead, as each pass takes
-them (``Drainer.sink``: streaming.Streaming.host), beside the device's, with the same columns.
+Under egpu-run --trace the host's ring and perf records and bpf_printk lines go to the trace file instead, as each
+pass takes them (``Drainer.sink``: streaming.Streaming.host), beside the device's, with the same columns.
 Writes made before the first instrumented module allocated the device copy are copied then.
 
 Where probes run. A probe object whose launch side runtime/native.py accepts runs in C
@@ -86,6 +86,7 @@ from egpu_preload.vm import ThreadSim, Vm
 PERIOD_S = 0.002
 BATCH = 4096
 TRACE_BATCH = 1024
+PRINTK_HEAD = struct.Struct("<QQQ")   # a trace_printk record's: its 3 arguments, its format after (devmaps.apply_trace)
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,7 @@ class ProbeMaps:
     shared: set[int]
     pending: dict[int, set[bytes]] = field(default_factory=dict)  # map -> keys not yet on the device
     native: native.Side | None = None
+    lines_lost: int = 0                   # bpf_printk lines its programs in C lost (Drainer._take_lost)
     refusal: str | None = None            # why it is not in C (no engine given: None)
 
     def has_pending(self) -> bool:
@@ -419,10 +421,12 @@ class Drainer:
         # (probe path, map name), which count in their map's drops too
         self._in_c = [side for side in probes.sides if side and side.native]
         self._lost = ffi.new("unsigned long long[]", 1 + max((len(s.state.maps) for s in self._in_c), default=0))
-        self.lines_dropped = 0
         self.records_dropped: dict[tuple[str, str], int] = {}
-        # egpu-run --trace (streaming.Streaming.host): where host programs' ring and perf records go (trace_to)
+        # egpu-run --trace (streaming.Streaming.host): where host programs' ring and perf records and bpf_printk
+        # lines go (trace_to)
         self.sink: Callable[[Probe, int, list[Any], int], None] | None = None
+        self._prints = any(native.calls(native.host_side(side.probe.obj)[0], native.PRINTK) for side in probes.sides
+                           if side)
         self._outputs = [(side, [i for i in sorted(side.launch_only | side.shared)
                                  if side.state.maps[i].type in RING_TYPES]) for side in probes.sides if side]
         self._buf = ffi.new("struct egpu_launch_record[]", BATCH)
@@ -505,7 +509,7 @@ class Drainer:
         for side in self._in_c:
             for _, handle in side.native.programs:   # type: ignore[union-attr]
                 self.lib.egpu_lvm_prog_lost(handle, lost)
-                self.lines_dropped += lost[0]
+                side.lines_lost += lost[0]
                 for i, m in enumerate(side.state.maps):
                     if lost[1 + i]:
                         side.state.storages[i].drops += lost[1 + i]   # type: ignore[union-attr]
@@ -513,15 +517,21 @@ class Drainer:
                         self.records_dropped[key] = self.records_dropped.get(key, 0) + lost[1 + i]
 
     @property
+    def lines_dropped(self) -> int:
+        """The bpf_printk lines host programs in C lost to C's full trace buffer."""
+        return sum(side.lines_lost for side in self._in_c)
+
+    @property
     def outputs(self) -> bool:
-        """Whether any host program may output to a ring or perf buffer."""
-        return any(rings for _, rings in self._outputs)
+        """Whether any host program may output to a ring or perf buffer, or print a bpf_printk line."""
+        return self._prints or any(rings for _, rings in self._outputs)
 
     def trace_to(self, sink: Callable[[Probe, int, list[Any], int], None] | None, wait: bool) -> None:
-        """Under --trace, host programs' ring and perf records go to ``sink`` after each pass (None: they stay in
-        their maps again); ``wait`` (--on-full wait): also whenever one finds its map full, as a waiting GPU
-        producer has the reader make room, since a pass's records (a loop's, many launches') may outgrow the map
-        (they were dropped and counted: a trace with holes in it)."""
+        """Under --trace, host programs' ring and perf records and bpf_printk lines go to ``sink`` after each pass
+        (None: they stay in their maps again, the lines in their host trace, which the exit prints); ``wait``
+        (--on-full wait): records also whenever one finds its map full, as a waiting GPU producer has the reader
+        make room, since a pass's records (a loop's, many launches') may outgrow the map (they were dropped and
+        counted: a trace with holes in it)."""
         self.sink = sink
         for side, rings in self._outputs:
             for i in rings:
@@ -530,12 +540,19 @@ class Drainer:
 
     def _hand_on(self) -> None:
         """Under --trace, every record host programs output since the last pass taken out of its map (room
-        made, as the ring reader makes it on the device) and handed to ``sink``, with the map's drops so far."""
+        made, as the ring reader makes it on the device) and handed to ``sink``, with the map's drops so far;
+        and their bpf_printk lines, as the device's trace_printk ring's records (after its maps, the host as CPU 0),
+        with the lines lost so far."""
         if self.sink is None:
             return
         for side, rings in self._outputs:
             for i in rings:
                 self._spill(side, i)
+        for side in self.probes.sides:
+            if side and (side.state.trace or side.lines_lost):
+                lines = [(0, PRINTK_HEAD.pack(*t.args) + t.fmt) for t in side.state.trace]
+                side.state.trace.clear()
+                self.sink(side.probe, len(side.state.maps), lines, side.lines_lost)
 
     def _spill(self, side: ProbeMaps, i: int) -> None:
         """Map ``i`` of ``side``'s records taken out of it and handed to ``sink``, with the map's drops so far."""

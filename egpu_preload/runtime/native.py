@@ -38,6 +38,7 @@ OUTPUT_MAPS = frozenset((prog.MAP_RINGBUF, prog.MAP_PERF_EVENT_ARRAY))   # kept 
 # with uprobes: what C hands to the runtime (launches.Drainer) rather than keeps
 QUEUED_HELPERS = frozenset(BY_NAME[n].id for n in ("trace_printk", "ringbuf_output", "perf_event_output",
                                                     "ringbuf_reserve", "ringbuf_submit", "ringbuf_discard"))
+PRINTK = frozenset((BY_NAME["trace_printk"].id,))
 # launchvm.c's helper(): every helper but those that send records or text to the host
 NATIVE_HELPERS = frozenset(HELPERS) - QUEUED_HELPERS - {BY_NAME["egpu_warp_mem_record"].id}
 MAX_ENTRIES, MAX_VALUE = 1 << 24, 1 << 20  # launchvm.c's limits on a map's shape
@@ -104,7 +105,12 @@ def api_refusal(obj: prog.BpfObject) -> str | None:
 def queues(programs: Sequence[prog.Program]) -> bool:
     """Whether any of ``programs`` hands C something only the runtime's drainer takes: a bpf_printk line
     or a ring or perf buffer record (QUEUED_HELPERS)."""
-    return any(i.kind == "call" and i.src == isa.CALL_HELPER and i.imm in QUEUED_HELPERS
+    return calls(programs, QUEUED_HELPERS)
+
+
+def calls(programs: Sequence[prog.Program], helpers: frozenset[int]) -> bool:
+    """Whether any of ``programs`` calls one of ``helpers`` (their ids)."""
+    return any(i.kind == "call" and i.src == isa.CALL_HELPER and i.imm in helpers
                for p in programs for i in decode(p.code))
 
 

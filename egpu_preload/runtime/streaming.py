@@ -1,9 +1,9 @@
 """egpu-run --trace FILE inside the job: every ring and perf buffer of the probes (and each probe's
 trace_printk ring) drained while kernels run (ring_drain.py) into the trace file (output/tracefile.py),
-with the records host programs (launch, host-API, uprobes) output to them, which the launch drainer hands
-on (launches.Drainer: ``host``) into the same columns, the host as CPU 0.
+with the records host programs (launch, host-API, uprobes) output to them and their bpf_printk lines, which the
+launch drainer hands on (launches.Drainer: ``host``) into the same columns, the host as CPU 0.
 
-Opened at start where host programs output to a ring, else once the device maps exist, whose rings are
+Opened at start where host programs output to a ring or print, else once the device maps exist, whose rings are
 drained from then on (``read``) into a spool beside FILE (spool.py) that the writer reads back, so the reader
 never waits for the writer; finished at exit after the context is synchronized (the reader keeps running
 through that synchronize: kernels waiting for room in a ring need it), then every record left is taken, the
