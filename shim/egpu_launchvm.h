@@ -86,6 +86,11 @@ struct egpu_lvm_trace {
 };
 /* Take up to `max` of the trace records programs made, oldest first, into `out`; returns how many. */
 size_t egpu_lvm_trace_take(struct egpu_lvm_trace *out, size_t max);
+/* Called by the thread that takes (egpu_lvm_trace_take), the runtime's, as it starts and before it ends: from
+ * stall_ns > 0 on, a run whose record finds the buffer full waits for room (egpu-run --on-full wait) until the
+ * take has not run for stall_ns (the record then lost, as under 0: no wait). launchvm.c's trace_waits says which
+ * runs never wait. */
+void egpu_lvm_trace_wait(unsigned long long stall_ns);
 /* Take what program p's runs lost to a full trace buffer since the last take, by kind, into `lost` (its
  * nmaps + 1 entries): lost[0] bpf_printk lines, lost[1 + k] bpf_ringbuf_output, bpf_ringbuf_submit and
  * bpf_perf_event_output records for map k. */

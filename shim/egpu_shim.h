@@ -211,6 +211,8 @@ void egpu_python_start_early(void);
  * it did not hold it). For a thread about to wait on another that may need the GIL. */
 void *egpu_gil_let_go(void);
 void egpu_gil_take_back(void *state);
+/* process.c: whether this thread holds the GIL. */
+int egpu_gil_held(void);
 /* process.c: register the fork handlers (once; every hook that reaches the driver calls it). */
 void egpu_fork_handlers(void);
 /* Each file's part of a fork: PREPARE takes its locks (no table mid-update when the process is copied),

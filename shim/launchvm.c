@@ -129,6 +129,9 @@ static struct { atomic_long n; char pad[64 - sizeof(atomic_long)]; } readers[2][
 static atomic_uint epoch, next_reader;
 static __thread unsigned int tls_reader __attribute__((tls_model("initial-exec"))); /* its count + 1 */
 static pthread_mutex_t sync_lock = PTHREAD_MUTEX_INITIALIZER; /* one egpu_lvm_synchronize at a time */
+/* egpu_lvm_synchronize calls under way: a run waiting for room in the trace queue gives up (trace_waits), since
+ * the change may hold what the drain thread needs (a live detach pauses uprobes under the drain's lock). */
+static atomic_int synchronizing;
 
 egpu_lvm_reader egpu_lvm_enter(void) {
     hold();
@@ -147,6 +150,7 @@ void egpu_lvm_leave(egpu_lvm_reader n) {
 /* Both parities in turn: a run that read its epoch before an earlier flip may count in either (SRCU's two
  * flips). Each wait ends: runs that start after a flip count in the other parity. */
 void egpu_lvm_synchronize(void) {
+    atomic_fetch_add(&synchronizing, 1);
     pthread_mutex_lock(&sync_lock);
     for (int flip = 0; flip < 2; flip++) {
         unsigned int old = atomic_fetch_add_explicit(&epoch, 1, memory_order_seq_cst) & 1;
@@ -154,6 +158,7 @@ void egpu_lvm_synchronize(void) {
             while (atomic_load_explicit(&readers[old][k].n, memory_order_seq_cst)) sched_yield();
     }
     pthread_mutex_unlock(&sync_lock);
+    atomic_fetch_sub(&synchronizing, 1);
 }
 
 /* ---- maps ---- */
@@ -885,25 +890,35 @@ static int store_dim3(struct run *x, const unsigned int *v) {
 }
 
 /* ---- trace_printk and ring or perf buffer output: records kept for the runtime (egpu_lvm_trace_take),
- * which hands them to the probe's host maps, under trace_lock ---- */
+ * which hands them to the probe's host maps, under trace_lock ----
+ * A record that finds the queue full is dropped and counted, unless the runtime asked runs to wait for room
+ * (egpu_lvm_trace_wait: egpu-run --on-full wait) and may: then it sleeps until the take makes room, or gives up
+ * (dropped and counted) once the take has taken nothing for the stall time, as a device probe made to wait
+ * gives up (translate/devmaps.py). trace_waits says who may not wait. */
 
 #define TRACE_RECORDS 16384
 static struct spin trace_lock;
 static struct egpu_lvm_trace *trace_ring; /* allocated before the first record */
 static size_t trace_head, trace_count;
+static _Atomic unsigned long long trace_stall_ns; /* 0: a full queue drops (egpu_lvm_trace_wait) */
+static _Atomic unsigned long long trace_taken_ns; /* when the take last ran (egpu_now_ns) */
+static __thread int tls_trace_taker __attribute__((tls_model("initial-exec"))); /* the thread that takes */
+static atomic_int taker_blocked; /* the taking thread waits for cpu_lock, which a waiting run may hold */
 
-/* Under trace_lock. A record lost is counted as what it was: program x's bpf_printk line (k = -1), or its
- * record for map k. */
-static struct egpu_lvm_trace *trace_slot(const struct run *x, int k) {
-    if (!trace_ring || trace_count == TRACE_RECORDS) {
-        x->p->lost[k + 1]++;
-        return NULL;
-    }
-    return &trace_ring[(trace_head + trace_count++) % TRACE_RECORDS];
+/* Whether a run whose record found the queue full waits for room. Never on the thread that takes (it would wait
+ * for itself), nor while the take's thread waits for cpu_lock (the waiting run may hold it) or a change of
+ * programs waits for runs to end (egpu_lvm_synchronize), nor in a thread that holds the GIL, which the runtime's
+ * take needs (letting it go in the middle of whatever function a uprobe is on is not ours to do). */
+static int trace_waits(void) {
+    unsigned long long stall = atomic_load(&trace_stall_ns);
+    if (!stall || tls_trace_taker || atomic_load(&taker_blocked) || atomic_load(&synchronizing)) return 0;
+    if (egpu_now_ns() - atomic_load(&trace_taken_ns) >= stall) return 0;
+    return !egpu_gil_held();
 }
 
 /* One record queued for the runtime: for map k, or (k = -1) a trace_printk line with its three
- * arguments (args; NULL for a record); 0 when the queue is full (counted lost, by kind: trace_slot). */
+ * arguments (args; NULL for a record); 0 when the queue is full and x waits no more (trace_waits): the record is
+ * counted lost as what it was, program x's bpf_printk line or its record for map k. */
 static int queue_record(const struct run *x, int k, const unsigned char *data, unsigned int size,
                         const uint64_t *args) {
     if (!atomic_load_explicit((_Atomic(struct egpu_lvm_trace *) *)&trace_ring, memory_order_acquire)) {
@@ -912,15 +927,27 @@ static int queue_record(const struct run *x, int k, const unsigned char *data, u
         if (ring && !atomic_compare_exchange_strong((_Atomic(struct egpu_lvm_trace *) *)&trace_ring, &none, ring))
             free(ring);
     }
-    spin_lock(&trace_lock);
-    struct egpu_lvm_trace *t = trace_slot(x, k);
-    if (t) {
-        t->prog = x->p, t->map = k, t->size = size;
-        for (int i = 0; i < 3; i++) t->args[i] = args ? args[i] : 0;
-        memcpy(t->fmt, data, size);
+    for (int tries = 0;; tries++) {
+        spin_lock(&trace_lock);
+        int none = !trace_ring; /* no memory for it: nothing to wait for */
+        if (!none && trace_count < TRACE_RECORDS) {
+            struct egpu_lvm_trace *t = &trace_ring[(trace_head + trace_count++) % TRACE_RECORDS];
+            t->prog = x->p, t->map = k, t->size = size;
+            for (int i = 0; i < 3; i++) t->args[i] = args ? args[i] : 0;
+            memcpy(t->fmt, data, size);
+            spin_unlock(&trace_lock);
+            return 1;
+        }
+        spin_unlock(&trace_lock);
+        if (none || !trace_waits()) break;
+        /* the take runs every 2 ms (launches.PERIOD_S): a few turns given away, then sleeps of 50 us */
+        if (tries < 8) sched_yield();
+        else nanosleep(&(struct timespec){.tv_nsec = 50000}, NULL);
     }
+    spin_lock(&trace_lock);
+    x->p->lost[k + 1]++;
     spin_unlock(&trace_lock);
-    return t != NULL;
+    return 0;
 }
 
 static int trace_printk(struct run *x) {
@@ -991,8 +1018,15 @@ static int release(struct run *x, int submit) {
     return 0;
 }
 
+EXPORT void egpu_lvm_trace_wait(unsigned long long stall_ns) {
+    tls_trace_taker = stall_ns != 0;
+    atomic_store(&trace_taken_ns, egpu_now_ns());
+    atomic_store(&trace_stall_ns, stall_ns);
+}
+
 EXPORT size_t egpu_lvm_trace_take(struct egpu_lvm_trace *out, size_t max) {
     size_t n = 0;
+    atomic_store(&trace_taken_ns, egpu_now_ns());
     spin_lock(&trace_lock);
     for (; n < max && trace_count; n++, trace_count--, trace_head = (trace_head + 1) % TRACE_RECORDS)
         out[n] = trace_ring[trace_head];
@@ -1425,7 +1459,11 @@ static int run_program(struct run *x, const struct egpu_lvm_prog *p, unsigned ch
     memset(x->reserved, 0, sizeof x->reserved);
     x->r[1] = ctx ? R_CTX << REGION_SHIFT : 0, x->r[2] = r2;
     *fault_pc = 0;
-    if (p->percpu) pthread_mutex_lock(&cpu_lock);
+    if (p->percpu) {
+        if (tls_trace_taker) atomic_fetch_add(&taker_blocked, 1);
+        pthread_mutex_lock(&cpu_lock);
+        if (tls_trace_taker) atomic_fetch_sub(&taker_blocked, 1);
+    }
     execute(x, fault_pc);
     settle(x);
     if (p->percpu) pthread_mutex_unlock(&cpu_lock);
@@ -1714,6 +1752,8 @@ void egpu_lvm_fork(enum egpu_fork_phase phase) {
         pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
         api_lock = sync_lock = route_lock = cpu_lock = maps_lock = fresh;
         main_comm_once = (pthread_once_t)PTHREAD_ONCE_INIT;
+        atomic_store(&trace_stall_ns, 0); /* the thread that takes is gone: a full trace queue drops */
+        atomic_store(&taker_blocked, 0), atomic_store(&synchronizing, 0);
     } else {
         fork_locks(0);
     }

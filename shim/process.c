@@ -54,19 +54,25 @@ int egpu_python_matches(void) {
     return k > 0;
 }
 
-void *egpu_gil_let_go(void) {
+/* This thread's state when it holds the GIL, else NULL. */
+static PyThreadState *gil_held_here(void) {
     if (!Py_IsInitialized()) return NULL;
 #if PY_VERSION_HEX >= 0x030D0000
-    PyThreadState *mine = PyThreadState_GetUnchecked(); /* this thread's: a current one is the GIL held */
+    return PyThreadState_GetUnchecked(); /* this thread's: a current one is the GIL held */
 #else
     /* Before 3.12 the current thread state is the process's, whichever thread holds the GIL: this thread
      * holds it only when that state is its own. Letting it go for another thread left that one running
      * Python without its state (a launching C thread at the gate during a flip, while the control
      * server's thread held the GIL: SIGSEGV in PyErr_Occurred, tests/test_sass_live.py, 2 runs of 8). */
     PyThreadState *held = _PyThreadState_UncheckedGet();
-    PyThreadState *mine = held && held == PyGILState_GetThisThreadState() ? held : NULL;
+    return held && held == PyGILState_GetThisThreadState() ? held : NULL;
 #endif
-    return mine ? PyEval_SaveThread() : NULL;
+}
+
+int egpu_gil_held(void) { return gil_held_here() != NULL; }
+
+void *egpu_gil_let_go(void) {
+    return gil_held_here() ? PyEval_SaveThread() : NULL;
 }
 
 void egpu_gil_take_back(void *state) {

@@ -4,11 +4,14 @@ on both over the same launches with the maps compared entry by entry."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import random
 import struct
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -580,3 +583,136 @@ def test_a_key_a_run_logged_at_its_lookup_is_taken_again_after_the_run_wrote_it(
     assert r0[0] == 1   # the run's wait ended as written
     n = lib.egpu_lvm_map_changes(shared, keys, values, present, 32)
     assert {keys[i]: values[i] for i in range(min(n, 32))}.get(0) == 9
+
+
+TRACE_RECORDS = 16384   # launchvm.c's trace buffer
+
+
+def _printk_loop(ffi, lib, n: int):
+    """A program that makes n bpf_printk lines, "call" with n, n - 1, .., 1 as the first argument."""
+    code = assemble("\n".join([f"r6 = {n}", f"*(u32 *)(r10 - 8) = {int.from_bytes(b'call', 'little')}",
+                               "loop: r1 = r10", "r1 += -8", "r2 = 4", "r3 = r6", "call trace_printk", "r6 += -1",
+                               "if r6 != 0 goto loop", "r0 = 0", "exit"]))
+    return ffi.gc(lib.egpu_lvm_prog_new(code, len(code) // 8, ffi.NULL, 0), lib.egpu_lvm_prog_free)
+
+
+def _take_all(ffi, lib) -> list[int]:
+    """The first argument of every record in C's trace buffer, taken out of it."""
+    out, got = ffi.new("struct egpu_lvm_trace[]", 1024), []
+    while n := lib.egpu_lvm_trace_take(out, 1024):
+        got += [out[k].args[0] for k in range(n)]
+    return got
+
+
+def _lost(ffi, lib, p) -> int:
+    lost = ffi.new("unsigned long long[1]")
+    lib.egpu_lvm_prog_lost(p, lost)
+    return lost[0]
+
+
+def _timed_exec(ffi, lib, p) -> float:
+    """Seconds one run of p took, run on this thread."""
+    r0, pc = ffi.new("unsigned long long *"), ffi.new("unsigned int *")
+    start = time.monotonic()
+    assert lib.egpu_lvm_exec(p, ffi.NULL, 0, r0, pc) == 0
+    return time.monotonic() - start
+
+
+def test_runs_wait_for_a_slow_take_under_on_full_wait_and_lose_nothing(shim_api):
+    """egpu-run --on-full wait: a run whose bpf_printk finds C's buffer full (16 Ki records) waits until the
+    take, slow but taking, makes room: a burst of 40,000 lines arrives whole and in order, none lost. Under
+    drop (no egpu_lvm_trace_wait) the lines past the buffer were lost."""
+    ffi, lib = shim_api
+    n, p = 40000, _printk_loop(ffi, lib, 40000)
+    _take_all(ffi, lib)
+    ready, done, got = threading.Event(), threading.Event(), []
+    out = ffi.new("struct egpu_lvm_trace[]", 1024)
+
+    def take() -> None:   # the drain thread's part: 1,024 lines every 5 ms at most
+        lib.egpu_lvm_trace_wait(5 * 10**9)
+        ready.set()
+        try:
+            while (k := lib.egpu_lvm_trace_take(out, 1024)) or not done.is_set():
+                got.extend(out[i].args[0] for i in range(k))
+                time.sleep(0.005)
+        finally:
+            lib.egpu_lvm_trace_wait(0)
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    ready.wait()
+    _timed_exec(ffi, lib, p)
+    done.set()
+    taker.join()
+    assert got == list(range(n, 0, -1)) and _lost(ffi, lib, p) == 0
+
+
+@contextlib.contextmanager
+def _stuck_take(lib, stall_ns: int) -> Iterator[None]:
+    """A thread that takes C's trace records (egpu_lvm_trace_wait) but never does, until the block ends."""
+    ready, release = threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        lib.egpu_lvm_trace_wait(stall_ns)
+        ready.set()
+        release.wait()
+        lib.egpu_lvm_trace_wait(0)
+
+    taker = threading.Thread(target=stuck)
+    taker.start()
+    ready.wait()
+    try:
+        yield
+    finally:
+        release.set()
+        taker.join()
+
+
+def test_runs_give_up_once_the_take_has_not_run_for_the_stall_time(shim_api):
+    """A take that stopped taking (stuck): the first line that finds the buffer full waits out the stall time
+    (200 ms here), then it and every line after it are dropped at once, counted, and the run goes on."""
+    ffi, lib = shim_api
+    n, p = 20000, _printk_loop(ffi, lib, 20000)
+    _take_all(ffi, lib)
+    with _stuck_take(lib, 200 * 10**6):
+        took = _timed_exec(ffi, lib, p)
+    assert 0.1 < took < 2, took   # one wait of the stall time, not one a line
+    assert _lost(ffi, lib, p) == n - TRACE_RECORDS
+    assert _take_all(ffi, lib) == list(range(n, n - TRACE_RECORDS, -1))
+
+
+def _exec_holding_the_gil(ffi, path: Path, p) -> float:
+    """Seconds one run of p took, called through ctypes.PyDLL, which keeps the GIL across the call."""
+    shim = ctypes.PyDLL(str(path))
+    r0, pc = ctypes.c_ulonglong(), ctypes.c_uint()
+    start = time.monotonic()
+    shim.egpu_lvm_exec(ctypes.c_void_p(int(ffi.cast("uintptr_t", p))), None, ctypes.c_size_t(0), ctypes.byref(r0),
+                       ctypes.byref(pc))
+    return time.monotonic() - start
+
+
+@pytest.mark.parametrize("where", ["taking-thread", "take-ended", "gil-held"])
+def test_runs_never_wait_where_the_take_cannot_come(shim_api, built, where):
+    """Under --on-full wait a full buffer still drops at once (counted) on the thread that takes (it would wait
+    for itself: a launch program the drain thread runs), once the take's thread ended (egpu_lvm_trace_wait(0):
+    the job's exit), and in a thread that holds the GIL, which the runtime's take needs. A run that waited would
+    wait out the 10 s stall."""
+    ffi, lib = shim_api
+    n, p = 20000, _printk_loop(ffi, lib, 20000)
+    _take_all(ffi, lib)
+    if where == "taking-thread":
+        lib.egpu_lvm_trace_wait(10**10)
+        try:
+            took = _timed_exec(ffi, lib, p)
+        finally:
+            lib.egpu_lvm_trace_wait(0)
+    elif where == "take-ended":
+        with _stuck_take(lib, 10**10):
+            pass
+        took = _timed_exec(ffi, lib, p)
+    else:
+        with _stuck_take(lib, 10**10):
+            took = _exec_holding_the_gil(ffi, built / "libegpu_shim.so", p)
+    assert took < 2, took
+    assert _lost(ffi, lib, p) == n - TRACE_RECORDS
+    assert len(_take_all(ffi, lib)) == TRACE_RECORDS

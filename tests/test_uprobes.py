@@ -111,32 +111,63 @@ def test_uprobes_send_records_to_ring_and_perf_buffers_from_c(stub_job, uprobe_a
         [v for i in range(n) for v in (-(6 * i + 15), 6 * i + 15)]
 
 
-def test_records_lost_to_a_full_c_buffer_count_as_what_they_were(stub_job, uprobe_app, tmp_path):
-    """4 threads call upt_inc 20,000 times each; at each call a uprobe in C makes a bpf_printk line, a ring buffer
-    record and a perf buffer record, faster than the drain thread takes them out of C's buffer. Every call is
-    accounted for in each kind: the lines the dump has plus those the job says it dropped, the records each map
-    has plus its dropped count (where the map's own drops count too). Every record lost in C was counted as a
-    bpf_printk line, and the maps' dropped counts said nothing of it."""
+BURST_CALLS = 4 * 20000   # app_uprobe bench_threads 20000 4: calls of upt_inc
+
+
+def lossy_burst(stub_job, uprobe_app, tmp_path, *args: str, **env: str) -> tuple[Any, dict, int, dict[str, int]]:
+    """4 threads call upt_inc 20,000 times each under egpu-run ``args``; at each call a uprobe in C makes a bpf_printk
+    line, a ring buffer record and a perf buffer record, faster than the drain thread takes them out of C's buffer.
+    (result, its dump, the lines egpu-run says were dropped, records dropped by map, as it says). Every call is
+    accounted for among the lines: those the dump has plus those dropped."""
     app, _ = uprobe_app
     clang = find_clang()
     obj = tmp_path / "lossy.bpf.o"
     subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "lossy.bpf.c"),
                     "-o", str(obj)], check=True)
-    calls = 4 * 20000
-    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "lossy=libupt.so:upt_inc", str(app),
-                            "bench_threads", "20000", "4")
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, *args, "--uprobe", "lossy=libupt.so:upt_inc", str(app),
+                            "bench_threads", "20000", "4", **env)
     assert r.returncode == 0, r.stderr
     lines = re.search(r"^egpu: (\d+) bpf_printk lines of host probes dropped \(the C buffer was full\)$", r.stderr,
                       re.M)
     lost = {m[1]: int(m[0]) for m in re.findall(r"^egpu: .*lossy\.bpf\.o: (\d+) records of host probes for @(\w+) "
                                                 r"dropped \(the C buffer was full; counted in its dropped\)$",
                                                 r.stderr, re.M)}
-    assert lines and set(lost) == {"calls", "also"}, r.stderr   # the drain ran behind: each kind lost some
-    assert len(doc["probes"][0]["trace"]) + int(lines[1]) == calls
-    state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
+    dropped = int(lines[1]) if lines else 0
+    assert len(doc["probes"][0]["trace"]) + dropped == BURST_CALLS, r.stderr
+    return r, doc, dropped, lost
+
+
+def test_records_lost_to_a_full_c_buffer_count_as_what_they_were(stub_job, uprobe_app, tmp_path):
+    """The burst under --on-full drop (no --trace): every call is accounted for in each kind, the records each map
+    has plus its dropped count (where the map's own drops count too). Every record lost in C was counted as a
+    bpf_printk line, and the maps' dropped counts said nothing of it."""
+    r, doc, dropped, lost = lossy_burst(stub_job, uprobe_app, tmp_path)
+    assert dropped and set(lost) == {"calls", "also"}, r.stderr   # the drain ran behind: each kind lost some
+    state = dump.restore_state(MapsState(load_object(tmp_path / "lossy.bpf.o").maps), doc["probes"][0])
     for name in ("calls", "also"):
         storage = state.by_name(name)
-        assert len(storage.records) + storage.drops == calls and storage.drops >= lost[name], (name, r.stderr)
+        assert len(storage.records) + storage.drops == BURST_CALLS and storage.drops >= lost[name], (name, r.stderr)
+
+
+@pytest.mark.parametrize("stall_ms", [None, "1"])
+def test_under_on_full_wait_the_burst_waits_for_the_drain_thread(stub_job, uprobe_app, tmp_path, stall_ms):
+    """The burst under --trace, whose --on-full wait makes each hook that finds C's buffer full wait for the
+    drain thread to take: every line and record arrives (the records in the trace file), none dropped. With the
+    stall time cut to 1 ms (EGPU_WAIT_STALL_MS), under the drain thread's 2 ms sleep between passes, hooks give
+    up again: what they lose is dropped and counted as under drop, and the job goes on."""
+    from egpu_preload.output import tracefile
+    out = tmp_path / "t.arrow"
+    r, _, dropped, lost = lossy_burst(stub_job, uprobe_app, tmp_path, "--trace", str(out),
+                                      **({"EGPU_WAIT_STALL_MS": stall_ms} if stall_ms else {}))
+    trace = tracefile.read(out)
+    rows = trace.rows.to_pylist()
+    for name in ("calls", "also"):
+        assert len([x for x in rows if x["map"] == name]) + trace.dropped[name] == BURST_CALLS, (name, r.stderr)
+    if stall_ms is None:
+        assert (dropped, lost, trace.dropped["calls"], trace.dropped["also"]) == (0, {}, 0, 0), r.stderr
+        assert f"egpu-run: {2 * BURST_CALLS:,} records in {out}, none dropped" in r.stderr.splitlines(), r.stderr
+    else:
+        assert dropped and set(lost) == {"calls", "also"}, r.stderr
 
 
 def test_a_uprobe_reads_the_calling_threads_id_and_name(stub_job, uprobe_app, tmp_path):

@@ -60,6 +60,9 @@ records, so a loop of back-to-back launches outruns probes on the Python VM. Pro
 bpf_printk lines and ring and perf buffer records in a buffer of 16 Ki records of C's, which this thread
 empties each pass: a program that outruns it loses what it makes, counted as what it was (``_take_lost``):
 lines in a line at exit, records as drops of their map, where the map's own drops and the device's count too.
+Under --on-full wait a run waits for room instead (egpu_lvm_trace_wait, set by this thread as it starts and
+ends), until this thread has taken nothing for devmaps.WAIT_STALL_NS; it never waits on this thread, in a
+thread holding the GIL (this one needs it), during a change of programs, or once this thread has ended.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, MapStorage, TraceRecord
 from egpu_preload.runtime import dump, mapsync, native, uvm
 from egpu_preload.runtime.probes import RING_TYPES, Probe
+from egpu_preload.translate import devmaps
 from egpu_preload.translate.demangle import matches
 from egpu_preload.vm import ThreadSim, Vm
 
@@ -404,8 +408,9 @@ class Drainer:
     launch probes, pushes shared-map writes. ``device()`` gives (memory, bases) once device maps exist."""
 
     def __init__(self, ffi: Any, lib: Any, probes: LaunchProbes, name_of: Callable[[int], str | None],
-                 device: Callable[[], tuple[mapsync.Memory, list[list[int]]] | None]) -> None:
+                 device: Callable[[], tuple[mapsync.Memory, list[list[int]]] | None], stall_ns: int = 0) -> None:
         self.ffi, self.lib = ffi, lib
+        self.stall_ns = stall_ns   # > 0 (--on-full wait): host programs wait for room in C's buffer, this long
         self.probes = probes
         self.name_of = name_of
         self.device = device
@@ -440,11 +445,15 @@ class Drainer:
         return self
 
     def _loop(self) -> None:
-        while not self._stop.wait(PERIOD_S):
-            try:
-                self.drain()
-            except Exception as e:  # the thread goes on; the application never sees it
-                print(f"egpu: launch probes: {type(e).__name__}: {e}", file=sys.stderr)
+        self.lib.egpu_lvm_trace_wait(self.stall_ns)   # this thread takes: runs wait for it, never on it
+        try:
+            while not self._stop.wait(PERIOD_S):
+                try:
+                    self.drain()
+                except Exception as e:  # the thread goes on; the application never sees it
+                    print(f"egpu: launch probes: {type(e).__name__}: {e}", file=sys.stderr)
+        finally:
+            self.lib.egpu_lvm_trace_wait(0)   # no take after this: a full buffer drops again
 
     def drain(self) -> int:
         """Run the probes on every record in the ring; how many there were."""
@@ -667,7 +676,8 @@ def attach(runtime: Any) -> Drainer | None:
             return None
         return memory, [m.addrs for m in maps]
 
-    return Drainer(runtime.ffi, runtime.lib, probes, name_of, device).start()
+    stall_ns = devmaps.WAIT_STALL_NS if runtime.cfg.on_full == "wait" else 0
+    return Drainer(runtime.ffi, runtime.lib, probes, name_of, device, stall_ns).start()
 
 
 def _c_only(probe: Probe) -> bool:
