@@ -31,7 +31,8 @@ SIZES = (1 << 20, 1 << 22, 1 << 24)
 DELIVERED = re.compile(r"^egpu-run: ([\d,]+) records? in \S+?(, none dropped)?(?:[,;].*)?$", re.M)
 
 
-PACE = re.compile(r"drained in ([\d,]+) passes, ([\d,.]+) MB copied; reader: (.*); writer ([\d.]+) s$", re.M)
+PACE = re.compile(r"drained in ([\d,]+) passes, ([\d,.]+) MB copied; reader: (.*?)(?:; spool writes ([\d.]+) s)?; "
+                  r"writer ([\d.]+) s$", re.M)
 PHASE = re.compile(r"([a-z][a-z ]*) ([\d.]+) s(?: \(([\d.]+) s in the driver\))?$")
 
 
@@ -48,8 +49,9 @@ def pace(stderr: str) -> dict | None:
             spent[f"{name}_s"] = float(phase.group(2))
             if phase.group(3) is not None:
                 spent[f"{name}_driver_s"] = float(phase.group(3))
+    spooled = {"spool_write_s": float(m.group(4))} if m.group(4) is not None else {}
     return {"passes": int(m.group(1).replace(",", "")), "copied_mb": float(m.group(2).replace(",", "")),
-            **spent, "write_s": float(m.group(4))}
+            **spent, **spooled, "write_s": float(m.group(5))}
 
 
 def delivered(stderr: str) -> tuple[int | None, bool]:

@@ -2,6 +2,8 @@
 #define _GNU_SOURCE   /* fallocate */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -332,35 +334,162 @@ static void pause_ns(uint64_t ns)
         ;
 }
 
+/* The spool's writes, on a thread of the burst's own (started at its first chunk, joined before it returns): the
+ * reader goes on passing while the chunk it took is written. Chunks are written in the order handed, one at a time;
+ * after one fails, those after it are dropped (spool->end never moves past a hole), their bytes counted lost. */
+struct chunk {
+    unsigned int index;   /* the ring's, in the burst's array */
+    const void *bytes;
+    uint64_t n;
+};
+
+struct writer {
+    struct egpu_spool *spool;
+    pthread_mutex_t lock;
+    pthread_cond_t work, progress;   /* a chunk handed or the burst's end; a chunk done */
+    struct chunk *queue;             /* room for two chunks a ring: each has two stages */
+    unsigned int room;
+    uint64_t handed, done;           /* chunks handed, chunks written (or dropped after a failure) */
+    int closing, started, failed;
+    unsigned int failed_index;       /* the ring of the chunk that failed */
+    uint64_t lost, write_ns;         /* the bytes of that chunk and those dropped after it; time in the writes */
+    pthread_t thread;
+};
+
+/* The chunk at done written (or dropped), counted; called with the lock held, which it lets go around the write. */
+static void write_next(struct writer *w)
+{
+    struct chunk c = w->queue[w->done % w->room];
+    int failed = w->failed;
+    pthread_mutex_unlock(&w->lock);
+    uint64_t t = now_ns();
+    int r = failed || spool_append(w->spool, c.index, c.bytes, c.n);
+    t = now_ns() - t;
+    pthread_mutex_lock(&w->lock);
+    w->write_ns += t;
+    if (r) {
+        if (!w->failed)
+            w->failed_index = c.index;
+        __atomic_store_n(&w->failed, 1, __ATOMIC_RELAXED);   /* the reader looks between passes, unlocked */
+        w->lost += c.n;
+    }
+    w->done++;
+    pthread_cond_signal(&w->progress);
+}
+
+static void *write_chunks(void *arg)
+{
+    struct writer *w = arg;
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        while (w->done == w->handed && !w->closing)
+            pthread_cond_wait(&w->work, &w->lock);
+        if (w->done == w->handed)
+            break;
+        write_next(w);
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+/* ring `index`'s bytes handed to the writer (started at the first; where no thread can be started, written here, as
+ * before it had one). Returns the chunk's number, which wait_done takes. */
+static uint64_t hand(struct writer *w, unsigned int index, const void *bytes, uint64_t n)
+{
+    pthread_mutex_lock(&w->lock);
+    w->queue[w->handed % w->room] = (struct chunk){index, bytes, n};
+    uint64_t seq = ++w->handed;
+    if (!w->started) {   /* with every signal blocked: the job's signals stay with its own threads */
+        sigset_t all, was;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &was);
+        w->started = pthread_create(&w->thread, NULL, write_chunks, w) == 0 ? 1 : -1;
+        pthread_sigmask(SIG_SETMASK, &was, NULL);
+    }
+    if (w->started > 0)
+        pthread_cond_signal(&w->work);
+    else
+        write_next(w);
+    pthread_mutex_unlock(&w->lock);
+    return seq;
+}
+
+/* Until chunk `seq` is written (0: none); the nanoseconds waited. */
+static uint64_t wait_done(struct writer *w, uint64_t seq)
+{
+    if (!seq)
+        return 0;
+    uint64_t t = now_ns();
+    pthread_mutex_lock(&w->lock);
+    int waited = w->done < seq;
+    while (w->done < seq)
+        pthread_cond_wait(&w->progress, &w->lock);
+    pthread_mutex_unlock(&w->lock);
+    return waited ? now_ns() - t : 0;
+}
+
+/* Every chunk handed written, the thread joined; the nanoseconds waited. */
+static uint64_t finish(struct writer *w)
+{
+    uint64_t t = now_ns();
+    pthread_mutex_lock(&w->lock);
+    w->closing = 1;
+    pthread_cond_signal(&w->work);
+    pthread_mutex_unlock(&w->lock);
+    if (w->started > 0)
+        pthread_join(w->thread, NULL);
+    return now_ns() - t;
+}
+
+/* A ring's two stages (stage[1] NULL: the ring has one, made by a pass outside a burst) and the chunk each was last
+ * handed as (0: none), which must be written before a pass copies into that stage again. */
+struct lane {
+    void *stage[2];
+    uint64_t chunk[2];
+    int cur;
+};
+
 EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct egpu_spool *spool,
                            unsigned long long budget_ns, unsigned long long idle_ns, const int *halt,
                            unsigned int *which, unsigned long long *lost, unsigned long long *out)
 {
     uint64_t start = now_ns();
-    out[0] = out[1] = out[2] = 0;
+    out[0] = out[1] = out[2] = out[3] = 0;
+    unsigned int rooms = n ? n : 1;
+    struct lane lanes[rooms];
+    struct chunk queue[2 * rooms];   /* a ring's two stages both handed, its next pass waiting for the first */
+    struct writer w = {.spool = spool, .queue = queue, .room = 2 * rooms};
+    pthread_mutex_init(&w.lock, NULL);
+    pthread_cond_init(&w.work, NULL);
+    pthread_cond_init(&w.progress, NULL);
+    for (unsigned int i = 0; i < n; i++)
+        lanes[i] = (struct lane){{rings[i]->stage, rings[i]->spare}, {0, 0}, 0};
+    int r = 0;
     do {
         int took = 0;
-        for (unsigned int i = 0; i < n; i++) {
+        for (unsigned int i = 0; i < n && !r && !__atomic_load_n(&w.failed, __ATOMIC_RELAXED); i++) {
             struct egpu_ring_pass *p = rings[i];
+            struct lane *l = &lanes[i];
             uint64_t before = p->consumed;
+            out[2] += wait_done(&w, l->chunk[l->cur]);   /* the stage this pass copies into is in no chunk */
+            p->stage = l->stage[l->cur];
             p->mode = EGPU_PASS_TAKE;
-            int r = egpu_ring_pass(p);
+            r = egpu_ring_pass(p);
             for (int k = 0; k < 4; k++)
                 p->total_ns[k] += p->ns[k];
             p->total_copied += p->copied;
-            if (!r && p->consumed != before) {   /* stage[0, that): what the pass took, in ring order */
-                took = 1;
-                uint64_t t = now_ns();
-                p->total_taken += p->consumed - before;
-                r = spool_append(spool, i, p->stage, p->consumed - before);
-                if (r) *lost = p->consumed - before;
-                out[2] += now_ns() - t;
-            }
             if (r) {
                 *which = i;
-                return r;
+            } else if (p->consumed != before) {   /* stage[0, that): what the pass took, in ring order */
+                took = 1;
+                p->total_taken += p->consumed - before;
+                l->chunk[l->cur] = hand(&w, i, p->stage, p->consumed - before);
+                if (l->stage[1])
+                    l->cur ^= 1;
             }
         }
+        if (r || __atomic_load_n(&w.failed, __ATOMIC_RELAXED))
+            break;
         out[0]++;
         if (!took && idle_ns) {
             uint64_t t = now_ns();
@@ -368,5 +497,17 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
             out[1] += now_ns() - t;
         }
     } while (now_ns() - start < budget_ns && !__atomic_load_n(halt, __ATOMIC_ACQUIRE));
-    return 0;
+    out[2] += finish(&w);
+    out[3] = w.write_ns;
+    for (unsigned int i = 0; i < n; i++)
+        rings[i]->stage = lanes[i].stage[0];   /* as the caller made it, every chunk written */
+    if (w.failed) {   /* reported before a pass's failure: the records it lost are counted */
+        *which = w.failed_index;
+        *lost = w.lost;
+        r = EGPU_PASS_SPOOL;
+    }
+    pthread_cond_destroy(&w.progress);
+    pthread_cond_destroy(&w.work);
+    pthread_mutex_destroy(&w.lock);
+    return r;
 }

@@ -46,13 +46,14 @@ int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long src, uns
  * cuStreamSynchronize), all on `stream`. Host memory is the reader's, page-locked where the driver gave it:
  * `head` (head_size bytes) for the header (RING_NCPU + 4 bytes) and the SMs' lines after it; `stage` and
  * `zeros` (capacity bytes each, zeros all zero) and `starts`, `runs` (room for capacity / 8 + 2 each), NULL
- * until the first pass that finds records. */
+ * until the first pass that finds records; `spare` (capacity bytes, or NULL), a burst's second stage
+ * (egpu_ring_burst), which a pass alone never uses. */
 struct egpu_ring_pass {
     void *copy_out, *copy_in, *wait, *stream;
     unsigned long long addr, capacity, lines_off;    /* the ring region's device address; its layout */
     int mode;                  /* EGPU_PASS_TAKE, EGPU_PASS_SKIP or EGPU_PASS_COUNT */
     int lines;                 /* read the SMs' lines (and, taking or skipping, reopen the refused ones) */
-    void *head, *stage, *zeros;
+    void *head, *stage, *zeros, *spare;
     unsigned long long head_size;
     long long *starts, *runs;
     unsigned long long consumed, seen;   /* the reader's state, moved by the pass */
@@ -110,11 +111,16 @@ enum { EGPU_PASS_SPOOL = -3, EGPU_SPOOL_HEAD = 16 };
  * chunk, round after round until budget_ns has passed since the call or *halt is set by another thread (one
  * round at least); a round that took nothing sleeps idle_ns first. Every driver call of every pass in this one
  * call: a reader thread that lets the GIL go once a burst waits once for it to come back, not once a pass. Each
- * pass's counts add up into the ring's `total_*` (the burst's caller zeroes them). Returns 0; or what
- * egpu_ring_pass returned, or EGPU_PASS_SPOOL where the spool's write failed (spool->error), with *which the
- * ring's index: that ring's consumed and seen are as that pass left them (a failed spool write: its records taken
- * from the ring and lost, counted in *lost). out[0]: the rounds made; out[1]: nanoseconds slept; out[2]:
- * nanoseconds writing the spool. */
+ * pass's counts add up into the ring's `total_*` (the burst's caller zeroes them).
+ * The chunks are written by a thread of the burst's own, in the order the passes took them, while the passes go
+ * on: a ring's passes alternate between its `stage` and its `spare` (where it has one), a pass copying into the
+ * one whose chunk is written, waiting for the write where it is not yet; the burst returns once every chunk
+ * handed is written (or, after a write failed, dropped), `stage` as it was given.
+ * Returns 0; or what egpu_ring_pass returned, with *which the ring's index: that ring's consumed and seen are as
+ * that pass left them; or EGPU_PASS_SPOOL where a spool write failed (spool->error; whatever a pass returned),
+ * with *which the ring of the chunk that failed: the records of that chunk and of those taken after it were
+ * taken from their rings and lost, their bytes counted in *lost. out[0]: the rounds made; out[1]: nanoseconds
+ * slept; out[2]: nanoseconds the passes waited for the spool's writes; out[3]: nanoseconds the writes took. */
 int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct egpu_spool *spool,
                     unsigned long long budget_ns, unsigned long long idle_ns, const int *halt, unsigned int *which,
                     unsigned long long *lost, unsigned long long *out);

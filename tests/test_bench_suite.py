@@ -1199,6 +1199,11 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
         "passes": 1_234, "copied_mb": 8_050.0, "header_s": 0.5, "copy_s": 1.25, "scan_s": 3.0, "clear_s": 0.75,
         "gil_wait_s": 0.25, "hand_off_s": 2.0, "idle_s": 0.12, "write_s": 6.5, "header_driver_s": 0.02,
         "copy_driver_s": 1.0}
+    # a spooling reader's: the spool's writes, on a thread of their own, apart from the reader's phases
+    _, pace_line = streaming.notes([{"trace": {"records": 1, "path": "t.arrow", "dropped": 0, "error": None,
+                                               "drain": drain | {"spool_write_s": 0.84}}}])
+    assert "hand off 2.00 s, idle 0.12 s; spool writes 0.84 s; writer 6.50 s" in pace_line
+    assert bench.pace(pace_line)["spool_write_s"] == 0.84 and bench.pace(pace_line)["idle_s"] == 0.12
     assert bench.pace("egpu-run: job exited 1\n") is None
     monkeypatch.setattr(bench.suite, "exit_on_term", lambda: None)   # pytest keeps its own SIGTERM
     monkeypatch.setenv("EGPU_PREBUILT_PROBES", str(tmp_path))

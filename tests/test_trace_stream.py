@@ -1554,6 +1554,152 @@ def test_a_forked_child_closes_its_parents_spool_and_the_parent_reads_it_back_wh
     assert tracefile.read(tmp_path / "t.parquet").rows.num_rows == 1000
 
 
+def _numbered(ring: int, n: int) -> tuple[list[tuple[int, bytes]], Any, Any]:
+    """``n`` records of ring ``ring`` (its index, their number, 0-32 bytes of padding; from SM 1) as records,
+    and as the ring holds them with where each starts (for HostCopies.produce)."""
+    import numpy as np
+    records = [(1, struct.pack("<II", ring, k) + bytes(8 * (k % 5))) for k in range(n)]
+    held = b"".join(struct.pack("<II", len(d), devmaps.REC_READY | 1 << 8) + d for _, d in records)
+    starts = np.cumsum([0] + [8 + len(d) for _, d in records], dtype=np.int64)
+    return records, starts, np.frombuffer(held, np.uint8)
+
+
+def _producing(ring: HostRing, starts: Any, data: Any) -> threading.Thread:
+    """A thread that writes the records of ``data`` into ``ring`` at full speed (HostCopies.produce: in C, the GIL
+    let go, waiting for room as the GPU's producers do), started."""
+    ring.copies()
+    thread = threading.Thread(target=ring.device.produce, args=(ring.base, starts, data, ring.lay.capacity))
+    thread.start()
+    return thread
+
+
+def _chunks(spooled: bytes) -> list[tuple[int, bytes]]:
+    """(ring index, records' bytes) of each whole chunk of ``spooled`` (shim/egpu_drain.h egpu_spool)."""
+    from egpu_preload.runtime.spool import HEAD
+    out, at = [], 0
+    while at < len(spooled):
+        index, zero, n = HEAD.unpack_from(spooled, at)
+        assert zero == 0 and at + HEAD.size + n <= len(spooled)
+        out.append((index, spooled[at + HEAD.size:at + HEAD.size + n]))
+        at += HEAD.size + n
+    return out
+
+
+def _records_of(chunks: list[tuple[int, bytes]], rings: int) -> list[list[tuple[int, bytes]]]:
+    """Each ring's records in the chunks, in the order the chunks hold them."""
+    from egpu_preload.runtime.ring_drain import records_in
+    out: list[list[tuple[int, bytes]]] = [[] for _ in range(rings)]
+    for index, body in chunks:
+        out[index] += flat(records_in(memoryview(body)))
+    return out
+
+
+def _piped() -> tuple[Any, int]:
+    """A spool (its struct egpu_spool alone, as RingDrain uses it) into a pipe of 4 KiB, which a writer fills
+    before a reader takes anything; the pipe's read end."""
+    import fcntl
+    import os
+    import types
+    from egpu_preload.runtime import ring_drain
+    spool = types.SimpleNamespace(c=ring_drain._shim()[0].new("struct egpu_spool *"))
+    out, spool.c.fd = os.pipe()
+    fcntl.fcntl(spool.c.fd, fcntl.F_SETPIPE_SZ, 4096)
+    return spool, out
+
+
+def test_a_slow_spool_gets_every_record_once_and_in_order_while_the_passes_go_on():
+    """Three rings made to wait, each filled at full speed, drained into a spool that takes its bytes slowly (a
+    pipe of 4 KiB read 4 KiB a millisecond): a ring's passes copy into its second stage while the first's chunk is
+    written, and a pass that copied into a stage still being written would change a chunk mid-write. Every record
+    reaches the spool once, each ring's in order, in whole chunks that ``end`` counts; the passes' wait for the
+    writes and the writes' own time are counted apart."""
+    import os
+    rings = [HostRing(4096, 2, wait=True) for _ in range(3)]
+    streams = [_numbered(r, 8000) for r in range(3)]
+    spool, out = _piped()
+    spooled = bytearray()
+
+    def slowly() -> None:
+        while chunk := os.read(out, 4096):
+            spooled.extend(chunk)
+            time.sleep(0.001)
+
+    reading = threading.Thread(target=slowly)
+    reading.start()
+    producers = [_producing(ring, starts, data) for ring, (_, starts, data) in zip(rings, streams)]
+    drain = RingDrain([RingReader(ring, 0, ring.lay) for ring in rings], lambda i, taken: None, idle_s=0.0001,
+                      spool=spool).start()
+    try:
+        for t in producers:
+            t.join()
+        drain.stop()
+    finally:
+        os.close(spool.c.fd)
+        reading.join()
+        os.close(out)
+    chunks = _chunks(bytes(spooled))
+    assert len(spooled) == spool.c.end and len(chunks) > 3 * 8000 * 32 // 4096
+    assert _records_of(chunks, 3) == [records for records, _, _ in streams]
+    assert drain.spool_write_s > 0 and drain.phases["hand_off"] > 0
+
+
+def test_a_spool_write_that_fails_mid_burst_ends_it_and_counts_every_byte_taken_and_not_written():
+    """The spool's disk filling up mid-burst: two rings' first halves spooled into a pipe, then the pipe left
+    full while their second halves come, until the passes wait for the writer (a chunk being written, those taken
+    after it handed), then the spool's fd made /dev/full's (ENOSPC after the write under way). The burst ends with
+    the failure; every byte the passes took is either in a chunk written whole before it or counted lost (the
+    chunk that failed and those handed after it), each ring's records written a prefix of its own; the rings are
+    passed over from then on, so that their producers finish."""
+    import os
+    from egpu_preload.errors import EgpuError
+    rings = [HostRing(4096, 2, wait=True) for _ in range(2)]
+    streams = [_numbered(r, 8000) for r in range(2)]
+    readers = [RingReader(ring, 0, ring.lay) for ring in rings]
+    spool, out = _piped()
+    spooled, go = bytearray(), threading.Event()
+    go.set()
+
+    def whenever_let() -> None:
+        while go.wait() and (chunk := os.read(out, 1 << 16)):
+            spooled.extend(chunk)
+
+    reading = threading.Thread(target=whenever_let)
+    reading.start()
+    drain = RingDrain(readers, lambda i, taken: None, idle_s=0.0001, spool=spool).start()
+    try:
+        for ring, (_, starts, data) in zip(rings, streams):
+            _producing(ring, starts[:4001], data[:starts[4000]]).join()
+        deadline = time.monotonic() + 10
+        while (not all(r.empty() for r in readers) or len(spooled) < spool.c.end) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        go.clear()
+        second = [_producing(ring, starts[4000:], data)   # the ring's positions go on from the first half's
+                  for ring, (_, starts, data) in zip(rings, streams)]
+        consumed = None
+        while consumed != (consumed := [ring._u64(16) for ring in rings]):   # until the passes wait
+            time.sleep(0.1)
+        full = os.open("/dev/full", os.O_WRONLY)
+        os.dup2(full, spool.c.fd)
+        os.close(full)
+        go.set()
+        for t in second:
+            t.join()
+        with pytest.raises(EgpuError, match=r"No space left on device \(([\d,]+) bytes of records taken and lost\)"
+                           ) as failed:
+            drain.stop()
+    finally:
+        go.set()
+        os.close(spool.c.fd)
+        reading.join()
+        os.close(out)
+    assert len(spooled) == spool.c.end
+    lost = int(re.search(r"\(([\d,]+) bytes", str(failed.value)).group(1).replace(",", ""))
+    written = _chunks(bytes(spooled))
+    taken = sum(r.consumed - r.skipped for r in readers)
+    assert lost > 0 and lost == taken - sum(len(body) for _, body in written)
+    for got, (records, _, _) in zip(_records_of(written, 2), streams):
+        assert 4000 <= len(got) < 8000 and got == records[:len(got)]
+
 @pytest.mark.parametrize("full", [False, True])
 def test_a_spool_that_cannot_be_read_back_is_reported_and_the_writers_queue_still_emptied(access_trace, tmp_path,
                                                                                            full, capsys):

@@ -1,6 +1,7 @@
 """The spool between the --trace reader and its writer: an unlinked file beside the trace file, which the
-reader's passes append to in C (shim/drain.c egpu_ring_burst: each pass's records as the ring held them, a chunk
-a pass) and the writer's thread reads back at its own pace (``taken``).
+reader's bursts append to in C (shim/drain.c egpu_ring_burst, on a thread of the burst's own while its passes go
+on: each pass's records as the ring held them, a chunk a pass) and the writer's thread reads back at its own pace
+(``taken``).
 
 Why a file and not a queue: the reader must never wait, or producers made to wait (``--on-full wait``) stall the
 job's kernels, while the writer (Python and pyarrow) runs only when it has the GIL, which a job's busy threads hold

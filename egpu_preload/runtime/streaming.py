@@ -275,14 +275,17 @@ class Streaming:
     def pace(self) -> dict[str, Any]:
         """Where the drain's time went (ring_drain.PHASES, DRAIN_PHASES; seconds; of the header and copy
         phases, the part inside the driver's calls as ``header_driver_s``, ``copy_driver_s``), its passes and
-        the bytes they copied, and the writer's time: what says whether the reader, the writer or the link
-        sets the pace of a trace."""
+        the bytes they copied, the spool's writes (``spool_write_s``, where the reader spools: a thread of its
+        own makes them) and the writer's time: what says whether the reader, the writer or the link sets the
+        pace of a trace."""
         drain = self.drain.phases if self.drain is not None else dict.fromkeys(DRAIN_PHASES, 0.0)
         phases = {p: sum(r.phases[p] for r in self.readers) for p in PHASES} | drain
         in_driver = {f"{p}_driver": sum(r.in_driver[p] for r in self.readers) for p in READ_PHASES}
+        spooled = {"spool_write_s": round(self.drain.spool_write_s, 3)} if self.spool is not None else {}
         return {"passes": self.drain.passes if self.drain is not None else 0,
                 "copied_bytes": sum(r.copied for r in self.readers),
-                **{f"{p}_s": round(v, 3) for p, v in (phases | in_driver).items()}, "write_s": round(self.write_s, 3)}
+                **{f"{p}_s": round(v, 3) for p, v in (phases | in_driver).items()}, **spooled,
+                "write_s": round(self.write_s, 3)}
 
 
 def _forked() -> None:
@@ -357,7 +360,9 @@ def in_driver(d: dict[str, Any], phase: str) -> str:
 
 
 def pace_line(d: dict[str, Any]) -> str:
-    """The drain's pace as egpu-run prints it under its trace line."""
+    """The drain's pace as egpu-run prints it under its trace line: the reader's phases (into a spool, its hand
+    off the wait for the spool's writes), the spool's writes on their own thread, the writer's time."""
     spent = ", ".join(f"{p.replace('_', ' ')} {d[f'{p}_s']:.2f} s" + in_driver(d, p) for p in (*PHASES, *DRAIN_PHASES))
+    spooled = f"; spool writes {d['spool_write_s']:.2f} s" if "spool_write_s" in d else ""
     return (f"egpu-run:   drained in {d['passes']:,} passes, {d['copied_bytes'] / 1e6:,.1f} MB copied; "
-            f"reader: {spent}; writer {d['write_s']:.2f} s")
+            f"reader: {spent}{spooled}; writer {d['write_s']:.2f} s")
