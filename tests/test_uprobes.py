@@ -118,7 +118,8 @@ def lossy_burst(stub_job, uprobe_app, tmp_path, *args: str, **env: str) -> tuple
     """4 threads call upt_inc 20,000 times each under egpu-run ``args``; at each call a uprobe in C makes a bpf_printk
     line, a ring buffer record and a perf buffer record, faster than the drain thread takes them out of C's buffer.
     (result, its dump, the lines egpu-run says were dropped, records dropped by map, as it says). Every call is
-    accounted for among the lines: those the dump has plus those dropped."""
+    accounted for among the lines: those the dump has (under --trace, the trace file's trace_printk rows) plus
+    those dropped."""
     app, _ = uprobe_app
     clang = find_clang()
     obj = tmp_path / "lossy.bpf.o"
@@ -133,7 +134,13 @@ def lossy_burst(stub_job, uprobe_app, tmp_path, *args: str, **env: str) -> tuple
                                                 r"dropped \(the C buffer was full; counted in its dropped\)$",
                                                 r.stderr, re.M)}
     dropped = int(lines[1]) if lines else 0
-    assert len(doc["probes"][0]["trace"]) + dropped == BURST_CALLS, r.stderr
+    kept = len(doc["probes"][0]["trace"])
+    if "--trace" in args:
+        from egpu_preload.output import tracefile
+        rows = tracefile.read(Path(args[args.index("--trace") + 1])).rows.column("map").to_pylist()
+        assert not kept, "the lines went to the exit dump, not the trace file"
+        kept = rows.count(tracefile.TRACE_PRINTK)
+    assert kept + dropped == BURST_CALLS, r.stderr
     return r, doc, dropped, lost
 
 
@@ -152,7 +159,7 @@ def test_records_lost_to_a_full_c_buffer_count_as_what_they_were(stub_job, uprob
 @pytest.mark.parametrize("stall_ms", [None, "1"])
 def test_under_on_full_wait_the_burst_waits_for_the_drain_thread(stub_job, uprobe_app, tmp_path, stall_ms):
     """The burst under --trace, whose --on-full wait makes each hook that finds C's buffer full wait for the
-    drain thread to take: every line and record arrives (the records in the trace file), none dropped. With the
+    drain thread to take: every line and record arrives (in the trace file), none dropped. With the
     stall time cut to 1 ms (EGPU_WAIT_STALL_MS), under the drain thread's 2 ms sleep between passes, hooks give
     up again: what they lose is dropped and counted as under drop, and the job goes on."""
     from egpu_preload.output import tracefile
@@ -165,7 +172,7 @@ def test_under_on_full_wait_the_burst_waits_for_the_drain_thread(stub_job, uprob
         assert len([x for x in rows if x["map"] == name]) + trace.dropped[name] == BURST_CALLS, (name, r.stderr)
     if stall_ms is None:
         assert (dropped, lost, trace.dropped["calls"], trace.dropped["also"]) == (0, {}, 0, 0), r.stderr
-        assert f"egpu-run: {2 * BURST_CALLS:,} records in {out}, none dropped" in r.stderr.splitlines(), r.stderr
+        assert f"egpu-run: {3 * BURST_CALLS:,} records in {out}, none dropped" in r.stderr.splitlines(), r.stderr
     else:
         assert dropped and set(lost) == {"calls", "also"}, r.stderr
 
