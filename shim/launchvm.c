@@ -903,10 +903,11 @@ static size_t trace_head, trace_count;
 static _Atomic unsigned long long trace_stall_ns; /* 0: a full queue drops (egpu_lvm_trace_wait) */
 static _Atomic unsigned long long trace_taken_ns; /* when the take last ran (egpu_now_ns) */
 static __thread int tls_trace_taker __attribute__((tls_model("initial-exec"))); /* the thread that takes */
-static atomic_int taker_blocked; /* the taking thread waits for cpu_lock, which a waiting run may hold */
+/* the take waits for cpu_lock, which a waiting run may hold: its thread does, or one that holds the GIL */
+static atomic_int taker_blocked;
 
 /* Whether a run whose record found the queue full waits for room. Never on the thread that takes (it would wait
- * for itself), nor while the take's thread waits for cpu_lock (the waiting run may hold it) or a change of
+ * for itself), nor while the take waits for cpu_lock (the waiting run may hold it: taker_blocked) or a change of
  * programs waits for runs to end (egpu_lvm_synchronize), nor in a thread that holds the GIL, which the runtime's
  * take needs (letting it go in the middle of whatever function a uprobe is on is not ours to do). */
 static int trace_waits(void) {
@@ -1459,10 +1460,13 @@ static int run_program(struct run *x, const struct egpu_lvm_prog *p, unsigned ch
     memset(x->reserved, 0, sizeof x->reserved);
     x->r[1] = ctx ? R_CTX << REGION_SHIFT : 0, x->r[2] = r2;
     *fault_pc = 0;
-    if (p->percpu) {
-        if (tls_trace_taker) atomic_fetch_add(&taker_blocked, 1);
+    if (p->percpu && pthread_mutex_trylock(&cpu_lock)) {
+        /* the take waits for this thread too where it holds the GIL: a run waiting for room with cpu_lock must
+         * give up, or the take, and the job's Python with it, stands still for the stall */
+        int blocks = tls_trace_taker || (atomic_load(&trace_stall_ns) && egpu_gil_held());
+        if (blocks) atomic_fetch_add(&taker_blocked, 1);
         pthread_mutex_lock(&cpu_lock);
-        if (tls_trace_taker) atomic_fetch_sub(&taker_blocked, 1);
+        if (blocks) atomic_fetch_sub(&taker_blocked, 1);
     }
     execute(x, fault_pc);
     settle(x);

@@ -588,12 +588,14 @@ def test_a_key_a_run_logged_at_its_lookup_is_taken_again_after_the_run_wrote_it(
 TRACE_RECORDS = 16384   # launchvm.c's trace buffer
 
 
-def _printk_loop(ffi, lib, n: int):
-    """A program that makes n bpf_printk lines, "call" with n, n - 1, .., 1 as the first argument."""
+def _printk_loop(ffi, lib, n: int, maps=None):
+    """A program that makes n bpf_printk lines, "call" with n, n - 1, .., 1 as the first argument; given ``maps``
+    (a cdata array of maps it may use: a per-CPU one makes its runs hold cpu_lock), with them."""
     code = assemble("\n".join([f"r6 = {n}", f"*(u32 *)(r10 - 8) = {int.from_bytes(b'call', 'little')}",
                                "loop: r1 = r10", "r1 += -8", "r2 = 4", "r3 = r6", "call trace_printk", "r6 += -1",
                                "if r6 != 0 goto loop", "r0 = 0", "exit"]))
-    return ffi.gc(lib.egpu_lvm_prog_new(code, len(code) // 8, ffi.NULL, 0), lib.egpu_lvm_prog_free)
+    return ffi.gc(lib.egpu_lvm_prog_new(code, len(code) // 8, maps if maps is not None else ffi.NULL,
+                                        len(maps) if maps is not None else 0), lib.egpu_lvm_prog_free)
 
 
 def _take_all(ffi, lib) -> list[int]:
@@ -604,8 +606,9 @@ def _take_all(ffi, lib) -> list[int]:
     return got
 
 
-def _lost(ffi, lib, p) -> int:
-    lost = ffi.new("unsigned long long[1]")
+def _lost(ffi, lib, p, nmaps: int = 0) -> int:
+    """The bpf_printk lines p's runs lost (egpu_lvm_prog_lost writes nmaps + 1 counts)."""
+    lost = ffi.new("unsigned long long[]", nmaps + 1)
     lib.egpu_lvm_prog_lost(p, lost)
     return lost[0]
 
@@ -716,3 +719,40 @@ def test_runs_never_wait_where_the_take_cannot_come(shim_api, built, where):
     assert took < 2, took
     assert _lost(ffi, lib, p) == n - TRACE_RECORDS
     assert len(_take_all(ffi, lib)) == TRACE_RECORDS
+
+
+def test_a_run_waiting_with_cpu_lock_gives_up_for_a_thread_holding_the_gil_that_needs_it(shim_api, built):
+    """Runs of a program with a per-CPU map hold cpu_lock, waiting for room too. A thread that holds the GIL and
+    needs cpu_lock (a host-API program on a PyTorch launch) then stops the take, which needs the GIL: the waiting
+    run must give up at once (its lines dropped, counted), as for the taking thread's own wait for cpu_lock, not
+    after the 10 s stall while every Python thread of the job stands still."""
+    from egpu_preload.bpf import program as prog
+    ffi, lib = shim_api
+    percpu = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_PERCPU_ARRAY, 4, 8, 1, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    maps = ffi.new("struct egpu_lvm_map *[]", [percpu])
+    n, p, q = 60000, _printk_loop(ffi, lib, 60000, maps), _printk_loop(ffi, lib, 1, maps)
+    _take_all(ffi, lib)
+    ready, done = threading.Event(), threading.Event()
+    out = ffi.new("struct egpu_lvm_trace[]", 1024)
+
+    def take() -> None:   # slow: 1,024 lines every 50 ms, each time with the GIL
+        lib.egpu_lvm_trace_wait(10**10)
+        ready.set()
+        try:
+            while lib.egpu_lvm_trace_take(out, 1024) or not done.is_set():
+                time.sleep(0.05)
+        finally:
+            lib.egpu_lvm_trace_wait(0)
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    ready.wait()
+    waiting = threading.Thread(target=_timed_exec, args=(ffi, lib, p))
+    waiting.start()
+    time.sleep(0.3)   # its first 16 Ki lines queued, the rest waiting for room, cpu_lock held
+    took = _exec_holding_the_gil(ffi, built / "libegpu_shim.so", q)
+    waiting.join()
+    done.set()
+    taker.join()
+    assert took < 2, took
+    assert _lost(ffi, lib, p, 1) > 0
