@@ -903,7 +903,7 @@ static size_t trace_head, trace_count;
 static _Atomic unsigned long long trace_stall_ns; /* 0: a full queue drops (egpu_lvm_trace_wait) */
 static _Atomic unsigned long long trace_taken_ns; /* when the take last ran (egpu_now_ns) */
 static __thread int tls_trace_taker __attribute__((tls_model("initial-exec"))); /* the thread that takes */
-/* the take waits for cpu_lock, which a waiting run may hold: its thread does, or one that holds the GIL */
+/* the take waits for cpu_lock, which a waiting run may hold: its thread does, one that holds the GIL, or a fork */
 static atomic_int taker_blocked;
 
 /* Whether a run whose record found the queue full waits for room. Never on the thread that takes (it would wait
@@ -1740,6 +1740,8 @@ static void fork_locks(int take) {
 void egpu_lvm_fork(enum egpu_fork_phase phase) {
     if (phase == EGPU_FORK_PREPARE) {
         hold();
+        /* a run waiting for room may hold cpu_lock, and the take waits for route_lock (or the GIL) held here */
+        atomic_fetch_add(&taker_blocked, 1);
         fork_locks(1);
         for (struct egpu_lvm_map *m = all_maps; m; m = m->older) spin_lock(&m->lock);
         spin_lock(&trace_lock);
@@ -1760,6 +1762,7 @@ void egpu_lvm_fork(enum egpu_fork_phase phase) {
         atomic_store(&taker_blocked, 0), atomic_store(&synchronizing, 0);
     } else {
         fork_locks(0);
+        atomic_fetch_sub(&taker_blocked, 1);
     }
     unhold();
 }

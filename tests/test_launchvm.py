@@ -9,6 +9,8 @@ import ctypes
 import os
 import random
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -756,3 +758,57 @@ def test_a_run_waiting_with_cpu_lock_gives_up_for_a_thread_holding_the_gil_that_
     taker.join()
     assert took < 2, took
     assert _lost(ffi, lib, p, 1) > 0
+
+
+FORK_WHILE_A_RUN_WAITS = """
+import os, sys, threading, time
+sys.path.insert(0, "tests")
+from conftest import shim_api_of
+from egpu_preload.bpf import program as prog
+from test_launchvm import _printk_loop, _timed_exec
+
+ffi, lib = shim_api_of(sys.argv[1])
+lib.egpu_uprobe_attach(b"/none", b"none", ffi.NULL, ffi.NULL, 0)   # the shim's fork handlers registered
+percpu = lib.egpu_lvm_map_new(prog.MAP_PERCPU_ARRAY, 4, 8, 1, 0, ffi.NULL, 0)
+p = _printk_loop(ffi, lib, 60000, ffi.new("struct egpu_lvm_map *[]", [percpu]))
+ready, done = threading.Event(), threading.Event()
+out = ffi.new("struct egpu_lvm_trace[]", 1024)
+
+def take():   # slow: 1,024 lines every 50 ms, each time after egpu_lvm_drain's route_lock, as the drain thread's
+    lib.egpu_lvm_trace_wait(10**10)
+    router, rec = lib.egpu_lvm_router_new(), ffi.new("struct egpu_launch_record[1]")
+    ready.set()
+    while True:
+        lib.egpu_lvm_drain(router, rec, 1, 0, ffi.NULL)
+        if not lib.egpu_lvm_trace_take(out, 1024) and done.is_set():
+            break
+        time.sleep(0.05)
+    lib.egpu_lvm_trace_wait(0)
+
+taker = threading.Thread(target=take)
+taker.start()
+ready.wait()
+waiting = threading.Thread(target=_timed_exec, args=(ffi, lib, p))
+waiting.start()
+time.sleep(0.3)   # its first 16 Ki lines queued, the rest waiting for room, cpu_lock held
+start = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+took = time.monotonic() - start
+os.waitpid(pid, 0)
+waiting.join()
+done.set()
+taker.join()
+print(took)
+"""
+
+
+def test_a_fork_ends_the_wait_of_a_run_holding_cpu_lock(built):
+    """A fork's handlers take the VM's locks, route_lock (which the drain thread's pass needs before it takes) and
+    cpu_lock (which a per-CPU array's run holds while it waits for room) among them: a run waiting with cpu_lock
+    must give up for the fork, or the fork waits out the 10 s stall."""
+    r = subprocess.run([sys.executable, "-c", FORK_WHILE_A_RUN_WAITS, str(built / "libegpu_shim.so")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert float(r.stdout) < 2, r.stdout
