@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -723,28 +724,33 @@ def test_runs_never_wait_where_the_take_cannot_come(shim_api, built, where):
     assert len(_take_all(ffi, lib)) == TRACE_RECORDS
 
 
-def test_a_run_waiting_with_cpu_lock_gives_up_for_a_thread_holding_the_gil_that_needs_it(shim_api, built):
-    """Runs of a program with a per-CPU map hold cpu_lock, waiting for room too. A thread that holds the GIL and
-    needs cpu_lock (a host-API program on a PyTorch launch) then stops the take, which needs the GIL: the waiting
-    run must give up at once (its lines dropped, counted), as for the taking thread's own wait for cpu_lock, not
-    after the 10 s stall while every Python thread of the job stands still."""
+@contextlib.contextmanager
+def waiting_with_cpu_lock(ffi, lib) -> Iterator[tuple[Any, Any]]:
+    """A run of a program with a per-CPU array (its runs hold cpu_lock) waiting for room for the most of its 60,000
+    bpf_printk lines, under a slow take (1,024 lines every 50 ms, each after egpu_lvm_drain's route_lock and with the
+    GIL, as the drain thread's); yields its program and one of a line with the same array, the take and the run
+    ended after the block."""
     from egpu_preload.bpf import program as prog
-    ffi, lib = shim_api
     percpu = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_PERCPU_ARRAY, 4, 8, 1, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
     maps = ffi.new("struct egpu_lvm_map *[]", [percpu])
-    n, p, q = 60000, _printk_loop(ffi, lib, 60000, maps), _printk_loop(ffi, lib, 1, maps)
+    p = _printk_loop(ffi, lib, 60000, maps)
     _take_all(ffi, lib)
     ready, done = threading.Event(), threading.Event()
-    out = ffi.new("struct egpu_lvm_trace[]", 1024)
 
-    def take() -> None:   # slow: 1,024 lines every 50 ms, each time with the GIL
+    def take() -> None:
         lib.egpu_lvm_trace_wait(10**10)
+        router, rec = lib.egpu_lvm_router_new(), ffi.new("struct egpu_launch_record[1]")
+        out = ffi.new("struct egpu_lvm_trace[]", 1024)
         ready.set()
         try:
-            while lib.egpu_lvm_trace_take(out, 1024) or not done.is_set():
+            while True:
+                lib.egpu_lvm_drain(router, rec, 1, 0, ffi.NULL)
+                if not lib.egpu_lvm_trace_take(out, 1024) and done.is_set():
+                    break
                 time.sleep(0.05)
         finally:
             lib.egpu_lvm_trace_wait(0)
+            lib.egpu_lvm_router_free(router)
 
     taker = threading.Thread(target=take)
     taker.start()
@@ -752,54 +758,40 @@ def test_a_run_waiting_with_cpu_lock_gives_up_for_a_thread_holding_the_gil_that_
     waiting = threading.Thread(target=_timed_exec, args=(ffi, lib, p))
     waiting.start()
     time.sleep(0.3)   # its first 16 Ki lines queued, the rest waiting for room, cpu_lock held
-    took = _exec_holding_the_gil(ffi, built / "libegpu_shim.so", q)
-    waiting.join()
-    done.set()
-    taker.join()
+    try:
+        yield p, _printk_loop(ffi, lib, 1, maps)
+    finally:
+        waiting.join()
+        done.set()
+        taker.join()
+
+
+def test_a_run_waiting_with_cpu_lock_gives_up_for_a_thread_holding_the_gil_that_needs_it(shim_api, built):
+    """Runs of a program with a per-CPU map hold cpu_lock, waiting for room too. A thread that holds the GIL and
+    needs cpu_lock (a host-API program on a PyTorch launch) then stops the take, which needs the GIL: the waiting
+    run must give up at once (its lines dropped, counted), as for the taking thread's own wait for cpu_lock, not
+    after the 10 s stall while every Python thread of the job stands still."""
+    ffi, lib = shim_api
+    with waiting_with_cpu_lock(ffi, lib) as (p, q):
+        took = _exec_holding_the_gil(ffi, built / "libegpu_shim.so", q)
     assert took < 2, took
     assert _lost(ffi, lib, p, 1) > 0
 
 
 FORK_WHILE_A_RUN_WAITS = """
-import os, sys, threading, time
+import os, sys, time
 sys.path.insert(0, "tests")
 from conftest import shim_api_of
-from egpu_preload.bpf import program as prog
-from test_launchvm import _printk_loop, _timed_exec
+from test_launchvm import waiting_with_cpu_lock
 
 ffi, lib = shim_api_of(sys.argv[1])
 lib.egpu_uprobe_attach(b"/none", b"none", ffi.NULL, ffi.NULL, 0)   # the shim's fork handlers registered
-percpu = lib.egpu_lvm_map_new(prog.MAP_PERCPU_ARRAY, 4, 8, 1, 0, ffi.NULL, 0)
-p = _printk_loop(ffi, lib, 60000, ffi.new("struct egpu_lvm_map *[]", [percpu]))
-ready, done = threading.Event(), threading.Event()
-out = ffi.new("struct egpu_lvm_trace[]", 1024)
-
-def take():   # slow: 1,024 lines every 50 ms, each time after egpu_lvm_drain's route_lock, as the drain thread's
-    lib.egpu_lvm_trace_wait(10**10)
-    router, rec = lib.egpu_lvm_router_new(), ffi.new("struct egpu_launch_record[1]")
-    ready.set()
-    while True:
-        lib.egpu_lvm_drain(router, rec, 1, 0, ffi.NULL)
-        if not lib.egpu_lvm_trace_take(out, 1024) and done.is_set():
-            break
-        time.sleep(0.05)
-    lib.egpu_lvm_trace_wait(0)
-
-taker = threading.Thread(target=take)
-taker.start()
-ready.wait()
-waiting = threading.Thread(target=_timed_exec, args=(ffi, lib, p))
-waiting.start()
-time.sleep(0.3)   # its first 16 Ki lines queued, the rest waiting for room, cpu_lock held
-start = time.monotonic()
-pid = os.fork()
-if pid == 0:
-    os._exit(0)
-took = time.monotonic() - start
-os.waitpid(pid, 0)
-waiting.join()
-done.set()
-taker.join()
+with waiting_with_cpu_lock(ffi, lib):
+    start = time.monotonic()
+    if (pid := os.fork()) == 0:
+        os._exit(0)
+    took = time.monotonic() - start
+    os.waitpid(pid, 0)
 print(took)
 """
 
