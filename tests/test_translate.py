@@ -346,6 +346,8 @@ def test_the_trace_rings_dropped_count_reaches_the_state_and_its_dump():
     assert state.trace_dropped == 9
     back = dump.restore_state(MapsState([]), dump.state_contents(state))
     assert back.trace_dropped == 9 and len(back.trace) == 1
+    older = {k: v for k, v in dump.state_contents(state).items() if k != "trace_dropped"}   # a dump made before it
+    assert dump.restore_state(MapsState([]), older).trace_dropped == 0
 
 
 def test_an_empty_ring_has_a_line_per_sm_and_its_drops_are_summed():

@@ -91,7 +91,7 @@ def restore_state(state: MapsState, d: dict[str, Any]) -> MapsState:
     for s, contents in zip(state.storages, d["maps"]):
         restore_storage(s, contents)
     state.trace[:] = [TraceRecord(bytes(fmt), (a1, a2, a3), cpu) for fmt, a1, a2, a3, cpu in d["trace"]]
-    state.trace_dropped = d["trace_dropped"]
+    state.trace_dropped = d.get("trace_dropped", 0)   # absent from dumps and mirror copies made before b0263d6
     return state
 
 
