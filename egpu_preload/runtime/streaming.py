@@ -95,6 +95,7 @@ def _layout(btf: btfmod.Btf | None) -> tracefile.RecordLayout | None:
 QUEUED = 32   # batches taken and not yet written; the reader waits for the writer beyond (a bound on memory)
 SPOOL_POLL_S = 0.01   # how often the writer looks for what the reader spooled, when it has nothing else to do
 _UNFINISHED: weakref.WeakSet[Streaming] = weakref.WeakSet()   # this process's, let go of in a forked child
+_FORKED_WRITERS: list[tracefile.TraceWriter] = []   # in a forked child, the parent's writers it let go of
 
 
 class Streaming:
@@ -156,6 +157,8 @@ class Streaming:
             self.spool.close()
         if self.writer is not None:
             self.writer.let_go()
+            _FORKED_WRITERS.append(self.writer)   # never freed here: the parent's writer thread may have been inside
+            # pyarrow at the fork, and freeing it closes it (a lock the child's copy holds for good)
         self.spool, self.drain, self.readers, self.writer = None, None, [], None
 
     def host(self, probe: Probe, map_index: int, records: list[Any], dropped: int) -> None:
