@@ -1,11 +1,12 @@
 """What instrumenting adds to a module's assembly as its kernels multiply, no GPU:
-``python3 bench/bench_ptxas_scale.py OUT.json [N ...]`` (default 100 2000).
+``python3 bench/ptxas_scale.py OUT.json [N ...]`` (default 100 2000).
 
-A module of N small kernels (each a[i] = b[i] + 1, nvcc -ptx for sm_90) instrumented with
-tests/probes/memtrace.bpf.c (an LRU hash map: the largest helper bodies of the test probes), then the original
+A module of N small kernels (kernel i: a[j] = b[j] + i; nvcc -ptx for sm_90) instrumented with
+tests/probes/memtrace.bpf.c (an LRU hash map), then the original
 and the instrumented PTX assembled by ptxas for sm_90, as the driver's JIT would: ptxas compiles each probe again
 for every kernel that calls it, so the instrumented module's time grows with its kernels. The best of REPS runs
-of each; the README's load-time sentence quotes this file (docs/bench/ptxas_scale_ci.json, the CI machine)."""
+of each; the README's load-time sentence quotes its run on the CI machine (docs/bench/ptxas_scale_ci.json).
+Not a bench_*.py: it needs no GPU, so `make gpu-test` leaves it out."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 PROBE = ROOT / "tests" / "probes" / "memtrace.bpf.c"
 REPS = 2
+WHAT = (f"ptxas -arch=sm_90 on a module of N small kernels, as nvcc made it and instrumented with {PROBE.name}: "
+        f"the best of {REPS} runs each, in seconds")
 
 
 def kernels_source(n: int) -> str:
@@ -66,7 +69,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         probe = load_probe(compile_probe(PROBE, Path(tmp) / "memtrace.bpf.o"))
         rows = [measure(n, Path(tmp), probe) for n in sizes]
-    doc = {"what": __doc__.splitlines()[0], "probe": "tests/probes/memtrace.bpf.c", "ptxas": version,
+    doc = {"what": WHAT, "probe": "tests/probes/memtrace.bpf.c", "ptxas": version,
            "cpus": os.cpu_count(), "python": platform.python_version(), "commit": commit,
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "modules": rows}
     Path(sys.argv[1]).write_text(json.dumps(doc, indent=1) + "\n")
