@@ -4,7 +4,8 @@
 A module of N small kernels (kernel i: a[j] = b[j] + i; nvcc -ptx for sm_90) instrumented with
 tests/probes/memtrace.bpf.c (an LRU hash map), then the original and the instrumented PTX assembled by ptxas for
 sm_90, as the driver's JIT would: ptxas compiles each probe again for every kernel that calls it, so the
-instrumented module's time grows with its kernels. The best of REPS runs of each; the README's load-time sentence quotes its run on the CI machine (docs/bench/ptxas_scale_ci.json).
+instrumented module's time grows with its kernels. The best of REPS runs of each; the README's load-time sentence
+quotes its run on the CI machine (docs/bench/ptxas_scale_ci.json).
 Not a bench_*.py: it needs no GPU, so `make gpu-test` leaves it out."""
 
 from __future__ import annotations
