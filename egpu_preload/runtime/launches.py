@@ -90,7 +90,6 @@ from egpu_preload.vm import ThreadSim, Vm
 PERIOD_S = 0.002
 BATCH = 4096
 TRACE_BATCH = 1024
-PRINTK_HEAD = struct.Struct("<QQQ")   # a trace_printk record's: its 3 arguments, its format after (devmaps.apply_trace)
 
 
 @dataclass(frozen=True)
@@ -559,7 +558,7 @@ class Drainer:
                 self._spill(side, i)
         for side in self.probes.sides:
             if side and (side.state.trace or side.lines_lost):
-                lines = [(0, PRINTK_HEAD.pack(*t.args) + t.fmt) for t in side.state.trace]
+                lines = [(0, devmaps.PRINTK_ARGS.pack(*t.args) + t.fmt) for t in side.state.trace]
                 side.state.trace.clear()
                 self.sink(side.probe, len(side.state.maps), lines, side.lines_lost)
 

@@ -85,6 +85,7 @@ SPREAD, SPREAD_BYTES = 8, 8192   # a striped ARRAY's rows per SM, and the most b
 EMPTY, BUSY, FULL, DELETED = 0, 1, 2, 3
 REC_BUSY, REC_READY, REC_DISCARD = 1, 2, 4
 TRACE_BYTES = 1 << 20
+PRINTK_ARGS = struct.Struct("<QQQ")   # a trace_printk record's start: a1, a2, a3; the format after
 PID_TGID = 40       # in the trace ring's header, past RING_NCPU
 COMM = 48           # in the trace ring's header, TASK_COMM_LEN bytes to its end
 LRU_WINDOW = 8
@@ -332,8 +333,7 @@ def apply_trace(state: MapsState, img: bytes) -> None:
     records, dropped, _ = read_ring(img, trace_layout())
     state.trace_dropped = max(state.trace_dropped, dropped)
     for cpu, data in records:
-        a1, a2, a3 = struct.unpack_from("<QQQ", data, 0)
-        state.trace.append(TraceRecord(data[24:], (a1, a2, a3), cpu))
+        state.trace.append(TraceRecord(data[PRINTK_ARGS.size:], PRINTK_ARGS.unpack_from(data), cpu))
 
 
 def host_available() -> int | None:
