@@ -231,6 +231,10 @@ class RingReader:
         self.copied += copied
         self.skipped += p.skipped
         self.dropped = p.dropped + p.line_drops
+        self._raise_for(lib, p, r)
+
+    def _raise_for(self, lib: Any, p: Any, r: int) -> None:
+        """Raises for a pass's failure ``r`` (0: none)."""
         if r == lib.EGPU_PASS_PAST_HEAD:
             raise EgpuError(f"the ring at {self.addr:#x} holds a record that runs past its head (its header "
                             f"written over by the job?)")
@@ -501,7 +505,7 @@ class RingDrain:
         if r == lib.EGPU_PASS_SPOOL:
             raise EgpuError(f"cannot write the trace's spool beside the trace file: "
                             f"{os.strerror(self.spool.c.error)} ({lost[0]:,} bytes of records taken and lost)")
-        reader._settle(lib, p, r, 0)   # raises for the pass's failure
+        reader._raise_for(lib, p, r)
         return taken
 
     def _release(self) -> None:
