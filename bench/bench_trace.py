@@ -31,8 +31,9 @@ SIZES = (1 << 20, 1 << 22, 1 << 24)
 DELIVERED = re.compile(r"^egpu-run: ([\d,]+) records? in \S+?(, none dropped)?(?:[,;].*)?$", re.M)
 
 
-PACE = re.compile(r"drained in ([\d,]+) passes, ([\d,.]+) MB copied; reader: (.*?)(?:; spool writes ([\d.]+) s)?; "
-                  r"writer ([\d.]+) s$", re.M)
+PACE = re.compile(r"drained in ([\d,]+) passes, ([\d,.]+) MB copied(?: \(([\d,.]+) MB of records taken, ([\d,.]+) MB "
+                  r"past a record not yet complete\))?; reader: (.*?)(?:; spool writes ([\d.]+) s)?; writer ([\d.]+) s$",
+                  re.M)
 PHASE = re.compile(r"([a-z][a-z ]*) ([\d.]+) s(?: \(([\d.]+) s in the driver\))?$")
 
 
@@ -42,16 +43,17 @@ def pace(stderr: str) -> dict | None:
     if m is None:
         return None
     spent = {}
-    for part in m.group(3).split(", "):   # "header 2.31 s (0.02 s in the driver)", "scan 4.30 s"
+    for part in m.group(5).split(", "):   # "header 2.31 s (0.02 s in the driver)", "scan 4.30 s"
         phase = PHASE.match(part)
         if phase:
             name = phase.group(1).replace(" ", "_")
             spent[f"{name}_s"] = float(phase.group(2))
             if phase.group(3) is not None:
                 spent[f"{name}_driver_s"] = float(phase.group(3))
-    spooled = {"spool_write_s": float(m.group(4))} if m.group(4) is not None else {}
-    return {"passes": int(m.group(1).replace(",", "")), "copied_mb": float(m.group(2).replace(",", "")),
-            **spent, **spooled, "write_s": float(m.group(5))}
+    spooled = {"spool_write_s": float(m.group(6))} if m.group(6) is not None else {}
+    mb = {f"{what}_mb": float(m.group(g).replace(",", "")) for what, g in (("copied", 2), ("taken", 3), ("unwalked", 4))
+          if m.group(g) is not None}   # taken, unwalked: since they were printed
+    return {"passes": int(m.group(1).replace(",", "")), **mb, **spent, **spooled, "write_s": float(m.group(7))}
 
 
 def delivered(stderr: str) -> tuple[int | None, bool]:

@@ -227,6 +227,7 @@ static int take(struct egpu_ring_pass *p, uint64_t ncpu)
      * capacity bytes, for a length up to 4 GiB) and move consumed past head. Nothing is written. */
     if (k > n)
         return EGPU_PASS_PAST_HEAD;
+    p->unwalked = p->copied - k;   /* k <= n <= copied */
     p->size = n;
     p->seen = p->consumed + k;
     if (took_a < 0)
@@ -264,7 +265,7 @@ static int skip(struct egpu_ring_pass *p, uint64_t ncpu)
 EXPORT int egpu_ring_pass(struct egpu_ring_pass *p)
 {
     uint64_t ncpu = 0, t = now_ns();
-    p->n[0] = p->n[1] = p->nruns[0] = p->nruns[1] = p->size = p->copied = p->skipped = 0;
+    p->n[0] = p->n[1] = p->nruns[0] = p->nruns[1] = p->size = p->copied = p->unwalked = p->skipped = 0;
     memset(p->ns, 0, sizeof p->ns);
     int r = read_header(p, &ncpu);
     p->ns[0] = now_ns() - t;
@@ -478,6 +479,7 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
             for (int k = 0; k < 4; k++)
                 p->total_ns[k] += p->ns[k];
             p->total_copied += p->copied;
+            p->total_unwalked += p->unwalked;
             if (r) {
                 *which = i;
             } else if (p->consumed != before) {   /* stage[0, that): what the pass took, in ring order */

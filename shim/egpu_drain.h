@@ -62,6 +62,9 @@ struct egpu_ring_pass {
     unsigned long long dropped;          /* the header's dropped count */
     unsigned long long line_drops;       /* the lines' drop counts, summed, at the last pass that read them */
     unsigned long long copied;           /* bytes copied out of the ring's data */
+    unsigned long long unwalked;         /* of those, bytes no walk went over (past the first record not complete,
+                                          * or the slack a copy from the data area's start replaced): a later
+                                          * pass copies them again */
     unsigned long long skipped;          /* bytes passed over unread (EGPU_PASS_SKIP) */
     unsigned long long size;             /* stage[0, size): the records taken, in ring order */
     unsigned long long n[2], nruns[2];   /* the two segments' records (starts from 0, then from n[0]) and runs
@@ -69,8 +72,9 @@ struct egpu_ring_pass {
     unsigned long long ns[4];            /* nanoseconds: header, copy, scan, clear (the first two: the driver's
                                           * calls that read the header and copy the records, and little else) */
     int failed;                          /* the call that failed: 0 copy_out, 1 copy_in, 2 wait */
-    /* summed over a burst's passes (egpu_ring_burst; its caller zeroes them): ns, copied, the bytes taken */
-    unsigned long long total_ns[4], total_copied, total_taken;
+    /* summed over a burst's passes (egpu_ring_burst; its caller zeroes them): ns, copied, unwalked, the bytes
+     * taken */
+    unsigned long long total_ns[4], total_copied, total_unwalked, total_taken;
 };
 
 enum { EGPU_PASS_TAKE = 0, EGPU_PASS_SKIP = 1, EGPU_PASS_COUNT = 2 };

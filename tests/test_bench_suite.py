@@ -1188,15 +1188,18 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
         assert bench.delivered(f"egpu[1]: a note\n{line}\nvecadd done\n") == (786_432, not dropped and not error)
     assert bench.delivered("egpu-run: job exited 1\n") == (None, False)
     # the drain's pace, from the line egpu-run prints under the trace line
-    drain = {"passes": 1_234, "copied_bytes": 8_050_000_000, "header_s": 0.5, "copy_s": 1.25, "scan_s": 3.0,
+    drain = {"passes": 1_234, "copied_bytes": 8_050_000_000, "taken_bytes": 2_750_000_000,
+             "unwalked_bytes": 2_600_000_000, "header_s": 0.5, "copy_s": 1.25, "scan_s": 3.0,
              "clear_s": 0.75, "gil_wait_s": 0.25, "hand_off_s": 2.0, "idle_s": 0.125, "write_s": 6.5,
              "header_driver_s": 0.02, "copy_driver_s": 1.0}
     _, pace_line = streaming.notes([{"trace": {"records": 1, "path": "t.arrow", "dropped": 0, "error": None,
                                                "drain": drain}}])
-    assert "header 0.50 s (0.02 s in the driver), copy 1.25 s (1.00 s in the driver), scan 3.00 s" in pace_line
+    assert "1,234 passes, 8,050.0 MB copied (2,750.0 MB of records taken, 2,600.0 MB past a record not yet " \
+           "complete); reader: header 0.50 s (0.02 s in the driver), copy 1.25 s (1.00 s in the driver), scan 3.00 s" \
+        in pace_line
     assert "clear 0.75 s, gil wait 0.25 s, hand off 2.00 s" in pace_line
     assert bench.pace(f"{pace_line}\nvecadd done\n") == {
-        "passes": 1_234, "copied_mb": 8_050.0, "header_s": 0.5, "copy_s": 1.25, "scan_s": 3.0, "clear_s": 0.75,
+        "passes": 1_234, "copied_mb": 8_050.0, "taken_mb": 2_750.0, "unwalked_mb": 2_600.0, "header_s": 0.5, "copy_s": 1.25, "scan_s": 3.0, "clear_s": 0.75,
         "gil_wait_s": 0.25, "hand_off_s": 2.0, "idle_s": 0.12, "write_s": 6.5, "header_driver_s": 0.02,
         "copy_driver_s": 1.0}
     # a spooling reader's: the spool's writes, on a thread of their own, apart from the reader's phases
@@ -1204,6 +1207,11 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
                                                "drain": drain | {"spool_write_s": 0.84}}}])
     assert "hand off 2.00 s, idle 0.12 s; spool writes 0.84 s; writer 6.50 s" in pace_line
     assert bench.pace(pace_line)["spool_write_s"] == 0.84 and bench.pace(pace_line)["idle_s"] == 0.12
+    # a line in the form printed before the taken and unwalked bytes were (2fd044f: the numbers of 2026-12-06b)
+    old = ("egpu-run:   drained in 1,377 passes, 23,613.8 MB copied; reader: header 0.05 s (0.05 s in the driver), "
+           "scan 0.89 s; spool writes 1.45 s; writer 23.88 s")
+    assert bench.pace(old) == {"passes": 1_377, "copied_mb": 23_613.8, "header_s": 0.05, "header_driver_s": 0.05,
+                               "scan_s": 0.89, "spool_write_s": 1.45, "write_s": 23.88}
     assert bench.pace("egpu-run: job exited 1\n") is None
     monkeypatch.setattr(bench.suite, "exit_on_term", lambda: None)   # pytest keeps its own SIGTERM
     monkeypatch.setenv("EGPU_PREBUILT_PROBES", str(tmp_path))

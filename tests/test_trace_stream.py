@@ -287,7 +287,9 @@ def test_a_failed_reader_still_reopens_a_dropping_ring_and_counts_its_drops():
 
 def test_a_record_is_taken_only_once_a_pass_saw_it_complete():
     """A copy engine may copy a flag before the bytes it guards: a record seen READY is taken only by
-    the next pass, and one still BUSY stops the pass (nothing after it is taken out of order)."""
+    the next pass, and one still BUSY stops the pass (nothing after it is taken out of order). The reader counts
+    what that costs: of the bytes its passes copied, the records' bytes taken (once each), and those copied past a
+    record not yet complete (copied again by the passes after)."""
     ring = HostRing(4096, 1, wait=False)
     ring.produce(b"first...", 0)
     reader = RingReader(ring, 0, ring.lay)
@@ -302,6 +304,9 @@ def test_a_record_is_taken_only_once_a_pass_saw_it_complete():
     reader.take()
     assert reader.take() == [(0, b"second..")] and reader.empty()
     assert not any(ring.mem[devmaps.HEADER:devmaps.HEADER + 48])   # consumed bytes cleared
+    # first: copied to be seen, then to be taken (16 + 16); then the BUSY record and second stop two walks at
+    # once (32 + 32, all past it), then the two seen (32) and taken (32), the discarded one's bytes with them
+    assert (reader.copied, reader.took, reader.unwalked) == (160, 48, 64)
 
 
 class StagedRing(HostRing):
@@ -1314,10 +1319,11 @@ def test_streaming_drains_a_jobs_rings_into_the_trace_file(access_trace, tmp_pat
     report = streaming.finish()
     pace = report.pop("drain")
     assert report == {"path": str(out), "records": 4000, "dropped": 0, "error": None, "stall_s": 10.0}
-    # every record copied out at least once (twice where a pass saw it before the next took it), and the
-    # phases of a reader that ran: time spent copying and scanning (memcpy here: less than the report's ms), the
-    # writer's too
-    assert pace["copied_bytes"] >= 4000 * 80 and pace["passes"] > 0
+    # every record copied out at least once (twice where a pass saw it before the next took it) and taken once,
+    # and the phases of a reader that ran: time spent copying and scanning (memcpy here: less than the report's
+    # ms), the writer's too
+    assert pace["taken_bytes"] == 4000 * 80 and pace["passes"] > 0
+    assert pace["copied_bytes"] >= pace["taken_bytes"] + pace["unwalked_bytes"]
     assert all(sum(r.phases[p] for r in streaming.readers) > 0 for p in ("copy", "scan")) and pace["write_s"] > 0
     from egpu_preload.runtime import streaming as streaming_mod
     first, second = streaming_mod.notes([{"trace": report | {"drain": pace}}])

@@ -152,6 +152,8 @@ class RingReader:
     dropped: int = 0       # the producers' count (header plus per-SM lines; a waiting ring's lines: at stop)
     skipped: int = 0       # bytes of records passed over unread after the reader failed (skip)
     copied: int = 0        # bytes copied out of the ring, every pass's (a record is copied by two passes at least)
+    took: int = 0          # of those, bytes of the records taken (headers included), each once
+    unwalked: int = 0      # of those, bytes no walk went over: past a record not yet complete, copied again later
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0), compare=False)   # seconds
     # page-locked memory (or, where the driver gives none, pageable): the records' staging and its zeros
     # (_staging), the header with the SMs' lines after it (_head); _unpin: those of them the driver gave, which
@@ -215,7 +217,7 @@ class RingReader:
         if r == lib.EGPU_PASS_NO_STAGING:
             self._stage(ffi, p)
             r = self._call(lib, p)
-        self._settle(lib, p, r, p.copied)
+        self._settle(lib, p, r, p.copied, p.unwalked)
         return p
 
     def _ready(self, ffi: Any, lines: bool) -> Any:
@@ -224,11 +226,13 @@ class RingReader:
         p.lines, p.consumed, p.seen = lines, self.consumed, self.seen
         return p
 
-    def _settle(self, lib: Any, p: Any, r: int, copied: int) -> None:
-        """The reader's state and counts moved as the pass (or a burst's passes, which ``copied``) left them;
-        raises for the pass's failure ``r``."""
+    def _settle(self, lib: Any, p: Any, r: int, copied: int, unwalked: int) -> None:
+        """The reader's state and counts moved as the pass (or a burst's passes, which ``copied`` and ``unwalked``)
+        left them; raises for the pass's failure ``r``."""
+        self.took += p.consumed - self.consumed - p.skipped
         self.consumed, self.seen = p.consumed, p.seen
         self.copied += copied
+        self.unwalked += unwalked
         self.skipped += p.skipped
         self.dropped = p.dropped + p.line_drops
         self._raise_for(lib, p, r)
@@ -473,7 +477,7 @@ class RingDrain:
         ffi, lib = _shim()
         ps = [r._ready(ffi, lines=not r.lay.wait) for r in self.readers]   # a waiting ring's marks stay as they are
         for p in ps:
-            p.total_ns, p.total_copied, p.total_taken = [0] * 4, 0, 0
+            p.total_ns, p.total_copied, p.total_unwalked, p.total_taken = [0] * 4, 0, 0, 0
         if self._bursts is None:
             self._bursts = ffi.new("struct egpu_ring_pass *[]", ps)
         which, lost = ffi.new("unsigned int *"), ffi.new("unsigned long long *")
@@ -495,7 +499,7 @@ class RingDrain:
         self.passes += out[0]
         taken = sum(p.total_taken for p in ps)
         for reader, p in zip(self.readers, ps):
-            reader._settle(lib, p, 0, p.total_copied)
+            reader._settle(lib, p, 0, p.total_copied, p.total_unwalked)
         if not r:
             return taken
         reader, p = self.readers[which[0]], ps[which[0]]

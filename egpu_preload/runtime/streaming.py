@@ -278,7 +278,8 @@ class Streaming:
     def pace(self) -> dict[str, Any]:
         """Where the drain's time went (ring_drain.PHASES, DRAIN_PHASES; seconds; of the header and copy
         phases, the part inside the driver's calls as ``header_driver_s``, ``copy_driver_s``), its passes and
-        the bytes they copied, the spool's writes (``spool_write_s``, where the reader spools: a thread of its
+        the bytes they copied (of those, the records' bytes taken, and those copied past a record not yet complete,
+        which later passes copy again), the spool's writes (``spool_write_s``, where the reader spools: a thread of its
         own makes them) and the writer's time: what says whether the reader, the writer or the link sets the
         pace of a trace."""
         drain = self.drain.phases if self.drain is not None else dict.fromkeys(DRAIN_PHASES, 0.0)
@@ -287,6 +288,8 @@ class Streaming:
         spooled = {"spool_write_s": round(self.drain.spool_write_s, 3)} if self.spool is not None else {}
         return {"passes": self.drain.passes if self.drain is not None else 0,
                 "copied_bytes": sum(r.copied for r in self.readers),
+                "taken_bytes": sum(r.took for r in self.readers),
+                "unwalked_bytes": sum(r.unwalked for r in self.readers),
                 **{f"{p}_s": round(v, 3) for p, v in (phases | in_driver).items()}, **spooled,
                 "write_s": round(self.write_s, 3)}
 
@@ -367,5 +370,6 @@ def pace_line(d: dict[str, Any]) -> str:
     off the wait for the spool's writes), the spool's writes on their own thread, the writer's time."""
     spent = ", ".join(f"{p.replace('_', ' ')} {d[f'{p}_s']:.2f} s" + in_driver(d, p) for p in (*PHASES, *DRAIN_PHASES))
     spooled = f"; spool writes {d['spool_write_s']:.2f} s" if "spool_write_s" in d else ""
-    return (f"egpu-run:   drained in {d['passes']:,} passes, {d['copied_bytes'] / 1e6:,.1f} MB copied; "
-            f"reader: {spent}{spooled}; writer {d['write_s']:.2f} s")
+    return (f"egpu-run:   drained in {d['passes']:,} passes, {d['copied_bytes'] / 1e6:,.1f} MB copied "
+            f"({d['taken_bytes'] / 1e6:,.1f} MB of records taken, {d['unwalked_bytes'] / 1e6:,.1f} MB past a record "
+            f"not yet complete); reader: {spent}{spooled}; writer {d['write_s']:.2f} s")
