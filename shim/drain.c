@@ -163,8 +163,11 @@ static int reopen(struct egpu_ring_pass *p, uint64_t ncpu)
 
 /* Walk the records of buf[0, size) starting in [k, stop), taking (into starts, runs) those that start before
  * limit, then on without taking to the first one not complete. Returns where the walk ended; *took: the end
- * of the last record taken (-1: none); *stopped: whether it ended at a record not complete. */
-static uint64_t scan(const unsigned char *buf, uint64_t size, uint64_t k, uint64_t stop, long long limit,
+ * of the last record taken (-1: none); *stopped: whether it ended at a record not complete. With `raw`, records
+ * that end at limit, at stop or before are taken unwalked: limit is a record's end (where an earlier walk ended),
+ * every record before it complete since (only the reader clears one), so the walk would find what it already
+ * knows. */
+static uint64_t scan(const unsigned char *buf, uint64_t size, uint64_t k, uint64_t stop, long long limit, int raw,
                      long long *starts, unsigned long long *n, long long *runs, unsigned long long *nruns,
                      long long *took, int *stopped)
 {
@@ -173,7 +176,10 @@ static uint64_t scan(const unsigned char *buf, uint64_t size, uint64_t k, uint64
     *n = *nruns = 0;
     *took = -1;
     *stopped = 0;
-    if (k < bound) {
+    if (raw && bound == (uint64_t)limit && k < bound) {
+        *took = (long long)bound;
+        end = bound;
+    } else if (k < bound) {
         end = egpu_ring_walk(buf, size, k, bound, starts, n, runs, nruns);
         if (end > k) *took = (long long)end;
         if (end < bound) {
@@ -204,8 +210,8 @@ static int take(struct egpu_ring_pass *p, uint64_t ncpu)
     uint64_t t1 = now_ns();
     p->ns[1] += t1 - t;
     if (r) return r;
-    uint64_t k = scan(stage, n, 0, n < straight ? n : straight, limit, p->starts, &p->n[0], p->runs, &p->nruns[0],
-                      &took_a, &stopped);
+    uint64_t k = scan(stage, n, 0, n < straight ? n : straight, limit, p->raw, p->starts, &p->n[0], p->runs,
+                      &p->nruns[0], &took_a, &stopped);
     t = now_ns();
     p->ns[2] += t - t1;
     if (!stopped && k < n) {
@@ -217,8 +223,8 @@ static int take(struct egpu_ring_pass *p, uint64_t ncpu)
         t1 = now_ns();
         p->ns[1] += t1 - t;
         if (r) return r;
-        k = scan(stage, n, k, n, limit, p->starts + p->n[0], &p->n[1], p->runs + p->nruns[0], &p->nruns[1],
-                 &took_b, &stopped);
+        k = scan(stage, n, k, n, limit, p->raw, p->starts + p->n[0], &p->n[1], p->runs + p->nruns[0],
+                 &p->nruns[1], &took_b, &stopped);
         t = now_ns();
         p->ns[2] += t - t1;
     }
@@ -475,7 +481,9 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
             out[2] += wait_done(&w, l->chunk[l->cur]);   /* the stage this pass copies into is in no chunk */
             p->stage = l->stage[l->cur];
             p->mode = EGPU_PASS_TAKE;
+            p->raw = 1;   /* spooled as the ring held them */
             r = egpu_ring_pass(p);
+            p->raw = 0;
             for (int k = 0; k < 4; k++)
                 p->total_ns[k] += p->ns[k];
             p->total_copied += p->copied;

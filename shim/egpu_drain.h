@@ -53,6 +53,9 @@ struct egpu_ring_pass {
     unsigned long long addr, capacity, lines_off;    /* the ring region's device address; its layout */
     int mode;                  /* EGPU_PASS_TAKE, EGPU_PASS_SKIP or EGPU_PASS_COUNT */
     int lines;                 /* read the SMs' lines (and, taking or skipping, reopen the refused ones) */
+    int raw;                   /* TAKE: the records' bytes alone wanted (a burst's, spooled as the ring held them):
+                                * those an earlier pass saw complete are taken without a walk into starts and
+                                * runs, where they end before the wrap (n and nruns then count none of them) */
     void *head, *stage, *zeros, *spare;
     unsigned long long head_size;
     long long *starts, *runs;
