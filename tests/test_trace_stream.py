@@ -1734,6 +1734,40 @@ def test_a_spool_that_cannot_be_read_back_is_reported_and_the_writers_queue_stil
     assert said and all(line.startswith(f"egpu[{os.getpid()}]: {tmp_path / 't.parquet'}: {why}") for line in said), said
 
 
+def test_a_spool_that_fails_to_read_back_once_finish_has_begun_still_lets_finish_return(access_trace, tmp_path,
+                                                                                        monkeypatch):
+    """The spool's read failing (EBADF) after the writer took finish()'s end of its queue, reading back what the
+    last passes spooled: the writer then waited for that end again, for good, and finish() with it (a job's exit
+    hung). finish() returns, saying why the file lacks the records."""
+    import os
+    from egpu_preload.runtime import spool as spool_mod
+    monkeypatch.setattr(spool_mod, "READ", 64)   # a chunk a read: most of the spool is read back after the end
+    ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet")
+    adding, held, add = threading.Event(), threading.Event(), streaming.writer.add
+
+    def held_up(index, taken):
+        adding.set()
+        held.wait(30)
+        add(index, taken)
+
+    streaming.writer.add = held_up
+    for i in range(200):
+        ring.produce(_event(i), sm=0)
+    assert adding.wait(10)
+    done: list = []
+    finishing = threading.Thread(target=lambda: done.append(streaming.finish()), daemon=True)
+    finishing.start()
+    deadline = time.monotonic() + 10
+    while streaming._batches.empty() and time.monotonic() < deadline:   # until finish() has queued the end
+        time.sleep(0.01)
+    spooled, streaming.spool.fd = streaming.spool.fd, os.open("/dev/null", os.O_WRONLY)   # reads: EBADF
+    held.set()
+    finishing.join(10)
+    os.close(spooled)
+    assert done, "finish() waited for good on a writer that waited for the end of its queue it had taken"
+    assert done[0]["error"].startswith("cannot read the trace's spool back: [Errno 9] Bad file")
+
+
 def test_a_spool_that_cannot_be_written_fails_the_reader_and_lets_producers_go_on(access_trace, tmp_path):
     """The spool's disk full (/dev/full stands in): the reader fails, saying so and what it took and lost, the
     ring is passed over from then on, so the producers made to wait finish, and the file is closed."""

@@ -187,17 +187,19 @@ class Streaming:
         as they come, records held tracefile.FLUSH_S written after each batch, and between batches (woken a few
         times as often). A file that cannot be written (disk full) must not stop the reader, or a ring made to wait
         would stop the job: from then on batches are taken and not written. A spool that cannot be read back ends
-        the writing; the queue is still emptied to the end, or the host's hand-off and finish() would wait on it
-        for good."""
+        the writing; the queue is still emptied to its end (where the writer has not taken it yet: finish() hands
+        it once), or the host's hand-off and finish() would wait on it for good."""
+        ended = False
         try:
             while (batch := self._next()) is not None:
                 self._write([batch] if batch else [])
                 self._write(self._spooled())
+            ended = True
             while self.spool is not None and self.spool.pending():
                 self._write(self._spooled())
         except Unreadable as e:
             self._failed(f"cannot read the trace's spool back: {e}")
-            while self._batches.get() is not None:
+            while not ended and self._batches.get() is not None:
                 pass
 
     def _spooled(self) -> Iterator[tuple[int, Taken]]:
