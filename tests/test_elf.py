@@ -270,7 +270,10 @@ struct {{ {fields} }} m SEC(".maps");
 SEC("kprobe/*") int p(struct egpu_ctx *c) {{ __u32 k = 0; return bpf_map_lookup_elem(&m, &k) != 0; }}
 """
 BAD_SOURCES = [
-    ("unknown section", 'SEC("xdp") int p(void *c) { return 0; }', "xdp: unknown section"),
+    ("unknown section", 'SEC("egpu/xdp") int p(void *c) { return 0; }', "egpu/xdp: unknown section"),
+    # libbpf's usdt.bpf.h declares __kconfig externs: the section is what egpu cannot take, and is named first
+    ("usdt", 'extern _Bool LINUX_HAS_BPF_COOKIE __attribute__((section(".kconfig")));\n'
+             'SEC("usdt") int p(void *c) { return LINUX_HAS_BPF_COOKIE; }', "usdt: USDT probes are not supported"),
     ("missing symbol", 'extern __u64 nowhere;\nSEC("kprobe/*") int p(void *c) { return nowhere; }',
      "missing symbol nowhere"),
     ("unsupported map type", MAP_SRC.format(fields="__uint(type, 7); __uint(max_entries, 1); "

@@ -45,10 +45,14 @@ GOOD = [
     ("uprobe/libcuda.so:cuLaunchKernel", Attach("uprobe", "libcuda.so:cuLaunchKernel", "host")),
     ("uretprobe/./vec_add:_Z16cudaLaunchKernelIcE9cudaErrorPT_4dim3S3_PPvmP11CUstream_st",
      Attach("uretprobe", "./vec_add:_Z16cudaLaunchKernelIcE9cudaErrorPT_4dim3S3_PPvmP11CUstream_st", "host")),
+    # libbpf's other uprobe spellings: a function without its binary (bpftime's sslsniff: its loader attaches
+    # it) is a bare one, given its target by egpu-run --uprobe; sleepable uprobes
+    ("uprobe/do_handshake", Attach("uprobe", "", "host")),
+    ("uprobe.s/libc.so.6:malloc", Attach("uprobe", "libc.so.6:malloc", "host")),
+    ("uretprobe.s", Attach("uretprobe", "", "host")),
 ]
 
 BAD = [
-    ("uprobe/cuLaunchKernel", "not PATH:SYMBOL"),
     # libbpf's offset into a function, and an address: said so, not "no such function in it" at attach
     ("uprobe/libupt.so:upt_add6+0x10", "offsets into a function are not supported (a hook takes over a function "
                                        "at its entry; a jump stored inside it could cover a branch target)"),
@@ -69,7 +73,17 @@ BAD = [
     ("egpu/store.block/", "empty kernel name pattern"),
     ("kprobe.warp", "unknown section"),
     ("kprobe", "unknown section"),
-    ("xdp", "unknown section"),
+    # programs Linux runs in its kernel (bpftime's opensnoop, syscount, xdp-counter) and at USDT points
+    ("xdp", "a Linux kernel program (on network traffic): egpu runs probes in GPU kernels and in the CUDA "
+            "process's functions (uprobe/PATH:SYMBOL), not in the Linux kernel"),
+    ("tracepoint/syscalls/sys_enter_open", "a Linux kernel program (on a tracepoint)"),
+    ("raw_tracepoint.w/x", "a Linux kernel program (on a tracepoint)"),
+    ("fentry.s/do_sys_open", "a Linux kernel program (on a kernel function or system call)"),
+    ("cgroup/connect4", "a Linux kernel program (on a cgroup)"),
+    ("usdt", "USDT probes are not supported: a USDT point lies inside a function"),
+    ("usdt/./app:provider:name", "put a uprobe/PATH:SYMBOL on the function instead"),
+    ("uprobe.multi/x:y", "unknown section"),
+    ("nginx/ngx_http_request_handler", "unknown section"),
     ("", "unknown section"),
 ]
 

@@ -38,7 +38,8 @@ from ..outpaths import read_input
 from . import btf as btfmod
 from . import isa
 from .program import (BPFTIME_MAP_TYPES, MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
-                      MAP_PERTHREAD_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, BpfObject, DataPointer, MapDef, Program)
+                      MAP_PERTHREAD_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, Attach, BpfObject, DataPointer, MapDef,
+                      Program)
 from .linux_names import MAP_FLAGS, map_flag, map_flag_names, map_type_name
 from .sections import parse_section
 
@@ -132,6 +133,7 @@ class _Loader:
     code: dict[int, bytearray] = field(default_factory=dict)           # exec section -> relocated code
     calls: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # relocated call -> target
     funcs: dict[tuple[int, int], _Func] = field(default_factory=dict)  # (section, start slot) -> function
+    attach: dict[int, Attach] = field(default_factory=dict)             # program section -> what it attaches to
 
     # ---- ELF structure ----
 
@@ -314,6 +316,10 @@ class _Loader:
                     raise ElfError(f"function {f.name} at {f.value}+{f.size} is not whole instructions inside "
                                    f"its section", section=sec.name)
                 self.funcs.setdefault((sec.index, f.value // 8), _Func(f.name, sec.index, f.value // 8, end // 8))
+            # before relocating: an object made for a kind egpu cannot attach (USDT's) is refused for that, not
+            # for an extern its library declares (usdt.bpf.h's __kconfig LINUX_HAS_BPF_COOKIE)
+            if funcs and sec.name != ".text":
+                self.attach[sec.index] = parse_section(sec.name)
 
     def relocate(self) -> None:
         for rel in self.sections:
@@ -413,12 +419,8 @@ class _Loader:
             sec = self.sections[index]
             if text is not None and index == text.index:
                 continue
-            try:
-                attach = parse_section(sec.name)
-            except ElfError as e:
-                raise e.where(section=sec.name)
             code, layout = self.link(func)
-            progs.append(Program(func.name, sec.name, attach, code, layout))
+            progs.append(Program(func.name, sec.name, self.attach[index], code, layout))
         return progs
 
     def link(self, main: _Func) -> tuple[bytes, tuple[tuple[str, int, int], ...]]:

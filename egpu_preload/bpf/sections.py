@@ -16,7 +16,11 @@ section's programs receive the context bpf/ctx.py's ``layout_for`` names for its
 bpftime's spellings, so its probes load unchanged: ``kprobe/__memcapture`` is its memory-access probe
 (every global access of every kernel: ``egpu/mem/*``); ``uprobe[/PATH:SYMBOL]`` and
 ``uretprobe[/PATH:SYMBOL]`` (libbpf's form; bare, bpftime names the target elsewhere) are host probes,
-Attach("uprobe" | "uretprobe", "PATH:SYMBOL" or "", "host") (runtime/uprobes.py).
+Attach("uprobe" | "uretprobe", "PATH:SYMBOL" or "", "host") (runtime/uprobes.py). libbpf's other spellings
+of a uprobe load as it loads them: ``uprobe/SYMBOL`` (no binary: libbpf leaves its attach to the program's
+loader, as sslsniff's does) is a bare one, and the sleepable ``uprobe.s`` and ``uretprobe.s`` are uprobes.
+Sections of programs that run inside the Linux kernel (tracepoints, fentry, XDP, ...) or at a USDT point
+are refused saying so (``LINUX_ONLY``).
 
 One rule for the scope: a ``.warp`` or ``.block`` suffix on the word right before the GLOB's ``/``
 (``kprobe.warp/vec*``, ``egpu/mem.block/*``); without it the probe runs in every thread. Host sections
@@ -57,6 +61,19 @@ EARLY_KINDS = API_KINDS + ("uvm",)
 HOST_SIDE = frozenset(HOST_RUN) | frozenset(HOST_KINDS)
 _ADDRESS = re.compile(r"0[xX][0-9a-fA-F]+|[0-9]+")   # libbpf's older PATH:ADDRESS
 MEMCAPTURE = "kprobe/__memcapture"  # bpftime's section for a probe at every memory access
+SLEEPABLE = ".s"                    # libbpf's uprobe.s, uretprobe.s: may sleep, which a hook's program may anyway
+# libbpf's section words (its section_defs, the word before any / or .) of programs that run inside the Linux
+# kernel -> what they attach to there. egpu's kprobe/ is a GPU kernel's entry, bpftime's spelling.
+LINUX_ONLY = {
+    **dict.fromkeys(("tracepoint", "tp", "raw_tracepoint", "raw_tp", "tp_btf"), "a tracepoint"),
+    **dict.fromkeys(("fentry", "fexit", "fmod_ret", "ksyscall", "kretsyscall"), "a kernel function or system call"),
+    **dict.fromkeys(("xdp", "tc", "tcx", "classifier", "action", "socket", "sk_skb", "sk_msg", "sk_lookup",
+                     "sk_reuseport", "sockops", "flow_dissector", "netfilter", "netkit") + tuple(
+                        f"lwt_{w}" for w in ("in", "out", "xmit", "seg6local")), "network traffic"),
+    **dict.fromkeys(("cgroup", "cgroup_skb"), "a cgroup"),
+    "lsm": "an LSM hook", "perf_event": "a perf event", "iter": "a kernel iterator", "struct_ops": "kernel struct_ops",
+    "syscall": "the bpf() system call", "lirc_mode2": "an infrared receiver",
+}
 
 
 def host_target_refusal(target: str) -> str | None:
@@ -78,12 +95,21 @@ def parse_section(name: str) -> Attach:
     if name == MEMCAPTURE:
         return Attach("mem", "*", "thread")
     word, sep, target = name.partition("/")
+    if word.removesuffix(SLEEPABLE) in HOST_KINDS:
+        word = word.removesuffix(SLEEPABLE)
     if word in HOST_KINDS:
-        if sep and ":" not in target:
-            raise ElfError(f"{word} target {target!r} is not PATH:SYMBOL", section=name)
+        if sep and ":" not in target:   # a function and no binary: its target comes from egpu-run --uprobe
+            return Attach(word, "", "host")
         if sep and (why := host_target_refusal(target)):
             raise ElfError(f"{word} target {why}", section=name)
         return Attach(word, target, "host")
+    linux = word.partition(".")[0]
+    if linux in LINUX_ONLY:
+        raise ElfError(f"a Linux kernel program (on {LINUX_ONLY[linux]}): egpu runs probes in GPU kernels and in "
+                       "the CUDA process's functions (uprobe/PATH:SYMBOL), not in the Linux kernel", section=name)
+    if linux == "usdt":
+        raise ElfError("USDT probes are not supported: a USDT point lies inside a function, and a uprobe hooks a "
+                       "function at its entry (put a uprobe/PATH:SYMBOL on the function instead)", section=name)
     for prefix, kind in KINDS.items():
         if not name.startswith(prefix):
             continue
