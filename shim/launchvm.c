@@ -39,6 +39,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1082,6 +1083,52 @@ static int get_comm(struct run *x) {
     return 0;
 }
 
+/* n bytes of the application's memory at src into dst, through process_vm_readv on this process, so that an
+ * address it has not mapped is an error, not a fault of the thread that called: 0, or -errno (-EFAULT) with
+ * dst zeroed, as Linux's bpf_probe_read_user leaves it. */
+static long read_user(unsigned char *dst, uint64_t src, size_t n) {
+    struct iovec local = {dst, n}, remote = {(void *)(uintptr_t)src, n};
+    ssize_t got = syscall(SYS_process_vm_readv, getpid(), &local, 1ul, &remote, 1ul, 0ul);
+    if (got == (ssize_t)n) return 0;
+    long err = got < 0 ? -errno : -EFAULT; /* a short read: the range ran into an unmapped page */
+    memset(dst, 0, n);
+    return err;
+}
+
+/* bpf_probe_read_user_str's copy (Linux's strncpy_from_user): up to a NUL or size - 1 bytes, then a NUL; the
+ * length with the NUL, or -EFAULT with dst zeroed. Read a page at a time, as the page after the NUL may be
+ * unmapped; bytes copied past the NUL are zeroed, as Linux copies none. */
+static long read_user_str(unsigned char *dst, uint64_t src, size_t size) {
+    size_t n = 0;
+    while (n + 1 < size) {
+        size_t chunk = 4096 - ((src + n) & 4095), left = size - 1 - n;
+        chunk = chunk < left ? chunk : left;
+        long err = read_user(dst + n, src + n, chunk);
+        if (err) {
+            memset(dst, 0, size);
+            return err;
+        }
+        unsigned char *nul = memchr(dst + n, 0, chunk);
+        if (nul) {
+            memset(nul, 0, (size_t)(dst + n + chunk - nul));
+            return nul - dst + 1;
+        }
+        n += chunk;
+    }
+    if (size) dst[size - 1] = 0;
+    return (long)size;
+}
+
+/* bpf_probe_read(_user)(dst, size, src) and their _str forms (helpers.py; the verifier lets only programs in
+ * the application's threads call them). */
+static int probe_read(struct run *x, int str) {
+    uint64_t size = x->r[2] <= OFFSET_MASK ? x->r[2] : OFFSET_MASK + 1; /* past any region: at() faults */
+    unsigned char *buf = size ? at(x, x->r[1], size, 1) : NULL;
+    if (size && !buf) return -1;
+    x->r[0] = (uint64_t)(!size ? 0 : str ? read_user_str(buf, x->r[3], size) : read_user(buf, x->r[3], size));
+    return 0;
+}
+
 /* Helpers of bpf/helpers.py that need neither Python nor the GPU (runtime/native.py NATIVE_HELPERS).
  * Returns 0, 1 when the probe ends (exit), -1 on a fault. The host is SM 0, warp 0, lane 0 of block 0,
  * thread 0, as the VM's ThreadSim of a launch. */
@@ -1154,6 +1201,8 @@ static int helper(struct run *x, int32_t id) {
         x->r[0] = (uint64_t)getpid() << 32 | (uint32_t)(x->caller ? syscall(SYS_gettid) : getpid());
         return 0;
     case 16: return get_comm(x);
+    case 4: case 112: return probe_read(x, 0);   /* probe_read, probe_read_user */
+    case 45: case 114: return probe_read(x, 1);  /* probe_read_str, probe_read_user_str */
     case 8: case 509: case 510: case 511: case 506: /* smp_processor_id, sm, warp, lane; membar */
         x->r[0] = 0;
         return 0;

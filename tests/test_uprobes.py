@@ -199,6 +199,40 @@ def test_a_uprobe_reads_the_calling_threads_id_and_name(stub_job, uprobe_app, tm
     assert by_comm == {f"upt-bench{k}".encode().ljust(16, b"\0"): 10000 for k in range(4)}, by_comm
 
 
+def test_a_uprobe_reads_a_string_argument_from_the_applications_memory(stub_job, uprobe_app, tmp_path):
+    """bpf_probe_read_user_str and bpf_probe_read_user, the way libbpf tools (bpftime's bashreadline, sslsniff,
+    goroutine) read what an argument points to, were unknown helpers: the probe was refused. A name longer
+    than the buffer is cut to its size with the NUL (16), and NULL, which the application has not mapped, gives
+    -EFAULT (-14) with the buffers zeroed, as Linux gives."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    obj = tmp_path / "strings.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "strings.bpf.c"),
+                    "-o", str(obj)], check=True)
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, str(app), "names", "5")
+    assert r.returncode == 0, r.stderr
+    assert "app_uprobe names calls=7 total=50 result=0" in r.stdout   # 26 - 1 + 5 * 5: the calls unchanged
+    state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
+    names = {bytes(k).rstrip(b"\0"): int.from_bytes(v, "little") for k, v in state.by_name("names").items()}
+    assert names == {b"alpha": 5, b"a-name-of-twent": 1, b"": 1}, names
+    results = {int.from_bytes(k, "little", signed=True): int.from_bytes(v, "little")
+               for k, v in state.by_name("results").items()}
+    assert results == {6: 5, 16: 1, -14: 1, 1000: 6, 1000 - 14: 1, 2000 + ord("a"): 6, 2000: 1}, results
+
+
+def test_reading_the_applications_memory_is_refused_outside_its_threads():
+    """A GPU or launch probe runs where no application thread is: the verifier says so (a uprobe may)."""
+    code = (struct.pack("<BBhi", 0xbf, 0xa1, 0, 0) + struct.pack("<BBhi", 0x07, 0x01, 0, -8)   # r1 = r10 - 8
+            + struct.pack("<BBhi", 0xb7, 0x02, 0, 8) + struct.pack("<BBhi", 0xb7, 0x03, 0, 0)   # r2 = 8, r3 = 0
+            + struct.pack("<BBhi", 0x85, 0, 0, 112) + struct.pack("<BBhi", 0x95, 0, 0, 0))      # probe_read_user
+    verify(code, [], section="uprobe/libc.so.6:malloc")
+    verify(code, [], section="egpu/memcpy/*")
+    for section in ("kprobe/*", "egpu/launch/*"):
+        with pytest.raises(VerifierError, match=r"bpf_probe_read_user#112 reads the application's memory: only "
+                                                r"uprobes and host-API programs, which run in its threads, may call it"):
+            verify(code, [], section=section)
+
+
 def test_a_uprobe_hooked_once_its_library_was_loaded_reports_attached(stub_job, uprobe_app, tmp_path):
     """Uprobes on a library the job opens after their attach wait for it, and are hooked at the dlsym after its
     dlopen: every call runs them. The exit dump said "pending" still, the state the attach had left."""

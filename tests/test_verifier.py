@@ -227,8 +227,10 @@ def test_a_printk_format_linux_would_refuse_is_refused(fmt, refused):
 
 @pytest.mark.parametrize("helper, instead", [
     (12, "bpf_tail_call#12 (a Linux helper egpu does not provide: call a static __noinline function instead)"),
-    (113, "bpf_probe_read_kernel#113 (a Linux helper egpu does not provide: a probe reads its context, stack, "
-          "maps and global data directly, and no other memory)"),
+    (113, "bpf_probe_read_kernel#113 (a Linux helper egpu does not provide: no probe runs in the Linux kernel: a "
+          "uprobe or host-API probe reads the application's memory with bpf_probe_read_user)"),
+    (115, "bpf_probe_read_kernel_str#115 (a Linux helper egpu does not provide: no probe runs in the Linux kernel: "
+          "a uprobe or host-API probe reads the application's memory with bpf_probe_read_user_str)"),
     (93, "bpf_spin_lock#93 (a Linux helper egpu does not provide: update the map value with __sync_* atomics)"),
     (15, "bpf_get_current_uid_gid#15 (a Linux helper egpu does not provide)"),
 ])

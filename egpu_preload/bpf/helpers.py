@@ -35,6 +35,7 @@ class Helper:
     args: tuple[str, ...]
     ret: str
     gpu_only: bool = False  # meaningful only inside a kernel; the VM simulates a thread
+    in_process: bool = False  # reads the application's memory: only programs run in its threads, in C, may call it
 
 
 HELPERS: dict[int, Helper] = {h.id: h for h in (
@@ -55,6 +56,14 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
     # runtime's thread), the VM and the GPU get the main thread's, the GPU's read when its maps were laid
     # out (devmaps.COMM).
     Helper(16, "get_current_comm", ("mem_out", "size"), "int"),
+    # (dst, size, src): the application's memory at src, read in the thread that called a uprobe or host-API
+    # program (shim/launchvm.c); an address it has not mapped gives -EFAULT and a zeroed dst, as in Linux. The
+    # _str forms copy up to a NUL or size - 1 bytes, then a NUL, and return the length with it. bpf_probe_read
+    # and its _str form read a user address as x86's do (the process has no kernel memory to read).
+    Helper(4, "probe_read", ("mem_out", "size", "anything"), "int", in_process=True),
+    Helper(45, "probe_read_str", ("mem_out", "size", "anything"), "int", in_process=True),
+    Helper(112, "probe_read_user", ("mem_out", "size", "anything"), "int", in_process=True),
+    Helper(114, "probe_read_user_str", ("mem_out", "size", "anything"), "int", in_process=True),
     Helper(25, "perf_event_output", ("ctx", "map", "anything", "mem", "size"), "int"),
     Helper(130, "ringbuf_output", ("map", "mem", "size", "anything"), "int"),
     Helper(131, "ringbuf_reserve", ("map", "const_size", "anything"), "ringbuf_mem_or_null"),

@@ -112,6 +112,12 @@ static __u32 (*bpf_get_smp_processor_id)(void) = (void *)8;   /* %smid on the GP
 static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;  /* tgid << 32 | tgid (host-called: | its thread) */
 /* The thread's name (a uprobe or host-API probe: the calling thread's; elsewhere the main thread's), 0 */
 static long (*bpf_get_current_comm)(void *buf, __u32 size_of_buf) = (void *)16;
+/* The application's memory (uprobes and host-API probes only): 0, or -EFAULT and dst zeroed; the _str forms
+ * copy up to a NUL or size - 1 bytes, then a NUL, and return the length with it */
+static long (*bpf_probe_read)(void *dst, __u32 size, const void *unsafe_ptr) = (void *)4;
+static long (*bpf_probe_read_str)(void *dst, __u32 size, const void *unsafe_ptr) = (void *)45;
+static long (*bpf_probe_read_user)(void *dst, __u32 size, const void *unsafe_ptr) = (void *)112;
+static long (*bpf_probe_read_user_str)(void *dst, __u32 size, const void *unsafe_ptr) = (void *)114;
 static long (*bpf_perf_event_output)(void *ctx, void *map, __u64 flags, void *data, __u64 size) = (void *)25;
 static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 flags) = (void *)130;
 static void *(*bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (void *)131;

@@ -80,6 +80,12 @@ def get_current_comm(run: "Run") -> bool:
     return _set(run, 0)
 
 
+def probe_read_user(run: "Run") -> bool:
+    """Helpers 4, 45, 112 and 114 read the application's memory, which only its own threads' programs may
+    (the verifier's rule), and those run in C (shim/launchvm.c), never here."""
+    raise VmError("bpf_probe_read_user and its kin run in the shim's C engine only (uprobes, host-API programs)")
+
+
 def perf_event_output(run: "Run") -> bool:
     """(ctx, map, flags, data, size): flags select the CPU; only its index bits may be set."""
     r = run.regs
@@ -182,6 +188,7 @@ _BY_NAME: dict[str, Callable[["Run"], bool]] = {
     "get_lane_id": _reads(lambda t: t.lane),
     "get_current_pid_tgid": lambda run: _set(run, os.getpid() << 32 | os.getpid()),
     "get_current_comm": get_current_comm,
+    **dict.fromkeys(("probe_read", "probe_read_str", "probe_read_user", "probe_read_user_str"), probe_read_user),
     "egpu_warp_mem_record": egpu_warp_mem_record,
 }
 HANDLERS: dict[int, Callable[["Run"], bool]] = {BY_NAME[name].id: f for name, f in _BY_NAME.items()}

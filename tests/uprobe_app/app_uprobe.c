@@ -24,6 +24,7 @@
  * `app_uprobe late N`: once the runtime is up, dlopens libuptlate.so (libupt.c built again under that name by the
  * test: no object is it when the uprobes are attached) and calls its upt_add6 N times through dlsym's pointer.
  * `app_uprobe edge N`: N direct calls of upt_edge, which starts 7 bytes before a page ends.
+ * `app_uprobe names N`: N calls of libupt's upt_name("alpha"), then one with a name of 26 bytes and one with NULL.
  * `app_uprobe near_loop STOP`: calls upt_near every 100 us until file STOP exists; once it finds upt_near
  * hooked inline it changes the constant of its instruction right after the jump's 5 bytes (as a debugger's
  * breakpoint or another tool's patch would); at the end it must be unhooked and the change still there. */
@@ -43,6 +44,7 @@
 long upt_add6(long a, long b, long c, long d, long e, long f);
 double upt_half(double x);
 int upt_inc(int x);
+long upt_name(const char *s);
 int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                    unsigned shared, void *stream, void **params, void **extra);
 
@@ -221,6 +223,12 @@ int main(int argc, char **argv) {
         long wrong = 0;
         for (long i = 0; i < n; i++) wrong += upt_edge(i, 1) != i + 2;
         printf("app_uprobe edge calls=%ld wrong=%ld result=%d\n", n, wrong, r);
+        return 0;
+    }
+    if (!strcmp(argv[1], "names")) {
+        long total = upt_name("a-name-of-twenty-six-bytes") + upt_name(NULL);
+        for (long i = 0; i < n; i++) total += upt_name("alpha");
+        printf("app_uprobe names calls=%ld total=%ld result=%d\n", n + 2, total, r);
         return 0;
     }
     if (!strcmp(argv[1], "near_loop")) {   /* wrong: a call's result; at the end, still hooked or the change gone */

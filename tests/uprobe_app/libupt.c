@@ -1,4 +1,6 @@
 /* The library the uprobe tests and bench/bench_uprobe.py probe: functions of known signatures. */
+#include <string.h>
+
 long upt_add6(long a, long b, long c, long d, long e, long f) { return a + b + c + d + e + f; }
 /* two arguments on the stack: the stub must leave them where the callee looks */
 long upt_sum8(long a, long b, long c, long d, long e, long f, long g, long h) {
@@ -6,3 +8,5 @@ long upt_sum8(long a, long b, long c, long d, long e, long f, long g, long h) {
 }
 double upt_half(double x) { return x / 2; }
 int upt_inc(int x) { return x + 1; }
+/* a string argument, as libbpf tools read one (bpf_probe_read_user_str); NULL is -1 */
+long upt_name(const char *s) { return s ? (long)strlen(s) : -1; }

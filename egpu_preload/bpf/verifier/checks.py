@@ -18,6 +18,7 @@ from .. import isa
 from ..decode import Insn
 from ..helpers import BPF_NOEXIST, HELPERS, Helper, printk_refusal
 from ..linux_names import helper_name, is_linux_helper
+from ..ptregs import PT_REGS
 from ..program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
                        MAP_PERTHREAD_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, DataPointer, MapDef)
 from . import arith
@@ -49,10 +50,14 @@ _NOT_WRITTEN = {"bpf_trace_vprintk": "libbpf's bpf_printk calls it for more than
 _BPFTIME_NOT_PROVIDED = {501: ("ebpf_puts", "print with bpf_printk, whose format may be the string")}
 # Linux helpers probes ported from libbpf reach for, and what does their job in egpu.
 _READS = "a probe reads its context, stack, maps and global data directly, and no other memory"
+_KERNEL = ("no probe runs in the Linux kernel: a uprobe or host-API probe reads the application's memory with "
+           "bpf_probe_read_user")
 _INSTEAD = {"bpf_tail_call": "call a static __noinline function instead",
-            "bpf_spin_lock": "update the map value with __sync_* atomics", "bpf_probe_read": _READS,
-            "bpf_probe_read_kernel": _READS, "bpf_probe_read_user": _READS, "bpf_probe_read_str": _READS,
-            "bpf_probe_read_kernel_str": _READS, "bpf_probe_read_user_str": _READS}
+            "bpf_spin_lock": "update the map value with __sync_* atomics",
+            "bpf_probe_read_kernel": _KERNEL, "bpf_probe_read_kernel_str": _KERNEL + "_str"}
+# The contexts of programs run in the application's threads, in C (uprobes, host-API programs): the only ones
+# that may read its memory (Helper.in_process). GPU, launch and egpu/uvm programs run elsewhere.
+_IN_PROCESS = (PT_REGS, egpu_ctx.HOST)
 
 Succ = list[tuple[State, int]]
 
@@ -634,6 +639,9 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
             name, instead = _BPFTIME_NOT_PROVIDED[insn.imm]
             raise Reject(f"unknown func {name}#{insn.imm} (bpftime's GPU helper egpu does not provide: {instead})")
         raise Reject(f"invalid func unknown#{insn.imm} (helper id)")
+    if h.in_process and env.layout not in _IN_PROCESS:
+        raise Reject(f"bpf_{h.name}#{h.id} reads the application's memory: only uprobes and host-API programs, which "
+                     f"run in its threads, may call it ({_READS} elsewhere)")
     f = st.top
     m: int | None = None
     mem: tuple[int, Value, bool] | None = None   # (arg, pointer, written by the helper)
