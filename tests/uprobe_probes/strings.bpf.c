@@ -27,12 +27,12 @@ struct {
 
 static __always_inline void count(void *map, void *key)
 {
-	u64 one = 1, *n = bpf_map_lookup_elem(map, key);
+	u64 zero = 0, *n;
 
+	bpf_map_update_elem(map, key, &zero, BPF_NOEXIST);   /* fails where the key is there */
+	n = bpf_map_lookup_elem(map, key);
 	if (n)
 		__sync_fetch_and_add(n, 1);
-	else
-		bpf_map_update_elem(map, key, &one, BPF_NOEXIST);
 }
 
 SEC("uprobe/libupt.so:upt_name")
