@@ -1200,6 +1200,10 @@ static int helper(struct run *x, int32_t id) {
               * (uprobes, host-API probes), | that thread, as Linux's (per-thread state is kept under it) */
         x->r[0] = (uint64_t)getpid() << 32 | (uint32_t)(x->caller ? syscall(SYS_gettid) : getpid());
         return 0;
+    case 15: /* get_current_uid_gid: gid << 32 | uid, the real ids of the thread that runs it (helpers.py), as
+              * Linux's current_uid_gid; a launch run's are the runtime thread's, the process's */
+        x->r[0] = (uint64_t)getgid() << 32 | getuid();
+        return 0;
     case 16: return get_comm(x);
     case 4: case 112: return probe_read(x, 0);   /* probe_read, probe_read_user */
     case 45: case 114: return probe_read(x, 1);  /* probe_read_str, probe_read_user_str */

@@ -254,11 +254,12 @@ def test_pid_tgid_is_the_process_on_the_vm_and_where_the_gpu_reads_it(built):
     state = MapsState(obj.maps)
     Vm(p.code, obj.maps, state).run(b"\0" * 512, ThreadSim())
     assert _call_count(state) == {struct.pack("<I", os.getpid()): struct.pack("<Q", 1)}
-    assert re.search(rf"ld\.global\.nc\.u64 %r0, \[%t\d+\+{devmaps.PID_TGID}\];", probe_function(p, obj).func)
+    assert re.search(rf"ld\.global\.nc\.u32 (%w\d+), \[%t\d+\+{devmaps.TGID}\];\s+mov\.b64 %r0, {{\1, \1}};",
+                     probe_function(p, obj).func)
     mem = _HostMemory()
     dev = devmaps.DeviceMaps(mem, MapsState(obj.maps), ncpu=4)
     trace_ring = dev.addrs[len(obj.maps)]
-    assert struct.unpack_from("<Q", mem.blocks[trace_ring], devmaps.PID_TGID)[0] == pid_tgid
+    assert struct.unpack_from("<I", mem.blocks[trace_ring], devmaps.TGID)[0] == pid_tgid >> 32
 
 
 @pytest.mark.gpu

@@ -138,6 +138,34 @@ def test_pid_tgid_is_the_process(shim_api):
     assert (fault, r0) == (0, os.getpid() << 32 | os.getpid())
 
 
+def test_uid_gid_is_the_processs_real_ids(shim_api):
+    """Helper 15 as bpf/helpers.py defines it, gid << 32 | uid, in C as on the VM (it was an unknown helper)."""
+    code = assemble("call get_current_uid_gid\nexit")
+    want = os.getgid() << 32 | os.getuid()
+    assert _exec(shim_api, code, None)[:2] == (0, want)
+    assert run_with_mem(code, b"")[0] == want
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setting another real uid takes root")
+def test_uid_gid_is_the_calling_threads(shim_api):
+    """Linux gives the ids of the thread that runs the program (the raw setresuid/setresgid syscalls change one
+    thread's; glibc's change all), so a uprobe gets its caller's: here a thread's real ids set apart from the
+    process's (its effective ids, root, kept), read in C and on the VM in that thread."""
+    code = assemble("call get_current_uid_gid\nexit")
+    got = []
+
+    def other_ids() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(119, 4321, -1, -1) == 0 and libc.syscall(117, 1234, -1, -1) == 0   # x86-64 setres[gu]id
+        got.append((_exec(shim_api, code, None)[:2], run_with_mem(code, b"")[0]))
+
+    t = threading.Thread(target=other_ids)
+    t.start()
+    t.join()
+    assert got == [((0, 4321 << 32 | 1234), 4321 << 32 | 1234)]
+    assert os.getuid() == 0
+
+
 @pytest.mark.parametrize("size", [0, 1, 4, 16, 20])
 def test_comm_is_the_main_threads_name_as_strscpy_pad_copies_it(shim_api, size):
     """Helper 16 outside a calling thread (a launch record's run, here from a thread named otherwise): the main

@@ -5,6 +5,7 @@ code fast, device map images and the host side of the GPU runner."""
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import struct
 import subprocess
@@ -403,6 +404,24 @@ def test_device_maps_table_and_read_back():
     assert state.trace[0].text() == "n=5\n"
     dm.free()
     assert not mem.blocks
+
+
+def test_the_processs_ids_on_the_gpu_are_read_from_the_trace_rings_header(tmp_path, monkeypatch):
+    """bpf_get_current_uid_gid and bpf_get_current_pid_tgid on the GPU: loaded from the trace ring's header,
+    where laying the maps out wrote the process's real gid << 32 | uid and its tgid (once: pid_tgid is tgid <<
+    32 | tgid); ptxas takes both."""
+    monkeypatch.setattr(os, "getuid", lambda: 1234)
+    monkeypatch.setattr(os, "getgid", lambda: 4321)
+    mem = FakeMemory()
+    dm = devmaps.DeviceMaps(mem, MapsState([MAP_ARRAY]), ncpu=4)
+    trace = mem.blocks[struct.unpack("<2Q", dm.table())[1]]
+    assert struct.unpack_from("<IQ", trace, devmaps.TGID) == (os.getpid(), 4321 << 32 | 1234)
+    obj, p = probe_object("call get_current_uid_gid\nr6 = r0\ncall get_current_pid_tgid\nr0 += r6\nexit",
+                          [MAP_ARRAY])
+    text = probe_function(p, obj).func
+    assert re.search(rf"ld\.global\.nc\.u64 %r0, \[%t\d+\+{devmaps.UID_GID}\];", text), text
+    ptxas(probe_runner_ptx(probe_function(p, obj, ctx_params=True)), "sm_90", tmp_path)
+    dm.free()
 
 
 def test_comm_on_the_gpu_is_copied_from_the_name_the_host_wrote_into_the_trace_rings_header(tmp_path):

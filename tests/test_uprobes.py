@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import struct
 import subprocess
@@ -182,7 +183,8 @@ def test_a_uprobe_reads_the_calling_threads_id_and_name(stub_job, uprobe_app, tm
     thread's id, so per-thread state is kept under it (an entry's time or argument, read at the return), and
     bpf_get_current_comm its name, which libbpf-tools key their counts by: app_uprobe's 4 bench threads, named
     upt-bench0..3, call upt_inc 10,000 times each. Every thread read the process's main thread's id there (all
-    calls under one key), and get_current_comm was an unknown helper (the probe was not attached)."""
+    calls under one key), and get_current_comm was an unknown helper (the probe was not attached). Its
+    bpf_get_current_uid_gid is gid << 32 | uid as the job's process has them (an unknown helper too)."""
     app, _ = uprobe_app
     clang = find_clang()
     obj = tmp_path / "by_thread.bpf.o"
@@ -197,6 +199,7 @@ def test_a_uprobe_reads_the_calling_threads_id_and_name(stub_job, uprobe_app, tm
     state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
     by_comm = {bytes(k): int.from_bytes(v, "little") for k, v in state.by_name("by_comm").items()}
     assert by_comm == {f"upt-bench{k}".encode().ljust(16, b"\0"): 10000 for k in range(4)}, by_comm
+    assert entries(doc, obj, "uid_gid") == {0: os.getgid() << 32 | os.getuid()}
 
 
 def test_a_uprobe_reads_a_string_argument_from_the_applications_memory(stub_job, uprobe_app, tmp_path):

@@ -232,7 +232,7 @@ def test_a_printk_format_linux_would_refuse_is_refused(fmt, refused):
     (115, "bpf_probe_read_kernel_str#115 (a Linux helper egpu does not provide: no probe runs in the Linux kernel: "
           "a uprobe or host-API probe reads the application's memory with bpf_probe_read_user_str)"),
     (93, "bpf_spin_lock#93 (a Linux helper egpu does not provide: update the map value with __sync_* atomics)"),
-    (15, "bpf_get_current_uid_gid#15 (a Linux helper egpu does not provide)"),
+    (35, "bpf_get_current_task#35 (a Linux helper egpu does not provide)"),
 ])
 def test_a_linux_helper_egpu_lacks_says_what_to_write_instead(helper, instead):
     with pytest.raises(VerifierError, match=re.escape(f"unknown func {instead}")):

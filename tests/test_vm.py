@@ -538,15 +538,15 @@ def test_probe_gpu_helpers(probe_obj, mcpu: str) -> None:
 
 @MCPUS
 def test_probe_process(probe_obj, mcpu: str) -> None:
-    """pid_tgid and comm as a kernel-site probe reads them (the GPU from the trace ring's header, where
-    test_translate_gpu's every-probe run compares it with this): the process and its main thread's name, cut
-    to the buffer with a NUL, as Linux's strscpy_pad."""
+    """pid_tgid, uid_gid and comm as a kernel-site probe reads them (the GPU from the trace ring's header, where
+    test_translate_gpu's every-probe run compares it with this): the process, its real ids and its main
+    thread's name, cut to the buffer with a NUL, as Linux's strscpy_pad."""
     p = Probe(probe_obj, "process", mcpu)
     assert p.run("who") == 0
     name = Path("/proc/self/comm").read_bytes().rstrip(b"\n")[:15]
     value = p.state.by_name("seen").lookup(u32(0))
-    assert value == struct.pack("<Q", os.getpid() << 32 | os.getpid()) + name.ljust(16, b"\0") + \
-        name[:3].ljust(4, b"\0") + bytes(4)
+    assert value == struct.pack("<QQ", os.getpid() << 32 | os.getpid(), os.getgid() << 32 | os.getuid()) + \
+        name.ljust(16, b"\0") + name[:3].ljust(4, b"\0") + bytes(4)
 
 
 @MCPUS

@@ -50,6 +50,10 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
     # uprobe or host-API probe runs in the thread that called: tgid << 32 | that thread's id, as in Linux
     # (shim/launchvm.c).
     Helper(14, "get_current_pid_tgid", (), "int"),
+    # gid << 32 | uid, the real ids (Linux's current_uid_gid) of the thread that called a host uprobe or
+    # host-API probe (shim/launchvm.c); elsewhere, the GPU included, of the process, the GPU's as they were
+    # when its maps were laid out (devmaps.UID_GID).
+    Helper(15, "get_current_uid_gid", (), "int"),
     # (buf, size): a thread's name (comm), NUL-terminated, truncated to size, the rest zeroed; 0. As for
     # pid_tgid, a host uprobe or host-API probe, in the thread that called, gets that thread's name (read
     # at its first run there: a name it takes later is not seen); launch probes (run later, on the
@@ -121,6 +125,11 @@ def main_comm() -> bytes:
 
 
 _comm: list = [0, b""]   # (pid, name): main_comm's, read again in a forked child
+
+
+def uid_gid() -> int:
+    """get_current_uid_gid where no application thread runs the probe: the process's real gid << 32 | uid."""
+    return os.getgid() << 32 | os.getuid()
 
 
 def comm_bytes(comm: bytes, size: int) -> bytes:

@@ -57,10 +57,11 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
   producer's head position stays within the credit of the last producer to pass (the records it writes
   were made room for). The trace_printk ring always drops.
 - trace_printk ring: a ring of TRACE_BYTES whose records hold u64 a1, a2, a3 then the format bytes. Its
-  header also holds, at PID_TGID (u64), what bpf_get_current_pid_tgid returns on the GPU: the process
-  that allocates the regions, the application, as tgid << 32 | tgid (bpf/helpers.py); and at COMM
-  (TASK_COMM_LEN bytes) the name bpf_get_current_comm copies there: the application's main thread's when
-  the regions were laid out.
+  header also holds what the GPU's process helpers return, written by the process that allocates the
+  regions, the application (bpf/helpers.py): at TGID (u32) its tgid, which bpf_get_current_pid_tgid returns
+  as tgid << 32 | tgid (stored once, which leaves room for the rest); at UID_GID (u64) gid << 32 | uid, its
+  real ids, as bpf_get_current_uid_gid returns them; and at COMM (TASK_COMM_LEN bytes) the name
+  bpf_get_current_comm copies there: the application's main thread's when the regions were laid out.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ import struct
 from dataclasses import dataclass, replace
 
 from ..bpf import program as prog
-from ..bpf.helpers import TASK_COMM_LEN, main_comm
+from ..bpf.helpers import TASK_COMM_LEN, main_comm, uid_gid
 from ..errors import EgpuError
 from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, PerthreadArrayStorage, TraceRecord
 
@@ -86,7 +87,8 @@ EMPTY, BUSY, FULL, DELETED = 0, 1, 2, 3
 REC_BUSY, REC_READY, REC_DISCARD = 1, 2, 4
 TRACE_BYTES = 1 << 20
 PRINTK_ARGS = struct.Struct("<QQQ")   # a trace_printk record's start: a1, a2, a3; the format after
-PID_TGID = 40       # in the trace ring's header, past RING_NCPU
+TGID = 36           # in the trace ring's header, past RING_NCPU
+UID_GID = 40        # in the trace ring's header
 COMM = 48           # in the trace ring's header, TASK_COMM_LEN bytes to its end
 LRU_WINDOW = 8
 HASH_SEED = 0xCBF29CE484222325
@@ -239,9 +241,10 @@ def ring_image(lay: MapLayout, ncpu: int) -> bytes:
 
 
 def trace_image(ncpu: int) -> bytes:
-    """An empty trace ring, with this process's pid_tgid and main thread's name in its header."""
+    """An empty trace ring, with this process's tgid, uid_gid and main thread's name in its header."""
     img = bytearray(ring_image(trace_layout(), ncpu))
-    struct.pack_into("<Q", img, PID_TGID, os.getpid() << 32 | os.getpid())
+    struct.pack_into("<I", img, TGID, os.getpid())
+    struct.pack_into("<Q", img, UID_GID, uid_gid())
     img[COMM:COMM + TASK_COMM_LEN] = main_comm()
     return bytes(img)
 

@@ -982,23 +982,34 @@ def _warp_id(g: FuncGen, insn: Insn) -> None:
     g.emit(f"shr.u64 {g.reg(0)}, {z}, 5;")
 
 
-def _pid_tgid(g: FuncGen, insn: Insn) -> None:
-    """The application's pid_tgid, which the host wrote into the trace ring's header (devmaps.PID_TGID):
-    read there, not baked in, so the code is the same in every process (egpu-run prebuilds it)."""
+def _trace_header(g: FuncGen, insn: Insn, name: str) -> str:
+    """The trace ring's global address, whose header holds what the host wrote of its process (devmaps.TGID,
+    UID_GID, COMM): read there, not baked in, so the code is the same in every process (egpu-run prebuilds
+    it)."""
     if g.target.table is None:
-        raise g.fail(insn, "get_current_pid_tgid needs the trace ring (not available in execute_on_gpu)")
+        raise g.fail(insn, f"{name} needs the trace ring (not available in execute_on_gpu)")
     t = g.t64()
     g.emit(f"cvta.to.global.u64 {t}, {g.map_base(len(g.target.maps))};")
-    g.emit(f"ld.global.nc.u64 {g.reg(0)}, [{t}+{devmaps.PID_TGID}];")
+    return t
+
+
+def _pid_tgid(g: FuncGen, insn: Insn) -> None:
+    """The application's pid_tgid, tgid << 32 | tgid, from the tgid the header holds once."""
+    t, tgid = _trace_header(g, insn, "get_current_pid_tgid"), g.t32()
+    g.emit(f"ld.global.nc.u32 {tgid}, [{t}+{devmaps.TGID}];")
+    g.emit(f"mov.b64 {g.reg(0)}, {{{tgid}, {tgid}}};")
+
+
+def _uid_gid(g: FuncGen, insn: Insn) -> None:
+    """The application's gid << 32 | uid, as the header holds it."""
+    t = _trace_header(g, insn, "get_current_uid_gid")
+    g.emit(f"ld.global.nc.u64 {g.reg(0)}, [{t}+{devmaps.UID_GID}];")
 
 
 def _comm(g: FuncGen, insn: Insn) -> None:
     """(buf, size): the name the host wrote into the trace ring's header (devmaps.COMM) as Linux's
     strscpy_pad copies it: its first size - 1 bytes at most, then zeros to the buffer's end; r0 = 0."""
-    if g.target.table is None:
-        raise g.fail(insn, "get_current_comm needs the trace ring (not available in execute_on_gpu)")
-    src, dst, i, n = g.t64(), g.t64(), g.t64(), g.t64()
-    g.emit(f"cvta.to.global.u64 {src}, {g.map_base(len(g.target.maps))};")
+    src, dst, i, n = _trace_header(g, insn, "get_current_comm"), g.t64(), g.t64(), g.t64()
     g.emit(f"add.u64 {src}, {src}, {devmaps.COMM};")
     g.emit(f"mov.b64 {dst}, {g.reg(1)};")
     g.emit(f"add.u64 {n}, {g.reg(1)}, {g.reg(2)};")
@@ -1041,6 +1052,6 @@ _EMIT: dict[str, Callable[[FuncGen, Insn], None]] = {
     "get_block_dim": _dim3("%ntid"), "get_thread_idx": _dim3("%tid"), "membar": _membar, "exit": _exit,
     "get_grid_dim": _dim3("%nctaid"), "get_sm_id": _reg_helper("%smid"), "get_warp_id": _warp_id,
     "get_lane_id": _reg_helper("%laneid"), "get_current_pid_tgid": _pid_tgid,
-    "get_current_comm": _comm,
+    "get_current_uid_gid": _uid_gid, "get_current_comm": _comm,
     "egpu_warp_mem_record": egpu_warp_mem_record,
 }

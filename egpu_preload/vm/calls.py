@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..bpf.helpers import BPF_F_CURRENT_CPU, BPF_RB_FLAGS, BY_NAME, comm_bytes, main_comm
+from ..bpf.helpers import BPF_F_CURRENT_CPU, BPF_RB_FLAGS, BY_NAME, comm_bytes, main_comm, uid_gid
 from ..errors import VmError
 from ..maps import EINVAL, MapStorage, PerfStorage, PerthreadArrayStorage, RingbufStorage, TraceRecord
 from ..output.warp_records import WARP, Instruction
@@ -187,6 +187,7 @@ _BY_NAME: dict[str, Callable[["Run"], bool]] = {
     "exit": exit, "get_sm_id": _sm_id, "get_warp_id": _reads(lambda t: t.warp),
     "get_lane_id": _reads(lambda t: t.lane),
     "get_current_pid_tgid": lambda run: _set(run, os.getpid() << 32 | os.getpid()),
+    "get_current_uid_gid": lambda run: _set(run, uid_gid()),
     "get_current_comm": get_current_comm,
     **dict.fromkeys(("probe_read", "probe_read_str", "probe_read_user", "probe_read_user_str"), probe_read_user),
     "egpu_warp_mem_record": egpu_warp_mem_record,

@@ -1,9 +1,11 @@
-/* What a kernel-site probe reads of the host process: bpf_get_current_pid_tgid and bpf_get_current_comm,
- * which the GPU reads from the trace ring's header (translate/devmaps.py PID_TGID, COMM). */
+/* What a kernel-site probe reads of the host process: bpf_get_current_pid_tgid, bpf_get_current_uid_gid and
+ * bpf_get_current_comm, which the GPU reads from the trace ring's header (translate/devmaps.py TGID, UID_GID,
+ * COMM). */
 #include "egpu.bpf.h"
 
 struct process {
 	__u64 pid_tgid;
+	__u64 uid_gid;
 	char comm[16];
 	char short_comm[4];
 };
@@ -24,6 +26,7 @@ int who(struct egpu_ctx *ctx)
 	if (!p)
 		return 0;
 	p->pid_tgid = bpf_get_current_pid_tgid();
+	p->uid_gid = bpf_get_current_uid_gid();
 	bpf_get_current_comm(p->comm, sizeof(p->comm));
 	bpf_get_current_comm(p->short_comm, sizeof(p->short_comm));   /* 3 bytes of the name and a NUL */
 	return 0;

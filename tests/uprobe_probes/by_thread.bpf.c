@@ -1,6 +1,7 @@
 /* Calls of a function by thread, under the two keys uprobe tools use for one: bpf_get_current_pid_tgid()
  * (per-thread state, an entry's argument or time read back at the return) and bpf_get_current_comm()
- * (libbpf-tools' counts by name). Bare: egpu-run --uprobe by_thread=PATH:SYMBOL. */
+ * (libbpf-tools' counts by name); and the caller's bpf_get_current_uid_gid(), which tools filter on
+ * (sslsniff's -u). Bare: egpu-run --uprobe by_thread=PATH:SYMBOL. */
 #include <vmlinux.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -23,6 +24,13 @@ struct {
 	__type(value, u64);
 } by_comm SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, u64);
+} uid_gid SEC(".maps");
+
 static __always_inline void count(void *map, void *key)
 {
 	u64 one = 1, *n = bpf_map_lookup_elem(map, key);
@@ -36,12 +44,14 @@ static __always_inline void count(void *map, void *key)
 SEC("uprobe")
 int BPF_KPROBE(by_thread)
 {
-	u64 tid = bpf_get_current_pid_tgid();
+	u64 tid = bpf_get_current_pid_tgid(), ids = bpf_get_current_uid_gid();
+	u32 zero = 0;
 	struct comm name;
 
 	bpf_get_current_comm(name.name, sizeof(name.name));
 	count(&by_tid, &tid);
 	count(&by_comm, &name);
+	bpf_map_update_elem(&uid_gid, &zero, &ids, BPF_ANY);
 	return 0;
 }
 
