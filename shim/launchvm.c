@@ -1070,6 +1070,23 @@ static const char *comm(const struct run *x) {
     return tls_comm;
 }
 
+/* get_prandom_u32 (bpf/helpers.py): splitmix64 (Steele, Lea, Flood 2014) on a state of the calling thread, so
+ * threads share nothing; seeded at a thread's first call from the clock and its id (0: not seeded), and again
+ * in a forked child (egpu_lvm_fork), which would otherwise repeat its parent's numbers. */
+static __thread uint64_t tls_prandom __attribute__((tls_model("initial-exec")));
+
+static uint32_t prandom_u32(void) {
+    if (!tls_prandom) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        tls_prandom = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^ (uint64_t)syscall(SYS_gettid) << 40;
+    }
+    uint64_t z = tls_prandom += 0x9e3779b97f4a7c15u;
+    z = (z ^ z >> 30) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ z >> 27) * 0x94d049bb133111ebu;
+    return (uint32_t)((z ^ z >> 31) >> 32);
+}
+
 /* bpf_get_current_comm(buf, size): the name as Linux's strscpy_pad copies it, its first size - 1 bytes at most,
  * then zeros to the buffer's end; 0. */
 static int get_comm(struct run *x) {
@@ -1199,6 +1216,9 @@ static int helper(struct run *x, int32_t id) {
     case 14: /* get_current_pid_tgid: tgid << 32 | its main thread (helpers.py); a run in the thread that called
               * (uprobes, host-API probes), | that thread, as Linux's (per-thread state is kept under it) */
         x->r[0] = (uint64_t)getpid() << 32 | (uint32_t)(x->caller ? syscall(SYS_gettid) : getpid());
+        return 0;
+    case 7: /* get_prandom_u32 */
+        x->r[0] = prandom_u32();
         return 0;
     case 15: /* get_current_uid_gid: gid << 32 | uid, the real ids of the thread that runs it (helpers.py), as
               * Linux's current_uid_gid; a launch run's are the runtime thread's, the process's */
@@ -1811,6 +1831,7 @@ void egpu_lvm_fork(enum egpu_fork_phase phase) {
         pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
         api_lock = sync_lock = route_lock = cpu_lock = maps_lock = fresh;
         main_comm_once = (pthread_once_t)PTHREAD_ONCE_INIT;
+        tls_prandom = 0;
         atomic_store(&trace_stall_ns, 0); /* the thread that takes is gone: a full trace queue drops */
         atomic_store(&taker_blocked, 0), atomic_store(&synchronizing, 0);
     } else {

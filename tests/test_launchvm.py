@@ -27,7 +27,7 @@ from egpu_preload.runtime.probes import load_probe
 from egpu_preload.vm import Vm, run_with_mem
 from isa_cases import CASES, Case
 from stub_job import ROOT
-from translate_support import memory_program, straight_line_program
+from translate_support import assert_random_u32, memory_program, straight_line_program
 
 
 def _exec(shim_api, code: bytes, mem: bytes | None) -> tuple[int, int, int, bytes | None]:
@@ -164,6 +164,24 @@ def test_uid_gid_is_the_calling_threads(shim_api):
     t.join()
     assert got == [((0, 4321 << 32 | 1234), 4321 << 32 | 1234)]
     assert os.getuid() == 0
+
+
+def test_prandom_is_a_u32_of_each_threads_own_sequence(shim_api):
+    """Helper 7, for sampling (it was an unknown helper): in C a generator per thread, seeded apart (8 threads'
+    draws together still look random: none repeats another's), and Python's random on the VM."""
+    code = assemble("call get_prandom_u32\nexit")
+    drawn: list[int] = []
+
+    def draw() -> None:
+        drawn.extend(_exec(shim_api, code, None)[1] for _ in range(512))
+
+    threads = [threading.Thread(target=draw) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert_random_u32(drawn)
+    assert_random_u32([run_with_mem(code)[0] for _ in range(1024)])
 
 
 @pytest.mark.parametrize("size", [0, 1, 4, 16, 20])

@@ -424,6 +424,15 @@ def test_the_processs_ids_on_the_gpu_are_read_from_the_trace_rings_header(tmp_pa
     dm.free()
 
 
+def test_prandom_on_the_gpu_reads_no_memory_and_assembles(tmp_path):
+    """bpf_get_prandom_u32 on the GPU hashes the clock and the thread's place (bpf/helpers.py): no state in
+    memory that threads would share or wait on; ptxas takes it. What its draws look like: test_translate_gpu."""
+    obj, p = probe_object("call get_prandom_u32\nexit", [])
+    text = probe_function(p, obj).func
+    assert "%clock64" in text and not re.search(r"\b(ld|st|atom|red)\.(?!param)", text), text
+    ptxas(probe_runner_ptx(probe_function(p, obj, ctx_params=True)), "sm_90", tmp_path)
+
+
 def test_comm_on_the_gpu_is_copied_from_the_name_the_host_wrote_into_the_trace_rings_header(tmp_path):
     """bpf_get_current_comm on the GPU, where no host thread runs the probe: a copy (at most size - 1 bytes,
     then zeros) from the trace ring's header, where laying the maps out wrote the main thread's name; ptxas

@@ -24,8 +24,8 @@ from egpu_preload.maps import MapsState
 from egpu_preload.translate import execute_batch_on_gpu, execute_on_gpu, run_probe_on_gpu
 from egpu_preload.vm import ThreadSim, Vm, run_with_mem
 from isa_cases import CASES
-from translate_support import (GPU_TEST_PROBES, RING_CAPACITY, memory_program, probe_object, straight_line_program,
-                               verified_programs)
+from translate_support import (GPU_TEST_PROBES, RING_CAPACITY, assert_random_u32, memory_program, probe_object,
+                               straight_line_program, verified_programs)
 
 pytestmark = pytest.mark.gpu
 
@@ -119,6 +119,15 @@ def test_every_probe_matches_vm(probe_obj, probe_names):
                 bad.append(f"{name}:{p.section}: r0 gpu {r0s[0]} vm {vm_r0}\n  gpu {_digest(gpu_state, varying)}\n"
                            f"  vm  {_digest(vm_state, varying)}")
     assert not bad, "\n".join(bad)
+
+
+def test_prandom_draws_of_a_million_threads_look_random():
+    """bpf_get_prandom_u32 from every thread of a launch, each thread's second draw: the lanes of a warp read one
+    clock, the warps of an SM and the SMs run at once, yet the draws are u32s, nearly all distinct, their bits
+    balanced (the first 2,048 threads', neighbours, and 2,048 spread over the launch checked)."""
+    obj, p = probe_object("call get_prandom_u32\nexit", [])
+    r0s, _ = run_probe_on_gpu(obj, p, 1 << 20, calls=2)
+    assert_random_u32(r0s[:2048] + r0s[2048::511][:2048])
 
 
 # ---- random verified programs -------------------------------------------------------------------

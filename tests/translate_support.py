@@ -28,6 +28,17 @@ def report_lines() -> list[str]:
     return out
 
 
+def assert_random_u32(values: list[int]) -> None:
+    """What bpf_get_prandom_u32's draws should look like, its values left open: each a u32, nearly all
+    distinct (two equal among 4,096 u32s come once in 500 tries), each bit set in about half (within 5 sigma)."""
+    n = len(values)
+    assert all(0 <= v < 1 << 32 for v in values), [v for v in values if not 0 <= v < 1 << 32][:4]
+    assert len(set(values)) >= n - 2, f"{n - len(set(values))} repeated of {n}"
+    for bit in range(32):
+        ones = sum(v >> bit & 1 for v in values)
+        assert abs(ones - n / 2) < 2.5 * n ** 0.5, f"bit {bit} set in {ones} of {n}"
+
+
 def probe_object(asm: str, maps: list[prog.MapDef], path: str = "probe.bpf.o") -> tuple[prog.BpfObject,
                                                                                           prog.Program]:
     """A one-program object (attached to every kernel's entry, per thread) from assembler text."""

@@ -44,6 +44,12 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
     Helper(3, "map_delete_elem", ("map", "key"), "int"),
     Helper(5, "ktime_get_ns", (), "int"),
     Helper(6, "trace_printk", ("mem", "size", "anything", "anything", "anything"), "int"),
+    # A pseudo-random u32 for sampling (`if (bpf_get_prandom_u32() % 100) return 0;`), never for secrets, as
+    # Linux's. Each thread draws from its own generator, so none waits on another: in C splitmix64 on a state of
+    # the calling thread (shim/launchvm.c), on the VM Python's random; on the GPU, which keeps no state between
+    # calls, splitmix64's finalizer of %clock64 mixed with where the thread runs (SM, warp slot, lane: unique
+    # among the threads running at one cycle; translate/helpers_ptx.py).
+    Helper(7, "get_prandom_u32", (), "int"),
     Helper(8, "get_smp_processor_id", (), "int"),
     # The application's process: tgid << 32 | its main thread's id (= tgid). On the GPU no host thread
     # runs the probe, so every caller sees that value (the GPU reads it where devmaps.PID_TGID says). A host

@@ -108,6 +108,7 @@ static long (*bpf_map_update_elem)(void *map, const void *key, const void *value
 static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
 static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;           /* %globaltimer on the GPU */
 static long (*bpf_trace_printk)(const char *fmt, __u32 fmt_size, ...) = (void *)6; /* formatted on the host */
+static __u32 (*bpf_get_prandom_u32)(void) = (void *)7;        /* for sampling, per thread (bpf/helpers.py) */
 static __u32 (*bpf_get_smp_processor_id)(void) = (void *)8;   /* %smid on the GPU */
 static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;  /* tgid << 32 | tgid (host-called: | its thread) */
 static __u64 (*bpf_get_current_uid_gid)(void) = (void *)15;   /* gid << 32 | uid, real ids (host-called: its thread's) */

@@ -993,6 +993,30 @@ def _trace_header(g: FuncGen, insn: Insn, name: str) -> str:
     return t
 
 
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB   # splitmix64's
+
+
+def _prandom_u32(g: FuncGen, insn: Insn) -> None:
+    """A u32 from no state (bpf/helpers.py): splitmix64's finalizer of %clock64 xor the thread's place, SM << 11 |
+    warp slot << 5 | lane, times the golden ratio. The place tells apart the threads that read one cycle (the
+    slot is a warp's while it runs; clock64 counts apart on each SM); a thread's clock moves on between its
+    calls. Its high half is returned, the better mixed."""
+    where, z, t = _special(g, "%smid"), g.t64(), g.t64()
+    for sreg, shift in (("%warpid", 6), ("%laneid", 5)):
+        g.emit(f"shl.b64 {where}, {where}, {shift};")
+        g.emit(f"or.b64 {where}, {where}, {_special(g, sreg)};")
+    g.emit(f"mov.u64 {z}, %clock64;")
+    g.emit(f"mul.lo.u64 {where}, {where}, {lit(_GOLDEN)};")
+    g.emit(f"xor.b64 {z}, {z}, {where};")
+    for shift, mul in ((30, _MIX1), (27, _MIX2)):
+        g.emit(f"shr.u64 {t}, {z}, {shift};")
+        g.emit(f"xor.b64 {z}, {z}, {t};")
+        g.emit(f"mul.lo.u64 {z}, {z}, {lit(mul)};")
+    g.emit(f"shr.u64 {t}, {z}, 31;")
+    g.emit(f"xor.b64 {z}, {z}, {t};")
+    g.emit(f"shr.u64 {g.reg(0)}, {z}, 32;")
+
+
 def _pid_tgid(g: FuncGen, insn: Insn) -> None:
     """The application's pid_tgid, tgid << 32 | tgid, from the tgid the header holds once."""
     t, tgid = _trace_header(g, insn, "get_current_pid_tgid"), g.t32()
@@ -1045,7 +1069,7 @@ def _exit(g: FuncGen, insn: Insn) -> None:
 
 _EMIT: dict[str, Callable[[FuncGen, Insn], None]] = {
     "map_lookup_elem": map_lookup_elem, "map_update_elem": map_update_elem, "map_delete_elem": map_delete_elem,
-    "ktime_get_ns": _timer, "trace_printk": trace_printk, "get_smp_processor_id": _reg_helper("%smid"),
+    "ktime_get_ns": _timer, "trace_printk": trace_printk, "get_prandom_u32": _prandom_u32, "get_smp_processor_id": _reg_helper("%smid"),
     "perf_event_output": perf_event_output, "ringbuf_output": ringbuf_output,
     "ringbuf_reserve": ringbuf_reserve, "ringbuf_submit": _release(REC_READY),
     "ringbuf_discard": _release(REC_DISCARD), "get_globaltimer": _timer, "get_block_idx": _dim3("%ctaid"),

@@ -7,6 +7,7 @@ maps.py; this module only moves bytes between VM memory and those containers.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -188,6 +189,7 @@ _BY_NAME: dict[str, Callable[["Run"], bool]] = {
     "get_lane_id": _reads(lambda t: t.lane),
     "get_current_pid_tgid": lambda run: _set(run, os.getpid() << 32 | os.getpid()),
     "get_current_uid_gid": lambda run: _set(run, uid_gid()),
+    "get_prandom_u32": lambda run: _set(run, random.getrandbits(32)),
     "get_current_comm": get_current_comm,
     **dict.fromkeys(("probe_read", "probe_read_str", "probe_read_user", "probe_read_user_str"), probe_read_user),
     "egpu_warp_mem_record": egpu_warp_mem_record,
