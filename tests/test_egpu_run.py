@@ -91,6 +91,20 @@ def test_no_probe_at_all_says_so_where_maps_were_asked_for(stub_job, tmp_path):
     assert (r.returncode, r.stdout, r.stderr) == (0, "app_vec module launches=1 threads=32 result=0\n", "")
 
 
+def test_probes_that_instrument_no_kernel_say_their_maps_were_never_laid_out(stub_job, tmp_path):
+    """A kprobe naming no kernel the job loads (bpftime's funclatency, kprobe/SomeKernelName): no module was
+    instrumented, so no process laid its maps out. egpu-run said every probe was detached, as if one had run."""
+    from egpu_preload.bpf.compile import compile_probe
+    src = tmp_path / "nomatch.bpf.c"
+    src.write_text(BAD_PROBE.replace('SEC("kprobe/*")', 'SEC("kprobe/NoSuchKernel")')
+                   .replace("return *v;", "return v != 0;"))
+    r = egpu_run(["-p", str(compile_probe(src, tmp_path / "nomatch.bpf.o")), str(stub_job.app), "module", "1", "32",
+                  "0"], stub_job.env(tmp_path / "log"))
+    assert (r.returncode, r.stdout) == (0, "app_vec module launches=1 threads=32 result=0\n"), r.stderr
+    assert r.stderr.splitlines()[-1] == ("egpu-run: no maps: the probes' maps were never laid out: no module the job "
+                                         "loaded was instrumented for kprobe/NoSuchKernel"), r.stderr
+
+
 def test_a_process_whose_cuinit_fails_says_so(stub_job, probe_obj, tmp_path):
     """A driver but no GPU (cuInit: CUDA_ERROR_NO_DEVICE): the job runs as it would, and egpu says once
     why no probe ran in it."""

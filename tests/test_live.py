@@ -643,6 +643,19 @@ def test_a_probe_loaded_at_start_is_detached_and_another_attached(stub_job, tmp_
     assert json.loads(out.splitlines()[-1])["maps"] == {"per_kernel": {"kind": "map", "entries": []}}  # attached last
 
 
+def test_a_job_whose_every_probe_was_detached_says_so_at_exit(stub_job, tmp_path, monkeypatch, probes):
+    """No maps at exit because egpu detach took every probe off (and printed their final maps): said so, not
+    that no module was instrumented (the detached probe's was)."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    job = Job(stub_job, tmp_path, options=("-p", str(probes["count"])))
+    detach = egpu(["detach", str(job.pid), "count"], job.env)
+    assert detach.returncode == 0 and detach.stdout == "@counts: 0\n", detach.stderr
+    status, out, err = job.finish()
+    assert status == 0 and "@counts" not in out, err
+    assert err.splitlines()[-1] == ("egpu-run: no maps: every probe was detached before the job ended (egpu detach "
+                                    "printed their final maps)"), err
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_interval_prints_the_maps_while_the_job_runs(stub_job, tmp_path, monkeypatch, probes, as_json):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))

@@ -14,6 +14,9 @@ its Nth exec left ``<pid>.exec<N>.msgpack`` (write_exec): the maps as ``egpu map
              PERF_EVENT_ARRAY {"records": [[sm, bytes]], "drops"}; trace: [[fmt, a1, a2, a3, sm]];
              trace_dropped: the lines the device's trace_printk ring dropped
     error    why the maps could not be read (then probes is empty), or None
+    laid_out whether the device maps were ever laid out in the process (an instrumented load, or a live attach,
+             detach or swap): where not, probes empty means no kernel was instrumented, not that every probe
+             was detached; absent (True) in the exec dump and the mirror's
     kernels  [[kernel id, mangled name]] for every kernel the process loaded or looked up
     modules  [{"api", "call", "image", "status", "backend", "timing", "kernels": [[name, status, reason]]}]
              per load; timing (ms): rewrite_ms (PTX instrumented), driver_ms (the shim's load of the

@@ -530,7 +530,7 @@ class Runtime:
         self.lib.egpu_shim_stats(stats)
         dump.write(self.cfg.session, {
             "pid": os.getpid(), "argv": config.argv(), "rank": config.rank(),
-            "probes": probes, "error": error,
+            "probes": probes, "error": error, "laid_out": self.context is not None,
             "kernels": self.id_names(),
             "modules": [m.report() for m in self.loads],
             "stats": {f: int(getattr(stats, f)) for f in STATS},

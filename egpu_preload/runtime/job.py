@@ -402,8 +402,18 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
     if not out and not as_json and not traced and any(d["probes"] for d in dumps):   # empty maps print nothing (bpftrace's way)
         notes.append("egpu-run: every map is empty: no probe program stored anything")
     elif not out and not any(d["probes"] for d in dumps) and (dumps if probes else maps_asked):
-        notes.append("egpu-run: no maps: " + ("every probe was detached before the job ended (egpu detach printed "
-                                              "their final maps)" if probes else
+        notes.append("egpu-run: no maps: " + (_why_no_maps(probes, dumps) if probes else
                                               "no probe was given (-p PROBE) nor attached while the job ran "
                                               "(egpu attach)"))
     return out, notes
+
+
+def _why_no_maps(probes: list[Probe], dumps: list[dict[str, Any]]) -> str:
+    """Why processes that ran ``probes`` left no maps: every probe was detached live, or no process laid its
+    maps out, which an instrumented load does (or a live change): none loaded a kernel the probes instrument."""
+    if any(d.get("laid_out", True) for d in dumps):
+        return "every probe was detached before the job ended (egpu detach printed their final maps)"
+    from egpu_preload.bpf.sections import HOST_SIDE
+    named = dict.fromkeys(g.section for p in probes for g in p.obj.programs if g.attach.kind not in HOST_SIDE)
+    return "the probes' maps were never laid out: no module the job loaded was instrumented" + \
+        (f" for {', '.join(named)}" if named else "")
