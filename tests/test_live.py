@@ -656,6 +656,21 @@ def test_a_job_whose_every_probe_was_detached_says_so_at_exit(stub_job, tmp_path
                                     "printed their final maps)"), err
 
 
+def test_a_job_started_without_probes_whose_attached_probe_was_detached_says_so_at_exit(stub_job, tmp_path,
+                                                                                       monkeypatch, probes):
+    """egpu-run --json CMD, then egpu attach and egpu detach: no maps at exit because the attached probe was
+    detached, not because none was given nor attached, as egpu-run said."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    job = Job(stub_job, tmp_path, options=("--json",))
+    assert egpu(["attach", str(job.pid), "-p", str(probes["count"])], job.env).returncode == 0
+    job.wait_launches()
+    assert egpu(["detach", str(job.pid), "count"], job.env).returncode == 0
+    status, out, err = job.finish()
+    assert status == 0 and "counts" not in out, err
+    assert err.splitlines()[-1] == ("egpu-run: no maps: every probe was detached before the job ended (egpu detach "
+                                    "printed their final maps)"), err
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_interval_prints_the_maps_while_the_job_runs(stub_job, tmp_path, monkeypatch, probes, as_json):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))

@@ -402,10 +402,15 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
     if not out and not as_json and not traced and any(d["probes"] for d in dumps):   # empty maps print nothing (bpftrace's way)
         notes.append("egpu-run: every map is empty: no probe program stored anything")
     elif not out and not any(d["probes"] for d in dumps) and (dumps if probes else maps_asked):
-        notes.append("egpu-run: no maps: " + (_why_no_maps(probes, dumps) if probes else
+        notes.append("egpu-run: no maps: " + (_why_no_maps(probes, dumps) if probes or _attached(dumps) else
                                               "no probe was given (-p PROBE) nor attached while the job ran "
                                               "(egpu attach)"))
     return out, notes
+
+
+def _attached(dumps: list[dict[str, Any]]) -> bool:
+    """Whether a process of a job started without -p laid its maps out: only an egpu attach does that there."""
+    return any(d.get("laid_out", False) for d in dumps)
 
 
 def _why_no_maps(probes: list[Probe], dumps: list[dict[str, Any]]) -> str:
