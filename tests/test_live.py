@@ -1300,6 +1300,15 @@ def test_a_change_whose_sass_staging_fails_frees_the_snapshot(tmp_path, monkeypa
     assert control.names == ["u"] and not allocated, allocated
 
 
+def connected(pid: int) -> bool:
+    """Whether process ``pid`` has a socket open (egpu's to a job, once its request is under way)."""
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.readlink(fds / fd).startswith("socket:") for fd in os.listdir(fds))
+    except OSError:   # it ended, or closed an fd while listed
+        return False
+
+
 def test_ctrl_c_while_a_job_works_says_what_may_still_happen(job, probes):
     """Ctrl-C while egpu waits for a job (here: the job stopped, so no reply comes) exits 130, as a shell's
     interrupted command does, saying what may still happen there (typer's exit said nothing): an attach
@@ -1310,7 +1319,11 @@ def test_ctrl_c_while_a_job_works_says_what_may_still_happen(job, probes):
         try:
             p = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.egpu_main()", *args],
                                  env=job.env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            time.sleep(3)   # the request is sent and waits
+            # its socket to the job open: the request is under way (a Ctrl-C while egpu still starts, which
+            # took over 3 s on a loaded machine, exits 130 saying nothing)
+            deadline = time.monotonic() + 30
+            while not connected(p.pid) and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
             p.send_signal(signal.SIGINT)
             out, err = p.communicate(timeout=30)
         finally:
