@@ -43,6 +43,24 @@ def launch(mode: str, k: int, n: int) -> tuple[ctypes.CDLL, ctypes.c_void_p, int
     return cuda, mod, r | cuda.cuCtxSynchronize()
 
 
+def mirror_copy(since: float) -> float:
+    """When this process's map mirror (runtime/mirror.py) was first written after ``since`` (time.time()),
+    waiting up to 30 s for it: the copy after that one read the maps wholly after ``since``. How a job
+    knows its launches are in the mirror, on however loaded a machine."""
+    from egpu_preload.errors import EgpuError
+    from egpu_preload.runtime.mirror import read_mirror
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            when = read_mirror(os.getpid())[1]
+        except EgpuError:   # no copy yet
+            when = 0.0
+        if when > since:
+            return when
+        time.sleep(0.01)
+    raise TimeoutError(f"no map mirror copy of process {os.getpid()} in 30 s")
+
+
 def main() -> int:
     mode, k, n, status = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     cuda, mod, r = launch(mode, k, n)
