@@ -370,7 +370,8 @@ sys.path.insert(0, sys.argv[1])
 import app_vec
 if sys.argv[3:] == ["exec'd"]:   # the image the exec made: it runs probes, then dies before its exit dump
     app_vec.launch("module", 2, 32)
-    time.sleep(float(sys.argv[2]) * 4)   # past a mirror copy, where there are copies
+    if float(sys.argv[2]) > 0:   # a mirror copy that holds them, where there are copies
+        app_vec.mirror_copy(app_vec.mirror_copy(time.time()))
     os.kill(os.getpid(), 9)
 app_vec.launch("module", 3, 32)
 os.execv(sys.executable, [sys.executable, __file__, *sys.argv[1:], "exec'd"])
