@@ -622,6 +622,20 @@ def test_sigint_stops_a_c_program(stub_job, probe_obj, tmp_path):
     assert "KeyboardInterrupt" not in err
 
 
+def mirrored(directory: Path) -> str:
+    """The maps (text) in the map mirrors of the processes whose sessions are in ``directory``, as their
+    last copies hold them; none while no copy is there."""
+    from egpu_preload.errors import EgpuError
+    from egpu_preload.runtime.mirror import read_segment
+    docs = []
+    for path in directory.glob("*.maps"):
+        try:
+            docs.append(read_segment(path)[0])
+        except EgpuError:   # no document yet, or the process just ended
+            continue
+    return job.render([], docs, False)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_killed_job_prints_its_last_mirror_copy(stub_job, probe_obj, tmp_path, sig):
     """A job killed by a signal leaves no exit dump: egpu-run prints the maps of its last map mirror copy
@@ -633,7 +647,9 @@ def test_a_killed_job_prints_its_last_mirror_copy(stub_job, probe_obj, tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline() == "ready\n"
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30   # a copy that counted launches: 0.5 s need not hold one on a loaded machine
+    while not re.search(r"^@counts: [1-9]", mirrored(tmp_path / "egpu"), re.M) and time.monotonic() < deadline:
+        time.sleep(0.05)
     os.kill(proc.pid, sig)
     try:
         out, err = proc.communicate(timeout=20)
