@@ -44,14 +44,14 @@ class Job:
 
     def __init__(self, stub_job, tmp: Path, library: bool = False, options: tuple[str, ...] = (),
                  args: tuple[str, ...] = (), **env: str) -> None:
-        self.log, self.stop, self.library = tmp / "log", tmp / "stop", library
+        self.log, self.stop, self.out, self.library = tmp / "log", tmp / "stop", tmp / "job.out", library
         self.env = stub_job.env(self.log, **env)
         self.dir = tmp / "egpu"
-        self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", *options,
-                                      str(stub_job.loop), str(self.stop), "600", *(["library"] if library else []),
-                                      *args],
-                                     env=self.env, cwd=ROOT,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with self.out.open("w") as out:   # a file, which the test reads while the job runs (printed)
+            self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", *options,
+                                          str(stub_job.loop), str(self.stop), "600",
+                                          *(["library"] if library else []), *args],
+                                         env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             found = [s for s in list_sessions(self.dir) if s.info and str(stub_job.loop) in s.info["argv"]]
@@ -72,10 +72,16 @@ class Job:
         while self.launches() < target and time.monotonic() < deadline:
             time.sleep(0.01)
 
+    def printed(self, pattern: str, n: int) -> None:
+        """Wait (up to 30 s) until the job printed ``n`` lines that match ``pattern``."""
+        deadline = time.monotonic() + 30
+        while len(re.findall(pattern, self.out.read_text(), re.M)) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def finish(self) -> tuple[int, str, str]:
         self.stop.touch()
-        out, err = self.proc.communicate(timeout=30)
-        return self.proc.returncode, out, err
+        _, err = self.proc.communicate(timeout=30)
+        return self.proc.returncode, self.out.read_text(), err
 
     def __enter__(self) -> "Job":
         return self
@@ -676,7 +682,7 @@ def test_interval_prints_the_maps_while_the_job_runs(stub_job, tmp_path, monkeyp
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     job = Job(stub_job, tmp_path, options=("--interval", "0.2", *(["--json"] if as_json else []),
                                            "-p", str(probes["count"])))
-    time.sleep(1.0)
+    job.printed(r"^\{" if as_json else r"^@counts: 0$", 2)   # two intervals (1 s need not hold them when loaded)
     status, out, err = job.finish()
     assert status == 0, err
     if as_json:
@@ -781,7 +787,7 @@ def test_interval_prints_the_maps_host_programs_fill(stub_job, tmp_path, monkeyp
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     job = Job(stub_job, tmp_path, options=("--interval", "0.2", "--launch-vm", vm, *(["--json"] if as_json else []),
                                            "-p", str(LAUNCH_PROBE)))
-    time.sleep(1.0)
+    job.printed(r"^\{" if as_json else STEP_LAUNCHES.pattern, 2)   # two intervals, as above
     status, out, err = job.finish()
     assert status == 0, err
     if as_json:   # an interval may come before step's first launch: its map is empty then, as bpftrace's is
