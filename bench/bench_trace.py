@@ -31,9 +31,9 @@ SIZES = (1 << 20, 1 << 22, 1 << 24)
 DELIVERED = re.compile(r"^egpu-run: ([\d,]+) records? in \S+?(, none dropped)?(?:[,;].*)?$", re.M)
 
 
-PACE = re.compile(r"drained in ([\d,]+) passes, ([\d,.]+) MB copied(?: \(([\d,.]+) MB of records taken, ([\d,.]+) MB "
-                  r"past a record not yet complete\))?; reader: (.*?)(?:; spool writes ([\d.]+) s)?; writer ([\d.]+) s$",
-                  re.M)
+PACE = re.compile(r"drained in ([\d,]+) passes, ([\d,.]+) MB copied(?: \(([\d,.]+) MB of records taken, "
+                  r"([\d,.]+) MB past a record not yet complete\))?; reader: (.*?)(?:; spool writes ([\d.]+) s)?; "
+                  r"writer ([\d.]+) s$", re.M)
 PHASE = re.compile(r"([a-z][a-z ]*) ([\d.]+) s(?: \(([\d.]+) s in the driver\))?$")
 
 

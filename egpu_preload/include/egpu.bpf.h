@@ -111,7 +111,8 @@ static long (*bpf_trace_printk)(const char *fmt, __u32 fmt_size, ...) = (void *)
 static __u32 (*bpf_get_prandom_u32)(void) = (void *)7;        /* for sampling, per thread (bpf/helpers.py) */
 static __u32 (*bpf_get_smp_processor_id)(void) = (void *)8;   /* %smid on the GPU */
 static __u64 (*bpf_get_current_pid_tgid)(void) = (void *)14;  /* tgid << 32 | tgid (host-called: | its thread) */
-static __u64 (*bpf_get_current_uid_gid)(void) = (void *)15;   /* gid << 32 | uid, real ids (host-called: its thread's) */
+/* gid << 32 | uid, the real ids (host-called: its thread's; on the GPU the process's when its maps were laid out) */
+static __u64 (*bpf_get_current_uid_gid)(void) = (void *)15;
 /* The thread's name (a uprobe or host-API probe: the calling thread's; elsewhere the main thread's), 0 */
 static long (*bpf_get_current_comm)(void *buf, __u32 size_of_buf) = (void *)16;
 /* The application's memory (uprobes and host-API probes only): 0, or -EFAULT and dst zeroed; the _str forms

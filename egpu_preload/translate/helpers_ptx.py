@@ -1069,7 +1069,8 @@ def _exit(g: FuncGen, insn: Insn) -> None:
 
 _EMIT: dict[str, Callable[[FuncGen, Insn], None]] = {
     "map_lookup_elem": map_lookup_elem, "map_update_elem": map_update_elem, "map_delete_elem": map_delete_elem,
-    "ktime_get_ns": _timer, "trace_printk": trace_printk, "get_prandom_u32": _prandom_u32, "get_smp_processor_id": _reg_helper("%smid"),
+    "ktime_get_ns": _timer, "trace_printk": trace_printk, "get_prandom_u32": _prandom_u32,
+    "get_smp_processor_id": _reg_helper("%smid"),
     "perf_event_output": perf_event_output, "ringbuf_output": ringbuf_output,
     "ringbuf_reserve": ringbuf_reserve, "ringbuf_submit": _release(REC_READY),
     "ringbuf_discard": _release(REC_DISCARD), "get_globaltimer": _timer, "get_block_idx": _dim3("%ctaid"),
