@@ -172,18 +172,24 @@ def socket_path(pid: int, directory: Path | None = None) -> Path:
 def check_private_dir(directory: Path, *, create: bool) -> bool:
     """Make sure ``directory`` is ours and closed to others (creating it 0700 when asked); False when it
     does not exist and was not created. Anything else there (a symlink, another owner, group or other
-    access) is a ControlError: in /tmp another user could have made it first."""
+    access), or a directory that cannot be made, is a ControlError: in /tmp another user could have made
+    it first."""
     if create:
         try:
             directory.mkdir(mode=0o700, parents=False)
         except FileExistsError:
             pass
         except FileNotFoundError:  # $XDG_RUNTIME_DIR itself is missing
-            directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            directory.mkdir(mode=0o700, exist_ok=True)
+            try:
+                directory.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                directory.mkdir(mode=0o700, exist_ok=True)
+            except OSError as e:   # /proc/1: no directory can be made there
+                raise ControlError(f"{directory}: cannot create it ({e.strerror})") from None
+        except OSError as e:   # $XDG_RUNTIME_DIR a file, or read-only: a traceback, and the job never ran
+            raise ControlError(f"{directory}: cannot create it ({e.strerror})") from None
     try:
         st = os.lstat(directory)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):   # under a file there is nothing
         return False
     if not stat.S_ISDIR(st.st_mode):
         raise ControlError(f"{directory}: not a directory (a symlink, or a file): refusing to use it")

@@ -5,6 +5,7 @@ serving; stale sockets are cleaned; another uid is refused (for real when the te
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import stat
@@ -720,6 +721,25 @@ def test_a_squatted_directory_falls_back_to_a_private_one(sock_dir, private_tmp,
         assert ControlClient(os.getpid()).request("maps") == {"counts": 42}
         assert [s.pid for s in list_sessions()] == [os.getpid()]
     assert list(os.scandir(sock_dir)) == []   # nothing of ours went into the squatted directory
+
+
+@pytest.mark.parametrize("runtime", ["a file", "/proc/1"])
+def test_a_runtime_dir_where_none_can_be_made_falls_back_to_a_private_one(tmp_path, private_tmp, monkeypatch,
+                                                                          capsys, runtime):
+    """$XDG_RUNTIME_DIR a file, or a directory where none can be made (/proc/1): mkdir's OSError was a
+    traceback (egpu-run's job never ran, egpu ps failed); now a fallback, said in one line, as for a squatter's."""
+    if runtime == "a file":
+        runtime = tmp_path / "file"
+        runtime.write_text("")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert control.socket_dirs() == [] and list_sessions() == []
+    with ControlServer(HANDLERS) as server:
+        d = server.directory
+        assert d.parent == private_tmp and d.name.startswith(f"egpu-{os.getuid()}-")
+        [line] = capsys.readouterr().err.splitlines()
+        assert re.fullmatch(rf"egpu: {runtime}/egpu: cannot create it \(.+\): using {d} instead", line), line
+        assert control.socket_dirs() == [d]
+        assert [s.pid for s in list_sessions()] == [os.getpid()]
 
 
 def test_a_session_in_a_fallback_is_found_by_another_process(sock_dir, private_tmp, tmp_path):

@@ -701,6 +701,21 @@ def test_a_squatted_session_directory_still_runs_the_job(stub_job, probe_obj, tm
     assert os.stat(fallback[1]).st_mode & 0o777 == 0o700 and list(squat.iterdir()) == []
 
 
+def test_a_runtime_dir_that_is_a_file_still_runs_the_job(stub_job, probe_obj, tmp_path):
+    """$XDG_RUNTIME_DIR a file: egpu-run's mkdir there was a traceback (exit 1) and the job never ran; now
+    the session goes to a private fallback, one line says so, and the job's status passes through."""
+    (tmp_path / "tmp").mkdir()
+    runtime = tmp_path / "file"
+    runtime.write_text("")
+    r = egpu_run(["-p", str(probe_obj("count")), str(stub_job.app), "module", "1", "32", "3"],
+                 stub_job.env(tmp_path / "log", TMPDIR=str(tmp_path / "tmp"), XDG_RUNTIME_DIR=str(runtime)))
+    assert r.returncode == 3, r.stderr
+    assert r.stdout.splitlines()[1:] == ["@counts: 0"]
+    [line] = r.stderr.splitlines()
+    assert re.fullmatch(rf"egpu: {runtime}/egpu: cannot create it \(Not a directory\): using "
+                        rf"{tmp_path}/tmp/egpu-{os.getuid()}-\w+ instead", line), line
+
+
 def test_kernels_on_a_second_device_never_read_the_maps_of_the_first(stub_job, probe_obj, tmp_path):
     """The maps live in device 0's context (the first instrumented load's). app_vec devices then makes device 1
     current (cudaSetDevice(1)) and launches there the library's kernel (its copy in device 1's context: a

@@ -94,6 +94,13 @@ def test_bad_segments_are_refused_naming_the_file(tmp_path, content, reason):
     assert e.value.file == str(path)
 
 
+def test_a_mirror_under_a_file_is_no_mirror(tmp_path):
+    """$XDG_RUNTIME_DIR a file: egpu maps --mirror said only "Not a directory"."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(EgpuError, match="no map mirror"):
+        _read(tmp_path / "file")
+
+
 def test_the_segment_of_a_process_gone_is_removed(tmp_path):
     pid = 2 ** 22 + 12345   # above any pid_max default: no such process
     path = mirror.mirror_path(pid, tmp_path)

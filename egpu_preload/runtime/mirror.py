@@ -197,7 +197,7 @@ def read_segment(path: Path) -> tuple[dict, float]:
                 data = f.read()
                 f.seek(SEQ_AT)
                 after = f.read(4)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):   # $XDG_RUNTIME_DIR a file: no mirror there either
             raise EgpuError("no map mirror: the process has no egpu runtime, has loaded no probe yet, "
                             "or mirrors nothing (EGPU_MIRROR=0)", file=str(path)) from None
         except OSError as e:
