@@ -834,6 +834,21 @@ def test_a_file_that_is_no_trace_says_so_by_name(content, why, tmp_path):
         assert str(path) in str(e.value) and why in str(e.value)
 
 
+def test_a_damaged_page_header_is_one_line_of_printable_text(tmp_path):
+    """A byte of a Parquet page header flipped: pyarrow's message spans two lines and quotes the byte it
+    read ("don't know what type: \\x0f", which switches a terminal's character set); egpu trace printed
+    both lines and the byte."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"map": ["x"] * 10, "seq": list(range(10))}), path)
+    data = bytearray(path.read_bytes())
+    data[4] = 0xFF   # the first page header's first byte, just after the magic
+    path.write_bytes(data)
+    res = CliRunner().invoke(egpu, ["trace", str(path)])
+    assert res.exit_code == 1 and res.stdout == "", res.output
+    [line] = res.stderr.splitlines()
+    assert line.startswith(f"egpu: {path}: not a trace file: ") and line.isprintable(), line
+
+
 FOREIGN = {"timestamp": pa.array([datetime.datetime(2025, 1, 1)] * 2), "duration": pa.array([1, 2], pa.duration("ns")),
            "decimal": pa.array([decimal.Decimal("1.5")] * 2), "struct": pa.array([{"b": b"\1"}, {"b": b"\2"}])}
 
