@@ -233,7 +233,9 @@ static int take(struct egpu_ring_pass *p, uint64_t ncpu)
      * capacity bytes, for a length up to 4 GiB) and move consumed past head. Nothing is written. */
     if (k > n)
         return EGPU_PASS_PAST_HEAD;
-    p->unwalked = p->copied - k;   /* k <= n <= copied */
+    /* past the walk's end: the positions later passes copy again. Not the slack a crossing pass copied over
+     * from the data area's start, which no later pass copies (copied - n, where the pass crossed) */
+    p->unwalked = n - k;
     p->size = n;
     p->seen = p->consumed + k;
     if (took_a < 0)

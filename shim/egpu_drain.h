@@ -65,9 +65,9 @@ struct egpu_ring_pass {
     unsigned long long dropped;          /* the header's dropped count */
     unsigned long long line_drops;       /* the lines' drop counts, summed, at the last pass that read them */
     unsigned long long copied;           /* bytes copied out of the ring's data */
-    unsigned long long unwalked;         /* of those, bytes no walk went over (past the first record not complete,
-                                          * or the slack a copy from the data area's start replaced): a later
-                                          * pass copies them again */
+    unsigned long long unwalked;         /* of those, bytes past the first record not complete, which a later
+                                          * pass copies again (not the slack a copy from the data area's start
+                                          * replaced: copied counts that, this does not) */
     unsigned long long skipped;          /* bytes passed over unread (EGPU_PASS_SKIP) */
     unsigned long long size;             /* stage[0, size): the records taken, in ring order */
     unsigned long long n[2], nruns[2];   /* the two segments' records (starts from 0, then from n[0]) and runs

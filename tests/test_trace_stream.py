@@ -309,6 +309,25 @@ def test_a_record_is_taken_only_once_a_pass_saw_it_complete():
     assert (reader.copied, reader.took, reader.unwalked) == (160, 48, 64)
 
 
+def test_a_pass_across_the_rings_end_counts_its_second_copy_as_copied_not_as_past_a_record():
+    """A pass whose records cross the data area's end copies them from where they start on, into the slack, then
+    the data area's start over what the slack held past the record that crosses: those bytes are copied twice in
+    that pass, and no later pass copies them again, so they are not the bytes past a record not yet complete
+    (the pace line's count, which would otherwise read a full ring's wraps as producers still writing)."""
+    ring = HostRing(4096, 1, wait=False)
+    reader = RingReader(ring, 0, ring.lay)
+    for _ in range(30):
+        ring.produce(bytes(96), 0)                   # 104 bytes each: 3,120 of the ring's 4,096
+    reader.take(), reader.take()
+    assert (reader.copied, reader.took, reader.unwalked) == (2 * 3120, 3120, 0)
+    for _ in range(30):
+        ring.produce(bytes(96), 0)                   # 9 records before the end, the 10th across it to 1,040
+    reader.take(), reader.take()
+    # each pass: 3,120 from the first record on, then 3,120 - 1,040 from the data area's start
+    assert (reader.copied, reader.took, reader.unwalked) == (2 * 3120 + 2 * (3120 + 2080), 2 * 3120, 0)
+    assert reader.empty()
+
+
 class StagedRing(HostRing):
     """A HostRing that keeps what the reader asks of it: the pinned buffers it made and freed, the sizes read()
     copied, and the pass's copies (HostCopies.log)."""
