@@ -20,7 +20,8 @@ from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.elf import load_bytes, load_object
 from egpu_preload.bpf.program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
                                       MAP_RINGBUF, Attach)
-from egpu_preload.errors import BtfError, EgpuError, ElfError
+from egpu_preload.bpf.verifier import verify
+from egpu_preload.errors import BtfError, DecodeError, EgpuError, ElfError
 from egpu_preload.output import text, values
 from egpu_preload.vm import Vm
 
@@ -420,6 +421,29 @@ def test_refused_bytes(probe_obj, tmp_path, case, make, reason):
     with pytest.raises(ElfError) as e:
         load_bytes(make(probe_obj("count"), tmp_path), "probe.bpf.o")
     assert str(e.value).startswith("probe.bpf.o:") and reason in str(e.value)
+
+
+@pytest.mark.parametrize("at, value, reason", [
+    (2, 0x20, "insn: reserved offset field of lddw is 32, not zero"),
+    (8, 0x01, "second slot are not zero (opcode 0x01, registers 0x00, offset 0)"),
+    (9, 0x23, "second slot are not zero (opcode 0x00, registers 0x23, offset 0)"),
+    (10, 0x05, "second slot are not zero (opcode 0x00, registers 0x00, offset 5)"),
+])
+def test_relocating_an_lddw_keeps_its_reserved_fields(probe_obj, at, value, reason):
+    """Relocating a map's lddw rewrites its source and immediates only, as libbpf does, so the decoder still
+    refuses the reserved fields Linux refuses ("invalid bpf_ld_imm64 insn"): they were zeroed, and accepted."""
+    raw = bytearray(probe_obj("count").read_bytes())
+    with open(probe_obj("count"), "rb") as f:
+        elf = ELFFile(f)
+        rel = next(s for s in elf.iter_sections() if s.name.startswith(".rel") and not s.name.startswith(".rel."))
+        off = struct.unpack_from("<Q", raw, rel["sh_offset"])[0]
+        lddw = elf.get_section(rel["sh_info"])["sh_offset"] + off
+    raw[lddw + at] = value
+    prog = load_bytes(bytes(raw), "probe.bpf.o").programs[0]
+    with pytest.raises(DecodeError) as e:
+        verify(prog.code, [], file="probe.bpf.o", section=prog.section)
+    assert str(e.value).startswith(f"probe.bpf.o:kprobe/*:{off // 8}: invalid bpf_ld_imm64 insn")
+    assert reason in str(e.value)
 
 
 @pytest.mark.parametrize("at, value, reason", [

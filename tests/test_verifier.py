@@ -195,6 +195,22 @@ def test_decode_errors_name_the_file():
     assert str(info.value).startswith("x.bpf.o:kprobe/y:0: unknown opcode")
 
 
+@pytest.mark.parametrize("off, second, reason", [
+    (0, (0x01, 0, 0, 0), "lddw's second slot are not zero (opcode 0x01, registers 0x00, offset 0)"),
+    (0, (0, 0x01, 0, 0), "lddw's second slot are not zero (opcode 0x00, registers 0x01, offset 0)"),
+    (0, (0, 0, 1, 0), "lddw's second slot are not zero (opcode 0x00, registers 0x10, offset 0)"),
+    (0, (0, 0, 0, -1), "lddw's second slot are not zero (opcode 0x00, registers 0x00, offset -1)"),
+    (3, (0, 0, 0, 0), "reserved offset field of lddw is 3, not zero"),
+])
+def test_lddw_reserved_fields_are_refused_at_its_index(off, second, reason):
+    """``second`` is the second slot's (opcode, dst, src, offset); Linux's resolve_pseudo_ldimm64 and
+    check_ld_imm refuse these ("invalid bpf_ld_imm64 insn")."""
+    code = _op(0xB7) + _op(0x18, 1, 0, off, 5) + _op(*second) + _op(0x95)
+    with pytest.raises(DecodeError) as info:
+        verify(code, [], file="x.bpf.o", section="kprobe/y")
+    assert str(info.value).startswith("x.bpf.o:kprobe/y:1: invalid bpf_ld_imm64 insn: ") and reason in str(info.value)
+
+
 @pytest.mark.parametrize("fmt, refused", [
     (b"str %s\0", "%s"), (b"w=%-8s!\0", "%-8s"), (b"%ls\0", "%ls"),
     (b"100%%s %d\0", None), (b"%d %u %x\0", None), (b"%llx %c %p\0", None), (b"%d\0%s", None),  # past the NUL: unread

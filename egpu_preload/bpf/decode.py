@@ -13,6 +13,7 @@ from ..errors import DecodeError
 from . import isa
 
 _SLOT = struct.Struct("<BBhi")
+_LDDW = isa.LD | isa.MODE_IMM | isa.SIZE_DW
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,8 @@ def decode(code: bytes) -> list[Insn]:
         opcode, regs, off, imm = _SLOT.unpack_from(code, pc * 8)
         dst, src = regs & 0x0F, regs >> 4
         spec = isa.lookup(opcode, off)
+        if opcode == _LDDW and off:
+            raise _reserved(pc, f"invalid bpf_ld_imm64 insn: reserved offset field of lddw is {off}, not zero")
         if spec is None:
             why = f"unknown opcode 0x{opcode:02x}" + (f" with offset {off}" if off else "")
             if opcode == 0x8D:  # BPF_JMP | BPF_CALL | BPF_X
@@ -143,7 +146,8 @@ def decode(code: bytes) -> list[Insn]:
                 raise _reserved(pc, "lddw is missing its second slot")
             op2, regs2, off2, imm2 = _SLOT.unpack_from(code, (pc + 1) * 8)
             if op2 or regs2 or off2:
-                raise _reserved(pc, "reserved fields of lddw's second slot are not zero")
+                raise _reserved(pc, f"invalid bpf_ld_imm64 insn: reserved fields of lddw's second slot are not zero "
+                                    f"(opcode 0x{op2:02x}, registers 0x{regs2:02x}, offset {off2})")
             if src > isa.LDDW_MAP_IDX_VALUE:
                 raise _reserved(pc, f"unknown lddw source {src}")
             if dst >= isa.NUM_REGS:

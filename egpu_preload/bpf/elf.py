@@ -407,8 +407,11 @@ class _Loader:
             target = self.sections[sym.shndx].name
             raise ElfError(f"bad relocation at insn {pc}: {sym.name or target} in section {target} is neither "
                            f"a map nor global data", section=sec.name)
-        code[off:off + 16] = (_SLOT.pack(_OP_LDDW, src << 4 | dst, 0, _s32(value & 0xFFFFFFFF))
-                              + _SLOT.pack(0, 0, 0, _s32(value >> 32)))
+        # Only the pseudo source and the immediates change, as in libbpf: the decoder refuses a non-zero offset
+        # or second-slot opcode, register or offset, as Linux does ("invalid bpf_ld_imm64 insn").
+        code[off + 1] = src << 4 | dst
+        struct.pack_into("<i", code, off + 4, _s32(value & 0xFFFFFFFF))
+        struct.pack_into("<i", code, off + 12, _s32(value >> 32))
 
     # ---- programs ----
 
