@@ -116,6 +116,14 @@ def egpu_main() -> None:
     egpu(prog_name="egpu")
 
 
+def _path(text: str) -> Path:
+    """A path argument: an empty one is refused by its option's name, not read as ``Path("")``, the current
+    directory ("is a directory", or a trace written into it)."""
+    if not text:
+        raise typer.BadParameter("empty path")
+    return Path(text)
+
+
 def _read_ptx(path: Path) -> str:
     """A PTX module's text; EgpuError naming the file when it is not PTX (binary, empty, C++ source)."""
     from egpu_preload import fatbin
@@ -164,9 +172,9 @@ def _verified(path: Path, bpf: "BpfObject") -> list:
 
 
 @egpu.command()
-def inspect(binary: Path = typer.Argument(..., metavar="BINARY", help="an executable, library, object, static "
-                                          "archive (.a) or fatbin"),
-            extract_ptx: Optional[Path] = typer.Option(None, "--extract-ptx", metavar="DIR",
+def inspect(binary: Path = typer.Argument(..., metavar="BINARY", parser=_path,
+                                          help="an executable, library, object, static archive (.a) or fatbin"),
+            extract_ptx: Optional[Path] = typer.Option(None, "--extract-ptx", metavar="DIR", parser=_path,
                                                        help="write every PTX entry into DIR")) -> None:
     """List the fatbin entries of a binary (like cuobjdump -lelf -lptx)."""
     from egpu_preload import fatbin
@@ -199,12 +207,12 @@ def inspect(binary: Path = typer.Argument(..., metavar="BINARY", help="an execut
 
 @egpu.command("compile")
 def compile_cmd(ctx: typer.Context,
-                source: Optional[Path] = typer.Argument(None, metavar="X.bpf.c", show_default=False),
-                output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE",
+                source: Optional[Path] = typer.Argument(None, metavar="X.bpf.c", parser=_path, show_default=False),
+                output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE", parser=_path,
                                                       help="default: X.bpf.c -> X.bpf.o"),
                 mcpu: Literal["v3", "v4"] = typer.Option("v3", "--mcpu", metavar="v3|v4",
                                                          help="eBPF ISA version for clang"),
-                include: list[Path] = typer.Option([], "-I", "--include", metavar="DIR",
+                include: list[Path] = typer.Option([], "-I", "--include", metavar="DIR", parser=_path,
                                                    help="add DIR to the include path (a vmlinux.h's, say); "
                                                         "repeatable"),
                 cflags: bool = typer.Option(False, "--cflags",
@@ -236,14 +244,14 @@ def compile_cmd(ctx: typer.Context,
 
 
 @egpu.command("disasm")
-def disasm_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
+def disasm_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o", parser=_path)) -> None:
     """Print each program of a probe object in llvm-objdump's syntax, after relocation."""
     from egpu_preload.bpf.disasm import object_listing
     typer.echo(object_listing(_probe_object(obj)))
 
 
 @egpu.command("verify")
-def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
+def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o", parser=_path)) -> None:
     """Verify each program of a probe object; a refusal prints where (the source line when the object has
     line info), why and the verifier log (exit 1). Then the maps the GPU keeps in rows per SM (counters
     only ever added to) and where its host programs run (the shim's C interpreter or the Python VM)."""
@@ -288,7 +296,7 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
 
 
 @egpu.command("ptx")
-def ptx_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o")) -> None:
+def ptx_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o", parser=_path)) -> None:
     """Print the PTX module a probe object becomes (each program verified, then translated)."""
     from egpu_preload.translate import probe_object_ptx
     bpf = _probe_object(obj)
@@ -311,14 +319,14 @@ def _field_values(conditions: list[str]) -> list[str]:
 
 @egpu.command("trace")
 def trace_cmd(ctx: typer.Context,
-              path: Path = typer.Argument(..., metavar="FILE", help="a trace egpu-run --trace wrote"),
+              path: Path = typer.Argument(..., metavar="FILE", parser=_path, help="a trace egpu-run --trace wrote"),
               conditions: list[str] = typer.Option([], "--where", metavar="FIELD=VALUE", callback=_field_values,
                                                     help="only records where FIELD is VALUE (repeatable: all hold)"),
               limit: Optional[int] = typer.Option(None, "--limit", metavar="N", min=0, help="the first N records"),
               as_json: bool = typer.Option(False, "--json", help="one JSON object per record"),
-              perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="OUT",
+              perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="OUT", parser=_path,
                                                       help="records with a ts field as a trace for ui.perfetto.dev"),
-              parquet: Optional[Path] = typer.Option(None, "--parquet", metavar="OUT",
+              parquet: Optional[Path] = typer.Option(None, "--parquet", metavar="OUT", parser=_path,
                                                      help="the records as a Parquet trace file (from an .arrow one: "
                                                           "smaller, read by more tools)")) -> None:
     """Print a trace file's records (one line each, in each map's order), filtered, or convert them."""
@@ -366,10 +374,10 @@ NO_SITE_HINT = ("memory probes see ld/st/atom/red/cp.async of global or generic 
 
 
 @egpu.command("rewrite")
-def rewrite_cmd(ptx_in: Path = typer.Argument(..., metavar="IN.ptx"),
-                probes: list[Path] = typer.Option(..., "-p", "--probe", metavar="PROBE",
+def rewrite_cmd(ptx_in: Path = typer.Argument(..., metavar="IN.ptx", parser=_path),
+                probes: list[Path] = typer.Option(..., "-p", "--probe", metavar="PROBE", parser=_path,
                                                   help="a .bpf.o or .bpf.c (repeatable)"),
-                output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE",
+                output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE", parser=_path,
                                                       help="default: stdout")) -> None:
     """Instrument the kernels of a PTX module with probes; per-kernel status (and why a kernel is left
     alone) goes to stderr. A kernel the rewriter cannot handle fails the command (exit 1, nothing written)."""
@@ -561,7 +569,8 @@ def _final_maps(cmd: str, done: list[tuple[Any, Any]], as_json: bool) -> None:
 
 
 @egpu.command("attach")
-def attach_cmd(pid: int = _PID, probe: Path = typer.Option(..., "-p", "--probe", metavar="PROBE", help="a .bpf.o or .bpf.c"),
+def attach_cmd(pid: int = _PID, probe: Path = typer.Option(..., "-p", "--probe", metavar="PROBE", parser=_path,
+                                                           help="a .bpf.o or .bpf.c"),
                name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
                                                   help="default: the file name without .bpf.o"),
                as_json: bool = typer.Option(False, "--json", help="each process's reply as one JSON document"),
@@ -603,7 +612,7 @@ def detach_cmd(pid: int = _PID, probe: Optional[str] = typer.Argument(None, meta
 
 @egpu.command("swap")
 def swap_cmd(pid: int = _PID, old: str = typer.Argument(..., metavar="OLD", help="the attached probe's name"),
-             new: Path = typer.Argument(..., metavar="NEW", help="the new probe, a .bpf.o or .bpf.c"),
+             new: Path = typer.Argument(..., metavar="NEW", parser=_path, help="the new probe, a .bpf.o or .bpf.c"),
              name: Optional[str] = typer.Option(None, "--name", metavar="NAME",
                                                 help="NEW's name (default: the file name without .bpf.o)"),
              as_json: bool = typer.Option(False, "--json", help="OLD's final maps as JSON"),
@@ -660,7 +669,8 @@ def modules_cmd(pid: int = _PID, as_json: bool = typer.Option(False, "--json", h
 # ---- checkpoint and restore (egpu_preload/cow/: live.py and restore.py in the job, remote.py here) ----
 
 @egpu.command("checkpoint")
-def checkpoint_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="DIR", help="must not exist yet"),
+def checkpoint_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="DIR", parser=_path,
+                                                                      help="must not exist yet"),
                    stop_the_world: bool = typer.Option(False, "--compare-stop-the-world",
                                                        help="then copy the same bytes with the job stopped "
                                                             "and report how long that held it"),
@@ -675,7 +685,7 @@ def checkpoint_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metava
 
 
 @egpu.command("restore")
-def restore_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="DIR"),
+def restore_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="DIR", parser=_path),
                 as_json: bool = typer.Option(False, "--json", help="the reply as one JSON document")) -> None:
     """Roll a running job back to a checkpoint (its streams drained, then every allocation written back)."""
     from egpu_preload.cow import remote
@@ -696,12 +706,12 @@ OnFull = Literal["drop", "wait"]           # runtime/config.py ON_FULLS
 @egpu_run.command("egpu-run", cls=_RunCommand, no_args_is_help=True, options_metavar="[OPTIONS] CMD [ARGS]...",
                   context_settings={**HELP, "allow_interspersed_args": False, "allow_extra_args": True})
 def run_cmd(ctx: typer.Context,
-            probes: list[Path] = typer.Option([], "-p", "--probe", metavar="PROBE",
+            probes: list[Path] = typer.Option([], "-p", "--probe", metavar="PROBE", parser=_path,
                                               help="a .bpf.o or .bpf.c (repeatable)"),
             kernel: Optional[str] = typer.Option(None, "--kernel", metavar="GLOB",
                                                  help="instrument only kernels this glob matches"),
             as_json: bool = typer.Option(False, "--json", help="maps as one JSON document per process"),
-            output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE",
+            output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE", parser=_path,
                                                   help="write the maps (and --interval's) to FILE, not to stdout, "
                                                        "which CMD writes too: egpu-run --json -o m.json CMD, then "
                                                        "jq . m.json"),
@@ -717,7 +727,7 @@ def run_cmd(ctx: typer.Context,
                                            help="time every kernel, copy and set (CUPTI): count, total, mean, "
                                                 "histogram; bytes and bandwidth of copies; unified-memory "
                                                 "faults and migrations"),
-            perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="FILE",
+            perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="FILE", parser=_path,
                                                     help="write launches, copies, syncs, unified-memory "
                                                          "migrations and ring-buffer records with a ts field as a "
                                                          "trace for ui.perfetto.dev"),
@@ -742,14 +752,14 @@ def run_cmd(ctx: typer.Context,
             prometheus: Optional[int] = typer.Option(None, "--prometheus", metavar="PORT", min=1, max=65535,
                                                      help="serve the maps for Prometheus on PORT while the job runs "
                                                           "(needs egpu[prometheus])"),
-            restore: Optional[Path] = typer.Option(None, "--restore", metavar="DIR",
+            restore: Optional[Path] = typer.Option(None, "--restore", metavar="DIR", parser=_path,
                                                    help="put checkpoint DIR back once the job has remade its "
                                                         "allocations (egpu checkpoint)"),
             other_build: bool = typer.Option(False, "--restore-other-build",
                                              help="--restore DIR into another executable than the one it was "
                                                   "taken of (a rebuild known to allocate the same way); the "
                                                   "allocations are still matched"),
-            trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE",
+            trace: Optional[Path] = typer.Option(None, "--trace", metavar="FILE", parser=_path,
                                                  help="write every ring and perf buffer record to FILE as the job "
                                                       "runs: Parquet, or Arrow IPC (written faster) when FILE ends "
                                                       "in .arrow or .feather; read by egpu trace, pyarrow, pandas, "

@@ -256,6 +256,52 @@ def test_a_checkpoint_that_is_a_file_is_not_called_missing(tmp_path, app, args):
             f"{path}: not a directory (a checkpoint is one)")
 
 
+# (command, parameter, arguments with "" for it, how click names it)
+EMPTY_PATHS = [
+    ("egpu-run", "probes", ["-p", "", "true"], "'-p' / '--probe'"),
+    ("egpu-run", "output", ["-o", "", "true"], "'-o' / '--output'"),
+    ("egpu-run", "perfetto", ["--perfetto", "", "true"], "'--perfetto'"),
+    ("egpu-run", "restore", ["--restore", "", "true"], "'--restore'"),
+    ("egpu-run", "trace", ["--trace", "", "true"], "'--trace'"),
+    ("inspect", "binary", [""], "'BINARY'"),
+    ("inspect", "extract_ptx", ["x", "--extract-ptx", ""], "'--extract-ptx'"),
+    ("compile", "source", [""], "'X.bpf.c'"),
+    ("compile", "output", ["x.bpf.c", "-o", ""], "'-o' / '--output'"),
+    ("compile", "include", ["x.bpf.c", "-I", ""], "'-I' / '--include'"),
+    ("disasm", "obj", [""], "'X.bpf.o'"),
+    ("verify", "obj", [""], "'X.bpf.o'"),
+    ("ptx", "obj", [""], "'X.bpf.o'"),
+    ("trace", "path", [""], "'FILE'"),
+    ("trace", "perfetto", ["x", "--perfetto", ""], "'--perfetto'"),
+    ("trace", "parquet", ["x", "--parquet", ""], "'--parquet'"),
+    ("rewrite", "ptx_in", ["", "-p", "x"], "'IN.ptx'"),
+    ("rewrite", "probes", ["x", "-p", ""], "'-p' / '--probe'"),
+    ("rewrite", "output", ["x", "-p", "y", "-o", ""], "'-o' / '--output'"),
+    ("attach", "probe", ["1", "-p", ""], "'-p' / '--probe'"),
+    ("swap", "new", ["1", "old", ""], "'NEW'"),
+    ("checkpoint", "directory", ["1", ""], "'DIR'"),
+    ("restore", "directory", ["1", ""], "'DIR'"),
+]
+
+
+@pytest.mark.parametrize("command, param, args, shown", EMPTY_PATHS, ids=[f"{c}-{p}" for c, p, _, _ in EMPTY_PATHS])
+def test_an_empty_path_is_a_usage_error_naming_its_option(command, param, args, shown):
+    """typer read "" as Path(""), the current directory: -p '' said '.: is a directory', --trace '' named
+    the working directory, and no line said which option was empty."""
+    app, args = (egpu_run, args) if command == "egpu-run" else (egpu, [command, *args])
+    refused(app, args, 125 if app is egpu_run else 2, f"Invalid value for {shown}: empty path")
+
+
+def test_every_path_parameter_is_tried_empty():
+    """EMPTY_PATHS names every parameter typed Path, so a new one is tried too."""
+    from typing import get_type_hints
+    import typer.main
+    commands = {"egpu-run": typer.main.get_command(egpu_run), **typer.main.get_command(egpu).commands}
+    paths = {(name, p) for name, cmd in commands.items()
+             for p, hint in get_type_hints(cmd.callback).items() if "Path" in str(hint)}
+    assert paths == {(c, p) for c, p, _, _ in EMPTY_PATHS}
+
+
 def test_choices_match_the_runtime():
     from typing import get_args
     from egpu_preload.runtime import config, sass
