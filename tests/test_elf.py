@@ -416,6 +416,22 @@ BAD_BYTES = [
 ]
 
 
+def test_a_symbol_in_a_missing_section_is_named(probe_obj):
+    """The refusal named the symbol's value ("symbol at 0"), which tells no symbol from another."""
+    obj = probe_obj("count")
+    raw = bytearray(obj.read_bytes())
+    with open(obj, "rb") as f:
+        elf = ELFFile(f)
+        symtab = elf.get_section_by_name(".symtab")
+        index = next(i for i, s in enumerate(symtab.iter_symbols()) if s.name == "count_entries")
+        struct.pack_into("<H", raw, symtab["sh_offset"] + index * 24 + 6, 200)   # st_shndx
+        sections = elf.num_sections()
+    with pytest.raises(ElfError) as e:
+        load_bytes(bytes(raw), "probe.bpf.o")
+    assert str(e.value) == (f"probe.bpf.o: symbol {index} (count_entries) refers to missing section 200 "
+                            f"(the object has {sections})")
+
+
 @pytest.mark.parametrize("case,make,reason", BAD_BYTES, ids=[b[0] for b in BAD_BYTES])
 def test_refused_bytes(probe_obj, tmp_path, case, make, reason):
     with pytest.raises(ElfError) as e:

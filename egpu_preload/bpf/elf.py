@@ -180,14 +180,15 @@ class _Loader:
         elf = ELFFile(io.BytesIO(self.raw))
         sec = elf.get_section(tab.index)
         strtab = self.sections[tab.link].data
-        for sym in sec.iter_symbols():
+        for index, sym in enumerate(sec.iter_symbols()):
+            name = _cstr(strtab, sym["st_name"], "symbol name")
             shndx = sym["st_shndx"]
             if isinstance(shndx, str):
                 shndx = -1 if shndx == "SHN_UNDEF" else -2
             elif shndx >= len(self.sections):
-                raise ElfError(f"symbol at {sym['st_value']} refers to missing section {shndx}")
-            self.syms.append(_Sym(_cstr(strtab, sym["st_name"], "symbol name"), sym["st_value"],
-                                  sym["st_size"], sym["st_info"]["type"], shndx))
+                raise ElfError(f"symbol {index} ({name or 'unnamed'}) refers to missing section {shndx} (the "
+                               f"object has {len(self.sections)})")
+            self.syms.append(_Sym(name, sym["st_value"], sym["st_size"], sym["st_info"]["type"], shndx))
 
     def section_named(self, name: str) -> _Section | None:
         return next((s for s in self.sections if s.name == name), None)
