@@ -461,11 +461,15 @@ def ps_cmd(as_json: bool = typer.Option(False, "--json", help="one JSON list")) 
 
 def _pid(text: str) -> int:
     """A process id as int() reads it: typer's own int also took "0.0" as process 0 (found by
-    tests/test_cli_fuzz.py)."""
+    tests/test_cli_fuzz.py). Zero and below are no process's: -5 was looked up ("no egpu session in
+    process -5", exit 1) as if one could have a session."""
     try:
-        return int(text)
+        pid = int(text)
     except ValueError:
         raise typer.BadParameter(f"{text!r} is not a process id") from None
+    if pid <= 0:
+        raise typer.BadParameter(f"{text!r} is not a process id (a positive number)")
+    return pid
 
 
 _PID = typer.Argument(..., metavar="PID", parser=_pid, help="a process with an egpu session (egpu ps), or its job's")

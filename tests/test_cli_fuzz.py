@@ -177,7 +177,7 @@ def test_bad_option_values_are_refused_in_one_line(data):
         value = data.draw(BAD_TEXT.filter(lambda s: s not in valid))
     check(egpu_run, [f"{option}={value}", "true"], option, OWN_FAILURE)
     command = data.draw(st.sampled_from(["maps", "modules", "detach", "checkpoint", "restore", "attach", "mcpu"]))
-    pid = data.draw(BAD_TEXT.filter(lambda s: not _number(int, s)))
+    pid = data.draw(BAD_TEXT.filter(lambda s: not _number(int, s) or int(s) <= 0))
     if command == "mcpu":
         check(egpu, ["compile", "x.bpf.c", f"--mcpu={pid}"] if pid not in ("v3", "v4") else ["compile", "--mcpu"],
               "--mcpu", USAGE_STATUS)
@@ -198,3 +198,15 @@ def _number(kind: type, text: str) -> bool:
 def test_a_pid_int_cannot_read_is_a_usage_error(pid):
     """typer's int took "0.0" for process 0 (hypothesis found it): PID is read as int() reads it."""
     check(egpu, ["maps", pid], "PID", USAGE_STATUS)
+
+
+@pytest.mark.parametrize("command, options, after", [
+    ("maps", [], []), ("modules", [], []), ("detach", [], []), ("swap", [], ["old", "x.bpf.o"]),
+    ("checkpoint", [], ["dir"]), ("restore", [], ["dir"]), ("attach", ["-p", "x.bpf.o"], []),
+])
+@pytest.mark.parametrize("pid", ["-5", "0"])
+def test_a_pid_no_process_has_is_a_usage_error(command, options, after, pid):
+    """egpu maps -- -5 looked the process up and said "no egpu session in process -5" (exit 1, a job's
+    failure); without -- click already took -5 for an option."""
+    check(egpu, [command, *options, "--", pid, *after], f"'PID': {pid!r} is not a process id (a positive number)",
+          USAGE_STATUS)
