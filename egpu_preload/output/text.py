@@ -20,10 +20,11 @@ BAR_WIDTH = 52      # text.cpp: max_width
 LABEL_WIDTH = 16    # std::setw(16) << std::left << header
 COUNT_WIDTH = 8     # std::setw(8) << std::right << count
 _SUFFIXES = "KMGTPE"
-# A string's control characters (C0, DEL, C1) and quotes escaped: an entry stays one line and sends no
-# terminal escape sequence. Bytes that are not UTF-8 arrive already spelled \xNN (values.py).
-_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
-    ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r", ord('"'): '\\"'}
+# A string's control characters (C0, DEL, C1) escaped: an entry (a trace record's line too) stays one line
+# and sends no terminal escape sequence. Bytes that are not UTF-8 arrive already spelled \xNN (values.py).
+CONTROL_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
+    ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r"}
+_ESCAPES = CONTROL_ESCAPES | {ord('"'): '\\"'}   # a quoted string's quotes too
 
 
 def render(snap: Snapshot) -> str:

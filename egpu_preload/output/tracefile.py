@@ -45,6 +45,7 @@ from ..bpf import btf as btfmod
 from ..errors import EgpuError
 from ..maps import format_trace
 from . import warp_records
+from .text import CONTROL_ESCAPES
 from .values import CTX_STRUCT
 
 TRACE_PRINTK = "trace_printk"
@@ -631,9 +632,10 @@ def rows(table: Any, limit: int | None) -> Iterator[dict]:
 
 
 def text_line(row: Mapping[str, Any]) -> str:
-    """``map #seq sm=N field=value ...`` (addresses and other large numbers in hex)."""
+    """``map #seq sm=N field=value ...`` (addresses and other large numbers in hex), one line: a newline in a
+    printk's text or a string column split the record across lines; control characters are escaped."""
     fields = " ".join(f"{k}={_show(v)}" for k, v in row.items() if k not in ("map", "seq"))
-    return f"{row['map']} #{row['seq']} {fields}"
+    return f"{row['map']} #{row['seq']} {fields}".translate(CONTROL_ESCAPES)
 
 
 def _show(v: Any) -> str:
