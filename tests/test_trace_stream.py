@@ -838,17 +838,19 @@ def test_where_compares_text_and_bytes_of_either_offset_width(tmp_path, text, ra
 
 def test_text_output_keeps_a_record_on_its_line(tmp_path):
     """A printk's text or a string column holding a newline spread one record over several lines, and an ESC
-    reached the terminal: text output escapes control characters as bpftrace shows strings; --json keeps the
-    text as it is (JSON escapes it)."""
+    reached the terminal: text output escapes control characters, but for the newline that ends a printk's text
+    (its line ends there, as in trace_pipe; a printk of several probes is their prefix's); --json keeps the text as
+    it is (JSON escapes it)."""
     path = tmp_path / "t.parquet"
     text = "two\nlines\tand \x1b[31mred\x85\n"
-    pq.write_table(pa.table({"map": ["trace_printk", "events"], "seq": pa.array([0, 0], pa.uint64()),
-                             "comm": [None, "a\rb"], "text": [text, None]}), path)
+    pq.write_table(pa.table({"map": ["trace_printk", "events", "p:trace_printk"],
+                             "seq": pa.array([0, 0, 0], pa.uint64()), "comm": [None, "a\rb", None], "text": [text, "end\n", "a\n\n"]}), path)
     res = CliRunner().invoke(egpu, ["trace", str(path)])
-    assert (res.exit_code, res.stdout) == (0, "trace_printk #0 text=two\\nlines\\tand \\x1b[31mred\\x85\\n\n"
-                                              "events #0 comm=a\\rb\n"), res.output
+    assert (res.exit_code, res.stdout) == (0, "trace_printk #0 text=two\\nlines\\tand \\x1b[31mred\\x85\n"
+                                              "events #0 comm=a\\rb text=end\\n\n"
+                                              "p:trace_printk #0 text=a\\n\n"), res.output
     res = CliRunner().invoke(egpu, ["trace", str(path), "--json"])
-    assert [json.loads(line).get("text") for line in res.stdout.splitlines()] == [text, None]
+    assert [json.loads(line).get("text") for line in res.stdout.splitlines()] == [text, "end\n", "a\n\n"]
 
 
 @pytest.mark.parametrize("content, why", [(b"", "empty: the job that had it ended (killed?)"),
