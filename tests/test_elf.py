@@ -66,7 +66,7 @@ MAPS = {
                     ("per_sm", MAP_PERCPU_ARRAY, 4, 8, 1, 0, False)],
     "self_wait": [("events", MAP_RINGBUF, 0, 0, 4096, 0, False)],
     "record_atomics": [("tallies", MAP_RINGBUF, 0, 0, 4096, 0, False)],
-    "process": [("seen", MAP_ARRAY, 4, 32, 1, 0, False)],
+    "process": [("seen", MAP_ARRAY, 4, 40, 1, 0, False)],
 }
 
 # probe -> per program, its map references in code order: a map name, or (data map name, offset).
@@ -95,7 +95,7 @@ CALLS = {"subprog": [(25, [3, 17]), (30, [8, 22, 22])]}
 HELPER_CALLS = {
     "ringbuf": [[131, 5, 8, 133, 132], [5, 8, 130]],
     "gpu_helpers": [[503, 505, 504, 508, 502, 509, 510, 511, 507, 25, 506, 1]],
-    "process": [[1, 14, 16, 16]],
+    "process": [[1, 14, 15, 16, 16]],
 }
 
 
