@@ -1112,13 +1112,14 @@ static long read_user(unsigned char *dst, uint64_t src, size_t n) {
     return err;
 }
 
-/* bpf_probe_read_user_str's copy (Linux's strncpy_from_user): up to a NUL or size - 1 bytes, then a NUL; the
- * length with the NUL, or -EFAULT with dst zeroed. Read a page at a time, as the page after the NUL may be
+/* bpf_probe_read_user_str's copy (Linux's strncpy_from_user_nofault), size > 0: up to a NUL or size - 1 bytes,
+ * then a NUL; the length with the NUL, or -EFAULT with dst zeroed. Linux reads all size bytes before it makes
+ * the last a NUL, so that byte unmapped is -EFAULT too. Read a page at a time, as the page after the NUL may be
  * unmapped; bytes copied past the NUL are zeroed, as Linux copies none. */
 static long read_user_str(unsigned char *dst, uint64_t src, size_t size) {
     size_t n = 0;
-    while (n + 1 < size) {
-        size_t chunk = 4096 - ((src + n) & 4095), left = size - 1 - n;
+    while (n < size) {
+        size_t chunk = 4096 - ((src + n) & 4095), left = size - n;
         chunk = chunk < left ? chunk : left;
         long err = read_user(dst + n, src + n, chunk);
         if (err) {
@@ -1132,7 +1133,7 @@ static long read_user_str(unsigned char *dst, uint64_t src, size_t size) {
         }
         n += chunk;
     }
-    if (size) dst[size - 1] = 0;
+    dst[size - 1] = 0;
     return (long)size;
 }
 

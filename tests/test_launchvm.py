@@ -184,6 +184,57 @@ def test_prandom_is_a_u32_of_each_threads_own_sequence(shim_api):
     assert_random_u32([run_with_mem(code)[0] for _ in range(1024)])
 
 
+@pytest.fixture
+def edge_of_mapped() -> Iterator[int]:
+    """The end of two pages the process has mapped, where a third it has not begins."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                               ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    page = os.sysconf("SC_PAGE_SIZE")
+    base = libc.mmap(None, 3 * page, 3, 0x22, -1, 0)   # PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS
+    assert base not in (None, ctypes.c_void_p(-1).value)
+    try:
+        assert libc.munmap(ctypes.c_void_p(base + 2 * page), ctypes.c_size_t(page)) == 0
+        yield base + 2 * page
+    finally:
+        libc.munmap(ctypes.c_void_p(base), ctypes.c_size_t(2 * page))
+
+
+# (helper, where the bytes lie from the edge of mapped memory (None: at address 0), bytes, size, r0, dst): as
+# Linux's bpf_probe_read_user (copy_from_user) and _str (strncpy_from_user reads all size bytes, then makes the
+# last a NUL): -EFAULT (-14) with dst zeroed where any byte read is not mapped.
+_READS = [
+    ("probe_read_user", -4, b"abcd", 8, -14, bytes(8)),                    # runs off the mapped pages
+    ("probe_read_user", None, b"", 0, 0, b""),                             # nothing read: even NULL is fine
+    ("probe_read_user", -5000, bytes(range(250)) * 20, 5000, 0, bytes(range(250)) * 20),   # over a page
+    ("probe_read_user_str", -4, b"abc\0", 16, 4, b"abc\0"),               # the NUL ends the page
+    ("probe_read_user_str", -1, b"\0", 16, 1, b"\0"),                      # empty: 1, as Linux since 6.4
+    ("probe_read_user_str", -4, b"abcd", 16, -14, bytes(16)),               # no NUL before the unmapped page
+    ("probe_read_user_str", -3, b"abc", 4, -14, bytes(4)),                  # the size-th byte is unmapped
+    ("probe_read_user_str", None, b"", 1, -14, bytes(1)),                   # NULL: its one byte is read
+    ("probe_read_user_str", None, b"", 0, 0, b""),
+    ("probe_read_user_str", -100, b"abcdefgh\0", 4, 4, b"abc\0"),          # cut to size, the last byte a NUL
+    ("probe_read_user_str", -4099, b"abcdef\0", 16, 7, b"abcdef\0"),       # from one mapped page into the next
+    ("probe_read_user_str", -8000, b"x" * 5000 + b"\0", 6000, 5001, b"x" * 5000 + b"\0"),   # over a page
+    ("probe_read_str", -4, b"abc\0", 8, 4, b"abc\0"),
+    ("probe_read", -4, b"abcd", 8, -14, bytes(8)),
+]
+
+
+@pytest.mark.parametrize("helper, where, data, size, r0, dst", _READS)
+def test_probe_read_user_returns_and_zeroes_as_linux(shim_api, edge_of_mapped, helper, where, data, size, r0, dst):
+    """The application's memory read by its threads' programs (shim/launchvm.c), at the edge of what it has
+    mapped. The bytes of dst past the string's NUL are not held (Linux's own depend on its word stride); those
+    past size are never written."""
+    src = 0 if where is None else edge_of_mapped + where
+    if data:
+        ctypes.memmove(src, data, len(data))
+    code = assemble(f"r2 = {size}\nr3 = {src} ll\ncall {helper}\nexit")
+    fault, got, _, mem = _exec(shim_api, code, b"\xff" * (size + 8))
+    assert (fault, got) == (0, r0 & (1 << 64) - 1)
+    assert mem[:len(dst)] == dst and mem[size:] == b"\xff" * 8
+
+
 @pytest.mark.parametrize("size", [0, 1, 4, 16, 20])
 def test_comm_is_the_main_threads_name_as_strscpy_pad_copies_it(shim_api, size):
     """Helper 16 outside a calling thread (a launch record's run, here from a thread named otherwise): the main
