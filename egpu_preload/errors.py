@@ -6,11 +6,6 @@ Messages read subject first, like libbpf's pr_warn and the CLI line the user see
 
 from __future__ import annotations
 
-import re
-
-# what a terminal acts on rather than shows (a tab aside), line ends included
-_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029]")
-
 
 class EgpuError(Exception):
     """A clean refusal: where it happened (file, section, instruction) and why."""
@@ -33,14 +28,15 @@ class EgpuError(Exception):
     def __str__(self) -> str:
         """The one line the CLI prints (``detail`` goes below it). A reason quoting a library's message of
         several lines (pyarrow's "Couldn't deserialize thrift: ...\\nDeserializing page header failed.") has
-        them joined; control characters left, there or in a file or section name (read from the file),
-        are escaped: pyarrow's "don't know what type: \\x0f" switched the terminal's character set."""
+        them joined; what a terminal would act on rather than show (a tab aside), there or in a file or section
+        name (read from the file), is escaped: C0 and C1 controls, line and bidi marks, every character Python
+        calls unprintable. pyarrow's "don't know what type: \\x0f" switched the terminal's character set."""
         parts = [p for p in (self.file, self.section) if p]
         if self.insn is not None:
             parts.append(str(self.insn))
         reason = "; ".join(filter(None, map(str.strip, self.reason.splitlines())))
         line = ":".join(parts + [" " + reason]) if parts else reason
-        return _CONTROL.sub(lambda m: repr(m.group())[1:-1], line)
+        return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in line)
 
 
 class CompileError(EgpuError):

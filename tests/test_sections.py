@@ -102,6 +102,15 @@ def test_refused(name, reason):
     assert str(e.value).startswith(f"{name}:" if name else "")
 
 
+def test_a_section_name_a_terminal_would_act_on_is_printed_escaped():
+    """A section name comes from the file (UTF-8): besides C0 controls, a C1 control (U+009B is CSI, which a
+    terminal acts on as ESC [ does) and a bidi override (U+202E turns the rest of the line around) are escaped
+    in the one line the CLI prints (errors.py); the two were printed as they are."""
+    with pytest.raises(ElfError) as e:
+        parse_section("egpu/x\x9b2J\u202e\x1b[0m\u2028")
+    assert str(e.value).startswith("egpu/x\\x9b2J\\u202e\\x1b[0m\\u2028: ") and str(e.value).isprintable()
+
+
 @pytest.mark.parametrize("option, reason", [
     ("p=libupt.so:upt_add6+16", "--uprobe p='libupt.so:upt_add6+16': offsets into a function are not supported"),
     ("p=libupt.so:4096", "--uprobe p='libupt.so:4096': an address is not supported"),
