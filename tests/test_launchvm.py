@@ -184,6 +184,37 @@ def test_prandom_is_a_u32_of_each_threads_own_sequence(shim_api):
     assert_random_u32([run_with_mem(code)[0] for _ in range(1024)])
 
 
+PRANDOM_ACROSS_A_FORK = """
+import os, sys
+sys.path.insert(0, "tests")
+from conftest import shim_api_of
+from egpu_preload.bpf.asm import assemble
+from test_launchvm import _exec
+
+shim = shim_api_of(sys.argv[1])
+shim[1].egpu_uprobe_attach(b"/none", b"none", shim[0].NULL, shim[0].NULL, 0)   # the shim's fork handlers registered
+code = assemble("call get_prandom_u32\\nexit")
+_exec(shim, code, None)   # this thread's generator seeded before the fork
+r, w = os.pipe()
+if (pid := os.fork()) == 0:
+    os.write(w, " ".join(str(_exec(shim, code, None)[1]) for _ in range(8)).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.read(r, 4096).decode())
+print(*(_exec(shim, code, None)[1] for _ in range(8)))
+"""
+
+
+def test_prandom_in_a_forked_child_is_not_its_parents_sequence(built):
+    """A child forked after the thread drew (a uprobe's process forking, say) draws from a generator seeded
+    again (egpu_lvm_fork): copying the parent's state, it would draw the numbers the parent draws next."""
+    r = subprocess.run([sys.executable, "-c", PRANDOM_ACROSS_A_FORK, str(built / "libegpu_shim.so")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    child, parent = (line.split() for line in r.stdout.splitlines())
+    assert len(child) == len(parent) == 8 and not set(child) & set(parent), (child, parent)
+
+
 @pytest.fixture
 def edge_of_mapped() -> Iterator[int]:
     """The end of two pages the process has mapped, where a third it has not begins."""
