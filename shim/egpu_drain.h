@@ -55,7 +55,8 @@ struct egpu_ring_pass {
     int lines;                 /* read the SMs' lines (and, taking or skipping, reopen the refused ones) */
     int raw;                   /* TAKE: the records' bytes alone wanted (a burst's, spooled as the ring held them):
                                 * those an earlier pass saw complete are taken without a walk into starts and
-                                * runs, where they end before the wrap (n and nruns then count none of them) */
+                                * runs, from the start of the segment (before the wrap, or after it) where they
+                                * end to their end (n and nruns then count none of them) */
     void *head, *stage, *zeros, *spare;
     unsigned long long head_size;
     long long *starts, *runs;
