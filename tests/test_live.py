@@ -52,15 +52,18 @@ class Job:
                                           str(stub_job.loop), str(self.stop), "600",
                                           *(["library"] if library else []), *args],
                                          env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             found = [s for s in list_sessions(self.dir) if s.info and str(stub_job.loop) in s.info["argv"]]
             if found and self.launches() > 10:
                 self.pid = found[0].pid
                 return
             time.sleep(0.05)
+        self.stop.touch()   # app_loop, egpu-run's child, holds its stderr: a kill alone left communicate() its 600 s
         self.proc.kill()
-        raise AssertionError(f"no session: {self.proc.communicate()}")
+        sessions = [(s.pid, s.info) for s in list_sessions(self.dir)]
+        raise AssertionError(f"no session, or under 11 launches, in 60 s: {self.proc.communicate(timeout=30)}, "
+                             f"sessions {sessions}, {self.launches()} launches")
 
     def launches(self) -> int:
         return len(LAUNCH.findall(self.log.read_text())) if self.log.exists() else 0
