@@ -58,12 +58,13 @@ CONSTANTS = """
 __u64 consts[] = {BPF_ANY, BPF_NOEXIST, BPF_EXIST, BPF_F_CURRENT_CPU, EGPU_F_LOAD, EGPU_F_STORE, EGPU_F_ATOMIC,
                   EGPU_KIND_ENTRY, EGPU_KIND_EXIT, EGPU_KIND_MEM, EGPU_KIND_LAUNCH,
                   BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_PERF_EVENT_ARRAY, BPF_MAP_TYPE_PERCPU_ARRAY,
-                  BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_RINGBUF, sizeof(struct egpu_ctx)};
+                  BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_RINGBUF, BPF_MAP_TYPE_QUEUE, BPF_MAP_TYPE_STACK,
+                  BPF_MAP_TYPE_BLOOM_FILTER, sizeof(struct egpu_ctx)};
 SEC("kprobe/*") int p(struct egpu_ctx *c) { return consts[c->site & 15]; }
 """
 EXPECTED = [helpers.BPF_ANY, helpers.BPF_NOEXIST, helpers.BPF_EXIST, helpers.BPF_F_CURRENT_CPU, ctx.FLAG_LOAD,
             ctx.FLAG_STORE, ctx.FLAG_ATOMIC, ctx.KIND_ENTRY, ctx.KIND_EXIT, ctx.KIND_MEM, ctx.KIND_LAUNCH,
-            1, 2, 4, 6, 9, 27, ctx.SIZE]
+            1, 2, 4, 6, 9, 27, 22, 23, 30, ctx.SIZE]
 
 
 def _constants(obj: Path) -> list[int]:

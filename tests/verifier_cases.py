@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from egpu_preload.bpf.program import (MAP_ARRAY, MAP_HASH, MAP_PERF_EVENT_ARRAY, MAP_RINGBUF, MapDef)
+from egpu_preload.bpf.program import (MAP_ARRAY, MAP_BLOOM_FILTER, MAP_HASH, MAP_PERF_EVENT_ARRAY, MAP_QUEUE, MAP_RINGBUF,
+                                      MapDef)
 
 MAPS = (
     MapDef("counts", MAP_HASH, 4, 8, 1024),
@@ -19,6 +20,8 @@ MAPS = (
     MapDef(".rodata", MAP_ARRAY, 4, 16, 1, initial=(16).to_bytes(4, "little") + bytes(12), readonly=True),
     MapDef(".bss", MAP_ARRAY, 4, 16, 1),
     MapDef("perf", MAP_PERF_EVENT_ARRAY, 4, 4, 0),
+    MapDef("fifo", MAP_QUEUE, 0, 8, 4),
+    MapDef("seen", MAP_BLOOM_FILTER, 0, 8, 16),
 )
 
 
@@ -392,6 +395,37 @@ REJECT: tuple[Case, ...] = (
         exit""", "write into read-only map .rodata", 7),
     Case("lookup_on_ringbuf", LOOKUP.format(m=2) + "r0 = 0\nexit",
          "map events of type ringbuf cannot be used with map_lookup_elem", 5),
+    Case("lookup_on_queue", LOOKUP.format(m=6) + "r0 = 0\nexit",
+         "map fifo of type queue cannot be used with map_lookup_elem", 5),
+    Case("pop_on_bloom_filter", """
+        r2 = r10
+        r2 += -8
+        r1 = map[7] ll
+        call map_pop_elem
+        exit""", "map seen of type bloom_filter cannot be used with map_pop_elem", 4),
+    Case("push_on_hash", """
+        *(u64 *)(r10 - 8) = 0
+        r2 = r10
+        r2 += -8
+        r1 = map[0] ll
+        r3 = 0
+        call map_push_elem
+        exit""", "map counts of type hash cannot be used with map_push_elem", 6),
+    # a bloom filter's peek reads the value it tests (a queue's fills it in): it must be initialized
+    Case("bloom_peek_of_uninit_value", """
+        r2 = r10
+        r2 += -8
+        r1 = map[7] ll
+        call map_peek_elem
+        exit""", "invalid read from stack off=-8 size=1: not initialized (map_peek_elem arg2)", 4),
+    Case("push_of_a_short_value", """
+        *(u32 *)(r10 - 4) = 0
+        r2 = r10
+        r2 += -4
+        r1 = map[6] ll
+        r3 = 0
+        call map_push_elem
+        exit""", "invalid stack access off=-4 size=8", 6),
     Case("ringbuf_output_on_hash", """
         *(u64 *)(r10 - 8) = 0
         r2 = r10
@@ -804,6 +838,14 @@ REJECT: tuple[Case, ...] = (
 )
 
 ACCEPT: tuple[Case, ...] = (
+    # a queue's pop fills its value, uninitialized before; the value read after
+    Case("pop_fills_uninit_stack", """
+        r2 = r10
+        r2 += -8
+        r1 = map[6] ll
+        call map_pop_elem
+        r0 = *(u64 *)(r10 - 8)
+        exit"""),
     # get_current_comm fills its buffer, uninitialized before: the bytes it wrote may be read after
     Case("comm_fills_uninit_stack", """
         r1 = r10

@@ -37,9 +37,9 @@ from ..errors import BtfError, EgpuError, ElfError
 from ..outpaths import read_input
 from . import btf as btfmod
 from . import isa
-from .program import (BPFTIME_MAP_TYPES, MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
-                      MAP_PERTHREAD_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, Attach, BpfObject, DataPointer, MapDef,
-                      Program)
+from .program import (BPFTIME_MAP_TYPES, MAP_ARRAY, MAP_BLOOM_FILTER, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY,
+                      MAP_PERF_EVENT_ARRAY, MAP_PERTHREAD_ARRAY, MAP_QUEUE, MAP_RINGBUF, MAP_STACK, MAP_TYPE_NAMES,
+                      Attach, BpfObject, DataPointer, MapDef, Program)
 from .linux_names import MAP_FLAGS, map_flag, map_flag_names, map_type_name
 from .sections import parse_section
 
@@ -76,16 +76,19 @@ _MAP_FLAGS = {
     MAP_PERCPU_ARRAY: _ACCESS,                                                     # no NUMA node per CPU
     MAP_PERF_EVENT_ARRAY: map_flag("RDONLY", "WRONLY", "NUMA_NODE", "PRESERVE_ELEMS"),
     MAP_RINGBUF: map_flag("NUMA_NODE"),
+    MAP_QUEUE: _ACCESS | map_flag("NUMA_NODE"),                                    # queue_stack_map_alloc_check
+    MAP_STACK: _ACCESS | map_flag("NUMA_NODE"),
+    MAP_BLOOM_FILTER: _ACCESS | map_flag("NUMA_NODE", "ZERO_SEED"),
 }
 # Pairs Linux refuses together (bpf_map_flags_access_ok, bpf_get_file_flag, htab_map_alloc_check).
 _EXCLUSIVE = (("RDONLY_PROG", "WRONLY_PROG"), ("RDONLY", "WRONLY"), ("NUMA_NODE", "NO_COMMON_LRU"))
 _SUPPORTED = (", ".join(n for t, n in MAP_TYPE_NAMES.items() if t != MAP_PERTHREAD_ARRAY) + "; bpftime's "
               + ", ".join(map(str, sorted({*BPFTIME_MAP_TYPES, MAP_PERTHREAD_ARRAY}))))
 # BTF-defined map attributes given with __uint(...) (libbpf parse_btf_map_def); numa_node and pinning
-# mean nothing on a GPU and are accepted and ignored; map_extra is refused on the types egpu has.
+# mean nothing on a GPU and are accepted and ignored; map_extra only on bloom filters (its hash count).
 _UINT_ATTRS = {"type", "max_entries", "map_flags", "key_size", "value_size", "numa_node", "pinning",
                "map_extra"}
-_MAP_EXTRA_TYPES = (30, 33)             # linux/bpf.h: BLOOM_FILTER (hash count), ARENA (address); not egpu's
+_MAP_EXTRA_TYPES = (MAP_BLOOM_FILTER, 33)   # linux/bpf.h: BLOOM_FILTER (hash count), ARENA (address)
 
 
 @dataclass(frozen=True)
@@ -517,7 +520,7 @@ def _btf_map_def(btf: btfmod.Btf, var: btfmod.Type) -> MapDef:
     if typ == MAP_PERF_EVENT_ARRAY:  # libbpf fills in the int-sized key and value (fd slots)
         key_size, value_size = key_size or 4, value_size or 4
     return MapDef(var.name, typ, key_size, value_size, attrs.get("max_entries", 0), attrs.get("map_flags", 0),
-                  key_type_id=types.get("key"), value_type_id=types.get("value"))
+                  key_type_id=types.get("key"), value_type_id=types.get("value"), map_extra=attrs.get("map_extra", 0))
 
 
 def _checked_map(m: MapDef) -> MapDef:
@@ -544,6 +547,15 @@ def _checked_map(m: MapDef) -> MapDef:
         if m.key_size != 4 or m.value_size != 4:
             raise ElfError(f"map {m.name}: perf_event_array key and value are 4 bytes")
         return m  # max_entries 0: one slot per SM, fixed when the map is created on the GPU
+    if m.type in (MAP_QUEUE, MAP_STACK, MAP_BLOOM_FILTER):   # queue_stack_map_alloc_check, bloom_map_alloc
+        if m.key_size or not m.value_size or not m.max_entries:
+            raise ElfError(f"map {m.name}: a {kind} has no key, and needs value_size and max_entries "
+                           f"(got {m.key_size}, {m.value_size}, {m.max_entries})")
+        if m.map_extra & ~0xF:
+            raise ElfError(f"map {m.name}: map_extra {m.map_extra}: a bloom filter's hash count is at most 15")
+        if m.value_size > _KMALLOC_MAX:
+            raise ElfError(f"map {m.name}: a value of {m.value_size:,} bytes (Linux's limit is {_KMALLOC_MAX:,})")
+        return m
     if m.key_size == 0 or m.value_size == 0 or m.max_entries == 0:
         raise ElfError(f"map {m.name}: {kind} needs key_size, value_size and max_entries "
                        f"(got {m.key_size}, {m.value_size}, {m.max_entries})")

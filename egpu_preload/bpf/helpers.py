@@ -7,6 +7,7 @@ Argument types (read by the verifier; the VM and translator dispatch on ``name``
 - ``map``        a map reference (lddw of a map)
 - ``key``        readable memory of the map's key_size (stack or map value)
 - ``value``      readable memory of the map's value_size
+- ``value_out``  writable memory of the map's value_size, which the helper fills in
 - ``mem``        readable memory whose size is the next argument (``size``, a bounded scalar)
 - ``mem_out``    writable memory whose size is the next argument, which the helper fills in (Linux's
   ARG_PTR_TO_UNINIT_MEM: it need not be initialized before)
@@ -42,6 +43,13 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
     Helper(1, "map_lookup_elem", ("map", "key"), "map_value_or_null"),
     Helper(2, "map_update_elem", ("map", "key", "value", "anything"), "int"),
     Helper(3, "map_delete_elem", ("map", "key"), "int"),
+    # QUEUE, STACK and BLOOM_FILTER maps (host programs only), as kernel/bpf/queue_stack_maps.c and
+    # bloom_filter.c: push (flags BPF_EXIST: a full queue or stack drops its oldest element; a bloom filter
+    # takes BPF_ANY only) adds a value; pop takes the next (queue: oldest, stack: newest), peek copies it, both
+    # -ENOENT with zeros when empty; peek on a bloom filter is 0 when the value may be there, -ENOENT if not.
+    Helper(87, "map_push_elem", ("map", "value", "anything"), "int"),
+    Helper(88, "map_pop_elem", ("map", "value_out"), "int"),
+    Helper(89, "map_peek_elem", ("map", "value_out"), "int"),
     Helper(5, "ktime_get_ns", (), "int"),
     Helper(6, "trace_printk", ("mem", "size", "anything", "anything", "anything"), "int"),
     # A pseudo-random u32 for sampling (`if (bpf_get_prandom_u32() % 100) return 0;`), never for secrets, as

@@ -15,10 +15,16 @@ from .linux_names import map_flag
 # linux/bpf.h enum bpf_map_type, the ones egpu implements, and bpftime's per-thread array under its number
 # (runtime/include/bpftime_shm.hpp, BPF_MAP_TYPE_PERGPUTD_ARRAY_MAP): one array per GPU thread.
 MAP_HASH, MAP_ARRAY, MAP_PERF_EVENT_ARRAY, MAP_PERCPU_ARRAY, MAP_LRU_HASH, MAP_RINGBUF = 1, 2, 4, 6, 9, 27
+MAP_QUEUE, MAP_STACK, MAP_BLOOM_FILTER = 22, 23, 30
 MAP_PERTHREAD_ARRAY = 1502
 MAP_TYPE_NAMES = {MAP_HASH: "hash", MAP_ARRAY: "array", MAP_PERF_EVENT_ARRAY: "perf_event_array",
                   MAP_PERCPU_ARRAY: "percpu_array", MAP_LRU_HASH: "lru_hash", MAP_RINGBUF: "ringbuf",
+                  MAP_QUEUE: "queue", MAP_STACK: "stack", MAP_BLOOM_FILTER: "bloom_filter",
                   MAP_PERTHREAD_ARRAY: "perthread_array"}
+# Maps only host programs (launch, host-API, uprobes) may use: push, pop and peek, no key (runtime/probes.py
+# refuses a GPU program using one).
+HOST_ONLY_MAPS = frozenset((MAP_QUEUE, MAP_STACK, MAP_BLOOM_FILTER))
+BLOOM_HASHES = 5   # linux/bpf.h: a bloom filter's hash functions when map_extra gives none
 # bpftime's other GPU map types (bpftime_shm.hpp) -> the egpu type with their semantics. Its GPU arrays and
 # hash are one copy every thread shares (egpu's maps live in device memory and reach the host the same
 # way); its host-memory variants (1512, 1513: cudaHostRegister, for boards without CUDA IPC) differ only
@@ -59,6 +65,19 @@ class MapDef:
     wait: bool = False                # a ring whose producers wait for the reader when it is full
                                       # (egpu-run --on-full wait) instead of dropping the record
     pointers: tuple[DataPointer, ...] = ()  # global data: the addresses it holds unrelocated (elf.py)
+    map_extra: int = 0                # a bloom filter's hash function count (0: BLOOM_HASHES)
+
+    @property
+    def hashes(self) -> int:
+        """A bloom filter's hash functions: map_extra's low 4 bits, 0 meaning BLOOM_HASHES (bloom_filter.c)."""
+        return self.map_extra & 0xF or BLOOM_HASHES
+
+    @property
+    def bloom_bits(self) -> int:
+        """A bloom filter's bits, as bloom_filter.c sizes them: entries * hashes * 7 / 5 (about 1 / ln 2) rounded
+        up to a power of two, at least 64, at most 2^32."""
+        bits = self.max_entries * self.hashes // 5 * 7
+        return 1 << 32 if bits > 1 << 31 else max(64, 1 << max(bits - 1, 0).bit_length())
 
     @property
     def prog_writes(self) -> bool:

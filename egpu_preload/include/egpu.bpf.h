@@ -49,7 +49,10 @@ enum bpf_map_type {
 	BPF_MAP_TYPE_PERF_EVENT_ARRAY = 4,
 	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
 	BPF_MAP_TYPE_LRU_HASH = 9,
+	BPF_MAP_TYPE_QUEUE = 22,
+	BPF_MAP_TYPE_STACK = 23,
 	BPF_MAP_TYPE_RINGBUF = 27,
+	BPF_MAP_TYPE_BLOOM_FILTER = 30,
 };
 enum { BPF_ANY = 0, BPF_NOEXIST = 1, BPF_EXIST = 2 };
 enum { BPF_F_CURRENT_CPU = 0xffffffffULL };
@@ -106,6 +109,10 @@ enum libbpf_pin_type { LIBBPF_PIN_NONE, LIBBPF_PIN_BY_NAME };
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
 static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, __u64 flags) = (void *)2;
 static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)3;
+/* QUEUE, STACK (push, pop, peek) and BLOOM_FILTER (push adds, peek tests) maps, in host programs only */
+static long (*bpf_map_push_elem)(void *map, const void *value, __u64 flags) = (void *)87;
+static long (*bpf_map_pop_elem)(void *map, void *value) = (void *)88;
+static long (*bpf_map_peek_elem)(void *map, void *value) = (void *)89;
 static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;           /* %globaltimer on the GPU */
 static long (*bpf_trace_printk)(const char *fmt, __u32 fmt_size, ...) = (void *)6; /* formatted on the host */
 static __u32 (*bpf_get_prandom_u32)(void) = (void *)7;        /* for sampling, per thread (bpf/helpers.py) */

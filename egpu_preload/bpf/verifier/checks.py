@@ -19,8 +19,8 @@ from ..decode import Insn
 from ..helpers import BPF_NOEXIST, HELPERS, Helper, printk_refusal
 from ..linux_names import helper_name, is_linux_helper
 from ..ptregs import PT_REGS
-from ..program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
-                       MAP_PERTHREAD_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, DataPointer, MapDef)
+from ..program import (MAP_ARRAY, MAP_BLOOM_FILTER, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
+                       MAP_PERTHREAD_ARRAY, MAP_QUEUE, MAP_RINGBUF, MAP_STACK, MAP_TYPE_NAMES, DataPointer, MapDef)
 from . import arith
 from .cfg import Cfg, Reject
 from .state import SPILL_BYTES, UNINIT_SLOT_BYTES, Frame, Slot, State
@@ -38,8 +38,12 @@ MAP_TYPES_FOR_HELPER = {
     "ringbuf_output": frozenset({MAP_RINGBUF}), "ringbuf_reserve": frozenset({MAP_RINGBUF}),
     "egpu_warp_mem_record": frozenset({MAP_RINGBUF}),
     "perf_event_output": frozenset({MAP_PERF_EVENT_ARRAY}),
+    # the verifier's check_map_func_compatibility: a queue or stack takes only these three, a bloom filter no pop
+    "map_push_elem": frozenset({MAP_QUEUE, MAP_STACK, MAP_BLOOM_FILTER}),
+    "map_pop_elem": frozenset({MAP_QUEUE, MAP_STACK}),
+    "map_peek_elem": frozenset({MAP_QUEUE, MAP_STACK, MAP_BLOOM_FILTER}),
 }
-_WRITES_MAP = frozenset({"map_update_elem", "map_delete_elem"})
+_WRITES_MAP = frozenset({"map_update_elem", "map_delete_elem", "map_push_elem", "map_pop_elem"})
 # Helpers declared variadic in C (bpf_printk): the registers of arguments the format does not use hold
 # whatever clang left there, unset or a pointer, so their "anything" arguments take any value.
 _VARIADIC = frozenset({"trace_printk"})
@@ -656,10 +660,11 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
             raise Reject(f"r{n} is not initialized (!read_ok): arg{n} of {h.name}")
         if arg == "map":
             m = _map_arg(env, insn, h, n, v)
-        elif arg in ("key", "value"):
+        elif arg in ("key", "value", "value_out"):
             md = env.maps[m]
             need = md.key_size if arg == "key" else md.value_size
-            _helper_mem(env, st, h, n, v, need, write=False)
+            # a bloom filter's peek reads the value it tests; a queue's or stack's fills it in
+            _helper_mem(env, st, h, n, v, need, write=arg == "value_out" and md.type != MAP_BLOOM_FILTER)
             if arg == "key":  # a constant key folds to an address
                 env.note_const(insn.pc, _stack_const(st, v, need))
         elif arg in ("mem", "mem_out"):
