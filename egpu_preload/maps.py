@@ -4,14 +4,15 @@ The reference VM runs probes against these containers, and the runtime fills the
 GPU memory to print maps, so nothing here knows about the VM. Values are mutable ``bytearray``s: a
 lookup hands out the value itself, as the kernel hands out a pointer into the map.
 
-Return codes follow linux/kernel/bpf (arraymap.c, hashtab.c, ringbuf.c): 0 or a negative errno.
+Return codes follow linux/kernel/bpf (arraymap.c, hashtab.c, ringbuf.c, queue_stack_maps.c, bloom_filter.c): 0 or
+a negative errno.
 """
 
 from __future__ import annotations
 
 import re
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -197,6 +198,84 @@ class LruHashStorage(HashStorage):
         return self.mapdef.max_entries > 0
 
 
+class QueueStorage(MapStorage):
+    """QUEUE of at most max_entries values, no key (queue_stack_maps.c): pop and peek take the oldest. ``items``
+    yields them oldest first, with empty keys."""
+
+    def __init__(self, mapdef: prog.MapDef) -> None:
+        super().__init__(mapdef)
+        self.values: deque[bytes] = deque()
+
+    def push(self, value: bytes, flags: int) -> int:
+        """BPF_EXIST makes room in a full map by dropping the oldest value; BPF_NOEXIST or more is -EINVAL."""
+        self._check("value", value, self.mapdef.value_size)
+        if flags & BPF_NOEXIST or flags > BPF_EXIST:
+            return -EINVAL
+        if len(self.values) >= self.mapdef.max_entries:
+            if not flags & BPF_EXIST:
+                return -E2BIG
+            self.values.popleft()
+        self.values.append(bytes(value))
+        return 0
+
+    def _next(self, pop: bool) -> bytes | None:
+        if not self.values:
+            return None
+        return self.values.popleft() if pop else self.values[0]
+
+    def take(self, pop: bool) -> tuple[int, bytes]:
+        """(0, the next value) or (-ENOENT, zeros) when empty: pop removes it, peek leaves it."""
+        value = self._next(pop)
+        return (-ENOENT, bytes(self.mapdef.value_size)) if value is None else (0, value)
+
+    def items(self, cpu: int = 0) -> Iterator[tuple[bytes, bytes]]:
+        for v in self.values:
+            yield b"", v
+
+
+class StackStorage(QueueStorage):
+    """STACK: as a QUEUE, but pop and peek take the newest value (a full one with BPF_EXIST still drops the
+    oldest)."""
+
+    def _next(self, pop: bool) -> bytes | None:
+        if not self.values:
+            return None
+        return self.values.pop() if pop else self.values[-1]
+
+
+class BloomStorage(MapStorage):
+    """BLOOM_FILTER (bloom_filter.c): push sets a value's ``hashes`` bits, peek is 0 when all are set (the value may
+    have been pushed), else -ENOENT (it never was). The bits (``bloom_bits``) are no entries: ``items`` has none.
+    The hash is FNV-1a over the function's index then the value (bloom_hash), shim/launchvm.c's too."""
+
+    def __init__(self, mapdef: prog.MapDef) -> None:
+        super().__init__(mapdef)
+        self.bits = bytearray(mapdef.bloom_bits // 8)
+
+    def _positions(self, value: bytes) -> list[int]:
+        self._check("value", value, self.mapdef.value_size)
+        return [bloom_hash(i, value) & (self.mapdef.bloom_bits - 1) for i in range(self.mapdef.hashes)]
+
+    def push(self, value: bytes, flags: int) -> int:
+        if flags != BPF_ANY:
+            return -EINVAL
+        for b in self._positions(value):
+            self.bits[b >> 3] |= 1 << (b & 7)
+        return 0
+
+    def test(self, value: bytes) -> int:
+        return 0 if all(self.bits[b >> 3] >> (b & 7) & 1 for b in self._positions(value)) else -ENOENT
+
+
+def bloom_hash(index: int, value: bytes) -> int:
+    """Bloom hash function ``index`` of ``value``: FNV-1a 32 over the index (4 bytes, little-endian), then the
+    value. Linux seeds jhash with a random number; egpu's is fixed, so both VMs set the same bits."""
+    h = 2166136261
+    for b in struct.pack("<I", index) + bytes(value):
+        h = (h ^ b) * 16777619 & 0xFFFFFFFF
+    return h
+
+
 class RingbufStorage(MapStorage):
     """RINGBUF of max_entries bytes: committed records wait for the host; a full buffer drops, unless ``spill``
     (set by a reader that runs beside the program, egpu-run --trace --on-full wait) made room first."""
@@ -275,7 +354,8 @@ class PerfStorage(MapStorage):
 STORAGE_BY_TYPE: dict[int, type[MapStorage]] = {
     prog.MAP_ARRAY: ArrayStorage, prog.MAP_PERCPU_ARRAY: PercpuArrayStorage, prog.MAP_HASH: HashStorage,
     prog.MAP_LRU_HASH: LruHashStorage, prog.MAP_RINGBUF: RingbufStorage, prog.MAP_PERF_EVENT_ARRAY: PerfStorage,
-    prog.MAP_PERTHREAD_ARRAY: PerthreadArrayStorage,
+    prog.MAP_PERTHREAD_ARRAY: PerthreadArrayStorage, prog.MAP_QUEUE: QueueStorage, prog.MAP_STACK: StackStorage,
+    prog.MAP_BLOOM_FILTER: BloomStorage,
 }
 
 

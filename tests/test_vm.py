@@ -168,6 +168,30 @@ def test_lru_evicts_least_recently_used() -> None:
     assert storage.update(u32(4), u64(4), BPF_NOEXIST) == -EEXIST
 
 
+@pytest.mark.parametrize("mtype, order", [(prog.MAP_QUEUE, [2, 3, 4]), (prog.MAP_STACK, [4, 3, 2])])
+def test_queue_and_stack_semantics(mtype: int, order: list[int]) -> None:
+    """queue_stack_maps.c: full -E2BIG unless BPF_EXIST (then the oldest goes), NOEXIST -EINVAL, empty
+    -ENOENT with zeros; a queue pops its oldest, a stack its newest."""
+    storage = _state(prog.MapDef("q", mtype, 0, 8, 3))[0]
+    assert storage.take(False) == (-ENOENT, u64(0))
+    assert [storage.push(u64(v), BPF_ANY) for v in (1, 2, 3)] == [0, 0, 0]
+    assert storage.push(u64(9), BPF_ANY) == -E2BIG
+    assert storage.push(u64(9), BPF_NOEXIST) == -EINVAL
+    assert storage.push(u64(4), BPF_EXIST) == 0            # drops 1, the oldest, for a stack too
+    assert storage.take(False) == (0, u64(order[0]))      # peek leaves it
+    assert [storage.take(True) for _ in range(4)] == [(0, u64(v)) for v in order] + [(-ENOENT, u64(0))]
+
+
+def test_bloom_filter_never_forgets_and_takes_any_only() -> None:
+    storage = _state(prog.MapDef("b", prog.MAP_BLOOM_FILTER, 0, 8, 100, map_extra=3))[0]
+    assert storage.mapdef.hashes == 3 and storage.mapdef.bloom_bits == 512   # 100 * 3 / 5 * 7 = 420, rounded up
+    assert storage.test(u64(1)) == -ENOENT
+    assert all(storage.push(u64(v), BPF_ANY) == 0 for v in range(0, 200, 2))
+    assert all(storage.test(u64(v)) == 0 for v in range(0, 200, 2))
+    assert sum(storage.test(u64(v)) == 0 for v in range(1, 200, 2)) < 50   # a filter, not every value
+    assert storage.push(u64(1), BPF_EXIST) == -EINVAL and list(storage.items()) == []
+
+
 def test_percpu_array_has_a_slot_per_sm() -> None:
     storage = _state(prog.MapDef("p", prog.MAP_PERCPU_ARRAY, 4, 8, 1))[0]
     assert storage.update(u32(0), u64(5), cpu=3) == 0

@@ -23,6 +23,9 @@ Which map becomes which value:
 - ``Records``: RINGBUF and PERF_EVENT_ARRAY records, typed by the struct the caller names for that map
   (``event_types``: a ring buffer has no value type in BTF; without it, the probe's one named struct
   of the record's size), with the drop count.
+- ``Records`` too: a QUEUE's or STACK's values in the order pops would take them (a queue's oldest first, a
+  stack's newest first), typed by its value type, without taking them.
+- ``Scalar``: a BLOOM_FILTER as its size and hash count (its bits are no entries to show).
 - ``Trace``: bpf_trace_printk lines.
 
 PERCPU_ARRAY values are summed over SMs (ints, field by field); ``per_sm`` keeps each SM's value.
@@ -41,7 +44,8 @@ from ..bpf import btf as btfmod
 from ..bpf import program as prog
 from ..bpf.program import BpfObject, MapDef
 from ..errors import EgpuError
-from ..maps import MapsState, MapStorage, PercpuArrayStorage, PerfStorage, RingbufStorage
+from ..maps import (BloomStorage, MapsState, MapStorage, PercpuArrayStorage, PerfStorage, QueueStorage, RingbufStorage,
+                    StackStorage)
 
 KERNEL_ID_FIELD = "kernel_id"
 _ARRAYS = (prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_PERTHREAD_ARRAY)   # every slot always there
@@ -192,6 +196,12 @@ def _map_value(storage: MapStorage, reader: "_Reader", record_type: int | None) 
         records = tuple(Record(reader.data(record_type or reader.record_type(len(r)), r), cpu)
                         for cpu, r in storage.consume())
         return Records(m.name, records, storage.drops)
+    if isinstance(storage, QueueStorage):
+        values = [v for _, v in storage.items()]
+        order = reversed(values) if isinstance(storage, StackStorage) else values
+        return Records(m.name, tuple(Record(reader.data(m.value_type_id, v)) for v in order), 0)
+    if isinstance(storage, BloomStorage):
+        return Scalar(m.name, Symbol(f"bloom filter of {m.bloom_bits} bits, {m.hashes} hash functions"))
     rows = _rows(storage, reader)
     if m.max_entries == 1 and m.type in _ARRAYS:
         _, value, per_sm = rows[0]

@@ -11,7 +11,8 @@ its Nth exec left ``<pid>.exec<N>.msgpack`` (write_exec): the maps as ``egpu map
              "trace_dropped"}
              storage: ARRAY {"values": [bytes]}, PERCPU_ARRAY {"per_cpu": [[sm, [bytes]]]},
              HASH/LRU_HASH {"entries": [[key, value]]}, RINGBUF {"records": [bytes], "drops"},
-             PERF_EVENT_ARRAY {"records": [[sm, bytes]], "drops"}; trace: [[fmt, a1, a2, a3, sm]];
+             PERF_EVENT_ARRAY {"records": [[sm, bytes]], "drops"}, QUEUE/STACK {"queued": [bytes]} (oldest first),
+             BLOOM_FILTER {"bits": bytes}; trace: [[fmt, a1, a2, a3, sm]];
              trace_dropped: the lines the device's trace_printk ring dropped
     error    why the maps could not be read (then probes is empty), or None
     laid_out whether the device maps were ever laid out in the process (an instrumented load, or a live attach,
@@ -42,8 +43,8 @@ import msgpack
 from egpu_preload.errors import EgpuError
 from egpu_preload.runtime import config
 from egpu_preload.outpaths import create_new
-from egpu_preload.maps import (ArrayStorage, HashStorage, MapsState, MapStorage, PercpuArrayStorage,
-                               PerfStorage, RingbufStorage, TraceRecord)
+from egpu_preload.maps import (ArrayStorage, BloomStorage, HashStorage, MapsState, MapStorage, PercpuArrayStorage,
+                               PerfStorage, QueueStorage, RingbufStorage, TraceRecord)
 
 VERSION = 1
 SUFFIX = ".msgpack"
@@ -64,6 +65,10 @@ def storage_contents(s: MapStorage) -> dict[str, Any]:
         return {"records": list(s.records), "drops": s.drops}
     if isinstance(s, PerfStorage):
         return {"records": [[cpu, data] for cpu, data in s.records], "drops": s.drops}
+    if isinstance(s, QueueStorage):
+        return {"queued": list(s.values)}
+    if isinstance(s, BloomStorage):
+        return {"bits": bytes(s.bits)}
     raise EgpuError(f"map {s.mapdef.name}: no dump format for {type(s).__name__}")
 
 
@@ -81,6 +86,11 @@ def restore_storage(s: MapStorage, d: dict[str, Any]) -> None:
         s.records, s.drops = [bytes(r) for r in d["records"]], d["drops"]
     elif isinstance(s, PerfStorage):
         s.records, s.drops = [(cpu, bytes(data)) for cpu, data in d["records"]], d["drops"]
+    elif isinstance(s, QueueStorage):
+        s.values.clear()
+        s.values.extend(bytes(v) for v in d["queued"])
+    elif isinstance(s, BloomStorage):
+        s.bits[:] = d["bits"]
 
 
 def state_contents(state: MapsState) -> dict[str, Any]:

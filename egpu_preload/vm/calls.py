@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from ..bpf.helpers import BPF_F_CURRENT_CPU, BPF_RB_FLAGS, BY_NAME, comm_bytes, main_comm, uid_gid
 from ..errors import VmError
-from ..maps import EINVAL, MapStorage, PerfStorage, PerthreadArrayStorage, RingbufStorage, TraceRecord
+from ..maps import (EINVAL, BloomStorage, MapStorage, PerfStorage, PerthreadArrayStorage, QueueStorage, RingbufStorage,
+                    TraceRecord)
 from ..output.warp_records import WARP, Instruction
 from .memory import MASK64
 from .thread import ThreadSim
@@ -63,6 +64,33 @@ def map_update_elem(run: "Run") -> bool:
 def map_delete_elem(run: "Run") -> bool:
     storage = _storage(run, 1, "map_delete_elem")
     return _set(run, storage.delete(run.mem.read(run.regs[2], storage.mapdef.key_size)))
+
+
+def map_push_elem(run: "Run") -> bool:
+    """(map, value, flags): a queue's or stack's push, a bloom filter's add (maps.py)."""
+    storage = _storage(run, 1, "map_push_elem")
+    if not isinstance(storage, (QueueStorage, BloomStorage)):
+        raise VmError(f"map_push_elem on map {storage.mapdef.name}, which is no queue, stack or bloom filter")
+    return _set(run, storage.push(run.mem.read(run.regs[2], storage.mapdef.value_size), run.regs[3]))
+
+
+def _take(pop: bool) -> Callable[["Run"], bool]:
+    """map_pop_elem and map_peek_elem (map, value): the next value of a queue or stack into value (zeros and
+    -ENOENT when empty); peek on a bloom filter tests the value there."""
+    helper = "map_pop_elem" if pop else "map_peek_elem"
+
+    def take(run: "Run") -> bool:
+        storage = _storage(run, 1, helper)
+        if isinstance(storage, BloomStorage) and not pop:
+            return _set(run, storage.test(run.mem.read(run.regs[2], storage.mapdef.value_size)))
+        if not isinstance(storage, QueueStorage):
+            raise VmError(f"{helper} on map {storage.mapdef.name}, which is no queue or stack")
+        err, value = storage.take(False)
+        run.mem.write(run.regs[2], value)   # before the pop: a write that faults takes nothing
+        if pop and not err:
+            storage.take(True)
+        return _set(run, err)
+    return take
 
 
 def trace_printk(run: "Run") -> bool:
@@ -179,6 +207,7 @@ _sm_id = _reads(lambda t: t.smid)
 
 _BY_NAME: dict[str, Callable[["Run"], bool]] = {
     "map_lookup_elem": map_lookup_elem, "map_update_elem": map_update_elem, "map_delete_elem": map_delete_elem,
+    "map_push_elem": map_push_elem, "map_pop_elem": _take(True), "map_peek_elem": _take(False),
     "ktime_get_ns": _timer, "trace_printk": trace_printk, "get_smp_processor_id": _sm_id,
     "perf_event_output": perf_event_output, "ringbuf_output": ringbuf_output, "ringbuf_reserve": ringbuf_reserve,
     "ringbuf_submit": _release_as(True), "ringbuf_discard": _release_as(False), "get_globaltimer": _timer,
