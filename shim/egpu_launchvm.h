@@ -1,8 +1,8 @@
 /* egpu_launchvm.h: launch probes run in C (shim/launchvm.c), in the three parts of egpu_shim.h.
  *
  * An eBPF interpreter with the reference VM's semantics (egpu_preload/vm/machine.py, RFC 9669) and the
- * host maps a launch probe needs (ARRAY, PERCPU_ARRAY, HASH, LRU_HASH, global data), so that the
- * runtime's thread turns launch records into map updates without Python: a few hundred ns a record
+ * host maps a launch probe needs (ARRAY, PERCPU_ARRAY, HASH, LRU_HASH, QUEUE, STACK, BLOOM_FILTER, global
+ * data), so that the runtime's thread turns launch records into map updates without Python: a few hundred ns a record
  * where the Python VM took tens of us. egpu_preload/runtime/native.py decides which probe objects run
  * here (only maps of those types, and helpers listed in launchvm.c), the rest stay on the Python VM.
  *
@@ -39,11 +39,12 @@ struct egpu_lvm_stats {
 };
 
 /* A map of `type` (bpf/program.py MAP_*); NULL for another type, a shape past launchvm.c's limits, an
- * array key other than 4 bytes, or no memory. `initial` (may be NULL) fills the start of value 0, as
- * global data's initial bytes; a read-only map refuses writes. */
+ * array key other than 4 bytes, a queue, stack or bloom filter with a key, or no memory. `initial` (may be
+ * NULL) fills the start of value 0, as global data's initial bytes; a read-only map refuses writes.
+ * `map_extra`: a bloom filter's hash count (0: 5), as Linux's. */
 struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, unsigned int value_size,
                                       unsigned int max_entries, int readonly, const void *initial,
-                                      size_t initial_size);
+                                      size_t initial_size, unsigned int map_extra);
 void egpu_lvm_map_free(struct egpu_lvm_map *m);
 /* Log the keys programs change in `m` (a map GPU programs share: the runtime copies them into the
  * device's copy, runtime/mapsync.py): updated and deleted keys, and looked-up values written through
@@ -53,13 +54,14 @@ void egpu_lvm_map_track(struct egpu_lvm_map *m);
  * present[k] = 1 (0: the key is gone; its value zeros). Returns how many were logged before the take. */
 size_t egpu_lvm_map_changes(struct egpu_lvm_map *m, void *keys, void *values, unsigned char *present,
                             size_t max);
-/* Put n entries (keys key_size each, values value_size each) into `m` as BPF_ANY updates, logging none
+/* Put n entries (keys key_size each, values value_size each) into `m` as BPF_ANY updates (a queue or stack:
+ * pushes, oldest first), logging none
  * (a live probe's host copy of a shared map starts from the device's, live.py); returns how many went in
  * (fewer: the map is full). */
 size_t egpu_lvm_map_load(struct egpu_lvm_map *m, const void *keys, const void *values, size_t n);
 /* Copy up to `max` entries, in the order the reference VM keeps them (index order; hash: insertion
- * order, LRU: least recent first), into keys (key_size each) and values (value_size each); returns
- * how many the map holds. */
+ * order, LRU: least recent first; queue and stack: oldest first, no key; a bloom filter has none), into
+ * keys (key_size each) and values (value_size each); returns how many the map holds. */
 size_t egpu_lvm_map_read(struct egpu_lvm_map *m, void *keys, void *values, size_t max);
 
 /* A program (`n` eBPF slots, map references as lddw map-index pseudo sources) over `maps`; NULL when

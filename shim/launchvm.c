@@ -49,7 +49,8 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-enum { MAP_HASH = 1, MAP_ARRAY = 2, MAP_PERCPU_ARRAY = 6, MAP_LRU_HASH = 9 }; /* bpf/program.py */
+enum { MAP_HASH = 1, MAP_ARRAY = 2, MAP_PERCPU_ARRAY = 6, MAP_LRU_HASH = 9, MAP_QUEUE = 22, MAP_STACK = 23,
+       MAP_BLOOM_FILTER = 30 }; /* bpf/program.py */
 enum { BPF_ANY, BPF_NOEXIST, BPF_EXIST };
 
 #define REGION_SHIFT 36
@@ -191,10 +192,22 @@ struct egpu_lvm_map {
     unsigned char *dirty;     /* the keys, in the order they changed */
     size_t ndirty, dirty_mask;
     uint32_t *dirty_index;    /* open addressing over them: position + 1, 0 empty */
+    /* queues and stacks (queue_stack_maps.c): values in a ring of max_entries + 1 slots, oldest at qtail, the
+     * next push's at qhead, both under m->lock */
+    unsigned int qhead, qtail;
+    /* bloom filters: bits (program.py MapDef.bloom_bits, a power of two) and hash functions */
+    unsigned char *bits;
+    uint64_t bits_mask;
+    unsigned int hashes;
 };
 
 static int is_hash(const struct egpu_lvm_map *m) {
     return m->type == MAP_HASH || m->type == MAP_LRU_HASH;
+}
+
+/* A map of values without keys: a queue, a stack or a bloom filter (push, pop, peek). */
+static int is_keyless(int type) {
+    return type == MAP_QUEUE || type == MAP_STACK || type == MAP_BLOOM_FILTER;
 }
 
 static struct egpu_lvm_map *all_maps; /* the newest */
@@ -217,16 +230,16 @@ EXPORT void egpu_lvm_map_free(struct egpu_lvm_map *m) {
     if (!m) return;
     map_listed(m, 0);
     free(m->values), free(m->keys), free(m->index), free(m->prev), free(m->next), free(m->free_slots);
-    free(m->scratch), free(m->dirty), free(m->dirty_index), free(m);
+    free(m->scratch), free(m->dirty), free(m->dirty_index), free(m->bits), free(m);
 }
 
 EXPORT struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, unsigned int value_size,
                                              unsigned int max_entries, int readonly, const void *initial,
-                                             size_t initial_size) {
-    int hash = type == MAP_HASH || type == MAP_LRU_HASH;
-    if (!hash && type != MAP_ARRAY && type != MAP_PERCPU_ARRAY) return NULL;
-    if (max_entries > MAX_ENTRIES || !value_size || value_size > MAX_VALUE || !key_size || key_size > MAX_VALUE ||
-        (!hash && key_size != 4))
+                                             size_t initial_size, unsigned int map_extra) {
+    int hash = type == MAP_HASH || type == MAP_LRU_HASH, keyless = is_keyless(type);
+    if (!hash && !keyless && type != MAP_ARRAY && type != MAP_PERCPU_ARRAY) return NULL;
+    if (max_entries > MAX_ENTRIES || !value_size || value_size > MAX_VALUE || key_size > MAX_VALUE ||
+        (keyless ? key_size != 0 || !max_entries : !key_size) || (!hash && !keyless && key_size != 4))
         return NULL;
     struct egpu_lvm_map *m = calloc(1, sizeof *m);
     if (!m) return NULL;
@@ -249,6 +262,13 @@ EXPORT struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, un
         ok = m->index && m->keys && m->prev && m->next && m->free_slots;
         for (unsigned int i = 0; ok && i < max_entries; i++) m->free_slots[i] = (int)(max_entries - 1 - i);
         m->nfree = (int)max_entries;
+    }
+    if (ok && type == MAP_BLOOM_FILTER) { /* bloom_filter.c's size: entries * hashes * 7 / 5 bits, a power of 2 */
+        m->hashes = map_extra & 0xf ? map_extra & 0xf : 5;
+        uint64_t want = (uint64_t)max_entries * m->hashes / 5 * 7, bits = 64;
+        while (bits < want) bits <<= 1; /* at most 2^29: MAX_ENTRIES */
+        m->bits_mask = bits - 1;
+        ok = (m->bits = calloc(bits / 8, 1)) != NULL;
     }
     map_listed(m, 1);
     if (!ok) {
@@ -358,6 +378,7 @@ static unsigned int array_index(const unsigned char *key) {
 /* The slot of `key` (-1: none), without counting as use. A hash map's under m->lock. */
 static int map_peek(const struct egpu_lvm_map *m, const unsigned char *key) {
     unsigned int pos;
+    if (is_keyless(m->type)) return -1;
     if (!is_hash(m)) return array_index(key) < m->max_entries ? (int)array_index(key) : -1;
     return hash_find(m, key, &pos);
 }
@@ -377,7 +398,7 @@ static int map_lookup(struct egpu_lvm_map *m, const unsigned char *key) {
  * m->lock (an array's value is copied in place without it). */
 static long long map_update(struct egpu_lvm_map *m, const unsigned char *key, const unsigned char *value,
                             uint64_t flags) {
-    if (flags > BPF_EXIST) return -EINVAL;
+    if (flags > BPF_EXIST || is_keyless(m->type)) return -EINVAL;
     if (!is_hash(m)) {
         unsigned int i = array_index(key);
         if (i >= m->max_entries) return -E2BIG;
@@ -428,11 +449,67 @@ static long long map_delete(struct egpu_lvm_map *m, const unsigned char *key) {
     return 0;
 }
 
+/* ---- queues, stacks and bloom filters (maps.py QueueStorage, StackStorage, BloomStorage), under m->lock ---- */
+
+static unsigned int ring_next(const struct egpu_lvm_map *m, unsigned int i) {
+    return i + 1 > m->max_entries ? 0 : i + 1; /* max_entries + 1 slots: one stays free, full != empty */
+}
+
+static unsigned int queue_len(const struct egpu_lvm_map *m) {
+    return (m->qhead + m->max_entries + 1 - m->qtail) % (m->max_entries + 1);
+}
+
+/* queue_stack_map_push_elem: BPF_EXIST makes room in a full map by dropping the oldest value. */
+static long long queue_push(struct egpu_lvm_map *m, const unsigned char *value, uint64_t flags) {
+    if (flags & BPF_NOEXIST || flags > BPF_EXIST) return -EINVAL;
+    if (queue_len(m) == m->max_entries) {
+        if (!(flags & BPF_EXIST)) return -E2BIG;
+        m->qtail = ring_next(m, m->qtail);
+    }
+    memcpy(m->values + (size_t)m->qhead * m->stride, value, m->value_size);
+    m->qhead = ring_next(m, m->qhead);
+    return 0;
+}
+
+/* The slot pop or peek takes next: a queue's oldest, a stack's newest; -1 when empty. */
+static int queue_next(const struct egpu_lvm_map *m) {
+    if (m->qhead == m->qtail) return -1;
+    if (m->type == MAP_QUEUE) return (int)m->qtail;
+    return (int)(m->qhead ? m->qhead - 1 : m->max_entries);
+}
+
+static void queue_drop(struct egpu_lvm_map *m) {
+    if (m->type == MAP_QUEUE) m->qtail = ring_next(m, m->qtail);
+    else m->qhead = m->qhead ? m->qhead - 1 : m->max_entries;
+}
+
+/* maps.py bloom_hash: FNV-1a 32 over the function's index (4 bytes, little-endian), then the value. */
+static uint64_t bloom_bit(const struct egpu_lvm_map *m, const unsigned char *value, uint32_t index) {
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < 4; i++) h = (h ^ (index >> 8 * i & 0xff)) * 16777619u;
+    for (unsigned int i = 0; i < m->value_size; i++) h = (h ^ value[i]) * 16777619u;
+    return h & m->bits_mask;
+}
+
+/* bloom_map_push_elem (flags BPF_ANY only) and bloom_map_peek_elem (0: maybe there, -ENOENT: never pushed). */
+static long long bloom(struct egpu_lvm_map *m, const unsigned char *value, int push, uint64_t flags) {
+    if (push && flags != BPF_ANY) return -EINVAL;
+    for (uint32_t i = 0; i < m->hashes; i++) {
+        uint64_t b = bloom_bit(m, value, i);
+        if (push) m->bits[b >> 3] |= (unsigned char)(1u << (b & 7));
+        else if (!(m->bits[b >> 3] >> (b & 7) & 1)) return -ENOENT;
+    }
+    return 0;
+}
+
 EXPORT size_t egpu_lvm_map_read(struct egpu_lvm_map *m, void *keys, void *values, size_t max) {
     unsigned char *k = keys, *v = values;
     size_t n = 0;
     spin_lock(&m->lock); /* a hash map's order; array values change in place all the same */
-    if (!is_hash(m)) {
+    if (is_keyless(m->type)) { /* a queue's or stack's values, oldest first; a bloom filter's bits are none */
+        for (unsigned int i = m->qtail; i != m->qhead; i = ring_next(m, i), n++)
+            if (n < max) memcpy(v + n * m->value_size, m->values + (size_t)i * m->stride, m->value_size);
+    } else if (!is_hash(m)) {
         for (; n < m->max_entries; n++) {
             if (n >= max) continue;
             uint32_t i = (uint32_t)n;
@@ -453,10 +530,12 @@ EXPORT size_t egpu_lvm_map_read(struct egpu_lvm_map *m, void *keys, void *values
 EXPORT size_t egpu_lvm_map_load(struct egpu_lvm_map *m, const void *keys, const void *values, size_t n) {
     size_t k = 0;
     spin_lock(&m->lock);
-    for (; k < n; k++)
-        if (map_update(m, (const unsigned char *)keys + k * m->key_size,
-                       (const unsigned char *)values + k * m->value_size, BPF_ANY))
+    for (; k < n; k++) {
+        const unsigned char *value = (const unsigned char *)values + k * m->value_size;
+        if (is_keyless(m->type) ? queue_push(m, value, BPF_ANY)   /* a queue's or stack's, oldest first */
+                                : map_update(m, (const unsigned char *)keys + k * m->key_size, value, BPF_ANY))
             break;
+    }
     spin_unlock(&m->lock);
     return k;
 }
@@ -738,7 +817,7 @@ static inline __attribute__((always_inline)) unsigned char *at(struct run *x, ui
         const struct egpu_lvm_map *m = x->p->maps[region - R_MAP];
         uint64_t slot = m->stride_shift >= 0 ? off >> m->stride_shift : off / m->stride;
         base = m->values, writable = !m->readonly;
-        limit = slot < m->max_entries ? slot * m->stride + m->value_size : 0;
+        limit = slot < m->max_entries && !is_keyless(m->type) ? slot * m->stride + m->value_size : 0;
     } else if (region <= R_RESERVED(0) && region > R_RESERVED(RESERVED) &&
                x->reserved[R_RESERVED(0) - region].held) {
         base = x->reserved_buf[R_RESERVED(0) - region], limit = x->reserved[R_RESERVED(0) - region].size;
@@ -1156,14 +1235,24 @@ static int helper(struct run *x, int32_t id) {
     unsigned char *key, *value, index_key[4];
     switch (id) {
     case 1: { /* map_lookup_elem */
-        if (!(m = map_of(x, 1, &index)) || !(key = at(x, x->r[2], m->key_size, 0))) return -1;
+        if (!(m = map_of(x, 1, &index))) return -1;
+        if (is_keyless(m->type)) { /* as Linux's queue, stack and bloom filter maps: no value to point at */
+            x->r[0] = 0;
+            return 0;
+        }
+        if (!(key = at(x, x->r[2], m->key_size, 0))) return -1;
         int s = map_lookup(m, key);
         if (watch(x, m, key, s)) break;
         x->r[0] = value_address(index, m, s);
         return 0;
     }
     case 2: { /* map_update_elem */
-        if (!(m = map_of(x, 1, &index)) || !(key = at(x, x->r[2], m->key_size, 0)) ||
+        if (!(m = map_of(x, 1, &index))) return -1;
+        if (is_keyless(m->type)) {
+            x->r[0] = (uint64_t)-EINVAL;
+            return 0;
+        }
+        if (!(key = at(x, x->r[2], m->key_size, 0)) ||
             !(value = at(x, x->r[3], m->value_size, 0)))
             return -1;
         if (!is_hash(m)) memcpy(index_key, key, 4); /* an array's update may overwrite where the key was */
@@ -1178,13 +1267,43 @@ static int helper(struct run *x, int32_t id) {
         return 0;
     }
     case 3: { /* map_delete_elem */
-        if (!(m = map_of(x, 1, &index)) || !(key = at(x, x->r[2], m->key_size, 0))) return -1;
+        if (!(m = map_of(x, 1, &index))) return -1;
+        if (is_keyless(m->type)) {
+            x->r[0] = (uint64_t)-EINVAL;
+            return 0;
+        }
+        if (!(key = at(x, x->r[2], m->key_size, 0))) return -1;
         int lost = 0;
         spin_lock(&m->lock);
         x->r[0] = (uint64_t)map_delete(m, key);
         if (x->r[0] == 0) lost = dirty_add(m, key);
         spin_unlock(&m->lock);
         if (lost) break;
+        return 0;
+    }
+    case 87: case 88: case 89: { /* map_push_elem(map, value, flags), map_pop_elem(map, value), map_peek_elem */
+        int bloomy;
+        if (!(m = map_of(x, 1, &index))) return -1;
+        if (!is_keyless(m->type) || (id == 88 && m->type == MAP_BLOOM_FILTER)) {
+            x->fault = EGPU_LVM_NOT_A_MAP; /* the verifier lets none through: check_map_func_compatibility */
+            return -1;
+        }
+        bloomy = m->type == MAP_BLOOM_FILTER;
+        /* a bloom filter reads the value, pop and peek write it */
+        if (!(value = at(x, x->r[2], m->value_size, id != 87 && !bloomy))) return -1;
+        spin_lock(&m->lock);
+        if (bloomy) {
+            x->r[0] = (uint64_t)bloom(m, value, id == 87, x->r[3]);
+        } else if (id == 87) {
+            x->r[0] = (uint64_t)queue_push(m, value, x->r[3]);
+        } else {
+            int s = queue_next(m);
+            if (s < 0) memset(value, 0, m->value_size);
+            else memcpy(value, m->values + (size_t)s * m->stride, m->value_size);
+            if (s >= 0 && id == 88) queue_drop(m);
+            x->r[0] = s < 0 ? (uint64_t)-ENOENT : 0;
+        }
+        spin_unlock(&m->lock);
         return 0;
     }
     case 5: case 502: /* ktime_get_ns, get_globaltimer */
@@ -1310,7 +1429,8 @@ static int step(struct run *x, size_t *pc_at) {
             if (hi || lo >= p->nmaps) FAIL(EGPU_LVM_NOT_A_MAP);
             x->r[dst] = MAP_HANDLE(lo);
         } else if (src == 6) { /* a map's value 0 (global data) + offset */
-            if (lo >= p->nmaps || !p->maps[lo] || is_hash(p->maps[lo])) FAIL(EGPU_LVM_NOT_A_MAP);
+            if (lo >= p->nmaps || !p->maps[lo] || is_hash(p->maps[lo]) || is_keyless(p->maps[lo]->type))
+                FAIL(EGPU_LVM_NOT_A_MAP);
             static const unsigned char key0[4];
             int s0 = p->maps[lo]->max_entries ? 0 : -1;
             if (watch(x, p->maps[lo], key0, s0)) FAIL(EGPU_LVM_NO_MEMORY);

@@ -353,7 +353,7 @@ def _run_launches(probes: launches.LaunchProbes, ffi, batch: list[launches.Launc
     ("examples/launch_count", "v3"), ("tests/probes/launch", "v3"), ("tests/probes/histogram", "v3"),
     ("tests/launch_probes/launch_maps", "v3"), ("tests/launch_probes/launch_maps", "v4"),
     ("examples/launch_latency", "v3"), ("examples/launchlate", "v3"), ("tests/launch_probes/shared_rw", "v3"),
-    ("tests/launch_probes/output_flags", "v3"),
+    ("tests/launch_probes/output_flags", "v3"), ("tests/launch_probes/queue_stack", "v3"),
 ])
 def test_c_and_the_vm_leave_the_same_maps(shim_api, probe, path, mcpu):
     """Every launch probe of the tree that the C engine takes, over 300 launches: each map's entries
@@ -486,7 +486,7 @@ def test_a_refusal_names_the_helper(probe):
 ])
 def test_map_shapes_past_the_limits_are_refused(shim_api, shape, made):
     ffi, lib = shim_api
-    m = lib.egpu_lvm_map_new(*shape, 0, ffi.NULL, 0)
+    m = lib.egpu_lvm_map_new(*shape, 0, ffi.NULL, 0, 0)
     assert (m != ffi.NULL) == made
     lib.egpu_lvm_map_free(m)
 
@@ -502,7 +502,7 @@ def test_an_access_is_bounded_by_its_value_not_its_map(shim_api, access):
     code = assemble("\n".join(["*(u32 *)(r10 - 4) = 0", "r2 = r10", "r2 += -4", "r1 = map[0] ll",
                                "call map_lookup_elem", "if r0 == 0 goto out", access, "out:", "exit"]))
     mapdef = prog.MapDef("a", prog.MAP_ARRAY, 4, 4, 2)
-    m = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 4, 2, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    m = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 4, 2, 0, ffi.NULL, 0, 0), lib.egpu_lvm_map_free)
     p = ffi.gc(lib.egpu_lvm_prog_new(code, len(code) // 8, ffi.new("struct egpu_lvm_map *[]", [m]), 1),
                lib.egpu_lvm_prog_free)
     r0, pc = ffi.new("unsigned long long *"), ffi.new("unsigned int *")
@@ -548,7 +548,7 @@ def test_random_hash_sessions_match_the_vm(shim_api, seed):
     mtype, size = rng.choice([prog.MAP_HASH, prog.MAP_LRU_HASH]), rng.randint(1, 12)
     mapdef = prog.MapDef("m", mtype, 8, 8, size)
     state = MapsState([mapdef])
-    m = ffi.gc(lib.egpu_lvm_map_new(mtype, 8, 8, size, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    m = ffi.gc(lib.egpu_lvm_map_new(mtype, 8, 8, size, 0, ffi.NULL, 0, 0), lib.egpu_lvm_map_free)
     table = ffi.new("struct egpu_lvm_map *[]", [m])
     out, r0, pc = ffi.new("unsigned char[]", 8), ffi.new("unsigned long long *"), ffi.new("unsigned int *")
     for step in range(150):
@@ -623,8 +623,8 @@ def _tracked_pair(ffi, lib) -> tuple:
          "*(u64 *)(r7 + 0) = r1", *_wait("(r8 + 0)", "w1"), "r1 = 0", "*(u64 *)(r6 + 0) = r1", "exit"]
     v = [*keys, *_wait("(r7 + 0)", "v0"), "r1 = map[0] ll", *look, "r6 = r0", "r1 = 1", "*(u64 *)(r8 + 0) = r1",
          *_wait("(r9 + 0)", "v2"), "r1 = 5", "*(u64 *)(r6 + 0) = r1", "exit"]
-    shared = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 1, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
-    flags = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 3, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    shared = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 1, 0, ffi.NULL, 0, 0), lib.egpu_lvm_map_free)
+    flags = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 3, 0, ffi.NULL, 0, 0), lib.egpu_lvm_map_free)
     lib.egpu_lvm_map_track(shared)
     table = ffi.new("struct egpu_lvm_map *[]", [shared, flags])
     progs = [ffi.gc(lib.egpu_lvm_prog_new(code, len(code) // 8, table, 2), lib.egpu_lvm_prog_free)
@@ -658,8 +658,8 @@ def test_a_value_the_runtime_took_in_the_middle_of_a_run_is_logged_again(shim_ap
     but not what the runtime took: the key is logged again."""
     from egpu_preload.bpf import program as prog
     ffi, lib = shim_api
-    shared = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 1, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
-    flags = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 2, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    shared = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 1, 0, ffi.NULL, 0, 0), lib.egpu_lvm_map_free)
+    flags = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 2, 0, ffi.NULL, 0, 0), lib.egpu_lvm_map_free)
     lib.egpu_lvm_map_track(shared)
     table = ffi.new("struct egpu_lvm_map *[]", [shared, flags])
     code = ["*(u32 *)(r10 - 4) = 1", "r1 = map[1] ll", *_LOOK, "r8 = r0", "*(u32 *)(r10 - 4) = 0", "r1 = map[1] ll",
@@ -690,8 +690,8 @@ def test_a_key_a_run_logged_at_its_lookup_is_taken_again_after_the_run_wrote_it(
     import threading
     from egpu_preload.bpf import program as prog
     ffi, lib = shim_api
-    shared = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 32, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
-    flags = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 2, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    shared = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 32, 0, ffi.NULL, 0, 0), lib.egpu_lvm_map_free)
+    flags = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_ARRAY, 4, 8, 2, 0, ffi.NULL, 0, 0), lib.egpu_lvm_map_free)
     lib.egpu_lvm_map_track(shared)
     table = ffi.new("struct egpu_lvm_map *[]", [shared, flags])
     watched = [x for k in range(1, 17) for x in (f"*(u32 *)(r10 - 4) = {k}", "r1 = map[0] ll", *_LOOK)]
@@ -859,7 +859,7 @@ def waiting_with_cpu_lock(ffi, lib) -> Iterator[tuple[Any, Any]]:
     GIL, as the drain thread's); yields its program and one of a line with the same array, the take and the run
     ended after the block."""
     from egpu_preload.bpf import program as prog
-    percpu = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_PERCPU_ARRAY, 4, 8, 1, 0, ffi.NULL, 0), lib.egpu_lvm_map_free)
+    percpu = ffi.gc(lib.egpu_lvm_map_new(prog.MAP_PERCPU_ARRAY, 4, 8, 1, 0, ffi.NULL, 0, 0), lib.egpu_lvm_map_free)
     maps = ffi.new("struct egpu_lvm_map *[]", [percpu])
     p = _printk_loop(ffi, lib, 60000, maps)
     _take_all(ffi, lib)

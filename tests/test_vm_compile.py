@@ -101,7 +101,7 @@ def test_random_programs(make):
 def _in_c(shim_api, code: bytes, contexts: list[bytes]) -> tuple[list, list]:
     """shim/launchvm.c's r0 (or fault and pc) for each context, one map state, then every map's entries."""
     ffi, lib = shim_api
-    maps = [ffi.gc(lib.egpu_lvm_map_new(m.type, m.key_size, m.value_size, m.max_entries, 0, ffi.NULL, 0),
+    maps = [ffi.gc(lib.egpu_lvm_map_new(m.type, m.key_size, m.value_size, m.max_entries, 0, ffi.NULL, 0, 0),
                    lib.egpu_lvm_map_free) for m in structured.MAPS]
     p = ffi.gc(lib.egpu_lvm_prog_new(code, len(code) // 8, ffi.new("struct egpu_lvm_map *[]", maps), len(maps)),
                lib.egpu_lvm_prog_free)

@@ -3,9 +3,9 @@ programs, the routes of host-API programs to the driver APIs the shim hooks (shi
 maps read back into the host containers the dumps print.
 
 A probe object's host side (``host_side``: its launch, egpu/uvm, host-API and uprobe programs, on one
-host copy of its maps) runs in C when every map they use is an ARRAY, PERCPU_ARRAY, HASH, LRU_HASH or
-global data, and they call only the helpers in ``NATIVE_HELPERS``: then no record of its kernels reaches
-Python. In an object with uprobes or host-API programs, which run only in C, trace_printk,
+host copy of its maps) runs in C when every map they use is an ARRAY, PERCPU_ARRAY, HASH, LRU_HASH, QUEUE,
+STACK, BLOOM_FILTER or global data, and they call only the helpers in ``NATIVE_HELPERS``: then no record of its
+kernels reaches Python. In an object with uprobes or host-API programs, which run only in C, trace_printk,
 bpf_ringbuf_output, bpf_perf_event_output and bpf_ringbuf_reserve/submit/discard run there too, on ring
 and perf buffers the runtime keeps (C queues each record, launches.Drainer puts it in the map; a record
 over 256 bytes is refused: -E2BIG from an output call, NULL from a reserve, as is a fifth reserve held at
@@ -30,10 +30,10 @@ from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.disasm import disasm_insn
 from egpu_preload.bpf.helpers import BPF_ANY, BY_NAME, HELPERS
 from egpu_preload.bpf.sections import API_KINDS, HOST_KINDS, HOST_SIDE
-from egpu_preload.maps import STORAGE_BY_TYPE, MapStorage
+from egpu_preload.maps import STORAGE_BY_TYPE, MapStorage, QueueStorage
 from egpu_preload.runtime import mapsync
 
-MAP_TYPES = frozenset((prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_HASH, prog.MAP_LRU_HASH))
+MAP_TYPES = frozenset((prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_HASH, prog.MAP_LRU_HASH)) | prog.HOST_ONLY_MAPS
 OUTPUT_MAPS = frozenset((prog.MAP_RINGBUF, prog.MAP_PERF_EVENT_ARRAY))   # kept by the runtime, fed from C
 # with uprobes: what C hands to the runtime (launches.Drainer) rather than keeps
 QUEUED_HELPERS = frozenset(BY_NAME[n].id for n in ("trace_printk", "ringbuf_output", "perf_event_output",
@@ -79,7 +79,8 @@ def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used:
             continue
         if m.type not in MAP_TYPES:
             return f"map {m.name} is a {prog.MAP_TYPE_NAMES.get(m.type, m.type)}"
-        if m.max_entries > MAX_ENTRIES or not 0 < m.value_size <= MAX_VALUE or not 0 < m.key_size <= MAX_VALUE:
+        least_key = 0 if m.type in prog.HOST_ONLY_MAPS else 1   # a queue, stack or bloom filter has no key
+        if m.max_entries > MAX_ENTRIES or not 0 < m.value_size <= MAX_VALUE or not least_key <= m.key_size <= MAX_VALUE:
             return f"map {m.name} is larger than the C engine takes ({MAX_ENTRIES} entries of {MAX_VALUE} bytes)"
     for p in programs:
         for insn in decode(p.code):
@@ -128,7 +129,7 @@ class Side:
                 continue
             initial = m.initial or b""
             made = lib.egpu_lvm_map_new(m.type, m.key_size, m.value_size, m.max_entries, int(m.readonly),
-                                        initial, len(initial))
+                                        initial, len(initial), m.map_extra)
             if made == ffi.NULL:
                 raise MemoryError(f"map {m.name}: no memory for {m.max_entries} entries")
             self.maps[i] = ffi.gc(made, lib.egpu_lvm_map_free)
@@ -194,7 +195,9 @@ class Side:
         """A host container of map ``i``'s kind holding ``rows`` (those with a value), in their order."""
         storage = STORAGE_BY_TYPE[self.mapdefs[i].type](self.mapdefs[i])
         for key, value in rows:
-            if value is not None:
+            if isinstance(storage, QueueStorage):   # a queue's or stack's values, oldest first
+                storage.push(value, BPF_ANY)
+            elif value is not None:
                 storage.update(key, value, BPF_ANY)
         return storage
 

@@ -125,8 +125,8 @@ int main(int argc, char **argv) {
     if (argc != 2 || !p_egpu_lvm_map_new || !p_egpu_lvm_prog_new || !p_egpu_uprobe_attach || !p_egpu_lvm_map_read)
         return 2;
     long calls = atol(argv[1]);
-    struct egpu_lvm_map *array = p_egpu_lvm_map_new(2, 4, 8, 4, 0, NULL, 0), *hash = p_egpu_lvm_map_new(1, 4, 8, 64, 0,
-                                                                                                        NULL, 0);
+    struct egpu_lvm_map *array = p_egpu_lvm_map_new(2, 4, 8, 4, 0, NULL, 0, 0);
+    struct egpu_lvm_map *hash = p_egpu_lvm_map_new(1, 4, 8, 64, 0, NULL, 0, 0);
     struct egpu_lvm_map *maps[] = {array, hash};
     struct egpu_lvm_prog *count = p_egpu_lvm_prog_new(COUNT, sizeof COUNT / 8, maps, 2);
     struct egpu_lvm_prog *mark = p_egpu_lvm_prog_new(MARK, sizeof MARK / 8, maps, 1);
@@ -165,7 +165,7 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 2; k++) pthread_join(t[k], NULL);
 
     p_egpu_uprobe_detach(&meet, 1);
-    struct egpu_lvm_map *percpu = p_egpu_lvm_map_new(6, 4, 8, 1, 0, NULL, 0);
+    struct egpu_lvm_map *percpu = p_egpu_lvm_map_new(6, 4, 8, 1, 0, NULL, 0, 0);
     struct egpu_lvm_prog *plus = percpu ? p_egpu_lvm_prog_new(PLUS, sizeof PLUS / 8, &percpu, 1) : NULL;
     if (!plus || p_egpu_uprobe_attach("libupt.so", "upt_inc", &plus, &entry, 1)) return 6;
     start_workers(t, w, THREADS, calls);
