@@ -14,11 +14,12 @@ from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.bpf.elf import load_object
 from egpu_preload.bpf.helpers import BY_NAME
 from egpu_preload.bpf.lineinfo import located
-from egpu_preload.bpf.program import MAP_PERF_EVENT_ARRAY, MAP_RINGBUF, BpfObject
+from egpu_preload.bpf.program import HOST_ONLY_MAPS, MAP_PERF_EVENT_ARRAY, MAP_RINGBUF, MAP_TYPE_NAMES, BpfObject
+from egpu_preload.bpf.sections import HOST_SIDE
 from egpu_preload.bpf.verifier import VerifiedProgram, verify
 from egpu_preload.errors import EgpuError
 from egpu_preload.progress import Progress
-from egpu_preload.runtime.native import api_refusal
+from egpu_preload.runtime.native import api_refusal, maps_used
 from egpu_preload.translate.module import object_tag, table_symbol
 from egpu_preload.translate.rewrite import ProbeSpec, probe_specs
 
@@ -42,6 +43,7 @@ def load_probe(path: Path, wait: bool = False) -> Probe:
         if wait:
             obj.maps[:] = [replace(m, wait=True) if m.type in RING_TYPES else m for m in obj.maps]
         verified = [verify(prog.code, obj.maps, file=str(path), section=prog.section) for prog in obj.programs]
+        host_only_refusal(obj)
         specs = tuple(probe_specs(obj, verified))
         why = api_refusal(obj)
         if why is not None:
@@ -51,6 +53,19 @@ def load_probe(path: Path, wait: bool = False) -> Probe:
     if not obj.programs:
         raise EgpuError("no programs in the object", file=str(path))
     return Probe(Path(path), obj, specs, table_symbol(object_tag(obj)), warp_rings(verified))
+
+
+def host_only_refusal(obj: BpfObject) -> None:
+    """A GPU program using a QUEUE, STACK or BLOOM_FILTER map: EgpuError naming the program and the map (only host
+    programs, in C or the VM, keep such maps)."""
+    for p in obj.programs:
+        if p.attach.kind in HOST_SIDE:
+            continue
+        for i in sorted(maps_used(p.code)):
+            m = obj.maps[i]
+            if m.type in HOST_ONLY_MAPS:
+                raise EgpuError(f"{MAP_TYPE_NAMES[m.type].upper()} maps are host-only: GPU program {p.name} "
+                                f"({p.section}) uses map {m.name}; use it from a launch, host-API or uprobe program")
 
 
 _WARP = BY_NAME["egpu_warp_mem_record"].id

@@ -108,7 +108,7 @@ def _pow2(n: int) -> int:
 class MapLayout:
     """Where a map's bytes are; see the module docstring."""
 
-    kind: str          # array | percpu_array | hash | ringbuf
+    kind: str          # array | percpu_array | hash | ringbuf | host (a map only host programs use: a bare header)
     stride: int = 0    # array slot / hash slot bytes
     entries: int = 0   # array entries / hash buckets (a power of two)
     key_size: int = 0
@@ -175,6 +175,8 @@ def layout(m: prog.MapDef) -> MapLayout:
         return MapLayout("ringbuf", capacity=m.max_entries, wait=m.wait)
     if m.type == prog.MAP_PERF_EVENT_ARRAY:
         return MapLayout("ringbuf", capacity=PERF_BUFFER_BYTES, wait=m.wait)
+    if m.type in prog.HOST_ONLY_MAPS:   # no GPU program may use it (runtime/probes.py): its contents stay on the host
+        return MapLayout("host")
     raise ValueError(f"map type {m.type}")  # the loader admits only the types above
 
 
@@ -289,6 +291,8 @@ def apply_region(state: MapsState, index: int, img: bytes) -> None:
                 slots = storage._slots(cpu)
                 for i, v in enumerate(vals):
                     slots[i][:] = v
+    elif lay.kind == "host":
+        return
     elif lay.kind == "hash":
         storage.entries.clear()
         for b in range(lay.entries):
