@@ -280,7 +280,7 @@ BAD_SOURCES = [
     ("unsupported map type", MAP_SRC.format(fields="__uint(type, 7); __uint(max_entries, 1); "
                                             "__type(key, __u32); __type(value, __u64);"),
      "unsupported map type 7 (BPF_MAP_TYPE_STACK_TRACE; supported: hash, array, perf_event_array, percpu_array, "
-     "lru_hash, ringbuf; bpftime's 1501, 1502, 1503, 1504, 1512, 1513, 1527)"),
+     "lru_hash, ringbuf, queue, stack, bloom_filter; bpftime's 1501, 1502, 1503, 1504, 1512, 1513, 1527)"),
     ("array key", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); "
                                  "__type(key, __u64); __type(value, __u64);"), "array keys are 4 bytes, not 8"),
     ("no max_entries", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); "

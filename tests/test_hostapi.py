@@ -99,6 +99,22 @@ def test_each_section_kind_gets_one_context(section, struct):
     assert C.layout_for(parse_section(section).kind).name == struct
 
 
+def test_gpu_programs_may_not_use_host_only_maps(tmp_path):
+    """A QUEUE, STACK or BLOOM_FILTER map lives on the host: a kernel-site program pushing to one is refused at
+    load, naming the file, the program and the map; the object whose host-API program alone uses it loads, and
+    its device layout gives the map a bare region."""
+    from egpu_preload.translate import devmaps
+    q = 'struct { __uint(type, BPF_MAP_TYPE_STACK); __uint(max_entries, 4); __type(value, __u64); } q SEC(".maps");\n'
+    api = 'SEC("egpu/memcpy/*") int p(struct egpu_host_ctx *c) { __u64 v = c->bytes; bpf_map_push_elem(&q, &v, 0); ' \
+          'return 0; }\n'
+    gpu = 'SEC("kprobe/*") int k(struct egpu_ctx *c) { __u64 v = c->site; bpf_map_push_elem(&q, &v, 0); return 0; }\n'
+    with pytest.raises(EgpuError, match=r"p\.bpf\.o: STACK maps are host-only: GPU program k \(kprobe/\*\) uses map q"):
+        _load(tmp_path, q + api + gpu)
+    idle = 'SEC("kprobe/*") int k(struct egpu_ctx *c) { return 0; }\n'
+    probe = _load(tmp_path, q + api + idle)
+    assert devmaps.layout(probe.obj.maps[0]).region_size(132) == devmaps.HEADER
+
+
 def test_an_object_with_host_api_and_egpu_uvm_programs_is_refused(tmp_path):
     """egpu/uvm programs put an object's host side on the Python VM, where its host-API programs cannot run."""
     both = ('SEC("egpu/memcpy/*") int p(struct egpu_host_ctx *c) { return 0; }\n'

@@ -112,6 +112,29 @@ def test_uprobes_send_records_to_ring_and_perf_buffers_from_c(stub_job, uprobe_a
         [v for i in range(n) for v in (-(6 * i + 15), 6 * i + 15)]
 
 
+def test_uprobes_use_queue_stack_and_bloom_filter_maps_in_c(stub_job, uprobe_app, tmp_path):
+    """tests/uprobe_probes/queue.bpf.c under egpu-run: 30 calls of upt_add6(i, ...) leave the queue its last four
+    arguments (BPF_EXIST dropped the oldest), the stack what its pushes and pops left (16 pushes refused as full,
+    10 pops), the bloom filter no miss of a pushed value; egpu-run prints the queue and stack in pop order, the
+    bloom filter as its size."""
+    app, _ = uprobe_app
+    clang = find_clang()
+    obj = tmp_path / "queue.bpf.o"
+    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "queue.bpf.c"),
+                    "-o", str(obj)], check=True)
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, str(app), "calls", "30")
+    assert r.returncode == 0, r.stderr
+    assert "not attached" not in r.stderr, r.stderr
+    state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
+    fifo, lifo = state.storages[:2]
+    assert [struct.unpack("<q", v)[0] for _, v in fifo.items()] == [26, 27, 28, 29]
+    assert [struct.unpack("<q", v)[0] for _, v in lifo.items()] == [1, 2, 4, 28]   # oldest first
+    assert "@fifo: 26\n@fifo: 27\n@fifo: 28\n@fifo: 29\n" in r.stdout
+    assert "@lifo: 28\n@lifo: 4\n@lifo: 2\n@lifo: 1\n" in r.stdout
+    assert "@seen: bloom filter of 2048 bits, 5 hash functions\n" in r.stdout
+    assert "@queue.bss: { counts: [16, 0, 10], last_a: 29 }" in r.stdout   # counts[1]: no pushed value missed
+
+
 BURST_CALLS = 4 * 20000   # app_uprobe bench_threads 20000 4: calls of upt_inc
 
 
