@@ -13,7 +13,9 @@ reader's walk in the shim's C as inside a job (the shim is built here):
 - ``both``: runtime/streaming.Streaming, reader and writer threads together, into Arrow IPC and
   Parquet, the file read back and compared with what was produced; ``both.FORMAT.produced``: until the
   producer had put its last record in the ring (what kernels made to wait by a ring take), the rest of
-  ``both`` being the writer's catching up.
+  ``both`` being the writer's catching up; ``both.FORMAT.pace``: where the best run's drain spent its time
+  (the reader's spooling passes in C: copies, scan, clear, the wait for the spool's writes), as egpu-run prints
+  it under a trace line.
 
 ``--profile access:both.arrow`` (say) runs that one configuration under cProfile, every thread, and
 prints where the time went. ``--busy`` runs every configuration beside a Python thread that spins, holding
@@ -208,9 +210,9 @@ def run_writer(p: Probe, index: int, batches: list, path: Path) -> float:
     return time.perf_counter() - t
 
 
-def run_both(p: Probe, index: int, s: Stream, path: Path) -> tuple[float, float]:
+def run_both(p: Probe, index: int, s: Stream, path: Path) -> tuple[float, float, dict]:
     """(seconds until the file was closed, seconds until the producer had put its last record in the ring: what
-    a job's kernels made to wait would take)."""
+    a job's kernels made to wait would take, where the drain's time went: egpu-run's pace line)."""
     dev, dm = device(p)
     path.unlink(missing_ok=True)
     producer = Producer(dev, dm.addrs[index], s)
@@ -222,7 +224,7 @@ def run_both(p: Probe, index: int, s: Stream, path: Path) -> tuple[float, float]
     report = streaming.finish()
     seconds = time.perf_counter() - t
     assert report["records"] == len(s) and report["error"] is None, report
-    return seconds, produced
+    return seconds, produced, report["drain"]
 
 
 def check(path: Path, s: Stream, field: str) -> bool:
@@ -283,8 +285,9 @@ def measure(name: str, cfg: tuple, tmp: Path, only: str | None = None) -> dict:
                     note(f"writer{f}", run_writer(p, index, batches, tmp / f"w{f}"))
         for f in FORMATS:
             if only in (None, f"both{f}"):
-                seconds, produced = run_both(p, index, s, tmp / f"b{f}")
-                note(f"both{f}", seconds)
+                seconds, produced, pace = run_both(p, index, s, tmp / f"b{f}")
+                if note(f"both{f}", seconds):
+                    out[f"both{f}.pace"] = pace
                 note(f"both{f}.produced", produced)
                 out[f"both{f}.read_back_whole"] = check(tmp / f"b{f}", s, field)
     for key, seconds in best.items():
