@@ -63,6 +63,10 @@ size_t egpu_lvm_map_load(struct egpu_lvm_map *m, const void *keys, const void *v
  * order, LRU: least recent first; queue and stack: oldest first, no key; a bloom filter has none), into
  * keys (key_size each) and values (value_size each); returns how many the map holds. */
 size_t egpu_lvm_map_read(struct egpu_lvm_map *m, void *keys, void *values, size_t max);
+/* A bloom filter's bits, which egpu_lvm_map_read and egpu_lvm_map_load pass over (maps.py BloomStorage.bits:
+ * bit b is byte b / 8's bit b % 8): `load` 0 copies them into `bits`, 1 ORs `bits` into them, `size` bytes at
+ * most; returns how many bytes they take (0: no bloom filter). */
+size_t egpu_lvm_map_bits(struct egpu_lvm_map *m, void *bits, size_t size, int load);
 
 /* A program (`n` eBPF slots, map references as lddw map-index pseudo sources) over `maps`; NULL when
  * memory is out. The maps must outlive it. */

@@ -530,7 +530,7 @@ EXPORT size_t egpu_lvm_map_read(struct egpu_lvm_map *m, void *keys, void *values
 EXPORT size_t egpu_lvm_map_load(struct egpu_lvm_map *m, const void *keys, const void *values, size_t n) {
     size_t k = 0;
     spin_lock(&m->lock);
-    for (; k < n; k++) {
+    for (; k < n && m->type != MAP_BLOOM_FILTER; k++) { /* a bloom filter's bits are no entries: map_bits */
         const unsigned char *value = (const unsigned char *)values + k * m->value_size;
         if (is_keyless(m->type) ? queue_push(m, value, BPF_ANY)   /* a queue's or stack's, oldest first */
                                 : map_update(m, (const unsigned char *)keys + k * m->key_size, value, BPF_ANY))
@@ -538,6 +538,18 @@ EXPORT size_t egpu_lvm_map_load(struct egpu_lvm_map *m, const void *keys, const 
     }
     spin_unlock(&m->lock);
     return k;
+}
+
+EXPORT size_t egpu_lvm_map_bits(struct egpu_lvm_map *m, void *bits, size_t size, int load) {
+    if (m->type != MAP_BLOOM_FILTER) return 0;
+    size_t bytes = (size_t)(m->bits_mask + 1) / 8;
+    unsigned char *b = bits;
+    spin_lock(&m->lock);
+    for (size_t i = 0; i < size && i < bytes; i++)
+        if (load) m->bits[i] |= b[i];
+        else b[i] = m->bits[i];
+    spin_unlock(&m->lock);
+    return bytes;
 }
 
 EXPORT size_t egpu_lvm_map_changes(struct egpu_lvm_map *m, void *keys, void *values, unsigned char *present,

@@ -22,6 +22,7 @@ import pytest
 from egpu_preload.bpf import ctx as C
 from egpu_preload.bpf.asm import assemble
 from egpu_preload.bpf.compile import compile_probe
+from egpu_preload.bpf.program import HOST_ONLY_MAPS
 from egpu_preload.runtime import dump, launches, native
 from egpu_preload.runtime.probes import load_probe
 from egpu_preload.vm import Vm, run_with_mem
@@ -371,7 +372,30 @@ def test_c_and_the_vm_leave_the_same_maps(shim_api, probe, path, mcpu):
     vm_state, c_state = on_vm.sides[0].host_state(), in_c.sides[0].host_state()
     for m, vm_map, c_map in zip(vm_state.maps, vm_state.storages, c_state.storages):
         assert list(c_map.items()) == list(vm_map.items()), m.name
+        if m.type in HOST_ONLY_MAPS:   # a bloom filter's bits, which are no items
+            assert dump.storage_contents(c_map) == dump.storage_contents(vm_map), m.name
     assert in_c.runs == on_vm.runs > 0 and in_c.faults() == [] == on_vm.errors
+
+
+def test_host_only_maps_read_from_c_go_back_as_they_were(shim_api, probe):
+    """What LiveUprobes does to a failed swap's uprobes: their C maps read (native.Side.storages) and loaded
+    into fresh ones (Side.load). A queue and a stack keep their values and order, a bloom filter its bits: its
+    bits were never read back (the exit dump's were zeros) nor loaded, so the filter forgot every value."""
+    ffi, lib = shim_api
+    obj = probe("tests/launch_probes/queue_stack")
+    lp = launches.LaunchProbes([obj], engine=shim_api)
+    lp.offset = 5_000
+    _run_launches(lp, ffi, _launches(40), "c")
+    side = lp.sides[0].native
+    left = side.storages()
+    again = native.Side(ffi, lib, obj.obj.maps, left, [])
+    for i, storage in left.items():
+        again.load(i, storage)
+    names = [m.name for m in obj.obj.maps]
+    seen = left[names.index("seen")]
+    assert any(seen.bits) and all(seen.test(struct.pack("<Q", 2 * i)) == 0 for i in range(1, 41))
+    assert {i: dump.storage_contents(s) for i, s in again.storages().items()} == \
+        {i: dump.storage_contents(s) for i, s in left.items()}
 
 
 @pytest.mark.parametrize("engine", ["c", "vm"])
@@ -483,6 +507,9 @@ def test_a_refusal_names_the_helper(probe):
     ((9, 8, 8, 1 << 30), False),          # refused at once (an index of 2^31 entries never fit an int)
     ((1, 8, native.MAX_VALUE + 1, 1), False),
     ((27, 0, 0, 4096), False),            # a ring buffer is not a C map
+    ((22, 0, 8, 4), True),                # QUEUE of 4 u64
+    ((23, 4, 8, 4), False),               # a stack has no key
+    ((22, 0, 8, 0), False),               # nor a queue without entries
 ])
 def test_map_shapes_past_the_limits_are_refused(shim_api, shape, made):
     ffi, lib = shim_api

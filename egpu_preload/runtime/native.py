@@ -30,7 +30,7 @@ from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.disasm import disasm_insn
 from egpu_preload.bpf.helpers import BPF_ANY, BY_NAME, HELPERS
 from egpu_preload.bpf.sections import API_KINDS, HOST_KINDS, HOST_SIDE
-from egpu_preload.maps import STORAGE_BY_TYPE, MapStorage, QueueStorage
+from egpu_preload.maps import STORAGE_BY_TYPE, BloomStorage, MapStorage, QueueStorage
 from egpu_preload.runtime import mapsync
 
 MAP_TYPES = frozenset((prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_HASH, prog.MAP_LRU_HASH)) | prog.HOST_ONLY_MAPS
@@ -146,7 +146,11 @@ class Side:
 
     def storages(self) -> dict[int, MapStorage]:
         """The maps' contents now, as the host containers the VM would have filled."""
-        return {i: self._storage(i, self._fetch(i, self.lib.egpu_lvm_map_read)) for i in self.maps}
+        out = {i: self._storage(i, self._fetch(i, self.lib.egpu_lvm_map_read)) for i in self.maps}
+        for i, storage in out.items():
+            if isinstance(storage, BloomStorage):   # its bits are no rows
+                self.lib.egpu_lvm_map_bits(self.maps[i], self.ffi.from_buffer(storage.bits), len(storage.bits), 0)
+        return out
 
     def changed(self, i: int) -> bool:
         """Whether tracked map ``i`` has changed keys not yet taken."""
@@ -170,7 +174,10 @@ class Side:
                 mapsync.push_key(mem, addrs[i], storage, key, now_ns)
 
     def load(self, i: int, storage: MapStorage) -> None:
-        """Put ``storage``'s entries into map ``i`` (none logged as changed)."""
+        """Put ``storage``'s entries into map ``i`` (none logged as changed); a bloom filter's bits."""
+        if isinstance(storage, BloomStorage):
+            self.lib.egpu_lvm_map_bits(self.maps[i], self.ffi.from_buffer(storage.bits), len(storage.bits), 1)
+            return
         rows = list(storage.items())
         keys = self.ffi.new("unsigned char[]", b"".join(bytes(k) for k, _ in rows) or b"\0")
         values = self.ffi.new("unsigned char[]", b"".join(bytes(v) for _, v in rows) or b"\0")
