@@ -172,7 +172,7 @@ struct egpu_lvm_map {
     unsigned int key_size, value_size, max_entries;
     size_t stride;            /* between values: value_size rounded up to 8, so 8-byte atomics align */
     int stride_shift;         /* log2(stride) where it is a power of two, else -1 (at() divides then) */
-    unsigned char *values;    /* max_entries * stride */
+    unsigned char *values;    /* max_entries + 1 slots of stride (a queue ring's one free); a bloom filter: 1, unused */
     /* hash maps */
     unsigned char *keys;      /* max_entries * key_size */
     int *index;               /* open addressing over slots: slot + 1, 0 empty, TOMB deleted */
@@ -247,7 +247,8 @@ EXPORT struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, un
                                .max_entries = max_entries, .stride = (value_size + 7u) & ~7u};
     m->head = m->tail = -1;
     m->stride_shift = m->stride & (m->stride - 1) ? -1 : __builtin_ctzll(m->stride);
-    m->values = calloc((size_t)max_entries + 1, m->stride);
+    /* a bloom filter keeps bits, no values: max_entries of them (2^24 of 1 MiB) need not fit */
+    m->values = calloc(type == MAP_BLOOM_FILTER ? 1 : (size_t)max_entries + 1, m->stride);
     m->scratch = malloc((size_t)key_size + value_size + 1);
     int ok = m->values && m->scratch;
     if (ok && hash) {

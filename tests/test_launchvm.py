@@ -510,6 +510,7 @@ def test_a_refusal_names_the_helper(probe):
     ((22, 0, 8, 4), True),                # QUEUE of 4 u64
     ((23, 4, 8, 4), False),               # a stack has no key
     ((22, 0, 8, 0), False),               # nor a queue without entries
+    ((30, 0, native.MAX_VALUE, native.MAX_ENTRIES), True),   # a bloom filter keeps bits (2^27), not values
 ])
 def test_map_shapes_past_the_limits_are_refused(shim_api, shape, made):
     ffi, lib = shim_api
