@@ -332,6 +332,18 @@ BAD_SOURCES = [
     ("map_extra", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); "
                                  "__uint(map_extra, 5); __type(key, __u32); __type(value, __u64);"),
      "map m: map_extra 5: Linux takes it only on bloom filters and arenas"),
+    # queue_stack_map_alloc_check, bloom_map_alloc: no key, at most 15 hash functions, no NO_PREALLOC
+    ("queue key", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_QUEUE); __uint(max_entries, 4); "
+                                 "__type(key, __u32); __type(value, __u64);"),
+     "map m: a queue has no key, and needs value_size and max_entries (got 4, 8, 4)"),
+    ("stack entries", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_STACK); __type(value, __u64);"),
+     "map m: a stack has no key, and needs value_size and max_entries (got 0, 8, 0)"),
+    ("bloom hashes", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_BLOOM_FILTER); __uint(max_entries, 4); "
+                                    "__uint(map_extra, 16); __type(value, __u64);"),
+     "map m: map_extra 16: a bloom filter's hash count is at most 15"),
+    ("bloom flags", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_BLOOM_FILTER); __uint(max_entries, 4); "
+                                   "__uint(map_flags, BPF_F_NO_PREALLOC); __type(value, __u64);"),
+     "map m: map_flags BPF_F_NO_PREALLOC: Linux refuses it on bloom_filter maps"),
     ("tail calls", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_PROG_ARRAY); __uint(max_entries, 1); "
                                     "__type(key, __u32); __type(value, __u32);"),
      "map m: unsupported map type 3 (BPF_MAP_TYPE_PROG_ARRAY: tail calls are not supported, call a static "
