@@ -31,6 +31,7 @@ class Case(NamedTuple):
     expect: str = ""           # rejections: a substring of the one-line reason
     at: int | None = None      # rejections: the instruction (slot) the reason names
     max_insns: int = 1_000_000
+    gpu: bool = True           # acceptances: the GPU runs it too (not a host-only map's helpers)
 
 
 # r0 = lookup(map N, key = u32 0 at fp-4), pc 0..6 (lddw takes two slots); N is filled in.
@@ -845,7 +846,7 @@ ACCEPT: tuple[Case, ...] = (
         r1 = map[6] ll
         call map_pop_elem
         r0 = *(u64 *)(r10 - 8)
-        exit"""),
+        exit""", gpu=False),
     # get_current_comm fills its buffer, uninitialized before: the bytes it wrote may be read after
     Case("comm_fills_uninit_stack", """
         r1 = r10

@@ -25,7 +25,10 @@ def emit_helper(g: FuncGen, insn: Insn) -> None:
     helper = HELPERS.get(insn.imm)
     if helper is None:
         raise g.fail(insn, f"unknown helper {insn.imm}")
-    _EMIT[helper.name](g, insn)
+    emit = _EMIT.get(helper.name)
+    if emit is None:   # a host program's alone (queue, stack and bloom filter maps'): the loader refuses it first
+        raise g.fail(insn, f"{helper.name} has no GPU form: host programs only")
+    emit(g, insn)
 
 
 # ---- small pieces --------------------------------------------------------------------------------
