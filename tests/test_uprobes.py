@@ -34,6 +34,14 @@ BARE = ["--uprobe", "sum8_entry=libupt.so:upt_sum8", "--uprobe", "sum8_exit=libu
 ADD6_CALLS, ADD6_RETURNS, SUM8_CALLS, SUM8_RETURNS, LAUNCHES, HALF_RETURNS = range(6)
 
 
+def uprobe_probe(tmp_path: Path, name: str, *flags: str) -> Path:
+    """tests/uprobe_probes/NAME.bpf.c built as bpftime's examples are (bpftime_cflags), with ``flags``."""
+    clang, obj = find_clang(), tmp_path / f"{name}.bpf.o"
+    source = ROOT / "tests" / "uprobe_probes" / f"{name}.bpf.c"
+    subprocess.run([clang, *bpftime_cflags(clang), *flags, "-c", str(source), "-o", str(obj)], check=True)
+    return obj
+
+
 @pytest.fixture(scope="module")
 def uprobe_app(stub_job, tmp_path_factory) -> tuple[Path, Path]:
     """(app_uprobe linked against libupt.so beside the stand-in driver, args.bpf.o built with bpftime's flags)."""
@@ -94,10 +102,7 @@ def test_uprobes_send_records_to_ring_and_perf_buffers_from_c(stub_job, uprobe_a
     not write it, a discarded one does not arrive, two held at once (filled by atomic adds, as the kernel
     allows on a record) arrive in the order they were submitted, and a reserve with flags gets NULL."""
     app, _ = uprobe_app
-    clang = find_clang()
-    obj = tmp_path / "records.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "records.bpf.c"),
-                    "-o", str(obj)], check=True)
+    obj = uprobe_probe(tmp_path, "records")
     n = 30
     r, (doc,), _ = run_kept(stub_job, tmp_path, obj, str(app), "calls", str(n))
     assert r.returncode == 0, r.stderr
@@ -118,10 +123,7 @@ def test_uprobes_use_queue_stack_and_bloom_filter_maps_in_c(stub_job, uprobe_app
     10 pops), the bloom filter no miss of a pushed value; egpu-run prints the queue and stack in pop order, the
     bloom filter as its size."""
     app, _ = uprobe_app
-    clang = find_clang()
-    obj = tmp_path / "queue.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "queue.bpf.c"),
-                    "-o", str(obj)], check=True)
+    obj = uprobe_probe(tmp_path, "queue")
     r, (doc,), _ = run_kept(stub_job, tmp_path, obj, str(app), "calls", "30")
     assert r.returncode == 0, r.stderr
     assert "not attached" not in r.stderr, r.stderr
@@ -145,10 +147,7 @@ def lossy_burst(stub_job, uprobe_app, tmp_path, *args: str, **env: str) -> tuple
     accounted for among the lines: those the dump has (under --trace, the trace file's trace_printk rows) plus
     those dropped."""
     app, _ = uprobe_app
-    clang = find_clang()
-    obj = tmp_path / "lossy.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "lossy.bpf.c"),
-                    "-o", str(obj)], check=True)
+    obj = uprobe_probe(tmp_path, "lossy")
     r, (doc,), _ = run_kept(stub_job, tmp_path, obj, *args, "--uprobe", "lossy=libupt.so:upt_inc", str(app),
                             "bench_threads", "20000", "4", **env)
     assert r.returncode == 0, r.stderr
@@ -209,10 +208,7 @@ def test_a_uprobe_reads_the_calling_threads_id_and_name(stub_job, uprobe_app, tm
     calls under one key), and get_current_comm was an unknown helper (the probe was not attached). Its
     bpf_get_current_uid_gid is gid << 32 | uid as the job's process has them (an unknown helper too)."""
     app, _ = uprobe_app
-    clang = find_clang()
-    obj = tmp_path / "by_thread.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "by_thread.bpf.c"),
-                    "-o", str(obj)], check=True)
+    obj = uprobe_probe(tmp_path, "by_thread")
     r, (doc,), _ = run_kept(stub_job, tmp_path, obj, "--uprobe", "by_thread=libupt.so:upt_inc", str(app),
                             "bench_threads", "10000", "4")
     assert r.returncode == 0, r.stderr
@@ -231,10 +227,7 @@ def test_a_uprobe_reads_a_string_argument_from_the_applications_memory(stub_job,
     than the buffer is cut to its size with the NUL (16), and NULL, which the application has not mapped, gives
     -EFAULT (-14) with the buffers zeroed, as Linux gives."""
     app, _ = uprobe_app
-    clang = find_clang()
-    obj = tmp_path / "strings.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "strings.bpf.c"),
-                    "-o", str(obj)], check=True)
+    obj = uprobe_probe(tmp_path, "strings")
     r, (doc,), _ = run_kept(stub_job, tmp_path, obj, str(app), "names", "5")
     assert r.returncode == 0, r.stderr
     assert "app_uprobe names calls=7 total=50 result=0" in r.stdout   # 26 - 1 + 5 * 5: the calls unchanged
@@ -254,8 +247,9 @@ def test_reading_the_applications_memory_is_refused_outside_its_threads():
     verify(code, [], section="uprobe/libc.so.6:malloc")
     verify(code, [], section="egpu/memcpy/*")
     for section in ("kprobe/*", "egpu/launch/*"):
-        with pytest.raises(VerifierError, match=r"bpf_probe_read_user#112 reads the application's memory: only "
-                                                r"uprobes and host-API programs, which run in its threads, may call it"):
+        why = (r"bpf_probe_read_user#112 reads the application's memory: only uprobes and host-API programs, which "
+               r"run in its threads, may call it")
+        with pytest.raises(VerifierError, match=why):
             verify(code, [], section=section)
 
 
@@ -361,10 +355,7 @@ def test_detach_puts_back_only_the_bytes_the_jump_covered(stub_job, uprobe_app, 
     (as a debugger's breakpoint there would): detach restores those 5 bytes and leaves the change (before, it
     wrote back the 8 bytes it had read at attach, undoing it)."""
     app, _ = uprobe_app
-    clang = find_clang()
-    live = tmp_path / "live.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-DNEAR", "-c", str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"),
-                    "-o", str(live)], check=True)
+    live = uprobe_probe(tmp_path, "live", "-DNEAR")
     with attachable_job(stub_job, tmp_path, app, "near_loop") as (pid, egpu):
         r = egpu("attach", pid, "-p", str(live))
         assert r.returncode == 0, r.stderr
@@ -500,10 +491,7 @@ def test_egpu_attach_hooks_a_running_job_and_detach_unhooks_it(stub_job, uprobe_
     upt_direct inline), the maps fill while it runs, detach gives the final maps and puts the slot (or the
     function's bytes) back (the job's results stay right throughout, and a second attach starts from zero)."""
     app, _ = uprobe_app
-    clang = find_clang()
-    live = tmp_path / "live.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), *defines, "-c", str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"),
-                    "-o", str(live)], check=True)
+    live = uprobe_probe(tmp_path, "live", *defines)
 
     def counts(r: subprocess.CompletedProcess) -> list[int]:
         """counts[0..2] (calls, returns, right returns) of egpu maps/detach --json."""
@@ -528,10 +516,7 @@ def test_egpu_maps_reads_the_uprobes_egpu_run_attached(stub_job, uprobe_app, tmp
     """live.bpf.c given to egpu-run: its uprobes' maps are the host side the launch drainer keeps in C (no
     GPU program: no device maps), which egpu maps and --mirror read as the exit dump does, counting on."""
     app, _ = uprobe_app
-    clang = find_clang()
-    live = tmp_path / "live.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "live.bpf.c"),
-                    "-o", str(live)], check=True)
+    live = uprobe_probe(tmp_path, "live")
     with attachable_job(stub_job, tmp_path, app, "loop", ("--mirror", "0.05", "-p", str(live))) as (pid, egpu):
         time.sleep(0.5)
         first = live_maps(egpu("maps", pid, "--json"), "counts")
@@ -911,10 +896,7 @@ def test_functions_left_by_a_throw_or_a_longjmp_keep_the_job_running(stub_job, t
                  cxx + [str(APP / "app_unwind.cpp"), "-o", str(d / "app_unwind"), f"-L{d}", "-lthrow", "-louter",
                         f"-Wl,-rpath,{d}", "-ldl", "-lpthread"]):
         subprocess.run(step, check=True)
-    clang = find_clang()
-    obj = tmp_path / "unwind.bpf.o"
-    subprocess.run([clang, *bpftime_cflags(clang), "-c", str(ROOT / "tests" / "uprobe_probes" / "unwind.bpf.c"),
-                    "-o", str(obj)], check=True)
+    obj = uprobe_probe(tmp_path, "unwind")
     n = 200   # 50 longjmps from one call site (one slot), 50 nested: each more than the 32 entries a thread keeps
     plain = subprocess.run([str(d / "app_unwind"), str(n)], env=stub_job.env(tmp_path / "plain.log"),
                            capture_output=True, text=True, check=True).stdout
