@@ -1940,7 +1940,9 @@ def test_producers_at_full_speed_reach_the_file_whole_and_in_order(access_trace,
     """Two rings of one probe, one of access records (a struct: typed columns) and one kept whole (warp
     records, mixed sizes), each written by four producer threads as fast as they go while Streaming drains
     them: the file read back by pyarrow holds every record delivered once, each producer's in the order it
-    wrote them, their bytes as written; waiting, all of them; dropping, exactly those not counted dropped."""
+    wrote them, their bytes as written; waiting, all of them; dropping, exactly those not counted dropped. A
+    dropping ring is first given more than it holds before the drain starts (a reader fast enough for the
+    producers' pace, as the C burst is on a quiet machine, would otherwise leave the drops untested)."""
     from egpu_preload.maps import MapsState
     from egpu_preload.output import warp_records
     from egpu_preload.runtime.probes import Probe
@@ -1952,19 +1954,22 @@ def test_producers_at_full_speed_reach_the_file_whole_and_in_order(access_trace,
     arena = Arena(8 << 20)
     device = devmaps.DeviceMaps(arena, MapsState(obj.maps), 4)
     rings = [HostRing(1 << 14, 4, wait, arena.mem, device.addrs[i]) for i in range(2)]
-    streaming = Streaming(tmp_path / f"t{suffix}", [Probe(Path("a.bpf.o"), obj, (), "t", frozenset({1}))],
-                          [device], arena)
-    per = 3000
+    per, early = 3000, 0 if wait else 60   # 240 records of 80 bytes at least a ring: past its 16 KiB
     kept: list[list[list[bytes]]] = [[[] for _ in range(4)] for _ in rings]
 
-    def producer(p: int) -> None:
-        for k in range(per):
+    def produce(p: int, ks: range) -> None:
+        for k in ks:
             i = p * per + k
             for r, data in enumerate((_event(i), struct.pack("<Q", i) + bytes((64, 96, 192, 320)[k * 5 % 4]))):
                 if rings[r].produce(data, sm=p):
                     kept[r][p].append(data)
 
-    interleaved(producer, 4)
+    for p in range(4):
+        produce(p, range(early))
+    assert wait or all(r.refused for r in rings)
+    streaming = Streaming(tmp_path / f"t{suffix}", [Probe(Path("a.bpf.o"), obj, (), "t", frozenset({1}))],
+                          [device], arena)
+    interleaved(lambda p: produce(p, range(early, per)), 4)
     report = streaming.finish()
     delivered = [sum(map(len, k)) for k in kept]
     assert report["error"] is None and report["records"] == sum(delivered)
