@@ -137,6 +137,23 @@ def test_uprobes_use_queue_stack_and_bloom_filter_maps_in_c(stub_job, uprobe_app
     assert "@queue.bss: { counts: [16, 0, 10], last_a: 29 }" in r.stdout   # counts[1]: no pushed value missed
 
 
+def test_egpu_maps_reads_a_running_jobs_queue_stack_and_bloom_filter(stub_job, uprobe_app, tmp_path):
+    """queue.bpf.c in a job that calls upt_add6 until stopped: egpu maps prints its queue and stack as egpu-run
+    does at exit (values in pop order, read from the C engine), its bloom filter as its size, and --json has the
+    queue's values as records."""
+    app, _ = uprobe_app
+    obj = uprobe_probe(tmp_path, "queue")
+    with attachable_job(stub_job, tmp_path, app, "loop", ("-p", str(obj))) as (pid, egpu):
+        deadline = time.monotonic() + 30
+        while "@fifo: " not in (text := egpu("maps", pid)).stdout and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert text.returncode == 0 and len(re.findall(r"^@fifo: \d+$", text.stdout, re.M)) == 4, text
+        assert re.search(r"^@lifo: \d+$", text.stdout, re.M), text.stdout
+        assert "@seen: bloom filter of 2048 bits, 5 hash functions\n" in text.stdout
+        doc = json.loads(egpu("maps", pid, "--json").stdout)["maps"]
+        assert len(doc["fifo"]["records"]) == 4, doc["fifo"]
+
+
 BURST_CALLS = 4 * 20000   # app_uprobe bench_threads 20000 4: calls of upt_inc
 
 
