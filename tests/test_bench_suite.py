@@ -1200,8 +1200,8 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
     assert "clear 0.75 s, gil wait 0.25 s, hand off 2.00 s" in pace_line
     assert bench.pace(f"{pace_line}\nvecadd done\n") == {
         "passes": 1_234, "copied_mb": 8_050.0, "taken_mb": 2_750.0, "unwalked_mb": 2_600.0, "header_s": 0.5,
-        "copy_s": 1.25, "scan_s": 3.0, "clear_s": 0.75, "gil_wait_s": 0.25, "hand_off_s": 2.0, "idle_s": 0.12, "write_s": 6.5, "header_driver_s": 0.02,
-        "copy_driver_s": 1.0}
+        "copy_s": 1.25, "scan_s": 3.0, "clear_s": 0.75, "gil_wait_s": 0.25, "hand_off_s": 2.0, "idle_s": 0.12,
+        "write_s": 6.5, "header_driver_s": 0.02, "copy_driver_s": 1.0}
     # a spooling reader's: the spool's writes, on a thread of their own, apart from the reader's phases
     _, pace_line = streaming.notes([{"trace": {"records": 1, "path": "t.arrow", "dropped": 0, "error": None,
                                                "drain": drain | {"spool_write_s": 0.84}}}])

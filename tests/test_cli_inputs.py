@@ -191,7 +191,8 @@ def test_compile_never_writes_over_its_source_nor_into_stdout(tmp_path, output):
 
 
 @pytest.mark.parametrize("body, message", [("int x;\n", "no programs in the object"),
-                                           ('SEC("tracepoint/x") int p(void *c) { return 0; }\n', "a Linux kernel program")])
+                                           ('SEC("tracepoint/x") int p(void *c) { return 0; }\n',
+                                            "a Linux kernel program")])
 def test_compile_removes_the_object_it_refuses(tmp_path, body, message):
     """The refused object was left in place: make took it for built, and egpu-run refused it later."""
     src = tmp_path / "r.bpf.c"

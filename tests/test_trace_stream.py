@@ -844,7 +844,8 @@ def test_text_output_keeps_a_record_on_its_line(tmp_path):
     path = tmp_path / "t.parquet"
     text = "two\nlines\tand \x1b[31mred\x85\n"
     pq.write_table(pa.table({"map": ["trace_printk", "events", "p:trace_printk"],
-                             "seq": pa.array([0, 0, 0], pa.uint64()), "comm": [None, "a\rb", None], "text": [text, "end\n", "a\n\n"]}), path)
+                             "seq": pa.array([0, 0, 0], pa.uint64()), "comm": [None, "a\rb", None],
+                             "text": [text, "end\n", "a\n\n"]}), path)
     res = CliRunner().invoke(egpu, ["trace", str(path)])
     assert (res.exit_code, res.stdout) == (0, "trace_printk #0 text=two\\nlines\\tand \\x1b[31mred\\x85\n"
                                               "events #0 comm=a\\rb text=end\\n\n"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from egpu_preload.bpf.program import (MAP_ARRAY, MAP_BLOOM_FILTER, MAP_HASH, MAP_PERF_EVENT_ARRAY, MAP_QUEUE, MAP_RINGBUF,
-                                      MapDef)
+from egpu_preload.bpf.program import (MAP_ARRAY, MAP_BLOOM_FILTER, MAP_HASH, MAP_PERF_EVENT_ARRAY, MAP_QUEUE,
+                                      MAP_RINGBUF, MapDef)
 
 MAPS = (
     MapDef("counts", MAP_HASH, 4, 8, 1024),

@@ -636,8 +636,8 @@ def text_line(row: Mapping[str, Any]) -> str:
     printk's text or a string column split the record across lines; control characters are escaped, but for the
     newline that ends a printk's text, which ends its line (as trace_pipe shows bpf_printk's lines)."""
     printk = row["map"].rsplit(":", 1)[-1] == TRACE_PRINTK
-    fields = " ".join(f"{k}={_show(v.removesuffix(chr(10)) if printk and k == 'text' and isinstance(v, str) else v)}"
-                      for k, v in row.items() if k not in ("map", "seq"))
+    shown = {k: v.removesuffix("\n") if printk and k == "text" and isinstance(v, str) else v for k, v in row.items()}
+    fields = " ".join(f"{k}={_show(v)}" for k, v in shown.items() if k not in ("map", "seq"))
     return f"{row['map']} #{row['seq']} {fields}".translate(CONTROL_ESCAPES)
 
 
