@@ -18,7 +18,8 @@ too, uvm_ranges on tests/e2e/uvm_oversub.cu (managed memory that migrates), memc
 tests/e2e/host_copies.cu, the rest on tests/e2e/vecadd.cu. bpftime's own files (BPFTIME: the
 objects scripts/gpu-prep.sh builds with bpftime's flags into .gpubuild/bpftime) run on examples/vec_add.cu
 as bpftime's run on its vec_add: built with -DLENGTH_PARAM for those naming vectorAdd(..., int), with
--DGRAPH for the cudagraph example; pytorch-test's on tests/e2e/torch_sort.py. Whatever runs past
+-DGRAPH for the cudagraph example; pytorch-test's on tests/e2e/torch_sort.py; faiss-test's and
+llama-cpp-test's on their stand-ins (tests/bpftime_targets), cutlass's on bpftime's own GEMM program. Whatever runs past
 DEADLINE_S is left out and says so. Names after OUT (an example's, or a bpftime file's as in BPFTIME)
 capture only those.
 """
@@ -88,6 +89,11 @@ BPFTIME = {
     "threadhist-gpu-kernel-shared-map/threadhist": (*VEC_ADD, []),
     "threadscheduling/threadscheduling": (*VEC_ADD, []),
     "threadscheduling_dynamic_hook/threadscheduling": (*VEC_ADD_N, []),
+    "rocm-counter/rocm_probe": (*VEC_ADD, []),   # written for HIP; its kernel name is CUDA vectorAdd's too
+    "cutlass/counter/cutlass_launch_counter": ("./cutlass_gemm", ["--shape", "256x256x256", "--warmup", "2",
+                                                                  "--launches", "5", "--verify"], []),
+    "faiss-test/threadhist": ("./faiss_l2norm", ["10"], []),
+    "llama-cpp-test/threadhist": ("./llama_rms_norm", ["10"], []),
 }
 
 
@@ -104,8 +110,11 @@ def build(work: Path) -> dict[str, str]:
     progs = {"./vecadd": (ROOT / "tests/e2e/vecadd.cu", []), "./vec_add": (vec_add, []),
              "./vec_add_n": (vec_add, ["-DLENGTH_PARAM"]), "./vec_add_graph": (vec_add, ["-DGRAPH"]),
              "./uvm_oversub": (ROOT / "tests/e2e/uvm_oversub.cu", []),
-             "./host_copies": (ROOT / "tests/e2e/host_copies.cu", [])}
-    out = {}
+             "./host_copies": (ROOT / "tests/e2e/host_copies.cu", []),
+             "./faiss_l2norm": (ROOT / "tests/bpftime_targets/faiss_l2norm.cu", []),
+             "./llama_rms_norm": (ROOT / "tests/bpftime_targets/llama_rms_norm.cu", [])}
+    # bpftime's CUTLASS GEMM, which needs CUTLASS's headers: built by scripts/gpu-prep.sh where they download
+    out = {"./cutlass_gemm": str(ROOT / ".gpubuild" / "bpftime" / "cutlass_gemm")}
     for name, (src, flags) in progs.items():
         exe = work / name.removeprefix("./")
         subprocess.run(["nvcc", "-O2", "-gencode", "arch=compute_90,code=[sm_90,compute_90]", *flags, str(src),
