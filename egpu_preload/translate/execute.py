@@ -3,6 +3,7 @@ the probe runner of the GPU tests and benchmarks (N threads calling a probe, map
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Sequence
 
@@ -75,16 +76,18 @@ def execute_on_gpu(code: bytes, mem: bytes | None = None) -> int:
 
 
 class ProbeLaunch:
-    """A probe loaded for repeated launches (the GPU tests and benchmarks): its runner module, its maps
-    in device memory (empty, striped as the runtime stripes them) and one context; ``close`` frees
-    everything."""
+    """A probe loaded for repeated launches (the GPU tests and benchmarks, egpu run-on-gpu): its runner
+    module, its maps in device memory (striped as the runtime stripes them) and one context; ``close``
+    frees everything. ``state``: the maps' contents at load, a MapsState of ``obj.maps`` as
+    stripe_counters(obj) leaves them (empty maps by default)."""
 
-    def __init__(self, obj: BpfObject, program: Program, ctx: bytes | None = None, *, calls: int = 1) -> None:
+    def __init__(self, obj: BpfObject, program: Program, ctx: bytes | None = None, *, calls: int = 1,
+                 state: MapsState | None = None) -> None:
         if ctx is not None and len(ctx) != CTX_SIZE:
             raise EgpuError(f"context is {len(ctx)} bytes, struct egpu_ctx is {CTX_SIZE}")
         self.gpu = g = gpu()
         stripe_counters(obj)
-        self.state = MapsState(obj.maps)
+        self.state = state if state is not None else MapsState(obj.maps)
         probe = probe_function(program, obj, ctx_params=True)   # as the rewriter calls it
         self.module = g.load(probe_runner_ptx(probe, calls))
         self.maps: DeviceMaps | None = None
@@ -110,6 +113,12 @@ class ProbeLaunch:
         finally:
             if r0s:
                 g.free(r0s)
+
+    def launch_grid(self, grid: tuple[int, int, int], block: tuple[int, int, int]) -> None:
+        """Run one launch of ``grid`` blocks of ``block`` threads (x, y, z) to completion, every thread
+        calling the probe; what the probe reads of its thread (helpers 503-505, 508) is this launch's."""
+        threads = math.prod(grid) * math.prod(block)
+        self.gpu.launch_grid(self.func, grid, block, [("u64", self.ctx), ("u64", 0), ("u32", threads)])
 
     def reset_maps(self) -> None:
         """Maps back to their contents at load time."""
@@ -144,5 +153,19 @@ def run_probe_on_gpu(obj: BpfObject, program: Program, threads: int, ctx: bytes 
     try:
         r0s = run.launch(threads, block=block, keep_r0=True)
         return r0s, run.read_back()
+    finally:
+        run.close()
+
+
+def run_grid_on_gpu(obj: BpfObject, program: Program, grid: tuple[int, int, int], block: tuple[int, int, int], *,
+                    launches: int = 1, state: MapsState | None = None) -> MapsState:
+    """Run the probe as a kernel of its own (egpu run-on-gpu): ``launches`` launches of ``grid`` blocks of
+    ``block`` threads, each thread calling it once with a zeroed context, the maps starting as ``state``
+    (ProbeLaunch's); returns the maps and trace lines read back after the last launch."""
+    run = ProbeLaunch(obj, program, state=state)
+    try:
+        for _ in range(launches):
+            run.launch_grid(grid, block)
+        return run.read_back()
     finally:
         run.close()

@@ -77,11 +77,13 @@ class Gpu:
 
     def launch(self, func, threads: int, args: Sequence[tuple[str, int]], block: int = 256) -> None:
         """Launch ``threads`` threads (1-D) and wait for them."""
-        d = _driver()
         block = max(1, min(block, threads))
-        grid = (threads + block - 1) // block
+        self.launch_grid(func, ((threads + block - 1) // block, 1, 1), (block, 1, 1), args)
+
+    def launch_grid(self, func, grid: Sequence[int], block: Sequence[int], args: Sequence[tuple[str, int]]) -> None:
+        """Launch ``grid`` (x, y, z) blocks of ``block`` (x, y, z) threads and wait for them."""
         keep, params = pack_params(args)
-        check(d.cuLaunchKernel(func, grid, 1, 1, block, 1, 1, 0, 0, params, 0), "cuLaunchKernel")
+        check(_driver().cuLaunchKernel(func, *grid, *block, 0, 0, params, 0), "cuLaunchKernel")
         self.sync()
         del keep
 

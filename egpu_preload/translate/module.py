@@ -141,13 +141,18 @@ def _call(func: str, args: list[str], ret: str) -> list[str]:
             f"\t\tld.param.b64 {ret}, [%rv];", "\t}"]
 
 
-def _thread_index(q_regs: int) -> list[str]:
-    """An entry's registers (%i, %q<q_regs>, %stop) and its opening: %i0 = the global thread index;
-    threads at or past the parameter n go to $Ldone."""
-    return ["\t.reg .b32 %i<4>;", f"\t.reg .b64 %q<{q_regs}>;", "\t.reg .pred %stop;",
-            "\tmov.u32 %i0, %tid.x;", "\tmov.u32 %i1, %ctaid.x;", "\tmov.u32 %i2, %ntid.x;",
-            "\tmad.lo.u32 %i0, %i1, %i2, %i0;", "\tld.param.u32 %i3, [%n];", "\tsetp.ge.u32 %stop, %i0, %i3;",
-            "\t@%stop bra $Ldone;"]
+def _grid_index(q_regs: int) -> list[str]:
+    """A runner's registers (%i, %q<q_regs>, %stop) and its opening: %i0 = the thread's global index in a
+    grid of any shape, x fastest ((z * height + y) * width + x, bpftime's; a 1-D launch's is its x
+    index); threads at or past the parameter n go to $Ldone."""
+    lines = ["\t.reg .b32 %i<7>;", f"\t.reg .b64 %q<{q_regs}>;", "\t.reg .pred %stop;"]
+    for k, axis in enumerate("xyz"):   # %i<k>: the coordinate across the grid; %i5, %i6: width, height
+        lines += [f"\tmov.u32 %i3, %ctaid.{axis};", f"\tmov.u32 %i4, %ntid.{axis};", f"\tmov.u32 %i{k}, %tid.{axis};",
+                  f"\tmad.lo.u32 %i{k}, %i3, %i4, %i{k};"]
+        if axis != "z":
+            lines += [f"\tmov.u32 %i3, %nctaid.{axis};", f"\tmul.lo.u32 %i{5 + k}, %i3, %i4;"]
+    return lines + ["\tmad.lo.u32 %i2, %i2, %i6, %i1;", "\tmad.lo.u32 %i0, %i2, %i5, %i0;",
+                    "\tld.param.u32 %i3, [%n];", "\tsetp.ge.u32 %stop, %i0, %i3;", "\t@%stop bra $Ldone;"]
 
 
 def batch_ptx(codes: list[bytes]) -> str:
@@ -165,7 +170,7 @@ def batch_ptx(codes: list[bytes]) -> str:
     body = [
         f".visible .entry {EXEC_KERNEL}(.param .u64 %descs, .param .u32 %n)",
         "{",
-        *_thread_index(5),
+        *_grid_index(5),
         "\tld.param.u64 %q0, [%descs];",
         f"\tmad.wide.u32 %q0, %i0, {DESC_SIZE}, %q0;",
         "\tld.u64 %q1, [%q0];",
@@ -205,15 +210,16 @@ RUN_KERNEL = "egpu_probe_run"
 
 
 def probe_runner_ptx(probe: ProbePtx, calls: int = 1, kernel: str = RUN_KERNEL) -> str:
-    """``egpu_probe_run(.param .u64 ctx, .param .u64 r0s, .param .u32 n)``: global threads 0..n-1 each
-    pass the CTX_SIZE-byte context at ctx as instrumented kernels do (the words the probe takes, or a
-    copy in local memory), call the probe ``calls`` times (0: the same kernel without the probe, the
-    benchmarks' baseline) and store the last r0 at r0s[i] (when r0s is not 0)."""
+    """``egpu_probe_run(.param .u64 ctx, .param .u64 r0s, .param .u32 n)``: global threads 0..n-1 (of a
+    grid of any shape, _grid_index) each pass the CTX_SIZE-byte context at ctx as instrumented kernels do
+    (the words the probe takes, or a copy in local memory), call the probe ``calls`` times (0: the same
+    kernel without the probe, the benchmarks' baseline) and store the last r0 at r0s[i] (when r0s is not
+    0)."""
     words = probe.ctx_words
     body = [
         f".visible .entry {kernel}(.param .u64 %src, .param .u64 %r0s, .param .u32 %n)",
         "{",
-        *_thread_index(6),
+        *_grid_index(6),
         "\tld.param.u64 %q0, [%src];",
     ]
     if words is None:
