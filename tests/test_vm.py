@@ -24,6 +24,7 @@ from egpu_preload.errors import EgpuError, VmError
 from egpu_preload.maps import (E2BIG, EAGAIN, EEXIST, EINVAL, ENOENT, ENOSPC, MapsState, PerfStorage, format_trace,
                                record_bytes)
 from egpu_preload.vm import ThreadSim, Vm, execute, run_with_mem
+from egpu_preload.vm.thread import grid_threads, launch_refusal
 from egpu_preload.vm.calls import HANDLERS
 
 M64 = (1 << 64) - 1
@@ -363,6 +364,32 @@ def test_gpu_helpers_and_timer() -> None:
     thread = ThreadSim(thread_idx=(1, 2, 3), smid=4, warp=6, lane=5, globaltimer=1000, tick=7)
     assert _run(asm, thread=thread)[0] == 1230_7_4_5_6
     assert thread.globaltimer == 1014
+
+
+def test_a_grid_runs_every_thread_once() -> None:
+    """grid_threads (egpu run-on-gpu --vm): block by block, x fastest in each, every global index once; each
+    thread's own indices (what helpers 503-505 and 508 return); warp and lane from its linear index in its
+    block, as egpu_warp_id computes them on the GPU."""
+    threads = list(grid_threads((2, 3, 1), (40, 1, 2)))
+    assert sorted(t.global_index for t in threads) == list(range(2 * 3 * 40 * 2))
+    assert [t.thread_idx for t in threads[:3]] + [t.block_idx for t in threads[79:81]] == [
+        (0, 0, 0), (1, 0, 0), (2, 0, 0), (0, 0, 0), (1, 0, 0)]
+    t = threads[-1]
+    assert (t.block_idx, t.thread_idx, t.block_dim, t.grid_dim, t.warp, t.lane) == (
+        (1, 2, 0), (39, 0, 1), (40, 1, 2), (2, 3, 1), 2, 15)
+
+
+@pytest.mark.parametrize("grid, block, reason", [
+    ((1, 1, 1), (1024, 1, 1), None),
+    ((2**31 - 1, 1, 1), (2, 1, 1), None),
+    ((0, 1, 1), (1, 1, 1), "grid x is 0: CUDA takes 1 to 2147483647"),
+    ((1, 65536, 1), (1, 1, 1), "grid y is 65536: CUDA takes 1 to 65535"),
+    ((1, 1, 1), (1, 1, 65), "block z is 65: CUDA takes 1 to 64"),
+    ((1, 1, 1), (32, 32, 2), "a block of 32x32x2 threads: CUDA takes at most 1024"),
+    ((2**31 - 1, 1, 1), (4, 1, 1), "8589934588 threads: egpu's runner numbers at most 4294967295"),
+])
+def test_launch_refusal_is_cudas(grid, block, reason) -> None:
+    assert launch_refusal(grid, block) == reason
 
 
 def test_trace_printk_and_perf_output() -> None:

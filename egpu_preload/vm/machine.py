@@ -13,6 +13,7 @@ the verifier folds constants with the same functions). The other rules the GPU t
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Sequence
 
 from ..bpf import alu, isa
@@ -24,7 +25,7 @@ from ..errors import EgpuError, VmError
 from ..maps import MapsState, RingbufStorage
 from . import calls
 from .memory import MASK64, REGION_SHIFT, Memory
-from .thread import ThreadSim
+from .thread import Dim3, ThreadSim, grid_threads
 from .warps import Warps
 
 DEFAULT_BUDGET = 10_000_000
@@ -292,6 +293,14 @@ class Vm:
         mem = Memory()
         r1 = mem.add("ctx", bytearray(ctx), writable=False)
         return self._execute(mem, thread or ThreadSim(), r1, 0)
+
+    def run_grid(self, grid: Dim3, block: Dim3, ctx: bytes = b"", launches: int = 1) -> None:
+        """Run as a kernel of its own: ``launches`` launches of ``grid`` blocks of ``block`` threads, one
+        thread after another (thread.grid_threads), each reading its own indices and the launch's start
+        time; r0 is dropped, as a kernel's return is."""
+        for _ in range(launches):
+            for t in grid_threads(grid, block, time.time_ns()):
+                self.run(ctx, t)
 
     def run_with_mem(self, mem: bytes | None = None, thread: ThreadSim | None = None) -> tuple[int, bytes | None]:
         """``execute``'s contract, also returning the memory after the run."""
