@@ -94,6 +94,24 @@ def test_golden(name, probe_obj, own_probe):
     assert line.endswith("\n") and "\n" not in line[:-1] and json.loads(line) == doc
 
 
+def _refilled(doc: dict, obj: BpfObject) -> dict:
+    """The document of maps filled from ``doc`` (json_out.fill, as egpu run-on-gpu --maps fills them), its
+    records and trace aside: rings and queues start empty."""
+    kept = {"maps": {n: m for n, m in doc["maps"].items() if m["kind"] != "records"}}
+    state = MapsState(obj.maps)
+    json_out.fill(state, obj, json_out.read(json.dumps(kept)))
+    refilled = json_out.document(values.snapshot(state, obj, NAMES), time=0.0, pid=None)["maps"]
+    return {n: m for n, m in refilled.items() if m["kind"] != "records"}
+
+
+@pytest.mark.parametrize("name", SHARED + ["shapes"])
+def test_a_document_fills_the_maps_it_was_printed_from(name, probe_obj, own_probe):
+    """Dump, load: every scalar, map and histogram a document shows is what the maps filled from it show."""
+    obj = load_object(own_probe(name) if name == "shapes" else probe_obj(name))
+    doc = json_out.document(values.snapshot(run_probe(obj), obj, NAMES, EVENT_TYPES.get(name)), time=0.0, pid=None)
+    assert _refilled(doc, obj) == {n: m for n, m in doc["maps"].items() if m["kind"] != "records"}
+
+
 # --- histograms ---------------------------------------------------------------------------------------
 
 def _hist(name: str, counts: dict[int, int]) -> Histogram | None:
@@ -398,6 +416,8 @@ def test_types_golden(types_obj):
     assert doc["maps"]["ints"]["entries"][0]["value"]["u64"] == 2**64 - 1   # exact, not a double
     total, left_out = combine.sum_snapshots([snap, values.snapshot(_types_state(types_obj), types_obj, NAMES)])
     assert left_out == []
+    shown = {n: m for n, m in doc["maps"].items() if m["kind"] != "records"}
+    assert _refilled(doc, types_obj) == shown   # every BTF shape encodes back as it decoded
     _golden("types_sum.txt", text.render(total))
     json.loads(json_out.render(total, time=0.0, pid=None, rank="all"))
 

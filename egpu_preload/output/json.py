@@ -14,15 +14,22 @@ map could not be summed. An image its process replaced by its Nth exec has "befo
 Values are machine-friendly: ints stay ints (kernel ids too: "kernels" maps the ones that appear to their
 mangled names), structs are objects by field name, arrays lists. PERCPU_ARRAY values are the sums over
 SMs, with "per_sm" (SM id -> value) beside them.
+
+``read`` and ``fill`` take such a document back: its maps become a MapsState's contents (``egpu run-on-gpu
+--maps FILE``), so a user dumps, edits and loads them.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
-from .values import Data, Histogram, KernelId, KeyedScalars, MapValue, Records, Scalar, Snapshot
+from ..bpf import program as prog
+from ..bpf.program import BpfObject, MapDef
+from ..errors import EgpuError
+from ..maps import MapsState, PercpuArrayStorage, PerthreadArrayStorage
+from .values import Data, Histogram, KernelId, KeyedScalars, MapValue, Records, Scalar, Snapshot, encode
 
 
 def document(snap: Snapshot, *, time: float, pid: int | None, rank: int | str | None = None,
@@ -89,3 +96,97 @@ def _data(v: Data, seen: set[int]) -> object:
         seen.add(int(k))
         return int(k)
     return plain(v, kernel)
+
+
+def read(text: str) -> dict:
+    """The one document of ``text``: a JSON object (a line of NDJSON, or pretty-printed, as jq writes it);
+    EgpuError when it is not JSON, not an object with a "maps" object, or several documents (a job of
+    several processes prints one each)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        lines = [line for line in text.splitlines() if line.strip()]
+        if e.msg != "Extra data" or len(lines) < 2:
+            raise EgpuError(f"not JSON: {e.msg} (line {e.lineno} column {e.colno})") from None
+        raise EgpuError(f"{len(lines)} lines of JSON (a document per process?): keep the one to load") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("maps"), dict):
+        raise EgpuError('not a maps document: no "maps" object (egpu maps --json prints one)')
+    return doc
+
+
+def fill(state: MapsState, obj: BpfObject, doc: dict) -> None:
+    """The maps of a document (``read``'s) into ``state``, of ``obj``'s maps: a scalar into its one slot, a
+    map's entries by key, a histogram's buckets back into their slots; keys and values encoded by the map's
+    BTF types (values.encode). A per-SM (or per-thread) array takes each "per_sm" value, else the value into
+    SM 0. Maps the document leaves out, and slots it does not name, stay as they were. EgpuError naming the
+    map and what does not fit."""
+    storages = {s.mapdef.name: s for s in state.storages if not s.mapdef.readonly}   # .rodata: neither shown nor set
+    for name, value in doc["maps"].items():
+        storage = storages.get(name)
+        if storage is None:
+            raise EgpuError(f"map {name}: the object has no map of that name ({', '.join(storages)})")
+        m = storage.mapdef
+        try:
+            for key, v, per_sm in _entries(m, value):
+                raw_key = encode(obj, m.key_type_id, key, m.key_size)
+                where = f"key {json.dumps(key)}"
+                if per_sm is not None and isinstance(storage, PercpuArrayStorage):
+                    values = {_sm(sm, where): x for sm, x in per_sm.items()}
+                else:
+                    values = {0: v}
+                for sm, x in values.items():
+                    try:
+                        raw = encode(obj, m.value_type_id, x, m.value_size)
+                    except EgpuError as e:
+                        raise EgpuError(f"{where}: {e.reason}") from None
+                    if storage.update(raw_key, raw, cpu=sm) < 0:
+                        threads = (f" of each of its {PerthreadArrayStorage.THREADS} threads"
+                                   if isinstance(storage, PerthreadArrayStorage) else "")
+                        raise EgpuError(f"{where}: no room for it (the map holds {m.max_entries} entries{threads})")
+        except EgpuError as e:
+            raise EgpuError(f"map {name}: {e.reason}") from None
+
+
+def _entries(m: MapDef, value: object) -> Iterator[tuple[object, object, dict | None]]:
+    """(key, value, per_sm or None) of one map's part of a document."""
+    kind = value.get("kind") if isinstance(value, dict) else None
+    if kind == "scalar":
+        if m.max_entries != 1 or m.type not in (prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_PERTHREAD_ARRAY):
+            raise EgpuError("a scalar, but the map is not an array of one entry")
+        yield 0, value.get("value"), _per_sm(value)
+    elif kind == "map" and isinstance(value.get("entries"), list):
+        for e in value["entries"]:
+            if not isinstance(e, dict) or "key" not in e or "value" not in e:
+                raise EgpuError(f"entry {json.dumps(e)}: not an object with a key and a value")
+            yield e["key"], e["value"], _per_sm(e)
+    elif kind == "hist" and isinstance(value.get("buckets"), list):
+        buckets, scale, step = value["buckets"], value.get("scale"), value.get("step", 1)
+        if not all(isinstance(b, dict) and all(isinstance(b.get(f), int) for f in ("lo", "hi", "count"))
+                   for b in buckets):
+            raise EgpuError('buckets: each needs "lo", "hi" and "count", integers')
+        if scale not in ("log2", "linear") or not isinstance(step, int) or step < 1:
+            raise EgpuError('a histogram needs "scale" log2 or linear and a "step" of 1 or more')
+        h = Histogram(m.name, scale, step, buckets[0]["lo"] if buckets else 0,
+                      tuple(b["hi"] for b in buckets), tuple(b["count"] for b in buckets))
+        for slot, count in h.slots().items():
+            yield slot, count, None
+    elif kind == "records":
+        raise EgpuError("records: a ring buffer, perf buffer or queue starts empty (only scalars, maps and "
+                        "histograms are filled)")
+    else:
+        raise EgpuError('not a map as egpu prints one ({"kind": "scalar", "value": ...}, {"kind": "map", '
+                        '"entries": [...]} or {"kind": "hist", "buckets": [...]})')
+
+
+def _per_sm(value: dict) -> dict | None:
+    per_sm = value.get("per_sm")
+    if per_sm is not None and not isinstance(per_sm, dict):
+        raise EgpuError(f"per_sm: {json.dumps(per_sm)} is not an object of SM -> value")
+    return per_sm
+
+
+def _sm(text: str, where: str) -> int:
+    """A per_sm key: the SM's (or thread's) number."""
+    if not text.isdigit():
+        raise EgpuError(f"{where}: per_sm key {text!r} is no SM number")
+    return int(text)

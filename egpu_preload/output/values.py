@@ -414,3 +414,135 @@ def _enum(t: btfmod.Type, raw: int, bits: int) -> Data:
     v = signed if t.kind_flag else raw
     names = [e.name for e in t.enum_values if e.value in (raw, signed)]
     return Symbol(names[0]) if names else v
+
+
+def encode(obj: BpfObject, type_id: int | None, data: object, size: int) -> bytes:
+    """Plain data (a value as output/json.py writes it) as the ``size`` bytes of BTF type ``type_id`` of
+    ``obj``: what _Reader.data decodes, encoded back (maps filled from a JSON document). A struct's fields
+    left out, and the bytes no field covers, are zero. EgpuError saying which part does not fit."""
+    return _Writer(_btf(obj)).data(type_id, data, size)
+
+
+class _Writer:
+    """Plain data -> bytes by BTF type id, _Reader's inverse."""
+
+    def __init__(self, btf: btfmod.Btf | None) -> None:
+        self.btf = btf
+
+    def data(self, type_id: int | None, v: object, size: int) -> bytes:
+        buf = bytearray(size)
+        if type_id is None or self.btf is None or size < self.btf.size(type_id):
+            if size in (1, 2, 4, 8):   # _Reader's int of an untyped value
+                buf[:] = _int_bytes(v, size * 8, False, "")
+            else:                      # its hex
+                buf[:] = _hex_bytes(v, size, "")
+        else:
+            self._encode(type_id, v, buf, 0, "")
+        return bytes(buf)
+
+    def _encode(self, type_id: int, v: object, buf: bytearray, off: int, where: str) -> None:
+        t = self.btf.resolve(type_id)
+        if t.kind == btfmod.KIND_INT:
+            bits = t.int_bits or t.size * 8
+            raw = int.from_bytes(_int_bytes(v, bits, bool(t.int_encoding & btfmod.INT_SIGNED), where), "little")
+            buf[off:off + t.size] = (raw << t.int_bit_offset).to_bytes(t.size, "little")
+        elif t.kind == btfmod.KIND_PTR:
+            buf[off:off + 8] = _int_bytes(v, 64, False, where)
+        elif t.kind in (btfmod.KIND_ENUM, btfmod.KIND_ENUM64):
+            v = _enum_value(t, v)
+            buf[off:off + t.size] = _int_bytes(v, t.size * 8, t.kind_flag or (isinstance(v, int) and v < 0), where)
+        elif t.kind == btfmod.KIND_FLOAT and t.size in (4, 8):
+            if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+                raise EgpuError(f"{where or 'value'}: {v!r} is not a number")
+            try:   # plain() writes NaN and the infinities as strings
+                struct.pack_into("<f" if t.size == 4 else "<d", buf, off, float(v))
+            except (ValueError, OverflowError):
+                raise EgpuError(f"{where or 'value'}: {v!r} is not a {t.size * 8}-bit float") from None
+        elif t.kind == btfmod.KIND_ARRAY:
+            self._array(t, v, buf, off, where)
+        elif t.kind in (btfmod.KIND_STRUCT, btfmod.KIND_UNION, btfmod.KIND_DATASEC):
+            self._fields(t, v, buf, off, where)
+        elif t.kind == btfmod.KIND_VAR:
+            self._encode(t.ref, v, buf, off, where)
+        else:
+            n = self.btf.size(type_id)
+            buf[off:off + n] = _hex_bytes(v, n, where)
+
+    def _array(self, t: btfmod.Type, v: object, buf: bytearray, off: int, where: str) -> None:
+        elem = self.btf.resolve(t.ref)
+        if elem.kind == btfmod.KIND_INT and elem.size == 1 and (elem.name == "char"
+                                                              or elem.int_encoding & btfmod.INT_CHAR):
+            # _Reader spells bytes that are not UTF-8 \xNN (backslashreplace): those are bytes again
+            text = re.sub(rb"\\x([0-9a-f]{2})", lambda m: bytes.fromhex(m[1].decode()), v.encode()) \
+                if isinstance(v, str) else None
+            if text is None or len(text) > t.nelems:
+                raise EgpuError(f"{where or 'value'}: {v!r} is not a string of at most {t.nelems} bytes")
+            buf[off:off + len(text)] = text
+            return
+        if not isinstance(v, list) or len(v) != t.nelems:
+            raise EgpuError(f"{where or 'value'}: {v!r} is not a list of {t.nelems}")
+        step = self.btf.size(t.ref)
+        for i, x in enumerate(v):
+            self._encode(t.ref, x, buf, off + i * step, f"{where}[{i}]")
+
+    def _fields(self, t: btfmod.Type, v: object, buf: bytearray, off: int, where: str) -> None:
+        """A struct's or union's members by name (an anonymous member's as the parent's, as _Reader merges
+        them), or a DATASEC's variables."""
+        if not isinstance(v, dict):
+            raise EgpuError(f"{where or 'value'}: {v!r} is not an object of fields")
+        fields = self._members(t, off)
+        for name, x in v.items():
+            if name not in fields:
+                raise EgpuError(f"{where or 'value'}: no field {name!r} (its fields: {', '.join(fields)})")
+            type_id, at, member = fields[name]
+            inner = f"{where}.{name}" if where else name
+            if member is not None and member.bitfield_size:   # ``at``: the field's first bit
+                t_int = self.btf.resolve(member.type)
+                signed = t_int.kind == btfmod.KIND_INT and bool(t_int.int_encoding & btfmod.INT_SIGNED)
+                if t_int.kind in (btfmod.KIND_ENUM, btfmod.KIND_ENUM64):
+                    x = _enum_value(t_int, x)
+                    signed = isinstance(x, int) and x < 0
+                raw = int.from_bytes(_int_bytes(x, member.bitfield_size, signed, inner), "little")
+                lo, hi = at // 8, (at + member.bitfield_size + 7) // 8
+                word = int.from_bytes(buf[lo:hi], "little") | raw << (at % 8)
+                buf[lo:hi] = word.to_bytes(hi - lo, "little")
+            else:
+                self._encode(type_id, x, buf, at, inner)
+
+    def _members(self, t: btfmod.Type, off: int) -> dict[str, tuple[int, int, btfmod.Member | None]]:
+        """Field name -> (type id, offset; a bitfield's: its first bit, counted from the buffer's start;
+        the member)."""
+        if t.kind == btfmod.KIND_DATASEC:
+            return {self.btf.type(s.type).name: (s.type, off + s.offset, None) for s in t.secinfos}
+        out: dict[str, tuple[int, int, btfmod.Member | None]] = {}
+        for m in t.members:
+            inner = self.btf.resolve(m.type)
+            if not m.name and inner.kind in (btfmod.KIND_STRUCT, btfmod.KIND_UNION):
+                out.update(self._members(inner, off + m.offset))
+            else:
+                out[m.name] = (m.type, off * 8 + m.bit_offset if m.bitfield_size else off + m.offset, m)
+        return out
+
+
+def _enum_value(t: btfmod.Type, v: object) -> object:
+    """An enum's value by its name (as _enum shows it); anything else as it is."""
+    return next((e.value for e in t.enum_values if e.name == v), v) if isinstance(v, str) else v
+
+
+def _int_bytes(v: object, bits: int, signed: bool, where: str) -> bytes:
+    """An integer (a bool as 0 or 1) in ``bits`` bits, two's complement when ``signed``, as bytes."""
+    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    if not isinstance(v, int) or not lo <= v <= hi:
+        raise EgpuError(f"{where or 'value'}: {v!r} is not an integer from {lo} to {hi}")
+    return (int(v) & ((1 << bits) - 1)).to_bytes((bits + 7) // 8, "little")
+
+
+def _hex_bytes(v: object, size: int, where: str) -> bytes:
+    """``size`` bytes written in hex (as _Reader shows bytes it has no type for)."""
+    try:
+        raw = bytes.fromhex(v) if isinstance(v, str) else None
+    except ValueError:
+        raw = None
+    if raw is None or len(raw) != size:
+        raise EgpuError(f"{where or 'value'}: {v!r} is not {size} bytes in hex")
+    return raw
