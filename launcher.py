@@ -307,6 +307,120 @@ def ptx_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o", parser=_path)) ->
         raise e.where(file=str(obj))
 
 
+def _integer(text: str) -> int:
+    """A number as int() reads it (typer's own int took "0.0" as 0: see _pid)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not an integer") from None
+
+
+def _dim3(text: Optional[str]) -> Optional[tuple[int, int, int]]:
+    """--grid's and --block's X[,Y[,Z]]: the axes left out are 1."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    if len(parts) > 3 or not all(p.strip().isdigit() for p in parts):
+        raise typer.BadParameter(f"{text!r} is not X[,Y[,Z]] (whole numbers)")
+    x, y, z = [int(p) for p in parts] + [1] * (3 - len(parts))
+    return x, y, z
+
+
+@egpu.command("run-on-gpu", no_args_is_help=True)
+def run_on_gpu_cmd(ctx: typer.Context,
+                   obj: Path = typer.Argument(..., metavar="X.bpf.o", parser=_path),
+                   name: str = typer.Argument(..., metavar="PROG", help="the program (its function's name)"),
+                   numbers: Optional[list[int]] = typer.Argument(
+                       None, metavar="[COUNT [GX GY GZ BX BY BZ]]", parser=_integer, show_default=False,
+                       help="bpftimetool run-on-cuda's numbers: launches (default 1), then grid and block"),
+                   grid: Optional[str] = typer.Option(None, "--grid", metavar="X[,Y,Z]", callback=_dim3,
+                                                      help="blocks in the grid (default 1)"),
+                   block: Optional[str] = typer.Option(None, "--block", metavar="X[,Y,Z]", callback=_dim3,
+                                                       help="threads in a block (default 1)"),
+                   maps_file: Optional[Path] = typer.Option(None, "--maps", metavar="FILE", parser=_path,
+                                                            help="fill the maps first from FILE, a document as "
+                                                                 "--json and egpu maps --json print it"),
+                   on_vm: bool = typer.Option(False, "--vm", help="run on egpu's reference VM, not the GPU (one "
+                                                                  "thread at a time; needs no GPU)"),
+                   as_json: bool = typer.Option(False, "--json", help="the maps as one JSON document")) -> None:
+    """Run one GPU program as a kernel of its own, as bpftimetool run-on-cuda runs bpftime's
+    kprobe/__directly_run programs: verified, translated, launched COUNT times over the grid (every thread
+    calls it with a zeroed context and reads its own indices), then the maps and bpf_printk lines printed.
+    bpftime's spelling, egpu run-on-cuda, is taken too."""
+    from egpu_preload.bpf.ctx import SIZE as CTX_SIZE
+    from egpu_preload.bpf.sections import HOST_SIDE
+    from egpu_preload.maps import MapsState
+    from egpu_preload.output import json as json_out
+    from egpu_preload.output import text as text_out
+    from egpu_preload.output.values import snapshot
+    from egpu_preload.translate.striping import stripe_counters
+    from egpu_preload.vm.thread import launch_refusal
+    numbers = numbers or []
+    if len(numbers) not in (0, 1, 7):
+        raise UsageError(f"{len(numbers)} numbers after PROG: COUNT, or COUNT and GX GY GZ BX BY BZ", ctx=ctx)
+    if len(numbers) == 7 and (grid or block):
+        raise UsageError("the grid and block are given twice: as numbers and as --grid/--block", ctx=ctx)
+    launches = numbers[0] if numbers else 1
+    if launches < 1:
+        raise UsageError(f"COUNT is {launches}: launch at least once", ctx=ctx)
+    grid = tuple(numbers[1:4]) if numbers[1:] else grid or (1, 1, 1)
+    block = tuple(numbers[4:7]) if numbers[1:] else block or (1, 1, 1)
+    why = launch_refusal(grid, block)
+    if why is not None:
+        raise UsageError(why, ctx=ctx)
+    doc = None
+    if maps_file is not None:
+        try:
+            doc = json_out.read(read_input(maps_file).decode("utf-8", "replace"))
+        except EgpuError as e:
+            raise UsageError(f"--maps {maps_file}: {e.reason}", ctx=ctx) from None
+    bpf = _probe_object(obj)
+    program = next((p for p in bpf.programs if p.name == name), None)
+    if program is None:
+        raise EgpuError(f"no program named {name} (its programs: {', '.join(p.name for p in bpf.programs)})",
+                        file=str(obj))
+    if program.attach.kind in HOST_SIDE or program.attach.scope != "thread":
+        what = (f"a host program ({program.attach.kind}: egpu-run runs it on the host)"
+                if program.attach.kind in HOST_SIDE else
+                f"a {program.attach.scope} probe (one thread of each {program.attach.scope} at a kernel's sites)")
+        raise EgpuError(f"prog {name} ({program.section}): {what}; run-on-gpu runs a program in every thread",
+                        file=str(obj))
+    one = dataclasses.replace(bpf, programs=[program])   # the others are neither verified nor run
+    stripe_counters(one, _verified(obj, one))
+    state = MapsState(one.maps)
+    if doc is not None:
+        try:
+            json_out.fill(state, one, doc)
+        except EgpuError as e:
+            raise UsageError(f"--maps {maps_file}: {e.reason}", ctx=ctx) from None
+    if not on_vm:
+        from egpu_preload.version import cuda_driver
+        if cuda_driver() is None:
+            raise EgpuError("no CUDA driver (libcuda.so.1 not found): --vm runs the program on egpu's reference "
+                            "VM instead")
+    try:
+        if on_vm:
+            from egpu_preload.vm import Vm
+            Vm(program.code, one.maps, state, compiled=True).run_grid(grid, block, bytes(CTX_SIZE), launches)
+        else:
+            from egpu_preload.translate.execute import run_grid_on_gpu
+            run_grid_on_gpu(one, program, grid, block, launches=launches, state=state)
+    except EgpuError as e:
+        raise e.where(file=str(obj), section=program.section)
+    snap = snapshot(state, one)
+    if as_json:
+        typer.echo(json_out.render(snap, time=time.time(), pid=os.getpid()), nl=False)
+        return
+    out = text_out.render(snap)
+    if not out:   # bpftrace's way prints nothing: say so, as egpu maps does
+        typer.echo(f"egpu: every map is empty and {name} printed nothing", err=True)
+    typer.echo(out, nl=False)
+
+
+# bpftimetool's spelling of the same command, for bpftime's READMEs typed as they are
+egpu.command("run-on-cuda", no_args_is_help=True, hidden=True)(run_on_gpu_cmd)
+
+
 def _field_values(conditions: list[str]) -> list[str]:
     """--where's FIELD=VALUE, its form checked as --limit's number is (a usage error, exit 2; it exited 1,
     as a trace it could not read); which fields there are, the trace file says."""

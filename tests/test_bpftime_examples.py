@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from egpu_preload.bpf import program as prog
 from egpu_preload.bpf.elf import load_object
@@ -30,7 +30,7 @@ from stub_job import ROOT, egpu_run
 
 # Refused as Linux refuses it: cuda__gemm loops K times, K read from a map (up to 2^32 iterations). The
 # verifier gives up after 8192 waiting branches (about 5 s), so it is left out of the tests that go
-# through every program and refused once in test_the_unbounded_loop_is_refused.
+# through every program and refused in test_the_unbounded_loop_is_refused (and by egpu run-on-gpu, below).
 UNBOUNDED = {"directly_run_on_gpu/directly_run.bpf.c": "cuda__gemm"}
 
 
@@ -439,3 +439,137 @@ def test_launchlate_attached_live_counts_the_launches_after_its_push(built, tmp_
     assert between > 50, (attached["launches"], detached)
     assert between - 10 <= sum(histogram.values()) <= between + 1, (between, histogram)
     assert set(histogram) <= {1, 2, 3, 4, 5, 6}, histogram
+
+
+# ---- directly_run_on_gpu: `egpu run-on-gpu`, bpftimetool run-on-cuda's counterpart ----------------
+
+DIRECTLY_RUN = "directly_run_on_gpu/directly_run.bpf.c"
+VEC_N = 1024
+
+
+def _vec_add_maps(tmp_path: Path) -> Path:
+    """What bpftime's loader (directly_run.c) writes before a run: vec_N = 1024, vec_A[i] = i, vec_B[i] = 2i,
+    as a document in egpu's --json form."""
+    def entries(f):
+        return {"kind": "map", "entries": [{"key": i, "value": f(i)} for i in range(VEC_N)]}
+    path = tmp_path / "init.json"
+    path.write_text(json.dumps({"maps": {"vec_N": {"kind": "scalar", "value": VEC_N},
+                                         "vec_A": entries(lambda i: i), "vec_B": entries(lambda i: 2 * i)}}))
+    return path
+
+
+# bpftime's README's geometry (4 blocks of 256), the same threads in blocks of 128, and a 2-D grid of 2-D blocks:
+# vec_add's index is blockIdx.x * blockDim.x + threadIdx.x, so there it reaches 2 * 128 elements, each written
+# by the two threads of y 0 and 1 alike; threads that read another block size or index write other elements.
+GEOMETRIES = {"bpftime": (["1", "4", "1", "1", "256", "1", "1"], VEC_N),
+              "blocks-of-128": (["--grid", "8", "--block", "128"], VEC_N),
+              "2-d": (["--grid", "2,2", "--block", "128,2"], 256)}
+
+
+def _run_on_gpu(args: list) -> Result:
+    return CliRunner().invoke(egpu, ["run-on-gpu", *map(str, args)])
+
+
+def _vec_c(stdout: str) -> dict[int, int]:
+    return {e["key"]: e["value"] for e in _json_doc(stdout)["maps"]["vec_C"]["entries"]}
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=list(GEOMETRIES))
+def test_run_on_gpu_vec_add_on_the_vm_adds_bpftimes_vectors(built, tmp_path, geometry):
+    """cuda__vec_add over the grid, the maps filled as bpftime's loader fills them: vec_C[i] = 3i for each
+    index the grid's threads compute from their own block index, block size and thread index (503-505);
+    vec_C[0] = 0 is an all-zero slot, which egpu's output leaves out."""
+    args, reached = GEOMETRIES[geometry]
+    r = _run_on_gpu([built[DIRECTLY_RUN], "cuda__vec_add", *args, "--maps", _vec_add_maps(tmp_path), "--vm",
+                     "--json"])
+    assert r.exit_code == 0, r.output
+    assert _vec_c(r.stdout) == {i: 3 * i for i in range(1, reached)}
+
+
+def test_run_on_gpu_prints_the_maps_as_egpu_does_and_reads_its_own_json_back(built, tmp_path):
+    """Text output is egpu's map output; the --json document it prints loads back with --maps (the dump,
+    edit, load cycle): a second run over vec_C's output adds to the same vectors and gives the same sums."""
+    obj = built[DIRECTLY_RUN]
+    r = _run_on_gpu([obj, "cuda__vec_add", "1", "4", "1", "1", "256", "1", "1", "--maps", _vec_add_maps(tmp_path),
+                     "--vm"])
+    assert r.exit_code == 0, r.output
+    assert "@vec_N: 1024\n" in r.stdout and "@vec_C[1023]: 3069\n" in r.stdout
+    first = _run_on_gpu([obj, "cuda__vec_add", "--maps", _vec_add_maps(tmp_path), "--vm", "--json"])
+    (tmp_path / "out.json").write_text(first.stdout)
+    again = _run_on_gpu([obj, "cuda__vec_add", "--grid", "4", "--block", "256", "--maps", tmp_path / "out.json",
+                         "--vm", "--json"])
+    assert again.exit_code == 0, again.output
+    assert _vec_c(first.stdout) == {} and _vec_c(again.stdout) == {i: 3 * i for i in range(1, VEC_N)}
+
+
+def test_run_on_cuda_runs_cuda_run_once_and_prints_its_line(built):
+    """bpftime's README's first command, spelled as bpftimetool spells it: one thread, one bpf_printk line."""
+    r = CliRunner().invoke(egpu, ["run-on-cuda", str(built[DIRECTLY_RUN]), "cuda__run", "--vm"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.endswith("\ndirectly run on GPU\n")
+    assert r.stdout.count("directly run on GPU") == 1
+
+
+@pytest.mark.parametrize("doc, reason", [
+    ("{", "not JSON: Expecting property name enclosed in double quotes (line 1 column 2)"),
+    ('{"time": 1}', 'not a maps document: no "maps" object'),
+    ('{"maps": {"vec_Q": {"kind": "scalar", "value": 1}}}',
+     "map vec_Q: the object has no map of that name (vec_N, vec_A, vec_B, vec_C, gemm_dims, gemm_A, gemm_B, gemm_C)"),
+    ('{"maps": {"vec_N": {"kind": "scalar", "value": -1}}}',
+     "map vec_N: key 0: value: -1 is not an integer from 0 to 4294967295"),
+    ('{"maps": {"vec_A": {"kind": "map", "entries": [{"key": 4096, "value": 1}]}}}',
+     "map vec_A: key 4096: no room for it (the map holds 4096 entries)"),
+    ('{"maps": {"vec_A": {"kind": "scalar", "value": 1}}}',
+     "map vec_A: a scalar, but the map is not an array of one entry"),
+    ('{"maps": {}}\n{"maps": {}}\n', "2 lines of JSON (a document per process?): keep the one to load"),
+], ids=["not-json", "no-maps", "unknown-map", "negative", "past-the-end", "scalar-for-array", "two-documents"])
+def test_run_on_gpu_refuses_a_bad_maps_file_in_one_line(built, tmp_path, doc, reason):
+    path = tmp_path / "bad.json"
+    path.write_text(doc)
+    r = _run_on_gpu([built[DIRECTLY_RUN], "cuda__vec_add", "--maps", path, "--vm"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines() == [f"egpu run-on-gpu: --maps {path}: {reason}"
+                                     + (" (egpu maps --json prints one)" if "maps document" in reason else "")
+                                     + " (see egpu run-on-gpu --help)"]
+
+
+def test_run_on_gpu_refuses_an_unknown_program(built):
+    obj = built[DIRECTLY_RUN]
+    r = _run_on_gpu([obj, "cuda__nope", "--vm"])
+    assert r.exit_code == 1, r.output
+    assert r.stderr.splitlines() == [f"egpu: {obj}: no program named cuda__nope (its programs: cuda__run, "
+                                     "cuda__vec_add, cuda__gemm)"]
+
+
+def test_run_on_gpu_refuses_cuda_gemm_as_the_verifier_does(built):
+    """cuda__gemm's loop runs K times, K read from a map: refused (as Linux refuses it) before any run, the
+    verifier's reason in the first line."""
+    r = _run_on_gpu([built[DIRECTLY_RUN], "cuda__gemm", "1", "4", "4", "1", "16", "16", "1", "--vm"])
+    assert r.exit_code == 1, r.output
+    first = r.stderr.splitlines()[0]
+    assert first.startswith(f"egpu: {built[DIRECTLY_RUN]}:kprobe/__directly_run:") and "too complex" in first
+
+
+@pytest.mark.parametrize("args, reason", [
+    (["1", "4"], "2 numbers after PROG: COUNT, or COUNT and GX GY GZ BX BY BZ"),
+    (["0"], "COUNT is 0: launch at least once"),
+    (["--block", "2048"], "block x is 2048: CUDA takes 1 to 1024"),
+    (["--block", "64,32"], "a block of 64x32x1 threads: CUDA takes at most 1024"),
+    (["1", "1", "1", "1", "1", "1", "1", "--grid", "2"], "the grid and block are given twice: as numbers and as "
+                                                         "--grid/--block"),
+], ids=["two-numbers", "no-launch", "block-x", "block-threads", "twice"])
+def test_run_on_gpu_refuses_a_launch_cuda_would_refuse(built, args, reason):
+    r = _run_on_gpu([built[DIRECTLY_RUN], "cuda__vec_add", *args, "--vm"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines() == [f"egpu run-on-gpu: {reason} (see egpu run-on-gpu --help)"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=list(GEOMETRIES))
+def test_run_on_gpu_vec_add_on_the_gpu(built, tmp_path, geometry):
+    """The same run as on the VM, launched on the GPU: each thread's indices (503-505) are the runner
+    kernel's own, so vec_C matches the VM's."""
+    args, reached = GEOMETRIES[geometry]
+    r = _run_on_gpu([built[DIRECTLY_RUN], "cuda__vec_add", *args, "--maps", _vec_add_maps(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    assert _vec_c(r.stdout) == {i: 3 * i for i in range(1, reached)}

@@ -94,7 +94,7 @@ def check(app, args: list, named: str, status: int | None = None) -> None:
     if status is not None:
         assert r.exit_code == status, (args, r.exit_code, r.stderr)
     lines = [line for line in r.stderr.splitlines() if not PROGRESS.match(line)]
-    mine = [i for i, line in enumerate(lines) if re.match(r"egpu(-run)?( \w+)?: ", line)]
+    mine = [i for i, line in enumerate(lines) if re.match(r"egpu(-run)?( [\w-]+)?: ", line)]
     assert len(mine) == 1, (args, r.stderr)
     line = lines[mine[0]]
     assert named in line, (args, named, r.stderr)
@@ -113,7 +113,8 @@ def test_a_refused_source_with_clang_warnings_is_refused_in_one_line(tmp_path):
 
 @FAST
 @given(data=st.data(), command=st.sampled_from(["inspect", "compile", "disasm", "verify", "ptx", "rewrite IN",
-                                                "rewrite -p", "egpu-run -p", "attach -p", "swap NEW"]))
+                                                "rewrite -p", "egpu-run -p", "attach -p", "swap NEW", "run-on-gpu",
+                                                "run-on-gpu --maps"]))
 def test_any_wrong_input_is_refused_in_one_line(work, probe, data, command):
     what = data.draw(contents(probe.read_bytes()), label="input")
     suffix = data.draw(st.sampled_from(SUFFIXES), label="suffix")
@@ -128,8 +129,10 @@ def test_any_wrong_input_is_refused_in_one_line(work, probe, data, command):
     elif command == "compile":   # a .c that is a file gets its output checked before clang runs
         check(egpu, ["compile", path] + with_out, str(out if bad_file_out and path.suffix == ".c" and path.is_file()
                                                       else path))
-    elif command in ("disasm", "verify", "ptx"):
-        check(egpu, [command, path], str(path))
+    elif command in ("disasm", "verify", "ptx", "run-on-gpu"):
+        check(egpu, [*command.split(), path] + (["prog", "--vm"] if command == "run-on-gpu" else []), str(path))
+    elif command == "run-on-gpu --maps":   # refused before the object is read
+        check(egpu, ["run-on-gpu", probe, "count", "--vm", "--maps", path], str(path), USAGE_STATUS)
     elif command == "rewrite IN":
         check(egpu, ["rewrite", path, "-p", probe] + with_out, str(out if bad_file_out else path))
     elif command == "rewrite -p":
