@@ -404,7 +404,7 @@ def run_on_gpu_cmd(ctx: typer.Context,
             Vm(program.code, one.maps, state, compiled=True).run_grid(grid, block, bytes(CTX_SIZE), launches)
         else:
             from egpu_preload.translate.execute import run_grid_on_gpu
-            run_grid_on_gpu(one, program, grid, block, launches=launches, state=state)
+            state = run_grid_on_gpu(one, program, grid, block, launches=launches, state=state)
     except EgpuError as e:
         raise e.where(file=str(obj), section=program.section)
     snap = snapshot(state, one)
