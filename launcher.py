@@ -151,24 +151,38 @@ def _read_ptx(path: Path) -> str:
 
 
 def _probe_object(path: Path) -> "BpfObject":
-    """A .bpf.o with at least one program; a .c is refused with the command that compiles it."""
+    """A .bpf.o with at least one program, or a .bpf.c compiled first as egpu-run compiles one (clang's
+    warnings on stderr; the object into a folder removed at exit): the commands take what egpu-run takes."""
     from egpu_preload.bpf.elf import load_object
-    if path.suffix == ".c":
-        raise EgpuError(f"a probe source: compile it first (egpu compile {path})", file=str(path))
-    bpf = load_object(path)
+    from egpu_preload.bpf.lineinfo import located
+    obj = path
+    if path.name.endswith(".c"):
+        from egpu_preload.bpf.compile import compile_probe
+        folder = tempfile.TemporaryDirectory(prefix="egpu-compile-")
+        _COMPILED.append(folder)
+        obj = compile_probe(path, Path(folder.name) / f"{path.name.removesuffix('.c')}.o",
+                            warn=lambda text: typer.echo(text, err=True))
+    try:
+        bpf = load_object(obj)
+    except EgpuError as e:   # named as the user named it, never the compiled copy
+        raise located(e, b"", str(path)) from None
     if not bpf.programs:
         raise EgpuError(NO_PROGRAMS, file=str(path))
     return bpf
 
 
+_COMPILED: list[tempfile.TemporaryDirectory] = []   # the objects _probe_object compiled, kept until exit
+
+
 def _verified(path: Path, bpf: "BpfObject") -> list:
-    """Each program of ``bpf`` verified; a refusal names the source line when the object has line info."""
+    """Each program of ``bpf`` (``path``'s, as the user named it) verified; a refusal names the source line
+    when the object has line info."""
     from egpu_preload.bpf.lineinfo import located
     from egpu_preload.bpf.verifier import verify
     try:
         return [verify(prog.code, bpf.maps, file=str(path), section=prog.section) for prog in bpf.programs]
     except EgpuError as e:
-        raise located(e, read_input(path), str(path)) from None
+        raise located(e, read_input(Path(bpf.path)), str(path)) from None
 
 
 @egpu.command()
@@ -244,14 +258,14 @@ def compile_cmd(ctx: typer.Context,
 
 
 @egpu.command("disasm")
-def disasm_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o", parser=_path)) -> None:
+def disasm_cmd(obj: Path = typer.Argument(..., metavar="PROBE", parser=_path, help="a .bpf.o or .bpf.c")) -> None:
     """Print each program of a probe object in llvm-objdump's syntax, after relocation."""
     from egpu_preload.bpf.disasm import object_listing
     typer.echo(object_listing(_probe_object(obj)))
 
 
 @egpu.command("verify")
-def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o", parser=_path)) -> None:
+def verify_cmd(obj: Path = typer.Argument(..., metavar="PROBE", parser=_path, help="a .bpf.o or .bpf.c")) -> None:
     """Verify each program of a probe object; a refusal prints where (the source line when the object has
     line info), why and the verifier log (exit 1). Then the maps the GPU keeps in rows per SM (counters
     only ever added to) and where its host programs run (the shim's C interpreter or the Python VM)."""
@@ -296,7 +310,7 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o", parser=_path))
 
 
 @egpu.command("ptx")
-def ptx_cmd(obj: Path = typer.Argument(..., metavar="X.bpf.o", parser=_path)) -> None:
+def ptx_cmd(obj: Path = typer.Argument(..., metavar="PROBE", parser=_path, help="a .bpf.o or .bpf.c")) -> None:
     """Print the PTX module a probe object becomes (each program verified, then translated)."""
     from egpu_preload.translate import probe_object_ptx
     bpf = _probe_object(obj)
@@ -328,7 +342,7 @@ def _dim3(text: Optional[str]) -> Optional[tuple[int, int, int]]:
 
 @egpu.command("run-on-gpu", no_args_is_help=True)
 def run_on_gpu_cmd(ctx: typer.Context,
-                   obj: Path = typer.Argument(..., metavar="X.bpf.o", parser=_path),
+                   obj: Path = typer.Argument(..., metavar="PROBE", parser=_path, help="a .bpf.o or .bpf.c"),
                    name: str = typer.Argument(..., metavar="PROG", help="the program (its function's name)"),
                    numbers: Optional[list[int]] = typer.Argument(
                        None, metavar="[COUNT [GX GY GZ BX BY BZ]]", parser=_integer, show_default=False,

@@ -5,6 +5,7 @@ exit 125; help, names of map types and helpers, static archives, progress lines.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,12 +104,29 @@ def files(tmp_path, probe_obj):
     (lambda f: ["compile", f["noprog_src"]], "noprog.bpf.c: no programs in the object"),
     (lambda f: ["disasm", f["noprog"]], "noprog.bpf.o: no programs in the object"),
     (lambda f: ["ptx", f["noprog"]], "noprog.bpf.o: no programs in the object"),
-    (lambda f: ["verify", f["src"]], "count.bpf.c: a probe source: compile it first (egpu compile"),
     (lambda f: ["trace", "/nonexistent.parquet"], "egpu: /nonexistent.parquet: no such file"),   # no "not a
     (lambda f: ["trace", f["rand"].parent], ": is a directory"),                       # trace file: [Errno 2]"
 ], ids=lambda v: "" if callable(v) else v.split(": ", 1)[-1][:40])
 def test_bad_input_is_one_line_and_exit_1(files, args, message):
     refused(egpu, args(files), 1, message)
+
+
+@pytest.mark.parametrize("command, out", [("verify", "prog count_entries (kprobe/*): ok"),
+                                          ("disasm", "kprobe/* <count_entries>:"), ("ptx", ".visible .const")])
+def test_a_probe_source_is_compiled_first_as_egpu_run_compiles_it(files, command, out):
+    """verify, disasm and ptx take a .bpf.c as egpu-run and attach do (they refused one: compile it first)."""
+    r = run(egpu, [command, files["src"]])
+    assert r.exit_code == 0 and out in r.stdout, r.output
+
+
+def test_a_refused_probe_source_is_named_by_its_line(tmp_path):
+    src = tmp_path / "spin.bpf.c"
+    src.write_text(HEAD + 'SEC("kprobe/*")\nint spin(struct egpu_ctx *ctx)\n{\n\tvolatile int i = 0;\n'
+                   "\twhile (i < ctx->kernel_id)\n\t\ti++;\n\treturn 0;\n}\n")
+    r = run(egpu, ["verify", src])
+    first = r.stderr.splitlines()[0]
+    assert r.exit_code == 1 and re.match(rf"egpu: {re.escape(str(src))}:[67]:kprobe/\*:\d+: .*program too complex", first), \
+        r.stderr
 
 
 def test_disasm_names_the_file_and_section_of_an_instruction_it_cannot_decode(files):
@@ -235,7 +253,7 @@ def test_egpu_run_own_failures_exit_125(args, message):
 
 
 def test_egpu_usage_errors_exit_2():
-    refused(egpu, ["verify"], 2, "egpu verify: Missing argument 'X.bpf.o'")
+    refused(egpu, ["verify"], 2, "egpu verify: Missing argument 'PROBE'")
     refused(egpu, ["no-such-command"], 2, "No such command 'no-such-command'")
     refused(egpu, ["compile", "x.bpf.c", "--mcpu", "v9"], 2, "Invalid value for '--mcpu'")
 
@@ -269,13 +287,13 @@ EMPTY_PATHS = [
     ("compile", "source", [""], "'X.bpf.c'"),
     ("compile", "output", ["x.bpf.c", "-o", ""], "'-o' / '--output'"),
     ("compile", "include", ["x.bpf.c", "-I", ""], "'-I' / '--include'"),
-    ("disasm", "obj", [""], "'X.bpf.o'"),
-    ("verify", "obj", [""], "'X.bpf.o'"),
-    ("run-on-gpu", "obj", ["", "p"], "'X.bpf.o'"),
+    ("disasm", "obj", [""], "'PROBE'"),
+    ("verify", "obj", [""], "'PROBE'"),
+    ("run-on-gpu", "obj", ["", "p"], "'PROBE'"),
     ("run-on-gpu", "maps_file", ["x.bpf.o", "p", "--maps", ""], "'--maps'"),
-    ("run-on-cuda", "obj", ["", "p"], "'X.bpf.o'"),
+    ("run-on-cuda", "obj", ["", "p"], "'PROBE'"),
     ("run-on-cuda", "maps_file", ["x.bpf.o", "p", "--maps", ""], "'--maps'"),
-    ("ptx", "obj", [""], "'X.bpf.o'"),
+    ("ptx", "obj", [""], "'PROBE'"),
     ("trace", "path", [""], "'FILE'"),
     ("trace", "perfetto", ["x", "--perfetto", ""], "'--perfetto'"),
     ("trace", "parquet", ["x", "--parquet", ""], "'--parquet'"),
