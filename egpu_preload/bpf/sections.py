@@ -61,6 +61,9 @@ EARLY_KINDS = API_KINDS + ("uvm",)
 HOST_SIDE = frozenset(HOST_RUN) | frozenset(HOST_KINDS)
 _ADDRESS = re.compile(r"0[xX][0-9a-fA-F]+|[0-9]+")   # libbpf's older PATH:ADDRESS
 MEMCAPTURE = "kprobe/__memcapture"  # bpftime's section for a probe at every memory access
+# bpftime's section for a program run as a CUDA kernel of its own (bpftimetool run-on-cuda), not in a user's
+# kernel: the verifier lets its loops run on to a budget (bpf/verifier)
+DIRECTLY_RUN = "kprobe/__directly_run"
 SLEEPABLE = ".s"                    # libbpf's uprobe.s, uretprobe.s: may sleep, which a hook's program may anyway
 # libbpf's section words (its section_defs, the word before any / or .) of programs that run inside the Linux
 # kernel -> what they attach to there. egpu's kprobe/ is a GPU kernel's entry, bpftime's spelling.

@@ -7,6 +7,16 @@ is pruned, one equal to a state still on the current path is an infinite loop, a
 processed instructions bounds everything else ("program too complex"), like the kernel's 1M, and so
 does a cap on branches waiting to be explored, like the kernel's 8192 (a loop that leaves a branch
 behind each round is refused in thousands of rounds, not a million instructions).
+
+Unlike Linux, programs of bpftime's DIRECTLY_RUN section (kprobe/__directly_run: run as a CUDA kernel of
+their own, not in a user's kernel) may loop without a bound the exploration finds, such as bpftime's GEMM
+over K read from a map. At the header of a loop without bpf-to-bpf calls (cfg.run_time_loops), a round
+whose state the previous round's covers ends its path: that round's exploration covers the rest, so every
+access stays checked, and the loop's backward jumps are budgeted: each taken counts against LOOP_BUDGET a
+run, and the one past it ends the program as helper 507 does (r0 = 0; the VM and the translated code do
+it alike). From WIDEN_AFTER rounds on, a round that differs from the previous one only in scalars goes on
+with them widened (state.widen) so that a later round is covered; a loop whose pointers move, or that
+meets another refusal, is explored and refused as anywhere else.
 """
 
 from __future__ import annotations
@@ -21,15 +31,22 @@ from ..ctx import EGPU_CTX, Layout, layout_for
 from ..decode import Insn, decode
 from ..disasm import disasm_insn
 from ..program import MapDef
-from ..sections import parse_section
+from ..sections import DIRECTLY_RUN, parse_section
 from . import cfg as cfg_mod
 from .cfg import Cfg, Reject
 from .checks import STEP, Env
-from .state import State, covers, fmt_state, key
+from .state import State, covers, fmt_state, key, widen
 
 MAX_INSNS = 1_000_000
 MAX_PENDING = 8192  # the kernel's BPF_COMPLEXITY_LIMIT_JMP_SEQ: branches waiting to be explored
 MAX_COMBINED_STACK = 512
+# A DIRECTLY_RUN program's loop (cfg.run_time_loops) is explored round by round as any other for its first
+# WIDEN_AFTER rounds, so that a short loop stays exact (and unbudgeted); from then on each round's scalars are
+# widened until a round is covered, its backward jumps then counted against LOOP_BUDGET at run time. Each exact
+# round costs its instructions, and a branch left behind, as in the kernel: 64 rounds of a probe's loop body
+# are thousands of instructions, far from MAX_INSNS and MAX_PENDING.
+WIDEN_AFTER = 64
+LOOP_BUDGET = 1 << 20  # backward jumps of budgeted loops a run takes; the next ends it as helper 507 (exit) does
 _RECENT = 16        # explored states per prune point compared for coverage (exact repeats use a dict)
 _LOG_TAIL = 24      # instructions of the failing path shown in the log
 
@@ -65,17 +82,23 @@ class VerifiedProgram:
                                               # writes them, or takes the map for anything but a lookup or
                                               # an update with BPF_NOEXIST, which changes no array slot),
                                               # "address" (the address itself is used: printed, subtracted)
+    budgeted: frozenset[int] = frozenset()    # pc of each backward jump counted against LOOP_BUDGET: the
+                                              # loops of a DIRECTLY_RUN program the verifier cannot bound
 
 
 class _Visit:
-    """A state remembered at a prune point; ``pending`` counts the paths from it still being explored."""
+    """A state remembered at a prune point; ``pending`` counts the paths from it still being explored;
+    ``round``: at a loop header, how many earlier visits of it the path made in this invocation."""
 
-    __slots__ = ("parent", "pending", "state")
+    __slots__ = ("parent", "pending", "state", "pc", "depth", "round")
 
-    def __init__(self, parent: "_Visit | None", state: State | None) -> None:
+    def __init__(self, parent: "_Visit | None", state: State, pc: int, round: int) -> None:
         self.parent = parent
         self.pending = 1
-        self.state = state
+        self.state: State | None = state
+        self.pc = pc
+        self.depth = len(state.frames)
+        self.round = round
 
 
 def _finish(visit: _Visit | None) -> None:
@@ -120,7 +143,11 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
            max_insns: int = MAX_INSNS, layout: Layout | None = None) -> VerifiedProgram:
     """Verify one program (subprograms appended, map references resolved as program.py describes), its
     context reads against ``layout``: by default the struct ``section``'s kind gets (ctx.layout_for).
-    Raises VerifierError ("17: <insn>: <what> (<check>)", with the state log as detail) or DecodeError."""
+    Raises VerifierError ("17: <insn>: <what> (<check>)", with the state log as detail) or DecodeError.
+
+    A program of a DIRECTLY_RUN section may loop without a bound the exploration finds (module docstring):
+    when the search that widens such loops refuses it after widening one, the precise search has the last
+    word, so that such a section accepts whatever any other would."""
     try:
         insns = decode(code)
     except DecodeError as e:
@@ -129,55 +156,20 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
         cfg = cfg_mod.build(insns, maps)
     except Reject as r:
         raise _error(r, None, insns, maps, None, file, section) from None
-    env = Env(cfg, maps, layout if layout is not None else _context(section))
-    seen: dict[int, dict[tuple, _Visit]] = {}
-    recent: dict[int, list[_Visit]] = {}
-    processed = 0
-    reached: set[int] = set()
-    work: list[tuple[State, int, _Visit | None, tuple | None]] = [(State.entry(), 0, None, None)]  # DFS
-    while work:
-        st, pc, visit, trace = work.pop()
+    context = layout if layout is not None else _context(section)
+    loops = cfg_mod.run_time_loops(cfg) if section == DIRECTLY_RUN else {}
+    search = _Search(cfg, Env(cfg, maps, context), loops, max_insns)
+    try:
+        search.run(file, section)
+    except VerifierError as refused:
+        if not search.widened and not search.budgeted:
+            raise
+        search = _Search(cfg, Env(cfg, maps, context), {}, max_insns)
         try:
-            while True:
-                if pc in cfg.prune:
-                    live = _live(cfg, st, pc)
-                    k = key(st, live)
-                    same = seen.setdefault(pc, {}).get(k)
-                    if same is not None:
-                        if same.pending:
-                            raise Reject("infinite loop detected: the same state comes back here (loop)")
-                        _finish(visit)
-                        break
-                    done = recent.setdefault(pc, [])
-                    if any(not old.pending and covers(old.state, st, live) for old in done):
-                        _finish(visit)
-                        break
-                    visit = _Visit(visit, st.copy())
-                    seen[pc][k] = visit
-                    done.append(visit)
-                    if len(done) > _RECENT:
-                        done.pop(0).state = None  # only exact repeats are looked up from now on
-                processed += 1
-                if processed > max_insns:
-                    raise Reject(f"program too complex: processed {max_insns} instructions without finishing "
-                                 "(instruction budget)")
-                insn = cfg.at[pc]
-                reached.add(pc)
-                trace = _traced(trace, pc)
-                succ = STEP[insn.kind](env, st, insn)
-                if not succ:
-                    _finish(visit)
-                    break
-                for other, other_pc in succ[1:]:
-                    if visit is not None:
-                        visit.pending += 1
-                    work.append((other, other_pc, visit, trace))
-                if len(work) > MAX_PENDING:  # a long loop: each round leaves a branch behind
-                    raise Reject(f"the sequence of {len(work)} jumps is too complex: more than {MAX_PENDING} "
-                                 "branches wait to be explored (jump sequence)")
-                st, pc = succ[0]
-        except Reject as r:
-            raise _error(r, pc, insns, maps, (st, trace), file, section) from None
+            search.run(file, section)
+        except VerifierError:
+            raise refused from None
+    env = search.env
     depths = tuple(env.depth)
     try:
         _check_combined_stack(cfg, depths)
@@ -185,11 +177,112 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
         raise _error(r, None, insns, maps, None, file, section) from None
     consts = {pc: v for pc, v in env.consts.items() if v is not None}
     return VerifiedProgram(tuple(insns), MappingProxyType(dict(env.regions)), MappingProxyType(dict(env.map_refs)),
-                           cfg.subprogs, depths, processed, frozenset(reached), MappingProxyType(consts),
-                           MappingProxyType(dict(env.arg_align)),
+                           cfg.subprogs, depths, search.processed, frozenset(search.reached),
+                           MappingProxyType(consts), MappingProxyType(dict(env.arg_align)),
                            MappingProxyType({k: v for k, v in env.arg_stack.items() if v is not None}),
                            frozenset(env.ctx_reads), MappingProxyType(dict(env.ctx_at)),
-                           MappingProxyType({m: frozenset(u) for m, u in env.value_uses.items()}))
+                           MappingProxyType({m: frozenset(u) for m, u in env.value_uses.items()}),
+                           frozenset(search.budgeted))
+
+
+class _Search:
+    """One exploration of every path (depth first), pruned at the prune points; ``loops``
+    (cfg.run_time_loops) are the loop headers where rounds may be widened and a round the header's state on
+    the current path covers ends the path, its loop's backward jumps then budgeted."""
+
+    def __init__(self, cfg: Cfg, env: Env, loops: Mapping[int, frozenset[int]], max_insns: int) -> None:
+        self.cfg = cfg
+        self.env = env
+        self.loops = loops
+        self.max_insns = max_insns
+        self.seen: dict[int, dict[tuple, _Visit]] = {}
+        self.recent: dict[int, list[_Visit]] = {}
+        self.widened: dict[int, list[_Visit]] = {}   # loop header -> its visits with widened states, all kept
+        self.budgeted: set[int] = set()
+        self.processed = 0
+        self.reached: set[int] = set()
+
+    def run(self, file: str | None, section: str | None) -> None:
+        cfg, env = self.cfg, self.env
+        work: list[tuple[State, int, _Visit | None, tuple | None]] = [(State.entry(), 0, None, None)]  # DFS
+        while work:
+            st, pc, visit, trace = work.pop()
+            try:
+                while True:
+                    if pc in cfg.prune:
+                        live = _live(cfg, st, pc)
+                        wide, round = False, 0
+                        if pc in self.loops:
+                            st, wide, round = self._round(st, pc, visit, live)
+                            if st is None:
+                                _finish(visit)
+                                break
+                        k = key(st, live)
+                        same = self.seen.setdefault(pc, {}).get(k)
+                        if same is not None:
+                            if same.pending:
+                                raise Reject("infinite loop detected: the same state comes back here (loop)")
+                            _finish(visit)
+                            break
+                        done = self.recent.setdefault(pc, [])
+                        if any(not old.pending and covers(old.state, st, live) for old in done):
+                            _finish(visit)
+                            break
+                        visit = _Visit(visit, st.copy(), pc, round)
+                        self.seen[pc][k] = visit
+                        done.append(visit)
+                        if wide:
+                            self.widened.setdefault(pc, []).append(visit)
+                        if len(done) > _RECENT:
+                            old = done.pop(0)
+                            if pc not in self.loops:  # a loop header's states stay: _round compares rounds
+                                old.state = None      # only exact repeats are looked up from now on
+                    self.processed += 1
+                    if self.processed > self.max_insns:
+                        raise Reject(f"program too complex: processed {self.max_insns} instructions without "
+                                     "finishing (instruction budget)")
+                    insn = cfg.at[pc]
+                    self.reached.add(pc)
+                    trace = _traced(trace, pc)
+                    succ = STEP[insn.kind](env, st, insn)
+                    if not succ:
+                        _finish(visit)
+                        break
+                    for other, other_pc in succ[1:]:
+                        if visit is not None:
+                            visit.pending += 1
+                        work.append((other, other_pc, visit, trace))
+                    if len(work) > MAX_PENDING:  # a long loop: each round leaves a branch behind
+                        raise Reject(f"the sequence of {len(work)} jumps is too complex: more than {MAX_PENDING} "
+                                     "branches wait to be explored (jump sequence)")
+                    st, pc = succ[0]
+            except Reject as r:
+                raise _error(r, pc, list(cfg.insns), env.maps, (st, trace), file, section) from None
+
+    def _round(self, st: State, pc: int, visit: _Visit | None,
+               live: list[int]) -> tuple[State | None, bool, int]:
+        """A path at a loop header: (None, ...) where it ends there, covered by the state the previous round
+        of this invocation of the function brought (the loop runs on as that round's exploration went, until
+        the budget stops it) or by a widened state explored to the end; else the state to go on with, whether
+        it was widened (from WIDEN_AFTER rounds on: cfg.run_time_loops' loops only) and the round."""
+        while visit is not None and visit.depth >= len(st.frames):   # a caller's visit: another invocation
+            if visit.pc == pc and visit.depth == len(st.frames):
+                break
+            visit = visit.parent
+        else:
+            visit = None
+        if visit is not None and covers(visit.state, st, live):
+            self.budgeted |= self.loops[pc]
+            return None, False, 0
+        if any(not w.pending and covers(w.state, st, live) for w in self.widened.get(pc, ())):
+            return None, False, 0
+        if visit is None:
+            return st, False, 0
+        if visit.round + 1 >= WIDEN_AFTER:
+            wide = widen(visit.state, st, live)
+            if wide is not None:
+                return wide, True, visit.round + 1
+        return st, False, visit.round + 1
 
 
 def _check_combined_stack(cfg: Cfg, depths: tuple[int, ...]) -> None:

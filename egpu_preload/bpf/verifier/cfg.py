@@ -190,3 +190,57 @@ def _liveness(insns: list[Insn], at: dict[int, Insn]) -> dict[int, int]:
             live[pc] = new
             work.extend(preds[pc])
     return live
+
+
+def run_time_loops(cfg: Cfg) -> dict[int, frozenset[int]]:
+    """The loops a run-time budget may bound: loop header pc -> the backward jumps of the loop holding it,
+    its strongly connected part of its function's flow graph. A jump backward is a jump to its own pc or
+    before (fallthroughs and other jumps go forward), so every cycle takes one; a header is the target of
+    one inside its part. Parts that make a bpf-to-bpf call are left out: a round through a call may reach
+    the header again in another invocation of the function, where a budget on this loop's jumps alone
+    would not bound the loop around the call."""
+    succ = {i.pc: [t for t in _successors(i) if t in cfg.at and cfg.subprog_of[t] == cfg.subprog_of[i.pc]]
+            for i in cfg.insns}
+    part = _strong_parts(succ)
+    backward: dict[int, list[int]] = {}
+    for i in cfg.insns:
+        if i.kind in ("jmp", "ja") and i.jump_target() <= i.pc and part[i.jump_target()] == part[i.pc]:
+            backward.setdefault(part[i.pc], []).append(i.pc)
+    calls = {part[i.pc] for i in cfg.insns if i.kind == "call" and i.src == isa.CALL_LOCAL}
+    return {cfg.at[j].jump_target(): frozenset(jumps) for p, jumps in backward.items() if p not in calls
+            for j in jumps}
+
+
+def _strong_parts(succ: dict[int, list[int]]) -> dict[int, int]:
+    """Tarjan's strongly connected components, without recursion: node -> the id of its component."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    part: dict[int, int] = {}
+    stack: list[int] = []
+    for root in succ:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, k = work.pop()
+            if k == 0:
+                index[node] = low[node] = len(index)
+                stack.append(node)
+            if k < len(succ[node]):
+                work.append((node, k + 1))
+                nxt = succ[node][k]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt not in part:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if low[node] == index[node]:
+                while True:
+                    m = stack.pop()
+                    part[m] = node
+                    if m == node:
+                        break
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    return part

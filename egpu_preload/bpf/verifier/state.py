@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from ..program import MapDef
-from .value import (MAP_PTR, NOT_INIT, NOT_INIT_VALUE, SCALAR, STACK, UNKNOWN, Value, contains, pointer,
-                    s64)
+from .value import (M32, MAP_PTR, NOT_INIT, NOT_INIT_VALUE, S32_MAX, S32_MIN, SCALAR, STACK, UNKNOWN, Value,
+                    bounded, contains, fits_s32, pointer, s64)
 
 UNINIT_SLOT_BYTES = "uuuuuuuu"
 SPILL_BYTES = "ssssssss"
@@ -179,6 +179,67 @@ def _slot_covers(old: Slot, new: Slot | None, ids: _Ids) -> bool:
         if bo != "u" and (bn == "u" or (bn == "s" and pointer_bytes and bo != "s")):
             return False
     return True
+
+
+# ---- widening: a loop header's state once its rounds stop mattering ---------------------------------------
+
+def widen(old: State, new: State, live: list[int]) -> State | None:
+    """``new`` with every scalar (register live at the header, or spilled) that differs from ``old``, the
+    state a previous round brought to the same header, made what any later round could hold: unknown within
+    32 bits when both values are, else unknown (what stays equal is kept). Stack bytes one round wrote and
+    the other did not become unwritten. None when the two differ otherwise: a pointer's kind or offset, a
+    register one round set and the other not, a frame, a reference; such a loop is explored round by round."""
+    if len(old.frames) != len(new.frames) or old.refs != new.refs:
+        return None
+    out = new.copy()
+    for fo, fn, mask in zip(old.frames, out.frames, live):
+        if fo.callsite != fn.callsite:
+            return None
+        for r in range(11):
+            if mask >> r & 1:
+                v = _wider(fo.regs[r], fn.regs[r])
+                if v is None:
+                    return None
+                fn.regs[r] = v
+        for k in fo.stack.keys() | fn.stack.keys():
+            slot = _wider_slot(fo.stack.get(k, _UNWRITTEN), fn.stack.get(k, _UNWRITTEN))
+            if slot is None:
+                return None
+            if slot == _UNWRITTEN:
+                fn.stack.pop(k, None)
+            else:
+                fn.stack[k] = slot
+    return out
+
+
+def _wider(old: Value, new: Value) -> Value | None:
+    if old.kind != new.kind:
+        return None
+    if new.kind != SCALAR:   # not initialized in either, or the same pointer (its id aside)
+        same = (old.off, old.aux, old.var) == (new.off, new.aux, new.var)
+        return new if same else None
+    if old.var == new.var:
+        return new
+    if old.umax <= M32 and new.umax <= M32:
+        return bounded(0, M32)
+    if fits_s32(old) and fits_s32(new):
+        return bounded(smin=S32_MIN, smax=S32_MAX)
+    return UNKNOWN
+
+
+_UNWRITTEN = Slot(UNINIT_SLOT_BYTES, None)
+
+
+def _wider_slot(old: Slot, new: Slot) -> Slot | None:
+    """A slot holding what either round left there; None where both spilled pointers that differ. A pointer
+    one round spilled and the other did not leaves bytes no later read may use."""
+    if old.spill is not None and new.spill is not None and old.bytes == new.bytes:
+        spill = _wider(old.spill, new.spill)
+        return None if spill is None else new._replace(spill=spill)
+    if old.holds_pointer or new.holds_pointer:
+        return _UNWRITTEN
+    return Slot("".join(a if a == b else "u" if "u" in (a, b) else "m"
+                        for a, b in zip(old.as_data().bytes, new.as_data().bytes)), None)
 
 
 # ---- the log --------------------------------------------------------------------------------------------
