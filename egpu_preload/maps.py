@@ -379,6 +379,8 @@ class MapsState:
     storages: list[MapStorage] = field(init=False)
     trace: list[TraceRecord] = field(default_factory=list)
     trace_dropped: int = 0   # the device trace_printk ring's dropped count (devmaps.apply_trace)
+    loops_cut: int = 0       # runs LOOP_BUDGET ended (bpf/verifier): the VM counts them, the device's are read
+                             # from the trace ring's per-SM lines (devmaps.apply_trace)
 
     def __post_init__(self) -> None:
         self.storages = []

@@ -423,6 +423,43 @@ def test_exit_helper_ends_the_probe() -> None:
     assert r0 == 0
 
 
+# Loops without end in a directly-run program: the verifier budgets their backward jump (pc 11, a goto; pc 2,
+# a conditional jump); each round of the first adds one to the array's value.
+FOREVER = {"goto": """
+        *(u32 *)(r10 - 4) = 0
+        r2 = r10
+        r2 += -4
+        r1 = map[0] ll
+        call 1
+        if r0 == 0 goto out
+        r6 = r0
+        r7 = 1
+        r0 = 5
+    loop:
+        lock *(u64 *)(r6 + 0) += r7
+        goto loop
+    out:
+        exit""", "conditional": "r0 = 0\nloop:\nr0 += 1\nif r0 != 0 goto loop\nexit"}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["interpreted", "compiled"])
+@pytest.mark.parametrize("jump", FOREVER)
+def test_a_budgeted_loop_ends_at_the_budget_as_exit_ends_the_probe(jump: str, compiled: bool) -> None:
+    """LOOP_BUDGET rounds go back, the next ends the run with r0 = 0 (helper 507's end), and the cut is
+    counted; a jump the verifier did not budget is not charged."""
+    from egpu_preload.bpf.sections import DIRECTLY_RUN
+    from egpu_preload.bpf.verifier import LOOP_BUDGET, verify
+    code, state = assemble(FOREVER[jump]), _state(ARRAY)
+    budgeted = verify(code, [ARRAY], section=DIRECTLY_RUN).budgeted
+    assert budgeted == {11 if jump == "goto" else 2}
+    assert Vm(code, [ARRAY], state, compiled=compiled, budgeted=budgeted).run(bytes(64)) == 0
+    assert state.loops_cut == 1
+    if jump == "goto":
+        assert state[0].lookup(u32(0), 0) == u64(LOOP_BUDGET + 1)
+    with pytest.raises(VmError, match="instruction budget"):
+        Vm(code, [ARRAY], budget=1000, compiled=compiled).run(bytes(64))
+
+
 def test_readonly_global_data() -> None:
     ro = prog.MapDef("x.rodata", prog.MAP_ARRAY, 4, 8, 1, initial=u64(11), readonly=True)
     assert _run("r1 = map_value[0] + 4 ll\nr0 = *(u32 *)(r1 - 4)\nexit", ro)[0] == 11

@@ -92,7 +92,7 @@ def _blocks(vm: "Vm", nmaps: int, names: dict[str, object]) -> list[str]:
         if i.pc in leaders:
             blocks.append((i.pc, [], 0))
         pc, lines, count = blocks[-1]
-        blocks[-1] = (pc, lines + _insn(i, nxt, end, nmaps, names), count + 1)
+        blocks[-1] = (pc, lines + _insn(i, nxt, end, nmaps, names, vm.budgeted), count + 1)
         if (nxt in leaders or nxt == end) and not _transfers(i):
             blocks[-1][1].append(f"pc = {nxt}")
     out: list[str] = []
@@ -104,6 +104,11 @@ def _blocks(vm: "Vm", nmaps: int, names: dict[str, object]) -> list[str]:
     # no block starts here: inside an lddw or past the end; the interpreter's op for the slot raises
     return out + [" " * 12 + "p = pc", " " * 12 + "OPS[pc](run)",
                   " " * 12 + "raise VmError(f'no instruction starts at {pc}')"]   # never: those ops raise
+
+
+def _back(i: "Insn", budgeted: frozenset[int]) -> list[str]:
+    """A budgeted backward jump's charge: the run ends, as the interpreter's op ends it, past the budget."""
+    return ["if not run.back_edge():", "    return regs[0] & MASK64"] if i.pc in budgeted else []
 
 
 def _transfers(i: "Insn") -> bool:
@@ -123,10 +128,11 @@ def _operand(i: "Insn") -> str:
     return f"r{i.src}" if i.width == 64 else f"(r{i.src} & {m})"
 
 
-def _insn(i: "Insn", nxt: int, end: int, nmaps: int, names: dict[str, object]) -> list[str]:
+def _insn(i: "Insn", nxt: int, end: int, nmaps: int, names: dict[str, object],
+          budgeted: frozenset[int]) -> list[str]:
     """The statements of one instruction (registers r0..r10 are locals; p: the pc a fault reports;
     nxt: the next instruction's pc, or the end; end: the slot past the last; nmaps: the maps a map
-    reference may name)."""
+    reference may name; budgeted: the Vm's budgeted backward jumps)."""
     d, s = f"r{i.dst}", f"r{i.src}"
     closure = [f"p = {i.pc}", _SYNC, f"OPS[{i.pc}](run)", _RELOAD]
     if i.kind in WRITES_DST and i.dst == isa.FRAME_POINTER:
@@ -176,10 +182,11 @@ def _insn(i: "Insn", nxt: int, end: int, nmaps: int, names: dict[str, object]) -
         target = i.jump_target()
         if target > i.pc:   # forward: the ifs below find either
             return [f"pc = {target} if {cond} else {nxt}"]
-        return [f"if {cond}:", f"    pc = {target}", "    continue", f"pc = {nxt}"]
+        return [f"if {cond}:", *("    " + s for s in _back(i, budgeted)), f"    pc = {target}", "    continue",
+                f"pc = {nxt}"]
     if i.kind == "ja":
         target = i.jump_target()
-        return [f"pc = {target}"] + (["continue"] if target <= i.pc else [])
+        return [*_back(i, budgeted), f"pc = {target}"] + (["continue"] if target <= i.pc else [])
     if i.kind == "exit":   # from a subprogram: the closure restores the caller's frame and r6-r9
         return ["if not run.frames:", "    return r0 & MASK64", _SYNC, f"pc = OPS[{i.pc}](run)", _RELOAD,
                 _FRAME.strip(), "continue"]

@@ -7,7 +7,10 @@ the verifier folds constants with the same functions). The other rules the GPU t
 
 - a local call gets a fresh 512-byte frame and its own r10; r6-r9 and r10 are restored on return
   (RFC 9669 4.3, program-local functions; the BPF ABI makes r6-r9 callee-saved and r10 read-only);
-- atomics must be naturally aligned, as on the GPU (and the kernel verifier) - the VM refuses otherwise.
+- atomics must be naturally aligned, as on the GPU (and the kernel verifier) - the VM refuses otherwise;
+- a budgeted backward jump (bpf/verifier's VerifiedProgram.budgeted: a loop of a directly-run program the
+  verifier could not bound) spends one of the run's LOOP_BUDGET when taken; the one past them ends the
+  program as helper 507 (exit) does, r0 = 0, and counts the cut in the maps' state (MapsState.loops_cut).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ..bpf.alu import MASKS
 from ..bpf.decode import Insn, decode
 from ..bpf.disasm import disasm_insn
 from ..bpf.program import MapDef
+from ..bpf.verifier import LOOP_BUDGET
 from ..errors import EgpuError, VmError
 from ..maps import MapsState, RingbufStorage
 from . import calls
@@ -49,6 +53,17 @@ class Run:
         self.frame = mem.add("stack frame 0", bytearray(isa.STACK_SIZE), writable=True)
         self.regs[isa.FRAME_POINTER] = self.frame + isa.STACK_SIZE
         self.reservations: dict[int, tuple[RingbufStorage, bytearray]] = {}
+        self.loops = LOOP_BUDGET   # budgeted backward jumps this run may still take
+
+    def back_edge(self) -> bool:
+        """A budgeted backward jump: whether it is taken; once LOOP_BUDGET were, the run ends as helper 507
+        ends it, the cut counted."""
+        if self.loops:
+            self.loops -= 1
+            return True
+        self.vm.state.loops_cut += 1
+        calls.exit(self)   # r0 = 0, as helper 507 leaves it
+        return False
 
     def map_index(self, handle: int, what: str, reg: int | None = None) -> int:
         """The map a handle names; else a fault naming ``what`` (and ``reg``: "what's rN")."""
@@ -247,6 +262,14 @@ def _exit(i: Insn, nxt: int) -> Op:
     return op
 
 
+def _budgeted(op: Op, target: int) -> Op:
+    """A budgeted backward jump: ``op``, its jump to ``target`` taken only while the run's budget lasts."""
+    def op_budgeted(run: Run) -> int:
+        pc = op(run)
+        return pc if pc != target or run.back_edge() else STOP
+    return op_budgeted
+
+
 BUILDERS: dict[str, Callable[[Insn, int], Op]] = {
     "alu": _alu, "mov": _mov, "movsx": _movsx, "neg": _neg, "end": _end, "lddw": _lddw, "load": _load,
     "store": _store, "atomic": _atomic, "jmp": _jmp, "ja": _ja, "call": _call, "exit": _exit,
@@ -255,7 +278,7 @@ BUILDERS: dict[str, Callable[[Insn, int], Op]] = {
 WRITES_DST = frozenset(("alu", "mov", "movsx", "neg", "end", "lddw", "load"))
 
 
-def _build(insns: Sequence[Insn], slots: int) -> list[Op]:
+def _build(insns: Sequence[Insn], slots: int, budgeted: frozenset[int]) -> list[Op]:
     """One op per slot; slots that are not instruction starts (lddw's second half, the end) fail."""
     ops: list[Op] = [_fail("jump into the middle of lddw")] * slots + [_fail("fell off the end of the program")]
     for i in insns:
@@ -270,6 +293,8 @@ def _build(insns: Sequence[Insn], slots: int) -> list[Op]:
             ops[i.pc] = _fail(f"call to {i.call_target()}, outside the program")
             continue
         ops[i.pc] = BUILDERS[i.kind](i, nxt)
+        if i.pc in budgeted:
+            ops[i.pc] = _budgeted(ops[i.pc], i.jump_target())
     return ops
 
 
@@ -277,15 +302,18 @@ class Vm:
     """A decoded program with its maps, ready to run any number of times against ``state``."""
 
     def __init__(self, code: bytes, maps: Sequence[MapDef] = (), state: MapsState | None = None, *,
-                 budget: int = DEFAULT_BUDGET, compiled: bool = False) -> None:
-        """``compiled``: run the program as a Python function (compile.py) where it can be."""
+                 budget: int = DEFAULT_BUDGET, compiled: bool = False, budgeted: frozenset[int] = frozenset()) -> None:
+        """``compiled``: run the program as a Python function (compile.py) where it can be. ``budgeted``: the
+        verifier's VerifiedProgram.budgeted; between two such jumps a run goes only forward (every other
+        jump of their loops is budgeted too), so each adds at most the program's length to ``budget``."""
         from .compile import compile_program
         self.insns = decode(code)
         self.by_pc = {i.pc: i for i in self.insns}
         self.state = state if state is not None else MapsState(list(maps))
-        self.budget = budget
+        self.budgeted = budgeted
+        self.budget = budget + (LOOP_BUDGET * len(code) // 8 if budgeted else 0)
         self.warps = Warps()  # which runs are one warp instruction (egpu_warp_mem_record)
-        self.ops = _build(self.insns, len(code) // 8)
+        self.ops = _build(self.insns, len(code) // 8, budgeted)
         self.program = compile_program(self) if compiled else None
 
     def run(self, ctx: bytes = b"", thread: ThreadSim | None = None) -> int:
