@@ -364,6 +364,45 @@ def test_an_empty_ring_has_a_line_per_sm_and_its_drops_are_summed():
     assert devmaps.read_ring(bytes(img), lay)[1] == 13
 
 
+def test_the_runs_loop_budgets_cut_are_summed_from_the_trace_rings_lines():
+    """Each SM counts the runs it cut at LOOPS_CUT of its line; the sum only grows, as the drops do."""
+    lay, ncpu = devmaps.trace_layout(), 3
+    img = bytearray(devmaps.trace_image(ncpu))
+    for cpu, n in enumerate((2, 0, 5)):
+        struct.pack_into("<Q", img, lay.lines_off + cpu * devmaps.LINE + devmaps.LOOPS_CUT, n)
+    state = MapsState([])
+    devmaps.apply_trace(state, bytes(img))
+    assert state.loops_cut == 7 and state.trace_dropped == 0
+    devmaps.apply_trace(state, bytes(devmaps.trace_image(ncpu)))
+    assert state.loops_cut == 7
+
+
+@pytest.mark.parametrize("asm, jump", [("r0 = 0\nloop:\nr1 = 0\ngoto loop\nexit", "goto"),
+                                       ("r0 = 0\nloop:\nr0 += 1\nif r0 != 0 goto loop\nexit", "if")])
+def test_a_budgeted_loop_counts_down_and_ends_at_the_cut(asm, jump, tmp_path):
+    """A directly-run program's budgeted backward jump: LOOP_BUDGET rounds in %loops, then $Lcut, which counts
+    the run on the SM's line of the trace ring and returns 0; ptxas takes it. The same loop bounded by the
+    exploration charges nothing (and without budgeted loops the code is the same as before them: the golden
+    and ptxas tests)."""
+    from egpu_preload.bpf.sections import DIRECTLY_RUN
+    from egpu_preload.bpf.verifier import LOOP_BUDGET
+    p = Program("p", DIRECTLY_RUN, parse_section(DIRECTLY_RUN), assemble(asm))
+    obj = BpfObject("loop.bpf.o", [p], [])
+    text = probe_function(p, obj).func
+    assert f"mov.b32 %loops, {LOOP_BUDGET};" in text and text.count("bra $Lcut;") == 1
+    guard, taken = r"setp\.eq\.u32 (%p\d+), %loops, 0;", ""
+    if jump == "if":
+        guard, taken = r"setp\.eq\.and\.u32 (%p\d+), %loops, 0, (%p\d+);", r"@\2 "
+    charge = rf"\s+@\1 bra \$Lcut;\s+{taken}sub\.u32 %loops, %loops, 1;\s+{taken}bra \$L0_1;"
+    assert re.search(guard + charge, text), text
+    assert re.search(rf"\$Lcut:.*red\.add\.u64 \[%t\d+\+{devmaps.LOOPS_CUT}\], 1;\s+mov\.b64 %r0, 0;\s+\$Lexit:",
+                     text, re.S), text
+    ptxas(probe_runner_ptx(probe_function(p, obj, ctx_params=True)), "sm_90", tmp_path)
+    bounded = Program("p", DIRECTLY_RUN, parse_section(DIRECTLY_RUN),
+                      assemble("r0 = 0\nloop:\nr0 += 1\nif r0 < 5 goto loop\nexit"))
+    assert "%loops" not in probe_function(bounded, BpfObject("b.bpf.o", [bounded], [])).func
+
+
 class FakeMemory:
     def __init__(self):
         self.blocks: dict[int, bytearray] = {}

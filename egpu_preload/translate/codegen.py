@@ -20,7 +20,7 @@ def generate_func(insns: list[Insn], target: Target, name: str, params: list[str
     the verifier proved about it (None: a program it refused, which only execute_on_gpu runs). With
     ``target.table_param`` the map table's address is one more parameter, TABLE_PARAM, after them."""
     g = FuncGen(insns, target, HANDLERS, verified)
-    g.body()
+    g.body(helpers_ptx.count_loop_cut)
     formal = params + [ctx_word_param(w) for w in target.ctx_words or ()]
     formal += [TABLE_PARAM] if target.table_param else []
     head = f".func (.param .b64 %ret) {name}({', '.join(f'.param .b64 {p}' for p in formal)})"
@@ -162,11 +162,13 @@ def jmp(g: FuncGen, insn: Insn) -> None:
         g.emit(f"setp.ne.b{w} {p}, {t}, 0;")
     else:
         g.emit(f"setp.{_CMP[insn.op]}{w} {p}, {a}, {s};")
+    g.charge(insn, p)
     g.emit(f"@{p} bra {g.jump_label(insn.jump_target())};")
 
 
 def ja(g: FuncGen, insn: Insn) -> None:
     """goto +off (JA) or +imm (JA32, gotol)."""
+    g.charge(insn)
     g.emit(f"bra {g.jump_label(insn.jump_target())};")
 
 

@@ -57,6 +57,8 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
   producer's head position stays within the credit of the last producer to pass (the records it writes
   were made room for). The trace_printk ring always drops.
 - trace_printk ring: a ring of TRACE_BYTES whose records hold u64 a1, a2, a3 then the format bytes. Its
+  per-SM lines also count, at LOOPS_CUT (u64), the runs on that SM that a loop budget ended (bpf/verifier's
+  LOOP_BUDGET: loops of directly-run programs), read back with its drops into MapsState.loops_cut. Its
   header also holds what the GPU's process helpers return, written by the process that allocates the
   regions, the application (bpf/helpers.py): at TGID (u32) its tgid, which bpf_get_current_pid_tgid returns
   as tgid << 32 | tgid (stored once, which leaves room for the rest); at UID_GID (u64) gid << 32 | uid, its
@@ -88,6 +90,7 @@ REC_BUSY, REC_READY, REC_DISCARD = 1, 2, 4
 TRACE_BYTES = 1 << 20
 PRINTK_ARGS = struct.Struct("<QQQ")   # a trace_printk record's start: a1, a2, a3; the format after
 TGID = 36           # in the trace ring's header, past RING_NCPU
+LOOPS_CUT = 16      # in each per-SM line of the trace ring, past full and drops
 UID_GID = 40        # in the trace ring's header
 COMM = 48           # in the trace ring's header, TASK_COMM_LEN bytes to its end
 LRU_WINDOW = 8
@@ -335,10 +338,15 @@ def apply_images(state: MapsState, images: list[bytes]) -> MapsState:
 
 
 def apply_trace(state: MapsState, img: bytes) -> None:
-    """Append the trace_printk records of a trace ring image to ``state.trace``; its dropped count (the ring's
-    own, which only grows) into ``state.trace_dropped``."""
-    records, dropped, _ = read_ring(img, trace_layout())
+    """Append the trace_printk records of a trace ring image to ``state.trace``; its dropped count and the runs
+    loop budgets cut (the ring's own counts, which only grow) into ``state.trace_dropped`` and
+    ``state.loops_cut``."""
+    lay = trace_layout()
+    records, dropped, _ = read_ring(img, lay)
     state.trace_dropped = max(state.trace_dropped, dropped)
+    ncpu = struct.unpack_from("<I", img, RING_NCPU)[0]
+    cut = sum(struct.unpack_from("<Q", img, lay.lines_off + cpu * LINE + LOOPS_CUT)[0] for cpu in range(ncpu))
+    state.loops_cut = max(state.loops_cut, cut)
     for cpu, data in records:
         state.trace.append(TraceRecord(data[PRINTK_ARGS.size:], PRINTK_ARGS.unpack_from(data), cpu))
 

@@ -10,10 +10,12 @@ What the verifier proved (bpf/verifier VerifiedProgram) decides the code: each f
 function's stack depth (no ``.local`` at all when no function uses the stack); accesses through r10 are
 ``ld/st.local`` at a static offset, other stack accesses ``ld/st.local``, map values and ringbuf records
 ``ld/st.global``, and only the context and "mixed" bases stay generic; every access is aligned (the
-verifier checks that). Programs the verifier refuses still run in execute_on_gpu (vm.execute's contract
-covers them): without facts, frames are 512 bytes and zeroed as the VM's are, and accesses check
-alignment at run time and fall back to byte accesses (a GPU faults on a misaligned access, the VM
-does not).
+verifier checks that). A budgeted backward jump (VerifiedProgram.budgeted: a directly-run program's loop
+the verifier could not bound) counts down ``%loops``, LOOP_BUDGET at entry, and past it goes to ``$Lcut``,
+which ends the probe as helper 507 does; programs without one have neither. Programs the verifier refuses
+still run in execute_on_gpu (vm.execute's contract covers them): without facts, frames are 512 bytes and
+zeroed as the VM's are, and accesses check alignment at run time and fall back to byte accesses (a GPU
+faults on a misaligned access, the VM does not).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ..bpf.decode import Insn
 from ..bpf.disasm import disasm_insn
 from ..bpf.helpers import HELPERS
 from ..bpf.program import MapDef
-from ..bpf.verifier import VerifiedProgram
+from ..bpf.verifier import LOOP_BUDGET, VerifiedProgram
 from ..errors import TranslateError
 
 M64 = (1 << 64) - 1
@@ -440,11 +442,31 @@ class FuncGen:
         self.emit(f"setp.lt.u64 {done}, {p}, {e};")
         self.emit(f"@{done} bra {loop};")
 
+    # ---- budgeted loops ------------------------------------------------------------------------
+    @property
+    def budgeted(self) -> frozenset[int]:
+        return self.verified.budgeted if self.verified is not None else frozenset()
+
+    def charge(self, insn: Insn, taken: str | None = None) -> None:
+        """Before a budgeted backward jump (where predicate ``taken`` holds, when it is conditional): one
+        round off ``%loops``, or, with none left, to ``$Lcut`` instead."""
+        if insn.pc not in self.budgeted:
+            return
+        out = self.pred()
+        self.emit(f"setp.eq.and.u32 {out}, %loops, 0, {taken};" if taken else f"setp.eq.u32 {out}, %loops, 0;")
+        self.emit(f"@{out} bra $Lcut;")
+        self.emit(f"{f'@{taken} ' if taken else ''}sub.u32 %loops, %loops, 1;")
+
     # ---- the function ---------------------------------------------------------------------
-    def body(self) -> None:
-        """Emit the whole program: the main function at pc 0 and, inlined, everything it calls."""
+    def body(self, cut: Callable[["FuncGen"], None]) -> None:
+        """Emit the whole program: the main function at pc 0 and, inlined, everything it calls; then, where
+        a loop is budgeted, ``$Lcut``: ``cut`` counts the run's end, and it ends as helper 507 ends it."""
         self._enter(0)
         self.emit_frame(0)
+        if self.budgeted:   # main's last instruction is an exit or a goto: nothing falls in here
+            self.place("$Lcut")
+            cut(self)
+            self.emit("mov.b64 %r0, 0;")
         self.place("$Lexit")
         if self.reads_table:
             self.unfilled = (self.t64(), self.pred())
@@ -472,7 +494,7 @@ class FuncGen:
         return True
 
     def declarations(self) -> list[str]:
-        decls = ["\t.reg .b64 %r<11>;"]
+        decls = ["\t.reg .b64 %r<11>;"] + (["\t.reg .b32 %loops;"] if self.budgeted else [])
         if self.target.table_param:
             decls.append(f"\t.reg .b64 {TABLE_REG};")
         decls += [f"\t.reg .b64 {ctx_word_reg(w)};" for w in self.target.ctx_words or ()]
@@ -497,6 +519,8 @@ class FuncGen:
                 if not 1 <= n <= len(params) and not (n == 1 and self.target.ctx_words is not None)]
         if self.uses_stack:
             out.append("\tcvta.local.u64 %stack, __stack;")
+        if self.budgeted:
+            out.append(f"\tmov.b32 %loops, {LOOP_BUDGET};")
         return out + self.table_check()
 
     def table_check(self) -> list[str]:

@@ -1064,6 +1064,14 @@ def _membar(g: FuncGen, insn: Insn) -> None:
     _set_r0(g, 0)
 
 
+def count_loop_cut(g: FuncGen) -> None:
+    """A run whose budgeted loops took LOOP_BUDGET rounds, counted on this SM's line of the trace ring, as its
+    drops are (devmaps.LOOPS_CUT). Only probe modules have budgeted loops, and a trace ring: execute_on_gpu's
+    programs are verified without a section, so none of theirs is budgeted."""
+    line = _ring_line(g, g.map_base(len(g.target.maps)), devmaps.trace_layout())
+    g.emit(f"red.add.u64 [{line}+{devmaps.LOOPS_CUT}], 1;")
+
+
 def _exit(g: FuncGen, insn: Insn) -> None:
     """bpftime's exit: the probe returns 0; the kernel's thread goes on (helpers.py)."""
     _set_r0(g, 0)
