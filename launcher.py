@@ -267,9 +267,11 @@ def disasm_cmd(obj: Path = typer.Argument(..., metavar="PROBE", parser=_path, he
 @egpu.command("verify")
 def verify_cmd(obj: Path = typer.Argument(..., metavar="PROBE", parser=_path, help="a .bpf.o or .bpf.c")) -> None:
     """Verify each program of a probe object; a refusal prints where (the source line when the object has
-    line info), why and the verifier log (exit 1). Then the maps the GPU keeps in rows per SM (counters
-    only ever added to) and where its host programs run (the shim's C interpreter or the Python VM)."""
+    line info), why and the verifier log (exit 1). Then the loops of directly-run programs bounded at run
+    time, the maps the GPU keeps in rows per SM (counters only ever added to) and where its host programs
+    run (the shim's C interpreter or the Python VM)."""
     from egpu_preload.bpf.sections import API_KINDS, HOST_KINDS
+    from egpu_preload.bpf.verifier import budget_note
     from egpu_preload.runtime import native, uprobes
     from egpu_preload.translate.devmaps import layout
     from egpu_preload.translate.striping import stripe_counters
@@ -282,6 +284,8 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="PROBE", parser=_path, he
         raise e.where(file=str(obj))
     for prog, v in zip(bpf.programs, verified):
         typer.echo(f"prog {prog.name} ({prog.section}): ok, {len(v.insns)} insns")
+        if v.budgeted:
+            typer.echo(f"prog {prog.name} ({prog.section}): {budget_note(v)}")
     try:
         stripe_counters(bpf, verified)
         for m in bpf.maps:
@@ -421,6 +425,10 @@ def run_on_gpu_cmd(ctx: typer.Context,
             state = run_grid_on_gpu(one, program, grid, block, launches=launches, state=state)
     except EgpuError as e:
         raise e.where(file=str(obj), section=program.section)
+    if state.loops_cut:   # each such run ended as helper 507 ends one: its maps hold what it did up to there
+        from egpu_preload.bpf.verifier import LOOP_BUDGET
+        typer.echo(f"egpu: {state.loops_cut} run{'s' * (state.loops_cut > 1)} of {name} cut by the loop budget "
+                   f"({LOOP_BUDGET} backward jumps a run)", err=True)
     snap = snapshot(state, one)
     if as_json:
         typer.echo(json_out.render(snap, time=time.time(), pid=os.getpid()), nl=False)

@@ -28,10 +28,9 @@ import ptx_corpus
 from launcher import egpu
 from stub_job import ROOT, egpu_run
 
-# Refused as Linux refuses it: cuda__gemm loops K times, K read from a map (up to 2^32 iterations). The
-# verifier gives up after 8192 waiting branches (about 5 s), so it is left out of the tests that go
-# through every program and refused in test_the_unbounded_loop_is_refused (and by egpu run-on-gpu, below).
-UNBOUNDED = {"directly_run_on_gpu/directly_run.bpf.c": "cuda__gemm"}
+# bpftime's run-as-a-kernel GEMM: loops K times, K read from a map (up to 2^32 rounds), which only a
+# directly-run section may do (bpf/verifier: bounded at run time)
+DIRECTLY_RUN = "directly_run_on_gpu/directly_run.bpf.c"
 
 
 @pytest.fixture(scope="module")
@@ -74,41 +73,75 @@ def test_live_sources_are_their_fixtures_with_their_edits():
 
 
 def test_every_example_verifies_and_assembles(built, ptxas, tmp_path):
-    """Each program (but the one unbounded loop) verifies, and its PTX, called from a kernel, assembles."""
+    """Each program verifies, and its PTX, called from a kernel, assembles."""
     assembled = []
     for name, path in built.items():
         obj = load_object(path)
         assert obj.programs, name
         for p in obj.programs:
-            if UNBOUNDED.get(name) == p.name:
-                continue
             ptx = tmp_path / "p.ptx"
             ptx.write_text(probe_runner_ptx(probe_function(p, obj, ctx_params=True)))
             done = subprocess.run([ptxas, "-arch=sm_90", str(ptx), "-o", str(tmp_path / "p.cubin")],
                                   capture_output=True, text=True)
             assert done.returncode == 0, f"{name}:{p.section}: {done.stderr[-2000:]}"
             assembled.append(f"{name}:{p.name}")
-    assert len(assembled) == 29 + 2   # bpftime's, and live/launchlate's two
+    assert len(assembled) == 30 + 2   # bpftime's, and live/launchlate's two
 
 
 def test_egpu_verify_and_ptx_accept_the_examples(built):
     runner = CliRunner()
     for name, path in built.items():
-        if name in UNBOUNDED:
-            continue
         for cmd in ("verify", "ptx"):
             res = runner.invoke(egpu, [cmd, str(path)])
             assert res.exit_code == 0, f"egpu {cmd} {name}: {res.output}"
 
 
-def test_the_unbounded_loop_is_refused(built):
+def _gemm(built) -> tuple[prog.BpfObject, prog.Program]:
+    obj = load_object(built[DIRECTLY_RUN])
+    (p,) = [p for p in obj.programs if p.name == "cuda__gemm"]
+    return obj, p
+
+
+def test_gemms_loop_is_bounded_at_run_time_in_its_section_only(built):
+    """cuda__gemm's loop over K verifies in bpftime's directly-run section, its two backward jumps budgeted;
+    the same code in a kernel's probe is refused as Linux refuses it (8192 waiting branches, about 5 s)."""
     from egpu_preload.bpf.verifier import verify
     from egpu_preload.errors import VerifierError
-    ((name, prog_name),) = UNBOUNDED.items()
-    obj = load_object(built[name])
-    (p,) = [p for p in obj.programs if p.name == prog_name]
+    obj, p = _gemm(built)
+    assert len(verify(p.code, obj.maps, section=p.section).budgeted) == 2
     with pytest.raises(VerifierError, match="too complex"):
-        verify(p.code, obj.maps, file=name, section=p.section)
+        verify(p.code, obj.maps, file=DIRECTLY_RUN, section="kprobe/vectorAdd")
+    res = CliRunner().invoke(egpu, ["verify", str(built[DIRECTLY_RUN])])
+    assert res.exit_code == 0, res.output
+    assert re.search(r"prog cuda__gemm \(kprobe/__directly_run\): loop at insn \d+ bounded at run time: 1048576 "
+                     r"backward jumps a run \(at \d+, \d+\), and the next ends it as bpf_cuda_exit \(507\) does",
+                     res.output), res.output
+    assert res.output.count("bounded at run time") == 1
+
+
+def test_gemm_multiplies_on_the_vm(built):
+    """cuda__gemm over 32x32x32, its maps filled as bpftime's directly_run.c fills them (A = 1 << 16, B = 0.01
+    in 16.16 fixed point), one thread an element (2x2 blocks of 16x16): each C is the sum of A*B truncated
+    to s32, and no run reaches the budget."""
+    from egpu_preload.bpf.verifier import verify
+    obj, p = _gemm(built)
+    m = n = k = 32
+    state = MapsState(obj.maps)
+    a, b = 1 << 16, int(0.01 * (1 << 16))
+    state.by_name("gemm_dims").update(struct.pack("<I", 0), struct.pack("<3I", m, n, k))
+    for i in range(m * k):
+        state.by_name("gemm_A").update(struct.pack("<I", i), struct.pack("<i", a))
+    for i in range(k * n):
+        state.by_name("gemm_B").update(struct.pack("<I", i), struct.pack("<i", b))
+    vm = Vm(p.code, obj.maps, state, budgeted=verify(p.code, obj.maps, section=p.section).budgeted)
+    for y in range(m):
+        for x in range(n):
+            assert vm.run(bytes(512), ThreadSim(thread_idx=(x % 16, y % 16, 0), block_idx=(x // 16, y // 16, 0),
+                                                block_dim=(16, 16, 1), grid_dim=(2, 2, 1))) == 0
+    c = struct.unpack(f"<{m * n}i", b"".join(state.by_name("gemm_C").lookup(struct.pack("<I", i))
+                                               for i in range(m * n)))
+    expected = (k * a * b + (1 << 31)) % (1 << 32) - (1 << 31)
+    assert set(c) == {expected} and state.loops_cut == 0
 
 
 def test_egpu_verify_says_where_launchlates_uprobe_attaches(built):
@@ -443,7 +476,6 @@ def test_launchlate_attached_live_counts_the_launches_after_its_push(built, tmp_
 
 # ---- directly_run_on_gpu: `egpu run-on-gpu`, bpftimetool run-on-cuda's counterpart ----------------
 
-DIRECTLY_RUN = "directly_run_on_gpu/directly_run.bpf.c"
 VEC_N = 1024
 
 
@@ -541,13 +573,45 @@ def test_run_on_gpu_refuses_an_unknown_program(built):
                                      "cuda__vec_add, cuda__gemm)"]
 
 
-def test_run_on_gpu_refuses_cuda_gemm_as_the_verifier_does(built):
-    """cuda__gemm's loop runs K times, K read from a map: refused (as Linux refuses it) before any run, the
-    verifier's reason in the first line."""
-    r = _run_on_gpu([built[DIRECTLY_RUN], "cuda__gemm", "1", "4", "4", "1", "16", "16", "1", "--vm"])
-    assert r.exit_code == 1, r.output
-    first = r.stderr.splitlines()[0]
-    assert first.startswith(f"egpu: {built[DIRECTLY_RUN]}:kprobe/__directly_run:") and "too complex" in first
+GEMM_DIMS = 8   # M = N = K: one block of 8x8 threads
+
+
+def _gemm_maps(tmp_path: Path) -> Path:
+    """What directly_run.c writes before a GEMM, as a document in egpu's --json form: the dims, A all 1.0
+    and B all 0.01 in Q16.16, at 8x8x8 (its own are 32x32x32; the VM runs one thread at a time)."""
+    n = GEMM_DIMS * GEMM_DIMS
+    path = tmp_path / "gemm.json"
+    path.write_text(json.dumps({"maps": {
+        "gemm_dims": {"kind": "scalar", "value": [GEMM_DIMS] * 3},
+        "gemm_A": {"kind": "map", "entries": [{"key": i, "value": 1 << 16} for i in range(n)]},
+        "gemm_B": {"kind": "map", "entries": [{"key": i, "value": int(0.01 * (1 << 16))} for i in range(n)]}}}))
+    return path
+
+
+def _gemm_c(stdout: str) -> set[int]:
+    (doc,) = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return {e["value"] for e in doc["maps"]["gemm_C"]["entries"]}
+
+
+def test_run_on_gpu_multiplies_with_cuda_gemm_on_the_vm(built, tmp_path):
+    """cuda__gemm's loop over K, bounded at run time in its directly-run section, runs to the end: every C is
+    K x A x B (Q16.16 products, as bpftime's loader fills A and B), and no run is cut by the loop budget."""
+    r = _run_on_gpu([built[DIRECTLY_RUN], "cuda__gemm", "1", "1", "1", "1", str(GEMM_DIMS), str(GEMM_DIMS), "1",
+                     "--maps", _gemm_maps(tmp_path), "--vm", "--json"])
+    assert r.exit_code == 0 and "loop budget" not in r.stderr, r.output
+    assert _gemm_c(r.stdout) == {GEMM_DIMS * (1 << 16) * int(0.01 * (1 << 16))}
+
+
+def test_run_on_gpu_says_how_many_runs_the_loop_budget_cut(tmp_path):
+    """A directly-run program that never leaves its loop ends at the budget, as helper 507 ends a probe;
+    run-on-gpu says how many of its runs did, and exits 0 (the kernel finished)."""
+    src = tmp_path / "spin.bpf.c"
+    src.write_text('#include "egpu.bpf.h"\nSEC("kprobe/__directly_run")\nint spin(void *ctx)\n{\n'
+                   "\tvolatile int i = 0;\n\twhile (1)\n\t\ti++;\n\treturn 0;\n}\n"
+                   'char LICENSE[] SEC("license") = "GPL";\n')
+    r = _run_on_gpu([src, "spin", "--block", "2", "--vm"])
+    assert r.exit_code == 0, r.output
+    assert "egpu: 2 runs of spin cut by the loop budget (1048576 backward jumps a run)" in r.stderr.splitlines()
 
 
 @pytest.mark.parametrize("args, reason", [
@@ -573,3 +637,12 @@ def test_run_on_gpu_vec_add_on_the_gpu(built, tmp_path, geometry):
     r = _run_on_gpu([built[DIRECTLY_RUN], "cuda__vec_add", *args, "--maps", _vec_add_maps(tmp_path), "--json"])
     assert r.exit_code == 0, r.output
     assert _vec_c(r.stdout) == {i: 3 * i for i in range(1, reached)}
+
+
+@pytest.mark.gpu
+def test_run_on_gpu_cuda_gemm_on_the_gpu(built, tmp_path):
+    """The GEMM on the GPU, its loop's budget counter in the kernel: the VM's C, no run cut."""
+    r = _run_on_gpu([built[DIRECTLY_RUN], "cuda__gemm", "1", "1", "1", "1", str(GEMM_DIMS), str(GEMM_DIMS), "1",
+                     "--maps", _gemm_maps(tmp_path), "--json"])
+    assert r.exit_code == 0 and "loop budget" not in r.stderr, r.output
+    assert _gemm_c(r.stdout) == {GEMM_DIMS * (1 << 16) * int(0.01 * (1 << 16))}

@@ -86,19 +86,30 @@ class VerifiedProgram:
                                               # loops of a DIRECTLY_RUN program the verifier cannot bound
 
 
+def budget_note(v: VerifiedProgram) -> str:
+    """What `egpu verify` says of a program whose loops are budgeted (VerifiedProgram.budgeted)."""
+    by_pc = {i.pc: i for i in v.insns}
+    heads = sorted({by_pc[pc].jump_target() for pc in v.budgeted})
+    where = ", ".join(map(str, heads))
+    s = "s" * (len(heads) > 1)
+    return (f"loop{s} at insn{s} {where} bounded at run time: {LOOP_BUDGET} backward jumps "
+            f"a run (at {', '.join(map(str, sorted(v.budgeted)))}), and the next ends it as bpf_cuda_exit (507) "
+            "does, r0 = 0")
+
+
 class _Visit:
     """A state remembered at a prune point; ``pending`` counts the paths from it still being explored;
-    ``round``: at a loop header, how many earlier visits of it the path made in this invocation."""
+    ``nth``: at a loop header, how many earlier visits of it the path made in this invocation."""
 
-    __slots__ = ("parent", "pending", "state", "pc", "depth", "round")
+    __slots__ = ("parent", "pending", "state", "pc", "depth", "nth")
 
-    def __init__(self, parent: "_Visit | None", state: State, pc: int, round: int) -> None:
+    def __init__(self, parent: "_Visit | None", state: State, pc: int, nth: int) -> None:
         self.parent = parent
         self.pending = 1
         self.state: State | None = state
         self.pc = pc
         self.depth = len(state.frames)
-        self.round = round
+        self.nth = nth
 
 
 def _finish(visit: _Visit | None) -> None:
@@ -211,9 +222,9 @@ class _Search:
                 while True:
                     if pc in cfg.prune:
                         live = _live(cfg, st, pc)
-                        wide, round = False, 0
+                        wide, nth = False, 0
                         if pc in self.loops:
-                            st, wide, round = self._round(st, pc, visit, live)
+                            st, wide, nth = self._round(st, pc, visit, live)
                             if st is None:
                                 _finish(visit)
                                 break
@@ -228,7 +239,7 @@ class _Search:
                         if any(not old.pending and covers(old.state, st, live) for old in done):
                             _finish(visit)
                             break
-                        visit = _Visit(visit, st.copy(), pc, round)
+                        visit = _Visit(visit, st.copy(), pc, nth)
                         self.seen[pc][k] = visit
                         done.append(visit)
                         if wide:
@@ -264,7 +275,7 @@ class _Search:
         """A path at a loop header: (None, ...) where it ends there, covered by the state the previous round
         of this invocation of the function brought (the loop runs on as that round's exploration went, until
         the budget stops it) or by a widened state explored to the end; else the state to go on with, whether
-        it was widened (from WIDEN_AFTER rounds on: cfg.run_time_loops' loops only) and the round."""
+        it was widened (from WIDEN_AFTER rounds on: cfg.run_time_loops' loops only) and which round it is."""
         while visit is not None and visit.depth >= len(st.frames):   # a caller's visit: another invocation
             if visit.pc == pc and visit.depth == len(st.frames):
                 break
@@ -278,11 +289,11 @@ class _Search:
             return None, False, 0
         if visit is None:
             return st, False, 0
-        if visit.round + 1 >= WIDEN_AFTER:
+        if visit.nth + 1 >= WIDEN_AFTER:
             wide = widen(visit.state, st, live)
             if wide is not None:
-                return wide, True, visit.round + 1
-        return st, False, visit.round + 1
+                return wide, True, visit.nth + 1
+        return st, False, visit.nth + 1
 
 
 def _check_combined_stack(cfg: Cfg, depths: tuple[int, ...]) -> None:
