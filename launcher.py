@@ -404,7 +404,8 @@ def run_on_gpu_cmd(ctx: typer.Context,
         raise EgpuError(f"prog {name} ({program.section}): {what}; run-on-gpu runs a program in every thread",
                         file=str(obj))
     one = dataclasses.replace(bpf, programs=[program])   # the others are neither verified nor run
-    stripe_counters(one, _verified(obj, one))
+    (verified,) = _verified(obj, one)
+    stripe_counters(one, [verified])
     state = MapsState(one.maps)
     if doc is not None:
         try:
@@ -419,7 +420,8 @@ def run_on_gpu_cmd(ctx: typer.Context,
     try:
         if on_vm:
             from egpu_preload.vm import Vm
-            Vm(program.code, one.maps, state, compiled=True).run_grid(grid, block, bytes(CTX_SIZE), launches)
+            Vm(program.code, one.maps, state, compiled=True, budgeted=verified.budgeted).run_grid(
+                grid, block, bytes(CTX_SIZE), launches)
         else:
             from egpu_preload.translate.execute import run_grid_on_gpu
             state = run_grid_on_gpu(one, program, grid, block, launches=launches, state=state)
