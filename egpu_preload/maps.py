@@ -153,13 +153,21 @@ class HashStorage(MapStorage):
         if old is None and flags == BPF_EXIST:
             return -ENOENT
         if old is not None:
-            old[:] = value
+            self._store(key, value, cpu)
             self._touch(key)
             return 0
         if len(self.entries) >= self.mapdef.max_entries and not self._evict():
             return -E2BIG
-        self.entries[key] = bytearray(value)
+        self.entries[key] = self._new(value, cpu)
         return 0
+
+    def _new(self, value: bytes, cpu: int) -> bytearray:
+        """A new key's value(s), as an update by ``cpu`` makes them."""
+        return bytearray(value)
+
+    def _store(self, key: bytes, value: bytes, cpu: int) -> None:
+        """An update's write to a key that is there."""
+        self.entries[key][:] = value
 
     def _touch(self, key: bytes) -> None:
         """Hook for LRU ordering."""
@@ -196,6 +204,51 @@ class LruHashStorage(HashStorage):
         if self.entries:
             self.entries.popitem(last=False)
         return self.mapdef.max_entries > 0
+
+
+class PercpuHashStorage(HashStorage):
+    """PERCPU_HASH (hashtab.c's per-CPU form): a HASH whose keys each hold a value per SM (the "cpu" is the SM
+    id; host programs are CPU 0). As a program's calls in Linux: a lookup gives the calling SM's value, an update
+    writes only it (a new key's other SMs' values are zero), a delete removes the key from every SM. ``entries``
+    holds each key's values by SM; an SM that never wrote one reads zeros (``value``)."""
+
+    def __init__(self, mapdef: prog.MapDef) -> None:
+        super().__init__(mapdef)
+        self.entries: OrderedDict[bytes, dict[int, bytearray]] = OrderedDict()  # type: ignore[assignment]
+
+    def value(self, key: bytes, cpu: int) -> bytearray:
+        """SM ``cpu``'s value of a key that is there, zeros until it writes one."""
+        return self.entries[key].setdefault(cpu, bytearray(self.mapdef.value_size))
+
+    def lookup(self, key: bytes, cpu: int = 0) -> bytearray | None:
+        self._check("key", key, self.mapdef.key_size)
+        key = bytes(key)
+        if key not in self.entries:
+            return None
+        self._touch(key)
+        return self.value(key, cpu)
+
+    def _new(self, value: bytes, cpu: int) -> dict[int, bytearray]:  # type: ignore[override]
+        return {cpu: bytearray(value)}
+
+    def _store(self, key: bytes, value: bytes, cpu: int) -> None:
+        self.value(key, cpu)[:] = value
+
+    def items(self, cpu: int = 0) -> Iterator[tuple[bytes, bytes]]:
+        for k, values in self.entries.items():
+            yield k, bytes(values.get(cpu, bytes(self.mapdef.value_size)))
+
+    def cpus(self) -> list[int]:
+        """The SMs that hold a value of some key."""
+        return sorted({cpu for values in self.entries.values() for cpu in values})
+
+
+class LruPercpuHashStorage(PercpuHashStorage, LruHashStorage):
+    """LRU_PERCPU_HASH: a PERCPU_HASH that evicts as LRU_HASH does (a key's use, on any SM, is its use)."""
+
+
+# The per-CPU maps: a value per SM for each key (and per thread for bpftime's per-thread array).
+PERCPU_STORAGES = (PercpuArrayStorage, PercpuHashStorage)
 
 
 class QueueStorage(MapStorage):
@@ -355,7 +408,8 @@ STORAGE_BY_TYPE: dict[int, type[MapStorage]] = {
     prog.MAP_ARRAY: ArrayStorage, prog.MAP_PERCPU_ARRAY: PercpuArrayStorage, prog.MAP_HASH: HashStorage,
     prog.MAP_LRU_HASH: LruHashStorage, prog.MAP_RINGBUF: RingbufStorage, prog.MAP_PERF_EVENT_ARRAY: PerfStorage,
     prog.MAP_PERTHREAD_ARRAY: PerthreadArrayStorage, prog.MAP_QUEUE: QueueStorage, prog.MAP_STACK: StackStorage,
-    prog.MAP_BLOOM_FILTER: BloomStorage,
+    prog.MAP_BLOOM_FILTER: BloomStorage, prog.MAP_PERCPU_HASH: PercpuHashStorage,
+    prog.MAP_LRU_PERCPU_HASH: LruPercpuHashStorage,
 }
 
 

@@ -1,10 +1,11 @@
 /* egpu_launchvm.h: launch probes run in C (shim/launchvm.c), in the three parts of egpu_shim.h.
  *
  * An eBPF interpreter with the reference VM's semantics (egpu_preload/vm/machine.py, RFC 9669) and the
- * host maps a launch probe needs (ARRAY, PERCPU_ARRAY, HASH, LRU_HASH, QUEUE, STACK, BLOOM_FILTER, global
- * data), so that the runtime's thread turns launch records into map updates without Python: a few hundred ns a record
- * where the Python VM took tens of us. egpu_preload/runtime/native.py decides which probe objects run
- * here (only maps of those types, and helpers listed in launchvm.c), the rest stay on the Python VM.
+ * host maps a launch probe needs (ARRAY, PERCPU_ARRAY, HASH, LRU_HASH, PERCPU_HASH, LRU_PERCPU_HASH, QUEUE,
+ * STACK, BLOOM_FILTER, global data), so that the runtime's thread turns launch records into map updates
+ * without Python: a few hundred ns a record where the Python VM took tens of us. egpu_preload/runtime/native.py
+ * decides which probe objects run here (only maps of those types, and helpers listed in launchvm.c), the rest
+ * stay on the Python VM.
  *
  * Addresses are the VM's: region k at k << 36 (the context, one region per call frame, one per map's
  * values), every access bounds-checked against the value it falls in, so a verifier bug faults the run

@@ -8,9 +8,10 @@
  * safe as Linux makes BPF maps safe:
  * - array values are updated in place with no lock (a lookup is an index); a program's atomic instructions
  *   (BPF_ATOMIC) are the host's atomics on the value's memory, plain stores are not.
- * - a per-CPU array's value is the running CPU's own in Linux, so programs update it with plain loads and
- *   stores; every host thread here is CPU 0, so the runs of a program that uses one take turns (cpu_lock),
- *   as runs on one CPU do.
+ * - a per-CPU array's or per-CPU hash's value is the running CPU's own in Linux, so programs update it with
+ *   plain loads and stores; every host thread here is CPU 0, so the runs of a program that uses one take
+ *   turns (cpu_lock), as runs on one CPU do. A per-CPU hash is thus a hash of CPU 0's values (the runtime
+ *   puts them in SM 0's row of the device's copy: runtime/mapsync.py).
  * - a hash or LRU hash map has a lock of its own (struct spin), held across its index, its use order and
  *   an update's copy of the value. Its values are preallocated slots that live as long as the map: a
  *   pointer a lookup handed out stays valid memory, and after a delete or an eviction reaches the slot's
@@ -49,8 +50,8 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-enum { MAP_HASH = 1, MAP_ARRAY = 2, MAP_PERCPU_ARRAY = 6, MAP_LRU_HASH = 9, MAP_QUEUE = 22, MAP_STACK = 23,
-       MAP_BLOOM_FILTER = 30 }; /* bpf/program.py */
+enum { MAP_HASH = 1, MAP_ARRAY = 2, MAP_PERCPU_HASH = 5, MAP_PERCPU_ARRAY = 6, MAP_LRU_HASH = 9,
+       MAP_LRU_PERCPU_HASH = 10, MAP_QUEUE = 22, MAP_STACK = 23, MAP_BLOOM_FILTER = 30 }; /* bpf/program.py */
 enum { BPF_ANY, BPF_NOEXIST, BPF_EXIST };
 
 #define REGION_SHIFT 36
@@ -201,8 +202,21 @@ struct egpu_lvm_map {
     unsigned int hashes;
 };
 
+static int is_hash_type(int type) {
+    return type == MAP_HASH || type == MAP_LRU_HASH || type == MAP_PERCPU_HASH || type == MAP_LRU_PERCPU_HASH;
+}
+
 static int is_hash(const struct egpu_lvm_map *m) {
-    return m->type == MAP_HASH || m->type == MAP_LRU_HASH;
+    return is_hash_type(m->type);
+}
+
+static int is_lru(const struct egpu_lvm_map *m) {
+    return m->type == MAP_LRU_HASH || m->type == MAP_LRU_PERCPU_HASH;
+}
+
+/* A map whose values are per CPU: CPU 0's here (runs of programs using one take turns: cpu_lock). */
+static int is_percpu(const struct egpu_lvm_map *m) {
+    return m->type == MAP_PERCPU_ARRAY || m->type == MAP_PERCPU_HASH || m->type == MAP_LRU_PERCPU_HASH;
 }
 
 /* A map of values without keys: a queue, a stack or a bloom filter (push, pop, peek). */
@@ -236,7 +250,7 @@ EXPORT void egpu_lvm_map_free(struct egpu_lvm_map *m) {
 EXPORT struct egpu_lvm_map *egpu_lvm_map_new(int type, unsigned int key_size, unsigned int value_size,
                                              unsigned int max_entries, int readonly, const void *initial,
                                              size_t initial_size, unsigned int map_extra) {
-    int hash = type == MAP_HASH || type == MAP_LRU_HASH, keyless = is_keyless(type);
+    int hash = is_hash_type(type), keyless = is_keyless(type);
     if (!hash && !keyless && type != MAP_ARRAY && type != MAP_PERCPU_ARRAY) return NULL;
     if (max_entries > MAX_ENTRIES || !value_size || value_size > MAX_VALUE || key_size > MAX_VALUE ||
         (keyless ? key_size != 0 || !max_entries : !key_size) || (!hash && !keyless && key_size != 4))
@@ -390,7 +404,7 @@ static int map_lookup(struct egpu_lvm_map *m, const unsigned char *key) {
     if (!is_hash(m)) return map_peek(m, key);
     spin_lock(&m->lock);
     int s = map_peek(m, key);
-    if (s >= 0 && m->type == MAP_LRU_HASH) unlink_slot(m, s), link_tail(m, s);
+    if (s >= 0 && is_lru(m)) unlink_slot(m, s), link_tail(m, s);
     spin_unlock(&m->lock);
     return s;
 }
@@ -417,7 +431,7 @@ static long long map_update(struct egpu_lvm_map *m, const unsigned char *key, co
     if (s < 0 && flags == BPF_EXIST) return -ENOENT;
     if (s < 0) {
         if (m->used >= m->max_entries) {
-            if (m->type != MAP_LRU_HASH || m->head < 0) return -E2BIG;
+            if (!is_lru(m) || m->head < 0) return -E2BIG;
             unsigned int old;
             hash_find(m, m->keys + (size_t)m->head * m->key_size, &old);
             hash_remove(m, m->head, old);
@@ -433,7 +447,7 @@ static long long map_update(struct egpu_lvm_map *m, const unsigned char *key, co
         m->index[pos] = s + 1;
         m->used++;
         link_tail(m, s);
-    } else if (m->type == MAP_LRU_HASH) {
+    } else if (is_lru(m)) {
         unlink_slot(m, s), link_tail(m, s);
     }
     memcpy(m->values + (size_t)s * m->stride, value, m->value_size);
@@ -694,7 +708,7 @@ EXPORT struct egpu_lvm_prog *egpu_lvm_prog_new(const void *insns, size_t n, stru
     memcpy(p->insns, insns, n * sizeof *p->insns);
     if (nmaps) memcpy(p->maps, maps, nmaps * sizeof *p->maps); /* maps may be NULL then: memcpy must not see it */
     p->n = n, p->nmaps = nmaps;
-    for (size_t k = 0; k < nmaps; k++) p->percpu |= maps[k] && maps[k]->type == MAP_PERCPU_ARRAY;
+    for (size_t k = 0; k < nmaps; k++) p->percpu |= maps[k] && is_percpu(maps[k]);
     decode(p->insns, n, nmaps, p->ops);
     return p;
 }
@@ -1239,6 +1253,12 @@ static int probe_read(struct run *x, int str) {
     return 0;
 }
 
+static uint64_t clock_ns(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* Helpers of bpf/helpers.py that need neither Python nor the GPU (runtime/native.py NATIVE_HELPERS).
  * Returns 0, 1 when the probe ends (exit), -1 on a fault. The host is SM 0, warp 0, lane 0 of block 0,
  * thread 0, as the VM's ThreadSim of a launch. */
@@ -1320,13 +1340,22 @@ static int helper(struct run *x, int32_t id) {
         return 0;
     }
     case 5: case 502: /* ktime_get_ns, get_globaltimer */
-        x->r[0] = x->now;
-        if (x->host) {
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            x->r[0] += (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-        }
+        x->r[0] = x->now + (x->host ? clock_ns(CLOCK_MONOTONIC) : 0);
         return 0;
+    case 125: { /* ktime_get_boot_ns: CLOCK_BOOTTIME on ktime's clock (helpers.py); a record's or host-API call's
+                 * run, whose ktime is that time: it plus the time the machine slept, BOOTTIME - MONOTONIC */
+        uint64_t mono = x->host ? 0 : clock_ns(CLOCK_MONOTONIC); /* first: the difference is not negative */
+        x->r[0] = x->now + clock_ns(CLOCK_BOOTTIME) - mono;
+        return 0;
+    }
+    case 160: /* ktime_get_coarse_ns: CLOCK_MONOTONIC_COARSE on ktime's clock; a record's run: its time */
+        x->r[0] = x->now + (x->host ? clock_ns(CLOCK_MONOTONIC_COARSE) : 0);
+        return 0;
+    case 42: { /* get_numa_node_id: the node of the CPU this thread runs on (getcpu(2)); 0 where it cannot say */
+        unsigned int cpu, node;
+        x->r[0] = syscall(SYS_getcpu, &cpu, &node, NULL) ? 0 : node;
+        return 0;
+    }
     case 6: return trace_printk(x);
     case 25: { /* perf_event_output(ctx, map, flags, data, size): flags beyond the CPU index get -EINVAL and
                 * no record (bpf_trace.c), as on the VM and the GPU */

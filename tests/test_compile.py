@@ -59,12 +59,13 @@ __u64 consts[] = {BPF_ANY, BPF_NOEXIST, BPF_EXIST, BPF_F_CURRENT_CPU, EGPU_F_LOA
                   EGPU_KIND_ENTRY, EGPU_KIND_EXIT, EGPU_KIND_MEM, EGPU_KIND_LAUNCH,
                   BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_PERF_EVENT_ARRAY, BPF_MAP_TYPE_PERCPU_ARRAY,
                   BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_RINGBUF, BPF_MAP_TYPE_QUEUE, BPF_MAP_TYPE_STACK,
-                  BPF_MAP_TYPE_BLOOM_FILTER, sizeof(struct egpu_ctx)};
+                  BPF_MAP_TYPE_BLOOM_FILTER, BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH,
+                  sizeof(struct egpu_ctx)};
 SEC("kprobe/*") int p(struct egpu_ctx *c) { return consts[c->site & 15]; }
 """
 EXPECTED = [helpers.BPF_ANY, helpers.BPF_NOEXIST, helpers.BPF_EXIST, helpers.BPF_F_CURRENT_CPU, ctx.FLAG_LOAD,
             ctx.FLAG_STORE, ctx.FLAG_ATOMIC, ctx.KIND_ENTRY, ctx.KIND_EXIT, ctx.KIND_MEM, ctx.KIND_LAUNCH,
-            1, 2, 4, 6, 9, 27, 22, 23, 30, ctx.SIZE]
+            1, 2, 4, 6, 9, 27, 22, 23, 30, 5, 10, ctx.SIZE]
 
 
 def _constants(obj: Path) -> list[int]:
@@ -100,6 +101,7 @@ int p(struct egpu_ctx *ctx)
 	__u32 k = ctx->site;
 	__u64 t = bpf_get_globaltimer();
 
+	t ^= bpf_ktime_get_boot_ns() ^ bpf_ktime_get_coarse_ns() ^ bpf_get_numa_node_id();
 	bpf_map_update_elem(&m, &k, &t, BPF_ANY);
 	bpf_printk("t %llu", t);
 	return 0;
@@ -114,7 +116,7 @@ int p(struct egpu_ctx *ctx)
 ], ids=["egpu-first", "libbpf-first", "twice"])
 def test_libbpf_headers_in_either_order(tmp_path, includes):
     source = "".join(f"#include {h}\n" for h in includes) + LIBBPF_TOO
-    assert _helper_calls(_build(tmp_path, source)) == [502, 2, 6]
+    assert _helper_calls(_build(tmp_path, source)) == [502, 125, 160, 42, 2, 6]
 
 
 # What other libbpf headers (bpf_core_read.h's ___bpf_apply, ___bpf_narg) and map definitions (LIBBPF_PIN_*)

@@ -18,8 +18,8 @@ from egpu_preload.bpf import isa
 from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.elf import load_bytes, load_object
-from egpu_preload.bpf.program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
-                                      MAP_RINGBUF, Attach)
+from egpu_preload.bpf.program import (MAP_ARRAY, MAP_HASH, MAP_LRU_HASH, MAP_LRU_PERCPU_HASH, MAP_PERCPU_ARRAY,
+                                      MAP_PERCPU_HASH, MAP_PERF_EVENT_ARRAY, MAP_RINGBUF, Attach)
 from egpu_preload.bpf.verifier import verify
 from egpu_preload.errors import BtfError, DecodeError, EgpuError, ElfError
 from egpu_preload.output import text, values
@@ -46,6 +46,7 @@ PROGRAMS = {
     "self_wait": [("twice", "kprobe.block/*", Attach("entry", "*", B))],
     "record_atomics": [("record_atomics", "kprobe/*", Attach("entry", "*", T))],
     "process": [("who", "kprobe/*", Attach("entry", "*", T))],
+    "percpu_hash": [("count_calls", "kprobe/*", Attach("entry", "*", T))],
 }
 
 # probe -> maps as (name, type, key_size, value_size, max_entries, flags, readonly)
@@ -67,6 +68,8 @@ MAPS = {
     "self_wait": [("events", MAP_RINGBUF, 0, 0, 4096, 0, False)],
     "record_atomics": [("tallies", MAP_RINGBUF, 0, 0, 4096, 0, False)],
     "process": [("seen", MAP_ARRAY, 4, 40, 1, 0, False)],
+    "percpu_hash": [("calls", MAP_PERCPU_HASH, 8, 8, 64, 0, False), ("sites", MAP_LRU_PERCPU_HASH, 4, 16, 8, 0, False),
+                    ("percpu_h.bss", MAP_ARRAY, 4, 24, 1, 0, False)],
 }
 
 # probe -> per program, its map references in code order: a map name, or (data map name, offset).
@@ -86,6 +89,7 @@ REFS = {
     "self_wait": [["events", "events"]],
     "record_atomics": [["tallies"]],
     "process": [["seen"]],
+    "percpu_hash": [["calls"] * 5 + ["sites"] * 3 + [("percpu_h.bss", 0)]],
 }
 
 # probe -> per program, (instruction count after linking, pcs that local calls enter)
@@ -96,6 +100,7 @@ HELPER_CALLS = {
     "ringbuf": [[131, 5, 8, 133, 132], [5, 8, 130]],
     "gpu_helpers": [[503, 505, 504, 508, 502, 509, 510, 511, 507, 25, 506, 1]],
     "process": [[1, 14, 15, 16, 16]],
+    "percpu_hash": [[5, 1, 2, 1, 2, 3, 2, 2, 1, 125, 160, 42]],
 }
 
 
@@ -279,8 +284,9 @@ BAD_SOURCES = [
      "missing symbol nowhere"),
     ("unsupported map type", MAP_SRC.format(fields="__uint(type, 7); __uint(max_entries, 1); "
                                             "__type(key, __u32); __type(value, __u64);"),
-     "unsupported map type 7 (BPF_MAP_TYPE_STACK_TRACE; supported: hash, array, perf_event_array, percpu_array, "
-     "lru_hash, ringbuf, queue, stack, bloom_filter; bpftime's 1501, 1502, 1503, 1504, 1512, 1513, 1527)"),
+     "unsupported map type 7 (BPF_MAP_TYPE_STACK_TRACE; supported: hash, array, perf_event_array, percpu_hash, "
+     "percpu_array, lru_hash, lru_percpu_hash, ringbuf, queue, stack, bloom_filter; bpftime's 1501, 1502, 1503, "
+     "1504, 1512, 1513, 1527)"),
     ("array key", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); "
                                  "__type(key, __u64); __type(value, __u64);"), "array keys are 4 bytes, not 8"),
     ("no max_entries", MAP_SRC.format(fields="__uint(type, BPF_MAP_TYPE_HASH); "

@@ -147,6 +147,30 @@ def test_hash_keys_written_by_the_host_read_back_as_the_gpu_reads_them(mtype):
     assert device_view(m, dev.img) == {k8(1): k8(11), k8(2): k8(20), k8(100): k8(5)}
 
 
+@pytest.mark.parametrize("mtype", [prog.MAP_PERCPU_HASH, prog.MAP_LRU_PERCPU_HASH])
+def test_per_cpu_hash_keys_the_host_writes_go_to_sm_0s_row(mtype):
+    """The host is SM 0: its value of a key goes to row 0, the GPU's SMs' values of it stay; a key it deletes
+    leaves every SM, and revived, its other SMs' old values read as zeros (as the GPU's insert zeroes them)."""
+    m = prog.MapDef("h", mtype, 8, 8, 4)
+    gpu = MapsState([m])
+    gpu[0].update(k8(100), k8(1), cpu=2)                # on the device, written by a GPU probe on SM 2
+    dev = FakeDevice(devmaps.region_image(m, gpu[0], 3))
+    host = MapsState([m])[0]
+    for key, value in [(1, 10), (100, 5)]:
+        host.update(k8(key), k8(value))
+        mapsync.push_key(dev, dev.base, host, k8(key), now_ns=7)
+    st = MapsState([m])
+    devmaps.apply_region(st, 0, dev.img)
+    assert dict(st[0].entries) == {k8(1): {0: k8(10)}, k8(100): {0: k8(5), 2: k8(1)}}
+    host.delete(k8(100))
+    mapsync.push_key(dev, dev.base, host, k8(100), now_ns=8)
+    host.update(k8(100), k8(6))
+    mapsync.push_key(dev, dev.base, host, k8(100), now_ns=9)
+    devmaps.apply_region(st, 0, dev.img)
+    assert dict(st[0].entries) == {k8(1): {0: k8(10)}, k8(100): {0: k8(6)}}
+    assert struct.unpack_from("<I", dev.img, 0)[0] == 2
+
+
 @pytest.mark.parametrize("mtype, survivors", [
     (prog.MAP_HASH, 2),        # full: the device keeps what it has (-E2BIG, as on the GPU)
     (prog.MAP_LRU_HASH, 2),    # full: the least recently used slot near the key's home goes

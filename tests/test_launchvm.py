@@ -139,6 +139,25 @@ def test_pid_tgid_is_the_process(shim_api):
     assert (fault, r0) == (0, os.getpid() << 32 | os.getpid())
 
 
+def test_other_clocks_and_the_numa_node_in_c(shim_api):
+    """Helpers 125, 160 and 42 in C, in a run whose ktime is an event's time (0 here, as egpu_lvm_exec gives):
+    boot ns is it plus the time the machine slept (BOOTTIME - MONOTONIC, as Python reads them around the
+    call), so never before it; coarse ns is it; the node is one the machine has online."""
+    def r0(helper: str) -> int:
+        fault, value, _, _ = _exec(shim_api, assemble(f"call {helper}\nr0 = r0\nexit"), None)
+        assert fault == 0
+        return value
+    assert r0("ktime_get_ns") == 0 == r0("ktime_get_coarse_ns")
+    before = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - time.monotonic_ns()
+    slept = r0("ktime_get_boot_ns")
+    after = time.clock_gettime_ns(time.CLOCK_BOOTTIME) - time.monotonic_ns()
+    assert 0 <= slept and before - 1_000_000 <= slept <= after + 1_000_000
+    online = Path("/sys/devices/system/node/online")
+    nodes = {int(n) for part in online.read_text().strip().split(",") for lo, _, hi in [part.partition("-")]
+             for n in range(int(lo), int(hi or lo) + 1)} if online.exists() else {0}
+    assert r0("get_numa_node_id") in nodes
+
+
 def test_uid_gid_is_the_processs_real_ids(shim_api):
     """Helper 15 as bpf/helpers.py defines it, gid << 32 | uid, in C as on the VM (it was an unknown helper)."""
     code = assemble("call get_current_uid_gid\nexit")
@@ -355,6 +374,7 @@ def _run_launches(probes: launches.LaunchProbes, ffi, batch: list[launches.Launc
     ("tests/launch_probes/launch_maps", "v3"), ("tests/launch_probes/launch_maps", "v4"),
     ("examples/launch_latency", "v3"), ("examples/launchlate", "v3"), ("tests/launch_probes/shared_rw", "v3"),
     ("tests/launch_probes/output_flags", "v3"), ("tests/launch_probes/queue_stack", "v3"),
+    ("tests/launch_probes/percpu_hash", "v3"),
 ])
 def test_c_and_the_vm_leave_the_same_maps(shim_api, probe, path, mcpu):
     """Every launch probe of the tree that the C engine takes, over 300 launches: each map's entries
@@ -375,6 +395,23 @@ def test_c_and_the_vm_leave_the_same_maps(shim_api, probe, path, mcpu):
         if m.type in HOST_ONLY_MAPS:   # a bloom filter's bits, which are no items
             assert dump.storage_contents(c_map) == dump.storage_contents(vm_map), m.name
     assert in_c.runs == on_vm.runs > 0 and in_c.faults() == [] == on_vm.errors
+
+
+def test_per_cpu_hashes_and_clocks_in_c(shim_api, probe):
+    """tests/launch_probes/percpu_hash over 300 launches in C: the PERCPU_HASH fills (-E2BIG) and has keys
+    deleted, the LRU_PERCPU_HASH evicts (it keeps 4 of 7 keys; NOEXIST meets its hot one: -EEXIST), every value is
+    CPU 0's, and boot ns and coarse ns held against ktime ns in every run."""
+    ffi, _ = shim_api
+    in_c = launches.LaunchProbes([probe("tests/launch_probes/percpu_hash")], engine=shim_api)
+    in_c.offset = 5_000
+    _run_launches(in_c, ffi, _launches(300), "c")
+    state = in_c.sides[0].host_state()
+    recent = state.by_name("recent")
+    assert len(recent.entries) == 4 and recent.cpus() == [0]
+    bss, = [s for s in state.storages if s.mapdef.name.endswith(".bss")]
+    boot, coarse, ok, full, exists = struct.unpack("<5Q", bss.values[0])
+    assert (boot, coarse) == (300, 300) and ok > 0 and full > 0 and exists > 0
+    assert in_c.faults() == []
 
 
 def test_host_only_maps_read_from_c_go_back_as_they_were(shim_api, probe):
@@ -565,7 +602,7 @@ def _map_op(op: str, key: int, value: int, flags: int) -> bytes:
 
 @pytest.mark.parametrize("seed", range(24))
 def test_random_hash_sessions_match_the_vm(shim_api, seed):
-    """Lookups, updates with every flag (and a bad one) and deletes on a small HASH or LRU_HASH, more
+    """Lookups, updates with every flag (and a bad one) and deletes on a small hash map of each kind, more
     keys than it holds: every result as the VM's, and the entries in the VM's order along the way."""
     import random
     from egpu_preload.bpf import program as prog
@@ -573,7 +610,7 @@ def test_random_hash_sessions_match_the_vm(shim_api, seed):
     from egpu_preload.vm import Vm, run_with_mem
     ffi, lib = shim_api
     rng = random.Random(seed)
-    mtype, size = rng.choice([prog.MAP_HASH, prog.MAP_LRU_HASH]), rng.randint(1, 12)
+    mtype, size = rng.choice(sorted(prog.HASHES)), rng.randint(1, 12)   # a per-CPU one's are CPU 0's here
     mapdef = prog.MapDef("m", mtype, 8, 8, size)
     state = MapsState([mapdef])
     m = ffi.gc(lib.egpu_lvm_map_new(mtype, 8, 8, size, 0, ffi.NULL, 0, 0), lib.egpu_lvm_map_free)

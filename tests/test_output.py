@@ -244,6 +244,24 @@ def test_percpu_sums_over_sms_and_keeps_each_sm_in_json():
         {"key": 1, "value": 12, "per_sm": {"0": 5, "3": 7}}]}
 
 
+@pytest.mark.parametrize("mtype", [prog.MAP_PERCPU_HASH, prog.MAP_LRU_PERCPU_HASH])
+def test_percpu_hash_sums_over_sms_keeps_each_sm_in_json_and_fills_back(mtype):
+    """A per-CPU hash prints as PERCPU_ARRAY does (values summed over SMs, per_sm in JSON, a histogram of the
+    sums under a hist name), and its document fills a fresh map back SM by SM (egpu run-on-gpu --maps)."""
+    m, hist = MapDef("calls", mtype, 4, 8, 8), MapDef("hist_ns", mtype, 4, 8, 8)
+    obj = BpfObject("t.bpf.o", maps=[m, hist])
+    state = MapsState([m, hist])
+    for cpu, key, n in [(0, 1, 5), (3, 1, 7), (3, 2, 1), (0, 4, 2), (5, 4, 1)]:
+        state[0].update(_u32(key), _u64(n), cpu=cpu)
+        state[1].update(_u32(key), _u64(n), cpu=cpu)
+    snap = values.snapshot(state, obj)
+    assert text.render(snap).startswith("@calls[2]: 1\n@calls[4]: 3\n@calls[1]: 12\n\n@hist_ns:\n")
+    doc = json_out.document(snap, time=0.0, pid=1)
+    assert doc["maps"]["calls"]["entries"][2] == {"key": 1, "value": 12, "per_sm": {"0": 5, "3": 7}}
+    assert [b["count"] for b in doc["maps"]["hist_ns"]["buckets"]] == [12, 1, 0, 3]
+    assert _refilled(doc, obj) == doc["maps"]
+
+
 def test_records_drops_and_draining():
     m = MapDef("rb", prog.MAP_RINGBUF, 0, 0, 32)  # room for one 16-byte record (8 header + 16)
     state = MapsState([m])

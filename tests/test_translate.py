@@ -238,6 +238,25 @@ def test_hash_update_claims_a_slot_in_one_place(kind):
     assert len(rolled) == len(evictions) and all(re.fullmatch(r"\$La\d+:", lab) for lab in rolled)
 
 
+@pytest.mark.parametrize("kind", [prog.MAP_PERCPU_HASH, prog.MAP_LRU_PERCPU_HASH])
+def test_per_cpu_hash_update_writes_its_sms_row_and_zeroes_a_revived_key(kind):
+    """A per-CPU hash's update claims and credits as a HASH's, in one place; the value goes to this SM's row
+    (%smid), and a revived tombstone's value is zeroed in every row, by one rolled loop, before the slot is
+    published (a new key's other SMs read zeros)."""
+    asm = ("*(u64 *)(r10 - 8) = 5\nr2 = r10\nr2 += -8\nr3 = r10\nr3 += -16\n*(u64 *)(r10 - 16) = 1\n"
+           "*(u32 *)(r10 - 24) = 1\nr4 = 0\nr1 = map[1] ll\ncall map_update_elem\nr0 = 0\nexit")
+    text = _probe_text(asm, [MAP_ARRAY, prog.MapDef("h", kind, 8, 12, 16)])
+    lines = [line.strip() for line in text.splitlines()]
+    claims = [s for s in lines if s.startswith("atom.cas.b32") and s.endswith(f", {devmaps.BUSY};")]
+    credits = [s for s in lines if s.startswith("atom.add.u32")]
+    zeroes = [i for i, s in enumerate(lines) if re.fullmatch(r"st\.u64 \[%\w+\+(0|8)\], 0;", s)]
+    publish = [i for i, s in enumerate(lines) if s.startswith("st.release.gpu.u32") and s.endswith(f", {devmaps.FULL};")]
+    assert (len(claims), len(credits), len(zeroes)) == (1, 1, 2)   # 12 bytes: two u64 stores, once
+    assert "%smid" in text and len(publish) == 1 and max(zeroes) < publish[0]
+    rolled = sum(s == '.pragma "nounroll";' for s in lines)
+    assert rolled == 1 + (kind == prog.MAP_LRU_PERCPU_HASH)   # the zeroing loop (and the LRU's scan)
+
+
 @pytest.mark.parametrize("asm, present, absent", [
     # an unverified program's base: aligned fast path and byte-wise slow path
     ("r0 = *(u64 *)(r1 + 1)\nexit", ["and.b64", "ld.u8"], []),
@@ -274,6 +293,8 @@ def test_stack_sized_by_the_verifier(asm, decl):
 HASH = prog.MapDef("h", prog.MAP_HASH, 8, 16, 10)
 LRU = prog.MapDef("l", prog.MAP_LRU_HASH, 4, 8, 3)
 PERCPU = prog.MapDef("p", prog.MAP_PERCPU_ARRAY, 4, 4, 3)
+PERCPU_HASH = prog.MapDef("ph", prog.MAP_PERCPU_HASH, 8, 12, 10)
+LRU_PERCPU_HASH = prog.MapDef("lph", prog.MAP_LRU_PERCPU_HASH, 4, 8, 3)
 RING = prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, 4096)
 DATA = prog.MapDef(".data", prog.MAP_ARRAY, 4, 12, 1, initial=b"hello world!")
 
@@ -284,19 +305,24 @@ DATA = prog.MapDef(".data", prog.MAP_ARRAY, 4, 12, 1, initial=b"hello world!")
     (LRU, 64 + 16 * (16 + 8 + 8)),
     (PERCPU, 64 + 5 * 128),   # each SM's 3 x 8 bytes on a line of its own
     (RING, 64 + 2 * 4096 + 5 * 128),   # data, slack, then each SM's full mark and drops on a line
+    (PERCPU_HASH, 640 + 5 * 512),   # 32 slots of state and key on 5 lines, then each SM's 32 x 16-byte values
+    (LRU_PERCPU_HASH, 512 + 5 * 128),   # 16 slots of 24 bytes (the last use too) end on the 4th line
 ])
 def test_region_sizes(m, size):
     assert devmaps.layout(m).region_size(ncpu=5) == size
 
 
 def test_images_round_trip():
-    maps = [MAP_ARRAY, HASH, LRU, PERCPU, DATA]
+    maps = [MAP_ARRAY, HASH, LRU, PERCPU, DATA, PERCPU_HASH]
     src = MapsState(maps)
     src[0].update(struct.pack("<I", 2), struct.pack("<Q", 7))
     for k in range(10):
         assert src[1].update(struct.pack("<Q", k * 977), bytes([k]) * 16) == 0
     src[2].update(b"abcd", b"12345678")
     src[3].update(struct.pack("<I", 1), b"wxyz", cpu=4)
+    for k in range(10):
+        assert src[5].update(struct.pack("<Q", k), bytes([k + 1]) * 12, cpu=k % 5) == 0
+        assert src[5].update(struct.pack("<Q", k), bytes([k + 7]) * 12, cpu=4 - k % 5) == 0
     dst = MapsState(maps)
     for i, m in enumerate(maps):
         devmaps.apply_region(dst, i, devmaps.region_image(m, src[i], ncpu=5))
@@ -304,6 +330,22 @@ def test_images_round_trip():
         assert sorted(dst[i].items()) == sorted(src[i].items())
     assert list(dst[3].items(4)) == list(src[3].items(4))
     assert dst[4].values[0] == b"hello world!"
+    assert dict(dst[5].entries) == dict(src[5].entries)   # each key's values by SM
+
+
+def test_per_cpu_hash_values_are_in_each_sms_row():
+    """A per-CPU hash's key has one slot, and its value for SM c sits in row c: rows_off + c * cpu_stride."""
+    state = MapsState([PERCPU_HASH])
+    key = struct.pack("<Q", 3)
+    state[0].update(key, b"a" * 12, cpu=0)
+    state[0].update(key, b"b" * 12, cpu=2)
+    img = devmaps.region_image(PERCPU_HASH, state[0], 3)
+    lay = devmaps.layout(PERCPU_HASH)
+    home = devmaps.slot_hash(key) & (lay.entries - 1)
+    assert struct.unpack_from("<II", img, 0) == (1, 3)   # one key, three rows
+    assert struct.unpack_from("<I", img, 64 + home * lay.stride)[0] == devmaps.FULL
+    rows = [img[lay.rows_off + c * lay.cpu_stride + home * 16:][:12] for c in range(3)]
+    assert rows == [b"a" * 12, bytes(12), b"b" * 12]
 
 
 def test_hash_image_follows_slot_hash():
@@ -539,7 +581,7 @@ def test_gpu_test_and_bench_probes_assemble(tmp_path):
         obj, p = probe_object(asm, maps, f"{name}.bpf.o")
         report = ptxas(probe_runner_ptx(probe_function(p, obj, ctx_params=True)), "sm_90", tmp_path)
         rows.append((name, *report["egpu_probe_run"]))
-    assert len(rows) == len(probes) == 12
+    assert len(rows) == len(probes) == 14
     print_report("GPU-test and benchmark probes, sm_90", rows)
 
 

@@ -94,6 +94,9 @@ def _digest(state: MapsState, varying: dict) -> list:
         kind = s.mapdef.type
         if kind == prog.MAP_PERCPU_ARRAY:  # the VM runs on SM 0, the GPU thread wherever it lands
             out.append(sorted(v for cpu in s.cpus() for _, v in s.items(cpu) if any(v)))
+        elif kind in prog.PERCPU_HASHES:   # so too: each key's values other than zeros, whichever SM has them
+            out.append(sorted((k, sorted(bytes(v) for v in values.values() if any(v)))
+                              for k, values in s.entries.items()))
         elif kind in (prog.MAP_RINGBUF, prog.MAP_PERF_EVENT_ARRAY):
             records = [r if kind == prog.MAP_RINGBUF else r[1] for r in s.records]
             out.append(([_masked(r, ranges) for r in records], s.drops))
@@ -184,6 +187,25 @@ def test_million_threads_on_an_evicting_lru_hash():
     counts = [struct.unpack("<Q", v)[0] for _, v in state[0].items()]
     assert 0 < len(counts) <= 1024
     assert all(1 <= c <= MILLION // 4096 for c in counts)
+
+
+def test_million_threads_per_sm_hash_counts_lose_no_update():
+    """HASH_COUNT on a PERCPU_HASH: each SM adds to its own value of a key (its own row), the first inserting
+    the key for all: summed over SMs, every key counts its 1024 threads, and more than one SM holds values."""
+    storage = _million("percpu_hash")[0]
+    sums = {struct.unpack("<Q", k)[0]: sum(struct.unpack("<Q", v)[0] for v in values.values())
+            for k, values in storage.entries.items()}
+    assert sums == {k: MILLION // 1024 for k in range(1024)}
+    assert len(storage.cpus()) > 1
+
+
+def test_million_threads_on_an_evicting_lru_percpu_hash():
+    """LRU_COUNT on an LRU_PERCPU_HASH: it evicts all along (a revived key's rows zeroed), yet the run ends,
+    holds at most max_entries, and no key's values sum past its 256 threads."""
+    storage = _million("lru_percpu")[0]
+    sums = [sum(struct.unpack("<Q", v)[0] for v in values.values()) for values in storage.entries.values()]
+    assert 0 < len(sums) <= 1024
+    assert all(1 <= c <= MILLION // 4096 for c in sums)
 
 
 def test_million_threads_ring_buffer_delivers_or_counts():

@@ -200,6 +200,35 @@ def test_percpu_array_has_a_slot_per_sm() -> None:
     assert storage.cpus() == [0, 3]
 
 
+@pytest.mark.parametrize("mtype", [prog.MAP_PERCPU_HASH, prog.MAP_LRU_PERCPU_HASH])
+def test_percpu_hash_has_a_value_per_sm_and_one_key(mtype: int) -> None:
+    """hashtab.c's per-CPU form as a program sees it: an update writes the caller's SM's value (a new key's
+    others are zero), NOEXIST and EXIST look at the key, whichever SM made it; a delete takes the key from
+    every SM; the key counts once against max_entries."""
+    storage = _state(prog.MapDef("p", mtype, 4, 8, 2))[0]
+    assert storage.update(u32(1), u64(5), cpu=3) == 0
+    assert storage.lookup(u32(1), cpu=3) == u64(5) and storage.lookup(u32(1), cpu=0) == u64(0)
+    assert storage.update(u32(1), u64(7), BPF_NOEXIST, cpu=0) == -EEXIST
+    assert storage.update(u32(1), u64(7), BPF_EXIST, cpu=0) == 0
+    assert [storage.lookup(u32(1), cpu=c) for c in (0, 3)] == [u64(7), u64(5)]
+    assert storage.update(u32(2), u64(1), BPF_EXIST, cpu=3) == -ENOENT
+    assert storage.update(u32(2), u64(1), cpu=3) == 0
+    if mtype == prog.MAP_PERCPU_HASH:
+        assert storage.update(u32(3), u64(1), cpu=0) == -E2BIG   # full: each key counts once, not per SM
+    assert storage.delete(u32(1)) == 0 and storage.lookup(u32(1), cpu=3) is None
+    assert storage.update(u32(1), u64(9), cpu=0) == 0          # back: SM 3's old value is gone
+    assert storage.lookup(u32(1), cpu=3) == u64(0)
+    assert list(storage.items(0)) == [(u32(2), u64(0)), (u32(1), u64(9))]   # SM 0 reads zeros for SM 3's key
+
+
+def test_lru_percpu_hash_evicts_the_key_least_recently_used_on_any_sm() -> None:
+    storage = _state(prog.MapDef("l", prog.MAP_LRU_PERCPU_HASH, 4, 8, 2))[0]
+    assert storage.update(u32(1), u64(1), cpu=0) == 0 and storage.update(u32(2), u64(2), cpu=1) == 0
+    assert storage.lookup(u32(1), cpu=5) is not None       # a use on SM 5: 2 is the oldest
+    assert storage.update(u32(3), u64(3), cpu=2) == 0      # evicts 2, from every SM
+    assert [k for k, _ in storage.items()] == [u32(1), u32(3)] and storage.cpus() == [0, 2, 5]
+
+
 def test_ringbuf_accounting_and_drops() -> None:
     rb = _state(prog.MapDef("rb", prog.MAP_RINGBUF, 0, 0, 64))[0]
     assert record_bytes(20) == 32
@@ -516,6 +545,25 @@ def test_probe_hash_count(probe_obj, mcpu: str) -> None:
     for kid in (7, 7, 9, 7, 1 << 63):
         assert p.run("count_per_kernel", kernel_id=kid) == 0
     assert p.values("per_kernel") == {7: 3, 9: 1, 1 << 63: 1}
+
+
+@MCPUS
+def test_probe_percpu_hash_from_two_sms(probe_obj, mcpu: str) -> None:
+    """tests/probes/percpu_hash.bpf.c on SMs 0 and 3: each SM counts in its own value, the text and --json
+    output sum them (per_sm beside), the key each run wrote and deleted is gone, and the clocks hold."""
+    from egpu_preload.output import json as jsonout, text, values
+    p = Probe(probe_obj, "percpu_hash", mcpu)
+    for sm in (0, 3, 3):
+        assert p.run("count_calls", ThreadSim(smid=sm), kernel_id=7, site=2, launch_id=4) == 0
+    calls = p.state.by_name("calls")
+    assert list(calls.entries) == [u64(7)] and {c: bytes(v) for c, v in calls.entries[u64(7)].items()} == \
+        {0: u64(1), 3: u64(2)}
+    snap = values.snapshot(p.state, p.obj)
+    out = text.render(snap)
+    assert "@calls[7]: 3\n" in out and "@sites[3]: { launch: 8, times: 4 }\n" in out   # 2 on SM 0, 2 on SM 3
+    assert "{ boot_not_before: 1, coarse_within_tick: 1, numa_node: 0 }" in out
+    doc = jsonout.document(snap, time=0.0, pid=None)
+    assert doc["maps"]["calls"]["entries"] == [{"key": 7, "value": 3, "per_sm": {"0": 1, "3": 2}}]
 
 
 @MCPUS

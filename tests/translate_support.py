@@ -171,6 +171,8 @@ GPU_TEST_PROBES: dict[str, tuple[str, list[prog.MapDef]]] = {
     "percpu": (ARRAY_COUNT, [prog.MapDef("p", prog.MAP_PERCPU_ARRAY, 4, 24, 1)]),   # one row per SM
     "insert_delete": (INSERT_DELETE, [prog.MapDef("h", prog.MAP_HASH, 8, 8, 1 << 20)]),
     "lru": (LRU_COUNT, [prog.MapDef("l", prog.MAP_LRU_HASH, 8, 8, 1024)]),
+    "percpu_hash": (HASH_COUNT, [prog.MapDef("h", prog.MAP_PERCPU_HASH, 8, 8, 1024)]),   # a value per SM a key
+    "lru_percpu": (LRU_COUNT, [prog.MapDef("l", prog.MAP_LRU_PERCPU_HASH, 8, 8, 1024)]),
     "ring": (RING_EVENTS, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, RING_CAPACITY)]),
     "ring_mixed": (RING_MIXED, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, RING_CAPACITY)]),
     "ring_big": (RING_BIG, [prog.MapDef("r", prog.MAP_RINGBUF, 0, 0, 4096)]),

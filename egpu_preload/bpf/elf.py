@@ -37,8 +37,9 @@ from ..errors import BtfError, EgpuError, ElfError
 from ..outpaths import read_input
 from . import btf as btfmod
 from . import isa
-from .program import (BPFTIME_MAP_TYPES, MAP_ARRAY, MAP_BLOOM_FILTER, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY,
-                      MAP_PERF_EVENT_ARRAY, MAP_PERTHREAD_ARRAY, MAP_QUEUE, MAP_RINGBUF, MAP_STACK, MAP_TYPE_NAMES,
+from .program import (BPFTIME_MAP_TYPES, MAP_ARRAY, MAP_BLOOM_FILTER, MAP_HASH, MAP_LRU_HASH, MAP_LRU_PERCPU_HASH,
+                      MAP_PERCPU_ARRAY, MAP_PERCPU_HASH, MAP_PERF_EVENT_ARRAY, MAP_PERTHREAD_ARRAY, MAP_QUEUE,
+                      MAP_RINGBUF, MAP_STACK, MAP_TYPE_NAMES, PERCPU_HASHES,
                       Attach, BpfObject, DataPointer, MapDef, Program)
 from .linux_names import MAP_FLAGS, map_flag, map_flag_names, map_type_name
 from .sections import parse_section
@@ -60,6 +61,7 @@ _PAGE = 4096
 _KMALLOC_MAX = 1 << 22
 _ARRAY_MAX = (1 << 32) - 1 - _PAGE
 _STACK = 512
+_PCPU_UNIT = 32768   # PCPU_MIN_UNIT_SIZE: a per-CPU value (rounded up to 8) is at most this (E2BIG)
 _MAP_PROG_ARRAY = 3                     # linux/bpf.h: bpf_tail_call's map
 # The map_flags Linux's map_alloc_check takes per type (htab_map_alloc_check, array_map_alloc_check,
 # fd_array_map_alloc_check, ringbuf_map_alloc); a flag outside them fails the map there, so here too. Of
@@ -71,6 +73,8 @@ _ACCESS = map_flag("RDONLY", "WRONLY", "RDONLY_PROG", "WRONLY_PROG")
 _MAP_FLAGS = {
     MAP_HASH: _ACCESS | map_flag("NO_PREALLOC", "NUMA_NODE", "ZERO_SEED"),
     MAP_LRU_HASH: _ACCESS | map_flag("NO_COMMON_LRU", "NUMA_NODE", "ZERO_SEED"),   # NO_PREALLOC: -ENOTSUPP
+    MAP_PERCPU_HASH: _ACCESS | map_flag("NO_PREALLOC", "NUMA_NODE", "ZERO_SEED"),
+    MAP_LRU_PERCPU_HASH: _ACCESS | map_flag("NO_COMMON_LRU", "NUMA_NODE", "ZERO_SEED"),
     MAP_ARRAY: _ACCESS | map_flag("NUMA_NODE", "MMAPABLE", "INNER_MAP"),
     MAP_PERTHREAD_ARRAY: _ACCESS | map_flag("NUMA_NODE", "MMAPABLE", "INNER_MAP"),
     MAP_PERCPU_ARRAY: _ACCESS,                                                     # no NUMA node per CPU
@@ -561,6 +565,8 @@ def _checked_map(m: MapDef) -> MapDef:
                        f"(got {m.key_size}, {m.value_size}, {m.max_entries})")
     if m.value_size > _KMALLOC_MAX:
         raise ElfError(f"map {m.name}: a value of {m.value_size:,} bytes (Linux's limit is {_KMALLOC_MAX:,})")
+    if m.type in (MAP_PERCPU_ARRAY, *PERCPU_HASHES) and -(-m.value_size // 8) * 8 > _PCPU_UNIT:
+        raise ElfError(f"map {m.name}: a per-CPU value of {m.value_size:,} bytes (Linux's limit is {_PCPU_UNIT:,})")
     if m.type in (MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_PERTHREAD_ARRAY):
         if m.key_size != 4:
             raise ElfError(f"map {m.name}: {kind} keys are 4 bytes, not {m.key_size}")

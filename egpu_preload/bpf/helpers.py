@@ -51,6 +51,17 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
     Helper(88, "map_pop_elem", ("map", "value_out"), "int"),
     Helper(89, "map_peek_elem", ("map", "value_out"), "int"),
     Helper(5, "ktime_get_ns", (), "int"),
+    # Linux's other clocks. On the GPU and the VM, the one ktime_get_ns reads there (%globaltimer); on the host
+    # (shim/launchvm.c) CLOCK_BOOTTIME and CLOCK_MONOTONIC_COARSE, moved by what moves ktime_get_ns's
+    # CLOCK_MONOTONIC onto the launch probes' clock, so that boot ns >= ktime ns and coarse ns is within a
+    # tick of it, as in Linux. A launch record's run, whose ktime is the record's time: that time, plus
+    # BOOTTIME - MONOTONIC at the call for boot ns. bpf_jiffies64 is left out: a process cannot read jiffies,
+    # nor the kernel's HZ that would make them from a clock.
+    Helper(125, "ktime_get_boot_ns", (), "int"),
+    Helper(160, "ktime_get_coarse_ns", (), "int"),
+    # The NUMA node of the CPU that runs the program: on the host getcpu(2)'s (shim/launchvm.c); 0 on the GPU
+    # and the VM, as a machine of one node gives (an SM is no CPU of any host node).
+    Helper(42, "get_numa_node_id", (), "int"),
     Helper(6, "trace_printk", ("mem", "size", "anything", "anything", "anything"), "int"),
     # A pseudo-random u32 for sampling (`if (bpf_get_prandom_u32() % 100) return 0;`), never for secrets, as
     # Linux's. Each thread draws from its own generator, so none waits on another: in C splitmix64 on a state of

@@ -15,15 +15,20 @@ from .linux_names import map_flag
 # linux/bpf.h enum bpf_map_type, the ones egpu implements, and bpftime's per-thread array under its number
 # (runtime/include/bpftime_shm.hpp, BPF_MAP_TYPE_PERGPUTD_ARRAY_MAP): one array per GPU thread.
 MAP_HASH, MAP_ARRAY, MAP_PERF_EVENT_ARRAY, MAP_PERCPU_ARRAY, MAP_LRU_HASH, MAP_RINGBUF = 1, 2, 4, 6, 9, 27
+MAP_PERCPU_HASH, MAP_LRU_PERCPU_HASH = 5, 10
 MAP_QUEUE, MAP_STACK, MAP_BLOOM_FILTER = 22, 23, 30
 MAP_PERTHREAD_ARRAY = 1502
 MAP_TYPE_NAMES = {MAP_HASH: "hash", MAP_ARRAY: "array", MAP_PERF_EVENT_ARRAY: "perf_event_array",
-                  MAP_PERCPU_ARRAY: "percpu_array", MAP_LRU_HASH: "lru_hash", MAP_RINGBUF: "ringbuf",
+                  MAP_PERCPU_HASH: "percpu_hash", MAP_PERCPU_ARRAY: "percpu_array", MAP_LRU_HASH: "lru_hash",
+                  MAP_LRU_PERCPU_HASH: "lru_percpu_hash", MAP_RINGBUF: "ringbuf",
                   MAP_QUEUE: "queue", MAP_STACK: "stack", MAP_BLOOM_FILTER: "bloom_filter",
                   MAP_PERTHREAD_ARRAY: "perthread_array"}
 # Maps only host programs (launch, host-API, uprobes) may use: push, pop and peek, no key (runtime/probes.py
 # refuses a GPU program using one).
 HOST_ONLY_MAPS = frozenset((MAP_QUEUE, MAP_STACK, MAP_BLOOM_FILTER))
+# Hash maps, and those of them with a value per CPU (per SM on the GPU) for each key.
+PERCPU_HASHES = frozenset((MAP_PERCPU_HASH, MAP_LRU_PERCPU_HASH))
+HASHES = frozenset((MAP_HASH, MAP_LRU_HASH)) | PERCPU_HASHES
 BLOOM_HASHES = 5   # linux/bpf.h: a bloom filter's hash functions when map_extra gives none
 # bpftime's other GPU map types (bpftime_shm.hpp) -> the egpu type with their semantics. Its GPU arrays and
 # hash are one copy every thread shares (egpu's maps live in device memory and reach the host the same

@@ -47,8 +47,10 @@ enum bpf_map_type {
 	BPF_MAP_TYPE_HASH = 1,
 	BPF_MAP_TYPE_ARRAY = 2,
 	BPF_MAP_TYPE_PERF_EVENT_ARRAY = 4,
+	BPF_MAP_TYPE_PERCPU_HASH = 5,
 	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
 	BPF_MAP_TYPE_LRU_HASH = 9,
+	BPF_MAP_TYPE_LRU_PERCPU_HASH = 10,
 	BPF_MAP_TYPE_QUEUE = 22,
 	BPF_MAP_TYPE_STACK = 23,
 	BPF_MAP_TYPE_RINGBUF = 27,
@@ -114,6 +116,10 @@ static long (*bpf_map_push_elem)(void *map, const void *value, __u64 flags) = (v
 static long (*bpf_map_pop_elem)(void *map, void *value) = (void *)88;
 static long (*bpf_map_peek_elem)(void *map, void *value) = (void *)89;
 static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;           /* %globaltimer on the GPU */
+/* CLOCK_BOOTTIME and CLOCK_MONOTONIC_COARSE on the host, on ktime's clock; %globaltimer on the GPU */
+static __u64 (*bpf_ktime_get_boot_ns)(void) = (void *)125;
+static __u64 (*bpf_ktime_get_coarse_ns)(void) = (void *)160;
+static long (*bpf_get_numa_node_id)(void) = (void *)42;        /* the host CPU's node (getcpu); 0 on the GPU */
 static long (*bpf_trace_printk)(const char *fmt, __u32 fmt_size, ...) = (void *)6; /* formatted on the host */
 static __u32 (*bpf_get_prandom_u32)(void) = (void *)7;        /* for sampling, per thread (bpf/helpers.py) */
 static __u32 (*bpf_get_smp_processor_id)(void) = (void *)8;   /* %smid on the GPU */

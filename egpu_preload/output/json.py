@@ -12,8 +12,8 @@ The sum over the ranks of a job (output/combine.py) has rank "all" and pid null,
 map could not be summed. An image its process replaced by its Nth exec has "before_exec": N.
 
 Values are machine-friendly: ints stay ints (kernel ids too: "kernels" maps the ones that appear to their
-mangled names), structs are objects by field name, arrays lists. PERCPU_ARRAY values are the sums over
-SMs, with "per_sm" (SM id -> value) beside them.
+mangled names), structs are objects by field name, arrays lists. PERCPU_ARRAY, PERCPU_HASH and
+LRU_PERCPU_HASH values are the sums over SMs, with "per_sm" (SM id -> value) beside them.
 
 ``read`` and ``fill`` take such a document back: its maps become a MapsState's contents (``egpu run-on-gpu
 --maps FILE``), so a user dumps, edits and loads them.
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from ..bpf import program as prog
 from ..bpf.program import BpfObject, MapDef
 from ..errors import EgpuError
-from ..maps import MapsState, PercpuArrayStorage, PerthreadArrayStorage
+from ..maps import PERCPU_STORAGES, MapsState, PerthreadArrayStorage
 from .values import Data, Histogram, KernelId, KeyedScalars, MapValue, Records, Scalar, Snapshot, encode
 
 
@@ -117,8 +117,8 @@ def read(text: str) -> dict:
 def fill(state: MapsState, obj: BpfObject, doc: dict) -> None:
     """The maps of a document (``read``'s) into ``state``, of ``obj``'s maps: a scalar into its one slot, a
     map's entries by key, a histogram's buckets back into their slots; keys and values encoded by the map's
-    BTF types (values.encode). A per-SM (or per-thread) array takes each "per_sm" value, else the value into
-    SM 0. Maps the document leaves out, and slots it does not name, stay as they were. EgpuError naming the
+    BTF types (values.encode). A per-SM (or per-thread) array or hash takes each "per_sm" value, else the value
+    into SM 0. Maps the document leaves out, and slots it does not name, stay as they were. EgpuError naming the
     map and what does not fit."""
     storages = {s.mapdef.name: s for s in state.storages if not s.mapdef.readonly}   # .rodata: neither shown nor set
     for name, value in doc["maps"].items():
@@ -130,7 +130,7 @@ def fill(state: MapsState, obj: BpfObject, doc: dict) -> None:
             for key, v, per_sm in _entries(m, value):
                 raw_key = encode(obj, m.key_type_id, key, m.key_size)
                 where = f"key {json.dumps(key)}"
-                if per_sm is not None and isinstance(storage, PercpuArrayStorage):
+                if per_sm and isinstance(storage, PERCPU_STORAGES):
                     values = {_sm(sm, where): x for sm, x in per_sm.items()}
                 else:
                     values = {0: v}

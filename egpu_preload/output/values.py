@@ -13,13 +13,14 @@ Which map becomes which value:
 
 - ``Scalar``: a single-slot ARRAY, PERCPU_ARRAY or PERTHREAD_ARRAY (bpftime's), and libbpf global data
   (``.bss``/``.data``, a DATASEC). ``.rodata`` is constant and not shown.
-- ``Histogram``: an ARRAY, PERCPU_ARRAY or HASH with integer keys (log2: 0-63) and values whose name starts
-  with ``hist`` (log2) or ``lhist`` (linear). egpu's convention (a probe computes the slot itself):
-  log2 slot 0 counts values 0 and 1, slot k >= 1 counts [2**k, 2**(k+1)), i.e. slot = floor(log2(v));
-  linear slot k counts [k*step, (k+1)*step), where step is the number after ``lhist`` in the name
+- ``Histogram``: an ARRAY, PERCPU_ARRAY or hash map (any of the four) with integer keys (log2: 0-63) and
+  values whose name starts with ``hist`` (log2) or ``lhist`` (linear). egpu's convention (a probe computes
+  the slot itself): log2 slot 0 counts values 0 and 1, slot k >= 1 counts [2**k, 2**(k+1)), i.e. slot =
+  floor(log2(v)); linear slot k counts [k*step, (k+1)*step), where step is the number after ``lhist`` in the name
   (``lhist100_latency``: step 100), 1 when there is none. Buckets run from the first non-empty slot to
   the last, as bpftrace prints them; past MAX_BUCKETS, a run of empty slots is one empty bucket.
-- ``KeyedScalars``: every other ARRAY/HASH/LRU_HASH/PERCPU_ARRAY; all-zero ARRAY slots are left out.
+- ``KeyedScalars``: every other ARRAY, PERCPU_ARRAY and hash map (HASH, LRU_HASH, PERCPU_HASH,
+  LRU_PERCPU_HASH); all-zero ARRAY slots are left out.
 - ``Records``: RINGBUF and PERF_EVENT_ARRAY records, typed by the struct the caller names for that map
   (``event_types``: a ring buffer has no value type in BTF; without it, the probe's one named struct
   of the record's size), with the drop count.
@@ -28,7 +29,8 @@ Which map becomes which value:
 - ``Scalar``: a BLOOM_FILTER as its size and hash count (its bits are no entries to show).
 - ``Trace``: bpf_trace_printk lines.
 
-PERCPU_ARRAY values are summed over SMs (ints, field by field); ``per_sm`` keeps each SM's value.
+PERCPU_ARRAY, PERCPU_HASH and LRU_PERCPU_HASH values are summed over SMs (ints, field by field), as bpftrace
+prints per-CPU maps; ``per_sm`` keeps each SM's value (a per-CPU hash's: of the SMs that hold one).
 Taking a snapshot drains ring buffers, perf buffers and trace records, as reading them does.
 """
 
@@ -44,8 +46,8 @@ from ..bpf import btf as btfmod
 from ..bpf import program as prog
 from ..bpf.program import BpfObject, MapDef
 from ..errors import EgpuError
-from ..maps import (BloomStorage, MapsState, MapStorage, PercpuArrayStorage, PerfStorage, QueueStorage, RingbufStorage,
-                    StackStorage)
+from ..maps import (BloomStorage, MapsState, MapStorage, PercpuArrayStorage, PercpuHashStorage, PerfStorage,
+                    QueueStorage, RingbufStorage, StackStorage)
 
 KERNEL_ID_FIELD = "kernel_id"
 _ARRAYS = (prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_PERTHREAD_ARRAY)   # every slot always there
@@ -226,19 +228,26 @@ def _rows(storage: MapStorage, reader: "_Reader") -> list[tuple[Data, Data, dict
         rows = []
         for i in range(m.max_entries):
             raws = {cpu: bytes(storage.per_cpu[cpu][i]) for cpu in cpus}
-            if not keep_zero and not any(any(r) for r in raws.values()):
-                continue
-            per_sm = {cpu: reader.data(m.value_type_id, r) for cpu, r in raws.items()}
-            # Summed from the first SM that wrote the slot: _add keeps what it cannot add (a kernel id, a
-            # string) from its first operand, which must not be an unwritten slot's zeros.
-            written = [per_sm[cpu] for cpu, r in raws.items() if any(r)]
-            total = written[0] if written else reader.data(m.value_type_id, bytes(m.value_size))
-            for v in written[1:]:
-                total = _add(total, v)
-            rows.append((reader.key(m, struct.pack("<I", i)), total, per_sm))
+            if keep_zero or any(any(r) for r in raws.values()):
+                rows.append(_summed(reader, m, struct.pack("<I", i), raws))
         return rows
+    if isinstance(storage, PercpuHashStorage):
+        return [_summed(reader, m, k, {cpu: bytes(v) for cpu, v in sorted(values.items())})
+                for k, values in storage.entries.items()]
     return [(reader.key(m, k), reader.data(m.value_type_id, v), None) for k, v in storage.items()
             if keep_zero or any(v)]
+
+
+def _summed(reader: "_Reader", m: MapDef, key: bytes, raws: dict[int, bytes]) -> tuple[Data, Data, dict[int, Data]]:
+    """(key, value summed over SMs, per-SM values) of a per-CPU map's entry, from each SM's bytes."""
+    per_sm = {cpu: reader.data(m.value_type_id, r) for cpu, r in raws.items()}
+    # Summed from the first SM that wrote the slot: _add keeps what it cannot add (a kernel id, a
+    # string) from its first operand, which must not be an unwritten slot's zeros.
+    written = [per_sm[cpu] for cpu, r in raws.items() if any(r)]
+    total = written[0] if written else reader.data(m.value_type_id, bytes(m.value_size))
+    for v in written[1:]:
+        total = _add(total, v)
+    return reader.key(m, key), total, per_sm
 
 
 _HIST_NAME = re.compile(r"(lhist)(\d*)|hist")

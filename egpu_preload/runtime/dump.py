@@ -10,7 +10,8 @@ its Nth exec left ``<pid>.exec<N>.msgpack`` (write_exec): the maps as ``egpu map
     probes   per probe object, in EGPU_PROBES order: {"path", "maps": [storage per map], "trace": [...],
              "trace_dropped"}
              storage: ARRAY {"values": [bytes]}, PERCPU_ARRAY {"per_cpu": [[sm, [bytes]]]},
-             HASH/LRU_HASH {"entries": [[key, value]]}, RINGBUF {"records": [bytes], "drops"},
+             HASH/LRU_HASH {"entries": [[key, value]]}, PERCPU_HASH/LRU_PERCPU_HASH {"per_cpu_entries":
+             [[key, [[sm, value]]]]}, RINGBUF {"records": [bytes], "drops"},
              PERF_EVENT_ARRAY {"records": [[sm, bytes]], "drops"}, QUEUE/STACK {"queued": [bytes]} (oldest first),
              BLOOM_FILTER {"bits": bytes}; trace: [[fmt, a1, a2, a3, sm]];
              trace_dropped: the lines the device's trace_printk ring dropped
@@ -44,7 +45,7 @@ from egpu_preload.errors import EgpuError
 from egpu_preload.runtime import config
 from egpu_preload.outpaths import create_new
 from egpu_preload.maps import (ArrayStorage, BloomStorage, HashStorage, MapsState, MapStorage, PercpuArrayStorage,
-                               PerfStorage, QueueStorage, RingbufStorage, TraceRecord)
+                               PercpuHashStorage, PerfStorage, QueueStorage, RingbufStorage, TraceRecord)
 
 VERSION = 1
 SUFFIX = ".msgpack"
@@ -59,6 +60,9 @@ def storage_contents(s: MapStorage) -> dict[str, Any]:
         return {"per_cpu": [[cpu, [bytes(v) for v in s.per_cpu[cpu]]] for cpu in s.cpus()]}
     if isinstance(s, ArrayStorage):
         return {"values": [bytes(v) for v in s.values]}
+    if isinstance(s, PercpuHashStorage):
+        return {"per_cpu_entries": [[bytes(k), [[cpu, bytes(v)] for cpu, v in sorted(values.items())]]
+                                    for k, values in s.entries.items()]}
     if isinstance(s, HashStorage):
         return {"entries": [[bytes(k), bytes(v)] for k, v in s.entries.items()]}
     if isinstance(s, RingbufStorage):
@@ -79,6 +83,9 @@ def restore_storage(s: MapStorage, d: dict[str, Any]) -> None:
             s.per_cpu[cpu] = [bytearray(v) for v in values]
     elif isinstance(s, ArrayStorage):
         s.values = [bytearray(v) for v in d["values"]]
+    elif isinstance(s, PercpuHashStorage):
+        s.entries.clear()
+        s.entries.update((bytes(k), {cpu: bytearray(v) for cpu, v in values}) for k, values in d["per_cpu_entries"])
     elif isinstance(s, HashStorage):
         s.entries.clear()
         s.entries.update((bytes(k), bytearray(v)) for k, v in d["entries"])

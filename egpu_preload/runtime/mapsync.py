@@ -5,10 +5,11 @@ A launch probe runs on the host against a host copy of its maps; each key it wro
 shared map is then written into the device region here, key by key, following the slot protocol the
 GPU's helpers use (helpers_ptx.py): a hash key goes into the slot it owns on its probe sequence (or the
 first EMPTY one, written key and value first, state FULL last), a delete turns a FULL slot into a
-tombstone. The host has no atomics on device memory, so a key (array index) must have one writer at a
-time: the host's write of a key replaces whatever a GPU probe wrote to the same key meanwhile, and the
-live-entry count of a hash is a plain read-modify-write. ``mem`` is anything with ``read(addr, n)`` and
-``write(addr, data)``; writes must reach the device in the order they are made.
+tombstone; a per-CPU hash's key takes the host's value in SM 0's row (the host is SM 0). The host has no
+atomics on device memory, so a key (array index) must have one writer at a time: the host's write of a
+key replaces whatever a GPU probe wrote to the same key meanwhile, and the live-entry count of a hash is
+a plain read-modify-write. ``mem`` is anything with ``read(addr, n)`` and ``write(addr, data)``; writes
+must reach the device in the order they are made.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import struct
 from typing import Protocol
 
 from egpu_preload.maps import MapStorage
-from egpu_preload.translate.devmaps import (DELETED, EMPTY, FULL, HEADER, LRU_WINDOW, MapLayout, layout,
-                                            slot_hash)
+from egpu_preload.translate.devmaps import (DELETED, EMPTY, FULL, HEADER, LRU_WINDOW, NCPU_OFF, MapLayout, layout,
+                                            slot_hash, value_at)
 
 
 class Memory(Protocol):
@@ -36,6 +37,8 @@ def push_key(mem: Memory, base: int, storage: MapStorage, key: bytes, now_ns: in
             mem.write(base + HEADER + struct.unpack("<I", key)[0] * lay.stride, bytes(value))
     elif lay.kind == "hash":
         value = storage.entries.get(key)  # HashStorage; a lookup would refresh an LRU's order
+        if isinstance(value, dict):   # a per-CPU hash's values by SM: the host's is SM 0's
+            value = value.get(0, bytes(storage.mapdef.value_size))
         if value is None:
             _hash_delete(mem, base, lay, key)
         else:
@@ -98,7 +101,15 @@ def _hash_put(mem: Memory, base: int, lay: MapLayout, max_entries: int, key: byt
         mem.write(addr + lay.key_off, key)
     if lay.lru:
         mem.write(addr + 8, struct.pack("<Q", now_ns))
-    mem.write(addr + lay.val_off, value)
+    if lay.percpu:   # the host is SM 0: its row; a revived key's other SMs' values zeroed, as the GPU's insert
+        bucket = (addr - base - HEADER) // lay.stride
+        if state == DELETED:
+            ncpu = struct.unpack("<I", mem.read(base + NCPU_OFF, 4))[0]
+            for cpu in range(ncpu):
+                mem.write(base + value_at(lay, bucket, cpu), bytes(lay.value_size))
+        mem.write(base + value_at(lay, bucket, 0), value)
+    else:
+        mem.write(addr + lay.val_off, value)
     if state != FULL:
         mem.write(addr, struct.pack("<I", FULL))  # published last: readers see the key and value first
 

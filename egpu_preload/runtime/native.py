@@ -3,15 +3,15 @@ programs, the routes of host-API programs to the driver APIs the shim hooks (shi
 maps read back into the host containers the dumps print.
 
 A probe object's host side (``host_side``: its launch, egpu/uvm, host-API and uprobe programs, on one
-host copy of its maps) runs in C when every map they use is an ARRAY, PERCPU_ARRAY, HASH, LRU_HASH, QUEUE,
-STACK, BLOOM_FILTER or global data, and they call only the helpers in ``NATIVE_HELPERS``: then no record of its
-kernels reaches Python. In an object with uprobes or host-API programs, which run only in C, trace_printk,
-bpf_ringbuf_output, bpf_perf_event_output and bpf_ringbuf_reserve/submit/discard run there too, on ring
-and perf buffers the runtime keeps (C queues each record, launches.Drainer puts it in the map; a record
-over 256 bytes is refused: -E2BIG from an output call, NULL from a reserve, as is a fifth reserve held at
-once). Maps GPU programs share are tracked in C (the keys a run changed are logged, launches.py
-pushes them to the device copy). Otherwise (ring and perf buffers, trace_printk, egpu/uvm programs)
-its launch programs run on the Python VM, and ``refusal`` says why.
+host copy of its maps) runs in C when every map they use is an ARRAY, PERCPU_ARRAY, a hash map (HASH,
+LRU_HASH, PERCPU_HASH, LRU_PERCPU_HASH), QUEUE, STACK, BLOOM_FILTER or global data, and they call only the
+helpers in ``NATIVE_HELPERS``: then no record of its kernels reaches Python. In an object with uprobes or
+host-API programs, which run only in C, trace_printk, bpf_ringbuf_output, bpf_perf_event_output and
+bpf_ringbuf_reserve/submit/discard run there too, on ring and perf buffers the runtime keeps (C queues each
+record, launches.Drainer puts it in the map; a record over 256 bytes is refused: -E2BIG from an output call,
+NULL from a reserve, as is a fifth reserve held at once). Maps GPU programs share are tracked in C (the keys
+a run changed are logged, launches.py pushes them to the device copy). Otherwise (ring and perf buffers,
+trace_printk, egpu/uvm programs) its launch programs run on the Python VM, and ``refusal`` says why.
 
 Uprobes and host-API programs run in the application's thread, inside the hook, so they run in C or not
 at all: uprobes of an object C cannot take are not attached (runtime/uprobes.py), and an object with
@@ -33,7 +33,7 @@ from egpu_preload.bpf.sections import API_KINDS, HOST_KINDS, HOST_SIDE
 from egpu_preload.maps import STORAGE_BY_TYPE, BloomStorage, MapStorage, QueueStorage
 from egpu_preload.runtime import mapsync
 
-MAP_TYPES = frozenset((prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY, prog.MAP_HASH, prog.MAP_LRU_HASH)) | prog.HOST_ONLY_MAPS
+MAP_TYPES = frozenset((prog.MAP_ARRAY, prog.MAP_PERCPU_ARRAY)) | prog.HASHES | prog.HOST_ONLY_MAPS
 OUTPUT_MAPS = frozenset((prog.MAP_RINGBUF, prog.MAP_PERF_EVENT_ARRAY))   # kept by the runtime, fed from C
 # with uprobes: what C hands to the runtime (launches.Drainer) rather than keeps
 QUEUED_HELPERS = frozenset(BY_NAME[n].id for n in ("trace_printk", "ringbuf_output", "perf_event_output",

@@ -28,6 +28,18 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
   its slot as a tombstone that only that key can revive. Limitation: a HASH that sees more than
   nbuckets distinct keys over its life fills up (-E2BIG) even if they were deleted. LRU_HASH approximates
   LRU: when full, an insert evicts the least recently used of 8 slots from the key's home bucket.
+- PERCPU_HASH / LRU_PERCPU_HASH: one key table as HASH / LRU_HASH's, whose slots hold no value (``val_off``
+  is the slot's end), u32 ncpu at NCPU_OFF in the header (the number of SM ids, %nsmid); then, from
+  ``rows_off`` (the slots' end, on a line), a row of ``nbuckets`` values (``round8(value_size)`` each) per
+  SM, row c for the SM whose %smid is c, each on lines of its own (``cpu_stride``): bucket i's value for
+  SM c at rows_off + c * cpu_stride + i * round8(value_size). A key is inserted, found, deleted and
+  evicted as in a HASH, by one protocol for all SMs, so a delete removes it from every SM at once (one
+  CAS, as Linux's), while each SM's lookups and updates touch its own row (its own lines: SMs that bump
+  their own counter do not queue on one). An insert writes its SM's value, after zeroing the key's value
+  in every row when it revives the key's tombstone (a slot never used holds zeros already), before it
+  publishes the slot: a new key's other SMs read zeros, as Linux's (pcpu_init_value). A table of keys per
+  SM instead would hold each key up to ncpu times (132 on an H100) and make a delete ncpu deletes; rows
+  by bucket cost ncpu * nbuckets values (a 10,240-entry HASH of u64s on 132 SMs: 34.6 MB).
 - RINGBUF / PERF_EVENT_ARRAY: header u64 head at 0 (next record position), u64 reserved at 8 (bytes
   granted), u64 consumed at 16 (written by the host reader), u64 dropped at 24. Data of ``capacity``
   bytes at 64, followed by ``capacity`` bytes of slack so that a record is always contiguous. A record
@@ -75,7 +87,7 @@ from dataclasses import dataclass, replace
 from ..bpf import program as prog
 from ..bpf.helpers import TASK_COMM_LEN, main_comm, uid_gid
 from ..errors import EgpuError
-from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, PerthreadArrayStorage, TraceRecord
+from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, PercpuHashStorage, PerthreadArrayStorage, TraceRecord
 
 HEADER = 64
 LINE = 128          # bytes of an L2 cache line
@@ -94,6 +106,7 @@ LOOPS_CUT = 16      # in each per-SM line of the trace ring, past full and drops
 UID_GID = 40        # in the trace ring's header
 COMM = 48           # in the trace ring's header, TASK_COMM_LEN bytes to its end
 LRU_WINDOW = 8
+NCPU_OFF = 4        # a per-CPU hash's u32 ncpu, beside its live-entry count
 HASH_SEED = 0xCBF29CE484222325
 HASH_MUL = 0xFF51AFD7ED558CCD
 M64 = (1 << 64) - 1
@@ -125,6 +138,7 @@ class MapLayout:
     spread: int = 1    # rows per SM (a power of two; only a striped ARRAY has more than one)
     threads: int = 0   # percpu_array holding a PERTHREAD_ARRAY: its arrays, one per thread (not per SM)
     wait: bool = False  # ringbuf: a producer that finds no room waits for the reader (MapDef.wait)
+    percpu: bool = False  # hash: a value per SM in rows after the slots (PERCPU_HASH, LRU_PERCPU_HASH)
 
     @property
     def lines_off(self) -> int:
@@ -133,8 +147,19 @@ class MapLayout:
 
     @property
     def cpu_stride(self) -> int:
-        """Bytes from one SM's array to the next (percpu_array): whole cache lines."""
-        return -(-self.entries * self.stride // LINE) * LINE
+        """Bytes from one SM's array (percpu_array) or row of values (a per-CPU hash) to the next: whole cache
+        lines."""
+        return _lines(self.entries * (round8(self.value_size) if self.percpu else self.stride))
+
+    @property
+    def rows_off(self) -> int:
+        """Where a per-CPU hash's rows of values start: after its slots, on a line."""
+        return _lines(HEADER + self.entries * self.stride)
+
+    @property
+    def ncpu_off(self) -> int:
+        """Where the u32 counting a region's rows is: a per-CPU hash's beside its count."""
+        return NCPU_OFF if self.kind == "hash" else 0
 
     def rows(self, ncpu: int) -> int:
         """How many arrays a percpu_array region holds on a device of ``ncpu`` SMs (stripes aside)."""
@@ -145,7 +170,14 @@ class MapLayout:
             return self.lines_off + ncpu * LINE
         if self.kind == "percpu_array":
             return HEADER + self.rows(ncpu) * self.spread * self.cpu_stride
+        if self.percpu:
+            return self.rows_off + ncpu * self.cpu_stride
         return HEADER + self.entries * self.stride
+
+
+def _lines(n: int) -> int:
+    """n bytes rounded up to whole cache lines."""
+    return -(-n // LINE) * LINE
 
 
 def _spread(row: int) -> int:
@@ -167,13 +199,13 @@ def layout(m: prog.MapDef) -> MapLayout:
     if m.type == prog.MAP_PERTHREAD_ARRAY:
         return MapLayout("percpu_array", round8(m.value_size), m.max_entries, 4, m.value_size,
                          threads=PerthreadArrayStorage.THREADS)
-    if m.type in (prog.MAP_HASH, prog.MAP_LRU_HASH):
-        lru = m.type == prog.MAP_LRU_HASH
+    if m.type in prog.HASHES:
+        lru, percpu = m.type in (prog.MAP_LRU_HASH, prog.MAP_LRU_PERCPU_HASH), m.type in prog.PERCPU_HASHES
         key_off = 16 if lru else 8
         val_off = key_off + round8(m.key_size)
         buckets = _pow2(max((4 if lru else 2) * m.max_entries, 2))
-        return MapLayout("hash", val_off + round8(m.value_size), buckets, m.key_size, m.value_size,
-                         key_off, val_off, lru)
+        return MapLayout("hash", val_off + (0 if percpu else round8(m.value_size)), buckets, m.key_size,
+                         m.value_size, key_off, val_off, lru, percpu=percpu)
     if m.type == prog.MAP_RINGBUF:
         return MapLayout("ringbuf", capacity=m.max_entries, wait=m.wait)
     if m.type == prog.MAP_PERF_EVENT_ARRAY:
@@ -185,6 +217,11 @@ def layout(m: prog.MapDef) -> MapLayout:
 
 def trace_layout() -> MapLayout:
     return MapLayout("ringbuf", capacity=TRACE_BYTES)
+
+
+def value_at(lay: MapLayout, bucket: int, cpu: int) -> int:
+    """Where SM ``cpu``'s value of the key in ``bucket`` is in a per-CPU hash's region."""
+    return lay.rows_off + cpu * lay.cpu_stride + bucket * round8(lay.value_size)
 
 
 def key_chunks(key: bytes) -> list[int]:
@@ -230,9 +267,17 @@ def region_image(m: prog.MapDef, state_storage: MapStorage, ncpu: int) -> bytes:
             o = HEADER + idx * lay.stride
             struct.pack_into("<I", img, o, FULL)
             img[o + lay.key_off:o + lay.key_off + len(k)] = k
-            img[o + lay.val_off:o + lay.val_off + len(v)] = v
+            if isinstance(state_storage, PercpuHashStorage):
+                for cpu, value in state_storage.entries[k].items():
+                    if cpu < ncpu:
+                        o = value_at(lay, idx, cpu)
+                        img[o:o + len(value)] = value
+            else:
+                img[o + lay.val_off:o + lay.val_off + len(v)] = v
             n += 1
         struct.pack_into("<I", img, 0, n)
+        if lay.percpu:
+            struct.pack_into("<I", img, NCPU_OFF, ncpu)
     return bytes(img)
 
 
@@ -298,11 +343,18 @@ def apply_region(state: MapsState, index: int, img: bytes) -> None:
         return
     elif lay.kind == "hash":
         storage.entries.clear()
+        ncpu = struct.unpack_from("<I", img, NCPU_OFF)[0] if lay.percpu else 0
+        blank = bytes(m.value_size)
         for b in range(lay.entries):
             o = HEADER + b * lay.stride
-            if struct.unpack_from("<I", img, o)[0] == FULL:
-                storage.entries[bytes(img[o + lay.key_off:o + lay.key_off + m.key_size])] = \
-                    bytearray(img[o + lay.val_off:o + lay.val_off + m.value_size])
+            if struct.unpack_from("<I", img, o)[0] != FULL:
+                continue
+            key = bytes(img[o + lay.key_off:o + lay.key_off + m.key_size])
+            if lay.percpu:   # the SMs that hold a value other than zeros, as a PERCPU_ARRAY's rows
+                values = ((cpu, img[value_at(lay, b, cpu):][:m.value_size]) for cpu in range(ncpu))
+                storage.entries[key] = {cpu: bytearray(v) for cpu, v in values if v != blank}
+            else:
+                storage.entries[key] = bytearray(img[o + lay.val_off:o + lay.val_off + m.value_size])
     else:
         records, dropped, _ = read_ring(img, lay)
         if m.type == prog.MAP_RINGBUF:
@@ -390,7 +442,7 @@ class DeviceMaps:
     """The regions of an object's maps plus its trace ring in device memory, and the map table's bytes.
 
     ``mem`` is anything with ``alloc(n) -> int``, ``free(ptr)``, ``htod(ptr, bytes)`` and
-    ``dtoh(ptr, n) -> bytes`` (gpu.Gpu on a device). ``ncpu`` sizes PERCPU_ARRAY maps: %nsmid.
+    ``dtoh(ptr, n) -> bytes`` (gpu.Gpu on a device). ``ncpu`` sizes PERCPU_ARRAY and per-CPU hash maps: %nsmid.
     """
 
     def __init__(self, mem, state: MapsState, ncpu: int) -> None:

@@ -182,15 +182,15 @@ def _load_constant(g: FuncGen, dst: str, base: str, off: int) -> None:
 
 
 def sm_row(g: FuncGen, base: str, lay: MapLayout) -> None:
-    """base (a percpu_array region, in a register of its own) += the offset of this SM's row, or of the
-    row of this warp's slot among the SM's ``spread`` rows (a striped ARRAY)."""
+    """base (a percpu_array region, or a per-CPU hash's rows, in a register of its own) += the offset of this
+    SM's row, or of the row of this warp's slot among the SM's ``spread`` rows (a striped ARRAY)."""
     row, nrows = _special(g, "%smid"), g.t64()
     if lay.spread > 1:
         slot = _special(g, "%warpid")
         g.emit(f"and.b64 {slot}, {slot}, {lay.spread - 1};")
         g.emit(f"shl.b64 {row}, {row}, {lay.spread.bit_length() - 1};")
         g.emit(f"or.b64 {row}, {row}, {slot};")
-    _load_constant(g, nrows, base, 0)
+    _load_constant(g, nrows, base, lay.ncpu_off)
     g.emit(f"sub.u64 {nrows}, {nrows}, 1;")
     g.emit(f"min.u64 {row}, {row}, {nrows};")  # defensive: the host sizes the rows from %nsmid
     g.emit(f"mul.lo.u64 {row}, {row}, {lay.cpu_stride};")
@@ -281,11 +281,43 @@ def _find(g: FuncGen, insn: Insn, index: int, lay: MapLayout, nxt: str, miss: st
     return base, idx, n, loop, slot
 
 
+def _value(g: FuncGen, base: str, idx: str, slot: str, lay: MapLayout, v: str | None = None) -> str:
+    """v (a new register when None) = the address of the value of the key in bucket idx (at slot): in the
+    slot, or a per-CPU hash's in this SM's row."""
+    v = v or g.t64()
+    if not lay.percpu:
+        g.emit(f"add.u64 {v}, {slot}, {lay.val_off};")
+        return v
+    g.emit(f"mov.b64 {v}, {base};")
+    sm_row(g, v, lay)
+    g.emit(f"mad.lo.u64 {v}, {idx}, {devmaps.round8(lay.value_size)}, {v};")
+    g.emit(f"add.u64 {v}, {v}, {lay.rows_off};")
+    return v
+
+
+def _zero_rows(g: FuncGen, base: str, idx: str, lay: MapLayout) -> None:
+    """Zero the value of bucket idx in every SM's row of a per-CPU hash (the u32 at ncpu_off counts them)."""
+    v, end, ncpu = g.t64(), g.t64(), g.t64()
+    _load_constant(g, ncpu, base, lay.ncpu_off)
+    g.emit(f"mad.lo.u64 {v}, {idx}, {devmaps.round8(lay.value_size)}, {base};")
+    g.emit(f"add.u64 {v}, {v}, {lay.rows_off};")
+    g.emit(f"mad.lo.u64 {end}, {ncpu}, {lay.cpu_stride}, {v};")
+    loop, done = g.label(), g.label()
+    g.place(loop)
+    g.emit('.pragma "nounroll";')
+    _branch(g, "ge", v, end, done)
+    for off in range(0, devmaps.round8(lay.value_size), 8):
+        g.emit(f"st.u64 [{v}+{off}], 0;")
+    g.emit(f"add.u64 {v}, {v}, {lay.cpu_stride};")
+    g.emit(f"bra {loop};")
+    g.place(done)
+
+
 def _hash_lookup(g: FuncGen, insn: Insn, index: int, lay: MapLayout) -> None:
     nxt, miss, done = g.label(), g.label(), g.label()
-    _, idx, n, loop, slot = _find(g, insn, index, lay, nxt, miss)
+    base, idx, n, loop, slot = _find(g, insn, index, lay, nxt, miss)
     _touch(g, slot, lay)
-    g.emit(f"add.u64 {g.reg(0)}, {slot}, {lay.val_off};")
+    _value(g, base, idx, slot, lay, g.reg(0))
     g.emit(f"bra {done};")
     g.place(nxt)
     _advance(g, idx, n, lay, loop)
@@ -385,24 +417,28 @@ def _hash_update(g: FuncGen, insn: Insn, index: int, m: prog.MapDef, lay: MapLay
     g.emit(f"bra {full_ret};")
     g.place(ok)
     publish = g.label()
-    _branch(g, "ne", s, EMPTY, publish, "u32")   # a tombstone of our key keeps the key
+    revive = g.label() if lay.percpu else publish
+    # a tombstone of our key keeps the key (a per-CPU hash: and every SM's old value, zeroed here)
+    _branch(g, "ne", s, EMPTY, revive, "u32")
     for c, k in enumerate(keys):
         g.emit(f"st.u64 [{slot}+{lay.key_off + 8 * c}], {k};")
+    if lay.percpu:
+        g.emit(f"bra {publish};")
+        g.place(revive)
+        _zero_rows(g, base, idx, lay)
     g.place(publish)
-    _write_value(g, insn, slot, lay)
+    _write_value(g, insn, base, idx, slot, lay)
     g.emit(f"st.release.gpu.u32 [{slot}], {FULL};")
     _set_r0(g, 0)
     g.emit(f"bra {done};")
     g.place(found)
     _branch(g, "eq", flags, BPF_NOEXIST, exist_ret)
-    _write_value(g, insn, slot, lay)
+    _write_value(g, insn, base, idx, slot, lay)
     _succeed(g, done)
 
 
-def _write_value(g: FuncGen, insn: Insn, slot: str, lay: MapLayout) -> None:
-    dst = g.t64()
-    g.emit(f"add.u64 {dst}, {slot}, {lay.val_off};")
-    _copy_const(g, dst, insn, 3, lay.value_size)
+def _write_value(g: FuncGen, insn: Insn, base: str, idx: str, slot: str, lay: MapLayout) -> None:
+    _copy_const(g, _value(g, base, idx, slot, lay), insn, 3, lay.value_size)
     _touch(g, slot, lay)
 
 
@@ -1081,6 +1117,8 @@ def _exit(g: FuncGen, insn: Insn) -> None:
 _EMIT: dict[str, Callable[[FuncGen, Insn], None]] = {
     "map_lookup_elem": map_lookup_elem, "map_update_elem": map_update_elem, "map_delete_elem": map_delete_elem,
     "ktime_get_ns": _timer, "trace_printk": trace_printk, "get_prandom_u32": _prandom_u32,
+    "ktime_get_boot_ns": _timer, "ktime_get_coarse_ns": _timer,
+    "get_numa_node_id": lambda g, insn: _set_r0(g, 0),   # bpf/helpers.py: no SM is on a host node
     "get_smp_processor_id": _reg_helper("%smid"),
     "perf_event_output": perf_event_output, "ringbuf_output": ringbuf_output,
     "ringbuf_reserve": ringbuf_reserve, "ringbuf_submit": _release(REC_READY),

@@ -209,6 +209,7 @@ _BY_NAME: dict[str, Callable[["Run"], bool]] = {
     "map_lookup_elem": map_lookup_elem, "map_update_elem": map_update_elem, "map_delete_elem": map_delete_elem,
     "map_push_elem": map_push_elem, "map_pop_elem": _take(True), "map_peek_elem": _take(False),
     "ktime_get_ns": _timer, "trace_printk": trace_printk, "get_smp_processor_id": _sm_id,
+    "ktime_get_boot_ns": _timer, "ktime_get_coarse_ns": _timer, "get_numa_node_id": lambda run: _set(run, 0),
     "perf_event_output": perf_event_output, "ringbuf_output": ringbuf_output, "ringbuf_reserve": ringbuf_reserve,
     "ringbuf_submit": _release_as(True), "ringbuf_discard": _release_as(False), "get_globaltimer": _timer,
     "get_block_idx": _store_dim3("block_idx"), "get_block_dim": _store_dim3("block_dim"),

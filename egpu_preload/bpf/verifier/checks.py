@@ -19,8 +19,9 @@ from ..decode import Insn
 from ..helpers import BPF_NOEXIST, HELPERS, Helper, printk_refusal
 from ..linux_names import helper_name, is_linux_helper
 from ..ptregs import PT_REGS
-from ..program import (MAP_ARRAY, MAP_BLOOM_FILTER, MAP_HASH, MAP_LRU_HASH, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
-                       MAP_PERTHREAD_ARRAY, MAP_QUEUE, MAP_RINGBUF, MAP_STACK, MAP_TYPE_NAMES, DataPointer, MapDef)
+from ..program import (MAP_ARRAY, MAP_BLOOM_FILTER, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
+                       MAP_PERTHREAD_ARRAY, MAP_QUEUE, MAP_RINGBUF, MAP_STACK, MAP_TYPE_NAMES, HASHES, DataPointer,
+                       MapDef)
 from . import arith
 from .cfg import Cfg, Reject
 from .state import SPILL_BYTES, UNINIT_SLOT_BYTES, Frame, Slot, State
@@ -32,7 +33,7 @@ MAX_FRAMES = 8          # the kernel's MAX_CALL_FRAMES
 MAX_OFF = 1 << 29       # the kernel's BPF_MAX_VAR_OFF: larger offsets are nonsense
 FP = isa.FRAME_POINTER
 
-_KEY_VALUE_MAPS = frozenset({MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_LRU_HASH, MAP_PERTHREAD_ARRAY})
+_KEY_VALUE_MAPS = frozenset({MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_PERTHREAD_ARRAY}) | HASHES
 MAP_TYPES_FOR_HELPER = {
     "map_lookup_elem": _KEY_VALUE_MAPS, "map_update_elem": _KEY_VALUE_MAPS, "map_delete_elem": _KEY_VALUE_MAPS,
     "ringbuf_output": frozenset({MAP_RINGBUF}), "ringbuf_reserve": frozenset({MAP_RINGBUF}),
