@@ -250,7 +250,8 @@ def test_per_cpu_hash_update_writes_its_sms_row_and_zeroes_a_revived_key(kind):
     claims = [s for s in lines if s.startswith("atom.cas.b32") and s.endswith(f", {devmaps.BUSY};")]
     credits = [s for s in lines if s.startswith("atom.add.u32")]
     zeroes = [i for i, s in enumerate(lines) if re.fullmatch(r"st\.u64 \[%\w+\+(0|8)\], 0;", s)]
-    publish = [i for i, s in enumerate(lines) if s.startswith("st.release.gpu.u32") and s.endswith(f", {devmaps.FULL};")]
+    publish = [i for i, s in enumerate(lines)
+               if s.startswith("st.release.gpu.u32") and s.endswith(f", {devmaps.FULL};")]
     assert (len(claims), len(credits), len(zeroes)) == (1, 1, 2)   # 12 bytes: two u64 stores, once
     assert "%smid" in text and len(publish) == 1 and max(zeroes) < publish[0]
     rolled = sum(s == '.pragma "nounroll";' for s in lines)
