@@ -61,6 +61,9 @@ def test_program_round_trips() -> None:
     ("r1 = map[3] ll", _slot(0x18, 1, 5, imm=3) + _slot(0)),
     ("r2 = map_value[1] + 16 ll", _slot(0x18, 2, 6, imm=1) + _slot(0, imm=16)),
     ("r2 = map_value[1] ll", _slot(0x18, 2, 6, imm=1) + _slot(0)),
+    # a function's address (a callback), relative to the next slot like a call's: the imm's high half stays 0
+    ("r2 = func cb ll\nexit\ncb: exit", _slot(0x18, 2, 4, imm=2) + _slot(0) + _slot(0x95) + _slot(0x95)),
+    ("cb: exit\nr2 = func cb ll", _slot(0x95) + _slot(0x18, 2, 4, imm=-2) + _slot(0)),
     # unsigned spellings of 32-bit immediates; r registers in 32-bit memory ops (llvm without +alu32)
     ("w1 = 0xffffffff", _slot(0xb4, 1, imm=-1)),
     ("*(u32 *)(r10 - 8) = r1", _slot(0x63, 10, 1, off=-8)),

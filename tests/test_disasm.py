@@ -138,6 +138,8 @@ def test_probes_match_llvm(probe_obj, mcpu: str) -> None:
      "r2 = map_value[1] + 0x10 ll"),
     (Insn(0, isa.BY_OPCODE_OFFSET[(0x18, 0)], 2, isa.LDDW_MAP_FD, 0, 1 << 40 | 7),
      "ld_pseudo r2, 0x1, 0x10000000007"),
+    (Insn(4, isa.BY_OPCODE_OFFSET[(0x18, 0)], 2, isa.LDDW_CODE_ADDR, 0, 0xFFFFFFFD), "r2 = func -0x3 ll"),
+    (Insn(0, isa.BY_OPCODE_OFFSET[(0x18, 0)], 2, isa.LDDW_CODE_ADDR, 0, 1 << 32), "ld_pseudo r2, 0x4, 0x100000000"),
     (Insn(0, isa.BY_OPCODE_OFFSET[(0x85, 0)], 0, isa.CALL_LOCAL, 0, -3), "call local -0x3"),
     (Insn(0, isa.BY_OPCODE_OFFSET[(0x85, 0)], 0, isa.CALL_BTF, 0, 7), "call kfunc 0x7"),
     (Insn(0, isa.BY_OPCODE[0x05], 0, 0, -2, 0), "goto -0x2"),

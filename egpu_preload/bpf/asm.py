@@ -11,6 +11,8 @@ Beyond llvm's syntax (all of it printed back by ``disasm``):
   ``call local -0x3`` a static subprogram (src = CALL_LOCAL), ``call kfunc N`` a BTF function;
 - map references as the loader leaves them: ``r1 = map[N] ll`` (src = LDDW_MAP_IDX, imm = N) and
   ``r1 = map_value[N] + OFF ll`` (src = LDDW_MAP_IDX_VALUE, imm = N | OFF << 32);
+- a function's address, a callback of bpf_loop: ``r2 = func LABEL ll`` or ``r2 = func +0x3 ll`` (src =
+  LDDW_CODE_ADDR, imm relative to the next slot, as a local call's);
 - ``ld_pseudo r1, SRC, IMM`` for the other lddw pseudo sources.
 
 32-bit loads, stores and atomics accept ``w`` or ``r`` registers, as llvm prints them with and without
@@ -69,6 +71,7 @@ _FORMS: tuple[tuple[str, str], ...] = (
     (rf"(?P<dst>{_REG})\s*=\s*map\[(?P<idx>{_NUM})\]\s+ll", "map"),
     (rf"(?P<dst>{_REG})\s*=\s*map_value\[(?P<idx>{_NUM})\](?:\s*\+\s*(?P<off>{_NUM}))?\s+ll", "map_value"),
     (rf"(?P<dst>{_REG})\s*=\s*(?P<imm>{_NUM})\s+ll", "lddw"),
+    (rf"(?P<dst>{_REG})\s*=\s*func\s+{_TARGET}\s+ll", "func"),
     (rf"ld_pseudo\s+(?P<dst>{_REG}),\s*(?P<src>{_NUM}),\s*(?P<imm>{_NUM})", "ld_pseudo"),
     (rf"(?P<dst>{_REG})\s*=\s*(?P<rhs>{_REG}|{_NUM})", "mov"),
     (rf"(?P<dst>{_REG})\s*(?P<op>{_alt(ALU_SYMBOLS)})\s*(?P<rhs>{_REG}|{_NUM})", "alu"),
@@ -236,6 +239,9 @@ def _parse(ln: _Line, handler: str, m: re.Match[str]) -> _Pending:
             raise ln.error("32-bit movsx takes s8 or s16")
         spec = _spec("movsx", f"movsx{bits}", width, size=bits // 8)
         return _Pending(ln.number, ln.text, spec, ln.reg(m["dst"], width), ln.reg(m["src"], width), spec.offset)
+    if handler == "func":
+        return _Pending(ln.number, ln.text, _spec("lddw", "lddw", size=8), ln.reg(m["dst"], 64), isa.LDDW_CODE_ADDR,
+                        target=m["target"], target_field="func")
     if handler in ("map", "map_value", "lddw", "ld_pseudo"):
         dst = ln.reg(m["dst"], 64)
         if handler == "map":
@@ -305,7 +311,8 @@ def assemble(text: str) -> bytes:
 
 
 def _resolve(p: _Pending, target: str, pc: int, labels: dict[str, int]) -> None:
-    """Fill a jump's off (or gotol's / a local call's imm) from a label or a relative number."""
+    """Fill a jump's off (or gotol's / a local call's / a function address's imm) from a label or a relative
+    number."""
     ln = _Line(p.line, p.text)
     if re.fullmatch(_NUM, target):
         delta = ln.num(target, -(1 << 31), (1 << 31) - 1, "jump offset")
@@ -317,5 +324,7 @@ def _resolve(p: _Pending, target: str, pc: int, labels: dict[str, int]) -> None:
         if not -(1 << 15) <= delta < 1 << 15:
             raise ln.error(f"jump offset {delta} does not fit 16 bits (use gotol)")
         p.off = delta
+    elif p.target_field == "func":   # the low half of lddw's 64-bit imm, the high half zero
+        p.imm = delta & 0xFFFFFFFF
     else:
         p.imm = delta

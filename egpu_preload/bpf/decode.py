@@ -69,6 +69,11 @@ class Insn:
         """The pc a local call (src = CALL_LOCAL) enters."""
         return self.pc + 1 + self.imm
 
+    def func_target(self) -> int:
+        """The pc whose address an lddw of a function (src = LDDW_CODE_ADDR, Linux's BPF_PSEUDO_FUNC) loads:
+        relative to the next slot, as a call's, by the signed low half of imm (Linux's insn[0].imm)."""
+        return self.pc + 1 + _s32(self.imm)
+
 
 def _reserved(pc: int, what: str) -> DecodeError:
     return DecodeError(what, insn=pc)
