@@ -52,6 +52,17 @@ def test_accepts(case):
     assert isinstance(v, VerifiedProgram) and v.processed >= len(v.insns) > 0
 
 
+def test_a_callback_is_verified_per_round_not_per_iteration():
+    """bpf_loop's callback is checked as Linux checks it, a few rounds until one is covered by the state an
+    earlier one brought to the call, whatever nr_loops: 8M rounds cost what 10 do. The translator learns the
+    callback of each call."""
+    text = ACCEPT_BY_NAME["loop_sums_into_the_callers_stack"].asm
+    v = verify(assemble(text.replace("r1 = 10", f"r1 = {1 << 23}")), list(MAPS))
+    call, = (i.pc for i in v.insns if i.kind == "call")
+    assert dict(v.callbacks) == {call: 11} and v.processed < 60
+    assert v.processed == verify(assemble(text), list(MAPS)).processed
+
+
 def test_case_tables_are_large_and_distinct():
     assert len(REJECT) >= 35 and len(ACCEPT) >= 12
     names = [c.name for c in REJECT + ACCEPT]

@@ -61,6 +61,15 @@ PRINTK_BUF = """
     *(u64 *)(r10 - 32) = 0
 """
 
+# bpf_loop(r1 rounds, cb, r3 = ctx, flags 0): set r1 and r3 first; the call is at pc 4 of it.
+LOOP_CALL = """
+    r2 = func cb ll
+    r4 = 0
+    call loop
+"""
+# bpf_loop(4, cb, NULL, 0), pc 0..5, returning 0; the callback's code follows at pc 8.
+LOOP_NULL = "r1 = 4\nr3 = 0\n" + LOOP_CALL + "r0 = 0\nexit\ncb:\n"
+
 REJECT: tuple[Case, ...] = (
     # registers
     Case("uninit_register", "r0 = r2\nexit", "r2 is not initialized (!read_ok)", 0),
@@ -836,9 +845,119 @@ REJECT: tuple[Case, ...] = (
         *(u64 *)(r1 - 0x200) = 0
         r0 = 0
         exit""", "invalid stack access off=-520 size=8", 5),
+    # bpf_loop: its callback returns 0 or 1 (Linux's verifier: "should have been in [0, 1]")
+    Case("callback_returns_2", LOOP_NULL + "r0 = 2\nexit", "the callback returns 2: bpf_loop's callback returns 0", 9),
+    Case("callback_returns_its_index", LOOP_NULL + "r0 = r1\nexit", "the callback returns scalar(umax=3", 9),
+    Case("callback_returns_nothing", LOOP_NULL + "exit", "the callback returns nothing", 8),
+    Case("callback_inside_a_function", "r1 = 4\nr3 = 0\n" + LOOP_CALL + "r0 = 0\ncb: exit",
+         "the callback at 7 is no function's start: insn 6 before it runs into it (callback target)", 2),
+    Case("callback_is_the_main_program", "r1 = 4\nr3 = 0\nr2 = func -0x3 ll\nr4 = 0\ncall loop\nr0 = 0\nexit",
+         "the callback at 0 is the main program", 2),
+    Case("loop_without_a_function", "r1 = 4\nr2 = 0\nr3 = 0\nr4 = 0\ncall loop\nr0 = 0\nexit",
+         "r2 is scalar, loop needs a static function's address", 4),
+    Case("function_address_arithmetic", "r2 = func cb ll\nr2 += 8\nr0 = 0\nexit\ncb: r0 = 0\nexit",
+         "arithmetic on a function's address prohibited (r2 is func)", 2),
+    Case("function_address_read", "r2 = func cb ll\nr0 = *(u64 *)(r2 + 0)\nexit\ncb: r0 = 0\nexit",
+         "invalid mem access 'func'", 2),
+    Case("function_address_compared", "r2 = func cb ll\nr0 = 0\nif r2 == 0 goto +1\nr0 = 1\nexit\ncb: r0 = 0\nexit",
+         "comparison of a function's address prohibited", 3),
+    Case("loop_ctx_maybe_null", LOOKUP_ARR + "r1 = 4\nr3 = r0\n" + LOOP_CALL + "r0 = 0\nexit\ncb: r0 = 0\nexit",
+         "r3 is map_value_or_null, loop passes its callback a pointer to the stack or a map value", 11),
+    # the index is below nr_loops: 3 rounds of 8 bytes overrun a 16-byte array
+    Case("callback_index_past_the_array", """
+        *(u64 *)(r10 - 8) = 0
+        *(u64 *)(r10 - 16) = 0
+        r1 = 3
+        r3 = r10
+        r3 += -16""" + LOOP_CALL + """
+        r0 = *(u64 *)(r10 - 8)
+        exit
+    cb: r1 <<= 3
+        r2 += r1
+        *(u64 *)(r2 + 0) = 7
+        r0 = 0
+        exit""", "invalid stack access off=-16+[0, 16] size=8", 13),
+    # the callback may run no round: what it would write the caller may not read
+    Case("caller_reads_what_only_the_callback_writes", """
+        r1 = 4
+        r3 = r10
+        r3 += -8""" + LOOP_CALL + """
+        r0 = *(u64 *)(r10 - 8)
+        exit
+    cb: *(u64 *)(r2 + 0) = 1
+        r0 = 0
+        exit""", "invalid read from stack off=-8 size=8: not initialized", 7),
+    # the callback's frame lies below its caller's in the combined stack
+    Case("callback_frame_in_the_combined_stack", """
+        *(u64 *)(r10 - 480) = 0
+        r1 = 1
+        r3 = 0""" + LOOP_CALL + """
+        r0 = 0
+        exit
+    cb: *(u64 *)(r10 - 64) = 0
+        r0 = 0
+        exit""", "combined stack size of 2 calls is 544 (480 at pc 0, 64 at pc 9)", 3),
+    # a round may overwrite the caller's spilled map value pointer with a number
+    Case("callback_clobbers_a_spilled_pointer", LOOKUP_ARR + """
+        if r0 == 0 goto out
+        *(u64 *)(r10 - 16) = r0
+        r1 = 1
+        r3 = r10
+        r3 += -16""" + LOOP_CALL + """
+        r1 = *(u64 *)(r10 - 16)
+        r0 = *(u64 *)(r1 + 0)
+        exit
+    out: r0 = 0
+        exit
+    cb: *(u64 *)(r2 + 0) = 0
+        r0 = 0
+        exit""", "invalid mem access 'scalar'", 16),
 )
 
 ACCEPT: tuple[Case, ...] = (
+    # bpf_loop: the callback sums its indices into the caller's stack, which reads the sum after the loop, and
+    # stops after five rounds; the loop's result is a number
+    Case("loop_sums_into_the_callers_stack", """
+        *(u64 *)(r10 - 8) = 0
+        r1 = 10
+        r3 = r10
+        r3 += -8""" + LOOP_CALL + """
+        r1 = *(u64 *)(r10 - 8)
+        r0 += r1
+        exit
+    cb: r3 = *(u64 *)(r2 + 0)
+        r3 += r1
+        *(u64 *)(r2 + 0) = r3
+        r0 = 0
+        if r1 < 4 goto +1
+        r0 = 1
+        exit"""),
+    # nr_loops read from a map value, the callback adding into that value through its ctx
+    Case("loop_count_and_ctx_from_a_map_value", LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r1 = *(u64 *)(r0 + 0)
+        r3 = r0""" + LOOP_CALL + """
+    out: r0 = 0
+        exit
+    cb: r3 = *(u64 *)(r2 + 8)
+        r3 += r1
+        *(u64 *)(r2 + 8) = r3
+        r0 = 0
+        exit"""),
+    # the index bounds an index into the caller's 2-slot array
+    Case("loop_index_into_an_array", """
+        *(u64 *)(r10 - 8) = 0
+        *(u64 *)(r10 - 16) = 0
+        r1 = 2
+        r3 = r10
+        r3 += -16""" + LOOP_CALL + """
+        r0 = *(u64 *)(r10 - 8)
+        exit
+    cb: r1 <<= 3
+        r2 += r1
+        *(u64 *)(r2 + 0) = 7
+        r0 = 0
+        exit"""),
     # a queue's pop fills its value, uninitialized before; the value read after
     Case("pop_fills_uninit_stack", """
         r2 = r10

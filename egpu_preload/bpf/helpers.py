@@ -17,6 +17,8 @@ Argument types (read by the verifier; the VM and translator dispatch on ``name``
 - ``ctx``        the probe's context pointer (r1 on entry) or NULL
 - ``ringbuf_mem`` a record returned by ringbuf_reserve, which this call releases
 - ``anything``   any scalar
+- ``func``       a static function's address (lddw of a function, Linux's PTR_TO_FUNC): a callback
+- ``callback_ctx`` what the callback gets in r2: a pointer to the stack or a map value, or a scalar (NULL)
 
 Return types: ``int``, ``void``, ``map_value_or_null``, ``ringbuf_mem_or_null``.
 Nothing here may wait on the host (DESIGN.md 2).
@@ -94,6 +96,11 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
     Helper(112, "probe_read_user", ("mem_out", "size", "anything"), "int", in_process=True),
     Helper(114, "probe_read_user_str", ("mem_out", "size", "anything"), "int", in_process=True),
     Helper(25, "perf_event_output", ("ctx", "map", "anything", "mem", "size"), "int"),
+    # bpf_loop(nr_loops, callback, callback_ctx, flags), Linux's (kernel/bpf/bpf_iter.c): callback(index,
+    # callback_ctx) for index 0, 1, ... below nr_loops (its low 32 bits, at most MAX_LOOPS, else -E2BIG and no
+    # call; flags other than 0: -EINVAL) until it returns 1; r0 = the calls made. The verifier checks the
+    # callback once per path as a function of its own (r1 the index, r2 the ctx) that returns 0 or 1.
+    Helper(181, "loop", ("anything", "func", "callback_ctx", "anything"), "int"),
     Helper(130, "ringbuf_output", ("map", "mem", "size", "anything"), "int"),
     Helper(131, "ringbuf_reserve", ("map", "const_size", "anything"), "ringbuf_mem_or_null"),
     Helper(132, "ringbuf_submit", ("ringbuf_mem", "anything"), "void"),
@@ -117,8 +124,10 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
 )}
 
 BY_NAME: dict[str, Helper] = {h.name: h for h in HELPERS.values()}
+LOOP = BY_NAME["loop"].id   # bpf_loop, which calls a function of the program: every consumer runs it apart
 
 TASK_COMM_LEN = 16   # linux/sched.h: a comm's bytes, its NUL included
+MAX_LOOPS = 1 << 23  # bpf_loop's BPF_MAX_LOOPS (kernel/bpf/bpf_iter.c)
 
 # Update flags of map_update_elem (linux/bpf.h).
 BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2

@@ -21,7 +21,7 @@ meets another refusal, is explored and refused as anywhere else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
@@ -84,6 +84,7 @@ class VerifiedProgram:
                                               # "address" (the address itself is used: printed, subtracted)
     budgeted: frozenset[int] = frozenset()    # pc of each backward jump counted against LOOP_BUDGET: the
                                               # loops of a DIRECTLY_RUN program the verifier cannot bound
+    callbacks: Mapping[int, int] = field(default_factory=dict)   # pc of a bpf_loop call -> its callback's pc
 
 
 def budget_note(v: VerifiedProgram) -> str:
@@ -137,8 +138,10 @@ def _traced(trace: tuple | None, pc: int) -> tuple:
 
 
 def _live(cfg: Cfg, st: State, pc: int) -> list[int]:
-    """Live registers per frame: at pc for the callee, after its call for every caller (minus r0)."""
-    masks = [cfg.live[f.callsite + 1] & ~1 for f in st.frames[1:]]
+    """Live registers per frame: at pc for the callee, after its call for every caller (minus r0); at the call
+    for a callback's caller, which runs the call again after each round (bpf_loop's r1-r4 stay live)."""
+    masks = [cfg.live[f.callsite] if f.callsite in cfg.loop_calls else cfg.live[f.callsite + 1] & ~1
+             for f in st.frames[1:]]
     return masks + [cfg.live[pc]]
 
 
@@ -183,7 +186,7 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
     env = search.env
     depths = tuple(env.depth)
     try:
-        _check_combined_stack(cfg, depths)
+        _check_combined_stack(cfg, depths, env.callbacks)
     except Reject as r:
         raise _error(r, None, insns, maps, None, file, section) from None
     consts = {pc: v for pc, v in env.consts.items() if v is not None}
@@ -193,7 +196,7 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
                            MappingProxyType({k: v for k, v in env.arg_stack.items() if v is not None}),
                            frozenset(env.ctx_reads), MappingProxyType(dict(env.ctx_at)),
                            MappingProxyType({m: frozenset(u) for m, u in env.value_uses.items()}),
-                           frozenset(search.budgeted))
+                           frozenset(search.budgeted), MappingProxyType(dict(env.callbacks)))
 
 
 class _Search:
@@ -222,16 +225,18 @@ class _Search:
                 while True:
                     if pc in cfg.prune:
                         live = _live(cfg, st, pc)
-                        wide, nth = False, 0
+                        wide, nth, again = False, 0, False
                         if pc in self.loops:
                             st, wide, nth = self._round(st, pc, visit, live)
-                            if st is None:
-                                _finish(visit)
-                                break
+                        elif pc in cfg.loop_calls:
+                            st, again = self._again(st, pc, visit, live)
+                        if st is None:
+                            _finish(visit)
+                            break
                         k = key(st, live)
                         same = self.seen.setdefault(pc, {}).get(k)
                         if same is not None:
-                            if same.pending:
+                            if same.pending and not again:
                                 raise Reject("infinite loop detected: the same state comes back here (loop)")
                             _finish(visit)
                             break
@@ -246,8 +251,9 @@ class _Search:
                             self.widened.setdefault(pc, []).append(visit)
                         if len(done) > _RECENT:
                             old = done.pop(0)
-                            if pc not in self.loops:  # a loop header's states stay: _round compares rounds
-                                old.state = None      # only exact repeats are looked up from now on
+                            if pc not in self.loops and pc not in cfg.loop_calls:  # a loop header's states stay:
+                                old.state = None      # _round and _again compare rounds; elsewhere only exact
+                                                      # repeats are looked up from now on
                     self.processed += 1
                     if self.processed > self.max_insns:
                         raise Reject(f"program too complex: processed {self.max_insns} instructions without "
@@ -269,6 +275,19 @@ class _Search:
                     st, pc = succ[0]
             except Reject as r:
                 raise _error(r, pc, list(cfg.insns), env.maps, (st, trace), file, section) from None
+
+    def _again(self, st: State, pc: int, visit: _Visit | None, live: list[int]) -> tuple[State | None, bool]:
+        """A path at a bpf_loop call, and whether a round of its callback brought it back (the path's last visit
+        at this depth or above is this call's own). Then None where that visit's state covers it: its
+        exploration, every further round included, covers this one; else the state widened against it (the
+        scalars a round changed made unknown, as Linux's widen_imprecise_scalars) so that the rounds converge."""
+        while visit is not None and visit.depth > len(st.frames):
+            visit = visit.parent
+        if visit is None or visit.pc != pc or visit.depth != len(st.frames):
+            return st, False
+        if covers(visit.state, st, live):
+            return None, True
+        return widen(visit.state, st, live) or st, True
 
     def _round(self, st: State, pc: int, visit: _Visit | None,
                live: list[int]) -> tuple[State | None, bool, int]:
@@ -296,24 +315,28 @@ class _Search:
         return st, False, visit.nth + 1
 
 
-def _check_combined_stack(cfg: Cfg, depths: tuple[int, ...]) -> None:
+def _check_combined_stack(cfg: Cfg, depths: tuple[int, ...], callbacks: Mapping[int, int]) -> None:
     """The deepest call chain's frames together fit 512 bytes; frames round up to 32 like the kernel's. A
-    refusal names the main program's call that starts that chain and each frame's size."""
+    callback's frame lies below the function taking its address (as in Linux) and the one calling bpf_loop with
+    it. A refusal names the main program's call (or callback address) that starts that chain and each frame's
+    size."""
     memo: dict[int, tuple[int, tuple[int, ...]]] = {}
+    callees = [dict(c) for c in cfg.callees]
+    for pc, callback in callbacks.items():
+        callees[cfg.subprog_of[pc]].setdefault(cfg.subprog_of[callback], pc)
 
     def frame(s: int) -> int:
         return (max(depths[s], 1) + 31) // 32 * 32
 
     def chain(s: int) -> tuple[int, tuple[int, ...]]:  # (bytes, the subprograms) of the deepest chain from s
         if s not in memo:
-            below = max((chain(c) for c in cfg.callees[s]), default=(0, ()))
+            below = max((chain(c) for c in callees[s]), default=(0, ()))
             memo[s] = (frame(s) + below[0], (s, *below[1]))
         return memo[s]
 
     total, subs = chain(0)
     if total > MAX_COMBINED_STACK:
-        call = next(i.pc for i in cfg.insns if i.kind == "call" and i.src == isa.CALL_LOCAL
-                    and cfg.subprog_of[i.pc] == 0 and cfg.subprog_of[i.call_target()] == subs[1])
+        call = callees[0][subs[1]]
         frames = ", ".join(f"{frame(s)} at pc {cfg.subprogs[s]}" for s in subs)
         raise Reject(f"combined stack size of {len(subs)} calls is {total} ({frames}), more than "
                      f"{MAX_COMBINED_STACK} (stack size)", pc=call)

@@ -6,10 +6,11 @@ live at each instruction, so pruning compares only what the rest of the program 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from .. import isa
 from ..decode import Insn
-from ..helpers import HELPERS
+from ..helpers import HELPERS, LOOP
 from ..program import MAP_ARRAY, MapDef
 
 ARG_REGS = 0b111110      # r1-r5
@@ -31,9 +32,11 @@ class Cfg:
     at: dict[int, Insn]                    # pc -> instruction
     subprogs: tuple[int, ...]              # entry pcs, main (0) first
     subprog_of: dict[int, int]             # pc -> index into subprogs
-    callees: tuple[frozenset[int], ...]    # per subprogram, the subprograms it calls
+    callees: tuple[Mapping[int, int], ...]  # per subprogram, the subprograms it calls or takes the address of
+                                            # (a callback), each with the pc of the first instruction doing so
     prune: frozenset[int]                  # where explored states are remembered
     live: dict[int, int]                   # pc -> mask of registers read before written from there
+    loop_calls: frozenset[int] = frozenset()   # pc of each bpf_loop call: where its callback's rounds meet
 
 
 def _successors(insn: Insn) -> tuple[int, ...]:
@@ -74,6 +77,11 @@ def _check_lddw(insn: Insn, maps: list[MapDef]) -> None:
         if off >= m.value_size:
             raise Reject(pc=insn.pc, reason=f"direct value offset {off} outside {m.name} (value_size={m.value_size})")
         return
+    if insn.src == isa.LDDW_CODE_ADDR:
+        if insn.imm >> 32:
+            raise Reject(pc=insn.pc, reason=f"invalid bpf_ld_imm64 insn: a function's address has imm 0x{insn.imm:x}, "
+                                            "its high half not zero (pseudo func)")
+        return
     raise Reject(pc=insn.pc, reason=f"unsupported lddw pseudo source {insn.src}: the loader resolves map references "
                           "to map[N] / map_value[N] (lddw source)")
 
@@ -93,6 +101,10 @@ def build(insns: list[Insn], maps: list[MapDef]) -> Cfg:
             raise Reject(pc=insn.pc, reason=f"kfunc calls are not supported (call kfunc {insn.imm})")
         elif insn.kind == "lddw":
             _check_lddw(insn, maps)
+            if insn.src == isa.LDDW_CODE_ADDR:   # a callback is a function of its own (Linux's add_subprog)
+                _check_target(at, insn, insn.func_target(), "callback")
+                _check_callback(at, insn)
+                entries.add(insn.func_target())
     subprogs = tuple(sorted(entries))
     subprog_of: dict[int, int] = {}
     s = 0
@@ -117,9 +129,26 @@ def build(insns: list[Insn], maps: list[MapDef]) -> Cfg:
         elif insn.kind == "call" and insn.src == isa.CALL_LOCAL:
             callees[subprog_of[insn.pc]].setdefault(subprog_of[insn.call_target()], insn.pc)
             prune.add(insn.pc + 1)
+        elif insn.kind == "lddw" and insn.src == isa.LDDW_CODE_ADDR:   # as Linux's check_cfg: a call
+            callees[subprog_of[insn.pc]].setdefault(subprog_of[insn.func_target()], insn.pc)
+    loop_calls = frozenset(i.pc for i in insns if i.kind == "call" and i.src == isa.CALL_HELPER and i.imm == LOOP)
+    prune |= loop_calls | {pc + 1 for pc in loop_calls}
     _check_recursion(subprogs, callees)
-    return Cfg(tuple(insns), at, subprogs, subprog_of, tuple(frozenset(c) for c in callees),
-               frozenset(prune), _liveness(insns, at))
+    return Cfg(tuple(insns), at, subprogs, subprog_of, tuple(callees), frozenset(prune), _liveness(insns, at),
+               loop_calls)
+
+
+def _check_callback(at: dict[int, Insn], insn: Insn) -> None:
+    """A function's address names a function's start: not the main program, nor a pc the code before it
+    runs into (Linux makes every such address a subprogram, whose neighbour then falls into it)."""
+    target = insn.func_target()
+    if target == 0:
+        raise Reject(pc=insn.pc, reason="the callback at 0 is the main program, not a static function "
+                                        "(callback target)")
+    prev = at.get(target - 1) or at[target - 2]   # an lddw takes two slots
+    if prev.kind not in ("exit", "ja"):
+        raise Reject(pc=insn.pc, reason=f"the callback at {target} is no function's start: insn {prev.pc} before it "
+                                        "runs into it (callback target)")
 
 
 def _check_recursion(subprogs: tuple[int, ...], callees: list[dict[int, int]]) -> None:

@@ -16,7 +16,7 @@ from typing import Callable
 from .. import ctx as egpu_ctx
 from .. import isa
 from ..decode import Insn
-from ..helpers import BPF_NOEXIST, HELPERS, Helper, printk_refusal
+from ..helpers import BPF_NOEXIST, HELPERS, MAX_LOOPS, Helper, printk_refusal
 from ..linux_names import helper_name, is_linux_helper
 from ..ptregs import PT_REGS
 from ..program import (MAP_ARRAY, MAP_BLOOM_FILTER, MAP_PERCPU_ARRAY, MAP_PERF_EVENT_ARRAY,
@@ -24,10 +24,10 @@ from ..program import (MAP_ARRAY, MAP_BLOOM_FILTER, MAP_PERCPU_ARRAY, MAP_PERF_E
                        MapDef)
 from . import arith
 from .cfg import Cfg, Reject
-from .state import SPILL_BYTES, UNINIT_SLOT_BYTES, Frame, Slot, State
-from .value import (CTX, MAP_PTR, MAP_VALUE, MAP_VALUE_OR_NULL, NOT_INIT, NOT_INIT_VALUE, OR_NULL, RINGBUF_MEM,
-                    RINGBUF_MEM_OR_NULL, SCALAR, STACK, UNKNOWN, Value, const, intersect, pointer, s64, sized,
-                    t_add, with_var, M32, M64)
+from .state import SPILL_BYTES, UNINIT_SLOT_BYTES, Frame, Slot, State, fmt_value
+from .value import (CTX, FUNC, MAP_PTR, MAP_VALUE, MAP_VALUE_OR_NULL, NOT_INIT, NOT_INIT_VALUE, OR_NULL, RINGBUF_MEM,
+                    RINGBUF_MEM_OR_NULL, SCALAR, STACK, UNKNOWN, Value, bounded, const, intersect, pointer, s64,
+                    sized, t_add, with_var, M32, M64)
 
 MAX_FRAMES = 8          # the kernel's MAX_CALL_FRAMES
 MAX_OFF = 1 << 29       # the kernel's BPF_MAX_VAR_OFF: larger offsets are nonsense
@@ -71,7 +71,7 @@ class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
     __slots__ = ("cfg", "maps", "layout", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack",
-                 "ctx_reads", "ctx_at", "value_uses", "pointers_read", "_last_id")
+                 "ctx_reads", "ctx_at", "value_uses", "pointers_read", "callbacks", "_last_id")
 
     def __init__(self, cfg: Cfg, maps: list[MapDef], layout: egpu_ctx.Layout = egpu_ctx.EGPU_CTX) -> None:
         self.cfg = cfg
@@ -87,6 +87,7 @@ class Env:
         self.ctx_at: dict[int, int | None] = {}
         self.value_uses: dict[int, set[str]] = {}
         self.pointers_read: dict[DataPointer, None] = {}   # unrelocated addresses read from global data, in order
+        self.callbacks: dict[int, int] = {}   # pc of a bpf_loop call -> its callback's pc
         self._last_id = 0
 
     def new_id(self) -> int:
@@ -108,6 +109,12 @@ class Env:
     def note_const(self, pc: int, value: int | None) -> None:
         if self.consts.setdefault(pc, value) != value:
             self.consts[pc] = None
+
+    def note_callback(self, pc: int, callback: int) -> None:
+        """The translated code calls one callback at a bpf_loop call, known when translating."""
+        if self.callbacks.setdefault(pc, callback) != callback:
+            raise Reject(f"bpf_loop gets the callback at {self.callbacks[pc]} on one path and at {callback} on "
+                         "another: each call takes one function (callback)")
 
     def note_use(self, index: int, use: str) -> None:
         self.value_uses.setdefault(index, set()).add(use)
@@ -208,6 +215,10 @@ def _alu(env: Env, st: State, insn: Insn) -> Succ:
         f.regs[insn.dst] = b if exact else arith.alu("mov", 32, b, b)
         return [(st, insn.pc + 1)]
     a = _reg(f, insn.dst)
+    for r, v in ((insn.dst, a), (insn.src, b)):
+        if v.kind == FUNC:
+            raise Reject(f"arithmetic on a function's address prohibited (r{r} is func): it is bpf_loop's callback "
+                         "and nothing else")
     if a.is_pointer or b.is_pointer:
         if insn.width == 32:
             p = insn.dst if a.is_pointer else insn.src
@@ -277,13 +288,16 @@ def _unary(env: Env, st: State, insn: Insn) -> Succ:
 
 
 def _lddw(env: Env, st: State, insn: Insn) -> Succ:
-    """dst = imm64, a map (map_ptr) or a pointer into a global-data map's value (cfg checked the index)."""
+    """dst = imm64, a map (map_ptr), a pointer into a global-data map's value (cfg checked the index) or a
+    function's address (func)."""
     _writable(insn.dst)
     if insn.src == isa.LDDW_IMM64:
         v = const(insn.imm)
     elif insn.src == isa.LDDW_MAP_IDX:
         v = pointer(MAP_PTR, aux=insn.imm)
         env.note_map(insn.pc, insn.imm)
+    elif insn.src == isa.LDDW_CODE_ADDR:   # cfg made the target a function of its own
+        v = pointer(FUNC, aux=insn.func_target())
     else:
         v = pointer(MAP_VALUE, off=insn.imm >> 32, aux=insn.imm & 0xFFFFFFFF)
         env.note_map(insn.pc, insn.imm & 0xFFFFFFFF)
@@ -336,7 +350,7 @@ def _access(env: Env, st: State, insn: Insn, reg: int, ptr: Value, mode: str, *,
             signed: bool = False) -> Value:
     """Check one load ("read"), store ("write") or atomic through ``ptr``; returns what a read gives."""
     kind, size = ptr.kind, insn.size
-    if kind in (SCALAR, MAP_PTR) or kind in OR_NULL:
+    if kind in (SCALAR, MAP_PTR, FUNC) or kind in OR_NULL:
         hint = ": compare it with 0 first" if kind in OR_NULL else ""
         raise Reject(f"invalid mem access '{kind}' (r{reg}{hint})" + (_data_pointers(env) if kind == SCALAR else ""))
     if value is not None and value.is_pointer and kind != STACK:
@@ -560,6 +574,10 @@ def _jmp(env: Env, st: State, insn: Insn) -> Succ:
     # JMP32 compares the low 32 bits with imm (RFC 9669 4.3); arith.branch takes the low half.
     b = const(insn.imm) if insn.use_imm else _reg(f, insn.src)
     target, nxt = insn.jump_target(), insn.pc + 1
+    if FUNC in (a.kind, b.kind):
+        raise Reject(f"comparison of a function's address prohibited (r{insn.dst} is {a.kind}"
+                     + ("" if insn.use_imm else f", r{insn.src} is {b.kind}") + "): it is bpf_loop's callback and "
+                     "nothing else")
     if a.is_pointer or b.is_pointer:
         for v in (a, b) if a.is_pointer and b.is_pointer else ():
             if v.kind in (MAP_VALUE, MAP_VALUE_OR_NULL):   # compared by address: one row per lookup (striping.py)
@@ -650,7 +668,7 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
     f = st.top
     m: int | None = None
     mem: tuple[int, Value, bool] | None = None   # (arg, pointer, written by the helper)
-    release = size = 0
+    release = size = callback = 0
     for n, arg in enumerate(h.args, 1):
         v = f.regs[n]
         if arg == "anything" and h.name in _VARIADIC:
@@ -685,6 +703,15 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
         elif arg == "ctx":
             if not ((v.kind == CTX and v.off == 0 and v.is_const) or (v.kind == SCALAR and v.is_const and v.tv == 0)):
                 raise Reject(f"r{n} is {v.kind}, {h.name} needs the unmodified ctx pointer from r1 (arg{n})")
+        elif arg == "func":
+            if v.kind != FUNC:
+                raise Reject(f"r{n} is {v.kind}, {h.name} needs a static function's address, its callback (arg{n})")
+            callback = v.aux
+        elif arg == "callback_ctx":
+            if v.kind not in (STACK, MAP_VALUE, SCALAR):
+                hint = ": compare it with 0 first" if v.kind in OR_NULL else ""
+                raise Reject(f"r{n} is {v.kind}, {h.name} passes its callback a pointer to the stack or a map value, "
+                             f"or a number (arg{n}{hint})")
         elif arg == "ringbuf_mem":
             if v.kind != RINGBUF_MEM:
                 hint = ": compare it with 0 first" if v.kind == RINGBUF_MEM_OR_NULL else ""
@@ -707,6 +734,8 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
     if h.name == "exit":  # bpftime's exit ends the probe here, from any frame: nothing may stay reserved
         _no_leaked_refs(st, " before bpf_exit()")
         return []
+    if h.name == "loop":
+        return _loop(env, st, insn, callback)
     for r in range(1, 6):
         f.regs[r] = NOT_INIT_VALUE
     if h.ret == "map_value_or_null":
@@ -842,6 +871,32 @@ def _local_call(env: Env, st: State, insn: Insn) -> Succ:
     return [(st, target)]
 
 
+def _loop(env: Env, st: State, insn: Insn, callback: int) -> Succ:
+    """bpf_loop: the loop's header, reached before each round. Either the caller goes on (r0 the rounds made,
+    r1-r5 clobbered) or the callback runs once more: a new frame, r1 the index below nr_loops (its low 32 bits,
+    at most MAX_LOOPS), r2 the ctx, r3-r5 unset; its exit comes back here (_exit), with whatever it wrote
+    through the ctx in the caller's frames, until the search finds a round covered (verifier's _Search)."""
+    env.note_callback(insn.pc, callback)
+    f = st.top
+    nr = f.regs[1]
+    rounds = min(nr.umax if nr.umax <= M32 else M32, MAX_LOOPS)
+    succ: Succ = []
+    if rounds:
+        if len(st.frames) >= MAX_FRAMES:
+            raise Reject(f"the call stack of {len(st.frames) + 1} frames is too deep (max {MAX_FRAMES}): bpf_loop's "
+                         "callback takes one")
+        inner = st.copy()
+        regs = [NOT_INIT_VALUE] * 11
+        regs[1], regs[2] = bounded(0, rounds - 1), f.regs[3]
+        regs[FP] = pointer(STACK, aux=len(st.frames))
+        inner.frames.append(Frame(regs, {}, insn.pc, env.cfg.subprog_of[callback]))
+        succ.append((inner, callback))
+    for r in range(1, 6):
+        f.regs[r] = NOT_INIT_VALUE
+    f.regs[0] = UNKNOWN
+    return succ + [(st, insn.pc + 1)]
+
+
 def _exit(env: Env, st: State, insn: Insn) -> Succ:
     """Return to the caller, or end the program: r0 a scalar, every reserved record released. A
     subprogram's r0 goes back as it is, set or not (the kernel's prepare_func_exit): clang drops the
@@ -849,6 +904,11 @@ def _exit(env: Env, st: State, insn: Insn) -> Succ:
     r0 = st.top.regs[0]
     if r0.kind == NOT_INIT and len(st.frames) == 1:
         raise Reject("r0 is not initialized at exit (!read_ok)")
+    if len(st.frames) > 1 and st.top.callsite in env.cfg.loop_calls:   # a callback's round ends: the next, or not
+        if r0.kind != SCALAR or r0.umax > 1:
+            raise Reject(f"the callback returns {'nothing' if r0.kind == NOT_INIT else fmt_value(r0, env.maps)}: "
+                         "bpf_loop's callback returns 0 (go on) or 1 (stop) (callback return)")
+        return [(st, st.frames.pop().callsite)]
     if len(st.frames) > 1:
         if r0.kind == STACK and r0.aux == len(st.frames) - 1:
             raise Reject("cannot return a pointer to the callee's stack (r0)")

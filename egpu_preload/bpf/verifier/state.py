@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from ..program import MapDef
-from .value import (M32, MAP_PTR, NOT_INIT, NOT_INIT_VALUE, S32_MAX, S32_MIN, SCALAR, STACK, UNKNOWN, Value,
+from .value import (FUNC, M32, MAP_PTR, NOT_INIT, NOT_INIT_VALUE, S32_MAX, S32_MIN, SCALAR, STACK, UNKNOWN, Value,
                     bounded, contains, fits_s32, pointer, s64)
 
 UNINIT_SLOT_BYTES = "uuuuuuuu"
@@ -267,6 +267,8 @@ def fmt_value(v: Value, maps: list[MapDef]) -> str:
         return f"fp{v.off}" + (f"(frame={v.aux}{var()})" if v.aux or not v.is_const else "")
     if v.kind == MAP_PTR:
         return f"map_ptr({name()})"
+    if v.kind == FUNC:
+        return f"func(pc={v.aux})"
     if v.kind == "ctx":
         return f"ctx(off={v.off}{var()})"
     ident = f"id={v.id}," if v.id else ""

@@ -26,6 +26,7 @@ MAP_VALUE_OR_NULL = "map_value_or_null"
 MAP_PTR = "map_ptr"
 RINGBUF_MEM = "ringbuf_mem"
 RINGBUF_MEM_OR_NULL = "ringbuf_mem_or_null"
+FUNC = "func"   # a static function's address (Linux's PTR_TO_FUNC): aux is its pc; only bpf_loop takes it
 OR_NULL = {MAP_VALUE_OR_NULL: MAP_VALUE, RINGBUF_MEM_OR_NULL: RINGBUF_MEM}
 
 
@@ -38,7 +39,7 @@ class Value(NamedTuple):
     tv: int = 0
     tm: int = M64
     off: int = 0   # pointers: the fixed offset; linked scalars: the constant added since the copy
-    aux: int = 0   # map index (map_*), frame number (stack), record size (ringbuf_mem*); linked scalars:
+    aux: int = 0   # map index (map_*), frame number (stack), record size (ringbuf_mem*), pc (func); linked scalars:
                    # 32 when the value is the low half of (base + off) (a w-register add), else 0
     id: int = 0    # links copies: scalars refined together, or_null pointers null-checked together,
                    # ringbuf records released together (the id is also the reference id). Scalars of
