@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from egpu_preload.bpf import ctx as ctxmod
 from egpu_preload.bpf import program as prog
 from egpu_preload.bpf.asm import assemble
-from egpu_preload.bpf.helpers import BPF_ANY, BPF_EXIST, BPF_NOEXIST, HELPERS
+from egpu_preload.bpf.helpers import BPF_ANY, BPF_EXIST, BPF_NOEXIST, HELPERS, LOOP
 from egpu_preload.errors import EgpuError, VmError
 from egpu_preload.maps import (E2BIG, EAGAIN, EEXIST, EINVAL, ENOENT, ENOSPC, MapsState, PerfStorage, format_trace,
                                record_bytes)
@@ -98,7 +98,51 @@ def test_callee_frame_is_gone_after_return() -> None:
 
 
 def test_every_helper_has_a_handler() -> None:
-    assert set(HANDLERS) == set(HELPERS)
+    assert set(HANDLERS) == set(HELPERS) - {LOOP}   # bpf_loop calls code: machine.py runs it
+
+
+# bpf_loop(r1 rounds, cb, &sum, r4 flags); r0 = the rounds made << 32 | the sum of the indices the callback saw,
+# the callback stopping at index STOP (returning 1 there)
+LOOP_SUM = """
+    *(u64 *)(r10 - 8) = 0
+    r1 = {rounds} ll
+    r2 = func cb ll
+    r3 = r10
+    r3 += -8
+    r4 = {flags}
+    call loop
+    r0 <<= 32
+    r1 = *(u64 *)(r10 - 8)
+    r0 |= r1
+    exit
+cb: r3 = *(u64 *)(r2 + 0)
+    r3 += r1
+    *(u64 *)(r2 + 0) = r3
+    r0 = 0
+    if r1 < {stop} goto +1
+    r0 = 1
+    exit
+"""
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["interpreted", "compiled"])
+@pytest.mark.parametrize("rounds, flags, stop, made, total", [
+    (10, 0, 100, 10, 45),                 # every round: indices 0..9
+    (10, 0, 4, 5, 10),                    # the callback returns 1 at index 4: five rounds made
+    (0, 0, 100, 0, 0),
+    ((1 << 32) + 3, 0, 100, 3, 3),        # nr_loops is a u32
+    (1 << 23, 0, 1, 2, 1),                # the most rounds Linux takes
+    ((1 << 23) + 1, 0, 1, -E2BIG, 0),     # more: no call
+    (10, 1, 100, -EINVAL, 0),             # flags other than 0: no call
+])
+def test_bpf_loop(rounds: int, flags: int, stop: int, made: int, total: int, compiled: bool) -> None:
+    code = assemble(LOOP_SUM.format(rounds=rounds, flags=flags, stop=stop))
+    assert Vm(code, compiled=compiled).run(b"") == (made << 32 | total) & M64
+
+
+def test_bpf_loop_calls_only_a_function() -> None:
+    with pytest.raises(VmError, match=r"bpf_loop's r2 is no function's address \(0x0\)"):
+        execute(assemble("r1 = 1\nr2 = 0\nr3 = 0\nr4 = 0\ncall loop\nexit"))
 
 
 @settings(max_examples=300, deadline=None)

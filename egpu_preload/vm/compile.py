@@ -12,10 +12,11 @@ instruction.
 
 Every program compiles. A local call runs the interpreter's closure (a fresh frame, r6-r9 saved) and
 goes to its target; an exit from a subprogram runs the closure too (the caller's frame and r6-r9 back)
-and goes to the return pc; ``stack`` follows the current frame. An instruction the interpreter stops
-at (a write to r10, a jump or call outside the program, an unknown helper or a kfunc) runs its
-closure, which raises as the interpreter does; a jump into an lddw or past the end (falling off it
-included) finds no block and runs the interpreter's op for that slot, which does the same.
+and goes to the return pc; ``stack`` follows the current frame. bpf_loop is such a call (its closure goes
+to the callback, or on), and a callback's exit goes to the next round's callback or past the call. An
+instruction the interpreter stops at (a write to r10, a jump or call outside the program, an unknown
+helper or a kfunc) runs its closure, which raises as the interpreter does; a jump into an lddw or past
+the end (falling off it included) finds no block and runs the interpreter's op for that slot, which does the same.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from ..bpf import alu, isa
 from ..bpf.alu import MASKS
+from ..bpf.helpers import LOOP
 from ..errors import EgpuError, VmError
 from . import calls
 from .machine import MAP_HANDLE_BASE, WRITES_DST
@@ -82,6 +84,8 @@ def _blocks(vm: "Vm", nmaps: int, names: dict[str, object]) -> list[str]:
     starts = {i.pc for i in insns}
     leaders = {0}
     for k, i in enumerate(insns):
+        if i.kind == "lddw" and i.src == isa.LDDW_CODE_ADDR and i.func_target() in starts:
+            leaders.add(i.func_target())   # a callback, entered by its bpf_loop's closure
         if _transfers(i):
             leaders.update(t for t in (_target(i),) if t in starts)
             if k + 1 < len(insns):
@@ -112,8 +116,12 @@ def _back(i: "Insn", budgeted: frozenset[int]) -> list[str]:
 
 
 def _transfers(i: "Insn") -> bool:
-    """Whether the instruction ends its block with a jump of its own: jumps, exits and local calls."""
-    return i.kind in ("jmp", "ja", "exit") or (i.kind == "call" and i.src == isa.CALL_LOCAL)
+    """Whether the instruction ends its block with a jump of its own: jumps, exits, local calls and bpf_loop."""
+    return i.kind in ("jmp", "ja", "exit") or (i.kind == "call" and (i.src == isa.CALL_LOCAL or _loop(i)))
+
+
+def _loop(i: "Insn") -> bool:
+    return i.src == isa.CALL_HELPER and i.imm == LOOP
 
 
 def _target(i: "Insn") -> int:
@@ -197,8 +205,9 @@ def _insn(i: "Insn", nxt: int, end: int, nmaps: int, names: dict[str, object],
                 f"store(a, {i.size}, (load(a, {i.size}) + ({s} & {m})) & {m})"]
     if i.kind == "call" and i.src == isa.CALL_HELPER and i.imm in calls.HANDLERS:
         return [f"p = {i.pc}", _SYNC, f"if HANDLERS[{i.imm}](run):", "    return regs[0] & MASK64", _RELOAD]
-    if i.kind == "call" and i.src == isa.CALL_LOCAL and 0 <= i.call_target() < end:
-        # the closure pushes the frame (or raises past MAX_FRAMES) and returns the target
+    if i.kind == "call" and ((i.src == isa.CALL_LOCAL and 0 <= i.call_target() < end) or _loop(i)):
+        # the closure pushes the frame (or raises past MAX_FRAMES) and returns the target; bpf_loop's the
+        # callback's, or the next pc when it calls none
         return [f"p = {i.pc}", _SYNC, f"pc = OPS[{i.pc}](run)", _RELOAD, _FRAME.strip(), "continue"]
     # the rest (lddw, atomics, neg, end, movsx, calls the interpreter refuses): its closure
     return closure

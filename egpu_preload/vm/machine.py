@@ -7,6 +7,9 @@ the verifier folds constants with the same functions). The other rules the GPU t
 
 - a local call gets a fresh 512-byte frame and its own r10; r6-r9 and r10 are restored on return
   (RFC 9669 4.3, program-local functions; the BPF ABI makes r6-r9 callee-saved and r10 read-only);
+- bpf_loop (helpers.py) calls its callback as a local call, r1 the index, r2 the ctx, r3-r5 zero (Linux's
+  callback(i, ctx, 0, 0, 0)), a fresh frame each round; the callback's exit ends the round (Run.end_round);
+  an lddw of a function's address gives a handle (FUNC_HANDLE_BASE + its pc), as a map's does;
 - atomics must be naturally aligned, as on the GPU (and the kernel verifier) - the VM refuses otherwise;
 - a budgeted backward jump (bpf/verifier's VerifiedProgram.budgeted: a loop of a directly-run program the
   verifier could not bound) spends one of the run's LOOP_BUDGET when taken; the one past them ends the
@@ -22,11 +25,12 @@ from collections.abc import Callable, Sequence
 from ..bpf import alu, isa
 from ..bpf.alu import MASKS
 from ..bpf.decode import Insn, decode
+from ..bpf.helpers import LOOP, MAX_LOOPS
 from ..bpf.disasm import disasm_insn
 from ..bpf.program import MapDef
 from ..bpf.verifier import LOOP_BUDGET
 from ..errors import EgpuError, VmError
-from ..maps import MapsState, RingbufStorage
+from ..maps import E2BIG, EINVAL, MapsState, RingbufStorage
 from . import calls
 from .memory import MASK64, REGION_SHIFT, Memory
 from .thread import Dim3, ThreadSim, grid_threads
@@ -36,7 +40,10 @@ DEFAULT_BUDGET = 10_000_000
 MAX_FRAMES = 8  # the kernel's MAX_CALL_FRAMES
 # Map references (lddw map[N]) become handles in an address range no region ever occupies.
 MAP_HANDLE_BASE = ((1 << 27) - 1) << REGION_SHIFT
+# Functions' addresses (lddw of a callback) are handles past every map's.
+FUNC_HANDLE_BASE = MAP_HANDLE_BASE + (1 << 32)
 STOP = -1  # the pc returned when the outermost frame exits
+ROUND = -2  # the return pc of a bpf_loop callback's frame: its exit ends the round
 
 Op = Callable[["Run"], int]
 
@@ -54,6 +61,35 @@ class Run:
         self.regs[isa.FRAME_POINTER] = self.frame + isa.STACK_SIZE
         self.reservations: dict[int, tuple[RingbufStorage, bytearray]] = {}
         self.loops = LOOP_BUDGET   # budgeted backward jumps this run may still take
+        self.rounds: list[list[int]] = []   # bpf_loop calls under way, innermost last: [callback pc, ctx,
+                                            # nr_loops, index, the pc after the call]
+
+    def push_frame(self, ret: int) -> None:
+        """A local call's fresh frame; ``ret`` is where the callee's exit goes."""
+        if len(self.frames) + 1 >= MAX_FRAMES:
+            raise VmError(f"call depth exceeds {MAX_FRAMES} frames")
+        r = self.regs
+        self.frames.append((ret, r[6:10], self.frame))
+        self.frame = self.mem.add(f"stack frame {len(self.frames)}", bytearray(isa.STACK_SIZE), writable=True)
+        r[isa.FRAME_POINTER] = self.frame + isa.STACK_SIZE
+
+    def enter_round(self) -> int:
+        """The innermost bpf_loop's next round: its callback called, r1 the index, r2 the ctx, r3-r5 zero."""
+        callback, ctx, _, index, _ = self.rounds[-1]
+        self.push_frame(ROUND)
+        self.regs[1:6] = [index, ctx, 0, 0, 0]
+        return callback
+
+    def end_round(self) -> int:
+        """The callback returned: a non-zero r0 (1: the verifier allows no other) or the last index ends the
+        loop with r0 = the rounds made (Linux's bpf_loop), else the next round starts."""
+        loop = self.rounds[-1]
+        loop[3] += 1
+        if self.regs[0] or loop[3] == loop[2]:
+            self.rounds.pop()
+            self.regs[0] = loop[3]
+            return loop[4]
+        return self.enter_round()
 
     def back_edge(self) -> bool:
         """A budgeted backward jump: whether it is taken; once LOOP_BUDGET were, the run ends as helper 507
@@ -159,6 +195,13 @@ def _lddw(i: Insn, nxt: int) -> Op:
             run.regs[dst] = (value + off) & MASK64
             return nxt
         return op_value
+    if i.src == isa.LDDW_CODE_ADDR:
+        handle = FUNC_HANDLE_BASE + i.func_target()
+
+        def op_func(run: Run) -> int:
+            run.regs[dst] = handle
+            return nxt
+        return op_func
     return _fail(f"lddw pseudo source {i.src} is resolved by the loader, not the VM")
 
 
@@ -230,12 +273,7 @@ def _call(i: Insn, nxt: int) -> Op:
         target = i.call_target()
 
         def op_local(run: Run) -> int:
-            if len(run.frames) + 1 >= MAX_FRAMES:
-                raise VmError(f"call depth exceeds {MAX_FRAMES} frames")
-            r = run.regs
-            run.frames.append((nxt, r[6:10], run.frame))
-            run.frame = run.mem.add(f"stack frame {len(run.frames)}", bytearray(isa.STACK_SIZE), writable=True)
-            r[isa.FRAME_POINTER] = run.frame + isa.STACK_SIZE
+            run.push_frame(nxt)
             return target
         return op_local
     if i.src == isa.CALL_BTF:
@@ -258,7 +296,26 @@ def _exit(i: Insn, nxt: int) -> Op:
         run.frame = frame
         run.regs[6:10] = saved
         run.regs[isa.FRAME_POINTER] = frame + isa.STACK_SIZE
-        return ret
+        return run.end_round() if ret == ROUND else ret
+    return op
+
+
+def _loop(nxt: int, starts: frozenset[int]) -> Op:
+    """bpf_loop(nr_loops, callback, ctx, flags), as Linux's: flags other than 0 give -EINVAL, nr_loops (its low 32
+    bits) past MAX_LOOPS -E2BIG, 0 rounds r0 = 0, all without a call; else the first round."""
+    def op(run: Run) -> int:
+        r = run.regs
+        rounds = r[1] & 0xFFFFFFFF
+        if r[4]:
+            r[0] = -EINVAL & MASK64
+            return nxt
+        if rounds > MAX_LOOPS or not rounds:
+            r[0] = -E2BIG & MASK64 if rounds else 0
+            return nxt
+        if r[2] - FUNC_HANDLE_BASE not in starts:
+            raise VmError(f"bpf_loop's r2 is no function's address (0x{r[2]:x})")
+        run.rounds.append([r[2] - FUNC_HANDLE_BASE, r[3], rounds, 0, nxt])
+        return run.enter_round()
     return op
 
 
@@ -281,6 +338,7 @@ WRITES_DST = frozenset(("alu", "mov", "movsx", "neg", "end", "lddw", "load"))
 def _build(insns: Sequence[Insn], slots: int, budgeted: frozenset[int]) -> list[Op]:
     """One op per slot; slots that are not instruction starts (lddw's second half, the end) fail."""
     ops: list[Op] = [_fail("jump into the middle of lddw")] * slots + [_fail("fell off the end of the program")]
+    starts = frozenset(i.pc for i in insns)
     for i in insns:
         nxt = i.pc + i.slots
         if i.kind in WRITES_DST and i.dst == isa.FRAME_POINTER:
@@ -292,7 +350,8 @@ def _build(insns: Sequence[Insn], slots: int, budgeted: frozenset[int]) -> list[
         if i.kind == "call" and i.src == isa.CALL_LOCAL and not 0 <= i.call_target() < slots:
             ops[i.pc] = _fail(f"call to {i.call_target()}, outside the program")
             continue
-        ops[i.pc] = BUILDERS[i.kind](i, nxt)
+        loop = i.kind == "call" and i.src == isa.CALL_HELPER and i.imm == LOOP
+        ops[i.pc] = _loop(nxt, starts) if loop else BUILDERS[i.kind](i, nxt)
         if i.pc in budgeted:
             ops[i.pc] = _budgeted(ops[i.pc], i.jump_target())
     return ops
