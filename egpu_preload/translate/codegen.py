@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..bpf import isa
 from ..bpf.decode import Insn
+from ..bpf.helpers import LOOP
 from ..bpf.verifier import VerifiedProgram
 from . import helpers_ptx
 from .devmaps import layout
@@ -178,7 +179,8 @@ def exit_(g: FuncGen, insn: Insn) -> None:
 
 
 def lddw(g: FuncGen, insn: Insn) -> None:
-    """dst = imm64, or a map / a map value address after loading (RFC 9669 5.4, libbpf fd_array form)."""
+    """dst = imm64, or a map / a map value address after loading (RFC 9669 5.4, libbpf fd_array form), or a
+    function's address (a callback: its pc)."""
     d = g.reg(insn.dst)
     if insn.src == isa.LDDW_IMM64:
         g.emit(f"mov.b64 {d}, {lit(insn.imm)};")
@@ -193,6 +195,8 @@ def lddw(g: FuncGen, insn: Insn) -> None:
             off = lay.value_off + (insn.imm >> 32)  # the single value of a global-data map
             if off:
                 g.emit(f"add.u64 {d}, {d}, {off};")
+    elif insn.src == isa.LDDW_CODE_ADDR:   # only bpf_loop takes it, and it knows its callback (loop_call)
+        g.emit(f"mov.b64 {d}, {insn.func_target()};")
     else:
         raise g.fail(insn, f"lddw with pseudo source {insn.src} is left unresolved by the loader")
 
@@ -323,9 +327,13 @@ def _warp_add(g: FuncGen, insn: Insn, a: Addr, c: int) -> None:
 
 
 def call(g: FuncGen, insn: Insn) -> None:
-    """A helper (inlined PTX) or a static subprogram (inlined with its own frame)."""
+    """A helper (inlined PTX; bpf_loop a loop around its callback) or a static subprogram (inlined with its own
+    frame)."""
     if insn.src == isa.CALL_LOCAL:
         g.inline_call(insn)
+        return
+    if insn.src == isa.CALL_HELPER and insn.imm == LOOP:
+        g.loop_call(insn)
         return
     helpers_ptx.emit_helper(g, insn)
 

@@ -4,7 +4,8 @@ The handlers that translate instructions live in codegen.py (one per ``isa.OpSpe
 helpers_ptx.py; both build on this module. Registers r0-r10 live in PTX ``.b64`` registers
 (``%r0``..``%r10``); local calls are inlined, each inlined frame getting its own r6-r10 (``%d<depth>r6``..)
 and its own slice of one per-thread ``.local`` stack array. r1-r5 and r0 are shared between frames, as
-the eBPF calling convention passes and clobbers them.
+the eBPF calling convention passes and clobbers them. bpf_loop is a PTX loop around its callback, inlined
+so too (the verifier names the callback of each call: VerifiedProgram.callbacks).
 
 What the verifier proved (bpf/verifier VerifiedProgram) decides the code: each frame is as large as its
 function's stack depth (no ``.local`` at all when no function uses the stack); accesses through r10 are
@@ -27,10 +28,11 @@ from ..bpf import isa
 from ..bpf.ctx import NO_ADDRESS
 from ..bpf.decode import Insn
 from ..bpf.disasm import disasm_insn
-from ..bpf.helpers import HELPERS
+from ..bpf.helpers import HELPERS, MAX_LOOPS
 from ..bpf.program import MapDef
 from ..bpf.verifier import LOOP_BUDGET, VerifiedProgram
 from ..errors import TranslateError
+from ..maps import E2BIG, EINVAL
 
 M64 = (1 << 64) - 1
 MAX_FRAMES = 8             # Linux MAX_CALL_FRAMES
@@ -149,6 +151,8 @@ class FuncGen:
                 entries.add(i.call_target())
             if i.kind == "call" and i.src == isa.CALL_BTF:
                 raise TranslateError("kfunc calls are not supported", insn=i.pc)
+            if i.kind == "lddw" and i.src == isa.LDDW_CODE_ADDR and i.func_target() in self.by_pc:
+                entries.add(i.func_target())   # a callback: a function of its own
         order = sorted(entries)
         self.frame_end = {e: (order[k + 1] if k + 1 < len(order) else self.total) for k, e in enumerate(order)}
         if verified is not None:
@@ -409,7 +413,10 @@ class FuncGen:
         self.zero_frame()
 
     def inline_call(self, insn: Insn) -> None:
-        callee = insn.call_target()
+        self.inline(insn.call_target())
+
+    def inline(self, callee: int) -> None:
+        """The function at ``callee`` emitted here as a new frame; its exit comes to the end of its code."""
         if self.depth + 1 >= MAX_FRAMES:
             # Only a program the verifier refused recurses (execute_on_gpu): the VM runs bounded
             # recursion and refuses this call; the GPU stops with r0 = 0.
@@ -425,6 +432,39 @@ class FuncGen:
         self.emit_frame(callee)
         self.place(self.ret_label)
         self.depth, self.inst, self.ret_label, self.base, self.top = saved
+
+    def loop_call(self, insn: Insn) -> None:
+        """bpf_loop(nr_loops, callback, ctx, flags), as vm/machine.py runs it: -EINVAL for flags, -E2BIG past
+        MAX_LOOPS rounds (nr_loops' low 32 bits), else r0 = the rounds the callback ran (r1 the index, r2 the
+        ctx, r3-r5 zero) until it returned non-zero (1) or ran them all."""
+        callback = self.verified.callbacks.get(insn.pc) if self.verified is not None else None
+        if callback is None:
+            raise self.fail(insn, "bpf_loop's callback is known from the verifier: an unverified program has none")
+        rounds, index, ctx, p = self.t64(), self.t64(), self.t64(), self.pred()
+        top, out, done = self.label(), self.label(), self.label()
+        self.emit(f"mov.b64 %r0, {lit(-EINVAL)};")
+        self.emit(f"setp.ne.u64 {p}, %r4, 0;")
+        self.emit(f"@{p} bra {done};")
+        self.emit(f"and.b64 {rounds}, %r1, {lit(0xFFFFFFFF)};")
+        self.emit(f"mov.b64 %r0, {lit(-E2BIG)};")
+        self.emit(f"setp.gt.u64 {p}, {rounds}, {MAX_LOOPS};")
+        self.emit(f"@{p} bra {done};")
+        self.emit(f"mov.b64 {ctx}, %r3;")
+        self.emit(f"mov.b64 {index}, 0;")
+        self.place(top)
+        self.emit(f"setp.ge.u64 {p}, {index}, {rounds};")
+        self.emit(f"@{p} bra {out};")
+        self.emit(f"mov.b64 %r1, {index};")
+        self.emit(f"mov.b64 %r2, {ctx};")
+        for r in (3, 4, 5):
+            self.emit(f"mov.b64 %r{r}, 0;")
+        self.inline(callback)
+        self.emit(f"add.u64 {index}, {index}, 1;")
+        self.emit(f"setp.eq.u64 {p}, %r0, 0;")
+        self.emit(f"@{p} bra {top};")
+        self.place(out)
+        self.emit(f"mov.b64 %r0, {index};")
+        self.place(done)
 
     def zero_frame(self) -> None:
         """The VM gives every frame a fresh zeroed stack; for a program the verifier refused (so one
