@@ -158,6 +158,8 @@ MAP_ARRAY = prog.MapDef("counts", prog.MAP_ARRAY, 4, 8, 4)
     ("r0 = 0\ncall local f\nexit\nf:\ngoto -3", "leaves its function"),
     ("r1 = 0\nr0 = 0\ncall map_lookup_elem\nexit", "r1 is not a map known at translation time (an unverified"),
     ("ld_pseudo r1, 0x1, 0x3\nr0 = 0\nexit", "pseudo source 1"),
+    ("r1 = 1\nr2 = func f ll\nr3 = 0\nr4 = 0\ncall loop\nexit\nf: r0 = 2\nexit",
+     "bpf_loop's callback is known from the verifier: an unverified program has none"),
 ])
 def test_refusals(asm, reason):
     with pytest.raises(TranslateError, match=re.escape(reason)) as e:
