@@ -23,6 +23,7 @@ from egpu_preload.bpf import ctx as C
 from egpu_preload.bpf.asm import assemble
 from egpu_preload.bpf.compile import compile_probe
 from egpu_preload.bpf.program import HOST_ONLY_MAPS
+from egpu_preload.bpf.sections import parse_section
 from egpu_preload.runtime import dump, launches, native
 from egpu_preload.runtime.probes import load_probe
 from egpu_preload.vm import Vm, run_with_mem
@@ -534,6 +535,21 @@ def test_a_refusal_names_the_helper(probe):
     import dataclasses
     assert native.refusal([dataclasses.replace(p, code=printk)], obj.obj.maps, set()) == \
         f"{p.name} calls trace_printk"
+
+
+def test_bpf_loop_is_left_to_the_vm(probe):
+    """C calls no callbacks: a launch program calling bpf_loop runs on the Python VM, and an object with
+    host-API programs calling it is refused when loaded, saying why (native.api_refusal)."""
+    import dataclasses
+    obj = probe("tests/launch_probes/launch_maps")
+    (p,) = [p for p in obj.obj.programs if p.attach.kind == "launch"]
+    loop = dataclasses.replace(p, code=assemble("r1 = 1\nr2 = func cb ll\nr3 = 0\nr4 = 0\ncall loop\nexit\n"
+                                                 "cb: r0 = 0\nexit"))
+    assert native.refusal([loop], obj.obj.maps, set()) == f"{p.name} calls bpf_loop: the C engine calls no callbacks"
+    api = dataclasses.replace(loop, attach=parse_section("egpu/memcpy/*"))
+    assert native.api_refusal(dataclasses.replace(obj.obj, programs=[api])) == (
+        "host-API programs run only in C, in the hooks, which cannot take this object: "
+        f"{p.name} calls bpf_loop: the C engine calls no callbacks")
 
 
 @pytest.mark.parametrize("shape, made", [
