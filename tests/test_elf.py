@@ -47,6 +47,7 @@ PROGRAMS = {
     "record_atomics": [("record_atomics", "kprobe/*", Attach("entry", "*", T))],
     "process": [("who", "kprobe/*", Attach("entry", "*", T))],
     "percpu_hash": [("count_calls", "kprobe/*", Attach("entry", "*", T))],
+    "callback": [("loop_sum", "kprobe/*", Attach("entry", "*", T))],
 }
 
 # probe -> maps as (name, type, key_size, value_size, max_entries, flags, readonly)
@@ -70,6 +71,7 @@ MAPS = {
     "process": [("seen", MAP_ARRAY, 4, 40, 1, 0, False)],
     "percpu_hash": [("calls", MAP_PERCPU_HASH, 8, 8, 64, 0, False), ("sites", MAP_LRU_PERCPU_HASH, 4, 16, 8, 0, False),
                     ("percpu_h.bss", MAP_ARRAY, 4, 24, 1, 0, False)],
+    "callback": [("results", MAP_ARRAY, 4, 8, 6, 0, False)],
 }
 
 # probe -> per program, its map references in code order: a map name, or (data map name, offset).
@@ -90,6 +92,7 @@ REFS = {
     "record_atomics": [["tallies"]],
     "process": [["seen"]],
     "percpu_hash": [["calls"] * 5 + ["sites"] * 3 + [("percpu_h.bss", 0)]],
+    "callback": [["results"] * 6],
 }
 
 # probe -> per program, (instruction count after linking, pcs that local calls enter)
@@ -101,6 +104,7 @@ HELPER_CALLS = {
     "gpu_helpers": [[503, 505, 504, 508, 502, 509, 510, 511, 507, 25, 506, 1]],
     "process": [[1, 14, 15, 16, 16]],
     "percpu_hash": [[5, 1, 2, 1, 2, 3, 2, 2, 1, 125, 160, 42]],
+    "callback": [[181, 1, 1, 1, 1, 1, 1, 181, 181, 181]],
 }
 
 
@@ -127,9 +131,10 @@ def test_probe(probe_obj, name, mcpu):
             elif i.kind == "lddw" and i.src == isa.LDDW_MAP_IDX_VALUE:
                 refs.append((names[i.imm & 0xFFFFFFFF], i.imm >> 32))
             elif i.kind == "lddw":
-                assert i.src == isa.LDDW_IMM64  # nothing left unrelocated
+                assert i.src in (isa.LDDW_IMM64, isa.LDDW_CODE_ADDR)  # nothing left unrelocated; or a callback
         assert refs == want
         local = [i.call_target() for i in insns if i.kind == "call" and i.src == isa.CALL_LOCAL]
+        local += [i.func_target() for i in insns if i.kind == "lddw" and i.src == isa.LDDW_CODE_ADDR]
         starts = {i.pc for i in insns}
         assert all(t in starts for t in local)
     for prog, (length, targets) in zip(obj.programs, CALLS.get(name, [(None, [])] * len(obj.programs))):
@@ -176,6 +181,30 @@ SEC("kprobe/*") int outer(struct egpu_ctx *c) { return inner(c) + 1; }
     got = {p.name: (len(p.code) // 8, [i.call_target() for i in decode(p.code) if i.kind == "call"])
            for p in obj.programs}
     assert got == {"inner": (8, [5]), "outer": (11, [3, 8])}
+
+
+def test_callbacks_are_linked_after_their_taker(tmp_path):
+    """bpf_loop's callbacks, static functions in .text whose address an lddw takes (R_BPF_64_64 on the section
+    symbol plus the function's offset, as clang emits it), are appended to the program once each, however many
+    lddws take them, and each lddw becomes BPF_PSEUDO_FUNC naming its function's first instruction, relative to
+    the next slot (libbpf's RELO_SUBPROG_ADDR)."""
+    obj = load_object(_compile(tmp_path, """
+static long first(__u64 i, void *c) { return 1; }
+static long cb(__u64 i, void *c) { *(__u64 *)c += i; return 0; }
+SEC("kprobe/*") int p(void *c)
+{
+	__u64 s = 0;
+	bpf_loop(4, cb, &s, 0);
+	bpf_loop(2, cb, &s, 0);
+	bpf_loop(1, first, 0, 0);
+	return s;
+}
+"""))
+    (p,) = obj.programs
+    main, cb, first = p.layout
+    assert (cb[0], cb[2], first[0], first[2]) == (".text", 5, ".text", 2) and {cb[1], first[1]} in ({0, 2}, {0, 5})
+    taken = [i.func_target() for i in decode(p.code) if i.kind == "lddw"]
+    assert taken == [main[2], main[2], main[2] + cb[2]]
 
 
 @pytest.mark.parametrize("mcpu", ["v1", "v3"])
@@ -354,10 +383,6 @@ BAD_SOURCES = [
                                     "__type(key, __u32); __type(value, __u32);"),
      "map m: unsupported map type 3 (BPF_MAP_TYPE_PROG_ARRAY: tail calls are not supported, call a static "
      "__noinline function instead; supported: hash,"),
-    ("callback", 'static long (*bpf_loop)(__u32 n, void *fn, void *c, __u64 f) = (void *)181;\n'
-                 'static int cb(__u32 i, void *c) { *(__u64 *)c += i; return 0; }\n'
-                 'SEC("kprobe/*") int p(void *c) { __u64 s = 0; bpf_loop(4, cb, &s, 0); return s; }',
-     "takes the address of function cb: callbacks (bpf_loop, bpf_for_each_map_elem, timers) are not supported"),
     ("map of maps", 'struct inner { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); '
                     '__type(value, __u64); } in SEC(".maps");\n' + MAP_SRC.format(
                         fields="__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS); __uint(max_entries, 1); __type(key, __u32); "

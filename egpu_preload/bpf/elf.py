@@ -138,7 +138,8 @@ class _Loader:
     map_at: dict[tuple[int, int], int] = field(default_factory=dict)   # (section, offset) -> map index
     data_map: dict[int, int] = field(default_factory=dict)             # data section -> map index
     code: dict[int, bytearray] = field(default_factory=dict)           # exec section -> relocated code
-    calls: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # relocated call -> target
+    calls: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # relocated call or
+    # function address (lddw) -> its target
     funcs: dict[tuple[int, int], _Func] = field(default_factory=dict)  # (section, start slot) -> function
     attach: dict[int, Attach] = field(default_factory=dict)             # program section -> what it attaches to
 
@@ -405,12 +406,14 @@ class _Loader:
                                f"{self.sections[sym.shndx].name}", section=sec.name)
             src, value = isa.LDDW_MAP_IDX_VALUE, self.data_map[sym.shndx] | where << 32
         elif sym.shndx in self.code:
-            # A function's address (lddw r, func): a callback, as bpf_loop and bpf_for_each_map_elem take.
-            func = self.funcs.get((sym.shndx, (sym.value + addend) // 8))
-            name = func.name if func else sym.name or self.sections[sym.shndx].name
-            raise ElfError(f"insn {pc} takes the address of function {name}: callbacks (bpf_loop, "
-                           f"bpf_for_each_map_elem, timers) are not supported; write a bounded loop instead",
-                           section=sec.name)
+            # A function's address (lddw r, func): a callback, as bpf_loop takes. libbpf's RELO_SUBPROG_ADDR:
+            # BPF_PSEUDO_FUNC, its imm made relative to the next slot when the program is linked (link).
+            where = sym.value + addend
+            if where % 8 or (sym.shndx, where // 8) not in self.funcs:
+                raise ElfError(f"insn {pc} takes the address of {sym.name or self.sections[sym.shndx].name}"
+                               f"+{addend}, which is no function's start", section=sec.name)
+            self.calls[sec.index, pc] = (sym.shndx, where // 8)
+            src, value = isa.LDDW_CODE_ADDR, 0
         else:
             target = self.sections[sym.shndx].name
             raise ElfError(f"bad relocation at insn {pc}: {sym.name or target} in section {target} is neither "
@@ -446,12 +449,15 @@ class _Loader:
             pc = 0
             while pc < func.end - func.start:
                 opcode, regs, _, imm = _SLOT.unpack_from(code, pc * 8)
-                if opcode == _OP_CALL and regs >> 4 == isa.CALL_LOCAL:
+                # a local call, or a function's address (a callback): both relative to the next slot
+                if regs >> 4 == (isa.CALL_LOCAL if opcode == _OP_CALL else isa.LDDW_CODE_ADDR) and \
+                        opcode in (_OP_CALL, _OP_LDDW):
                     here = func.start + pc
                     target = self.calls.get((func.section, here), (func.section, here + 1 + imm))
                     callee = self.funcs.get(target)
                     if callee is None:
-                        raise ElfError(f"call at insn {here} of {func.name} does not enter a function "
+                        what = "call" if opcode == _OP_CALL else "function address"
+                        raise ElfError(f"{what} at insn {here} of {func.name} does not enter a function "
                                        f"(target {self.sections[target[0]].name}+{target[1]})",
                                        section=self.sections[func.section].name)
                     if target not in placed:

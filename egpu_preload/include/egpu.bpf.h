@@ -139,6 +139,11 @@ static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 f
 static void *(*bpf_ringbuf_reserve)(void *ringbuf, __u64 size, __u64 flags) = (void *)131;
 static void (*bpf_ringbuf_submit)(void *data, __u64 flags) = (void *)132;
 static void (*bpf_ringbuf_discard)(void *data, __u64 flags) = (void *)133;
+/* callback_fn(index, callback_ctx) for index 0, 1, ... below nr_loops until it returns 1 (it returns 0 or 1); the
+ * calls made, -E2BIG past 1 << 23, -EINVAL for flags but 0. callback_fn: a static function; callback_ctx: a
+ * pointer to the stack or a map value, or NULL. GPU probes and those the Python VM runs (launch, egpu/uvm): the
+ * C engine, which runs uprobes and host-API probes, calls no callbacks */
+static long (*bpf_loop)(__u32 nr_loops, void *callback_fn, void *callback_ctx, __u64 flags) = (void *)181;
 
 /* bpf_printk("fmt", a, b, c): up to three arguments, like libbpf's short form (more would reach clang's
  * BPF back end as "too many arguments" with no line to it). */
