@@ -260,6 +260,10 @@ def test_a_printk_format_linux_would_refuse_is_refused(fmt, refused):
           "a uprobe or host-API probe reads the application's memory with bpf_probe_read_user_str)"),
     (93, "bpf_spin_lock#93 (a Linux helper egpu does not provide: update the map value with __sync_* atomics)"),
     (35, "bpf_get_current_task#35 (a Linux helper egpu does not provide)"),
+    (164, "bpf_for_each_map_elem#164 (a Linux helper egpu does not provide: callbacks other than bpf_loop's are not "
+          "supported: loop over the keys with bpf_loop and bpf_map_lookup_elem)"),
+    (170, "bpf_timer_set_callback#170 (a Linux helper egpu does not provide: timers are not supported: a probe's "
+          "callbacks are bpf_loop's alone)"),
 ])
 def test_a_linux_helper_egpu_lacks_says_what_to_write_instead(helper, instead):
     with pytest.raises(VerifierError, match=re.escape(f"unknown func {instead}")):

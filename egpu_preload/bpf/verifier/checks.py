@@ -57,7 +57,12 @@ _BPFTIME_NOT_PROVIDED = {501: ("ebpf_puts", "print with bpf_printk, whose format
 _READS = "a probe reads its context, stack, maps and global data directly, and no other memory"
 _KERNEL = ("no probe runs in the Linux kernel: a uprobe or host-API probe reads the application's memory with "
            "bpf_probe_read_user")
+_TIMERS = "timers are not supported: a probe's callbacks are bpf_loop's alone"
 _INSTEAD = {"bpf_tail_call": "call a static __noinline function instead",
+            "bpf_for_each_map_elem": "callbacks other than bpf_loop's are not supported: loop over the keys with "
+                                     "bpf_loop and bpf_map_lookup_elem",
+            **dict.fromkeys(("bpf_timer_init", "bpf_timer_set_callback", "bpf_timer_start", "bpf_timer_cancel"),
+                            _TIMERS),
             "bpf_spin_lock": "update the map value with __sync_* atomics",
             "bpf_probe_read_kernel": _KERNEL, "bpf_probe_read_kernel_str": _KERNEL + "_str"}
 # The contexts of programs run in the application's threads, in C (uprobes, host-API programs): the only ones
