@@ -13,7 +13,7 @@ from egpu_preload.bpf.verifier import cfg as cfg_mod
 from egpu_preload.bpf.verifier.state import State, Slot, covers, widen
 from egpu_preload.bpf.verifier.value import M32, UNKNOWN, bounded, const, pointer
 from egpu_preload.errors import VerifierError
-from tests.verifier_cases import MAPS
+from tests.verifier_cases import MAPS, RESERVE
 
 WHILE_ONE = "r0 = 0\nloop:\nr1 = 0\ngoto loop\nexit"
 COUNT_FOREVER = "r0 = 0\nloop:\nr0 += 1\nif r0 != 0 goto loop\nexit"
@@ -94,6 +94,27 @@ def test_a_loop_the_widened_search_refuses_gets_the_exact_one():
 def test_pointer_walks_and_loops_around_a_call_are_refused_as_anywhere(asm):
     with pytest.raises(VerifierError, match="program too complex"):
         _verify(asm, DIRECTLY_RUN, max_insns=5_000)
+
+
+def test_a_record_reserved_across_a_budgeted_loop_is_refused():
+    """The budget ends the program at the loop's jump as bpf_exit does: a record reserved before it would stay
+    reserved, its ring's later records never read; refused as bpf_exit with one is."""
+    asm = RESERVE + """
+        if r0 == 0 goto out
+        r6 = r0
+        r7 = 0
+    loop:
+        r7 += 1
+        if r7 != 0 goto loop
+        r1 = r6
+        r2 = 0
+        call ringbuf_submit
+    out:
+        r0 = 0
+        exit"""
+    with pytest.raises(VerifierError, match="reserve at 4: submit or discard it before a loop bounded at run time"):
+        _verify(asm, DIRECTLY_RUN)
+    assert _verify(asm.replace("r7 != 0", "r7 < 3"), DIRECTLY_RUN).budgeted == frozenset()
 
 
 def test_run_time_loops_are_strongly_connected_parts_without_calls():

@@ -34,7 +34,7 @@ from ..program import MapDef
 from ..sections import DIRECTLY_RUN, parse_section
 from . import cfg as cfg_mod
 from .cfg import Cfg, Reject
-from .checks import STEP, Env
+from .checks import STEP, Env, no_leaked_refs
 from .state import State, covers, fmt_state, key, widen
 
 MAX_INSNS = 1_000_000
@@ -302,6 +302,8 @@ class _Search:
         else:
             visit = None
         if visit is not None and covers(visit.state, st, live):
+            # the budget may end the program at this loop's jumps, as bpf_exit does: nothing may stay reserved
+            no_leaked_refs(st, " before a loop bounded at run time, whose budget may end the program there,")
             self.budgeted |= self.loops[pc]
             return None, False, 0
         if any(not w.pending and covers(w.state, st, live) for w in self.widened.get(pc, ())):

@@ -737,7 +737,7 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
         st.update_id(release, lambda v: None)
         st.refs.pop(release, None)
     if h.name == "exit":  # bpftime's exit ends the probe here, from any frame: nothing may stay reserved
-        _no_leaked_refs(st, " before bpf_exit()")
+        no_leaked_refs(st, " before bpf_exit()")
         return []
     if h.name == "loop":
         return _loop(env, st, insn, callback)
@@ -922,11 +922,11 @@ def _exit(env: Env, st: State, insn: Insn) -> Succ:
         return [(st, callee.callsite + 1)]
     if r0.is_pointer:
         raise Reject(f"r0 leaks addr as return value (r0 is {r0.kind})")
-    _no_leaked_refs(st, "")
+    no_leaked_refs(st, "")
     return []
 
 
-def _no_leaked_refs(st: State, where: str) -> None:
+def no_leaked_refs(st: State, where: str) -> None:
     """The program ends here: every record reserved on this path was submitted or discarded."""
     if st.refs:
         ref, pc = min(st.refs.items())
