@@ -125,8 +125,8 @@ def test_a_refused_probe_source_is_named_by_its_line(tmp_path):
                    "\twhile (i < ctx->kernel_id)\n\t\ti++;\n\treturn 0;\n}\n")
     r = run(egpu, ["verify", src])
     first = r.stderr.splitlines()[0]
-    assert r.exit_code == 1 and re.match(rf"egpu: {re.escape(str(src))}:[67]:kprobe/\*:\d+: .*program too complex", first), \
-        r.stderr
+    where = rf"egpu: {re.escape(str(src))}:[67]:kprobe/\*:\d+: "
+    assert r.exit_code == 1 and re.match(where + ".*program too complex", first), r.stderr
 
 
 def test_disasm_names_the_file_and_section_of_an_instruction_it_cannot_decode(files):
