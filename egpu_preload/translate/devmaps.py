@@ -351,7 +351,7 @@ def apply_region(state: MapsState, index: int, img: bytes) -> None:
                 continue
             key = bytes(img[o + lay.key_off:o + lay.key_off + m.key_size])
             if lay.percpu:   # the SMs that hold a value other than zeros, as a PERCPU_ARRAY's rows
-                values = ((cpu, img[value_at(lay, b, cpu):][:m.value_size]) for cpu in range(ncpu))
+                values = ((cpu, img[value_at(lay, b, cpu):value_at(lay, b, cpu) + m.value_size]) for cpu in range(ncpu))
                 storage.entries[key] = {cpu: bytearray(v) for cpu, v in values if v != blank}
             else:
                 storage.entries[key] = bytearray(img[o + lay.val_off:o + lay.val_off + m.value_size])
