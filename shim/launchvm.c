@@ -65,6 +65,11 @@ enum { BPF_ANY, BPF_NOEXIST, BPF_EXIST };
 #define R_MAP (R_FRAME + MAX_FRAMES)
 /* lddw map[k]: a handle in a region past any map's, so no access can use it (vm/machine.py's). */
 #define MAP_HANDLE(k) ((((1ull << 27) - 1) << REGION_SHIFT) + (k))
+/* lddw of a function's address (src 4, bpf_loop's callback): a handle past every map's, as the VM's */
+#define FUNC_HANDLE(pc) (MAP_HANDLE(0) + (1ull << 32) + (pc))
+#define HELPER_LOOP 181     /* bpf_loop: step() runs it, as it calls code of the program */
+#define MAX_LOOPS (1u << 23) /* bpf_loop's BPF_MAX_LOOPS */
+#define ROUND SIZE_MAX      /* the return pc of a bpf_loop callback's frame: its exit ends the round */
 /* bpf_ringbuf_reserve's records: up to RESERVED held at once by a run, each a region below the handles'. */
 #define RESERVED 4
 #define R_RESERVED(k) ((1ull << 27) - 2 - (k))
@@ -619,6 +624,7 @@ enum operation {
 
 struct decoded {
     uint8_t op, dst, src;
+    uint8_t start; /* an instruction starts here, not an lddw's second half: where a callback may start */
     int32_t off;  /* loads and stores: the offset; jumps: the target's pc */
     uint64_t imm; /* the immediate as the operation takes it: sign-extended, cut to 32 bits in 32-bit forms */
 };
@@ -637,13 +643,16 @@ static const uint8_t jmp_ops[16] = {
 /* insns[0, n) into ops[0, n], ops[n] the end a program must not run into. */
 static void decode(const struct insn *insns, size_t n, size_t nmaps, struct decoded *ops) {
     static const uint8_t by_size[4] = {2, 1, 0, 3}; /* the size field (W, H, B, DW) to 4, 2, 1, 8's index */
+    size_t next_start = 0;
     for (size_t pc = 0; pc < n; pc++) {
         const struct insn *i = &insns[pc];
         struct decoded *o = &ops[pc];
         int cls = i->code & 7, mode = i->code & 0xe0, sized = by_size[(i->code >> 3) & 3];
         int form = (cls == 4 || cls == 6 ? 2 : 0) + (i->code & 0x08 ? 1 : 0), op = i->code >> 4;
         int64_t target = (int64_t)pc + 1 + i->off;
-        *o = (struct decoded){OP_SLOW, i->regs & 15, i->regs >> 4, i->off, (uint64_t)(int64_t)i->imm};
+        *o = (struct decoded){OP_SLOW, i->regs & 15, i->regs >> 4, pc == next_start, i->off,
+                              (uint64_t)(int64_t)i->imm};
+        if (o->start) next_start = pc + (i->code == 0x18 ? 2 : 1);
         if (o->dst > 10 || o->src > 10) continue;
         if (form >= 2) o->imm &= 0xffffffffull;
         switch (cls) {
@@ -661,6 +670,7 @@ static void decode(const struct insn *insns, size_t n, size_t nmaps, struct deco
             uint64_t lo = (uint32_t)i->imm, hi = (uint32_t)insns[pc + 1].imm;
             if (o->src == 0) o->op = OP_LDDW, o->imm = hi << 32 | lo;
             else if (o->src == 5 && !hi && lo < nmaps) o->op = OP_LDDW, o->imm = MAP_HANDLE(lo);
+            else if (o->src == 4) o->op = OP_LDDW, o->imm = FUNC_HANDLE(pc + 1 + (uint64_t)(int64_t)i->imm);
             break;
         }
         case 5: case 6:
@@ -669,7 +679,7 @@ static void decode(const struct insn *insns, size_t n, size_t nmaps, struct deco
                 if (target >= 0 && (size_t)target <= n) o->op = OP_JA, o->off = (int32_t)target;
             } else if (op == 0x9 && cls == 5) {
                 o->op = OP_EXIT;
-            } else if (op == 0x8 && cls == 5 && o->src == 0) {
+            } else if (op == 0x8 && cls == 5 && o->src == 0 && i->imm != HELPER_LOOP) {
                 o->op = OP_CALL;
             } else if (jmp_ops[op] && target >= 0 && (size_t)target <= n) {
                 o->op = (uint8_t)(jmp_ops[op] + form), o->off = (int32_t)target;
@@ -755,6 +765,9 @@ struct run {
     int caller;
     const unsigned int *grid, *block;
     struct { size_t ret; uint64_t saved[4]; } calls[MAX_FRAMES];
+    /* bpf_loop calls under way, innermost last (each callback a frame deeper than its call) */
+    int nloops;
+    struct { size_t callback, ret; uint64_t ctx; uint32_t rounds, index; } loops[MAX_FRAMES];
     /* values of tracked maps a lookup handed out, as they were: a key whose value differs after the
      * run was written through the pointer (launches.py's Touched) */
     int nwatch;
@@ -1439,12 +1452,69 @@ static int atomic_rmw(unsigned char *p, int size, int32_t op, uint64_t operand, 
  * run (bench/bench_uprobe.py), where the library's vector stores take a few ns. */
 static void *(*volatile clear)(void *, int, size_t) = memset;
 
-/* A bpf-to-bpf call's exit: the caller's r6-r9 and frame back; returns where the caller goes on. */
+/* A bpf-to-bpf call's fresh, zeroed frame, r6-r9 saved; `ret` is where the callee's exit goes. Returns -1 (the
+ * fault set) past MAX_FRAMES. */
+static int enter_frame(struct run *x, size_t ret) {
+    if (x->depth + 1 >= MAX_FRAMES) {
+        x->fault = EGPU_LVM_DEPTH;
+        return -1;
+    }
+    x->calls[x->depth].ret = ret;
+    memcpy(x->calls[x->depth].saved, &x->r[6], sizeof x->calls[x->depth].saved);
+    x->depth++;
+    memset(x->frames[x->depth], 0, STACK_SIZE);
+    x->r[10] = ((R_FRAME + (uint64_t)x->depth) << REGION_SHIFT) + STACK_SIZE;
+    return 0;
+}
+
+/* The innermost bpf_loop's next round: its callback called (Linux's callback(i, ctx, 0, 0, 0)) in a fresh frame
+ * one deeper than the call, which is never past MAX_FRAMES (the call's first round was not). Returns its pc. */
+static size_t enter_round(struct run *x) {
+    enter_frame(x, ROUND);
+    x->r[1] = x->loops[x->nloops - 1].index, x->r[2] = x->loops[x->nloops - 1].ctx;
+    x->r[3] = x->r[4] = x->r[5] = 0;
+    return x->loops[x->nloops - 1].callback;
+}
+
+/* bpf_loop(nr_loops, callback, ctx, flags) at *pc_at, as Linux's and the VM's (vm/machine.py): flags other than 0
+ * give -EINVAL, nr_loops (its low 32 bits) past MAX_LOOPS -E2BIG, 0 rounds r0 = 0, all without a call; else the
+ * first round, *pc_at the callback's. Returns -1 (the fault set) when r2 is no function's address or the frame
+ * would be past MAX_FRAMES. */
+static int bpf_loop(struct run *x, size_t *pc_at) {
+    uint32_t rounds = (uint32_t)x->r[1];
+    uint64_t callback = x->r[2] - FUNC_HANDLE(0);
+    if (x->r[4] || !rounds || rounds > MAX_LOOPS) {
+        x->r[0] = x->r[4] ? (uint64_t)-EINVAL : rounds ? (uint64_t)-E2BIG : 0;
+        ++*pc_at;
+        return 0;
+    }
+    if (callback >= x->p->n || !x->p->ops[callback].start) {
+        x->fault = EGPU_LVM_BAD_INSN;
+        return -1;
+    }
+    if (x->depth + 1 >= MAX_FRAMES) {
+        x->fault = EGPU_LVM_DEPTH;
+        return -1;
+    }
+    x->loops[x->nloops].callback = callback, x->loops[x->nloops].ret = *pc_at + 1, x->loops[x->nloops].ctx = x->r[3];
+    x->loops[x->nloops].rounds = rounds, x->loops[x->nloops].index = 0;
+    x->nloops++;
+    *pc_at = enter_round(x);
+    return 0;
+}
+
+/* A bpf-to-bpf call's exit: the caller's r6-r9 and frame back; returns where the caller goes on. A callback's
+ * ends its round: a non-zero r0 (1: the verifier allows no other) or the last index ends the loop with r0 = the
+ * rounds made, else the next round starts. */
 static size_t leave_frame(struct run *x) {
     x->depth--;
     memcpy(&x->r[6], x->calls[x->depth].saved, sizeof x->calls[x->depth].saved);
     x->r[10] = ((R_FRAME + (uint64_t)x->depth) << REGION_SHIFT) + STACK_SIZE;
-    return x->calls[x->depth].ret;
+    if (x->calls[x->depth].ret != ROUND) return x->calls[x->depth].ret;
+    uint32_t made = ++x->loops[x->nloops - 1].index;
+    if (!x->r[0] && made < x->loops[x->nloops - 1].rounds) return enter_round(x);
+    x->r[0] = made;
+    return x->loops[--x->nloops].ret;
 }
 
 /* The instruction at *pc_at the long way, each field checked as it is used: what decode() leaves to
@@ -1470,6 +1540,8 @@ static int step(struct run *x, size_t *pc_at) {
         } else if (src == 5) { /* map by index (NULL: a ring or perf buffer the runtime keeps: output) */
             if (hi || lo >= p->nmaps) FAIL(EGPU_LVM_NOT_A_MAP);
             x->r[dst] = MAP_HANDLE(lo);
+        } else if (src == 4) { /* a function's address (bpf_loop's callback), relative to the next slot */
+            x->r[dst] = FUNC_HANDLE(pc + 1 + (uint64_t)(int64_t)i->imm);
         } else if (src == 6) { /* a map's value 0 (global data) + offset */
             if (lo >= p->nmaps || !p->maps[lo] || is_hash(p->maps[lo]) || is_keyless(p->maps[lo]->type))
                 FAIL(EGPU_LVM_NOT_A_MAP);
@@ -1546,19 +1618,16 @@ static int step(struct run *x, size_t *pc_at) {
             break;
         }
         if (op == 0x80 && cls == 5) { /* call */
-            if (src == 0) {
+            if (src == 0 && i->imm == HELPER_LOOP) {
+                if (bpf_loop(x, &pc)) goto out;
+            } else if (src == 0) {
                 int r = helper(x, i->imm);
                 if (r < 0) goto out;
                 if (r > 0) return 1;
                 pc++;
             } else if (src == 1) {
                 if (pc + 1 + (size_t)(int64_t)i->imm >= p->n) FAIL(EGPU_LVM_BAD_INSN);
-                if (x->depth + 1 >= MAX_FRAMES) FAIL(EGPU_LVM_DEPTH);
-                x->calls[x->depth].ret = pc + 1;
-                memcpy(x->calls[x->depth].saved, &x->r[6], sizeof x->calls[x->depth].saved);
-                x->depth++;
-                memset(x->frames[x->depth], 0, STACK_SIZE);
-                x->r[10] = ((R_FRAME + (uint64_t)x->depth) << REGION_SHIFT) + STACK_SIZE;
+                if (enter_frame(x, pc + 1)) goto out;
                 pc += 1 + (size_t)(int64_t)i->imm;
             } else {
                 FAIL(EGPU_LVM_BAD_INSN);
@@ -1691,7 +1760,7 @@ static int run_program(struct run *x, const struct egpu_lvm_prog *p, unsigned ch
                        uint64_t r2, uint64_t now, const unsigned int *grid, const unsigned int *block,
                        unsigned int *fault_pc) {
     memset(x->r, 0, sizeof x->r);
-    x->p = p, x->ctx = ctx, x->ctx_size = size, x->ctx_writable = writable, x->depth = 0, x->fault = 0;
+    x->p = p, x->ctx = ctx, x->ctx_size = size, x->ctx_writable = writable, x->depth = 0, x->nloops = 0, x->fault = 0;
     x->now = now, x->grid = grid, x->block = block, x->nwatch = 0, x->watch_used = 0, x->noverflow = 0;
     memset(x->reserved, 0, sizeof x->reserved);
     x->r[1] = ctx ? R_CTX << REGION_SHIFT : 0, x->r[2] = r2;

@@ -81,6 +81,92 @@ def test_random_programs_run_as_on_the_vm(shim_api, make):
         assert (r0, mem) == Vm(code).run_with_mem(bytes(8)), n
 
 
+# bpf_loop(rounds, cb, &sum, flags) with r6 set around it; r0 = the rounds made << 32 | the sum + r6. The callback
+# adds its index, r3 | r4 | r5 and what its frame held (a fresh frame each round: 0) into the sum, clobbers r6 (the
+# caller's comes back) and stops at index `stop` (returning 1 there); a nested loop adds 0 + 1 + 2 per round.
+LOOP = """
+    r6 = 77
+    *(u64 *)(r10 - 8) = 0
+    r1 = {rounds} ll
+    r2 = func cb ll
+    r3 = r10
+    r3 += -8
+    r4 = {flags}
+    call loop
+    r0 <<= 32
+    r1 = *(u64 *)(r10 - 8)
+    r0 |= r1
+    r0 += r6
+    exit
+cb: r7 = r3
+    r7 |= r4
+    r7 |= r5
+    r8 = *(u64 *)(r10 - 16)
+    *(u64 *)(r10 - 16) = r1
+    r6 = r2
+    r7 += r8
+    r7 += r1
+    r3 = *(u64 *)(r2 + 0)
+    r3 += r7
+    *(u64 *)(r2 + 0) = r3
+    if r1 != {nested} goto stop
+    r1 = 3
+    r2 = func inner ll
+    r3 = r6
+    r4 = 0
+    call loop
+stop:
+    r0 = 0
+    if r1 < {stop} goto +1
+    r0 = 1
+    exit
+inner:
+    r3 = *(u64 *)(r2 + 0)
+    r3 += r1
+    *(u64 *)(r2 + 0) = r3
+    r0 = 0
+    exit
+"""
+
+
+def _c_and_vm(shim_api, code: bytes) -> tuple[tuple, tuple]:
+    """(C's, the VM's) run of ``code`` on 8 bytes: (0, r0, memory after), or (the faulting pc,)."""
+    from egpu_preload.errors import EgpuError
+    fault, r0, pc, mem = _exec(shim_api, code, bytes(8))
+    try:
+        want = (0, *Vm(code).run_with_mem(bytes(8)))
+    except EgpuError as e:
+        want = (e.insn,)
+    return ((pc,) if fault else (0, r0, mem)), want
+
+
+@pytest.mark.parametrize("rounds, flags, stop, nested", [
+    (10, 0, 100, 99),               # every round
+    (10, 0, 4, 99),                 # the callback returns 1 at index 4
+    (10, 0, 100, 2),                # a loop inside the callback's third round
+    (0, 0, 100, 99),                # no round, no call
+    ((1 << 32) + 3, 0, 100, 99),    # nr_loops is a u32
+    (1 << 23, 0, 1, 99),            # the most rounds Linux takes
+    ((1 << 23) + 1, 0, 1, 99),      # more: -E2BIG, no call
+    (10, 1, 100, 99),               # flags: -EINVAL, no call
+], ids=["all", "stopped", "nested", "none", "u32", "most", "e2big", "flags"])
+def test_bpf_loop_runs_as_on_the_vm(shim_api, rounds, flags, stop, nested):
+    got, want = _c_and_vm(shim_api, assemble(LOOP.format(rounds=rounds, flags=flags, stop=stop, nested=nested)))
+    assert got == want and want[0] == 0
+
+
+@pytest.mark.parametrize("asm", [
+    "r1 = 1\nr2 = 0\nr3 = 0\nr4 = 0\ncall loop\nexit",                           # r2 no function's address
+    "r1 = 1\nr2 = func cb ll\nr2 += 1\nr3 = 0\nr4 = 0\ncall loop\nexit\ncb: r0 = 1 ll\nexit",   # an lddw's half
+    "r1 = 1\nr2 = func cb ll\nr2 += 9\nr3 = 0\nr4 = 0\ncall loop\nexit\ncb: r0 = 0\nexit",    # past the end
+    "r1 = 1\nr2 = func cb ll\nr3 = 0\nr4 = 0\ncall loop\nexit\n"
+    "cb: r1 = 1\nr2 = func cb ll\nr3 = 0\nr4 = 0\ncall loop\nexit",                  # past MAX_FRAMES
+], ids=["not_a_function", "into_lddw", "past_the_end", "depth"])
+def test_bpf_loop_faults_where_the_vm_does(shim_api, asm):
+    got, want = _c_and_vm(shim_api, assemble(asm))
+    assert got == want and len(want) == 1
+
+
 def _raw(code: int, regs: int) -> bytes:
     return struct.pack("<BBhi", code, regs, 0, 0)
 
