@@ -2,16 +2,16 @@
 programs, the routes of host-API programs to the driver APIs the shim hooks (shim/hostapi.c), and the
 maps read back into the host containers the dumps print.
 
-A probe object's host side (``host_side``: its launch, egpu/uvm, host-API and uprobe programs, on one host
-copy of its maps) runs in C when every map they use is an ARRAY, PERCPU_ARRAY, a hash map (HASH, LRU_HASH,
+A probe object's host side (``host_side``: its launch, egpu/uvm, host-API and uprobe programs, on one host copy
+of its maps) runs in C when every map they use is an ARRAY, PERCPU_ARRAY, a hash map (HASH, LRU_HASH,
 PERCPU_HASH, LRU_PERCPU_HASH), QUEUE, STACK, BLOOM_FILTER or global data, and they call only the helpers in
-``NATIVE_HELPERS`` (not bpf_loop: C calls no callbacks): then no record of its kernels reaches Python. In an
-object with uprobes or host-API programs, which run only in C, trace_printk, bpf_ringbuf_output,
-bpf_perf_event_output and bpf_ringbuf_reserve/submit/discard run there too, on ring and perf buffers the
-runtime keeps (C queues each record, launches.Drainer puts it in the map; a record over 256 bytes is refused:
--E2BIG from an output call, NULL from a reserve, as is a fifth reserve held at once). Maps GPU programs share
-are tracked in C (the keys a run changed are logged, launches.py pushes them to the device copy). Otherwise
-(ring and perf buffers, trace_printk, egpu/uvm programs) its launch programs run on the Python VM, and
+``NATIVE_HELPERS`` (bpf_loop included: C calls its callback as the VM does): then no record of its kernels
+reaches Python. In an object with uprobes or host-API programs, which run only in C, trace_printk,
+bpf_ringbuf_output, bpf_perf_event_output and bpf_ringbuf_reserve/submit/discard run there too, on ring and perf
+buffers the runtime keeps (C queues each record, launches.Drainer puts it in the map; a record over 256 bytes is
+refused: -E2BIG from an output call, NULL from a reserve, as is a fifth reserve held at once). Maps GPU programs
+share are tracked in C (the keys a run changed are logged, launches.py pushes them to the device copy).
+Otherwise (ring and perf buffers, trace_printk, egpu/uvm programs) its launch programs run on the Python VM, and
 ``refusal`` says why.
 
 Uprobes and host-API programs run in the application's thread, inside the hook, so they run in C or not
@@ -29,7 +29,7 @@ from egpu_preload.bpf import isa
 from egpu_preload.bpf import program as prog
 from egpu_preload.bpf.decode import decode
 from egpu_preload.bpf.disasm import disasm_insn
-from egpu_preload.bpf.helpers import BPF_ANY, BY_NAME, HELPERS, LOOP
+from egpu_preload.bpf.helpers import BPF_ANY, BY_NAME, HELPERS
 from egpu_preload.bpf.sections import API_KINDS, HOST_KINDS, HOST_SIDE
 from egpu_preload.maps import STORAGE_BY_TYPE, BloomStorage, MapStorage, QueueStorage
 from egpu_preload.runtime import mapsync
@@ -40,9 +40,8 @@ OUTPUT_MAPS = frozenset((prog.MAP_RINGBUF, prog.MAP_PERF_EVENT_ARRAY))   # kept 
 QUEUED_HELPERS = frozenset(BY_NAME[n].id for n in ("trace_printk", "ringbuf_output", "perf_event_output",
                                                     "ringbuf_reserve", "ringbuf_submit", "ringbuf_discard"))
 PRINTK = frozenset((BY_NAME["trace_printk"].id,))
-# launchvm.c's helper(): every helper but those that send records or text to the host, and bpf_loop, whose callback
-# only the Python VM and the GPU call
-NATIVE_HELPERS = frozenset(HELPERS) - QUEUED_HELPERS - {BY_NAME["egpu_warp_mem_record"].id, LOOP}
+# launchvm.c's helper() and bpf_loop(): every helper but those that send records or text to the host
+NATIVE_HELPERS = frozenset(HELPERS) - QUEUED_HELPERS - {BY_NAME["egpu_warp_mem_record"].id}
 MAX_ENTRIES, MAX_VALUE = 1 << 24, 1 << 20  # launchvm.c's limits on a map's shape
 FAULTS = {1: "bad memory access", 2: "write to read-only memory", 3: "unaligned atomic access",
           4: "not a map", 5: "invalid instruction", 6: "call depth exceeds 8 frames",
@@ -88,8 +87,6 @@ def refusal(programs: Sequence[prog.Program], maps: Sequence[prog.MapDef], used:
         for insn in decode(p.code):
             if insn.kind == "call" and insn.src == isa.CALL_BTF:
                 return f"{p.name} calls a kfunc"
-            if insn.kind == "call" and insn.src == isa.CALL_HELPER and insn.imm == LOOP:
-                return f"{p.name} calls bpf_loop: the C engine calls no callbacks"
             if insn.kind == "call" and insn.src == isa.CALL_HELPER and insn.imm not in allowed:
                 helper = HELPERS.get(insn.imm)
                 return f"{p.name} calls {helper.name if helper else insn.imm}"
