@@ -137,6 +137,22 @@ def test_uprobes_use_queue_stack_and_bloom_filter_maps_in_c(stub_job, uprobe_app
     assert "@queue.bss: { counts: [16, 0, 10], last_a: 29 }" in r.stdout   # counts[1]: no pushed value missed
 
 
+def test_a_uprobe_calls_bpf_loop_in_c(stub_job, uprobe_app, tmp_path):
+    """tests/uprobe_probes/loop.bpf.c: bpf_loop in a uprobe, which runs only in C, where it once was refused (the
+    uprobe reported not attached). 12 calls of upt_add6(i, ...) loop min(i, 5) rounds (the callback stops at
+    index 4), summing the indices on the uprobe's stack; flags give -EINVAL with no round."""
+    app, _ = uprobe_app
+    obj = uprobe_probe(tmp_path, "loop")
+    n = 12
+    r, (doc,), _ = run_kept(stub_job, tmp_path, obj, str(app), "calls", str(n))
+    assert r.returncode == 0, r.stderr
+    assert "not attached" not in r.stderr, r.stderr
+    state = dump.restore_state(MapsState(load_object(obj).maps), doc["probes"][0])
+    (bss,) = [s for s in state.storages if s.mapdef.name.endswith(".bss")]
+    rounds = [min(i, 5) for i in range(n)]
+    assert struct.unpack("<3q", bss.values[0]) == (sum(k * (k - 1) // 2 for k in rounds), sum(rounds), -22 * n)
+
+
 def test_egpu_maps_reads_a_running_jobs_queue_stack_and_bloom_filter(stub_job, uprobe_app, tmp_path):
     """queue.bpf.c in a job that calls upt_add6 until stopped: egpu maps prints its queue and stack as egpu-run
     does at exit (values in pop order, read from the C engine), its bloom filter as its size, and --json has the
