@@ -1518,7 +1518,7 @@ static size_t leave_frame(struct run *x) {
 }
 
 /* The instruction at *pc_at the long way, each field checked as it is used: what decode() leaves to
- * OP_SLOW (bad instructions, bpf-to-bpf calls, atomics, division, sign extension, ...). Returns 0 with
+ * OP_SLOW (bad instructions, bpf-to-bpf calls, bpf_loop, atomics, division, sign extension, ...). Returns 0 with
  * *pc_at moved on, 1 when the program ends, -1 on a fault (x->fault set, *pc_at left at the instruction). */
 static int step(struct run *x, size_t *pc_at) {
     const struct egpu_lvm_prog *p = x->p;
