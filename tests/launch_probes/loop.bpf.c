@@ -9,7 +9,8 @@ struct {
 	__uint(max_entries, 8);
 	__type(key, __u32);
 	__type(value, __s64);
-} results SEC(".maps");   /* 0: sums, 1: rounds made, 2: runs, 3: squares, 4: -EINVAL, 5: -E2BIG, 6: rounds from the map */
+} results SEC(".maps");   /* 0: sums, 1: rounds made, 2: runs, 3: squares, 4: -EINVAL, 5: -E2BIG,
+				 * 6: rounds from the map */
 
 struct sum {
 	__u64 total;
