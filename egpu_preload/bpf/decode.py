@@ -61,6 +61,11 @@ class Insn:
         """For atomics: whether the old value is written back (xchg and cmpxchg always fetch)."""
         return bool(self.imm & isa.ATOMIC_FETCH)
 
+    @property
+    def helper(self) -> int | None:
+        """The helper a helper call (src = CALL_HELPER) calls; None for any other instruction."""
+        return self.imm if self.spec.kind == "call" and self.src == isa.CALL_HELPER else None
+
     def jump_target(self) -> int:
         """The pc a jump lands on (RFC 9669 4.3: relative to the next instruction)."""
         return self.pc + 1 + (self.imm if self.spec.name == "ja32" else self.off)

@@ -332,7 +332,7 @@ def call(g: FuncGen, insn: Insn) -> None:
     if insn.src == isa.CALL_LOCAL:
         g.inline_call(insn)
         return
-    if insn.src == isa.CALL_HELPER and insn.imm == LOOP:
+    if insn.helper == LOOP:
         g.loop_call(insn)
         return
     helpers_ptx.emit_helper(g, insn)

@@ -87,7 +87,7 @@ from dataclasses import dataclass, replace
 from ..bpf import program as prog
 from ..bpf.helpers import TASK_COMM_LEN, main_comm, uid_gid
 from ..errors import EgpuError
-from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, PercpuHashStorage, PerthreadArrayStorage, TraceRecord
+from ..maps import PERF_BUFFER_BYTES, MapsState, MapStorage, PerthreadArrayStorage, TraceRecord
 
 HEADER = 64
 LINE = 128          # bytes of an L2 cache line
@@ -267,7 +267,7 @@ def region_image(m: prog.MapDef, state_storage: MapStorage, ncpu: int) -> bytes:
             o = HEADER + idx * lay.stride
             struct.pack_into("<I", img, o, FULL)
             img[o + lay.key_off:o + lay.key_off + len(k)] = k
-            if isinstance(state_storage, PercpuHashStorage):
+            if lay.percpu:
                 for cpu, value in state_storage.entries[k].items():
                     if cpu < ncpu:
                         o = value_at(lay, idx, cpu)

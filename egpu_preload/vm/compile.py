@@ -117,11 +117,7 @@ def _back(i: "Insn", budgeted: frozenset[int]) -> list[str]:
 
 def _transfers(i: "Insn") -> bool:
     """Whether the instruction ends its block with a jump of its own: jumps, exits, local calls and bpf_loop."""
-    return i.kind in ("jmp", "ja", "exit") or (i.kind == "call" and (i.src == isa.CALL_LOCAL or _loop(i)))
-
-
-def _loop(i: "Insn") -> bool:
-    return i.src == isa.CALL_HELPER and i.imm == LOOP
+    return i.kind in ("jmp", "ja", "exit") or (i.kind == "call" and i.src == isa.CALL_LOCAL) or i.helper == LOOP
 
 
 def _target(i: "Insn") -> int:
@@ -205,7 +201,7 @@ def _insn(i: "Insn", nxt: int, end: int, nmaps: int, names: dict[str, object],
                 f"store(a, {i.size}, (load(a, {i.size}) + ({s} & {m})) & {m})"]
     if i.kind == "call" and i.src == isa.CALL_HELPER and i.imm in calls.HANDLERS:
         return [f"p = {i.pc}", _SYNC, f"if HANDLERS[{i.imm}](run):", "    return regs[0] & MASK64", _RELOAD]
-    if i.kind == "call" and ((i.src == isa.CALL_LOCAL and 0 <= i.call_target() < end) or _loop(i)):
+    if (i.kind == "call" and i.src == isa.CALL_LOCAL and 0 <= i.call_target() < end) or i.helper == LOOP:
         # the closure pushes the frame (or raises past MAX_FRAMES) and returns the target; bpf_loop's the
         # callback's, or the next pc when it calls none
         return [f"p = {i.pc}", _SYNC, f"pc = OPS[{i.pc}](run)", _RELOAD, _FRAME.strip(), "continue"]

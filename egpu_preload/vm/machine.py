@@ -350,8 +350,7 @@ def _build(insns: Sequence[Insn], slots: int, budgeted: frozenset[int]) -> list[
         if i.kind == "call" and i.src == isa.CALL_LOCAL and not 0 <= i.call_target() < slots:
             ops[i.pc] = _fail(f"call to {i.call_target()}, outside the program")
             continue
-        loop = i.kind == "call" and i.src == isa.CALL_HELPER and i.imm == LOOP
-        ops[i.pc] = _loop(nxt, starts) if loop else BUILDERS[i.kind](i, nxt)
+        ops[i.pc] = _loop(nxt, starts) if i.helper == LOOP else BUILDERS[i.kind](i, nxt)
         if i.pc in budgeted:
             ops[i.pc] = _budgeted(ops[i.pc], i.jump_target())
     return ops

@@ -131,7 +131,7 @@ def build(insns: list[Insn], maps: list[MapDef]) -> Cfg:
             prune.add(insn.pc + 1)
         elif insn.kind == "lddw" and insn.src == isa.LDDW_CODE_ADDR:   # as Linux's check_cfg: a call
             callees[subprog_of[insn.pc]].setdefault(subprog_of[insn.func_target()], insn.pc)
-    loop_calls = frozenset(i.pc for i in insns if i.kind == "call" and i.src == isa.CALL_HELPER and i.imm == LOOP)
+    loop_calls = frozenset(i.pc for i in insns if i.helper == LOOP)
     prune |= loop_calls | {pc + 1 for pc in loop_calls}
     _check_recursion(subprogs, callees)
     return Cfg(tuple(insns), at, subprogs, subprog_of, tuple(callees), frozenset(prune), _liveness(insns, at),
