@@ -297,8 +297,8 @@ EXPORT int egpu_ring_pass(struct egpu_ring_pass *p)
 
 /* ---- passes over every ring in one call, into a spool (egpu_ring_burst) ---- */
 
-/* The chunk's head and bytes written whole (a short write goes on where it stopped), then spool->end moved. */
-static int spool_append(struct egpu_spool *s, unsigned int index, const void *bytes, uint64_t n)
+/* The chunk's head and bytes written whole to file f (a short write goes on where it stopped), then end[f] moved. */
+static int spool_append(struct egpu_spool *s, unsigned int f, unsigned int index, const void *bytes, uint64_t n)
 {
     unsigned char head[EGPU_SPOOL_HEAD] = {0};
     uint32_t i = index;
@@ -308,7 +308,7 @@ static int spool_append(struct egpu_spool *s, unsigned int index, const void *by
     struct iovec *at = v;
     int left = 2;
     while (left) {
-        ssize_t w = writev(s->fd, at, left);
+        ssize_t w = writev(s->fd[f], at, left);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0) {
@@ -325,15 +325,19 @@ static int spool_append(struct egpu_spool *s, unsigned int index, const void *by
             at->iov_len -= (size_t)w;
         }
     }
-    __atomic_store_n(&s->end, s->end + EGPU_SPOOL_HEAD + n, __ATOMIC_RELEASE);
+    __atomic_store_n(&s->end[f], s->end[f] + EGPU_SPOOL_HEAD + n, __ATOMIC_RELEASE);
     return 0;
 }
 
-EXPORT int egpu_spool_give_back(const struct egpu_spool *s, unsigned long long from, unsigned long long upto)
+EXPORT int egpu_spool_give_back(const struct egpu_spool *s, unsigned int file, unsigned long long from,
+                                unsigned long long upto)
 {
     if (upto <= from)
         return 0;
-    return fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)from, (off_t)(upto - from)) ? errno : 0;
+    if (file >= s->files)
+        return EINVAL;
+    return fallocate(s->fd[file], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)from, (off_t)(upto - from))
+               ? errno : 0;
 }
 
 static void pause_ns(uint64_t ns)
@@ -343,119 +347,140 @@ static void pause_ns(uint64_t ns)
         ;
 }
 
-/* The spool's writes, on a thread of the burst's own (started at its first chunk, joined before it returns): the
- * reader goes on passing while the chunk it took is written. Chunks are written in the order handed, one at a time;
- * after one fails, those after it are dropped (spool->end never moves past a hole), their bytes counted lost. */
+/* The spool's writes, on threads of the burst's own, one a file (started at its first chunk, joined before the burst
+ * returns): the reader goes on passing while the chunks it took are written. Chunk g goes to file g % files; each
+ * file's chunks are written in order. After one fails, every chunk not yet written is dropped: the spool's reader,
+ * reading in g's order, stops at the first chunk missing, so the bytes from there on (those written after it in
+ * other files too) are counted lost. */
+_Static_assert(EGPU_SPOOL_FILES == sizeof ((struct egpu_spool *)0)->fd / sizeof(int), "egpu_drain.h: fd[]");
+_Static_assert(EGPU_STAGES == 1 + sizeof ((struct egpu_ring_pass *)0)->spares / sizeof(void *), "spares[]");
+
 struct chunk {
     unsigned int index;   /* the ring's, in the burst's array */
     const void *bytes;
-    uint64_t n;
+    uint64_t n, before;   /* before: the bytes of the burst's chunks handed before it */
+};
+
+struct writer;
+struct file_writer {
+    struct writer *w;
+    unsigned int f;
+    uint64_t handed, done;   /* the file's chunks (of the spool's life) handed, and written or dropped */
+    int started;             /* 1: its thread runs; -1: none could be started, the reader writes its chunks */
+    pthread_t thread;
 };
 
 struct writer {
     struct egpu_spool *spool;
     pthread_mutex_t lock;
     pthread_cond_t work, progress;   /* a chunk handed or the burst's end; a chunk done */
-    struct chunk *queue;             /* room for two chunks a ring: each has two stages */
+    struct chunk *queue;             /* `room` chunks a file: each ring's stages all handed at most */
     unsigned int room;
-    uint64_t handed, done;           /* chunks handed, chunks written (or dropped after a failure) */
-    int closing, started, failed;
-    unsigned int failed_index;       /* the ring of the chunk that failed */
-    uint64_t lost, write_ns;         /* the bytes of that chunk and those dropped after it; time in the writes */
-    pthread_t thread;
+    int closing, failed;
+    unsigned int failed_index;       /* the ring of the first chunk (in g's order) not written */
+    uint64_t first_lost;             /* its `before` */
+    uint64_t handed_bytes, write_ns; /* the burst's chunks' bytes; time in the writes, every thread's summed */
+    struct file_writer files[EGPU_SPOOL_FILES];
 };
 
-/* The chunk at done written (or dropped), counted; called with the lock held, which it lets go around the write. */
-static void write_next(struct writer *w)
+/* File f's next chunk written (or dropped), counted; called with the lock held, which it lets go around the write. */
+static void write_next(struct file_writer *fw)
 {
-    struct chunk c = w->queue[w->done % w->room];
+    struct writer *w = fw->w;
+    struct chunk c = w->queue[fw->f * w->room + fw->done % w->room];
     int failed = w->failed;
     pthread_mutex_unlock(&w->lock);
     uint64_t t = now_ns();
-    int r = failed || spool_append(w->spool, c.index, c.bytes, c.n);
+    int r = failed || spool_append(w->spool, fw->f, c.index, c.bytes, c.n);
     t = now_ns() - t;
     pthread_mutex_lock(&w->lock);
     w->write_ns += t;
-    if (r) {
-        if (!w->failed)
-            w->failed_index = c.index;
-        __atomic_store_n(&w->failed, 1, __ATOMIC_RELAXED);   /* the reader looks between passes, unlocked */
-        w->lost += c.n;
+    if (r && (!w->failed || c.before < w->first_lost)) {
+        w->failed_index = c.index;
+        w->first_lost = c.before;
     }
-    w->done++;
-    pthread_cond_signal(&w->progress);
+    if (r)
+        __atomic_store_n(&w->failed, 1, __ATOMIC_RELAXED);   /* the reader looks between passes, unlocked */
+    fw->done++;
+    pthread_cond_broadcast(&w->progress);
 }
 
 static void *write_chunks(void *arg)
 {
-    struct writer *w = arg;
+    struct file_writer *fw = arg;
+    struct writer *w = fw->w;
     pthread_mutex_lock(&w->lock);
     for (;;) {
-        while (w->done == w->handed && !w->closing)
+        while (fw->done == fw->handed && !w->closing)
             pthread_cond_wait(&w->work, &w->lock);
-        if (w->done == w->handed)
+        if (fw->done == fw->handed)
             break;
-        write_next(w);
+        write_next(fw);
     }
     pthread_mutex_unlock(&w->lock);
     return NULL;
 }
 
-/* ring `index`'s bytes handed to the writer (started at the first; where no thread can be started, written here, as
- * before it had one). Returns the chunk's number, which wait_done takes. */
+/* ring `index`'s bytes handed to their file's writer (started at its first; where no thread can be started, written
+ * here, as before there were any). Returns the chunk's number g + 1, which wait_done takes. */
 static uint64_t hand(struct writer *w, unsigned int index, const void *bytes, uint64_t n)
 {
     pthread_mutex_lock(&w->lock);
-    w->queue[w->handed % w->room] = (struct chunk){index, bytes, n};
-    uint64_t seq = ++w->handed;
-    if (!w->started) {   /* with every signal blocked: the job's signals stay with its own threads */
+    uint64_t g = w->spool->chunks++;
+    struct file_writer *fw = &w->files[g % w->spool->files];
+    w->queue[fw->f * w->room + fw->handed % w->room] = (struct chunk){index, bytes, n, w->handed_bytes};
+    fw->handed++;
+    w->handed_bytes += n;
+    if (!fw->started) {   /* with every signal blocked: the job's signals stay with its own threads */
         sigset_t all, was;
         sigfillset(&all);
         pthread_sigmask(SIG_BLOCK, &all, &was);
-        w->started = pthread_create(&w->thread, NULL, write_chunks, w) == 0 ? 1 : -1;
+        fw->started = pthread_create(&fw->thread, NULL, write_chunks, fw) == 0 ? 1 : -1;
         pthread_sigmask(SIG_SETMASK, &was, NULL);
     }
-    if (w->started > 0)
-        pthread_cond_signal(&w->work);
+    if (fw->started > 0)
+        pthread_cond_broadcast(&w->work);
     else
-        write_next(w);
+        write_next(fw);
     pthread_mutex_unlock(&w->lock);
-    return seq;
+    return g + 1;
 }
 
-/* Until chunk `seq` is written (0: none); the nanoseconds waited. */
+/* Until chunk `seq` - 1 is written (0: none); the nanoseconds waited. */
 static uint64_t wait_done(struct writer *w, uint64_t seq)
 {
     if (!seq)
         return 0;
-    uint64_t t = now_ns();
+    struct file_writer *fw = &w->files[(seq - 1) % w->spool->files];
+    uint64_t t = now_ns(), nth = (seq - 1) / w->spool->files;   /* its place among its file's chunks */
     pthread_mutex_lock(&w->lock);
-    int waited = w->done < seq;
-    while (w->done < seq)
+    int waited = fw->done <= nth;
+    while (fw->done <= nth)
         pthread_cond_wait(&w->progress, &w->lock);
     pthread_mutex_unlock(&w->lock);
     return waited ? now_ns() - t : 0;
 }
 
-/* Every chunk handed written, the thread joined; the nanoseconds waited. */
+/* Every chunk handed written, the threads joined; the nanoseconds waited. */
 static uint64_t finish(struct writer *w)
 {
     uint64_t t = now_ns();
     pthread_mutex_lock(&w->lock);
     w->closing = 1;
-    pthread_cond_signal(&w->work);
+    pthread_cond_broadcast(&w->work);
     pthread_mutex_unlock(&w->lock);
-    if (w->started > 0)
-        pthread_join(w->thread, NULL);
+    for (unsigned int f = 0; f < w->spool->files; f++)
+        if (w->files[f].started > 0)
+            pthread_join(w->files[f].thread, NULL);
     return now_ns() - t;
 }
 
-/* A ring's two stages (stage[1] NULL: the ring has one, made by a pass outside a burst) and the chunk each was last
- * handed as (0: none), which must be written before a pass copies into that stage again. */
+/* A ring's stages (stage[1..]: its spares, where it has them) and the chunk each was last handed as (0: none), which
+ * must be written before a pass copies into that stage again. */
 struct lane {
-    void *stage[2];
-    uint64_t chunk[2];
-    int cur;
+    void *stage[EGPU_STAGES];
+    uint64_t chunk[EGPU_STAGES];
+    unsigned int stages, cur;
 };
 
 EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct egpu_spool *spool,
@@ -464,15 +489,29 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
 {
     uint64_t start = now_ns();
     out[0] = out[1] = out[2] = out[3] = 0;
+    if (spool->files < 1 || spool->files > EGPU_SPOOL_FILES) {
+        spool->error = EINVAL;
+        *which = 0;
+        *lost = 0;
+        return EGPU_PASS_SPOOL;
+    }
     unsigned int rooms = n ? n : 1;
     struct lane lanes[rooms];
-    struct chunk queue[2 * rooms];   /* a ring's two stages both handed, its next pass waiting for the first */
-    struct writer w = {.spool = spool, .queue = queue, .room = 2 * rooms};
+    struct chunk queue[EGPU_SPOOL_FILES * EGPU_STAGES * rooms];   /* a file's room: every ring's stages handed */
+    struct writer w = {.spool = spool, .queue = queue, .room = EGPU_STAGES * rooms};
     pthread_mutex_init(&w.lock, NULL);
     pthread_cond_init(&w.work, NULL);
     pthread_cond_init(&w.progress, NULL);
-    for (unsigned int i = 0; i < n; i++)
-        lanes[i] = (struct lane){{rings[i]->stage, rings[i]->spare}, {0, 0}, 0};
+    for (unsigned int f = 0; f < spool->files; f++) {   /* the file's chunks of the spool's life before this burst */
+        uint64_t before = (spool->chunks + spool->files - 1 - f) / spool->files;
+        w.files[f] = (struct file_writer){.w = &w, .f = f, .handed = before, .done = before};
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        lanes[i] = (struct lane){.stage = {rings[i]->stage}, .stages = 1};
+        for (unsigned int k = 0; k < EGPU_STAGES - 1; k++)
+            if (rings[i]->spares[k])
+                lanes[i].stage[lanes[i].stages++] = rings[i]->spares[k];
+    }
     int r = 0;
     do {
         int took = 0;
@@ -496,8 +535,7 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
                 took = 1;
                 p->total_taken += p->consumed - before;
                 l->chunk[l->cur] = hand(&w, i, p->stage, p->consumed - before);
-                if (l->stage[1])
-                    l->cur ^= 1;
+                l->cur = (l->cur + 1) % l->stages;
             }
         }
         if (r || __atomic_load_n(&w.failed, __ATOMIC_RELAXED))
@@ -515,7 +553,7 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
         rings[i]->stage = lanes[i].stage[0];   /* as the caller made it, every chunk written */
     if (w.failed) {   /* reported before a pass's failure: the records it lost are counted */
         *which = w.failed_index;
-        *lost = w.lost;
+        *lost = w.handed_bytes - w.first_lost;
         r = EGPU_PASS_SPOOL;
     }
     pthread_cond_destroy(&w.progress);

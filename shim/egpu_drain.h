@@ -46,7 +46,7 @@ int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long src, uns
  * cuStreamSynchronize), all on `stream`. Host memory is the reader's, page-locked where the driver gave it:
  * `head` (head_size bytes) for the header (RING_NCPU + 4 bytes) and the SMs' lines after it; `stage` and
  * `zeros` (capacity bytes each, zeros all zero) and `starts`, `runs` (room for capacity / 8 + 2 each), NULL
- * until the first pass that finds records; `spare` (capacity bytes, or NULL), a burst's second stage
+ * until the first pass that finds records; `spares` (capacity bytes each, or NULL), a burst's other stages
  * (egpu_ring_burst), which a pass alone never uses. */
 struct egpu_ring_pass {
     void *copy_out, *copy_in, *wait, *stream;
@@ -57,7 +57,8 @@ struct egpu_ring_pass {
                                 * those an earlier pass saw complete are taken without a walk into starts and
                                 * runs, from the start of the segment (before the wrap, or after it) where they
                                 * end to their end (n and nruns then count none of them) */
-    void *head, *stage, *zeros, *spare;
+    void *head, *stage, *zeros;
+    void *spares[4];           /* EGPU_STAGES - 1 */
     unsigned long long head_size;
     long long *starts, *runs;
     unsigned long long consumed, seen;   /* the reader's state, moved by the pass */
@@ -102,41 +103,48 @@ enum { EGPU_PASS_NO_STAGING = -1, EGPU_PASS_PAST_HEAD = -2 };
  * written, seen unmoved); or the failing driver call's CUresult, p->failed naming it. */
 int egpu_ring_pass(struct egpu_ring_pass *p);
 
-/* The spool a burst appends to (egpu_ring_burst): a file (fd) of chunks, each a 16-byte head (the ring's index
- * in the burst's array, 4 bytes of zero, the bytes that follow: all little-endian) and then the bytes a pass took
- * from that ring, records with their headers as the ring held them, in ring order. `end`: the bytes of whole
- * chunks written, moved (a release store) after each chunk is; a reader on another thread reads up to it.
- * `error`: the errno of the write that failed. */
+/* The spool a burst appends to (egpu_ring_burst): `files` files (fd[0, files)), each of chunks, each a 16-byte head
+ * (the ring's index in the burst's array, 4 bytes of zero, the bytes that follow: all little-endian) and then the
+ * bytes a pass took from that ring, records with their headers as the ring held them, in ring order. Chunk g of the
+ * spool's life (`chunks` counts them: the next one's number) is in file g % files, after that file's chunks before
+ * it: a file is written by one thread, so several are written at once (a filesystem writes one file's buffered
+ * writes one at a time, under its inode's lock). `end[f]`: the bytes of whole chunks written to file f, moved (a
+ * release store) after each chunk is; a reader on another thread reads up to it, in g's order. `error`: the errno
+ * of the write that failed. */
 struct egpu_spool {
-    int fd;
+    int fd[4];                       /* EGPU_SPOOL_FILES */
+    unsigned int files;
     int error;
-    unsigned long long end;
+    unsigned long long chunks;
+    unsigned long long end[4];
 };
 
-enum { EGPU_PASS_SPOOL = -3, EGPU_SPOOL_HEAD = 16 };
+enum { EGPU_PASS_SPOOL = -3, EGPU_SPOOL_HEAD = 16, EGPU_SPOOL_FILES = 4, EGPU_STAGES = 5 };
 
 /* Passes over rings[0, n) in turn (TAKE, with each one's own `lines`), what each takes appended to spool as a
  * chunk, round after round until budget_ns has passed since the call or *halt is set by another thread (one
  * round at least); a round that took nothing sleeps idle_ns first. Every driver call of every pass in this one
  * call: a reader thread that lets the GIL go once a burst waits once for it to come back, not once a pass. Each
  * pass's counts add up into the ring's `total_*` (the burst's caller zeroes them).
- * The chunks are written by a thread of the burst's own, in the order the passes took them, while the passes go
- * on: a ring's passes alternate between its `stage` and its `spare` (where it has one), a pass copying into the
- * one whose chunk is written, waiting for the write where it is not yet; the burst returns once every chunk
- * handed is written (or, after a write failed, dropped), `stage` as it was given.
+ * The chunks are written by threads of the burst's own, one a file, while the passes go on: a ring's passes take
+ * its `stage` and its `spares` (those not NULL) in turn, a pass copying into the one whose chunk is written,
+ * waiting for the write where it is not yet; the burst returns once every chunk handed is written (or, after a
+ * write failed, dropped), `stage` as it was given.
  * Returns 0; or what egpu_ring_pass returned, with *which the ring's index: that ring's consumed and seen are as
  * that pass left them; or EGPU_PASS_SPOOL where a spool write failed (spool->error; whatever a pass returned),
- * with *which the ring of the chunk that failed: the records of that chunk and of those taken after it were
- * taken from their rings and lost, their bytes counted in *lost. out[0]: the rounds made; out[1]: nanoseconds
+ * with *which the ring of the chunk that failed: the records of the first chunk not written and of those taken
+ * after it (which the spool's reader, reading in order, never reaches) were taken from their rings and lost, their
+ * bytes counted in *lost. out[0]: the rounds made; out[1]: nanoseconds
  * slept; out[2]: nanoseconds the passes waited for the spool's writes; out[3]: nanoseconds the writes took. */
 int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct egpu_spool *spool,
                     unsigned long long budget_ns, unsigned long long idle_ns, const int *halt, unsigned int *which,
                     unsigned long long *lost, unsigned long long *out);
 
-/* The spool's bytes [from, upto), which its reader has read back, given back to the disk: a hole punched, the
- * file's size and the offsets past it kept (the appender goes on at its end). Returns 0 or the errno
+/* The bytes [from, upto) of the spool's file `file`, which its reader has read back, given back to the disk: a hole
+ * punched, the file's size and the offsets past it kept (the appender goes on at its end). Returns 0 or the errno
  * (EOPNOTSUPP: the filesystem has no holes). */
-int egpu_spool_give_back(const struct egpu_spool *spool, unsigned long long from, unsigned long long upto);
+int egpu_spool_give_back(const struct egpu_spool *spool, unsigned int file, unsigned long long from,
+                         unsigned long long upto);
 
 /* ---- part 3: C only ---- */
 

@@ -1207,6 +1207,11 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
                                                "drain": drain | {"spool_write_s": 0.84}}}])
     assert "hand off 2.00 s, idle 0.12 s; spool writes 0.84 s; writer 6.50 s" in pace_line
     assert bench.pace(pace_line)["spool_write_s"] == 0.84 and bench.pace(pace_line)["idle_s"] == 0.12
+    # written into four files at once: the threads' times summed, the files named
+    _, pace_line = streaming.notes([{"trace": {"records": 1, "path": "t.arrow", "dropped": 0, "error": None,
+                                               "drain": drain | {"spool_write_s": 1.5, "spool_files": 4}}}])
+    assert "idle 0.12 s; spool writes 1.50 s into 4 files; writer 6.50 s" in pace_line
+    assert bench.pace(pace_line)["spool_files"] == 4 and bench.pace(pace_line)["write_s"] == 6.5
     # a line in the form printed before the taken and unwalked bytes were (2fd044f: the numbers of 2026-12-06b)
     old = ("egpu-run:   drained in 1,377 passes, 23,613.8 MB copied; reader: header 0.05 s (0.05 s in the driver), "
            "scan 0.89 s; spool writes 1.45 s; writer 23.88 s")

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -172,15 +173,15 @@ def interleaved(producer: Callable[[int], None], n: int) -> None:
         sys.setswitchinterval(switch)
 
 
-def _run_producers(ring: HostRing, spool_dir: Path | None = None) -> tuple[list[tuple[int, bytes]], RingReader,
-                                                                           list[int]]:
+def _run_producers(ring: HostRing, spool_dir: Path | None = None, files: int = 1
+                   ) -> tuple[list[tuple[int, bytes]], RingReader, list[int]]:
     """PRODUCERS threads, each PER_PRODUCER records (producer, its sequence number, padding that varies
     the size) as fast as they can, while a RingDrain takes them; what it delivered, in order. Given
-    ``spool_dir``, the drain appends to a spool there (a file of no name) and a thread reads it back as
-    the writer does, while the producers run."""
+    ``spool_dir``, the drain appends to a spool of ``files`` files there (of no name) and a thread reads it
+    back as the writer does, while the producers run."""
     got: list[tuple[int, bytes]] = []
     reader = RingReader(ring, 0, ring.lay)
-    spool = Spool(spool_dir / "t.parquet") if spool_dir else None
+    spool = Spool(spool_dir / "t.parquet", files) if spool_dir else None
     drain = RingDrain([reader], lambda i, taken: got.extend(flat(taken)), idle_s=0.0001, spool=spool).start()
     kept = [0] * PRODUCERS
     done = threading.Event()
@@ -215,7 +216,8 @@ def _run_producers(ring: HostRing, spool_dir: Path | None = None) -> tuple[list[
         done.set()
         writer.join()
         read_once()   # the chunks of the last passes
-        assert not list(spool_dir.iterdir()) and spool.read_at == spool.c.end > 0
+        assert not list(spool_dir.iterdir()) and spool.read_at == list(spool.c.end)[:files]
+        assert min(spool.read_at) > 0 and spool.next == spool.c.chunks
         spool.close()
     return got, reader, kept
 
@@ -229,26 +231,27 @@ def _by_producer(got: list[tuple[int, bytes]]) -> dict[int, list[int]]:
     return seqs
 
 
-@pytest.mark.parametrize("via", ["sink", "spool"])
+@pytest.mark.parametrize("via", ["sink", "spool", "spool4"])
 def test_wait_loses_nothing_and_keeps_each_producers_order(via, tmp_path):
     """A 1 KiB ring (about 50 records) under four producers: every record arrives once, each producer's
     in the order it wrote them, none dropped, and the ring ends empty with consumed at head; handed to a sink
-    pass by pass, or spooled by bursts of passes in C and read back meanwhile."""
+    pass by pass, or spooled by bursts of passes in C and read back meanwhile, into one file or four (the
+    chunks dealt to them in turn, written by four threads at once, read back in the order taken)."""
     ring = HostRing(1024, PRODUCERS, wait=True)
-    got, reader, kept = _run_producers(ring, tmp_path if via == "spool" else None)
+    got, reader, kept = _run_producers(ring, tmp_path if via != "sink" else None, 4 if via == "spool4" else 1)
     assert _by_producer(got) == {p: list(range(PER_PRODUCER)) for p in range(PRODUCERS)}
     assert reader.dropped == 0 and reader.taken == len(got) == PRODUCERS * PER_PRODUCER
     assert reader.empty() and ring._u64(16) == ring._u64(0) == ring._u64(8)
 
 
-@pytest.mark.parametrize("via", ["sink", "spool"])
+@pytest.mark.parametrize("via", ["sink", "spool", "spool4"])
 def test_drop_counts_every_record_it_does_not_deliver(via, tmp_path):
     """The same producers on a dropping ring: what arrives is each producer's records without
     duplicates and in order, and delivered + dropped is exactly what was written (the reader's count
     from the ring equals the producers' own); the reader reopens SMs that were refused, so records keep
     arriving from an SM after it was refused."""
     ring = HostRing(1024, PRODUCERS, wait=False)
-    got, reader, kept = _run_producers(ring, tmp_path if via == "spool" else None)
+    got, reader, kept = _run_producers(ring, tmp_path if via != "sink" else None, 4 if via == "spool4" else 1)
     seqs = _by_producer(got)
     for p in range(PRODUCERS):
         mine = seqs.get(p, [])
@@ -1555,36 +1558,45 @@ def test_a_spool_gives_back_to_the_disk_what_was_read_back(tmp_path, monkeypatch
     import os
     from egpu_preload.runtime import spool as spool_mod
     monkeypatch.setattr(spool_mod, "GIVE_BACK", 64 << 10)
-    spool = Spool(tmp_path / "t.parquet")
+    spool = Spool(tmp_path / "t.parquet", files=2)
     got = []
     for lap in range(2):
-        chunks = [_chunk(0, bytes([lap, k]) * 8000) for k in range(64)]   # 1 MB
-        os.write(spool.fd, b"".join(chunks))
-        spool.c.end += sum(map(len, chunks))
+        chunks = [_chunk(0, bytes([lap, k]) * 8000) for k in range(64)]   # 1 MB, dealt to the two files in turn
+        for f in range(2):
+            os.write(spool.fds[f], b"".join(chunks[f::2]))
+            spool.c.end[f] += sum(map(len, chunks[f::2]))
         while spool.pending():
             got += [r for _, taken in spool.taken() for r in flat(taken)]
     list(spool.taken())
     assert got == [(3, bytes([lap, k]) * 8000) for lap in range(2) for k in range(64)]
-    assert spool.given_back == spool.c.end // (64 << 10) * (64 << 10) > 0
-    assert os.fstat(spool.fd).st_blocks * 512 <= 2 * (64 << 10) < spool.c.end
+    for f in range(2):
+        assert spool.given_back[f] == spool.c.end[f] // (64 << 10) * (64 << 10) > 0
+        assert os.fstat(spool.fds[f]).st_blocks * 512 <= 2 * (64 << 10) < spool.c.end[f]
     spool.close()
 
 
 def test_a_spool_is_read_back_a_bounded_piece_at_a_time(tmp_path, monkeypatch):
     """Spool.taken hands on READ bytes of whole chunks at most a call (a chunk larger than READ alone, whole), in
-    the order written, and nothing of bytes past ``end`` (a chunk the reader is still writing)."""
+    the order taken (dealt to the two files in turn), and nothing of bytes past a file's ``end`` (a chunk still
+    being written), nor of a chunk after one not yet whole."""
     import os
     from egpu_preload.runtime import spool as spool_mod
     monkeypatch.setattr(spool_mod, "READ", 64)
-    spool = Spool(tmp_path / "t.parquet")
-    chunks = [_chunk(0, b"a" * 8), _chunk(1, b"b" * 100), _chunk(0, b"c" * 8, b"d" * 5), _chunk(1, b"e")]
-    os.write(spool.fd, b"".join(chunks))
-    spool.c.end = sum(map(len, chunks[:3]))   # the last one not yet whole
+    spool = Spool(tmp_path / "t.parquet", files=2)
+    chunks = [_chunk(0, b"a" * 8), _chunk(1, b"b" * 100), _chunk(0, b"c" * 8, b"d" * 5), _chunk(1, b"e"),
+              _chunk(0, b"f")]
+    for f in range(2):
+        os.write(spool.fds[f], b"".join(chunks[f::2]))
+    spool.c.end[0] = sum(map(len, chunks[0:5:2]))
+    spool.c.end[1] = len(chunks[1])   # chunk 3 not yet whole: chunk 4, whole, waits behind it
     calls = []
     while spool.pending():
         calls.append([(i, flat(taken)) for i, taken in spool.taken()])
     assert calls == [[(0, [(3, b"a" * 8)])], [(1, [(3, b"b" * 100)])], [(0, [(3, b"c" * 8), (3, b"d" * 5)])]]
-    assert spool.read_at == spool.c.end and list(spool.taken()) == []
+    assert spool.read_at == [len(chunks[0]) + len(chunks[2]), spool.c.end[1]] and list(spool.taken()) == []
+    spool.c.end[1] += len(chunks[3])
+    assert [(i, flat(taken)) for i, taken in spool.taken()] == [(1, [(3, b"e")]), (0, [(3, b"f")])]
+    assert spool.read_at == list(spool.c.end)[:2] and not spool.pending()
     spool.close()
 
 
@@ -1601,10 +1613,11 @@ def test_a_forked_child_closes_its_parents_spool_and_the_parent_reads_it_back_wh
     if pid == 0:
         fds = [f"/proc/self/fd/{fd}" for fd in os.listdir("/proc/self/fd")]
         held = [os.readlink(f) for f in fds if os.path.lexists(f)]
-        os._exit(0 if (streaming.spool, spool.fd, spool.c.fd, streaming.writer) == (None, -1, -1, None)
+        os._exit(0 if (streaming.spool, set(spool.fds), set(spool.c.fd[0:spool.files]), streaming.writer)
+                 == (None, {-1}, {-1}, None)
                  and not [h for h in held if h.startswith(str(tmp_path))] else 1)
     assert os.waitpid(pid, 0)[1] == 0, "the child held the parent's spool or trace file"
-    assert streaming.spool is spool and spool.fd >= 0
+    assert streaming.spool is spool and min(spool.fds) >= 0
     for i in range(100, 1000):
         ring.produce(_event(i), sm=0)
     report = streaming.finish()
@@ -1657,11 +1670,11 @@ def _piped() -> tuple[Any, int]:
     before a reader takes anything; the pipe's read end."""
     import fcntl
     import os
-    import types
     from egpu_preload.runtime import ring_drain
-    spool = types.SimpleNamespace(c=ring_drain._shim()[0].new("struct egpu_spool *"))
-    out, spool.c.fd = os.pipe()
-    fcntl.fcntl(spool.c.fd, fcntl.F_SETPIPE_SZ, 4096)
+    spool = types.SimpleNamespace(c=ring_drain._shim()[0].new("struct egpu_spool *"), files=1)
+    out, spool.c.fd[0] = os.pipe()
+    spool.c.files = 1
+    fcntl.fcntl(spool.c.fd[0], fcntl.F_SETPIPE_SZ, 4096)
     return spool, out
 
 
@@ -1692,11 +1705,11 @@ def test_a_slow_spool_gets_every_record_once_and_in_order_while_the_passes_go_on
             t.join()
         drain.stop()
     finally:
-        os.close(spool.c.fd)
+        os.close(spool.c.fd[0])
         reading.join()
         os.close(out)
     chunks = _chunks(bytes(spooled))
-    assert len(spooled) == spool.c.end and len(chunks) > 3 * 8000 * 32 // 4096
+    assert len(spooled) == spool.c.end[0] and len(chunks) > 3 * 8000 * 32 // 4096
     assert _records_of(chunks, 3) == [records for records, _, _ in streams]
     assert drain.spool_write_s > 0 and drain.phases["hand_off"] > 0
 
@@ -1728,7 +1741,7 @@ def test_a_spool_write_that_fails_mid_burst_ends_it_and_counts_every_byte_taken_
         for ring, (_, starts, data) in zip(rings, streams):
             _producing(ring, starts[:4001], data[:starts[4000]]).join()
         deadline = time.monotonic() + 10
-        while (not all(r.empty() for r in readers) or len(spooled) < spool.c.end) and time.monotonic() < deadline:
+        while (not all(r.empty() for r in readers) or len(spooled) < spool.c.end[0]) and time.monotonic() < deadline:
             time.sleep(0.001)
         go.clear()
         second = [_producing(ring, starts[4000:], data)   # the ring's positions go on from the first half's
@@ -1737,7 +1750,7 @@ def test_a_spool_write_that_fails_mid_burst_ends_it_and_counts_every_byte_taken_
         while consumed != (consumed := [ring._u64(16) for ring in rings]):   # until the passes wait
             time.sleep(0.1)
         full = os.open("/dev/full", os.O_WRONLY)
-        os.dup2(full, spool.c.fd)
+        os.dup2(full, spool.c.fd[0])
         os.close(full)
         go.set()
         for t in second:
@@ -1747,16 +1760,50 @@ def test_a_spool_write_that_fails_mid_burst_ends_it_and_counts_every_byte_taken_
             drain.stop()
     finally:
         go.set()
-        os.close(spool.c.fd)
+        os.close(spool.c.fd[0])
         reading.join()
         os.close(out)
-    assert len(spooled) == spool.c.end
+    assert len(spooled) == spool.c.end[0]
     lost = int(re.search(r"\(([\d,]+) bytes", str(failed.value)).group(1).replace(",", ""))
     written = _chunks(bytes(spooled))
     taken = sum(r.consumed - r.skipped for r in readers)
     assert lost > 0 and lost == taken - sum(len(body) for _, body in written)
     for got, (records, _, _) in zip(_records_of(written, 2), streams):
         assert 4000 <= len(got) < 8000 and got == records[:len(got)]
+
+def test_a_spool_file_that_fails_loses_what_its_reader_cannot_reach_in_order():
+    """Chunks dealt to two files in turn, the second of which cannot be written (/dev/full): chunk 1 fails, so the
+    spool's reader, reading in the order taken, stops after chunk 0, and every byte taken after chunk 0 is counted
+    lost, those of chunks the first file's thread wrote after the failure too."""
+    import os
+    from egpu_preload.errors import EgpuError
+    from egpu_preload.runtime import ring_drain
+    ring = HostRing(4096, 2, wait=True)
+    records, starts, data = _numbered(0, 8000)
+    reader = RingReader(ring, 0, ring.lay)
+    spool = types.SimpleNamespace(c=ring_drain._shim()[0].new("struct egpu_spool *"), files=2)
+    out, spool.c.fd[0] = os.pipe()
+    spool.c.fd[1], spool.c.files = os.open("/dev/full", os.O_WRONLY), 2
+    spooled = bytearray()
+    reading = threading.Thread(target=lambda: [spooled.extend(c) for c in iter(lambda: os.read(out, 1 << 16), b"")])
+    reading.start()
+    drain = RingDrain([reader], lambda i, taken: None, idle_s=0.0001, spool=spool).start()
+    try:
+        _producing(ring, starts, data).join()
+        with pytest.raises(EgpuError, match=r"No space left on device \(([\d,]+) bytes of records taken and lost\)"
+                           ) as failed:
+            drain.stop()
+    finally:
+        for fd in spool.c.fd[0:2]:
+            os.close(fd)
+        reading.join()
+        os.close(out)
+    lost = int(re.search(r"\(([\d,]+) bytes", str(failed.value)).group(1).replace(",", ""))
+    written = _chunks(bytes(spooled))   # chunks 0, 2, 4, ... of file 0, as far as its thread got
+    assert lost == reader.consumed - reader.skipped - len(written[0][1]) > 0
+    got = _records_of(written[:1], 1)[0]
+    assert 0 < len(got) < 8000 and got == records[:len(got)]
+
 
 @pytest.mark.parametrize("full", [False, True])
 def test_a_spool_that_cannot_be_read_back_is_reported_and_the_writers_queue_still_emptied(access_trace, tmp_path,
@@ -1770,7 +1817,8 @@ def test_a_spool_that_cannot_be_read_back_is_reported_and_the_writers_queue_stil
         def no_room(index, records):
             raise OSError(28, "No space left on device")
         streaming.writer.add = no_room
-    streaming.spool.fd = os.open("/dev/null", os.O_WRONLY)   # reads fail with EBADF; the C appends to the old fd
+    spool = streaming.spool   # reads fail with EBADF; the C appends to the old files
+    spool.fds = [os.open("/dev/null", os.O_WRONLY) for _ in spool.fds]
     for i in range(200):
         ring.produce(_event(i), sm=0)
     for i in range(3 * 32):   # three times the writer's queue of host batches
@@ -1812,10 +1860,12 @@ def test_a_spool_that_fails_to_read_back_once_finish_has_begun_still_lets_finish
     deadline = time.monotonic() + 10
     while streaming._batches.empty() and time.monotonic() < deadline:   # until finish() has queued the end
         time.sleep(0.01)
-    spooled, streaming.spool.fd = streaming.spool.fd, os.open("/dev/null", os.O_WRONLY)   # reads: EBADF
+    spool = streaming.spool
+    spooled, spool.fds = spool.fds, [os.open("/dev/null", os.O_WRONLY) for _ in spool.fds]   # reads: EBADF
     held.set()
     finishing.join(10)
-    os.close(spooled)
+    for fd in spooled:
+        os.close(fd)
     assert done, "finish() waited for good on a writer that waited for the end of its queue it had taken"
     assert done[0]["error"].startswith("cannot read the trace's spool back: [Errno 9] Bad file")
 
@@ -1826,7 +1876,8 @@ def test_a_spool_that_cannot_be_written_fails_the_reader_and_lets_producers_go_o
     import os
     ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet")
     full = os.open("/dev/full", os.O_WRONLY)
-    streaming.spool.c.fd = full
+    for f in range(streaming.spool.files):   # chunks dealt to files in turn, every one full
+        streaming.spool.c.fd[f] = full
     try:
         for i in range(1000):
             ring.produce(_event(i), sm=0)

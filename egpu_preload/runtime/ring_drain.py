@@ -42,10 +42,12 @@ Under egpu-run --trace the drain's thread hands nothing to Python while the job 
 each pass takes, as the ring held it, to a spool (spool.py) that the writer reads back and cuts into batches. A
 reader that went back to Python after every pass waited there for the GIL (1.2-1.5 ms a pass in PyTorch eager's
 warp trace on an H100, 2026-12-05f), cut the records with numpy, and waited for the writer whenever it lagged
-(QUEUED batches): the producers, made to wait, waited with it. The spool's writes are made by a thread of the
-burst's own in C while the passes go on, each ring's passes copying into one of two page-locked stages while the
-other's records are written (the second made at the first burst with records): written by the passes' thread,
-they were 40% of its busy time in that trace on an H100 (0.84 s a run against 1.21 s of passes, 2026-12-06).
+(QUEUED batches): the producers, made to wait, waited with it. The spool's writes are made by threads of the
+burst's own in C while the passes go on, one a spool file (a filesystem writes one file's buffered writes one at
+a time), each ring's passes copying into one of its page-locked stages while the others' records are written (the
+spares made at the first burst with records): written by the passes' thread, they were 40% of its busy time in
+that trace on an H100 (0.84 s a run against 1.21 s of passes, 2026-12-06); by one thread of their own, they still
+held the passes up 1.14 s of vecadd's 2.81 s (writing at 5.6 GB/s, 2026-12-06b).
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that fo
 # (RingDrain._burst; stop() ends it at once). Each return waits for the GIL: beside a busy thread of the job's and
 # the writer's, for a few switch intervals (5 ms each) at times.
 BURST_S = 1.0
+# The pinned memory a ring's spare stages take at most (RingReader._stage): a burst's passes copy into one stage
+# while the spool's threads write the others' records, so a ring keeps as many writes in flight as it has spares.
+SPARE_BYTES = 64 << 20
 # Where a reader's time goes (RingReader.phases, RingDrain.phases): the header read, the records' copies, the
 # scan that finds them (C's walk, then numpy cutting them out), the zeros and ``consumed`` written back (the
 # first four measured in C, by egpu_ring_pass), the wait for the GIL after the pass's call (cffi lets it go
@@ -75,7 +80,7 @@ BURST_S = 1.0
 # (waiting while QUEUED batches are unwritten) and the pauses after passes that found nothing. What sets a
 # drain's pace. Into a spool (RingDrain._burst): the scan is C's walk alone (the writer cuts the records, in its
 # time), the GIL is waited for once a burst, and the hand-off is the passes' wait for the spool's writes, which a
-# thread of the burst's makes while the passes go on (their own time: RingDrain.spool_write_s).
+# thread of the burst's for each spool file makes while the passes go on (their own time: RingDrain.spool_write_s).
 PHASES = ("header", "copy", "scan", "clear", "gil_wait")
 DRAIN_PHASES = ("hand_off", "idle")
 # The phases whose time is the driver's calls (RingReader.in_driver): egpu_ring_pass times them around the
@@ -272,13 +277,13 @@ class RingReader:
         self._pass = p
         return p
 
-    def _stage(self, ffi: Any, p: Any, spare: bool = False) -> None:
+    def _stage(self, ffi: Any, p: Any, spares: int = 0) -> None:
         """Where a pass's copies land and the zeros that clear what it took (``capacity`` bytes each, as a copy
         is at most what is unread), and room for the walk's offsets (a record takes 8 bytes at least); with
-        ``spare``, the second stage of a burst's passes, which copy into one while the other's records are
-        spooled (egpu_ring_burst); made at the first pass that has records, kept until close(). Where the driver
-        has no pinned memory to give (rings of gigabytes), pageable memory does, slower: a reader that failed for
-        it would pass every ring's records over unread."""
+        ``spares``, the other stages of a burst's passes, which copy into one while the others' records are
+        spooled (egpu_ring_burst), SPARE_BYTES of them at most but one at least; made at the first pass that has
+        records, kept until close(). Where the driver has no pinned memory to give (rings of gigabytes), pageable
+        memory does, slower: a reader that failed for it would pass every ring's records over unread."""
         cap = self.lay.capacity
         self._staging = self._pin(2 * cap)
         self._staging[cap:] = bytes(cap)
@@ -289,9 +294,9 @@ class RingReader:
                           ffi.from_buffer("long long[]", self._runs, require_writable=True)]
         stage, p.starts, p.runs = self._buffers[-3:]
         p.stage, p.zeros = stage, stage + cap
-        if spare:
+        for k in range(min(spares, max(1, SPARE_BYTES // cap), len(p.spares))):
             self._buffers.append(ffi.from_buffer(self._pin(cap), require_writable=True))
-            p.spare = self._buffers[-1]
+            p.spares[k] = self._buffers[-1]
 
     def _pin(self, size: int) -> memoryview:
         try:
@@ -471,7 +476,7 @@ class RingDrain:
         """Passes over every ring for ``budget_s`` (one round at least) in one call into C (egpu_ring_burst),
         each one's records appended to the spool; the bytes of records taken. Where the GIL went after the call
         (``gil_wait``) is the first reader's to count: it is the burst's, not one ring's; the spool's writes are the
-        drain's hand-off, its writes (on a thread of the burst's) spool_write_s."""
+        drain's hand-off, its writes (on threads of the burst's, one a spool file, summed) spool_write_s."""
         if not self.readers:
             return 0
         ffi, lib = _shim()
@@ -504,7 +509,7 @@ class RingDrain:
             return taken
         reader, p = self.readers[which[0]], ps[which[0]]
         if r == lib.EGPU_PASS_NO_STAGING:   # its staging made; the next burst takes its records
-            reader._stage(ffi, p, spare=True)
+            reader._stage(ffi, p, spares=self.spool.files)
             return taken + 1
         if r == lib.EGPU_PASS_SPOOL:
             raise EgpuError(f"cannot write the trace's spool beside the trace file: "

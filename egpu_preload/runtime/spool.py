@@ -1,7 +1,10 @@
-"""The spool between the --trace reader and its writer: an unlinked file beside the trace file, which the
-reader's bursts append to in C (shim/drain.c egpu_ring_burst, on a thread of the burst's own while its passes go
-on: each pass's records as the ring held them, a chunk a pass) and the writer's thread reads back at its own pace
-(``taken``).
+"""The spool between the --trace reader and its writer: unlinked files beside the trace file, which the reader's
+bursts append to in C (shim/drain.c egpu_ring_burst, on threads of the burst's own while its passes go on, one a
+file: each pass's records as the ring held them, a chunk a pass, the chunks dealt to the files in turn) and the
+writer's thread reads back in the order they were taken, at its own pace (``taken``). Several files because a
+filesystem writes one file's buffered writes one at a time (under its inode's lock): one thread appending to one
+file wrote 5.6 GB/s on an H100's host and held the passes up 1.14 s of vecadd's 2.81 s (2026-12-06b); on the CI
+machine two threads wrote two files 2x faster than one, and one file no faster.
 
 Why a file and not a queue: the reader must never wait, or producers made to wait (``--on-full wait``) stall the
 job's kernels, while the writer (Python and pyarrow) runs only when it has the GIL, which a job's busy threads hold
@@ -30,6 +33,7 @@ from egpu_preload.runtime.ring_drain import Taken, records_in
 HEAD = struct.Struct("<IIQ")   # a chunk's: the ring's index, 0, the bytes after (shim/egpu_drain.h egpu_spool)
 READ = 64 << 20                # bytes read back at once (whole chunks; one chunk larger is read alone)
 GIVE_BACK = 16 << 20           # bytes read back before they are given back to the disk (a multiple of its blocks)
+FILES = 4                      # files written at once, at most (shim/egpu_drain.h EGPU_SPOOL_FILES); one a CPU
 
 
 def _unlinked(directory: Path) -> int:
@@ -51,70 +55,87 @@ class Spool:
     """The spool of the trace file ``near``: ``c``, the shim's struct egpu_spool the reader's bursts append to;
     ``taken()``, the chunks written since the last call, as each ring's records."""
 
-    def __init__(self, near: Path) -> None:
-        """Raises OSError where no file can be made beside ``near``."""
-        self.fd = _unlinked(near.parent)
+    def __init__(self, near: Path, files: int | None = None) -> None:
+        """``files``: how many (FILES, at most one a CPU). Raises OSError where no file can be made beside
+        ``near``."""
+        self.files = files or max(1, min(FILES, os.cpu_count() or 1))
+        self.fds: list[int] = []
+        try:
+            for _ in range(self.files):
+                self.fds.append(_unlinked(near.parent))
+        except OSError:
+            for fd in self.fds:
+                os.close(fd)
+            raise
         ffi, self._lib = ring_drain._shim()   # the shim's (or a test's)
         self.c = ffi.new("struct egpu_spool *")
-        self.c.fd = self.fd
-        self.read_at = 0   # the end of the chunks taken() has handed on
-        self.given_back: int | None = 0   # the bytes before it given back to the disk (None: the filesystem can't)
+        self.c.files = self.files
+        for f, fd in enumerate(self.fds):
+            self.c.fd[f] = fd
+        self.next = 0                        # the chunk taken() hands on next (chunk g: in file g % files)
+        self.read_at = [0] * self.files      # each file's chunks handed on end there
+        # each file's bytes before it given back to the disk (None: the filesystem can't)
+        self.given_back: list[int | None] = [0] * self.files
 
     def pending(self) -> bool:
-        """Whether whole chunks wait that taken() has not handed on."""
-        return self.c.end > self.read_at
+        """Whether a whole chunk waits that taken() has not handed on."""
+        f = self.next % self.files
+        return self.c.end[f] > self.read_at[f]
 
     def taken(self) -> Iterator[tuple[int, Taken]]:
-        """(ring index, its records) of the whole chunks not handed on yet, in the order they were written: READ
-        bytes of them at most (one larger chunk whole), so that a writer behind a reader that never pauses goes
-        back between calls to what else it does (its queue, the records due: tracefile.flush_due)."""
+        """(ring index, its records) of the whole chunks written when the call began and not handed on yet, in the
+        order they were taken: READ bytes of them at most (one larger chunk whole), so that a writer behind a reader
+        that never pauses goes back between calls to what else it does (its queue, the records due:
+        tracefile.flush_due)."""
         self._give_back()
-        base, end = self.read_at, self.c.end
-        if end <= base:
-            return
-        buf = self._read(base, min(end - base, READ))
-        at = 0
-        while at + HEAD.size <= len(buf):
-            index, _, n = HEAD.unpack_from(buf, at)
-            if base + at + HEAD.size + n > end:
-                raise Unreadable(f"its chunk at byte {base + at:,} runs past its end ({end:,})")
-            if at + HEAD.size + n > len(buf):
-                if at:
-                    break
-                buf = self._read(base, HEAD.size + n)   # one chunk larger than READ: read whole
-                continue
-            chunk = memoryview(buf)[at + HEAD.size:at + HEAD.size + n]
-            at += HEAD.size + n
-            self.read_at = base + at   # before the yield: a caller that stops there has had this chunk
+        ends, handed = list(self.c.end[0:self.files]), 0
+        while handed < READ:
+            f = self.next % self.files
+            at, end = self.read_at[f], ends[f]
+            if end <= at:
+                return
+            if end - at < HEAD.size:
+                raise Unreadable(f"its file {f}'s chunk at byte {at:,} runs past its end ({end:,})")
+            index, _, n = HEAD.unpack(self._read(f, at, HEAD.size))
+            if at + HEAD.size + n > end:
+                raise Unreadable(f"its file {f}'s chunk at byte {at:,} runs past its end ({end:,})")
+            if handed and handed + n > READ:
+                return
+            chunk = self._read(f, at + HEAD.size, n)
+            self.read_at[f] = at + HEAD.size + n   # before the yield: a caller that stops there has had this chunk
+            self.next += 1
+            handed += n
             try:
-                taken = records_in(chunk)
+                taken = records_in(memoryview(chunk))
             except EgpuError as e:
                 raise Unreadable(str(e)) from None
             yield index, taken
 
-    def _read(self, at: int, n: int) -> bytes:
+    def _read(self, f: int, at: int, n: int) -> bytes:
         try:
-            buf = os.pread(self.fd, n, at)
+            buf = os.pread(self.fds[f], n, at)
         except OSError as e:
             raise Unreadable(str(e)) from None
         if len(buf) < n:
-            raise Unreadable(f"{n:,} bytes at byte {at:,} read as {len(buf):,}")
+            raise Unreadable(f"{n:,} bytes at byte {at:,} of its file {f} read as {len(buf):,}")
         return buf
 
     def _give_back(self) -> None:
-        """The bytes read back given back to the disk, GIVE_BACK at a time; where the filesystem has no holes (or
-        fails to punch one), the spool keeps them until it is closed."""
-        upto = self.read_at // GIVE_BACK * GIVE_BACK
-        if self.given_back is None or upto <= self.given_back:
-            return
-        if self._lib.egpu_spool_give_back(self.c, self.given_back, upto):
-            self.given_back = None
-            return
-        self.given_back = upto
+        """Each file's bytes read back given back to the disk, GIVE_BACK at a time; where the filesystem has no
+        holes (or fails to punch one), the spool keeps them until it is closed."""
+        for f, done in enumerate(self.given_back):
+            upto = self.read_at[f] // GIVE_BACK * GIVE_BACK
+            if done is None or upto <= done:
+                continue
+            if self._lib.egpu_spool_give_back(self.c, f, done, upto):
+                self.given_back[f] = None
+                continue
+            self.given_back[f] = upto
 
     def close(self) -> None:
-        """The file closed, once (a forked child closes its parent's: streaming.Streaming.let_go); the C's appends
+        """The files closed, once (a forked child closes its parent's: streaming.Streaming.let_go); the C's appends
         fail after (EBADF), never reaching a file opened later under the same number."""
-        if self.fd >= 0:
-            os.close(self.fd)
-        self.fd = self.c.fd = -1
+        for f, fd in enumerate(self.fds):
+            if fd >= 0:
+                os.close(fd)
+            self.fds[f] = self.c.fd[f] = -1

@@ -281,13 +281,14 @@ class Streaming:
         """Where the drain's time went (ring_drain.PHASES, DRAIN_PHASES; seconds; of the header and copy
         phases, the part inside the driver's calls as ``header_driver_s``, ``copy_driver_s``), its passes and
         the bytes they copied (of those, the records' bytes taken, and those copied past a record not yet complete,
-        which later passes copy again), the spool's writes (``spool_write_s``, where the reader spools: a thread of its
-        own makes them) and the writer's time: what says whether the reader, the writer or the link sets the
-        pace of a trace."""
+        which later passes copy again), the spool's writes (``spool_write_s``, where the reader spools: threads of
+        their own make them, one a file of ``spool_files``, their times summed) and the writer's time: what says
+        whether the reader, the writer or the link sets the pace of a trace."""
         drain = self.drain.phases if self.drain is not None else dict.fromkeys(DRAIN_PHASES, 0.0)
         phases = {p: sum(r.phases[p] for r in self.readers) for p in PHASES} | drain
         in_driver = {f"{p}_driver": sum(r.in_driver[p] for r in self.readers) for p in READ_PHASES}
-        spooled = {"spool_write_s": round(self.drain.spool_write_s, 3)} if self.spool is not None else {}
+        spooled = ({"spool_write_s": round(self.drain.spool_write_s, 3), "spool_files": self.spool.files}
+                   if self.spool is not None else {})
         return {"passes": self.drain.passes if self.drain is not None else 0,
                 "copied_bytes": sum(r.copied for r in self.readers),
                 "taken_bytes": sum(r.took for r in self.readers),
@@ -369,9 +370,11 @@ def in_driver(d: dict[str, Any], phase: str) -> str:
 
 def pace_line(d: dict[str, Any]) -> str:
     """The drain's pace as egpu-run prints it under its trace line: the reader's phases (into a spool, its hand
-    off the wait for the spool's writes), the spool's writes on their own thread, the writer's time."""
+    off the wait for the spool's writes), the spool's writes on threads of their own (summed, with the files they
+    wrote where more than one), the writer's time."""
     spent = ", ".join(f"{p.replace('_', ' ')} {d[f'{p}_s']:.2f} s" + in_driver(d, p) for p in (*PHASES, *DRAIN_PHASES))
-    spooled = f"; spool writes {d['spool_write_s']:.2f} s" if "spool_write_s" in d else ""
+    files = f" into {d['spool_files']} files" if d.get("spool_files", 1) > 1 else ""
+    spooled = f"; spool writes {d['spool_write_s']:.2f} s{files}" if "spool_write_s" in d else ""
     return (f"egpu-run:   drained in {d['passes']:,} passes, {d['copied_bytes'] / 1e6:,.1f} MB copied "
             f"({d['taken_bytes'] / 1e6:,.1f} MB of records taken, {d['unwalked_bytes'] / 1e6:,.1f} MB past a record "
             f"not yet complete); reader: {spent}{spooled}; writer {d['write_s']:.2f} s")
