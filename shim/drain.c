@@ -488,7 +488,7 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
                            unsigned int *which, unsigned long long *lost, unsigned long long *out)
 {
     uint64_t start = now_ns();
-    out[0] = out[1] = out[2] = out[3] = 0;
+    out[0] = out[1] = out[2] = out[3] = out[4] = 0;
     if (spool->files < 1 || spool->files > EGPU_SPOOL_FILES) {
         spool->error = EINVAL;
         *which = 0;
@@ -549,6 +549,7 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
     } while (now_ns() - start < budget_ns && !__atomic_load_n(halt, __ATOMIC_ACQUIRE));
     out[2] += finish(&w);
     out[3] = w.write_ns;
+    out[4] = now_ns() - start;
     for (unsigned int i = 0; i < n; i++)
         rings[i]->stage = lanes[i].stage[0];   /* as the caller made it, every chunk written */
     if (w.failed) {   /* reported before a pass's failure: the records it lost are counted */

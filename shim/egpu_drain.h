@@ -135,7 +135,8 @@ enum { EGPU_PASS_SPOOL = -3, EGPU_SPOOL_HEAD = 16, EGPU_SPOOL_FILES = 4, EGPU_ST
  * with *which the ring of the chunk that failed: the records of the first chunk not written and of those taken
  * after it (which the spool's reader, reading in order, never reaches) were taken from their rings and lost, their
  * bytes counted in *lost. out[0]: the rounds made; out[1]: nanoseconds
- * slept; out[2]: nanoseconds the passes waited for the spool's writes; out[3]: nanoseconds the writes took. */
+ * slept; out[2]: nanoseconds the passes waited for the spool's writes; out[3]: nanoseconds the writes took (every
+ * thread's summed); out[4]: nanoseconds the call took. */
 int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct egpu_spool *spool,
                     unsigned long long budget_ns, unsigned long long idle_ns, const int *halt, unsigned int *which,
                     unsigned long long *lost, unsigned long long *out);

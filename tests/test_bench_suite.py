@@ -1190,7 +1190,7 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
     # the drain's pace, from the line egpu-run prints under the trace line
     drain = {"passes": 1_234, "copied_bytes": 8_050_000_000, "taken_bytes": 2_750_000_000,
              "unwalked_bytes": 2_600_000_000, "header_s": 0.5, "copy_s": 1.25, "scan_s": 3.0,
-             "clear_s": 0.75, "gil_wait_s": 0.25, "hand_off_s": 2.0, "idle_s": 0.125, "write_s": 6.5,
+             "clear_s": 0.75, "gil_wait_s": 0.25, "hand_off_s": 2.0, "handing_s": 0.0625, "idle_s": 0.125, "write_s": 6.5,
              "header_driver_s": 0.02, "copy_driver_s": 1.0}
     _, pace_line = streaming.notes([{"trace": {"records": 1, "path": "t.arrow", "dropped": 0, "error": None,
                                                "drain": drain}}])
@@ -1200,12 +1200,13 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
     assert "clear 0.75 s, gil wait 0.25 s, hand off 2.00 s" in pace_line
     assert bench.pace(f"{pace_line}\nvecadd done\n") == {
         "passes": 1_234, "copied_mb": 8_050.0, "taken_mb": 2_750.0, "unwalked_mb": 2_600.0, "header_s": 0.5,
-        "copy_s": 1.25, "scan_s": 3.0, "clear_s": 0.75, "gil_wait_s": 0.25, "hand_off_s": 2.0, "idle_s": 0.12,
+        "copy_s": 1.25, "scan_s": 3.0, "clear_s": 0.75, "gil_wait_s": 0.25, "hand_off_s": 2.0, "handing_s": 0.06,
+        "idle_s": 0.12,
         "write_s": 6.5, "header_driver_s": 0.02, "copy_driver_s": 1.0}
     # a spooling reader's: the spool's writes, on a thread of their own, apart from the reader's phases
     _, pace_line = streaming.notes([{"trace": {"records": 1, "path": "t.arrow", "dropped": 0, "error": None,
                                                "drain": drain | {"spool_write_s": 0.84}}}])
-    assert "hand off 2.00 s, idle 0.12 s; spool writes 0.84 s; writer 6.50 s" in pace_line
+    assert "hand off 2.00 s, handing 0.06 s, idle 0.12 s; spool writes 0.84 s; writer 6.50 s" in pace_line
     assert bench.pace(pace_line)["spool_write_s"] == 0.84 and bench.pace(pace_line)["idle_s"] == 0.12
     # written into four files at once: the threads' times summed, the files named
     _, pace_line = streaming.notes([{"trace": {"records": 1, "path": "t.arrow", "dropped": 0, "error": None,

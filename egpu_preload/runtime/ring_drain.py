@@ -79,10 +79,12 @@ SPARE_BYTES = 64 << 20
 # around the call; the job's threads may hold it up to the switch interval); the hand-off to the writer
 # (waiting while QUEUED batches are unwritten) and the pauses after passes that found nothing. What sets a
 # drain's pace. Into a spool (RingDrain._burst): the scan is C's walk alone (the writer cuts the records, in its
-# time), the GIL is waited for once a burst, and the hand-off is the passes' wait for the spool's writes, which a
-# thread of the burst's for each spool file makes while the passes go on (their own time: RingDrain.spool_write_s).
+# time), the GIL is waited for once a burst, the hand-off is the passes' wait for the spool's writes, which a
+# thread of the burst's for each spool file makes while the passes go on (their own time: RingDrain.spool_write_s),
+# and ``handing`` the rest of the burst's time: its chunks handed to those threads (their lock, their wake-ups,
+# their starts) and its own loop.
 PHASES = ("header", "copy", "scan", "clear", "gil_wait")
-DRAIN_PHASES = ("hand_off", "idle")
+DRAIN_PHASES = ("hand_off", "handing", "idle")
 # The phases whose time is the driver's calls (RingReader.in_driver): egpu_ring_pass times them around the
 # header's and the records' copies, little else.
 READ_PHASES = ("header", "copy")
@@ -486,20 +488,21 @@ class RingDrain:
         if self._bursts is None:
             self._bursts = ffi.new("struct egpu_ring_pass *[]", ps)
         which, lost = ffi.new("unsigned int *"), ffi.new("unsigned long long *")
-        out = ffi.new("unsigned long long[4]")
+        out = ffi.new("unsigned long long[5]")
         with self.readers[0].mem.entered():
             t = time.perf_counter()
             r = lib.egpu_ring_burst(self._bursts, len(ps), self.spool.c, int(budget_s * 1e9), int(self.idle_s * 1e9),
                                     self._halt, which, lost, out)
             spent = time.perf_counter() - t
-        in_c = (out[1] + out[2]) / 1e9
+        phased = (out[1] + out[2]) / 1e9
         for reader, p in zip(self.readers, ps):
             for phase, ns in zip(PHASES, p.total_ns):
                 reader.phases[phase] += ns / 1e9
-                in_c += ns / 1e9
-        self.readers[0].phases["gil_wait"] += max(spent - in_c, 0.0)
+                phased += ns / 1e9
+        self.readers[0].phases["gil_wait"] += max(spent - out[4] / 1e9, 0.0)
         self.phases["idle"] += out[1] / 1e9
         self.phases["hand_off"] += out[2] / 1e9   # the passes' wait for the spool's writes
+        self.phases["handing"] += max(out[4] / 1e9 - phased, 0.0)   # chunks to the spool's threads, their wake-ups
         self.spool_write_s += out[3] / 1e9
         self.passes += out[0]
         taken = sum(p.total_taken for p in ps)
