@@ -367,13 +367,14 @@ struct file_writer {
     unsigned int f;
     uint64_t handed, done;   /* the file's chunks (of the spool's life) handed, and written or dropped */
     int started;             /* 1: its thread runs; -1: none could be started, the reader writes its chunks */
+    pthread_cond_t work;     /* a chunk handed to it or the burst's end: each thread woken for its own alone */
     pthread_t thread;
 };
 
 struct writer {
     struct egpu_spool *spool;
     pthread_mutex_t lock;
-    pthread_cond_t work, progress;   /* a chunk handed or the burst's end; a chunk done */
+    pthread_cond_t progress;         /* a chunk done */
     struct chunk *queue;             /* `room` chunks a file: each ring's stages all handed at most */
     unsigned int room;
     int closing, failed;
@@ -402,7 +403,7 @@ static void write_next(struct file_writer *fw)
     if (r)
         __atomic_store_n(&w->failed, 1, __ATOMIC_RELAXED);   /* the reader looks between passes, unlocked */
     fw->done++;
-    pthread_cond_broadcast(&w->progress);
+    pthread_cond_signal(&w->progress);   /* the reader alone waits on it */
 }
 
 static void *write_chunks(void *arg)
@@ -412,7 +413,7 @@ static void *write_chunks(void *arg)
     pthread_mutex_lock(&w->lock);
     for (;;) {
         while (fw->done == fw->handed && !w->closing)
-            pthread_cond_wait(&w->work, &w->lock);
+            pthread_cond_wait(&fw->work, &w->lock);
         if (fw->done == fw->handed)
             break;
         write_next(fw);
@@ -439,7 +440,7 @@ static uint64_t hand(struct writer *w, unsigned int index, const void *bytes, ui
         pthread_sigmask(SIG_SETMASK, &was, NULL);
     }
     if (fw->started > 0)
-        pthread_cond_broadcast(&w->work);
+        pthread_cond_signal(&fw->work);
     else
         write_next(fw);
     pthread_mutex_unlock(&w->lock);
@@ -467,7 +468,8 @@ static uint64_t finish(struct writer *w)
     uint64_t t = now_ns();
     pthread_mutex_lock(&w->lock);
     w->closing = 1;
-    pthread_cond_broadcast(&w->work);
+    for (unsigned int f = 0; f < w->spool->files; f++)
+        pthread_cond_signal(&w->files[f].work);
     pthread_mutex_unlock(&w->lock);
     for (unsigned int f = 0; f < w->spool->files; f++)
         if (w->files[f].started > 0)
@@ -500,11 +502,11 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
     struct chunk queue[EGPU_SPOOL_FILES * EGPU_STAGES * rooms];   /* a file's room: every ring's stages handed */
     struct writer w = {.spool = spool, .queue = queue, .room = EGPU_STAGES * rooms};
     pthread_mutex_init(&w.lock, NULL);
-    pthread_cond_init(&w.work, NULL);
     pthread_cond_init(&w.progress, NULL);
     for (unsigned int f = 0; f < spool->files; f++) {   /* the file's chunks of the spool's life before this burst */
         uint64_t before = (spool->chunks + spool->files - 1 - f) / spool->files;
         w.files[f] = (struct file_writer){.w = &w, .f = f, .handed = before, .done = before};
+        pthread_cond_init(&w.files[f].work, NULL);
     }
     for (unsigned int i = 0; i < n; i++) {
         lanes[i] = (struct lane){.stage = {rings[i]->stage}, .stages = 1};
@@ -557,8 +559,9 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
         *lost = w.handed_bytes - w.first_lost;
         r = EGPU_PASS_SPOOL;
     }
+    for (unsigned int f = 0; f < spool->files; f++)
+        pthread_cond_destroy(&w.files[f].work);
     pthread_cond_destroy(&w.progress);
-    pthread_cond_destroy(&w.work);
     pthread_mutex_destroy(&w.lock);
     return r;
 }

@@ -33,7 +33,11 @@ from egpu_preload.runtime.ring_drain import Taken, records_in
 HEAD = struct.Struct("<IIQ")   # a chunk's: the ring's index, 0, the bytes after (shim/egpu_drain.h egpu_spool)
 READ = 64 << 20                # bytes read back at once (whole chunks; one chunk larger is read alone)
 GIVE_BACK = 16 << 20           # bytes read back before they are given back to the disk (a multiple of its blocks)
-FILES = 4                      # files written at once, at most (shim/egpu_drain.h EGPU_SPOOL_FILES); one a CPU
+# Files written at once, at most (shim/egpu_drain.h EGPU_SPOOL_FILES): one for every CPUS_A_FILE CPUs, since each
+# file's thread competes with the reader, the writer and the job (on the CI machine's two CPUs, two files made the
+# reader's copies and walk slower than one file did: bench/bench_drain.py beside a busy thread).
+FILES = 4
+CPUS_A_FILE = 4
 
 
 def _unlinked(directory: Path) -> int:
@@ -56,9 +60,9 @@ class Spool:
     ``taken()``, the chunks written since the last call, as each ring's records."""
 
     def __init__(self, near: Path, files: int | None = None) -> None:
-        """``files``: how many (FILES, at most one a CPU). Raises OSError where no file can be made beside
-        ``near``."""
-        self.files = files or max(1, min(FILES, os.cpu_count() or 1))
+        """``files``: how many (by default one for every CPUS_A_FILE CPUs, FILES at most). Raises OSError where no
+        file can be made beside ``near``."""
+        self.files = files or max(1, min(FILES, (os.cpu_count() or 1) // CPUS_A_FILE))
         self.fds: list[int] = []
         try:
             for _ in range(self.files):
