@@ -24,6 +24,11 @@ static uint64_t word(const unsigned char *buf, uint64_t at)
     return w;
 }
 
+/* How far ahead of a header the walk asks for memory: each header's place follows from the one before, so the
+ * processor cannot run ahead of the walk by itself, and the stage was just written by the copy engine, so none of it
+ * is in cache (a walk over 1 GiB of 80-byte records on the CI machine: 5.0 GB/s, 11.2-11.9 GB/s 4-8 KiB ahead). */
+enum { WALK_AHEAD = 4096 };
+
 EXPORT unsigned long long egpu_ring_walk(const void *buf, unsigned long long size, unsigned long long k,
                                          unsigned long long stop, long long *starts, unsigned long long *n,
                                          long long *runs, unsigned long long *nruns)
@@ -33,6 +38,8 @@ EXPORT unsigned long long egpu_ring_walk(const void *buf, unsigned long long siz
     if (stop > (size & ~7ULL))   /* a header is read whole, inside the buffer */
         stop = size & ~7ULL;
     while (k < stop) {
+        if (k + WALK_AHEAD < stop)
+            __builtin_prefetch(b + k + WALK_AHEAD);
         uint64_t head = word(b, k);
         if (!(head >> 32 & (REC_READY | REC_DISCARD)))
             break;
