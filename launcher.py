@@ -371,6 +371,7 @@ def run_on_gpu_cmd(ctx: typer.Context,
     from egpu_preload.output import json as json_out
     from egpu_preload.output import text as text_out
     from egpu_preload.output.values import snapshot
+    from egpu_preload.translate.devmaps import NoRow
     from egpu_preload.translate.striping import stripe_counters
     from egpu_preload.vm.thread import launch_refusal
     numbers = numbers or []
@@ -425,6 +426,8 @@ def run_on_gpu_cmd(ctx: typer.Context,
         else:
             from egpu_preload.translate.execute import run_grid_on_gpu
             state = run_grid_on_gpu(one, program, grid, block, launches=launches, state=state)
+    except NoRow as e:   # the values came from --maps: a document of a GPU with more SMs
+        raise UsageError(f"--maps {maps_file}: {e.reason}", ctx=ctx) from None
     except EgpuError as e:
         raise e.where(file=str(obj), section=program.section)
     if state.loops_cut:   # each such run ended as helper 507 ends one: its maps hold what it did up to there

@@ -565,6 +565,27 @@ def test_run_on_gpu_refuses_a_bad_maps_file_in_one_line(built, tmp_path, doc, re
                                      + " (see egpu run-on-gpu --help)"]
 
 
+def test_run_on_gpu_names_the_maps_file_for_an_sm_the_gpu_has_no_row_for(built, tmp_path, monkeypatch):
+    """A --maps document's value for an SM past this GPU's (egpu maps --json of a larger GPU): the device's run
+    refuses it (devmaps.check_rows, in ProbeLaunch, before any launch) and the line names the document, not the
+    probe. The GPU's run stands in here: it raises as ProbeLaunch does on a GPU of 132 SMs."""
+    from egpu_preload import version
+    from egpu_preload.translate import execute
+
+    def no_row(*args, **kwargs):
+        raise devmaps.NoRow("map counts: a value for SM 140, but its region on this device has rows for 132 SMs "
+                            "(0-131)")
+
+    monkeypatch.setattr(version, "cuda_driver", lambda: "580.159.04")
+    monkeypatch.setattr(execute, "run_grid_on_gpu", no_row)
+    path = tmp_path / "maps.json"
+    path.write_text('{"maps": {}}')
+    r = _run_on_gpu([built[DIRECTLY_RUN], "cuda__vec_add", "--maps", path])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.splitlines() == [f"egpu run-on-gpu: --maps {path}: map counts: a value for SM 140, but its region "
+                                     "on this device has rows for 132 SMs (0-131) (see egpu run-on-gpu --help)"]
+
+
 def test_run_on_gpu_refuses_an_unknown_program(built):
     obj = built[DIRECTLY_RUN]
     r = _run_on_gpu([obj, "cuda__nope", "--vm"])
