@@ -304,7 +304,8 @@ EXPORT int egpu_ring_pass(struct egpu_ring_pass *p)
 
 /* ---- passes over every ring in one call, into a spool (egpu_ring_burst) ---- */
 
-/* The chunk's head and bytes written whole to file f (a short write goes on where it stopped), then end[f] moved. */
+/* The chunk's head and bytes written whole to file f (a short write goes on where it stopped), then end[f] moved.
+ * Returns 0 or the errno of the write that failed. */
 static int spool_append(struct egpu_spool *s, unsigned int f, unsigned int index, const void *bytes, uint64_t n)
 {
     unsigned char head[EGPU_SPOOL_HEAD] = {0};
@@ -318,10 +319,8 @@ static int spool_append(struct egpu_spool *s, unsigned int f, unsigned int index
         ssize_t w = writev(s->fd[f], at, left);
         if (w < 0 && errno == EINTR)
             continue;
-        if (w <= 0) {
-            s->error = w < 0 ? errno : ENOSPC;
-            return EGPU_PASS_SPOOL;
-        }
+        if (w <= 0)
+            return w < 0 ? errno : ENOSPC;
         while (left && (size_t)w >= at->iov_len) {
             w -= (ssize_t)at->iov_len;
             at++;
@@ -391,24 +390,26 @@ struct writer {
     struct file_writer files[EGPU_SPOOL_FILES];
 };
 
-/* File f's next chunk written (or dropped), counted; called with the lock held, which it lets go around the write. */
+/* File f's next chunk written (or dropped: it comes after one that failed), counted; called with the lock held,
+ * which it lets go around the write. A chunk before the first one lost is still written: the spool's reader
+ * reaches it. */
 static void write_next(struct file_writer *fw)
 {
     struct writer *w = fw->w;
     struct chunk c = w->queue[fw->f * w->room + fw->done % w->room];
-    int failed = w->failed;
+    int dropped = w->failed && c.before > w->first_lost;
     pthread_mutex_unlock(&w->lock);
     uint64_t t = now_ns();
-    int r = failed || spool_append(w->spool, fw->f, c.index, c.bytes, c.n);
+    int r = dropped ? 0 : spool_append(w->spool, fw->f, c.index, c.bytes, c.n);
     t = now_ns() - t;
     pthread_mutex_lock(&w->lock);
     w->write_ns += t;
-    if (r && (!w->failed || c.before < w->first_lost)) {
+    if (r && (!w->failed || c.before < w->first_lost)) {   /* the first chunk lost, in g's order, so far */
         w->failed_index = c.index;
         w->first_lost = c.before;
-    }
-    if (r)
+        w->spool->error = r;
         __atomic_store_n(&w->failed, 1, __ATOMIC_RELAXED);   /* the reader looks between passes, unlocked */
+    }
     fw->done++;
     pthread_cond_signal(&w->progress);   /* the reader alone waits on it */
 }

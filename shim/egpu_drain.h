@@ -110,7 +110,7 @@ int egpu_ring_pass(struct egpu_ring_pass *p);
  * it: a file is written by one thread, so several are written at once (a filesystem writes one file's buffered
  * writes one at a time, under its inode's lock). `end[f]`: the bytes of whole chunks written to file f, moved (a
  * release store) after each chunk is; a reader on another thread reads up to it, in g's order. `error`: the errno
- * of the write that failed. */
+ * of the first chunk, in g's order, whose write failed. */
 struct egpu_spool {
     int fd[4];                       /* EGPU_SPOOL_FILES */
     unsigned int files;

@@ -1190,8 +1190,8 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
     # the drain's pace, from the line egpu-run prints under the trace line
     drain = {"passes": 1_234, "copied_bytes": 8_050_000_000, "taken_bytes": 2_750_000_000,
              "unwalked_bytes": 2_600_000_000, "header_s": 0.5, "copy_s": 1.25, "scan_s": 3.0,
-             "clear_s": 0.75, "gil_wait_s": 0.25, "hand_off_s": 2.0, "handing_s": 0.0625, "idle_s": 0.125, "write_s": 6.5,
-             "header_driver_s": 0.02, "copy_driver_s": 1.0}
+             "clear_s": 0.75, "gil_wait_s": 0.25, "hand_off_s": 2.0, "handing_s": 0.0625, "idle_s": 0.125,
+             "write_s": 6.5, "header_driver_s": 0.02, "copy_driver_s": 1.0}
     _, pace_line = streaming.notes([{"trace": {"records": 1, "path": "t.arrow", "dropped": 0, "error": None,
                                                "drain": drain}}])
     assert "1,234 passes, 8,050.0 MB copied (2,750.0 MB of records taken, 2,600.0 MB past a record not yet " \

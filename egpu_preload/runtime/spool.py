@@ -63,6 +63,7 @@ class Spool:
         """``files``: how many (by default one for every CPUS_A_FILE CPUs, FILES at most). Raises OSError where no
         file can be made beside ``near``."""
         self.files = files or max(1, min(FILES, (os.cpu_count() or 1) // CPUS_A_FILE))
+        ffi, self._lib = ring_drain._shim()   # the shim's (or a test's)
         self.fds: list[int] = []
         try:
             for _ in range(self.files):
@@ -71,7 +72,6 @@ class Spool:
             for fd in self.fds:
                 os.close(fd)
             raise
-        ffi, self._lib = ring_drain._shim()   # the shim's (or a test's)
         self.c = ffi.new("struct egpu_spool *")
         self.c.files = self.files
         for f, fd in enumerate(self.fds):
