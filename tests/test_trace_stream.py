@@ -1678,59 +1678,25 @@ def _piped() -> tuple[Any, int]:
     return spool, out
 
 
-def test_a_slow_spool_gets_every_record_once_and_in_order_while_the_passes_go_on():
-    """Three rings made to wait, each filled at full speed, drained into a spool that takes its bytes slowly (a
-    pipe of 4 KiB read 4 KiB a millisecond): a ring's passes copy into its second stage while the first's chunk is
-    written, and a pass that copied into a stage still being written would change a chunk mid-write. Every record
-    reaches the spool once, each ring's in order, in whole chunks that ``end`` counts; the passes' wait for the
-    writes and the writes' own time are counted apart."""
-    import os
-    rings = [HostRing(4096, 2, wait=True) for _ in range(3)]
-    streams = [_numbered(r, 8000) for r in range(3)]
-    spool, out = _piped()
-    spooled = bytearray()
-
-    def slowly() -> None:
-        while chunk := os.read(out, 4096):
-            spooled.extend(chunk)
-            time.sleep(0.001)
-
-    reading = threading.Thread(target=slowly)
-    reading.start()
-    producers = [_producing(ring, starts, data) for ring, (_, starts, data) in zip(rings, streams)]
-    drain = RingDrain([RingReader(ring, 0, ring.lay) for ring in rings], lambda i, taken: None, idle_s=0.0001,
-                      spool=spool).start()
-    try:
-        for t in producers:
-            t.join()
-        drain.stop()
-    finally:
-        os.close(spool.c.fd[0])
-        reading.join()
-        os.close(out)
-    chunks = _chunks(bytes(spooled))
-    assert len(spooled) == spool.c.end[0] and len(chunks) > 3 * 8000 * 32 // 4096
-    assert _records_of(chunks, 3) == [records for records, _, _ in streams]
-    assert drain.spool_write_s > 0 and drain.phases["hand_off"] > 0
-
-
-@pytest.mark.parametrize("burst_s", [0.003, 1.0])
-def test_four_slow_spool_files_get_every_record_once_and_in_order(burst_s, monkeypatch):
-    """Three rings made to wait, filled at full speed, spooled into four files at once, each a pipe of 4 KiB read
-    at its own slow pace, so that passes wait for one file's thread or another's: a stage copied into while its
-    chunk is still being written would change that chunk mid-write. Short bursts start each on a chunk number no
-    multiple of four (each file's count of the spool's chunks is taken up anew at a burst's start). Chunk g, the
-    (g // 4)-th of file g % 4, put back in that order, gives every ring's records once and in order."""
+@pytest.mark.parametrize("files, burst_s", [(1, 1.0), (4, 1.0), (4, 0.003)])
+def test_a_slow_spool_gets_every_record_once_and_in_order_while_the_passes_go_on(files, burst_s, monkeypatch):
+    """Three rings made to wait, each filled at full speed, drained into a spool of ``files`` files that take their
+    bytes slowly (each a pipe of 4 KiB, read 4 KiB at a time at its own pace): a ring's passes copy into one stage
+    while the others' chunks are written, and a pass that copied into a stage still being written would change a
+    chunk mid-write. Short bursts start each on a chunk number no multiple of four (each file's count of the
+    spool's chunks is taken up anew at a burst's start). Chunk g, the (g // files)-th of file g % files, put back
+    in that order, gives every ring's records once and in order, in whole chunks that each file's ``end`` counts;
+    the passes' wait for the writes and the writes' own time are counted apart."""
     import fcntl
     import os
     from egpu_preload.runtime import ring_drain
     monkeypatch.setattr(ring_drain, "BURST_S", burst_s)
     rings = [HostRing(4096, 2, wait=True) for _ in range(3)]
     streams = [_numbered(r, 8000) for r in range(3)]
-    spool = types.SimpleNamespace(c=ring_drain._shim()[0].new("struct egpu_spool *"), files=4)
-    spool.c.files = 4
-    outs, spooled = [], [bytearray() for _ in range(4)]
-    for f in range(4):
+    spool = types.SimpleNamespace(c=ring_drain._shim()[0].new("struct egpu_spool *"), files=files)
+    spool.c.files = files
+    outs, spooled = [], [bytearray() for _ in range(files)]
+    for f in range(files):
         out, spool.c.fd[f] = os.pipe()
         fcntl.fcntl(spool.c.fd[f], fcntl.F_SETPIPE_SZ, 4096)
         outs.append(out)
@@ -1738,9 +1704,9 @@ def test_four_slow_spool_files_get_every_record_once_and_in_order(burst_s, monke
     def slowly(f: int) -> None:
         while chunk := os.read(outs[f], 4096):
             spooled[f].extend(chunk)
-            time.sleep(0.0005 * (f + 1))
+            time.sleep(0.001 / files * (f + 1))
 
-    reading = [threading.Thread(target=slowly, args=(f,)) for f in range(4)]
+    reading = [threading.Thread(target=slowly, args=(f,)) for f in range(files)]
     for t in reading:
         t.start()
     producers = [_producing(ring, starts, data) for ring, (_, starts, data) in zip(rings, streams)]
@@ -1751,17 +1717,18 @@ def test_four_slow_spool_files_get_every_record_once_and_in_order(burst_s, monke
             t.join()
         drain.stop()
     finally:
-        for f in range(4):
+        for f in range(files):
             os.close(spool.c.fd[f])
         for t in reading:
             t.join()
         for out in outs:
             os.close(out)
     per_file = [_chunks(bytes(s)) for s in spooled]
-    assert [len(s) for s in spooled] == list(spool.c.end)[:4]
+    assert [len(s) for s in spooled] == list(spool.c.end)[:files]
     assert sum(map(len, per_file)) == spool.c.chunks > 3 * 8000 * 32 // 4096
-    ordered = [per_file[g % 4][g // 4] for g in range(spool.c.chunks)]
+    ordered = [per_file[g % files][g // files] for g in range(spool.c.chunks)]
     assert _records_of(ordered, 3) == [records for records, _, _ in streams]
+    assert drain.spool_write_s > 0 and drain.phases["hand_off"] > 0
 
 
 def test_a_spool_write_that_fails_mid_burst_ends_it_and_counts_every_byte_taken_and_not_written():
