@@ -159,6 +159,7 @@ def summarize(cases: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str
                 s["records_dropped"] = modes[mode]["trace"]["drops"]
                 if "lanes" in modes[mode]["trace"]:
                     s["lanes_delivered"] = modes[mode]["trace"]["lanes"]
+                s.update(drain_rates(modes[mode], s))
             why = check_cell(workload, mode, modes)
             if modes[mode].get("run", {}).get("predates_probe_checks"):
                 why = "its run predates the probe checks" + (f" ({why})" if why else "")
@@ -259,6 +260,20 @@ def notes(doc: dict[str, Any]) -> list[str]:
         out.append("torch_eager's kernels (cuDNN, cuBLAS, PyTorch's own) ship no PTX: under egpu-run the "
                    "SASS back end (Compute Sanitizer patching) serves the probes there, the PTX back end "
                    "everywhere else; torch_compile mixes both (Triton's kernels are PTX, cuBLAS's SASS).")
+    return out
+
+
+def drain_rates(raw: dict[str, Any], s: dict[str, Any]) -> dict[str, float]:
+    """A full trace's pace in GB/s, from its run's drain (the reader's counts, printed under egpu-run's trace line):
+    ``records_gb_s``, the records' bytes a unit (those the reader took over the run, over its units) in the median
+    unit's time; ``copies_gb_s``, the bytes the reader copied out of the rings in the time of its copies (the host
+    link's pace, as that run's copies found it). None where the run printed no such counts (before 2026-12-06c)."""
+    drain = (raw["trace"].get("drain") or [{}])[0]
+    out = {}
+    if drain.get("taken_bytes") and raw.get("units") and s.get("median_ms"):
+        out["records_gb_s"] = drain["taken_bytes"] / raw["units"] / (s["median_ms"] / 1e3) / 1e9
+    if drain.get("copied_bytes") and drain.get("copy_s"):
+        out["copies_gb_s"] = drain["copied_bytes"] / drain["copy_s"] / 1e9
     return out
 
 
@@ -406,18 +421,23 @@ def shim_lines(shim: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def trace_lines(summary_trace: dict[str, dict[str, Any]]) -> list[str]:
-    rows = [(w, mode, t) for w, traced in summary_trace.items() for mode, t in traced.items()]
+def trace_lines(summary_trace: dict[str, dict[str, Any]], summary: dict[str, dict[str, Any]]) -> list[str]:
+    rows = [(w, mode, t, summary.get(w, {}).get(mode, {})) for w, traced in summary_trace.items()
+            for mode, t in traced.items()]
     if not rows:
         return []
     lines = ["Full-trace records delivered (into egpu-run --trace's file while the job ran) and dropped (the ring "
              "was full): a full-trace ratio counts only a run that dropped none. A warp record stands for the "
-             "lanes that made one access together: egpu trace expands it to a row per lane.", "",
-             "| workload | trace | delivered | dropped | lanes |", "| --- | --- | ---: | ---: | ---: |"]
-    for w, mode, t in rows:
+             "lanes that made one access together: egpu trace expands it to a row per lane. The drain's pace: "
+             "the records' bytes a unit over the median unit's time, beside the pace of the reader's copies out "
+             "of the rings in the same run (the host link as it found it); — where the run did not count them.", "",
+             "| workload | trace | delivered | dropped | lanes | records | the reader's copies |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for w, mode, t, s in rows:
         lanes = f"{t['lanes']:,}" if "lanes" in t else "—"
         kind = "warp records" if mode == "mem_trace_warp" else "lane records"
-        lines.append(f"| {w} | {kind} | {t['records']:,} | {t['drops']:,} | {lanes} |")
+        lines.append(f"| {w} | {kind} | {t['records']:,} | {t['drops']:,} | {lanes} | "
+                     f"{_num(s.get('records_gb_s'), ' GB/s')} | {_num(s.get('copies_gb_s'), ' GB/s', 1)} |")
     return lines + [""]
 
 
@@ -498,7 +518,7 @@ def markdown(doc: dict[str, Any]) -> str:
                                                                                          doc.get("modules", []))
     out += ["## Hot swap", ""] + from_run(doc, "hot_swap") + swap_lines(doc.get("hot_swap"))
     out += ["", "## Shim cost per launch", ""] + from_run(doc, "shim") + shim_lines(doc.get("shim"))
-    out += [""] + trace_lines(doc.get("trace", {}))
+    out += [""] + trace_lines(doc.get("trace", {}), doc.get("summary", {}))
     out += ["## Published numbers of the peers (quoted, not measured here)", "",
             "| tool | what | GPU | overhead | detail | source |", "| --- | --- | --- | ---: | --- | --- |"]
     out += [f"| {p['tool']} | {p['what']} | {p['gpu']} | {p['ratio']:.2f}x | {p['detail']} | {p['source']} |"

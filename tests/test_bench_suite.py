@@ -42,7 +42,9 @@ def fake_cases():
                    "shim": case([10.1] * 10),
                    "entry_exit": entry_exit([10.2] * 10, 1000, 1000),
                    "mem_count": case([12.0] * 10, counts=[[[600, 400]]], units=100),
-                   "mem_trace": case([50.0, 52.0, 48.0], trace={"records": 1000, "drops": 0}, units=100)},
+                   "mem_trace": case([50.0, 52.0, 48.0], units=100, trace={
+                       "records": 1000, "drops": 0,   # 100 MB a unit in its median 50 ms; 20 GB copied in 0.5 s
+                       "drain": [{"taken_bytes": 10_000_000_000, "copied_bytes": 20_000_000_000, "copy_s": 0.5}]})},
         "torch_eager": {"plain": case([20.0] * 10, digest="x"),
                         "shim": case([20.0] * 10, digest="y"),
                         "entry_exit": entry_exit([20.4] * 10, 5000, 5000, digest="x"),
@@ -311,7 +313,8 @@ def test_markdown_report():
                for ln in lines)
     assert "| shim | 3900.0 | 3790.0 | +90.0 |" in lines
     assert "pinned to CPU 1;" in md
-    assert "| vecadd | lane records | 1,000 | 0 | — |" in lines and "| vecadd | warp records | 40 | 0 | 1,000 |" in lines
+    assert "| vecadd | lane records | 1,000 | 0 | — | 2.00 GB/s | 40.0 GB/s |" in lines
+    assert "| vecadd | warp records | 40 | 0 | 1,000 | — | — |" in lines   # its run counted no drain
     assert "| attach | 1.0 (2.0) | 5.0 (6.0) |" in lines
     assert "| mem_count | 3.0 ms | 8.0 ms | 140.0 ms | 151.0 ms | 9459 |" in lines
     doc = {**fake_doc(), "trace": {"vecadd": {"mem_trace": {"records": 200, "drops": 800, "streamed": True}}}}
