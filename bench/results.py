@@ -267,7 +267,8 @@ def drain_rates(raw: dict[str, Any], s: dict[str, Any]) -> dict[str, float]:
     """A full trace's pace in GB/s, from its run's drain (the reader's counts, printed under egpu-run's trace line):
     ``records_gb_s``, the records' bytes a unit (those the reader took over the run, over its units) in the median
     unit's time; ``copies_gb_s``, the bytes the reader copied out of the rings in the time of its copies (the host
-    link's pace, as that run's copies found it). None where the run printed no such counts (before 2026-12-06c)."""
+    link's pace, as that run's copies found it). Each left out where the run printed no such counts (before
+    2026-12-06c)."""
     drain = (raw["trace"].get("drain") or [{}])[0]
     out = {}
     if drain.get("taken_bytes") and raw.get("units") and s.get("median_ms"):

@@ -60,9 +60,9 @@ class Spool:
     ``taken()``, the chunks written since the last call, as each ring's records."""
 
     def __init__(self, near: Path, files: int | None = None) -> None:
-        """``files``: how many (by default one for every CPUS_A_FILE CPUs, FILES at most). Raises OSError where no
+        """``files``: how many (by default one for every CPUS_A_FILE CPUs; FILES at most). Raises OSError where no
         file can be made beside ``near``."""
-        self.files = files or max(1, min(FILES, (os.cpu_count() or 1) // CPUS_A_FILE))
+        self.files = min(files or max(1, (os.cpu_count() or 1) // CPUS_A_FILE), FILES)
         ffi, self._lib = ring_drain._shim()   # the shim's (or a test's)
         self.fds: list[int] = []
         try:
