@@ -134,7 +134,7 @@ def test_probe(probe_obj, name, mcpu):
                 assert i.src in (isa.LDDW_IMM64, isa.LDDW_CODE_ADDR)  # nothing left unrelocated; or a callback
         assert refs == want
         local = [i.call_target() for i in insns if i.kind == "call" and i.src == isa.CALL_LOCAL]
-        local += [i.func_target() for i in insns if i.kind == "lddw" and i.src == isa.LDDW_CODE_ADDR]
+        local += [i.callback for i in insns if i.callback is not None]
         starts = {i.pc for i in insns}
         assert all(t in starts for t in local)
     for prog, (length, targets) in zip(obj.programs, CALLS.get(name, [(None, [])] * len(obj.programs))):
@@ -203,7 +203,7 @@ SEC("kprobe/*") int p(void *c)
     (p,) = obj.programs
     main, cb, first = p.layout
     assert (cb[0], cb[2], first[0], first[2]) == (".text", 5, ".text", 2) and {cb[1], first[1]} in ({0, 2}, {0, 5})
-    taken = [i.func_target() for i in decode(p.code) if i.kind == "lddw"]
+    taken = [i.callback for i in decode(p.code) if i.kind == "lddw"]
     assert taken == [main[2], main[2], main[2] + cb[2]]
 
 

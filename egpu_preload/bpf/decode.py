@@ -74,10 +74,14 @@ class Insn:
         """The pc a local call (src = CALL_LOCAL) enters."""
         return self.pc + 1 + self.imm
 
-    def func_target(self) -> int:
-        """The pc whose address an lddw of a function (src = LDDW_CODE_ADDR, Linux's BPF_PSEUDO_FUNC) loads:
-        relative to the next slot, as a call's, by the signed low half of imm (Linux's insn[0].imm)."""
-        return self.pc + 1 + _s32(self.imm)
+    @property
+    def callback(self) -> int | None:
+        """The pc whose address an lddw of a function (src = LDDW_CODE_ADDR, Linux's BPF_PSEUDO_FUNC) loads, a
+        callback: relative to the next slot, as a call's, by the signed low half of imm (Linux's insn[0].imm);
+        None for any other instruction."""
+        if self.spec.kind == "lddw" and self.src == isa.LDDW_CODE_ADDR:
+            return self.pc + 1 + _s32(self.imm)
+        return None
 
 
 def _reserved(pc: int, what: str) -> DecodeError:

@@ -78,7 +78,7 @@ def _lddw(i: Insn) -> str:
     if i.src == isa.LDDW_MAP_IDX_VALUE:
         return f"r{i.dst} = map_value[{i.imm & 0xFFFFFFFF}] + 0x{i.imm >> 32:x} ll"
     if i.src == isa.LDDW_CODE_ADDR and not i.imm >> 32:
-        return f"r{i.dst} = func {_pc_offset(i.func_target() - i.pc - 1)} ll"
+        return f"r{i.dst} = func {_pc_offset(i.callback - i.pc - 1)} ll"
     return f"ld_pseudo r{i.dst}, 0x{i.src:x}, 0x{i.imm:x}"
 
 

@@ -196,7 +196,7 @@ def lddw(g: FuncGen, insn: Insn) -> None:
             if off:
                 g.emit(f"add.u64 {d}, {d}, {off};")
     elif insn.src == isa.LDDW_CODE_ADDR:   # only bpf_loop takes it, and it knows its callback (loop_call)
-        g.emit(f"mov.b64 {d}, {insn.func_target()};")
+        g.emit(f"mov.b64 {d}, {insn.callback};")
     else:
         raise g.fail(insn, f"lddw with pseudo source {insn.src} is left unresolved by the loader")
 

@@ -151,8 +151,8 @@ class FuncGen:
                 entries.add(i.call_target())
             if i.kind == "call" and i.src == isa.CALL_BTF:
                 raise TranslateError("kfunc calls are not supported", insn=i.pc)
-            if i.kind == "lddw" and i.src == isa.LDDW_CODE_ADDR and i.func_target() in self.by_pc:
-                entries.add(i.func_target())   # a callback: a function of its own
+            if i.callback in self.by_pc:
+                entries.add(i.callback)   # a callback: a function of its own
         order = sorted(entries)
         self.frame_end = {e: (order[k + 1] if k + 1 < len(order) else self.total) for k, e in enumerate(order)}
         if verified is not None:

@@ -84,8 +84,8 @@ def _blocks(vm: "Vm", nmaps: int, names: dict[str, object]) -> list[str]:
     starts = {i.pc for i in insns}
     leaders = {0}
     for k, i in enumerate(insns):
-        if i.kind == "lddw" and i.src == isa.LDDW_CODE_ADDR and i.func_target() in starts:
-            leaders.add(i.func_target())   # a callback, entered by its bpf_loop's closure
+        if i.callback in starts:
+            leaders.add(i.callback)   # a callback, entered by its bpf_loop's closure
         if _transfers(i):
             leaders.update(t for t in (_target(i),) if t in starts)
             if k + 1 < len(insns):

@@ -196,7 +196,7 @@ def _lddw(i: Insn, nxt: int) -> Op:
             return nxt
         return op_value
     if i.src == isa.LDDW_CODE_ADDR:
-        handle = FUNC_HANDLE_BASE + i.func_target()
+        handle = FUNC_HANDLE_BASE + i.callback
 
         def op_func(run: Run) -> int:
             run.regs[dst] = handle

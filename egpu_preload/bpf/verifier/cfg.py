@@ -101,10 +101,10 @@ def build(insns: list[Insn], maps: list[MapDef]) -> Cfg:
             raise Reject(pc=insn.pc, reason=f"kfunc calls are not supported (call kfunc {insn.imm})")
         elif insn.kind == "lddw":
             _check_lddw(insn, maps)
-            if insn.src == isa.LDDW_CODE_ADDR:   # a callback is a function of its own (Linux's add_subprog)
-                _check_target(at, insn, insn.func_target(), "callback")
+            if (callback := insn.callback) is not None:   # a function of its own (Linux's add_subprog)
+                _check_target(at, insn, callback, "callback")
                 _check_callback(at, insn)
-                entries.add(insn.func_target())
+                entries.add(callback)
     subprogs = tuple(sorted(entries))
     subprog_of: dict[int, int] = {}
     s = 0
@@ -129,8 +129,8 @@ def build(insns: list[Insn], maps: list[MapDef]) -> Cfg:
         elif insn.kind == "call" and insn.src == isa.CALL_LOCAL:
             callees[subprog_of[insn.pc]].setdefault(subprog_of[insn.call_target()], insn.pc)
             prune.add(insn.pc + 1)
-        elif insn.kind == "lddw" and insn.src == isa.LDDW_CODE_ADDR:   # as Linux's check_cfg: a call
-            callees[subprog_of[insn.pc]].setdefault(subprog_of[insn.func_target()], insn.pc)
+        elif insn.callback is not None:   # as Linux's check_cfg: a call
+            callees[subprog_of[insn.pc]].setdefault(subprog_of[insn.callback], insn.pc)
     loop_calls = frozenset(i.pc for i in insns if i.helper == LOOP)
     prune |= loop_calls | {pc + 1 for pc in loop_calls}
     _check_recursion(subprogs, callees)
@@ -141,7 +141,7 @@ def build(insns: list[Insn], maps: list[MapDef]) -> Cfg:
 def _check_callback(at: dict[int, Insn], insn: Insn) -> None:
     """A function's address names a function's start: not the main program, nor a pc the code before it
     runs into (Linux makes every such address a subprogram, whose neighbour then falls into it)."""
-    target = insn.func_target()
+    target = insn.callback
     if target == 0:
         raise Reject(pc=insn.pc, reason="the callback at 0 is the main program, not a static function "
                                         "(callback target)")

@@ -302,7 +302,7 @@ def _lddw(env: Env, st: State, insn: Insn) -> Succ:
         v = pointer(MAP_PTR, aux=insn.imm)
         env.note_map(insn.pc, insn.imm)
     elif insn.src == isa.LDDW_CODE_ADDR:   # cfg made the target a function of its own
-        v = pointer(FUNC, aux=insn.func_target())
+        v = pointer(FUNC, aux=insn.callback)
     else:
         v = pointer(MAP_VALUE, off=insn.imm >> 32, aux=insn.imm & 0xFFFFFFFF)
         env.note_map(insn.pc, insn.imm & 0xFFFFFFFF)
