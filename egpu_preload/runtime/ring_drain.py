@@ -38,7 +38,7 @@ A reader that fails (a copy that errs) goes on moving ``consumed`` to ``head`` u
 counting what it passed over: producers made to wait would otherwise spin, and the job with them.
 
 Under egpu-run --trace the drain's thread hands nothing to Python while the job runs: one call into C
-(egpu_ring_burst) makes the passes over every ring for up to BURST_S, until stop() sets its flag, appending what
+(egpu_ring_burst) makes the passes over every ring until stop() sets its flag, appending what
 each pass takes, as the ring held it, to a spool (spool.py) that the writer reads back and cuts into batches. A
 reader that went back to Python after every pass waited there for the GIL (1.2-1.5 ms a pass in PyTorch eager's
 warp trace on an H100, 2026-12-05f), cut the records with numpy, and waited for the writer whenever it lagged
@@ -67,9 +67,11 @@ from egpu_preload.translate.devmaps import LINE, RING_NCPU, REC_READY, MapLayout
 
 IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that found records goes on at once
 # Into a spool: how long one call into C goes on passing before the reader's thread takes the GIL back
-# (RingDrain._burst; stop() ends it at once). Each return waits for the GIL: beside a busy thread of the job's and
-# the writer's, for a few switch intervals (5 ms each) at times.
-BURST_S = 1.0
+# (RingDrain._burst; stop() ends it at once); None: until stopped. Each return waits for the GIL, and the rings
+# for the reader meanwhile: beside the writer, cutting the spool's records with numpy and pyarrow, a return a
+# second cost vecadd's warp trace 0.69-0.73 s of its 2.5 s of passes a run on an H100 (2026-12-06d, call 3).
+BURST_S: float | None = None
+UNTIL_STOPPED = (1 << 64) - 1   # egpu_ring_burst's budget_ns: no time runs it out
 # The pinned memory a ring's spare stages take at most (RingReader._stage): a burst's passes copy into one stage
 # while the spool's threads write the others' records, so a ring keeps as many writes in flight as it has spares.
 SPARE_BYTES = 64 << 20
@@ -423,7 +425,7 @@ Sink = Callable[[int, Taken], None]   # (the ring's index among the drained, its
 
 class RingDrain:
     """A thread that passes over every ring until stopped, handing each ring's records to ``sink``, or, given a
-    spool (spool.py), appending them to it in C, BURST_S of passes a call."""
+    spool (spool.py), appending them to it in C, in one call until stopped (BURST_S)."""
 
     def __init__(self, readers: list[RingReader], sink: Sink, idle_s: float = IDLE_S,
                  hold: Callable[[], AbstractContextManager[Any]] = nullcontext, spool: Any = None) -> None:
@@ -474,8 +476,8 @@ class RingDrain:
             self.error = e           # nor stop it: producers made to wait would spin for good
             self._release()
 
-    def _burst(self, budget_s: float) -> int:
-        """Passes over every ring for ``budget_s`` (one round at least) in one call into C (egpu_ring_burst),
+    def _burst(self, budget_s: float | None) -> int:
+        """Passes over every ring for ``budget_s`` (one round at least; None: until stop() sets the flag) in one call into C (egpu_ring_burst),
         each one's records appended to the spool; the bytes of records taken. Where the GIL went after the call
         (``gil_wait``) is the first reader's to count: it is the burst's, not one ring's; the spool's writes are the
         drain's hand-off, its writes (on threads of the burst's, one a spool file, summed) spool_write_s."""
@@ -491,8 +493,9 @@ class RingDrain:
         out = ffi.new("unsigned long long[5]")
         with self.readers[0].mem.entered():
             t = time.perf_counter()
-            r = lib.egpu_ring_burst(self._bursts, len(ps), self.spool.c, int(budget_s * 1e9), int(self.idle_s * 1e9),
-                                    self._halt, which, lost, out)
+            budget_ns = UNTIL_STOPPED if budget_s is None else int(budget_s * 1e9)
+            r = lib.egpu_ring_burst(self._bursts, len(ps), self.spool.c, budget_ns, int(self.idle_s * 1e9), self._halt,
+                                    which, lost, out)
             spent = time.perf_counter() - t
         phased = (out[1] + out[2]) / 1e9
         for reader, p in zip(self.readers, ps):
