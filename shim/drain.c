@@ -105,9 +105,12 @@ EXPORT int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long s
 /* ---- one pass over a ring (egpu_ring_pass) ---- */
 
 typedef int (*copy_in_fn)(unsigned long long dst, const void *src, size_t n, void *stream); /* cuMemcpyHtoDAsync_v2 */
+typedef int (*record_fn)(void *event, void *stream);                                        /* cuEventRecord */
+typedef int (*landed_fn)(void *event);                                                      /* cuEventSynchronize */
 
 enum { HEADER = 64, LINE = 128, RING_NCPU = 32, CONSUMED = 16 };   /* translate/devmaps.py */
-enum { CALL_OUT, CALL_IN, CALL_WAIT };
+enum { CALL_OUT, CALL_IN, CALL_WAIT, CALL_RECORD, CALL_LANDED };
+_Static_assert(EGPU_PIECES == sizeof ((struct egpu_ring_pass *)0)->events / sizeof(void *), "egpu_drain.h: events[]");
 static const uint64_t NO_MARK = ~0ULL;   /* an SM's line: no size refused */
 
 /* Each returns 0 or the driver's CUresult, naming the call in p->failed. */
@@ -118,9 +121,9 @@ static int out(struct egpu_ring_pass *p, void *dst, uint64_t src, uint64_t n)
     return r;
 }
 
-static int in(struct egpu_ring_pass *p, uint64_t dst, const void *src, uint64_t n)
+static int in(struct egpu_ring_pass *p, void *stream, uint64_t dst, const void *src, uint64_t n)
 {
-    int r = ((copy_in_fn)p->copy_in)(dst, src, (size_t)n, p->stream);
+    int r = ((copy_in_fn)p->copy_in)(dst, src, (size_t)n, stream);
     if (r) p->failed = CALL_IN;
     return r;
 }
@@ -156,16 +159,94 @@ static int read_header(struct egpu_ring_pass *p, uint64_t *ncpu)
     return 0;
 }
 
-/* A dropping ring's SMs that were refused may ask again now that there is room (devmaps.py): queued. */
-static int reopen(struct egpu_ring_pass *p, uint64_t ncpu)
+/* A dropping ring's SMs that were refused may ask again now that there is room (devmaps.py): queued on stream. */
+static int reopen(struct egpu_ring_pass *p, void *stream, uint64_t ncpu)
 {
     for (uint64_t c = 0; c < ncpu; c++) {
         if (word(p->head, RING_NCPU + 4 + c * LINE) == NO_MARK)
             continue;
-        int r = in(p, p->addr + p->lines_off + c * LINE, &NO_MARK, 8);
+        int r = in(p, stream, p->addr + p->lines_off + c * LINE, &NO_MARK, 8);
         if (r) return r;
     }
     return 0;
+}
+
+/* A raw pass's copy of stage[from, upto) in pieces, an event recorded after each (egpu_drain.h events), so that the
+ * walk reads each piece once it has landed while the copy engine goes on with the next: the walk and the copies take
+ * turns no longer. */
+struct landing {
+    struct egpu_ring_pass *p;
+    uint64_t from, end[EGPU_PIECES];   /* piece i: [end[i - 1] (from, for the first), end[i]) */
+    unsigned int pieces, landed;       /* pieces copied; of them, those landed */
+    uint64_t waited_ns;
+    int r;                             /* the first failure */
+};
+
+enum { PIECE_MIN = 1 << 20 };   /* smaller pieces would cost more in calls than they save the walk */
+
+static int copy_pieces(struct landing *l, unsigned char *stage, uint64_t src, uint64_t from, uint64_t upto)
+{
+    struct egpu_ring_pass *p = l->p;
+    uint64_t piece = (upto - from + EGPU_PIECES - 1) / EGPU_PIECES;
+    piece = piece < PIECE_MIN ? PIECE_MIN : (piece + 7) & ~7ULL;
+    l->from = from;
+    for (uint64_t at = from; at < upto; at += piece) {
+        uint64_t n = upto - at < piece ? upto - at : piece;
+        int r = out(p, stage + at, src + at, n);
+        if (!r && (r = ((record_fn)p->record)(p->events[l->pieces], p->stream)))
+            p->failed = CALL_RECORD;
+        if (r) return r;
+        l->end[l->pieces++] = at + n;
+    }
+    return 0;
+}
+
+/* Until stage[from, need) has landed, or every piece has: where what has landed ends. */
+static uint64_t land(struct landing *l, uint64_t need)
+{
+    uint64_t t = now_ns();
+    while (!l->r && l->landed < l->pieces && (l->landed ? l->end[l->landed - 1] : l->from) < need) {
+        if ((l->r = ((landed_fn)l->p->landed)(l->p->events[l->landed])))
+            l->p->failed = CALL_LANDED;
+        else
+            l->landed++;
+    }
+    l->waited_ns += now_ns() - t;
+    return l->r ? 0 : l->landed ? l->end[l->landed - 1] : l->from;
+}
+
+/* egpu_ring_walk, each header read only once its piece has landed (l NULL: every byte has). */
+static uint64_t walk(struct landing *l, const unsigned char *buf, uint64_t size, uint64_t k, uint64_t stop,
+                     long long *starts, unsigned long long *n, long long *runs, unsigned long long *nruns)
+{
+    if (!l || k < l->from)   /* before the pieces, copied last: scan never walks there (if it did: none walked) */
+        return l ? (*n = *nruns = 0, k) : egpu_ring_walk(buf, size, k, stop, starts, n, runs, nruns);
+    unsigned long long count = 0, nrun = 0, c, r;
+    for (;;) {
+        uint64_t upto = land(l, k + 8 < stop ? k + 8 : stop), s = upto < stop ? upto : stop;
+        uint64_t end = egpu_ring_walk(buf, size, k, s, starts ? starts + count : NULL, &c, runs ? runs + nrun : NULL,
+                                      &r);
+        for (unsigned long long i = 0; runs && i < r; i++)
+            runs[nrun + i] += (long long)count;   /* a run cut where a piece ends: one more batch, no record less */
+        count += c;
+        nrun += r;
+        if (end < s || end >= stop || l->r || upto < k + 8) {
+            *n = count;
+            *nruns = nrun;
+            return end;
+        }
+        k = end;
+    }
+}
+
+/* Every copy on the stream landed (none writes into the stage after the pass), r the pass's failure so far (0: none),
+ * which stays the one reported. */
+static int all_landed(struct egpu_ring_pass *p, int r)
+{
+    int failed = p->failed, w = sync_(p);
+    if (!r) return w;
+    p->failed = failed;
+    return r;
 }
 
 /* Walk the records of buf[0, size) starting in [k, stop), taking (into starts, runs) those that start before
@@ -173,10 +254,10 @@ static int reopen(struct egpu_ring_pass *p, uint64_t ncpu)
  * of the last record taken (-1: none); *stopped: whether it ended at a record not complete. With `raw`, records
  * that end at limit, at stop or before are taken unwalked: limit is a record's end (where an earlier walk ended),
  * every record before it complete since (only the reader clears one), so the walk would find what it already
- * knows. */
-static uint64_t scan(const unsigned char *buf, uint64_t size, uint64_t k, uint64_t stop, long long limit, int raw,
-                     long long *starts, unsigned long long *n, long long *runs, unsigned long long *nruns,
-                     long long *took, int *stopped)
+ * knows. l: the copy's pieces, where it lands in pieces (walk). */
+static uint64_t scan(struct landing *l, const unsigned char *buf, uint64_t size, uint64_t k, uint64_t stop,
+                     long long limit, int raw, long long *starts, unsigned long long *n, long long *runs,
+                     unsigned long long *nruns, long long *took, int *stopped)
 {
     uint64_t bound = limit < 0 ? 0 : (uint64_t)limit < stop ? (uint64_t)limit : stop, end = k;
     unsigned long long skipped[2];
@@ -187,7 +268,7 @@ static uint64_t scan(const unsigned char *buf, uint64_t size, uint64_t k, uint64
         *took = (long long)bound;
         end = bound;
     } else if (k < bound) {
-        end = egpu_ring_walk(buf, size, k, bound, starts, n, runs, nruns);
+        end = walk(l, buf, size, k, bound, starts, n, runs, nruns);
         if (end > k) *took = (long long)end;
         if (end < bound) {
             *stopped = 1;
@@ -196,7 +277,7 @@ static uint64_t scan(const unsigned char *buf, uint64_t size, uint64_t k, uint64
     }
     if (end < stop) {   /* complete, taken by the next pass */
         uint64_t k2 = end;
-        end = egpu_ring_walk(buf, size, k2, stop, NULL, skipped, NULL, skipped + 1);
+        end = walk(l, buf, size, k2, stop, NULL, skipped, NULL, skipped + 1);
         *stopped = end < stop;
     }
     return end;
@@ -208,19 +289,36 @@ static int take(struct egpu_ring_pass *p, uint64_t ncpu)
     unsigned char *stage = p->stage;
     uint64_t cap = p->capacity, n = p->head_pos - p->consumed;   /* n <= capacity: egpu_ring_pass checked */
     uint64_t first = p->consumed % cap, straight = cap - first;  /* positions before the wrap */
+    uint64_t src = p->addr + HEADER + first, stop = n < straight ? n : straight;
     long long limit = (long long)(p->seen - p->consumed), took_a, took_b = -1;
+    struct landing pieces = {.p = p}, *l = p->raw && p->events[0] ? &pieces : NULL;
     int stopped, r;
     uint64_t t = now_ns();
-    r = out(p, stage, p->addr + HEADER + first, n);   /* first + n < 2 * capacity: the data and its slack */
-    if (!r) r = sync_(p);
+    if (l) {   /* first what the walk reads (from where scan's walk starts: its raw take's end), then the rest */
+        uint64_t from = limit > 0 && (uint64_t)limit <= stop ? (uint64_t)limit : 0;
+        r = copy_pieces(l, stage, src, from, n);
+        if (!r && from) r = out(p, stage, src, from);
+    } else {
+        r = out(p, stage, src, n);   /* first + n < 2 * capacity: the data and its slack */
+        if (!r) r = sync_(p);
+    }
     p->copied += n;
     uint64_t t1 = now_ns();
     p->ns[1] += t1 - t;
-    if (r) return r;
-    uint64_t k = scan(stage, n, 0, n < straight ? n : straight, limit, p->raw, p->starts, &p->n[0], p->runs,
-                      &p->nruns[0], &took_a, &stopped);
+    if (r) return l ? all_landed(p, r) : r;
+    uint64_t k = scan(l, stage, n, 0, stop, limit, p->raw, p->starts, &p->n[0], p->runs, &p->nruns[0], &took_a,
+                      &stopped);
     t = now_ns();
-    p->ns[2] += t - t1;
+    uint64_t waited = l ? l->waited_ns : 0;   /* for pieces: the copy's time */
+    p->ns[1] += waited;
+    p->ns[2] += t - t1 - waited;
+    if (l) {   /* every copy landed, those it takes (copied last) among them, before zeros or the spool touch them */
+        r = all_landed(p, l->r);
+        t1 = now_ns();
+        p->ns[1] += t1 - t;
+        t = t1;
+        if (r) return r;
+    }
     if (!stopped && k < n) {
         /* On from the data area's start: a record crossing the wrap ran into the slack to k, so the ring's
          * bytes from k - straight on follow it, copied in after it (over slack the first copy held). */
@@ -230,7 +328,7 @@ static int take(struct egpu_ring_pass *p, uint64_t ncpu)
         t1 = now_ns();
         p->ns[1] += t1 - t;
         if (r) return r;
-        k = scan(stage, n, k, n, limit, p->raw, p->starts + p->n[0], &p->n[1], p->runs + p->nruns[0],
+        k = scan(NULL, stage, n, k, n, limit, p->raw, p->starts + p->n[0], &p->n[1], p->runs + p->nruns[0],
                  &p->nruns[1], &took_b, &stopped);
         t = now_ns();
         p->ns[2] += t - t1;
@@ -248,14 +346,17 @@ static int take(struct egpu_ring_pass *p, uint64_t ncpu)
     if (took_a < 0)
         return 0;
     /* Zeros copied in before consumed moves past them (a producer's BUSY flag is written after its position is
-     * taken: between the two the reader must find no stale READY there); on one stream they land in order. */
+     * taken: between the two the reader must find no stale READY there); on one stream they land in order. A
+     * burst's go on its clears stream, unwaited for: the copies of what they clear have landed (waited for above),
+     * and the next pass copies from consumed on, none of what they clear. */
+    void *on = p->raw && p->clears ? p->clears : p->stream;
     uint64_t zero_a = (uint64_t)took_a, zero_b = took_b < 0 ? 0 : (uint64_t)took_b - straight;
-    r = in(p, p->addr + HEADER + first, p->zeros, zero_a);
-    if (!r && zero_b) r = in(p, p->addr + HEADER, p->zeros, zero_b);
+    r = in(p, on, p->addr + HEADER + first, p->zeros, zero_a);
+    if (!r && zero_b) r = in(p, on, p->addr + HEADER, p->zeros, zero_b);
     uint64_t consumed = p->consumed + (took_b < 0 ? zero_a : (uint64_t)took_b);
-    if (!r) r = in(p, p->addr + CONSUMED, &consumed, 8);
-    if (!r && p->lines) r = reopen(p, ncpu);
-    if (!r) r = sync_(p);
+    if (!r) r = in(p, on, p->addr + CONSUMED, &consumed, 8);   /* pageable: copied at the call, as NO_MARK is */
+    if (!r && p->lines) r = reopen(p, on, ncpu);
+    if (!r && on == p->stream) r = sync_(p);
     if (!r) p->consumed = consumed;
     p->ns[3] += now_ns() - t;
     return r;
@@ -267,8 +368,8 @@ static int skip(struct egpu_ring_pass *p, uint64_t ncpu)
     uint64_t head = p->head_pos;
     int r = 0;
     if (head != p->consumed)
-        r = in(p, p->addr + CONSUMED, &head, 8);
-    if (!r && p->lines) r = reopen(p, ncpu);
+        r = in(p, p->stream, p->addr + CONSUMED, &head, 8);
+    if (!r && p->lines) r = reopen(p, p->stream, ncpu);
     if (!r) r = sync_(p);
     if (!r) {
         p->skipped += head - p->consumed;
@@ -559,6 +660,15 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
     } while (now_ns() - start < budget_ns && !__atomic_load_n(halt, __ATOMIC_ACQUIRE));
     out[2] += finish(&w);
     out[3] = w.write_ns;
+    for (unsigned int i = 0; i < n; i++) {   /* the clears its passes left unwaited for */
+        struct egpu_ring_pass *p = rings[i];
+        int c = p->clears ? ((wait_fn)p->wait)(p->clears) : 0;
+        if (c && !r) {
+            p->failed = CALL_WAIT;
+            *which = i;
+            r = c;
+        }
+    }
     out[4] = now_ns() - start;
     for (unsigned int i = 0; i < n; i++)
         rings[i]->stage = lanes[i].stage[0];   /* as the caller made it, every chunk written */

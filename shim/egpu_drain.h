@@ -43,13 +43,21 @@ int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long src, uns
 
 /* One pass of the reader over one ring (egpu_ring_pass): what it is given, what it gives back. The driver's
  * calls come as addresses (copy_out: cuMemcpyDtoHAsync_v2, copy_in: cuMemcpyHtoDAsync_v2, wait:
- * cuStreamSynchronize), all on `stream`. Host memory is the reader's, page-locked where the driver gave it:
+ * cuStreamSynchronize, record: cuEventRecord, landed: cuEventSynchronize), all on `stream` but a burst's clears
+ * (`clears`, where not NULL). Host memory is the reader's, page-locked where the driver gave it:
  * `head` (head_size bytes) for the header (RING_NCPU + 4 bytes) and the SMs' lines after it; `stage` and
  * `zeros` (capacity bytes each, zeros all zero) and `starts`, `runs` (room for capacity / 8 + 2 each), NULL
  * until the first pass that finds records; `spares` (capacity bytes each, or NULL), a burst's other stages
  * (egpu_ring_burst), which a pass alone never uses. */
 struct egpu_ring_pass {
     void *copy_out, *copy_in, *wait, *stream;
+    void *record, *landed;     /* where events[0] is not NULL */
+    void *clears;              /* a burst's passes write the zeros, consumed and the marks on this stream, waiting for
+                                * none of it (the burst waits once, at its end): the next pass's copies go on
+                                * meanwhile. NULL: on `stream`, waited for, as a pass alone does */
+    void *events[8];           /* EGPU_PIECES: a burst's pass copies the bytes it walks in pieces, an event recorded
+                                * after each, and walks each piece once it has landed while the next ones are copied
+                                * (NULL: in one copy, waited for) */
     unsigned long long addr, capacity, lines_off;    /* the ring region's device address; its layout */
     int mode;                  /* EGPU_PASS_TAKE, EGPU_PASS_SKIP or EGPU_PASS_COUNT */
     int lines;                 /* read the SMs' lines (and, taking or skipping, reopen the refused ones) */
@@ -76,7 +84,7 @@ struct egpu_ring_pass {
                                           * (runs from 0, then from nruns[0]), as egpu_ring_walk gives them */
     unsigned long long ns[4];            /* nanoseconds: header, copy, scan, clear (the first two: the driver's
                                           * calls that read the header and copy the records, and little else) */
-    int failed;                          /* the call that failed: 0 copy_out, 1 copy_in, 2 wait */
+    int failed;                          /* the call that failed: 0 copy_out, 1 copy_in, 2 wait, 3 record, 4 landed */
     /* summed over a burst's passes (egpu_ring_burst; its caller zeroes them): ns, copied, unwalked, the bytes
      * taken */
     unsigned long long total_ns[4], total_copied, total_unwalked, total_taken;
@@ -93,7 +101,9 @@ enum { EGPU_PASS_NO_STAGING = -1, EGPU_PASS_PAST_HEAD = -2 };
  *   earlier pass saw complete (those starting before seen) into starts and runs, then on to the first not
  *   complete (seen moves there); what it took zeroed in the ring by copies from zeros (never a memset: a
  *   memset is a kernel, which waiting producers may keep from starting), then consumed written past it, then
- *   the refused SMs' marks reset (p->lines); one wait for the writes, in that order on the stream;
+ *   the refused SMs' marks reset (p->lines); one wait for the writes, in that order on the stream. A raw pass
+ *   (a burst's) with events copies the bytes it walks first, in pieces, walking each as it lands, then those it
+ *   takes, and waits for every copy; its writes go on clears where given, unwaited for;
  * - SKIP: consumed moved to head unread (skipped counts it), the marks reset (p->lines);
  * - COUNT: nothing more (the counts read).
  * A head before consumed or more than capacity past it (read while being written, or written over) is not acted
@@ -119,7 +129,7 @@ struct egpu_spool {
     unsigned long long end[4];
 };
 
-enum { EGPU_PASS_SPOOL = -3, EGPU_SPOOL_HEAD = 16, EGPU_SPOOL_FILES = 4, EGPU_STAGES = 5 };
+enum { EGPU_PASS_SPOOL = -3, EGPU_SPOOL_HEAD = 16, EGPU_SPOOL_FILES = 4, EGPU_STAGES = 5, EGPU_PIECES = 8 };
 
 /* Passes over rings[0, n) in turn (TAKE, with each one's own `lines`), what each takes appended to spool as a
  * chunk, round after round until budget_ns has passed since the call or *halt is set by another thread (one
@@ -129,7 +139,8 @@ enum { EGPU_PASS_SPOOL = -3, EGPU_SPOOL_HEAD = 16, EGPU_SPOOL_FILES = 4, EGPU_ST
  * The chunks are written by threads of the burst's own, one a file, while the passes go on: a ring's passes take
  * its `stage` and its `spares` (those not NULL) in turn, a pass copying into the one whose chunk is written,
  * waiting for the write where it is not yet; the burst returns once every chunk handed is written (or, after a
- * write failed, dropped), `stage` as it was given.
+ * write failed, dropped) and every ring's clears (on `clears`, unwaited for by the passes) have landed, `stage` as it
+ * was given.
  * Returns 0; or what egpu_ring_pass returned, with *which the ring's index: that ring's consumed and seen are as
  * that pass left them; or EGPU_PASS_SPOOL where a spool write failed (spool->error; whatever a pass returned),
  * with *which the ring of the chunk that failed: the records of the first chunk not written and of those taken

@@ -12,11 +12,12 @@ from typing import Any
 
 import cffi
 
-from egpu_preload.runtime.driver import DriverError, StreamCopies
+from egpu_preload.runtime.driver import PASS_EVENTS, DriverError, StreamCopies
 
 SOURCE = Path(__file__).resolve().parent / "stub_driver" / "host_memory.c"
 CDEF = """
 struct stub_copy { int call; unsigned long long device, n, host; };
+struct stub_pending { unsigned char *dst; unsigned long long src, n; };
 struct stub_memory {
     unsigned char *base;
     unsigned long long fail_lo, fail_hi;
@@ -24,10 +25,16 @@ struct stub_memory {
     int fail_result;
     struct stub_copy *log;
     unsigned long long room, logged;
+    int lazy, head_first;
+    struct stub_pending pending[64];
+    unsigned long long queued, landed;
 };
+struct stub_event { struct stub_memory *stream; unsigned long long upto; };
 int stub_copy_out(void *dst, unsigned long long src, size_t n, void *stream);
 int stub_copy_in(unsigned long long dst, const void *src, size_t n, void *stream);
 int stub_wait(void *stream);
+int stub_record(void *event, void *stream);
+int stub_landed(void *event);
 void stub_produce(struct stub_memory *m, unsigned long long addr, const long long *starts, unsigned long long n,
                   const unsigned char *data, unsigned long long ring);
 """
@@ -50,20 +57,29 @@ def failure(call: str, result: int) -> DriverError:
 
 class HostCopies:
     """The driver's copies over the bytearray ``mem`` (device address 0 is its start; it must not be resized
-    while this lives), each logged where ``room`` (entries) is given."""
+    while this lives), each logged where ``room`` (entries) is given. ``lazy``: the copies out land only when
+    waited for, and a burst's passes get a clears stream and events (host_memory.c)."""
 
-    def __init__(self, mem: bytearray, room: int = 0) -> None:
+    def __init__(self, mem: bytearray, room: int = 0, lazy: bool = False) -> None:
         self.ffi, self.lib = _lib()
         self._base = self.ffi.from_buffer(mem)
         self._log = self.ffi.new("struct stub_copy[]", room) if room else self.ffi.NULL
         self.state = self.ffi.new("struct stub_memory *", {"base": self._base, "fail_after": -1, "log": self._log,
-                                                             "room": room})
+                                                             "room": room, "lazy": lazy})
+        self.lazy = lazy
+        self._clears = self.ffi.new("struct stub_memory *", {"base": self._base, "fail_after": -1})
+        self._events = self.ffi.new("struct stub_event[]", PASS_EVENTS)
 
     def copies(self) -> StreamCopies:
         ffi, lib = self.ffi, self.lib
-        copy_out, copy_in, wait = (int(ffi.cast("uintptr_t", f)) for f in (lib.stub_copy_out, lib.stub_copy_in,
-                                                                             lib.stub_wait))
-        return StreamCopies(copy_out, copy_in, wait, int(ffi.cast("uintptr_t", self.state)), failure)
+        address = lambda f: int(ffi.cast("uintptr_t", f))   # noqa: E731
+        calls = [address(f) for f in (lib.stub_copy_out, lib.stub_copy_in, lib.stub_wait, lib.stub_record,
+                                      lib.stub_landed)]
+        stream = address(self.state)
+        if not self.lazy:
+            return StreamCopies(*calls[:3], stream, failure)
+        return StreamCopies(*calls[:3], stream, failure, *calls[3:], address(self._clears),
+                            tuple(address(self._events + k) for k in range(PASS_EVENTS)))
 
     def fail(self, lo: int, hi: int, result: int, after: int = 0) -> None:
         """Copies out of device addresses [lo, hi) fail with ``result``, every one after the first ``after``."""

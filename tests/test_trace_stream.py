@@ -76,13 +76,14 @@ class HostMemory:
 
     mem: bytearray
     device: HostCopies | None = None
+    lazy = False   # HostCopies' lazy copies: each lands only when waited for
 
     def read(self, addr: int, n: int) -> bytes:
         return bytes(self.mem[addr:addr + n])
 
     def copies(self):
         if self.device is None:
-            self.device = HostCopies(self.mem)
+            self.device = HostCopies(self.mem, lazy=self.lazy)
         return self.device.copies()
 
     def write(self, addr: int, data: bytes | memoryview) -> None:
@@ -1729,6 +1730,39 @@ def test_a_slow_spool_gets_every_record_once_and_in_order_while_the_passes_go_on
     ordered = [per_file[g % files][g // files] for g in range(spool.c.chunks)]
     assert _records_of(ordered, 3) == [records for records, _, _ in streams]
     assert drain.spool_write_s > 0 and drain.phases["hand_off"] > 0
+
+
+def test_a_burst_walks_each_piece_of_its_copy_only_once_it_has_landed(tmp_path):
+    """Copies that land only when waited for (HostCopies lazy: the stage keeps what it held until the stream, or an
+    event recorded after the copy, is waited for): a burst's passes copy what they walk in pieces, an event after
+    each, walk a piece once it has landed, wait for every copy before the spool or the zeros touch the stage, and
+    clear on a stream of their own, at once. A walk that ran ahead of its copy would read the stage's last pass, and
+    zeros that landed before the copy of what they clear would be spooled: records lost, repeated or out of order.
+    Two rings of 4 MiB filled at full speed, for several laps each, into a spool of two files, their producers
+    moving head before they write (as the GPU's take their positions first), so that the walks meet records not
+    complete yet below head."""
+    import os
+    rings = [HostRing(4 << 20, 2, wait=True) for _ in range(2)]
+    for ring in rings:
+        ring.lazy = True
+    streams = [_numbered(r, 500_000) for r in range(2)]
+    spool = Spool(tmp_path / "t.arrow", files=2)
+    for ring in rings:
+        ring.copies()
+        ring.device.state.head_first = 1
+    producers = [_producing(ring, starts, data) for ring, (_, starts, data) in zip(rings, streams)]
+    drain = RingDrain([RingReader(ring, 0, ring.lay) for ring in rings], lambda i, taken: None, idle_s=0.0001,
+                      spool=spool).start()
+    try:
+        for t in producers:
+            t.join()
+        drain.stop()
+        per_file = [_chunks(os.pread(fd, spool.c.end[f], 0)) for f, fd in enumerate(spool.fds)]
+    finally:
+        spool.close()
+    ordered = [per_file[g % 2][g // 2] for g in range(spool.c.chunks)]
+    assert _records_of(ordered, 2) == [records for records, _, _ in streams]
+    assert max(len(body) for _, body in ordered) > 1 << 20, "no pass took more than one piece (PIECE_MIN) of records"
 
 
 def test_a_spool_write_that_fails_mid_burst_ends_it_and_counts_every_byte_taken_and_not_written():

@@ -21,6 +21,7 @@ from egpu_preload.errors import EgpuError
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_FOUND = 500
 CU_STREAM_NON_BLOCKING = 1   # no implicit ordering with the legacy default stream (cuda.h CUstream_flags)
+CU_EVENT_DISABLE_TIMING = 2   # cuda.h CUevent_flags
 CU_STREAM_CAPTURE_MODE_RELAXED = 2   # cuda.h CUstreamCaptureMode
 # CUdevice_attribute values (cuda.h)
 ATTR_SM_COUNT = 16
@@ -55,6 +56,9 @@ SIGNATURES = {
     "cuMemHostAlloc": "int (*)(void **, size_t, unsigned int)",
     "cuMemFreeHost": "int (*)(void *)",
     "cuStreamCreate": "int (*)(void **, unsigned int)",
+    "cuEventCreate": "int (*)(void **, unsigned int)",
+    "cuEventRecord": "int (*)(void *, void *)",
+    "cuEventSynchronize": "int (*)(void *)",
     "cuStreamDestroy_v2": "int (*)(void *)",
     "cuStreamSynchronize": "int (*)(void *)",
     "cuThreadExchangeStreamCaptureMode": "int (*)(int *)",
@@ -89,20 +93,28 @@ def jit_refusal(cause: str, log: str) -> str:
 
 
 # The driver calls a pass of the ring reader makes in C (shim/drain.c egpu_ring_pass), in the order of its
-# failed index: copy out, copy in, wait for the stream.
-PASS_CALLS = ("cuMemcpyDtoHAsync_v2", "cuMemcpyHtoDAsync_v2", "cuStreamSynchronize")
+# failed index: copy out, copy in, wait for the stream, record an event, wait for one.
+PASS_CALLS = ("cuMemcpyDtoHAsync_v2", "cuMemcpyHtoDAsync_v2", "cuStreamSynchronize", "cuEventRecord",
+              "cuEventSynchronize")
+PASS_EVENTS = 8   # shim/egpu_drain.h EGPU_PIECES: the pieces a burst's pass copies what it walks in
 
 
 @dataclass(frozen=True)
 class StreamCopies:
     """What C code that copies on its own needs of the driver: the addresses of the PASS_CALLS functions, the
-    stream they copy on, and ``failure``, which makes what to raise for one that failed: (its name, CUresult)."""
+    stream they copy on, and ``failure``, which makes what to raise for one that failed: (its name, CUresult);
+    for a burst's passes (shim/egpu_drain.h), a stream of their clears and events their copies land by (0 and
+    none: on ``stream``, in one copy)."""
 
     copy_out: int
     copy_in: int
     wait: int
     stream: int
     failure: Callable[[str, int], Exception]
+    record: int = 0
+    landed: int = 0
+    clears: int = 0
+    events: tuple[int, ...] = ()
 
 
 class Driver:
@@ -288,10 +300,22 @@ class Driver:
             raise self.failure(calls[failed[0]], r)
         return bytes(out)
 
-    def stream_copies(self, stream: int) -> StreamCopies:
-        """The PASS_CALLS functions on ``stream``, for C that copies on its own (the ring reader's pass)."""
-        copy_out, copy_in, wait = (int(self.ffi.cast("uintptr_t", self._fn(c))) for c in PASS_CALLS)
-        return StreamCopies(copy_out, copy_in, wait, stream, self.failure)
+    def stream_copies(self, stream: int, clears: int = 0, events: tuple[int, ...] = ()) -> StreamCopies:
+        """The PASS_CALLS functions on ``stream``, for C that copies on its own (the ring reader's pass); a burst's
+        clears on ``clears``, its copies landing by ``events`` (where given)."""
+        copy_out, copy_in, wait, *landing = (int(self.ffi.cast("uintptr_t", self._fn(c)))
+                                             for c in PASS_CALLS[:3 + 2 * bool(events)])
+        record, landed = landing or (0, 0)
+        return StreamCopies(copy_out, copy_in, wait, stream, self.failure, record, landed, clears, events)
+
+    def events(self, n: int) -> tuple[int, ...]:
+        """``n`` events of the current context that keep no time (a copy's landing is all they mark)."""
+        out = self.ffi.new("void **")
+        made = []
+        for _ in range(n):
+            self.call("cuEventCreate", out, CU_EVENT_DISABLE_TIMING)
+            made.append(int(self.ffi.cast("uintptr_t", out[0])))
+        return tuple(made)
 
     def htod_on(self, stream: int, ptr: int, data: bytes | memoryview) -> None:
         """Copy in on ``stream`` and wait for that stream only (copies on one stream land in order)."""
@@ -367,6 +391,7 @@ class ContextMemory:
         self.driver, self.context = driver, context
         self.stream = driver.stream()
         self._entered = threading.local()   # .on: this thread is inside entered()
+        self._burst: tuple[int, tuple[int, ...]] | None = None   # copies(): the clears' stream, the events
 
     def close(self) -> None:
         """Destroy the stream (the context current); for memory whose maps could not be made."""
@@ -411,8 +436,18 @@ class ContextMemory:
 
     def copies(self) -> StreamCopies:
         """The driver's copies on this memory's stream, for C that copies on its own (the ring reader's pass),
-        inside entered(): the context current, capture mode relaxed."""
-        return self.driver.stream_copies(self.stream)
+        inside entered(): the context current, capture mode relaxed. With them a stream for a burst's clears and
+        events its copies land by, made at the first call and shared by every reader: the passes run one at a
+        time, on the drain's thread (a driver with no events: none, the copies made whole)."""
+        if self._burst is None:
+            with self._from_any_thread():
+                clears = self.driver.stream()
+                try:
+                    events = self.driver.events(PASS_EVENTS)
+                except DriverError:
+                    events = ()
+                self._burst = clears, events
+        return self.driver.stream_copies(self.stream, *self._burst)
 
     def write(self, addr: int, data: bytes | memoryview) -> None:
         """htod from any thread; from memory pinned() returned, the copy engine reads it directly."""

@@ -24,15 +24,20 @@ older copy of its bytes. A record is therefore taken only from a copy made after
 already seen its flag: the producer published the bytes before the flag (st.release.sys), so they were
 complete before this copy began. Each pass copies ``[consumed, head)`` (where the records cross the ring's
 end, the part after the wrap by a second copy) and takes the records an earlier pass saw complete; a record
-reaches the sink one pass after it was committed.
+reaches the sink one pass after it was committed. A burst's pass (below) copies the bytes it walks first, in
+pieces with an event recorded after each, and walks each piece as it lands while the copy engine goes on with the
+next, then waits for every copy before anything reads what it takes: walk and copies overlap instead of taking
+turns (driver.ContextMemory.copies: events shared by the readers, whose passes run one at a time).
 
 Before ``consumed`` moves past records, their bytes are zeroed by copies from zeros, never a memset (a
 kernel, which under --on-full wait never starts while the producers' blocks hold every SM: a hang on the
 H200, 2026-12-04), and on the same stream, so they land first (the producer's BUSY flag is written after
 its position is taken, so between the two the reader must find no stale READY there: devmaps.py's "the
-host clears the headers"). A dropping ring's per-SM full marks are reset once it has room again;
-a waiting ring's per-SM lines, where its producers count only records larger than the ring, are read
-once, when the drain stops.
+host clears the headers"). A burst's zeros, ``consumed`` and marks go on a stream of their own, unwaited for
+until the burst ends: the next pass copies from the new ``consumed`` on, none of what they clear, while they land
+(the copies of what they clear have landed first). A dropping ring's per-SM full marks are reset once it has room
+again; a waiting ring's per-SM lines, where its producers count only records larger than the ring, are read once,
+when the drain stops.
 
 A reader that fails (a copy that errs) goes on moving ``consumed`` to ``head`` unread until stopped,
 counting what it passed over: producers made to wait would otherwise spin, and the job with them.
@@ -273,8 +278,10 @@ class RingReader:
         (ncpu,) = struct.unpack("<I", self.mem.read(self.addr + RING_NCPU, 4))
         self._head = self._pin(RING_NCPU + 4 + ncpu * LINE)
         p = ffi.new("struct egpu_ring_pass *")
-        p.copy_out, p.copy_in, p.wait, p.stream = (ffi.cast("void *", a) for a in (c.copy_out, c.copy_in, c.wait,
-                                                                                    c.stream))
+        p.copy_out, p.copy_in, p.wait, p.stream, p.record, p.landed, p.clears = (
+            ffi.cast("void *", a) for a in (c.copy_out, c.copy_in, c.wait, c.stream, c.record, c.landed, c.clears))
+        for k, event in enumerate(c.events[:len(p.events)]):
+            p.events[k] = ffi.cast("void *", event)
         p.addr, p.capacity, p.lines_off = self.addr, self.lay.capacity, self.lay.lines_off
         self._buffers = [ffi.from_buffer(self._head, require_writable=True)]   # kept while p points at them
         p.head, p.head_size = self._buffers[0], len(self._head)
@@ -477,8 +484,8 @@ class RingDrain:
             self._release()
 
     def _burst(self, budget_s: float | None) -> int:
-        """Passes over every ring for ``budget_s`` (one round at least; None: until stop() sets the flag) in one call into C (egpu_ring_burst),
-        each one's records appended to the spool; the bytes of records taken. Where the GIL went after the call
+        """Passes over every ring for ``budget_s`` (one round at least; None: until stop() sets the flag) in one
+        call into C (egpu_ring_burst), each one's records appended to the spool; the bytes of records taken. Where the GIL went after the call
         (``gil_wait``) is the first reader's to count: it is the burst's, not one ring's; the spool's writes are the
         drain's hand-off, its writes (on threads of the burst's, one a spool file, summed) spool_write_s."""
         if not self.readers:
