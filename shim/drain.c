@@ -624,6 +624,7 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
                 lanes[i].stage[lanes[i].stages++] = rings[i]->spares[k];
     }
     int r = 0;
+    uint64_t took_at = start;   /* when a round last took records */
     do {
         int took = 0;
         for (unsigned int i = 0; i < n && !r && !__atomic_load_n(&w.failed, __ATOMIC_RELAXED); i++) {
@@ -652,7 +653,9 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
         if (r || __atomic_load_n(&w.failed, __ATOMIC_RELAXED))
             break;
         out[0]++;
-        if (!took && idle_ns) {
+        if (took)
+            took_at = now_ns();
+        else if (idle_ns && now_ns() - took_at >= idle_ns) {
             uint64_t t = now_ns();
             pause_ns(idle_ns);
             out[1] += now_ns() - t;

@@ -133,9 +133,12 @@ enum { EGPU_PASS_SPOOL = -3, EGPU_SPOOL_HEAD = 16, EGPU_SPOOL_FILES = 4, EGPU_ST
 
 /* Passes over rings[0, n) in turn (TAKE, with each one's own `lines`), what each takes appended to spool as a
  * chunk, round after round until budget_ns has passed since the call or *halt is set by another thread (one
- * round at least); a round that took nothing sleeps idle_ns first. Every driver call of every pass in this one
- * call: a reader thread that lets the GIL go once a burst waits once for it to come back, not once a pass. Each
- * pass's counts add up into the ring's `total_*` (the burst's caller zeroes them).
+ * round at least); a round that took nothing sleeps idle_ns first where none has taken any for idle_ns (before that
+ * the rings are polled at once: a pass that found nothing new may have come just before the producers' next
+ * records, and on an H100 vecadd's warp trace slept 1.2 s a run in 1 ms pauses where passes came that fast).
+ * Every driver call of every pass in this one call: a reader thread that lets the GIL go once a burst waits once
+ * for it to come back, not once a pass. Each pass's counts add up into the ring's `total_*` (the burst's caller
+ * zeroes them).
  * The chunks are written by threads of the burst's own, one a file, while the passes go on: a ring's passes take
  * its `stage` and its `spares` (those not NULL) in turn, a pass copying into the one whose chunk is written,
  * waiting for the write where it is not yet; the burst returns once every chunk handed is written (or, after a

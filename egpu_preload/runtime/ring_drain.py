@@ -70,7 +70,9 @@ from egpu_preload.errors import EgpuError
 from egpu_preload.runtime.driver import PASS_CALLS, StreamCopies
 from egpu_preload.translate.devmaps import LINE, RING_NCPU, REC_READY, MapLayout
 
-IDLE_S = 0.001   # the pause after a pass that found nothing new; a pass that found records goes on at once
+# The pause after a pass that found nothing new (in a burst: once passes have found nothing for as long); a pass
+# that found records goes on at once.
+IDLE_S = 0.001
 # Into a spool: how long one call into C goes on passing before the reader's thread takes the GIL back
 # (RingDrain._burst; stop() ends it at once); None: until stopped. Each return waits for the GIL, and the rings
 # for the reader meanwhile: beside the writer, cutting the spool's records with numpy and pyarrow, a return a
