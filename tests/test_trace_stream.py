@@ -1645,6 +1645,18 @@ def _producing(ring: HostRing, starts: Any, data: Any) -> threading.Thread:
     return thread
 
 
+def _drained(rings: list[HostRing], streams: list[tuple[Any, Any, Any]], spool: Any) -> RingDrain:
+    """Each stream's records (_numbered's) written into its ring at full speed and drained into ``spool`` until
+    every producer is done; the drain, stopped."""
+    producers = [_producing(ring, starts, data) for ring, (_, starts, data) in zip(rings, streams)]
+    drain = RingDrain([RingReader(ring, 0, ring.lay) for ring in rings], lambda i, taken: None, idle_s=0.0001,
+                      spool=spool).start()
+    for t in producers:
+        t.join()
+    drain.stop()
+    return drain
+
+
 def _chunks(spooled: bytes) -> list[tuple[int, bytes]]:
     """(ring index, records' bytes) of each whole chunk of ``spooled`` (shim/egpu_drain.h egpu_spool)."""
     from egpu_preload.runtime.spool import HEAD
@@ -1710,13 +1722,8 @@ def test_a_slow_spool_gets_every_record_once_and_in_order_while_the_passes_go_on
     reading = [threading.Thread(target=slowly, args=(f,)) for f in range(files)]
     for t in reading:
         t.start()
-    producers = [_producing(ring, starts, data) for ring, (_, starts, data) in zip(rings, streams)]
-    drain = RingDrain([RingReader(ring, 0, ring.lay) for ring in rings], lambda i, taken: None, idle_s=0.0001,
-                      spool=spool).start()
     try:
-        for t in producers:
-            t.join()
-        drain.stop()
+        drain = _drained(rings, streams, spool)
     finally:
         for f in range(files):
             os.close(spool.c.fd[f])
@@ -1750,13 +1757,8 @@ def test_a_burst_walks_each_piece_of_its_copy_only_once_it_has_landed(tmp_path):
     for ring in rings:
         ring.copies()
         ring.device.state.head_first = 1
-    producers = [_producing(ring, starts, data) for ring, (_, starts, data) in zip(rings, streams)]
-    drain = RingDrain([RingReader(ring, 0, ring.lay) for ring in rings], lambda i, taken: None, idle_s=0.0001,
-                      spool=spool).start()
     try:
-        for t in producers:
-            t.join()
-        drain.stop()
+        _drained(rings, streams, spool)
         per_file = [_chunks(os.pread(fd, spool.c.end[f], 0)) for f, fd in enumerate(spool.fds)]
     finally:
         spool.close()
