@@ -121,9 +121,9 @@ static int out(struct egpu_ring_pass *p, void *dst, uint64_t src, uint64_t n)
     return r;
 }
 
-static int in(struct egpu_ring_pass *p, void *stream, uint64_t dst, const void *src, uint64_t n)
+static int in(struct egpu_ring_pass *p, uint64_t dst, const void *src, uint64_t n)
 {
-    int r = ((copy_in_fn)p->copy_in)(dst, src, (size_t)n, stream);
+    int r = ((copy_in_fn)p->copy_in)(dst, src, (size_t)n, p->stream);
     if (r) p->failed = CALL_IN;
     return r;
 }
@@ -159,13 +159,13 @@ static int read_header(struct egpu_ring_pass *p, uint64_t *ncpu)
     return 0;
 }
 
-/* A dropping ring's SMs that were refused may ask again now that there is room (devmaps.py): queued on stream. */
-static int reopen(struct egpu_ring_pass *p, void *stream, uint64_t ncpu)
+/* A dropping ring's SMs that were refused may ask again now that there is room (devmaps.py): queued. */
+static int reopen(struct egpu_ring_pass *p, uint64_t ncpu)
 {
     for (uint64_t c = 0; c < ncpu; c++) {
         if (word(p->head, RING_NCPU + 4 + c * LINE) == NO_MARK)
             continue;
-        int r = in(p, stream, p->addr + p->lines_off + c * LINE, &NO_MARK, 8);
+        int r = in(p, p->addr + p->lines_off + c * LINE, &NO_MARK, 8);
         if (r) return r;
     }
     return 0;
@@ -346,17 +346,16 @@ static int take(struct egpu_ring_pass *p, uint64_t ncpu)
     if (took_a < 0)
         return 0;
     /* Zeros copied in before consumed moves past them (a producer's BUSY flag is written after its position is
-     * taken: between the two the reader must find no stale READY there); on one stream they land in order. A
-     * burst's go on its clears stream, unwaited for: the copies of what they clear have landed (waited for above),
-     * and the next pass copies from consumed on, none of what they clear. */
-    void *on = p->raw && p->clears ? p->clears : p->stream;
+     * taken: between the two the reader must find no stale READY there); on one stream they land in order. Waited
+     * for here: on a stream of their own, unwaited for, they landed behind the next pass's copies, and producers
+     * waited for the credit they give (vecadd's warp trace on an H100 idled 0.38 s a run, 2026-12-06e call 4). */
     uint64_t zero_a = (uint64_t)took_a, zero_b = took_b < 0 ? 0 : (uint64_t)took_b - straight;
-    r = in(p, on, p->addr + HEADER + first, p->zeros, zero_a);
-    if (!r && zero_b) r = in(p, on, p->addr + HEADER, p->zeros, zero_b);
+    r = in(p, p->addr + HEADER + first, p->zeros, zero_a);
+    if (!r && zero_b) r = in(p, p->addr + HEADER, p->zeros, zero_b);
     uint64_t consumed = p->consumed + (took_b < 0 ? zero_a : (uint64_t)took_b);
-    if (!r) r = in(p, on, p->addr + CONSUMED, &consumed, 8);   /* pageable: copied at the call, as NO_MARK is */
-    if (!r && p->lines) r = reopen(p, on, ncpu);
-    if (!r && on == p->stream) r = sync_(p);
+    if (!r) r = in(p, p->addr + CONSUMED, &consumed, 8);
+    if (!r && p->lines) r = reopen(p, ncpu);
+    if (!r) r = sync_(p);
     if (!r) p->consumed = consumed;
     p->ns[3] += now_ns() - t;
     return r;
@@ -368,8 +367,8 @@ static int skip(struct egpu_ring_pass *p, uint64_t ncpu)
     uint64_t head = p->head_pos;
     int r = 0;
     if (head != p->consumed)
-        r = in(p, p->stream, p->addr + CONSUMED, &head, 8);
-    if (!r && p->lines) r = reopen(p, p->stream, ncpu);
+        r = in(p, p->addr + CONSUMED, &head, 8);
+    if (!r && p->lines) r = reopen(p, ncpu);
     if (!r) r = sync_(p);
     if (!r) {
         p->skipped += head - p->consumed;
@@ -663,15 +662,6 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
     } while (now_ns() - start < budget_ns && !__atomic_load_n(halt, __ATOMIC_ACQUIRE));
     out[2] += finish(&w);
     out[3] = w.write_ns;
-    for (unsigned int i = 0; i < n; i++) {   /* the clears its passes left unwaited for */
-        struct egpu_ring_pass *p = rings[i];
-        int c = p->clears ? ((wait_fn)p->wait)(p->clears) : 0;
-        if (c && !r) {
-            p->failed = CALL_WAIT;
-            *which = i;
-            r = c;
-        }
-    }
     out[4] = now_ns() - start;
     for (unsigned int i = 0; i < n; i++)
         rings[i]->stage = lanes[i].stage[0];   /* as the caller made it, every chunk written */

@@ -43,8 +43,7 @@ int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long src, uns
 
 /* One pass of the reader over one ring (egpu_ring_pass): what it is given, what it gives back. The driver's
  * calls come as addresses (copy_out: cuMemcpyDtoHAsync_v2, copy_in: cuMemcpyHtoDAsync_v2, wait:
- * cuStreamSynchronize, record: cuEventRecord, landed: cuEventSynchronize), all on `stream` but a burst's clears
- * (`clears`, where not NULL). Host memory is the reader's, page-locked where the driver gave it:
+ * cuStreamSynchronize, record: cuEventRecord, landed: cuEventSynchronize), all on `stream`. Host memory is the reader's, page-locked where the driver gave it:
  * `head` (head_size bytes) for the header (RING_NCPU + 4 bytes) and the SMs' lines after it; `stage` and
  * `zeros` (capacity bytes each, zeros all zero) and `starts`, `runs` (room for capacity / 8 + 2 each), NULL
  * until the first pass that finds records; `spares` (capacity bytes each, or NULL), a burst's other stages
@@ -52,9 +51,6 @@ int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long src, uns
 struct egpu_ring_pass {
     void *copy_out, *copy_in, *wait, *stream;
     void *record, *landed;     /* where events[0] is not NULL */
-    void *clears;              /* a burst's passes write the zeros, consumed and the marks on this stream, waiting for
-                                * none of it (the burst waits once, at its end): the next pass's copies go on
-                                * meanwhile. NULL: on `stream`, waited for, as a pass alone does */
     void *events[8];           /* EGPU_PIECES: a burst's pass copies the bytes it walks in pieces, an event recorded
                                 * after each, and walks each piece once it has landed while the next ones are copied
                                 * (NULL: in one copy, waited for) */
@@ -103,7 +99,7 @@ enum { EGPU_PASS_NO_STAGING = -1, EGPU_PASS_PAST_HEAD = -2 };
  *   memset is a kernel, which waiting producers may keep from starting), then consumed written past it, then
  *   the refused SMs' marks reset (p->lines); one wait for the writes, in that order on the stream. A raw pass
  *   (a burst's) with events copies the bytes it walks first, in pieces, walking each as it lands, then those it
- *   takes, and waits for every copy; its writes go on clears where given, unwaited for;
+ *   takes, and waits for every copy before it writes;
  * - SKIP: consumed moved to head unread (skipped counts it), the marks reset (p->lines);
  * - COUNT: nothing more (the counts read).
  * A head before consumed or more than capacity past it (read while being written, or written over) is not acted
@@ -142,8 +138,7 @@ enum { EGPU_PASS_SPOOL = -3, EGPU_SPOOL_HEAD = 16, EGPU_SPOOL_FILES = 4, EGPU_ST
  * The chunks are written by threads of the burst's own, one a file, while the passes go on: a ring's passes take
  * its `stage` and its `spares` (those not NULL) in turn, a pass copying into the one whose chunk is written,
  * waiting for the write where it is not yet; the burst returns once every chunk handed is written (or, after a
- * write failed, dropped) and every ring's clears (on `clears`, unwaited for by the passes) have landed, `stage` as it
- * was given.
+ * write failed, dropped), `stage` as it was given.
  * Returns 0; or what egpu_ring_pass returned, with *which the ring's index: that ring's consumed and seen are as
  * that pass left them; or EGPU_PASS_SPOOL where a spool write failed (spool->error; whatever a pass returned),
  * with *which the ring of the chunk that failed: the records of the first chunk not written and of those taken

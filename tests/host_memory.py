@@ -58,7 +58,7 @@ def failure(call: str, result: int) -> DriverError:
 class HostCopies:
     """The driver's copies over the bytearray ``mem`` (device address 0 is its start; it must not be resized
     while this lives), each logged where ``room`` (entries) is given. ``lazy``: the copies out land only when
-    waited for, and a burst's passes get a clears stream and events (host_memory.c)."""
+    waited for, and a burst's passes get events (host_memory.c)."""
 
     def __init__(self, mem: bytearray, room: int = 0, lazy: bool = False) -> None:
         self.ffi, self.lib = _lib()
@@ -67,7 +67,6 @@ class HostCopies:
         self.state = self.ffi.new("struct stub_memory *", {"base": self._base, "fail_after": -1, "log": self._log,
                                                              "room": room, "lazy": lazy})
         self.lazy = lazy
-        self._clears = self.ffi.new("struct stub_memory *", {"base": self._base, "fail_after": -1})
         self._events = self.ffi.new("struct stub_event[]", PASS_EVENTS)
 
     def copies(self) -> StreamCopies:
@@ -78,7 +77,7 @@ class HostCopies:
         stream = address(self.state)
         if not self.lazy:
             return StreamCopies(*calls[:3], stream, failure)
-        return StreamCopies(*calls[:3], stream, failure, *calls[3:], address(self._clears),
+        return StreamCopies(*calls[:3], stream, failure, *calls[3:],
                             tuple(address(self._events + k) for k in range(PASS_EVENTS)))
 
     def fail(self, lo: int, hi: int, result: int, after: int = 0) -> None:

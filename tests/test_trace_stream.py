@@ -1742,10 +1742,8 @@ def test_a_slow_spool_gets_every_record_once_and_in_order_while_the_passes_go_on
 def test_a_burst_walks_each_piece_of_its_copy_only_once_it_has_landed(tmp_path):
     """Copies that land only when waited for (HostCopies lazy: the stage keeps what it held until the stream, or an
     event recorded after the copy, is waited for): a burst's passes copy what they walk in pieces, an event after
-    each, walk a piece once it has landed, wait for every copy before the spool or the zeros touch the stage, and
-    clear on a stream of their own, at once. A walk that ran ahead of its copy would read the stage's last pass, and
-    zeros that landed before the copy of what they clear would be spooled: records lost, repeated or out of order.
-    Two rings of 4 MiB filled at full speed, for several laps each, into a spool of two files, their producers
+    each, walk a piece once it has landed, and wait for every copy before the spool touches the stage. A walk that
+    ran ahead of its copy would read the stage's last pass: records lost, repeated or out of order. Two rings of 4 MiB filled at full speed, for several laps each, into a spool of two files, their producers
     moving head before they write (as the GPU's take their positions first), so that the walks meet records not
     complete yet below head."""
     import os

@@ -103,8 +103,7 @@ PASS_EVENTS = 8   # shim/egpu_drain.h EGPU_PIECES: the pieces a burst's pass cop
 class StreamCopies:
     """What C code that copies on its own needs of the driver: the addresses of the PASS_CALLS functions, the
     stream they copy on, and ``failure``, which makes what to raise for one that failed: (its name, CUresult);
-    for a burst's passes (shim/egpu_drain.h), a stream of their clears and events their copies land by (0 and
-    none: on ``stream``, in one copy)."""
+    for a burst's passes (shim/egpu_drain.h), events their copies land by (none: each copy made whole)."""
 
     copy_out: int
     copy_in: int
@@ -113,7 +112,6 @@ class StreamCopies:
     failure: Callable[[str, int], Exception]
     record: int = 0
     landed: int = 0
-    clears: int = 0
     events: tuple[int, ...] = ()
 
 
@@ -300,13 +298,13 @@ class Driver:
             raise self.failure(calls[failed[0]], r)
         return bytes(out)
 
-    def stream_copies(self, stream: int, clears: int = 0, events: tuple[int, ...] = ()) -> StreamCopies:
+    def stream_copies(self, stream: int, events: tuple[int, ...] = ()) -> StreamCopies:
         """The PASS_CALLS functions on ``stream``, for C that copies on its own (the ring reader's pass); a burst's
-        clears on ``clears``, its copies landing by ``events`` (where given)."""
+        copies landing by ``events`` (where given)."""
         copy_out, copy_in, wait, *landing = (int(self.ffi.cast("uintptr_t", self._fn(c)))
                                              for c in PASS_CALLS[:3 + 2 * bool(events)])
         record, landed = landing or (0, 0)
-        return StreamCopies(copy_out, copy_in, wait, stream, self.failure, record, landed, clears, events)
+        return StreamCopies(copy_out, copy_in, wait, stream, self.failure, record, landed, events)
 
     def events(self, n: int) -> tuple[int, ...]:
         """``n`` events of the current context that keep no time (a copy's landing is all they mark)."""
@@ -391,7 +389,7 @@ class ContextMemory:
         self.driver, self.context = driver, context
         self.stream = driver.stream()
         self._entered = threading.local()   # .on: this thread is inside entered()
-        self._burst: tuple[int, tuple[int, ...]] | None = None   # copies(): the clears' stream, the events
+        self._events: tuple[int, ...] | None = None   # copies(): those a burst's copies land by
 
     def close(self) -> None:
         """Destroy the stream (the context current); for memory whose maps could not be made."""
@@ -436,18 +434,16 @@ class ContextMemory:
 
     def copies(self) -> StreamCopies:
         """The driver's copies on this memory's stream, for C that copies on its own (the ring reader's pass),
-        inside entered(): the context current, capture mode relaxed. With them a stream for a burst's clears and
-        events its copies land by, made at the first call and shared by every reader: the passes run one at a
-        time, on the drain's thread (a driver with no events: none, the copies made whole)."""
-        if self._burst is None:
+        inside entered(): the context current, capture mode relaxed. With them events a burst's copies land by, made
+        at the first call and shared by every reader: the passes run one at a time, on the drain's thread (a driver
+        with no events: none, the copies made whole)."""
+        if self._events is None:
             with self._from_any_thread():
-                clears = self.driver.stream()
                 try:
-                    events = self.driver.events(PASS_EVENTS)
+                    self._events = self.driver.events(PASS_EVENTS)
                 except DriverError:
-                    events = ()
-                self._burst = clears, events
-        return self.driver.stream_copies(self.stream, *self._burst)
+                    self._events = ()
+        return self.driver.stream_copies(self.stream, self._events)
 
     def write(self, addr: int, data: bytes | memoryview) -> None:
         """htod from any thread; from memory pinned() returned, the copy engine reads it directly."""

@@ -33,10 +33,9 @@ Before ``consumed`` moves past records, their bytes are zeroed by copies from ze
 kernel, which under --on-full wait never starts while the producers' blocks hold every SM: a hang on the
 H200, 2026-12-04), and on the same stream, so they land first (the producer's BUSY flag is written after
 its position is taken, so between the two the reader must find no stale READY there: devmaps.py's "the
-host clears the headers"). A burst's zeros, ``consumed`` and marks go on a stream of their own, unwaited for
-until the burst ends: the next pass copies from the new ``consumed`` on, none of what they clear, while they land
-(the copies of what they clear have landed first). A dropping ring's per-SM full marks are reset once it has room
-again; a waiting ring's per-SM lines, where its producers count only records larger than the ring, are read once,
+host clears the headers"), and waited for: on a stream of their own, unwaited for, they landed behind the next
+pass's copies and the producers waited for the credit they give (2026-12-06e). A dropping ring's per-SM full marks
+are reset once it has room again; a waiting ring's per-SM lines, where its producers count only records larger than the ring, are read once,
 when the drain stops.
 
 A reader that fails (a copy that errs) goes on moving ``consumed`` to ``head`` unread until stopped,
@@ -280,8 +279,8 @@ class RingReader:
         (ncpu,) = struct.unpack("<I", self.mem.read(self.addr + RING_NCPU, 4))
         self._head = self._pin(RING_NCPU + 4 + ncpu * LINE)
         p = ffi.new("struct egpu_ring_pass *")
-        p.copy_out, p.copy_in, p.wait, p.stream, p.record, p.landed, p.clears = (
-            ffi.cast("void *", a) for a in (c.copy_out, c.copy_in, c.wait, c.stream, c.record, c.landed, c.clears))
+        p.copy_out, p.copy_in, p.wait, p.stream, p.record, p.landed = (
+            ffi.cast("void *", a) for a in (c.copy_out, c.copy_in, c.wait, c.stream, c.record, c.landed))
         for k, event in enumerate(c.events[:len(p.events)]):
             p.events[k] = ffi.cast("void *", event)
         p.addr, p.capacity, p.lines_off = self.addr, self.lay.capacity, self.lay.lines_off

@@ -8,8 +8,7 @@
  *
  * A lazy stream is a copy engine at its slowest: its copies out land only when something waits for them (the
  * stream, or an event recorded after them: cuEventRecord, cuEventSynchronize), in order, and a copy in on it
- * lands after them; one not lazy (a burst's clears stream) copies in at once, whatever another stream has
- * pending. A reader that reads what it has not waited for reads what the stage held before. */
+ * lands after them. A reader that reads what it has not waited for reads what the stage held before. */
 #include <string.h>
 
 struct stub_copy { int call; unsigned long long device, n, host; };   /* call: 0 out, 1 in */
