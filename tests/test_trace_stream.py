@@ -1392,8 +1392,9 @@ def test_streaming_drains_a_jobs_rings_into_the_trace_file(access_trace, tmp_pat
 
 
 
-def _one_waiting_ring(access_trace, out: Path):
-    """access_trace's ring made to wait (4 KiB, one SM) in host memory, and the Streaming that drains it."""
+def _one_waiting_ring(access_trace, out: Path, lazy: bool = False):
+    """access_trace's ring made to wait (4 KiB, one SM) in host memory, and the Streaming that drains it (``lazy``:
+    through HostCopies' lazy copies, a burst's pass copying in pieces)."""
     from egpu_preload.maps import MapsState
     from egpu_preload.runtime.probes import Probe
     from egpu_preload.runtime.streaming import Streaming
@@ -1401,6 +1402,7 @@ def _one_waiting_ring(access_trace, out: Path):
             for m in access_trace.maps]
     obj = dataclasses.replace(access_trace, maps=maps)
     arena = Arena(8 << 20)
+    arena.lazy = lazy
     device = devmaps.DeviceMaps(arena, MapsState(obj.maps), 1)
     ring = HostRing(4096, 1, True, arena.mem, device.addrs[next(i for i, m in enumerate(maps) if m.name == "events")])
     arena.copies()   # the stand-in driver made before the reader's thread, which a test may tell to fail
@@ -1943,12 +1945,14 @@ def test_a_spool_that_cannot_be_written_fails_the_reader_and_lets_producers_go_o
     assert tracefile.read(tmp_path / "t.parquet").complete
 
 
-def test_a_reader_that_fails_lets_waiting_producers_go_on(access_trace, tmp_path):
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_reader_that_fails_lets_waiting_producers_go_on(access_trace, tmp_path, lazy):
     """A reader that dies (here: its copies of the records fail after the fifth) must not stop the job either:
     the ring made to wait is passed over unread from then on, so the producers finish, and the report says the
-    reader failed and how many bytes of records it passed over (no "none dropped")."""
+    reader failed and how many bytes of records it passed over (no "none dropped"). ``lazy``: the copies land only
+    when waited for, the passes copying in pieces, the one that fails among them."""
     from egpu_preload.runtime import streaming as streaming_mod
-    ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet")
+    ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet", lazy)
     streaming.readers[0].mem.device.fail(ring.base + devmaps.HEADER, ring.base + ring.lay.lines_off, 719, after=5)
     done = threading.Event()
 
