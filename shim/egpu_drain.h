@@ -43,11 +43,11 @@ int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long src, uns
 
 /* One pass of the reader over one ring (egpu_ring_pass): what it is given, what it gives back. The driver's
  * calls come as addresses (copy_out: cuMemcpyDtoHAsync_v2, copy_in: cuMemcpyHtoDAsync_v2, wait:
- * cuStreamSynchronize, record: cuEventRecord, landed: cuEventSynchronize), all on `stream`. Host memory is the reader's, page-locked where the driver gave it:
- * `head` (head_size bytes) for the header (RING_NCPU + 4 bytes) and the SMs' lines after it; `stage` and
- * `zeros` (capacity bytes each, zeros all zero) and `starts`, `runs` (room for capacity / 8 + 2 each), NULL
- * until the first pass that finds records; `spares` (capacity bytes each, or NULL), a burst's other stages
- * (egpu_ring_burst), which a pass alone never uses. */
+ * cuStreamSynchronize, record: cuEventRecord, landed: cuEventSynchronize), all on `stream`. Host memory is the
+ * reader's, page-locked where the driver gave it: `head` (head_size bytes) for the header (RING_NCPU + 4 bytes)
+ * and the SMs' lines after it; `stage` and `zeros` (capacity bytes each, zeros all zero) and `starts`, `runs`
+ * (room for capacity / 8 + 2 each), NULL until the first pass that finds records; `spares` (capacity bytes each,
+ * or NULL), a burst's other stages (egpu_ring_burst), which a pass alone never uses. */
 struct egpu_ring_pass {
     void *copy_out, *copy_in, *wait, *stream;
     void *record, *landed;     /* where events[0] is not NULL */

@@ -35,8 +35,8 @@ H200, 2026-12-04), and on the same stream, so they land first (the producer's BU
 its position is taken, so between the two the reader must find no stale READY there: devmaps.py's "the
 host clears the headers"), and waited for: on a stream of their own, unwaited for, they landed behind the next
 pass's copies and the producers waited for the credit they give (2026-12-06e). A dropping ring's per-SM full marks
-are reset once it has room again; a waiting ring's per-SM lines, where its producers count only records larger than the ring, are read once,
-when the drain stops.
+are reset once it has room again; a waiting ring's per-SM lines, where its producers count only records larger
+than the ring, are read once, when the drain stops.
 
 A reader that fails (a copy that errs) goes on moving ``consumed`` to ``head`` unread until stopped,
 counting what it passed over: producers made to wait would otherwise spin, and the job with them.
@@ -75,7 +75,8 @@ IDLE_S = 0.001
 # Into a spool: how long one call into C goes on passing before the reader's thread takes the GIL back
 # (RingDrain._burst; stop() ends it at once); None: until stopped. Each return waits for the GIL, and the rings
 # for the reader meanwhile: beside the writer, cutting the spool's records with numpy and pyarrow, a return a
-# second cost vecadd's warp trace 0.69-0.73 s of its 2.5 s of passes a run on an H100 (2026-12-06d, call 3).
+# second cost vecadd's warp trace 0.69-0.73 s of its 2.5 s of passes a run on one H100 (2026-12-06d, call 3),
+# 0.01 s on another (2026-12-06e, call 1).
 BURST_S: float | None = None
 UNTIL_STOPPED = (1 << 64) - 1   # egpu_ring_burst's budget_ns: no time runs it out
 # The pinned memory a ring's spare stages take at most (RingReader._stage): a burst's passes copy into one stage
@@ -486,9 +487,10 @@ class RingDrain:
 
     def _burst(self, budget_s: float | None) -> int:
         """Passes over every ring for ``budget_s`` (one round at least; None: until stop() sets the flag) in one
-        call into C (egpu_ring_burst), each one's records appended to the spool; the bytes of records taken. Where the GIL went after the call
-        (``gil_wait``) is the first reader's to count: it is the burst's, not one ring's; the spool's writes are the
-        drain's hand-off, its writes (on threads of the burst's, one a spool file, summed) spool_write_s."""
+        call into C (egpu_ring_burst), each one's records appended to the spool; the bytes of records taken. Where
+        the GIL went after the call (``gil_wait``) is the first reader's to count: it is the burst's, not one
+        ring's; the spool's writes are the drain's hand-off, its writes (on threads of the burst's, one a spool
+        file, summed) spool_write_s."""
         if not self.readers:
             return 0
         ffi, lib = _shim()
