@@ -567,8 +567,8 @@ def test_run_on_gpu_refuses_a_bad_maps_file_in_one_line(built, tmp_path, doc, re
 
 def test_run_on_gpu_names_the_maps_file_for_an_sm_the_gpu_has_no_row_for(built, tmp_path, monkeypatch):
     """A --maps document's value for an SM past this GPU's (egpu maps --json of a larger GPU): the device's run
-    refuses it (devmaps.check_rows, in ProbeLaunch, before any launch) and the line names the document, not the
-    probe. The GPU's run stands in here: it raises as ProbeLaunch does on a GPU of 132 SMs."""
+    refuses it (devmaps.region_image, as ProbeLaunch makes the maps, before any launch) and the line names the
+    document, not the probe. The GPU's run stands in here: it raises as ProbeLaunch does on a GPU of 132 SMs."""
     from egpu_preload import version
     from egpu_preload.translate import execute
 

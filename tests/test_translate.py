@@ -354,18 +354,18 @@ def test_per_cpu_hash_values_are_in_each_sms_row():
 @pytest.mark.parametrize("m", [PERCPU, PERCPU_HASH])
 def test_a_value_for_an_sm_the_device_has_no_row_for_is_refused(m):
     """A per-CPU map's value for SM 4 where the device has 3 rows (a document of a GPU with more SMs, egpu
-    run-on-gpu --maps): region_image would leave it out, so check_rows names the map and the SM; a zero there
+    run-on-gpu --maps): its region would leave it out, so region_image names the map and the SM; a zero there
     loses nothing and passes, as does every value on a device with the rows."""
     state = MapsState([m])
     key = bytes(m.key_size)
     state[0].update(key, b"\1" * m.value_size, cpu=1)
     state[0].update(key, bytes(m.value_size), cpu=5)
-    devmaps.check_rows(state, 3)
+    devmaps.region_image(m, state[0], 3)
     state[0].update(key, b"\2" * m.value_size, cpu=4)
     with pytest.raises(devmaps.NoRow, match=rf"^map {m.name}: a value for SM 4, but its region on this device has "
                                             r"rows for 3 SMs \(0-2\)$"):
-        devmaps.check_rows(state, 3)
-    devmaps.check_rows(state, 5)
+        devmaps.region_image(m, state[0], 3)
+    devmaps.region_image(m, state[0], 5)
 
 
 class _CountingImage(bytes):

@@ -244,30 +244,31 @@ class NoRow(EgpuError):
     """A map's value for an SM (or thread) its region on this device has no row for."""
 
 
-def check_rows(state: MapsState, ncpu: int) -> None:
-    """NoRow where a per-CPU map of ``state`` holds a value other than zero for an SM past the ``ncpu`` a device's
-    regions have rows for: region_image would leave it out, and the map's sums with it (a document of another
-    GPU's maps, egpu run-on-gpu --maps). Zeros are left out, as the device starts them."""
-    for i, m in enumerate(state.maps):
-        lay, storage = layout(m), state[i]
-        if lay.kind == "percpu_array":
-            rows, values = lay.rows(ncpu), ((cpu, v) for cpu in storage.cpus() for _, v in storage.items(cpu))
-        elif lay.kind == "hash" and lay.percpu:
-            rows, values = ncpu, ((cpu, v) for per in storage.entries.values() for cpu, v in per.items())
-        else:
-            continue
-        past = sorted(cpu for cpu, v in values if cpu >= rows and any(v))
-        if past:
-            what = "threads" if lay.threads else "SMs"
-            raise NoRow(f"map {m.name}: a value for {what[:-1]} {past[0]}, but its region on this device has rows "
-                        f"for {rows} {what} (0-{rows - 1})")
+def _check_rows(m: prog.MapDef, lay: MapLayout, storage: MapStorage, ncpu: int) -> None:
+    """NoRow where a per-CPU map holds a value other than zero for an SM past the ``ncpu`` a device's regions have
+    rows for: its region would leave it out, and the map's sums with it (a document of another GPU's maps, egpu
+    run-on-gpu --maps). Zeros are left out, as the device starts them. A striped array is not one: its rows are
+    egpu's, its values one array's."""
+    if lay.kind == "percpu_array" and not lay.stripe:
+        rows, values = lay.rows(ncpu), ((cpu, v) for cpu in storage.cpus() for _, v in storage.items(cpu))
+    elif lay.kind == "hash" and lay.percpu:
+        rows, values = ncpu, ((cpu, v) for per in storage.entries.values() for cpu, v in per.items())
+    else:
+        return
+    past = sorted(cpu for cpu, v in values if cpu >= rows and any(v))
+    if past:
+        what = "threads" if lay.threads else "SMs"
+        raise NoRow(f"map {m.name}: a value for {what[:-1]} {past[0]}, but its region on this device has rows "
+                    f"for {rows} {what} (0-{rows - 1})")
 
 
 def region_image(m: prog.MapDef, state_storage: MapStorage, ncpu: int) -> bytes:
-    """The initial bytes of a map's region, from its host storage (MapsState entry)."""
+    """The initial bytes of a map's region, from its host storage (MapsState entry); NoRow for a per-CPU value
+    other than zero on an SM the region has no row for."""
     lay = layout(m)
     if lay.kind == "ringbuf":
         return ring_image(lay, ncpu)
+    _check_rows(m, lay, state_storage, ncpu)
     img = bytearray(lay.region_size(ncpu))
     if lay.kind == "array" or lay.stripe:   # a striped array's values start in row 0
         if lay.stripe:

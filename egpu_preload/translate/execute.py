@@ -11,7 +11,7 @@ from ..bpf.ctx import SIZE as CTX_SIZE
 from ..bpf.program import BpfObject, Program
 from ..errors import EgpuError
 from ..maps import MapsState
-from .devmaps import DeviceMaps, check_rows
+from .devmaps import DeviceMaps
 from .gpu import gpu
 from .module import DESC_SIZE, EXEC_KERNEL, RUN_KERNEL, batch_ptx, probe_function, probe_runner_ptx
 from .striping import stripe_counters
@@ -93,7 +93,6 @@ class ProbeLaunch:
         self.maps: DeviceMaps | None = None
         self.ctx = self.r0s = 0
         try:
-            check_rows(self.state, g.nsmid())
             self.maps = DeviceMaps(g, self.state, g.nsmid())
             table, size = g.global_address(self.module, probe.table)
             g.htod(table, self.maps.table()[:size])
