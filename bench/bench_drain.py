@@ -156,12 +156,14 @@ def warp_stream(n: int) -> Stream:
 
 class Producer(threading.Thread):
     """The GPU's producers at full speed: every record of ``s`` written into the ring at ``addr`` as room
-    appears (bytes and READY flag first, then reserved and head moved past them), in C with the GIL let go
-    (host_memory.HostCopies.produce), as no GPU producer waits for it."""
+    appears (bytes and READY flag first, then reserved and head moved past them, then counted on the SM's line as
+    the GPU's count what they commit: devmaps.py COMMITTED), in C with the GIL let go (host_memory.HostCopies.produce),
+    as no GPU producer waits for it."""
 
     def __init__(self, dev: Device, addr: int, s: Stream) -> None:
         super().__init__(name="bench-producer", daemon=True)
         self.dev, self.addr, self.s = dev, addr, s
+        dev.host.state.counts = 1
 
     def run(self) -> None:
         self.dev.host.produce(self.addr, self.s.starts, self.s.data, RING)

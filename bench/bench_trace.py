@@ -32,8 +32,8 @@ DELIVERED = re.compile(r"^egpu-run: ([\d,]+) records? in \S+?(, none dropped)?(?
 
 
 PACE = re.compile(r"drained in ([\d,]+) passes, ([\d,.]+) MB copied(?: \(([\d,.]+) MB of records taken, "
-                  r"([\d,.]+) MB past a record not yet complete\))?; reader: (.*?)(?:; spool writes ([\d.]+) s"
-                  r"(?: into (\d+) files)?)?; writer ([\d.]+) s$", re.M)
+                  r"(?:([\d,.]+) MB of them unwalked, )?([\d,.]+) MB past a record not yet complete\))?; reader: "
+                  r"(.*?)(?:; spool writes ([\d.]+) s(?: into (\d+) files)?)?; writer ([\d.]+) s$", re.M)
 PHASE = re.compile(r"([a-z][a-z ]*) ([\d.]+) s(?: \(([\d.]+) s in the driver\))?$")
 
 
@@ -43,19 +43,20 @@ def pace(stderr: str) -> dict | None:
     if m is None:
         return None
     spent = {}
-    for part in m.group(5).split(", "):   # "header 2.31 s (0.02 s in the driver)", "scan 4.30 s"
+    for part in m.group(6).split(", "):   # "header 2.31 s (0.02 s in the driver)", "scan 4.30 s"
         phase = PHASE.match(part)
         if phase:
             name = phase.group(1).replace(" ", "_")
             spent[f"{name}_s"] = float(phase.group(2))
             if phase.group(3) is not None:
                 spent[f"{name}_driver_s"] = float(phase.group(3))
-    spooled = {"spool_write_s": float(m.group(6))} if m.group(6) is not None else {}
-    if m.group(7) is not None:   # since the spool had several files (one: not printed)
-        spooled["spool_files"] = int(m.group(7))
-    mb = {f"{what}_mb": float(m.group(g).replace(",", "")) for what, g in (("copied", 2), ("taken", 3), ("unwalked", 4))
-          if m.group(g) is not None}   # taken, unwalked: since they were printed
-    return {"passes": int(m.group(1).replace(",", "")), **mb, **spent, **spooled, "write_s": float(m.group(8))}
+    spooled = {"spool_write_s": float(m.group(7))} if m.group(7) is not None else {}
+    if m.group(8) is not None:   # since the spool had several files (one: not printed)
+        spooled["spool_files"] = int(m.group(8))
+    mb = {f"{what}_mb": float(m.group(g).replace(",", ""))
+          for what, g in (("copied", 2), ("taken", 3), ("whole", 4), ("unwalked", 5))
+          if m.group(g) is not None}   # taken, unwalked: since they were printed; whole: since passes took it
+    return {"passes": int(m.group(1).replace(",", "")), **mb, **spent, **spooled, "write_s": float(m.group(9))}
 
 
 def delivered(stderr: str) -> tuple[int | None, bool]:

@@ -13,7 +13,7 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-enum { REC_READY = 2, REC_DISCARD = 4 };   /* translate/devmaps.py */
+enum { REC_READY = 2, REC_DISCARD = 4, REC_WRAP = 8 };   /* translate/devmaps.py */
 #define LENGTH 0xFFFFFFFFULL
 #define HEAD (LENGTH | 7ULL << 32)          /* a header's length and state */
 
@@ -108,7 +108,11 @@ typedef int (*copy_in_fn)(unsigned long long dst, const void *src, size_t n, voi
 typedef int (*record_fn)(void *event, void *stream);                                        /* cuEventRecord */
 typedef int (*landed_fn)(void *event);                                                      /* cuEventSynchronize */
 
-enum { HEADER = 64, LINE = 128, RING_NCPU = 32, CONSUMED = 16 };   /* translate/devmaps.py */
+enum { HEADER = 64, LINE = 128, RING_NCPU = 32, CONSUMED = 16, COMMITTED = 24 };   /* translate/devmaps.py */
+enum { LINES_AT = HEADER + 8 };   /* in p->head: the header and the data's first 8 bytes, then the lines */
+/* How often a pass reads the lines and the header again while the records counted, short of head, still grow: those
+ * being written as the pass began are done within microseconds, where a copy and its wait take about ten. */
+enum { RECOUNTS = 8 };
 enum { CALL_OUT, CALL_IN, CALL_WAIT, CALL_RECORD, CALL_LANDED };
 _Static_assert(EGPU_PIECES == sizeof ((struct egpu_ring_pass *)0)->events / sizeof(void *), "egpu_drain.h: events[]");
 static const uint64_t NO_MARK = ~0ULL;   /* an SM's line: no size refused */
@@ -135,35 +139,65 @@ static int sync_(struct egpu_ring_pass *p)
     return r;
 }
 
-/* The header, and the SMs' lines after it in p->head where p->lines (as many as head_size holds): one wait
- * for both copies. */
-static int read_header(struct egpu_ring_pass *p, uint64_t *ncpu)
+/* The first ncpu SMs' lines into p->head after the header; their drop counts summed. */
+static int read_lines(struct egpu_ring_pass *p, uint64_t ncpu)
 {
-    unsigned char *h = p->head;
-    uint32_t count;
-    int r = out(p, h, p->addr, RING_NCPU + 4);
-    if (!r) r = sync_(p);
-    if (r) return r;
-    memcpy(&count, h + RING_NCPU, 4);
-    uint64_t room = (p->head_size - (RING_NCPU + 4)) / LINE;
-    *ncpu = count < room ? count : room;
-    p->head_pos = word(h, 0);
-    p->dropped = word(h, 24);
-    if (!p->lines || !*ncpu) return 0;
-    r = out(p, h + RING_NCPU + 4, p->addr + p->lines_off, *ncpu * LINE);
+    int r = out(p, (unsigned char *)p->head + LINES_AT, p->addr + p->lines_off, ncpu * LINE);
     if (!r) r = sync_(p);
     if (r) return r;
     p->line_drops = 0;
-    for (uint64_t c = 0; c < *ncpu; c++)
-        p->line_drops += word(h, RING_NCPU + 4 + c * LINE + 8);
+    for (uint64_t c = 0; c < ncpu; c++)
+        p->line_drops += word(p->head, LINES_AT + c * LINE + 8);
     return 0;
+}
+
+/* The records counted on the lines read last. */
+static uint64_t committed(const struct egpu_ring_pass *p)
+{
+    uint64_t sum = 0;
+    for (uint64_t c = 0; c < p->ncpu; c++)
+        sum += word(p->head, LINES_AT + c * LINE + COMMITTED);
+    return sum;
+}
+
+/* The header (with the data's first 8 bytes) into p->head, and the SMs' lines after it where p->lines. For a raw
+ * TAKE, once the ring's SMs are known, the lines are read before the header instead (devmaps.py COMMITTED): each
+ * count is at most the bytes below head when it is read, and head only grows, so counts that sum to the head read
+ * after them prove every record below it complete (*whole). They are read again while they fall short and grow
+ * (records being written as the pass began), RECOUNTS times at most. */
+static int read_header(struct egpu_ring_pass *p, uint64_t *ncpu, int *whole)
+{
+    unsigned char *h = p->head;
+    int early = p->raw && p->ncpu && p->mode == EGPU_PASS_TAKE, r;
+    uint64_t sum = 0, before = 0;
+    *whole = 0;
+    for (int tries = 0;; tries++) {
+        if (early && (r = read_lines(p, p->ncpu)))
+            return r;
+        sum = early ? committed(p) : 0;
+        r = out(p, h, p->addr, LINES_AT);
+        if (!r) r = sync_(p);
+        if (r) return r;
+        p->head_pos = word(h, 0);
+        p->dropped = word(h, 24);
+        if (!early || sum == p->head_pos || tries == RECOUNTS || (tries && sum == before))
+            break;
+        before = sum;
+    }
+    *whole = early && sum == p->head_pos;
+    uint32_t count;
+    memcpy(&count, h + RING_NCPU, 4);
+    uint64_t room = (p->head_size - LINES_AT) / LINE;
+    *ncpu = count < room ? count : room;
+    p->ncpu = (unsigned int)*ncpu;
+    return !early && p->lines && *ncpu ? read_lines(p, *ncpu) : 0;
 }
 
 /* A dropping ring's SMs that were refused may ask again now that there is room (devmaps.py): queued. */
 static int reopen(struct egpu_ring_pass *p, uint64_t ncpu)
 {
     for (uint64_t c = 0; c < ncpu; c++) {
-        if (word(p->head, RING_NCPU + 4 + c * LINE) == NO_MARK)
+        if (word(p->head, LINES_AT + c * LINE) == NO_MARK)
             continue;
         int r = in(p, p->addr + p->lines_off + c * LINE, &NO_MARK, 8);
         if (r) return r;
@@ -283,6 +317,25 @@ static uint64_t scan(struct landing *l, const unsigned char *buf, uint64_t size,
     return end;
 }
 
+/* What a pass took zeroed in the ring, `from_place` bytes from consumed's place (into the slack) and `from_start`
+ * from the data's start, then consumed moved `took` bytes on and the marks reset; waited for. The zeros land before
+ * consumed moves past them (a producer's BUSY flag is written after its position is taken: between the two the reader
+ * must find no stale READY there); on one stream they land in order. Waited for here: on a stream of their own,
+ * unwaited for, they landed behind the next pass's copies, and producers waited for the credit they give (vecadd's
+ * warp trace on an H100 idled 0.38 s a run, 2026-12-06e call 4). */
+static int give_back(struct egpu_ring_pass *p, uint64_t ncpu, uint64_t from_place, uint64_t from_start, uint64_t took)
+{
+    uint64_t t = now_ns(), consumed = p->consumed + took;
+    int r = in(p, p->addr + HEADER + p->consumed % p->capacity, p->zeros, from_place);
+    if (!r && from_start) r = in(p, p->addr + HEADER, p->zeros, from_start);
+    if (!r) r = in(p, p->addr + CONSUMED, &consumed, 8);
+    if (!r && p->lines) r = reopen(p, ncpu);
+    if (!r) r = sync_(p);
+    if (!r) p->consumed = consumed;
+    p->ns[3] += now_ns() - t;
+    return r;
+}
+
 /* TAKE's copies and walks; the zeros, consumed and the marks written. */
 static int take(struct egpu_ring_pass *p, uint64_t ncpu)
 {
@@ -345,20 +398,35 @@ static int take(struct egpu_ring_pass *p, uint64_t ncpu)
     p->seen = p->consumed + k;
     if (took_a < 0)
         return 0;
-    /* Zeros copied in before consumed moves past them (a producer's BUSY flag is written after its position is
-     * taken: between the two the reader must find no stale READY there); on one stream they land in order. Waited
-     * for here: on a stream of their own, unwaited for, they landed behind the next pass's copies, and producers
-     * waited for the credit they give (vecadd's warp trace on an H100 idled 0.38 s a run, 2026-12-06e call 4). */
-    uint64_t zero_a = (uint64_t)took_a, zero_b = took_b < 0 ? 0 : (uint64_t)took_b - straight;
-    r = in(p, p->addr + HEADER + first, p->zeros, zero_a);
-    if (!r && zero_b) r = in(p, p->addr + HEADER, p->zeros, zero_b);
-    uint64_t consumed = p->consumed + (took_b < 0 ? zero_a : (uint64_t)took_b);
-    if (!r) r = in(p, p->addr + CONSUMED, &consumed, 8);
-    if (!r && p->lines) r = reopen(p, ncpu);
-    if (!r) r = sync_(p);
-    if (!r) p->consumed = consumed;
-    p->ns[3] += now_ns() - t;
-    return r;
+    return give_back(p, ncpu, (uint64_t)took_a, took_b < 0 ? 0 : (uint64_t)took_b - straight,
+                     took_b < 0 ? (uint64_t)took_a : (uint64_t)took_b);
+}
+
+/* TAKE where read_header found every record below head complete: [consumed, head) copied once and taken, unwalked.
+ * Where it crosses the wrap, the record at the end either ends there (the data's start then holds the next one's
+ * header) or goes on in the slack, its mark at the data's start (REC_WRAP, devmaps.py) saying how far: the records
+ * after it start there. Anything else there (none of the two, or a mark past head) and the pass walks, as take(). */
+static int take_whole(struct egpu_ring_pass *p, uint64_t ncpu)
+{
+    uint64_t cap = p->capacity, n = p->head_pos - p->consumed, first = p->consumed % cap, straight = cap - first;
+    uint64_t after = n > straight ? n - straight : 0, past = 0, mark = word(p->head, HEADER);
+    if (after && mark >> 32 & REC_WRAP)
+        past = mark & LENGTH;
+    else if (after && !(mark >> 32 & (REC_READY | REC_DISCARD)))
+        return take(p, ncpu);
+    if (past > after || past & 7)
+        return take(p, ncpu);
+    uint64_t t = now_ns(), upto = n - after + past;   /* from consumed's place: the data, then the slack */
+    int r = out(p, p->stage, p->addr + HEADER + first, upto);
+    if (!r && n > upto) r = out(p, (unsigned char *)p->stage + upto, p->addr + HEADER + past, n - upto);
+    if (!r) r = sync_(p);   /* the zeros would wait for it too (one stream): waited for here to time it apart */
+    p->copied += n;
+    p->ns[1] += now_ns() - t;
+    if (r) return r;
+    p->size = n;
+    p->seen = p->head_pos;
+    p->whole = n;
+    return give_back(p, ncpu, upto, after, n);
 }
 
 /* SKIP: consumed moved to head unread; the marks reset. */
@@ -380,9 +448,9 @@ static int skip(struct egpu_ring_pass *p, uint64_t ncpu)
 EXPORT int egpu_ring_pass(struct egpu_ring_pass *p)
 {
     uint64_t ncpu = 0, t = now_ns();
-    p->n[0] = p->n[1] = p->nruns[0] = p->nruns[1] = p->size = p->copied = p->unwalked = p->skipped = 0;
+    p->n[0] = p->n[1] = p->nruns[0] = p->nruns[1] = p->size = p->copied = p->unwalked = p->skipped = p->whole = 0;
     memset(p->ns, 0, sizeof p->ns);
-    int r = read_header(p, &ncpu);
+    int whole, r = read_header(p, &ncpu, &whole);
     p->ns[0] = now_ns() - t;
     if (r || p->mode == EGPU_PASS_COUNT)
         return r;
@@ -398,7 +466,7 @@ EXPORT int egpu_ring_pass(struct egpu_ring_pass *p)
         return 0;
     if (!p->stage)
         return EGPU_PASS_NO_STAGING;
-    return take(p, ncpu);
+    return whole ? take_whole(p, ncpu) : take(p, ncpu);
 }
 
 
@@ -639,6 +707,7 @@ EXPORT int egpu_ring_burst(struct egpu_ring_pass **rings, unsigned int n, struct
             for (int k = 0; k < 4; k++)
                 p->total_ns[k] += p->ns[k];
             p->total_copied += p->copied;
+            p->total_whole += p->whole;
             p->total_unwalked += p->unwalked;
             if (r) {
                 *which = i;

@@ -44,10 +44,11 @@ int egpu_copy_out(void *copy, void *wait, void *dst, unsigned long long src, uns
 /* One pass of the reader over one ring (egpu_ring_pass): what it is given, what it gives back. The driver's
  * calls come as addresses (copy_out: cuMemcpyDtoHAsync_v2, copy_in: cuMemcpyHtoDAsync_v2, wait:
  * cuStreamSynchronize, record: cuEventRecord, landed: cuEventSynchronize), all on `stream`. Host memory is the
- * reader's, page-locked where the driver gave it: `head` (head_size bytes) for the header (RING_NCPU + 4 bytes)
- * and the SMs' lines after it; `stage` and `zeros` (capacity bytes each, zeros all zero) and `starts`, `runs`
- * (room for capacity / 8 + 2 each), NULL until the first pass that finds records; `spares` (capacity bytes each,
- * or NULL), a burst's other stages (egpu_ring_burst), which a pass alone never uses. */
+ * reader's, page-locked where the driver gave it: `head` (head_size bytes) for the header and the data's first 8
+ * bytes (a wrap's mark: HEADER + 8 bytes), and the SMs' lines after them; `stage` and `zeros` (capacity bytes
+ * each, zeros all zero) and `starts`, `runs` (room for capacity / 8 + 2 each), NULL until the first pass that finds
+ * records; `spares` (capacity bytes each, or NULL), a burst's other stages (egpu_ring_burst), which a pass alone
+ * never uses. */
 struct egpu_ring_pass {
     void *copy_out, *copy_in, *wait, *stream;
     void *record, *landed;     /* where events[0] is not NULL */
@@ -64,6 +65,7 @@ struct egpu_ring_pass {
     void *head, *stage, *zeros;
     void *spares[4];           /* EGPU_STAGES - 1 */
     unsigned long long head_size;
+    unsigned int ncpu;                   /* the SMs' lines the header counts (those head_size holds), once read */
     long long *starts, *runs;
     unsigned long long consumed, seen;   /* the reader's state, moved by the pass */
     /* out, this pass's */
@@ -75,6 +77,7 @@ struct egpu_ring_pass {
                                           * pass copies again (not the slack a copy from the data area's start
                                           * replaced: copied counts that, this does not) */
     unsigned long long skipped;          /* bytes passed over unread (EGPU_PASS_SKIP) */
+    unsigned long long whole;            /* bytes taken with no walk, every record below head found complete */
     unsigned long long size;             /* stage[0, size): the records taken, in ring order */
     unsigned long long n[2], nruns[2];   /* the two segments' records (starts from 0, then from n[0]) and runs
                                           * (runs from 0, then from nruns[0]), as egpu_ring_walk gives them */
@@ -82,15 +85,17 @@ struct egpu_ring_pass {
                                           * calls that read the header and copy the records, and little else) */
     int failed;                          /* the call that failed: 0 copy_out, 1 copy_in, 2 wait, 3 record, 4 landed */
     /* summed over a burst's passes (egpu_ring_burst; its caller zeroes them): ns, copied, unwalked, the bytes
-     * taken */
-    unsigned long long total_ns[4], total_copied, total_unwalked, total_taken;
+     * taken, those of them taken whole */
+    unsigned long long total_ns[4], total_copied, total_unwalked, total_taken, total_whole;
 };
 
 enum { EGPU_PASS_TAKE = 0, EGPU_PASS_SKIP = 1, EGPU_PASS_COUNT = 2 };
 enum { EGPU_PASS_NO_STAGING = -1, EGPU_PASS_PAST_HEAD = -2 };
 
 /* One pass over the ring, every driver call of it in this one call (the GIL let go once, not per call):
- * the header read (with the SMs' lines where p->lines), then by mode
+ * the header read (with the SMs' lines where p->lines; for a raw TAKE, once the SMs are known, the lines before
+ * it, both read again while the records the lines count (devmaps.py COMMITTED), short of head, still grow, a few
+ * times at most), then by mode
  * - TAKE: where head has moved past consumed, the bytes [consumed, head) copied to stage (the data area and
  *   its slack from consumed's place; where the walk crosses the wrap, the rest from the data area's start,
  *   after what the first copy held), walked (egpu_ring_walk) over the records complete in this copy that an
@@ -99,7 +104,8 @@ enum { EGPU_PASS_NO_STAGING = -1, EGPU_PASS_PAST_HEAD = -2 };
  *   memset is a kernel, which waiting producers may keep from starting), then consumed written past it, then
  *   the refused SMs' marks reset (p->lines); one wait for the writes, in that order on the stream. A raw pass
  *   (a burst's) with events copies the bytes it walks first, in pieces, walking each as it lands, then those it
- *   takes, and waits for every copy before it writes;
+ *   takes, and waits for every copy before it writes. A raw pass whose lines count every record below head
+ *   complete copies [consumed, head) once, walks none of it and takes it all (whole counts it);
  * - SKIP: consumed moved to head unread (skipped counts it), the marks reset (p->lines);
  * - COUNT: nothing more (the counts read).
  * A head before consumed or more than capacity past it (read while being written, or written over) is not acted

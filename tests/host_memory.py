@@ -25,7 +25,7 @@ struct stub_memory {
     int fail_result;
     struct stub_copy *log;
     unsigned long long room, logged;
-    int lazy, head_first;
+    int lazy, head_first, counts;
     struct stub_pending pending[64];
     unsigned long long queued, landed;
 };

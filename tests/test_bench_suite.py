@@ -1191,18 +1191,19 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
         assert bench.delivered(f"egpu[1]: a note\n{line}\nvecadd done\n") == (786_432, not dropped and not error)
     assert bench.delivered("egpu-run: job exited 1\n") == (None, False)
     # the drain's pace, from the line egpu-run prints under the trace line
-    drain = {"passes": 1_234, "copied_bytes": 8_050_000_000, "taken_bytes": 2_750_000_000,
+    drain = {"passes": 1_234, "copied_bytes": 8_050_000_000, "taken_bytes": 2_750_000_000, "whole_bytes": 1_500_000_000,
              "unwalked_bytes": 2_600_000_000, "header_s": 0.5, "copy_s": 1.25, "scan_s": 3.0,
              "clear_s": 0.75, "gil_wait_s": 0.25, "hand_off_s": 2.0, "handing_s": 0.0625, "idle_s": 0.125,
              "write_s": 6.5, "header_driver_s": 0.02, "copy_driver_s": 1.0}
     _, pace_line = streaming.notes([{"trace": {"records": 1, "path": "t.arrow", "dropped": 0, "error": None,
                                                "drain": drain}}])
-    assert "1,234 passes, 8,050.0 MB copied (2,750.0 MB of records taken, 2,600.0 MB past a record not yet " \
-           "complete); reader: header 0.50 s (0.02 s in the driver), copy 1.25 s (1.00 s in the driver), scan 3.00 s" \
-        in pace_line
+    assert "1,234 passes, 8,050.0 MB copied (2,750.0 MB of records taken, 1,500.0 MB of them unwalked, 2,600.0 MB " \
+           "past a record not yet complete); reader: header 0.50 s (0.02 s in the driver), copy 1.25 s (1.00 s in the " \
+           "driver), scan 3.00 s" in pace_line
     assert "clear 0.75 s, gil wait 0.25 s, hand off 2.00 s" in pace_line
     assert bench.pace(f"{pace_line}\nvecadd done\n") == {
-        "passes": 1_234, "copied_mb": 8_050.0, "taken_mb": 2_750.0, "unwalked_mb": 2_600.0, "header_s": 0.5,
+        "passes": 1_234, "copied_mb": 8_050.0, "taken_mb": 2_750.0, "whole_mb": 1_500.0, "unwalked_mb": 2_600.0,
+        "header_s": 0.5,
         "copy_s": 1.25, "scan_s": 3.0, "clear_s": 0.75, "gil_wait_s": 0.25, "hand_off_s": 2.0, "handing_s": 0.06,
         "idle_s": 0.12,
         "write_s": 6.5, "header_driver_s": 0.02, "copy_driver_s": 1.0}
@@ -1221,6 +1222,11 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
            "scan 0.89 s; spool writes 1.45 s; writer 23.88 s")
     assert bench.pace(old) == {"passes": 1_377, "copied_mb": 23_613.8, "header_s": 0.05, "header_driver_s": 0.05,
                                "scan_s": 0.89, "spool_write_s": 1.45, "write_s": 23.88}
+    # and in the form printed before the unwalked passes (the whole bytes) were (f88dd0e)
+    old = ("egpu-run:   drained in 1,377 passes, 336.5 MB copied (120.5 MB of records taken, 3.5 MB past a record not "
+           "yet complete); reader: header 0.05 s; writer 3.88 s")
+    assert bench.pace(old) == {"passes": 1_377, "copied_mb": 336.5, "taken_mb": 120.5, "unwalked_mb": 3.5,
+                               "header_s": 0.05, "write_s": 3.88}
     assert bench.pace("egpu-run: job exited 1\n") is None
     monkeypatch.setattr(bench.suite, "exit_on_term", lambda: None)   # pytest keeps its own SIGTERM
     monkeypatch.setenv("EGPU_PREBUILT_PROBES", str(tmp_path))

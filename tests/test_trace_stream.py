@@ -67,6 +67,70 @@ def test_a_waiting_ring_spins_on_consumed_and_gives_credit_back_only_when_its_re
     assert done.returncode == 0, done.stderr[-4000:]
 
 
+# A record from each of two rings: one submitted, one discarded. Their releases find the ring by the map's index
+# that the reserve wrote above BUSY.
+TWO_RINGS = """r1 = map[0] ll
+r2 = 8
+r3 = 0
+call ringbuf_reserve
+if r0 == 0 goto second
+r1 = r0
+r2 = 0
+call ringbuf_submit
+second:
+r1 = map[1] ll
+r2 = 16
+r3 = 0
+call ringbuf_reserve
+if r0 == 0 goto out
+r1 = r0
+r2 = 0
+call ringbuf_discard
+out:
+r0 = 0
+exit
+"""
+
+
+def _example(name: str, tmp_path: Path) -> tuple[prog.BpfObject, prog.Program]:
+    from egpu_preload.bpf.compile import compile_probe
+    from egpu_preload.bpf.elf import load_object
+    obj = load_object(compile_probe(EXAMPLES / f"{name}.bpf.c", tmp_path / f"{name}.bpf.o"))
+    return obj, obj.programs[0]
+
+
+@pytest.mark.parametrize("name", ["ring", "ring_mixed", "two_rings", "access_trace", "mem_trace_warp"])
+def test_every_record_published_is_counted_on_its_sms_line_after_its_flag(name, tmp_path):
+    """ringbuf_output's records (one by one and in groups), ringbuf_reserve's submitted or discarded (from one ring,
+    and from two), and the warp records each add their bytes to the SM's line of their ring at COMMITTED, with a
+    release, after the flag: the reader takes every record below head unwalked once the lines sum to it (devmaps.py).
+    A reserve from a program of two rings tags its BUSY flags with the ring's index, which its release selects
+    the ring's line by. Each assembles for sm_90."""
+    if name in GPU_TEST_PROBES:
+        obj, p = probe_object(*GPU_TEST_PROBES[name], f"{name}.bpf.o")
+    elif name == "two_rings":
+        obj, p = probe_object(TWO_RINGS, [prog.MapDef(f"r{k}", prog.MAP_RINGBUF, 0, 0, 1 << 12) for k in range(2)])
+    else:
+        obj, p = _example(name, tmp_path)
+    probe = probe_function(p, obj, ctx_params=True)
+    lines = [ln.strip() for ln in probe.func.splitlines()]
+    flags = [i for i, ln in enumerate(lines) if "st.release.sys.u32 [" in ln and "+4]" in ln]
+    counts = [i for i, ln in enumerate(lines) if re.fullmatch(rf"(@%p\d+ )?red\.release\.sys\.add\.u64 "
+                                                            rf"\[%\w+\+{devmaps.COMMITTED}\], %\w+;", ln)]
+    assert flags and len(counts) == len(flags), probe.func
+    for flag, count, after in zip(flags, counts, flags[1:] + [len(lines)]):
+        assert flag < count < after, probe.func
+    if name == "two_rings":
+        busy = [ln for ln in lines if re.fullmatch(r"st\.u32 \[%\w+\+4\], \d+;", ln)]
+        assert [int(ln.split(", ")[1].rstrip(";")) for ln in busy] == [devmaps.REC_BUSY, devmaps.REC_BUSY | 1 << 8]
+        assert sum(1 for ln in lines if ln.startswith("shr.u32") and ln.endswith(", 8;")) == 2
+    src = tmp_path / "m.ptx"
+    src.write_text(probe_runner_ptx(probe))
+    done = subprocess.run(["ptxas", "-arch=sm_90", str(src), "-o", str(tmp_path / "m.cubin")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
 # ---- the reader against a stand-in ring written by producer threads ---------------------------------
 
 class HostMemory:
@@ -389,7 +453,7 @@ def test_what_a_pass_hands_out_outlives_the_pinned_memory_later_passes_copy_into
     log = ring.device.log()
     assert all(head[0] <= host < head[1] or staging[0] <= host < staging[1] for call, _, _, host in log if call == OUT)
     heads = [n for call, _, n, host in log if call == OUT and head[0] <= host < head[1]]
-    assert heads == [devmaps.RING_NCPU + 4, 3 * devmaps.LINE] * (len(heads) // 2) and len(heads) > 80
+    assert heads == [devmaps.HEADER + 8, 3 * devmaps.LINE] * (len(heads) // 2) and len(heads) > 80
     zeros = [host for call, _, n, host in log if call != OUT and n > 8]   # the records' second half: zeros
     assert zeros and all(host == (staging[0] + staging[1]) // 2 for host in zeros)
 
@@ -541,7 +605,7 @@ def test_a_waiting_rings_drops_are_read_once_at_stop(wait):
         drain.drain_once()
     struct.pack_into("<Q", ring.mem, ring.lay.lines_off + 2 * devmaps.LINE + 8, 7)   # SM 2: 7 records too large
     drain.drain_once()
-    header, lines = devmaps.RING_NCPU + 4, 3 * devmaps.LINE
+    header, lines = devmaps.HEADER + 8, 3 * devmaps.LINE
     assert (ring.copied(lines) > 0) != wait and (reader.dropped == 7) != wait
     drain.stop()
     assert reader.dropped == 7 and reader.taken == 5
@@ -1299,8 +1363,8 @@ def test_the_reader_copies_into_pinned_memory_through_the_driver(stub_job, tmp_p
     staged = [c for c in calls if c.startswith(("cuMemHostAlloc", "cuMemFreeHost", "cuMemcpyDtoHAsync_v2 size=48"))]
     copy = "cuMemcpyDtoHAsync_v2 size=48 stream=ours ctx=app"
     assert staged == ["cuMemHostAlloc"] * 2 + [copy] * 2 + ["cuMemFreeHost"] * 2
-    headers = {c for c in calls if c.startswith("cuMemcpyDtoH") and f" size={devmaps.RING_NCPU + 4} " in c}
-    assert headers == {f"cuMemcpyDtoHAsync_v2 size={devmaps.RING_NCPU + 4} stream=ours ctx=app"}
+    headers = {c for c in calls if c.startswith("cuMemcpyDtoH") and f" size={devmaps.HEADER + 8} " in c}
+    assert headers == {f"cuMemcpyDtoHAsync_v2 size={devmaps.HEADER + 8} stream=ours ctx=app"}
 
 
 def test_on_full_wait_without_a_reader_is_refused(stub_job, probe_obj, tmp_path):
@@ -1765,6 +1829,40 @@ def test_a_burst_walks_each_piece_of_its_copy_only_once_it_has_landed(tmp_path):
     ordered = [per_file[g % 2][g // 2] for g in range(spool.c.chunks)]
     assert _records_of(ordered, 2) == [records for records, _, _ in streams]
     assert max(len(body) for _, body in ordered) > 1 << 20, "no pass took more than one piece (PIECE_MIN) of records"
+
+
+@pytest.mark.parametrize("head_first", [0, 1], ids=["written_first", "head_first"])
+@pytest.mark.parametrize("counts", [1, 0], ids=["counted", "uncounted"])
+def test_a_burst_takes_counted_records_once_unwalked_and_in_order(tmp_path, counts, head_first):
+    """Producers that count the bytes they commit on an SM's line (devmaps.py COMMITTED) and mark the data's start
+    where a record crosses a lap's end (REC_WRAP), as the GPU's do: a burst's pass that reads lines summing to head
+    copies [consumed, head) once and walks none of it, finding the records after the wrap where the mark says. Two
+    rings of 64 KiB, many laps of mixed sizes (so that records cross the end), copies that land only when waited
+    for: every record once and in order; the passes that took records whole copied them once. Producers that count
+    nothing leave every pass walking. With head moved before the records are written (as the GPU's producers take
+    their positions first), passes meet counts short of head: they read again, or walk."""
+    import os
+    rings = [HostRing(1 << 16, 2, wait=True) for _ in range(2)]
+    streams = [_numbered(r, 100_000) for r in range(2)]
+    spool = Spool(tmp_path / "t.arrow", files=2)
+    for ring in rings:
+        ring.lazy = True
+        ring.copies()
+        ring.device.state.head_first, ring.device.state.counts = head_first, counts
+    try:
+        drain = _drained(rings, streams, spool)
+        per_file = [_chunks(os.pread(fd, spool.c.end[f], 0)) for f, fd in enumerate(spool.fds)]
+    finally:
+        spool.close()
+    ordered = [per_file[g % 2][g // 2] for g in range(spool.c.chunks)]
+    assert _records_of(ordered, 2) == [records for records, _, _ in streams]
+    for reader, (_, starts, _) in zip(drain.readers, streams):
+        assert reader.took == starts[-1] and reader.copied >= reader.took + reader.unwalked
+        if counts:
+            assert reader.whole > reader.took // 4, "passes that found every record counted still walked"
+            assert reader.copied - reader.whole >= 2 * (reader.took - reader.whole), "a walked record copied once"
+        else:
+            assert reader.whole == 0
 
 
 def test_a_spool_write_that_fails_mid_burst_ends_it_and_counts_every_byte_taken_and_not_written():

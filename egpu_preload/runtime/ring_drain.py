@@ -29,6 +29,13 @@ pieces with an event recorded after each, and walks each piece as it lands while
 next, then waits for every copy before anything reads what it takes: walk and copies overlap instead of taking
 turns (driver.ContextMemory.copies: events shared by the readers, whose passes run one at a time).
 
+A burst's pass needs neither the second copy nor the walk where the ring's SMs' lines, read before its header, count
+every record below head as committed (devmaps.py COMMITTED: each producer adds its record's bytes, with a release
+after the flag): it copies ``[consumed, head)`` once, finds the records after the wrap where the mark of the one
+crossing it says (devmaps.py REC_WRAP), and takes them all. That is the usual pass while producers wait for room:
+they finish what they reserved within microseconds and reserve no more. Where records are still being written
+(the lines and the header are read again a few times while the count grows), the pass walks as above.
+
 Before ``consumed`` moves past records, their bytes are zeroed by copies from zeros, never a memset (a
 kernel, which under --on-full wait never starts while the producers' blocks hold every SM: a hang on the
 H200, 2026-12-04), and on the same stream, so they land first (the producer's BUSY flag is written after
@@ -67,7 +74,7 @@ from typing import Any, Protocol
 
 from egpu_preload.errors import EgpuError
 from egpu_preload.runtime.driver import PASS_CALLS, StreamCopies
-from egpu_preload.translate.devmaps import LINE, RING_NCPU, REC_READY, MapLayout
+from egpu_preload.translate.devmaps import HEADER, LINE, RING_NCPU, REC_READY, MapLayout
 
 # The pause after a pass that found nothing new (in a burst: once passes have found nothing for as long); a pass
 # that found records goes on at once.
@@ -169,6 +176,7 @@ class RingReader:
     skipped: int = 0       # bytes of records passed over unread after the reader failed (skip)
     copied: int = 0        # bytes copied out of the ring, every pass's (a record is copied by two passes at least)
     took: int = 0          # of those, bytes of the records taken (headers included), each once
+    whole: int = 0         # of those, bytes taken by passes that found every record below head complete: unwalked
     unwalked: int = 0      # of those, bytes no walk went over: past a record not yet complete, copied again later
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0), compare=False)   # seconds
     # page-locked memory (or, where the driver gives none, pageable): the records' staging and its zeros
@@ -233,7 +241,7 @@ class RingReader:
         if r == lib.EGPU_PASS_NO_STAGING:
             self._stage(ffi, p)
             r = self._call(lib, p)
-        self._settle(lib, p, r, p.copied, p.unwalked)
+        self._settle(lib, p, r, p.copied, p.unwalked, p.whole)
         return p
 
     def _ready(self, ffi: Any, lines: bool) -> Any:
@@ -242,13 +250,14 @@ class RingReader:
         p.lines, p.consumed, p.seen = lines, self.consumed, self.seen
         return p
 
-    def _settle(self, lib: Any, p: Any, r: int, copied: int, unwalked: int) -> None:
-        """The reader's state and counts moved as the pass (or a burst's passes, which ``copied`` and ``unwalked``)
-        left them; raises for the pass's failure ``r``."""
+    def _settle(self, lib: Any, p: Any, r: int, copied: int, unwalked: int, whole: int) -> None:
+        """The reader's state and counts moved as the pass (or a burst's passes, which ``copied``, ``unwalked`` and
+        ``whole``) left them; raises for the pass's failure ``r``."""
         self.took += p.consumed - self.consumed - p.skipped
         self.consumed, self.seen = p.consumed, p.seen
         self.copied += copied
         self.unwalked += unwalked
+        self.whole += whole
         self.skipped += p.skipped
         self.dropped = p.dropped + p.line_drops
         self._raise_for(lib, p, r)
@@ -278,7 +287,7 @@ class RingReader:
         count read once to size it)."""
         self._copies = c = self.mem.copies()
         (ncpu,) = struct.unpack("<I", self.mem.read(self.addr + RING_NCPU, 4))
-        self._head = self._pin(RING_NCPU + 4 + ncpu * LINE)
+        self._head = self._pin(HEADER + 8 + ncpu * LINE)   # with the data's first 8 bytes: a wrap's mark
         p = ffi.new("struct egpu_ring_pass *")
         p.copy_out, p.copy_in, p.wait, p.stream, p.record, p.landed = (
             ffi.cast("void *", a) for a in (c.copy_out, c.copy_in, c.wait, c.stream, c.record, c.landed))
@@ -496,7 +505,7 @@ class RingDrain:
         ffi, lib = _shim()
         ps = [r._ready(ffi, lines=not r.lay.wait) for r in self.readers]   # a waiting ring's marks stay as they are
         for p in ps:
-            p.total_ns, p.total_copied, p.total_unwalked, p.total_taken = [0] * 4, 0, 0, 0
+            p.total_ns, p.total_copied, p.total_unwalked, p.total_taken, p.total_whole = [0] * 4, 0, 0, 0, 0
         if self._bursts is None:
             self._bursts = ffi.new("struct egpu_ring_pass *[]", ps)
         which, lost = ffi.new("unsigned int *"), ffi.new("unsigned long long *")
@@ -520,7 +529,7 @@ class RingDrain:
         self.passes += out[0]
         taken = sum(p.total_taken for p in ps)
         for reader, p in zip(self.readers, ps):
-            reader._settle(lib, p, 0, p.total_copied, p.total_unwalked)
+            reader._settle(lib, p, 0, p.total_copied, p.total_unwalked, p.total_whole)
         if not r:
             return taken
         reader, p = self.readers[which[0]], ps[which[0]]

@@ -292,6 +292,7 @@ class Streaming:
         return {"passes": self.drain.passes if self.drain is not None else 0,
                 "copied_bytes": sum(r.copied for r in self.readers),
                 "taken_bytes": sum(r.took for r in self.readers),
+                "whole_bytes": sum(r.whole for r in self.readers),
                 "unwalked_bytes": sum(r.unwalked for r in self.readers),
                 **{f"{p}_s": round(v, 3) for p, v in (phases | in_driver).items()}, **spooled,
                 "write_s": round(self.write_s, 3)}
@@ -376,5 +377,6 @@ def pace_line(d: dict[str, Any]) -> str:
     files = f" into {d['spool_files']} files" if d.get("spool_files", 1) > 1 else ""
     spooled = f"; spool writes {d['spool_write_s']:.2f} s{files}" if "spool_write_s" in d else ""
     return (f"egpu-run:   drained in {d['passes']:,} passes, {d['copied_bytes'] / 1e6:,.1f} MB copied "
-            f"({d['taken_bytes'] / 1e6:,.1f} MB of records taken, {d['unwalked_bytes'] / 1e6:,.1f} MB past a record "
-            f"not yet complete); reader: {spent}{spooled}; writer {d['write_s']:.2f} s")
+            f"({d['taken_bytes'] / 1e6:,.1f} MB of records taken, {d['whole_bytes'] / 1e6:,.1f} MB of them "
+            f"unwalked, {d['unwalked_bytes'] / 1e6:,.1f} MB past a record not yet complete); reader: {spent}{spooled}; "
+            f"writer {d['write_s']:.2f} s")

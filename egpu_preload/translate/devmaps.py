@@ -49,7 +49,16 @@ Every region starts with a 64-byte header, then its data (all offsets below are 
   a drop when ``reserved - consumed`` would exceed capacity, so a record is written only where the
   reader has made room. The host clears the headers of records it consumed before moving ``consumed``.
   After the slack, a 128-byte line per SM (u32 ncpu at 32 in the header counts them): u64 ``full`` at 0,
-  the smallest record size refused on that SM (all ones: none), and u64 drops at 8. A producer whose
+  the smallest record size refused on that SM (all ones: none), u64 drops at 8, and u64 ``committed`` at
+  COMMITTED: the bytes (headers and padding included) of the records its producers published, added after
+  the flag with a release (a ringbuf_reserve record's submit or discard finds its ring from the map's index
+  that the reserve wrote above BUSY, where the program has more than one RINGBUF map). Every record is
+  reserved before it is committed, so lines summed to ``head``, read before ``head`` is, prove every record
+  below ``head`` complete: the reader copies them once and walks none of them (runtime/ring_drain.py). A
+  record that crosses the end of the data writes, before it is committed, a mark at the data's first 8
+  bytes (unused in that lap: the record's own bytes go on in the slack): u32 the bytes it has past the
+  end, u32 flags REC_WRAP, which the reader needs to find the next record, at that offset, without
+  walking. A producer whose
   record is at least ``full`` counts its drop there and takes no credit: a full ring costs a warp a load
   and an add on its SM's line instead of three atomics on the header line every producer shares. The
   ring fills for good only while no reader moves ``consumed`` (runtime/ring_drain.py does, and resets
@@ -98,7 +107,8 @@ WAIT_STALL_NS = int(os.environ.get("EGPU_WAIT_STALL_MS", "10000")) * 1_000_000
 RING_NCPU = 32      # a ring header's u32: how many per-SM lines follow the ring's slack
 SPREAD, SPREAD_BYTES = 8, 8192   # a striped ARRAY's rows per SM, and the most bytes they may take an SM
 EMPTY, BUSY, FULL, DELETED = 0, 1, 2, 3
-REC_BUSY, REC_READY, REC_DISCARD = 1, 2, 4
+REC_BUSY, REC_READY, REC_DISCARD, REC_WRAP = 1, 2, 4, 8
+COMMITTED = 24      # in each per-SM line of a ring: the bytes of records committed there (counted ones)
 TRACE_BYTES = 1 << 20
 PRINTK_ARGS = struct.Struct("<QQQ")   # a trace_printk record's start: a1, a2, a3; the format after
 TGID = 36           # in the trace ring's header, past RING_NCPU

@@ -10,6 +10,7 @@ inserter waiting for another thread to finish writing a key it claimed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ..bpf import program as prog
 from ..bpf.decode import Insn
@@ -17,7 +18,7 @@ from ..bpf.helpers import BPF_EXIST, BPF_F_CURRENT_CPU, BPF_NOEXIST, BPF_RB_FLAG
 from ..maps import E2BIG, EAGAIN, EEXIST, EINVAL, ENOENT, ENOSPC
 from . import devmaps
 from ..output import warp_records as wr
-from .devmaps import BUSY, DELETED, EMPTY, FULL, HEADER, REC_BUSY, REC_DISCARD, REC_READY, MapLayout
+from .devmaps import BUSY, DELETED, EMPTY, FULL, HEADER, REC_BUSY, REC_DISCARD, REC_READY, REC_WRAP, MapLayout
 from .emitter import Addr, FuncGen, lit
 
 
@@ -510,9 +511,18 @@ def map_delete_elem(g: FuncGen, insn: Insn) -> None:
 
 # ---- ring buffers ----------------------------------------------------------------------------
 
-def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str) -> str:
-    """Reserve a record of size (register) data bytes; returns its header address or jumps to fail
-    after counting a drop.
+class Reserved(NamedTuple):
+    """A record _reserve took: its header's address, and what _commit needs (this SM's line of the ring, the
+    record's bytes with header and padding)."""
+
+    rec: str
+    line: str
+    total: str
+
+
+def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str, busy: int = REC_BUSY) -> Reserved:
+    """Reserve a record of size (register) data bytes, its flags ``busy``, or jump to fail after counting a drop.
+    A record that crosses the end of the data marks where it ends at the data's start (devmaps.py: REC_WRAP).
 
     Lanes reserving the same number of bytes in the same ring at once (match.sync: a probe's fixed-size
     event, from every lane of a warp) take their records with one atomic on each of the ring's
@@ -553,12 +563,24 @@ def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str) -> str
         g.emit(f"rem.u64 {pos}, {pos}, {lay.capacity};")
     else:
         g.emit(f"and.b64 {pos}, {pos}, {lay.capacity - 1};")
-    rec = g.t64()
+    rec, past, cross = g.t64(), g.t64(), g.pred()
+    g.emit(f"add.u64 {past}, {pos}, {total};")
+    g.emit(f"setp.gt.u64 {cross}, {past}, {lay.capacity};")
+    g.emit(f"sub.u64 {past}, {past}, {lay.capacity};")
+    g.emit(f"or.b64 {past}, {past}, {lit(REC_WRAP << 32)};")
+    g.emit(f"@{cross} st.u64 [{base}+{HEADER}], {past};")
     g.emit(f"add.u64 {rec}, {base}, {pos};")
     g.emit(f"add.u64 {rec}, {rec}, {HEADER};")
     g.emit(f"st.u32 [{rec}], {size};")
-    g.emit(f"st.u32 [{rec}+4], {REC_BUSY};")
-    return rec
+    g.emit(f"st.u32 [{rec}+4], {busy};")
+    return Reserved(rec, line, total)
+
+
+def _commit(g: FuncGen, r: Reserved, guard: str = "") -> None:
+    """Count a published record's bytes on its SM's line, after its flag (a release: whoever reads the count
+    then reads the record whole): the lines summed to head tell the reader that no record below it is still
+    being written (devmaps.py: COMMITTED)."""
+    g.emit(f"{guard}red.release.sys.add.u64 [{r.line}+{devmaps.COMMITTED}], {r.total};")
 
 
 def _ring_line(g: FuncGen, base: str, lay: MapLayout) -> str:
@@ -798,11 +820,12 @@ def _publish(g: FuncGen, rec: str, flag: int, tag: str | None = None) -> None:
 
 def _output(g: FuncGen, base: str, lay: MapLayout, data: str, size: str, fail: str,
             tag: str | None = None) -> None:
-    rec = _reserve(g, base, lay, size, fail)
+    r = _reserve(g, base, lay, size, fail)
     dst = g.t64()
-    g.emit(f"add.u64 {dst}, {rec}, 8;")
+    g.emit(f"add.u64 {dst}, {r.rec}, 8;")
     _copy_var(g, dst, data, size)
-    _publish(g, rec, REC_READY, tag)
+    _publish(g, r.rec, REC_READY, tag)
+    _commit(g, r)
 
 
 def ringbuf_output(g: FuncGen, insn: Insn) -> None:
@@ -820,7 +843,8 @@ def ringbuf_reserve(g: FuncGen, insn: Insn) -> None:
     index, m, lay = _map(g, insn)
     done, null = g.label(), g.label()
     _branch(g, "ne", g.reg(3), 0, null)
-    rec = _reserve(g, g.map_base(index), lay, g.reg(2), null)
+    # BUSY, and the ring's index in the map table, which its submit or discard reads back (_reserved_line)
+    rec = _reserve(g, g.map_base(index), lay, g.reg(2), null, REC_BUSY | index << 8).rec
     g.emit(f"add.u64 {g.reg(0)}, {rec}, 8;")
     g.emit(f"bra {done};")
     g.place(null)
@@ -832,9 +856,36 @@ def _release(flag: int) -> Callable[[FuncGen, Insn], None]:
     def release(g: FuncGen, insn: Insn) -> None:
         rec = g.t64()
         g.emit(f"sub.u64 {rec}, {g.reg(1)}, 8;")
+        line, total = _reserved_line(g, insn, rec)
         _publish(g, rec, flag)
+        _commit(g, Reserved(rec, line, total))
         _set_r0(g, 0)
     return release
+
+
+def _reserved_line(g: FuncGen, insn: Insn, rec: str) -> tuple[str, str]:
+    """(this SM's line of the ring that the ringbuf_reserve record at ``rec`` is in, the record's bytes with
+    header and padding), read back from its header before the flag is written over: the verifier proves the
+    record came from a ringbuf_reserve of this program, so from one of its RINGBUF maps; where it has several, the
+    one whose index the reserve wrote above BUSY."""
+    size, total = g.t32(), g.t64()
+    g.emit(f"ld.u32 {size}, [{rec}];")
+    g.emit(f"cvt.u64.u32 {total}, {size};")
+    g.emit(f"add.u64 {total}, {total}, 15;")
+    g.emit(f"and.b64 {total}, {total}, {lit(-8)};")
+    rings = [k for k, m in enumerate(g.target.maps) if m.type == prog.MAP_RINGBUF]
+    if not rings:   # only an unverified program gets here
+        raise g.fail(insn, "a record to release, but no RINGBUF map it could come from")
+    lines = [_ring_line(g, g.map_base(k), devmaps.layout(g.target.maps[k])) for k in rings]
+    if len(lines) == 1:
+        return lines[0], total
+    tag, line, which = g.t32(), g.t64(), g.pred()
+    g.emit(f"ld.u32 {tag}, [{rec}+4];")
+    g.emit(f"shr.u32 {tag}, {tag}, 8;")
+    for k, at in zip(rings, lines):
+        g.emit(f"setp.eq.u32 {which}, {tag}, {k};")
+        g.emit(f"@{which} mov.b64 {line}, {at};")
+    return line, total
 
 
 def perf_event_output(g: FuncGen, insn: Insn) -> None:
@@ -858,13 +909,14 @@ def trace_printk(g: FuncGen, insn: Insn) -> None:
     done = g.label()
     size = g.t64()
     g.emit(f"add.u64 {size}, {g.reg(2)}, 24;")
-    rec = _reserve(g, base, lay, size, done)
+    r = _reserve(g, base, lay, size, done)
     for k, reg in enumerate((3, 4, 5)):
-        g.emit(f"st.u64 [{rec}+{8 + 8 * k}], {g.reg(reg)};")
+        g.emit(f"st.u64 [{r.rec}+{8 + 8 * k}], {g.reg(reg)};")
     dst = g.t64()
-    g.emit(f"add.u64 {dst}, {rec}, 32;")
+    g.emit(f"add.u64 {dst}, {r.rec}, 32;")
     _copy_var(g, dst, g.reg(1), g.reg(2))
-    _publish(g, rec, REC_READY, _special(g, "%smid"))
+    _publish(g, r.rec, REC_READY, _special(g, "%smid"))
+    _commit(g, r)
     g.place(done)
     _set_r0(g, 0)
 
@@ -930,7 +982,7 @@ def egpu_warp_mem_record(g: FuncGen, insn: Insn) -> None:
     g.emit(f"mov.b64 {rec}, 0;")
     g.emit(f"@!{lead} bra {reserved};")
     got = _reserve(g, g.map_base(index), lay, size, reserved)
-    g.emit(f"mov.b64 {rec}, {got};")
+    g.emit(f"mov.b64 {rec}, {got.rec};")
     g.place(reserved)
     from_leader(g, rec, 64, leader, peers)                   # every lane of the group waits for it here
     done, none = g.label(), g.pred()
@@ -947,6 +999,7 @@ def egpu_warp_mem_record(g: FuncGen, insn: Insn) -> None:
     # "guarantees memory ordering among threads participating in barrier").
     g.emit(f"bar.warp.sync {peers};")
     g.emit(f"@{lead} st.release.sys.u32 [{rec}+4], {REC_READY};")
+    _commit(g, got, f"@{lead} ")
     g.place(done)
     _set_r0(g, 0)
 

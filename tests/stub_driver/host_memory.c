@@ -21,7 +21,7 @@ struct stub_memory {
     int fail_result;
     struct stub_copy *log;
     unsigned long long room, logged;   /* log's entries; copies made (those past room not kept) */
-    int lazy, head_first;
+    int lazy, head_first, counts;      /* counts: the producers count what they commit (stub_produce) */
     struct stub_pending pending[PENDING];
     unsigned long long queued, landed; /* copies out queued on a lazy stream, and of them those landed */
 };
@@ -99,7 +99,10 @@ int stub_landed(void *event)
  * the bytes of as many as fit before consumed + ring and start in the current lap (one that crosses the lap's
  * end runs into the slack), then reserved and head moved past them. With head_first, as the GPU's producers take
  * their positions before they write: reserved and head moved first, then each record's bytes after its header,
- * its header last (a release store), so that passes find records below head not complete yet. */
+ * its header last (a release store), so that passes find records below head not complete yet. A record that crosses
+ * the lap's end marks the data's start with the bytes it has past it (devmaps.py REC_WRAP), as the GPU's do; with
+ * counts, the bytes of each batch are added to the first SM's line (devmaps.py COMMITTED) once it is written whole
+ * and head is past it. */
 void stub_produce(struct stub_memory *m, unsigned long long addr, const long long *starts, unsigned long long n,
                   const unsigned char *data, unsigned long long ring)
 {
@@ -113,6 +116,8 @@ void stub_produce(struct stub_memory *m, unsigned long long addr, const long lon
         if (e == j)
             continue;
         unsigned char *at = m->base + addr + 64 + (unsigned long long)starts[j] % ring;
+        if ((unsigned long long)starts[e] > lap)   /* written before the record is counted */
+            __atomic_store_n(&words[8], ((unsigned long long)starts[e] - lap) | 8ULL << 32, __ATOMIC_RELAXED);
         if (m->head_first) {
             __atomic_store_n(&words[1], (unsigned long long)starts[e], __ATOMIC_RELEASE);
             __atomic_store_n(&words[0], (unsigned long long)starts[e], __ATOMIC_RELEASE);
@@ -128,6 +133,9 @@ void stub_produce(struct stub_memory *m, unsigned long long addr, const long lon
             __atomic_store_n(&words[1], (unsigned long long)starts[e], __ATOMIC_RELEASE);
             __atomic_store_n(&words[0], (unsigned long long)starts[e], __ATOMIC_RELEASE);
         }
+        if (m->counts)
+            __atomic_fetch_add(&words[(64 + 2 * ring + 24) / 8], (unsigned long long)(starts[e] - starts[j]),
+                               __ATOMIC_RELEASE);
         j = e;
     }
 }
