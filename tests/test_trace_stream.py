@@ -8,6 +8,7 @@ import dataclasses
 import datetime
 import decimal
 import json
+import os
 import re
 import struct
 import subprocess
@@ -1472,6 +1473,32 @@ def _one_waiting_ring(access_trace, out: Path, lazy: bool = False):
     arena.copies()   # the stand-in driver made before the reader's thread, which a test may tell to fail
     ring.probe, ring.index = Probe(Path("a.bpf.o"), obj, (), "t"), device.addrs.index(ring.base)
     return ring, Streaming(out, [ring.probe], [device], arena)
+
+
+def _nice(tid: int) -> int:
+    """The nice value of this process's thread ``tid`` (proc(5): /proc/PID/task/TID/stat, field 19)."""
+    stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[16])
+
+
+def test_the_writer_runs_at_the_lowest_priority_and_no_other_thread_does(access_trace, tmp_path):
+    """The writer's encoding lags the reader and catches up at exit: its thread (and so the pyarrow threads it
+    starts) gives the CPUs to the reader's passes, the spool's writes and the job's threads. The job's own threads
+    keep their priority, the reader's too."""
+    ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.arrow")
+    for i in range(100):
+        ring.produce(_event(i), sm=0)
+    threads = {t.name: t.native_id for t in threading.enumerate()}
+    writer = threads["egpu-trace-writer"]
+    deadline = time.monotonic() + 10
+    while _nice(writer) != 19 and time.monotonic() < deadline:   # the thread lowers its own on its start
+        time.sleep(0.01)
+    try:
+        assert _nice(writer) == 19
+        assert _nice(threading.get_native_id()) == _nice(threads["egpu-ring-drain"]) == os.getpriority(
+            os.PRIO_PROCESS, 0) != 19
+    finally:
+        assert streaming.finish()["records"] == 100
 
 
 def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp_path, capsys):

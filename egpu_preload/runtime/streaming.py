@@ -20,6 +20,7 @@ drop when full, as without --trace).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import sys
@@ -62,6 +63,10 @@ def own_name(path: Path, pid: int, image: int = 0) -> Path:
     return path.with_name(f"{path.stem}.{pid}{f'.exec{image}' if image else ''}{path.suffix}")
 
 
+# The writer's thread runs at the lowest priority (and so do the pyarrow threads it starts, which inherit it): its
+# encoding, which lags the reader anyway (0.3-0.5 GB/s) and catches up at exit, took CPUs from the reader's
+# passes, the spool's writes and the job's own threads (the suite runs a job on 4 CPUs).
+WRITER_NICE = 19
 Ring = tuple[str, tuple[int, Any], tracefile.RecordLayout | None]   # name, (map set, region), layout
 WARP_LAYOUT = tracefile.whole_records(warp_records.RECORD_TYPE)   # expanded per lane by egpu trace
 
@@ -189,6 +194,8 @@ class Streaming:
         would stop the job: from then on batches are taken and not written. A spool that cannot be read back ends
         the writing; the queue is still emptied to its end (where the writer has not taken it yet: finish() hands
         it once), or the host's hand-off and finish() would wait on it for good."""
+        with contextlib.suppress(OSError):   # a higher nice is anyone's to take; a platform without it, none
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
         ended = False
         try:
             while (batch := self._next()) is not None:
