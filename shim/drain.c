@@ -163,12 +163,14 @@ static uint64_t committed(const struct egpu_ring_pass *p)
 /* The header (with the data's first 8 bytes) into p->head, and the SMs' lines after it where p->lines. For a raw
  * TAKE, once the ring's SMs are known, the lines are read before the header instead (devmaps.py COMMITTED): each
  * count is at most the bytes below head when it is read, and head only grows, so counts that sum to the head read
- * after them prove every record below it complete (*whole). They are read again while they fall short and grow
- * (records being written as the pass began), RECOUNTS times at most. */
+ * after them prove every record below it complete (*whole). A waiting ring's are read again while they fall short
+ * and grow (records being written as the pass began, by producers that stop once the ring is full), RECOUNTS times at
+ * most; a dropping ring's (p->lines: marks to reset) once, as its producers do not stop for the reader, whose every
+ * wait then is records dropped. */
 static int read_header(struct egpu_ring_pass *p, uint64_t *ncpu, int *whole)
 {
     unsigned char *h = p->head;
-    int early = p->raw && p->ncpu && p->mode == EGPU_PASS_TAKE, r;
+    int early = p->raw && p->ncpu && p->mode == EGPU_PASS_TAKE, recounts = p->lines ? 0 : RECOUNTS, r;
     uint64_t sum = 0, before = 0;
     *whole = 0;
     for (int tries = 0;; tries++) {
@@ -180,7 +182,7 @@ static int read_header(struct egpu_ring_pass *p, uint64_t *ncpu, int *whole)
         if (r) return r;
         p->head_pos = word(h, 0);
         p->dropped = word(h, 24);
-        if (!early || sum == p->head_pos || tries == RECOUNTS || (tries && sum == before))
+        if (!early || sum == p->head_pos || tries == recounts || (tries && sum == before))
             break;
         before = sum;
     }

@@ -1858,18 +1858,20 @@ def test_a_burst_walks_each_piece_of_its_copy_only_once_it_has_landed(tmp_path):
     assert max(len(body) for _, body in ordered) > 1 << 20, "no pass took more than one piece (PIECE_MIN) of records"
 
 
+@pytest.mark.parametrize("wait", [True, False], ids=["wait", "drop"])
 @pytest.mark.parametrize("head_first", [0, 1], ids=["written_first", "head_first"])
 @pytest.mark.parametrize("counts", [1, 0], ids=["counted", "uncounted"])
-def test_a_burst_takes_counted_records_once_unwalked_and_in_order(tmp_path, counts, head_first):
+def test_a_burst_takes_counted_records_once_unwalked_and_in_order(tmp_path, counts, head_first, wait):
     """Producers that count the bytes they commit on an SM's line (devmaps.py COMMITTED) and mark the data's start
     where a record crosses a lap's end (REC_WRAP), as the GPU's do: a burst's pass that reads lines summing to head
     copies [consumed, head) once and walks none of it, finding the records after the wrap where the mark says. Two
     rings of 64 KiB, many laps of mixed sizes (so that records cross the end), copies that land only when waited
     for: every record once and in order; the passes that took records whole copied them once. Producers that count
     nothing leave every pass walking. With head moved before the records are written (as the GPU's producers take
-    their positions first), passes meet counts short of head: they read again, or walk."""
+    their positions first), passes meet counts short of head: they read again, or walk. A dropping ring's passes
+    read its lines (its SMs' marks) every pass either way (these producers wait for room whatever the ring)."""
     import os
-    rings = [HostRing(1 << 16, 2, wait=True) for _ in range(2)]
+    rings = [HostRing(1 << 16, 2, wait=wait) for _ in range(2)]
     streams = [_numbered(r, 100_000) for r in range(2)]
     spool = Spool(tmp_path / "t.arrow", files=2)
     for ring in rings:
@@ -1890,6 +1892,37 @@ def test_a_burst_takes_counted_records_once_unwalked_and_in_order(tmp_path, coun
             assert reader.copied - reader.whole >= 2 * (reader.took - reader.whole), "a walked record copied once"
         else:
             assert reader.whole == 0
+
+
+@pytest.mark.parametrize("wait", [True, False], ids=["wait", "drop"])
+def test_a_raw_pass_takes_counted_records_whole_and_reads_short_counts_again_for_a_waiting_ring_alone(wait):
+    """One raw pass (a burst's) over a ring whose record is not counted yet: a waiting ring's pass reads the lines and
+    the header again until the counts stop growing (here: at the second read); a dropping ring's reads them once (its producers do not
+    stop for the reader, whose every wait is records dropped). Either then walks. Once the SM's line counts the
+    record, the pass takes it whole, reading the header once."""
+    from egpu_preload.runtime import ring_drain
+    ffi, lib = ring_drain._shim()
+    ring = StagedRing(4096, 2, wait=wait)
+    reader = RingReader(ring, 0, ring.lay)
+    assert reader.take() == []   # the SMs' count learned; nothing there
+    assert ring.produce(b"record01", sm=1)
+
+    def raw_pass() -> tuple[int, Any]:
+        p = reader._ready(ffi, lines=not wait)
+        p.raw, p.mode = 1, lib.EGPU_PASS_TAKE
+        before = ring.copied(devmaps.HEADER + 8)
+        if p.stage == ffi.NULL:
+            reader._stage(ffi, p)
+        assert reader._call(lib, p) == 0
+        return ring.copied(devmaps.HEADER + 8) - before, p
+
+    reads, p = raw_pass()
+    assert (reads, p.whole, p.consumed) == (2 if wait else 1, 0, 0)   # walked: seen, not taken
+    struct.pack_into("<Q", ring.mem, ring.lay.lines_off + devmaps.LINE + devmaps.COMMITTED, 16)
+    reads, p = raw_pass()
+    record = struct.pack("<II", 8, devmaps.REC_READY | 1 << 8) + b"record01"
+    assert (reads, p.whole, p.consumed, bytes(ffi.buffer(p.stage, 16))) == (1, 16, 16, record)
+    assert ring.mem[devmaps.HEADER:devmaps.HEADER + 16] == bytes(16)   # cleared before consumed moved
 
 
 def test_a_spool_write_that_fails_mid_burst_ends_it_and_counts_every_byte_taken_and_not_written():
