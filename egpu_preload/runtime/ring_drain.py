@@ -34,7 +34,7 @@ every record below head as committed (devmaps.py COMMITTED: each producer adds i
 after the flag): it copies ``[consumed, head)`` once, finds the records after the wrap where the mark of the one
 crossing it says (devmaps.py REC_WRAP), and takes them all. That is the usual pass while producers wait for room:
 they finish what they reserved within microseconds and reserve no more. Where records are still being written
-(the lines and the header are read again a few times while the count grows), the pass walks as above.
+(a waiting ring's lines and header are read again a few times while the count grows), the pass walks as above.
 
 Before ``consumed`` moves past records, their bytes are zeroed by copies from zeros, never a memset (a
 kernel, which under --on-full wait never starts while the producers' blocks hold every SM: a hang on the
@@ -174,7 +174,7 @@ class RingReader:
     taken: int = 0         # records handed out
     dropped: int = 0       # the producers' count (header plus per-SM lines; a waiting ring's lines: at stop)
     skipped: int = 0       # bytes of records passed over unread after the reader failed (skip)
-    copied: int = 0        # bytes copied out of the ring, every pass's (a record is copied by two passes at least)
+    copied: int = 0        # bytes copied out of the ring, every pass's (a walked record by two passes at least)
     took: int = 0          # of those, bytes of the records taken (headers included), each once
     whole: int = 0         # of those, bytes taken by passes that found every record below head complete: unwalked
     unwalked: int = 0      # of those, bytes no walk went over: past a record not yet complete, copied again later
