@@ -882,7 +882,8 @@ def _reserved_line(g: FuncGen, insn: Insn, rec: str) -> tuple[str, str]:
     tag, line, which = g.t32(), g.t64(), g.pred()
     g.emit(f"ld.u32 {tag}, [{rec}+4];")
     g.emit(f"shr.u32 {tag}, {tag}, 8;")
-    for k, at in zip(rings, lines):
+    g.emit(f"mov.b64 {line}, {lines[0]};")   # never a wild address, whatever the tag
+    for k, at in zip(rings[1:], lines[1:]):
         g.emit(f"setp.eq.u32 {which}, {tag}, {k};")
         g.emit(f"@{which} mov.b64 {line}, {at};")
     return line, total
