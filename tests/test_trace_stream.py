@@ -93,13 +93,6 @@ exit
 """
 
 
-def _example(name: str, tmp_path: Path) -> tuple[prog.BpfObject, prog.Program]:
-    from egpu_preload.bpf.compile import compile_probe
-    from egpu_preload.bpf.elf import load_object
-    obj = load_object(compile_probe(EXAMPLES / f"{name}.bpf.c", tmp_path / f"{name}.bpf.o"))
-    return obj, obj.programs[0]
-
-
 @pytest.mark.parametrize("name", ["ring", "ring_mixed", "two_rings", "access_trace", "mem_trace_warp"])
 def test_every_record_published_is_counted_on_its_sms_line_after_its_flag(name, tmp_path):
     """ringbuf_output's records (one by one and in groups), ringbuf_reserve's submitted or discarded (from one ring,
@@ -703,10 +696,15 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MEM_EVENT = struct.Struct("<QQQQIIII3I3I")   # examples/access_trace.bpf.c's struct mem_event
 
 
+def _example(name: str, tmp_path: Path) -> tuple[prog.BpfObject, prog.Program]:
+    """examples/NAME.bpf.c compiled into ``tmp_path`` and loaded; its first program."""
+    obj = load_object(compile_probe(EXAMPLES / f"{name}.bpf.c", tmp_path / f"{name}.bpf.o"))
+    return obj, obj.programs[0]
+
+
 @pytest.fixture(scope="module")
 def access_trace(tmp_path_factory):
-    out = tmp_path_factory.mktemp("probe") / "access_trace.bpf.o"
-    return load_object(compile_probe(EXAMPLES / "access_trace.bpf.c", out))
+    return _example("access_trace", tmp_path_factory.mktemp("probe"))[0]
 
 
 def _event(i: int) -> bytes:

@@ -43,7 +43,8 @@ its position is taken, so between the two the reader must find no stale READY th
 host clears the headers"), and waited for: on a stream of their own, unwaited for, they landed behind the next
 pass's copies and the producers waited for the credit they give (2026-12-06e). A dropping ring's per-SM full marks
 are reset once it has room again; a waiting ring's per-SM lines, where its producers count only records larger
-than the ring, are read once, when the drain stops.
+than the ring, are read by a burst's passes for their counts (above), and by a pass alone only once, when the drain
+stops.
 
 A reader that fails (a copy that errs) goes on moving ``consumed`` to ``head`` unread until stopped,
 counting what it passed over: producers made to wait would otherwise spin, and the job with them.
@@ -220,8 +221,9 @@ class RingReader:
         self._run("EGPU_PASS_SKIP", lines=True)
 
     def count_drops(self) -> None:
-        """``dropped`` brought up to date with the per-SM lines: a waiting ring's passes leave them unread
-        (its producers count there only records larger than the ring), so its count is read once, at the end."""
+        """``dropped`` brought up to date with the per-SM lines: a waiting ring's passes alone leave them unread
+        (its producers count there only records larger than the ring; a burst's read them for the records' counts),
+        so its count is read once more, at the end."""
         self._run("EGPU_PASS_COUNT", lines=True)
 
     def empty(self) -> bool:

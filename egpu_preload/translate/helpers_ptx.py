@@ -531,9 +531,7 @@ def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str, busy: 
     as there is room for, to its lowest lanes. Lanes asking for different sizes reserve one by one (PTX ISA:
     match.sync, shfl.sync; sm_70+). A record at least as large as one this SM was refused before is
     refused at once, counted on the SM's line (devmaps.py): a full ring takes no credit."""
-    total = g.t64()
-    g.emit(f"add.u64 {total}, {size}, 15;")
-    g.emit(f"and.b64 {total}, {total}, {lit(-8)};")  # 8-byte header + data rounded up to 8
+    total = _record_bytes(g, size)
     mask, peers, same = g.t32(), g.t32(), g.t32()
     alike = g.pred()
     g.emit(f"activemask.b32 {mask};")
@@ -574,6 +572,15 @@ def _reserve(g: FuncGen, base: str, lay: MapLayout, size: str, fail: str, busy: 
     g.emit(f"st.u32 [{rec}], {size};")
     g.emit(f"st.u32 [{rec}+4], {busy};")
     return Reserved(rec, line, total)
+
+
+def _record_bytes(g: FuncGen, size: str) -> str:
+    """A register holding the ring bytes of a record of ``size`` (u64 register) data bytes: its 8-byte header and
+    the data rounded up to 8."""
+    total = g.t64()
+    g.emit(f"add.u64 {total}, {size}, 15;")
+    g.emit(f"and.b64 {total}, {total}, {lit(-8)};")
+    return total
 
 
 def _commit(g: FuncGen, r: Reserved, guard: str = "") -> None:
@@ -868,11 +875,10 @@ def _reserved_line(g: FuncGen, insn: Insn, rec: str) -> tuple[str, str]:
     header and padding), read back from its header before the flag is written over: the verifier proves the
     record came from a ringbuf_reserve of this program, so from one of its RINGBUF maps; where it has several, the
     one whose index the reserve wrote above BUSY."""
-    size, total = g.t32(), g.t64()
+    size, size64 = g.t32(), g.t64()
     g.emit(f"ld.u32 {size}, [{rec}];")
-    g.emit(f"cvt.u64.u32 {total}, {size};")
-    g.emit(f"add.u64 {total}, {total}, 15;")
-    g.emit(f"and.b64 {total}, {total}, {lit(-8)};")
+    g.emit(f"cvt.u64.u32 {size64}, {size};")
+    total = _record_bytes(g, size64)
     rings = [k for k, m in enumerate(g.target.maps) if m.type == prog.MAP_RINGBUF]
     if not rings:   # only an unverified program gets here
         raise g.fail(insn, "a record to release, but no RINGBUF map it could come from")
