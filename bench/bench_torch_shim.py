@@ -5,11 +5,11 @@ paired.MIN_PAIRS, 10, and plain,shim,standby: about 6 minutes; MODES comma-separ
 
 The suite's torch_eager workload (bench/workloads/frameworks.py: a CNN training step of ~1.5 ms, 29
 launches, SASS-only kernels), timed inside each process by the suite's protocol, in rounds of three
-processes on the suite's pinned CPUs: plain, ``egpu-run`` with no probe (the default: no sanitizer
-until a probe needs one) and ``egpu-run --live-sass`` (the Compute Sanitizer subscribed from cuInit in
-standby, so that a probe attached later can patch SASS-only kernels); ``plain_again``, a second plain
-process each round, is the control: its ratios are what a change that costs nothing gets, the floor any
-other mode's spread is read against. ``sanitizer_none``, ``sanitizer_resource`` and ``sanitizer_loads`` take
+processes on the suite's pinned CPUs, each round's order turned by one from the round before: plain,
+``egpu-run`` with no probe (the default: no sanitizer until a probe needs one) and ``egpu-run --live-sass``
+(the Compute Sanitizer subscribed from cuInit in standby, so that a probe attached later can patch SASS-only
+kernels); ``plain_again``, a second plain process each round, is the control: its ratios are what a change
+that costs nothing gets, the floor any other mode's spread is read against. ``sanitizer_none``, ``sanitizer_resource`` and ``sanitizer_loads`` take
 egpu out and inject bench/empty_patch subscribed alone (no callback, the whole resource domain, the module
 load and unload callbacks standby asks for), patching nothing: what the subscription itself costs, apart
 from what egpu adds to it. Processes of one program vary by
@@ -47,6 +47,14 @@ def summarize(per_step: dict[str, list[float | None]]) -> dict[str, dict]:
 
 def median_or_none(values: list[float] | None) -> float | None:
     return round(statistics.median(values), 1) if values else None
+
+
+def rotated(modes: dict[str, list[str]], i: int) -> list[tuple[str, list[str]]]:
+    """Round ``i``'s order: the modes turned by i, so that each runs first, second, ... as often as the others
+    (with plain always first, the control ran second in every round of 2026-12-06c and measured 1.061x: a place in
+    the round that costs or gains must not read as a mode's cost)."""
+    order = list(modes.items())
+    return order[i % len(order):] + order[:i % len(order)]
 
 
 SUBSCRIBED = {"sanitizer_none": "none", "sanitizer_resource": "resource", "sanitizer_loads": "loads"}
@@ -95,7 +103,7 @@ def main() -> None:
                      "us_per_step": {m: [] for m in modes}, "counted": [], "counted_per_step": {m: [] for m in modes},
                      "shim_stats": {}, "errors": [], "ratios": {}, "counted_ratios": {}}
         for i in range(rounds):
-            for mode, cmd in modes.items():
+            for mode, cmd in rotated(modes, i):
                 rec = suite.run_case(cmd, env, suite.TIMEOUT_S["python"], cpus)
                 unproven = tool_unproven(mode, rec) if rec["status"] == "ok" else None
                 if unproven:

@@ -1033,11 +1033,11 @@ def test_sass_bench_refuses_to_start_without_its_probes(tmp_path, monkeypatch):
 
 def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, monkeypatch):
     """bench_torch_shim.py: rounds of plain, egpu-run with no probe and egpu-run --live-sass (standby), on
-    the suite's CPUs; each ratio against its own round's plain run; a failed process is no result; the
-    file holds every round finished, so a call cut short keeps them."""
+    the suite's CPUs, each round's order turned by one; each ratio against its own round's plain run; a failed
+    process is no result; the file holds every round finished, so a call cut short keeps them."""
     bench = importlib.import_module("bench_torch_shim")
     monkeypatch.setattr(suite, "exit_on_term", lambda: None)   # pytest keeps its own SIGTERM
-    us = iter([1.5, 1.8, 1.5, 1.0, 1.2, 1.1])   # ms per step: round 0, then round 1
+    us = iter([1.5, 1.8, 1.5, 1.2, 1.1, 1.0])   # ms per step: round 0, then round 1 (shim, standby, plain)
     seen = []
 
     def fake_run(cmd, env, timeout, cpus):
@@ -1052,7 +1052,7 @@ def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, m
     monkeypatch.setattr(bench.sys, "argv", ["bench_torch_shim.py", str(out), "2"])
     bench.main()
     doc = json.loads(out.read_text())
-    assert seen == [False, "default", "standby"] * 2
+    assert seen == [False, "default", "standby", "default", "standby", False]
     assert doc["us_per_step"] == {"plain": [1500.0, 1000.0], "shim": [1800.0, 1200.0], "standby": [1500.0, 1100.0]}
     assert doc["ratios"]["shim"]["values"] == [1.2, 1.2] and doc["ratios"]["standby"]["median"] == pytest.approx(1.05)
     assert (doc["ratios"]["standby"]["min"], doc["ratios"]["standby"]["max"]) == (1.0, pytest.approx(1.1))
@@ -1063,7 +1063,8 @@ def test_torch_shim_bench_pairs_each_round_with_its_plain_run(suite, tmp_path, m
     # a lost process loses its round's pair, not the run
     no_pmu = "[Errno 2] perf_event_open (instructions): No such file or directory"
     outcomes = iter([case([1.0] * 3, count_error=no_pmu), case([], status="failed", error="exit 1: boom"),
-                     case([1.1] * 3, count_error=no_pmu)] * 2)
+                     case([1.1] * 3, count_error=no_pmu), case([], status="failed", error="exit 1: boom"),
+                     case([1.1] * 3, count_error=no_pmu), case([1.0] * 3, count_error=no_pmu)])
     monkeypatch.setattr(suite, "run_case", lambda *a: next(outcomes))
     bench.main()
     doc = json.loads(out.read_text())
@@ -1107,8 +1108,8 @@ def test_torch_shim_bench_weighs_the_subscription_alone(suite, tmp_path, monkeyp
     monkeypatch.setattr(bench.empty_patch, "build", lambda work: (work / "tool.so", work / "image.fatbin"))
     runs = iter([case([1.0] * 3), case([1.1] * 3, tool_patched=0, tool_seen=0),
                  case([1.2] * 3, tool_patched=0, tool_seen=4), case([1.1] * 3, tool_patched=0, tool_seen=7),
-                 case([1.0] * 3), case([1.1] * 3, tool_patched=0, tool_seen=3),
-                 case([1.2] * 3, tool_patched=0, tool_seen=0), case([1.1] * 3, tool_seen=7)])
+                 case([1.1] * 3, tool_patched=0, tool_seen=3), case([1.2] * 3, tool_patched=0, tool_seen=0),
+                 case([1.1] * 3, tool_seen=7), case([1.0] * 3)])   # round 1 turned: plain last
     commands = []
     monkeypatch.setattr(suite, "run_case", lambda cmd, *a: (commands.append(cmd), next(runs))[1])
     out = tmp_path / "torch_shim.json"
