@@ -286,6 +286,24 @@ def test_reading_the_applications_memory_is_refused_outside_its_threads():
             verify(code, [], section=section)
 
 
+def test_egpu_ptx_leaves_the_programs_the_host_runs_out(tmp_path):
+    """`egpu ptx` prints the GPU's programs alone: a uprobe that reads the application's memory (which has no
+    GPU form) made it fail, though `egpu verify` passed the same object; a uprobe beside a kernel probe is left out
+    of the PTX."""
+    from typer.testing import CliRunner
+    from launcher import egpu
+    runner = CliRunner()
+    strings, shared = uprobe_probe(tmp_path, "strings"), uprobe_probe(tmp_path, "shared")
+    for cmd in ("verify", "ptx"):
+        res = runner.invoke(egpu, [cmd, str(strings)])
+        assert res.exit_code == 0, res.output
+    res = runner.invoke(egpu, ["ptx", str(shared)])
+    assert res.exit_code == 0, res.output
+    names = {p.name for p in load_object(shared).programs}
+    funcs = [n for n in names if f"_{n}(" in res.output]
+    assert len(names) == 3 and funcs == ["launched"], (names, funcs)
+
+
 def test_a_uprobe_hooked_once_its_library_was_loaded_reports_attached(stub_job, uprobe_app, tmp_path):
     """Uprobes on a library the job opens after their attach wait for it, and are hooked at the dlsym after its
     dlopen: every call runs them. The exit dump said "pending" still, the state the attach had left."""

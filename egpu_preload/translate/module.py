@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..bpf.ctx import ALL_FIELDS, SIZE as CTX_SIZE, fields_at, words_at
 from ..bpf.decode import decode
 from ..bpf.program import BpfObject, Program
-from ..bpf.sections import API_KINDS
+from ..bpf.sections import HOST_SIDE
 from ..bpf.verifier import VerifiedProgram, verify
 from ..errors import EgpuError, TranslateError, VerifierError
 from .codegen import generate_func
@@ -107,12 +107,12 @@ def probe_function(program: Program, obj: BpfObject, tag: str | None = None,
 
 def probe_object_ptx(obj: BpfObject, tag: str | None = None) -> str:
     """Every program of an object in one module text (what ``egpu ptx`` prints), as instrumented
-    kernels call them (the context in words where it can be); host-API programs, which never run on a
-    GPU, left out."""
+    kernels call them (the context in words where it can be); the programs the host runs (launch, uvm, host-API
+    and uprobe programs: bpf/sections.py HOST_SIDE), which never run on a GPU, left out."""
     tag = tag or object_tag(obj)
     stripe_counters(obj)
     funcs = [probe_function(p, obj, tag, ctx_params=True) for p in obj.programs
-             if p.attach.kind not in API_KINDS]
+             if p.attach.kind not in HOST_SIDE]
     return header() + "\n" + table_decl(tag, len(obj.maps)) + "\n\n" + "\n".join(f.func for f in funcs)
 
 
