@@ -388,6 +388,16 @@ def test_ringbuf_helpers() -> None:
     assert state[0].records == [u64(7), u64(5)] and state[0].drops == 1
 
 
+def test_a_record_structs_padding_goes_out_as_the_stack_held_it() -> None:
+    """A record struct (u32 then u64) whose padding was never written loads, as Linux's privileged programs do,
+    and its fields come out where they were written: the padding's bytes are the stack's (the VM's frame starts
+    zeroed; a GPU thread's holds what its local memory held)."""
+    rb = prog.MapDef("rb", prog.MAP_RINGBUF, 0, 0, 64)
+    r0, state = _run("*(u32 *)(r10 - 16) = 7\n*(u64 *)(r10 - 8) = 9\nr2 = r10\nr2 += -16\nr1 = map[0] ll\n"
+                     "r3 = 16\nr4 = 0\ncall ringbuf_output\nexit", rb)
+    assert r0 == 0 and [(r[:4], r[8:]) for r in state[0].records] == [(b"\7\0\0\0", u64(9))]
+
+
 def test_unsubmitted_reservation_is_refused() -> None:
     rb = prog.MapDef("rb", prog.MAP_RINGBUF, 0, 0, 64)
     with pytest.raises(VmError, match="unsubmitted ringbuf"):

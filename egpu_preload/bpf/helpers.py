@@ -11,7 +11,10 @@ Argument types (read by the verifier; the VM and translator dispatch on ``name``
 - ``mem``        readable memory whose size is the next argument (``size``, a bounded scalar)
 - ``mem_out``    writable memory whose size is the next argument, which the helper fills in (Linux's
   ARG_PTR_TO_UNINIT_MEM: it need not be initialized before)
-- ``size``       the size of the preceding ``mem`` or ``mem_out``
+- ``record``     readable memory whose size is the next argument, copied out as it is: bytes never written
+  (a record struct's padding) pass, as Linux's privileged programs (allow_uninit_stack) pass them; they mean
+  nothing to the record's fields, where in a key or a value they would change what the map holds
+- ``size``       the size of the preceding ``mem``, ``mem_out`` or ``record``
 - ``const_size`` a scalar known at verification time (ringbuf_reserve)
 - ``u64_out``    writable 8 bytes (stack or map value) the helper fills in
 - ``ctx``        the probe's context pointer (r1 on entry) or NULL
@@ -95,13 +98,13 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
     Helper(45, "probe_read_str", ("mem_out", "size", "anything"), "int", in_process=True),
     Helper(112, "probe_read_user", ("mem_out", "size", "anything"), "int", in_process=True),
     Helper(114, "probe_read_user_str", ("mem_out", "size", "anything"), "int", in_process=True),
-    Helper(25, "perf_event_output", ("ctx", "map", "anything", "mem", "size"), "int"),
+    Helper(25, "perf_event_output", ("ctx", "map", "anything", "record", "size"), "int"),
     # bpf_loop(nr_loops, callback, callback_ctx, flags), Linux's (kernel/bpf/bpf_iter.c): callback(index,
     # callback_ctx) for index 0, 1, ... below nr_loops (its low 32 bits, at most MAX_LOOPS, else -E2BIG and no
     # call; flags other than 0: -EINVAL) until it returns 1; r0 = the calls made. The verifier checks the
     # callback once per path as a function of its own (r1 the index, r2 the ctx) that returns 0 or 1.
     Helper(181, "loop", ("anything", "func", "callback_ctx", "anything"), "int"),
-    Helper(130, "ringbuf_output", ("map", "mem", "size", "anything"), "int"),
+    Helper(130, "ringbuf_output", ("map", "record", "size", "anything"), "int"),
     Helper(131, "ringbuf_reserve", ("map", "const_size", "anything"), "ringbuf_mem_or_null"),
     Helper(132, "ringbuf_submit", ("ringbuf_mem", "anything"), "void"),
     Helper(133, "ringbuf_discard", ("ringbuf_mem", "anything"), "void"),

@@ -691,11 +691,12 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
             _helper_mem(env, st, h, n, v, need, write=arg == "value_out" and md.type != MAP_BLOOM_FILTER)
             if arg == "key":  # a constant key folds to an address
                 env.note_const(insn.pc, _stack_const(st, v, need))
-        elif arg in ("mem", "mem_out"):
-            mem = (n, v, arg == "mem_out")
+        elif arg in ("mem", "mem_out", "record"):
+            mem = (n, v, arg)
         elif arg == "size":
             _size_arg(h, n, v)
-            _helper_mem(env, st, h, mem[0], mem[1], v.umax, write=mem[2])
+            _helper_mem(env, st, h, mem[0], mem[1], v.umax, write=mem[2] == "mem_out",
+                        unwritten=mem[2] == "record")
         elif arg == "const_size":
             if v.kind != SCALAR or not v.is_const:
                 raise Reject(f"r{n} is not a constant: {h.name} needs a size known when verifying (arg{n})")
@@ -807,8 +808,10 @@ def _size_arg(h: Helper, n: int, v: Value) -> None:
         raise Reject(f"r{n} unbounded memory access: bound the size with 'if (n < N)' (arg{n} of {h.name})")
 
 
-def _helper_mem(env: Env, st: State, h: Helper, n: int, v: Value, size: int, *, write: bool) -> None:
-    """Memory a helper reads or writes: ``size`` bytes (the largest possible) at v."""
+def _helper_mem(env: Env, st: State, h: Helper, n: int, v: Value, size: int, *, write: bool,
+                unwritten: bool = False) -> None:
+    """Memory a helper reads or writes: ``size`` bytes (the largest possible) at v; ``unwritten``: stack bytes
+    never written may be read (a ``record`` argument, helpers.py)."""
     if v.kind in OR_NULL:
         raise Reject(f"r{n} is {v.kind}: compare it with 0 before passing it to {h.name} (arg{n})")
     if v.kind not in (STACK, MAP_VALUE, RINGBUF_MEM):
@@ -845,10 +848,10 @@ def _helper_mem(env: Env, st: State, h: Helper, n: int, v: Value, size: int, *, 
             elif slot is not None and slot.spill is not None:
                 f.stack[k] = slot.as_data()
             continue
-        if slot is None or slot.bytes[i] == "u":
+        if (slot is None or slot.bytes[i] == "u") and not unwritten:
             raise Reject(f"invalid read from stack off={o} size=1: not initialized ({h.name} arg{n})"
                          + _padding_hint(f, lo, hi))
-        if slot.spill is not None and slot.spill.is_pointer:
+        if slot is not None and slot.spill is not None and slot.spill.is_pointer:
             raise Reject(f"r{n} leaks addr into {h.name}: fp{-8 * (k + 1)} holds {slot.spill.kind} (arg{n})")
 
 
