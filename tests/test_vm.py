@@ -398,6 +398,17 @@ def test_a_record_structs_padding_goes_out_as_the_stack_held_it() -> None:
     assert r0 == 0 and [(r[:4], r[8:]) for r in state[0].records] == [(b"\7\0\0\0", u64(9))]
 
 
+def test_a_value_stored_with_its_padding_unwritten_keeps_its_fields() -> None:
+    """map_update_elem of a value (u32, then u64 at 8) whose padding was never written loads, as Linux's
+    privileged programs do, and the lookup after reads each field as written."""
+    arr = prog.MapDef("arr", prog.MAP_ARRAY, 4, 16, 2)
+    r0, _ = _run("*(u32 *)(r10 - 20) = 1\n*(u32 *)(r10 - 16) = 7\n*(u64 *)(r10 - 8) = 9\nr1 = map[0] ll\n"
+                 "r2 = r10\nr2 += -20\nr3 = r10\nr3 += -16\nr4 = 0\ncall map_update_elem\n"
+                 "r1 = map[0] ll\nr2 = r10\nr2 += -20\ncall map_lookup_elem\nif r0 == 0 goto out\n"
+                 "r1 = *(u32 *)(r0 + 0)\nr0 = *(u64 *)(r0 + 8)\nr0 *= 100\nr0 += r1\nout: exit", arr)
+    assert r0 == 907
+
+
 def test_unsubmitted_reservation_is_refused() -> None:
     rb = prog.MapDef("rb", prog.MAP_RINGBUF, 0, 0, 64)
     with pytest.raises(VmError, match="unsubmitted ringbuf"):

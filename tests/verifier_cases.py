@@ -439,6 +439,14 @@ REJECT: tuple[Case, ...] = (
         r3 = 0
         call map_push_elem
         exit""", "invalid stack access off=-4 size=8", 6),
+    Case("bloom_filter_value_padding", """
+        *(u32 *)(r10 - 8) = 1
+        r2 = r10
+        r2 += -8
+        r1 = map[7] ll
+        r3 = 0
+        call map_push_elem
+        exit""", "not initialized (map_push_elem arg2); 4 of its 8 bytes written: a struct's padding?", 6),
     Case("ringbuf_output_on_hash", """
         *(u64 *)(r10 - 8) = 0
         r2 = r10
@@ -1264,6 +1272,19 @@ ACCEPT: tuple[Case, ...] = (
         r3 = 0xffffffff ll
         r5 = 16
         call perf_event_output
+        r0 = 0
+        exit"""),
+    Case("update_of_a_padded_value", """
+        *(u32 *)(r10 - 68) = 3
+        *(u32 *)(r10 - 64) = 7
+        *(u64 *)(r10 - 8) = 9
+        r2 = r10
+        r2 += -68
+        r3 = r10
+        r3 += -64
+        r1 = map[1] ll
+        r4 = 0
+        call map_update_elem
         r0 = 0
         exit"""),
     Case("ringbuf_output_of_a_padded_struct", """

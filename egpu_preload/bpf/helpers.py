@@ -6,7 +6,8 @@ Argument types (read by the verifier; the VM and translator dispatch on ``name``
 
 - ``map``        a map reference (lddw of a map)
 - ``key``        readable memory of the map's key_size (stack or map value)
-- ``value``      readable memory of the map's value_size
+- ``value``      readable memory of the map's value_size (bytes never written pass, as in a ``record``, but
+  in a bloom filter's, which is hashed as a key is)
 - ``value_out``  writable memory of the map's value_size, which the helper fills in
 - ``mem``        readable memory whose size is the next argument (``size``, a bounded scalar)
 - ``mem_out``    writable memory whose size is the next argument, which the helper fills in (Linux's

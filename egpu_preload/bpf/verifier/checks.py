@@ -687,8 +687,11 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
         elif arg in ("key", "value", "value_out"):
             md = env.maps[m]
             need = md.key_size if arg == "key" else md.value_size
-            # a bloom filter's peek reads the value it tests; a queue's or stack's fills it in
-            _helper_mem(env, st, h, n, v, need, write=arg == "value_out" and md.type != MAP_BLOOM_FILTER)
+            # a bloom filter's peek reads the value it tests; a queue's or stack's fills it in. A value stored
+            # may hold bytes never written (a struct's padding), as Linux's privileged programs' may: they mean
+            # nothing there, where in a key, or in a bloom filter's value, they would choose the entry
+            _helper_mem(env, st, h, n, v, need, write=arg == "value_out" and md.type != MAP_BLOOM_FILTER,
+                        unwritten=arg == "value" and md.type != MAP_BLOOM_FILTER)
             if arg == "key":  # a constant key folds to an address
                 env.note_const(insn.pc, _stack_const(st, v, need))
         elif arg in ("mem", "mem_out", "record"):
@@ -857,7 +860,8 @@ def _helper_mem(env: Env, st: State, h: Helper, n: int, v: Value, size: int, *, 
 
 def _padding_hint(f: Frame, lo: int, hi: int) -> str:
     """Where a helper's memory argument is partly written: most often a struct key's padding, which the
-    kernel's privileged programs may pass (and hash as whatever the stack held) and egpu does not."""
+    kernel's privileged programs may pass (and hash as whatever the stack held) and egpu does not (a value's and a
+    record's, which choose nothing, it passes)."""
     slots = [_slot_of(o) for o in range(lo, hi)]
     written = sum(1 for k, i in slots if (slot := f.stack.get(k)) is not None and slot.bytes[i] != "u")
     return (f"; {written} of its {hi - lo} bytes written: a struct's padding? clear the struct first "
