@@ -348,7 +348,9 @@ REJECT: tuple[Case, ...] = (
     Case("pointer_jmp32", "r0 = 0\nif w1 == 0 goto +0\nexit", "pointer comparison prohibited", 1),
     Case("pointer_neg", "r1 = -r1\nr0 = 0\nexit", "neg of a pointer prohibited", 0),
     # helpers
-    Case("unknown_helper", "call 999\nr0 = 0\nexit", "invalid func unknown#999", 0),
+    Case("unknown_helper", "call 999\nr0 = 0\nexit", "invalid func unknown#999 (helper id)", 0),
+    Case("unknown_bpftime_helper", "call 512\nr0 = 0\nexit", "invalid func unknown#512 (an id in bpftime's GPU "
+         "helpers' range that egpu does not provide: it provides 502-511)", 0),
     Case("bpftime_puts", "call 501\nr0 = 0\nexit", "unknown func ebpf_puts#501 (bpftime's GPU helper egpu does "
          "not provide: print with bpf_printk, whose format may be the string)", 0),
     Case("kfunc", "call kfunc 7\nr0 = 0\nexit", "kfunc calls are not supported", 0),

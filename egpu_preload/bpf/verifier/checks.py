@@ -53,6 +53,8 @@ _NOT_WRITTEN = {"bpf_trace_vprintk": "libbpf's bpf_printk calls it for more than
                                      "most three"}
 # bpftime's GPU helpers (its example/gpu/README.md) egpu leaves out: id -> (bpftime's name, what to write instead).
 _BPFTIME_NOT_PROVIDED = {501: ("ebpf_puts", "print with bpf_printk, whose format may be the string")}
+_BPFTIME_IDS = range(500, 600)   # bpftime numbers its GPU helpers from 501 (a branch's basic-block probes use 512)
+_BPFTIME_PROVIDED = [i for i in HELPERS if i in _BPFTIME_IDS]
 # Linux helpers probes ported from libbpf reach for, and what does their job in egpu.
 _READS = "a probe reads its context, stack, maps and global data directly, and no other memory"
 _KERNEL = ("no probe runs in the Linux kernel: a uprobe or host-API probe reads the application's memory with "
@@ -666,13 +668,16 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
         if insn.imm in _BPFTIME_NOT_PROVIDED:
             name, instead = _BPFTIME_NOT_PROVIDED[insn.imm]
             raise Reject(f"unknown func {name}#{insn.imm} (bpftime's GPU helper egpu does not provide: {instead})")
+        if insn.imm in _BPFTIME_IDS:
+            raise Reject(f"invalid func unknown#{insn.imm} (an id in bpftime's GPU helpers' range that egpu does not "
+                         f"provide: it provides {min(_BPFTIME_PROVIDED)}-{max(_BPFTIME_PROVIDED)})")
         raise Reject(f"invalid func unknown#{insn.imm} (helper id)")
     if h.in_process and env.layout not in _IN_PROCESS:
         raise Reject(f"bpf_{h.name}#{h.id} reads the application's memory: only uprobes and host-API programs, which "
                      f"run in its threads, may call it ({_READS} elsewhere)")
     f = st.top
     m: int | None = None
-    mem: tuple[int, Value, bool] | None = None   # (arg, pointer, written by the helper)
+    mem: tuple[int, Value, str] | None = None   # (arg, pointer, its kind: mem, mem_out or record)
     release = size = callback = 0
     for n, arg in enumerate(h.args, 1):
         v = f.regs[n]
