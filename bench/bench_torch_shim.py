@@ -9,10 +9,10 @@ processes on the suite's pinned CPUs, each round's order turned by one from the 
 ``egpu-run`` with no probe (the default: no sanitizer until a probe needs one) and ``egpu-run --live-sass``
 (the Compute Sanitizer subscribed from cuInit in standby, so that a probe attached later can patch SASS-only
 kernels); ``plain_again``, a second plain process each round, is the control: its ratios are what a change
-that costs nothing gets, the floor any other mode's spread is read against. ``sanitizer_none``, ``sanitizer_resource`` and ``sanitizer_loads`` take
-egpu out and inject bench/empty_patch subscribed alone (no callback, the whole resource domain, the module
-load and unload callbacks standby asks for), patching nothing: what the subscription itself costs, apart
-from what egpu adds to it. Processes of one program vary by
+that costs nothing gets, the floor any other mode's spread is read against. ``sanitizer_none``,
+``sanitizer_resource`` and ``sanitizer_loads`` take egpu out and inject bench/empty_patch subscribed alone (no
+callback, the whole resource domain, the module load and unload callbacks standby asks for), patching nothing:
+what the subscription itself costs, apart from what egpu adds to it. Processes of one program vary by
 10-20% here, so the ratios are per round (each against the plain run of its round), all kept, summarized
 as their median and spread (bench/paired.py); a lost process loses its round's pair, not the run.
 

@@ -819,7 +819,7 @@ def _size_arg(h: Helper, n: int, v: Value) -> None:
 def _helper_mem(env: Env, st: State, h: Helper, n: int, v: Value, size: int, *, write: bool,
                 unwritten: bool = False) -> None:
     """Memory a helper reads or writes: ``size`` bytes (the largest possible) at v; ``unwritten``: stack bytes
-    never written may be read (a ``record`` argument, helpers.py)."""
+    never written may be read (a ``record``, or a ``value`` but a bloom filter's: helpers.py)."""
     if v.kind in OR_NULL:
         raise Reject(f"r{n} is {v.kind}: compare it with 0 before passing it to {h.name} (arg{n})")
     if v.kind not in (STACK, MAP_VALUE, RINGBUF_MEM):
