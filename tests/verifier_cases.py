@@ -91,6 +91,15 @@ REJECT: tuple[Case, ...] = (
         r0 |= 1
         if r0 != 0 goto loop
         exit""", "infinite loop detected", 1),
+    # a loop inside one round of a callback, and one around the bpf_loop call: the rounds' bound ends neither
+    Case("infinite_loop_inside_a_callback", LOOP_NULL + "r1 = 0\nloop: r1 += 0\ngoto loop\n", "infinite loop detected",
+         9),
+    Case("infinite_loop_around_a_loop_call", """
+    top: r1 = 4
+        r3 = 0""" + LOOP_CALL + """
+        goto top
+    cb: r0 = 0
+        exit""", "infinite loop detected", 0),
     Case("loop_too_complex", """
         r0 = 0
     loop:
@@ -944,6 +953,27 @@ ACCEPT: tuple[Case, ...] = (
         r0 = 0
         if r1 < 4 goto +1
         r0 = 1
+        exit"""),
+    # each round makes the caller's u64 unknown and then branches: the second round meets the first's state at the
+    # branch, a later round, not a loop (Linux's callback_unroll_depth tells them apart)
+    Case("loop_rounds_meet_the_same_state", """
+        *(u64 *)(r10 - 8) = 0
+        r1 = 4
+        r3 = r10
+        r3 += -8""" + LOOP_CALL + """
+        r0 = 0
+        exit
+    cb: r6 = r2
+        call ktime_get_ns
+        r1 = *(u64 *)(r6 + 0)
+        r1 += r0
+        *(u64 *)(r6 + 0) = r1
+        r1 &= 1
+        if r1 == 0 goto out
+        r1 = map_value[4] + 0x0 ll
+        r2 = 1
+        lock *(u64 *)(r1 + 0x0) += r2
+    out: r0 = 0
         exit"""),
     # nr_loops read from a map value, the callback adding into that value through its ctx
     Case("loop_count_and_ctx_from_a_map_value", LOOKUP_ARR + """

@@ -113,6 +113,17 @@ class _Visit:
         self.nth = nth
 
 
+def _rounds_apart(visit: _Visit | None, same: _Visit, calls: frozenset[int]) -> bool:
+    """Whether the path from ``same`` down to ``visit`` went back from a bpf_loop callback to its call: the same
+    state come back in a later round, whose count the helper bounds, not a loop (Linux tells the rounds apart by
+    callback_unroll_depth). The path then ends there, as one covered: the rounds after it are those after ``same``."""
+    crossed = False
+    while visit is not None and visit is not same:
+        crossed = crossed or (visit.pc in calls and visit.depth < same.depth)
+        visit = visit.parent
+    return visit is same and crossed
+
+
 def _finish(visit: _Visit | None) -> None:
     while visit is not None:
         visit.pending -= 1
@@ -236,7 +247,7 @@ class _Search:
                         k = key(st, live)
                         same = self.seen.setdefault(pc, {}).get(k)
                         if same is not None:
-                            if same.pending and not again:
+                            if same.pending and not again and not _rounds_apart(visit, same, cfg.loop_calls):
                                 raise Reject("infinite loop detected: the same state comes back here (loop)")
                             _finish(visit)
                             break
