@@ -469,8 +469,12 @@ def _ctx(layout: egpu_ctx.Layout, ptr: Value, fixed: int, size: int, mode: str, 
         other = _field_of_other(layout, fixed)
         if other is not None:
             raise Reject(f"invalid ctx access off={fixed} size={size}: {other} (section context)")
+        spans = [f.name for f in layout.fields
+                 if f.offset < fixed + size and fixed < f.offset + f.size * f.count]
+        hint = (f": the read spans {' and '.join(spans)}, as clang reads a struct copied whole (__builtin_memcpy, "
+                "an assignment); read the fields one by one" if len(spans) > 1 else "")
         raise Reject(f"invalid ctx access off={fixed} size={size} (struct {layout.name} is {layout.size} bytes "
-                     "of aligned fields)")
+                     f"of aligned fields{hint})")
     return sized(size, signed)
 
 
