@@ -188,6 +188,18 @@ def test_errors(tmp_path, case, reason):
         assert "bad.bpf.c:2" in e.value.detail
 
 
+def test_signed_division_under_v3_names_v4(tmp_path):
+    """clang's BPF back end refuses a signed division below -mcpu=v4 as "unsupported signed division, please
+    convert to unsigned div/mod"; egpu says that v4 has it, and v4 builds the same source."""
+    src = tmp_path / "sdiv.bpf.c"
+    src.write_text('#include "egpu.bpf.h"\nSEC("kprobe/*") int p(struct egpu_ctx *c)\n'
+                   '{ long s = (int)c->site; return s / -3 + s % 5; }\n')
+    with pytest.raises(EgpuError) as e:
+        compile_probe(src)
+    assert "signed division and modulo need -mcpu=v4 (egpu compile --mcpu v4" in e.value.reason
+    assert compile_probe(src, mcpu="v4").exists()
+
+
 def test_bpf_printk_with_more_than_three_arguments_says_so_at_its_line(tmp_path):
     """clang's BPF back end refuses a call of more than five arguments as "i64 = Constant<6> too many
     arguments" and no more; the macro says what is wrong before that, at the call's line."""

@@ -78,8 +78,10 @@ def compile_probe(src: Path, out: Path | None = None, *, mcpu: str = "v3", clang
     except OSError as e:
         raise EgpuError(f"cannot run {cmd[0]}: {e.strerror}", file=str(src)) from None
     if done.returncode != 0:
-        raise CompileError(f"clang failed (exit {done.returncode})", file=str(src),
-                           detail=done.stderr.rstrip() or None)
+        why = f"clang failed (exit {done.returncode})"
+        if mcpu != "v4" and "unsupported signed division" in done.stderr:   # clang names neither the cause nor v4
+            why += ": signed division and modulo need -mcpu=v4 (egpu compile --mcpu v4, then use its .bpf.o)"
+        raise CompileError(why, file=str(src), detail=done.stderr.rstrip() or None)
     if done.stderr.strip() and warn is not None:
         warn(done.stderr.rstrip())
     return out
