@@ -100,6 +100,18 @@ REJECT: tuple[Case, ...] = (
         goto top
     cb: r0 = 0
         exit""", "infinite loop detected", 0),
+    # w6 <= 8 leaves the low half the bits of [0, 15] (arith._low_half: Linux keeps [0, 8]); 8 is past it either way
+    Case("jmp32_bound_one_past_the_value", """
+        call get_prandom_u32
+        r6 = r0""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        if w6 > 8 goto out
+        w6 = w6
+        r6 <<= 3
+        r0 += r6
+        r0 = *(u64 *)(r0 + 0)
+    out: r0 = 0
+        exit""", "invalid access to map value, value_size=64 off=0+[0, 120] size=8", 13),
     Case("loop_too_complex", """
         r0 = 0
     loop:
@@ -974,6 +986,19 @@ ACCEPT: tuple[Case, ...] = (
         r1 = map_value[4] + 0x0 ll
         r2 = 1
         lock *(u64 *)(r1 + 0x0) += r2
+    out: r0 = 0
+        exit"""),
+    # a 32-bit compare bounds the low half of a 64-bit unknown (clang's `__u32 i = ...; if (i < 8) v[i]`): the
+    # 32-bit move after it takes [0, 7] (the kernel's __reg_bound_offset)
+    Case("jmp32_bounds_the_low_half_of_a_wide_unknown", """
+        call get_prandom_u32
+        r6 = r0""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        if w6 > 7 goto out
+        w6 = w6
+        r6 <<= 3
+        r0 += r6
+        r0 = *(u64 *)(r0 + 0)
     out: r0 = 0
         exit"""),
     # nr_loops read from a map value, the callback adding into that value through its ctx
