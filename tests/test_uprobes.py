@@ -286,6 +286,20 @@ def test_reading_the_applications_memory_is_refused_outside_its_threads():
             verify(code, [], section=section)
 
 
+def test_a_string_reads_length_bounds_what_is_sent_of_it():
+    """bpf_probe_read_user_str returns the bytes it wrote, NUL included, at most its size, or -errno (Linux's
+    do_refine_retval_range): a positive return sends that much of the buffer, as libbpf tools do (bashreadline).
+    It was unknown, and the send refused as unbounded."""
+    from egpu_preload.bpf import program as prog
+    from egpu_preload.bpf.asm import assemble
+    rb = prog.MapDef("rb", prog.MAP_RINGBUF, 0, 0, 4096)
+    send = ("r1 = r10\nr1 += -16\nr2 = 16\nr3 = 0\ncall probe_read_user_str\nif r0 s< 1 goto out\nr3 = r0\n"
+            "r2 = r10\nr2 += -16\nr1 = map[0] ll\nr4 = 0\ncall ringbuf_output\nout: r0 = 0\nexit")
+    verify(assemble(send), [rb], section="uprobe/libc.so.6:puts")
+    with pytest.raises(VerifierError, match=r"invalid stack access off=-16 size=17"):   # one past its size
+        verify(assemble(send.replace("r3 = r0\n", "r3 = r0\nr3 += 1\n")), [rb], section="uprobe/libc.so.6:puts")
+
+
 def test_egpu_ptx_leaves_the_programs_the_host_runs_out(tmp_path):
     """`egpu ptx` prints the GPU's programs alone: a uprobe that reads the application's memory (which has no
     GPU form) made it fail, though `egpu verify` passed the same object; a uprobe beside a kernel probe is left out
