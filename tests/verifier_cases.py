@@ -67,6 +67,16 @@ LOOP_CALL = """
     r4 = 0
     call loop
 """
+# perf_event_output(ctx, perf, BPF_F_CURRENT_CPU, fp - n, n), returning 0.
+PERF_OUTPUT = """
+    r4 = r10
+    r4 += -{n}
+    r2 = map[5] ll
+    r3 = 0xffffffff ll
+    r5 = {n}
+    call perf_event_output
+    r0 = 0
+    exit"""
 # bpf_loop(4, cb, NULL, 0), pc 0..5, returning 0; the callback's code follows at pc 8.
 LOOP_NULL = "r1 = 4\nr3 = 0\n" + LOOP_CALL + "r0 = 0\nexit\ncb:\n"
 
@@ -383,8 +393,7 @@ REJECT: tuple[Case, ...] = (
          "not initialized (map_lookup_elem arg2)", 4),
     Case("helper_key_padding", "*(u16 *)(r10 - 4) = 1\nr2 = r10\nr2 += -4\nr1 = map[0] ll\ncall map_lookup_elem\n"
          "r0 = 0\nexit", "not initialized (map_lookup_elem arg2); 2 of its 4 bytes written: a struct's padding?", 5),
-    Case("record_padding_beside_a_spilled_pointer", "*(u64 *)(r10 - 8) = r10\nr4 = r10\nr4 += -16\n"
-         "r2 = map[5] ll\nr3 = 0xffffffff ll\nr5 = 16\ncall perf_event_output\nr0 = 0\nexit",
+    Case("record_padding_beside_a_spilled_pointer", "*(u64 *)(r10 - 8) = r10" + PERF_OUTPUT.format(n=16),
          "r4 leaks addr into perf_event_output: fp-8 holds", 8),
     Case("helper_key_outside_stack", "r2 = r10\nr1 = map[0] ll\ncall map_lookup_elem\nr0 = 0\nexit",
          "invalid stack access off=0 size=4", 3),
@@ -1309,29 +1318,11 @@ ACCEPT: tuple[Case, ...] = (
         *(u32 *)(r1 - 0x8) = 3
         r0 = *(u32 *)(r1 - 0x4)
         exit"""),
-    Case("perf_event_output_from_stack", """
-        *(u64 *)(r10 - 8) = 0
-        r4 = r10
-        r4 += -8
-        r2 = map[5] ll
-        r3 = 0xffffffff ll
-        r5 = 8
-        call perf_event_output
-        r0 = 0
-        exit"""),
+    Case("perf_event_output_from_stack", "*(u64 *)(r10 - 8) = 0" + PERF_OUTPUT.format(n=8)),
     # a record struct's padding (u32 then u64: bytes 4-7 never written) goes out as the stack held it, as Linux's
     # privileged programs send it; a key's would not pass (helper_key_padding)
-    Case("perf_event_output_of_a_padded_struct", """
-        *(u32 *)(r10 - 16) = 7
-        *(u64 *)(r10 - 8) = 0
-        r4 = r10
-        r4 += -16
-        r2 = map[5] ll
-        r3 = 0xffffffff ll
-        r5 = 16
-        call perf_event_output
-        r0 = 0
-        exit"""),
+    Case("perf_event_output_of_a_padded_struct",
+         "*(u32 *)(r10 - 16) = 7\n*(u64 *)(r10 - 8) = 0" + PERF_OUTPUT.format(n=16)),
     Case("update_of_a_padded_value", """
         *(u32 *)(r10 - 68) = 3
         *(u32 *)(r10 - 64) = 7
