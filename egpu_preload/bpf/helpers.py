@@ -24,7 +24,8 @@ Argument types (read by the verifier; the VM and translator dispatch on ``name``
 - ``func``       a static function's address (lddw of a function, Linux's PTR_TO_FUNC): a callback
 - ``callback_ctx`` what the callback gets in r2: a pointer to the stack or a map value, or a scalar (NULL)
 
-Return types: ``int``, ``void``, ``map_value_or_null``, ``ringbuf_mem_or_null``.
+Return types: ``int``, ``void``, ``map_value_or_null``, ``ringbuf_mem_or_null``, ``size_or_errno`` (at most
+the ``size`` argument, or -errno: a string read's bytes, its NUL included; Linux's do_refine_retval_range).
 Nothing here may wait on the host (DESIGN.md 2).
 """
 
@@ -96,9 +97,9 @@ HELPERS: dict[int, Helper] = {h.id: h for h in (
     # _str forms copy up to a NUL or size - 1 bytes, then a NUL, and return the length with it. bpf_probe_read
     # and its _str form read a user address as x86's do (the process has no kernel memory to read).
     Helper(4, "probe_read", ("mem_out", "size", "anything"), "int", in_process=True),
-    Helper(45, "probe_read_str", ("mem_out", "size", "anything"), "int", in_process=True),
+    Helper(45, "probe_read_str", ("mem_out", "size", "anything"), "size_or_errno", in_process=True),
     Helper(112, "probe_read_user", ("mem_out", "size", "anything"), "int", in_process=True),
-    Helper(114, "probe_read_user_str", ("mem_out", "size", "anything"), "int", in_process=True),
+    Helper(114, "probe_read_user_str", ("mem_out", "size", "anything"), "size_or_errno", in_process=True),
     Helper(25, "perf_event_output", ("ctx", "map", "anything", "record", "size"), "int"),
     # bpf_loop(nr_loops, callback, callback_ctx, flags), Linux's (kernel/bpf/bpf_iter.c): callback(index,
     # callback_ctx) for index 0, 1, ... below nr_loops (its low 32 bits, at most MAX_LOOPS, else -E2BIG and no

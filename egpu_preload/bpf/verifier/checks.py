@@ -45,8 +45,6 @@ MAP_TYPES_FOR_HELPER = {
     "map_peek_elem": frozenset({MAP_QUEUE, MAP_STACK, MAP_BLOOM_FILTER}),
 }
 _WRITES_MAP = frozenset({"map_update_elem", "map_delete_elem", "map_push_elem", "map_pop_elem"})
-# Helpers returning the bytes they wrote of a string, at most their size argument (r2), or -errno
-_STR_READS = frozenset({"probe_read_str", "probe_read_user_str"})
 _MAX_ERRNO = 4095
 # Helpers declared variadic in C (bpf_printk): the registers of arguments the format does not use hold
 # whatever clang left there, unset or a pointer, so their "anything" arguments take any value.
@@ -757,10 +755,10 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
         return []
     if h.name == "loop":
         return _loop(env, st, insn, callback)
-    longest = f.regs[2].umax if h.name in _STR_READS else None
+    longest = f.regs[h.args.index("size") + 1].umax if h.ret == "size_or_errno" else 0
     for r in range(1, 6):
         f.regs[r] = NOT_INIT_VALUE
-    if longest is not None:   # the bytes read, NUL included, or -errno (the kernel's do_refine_retval_range)
+    if h.ret == "size_or_errno":   # the kernel's do_refine_retval_range
         f.regs[0] = bounded(smin=-_MAX_ERRNO, smax=longest)
     elif h.ret == "map_value_or_null":
         f.regs[0] = pointer(MAP_VALUE_OR_NULL, aux=m, id=env.new_id())
