@@ -142,6 +142,27 @@ def test_facts_for_the_translator():
     assert dict(rb.regions) == {8: "ringbuf_mem"} and dict(rb.maps) == {0: 2, 4: 2}
 
 
+FORKED_KEY_AND_OPERAND = """
+    call get_prandom_u32
+    r6 = 1
+    *(u32 *)(r10 - 4) = 0
+    if r0 == 0 goto other
+    goto join
+other:
+    r6 = {op}
+    *(u32 *)(r10 - 4) = {key}
+join:
+    r2 = r10
+    r2 += -4
+    r1 = map[1] ll
+    call map_lookup_elem
+    if r0 == 0 goto out
+    lock *(u64 *)(r0 + 0) += r6
+out:
+    r0 = 0
+    exit"""
+
+
 @pytest.mark.parametrize("text, consts, arg_align, arg_stack, dead", [
     # a constant key and a constant atomic operand; the key slot is 4-aligned
     ("*(u32 *)(r10 - 4) = 3\nr2 = r10\nr2 += -4\nr1 = map[1] ll\ncall map_lookup_elem\n"
@@ -152,6 +173,10 @@ def test_facts_for_the_translator():
      "if r0 == 0 goto l\nr2 += -8\nl:\nr1 = map[1] ll\ncall map_lookup_elem\nif r0 == 0 goto out\n"
      "r1 = *(u64 *)(r0 + 8)\nlock *(u64 *)(r0 + 0) += r1\nout:\nr0 = 0\nexit",
      {}, {(9, 2): 8}, {}, []),
+    # a key, then an operand, that differ only on paths met again before them (join, pc 7): both paths count
+    # (precision.py), the constants being the translator's to fold
+    (FORKED_KEY_AND_OPERAND.format(key=1, op=1), {13: 1}, {(11, 2): 4}, {(11, 2): -4}, []),
+    (FORKED_KEY_AND_OPERAND.format(key=0, op=2), {11: 0}, {(11, 2): 4}, {(11, 2): -4}, []),
     # a branch the verifier decides: the other side is dead
     ("r1 = 1\nif r1 == 1 goto out\nr1 = 2\nout:\nr0 = 0\nexit", {}, {}, {}, [2]),
 ])
@@ -198,6 +223,33 @@ def test_pruning_keeps_many_paths_cheap():
     body = "\n".join(f"call get_lane_id\nif r0 > {i} goto +1\nr6 = {i}" for i in range(24))
     v = verify(assemble(f"r6 = 0\n{body}\nr0 = r6\nexit"), [])
     assert v.processed < 2000
+
+
+def test_pruning_leaves_out_scalars_no_check_reads():
+    # a count of matches over 512 slots: no check reads the count, so paths that differ only in it meet (the
+    # kernel's precision tracking); compared exactly, the loop's header would see 512 * 513 / 2 states
+    text = """
+        r6 = 0
+        r7 = 0
+    loop:
+        *(u32 *)(r10 - 4) = r7
+        r2 = r10
+        r2 += -4
+        r1 = map[0] ll
+        call map_lookup_elem
+        if r0 == 0 goto next
+        r1 = *(u64 *)(r0 + 0)
+        if r1 < 100 goto next
+        r6 += 1
+    next:
+        r7 += 1
+        if r7 < 512 goto loop
+        r0 = r6
+        exit"""
+    assert verify(assemble(text), list(MAPS), max_insns=50_000).processed < 20_000
+    with pytest.raises(VerifierError, match="program too complex"):   # a count read as a size is compared exactly
+        verify(assemble(text.replace("r0 = r6", "r1 = r10\nr1 += -8\nr2 = r6\nr2 &= 8\ncall get_current_comm")),
+               list(MAPS), max_insns=50_000)
 
 
 def test_decode_errors_name_the_file():

@@ -77,6 +77,15 @@ PERF_OUTPUT = """
     call perf_event_output
     r0 = 0
     exit"""
+# r6 = 0 on the path explored first (the branch's fall-through), {big} on the other; both then reach `join`, pc 5.
+PRECISION_FORK = """
+    call get_prandom_u32
+    r6 = 0
+    if r0 == 0 goto big
+    goto join
+big:
+    r6 = {big}
+join:"""
 # bpf_loop(4, cb, NULL, 0), pc 0..5, returning 0; the callback's code follows at pc 8.
 LOOP_NULL = "r1 = 4\nr3 = 0\n" + LOOP_CALL + "r0 = 0\nexit\ncb:\n"
 
@@ -767,6 +776,104 @@ REJECT: tuple[Case, ...] = (
     out:
         r0 = 0
         exit""", "r1 leaks addr into map_value", 16),
+    # precision (verifier/precision.py): the path explored first reaches `join` with r6 = 0 and is safe, the other
+    # brings a value the first path's checks read there (an offset, a branch decided, a size), so it is not pruned
+    Case("precision_offset", PRECISION_FORK.format(big=64) + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r0 += r6
+        r0 = *(u64 *)(r0 + 0)
+    out:
+        r0 = 0
+        exit""", "value_size=64 off=64 size=8", 13),
+    Case("precision_through_a_spill", """
+        call get_prandom_u32
+        *(u64 *)(r10 - 16) = 0
+        if r0 == 0 goto big
+        goto join
+    big:
+        r1 = 64
+        *(u64 *)(r10 - 16) = r1
+    join:""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r1 = *(u64 *)(r10 - 16)
+        r0 += r1
+        r0 = *(u64 *)(r0 + 0)
+    out:
+        r0 = 0
+        exit""", "value_size=64 off=64 size=8", 15),
+    Case("precision_decided_branch", PRECISION_FORK.format(big=1) + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        if r6 == 0 goto out
+        r0 = *(u64 *)(r0 + 64)
+    out:
+        r0 = 0
+        exit""", "value_size=64 off=64 size=8", 13),
+    # r7 is no check's, but the first path's r7 bounds r6 through their link; the other's r7 does not
+    Case("precision_linked", """
+        call get_prandom_u32
+        r6 = r0
+        call get_prandom_u32
+        if r0 == 0 goto other
+        r7 = r6
+        goto join
+    other:
+        r8 = r6
+        call get_prandom_u32
+        r7 = r0
+    join:
+        if r7 > 7 goto out""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r6 <<= 3
+        r0 += r6
+        r0 = *(u64 *)(r0 + 0)
+    out:
+        r0 = 0
+        exit""", "unbounded variable offset into map_value", 19),
+    Case("precision_callee_arg", PRECISION_FORK.format(big=64) + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r1 = r0
+        r2 = r6
+        call local sub
+    out:
+        r0 = 0
+        exit
+    sub:
+        r1 += r2
+        r0 = *(u64 *)(r1 + 0)
+        exit""", "value_size=64 off=64 size=8", 18),
+    Case("precision_callee_result", PRECISION_FORK.format(big=64) + """
+        r1 = r6
+        call local sub
+        r6 = r0""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r0 += r6
+        r0 = *(u64 *)(r0 + 0)
+    out:
+        r0 = 0
+        exit
+    sub:
+        r0 = r1
+        exit""", "value_size=64 off=64 size=8", 16),
+    Case("precision_callback_index", PRECISION_FORK.replace("r6 = 0", "r6 = 1").format(big=9) + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r1 = r6
+        r3 = r0""" + LOOP_CALL + """
+    out:
+        r0 = 0
+        exit
+    cb:
+        r1 <<= 3
+        r2 += r1
+        r0 = *(u64 *)(r2 + 0)
+        r0 = 0
+        exit""", "value_size=64 off=0+[0, 64] size=8", 22),
+    Case("precision_size", PRECISION_FORK.replace("r6 = 0", "r6 = 8").format(big=16) + """
+        r1 = r10
+        r1 += -8
+        r2 = r6
+        call get_current_comm
+        r0 = 0
+        exit""", "invalid stack access off=-8 size=16", 8),
     # a subprogram may leave r0 unset; its caller may then not read it
     Case("subprogram_r0_unset_and_read", "call local sub\nr1 = r0\nr0 = 0\nexit\nsub:\nexit",
          "r0 is not initialized (!read_ok)", 1),
@@ -1635,6 +1742,51 @@ int printk_len(struct egpu_ctx *ctx)
 
 	if (n > 0 && n <= 32)
 		bpf_trace_printk(buf, n, ctx->site);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";
+""",
+    "counts_over_a_map": r"""/* Counts kept in registers over 512 lookups: refused as too complex until pruning left out
+ * what no check reads (verifier/precision.py); the loop's index, which bounds it and keys the lookup, stays
+ * exact. */
+#include "egpu.bpf.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 512);
+	__type(key, __u32);
+	__type(value, __u64);
+} slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+} out SEC(".maps");
+
+SEC("kretprobe/*")
+int hot_slots(struct egpu_ctx *ctx)
+{
+	__u64 hot = 0, cold = 0;
+
+	for (__u32 i = 0; i < 512; i++) {
+		__u64 *v = bpf_map_lookup_elem(&slots, &i);
+
+		if (v && *v > 100)
+			hot++;
+		else if (v && *v == 0)
+			cold++;
+	}
+	__u32 k = 0;
+	__u64 *o = bpf_map_lookup_elem(&out, &k);
+	if (o)
+		*o = hot;
+	k = 1;
+	o = bpf_map_lookup_elem(&out, &k);
+	if (o)
+		*o = cold;
 	return 0;
 }
 

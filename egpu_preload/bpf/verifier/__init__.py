@@ -3,7 +3,8 @@
 In the spirit of the Linux verifier and PREVAIL: a static pass over the control flow (cfg.py), then
 abstract interpretation of every path (checks.py does each instruction), path-sensitive like the
 kernel. States are remembered at jump targets; a state covered by one already explored to the end
-is pruned, one equal to a state still on the current path is an infinite loop, and a budget of
+is pruned (where that exploration read no scalar's bounds, any scalar covers it: precision.py), one
+equal to a state still on the current path is an infinite loop, and a budget of
 processed instructions bounds everything else ("program too complex"), like the kernel's 1M, and so
 does a cap on branches waiting to be explored, like the kernel's 8192 (a loop that leaves a branch
 behind each round is refused in thousands of rounds, not a million instructions).
@@ -35,6 +36,7 @@ from ..sections import DIRECTLY_RUN, parse_section
 from . import cfg as cfg_mod
 from .cfg import Cfg, Reject
 from .checks import STEP, Env, no_leaked_refs
+from .precision import Step, back, everything
 from .state import State, covers, fmt_state, key, widen
 
 MAX_INSNS = 1_000_000
@@ -100,17 +102,22 @@ def budget_note(v: VerifiedProgram) -> str:
 
 class _Visit:
     """A state remembered at a prune point; ``pending`` counts the paths from it still being explored;
-    ``nth``: at a loop header, how many earlier visits of it the path made in this invocation."""
+    ``nth``: at a loop header, how many earlier visits of it the path made in this invocation; ``steps``: the
+    instructions from the parent's pc to this one, while paths below may still trace a value back through
+    them; ``precise``: the registers and slots (precision.py) some check below read, complete once none is
+    pending."""
 
-    __slots__ = ("parent", "pending", "state", "pc", "depth", "nth")
+    __slots__ = ("parent", "pending", "state", "pc", "depth", "nth", "steps", "precise")
 
-    def __init__(self, parent: "_Visit | None", state: State, pc: int, nth: int) -> None:
+    def __init__(self, parent: "_Visit | None", state: State, pc: int, nth: int, steps: list[Step]) -> None:
         self.parent = parent
         self.pending = 1
         self.state: State | None = state
         self.pc = pc
         self.depth = len(state.frames)
         self.nth = nth
+        self.steps: list[Step] | None = steps
+        self.precise: set[int] = set()
 
 
 def _rounds_apart(visit: _Visit | None, same: _Visit, calls: frozenset[int]) -> bool:
@@ -129,6 +136,7 @@ def _finish(visit: _Visit | None) -> None:
         visit.pending -= 1
         if visit.pending:
             return
+        visit.steps = None
         visit = visit.parent
 
 
@@ -229,11 +237,13 @@ class _Search:
 
     def run(self, file: str | None, section: str | None) -> None:
         cfg, env = self.cfg, self.env
-        work: list[tuple[State, int, _Visit | None, tuple | None]] = [(State.entry(), 0, None, None)]  # DFS
+        work: list[tuple[State, int, _Visit | None, tuple | None, list[Step]]] = \
+            [(State.entry(), 0, None, None, [])]  # DFS
         while work:
-            st, pc, visit, trace = work.pop()
+            st, pc, visit, trace, steps = work.pop()
             try:
                 while True:
+                    depth = len(st.frames)
                     if pc in cfg.prune:
                         live = _live(cfg, st, pc)
                         wide, nth, again = False, 0, False
@@ -241,7 +251,8 @@ class _Search:
                             st, wide, nth = self._round(st, pc, visit, live)
                         elif pc in cfg.loop_calls:
                             st, again = self._again(st, pc, visit, live)
-                        if st is None:
+                        if st is None:   # covered by a round whose reads are not all known yet: it needs all
+                            self._trace_back(visit, steps, pc, depth, everything(depth))
                             _finish(visit)
                             break
                         k = key(st, live)
@@ -249,13 +260,19 @@ class _Search:
                         if same is not None:
                             if same.pending and not again and not _rounds_apart(visit, same, cfg.loop_calls):
                                 raise Reject("infinite loop detected: the same state comes back here (loop)")
+                            self._trace_back(visit, steps, pc, depth, everything(depth) if same.pending else
+                                             same.precise)
                             _finish(visit)
                             break
                         done = self.recent.setdefault(pc, [])
-                        if any(not old.pending and covers(old.state, st, live) for old in done):
+                        old = next((old for old in done if not old.pending and covers(old.state, st, live,
+                                                                                      old.precise)), None)
+                        if old is not None:   # what old's exploration read, this path's values must be within
+                            self._trace_back(visit, steps, pc, depth, old.precise)
                             _finish(visit)
                             break
-                        visit = _Visit(visit, st.copy(), pc, nth)
+                        visit = _Visit(visit, st.copy(), pc, nth, steps)
+                        steps = []
                         self.seen[pc][k] = visit
                         done.append(visit)
                         if wide:
@@ -272,20 +289,41 @@ class _Search:
                     insn = cfg.at[pc]
                     self.reached.add(pc)
                     trace = _traced(trace, pc)
+                    env.touched = None
                     succ = STEP[insn.kind](env, st, insn)
+                    if env.wants:
+                        self._trace_back(visit, steps, pc, depth, set(env.wants))
+                        env.wants.clear()
+                    steps.append(Step(pc, depth, env.touched))
                     if not succ:
                         _finish(visit)
                         break
                     for other, other_pc in succ[1:]:
                         if visit is not None:
                             visit.pending += 1
-                        work.append((other, other_pc, visit, trace))
+                        work.append((other, other_pc, visit, trace, list(steps)))
                     if len(work) > MAX_PENDING:  # a long loop: each round leaves a branch behind
                         raise Reject(f"the sequence of {len(work)} jumps is too complex: more than {MAX_PENDING} "
                                      "branches wait to be explored (jump sequence)")
                     st, pc = succ[0]
             except Reject as r:
                 raise _error(r, pc, list(cfg.insns), env.maps, (st, trace), file, section) from None
+
+    def _trace_back(self, visit: _Visit | None, steps: list[Step], pc: int, depth: int, need: set[int]) -> None:
+        """Mark ``need``, the registers and slots read at ``pc`` (``depth`` frames), precise back along the path:
+        in every remembered state above it, as what they were there, until none is left or a state has them all
+        (the kernel's mark_chain_precision)."""
+        nxt = (pc, depth)
+        while True:
+            for step in reversed(steps):
+                need = back(self.cfg, step, nxt, need)
+                if not need:
+                    return
+                nxt = (step.pc, step.depth)
+            if visit is None or need <= visit.precise:
+                return
+            visit.precise |= need
+            steps, visit = visit.steps, visit.parent
 
     def _again(self, st: State, pc: int, visit: _Visit | None, live: list[int]) -> tuple[State | None, bool]:
         """A path at a bpf_loop call, and whether a round of its callback brought it back (the path's last visit

@@ -24,6 +24,7 @@ from ..program import (MAP_ARRAY, MAP_BLOOM_FILTER, MAP_PERCPU_ARRAY, MAP_PERF_E
                        MapDef)
 from . import arith
 from .cfg import Cfg, Reject
+from .precision import reg_key, slot_key
 from .state import SPILL_BYTES, UNINIT_SLOT_BYTES, Frame, Slot, State, fmt_value
 from .value import (CTX, FUNC, MAP_PTR, MAP_VALUE, MAP_VALUE_OR_NULL, NOT_INIT, NOT_INIT_VALUE, OR_NULL, RINGBUF_MEM,
                     RINGBUF_MEM_OR_NULL, SCALAR, STACK, UNKNOWN, Value, bounded, const, intersect, pointer, s64,
@@ -79,7 +80,7 @@ class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
     __slots__ = ("cfg", "maps", "layout", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack",
-                 "ctx_reads", "ctx_at", "value_uses", "pointers_read", "callbacks", "_last_id")
+                 "ctx_reads", "ctx_at", "value_uses", "pointers_read", "callbacks", "wants", "touched", "_last_id")
 
     def __init__(self, cfg: Cfg, maps: list[MapDef], layout: egpu_ctx.Layout = egpu_ctx.EGPU_CTX) -> None:
         self.cfg = cfg
@@ -96,6 +97,10 @@ class Env:
         self.value_uses: dict[int, set[str]] = {}
         self.pointers_read: dict[DataPointer, None] = {}   # unrelocated addresses read from global data, in order
         self.callbacks: dict[int, int] = {}   # pc of a bpf_loop call -> its callback's pc
+        # of the instruction being checked, for the search (precision.py): the registers and slots (keys) whose
+        # values a check read, and the stack slot a fixed-offset access touched, (frame, slot, bytes)
+        self.wants: list[int] = []
+        self.touched: tuple[int, int, int] | None = None
         self._last_id = 0
 
     def new_id(self) -> int:
@@ -152,6 +157,10 @@ class Env:
     def note_depth(self, state: State, frame: int, lowest: int) -> None:
         sub = state.frames[frame].subprog
         self.depth[sub] = max(self.depth[sub], -lowest)
+
+    def want(self, state: State, *regs: int) -> None:
+        """Registers of the running frame whose values a check reads (their bounds, or what they are)."""
+        self.wants.extend(reg_key(len(state.frames) - 1, r) for r in regs)
 
 
 # ---- registers ------------------------------------------------------------------------------------------
@@ -228,6 +237,10 @@ def _alu(env: Env, st: State, insn: Insn) -> Succ:
             raise Reject(f"arithmetic on a function's address prohibited (r{r} is func): it is bpf_loop's callback "
                          "and nothing else")
     if a.is_pointer or b.is_pointer:
+        if not a.is_pointer:       # the scalar's bounds become the pointer's offset
+            env.want(st, insn.dst)
+        elif not b.is_pointer and not insn.use_imm:
+            env.want(st, insn.src)
         if insn.width == 32:
             p = insn.dst if a.is_pointer else insn.src
             raise Reject(f"32-bit arithmetic on a pointer prohibited (r{p} is {(a if a.is_pointer else b).kind})")
@@ -346,6 +359,7 @@ def _atomic(env: Env, st: State, insn: Insn) -> Succ:
     _access(env, st, insn, insn.dst, base, "atomic")
     if insn.atomic_op == "add":  # a constant added by every lane aggregates across a warp
         env.note_const(insn.pc, operand.tv if operand.is_const else None)
+        env.want(st, insn.src)
     old = sized(insn.size)  # the old value, zero-extended for the 32-bit forms
     if cmpxchg:
         f.regs[0] = old
@@ -491,6 +505,7 @@ def _stack(env: Env, st: State, ptr: Value, fixed: int, size: int, mode: str, va
     f = st.frames[ptr.aux]
     if not ptr.is_const:
         return _stack_var(f, lo, hi, size, mode, value, signed)
+    env.touched = (ptr.aux, _slot_of(fixed)[0], size)
     out = UNKNOWN
     if mode != "write":
         out = _stack_read(f, fixed, size, signed, mode == "atomic")
@@ -590,12 +605,16 @@ def _jmp(env: Env, st: State, insn: Insn) -> Succ:
         raise Reject(f"comparison of a function's address prohibited (r{insn.dst} is {a.kind}"
                      + ("" if insn.use_imm else f", r{insn.src} is {b.kind}") + "): it is bpf_loop's callback and "
                      "nothing else")
+    operands = (insn.dst,) if insn.use_imm else (insn.dst, insn.src)
     if a.is_pointer or b.is_pointer:
+        env.want(st, *(r for r in operands if f.regs[r].kind == SCALAR))   # a null check's 0
         for v in (a, b) if a.is_pointer and b.is_pointer else ():
             if v.kind in (MAP_VALUE, MAP_VALUE_OR_NULL):   # compared by address: one row per lookup (striping.py)
                 env.note_use(v.aux, "address")
         return _null_check(st, insn, a, b, target, nxt)
     known, taken, fallen = arith.branch(insn.op, insn.width, a, b)
+    if known is not None or taken is None or fallen is None:
+        env.want(st, *operands)   # their bounds decide the way: a state they differ in may go the other
     if known is not None:
         return [(st, target if known else nxt)]
     if taken is not None and fallen is not None:
@@ -704,13 +723,18 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
                         unwritten=arg == "value" and md.type != MAP_BLOOM_FILTER)
             if arg == "key":  # a constant key folds to an address
                 env.note_const(insn.pc, _stack_const(st, v, need))
+                if v.kind == STACK and v.is_const and need <= 8:
+                    o = v.off + v.smin
+                    env.wants.extend(slot_key(v.aux, k) for k in range(_slot_of(o + need - 1)[0], _slot_of(o)[0] + 1))
         elif arg in ("mem", "mem_out", "record"):
             mem = (n, v, arg)
         elif arg == "size":
+            env.want(st, n)
             _size_arg(h, n, v)
             _helper_mem(env, st, h, mem[0], mem[1], v.umax, write=mem[2] == "mem_out",
                         unwritten=mem[2] == "record")
         elif arg == "const_size":
+            env.want(st, n)
             if v.kind != SCALAR or not v.is_const:
                 raise Reject(f"r{n} is not a constant: {h.name} needs a size known when verifying (arg{n})")
             if v.tv > env.maps[m].max_entries:
@@ -720,6 +744,7 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
         elif arg == "u64_out":
             _helper_mem(env, st, h, n, v, 8, write=True)
         elif arg == "ctx":
+            env.want(st, n)
             if not ((v.kind == CTX and v.off == 0 and v.is_const) or (v.kind == SCALAR and v.is_const and v.tv == 0)):
                 raise Reject(f"r{n} is {v.kind}, {h.name} needs the unmodified ctx pointer from r1 (arg{n})")
         elif arg == "func":
@@ -745,6 +770,8 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
             env.note_arg(st, insn.pc, n, v)
     if h.name == "trace_printk":
         _printk_format(env, f.regs[1], f.regs[2])
+    if h.name == "map_update_elem":
+        env.want(st, 4)   # BPF_NOEXIST or not: whether an array's slot may change
     if m is not None and h.name != "map_lookup_elem" and not (h.name == "map_update_elem" and _noexist(f.regs[4])):
         env.note_use(m, "helper")
     if release:
@@ -902,6 +929,7 @@ def _loop(env: Env, st: State, insn: Insn, callback: int) -> Succ:
     at most MAX_LOOPS), r2 the ctx, r3-r5 unset; its exit comes back here (_exit), with whatever it wrote
     through the ctx in the caller's frames, until the search finds a round covered (verifier's _Search)."""
     env.note_callback(insn.pc, callback)
+    env.want(st, 1)   # nr_loops bounds the index
     f = st.top
     nr = f.regs[1]
     rounds = min(nr.umax if nr.umax <= M32 else M32, MAX_LOOPS)
@@ -930,6 +958,7 @@ def _exit(env: Env, st: State, insn: Insn) -> Succ:
     if r0.kind == NOT_INIT and len(st.frames) == 1:
         raise Reject("r0 is not initialized at exit (!read_ok)")
     if len(st.frames) > 1 and st.top.callsite in env.cfg.loop_calls:   # a callback's round ends: the next, or not
+        env.want(st, 0)
         if r0.kind != SCALAR or r0.umax > 1:
             raise Reject(f"the callback returns {'nothing' if r0.kind == NOT_INIT else fmt_value(r0, env.maps)}: "
                          "bpf_loop's callback returns 0 (go on) or 1 (stop) (callback return)")

@@ -8,9 +8,10 @@ scalar survives a spill and fill.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import AbstractSet, Callable, NamedTuple
 
 from ..program import MapDef
+from .precision import reg_key, slot_key
 from .value import (FUNC, M32, MAP_PTR, NOT_INIT, NOT_INIT_VALUE, S32_MAX, S32_MIN, SCALAR, STACK, UNKNOWN, Value,
                     bounded, contains, fits_s32, pointer, s64)
 
@@ -142,26 +143,43 @@ def _covers(old: Value, new: Value, ids: _Ids) -> bool:
     return old.kind in (MAP_PTR, STACK, "ctx", "map_value") or ids.same(old.id, new.id)
 
 
-def covers(old: State, new: State, live: list[int]) -> bool:
+def covers(old: State, new: State, live: list[int], precise: AbstractSet[int] | None = None) -> bool:
     """Whether every concrete state of ``new`` is one of ``old``'s (so ``old``'s safe exploration
-    covers ``new``). ``live`` is the live-register mask per frame."""
+    covers ``new``). ``live`` is the live-register mask per frame; ``precise``: the registers and slots
+    (precision.py keys) whose bounds old's exploration read, None for all. Any scalar covers any other scalar
+    elsewhere, but one linked to a precise one: a branch on it narrows that one too."""
     if len(old.frames) != len(new.frames) or len(old.refs) != len(new.refs):
         return False
+    loose = _imprecise(old, precise) if precise is not None else set()
     ids = _Ids()
-    for fo, fn, mask in zip(old.frames, new.frames, live):
+    for i, (fo, fn, mask) in enumerate(zip(old.frames, new.frames, live)):
         if fo.callsite != fn.callsite:
             return False
         for r in range(11):
-            if mask >> r & 1 and not _covers(fo.regs[r], fn.regs[r], ids):
+            if not mask >> r & 1:
+                continue
+            if reg_key(i, r) in loose:
+                if fn.regs[r].kind != SCALAR:
+                    return False
+            elif not _covers(fo.regs[r], fn.regs[r], ids):
                 return False
         for k, so in fo.stack.items():
-            if not _slot_covers(so, fn.stack.get(k), ids):
+            if not _slot_covers(so.as_data() if slot_key(i, k) in loose else so, fn.stack.get(k), ids):
                 return False
     for o in sorted(old.refs):  # references no register points to any more pair up in order
         n = ids.fwd.get(o) or next((n for n in sorted(new.refs) if n not in ids.back), 0)
         if n not in new.refs or not ids.same(o, n):
             return False
     return True
+
+
+def _imprecise(old: State, precise: AbstractSet[int]) -> set[int]:
+    """The keys of old's scalars, in registers or spilled, that no check read and that no precise one links to."""
+    values = [(reg_key(n, r), v) for n, f in enumerate(old.frames) for r, v in enumerate(f.regs)]
+    values += [(slot_key(n, k), s.spill) for n, f in enumerate(old.frames) for k, s in f.stack.items()
+               if s.spill is not None]
+    linked = {v.id for key, v in values if v.id and key in precise}
+    return {key for key, v in values if v.kind == SCALAR and key not in precise and v.id not in linked}
 
 
 def _slot_covers(old: Slot, new: Slot | None, ids: _Ids) -> bool:
