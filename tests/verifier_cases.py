@@ -829,6 +829,25 @@ REJECT: tuple[Case, ...] = (
     out:
         r0 = 0
         exit""", "unbounded variable offset into map_value", 19),
+    # r8 is a copy of r6: comparing r6 with r9 bounds r8 by r9, which is then no register of the offset's own
+    Case("precision_through_a_linked_compare", """
+        call get_prandom_u32
+        r6 = r0
+        r8 = r6
+        call get_prandom_u32
+        r9 = 8
+        if r0 == 0 goto big
+        goto join
+    big:
+        r9 = 200
+    join:
+        if r6 > r9 goto out""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        r0 += r8
+        r0 = *(u8 *)(r0 + 0)
+    out:
+        r0 = 0
+        exit""", "value_size=64 off=0+[0, 200] size=1", 17),
     Case("precision_callee_arg", PRECISION_FORK.format(big=64) + LOOKUP_ARR + """
         if r0 == 0 goto out
         r1 = r0

@@ -289,12 +289,12 @@ class _Search:
                     insn = cfg.at[pc]
                     self.reached.add(pc)
                     trace = _traced(trace, pc)
-                    env.touched = None
+                    env.touched, env.linked = None, frozenset()
                     succ = STEP[insn.kind](env, st, insn)
                     if env.wants:
                         self._trace_back(visit, steps, pc, depth, set(env.wants))
                         env.wants.clear()
-                    steps.append(Step(pc, depth, env.touched))
+                    steps.append(Step(pc, depth, env.touched, env.linked))
                     if not succ:
                         _finish(visit)
                         break

@@ -80,7 +80,8 @@ class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
     __slots__ = ("cfg", "maps", "layout", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack",
-                 "ctx_reads", "ctx_at", "value_uses", "pointers_read", "callbacks", "wants", "touched", "_last_id")
+                 "ctx_reads", "ctx_at", "value_uses", "pointers_read", "callbacks", "wants", "touched", "linked",
+                 "_last_id")
 
     def __init__(self, cfg: Cfg, maps: list[MapDef], layout: egpu_ctx.Layout = egpu_ctx.EGPU_CTX) -> None:
         self.cfg = cfg
@@ -98,9 +99,11 @@ class Env:
         self.pointers_read: dict[DataPointer, None] = {}   # unrelocated addresses read from global data, in order
         self.callbacks: dict[int, int] = {}   # pc of a bpf_loop call -> its callback's pc
         # of the instruction being checked, for the search (precision.py): the registers and slots (keys) whose
-        # values a check read, and the stack slot a fixed-offset access touched, (frame, slot, bytes)
+        # values a check read, the stack slot a fixed-offset access touched, (frame, slot, bytes), and the values a
+        # conditional jump narrows through their links
         self.wants: list[int] = []
         self.touched: tuple[int, int, int] | None = None
+        self.linked: frozenset[int] = frozenset()
         self._last_id = 0
 
     def new_id(self) -> int:
@@ -612,6 +615,9 @@ def _jmp(env: Env, st: State, insn: Insn) -> Succ:
             if v.kind in (MAP_VALUE, MAP_VALUE_OR_NULL):   # compared by address: one row per lookup (striping.py)
                 env.note_use(v.aux, "address")
         return _null_check(st, insn, a, b, target, nxt)
+    ids = {v.id for v in (a, b) if v.id}
+    if ids:
+        env.linked = frozenset(_keys_of(st, ids))
     known, taken, fallen = arith.branch(insn.op, insn.width, a, b)
     if known is not None or taken is None or fallen is None:
         env.want(st, *operands)   # their bounds decide the way: a state they differ in may go the other
@@ -623,6 +629,14 @@ def _jmp(env: Env, st: State, insn: Insn) -> Succ:
     if fallen is not None:
         return [(_narrowed(st, insn, fallen), nxt)]
     return [(_narrowed(st, insn, taken), target)] if taken is not None else []
+
+
+def _keys_of(st: State, ids: set[int]) -> list[int]:
+    """The registers and spills (precision.py keys) holding a scalar of one of ``ids``."""
+    keys = [reg_key(n, r) for n, f in enumerate(st.frames) for r, v in enumerate(f.regs)
+            if v.kind == SCALAR and v.id in ids]
+    return keys + [slot_key(n, k) for n, f in enumerate(st.frames) for k, s in f.stack.items()
+                   if s.spill is not None and s.spill.kind == SCALAR and s.spill.id in ids]
 
 
 def _narrowed(s: State, insn: Insn, ops: tuple[Value, Value]) -> State:

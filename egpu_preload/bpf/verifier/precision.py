@@ -38,12 +38,14 @@ def everything(depth: int) -> set[int]:
 
 
 class Step(NamedTuple):
-    """One instruction a path ran: its pc, the frames before it ran, and the stack slot a fixed-offset load,
-    store or atomic touched there, as (frame, slot, bytes)."""
+    """One instruction a path ran: its pc, the frames before it ran, the stack slot a fixed-offset load, store or
+    atomic touched there, as (frame, slot, bytes), and, for a conditional jump, the registers and spills linked to
+    its operands (the same id), which its outcome narrows too."""
 
     pc: int
     depth: int
     stack: tuple[int, int, int] | None
+    linked: frozenset[int] = frozenset()
 
 
 def back(cfg: Cfg, step: Step, nxt: tuple[int, int], need: set[int]) -> set[int]:
@@ -98,9 +100,10 @@ def back(cfg: Cfg, step: Step, nxt: tuple[int, int], need: set[int]) -> set[int]
             out.add(src)
             if insn.atomic_op == "cmpxchg":
                 out.add(reg_key(f, 0))
-    elif kind == "jmp":
-        if not insn.use_imm and (dst in need or src in need):
-            out.update((dst, src))
+    elif kind == "jmp":   # the outcome bounds each operand by the other, and every value linked to them
+        operands = {dst} if insn.use_imm else {dst, src}
+        if not need.isdisjoint(operands | step.linked):
+            out.update(operands | step.linked)
     elif kind == "call":   # a helper: r0 its result, r1-r5 clobbered
         out.difference_update(reg_key(f, r) for r in range(6))
     return out
