@@ -25,7 +25,7 @@ from egpu_preload.bpf.program import MAP_ARRAY, MapDef
 from egpu_preload.bpf.verifier import VerifiedProgram, verify
 from egpu_preload.bpf.verifier import arith
 from egpu_preload.bpf.verifier.checks import STEP
-from egpu_preload.bpf.verifier.value import M64, bounded, const, contains
+from egpu_preload.bpf.verifier.value import M32, M64, UNKNOWN, bounded, const, contains, sync
 from egpu_preload.errors import DecodeError, EgpuError, VerifierError, VmError
 from egpu_preload.maps import MapsState
 from egpu_preload.runtime.dump import storage_contents
@@ -340,16 +340,20 @@ _JMPS = tuple(arith.NEGATE)
 _u64 = st.one_of(st.integers(0, 16), st.integers(0, M64), st.integers(M64 - 16, M64), st.integers(0, 300))
 
 
-def _around(x: int, a: int, b: int) -> object:
-    """An abstract value holding the concrete x: a range [x - a, x + b] (clipped)."""
+def _around(x: int, a: int, b: int, low: bool = False) -> object:
+    """An abstract value holding the concrete x: a range [x - a, x + b] (clipped), or with ``low`` any 64-bit
+    value whose low half is in such a range around x's (what a 32-bit compare leaves of a wide unknown)."""
+    if low:
+        lo = x & M32
+        return sync(UNKNOWN._replace(u32min=max(0, lo - a), u32max=min(M32, lo + b)))
     return bounded(max(0, x - a), min(M64, x + b))
 
 
 @settings(max_examples=400, deadline=None)
 @given(x=_u64, y=_u64, a=st.integers(0, 40), b=st.integers(0, 40), c=st.integers(0, 40), d=st.integers(0, 40),
-       op=st.sampled_from(_OPS), width=st.sampled_from((32, 64)))
-def test_alu_results_contain_the_concrete_result(x, y, a, b, c, d, op, width):
-    ax, ay = _around(x, a, b), _around(y, c, d)
+       op=st.sampled_from(_OPS), width=st.sampled_from((32, 64)), low=st.sampled_from(((0, 0), (1, 0), (0, 1))))
+def test_alu_results_contain_the_concrete_result(x, y, a, b, c, d, op, width, low):
+    ax, ay = _around(x, a, b, low[0]), _around(y, c, d, low[1])
     r = alu.binary(op, width, x, y)
     assert contains(arith.alu(op, width, ax, ay), const(r)), (op, width, x, y)
 
@@ -366,9 +370,9 @@ def _holds(op: str, width: int, x: int, y: int) -> bool:
 
 @settings(max_examples=400, deadline=None)
 @given(x=_u64, y=_u64, a=st.integers(0, 40), b=st.integers(0, 40), c=st.integers(0, 40), d=st.integers(0, 40),
-       op=st.sampled_from(_JMPS), width=st.sampled_from((32, 64)))
-def test_branch_refinement_keeps_the_concrete_values(x, y, a, b, c, d, op, width):
-    ax, ay = _around(x, a, b), _around(y, c, d)
+       op=st.sampled_from(_JMPS), width=st.sampled_from((32, 64)), low=st.sampled_from(((0, 0), (1, 0), (0, 1))))
+def test_branch_refinement_keeps_the_concrete_values(x, y, a, b, c, d, op, width, low):
+    ax, ay = _around(x, a, b, low[0]), _around(y, c, d, low[1])
     holds = _holds(op, width, x, y)
     known, taken, fallen = arith.branch(op, width, ax, ay)
     if known is not None:

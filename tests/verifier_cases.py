@@ -119,7 +119,7 @@ REJECT: tuple[Case, ...] = (
         goto top
     cb: r0 = 0
         exit""", "infinite loop detected", 0),
-    # w6 <= 8 leaves the low half the bits of [0, 15] (arith._low_half: Linux keeps [0, 8]); 8 is past it either way
+    # w6 <= 8 bounds the low half to [0, 8], as Linux's u32 bounds do (arith._low_half); 8 is one past the value
     Case("jmp32_bound_one_past_the_value", """
         call get_prandom_u32
         r6 = r0""" + LOOKUP_ARR + """
@@ -130,7 +130,18 @@ REJECT: tuple[Case, ...] = (
         r0 += r6
         r0 = *(u64 *)(r0 + 0)
     out: r0 = 0
-        exit""", "invalid access to map value, value_size=64 off=0+[0, 120] size=8", 13),
+        exit""", "invalid access to map value, value_size=64 off=0+[0, 64] size=8", 13),
+    # the low half's bounds say nothing of the 64-bit value: used whole, it is still unbounded
+    Case("jmp32_bound_is_not_the_whole_value", """
+        call get_prandom_u32
+        r6 = r0""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        if w6 > 5 goto out
+        r6 <<= 3
+        r0 += r6
+        r0 = *(u64 *)(r0 + 0)
+    out: r0 = 0
+        exit""", "unbounded variable offset into map_value", 12),
     Case("loop_too_complex", """
         r0 = 0
     loop:
@@ -1136,6 +1147,31 @@ ACCEPT: tuple[Case, ...] = (
         r0 = *(u64 *)(r0 + 0)
     out: r0 = 0
         exit"""),
+    # a bound that is no power of two: the low half's own bounds keep [0, 5] (Linux's u32 bounds), where its bits
+    # alone would allow 7 and so offset 16 + 56, past the 64-byte value; taken by a 32-bit move, or a mask
+    Case("jmp32_bound_kept_through_a_32bit_move", """
+        call get_prandom_u32
+        r6 = r0""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        if w6 > 5 goto out
+        w1 = w6
+        r1 <<= 3
+        r0 += r1
+        r0 = *(u64 *)(r0 + 16)
+    out: r0 = 0
+        exit"""),
+    Case("jmp32_bound_kept_through_a_mask", """
+        call get_prandom_u32
+        r6 = r0""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        if w6 >= 6 goto out
+        r1 = r6
+        r1 &= 7
+        r1 <<= 3
+        r0 += r1
+        r0 = *(u64 *)(r0 + 16)
+    out: r0 = 0
+        exit"""),
     # nr_loops read from a map value, the callback adding into that value through its ctx
     Case("loop_count_and_ctx_from_a_map_value", LOOKUP_ARR + """
         if r0 == 0 goto out
@@ -1761,6 +1797,40 @@ int printk_len(struct egpu_ctx *ctx)
 
 	if (n > 0 && n <= 32)
 		bpf_trace_printk(buf, n, ctx->site);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";
+""",
+    "low_half_bounds": r"""/* A u32 taken from a 64-bit value and bounded below a power of two: clang compares the w
+ * register, then masks or moves it, and only the low half's own bounds (Linux's u32 bounds) keep each index
+ * inside hist[10]. */
+#include "egpu.bpf.h"
+
+struct val { __u64 hist[10]; __u64 other; };
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct val);
+} m SEC(".maps");
+
+SEC("kprobe/*")
+int buckets(struct egpu_ctx *ctx)
+{
+	__u32 k = 0;
+	struct val *v = bpf_map_lookup_elem(&m, &k);
+
+	if (!v)
+		return 0;
+	__u64 t = bpf_ktime_get_ns();
+	__u32 i = t;
+	if (i < 10)
+		v->hist[i]++;
+	__u32 j = (t >> 7) % 11;
+	if (j < 10)
+		__sync_fetch_and_add(&v->hist[j], 1);
 	return 0;
 }
 

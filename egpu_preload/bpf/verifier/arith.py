@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .. import alu as concrete
 from .value import (M32, M64, S64_MAX, S64_MIN, SCALAR, UNKNOWN, Value, bounded, const, fits_s32, fits_u32,
-                    intersect, lo32, s64, sext32, sync, t_add, t_and, t_arsh, t_mul, t_or, t_range, t_sub, t_xor)
+                    intersect, lo32, s64, sext32, sync, t_add, t_and, t_arsh, t_mul, t_or, t_sub, t_xor)
 
 
 def _t(v: Value) -> tuple[int, int]:
@@ -80,8 +80,9 @@ def _binary(op: str, a: Value, b: Value, bits: int) -> Value:
         return _div(a, b)
     if op == "mod":
         return _mod(a, b)
-    if op == "and":
-        return bounded(0, min(a.umax, b.umax), t=t_and(_t(a), _t(b)))
+    if op == "and":   # under a mask of 32 bits, at most the other's low half (clang's r1 &= 0xf after w1 < 10)
+        hi = min(a.umax, b.umax, *(lo32(x).umax for x, mask in ((a, b), (b, a)) if mask.umax <= M32))
+        return bounded(0, hi, t=t_and(_t(a), _t(b)))
     if op == "or":
         return bounded(max(a.umin, b.umin), t=t_or(_t(a), _t(b)))
     if op == "xor":
@@ -271,16 +272,11 @@ def _back32(views: tuple[Value, Value] | None, a: Value, b: Value, signed: bool)
 
 
 def _low_half(full: Value, view: Value) -> Value | None:
-    """``full``, wider than 32 bits, knowing that its low 32 bits are a value of ``view`` (in [0, 2**32)): its
-    tnum's low half narrowed to the bits view's range and tnum fix (the kernel's __reg_bound_offset), so that a
-    32-bit compare bounds what a 32-bit move or a mask then takes of it (``if (w0 < 64)`` before ``w1 = w0``);
-    None where they contradict what full's tnum knows (the branch cannot be taken). Only the bits are kept: a
-    bound below a power of two other than it, ``w0 < 10``, leaves [0, 15], where Linux, which keeps a register's
-    32-bit bounds apart from its 64-bit ones, keeps [0, 9]."""
-    known = [(full.tv, full.tm), t_range(view.umin, view.umax), (view.tv, view.tm)]
-    value, unknown = 0, M32
-    for tv, tm in known:
-        if (value ^ tv) & ~unknown & ~tm & M32:
-            return None
-        value, unknown = (value | tv) & ~(unknown & tm) & M32, unknown & tm & M32
-    return sync(full._replace(tv=(full.tv & ~M32) | value, tm=(full.tm & ~M32) | unknown))
+    """``full``, wider than 32 bits, knowing that its low 32 bits are a value of ``view`` (in [0, 2**32)): its low
+    half's bounds and tnum narrowed to view's (the kernel's u32 bounds and __reg_bound_offset), so that a 32-bit
+    compare bounds what a 32-bit move or a mask then takes of it (``if (w0 < 10)`` before ``w1 = w0``: [0, 9]);
+    None where they contradict what full knows (the branch cannot be taken)."""
+    if (full.tv ^ view.tv) & ~full.tm & ~view.tm & M32:
+        return None
+    return sync(full._replace(tv=full.tv | view.tv, tm=full.tm & (view.tm | ~M32), u32min=max(full.u32min, view.umin),
+                              u32max=min(full.u32max, view.umax)))

@@ -1,7 +1,9 @@
 """Abstract values: what the verifier knows about one register or spilled stack slot.
 
-A scalar is described, as in the Linux verifier, by unsigned and signed 64-bit bounds and a tnum
-(``tv`` known bits, ``tm`` unknown-bit mask: the value is ``tv | x`` for some ``x`` within ``tm``).
+A scalar is described, as in the Linux verifier, by unsigned and signed 64-bit bounds, a tnum
+(``tv`` known bits, ``tm`` unknown-bit mask: the value is ``tv | x`` for some ``x`` within ``tm``) and
+the unsigned bounds of its low 32 bits, which a 32-bit compare of a wider value narrows (Linux's
+u32_min_value and u32_max_value; its signed 32-bit bounds are not kept).
 A pointer is a region (its kind and ``aux``: map index, frame number or record size) plus a fixed
 offset ``off`` and a variable offset described by the same scalar fields.
 """
@@ -44,6 +46,8 @@ class Value(NamedTuple):
     id: int = 0    # links copies: scalars refined together, or_null pointers null-checked together,
                    # ringbuf records released together (the id is also the reference id). Scalars of
                    # one id are base + off each (the kernel's linked registers, BPF_ADD_CONST)
+    u32min: int = 0     # the low 32 bits' unsigned bounds: only narrowing keeps them (every new value is
+    u32max: int = M32   # built with the defaults, or through sync, which fills them in)
 
     @property
     def is_pointer(self) -> bool:
@@ -56,7 +60,8 @@ class Value(NamedTuple):
     @property
     def var(self) -> "Value":
         """The scalar part: the value of a scalar, the variable offset of a pointer."""
-        return Value(SCALAR, self.umin, self.umax, self.smin, self.smax, self.tv, self.tm)
+        return Value(SCALAR, self.umin, self.umax, self.smin, self.smax, self.tv, self.tm,
+                     u32min=self.u32min, u32max=self.u32max)
 
 
 NOT_INIT_VALUE = Value(NOT_INIT)
@@ -70,7 +75,7 @@ def s64(v: int) -> int:
 
 def const(v: int) -> Value:
     u = v & M64
-    return Value(SCALAR, u, u, s64(u), s64(u), u, 0)
+    return Value(SCALAR, u, u, s64(u), s64(u), u, 0, u32min=u & M32, u32max=u & M32)
 
 
 ZERO_OFFSET = const(0)
@@ -81,7 +86,8 @@ def pointer(kind: str, *, off: int = 0, aux: int = 0, id: int = 0, var: Value = 
 
 
 def with_var(p: Value, var: Value) -> Value:
-    return p._replace(umin=var.umin, umax=var.umax, smin=var.smin, smax=var.smax, tv=var.tv, tm=var.tm)
+    return p._replace(umin=var.umin, umax=var.umax, smin=var.smin, smax=var.smax, tv=var.tv, tm=var.tm,
+                      u32min=var.u32min, u32max=var.u32max)
 
 
 def sized(size: int, signed: bool = False) -> Value:
@@ -168,9 +174,21 @@ def t_in(outer: tuple[int, int], inner: tuple[int, int]) -> bool:
 # ---- bounds -------------------------------------------------------------------------------------------
 
 def sync(v: Value) -> Value | None:
-    """Share what the tnum and the four bounds know (the kernel's reg_bounds_sync); None when empty."""
-    umin, umax, smin, smax, tv, tm = v.umin, v.umax, v.smin, v.smax, v.tv, v.tm
+    """Share what the tnum, the four bounds and the low half's two know (the kernel's reg_bounds_sync);
+    None when empty."""
+    umin, umax, smin, smax, tv, tm, lmin, lmax = v.umin, v.umax, v.smin, v.smax, v.tv, v.tm, v.u32min, v.u32max
     for _ in range(2):
+        lmin, lmax = max(lmin, tv & M32), min(lmax, (tv | tm) & M32)
+        if umin >> 32 == umax >> 32:   # one upper half: the bounds' low halves bound the low half, and back
+            high = umin & ~M32
+            lmin, lmax = max(lmin, umin & M32), min(lmax, umax & M32)
+            umin, umax = max(umin, high | lmin), min(umax, high | lmax)
+        if lmin > lmax:
+            return None
+        lv, lm = t_range(lmin, lmax)
+        if (tv ^ lv) & ~tm & ~lm & M32:
+            return None
+        tv, tm = tv | lv, tm & (lm | ~M32)
         umin, umax = max(umin, tv), min(umax, tv | tm)
         smin = max(smin, s64(tv | (tm & SIGN64)))
         smax = min(smax, s64(tv | (tm & ~SIGN64)))
@@ -186,32 +204,33 @@ def sync(v: Value) -> Value | None:
         if (tv ^ rv) & ~tm & ~rm:
             return None
         tv, tm = (tv | rv) & M64, tm & rm
-    return v._replace(umin=umin, umax=umax, smin=smin, smax=smax, tv=tv, tm=tm)
+    return v._replace(umin=umin, umax=umax, smin=smin, smax=smax, tv=tv, tm=tm, u32min=lmin, u32max=lmax)
 
 
 def intersect(a: Value, b: Value) -> Value | None:
     if (a.tv ^ b.tv) & ~a.tm & ~b.tm:
         return None
     return sync(a._replace(umin=max(a.umin, b.umin), umax=min(a.umax, b.umax), smin=max(a.smin, b.smin),
-                           smax=min(a.smax, b.smax), tv=a.tv | b.tv, tm=a.tm & b.tm))
+                           smax=min(a.smax, b.smax), tv=a.tv | b.tv, tm=a.tm & b.tm,
+                           u32min=max(a.u32min, b.u32min), u32max=min(a.u32max, b.u32max)))
 
 
 def contains(outer: Value, inner: Value) -> bool:
     """Every concrete value of ``inner``'s scalar part is one of ``outer``'s."""
-    return (outer.umin <= inner.umin and inner.umax <= outer.umax and outer.smin <= inner.smin
-            and inner.smax <= outer.smax and t_in((outer.tv, outer.tm), (inner.tv, inner.tm)))
+    if not (outer.umin <= inner.umin and inner.umax <= outer.umax and outer.smin <= inner.smin
+            and inner.smax <= outer.smax and t_in((outer.tv, outer.tm), (inner.tv, inner.tm))):
+        return False
+    if outer.u32min == 0 and outer.u32max == M32:
+        return True
+    low = lo32(inner)
+    return outer.u32min <= low.umin and low.umax <= outer.u32max
 
 
 def lo32(v: Value) -> Value:
     """The low 32 bits, zero-extended: what a 32-bit operation reads, and what it writes back
     (RFC 9669 4.1: 32-bit results are zero-extended)."""
-    if v.umax <= M32:
-        return v.var
-    if v.umin >> 32 == v.umax >> 32:
-        lo, hi = v.umin & M32, v.umax & M32
-    else:
-        lo, hi = 0, M32
-    return bounded(lo, hi, t=(v.tv & M32, v.tm & M32))
+    lo, hi = (v.umin & M32, v.umax & M32) if v.umin >> 32 == v.umax >> 32 else (0, M32)
+    return bounded(max(lo, v.u32min), min(hi, v.u32max), t=(v.tv & M32, v.tm & M32))
 
 
 def sext32(v: Value) -> Value:
