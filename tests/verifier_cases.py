@@ -1836,6 +1836,58 @@ int buckets(struct egpu_ctx *ctx)
 
 char LICENSE[] SEC("license") = "GPL";
 """,
+    "min_max_over_a_map": r"""/* Minimum, maximum and a count of nonzero values over 40 lookups, in registers: the states that
+ * cover later rounds are old ones, refused as too complex while each point compared only its 16 newest
+ * (verifier/__init__.py keeps a state while it covers, as the kernel does). */
+#include "egpu.bpf.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 40);
+	__type(key, __u32);
+	__type(value, __u64);
+} per_sm SEC(".maps");
+
+struct mm { __u64 mn, mx, nz; };
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mm);
+} out SEC(".maps");
+
+SEC("kretprobe.block/*")
+int spread(struct egpu_ctx *ctx)
+{
+	__u64 mn = ~0ULL, mx = 0, nz = 0;
+
+	for (__u32 i = 0; i < 40; i++) {
+		__u32 k = i;
+		__u64 *v = bpf_map_lookup_elem(&per_sm, &k);
+
+		if (!v)
+			continue;
+		__u64 x = *v;
+		if (x < mn)
+			mn = x;
+		if (x > mx)
+			mx = x;
+		if (x)
+			nz++;
+	}
+	__u32 z = 0;
+	struct mm *o = bpf_map_lookup_elem(&out, &z);
+	if (o) {
+		o->mn = mn;
+		o->mx = mx;
+		o->nz = nz;
+	}
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";
+""",
     "counts_over_a_map": r"""/* Counts kept in registers over 512 lookups: refused as too complex until pruning left out
  * what no check reads (verifier/precision.py); the loop's index, which bounds it and keys the lookup, stays
  * exact. */

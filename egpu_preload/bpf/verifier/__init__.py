@@ -37,7 +37,7 @@ from . import cfg as cfg_mod
 from .cfg import Cfg, Reject
 from .checks import STEP, Env, no_leaked_refs
 from .precision import Step, back, everything
-from .state import State, covers, fmt_state, key, widen
+from .state import State, covers, fmt_state, imprecise, key, widen
 
 MAX_INSNS = 1_000_000
 MAX_PENDING = 8192  # the kernel's BPF_COMPLEXITY_LIMIT_JMP_SEQ: branches waiting to be explored
@@ -49,7 +49,11 @@ MAX_COMBINED_STACK = 512
 # are thousands of instructions, far from MAX_INSNS and MAX_PENDING.
 WIDEN_AFTER = 64
 LOOP_BUDGET = 1 << 20  # backward jumps of budgeted loops a run takes; the next ends it as helper 507 (exit) does
-_RECENT = 16        # explored states per prune point compared for coverage (exact repeats use a dict)
+# An explored state compared for coverage (exact repeats use a dict) is dropped once its misses pass
+# _MISSES * (hits + 1), as the kernel's is_state_visited drops one (3 there, 64 at the points it forces): a state
+# that covers stays however old, and in a loop the states that cover later rounds are old ones (the 16 newest
+# alone left a 40-round min/max loop too complex: tests/verifier_cases.py, min_max_over_a_map).
+_MISSES = 64
 _LOG_TAIL = 24      # instructions of the failing path shown in the log
 
 
@@ -107,7 +111,7 @@ class _Visit:
     them; ``precise``: the registers and slots (precision.py) some check below read, complete once none is
     pending."""
 
-    __slots__ = ("parent", "pending", "state", "pc", "depth", "nth", "steps", "precise")
+    __slots__ = ("parent", "pending", "state", "pc", "depth", "nth", "steps", "precise", "loose", "hits", "misses")
 
     def __init__(self, parent: "_Visit | None", state: State, pc: int, nth: int, steps: list[Step]) -> None:
         self.parent = parent
@@ -118,6 +122,8 @@ class _Visit:
         self.nth = nth
         self.steps: list[Step] | None = steps
         self.precise: set[int] = set()
+        self.loose: frozenset[int] | None = None   # state.imprecise, once finished
+        self.hits = self.misses = 0   # paths this finished state covered, and did not, at its pc
 
 
 def _rounds_apart(visit: _Visit | None, same: _Visit, calls: frozenset[int]) -> bool:
@@ -131,12 +137,14 @@ def _rounds_apart(visit: _Visit | None, same: _Visit, calls: frozenset[int]) -> 
     return visit is same and crossed
 
 
-def _finish(visit: _Visit | None) -> None:
+def _finish(visit: _Visit | None, explored: dict[int, list[_Visit]]) -> None:
+    """A path ended: each visit on it with no path left below is explored, and may cover later ones at its pc."""
     while visit is not None:
         visit.pending -= 1
         if visit.pending:
             return
         visit.steps = None
+        explored.setdefault(visit.pc, []).append(visit)
         visit = visit.parent
 
 
@@ -229,7 +237,7 @@ class _Search:
         self.loops = loops
         self.max_insns = max_insns
         self.seen: dict[int, dict[tuple, _Visit]] = {}
-        self.recent: dict[int, list[_Visit]] = {}
+        self.explored: dict[int, list[_Visit]] = {}   # pc -> its visits explored to the end, in that order
         self.widened: dict[int, list[_Visit]] = {}   # loop header -> its visits with widened states, all kept
         self.budgeted: set[int] = set()
         self.processed = 0
@@ -253,7 +261,7 @@ class _Search:
                             st, again = self._again(st, pc, visit, live)
                         if st is None:   # covered by a round whose reads are not all known yet: it needs all
                             self._trace_back(visit, steps, pc, depth, everything(depth))
-                            _finish(visit)
+                            _finish(visit, self.explored)
                             break
                         k = key(st, live)
                         same = self.seen.setdefault(pc, {}).get(k)
@@ -262,26 +270,18 @@ class _Search:
                                 raise Reject("infinite loop detected: the same state comes back here (loop)")
                             self._trace_back(visit, steps, pc, depth, everything(depth) if same.pending else
                                              same.precise)
-                            _finish(visit)
+                            _finish(visit, self.explored)
                             break
-                        done = self.recent.setdefault(pc, [])
-                        old = next((old for old in done if not old.pending and covers(old.state, st, live,
-                                                                                      old.precise)), None)
+                        old = self._covering(pc, st, live)
                         if old is not None:   # what old's exploration read, this path's values must be within
                             self._trace_back(visit, steps, pc, depth, old.precise)
-                            _finish(visit)
+                            _finish(visit, self.explored)
                             break
                         visit = _Visit(visit, st.copy(), pc, nth, steps)
                         steps = []
                         self.seen[pc][k] = visit
-                        done.append(visit)
                         if wide:
                             self.widened.setdefault(pc, []).append(visit)
-                        if len(done) > _RECENT:
-                            old = done.pop(0)
-                            if pc not in self.loops and pc not in cfg.loop_calls:  # a loop header's states stay:
-                                old.state = None      # _round and _again compare rounds; elsewhere only exact
-                                                      # repeats are looked up from now on
                     self.processed += 1
                     if self.processed > self.max_insns:
                         raise Reject(f"program too complex: processed {self.max_insns} instructions without "
@@ -296,7 +296,7 @@ class _Search:
                         env.wants.clear()
                     steps.append(Step(pc, depth, env.touched, env.linked))
                     if not succ:
-                        _finish(visit)
+                        _finish(visit, self.explored)
                         break
                     for other, other_pc in succ[1:]:
                         if visit is not None:
@@ -308,6 +308,30 @@ class _Search:
                     st, pc = succ[0]
             except Reject as r:
                 raise _error(r, pc, list(cfg.insns), env.maps, (st, trace), file, section) from None
+
+    def _covering(self, pc: int, st: State, live: list[int]) -> _Visit | None:
+        """The newest state explored at ``pc`` that covers ``st``, counted as a hit, those tried before it as
+        misses; the states that miss far more than they cover are dropped (a loop header's stay in memory: _round
+        and _again compare rounds along the path; elsewhere only exact repeats are looked up from then on)."""
+        done = self.explored.get(pc, [])
+        found = None
+        for old in reversed(done):
+            if old.loose is None:
+                old.loose = imprecise(old.state, old.precise)
+            if covers(old.state, st, live, old.loose):
+                old.hits += 1
+                found = old
+                break
+            old.misses += 1
+        if any(old.misses > _MISSES * (old.hits + 1) for old in done):
+            keep = []
+            for old in done:
+                if old.misses <= _MISSES * (old.hits + 1):
+                    keep.append(old)
+                elif pc not in self.loops and pc not in self.cfg.loop_calls:
+                    old.state = None
+            done[:] = keep
+        return found
 
     def _trace_back(self, visit: _Visit | None, steps: list[Step], pc: int, depth: int, need: set[int]) -> None:
         """Mark ``need``, the registers and slots read at ``pc`` (``depth`` frames), precise back along the path:

@@ -143,14 +143,12 @@ def _covers(old: Value, new: Value, ids: _Ids) -> bool:
     return old.kind in (MAP_PTR, STACK, "ctx", "map_value") or ids.same(old.id, new.id)
 
 
-def covers(old: State, new: State, live: list[int], precise: AbstractSet[int] | None = None) -> bool:
+def covers(old: State, new: State, live: list[int], loose: AbstractSet[int] = frozenset()) -> bool:
     """Whether every concrete state of ``new`` is one of ``old``'s (so ``old``'s safe exploration
-    covers ``new``). ``live`` is the live-register mask per frame; ``precise``: the registers and slots
-    (precision.py keys) whose bounds old's exploration read, None for all. Any scalar covers any other scalar
-    elsewhere, but one linked to a precise one: a branch on it narrows that one too."""
+    covers ``new``). ``live`` is the live-register mask per frame; ``loose``: old's scalars (precision.py
+    keys, ``imprecise``) any scalar stands for."""
     if len(old.frames) != len(new.frames) or len(old.refs) != len(new.refs):
         return False
-    loose = _imprecise(old, precise) if precise is not None else set()
     ids = _Ids()
     for i, (fo, fn, mask) in enumerate(zip(old.frames, new.frames, live)):
         if fo.callsite != fn.callsite:
@@ -173,13 +171,14 @@ def covers(old: State, new: State, live: list[int], precise: AbstractSet[int] | 
     return True
 
 
-def _imprecise(old: State, precise: AbstractSet[int]) -> set[int]:
-    """The keys of old's scalars, in registers or spilled, that no check read and that no precise one links to."""
+def imprecise(old: State, precise: AbstractSet[int]) -> frozenset[int]:
+    """The keys of old's scalars, in registers or spilled, outside ``precise`` (those whose bounds old's
+    exploration read) and linked to none in it: a branch on a linked one narrows that one too."""
     values = [(reg_key(n, r), v) for n, f in enumerate(old.frames) for r, v in enumerate(f.regs)]
     values += [(slot_key(n, k), s.spill) for n, f in enumerate(old.frames) for k, s in f.stack.items()
                if s.spill is not None]
     linked = {v.id for key, v in values if v.id and key in precise}
-    return {key for key, v in values if v.kind == SCALAR and key not in precise and v.id not in linked}
+    return frozenset(key for key, v in values if v.kind == SCALAR and key not in precise and v.id not in linked)
 
 
 def _slot_covers(old: Slot, new: Slot | None, ids: _Ids) -> bool:
