@@ -25,7 +25,7 @@ from ..program import (MAP_ARRAY, MAP_BLOOM_FILTER, MAP_PERCPU_ARRAY, MAP_PERF_E
 from . import arith
 from .cfg import Cfg, Reject
 from .precision import reg_key, slot_key
-from .state import SPILL_BYTES, UNINIT_SLOT_BYTES, Frame, Slot, State, fmt_value
+from .state import SPILL_BYTES, UNINIT_SLOT_BYTES, Frame, Slot, State, fmt_value, keyed_values
 from .value import (CTX, FUNC, MAP_PTR, MAP_VALUE, MAP_VALUE_OR_NULL, NOT_INIT, NOT_INIT_VALUE, OR_NULL, RINGBUF_MEM,
                     RINGBUF_MEM_OR_NULL, SCALAR, STACK, UNKNOWN, Value, bounded, const, intersect, pointer, s64,
                     sized, t_add, with_var, M32, M64)
@@ -617,7 +617,7 @@ def _jmp(env: Env, st: State, insn: Insn) -> Succ:
         return _null_check(st, insn, a, b, target, nxt)
     ids = {v.id for v in (a, b) if v.id}
     if ids:
-        env.linked = frozenset(_keys_of(st, ids))
+        env.linked = frozenset(key for key, v in keyed_values(st) if v.kind == SCALAR and v.id in ids)
     known, taken, fallen = arith.branch(insn.op, insn.width, a, b)
     if known is not None or taken is None or fallen is None:
         env.want(st, *operands)   # their bounds decide the way: a state they differ in may go the other
@@ -629,14 +629,6 @@ def _jmp(env: Env, st: State, insn: Insn) -> Succ:
     if fallen is not None:
         return [(_narrowed(st, insn, fallen), nxt)]
     return [(_narrowed(st, insn, taken), target)] if taken is not None else []
-
-
-def _keys_of(st: State, ids: set[int]) -> list[int]:
-    """The registers and spills (precision.py keys) holding a scalar of one of ``ids``."""
-    keys = [reg_key(n, r) for n, f in enumerate(st.frames) for r, v in enumerate(f.regs)
-            if v.kind == SCALAR and v.id in ids]
-    return keys + [slot_key(n, k) for n, f in enumerate(st.frames) for k, s in f.stack.items()
-                   if s.spill is not None and s.spill.kind == SCALAR and s.spill.id in ids]
 
 
 def _narrowed(s: State, insn: Insn, ops: tuple[Value, Value]) -> State:

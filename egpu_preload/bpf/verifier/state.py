@@ -171,12 +171,17 @@ def covers(old: State, new: State, live: list[int], loose: AbstractSet[int] = fr
     return True
 
 
+def keyed_values(state: State) -> list[tuple[int, Value]]:
+    """Every register and spilled value of ``state``, each with its key (precision.py)."""
+    values = [(reg_key(n, r), v) for n, f in enumerate(state.frames) for r, v in enumerate(f.regs)]
+    return values + [(slot_key(n, k), s.spill) for n, f in enumerate(state.frames) for k, s in f.stack.items()
+                     if s.spill is not None]
+
+
 def imprecise(old: State, precise: AbstractSet[int]) -> frozenset[int]:
     """The keys of old's scalars, in registers or spilled, outside ``precise`` (those whose bounds old's
     exploration read) and linked to none in it: a branch on a linked one narrows that one too."""
-    values = [(reg_key(n, r), v) for n, f in enumerate(old.frames) for r, v in enumerate(f.regs)]
-    values += [(slot_key(n, k), s.spill) for n, f in enumerate(old.frames) for k, s in f.stack.items()
-               if s.spill is not None]
+    values = keyed_values(old)
     linked = {v.id for key, v in values if v.id and key in precise}
     return frozenset(key for key, v in values if v.kind == SCALAR and key not in precise and v.id not in linked)
 
