@@ -63,7 +63,8 @@ int egpu_uprobe_attach(const char *path, const char *symbol, struct egpu_lvm_pro
 void egpu_uprobe_detach(struct egpu_lvm_prog *const *progs, size_t n);
 /* The `n` programs run no more (paused 1: after this returns, no thread is inside one), or again (0), their
  * functions hooked all the while: so putting them back cannot fail (egpu detach and swap pause a probe's
- * programs before the change, which may fail, and detach them once it is made). */
+ * programs before the change, which may fail, and detach them once it is made). A call that entered while
+ * its return programs were paused returns without them. */
 void egpu_uprobe_pause(struct egpu_lvm_prog *const *progs, size_t n, int paused);
 /* A page within a rel32 jump of `function` for its inline hook (the one it has, once hooked), writable
  * until egpu_uprobe_attach_inline fills it; NULL if none could be mapped. */

@@ -46,6 +46,9 @@ struct progs {
     int n[2];
     struct egpu_lvm_prog *progs[2][PROGS];
     unsigned char paused[2][PROGS];        /* progs[r][k] runs not (egpu_uprobe_pause) */
+    /* progs[1][k]'s number, given when it was added: a return runs the return programs its call's entry
+     * found running (numbers, not slots: a drop moves the last slot into the one it frees) */
+    unsigned serial[PROGS];
 };
 
 struct hook {
@@ -77,14 +80,25 @@ static int nhooks;
 static atomic_int active;                   /* hooks with programs */
 static atomic_llong clock_offset;
 static unsigned long long scanned_adds;     /* dl_phdr_info.dlpi_adds at the last scan */
+static unsigned serials;                    /* return programs added so far (under up_lock) */
 static pthread_mutex_t up_lock = PTHREAD_MUTEX_INITIALIZER; /* hooks' targets, lists, slots; before launchvm.c's */
 
 /* read at every call: initial-exec, as interpose.c's flags (8 bytes of the static TLS block) */
 static __thread int tls_in_probe __attribute__((tls_model("initial-exec"))); /* calls from a probe run none */
 static __thread int tls_depth __attribute__((tls_model("initial-exec")));
 /* the return addresses swapped for the return thunk, innermost last: each with where it was (the frame's slot);
- * `unwound`: the exception whose unwind put it back (below) */
-static __thread struct { void *ret; struct hook *hook; void **slot; void *unwound; } tls_returns[UPROBE_DEPTH];
+ * `unwound`: the exception whose unwind put it back (below); the serials of the return programs running at
+ * the entry: only they run at the return, as the kernel runs a uretprobe only for calls its uprobe saw (one
+ * paused at the entry and running again at the return would count a return without its call) */
+struct entry {
+    void *ret;
+    struct hook *hook;
+    void **slot;
+    void *unwound;
+    int n;
+    unsigned serial[PROGS];
+};
+static __thread struct entry tls_returns[UPROBE_DEPTH];
 
 #if defined(__x86_64__)
 /* ---- the stubs: one per hook, a 16-byte slot each; r11 tells the common part which ---- */
@@ -152,11 +166,19 @@ static const struct progs *live(struct hook *h) {
     return l ? l : &none;
 }
 
-/* Inside a read section. */
-static void run_all(const struct progs *l, int ret, uint64_t *regs) {
+/* Whether return program k of l runs for the call `e` entered. */
+static int entered(const struct entry *e, const struct progs *l, int k) {
+    for (int i = 0; i < e->n; i++)
+        if (e->serial[i] == l->serial[k]) return 1;
+    return 0;
+}
+
+/* Inside a read section. At a return, `e` is its call's entry. */
+static void run_all(const struct progs *l, int ret, uint64_t *regs, const struct entry *e) {
     long long offset = atomic_load_explicit(&clock_offset, memory_order_relaxed);
     for (int k = 0; k < l->n[ret]; k++)
-        if (!l->paused[ret][k]) egpu_lvm_run_host(l->progs[ret][k], regs, PT_COUNT * 8, offset);
+        if (!l->paused[ret][k] && (!e || entered(e, l, k)))
+            egpu_lvm_run_host(l->progs[ret][k], regs, PT_COUNT * 8, offset);
 }
 
 /* Called by the stub: run the entry programs; swap the return address when there are return
@@ -176,11 +198,14 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
         regs[PT_R12] = saved[S_R12], regs[PT_R13] = saved[S_R13], regs[PT_R14] = saved[S_R14];
         regs[PT_R15] = saved[S_R15], regs[PT_BP] = saved[S_BP];
         regs[PT_IP] = (uint64_t)h->target, regs[PT_SP] = (uint64_t)ret_slot;
-        run_all(l, 0, regs);
+        run_all(l, 0, regs, NULL);
     }
-    int swap = l->n[1];
+    unsigned serial[PROGS];
+    int returns = 0;
+    for (int k = 0; k < l->n[1]; k++)
+        if (!l->paused[1][k]) serial[returns++] = l->serial[k];
     egpu_lvm_leave(in);
-    if (swap) {
+    if (returns) {
         /* entries a longjmp left: their slots at or below this call's and no longer holding the thunk
          * (written over since). One that still holds it is pending: a tail call from a probed function
          * enters with its caller's slot, and a signal handler on a stack above the thread's enters above
@@ -191,9 +216,9 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
             tls_depth--;
         }
         if (tls_depth < UPROBE_DEPTH) {
-            tls_returns[tls_depth].ret = *ret_slot, tls_returns[tls_depth].hook = h;
-            tls_returns[tls_depth].slot = ret_slot, tls_returns[tls_depth].unwound = NULL;
-            tls_depth++;
+            struct entry *e = &tls_returns[tls_depth++];
+            e->ret = *ret_slot, e->hook = h, e->slot = ret_slot, e->unwound = NULL, e->n = returns;
+            memcpy(e->serial, serial, (size_t)returns * sizeof *serial);
             *ret_slot = (void *)egpu_uprobe_ret_thunk;
         }
     }
@@ -215,8 +240,9 @@ __attribute__((used)) void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp) {
     int k = tls_depth - 1;
     while (k > 0 && tls_returns[k].slot != slot) k--;   /* entries above the returning frame's: left by a longjmp */
     tls_depth = k;
-    struct hook *h = tls_returns[tls_depth].hook;
-    void *ret = tls_returns[tls_depth].ret;
+    const struct entry *e = &tls_returns[tls_depth];
+    struct hook *h = e->hook;
+    void *ret = e->ret;
     int was = tls_in_probe;
     tls_in_probe = 1;
     egpu_lvm_reader in = egpu_lvm_enter();
@@ -230,7 +256,7 @@ __attribute__((used)) void *egpu_uprobe_exit(uint64_t *saved, uint64_t sp) {
         regs[PT_ORIG_AX] = regs[PT_CS] = regs[PT_FLAGS] = regs[PT_SS] = 0;
         regs[PT_AX] = saved[R_AX], regs[PT_DX] = saved[R_DX];
         regs[PT_IP] = (uint64_t)ret, regs[PT_SP] = sp;
-        run_all(l, 1, regs);
+        run_all(l, 1, regs, e);
     }
     egpu_lvm_leave(in);
     tls_in_probe = was;
@@ -597,6 +623,7 @@ static int add_programs(struct hook *h, struct egpu_lvm_prog *const *progs, cons
     for (size_t k = 0; k < n; k++) {
         int r = rets[k] != 0;
         next->paused[r][next->n[r]] = 0;
+        if (r) next->serial[next->n[r]] = ++serials;
         next->progs[r][next->n[r]++] = progs[k];
     }
     h->used = 1;
@@ -618,6 +645,7 @@ static void drop_programs(struct egpu_lvm_prog *const *progs, size_t n) {
                 if (listed(progs, n, next->progs[ret][k])) {
                     int last = --next->n[ret];
                     next->paused[ret][k] = next->paused[ret][last];
+                    if (ret) next->serial[k] = next->serial[last];
                     next->progs[ret][k--] = next->progs[ret][last];
                     dropped++;
                 }

@@ -9,7 +9,12 @@
  *   run none ever does.
  * - then 8 threads call upt_inc with a program that adds 1 to a per-CPU array's value with a plain load and
  *   store (no atomic: a CPU's value is its own in Linux, and every host thread here runs on "CPU 0").
- * Prints "counted=N hash=H cycles=C late=L marker=M met=X percpu=P". The shim's C API by dlsym: no runtime. */
+ * - then a thread calls upt_call, which calls back into `held`: the main thread keeps it there while it
+ *   pauses the entry program (slot 0 of another array) and return program (slot 1) on upt_call or runs them
+ *   again (egpu_uprobe_pause), three calls: entered paused, returned running; entered running, paused and
+ *   running again meanwhile; entered running, returned paused. Their counts after each: `held`.
+ * Prints "counted=N hash=H cycles=C late=L marker=M met=X percpu=P held=H". The shim's C API by dlsym: no
+ * runtime. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -81,6 +86,11 @@ static const struct insn PLUS[] = {
     EXIT0,
 };
 
+/* slot 0 += 1 */
+static const struct insn CALLED[] = {
+    I(0x62, 10, 0, -4, 0), LD_MAP(1, 0), LOOKUP(-4), I(0x15, 0, 0, 2, 0), ADD1(0), EXIT0,
+};
+
 static atomic_int running;
 static pthread_barrier_t start;
 
@@ -104,6 +114,7 @@ static void start_workers(pthread_t *t, struct worker *w, int n, long calls) {
 }
 
 static __typeof__(&egpu_lvm_map_read) p_egpu_lvm_map_read;
+static __typeof__(&egpu_uprobe_pause) p_egpu_uprobe_pause;
 
 static unsigned long long slot(struct egpu_lvm_map *m, int k) {
     uint32_t keys[4];
@@ -118,11 +129,42 @@ static void wait_calls(struct egpu_lvm_map *m, unsigned long long more) {
     while (atomic_load(&running) && slot(m, 0) < from + more) sched_yield();
 }
 
+long upt_call(long (*fn)(long), long a);
+static atomic_int inside, go;
+
+static long held(long a) {
+    atomic_store(&inside, 1);
+    while (!atomic_load(&go)) sched_yield();
+    return a;
+}
+
+static void *call_held(void *arg) {
+    (void)arg;
+    upt_call(held, 1);
+    return NULL;
+}
+
+/* One call of upt_call, with `pause(before)` while the thread is inside and `pause(after)` just before it is let
+ * go (-1: neither); the counts of `m` then, "calls,returns". */
+static void held_call(struct egpu_lvm_prog **progs, int before, int after, struct egpu_lvm_map *m, char *counts) {
+    pthread_t t;
+    atomic_store(&inside, 0), atomic_store(&go, 0);
+    pthread_create(&t, NULL, call_held, NULL);
+    while (!atomic_load(&inside)) sched_yield();
+    if (before >= 0) p_egpu_uprobe_pause(progs, 2, before);
+    if (after >= 0) p_egpu_uprobe_pause(progs, 2, after);
+    atomic_store(&go, 1);
+    pthread_join(t, NULL);
+    sprintf(counts, "%llu,%llu", slot(m, 0), slot(m, 1));
+}
+
 int main(int argc, char **argv) {
     API(egpu_lvm_map_new); API(egpu_lvm_prog_new); API(egpu_lvm_prog_stats);
     API(egpu_uprobe_attach); API(egpu_uprobe_detach);
     p_egpu_lvm_map_read = dlsym(RTLD_DEFAULT, "egpu_lvm_map_read");
-    if (argc != 2 || !p_egpu_lvm_map_new || !p_egpu_lvm_prog_new || !p_egpu_uprobe_attach || !p_egpu_lvm_map_read)
+    p_egpu_uprobe_pause = dlsym(RTLD_DEFAULT, "egpu_uprobe_pause");
+    if (argc != 2 || !p_egpu_lvm_map_new || !p_egpu_lvm_prog_new || !p_egpu_uprobe_attach || !p_egpu_lvm_map_read
+        || !p_egpu_uprobe_pause)
         return 2;
     long calls = atol(argv[1]);
     struct egpu_lvm_map *array = p_egpu_lvm_map_new(2, 4, 8, 4, 0, NULL, 0, 0);
@@ -171,9 +213,21 @@ int main(int argc, char **argv) {
     start_workers(t, w, THREADS, calls);
     for (int k = 0; k < THREADS; k++) pthread_join(t[k], NULL);
     int summed = slot(percpu, 0) == (unsigned long long)THREADS * calls;
-    printf("counted=%llu hash=%s cycles=%s late=%d marker=%s met=%s percpu=%s\n", slot(array, 0),
+
+    struct egpu_lvm_map *calls_returns = p_egpu_lvm_map_new(2, 4, 8, 2, 0, NULL, 0, 0);
+    struct egpu_lvm_prog *ends[2] = {
+        calls_returns ? p_egpu_lvm_prog_new(CALLED, sizeof CALLED / 8, &calls_returns, 1) : NULL,
+        calls_returns ? p_egpu_lvm_prog_new(MARK, sizeof MARK / 8, &calls_returns, 1) : NULL};
+    int rets[2] = {0, 1};
+    if (!ends[0] || !ends[1] || p_egpu_uprobe_attach("libupt.so", "upt_call", ends, rets, 2)) return 7;
+    char counts[3][64];
+    p_egpu_uprobe_pause(ends, 2, 1);
+    held_call(ends, 0, -1, calls_returns, counts[0]);
+    held_call(ends, 1, 0, calls_returns, counts[1]);
+    held_call(ends, 1, -1, calls_returns, counts[2]);
+    printf("counted=%llu hash=%s cycles=%s late=%d marker=%s met=%s percpu=%s held=%s/%s/%s\n", slot(array, 0),
            exact ? "exact" : "wrong", cycles > 0 ? "some" : "none", late,
            marks.runs == slot(array, 1) ? "exact" : "wrong", slot(array, 3) > 0 ? "some" : "none",
-           summed ? "exact" : "lost");
+           summed ? "exact" : "lost", counts[0], counts[1], counts[2]);
     return 0;
 }

@@ -10,3 +10,5 @@ double upt_half(double x) { return x / 2; }
 int upt_inc(int x) { return x + 1; }
 /* a string argument, as libbpf tools read one (bpf_probe_read_user_str); NULL is -1 */
 long upt_name(const char *s) { return s ? (long)strlen(s) : -1; }
+/* calls back: the caller holds its thread inside a probed call for as long as it likes */
+long upt_call(long (*fn)(long), long a) { return fn(a) + 1; }
