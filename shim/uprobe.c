@@ -88,8 +88,8 @@ static __thread int tls_in_probe __attribute__((tls_model("initial-exec"))); /* 
 static __thread int tls_depth __attribute__((tls_model("initial-exec")));
 /* the return addresses swapped for the return thunk, innermost last: each with where it was (the frame's slot);
  * `unwound`: the exception whose unwind put it back (below); the serials of the return programs running at
- * the entry: only they run at the return, as the kernel runs a uretprobe only for calls its uprobe saw (one
- * paused at the entry and running again at the return would count a return without its call) */
+ * the entry: only they run at the return (one paused at the entry and running again at the return would count a
+ * return without its call) */
 struct entry {
     void *ret;
     struct hook *hook;
