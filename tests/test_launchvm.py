@@ -502,9 +502,9 @@ def test_per_cpu_hashes_and_clocks_in_c(shim_api, probe):
 
 
 def test_host_only_maps_read_from_c_go_back_as_they_were(shim_api, probe):
-    """What LiveUprobes does to a failed swap's uprobes: their C maps read (native.Side.storages) and loaded
-    into fresh ones (Side.load). A queue and a stack keep their values and order, a bloom filter its bits: its
-    bits were never read back (the exit dump's were zeros) nor loaded, so the filter forgot every value."""
+    """C maps read (native.Side.storages, as a live probe's uprobes' final maps are) and loaded into fresh ones
+    (Side.load): a queue and a stack keep their values and order, a bloom filter its bits (its bits were once
+    never read back, the exit dump's were zeros, nor loaded)."""
     ffi, lib = shim_api
     obj = probe("tests/launch_probes/queue_stack")
     lp = launches.LaunchProbes([obj], engine=shim_api)

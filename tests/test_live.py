@@ -1247,34 +1247,31 @@ def test_a_swap_whose_put_back_fails_says_the_new_probe_stays(tmp_path, monkeypa
     assert str(e.value).endswith("; u stays attached, running nothing (egpu swap or detach takes it off)"), e.value
 
 
-def test_a_detach_whose_flip_fails_hooks_the_live_uprobes_again(tmp_path, monkeypatch):
-    """A detach unhooks the probe's live uprobes before its flip; when the flip fails (a capture, a hold that
-    timed out) the probe stays attached, so its uprobes are hooked again from the maps they left, as a
-    failed swap's are: they stayed off, while the reply said nothing changed."""
+def test_a_detach_whose_flip_fails_runs_the_live_uprobes_again_as_they_were(tmp_path, monkeypatch):
+    """A detach pauses the probe's live uprobes before its flip; when the flip fails (a capture, a hold that
+    timed out) the probe stays attached, so they run again, still hooked, maps as they were (they once stayed
+    off while the reply said nothing changed; then they were hooked again from maps read back, which lost a
+    bloom filter's values and counted the return of a call made across the change without its entry)."""
     from types import SimpleNamespace
 
-    from egpu_preload.runtime import live
+    from egpu_preload.runtime import live, uprobes
     probe, maps = SimpleNamespace(path=tmp_path / "u.bpf.o"), object()
     rt = SimpleNamespace(probes=[probe], maps=[maps], context=1, drainer=None, cfg=SimpleNamespace(session=None))
     control = live.Live(rt)
     control.names = ["u"]
-    control.host.attached["u"] = (None, None)
-    hooked = []
-
-    def unhook(name):
-        control.host.attached.pop(name)
-        return {0: "left"}
+    paused = []
+    hooks = SimpleNamespace(pause=lambda p, on: paused.append((p, on)), detach=lambda: paused.append("unhooked"))
+    control.host.attached["u"] = uprobes.Live(probe, None, hooks)
 
     def change(new, asked):
         raise ControlError(f"{live.CAPTURING}; nothing changed, try again once it has ended")
 
     monkeypatch.setattr(control, "_context", lambda: 1)
     monkeypatch.setattr(control, "_change", change)
-    monkeypatch.setattr(control.host, "detach", unhook)
-    monkeypatch.setattr(control.host, "attach", lambda *a, **k: hooked.append((a, k)))
     with pytest.raises(ControlError, match="nothing changed"):
         control.detach({"name": "u"})
-    assert hooked == [(("u", probe, maps), {"host": {0: "left"}})] and control.names == ["u"]
+    assert paused == [(probe, True), (probe, False)] and control.names == ["u"]
+    assert list(control.host.attached) == ["u"] and not control.host.paused
 
 
 def test_a_change_whose_sass_staging_fails_frees_the_snapshot(tmp_path, monkeypatch):

@@ -592,10 +592,11 @@ def test_egpu_maps_reads_the_uprobes_egpu_run_attached(stub_job, uprobe_app, tmp
 
 @pytest.mark.parametrize("started", [False, True], ids=["attached", "started"])
 def test_a_swap_that_fails_puts_the_old_uprobes_back_as_they_were(stub_job, uprobe_app, tmp_path, started):
-    """A swap refused after the old probe's uprobes came off (the new probe's maps do not fit the device)
-    hooks them again from the maps they left: the old probe counts on from where it was, exactly. Given to
-    egpu-run (``started``), its uprobes are paused, not unhooked, until a swap goes through, and run again:
-    they were hooked a second time, live, from zero (its counts went back, every call ran it twice)."""
+    """A swap refused after the old probe's uprobes were paused (the new probe's maps do not fit the device)
+    runs them again, still hooked: the old probe counts on from where it was, exactly, attached live or given
+    to egpu-run (``started``: they were once hooked a second time, live, from zero, so its counts went back
+    and every call ran it twice). A call that entered while they were paused returns without them, so returns
+    stay at or one below calls (a return counted without its call failed CI once)."""
     app, _ = uprobe_app
     clang = find_clang()
     objs = {name: tmp_path / f"{name}.bpf.o" for name in ("live", "big")}

@@ -369,18 +369,15 @@ class Live:
                 raise ControlError("no probe is attached")
             self._context()   # the maps first: a job whose probes run only on the host has none before
             gone = [p for p in self._probes() if name is None or p[0] == name]
-            hooked_live = [n for n, _, _ in gone if n in self.host.attached]
-            host = {n: self.host.detach(n) for n, _, _ in gone}
             try:
-                for _, probe, _ in gone:
-                    self._stop(probe)
+                for n, probe, _ in gone:
+                    self._stop(n, probe)
                 result, snapshot = self._change([p for p in self._probes() if p not in gone], t0)
             except BaseException:   # nothing flipped: the probes run on as they were
-                for n, probe, maps in gone:
-                    self._back_on(n, probe, maps, n in hooked_live, host[n])
+                for n, probe, _ in gone:
+                    self._resume(n, probe)
                 raise
-            for _, probe, _ in gone:
-                self._retire(probe)
+            host = {n: self._retire(n, probe) for n, probe, _ in gone}
             seconds = time.perf_counter() - t0
             final = self._read_snapshot(snapshot, host)
         return {"names": [n for n, _, _ in gone], "seconds": seconds, "final": final, "argv": config.argv(),
@@ -400,37 +397,35 @@ class Live:
             current = self._probes()
             i = self.names.index(old)
             old_probe, old_maps = current[i][1:]
-            hooked_live = old in self.host.attached   # egpu-run's probes' uprobes are paused (_stop), not detached
-            host = {old: self.host.detach(old)}
             t1 = time.perf_counter()
             maps = None
             try:
-                self._stop(old_probe)
+                self._stop(old, old_probe)
                 maps = self._new_maps(probe, (old_probe, old_maps))
                 current[i] = (new_name, probe, maps)
                 loaded = {"verify": t1 - t0, "maps": time.perf_counter() - t1}
                 result, snapshot = self._change(current, t0)
-            except BaseException:   # nothing flipped: the old probe runs on, its uprobes from the maps they left
+            except BaseException:   # nothing flipped: the old probe runs on, as it was
                 if maps is not None:
                     self._drop_maps(maps, old_maps.addrs)
-                self._back_on(old, old_probe, old_maps, hooked_live, host[old])
+                self._resume(old, old_probe)
                 raise
             result["phases_ms"] = {**{k: round(1e3 * v, 3) for k, v in loaded.items()}, **result["phases_ms"]}
             seconds = time.perf_counter() - t0
             try:
                 result["uprobes"] = self.host.attach(new_name, probe, maps)
             except EgpuError as e:   # after the flip: its GPU programs run, and the reply must not say otherwise
-                self._retire(old_probe)
+                self._retire(old, old_probe)
                 self._free(snapshot)
                 raise ControlError(f"{new_name}: swapped in for {old}, but its uprobes could not be hooked: {e}; "
                                    "its other programs run (egpu detach takes it off)") from e
             idle = uprobes.none_hooked(probe, result["uprobes"])
             if idle is not None:   # as attach: a swap to nothing that runs is refused, the old probe put back
                 gap = self._put_back(i, current[i], (old, old_probe, old_maps), snapshot, result["to_flip_ms"], t0)
-                self._back_on(old, old_probe, old_maps, hooked_live, host[old])
+                self._resume(old, old_probe)
                 raise ControlError(f"{new_name}: nothing of it can run, so {old} was put back ({old} ran nothing for "
                                    f"the {gap:.1f} ms between the two flips): {idle}")
-            self._retire(old_probe)
+            host = {old: self._retire(old, old_probe)}
             # the new probe may write maps it took over: read the copy
             final = self._read_snapshot(snapshot, host)
         return {"old": old, "name": new_name, "seconds": seconds, "final": final, "argv": config.argv(),
@@ -448,7 +443,7 @@ class Live:
         try:
             back, copies = self._change(current, asked)
         except EgpuError as e:
-            self._retire(old[1])
+            self._retire(*old[:2])
             self._free(snapshot)
             raise ControlError(f"{new[0]}: nothing of it can run, and putting {old[0]} back failed: {e}; {new[0]} "
                                f"stays attached, running nothing (egpu swap or detach takes it off)") from e
@@ -460,32 +455,28 @@ class Live:
             for snapshot in snapshots:
                 snapshot.free(self.memory)
 
-    def _stop(self, probe: Probe) -> None:
-        """A probe egpu-run started with, about to be detached or swapped out: its host programs stop (its
-        launch, host-API and egpu/uvm programs in the drainer; its uprobes paused, still hooked) and what they
-        wrote in shared maps is pushed into its regions, so the flip's snapshot holds every write and no push
-        reaches a region after the flip retired it (host.detach does the same for probes attached live). A
-        change that fails puts them back (_resume), which cannot fail; one that flips unhooks them (_retire)."""
+    def _stop(self, name: str, probe: Probe) -> None:
+        """Probe ``name``, about to be detached or swapped out: its host programs stop (egpu-run's probes'
+        launch, host-API and egpu/uvm programs in the drainer; its uprobes, egpu-run's or hooked live, paused,
+        still hooked) and what they wrote in shared maps is pushed into its regions, so the flip's snapshot
+        holds every write and no push reaches a region after the flip retired it. A change that fails runs
+        them again (_resume), which cannot fail; one that flips unhooks them (_retire)."""
         if self.rt.drainer is not None:
             self.rt.drainer.retire(probe, self.rt.uprobes)
+        self.host.pause(name)
 
-    def _resume(self, probe: Probe) -> None:
+    def _resume(self, name: str, probe: Probe) -> None:
+        """Probe ``name``, which a change that failed or was undone leaves attached, runs as before it."""
         if self.rt.drainer is not None:
             self.rt.drainer.restore(probe, self.rt.uprobes)
+        self.host.resume(name)
 
-    def _back_on(self, name: str, probe: Probe, maps: DeviceMaps, hooked_live: bool,
-                 host: dict[int, Any]) -> None:
-        """Probe ``name``, which a change that failed or was undone leaves attached, runs as before it: its
-        host programs in the drainer and paused uprobes again (_resume), its live uprobes hooked again from
-        the host maps they left (``host``, what LiveUprobes.detach returned)."""
-        self._resume(probe)
-        if hooked_live:
-            self.host.attach(name, probe, maps, host=host)
-
-    def _retire(self, probe: Probe) -> None:
-        """A probe egpu-run started with, detached or swapped out: its paused uprobes are unhooked."""
+    def _retire(self, name: str, probe: Probe) -> dict[int, Any]:
+        """Probe ``name``, detached or swapped out: its paused uprobes are unhooked; the host-only maps its
+        live uprobes left (LiveUprobes.retire)."""
         if self.rt.uprobes is not None:
             self.rt.uprobes.detach_probe(probe)
+        return self.host.retire(name)
 
     def maps(self, fields: dict) -> dict:
         """A dump-like document (dump.py) of the attached probes' maps, read while the job runs."""

@@ -30,7 +30,7 @@ from typing import Any
 from egpu_preload.bpf.program import BpfObject, Program
 from egpu_preload.bpf.sections import HOST_KINDS, host_target_refusal
 from egpu_preload.errors import EgpuError
-from egpu_preload.maps import MapStorage, MapsState
+from egpu_preload.maps import MapsState
 from egpu_preload.runtime import inline_hooks, mapsync, native
 from egpu_preload.runtime.launches import PERIOD_S
 from egpu_preload.translate.devmaps import DeviceMaps, apply_region
@@ -230,12 +230,14 @@ class Pushes:
                 self._thread = threading.Thread(target=self._loop, name="egpu-uprobe-maps", daemon=True)
                 self._thread.start()
 
-    def stop(self, name: str) -> None:
-        """Push what probe ``name``'s uprobes left (its regions exact after this; they have stopped), then no more."""
+    def stop(self, name: str) -> tuple[native.Side, list[int], int] | None:
+        """Push what probe ``name``'s uprobes left (its regions exact after this; they have stopped), then no
+        more; what ``start`` took for it (None: nothing was pushed)."""
         with self.lock:
             entry = self.sides.pop(name, None)
             if entry is not None:
                 self._push(*entry)
+            return entry
 
     def _loop(self) -> None:
         while True:
@@ -254,6 +256,16 @@ class Pushes:
         side.push(self.memory, addrs, time.clock_gettime_ns(time.CLOCK_MONOTONIC) + offset)
 
 
+@dataclass
+class Live:
+    """A probe's uprobes hooked live (LiveUprobes): its host side in C, its hooks, and while it is paused
+    what its map pushes took (Pushes.start's arguments)."""
+    probe: Any
+    side: native.Side
+    uprobes: Uprobes
+    pushing: tuple[native.Side, list[int], int] | None = None
+
+
 class LiveUprobes:
     """Host programs of probes attached to a running job (live.py), by probe name: each with its maps in
     C (a native.Side of its own) and its hooks. Maps they share with GPU programs start from the device
@@ -262,21 +274,18 @@ class LiveUprobes:
 
     def __init__(self, rt: Any) -> None:
         self.rt = rt  # the runtime: its shim's ffi and lib, its maps' memory and clock
-        self.attached: dict[str, tuple[Any, Uprobes]] = {}
+        self.attached: dict[str, Live] = {}
+        self.paused: dict[str, Live] = {}   # taken off ``attached`` while a change that may fail is made
         self.pushes: Pushes | None = None
 
-    def attach(self, name: str, probe: Any, maps: DeviceMaps,
-               host: Mapping[int, MapStorage] | None = None) -> dict[str, Any] | None:
+    def attach(self, name: str, probe: Any, maps: DeviceMaps) -> dict[str, Any] | None:
         """Hook ``probe``'s host programs (live_refusal said it may), ``maps`` its device maps; their report,
-        None without any. ``host``: host-only maps to start from (what detach returned: a swap that failed
-        puts the old probe's uprobes back as they were)."""
+        None without any."""
         hosts = host_programs(probe.obj)
         if not hosts:
             return None
         _, used, shared = native.host_side(probe.obj)
         side = native.Side(self.rt.ffi, self.rt.lib, probe.obj.maps, used, hosts, shared)
-        for i, storage in (host or {}).items():
-            side.load(i, storage)
         memory = self.rt.memory
         offset = self.rt.align_clocks(memory) if side.tracked else 0   # before the hooks: calls read the clock
         state = MapsState(probe.obj.maps)
@@ -284,31 +293,63 @@ class LiveUprobes:
             apply_region(state, i, memory.read(maps.addrs[i], maps.layouts[i].region_size(maps.ncpu)))
             side.load(i, state.storages[i])
         up = Uprobes(self.rt.ffi, self.rt.lib, [(probe, side, None)], {})
-        self.attached[name] = (side, up)
+        self.attached[name] = Live(probe, side, up)
         if side.tracked:   # what calls changed meanwhile is logged, and goes with the first push
             if self.pushes is None:
                 self.pushes = Pushes(memory)
             self.pushes.start(name, side, maps.addrs, offset)
         return up.report()
 
-    def detach(self, name: str) -> dict[int, Any]:
-        """Unhook probe ``name``'s host programs and push what they left in shared maps (before a flip
-        retires its regions); their host-only maps as they were left (index -> MapStorage)."""
-        side, up = self.attached.pop(name, (None, None))
-        if side is None:
+    def pause(self, name: str) -> None:
+        """Probe ``name``'s host programs run no more, still hooked, and what they left in shared maps is
+        pushed (before a flip retires its regions): a detach or swap that fails runs them again (``resume``),
+        maps and hooks as they were, and a call that entered meanwhile returns without them; one that goes
+        through unhooks them (``retire``)."""
+        live = self.attached.pop(name, None)
+        if live is None:
+            return
+        live.uprobes.pause(live.probe, True)
+        if self.pushes is not None:
+            live.pushing = self.pushes.stop(name)
+        self.paused[name] = live
+
+    def resume(self, name: str) -> None:
+        live = self.paused.pop(name, None)
+        if live is None:
+            return
+        live.uprobes.pause(live.probe, False)
+        if live.pushing is not None and self.pushes is not None:
+            self.pushes.start(name, *live.pushing)
+        self.attached[name] = live
+
+    def retire(self, name: str) -> dict[int, Any]:
+        """Unhook probe ``name``'s paused host programs; their host-only maps as they were left (index ->
+        MapStorage)."""
+        live = self.paused.pop(name, None)
+        if live is None:
             return {}
-        up.detach()
+        live.uprobes.detach()
+        return self._host_only(live.side)
+
+    def detach(self, name: str) -> dict[int, Any]:
+        """Unhook probe ``name``'s running host programs and push what they left in shared maps; their
+        host-only maps as they were left."""
+        live = self.attached.pop(name, None)
+        if live is None:
+            return {}
+        live.uprobes.detach()
         if self.pushes is not None:
             self.pushes.stop(name)
-        return self._host_only(side)
+        return self._host_only(live.side)
 
     def detach_all(self) -> dict[str, dict[int, Any]]:
-        return {name: self.detach(name) for name in list(self.attached)}
+        return {**{name: self.retire(name) for name in list(self.paused)},
+                **{name: self.detach(name) for name in list(self.attached)}}
 
     def maps(self, name: str) -> dict[int, Any]:
         """Probe ``name``'s host-only maps now (index -> MapStorage)."""
-        side = self.attached.get(name, (None, None))[0]
-        return self._host_only(side) if side is not None else {}
+        live = self.attached.get(name) or self.paused.get(name)
+        return self._host_only(live.side) if live is not None else {}
 
     @staticmethod
     def _host_only(side: native.Side) -> dict[int, Any]:
