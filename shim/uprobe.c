@@ -98,7 +98,39 @@ struct entry {
     int n;
     unsigned serial[PROGS];
 };
-static __thread struct entry tls_returns[UPROBE_DEPTH];
+/* 3.3 KiB a thread: too much for the static TLS block (initial-exec above makes all of the shim's TLS
+ * static), where a process that dlopens the shim (the tests' ABI-mode load) finds little room: glibc 2.36
+ * took the shim's 1.1 KiB without these entries, and refused 3.4 KiB with them.
+ * Each thread that swaps a return address maps its entries at its first swap (mmap: the call may be
+ * malloc's, or a signal handler's), unmapped when the thread ends (returns_key). */
+static __thread struct entry *tls_returns __attribute__((tls_model("initial-exec")));
+static pthread_key_t returns_key;
+static pthread_once_t returns_once = PTHREAD_ONCE_INIT;
+
+/* The thread ends: its entries unmapped, and forgotten, since a later key's destructor may still call a
+ * probed function (then they are mapped again, and glibc runs this again for them). */
+static void returns_free(void *e) {
+    tls_returns = NULL, tls_depth = 0;
+    munmap(e, sizeof(struct entry[UPROBE_DEPTH]));
+}
+
+/* At an attach (add_programs), before any return program can run: no pthread_once in a signal handler. */
+static void returns_key_new(void) {
+    if (pthread_key_create(&returns_key, returns_free)) returns_key = (pthread_key_t)-1;
+}
+
+/* This thread's entries; NULL when memory or the key is out (its calls then run no return program). */
+static struct entry *thread_entries(void) {
+    if (tls_returns) return tls_returns;
+    void *e = mmap(NULL, sizeof(struct entry[UPROBE_DEPTH]), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    if (e == MAP_FAILED) return NULL;
+    if (returns_key == (pthread_key_t)-1 || pthread_setspecific(returns_key, e)) {
+        munmap(e, sizeof(struct entry[UPROBE_DEPTH]));
+        return NULL;
+    }
+    return tls_returns = e;
+}
 
 #if defined(__x86_64__)
 /* ---- the stubs: one per hook, a 16-byte slot each; r11 tells the common part which ---- */
@@ -215,7 +247,7 @@ __attribute__((used)) void *egpu_uprobe_enter(uintptr_t stub, uint64_t *saved, v
             if (top > ret_slot || *top == (void *)egpu_uprobe_ret_thunk) break;
             tls_depth--;
         }
-        if (tls_depth < UPROBE_DEPTH) {
+        if (tls_depth < UPROBE_DEPTH && thread_entries()) {
             struct entry *e = &tls_returns[tls_depth++];
             e->ret = *ret_slot, e->hook = h, e->slot = ret_slot, e->unwound = NULL, e->n = returns;
             memcpy(e->serial, serial, (size_t)returns * sizeof *serial);
@@ -620,6 +652,7 @@ static int add_programs(struct hook *h, struct egpu_lvm_prog *const *progs, cons
     int room[2] = {PROGS - next->n[0], PROGS - next->n[1]};
     for (size_t k = 0; k < n; k++) room[rets[k] != 0]--;
     if (room[0] < 0 || room[1] < 0) return -1;
+    pthread_once(&returns_once, returns_key_new);
     for (size_t k = 0; k < n; k++) {
         int r = rets[k] != 0;
         next->paused[r][next->n[r]] = 0;
