@@ -75,8 +75,9 @@ void *egpu_uprobe_near(void *function);
  * reports. The jump is stored while every other thread of the process is held in a handler of signal
  * SIGRTMAX - 5 outside its 5 bytes (a thread that blocks the signal is neither waited for nor guarded
  * against); EGPU_UPROBE_BUSY when a thread stayed inside them through 100 rounds, EGPU_UPROBE_UNHELD
- * (nothing stored) when the signal is the application's, or in 10 rounds some thread did not answer, had
- * just started, or, inside the 5 bytes the round before, had not left the handler within 20 ms. Then as
+ * (nothing stored) when the signal is the application's, or in 10 rounds in a row some thread did not
+ * answer, had just started, or, inside the 5 bytes the round before, had not left the handler within 20 ms
+ * (a round every thread answered starts the count again: a loaded machine answers late now and then). Then as
  * egpu_uprobe_attach; egpu_uprobe_detach of its last program puts its bytes back. */
 int egpu_uprobe_attach_inline(const char *path, const char *symbol, void *function, void *near,
                               const unsigned char *moved, size_t moved_len, size_t cut,

@@ -726,7 +726,7 @@ static void write_code(unsigned char *at, const unsigned char *bytes) {
 
 #define STOP_SIGNAL (SIGRTMAX - 5)
 #define STOP_ROUNDS 100
-#define STOP_UNHELD_ROUNDS 10 /* rounds in which some thread did not answer before the hook is refused */
+#define STOP_UNHELD_ROUNDS 10 /* rounds in a row in which some thread did not answer: the hook is refused */
 #define STOP_WAIT_NS 20000000ll /* a round's wait for the answers, and 100 us more a thread */
 #define STOP_THREADS 4096 /* threads held at most (the answer counts are 16 bits) */
 #define STOP_LISTED 32768 /* threads listed at most, those that cannot be held among them */
@@ -978,6 +978,7 @@ static enum stop_result store_stopped(unsigned char *at, const unsigned char *ju
         for (long long end = now_ns() + wait; (atomic_load(&stop_left) & 0xffff) < (counts & 0xffff) && now_ns() < end;)
             sched_yield();
         if (last == STORED) ninside = 0; /* nobody was inside */
+        if (last == STAYED) unheld = 0;  /* every thread answered: late answers before were a loaded machine's */
         if (last == STORED || (last == UNHELD && ++unheld == STOP_UNHELD_ROUNDS)) return last;
         usleep(last == UNHELD ? 1000 : 100);
     }
