@@ -119,7 +119,7 @@ REJECT: tuple[Case, ...] = (
         goto top
     cb: r0 = 0
         exit""", "infinite loop detected", 0),
-    # w6 <= 8 bounds the low half to [0, 8], as Linux's u32 bounds do (arith._low_half); 8 is one past the value
+    # w6 <= 8 bounds the low half to [0, 8], as Linux's u32 bounds do (arith.low_half); 8 is one past the value
     Case("jmp32_bound_one_past_the_value", """
         call get_prandom_u32
         r6 = r0""" + LOOKUP_ARR + """
@@ -142,6 +142,18 @@ REJECT: tuple[Case, ...] = (
         r0 = *(u64 *)(r0 + 0)
     out: r0 = 0
         exit""", "unbounded variable offset into map_value", 12),
+    # w6 in [0, 64] by its signed low half (Linux's s32 bounds): 64 is one past the value
+    Case("jmp32_signed_bound_one_past_the_value", """
+        call ktime_get_ns
+        r6 = r0""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        if w6 s> 64 goto out
+        if w6 s< 0 goto out
+        w6 = w6
+        r0 += r6
+        r0 = *(u8 *)(r0 + 0)
+    out: r0 = 0
+        exit""", "invalid access to map value, value_size=64 off=0+[0, 64] size=1", 13),
     Case("loop_too_complex", """
         r0 = 0
     loop:
@@ -1172,6 +1184,55 @@ ACCEPT: tuple[Case, ...] = (
         r0 = *(u64 *)(r0 + 16)
     out: r0 = 0
         exit"""),
+    # the low half's signed bounds (Linux's s32 bounds), from two signed 32-bit compares of a 64-bit unknown:
+    # s> 50 first leaves [S32_MIN, 50], no unsigned range of the low half, which s< 0 then makes [0, 50]
+    Case("jmp32_signed_bounds_in_either_order", """
+        call ktime_get_ns
+        r6 = r0""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        if w6 s> 50 goto out
+        if w6 s< 0 goto out
+        w6 = w6
+        r0 += r6
+        r0 = *(u8 *)(r0 + 10)
+    out: r0 = 0
+        exit"""),
+    # clang's sign extension before -mcpu=v4: the low half moved up and back, its signed bounds with it
+    Case("shift_pair_sign_extends_the_signed_low_half", """
+        call ktime_get_ns
+        r6 = r0""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        if w6 s> 50 goto out
+        if w6 s< 0 goto out
+        r6 <<= 32
+        r6 s>>= 32
+        r0 += r6
+        r0 = *(u8 *)(r0 + 10)
+    out: r0 = 0
+        exit"""),
+    Case("movsx_sign_extends_the_signed_low_half", """
+        call ktime_get_ns
+        r6 = r0""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        if w6 s> 50 goto out
+        if w6 s< 0 goto out
+        r6 = (s32)r6
+        r0 += r6
+        r0 = *(u8 *)(r0 + 10)
+    out: r0 = 0
+        exit"""),
+    # a 32-bit add of a signed range that does not wrap as a signed number: [-10, 10] + 10 is [0, 20]
+    Case("w_add_keeps_a_signed_range", """
+        call ktime_get_ns
+        r6 = r0""" + LOOKUP_ARR + """
+        if r0 == 0 goto out
+        if r6 s> 10 goto out
+        if r6 s< -10 goto out
+        w6 += 10
+        r0 += r6
+        r0 = *(u8 *)(r0 + 0)
+    out: r0 = 0
+        exit"""),
     # nr_loops read from a map value, the callback adding into that value through its ctx
     Case("loop_count_and_ctx_from_a_map_value", LOOKUP_ARR + """
         if r0 == 0 goto out
@@ -1831,6 +1892,56 @@ int buckets(struct egpu_ctx *ctx)
 	__u32 j = (t >> 7) % 11;
 	if (j < 10)
 		__sync_fetch_and_add(&v->hist[j], 1);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";
+""",
+    "signed_clamps": r"""/* An int clamped or range-checked upper bound first: clang compares the w register signed, and only the
+ * low half's signed bounds (Linux's s32 bounds) keep each index inside hist[64]. */
+#include "egpu.bpf.h"
+
+struct val { __u64 hist[64]; __s64 sum; };
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct val);
+} m SEC(".maps");
+
+SEC("kprobe/*")
+int clamp(struct egpu_ctx *ctx)
+{
+	__u32 k = 0;
+	struct val *v = bpf_map_lookup_elem(&m, &k);
+
+	if (!v)
+		return 0;
+	int d = (int)bpf_ktime_get_ns();
+	if (d > 63)
+		d = 63;
+	if (d < 0)
+		d = 0;
+	v->hist[d]++;
+	return 0;
+}
+
+SEC("kprobe/*")
+int checked(struct egpu_ctx *ctx)
+{
+	__u32 k = 0;
+	struct val *v = bpf_map_lookup_elem(&m, &k);
+
+	if (!v)
+		return 0;
+	int i = (int)bpf_ktime_get_ns();
+	if (i > 50)
+		return 0;
+	v->sum += 1;
+	if (i < 0)
+		return 0;
+	v->hist[i]++;
 	return 0;
 }
 

@@ -7,8 +7,9 @@ interval and tnum arithmetic, as the Linux verifier does.
 from __future__ import annotations
 
 from .. import alu as concrete
-from .value import (M32, M64, S64_MAX, S64_MIN, SCALAR, UNKNOWN, Value, bounded, const, fits_s32, fits_u32,
-                    intersect, lo32, s64, sext32, sync, t_add, t_and, t_arsh, t_mul, t_or, t_sub, t_xor)
+from .value import (M32, M64, S32_MAX, S32_MIN, S64_MAX, S64_MIN, SCALAR, UNKNOWN, Value, bounded, const,
+                    fits_s32, fits_u32, intersect, lo32, s64, sext32, sync, t_add, t_and, t_arsh, t_mul, t_or, t_sub,
+                    t_xor)
 
 
 def _t(v: Value) -> tuple[int, int]:
@@ -22,7 +23,8 @@ def _add(a: Value, b: Value) -> Value:
     smin, smax = a.smin + b.smin, a.smax + b.smax
     if smin < S64_MIN or smax > S64_MAX:
         smin, smax = S64_MIN, S64_MAX
-    return bounded(umin, umax, smin, smax, t_add(_t(a), _t(b)))
+    return bounded(umin, umax, smin, smax, t_add(_t(a), _t(b)), _low_halves(
+        (a.u32min + b.u32min, a.u32max + b.u32max), (a.s32min + b.s32min, a.s32max + b.s32max)))
 
 
 def _sub(a: Value, b: Value) -> Value:
@@ -30,7 +32,16 @@ def _sub(a: Value, b: Value) -> Value:
     smin, smax = a.smin - b.smax, a.smax - b.smin
     if smin < S64_MIN or smax > S64_MAX:
         smin, smax = S64_MIN, S64_MAX
-    return bounded(umin, umax, smin, smax, t_sub(_t(a), _t(b)))
+    return bounded(umin, umax, smin, smax, t_sub(_t(a), _t(b)), _low_halves(
+        (a.u32min - b.u32max, a.u32max - b.u32min), (a.s32min - b.s32max, a.s32max - b.s32min)))
+
+
+def _low_halves(u: tuple[int, int], s: tuple[int, int]) -> tuple[int, int, int, int]:
+    """The low half's bounds of a sum or difference, which is the 32-bit sum or difference of the low halves
+    (the kernel's scalar32_min_max_add and _sub): each pair kept where it does not wrap."""
+    u = u if 0 <= u[0] and u[1] <= M32 else (0, M32)
+    s = s if S32_MIN <= s[0] and s[1] <= S32_MAX else (S32_MIN, S32_MAX)
+    return (*u, *s)
 
 
 def _mul(a: Value, b: Value) -> Value:
@@ -62,6 +73,8 @@ def _shift(op: str, a: Value, b: Value, bits: int) -> Value:
         t = ((a.tv << s) & M64, (a.tm << s) & M64)
         if a.umax << s <= M64:
             return bounded(a.umin << s, a.umax << s, t=t)
+        if s == 32:   # the low half, now the high one: what clang's `<<= 32; s>>= 32` sign-extends
+            return bounded(smin=a.s32min << 32, smax=a.s32max << 32, t=t)
         return bounded(t=t)
     if op == "rsh":
         return bounded(a.umin >> s, a.umax >> s, t=(a.tv >> s, a.tm >> s))
@@ -113,6 +126,8 @@ def neg(width: int, a: Value) -> Value:
         return const(concrete.neg(width, a.tv))
     if width == 64 and a.smin > S64_MIN:
         return bounded(smin=-a.smax, smax=-a.smin)
+    if width == 32 and a.s32min > S32_MIN:
+        return bounded(0, M32, low=(0, M32, -a.s32max, -a.s32min))
     return UNKNOWN if width == 64 else bounded(0, M32)
 
 
@@ -122,6 +137,8 @@ def movsx(width: int, bits: int, a: Value) -> Value:
         return const(concrete.movsx(width, bits, a.tv))
     if a.umax < 1 << (bits - 1):
         v = a.var   # the sign bit is 0: the value is unchanged
+    elif bits == 32:
+        v = bounded(smin=a.s32min, smax=a.s32max)
     else:
         v = bounded(smin=-(1 << (bits - 1)), smax=(1 << (bits - 1)) - 1)
     return lo32(v) if width == 32 else v
@@ -264,14 +281,14 @@ def _back32(views: tuple[Value, Value] | None, a: Value, b: Value, signed: bool)
         elif signed and fits_s32(full):
             narrowed = intersect(full, view)
         else:
-            narrowed = _low_half(full, lo32(view) if signed else view)
+            narrowed = low_half(full, lo32(view) if signed else view)
         if narrowed is None:
             return None
         out.append(narrowed._replace(kind=SCALAR, id=full.id))
     return out[0], out[1]
 
 
-def _low_half(full: Value, view: Value) -> Value | None:
+def low_half(full: Value, view: Value) -> Value | None:
     """``full``, wider than 32 bits, knowing that its low 32 bits are a value of ``view`` (in [0, 2**32)): its low
     half's bounds and tnum narrowed to view's (the kernel's u32 bounds and __reg_bound_offset), so that a 32-bit
     compare bounds what a 32-bit move or a mask then takes of it (``if (w0 < 10)`` before ``w1 = w0``: [0, 9]);
@@ -279,4 +296,5 @@ def _low_half(full: Value, view: Value) -> Value | None:
     if (full.tv ^ view.tv) & ~full.tm & ~view.tm & M32:
         return None
     return sync(full._replace(tv=full.tv | view.tv, tm=full.tm & (view.tm | ~M32), u32min=max(full.u32min, view.umin),
-                              u32max=min(full.u32max, view.umax)))
+                              u32max=min(full.u32max, view.umax), s32min=max(full.s32min, view.s32min),
+                              s32max=min(full.s32max, view.s32max)))

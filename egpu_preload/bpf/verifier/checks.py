@@ -197,9 +197,9 @@ def _linked(w: Value, known: Value, narrowed: Value) -> Value:
     if w.off == known.off and w.aux == known.aux:
         return narrowed._replace(**link)
     width = 64 if w.aux == known.aux == 0 else 32
-    if known.aux == 32 and w.aux == 0 and w.umax > M32:
-        return w
     derived = arith.alu("add", width, narrowed.var, const(w.off - known.off))
+    if known.aux == 32 and w.aux == 0 and w.umax > M32:   # of w only its low half is known's plus a constant
+        return (arith.low_half(w.var, derived) or w.var)._replace(**link)
     return (intersect(w.var, derived) or derived)._replace(**link)
 
 
