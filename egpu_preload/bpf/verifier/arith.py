@@ -290,7 +290,7 @@ def _back32(views: tuple[Value, Value] | None, a: Value, b: Value, signed: bool)
 
 def low_half(full: Value, view: Value) -> Value | None:
     """``full``, wider than 32 bits, knowing that its low 32 bits are a value of ``view`` (in [0, 2**32)): its low
-    half's bounds and tnum narrowed to view's (the kernel's u32 bounds and __reg_bound_offset), so that a 32-bit
+    half's bounds and tnum narrowed to view's (the kernel's u32 and s32 bounds, __reg_bound_offset), so that a 32-bit
     compare bounds what a 32-bit move or a mask then takes of it (``if (w0 < 10)`` before ``w1 = w0``: [0, 9]);
     None where they contradict what full knows (the branch cannot be taken)."""
     if (full.tv ^ view.tv) & ~full.tm & ~view.tm & M32:
