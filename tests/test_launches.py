@@ -304,11 +304,13 @@ def test_launch_probe_writes_reach_the_maps_gpu_probes_read(stub_job, tmp_path, 
 
 class _ClockDriver:
     """The driver calls ContextMemory.globaltimer_offset makes, over a GPU whose %globaltimer runs
-    ``ahead`` ns ahead of CLOCK_REALTIME and reads it ``delay`` ns into each launch's round trip."""
+    ``ahead`` ns ahead of CLOCK_REALTIME and reads it ``delay`` ns into each launch's round trip (the first
+    ``late`` launches ``late_delay`` ns in, as when other processes' kernels hold the GPU)."""
 
-    def __init__(self, ahead: int, delay: int) -> None:
+    def __init__(self, ahead: int, delay: int, late: int = 0, late_delay: int = 0) -> None:
         import cffi
         self.ffi, self.ahead, self.delay = cffi.FFI(), ahead, delay
+        self.late, self.late_delay = late, late_delay
         self.mem: dict[int, bytes] = {}
         self.launches = 0
 
@@ -348,18 +350,32 @@ class _ClockDriver:
     def call(self, symbol: str, *args) -> None:
         if symbol == "cuLaunchKernel":
             self.launches += 1
+            delay = self.late_delay if self.launches <= self.late else self.delay
             out = self.ffi.cast("unsigned long long **", args[9])[0][0]
-            now = time.clock_gettime_ns(time.CLOCK_REALTIME) + self.delay
+            now = time.clock_gettime_ns(time.CLOCK_REALTIME) + delay
             self.mem[out] = struct.pack("<Q", now + self.ahead)
-            time.sleep(2 * self.delay / 1e9)
+            time.sleep(2 * delay / 1e9)
 
 
 def test_globaltimer_offset_is_the_gpu_clock_minus_realtime_within_its_window():
     from egpu_preload.runtime.driver import ContextMemory
     drv = _ClockDriver(ahead=1_190_000, delay=50_000)
     offset, within = ContextMemory(drv, 1).globaltimer_offset()
-    assert drv.launches == 5
+    assert drv.launches >= 5
     assert abs(offset - 1_190_000) <= within and within < 1_000_000
+
+
+def test_globaltimer_offset_launches_again_while_the_gpu_starts_its_kernel_late():
+    """With other processes' kernels on the GPU the measuring kernel may start milliseconds late in all of the
+    first five launches, which left the offset that uncertain (a suspect in the 2 launches a live launchlate
+    timed before their host time, among eight test processes, 2026-12-07). Launches go on, 50 at most, until
+    one's window is within GLOBALTIMER_WINDOW_NS."""
+    from egpu_preload.runtime.driver import GLOBALTIMER_WINDOW_NS, ContextMemory
+    drv = _ClockDriver(ahead=1_190_000, delay=0, late=8, late_delay=3_000_000)
+    offset, within = ContextMemory(drv, 1).globaltimer_offset()
+    assert drv.launches > 8
+    assert abs(offset - 1_190_000) <= within and within < 3_000_000
+    assert within <= GLOBALTIMER_WINDOW_NS or drv.launches == 50
 
 
 def test_a_driver_that_runs_no_kernel_leaves_the_clocks_unaligned():
