@@ -10,6 +10,7 @@ offset ``off`` and a variable offset described by the same scalar fields.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 M64 = (1 << 64) - 1
@@ -81,6 +82,7 @@ def s32(v: int) -> int:
     return v - (1 << 32) if v & SIGN32 else v
 
 
+@lru_cache(maxsize=4096)   # every immediate operand is one: a verify makes millions
 def const(v: int) -> Value:
     u = v & M64
     return Value(SCALAR, u, u, s64(u), s64(u), u, 0, u32min=u & M32, u32max=u & M32, s32min=s32(u), s32max=s32(u))
