@@ -1897,8 +1897,8 @@ int buckets(struct egpu_ctx *ctx)
 
 char LICENSE[] SEC("license") = "GPL";
 """,
-    "signed_clamps": r"""/* An int clamped or range-checked upper bound first: clang compares the w register signed, and only the
- * low half's signed bounds (Linux's s32 bounds) keep each index inside hist[64]. */
+    "signed_clamps": r"""/* An int clamped or range-checked upper bound first: clang compares the w register
+ * signed, and only the low half's signed bounds (Linux's s32 bounds) keep each index inside hist[64]. */
 #include "egpu.bpf.h"
 
 struct val { __u64 hist[64]; __s64 sum; };

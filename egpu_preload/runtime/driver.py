@@ -465,8 +465,9 @@ class ContextMemory:
         """(%globaltimer - CLOCK_REALTIME, the uncertainty) in ns: a one-thread kernel reads the GPU's clock
         between two host reads, the tightest of ``tries``, or of up to ``most`` while none was within
         GLOBALTIMER_WINDOW_NS (other processes' kernels on the GPU may start it milliseconds late, and leave
-        the offset that uncertain); None when the kernel stored nothing (a driver that runs no kernels). The driver keeps %globaltimer near the Unix epoch, not on it: 1.19 ms
-        ahead on the H200 of 2026-12-01, which launch probes' enqueue times must not carry."""
+        the offset that uncertain); None when the kernel stored nothing (a driver that runs no kernels). The
+        driver keeps %globaltimer near the Unix epoch, not on it: 1.19 ms ahead on the H200 of 2026-12-01,
+        which launch probes' enqueue times must not carry."""
         with self._from_any_thread():
             module = self.driver.load(GLOBALTIMER_PTX, library=False)
             try:

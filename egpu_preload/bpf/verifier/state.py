@@ -284,8 +284,9 @@ def fmt_value(v: Value, maps: list[MapDef]) -> str:
             parts.append(f"var_off=(0x{v.tv:x}; 0x{v.tm:x})")
         if v.umax > M32:   # the low half's bounds, where the 64-bit ones do not give them
             parts += [f"{k}={getattr(v, k)}" for k, d in (("u32min", 0), ("u32max", M32)) if getattr(v, k) != d]
-        if not fits_s32(v):
-            parts += [f"{k}={getattr(v, k)}" for k, d in (("s32min", S32_MIN), ("s32max", S32_MAX)) if getattr(v, k) != d]
+        if not fits_s32(v):   # the low half's signed bounds, likewise
+            parts += [f"{k}={getattr(v, k)}" for k, d in (("s32min", S32_MIN), ("s32max", S32_MAX))
+                      if getattr(v, k) != d]
         if v.id:
             parts.append(f"id={v.id}" + (f"{v.off:+d}" if v.off else "") + ("(w32)" if v.aux else ""))
         return f"scalar({','.join(parts)})"
