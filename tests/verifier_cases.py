@@ -44,6 +44,15 @@ LOOKUP = """
 """
 LOOKUP_COUNTS = LOOKUP.format(m=0)   # next instruction is pc 6
 LOOKUP_ARR = LOOKUP.format(m=1)
+# r6 a 64-bit unknown whose low half, read as an int, is in [0, {hi}] by two signed 32-bit compares (the upper
+# bound first: no unsigned range of the low half holds [S32_MIN, hi]), r0 an arr value; pc 0..10.
+SIGNED_LOW_HALF = """
+    call ktime_get_ns
+    r6 = r0""" + LOOKUP_ARR + """
+    if r0 == 0 goto out
+    if w6 s> {hi} goto out
+    if w6 s< 0 goto out
+"""
 # r0 = ringbuf_reserve(events, 16, 0), pc 0..5.
 RESERVE = """
     r1 = map[2] ll
@@ -143,12 +152,7 @@ REJECT: tuple[Case, ...] = (
     out: r0 = 0
         exit""", "unbounded variable offset into map_value", 12),
     # w6 in [0, 64] by its signed low half (Linux's s32 bounds): 64 is one past the value
-    Case("jmp32_signed_bound_one_past_the_value", """
-        call ktime_get_ns
-        r6 = r0""" + LOOKUP_ARR + """
-        if r0 == 0 goto out
-        if w6 s> 64 goto out
-        if w6 s< 0 goto out
+    Case("jmp32_signed_bound_one_past_the_value", SIGNED_LOW_HALF.format(hi=64) + """
         w6 = w6
         r0 += r6
         r0 = *(u8 *)(r0 + 0)
@@ -1186,36 +1190,21 @@ ACCEPT: tuple[Case, ...] = (
         exit"""),
     # the low half's signed bounds (Linux's s32 bounds), from two signed 32-bit compares of a 64-bit unknown:
     # s> 50 first leaves [S32_MIN, 50], no unsigned range of the low half, which s< 0 then makes [0, 50]
-    Case("jmp32_signed_bounds_in_either_order", """
-        call ktime_get_ns
-        r6 = r0""" + LOOKUP_ARR + """
-        if r0 == 0 goto out
-        if w6 s> 50 goto out
-        if w6 s< 0 goto out
+    Case("jmp32_signed_bounds_in_either_order", SIGNED_LOW_HALF.format(hi=50) + """
         w6 = w6
         r0 += r6
         r0 = *(u8 *)(r0 + 10)
     out: r0 = 0
         exit"""),
     # clang's sign extension before -mcpu=v4: the low half moved up and back, its signed bounds with it
-    Case("shift_pair_sign_extends_the_signed_low_half", """
-        call ktime_get_ns
-        r6 = r0""" + LOOKUP_ARR + """
-        if r0 == 0 goto out
-        if w6 s> 50 goto out
-        if w6 s< 0 goto out
+    Case("shift_pair_sign_extends_the_signed_low_half", SIGNED_LOW_HALF.format(hi=50) + """
         r6 <<= 32
         r6 s>>= 32
         r0 += r6
         r0 = *(u8 *)(r0 + 10)
     out: r0 = 0
         exit"""),
-    Case("movsx_sign_extends_the_signed_low_half", """
-        call ktime_get_ns
-        r6 = r0""" + LOOKUP_ARR + """
-        if r0 == 0 goto out
-        if w6 s> 50 goto out
-        if w6 s< 0 goto out
+    Case("movsx_sign_extends_the_signed_low_half", SIGNED_LOW_HALF.format(hi=50) + """
         r6 = (s32)r6
         r0 += r6
         r0 = *(u8 *)(r0 + 10)

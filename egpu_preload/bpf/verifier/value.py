@@ -62,6 +62,11 @@ class Value(NamedTuple):
         return self.tm == 0
 
     @property
+    def low(self) -> tuple[int, int, int, int]:
+        """The low half's bounds: u32min, u32max, s32min, s32max (bounded's ``low``)."""
+        return self.u32min, self.u32max, self.s32min, self.s32max
+
+    @property
     def var(self) -> "Value":
         """The scalar part: the value of a scalar, the variable offset of a pointer."""
         return Value(SCALAR, self.umin, self.umax, self.smin, self.smax, self.tv, self.tm,
@@ -264,23 +269,21 @@ def lo32(v: Value) -> Value:
     """The low 32 bits, zero-extended: what a 32-bit operation reads, and what it writes back
     (RFC 9669 4.1: 32-bit results are zero-extended)."""
     lo, hi = (v.umin & M32, v.umax & M32) if v.umin >> 32 == v.umax >> 32 else (0, M32)
-    return bounded(max(lo, v.u32min), min(hi, v.u32max), t=(v.tv & M32, v.tm & M32),
-                   low=(v.u32min, v.u32max, v.s32min, v.s32max))
+    return bounded(lo, hi, t=(v.tv & M32, v.tm & M32), low=v.low)   # sync narrows lo, hi to the u32 bounds
 
 
 def sext32(v: Value) -> Value:
     """A value in [0, 2**32) read as a signed 32-bit number, sign-extended to 64 bits."""
     if v.umax <= S32_MAX:
         return v
-    low = (v.u32min, v.u32max, v.s32min, v.s32max)
     if v.umin > S32_MAX:
-        return bounded(smin=v.umin - (1 << 32), smax=v.umax - (1 << 32), t=((v.tv | ~M32) & M64, v.tm), low=low)
+        return bounded(smin=v.umin - (1 << 32), smax=v.umax - (1 << 32), t=((v.tv | ~M32) & M64, v.tm), low=v.low)
     tv, tm = v.tv, v.tm
     if tm >> 31 & 1:
         tm |= M64 & ~M32
     elif tv >> 31 & 1:
         tv |= M64 & ~M32
-    return bounded(smin=v.s32min, smax=v.s32max, t=(tv, tm), low=low)
+    return bounded(smin=v.s32min, smax=v.s32max, t=(tv, tm), low=v.low)
 
 
 def fits_u32(v: Value) -> bool:
