@@ -177,12 +177,18 @@ _COMPILED: list[tempfile.TemporaryDirectory] = []   # the objects _probe_object 
 def _verified(path: Path, bpf: "BpfObject") -> list:
     """Each program of ``bpf`` (``path``'s, as the user named it) verified; a refusal names the source line
     when the object has line info."""
-    from egpu_preload.bpf.lineinfo import located
     from egpu_preload.bpf.verifier import verify
     try:
         return [verify(prog.code, bpf.maps, file=str(path), section=prog.section) for prog in bpf.programs]
     except EgpuError as e:
-        raise located(e, read_input(Path(bpf.path)), str(path)) from None
+        raise _named(e, path, bpf) from None
+
+
+def _named(e: EgpuError, path: Path, bpf: "BpfObject") -> EgpuError:
+    """``e``, raised on ``bpf`` (``path``'s object, or the copy compiled from it), named as the user named it:
+    by the source line where the object's line info has it, never by the compiled copy, which is gone at exit."""
+    from egpu_preload.bpf.lineinfo import located
+    return located(e, read_input(Path(bpf.path)), str(path))
 
 
 @egpu.command()
@@ -281,7 +287,7 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="PROBE", parser=_path, he
     try:   # what the translator refuses, egpu-run refuses too: "ok" promises the probe loads
         probe_specs(bpf, verified)
     except EgpuError as e:
-        raise e.where(file=str(obj))
+        raise _named(e, obj, bpf) from None
     for prog, v in zip(bpf.programs, verified):
         typer.echo(f"prog {prog.name} ({prog.section}): ok, {len(v.insns)} insns")
         if v.budgeted:
@@ -310,7 +316,7 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="PROBE", parser=_path, he
                 raise EgpuError(api_why)
             typer.echo("host-API programs: in C, in the hooks")
     except EgpuError as e:
-        raise e.where(file=str(obj))
+        raise _named(e, obj, bpf) from None
 
 
 @egpu.command("ptx")
@@ -322,7 +328,7 @@ def ptx_cmd(obj: Path = typer.Argument(..., metavar="PROBE", parser=_path, help=
     try:
         typer.echo(probe_object_ptx(bpf), nl=False)
     except EgpuError as e:
-        raise e.where(file=str(obj))
+        raise _named(e, obj, bpf) from None
 
 
 def _integer(text: str) -> int:
@@ -429,7 +435,7 @@ def run_on_gpu_cmd(ctx: typer.Context,
     except NoRow as e:   # the values came from --maps: a document of a GPU with more SMs
         raise UsageError(f"--maps {maps_file}: {e.reason}", ctx=ctx) from None
     except EgpuError as e:
-        raise e.where(file=str(obj), section=program.section)
+        raise _named(e.where(section=program.section), obj, one) from None
     if state.loops_cut:   # each such run ended as helper 507 ends one: its maps hold what it did up to there
         from egpu_preload.bpf.verifier import LOOP_BUDGET
         typer.echo(f"egpu: {state.loops_cut} run{'s' * (state.loops_cut > 1)} of {name} cut by the loop budget "

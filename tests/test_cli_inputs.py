@@ -612,6 +612,25 @@ def test_a_refusal_inside_a_subprogram_names_its_source_line(tmp_path):
     assert e.file == f"{src}:6", e.file
 
 
+QUEUE_ON_THE_GPU = HEAD + """struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__uint(max_entries, 16);
+	__type(value, __u64);
+} q SEC(".maps");
+SEC("kprobe/*")
+int push(struct egpu_ctx *ctx) { __u64 v = ctx->site; bpf_map_push_elem(&q, &v, 0); return 0; }
+""" + LICENSE
+
+
+@pytest.mark.parametrize("command", ["verify", "ptx"])
+def test_a_translator_refusal_names_the_source_as_the_user_named_it(tmp_path, monkeypatch, command):
+    """A refusal past the verifier (a queue a GPU program pushes to) names the .bpf.c given, relative as given,
+    and its line: not the compiled copy, a temporary folder gone at exit, nor the absolute path clang saw."""
+    (tmp_path / "queue.bpf.c").write_text(QUEUE_ON_THE_GPU)
+    monkeypatch.chdir(tmp_path)
+    refused(egpu, [command, "queue.bpf.c"], 1, "egpu: queue.bpf.c:8:kprobe/*:")
+
+
 def test_the_readmes_scope_rule():
     """README: .warp/.block right before the / that opens the glob; not after egpu; not on launch probes."""
     from egpu_preload.bpf.sections import parse_section

@@ -15,6 +15,7 @@ with line info this module cannot read, gives no lines and no error.
 from __future__ import annotations
 
 import io
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -138,7 +139,11 @@ def located(e: EgpuError, data: bytes, named: str) -> EgpuError:
     (``x.bpf.c:8``), else by ``named``; its verifier log gains the source lines either way."""
     table = LineTable.from_object(data, named) if e.section and data else LineTable({}, {})
     line = table.lookup(e.section, e.insn) if e.section and e.insn is not None else None
-    e.file = str(line) if line is not None and named.endswith(".c") else named
+    if line is not None and named.endswith(".c"):   # as the user named the source, a header's line by its own path
+        same = os.path.realpath(line.file) == os.path.realpath(named)
+        e.file = f"{named}:{line.line}" if same else str(line)
+    else:
+        e.file = named
     if e.detail and e.section:
         e.detail = table.annotate(e.section, e.detail)
     return e
