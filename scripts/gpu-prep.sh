@@ -18,6 +18,8 @@ for src in srcs:
     for mcpu in ("v3", "v4"):
         compile_probe(src, Path(".gpubuild/probes") / f"{src.name.removesuffix('.bpf.c')}.{mcpu}.bpf.o", mcpu=mcpu)
 PY
+# README's example probe, as a reader copies it (tests/test_e2e_gpu.py runs it on the README's sample program)
+PYTHONPATH=tests python3 -c 'from pathlib import Path; from readme_blocks import build_snippet; build_snippet(Path(".gpubuild/probes"))'
 # bpftime's example probes, with bpftime's flags (tests/test_bpftime_examples.py reads them from here)
 PYTHONPATH=tests python3 -c 'from pathlib import Path; from bpftime_build import build_all; build_all(Path(".gpubuild/bpftime"))'
 # bpftime's CUTLASS example program, which the GPU machine cannot build (no CUTLASS there): against the

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,27 @@ def test_nvcc_program_text_output(vecadd, shim, probe_obj, tmp_path):
     r = egpu_run(["-p", str(probe_obj("count")), str(vecadd["static"]), "3", "2560"], env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == f"@counts: {3 * 2560}"
+
+
+def test_the_readmes_quick_start_and_example_probe_print_what_the_readme_says(shim, probe_obj, tmp_path):
+    """README's set-up command past `make install && make shim` (gpu-test.sh installed and built them), as
+    written, from the repository's root; then its example probe (gpu-prep.sh compiled it: no clang here) on
+    the same program."""
+    from readme_blocks import SNIPPET_NAME, build_snippet, quick_start
+    _, _, nvcc, run = quick_start()
+    subprocess.run(shlex.split(nvcc.replace("-o vecadd", f"-o {tmp_path / 'vecadd'}")), cwd=ROOT, check=True)
+    env = env_for(shim, tmp_path)
+    _, _, probe, _, *args = shlex.split(run)
+    assert probe == "tests/probes/count.bpf.c"
+    r = egpu_run(["-p", str(probe_obj("count")), str(tmp_path / "vecadd"), *args], env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    launches, threads = map(int, args)
+    assert r.stdout.splitlines()[-1] == f"@counts: {launches * threads}", r.stdout
+    prebuilt = os.environ.get("EGPU_PREBUILT_PROBES")
+    snippet = Path(prebuilt) / f"{SNIPPET_NAME}.v3.bpf.o" if prebuilt else build_snippet(tmp_path)
+    r = egpu_run(["-p", str(snippet), str(tmp_path / "vecadd"), *args], env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == f"@bytes[vecadd]: {launches * threads * 2 * 4}", r.stdout
 
 
 @pytest.fixture(scope="module")
