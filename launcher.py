@@ -279,12 +279,14 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="PROBE", parser=_path, he
     from egpu_preload.bpf.sections import API_KINDS, HOST_KINDS
     from egpu_preload.bpf.verifier import budget_note
     from egpu_preload.runtime import native, uprobes
+    from egpu_preload.runtime.probes import host_only_refusal
     from egpu_preload.translate.devmaps import layout
     from egpu_preload.translate.striping import stripe_counters
     from egpu_preload.translate.rewrite import probe_specs
     bpf = _probe_object(obj)
     verified = _verified(obj, bpf)
-    try:   # what the translator refuses, egpu-run refuses too: "ok" promises the probe loads
+    try:   # what egpu-run refuses after the verifier, egpu verify refuses too: "ok" promises the probe loads
+        host_only_refusal(bpf)
         probe_specs(bpf, verified)
     except EgpuError as e:
         raise _named(e, obj, bpf) from None
@@ -322,10 +324,12 @@ def verify_cmd(obj: Path = typer.Argument(..., metavar="PROBE", parser=_path, he
 @egpu.command("ptx")
 def ptx_cmd(obj: Path = typer.Argument(..., metavar="PROBE", parser=_path, help="a .bpf.o or .bpf.c")) -> None:
     """Print the PTX module a probe object becomes (each program verified, then translated)."""
+    from egpu_preload.runtime.probes import host_only_refusal
     from egpu_preload.translate import probe_object_ptx
     bpf = _probe_object(obj)
     _verified(obj, bpf)
     try:
+        host_only_refusal(bpf)
         typer.echo(probe_object_ptx(bpf), nl=False)
     except EgpuError as e:
         raise _named(e, obj, bpf) from None
