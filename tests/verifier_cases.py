@@ -2033,6 +2033,51 @@ int hot_slots(struct egpu_ctx *ctx)
 
 char LICENSE[] SEC("license") = "GPL";
 """,
+    "map_by_path": r"""/* One helper call, a map chosen per path: Linux accepts it (the call site's map pointer is
+ * poisoned and the map's own ops run); the translator refused it, "r1 is not a map known at translation time". */
+#include "egpu.bpf.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u64);
+} loads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, __u64);
+} stores SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, __u64);
+} atomics SEC(".maps");
+
+struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096); } rb_small SEC(".maps"), rb_big SEC(".maps");
+
+SEC("egpu/mem/*")
+int by_kind(struct egpu_ctx *ctx)
+{
+	void *m = ctx->flags & EGPU_F_ATOMIC ? (void *)&atomics : ctx->flags & EGPU_F_STORE ? (void *)&stores
+										  : (void *)&loads;
+	__u32 k = ctx->site & 63;
+	__u64 sz = ctx->size, *v = bpf_map_lookup_elem(m, &k);
+
+	if (v)
+		__sync_fetch_and_add(v, sz);
+	else
+		bpf_map_update_elem(m, &k, &sz, BPF_NOEXIST);
+	bpf_ringbuf_output(sz > 8 ? (void *)&rb_big : (void *)&rb_small, &sz, sizeof(sz), 0);
+	return 0;
+}
+
+char LICENSE[] SEC("license") = "GPL";
+""",
     # a read-only map's values are read, a write-only map's written, looked up, updated and deleted (Linux too)
     "rdonly_prog": ACCESS_FLAGS.format(flags="BPF_F_RDONLY_PROG", body="return *v;"),
     "wronly_prog": ACCESS_FLAGS.format(flags="BPF_F_WRONLY_PROG", body="*v = ctx->site;\n\tbpf_map_update_elem(&m, "

@@ -174,6 +174,7 @@ class FuncGen:
         self.base = self.top = 0
         self.ret_label = "$Lexit"
         self.reads_table = False   # a .const map table load was emitted: the prologue checks it is filled
+        self.call_map: int | None = None   # the map a helper call is emitted for (helpers_ptx.emit_helper)
         self.unfilled: tuple[str, str] | None = None   # that check's registers, once body() is done
 
     # ---- statements and temporaries -------------------------------------------------------
@@ -229,7 +230,9 @@ class FuncGen:
         return self.verified.consts.get(pc) if self.verified is not None else None
 
     def map_index(self, insn: Insn, reg: int) -> int:
-        """The map a helper call passes in r<reg>, the same on every path."""
+        """The map a helper call passes in r<reg>: the same on every path, or the one emit_helper emits it for."""
+        if self.call_map is not None:
+            return self.call_map
         index = self.verified.maps.get(insn.pc) if self.verified is not None else None
         if index is None:
             why = "different maps on different paths" if self.verified is not None else "an unverified program"

@@ -29,7 +29,29 @@ def emit_helper(g: FuncGen, insn: Insn) -> None:
     emit = _EMIT.get(helper.name)
     if emit is None:   # a host program's alone (queue, stack and bloom filter maps'): the loader refuses it first
         raise g.fail(insn, f"{helper.name} has no GPU form: host programs only")
-    emit(g, insn)
+    choices = sorted(g.verified.map_choices.get(insn.pc, ())) if g.verified is not None else []
+    if not choices:
+        emit(g, insn)
+        return
+    # Paths pass different maps (Linux's poisoned map pointer, which calls the map's own ops): the call is
+    # emitted once per map, chosen by comparing the map argument with each map's table entry.
+    arg, done = g.reg(helper.args.index("map") + 1), g.label()
+
+    def emit_for(index: int) -> None:
+        g.call_map = index
+        emit(g, insn)
+        g.call_map = None
+
+    for index in choices[:-1]:
+        entry, other, skip = g.t64(), g.pred(), g.label()
+        g.table_entry(entry, index)
+        g.emit(f"setp.ne.u64 {other}, {arg}, {entry};")
+        g.emit(f"@{other} bra {skip};")
+        emit_for(index)
+        g.emit(f"bra {done};")
+        g.place(skip)
+    emit_for(choices[-1])
+    g.place(done)
 
 
 # ---- small pieces --------------------------------------------------------------------------------

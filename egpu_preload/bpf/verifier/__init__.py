@@ -91,6 +91,8 @@ class VerifiedProgram:
     budgeted: frozenset[int] = frozenset()    # pc of each backward jump counted against LOOP_BUDGET: the
                                               # loops of a DIRECTLY_RUN program the verifier cannot bound
     callbacks: Mapping[int, int] = field(default_factory=dict)   # pc of a bpf_loop call -> its callback's pc
+    map_choices: Mapping[int, frozenset[int]] = field(default_factory=dict)   # pc of a helper call whose paths
+                                                                               # pass different maps -> those maps
 
 
 def budget_note(v: VerifiedProgram) -> str:
@@ -223,7 +225,8 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
                            MappingProxyType({k: v for k, v in env.arg_stack.items() if v is not None}),
                            frozenset(env.ctx_reads), MappingProxyType(dict(env.ctx_at)),
                            MappingProxyType({m: frozenset(u) for m, u in env.value_uses.items()}),
-                           frozenset(search.budgeted), MappingProxyType(dict(env.callbacks)))
+                           frozenset(search.budgeted), MappingProxyType(dict(env.callbacks)),
+                           MappingProxyType({pc: frozenset(c) for pc, c in env.map_choices.items() if len(c) > 1}))
 
 
 class _Search:

@@ -79,9 +79,9 @@ Succ = list[tuple[State, int]]
 class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
-    __slots__ = ("cfg", "maps", "layout", "regions", "map_refs", "depth", "consts", "arg_align", "arg_stack",
-                 "ctx_reads", "ctx_at", "value_uses", "pointers_read", "callbacks", "wants", "touched", "linked",
-                 "_last_id")
+    __slots__ = ("cfg", "maps", "layout", "regions", "map_refs", "map_choices", "depth", "consts", "arg_align",
+                 "arg_stack", "ctx_reads", "ctx_at", "value_uses", "pointers_read", "callbacks", "wants", "touched",
+                 "linked", "_last_id")
 
     def __init__(self, cfg: Cfg, maps: list[MapDef], layout: egpu_ctx.Layout = egpu_ctx.EGPU_CTX) -> None:
         self.cfg = cfg
@@ -89,6 +89,7 @@ class Env:
         self.layout = layout  # the context r1 points to at entry (ctx.layout_for the program's section)
         self.regions: dict[int, str] = {}
         self.map_refs: dict[int, int | None] = {}
+        self.map_choices: dict[int, set[int]] = {}   # pc -> every map its paths pass
         self.depth = [0] * len(cfg.subprogs)
         self.consts: dict[int, int | None] = {}
         self.arg_align: dict[tuple[int, int], int] = {}
@@ -119,6 +120,7 @@ class Env:
             self.regions[pc] = "mixed"
 
     def note_map(self, pc: int, index: int) -> None:
+        self.map_choices.setdefault(pc, set()).add(index)
         if self.map_refs.setdefault(pc, index) != index:
             self.map_refs[pc] = None
 
