@@ -21,7 +21,7 @@ from egpu_preload.runtime import dump, job
 from stub_job import MORE, ROOT, egpu_run
 
 BAD_PROBE = """#include "egpu.bpf.h"
-struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64); } m SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64); } m SEC(".maps");
 SEC("kprobe/*")
 int unchecked(struct egpu_ctx *ctx)
 {

@@ -278,6 +278,19 @@ REJECT: tuple[Case, ...] = (
     # maps
     Case("map_value_not_null_checked", LOOKUP_COUNTS + "r0 = *(u64 *)(r0 + 0x0)\nexit",
          "invalid mem access 'map_value_or_null'", 6),
+    # Linux 6.14 elides the NULL check only for an array's key known below max_entries (can_elide_value_nullness)
+    Case("array_key_past_the_end_not_null_checked", LOOKUP_ARR.replace("= 0", "= 16") + "r0 = *(u64 *)(r0 + 0x0)\n"
+         "exit", "invalid mem access 'map_value_or_null'", 6),
+    Case("array_key_unknown_not_null_checked", """
+        call get_prandom_u32
+        r0 &= 7
+        *(u32 *)(r10 - 4) = r0
+        r2 = r10
+        r2 += -4
+        r1 = map[1] ll
+        call map_lookup_elem
+        r0 = *(u64 *)(r0 + 0x0)
+        exit""", "invalid mem access 'map_value_or_null'", 8),
     Case("map_value_checked_on_wrong_branch", LOOKUP_COUNTS + """
         if r0 != 0 goto out
         r1 = *(u64 *)(r0 + 0x0)
@@ -1058,7 +1071,7 @@ REJECT: tuple[Case, ...] = (
          "invalid mem access 'func'", 2),
     Case("function_address_compared", "r2 = func cb ll\nr0 = 0\nif r2 == 0 goto +1\nr0 = 1\nexit\ncb: r0 = 0\nexit",
          "comparison of a function's address prohibited", 3),
-    Case("loop_ctx_maybe_null", LOOKUP_ARR + "r1 = 4\nr3 = r0\n" + LOOP_CALL + "r0 = 0\nexit\ncb: r0 = 0\nexit",
+    Case("loop_ctx_maybe_null", LOOKUP_COUNTS + "r1 = 4\nr3 = r0\n" + LOOP_CALL + "r0 = 0\nexit\ncb: r0 = 0\nexit",
          "r3 is map_value_or_null, loop passes its callback a pointer to the stack or a map value", 11),
     # the index is below nr_loops: 3 rounds of 8 bytes overrun a 16-byte array
     Case("callback_index_past_the_array", """
@@ -1349,6 +1362,14 @@ ACCEPT: tuple[Case, ...] = (
         r0 += 3
         r2 += -1
         if r2 != 0 goto loop
+        exit"""),
+    # an array's value at a key known below max_entries is never NULL: Linux 6.14's can_elide_value_nullness
+    Case("array_key_known_never_null", LOOKUP_ARR + """
+        r1 = 1
+        lock *(u64 *)(r0 + 0x38) += r1
+        if r0 == 0 goto out
+        r0 = *(u64 *)(r0 + 0x0)
+    out:
         exit"""),
     Case("null_check_eq", LOOKUP_COUNTS + """
         if r0 == 0 goto out

@@ -710,6 +710,7 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
     f = st.top
     m: int | None = None
     mem: tuple[int, Value, str] | None = None   # (arg, pointer, its kind: mem, mem_out or record)
+    key: int | None = None   # a key known when verifying
     release = size = callback = 0
     for n, arg in enumerate(h.args, 1):
         v = f.regs[n]
@@ -730,7 +731,8 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
             _helper_mem(env, st, h, n, v, need, write=arg == "value_out" and md.type != MAP_BLOOM_FILTER,
                         unwritten=arg == "value" and md.type != MAP_BLOOM_FILTER)
             if arg == "key":  # a constant key folds to an address
-                env.note_const(insn.pc, _stack_const(st, v, need))
+                key = _stack_const(st, v, need)
+                env.note_const(insn.pc, key)
                 if v.kind == STACK and v.is_const and need <= 8:
                     o = v.off + v.smin
                     env.wants.extend(slot_key(v.aux, k) for k in range(_slot_of(o + need - 1)[0], _slot_of(o)[0] + 1))
@@ -795,6 +797,8 @@ def _call(env: Env, st: State, insn: Insn) -> Succ:
         f.regs[r] = NOT_INIT_VALUE
     if h.ret == "size_or_errno":   # the kernel's do_refine_retval_range
         f.regs[0] = bounded(smin=-_MAX_ERRNO, smax=longest)
+    elif h.ret == "map_value_or_null" and _never_null(env.maps[m], key):
+        f.regs[0] = pointer(MAP_VALUE, aux=m)
     elif h.ret == "map_value_or_null":
         f.regs[0] = pointer(MAP_VALUE_OR_NULL, aux=m, id=env.new_id())
     elif h.ret == "ringbuf_mem_or_null":
@@ -824,6 +828,12 @@ def _printk_format(env: Env, fmt: Value, size: Value) -> None:
 
 def _noexist(flags: Value) -> bool:
     return flags.kind == SCALAR and flags.is_const and flags.tv == BPF_NOEXIST
+
+
+def _never_null(md: MapDef, key: int | None) -> bool:
+    """A lookup that finds its value on every engine: an array's, with a key known below max_entries (Linux
+    6.14's can_elide_value_nullness, so its r0 needs no NULL check; the key's stack bytes are wanted above)."""
+    return md.type in (MAP_ARRAY, MAP_PERCPU_ARRAY) and key is not None and key < md.max_entries
 
 
 def _stack_const(st: State, v: Value, size: int) -> int | None:
