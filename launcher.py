@@ -381,6 +381,7 @@ def run_on_gpu_cmd(ctx: typer.Context,
     from egpu_preload.output import json as json_out
     from egpu_preload.output import text as text_out
     from egpu_preload.output.values import snapshot
+    from egpu_preload.runtime.probes import host_only_refusal
     from egpu_preload.translate.devmaps import NoRow
     from egpu_preload.translate.striping import stripe_counters
     from egpu_preload.vm.thread import launch_refusal
@@ -416,6 +417,10 @@ def run_on_gpu_cmd(ctx: typer.Context,
                         file=str(obj))
     one = dataclasses.replace(bpf, programs=[program])   # the others are neither verified nor run
     (verified,) = _verified(obj, one)
+    try:   # the GPU keeps no QUEUE, STACK or BLOOM_FILTER map: --vm runs no program the GPU refuses
+        host_only_refusal(one)
+    except EgpuError as e:
+        raise _named(e, obj, one) from None
     stripe_counters(one, [verified])
     state = MapsState(one.maps)
     if doc is not None:

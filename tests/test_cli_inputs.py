@@ -134,16 +134,17 @@ def test_a_refused_probe_source_is_named_by_its_line(tmp_path, monkeypatch, rela
     assert r.exit_code == 1 and re.match(where + ".*program too complex", first), r.stderr
 
 
-@pytest.mark.parametrize("command", ["verify", "ptx"])
+@pytest.mark.parametrize("command", [["verify"], ["ptx"], ["run-on-gpu", "--vm"]], ids=" ".join)
 def test_a_probe_source_egpu_run_refuses_after_the_verifier_is_named_as_egpu_run_names_it(tmp_path, command):
     """Found writing probes: a GPU program pushing to a QUEUE verified, then egpu verify and egpu ptx said
     "/tmp/egpu-compile-.../q.bpf.o:kprobe/*:7: map_push_elem has no GPU form", naming the compiled copy, gone
-    at exit, where egpu-run names the source and the map."""
+    at exit, where egpu-run names the source and the map; egpu run-on-gpu --vm ran it, printing "@q: 0"."""
     src = tmp_path / "q.bpf.c"
     src.write_text(HEAD + "struct { __uint(type, BPF_MAP_TYPE_QUEUE); __uint(max_entries, 16); __type(value, __u64); }"
                    ' q SEC(".maps");\nSEC("kprobe/*")\nint p(struct egpu_ctx *ctx)\n{\n\t__u64 v = ctx->site;\n'
                    "\tbpf_map_push_elem(&q, &v, 0);\n\treturn 0;\n}\n" + LICENSE)
-    refused(egpu, [command, src], 1, f"egpu: {src}: QUEUE maps are host-only: GPU program p (kprobe/*) uses map q")
+    args = [*command, src] + (["p"] if command[0] == "run-on-gpu" else [])
+    refused(egpu, args, 1, f"egpu: {src}: QUEUE maps are host-only: GPU program p (kprobe/*) uses map q")
 
 
 def test_disasm_names_the_file_and_section_of_an_instruction_it_cannot_decode(files):
