@@ -48,6 +48,7 @@ PROGRAMS = {
     "process": [("who", "kprobe/*", Attach("entry", "*", T))],
     "percpu_hash": [("count_calls", "kprobe/*", Attach("entry", "*", T))],
     "callback": [("loop_sum", "kprobe/*", Attach("entry", "*", T))],
+    "map_by_path": [("by_path", "kprobe/*", Attach("entry", "*", T))],
 }
 
 # probe -> maps as (name, type, key_size, value_size, max_entries, flags, readonly)
@@ -72,6 +73,7 @@ MAPS = {
     "percpu_hash": [("calls", MAP_PERCPU_HASH, 8, 8, 64, 0, False), ("sites", MAP_LRU_PERCPU_HASH, 4, 16, 8, 0, False),
                     ("percpu_h.bss", MAP_ARRAY, 4, 24, 1, 0, False)],
     "callback": [("results", MAP_ARRAY, 4, 8, 6, 0, False)],
+    "map_by_path": [("calls", MAP_ARRAY, 4, 8, 4, 0, False), ("sites", MAP_HASH, 4, 8, 16, 0, False)],
 }
 
 # probe -> per program, its map references in code order: a map name, or (data map name, offset).
@@ -93,10 +95,11 @@ REFS = {
     "process": [["seen"]],
     "percpu_hash": [["calls"] * 5 + ["sites"] * 3 + [("percpu_h.bss", 0)]],
     "callback": [["results"] * 6],
+    "map_by_path": [["calls", "calls", "sites", "sites"]],
 }
 
 # probe -> per program, (instruction count after linking, pcs that local calls enter)
-CALLS = {"subprog": [(25, [3, 17]), (30, [8, 22, 22])]}
+CALLS = {"subprog": [(25, [3, 17]), (30, [8, 22, 22])], "map_by_path": [(43, [24, 24, 24])]}
 
 # probe -> per program, helper ids called in code order
 HELPER_CALLS = {
