@@ -104,6 +104,10 @@ def test_malformed_body_is_a_ptx_error(body):
      [("t_0", "u64", 8, 8), ("t_1", "f32", 4, 4)]),
     (".entry s(.param .align 8 .b8 s_0[24], .param .b16 s_1)", [("s_0", "b8", 24, 8), ("s_1", "b16", 2, 2)]),
     (".weak .entry w(.param .u64 w_0 /* ptr */)", [("w_0", "u64", 8, 8)]),
+    # Found by the PTX zoo: a comment after the linkage hid the kernel, and one holding ')' cut the parameter
+    # list short (the launch id went into the comment); ptxas reads both as white space.
+    (".visible /* a */ .entry // b\n c /* ( */ (.param .u64 c_0, // )\n.param .u32 c_1 /* ) */\n)",
+     [("c_0", "u64", 8, 8), ("c_1", "u32", 4, 4)]),
 ])
 def test_kernel_signatures(header, params):
     mod = ptx.parse(f".version 8.0\n.target sm_90\n.address_size 64\n{header}\n.maxntid 128, 1, 1\n{{\nret;\n}}\n")

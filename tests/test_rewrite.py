@@ -159,6 +159,18 @@ def test_comments_and_blanks_inside_instructions():
     _assembles(res.text)
 
 
+def test_comments_in_a_kernel_header_and_operands_without_blanks():
+    """Found by the PTX zoo: a comment in the parameter list holding ')' put the launch id inside the comment (ptxas
+    refused the module), and 'ld.global.f32%f1,[%rd1]', which ptxas takes, failed its kernel ('no access type')."""
+    body = REGS + "ld.param.u64 %rd1, [k_0];\nld.global.f32%f1,[%rd1];\nret;"
+    text = _kernel(body, ".param .u64 k_0 // the pointer (k_0)\n")
+    res = instrument(text, [_probe("entry"), _probe("mem")])
+    assert res.status("k").calls == 2, res.kernels
+    assert "k_0,\n\t.param .u64 __egpu_launch_id // the pointer (k_0)\n)" in res.text
+    _assembles(text)
+    _assembles(res.text)
+
+
 def test_sites_inside_inline_asm_scopes_use_scoped_registers():
     body = REGS + "{\n.reg .pred p;\n.reg .b64 a;\nsetp.ne.u32 p, %r1, 0;\nmov.b64 a, %rd1;\n" \
                   "@p ld.global.nc.f32 %f1, [a+4];\n}\nret;"

@@ -320,16 +320,26 @@ def _top_item(mod: Module, start: int) -> int:
 
 def _function(mod: Module, start: int, end: int, body_open: int | None) -> None:
     head_end = body_open if body_open is not None else end
-    m = _HEADER.search(mod.text, start, head_end)
-    if m is None or mod.text[start:m.start()].strip():
+    # Matched with its comments blanked (ptxas reads them as white space, section 4.2): one between the
+    # linkage and .entry hid the kernel, a ')' in one ended the parameter list there.
+    head = blank_comments(mod.text[start:head_end])
+    m = _HEADER.match(head)
+    if m is None:
         return  # a variable or other declaration: raw text
     params = params_end = None
     if m.group("params") is not None:
-        params_end = m.end("params")
+        params_end = start + m.end("params")
         params = _params(m.group("params"))
-    linkage = tuple(mod.text[start:m.start("kind") - 1].split())
+    linkage = tuple(head[:m.start("kind") - 1].split())
     mod.functions.append(Function(mod.text, start, end, m.group("kind"), m.group("name"), linkage,
                                   params, params_end, body_open))
+
+
+def blank_comments(text: str) -> str:
+    """``text`` with each comment's characters but newlines turned to spaces: the same offsets, no comments."""
+    if "/" not in text:
+        return text
+    return _COMMENT.sub(lambda m: m.group(1) or re.sub(r"[^\n]", " ", m.group()), text)
 
 
 # Of the attributes only .align takes a number, and it must (section 5.4.5).
@@ -399,8 +409,9 @@ def _parse_body(text: str, start: int, end: int) -> list[Stmt]:
 _SKIP = re.compile(_BLANKS, re.S)
 _GUARD = re.compile(r"@\s*(!?)\s*([$%\w]+)\s*")
 _COMMENT = re.compile(r'("(?:[^"\\\n]|\\.)*")|//[^\n]*|/\*.*?\*/', re.S)
-# The opcode and the operands; ptxas reads "ld .global.f32" (and "ld.global/**/.f32") as "ld.global.f32".
-_OPCODE = re.compile(r"(\S*(?:\s+\.\S*)*)\s*(.*)", re.S)
+# The opcode and the operands; ptxas reads "ld .global.f32" (and "ld.global/**/.f32") as "ld.global.f32", and
+# "ld.global.f32%f1,[%rd1]" as "ld.global.f32 %f1, [%rd1]": an opcode is word characters, dots and colons.
+_OPCODE = re.compile(r"([\w.:]*(?:\s+\.[\w.:]*)*)\s*(.*)", re.S)
 
 
 def _statement(text: str, start: int, end: int, depth: int) -> Stmt:

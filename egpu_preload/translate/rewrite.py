@@ -399,8 +399,8 @@ class _Kernel:
 
     def _launch_param(self) -> ptx.Edit:
         fn = self.fn
-        head = self.text[fn.start:fn.params_end]
-        last = fn.start + len(head.rstrip())   # after the last parameter (or the '(')
+        head = ptx.blank_comments(self.text[fn.start:fn.params_end])
+        last = fn.start + len(head.rstrip())   # after the last parameter (or the '('), not in a comment after it
         sep = "" if not fn.params else ","
         return ptx.Edit(last, last, f"{sep}\n\t.param .u64 {LAUNCH_PARAM}")
 
