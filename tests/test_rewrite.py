@@ -435,6 +435,10 @@ def test_kernel_with_no_site_for_its_probes_is_untouched():
      ProbeSpec(Attach("entry", "*", "thread"), "egpu_test_stats_thread", ptx_corpus.stats_probe("thread"),
                (7, 0), 80), "7.0", "sm_80", "sm_80"),
     (".version 8.0\n.target sm_90a\n.address_size 64\n", _probe("entry", "warp"), "8.0", "sm_90a", "sm_90a"),
+    # Found by the PTX zoo: ptxas reads a header directive's operand across comments and line breaks; the
+    # parser read only its line, so the probes went between .target and its operand, or before .address_size.
+    (".version 6.4 // the version\n.target\nsm_75 // the target\n.address_size/**/64\n", _probe("entry", "warp"),
+     "6.4", "sm_75", "sm_75"),
 ])
 def test_version_and_target_raised_only_when_needed(head, probe, version, target, arch):
     res = instrument(_kernel("ret;", head=head), [probe])

@@ -25,7 +25,8 @@ _TOKEN = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:[^"\\\n]|\\.)*"|;|\{|\}|\(|\)|=', r
 _BRACE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:[^"\\\n]|\\.)*"|\{|\}', re.S)
 _SPACE = re.compile(r'(?:\s+|//[^\n]*|/\*.*?\*/)*', re.S)
 _SPACES = re.compile(r'(?:\s+|//[^\n]*|/\*.*?\*/)+', re.S)
-_LINE_DIRECTIVES = (".version", ".target", ".address_size", ".file", ".loc")
+_LINE_DIRECTIVES = (".file", ".loc")
+_HEADER_DIRECTIVES = (".version", ".target", ".address_size")
 
 # One statement-level token of a function body (section 4.3: statements, labels, scopes).
 # A body token after any whitespace and comments (one match for both: bodies are mostly lines), or
@@ -239,9 +240,12 @@ def parse(text: str) -> Module:
         if pos >= n:
             break
         start = pos
-        if text.startswith(_LINE_DIRECTIVES, pos):
+        if text.startswith(_HEADER_DIRECTIVES, pos):
+            m = _HEADER_LINE.match(text, pos)
+            pos = m.end()
+            _header_line(mod, m)
+        elif text.startswith(_LINE_DIRECTIVES, pos):
             pos = _line_end(text, pos)
-            _header_line(mod, start, pos)
         elif text.startswith(".section", pos):
             pos = _matching_brace(text, _find(text, "{", pos)) + 1
         else:
@@ -262,21 +266,18 @@ def _find(text: str, ch: str, pos: int) -> int:
     return i
 
 
-def _header_line(mod: Module, start: int, end: int) -> None:
-    words = mod.text[start:end].split("//")[0].replace(",", " ").split()
-    if words[0] == ".version" and len(words) > 1:
-        major, _, minor = words[1].partition(".")
+def _header_line(mod: Module, m: re.Match[str]) -> None:
+    kind, first = m.group("kind", "first")
+    if kind == "version" and first is not None:
+        major, _, minor = first.partition(".")
         if not all(part.isascii() and part.isdigit() for part in (major, minor or "0")):   # isdigit: '²' too
-            raise PtxError(f".version {words[1]}: expected MAJOR.MINOR")
+            raise PtxError(f".version {first}: expected MAJOR.MINOR")
         mod.version = (int(major), int(minor or 0))
-        vstart = mod.text.index(words[1], start)
-        mod.version_span = (vstart, vstart + len(words[1]))
-    elif words[0] == ".target" and len(words) > 1:
-        mod.target = words[1]
-        tstart = mod.text.index(words[1], start)
-        mod.target_span = (tstart, tstart + len(words[1]))
-    if words[0] in (".version", ".target", ".address_size"):
-        mod.header_end = end
+        mod.version_span = m.span("first")
+    elif kind == "target" and first is not None:
+        mod.target = first
+        mod.target_span = m.span("first")
+    mod.header_end = m.end()
 
 
 def _matching_brace(text: str, open_pos: int) -> int:
@@ -407,6 +408,10 @@ def _parse_body(text: str, start: int, end: int) -> list[Stmt]:
 
 
 _SKIP = re.compile(_BLANKS, re.S)
+# .version, .target and .address_size with their operands, which ptxas reads across blanks, comments and line
+# breaks as anywhere else (".target/**/sm_90", ".target\nsm_90, debug"); the next directive is no operand.
+_HEADER_LINE = re.compile(rf"""\.(?P<kind>version|target|address_size)\b
+    (?:{_BLANKS}(?P<first>(?!\.[A-Za-z_])[\w.]++)(?:{_BLANKS},{_BLANKS}\w[\w.]*+)*+)?""", re.X | re.S)
 _GUARD = re.compile(r"@\s*(!?)\s*([$%\w]+)\s*")
 _COMMENT = re.compile(r'("(?:[^"\\\n]|\\.)*")|//[^\n]*|/\*.*?\*/', re.S)
 # The opcode and the operands; ptxas reads "ld .global.f32" (and "ld.global/**/.f32") as "ld.global.f32", and
