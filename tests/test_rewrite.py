@@ -171,6 +171,18 @@ def test_comments_in_a_kernel_header_and_operands_without_blanks():
     _assembles(res.text)
 
 
+def test_comments_inside_vector_operands():
+    """Found by the PTX zoo's layout fuzz: a comment holding '{', '}' or ';' inside a vector operand failed the
+    kernel ('cannot parse'), and an address in one was taken for the instruction's."""
+    body = REGS + "ld.param.u64 %rd1, [k_0];\nld.global.v2.f32 {%f1, /* [%rd2] */ %f2}, [%rd1+8];\n" \
+                  "st.global.v2.f32 [%rd1], {%f1, // { ;\n %f2};\nret;"
+    res = instrument(_kernel(body), [_probe("mem")])
+    assert res.status("k").calls == 2, res.kernels
+    assert res.text.count("mov.b64 %__egpu_a, %rd1;") == 2 and "%rd2;" not in res.text
+    _assembles(_kernel(body))
+    _assembles(res.text)
+
+
 def test_sites_inside_inline_asm_scopes_use_scoped_registers():
     body = REGS + "{\n.reg .pred p;\n.reg .b64 a;\nsetp.ne.u32 p, %r1, 0;\nmov.b64 a, %rd1;\n" \
                   "@p ld.global.nc.f32 %f1, [a+4];\n}\nret;"

@@ -38,9 +38,10 @@ _HEADER_DIRECTIVES = (".version", ".target", ".address_size")
 # inside) the same way.
 _BLANKS = r"(?>(?:\s+|//[^\n]*|/\*.*?\*/)*)"
 # A statement's text up to its ';': {} groups (vector operands), strings and lone slashes included;
-# _TAIL_C takes comments too (ptxas reads them as white space anywhere, section 4.2).
-_TAIL = r'[^;{}"/]*+(?:(?:\{[^{}]*+\}|"[^"]*+"|/(?![/*]))[^;{}"/]*+)*+'
-_TAIL_C = r'[^;{}"/]*+(?:(?:\{[^{}]*+\}|"[^"]*+"|//[^\n]*+|/\*.*?\*/|/(?![/*]))[^;{}"/]*+)*+'
+# _TAIL_C takes comments too (ptxas reads them as white space anywhere, section 4.2), in {} groups as well, so that
+# _statement drops them: a '[%rd9]' in one is no address, a '}' in one does not close the group.
+_TAIL = r'[^;{}"/]*+(?:(?:\{[^{}/]*+\}|"[^"]*+"|/(?![/*]))[^;{}"/]*+)*+'
+_TAIL_C = r'[^;{}"/]*+(?:(?:\{(?:[^{}/]++|//[^\n]*+|/\*.*?\*/)*+\}|"[^"]*+"|//[^\n]*+|/\*.*?\*/|/(?![/*]))[^;{}"/]*+)*+'
 _BODY = re.compile(_BLANKS + rf"""
     (?: (?P<open>\{{)
       | (?P<close>\}})
