@@ -193,6 +193,13 @@ def test_a_bad_statement_after_a_long_run_of_blanks_fails_at_once_on_its_own_lin
         ptx.parse(text).kernels()[0].statements()
 
 
+def test_a_word_that_only_starts_like_a_header_directive_is_no_header():
+    """Found by mutating PTX: '.versionX' raised AttributeError out of the parser once header directives were read
+    across lines; ptxas refuses it, and the module's real header is still read."""
+    mod = ptx.parse(".versionX 9.0\n.version 8.0\n.target sm_90\n.entry k() { ret; }\n")
+    assert (mod.version, mod.target, [k.name for k in mod.kernels()]) == ((8, 0), "sm_90", ["k"])
+
+
 @pytest.mark.parametrize("version", ["8.k4", "x", ".5", "8.0a", "\u00b2.0"])
 def test_a_version_that_is_no_number_is_a_ptx_error(version):
     """Found by mutating PTX: ``.version 8.k4`` raised int()'s ValueError out of the parser."""

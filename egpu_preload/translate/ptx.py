@@ -25,8 +25,9 @@ _TOKEN = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:[^"\\\n]|\\.)*"|;|\{|\}|\(|\)|=', r
 _BRACE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:[^"\\\n]|\\.)*"|\{|\}', re.S)
 _SPACE = re.compile(r'(?:\s+|//[^\n]*|/\*.*?\*/)*', re.S)
 _SPACES = re.compile(r'(?:\s+|//[^\n]*|/\*.*?\*/)+', re.S)
-_LINE_DIRECTIVES = (".file", ".loc")
 _HEADER_DIRECTIVES = (".version", ".target", ".address_size")
+# To the line's end: these, and a word that only starts like a header directive (".versionX": ptxas refuses it).
+_LINE_DIRECTIVES = (".file", ".loc", *_HEADER_DIRECTIVES)
 
 # One statement-level token of a function body (section 4.3: statements, labels, scopes).
 # A body token after any whitespace and comments (one match for both: bodies are mostly lines), or
@@ -241,8 +242,8 @@ def parse(text: str) -> Module:
         if pos >= n:
             break
         start = pos
-        if text.startswith(_HEADER_DIRECTIVES, pos):
-            m = _HEADER_LINE.match(text, pos)
+        m = _HEADER_LINE.match(text, pos) if text.startswith(_HEADER_DIRECTIVES, pos) else None
+        if m is not None:
             pos = m.end()
             _header_line(mod, m)
         elif text.startswith(_LINE_DIRECTIVES, pos):
