@@ -275,6 +275,18 @@ def test_a_kernel_whose_only_accesses_memory_probes_cannot_see_says_so():
                                                       "that memory probes do not see (wmma.load x2, wmma.store x1)")
 
 
+def test_texture_and_surface_accesses_are_counted_in_the_status():
+    """Found by the PTX zoo: tex2D, surf2Dread and surf2Dwrite (tex, suld, sust) read and write global memory
+    through a handle, no site sees them, and the kernel's status said nothing of them."""
+    handles = ("tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f1, %f2}];\n"
+               "suld.b.2d.b32.clamp {%r1}, [%rd2, {%r2, %r3}];\nsust.b.2d.b32.trap [%rd2, {%r2, %r3}], {%r1};\n"
+               "txq.width.b32 %r1, [%rd1];\n")
+    res = instrument(_kernel(REGS + handles + "st.global.f32 [%rd3], %f1;\nret;"), [_probe("mem")])
+    assert (res.status("k").status, res.status("k").calls) == ("instrumented", 1)
+    assert res.status("k").reason == "3 global memory accesses that memory probes do not see (suld x1, sust x1, tex x1)"
+    _assembles(res.text)
+
+
 def test_a_module_instrumented_before_is_left_as_it_was():
     """Found by the PTX sweep: instrumenting egpu's own output again (a kernel the first globs left out)
     pasted the probes' definitions a second time, and ptxas refused the module ('Duplicate definition')."""

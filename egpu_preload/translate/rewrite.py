@@ -37,8 +37,10 @@ What an instrumented kernel looks like
   (cp.async: its cp-size); flags: ld/ldu/cp.async load, st store, atom load|store|atomic, red
   store|atomic. ``egpu/load`` probes see sites with the load flag, ``egpu/store`` those with the store
   flag. Accesses inside non-kernel ``.func``s are not sites (no context there), nor are ``wmma.load``/
-  ``wmma.store``, bulk copies on global memory (a fragment's addresses, a size in a register) and
-  ``multimem`` loads, stores and reductions: the kernel's status counts those, an untouched kernel's too.
+  ``wmma.store``, bulk copies on global memory (a fragment's addresses, a size in a register),
+  ``multimem`` loads, stores and reductions, and texture and surface fetches, loads, stores and reductions
+  (``tex``, ``tld4``, ``suld``, ``sust``, ``sured``: a handle and coordinates, no address): the kernel's status
+  counts those, an untouched kernel's too.
 - A guarded site (``@%p st...``, ``@%p ret``) is preceded by ``@!%p bra`` around the probe scope, so
   the probe runs exactly when the instruction does.
 - Scopes: thread: every thread that reaches the site. warp: the lowest lane of ``activemask`` at the
@@ -751,16 +753,20 @@ def _opcode_access(opcode: str) -> tuple[int, str, int] | None:
     return flags, "global" if spaces else "", vec * ptx.TYPE_SIZES[types[-1]]
 
 
-_UNSEEN_OPS = frozenset({"wmma", "cp", "multimem"})
+# Texture and surface instructions (PTX ISA 9.7.10, 9.7.11) read or write global memory through a handle.
+_HANDLE_ACCESSES = frozenset({"tex", "tld4", "suld", "sust", "sured"})
+_UNSEEN_OPS = frozenset({"wmma", "cp", "multimem"}) | _HANDLE_ACCESSES
 _MULTIMEM_ACCESSES = ("ld_reduce", "st", "red")   # multimem.*: global memory of every GPU of a multicast group
 
 
 @functools.lru_cache(maxsize=1024)
 def unseen_access(opcode: str) -> str | None:
     """The name of a global or generic memory access that is no site (its addresses are a matrix fragment's,
-    a bulk copy's size is a register, a multimem address stands for one on each GPU of the group), for the
-    kernel's status to say so; None for any other opcode."""
+    a bulk copy's size is a register, a multimem address stands for one on each GPU of the group, a texture or
+    surface access names a handle), for the kernel's status to say so; None for any other opcode."""
     parts = opcode.split(".")
+    if parts[0] in _HANDLE_ACCESSES:
+        return parts[0]
     if parts[0] == "multimem" and len(parts) > 1 and parts[1] in _MULTIMEM_ACCESSES:
         return f"multimem.{parts[1]}"
     if parts[0] == "wmma" and len(parts) > 1 and parts[1] in ("load", "store") and "shared" not in parts:
