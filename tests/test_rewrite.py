@@ -100,6 +100,9 @@ REGS = ".reg .b64 %rd<4>;\n.reg .b32 %r<4>;\n.reg .f32 %f<5>;\n.reg .pred %p<2>;
     ("ld.const.f32 %f1, [%rd1];", None, None, None),
     ("cp.async.commit_group;", None, None, None),
     ("add.s64 %rd1, %rd1, 4;", None, None, None),
+    # Found by the PTX zoo: st.bulk (sm_100) zeroes shared memory, its address generic or not; its kernel failed
+    # ('no access type').
+    ("st.bulk.weak [%rd1], 64, 0;", None, None, None),
 ])
 def test_memory_access(insn, flags, space, size):
     [ins] = [s for s in ptx.parse(_kernel(insn)).kernels()[0].statements()]

@@ -740,6 +740,8 @@ def _opcode_access(opcode: str) -> tuple[int, str, int] | None:
         return None
     if "" in parts:
         raise PtxError(f"{opcode}: an empty part in the opcode")
+    if parts[0] == "st" and parts[1:2] == ["bulk"]:   # zeroes shared memory, generic address or not (PTX ISA 8.6)
+        return None
     spaces = {q.split("::")[0] for q in parts[1:]} & set(_SPACES)
     if parts[0] == "cp":
         ok = len(parts) > 2 and parts[1] == "async" and parts[2] in ("ca", "cg") and "global" in spaces
