@@ -949,13 +949,27 @@ def run_cmd(ctx: typer.Context,
                          "when there are ranks)", ctx=ctx)
     progress = _notes(steps=verbose, prefix="egpu-run")
     session = maps_file = None
+    maps_lost = False
 
     def put_maps(text: str) -> None:
-        if maps_file is None:
-            _echo_after_job(text, nl=False)
-        else:
-            maps_file.write(text)
-            maps_file.flush()
+        """The maps (at exit, or --interval's while the job runs) to -o FILE or stdout. One that cannot take
+        them (a full disk) is said once and written no more: the job runs on and its status still goes out
+        (an OSError here left it running unwaited, its session removed under it, and exited 1)."""
+        nonlocal maps_lost
+        if maps_lost:
+            return
+        try:
+            if maps_file is None:
+                _echo_after_job(text, nl=False)
+            else:
+                maps_file.write(text)
+                maps_file.flush()
+        except OSError as e:
+            maps_lost = True
+            if maps_file is None:   # what stdout still buffers goes nowhere, not into a second error at exit
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _echo_after_job(f"egpu-run: {output if output is not None else 'stdout'}: cannot write the maps "
+                            f"({e.strerror or e})", err=True)
 
     try:
         try:
@@ -1040,7 +1054,8 @@ def run_cmd(ctx: typer.Context,
         put_maps(maps)
     finally:
         if maps_file is not None:
-            maps_file.close()
+            with contextlib.suppress(OSError):   # a write it refused was said already
+                maps_file.close()
         if session is not None and (keep or verbose):
             _echo_after_job(f"egpu-run: session kept in {session}", err=True)
         elif session is not None:

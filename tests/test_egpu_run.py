@@ -587,6 +587,25 @@ def test_a_closed_stdout_keeps_the_jobs_status(stub_job, probe_obj, tmp_path, st
     assert (proc.returncode, proc.stderr) == (status, "")
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("to", ["-o", "stdout"])
+@pytest.mark.parametrize("interval", [False, True])
+def test_maps_that_cannot_be_written_keep_the_jobs_status(stub_job, probe_obj, tmp_path, to, interval):
+    """A full disk under -o FILE or stdout: one line, and the status is still the job's. It was a traceback
+    and exit 1; under --interval the job ran on, unwaited, its session removed under it."""
+    app = [str(stub_job.loop), str(tmp_path / "stop"), "1"] if interval else [str(stub_job.app), "module", "1", "32",
+                                                                                "3"]
+    args = ["-p", str(probe_obj("count")), *(["--interval", "0.1"] if interval else []),
+            *(["-o", "/dev/full"] if to == "-o" else []), "sh", "-c", '"$@" >/dev/null', "sh", *app]
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-c", "import launcher; launcher.run_main()", *args],
+                              env=stub_job.env(tmp_path / "log"), cwd=ROOT, stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    assert (proc.returncode, proc.stderr.splitlines()) == (
+        0 if interval else 3, [f"egpu-run: {'/dev/full' if to == '-o' else 'stdout'}: cannot write the maps "
+                               "(No space left on device)"])
+
+
 def test_sigterm_reaches_the_job(stub_job, probe_obj, tmp_path):
     started = tmp_path / "started"
     env = stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1", EGPU_RUN_PID=str(os.getpid()),
