@@ -63,7 +63,23 @@ class _OneLine:
             sys.exit(self.error_status)
         except typer.Abort:
             sys.exit(self.error_status)
+        except OSError as e:   # click says nothing of a pipe closed (EPIPE) and exits 1; a full disk was a traceback
+            if not _echoing(e):
+                raise
+            with contextlib.suppress(OSError):   # what stdout still buffers goes nowhere, not into a second error
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                typer.echo(f"{prog_name or self.name}: stdout: cannot write ({e.strerror or e})", err=True)
+            sys.exit(self.error_status)
         sys.exit(status if isinstance(status, int) else 0)
+
+
+def _echoing(e: OSError) -> bool:
+    """Whether ``e`` came from writing the output (typer.echo, the innermost frame), not from a file a
+    command reads or writes, whose errors are its own to name."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code is typer.echo.__code__
 
 
 class _Group(_OneLine, TyperGroup):

@@ -732,3 +732,17 @@ def test_a_device_is_refused_not_read_to_its_end(command):
     args = command[:1] + ["/dev/zero"] + command[1:]
     r = run(egpu, args)
     assert r.exit_code != 0 and "/dev/zero: is a device, not a file" in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("main, args, status", [("egpu_main", ["disasm", "PROBE"], 1),
+                                                ("egpu_main", ["compile", "--cflags"], 1),
+                                                ("run_main", ["--version"], 125)])
+def test_output_to_a_full_disk_is_one_line(probe_obj, main, args, status):
+    """egpu disasm X > /dev/full was a traceback: a stdout that takes nothing is said in one line."""
+    args = [str(probe_obj("count")) if a == "PROBE" else a for a in args]
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-c", f"import launcher; launcher.{main}()", *args], cwd=ROOT,
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    prog = "egpu" if main == "egpu_main" else "egpu-run"
+    assert (r.returncode, r.stderr) == (status, f"{prog}: stdout: cannot write (No space left on device)\n")
