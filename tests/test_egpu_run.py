@@ -563,6 +563,17 @@ def test_a_program_that_cannot_run(stub_job, probe_obj, tmp_path, cmd, status, m
     assert (r.returncode, r.stderr.splitlines()) == (status, [message])
 
 
+def test_a_program_whose_interpreter_is_missing_says_which(stub_job, probe_obj, tmp_path):
+    """A script whose #! names no file: exec's ENOENT read "no such file or directory" of a file that is there
+    (bash: "cannot execute: required file not found"); the status stays bash's 127."""
+    script = tmp_path / "script.sh"
+    script.write_text("#!/no/such/interp -x\necho hi\n")
+    script.chmod(0o755)
+    r = egpu_run(["-p", str(probe_obj("count")), str(script)], stub_job.env(tmp_path / "log"))
+    assert (r.returncode, r.stderr.splitlines()) == (
+        127, [f"egpu-run: {script}: cannot execute: its interpreter /no/such/interp not found"])
+
+
 def test_options_stop_at_the_command(stub_job, probe_obj, tmp_path):
     r = egpu_run(["-p", str(probe_obj("count")), "sh", "-c", 'printf "%s|" "$@"', "sh", "-p", "x", "--json", "-v"],
                  stub_job.env(tmp_path / "log"))

@@ -158,6 +158,19 @@ def resolve_program(name: str, env: Mapping[str, str]) -> str:
 
 # ---- the job -----------------------------------------------------------------------------------------
 
+def _interpreter(path: str) -> str:
+    """What runs ``path``, which exec found but could not start for a file missing: its #! interpreter (a
+    script written elsewhere, #!/usr/local/bin/python3) or its ELF's dynamic loader (a musl or Nix build)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        head = b""
+    if head.startswith(b"#!") and head[2:].split():
+        return f"its interpreter {head[2:].split()[0].decode(errors='replace')}"
+    return "its dynamic loader (the ELF's program interpreter)" if head.startswith(b"\x7fELF") else "a file it needs"
+
+
 def _terminal_foreground() -> bool:
     """True when a terminal's Ctrl-C reaches the job by itself (we are its foreground process group)."""
     try:
@@ -173,6 +186,9 @@ def run_child(cmd: list[str], env: Mapping[str, str], every: tuple[float, Callab
     try:
         proc = subprocess.Popen(cmd, env=dict(env))
     except FileNotFoundError as e:
+        found = cmd[0] if "/" in cmd[0] else shutil.which(cmd[0], path=env.get("PATH", os.defpath))
+        if found is not None and os.path.isfile(found):   # it is there: what it needs to run is not (as bash says)
+            raise ProgramError(f"{cmd[0]}: cannot execute: {_interpreter(found)} not found", 127) from None
         raise ProgramError(f"{cmd[0]}: {e.strerror}", 127) from None
     except PermissionError as e:
         raise ProgramError(f"{cmd[0]}: {e.strerror}", 126) from None
