@@ -746,3 +746,15 @@ def test_output_to_a_full_disk_is_one_line(probe_obj, main, args, status):
                            stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
     prog = "egpu" if main == "egpu_main" else "egpu-run"
     assert (r.returncode, r.stderr) == (status, f"{prog}: stdout: cannot write (No space left on device)\n")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("app, args", [(egpu_run, ["-p", "FIFO", "true"]), (egpu, ["attach", "1", "-p", "FIFO"]),
+                                       (egpu, ["swap", "1", "old", "FIFO"])])
+def test_a_probe_in_a_pipe_is_refused_by_name(tmp_path, app, args):
+    """-p <(cat x.bpf.o) was read here, then "/dev/fd/63: cannot read (No such file or directory)" for the
+    job's own read; a named FIFO hung egpu-run until a writer came."""
+    fifo = tmp_path / "probe.bpf.o"
+    os.mkfifo(fifo)
+    refused(app, [fifo if a == "FIFO" else a for a in args], 125 if app is egpu_run else 1,
+            f"{fifo}: is a pipe, not a file: each process of the job reads the probe again (give it a file)")

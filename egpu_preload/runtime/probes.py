@@ -7,6 +7,7 @@ on the object's path: module.object_tag).
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -96,12 +97,22 @@ def load_probes(paths: tuple[Path, ...] | list[Path], wait: bool = False) -> lis
     return [load_probe(p, wait) for p in paths]
 
 
+def _is_pipe(path: Path) -> bool:
+    try:
+        return stat.S_ISFIFO(path.stat().st_mode) or stat.S_ISSOCK(path.stat().st_mode)
+    except OSError:   # a path that is not there is read_input's to name
+        return False
+
+
 def load_user_probe(path: Path, compiled: Path, *, progress: Progress | None = None, wait: bool = False) -> Probe:
     """A probe the user named, a .bpf.o or a .bpf.c (compiled to ``compiled``, clang's warnings said on
     ``progress``): loaded, verified and translated as load_probe does. A refusal names ``path`` and, from
     the object's line info, the source line (bpf/lineinfo.py), never the compiled copy."""
     progress = progress or Progress.quiet()
     obj = path
+    if not path.name.endswith(".c") and _is_pipe(path):   # -p <(...): read here, then gone for the job's read
+        raise EgpuError("is a pipe, not a file: each process of the job reads the probe again (give it a file)",
+                        file=str(path))
     if path.name.endswith(".c"):
         with progress.step(f"compiling {path}"):
             obj = compile_probe(path, compiled, warn=progress.say)
