@@ -140,6 +140,13 @@ def _path(text: str) -> Path:
     return Path(text)
 
 
+def _glob(text: str) -> str:
+    """--kernel's GLOB: an empty one (a "$K" never set) instrumented every kernel, as no --kernel does."""
+    if not text:
+        raise typer.BadParameter("empty glob (without --kernel every kernel is instrumented)")
+    return text
+
+
 def _read_ptx(path: Path) -> str:
     """A PTX module's text; EgpuError naming the file when it is not PTX (binary, empty, C++ source)."""
     from egpu_preload import fatbin
@@ -884,7 +891,7 @@ OnFull = Literal["drop", "wait"]           # runtime/config.py ON_FULLS
 def run_cmd(ctx: typer.Context,
             probes: list[Path] = typer.Option([], "-p", "--probe", metavar="PROBE", parser=_path,
                                               help="a .bpf.o or .bpf.c (repeatable)"),
-            kernel: Optional[str] = typer.Option(None, "--kernel", metavar="GLOB",
+            kernel: Optional[str] = typer.Option(None, "--kernel", metavar="GLOB", parser=_glob,
                                                  help="instrument only kernels this glob matches"),
             as_json: bool = typer.Option(False, "--json", help="maps as one JSON document per process"),
             output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE", parser=_path,

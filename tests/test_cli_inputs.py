@@ -261,6 +261,7 @@ def test_compile_shows_clangs_errors_as_clang_prints_them(tmp_path):
     (["-p"], "Option '-p' requires an argument"),
     (["-v"], "Missing CMD"),
     (["--per-rank", "--sum", "true"], "--per-rank and --sum exclude each other"),   # printed the maps twice
+    (["--kernel", "", "true"], "Invalid value for '--kernel': empty glob"),   # instrumented every kernel
     (["-p", "/nonexistent.bpf.o", "true"], "/nonexistent.bpf.o: cannot read"),
     (["-p", str(ROOT / "tests/probes/count.bpf.c"), "-p", str(ROOT / "tests/../tests/probes/count.bpf.c"), "true"],
      "count.bpf.c: given twice (-p): its programs would run twice"),
