@@ -759,3 +759,11 @@ def test_a_probe_in_a_pipe_is_refused_by_name(tmp_path, app, args):
     os.mkfifo(fifo)
     refused(app, [fifo if a == "FIFO" else a for a in args], 125 if app is egpu_run else 1,
             f"{fifo}: is a pipe, not a file: each process of the job reads the probe again (give it a file)")
+
+
+@pytest.mark.timeout(60)
+def test_a_trace_in_a_pipe_is_refused_by_name(tmp_path):
+    """egpu trace <(cat t.arrow) said "not a trace file: File or stream is not seekable"; a FIFO hung."""
+    fifo = tmp_path / "t.arrow"
+    os.mkfifo(fifo)
+    refused(egpu, ["trace", fifo], 1, f"{fifo}: is a pipe, not a file: a trace file is read from its end")

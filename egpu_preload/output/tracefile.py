@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -473,6 +474,9 @@ def read(path: Path, expanders: Mapping[str, Callable[[Any], Any]] = EXPANDERS) 
         raise EgpuError("no such file", file=str(path))
     if path.is_dir():
         raise EgpuError("is a directory", file=str(path))
+    if stat.S_ISFIFO(path.stat().st_mode):   # <(cat t.arrow) read "not a trace file: ... not seekable"; a FIFO hung
+        raise EgpuError("is a pipe, not a file: a trace file is read from its end (give the file itself)",
+                        file=str(path))
     try:
         table, meta, complete = _load(path, pa)
         table.validate(full=True)   # a damaged file fails here, not halfway through printing it
