@@ -1005,7 +1005,7 @@ def run_cmd(ctx: typer.Context,
             session = job.session_dir()
             # the SASS back end's patch image is built here from these translations: waiting ones too
             loaded = job.prepare_probes(probes, session, progress, wait=on_full == "wait")
-            targets = dict(uprobes.parse_option(u) for u in uprobe)
+            targets = uprobes.parse_options(uprobe)
             uprobes.check_targets([p.obj for p in loaded], targets)
             if perfetto is not None:
                 from egpu_preload.runtime import job_trace

@@ -262,6 +262,8 @@ def test_compile_shows_clangs_errors_as_clang_prints_them(tmp_path):
     (["-v"], "Missing CMD"),
     (["--per-rank", "--sum", "true"], "--per-rank and --sum exclude each other"),   # printed the maps twice
     (["--kernel", "", "true"], "Invalid value for '--kernel': empty glob"),   # instrumented every kernel
+    (["--uprobe", "p=/a:f", "--uprobe", "p=/b:g", "true"],   # the last one was taken without a word
+     "--uprobe p=...: given twice (/a:f, /b:g): a program attaches at one function"),
     (["-p", "/nonexistent.bpf.o", "true"], "/nonexistent.bpf.o: cannot read"),
     (["-p", str(ROOT / "tests/probes/count.bpf.c"), "-p", str(ROOT / "tests/../tests/probes/count.bpf.c"), "true"],
      "count.bpf.c: given twice (-p): its programs would run twice"),

@@ -62,6 +62,18 @@ def parse_option(text: str) -> tuple[str, str]:
     return name, where
 
 
+def parse_options(texts: Sequence[str]) -> dict[str, str]:
+    """Every ``--uprobe PROG=PATH:SYMBOL`` as {PROG: PATH:SYMBOL}; EgpuError for a PROG given twice (the last
+    one was taken without a word: a program attaches at one function)."""
+    targets: dict[str, str] = {}
+    for name, where in map(parse_option, texts):
+        if name in targets:
+            raise EgpuError(f"--uprobe {name}=...: given twice ({targets[name]}, {where}): a program attaches at "
+                            "one function")
+        targets[name] = where
+    return targets
+
+
 def check_targets(objects: Sequence[BpfObject], given: Mapping[str, str]) -> None:
     """Every bare host program has a target and every --uprobe names one; EgpuError otherwise."""
     bare = {p.name: p.section for obj in objects for p in host_programs(obj) if not p.attach.glob}
