@@ -455,11 +455,23 @@ BAD_BYTES = [
     ("header only", lambda o, t: o.read_bytes()[:40], "truncated file"),
     ("truncated", lambda o, t: o.read_bytes()[:len(o.read_bytes()) // 2], "truncated file"),
     ("x86 object", lambda o, t: _x86_object(t).read_bytes(), "not an eBPF object: e_machine is 62"),
+    # llvm-strip without -g: "expected one symbol table, found 0" said nothing of how it came to be
+    ("stripped", lambda o, t: _symtab_gone(o), "no symbol table: stripped? (llvm-strip -g strips only debug info"),
     ("big endian", lambda o, t: o.read_bytes()[:5] + b"\x02" + o.read_bytes()[6:], "64-bit little-endian"),
     ("reloc not on lddw", lambda o, t: _patch_reloc(o, "offset", 8), "R_BPF_64_64 on a non-lddw"),
     ("reloc type", lambda o, t: _patch_reloc(o, "type", 3), "unsupported type 3"),
     ("reloc outside", lambda o, t: _patch_reloc(o, "offset", 1 << 20), "is not an instruction of the section"),
 ]
+
+
+def _symtab_gone(obj: Path) -> bytes:
+    """``obj`` with its symbol table's section made SHT_NULL, as a strip leaves no symbol table."""
+    raw = bytearray(obj.read_bytes())
+    with open(obj, "rb") as f:
+        elf = ELFFile(f)
+        index = next(i for i, sec in enumerate(elf.iter_sections()) if sec["sh_type"] == "SHT_SYMTAB")
+        struct.pack_into("<I", raw, elf["e_shoff"] + index * elf["e_shentsize"] + 4, 0)   # sh_type
+    return bytes(raw)
 
 
 def test_a_symbol_in_a_missing_section_is_named(probe_obj):

@@ -179,6 +179,8 @@ class _Loader:
 
     def read_symbols(self) -> None:
         symtabs = [s for s in self.sections if s.type == SHT_SYMTAB]
+        if not symtabs:   # what llvm-strip or strip without -g leaves: the programs and maps have no names
+            raise ElfError("no symbol table: stripped? (llvm-strip -g strips only debug info and keeps it)")
         if len(symtabs) != 1:
             raise ElfError(f"expected one symbol table, found {len(symtabs)}")
         tab = symtabs[0]
