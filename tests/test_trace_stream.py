@@ -1012,6 +1012,23 @@ def test_a_damaged_trace_file_says_so_by_name(kind, suffix, tmp_path):
         assert res.stderr.startswith(f"egpu: {path}: not a trace file"), (more, res.stderr)
 
 
+def test_a_trace_file_that_is_no_regular_file_is_refused_and_left_alone(tmp_path):
+    """FILE is removed and made anew: run as root, egpu-run --trace /dev/null removed /dev/null and put a
+    regular file there (a FIFO stands in for the device here); behind a symlink, the link was replaced."""
+    from egpu_preload.errors import EgpuError
+    fifo = tmp_path / "t.arrow"
+    os.mkfifo(fifo)
+    with pytest.raises(EgpuError, match="--trace: not a regular file"):
+        tracefile.prepare(fifo)
+    assert fifo.is_fifo()
+    target = tmp_path / "data" / "t.arrow"
+    target.parent.mkdir()
+    target.write_text("old")
+    link = tmp_path / "latest.arrow"
+    link.symlink_to(target)
+    assert tracefile.prepare(link) == target and link.is_symlink() and not target.exists()
+
+
 # ---- egpu-run --trace against the stand-in driver ------------------------------------------------------
 
 @pytest.mark.parametrize("suffix", [".parquet", ".arrow"])

@@ -445,6 +445,12 @@ def prepare(path: Path) -> Path:
     path = path.absolute()
     if path.is_dir():
         raise EgpuError("--trace: is a directory", file=str(path))
+    # FILE is removed and made anew: run as root, --trace /dev/null put a regular file in /dev/null's place
+    if path.exists() and not path.is_file():
+        raise EgpuError("--trace: not a regular file (a device, a pipe): the trace is a file egpu-run makes anew",
+                        file=str(path))
+    if path.is_symlink():   # the file it points to is replaced, not the link
+        path = path.resolve()
     if not path.parent.is_dir():
         raise EgpuError("--trace: no such directory", file=str(path.parent))
     try:
