@@ -226,6 +226,18 @@ def test_compile_never_writes_over_its_source_nor_into_stdout(tmp_path, output):
     assert src.read_text() == text
 
 
+@pytest.mark.timeout(60)
+def test_compile_writes_no_object_over_a_device_or_a_pipe(tmp_path):
+    """egpu compile X.bpf.c -o /dev/null read the object back ("is a device, not a file") and removed what it
+    refused: run as root, /dev/null itself. A FIFO stands in for the device."""
+    src = tmp_path / "s.bpf.c"
+    src.write_text(HEAD + 'SEC("kprobe/*") int p(struct egpu_ctx *c) { return 0; }\n' + LICENSE)
+    fifo = tmp_path / "out.bpf.o"
+    os.mkfifo(fifo)
+    refused(egpu, ["compile", src, "-o", fifo], 1, f"egpu: {fifo}: -o: not a regular file (a device, a pipe)")
+    assert fifo.is_fifo()
+
+
 @pytest.mark.parametrize("body, message", [("int x;\n", "no programs in the object"),
                                            ('SEC("tracepoint/x") int p(void *c) { return 0; }\n',
                                             "a Linux kernel program")])

@@ -69,6 +69,9 @@ def compile_probe(src: Path, out: Path | None = None, *, mcpu: str = "v3", clang
         raise EgpuError("the output is the source itself: clang would overwrite it with the object "
                         "(-o X.bpf.o)", file=str(src))
     check_output_file(out)
+    if out.exists() and not out.is_file():   # -o /dev/null: read back as "a device", then removed, as root
+        raise EgpuError("-o: not a regular file (a device, a pipe): the object is loaded back to check it, and "
+                        "removed when refused", file=str(out))
     missing = [d for d in include if not Path(d).is_dir()]
     if missing:   # clang would only say that a header it looked for there is missing
         raise EgpuError(f"-I {missing[0]}: not a directory", file=str(src))
