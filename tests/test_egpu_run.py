@@ -633,14 +633,21 @@ def test_sigterm_reaches_the_job(stub_job, probe_obj, tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, err
 
 
-def test_sigint_stops_a_c_program(stub_job, probe_obj, tmp_path):
+@pytest.mark.parametrize("stdin", ["inherited", "closed"])
+def test_sigint_stops_a_c_program(stub_job, probe_obj, tmp_path, stdin):
     """Ctrl-C (SIGINT, forwarded: no terminal here) ends a C program under egpu-run as it would end it
-    alone: the shim's Python must not take SIGINT for a KeyboardInterrupt (it did, and app_loop ran on)."""
+    alone: the shim's Python must not take SIGINT for a KeyboardInterrupt (it did, and app_loop ran on).
+    With stdin closed (egpu-run ... <&-), asking whether a terminal had sent it was a traceback, the job
+    left running."""
+    def child() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if stdin == "closed":
+            os.close(0)
+
     stop = tmp_path / "stop"
     proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "-p", str(probe_obj("count")),
                              str(stub_job.loop), str(stop), "60"], env=stub_job.env(tmp_path / "log"), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=child)
     assert proc.stdout.readline() == "ready\n"
     time.sleep(0.3)
     os.kill(proc.pid, signal.SIGINT)
@@ -649,7 +656,7 @@ def test_sigint_stops_a_c_program(stub_job, probe_obj, tmp_path):
     finally:
         stop.touch()
     assert proc.returncode == 128 + signal.SIGINT, (out, err)
-    assert "KeyboardInterrupt" not in err
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
 
 
 def mirrored(directory: Path) -> str:

@@ -172,10 +172,12 @@ def _interpreter(path: str) -> str:
 
 
 def _terminal_foreground() -> bool:
-    """True when a terminal's Ctrl-C reaches the job by itself (we are its foreground process group)."""
+    """True when a terminal's Ctrl-C reaches the job by itself (we are its foreground process group). Asked
+    of fd 0, not sys.stdin: with stdin closed (<&-) that is None, and the AttributeError in the handler was a
+    traceback that left the job running."""
     try:
-        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
-    except (OSError, ValueError):
+        return os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
         return False
 
 
