@@ -996,6 +996,11 @@ def run_cmd(ctx: typer.Context,
 
     try:
         try:
+            try:
+                os.getcwd()
+            except FileNotFoundError:   # the job's runtime could not start there: a job run without probes
+                raise EgpuError("the current directory no longer exists (removed after the shell entered it): "
+                                "cd into one that does") from None
             if on_full == "wait" and trace is None:
                 raise EgpuError("--on-full wait needs --trace FILE: only its reader makes room while kernels run")
             on_full = on_full or ("wait" if trace is not None else "drop")

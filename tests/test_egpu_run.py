@@ -753,6 +753,24 @@ def test_a_runtime_dir_that_is_a_file_still_runs_the_job(stub_job, probe_obj, tm
                         rf"{tmp_path}/tmp/egpu-{os.getuid()}-\w+ instead", line), line
 
 
+def test_a_working_directory_removed_under_the_shell_is_refused(stub_job, probe_obj, tmp_path):
+    """rm -rf build && mkdir build, the shell still in the old build/: the job's runtime failed to start there
+    and the job ran without probes ("no process of the job loaded CUDA code"); --trace FILE was a traceback."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+
+    def child() -> None:
+        os.chdir(gone)
+        os.rmdir(gone)
+
+    r = subprocess.run([sys.executable, "-c", "import launcher; launcher.run_main()", "-p", str(probe_obj("count")),
+                        str(stub_job.app), "module", "1", "32", "0"], env=stub_job.env(tmp_path / "log"),
+                       capture_output=True, text=True, timeout=60, preexec_fn=child)
+    assert (r.returncode, r.stdout) == (125, "")
+    assert r.stderr == ("egpu-run: the current directory no longer exists (removed after the shell entered it): "
+                        "cd into one that does\n")
+
+
 def test_kernels_on_a_second_device_never_read_the_maps_of_the_first(stub_job, probe_obj, tmp_path):
     """The maps live in device 0's context (the first instrumented load's). app_vec devices then makes device 1
     current (cudaSetDevice(1)) and launches there the library's kernel (its copy in device 1's context: a
