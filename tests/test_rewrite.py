@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -602,6 +603,75 @@ def test_instrumented_kernels_keep_no_context_in_local_memory(probe_obj, probe):
     frames = _stack_frames(res.text)
     own = max([int(n) for s in specs for n in re.findall(r"\.local \.align 8 \.b8 __stack\[(\d+)\]", s.ptx)] + [0])
     assert frames["vector_add"] <= own < C.SIZE, frames
+
+
+# A warp-specialized kernel (CUTLASS, FlashAttention-3): one warpgroup gives registers back, the other takes them.
+_SETMAXNREG = """.version 8.0
+.target sm_90a
+.address_size 64
+.visible .entry k(.param .u64 k_0, .param .u64 k_1)
+.maxntid 256, 1, 1
+.minnctapersm 1
+{
+.reg .pred %p<3>;
+.reg .f32 %f<2>;
+.reg .b32 %r<2>;
+.reg .b64 %rd<8>;
+ld.param.u64 %rd1, [k_0];
+ld.param.u64 %rd2, [k_1];
+mov.u32 %r1, %tid.x;
+setp.lt.u32 %p1, %r1, 128;
+@%p1 bra $L_producer;
+setmaxnreg.inc.sync.aligned.u32 232;
+bra.uni $L_done;
+$L_producer:
+setmaxnreg.dec.sync.aligned.u32 40;
+cvta.to.global.u64 %rd3, %rd1;
+mul.wide.u32 %rd4, %r1, 4;
+add.s64 %rd5, %rd3, %rd4;
+ld.global.f32 %f1, [%rd5];
+cvta.to.global.u64 %rd6, %rd2;
+add.s64 %rd7, %rd6, %rd4;
+setp.ne.u32 %p2, %r1, 7;
+@%p2 st.global.f32 [%rd7], %f1;
+$L_done:
+ret;
+}
+"""
+
+
+def test_probes_after_setmaxnreg_are_inlined(probe_obj):
+    """Found by the PTX zoo: called after setmaxnreg.dec, a hash-map probe made ptxas fail ('C7600 Register allocation
+    failed with register count of 232'), or, with loops, run for minutes (a driver JIT stalling the application),
+    while the kernel was reported instrumented. Inlined, its body assembles in a fraction of a second."""
+    from egpu_preload.bpf.elf import load_object
+    from egpu_preload.translate.rewrite import probe_specs
+    specs = probe_specs(load_object(probe_obj("memtrace")))   # a hash map on memory sites, a warp-scope probe
+    res = instrument(_SETMAXNREG, specs)
+    assert res.status("k").status == "instrumented"
+    _assembles(res.text, "sm_90a")
+    assert not re.search(r"^\s*(@\S+\s+)?call\b", res.text, re.M)
+    plain = instrument(re.sub(r"^setmaxnreg.*\n", "", _SETMAXNREG, flags=re.M), specs)   # other kernels still call
+    assert len(re.findall(r"\bcall \(", plain.text)) == plain.status("k").calls == res.status("k").calls
+
+
+def test_probes_after_setmaxnreg_take_the_context_by_address():
+    """The inlined body of a probe that takes %ctx reads the site's context, as its call would."""
+    res = instrument(_SETMAXNREG, [_probe("mem"), _probe("store", "warp"), _probe("exit", "block")])
+    assert res.status("k").status == "instrumented"
+    assert "call (" not in res.text and "mov.b64 %c, %__egpu_ctxp;" in res.text
+    _assembles(res.text, "sm_90a")
+
+
+def test_a_probe_that_calls_fails_a_kernel_with_setmaxnreg_only():
+    """A probe text the rewriter cannot inline fails the kernel that needs it inlined, with the reason; a kernel
+    without setmaxnreg still calls it."""
+    probe = _probe("mem")
+    calls = replace(probe, ptx=probe.ptx.replace("\tret;", "\tcall.uni egpu_test_helper;\n\tret;"))
+    res = instrument(_SETMAXNREG + _kernel(REGS + "ld.global.u32 %r1, [%rd1];\nret;", head="").replace(" k(", " j("),
+                     [calls])
+    assert res.status("k").status == "failed" and "cannot be inlined after setmaxnreg" in res.status("k").reason
+    assert res.status("j").status == "instrumented"
 
 
 def test_translated_probes_carry_what_they_read(probe_obj):

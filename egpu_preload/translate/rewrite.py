@@ -61,6 +61,11 @@ What an instrumented kernel looks like
   the cubin), so its time grows as instrumented kernels x probe code (100 small kernels with
   examples/mem_bytes: 1.3 s against 0.14 s; ``ptxas -c`` compiles the probe once: 0.31 s). Hence
   helpers_ptx.py keeps each helper's code, its loops above all, small.
+- A kernel containing ``setmaxnreg`` gets each probe's body inlined at its sites, one scope each (PTX scopes
+  the body's registers, labels and ``.local`` stack), not a call: after ``setmaxnreg.dec`` ptxas 13.0 cannot
+  allocate a call to a hash-map probe (C7600 "Register allocation failed with register count of '232'" for
+  examples/mem_bytes, more than 60 s for a kernel with loops) but assembles the inlined body (0.05 s and
+  0.37 s). A probe whose text is not one ``.func`` without calls fails such a kernel.
 
 Launch contract (what the shim must do)
 ---------------------------------------
@@ -345,6 +350,9 @@ class _Kernel:
         self.words = sorted({w for p in probes for w in p.ctx_words or ()})
         self.kernel_words = {w: v for w in self.words if (v := self._kernel_word(w)) is not None}
         self.labels = 0
+        # setmaxnreg (warp-specialized Hopper kernels) leaves a warp fewer registers than at entry; ptxas cannot
+        # allocate a call to a hash-map probe there (C7600, or minutes with loops), but assembles its body inlined.
+        self.inline = "setmaxnreg" in fn.text[fn.body_open:fn.end]
         self.unseen: collections.Counter[str] = collections.Counter()   # unseen_access's, with memory probes
 
     def edits(self) -> tuple[list[ptx.Edit], int]:
@@ -533,8 +541,8 @@ class _Kernel:
         words = sorted({w for p in probes for w in p.ctx_words or ()})
         # Each word's operand in the stores before a call: per kernel, or the site's value.
         operands = {w: self.kernel_words.get(w) or f"{_MARK}{w}{_MARK}" for w in words}
-        slots = [f"{PREFIX}_arg"] * any(p.ctx_words is None for p in probes) + [f"{PREFIX}_ret"] \
-            + [f"{PREFIX}_cw{w}" for w in words]
+        slots = [] if self.inline else [f"{PREFIX}_arg"] * any(p.ctx_words is None for p in probes) \
+            + [f"{PREFIX}_ret"] + [f"{PREFIX}_cw{w}" for w in words]
         lines = [f"{{ // egpu site {_MARK}site{_MARK}"] + [f".param .b64 {s};" for s in slots] \
             + [f"activemask.b32 %{PREFIX}_m;"]
         if "addr" in reads or C.BY_NAME["addr"].offset // 8 in words:
@@ -542,7 +550,7 @@ class _Kernel:
         lines += [_ctx_store(name, f"{_MARK}{name}{_MARK}") for name in _SITE_FIELDS if name in reads]
         if "addr" in reads:
             lines.append(f"st.local.u64 [{PREFIX}_ctx+{C.BY_NAME['addr'].offset}], %{PREFIX}_a;")
-        lines += [_calls(probes, self.ctxp, operands), f"bar.warp.sync %{PREFIX}_m;", "}\n\t"]
+        lines += [_calls(probes, self.ctxp, operands, self.inline), f"bar.warp.sync %{PREFIX}_m;", "}\n\t"]
         return "\n\t".join(lines)
 
     def _address(self, index: int, acc: "Access", regs: "_Registers") -> str:
@@ -650,10 +658,10 @@ def _renderer(refs: list[int], chunks: list[str],
     return eval(f'lambda i, a, {consts}: f"{body}"', {f"c{k}": c for k, c in enumerate(chunks)})  # noqa: S307
 
 
-def _calls(probes: list[ProbeSpec], ctxp: str, words: dict[int, str]) -> str:
+def _calls(probes: list[ProbeSpec], ctxp: str, words: dict[int, str], inline: bool = False) -> str:
     """The calls of one site, thread scope first, each other scope behind its leader predicate; each
     passes ``ctxp``, the context's generic address (or ctx.NO_ADDRESS), or its context words
-    (``words``: each one's operand)."""
+    (``words``: each one's operand). ``inline``: each probe's body in a scope of its own instead of a call."""
     p, lines = PREFIX, []
     for scope in ("thread", "warp", "block"):
         group = [pr for pr in probes if pr.attach.scope == scope]
@@ -666,6 +674,10 @@ def _calls(probes: list[ProbeSpec], ctxp: str, words: dict[int, str]) -> str:
         # An argument .param is consumed by its call (ptxas may reuse its storage inside the callee,
         # seen on sm_90 as a garbage ctx in the second call), so each call gets its own store.
         for pr in group:
+            if inline:
+                actual = [ctxp] if pr.ctx_words is None else [words[w] for w in pr.ctx_words]
+                lines.append(_inlined(pr, actual, bool(guard)))
+                continue
             if pr.ctx_words is None:
                 lines += [f"st.param.b64 [{p}_arg], {ctxp};", f"{guard}call ({p}_ret), {pr.func}, ({p}_arg);"]
                 continue
@@ -675,6 +687,42 @@ def _calls(probes: list[ProbeSpec], ctxp: str, words: dict[int, str]) -> str:
         if guard:  # the leader rejoins its lanes here: the site's closing barrier alone did not do it
             lines.append(f"bar.warp.sync %{p}_m;")
     return "\n\t".join(lines)
+
+
+def _inlined(probe: ProbeSpec, actual: list[str], guarded: bool) -> str:
+    """The probe's body as one scope (PTX scopes its registers, labels and .local), its parameters
+    ``actual``, its rets jumping to the scope's end; ``guarded``: only the leader (%__egpu_q) runs it.
+    Raises PtxError for a probe that calls a function (none is translated so today)."""
+    formal, lines = _inline_parts(probe)
+    args = dict(zip(formal, actual, strict=True))
+    body = [f"\tmov.b64 {line[0]}, {args[line[1]]};" if type(line) is tuple else line for line in lines]
+    skip = [f"\t@!%{PREFIX}_q bra ${PREFIX}_end;"] * guarded
+    return "\n".join(["{", *skip, *body, f"${PREFIX}_end:", "}"])
+
+
+@functools.lru_cache(maxsize=256)
+def _inline_parts(probe: ProbeSpec) -> tuple[list[str], list[str | tuple[str, str]]]:
+    """A probe's formal parameters and body lines for _inlined: a (register, formal) pair for each
+    parameter load, no result store, rets as branches to the end."""
+    m = _PROBE_FUNC.search(probe.ptx.rstrip())   # the text's last .func, its body up to the text's last brace
+    if m is None or ".func" in m.group("body") or _CALL.search(m.group("body")):
+        raise PtxError(f"{probe.func} cannot be inlined after setmaxnreg (one .func without calls is needed)")
+    formal = [a.split()[-1] for a in m.group("params").split(",") if a.strip()]
+    lines: list[str | tuple[str, str]] = []
+    for line in m.group("body").split("\n"):
+        if (ld := _PARAM_LOAD.fullmatch(line.strip())) and ld.group(2) in formal:
+            lines.append((ld.group(1), ld.group(2)))
+        elif not _RESULT_STORE.fullmatch(line.strip()):
+            lines.append(_RET.sub(rf"\1bra ${PREFIX}_end;", line))
+    return formal, lines
+
+
+_PROBE_FUNC = re.compile(r"\.func \(\.param \.b64 %ret\) (?P<name>[\w$]+)\((?P<params>[^)]*)\)\s*\{\n(?P<body>.*)\n\}$",
+                         re.S)
+_CALL = re.compile(r"^\s*(?:@!?%\w+\s+)?call\b", re.M)
+_PARAM_LOAD = re.compile(r"ld\.param\.b64 (%\w+), \[(%\w+)\];")
+_RESULT_STORE = re.compile(r"st\.param\.b64 \[%ret\], %\w+;")
+_RET = re.compile(r"^(\s*(?:@!?%\w+\s+)?)ret;$", re.M)
 
 
 def _leader(scope: str) -> list[str]:
