@@ -596,7 +596,9 @@ class ControlClient:
                     pass  # refused before it read our request: its reason is waiting to be read
                 body = read_frame(sock, deadline)
             except (socket.timeout, TimeoutError):
-                raise ControlTimeout(f"process {self.pid}: no reply to {cmd} within {self.timeout:g} s") from None
+                why = (f": it is stopped (Ctrl-Z, SIGSTOP, a debugger) and answers once it goes on (kill -CONT "
+                       f"{self.pid}), when the {cmd} may still be carried out" if _stopped(self.pid) else "")
+                raise ControlTimeout(f"process {self.pid}: no reply to {cmd} within {self.timeout:g} s{why}") from None
             except (_FrameTooLarge, OSError) as e:
                 raise ControlError(self._gone(cmd, path) or
                                    f"process {self.pid}: connection failed during {cmd}: {e}") from None
@@ -634,6 +636,15 @@ class ControlClient:
                     raise ControlBusy(f"process {self.pid}: busy: its control socket took no connection "
                                       f"within {min(self.timeout, BUSY_WAIT_S):g} s") from None
                 time.sleep(BUSY_RETRY_S)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (state T or t in /proc/PID/stat, after the command's parenthesis)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:stat.rfind(")") + 3] in ("T", "t")
 
 
 def list_sessions(directory: Path | None = None, *, timeout: float = 1.0) -> list[SessionInfo]:

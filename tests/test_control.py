@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -22,7 +23,7 @@ import pytest
 
 from egpu_preload import control
 from egpu_preload.control import (HANDOFF_S, MAX_FRAME, VERSION, ControlBusy, ControlClient, ControlError, ControlServer,
-                                  ControlTimeout, NoSession, list_sessions)
+                                  ControlTimeout, NoSession, list_sessions, socket_path)
 from egpu_preload.errors import EgpuError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -250,6 +251,28 @@ def test_client_timeout(sock_dir):
     with ControlServer({"maps": lambda f: time.sleep(1.0)}):
         with pytest.raises(ControlTimeout, match="no reply to maps within 0.2 s"):
             ControlClient(os.getpid(), timeout=0.2).request("maps")
+
+
+def test_a_stopped_job_that_does_not_reply_is_named_stopped(sock_dir):
+    """egpu maps on a job stopped by Ctrl-Z waited its whole timeout and said only "no reply": the request
+    waits in the job's socket and is carried out once the job goes on. (The job here: a stopped child whose
+    socket leads to this process's server, which does not answer in time.)"""
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        while open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+            time.sleep(0.01)
+        with ControlServer({"maps": lambda f: time.sleep(1.0)}):
+            socket_path(child.pid).symlink_to(socket_path(os.getpid()))
+            with pytest.raises(ControlTimeout, match=rf"no reply to maps within 0.2 s: it is stopped .*kill -CONT "
+                                                     rf"{child.pid}\), when the maps may still be carried out$"):
+                ControlClient(child.pid, timeout=0.2).request("maps")
+            os.kill(child.pid, signal.SIGCONT)
+            with pytest.raises(ControlTimeout, match="no reply to maps within 0.2 s$"):
+                ControlClient(child.pid, timeout=0.2).request("maps")
+    finally:
+        child.kill()
+        child.wait()
 
 
 # --- malformed frames -----------------------------------------------------------------------------
