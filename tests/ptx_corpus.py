@@ -48,7 +48,7 @@ def variants() -> list[Variant]:
     """Each source for sm_75, sm_90 and as fatbin PTX; sm_80 and sm_89 only for the sources whose PTX
     changes there (cp.async, and redux.sync in cg::reduce, both from sm_80 on: for the others nvcc's
     sm_80 and sm_89 PTX is its sm_90 PTX with another .target); then the builds with flags of their own."""
-    own = {"wgmma", "relocatable", "tma_cluster"}
+    own = {"wgmma", "relocatable", "tma_cluster", "warp_specialized"}
     out = []
     for src in sorted(CUDA_DIR.glob("*.cu")):
         if src.stem in own:
@@ -59,6 +59,7 @@ def variants() -> list[Variant]:
     rdc = CUDA_DIR / "relocatable.cu"
     out += [Variant("wgmma.sm_90a", CUDA_DIR / "wgmma.cu", "sm_90a"),
             Variant("tma_cluster.sm_90a", CUDA_DIR / "tma_cluster.cu", "sm_90a"),
+            Variant("warp_specialized.sm_90a", CUDA_DIR / "warp_specialized.cu", "sm_90a"),
             Variant("gemm_tiled.sm_90.debug", CUDA_DIR / "gemm_tiled.cu", "sm_90", ("-G",)),
             Variant("reduction.sm_90.lineinfo", CUDA_DIR / "reduction.cu", "sm_90", ("-lineinfo",)),
             Variant("relocatable.sm_75.rdc", rdc, "sm_75", RDC),
