@@ -219,7 +219,8 @@ def verify(code: bytes, maps: list[MapDef], *, file: str | None = None, section:
     except Reject as r:
         raise _error(r, None, insns, maps, None, file, section) from None
     consts = {pc: v for pc, v in env.consts.items() if v is not None}
-    return VerifiedProgram(tuple(insns), MappingProxyType(dict(env.regions)), MappingProxyType(dict(env.map_refs)),
+    map_refs = MappingProxyType({pc: next(iter(c)) if len(c) == 1 else None for pc, c in env.map_choices.items()})
+    return VerifiedProgram(tuple(insns), MappingProxyType(dict(env.regions)), map_refs,
                            cfg.subprogs, depths, search.processed, frozenset(search.reached),
                            MappingProxyType(consts), MappingProxyType(dict(env.arg_align)),
                            MappingProxyType({k: v for k, v in env.arg_stack.items() if v is not None}),

@@ -79,7 +79,7 @@ Succ = list[tuple[State, int]]
 class Env:
     """What one verification run accumulates besides states: ids and the facts for the translator."""
 
-    __slots__ = ("cfg", "maps", "layout", "regions", "map_refs", "map_choices", "depth", "consts", "arg_align",
+    __slots__ = ("cfg", "maps", "layout", "regions", "map_choices", "depth", "consts", "arg_align",
                  "arg_stack", "ctx_reads", "ctx_at", "value_uses", "pointers_read", "callbacks", "wants", "touched",
                  "linked", "_last_id")
 
@@ -88,7 +88,6 @@ class Env:
         self.maps = maps
         self.layout = layout  # the context r1 points to at entry (ctx.layout_for the program's section)
         self.regions: dict[int, str] = {}
-        self.map_refs: dict[int, int | None] = {}
         self.map_choices: dict[int, set[int]] = {}   # pc -> every map its paths pass
         self.depth = [0] * len(cfg.subprogs)
         self.consts: dict[int, int | None] = {}
@@ -121,8 +120,6 @@ class Env:
 
     def note_map(self, pc: int, index: int) -> None:
         self.map_choices.setdefault(pc, set()).add(index)
-        if self.map_refs.setdefault(pc, index) != index:
-            self.map_refs[pc] = None
 
     def note_const(self, pc: int, value: int | None) -> None:
         if self.consts.setdefault(pc, value) != value:
