@@ -99,9 +99,10 @@ def load_probes(paths: tuple[Path, ...] | list[Path], wait: bool = False) -> lis
 
 def _is_pipe(path: Path) -> bool:
     try:
-        return stat.S_ISFIFO(path.stat().st_mode) or stat.S_ISSOCK(path.stat().st_mode)
+        mode = path.stat().st_mode
     except OSError:   # a path that is not there is read_input's to name
         return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def load_user_probe(path: Path, compiled: Path, *, progress: Progress | None = None, wait: bool = False) -> Probe:
