@@ -302,7 +302,7 @@ class _Function:
             self.pending[key] = self.pending.get(key, EMPTY) | self.value(src)
 
     def call(self, ins: ptx.Instruction) -> None:
-        callee, args = _call_target(ins.operands)
+        callee, args = ptx.call_target(ins.operands)
         if callee is None or callee.startswith("%"):
             self.out._flag(f"indirect call through {callee}")
             return
@@ -386,18 +386,6 @@ def _widen(origins: Origins) -> Origins:
         return origins
     return frozenset({o for o in origins if not (o[0] == "a" and o[1] in wide)}
                      | {("a", n, None) for n in wide})
-
-
-def _call_target(operands: tuple[str, ...]) -> tuple[str | None, list[str]]:
-    """call[.uni] [(rets),] target, [(args)][, proto]: the target and the argument slot names."""
-    rest = list(operands)
-    if rest and rest[0].startswith("("):
-        rest.pop(0)
-    if not rest:
-        return None, []
-    target = rest[0].strip()
-    args = rest[1].strip() if len(rest) > 1 and rest[1].strip().startswith("(") else "()"
-    return target, [a.strip() for a in args[1:-1].split(",") if a.strip()]
 
 
 _SPACE_NAMES = (".global", ".shared", ".const", ".local")

@@ -460,3 +460,16 @@ _OPERAND = re.compile(r"(?:[^,\[\]{}()]|\[[^\]]*\]|\{[^}]*\}|\([^)]*\))+")
 def split_operands(text: str) -> list[str]:
     """Comma-separated operands at nesting level 0 of (), [] and {} (section 4.6), whitespace-trimmed."""
     return [o.strip() for o in _OPERAND.findall(text) if o.strip()]
+
+
+def call_target(operands: tuple[str, ...]) -> tuple[str | None, list[str]]:
+    """call[.uni] [(rets),] target, [(args)][, proto] (PTX ISA, call): the target (a function's name, or the
+    register of an indirect call) and the argument slot names."""
+    rest = list(operands)
+    if rest and rest[0].startswith("("):
+        rest.pop(0)
+    if not rest:
+        return None, []
+    target = rest[0].strip()
+    args = rest[1].strip() if len(rest) > 1 and rest[1].strip().startswith("(") else "()"
+    return target, [a.strip() for a in args[1:-1].split(",") if a.strip()]
