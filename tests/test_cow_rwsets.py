@@ -38,6 +38,7 @@ CORPUS = {
     ("vector_loads", "add_half2"): ({(0, 0): "r", (1, 0): "r", (2, 0): "w"}, True),
     ("wgmma", "wgmma_m64n8k16"): ({(0, 0): "r", (1, 0): "w"}, True),        # da, db are descriptors
     ("warp_specialized", "warp_specialized"): ({(0, 0): "r", (1, 0): "w"}, True),   # setmaxnreg in both branches
+    ("warp_specialized", "warp_specialized_calls"): ({(0, 0): "r", (1, 0): "w"}, True),   # setmaxnreg in .funcs
     # printf reads out[0] back; malloc'd scratch, the virtual call and ops[] make it inexact.
     ("device_runtime", "device_runtime"): ({(0, 0): "r", (1, 0): "rw"}, False),
     # (g, vg, ro, d, u, f, f4, n): atomics on g, d, u and f; __ldcv reads f back.

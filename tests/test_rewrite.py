@@ -663,6 +663,69 @@ def test_probes_after_setmaxnreg_take_the_context_by_address():
     _assembles(res.text, "sm_90a")
 
 
+def _probe_calls(text: str, probes: list[ProbeSpec]) -> dict[str, int]:
+    """Per kernel of a module, its calls to the probes' functions."""
+    funcs = {p.func for p in probes}
+    return {k.name: sum(type(s) is ptx.Instruction and s.op == "call" and ptx.call_target(s.operands)[0] in funcs
+                        for s in k.statements()) for k in ptx.parse(text).kernels()}
+
+
+def test_probes_are_inlined_where_a_called_function_runs_setmaxnreg(probe_obj):
+    """Found by review: setmaxnreg in a __noinline__ device function (warp_specialized_calls, two calls deep) went
+    unseen, so the kernel still called its probes and ptxas failed the module (C7600 'Register allocation failed
+    with register count of 232', memtrace), the warp_specialized kernel beside it too."""
+    from egpu_preload.bpf.elf import load_object
+    from egpu_preload.translate.rewrite import probe_specs
+    specs = probe_specs(load_object(probe_obj("memtrace")))
+    res = instrument(ptx_corpus.build()["warp_specialized.sm_90a"], specs)
+    assert [k.status for k in res.kernels] == ["instrumented"] * 2, res.kernels
+    assert _probe_calls(res.text, specs) == {"warp_specialized": 0, "warp_specialized_calls": 0}
+    _assembles(res.text, "sm_90a")
+
+
+def test_an_indirect_call_may_run_setmaxnreg():
+    """A call through a register may reach any .func of the module, so one with setmaxnreg inlines the caller's
+    probes; a kernel that calls only .funcs without it still calls them."""
+    text = HEAD.replace("sm_90", "sm_90a") + """.func shrink()
+{
+setmaxnreg.dec.sync.aligned.u32 40;
+ret;
+}
+.func idle()
+{
+ret;
+}
+.global .align 8 .u64 hooks[1] = {shrink};
+.visible .entry through_pointer(.param .u64 k_0)
+.maxntid 256, 1, 1
+{
+.reg .b64 %rd<3>;
+ld.param.u64 %rd1, [k_0];
+ld.global.u64 %rd2, [hooks];
+{
+proto : .callprototype ()_ ();
+call %rd2, (), proto;
+}
+st.global.u64 [%rd1], %rd2;
+ret;
+}
+.visible .entry calls_idle(.param .u64 k_0)
+.maxntid 256, 1, 1
+{
+.reg .b64 %rd<2>;
+ld.param.u64 %rd1, [k_0];
+call.uni idle, ();
+st.global.u64 [%rd1], %rd1;
+ret;
+}
+"""
+    probes = [_probe("mem")]
+    res = instrument(text, probes)
+    assert [k.status for k in res.kernels] == ["instrumented"] * 2, res.kernels
+    assert _probe_calls(res.text, probes) == {"through_pointer": 0, "calls_idle": 1}
+    _assembles(res.text, "sm_90a")
+
+
 def test_a_probe_that_calls_fails_a_kernel_with_setmaxnreg_only():
     """A probe text the rewriter cannot inline fails the kernel that needs it inlined, with the reason; a kernel
     without setmaxnreg still calls it."""

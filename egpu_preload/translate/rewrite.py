@@ -61,11 +61,13 @@ What an instrumented kernel looks like
   the cubin), so its time grows as instrumented kernels x probe code (100 small kernels with
   examples/mem_bytes: 1.3 s against 0.14 s; ``ptxas -c`` compiles the probe once: 0.31 s). Hence
   helpers_ptx.py keeps each helper's code, its loops above all, small.
-- A kernel containing ``setmaxnreg`` gets each probe's body inlined at its sites, one scope each (PTX scopes
-  the body's registers, labels and ``.local`` stack), not a call: after ``setmaxnreg.dec`` ptxas 13.0 cannot
-  allocate a call to a hash-map probe (C7600 "Register allocation failed with register count of '232'" for
-  examples/mem_bytes, more than 60 s for a kernel with loops) but assembles the inlined body (0.05 s and
-  0.37 s). A probe whose text is not one ``.func`` without calls fails such a kernel.
+- A kernel that runs ``setmaxnreg``, in its body or in a ``.func`` it calls (directly, through other ``.func``s,
+  or indirectly: then any ``.func`` of the module counts) gets each probe's body inlined at its sites, one
+  scope each (PTX scopes the body's registers, labels and ``.local`` stack), not a call: after
+  ``setmaxnreg.dec`` ptxas 13.0 cannot allocate a call to a hash-map probe (C7600 "Register allocation failed
+  with register count of '232'" for examples/mem_bytes, more than 60 s for a kernel with loops) but assembles
+  the inlined body (0.05 s and 0.37 s). A probe whose text is not one ``.func`` without calls fails such a
+  kernel.
 
 Launch contract (what the shim must do)
 ---------------------------------------
@@ -210,6 +212,7 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
     statuses, used = [], []
     device_launches = DEVICE_LAUNCH.search(module_ptx) is not None
     declared = mod.declared()
+    sets_maxnreg = _SetsMaxnreg(mod)
     for fn in mod.kernels():
         if only is not None and not matches(only, fn.name):
             statuses.append(KernelStatus(fn.name, "untouched", f"not selected by {only}"))
@@ -224,7 +227,7 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
                                                             f"which the probes define (instrumented before?)"))
             continue
         try:
-            kernel = _Kernel(fn, mine)
+            kernel = _Kernel(fn, mine, sets_maxnreg(fn))
             kernel_edits, calls = kernel.edits()
             if calls:
                 _check_param_space(fn.params, mod.version)
@@ -331,7 +334,7 @@ class _Kernel:
     without egpu. Seen on the H200: without it, cg::coalesced_threads() after a site formed different
     groups and changed the kernel's output."""
 
-    def __init__(self, fn: ptx.Function, probes: list[ProbeSpec]) -> None:
+    def __init__(self, fn: ptx.Function, probes: list[ProbeSpec], inline: bool) -> None:
         if fn.params is None or fn.params_end is None:   # the context words below read the parameters
             raise PtxError("kernel signature does not parse")
         self.fn, self.text = fn, fn.text
@@ -350,9 +353,7 @@ class _Kernel:
         self.words = sorted({w for p in probes for w in p.ctx_words or ()})
         self.kernel_words = {w: v for w in self.words if (v := self._kernel_word(w)) is not None}
         self.labels = 0
-        # setmaxnreg (warp-specialized Hopper kernels) leaves a warp fewer registers than at entry; ptxas cannot
-        # allocate a call to a hash-map probe there (C7600, or minutes with loops), but assembles its body inlined.
-        self.inline = "setmaxnreg" in fn.text[fn.body_open:fn.end]
+        self.inline = inline   # each probe's body at its sites, not a call (_SetsMaxnreg)
         self.unseen: collections.Counter[str] = collections.Counter()   # unseen_access's, with memory probes
 
     def edits(self) -> tuple[list[ptx.Edit], int]:
@@ -569,6 +570,47 @@ class _Kernel:
         else:
             raise PtxError(f"site {index}: generic access through variable {base}")
         return _address_code(move, base, off, acc.space)
+
+
+class _SetsMaxnreg:
+    """Whether a kernel runs setmaxnreg, in its body or in a .func it calls, directly or through others (an
+    indirect call may reach any .func of the module). setmaxnreg (warp-specialized Hopper kernels) leaves a warp
+    fewer registers than at entry; ptxas cannot allocate a call to a hash-map probe there (C7600, or minutes with
+    loops), but assembles its body inlined. A setmaxnreg in a called .func (a __noinline__ device function, a
+    library's) counts: ptxas compiles the caller's probe calls with the registers the callee leaves."""
+
+    def __init__(self, mod: ptx.Module) -> None:
+        # Only a module that mentions it needs its call graph: others' .func bodies stay unparsed.
+        self.any = "setmaxnreg" in mod.text
+        self.funcs = {f.name: f for f in mod.functions if f.kind == "func" and f.body_open is not None}
+        self.scanned: dict[str, tuple[bool, frozenset[str]]] = {}
+
+    def __call__(self, kernel: ptx.Function) -> bool:
+        if not self.any:
+            return False
+        todo, seen = [kernel], {kernel.name}
+        while todo:
+            sets, callees = self._scan(todo.pop())
+            if sets:
+                return True
+            todo += [self.funcs[c] for c in callees - seen]
+            seen |= callees
+        return False
+
+    def _scan(self, fn: ptx.Function) -> tuple[bool, frozenset[str]]:
+        """Whether the body runs setmaxnreg itself, and the .funcs of the module it calls."""
+        if fn.name not in self.scanned:
+            sets, callees = False, set()
+            for st in fn.statements():
+                if type(st) is not ptx.Instruction:
+                    continue
+                if st.op == "setmaxnreg":
+                    sets = True
+                elif st.op == "call":
+                    target = ptx.call_target(st.operands)[0] or "%"
+                    callees |= set(self.funcs) if target[0] == "%" else {target} & self.funcs.keys()
+            self.scanned[fn.name] = sets, frozenset(callees)
+        return self.scanned[fn.name]
 
 
 _NO_FALL_THROUGH = frozenset({"ret", "exit", "bra", "brx", "trap"})
