@@ -70,6 +70,29 @@ def probe_obj(tmp_path_factory):
     return build
 
 
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.fixture(scope="session")
+def example_path(tmp_path_factory):
+    """``example_path("access_trace") -> Path``: examples/access_trace.bpf.c compiled once per session; where
+    EGPU_PREBUILT_PROBES is set (the GPU machine has no clang), its ``<name>.v3.bpf.o``."""
+    from egpu_preload.bpf.compile import compile_probe
+
+    out_dir = tmp_path_factory.mktemp("examples")
+    prebuilt = os.environ.get("EGPU_PREBUILT_PROBES")
+    built: dict[str, Path] = {}
+
+    def build(name: str) -> Path:
+        if prebuilt:
+            return Path(prebuilt) / f"{name}.v3.bpf.o"
+        if name not in built:
+            built[name] = compile_probe(EXAMPLES_DIR / f"{name}.bpf.c", out_dir / f"{name}.bpf.o")
+        return built[name]
+
+    return build
+
+
 def pytest_runtest_logreport(report):
     """A GPU call may be cut off before pytest's summary: with EGPU_TEST_FAILURES set (scripts/gpu-test.sh),
     each failure, its traceback and its captured output are written there as it happens."""

@@ -8,7 +8,6 @@ variables by name, and trace lines. Every example must have at least one scenari
 
 from __future__ import annotations
 
-import os
 import struct
 import subprocess
 from dataclasses import dataclass, field
@@ -28,9 +27,9 @@ from egpu_preload.output.values import Histogram, Records as RecordsValue, snaps
 from egpu_preload.translate import probe_object_ptx
 from egpu_preload.translate.demangle import matches
 from egpu_preload.vm import ThreadSim, Vm
+from conftest import EXAMPLES_DIR
 from test_vm import make_ctx
 
-EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 EXAMPLES = sorted(p.name.removesuffix(".bpf.c") for p in EXAMPLES_DIR.glob("*.bpf.c"))
 
 VEC_ADD = kernel_id("_Z9vectorAddPKfS0_Pf")
@@ -39,20 +38,13 @@ LOAD, STORE, ATOMIC = ctxmod.FLAG_LOAD, ctxmod.FLAG_STORE, ctxmod.FLAG_ATOMIC
 
 
 @pytest.fixture(scope="session")
-def example_obj(tmp_path_factory):
-    """``example_obj("access_trace") -> BpfObject``: examples/access_trace.bpf.c compiled and loaded once.
-    Where EGPU_PREBUILT_PROBES is set (the GPU machine has no clang), its ``<name>.v3.bpf.o`` is used."""
-    from egpu_preload.bpf.compile import compile_probe
-
-    out_dir = tmp_path_factory.mktemp("examples")
-    prebuilt = os.environ.get("EGPU_PREBUILT_PROBES")
+def example_obj(example_path):
+    """``example_obj("access_trace") -> BpfObject``: examples/access_trace.bpf.c compiled and loaded once."""
     loaded: dict[str, BpfObject] = {}
 
     def build(name: str) -> BpfObject:
         if name not in loaded:
-            path = (Path(prebuilt) / f"{name}.v3.bpf.o" if prebuilt
-                    else compile_probe(EXAMPLES_DIR / f"{name}.bpf.c", out_dir / f"{name}.bpf.o"))
-            loaded[name] = load_object(path)
+            loaded[name] = load_object(example_path(name))
         return loaded[name]
 
     return build
