@@ -726,6 +726,59 @@ ret;
     _assembles(res.text, "sm_90a")
 
 
+# The warp-specialized kernel again (.minnctapersm: without it ptxas ignores setmaxnreg, C7508), with one site of
+# each kind after setmaxnreg.dec: the entry, an atomic (which mem, load and store probes all see) and the exit.
+_SETMAXNREG_SITES = """.version 8.0
+.target sm_90a
+.address_size 64
+.visible .entry k(.param .u64 k_0)
+.maxntid 256, 1, 1
+.minnctapersm 1
+{
+.reg .pred %p<2>;
+.reg .b32 %r<3>;
+.reg .b64 %rd<3>;
+ld.param.u64 %rd1, [k_0];
+mov.u32 %r1, %tid.x;
+setp.lt.u32 %p1, %r1, 128;
+@%p1 bra $L_producer;
+setmaxnreg.inc.sync.aligned.u32 232;
+bra.uni $L_done;
+$L_producer:
+setmaxnreg.dec.sync.aligned.u32 40;
+cvta.to.global.u64 %rd2, %rd1;
+atom.global.add.u32 %r2, [%rd2], 1;
+$L_done:
+ret;
+}
+"""
+
+
+def test_every_probe_inlines_at_every_site_kind_and_assembles(probe_obj, probe_names, example_path):
+    """_inline_parts reads the translator's PTX with regexes: every kernel-site program of tests/probes and
+    examples, inlined at an entry, a memory and an exit site of a setmaxnreg kernel, assembles for sm_90a. One
+    module per object, each program at all three sites: about 20 s of ptxas on the CI's 2 cores."""
+    from egpu_preload.bpf.elf import load_object
+    from egpu_preload.translate.rewrite import probe_specs
+    from test_examples import EXAMPLES
+    paths = [probe_obj(n) for n in probe_names] + [example_path(n) for n in EXAMPLES]
+    jobs, scopes = [], set()
+    for path in paths:
+        specs = probe_specs(load_object(path))
+        if not specs:   # launch and host programs only
+            continue
+        spread = [replace(s, attach=replace(s.attach, kind=kind, glob="*"))
+                  for s in specs for kind in ("entry", "mem", "exit")]
+        res = instrument(_SETMAXNREG_SITES, spread)
+        assert res.status("k").status == "instrumented" and res.status("k").calls == len(spread), (path, res.kernels)
+        assert _probe_calls(res.text, spread) == {"k": 0}, path
+        jobs.append((path.stem, "sm_90a", res.text))
+        scopes |= {s.attach.scope for s in specs}
+    assert len(jobs) >= 25 and scopes == {"thread", "warp", "block"}
+    failed = [(name, err) for name, _, rc, _, err in ptx_corpus.ptxas(jobs) if rc]
+    assert not failed, failed
+
+
 def test_a_probe_that_calls_fails_a_kernel_with_setmaxnreg_only():
     """A probe text the rewriter cannot inline fails the kernel that needs it inlined, with the reason; a kernel
     without setmaxnreg still calls it."""
