@@ -779,6 +779,78 @@ def test_every_probe_inlines_at_every_site_kind_and_assembles(probe_obj, probe_n
     assert not failed, failed
 
 
+# A program with a bpf-to-bpf call and 472 bytes of stack (the caller's record, the callee's scratch).
+_BIG_STACK = """#include "egpu.bpf.h"
+
+struct rec { __u64 v[30]; };
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, struct rec);
+} last SEC(".maps");
+
+static __noinline __u64 fill(struct rec *r, __u64 seed)
+{
+	volatile __u64 scratch[28];
+	__u64 s = 0;
+
+	for (int i = 0; i < 28; i++)
+		scratch[i] = seed * (i + 1);
+	for (int i = 0; i < 30; i++)
+		r->v[i] = scratch[i % 28] + i;
+	for (int i = 0; i < 28; i++)
+		s += scratch[i];
+	return s;
+}
+
+SEC("egpu/mem/*")
+int big_stack(struct egpu_ctx *ctx)
+{
+	struct rec r;
+	__u32 key = ctx->site & 63;
+
+	__u64 s = fill(&r, ctx->addr);
+	bpf_map_update_elem(&last, &key, &r, BPF_ANY);
+	return s & 1;
+}
+
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
+def test_inlined_probes_share_one_stack_and_keep_their_sites_apart(probe_obj, ptxas, tmp_path):
+    """Six sites in one basic block after setmaxnreg.dec, each inlining a program with a bpf-to-bpf call and a
+    472-byte stack, subprog's (two subprograms) and memtrace's: each site's scope keeps its labels and registers
+    to itself, and the sites share one stack. Found by review: each scope declared the stack of its own, which
+    ptxas gave a place of its own in the frame: 2832 bytes for the six sites, local memory the driver reserves for
+    every thread that can be resident (a kernel with hundreds of sites would need hundreds of KB each)."""
+    import subprocess
+    from egpu_preload.bpf.compile import compile_probe
+    from egpu_preload.bpf.elf import load_object
+    from egpu_preload.translate.rewrite import probe_specs
+    (tmp_path / "big.bpf.c").write_text(_BIG_STACK)
+    big = compile_probe(tmp_path / "big.bpf.c", tmp_path / "big.bpf.o")
+    specs = [s for path in (big, probe_obj("subprog"), probe_obj("memtrace")) for s in probe_specs(load_object(path))]
+    accesses = ("ld.global.u32 %r2, [%rd2];\nld.global.u32 %r3, [%rd2+4];\nadd.s32 %r4, %r2, %r3;\n"
+                "st.global.u32 [%rd2+8], %r4;\natom.global.add.u32 %r5, [%rd2+12], %r4;\n"
+                "red.global.add.u32 [%rd2+16], %r5;\nsetp.ne.u32 %p1, %r5, 0;\n@%p1 st.global.u32 [%rd2+20], %r5;")
+    text = _SETMAXNREG_SITES.replace("atom.global.add.u32 %r2, [%rd2], 1;", accesses).replace("%r<3>", "%r<6>")
+    res = instrument(text, specs)
+    assert res.status("k").status == "instrumented" and _probe_calls(res.text, specs) == {"k": 0}
+    stmts = ptx.parse(res.text).kernels()[0].statements()
+    labels = [st.name for st in stmts if type(st) is ptx.Label]
+    assert res.text.count("// egpu site") == 6 and labels.count("$Lexit") == res.status("k").calls == 23
+    assert [st.text for st in stmts if type(st) is ptx.Directive and st.name == ".local"] \
+        == [".local .align 8 .b8 \t__egpu_stack[472]"]
+    (tmp_path / "k.ptx").write_text(res.text)
+    p = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(tmp_path / "k.ptx"), "-o", str(tmp_path / "k.cubin")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert re.search(r"(\d+) bytes stack frame", p.stderr).group(1) == "472", p.stderr
+
+
 def test_a_probe_that_calls_fails_a_kernel_with_setmaxnreg_only():
     """A probe text the rewriter cannot inline fails the kernel that needs it inlined, with the reason; a kernel
     without setmaxnreg still calls it."""

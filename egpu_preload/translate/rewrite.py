@@ -63,11 +63,11 @@ What an instrumented kernel looks like
   helpers_ptx.py keeps each helper's code, its loops above all, small.
 - A kernel that runs ``setmaxnreg``, in its body or in a ``.func`` it calls (directly, through other ``.func``s,
   or indirectly: then any ``.func`` of the module counts) gets each probe's body inlined at its sites, one
-  scope each (PTX scopes the body's registers, labels and ``.local`` stack), not a call: after
-  ``setmaxnreg.dec`` ptxas 13.0 cannot allocate a call to a hash-map probe (C7600 "Register allocation failed
-  with register count of '232'" for examples/mem_bytes, more than 60 s for a kernel with loops) but assembles
-  the inlined body (0.05 s and 0.37 s). A probe whose text is not one ``.func`` without calls fails such a
-  kernel.
+  scope each (PTX scopes the body's registers and labels; the sites share one ``.local`` stack, declared with
+  the kernel's), not a call: after ``setmaxnreg.dec`` ptxas 13.0 cannot allocate a call to a hash-map probe
+  (C7600 "Register allocation failed with register count of '232'" for examples/mem_bytes, more than 60 s for
+  a kernel with loops) but assembles the inlined body (0.05 s and 0.37 s). A probe whose text is not one
+  ``.func`` without calls fails such a kernel.
 
 Launch contract (what the shim must do)
 ---------------------------------------
@@ -354,6 +354,7 @@ class _Kernel:
         self.kernel_words = {w: v for w in self.words if (v := self._kernel_word(w)) is not None}
         self.labels = 0
         self.inline = inline   # each probe's body at its sites, not a call (_SetsMaxnreg)
+        self.stack = 0         # bytes of the .local stack the inlined bodies share (_inline_parts)
         self.unseen: collections.Counter[str] = collections.Counter()   # unseen_access's, with memory probes
 
     def edits(self) -> tuple[list[ptx.Edit], int]:
@@ -402,10 +403,9 @@ class _Kernel:
             calls += len(self.exit)
         if not calls and not self.entry:
             return [], 0
-        out[prologue] = self._prologue()
-        if self.entry:
-            out[prologue] += self._site(None, 0, C.KIND_ENTRY, None, self.entry, regs)
-            calls += len(self.entry)
+        entry = self._site(None, 0, C.KIND_ENTRY, None, self.entry, regs) if self.entry else ""
+        calls += len(self.entry)
+        out[prologue] = self._prologue() + entry   # after every site: the stack inlined probes share
         return [ptx.Edit(start, pos, "".join(out)), self._launch_param()], calls
 
     def _launch_param(self) -> ptx.Edit:
@@ -418,7 +418,7 @@ class _Kernel:
     def _prologue(self) -> str:
         """The sites' registers, then the context's per-kernel part: the local-memory context (its
         fields the probes taking %ctx read) and the per-kernel words held in registers."""
-        lines = [_REGS]
+        lines = [_REGS] + [f".local .align 8 .b8 \t{_STACK}[{self.stack}];"] * bool(self.stack)
         computed = [w for w in self.words if self.kernel_words.get(w) == f"%{PREFIX}_c{w}"]
         lines += [f".reg .b64 \t%{PREFIX}_c{w};" for w in computed]
         if self.reads:
@@ -542,6 +542,8 @@ class _Kernel:
         words = sorted({w for p in probes for w in p.ctx_words or ()})
         # Each word's operand in the stores before a call: per kernel, or the site's value.
         operands = {w: self.kernel_words.get(w) or f"{_MARK}{w}{_MARK}" for w in words}
+        if self.inline:
+            self.stack = max([self.stack] + [_inline_parts(p).stack for p in probes])
         slots = [] if self.inline else [f"{PREFIX}_arg"] * any(p.ctx_words is None for p in probes) \
             + [f"{PREFIX}_ret"] + [f"{PREFIX}_cw{w}" for w in words]
         lines = [f"{{ // egpu site {_MARK}site{_MARK}"] + [f".param .b64 {s};" for s in slots] \
@@ -732,31 +734,43 @@ def _calls(probes: list[ProbeSpec], ctxp: str, words: dict[int, str], inline: bo
 
 
 def _inlined(probe: ProbeSpec, actual: list[str], guarded: bool) -> str:
-    """The probe's body as one scope (PTX scopes its registers, labels and .local), its parameters
-    ``actual``, its rets jumping to the scope's end; ``guarded``: only the leader (%__egpu_q) runs it.
-    Raises PtxError for a probe that calls a function (none is translated so today)."""
-    formal, lines = _inline_parts(probe)
+    """The probe's body as one scope (PTX scopes its registers and labels), its parameters ``actual``, its
+    rets jumping to the scope's end; ``guarded``: only the leader (%__egpu_q) runs it. Raises PtxError for a
+    probe that calls a function (none is translated so today)."""
+    formal, lines, _ = _inline_parts(probe)
     args = dict(zip(formal, actual, strict=True))
     body = [f"\tmov.b64 {line[0]}, {args[line[1]]};" if type(line) is tuple else line for line in lines]
     skip = [f"\t@!%{PREFIX}_q bra ${PREFIX}_end;"] * guarded
     return "\n".join(["{", *skip, *body, f"${PREFIX}_end:", "}"])
 
 
+class _Inline(NamedTuple):
+    formal: list[str]                        # the parameters' names
+    lines: list[str | tuple[str, str]]       # the body; a (register, formal) pair for a parameter load
+    stack: int                               # bytes of its .local stack, which the body reaches as _STACK
+
+
 @functools.lru_cache(maxsize=256)
-def _inline_parts(probe: ProbeSpec) -> tuple[list[str], list[str | tuple[str, str]]]:
-    """A probe's formal parameters and body lines for _inlined: a (register, formal) pair for each
-    parameter load, no result store, rets as branches to the end."""
-    m = _PROBE_FUNC.search(probe.ptx.rstrip())   # the text's last .func, its body up to the text's last brace
+def _inline_parts(probe: ProbeSpec) -> _Inline:
+    """A probe's body for _inlined: no result store, rets as branches to the end, and its .local stack (the
+    emitter's __stack) declared once per kernel (_STACK, as large as the largest) instead of in each scope:
+    ptxas gives each scope's .local its own place in the frame, so that a probe with a 472-byte stack inlined
+    at 6 sites took a 2832-byte frame (the local memory the driver reserves for each resident thread)."""
+    m = _PROBE_FUNC.search(probe.ptx.rstrip())   # the text's first .func, its body up to the text's last brace
     if m is None or ".func" in m.group("body") or _CALL.search(m.group("body")):
         raise PtxError(f"{probe.func} cannot be inlined after setmaxnreg (one .func without calls is needed)")
     formal = [a.split()[-1] for a in m.group("params").split(",") if a.strip()]
+    body = m.group("body")
+    decl = _STACK_DECL.search(body)
+    if decl is not None:
+        body = _STACK_NAME.sub(_STACK, body[:decl.start()] + body[decl.end():])
     lines: list[str | tuple[str, str]] = []
-    for line in m.group("body").split("\n"):
+    for line in body.split("\n"):
         if (ld := _PARAM_LOAD.fullmatch(line.strip())) and ld.group(2) in formal:
             lines.append((ld.group(1), ld.group(2)))
-        elif not _RESULT_STORE.fullmatch(line.strip()):
+        elif line.strip() and not _RESULT_STORE.fullmatch(line.strip()):
             lines.append(_RET.sub(rf"\1bra ${PREFIX}_end;", line))
-    return formal, lines
+    return _Inline(formal, lines, int(decl.group(1)) if decl else 0)
 
 
 _PROBE_FUNC = re.compile(r"\.func \(\.param \.b64 %ret\) (?P<name>[\w$]+)\((?P<params>[^)]*)\)\s*\{\n(?P<body>.*)\n\}$",
@@ -765,6 +779,9 @@ _CALL = re.compile(r"^\s*(?:@!?%\w+\s+)?call\b", re.M)
 _PARAM_LOAD = re.compile(r"ld\.param\.b64 (%\w+), \[(%\w+)\];")
 _RESULT_STORE = re.compile(r"st\.param\.b64 \[%ret\], %\w+;")
 _RET = re.compile(r"^(\s*(?:@!?%\w+\s+)?)ret;$", re.M)
+_STACK = f"{PREFIX}_stack"
+_STACK_DECL = re.compile(r"^\s*\.local \.align 8 \.b8 __stack\[(\d+)\];$", re.M)   # emitter.FuncGen.declarations
+_STACK_NAME = re.compile(r"(?<![\w$%])__stack\b")
 
 
 def _leader(scope: str) -> list[str]:
