@@ -143,11 +143,12 @@ def _cases() -> list[Case]:
                                       for o in range(8) for k in range(64)],
                                stores=[(p[1] + 4 * (8 * t + o), 4) for t in range(504) for o in range(8)]),
              constants={"coeff": _f32([float(k % 5) for k in range(64)])}),
-        # setmaxnreg: the probes' bodies inlined at each site, not called (rewrite.py)
-        Case("warp_specialized.sm_90a", "warp_specialized", (8, 1, 1), (256, 1, 1), [_f32(small[:N]), bytes(8 * N)],
-             [("buf", 0), ("buf", 1), ("i32", N)],
-             lambda p, b: _mem(loads=[(p[0] + 4 * i, 4) for i in range(N)] * 2,
-                               stores=[(p[1] + 4 * i, 4) for i in range(2 * N)])),
+        # setmaxnreg, in the kernel or in the .funcs it calls: the probes' bodies inlined at each site (rewrite.py)
+        *[Case("warp_specialized.sm_90a", kernel, (8, 1, 1), (256, 1, 1), [_f32(small[:N]), bytes(8 * N)],
+               [("buf", 0), ("buf", 1), ("i32", N)],
+               lambda p, b: _mem(loads=[(p[0] + 4 * i, 4) for i in range(N)] * 2,
+                                 stores=[(p[1] + 4 * i, 4) for i in range(2 * N)]))
+          for kernel in ("warp_specialized", "warp_specialized_calls")],
     ]
 
 
