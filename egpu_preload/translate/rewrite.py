@@ -579,7 +579,9 @@ class _SetsMaxnreg:
     indirect call may reach any .func of the module). setmaxnreg (warp-specialized Hopper kernels) leaves a warp
     fewer registers than at entry; ptxas cannot allocate a call to a hash-map probe there (C7600, or minutes with
     loops), but assembles its body inlined. A setmaxnreg in a called .func (a __noinline__ device function, a
-    library's) counts: ptxas compiles the caller's probe calls with the registers the callee leaves."""
+    library's) counts: ptxas compiles the caller's probe calls with the registers the callee leaves. A .func
+    declared without a body here (another module's) is not followed: ptxas 13.0 ignores setmaxnreg across
+    compilation units (C7504)."""
 
     def __init__(self, mod: ptx.Module) -> None:
         # Only a module that mentions it needs its call graph: others' .func bodies stay unparsed.
