@@ -849,6 +849,10 @@ def test_inlined_probes_share_one_stack_and_keep_their_sites_apart(probe_obj, pt
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert re.search(r"(\d+) bytes stack frame", p.stderr).group(1) == "472", p.stderr
+    # The entry site is made last (in the prologue): its probes' stack counts too.
+    entry = instrument(_SETMAXNREG_SITES, [replace(specs[0], attach=replace(specs[0].attach, kind="entry"))])
+    assert ".local .align 8 .b8 \t__egpu_stack[472];" in entry.text
+    _assembles(entry.text, "sm_90a")
 
 
 def test_a_probe_that_calls_fails_a_kernel_with_setmaxnreg_only():
