@@ -756,25 +756,35 @@ ret;
 
 def test_every_probe_inlines_at_every_site_kind_and_assembles(probe_obj, probe_names, example_path):
     """_inline_parts reads the translator's PTX with regexes: every kernel-site program of tests/probes and
-    examples, inlined at an entry, a memory and an exit site of a setmaxnreg kernel, assembles for sm_90a. One
-    module per object, each program at all three sites: about 20 s of ptxas on the CI's 2 cores."""
+    examples, inlined at an entry, a memory and an exit site of a setmaxnreg kernel, assembles for sm_90a; those
+    of every third such object also taking their context by address (the form probe_specs falls back to), which
+    would double the time for all. One module per object: about 15 s of ptxas on the CI's 2 cores."""
     from egpu_preload.bpf.elf import load_object
-    from egpu_preload.translate.rewrite import probe_specs
+    from egpu_preload.translate import probe_function
+    from egpu_preload.translate.rewrite import MEM_KINDS, probe_specs
     from test_examples import EXAMPLES
     paths = [probe_obj(n) for n in probe_names] + [example_path(n) for n in EXAMPLES]
-    jobs, scopes = [], set()
+    jobs, scopes, sampled = [], set(), 0
     for path in paths:
-        specs = probe_specs(load_object(path))
+        obj = load_object(path)
+        specs = probe_specs(obj)
         if not specs:   # launch and host programs only
             continue
+        progs = [p for p in obj.programs if p.attach.kind in ("entry", "exit", *MEM_KINDS)] * (len(jobs) % 3 == 0)
+        translated = [probe_function(p, obj, tag="byaddr") for p in progs]   # another table, other names
+        by_address = [replace(s, func=pp.name, ptx=pp.func, globals=pp.globals, ctx_fields=pp.ctx_fields,
+                              ctx_words=pp.ctx_words)
+                      for s, pp in zip(specs[:len(translated)], translated, strict=True)]
+        assert all(s.ctx_words is None for s in by_address)
+        sampled += bool(by_address)
         spread = [replace(s, attach=replace(s.attach, kind=kind, glob="*"))
-                  for s in specs for kind in ("entry", "mem", "exit")]
+                  for s in specs + by_address for kind in ("entry", "mem", "exit")]
         res = instrument(_SETMAXNREG_SITES, spread)
         assert res.status("k").status == "instrumented" and res.status("k").calls == len(spread), (path, res.kernels)
         assert _probe_calls(res.text, spread) == {"k": 0}, path
         jobs.append((path.stem, "sm_90a", res.text))
         scopes |= {s.attach.scope for s in specs}
-    assert len(jobs) >= 25 and scopes == {"thread", "warp", "block"}
+    assert len(jobs) >= 25 and sampled == -(-len(jobs) // 3) and scopes == {"thread", "warp", "block"}
     failed = [(name, err) for name, _, rc, _, err in ptx_corpus.ptxas(jobs) if rc]
     assert not failed, failed
 
