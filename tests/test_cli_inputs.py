@@ -570,7 +570,8 @@ def test_inspect_a_static_archive(tmp_path, probe_obj):
 # ---- line info ---------------------------------------------------------------------------------------
 
 def test_line_info_of_a_verifier_refusal(tmp_path):
-    """egpu verify of an object names the object; its log shows the source lines (BTF line info)."""
+    """egpu verify of an object names the object and, at the line's end, the source line refused (the log
+    below starts at the program's first line, which read as the refusal's); its log shows the source lines."""
     from test_egpu_run import BAD_PROBE
     src = tmp_path / "bad.bpf.c"
     src.write_text(BAD_PROBE)
@@ -579,6 +580,7 @@ def test_line_info_of_a_verifier_refusal(tmp_path):
     first, *log = r.stderr.splitlines()
     assert r.exit_code == 1
     assert first.startswith(f"egpu: {tmp_path / 'bad.bpf.o'}:kprobe/*:7: r0 = *(u64 *)(r0 + 0x0): invalid mem access")
+    assert first.endswith(f"(r0: compare it with 0 first) (source: {src}:8)")
     assert log[log.index(f"; return *v;  /* no NULL check */ @ {src}:8") + 1].startswith("7: ")
     table = LineTable.from_object((tmp_path / "bad.bpf.o").read_bytes())
     assert str(table.lookup("kprobe/*", 0)) == f"{src}:4"

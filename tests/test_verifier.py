@@ -715,7 +715,7 @@ def test_cli_verify_unsafe(tmp_path):
     assert r.exit_code == 1
     first, *log = r.output.splitlines()
     assert first.startswith(f"egpu: {obj}:kprobe/*:")
-    assert first.endswith("invalid mem access 'map_value_or_null' (r0: compare it with 0 first)")
+    assert first.endswith(f"invalid mem access 'map_value_or_null' (r0: compare it with 0 first) (source: {src}:10)")
     assert any(line.startswith("frame0: R0=map_value_or_null") for line in log)
 
 

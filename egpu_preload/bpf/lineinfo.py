@@ -136,7 +136,9 @@ def _strings(btf: bytes) -> Callable[[int], str]:
 def located(e: EgpuError, data: bytes, named: str) -> EgpuError:
     """``e`` from loading the object ``data`` that the user knows as ``named`` (not a compiled copy of it):
     named by the source line when ``named`` is the source and the object's line info has the line
-    (``x.bpf.c:8``), else by ``named``; its verifier log gains the source lines either way."""
+    (``x.bpf.c:8``), else by ``named``, an object's refusal then ending with the line it has (``(source:
+    x.bpf.c:8)``: the log below starts at the program's first line, which reads as the refusal's); its
+    verifier log gains the source lines either way."""
     table = LineTable.from_object(data, named) if e.section and data else LineTable({}, {})
     line = table.lookup(e.section, e.insn) if e.section and e.insn is not None else None
     if line is not None and named.endswith(".c"):   # as the user named the source, a header's line by its own path
@@ -144,6 +146,8 @@ def located(e: EgpuError, data: bytes, named: str) -> EgpuError:
         e.file = f"{named}:{line.line}" if same else str(line)
     else:
         e.file = named
+        if line is not None:
+            e.reason = f"{e.reason} (source: {line})"
     if e.detail and e.section:
         e.detail = table.annotate(e.section, e.detail)
     return e
