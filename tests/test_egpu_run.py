@@ -126,6 +126,24 @@ def test_json_gives_one_document_per_process(stub_job, probe_obj, tmp_path):
     assert isinstance(d["pid"], int) and d["rank"] is None
 
 
+def test_a_sources_global_data_maps_are_named_after_it(stub_job, tmp_path):
+    """A .bpf.c's .bss/.data/.rodata maps are named as libbpf names them, from the object's name (globals.bss),
+    as egpu run-on-gpu and examples/README.md name them; the session's copy 0.globals.bpf.o made them 0.bss.
+    Two sources of one name keep their maps apart by the folder each was compiled into."""
+    src = ROOT / "tests" / "probes" / "globals.bpf.c"
+    r = egpu_run(["--json", "-p", str(src), str(stub_job.app), "module", "1", "32", "0"],
+                 stub_job.env(tmp_path / "log"))
+    assert r.returncode == 0, r.stderr
+    assert {"globals.bss", "globals.data"} <= set(json.loads(r.stdout.splitlines()[-1])["maps"])
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "globals.bpf.c").write_text(src.read_text())
+    r = egpu_run(["--json", "-p", str(src), "-p", str(tmp_path / "b" / "globals.bpf.c"), str(stub_job.app), "module",
+                  "1", "32", "0"], stub_job.env(tmp_path / "log2"))
+    assert r.returncode == 0, r.stderr
+    maps = json.loads(r.stdout.splitlines()[-1])["maps"]
+    assert {"0/globals:globals.data", "1/globals:globals.data"} <= set(maps), sorted(maps)
+
+
 def test_output_file_keeps_the_maps_apart_from_the_jobs_stdout(stub_job, probe_obj, tmp_path):
     """-o FILE: the maps go there, so egpu-run --json -o FILE ... gives jq a file of JSON alone, and stdout is
     the job's own (before, the document followed the job's lines on stdout); a FILE that cannot be written

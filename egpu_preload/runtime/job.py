@@ -64,8 +64,13 @@ def session_dir() -> Path:
 def prepare_probes(paths: list[Path], session: Path, progress: Progress | None = None,
                    wait: bool = False) -> list[Probe]:
     """Compile .bpf.c sources into the session, then load, verify and translate every probe (``wait``:
-    their rings make producers wait for room, as the job's runtime will translate them)."""
-    return [load_user_probe(p, session / f"{i}.{p.name.removesuffix('.c')}.o", progress=progress, wait=wait)
+    their rings make producers wait for room, as the job's runtime will translate them). Each source's
+    object goes into a folder of its own under its own name: global-data maps are named after the object
+    (``cxl_late.bss`` for cxl_latency.bpf.c, as libbpf names them), and egpu run-on-gpu, attach and maps
+    name them so; a session copy ``0.cxl_latency.bpf.o`` printed ``@0.bss``."""
+    for i in range(len(paths)):
+        (session / str(i)).mkdir(exist_ok=True)
+    return [load_user_probe(p, session / str(i) / f"{p.name.removesuffix('.c')}.o", progress=progress, wait=wait)
             for i, p in enumerate(paths)]
 
 
@@ -249,14 +254,17 @@ def snapshots(probes: list[Probe], doc: dict[str, Any],
 
 def _qualified(docs: list[dict[str, Any]], snaps: list["Snapshot"]) -> tuple:
     """Every probe's maps, a name two probes share given as PROBE:MAP (PROBE: its attach name, or its file's
-    stem): printed twice unlabelled, and one JSON key, one of them was lost."""
+    stem, or its folder's name and stem where two probes' stems are one: a/x.bpf.o and b/x.bpf.o, or two sources
+    named alike, each compiled into a folder of the session): printed twice unlabelled, and one JSON key, one of
+    them was lost."""
     seen: dict[str, int] = {}
     for s in snaps:
         for m in s.maps:
             seen[m.name] = seen.get(m.name, 0) + 1
+    stems = [d.get("name") or Path(d["path"]).name.split(".bpf.")[0] for d in docs]
     out = []
-    for d, s in zip(docs, snaps):
-        probe = d.get("name") or Path(d["path"]).name.split(".bpf.")[0]
+    for d, s, stem in zip(docs, snaps, stems):
+        probe = f"{Path(d['path']).parent.name}/{stem}" if stems.count(stem) > 1 else stem
         out += [dataclasses.replace(m, name=f"{probe}:{m.name}") if seen[m.name] > 1 else m for m in s.maps]
     return tuple(out)
 
