@@ -200,9 +200,9 @@ _COMPILED: list[tempfile.TemporaryDirectory] = []   # the objects _probe_object 
 def _verified(path: Path, bpf: "BpfObject") -> list:
     """Each program of ``bpf`` (``path``'s, as the user named it) verified; a refusal names the source line
     when the object has line info."""
-    from egpu_preload.bpf.verifier import verify
+    from egpu_preload.runtime.probes import verify_each
     try:
-        return [verify(prog.code, bpf.maps, file=str(path), section=prog.section) for prog in bpf.programs]
+        return verify_each(bpf, str(path))
     except EgpuError as e:
         raise _named(e, path, bpf) from None
 

@@ -18,11 +18,14 @@ class EgpuError(Exception):
         self.section = section
         self.insn = insn
         self.detail = detail  # multi-line log (verifier state), printed below the one-line message
+        self.program: str | None = None   # the program refused, where its section may hold others
 
-    def where(self, *, file: str | None = None, section: str | None = None) -> "EgpuError":
+    def where(self, *, file: str | None = None, section: str | None = None,
+              program: str | None = None) -> "EgpuError":
         """Fill in location fields an inner layer could not know; returns self for `raise e.where(...)`."""
         self.file = self.file or file
         self.section = self.section or section
+        self.program = self.program or program
         return self
 
     def __str__(self) -> str:

@@ -647,6 +647,38 @@ def test_a_refusal_inside_a_subprogram_names_its_source_line(tmp_path):
     assert e.file == f"{src}:6", e.file
 
 
+TWO_IN_ONE_SECTION = HEAD + """struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 4); __type(key, __u32);
+	 __type(value, __u64); } h SEC(".maps");
+SEC("kprobe/*")
+int first(struct egpu_ctx *ctx) { __u32 k = 1; __u64 *v = bpf_map_lookup_elem(&h, &k); return v ? *v : 0; }
+SEC("kprobe/*")
+int second(struct egpu_ctx *ctx)
+{
+	__u32 k = ctx->size;
+	__u64 *v = bpf_map_lookup_elem(&h, &k);
+	return *v;  /* no NULL check */
+}
+""" + LICENSE
+
+
+@pytest.mark.parametrize("given", ["source", "object"])
+def test_a_refusal_in_a_section_of_two_programs_names_the_program_and_line(tmp_path, given):
+    """Two programs in SEC("kprobe/*"), as libbpf allows: the refusal said kprobe/*:7 with neither the program
+    nor its source line, and its log had no source lines, for .bpf.c and .bpf.o alike."""
+    src = tmp_path / "two.bpf.c"
+    src.write_text(TWO_IN_ONE_SECTION)
+    path = src if given == "source" else compile_probe(src, tmp_path / "two.bpf.o")
+    for cmd in ("verify", "ptx"):
+        r = run(egpu, [cmd, path])
+        first, *log = r.stderr.splitlines()
+        assert r.exit_code == 1
+        if given == "source":
+            assert first.startswith(f"egpu: {src}:11:kprobe/* (second):"), first
+        else:
+            assert first.startswith(f"egpu: {path}:kprobe/* (second):") and first.endswith(f"(source: {src}:11)")
+        assert f"; return *v;  /* no NULL check */ @ {src}:11" in log
+
+
 def test_the_readmes_scope_rule():
     """README: .warp/.block right before the / that opens the glob; not after egpu; not on launch probes."""
     from egpu_preload.bpf.sections import parse_section

@@ -42,10 +42,12 @@ class LineTable:
 
     def __init__(self, records: dict[str, list[tuple[int, SourceLine]]],
                  funcs: dict[str, list[tuple[int, int]]],
-                 layouts: dict[str, tuple[tuple[str, int, int], ...]] | None = None) -> None:
+                 layouts: dict[str, tuple[tuple[str, int, int], ...]] | None = None,
+                 programs: dict[tuple[str, str], tuple[tuple[str, int, int], ...]] | None = None) -> None:
         self.records = records   # section -> [(insn index in the section, line)], sorted
         self.funcs = funcs       # section -> (start, length) of each function symbol in it, in instructions
         self.layouts = layouts or {}   # section of one program -> its Program.layout (subprograms appended)
+        self.programs = programs or {}   # (section, program) -> its layout, for sections of several
 
     @classmethod
     def from_object(cls, data: bytes, path: str = "") -> "LineTable":
@@ -60,14 +62,20 @@ class LineTable:
         except EgpuError:   # an object the loader refuses: no subprogram can be placed
             programs = []
         sections = [p.section for p in programs]
-        return cls(records, funcs, {p.section: p.layout for p in programs if sections.count(p.section) == 1})
+        return cls(records, funcs, {p.section: p.layout for p in programs if sections.count(p.section) == 1},
+                   {(p.section, p.name): p.layout for p in programs if sections.count(p.section) > 1})
 
-    def lookup(self, section: str, insn: int) -> SourceLine | None:
+    def shared(self, section: str) -> bool:
+        """Whether ``section`` holds several programs, so that it alone does not say which was refused."""
+        return any(s == section for s, _ in self.programs)
+
+    def lookup(self, section: str, insn: int, program: str | None = None) -> SourceLine | None:
         """The line of instruction ``insn`` of the program in ``section`` (counted as the verifier counts,
-        from the program's start; past it, in the subprograms elf.py appended). None when unknown: no
-        line info, or a section holding several programs."""
+        from the program's start; past it, in the subprograms elf.py appended), or of ``program`` there
+        where the section holds several. None when unknown: no line info, or a section holding several
+        programs and no program named."""
         base = 0
-        for piece, start, count in self.layouts.get(section, ()):
+        for piece, start, count in self.layouts.get(section) or self.programs.get((section, program), ()):
             if 0 <= insn - base < count:
                 return self._line(piece, start + insn - base)
             base += count
@@ -85,13 +93,13 @@ class LineTable:
             best = line
         return best
 
-    def annotate(self, section: str, log: str) -> str:
+    def annotate(self, section: str, log: str, program: str | None = None) -> str:
         """A verifier log (lines ``N: insn``) with ``; source @ file:line`` before each instruction whose
         line differs from the one before, as the kernel's log does."""
         out, last = [], None
         for text in log.splitlines():
             head = text.split(":", 1)[0]
-            line = self.lookup(section, int(head)) if head.isdigit() else None
+            line = self.lookup(section, int(head), program) if head.isdigit() else None
             if line is not None and line != last:
                 out.append(f"; {line.text.strip()} @ {line}")
                 last = line
@@ -140,7 +148,7 @@ def located(e: EgpuError, data: bytes, named: str) -> EgpuError:
     x.bpf.c:8)``: the log below starts at the program's first line, which reads as the refusal's); its
     verifier log gains the source lines either way."""
     table = LineTable.from_object(data, named) if e.section and data else LineTable({}, {})
-    line = table.lookup(e.section, e.insn) if e.section and e.insn is not None else None
+    line = table.lookup(e.section, e.insn, e.program) if e.section and e.insn is not None else None
     if line is not None and named.endswith(".c"):   # as the user named the source, a header's line by its own path
         same = os.path.realpath(line.file) == os.path.realpath(named)
         e.file = f"{named}:{line.line}" if same else str(line)
@@ -149,5 +157,7 @@ def located(e: EgpuError, data: bytes, named: str) -> EgpuError:
         if line is not None:
             e.reason = f"{e.reason} (source: {line})"
     if e.detail and e.section:
-        e.detail = table.annotate(e.section, e.detail)
+        e.detail = table.annotate(e.section, e.detail, e.program)
+    if e.section and e.program and table.shared(e.section):   # kprobe/* (second): which of the section's
+        e.section = f"{e.section} ({e.program})"
     return e

@@ -43,7 +43,7 @@ def load_probe(path: Path, wait: bool = False) -> Probe:
         obj = load_object(path)
         if wait:
             obj.maps[:] = [replace(m, wait=True) if m.type in RING_TYPES else m for m in obj.maps]
-        verified = [verify(prog.code, obj.maps, file=str(path), section=prog.section) for prog in obj.programs]
+        verified = verify_each(obj, str(path))
         host_only_refusal(obj)
         specs = tuple(probe_specs(obj, verified))
         why = api_refusal(obj)
@@ -54,6 +54,19 @@ def load_probe(path: Path, wait: bool = False) -> Probe:
     if not obj.programs:
         raise EgpuError("no programs in the object", file=str(path))
     return Probe(Path(path), obj, specs, table_symbol(object_tag(obj)), warp_rings(verified))
+
+
+def verify_each(obj: BpfObject, file: str) -> list[VerifiedProgram]:
+    """Every program of ``obj`` verified; a refusal names its program, which bpf/lineinfo.py's located needs
+    where the section holds others (two SEC("kprobe/*")): neither the source line nor which was refused
+    was said."""
+    verified = []
+    for prog in obj.programs:
+        try:
+            verified.append(verify(prog.code, obj.maps, file=file, section=prog.section))
+        except EgpuError as e:
+            raise e.where(program=prog.name)
+    return verified
 
 
 def host_only_refusal(obj: BpfObject) -> None:
