@@ -53,6 +53,8 @@ FRAME_TIMEOUT = 5.0         # seconds within which a whole frame must arrive (or
 MAX_CONNECTIONS = 32        # served at once; one more is told "busy" and closed
 BUSY_RETRY_S = 0.05         # between a client's connects while the listen queue is full
 BUSY_WAIT_S = 2.0           # how long a client tries to connect to a full queue before it says "busy"
+STOPPED_WAIT_S = 5.0        # how long a client waits for a reply from a process seen stopped all along
+STOP_POLL_S = 0.5           # how often a client waiting for a reply looks whether its process is stopped
 _LEN = struct.Struct(">I")
 _UCRED = struct.Struct("iII")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;} (socket(7) SO_PEERCRED)
 _SUN_PATH_MAX = 107         # sizeof(sockaddr_un.sun_path) - 1 (unix(7))
@@ -594,14 +596,17 @@ class ControlClient:
                     sock.sendall(frame)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # refused before it read our request: its reason is waiting to be read
-                body = read_frame(sock, deadline)
+                waited = self._await_reply(sock, deadline)
+                body = read_frame(sock, deadline) if waited is None else None
             except (socket.timeout, TimeoutError):
-                why = (f": it is stopped (Ctrl-Z, SIGSTOP, a debugger) and answers once it goes on (kill -CONT "
-                       f"{self.pid}), when the {cmd} may still be carried out" if _stopped(self.pid) else "")
-                raise ControlTimeout(f"process {self.pid}: no reply to {cmd} within {self.timeout:g} s{why}") from None
+                waited = self.timeout
             except (_FrameTooLarge, OSError) as e:
                 raise ControlError(self._gone(cmd, path) or
                                    f"process {self.pid}: connection failed during {cmd}: {e}") from None
+        if waited is not None:
+            why = (f": it is stopped (Ctrl-Z, SIGSTOP, a debugger) and answers once it goes on (kill -CONT "
+                   f"{self.pid}), when the {cmd} may still be carried out" if _stopped(self.pid) else "")
+            raise ControlTimeout(f"process {self.pid}: no reply to {cmd} within {waited:g} s{why}")
         if body is None:
             raise ControlError(self._gone(cmd, path) or
                                f"process {self.pid}: closed the connection without replying to {cmd}")
@@ -614,6 +619,22 @@ class ControlClient:
         if reply.get("id") != rid:
             raise ControlError(f"process {self.pid}: reply to request {reply.get('id')}, expected {rid}")
         return reply.get("result")
+
+    def _await_reply(self, sock: socket.socket, deadline: float) -> float | None:
+        """None once the reply starts to arrive (or the connection ends); the seconds waited when the process
+        was seen stopped for STOPPED_WAIT_S on end. TimeoutError at ``deadline``. A job stopped by Ctrl-Z kept
+        egpu maps waiting its whole minute, egpu checkpoint its ten, saying nothing."""
+        start, stopped_since = time.monotonic(), None
+        with selectors.DefaultSelector() as sel:
+            sel.register(sock, selectors.EVENT_READ)
+            while not sel.select(min(STOP_POLL_S, max(0.0, deadline - time.monotonic()))):
+                now = time.monotonic()
+                if now >= deadline:
+                    raise TimeoutError("deadline passed")
+                stopped_since = (stopped_since or now) if _stopped(self.pid) else None
+                if stopped_since is not None and now - stopped_since >= STOPPED_WAIT_S:
+                    return round(now - start, 1)
+        return None
 
     def _connect(self, sock: socket.socket, path: Path, deadline: float, cmd: str) -> None:
         """Connect: a full listen queue (EAGAIN: a unix socket with a timeout is non-blocking underneath)

@@ -275,6 +275,27 @@ def test_a_stopped_job_that_does_not_reply_is_named_stopped(sock_dir):
         child.wait()
 
 
+
+def test_a_job_stopped_while_it_is_asked_is_given_up_on_in_seconds_not_at_the_timeout(sock_dir, monkeypatch):
+    """egpu maps on a job stopped by Ctrl-Z waited its whole minute (egpu checkpoint and restore their ten)
+    before saying so: the client gives up once the process has been seen stopped for STOPPED_WAIT_S."""
+    monkeypatch.setattr(control, "STOPPED_WAIT_S", 0.3)
+    monkeypatch.setattr(control, "STOP_POLL_S", 0.1)
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        with ControlServer({"maps": lambda f: time.sleep(5.0)}):
+            socket_path(child.pid).symlink_to(socket_path(os.getpid()))
+            start = time.monotonic()
+            with pytest.raises(ControlTimeout, match=rf"no reply to maps within 0\.\d s: it is stopped .*kill -CONT "
+                                                     rf"{child.pid}\), when the maps may still be carried out$"):
+                ControlClient(child.pid, timeout=3).request("maps")
+            assert time.monotonic() - start < 2
+    finally:
+        child.kill()
+        child.wait()
+
+
 # --- malformed frames -----------------------------------------------------------------------------
 
 def _packb(obj) -> bytes:
