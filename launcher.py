@@ -66,8 +66,8 @@ class _OneLine:
         except OSError as e:   # click says nothing of a pipe closed (EPIPE) and exits 1; a full disk was a traceback
             if not _echoing(e):
                 raise
-            with contextlib.suppress(OSError):   # what stdout still buffers goes nowhere, not into a second error
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _to_devnull(sys.stdout)
+            with contextlib.suppress(OSError):
                 typer.echo(f"{prog_name or self.name}: stdout: cannot write ({e.strerror or e})", err=True)
             sys.exit(self.error_status)
         sys.exit(status if isinstance(status, int) else 0)
@@ -104,7 +104,26 @@ def _echo_after_job(text: str, err: bool = False, nl: bool = True) -> None:
     try:
         typer.echo(text, err=err, nl=nl)
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), (sys.stderr if err else sys.stdout).fileno())
+        _to_devnull(sys.stderr if err else sys.stdout)
+
+
+def _to_devnull(stream: Any) -> None:
+    """What ``stream`` (stdout or stderr, found unwritable) still buffers goes nowhere, not into a second
+    error as Python flushes it at exit."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
+@contextlib.contextmanager
+def _done_anyway(what: Callable[[], str]) -> Iterator[None]:
+    """Printing the reply of a change already made in a job: stdout full or closed (> /dev/full, | head -0)
+    said only "stdout: cannot write" (a pipe closed: nothing) and exit 1, as if the change had failed, and
+    the attach tried again was refused as attached already. The one line says what was done: ``what()``."""
+    try:
+        yield
+    except OSError as e:
+        _to_devnull(sys.stdout)
+        raise EgpuError(f"stdout: cannot write ({e.strerror or e}): {what()}") from None
 
 
 def _show_version(value: bool) -> None:
@@ -774,9 +793,11 @@ def attach_cmd(pid: int = _PID, probe: Path = typer.Option(..., "-p", "--probe",
             asked.add(p)
             return remote.request(p, "attach", probe=data, name=name)
     done, failed = _each(pid, rank, every, "attach", attach, asked)
-    for t, reply in done:
-        typer.echo(json.dumps({"pid": t.pid, "rank": t.rank, **reply}) if as_json
-                   else _rank_prefix(t) + remote.change_line("attach", t.pid, reply))
+    with _done_anyway(lambda: f"{name} was attached to {', '.join(str(t.pid) for t, _ in done)} all the same "
+                              "(egpu ps lists the probes attached)"):
+        for t, reply in done:
+            typer.echo(json.dumps({"pid": t.pid, "rank": t.rank, **reply}) if as_json
+                       else _rank_prefix(t) + remote.change_line("attach", t.pid, reply))
     raise typer.Exit(int(failed))
 
 
@@ -864,7 +885,8 @@ def checkpoint_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metava
     target = _one(pid)
     with _interruptible("checkpoint", [target]):
         reply = remote.checkpoint(target, directory, stop_the_world)
-    typer.echo(json.dumps(reply) if as_json else remote.checkpoint_line(target, reply))
+    with _done_anyway(lambda: f"the checkpoint of {target} in {reply['dir']} was made all the same"):
+        typer.echo(json.dumps(reply) if as_json else remote.checkpoint_line(target, reply))
 
 
 @egpu.command("restore")
@@ -875,7 +897,8 @@ def restore_cmd(pid: int = _PID, directory: Path = typer.Argument(..., metavar="
     target = _one(pid)
     with _interruptible("restore", [target]):
         reply = remote.restore(target, directory)
-    typer.echo(json.dumps(reply) if as_json else remote.restore_line(target, reply))
+    with _done_anyway(lambda: f"{target} was restored from {reply['dir']} all the same"):
+        typer.echo(json.dumps(reply) if as_json else remote.restore_line(target, reply))
 
 
 egpu_run = typer.Typer(name="egpu-run", add_completion=False, no_args_is_help=True, rich_markup_mode=None)

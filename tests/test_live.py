@@ -597,6 +597,26 @@ def test_a_pid_without_egpu(stub_job, probe_obj, tmp_path, cmd):
     assert (r.returncode, r.stderr) == (1, f"egpu: no egpu session in process {os.getpid()}\n")
 
 
+
+@pytest.mark.parametrize("job", ["module"], indirect=True)
+def test_an_attach_whose_reply_cannot_be_printed_says_it_was_made(job, probes):
+    """egpu attach > /dev/full said only "stdout: cannot write" (into a pipe closed, | head -0: nothing) and
+    exited 1, as if the attach had failed: tried again, it was refused as attached already."""
+    said = f": count was attached to {job.pid} all the same (egpu ps lists the probes attached)\n"
+    args = [sys.executable, "-c", "import launcher; launcher.egpu_main()", "attach", str(job.pid), "-p",
+            str(probes["count"])]
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(args, env=job.env, cwd=ROOT, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (1, "egpu: stdout: cannot write (No space left on device)" + said)
+    assert egpu(["detach", str(job.pid)], job.env).returncode == 0
+    p = subprocess.Popen(args, env=job.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()   # the reader gone before the reply comes
+    assert (p.wait(timeout=60), p.stderr.read()) == (1, "egpu: stdout: cannot write (Broken pipe)" + said)
+    assert egpu(["maps", str(job.pid)], job.env).stdout == "@counts: 0\n"
+    status, out, _ = job.finish()
+    assert status == 0 and "result=0" in out
+
+
 def test_ps_removes_stale_sockets(stub_job, tmp_path):
     env = stub_job.env(tmp_path / "log")
     d = tmp_path / "egpu"
