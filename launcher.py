@@ -148,6 +148,9 @@ def _egpu(version: bool = _VERSION) -> None:
 
 
 def egpu_main() -> None:
+    if sys.stdout is None:   # fd 1 closed (egpu maps PID >&-): click's echo wrote nowhere, and it exited 0
+        typer.echo("egpu: stdout: closed: what egpu prints would be lost (>/dev/null discards it)", err=True)
+        sys.exit(1)
     egpu(prog_name="egpu")
 
 

@@ -797,6 +797,16 @@ def test_output_to_a_full_disk_is_one_line(probe_obj, main, args, status):
     assert (r.returncode, r.stderr) == (status, f"{prog}: stdout: cannot write (No space left on device)\n")
 
 
+
+def test_a_closed_stdout_is_refused_before_anything_is_done(probe_obj):
+    """egpu verify X >&- (fd 1 closed) printed nothing, said nothing and exited 0."""
+    r = subprocess.run([sys.executable, "-c", "import launcher; launcher.egpu_main()", "verify",
+                        str(probe_obj("count"))], cwd=ROOT, preexec_fn=lambda: os.close(1), stderr=subprocess.PIPE,
+                       text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (1, "egpu: stdout: closed: what egpu prints would be lost (>/dev/null "
+                                           "discards it)\n")
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("app, args", [(egpu_run, ["-p", "FIFO", "true"]), (egpu, ["attach", "1", "-p", "FIFO"]),
                                        (egpu, ["swap", "1", "old", "FIFO"])])
