@@ -19,7 +19,8 @@ from test_live import LAUNCH, Job, egpu, probes  # noqa: F401 (a fixture)
 
 
 def _read(tmp_path):
-    return mirror.read_mirror(os.getpid(), tmp_path)
+    """The segment of this process in ``tmp_path`` (read_mirror also wants a document of egpu's)."""
+    return mirror.read_segment(mirror.mirror_path(os.getpid(), tmp_path))
 
 
 def test_documents_grow_the_segment_and_read_back_whole(tmp_path):
@@ -92,6 +93,23 @@ def test_bad_segments_are_refused_naming_the_file(tmp_path, content, reason):
     with pytest.raises(EgpuError, match=reason) as e:
         _read(tmp_path)
     assert e.value.file == str(path)
+
+
+
+@pytest.mark.parametrize("doc, version", [({"version": 99, "probes": "?"}, "99"), ([1, 2], "None"), ({}, "None")])
+def test_a_mirror_of_another_egpus_is_refused_naming_the_file(tmp_path, doc, version):
+    """egpu maps --mirror on a job of another egpu (another document version), or a document that is no
+    dump at all: a traceback (TypeError, KeyError) as it was rendered, or its maps misread."""
+    from egpu_preload.runtime.dump import VERSION
+    seg = mirror.Segment(mirror.mirror_path(os.getpid(), tmp_path))
+    seg.write(msgpack.packb(doc))
+    with pytest.raises(EgpuError, match=rf"not a map mirror this egpu reads \(document version {version}, not "
+                                        rf"{VERSION}\)") as e:
+        mirror.read_mirror(os.getpid(), tmp_path)
+    assert e.value.file == str(seg.path)
+    seg.write(msgpack.packb({"version": VERSION}))
+    assert mirror.read_mirror(os.getpid(), tmp_path)[0] == {"version": VERSION}
+    seg.close()
 
 
 def test_a_mirror_under_a_file_is_no_mirror(tmp_path):

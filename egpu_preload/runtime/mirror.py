@@ -42,6 +42,7 @@ import msgpack
 
 from egpu_preload.control import process_exists, socket_path
 from egpu_preload.errors import EgpuError
+from egpu_preload.runtime.dump import VERSION as DUMP_VERSION
 
 MAGIC = b"EGPUMAP1"
 HEADER = struct.Struct("<8sIIQQ")
@@ -165,7 +166,12 @@ def read_mirror(pid: int, directory: Path | None = None) -> tuple[dict, float]:
     if path.exists() and not process_exists(pid):
         path.unlink(missing_ok=True)
         raise EgpuError(f"process {pid} is not running (its stale map mirror was removed)", file=str(path))
-    return read_segment(path)
+    doc, when = read_segment(path)
+    version = doc.get("version") if isinstance(doc, dict) else None
+    if version != DUMP_VERSION:   # a job of another egpu's: a traceback as it was rendered, or its maps misread
+        raise EgpuError(f"not a map mirror this egpu reads (document version {version!r}, not {DUMP_VERSION})",
+                        file=str(path))
+    return doc, when
 
 
 def left_behind(session: Path, dumped: set[int]) -> list[tuple[dict, float, bool]]:
