@@ -193,6 +193,14 @@ def test_egpu_run_pid_addresses_its_only_process():
     assert ranks.select(1, None, False, sessions(p11=None), tree.get, {10}.__contains__) == [ranks.Target(1)]
 
 
+def test_egpu_run_pid_whose_job_has_no_session_is_named_an_egpu_run():
+    """egpu maps $! while the job has no session (egpu-run sleep 100, or a CUDA program not started yet):
+    "no egpu session in process 10" named the egpu-run alone, as if it were the job."""
+    with pytest.raises(EgpuError, match=re.escape("no egpu session in process 10 (egpu-run) or below it: no process "
+                                                  "of its job has started egpu's runtime (yet)")):
+        ranks.select(10, None, False, sessions(p50=0), TREE.get, {10}.__contains__)
+
+
 def test_runs_egpu_run_reads_the_command_line(tmp_path, monkeypatch):
     for pid, argv in ((10, [sys.executable, "/usr/bin/egpu-run", "-p", "x.bpf.o", "./app"]),
                       (11, [sys.executable, "-c", "import launcher; launcher.run_main()", "./app"]),

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from egpu_preload.control import SessionInfo, list_sessions, proc_stat, socket_path
+from egpu_preload.control import NoSession, SessionInfo, list_sessions, proc_stat, socket_path
 from egpu_preload.errors import EgpuError
 
 PROC = Path("/proc")
@@ -86,8 +86,11 @@ def select(root: int, rank: int | None = None, every: bool = False, sessions: li
             return [Target(root)]
         sessions = list_sessions() if sessions is None else sessions
         below = [t for t, _ in job_targets(root, sessions, parent_of)]
-        if any(t.pid == root for t in below) or not below:
-            return [Target(root)]   # a pid with no session below it: its request says so
+        if not below:   # "no egpu session in process R" named the egpu-run alone, as if it were the job
+            raise NoSession(f"no egpu session in process {root} (egpu-run) or below it: no process of its job "
+                            "has started egpu's runtime (yet)")
+        if any(t.pid == root for t in below):
+            return [Target(root)]
         if len(below) == 1:
             return below
         raise EgpuError(f"no egpu session in process {root}, but in {len(below)} processes below it "
