@@ -605,7 +605,7 @@ class ControlClient:
                                    f"process {self.pid}: connection failed during {cmd}: {e}") from None
         if waited is not None:
             why = (f": it is stopped (Ctrl-Z, SIGSTOP, a debugger) and answers once it goes on (kill -CONT "
-                   f"{self.pid}), when the {cmd} may still be carried out" if _stopped(self.pid) else "")
+                   f"{self.pid}), when the {cmd} may still be carried out" if is_stopped(self.pid) else "")
             raise ControlTimeout(f"process {self.pid}: no reply to {cmd} within {waited:g} s{why}")
         if body is None:
             raise ControlError(self._gone(cmd, path) or
@@ -631,7 +631,7 @@ class ControlClient:
                 now = time.monotonic()
                 if now >= deadline:
                     raise TimeoutError("deadline passed")
-                stopped_since = (stopped_since or now) if _stopped(self.pid) else None
+                stopped_since = (stopped_since or now) if is_stopped(self.pid) else None
                 if stopped_since is not None and now - stopped_since >= STOPPED_WAIT_S:
                     return round(now - start, 1)
         return None
@@ -659,7 +659,7 @@ class ControlClient:
                 time.sleep(BUSY_RETRY_S)
 
 
-def _stopped(pid: int) -> bool:
+def is_stopped(pid: int) -> bool:
     """Whether ``pid`` is stopped (state T or t in /proc/PID/stat, after the command's parenthesis)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

@@ -23,7 +23,7 @@ import pytest
 
 from egpu_preload import control
 from egpu_preload.control import (HANDOFF_S, MAX_FRAME, VERSION, ControlBusy, ControlClient, ControlError, ControlServer,
-                                  ControlTimeout, NoSession, list_sessions, socket_path)
+                                  ControlTimeout, NoSession, SessionInfo, list_sessions, socket_path)
 from egpu_preload.errors import EgpuError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -291,6 +291,23 @@ def test_a_job_stopped_while_it_is_asked_is_given_up_on_in_seconds_not_at_the_ti
                                                      rf"{child.pid}\), when the maps may still be carried out$"):
                 ControlClient(child.pid, timeout=3).request("maps")
             assert time.monotonic() - start < 2
+    finally:
+        child.kill()
+        child.wait()
+
+
+
+def test_ps_says_a_session_that_did_not_answer_is_stopped_when_it_is():
+    """egpu ps listed a job stopped by Ctrl-Z as "(busy)"."""
+    from egpu_preload.runtime.remote import ps_lines
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        silent = [SessionInfo(child.pid, Path("x.sock"), None)]
+        assert ps_lines(silent)[1].endswith("(busy)")
+        os.kill(child.pid, signal.SIGSTOP)
+        while not control.is_stopped(child.pid):
+            time.sleep(0.01)
+        assert ps_lines(silent)[1].endswith(f"(stopped: kill -CONT {child.pid})")
     finally:
         child.kill()
         child.wait()

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from egpu_preload.control import ControlClient, SessionInfo
+from egpu_preload.control import ControlClient, SessionInfo, is_stopped
 from egpu_preload.errors import EgpuError
 from egpu_preload.runtime.live import probe_name
 from egpu_preload.progress import Progress
@@ -42,7 +42,8 @@ def ps_lines(sessions: list[SessionInfo]) -> list[str]:
     lines = [f"{'PID':>7}  {'PROBES':<20}  COMMAND"]
     for s in sessions:
         if s.info is None:
-            lines.append(f"{s.pid:>7}  {'?':<20}  (busy)")
+            why = f"stopped: kill -CONT {s.pid}" if is_stopped(s.pid) else "busy"   # stopped read as busy
+            lines.append(f"{s.pid:>7}  {'?':<20}  ({why})")
             continue
         probes = ",".join(s.info.get("probes") or []) or "-"
         lines.append(f"{s.pid:>7}  {probes:<20}  {' '.join(s.info.get('argv') or [])}")
