@@ -847,7 +847,7 @@ def maps_cmd(pid: int = _PID, as_json: bool = typer.Option(False, "--json", help
     """Print the maps of the probes attached to a running job (read without stopping it); of several
     ranks: each, then their sum."""
     from egpu_preload.runtime import job, mirror, remote
-    read = (lambda p: mirror.read_mirror(p)[0]) if from_mirror else (lambda p: remote.request(p, "maps"))
+    read = (lambda p: mirror.read_mirror(p)[0]) if from_mirror else remote.maps
     done, failed = _each(pid, rank, every, "maps", read)
     out = job.render([], [doc for _, doc in done], as_json)
     for t, doc in done:

@@ -617,6 +617,22 @@ def test_an_attach_whose_reply_cannot_be_printed_says_it_was_made(job, probes):
     assert status == 0 and "result=0" in out
 
 
+
+@pytest.mark.parametrize("reply, version", [({"version": 99, "probes": "?"}, "99"), ({}, "None"), ([1], "None")])
+def test_maps_of_a_job_of_another_egpu_are_refused_in_one_line(monkeypatch, reply, version):
+    """egpu maps on a job started by another egpu version (its runtime's reply another document): a
+    traceback (KeyError, TypeError) as it was rendered, or its maps misread."""
+    from typer.testing import CliRunner
+    from egpu_preload.control import ControlClient
+    from egpu_preload.runtime.dump import VERSION
+    from launcher import egpu as cli
+    monkeypatch.setattr(ControlClient, "request", lambda self, cmd, **fields: reply)
+    r = CliRunner().invoke(cli, ["maps", "7"])
+    assert (r.exit_code, r.stdout) == (1, ""), r.output
+    assert r.stderr == (f"egpu: process 7: its maps are in a form this egpu does not read (document version {version}, "
+                        f"not {VERSION}): a job started by another version of egpu\n")
+
+
 def test_ps_removes_stale_sockets(stub_job, tmp_path):
     env = stub_job.env(tmp_path / "log")
     d = tmp_path / "egpu"

@@ -187,6 +187,13 @@ def started(session: Path, marker: str = STARTED) -> set[int]:
     return {int(p.name[:-len(marker)]) for p in session.glob(f"*{marker}") if p.name[:-len(marker)].isdigit()}
 
 
+def other_version(doc: Any) -> str | None:
+    """Why ``doc`` (a dump, a "maps" reply, a mirror's) is not of this egpu's VERSION, or None when it is: one
+    of another egpu's (a job started before an upgrade) is rendered wrong, or not at all (a traceback)."""
+    version = doc.get("version") if isinstance(doc, dict) else None
+    return None if version == VERSION else f"document version {version!r}, not {VERSION}"
+
+
 def read_all(session: Path) -> list[dict[str, Any]]:
     """Every dump in the session, by pid, a process's images in the order it exec'd them; unreadable ones are
     EgpuErrors naming the file."""
@@ -198,7 +205,7 @@ def read_all(session: Path) -> list[dict[str, Any]]:
             doc = msgpack.unpackb(path.read_bytes(), raw=False, strict_map_key=False)
         except (OSError, ValueError, msgpack.UnpackException) as e:
             raise EgpuError(f"unreadable dump ({e})", file=str(path)) from None
-        if not isinstance(doc, dict) or doc.get("version") != VERSION:
+        if other_version(doc) is not None:
             raise EgpuError("not an egpu dump of this version", file=str(path))
         docs.append(doc)
     return sorted(docs, key=lambda d: (d["pid"], "exec" not in d, d.get("exec", 0)))

@@ -42,7 +42,7 @@ import msgpack
 
 from egpu_preload.control import process_exists, socket_path
 from egpu_preload.errors import EgpuError
-from egpu_preload.runtime.dump import VERSION as DUMP_VERSION
+from egpu_preload.runtime.dump import other_version
 
 MAGIC = b"EGPUMAP1"
 HEADER = struct.Struct("<8sIIQQ")
@@ -167,10 +167,9 @@ def read_mirror(pid: int, directory: Path | None = None) -> tuple[dict, float]:
         path.unlink(missing_ok=True)
         raise EgpuError(f"process {pid} is not running (its stale map mirror was removed)", file=str(path))
     doc, when = read_segment(path)
-    version = doc.get("version") if isinstance(doc, dict) else None
-    if version != DUMP_VERSION:   # a job of another egpu's: a traceback as it was rendered, or its maps misread
-        raise EgpuError(f"not a map mirror this egpu reads (document version {version!r}, not {DUMP_VERSION})",
-                        file=str(path))
+    why = other_version(doc)
+    if why is not None:
+        raise EgpuError(f"not a map mirror this egpu reads ({why})", file=str(path))
     return doc, when
 
 

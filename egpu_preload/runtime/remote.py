@@ -14,6 +14,7 @@ from typing import Any
 
 from egpu_preload.control import ControlClient, SessionInfo, is_stopped
 from egpu_preload.errors import EgpuError
+from egpu_preload.runtime.dump import other_version
 from egpu_preload.runtime.live import probe_name
 from egpu_preload.progress import Progress
 from egpu_preload.runtime.probes import load_user_probe
@@ -33,6 +34,16 @@ def probe_object(path: Path, progress: Progress | None = None) -> tuple[bytes, s
 
 def request(pid: int, cmd: str, **fields: object) -> Any:
     return ControlClient(pid, timeout=TIMEOUT_S).request(cmd, **fields)
+
+
+def maps(pid: int) -> dict:
+    """Process ``pid``'s "maps" reply, a dump's document; EgpuError when it is another egpu's."""
+    doc = request(pid, "maps")
+    why = other_version(doc)
+    if why is not None:
+        raise EgpuError(f"process {pid}: its maps are in a form this egpu does not read ({why}): a job "
+                        "started by another version of egpu")
+    return doc
 
 
 # ---- renderings ----------------------------------------------------------------------------------------
