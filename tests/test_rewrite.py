@@ -476,6 +476,34 @@ def test_version_and_target_raised_only_when_needed(head, probe, version, target
         _assembles(res.text, arch)
 
 
+_SM70_PROBE = ProbeSpec(Attach("entry", "*", "thread"), "egpu_test_stats_thread", ptx_corpus.stats_probe("thread"),
+                       (6, 3), 70)   # what translated probes need (module.py: match.sync, nanosleep)
+_SHFL = "ld.param.u32 %r1, [k_0];\nshfl.down.b32 %r2, %r1, 1, 31;\nst.global.u32 [%rd1], %r2;\nret;"
+
+
+@pytest.mark.parametrize("version, target, body, refused", [
+    # CUDA 11's __shfl_down/__any for compute_52: shfl and vote without .sync, which ptxas takes below sm_70
+    # at any version but refuses on sm_70 and above from PTX 6.4 on; the probes' .target sm_70 broke the module.
+    ("7.0", "sm_52", _SHFL, "shfl.down"),
+    ("6.5", "sm_60", "ld.param.u32 %r1, [k_0];\nsetp.ne.u32 %p1, %r1, 0;\nvote.any.pred %p1, %p1;\nret;",
+     "vote.any"),
+    ("6.0", "sm_60", _SHFL, ""),                         # raised to 6.3: below 6.4, still taken
+    ("7.0", "sm_52", _SHFL.replace("shfl.down", "shfl.sync.down").replace(", 31;", ", 31, -1;"), ""),
+    ("7.0", "sm_52", "// shfl.down.b32 in a comment\nret;", ""),
+])
+def test_warp_ops_without_sync_refuse_the_raised_target(version, target, body, refused):
+    head = f".version {version}\n.target {target}\n.address_size 64\n"
+    text = _kernel(REGS + body, ".param .u32 k_0", head) + ".visible .entry other()\n{\nret;\n}\n"
+    res = instrument(text, [_SM70_PROBE])
+    if refused:   # every kernel: the .target is the module's
+        assert res.text == text
+        assert [k.status for k in res.kernels] == ["failed", "failed"]
+        assert all(f"{refused} without .sync" in k.reason and target in k.reason for k in res.kernels)
+    else:
+        assert [k.status for k in res.kernels] == ["instrumented", "instrumented"]
+        _assembles(res.text)
+
+
 def test_launch_parameter_and_context_prologue():
     res = instrument(_kernel("ret;", ".param .u64 k_0, .param .u32 k_1, .param .align 8 .b8 k_2[12]"),
                      [_probe("entry")])

@@ -55,7 +55,8 @@ What an instrumented kernel looks like
   1 and 10 instead of 11, although the site's closing barrier had the whole mask; guarding the call by
   a branch instead of a predicate changed nothing.
 - ``.version``/``.target`` are raised only to what the probes and sites need (PTX 6.2 for
-  ``activemask``).
+  ``activemask``). A module below sm_70 that runs ``shfl`` or ``vote`` without ``.sync`` at PTX 6.4 or
+  above cannot take a raise to sm_70 (ptxas refuses those there): every kernel fails.
 - Load cost: ptxas, as the driver runs it on a module (whole program), does not inline the probe calls
   but compiles a copy of each called ``.func`` for every kernel that calls it (``$k1$__egpu_...`` in
   the cubin), so its time grows as instrumented kernels x probe code (100 small kernels with
@@ -249,6 +250,10 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
         statuses = [replace(k, status="failed", reason=full, calls=0, launch_param_offset=None)
                     if k.status == "instrumented" else k for k in statuses]
         edits, used = [], []
+    if used and (legacy := _legacy_warp_ops(mod, used)):   # the .target raise would break the module
+        statuses = [replace(k, status="failed", reason=legacy, calls=0, launch_param_offset=None)
+                    if k.status == "instrumented" else k for k in statuses]
+        edits, used = [], []
     if used:
         edits += _module_edits(mod, used, link_input)
     t2 = time.perf_counter()
@@ -291,6 +296,33 @@ def _const_bank_full(mod: ptx.Module, used: list[ProbeSpec]) -> str:
             f"module may have: its own __constant__ data takes {mod.const_bytes()}")
 
 
+def _raised_header(mod: ptx.Module, used: list[ProbeSpec]) -> tuple[tuple[int, int] | None, int | None]:
+    """The .version and the sm_XX .target the probes raise the module's to, None for each left as it is."""
+    need_v = max([p.version for p in used] + [SITE_VERSION])
+    need_t = max(p.target for p in used)
+    m = re.fullmatch(r"sm_(\d+)[a-z]?", mod.target or "")
+    return (need_v if mod.version_span and mod.version and need_v > mod.version else None,
+            need_t if mod.target_span and m and need_t > int(m.group(1)) else None)
+
+
+# shfl and vote without .sync (PTX ISA: shfl, vote; deprecated since 6.0): "not supported on .target sm_70 and higher from PTX
+# ISA version 6.4" (ptxas 13.0), though taken below sm_70 at any version.
+_UNSYNCED_WARP_OP = re.compile(r"\b(?:shfl\.(?:up|down|bfly|idx)|vote\.(?:any|all|uni|ballot))\b")
+
+
+def _legacy_warp_ops(mod: ptx.Module, used: list[ProbeSpec]) -> str:
+    """Why the module cannot take the .target the probes raise it to (sm_70 or above), or "": it runs shfl or
+    vote without .sync at PTX 6.4 or above (CUDA 11's __shfl_down for sm_52, say), which ptxas then refuses."""
+    version, target = _raised_header(mod, used)
+    if target is None or target < 70 or max(version or (0, 0), mod.version or (0, 0)) < (6, 4):
+        return ""
+    m = _UNSYNCED_WARP_OP.search(ptx.blank_comments(mod.text))
+    if m is None:
+        return ""
+    return (f"the probes need .target sm_{target}, where ptxas refuses this module's {m.group()} without .sync "
+            f"(PTX 6.4 on: none on sm_70 and above); its .target is {mod.target}")
+
+
 def _module_edits(mod: ptx.Module, used: list[ProbeSpec], weak: bool) -> list[ptx.Edit]:
     """Probe definitions after the header, and .version/.target raised where the probes need it."""
     edits = []
@@ -302,13 +334,11 @@ def _module_edits(mod: ptx.Module, used: list[ProbeSpec], weak: bool) -> list[pt
     texts = [t for t in texts if t]
     if texts:
         edits.append(ptx.Edit(mod.header_end, mod.header_end, "\n\n" + "\n\n".join(texts) + "\n"))
-    need_v = max([p.version for p in used] + [SITE_VERSION])
-    if mod.version_span and mod.version and need_v > mod.version:
-        edits.append(ptx.Edit(*mod.version_span, f"{need_v[0]}.{need_v[1]}"))
-    need_t = max(p.target for p in used)
-    m = re.fullmatch(r"sm_(\d+)[a-z]?", mod.target or "")
-    if mod.target_span and m and need_t > int(m.group(1)):
-        edits.append(ptx.Edit(*mod.target_span, f"sm_{need_t}"))
+    version, target = _raised_header(mod, used)
+    if version:
+        edits.append(ptx.Edit(*mod.version_span, f"{version[0]}.{version[1]}"))
+    if target:
+        edits.append(ptx.Edit(*mod.target_span, f"sm_{target}"))
     return edits
 
 
