@@ -279,6 +279,64 @@ def test_a_kernel_whose_only_accesses_memory_probes_cannot_see_says_so():
                                                       "that memory probes do not see (wmma.load x2, wmma.store x1)")
 
 
+_FUNCS = """.func (.param .b32 r) leaf(.param .b64 a)
+{
+.reg .b64 %rd<2>;
+.reg .b32 %r<2>;
+ld.param.b64 %rd1, [a];
+ld.u32 %r1, [%rd1];
+wmma.store.d.sync.aligned.row.m16n16k16.global.f32 [%rd1], {%r1, %r1, %r1, %r1, %r1, %r1, %r1, %r1};
+st.param.b32 [r], %r1;
+ret;
+}
+.func (.param .b32 r) rec(.param .b64 a)
+{
+.reg .b64 %rd<2>;
+.reg .b32 %r<2>;
+ld.param.b64 %rd1, [a];
+st.global.u32 [%rd1], 0;
+{
+.param .b64 x;
+.param .b32 y;
+st.param.b64 [x], %rd1;
+call.uni (y), rec, (x);
+call.uni (y), leaf, (x);
+}
+st.param.b32 [r], 0;
+ret;
+}
+.func unused(.param .b64 a)
+{
+.reg .b64 %rd<2>;
+ld.param.b64 %rd1, [a];
+st.global.u32 [%rd1], 0;
+ret;
+}
+"""
+
+
+def test_accesses_in_the_functions_a_kernel_calls_are_counted_in_the_status():
+    """Found by the limits audit: a kernel's accesses inside the .funcs it calls (recursion, __noinline__, every
+    __device__ function under -G, cooperative_groups' constructors) are no sites, and its status said nothing
+    of them: a memory counter came back short with no word why, or 'no sites' for recursive_fill. Counted once
+    per function, followed through calls and recursion; a function only another calls counts once."""
+    call = "{\n.param .b64 x;\n.param .b32 y;\nst.param.b64 [x], %rd1;\ncall.uni (y), rec, (x);\n}\n"
+    text = _kernel(REGS + call + "ret;").replace(".visible .entry", _FUNCS + ".visible .entry")
+    res = instrument(text, [_probe("mem")])
+    assert (res.status("k").status, res.status("k").reason) == (
+        "untouched", "no sites for the matching probes; 3 global memory accesses that memory probes do not see "
+                     "(in leaf x2, in rec x1)")
+    res = instrument(text.replace(call, call + "st.global.u32 [%rd1], %r1;\n"), [_probe("mem")])
+    assert (res.status("k").status, res.status("k").calls) == ("instrumented", 1)
+    assert res.status("k").reason.endswith("(in leaf x2, in rec x1)")
+    _assembles(res.text)
+    assert instrument(text, [_probe("entry")]).status("k").reason == ""
+    dc = instrument(ptx_corpus.build()["device_calls.sm_90"], [_probe("mem")]).status("device_calls")
+    assert (dc.status, dc.reason) == ("untouched", "no sites for the matching probes; 2 global memory accesses "
+                                                  "that memory probes do not see (in _Z10load_twicePKfi x1, "
+                                                  "in _Z8store_atPfif x1)")
+
+
 def test_texture_and_surface_accesses_are_counted_in_the_status():
     """Found by the PTX zoo: tex2D, surf2Dread and surf2Dwrite (tex, suld, sust) read and write global memory
     through a handle, no site sees them, and the kernel's status said nothing of them."""

@@ -36,7 +36,8 @@ What an instrumented kernel looks like
   (``.global`` addresses go through ``cvta.global``); size is the vector width times the type's size
   (cp.async: its cp-size); flags: ld/ldu/cp.async load, st store, atom load|store|atomic, red
   store|atomic. ``egpu/load`` probes see sites with the load flag, ``egpu/store`` those with the store
-  flag. Accesses inside non-kernel ``.func``s are not sites (no context there), nor are ``wmma.load``/
+  flag. Accesses inside non-kernel ``.func``s are not sites (no context there; the status of a kernel counts
+  those of the functions it calls, through calls but not pointers), nor are ``wmma.load``/
   ``wmma.store``, bulk copies on global memory (a fragment's addresses, a size in a register),
   ``multimem`` loads, stores and reductions, and texture and surface fetches, loads, stores and reductions
   (``tex``, ``tld4``, ``suld``, ``sust``, ``sured``: a handle and coordinates, no address): the kernel's status
@@ -214,6 +215,7 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
     device_launches = DEVICE_LAUNCH.search(module_ptx) is not None
     declared = mod.declared()
     sets_maxnreg = _SetsMaxnreg(mod)
+    called = None   # the .funcs' accesses, found when a kernel with memory probes first calls one
     for fn in mod.kernels():
         if only is not None and not matches(only, fn.name):
             statuses.append(KernelStatus(fn.name, "untouched", f"not selected by {only}"))
@@ -230,6 +232,9 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
         try:
             kernel = _Kernel(fn, mine, sets_maxnreg(fn))
             kernel_edits, calls = kernel.edits()
+            if kernel.callees:
+                called = called or _CalledAccesses(mod)
+                kernel.unseen.update(called.reachable(kernel.callees))
             if calls:
                 _check_param_space(fn.params, mod.version)
         except PtxError as e:
@@ -305,8 +310,8 @@ def _raised_header(mod: ptx.Module, used: list[ProbeSpec]) -> tuple[tuple[int, i
             need_t if mod.target_span and m and need_t > int(m.group(1)) else None)
 
 
-# shfl and vote without .sync (PTX ISA: shfl, vote; deprecated since 6.0): "not supported on .target sm_70 and higher from PTX
-# ISA version 6.4" (ptxas 13.0), though taken below sm_70 at any version.
+# shfl and vote without .sync (PTX ISA: shfl, vote; deprecated since 6.0): "not supported on .target sm_70 and
+# higher from PTX ISA version 6.4" (ptxas 13.0), though taken below sm_70 at any version.
 _UNSYNCED_WARP_OP = re.compile(r"\b(?:shfl\.(?:up|down|bfly|idx)|vote\.(?:any|all|uni|ballot))\b")
 
 
@@ -386,6 +391,7 @@ class _Kernel:
         self.inline = inline   # each probe's body at its sites, not a call (_SetsMaxnreg)
         self.stack = 0         # bytes of the .local stack the inlined bodies share (_inline_parts)
         self.unseen: collections.Counter[str] = collections.Counter()   # unseen_access's, with memory probes
+        self.callees: set[str] = set()   # what the kernel calls, with memory probes
 
     def edits(self) -> tuple[list[ptx.Edit], int]:
         """The kernel's edits (its body with the sites spliced in, as one edit: a site each would make a
@@ -424,6 +430,8 @@ class _Kernel:
                 pos = st.start
             elif self.mem and op in _UNSEEN_OPS and (unseen := unseen_access(st.opcode)):
                 self.unseen[unseen] += 1
+            elif self.mem and op == "call":
+                self.callees.add(ptx.call_target(st.operands)[0] or "")
         if prologue is None:   # nothing but declarations: the prologue ends the body
             out += (text[pos:fn.end - 1], "")
             pos, prologue = fn.end - 1, len(out) - 1
@@ -917,6 +925,48 @@ def unseen_access(opcode: str) -> str | None:
         end = parts.index("bulk") + 1
         return ".".join(parts[:end + (parts[end:end + 1] == ["tensor"])])
     return None
+
+
+class _CalledAccesses:
+    """The global or generic memory accesses in the ``.func``s a kernel calls, directly or not: no sites (a
+    function has no context), so the kernel's status counts them as unseen (a -G build calls every
+    __device__ function; recursion and __noinline__ too). Each function is read once per module."""
+
+    def __init__(self, mod: ptx.Module) -> None:
+        self.funcs = {f.name: f for f in mod.functions if f.kind == "func" and f.body_open is not None}
+        self.found: dict[str, tuple[int, frozenset[str]]] = {}   # name -> (its accesses, what it calls)
+
+    def reachable(self, callees: set[str]) -> collections.Counter[str]:
+        """``in NAME`` -> the accesses of each function reachable from ``callees`` (through a pointer: not
+        followed), the module's own functions only."""
+        out: collections.Counter[str] = collections.Counter()
+        seen, todo = set(), [c for c in callees if c in self.funcs]
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            n, calls = self._read(name)
+            if n:
+                out[f"in {name}"] = n
+            todo += [c for c in calls if c in self.funcs]
+        return out
+
+    def _read(self, name: str) -> tuple[int, frozenset[str]]:
+        if name not in self.found:
+            n, calls = 0, set()
+            for st in self.funcs[name].statements():
+                if type(st) is not ptx.Instruction:
+                    continue
+                if st.op == "call":
+                    calls.add(ptx.call_target(st.operands)[0] or "")
+                elif st.op in _MEMORY_OPS or st.op in _UNSEEN_OPS:
+                    try:
+                        n += _opcode_access(st.opcode) is not None or unseen_access(st.opcode) is not None
+                    except PtxError:   # an opcode the rewriter could not place in a kernel: an access still
+                        n += 1
+            self.found[name] = n, frozenset(calls)
+        return self.found[name]
 
 
 def _unseen_note(unseen: collections.Counter[str]) -> str:
