@@ -969,9 +969,15 @@ class _CalledAccesses:
         return self.found[name]
 
 
+_UNSEEN_NAMED = 6   # kinds named in a status; a -G kernel may call dozens of functions with long mangled names
+
+
 def _unseen_note(unseen: collections.Counter[str]) -> str:
     n = sum(unseen.values())
-    what = ", ".join(f"{name} x{count}" for name, count in sorted(unseen.items()))
+    items = sorted(unseen.items())
+    what = ", ".join(f"{name} x{count}" for name, count in items[:_UNSEEN_NAMED])
+    if len(items) > _UNSEEN_NAMED:
+        what += f", {len(items) - _UNSEEN_NAMED} more"
     return f"{n} global memory access{'es' if n > 1 else ''} that memory probes do not see ({what})"
 
 
