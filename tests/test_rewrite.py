@@ -331,11 +331,14 @@ def test_accesses_in_the_functions_a_kernel_calls_are_counted_in_the_status():
     assert res.status("k").reason.endswith("(in leaf x2, in rec x1)")
     _assembles(res.text)
     assert instrument(text, [_probe("entry")]).status("k").reason == ""
+    odd = text.replace("ret;\n}\n.func (.param .b32 r) rec", "ret;\nret\n}\n.func (.param .b32 r) rec")   # leaf: no ';'
+    assert odd != text
+    assert instrument(odd, [_probe("mem")]).status("k").reason.endswith("(in rec x1)")
     many = "".join(f".func f{i}(.param .b64 a)\n{{\n.reg .b64 %rd1;\nld.param.b64 %rd1, [a];\n"
                    f"st.u32 [%rd1], 0;\nret;\n}}\n" for i in range(8))
     calls = "".join(f"{{\n.param .b64 x;\nst.param.b64 [x], %rd1;\ncall.uni f{i}, (x);\n}}\n" for i in range(8))
-    text = _kernel(REGS + calls + "ret;").replace(".visible .entry", many + ".visible .entry")
-    res = instrument(text, [_probe("mem")])
+    res = instrument(_kernel(REGS + calls + "ret;").replace(".visible .entry", many + ".visible .entry"),
+                     [_probe("mem")])
     assert res.status("k").reason.endswith("(in f0 x1, in f1 x1, in f2 x1, in f3 x1, in f4 x1, in f5 x1, 2 more)")
     dc = instrument(ptx_corpus.build()["device_calls.sm_90"], [_probe("mem")]).status("device_calls")
     assert (dc.status, dc.reason) == ("untouched", "no sites for the matching probes; 2 global memory accesses "
