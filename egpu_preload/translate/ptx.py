@@ -457,19 +457,6 @@ def integer(text: str) -> int:
 _OPERAND = re.compile(r"(?:[^,\[\]{}()]|\[[^\]]*\]|\{[^}]*\}|\([^)]*\))+")
 
 
-def call_target(operands: tuple[str, ...]) -> tuple[str | None, list[str]]:
-    """call[.uni] [(rets),] target, [(args)][, proto]: the target (a function's name, or a register for an
-    indirect call) and the argument slot names."""
-    rest = list(operands)
-    if rest and rest[0].startswith("("):
-        rest.pop(0)
-    if not rest:
-        return None, []
-    target = rest[0].strip()
-    args = rest[1].strip() if len(rest) > 1 and rest[1].strip().startswith("(") else "()"
-    return target, [a.strip() for a in args[1:-1].split(",") if a.strip()]
-
-
 def split_operands(text: str) -> list[str]:
     """Comma-separated operands at nesting level 0 of (), [] and {} (section 4.6), whitespace-trimmed."""
     return [o.strip() for o in _OPERAND.findall(text) if o.strip()]

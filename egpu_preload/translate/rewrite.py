@@ -90,7 +90,7 @@ import functools
 import gc
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -214,8 +214,7 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
     statuses, used = [], []
     device_launches = DEVICE_LAUNCH.search(module_ptx) is not None
     declared = mod.declared()
-    sets_maxnreg = _SetsMaxnreg(mod)
-    called = None   # the .funcs' accesses, found when a kernel with memory probes first calls one
+    calls_of = _Calls(mod)
     for fn in mod.kernels():
         if only is not None and not matches(only, fn.name):
             statuses.append(KernelStatus(fn.name, "untouched", f"not selected by {only}"))
@@ -230,11 +229,10 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
                                                             f"which the probes define (instrumented before?)"))
             continue
         try:
-            kernel = _Kernel(fn, mine, sets_maxnreg(fn))
+            kernel = _Kernel(fn, mine, calls_of.sets_maxnreg(fn))
             kernel_edits, calls = kernel.edits()
-            if kernel.callees:
-                called = called or _CalledAccesses(mod)
-                kernel.unseen.update(called.reachable(kernel.callees))
+            if kernel.mem:
+                kernel.unseen.update(calls_of.unseen(fn))
             if calls:
                 _check_param_space(fn.params, mod.version)
         except PtxError as e:
@@ -388,10 +386,9 @@ class _Kernel:
         self.words = sorted({w for p in probes for w in p.ctx_words or ()})
         self.kernel_words = {w: v for w in self.words if (v := self._kernel_word(w)) is not None}
         self.labels = 0
-        self.inline = inline   # each probe's body at its sites, not a call (_SetsMaxnreg)
+        self.inline = inline   # each probe's body at its sites, not a call (_Calls)
         self.stack = 0         # bytes of the .local stack the inlined bodies share (_inline_parts)
         self.unseen: collections.Counter[str] = collections.Counter()   # unseen_access's, with memory probes
-        self.callees: set[str] = set()   # what the kernel calls, with memory probes
 
     def edits(self) -> tuple[list[ptx.Edit], int]:
         """The kernel's edits (its body with the sites spliced in, as one edit: a site each would make a
@@ -430,8 +427,6 @@ class _Kernel:
                 pos = st.start
             elif self.mem and op in _UNSEEN_OPS and (unseen := unseen_access(st.opcode)):
                 self.unseen[unseen] += 1
-            elif self.mem and op == "call":
-                self.callees.add(ptx.call_target(st.operands)[0] or "")
         if prologue is None:   # nothing but declarations: the prologue ends the body
             out += (text[pos:fn.end - 1], "")
             pos, prologue = fn.end - 1, len(out) - 1
@@ -610,49 +605,6 @@ class _Kernel:
         else:
             raise PtxError(f"site {index}: generic access through variable {base}")
         return _address_code(move, base, off, acc.space)
-
-
-class _SetsMaxnreg:
-    """Whether a kernel runs setmaxnreg, in its body or in a .func it calls, directly or through others (an
-    indirect call may reach any .func of the module). setmaxnreg (warp-specialized Hopper kernels) leaves a warp
-    fewer registers than at entry; ptxas cannot allocate a call to a hash-map probe there (C7600, or minutes with
-    loops), but assembles its body inlined. A setmaxnreg in a called .func (a __noinline__ device function, a
-    library's) counts: ptxas compiles the caller's probe calls with the registers the callee leaves. A .func
-    declared without a body here (another module's) is not followed: ptxas 13.0 ignores setmaxnreg across
-    compilation units (C7504)."""
-
-    def __init__(self, mod: ptx.Module) -> None:
-        # Only a module that mentions it needs its call graph: others' .func bodies stay unparsed.
-        self.any = "setmaxnreg" in mod.text
-        self.funcs = {f.name: f for f in mod.functions if f.kind == "func" and f.body_open is not None}
-        self.scanned: dict[str, tuple[bool, frozenset[str]]] = {}
-
-    def __call__(self, kernel: ptx.Function) -> bool:
-        if not self.any:
-            return False
-        todo, seen = [kernel], {kernel.name}
-        while todo:
-            sets, callees = self._scan(todo.pop())
-            if sets:
-                return True
-            todo += [self.funcs[c] for c in callees - seen]
-            seen |= callees
-        return False
-
-    def _scan(self, fn: ptx.Function) -> tuple[bool, frozenset[str]]:
-        """Whether the body runs setmaxnreg itself, and the .funcs of the module it calls."""
-        if fn.name not in self.scanned:
-            sets, callees = False, set()
-            for st in fn.statements():
-                if type(st) is not ptx.Instruction:
-                    continue
-                if st.op == "setmaxnreg":
-                    sets = True
-                elif st.op == "call":
-                    target = ptx.call_target(st.operands)[0] or "%"
-                    callees |= set(self.funcs) if target[0] == "%" else {target} & self.funcs.keys()
-            self.scanned[fn.name] = sets, frozenset(callees)
-        return self.scanned[fn.name]
 
 
 _NO_FALL_THROUGH = frozenset({"ret", "exit", "bra", "brx", "trap"})
@@ -935,50 +887,78 @@ def unseen_access(opcode: str) -> str | None:
     return None
 
 
-class _CalledAccesses:
-    """The global or generic memory accesses in the ``.func``s a kernel calls, directly or not: no sites (a
-    function has no context), so the kernel's status counts them as unseen (a -G build calls every
-    __device__ function; recursion and __noinline__ too). Each function is read once per module."""
+class _Calls:
+    """What the ``.func``s a kernel calls do, directly or through others, each body read once per module:
+    - setmaxnreg, there or in the kernel's own body (warp-specialized Hopper kernels), leaves a warp fewer
+      registers than at entry; ptxas cannot allocate a call to a hash-map probe there (C7600, or minutes with
+      loops), but assembles its body inlined. One in a called .func (a __noinline__ device function, a
+      library's) counts: ptxas compiles the caller's probe calls with the registers the callee leaves, and a
+      call through a register may reach any .func of the module.
+    - Global or generic memory accesses in them have no sites (a function has no context), so the kernel's
+      status counts them as unseen (a -G build calls every __device__ function; recursion and __noinline__
+      too); a call through a register is not followed there.
+    A .func declared without a body here (another module's) is not followed: ptxas 13.0 ignores setmaxnreg
+    across compilation units (C7504), and its accesses are not in this text."""
 
     def __init__(self, mod: ptx.Module) -> None:
+        self.maxnreg = "setmaxnreg" in mod.text   # only then is a kernel's call graph read for it
         self.funcs = {f.name: f for f in mod.functions if f.kind == "func" and f.body_open is not None}
-        self.found: dict[str, tuple[int, frozenset[str]]] = {}   # name -> (its accesses, what it calls)
+        self.read: dict[str, _Body] = {}
 
-    def reachable(self, callees: set[str]) -> collections.Counter[str]:
-        """``in NAME`` -> the accesses of each function reachable from ``callees`` (through a pointer: not
-        followed), the module's own functions only."""
-        out: collections.Counter[str] = collections.Counter()
-        seen, todo = set(), [c for c in callees if c in self.funcs]
+    def sets_maxnreg(self, kernel: ptx.Function) -> bool:
+        return self.maxnreg and any(self._body(f).sets_maxnreg for f in self._reached(kernel, indirect=True))
+
+    def unseen(self, kernel: ptx.Function) -> collections.Counter[str]:
+        """``in NAME`` -> the accesses of each .func the kernel reaches."""
+        return collections.Counter({f"in {f.name}": n for f in self._reached(kernel, indirect=False)[1:]
+                                    if (n := self._body(f).accesses)})
+
+    def _reached(self, kernel: ptx.Function, indirect: bool) -> list[ptx.Function]:
+        """The kernel, then each .func of the module its calls reach."""
+        out, seen, todo = [], {kernel.name}, [kernel]
         while todo:
-            name = todo.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            n, calls = self._read(name)
-            if n:
-                out[f"in {name}"] = n
-            todo += [c for c in calls if c in self.funcs]
+            fn = todo.pop()
+            out.append(fn)
+            body = self._body(fn)
+            names = body.callees | set(self.funcs) if indirect and body.indirect else body.callees
+            todo += [self.funcs[n] for n in sorted(names - seen)]
+            seen |= names
         return out
 
-    def _read(self, name: str) -> tuple[int, frozenset[str]]:
-        if name not in self.found:
-            n, calls = 0, set()
-            try:
-                stmts = self.funcs[name].statements()
-            except PtxError:   # a body the parser does not take: the kernel is instrumented as without this note
-                stmts = []
-            for st in stmts:
-                if type(st) is not ptx.Instruction:
-                    continue
-                if st.op == "call":
-                    calls.add(ptx.call_target(st.operands)[0] or "")
-                elif st.op in _MEMORY_OPS or st.op in _UNSEEN_OPS:
-                    try:
-                        n += _opcode_access(st.opcode) is not None or unseen_access(st.opcode) is not None
-                    except PtxError:   # an opcode the rewriter could not place in a kernel: an access still
-                        n += 1
-            self.found[name] = n, frozenset(calls)
-        return self.found[name]
+    def _body(self, fn: ptx.Function) -> "_Body":
+        if fn.name not in self.read:
+            self.read[fn.name] = _Body.of(fn, self.funcs.keys())
+        return self.read[fn.name]
+
+
+class _Body(NamedTuple):
+    sets_maxnreg: bool
+    accesses: int             # global or generic memory accesses
+    callees: frozenset[str]   # the module's .funcs it calls by name
+    indirect: bool            # whether it calls through a register
+
+    @classmethod
+    def of(cls, fn: ptx.Function, funcs: Iterable[str]) -> "_Body":
+        try:
+            stmts = fn.statements()
+        except PtxError:   # a body the parser does not take: read as the text says, its calls not followed
+            return cls("setmaxnreg" in fn.text, 0, frozenset(), False)
+        sets, accesses, callees, indirect = False, 0, set(), False
+        for st in stmts:
+            if type(st) is not ptx.Instruction:
+                continue
+            if st.op == "setmaxnreg":
+                sets = True
+            elif st.op == "call":
+                target = ptx.call_target(st.operands)[0] or "%"
+                indirect |= target[0] == "%"
+                callees.add(target)
+            elif st.op in _MEMORY_OPS or st.op in _UNSEEN_OPS:
+                try:
+                    accesses += _opcode_access(st.opcode) is not None or unseen_access(st.opcode) is not None
+                except PtxError:   # an opcode the rewriter could not place in a kernel: an access still
+                    accesses += 1
+        return cls(sets, accesses, frozenset(callees & set(funcs)), indirect)
 
 
 _UNSEEN_NAMED = 6   # kinds named in a status; a -G kernel may call dozens of functions with long mangled names
