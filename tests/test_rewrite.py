@@ -241,6 +241,12 @@ def test_a_kernel_that_cannot_be_instrumented_is_left_as_it_was(body, reason):
     assert res.text[k_after.start:k_after.end] == text[k_before.start:k_before.end]
 
 
+def test_a_name_merely_holding_the_reserved_prefix_is_instrumented():
+    """Only a name that starts with egpu's prefix can clash with egpu's (%__egpu_q, $__egpu_end)."""
+    text = _kernel(REGS + ".reg .b64 %my__egpu_x;\nld.global.f32 %f1, [%rd1];\nret;")
+    assert instrument(text, [_probe("mem")]).status("k").status == "instrumented"
+
+
 def test_accesses_memory_probes_cannot_see_are_counted_in_the_status():
     """Found by the PTX sweep: wmma's fragment loads and stores and bulk copies on global memory are no
     sites, so a memory counter undercounts such kernels; their status says by how much, and a kernel

@@ -394,7 +394,7 @@ class _Kernel:
         """The kernel's edits (its body with the sites spliced in, as one edit: a site each would make a
         large module's edits costly to build, sort and apply; the launch parameter) and its calls."""
         fn, text = self.fn, self.text
-        if PREFIX in text[fn.start:fn.end]:
+        if _RESERVED.search(text, fn.start, fn.end):
             raise PtxError(f"kernel already uses the reserved prefix {PREFIX}")
         out: list[str] = []   # the body's text and what goes in it by turns
         pos = start = fn.body_open + 1
@@ -780,6 +780,7 @@ _PARAM_LOAD = re.compile(r"ld\.param\.b64 (%\w+), \[(%\w+)\];")
 _RESULT_STORE = re.compile(r"st\.param\.b64 \[%ret\], %\w+;")
 _RET = re.compile(r"^(\s*(?:@!?%\w+\s+)?)ret;$", re.M)
 _STACK = f"{PREFIX}_stack"
+_RESERVED = re.compile(rf"(?<![A-Za-z0-9_]){PREFIX}")   # a name of egpu's (%__egpu_q, $__egpu_end), not x__egpu
 _STACK_DECL = re.compile(r"^\s*\.local \.align 8 \.b8 __stack\[(\d+)\];$", re.M)   # emitter.FuncGen.declarations
 _STACK_NAME = re.compile(r"(?<![\w$%])__stack\b")
 
