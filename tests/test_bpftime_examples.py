@@ -431,7 +431,7 @@ def test_launchlate_attached_live_counts_the_launches_after_its_push(built, tmp_
     that), and the one at either flip may fall on either side. A kernel starts microseconds after its call and
     the push comes up to 2 ms after it, so most launches time from the previous launch's call, 20 ms earlier
     (bin 6), and only one the push beat from its own (bins 1 to 5); bin 0 would mean the host and GPU clocks
-    disagree, bin 7 on (100 ms) a time left five launches old."""
+    disagree beyond the alignment's uncertainty, bin 7 on (100 ms) a time left five launches old."""
     import time
     from egpu_preload.control import list_sessions
     from test_e2e_gpu import E2E, cuda_lib_dirs, env_for
@@ -473,7 +473,13 @@ def test_launchlate_attached_live_counts_the_launches_after_its_push(built, tmp_
     assert between > 50, (attached["launches"], detached)
     clocks = [line for line in err.splitlines() if "%globaltimer" in line]
     assert between - 10 <= sum(histogram.values()) <= between + 1, (between, histogram, clocks)
-    assert set(histogram) <= {1, 2, 3, 4, 5, 6}, (histogram, clocks)
+    # The probe puts a GPU time at or before the host time into bin 0. Eight test processes sharing the GPU
+    # left the alignment +-579 us on 2026-12-07b (an H100): more than a launch's own latency (some 10 us from
+    # its call to its kernel's start), so a launch the push beat could land there; a tighter one cannot.
+    window = [int(m.group(1)) for line in clocks if (m := re.search(r"\(\+-(\d+) ns\)", line))]
+    assert window, err
+    loose = {0} if max(window) > 10_000 else set()
+    assert set(histogram) <= {1, 2, 3, 4, 5, 6} | loose, (histogram, clocks)
 
 
 # ---- directly_run_on_gpu: `egpu run-on-gpu`, bpftimetool run-on-cuda's counterpart ----------------
