@@ -34,7 +34,8 @@ def measure(work: Path, pairs: int = 20000, runs: int = RUNS) -> dict:
     cpu = pick_cpus(1)
     run(commands["shim"], env, cpu)  # builds the shim if it is stale, outside the timing
     rounds = [{case: run(cmd, env, cpu) for case, cmd in commands.items()} for _ in range(runs)]
-    doc = {"pairs": pairs, "runs": runs, "cpus": sorted(cpu or ()), "cases": summarize(rounds, ("pair_ns",), float("inf"))}
+    doc = {"pairs": pairs, "runs": runs, "cpus": sorted(cpu or ()),
+           "cases": summarize(rounds, ("pair_ns",), float("inf"))}
     plain = doc["cases"]["plain"]["pair_ns"]["median"]
     doc["added_fraction"] = doc["cases"]["shim"]["pair_ns"]["added_median"] / plain
     ratios = paired.ratios(doc["cases"]["plain"]["pair_ns"]["runs"], doc["cases"]["shim"]["pair_ns"]["runs"])

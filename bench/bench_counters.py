@@ -36,7 +36,8 @@ def summarize(runs: dict[str, dict]) -> dict[str, dict]:
     base = statistics.median(plain["unit_ms"]) if plain["unit_ms"] else None
     doc = {}
     for mode, r in runs.items():
-        why = None if mode == "plain" else probe_check.check_counter(r, plain, None if mode == "empty" else VECADD_THREADS)
+        why = None if mode == "plain" else probe_check.check_counter(r, plain,
+                                                                     None if mode == "empty" else VECADD_THREADS)
         median = statistics.median(r["unit_ms"]) if r["unit_ms"] else None
         row = {"status": r["status"] if why is None else "failed", "median_us_per_launch": median and median * 1e3,
                "reps": len(r["unit_ms"])}

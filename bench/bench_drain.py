@@ -1,8 +1,8 @@
 """The --trace drain on the CPU, no GPU: ``python3 bench/bench_drain.py OUT.json [--profile CONFIG | --busy]``.
 
 A stand-in device (a bytearray; the reader's pass copies it with memcpy in C, tests/host_memory.py, the GIL let
-go as around the driver's copies) holds the probe's 16 MiB ring, made to wait; a producer thread fills it the way the GPU's
-producers do (each record's header, READY flag and bytes, head moved past them, room waited for). Two
+go as around the driver's copies) holds the probe's 16 MiB ring, made to wait; a producer thread fills it the way the
+GPU's producers do (each record's header, READY flag and bytes, head moved past them, room waited for). Two
 record streams: examples/access_trace.bpf.c's (80 bytes with the ring header) and mem_trace_warp.bpf.c's
 warp records, whose size follows from the lanes' form (72 to 336 bytes, mixed as below). For each,
 three configurations, the best of three runs each, in MB/s of ring bytes (headers included), the
@@ -20,7 +20,8 @@ reader's walk in the shim's C as inside a job (the shim is built here):
 ``--profile access:both.arrow`` (say) runs that one configuration under cProfile, every thread, and
 prints where the time went. ``--busy`` runs every configuration beside a Python thread that spins, holding
 the GIL but for the switch interval, as a job's main thread does: the reader's passes then wait for it after
-each call into C; the reader's passes, and where they spent their time, go into OUT.json too. Needs numpy, pyarrow and clang (the probes are compiled)."""
+each call into C; the reader's passes, and where they spent their time, go into OUT.json too. Needs numpy, pyarrow and
+clang (the probes are compiled)."""
 
 from __future__ import annotations
 

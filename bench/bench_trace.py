@@ -1,10 +1,10 @@
 """What a full memory trace costs and how fast egpu-run --trace drains it (issue 19, item 4).
 
 Usage: ``python3 bench/bench_trace.py OUT.json [THREADS...]`` (default SIZES). One launch of
-tests/e2e/vecadd.cu at N threads (3 global accesses each), under ``egpu-run`` with no probe and under ``egpu-run --trace F -p access_trace`` (an 80-byte
-ring record per access, ``--on-full wait``: none may be dropped), F an Arrow IPC file and a Parquet file in
-turn (the writer's two forms, output/tracefile.py), for growing N until DEADLINE_S. The
-drain's rate is the records' bytes over the time the traced run took beyond the untraced one (start-up,
+tests/e2e/vecadd.cu at N threads (3 global accesses each), under ``egpu-run`` with no probe and under
+``egpu-run --trace F -p access_trace`` (an 80-byte ring record per access, ``--on-full wait``: none may be dropped), F
+an Arrow IPC file and a Parquet file in turn (the writer's two forms, output/tracefile.py), for growing N until
+DEADLINE_S. The drain's rate is the records' bytes over the time the traced run took beyond the untraced one (start-up,
 the JIT and the kernel's own time are in both). Beside it, the host link's limit: a pinned device-to-host
 copy of 1 GiB (torch), the fastest of three. Probes prebuilt by scripts/gpu-prep.sh."""
 

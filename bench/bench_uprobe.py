@@ -3,8 +3,8 @@
 Usage: ``python3 bench/bench_uprobe.py OUT.json [CALLS]``. Runs on the CPU only: the job is
 tests/uprobe_app's ``app_uprobe bench CALLS`` (CALLS calls of libupt's ``int upt_inc(int)`` through the
 PLT, timed inside the process in batches of 10,000: the fastest batch's ns per call, since on a shared
-machine most batches also hold time the CPU gave other processes), against the stand-in driver of tests/stub_driver (the program starts it
-so that egpu's runtime comes up). Cases:
+machine most batches also hold time the CPU gave other processes), against the stand-in driver of tests/stub_driver (the
+program starts it so that egpu's runtime comes up). Cases:
 
 - plain: no egpu-run.
 - uprobe: egpu-run -p bench/probes/uprobe_count.bpf.c: an entry probe counting calls in an array map
@@ -62,7 +62,8 @@ def build(out: Path) -> tuple[Path, dict[str, Path]]:
                    f"-Wl,-rpath,{out}", "-ldl"]]
     for step in steps:
         subprocess.run(step, check=True)
-    return out / "app_uprobe", {"uprobe": probe(out, "uprobe_count"), "uprobe_uretprobe": probe(out, "uprobe_count_ret")}
+    return out / "app_uprobe", {"uprobe": probe(out, "uprobe_count"),
+                                "uprobe_uretprobe": probe(out, "uprobe_count_ret")}
 
 
 def probe(out: Path, name: str) -> Path:

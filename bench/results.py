@@ -53,7 +53,8 @@ PUBLISHED = (
      "source": "eunomia-bpf/bpftime benchmark/gpu/micro/micro_vec_add_result.md (commit 5137dff9)"},
     {"tool": "NVBit", "what": "tutorial mem_trace / instr_count tools, vec_add 'tiny'", "gpu": "RTX 5090",
      "ratio": 7.34, "detail": "mem_trace 7.34x, instr_count 13.36x",
-     "source": "eunomia-bpf/bpftime benchmark/gpu/nvbit/nvbit_vec_add_result.md (commit 495d42b9); measured by bpftime's authors"},
+     "source": "eunomia-bpf/bpftime benchmark/gpu/nvbit/nvbit_vec_add_result.md (commit 495d42b9); "
+               "measured by bpftime's authors"},
 )
 UNQUOTED = ("NVBit's own paper (Villa et al., MICRO 2019): we could not locate its overhead figures to quote them "
             "exactly, so none is given; the NVBit rows above are bpftime's authors' measurements.")
@@ -65,9 +66,9 @@ def parse_output(stdout: str) -> dict[str, Any]:
     """The BENCH_ lines of a workload program (bench/workloads): warm-up, repetitions ("ms units", units
     1 when left out), every unit the process ran, digest, kernels.cu's split of one launch's time
     (host_us in the call, kernel_us between events), the modules bench/empty_patch patched and the loads it
-    was called back for when it was injected, and --count's event ("count_event") per unit of each repetition ("count_per_unit") or why
-    nothing was counted ("count_error"), where the program was asked to count. Other lines (egpu-run's
-    maps) are ignored; a run cut short keeps the repetitions it printed."""
+    was called back for when it was injected, and --count's event ("count_event") per unit of each repetition
+    ("count_per_unit") or why nothing was counted ("count_error"), where the program was asked to count. Other lines
+    (egpu-run's maps) are ignored; a run cut short keeps the repetitions it printed."""
     warmup, reps, units, digest, split, tool_patched, tool_seen = None, [], None, None, None, None, None
     counted: dict[str, Any] = {}   # --count's: per unit of each repetition, or why nothing was counted
     for line in stdout.splitlines():
@@ -214,7 +215,8 @@ def goals(summary: dict[str, dict[str, dict[str, Any]]], shim: dict[str, Any] | 
         row = _judge(name, target, worst[0], worst[1], "x",
                      scope + (f"; too few pairs: {', '.join(few)}" if few else "")
                      + (f"; no ratio: {', '.join(lost)}" if lost else ""), spreads)
-        if lost and row["status"] == "met":  # a workload that failed, timed out or failed its probe check has not met it
+        # a workload that failed, timed out or failed its probe check has not met it
+        if lost and row["status"] == "met":
             row["status"] = "not measured everywhere"
         rows.append(row)
     added, spread = None, None

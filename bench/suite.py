@@ -99,7 +99,8 @@ SESSION_RE = re.compile(r"session kept in (\S+)")
 
 
 def egpu_run() -> list[str]:
-    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); import launcher; launcher.run_main()"]
+    return [sys.executable, "-c",
+            f"import sys; sys.path.insert(0, {str(ROOT)!r}); import launcher; launcher.run_main()"]
 
 
 def base_env(work: Path) -> dict[str, str]:
@@ -511,7 +512,8 @@ def main() -> None:
                     if name in HOST_BOUND:
                         first.setdefault("rounds_ms", []).append(round_ms(rec))
                     print(f"suite: {name:>13} {mode:>14} round {i}: {rec['status']:>7} {len(rec['unit_ms']):2d} reps "
-                          f"median {statistics.median(rec['unit_ms']) * 1e3 if rec['unit_ms'] else float('nan'):10.1f} us/unit "
+                          f"median {statistics.median(rec['unit_ms']) * 1e3 if rec['unit_ms'] else float('nan'):10.1f}"
+                          " us/unit "
                           f"({rec['wall_s']:.1f} s)" + (f"  {rec.get('error', '')}" if rec["status"] != "ok" else ""),
                           flush=True)
         doc["cases"] = cases

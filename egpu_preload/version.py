@@ -35,7 +35,8 @@ def cuda_driver() -> Driver | None:
             return None
     except (OSError, AttributeError):
         return None
-    return Driver(_loaded_path(DRIVER_LIBRARY) or DRIVER_LIBRARY, f"{version.value // 1000}.{version.value % 1000 // 10}")
+    return Driver(_loaded_path(DRIVER_LIBRARY) or DRIVER_LIBRARY,
+                  f"{version.value // 1000}.{version.value % 1000 // 10}")
 
 
 def _loaded_path(soname: str) -> str | None:
@@ -89,5 +90,6 @@ def report() -> list[str]:
                                    "(EGPU_SANITIZER_LIB names one)") or (None if ptxas else "no ptxas")
     lines.append("PTX back end: " + ("usable (kernels that ship PTX; the driver JITs them)" if why_not_ptx is None
                                      else f"not usable ({why_not_ptx})"))
-    lines.append("SASS back end: " + (f"usable ({sanitizer})" if why_not_sass is None else f"not usable ({why_not_sass})"))
+    lines.append("SASS back end: " + (f"usable ({sanitizer})" if why_not_sass is None
+                                      else f"not usable ({why_not_sass})"))
     return lines

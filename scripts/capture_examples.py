@@ -142,11 +142,12 @@ def capture(name: str, program: str, args: list[str], options: list[str], progs:
     if options and options[0] not in supported:  # an option this egpu-run lacks: run without it
         options = []
     probe = [] if name == "durations" else ["-p", str(probe_path(name, work))]
-    shown_probe = [] if name == "durations" else ["-p", f"{name}.bpf.o" if name in BPFTIME else f"examples/{name}.bpf.c"]
+    shown_probe = [] if name == "durations" else ["-p", f"{name}.bpf.o" if name in BPFTIME
+                                                  else f"examples/{name}.bpf.c"]
     cmd = [sys.executable, "-c", "import launcher; launcher.run_main()", *probe, *options,
            *progs[program].split(), *args]
-    display = " ".join(["egpu-run", *shown_probe, *[o if not o.endswith("trace.json") else "trace.json" for o in options],
-                        program, *args])
+    display = " ".join(["egpu-run", *shown_probe,
+                        *[o if not o.endswith("trace.json") else "trace.json" for o in options], program, *args])
     return run_captured(name, display, cmd, work, env, timeout)
 
 
@@ -219,7 +220,8 @@ def main() -> None:
     captures = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("EGPU_") or k in ("EGPU_SHIM", "EGPU_PREBUILT_PROBES")}
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("EGPU_") or k in ("EGPU_SHIM", "EGPU_PREBUILT_PROBES")}
         env.update(XDG_RUNTIME_DIR=str(work), PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
         progs = build(work)
         egpu_run = [sys.executable, "-c", "import launcher; launcher.run_main()"]

@@ -19,9 +19,11 @@ for src in srcs:
         compile_probe(src, Path(".gpubuild/probes") / f"{src.name.removesuffix('.bpf.c')}.{mcpu}.bpf.o", mcpu=mcpu)
 PY
 # README's example probe, as a reader copies it (tests/test_e2e_gpu.py runs it on the README's sample program)
-PYTHONPATH=tests python3 -c 'from pathlib import Path; from readme_blocks import build_snippet; build_snippet(Path(".gpubuild/probes"))'
+PYTHONPATH=tests python3 -c 'from pathlib import Path; from readme_blocks import build_snippet
+build_snippet(Path(".gpubuild/probes"))'
 # bpftime's example probes, with bpftime's flags (tests/test_bpftime_examples.py reads them from here)
-PYTHONPATH=tests python3 -c 'from pathlib import Path; from bpftime_build import build_all; build_all(Path(".gpubuild/bpftime"))'
+PYTHONPATH=tests python3 -c 'from pathlib import Path; from bpftime_build import build_all
+build_all(Path(".gpubuild/bpftime"))'
 # bpftime's CUTLASS example program, which the GPU machine cannot build (no CUTLASS there): against the
 # headers of CUTLASS 3.5.0 from PyPI (downloaded into .deps, which is not carried); fails here if its GEMM
 # kernel is not the one cutlass_launch_counter.bpf.c's section names
@@ -37,6 +39,6 @@ python3 bench/provenance.py manifest
 ls .whl/capstone-*.whl >/dev/null 2>&1 || python3 -m pip download -q --no-deps --only-binary=:all: \
   --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 -d .whl "capstone>=5.0"
 # The image's numba needs numpy < 2.3 (the image has 2.5): a numpy for the numba test's processes only.
-[ -d .whl/numba ] || python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl/numba "numpy==2.2.6"
+[ -d .whl/numba ] || python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl/numba "numpy==2.2.6"
 ls .gpubuild/probes | wc -l

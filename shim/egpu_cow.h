@@ -7,9 +7,10 @@
  * 8-byte parameter word pointing into one; the PTX write set narrows that when the runtime gave one).
  * The first writer of a range claims it with one CAS and enqueues its copy to the staging buffer on
  * its own stream, before itself, after waiting for the cut events of every stream: stream ordered, no
- * host stall, and the copy sees the range exactly as it was at the cut. The runtime's copier claims the other ranges one at a time on a stream of its
- * own that waits for the cut. A writer that finds a range claimed by another stream waits for that
- * copy's event on its own stream (cuStreamWaitEvent), again without stalling the host.
+ * host stall, and the copy sees the range exactly as it was at the cut. The runtime's copier claims
+ * the other ranges one at a time on a stream of its own that waits for the cut. A writer that finds a
+ * range claimed by another stream waits for that copy's event on its own stream (cuStreamWaitEvent),
+ * again without stalling the host.
  */
 #ifndef EGPU_COW_H
 #define EGPU_COW_H
@@ -164,23 +165,36 @@ typedef struct {
     X(cuMemcpy, cuMemcpy, 4000, 0, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)) \
     X(cuMemcpy_ptds, cuMemcpy, 7000, 2, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)) \
     X(cuMemcpyAsync, cuMemcpyAsync, 4000, 0, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)) \
-    X(cuMemcpyAsync_ptsz, cuMemcpyAsync, 7000, 1, (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)) \
-    X(cuMemcpyPeer, cuMemcpyPeer, 4000, 0, (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)) \
-    X(cuMemcpyPeer_ptds, cuMemcpyPeer, 7000, 2, (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)) \
-    X(cuMemcpyPeerAsync, cuMemcpyPeerAsync, 4000, 0, (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream)) \
-    X(cuMemcpyPeerAsync_ptsz, cuMemcpyPeerAsync, 7000, 1, (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, CUstream hStream)) \
+    X(cuMemcpyAsync_ptsz, cuMemcpyAsync, 7000, 1, \
+      (CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)) \
+    X(cuMemcpyPeer, cuMemcpyPeer, 4000, 0, \
+      (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)) \
+    X(cuMemcpyPeer_ptds, cuMemcpyPeer, 7000, 2, \
+      (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount)) \
+    X(cuMemcpyPeerAsync, cuMemcpyPeerAsync, 4000, 0, \
+      (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, \
+       CUstream hStream)) \
+    X(cuMemcpyPeerAsync_ptsz, cuMemcpyPeerAsync, 7000, 1, \
+      (CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice, CUcontext srcContext, size_t ByteCount, \
+       CUstream hStream)) \
     X(cuMemcpyHtoD_v2, cuMemcpyHtoD, 3020, 0, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)) \
     X(cuMemcpyHtoD_v2_ptds, cuMemcpyHtoD, 7000, 2, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)) \
-    X(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync, 3020, 0, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)) \
-    X(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync, 7000, 1, (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)) \
+    X(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync, 3020, 0, \
+      (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)) \
+    X(cuMemcpyHtoDAsync_v2_ptsz, cuMemcpyHtoDAsync, 7000, 1, \
+      (CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)) \
     X(cuMemcpyDtoH_v2, cuMemcpyDtoH, 3020, 0, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)) \
     X(cuMemcpyDtoH_v2_ptds, cuMemcpyDtoH, 7000, 2, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)) \
-    X(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync, 3020, 0, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)) \
-    X(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync, 7000, 1, (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)) \
+    X(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync, 3020, 0, \
+      (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)) \
+    X(cuMemcpyDtoHAsync_v2_ptsz, cuMemcpyDtoHAsync, 7000, 1, \
+      (void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)) \
     X(cuMemcpyDtoD_v2, cuMemcpyDtoD, 3020, 0, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)) \
     X(cuMemcpyDtoD_v2_ptds, cuMemcpyDtoD, 7000, 2, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)) \
-    X(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync, 3020, 0, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)) \
-    X(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync, 7000, 1, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)) \
+    X(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync, 3020, 0, \
+      (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)) \
+    X(cuMemcpyDtoDAsync_v2_ptsz, cuMemcpyDtoDAsync, 7000, 1, \
+      (CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)) \
     X(cuMemcpy2D_v2, cuMemcpy2D, 3020, 0, (const CUDA_MEMCPY2D *pCopy)) \
     X(cuMemcpy2D_v2_ptds, cuMemcpy2D, 7000, 2, (const CUDA_MEMCPY2D *pCopy)) \
     X(cuMemcpy2DUnaligned_v2, cuMemcpy2DUnaligned, 3020, 0, (const CUDA_MEMCPY2D *pCopy)) \
@@ -201,31 +215,52 @@ typedef struct {
     X(cuMemsetD16_v2_ptds, cuMemsetD16, 7000, 2, (CUdeviceptr dstDevice, unsigned short us, size_t N)) \
     X(cuMemsetD32_v2, cuMemsetD32, 3020, 0, (CUdeviceptr dstDevice, unsigned int ui, size_t N)) \
     X(cuMemsetD32_v2_ptds, cuMemsetD32, 7000, 2, (CUdeviceptr dstDevice, unsigned int ui, size_t N)) \
-    X(cuMemsetD2D8_v2, cuMemsetD2D8, 3020, 0, (CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height)) \
-    X(cuMemsetD2D8_v2_ptds, cuMemsetD2D8, 7000, 2, (CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height)) \
-    X(cuMemsetD2D16_v2, cuMemsetD2D16, 3020, 0, (CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height)) \
-    X(cuMemsetD2D16_v2_ptds, cuMemsetD2D16, 7000, 2, (CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height)) \
-    X(cuMemsetD2D32_v2, cuMemsetD2D32, 3020, 0, (CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height)) \
-    X(cuMemsetD2D32_v2_ptds, cuMemsetD2D32, 7000, 2, (CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height)) \
-    X(cuMemsetD8Async, cuMemsetD8Async, 3020, 0, (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)) \
-    X(cuMemsetD8Async_ptsz, cuMemsetD8Async, 7000, 1, (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)) \
-    X(cuMemsetD16Async, cuMemsetD16Async, 3020, 0, (CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)) \
-    X(cuMemsetD16Async_ptsz, cuMemsetD16Async, 7000, 1, (CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)) \
-    X(cuMemsetD32Async, cuMemsetD32Async, 3020, 0, (CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)) \
-    X(cuMemsetD32Async_ptsz, cuMemsetD32Async, 7000, 1, (CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)) \
-    X(cuMemsetD2D8Async, cuMemsetD2D8Async, 3020, 0, (CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream)) \
-    X(cuMemsetD2D8Async_ptsz, cuMemsetD2D8Async, 7000, 1, (CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream)) \
-    X(cuMemsetD2D16Async, cuMemsetD2D16Async, 3020, 0, (CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream)) \
-    X(cuMemsetD2D16Async_ptsz, cuMemsetD2D16Async, 7000, 1, (CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream)) \
-    X(cuMemsetD2D32Async, cuMemsetD2D32Async, 3020, 0, (CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream)) \
-    X(cuMemsetD2D32Async_ptsz, cuMemsetD2D32Async, 7000, 1, (CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream)) \
+    X(cuMemsetD2D8_v2, cuMemsetD2D8, 3020, 0, \
+      (CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height)) \
+    X(cuMemsetD2D8_v2_ptds, cuMemsetD2D8, 7000, 2, \
+      (CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height)) \
+    X(cuMemsetD2D16_v2, cuMemsetD2D16, 3020, 0, \
+      (CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height)) \
+    X(cuMemsetD2D16_v2_ptds, cuMemsetD2D16, 7000, 2, \
+      (CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height)) \
+    X(cuMemsetD2D32_v2, cuMemsetD2D32, 3020, 0, \
+      (CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height)) \
+    X(cuMemsetD2D32_v2_ptds, cuMemsetD2D32, 7000, 2, \
+      (CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height)) \
+    X(cuMemsetD8Async, cuMemsetD8Async, 3020, 0, \
+      (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)) \
+    X(cuMemsetD8Async_ptsz, cuMemsetD8Async, 7000, 1, \
+      (CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)) \
+    X(cuMemsetD16Async, cuMemsetD16Async, 3020, 0, \
+      (CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)) \
+    X(cuMemsetD16Async_ptsz, cuMemsetD16Async, 7000, 1, \
+      (CUdeviceptr dstDevice, unsigned short us, size_t N, CUstream hStream)) \
+    X(cuMemsetD32Async, cuMemsetD32Async, 3020, 0, \
+      (CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)) \
+    X(cuMemsetD32Async_ptsz, cuMemsetD32Async, 7000, 1, \
+      (CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream)) \
+    X(cuMemsetD2D8Async, cuMemsetD2D8Async, 3020, 0, \
+      (CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream)) \
+    X(cuMemsetD2D8Async_ptsz, cuMemsetD2D8Async, 7000, 1, \
+      (CUdeviceptr dstDevice, size_t dstPitch, unsigned char uc, size_t Width, size_t Height, CUstream hStream)) \
+    X(cuMemsetD2D16Async, cuMemsetD2D16Async, 3020, 0, \
+      (CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream)) \
+    X(cuMemsetD2D16Async_ptsz, cuMemsetD2D16Async, 7000, 1, \
+      (CUdeviceptr dstDevice, size_t dstPitch, unsigned short us, size_t Width, size_t Height, CUstream hStream)) \
+    X(cuMemsetD2D32Async, cuMemsetD2D32Async, 3020, 0, \
+      (CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream)) \
+    X(cuMemsetD2D32Async_ptsz, cuMemsetD2D32Async, 7000, 1, \
+      (CUdeviceptr dstDevice, size_t dstPitch, unsigned int ui, size_t Width, size_t Height, CUstream hStream)) \
     X(cuStreamCreate, cuStreamCreate, 2000, 0, (CUstream *phStream, unsigned int Flags)) \
-    X(cuStreamCreateWithPriority, cuStreamCreateWithPriority, 5050, 0, (CUstream *phStream, unsigned int flags, int priority)) \
+    X(cuStreamCreateWithPriority, cuStreamCreateWithPriority, 5050, 0, \
+      (CUstream *phStream, unsigned int flags, int priority)) \
     X(cuStreamDestroy_v2, cuStreamDestroy, 4000, 0, (CUstream hStream)) \
     X(cuEventRecord, cuEventRecord, 2000, 0, (CUevent hEvent, CUstream hStream)) \
     X(cuEventRecord_ptsz, cuEventRecord, 7000, 1, (CUevent hEvent, CUstream hStream)) \
-    X(cuEventRecordWithFlags, cuEventRecordWithFlags, 11010, 0, (CUevent hEvent, CUstream hStream, unsigned int flags)) \
-    X(cuEventRecordWithFlags_ptsz, cuEventRecordWithFlags, 11010, 1, (CUevent hEvent, CUstream hStream, unsigned int flags)) \
+    X(cuEventRecordWithFlags, cuEventRecordWithFlags, 11010, 0, \
+      (CUevent hEvent, CUstream hStream, unsigned int flags)) \
+    X(cuEventRecordWithFlags_ptsz, cuEventRecordWithFlags, 11010, 1, \
+      (CUevent hEvent, CUstream hStream, unsigned int flags)) \
     X(cuStreamWaitEvent, cuStreamWaitEvent, 3020, 0, (CUstream hStream, CUevent hEvent, unsigned int Flags)) \
     X(cuStreamWaitEvent_ptsz, cuStreamWaitEvent, 7000, 1, (CUstream hStream, CUevent hEvent, unsigned int Flags))
 

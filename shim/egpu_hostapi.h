@@ -38,34 +38,59 @@ typedef struct {
 } CUDA_MEMSET_NODE_PARAMS;
 
 /* The hooks of hostapi.c, rows as in EGPU_HOOKS: synchronization, the copies cow.c does not hook (to and
- * from CUDA arrays, batches, copy and set nodes added to a graph). cuStreamWaitEvent is not among them: it makes a stream wait on the GPU and
- * returns at once (cow.c hooks it). */
+ * from CUDA arrays, batches, copy and set nodes added to a graph). cuStreamWaitEvent is not among them: it
+ * makes a stream wait on the GPU and returns at once (cow.c hooks it). */
 #define EGPU_HOSTAPI_HOOKS(X) \
     X(cuStreamSynchronize, cuStreamSynchronize, 2000, 0, (CUstream hStream)) \
     X(cuStreamSynchronize_ptsz, cuStreamSynchronize, 7000, 1, (CUstream hStream)) \
     X(cuEventSynchronize, cuEventSynchronize, 2000, 0, (CUevent hEvent)) \
     X(cuCtxSynchronize, cuCtxSynchronize, 2000, 0, (void)) \
     X(cuCtxSynchronize_v2, cuCtxSynchronize, 13000, 0, (CUcontext ctx)) \
-    X(cuMemcpyHtoA_v2, cuMemcpyHtoA, 3020, 0, (CUarray dstArray, size_t dstOffset, const void *srcHost, size_t ByteCount)) \
-    X(cuMemcpyHtoA_v2_ptds, cuMemcpyHtoA, 7000, 2, (CUarray dstArray, size_t dstOffset, const void *srcHost, size_t ByteCount)) \
+    X(cuMemcpyHtoA_v2, cuMemcpyHtoA, 3020, 0, \
+      (CUarray dstArray, size_t dstOffset, const void *srcHost, size_t ByteCount)) \
+    X(cuMemcpyHtoA_v2_ptds, cuMemcpyHtoA, 7000, 2, \
+      (CUarray dstArray, size_t dstOffset, const void *srcHost, size_t ByteCount)) \
     X(cuMemcpyAtoH_v2, cuMemcpyAtoH, 3020, 0, (void *dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount)) \
-    X(cuMemcpyAtoH_v2_ptds, cuMemcpyAtoH, 7000, 2, (void *dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount)) \
-    X(cuMemcpyDtoA_v2, cuMemcpyDtoA, 3020, 0, (CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice, size_t ByteCount)) \
-    X(cuMemcpyDtoA_v2_ptds, cuMemcpyDtoA, 7000, 2, (CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice, size_t ByteCount)) \
-    X(cuMemcpyAtoD_v2, cuMemcpyAtoD, 3020, 0, (CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset, size_t ByteCount)) \
-    X(cuMemcpyAtoD_v2_ptds, cuMemcpyAtoD, 7000, 2, (CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset, size_t ByteCount)) \
-    X(cuMemcpyAtoA_v2, cuMemcpyAtoA, 3020, 0, (CUarray dstArray, size_t dstOffset, CUarray srcArray, size_t srcOffset, size_t ByteCount)) \
-    X(cuMemcpyAtoA_v2_ptds, cuMemcpyAtoA, 7000, 2, (CUarray dstArray, size_t dstOffset, CUarray srcArray, size_t srcOffset, size_t ByteCount)) \
-    X(cuMemcpyHtoAAsync_v2, cuMemcpyHtoAAsync, 3020, 0, (CUarray dstArray, size_t dstOffset, const void *srcHost, size_t ByteCount, CUstream hStream)) \
-    X(cuMemcpyHtoAAsync_v2_ptsz, cuMemcpyHtoAAsync, 7000, 1, (CUarray dstArray, size_t dstOffset, const void *srcHost, size_t ByteCount, CUstream hStream)) \
-    X(cuMemcpyAtoHAsync_v2, cuMemcpyAtoHAsync, 3020, 0, (void *dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount, CUstream hStream)) \
-    X(cuMemcpyAtoHAsync_v2_ptsz, cuMemcpyAtoHAsync, 7000, 1, (void *dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount, CUstream hStream)) \
-    X(cuMemcpyBatchAsync, cuMemcpyBatchAsync, 12080, 0, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx, CUstream hStream)) \
-    X(cuMemcpyBatchAsync_ptsz, cuMemcpyBatchAsync, 12080, 1, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx, CUstream hStream)) \
-    X(cuMemcpyBatchAsync_v2, cuMemcpyBatchAsync, 13000, 0, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream hStream)) \
-    X(cuMemcpyBatchAsync_v2_ptsz, cuMemcpyBatchAsync, 13000, 1, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream hStream)) \
-    X(cuGraphAddMemcpyNode, cuGraphAddMemcpyNode, 10000, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, const CUDA_MEMCPY3D *copyParams, CUcontext ctx)) \
-    X(cuGraphAddMemsetNode, cuGraphAddMemsetNode, 10000, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, const CUDA_MEMSET_NODE_PARAMS *memsetParams, CUcontext ctx))
+    X(cuMemcpyAtoH_v2_ptds, cuMemcpyAtoH, 7000, 2, \
+      (void *dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount)) \
+    X(cuMemcpyDtoA_v2, cuMemcpyDtoA, 3020, 0, \
+      (CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice, size_t ByteCount)) \
+    X(cuMemcpyDtoA_v2_ptds, cuMemcpyDtoA, 7000, 2, \
+      (CUarray dstArray, size_t dstOffset, CUdeviceptr srcDevice, size_t ByteCount)) \
+    X(cuMemcpyAtoD_v2, cuMemcpyAtoD, 3020, 0, \
+      (CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset, size_t ByteCount)) \
+    X(cuMemcpyAtoD_v2_ptds, cuMemcpyAtoD, 7000, 2, \
+      (CUdeviceptr dstDevice, CUarray srcArray, size_t srcOffset, size_t ByteCount)) \
+    X(cuMemcpyAtoA_v2, cuMemcpyAtoA, 3020, 0, \
+      (CUarray dstArray, size_t dstOffset, CUarray srcArray, size_t srcOffset, size_t ByteCount)) \
+    X(cuMemcpyAtoA_v2_ptds, cuMemcpyAtoA, 7000, 2, \
+      (CUarray dstArray, size_t dstOffset, CUarray srcArray, size_t srcOffset, size_t ByteCount)) \
+    X(cuMemcpyHtoAAsync_v2, cuMemcpyHtoAAsync, 3020, 0, \
+      (CUarray dstArray, size_t dstOffset, const void *srcHost, size_t ByteCount, CUstream hStream)) \
+    X(cuMemcpyHtoAAsync_v2_ptsz, cuMemcpyHtoAAsync, 7000, 1, \
+      (CUarray dstArray, size_t dstOffset, const void *srcHost, size_t ByteCount, CUstream hStream)) \
+    X(cuMemcpyAtoHAsync_v2, cuMemcpyAtoHAsync, 3020, 0, \
+      (void *dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount, CUstream hStream)) \
+    X(cuMemcpyAtoHAsync_v2_ptsz, cuMemcpyAtoHAsync, 7000, 1, \
+      (void *dstHost, CUarray srcArray, size_t srcOffset, size_t ByteCount, CUstream hStream)) \
+    X(cuMemcpyBatchAsync, cuMemcpyBatchAsync, 12080, 0, \
+      (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, size_t *attrsIdxs, \
+       size_t numAttrs, size_t *failIdx, CUstream hStream)) \
+    X(cuMemcpyBatchAsync_ptsz, cuMemcpyBatchAsync, 12080, 1, \
+      (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, size_t *attrsIdxs, \
+       size_t numAttrs, size_t *failIdx, CUstream hStream)) \
+    X(cuMemcpyBatchAsync_v2, cuMemcpyBatchAsync, 13000, 0, \
+      (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, size_t *attrsIdxs, \
+       size_t numAttrs, CUstream hStream)) \
+    X(cuMemcpyBatchAsync_v2_ptsz, cuMemcpyBatchAsync, 13000, 1, \
+      (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs, size_t *attrsIdxs, \
+       size_t numAttrs, CUstream hStream)) \
+    X(cuGraphAddMemcpyNode, cuGraphAddMemcpyNode, 10000, 0, \
+      (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, \
+       const CUDA_MEMCPY3D *copyParams, CUcontext ctx)) \
+    X(cuGraphAddMemsetNode, cuGraphAddMemsetNode, 10000, 0, \
+      (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, \
+       const CUDA_MEMSET_NODE_PARAMS *memsetParams, CUcontext ctx))
 
 /* Every hooked symbol, in API-number order. */
 #define EGPU_HOST_ALL(X) EGPU_HOOKS(X) EGPU_COW_HOOKS(X) EGPU_HOSTAPI_HOOKS(X)

@@ -298,23 +298,32 @@ typedef struct {
  * 32-bit pointers) are not hooked and pass through; cuStreamBeginCapture v10000 (one argument, the
  * mode implied) is, since a capture begun any way bakes launches into a graph. */
 #define EGPU_HOOKS(X) \
-    X(cuGetProcAddress, cuGetProcAddress, 11030, 0, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)) \
-    X(cuGetProcAddress_v2, cuGetProcAddress, 12000, 0, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags, int *symbolStatus)) \
+    X(cuGetProcAddress, cuGetProcAddress, 11030, 0, \
+      (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)) \
+    X(cuGetProcAddress_v2, cuGetProcAddress, 12000, 0, \
+      (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags, int *symbolStatus)) \
     X(cuInit, cuInit, 2000, 0, (unsigned int Flags)) \
     X(cuModuleLoad, cuModuleLoad, 2000, 0, (CUmodule *module, const char *fname)) \
     X(cuModuleLoadData, cuModuleLoadData, 2000, 0, (CUmodule *module, const void *image)) \
-    X(cuModuleLoadDataEx, cuModuleLoadDataEx, 2010, 0, (CUmodule *module, const void *image, unsigned int numOptions, int *options, void **optionValues)) \
+    X(cuModuleLoadDataEx, cuModuleLoadDataEx, 2010, 0, \
+      (CUmodule *module, const void *image, unsigned int numOptions, int *options, void **optionValues)) \
     X(cuModuleLoadFatBinary, cuModuleLoadFatBinary, 2000, 0, (CUmodule *module, const void *fatCubin)) \
     X(cuModuleUnload, cuModuleUnload, 2000, 0, (CUmodule hmod)) \
     X(cuModuleGetFunction, cuModuleGetFunction, 2000, 0, (CUfunction *hfunc, CUmodule hmod, const char *name)) \
-    X(cuLibraryLoadData, cuLibraryLoadData, 12000, 0, (CUlibrary *library, const void *code, int *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, int *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)) \
-    X(cuLibraryLoadFromFile, cuLibraryLoadFromFile, 12000, 0, (CUlibrary *library, const char *fileName, int *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, int *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)) \
+    X(cuLibraryLoadData, cuLibraryLoadData, 12000, 0, \
+      (CUlibrary *library, const void *code, int *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, \
+       int *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)) \
+    X(cuLibraryLoadFromFile, cuLibraryLoadFromFile, 12000, 0, \
+      (CUlibrary *library, const char *fileName, int *jitOptions, void **jitOptionsValues, unsigned int numJitOptions, \
+       int *libraryOptions, void **libraryOptionValues, unsigned int numLibraryOptions)) \
     X(cuLibraryUnload, cuLibraryUnload, 12000, 0, (CUlibrary library)) \
     X(cuLibraryGetKernel, cuLibraryGetKernel, 12000, 0, (CUkernel *pKernel, CUlibrary library, const char *name)) \
     X(cuLibraryGetModule, cuLibraryGetModule, 12000, 0, (CUmodule *pMod, CUlibrary library)) \
     X(cuKernelGetFunction, cuKernelGetFunction, 12000, 0, (CUfunction *pFunc, CUkernel kernel)) \
-    X(cuLibraryGetGlobal, cuLibraryGetGlobal, 12000, 0, (CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)) \
-    X(cuLibraryGetManaged, cuLibraryGetManaged, 12000, 0, (CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)) \
+    X(cuLibraryGetGlobal, cuLibraryGetGlobal, 12000, 0, \
+      (CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)) \
+    X(cuLibraryGetManaged, cuLibraryGetManaged, 12000, 0, \
+      (CUdeviceptr *dptr, size_t *bytes, CUlibrary library, const char *name)) \
     X(cuKernelGetAttribute, cuKernelGetAttribute, 12000, 0, (int *pi, int attrib, CUkernel kernel, int dev)) \
     X(cuKernelSetAttribute, cuKernelSetAttribute, 12000, 0, (int attrib, int val, CUkernel kernel, int dev)) \
     X(cuKernelSetCacheConfig, cuKernelSetCacheConfig, 12000, 0, (CUkernel kernel, int config, int dev)) \
@@ -322,56 +331,97 @@ typedef struct {
     X(cuFuncSetAttribute, cuFuncSetAttribute, 9000, 0, (CUfunction hfunc, int attrib, int value)) \
     X(cuFuncSetCacheConfig, cuFuncSetCacheConfig, 3000, 0, (CUfunction hfunc, int config)) \
     X(cuFuncLoad, cuFuncLoad, 12040, 0, (CUfunction hfunc)) \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050, 0, (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize)) \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, 7000, 0, (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags)) \
-    X(cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSize, 6050, 0, (int *minGridSize, int *blockSize, CUfunction func, size_t (*blockSizeToDynamicSMemSize)(int), size_t dynamicSMemSize, int blockSizeLimit)) \
-    X(cuOccupancyMaxPotentialBlockSizeWithFlags, cuOccupancyMaxPotentialBlockSizeWithFlags, 7000, 0, (int *minGridSize, int *blockSize, CUfunction func, size_t (*blockSizeToDynamicSMemSize)(int), size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags)) \
-    X(cuOccupancyAvailableDynamicSMemPerBlock, cuOccupancyAvailableDynamicSMemPerBlock, 10020, 0, (size_t *dynamicSmemSize, CUfunction func, int numBlocks, int blockSize)) \
-    X(cuOccupancyMaxPotentialClusterSize, cuOccupancyMaxPotentialClusterSize, 11070, 0, (int *clusterSize, CUfunction func, const CUlaunchConfig *config)) \
-    X(cuOccupancyMaxActiveClusters, cuOccupancyMaxActiveClusters, 11070, 0, (int *numClusters, CUfunction func, const CUlaunchConfig *config)) \
-    X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, 0, (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)) \
-    X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, 12000, 0, (CUgraphExec *phGraphExec, CUgraph hGraph, void *instantiateParams)) \
-    X(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams, 12000, 1, (CUgraphExec *phGraphExec, CUgraph hGraph, void *instantiateParams)) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050, 0, \
+      (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize)) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, \
+      7000, 0, \
+      (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize, unsigned int flags)) \
+    X(cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSize, 6050, 0, \
+      (int *minGridSize, int *blockSize, CUfunction func, size_t (*blockSizeToDynamicSMemSize)(int), \
+       size_t dynamicSMemSize, int blockSizeLimit)) \
+    X(cuOccupancyMaxPotentialBlockSizeWithFlags, cuOccupancyMaxPotentialBlockSizeWithFlags, 7000, 0, \
+      (int *minGridSize, int *blockSize, CUfunction func, size_t (*blockSizeToDynamicSMemSize)(int), \
+       size_t dynamicSMemSize, int blockSizeLimit, unsigned int flags)) \
+    X(cuOccupancyAvailableDynamicSMemPerBlock, cuOccupancyAvailableDynamicSMemPerBlock, 10020, 0, \
+      (size_t *dynamicSmemSize, CUfunction func, int numBlocks, int blockSize)) \
+    X(cuOccupancyMaxPotentialClusterSize, cuOccupancyMaxPotentialClusterSize, 11070, 0, \
+      (int *clusterSize, CUfunction func, const CUlaunchConfig *config)) \
+    X(cuOccupancyMaxActiveClusters, cuOccupancyMaxActiveClusters, 11070, 0, \
+      (int *numClusters, CUfunction func, const CUlaunchConfig *config)) \
+    X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, 0, \
+      (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)) \
+    X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, 12000, 0, \
+      (CUgraphExec *phGraphExec, CUgraph hGraph, void *instantiateParams)) \
+    X(cuGraphInstantiateWithParams_ptsz, cuGraphInstantiateWithParams, 12000, 1, \
+      (CUgraphExec *phGraphExec, CUgraph hGraph, void *instantiateParams)) \
     X(cuGraphExecUpdate_v2, cuGraphExecUpdate, 12000, 0, (CUgraphExec hGraphExec, CUgraph hGraph, void *resultInfo)) \
     X(cuGraphUpload, cuGraphUpload, 11010, 0, (CUgraphExec hGraphExec, CUstream hStream)) \
     X(cuGraphUpload_ptsz, cuGraphUpload, 11010, 1, (CUgraphExec hGraphExec, CUstream hStream)) \
-    X(cuLinkCreate_v2, cuLinkCreate, 6050, 0, (unsigned int numOptions, int *options, void **optionValues, CUlinkState *stateOut)) \
-    X(cuLinkAddData_v2, cuLinkAddData, 6050, 0, (CUlinkState state, int type, void *data, size_t size, const char *name, unsigned int numOptions, int *options, void **optionValues)) \
-    X(cuLinkAddFile_v2, cuLinkAddFile, 6050, 0, (CUlinkState state, int type, const char *path, unsigned int numOptions, int *options, void **optionValues)) \
+    X(cuLinkCreate_v2, cuLinkCreate, 6050, 0, \
+      (unsigned int numOptions, int *options, void **optionValues, CUlinkState *stateOut)) \
+    X(cuLinkAddData_v2, cuLinkAddData, 6050, 0, \
+      (CUlinkState state, int type, void *data, size_t size, const char *name, unsigned int numOptions, int *options, \
+       void **optionValues)) \
+    X(cuLinkAddFile_v2, cuLinkAddFile, 6050, 0, \
+      (CUlinkState state, int type, const char *path, unsigned int numOptions, int *options, void **optionValues)) \
     X(cuLinkComplete, cuLinkComplete, 5050, 0, (CUlinkState state, void **cubinOut, size_t *sizeOut)) \
     X(cuLaunchKernel, cuLaunchKernel, 4000, 0, (EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams, void **extra)) \
     X(cuLaunchKernel_ptsz, cuLaunchKernel, 7000, 1, (EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams, void **extra)) \
-    X(cuLaunchKernelEx, cuLaunchKernelEx, 11060, 0, (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)) \
-    X(cuLaunchKernelEx_ptsz, cuLaunchKernelEx, 11060, 1, (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)) \
-    X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel, 9000, 0, (EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams)) \
-    X(cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernel, 9000, 1, (EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams)) \
-    X(cuGraphAddKernelNode, cuGraphAddKernelNode, 10000, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams)) \
-    X(cuGraphAddKernelNode_v2, cuGraphAddKernelNode, 12000, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams)) \
-    X(cuGraphKernelNodeSetParams, cuGraphKernelNodeSetParams, 10000, 0, (CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams)) \
-    X(cuGraphKernelNodeSetParams_v2, cuGraphKernelNodeSetParams, 12000, 0, (CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams)) \
-    X(cuGraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams, 10010, 0, (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams)) \
-    X(cuGraphExecKernelNodeSetParams_v2, cuGraphExecKernelNodeSetParams, 12000, 0, (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams)) \
-    X(cuGraphAddNode, cuGraphAddNode, 12020, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, CUgraphNodeParams *nodeParams)) \
-    X(cuGraphAddNode_v2, cuGraphAddNode, 12030, 0, (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, CUgraphNodeParams *nodeParams)) \
+    X(cuLaunchKernelEx, cuLaunchKernelEx, 11060, 0, \
+      (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)) \
+    X(cuLaunchKernelEx_ptsz, cuLaunchKernelEx, 11060, 1, \
+      (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)) \
+    X(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel, 9000, 0, \
+      (EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams)) \
+    X(cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernel, 9000, 1, \
+      (EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams)) \
+    X(cuGraphAddKernelNode, cuGraphAddKernelNode, 10000, 0, \
+      (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, \
+       const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams)) \
+    X(cuGraphAddKernelNode_v2, cuGraphAddKernelNode, 12000, 0, \
+      (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, \
+       const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams)) \
+    X(cuGraphKernelNodeSetParams, cuGraphKernelNodeSetParams, 10000, 0, \
+      (CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams)) \
+    X(cuGraphKernelNodeSetParams_v2, cuGraphKernelNodeSetParams, 12000, 0, \
+      (CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams)) \
+    X(cuGraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams, 10010, 0, \
+      (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams)) \
+    X(cuGraphExecKernelNodeSetParams_v2, cuGraphExecKernelNodeSetParams, 12000, 0, \
+      (CUgraphExec hGraphExec, CUgraphNode hNode, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams)) \
+    X(cuGraphAddNode, cuGraphAddNode, 12020, 0, \
+      (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, size_t numDependencies, \
+       CUgraphNodeParams *nodeParams)) \
+    X(cuGraphAddNode_v2, cuGraphAddNode, 12030, 0, \
+      (CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies, \
+       const CUgraphEdgeData *dependencyData, size_t numDependencies, CUgraphNodeParams *nodeParams)) \
     X(cuGraphNodeSetParams, cuGraphNodeSetParams, 12020, 0, (CUgraphNode hNode, CUgraphNodeParams *nodeParams)) \
-    X(cuGraphExecNodeSetParams, cuGraphExecNodeSetParams, 12020, 0, (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraphNodeParams *nodeParams)) \
+    X(cuGraphExecNodeSetParams, cuGraphExecNodeSetParams, 12020, 0, \
+      (CUgraphExec hGraphExec, CUgraphNode hNode, CUgraphNodeParams *nodeParams)) \
     X(cuGraphLaunch, cuGraphLaunch, 10000, 0, (CUgraphExec hGraphExec, CUstream hStream)) \
     X(cuGraphLaunch_ptsz, cuGraphLaunch, 10000, 1, (CUgraphExec hGraphExec, CUstream hStream)) \
     X(cuStreamBeginCapture, cuStreamBeginCapture, 10000, 0, (CUstream hStream)) \
     X(cuStreamBeginCapture_ptsz, cuStreamBeginCapture, 10000, 1, (CUstream hStream)) \
     X(cuStreamBeginCapture_v2, cuStreamBeginCapture, 10010, 0, (CUstream hStream, int mode)) \
     X(cuStreamBeginCapture_v2_ptsz, cuStreamBeginCapture, 10010, 1, (CUstream hStream, int mode)) \
-    X(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph, 12030, 0, (CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, int mode)) \
-    X(cuStreamBeginCaptureToGraph_ptsz, cuStreamBeginCaptureToGraph, 12030, 1, (CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, size_t numDependencies, int mode)) \
+    X(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph, 12030, 0, \
+      (CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, \
+       size_t numDependencies, int mode)) \
+    X(cuStreamBeginCaptureToGraph_ptsz, cuStreamBeginCaptureToGraph, 12030, 1, \
+      (CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData, \
+       size_t numDependencies, int mode)) \
     X(cuStreamEndCapture, cuStreamEndCapture, 10000, 0, (CUstream hStream, CUgraph *phGraph)) \
     X(cuStreamEndCapture_ptsz, cuStreamEndCapture, 10000, 1, (CUstream hStream, CUgraph *phGraph)) \
     X(cuMemAlloc_v2, cuMemAlloc, 3020, 0, (CUdeviceptr *dptr, size_t bytesize)) \
-    X(cuMemAllocPitch_v2, cuMemAllocPitch, 3020, 0, (CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)) \
+    X(cuMemAllocPitch_v2, cuMemAllocPitch, 3020, 0, \
+      (CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height, unsigned int ElementSizeBytes)) \
     X(cuMemAllocManaged, cuMemAllocManaged, 6000, 0, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags)) \
     X(cuMemAllocAsync, cuMemAllocAsync, 11020, 0, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)) \
     X(cuMemAllocAsync_ptsz, cuMemAllocAsync, 11020, 1, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)) \
-    X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, 11020, 0, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)) \
-    X(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync, 11020, 1, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)) \
+    X(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync, 11020, 0, \
+      (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)) \
+    X(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync, 11020, 1, \
+      (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)) \
     X(cuMemFree_v2, cuMemFree, 3020, 0, (CUdeviceptr dptr)) \
     X(cuMemFreeAsync, cuMemFreeAsync, 11020, 0, (CUdeviceptr dptr, CUstream hStream)) \
     X(cuMemFreeAsync_ptsz, cuMemFreeAsync, 11020, 1, (CUdeviceptr dptr, CUstream hStream)) \
@@ -380,9 +430,11 @@ typedef struct {
     X(cuMemFreeHost, cuMemFreeHost, 2000, 0, (void *p)) \
     X(cuMemHostRegister_v2, cuMemHostRegister, 6050, 0, (void *p, size_t bytesize, unsigned int Flags)) \
     X(cuMemHostUnregister, cuMemHostUnregister, 4000, 0, (void *p)) \
-    X(cuMemCreate, cuMemCreate, 10020, 0, (CUmemGenericAllocationHandle *handle, size_t size, const void *prop, unsigned long long flags)) \
+    X(cuMemCreate, cuMemCreate, 10020, 0, \
+      (CUmemGenericAllocationHandle *handle, size_t size, const void *prop, unsigned long long flags)) \
     X(cuMemRelease, cuMemRelease, 10020, 0, (CUmemGenericAllocationHandle handle)) \
-    X(cuMemMap, cuMemMap, 10020, 0, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)) \
+    X(cuMemMap, cuMemMap, 10020, 0, \
+      (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags)) \
     X(cuMemUnmap, cuMemUnmap, 10020, 0, (CUdeviceptr ptr, size_t size))
 
 #endif /* EGPU_SHIM_H */

@@ -275,7 +275,8 @@ EXPORT CUresult cuGraphAddMemcpyNode(CUgraphNode *node, CUgraph graph, const CUg
     unsigned long long t = EGPU_HOST_BEGIN(cuGraphAddMemcpyNode);
     CUresult r = CALL(cuGraphAddMemcpyNode, node, graph, deps, ndeps, c, ctx);
     if (c)
-        EGPU_HOST_END(cuGraphAddMemcpyNode, t, r, .dst = operand(c->dstMemoryType, c->dstHost, c->dstDevice, c->dstArray),
+        EGPU_HOST_END(cuGraphAddMemcpyNode, t, r,
+                      .dst = operand(c->dstMemoryType, c->dstHost, c->dstDevice, c->dstArray),
                       .src = operand(c->srcMemoryType, c->srcHost, c->srcDevice, c->srcArray),
                       .bytes = (unsigned long long)c->WidthInBytes * c->Height * c->Depth, .handle = P(graph),
                       .kind = kind_of_types(c->srcMemoryType, c->dstMemoryType),

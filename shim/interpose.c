@@ -307,7 +307,9 @@ static void cuinit_failed(CUresult r) {
     static _Atomic int said;
     if (atomic_exchange(&said, 1)) return;
     fprintf(stderr, "egpu[%d]: cuInit failed: %s (CUDA error %d): this process runs no probe\n", (int)getpid(),
-            r == 100 ? "no CUDA device" : r == 35 ? "the driver is older than this program's CUDA" : "the driver refused",
+            r == 100 ? "no CUDA device"
+            : r == 35 ? "the driver is older than this program's CUDA"
+            : "the driver refused",
             r);
 }
 

@@ -98,7 +98,8 @@ typedef struct { /* Sanitizer_LaunchData, up to the last member we read */
     X(sanitizerUnpatchModule, (CUmodule module)) \
     X(sanitizerAlloc, (CUcontext ctx, void **devPtr, size_t size)) \
     X(sanitizerMemcpyHostToDeviceAsync, (void *dst, void *src, size_t count, Sanitizer_StreamHandle stream)) \
-    X(sanitizerSetLaunchCallbackData, (Sanitizer_LaunchHandle launch, CUfunction kernel, Sanitizer_StreamHandle stream, const void *userdata)) \
+    X(sanitizerSetLaunchCallbackData, \
+      (Sanitizer_LaunchHandle launch, CUfunction kernel, Sanitizer_StreamHandle stream, const void *userdata)) \
     X(sanitizerGetFunctionPcAndSize, (CUmodule module, const char *functionName, uint64_t *pc, uint64_t *size)) \
     X(sanitizerGetResultString, (SanitizerResult result, const char **str))
 

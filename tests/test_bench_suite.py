@@ -100,9 +100,11 @@ def fake_doc():
       "split": None, "tool_patched": None, "tool_seen": None, "count_per_unit": [250.0, 500.0]}),
     ("BENCH_COUNT_UNAVAILABLE [Errno 2] perf_event_open (instructions): No such file or directory\n",
      {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None, "split": None,
-      "tool_patched": None, "tool_seen": None, "count_error": "[Errno 2] perf_event_open (instructions): No such file or directory"}),
+      "tool_patched": None, "tool_seen": None,
+      "count_error": "[Errno 2] perf_event_open (instructions): No such file or directory"}),
     ("BENCH_COUNT_EVENT task_clock\n", {"warmup_ms": None, "reps": [], "unit_ms": [], "units": None, "digest": None,
-                                        "split": None, "tool_patched": None, "tool_seen": None, "count_event": "task_clock"}),
+                                        "split": None, "tool_patched": None, "tool_seen": None,
+                                        "count_event": "task_clock"}),
 ])
 def test_parse_output(stdout, want):
     assert results.parse_output(stdout) == want
@@ -139,14 +141,17 @@ def mem(mode, n, units, records=None, **extra):
     ("vecadd", "entry_exit", case([1.0], counts=[[[5, 4]]]), {}, "run: 5 entries but 4 exits"),
     ("vecadd", "entry_exit", case([1.0]), {}, "run: no entry/exit counts in the exit dump"),
     ("vecadd", "entry_exit", entry_exit([1.0], 5), {}, "no witness run (entry_exit with bench/probes/launch_threads)"),
-    ("vecadd", "entry_exit", entry_exit([1.0], 5, 8), {}, "witness run: 5 entries for 8 launched threads (10 launches)"),
+    ("vecadd", "entry_exit", entry_exit([1.0], 5, 8), {},
+     "witness run: 5 entries for 8 launched threads (10 launches)"),
     ("vecadd", "entry_exit", entry_exit([1.0], 5, 5, dropped=3), {},
      "witness run: 3 launch records dropped, the launched threads are not all known"),
-    ("vecadd", "entry_exit", entry_exit([1.0], 5, 5, digest="other"), {}, "run: output other differs from the uninstrumented d"),
+    ("vecadd", "entry_exit", entry_exit([1.0], 5, 5, digest="other"), {},
+     "run: output other differs from the uninstrumented d"),
     ("vecadd", "entry_exit", case([1.0], digest=None), {}, "run: no output digest to compare"),
     ("vecadd", "entry_exit", case([], status="timeout", error="exit -9: "), {}, "run: timeout (exit -9: )"),
     ("vecadd", "mem_count", mem("mem_count", 0, 10), {}, "the probe never ran (0 accesses)"),
-    ("vecadd", "mem_count", mem("mem_count", 31, 10), {}, "31 accesses over 10 units is not the same number every unit"),
+    ("vecadd", "mem_count", mem("mem_count", 31, 10), {},
+     "31 accesses over 10 units is not the same number every unit"),
     ("vecadd", "mem_count", mem("mem_count", 30, None), {}, "no unit count (BENCH_UNITS) to divide the accesses by"),
     ("vecadd", "mem_count", mem("mem_count", 30, 10), {"mem_trace": mem("mem_trace", 40, 10, records=1)},
      "3 accesses per unit, mem_trace saw 4"),
@@ -309,8 +314,8 @@ def test_markdown_report():
     assert any(ln.startswith("| full memory trace | ≤ 2.0x | 5.000x | 1.500x .. 5.200x | vecadd")
                and ln.endswith("missed by 150% |")
                for ln in lines)
-    assert any(ln.startswith("| JIT of a 1,000-instruction kernel | < 100 ms | 151.0 ms | — |") and "missed by 51.0 ms" in ln
-               for ln in lines)
+    assert any(ln.startswith("| JIT of a 1,000-instruction kernel | < 100 ms | 151.0 ms | — |")
+               and "missed by 51.0 ms" in ln for ln in lines)
     assert "| shim | 3900.0 | 3790.0 | +90.0 |" in lines
     assert "pinned to CPU 1;" in md
     assert "| vecadd | lane records | 1,000 | 0 | — | 2.00 GB/s | 40.0 GB/s |" in lines
@@ -650,7 +655,8 @@ suite.run_case([sys.executable, "-c", case], {{}}, 60)
 
 def test_facts_from_dumps(suite):
     docs = [{"timing": {"probes_ms": 4.0},
-             "modules": [{"image": "fatbin compute_90", "status": "instrumented", "timing": {"rewrite_ms": 2.0, "driver_ms": 9.0},
+             "modules": [{"image": "fatbin compute_90", "status": "instrumented",
+                          "timing": {"rewrite_ms": 2.0, "driver_ms": 9.0},
                           "kernels": [["a", "instrumented", ""], ["b", "untouched", ""]]},
                          {"image": "cubin", "status": "SASS only", "timing": {}, "kernels": []}],
              "probes": [{"maps": [{"values": [b"\0" * 8]}, {"records": [b"r1", b"r2"], "drops": 5}]}]},
@@ -921,7 +927,8 @@ def sass_records(sass, **changed):
         elif row.backend == "sass":
             idle = row.name in ("standby", "unselected")
             rec["sass"] = {"states": ["subscribed"], "launches": 0 if idle else 40, "probed": 0 if idle else 40,
-                           "modules_patched": 0 if idle else 12, "modules_unselected": 12 if row.name == "unselected" else 0}
+                           "modules_patched": 0 if idle else 12,
+                           "modules_unselected": 12 if row.name == "unselected" else 0}
             rec["counts"] = {"entry_exit": [[[500, 500]]], "mem_count": [[[70, 30]]],
                              "entry_exit_witness": [[[500, 500]], [[500, 7]]]}.get(row.name)
             rec["shim_stats"] = {"dropped": 0}
@@ -1199,8 +1206,8 @@ def test_trace_bench_reads_what_egpu_run_delivered(tmp_path, monkeypatch):
     _, pace_line = streaming.notes([{"trace": {"records": 1, "path": "t.arrow", "dropped": 0, "error": None,
                                                "drain": drain}}])
     assert "1,234 passes, 8,050.0 MB copied (2,750.0 MB of records taken, 1,500.0 MB of them unwalked, 2,600.0 MB " \
-           "past a record not yet complete); reader: header 0.50 s (0.02 s in the driver), copy 1.25 s (1.00 s in the " \
-           "driver), scan 3.00 s" in pace_line
+           "past a record not yet complete); reader: header 0.50 s (0.02 s in the driver), copy 1.25 s " \
+           "(1.00 s in the driver), scan 3.00 s" in pace_line
     assert "clear 0.75 s, gil wait 0.25 s, hand off 2.00 s" in pace_line
     assert bench.pace(f"{pace_line}\nvecadd done\n") == {
         "passes": 1_234, "copied_mb": 8_050.0, "taken_mb": 2_750.0, "whole_mb": 1_500.0, "unwalked_mb": 2_600.0,

@@ -22,8 +22,8 @@ import msgpack
 import pytest
 
 from egpu_preload import control
-from egpu_preload.control import (HANDOFF_S, MAX_FRAME, VERSION, ControlBusy, ControlClient, ControlError, ControlServer,
-                                  ControlTimeout, NoSession, SessionInfo, list_sessions, socket_path)
+from egpu_preload.control import (HANDOFF_S, MAX_FRAME, VERSION, ControlBusy, ControlClient, ControlError,
+                                  ControlServer, ControlTimeout, NoSession, SessionInfo, list_sessions, socket_path)
 from egpu_preload.errors import EgpuError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -61,7 +61,8 @@ def _env(shim: Path, tmp: Path) -> dict[str, str]:
     return env
 
 
-def _cli(args: list[str], env: dict[str, str], main: str = "egpu_main", timeout: float = 300) -> subprocess.CompletedProcess:
+def _cli(args: list[str], env: dict[str, str], main: str = "egpu_main",
+         timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", f"import launcher; launcher.{main}()", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -130,7 +131,8 @@ def test_live_checkpoint_is_the_cut_and_restores_to_the_same_end(exe, shim, tmp_
     graw = (ckpt / glob.file).read_bytes()
     assert [int.from_bytes(graw[i:i + 8], "little") for i in (0, 8)] == counters
     assert all(0 < c < STEPS for c in counters), f"the cut is not mid-run: {counters}"
-    check = subprocess.run([str(exe), "check", *(f"{ckpt / e.file}:{b}:{counters[b // 2]}" for b, e in enumerate(bufs))],
+    check = subprocess.run([str(exe), "check",
+                            *(f"{ckpt / e.file}:{b}:{counters[b // 2]}" for b, e in enumerate(bufs))],
                            capture_output=True, text=True, timeout=120)
     print(check.stdout)
     assert check.returncode == 0 and check.stdout.count(" mismatches 0") == 4, check.stdout + check.stderr

@@ -114,11 +114,13 @@ def test_a_writer_copies_a_pending_range_first_on_its_own_stream(cow_stub, tmp_p
 
     cases = [  # (between marks, the calls the stand-in saw there, in order)
         ("armed", "stray", after_cut(s) + [f"cuMemcpyAsync dst={staging[b[0]]} src={b[0]:#x} size=64 stream={s}",
-                            f"cuEventRecord event=1 stream={s}", f"cuLaunchKernel f=k@1 grid=1 block=1 stream={s} params={b[0]},5"]),
+                                           f"cuEventRecord event=1 stream={s}",
+                                           f"cuLaunchKernel f=k@1 grid=1 block=1 stream={s} params={b[0]},5"]),
         ("stray", "reader", [f"cuLaunchKernel f=k@1 grid=1 block=1 stream={s} params=4660,5"]),
         ("reader", "htod", [f"cuLaunchKernel f=k2@1 grid=1 block=1 stream={s} params={b[1]}"]),
-        ("htod", "other stream", after_cut("(nil)") + [f"cuMemcpyAsync dst={staging[b[2]]} src={b[2]:#x} size=64 stream=(nil)",
-                                  "cuEventRecord event=3 stream=(nil)", "cuMemcpyHtoD_v2 size=64 ctx=app"]),
+        ("htod", "other stream", after_cut("(nil)") + [
+            f"cuMemcpyAsync dst={staging[b[2]]} src={b[2]:#x} size=64 stream=(nil)",
+            "cuEventRecord event=3 stream=(nil)", "cuMemcpyHtoD_v2 size=64 ctx=app"]),
         ("other stream", "copier", [f"cuStreamWaitEvent stream={s2} event=1",
                                     f"cuLaunchKernel f=k@1 grid=1 block=1 stream={s2} params={b[0]},5"]),
         ("copier", "disarmed", [f"cuMemcpyAsync dst={staging[b[1]]} src={b[1]:#x} size=64 stream={side}",
@@ -542,7 +544,9 @@ namespace egpu {
 EGPU_COW_HOOKS(X)
 #undef X
 }
-template <typename T> char cls() { return std::is_floating_point<T>::value ? 'f' : std::is_pointer<T>::value ? 'p' : 'i'; }
+template <typename T> char cls() {
+    return std::is_floating_point<T>::value ? 'f' : std::is_pointer<T>::value ? 'p' : 'i';
+}
 template <typename R, typename... A> void sig(const char *who, const char *name, R (*)(A...)) {
     std::printf("%s %s %c%zu", who, name, cls<R>(), sizeof(R));
     ((std::printf(" %c%zu", cls<A>(), sizeof(A))), ...);

@@ -87,4 +87,5 @@ def test_durations_of_sass_only_kernels(stub_job, cupti_dir, tmp_path, as_json):
         "cuptiActivityEnable 10", "cuptiActivityEnable 1", "cuptiActivityEnable 2", "cuptiActivityEnable 22",
         *(f"cuptiActivityConfigureUnifiedMemoryCounter {k}" for k in (1, 2, 3, 4)), "cuptiActivityEnable 25",
         "cuptiActivityFlushAll 1"]
-    assert calls.index("cuptiActivityFlushAll 1") > max(i for i, c in enumerate(calls) if c.startswith("cuCtxSynchronize"))
+    assert calls.index("cuptiActivityFlushAll 1") > max(i for i, c in enumerate(calls)
+                                                        if c.startswith("cuCtxSynchronize"))

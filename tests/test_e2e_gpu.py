@@ -55,8 +55,8 @@ def vecadd(tmp_path_factory):
     for cudart in ("static", "shared"):
         exe = out / f"vecadd_{cudart}"
         rpath = [f"-Xlinker=-rpath,{d}" for d in cuda_lib_dirs()] if cudart == "shared" else []
-        subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-cudart", cudart, *rpath, str(E2E / "vecadd.cu"), "-o", str(exe)],
-                       check=True)
+        subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-cudart", cudart, *rpath, str(E2E / "vecadd.cu"),
+                        "-o", str(exe)], check=True)
         built[cudart] = exe
     return built
 
@@ -175,8 +175,8 @@ def test_cupy_rawkernel_is_instrumented(shim, probe_obj, tmp_path):
     # CuPy's own kernels (arange, empty_like) are instrumented too: --kernel keeps the count to ours.
     # Fresh caches: a cubin cached by the plain run would be SASS only under egpu-run.
     plain = subprocess.run([sys.executable, str(E2E / "cupy_scale.py"), str(LAUNCHES), str(THREADS)],
-                           env=env_for(shim, tmp_path, CUPY_CACHE_DIR=str(tmp_path / "plain")), capture_output=True, text=True,
-                           timeout=300)
+                           env=env_for(shim, tmp_path, CUPY_CACHE_DIR=str(tmp_path / "plain")), capture_output=True,
+                           text=True, timeout=300)
     assert plain.returncode == 0, plain.stderr
     probed = egpu_run(["--json", "-v", "--kernel", "scale", "-p", str(probe_obj("count")), sys.executable,
                        str(E2E / "cupy_scale.py"), str(LAUNCHES), str(THREADS)],

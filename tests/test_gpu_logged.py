@@ -62,8 +62,8 @@ def unaccounted(gpu_tests: set[str], logged: set[str], owed: dict[str, str]) -> 
 
 
 def collected_gpu_tests() -> set[str]:
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                           "tests"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
+                           "-p", "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     ids = {line for line in proc.stdout.splitlines() if line.startswith("tests/") and "::" in line}
     assert proc.returncode == 0 and ids, proc.stdout[-2000:] + proc.stderr[-2000:]
     return ids

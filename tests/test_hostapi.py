@@ -141,15 +141,17 @@ def test_a_running_job_refuses_host_api_programs(tmp_path):
 # Each symbol's kind and flags, from its name: the oracle the probe's context is held to.
 UNIFIED = {"cuMemcpy": C.COPY_H2D, "cuMemcpy_ptds": C.COPY_D2H, "cuMemcpyAsync": C.COPY_D2D,
            "cuMemcpyAsync_ptsz": C.COPY_H2H}
-ALLOC_KINDS = {"cuMemAlloc_v2": C.ALLOC_DEVICE, "cuMemAllocPitch_v2": C.ALLOC_PITCH, "cuMemAllocManaged": C.ALLOC_MANAGED,
-               "cuMemAllocAsync": C.ALLOC_POOL, "cuMemAllocFromPoolAsync": C.ALLOC_POOL,
+ALLOC_KINDS = {"cuMemAlloc_v2": C.ALLOC_DEVICE, "cuMemAllocPitch_v2": C.ALLOC_PITCH,
+               "cuMemAllocManaged": C.ALLOC_MANAGED, "cuMemAllocAsync": C.ALLOC_POOL,
+               "cuMemAllocFromPoolAsync": C.ALLOC_POOL,
                "cuMemAllocHost_v2": C.ALLOC_HOST, "cuMemHostAlloc": C.ALLOC_HOST,
                "cuMemHostRegister_v2": C.ALLOC_HOST_REGISTERED, "cuMemCreate": C.ALLOC_VMM_HANDLE,
                "cuMemMap": C.ALLOC_VMM_MAPPING}
 FREE_KINDS = {"cuMemFree_v2": C.ALLOC_DEVICE, "cuMemFreeAsync": C.ALLOC_POOL, "cuMemFreeHost": C.ALLOC_HOST,
               "cuMemHostUnregister": C.ALLOC_HOST_REGISTERED, "cuMemUnmap": C.ALLOC_VMM_MAPPING,
               "cuMemRelease": C.ALLOC_VMM_HANDLE}
-SYNC_KINDS = {"cuStreamSynchronize": C.SYNC_STREAM, "cuEventSynchronize": C.SYNC_EVENT, "cuCtxSynchronize": C.SYNC_CONTEXT}
+SYNC_KINDS = {"cuStreamSynchronize": C.SYNC_STREAM, "cuEventSynchronize": C.SYNC_EVENT,
+              "cuCtxSynchronize": C.SYNC_CONTEXT}
 CAPTURED = "cuMemcpyDtoDAsync_v2_ptsz"  # made while its stream was captured
 
 

@@ -219,8 +219,9 @@ def test_sass_only_kernels_are_counted_by_name(stub_job, tmp_path):
                               "64", "0")
     assert r.returncode == 0, r.stderr
     assert launch_params(calls) == ["", "", ""]
-    assert r.stdout.splitlines()[1:] == ["@launches[vecadd]: 3", "", "@hist_grid_blocks:",
-                                         "[2, 4)                 3 |@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@|"]
+    assert r.stdout.splitlines()[1:] == [
+        "@launches[vecadd]: 3", "", "@hist_grid_blocks:",
+        "[2, 4)                 3 |@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@|"]
     (doc,) = docs
     assert doc["modules"][0]["status"] == "SASS only" and doc["stats"]["records"] == 3
     assert not [c for c in calls if c.startswith(("cuMemAlloc", "cuStreamCreate"))]  # nothing on the device

@@ -106,7 +106,8 @@ def test_torch_compile_is_instrumented_exactly(shim, probe_obj, tmp_path):  # no
     if subprocess.run([sys.executable, "-c", "import triton, torch"], capture_output=True).returncode:
         pytest.skip("Triton/PyTorch are not installed")
     cmd = [sys.executable, str(E2E / "torch_compile.py"), "5", str(1 << 20)]
-    env = env_for(shim, tmp_path, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "plain"), TRITON_CACHE_DIR=str(tmp_path / "tp"))
+    env = env_for(shim, tmp_path, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "plain"),
+                  TRITON_CACHE_DIR=str(tmp_path / "tp"))
     plain = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert plain.returncode == 0, plain.stderr
     probed = egpu_run(["--json", "-v", "--kernel", "triton_*", "-p", str(probe_obj("count")), "-p",

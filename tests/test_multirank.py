@@ -79,7 +79,8 @@ def test_sum_keeps_map_order_and_concatenates_traces():
 
 @pytest.mark.parametrize("a, b, why", [
     (Scalar("m", 1), KeyedScalars("m", ()), "a Scalar in one process, a KeyedScalars in another"),
-    (Scalar("m", 1), Scalar("m", {"n": 2}), 'values of different types in different processes ("scalar", {"n": "scalar"})'),
+    (Scalar("m", 1), Scalar("m", {"n": 2}),
+     'values of different types in different processes ("scalar", {"n": "scalar"})'),
     (Scalar("m", [1, 2]), Scalar("m", [1, 2, 3]),
      'values of different types in different processes (["scalar", "scalar", "scalar"], ["scalar", "scalar"])'),
     (KeyedScalars("m", (Entry(7, 1),)), KeyedScalars("m", (Entry(9, {"n": 1}),)),
@@ -102,8 +103,9 @@ def test_each_rank_prints_when_the_sum_leaves_a_map_out(probe_obj):
              for r, obj in enumerate((count, renamed))]
     probes = [SimpleNamespace(path=Path(f"/p{r}.bpf.o"), obj=obj) for r, obj in enumerate((count, renamed))]
     why = "not summed: map counts: a Scalar in one process, a KeyedScalars in another\n"
-    assert job.render(probes, dumps, as_json=False) == ("pid 10 rank 0: train.py\n@counts: 0\n\n"
-                                                        f"pid 11 rank 1: train.py\n\nall ranks (sum of 2 processes):\n{why}")
+    assert job.render(probes, dumps, as_json=False) == (
+        "pid 10 rank 0: train.py\n@counts: 0\n\n"
+        f"pid 11 rank 1: train.py\n\nall ranks (sum of 2 processes):\n{why}")
     docs = [json.loads(line) for line in job.render(probes, dumps, as_json=True).splitlines()]
     assert [(d["rank"], list(d["maps"]), d.get("left_out")) for d in docs] == [
         (0, ["counts"], None), (1, ["counts"], None), ("all", [], [why[len("not summed: "):-1]])]

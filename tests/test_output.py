@@ -49,7 +49,8 @@ def workload(n: int = 24):
     """Deterministic launches and accesses over three kernels, three SMs and four sites."""
     for i in range(n):
         ctx = make_ctx(kernel_id=IDS[i % 3], launch_id=i // 3, addr=0x7F0000001000 + 0x1000 * (i % 5) + 4 * i,
-                       site=i % 4, size=(4, 8, 16, 1)[i % 4], flags=ctxmod.FLAG_STORE if i % 3 == 1 else ctxmod.FLAG_LOAD,
+                       site=i % 4, size=(4, 8, 16, 1)[i % 4],
+                       flags=ctxmod.FLAG_STORE if i % 3 == 1 else ctxmod.FLAG_LOAD,
                        kind=ctxmod.KIND_MEM, nargs=2, grid=[1 << (i % 5), 1, 1], block=[32 * (1 + i % 4), 1, 1],
                        stream=0x5000 + i % 2)
         yield ctx, ThreadSim(block_idx=(i % 4, 0, 0), smid=i % 3, globaltimer=1_000_000 + 1000 * i, tick=10)

@@ -99,7 +99,8 @@ def test_egpu_run_perfetto_writes_launches_and_ring_buffer_instants(stub_job, cu
 
 
 @pytest.mark.parametrize("target, reason", [("missing/trace.json", "no such directory"), (".", "is a directory")])
-def test_an_unwritable_trace_file_stops_the_job_before_it_starts(stub_job, cupti_dir, tmp_path, target, reason):  # noqa: F811
+def test_an_unwritable_trace_file_stops_the_job_before_it_starts(
+        stub_job, cupti_dir, tmp_path, target, reason):  # noqa: F811
     r, log = _job(stub_job, cupti_dir, tmp_path, "--perfetto", str(tmp_path / target))
     assert r.returncode == 125 and reason in r.stderr and r.stderr.startswith("egpu-run: ")
     assert not log.exists()  # the stand-in driver was never called

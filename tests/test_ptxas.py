@@ -121,7 +121,8 @@ def test_the_real_ptxas_compiles_it_and_the_runtime_adopts_the_cubin(probe_obj, 
     assert mod.original == src.read_bytes() + b"\0"
     # a cubin compiled without egpu-ptxas is left alone
     other = SimpleNamespace(kernels={}, status="untouched", image="cubin")
-    assert not wrapper.adopt(runtime, other, SimpleNamespace(kind=ImageKind.ELF, data=cubin.replace(b"__egpu_ptxas_", b"__other_ptxas")))
+    assert not wrapper.adopt(runtime, other, SimpleNamespace(kind=ImageKind.ELF,
+                                                             data=cubin.replace(b"__egpu_ptxas_", b"__other_ptxas")))
 
 
 @pytest.mark.parametrize("theirs, real", [("", None), ("/opt/cuda/bin/ptxas", "/opt/cuda/bin/ptxas"),

@@ -267,7 +267,8 @@ def test_instrumented_load_fills_the_table_and_appends_launch_ids(stub_job, prob
     (table,) = [c for c in calls if c.startswith(api)]
     assert table.endswith("found=1")
     fill = "cuMemcpyHtoDAsync_v2 size=16 stream=ours ctx=app"  # one map and the trace ring, in the app's context
-    assert calls.index(table) < calls.index(fill) < calls.index(next(c for c in calls if c.startswith("cuLaunchKernel")))
+    assert calls.index(table) < calls.index(fill) < calls.index(next(c for c in calls
+                                                                     if c.startswith("cuLaunchKernel")))
     # the primary context is not the app's: the runtime leaves it as it found it
     assert [c for c in calls if c.startswith("cuDevicePrimaryCtx")] == ["cuDevicePrimaryCtxRetain dev=0",
                                                                        "cuDevicePrimaryCtxRelease_v2 dev=0"]
@@ -408,7 +409,8 @@ def test_maps_that_do_not_fit_leave_the_original_running_and_no_stream_behind(st
                               EGPU_STUB_ALLOC_LIMIT=str(1 << 20))
     assert r.returncode == 0, r.stderr
     assert "result=0" in r.stdout
-    assert [c for c in calls if "refused: out of memory" in c] == [f"cuMemAlloc_v2 size={TRACE_REGION} refused: out of memory"]
+    assert [c for c in calls if "refused: out of memory" in c] == [
+        f"cuMemAlloc_v2 size={TRACE_REGION} refused: out of memory"]
     assert launches(calls) == ["11,22,32", "11,22,32"]
     created = [c for c in calls if c.startswith("cuStreamCreate")]
     assert len(created) == 1 and len([c for c in calls if c.startswith("cuStreamDestroy_v2")]) == 1

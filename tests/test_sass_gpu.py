@@ -120,7 +120,9 @@ OURS = r"""
 #include <stddef.h>
 #include <stdio.h>
 #include "sass.c"
-unsigned long long egpu_py_sass_kernel(void *m, const char *n, unsigned long long g, unsigned long long *k) { return 0; }
+unsigned long long egpu_py_sass_kernel(void *m, const char *n, unsigned long long g, unsigned long long *k) {
+    return 0;
+}
 void *egpu_shim_real(const char *name) { return 0; }
 int egpu_shim_bypass(int on) { return 0; }
 int egpu_python_up(void) { return 1; }
@@ -131,9 +133,11 @@ int main(void) {
     OFF(Sanitizer_LaunchData, function, san_launch_data) OFF(Sanitizer_LaunchData, functionName, san_launch_data)
     OFF(Sanitizer_LaunchData, gridDim_x, san_launch_data) OFF(Sanitizer_LaunchData, clusterDim_z, san_launch_data)
     OFF(Sanitizer_LaunchData, gridId, san_launch_data) OFF(Sanitizer_LaunchData, hLaunch, san_launch_data)
-    OFF(Sanitizer_ResourceModuleData, context, san_module_data) OFF(Sanitizer_ResourceModuleData, module, san_module_data)
+    OFF(Sanitizer_ResourceModuleData, context, san_module_data)
+    OFF(Sanitizer_ResourceModuleData, module, san_module_data)
     OFF(Sanitizer_ResourceModuleData, cubinSize, san_module_data)
-    OFF(Sanitizer_ResourceModuleData, pCubin, san_module_data) OFF(Sanitizer_ResourceModuleData, library, san_module_data)
+    OFF(Sanitizer_ResourceModuleData, pCubin, san_module_data)
+    OFF(Sanitizer_ResourceModuleData, library, san_module_data)
     printf("values %d %d %d %d %d %d %d %d %d %d %d %d\n", SAN_DOMAIN_RESOURCE, SAN_DOMAIN_LAUNCH,
            SAN_CBID_MODULE_LOADED, SAN_CBID_MODULE_UNLOAD_STARTING, SAN_CBID_LAUNCH_BEGIN, 1, 2, 3, 1, 2, 4, 0);
     printf("prototypes 1\n");

@@ -8,8 +8,8 @@ sass` with no probe, then is attached, swapped and detached over its control soc
 - standby: subscribed, no patch, launch callbacks off, every launch runs nothing;
 - every launch between two flips runs the generation the first one committed, its patch and its record
   together (the first launch of a kernel asks Python which programs run in it; a flip stages the answers
-  for the kernels known by then, so their launches after it ask nothing) (a launch never runs one generation's patch with another's record), and each window holds
-  exactly the launch ids between the flips that bound it;
+  for the kernels known by then, so their launches after it ask nothing) (a launch never runs one generation's patch
+  with another's record), and each window holds exactly the launch ids between the flips that bound it;
 - a re-patch the sanitizer refuses fails the swap, and the old probe goes on running in both modules,
   whether the first module or the second was refused;
 - a graph replay passes the same gate: it never runs while a flip re-patches (some modules on the old

@@ -78,7 +78,8 @@ def live_cycles(shim: Path, objects: dict[str, Path], tmp_path: Path, mode: str,
     out_path, err_path = tmp_path / "job.out", tmp_path / "job.err"
     with out_path.open("w") as out_f, err_path.open("w") as err_f:
         job = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "--keep", "--live-sass",
-                                "-p", str(objects["launch_threads_by_id"]), sys.executable, str(TRAIN), mode, str(stop)],
+                                "-p", str(objects["launch_threads_by_id"]), sys.executable, str(TRAIN), mode,
+                                str(stop)],
                                env=env, cwd=ROOT, stdout=out_f, stderr=err_f, text=True)
 
     def tail() -> str:

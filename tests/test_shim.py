@@ -535,7 +535,8 @@ def test_gpu_nvcc_program_runs_the_instrumented_image(built, tmp_path, cudart, l
     env["CUDA_MODULE_LOADING"] = loading
     plain = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=120)
     env.update(LD_PRELOAD=str(built / "libegpu_shim.so"), EGPU_RUNTIME="instrumenter",
-               EGPU_TEST_LOADS=str(loads), PYTHONPATH=os.pathsep.join([str(STUB), str(ROOT), env.get("PYTHONPATH", "")]))
+               EGPU_TEST_LOADS=str(loads),
+               PYTHONPATH=os.pathsep.join([str(STUB), str(ROOT), env.get("PYTHONPATH", "")]))
     shimmed = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=120)
     assert plain.returncode == shimmed.returncode == 0, shimmed.stderr
     checksum = plain.stdout.splitlines()[0]
@@ -561,7 +562,9 @@ namespace egpu {
 EGPU_HOOKS(X) EGPU_COW_HOOKS(X) EGPU_HOSTAPI_HOOKS(X)
 #undef X
 }
-template <typename T> char cls() { return std::is_floating_point<T>::value ? 'f' : std::is_pointer<T>::value ? 'p' : 'i'; }
+template <typename T> char cls() {
+    return std::is_floating_point<T>::value ? 'f' : std::is_pointer<T>::value ? 'p' : 'i';
+}
 template <typename R, typename... A> void sig(const char *who, const char *name, R (*)(A...)) {
     std::printf("%s %s %c%zu", who, name, cls<R>(), sizeof(R));
     ((std::printf(" %c%zu", cls<A>(), sizeof(A))), ...);
@@ -578,9 +581,12 @@ int main() {
     sig("cuda", #sym, (PFN_SEL(PFN_##api##_v##ver, ptsz))nullptr);
     EGPU_HOOKS(X) EGPU_COW_HOOKS(X) EGPU_HOSTAPI_HOOKS(X)
     std::printf("size CUlaunchConfig %zu %zu\n", sizeof(egpu::CUlaunchConfig), sizeof(::CUlaunchConfig));
-    std::printf("size params_v1 %zu %zu\n", sizeof(egpu::CUDA_KERNEL_NODE_PARAMS_v1), sizeof(::CUDA_KERNEL_NODE_PARAMS_v1));
-    std::printf("size params_v2 %zu %zu\n", sizeof(egpu::CUDA_KERNEL_NODE_PARAMS_v2), sizeof(::CUDA_KERNEL_NODE_PARAMS_v2));
-    std::printf("size params_v3 %zu %zu\n", sizeof(egpu::CUDA_KERNEL_NODE_PARAMS_v3), sizeof(::CUDA_KERNEL_NODE_PARAMS_v3));
+    std::printf("size params_v1 %zu %zu\n", sizeof(egpu::CUDA_KERNEL_NODE_PARAMS_v1),
+                sizeof(::CUDA_KERNEL_NODE_PARAMS_v1));
+    std::printf("size params_v2 %zu %zu\n", sizeof(egpu::CUDA_KERNEL_NODE_PARAMS_v2),
+                sizeof(::CUDA_KERNEL_NODE_PARAMS_v2));
+    std::printf("size params_v3 %zu %zu\n", sizeof(egpu::CUDA_KERNEL_NODE_PARAMS_v3),
+                sizeof(::CUDA_KERNEL_NODE_PARAMS_v3));
     std::printf("size CUgraphNodeParams %zu %zu\n", sizeof(egpu::CUgraphNodeParams), sizeof(::CUgraphNodeParams));
     std::printf("size CUgraphEdgeData %zu %zu\n", sizeof(egpu::CUgraphEdgeData), sizeof(::CUgraphEdgeData));
     FIELD(CUlaunchConfig, hStream) FIELD(CUlaunchConfig, numAttrs)
@@ -612,7 +618,8 @@ def test_hook_prototypes_match_cuda_h(tmp_path):
             a, b = ln.split()[-2:]
             assert a == b, ln
     interpose = (ROOT / "shim" / "interpose.c").read_text()
-    constants = dict(re.findall(r"#define (CU\w+|CUDA_ERROR_NOT_FOUND) \(?\(?(?:void \*\))?(0x[0-9a-f]+|\d+)", interpose))
+    constants = dict(re.findall(r"#define (CU\w+|CUDA_ERROR_NOT_FOUND) \(?\(?(?:void \*\))?(0x[0-9a-f]+|\d+)",
+                                interpose))
     assert out.splitlines()[-1] == "const " + " ".join(str(int(constants[k], 0)) for k in (
         "CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM", "CU_JIT_INPUT_PTX", "CU_JIT_ERROR_LOG_BUFFER",
         "CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES", "CU_GRAPH_NODE_TYPE_KERNEL",

@@ -52,7 +52,8 @@ def test_a_waiting_ring_spins_on_consumed_and_gives_credit_back_only_when_its_re
     func = probe_function(p, obj, ctx_params=True).func
     assert "ld.acquire.sys.u64" in func and "nanosleep.u32" in func and "red.min.u64" not in func
     lines = [ln.strip() for ln in func.splitlines()]
-    stall = [i for i, ln in enumerate(lines) if ln.startswith("setp.gt.u64") and f"{devmaps.WAIT_STALL_NS:#X}"[2:] in ln]
+    stall = [i for i, ln in enumerate(lines)
+             if ln.startswith("setp.gt.u64") and f"{devmaps.WAIT_STALL_NS:#X}"[2:] in ln]
     gives = [i for i, ln in enumerate(lines) if ln.startswith("neg.s64")]
     assert stall and len(gives) == len(stall), func   # one give-back for each wait, after it
     for at, back in zip(stall, gives):
@@ -1533,7 +1534,8 @@ def test_a_trace_that_cannot_be_written_still_drains_the_rings(access_trace, tmp
         ring.produce(_event(i), sm=0)
     report = streaming.finish()
     assert report["records"] == 0 and report["dropped"] == 0
-    assert report["error"] == "cannot write the trace: [Errno 28] No space left on device (1,000 records taken and not written)"
+    assert report["error"] == ("cannot write the trace: [Errno 28] No space left on device "
+                               "(1,000 records taken and not written)")
     assert capsys.readouterr().err.splitlines() == [
         f"egpu[{os.getpid()}]: {tmp_path / 't.parquet'}: cannot write the trace: [Errno 28] No space left on device"]
 
@@ -1853,9 +1855,9 @@ def test_a_burst_walks_each_piece_of_its_copy_only_once_it_has_landed(tmp_path):
     """Copies that land only when waited for (HostCopies lazy: the stage keeps what it held until the stream, or an
     event recorded after the copy, is waited for): a burst's passes copy what they walk in pieces, an event after
     each, walk a piece once it has landed, and wait for every copy before the spool touches the stage. A walk that
-    ran ahead of its copy would read the stage's last pass: records lost, repeated or out of order. Two rings of 4 MiB filled at full speed, for several laps each, into a spool of two files, their producers
-    moving head before they write (as the GPU's take their positions first), so that the walks meet records not
-    complete yet below head."""
+    ran ahead of its copy would read the stage's last pass: records lost, repeated or out of order. Two rings of 4 MiB
+    filled at full speed, for several laps each, into a spool of two files, their producers moving head before they
+    write (as the GPU's take their positions first), so that the walks meet records not complete yet below head."""
     import os
     rings = [HostRing(4 << 20, 2, wait=True) for _ in range(2)]
     for ring in rings:
@@ -1914,9 +1916,9 @@ def test_a_burst_takes_counted_records_once_unwalked_and_in_order(tmp_path, coun
 @pytest.mark.parametrize("wait", [True, False], ids=["wait", "drop"])
 def test_a_raw_pass_takes_counted_records_whole_and_reads_short_counts_again_for_a_waiting_ring_alone(wait):
     """One raw pass (a burst's) over a ring whose record is not counted yet: a waiting ring's pass reads the lines and
-    the header again until the counts stop growing (here: at the second read); a dropping ring's reads them once (its producers do not
-    stop for the reader, whose every wait is records dropped). Either then walks. Once the SM's line counts the
-    record, the pass takes it whole, reading the header once."""
+    the header again until the counts stop growing (here: at the second read); a dropping ring's reads them once (its
+    producers do not stop for the reader, whose every wait is records dropped). Either then walks. Once the SM's line
+    counts the record, the pass takes it whole, reading the header once."""
     from egpu_preload.runtime import ring_drain
     ffi, lib = ring_drain._shim()
     ring = StagedRing(4096, 2, wait=wait)

@@ -778,7 +778,8 @@ F(neg64, -a) F(neg32, (u32)-(s32)a) F(mix, ((a ^ (b << 7)) * 0x9e3779b97f4a7c15U
 """
 ARITH_UB = {  # inputs (as u64) for which the C expression is undefined
     "udiv64": lambda a, b: b == 0, "umod64": lambda a, b: b == 0,
-    "sdiv64": lambda a, b: b == 0 or (a == 1 << 63 and b == M64), "smod64": lambda a, b: b == 0 or (a == 1 << 63 and b == M64),
+    "sdiv64": lambda a, b: b == 0 or (a == 1 << 63 and b == M64),
+    "smod64": lambda a, b: b == 0 or (a == 1 << 63 and b == M64),
     "udiv32": lambda a, b: b & 0xFFFFFFFF == 0, "umod32": lambda a, b: b & 0xFFFFFFFF == 0,
     "sdiv32": lambda a, b: b & 0xFFFFFFFF == 0 or (a & 0xFFFFFFFF == 1 << 31 and b & 0xFFFFFFFF == 0xFFFFFFFF),
     "smod32": lambda a, b: b & 0xFFFFFFFF == 0 or (a & 0xFFFFFFFF == 1 << 31 and b & 0xFFFFFFFF == 0xFFFFFFFF),

@@ -174,7 +174,8 @@ def _probes(probe_obj) -> list[Path]:
 def test_every_probe_runs_alike(probe_obj, tmp_path):
     """Every program of every test probe and example, 40 runs each on random contexts against one map
     state per form: the same r0s and the same maps after. Every one compiles."""
-    objs = _probes(probe_obj) + [compile_probe(src, tmp_path / f"{src.stem}.o") for src in sorted(EXAMPLES.glob("*.bpf.c"))]
+    objs = _probes(probe_obj) + [compile_probe(src, tmp_path / f"{src.stem}.o")
+                                 for src in sorted(EXAMPLES.glob("*.bpf.c"))]
     compiled = total = 0
     for path in objs:
         obj = load_object(path)

@@ -255,7 +255,8 @@ def memory_program(rng: random.Random) -> bytes:
         if what < 0.3 and alu:
             lines.append(rng.choice(alu))
         elif what < 0.5:
-            lines.append(f"*(u{8 * size} *)(r10 - {at}) = " + (f"r{r}" if rng.random() < 0.7 else str(rng.randint(-99, 99))))
+            lines.append(f"*(u{8 * size} *)(r10 - {at}) = "
+                         + (f"r{r}" if rng.random() < 0.7 else str(rng.randint(-99, 99))))
         elif what < 0.7:
             lines.append(f"{'w' if size == 4 and rng.random() < 0.5 else 'r'}{r} = *(u{8 * size} *)(r10 - {at})")
         elif what < 0.8 and size < 8:

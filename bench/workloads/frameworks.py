@@ -13,9 +13,9 @@ units until they take 10 ms) sizing a repetition at TARGET_MS, then REPS repetit
 BUDGET_S seconds of them are used up (at least 3), each timed from its first launch to a synchronize
 after its last. Prints "BENCH_WARMUP ms", "BENCH_REP ms units" per repetition as it ends, "BENCH_UNITS n"
 (every unit the process ran), then "BENCH_DONE digest" of the warm-up's result (the same in every mode).
-``--profile`` runs everything inside torch.profiler (CPU and CUDA activities, i.e. CUPTI), the trace never exported: what tracing the
-same step with PyTorch's own profiler costs. ``--count EVENT[,EVENT...]`` (instructions.py's: instructions,
-task_clock) counts the first of them the machine gives over every thread the workload starts: it prints
+``--profile`` runs everything inside torch.profiler (CPU and CUDA activities, i.e. CUPTI), the trace never exported:
+what tracing the same step with PyTorch's own profiler costs. ``--count EVENT[,EVENT...]`` (instructions.py's:
+instructions, task_clock) counts the first of them the machine gives over every thread the workload starts: it prints
 "BENCH_COUNT_EVENT name" once and "BENCH_COUNT n" after each repetition's line (n: the event over that
 repetition), or "BENCH_COUNT_UNAVAILABLE why" once when none can be counted.
 """

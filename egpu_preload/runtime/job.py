@@ -425,7 +425,8 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
     from egpu_preload.bpf.sections import HOST_SIDE
     in_kernels = any(prog.attach.kind not in HOST_SIDE for p in probes for prog in p.obj.programs)
     notes = unfinished + (module_report(dumps, verbose, in_kernels, signum, mirror_s) if probes else [])
-    if not out and not as_json and not traced and any(d["probes"] for d in dumps):   # empty maps print nothing (bpftrace's way)
+    # empty maps print nothing (bpftrace's way)
+    if not out and not as_json and not traced and any(d["probes"] for d in dumps):
         notes.append("egpu-run: every map is empty: no probe program stored anything")
     elif not out and not any(d["probes"] for d in dumps) and (dumps if probes else maps_asked):
         notes.append("egpu-run: no maps: " + (_why_no_maps(probes, dumps) if probes or _attached(dumps) else

@@ -102,7 +102,8 @@ def sass_words(sass: dict | None) -> str:
              + (f" (the other {idle} {'runs' if idle == 1 else 'run'} no probe)" if idle and sass["modules_patched"]
                 else ""))
     if sass.get("unchanged"):
-        return f"SASS unchanged: {sass['unchanged']}" if not sass["modules_patched"] else f"{words}, unchanged: {sass['unchanged']}"
+        return (f"SASS unchanged: {sass['unchanged']}" if not sass["modules_patched"]
+                else f"{words}, unchanged: {sass['unchanged']}")
     return f"{words} in {sass['patch_ms']:.1f} ms"
 
 

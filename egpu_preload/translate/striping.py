@@ -15,7 +15,8 @@ A map is striped when all of this holds (the verifier's value_uses, every path o
 - it is an ARRAY (or .bss/.data) that is not read-only;
 - the GPU programs touch its values only with atomic adds that do not fetch the old value, all of one
   width, and take the map for nothing but lookups (an update with BPF_NOEXIST changes no array slot);
-- no launch probe, host-API probe (egpu/memcpy, ...) or host uprobe uses it (those run on the host copy, which mapsync.py copies to the device);
+- no launch probe, host-API probe (egpu/memcpy, ...) or host uprobe uses it (those run on the host copy, which
+  mapsync.py copies to the device);
 - one row of it is at most STRIPE_ROW_MAX bytes (a large array is a spread one, and rows cost memory).
 """
 

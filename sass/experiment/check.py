@@ -125,7 +125,8 @@ def check_torch(arr: str, tool: list[str], launches: list[dict[str, str]], prog:
         r = recs[0]
         good = num(r, "ldbytes") == int(exp["ldbytes"]) and num(r, "stbytes") == int(exp["stbytes"])
         result("PASS" if good else "FAIL", f"{tag}/bytes", f"ldbytes={r['ldbytes']} stbytes={r['stbytes']} "
-               f"(expected {exp['ldbytes']} / {exp['stbytes']}; loads={r['loads']} stores={r['stores']}) {r['name'][:100]}")
+               f"(expected {exp['ldbytes']} / {exp['stbytes']}; loads={r['loads']} stores={r['stores']}) "
+               f"{r['name'][:100]}")
     for op, recs in ops.items():
         for r in recs:
             result("INFO", f"{arr}/{op}", f"grid={r['grid']} block={r['block']} enter={r['enter']} exit={r['exit']} "

@@ -94,7 +94,8 @@ target_case() {  # NAME KIND ENV... -- ARGS
 if [ $HAVE_TOOL = 1 ] && [ $HAVE_PATCHES = 1 ] && [ $HAVE_TARGET = 1 ]; then
     run target_baseline 60 "$B/target" plain > "$OUT/target.base.stdout" 2>&1; cat "$OUT/target.base.stdout"
     target_case inject target SASS_TOOL_MODE=inject CUDA_INJECTION64_PATH="$TOOL" -- plain && WORKS="$WORKS inject"
-    target_case inject_eager target SASS_TOOL_MODE=inject CUDA_INJECTION64_PATH="$TOOL" CUDA_MODULE_LOADING=EAGER -- plain
+    target_case inject_eager target SASS_TOOL_MODE=inject CUDA_INJECTION64_PATH="$TOOL" CUDA_MODULE_LOADING=EAGER \
+        -- plain
     target_case preload_ctor target SASS_TOOL_MODE=ctor LD_PRELOAD="$TOOL" -- plain && WORKS="$WORKS preload_ctor"
     target_case api_early target SASS_TOOL_MODE=api -- early && WORKS="$WORKS api_early"
     target_case api_late target SASS_TOOL_MODE=api -- late
@@ -123,8 +124,10 @@ else
 fi
 
 # ---- stock PyTorch, preferring the in-process arrangements egpu would use ----
-if [ $HAVE_TOOL = 1 ] && [ $HAVE_PATCHES = 1 ] && $PY -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-    run torch_baseline 150 env -u SASS_TOOL_LIB $PY "$HERE/torch_prog.py" > "$OUT/torch.base.stdout" 2>&1; cat "$OUT/torch.base.stdout"
+if [ $HAVE_TOOL = 1 ] && [ $HAVE_PATCHES = 1 ] &&
+        $PY -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    run torch_baseline 150 env -u SASS_TOOL_LIB $PY "$HERE/torch_prog.py" > "$OUT/torch.base.stdout" 2>&1
+    cat "$OUT/torch.base.stdout"
     # a second plain run: outputs that differ between two runs without the tool cannot blame the tool
     run torch_baseline2 150 env -u SASS_TOOL_LIB $PY "$HERE/torch_prog.py" > "$OUT/torch.base2.stdout" 2>&1
     if [ "$(grep ^HASH "$OUT/torch.base.stdout")" = "$(grep ^HASH "$OUT/torch.base2.stdout")" ]; then

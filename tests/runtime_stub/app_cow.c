@@ -88,7 +88,8 @@ static int records(void) {
                ops[i].size, ops[i].stream);
     struct egpu_alloc al[8];
     size_t na = p_egpu_shim_allocations(al, 8);
-    for (size_t i = 0; i < na && i < 8; i++) printf("alloc %#llx %llu seq %llu\n", al[i].address, al[i].size, al[i].seq);
+    for (size_t i = 0; i < na && i < 8; i++)
+        printf("alloc %#llx %llu seq %llu\n", al[i].address, al[i].size, al[i].seq);
     struct egpu_cow_stats st;
     p_egpu_cow_stats(&st);
     printf("stats ops %llu allocations %llu overflow %llu result %d\n", st.ops, st.allocations, st.alloc_overflow, r);

@@ -128,7 +128,8 @@ int main(int argc, char **argv) {
                         .WidthInBytes = 32, .Height = 2, .Depth = 2};
     struct copy3d p3 = c3;
     p3.dstMemoryType = DEVICE, p3.dstHost = NULL, p3.dstDevice = d;
-    const char *two[] = {"cuMemcpy2D_v2", "cuMemcpy2D_v2_ptds", "cuMemcpy2DUnaligned_v2", "cuMemcpy2DUnaligned_v2_ptds"};
+    const char *two[] = {"cuMemcpy2D_v2", "cuMemcpy2D_v2_ptds", "cuMemcpy2DUnaligned_v2",
+                         "cuMemcpy2DUnaligned_v2_ptds"};
     for (int i = 0; i < 4; i++) CALL(two[i], 192, &c2);
     CALL("cuMemcpy2DAsync_v2", 192, &c2, s);
     CALL("cuMemcpy2DAsync_v2_ptsz", 192, &c2, s);

@@ -106,7 +106,8 @@ int main(int argc, char **argv) {
     snprintf(hold_end, sizeof hold_end, "%s.end", hold ? hold : "");
     snprintf(stall_end, sizeof stall_end, "%s.end", stall ? stall : "");
     void (*hold_sync)(int) = (void (*)(int))dlsym(cuda, "egpu_stub_hold_sync");
-    unsigned int (*hold_limit)(unsigned int) = (unsigned int (*)(unsigned int))dlsym(RTLD_DEFAULT, "egpu_shim_hold_limit");
+    unsigned int (*hold_limit)(unsigned int) =
+        (unsigned int (*)(unsigned int))dlsym(RTLD_DEFAULT, "egpu_shim_hold_limit");
     void *stream = (void *)0x5, *node = NULL, *captured_graph = NULL; /* the stand-in checks no stream */
     if (library)
         r |= cuLibraryLoadData(&mod, PTX, NULL, NULL, 0, NULL, NULL, 0) | cuLibraryGetKernel(&f, mod, "step");

@@ -9,8 +9,8 @@
  * CUpti_ActivityMemset4, CUpti_ActivityMemcpyPtoP4, CUpti_ActivitySynchronization2,
  * CUpti_ActivityUnifiedMemoryCounter3 offsets, runtime/copies.py and runtime/uvm.py):
  *   EGPU_STUB_CUPTI_COPIES "kind:detail:bytes:ns:stream,..."  (kind 1, 2, 22 or 38; detail: copyKind,
- *                                                             memoryKind or sync type), copy i at STUB_T0 + 100 µs + 10 µs i,
- *                                                             correlation id 200 + i
+ *                                                             memoryKind or sync type), copy i at
+ *                                                             STUB_T0 + 100 µs + 10 µs i, correlation id 200 + i
  *   EGPU_STUB_CUPTI_UVM "counter:address:value:ns:flags,..."  record i at STUB_T0 + 100 i, src 0, dst 1
  * cuptiActivityConfigureUnifiedMemoryCounter takes only the basic four counters (so egpu retries) and
  * logs each kind enabled; EGPU_STUB_CUPTI_NO_UVM=1 refuses every configuration. Every record is handed

@@ -195,12 +195,14 @@ CUresult cuStreamSynchronize(void *s) { return s == &a_stream ? OK : 400; }
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
     if (getenv("EGPU_STUB_PROBE_COUNTS")) usleep(20000); /* launches run between a flip and this read */
     get(dst, src, n);
-    note("cuMemcpyDtoHAsync_v2 size=%zu stream=%s ctx=%s", n, s == &a_stream ? "ours" : "other", egpu_stub_context_name());
+    note("cuMemcpyDtoHAsync_v2 size=%zu stream=%s ctx=%s", n, s == &a_stream ? "ours" : "other",
+         egpu_stub_context_name());
     return OK;
 }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
     put(dst, src, n);
-    note("cuMemcpyHtoDAsync_v2 size=%zu stream=%s ctx=%s", n, s == &a_stream ? "ours" : "other", egpu_stub_context_name());
+    note("cuMemcpyHtoDAsync_v2 size=%zu stream=%s ctx=%s", n, s == &a_stream ? "ours" : "other",
+         egpu_stub_context_name());
     return OK;
 }
 

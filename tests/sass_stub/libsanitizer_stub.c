@@ -58,7 +58,9 @@ static int result(const char *name) {
     return ++calls[k] == atoi(fail + len + 1) ? 7 : 0;
 }
 
-#define CALL(name, fmt, ...) do { int r_ = result(#name); logf_(#name " " fmt "%s", __VA_ARGS__, r_ ? " -> 7" : ""); return r_; } while (0)
+#define CALL(name, fmt, ...) do { \
+        int r_ = result(#name); logf_(#name " " fmt "%s", __VA_ARGS__, r_ ? " -> 7" : ""); return r_; \
+    } while (0)
 
 typedef void (*callback)(void *userdata, int domain, uint32_t cbid, const void *data);
 static callback subscriber;
@@ -170,7 +172,9 @@ int sanitizerEnableCallback(uint32_t on, void *sub, int domain, uint32_t cbid) {
     if (domain >= 0 && domain < 8 && cbid < 64) enabled[domain][cbid] = on != 0;
     CALL(sanitizerEnableCallback, "on=%u domain=%d cbid=%u", on, domain, cbid);
 }
-int sanitizerAddPatches(const void *image, void *ctx) { CALL(sanitizerAddPatches, "elf=%d", !memcmp(image, "\177ELF", 4)); }
+int sanitizerAddPatches(const void *image, void *ctx) {
+    CALL(sanitizerAddPatches, "elf=%d", !memcmp(image, "\177ELF", 4));
+}
 int sanitizerPatchInstructions(int id, void *m, const char *name) {
     struct patched *p = module_of(m);
     if (p && p->on) {
@@ -212,5 +216,9 @@ int sanitizerSetLaunchCallbackData(void *l, void *f, void *s, const void *ud) {
     launch_userdata = ud;
     CALL(sanitizerSetLaunchCallbackData, "%s", "-");
 }
-int sanitizerGetFunctionPcAndSize(void *m, const char *n, uint64_t *pc, uint64_t *size) { *pc = 0; *size = 0; CALL(sanitizerGetFunctionPcAndSize, "%s", n); }
+int sanitizerGetFunctionPcAndSize(void *m, const char *n, uint64_t *pc, uint64_t *size) {
+    *pc = 0;
+    *size = 0;
+    CALL(sanitizerGetFunctionPcAndSize, "%s", n);
+}
 int sanitizerGetResultString(int r, const char **s) { *s = r == 7 ? "SANITIZER_ERROR_OUT_OF_MEMORY" : "?"; return 0; }

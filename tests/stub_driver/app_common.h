@@ -108,10 +108,12 @@ static int scenario(resolve_fn get, int full) {
     if (records) records(1);
     GETV(cuLaunchKernel_ptsz, cuLaunchKernel, 7000, 2, cuLaunchKernel_ptsz,
         CUresult (*)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, H, void **, void **));
-    GETV(cuLaunchKernelEx_ptsz, cuLaunchKernelEx, 11060, 2, cuLaunchKernelEx_ptsz, CUresult (*)(const launch_config *, H, void **, void **));
+    GETV(cuLaunchKernelEx_ptsz, cuLaunchKernelEx, 11060, 2, cuLaunchKernelEx_ptsz,
+         CUresult (*)(const launch_config *, H, void **, void **));
     GET(cuLaunchCooperativeKernel, 9000, 0, cuLaunchCooperativeKernel,
         CUresult (*)(H, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, H, void **));
-    GETV(cuGraphAddKernelNode_v2, cuGraphAddKernelNode, 12000, 0, cuGraphAddKernelNode_v2, CUresult (*)(H *, H, const H *, size_t, const node_params *));
+    GETV(cuGraphAddKernelNode_v2, cuGraphAddKernelNode, 12000, 0, cuGraphAddKernelNode_v2,
+         CUresult (*)(H *, H, const H *, size_t, const node_params *));
     RC("launch_b_ptsz", cuLaunchKernel_ptsz(fb, 2, 1, 1, 64, 1, 1, 0, (H)0x5, params_c, NULL));
     unsigned long long buffer[2] = {11, 22};
     size_t buffer_size = sizeof buffer;
@@ -182,7 +184,8 @@ static int scenario(resolve_fn get, int full) {
     RC("launch_coop_b_ptsz", cuLaunchCooperativeKernel_ptsz(fb, 11, 1, 1, 64, 1, 1, 0, NULL, params_c));
 
     /* the other kernel node entry points, and the generic ones with kernel and other nodes */
-    GET(cuGraphAddKernelNode, 10000, 0, cuGraphAddKernelNode, CUresult (*)(H *, H, const H *, size_t, const node_params *));
+    GET(cuGraphAddKernelNode, 10000, 0, cuGraphAddKernelNode,
+        CUresult (*)(H *, H, const H *, size_t, const node_params *));
     GET(cuGraphKernelNodeSetParams, 10000, 0, cuGraphKernelNodeSetParams, CUresult (*)(H, const node_params *));
     GETV(cuGraphKernelNodeSetParams_v2, cuGraphKernelNodeSetParams, 12000, 0, cuGraphKernelNodeSetParams_v2,
          CUresult (*)(H, const node_params *));
@@ -239,9 +242,11 @@ static int scenario(resolve_fn get, int full) {
     RC("link_destroy", cuLinkDestroy(link));
 
     GETV(cuMemAlloc_v2, cuMemAlloc, 3020, 0, cuMemAlloc_v2, CUresult (*)(unsigned long long *, size_t));
-    GETV(cuMemAllocAsync_ptsz, cuMemAllocAsync, 11020, 2, cuMemAllocAsync_ptsz, CUresult (*)(unsigned long long *, size_t, H));
+    GETV(cuMemAllocAsync_ptsz, cuMemAllocAsync, 11020, 2, cuMemAllocAsync_ptsz,
+         CUresult (*)(unsigned long long *, size_t, H));
     GET(cuMemHostAlloc, 2020, 0, cuMemHostAlloc, CUresult (*)(void **, size_t, unsigned));
-    GET(cuMemCreate, 10020, 0, cuMemCreate, CUresult (*)(unsigned long long *, size_t, const void *, unsigned long long));
+    GET(cuMemCreate, 10020, 0, cuMemCreate,
+        CUresult (*)(unsigned long long *, size_t, const void *, unsigned long long));
     GET(cuMemMap, 10020, 0, cuMemMap,
         CUresult (*)(unsigned long long, size_t, size_t, unsigned long long, unsigned long long));
     GETV(cuMemFree_v2, cuMemFree, 3020, 0, cuMemFree_v2, CUresult (*)(unsigned long long));
@@ -257,7 +262,8 @@ static int scenario(resolve_fn get, int full) {
     GETV(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync, 11020, 2, cuMemAllocFromPoolAsync_ptsz,
          CUresult (*)(unsigned long long *, size_t, H, H));
     GET(cuMemFreeAsync, 11020, 0, cuMemFreeAsync, CUresult (*)(unsigned long long, H));
-    GETV(cuMemHostRegister_v2, cuMemHostRegister, 6050, 0, cuMemHostRegister_v2, CUresult (*)(void *, size_t, unsigned));
+    GETV(cuMemHostRegister_v2, cuMemHostRegister, 6050, 0, cuMemHostRegister_v2,
+         CUresult (*)(void *, size_t, unsigned));
     GET(cuMemHostUnregister, 4000, 0, cuMemHostUnregister, CUresult (*)(void *));
     GETV(cuMemcpy_ptds, cuMemcpy, 7000, 2, cuMemcpy_ptds, CUresult (*)(unsigned long long, unsigned long long, size_t));
     unsigned long long d1, d2, handle;
@@ -340,8 +346,8 @@ static int scenario(resolve_fn get, int full) {
         struct egpu_launch_record r[16];
         size_t n = drain(r, 16);
         for (size_t i = 0; i < n; i++)
-            printf("record id=%llu api=%d f=%s redirected=%d grid=%u block=%u stream=%p\n", r[i].launch_id,
-                   r[i].api, r[i].function == fa ? "a" : r[i].function == fb ? "b" : r[i].function == kern ? "kern" : "?",
+            printf("record id=%llu api=%d f=%s redirected=%d grid=%u block=%u stream=%p\n", r[i].launch_id, r[i].api,
+                   r[i].function == fa ? "a" : r[i].function == fb ? "b" : r[i].function == kern ? "kern" : "?",
                    r[i].launched != r[i].function, r[i].grid[0], r[i].block[0], r[i].stream);
     }
     return 0;

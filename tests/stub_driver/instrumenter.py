@@ -8,8 +8,9 @@ It exercises both ways the runtime can use the shim:
   (egpu_shim_real) and launches of kernel_b are redirected to its kernel_b (egpu_shim_register).
 EGPU_TEST_LOADS=FILE appends "API KIND REPLACEMENT_RESULT" per load there (the GPU tests read it).
 EGPU_TEST_FOUND_DELAY=S makes every handle_found take S seconds first; EGPU_TEST_FOUND_FAILS=1 makes
-the first one raise. EGPU_TEST_RINGS_WAIT=1 turns the shim's waits for waiting rings on. EGPU_TEST_FAIL=1 makes module_load raise, EGPU_TEST_REFUSE=1 makes it return PTX the stand-in driver
-refuses: either way the original load must proceed.
+the first one raise. EGPU_TEST_RINGS_WAIT=1 turns the shim's waits for waiting rings on. EGPU_TEST_FAIL=1 makes
+module_load raise, EGPU_TEST_REFUSE=1 makes it return PTX the stand-in driver refuses: either way the original load must
+proceed.
 """
 
 from __future__ import annotations

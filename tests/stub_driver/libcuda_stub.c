@@ -665,22 +665,57 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, u
     logf_("cuMemAllocPitch_v2");
     return OK;
 }
-CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned int flags) { *p = new_ptr(size); logf_("cuMemAllocManaged"); return OK; }
-CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, void *s) { *p = new_ptr(size); logf_("cuMemAllocAsync"); return OK; }
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, void *s) { *p = new_ptr(size); logf_("cuMemAllocAsync_ptsz"); return OK; }
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, void *pool, void *s) { *p = new_ptr(size); logf_("cuMemAllocFromPoolAsync"); return OK; }
-CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, void *pool, void *s) { *p = new_ptr(size); logf_("cuMemAllocFromPoolAsync_ptsz"); return OK; }
+CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned int flags) {
+    *p = new_ptr(size);
+    logf_("cuMemAllocManaged");
+    return OK;
+}
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, void *s) {
+    *p = new_ptr(size);
+    logf_("cuMemAllocAsync");
+    return OK;
+}
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, void *s) {
+    *p = new_ptr(size);
+    logf_("cuMemAllocAsync_ptsz");
+    return OK;
+}
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, void *pool, void *s) {
+    *p = new_ptr(size);
+    logf_("cuMemAllocFromPoolAsync");
+    return OK;
+}
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, void *pool, void *s) {
+    *p = new_ptr(size);
+    logf_("cuMemAllocFromPoolAsync_ptsz");
+    return OK;
+}
 CUresult cuMemFree_v2(CUdeviceptr p) { logf_("cuMemFree_v2 ptr=%#llx", p); return p ? OK : INVALID_VALUE; }
 CUresult cuMemFreeAsync(CUdeviceptr p, void *s) { logf_("cuMemFreeAsync"); return OK; }
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, void *s) { logf_("cuMemFreeAsync_ptsz"); return OK; }
-CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) { *pp = malloc(size); logf_("cuMemHostAlloc"); return OK; }
-CUresult cuMemAllocHost_v2(void **pp, size_t size) { *pp = malloc(size); logf_("cuMemAllocHost_v2 size=%zu", size); return OK; }
+CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
+    *pp = malloc(size);
+    logf_("cuMemHostAlloc");
+    return OK;
+}
+CUresult cuMemAllocHost_v2(void **pp, size_t size) {
+    *pp = malloc(size);
+    logf_("cuMemAllocHost_v2 size=%zu", size);
+    return OK;
+}
 CUresult cuMemFreeHost(void *p) { free(p); logf_("cuMemFreeHost"); return OK; }
 CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags) { logf_("cuMemHostRegister_v2"); return OK; }
 CUresult cuMemHostUnregister(void *p) { logf_("cuMemHostUnregister"); return OK; }
-CUresult cuMemCreate(unsigned long long *h, size_t size, const void *prop, unsigned long long flags) { *h = 42; logf_("cuMemCreate"); return OK; }
+CUresult cuMemCreate(unsigned long long *h, size_t size, const void *prop, unsigned long long flags) {
+    *h = 42;
+    logf_("cuMemCreate");
+    return OK;
+}
 CUresult cuMemRelease(unsigned long long h) { logf_("cuMemRelease"); return OK; }
-CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, unsigned long long h, unsigned long long flags) { logf_("cuMemMap"); return OK; }
+CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, unsigned long long h, unsigned long long flags) {
+    logf_("cuMemMap");
+    return OK;
+}
 CUresult cuMemUnmap(CUdeviceptr p, size_t size) { logf_("cuMemUnmap"); return OK; }
 CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) { logf_("cuMemcpy size=%zu", n); return OK; }
 CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) { logf_("cuMemcpy_ptds size=%zu", n); return OK; }
@@ -696,7 +731,8 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsign
  * which move bytes, replace those they define. The arguments are read as 64-bit words: in the x86-64
  * ABI every integer or pointer argument of these calls sits in its own register, and unread ones cost
  * nothing. */
-#define ANY(sym) __attribute__((weak)) CUresult sym(unsigned long long a, unsigned long long b, unsigned long long c) { \
+#define ANY(sym) __attribute__((weak)) \
+    CUresult sym(unsigned long long a, unsigned long long b, unsigned long long c) { \
         logf_(#sym " a=%#llx b=%#llx c=%#llx", a, b, c); return OK; }
 #define TWINS(sym, twin) ANY(sym) ANY(twin)
 TWINS(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds) TWINS(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds)
@@ -735,7 +771,8 @@ static const struct { const char *api; int version, ptsz; const char *symbol; vo
     R(cuInit, 2000, 0, cuInit) R(cuDriverGetVersion, 2020, 0, cuDriverGetVersion)
     R(cuCtxSynchronize, 2000, 0, cuCtxSynchronize) R(cuFuncGetAttribute, 2020, 0, cuFuncGetAttribute)
     R(cuFuncIsLoaded, 12040, 0, cuFuncIsLoaded) R(cuFuncLoad, 12040, 0, cuFuncLoad)
-    R(cuFuncSetAttribute, 9000, 0, cuFuncSetAttribute) R(cuModuleEnumerateFunctions, 12040, 0, cuModuleEnumerateFunctions)
+    R(cuFuncSetAttribute, 9000, 0, cuFuncSetAttribute)
+    R(cuModuleEnumerateFunctions, 12040, 0, cuModuleEnumerateFunctions)
     R(cuOccupancyMaxActiveBlocksPerMultiprocessor, 6050, 0, cuOccupancyMaxActiveBlocksPerMultiprocessor)
     R(cuKernelGetAttribute, 12000, 0, cuKernelGetAttribute)
     R(cuGraphInstantiateWithFlags, 11040, 0, cuGraphInstantiateWithFlags)
@@ -775,7 +812,8 @@ static const struct { const char *api; int version, ptsz; const char *symbol; vo
     R(cuMemAllocFromPoolAsync, 11020, 1, cuMemAllocFromPoolAsync_ptsz)
     R(cuMemFree, 3020, 0, cuMemFree_v2) R(cuMemFreeAsync, 11020, 0, cuMemFreeAsync)
     R(cuMemFreeAsync, 11020, 1, cuMemFreeAsync_ptsz) R(cuMemHostAlloc, 2020, 0, cuMemHostAlloc)
-    R(cuMemAllocHost, 3020, 0, cuMemAllocHost_v2) R(cuMemFreeHost, 2000, 0, cuMemFreeHost) R(cuMemHostRegister, 6050, 0, cuMemHostRegister_v2)
+    R(cuMemAllocHost, 3020, 0, cuMemAllocHost_v2) R(cuMemFreeHost, 2000, 0, cuMemFreeHost)
+    R(cuMemHostRegister, 6050, 0, cuMemHostRegister_v2)
     R(cuMemHostUnregister, 4000, 0, cuMemHostUnregister) R(cuMemCreate, 10020, 0, cuMemCreate)
     R(cuMemRelease, 10020, 0, cuMemRelease) R(cuMemMap, 10020, 0, cuMemMap) R(cuMemUnmap, 10020, 0, cuMemUnmap)
     R(cuMemcpy, 4000, 0, cuMemcpy) R(cuMemcpy, 7000, 1, cuMemcpy_ptds)

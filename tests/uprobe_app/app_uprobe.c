@@ -161,13 +161,14 @@ static void bench_threads(long calls, int threads, int r) {
     clock_gettime(CLOCK_MONOTONIC, &t1);
     qsort(b, (size_t)threads, sizeof *b, by_ns);
     long total = calls / BATCH * BATCH * threads;
-    printf("app_uprobe bench_threads calls=%ld threads=%d ns_per_call=%.2f aggregate_ns_per_call=%.2f result=%d\n", total,
-           threads, b[threads / 2].ns, ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / total, r);
+    printf("app_uprobe bench_threads calls=%ld threads=%d ns_per_call=%.2f aggregate_ns_per_call=%.2f result=%d\n",
+           total, threads, b[threads / 2].ns, ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / total, r);
 }
 
 static void *direct_worker(void *arg) {
     long wrong = 0;
-    for (long i = 0; !atomic_load_explicit(&stop_workers, memory_order_relaxed); i++) wrong += upt_direct(i, 1) != 3 * i + 1;
+    for (long i = 0; !atomic_load_explicit(&stop_workers, memory_order_relaxed); i++)
+        wrong += upt_direct(i, 1) != 3 * i + 1;
     atomic_fetch_add(&workers_wrong, wrong);
     return arg;
 }
@@ -251,7 +252,8 @@ int main(int argc, char **argv) {
         void *params[] = {&a};
         for (int direct = argv[1][0] == 'd'; access(argv[2], F_OK) != 0; i++) {
             if (launch) r |= cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
-            wrong += direct ? upt_direct(i, 1) != 3 * i + 1 : upt_add6(i, i + 1, i + 2, i + 3, i + 4, i + 5) != 6 * i + 15;
+            wrong += direct ? upt_direct(i, 1) != 3 * i + 1
+                            : upt_add6(i, i + 1, i + 2, i + 3, i + 4, i + 5) != 6 * i + 15;
             usleep(100);
         }
         printf("app_uprobe loop calls=%ld wrong=%ld result=%d\n", i, wrong, r);

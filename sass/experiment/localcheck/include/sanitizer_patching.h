@@ -9,7 +9,8 @@ typedef enum { SANITIZER_MEMORY_DEVICE_FLAG_NONE = 0, SANITIZER_MEMORY_DEVICE_FL
                SANITIZER_MEMORY_DEVICE_FLAG_WRITE = 2, SANITIZER_MEMORY_DEVICE_FLAG_ATOMSYS = 4,
                SANITIZER_MEMORY_DEVICE_FLAG_PREFETCH = 8 } Sanitizer_DeviceMemoryFlags;
 typedef enum { SANITIZER_INSTRUCTION_INVALID = 0, SANITIZER_INSTRUCTION_BLOCK_ENTER = 1,
-               SANITIZER_INSTRUCTION_BLOCK_EXIT = 2, SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS = 3 } Sanitizer_InstructionId;
+               SANITIZER_INSTRUCTION_BLOCK_EXIT = 2,
+               SANITIZER_INSTRUCTION_GLOBAL_MEMORY_ACCESS = 3 } Sanitizer_InstructionId;
 typedef struct Sanitizer_Stream_st* Sanitizer_StreamHandle;
 typedef struct Sanitizer_Launch_st* Sanitizer_LaunchHandle;
 typedef enum { SANITIZER_SUCCESS = 0 } SanitizerResult;
