@@ -80,7 +80,8 @@ def files(tmp_path, probe_obj):
 @pytest.mark.parametrize("args, message", [
     (lambda f: ["rewrite", f["rand"], "-p", f["count"]], "rand.bin: not PTX: binary data"),
     (lambda f: ["rewrite", "/bin/true", "-p", f["count"]], "/bin/true: not PTX: an ELF file"),
-    (lambda f: ["rewrite", f["empty"], "-p", f["count"]], "empty.ptx: not PTX: no .version directive (the file is empty)"),
+    (lambda f: ["rewrite", f["empty"], "-p", f["count"]],
+     "empty.ptx: not PTX: no .version directive (the file is empty)"),
     (lambda f: ["rewrite", f["cu"], "-p", f["count"]], "k.cu: not PTX: no .version directive"),
     # Found by the PTX sweep: after a byte-order mark the first kernel went unseen ("no kernels").
     (lambda f: ["rewrite", f["bom"], "-p", f["count"]], "bom.ptx: not PTX: non-ASCII character '\\ufeff' on line 1"),
@@ -613,7 +614,7 @@ def test_line_info_of_records_of_no_bytes_is_no_line_info(tmp_path):
 
 
 SUBPROGRAM_PROBE = """#include "egpu.bpf.h"
-struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64); } m SEC(".maps");
+struct {__uint(type,BPF_MAP_TYPE_ARRAY);__uint(max_entries,1);__type(key,__u32);__type(value,__u64);} m SEC(".maps");
 static __attribute__((noinline)) __u64 value_of(__u32 k)
 {
 	__u64 *v = bpf_map_lookup_elem(&m, &k);

@@ -21,7 +21,7 @@ from egpu_preload.runtime import dump, job
 from stub_job import MORE, ROOT, egpu_run
 
 BAD_PROBE = """#include "egpu.bpf.h"
-struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64); } m SEC(".maps");
+struct {__uint(type,BPF_MAP_TYPE_HASH);__uint(max_entries,1);__type(key,__u32);__type(value,__u64);} m SEC(".maps");
 SEC("kprobe/*")
 int unchecked(struct egpu_ctx *ctx)
 {
@@ -639,9 +639,9 @@ def test_sigterm_reaches_the_job(stub_job, probe_obj, tmp_path):
     started = tmp_path / "started"
     env = stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1", EGPU_RUN_PID=str(os.getpid()),
                        EGPU_SESSION=str(tmp_path / "gone"))
-    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "-p", str(probe_obj("count")),
-                             "sh", "-c", f"touch {started}; exec sleep 30"], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()",
+                             "-p", str(probe_obj("count")), "sh", "-c", f"touch {started}; exec sleep 30"],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -663,9 +663,10 @@ def test_sigint_stops_a_c_program(stub_job, probe_obj, tmp_path, stdin):
             os.close(0)
 
     stop = tmp_path / "stop"
-    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "-p", str(probe_obj("count")),
-                             str(stub_job.loop), str(stop), "60"], env=stub_job.env(tmp_path / "log"), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=child)
+    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()",
+                             "-p", str(probe_obj("count")), str(stub_job.loop), str(stop), "60"],
+                            env=stub_job.env(tmp_path / "log"), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=child)
     assert proc.stdout.readline() == "ready\n"
     time.sleep(0.3)
     os.kill(proc.pid, signal.SIGINT)

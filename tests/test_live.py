@@ -416,7 +416,8 @@ def test_a_copy_that_escaped_the_hooks_stays_loaded(stub_job, tmp_path, monkeypa
     if how == "graph":
         assert any(ln.startswith(f"cuGraphAddKernelNode_v2 f=step@{escaped} ") for ln in log.lines)
     else:  # the launch between the begin and the end ran the copy
-        begin, end = log.lines.index("cuStreamBeginCapture_v2 stream=0x5 mode=0"), log.lines.index("cuStreamEndCapture stream=0x5")
+        begin = log.lines.index("cuStreamBeginCapture_v2 stream=0x5 mode=0")
+        end = log.lines.index("cuStreamEndCapture stream=0x5")
         assert [m for i, m in log.launches if begin < i < end] == [escaped]
         assert "stream=0x5" in log.lines[next(i for i, _ in log.launches if begin < i)]
     assert_state_carried(out, log)
@@ -457,7 +458,8 @@ def test_a_flip_whose_drain_never_ends_gives_up_with_the_reason(stub_job, tmp_pa
     client = ControlClient(job.pid, directory=job.dir, timeout=30)
     with job:
         trigger(stall)
-        with pytest.raises(ControlError, match=r"did not finish within 0.5 s of holding its launches .*nothing changed"):
+        with pytest.raises(ControlError,
+                           match=r"did not finish within 0.5 s of holding its launches .*nothing changed"):
             client.request("attach", probe=count, name="a")
         job.wait_launches(10)   # never held for good
         trigger(stall.with_name("stall.end"))
@@ -492,7 +494,8 @@ def test_a_bad_probe_is_refused_and_the_job_runs_on(job, tmp_path):
     bad = tmp_path / "bad.bpf.o"
     bad.write_bytes(b"\x7fELF not really")
     r = egpu(["attach", str(job.pid), "-p", str(bad)], job.env)
-    assert r.returncode == 1 and r.stderr.startswith("egpu: ") and str(bad) in r.stderr and len(r.stderr.splitlines()) == 1
+    assert r.returncode == 1 and r.stderr.startswith("egpu: ") and str(bad) in r.stderr
+    assert len(r.stderr.splitlines()) == 1
     # Sent anyway (skipping the local check): the process refuses it the same way.
     with pytest.raises(Exception, match="bad.bpf.o"):
         ControlClient(job.pid, directory=job.dir).request("attach", probe=bad.read_bytes(), name="bad")
@@ -670,7 +673,8 @@ def test_a_probe_loaded_at_start_is_detached_and_another_attached(stub_job, tmp_
     the first flip: live.py, module state, says why; not checked here.)"""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     job = Job(stub_job, tmp_path, options=("--json", "-p", str(probes["count"])))
-    assert egpu(["modules", str(job.pid)], job.env).stdout.splitlines()[0] == "MODULE_LOAD_DATA ptx: instrumented [count]"
+    modules = egpu(["modules", str(job.pid)], job.env).stdout.splitlines()
+    assert modules[0] == "MODULE_LOAD_DATA ptx: instrumented [count]"
     detach = egpu(["detach", str(job.pid), "count"], job.env)
     assert detach.returncode == 0 and detach.stdout == "@counts: 0\n", detach.stderr
     job.wait_launches()
@@ -909,7 +913,8 @@ def test_prometheus_series_one_per_map_entry(probes):
     doc = {"pid": 7, "rank": 1, "kernels": [[kid, "_Z4stepPy"]], "probes": [
         {"path": str(probes["count"]), "maps": [{"values": [(42).to_bytes(8, "little")]}], "trace": [],
          "trace_dropped": 0},
-        {"path": str(probes["hash_count"]), "maps": [{"entries": [[kid.to_bytes(8, "little"), (3).to_bytes(8, "little")]]}],
+        {"path": str(probes["hash_count"]),
+         "maps": [{"entries": [[kid.to_bytes(8, "little"), (3).to_bytes(8, "little")]]}],
          "trace": [], "trace_dropped": 0}]}
     assert list(series(doc)) == [("egpu_counts", {"pid": "7", "rank": "1"}, 42.0),
                                  ("egpu_per_kernel", {"pid": "7", "rank": "1", "key": "step"}, 3.0)]

@@ -1069,7 +1069,8 @@ def test_rewrite_time_is_linear_and_small_on_a_100k_line_module():
     assert untouched.text == text and nlines >= 100_000
     assert {k.status for k in res.kernels} == {"instrumented"}
     assert t1 - t0 < 1.0 and t2 - t1 < 5.0   # generous: the machine is shared
-    half = instrument(text[:len(text) // 2 + text[len(text) // 2:].index(".visible")], ptx_corpus.stats_probes(("thread",)))
+    half = instrument(text[:len(text) // 2 + text[len(text) // 2:].index(".visible")],
+                      ptx_corpus.stats_probes(("thread",)))
     assert sum(half.seconds.values()) < sum(res.seconds.values())
 
 

@@ -1718,8 +1718,10 @@ C_PROBES = {
     "tricky": r"""#include "egpu.bpf.h"
 
 struct val { __u64 count; __u64 sum; __u32 hist[16]; };
-struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1024); __type(key, __u64); __type(value, struct val); } stats SEC(".maps");
-struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 64); __type(key, __u32); __type(value, __u64); } per_sm SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 1024); __type(key, __u64); __type(value, struct val); }
+    stats SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 64); __type(key, __u32); __type(value, __u64); }
+    per_sm SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 4096); } rb SEC(".maps");
 
 const volatile __u32 nbuckets = 12;
@@ -1800,7 +1802,8 @@ int tricky(struct egpu_ctx *ctx)
 char LICENSE[] SEC("license") = "GPL";
 """,
     "var_loops": r"""#include "egpu.bpf.h"
-struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64[32]); } tab SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 1); __type(key, __u32); __type(value, __u64[32]); }
+    tab SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_PERF_EVENT_ARRAY); __uint(key_size, 4); __uint(value_size, 4); } perf SEC(".maps");
 
 SEC("kprobe/*")
@@ -1830,7 +1833,7 @@ int var_loops(struct egpu_ctx *ctx)
 }
 char LICENSE[] SEC("license") = "GPL";
 """,
-    "precision": r"""/* Legal C the verifier once refused (issue 20, item 8): a subprogram's result clang drops, and a length
+    "precision": r"""/* Legal C once refused (issue 20, item 8): a subprogram's result clang drops, and a length
  * whose bounds clang tests on a copy. */
 #include "egpu.bpf.h"
 
@@ -1957,7 +1960,7 @@ int checked(struct egpu_ctx *ctx)
 
 char LICENSE[] SEC("license") = "GPL";
 """,
-    "min_max_over_a_map": r"""/* Minimum, maximum and a count of nonzero values over 40 lookups, in registers: the states that
+    "min_max_over_a_map": r"""/* Min, max and a count of nonzero values over 40 lookups, in registers: the states that
  * cover later rounds are old ones, refused as too complex while each point compared only its 16 newest
  * (verifier/__init__.py keeps a state while it covers, as the kernel does). */
 #include "egpu.bpf.h"
