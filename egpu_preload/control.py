@@ -363,6 +363,8 @@ class ControlServer:
         self.max_connections = max_connections
         self._listener: socket.socket | None = None
         self._wake_r, self._wake_w = socket.socketpair()
+        self._files: dict[int, tuple[int, int]] = {}   # fd -> (st_dev, st_ino) of each socket of ours
+        self._remember(self._wake_r, self._wake_w)
         self._conns: set[socket.socket] = set()   # open connections, each served by a thread of its own
         self._conns_lock = threading.Lock()
         self._exclusive = threading.Lock()        # held by a handler of an EXCLUSIVE command
@@ -391,6 +393,7 @@ class ControlServer:
         st = os.stat(self.path)
         self._owner = (os.getpid(), st.st_dev, st.st_ino)
         self._listener = listener
+        self._remember(listener)
         self._thread = threading.Thread(target=self._serve, name="egpu-control", daemon=True)
         self._thread.start()
         return self
@@ -400,7 +403,9 @@ class ControlServer:
         if self._stopping.is_set():
             return
         self._stopping.set()
-        self._wake_w.send(b"x")
+        wakeable = self._ours(self._wake_r) and self._ours(self._wake_w)
+        if wakeable:   # else the serving thread, a daemon, waits on for what can never come
+            self._wake_w.send(b"x")
         with self._conns_lock:
             conns = list(self._conns)
         for conn in conns:  # their threads see the end of stream and close them
@@ -408,11 +413,11 @@ class ControlServer:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if wakeable and self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         for s in (self._listener, self._wake_r, self._wake_w):
-            if s is not None:
-                s.close()
+            if s is not None:   # a number the program reused is its file now: let go of it unclosed
+                s.close() if self._ours(s) else s.detach()
         self._listener = None
         pid, dev, ino = self._owner
         if self.path is None:   # never started
@@ -421,8 +426,22 @@ class ControlServer:
             st = os.stat(self.path)
             if pid == os.getpid() and (st.st_dev, st.st_ino) == (dev, ino):
                 self.path.unlink()
-        except FileNotFoundError:
+        except OSError:   # gone, or out of reach of a process that changed its uid since
             pass
+
+    def _remember(self, *socks: socket.socket) -> None:
+        for sock in socks:
+            st = os.fstat(sock.fileno())
+            self._files[sock.fileno()] = (st.st_dev, st.st_ino)
+
+    def _ours(self, sock: socket.socket) -> bool:
+        """Whether ``sock``'s descriptor is still the socket we made: a program may close every descriptor
+        (as a daemon does) and open its own files on their numbers."""
+        try:
+            st = os.fstat(sock.fileno())
+        except OSError:
+            return False
+        return self._files.get(sock.fileno()) == (st.st_dev, st.st_ino)
 
     def __enter__(self) -> "ControlServer":
         return self.start()

@@ -49,6 +49,18 @@ def test_exit_status_is_the_jobs(stub_job, probe_obj, tmp_path, status, exit_sta
         assert r.stderr == ""
 
 
+def test_a_job_that_closes_every_descriptor_keeps_its_maps_and_its_files(stub_job, tmp_path):
+    """A daemon's close of every descriptor above stderr, egpu's sockets among them, and files opened after it
+    on their numbers: the exit dump failed (EBADF, or ENOTSOCK on the program's file), losing the maps, and
+    closing egpu's sockets at exit would close the program's files before stdio flushed them."""
+    out = tmp_path / "out.txt"
+    r = egpu_run(["-p", str(ROOT / "examples" / "launch_count.bpf.c"), str(stub_job.app), "module", "3", "32",
+                  "closefds"], stub_job.env(tmp_path / "log", APP_VEC_FILE=str(out)))
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert r.stdout.splitlines()[:2] == ["app_vec module launches=3 threads=32 result=0", "@launches[vecadd]: 3"]
+    assert sorted(out.read_text().splitlines()) == [f"line {i}" for i in range(4)]
+
+
 CRASH = """import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 import app_vec

@@ -1,7 +1,9 @@
 /* A CUDA program as the runtime tests need one: `app_vec MODE K N STATUS` loads one kernel,
  * vecadd(a, b, n), launches it K times with N threads, prints a line, then exits with STATUS, or is
  * killed by SIGTERM when STATUS is "kill", or execs `app_vec module 1 32 0` when STATUS is "exec", or exits 0
- * with its context destroyed (cuCtxDestroy) when STATUS is "destroy". Entry points come from dlsym, as PyTorch
+ * with its context destroyed (cuCtxDestroy) when STATUS is "destroy", or, when STATUS is "closefds", closes
+ * every descriptor above stderr, as a daemon does, then opens the file APP_VEC_FILE names four times (the
+ * numbers egpu's sockets had) and exits 0 with a line for each still in stdio's buffers. Entry points come from dlsym, as PyTorch
  * gets them.
  * MODE: module (PTX text, cuModuleLoadData + cuModuleGetFunction), library (PTX text,
  * cuLibraryLoadData + cuLibraryGetKernel), fatbin (a fatbin wrapper holding the PTX through
@@ -107,6 +109,15 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[4], "destroy")) {
         void *ctx = NULL;
         return cuCtxGetCurrent(&ctx) | cuCtxDestroy_v2(ctx);
+    }
+    if (!strcmp(argv[4], "closefds")) {
+        for (int fd = 3; fd < 1024; fd++) close(fd);
+        for (int i = 0; i < 4; i++) {
+            FILE *out = fopen(getenv("APP_VEC_FILE"), "a");
+            if (!out) return 2;
+            fprintf(out, "line %d\n", i);   /* written at exit, after its handlers */
+        }
+        return 0;
     }
     if (!strcmp(argv[4], "exec")) {
         char *again[] = {argv[0], "module", "1", "32", "0", NULL};
