@@ -61,6 +61,20 @@ def test_a_job_that_closes_every_descriptor_keeps_its_maps_and_its_files(stub_jo
     assert sorted(out.read_text().splitlines()) == [f"line {i}" for i in range(4)]
 
 
+@pytest.mark.parametrize("closed", ["<&-", ">&-"])
+def test_a_job_started_with_stdin_or_stdout_closed_never_reads_or_writes_egpus_socket(stub_job, tmp_path, closed):
+    """CMD <&- or CMD >&-: the runtime's control socket took the closed number, so the job's reads of stdin
+    waited on egpu's socket for ever and its writes to stdout filled that socket until they blocked."""
+    data = tmp_path / "data"
+    data.write_bytes(bytes(range(256)) * 4096)
+    maps = tmp_path / "maps.txt"
+    r = egpu_run(["-p", str(ROOT / "examples" / "launch_count.bpf.c"), "-o", str(maps), "sh", "-c",
+                  f'timeout 20 "$0" module 3 32 cat < "$1" {closed}', str(stub_job.app), str(data)],
+                 stub_job.env(tmp_path / "log"))
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert maps.read_text().splitlines()[0] == "@launches[vecadd]: 3"
+
+
 CRASH = """import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 import app_vec

@@ -131,11 +131,24 @@ def _leave_sigint_alone() -> None:
         pass
 
 
+def _hold_standard_fds() -> None:
+    """A program started with stdin, stdout or stderr closed (CMD <&-, >&-): the runtime's first descriptors,
+    its control socket or a --trace file, took the closed number, so the program's reads of stdin waited on
+    egpu's socket for ever and its writes to stdout went into it until they blocked. /dev/null holds each
+    closed one, as glibc does for a setuid program; not inherited, so a program the job execs starts as it did."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)   # the lowest free number: fd, as those below it are open
+
+
 def attach(ffi: Any, lib: Any) -> None:
     """Bind the shim's Python entry points (called once by the shim's init code), then import the
     runtime module that registers the instrumenter."""
     global _shim
     _shim = (ffi, lib)
+    _hold_standard_fds()
     _leave_sigint_alone()
     # First: atexit runs last registered first, so this runs after every handler the runtime registers
     # (the exit dump). Past it no hook calls in: C exit handlers run after the interpreter is finalized.

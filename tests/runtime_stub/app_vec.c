@@ -3,7 +3,8 @@
  * killed by SIGTERM when STATUS is "kill", or execs `app_vec module 1 32 0` when STATUS is "exec", or exits 0
  * with its context destroyed (cuCtxDestroy) when STATUS is "destroy", or, when STATUS is "closefds", closes
  * every descriptor above stderr, as a daemon does, then opens the file APP_VEC_FILE names four times (the
- * numbers egpu's sockets had) and exits 0 with a line for each still in stdio's buffers. Entry points come from dlsym, as PyTorch
+ * numbers egpu's sockets had) and exits 0 with a line for each still in stdio's buffers, or copies stdin to
+ * stdout, until the end of one or an error, when STATUS is "cat". Entry points come from dlsym, as PyTorch
  * gets them.
  * MODE: module (PTX text, cuModuleLoadData + cuModuleGetFunction), library (PTX text,
  * cuLibraryLoadData + cuLibraryGetKernel), fatbin (a fatbin wrapper holding the PTX through
@@ -117,6 +118,13 @@ int main(int argc, char **argv) {
             if (!out) return 2;
             fprintf(out, "line %d\n", i);   /* written at exit, after its handlers */
         }
+        return 0;
+    }
+    if (!strcmp(argv[4], "cat")) {
+        char buf[4096];
+        ssize_t got;
+        while ((got = read(0, buf, sizeof buf)) > 0)
+            if (write(1, buf, got) != got) break;
         return 0;
     }
     if (!strcmp(argv[4], "exec")) {
