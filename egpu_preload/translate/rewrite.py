@@ -231,8 +231,7 @@ def _instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None, link
         try:
             kernel = _Kernel(fn, mine, calls_of.sets_maxnreg(fn))
             kernel_edits, calls = kernel.edits()
-            if kernel.mem:
-                kernel.unseen.update(calls_of.unseen(fn))
+            kernel.unseen.update(calls_of.unseen(kernel.callees))
             if calls:
                 _check_param_space(fn.params, mod.version)
         except PtxError as e:
@@ -389,6 +388,7 @@ class _Kernel:
         self.inline = inline   # each probe's body at its sites, not a call (_Calls)
         self.stack = 0         # bytes of the .local stack the inlined bodies share (_inline_parts)
         self.unseen: collections.Counter[str] = collections.Counter()   # unseen_access's, with memory probes
+        self.callees: set[str] = set()   # the targets of the kernel's calls, with memory probes
 
     def edits(self) -> tuple[list[ptx.Edit], int]:
         """The kernel's edits (its body with the sites spliced in, as one edit: a site each would make a
@@ -427,6 +427,8 @@ class _Kernel:
                 pos = st.start
             elif self.mem and op in _UNSEEN_OPS and (unseen := unseen_access(st.opcode)):
                 self.unseen[unseen] += 1
+            elif self.mem and op == "call":
+                self.callees.add(ptx.call_target(st.operands)[0] or "%")
         if prologue is None:   # nothing but declarations: the prologue ends the body
             out += (text[pos:fn.end - 1], "")
             pos, prologue = fn.end - 1, len(out) - 1
@@ -907,16 +909,18 @@ class _Calls:
         self.read: dict[str, _Body] = {}
 
     def sets_maxnreg(self, kernel: ptx.Function) -> bool:
-        return self.maxnreg and any(self._body(f).sets_maxnreg for f in self._reached(kernel, indirect=True))
+        return self.maxnreg and any(self._body(f).sets_maxnreg for f in self._reached([kernel], indirect=True))
 
-    def unseen(self, kernel: ptx.Function) -> collections.Counter[str]:
-        """``in NAME`` -> the accesses of each .func the kernel reaches."""
-        return collections.Counter({f"in {f.name}": n for f in self._reached(kernel, indirect=False)[1:]
+    def unseen(self, callees: Iterable[str]) -> collections.Counter[str]:
+        """``in NAME`` -> the accesses of each .func reached from a kernel's calls to ``callees`` (its walk over
+        its sites collects them: the kernel's body is not walked again here)."""
+        start = [self.funcs[n] for n in sorted(callees) if n in self.funcs]
+        return collections.Counter({f"in {f.name}": n for f in self._reached(start, indirect=False)
                                     if (n := self._body(f).accesses)})
 
-    def _reached(self, kernel: ptx.Function, indirect: bool) -> list[ptx.Function]:
-        """The kernel, then each .func of the module its calls reach."""
-        out, seen, todo = [], {kernel.name}, [kernel]
+    def _reached(self, start: list[ptx.Function], indirect: bool) -> list[ptx.Function]:
+        """``start``, then each .func of the module their calls reach."""
+        out, seen, todo = [], {f.name for f in start}, list(start)
         while todo:
             fn = todo.pop()
             out.append(fn)
