@@ -825,6 +825,10 @@ ret;
     assert [k.status for k in res.kernels] == ["instrumented"] * 2, res.kernels
     assert _probe_calls(res.text, probes) == {"through_pointer": 0, "calls_idle": 1}
     _assembles(res.text, "sm_90a")
+    # a body the parser refuses is read by its own text for setmaxnreg, not by the module's (shrink's)
+    odd = text.replace(".func idle()\n{\nret;\n}", ".func idle()\n{\nret\n}")
+    assert odd != text
+    assert _probe_calls(instrument(odd, probes).text, probes)["calls_idle"] == 1
 
 
 # The warp-specialized kernel again (.minnctapersm: without it ptxas ignores setmaxnreg, C7508), with one site of

@@ -947,7 +947,7 @@ class _Body(NamedTuple):
         try:
             stmts = fn.statements()
         except PtxError:   # a body the parser does not take: read as the text says, its calls not followed
-            return cls("setmaxnreg" in fn.text, 0, frozenset(), False)
+            return cls("setmaxnreg" in fn.text[fn.start:fn.end], 0, frozenset(), False)
         sets, accesses, callees, indirect = False, 0, set(), False
         for st in stmts:
             if type(st) is not ptx.Instruction:
