@@ -947,6 +947,10 @@ def run_cmd(ctx: typer.Context,
                                            help="keep the Compute Sanitizer subscribed from the start, so that "
                                                 "egpu attach reaches SASS-only kernels (PyTorch's); CUPTI "
                                                 "(torch.profiler, --durations) cannot share the process with it"),
+            in_kernel: bool = typer.Option(False, "--in-kernel",
+                                           help="run every kernel probe inside the kernel on the SASS back end, "
+                                                "even a counter the launch alone gives (counted by egpu at the "
+                                                "launch otherwise)"),
             interval: Optional[float] = typer.Option(None, "--interval", metavar="S", min=0.05,
                                                      help="also print the maps every S seconds while the job runs"),
             uprobe: list[str] = typer.Option([], "--uprobe", metavar="PROG=PATH:SYMBOL",
@@ -1049,7 +1053,8 @@ def run_cmd(ctx: typer.Context,
                                 backend=backend, timeline=perfetto is not None,
                                 mirror=mirror, launch_vm=launch_vm, trace=trace, on_full=on_full, uprobes=targets,
                                 early_start=timed or any(
-                                    p.attach.kind in EARLY_KINDS for pr in loaded for p in pr.obj.programs))
+                                    p.attach.kind in EARLY_KINDS for pr in loaded for p in pr.obj.programs),
+                                in_kernel=in_kernel)
             with progress.step("building the SASS back end's patch image (ptxas)"):
                 cfg, sass_notes = sass.for_job(cfg, loaded, standby=live_sass)
             if other_build and restore is None:

@@ -61,6 +61,7 @@ struct egpu_sass_generation {
     const char *const *names;
     const unsigned long long *masks, *kernel_ids;
     size_t nkernels;
+    int evaluates;   /* launches count for the programs its masks leave out (egpu_shim_eval) while it patches */
 };
 
 /* Stage generation `in->id`. It replaces any staged one; egpu_sass_commit_now or the next
@@ -99,6 +100,8 @@ int egpu_sass_flip(void);
 /* After a module or library unload returned (the shim's hooks): launch callbacks off when the last
  * patched module went with it. */
 void egpu_sass_unloaded(void);
+/* The context egpu_sass_maps_context set (NULL: none yet). */
+void *egpu_sass_maps_ctx(void);
 /* The launch id the shim's launch hook drew on this thread, for the launch callback that follows. */
 extern __thread unsigned long long egpu_sass_launch_id;
 

@@ -40,6 +40,14 @@ void egpu_py_unloaded(int api, void *handle);
  * no exit handler runs at exec), or its exec failed and it goes on (EGPU_EXEC_FAILED: that dump withdrawn,
  * the maps count on). process.c's exec hooks call it, through egpu_python_exec. */
 void egpu_py_exec(int phase);
+/* A handle's first launch while launches count for programs evaluated at the launch (egpu_shim_eval_set):
+ * the runtime answers with egpu_shim_eval_set for `handle`, or, where it cannot, ends the counting (a flip
+ * whose generation patches those programs). Before the launch gate. Returns 0; else (Python failed) the
+ * handle's launches add nothing. */
+int egpu_py_eval_handle(void *handle);
+/* `why` (a hooked call that begins a stream capture or makes a graph node) is about to reach the driver
+ * while launches count: graphs replay launches no hook sees, so the runtime ends the counting first. */
+void egpu_py_eval_end(const char *why);
 
 /* ---- part 2: C API for the runtime (cdef) ---- */
 
@@ -153,6 +161,20 @@ int egpu_shim_escaped(void *orig, void *function);
 /* Launches of `orig` through the hooks so far. */
 unsigned long long egpu_shim_launches(void *orig);
 void egpu_shim_stats(struct egpu_stats *out);
+/* One lane a launch of a handle adds to for a program evaluated at the launch (translate/launch_eval.py). */
+struct egpu_eval_add {
+    void *lane;                /* 4 or 8 aligned bytes of the runtime's host memory */
+    unsigned long long delta;  /* added once for every thread, warp or block the launch runs */
+    unsigned int width;        /* 4 or 8: the add wraps at that width */
+    unsigned int scope;        /* 0 thread, 1 warp, 2 block */
+};
+/* What each launch of `handle` the driver takes, in the maps' context, adds while the counting is on
+ * (copied; n = 0: nothing). 0, or -1 (no memory, or the table is full: the handle is asked again). */
+int egpu_shim_eval_set(void *handle, const struct egpu_eval_add *adds, size_t n);
+/* Every handle is asked again at its next launch (an unload: the driver hands its handles out again). */
+void egpu_shim_eval_forget(void);
+/* 1 while launches count for evaluated programs (the SASS back end's committed generation says so). */
+int egpu_shim_eval_on(void);
 /* Turn launch records on (1) or off (0); returns the previous setting. */
 int egpu_shim_records(int on);
 /* While rings wait for the reader (--trace, --on-full wait): `ctx`, the maps' context, makes whatever may
@@ -190,6 +212,13 @@ enum egpu_exec_phase { EGPU_EXEC_BEFORE, EGPU_EXEC_FAILED };
 void egpu_shim_exec_owner(int pid);
 
 /* ---- part 3: C only ---- */
+
+/* Launches count for evaluated programs from now on (1) or no longer (0): shim/sass.c, as it commits a
+ * generation, inside a flip's hold or before any module is patched. */
+void egpu_shim_eval(int on);
+/* A module whose kernels launch kernels from the device was loaded (shim/sass.c): the next launch that
+ * counts ends the counting first (egpu_py_eval_end), since device-side launches pass no hook. */
+void egpu_shim_eval_device_launches(void);
 
 /* 0 once egpu_shim_python_gone() was called, or when the process runs a Python other than the shim's
  * (egpu_python_matches): every caller of a part-1 function asks first. */

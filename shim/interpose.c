@@ -338,11 +338,14 @@ struct target {
     const struct target *prev;    /* the target published for the slot before this one */
 };
 
+struct evals; /* what a launch of the handle adds for programs evaluated at the launch (below) */
+
 struct slot {
     _Atomic(void *) key;
     _Atomic(const struct target *) target;  /* NULL: launches run the key itself */
     _Atomic(const struct target *) history; /* the newest target ever published, NULL ones aside */
     _Atomic unsigned long long launches;
+    _Atomic(const struct evals *) evals;    /* NULL: not asked since counting began or handles were forgotten */
 };
 
 #define TABLE_SIZE (1u << 16) /* power of two; keys are never removed */
@@ -762,6 +765,101 @@ out:
     return result;
 }
 
+/* ---- launch-time evaluation (translate/launch_eval.py): programs whose every run adds the same amounts
+ * to the same lanes are not run by the kernel's threads; each launch adds those amounts times the threads,
+ * warps or blocks it runs, here, after the driver took it. While the SASS back end's committed generation
+ * counts so (egpu_shim_eval), a handle's first launch asks the runtime what it adds (egpu_py_eval_handle),
+ * before the gate, since the answer may be a flip. A launch counts inside the gate, so a flip that ends the
+ * counting (its generation patches those programs instead) falls wholly before or after each launch. Only
+ * launches in the maps' context count, as only they reach a patch's tables. ---- */
+
+struct evals {
+    size_t n;
+    struct egpu_eval_add adds[];
+};
+static const struct evals no_evals;
+static _Atomic int g_eval_on, g_eval_device;
+static _Atomic int g_graphs; /* a stream capture began or a graph node was made: counting never starts again */
+static CUresult (*g_eval_ctx_current)(CUcontext *);
+
+/* Refused once a graph may exist, which replays what it holds unseen. Each side stores before it looks at
+ * the other's flag (eval_end), so a graph made meanwhile either sees counting on and ends it, or is seen. */
+void egpu_shim_eval(int on) {
+    if (on && !g_eval_ctx_current) g_eval_ctx_current = (CUresult(*)(CUcontext *))egpu_shim_real("cuCtxGetCurrent");
+    atomic_store(&g_eval_on, on != 0);
+    if (on && atomic_load(&g_graphs)) atomic_store(&g_eval_on, 0);
+}
+
+EXPORT int egpu_shim_eval_on(void) { return atomic_load(&g_eval_on); }
+
+void egpu_shim_eval_device_launches(void) { atomic_store(&g_eval_device, 1); }
+
+/* The previous answer is never freed: a launch on another thread may be reading it (answers are set once
+ * per handle and unload, a few thousand in a PyTorch job). */
+EXPORT int egpu_shim_eval_set(void *handle, const struct egpu_eval_add *adds, size_t n) {
+    struct slot *s = slot_for(handle, 1);
+    struct evals *e = NULL;
+    if (!s || (n && !(e = malloc(sizeof *e + n * sizeof *adds)))) return -1;
+    if (e) {
+        e->n = n;
+        memcpy(e->adds, adds, n * sizeof *adds);
+    }
+    atomic_store_explicit(&s->evals, e ? e : &no_evals, memory_order_release);
+    return 0;
+}
+
+EXPORT void egpu_shim_eval_forget(void) {
+    for (size_t i = 0; i < TABLE_SIZE; i++) atomic_store_explicit(&table[i].evals, NULL, memory_order_release);
+}
+
+/* Before a stream capture begins or a graph node is made: graphs replay launches no hook sees, so the
+ * counting ends first (the runtime's flip patches the programs it counted). */
+static inline void eval_end(const char *why) {
+    if (atomic_load(&g_eval_on) && !passthrough() && egpu_python_up())
+        egpu_py_eval_end(why);
+}
+
+/* A capture or graph node is about to be made. */
+static inline void graph_made(const char *why) {
+    if (!passthrough()) atomic_store(&g_graphs, 1);
+    eval_end(why);
+}
+
+/* Before the gate: the handle's answer, asked for at its first launch while counting is on. */
+static inline void eval_before_launch(void *f) {
+    if (__builtin_expect(!atomic_load_explicit(&g_eval_on, memory_order_relaxed), 1)) return;
+    if (atomic_load_explicit(&g_eval_device, memory_order_relaxed) && atomic_exchange(&g_eval_device, 0))
+        eval_end("a module whose kernels launch kernels from the device");
+    struct slot *s = slot_for(f, 1);
+    if (!s || atomic_load_explicit(&s->evals, memory_order_acquire)) return;
+    if (!egpu_python_up() || egpu_py_eval_handle(f)) /* no answer (hooks.py said why): its launches add nothing */
+        atomic_store_explicit(&s->evals, &no_evals, memory_order_release);
+}
+
+/* Inside the gate: what this launch adds, if counting is still on. */
+static inline const struct evals *eval_for(const struct slot *s) {
+    if (__builtin_expect(!s || !atomic_load_explicit(&g_eval_on, memory_order_relaxed), 1)) return NULL;
+    const struct evals *e = atomic_load_explicit(&s->evals, memory_order_acquire);
+    if (!e || !e->n) return NULL;
+    void *maps = egpu_sass_maps_ctx();
+    CUcontext current = NULL;
+    if (maps && g_eval_ctx_current && (g_eval_ctx_current(&current) != CUDA_SUCCESS || current != maps)) return NULL;
+    return e;
+}
+
+/* A launch the driver took: each lane gets its delta times the threads, warps or blocks launched. */
+static void eval_count(const struct evals *e, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                       unsigned int by, unsigned int bz) {
+    unsigned long long blocks = (unsigned long long)gx * gy * gz, threads = (unsigned long long)bx * by * bz;
+    const unsigned long long runs[3] = {blocks * threads, blocks * ((threads + 31) / 32), blocks};
+    for (size_t i = 0; i < e->n; i++) {
+        const struct egpu_eval_add *a = &e->adds[i];
+        unsigned long long add = a->delta * runs[a->scope < 3 ? a->scope : 0];
+        if (a->width == 8) atomic_fetch_add_explicit((_Atomic unsigned long long *)a->lane, add, memory_order_relaxed);
+        else atomic_fetch_add_explicit((_Atomic unsigned int *)a->lane, (unsigned int)add, memory_order_relaxed);
+    }
+}
+
 /* ---- stream capture: a launch into a capturing stream is not run but baked into the captured
  * graph, whose replays never pass a launch hook; so while any capture is in progress, every launch
  * that goes to a target marks it escaped. The count is process-wide (which stream a launch joins to a
@@ -788,6 +886,7 @@ static void capture_ended(void) {
  * g_captures under the hold). */
 #define BEGIN_CAPTURE(sym, params, ...) \
     EXPORT CUresult sym params { \
+        graph_made(#sym); \
         egpu_gate_enter(&g_launch_gate); \
         atomic_fetch_add(&g_captures, 1); \
         egpu_gate_exit(&g_launch_gate); \
@@ -822,6 +921,7 @@ END_CAPTURE(cuStreamEndCapture_ptsz)
 struct launch {
     const struct target *target;
     unsigned long long id;
+    const struct evals *evals; /* what it adds once the driver took it (launch-time evaluation) */
 };
 
 /* The seen table (below), where "this CUkernel is loaded in this context" is kept too (owner: the
@@ -864,9 +964,10 @@ static inline void idle_before_launch(void *f) {
 static inline struct launch launch_begin(void *f, int api, unsigned int gx, unsigned int gy,
                                          unsigned int gz, unsigned int bx, unsigned int by,
                                          unsigned int bz, unsigned int shmem, void *stream) {
-    struct launch l = {NULL, atomic_fetch_add_explicit(&g_stats.launches, 1, memory_order_relaxed) + 1};
+    struct launch l = {NULL, atomic_fetch_add_explicit(&g_stats.launches, 1, memory_order_relaxed) + 1, NULL};
     egpu_sass_launch_id = l.id; /* for the SASS back end's launch callback inside the real call */
     struct slot *s = slot_for(f, 1);
+    l.evals = eval_for(s);
     if (s) {
         atomic_fetch_add_explicit(&s->launches, 1, memory_order_relaxed);
         l.target = atomic_load_explicit(&s->target, memory_order_acquire);
@@ -951,12 +1052,14 @@ static CUresult no_memory(void) {
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-#define GRID gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream
+#define DIMS gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ
+#define GRID DIMS, sharedMemBytes, hStream
 
 #define LAUNCH_KERNEL(sym) \
     EXPORT CUresult sym(EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams, void **extra) { \
         if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams, extra); \
         idle_before_launch(f); \
+        eval_before_launch(f); \
         egpu_gate_enter(&g_launch_gate); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL, GRID); \
         EGPU_COW_LAUNCH(f, hStream, variants[V_##sym].ptsz, kernelParams, extra); \
@@ -969,6 +1072,7 @@ static CUresult no_memory(void) {
                 : CALL_REAL(sym, l.target->function, GRID, a.params, a.extra); \
             args_done(&a); \
         } \
+        if (l.evals && r == CUDA_SUCCESS) eval_count(l.evals, DIMS); \
         egpu_gate_exit(&g_launch_gate); \
         return r; \
     }
@@ -979,6 +1083,7 @@ LAUNCH_KERNEL(cuLaunchKernel_ptsz)
     EXPORT CUresult sym(EGPU_LAUNCH_ARGS(CUfunction), void **kernelParams) { \
         if (passthrough()) return CALL_REAL(sym, f, GRID, kernelParams); \
         idle_before_launch(f); \
+        eval_before_launch(f); \
         egpu_gate_enter(&g_launch_gate); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_COOPERATIVE_KERNEL, GRID); \
         EGPU_COW_LAUNCH(f, hStream, variants[V_##sym].ptsz, kernelParams, NULL); \
@@ -991,18 +1096,20 @@ LAUNCH_KERNEL(cuLaunchKernel_ptsz)
                 : CALL_REAL(sym, l.target->function, GRID, a.params); \
             args_done(&a); \
         } \
+        if (l.evals && r == CUDA_SUCCESS) eval_count(l.evals, DIMS); \
         egpu_gate_exit(&g_launch_gate); \
         return r; \
     }
 LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel)
 LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz)
 
-#define CONFIG(c) (c)->gridDimX, (c)->gridDimY, (c)->gridDimZ, (c)->blockDimX, (c)->blockDimY, \
-    (c)->blockDimZ, (c)->sharedMemBytes, (c)->hStream
+#define CONFIG_DIMS(c) (c)->gridDimX, (c)->gridDimY, (c)->gridDimZ, (c)->blockDimX, (c)->blockDimY, (c)->blockDimZ
+#define CONFIG(c) CONFIG_DIMS(c), (c)->sharedMemBytes, (c)->hStream
 #define LAUNCH_EX(sym) \
     EXPORT CUresult sym(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) { \
         if (passthrough() || !config) return CALL_REAL(sym, config, f, kernelParams, extra); \
         idle_before_launch(f); \
+        eval_before_launch(f); \
         egpu_gate_enter(&g_launch_gate); \
         struct launch l = launch_begin(f, EGPU_API_LAUNCH_KERNEL_EX, CONFIG(config)); \
         EGPU_COW_LAUNCH(f, config->hStream, variants[V_##sym].ptsz, kernelParams, extra); \
@@ -1015,6 +1122,7 @@ LAUNCH_COOPERATIVE(cuLaunchCooperativeKernel_ptsz)
                 : CALL_REAL(sym, config, l.target->function, a.params, a.extra); \
             args_done(&a); \
         } \
+        if (l.evals && r == CUDA_SUCCESS) eval_count(l.evals, CONFIG_DIMS(config)); \
         egpu_gate_exit(&g_launch_gate); \
         return r; \
     }
@@ -1063,6 +1171,7 @@ static const struct target *node_target(void *func, void *kern) {
 
 #define NODE_HOOK(sym, retarget, params, ...) \
     EXPORT CUresult sym params { \
+        graph_made(#sym); \
         retarget(nodeParams) \
         if (oom_) return no_memory(); \
         CUresult r = CALL_REAL(sym, __VA_ARGS__); \

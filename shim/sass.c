@@ -173,6 +173,7 @@ struct generation {
     _Atomic unsigned long long tables;
     struct kernel *kernels;         /* open addressing by name; nkernels a power of two (0: none) */
     size_t nkernels;
+    int evaluates;                  /* egpu_sass_generation.evaluates */
 };
 static _Atomic(struct generation *) g_current; /* NULL or no classes: standby */
 static struct generation *g_staged;             /* under g_list_mu */
@@ -602,6 +603,7 @@ static int commit(struct generation *g) {
         r = -1;
     } else {
         atomic_store_explicit(&g_current, g, memory_order_release);
+        egpu_shim_eval(g->evaluates);
         atomic_fetch_add(&g_generation, 1); /* every function's programs asked again */
         atomic_fetch_add(&g_stats.flips, 1);
         launch_domain_as_patched(); /* off in standby, or when no kernel of any module runs a program */
@@ -626,6 +628,16 @@ static struct generation *take_staged(void) {
     return g;
 }
 
+/* Whether a cubin's kernels launch kernels themselves (dynamic parallelism, device graph launches: its
+ * device runtime's entry points are named in it). Such launches pass no hook, so launches stop counting
+ * evaluated programs (egpu_shim_eval_device_launches). */
+static int launches_on_device(const void *cubin, size_t size) {
+    static const char *const names[] = {"cudaLaunchDevice", "cudaGetParameterBuffer", "cudaGraphLaunch"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (memmem(cubin, size, names[i], strlen(names[i]))) return 1;
+    return 0;
+}
+
 static void module_loaded(const san_module_data *d) {
     atomic_fetch_add(&g_stats.modules_seen, 1);
     if (tls_adding) return;
@@ -641,6 +653,7 @@ static void module_loaded(const san_module_data *d) {
     }
     n->ctx = d->context, n->module = d->module, n->pending = 1;
     n->kernels = cubin_kernels((const unsigned char *)d->pCubin, d->cubinSize);
+    if (d->pCubin && launches_on_device(d->pCubin, d->cubinSize)) egpu_shim_eval_device_launches();
     ask_at_load(n, atomic_load(&g_current));
     pthread_mutex_lock(&g_list_mu);
     struct loaded **at = &g_loaded;
@@ -772,7 +785,7 @@ __attribute__((visibility("default"))) int egpu_sass_stage(const struct egpu_sas
         return -1;
     }
     if (in->classes) memcpy(g->image, in->image, in->size);
-    g->id = in->id, g->classes = in->classes, g->image_id = in->image_id;
+    g->id = in->id, g->classes = in->classes, g->image_id = in->image_id, g->evaluates = in->evaluates;
     atomic_store(&g->tables, in->tables);
     for (int k = 1; k < CLASSES; k++)
         if (in->classes >> k & 1)
@@ -879,6 +892,8 @@ __attribute__((visibility("default"))) void egpu_sass_tables(unsigned long long 
     struct generation *g = atomic_load_explicit(&g_current, memory_order_acquire);
     if (g) atomic_store_explicit(&g->tables, tables, memory_order_release);
 }
+
+void *egpu_sass_maps_ctx(void) { return atomic_load_explicit(&g_maps_ctx, memory_order_acquire); }
 
 __attribute__((visibility("default"))) void egpu_sass_maps_context(void *ctx) {
     atomic_store_explicit(&g_maps_ctx, (CUcontext)ctx, memory_order_release);

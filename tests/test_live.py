@@ -1181,7 +1181,8 @@ def test_maps_before_the_job_loaded_a_module_are_empty_and_make_nothing(probe_ob
     from egpu_preload.runtime import dump, live
     from egpu_preload.runtime.probes import load_probe
     probe = load_probe(probe_obj("count"))
-    rt = SimpleNamespace(probes=[probe], maps=[], context=None, drainer=None, cfg=SimpleNamespace(session=tmp_path))
+    rt = SimpleNamespace(probes=[probe], maps=[], context=None, drainer=None, cfg=SimpleNamespace(session=tmp_path),
+                         launch_counts={})
     control = live.Live(rt)
     monkeypatch.setattr(control, "_document", lambda probes: {"probes": probes})
     assert control.maps({})["probes"] == [{"name": "count.v3", "path": str(probe.path),

@@ -43,6 +43,7 @@ from stub_job import MORE, egpu_run
     config.Config(trace=Path("/t/out trace.parquet"), on_full="wait"),
     config.Config(uprobes={"on_call": "libcudart.so:cudaLaunchKernel", "b": "/a:b/lib.so:f"}),
     config.Config(early_start=True),
+    config.Config(in_kernel=True),
 ])
 def test_config_survives_the_environment(cfg):
     env = config.to_env(cfg)
@@ -50,7 +51,7 @@ def test_config_survives_the_environment(cfg):
                         config.PTXAS, config.BACKEND, config.BACKEND_WHY, config.SANITIZER, config.RESTORE,
                         config.RESTORE_OTHER_BUILD, config.TIMELINE,
                         config.MIRROR, config.LAUNCH_VM, config.TRACE, config.ON_FULL, config.UPROBES,
-                        config.EARLY_START}
+                        config.EARLY_START, config.IN_KERNEL}
     assert config.from_env(env) == cfg
 
 

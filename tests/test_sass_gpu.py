@@ -56,12 +56,13 @@ def expect(lines: list[str]) -> list[dict[str, int]]:
     return out
 
 
-def probed(cmd: list[str], probes: list[Path], shim_path: Path, tmp: Path, backend: str = "auto", **env: str):
-    """(plain run, egpu-run --json -v --backend B run, the probed program's lines, its one dump)."""
+def probed(cmd: list[str], probes: list[Path], shim_path: Path, tmp: Path, backend: str = "auto",
+           flags: tuple[str, ...] = (), **env: str):
+    """(plain run, egpu-run --json -v --backend B [FLAGS] run, the probed program's lines, its one dump)."""
     e = env_for(shim_path, tmp, **env)
     plain = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=300)
     assert plain.returncode == 0, plain.stdout + plain.stderr
-    args = ["--json", "-v", "--backend", backend]
+    args = ["--json", "-v", "--backend", backend, *flags]
     for p in probes:
         args += ["-p", str(p)]
     run = egpu_run(args + cmd, e, timeout=300)
@@ -163,12 +164,16 @@ def test_declarations_match_the_real_headers(tmp_path):
     assert real == ours
 
 
-def test_sass_only_program_counts_every_thread(target, shim, probe_obj, tmp_path):  # noqa: F811
-    plain, run, lines, doc = probed([str(target), "plain"], [probe_obj("count")], shim, tmp_path)
+@pytest.mark.parametrize("flags, served", [((), "counted at the launch"), (("--in-kernel",), "SASS patch")],
+                         ids=["counted", "in-kernel"])
+def test_sass_only_program_counts_every_thread(target, shim, probe_obj, tmp_path, flags, served):  # noqa: F811
+    """count.bpf.c adds 1 at every entry: counted by the shim at each launch (launch_eval.py), or run by every
+    thread in the patch (--in-kernel); the same count either way."""
+    plain, run, lines, doc = probed([str(target), "plain"], [probe_obj("count")], shim, tmp_path, flags=flags)
     assert lines == plain.stdout.splitlines()   # HASH and VERIFY lines: bit-identical
     want = expect(lines)
     assert doc["maps"]["counts"]["value"] == sum(e["launches"] * e["threads"] for e in want), run.stderr
-    assert "_Z6vecaddPKfS0_Pfi: instrumented (SASS patch)" in run.stderr   # -v: the kernels it served
+    assert f"_Z6vecaddPKfS0_Pfi: instrumented ({served})" in run.stderr   # -v: the kernels it served
 
 
 def test_sass_only_program_memory_bytes_exact(target, shim, probe_obj, tmp_path):  # noqa: F811
@@ -225,6 +230,19 @@ def test_pytorch_eager_entries_equal_launched_threads(shim, probe_obj, tmp_path)
     assert len(launched) >= 10, launched
     wrong = {names.get(str(k), k): (entered.get(k), t) for k, t in launched.items() if entered.get(k) != t}
     assert not wrong, f"kernel: (entries, launched threads) {json.dumps(wrong, default=str)[:2000]}"
+
+
+@pytest.mark.skipif(not _torch(), reason="PyTorch with CUDA is not installed")
+def test_pytorch_eager_entries_counted_at_the_launch(shim, probe_obj, tmp_path):  # noqa: F811
+    """count.bpf.c's counter on stock PyTorch: no kernel patched, every launch counted by the shim, the sum
+    equal to the threads a launch probe saw launched; nothing ended the counting (egpu-run -v would say)."""
+    cmd = [sys.executable, str(EXPERIMENT / "torch_prog.py")]
+    plain, run, lines, doc = probed(cmd, [probe_obj("count"), probe_obj("launch")], shim, tmp_path)
+    assert [ln for ln in lines if ln.startswith("HASH")] == [ln for ln in plain.stdout.splitlines()
+                                                            if ln.startswith("HASH")]
+    launched = sum(v["threads"] for v in entries(doc, "launches").values())
+    assert launched > 0 and doc["maps"]["counts"]["value"] == launched, run.stderr
+    assert "patched into the kernels from now on" not in run.stderr and "(counted at the launch)" in run.stderr
 
 
 @pytest.mark.skipif(not _torch(), reason="PyTorch with CUDA is not installed")

@@ -98,11 +98,11 @@ def sanitizer_stub(tmp_path_factory) -> Path:
     return out
 
 
-def job(stub_job, tmp_path, probe_path: Path, backend: str, mode: str, sanitizer: str, *flags: str, **env: str):
-    """egpu-run --keep --backend B [FLAGS] app_vec MODE 2 32 0: (result, the one dump, the logged calls)."""
+def job(stub_job, tmp_path, probe_path: Path, backend: str, mode: str, sanitizer: str, *flags: str,
+        app: tuple[str, str, str] = ("2", "32", "0"), **env: str):
+    """egpu-run --keep --backend B [FLAGS] app_vec MODE K N STATUS (``app``): (the one dump, the logged calls)."""
     log = tmp_path / "driver.log"
-    r = egpu_run(["--keep", "--backend", backend, *flags, "-p", str(probe_path), str(stub_job.app), mode, "2", "32",
-                  "0"],
+    r = egpu_run(["--keep", "--backend", backend, *flags, "-p", str(probe_path), str(stub_job.app), mode, *app],
                  stub_job.env(log, EGPU_SANITIZER_LIB=sanitizer, **env))
     assert r.returncode == 0, r.stderr
     session = Path(next(ln for ln in r.stderr.splitlines() if "session kept" in ln).split(" in ")[1])
@@ -135,7 +135,8 @@ def test_without_a_sanitizer(stub_job, probe_obj, tmp_path, backend, mode, statu
 @needs_ptxas
 @pytest.mark.parametrize("backend, mode", [("auto", "cubin"), ("sass", "module"), ("sass", "library")])
 def test_with_the_stand_in_sanitizer(stub_job, probe_obj, tmp_path, sanitizer_stub, backend, mode):
-    doc, calls = job(stub_job, tmp_path, probe_obj("count"), backend, mode, str(sanitizer_stub))
+    """--in-kernel: count's counter runs in the patch (tests/test_launch_eval.py: counted at the launch)."""
+    doc, calls = job(stub_job, tmp_path, probe_obj("count"), backend, mode, str(sanitizer_stub), "--in-kernel")
     assert doc["sass"]["state"] == "subscribed" and doc["sass"]["serving"] == "", doc["sass"]
     san = [c for c in calls if c.startswith("sanitizer")]
     # subscribed in cuInit, before the driver started; enter patches only (count has a kprobe only); the
@@ -190,7 +191,7 @@ def test_a_module_is_patched_only_where_a_probe_selects_a_kernel(stub_job, tmp_p
     src = tmp_path / "p.bpf.c"
     src.write_text((PROBES / "count.bpf.c").read_text().replace('SEC("kprobe/*")', f'SEC("kprobe/{glob}")'))
     doc, calls = job(stub_job, tmp_path, compile_probe(src, tmp_path / "p.bpf.o"), "sass", "elf",
-                     str(sanitizer_stub), APP_VEC_CUBIN=str(two_kernel_cubin))
+                     str(sanitizer_stub), "--in-kernel", APP_VEC_CUBIN=str(two_kernel_cubin))
     san = [c for c in calls if c.startswith("sanitizer")]
     assert any(c.startswith("sanitizerPatchModule") for c in san) == patched, san
     assert ("sanitizerEnableDomain on=1 domain=5" in san) == patched   # no launch callbacks with nothing patched
@@ -212,8 +213,8 @@ def test_launches_on_another_gpu_get_no_record(stub_job, probe_obj, tmp_path, sa
     module loaded on device 1: the patches there get no record (the tables' memory is device 0's, an illegal
     address for device 1's kernels), the launches are counted, and egpu-run says they ran without probes."""
     log = tmp_path / "driver.log"
-    r = egpu_run(["--keep", "--backend", "sass", "-p", str(probe_obj("count")), str(stub_job.app), "devices", "2",
-                  "32", "0"], stub_job.env(log, EGPU_SANITIZER_LIB=str(sanitizer_stub)))
+    r = egpu_run(["--keep", "--backend", "sass", "--in-kernel", "-p", str(probe_obj("count")), str(stub_job.app),
+                  "devices", "2", "32", "0"], stub_job.env(log, EGPU_SANITIZER_LIB=str(sanitizer_stub)))
     assert r.returncode == 0, r.stderr
     session = Path(next(ln for ln in r.stderr.splitlines() if "session kept" in ln).split(" in ")[1])
     (doc,) = dump.read_all(session)
@@ -282,7 +283,7 @@ def test_a_probe_set_staged_again_is_not_translated_again(tmp_path, monkeypatch)
     ffi = cffi.FFI()
     ffi.cdef("struct egpu_sass_generation { const void *image; size_t size; unsigned int classes;"
              " const char *const *entries; unsigned long long image_id, id, tables; const char *const *names;"
-             " const unsigned long long *masks, *kernel_ids; size_t nkernels; };")
+             " const unsigned long long *masks, *kernel_ids; size_t nkernels; int evaluates; };")
 
     class Lib:
         staged: list = []
@@ -313,7 +314,7 @@ def test_a_generation_is_staged_with_every_loaded_modules_kernels(tmp_path, monk
     ffi = cffi.FFI()
     ffi.cdef("struct egpu_sass_generation { const void *image; size_t size; unsigned int classes;"
              " const char *const *entries; unsigned long long image_id, id, tables; const char *const *names;"
-             " const unsigned long long *masks, *kernel_ids; size_t nkernels; };")
+             " const unsigned long long *masks, *kernel_ids; size_t nkernels; int evaluates; };")
     names = b"vecadd\0scale\0vecadd\0"   # a name in two modules counts once
 
     class Lib:
@@ -343,7 +344,7 @@ def test_restaging_hashes_no_kernel_id_again(tmp_path, monkeypatch):
     ffi = cffi.FFI()
     ffi.cdef("struct egpu_sass_generation { const void *image; size_t size; unsigned int classes;"
              " const char *const *entries; unsigned long long image_id, id, tables; const char *const *names;"
-             " const unsigned long long *masks, *kernel_ids; size_t nkernels; };")
+             " const unsigned long long *masks, *kernel_ids; size_t nkernels; int evaluates; };")
     names = [f"_ZN2at6native{k}kernelEv" for k in range(300)]
     listed = b"".join(n.encode() + b"\0" for n in names)
 

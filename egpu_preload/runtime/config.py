@@ -19,6 +19,8 @@ the only place its environment variables are named (``to_env`` in egpu-run, ``fr
     EGPU_LAUNCH_VM  c | python: where launch probes run (runtime/native.py; python: all on the Python VM)
     EGPU_TRACE    the trace file: every ring record goes there while the job runs (runtime/streaming.py)
     EGPU_ON_FULL  drop | wait: what a probe's record meets in a full ring (translate/devmaps.py)
+    EGPU_IN_KERNEL  1: every kernel-site probe runs in the kernel on the SASS back end, even one whose
+                  effect a launch gives (translate/launch_eval.py: counted by the shim at the launch)
     EGPU_UPROBES  targets of bare uprobes (egpu-run --uprobe), a JSON object {PROG: "PATH:SYMBOL"}
     EGPU_EARLY_START  1: the runtime starts with CUDA (the shim's cuInit hook, else its first copy,
                   allocation or sync hook), not at the first module load: host-API probes and CUPTI
@@ -51,6 +53,7 @@ TRACE, ON_FULL = "EGPU_TRACE", "EGPU_ON_FULL"
 ON_FULLS = ("drop", "wait")
 UPROBES = "EGPU_UPROBES"
 EARLY_START = "EGPU_EARLY_START"
+IN_KERNEL = "EGPU_IN_KERNEL"
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class Config:
     on_full: str = "drop"
     uprobes: Mapping[str, str] = field(default_factory=dict)
     early_start: bool = False
+    in_kernel: bool = False
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Config:
@@ -92,7 +96,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> Config:
                   trace=Path(env[TRACE]) if env.get(TRACE) else None,
                   on_full=env.get(ON_FULL) if env.get(ON_FULL) in ON_FULLS else Config.on_full,
                   uprobes=_uprobes(env.get(UPROBES, "")),
-                  early_start=env.get(EARLY_START) == "1")
+                  early_start=env.get(EARLY_START) == "1", in_kernel=env.get(IN_KERNEL) == "1")
 
 
 def to_env(cfg: Config) -> dict[str, str]:
@@ -114,7 +118,8 @@ def to_env(cfg: Config) -> dict[str, str]:
             TRACE: str(cfg.trace) if cfg.trace else "",
             ON_FULL: cfg.on_full,
             UPROBES: json.dumps(dict(cfg.uprobes)) if cfg.uprobes else "",
-            EARLY_START: "1" if cfg.early_start else ""}
+            EARLY_START: "1" if cfg.early_start else "",
+            IN_KERNEL: "1" if cfg.in_kernel else ""}
 
 
 def _probes(text: str) -> tuple[Path, ...]:

@@ -49,6 +49,10 @@ class Instrumenter(Protocol):
         """A function, kernel, module, link state or cubin was handed to the app (egpu_shim.h)."""
     def unloaded(self, api: str, handle: int) -> None:
         """A module or library is gone: unregister its functions before the driver reuses handles."""
+    def eval_handle(self, handle: int) -> None:
+        """A handle's first launch while launches count evaluated programs (egpu_shim.h)."""
+    def end_counting(self, why: str) -> None:
+        """``why`` is about to make a graph: patch what launches counted (egpu_shim.h)."""
     def sass_kernel(self, module: int, name: str, generation: int) -> tuple[int, int]:
         """(program mask, kernel id) of a SASS-patched kernel under a generation of patches (egpu_sass.h);
         inside the driver's launch."""
@@ -216,6 +220,18 @@ def attach(ffi: Any, lib: Any) -> None:
             return SASS_UNKNOWN
         mask, kernel_id_out[0] = _instrumenter.sass_kernel(addr(module), text(name) or "", int(generation))
         return mask
+
+    @ffi.def_extern(error=1, onerror=_report)   # a failure: the handle's launches add nothing
+    def egpu_py_eval_handle(handle):
+        if _instrumenter is None:
+            return 1
+        _instrumenter.eval_handle(addr(handle))
+        return 0
+
+    @ffi.def_extern(onerror=_report)
+    def egpu_py_eval_end(why):
+        if _instrumenter is not None:
+            _instrumenter.end_counting(text(why) or "")
 
     @ffi.def_extern(onerror=_report)
     def egpu_py_exec(phase):

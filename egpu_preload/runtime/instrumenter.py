@@ -70,6 +70,7 @@ from egpu_preload.runtime.config import Config, from_env
 from egpu_preload.runtime.driver import (ATTR_CC_MAJOR, ATTR_CC_MINOR, ATTR_SM_COUNT, ContextMemory, Driver,
                                          jit_refusal)
 from egpu_preload.runtime.exit_hook import ExitHook
+from egpu_preload.runtime.launch_counts import LaunchCounts
 from egpu_preload.runtime.probes import Probe, load_probes
 from egpu_preload.translate import devmaps
 from egpu_preload.translate.devmaps import DeviceMaps
@@ -77,6 +78,7 @@ from egpu_preload.translate.rewrite import KernelStatus, instrument
 from egpu_preload.translate.sass_patch import has_sites
 
 LIBRARY_APIS = ("LIBRARY_LOAD_DATA", "LIBRARY_LOAD_FROM_FILE")
+COUNTED = "counted at the launch"   # a SASS-served kernel whose every program a launch evaluates (launch_eval.py)
 STATS = ("launches", "redirected", "records", "dropped", "untracked", "python_calls")
 
 
@@ -129,6 +131,8 @@ class Runtime:
         self.probes: list[Probe] = load_probes(cfg.probes, wait=cfg.on_full == "wait")
         self.probes_ms = (time.perf_counter() - t0) * 1e3  # load, verify, translate: once per process
         self.specs = [s for p in self.probes for s in p.specs]
+        # id(probe) -> the lanes launches add to for its programs evaluated at the launch (the start-up probes')
+        self.launch_counts = {id(p): LaunchCounts(ffi, p) for p in self.probes if p.evaluated}
         self.loads: list[Module] = []                     # every load, in order (the report)
         self.modules: dict[int, Module] = {}              # module/library handle -> its load
         self.functions: dict[int, tuple[Module, str]] = {}  # kernel/function handle -> (load, name)
@@ -289,6 +293,8 @@ class Runtime:
         for h in mod.registered:  # the driver may hand these addresses out again
             self.lib.egpu_shim_register(self.ffi.cast("void *", h), self.ffi.NULL)
         self.functions = {h: f for h, f in self.functions.items() if f[0] is not mod}
+        if self.sass.counting:   # the driver may hand the unloaded kernels' handles out again
+            self.lib.egpu_shim_eval_forget()
         self.modules = {h: m for h, m in self.modules.items() if m is not mod}
         if self.drainer is not None:
             self.drainer.forget()
@@ -305,9 +311,54 @@ class Runtime:
             mod = self.sass_modules[module] = Module("SANITIZER_MODULE", 0, "cubin", "untouched", backend="sass")
             self.loads.append(mod)
         mod.kernels[name] = (KernelStatus(name, "instrumented", "SASS patch") if choice.mask
+                             else KernelStatus(name, "instrumented", COUNTED) if self.sass.counts_in(name)
                              else KernelStatus(name, "untouched", "no probe matches"))
         mod.status = "instrumented" if any(k.status == "instrumented" for k in mod.kernels.values()) else "untouched"
         return choice.mask, choice.kernel_id
+
+    def eval_handle(self, handle: int) -> None:
+        """A kernel handle's first launch while launches count the start-up probes' evaluated programs
+        (egpu_py_eval_handle): what its launches add, or, for a handle no hooked lookup returned (its kernel
+        unknown), the end of the counting. Before the launch gate: a flip may run here."""
+        found = self.functions.get(handle)
+        if found is None:
+            self.end_counting("a kernel launched through a handle no hooked lookup returned")
+            return
+        mod, name = found
+        counted = self.sass.counts_in(name) if mod.backend == "sass" and not mod.elsewhere else []
+        adds = [a for k, program in counted for a in self.launch_counts[id(self.probes[k])].adds(program)]
+        lanes = self.ffi.new("struct egpu_eval_add[]", max(1, len(adds)))
+        for lane, (address, delta, width, scope) in zip(lanes, adds):
+            lane.lane, lane.delta, lane.width, lane.scope = address, delta, width, scope
+        if self.lib.egpu_shim_eval_set(self.ffi.cast("void *", handle), lanes, len(adds)):
+            raise EgpuError(f"{name}: no memory for what its launches count")
+
+    def end_counting(self, why: str) -> None:
+        """Patch the programs launches have counted so far, in one flip (egpu_py_eval_end: ``why`` is about to
+        make a graph, whose replays no hook sees); egpu-run says so where the flip fails."""
+        with self.live.lock:
+            if not self.sass.counting:
+                return
+            objects = [p.obj for p in self.probes]
+            with self.driver.current(self.context):
+                tables = sass.table_block(self.memory, self.maps)
+                try:
+                    self.sass.stage(objects, self._device_sm(), tables)
+                    r = live.swap_outside_captures(self, self.context, self.ffi.NULL, 0, self.ffi.NULL, 0,
+                                                   self.ffi.NULL, 0, self.ffi.NULL)
+                    failed = live.swap_failure(self, r) if r else ""
+                except EgpuError as e:
+                    failed = str(e)
+                if failed:
+                    self.sass.unstage()
+                    self.memory.free(tables)
+                    print(f"egpu: {why}: the probes counted at the launch could not be patched into the kernels "
+                          f"({failed}): launches that no hook sees (graph replays) run without them", file=sys.stderr)
+                    return
+                retired = self.sass.committed()
+                if retired is not None:
+                    self.memory.free(retired)
+        self._log(1, f"{why}: probes counted at the launch are patched into the kernels from now on")
 
     # ---- the pieces ----------------------------------------------------------------------------------
     def _adopt_linked(self, mod: Module, image: hooks.ModuleImage) -> bool:
@@ -521,7 +572,7 @@ class Runtime:
         # host programs' records only, or the maps' context could not be entered (destroyed): closed all the same
         trace = trace or self._close_trace()
         states = launches.dump_states(self.drainer, self.probes, states,
-                                      [live_host.get(name, {}) for name in self.live.names])
+                                      [live_host.get(name, {}) for name in self.live.names], self.launch_counts)
         if states is not None:
             probes = [{"path": str(p.path), **dump.state_contents(s)} for p, s in zip(self.probes, states)]
         if not self.cfg.session.is_dir():   # this process outlived egpu-run, which removed it: no one reads it

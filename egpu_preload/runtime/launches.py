@@ -82,6 +82,7 @@ from egpu_preload.bpf.sections import API_KINDS, HOST_KINDS
 from egpu_preload.errors import EgpuError
 from egpu_preload.maps import MapsState, MapStorage, TraceRecord
 from egpu_preload.runtime import dump, mapsync, native, uvm
+from egpu_preload.runtime.launch_counts import LaunchCounts
 from egpu_preload.runtime.probes import RING_TYPES, Probe
 from egpu_preload.translate import devmaps
 from egpu_preload.translate.demangle import matches
@@ -685,14 +686,17 @@ def _c_only(probe: Probe) -> bool:
 
 
 def dump_states(drainer: Drainer | None, probes: Sequence[Probe], device: Sequence[MapsState] | None,
-                live: Sequence[Mapping[int, MapStorage]] = ()) -> list[MapsState] | None:
+                live: Sequence[Mapping[int, MapStorage]] = (),
+                counts: Mapping[int, LaunchCounts] | None = None) -> list[MapsState] | None:
     """Every probe's maps as the exit dump has them, and the live views too (live.py: egpu maps, the mirror,
     --interval, a detach's or swap's final maps): the device's read back (None: none were allocated) with
-    each probe's host side merged in (``merge``), then the host-only maps of uprobes attached live
+    each probe's host side merged in (``merge``) and the counts launches added for its evaluated programs
+    (``counts``, by id(probe): launch_counts.py), then the host-only maps of uprobes attached live
     (``live``, by probe: uprobes.LiveUprobes); None when there is nothing to show. Host sides are found by
     their probe, so ``probes`` may be any of them; a probe attached live has none here (the drainer's
     sides are the start-up probes')."""
     hosts = drainer.host_states() if drainer is not None else {}
+    counts = counts or {}   # a launch counted only once a SASS-served load made the device maps: device is set
     if device is None and not hosts:
         return None
     states = []
@@ -700,7 +704,10 @@ def dump_states(drainer: Drainer | None, probes: Sequence[Probe], device: Sequen
         state = device[i] if device is not None else None
         if id(p) in hosts:
             state = merge(*hosts[id(p)], state)
-        states.append(state or MapsState(p.obj.maps))
+        state = state or MapsState(p.obj.maps)
+        if id(p) in counts:
+            counts[id(p)].add_into(state)
+        states.append(state)
     for state, host in zip(states, live):
         for i, storage in host.items():
             state.storages[i] = storage

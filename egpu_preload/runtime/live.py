@@ -920,7 +920,7 @@ class Live:
         second)."""
         device = None if fetched is None else [apply_images(MapsState(probe.obj.maps), images)
                                                for (_, probe, _), images in zip(probes, fetched)]
-        states = (launches.dump_states(self.rt.drainer, [p for _, p, _ in probes], device, host)
+        states = (launches.dump_states(self.rt.drainer, [p for _, p, _ in probes], device, host, self.rt.launch_counts)
                   or [MapsState(p.obj.maps) for _, p, _ in probes])
         return [{"name": name, "path": str(probe.path), **dump.state_contents(state)}
                 for (name, probe, _), state in zip(probes, states)]

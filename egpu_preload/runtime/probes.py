@@ -8,7 +8,8 @@ on the object's path: module.object_tag).
 from __future__ import annotations
 
 import stat
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from egpu_preload.bpf.compile import compile_probe
@@ -21,6 +22,7 @@ from egpu_preload.bpf.verifier import VerifiedProgram, verify
 from egpu_preload.errors import EgpuError
 from egpu_preload.progress import Progress
 from egpu_preload.runtime.native import api_refusal, maps_used
+from egpu_preload.translate.launch_eval import Evaluated, evaluated
 from egpu_preload.translate.module import object_tag, table_symbol
 from egpu_preload.translate.rewrite import ProbeSpec, probe_specs
 
@@ -34,6 +36,7 @@ class Probe:
     specs: tuple[ProbeSpec, ...]   # kernel-site programs (entry, exit, memory), translated
     table: str                     # the .const map table symbol instrumented modules declare
     warp_rings: frozenset[int] = frozenset()   # rings that only egpu_warp_mem_record writes (warp_rings())
+    evaluated: Mapping[int, Evaluated] = field(default_factory=dict)   # programs a launch can count (launch_eval.py)
 
 
 def load_probe(path: Path, wait: bool = False) -> Probe:
@@ -53,7 +56,8 @@ def load_probe(path: Path, wait: bool = False) -> Probe:
         raise e.where(file=str(path))
     if not obj.programs:
         raise EgpuError("no programs in the object", file=str(path))
-    return Probe(Path(path), obj, specs, table_symbol(object_tag(obj)), warp_rings(verified))
+    return Probe(Path(path), obj, specs, table_symbol(object_tag(obj)), warp_rings(verified),
+                 evaluated(obj, verified))
 
 
 def verify_each(obj: BpfObject, file: str) -> list[VerifiedProgram]:

@@ -90,17 +90,19 @@ class KernelTable:
             at += len(e)
         self.names = ffi.new("char *[]", starts or 1)
         self.ids = ffi.new("unsigned long long[]", [k for _, k in known] or 1)
-        self._masks: dict[tuple[str, ...], Any] = {}
+        self._masks: dict[tuple[tuple[str, ...], int], Any] = {}
 
     def __len__(self) -> int:
         return len(self.kernels)
 
-    def masks(self, module: PatchModule, mask: Callable[[PatchModule, str], int]) -> Any:
-        key = globs(module)
+    def masks(self, module: PatchModule, mask: Callable[[PatchModule, str], int], counted: int = 0) -> Any:
+        """Each kernel's mask, less the programs ``counted`` at the launch."""
+        key = (globs(module), counted)
         if key not in self._masks:
             if len(self._masks) >= MODULES_KEPT:
                 del self._masks[next(iter(self._masks))]
-            self._masks[key] = self.ffi.new("unsigned long long[]", [mask(module, n) for n in self.kernels] or 1)
+            self._masks[key] = self.ffi.new("unsigned long long[]",
+                                            [mask(module, n) & ~counted for n in self.kernels] or 1)
         return self._masks[key]
 
 
@@ -111,6 +113,7 @@ class SassBackend:
         self.cfg, self.ffi, self.lib = cfg, ffi, lib
         self.probes = probes   # the runtime's list, which live flips change in place: the probes attached now
         self.generations: dict[int, PatchModule] = {}   # committed or staged, by id (kernel() reads them)
+        self.counted: dict[int, int] = {}   # by generation: the programs launches count (launch_eval.py), not patched
         self.current = 0                                 # the committed generation (0: none yet)
         self.staged: Staged | None = None
         self.block: int | None = None                    # the current generation's table block
@@ -164,25 +167,33 @@ class SassBackend:
             self.configured = NO_PROGRAMS
             return self.configured
         why = self.unavailable()
-        if not why:
+        count = not self.cfg.in_kernel
+        while not why:
             try:
-                self.stage(objects, sm, None)
+                self.stage(objects, sm, None, count=count)
             except EgpuError as e:
                 why = f"patch image: {e}"
-        if not why and self.lib.egpu_sass_commit_now():
-            why = f"cannot patch: {self.stats()['error']}"
-            self.unstage()
-        if not why:
+                break
+            if self.lib.egpu_sass_commit_now():
+                why = f"cannot patch: {self.stats()['error']}"
+                self.unstage()
+                break
             self.committed()
+            if not self.counting or self.lib.egpu_shim_eval_on():
+                break
+            count = False   # the shim refused to count (a graph was made already): patch them all, no module is yet
         self.configured = why
         return why
 
     # ---- generations -------------------------------------------------------------------------------
-    def stage(self, objects: list[BpfObject], sm: int, tables: int | None) -> Staged:
+    def stage(self, objects: list[BpfObject], sm: int, tables: int | None, count: bool = False) -> Staged:
         """Stage the generation of ``objects`` (raises EgpuError: a probe the translator or ptxas refuses;
-        nothing is staged then). With no kernel-site program, the generation patches nothing: standby."""
+        nothing is staged then). With no kernel-site program, the generation patches nothing: standby.
+        ``count``: the programs a launch can evaluate (Probe.evaluated) are left out of every kernel's mask,
+        and the shim counts their launches instead while this generation patches (the start-up probes')."""
         t0 = time.perf_counter()
         module = self._patch_module(objects)
+        counted = self._evaluated(module, objects) if count else 0
         t1 = time.perf_counter()
         image = b""
         if module.programs:
@@ -198,19 +209,37 @@ class SassBackend:
         table = self._kernel_table() if module.programs else None
         arrays = (ffi.from_buffer(image) if image else ffi.NULL, ffi.new("char *[]", entry_strings),
                   table.names if table else ffi.new("char *[]", 1),
-                  table.masks(module, self._mask) if table else ffi.new("unsigned long long[]", 1),
+                  table.masks(module, self._mask, counted) if table else ffi.new("unsigned long long[]", 1),
                   table.ids if table else ffi.new("unsigned long long[]", 1))
         g = ffi.new("struct egpu_sass_generation *")
         g.image, g.entries, g.names, g.masks, g.kernel_ids = arrays
         g.size, g.classes, g.nkernels = len(image), module.instruction_classes(), len(table) if table else 0
-        g.image_id, g.id, g.tables = module.image_id, gen, tables or 0
+        g.image_id, g.id, g.tables, g.evaluates = module.image_id, gen, tables or 0, counted != 0
         if self.lib.egpu_sass_stage(g):
             raise EgpuError("the shim refused the patch image (out of memory, or the sanitizer is not subscribed)")
         self._next += 1
         self.generations[gen] = module
+        self.counted[gen] = counted
         phases = {"translate": t1 - t0, "image": t2 - t1, "stage": time.perf_counter() - t2}
         self.staged = Staged(gen, module, tables, {k: round(1e3 * v, 3) for k, v in phases.items()})
         return self.staged
+
+    def _evaluated(self, module: PatchModule, objects: list[BpfObject]) -> int:
+        """The bits of ``module``'s programs that a launch can evaluate."""
+        by_object = {id(p.obj): p.evaluated for p in self.probes}
+        return sum(1 << p.bit for p in module.programs if p.program in by_object.get(id(objects[p.obj]), ()))
+
+    @property
+    def counting(self) -> bool:
+        """Whether launches count programs of the committed generation (shim: egpu_shim_eval_on)."""
+        return self.counted.get(self.current, 0) != 0
+
+    def counts_in(self, name: str) -> list[tuple[int, int]]:
+        """(probe index, program index) of every program launches of kernel ``name`` count now."""
+        counted, module = self.counted.get(self.current, 0), self.module()
+        if not counted or module is None or (self.cfg.kernel is not None and not matches(self.cfg.kernel, name)):
+            return []
+        return [(p.obj, p.program) for p in module.programs if counted >> p.bit & 1 and matches(p.attach.glob, name)]
 
     def _kernel_table(self) -> KernelTable:
         """Every kernel seen (those of the modules loaded now among them: the flip weighs them without
@@ -254,6 +283,7 @@ class SassBackend:
         retired, self.block = self.block, self.staged.tables
         self.current, self.staged = self.staged.generation, None
         self.generations = {g: m for g, m in self.generations.items() if g == self.current}
+        self.counted = {g: c for g, c in self.counted.items() if g == self.current}
         return retired
 
     def unstage(self) -> None:
@@ -261,6 +291,7 @@ class SassBackend:
         self.lib.egpu_sass_unstage()
         if self.staged is not None:
             self.generations.pop(self.staged.generation, None)
+            self.counted.pop(self.staged.generation, None)
             self.staged = None
 
     def set_tables(self, memory: Any, maps: list[Any]) -> None:
@@ -276,7 +307,8 @@ class SassBackend:
         """The programs of ``generation`` that run in kernel ``name`` (mangled, as the sanitizer reports it)."""
         kid = self.seen.setdefault(name, kernel_id(name))
         module = self.generations.get(generation)
-        return KernelChoice(self._mask(module, name) if module is not None else 0, kid)
+        mask = self._mask(module, name) & ~self.counted.get(generation, 0) if module is not None else 0
+        return KernelChoice(mask, kid)
 
     def _mask(self, module: PatchModule, name: str) -> int:
         key = (globs(module), name)   # the mask follows from these alone

@@ -76,6 +76,7 @@ RECORD = Record()
 class PatchProgram:
     bit: int          # its bit in Record.MASK
     obj: int          # index of its object: its table starts at PatchModule.table_offsets[obj]
+    program: int      # index of the program in its object
     attach: Attach
     func: str
     words: tuple[int, ...] | None = None   # the context words it takes as parameters; None: a %ctx address
@@ -120,14 +121,14 @@ def patch_module(objects: list[BpfObject]) -> PatchModule:
     for j, obj in enumerate(objects):
         offsets.append(offset)
         offset += 8 * (len(obj.maps) + 1)
-        for prog in obj.programs:
+        for i, prog in enumerate(obj.programs):
             if prog.attach.kind not in KINDS:
                 continue
             if len(programs) == MAX_PROGRAMS:
                 raise TranslateError(f"more than {MAX_PROGRAMS} kernel-site programs for the SASS back end",
                                      file=obj.path, section=prog.section)
             pp = probe_function(prog, obj, table_param=True, ctx_params=True)
-            programs.append(PatchProgram(len(programs), j, prog.attach, pp.name, pp.ctx_words, pp.ctx_fields))
+            programs.append(PatchProgram(len(programs), j, i, prog.attach, pp.name, pp.ctx_words, pp.ctx_fields))
             funcs.append(pp.func)
             version = max(version, pp.version)
     bases = tuple(e for e in (ENTER, EXIT, MEM) if any(KINDS[p.attach.kind] == e for p in programs))

@@ -4,8 +4,9 @@
  * with its context destroyed (cuCtxDestroy) when STATUS is "destroy", or, when STATUS is "closefds", closes
  * every descriptor above stderr, as a daemon does, then opens the file APP_VEC_FILE names four times (the
  * numbers egpu's sockets had) and exits 0 with a line for each still in stdio's buffers, or copies stdin to
- * stdout, until the end of one or an error, when STATUS is "cat". Entry points come from dlsym, as PyTorch
- * gets them.
+ * stdout, until the end of one or an error, when STATUS is "cat", or, when STATUS is "capture", launches the
+ * kernel K times more into a stream that captures a graph, then K times more on the default stream, and exits
+ * 0. Entry points come from dlsym, as PyTorch gets them.
  * MODE: module (PTX text, cuModuleLoadData + cuModuleGetFunction), library (PTX text,
  * cuLibraryLoadData + cuLibraryGetKernel), fatbin (a fatbin wrapper holding the PTX through
  * cuLibraryLoadData, as cudart loads), cubin (an ELF image: no PTX to instrument), elf (the cubin file
@@ -126,6 +127,16 @@ int main(int argc, char **argv) {
         while ((got = read(0, buf, sizeof buf)) > 0)
             if (write(1, buf, got) != got) break;
         return 0;
+    }
+    if (!strcmp(argv[4], "capture")) {
+        void *captured = NULL, *graph1 = NULL;
+        r = cuStreamCreate(&captured, 0) | cuStreamBeginCapture_v2(captured, 0);
+        for (unsigned i = 0; i < k; i++)
+            r |= cuLaunchKernel(f, (n + 31) / 32, 1, 1, 32, 1, 1, 0, captured, params, NULL);
+        r |= cuStreamEndCapture(captured, &graph1);
+        for (unsigned i = 0; i < k; i++)
+            r |= cuLaunchKernel(f, (n + 31) / 32, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
+        return r | cuCtxSynchronize();
     }
     if (!strcmp(argv[4], "exec")) {
         char *again[] = {argv[0], "module", "1", "32", "0", NULL};

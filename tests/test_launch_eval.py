@@ -1,0 +1,201 @@
+"""Programs evaluated at the launch (translate/launch_eval.py): which qualify, what one run adds, how the
+host's lanes merge into the device's values (runtime/launch_counts.py), and jobs against the stand-in driver
+and sanitizer where the shim counts a SASS-served kernel's launches instead of patching it, until a stream
+capture makes the runtime patch them (shim/interpose.c, eval_*)."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import cffi
+import pytest
+
+from egpu_preload.bpf.compile import compile_probe
+from egpu_preload.bpf.elf import load_object
+from egpu_preload.maps import MapsState
+from egpu_preload.runtime.launch_counts import LaunchCounts
+from egpu_preload.runtime.probes import load_probe, verify_each
+from egpu_preload.translate.launch_eval import evaluated
+from test_sass_runtime import job, needs_ptxas, sanitizer_stub, two_kernel_cubin  # noqa: F401  (fixtures)
+
+ARRAY = ("struct {{ __uint(type, BPF_MAP_TYPE_{kind}); __uint(max_entries, {n}); __type(key, __u32);"
+         " __type(value, {value}); }} {name} SEC(\".maps\");\n")
+
+
+def _source(tmp_path: Path, body: str, maps: str = "") -> Path:
+    src = tmp_path / "p.bpf.c"
+    src.write_text('#include "egpu.bpf.h"\n'
+                   + (maps or ARRAY.format(kind="ARRAY", n=4, value="__u64", name="counts"))
+                   + body + '\nchar LICENSE[] SEC("license") = "GPL";\n')
+    return compile_probe(src, tmp_path / "p.bpf.o")
+
+
+def _evaluated(tmp_path: Path, body: str, maps: str = "") -> dict[str, tuple[str, list[tuple]]]:
+    """{program name: (scope, [(map name, entry, offset, width, delta)])} of those that qualify."""
+    obj = load_object(_source(tmp_path, body, maps))
+    found = evaluated(obj, verify_each(obj, str(obj.path)))
+    return {obj.programs[i].name: (e.scope, [(obj.maps[a.map].name, a.entry, a.offset, a.width, a.delta)
+                                             for a in e.adds]) for i, e in found.items()}
+
+
+BUMP = """
+static __always_inline void bump(__u32 key, __u64 by)
+{
+	__u64 *n = bpf_map_lookup_elem(&counts, &key);
+
+	if (n)
+		__sync_fetch_and_add(n, by);
+}
+"""
+
+
+@pytest.mark.parametrize("body, expected", [
+    # the suite's entry/exit counter: both programs, one slot each
+    (BUMP + 'SEC("kprobe/*") int in(void *c) { bump(0, 1); return 0; }\n'
+            'SEC("kretprobe/*") int out(void *c) { bump(1, 1); return 0; }',
+     {"in": ("thread", [("counts", 0, 0, 8, 1)]), "out": ("thread", [("counts", 1, 0, 8, 1)])}),
+    # scopes are kept; several adds, a loop with a known bound, a subtraction (an add modulo 2^64)
+    (BUMP + 'SEC("kprobe.warp/k*") int w(void *c) { for (int i = 0; i < 3; i++) bump(i, 2); return 0; }\n'
+            'SEC("kretprobe.block/*") int b(void *c) { bump(3, -1); return 0; }',
+     {"w": ("warp", [("counts", 0, 0, 8, 2), ("counts", 1, 0, 8, 2), ("counts", 2, 0, 8, 2)]),
+      "b": ("block", [("counts", 3, 0, 8, (1 << 64) - 1)])}),
+    # a key past the array's end finds nothing on every run: nothing to add, nothing to run
+    (BUMP + 'SEC("kprobe/*") int past(void *c) { bump(9, 1); return 0; }', {"past": ("thread", [])}),
+    # a context field, a helper, a value read, an add whose old value is used: run in the kernel
+    (BUMP + 'SEC("kprobe/*") int ctx(struct egpu_ctx *c) { bump(0, c->grid[0]); return 0; }', {}),
+    (BUMP + 'SEC("kprobe/*") int sm(void *c) { bump(bpf_get_sm_id() & 3, 1); return 0; }', {}),
+    (BUMP + 'SEC("kprobe/*") int now(void *c) { bump(0, bpf_ktime_get_ns()); return 0; }', {}),
+    ('SEC("kprobe/*") int rd(void *c) { __u32 k = 0; __u64 *n = bpf_map_lookup_elem(&counts, &k);'
+     ' if (n && *n < 5) __sync_fetch_and_add(n, 1); return 0; }', {}),
+    ('SEC("kprobe/*") int old(void *c) { __u32 k = 0; __u64 *n = bpf_map_lookup_elem(&counts, &k);'
+     ' return n ? __sync_fetch_and_add(n, 1) : 0; }', {}),
+    # a memory probe (its count follows the accesses) and the entry probe sharing its map: both in the kernel
+    (BUMP + 'SEC("kprobe/*") int in(void *c) { bump(0, 1); return 0; }\n'
+            'SEC("egpu/mem/*") int mem(void *c) { bump(1, 1); return 0; }', {}),
+    # a launch probe keeps the map on the host copy: the entry probe sharing it runs in the kernel
+    (BUMP + 'SEC("kprobe/*") int in(void *c) { bump(0, 1); return 0; }\n'
+            'SEC("egpu/launch/*") int l(void *c) { bump(1, 1); return 0; }', {}),
+    # a map of its own is not shared: the entry probe qualifies beside a memory probe
+    (BUMP + 'SEC("kprobe/*") int in(void *c) { bump(0, 1); return 0; }\n'
+            'SEC("egpu/mem/*") int mem(void *c) { __sync_fetch_and_add(&bytes, 4); return 0; }',
+     {"in": ("thread", [("counts", 0, 0, 8, 1)])}),
+])
+def test_programs_that_a_launch_evaluates(tmp_path, body, expected):
+    body = body if "bytes" not in body else "__u64 bytes;\n" + body
+    assert _evaluated(tmp_path, body) == expected
+
+
+def test_global_data_and_narrow_lanes(tmp_path):
+    """A .bss counter, and a struct value of two u32 lanes: each lane's add, modulo 2^32."""
+    maps = "struct pair { __u32 a, b; };\n" + ARRAY.format(kind="ARRAY", n=2, value="struct pair", name="pairs")
+    body = """__u64 total;
+SEC("kprobe/*") int in(void *c)
+{
+	__u32 k = 1;
+	struct pair *p = bpf_map_lookup_elem(&pairs, &k);
+
+	__sync_fetch_and_add(&total, 3);
+	if (p) {
+		__sync_fetch_and_add(&p->a, 1);
+		__sync_fetch_and_add(&p->b, 0xffffffff);
+	}
+	return 0;
+}"""
+    assert _evaluated(tmp_path, body, maps) == {
+        "in": ("thread", [("pairs", 1, 0, 4, 1), ("pairs", 1, 4, 4, 0xFFFFFFFF), ("p.bss", 0, 0, 8, 3)])}
+
+
+@pytest.mark.parametrize("maps", [
+    ARRAY.format(kind="PERCPU_ARRAY", n=4, value="__u64", name="counts"),   # rows by SM: which SM is unknown
+    ARRAY.format(kind="HASH", n=4, value="__u64", name="counts"),
+])
+def test_only_plain_arrays_are_counted(tmp_path, maps):
+    assert _evaluated(tmp_path, BUMP + 'SEC("kprobe/*") int in(void *c) { bump(0, 1); return 0; }', maps) == {}
+
+
+def test_adds_of_two_widths_to_one_map_stay_in_the_kernel(tmp_path):
+    body = ('SEC("kprobe/*") int a(void *c) { __u32 k = 0; __u64 *n = bpf_map_lookup_elem(&counts, &k);'
+            ' if (n) __sync_fetch_and_add(n, 1); return 0; }\n'
+            'SEC("kretprobe/*") int b(void *c) { __u32 k = 1; __u32 *n = bpf_map_lookup_elem(&counts, &k);'
+            ' if (n) __sync_fetch_and_add(n, 1); return 0; }')
+    assert _evaluated(tmp_path, body) == {}
+
+
+def test_host_lanes_add_into_the_device_values_modulo_their_width(tmp_path):
+    maps = "struct pair { __u32 a, b; };\n" + ARRAY.format(kind="ARRAY", n=3, value="struct pair", name="pairs")
+    body = ('SEC("kprobe/*") int in(void *c) { __u32 k = 2; struct pair *p = bpf_map_lookup_elem(&pairs, &k);'
+            ' if (p) { __sync_fetch_and_add(&p->a, 5); __sync_fetch_and_add(&p->b, 1); } return 0; }')
+    probe = load_probe(_source(tmp_path, body, maps))
+    ffi = cffi.FFI()
+    counts = LaunchCounts(ffi, probe)
+    (a, b) = counts.adds(0)
+    assert [x[1:] for x in (a, b)] == [(5, 4, 0), (1, 4, 0)] and int(ffi.cast("uintptr_t", b[0])) % 4 == 0
+    ffi.cast("unsigned int *", a[0])[0] = 5 * 3
+    ffi.cast("unsigned int *", b[0])[0] = 3
+    state = MapsState(probe.obj.maps)
+    state[0].values[2][:] = struct.pack("<II", 0xFFFFFFFF, 7)   # the device's: a wraps
+    state[0].values[0][:] = struct.pack("<II", 4, 4)             # untouched by the host
+    counts.add_into(state)
+    assert [struct.unpack("<II", v) for v in state[0].values] == [(4, 4), (0, 0), (14, 10)]
+
+
+# ---- jobs: the stand-in driver's vecadd, from nvcc's cubin, served by the SASS back end -------------------
+
+SCOPED = BUMP + """
+SEC("kprobe/vecadd") int threads(void *c) { bump(0, 1); return 0; }
+SEC("kprobe.warp/vecadd") int warps(void *c) { bump(1, 2); return 0; }
+SEC("kretprobe.block/vecadd") int blocks(void *c) { bump(2, 5); return 0; }
+SEC("kprobe/scale") int other(void *c) { bump(3, 1); return 0; }
+"""
+
+
+def _values(doc: dict) -> list[int]:
+    return [struct.unpack("<Q", v)[0] for v in doc["probes"][0]["maps"][0]["values"]]
+
+
+@needs_ptxas
+def test_launches_count_and_the_kernel_is_left_unpatched(stub_job, tmp_path, sanitizer_stub, two_kernel_cubin):
+    """3 launches of 4 blocks of 32 threads: 384 threads, 12 warps, 12 blocks; scale never launches. No patch at
+    all (nothing of the module runs in it), and the kernels say how their probes run."""
+    doc, calls = job(stub_job, tmp_path, _source(tmp_path, SCOPED), "sass", "elf", str(sanitizer_stub),
+                     APP_VEC_CUBIN=str(two_kernel_cubin), app=("3", "100", "0"))
+    assert _values(doc) == [384, 12 * 2, 12 * 5, 0]
+    san = [c for c in calls if c.startswith("sanitizer")]
+    assert not any(c.startswith(("sanitizerPatchModule", "sanitizerEnableDomain on=1 domain=5")) for c in san), san
+    (kernels, _) = doc["modules"]
+    assert sorted(tuple(k[:3]) for k in kernels["kernels"]) == [
+        ("halve", "untouched", "no probe matches"), ("scale", "instrumented", "counted at the launch"),
+        ("vecadd", "instrumented", "counted at the launch")]
+
+
+@needs_ptxas
+def test_in_kernel_patches_them_instead(stub_job, tmp_path, sanitizer_stub, two_kernel_cubin):
+    doc, calls = job(stub_job, tmp_path, _source(tmp_path, SCOPED), "sass", "elf", str(sanitizer_stub),
+                     "--in-kernel", APP_VEC_CUBIN=str(two_kernel_cubin), app=("3", "100", "0"))
+    assert _values(doc) == [0, 0, 0, 0]   # the stand-in runs no patch
+    runs = [c for c in calls if c.startswith("run ")]
+    assert len(runs) == 3 and all(" enter=egpu_sass_block_enter_" in r and "record=-" not in r for r in runs), runs
+
+
+@needs_ptxas
+def test_a_capture_ends_the_counting_in_one_flip(stub_job, tmp_path, sanitizer_stub, two_kernel_cubin):
+    """2 launches counted, then a stream capture: before it begins, one flip patches vecadd, so the 2 captured
+    launches (replayed unseen later) and the 2 after run the patch; none of them is counted on the host."""
+    doc, calls = job(stub_job, tmp_path, _source(tmp_path, SCOPED), "sass", "elf", str(sanitizer_stub),
+                     APP_VEC_CUBIN=str(two_kernel_cubin), app=("2", "64", "capture"))
+    assert _values(doc) == [2 * 64, 2 * 2 * 2, 2 * 2 * 5, 0]
+    begin = calls.index(next(c for c in calls if c.startswith("cuStreamBeginCapture")))
+    patched = [i for i, c in enumerate(calls) if c.startswith("sanitizerPatchModule")]
+    first_runs = [i for i, c in enumerate(calls) if c.startswith("run ")]
+    assert len(patched) == 1 and patched[0] < begin and len(first_runs) == 4 and first_runs[0] > begin, calls
+    assert all("record=-" not in calls[i] for i in first_runs), [calls[i] for i in first_runs]
+    assert doc["sass"]["flips"] == 2   # the start-up generation, then the one that patches them
+
+
+@needs_ptxas
+def test_counting_never_starts_after_a_capture(stub_job, tmp_path, sanitizer_stub, two_kernel_cubin):
+    """The module loads while a stream captures (app_vec capture): the start-up probes are patched at once."""
+    doc, calls = job(stub_job, tmp_path, _source(tmp_path, SCOPED), "sass", "capture", str(sanitizer_stub))
+    assert _values(doc) == [0, 0, 0, 0]
+    assert any(c.startswith("sanitizerPatchModule") for c in calls)
