@@ -6,14 +6,17 @@ One process per row, each timed inside itself by the suite's protocol (bench/wor
 calibration, repetitions of about 100 ms; the median per unit), so start-up, patching and the JIT stay out:
 
 - vecadd (bench/workloads/kernels.cu: 16 Mi threads, PTX and SASS, so both back ends serve it): plain, and
-  the entry/exit and memory-access counters (bench/probes) under --backend ptx and --backend sass;
-  sanitizer_empty and sanitizer_empty_mem (below).
+  the entry/exit and memory-access counters (bench/probes) under --backend ptx and --backend sass, the
+  entry/exit counter under --backend sass both counted at the launch (translate/launch_eval.py: the default)
+  and patched into the kernel (``_in_kernel``: egpu-run --in-kernel); sanitizer_empty and sanitizer_empty_mem
+  (below).
 - torch_gpu (bench/workloads/frameworks.py: a stock PyTorch eager CNN training step, GPU-bound; SASS only,
   so every probe runs through the SASS back end): plain; torch_profiler (plain inside torch.profiler);
   standby (egpu-run with no probe: subscribed, nothing patched); unselected (bench/probes/unselected: entry,
   exit and memory programs whose glob matches no kernel, so no module is patched: a probe costs nothing
   where it selects nothing); sanitizer_empty; entry_exit_empty (egpu's floor: empty programs in every
-  kernel, each launch given its record); entry_exit; sanitizer_empty_mem; mem_count.
+  kernel, each launch given its record, --in-kernel); entry_exit (counted at the launch, no kernel patched);
+  entry_exit_in_kernel (the same counter patched into every kernel); sanitizer_empty_mem; mem_count.
 - sanitizer_empty and sanitizer_empty_mem: no egpu at all, but bench/empty_patch, a sanitizer tool of its
   own patching every module at block enter and exit (or at every global access) with functions that return
   at once: what the patching mechanism costs by itself, the floor no patch function can go below.
@@ -23,8 +26,9 @@ left out and the reason given: every row the plain output (the digest); vecadd's
 (entries == exits == launches x threads; 2 loads and 1 store per thread); torch_gpu's entry/exit counter
 == the threads launched, as a second process with bench/probes/launch_threads beside it counts them
 (``entry_exit_witness``: its per-launch cost stays out of the timed row); its memory counter > 0; standby
-and unselected subscribed with no module patched, unselected with its modules left unpatched, and
-entry_exit_empty's launches given records (``check_sass``); the empty patch rows' tool patched a module.
+and unselected subscribed with no module patched, unselected with its modules left unpatched, the counted
+rows with no module patched, and the patched rows' launches given records (``check_sass``); the empty patch
+rows' tool patched a module.
 
 Goals (issue 17 item 3): torch_gpu entry_exit <= 1.1x plain, mem_count <= 2x plain; vecadd's SASS memory
 counter <= 1.5x the PTX back end's.
@@ -50,7 +54,7 @@ import empty_patch  # noqa: E402
 import probe_check  # noqa: E402
 import suite  # noqa: E402
 
-DEADLINE_S = 240
+DEADLINE_S = 300
 VECADD_THREADS = 1 << 24
 UNCOMPARED = ("plain", "entry_exit_witness")   # no ratio: the reference, and a count the checks read
 GOALS = {"torch_gpu entry_exit / plain": 1.1, "torch_gpu mem_count / plain": 2.0,
@@ -65,6 +69,12 @@ class Row:
     probes: tuple[str, ...] = ()
     profile: bool = False     # inside torch.profiler
     empty_patch: tuple[str, ...] = ()   # bench/empty_patch injected, patching these classes
+    in_kernel: bool = False   # egpu-run --in-kernel: counters patched into the kernels, not counted at the launch
+
+    @property
+    def counted(self) -> bool:
+        """The SASS back end counts its probes at the launch: the entry/exit counter's programs qualify."""
+        return self.backend == "sass" and "entry_exit" in self.probes and not self.in_kernel
 
 
 ENTER_EXIT, MEM = ("enter", "exit"), ("mem",)
@@ -72,6 +82,7 @@ ROWS = (
     Row("plain", "vecadd", None),
     Row("ptx_entry_exit", "vecadd", "ptx", ("entry_exit",)),
     Row("sass_entry_exit", "vecadd", "sass", ("entry_exit",)),
+    Row("sass_entry_exit_in_kernel", "vecadd", "sass", ("entry_exit",), in_kernel=True),
     Row("ptx_mem_count", "vecadd", "ptx", ("mem_count",)),
     Row("sass_mem_count", "vecadd", "sass", ("mem_count",)),
     Row("sanitizer_empty", "vecadd", None, empty_patch=ENTER_EXIT),
@@ -81,8 +92,9 @@ ROWS = (
     Row("standby", "torch_gpu", "sass"),
     Row("unselected", "torch_gpu", "sass", ("unselected",)),
     Row("sanitizer_empty", "torch_gpu", None, empty_patch=ENTER_EXIT),
-    Row("entry_exit_empty", "torch_gpu", "sass", ("entry_exit_empty",)),
+    Row("entry_exit_empty", "torch_gpu", "sass", ("entry_exit_empty",), in_kernel=True),
     Row("entry_exit", "torch_gpu", "sass", ("entry_exit",)),
+    Row("entry_exit_in_kernel", "torch_gpu", "sass", ("entry_exit",), in_kernel=True),
     Row("entry_exit_witness", "torch_gpu", "sass", ("entry_exit", "launch_threads")),   # before the slow rows
     Row("sanitizer_empty_mem", "torch_gpu", None, empty_patch=MEM),
     Row("mem_count", "torch_gpu", "sass", ("mem_count",)),
@@ -98,7 +110,8 @@ def command(row: Row, exe: Path, probes: Path) -> list[str]:
     if row.backend is None:
         return cmd
     loaded = [a for p in row.probes for a in ("-p", str(probes / f"{p}.v3.bpf.o"))]
-    return [*suite.egpu_run(), "--keep", "--backend", row.backend, *loaded, *cmd]
+    return [*suite.egpu_run(), "--keep", "--backend", row.backend, *(["--in-kernel"] if row.in_kernel else []),
+            *loaded, *cmd]
 
 
 def check_sass(row: Row, rec: dict[str, Any]) -> str | None:
@@ -108,7 +121,7 @@ def check_sass(row: Row, rec: dict[str, Any]) -> str | None:
     sass = rec.get("sass") or {}
     if "subscribed" not in sass.get("states", []):
         return f"the sanitizer was not subscribed ({', '.join(sass.get('states', [])) or 'no SASS state in the dump'})"
-    if row.name in ("standby", "unselected"):
+    if row.name in ("standby", "unselected") or row.counted:
         if sass.get("modules_patched"):
             return f"{row.name} patched {sass['modules_patched']} modules"
         if row.name == "unselected" and not sass.get("modules_unselected"):
@@ -159,7 +172,7 @@ def check(row: Row, rec: dict[str, Any], plain: dict[str, Any] | None, witness: 
         why = check_sass(row, rec)
         if why:
             return why
-    if row.probes == ("entry_exit",):
+    if row.probes == ("entry_exit",):   # counted or patched, the same count
         return probe_check.check_cell(row.workload, "entry_exit",
                                       {"entry_exit": {**rec, "check_run": witness}, "plain": plain})
     if row.probes == ("mem_count",):
