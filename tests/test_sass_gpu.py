@@ -127,6 +127,8 @@ unsigned long long egpu_py_sass_kernel(void *m, const char *n, unsigned long lon
 void *egpu_shim_real(const char *name) { return 0; }
 int egpu_shim_bypass(int on) { return 0; }
 int egpu_python_up(void) { return 1; }
+void egpu_shim_eval(int on) {}
+void egpu_shim_eval_device_launches(void) {}
 int main(void) {
 #define OFF(t, f, g) printf("%s.%s %zu\n", #t, #f, offsetof(g, f));
     OFF(Sanitizer_LaunchData, context, san_launch_data) OFF(Sanitizer_LaunchData, stream, san_launch_data)
