@@ -45,6 +45,7 @@ from pathlib import Path
 
 import msgpack
 
+from .descriptors import high, identity
 from .errors import EgpuError
 
 VERSION = 1
@@ -362,8 +363,8 @@ class ControlServer:
         self.frame_timeout = frame_timeout
         self.max_connections = max_connections
         self._listener: socket.socket | None = None
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._files: dict[int, tuple[int, int]] = {}   # fd -> (st_dev, st_ino) of each socket of ours
+        self._wake_r, self._wake_w = (_high(s) for s in socket.socketpair())
+        self._files: dict[int, tuple[int, int] | None] = {}   # fd -> (st_dev, st_ino) of each socket of ours
         self._remember(self._wake_r, self._wake_w)
         self._conns: set[socket.socket] = set()   # open connections, each served by a thread of its own
         self._conns_lock = threading.Lock()
@@ -380,7 +381,7 @@ class ControlServer:
         if len(os.fsencode(self.path)) > _SUN_PATH_MAX:
             raise ControlError(f"{self.path}: longer than a unix socket path may be ({_SUN_PATH_MAX} bytes)")
         self.path.unlink(missing_ok=True)  # left by an earlier process with our pid
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        listener = _high(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC))
         try:
             listener.bind(os.fspath(self.path))
             # bind() honours the umask; the 0700 directory already keeps others out in the meantime.
@@ -431,17 +432,13 @@ class ControlServer:
 
     def _remember(self, *socks: socket.socket) -> None:
         for sock in socks:
-            st = os.fstat(sock.fileno())
-            self._files[sock.fileno()] = (st.st_dev, st.st_ino)
+            self._files[sock.fileno()] = identity(sock.fileno())
 
     def _ours(self, sock: socket.socket) -> bool:
         """Whether ``sock``'s descriptor is still the socket we made: a program may close every descriptor
         (as a daemon does) and open its own files on their numbers."""
-        try:
-            st = os.fstat(sock.fileno())
-        except OSError:
-            return False
-        return self._files.get(sock.fileno()) == (st.st_dev, st.st_ino)
+        now = identity(sock.fileno())
+        return now is not None and self._files.get(sock.fileno()) == now
 
     def __enter__(self) -> "ControlServer":
         return self.start()
@@ -450,7 +447,9 @@ class ControlServer:
         self.stop()
 
     def _serve(self) -> None:
-        with selectors.DefaultSelector() as sel:
+        # poll(), not epoll: an epoll instance is a descriptor, one the job may close and reuse for a file of its own,
+        # which the selector's close then closed
+        with selectors.PollSelector() as sel:
             sel.register(self._listener, selectors.EVENT_READ)
             sel.register(self._wake_r, selectors.EVENT_READ)
             while not self._stopping.is_set():
@@ -462,6 +461,8 @@ class ControlServer:
                     except (BlockingIOError, InterruptedError):
                         continue
                     except OSError:   # out of descriptors: the queue waits until a connection closes
+                        if not self._ours(self._listener):   # or closed by the job (poll says so at once, for ever)
+                            return
                         time.sleep(0.05)
                         continue
                     with self._conns_lock:
@@ -537,6 +538,11 @@ class ControlServer:
             return encode_frame(_reply(rid, error=f"reply too large: {e.reason}"))
         except Exception as e:  # noqa: BLE001 - a result msgpack cannot encode
             return encode_frame(_reply(rid, error=f"internal error: result cannot be encoded: {e}"))
+
+
+def _high(sock: socket.socket) -> socket.socket:
+    """``sock`` moved onto a number of egpu's (descriptors.high), away from those a job's files take."""
+    return socket.socket(fileno=high(sock.detach()))
 
 
 def _refuse(conn: socket.socket, reason: str) -> None:

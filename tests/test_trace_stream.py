@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from egpu_preload.bpf import program as prog
+from egpu_preload.descriptors import Held
 from egpu_preload.runtime.driver import DriverError
 from egpu_preload.runtime.ring_drain import Block, RingDrain, RingReader
 from egpu_preload.runtime.spool import Spool
@@ -1138,6 +1139,38 @@ def test_host_run_probes_records_go_to_the_trace_file(stub_job, tmp_path, shared
     assert len([e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"] if e["ph"] == "i"]) == 4
 
 
+# A job that closes every descriptor above stderr after CUDA started, as a daemon does, then opens its own files
+# (taking the lowest numbers free), launches again and writes to each file.
+DAEMON = """import os, sys
+sys.path.insert(0, sys.argv[1])
+import app_vec
+app_vec.launch("module", 2, 32)
+os.closerange(3, 1024)
+mine = [os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_APPEND) for _ in range(20)]
+app_vec.launch("module", 3, 64)
+for fd in mine:
+    os.write(fd, b"mine\\n")
+"""
+
+
+def test_a_job_that_closes_every_descriptor_keeps_its_files_its_own_and_the_trace_whole(stub_job, tmp_path):
+    """The job's files opened after its close of every descriptor took the numbers of egpu's trace file and spool:
+    the trace's footer went into the program's file, and FILE stayed an empty Parquet file said to hold "0 records,
+    none dropped". The program's files now hold only its lines, and FILE every launch's record, before the close
+    and after it."""
+    from stub_job import MORE, egpu_run
+    src = tmp_path / "host_records.bpf.c"
+    src.write_text(HOST_RECORDS + SHARED + 'char LICENSE[] SEC("license") = "GPL";\n')   # device maps: a spool
+    obj = compile_probe(src, tmp_path / "host_records.bpf.o")
+    out, mine = tmp_path / "t.parquet", tmp_path / "mine.txt"
+    r = egpu_run(["--trace", str(out), "-p", str(obj), sys.executable, "-c", DAEMON, str(MORE), str(mine)],
+                 stub_job.env(tmp_path / "log"))
+    assert (r.returncode, r.stderr) == (0, f"egpu-run: 10 records in {out}, none dropped\n"), r.stderr
+    assert mine.read_bytes() == b"mine\n" * 20
+    events = [x for x in tracefile.read(out).rows.to_pylist() if x["map"] == "events"]
+    assert [(x["seq"], x["grid"]) for x in events] == [(0, 1), (1, 1), (2, 2), (3, 2), (4, 2)]
+
+
 # A launch program that prints a line a launch (and outputs nothing to a ring: the trace begins at start all the same).
 HOST_PRINTK = """#include "egpu.bpf.h"
 SEC("egpu/launch/*") int on_launch(struct egpu_ctx *ctx) {
@@ -1676,7 +1709,7 @@ def test_a_spool_gives_back_to_the_disk_what_was_read_back(tmp_path, monkeypatch
     for lap in range(2):
         chunks = [_chunk(0, bytes([lap, k]) * 8000) for k in range(64)]   # 1 MB, dealt to the two files in turn
         for f in range(2):
-            os.write(spool.fds[f], b"".join(chunks[f::2]))
+            os.write(spool.held[f].fd, b"".join(chunks[f::2]))
             spool.c.end[f] += sum(map(len, chunks[f::2]))
         while spool.pending():
             got += [r for _, taken in spool.taken() for r in flat(taken)]
@@ -1684,7 +1717,7 @@ def test_a_spool_gives_back_to_the_disk_what_was_read_back(tmp_path, monkeypatch
     assert got == [(3, bytes([lap, k]) * 8000) for lap in range(2) for k in range(64)]
     for f in range(2):
         assert spool.given_back[f] == spool.c.end[f] // (64 << 10) * (64 << 10) > 0
-        assert os.fstat(spool.fds[f]).st_blocks * 512 <= 2 * (64 << 10) < spool.c.end[f]
+        assert os.fstat(spool.held[f].fd).st_blocks * 512 <= 2 * (64 << 10) < spool.c.end[f]
     spool.close()
 
 
@@ -1699,7 +1732,7 @@ def test_a_spool_is_read_back_a_bounded_piece_at_a_time(tmp_path, monkeypatch):
     chunks = [_chunk(0, b"a" * 8), _chunk(1, b"b" * 100), _chunk(0, b"c" * 8, b"d" * 5), _chunk(1, b"e"),
               _chunk(0, b"f")]
     for f in range(2):
-        os.write(spool.fds[f], b"".join(chunks[f::2]))
+        os.write(spool.held[f].fd, b"".join(chunks[f::2]))
     spool.c.end[0] = sum(map(len, chunks[0:5:2]))
     spool.c.end[1] = len(chunks[1])   # chunk 3 not yet whole: chunk 4, whole, waits behind it
     calls = []
@@ -1726,11 +1759,11 @@ def test_a_forked_child_closes_its_parents_spool_and_the_parent_reads_it_back_wh
     if pid == 0:
         fds = [f"/proc/self/fd/{fd}" for fd in os.listdir("/proc/self/fd")]
         held = [os.readlink(f) for f in fds if os.path.lexists(f)]
-        os._exit(0 if (streaming.spool, set(spool.fds), set(spool.c.fd[0:spool.files]), streaming.writer)
+        os._exit(0 if (streaming.spool, {h.fd for h in spool.held}, set(spool.c.fd[0:spool.files]), streaming.writer)
                  == (None, {-1}, {-1}, None)
                  and not [h for h in held if h.startswith(str(tmp_path))] else 1)
     assert os.waitpid(pid, 0)[1] == 0, "the child held the parent's spool or trace file"
-    assert streaming.spool is spool and min(spool.fds) >= 0
+    assert streaming.spool is spool and all(h.ours() for h in spool.held)
     for i in range(100, 1000):
         ring.produce(_event(i), sm=0)
     report = streaming.finish()
@@ -1869,7 +1902,7 @@ def test_a_burst_walks_each_piece_of_its_copy_only_once_it_has_landed(tmp_path):
         ring.device.state.head_first = 1
     try:
         _drained(rings, streams, spool)
-        per_file = [_chunks(os.pread(fd, spool.c.end[f], 0)) for f, fd in enumerate(spool.fds)]
+        per_file = [_chunks(os.pread(fd, spool.c.end[f], 0)) for f, fd in enumerate(h.fd for h in spool.held)]
     finally:
         spool.close()
     ordered = [per_file[g % 2][g // 2] for g in range(spool.c.chunks)]
@@ -1899,7 +1932,7 @@ def test_a_burst_takes_counted_records_once_unwalked_and_in_order(tmp_path, coun
         ring.device.state.head_first, ring.device.state.counts = head_first, counts
     try:
         drain = _drained(rings, streams, spool)
-        per_file = [_chunks(os.pread(fd, spool.c.end[f], 0)) for f, fd in enumerate(spool.fds)]
+        per_file = [_chunks(os.pread(fd, spool.c.end[f], 0)) for f, fd in enumerate(h.fd for h in spool.held)]
     finally:
         spool.close()
     ordered = [per_file[g % 2][g // 2] for g in range(spool.c.chunks)]
@@ -2050,7 +2083,7 @@ def test_a_spool_that_cannot_be_read_back_is_reported_and_the_writers_queue_stil
             raise OSError(28, "No space left on device")
         streaming.writer.add = no_room
     spool = streaming.spool   # reads fail with EBADF; the C appends to the old files
-    spool.fds = [os.open("/dev/null", os.O_WRONLY) for _ in spool.fds]
+    spool.held = [Held(os.open("/dev/null", os.O_WRONLY)) for _ in spool.held]
     for i in range(200):
         ring.produce(_event(i), sm=0)
     for i in range(3 * 32):   # three times the writer's queue of host batches
@@ -2093,11 +2126,11 @@ def test_a_spool_that_fails_to_read_back_once_finish_has_begun_still_lets_finish
     while streaming._batches.empty() and time.monotonic() < deadline:   # until finish() has queued the end
         time.sleep(0.01)
     spool = streaming.spool
-    spooled, spool.fds = spool.fds, [os.open("/dev/null", os.O_WRONLY) for _ in spool.fds]   # reads: EBADF
+    spooled, spool.held = spool.held, [Held(os.open("/dev/null", os.O_WRONLY)) for _ in spool.held]   # reads: EBADF
     held.set()
     finishing.join(10)
-    for fd in spooled:
-        os.close(fd)
+    for held in spooled:
+        held.close()
     assert done, "finish() waited for good on a writer that waited for the end of its queue it had taken"
     assert done[0]["error"].startswith("cannot read the trace's spool back: [Errno 9] Bad file")
 

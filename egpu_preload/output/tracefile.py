@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bpf import btf as btfmod
+from ..descriptors import Held, high
 from ..errors import EgpuError
 from ..maps import format_trace
 from . import warp_records
@@ -219,9 +220,10 @@ class TraceWriter:
         schema = self.schema.with_metadata({RECORD_TYPES: json.dumps(self.record_types)})
         self.arrow = arrow_name(path)
         try:
-            self.sink, self.writer = self._open(pa.OSFile(str(path), "wb"), schema)
+            self.file = _File(high(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)), path)
         except OSError as e:
             raise EgpuError(f"--trace: cannot write: {e.strerror or e}", file=str(path)) from None
+        self.sink, self.writer = self._open(pa.PythonFile(self.file, mode="w"), schema)
         self._warm_up(schema)
 
     def _open(self, sink: Any, schema: Any) -> tuple[Any, Any]:
@@ -351,16 +353,61 @@ class TraceWriter:
             self.writer.add_key_value_metadata(counts)
         self.writer.close()
         self.sink.close()
+        self.file.held.close()
 
     def let_go(self) -> None:
         """In a child forked from the writing process: the file's descriptor made /dev/null's, so the child holds
         nothing of the parent's file and writes nothing into it (pyarrow closes a Parquet writer it frees, footer
-        and all, at the file's offset, which the two processes share)."""
+        and all: that write finds /dev/null where the file was, and fails)."""
         null = os.open(os.devnull, os.O_WRONLY)
         try:
-            os.dup2(null, self.sink.fileno(), inheritable=False)
+            os.dup2(null, self.file.held.fd, inheritable=False)
         finally:
             os.close(null)
+        self.file.path = None
+
+
+class _File:
+    """The trace file as pyarrow writes it (through pa.PythonFile), at the offset it has reached, on a descriptor of
+    egpu's (descriptors): a job that closes its descriptors (a daemon) closed this one too, then got its number for
+    a file of its own (pa.OSFile's 7, in a Python job its 8th open), and the trace's footer went into the program's
+    file while the trace stayed empty, reported as "0 records, none dropped". Each write now goes to egpu's file
+    only: the descriptor it lost is opened again by the path, where that is still the file egpu made (its st_dev,
+    st_ino), and the trace goes on whole; else the write fails, saying why. A stat a write: pyarrow writes pages."""
+
+    closed = False
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.held = Held(fd)
+        self.path: Path | None = path   # None: never opened again (a forked child's, let go of)
+        self.at = 0
+
+    def write(self, data: Any) -> None:
+        if not self.held.ours():
+            self._reopen()
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self.held.fd, view, self.at)
+            self.at += n
+            view = view[n:]
+
+    def _reopen(self) -> None:
+        lost, self.held = self.held, Held(-1)   # the old number is not egpu's to close
+        try:
+            again = Held(high(os.open(self.path, os.O_WRONLY | os.O_CLOEXEC))) if self.path else Held(-1)
+        except OSError:
+            again = Held(-1)
+        if again.file is None or again.file != lost.file:
+            again.close()
+            raise OSError(f"the job closed egpu's descriptor of it (fd {lost.fd}), as a daemon closes every "
+                          "descriptor, and the file is no longer at its path: the records from then on are lost")
+        self.held = again
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:   # the descriptor is closed by TraceWriter.close, where it is still egpu's
+        self.closed = True
 
 
 def _joined(np: Any, arrays: Sequence[Any]) -> Any:

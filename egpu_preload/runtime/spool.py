@@ -26,6 +26,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from egpu_preload.descriptors import Held, high
 from egpu_preload.errors import EgpuError
 from egpu_preload.runtime import ring_drain
 from egpu_preload.runtime.ring_drain import Taken, records_in
@@ -41,14 +42,14 @@ CPUS_A_FILE = 4
 
 
 def _unlinked(directory: Path) -> int:
-    """A file of no name in ``directory`` open for reading and writing: O_TMPFILE, or where the filesystem has
-    none, one made and unlinked at once."""
+    """A file of no name in ``directory`` open for reading and writing, on a number of egpu's (descriptors.high):
+O_TMPFILE, or where the filesystem has none, one made and unlinked at once."""
     try:
-        return os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
+        return high(os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600))
     except (AttributeError, OSError):
         fd, name = tempfile.mkstemp(dir=directory, prefix=".egpu-spool-")
         os.unlink(name)
-        return fd
+        return high(fd)
 
 
 class Unreadable(EgpuError):
@@ -64,18 +65,18 @@ class Spool:
         file can be made beside ``near``."""
         self.files = min(files or max(1, (os.cpu_count() or 1) // CPUS_A_FILE), FILES)
         ffi, self._lib = ring_drain._shim()   # the shim's (or a test's)
-        self.fds: list[int] = []
+        self.held: list[Held] = []
         try:
             for _ in range(self.files):
-                self.fds.append(_unlinked(near.parent))
+                self.held.append(Held(_unlinked(near.parent)))
         except OSError:
-            for fd in self.fds:
-                os.close(fd)
+            for held in self.held:
+                held.close()
             raise
         self.c = ffi.new("struct egpu_spool *")
         self.c.files = self.files
-        for f, fd in enumerate(self.fds):
-            self.c.fd[f] = fd
+        for f, held in enumerate(self.held):
+            self.c.fd[f] = held.fd
         self.next = 0                        # the chunk taken() hands on next (chunk g: in file g % files)
         self.read_at = [0] * self.files      # each file's chunks handed on end there
         # each file's bytes before it given back to the disk (None: the filesystem can't)
@@ -116,8 +117,11 @@ class Spool:
             yield index, taken
 
     def _read(self, f: int, at: int, n: int) -> bytes:
+        if not self.held[f].ours():   # what is there now is the program's
+            raise Unreadable(f"the job closed egpu's descriptor of its file {f} (fd {self.held[f].fd}), as a daemon "
+                             "closes every descriptor")
         try:
-            buf = os.pread(self.fds[f], n, at)
+            buf = os.pread(self.held[f].fd, n, at)
         except OSError as e:
             raise Unreadable(str(e)) from None
         if len(buf) < n:
@@ -137,9 +141,9 @@ class Spool:
             self.given_back[f] = upto
 
     def close(self) -> None:
-        """The files closed, once (a forked child closes its parent's: streaming.Streaming.let_go); the C's appends
-        fail after (EBADF), never reaching a file opened later under the same number."""
-        for f, fd in enumerate(self.fds):
-            if fd >= 0:
-                os.close(fd)
-            self.fds[f] = self.c.fd[f] = -1
+        """The files closed, once (a forked child closes its parent's: streaming.Streaming.let_go), each where its
+        number is still egpu's (a job that closed it may have reused it); the C's appends fail after (EBADF), never
+        reaching a file opened later under the same number."""
+        for f, held in enumerate(self.held):
+            held.close()
+            self.c.fd[f] = -1
