@@ -61,6 +61,34 @@ def test_a_job_that_closes_every_descriptor_keeps_its_maps_and_its_files(stub_jo
     assert sorted(out.read_text().splitlines()) == [f"line {i}" for i in range(4)]
 
 
+# A daemon that closes every descriptor above stderr once the runtime has made its first map mirror, then opens files
+# of its own (on the lowest numbers free) and writes a line to each through Python's buffers, flushed at its exit.
+AFTER_THE_MIRROR = """import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import app_vec
+from egpu_preload.runtime.mirror import mirror_path
+app_vec.launch("module", 2, 32)
+deadline = time.monotonic() + 20
+while not mirror_path(os.getpid()).exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+os.closerange(3, 1024)
+mine = [open(sys.argv[2], "a") for _ in range(20)]
+for f in mine:
+    f.write("mine\\n")
+"""
+
+
+def test_a_job_that_closes_every_descriptor_after_the_mirror_keeps_every_line_of_its_files(stub_job, probe_obj,
+                                                                                         tmp_path):
+    """The map mirror's segment held two descriptors (its file's and mmap's copy of it), which the job's files then
+    took: the mirror's close at exit closed two of the job's files before Python flushed them, their lines lost."""
+    out = tmp_path / "out.txt"
+    r = egpu_run(["--mirror", "0.05", "-p", str(probe_obj("count")), sys.executable, "-c", AFTER_THE_MIRROR,
+                  str(MORE), str(out)], stub_job.env(tmp_path / "log"))
+    assert (r.returncode, r.stderr, r.stdout) == (0, "", "@counts: 0\n"), r.stderr
+    assert out.read_text() == "mine\n" * 20
+
+
 @pytest.mark.parametrize("closed", ["<&-", ">&-"])
 def test_a_job_started_with_stdin_or_stdout_closed_never_reads_or_writes_egpus_socket(stub_job, tmp_path, closed):
     """CMD <&- or CMD >&-: the runtime's control socket took the closed number, so the job's reads of stdin

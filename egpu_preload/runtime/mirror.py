@@ -28,6 +28,7 @@ removes its segment: the next image's copies are its own.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import struct
@@ -62,41 +63,62 @@ class Segment:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.seq = 0
-        self._file: Any = None
-        self._map: mmap.mmap | None = None
+        self._map: Any = None   # the mapping, a ctypes char array over it
+        self._lock = threading.RLock()   # no unmapping under a write (a stop that gave up waiting for the thread)
 
     def write(self, payload: bytes) -> None:
-        if self._map is None or HEADER.size + len(payload) > len(self._map):
-            self._grow(max(MIN_SIZE, 2 * (HEADER.size + len(payload))))
-        m = self._map
-        struct.pack_into("<I", m, SEQ_AT, self.seq + 1)
-        m[HEADER.size:HEADER.size + len(payload)] = payload
-        struct.pack_into("<QQ", m, 16, len(payload), time.time_ns())
-        self.seq += 2
-        struct.pack_into("<I", m, SEQ_AT, self.seq)
+        with self._lock:
+            if self._map is None or HEADER.size + len(payload) > len(self._map):
+                self._grow(max(MIN_SIZE, 2 * (HEADER.size + len(payload))))
+            m = self._map
+            struct.pack_into("<I", m, SEQ_AT, self.seq + 1)
+            m[HEADER.size:HEADER.size + len(payload)] = payload
+            struct.pack_into("<QQ", m, 16, len(payload), time.time_ns())
+            self.seq += 2
+            struct.pack_into("<I", m, SEQ_AT, self.seq)
 
     def _grow(self, size: int) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, size)
-            new = mmap.mmap(fd, size)
+            new = _mapped(fd, size)
         except OSError:
-            os.close(fd)
             tmp.unlink(missing_ok=True)
             raise
+        finally:
+            os.close(fd)
         HEADER.pack_into(new, 0, MAGIC, self.seq + 1, 0, 0, 0)   # odd: the document follows (write)
         os.replace(tmp, self.path)
         self.close(unlink=False)
-        self._file, self._map = fd, new
+        self._map = new
 
     def close(self, unlink: bool = True) -> None:
-        if self._map is not None:
-            self._map.close()
-            os.close(self._file)
-            self._map = self._file = None
+        with self._lock:
+            if self._map is not None:
+                m, self._map = self._map, None
+                _LIBC.munmap(ctypes.addressof(m), len(m))
         if unlink:
             self.path.unlink(missing_ok=True)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mmap.restype = ctypes.c_void_p
+_LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _mapped(fd: int, size: int) -> Any:
+    """The file open on ``fd`` mapped shared, as a writable char array, which holds no descriptor: mmap.mmap keeps a
+    dup of ``fd`` (on the lowest number free) until it is closed, and a job that closed its descriptors (a daemon)
+    and opened files of its own on those numbers had one of them closed under it when the segment grew or stopped,
+    its last lines lost."""
+    at = _LIBC.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if at is None or at == MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return (ctypes.c_char * size).from_address(at)
 
 
 class Mirror:
