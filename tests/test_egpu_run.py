@@ -826,6 +826,38 @@ def test_a_runtime_dir_that_is_a_file_still_runs_the_job(stub_job, probe_obj, tm
                         rf"{tmp_path}/tmp/egpu-{os.getuid()}-\w+ instead", line), line
 
 
+# A part of the runtime that fails as it starts, after the exit hook, the control socket and its thread.
+MIRROR_FAILS = """import sys
+sys.path.insert(0, sys.argv[1])
+from egpu_preload.runtime import mirror
+def refuse(*args):
+    raise RuntimeError("no mirror here")
+mirror.start = refuse
+import app_vec
+app_vec.launch("module", 2, 32)
+print("ran", flush=True)
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("how, why", [("ulimit", "too many open files (RLIMIT_NOFILE 6)"),
+                                      ("part", "RuntimeError: no mirror here")])
+def test_a_runtime_that_cannot_start_says_why_in_one_line_and_the_job_runs_without_it(stub_job, probe_obj, tmp_path,
+                                                                                      how, why):
+    """A start that failed partway (ulimit -n 6: out of descriptors; any part of it raising) was a traceback from
+    the control thread, a reason that named none ("No usable temporary directory"), and at exit "exit dump failed:
+    AttributeError: ... 'cow'" from the hook registered before the failure. One line names the reason, nothing of
+    the runtime is left running, and the job runs as it would, its exit status its own."""
+    job = (["sh", "-c", 'ulimit -n 6 && exec "$0" "$@"', str(stub_job.app), "module", "2", "64", "3"] if how == "ulimit"
+           else [sys.executable, "-c", MIRROR_FAILS, str(MORE)])
+    r = egpu_run(["-p", str(probe_obj("count")), *job], stub_job.env(tmp_path / "log"))
+    assert r.returncode == 3, r.stderr
+    assert r.stdout == ("app_vec module launches=2 threads=64 result=0\n" if how == "ulimit" else "ran\n")
+    assert r.stderr.splitlines() == [f"egpu: cannot start: {why}; the program runs without probes",
+                                     "egpu-run: no maps: no process of the job loaded CUDA code and exited normally"]
+    assert not list((tmp_path / "egpu").glob("*.sock")), "the control socket of a runtime that never started"
+
+
 def test_a_working_directory_removed_under_the_shell_is_refused(stub_job, probe_obj, tmp_path):
     """rm -rf build && mkdir build, the shell still in the old build/: the job's runtime failed to start there
     and the job ran without probes ("no process of the job loaded CUDA code"); --trace FILE was a traceback."""

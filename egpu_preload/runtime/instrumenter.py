@@ -48,9 +48,12 @@ not fill, no original can be loaded beside it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import hashlib
 import os
+import resource
 import sys
 import threading
 import time
@@ -120,6 +123,10 @@ class Module:
                 "kernels": [[k.name, k.status, k.reason] for k in self.kernels.values()]}
 
 
+class StartError(EgpuError):
+    """The runtime's start failed partway, and what had started was stopped (Runtime._abandon): why."""
+
+
 class Runtime:
     """The Instrumenter the shim's hooks call (hooks.Instrumenter)."""
 
@@ -153,6 +160,23 @@ class Runtime:
         self._exec_trace: dict[str, Any] | None = None    # and its trace file's, closed for it
         self.closed_traces: list[dict[str, Any]] = []     # trace files closed before execs that failed
         self.after_exec = False                           # an image an exec made: its trace file's name (claim)
+        self.drainer: launches.Drainer | None = None
+        self.uprobes: uprobes.Uprobes | None = None
+        self.live: live.Live | None = None
+        self.mirror: mirror.Mirror | None = None
+        try:
+            self._start()
+        except Exception as e:
+            why = _why_not(e)   # before the descriptors it had are given back
+            self._abandon()
+            raise StartError(why) from None
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _start(self) -> None:
+        """The runtime's parts started, each on what the ones before it made."""
+        cfg, lib = self.cfg, self.lib
         if cfg.session is not None:
             # its dump is due: egpu-run names it if none comes; an earlier image of the process left a dump before
             # it exec'd (or, owing none, its mark)
@@ -172,8 +196,23 @@ class Runtime:
         self.live = live.start(self)                      # the control socket: attach, detach, swap, maps
         self.mirror = mirror.start(self.live.mirrored, cfg.mirror, cfg.session)  # the maps in shared memory
         self.cow = cow_live.attach(self)                  # checkpoint and restore (cow/), a --restore pending
-        self.sass = sass.SassBackend(cfg, self.probes, ffi, lib)  # modules without PTX (shim/sass.c)
+        self.sass = sass.SassBackend(cfg, self.probes, self.ffi, lib)  # modules without PTX (shim/sass.c)
         self.sass_modules: dict[int, Module] = {}         # sanitizer module handle -> its patched kernels
+
+    def _abandon(self) -> None:
+        """A start that failed partway (out of descriptors under a low RLIMIT_NOFILE, say): the hooks never see this
+        runtime, so it owes no exit dump (the hook's dump of a half-made runtime failed, on an attribute it never
+        got), nor egpu-run a dump of it (its mark withdrawn), and what had started stops: no thread of it runs on."""
+        self.exit.done = True
+        if self.cfg.session is not None:
+            dump.unmark_started(self.cfg.session)
+        parts = ((self.live, "stop"), (self.mirror, "stop"), (self.drainer, "stop"), (self.uprobes, "detach"))
+        for part, stop in parts:
+            if part is not None:
+                with contextlib.suppress(Exception):   # the start's own failure is the one to tell
+                    getattr(part, stop)()
+        with contextlib.suppress(Exception):
+            self._close_trace()
 
     # ---- hooks ---------------------------------------------------------------------------------------
     def module_load(self, image: hooks.ModuleImage) -> bytes | None:
@@ -648,8 +687,36 @@ class Runtime:
 
 
 def _start() -> None:
+    """The runtime registered with the hooks; where it cannot start, one line why, and the program runs on without
+    probes, its exit status its own."""
     ffi, lib = hooks.shim()
-    hooks.register(Runtime(from_env(), ffi, lib))
+    try:
+        hooks.register(Runtime(from_env(), ffi, lib))
+    except Exception as e:  # noqa: BLE001  (any part's failure: the program must not pay for it)
+        why = str(e) if isinstance(e, StartError) else _why_not(e)
+        print(f"egpu: cannot start: {why}; the program runs without probes", file=sys.stderr)
+
+
+def _why_not(e: Exception) -> str:
+    """What stopped the start: out of descriptors is said as such, whatever error it surfaced as (tempfile's "No
+    usable temporary directory", where its files could not be made)."""
+    if _out_of_descriptors(e):
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return f"too many open files (RLIMIT_NOFILE {soft})"
+    return str(e) if isinstance(e, EgpuError) else f"{type(e).__name__}: {e}"
+
+
+def _out_of_descriptors(e: BaseException | None) -> bool:
+    """Whether ``e`` or an error behind it is EMFILE, or no descriptor is free now."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno == errno.EMFILE:
+            return True
+        e = e.__cause__ or e.__context__
+    try:
+        os.close(os.dup(2))
+    except OSError as full:
+        return full.errno == errno.EMFILE
+    return False
 
 
 _start()
