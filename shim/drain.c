@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
 
@@ -474,10 +475,19 @@ EXPORT int egpu_ring_pass(struct egpu_ring_pass *p)
 
 /* ---- passes over every ring in one call, into a spool (egpu_ring_burst) ---- */
 
+/* Whether fd[f] still holds the spool's file f: never a write to, nor a hole in, a file of the job's. */
+static int spool_ours(const struct egpu_spool *s, unsigned int f)
+{
+    struct stat st;
+    return !fstat(s->fd[f], &st) && st.st_dev == s->dev[f] && st.st_ino == s->ino[f];
+}
+
 /* The chunk's head and bytes written whole to file f (a short write goes on where it stopped), then end[f] moved.
  * Returns 0 or the errno of the write that failed. */
 static int spool_append(struct egpu_spool *s, unsigned int f, unsigned int index, const void *bytes, uint64_t n)
 {
+    if (!spool_ours(s, f))
+        return EBADF;
     unsigned char head[EGPU_SPOOL_HEAD] = {0};
     uint32_t i = index;
     memcpy(head, &i, 4);
@@ -512,6 +522,8 @@ EXPORT int egpu_spool_give_back(const struct egpu_spool *s, unsigned int file, u
         return 0;
     if (file >= s->files)
         return EINVAL;
+    if (!spool_ours(s, file))
+        return EBADF;
     return fallocate(s->fd[file], FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)from, (off_t)(upto - from))
                ? errno : 0;
 }

@@ -122,13 +122,15 @@ int egpu_ring_pass(struct egpu_ring_pass *p);
  * it: a file is written by one thread, so several are written at once (a filesystem writes one file's buffered
  * writes one at a time, under its inode's lock). `end[f]`: the bytes of whole chunks written to file f, moved (a
  * release store) after each chunk is; a reader on another thread reads up to it, in g's order. `error`: the errno
- * of the first chunk, in g's order, whose write failed. */
+ * of the first chunk, in g's order, whose write failed (EBADF where fd[f] no longer holds the file dev[f], ino[f]:
+ * a job that closes every descriptor, as a daemon does, may have opened a file of its own on that number). */
 struct egpu_spool {
     int fd[4];                       /* EGPU_SPOOL_FILES */
     unsigned int files;
     int error;
     unsigned long long chunks;
     unsigned long long end[4];
+    unsigned long long dev[4], ino[4];   /* each file's st_dev, st_ino: written only while fd[f] still holds it */
 };
 
 enum { EGPU_PASS_SPOOL = -3, EGPU_SPOOL_HEAD = 16, EGPU_SPOOL_FILES = 4, EGPU_STAGES = 5, EGPU_PIECES = 8 };

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from egpu_preload.bpf import program as prog
-from egpu_preload.descriptors import Held
+from egpu_preload.descriptors import Held, identity
 from egpu_preload.runtime.driver import DriverError
 from egpu_preload.runtime.ring_drain import Block, RingDrain, RingReader
 from egpu_preload.runtime.spool import Spool
@@ -1829,11 +1829,20 @@ def _piped() -> tuple[Any, int]:
     import fcntl
     import os
     from egpu_preload.runtime import ring_drain
-    spool = types.SimpleNamespace(c=ring_drain._shim()[0].new("struct egpu_spool *"), files=1)
+    spool = types.SimpleNamespace(c=ring_drain._shim()[0].new("struct egpu_spool *"), files=1,
+                                  lost=lambda: None)
     out, spool.c.fd[0] = os.pipe()
     spool.c.files = 1
     fcntl.fcntl(spool.c.fd[0], fcntl.F_SETPIPE_SZ, 4096)
+    _known(spool)
     return spool, out
+
+
+def _known(spool: Any) -> None:
+    """Each of a bare struct egpu_spool's files made known by its st_dev, st_ino, as Spool makes them: the C writes
+    to a file only while its descriptor holds it."""
+    for f in range(spool.c.files):
+        spool.c.dev[f], spool.c.ino[f] = identity(spool.c.fd[f])
 
 
 @pytest.mark.parametrize("files, burst_s", [(1, 1.0), (4, 1.0), (4, 0.003)])
@@ -1851,13 +1860,15 @@ def test_a_slow_spool_gets_every_record_once_and_in_order_while_the_passes_go_on
     monkeypatch.setattr(ring_drain, "BURST_S", burst_s)
     rings = [HostRing(4096, 2, wait=True) for _ in range(3)]
     streams = [_numbered(r, 8000) for r in range(3)]
-    spool = types.SimpleNamespace(c=ring_drain._shim()[0].new("struct egpu_spool *"), files=files)
+    spool = types.SimpleNamespace(c=ring_drain._shim()[0].new("struct egpu_spool *"), files=files,
+                                  lost=lambda: None)
     spool.c.files = files
     outs, spooled = [], [bytearray() for _ in range(files)]
     for f in range(files):
         out, spool.c.fd[f] = os.pipe()
         fcntl.fcntl(spool.c.fd[f], fcntl.F_SETPIPE_SZ, 4096)
         outs.append(out)
+    _known(spool)
 
     def slowly(f: int) -> None:
         while chunk := os.read(outs[f], 4096):
@@ -2015,6 +2026,7 @@ def test_a_spool_write_that_fails_mid_burst_ends_it_and_counts_every_byte_taken_
         full = os.open("/dev/full", os.O_WRONLY)
         os.dup2(full, spool.c.fd[0])
         os.close(full)
+        _known(spool)
         go.set()
         for t in second:
             t.join()
@@ -2046,9 +2058,11 @@ def test_a_spool_file_that_fails_loses_what_its_reader_cannot_reach_in_order():
     ring = HostRing(4096, 2, wait=True)
     records, starts, data = _numbered(0, 8000)
     reader = RingReader(ring, 0, ring.lay)
-    spool = types.SimpleNamespace(c=ring_drain._shim()[0].new("struct egpu_spool *"), files=2)
+    spool = types.SimpleNamespace(c=ring_drain._shim()[0].new("struct egpu_spool *"), files=2,
+                                  lost=lambda: None)
     out, spool.c.fd[0] = os.pipe()
     spool.c.fd[1], spool.c.files = os.open("/dev/full", os.O_WRONLY), 2
+    _known(spool)
     spooled = bytearray()
     reading = threading.Thread(target=lambda: [spooled.extend(c) for c in iter(lambda: os.read(out, 1 << 16), b"")])
     reading.start()
@@ -2143,6 +2157,7 @@ def test_a_spool_that_cannot_be_written_fails_the_reader_and_lets_producers_go_o
     full = os.open("/dev/full", os.O_WRONLY)
     for f in range(streaming.spool.files):   # chunks dealt to files in turn, every one full
         streaming.spool.c.fd[f] = full
+        streaming.spool.c.dev[f], streaming.spool.c.ino[f] = identity(full)
     try:
         for i in range(1000):
             ring.produce(_event(i), sm=0)
@@ -2153,6 +2168,33 @@ def test_a_spool_that_cannot_be_written_fails_the_reader_and_lets_producers_go_o
                     r"device \([1-9][\d,]* bytes of records taken and lost\); [\d,]+ bytes of records after it passed "
                     r"over unread$", report["error"]), report["error"]
     assert tracefile.read(tmp_path / "t.parquet").complete
+
+
+def test_a_spool_the_job_closed_is_said_so_and_its_number_left_alone(access_trace, tmp_path):
+    """A job that closes every descriptor (a daemon) closed the spool's files too, and a file it opened then could
+    take one's number: the reader fails naming the cause, not the EBADF it surfaced as, and the spool's close leaves
+    the job's file on that number open."""
+    import os
+    ring, streaming = _one_waiting_ring(access_trace, tmp_path / "t.parquet")
+    spool = streaming.spool
+    numbers = [held.fd for held in spool.held]
+    for fd in numbers:
+        os.close(fd)
+    mine = [os.open(tmp_path / "mine", os.O_WRONLY | os.O_CREAT) for _ in numbers]
+    try:
+        for fd, number in zip(mine, numbers):
+            os.dup2(fd, number)
+        for i in range(1000):
+            ring.produce(_event(i), sm=0)
+        report = streaming.finish()
+        assert all(os.fstat(number).st_ino == os.fstat(mine[0]).st_ino for number in numbers)
+    finally:
+        for fd in mine + numbers:
+            os.close(fd)
+    assert re.match(r"the ring reader failed: cannot write the trace's spool beside the trace file: the job closed "
+                    r"egpu's descriptor of its file 0 \(fd \d+\), as a daemon closes every one \(", report["error"]), \
+        report["error"]
+    assert (tmp_path / "mine").stat().st_size == 0 and tracefile.read(tmp_path / "t.parquet").complete
 
 
 @pytest.mark.parametrize("lazy", [False, True])

@@ -28,8 +28,6 @@ removes its segment: the next image's copies are its own.
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
 import struct
 import sys
@@ -42,6 +40,7 @@ from typing import Any
 import msgpack
 
 from egpu_preload.control import process_exists, socket_path
+from egpu_preload.descriptors import mapped, unmap
 from egpu_preload.errors import EgpuError
 from egpu_preload.runtime.dump import other_version
 
@@ -82,7 +81,7 @@ class Segment:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, size)
-            new = _mapped(fd, size)
+            new = mapped(fd, size)   # no descriptor held: a daemon's close of all of them closed the job's files
         except OSError:
             tmp.unlink(missing_ok=True)
             raise
@@ -97,28 +96,9 @@ class Segment:
         with self._lock:
             if self._map is not None:
                 m, self._map = self._map, None
-                _LIBC.munmap(ctypes.addressof(m), len(m))
+                unmap(m)
         if unlink:
             self.path.unlink(missing_ok=True)
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_LIBC.mmap.restype = ctypes.c_void_p
-_LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-def _mapped(fd: int, size: int) -> Any:
-    """The file open on ``fd`` mapped shared, as a writable char array, which holds no descriptor: mmap.mmap keeps a
-    dup of ``fd`` (on the lowest number free) until it is closed, and a job that closed its descriptors (a daemon)
-    and opened files of its own on those numbers had one of them closed under it when the segment grew or stopped,
-    its last lines lost."""
-    at = _LIBC.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
-    if at is None or at == MAP_FAILED:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return (ctypes.c_char * size).from_address(at)
 
 
 class Mirror:

@@ -539,8 +539,9 @@ class RingDrain:
             reader._stage(ffi, p, spares=self.spool.files)
             return taken + 1
         if r == lib.EGPU_PASS_SPOOL:
-            raise EgpuError(f"cannot write the trace's spool beside the trace file: "
-                            f"{os.strerror(self.spool.c.error)} ({lost[0]:,} bytes of records taken and lost)")
+            why = self.spool.lost() or os.strerror(self.spool.c.error)
+            raise EgpuError(f"cannot write the trace's spool beside the trace file: {why} ({lost[0]:,} bytes of "
+                            "records taken and lost)")
         reader._raise_for(lib, p, r)
         return taken
 

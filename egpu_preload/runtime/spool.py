@@ -68,7 +68,7 @@ class Spool:
         self.held: list[Held] = []
         try:
             for _ in range(self.files):
-                self.held.append(Held(_unlinked(near.parent)))
+                self.held.append(Held(_unlinked(near.parent), pin=True))
         except OSError:
             for held in self.held:
                 held.close()
@@ -77,6 +77,7 @@ class Spool:
         self.c.files = self.files
         for f, held in enumerate(self.held):
             self.c.fd[f] = held.fd
+            self.c.dev[f], self.c.ino[f] = held.file
         self.next = 0                        # the chunk taken() hands on next (chunk g: in file g % files)
         self.read_at = [0] * self.files      # each file's chunks handed on end there
         # each file's bytes before it given back to the disk (None: the filesystem can't)
@@ -116,10 +117,18 @@ class Spool:
                 raise Unreadable(str(e)) from None
             yield index, taken
 
+    def lost(self) -> str | None:
+        """Why a file of the spool is no longer egpu's, where one is not: a job that closes its descriptors (a
+        daemon) closed it, and what is on its number now, if anything, is the job's. Such a file cannot be opened
+        again (it has no name)."""
+        for f, held in enumerate(self.held):
+            if held.fd >= 0 and not held.ours():
+                return f"the job closed egpu's descriptor of its file {f} (fd {held.fd}), as a daemon closes every one"
+        return None
+
     def _read(self, f: int, at: int, n: int) -> bytes:
-        if not self.held[f].ours():   # what is there now is the program's
-            raise Unreadable(f"the job closed egpu's descriptor of its file {f} (fd {self.held[f].fd}), as a daemon "
-                             "closes every descriptor")
+        if (why := self.lost()) is not None:   # never a read of the job's file
+            raise Unreadable(why)
         try:
             buf = os.pread(self.held[f].fd, n, at)
         except OSError as e:
