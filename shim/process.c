@@ -18,14 +18,21 @@
  * while the other threads still live (the kernel ends them only inside the exec), so a lock one of them
  * holds is let go as at exit. glibc's exec functions make the system call themselves (execvp never reaches
  * execve through the PLT), so each is hooked; the l forms build their vector and take the v forms' way.
- * posix_spawn (system, popen) execs in a new process, past these hooks: nothing of this one is replaced.
+ *
+ * Every exec and posix_spawn also keeps the new image in the job: where the environment it is given lacks egpu's
+ * (`env -i`, subprocess's env={}, a program's own LD_PRELOAD) the hook passes a copy with egpu's variables added
+ * and the shim put back into LD_PRELOAD beside the program's own entries, as preload tools keep themselves in a
+ * process tree; a child left out ran its kernels without probes, and egpu-run said no process loaded CUDA code.
+ * Only system and popen (glibc spawns without the PLT) and static or setuid programs get past it.
  */
 #include <Python.h>
 #include <errno.h>
 #include <pthread.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -124,13 +131,145 @@ void egpu_fork_handlers(void) {
 
 /* ---- exec ---- */
 
-enum exec_fn { EXECVE, EXECV, EXECVP, EXECVPE, FEXECVE, EXECVEAT, EXEC_FNS };
-static const char *const exec_names[EXEC_FNS] = {"execve", "execv", "execvp", "execvpe", "fexecve", "execveat"};
+extern char **environ;
+
+/* What a new image needs of egpu's environment to run the probes, taken from this image's at load (copies:
+ * setproctitle writes over the strings the kernel passed): every EGPU_* variable, the other tools' settings
+ * EGPU_CARRY names (Triton's ptxas and caches: runtime/job.py's job_env), and egpu's entries of two lists. Only
+ * in a job of egpu-run (EGPU_PRELOAD set there): a program that preloads the shim by hand passes on what it
+ * wants. Never freed: every exec reads them, a vforked child's too. */
+static char **carried;   /* "NAME=value", NULL-terminated */
+static struct list {
+    const char *name, *seps, *entry_env;
+    int first;           /* egpu's entry goes before the program's (the shim's), else after them */
+    const char *entry;   /* egpu's, from entry_env at load */
+} lists[] = {
+    {"LD_PRELOAD", " :", "EGPU_PRELOAD", 1, NULL},    /* the loader splits at either */
+    {"PYTHONPATH", ":", "EGPU_PYTHONPATH", 0, NULL},  /* the cffi stand-in, after the program's own */
+};
+#define LISTS (sizeof lists / sizeof lists[0])
+
+static int named(const char *var, const char *name, size_t len) {
+    return !strncmp(var, name, len) && var[len] == '=';
+}
+
+/* Whether `list`, split at any of `seps`, holds `word`. */
+static int listed(const char *list, const char *word, const char *seps) {
+    size_t len = strlen(word);
+    for (const char *w = list + strspn(list, seps); *w; w += strcspn(w, seps), w += strspn(w, seps))
+        if (strcspn(w, seps) == len && !strncmp(w, word, len)) return 1;
+    return 0;
+}
+
+static int carry_wanted(const char *var, const char *names) {
+    size_t len = strcspn(var, "=");
+    if (!var[len]) return 0;
+    char name[len + 1];
+    memcpy(name, var, len);
+    name[len] = 0;
+    return !strncmp(name, "EGPU_", 5) || listed(names, name, " ");
+}
+
+static void carry_at_load(void) {
+    const char *names = getenv("EGPU_CARRY");
+    if (!getenv("EGPU_PRELOAD") || !environ) return;
+    size_t n = 0;
+    for (char **e = environ; *e; e++) n += carry_wanted(*e, names ? names : "");
+    char **vars = calloc(n + 1, sizeof *vars);
+    if (!vars) return;
+    n = 0;
+    for (char **e = environ; *e; e++)
+        if (carry_wanted(*e, names ? names : "") && !(vars[n++] = strdup(*e))) return;
+    for (size_t i = 0; i < LISTS; i++) {
+        const char *entry = getenv(lists[i].entry_env);
+        lists[i].entry = entry && *entry ? strdup(entry) : NULL;
+    }
+    carried = vars;
+}
+
+static int has_name(char *const envp[], const char *var) {
+    size_t len = strcspn(var, "=");
+    for (char *const *e = envp; e && *e; e++)
+        if (named(*e, var, len)) return 1;
+    return 0;
+}
+
+/* "NAME=" list l's `old` value (NULL: none) with egpu's entry, written at `dst` where not NULL; *bytes grows by
+ * its size. */
+static char *join(char *dst, const struct list *l, const char *old, size_t *bytes) {
+    size_t name = strlen(l->name), entry = strlen(l->entry), rest = old ? strlen(old) + 1 : 0;
+    if (dst) {
+        char *at = dst + name + 1;
+        memcpy(dst, l->name, name);
+        dst[name] = '=';
+        if (old && !l->first) {
+            memcpy(at, old, rest - 1);
+            at[rest - 1] = l->seps[0];
+            at += rest;
+        }
+        memcpy(at, l->entry, entry);
+        at += entry;
+        if (old && l->first) {
+            at[0] = l->seps[0];
+            memcpy(at + 1, old, rest - 1);
+            at += rest;
+        }
+        *at = 0;
+    }
+    *bytes += name + 1 + entry + rest + 1;
+    return dst;
+}
+
+/* envp and what it lacks of egpu's environment, into out (pointers) and buf (the lists' new strings); with out
+ * NULL, only counted. The pointers out takes, 0 where envp lacks nothing (it goes to exec as it is); *bytes:
+ * buf's. Only the caller's memory and the strings taken at load: a vforked child runs it, and a signal handler
+ * may (exec is async-signal-safe). */
+static size_t carry(char *const envp[], char **out, char *buf, size_t *bytes) {
+    size_t k = 0, added = 0;
+    *bytes = 0;
+    if (!carried) return 0;
+    for (char *const *e = envp; e && *e; e++, k++) {
+        char *var = *e;
+        for (size_t i = 0; i < LISTS; i++) {
+            const struct list *l = &lists[i];
+            size_t len = strlen(l->name);
+            if (l->entry && named(*e, l->name, len) && !listed(*e + len + 1, l->entry, l->seps)) {
+                var = join(buf ? buf + *bytes : NULL, l, *e + len + 1, bytes);
+                added++;
+            }
+        }
+        if (out) out[k] = var;
+    }
+    for (char **c = carried; *c; c++)
+        if (!has_name(envp, *c)) {
+            if (out) out[k] = *c;
+            k++, added++;
+        }
+    for (size_t i = 0; i < LISTS; i++)
+        if (lists[i].entry && !has_name(envp, lists[i].name)) {
+            char *var = join(buf ? buf + *bytes : NULL, &lists[i], NULL, bytes);
+            if (out) out[k] = var;
+            k++, added++;
+        }
+    if (out) out[k] = NULL;
+    return added ? k + 1 : 0;
+}
+
+/* `env`: `envp` where it has all of egpu's environment, else its copy with the rest (carry), on this frame. */
+#define WITH_EGPU_ENV(envp, env) \
+    size_t bytes_, slots_ = carry(envp, NULL, NULL, &bytes_); \
+    char *vec_[slots_ + 1], buf_[bytes_ + 1]; \
+    char *const *env = slots_ ? (carry(envp, vec_, buf_, &bytes_), vec_) : (envp)
+
+enum exec_fn { EXECVE, EXECVPE, FEXECVE, EXECVEAT, POSIX_SPAWN, POSIX_SPAWNP, EXEC_FNS };
+static const char *const exec_names[EXEC_FNS] = {"execve", "execvpe", "fexecve", "execveat", "posix_spawn",
+                                                 "posix_spawnp"};
 static _Atomic(void *) exec_reals[EXEC_FNS]; /* NULL where libc lacks one (execveat before glibc 2.34) */
 typedef int (*execve_fn)(const char *, char *const[], char *const[]);
-typedef int (*execv_fn)(const char *, char *const[]);
 typedef int (*fexecve_fn)(int, char *const[], char *const[]);
 typedef int (*execveat_fn)(int, const char *, char *const[], char *const[], int);
+typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
+                        char *const[], char *const[]);
 
 static void egpu_exec_lookup(void) {
     for (int i = 0; i < EXEC_FNS; i++)
@@ -140,32 +279,46 @@ static void egpu_exec_lookup(void) {
 /* Looked up as the shim loads, in every process, and never in a child on its way to exec: a vfork child shares
  * its parent's memory while the parent's other threads run on, and one of them may hold the loader's lock (inside
  * dlopen) waiting for the vforked thread; a fork child of a threaded process may find the loader's lists half
- * changed. The one piece of work the constructor does: six lookups (microseconds), and no Python. */
-__attribute__((constructor)) static void exec_lookup_at_load(void) { egpu_exec_lookup(); }
+ * changed. The one piece of work the constructor does: six lookups and the environment to carry (microseconds),
+ * and no Python. */
+__attribute__((constructor)) static void exec_lookup_at_load(void) {
+    egpu_exec_lookup();
+    carry_at_load();
+}
+
+static void *exec_real(enum exec_fn i) {
+    if (!atomic_load_explicit(&exec_reals[i], memory_order_acquire)) egpu_exec_lookup();
+    return atomic_load_explicit(&exec_reals[i], memory_order_acquire);
+}
 
 /* The real exec function i (a `type`) called with the arguments, bracketed by the runtime's exec phases;
  * errno as the failed exec left it. */
 #define EXEC(i, type, ...) ({ \
-    if (!atomic_load_explicit(&exec_reals[i], memory_order_acquire)) egpu_exec_lookup(); \
-    type fn_ = (type)atomic_load_explicit(&exec_reals[i], memory_order_acquire); \
+    type fn_ = (type)exec_real(i); \
     int dumped_ = fn_ && egpu_python_exec(EGPU_EXEC_BEFORE); \
     int r_ = fn_ ? fn_(__VA_ARGS__) : (errno = ENOSYS, -1); \
     if (dumped_) { int e_ = errno; egpu_python_exec(EGPU_EXEC_FAILED); errno = e_; } \
     r_; })
 
+/* The v and l forms without an environment pass this one's to those with one, as glibc's do (execv is
+ * execve(..., environ), execvp execvpe): the program may have taken egpu's variables out of it. */
 EXPORT int execve(const char *path, char *const argv[], char *const envp[]) {
-    return EXEC(EXECVE, execve_fn, path, argv, envp);
+    WITH_EGPU_ENV(envp, env);
+    return EXEC(EXECVE, execve_fn, path, argv, env);
 }
-EXPORT int execv(const char *path, char *const argv[]) { return EXEC(EXECV, execv_fn, path, argv); }
-EXPORT int execvp(const char *file, char *const argv[]) { return EXEC(EXECVP, execv_fn, file, argv); }
+EXPORT int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[]) {
-    return EXEC(EXECVPE, execve_fn, file, argv, envp);
+    WITH_EGPU_ENV(envp, env);
+    return EXEC(EXECVPE, execve_fn, file, argv, env);
 }
+EXPORT int execvp(const char *file, char *const argv[]) { return execvpe(file, argv, environ); }
 EXPORT int fexecve(int fd, char *const argv[], char *const envp[]) {
-    return EXEC(FEXECVE, fexecve_fn, fd, argv, envp);
+    WITH_EGPU_ENV(envp, env);
+    return EXEC(FEXECVE, fexecve_fn, fd, argv, env);
 }
 EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags) {
-    return EXEC(EXECVEAT, execveat_fn, dirfd, path, argv, envp, flags);
+    WITH_EGPU_ENV(envp, env);
+    return EXEC(EXECVEAT, execveat_fn, dirfd, path, argv, env, flags);
 }
 
 /* The l forms' `arg, ...` up to the NULL that ends them as the vector `argv` (a VLA in the caller's frame, as
@@ -184,18 +337,34 @@ EXPORT int execl(const char *path, const char *arg, ...) {
     va_list ap;
     ARG_VECTOR(arg, argv, ap);
     va_end(ap);
-    return EXEC(EXECV, execv_fn, path, argv);
+    return execve(path, argv, environ);
 }
 EXPORT int execlp(const char *file, const char *arg, ...) {
     va_list ap;
     ARG_VECTOR(arg, argv, ap);
     va_end(ap);
-    return EXEC(EXECVP, execv_fn, file, argv);
+    return execvpe(file, argv, environ);
 }
 EXPORT int execle(const char *path, const char *arg, ...) {
     va_list ap;
     ARG_VECTOR(arg, argv, ap);
     char *const *envp = va_arg(ap, char *const *);
     va_end(ap);
-    return EXEC(EXECVE, execve_fn, path, argv, envp);
+    return execve(path, argv, envp);
+}
+
+/* posix_spawn replaces no image of this process (no exec phases); its child gets egpu's environment all the same.
+ * glibc's own calls of it (system, popen) pass environ and never reach here. */
+#define SPAWN(i, pid, path, actions, attr, argv, envp) ({ \
+    spawn_fn fn_ = (spawn_fn)exec_real(i); \
+    WITH_EGPU_ENV(envp, env); \
+    fn_ ? fn_(pid, path, actions, attr, argv, env) : ENOSYS; })
+
+EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *actions,
+                       const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
+    return SPAWN(POSIX_SPAWN, pid, path, actions, attr, argv, envp);
+}
+EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *actions,
+                        const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
+    return SPAWN(POSIX_SPAWNP, pid, file, actions, attr, argv, envp);
 }

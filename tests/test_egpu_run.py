@@ -557,6 +557,42 @@ def test_a_c_jobs_pythonpath_holds_none_of_egpus_imports(stub_job, probe_obj, tm
     assert rest == ["app_vec module launches=2 threads=32 result=0", "@counts: 2"], r.stderr
 
 
+OWN_ENV = """import os, subprocess, sys
+app = [sys.executable, os.path.join(sys.argv[1], "app_vec.py"), "module", "3", "32", "0"]
+own = {"LD_LIBRARY_PATH": os.environ["LD_LIBRARY_PATH"]}   # the stand-in driver, and nothing of egpu's
+how = sys.argv[2]
+if how == "env={}":   # subprocess's child (vforked) execve's, its errno back to the parent where it fails
+    try:
+        subprocess.run(["/nonexistent/egpu"], env=own)
+    except FileNotFoundError as e:
+        print(f"exec failed: {e.strerror}", flush=True)
+    subprocess.run(app, env=own, check=True)
+elif how == "env -i":   # env's execvp, then a C program: the shim's own interpreter needs egpu's PYTHONPATH entry
+    subprocess.run(["env", "-i", *[f"{k}={v}" for k, v in own.items()], sys.argv[3], "module", "3", "32", "0"])
+elif how == "posix_spawn":
+    os.waitpid(os.posix_spawn(app[0], app, own), 0)
+elif how == "execve":   # this very process: its next image
+    os.execve(app[0], app, own)
+elif how == "own LD_PRELOAD":   # the program's own preload stays, beside egpu's
+    sh = ["/bin/sh", "-c", 'printf "%s\\n" "$LD_PRELOAD"; exec "$0" "$@"', *app]
+    subprocess.run(sh, env={**own, "LD_PRELOAD": "libm.so.6"}, check=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["env={}", "env -i", "posix_spawn", "execve", "own LD_PRELOAD"])
+def test_a_process_execd_with_an_environment_of_its_own_runs_the_probes(stub_job, probe_obj, tmp_path, how):
+    """A process the job starts with an environment of its own, which lacks egpu's (env -i, subprocess's env=,
+    posix_spawn, execve, a program's own LD_PRELOAD), still runs the probes: the shim puts egpu's variables back
+    (shim/process.c). It ran its kernels without probes, and egpu-run said that no process loaded CUDA code."""
+    r = egpu_run(["-p", str(probe_obj("count")), sys.executable, "-c", OWN_ENV, str(MORE), how, str(stub_job.app)],
+                 stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.endswith("launches=3 threads=32 result=0\n@counts: 3\n"), (r.stdout, r.stderr)
+    first = {"own LD_PRELOAD": f"{stub_job.shim} libm.so.6", "env={}": "exec failed: No such file or directory"}
+    if how in first:
+        assert r.stdout.splitlines()[0] == first[how]
+
+
 def test_egpu_run_inside_a_job_of_egpu_run_refuses(stub_job, probe_obj, tmp_path):
     """A job that runs egpu-run itself: the inner one would replace the outer one's settings in its job, so the
     outer probes never reached those processes and the outer one said no process loaded CUDA code. The inner

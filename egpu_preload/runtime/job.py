@@ -41,6 +41,9 @@ PTXAS_WRAPPER = Path(__file__).resolve().parent / "egpu-ptxas"
 RUNTIME_IMPORTS = ("egpu_preload", "_cffi_backend", "msgpack", "elftools", "zstandard", "lz4", "capstone")
 IMPORT_DIRS_ENV = "EGPU_IMPORT_DIRS"
 RUN_PID_ENV = "EGPU_RUN_PID"   # the egpu-run whose job this is: an egpu-run inside it refuses (enclosing_run)
+# What the shim's exec hooks put back into a new image's environment that lacks it (shim/process.c): every EGPU_*
+# variable, the others CARRY_ENV names, egpu's entry of LD_PRELOAD (PRELOAD_ENV) and of PYTHONPATH (PYTHONPATH_ENV).
+CARRY_ENV, PRELOAD_ENV, PYTHONPATH_ENV = "EGPU_CARRY", "EGPU_PRELOAD", "EGPU_PYTHONPATH"
 JOB_PYTHONPATH = Path(__file__).resolve().parent / "pythonpath"
 
 
@@ -118,22 +121,27 @@ def job_env(cfg: config.Config, shim: Path, base: Mapping[str, str]) -> dict[str
     the job's PYTHONPATH, which keeps its own entries first and gets JOB_PYTHONPATH), egpu-run's pid
     (RUN_PID_ENV: enclosing_run), PTX from CuPy, and
     Triton's ptxas wrapped (runtime/ptxas.py) with Triton's and inductor's caches in the session, so no
-    cubin compiled without the probes is reused and none compiled with them outlives the job."""
+    cubin compiled without the probes is reused and none compiled with them outlives the job; and what of it
+    the shim puts back into a process the job execs with an environment of its own (CARRY_ENV)."""
     env = dict(base)
     theirs = base.get("TRITON_PTXAS_PATH", "")
     if theirs and Path(theirs).name != PTXAS_WRAPPER.name:
         cfg = dataclasses.replace(cfg, ptxas=theirs)
     env.update(config.to_env(cfg))
-    env.update(TRITON_PTXAS_PATH=str(PTXAS_WRAPPER), EGPU_PYTHON=sys.executable)
+    tools = {"TRITON_PTXAS_PATH": str(PTXAS_WRAPPER),
+             "CUPY_COMPILE_WITH_PTX": "1"}  # CuPy hands the driver PTX instead of NVRTC cubins
     if cfg.session is not None:
-        env.update(TRITON_CACHE_DIR=str(cfg.session / "triton"), TORCHINDUCTOR_CACHE_DIR=str(cfg.session / "inductor"))
+        tools.update(TRITON_CACHE_DIR=str(cfg.session / "triton"),
+                     TORCHINDUCTOR_CACHE_DIR=str(cfg.session / "inductor"))
+    env.update(tools)
+    env["EGPU_PYTHON"] = sys.executable
     env["LD_PRELOAD"] = " ".join(p for p in (str(shim), base.get("LD_PRELOAD", "")) if p)
     env["EGPU_RUNTIME"] = RUNTIME_MODULE
     paths = [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths + [str(JOB_PYTHONPATH)] * (str(JOB_PYTHONPATH) not in paths))
     env[IMPORT_DIRS_ENV] = os.pathsep.join(import_dirs())
     env[RUN_PID_ENV] = str(os.getpid())
-    env["CUPY_COMPILE_WITH_PTX"] = "1"  # CuPy hands the driver PTX instead of NVRTC cubins
+    env.update({CARRY_ENV: " ".join(tools), PRELOAD_ENV: str(shim), PYTHONPATH_ENV: str(JOB_PYTHONPATH)})
     return env
 
 
