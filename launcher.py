@@ -981,6 +981,9 @@ def run_cmd(ctx: typer.Context,
                                                      help="a record meeting a full ring: drop it (counted) or wait "
                                                           "for room (needs --trace; its default there; a reader "
                                                           "that takes nothing for 10 s ends the wait, counted)"),
+            wait_all: bool = typer.Option(False, "--wait-all",
+                                          help="once CMD ends, wait for every process of the job still running "
+                                               "(a daemon it started), so that its maps are in the report too"),
             version: bool = _VERSION) -> None:
     """Run CMD with probes spliced into its kernels; print the maps at exit and exit with CMD's status.
 
@@ -1079,7 +1082,7 @@ def run_cmd(ctx: typer.Context,
                 watch.serve_prometheus(prometheus, session)
             if interval is not None:
                 every = (interval, lambda: put_maps(watch.interval_output(session, as_json)))
-            status = job.run_job(cmd, cfg, job.find_shim(), every)
+            status = job.run_job(cmd, cfg, job.find_shim(), every, wait_all)
         except job.ProgramError as e:
             typer.echo(f"egpu-run: {e}", err=True)
             raise typer.Exit(e.exit_status)

@@ -761,3 +761,9 @@ def process_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def process_running(pid: int) -> bool:
+    """process_exists, and not a zombie: a daemon's parent is init, which reaps it when it gets to it (in a
+    container whose first process reaps nothing, never), so one that ended can stay a zombie for a while."""
+    return process_exists(pid) and not _zombie(pid)

@@ -392,6 +392,71 @@ def test_a_process_still_running_when_the_job_ends_is_named(stub_job, probe_obj,
     assert r.stdout.split(f"\npid {orphan}: ")[1].endswith(f"{MORE} {mirror}\n@counts: 3\n"), r.stdout
 
 
+DAEMON = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+main, late = os.getpid(), sys.argv[2] == "after egpu-run"
+r, w = os.pipe()
+if os.fork() == 0:   # a daemon, as one makes itself: fork, setsid, fork, the middle one exits; no CUDA yet
+    os.setsid()
+    if os.fork() == 0:
+        print(f"daemon {os.getpid()}", flush=True)
+        os.write(w, b"x")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (os.path.isdir(os.environ["EGPU_SESSION"]) if late else
+                                               os.path.exists(f"/proc/{main}")):
+            time.sleep(0.02)
+        import app_vec
+        app_vec.launch("module", 3, 32)
+        if sys.argv[2] == "after main, then stays":   # until a signal: its maps as of its copy
+            app_vec.mirror_copy(time.time())
+            print("ready", flush=True)
+            time.sleep(60)
+        sys.exit(0)
+    os._exit(0)
+os.wait()
+os.read(r, 1)
+"""
+
+
+@pytest.mark.parametrize("wait_all", [False, True])
+def test_a_daemon_that_starts_cuda_after_the_main_process_ends(stub_job, probe_obj, tmp_path, wait_all):
+    """A daemon of the job (double-forked, setsid) that starts CUDA only once the job's main process has ended:
+    egpu-run names it, with what it runs on the GPU in no map (it said no process loaded CUDA code, and the
+    daemon's kernels, probes and all, went nowhere); with --wait-all it waits for it, and prints its maps."""
+    argv = [sys.executable, "-c", DAEMON, str(MORE), "after main" if wait_all else "after egpu-run"]
+    r = egpu_run(["-p", str(probe_obj("count")), *["--wait-all"] * wait_all, *argv],
+                 stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
+    assert r.returncode == 0, r.stderr
+    daemon = re.match(r"daemon (\d+)\n", r.stdout)[1]
+    if wait_all:
+        assert r.stdout == f"daemon {daemon}\n@counts: 3\n" and r.stderr == "", (r.stdout, r.stderr)
+        return
+    assert r.stdout == f"daemon {daemon}\n"
+    assert r.stderr.splitlines() == [
+        f"egpu-run: pid {daemon} ({dump.command(argv)}) was still running when the job's main process ended, before "
+        "it started CUDA: what it runs on the GPU from now on is in no map here (egpu-run --wait-all waits for it)",
+        "egpu-run: no maps: no process of the job loaded CUDA code and exited normally"]
+
+
+def test_egpu_run_waiting_for_a_daemon_passes_it_a_signal(stub_job, probe_obj, tmp_path):
+    """egpu-run --wait-all waiting for a daemon of the job passes it the SIGTERM it gets (it stopped waiting for
+    nothing): the daemon ends, and its maps are printed as of its last copy, said so."""
+    argv = [sys.executable, "-c", DAEMON, str(MORE), "after main, then stays"]
+    proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "--wait-all", "--mirror",
+                             "0.05", "-p", str(probe_obj("count")), *argv],
+                            env=stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    daemon = re.fullmatch(r"daemon (\d+)\n", proc.stdout.readline())[1]
+    assert proc.stdout.readline() == "ready\n"
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err   # the job's main process's status
+    assert out == "@counts: 3\n"
+    assert re.fullmatch(rf"egpu-run: pid {daemon} \({re.escape(dump.command(argv))}\) ended \(killed\?\) before its "
+                        r"exit dump: its maps are as of its last copy, \d+\.\d s old\n", err), err
+
+
 EXEC_AFTER_CUDA = """import ctypes, os, subprocess, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 import app_vec

@@ -6,6 +6,7 @@ The environment is set in one place (``job_env``); what the runtime reads from i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import importlib.util
@@ -40,6 +41,7 @@ PTXAS_WRAPPER = Path(__file__).resolve().parent / "egpu-ptxas"
 # _cffi_backend stand-in lets cffi's embedding start before that code runs.
 RUNTIME_IMPORTS = ("egpu_preload", "_cffi_backend", "msgpack", "elftools", "zstandard", "lz4", "capstone")
 IMPORT_DIRS_ENV = "EGPU_IMPORT_DIRS"
+OTHERS_POLL = 0.25   # seconds between looks for the job's processes egpu-run --wait-all waits for (processes_of)
 RUN_PID_ENV = "EGPU_RUN_PID"   # the egpu-run whose job this is: an egpu-run inside it refuses (enclosing_run)
 # What the shim's exec hooks put back into a new image's environment that lacks it (shim/process.c): every EGPU_*
 # variable, the others CARRY_ENV names, egpu's entry of LD_PRELOAD (PRELOAD_ENV) and of PYTHONPATH (PYTHONPATH_ENV).
@@ -194,10 +196,13 @@ def _terminal_foreground() -> bool:
         return False
 
 
-def run_child(cmd: list[str], env: Mapping[str, str], every: tuple[float, Callable[[], None]] | None = None) -> int:
+def run_child(cmd: list[str], env: Mapping[str, str], every: tuple[float, Callable[[], None]] | None = None,
+              others: Callable[[], list[int]] | None = None) -> int:
     """Run the job, forwarding SIGTERM, SIGHUP and SIGINT (the latter unless the terminal already
     delivered it); its exit status, 128 + signal when a signal ended it. ``every`` (seconds, fn): call fn
-    each time that many seconds pass while the job runs (egpu-run --interval)."""
+    each time that many seconds pass while the job runs (egpu-run --interval). ``others`` (egpu-run
+    --wait-all): the pids of the job's other processes still running, waited for once the main one ended
+    (its daemons, children of no process of egpu-run's), and the signals forwarded to them then."""
     try:
         proc = subprocess.Popen(cmd, env=dict(env))
     except FileNotFoundError as e:
@@ -211,7 +216,13 @@ def run_child(cmd: list[str], env: Mapping[str, str], every: tuple[float, Callab
         hint = " (not a program for this machine, or a script without a #! line)" if e.errno == errno.ENOEXEC else ""
         raise ProgramError(f"{cmd[0]}: {e.strerror.lower() if e.strerror else e}{hint}", 126) from None
 
+    waiting: list[int] = []   # others, once the main process ended
+
     def forward(sig: int, _frame: Any) -> None:
+        for pid in waiting:   # a daemon left the terminal's process group (setsid): its Ctrl-C comes from here
+            with contextlib.suppress(OSError):
+                if sig != signal.SIGINT or not _terminal_foreground() or os.getpgid(pid) != os.getpgrp():
+                    os.kill(pid, sig)
         if sig == signal.SIGINT and _terminal_foreground():
             return
         if proc.poll() is None:
@@ -226,6 +237,12 @@ def run_child(cmd: list[str], env: Mapping[str, str], every: tuple[float, Callab
                 break
             except subprocess.TimeoutExpired:
                 every[1]()
+        due = time.monotonic() + every[0] if every else None
+        while others is not None and (waiting := others()):   # children of init now: polled, not waited on
+            time.sleep(OTHERS_POLL)
+            if due is not None and time.monotonic() >= due:
+                every[1]()
+                due += every[0]
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -233,11 +250,14 @@ def run_child(cmd: list[str], env: Mapping[str, str], every: tuple[float, Callab
 
 
 def run_job(cmd: list[str], cfg: config.Config, shim: Path,
-            every: tuple[float, Callable[[], None]] | None = None) -> int:
-    """Start the job under the shim and wait for it (calling ``every`` as run_child does); its exit status."""
+            every: tuple[float, Callable[[], None]] | None = None, wait_all: bool = False) -> int:
+    """Start the job under the shim and wait for it (calling ``every`` as run_child does), with ``wait_all``
+    for every process of it (processes_of); the exit status of its main process."""
     env = job_env(cfg, shim, os.environ)
     resolve_program(cmd[0], env)
-    return run_child(cmd, env, every)
+    session = cfg.session
+    others = (lambda: [pid for pid, _ in processes_of(session)]) if wait_all and session is not None else None
+    return run_child(cmd, env, every, others)
 
 
 # ---- after the job -----------------------------------------------------------------------------------
@@ -389,6 +409,25 @@ def _process(session: Path, pid: int) -> str:
     return f"pid {pid} ({cmd})" if cmd else f"pid {pid}"
 
 
+def processes_of(session: Path) -> list[tuple[int, str]]:
+    """(pid, command as dump.command names it) of every running process whose environment names ``session``
+    (job_env's, which the shim keeps in every image the job execs): the job's processes, its daemons among them,
+    which were its main process's children or grandchildren but are egpu-run's no longer once reparented."""
+    key = f"{config.SESSION}={session}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:   # a zombie's environment reads empty; one of another user's, or gone since, does not read
+            if key not in Path(entry.path, "environ").read_bytes().split(b"\0"):
+                continue
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:
+            continue
+        found.append((int(entry.name), dump.command([os.fsdecode(a) for a in argv])))
+    return sorted(found)
+
+
 def _ended_by(status: int) -> int | None:
     """The signal that ended a job of exit status ``status`` (128 + N, as run_child and shells report it)."""
     return status - 128 if 128 < status < 128 + signal.NSIG else None
@@ -401,13 +440,15 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
     """(maps for stdout, lines for stderr) from the dumps the job's processes left in the session, and
     for a process killed before its dump, or still running when the job's main process ended (daemonized,
     orphaned: its dump comes after this report), its last map mirror (said on stderr: how old, which signal
-    ended the job of exit ``status``), or where it made no copy, a line that its counts are missing;
-    kernel durations too when ``with_durations`` and the dumps have them. ``traced`` (egpu-run --trace):
-    the rings' records went into the trace file, so maps empty at exit are no news. ``mirror_s``: how
-    often the processes copied their maps (egpu-run --mirror). ``maps_asked`` (--json or -o FILE): a job that
-    ran no probe says so, where an empty output would pass for maps that stayed empty; without it a job with
-    no probe (--restore, --durations, --live-sass waiting for an attach) prints no line about maps."""
-    from egpu_preload.control import process_exists
+    ended the job of exit ``status``), or where it made no copy, a line that its counts are missing, or
+    where it had not started CUDA yet (a daemon that double-forked: processes_of finds it), a line that its
+    kernels are in no map; kernel durations too when ``with_durations`` and the dumps have them. ``traced``
+    (egpu-run --trace): the rings' records went into the trace file, so maps empty at exit are no news.
+    ``mirror_s``: how often the processes copied their maps (egpu-run --mirror). ``maps_asked`` (--json or
+    -o FILE): a job that ran no probe says so, where an empty output would pass for maps that stayed empty;
+    without it a job with no probe (--restore, --durations, --live-sass waiting for an attach) prints no line
+    about maps."""
+    from egpu_preload.control import process_running
     from egpu_preload.runtime import mirror
     dumps = dump.read_all(session)
     signum, now = _ended_by(status), time.time()
@@ -424,8 +465,13 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
     lost = sorted(dump.started(session) - {d["pid"] for d in dumps if "exec" not in d})
     if probes and (dumps or signum is None):   # none at all of a killed job: module_report says that already
         unfinished += [f"egpu-run: {_process(session, pid)} "
-                       f"{running + ',' if process_exists(pid) else how + ' before its exit dump and'} before any "
+                       f"{running + ',' if process_running(pid) else how + ' before its exit dump and'} before any "
                        "copy of its maps: its counts are missing" for pid in lost]
+    if probes:   # a daemon that had not started CUDA yet (it double-forked, its parent ended): no mark, no copy
+        known = dump.started(session) | {d["pid"] for d in dumps}
+        unfinished += [f"egpu-run: pid {pid} ({cmd}) {running}, before it started CUDA: what it runs on the GPU "
+                       "from now on is in no map here (egpu-run --wait-all waits for it)"
+                       for pid, cmd in processes_of(session) if pid not in known]
     dumps.sort(key=lambda d: d["pid"])
     out = render(probes, dumps, as_json, view)
     if with_durations and any("durations" in d for d in dumps):  # egpu-run --durations

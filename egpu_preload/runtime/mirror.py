@@ -39,7 +39,7 @@ from typing import Any
 
 import msgpack
 
-from egpu_preload.control import process_exists, socket_path
+from egpu_preload.control import process_exists, process_running, socket_path
 from egpu_preload.descriptors import mapped, unmap
 from egpu_preload.errors import EgpuError
 from egpu_preload.runtime.dump import other_version
@@ -184,7 +184,7 @@ def left_behind(session: Path, dumped: set[int]) -> list[tuple[dict, float, bool
         pid = int(link.stem) if link.stem.isdigit() else None
         if pid is None or pid in dumped or not link.exists():
             continue
-        running = process_exists(pid)
+        running = process_running(pid)
         try:
             doc, when = read_segment(link)
         except EgpuError:   # half made when it was killed: no copy to show
