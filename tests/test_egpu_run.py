@@ -954,8 +954,11 @@ def test_a_runtime_that_cannot_start_says_why_in_one_line_and_the_job_runs_witho
     r = egpu_run(["-p", str(probe_obj("count")), *job], stub_job.env(tmp_path / "log"))
     assert r.returncode == 3, r.stderr
     assert r.stdout == ("app_vec module launches=2 threads=64 result=0\n" if how == "ulimit" else "ran\n")
+    pid, cmd = re.search(r"egpu-run: pid (\d+) \((.*)\) ran without probes", r.stderr).groups()
     assert r.stderr.splitlines() == [f"egpu: cannot start: {why}; the program runs without probes",
-                                     "egpu-run: no maps: no process of the job loaded CUDA code and exited normally"]
+                                     f"egpu-run: pid {pid} ({cmd}) ran without probes: egpu could not start in it "
+                                     f"({why})"]
+    assert cmd.startswith("app_vec module 2 64 3" if how == "ulimit" else "python")
     assert not list((tmp_path / "egpu").glob("*.sock")), "the control socket of a runtime that never started"
 
 

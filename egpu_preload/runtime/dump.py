@@ -35,6 +35,7 @@ its Nth exec left ``<pid>.exec<N>.msgpack`` (write_exec): the maps as ``egpu map
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ SUFFIX = ".msgpack"
 STARTED = ".started"   # <pid>.started: the process runs the runtime, so its dump is due (mark_started); it holds
                        # the process's command (command()), empty in marks of egpu before it did
 COMMAND_CHARS = 60     # of a command as egpu-run names a process, as much as a ps column shows
+NO_START = ".nostart"   # <pid>.nostart: its runtime could not start; its command and why (mark_no_start)
 RESTORING = ".restoring"   # <pid>.restoring: the process armed egpu-run --restore (cow/live.py)
 
 
@@ -175,6 +177,25 @@ def marked_command(session: Path, pid: int, marker: str = STARTED) -> str:
         return (session / f"{pid}{marker}").read_text(errors="replace").strip()
     except OSError:
         return ""
+
+
+def mark_no_start(session: Path, why: str) -> None:
+    """This process's runtime could not start (``why``): the program runs without probes, and egpu-run says so
+    (failed_starts) instead of that no process loaded CUDA code. Its started mark is withdrawn first."""
+    unmark_started(session)
+    with contextlib.suppress(OSError):   # egpu-run gone, its session with it: no one to tell
+        (session / f"{os.getpid()}{NO_START}").write_text(f"{command(config.argv())}\n{why}\n")
+
+
+def failed_starts(session: Path) -> dict[int, tuple[str, str]]:
+    """pid -> (its command, why its runtime could not start) of every process that said so (mark_no_start)."""
+    out = {}
+    for p in session.glob(f"*{NO_START}"):
+        pid = p.name[:-len(NO_START)]
+        with contextlib.suppress(OSError, ValueError):
+            cmd, why = p.read_text(errors="replace").split("\n")[:2]
+            out[int(pid)] = (cmd, why)
+    return out
 
 
 def unmark_started(session: Path) -> None:

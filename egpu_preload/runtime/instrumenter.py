@@ -168,10 +168,10 @@ class Runtime:
             self._start()
         except Exception as e:
             why = _why_not(e)   # before the descriptors it had are given back
-            self._abandon()
+            self._abandon(why)
             raise StartError(why) from None
-        except BaseException:
-            self._abandon()
+        except BaseException as e:
+            self._abandon(f"{type(e).__name__}")
             raise
 
     def _start(self) -> None:
@@ -199,13 +199,12 @@ class Runtime:
         self.sass = sass.SassBackend(cfg, self.probes, self.ffi, lib)  # modules without PTX (shim/sass.c)
         self.sass_modules: dict[int, Module] = {}         # sanitizer module handle -> its patched kernels
 
-    def _abandon(self) -> None:
+    def _abandon(self, why: str) -> None:
         """A start that failed partway (out of descriptors under a low RLIMIT_NOFILE, say): the hooks never see this
         runtime, so it owes no exit dump (the hook's dump of a half-made runtime failed, on an attribute it never
-        got), nor egpu-run a dump of it (its mark withdrawn), and what had started stops: no thread of it runs on."""
+        got), nor egpu-run a dump of it (its started mark replaced by one that says ``why``), and what had started
+        stops: no thread of it runs on."""
         self.exit.done = True
-        if self.cfg.session is not None:
-            dump.unmark_started(self.cfg.session)
         parts = ((self.live, "stop"), (self.mirror, "stop"), (self.drainer, "stop"), (self.uprobes, "detach"))
         for part, stop in parts:
             if part is not None:
@@ -213,6 +212,8 @@ class Runtime:
                     getattr(part, stop)()
         with contextlib.suppress(Exception):
             self._close_trace()
+        if self.cfg.session is not None:   # once their descriptors are back: out of them, the mark needs one
+            dump.mark_no_start(self.cfg.session, why)
 
     # ---- hooks ---------------------------------------------------------------------------------------
     def module_load(self, image: hooks.ModuleImage) -> bytes | None:

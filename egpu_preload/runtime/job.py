@@ -337,12 +337,14 @@ def render(probes: list[Probe], dumps: list[dict[str, Any]], as_json: bool, view
 
 
 def module_report(dumps: list[dict[str, Any]], verbose: bool, in_kernels: bool = True,
-                  killed_by: int | None = None, mirror_s: float = config.Config.mirror) -> list[str]:
+                  killed_by: int | None = None, mirror_s: float = config.Config.mirror,
+                  no_start: bool = False) -> list[str]:
     """Lines for stderr: every load and kernel when verbose; maps that could not be read; launch records
     lost to the shim's full ring; a warning when no kernel was instrumented though some program
     (``in_kernels``) runs in kernels: launch, host-API and uprobe programs need no kernel of their own.
     ``killed_by``: the signal that ended the job, when one did (no dumps then is no news about CUDA);
-    ``mirror_s``: how often its processes copied their maps (egpu-run --mirror)."""
+    ``mirror_s``: how often its processes copied their maps (egpu-run --mirror); ``no_start``: a process's runtime
+    could not start, which report says instead of that no process loaded CUDA code."""
     lines = [f"egpu-run: pid {d['pid']}: {d['error']}" for d in dumps if d["error"]]
     for d in dumps:
         stats = d.get("stats", {})
@@ -367,7 +369,7 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool, in_kernels: bool =
         lines.append(f"egpu-run: no maps: the job was killed by {_signal(killed_by)} before any copy of its maps "
                      f"({every})")
     elif not dumps:
-        lines.append("egpu-run: no maps: no process of the job loaded CUDA code and exited normally")
+        lines += [] if no_start else ["egpu-run: no maps: no process of the job loaded CUDA code and exited normally"]
     elif in_kernels and not any(m["status"] == "instrumented" for _, m in modules):
         counts: dict[str, int] = {}
         for _, m in modules:
@@ -467,8 +469,11 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
         unfinished += [f"egpu-run: {_process(session, pid)} "
                        f"{running + ',' if process_running(pid) else how + ' before its exit dump and'} before any "
                        "copy of its maps: its counts are missing" for pid in lost]
+    no_start = dump.failed_starts(session)
+    unfinished += [f"egpu-run: pid {pid} ({cmd}) ran without probes: egpu could not start in it ({why})"
+                   for pid, (cmd, why) in sorted(no_start.items())]
     if probes:   # a daemon that had not started CUDA yet (it double-forked, its parent ended): no mark, no copy
-        known = dump.started(session) | {d["pid"] for d in dumps}
+        known = dump.started(session) | {d["pid"] for d in dumps} | set(no_start)
         unfinished += [f"egpu-run: pid {pid} ({cmd}) {running}, before it started CUDA: what it runs on the GPU "
                        "from now on is in no map here (egpu-run --wait-all waits for it)"
                        for pid, cmd in processes_of(session) if pid not in known]
@@ -478,7 +483,8 @@ def report(probes: list[Probe], session: Path, as_json: bool, verbose: bool,
         out += durations.render_json(dumps, time.time()) if as_json else ("\n" if out else "") + durations.render(dumps)
     from egpu_preload.bpf.sections import HOST_SIDE
     in_kernels = any(prog.attach.kind not in HOST_SIDE for p in probes for prog in p.obj.programs)
-    notes = unfinished + (module_report(dumps, verbose, in_kernels, signum, mirror_s) if probes else [])
+    notes = unfinished + (module_report(dumps, verbose, in_kernels, signum, mirror_s, bool(no_start)) if probes
+                          else [])
     # empty maps print nothing (bpftrace's way)
     if not out and not as_json and not traced and any(d["probes"] for d in dumps):
         notes.append("egpu-run: every map is empty: no probe program stored anything")
