@@ -170,6 +170,16 @@ def test_launches_count_and_the_kernel_is_left_unpatched(stub_job, tmp_path, san
 
 
 @needs_ptxas
+def test_kernel_selects_what_launches_count(stub_job, tmp_path, sanitizer_stub, two_kernel_cubin):
+    """--kernel halve: vecadd's launches add nothing, as its patch would run nothing."""
+    doc, calls = job(stub_job, tmp_path, _source(tmp_path, SCOPED), "sass", "elf", str(sanitizer_stub),
+                     "--kernel", "halve", APP_VEC_CUBIN=str(two_kernel_cubin), app=("3", "100", "0"))
+    assert _values(doc) == [0, 0, 0, 0]
+    (kernels, _) = doc["modules"]
+    assert {k[0]: k[1] for k in kernels["kernels"]}["vecadd"] == "untouched"
+
+
+@needs_ptxas
 def test_in_kernel_patches_them_instead(stub_job, tmp_path, sanitizer_stub, two_kernel_cubin):
     doc, calls = job(stub_job, tmp_path, _source(tmp_path, SCOPED), "sass", "elf", str(sanitizer_stub),
                      "--in-kernel", APP_VEC_CUBIN=str(two_kernel_cubin), app=("3", "100", "0"))
