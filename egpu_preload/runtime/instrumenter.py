@@ -361,11 +361,10 @@ class Runtime:
         (egpu_py_eval_handle): what its launches add, or, for a handle no hooked lookup returned (its kernel
         unknown), the end of the counting. Before the launch gate: a flip may run here."""
         found = self.functions.get(handle)
-        if found is None:
+        if found is None:   # answered with nothing all the same: asked no more, should the end have failed
             self.end_counting("a kernel launched through a handle no hooked lookup returned")
-            return
-        mod, name = found
-        counted = self.sass.counts_in(name) if mod.backend == "sass" and not mod.elsewhere else []
+        mod, name = found or (None, f"handle {handle:#x}")
+        counted = self.sass.counts_in(name) if mod and mod.backend == "sass" and not mod.elsewhere else []
         adds = [a for k, program in counted for a in self.launch_counts[id(self.probes[k])].adds(program)]
         lanes = self.ffi.new("struct egpu_eval_add[]", max(1, len(adds)))
         for lane, (address, delta, width, scope) in zip(lanes, adds):
@@ -378,6 +377,10 @@ class Runtime:
         make a graph, whose replays no hook sees); egpu-run says so where the flip fails."""
         with self.live.lock:
             if not self.sass.counting:
+                return
+            if self.context is None:   # between the first SASS-served load and its maps: no flip can run yet
+                print(f"egpu: {why}: the probes counted at the launch could not be patched into the kernels (their "
+                      "first module is still loading): launches that no hook sees run without them", file=sys.stderr)
                 return
             objects = [p.obj for p in self.probes]
             with self.driver.current(self.context):
