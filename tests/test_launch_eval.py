@@ -5,6 +5,8 @@ capture makes the runtime patch them (shim/interpose.c, eval_*)."""
 
 from __future__ import annotations
 
+import json
+import re
 import struct
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from egpu_preload.maps import MapsState
 from egpu_preload.runtime.launch_counts import LaunchCounts
 from egpu_preload.runtime.probes import load_probe, verify_each
 from egpu_preload.translate.launch_eval import evaluated
+from test_sass_live import ThreadedJob, stand_ins, step_cubins  # noqa: F401  (fixtures)
 from test_sass_runtime import job, needs_ptxas, sanitizer_stub, two_kernel_cubin  # noqa: F401  (fixtures)
 
 ARRAY = ("struct {{ __uint(type, BPF_MAP_TYPE_{kind}); __uint(max_entries, {n}); __type(key, __u32);"
@@ -209,3 +212,22 @@ def test_counting_never_starts_after_a_capture(stub_job, tmp_path, sanitizer_stu
     doc, calls = job(stub_job, tmp_path, _source(tmp_path, SCOPED), "sass", "capture", str(sanitizer_stub))
     assert _values(doc) == [0, 0, 0, 0]
     assert any(c.startswith("sanitizerPatchModule") for c in calls)
+
+
+@needs_ptxas
+def test_a_live_attach_ends_the_counting_in_its_flip(stub_job, stand_ins, step_cubins, probe_obj, tmp_path,
+                                                    monkeypatch):
+    """Four threads launching step and step2 (32 threads each) under count.bpf.o: counted, nothing patched. A live
+    attach's flip patches count's program beside the new probe's, so the count at exit is exactly the launches
+    before the flip times 32 (the stand-in runs no patch): none counted twice, none after."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    with ThreadedJob(stub_job, stand_ins, tmp_path, flags=("--json", "-p", str(probe_obj("count"))),
+                     APP_CUBINS=step_cubins) as job:
+        assert not [c for c in job.calls() if c.startswith("sanitizerPatchModule")]
+        a = job.client.request("attach", probe=probe_obj("hash_count").read_bytes(), name="hash_count")
+        assert (a["sass"]["modules_patched"], a["sass"]["modules"]) == (2, 2), a["sass"]
+        job.wait_runs()
+        out = job.finish()
+    doc = json.loads(next(ln for ln in out.splitlines() if ln.startswith('{"time"')))
+    launched = int(re.search(r"launches (\d+) failed 0", out).group(1))
+    assert launched > a["launches"] > 20 and doc["maps"]["counts"]["value"] == 32 * a["launches"], out[-2000:]

@@ -59,15 +59,16 @@ def stand_ins(stub_job, tmp_path_factory) -> tuple[Path, Path]:
 
 class ThreadedJob:
     def __init__(self, stub_job, stand_ins: tuple[Path, Path], tmp: Path, graph: bool = False, busy: bool = False,
-                 **env: str) -> None:
-        """The C job of THREADS threads (``graph``: and a graph replayer), or with ``busy`` the Python one."""
+                 flags: tuple[str, ...] = (), **env: str) -> None:
+        """The C job of THREADS threads (``graph``: and a graph replayer), or with ``busy`` the Python one, under
+        egpu-run --backend sass FLAGS."""
         sanitizer, self.app = stand_ins
         self.log, self.stop = tmp / "log", tmp / "stop"
         self.env = stub_job.env(self.log, EGPU_SANITIZER_LIB=str(sanitizer), **env)
         app = [sys.executable, str(SASS_STUB / "app_busy.py"), str(self.stop)] if busy else \
             [str(self.app), str(self.stop), str(THREADS)] + ["graph"] * graph
         self.proc = subprocess.Popen([sys.executable, "-c", "import launcher; launcher.run_main()", "--backend",
-                                      "sass", *app], env=self.env, cwd=ROOT,
+                                      "sass", *flags, *app], env=self.env, cwd=ROOT,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
