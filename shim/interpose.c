@@ -780,12 +780,11 @@ struct evals {
 static const struct evals no_evals;
 static _Atomic int g_eval_on, g_eval_device;
 static _Atomic int g_graphs; /* a stream capture began or a graph node was made: counting never starts again */
-static CUresult (*g_eval_ctx_current)(CUcontext *);
 
 /* Refused once a graph may exist, which replays what it holds unseen. Each side stores before it looks at
  * the other's flag (eval_end), so a graph made meanwhile either sees counting on and ends it, or is seen. */
 void egpu_shim_eval(int on) {
-    if (on && !g_eval_ctx_current) g_eval_ctx_current = (CUresult(*)(CUcontext *))egpu_shim_real("cuCtxGetCurrent");
+    if (on && !g_ctx_current) g_ctx_current = (CUresult(*)(CUcontext *))egpu_shim_real("cuCtxGetCurrent");
     atomic_store(&g_eval_on, on != 0);
     if (on && atomic_load(&g_graphs)) atomic_store(&g_eval_on, 0);
 }
@@ -843,7 +842,7 @@ static inline const struct evals *eval_for(const struct slot *s) {
     if (!e || !e->n) return NULL;
     void *maps = egpu_sass_maps_ctx();
     CUcontext current = NULL;
-    if (maps && g_eval_ctx_current && (g_eval_ctx_current(&current) != CUDA_SUCCESS || current != maps)) return NULL;
+    if (maps && g_ctx_current && (g_ctx_current(&current) != CUDA_SUCCESS || current != maps)) return NULL;
     return e;
 }
 

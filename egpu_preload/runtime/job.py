@@ -369,7 +369,8 @@ def module_report(dumps: list[dict[str, Any]], verbose: bool, in_kernels: bool =
         lines.append(f"egpu-run: no maps: the job was killed by {_signal(killed_by)} before any copy of its maps "
                      f"({every})")
     elif not dumps:
-        lines += [] if no_start else ["egpu-run: no maps: no process of the job loaded CUDA code and exited normally"]
+        if not no_start:   # report names the processes whose runtime could not start, and why
+            lines.append("egpu-run: no maps: no process of the job loaded CUDA code and exited normally")
     elif in_kernels and not any(m["status"] == "instrumented" for _, m in modules):
         counts: dict[str, int] = {}
         for _, m in modules:

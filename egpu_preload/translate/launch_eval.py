@@ -65,7 +65,7 @@ def evaluated(obj: BpfObject, verified: Sequence[VerifiedProgram]) -> dict[int, 
     of ``obj.programs``, in order)."""
     touched = [_touched(v, len(obj.maps)) for v in verified]
     chosen = {i for i, (p, v) in enumerate(zip(obj.programs, verified, strict=True))
-              if p.attach.kind in KINDS and _alone(v, obj.maps)}
+              if p.attach.kind in KINDS and _alone(v, obj.maps, touched[i])}
     while True:   # a map another program touches keeps every program that touches it in the kernel
         shared = set().union(*(touched[i] for i in range(len(verified)) if i not in chosen))
         widths: dict[int, set[int]] = {}
@@ -91,8 +91,9 @@ def _touched(v: VerifiedProgram, nmaps: int) -> set[int]:
     return set(range(nmaps)) if None in refs else refs   # type: ignore[arg-type]
 
 
-def _alone(v: VerifiedProgram, maps: Sequence[MapDef]) -> bool:
-    """Whether every run of the program does the same, whoever runs it (the module docstring's list)."""
+def _alone(v: VerifiedProgram, maps: Sequence[MapDef], touched: set[int]) -> bool:
+    """Whether every run of the program does the same, whoever runs it (the module docstring's list);
+    ``touched``: the maps it may touch (_touched)."""
     if v.ctx_reads or v.budgeted or v.callbacks:
         return False
     for insn in v.insns:
@@ -100,7 +101,7 @@ def _alone(v: VerifiedProgram, maps: Sequence[MapDef]) -> bool:
             continue
         if insn.src != CALL_HELPER or insn.imm != _LOOKUP or insn.pc not in v.consts or v.maps.get(insn.pc) is None:
             return False
-    for index in _touched(v, len(maps)):
+    for index in touched:
         m = maps[index]
         if m.type != MAP_ARRAY or m.readonly or not v.value_uses.get(index, frozenset()) <= set(_ADDS):
             return False
