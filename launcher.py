@@ -948,9 +948,8 @@ def run_cmd(ctx: typer.Context,
                                                 "egpu attach reaches SASS-only kernels (PyTorch's); CUPTI "
                                                 "(torch.profiler, --durations) cannot share the process with it"),
             in_kernel: bool = typer.Option(False, "--in-kernel",
-                                           help="run every kernel probe inside the kernel on the SASS back end, "
-                                                "even a counter the launch alone gives (counted by egpu at the "
-                                                "launch otherwise)"),
+                                           help="run every kernel probe inside the kernel, even a counter the "
+                                                "launch alone gives (counted by egpu at the launch otherwise)"),
             interval: Optional[float] = typer.Option(None, "--interval", metavar="S", min=0.05,
                                                      help="also print the maps every S seconds while the job runs"),
             uprobe: list[str] = typer.Option([], "--uprobe", metavar="PROG=PATH:SYMBOL",

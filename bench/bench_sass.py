@@ -7,8 +7,8 @@ calibration, repetitions of about 100 ms; the median per unit), so start-up, pat
 
 - vecadd (bench/workloads/kernels.cu: 16 Mi threads, PTX and SASS, so both back ends serve it): plain, and
   the entry/exit and memory-access counters (bench/probes) under --backend ptx and --backend sass, the
-  entry/exit counter under --backend sass both counted at the launch (translate/launch_eval.py: the default)
-  and patched into the kernel (``_in_kernel``: egpu-run --in-kernel); sanitizer_empty and sanitizer_empty_mem
+  entry/exit counter under each back end both counted at the launch (translate/launch_eval.py: the default)
+  and put into the kernel (``_in_kernel``: egpu-run --in-kernel); sanitizer_empty and sanitizer_empty_mem
   (below).
 - torch_gpu (bench/workloads/frameworks.py: a stock PyTorch eager CNN training step, GPU-bound; SASS only,
   so every probe runs through the SASS back end): plain; torch_profiler (plain inside torch.profiler);
@@ -81,6 +81,7 @@ ENTER_EXIT, MEM = ("enter", "exit"), ("mem",)
 ROWS = (
     Row("plain", "vecadd", None),
     Row("ptx_entry_exit", "vecadd", "ptx", ("entry_exit",)),
+    Row("ptx_entry_exit_in_kernel", "vecadd", "ptx", ("entry_exit",), in_kernel=True),
     Row("sass_entry_exit", "vecadd", "sass", ("entry_exit",)),
     Row("sass_entry_exit_in_kernel", "vecadd", "sass", ("entry_exit",), in_kernel=True),
     Row("ptx_mem_count", "vecadd", "ptx", ("mem_count",)),

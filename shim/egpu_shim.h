@@ -173,8 +173,15 @@ struct egpu_eval_add {
 int egpu_shim_eval_set(void *handle, const struct egpu_eval_add *adds, size_t n);
 /* Every handle is asked again at its next launch (an unload: the driver hands its handles out again). */
 void egpu_shim_eval_forget(void);
-/* 1 while launches count for evaluated programs (the SASS back end's committed generation says so). */
+/* 1 while launches count for evaluated programs (the SASS back end's committed generation says so, or the
+ * PTX back end began). Every flip (egpu_shim_swap) ends the counting, and it never starts again. */
 int egpu_shim_eval_on(void);
+/* Launches count for evaluated programs from now on, for the PTX back end's modules: 1, or 0 where the
+ * counting ended or may not start (a graph may exist). */
+int egpu_shim_eval_begin(void);
+/* A module whose kernels launch kernels from the device was loaded (shim/sass.c, or the PTX back end): the
+ * next launch that counts ends the counting first (egpu_py_eval_end), since device-side launches pass no hook. */
+void egpu_shim_eval_device_launches(void);
 /* Turn launch records on (1) or off (0); returns the previous setting. */
 int egpu_shim_records(int on);
 /* While rings wait for the reader (--trace, --on-full wait): `ctx`, the maps' context, makes whatever may
@@ -216,9 +223,6 @@ void egpu_shim_exec_owner(int pid);
 /* Launches count for evaluated programs from now on (1) or no longer (0): shim/sass.c, as it commits a
  * generation, inside a flip's hold or before any module is patched. */
 void egpu_shim_eval(int on);
-/* A module whose kernels launch kernels from the device was loaded (shim/sass.c): the next launch that
- * counts ends the counting first (egpu_py_eval_end), since device-side launches pass no hook. */
-void egpu_shim_eval_device_launches(void);
 
 /* 0 once egpu_shim_python_gone() was called, or when the process runs a Python other than the shim's
  * (egpu_python_matches): every caller of a part-1 function asks first. */

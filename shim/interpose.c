@@ -743,6 +743,9 @@ EXPORT int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncop
     /* The SASS back end's modules change with the PTX back end's, behind the same hold. */
     if (result == CUDA_SUCCESS && egpu_sass_flip()) result = EGPU_SWAP_SASS;
     if (result == CUDA_SUCCESS) {
+        /* Every flip serves the probes' programs in the kernels, those launches counted included (a live
+         * change, or the end of the counting): launches held here were counted, the next ones run them. */
+        egpu_shim_eval(0);
         pthread_mutex_lock(&publish_lock); /* a fork copies all of the flip or none of it */
         for (size_t i = 0; i < nflips; i++) { /* old targets are never freed: see set_target() */
             set_target(slots[i], targets[i]);
@@ -768,10 +771,11 @@ out:
 /* ---- launch-time evaluation (translate/launch_eval.py): programs whose every run adds the same amounts
  * to the same lanes are not run by the kernel's threads; each launch adds those amounts times the threads,
  * warps or blocks it runs, here, after the driver took it. While the SASS back end's committed generation
- * counts so (egpu_shim_eval), a handle's first launch asks the runtime what it adds (egpu_py_eval_handle),
- * before the gate, since the answer may be a flip. A launch counts inside the gate, so a flip that ends the
- * counting (its generation patches those programs instead) falls wholly before or after each launch. Only
- * launches in the maps' context count, as only they reach a patch's tables. ---- */
+ * counts so, or the PTX back end instruments modules without them (egpu_shim_eval_begin), a handle's first
+ * launch asks the runtime what it adds (egpu_py_eval_handle), before the gate, since the answer may be a flip.
+ * A launch counts inside the gate, so a flip that ends the counting (it puts those programs into the kernels)
+ * falls wholly before or after each launch. Only launches in the maps' context count, as only they reach the
+ * maps. ---- */
 
 struct evals {
     size_t n;
@@ -779,19 +783,33 @@ struct evals {
 };
 static const struct evals no_evals;
 static _Atomic int g_eval_on, g_eval_device;
+static _Atomic int g_eval_ended; /* turned off (a flip, a generation that does not count): never on again */
 static _Atomic int g_graphs; /* a stream capture began or a graph node was made: counting never starts again */
 
-/* Refused once a graph may exist, which replays what it holds unseen. Each side stores before it looks at
- * the other's flag (eval_end), so a graph made meanwhile either sees counting on and ends it, or is seen. */
+/* Refused once a graph may exist, which replays what it holds unseen, once turned off (the flip that ended
+ * it put those programs into the kernels loaded while it counted, and kernels loaded later are instrumented
+ * with them), and once a module launches from the device. Each side stores before it looks at the other's
+ * flag (eval_end), so a graph made meanwhile either sees counting on and ends it, or is seen. */
 void egpu_shim_eval(int on) {
-    if (on && !g_ctx_current) g_ctx_current = (CUresult(*)(CUcontext *))egpu_shim_real("cuCtxGetCurrent");
-    atomic_store(&g_eval_on, on != 0);
-    if (on && atomic_load(&g_graphs)) atomic_store(&g_eval_on, 0);
+    if (!on) {
+        atomic_store(&g_eval_ended, 1);
+        atomic_store(&g_eval_on, 0);
+        return;
+    }
+    if (atomic_load(&g_eval_ended) || atomic_load(&g_eval_device)) return;
+    if (!g_ctx_current) g_ctx_current = (CUresult(*)(CUcontext *))egpu_shim_real("cuCtxGetCurrent");
+    atomic_store(&g_eval_on, 1);
+    if (atomic_load(&g_graphs)) atomic_store(&g_eval_on, 0);
+}
+
+EXPORT int egpu_shim_eval_begin(void) {
+    egpu_shim_eval(1);
+    return atomic_load(&g_eval_on);
 }
 
 EXPORT int egpu_shim_eval_on(void) { return atomic_load(&g_eval_on); }
 
-void egpu_shim_eval_device_launches(void) { atomic_store(&g_eval_device, 1); }
+EXPORT void egpu_shim_eval_device_launches(void) { atomic_store(&g_eval_device, 1); }
 
 /* The previous answer is never freed: a launch on another thread may be reading it (answers are set once
  * per handle and unload, a few thousand in a PyTorch job). */

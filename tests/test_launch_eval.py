@@ -1,7 +1,7 @@
 """Programs evaluated at the launch (translate/launch_eval.py): which qualify, what one run adds, how the
 host's lanes merge into the device's values (runtime/launch_counts.py), and jobs against the stand-in driver
-and sanitizer where the shim counts a SASS-served kernel's launches instead of patching it, until a stream
-capture makes the runtime patch them (shim/interpose.c, eval_*)."""
+and sanitizer where the shim counts a kernel's launches instead of patching it (SASS back end) or instrumenting it
+(PTX back end), until a stream capture makes the runtime put them into the kernels (shim/interpose.c, eval_*)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from egpu_preload.runtime.launch_counts import LaunchCounts
 from egpu_preload.runtime.probes import load_probe, verify_each
 from egpu_preload.translate.launch_eval import evaluated
 from test_sass_live import ThreadedJob, stand_ins, step_cubins  # noqa: F401  (fixtures)
-from test_sass_runtime import job, needs_ptxas, sanitizer_stub, two_kernel_cubin  # noqa: F401  (fixtures)
+from test_sass_runtime import job, launches, needs_ptxas, sanitizer_stub, two_kernel_cubin  # noqa: F401  (fixtures)
 
 ARRAY = ("struct {{ __uint(type, BPF_MAP_TYPE_{kind}); __uint(max_entries, {n}); __type(key, __u32);"
          " __type(value, {value}); }} {name} SEC(\".maps\");\n")
@@ -231,3 +231,57 @@ def test_a_live_attach_ends_the_counting_in_its_flip(stub_job, stand_ins, step_c
     doc = json.loads(next(ln for ln in out.splitlines() if ln.startswith('{"time"')))
     launched = int(re.search(r"launches (\d+) failed 0", out).group(1))
     assert launched > a["launches"] > 20 and doc["maps"]["counts"]["value"] == 32 * a["launches"], out[-2000:]
+
+
+# ---- jobs: the stand-in driver's vecadd from PTX text, served by the PTX back end --------------------------
+
+def _loads(calls: list[str], images: Path) -> list[tuple[int, bool]]:
+    """(index in ``calls``, whether its PTX takes egpu's launch id: instrumented) of every module or library
+    load, from the PTX the stand-in was given (EGPU_STUB_IMAGES)."""
+    found = [(i, int(re.search(r" module=(\d+)", c).group(1))) for i, c in enumerate(calls)
+             if c.startswith(("cuModuleLoad", "cuLibraryLoad")) and " module=" in c]
+    return [(i, "__egpu_launch_id" in (images / f"module-{m}.ptx").read_text()) for i, m in found]
+
+
+@pytest.mark.parametrize("mode", ["module", "library"])
+def test_ptx_launches_count_and_the_module_loads_as_it_is(stub_job, tmp_path, mode):
+    """The PTX back end leaves out what the launch gives: the application's image loads as it is, its kernel
+    takes no launch id, and the 3 launches of 128 threads add 384, 12 warps x 2 and 12 blocks x 5."""
+    doc, calls = job(stub_job, tmp_path, _source(tmp_path, SCOPED), "ptx", mode, str(tmp_path / "missing.so"),
+                     app=("3", "100", "0"), EGPU_STUB_IMAGES=str(tmp_path))
+    assert _values(doc) == [384, 12 * 2, 12 * 5, 0]
+    assert [loaded for _, loaded in _loads(calls, tmp_path)] == [False], calls
+    assert [len(p.split(",")) for p in launches(calls)] == [3] * 3, calls
+    (m,) = doc["modules"]
+    assert (m["status"], m["backend"]) == ("instrumented", "ptx")
+    assert [tuple(k[:3]) for k in m["kernels"]] == [("vecadd", "instrumented", "counted at the launch")]
+
+
+def test_ptx_kernel_selects_what_launches_count(stub_job, tmp_path):
+    doc, calls = job(stub_job, tmp_path, _source(tmp_path, SCOPED), "ptx", "module", str(tmp_path / "missing.so"),
+                     "--kernel", "halve", app=("3", "100", "0"))
+    (m,) = doc["modules"]
+    assert m["status"] == "untouched" and m["kernels"] == [["vecadd", "untouched", "not selected by halve"]]
+    assert not any(p["maps"] for p in doc["probes"])   # nothing counted, nothing instrumented: all zero
+
+
+def test_ptx_in_kernel_instruments_them_instead(stub_job, tmp_path):
+    doc, calls = job(stub_job, tmp_path, _source(tmp_path, SCOPED), "ptx", "module", str(tmp_path / "missing.so"),
+                     "--in-kernel", app=("3", "100", "0"), EGPU_STUB_IMAGES=str(tmp_path))
+    assert _values(doc) == [0, 0, 0, 0]   # the stand-in runs no PTX
+    assert [loaded for _, loaded in _loads(calls, tmp_path)] == [True], calls
+    assert [len(p.split(",")) for p in launches(calls)] == [4] * 3, calls   # the launch id after its own three
+
+
+@pytest.mark.parametrize("mode", ["module", "library"])
+def test_ptx_capture_ends_the_counting_in_one_flip(stub_job, tmp_path, mode):
+    """2 launches counted, then a stream capture: before it begins, one flip loads a copy of the module
+    instrumented with the programs, which the 2 captured launches (replayed unseen later) and the 2 after run
+    (they pass the launch id); none of them is counted on the host."""
+    doc, calls = job(stub_job, tmp_path, _source(tmp_path, SCOPED), "ptx", mode, str(tmp_path / "missing.so"),
+                     app=("2", "64", "capture"), EGPU_STUB_IMAGES=str(tmp_path))
+    assert _values(doc) == [2 * 64, 2 * 2 * 2, 2 * 2 * 5, 0]
+    begin = calls.index(next(c for c in calls if c.startswith("cuStreamBeginCapture")))
+    loads = _loads(calls, tmp_path)
+    assert [loaded for _, loaded in loads] == [False, True] and loads[1][0] < begin, calls
+    assert [len(p.split(",")) for p in launches(calls)] == [3, 3, 4, 4, 4, 4], calls

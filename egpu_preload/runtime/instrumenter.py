@@ -76,12 +76,13 @@ from egpu_preload.runtime.exit_hook import ExitHook
 from egpu_preload.runtime.launch_counts import LaunchCounts
 from egpu_preload.runtime.probes import Probe, load_probes
 from egpu_preload.translate import devmaps
+from egpu_preload.translate.demangle import matches
 from egpu_preload.translate.devmaps import DeviceMaps
-from egpu_preload.translate.rewrite import KernelStatus, instrument
+from egpu_preload.translate.rewrite import KernelStatus, instrument, launches_on_device
 from egpu_preload.translate.sass_patch import has_sites
 
 LIBRARY_APIS = ("LIBRARY_LOAD_DATA", "LIBRARY_LOAD_FROM_FILE")
-COUNTED = "counted at the launch"   # a SASS-served kernel whose every program a launch evaluates (launch_eval.py)
+COUNTED = "counted at the launch"   # a kernel whose every program a launch evaluates (launch_eval.py)
 STATS = ("launches", "redirected", "records", "dropped", "untracked", "python_calls")
 
 
@@ -112,15 +113,21 @@ class Module:
     replaced_at: float | None = None             # perf_counter when the replacement went to the driver
     context: int | None = None                   # a module's context (its load's); None: a library, in every one
     elsewhere: bool = False                      # loaded in another context than the maps': runs no probe
+    # the PTX back end's: kernels of the app's image whose launches count the programs a launch evaluates,
+    # which the image was instrumented without (Runtime._ptx_counts)
+    counted: frozenset[str] = frozenset()
 
     @property
     def library(self) -> bool:
         return self.api in LIBRARY_APIS
 
     def report(self) -> dict[str, Any]:
-        return {"api": self.api, "call": self.call, "image": self.image, "status": self.status,
-                "backend": self.backend, "timing": dict(self.timing), "elsewhere": self.elsewhere,
-                "kernels": [[k.name, k.status, k.reason] for k in self.kernels.values()]}
+        kernels = [[k.name, "instrumented", COUNTED] if k.name in self.counted and k.status == "untouched"
+                   else [k.name, k.status, k.reason] for k in self.kernels.values()]
+        status = "instrumented" if self.counted and self.status == "untouched" else self.status
+        return {"api": self.api, "call": self.call, "image": self.image, "status": status,
+                "backend": self.backend or ("ptx" if self.counted else ""), "timing": dict(self.timing),
+                "elsewhere": self.elsewhere, "kernels": kernels}
 
 
 class StartError(EgpuError):
@@ -140,6 +147,8 @@ class Runtime:
         self.specs = [s for p in self.probes for s in p.specs]
         # id(probe) -> the lanes launches add to for its programs evaluated at the launch (the start-up probes')
         self.launch_counts = {id(p): LaunchCounts(ffi, p) for p in self.probes if p.evaluated}
+        # what the PTX back end instruments modules with while launches count (_ptx_counts)
+        self.uncounted = [s for p in self.probes for s in p.specs if s.program not in p.evaluated]
         self.loads: list[Module] = []                     # every load, in order (the report)
         self.modules: dict[int, Module] = {}              # module/library handle -> its load
         self.functions: dict[int, tuple[Module, str]] = {}  # kernel/function handle -> (load, name)
@@ -237,13 +246,16 @@ class Runtime:
                 self._serve_sass(mod, text is not None)
                 return None
             mod.ptx, mod.generation = text, self.live.generation
+            counts = not link and self._ptx_counts(text)
             t0 = time.perf_counter()
-            res = instrument(text, self.specs, self.cfg.kernel, link_input=link)
+            res = instrument(text, self.uncounted if counts else self.specs, self.cfg.kernel, link_input=link)
             mod.timing["rewrite_ms"] = (time.perf_counter() - t0) * 1e3
         except EgpuError as e:  # a fatbin or PTX we cannot read: the module runs as it is
             mod.status = f"failed: {e}"
             return None
         mod.kernels = {k.name: k for k in res.kernels}
+        if counts:
+            mod.counted = frozenset(k.name for k in res.kernels if k.status != "failed" and self._evaluated_in(k.name))
         for name in mod.kernels:
             self.kernel_names[kernel_id(name)] = name
         if not any(k.status == "instrumented" for k in res.kernels):
@@ -277,14 +289,17 @@ class Runtime:
             mod.timing["driver_ms"] = (time.perf_counter() - mod.replaced_at) * 1e3
         if replacement_result > 0:
             self._fail(mod, jit_refusal(f"driver JIT error {replacement_result}", jit_log))
-        elif replacement_result == 0 or mod.status == "instrumented":  # replaced, or adopted as it is
+        elif replacement_result == 0 or mod.status == "instrumented" or mod.counted:
+            # replaced, adopted as it is, or counted at the launch: the maps its launches add to must exist
             try:
                 mod.context = None if mod.library else self.driver.context()   # the hook runs in the load's
                 self._fill_tables(handle, mod)
             except EgpuError as e:
+                unpatched = mod.status == "untouched"   # counted only: the image is the app's, without probes
                 self._fail(mod, f"cannot fill the map table: {e}")
                 try:
-                    mod.beside = self.driver.load(mod.original or b"", mod.library)
+                    if not unpatched:
+                        mod.beside = self.driver.load(mod.original or b"", mod.library)
                 except EgpuError as e2:  # nothing safe left: the kernels will fault on their maps
                     print(f"egpu: {api}: {e}; loading the original beside failed too: {e2}", file=sys.stderr)
         mod.original = None
@@ -333,7 +348,7 @@ class Runtime:
         for h in mod.registered:  # the driver may hand these addresses out again
             self.lib.egpu_shim_register(self.ffi.cast("void *", h), self.ffi.NULL)
         self.functions = {h: f for h, f in self.functions.items() if f[0] is not mod}
-        if self.sass.counting:   # the driver may hand the unloaded kernels' handles out again
+        if self.lib.egpu_shim_eval_on():   # the driver may hand the unloaded kernels' handles out again
             self.lib.egpu_shim_eval_forget()
         self.modules = {h: m for h, m in self.modules.items() if m is not mod}
         if self.drainer is not None:
@@ -364,7 +379,7 @@ class Runtime:
         if found is None:   # answered with nothing all the same: asked no more, should the end have failed
             self.end_counting("a kernel launched through a handle no hooked lookup returned")
         mod, name = found or (None, f"handle {handle:#x}")
-        counted = self.sass.counts_in(name) if mod and mod.backend == "sass" and not mod.elsewhere else []
+        counted = self._counts_in(mod, name) if mod is not None and not mod.elsewhere else []
         adds = [a for k, program in counted for a in self.launch_counts[id(self.probes[k])].adds(program)]
         lanes = self.ffi.new("struct egpu_eval_add[]", max(1, len(adds)))
         for lane, (address, delta, width, scope) in zip(lanes, adds):
@@ -372,36 +387,53 @@ class Runtime:
         if self.lib.egpu_shim_eval_set(self.ffi.cast("void *", handle), lanes, len(adds)):
             raise EgpuError(f"{name}: no memory for what its launches count")
 
+    def _counts_in(self, mod: Module, name: str) -> list[tuple[int, int]]:
+        """(probe index, program index) of every program launches of ``mod``'s kernel ``name`` count now."""
+        if mod.backend == "sass":
+            return self.sass.counts_in(name)
+        if name not in mod.counted or mod.serving is not None:
+            return []
+        return [(k, e.program) for k, p in enumerate(self.probes) for e in p.evaluated.values()
+                if matches(p.obj.programs[e.program].attach.glob, name)]
+
+    def _evaluated_in(self, name: str) -> bool:
+        """Whether launches of kernel ``name`` would count a program (--kernel selecting it)."""
+        return (self.cfg.kernel is None or matches(self.cfg.kernel, name)) and any(
+            matches(p.obj.programs[e.program].attach.glob, name) for p in self.probes for e in p.evaluated.values())
+
+    def _ptx_counts(self, text: str) -> bool:
+        """Whether a PTX module loaded now is instrumented without the programs a launch evaluates, its launches
+        counting them (the shim's egpu_shim_eval_begin): while no flip has run, unless --in-kernel. A module
+        whose kernels launch kernels from the device ends the counting at the next launch instead, as such
+        launches pass no hook."""
+        if self.cfg.in_kernel or not self.launch_counts:
+            return False
+        if launches_on_device(text):
+            self.lib.egpu_shim_eval_device_launches()
+            return False
+        return bool(self.lib.egpu_shim_eval_begin())
+
     def end_counting(self, why: str) -> None:
-        """Patch the programs launches have counted so far, in one flip (egpu_py_eval_end: ``why`` is about to
-        make a graph, whose replays no hook sees); egpu-run says so where the flip fails."""
+        """Put the programs launches have counted so far into the kernels, in one flip (egpu_py_eval_end: ``why``
+        is about to make a graph, whose replays no hook sees): live.Live.end_counting. egpu-run says so where the
+        flip fails, or a module's copy does."""
         with self.live.lock:
-            if not self.sass.counting:
+            if not self.lib.egpu_shim_eval_on():
                 return
-            if self.context is None:   # between the first SASS-served load and its maps: no flip can run yet
-                print(f"egpu: {why}: the probes counted at the launch could not be patched into the kernels (their "
+            if self.context is None:   # between the first counted load and its maps: no flip can run yet
+                print(f"egpu: {why}: the probes counted at the launch could not be put into the kernels (their "
                       "first module is still loading): launches that no hook sees run without them", file=sys.stderr)
                 return
-            objects = [p.obj for p in self.probes]
-            with self.driver.current(self.context):
-                tables = sass.table_block(self.memory, self.maps)
-                try:
-                    self.sass.stage(objects, self._device_sm(), tables)
-                    r = live.swap_outside_captures(self, self.context, self.ffi.NULL, 0, self.ffi.NULL, 0,
-                                                   self.ffi.NULL, 0, self.ffi.NULL)
-                    failed = live.swap_failure(self, r) if r else ""
-                except EgpuError as e:
-                    failed = str(e)
-                if failed:
-                    self.sass.unstage()
-                    self.memory.free(tables)
-                    print(f"egpu: {why}: the probes counted at the launch could not be patched into the kernels "
-                          f"({failed}): launches that no hook sees (graph replays) run without them", file=sys.stderr)
-                    return
-                retired = self.sass.committed()
-                if retired is not None:
-                    self.memory.free(retired)
-        self._log(1, f"{why}: probes counted at the launch are patched into the kernels from now on")
+            try:
+                with self.driver.capture_relaxed():   # another thread may be capturing: its capture stands
+                    failed = self.live.end_counting()
+            except EgpuError as e:
+                print(f"egpu: {why}: the probes counted at the launch could not be put into the kernels ({e}): "
+                      "launches that no hook sees (graph replays) run without them", file=sys.stderr)
+                return
+        for line in failed:   # the flip stands: these modules' kernels run without the probes from now on
+            print(f"egpu: {why}: {line}: its kernels run without probes from now on", file=sys.stderr)
+        self._log(1, f"{why}: probes counted at the launch are put into the kernels from now on")
 
     # ---- the pieces ----------------------------------------------------------------------------------
     def _adopt_linked(self, mod: Module, image: hooks.ModuleImage) -> bool:
@@ -551,7 +583,7 @@ class Runtime:
         return self.clock
 
     def _fail(self, mod: Module, reason: str) -> None:
-        mod.status = f"failed: {reason}"
+        mod.status, mod.counted = f"failed: {reason}", frozenset()   # its kernels run no probe, counted or not
         mod.kernels = {n: dataclasses.replace(k, status="failed", reason=reason) if k.status == "instrumented"
                        else k for n, k in mod.kernels.items()}
 

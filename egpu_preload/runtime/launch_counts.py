@@ -1,12 +1,14 @@
 """The host's share of the maps that programs evaluated at the launch add to (translate/launch_eval.py).
 
-While the SASS back end's start-up generation counts (sass.SassBackend.counting), the kernels whose
-programs a launch can evaluate are not patched for them: the shim adds each program's amounts, times the
-threads, warps or blocks launched, to lanes in host memory held here (shim/interpose.c, eval_count), one
-block per evaluated map laid out as the ARRAY's values, each value padded to 8 bytes. Whoever reads the maps
-(the exit dump and every live view: launches.dump_states) adds these lanes to what the device holds, lane by
-lane modulo 2^(8 x width), as a striped counter's rows are summed: the device's part is what the kernels that
-ran the programs added (PTX-instrumented kernels, and every kernel once a flip ended the counting).
+While launches count (the SASS back end's start-up generation, sass.SassBackend.counting, or the PTX back end's
+modules instrumented without those programs: instrumenter.Runtime._ptx_counts), the kernels whose programs a
+launch can evaluate do not run them: the shim adds each program's amounts, times the threads, warps or blocks
+launched, to lanes in host memory held here (shim/interpose.c, eval_count), one block per evaluated map laid out
+as the ARRAY's values, each value padded to 8 bytes. Whoever reads the maps (the exit dump and every live view:
+launches.dump_states) adds these lanes to what the device holds, lane by lane modulo 2^(8 x width), as a striped
+counter's rows are summed: the device's part is what the kernels that ran the programs added (modules loaded
+with them in the kernel: cuLink inputs, egpu-ptxas's cubins, --in-kernel; and every kernel once a flip ended the
+counting).
 """
 
 from __future__ import annotations

@@ -618,6 +618,15 @@ class Live:
                 "sass": {**self._sass_report(sass_note), **sass_phases},
                 "phases_ms": {k: round(1e3 * v, 3) for k, v in phases.items()}}, snapshot
 
+    def end_counting(self) -> list[str]:
+        """One flip that serves the probes attached now with every program in the kernels, as any flip does
+        (egpu_shim_swap ends the counting at the launch): modules instrumented without the programs launches
+        counted get copies with them (_target), the SASS back end a generation that patches them. The modules
+        whose copy the driver refused (they run without probes after it). Raises ControlError (nothing
+        changed)."""
+        result, _ = self._change(self._probes(), time.perf_counter())   # no probe leaves: nothing to snapshot
+        return result["failed"]
+
     def _stage_sass(self, new: list[tuple[str, Probe, DeviceMaps]]) -> tuple[str, dict]:
         """Stage the SASS back end's generation for ``new`` (the flip commits it): "" when staged, else
         why SASS-only kernels keep what they run (the reply says it); and the staging's phases
@@ -743,7 +752,7 @@ class Live:
 
     def _target(self, mod: "Module", probes: list, failed: list[str]) -> Copy | None:
         """The image ``mod`` must run for ``probes``: None for the application's own image, else a copy."""
-        if tuple(id(p) for _, p, _ in probes) == tuple(id(p) for p in mod.probes):
+        if tuple(id(p) for _, p, _ in probes) == tuple(id(p) for p in mod.probes) and not mod.counted:
             return None   # the image the application loaded has exactly these probes (or none)
         try:
             return self._copy_for(mod, probes)

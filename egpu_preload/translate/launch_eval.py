@@ -5,7 +5,8 @@ The suite's entry/exit counter adds a constant to a constant slot of an ARRAY in
 nothing else, so a launch of grid x block threads adds grid x block times that constant, and nothing
 needs to run in the kernel. On the SASS back end that matters most: the Compute Sanitizer's patch
 mechanism alone costs 5x on a PyTorch step whatever the patch does (docs/bench/why.md), and a kernel whose
-every program is evaluated here is not patched at all.
+every program is evaluated here is not patched at all. On the PTX back end such a kernel is left as the
+application gave it, and its threads skip the counter's atomics.
 
 A program qualifies when every path does the same thing whatever thread runs it (the verifier's facts,
 for every path of every function):

@@ -107,6 +107,9 @@ from egpu_preload.translate.striping import stripe_counters
 LAUNCH_PARAM = "__egpu_launch_id"
 # A device-side launch (dynamic parallelism): CUDA 13's __cudaCDP2LaunchDeviceV2, earlier cudaLaunchDevice[V2].
 DEVICE_LAUNCH = re.compile(r"\b(?:__cudaCDP2|cuda)LaunchDevice(?:V2)?\b")
+# Any launch from the device: DEVICE_LAUNCH's, its parameter buffer, or a graph launched by a kernel (shim/sass.c
+# launches_on_device looks for the same names in a cubin).
+ON_DEVICE = re.compile(r"LaunchDevice|GetParameterBuffer|GraphLaunch")
 UNSET_LAUNCH_ID = ("this module launches kernels from the device: a kernel so launched reads an undefined "
                    "ctx->launch_id (the parameter buffer leaves it unset)")
 PARAM_SPACE, PARAM_SPACE_LARGE = 4352, 32764   # bytes of kernel parameters ptxas takes (_check_param_space)
@@ -143,6 +146,7 @@ class ProbeSpec:
     globals: tuple[str, ...] = ()       # module-level declarations, pasted once per module before any ptx
     ctx_fields: frozenset[str] = C.ALL_FIELDS   # the struct egpu_ctx fields it reads: only those are stored
     ctx_words: tuple[int, ...] | None = None    # takes these context words as parameters, not %ctx
+    program: int = -1          # its index in the object's programs (-1: made by hand, in tests)
 
 
 @dataclass(frozen=True)
@@ -174,12 +178,17 @@ def probe_specs(obj: BpfObject, verified: Sequence[VerifiedProgram] | None = Non
         verified = [verify(p.code, obj.maps, file=obj.path, section=p.section) for p in obj.programs]
     stripe_counters(obj, verified)
     specs = []
-    for prog, v in zip(obj.programs, verified, strict=True):
+    for i, (prog, v) in enumerate(zip(obj.programs, verified, strict=True)):
         if prog.attach.kind in ("entry", "exit") or prog.attach.kind in MEM_KINDS:
             pp = probe_function(prog, obj, verified=v, ctx_params=True)
             specs.append(ProbeSpec(prog.attach, pp.name, pp.func, pp.version, pp.sm, pp.globals, pp.ctx_fields,
-                                   pp.ctx_words))
+                                   pp.ctx_words, i))
     return specs
+
+
+def launches_on_device(module_ptx: str) -> bool:
+    """Whether a module's kernels may launch work from the device, which no launch hook sees."""
+    return ON_DEVICE.search(module_ptx) is not None
 
 
 def instrument(module_ptx: str, probes: list[ProbeSpec], only: str | None = None,
