@@ -23,7 +23,9 @@
  * (`env -i`, subprocess's env={}, a program's own LD_PRELOAD) the hook passes a copy with egpu's variables added
  * and the shim put back into LD_PRELOAD beside the program's own entries, as preload tools keep themselves in a
  * process tree; a child left out ran its kernels without probes, and egpu-run said no process loaded CUDA code.
- * Only system and popen (glibc spawns without the PLT) and static or setuid programs get past it.
+ * glibc's system, popen and wordexp spawn their shell by a call of their own, past these hooks, with environ: their
+ * hooks put what environ lacks of egpu's back into it first. Only static or setuid programs, and programs that
+ * exec by a raw system call, get past it.
  */
 #include <Python.h>
 #include <errno.h>
@@ -35,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <wordexp.h>
 
 #include "egpu_shim.h"
 #include "egpu_launchvm.h"
@@ -261,15 +264,18 @@ static size_t carry(char *const envp[], char **out, char *buf, size_t *bytes) {
     char *vec_[slots_ + 1], buf_[bytes_ + 1]; \
     char *const *env = slots_ ? (carry(envp, vec_, buf_, &bytes_), vec_) : (envp)
 
-enum exec_fn { EXECVE, EXECVPE, FEXECVE, EXECVEAT, POSIX_SPAWN, POSIX_SPAWNP, EXEC_FNS };
+enum exec_fn { EXECVE, EXECVPE, FEXECVE, EXECVEAT, POSIX_SPAWN, POSIX_SPAWNP, SYSTEM, POPEN, WORDEXP, EXEC_FNS };
 static const char *const exec_names[EXEC_FNS] = {"execve", "execvpe", "fexecve", "execveat", "posix_spawn",
-                                                 "posix_spawnp"};
+                                                 "posix_spawnp", "system", "popen", "wordexp"};
 static _Atomic(void *) exec_reals[EXEC_FNS]; /* NULL where libc lacks one (execveat before glibc 2.34) */
 typedef int (*execve_fn)(const char *, char *const[], char *const[]);
 typedef int (*fexecve_fn)(int, char *const[], char *const[]);
 typedef int (*execveat_fn)(int, const char *, char *const[], char *const[], int);
 typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *, const posix_spawnattr_t *,
                         char *const[], char *const[]);
+typedef int (*system_fn)(const char *);
+typedef FILE *(*popen_fn)(const char *, const char *);
+typedef int (*wordexp_fn)(const char *, wordexp_t *, int);
 
 static void egpu_exec_lookup(void) {
     for (int i = 0; i < EXEC_FNS; i++)
@@ -279,7 +285,7 @@ static void egpu_exec_lookup(void) {
 /* Looked up as the shim loads, in every process, and never in a child on its way to exec: a vfork child shares
  * its parent's memory while the parent's other threads run on, and one of them may hold the loader's lock (inside
  * dlopen) waiting for the vforked thread; a fork child of a threaded process may find the loader's lists half
- * changed. The one piece of work the constructor does: six lookups and the environment to carry (microseconds),
+ * changed. The one piece of work the constructor does: nine lookups and the environment to carry (microseconds),
  * and no Python. */
 __attribute__((constructor)) static void exec_lookup_at_load(void) {
     egpu_exec_lookup();
@@ -354,7 +360,7 @@ EXPORT int execle(const char *path, const char *arg, ...) {
 }
 
 /* posix_spawn replaces no image of this process (no exec phases); its child gets egpu's environment all the same.
- * glibc's own calls of it (system, popen) pass environ and never reach here. */
+ * glibc's own spawns (system, popen, wordexp) never reach here: their hooks follow. */
 #define SPAWN(i, pid, path, actions, attr, argv, envp) ({ \
     spawn_fn fn_ = (spawn_fn)exec_real(i); \
     WITH_EGPU_ENV(envp, env); \
@@ -367,4 +373,46 @@ EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_acti
 EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *actions,
                         const posix_spawnattr_t *attr, char *const argv[], char *const envp[]) {
     return SPAWN(POSIX_SPAWNP, pid, file, actions, attr, argv, envp);
+}
+
+/* ---- system, popen, wordexp ---- */
+
+/* "NAME=value" into this process's environment, for good: putenv keeps the copy. */
+static void put(const char *var) {
+    char *copy = strdup(var);
+    if (copy) putenv(copy);
+}
+
+/* What environ lacks of egpu's environment (carry), put into it; errno as it was. glibc's system, popen and wordexp
+ * spawn their shell with environ by a call of their own, past the hooks above, and take no environment to pass a
+ * copy in: so the process's own gets egpu's variables back, and keeps them (the next child would get them anyway).
+ * strdup and putenv allocate and putenv takes the environment's lock, which no caller here minds: none of the three
+ * is async-signal-safe (system waits for its shell, popen allocates its FILE), so none runs in a signal handler or
+ * a vforked child; that lock keeps another thread's setenv meanwhile, as between two setenv calls. */
+static void carry_into_environ(void) {
+    char **own = environ;
+    size_t bytes, slots = carry(own, NULL, NULL, &bytes);
+    if (!slots) return;
+    char *vec[slots], buf[bytes + 1];
+    int e = errno;
+    carry(own, vec, buf, &bytes);
+    size_t n = 0, k = 0; /* what own lacks (a list joined with egpu's entry, a variable added) to vec's front */
+    for (; own && own[k]; k++)
+        if (vec[k] != own[k]) vec[n++] = vec[k];
+    for (; vec[k]; k++) vec[n++] = vec[k];
+    for (k = 0; k < n; k++) put(vec[k]); /* only now: putenv may move and free own */
+    errno = e;
+}
+
+/* The real function i (a `type`) called with the arguments once environ has egpu's environment; `failed` with
+ * ENOSYS where libc lacks it. */
+#define SHELL(i, type, failed, ...) ({ \
+    type fn_ = (type)exec_real(i); \
+    carry_into_environ(); \
+    fn_ ? fn_(__VA_ARGS__) : (errno = ENOSYS, failed); })
+
+EXPORT int system(const char *command) { return SHELL(SYSTEM, system_fn, -1, command); }
+EXPORT FILE *popen(const char *command, const char *mode) { return SHELL(POPEN, popen_fn, NULL, command, mode); }
+EXPORT int wordexp(const char *words, wordexp_t *w, int flags) {
+    return SHELL(WORDEXP, wordexp_fn, WRDE_NOSPACE, words, w, flags);
 }

@@ -658,6 +658,68 @@ def test_a_process_execd_with_an_environment_of_its_own_runs_the_probes(stub_job
         assert r.stdout.splitlines()[0] == first[how]
 
 
+SHELLS = r"""/* app_shells HOW DRIVER_DIR APP: takes egpu's variables out of its environment as HOW says (clearenv,
+ * environ = NULL, unsetenv or setenv of LD_PRELOAD), then runs `APP module K 32 0` through system (K = 1), popen
+ * (2) and wordexp's command substitution (3), taking them out again before each; each shell first prints the
+ * call's name and its LD_PRELOAD. Exits 1 where a call fails or its shell does. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <wordexp.h>
+
+extern char **environ;
+
+int main(int argc, char **argv) {
+    static const char *const calls[] = {"system", "popen", "wordexp"};
+    int failed = argc != 4;
+    for (int k = 1; k <= 3 && !failed; k++) {
+        char cmd[4096], word[4200], line[4096];
+        snprintf(cmd, sizeof cmd, "printf '%%s %%s\\n' %s \"$LD_PRELOAD\"; LD_LIBRARY_PATH=%s exec %s module %d 32 0",
+                 calls[k - 1], argv[2], argv[3], k);
+        if (!strcmp(argv[1], "clearenv")) clearenv();
+        else if (!strcmp(argv[1], "environ = NULL")) environ = NULL;
+        else if (!strcmp(argv[1], "unsetenv")) unsetenv("LD_PRELOAD");
+        else setenv("LD_PRELOAD", "libm.so.6", 1);
+        fflush(stdout);
+        if (k == 1) {
+            failed = system(cmd) != 0;
+        } else if (k == 2) {
+            FILE *f = popen(cmd, "r");
+            while (f && fgets(line, sizeof line, f)) fputs(line, stdout);
+            failed = !f || pclose(f) != 0;
+        } else {
+            wordexp_t w;
+            snprintf(word, sizeof word, "\"$(%s)\"", cmd);
+            failed = wordexp(word, &w, 0) || w.we_wordc != 1;
+            if (!failed) printf("%s\n", w.we_wordv[0]);
+            if (!failed) wordfree(&w);
+        }
+    }
+    return failed;
+}
+"""
+
+
+@pytest.mark.parametrize("how", ["clearenv", "environ = NULL", "unsetenv", "setenv"])
+def test_a_shell_started_by_system_popen_or_wordexp_runs_the_probes(stub_job, probe_obj, tmp_path, how):
+    """A C program that empties its environment (clearenv, environ = NULL) or takes the shim out of its LD_PRELOAD
+    (unsetenv, setenv of its own), then runs a command through system, popen or wordexp: glibc spawns their shell
+    with environ by a call of its own, past the posix_spawn hook, and the command ran its kernels without probes,
+    egpu-run saying nothing of it. The shim puts egpu's variables back into the environment first
+    (shim/process.c); the program's own LD_PRELOAD stays, after the shim."""
+    src, app = tmp_path / "app_shells.c", tmp_path / "app_shells"
+    src.write_text(SHELLS)
+    subprocess.run(["gcc", "-O1", "-Wall", "-Werror", str(src), "-o", str(app)], check=True)
+    r = egpu_run(["-p", str(probe_obj("count")), str(app), how, str(stub_job.driver_dir), str(stub_job.app)],
+                 stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
+    preload = f"{stub_job.shim} libm.so.6" if how == "setenv" else str(stub_job.shim)
+    ran = [line for k, call in enumerate(["system", "popen", "wordexp"], 1)
+           for line in (f"{call} {preload}", f"app_vec module launches={k} threads=32 result=0")]
+    assert (r.returncode, r.stdout.splitlines()[:6]) == (0, ran), (r.stdout, r.stderr)
+    counts = re.findall(r"^pid \d+: \S+ module (\d) 32 0\n@counts: (\d+)$", r.stdout, re.M)
+    assert sorted(counts) == [("1", "1"), ("2", "2"), ("3", "3")], (r.stdout, r.stderr)
+
+
 def test_egpu_run_inside_a_job_of_egpu_run_refuses(stub_job, probe_obj, tmp_path):
     """A job that runs egpu-run itself: the inner one would replace the outer one's settings in its job, so the
     outer probes never reached those processes and the outer one said no process loaded CUDA code. The inner
