@@ -220,8 +220,8 @@ void egpu_shim_exec_owner(int pid);
 
 /* ---- part 3: C only ---- */
 
-/* Launches count for evaluated programs from now on (1) or no longer (0): shim/sass.c, as it commits a
- * generation, inside a flip's hold or before any module is patched. */
+/* Launches count for evaluated programs from now on (1: shim/sass.c, as it commits a generation that counts,
+ * refused once a graph may exist or the counting ended) or no longer, for good (0: every flip, in its hold). */
 void egpu_shim_eval(int on);
 
 /* 0 once egpu_shim_python_gone() was called, or when the process runs a Python other than the shim's

@@ -603,7 +603,9 @@ static int commit(struct generation *g) {
         r = -1;
     } else {
         atomic_store_explicit(&g_current, g, memory_order_release);
-        egpu_shim_eval(g->evaluates);
+        /* A generation that counts turns the counting on (unless it ended); none turns it off, as the PTX back
+         * end's modules may count: a flip ends it (egpu_shim_swap), for both back ends at once. */
+        if (g->evaluates) egpu_shim_eval(1);
         atomic_fetch_add(&g_generation, 1); /* every function's programs asked again */
         atomic_fetch_add(&g_stats.flips, 1);
         launch_domain_as_patched(); /* off in standby, or when no kernel of any module runs a program */
