@@ -6,8 +6,10 @@ Columnar because a memory trace is billions of rows of a few integer fields: per
 compression make them small, and every data tool reads both forms. Parquet is the smaller and the more
 widely read; Arrow IPC is written 2-3x faster (no encoding, its buffers compressed with zstd on every
 core: 1 M access records in 0.08 s against 0.19 s on the CI machine, bench/bench_trace_writer.py), for
-traces whose drain would otherwise wait for the writer. Perfetto's protobuf suits records with a ``ts`` only;
-``egpu trace --perfetto`` converts to it, ``egpu trace --parquet`` from Arrow IPC to Parquet.
+traces whose drain would otherwise wait for the writer; warp memory records, whose bytes are one column, only
+1.2-1.3x (1 M in 0.21-0.29 s against 0.26-0.36 s: zstd over that column, on one core, is most of either).
+Perfetto's protobuf suits records with a ``ts`` only; ``egpu trace --perfetto`` converts to it, ``egpu trace
+--parquet`` from Arrow IPC to Parquet.
 
 Columns, one row per record, in the order each ring committed them:
 - ``map`` (string, dictionary encoded): the ring or perf map's name; ``trace_printk`` for that ring
@@ -229,6 +231,10 @@ class TraceWriter:
     def _open(self, sink: Any, schema: Any) -> tuple[Any, Any]:
         pa = self.pa
         if self.arrow:
+            # zstd (Arrow's level 1) is most of an IPC write: 80% of the writer's CPU time for 1 M warp records on the
+            # CI machine, their bytes one buffer a batch, which one core compresses (Arrow compresses a batch's buffers
+            # in parallel, not one buffer in pieces). lz4 wrote them 1.75x faster into a file 1.73x larger (per-lane
+            # records: 1.5x faster, 3.2x larger); zstd's negative levels were no faster there (2026-12-07).
             return sink, pa.ipc.new_file(sink, schema, options=pa.ipc.IpcWriteOptions(compression="zstd",
                                                                                       use_threads=True))
         return sink, pa.parquet.ParquetWriter(sink, schema, **PARQUET)
