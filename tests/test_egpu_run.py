@@ -45,7 +45,7 @@ def test_exit_status_is_the_jobs(stub_job, probe_obj, tmp_path, status, exit_sta
         assert r.stderr.splitlines() == ["egpu-run: no maps: the job was killed by signal 15 (SIGTERM) before "
                                          "any copy of its maps (--mirror 1: a copy every 1 s)"]
     else:
-        assert lines[1:] == ["@counts: 0"]
+        assert lines[1:] == ["@counts: 128"]   # 2 launches x 64 threads, counted at the launch
         assert r.stderr == ""
 
 
@@ -85,7 +85,7 @@ def test_a_job_that_closes_every_descriptor_after_the_mirror_keeps_every_line_of
     out = tmp_path / "out.txt"
     r = egpu_run(["--mirror", "0.05", "-p", str(probe_obj("count")), sys.executable, "-c", AFTER_THE_MIRROR,
                   str(MORE), str(out)], stub_job.env(tmp_path / "log"))
-    assert (r.returncode, r.stderr, r.stdout) == (0, "", "@counts: 0\n"), r.stderr
+    assert (r.returncode, r.stderr, r.stdout) == (0, "", "@counts: 64\n"), r.stderr
     assert out.read_text() == "mine\n" * 20
 
 
@@ -176,7 +176,7 @@ def test_json_gives_one_document_per_process(stub_job, probe_obj, tmp_path):
     out, doc = r.stdout.splitlines()
     assert out.startswith("app_vec fatbin")
     d = json.loads(doc)
-    assert d["maps"] == {"counts": {"kind": "scalar", "value": 0}}
+    assert d["maps"] == {"counts": {"kind": "scalar", "value": 32}}
     assert isinstance(d["pid"], int) and d["rank"] is None
 
 
@@ -207,7 +207,7 @@ def test_output_file_keeps_the_maps_apart_from_the_jobs_stdout(stub_job, probe_o
                   "0"], stub_job.env(tmp_path / "log"))
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("app_vec fatbin") and "maps" not in r.stdout
-    assert json.loads(maps.read_text())["maps"] == {"counts": {"kind": "scalar", "value": 0}}
+    assert json.loads(maps.read_text())["maps"] == {"counts": {"kind": "scalar", "value": 32}}
     missing = tmp_path / "no" / "maps.json"
     r = egpu_run(["-o", str(missing), "-p", str(probe_obj("count")), str(stub_job.app), "fatbin", "1", "32", "0"],
                  stub_job.env(tmp_path / "log"))
@@ -223,14 +223,14 @@ def test_a_job_of_several_processes_prints_each(stub_job, probe_obj, tmp_path):
     heads = [ln for ln in r.stdout.splitlines() if ln.startswith("pid ")]
     assert [h.split(": ", 1)[1] for h in heads] == [f"{app} module 1 32 0", f"{app} library 2 64 0"]
     assert all(" rank 5:" in h for h in heads)
-    assert r.stdout.count("@counts: 0") == 2
+    assert re.findall(r"^@counts: (\d+)$", r.stdout, re.M) == ["32", "128"]   # launches x threads, each
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
 def test_multiprocessing_workers_are_each_instrumented(stub_job, probe_obj, tmp_path, method):
     """A parent that never touches CUDA starts 2 workers (app_workers.py); worker i launches 3 + i times,
-    each launch counted in the probe's map by the stand-in. Fork and forkserver workers end in os._exit,
-    past atexit, and must still leave their maps."""
+    each launch of 32 threads counted in the probe's map by the worker's shim. Fork and forkserver workers end
+    in os._exit, past atexit, and must still leave their maps."""
     log = tmp_path / "log"
     r = egpu_run(["-p", str(probe_obj("count")), sys.executable, str(MORE / "app_workers.py"), method, "2", "3"],
                  stub_job.env(log, EGPU_STUB_PROBE_COUNTS="1"))
@@ -238,9 +238,11 @@ def test_multiprocessing_workers_are_each_instrumented(stub_job, probe_obj, tmp_
     workers = dict(re.findall(r"^worker (\d) pid (\d+) result=0$", r.stdout, re.M))
     assert len(workers) == 2, r.stdout
     counts = dict(re.findall(r"^pid (\d+): .*\n@counts: (\d+)$", r.stdout, re.M))
-    assert counts == {workers["0"]: "3", workers["1"]: "4"}, r.stdout
-    tables = re.findall(r"^(\d+) cuModuleGetGlobal_v2 module=1 name=__egpu_maps_\w+ found=1$", log.read_text(), re.M)
-    assert sorted(tables) == sorted(workers.values())  # each loaded the instrumented module and filled its table
+    assert counts == {workers["0"]: "96", workers["1"]: "128"}, r.stdout
+    # each loaded the module as the application gave it (its launches counted on the host) and laid out its maps
+    loads = re.findall(r"^(\d+) cuModuleLoadData module=1 kind=ptx instrumented=0$", log.read_text(), re.M)
+    maps = re.findall(r"^(\d+) cuMemAlloc_v2 ", log.read_text(), re.M)
+    assert sorted(loads) == sorted(set(maps)) == sorted(workers.values())
 
 
 FORK_AFTER_CUDA = """import os, sys, time
@@ -263,7 +265,7 @@ def test_a_child_forked_after_cuda_leaves_the_parents_maps_alone(stub_job, probe
     r = egpu_run(["--mirror", "0.05", "-p", str(probe_obj("count")), sys.executable, "-c", FORK_AFTER_CUDA,
                   str(MORE)], stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
     assert r.returncode == 0, r.stderr
-    assert (r.stdout, r.stderr) == ("done\n@counts: 2\n", "")
+    assert (r.stdout, r.stderr) == ("done\n@counts: 64\n", "")
 
 
 WORKER_AFTER_CUDA = """import os, sys, time
@@ -298,7 +300,7 @@ def test_a_worker_forked_after_cuda_calls_no_cuda(stub_job, probe_obj, tmp_path)
     assert said == (f"maps: process {child}: process {child} was forked from {parent} after CUDA started there, and "
                     "the driver refuses CUDA in it (cuInit failed: CUDA_ERROR_NOT_INITIALIZED): it has no maps, "
                     f"modules or probes of its own (egpu maps {parent} reads its parent's)")
-    assert (maps, r.stderr) == (["@counts: 2"], "")
+    assert (maps, r.stderr) == (["@counts: 64"], "")
     # the request's one question to the driver, nothing before it
     assert [ln for ln in log.read_text().splitlines() if ln.split()[0] == child] == [f"{child} cuInit flags=0"]
 
@@ -339,7 +341,7 @@ def test_a_worker_that_ends_before_its_dump_is_named(stub_job, probe_obj, tmp_pa
     r = egpu_run(["--mirror", "0", "-p", str(probe_obj("count")), *argv],
                  stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
     assert r.returncode == 0, r.stderr
-    worker = re.fullmatch(r"worker (\d+)\n@counts: 2\n", r.stdout)
+    worker = re.fullmatch(r"worker (\d+)\n@counts: 64\n", r.stdout)
     assert worker, r.stdout
     # named by its command too: the parent's, which it was forked with
     assert r.stderr.splitlines() == [f"egpu-run: pid {worker[1]} ({dump.command(argv)}) ended (killed?) before its "
@@ -385,11 +387,11 @@ def test_a_process_still_running_when_the_job_ends_is_named(stub_job, probe_obj,
     if mirror == "3":
         assert line == (f"egpu-run: {who} was still running when the job's main process ended, before any "
                         "copy of its maps: its counts are missing")
-        assert r.stdout.endswith("\n@counts: 2\n")
+        assert r.stdout.endswith("\n@counts: 64\n")
         return
     assert re.fullmatch(rf"egpu-run: {re.escape(who)} was still running when the job's main process ended: its "
                         r"maps are as of its last copy, \d+\.\d s old", line), line
-    assert r.stdout.split(f"\npid {orphan}: ")[1].endswith(f"{MORE} {mirror}\n@counts: 3\n"), r.stdout
+    assert r.stdout.split(f"\npid {orphan}: ")[1].endswith(f"{MORE} {mirror}\n@counts: 96\n"), r.stdout
 
 
 DAEMON = """
@@ -430,7 +432,7 @@ def test_a_daemon_that_starts_cuda_after_the_main_process_ends(stub_job, probe_o
     assert r.returncode == 0, r.stderr
     daemon = re.match(r"daemon (\d+)\n", r.stdout)[1]
     if wait_all:
-        assert r.stdout == f"daemon {daemon}\n@counts: 3\n" and r.stderr == "", (r.stdout, r.stderr)
+        assert r.stdout == f"daemon {daemon}\n@counts: 96\n" and r.stderr == "", (r.stdout, r.stderr)
         return
     assert r.stdout == f"daemon {daemon}\n"
     assert r.stderr.splitlines() == [
@@ -452,7 +454,7 @@ def test_egpu_run_waiting_for_a_daemon_passes_it_a_signal(stub_job, probe_obj, t
     os.kill(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err   # the job's main process's status
-    assert out == "@counts: 3\n"
+    assert out == "@counts: 96\n"
     assert re.fullmatch(rf"egpu-run: pid {daemon} \({re.escape(dump.command(argv))}\) ended \(killed\?\) before its "
                         r"exit dump: its maps are as of its last copy, \d+\.\d s old\n", err), err
 
@@ -496,7 +498,7 @@ def test_an_exec_keeps_the_counts_of_the_image_it_replaces(stub_job, probe_obj, 
     assert r.stdout.startswith(failed + first + "app_vec module launches=1 threads=32 result=0\n"), r.stdout
     images = re.findall(r"^pid (\d+)( before exec \d)?: .*?\n@counts: (\d+)$", r.stdout, re.M | re.S)
     pid = images[0][0] if images else None
-    assert images == [(pid, " before exec 1", "5" if how == "failed" else "3"), (pid, "", "1")], r.stdout
+    assert images == [(pid, " before exec 1", "160" if how == "failed" else "96"), (pid, "", "32")], r.stdout
     new = f"{stub_job.app}" if how == "c-program" else f"{sys.executable} {MORE}/app_vec.py"
     assert r.stdout.split(f"pid {pid}: ")[1].startswith(f"{new} module 1 32 0\n")
     assert r.stderr == ""
@@ -532,12 +534,12 @@ def test_an_image_an_exec_made_and_killed_is_named(stub_job, probe_obj, tmp_path
     execd = "exec'd"   # the killed image, named by its own command, not the first image's
     who = f"pid {pid[1]} ({dump.command([sys.executable, str(script), str(MORE), mirror, execd])})"
     if mirror == "0":
-        assert r.stdout == "@counts: 3\n"
+        assert r.stdout == "@counts: 96\n"
         assert line == (f"egpu-run: {who} was ended by signal 9 (SIGKILL) before its exit dump and before any "
                         "copy of its maps: its counts are missing")
         return
     images = re.findall(r"^pid (\d+)( before exec 1)?: .*?\n@counts: (\d+)$", r.stdout, re.M | re.S)
-    assert images == [(pid[1], " before exec 1", "3"), (pid[1], "", "2")], r.stdout
+    assert images == [(pid[1], " before exec 1", "96"), (pid[1], "", "64")], r.stdout
     assert re.fullmatch(rf"egpu-run: {re.escape(who)} was ended by signal 9 \(SIGKILL\) before its exit dump: its "
                         r"maps are as of its last copy, \d+\.\d s old", line), line
 
@@ -606,7 +608,7 @@ def test_a_python_job_imports_its_own_packages_not_egpus(stub_job, probe_obj, tm
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["0.0+job", "job", str(mine),
                                      str(site / Path(_cffi_backend.__file__).name) if own_cffi
-                                     else _cffi_backend.__file__, "@counts: 2"], r.stderr
+                                     else _cffi_backend.__file__, "@counts: 64"], r.stderr
 
 
 def test_a_c_jobs_pythonpath_holds_none_of_egpus_imports(stub_job, probe_obj, tmp_path):
@@ -619,7 +621,7 @@ def test_a_c_jobs_pythonpath_holds_none_of_egpus_imports(stub_job, probe_obj, tm
     assert r.returncode == 0, r.stderr
     path, *rest = r.stdout.splitlines()
     assert not set(path.split(os.pathsep)) & set(job.import_dirs()), path
-    assert rest == ["app_vec module launches=2 threads=32 result=0", "@counts: 2"], r.stderr
+    assert rest == ["app_vec module launches=2 threads=32 result=0", "@counts: 64"], r.stderr
 
 
 OWN_ENV = """import os, subprocess, sys
@@ -652,7 +654,7 @@ def test_a_process_execd_with_an_environment_of_its_own_runs_the_probes(stub_job
     r = egpu_run(["-p", str(probe_obj("count")), sys.executable, "-c", OWN_ENV, str(MORE), how, str(stub_job.app)],
                  stub_job.env(tmp_path / "log", EGPU_STUB_PROBE_COUNTS="1"))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.endswith("launches=3 threads=32 result=0\n@counts: 3\n"), (r.stdout, r.stderr)
+    assert r.stdout.endswith("launches=3 threads=32 result=0\n@counts: 96\n"), (r.stdout, r.stderr)
     first = {"own LD_PRELOAD": f"{stub_job.shim} libm.so.6", "env={}": "exec failed: No such file or directory"}
     if how in first:
         assert r.stdout.splitlines()[0] == first[how]
@@ -743,7 +745,7 @@ def test_a_stale_egpu_run_pid_refuses_nothing(stub_job, probe_obj, tmp_path):
                        EGPU_SESSION=str(tmp_path / "gone"))
     r = egpu_run(["-p", str(probe_obj("count")), str(stub_job.app), "module", "2", "32", "0"], env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-1] == "@counts: 2", r.stdout
+    assert r.stdout.splitlines()[-1] == "@counts: 64", r.stdout
 
 
 @pytest.mark.parametrize("make, message", [
@@ -782,7 +784,7 @@ def test_a_probe_source_is_compiled_for_the_job(stub_job, tmp_path):
     r = egpu_run(["-p", str(ROOT / "tests" / "probes" / "count.bpf.c"), str(stub_job.app), "module", "1", "32", "0"],
                  stub_job.env(tmp_path / "log"))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[1:] == ["@counts: 0"]
+    assert r.stdout.splitlines()[1:] == ["@counts: 32"]
 
 
 @pytest.mark.parametrize("cmd, status, message", [
@@ -947,7 +949,7 @@ def test_a_probe_path_with_colons_spaces_and_a_newline_reaches_the_job(stub_job,
     shutil.copy(probe_obj("count"), probe)
     r = egpu_run(["-p", str(probe), str(stub_job.app), "module", "1", "32", "0"], stub_job.env(tmp_path / "log"))
     assert r.returncode == 0 and r.stderr == "", r.stderr
-    assert r.stdout.splitlines()[1:] == ["@counts: 0"]
+    assert r.stdout.splitlines()[1:] == ["@counts: 32"]
 
 
 @pytest.mark.parametrize("how", ["other owner", "symlink"])
@@ -968,7 +970,7 @@ def test_a_squatted_session_directory_still_runs_the_job(stub_job, probe_obj, tm
     r = egpu_run(["-p", str(probe_obj("count")), str(stub_job.app), "module", "1", "32", "0"],
                  stub_job.env(tmp_path / "log", TMPDIR=str(tmp)))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[1:] == ["@counts: 0"]
+    assert r.stdout.splitlines()[1:] == ["@counts: 32"]
     [line] = r.stderr.splitlines()
     fallback = re.fullmatch(rf"egpu: {squat}: .*: using ({tmp}/egpu-{os.getuid()}-\w+) instead", line)
     assert fallback, line
@@ -984,7 +986,7 @@ def test_a_runtime_dir_that_is_a_file_still_runs_the_job(stub_job, probe_obj, tm
     r = egpu_run(["-p", str(probe_obj("count")), str(stub_job.app), "module", "1", "32", "3"],
                  stub_job.env(tmp_path / "log", TMPDIR=str(tmp_path / "tmp"), XDG_RUNTIME_DIR=str(runtime)))
     assert r.returncode == 3, r.stderr
-    assert r.stdout.splitlines()[1:] == ["@counts: 0"]
+    assert r.stdout.splitlines()[1:] == ["@counts: 32"]
     [line] = r.stderr.splitlines()
     assert re.fullmatch(rf"egpu: {runtime}/egpu: cannot create it \(Not a directory\): using "
                         rf"{tmp_path}/tmp/egpu-{os.getuid()}-\w+ instead", line), line
@@ -1054,7 +1056,7 @@ def test_kernels_on_a_second_device_never_read_the_maps_of_the_first(stub_job, p
     assert r.returncode == 0, r.stderr
     assert "app_vec devices launches=3 threads=32 result=0" in r.stdout
     assert "probe fault" not in log.read_text()
-    assert "@counts: 3" in r.stdout, r.stdout   # device 0's launches, counted
+    assert "@counts: 96" in r.stdout, r.stdout   # device 0's 3 launches x 32 threads, counted
     # the module loaded on device 1 ran without probes, and the maps do not pass for the whole job's
     assert re.search(r"^egpu-run: pid \d+: 1 load in another context than the maps' \(another GPU's\): their "
                      r"kernels ran without probes$", r.stderr, re.M), r.stderr

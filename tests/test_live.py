@@ -384,7 +384,8 @@ def test_the_original_loaded_beside_stays_for_the_next_detach(stub_job, tmp_path
     """A probe loaded at start, detached: the original PTX loaded beside (a copy with no probe) serves.
     A probe attached and detached again: its copy goes, the original copy serves again, never unloaded."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    job = Job(stub_job, tmp_path, options=("-p", str(probes["count"])))
+    # --in-kernel: the count probe in the kernel, so the application's module is replaced (not counted at the launch)
+    job = Job(stub_job, tmp_path, options=("--in-kernel", "-p", str(probes["count"])))
     hash_count = probes["hash_count"].read_bytes()
     replies, out = cycle(job, [("detach", {}), ("attach", {"probe": hash_count, "name": "h"}), ("detach", {}),
                                ("attach", {"probe": hash_count, "name": "h"}), ("detach", {})])
@@ -672,7 +673,8 @@ def test_a_probe_loaded_at_start_is_detached_and_another_attached(stub_job, tmp_
     launches there, attaching another loads a third copy. (The app's own module keeps the state as of
     the first flip: live.py, module state, says why; not checked here.)"""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    job = Job(stub_job, tmp_path, options=("--json", "-p", str(probes["count"])))
+    # --in-kernel: the count probe in the kernel, so the application's module is replaced (not counted at the launch)
+    job = Job(stub_job, tmp_path, options=("--in-kernel", "--json", "-p", str(probes["count"])))
     modules = egpu(["modules", str(job.pid)], job.env).stdout.splitlines()
     assert modules[0] == "MODULE_LOAD_DATA ptx: instrumented [count]"
     detach = egpu(["detach", str(job.pid), "count"], job.env)
@@ -698,7 +700,8 @@ def test_a_job_whose_every_probe_was_detached_says_so_at_exit(stub_job, tmp_path
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     job = Job(stub_job, tmp_path, options=("-p", str(probes["count"])))
     detach = egpu(["detach", str(job.pid), "count"], job.env)
-    assert detach.returncode == 0 and detach.stdout == "@counts: 0\n", detach.stderr
+    # every launch before the flip counted, 32 threads each
+    assert detach.returncode == 0 and detach.stdout == f"@counts: {32 * flip_at(detach.stderr)}\n", detach.stderr
     status, out, err = job.finish()
     assert status == 0 and "@counts" not in out, err
     assert err.splitlines()[-1] == ("egpu-run: no maps: every probe was detached before the job ended (egpu detach "
@@ -725,15 +728,19 @@ def test_interval_prints_the_maps_while_the_job_runs(stub_job, tmp_path, monkeyp
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     job = Job(stub_job, tmp_path, options=("--interval", "0.2", *(["--json"] if as_json else []),
                                            "-p", str(probes["count"])))
-    job.printed(r"^\{" if as_json else r"^@counts: 0$", 2)   # two intervals (1 s need not hold them when loaded)
+    job.printed(r"^\{" if as_json else r"^@counts: \d+$", 2)   # two intervals (1 s need not hold them when loaded)
     status, out, err = job.finish()
     assert status == 0, err
     if as_json:
         docs = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
-        assert len(docs) >= 3 and all(d["maps"] == {"counts": {"kind": "scalar", "value": 0}} for d in docs)
+        counts = [d["maps"]["counts"]["value"] for d in docs]
+        assert [d["maps"] for d in docs] == [{"counts": {"kind": "scalar", "value": c}} for c in counts]
         assert {d["pid"] for d in docs} == {job.pid}
     else:
-        assert out.count("@counts: 0\n") >= 3  # every interval, then at exit
+        counts = [int(c) for c in re.findall(r"^@counts: (\d+)$", out, re.M)]
+    # every interval, then at exit: counts that only grow, by launches of 32 threads, to the job's every launch
+    assert len(counts) >= 3 and counts == sorted(counts) and all(c % 32 == 0 for c in counts), counts
+    assert counts[-1] == 32 * int(re.search(r"launches=(\d+)", out)[1]), out
 
 
 LAUNCH_PROBE = ROOT / "tests" / "probes" / "launch.bpf.c"   # one map, filled by a launch program (on the host)
@@ -860,8 +867,8 @@ def free_port() -> int:
 
 
 def test_prometheus_scrapes_every_process_while_the_job_runs(stub_job, tmp_path, probes):
-    """Two ranks (ranks.py, a torchrun stand-in) launch 1 and 2 times (the stand-in counts each launch
-    in the probe's map: EGPU_STUB_PROBE_COUNTS), then wait: a scrape has one series per process, labelled
+    """Two ranks (ranks.py, a torchrun stand-in) launch 1 and 2 times (the shim counts each launch's 32 threads
+    in the probe's map), then wait: a scrape has one series per process, labelled
     with its pid and rank, holding its count. Then the job's status comes out as egpu-run's."""
     from prometheus_client.parser import text_string_to_metric_families
     out, stop, port = tmp_path / "out", tmp_path / "stop", free_port()
@@ -883,7 +890,8 @@ def test_prometheus_scrapes_every_process_while_the_job_runs(stub_job, tmp_path,
         _, err = proc.communicate(timeout=30)
     assert len(ranks) == 2 and families["egpu_counts"].type == "gauge"
     samples = sorted(families["egpu_counts"].samples, key=lambda s: s.labels["rank"])
-    assert [(s.labels, s.value) for s in samples] == [({"pid": ranks[r], "rank": r}, float(int(r) + 1)) for r in "01"]
+    assert [(s.labels, s.value) for s in samples] == [({"pid": ranks[r], "rank": r}, 32.0 * (int(r) + 1))
+                                                      for r in "01"]
     assert proc.returncode == 3, err
     assert out.read_text().count("@counts: ") == 3  # each rank and their sum, at exit
 

@@ -129,9 +129,9 @@ def test_the_segment_of_a_process_gone_is_removed(tmp_path):
 
 
 def test_a_job_mirrors_its_maps_for_egpu_maps(stub_job, tmp_path, monkeypatch, probes):
-    """A stand-in job with count attached from the start: the stand-in adds 1 to the probe's map at every
-    instrumented launch (EGPU_STUB_PROBE_COUNTS), so the mirror's count grows and never runs ahead of the
-    launches; the segment is gone when the job ends."""
+    """A stand-in job with count attached from the start: the shim adds each launch's 32 threads to the probe's
+    map (the stand-in would add 1 at an instrumented launch: EGPU_STUB_PROBE_COUNTS), so the mirror's count grows
+    by whole launches and never runs ahead of them; the segment is gone when the job ends."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     job = Job(stub_job, tmp_path, options=("--mirror", "0.05", "-p", str(probes["count"])),
               EGPU_STUB_PROBE_COUNTS="1")
@@ -144,14 +144,14 @@ def test_a_job_mirrors_its_maps_for_egpu_maps(stub_job, tmp_path, monkeypatch, p
             r = egpu(["maps", str(job.pid), "--mirror", "--json"], job.env)
             assert r.returncode == 0, r.stderr
             counts.append(json.loads(r.stdout)["maps"]["counts"]["value"])
-            assert 0 < counts[-1] <= job.launches()
+            assert 0 < counts[-1] <= 32 * job.launches() and counts[-1] % 32 == 0, counts
         text = egpu(["maps", str(job.pid), "--mirror"], job.env)
         assert text.returncode == 0 and text.stdout.startswith("@counts: "), text
         assert path.exists() and os.stat(path).st_mode & 0o777 == 0o600
         status, _, err = job.finish()
     assert status == 0, err
     assert counts == sorted(counts) and counts[0] < counts[-1]
-    assert len(LAUNCH.findall(job.log.read_text())) >= counts[-1]
+    assert 32 * len(LAUNCH.findall(job.log.read_text())) >= counts[-1]
     assert not path.exists()
 
 

@@ -260,7 +260,8 @@ def test_a_load_inside_a_stream_capture_is_instrumented_and_leaves_the_capture_v
 @pytest.mark.parametrize("app, mode", [("c", "module"), ("c", "library"), ("c", "fatbin"), ("python", "module")])
 def test_instrumented_load_fills_the_table_and_appends_launch_ids(stub_job, probe_obj, tmp_path, app, mode):
     cmd = [str(stub_job.app)] if app == "c" else ["python3", str(MORE / "app_vec.py")]
-    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), *cmd, mode, "3", "64", "0")
+    # --in-kernel: the instrumented load is the subject (a counter alone is counted at the launch)
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), "--in-kernel", *cmd, mode, "3", "64", "0")
     assert r.returncode == 0, r.stderr
     # the driver got instrumented PTX: the kernel has a 4th parameter, and each launch passes its id
     assert launches(calls) == ["11,22,64,1", "11,22,64,2", "11,22,64,3"]
@@ -324,7 +325,8 @@ def test_driver_calls_after_the_interpreter_is_gone_pass_through(stub_job, probe
     destructors in PyTorch): the hooks reach the driver without calling into the finalized
     interpreter, and the program exits 0 (it died of SIGSEGV when they called in)."""
     cmd = ["python3", str(MORE / "app_vec.py"), mode, "1", "32", "0", "late"]
-    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), *cmd, PYTHONFAULTHANDLER="1")
+    # --in-kernel: an instrumented module unloaded late (a counter alone is counted at the launch)
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), "--in-kernel", *cmd, PYTHONFAULTHANDLER="1")
     assert r.returncode == 0, r.stderr
     assert launches(calls) == ["11,22,32,1"]
     # the exit dump read the maps back first; the late calls reached the driver after it
@@ -335,8 +337,9 @@ def test_driver_calls_after_the_interpreter_is_gone_pass_through(stub_job, probe
 
 
 def test_without_a_current_context_the_maps_go_to_the_primary_context(stub_job, probe_obj, tmp_path):
-    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), str(stub_job.app), "library", "1", "32", "0",
-                              EGPU_STUB_NO_CONTEXT="1")
+    # --in-kernel: the kernel's table, filled there (a counter alone is counted at the launch)
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), "--in-kernel", str(stub_job.app), "library",
+                              "1", "32", "0", EGPU_STUB_NO_CONTEXT="1")
     assert r.returncode == 0, r.stderr
     assert [c for c in calls if c.startswith("cuDevicePrimaryCtx")] == ["cuDevicePrimaryCtxRetain dev=0"]
     assert {c.split("ctx=")[1] for c in calls if c.startswith("cuMemcpy")} == {"primary"}
@@ -366,8 +369,9 @@ def test_modules_left_alone_are_reported(stub_job, probe_obj, tmp_path, mode, ke
 def test_a_module_the_driver_refuses_is_reported_with_its_jit_log(stub_job, probe_obj, tmp_path, mode):
     """The stand-in's JIT refuses the instrumented PTX (it holds the launch id parameter) with a ptxas log: the
     original runs, and the reason names the log's first lines, in the dump and on egpu-run's stderr."""
-    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), str(stub_job.app), mode, "2", "32", "0",
-                              EGPU_STUB_REFUSE="__egpu_launch_id")
+    # --in-kernel: the instrumented PTX the JIT refuses (a counter alone is counted at the launch)
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), "--in-kernel", str(stub_job.app), mode, "2",
+                              "32", "0", EGPU_STUB_REFUSE="__egpu_launch_id")
     assert r.returncode == 0, r.stderr
     assert launches(calls) == ["11,22,32", "11,22,32"]
     (doc,) = docs
@@ -424,8 +428,9 @@ def test_maps_that_do_not_fit_leave_the_original_running_and_no_stream_behind(st
 def test_a_table_that_cannot_be_filled_sends_launches_to_the_original(stub_job, probe_obj, tmp_path, mode):
     """The app holds the instrumented module; with no maps behind it, its kernels would fault, so the
     runtime loads the original beside it and redirects every launch there, without a launch id."""
-    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), str(stub_job.app), mode, "2", "32", "0",
-                              EGPU_STUB_NO_GLOBALS="1")
+    # --in-kernel: the instrumented module the app holds (a counter alone is counted at the launch)
+    r, docs, calls = run_kept(stub_job, tmp_path, probe_obj("count"), "--in-kernel", str(stub_job.app), mode, "2",
+                              "32", "0", EGPU_STUB_NO_GLOBALS="1")
     assert r.returncode == 0, r.stderr
     load = "cuModuleLoadData" if mode == "module" else "cuLibraryLoadData"
     replaced = "cuModuleLoadDataEx" if mode == "module" else load   # with the JIT's error log asked for
