@@ -272,8 +272,9 @@ def test_a_launch_probe_beside_a_gpu_only_probe(stub_job, probe_obj, tmp_path):
     """launch_count (launch programs only) and count (GPU programs only) in one job: the object without
     launch programs has no host side, and the maps are made and filled all the same (a crash there left
     the table empty, the kernels faulting on their maps)."""
+    # --in-kernel: count's program in the kernel, whose table is the subject (else it is counted at the launch)
     r, docs, calls = run_kept(stub_job, tmp_path, EXAMPLES / "launch_count.bpf.c", "-p", str(probe_obj("count")),
-                              str(stub_job.app), "module", "3", "64", "0")
+                              "--in-kernel", str(stub_job.app), "module", "3", "64", "0")
     assert r.returncode == 0, r.stderr
     assert launch_params(calls) == ["11,22,64,1", "11,22,64,2", "11,22,64,3"]
     (doc,) = docs

@@ -118,7 +118,7 @@ def launches(calls: list[str]) -> list[str]:
 @pytest.mark.parametrize("backend, mode, status, served_by, params, state", [
     ("ptx", "cubin", "SASS only", "", "", "off"),          # the stand-in's cubin kernel takes no params
     ("auto", "cubin", "SASS only", "", "", "failed"),
-    ("auto", "module", "instrumented", "ptx", "11,22,32,1", "failed"),   # PTX needs no sanitizer
+    ("auto", "module", "instrumented", "ptx", "11,22,32", "failed"),   # PTX needs no sanitizer: counted, no id
     ("sass", "module", "SASS only", "", "11,22,32", "failed"),           # never the PTX back end
 ])
 def test_without_a_sanitizer(stub_job, probe_obj, tmp_path, backend, mode, status, served_by, params, state):
