@@ -499,6 +499,8 @@ class Runtime:
             self._log(1, f"{mod.api} {mod.image}: loaded in another context than the maps': its kernels run "
                          "without probes")
             return
+        if mod.status != "instrumented":   # counted at the launch only: the application's image has no table
+            return
         with self.driver.current(self.context):
             for probe, maps in zip(self.probes, self.maps):
                 address = self.driver.global_address(handle, probe.table, mod.library)
