@@ -14,7 +14,7 @@ from egpu_preload.bpf import ctx as C
 from egpu_preload.bpf.program import Attach
 from egpu_preload.translate import ptx
 from egpu_preload.translate.demangle import base_name, matches
-from egpu_preload.translate.rewrite import (LAUNCH_PARAM, ProbeSpec, instrument, memory_access)
+from egpu_preload.translate.rewrite import LAUNCH_PARAM, ProbeSpec, instrument, launches_on_device, memory_access
 
 HEAD = ".version 8.0\n.target sm_90\n.address_size 64\n"
 
@@ -487,6 +487,8 @@ def test_kernels_of_a_module_that_launches_from_the_device_say_their_launch_id_i
     (tmp_path / "dp.cu").write_text(DEVICE_LAUNCH)
     subprocess.run(["nvcc", "-ptx", "-rdc=true", "-arch=sm_90", "dp.cu", "-o", "dp.ptx"], cwd=tmp_path, check=True)
     text = (tmp_path / "dp.ptx").read_text()
+    # no launch hook sees its child launches: launches stop counting (instrumenter.Runtime._ptx_counts)
+    assert launches_on_device(text) and not launches_on_device(".visible .entry k()\n{\n\tret;\n}\n")
     reads = instrument(text, [_probe("entry")])
     assert {k.name: (k.status, k.reason.split(":")[0]) for k in reads.kernels} == \
         {n: ("instrumented", "this module launches kernels from the device") for n in ("_Z5childPi", "_Z6parentPi")}
