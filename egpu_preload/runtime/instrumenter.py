@@ -248,14 +248,19 @@ class Runtime:
             mod.ptx, mod.generation = text, self.live.generation
             counts = not link and self._ptx_counts(text)
             t0 = time.perf_counter()
-            res = instrument(text, self.uncounted if counts else self.specs, self.cfg.kernel, link_input=link)
+            res = instrument(text, self.specs, self.cfg.kernel, link_input=link)
+            if counts:   # counted where the programs would run in the kernel, so a flip changes no count
+                would = {k.name: k for k in res.kernels}
+                mod.counted = frozenset(n for n, k in would.items()
+                                        if k.status == "instrumented" and self._evaluated_in(n))
+                res = instrument(text, self.uncounted, self.cfg.kernel, link_input=link)
+                res.kernels[:] = [would[k.name] if k.status == "untouched" and would[k.name].status == "failed" else k
+                                  for k in res.kernels]   # refused with them: the report says why
             mod.timing["rewrite_ms"] = (time.perf_counter() - t0) * 1e3
         except EgpuError as e:  # a fatbin or PTX we cannot read: the module runs as it is
             mod.status = f"failed: {e}"
             return None
         mod.kernels = {k.name: k for k in res.kernels}
-        if counts:
-            mod.counted = frozenset(k.name for k in res.kernels if k.status != "failed" and self._evaluated_in(k.name))
         for name in mod.kernels:
             self.kernel_names[kernel_id(name)] = name
         if not any(k.status == "instrumented" for k in res.kernels):
