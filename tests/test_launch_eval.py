@@ -285,3 +285,17 @@ def test_ptx_capture_ends_the_counting_in_one_flip(stub_job, tmp_path, mode):
     loads = _loads(calls, tmp_path)
     assert [loaded for _, loaded in loads] == [False, True] and loads[1][0] < begin, calls
     assert [len(p.split(",")) for p in launches(calls)] == [3, 3, 4, 4, 4, 4], calls
+
+
+def test_ptx_a_kernel_the_rewriter_refuses_is_not_counted(stub_job, tmp_path):
+    """vecadd uses a name in egpu's reserved prefix, so the rewriter will not put the probes into it: its launches
+    count nothing either (a flip that ended the counting would change no count), and the report says why, as
+    refused.cu's does on the GPU (tests/test_e2e_gpu.py)."""
+    ptx = tmp_path / "refused.ptx"
+    ptx.write_text(".version 8.0\n.target sm_90\n.address_size 64\n\n.visible .entry vecadd(\n\t.param .u64 a,\n"
+                   "\t.param .u64 b,\n\t.param .u64 n\n)\n{\n\t.reg .b64 %__egpu_mine<2>;\n\tret;\n}\n")
+    doc, calls = job(stub_job, tmp_path, _source(tmp_path, SCOPED), "ptx", "module", str(tmp_path / "missing.so"),
+                     app=("3", "100", "0"), APP_VEC_PTX=str(ptx))
+    (m,) = doc["modules"]
+    assert m["kernels"] == [["vecadd", "failed", "kernel already uses the reserved prefix __egpu"]], m
+    assert not any(p["maps"] for p in doc["probes"]), doc["probes"]

@@ -11,7 +11,7 @@
  * cuLibraryLoadData + cuLibraryGetKernel), fatbin (a fatbin wrapper holding the PTX through
  * cuLibraryLoadData, as cudart loads), cubin (an ELF image: no PTX to instrument), elf (the cubin file
  * APP_VEC_CUBIN names, nvcc's, through cuModuleLoadData: a SASS-only module whose kernels the SASS back
- * end reads from its symbol table), link (the PTX
+ * end reads from its symbol table; module loads the PTX text the file APP_VEC_PTX names instead, if set), link (the PTX
  * through cuLinkAddData, then the cubin cuLinkComplete made, copied, through cuModuleLoadData, as
  * numba does), capture (the fatbin loaded and launched into a stream while it captures a graph in
  * global mode: CUDA's lazy loading loads a module at its first launch, which may be captured), devices (the
@@ -61,6 +61,16 @@ int main(int argc, char **argv) {
         if (!f || !fread(elf, 1, sizeof elf, f)) return 2;
         fclose(f);
         image = elf;
+    }
+    const char *ptx_path = getenv("APP_VEC_PTX");
+    if (!strcmp(argv[1], "module") && ptx_path && *ptx_path) {
+        static char text[1 << 16];
+        FILE *f = fopen(ptx_path, "r");
+        size_t got = f ? fread(text, 1, sizeof text - 1, f) : 0;
+        if (!got) return 2;
+        fclose(f);
+        text[got] = 0;
+        image = text;
     }
     unsigned k = atoi(argv[2]), n = atoi(argv[3]);
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
