@@ -100,7 +100,9 @@ def test_tricky_c_probes_verify(tmp_path, name, mcpu):
 @pytest.mark.parametrize("name", sorted(C_REFUSED))
 def test_c_probes_refused(tmp_path, name, mcpu):
     """Refused quickly too: the worst (a loop waiting on a map value) took 43 s and 480 MB to say "too
-    complex" at the 1M-instruction budget; the cap on pending branches answers in thousands of rounds."""
+    complex" at the 1M-instruction budget; the cap on pending branches answers in thousands of rounds. The bound
+    is far below 43 s and far above the answer's time: 5 s of CPU failed on the CI machine under a load of 5.6
+    (5.7 s, 2026-12-07), where the same work usually takes a few seconds."""
     source, reason = C_REFUSED[name]
     src = tmp_path / f"{name}.bpf.c"
     src.write_text(source)
@@ -109,7 +111,7 @@ def test_c_probes_refused(tmp_path, name, mcpu):
     start = time.process_time()
     with pytest.raises(VerifierError) as info:
         verify(prog.code, obj.maps, file=obj.path, section=prog.section)
-    assert time.process_time() - start < 5
+    assert time.process_time() - start < 15
     assert reason in info.value.reason
 
 
