@@ -249,10 +249,11 @@ class Runtime:
             counts = not link and self._ptx_counts(text)
             t0 = time.perf_counter()
             res = instrument(text, self.specs, self.cfg.kernel, link_input=link)
-            if counts:   # counted where the programs would run in the kernel, so a flip changes no count
-                would = {k.name: k for k in res.kernels}
-                mod.counted = frozenset(n for n, k in would.items()
-                                        if k.status == "instrumented" and self._evaluated_in(n))
+            # counted where the programs would run in the kernel, so a flip changes no count
+            counted = frozenset(k.name for k in res.kernels if k.status == "instrumented"
+                                and self._evaluated_for(k.name)) if counts else frozenset()
+            if counted and self.lib.egpu_shim_eval_begin():
+                would, mod.counted = {k.name: k for k in res.kernels}, counted
                 res = instrument(text, self.uncounted, self.cfg.kernel, link_input=link)
                 res.kernels[:] = [would[k.name] if k.status == "untouched" and would[k.name].status == "failed" else k
                                   for k in res.kernels]   # refused with them: the report says why
@@ -396,27 +397,24 @@ class Runtime:
         """(probe index, program index) of every program launches of ``mod``'s kernel ``name`` count now."""
         if mod.backend == "sass":
             return self.sass.counts_in(name)
-        if name not in mod.counted or mod.serving is not None:
-            return []
+        return self._evaluated_for(name) if name in mod.counted and mod.serving is None else []
+
+    def _evaluated_for(self, name: str) -> list[tuple[int, int]]:
+        """(probe index, program index) of every program a launch evaluates whose glob selects kernel ``name``."""
         return [(k, e.program) for k, p in enumerate(self.probes) for e in p.evaluated.values()
                 if matches(p.obj.programs[e.program].attach.glob, name)]
 
-    def _evaluated_in(self, name: str) -> bool:
-        """Whether launches of kernel ``name`` would count a program (--kernel selecting it)."""
-        return (self.cfg.kernel is None or matches(self.cfg.kernel, name)) and any(
-            matches(p.obj.programs[e.program].attach.glob, name) for p in self.probes for e in p.evaluated.values())
-
     def _ptx_counts(self, text: str) -> bool:
-        """Whether a PTX module loaded now is instrumented without the programs a launch evaluates, its launches
-        counting them (the shim's egpu_shim_eval_begin): while no flip has run, unless --in-kernel. A module
-        whose kernels launch kernels from the device ends the counting at the next launch instead, as such
-        launches pass no hook."""
+        """Whether a PTX module loaded now may leave out the programs a launch evaluates, its launches counting
+        them: unless --in-kernel, and once one of its kernels would run them, where the shim begins the counting
+        (egpu_shim_eval_begin: not after a flip). A module whose kernels launch kernels from the device ends the
+        counting at the next launch instead, as such launches pass no hook."""
         if self.cfg.in_kernel or not self.launch_counts:
             return False
         if launches_on_device(text):
             self.lib.egpu_shim_eval_device_launches()
             return False
-        return bool(self.lib.egpu_shim_eval_begin())
+        return True
 
     def end_counting(self, why: str) -> None:
         """Put the programs launches have counted so far into the kernels, in one flip (egpu_py_eval_end: ``why``
