@@ -427,6 +427,7 @@ class Runtime:
                 print(f"egpu: {why}: the probes counted at the launch could not be put into the kernels (their "
                       "first module is still loading): launches that no hook sees run without them", file=sys.stderr)
                 return
+            start = time.perf_counter()
             try:
                 with self.driver.capture_relaxed():   # another thread may be capturing: its capture stands
                     failed = self.live.end_counting()
@@ -436,7 +437,9 @@ class Runtime:
                 return
         for line in failed:   # the flip stands: these modules' kernels run without the probes from now on
             print(f"egpu: {why}: {line}: its kernels run without probes from now on", file=sys.stderr)
-        self._log(1, f"{why}: probes counted at the launch are put into the kernels from now on")
+        # the flip's time is the copies' rewrite and JIT, which the application waits for once
+        ms = (time.perf_counter() - start) * 1e3
+        self._log(1, f"{why}: probes counted at the launch are put into the kernels from now on (flip {ms:.0f} ms)")
 
     # ---- the pieces ----------------------------------------------------------------------------------
     def _adopt_linked(self, mod: Module, image: hooks.ModuleImage) -> bool:
