@@ -134,10 +134,10 @@ def test_the_readmes_quick_start_and_example_probe_print_what_the_readme_says(sh
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """graphs.cu and refused.cu, built as vecadd is."""
+    """graphs.cu, refused.cu and big_shared.cu, built as vecadd is."""
     out = tmp_path_factory.mktemp("e2e_built")
     exes = {}
-    for name in ("graphs", "refused"):
+    for name in ("graphs", "refused", "big_shared"):
         exes[name] = out / name
         subprocess.run(["nvcc", "-O2", "-arch=sm_90", str(E2E / f"{name}.cu"), "-o", str(exes[name])], check=True)
     return exes
@@ -153,6 +153,20 @@ def test_cuda_graph_replays_run_instrumented_kernels(built, shim, probe_obj, tmp
     lines, docs = split(probed.stdout)
     assert lines == plain.stdout.splitlines()
     assert counts(docs) == [3 * LAUNCHES * THREADS], probed.stderr
+
+
+def test_a_kernel_raised_past_48_kb_of_shared_memory_runs_across_the_flip(built, shim, probe_obj, tmp_path):
+    """big_shared.cu's kernel asks for 64 KB of dynamic shared memory (cudaFuncSetAttribute): counted at the
+    launch, then the capture's flip loads its instrumented copy, which gets that limit too (or the launches
+    after the flip fail): every thread counted, results identical."""
+    plain, probed = plain_and_probed([str(built["big_shared"]), str(LAUNCHES), str(THREADS)], probe_obj("count"),
+                                     shim, tmp_path)
+    assert plain.returncode == 0 and " wrong 0" in plain.stdout, plain.stdout + plain.stderr
+    assert probed.returncode == 0, probed.stdout + probed.stderr
+    lines, docs = split(probed.stdout)
+    assert lines == plain.stdout.splitlines()
+    assert counts(docs) == [3 * LAUNCHES * THREADS], probed.stderr
+    assert "probes counted at the launch are put into the kernels from now on" in probed.stderr, probed.stderr
 
 
 def test_a_kernel_the_rewriter_refuses_runs_as_it_was(built, shim, probe_obj, tmp_path):
