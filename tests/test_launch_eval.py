@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+import sys
 from pathlib import Path
 
 import cffi
@@ -19,6 +20,7 @@ from egpu_preload.maps import MapsState
 from egpu_preload.runtime.launch_counts import LaunchCounts
 from egpu_preload.runtime.probes import load_probe, verify_each
 from egpu_preload.translate.launch_eval import evaluated
+from stub_job import MORE, egpu_run
 from test_sass_live import ThreadedJob, stand_ins, step_cubins  # noqa: F401  (fixtures)
 from test_sass_runtime import job, launches, needs_ptxas, sanitizer_stub, two_kernel_cubin  # noqa: F401  (fixtures)
 
@@ -299,3 +301,25 @@ def test_ptx_a_kernel_the_rewriter_refuses_is_not_counted(stub_job, tmp_path):
     (m,) = doc["modules"]
     assert m["kernels"] == [["vecadd", "failed", "kernel already uses the reserved prefix __egpu"]], m
     assert not any(p["maps"] for p in doc["probes"]), doc["probes"]
+
+
+# ---- the flip that ends the PTX counting, seen from handles the application looked up before it -------------
+
+def _flip_job(stub_job, tmp_path, probe: Path, scenario: str) -> tuple[str, list[str]]:
+    """egpu-run -p PROBE app_flip.py SCENARIO: (its stdout, the stand-in's log without lookups)."""
+    log = tmp_path / "driver.log"
+    r = egpu_run(["-p", str(probe), sys.executable, str(MORE / "app_flip.py"), scenario], stub_job.env(log))
+    assert r.returncode == 0, r.stderr
+    calls = [ln.split(" ", 1)[1] for ln in log.read_text().splitlines()]
+    return r.stdout, [c for c in calls if not c.startswith("cuGetProcAddress")]
+
+
+def test_ptx_a_module_of_another_device_keeps_its_image_at_the_flip(stub_job, tmp_path, probe_obj):
+    """The maps are on device 0; vecadd's module is loaded and launched on device 1, where its kernels run without
+    probes (its table is never filled). The capture's flip must not serve it from a copy loaded in the maps'
+    context: device 1's launches of a device 0 module are refused (the application broke), and if run they would
+    read device 0's maps."""
+    out, calls = _flip_job(stub_job, tmp_path, probe_obj("count"), "devices")
+    assert not [c for c in calls if c.startswith("launch refused")], calls
+    assert "app_flip devices result=0" in out and "@counts: 0" in out, out
+    assert {re.search(r" f=(\S+) ", c)[1] for c in calls if c.startswith("cuLaunchKernel")} == {"vecadd@2"}, calls

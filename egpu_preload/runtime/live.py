@@ -527,7 +527,7 @@ class Live:
     def loaded(self, mod: "Module") -> None:
         """A load that was instrumented under other probes than the attached ones (a swap ran while the
         driver loaded it): serve it from a copy with the attached probes (no kernel handle exists yet)."""
-        if mod.ptx is None or mod.generation == self.generation:
+        if mod.ptx is None or mod.generation == self.generation or mod.elsewhere:
             return
         with self.lock:
             with self.rt.driver.current(self._context()):
@@ -752,6 +752,8 @@ class Live:
 
     def _target(self, mod: "Module", probes: list, failed: list[str]) -> Copy | None:
         """The image ``mod`` must run for ``probes``: None for the application's own image, else a copy."""
+        if mod.elsewhere:   # a copy would load in the maps' context, where another context's launches cannot run it
+            return None     # (its table unfilled, its own image runs no probe)
         if tuple(id(p) for _, p, _ in probes) == tuple(id(p) for p in mod.probes) and not mod.counted:
             return None   # the image the application loaded has exactly these probes (or none)
         try:

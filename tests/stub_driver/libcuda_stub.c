@@ -71,8 +71,15 @@ struct module { int id; char *ptx; const void *elf; size_t elf_size; int device;
 __attribute__((weak)) int egpu_stub_device(void);
 static int current_device(void) { return egpu_stub_device ? egpu_stub_device() : 0; }
 /* loaded: whether its code is (cuFuncIsLoaded); a lookup hands out functions partly loaded, as the driver
- * may under lazy loading, and what may load one loads it */
-struct function { char name[128]; struct module *m; int kernel, loaded; struct function *next, *function; };
+ * may under lazy loading, and what may load one loads it. shared: the dynamic shared memory its launches may
+ * ask for beyond the default 48 KiB (cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES). */
+struct function {
+    char name[128];
+    struct module *m;
+    int kernel, loaded;
+    struct function *next, *function;
+    int shared;
+};
 static struct function *functions; /* every handle handed out: a lookup repeated gets the same one */
 static int next_module = 1;
 
@@ -306,7 +313,11 @@ static CUresult load_function(const char *api, void *f) {
     return OK;
 }
 CUresult cuFuncLoad(void *f) { return load_function(__func__, f); }
-CUresult cuFuncSetAttribute(void *f, int attrib, int value) { return load_function(__func__, f); }
+#define MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+CUresult cuFuncSetAttribute(void *f, int attrib, int value) {
+    if (attrib == MAX_DYNAMIC_SHARED_SIZE_BYTES) ((struct function *)f)->shared = value;
+    return load_function(__func__, f);
+}
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *f, int block, size_t shmem) {
     *blocks = 8;
     return load_function(__func__, f);
@@ -477,9 +488,26 @@ CUresult cuLinkDestroy(void *state) {
     return OK;
 }
 
+/* What the driver refuses of a launch before it runs: more than 48 KiB of dynamic shared memory unless the
+ * function was allowed it (INVALID_VALUE), or a module's function in a context of another device than the
+ * module's (INVALID_HANDLE: the module is not loaded there). 0: taken. Not checked unlogged, as apps launch
+ * made-up handles then (log_launch). */
+static CUresult refused(const char *api, const void *f, unsigned shmem) {
+    const struct function *fn = f;
+    CUresult r = 0;
+    if (!logging()) return 0;
+    if (fn && shmem > 48 * 1024 && shmem > (unsigned)fn->shared) r = INVALID_VALUE;
+    else if (fn && !fn->kernel && fn->m && fn->m->device != current_device()) r = INVALID_HANDLE;
+    if (r)
+        logf_("launch refused api=%s f=%s@%d shmem=%u result=%d", api, fn->name, fn->m ? fn->m->id : 0, shmem, r);
+    return r;
+}
+
 #define LAUNCH(sym) \
     CUresult sym(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
                  unsigned shmem, void *stream, void **params, void **extra) { \
+        CUresult r = refused(#sym, f, shmem); \
+        if (r) return r; \
         log_launch(#sym, f, gx, bx, stream, params, extra, 1); \
         return gx ? OK : INVALID_VALUE; \
     }
@@ -493,6 +521,8 @@ typedef struct {
 } config;
 #define LAUNCH_EX(sym) \
     CUresult sym(const config *c, void *f, void **params, void **extra) { \
+        CUresult r = refused(#sym, f, c->shmem); \
+        if (r) return r; \
         log_launch(#sym, f, c->gx, c->bx, c->stream, params, extra, 1); \
         return OK; \
     }
@@ -502,6 +532,8 @@ LAUNCH_EX(cuLaunchKernelEx_ptsz)
 #define LAUNCH_COOP(sym) \
     CUresult sym(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
                  unsigned shmem, void *stream, void **params) { \
+        CUresult r = refused(#sym, f, shmem); \
+        if (r) return r; \
         log_launch(#sym, f, gx, bx, stream, params, NULL, 1); \
         return OK; \
     }
