@@ -340,12 +340,26 @@ struct target {
 
 struct evals; /* what a launch of the handle adds for programs evaluated at the launch (below) */
 
+/* What the application set on a handle (cuFuncSetAttribute, cuFuncSetCacheConfig, cuKernelSetAttribute,
+ * cuKernelSetCacheConfig), made on every function its launches are sent to as well: when that target is
+ * published, and when the application sets it later (setting_made). A copy's function starts from the
+ * driver's defaults, and one not allowed the dynamic shared memory the application allowed its own refuses
+ * those launches (CUDA_ERROR_INVALID_VALUE). A CUkernel's settings are per device: the last one named is kept. */
+#define ATTRIBUTES 16          /* CUfunction_attribute values below this (those settable: 8, 9, 11-15) */
+#define CACHE_CONFIG ATTRIBUTES /* the cache config's index */
+struct settings {
+    unsigned int made;                                 /* bit i: setting i was made */
+    int value[ATTRIBUTES + 1], device[ATTRIBUTES + 1]; /* device -1: made on a CUfunction */
+};
+static pthread_mutex_t settings_lock = PTHREAD_MUTEX_INITIALIZER;
+
 struct slot {
     _Atomic(void *) key;
     _Atomic(const struct target *) target;  /* NULL: launches run the key itself */
     _Atomic(const struct target *) history; /* the newest target ever published, NULL ones aside */
     _Atomic unsigned long long launches;
     _Atomic(const struct evals *) evals;    /* NULL: not asked since counting began or handles were forgotten */
+    struct settings *settings;              /* what the application set on the handle; under settings_lock */
 };
 
 #define TABLE_SIZE (1u << 16) /* power of two; keys are never removed */
@@ -385,12 +399,31 @@ static inline void escape(const struct target *t) {
     if (!atomic_load_explicit(e, memory_order_relaxed)) atomic_store_explicit(e, 1, memory_order_relaxed);
 }
 
+/* Setting i of `st` made on `function`. */
+static void apply_setting(const struct settings *st, int i, void *function) {
+    int v = st->value[i], dev = st->device[i];
+    if (i == CACHE_CONFIG && dev < 0) CALL_REAL(cuFuncSetCacheConfig, function, v);
+    else if (i == CACHE_CONFIG) CALL_REAL(cuKernelSetCacheConfig, function, v, dev);
+    else if (dev < 0) CALL_REAL(cuFuncSetAttribute, function, i, v);
+    else CALL_REAL(cuKernelSetAttribute, i, v, function, dev);
+}
+
+/* Every setting made on slot s's handle, on `function`, its new target's (under settings_lock). */
+static void apply_settings(const struct slot *s, void *orig, void *function) {
+    const struct settings *st = s->settings;
+    for (int i = 0; st && function && function != orig && i <= ATTRIBUTES; i++)
+        if (st->made >> i & 1) apply_setting(st, i, function);
+}
+
 static int publish(void *orig, void *repl, int launch_id, unsigned int nparams, unsigned int offset) {
     struct slot *s = slot_for(orig, 1);
     if (!s) return -1;
     struct target *t = NULL;
     if (repl && !(t = new_target(repl, launch_id, nparams, offset))) return -1;
+    pthread_mutex_lock(&settings_lock);
     set_target(s, t);
+    apply_settings(s, orig, repl);
+    pthread_mutex_unlock(&settings_lock);
     return 0;
 }
 
@@ -756,6 +789,9 @@ EXPORT int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncop
             table = NULL;
         }
         pthread_mutex_unlock(&publish_lock);
+        pthread_mutex_lock(&settings_lock); /* before the gate opens: no launch reaches a target without them */
+        for (size_t i = 0; i < nflips; i++) apply_settings(slots[i], flips[i].orig, flips[i].repl);
+        pthread_mutex_unlock(&settings_lock);
         if (launches) *launches = atomic_load(&g_stats.launches);
     }
     egpu_copy_gate(0, 0);
@@ -1647,13 +1683,55 @@ LAZY_WAIT(cuLibraryGetManaged, (CUdeviceptr *dptr, size_t *bytes, CUlibrary libr
           egpu_shim_idle(), dptr, bytes, library, name)
 LAZY_WAIT(cuKernelGetAttribute, (int *pi, int attrib, CUkernel kernel, int dev),
           idle_unless_kernel_loaded(kernel), pi, attrib, kernel, dev)
-LAZY_WAIT(cuKernelSetAttribute, (int attrib, int val, CUkernel kernel, int dev),
-          idle_unless_kernel_loaded(kernel), attrib, val, kernel, dev)
-LAZY_WAIT(cuKernelSetCacheConfig, (CUkernel kernel, int config, int dev),
-          idle_unless_kernel_loaded(kernel), kernel, config, dev)
 FUNCTION_WAIT(cuFuncGetAttribute, (int *pi, int attrib, CUfunction hfunc), hfunc, pi, attrib, hfunc)
-FUNCTION_WAIT(cuFuncSetAttribute, (CUfunction hfunc, int attrib, int value), hfunc, hfunc, attrib, value)
-FUNCTION_WAIT(cuFuncSetCacheConfig, (CUfunction hfunc, int config), hfunc, hfunc, config)
+
+/* The application made setting i (value v; on a CUkernel for device dev, else dev -1) on `handle`: kept for
+ * the targets published later, and made on the function its launches go to now (a target published meanwhile
+ * gets it either way: both under settings_lock). */
+static void setting_made(void *handle, int i, int v, int dev) {
+    struct slot *s = passthrough() || i < 0 || i > ATTRIBUTES ? NULL : slot_for(handle, 1);
+    if (!s) return;
+    const struct target *t = atomic_load_explicit(&s->target, memory_order_acquire);
+    if (t && lazy_waits()) egpu_shim_idle(); /* the setting may load the target's code */
+    pthread_mutex_lock(&settings_lock);
+    if (!s->settings) s->settings = calloc(1, sizeof *s->settings);
+    if (s->settings) {
+        s->settings->made |= 1u << i;
+        s->settings->value[i] = v;
+        s->settings->device[i] = dev;
+        t = atomic_load_explicit(&s->target, memory_order_acquire);
+        if (t && t->function != handle) apply_setting(s->settings, i, t->function);
+    }
+    pthread_mutex_unlock(&settings_lock);
+}
+
+EXPORT CUresult cuKernelSetAttribute(int attrib, int val, CUkernel kernel, int dev) {
+    if (lazy_waits()) idle_unless_kernel_loaded(kernel);
+    CUresult r = CALL_REAL(cuKernelSetAttribute, attrib, val, kernel, dev);
+    if (r == CUDA_SUCCESS) setting_made(kernel, attrib, val, dev);
+    return r;
+}
+
+EXPORT CUresult cuKernelSetCacheConfig(CUkernel kernel, int config, int dev) {
+    if (lazy_waits()) idle_unless_kernel_loaded(kernel);
+    CUresult r = CALL_REAL(cuKernelSetCacheConfig, kernel, config, dev);
+    if (r == CUDA_SUCCESS) setting_made(kernel, CACHE_CONFIG, config, dev);
+    return r;
+}
+
+EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, int attrib, int value) {
+    idle_unless_loaded(hfunc);
+    CUresult r = CALL_REAL(cuFuncSetAttribute, hfunc, attrib, value);
+    if (r == CUDA_SUCCESS) setting_made(hfunc, attrib, value, -1);
+    return r;
+}
+
+EXPORT CUresult cuFuncSetCacheConfig(CUfunction hfunc, int config) {
+    idle_unless_loaded(hfunc);
+    CUresult r = CALL_REAL(cuFuncSetCacheConfig, hfunc, config);
+    if (r == CUDA_SUCCESS) setting_made(hfunc, CACHE_CONFIG, config, -1);
+    return r;
+}
 FUNCTION_WAIT(cuFuncLoad, (CUfunction hfunc), hfunc, hfunc)
 FUNCTION_WAIT(cuOccupancyMaxActiveBlocksPerMultiprocessor,
               (int *numBlocks, CUfunction func, int blockSize, size_t dynamicSMemSize), func,

@@ -314,6 +314,18 @@ def _flip_job(stub_job, tmp_path, probe: Path, scenario: str) -> tuple[str, list
     return r.stdout, [c for c in calls if not c.startswith("cuGetProcAddress")]
 
 
+@pytest.mark.parametrize("scenario", ["shared", "shared-after"])
+def test_ptx_more_shared_memory_allowed_to_a_handle_is_allowed_to_its_copy(stub_job, tmp_path, probe_obj, scenario):
+    """vecadd allowed 64 KiB of dynamic shared memory (cudaFuncSetAttribute) before the capture's flip, or after it:
+    its launches after the flip run the instrumented copy, which must be allowed as much, or the driver refuses them
+    (a kernel launched with more than 48 KiB unless its function was allowed it): the application broke at its
+    first graph capture. The 2 launches before the flip counted, 32 threads each."""
+    out, calls = _flip_job(stub_job, tmp_path, probe_obj("count"), scenario)
+    assert not [c for c in calls if c.startswith("launch refused")], calls
+    assert f"app_flip {scenario} result=0" in out and "@counts: 64" in out, out
+    assert [len(p.split(",")) for p in launches(calls)] == [3, 3, 4, 4], calls   # the copy's take the launch id
+
+
 def test_ptx_a_module_of_another_device_keeps_its_image_at_the_flip(stub_job, tmp_path, probe_obj):
     """The maps are on device 0; vecadd's module is loaded and launched on device 1, where its kernels run without
     probes (its table is never filled). The capture's flip must not serve it from a copy loaded in the maps'
