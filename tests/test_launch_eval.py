@@ -326,6 +326,15 @@ def test_ptx_more_shared_memory_allowed_to_a_handle_is_allowed_to_its_copy(stub_
     assert [len(p.split(",")) for p in launches(calls)] == [3, 3, 4, 4], calls   # the copy's take the launch id
 
 
+def test_ptx_module_state_set_before_the_flip_is_the_copys(stub_job, tmp_path, probe_obj):
+    """vecadd's module bumps its __device__ state by its __constant__ increment at every launch (the stand-in): the
+    increment set to 3 through the application's symbol address before the capture, 2 launches on each side of the
+    flip, the state read back through that address: 12, the copy having taken both over in the flip."""
+    out, calls = _flip_job(stub_job, tmp_path, probe_obj("count"), "state")
+    assert "app_flip state result=0 state=12" in out and "@counts: 64" in out, out
+    assert [len(p.split(",")) for p in launches(calls)] == [3, 3, 4, 4], calls
+
+
 def test_ptx_a_module_of_another_device_keeps_its_image_at_the_flip(stub_job, tmp_path, probe_obj):
     """The maps are on device 0; vecadd's module is loaded and launched on device 1, where its kernels run without
     probes (its table is never filled). The capture's flip must not serve it from a copy loaded in the maps'

@@ -4,14 +4,26 @@ SCENARIO: plain; shared (64 KiB of dynamic shared memory, allowed by cuFuncSetAt
 cudaFuncSetAttribute allows it); shared-after (allowed after the capture, as a kernel first used then is);
 devices (a module loaded on device 0 first, where the maps go, then vecadd's loaded on device 1 and launched
 there, as after cudaSetDevice(1)); enumerate (the handle from cuModuleEnumerateFunctions, which no hooked lookup
-returns: the stand-in names the module's first kernel kernel_a)."""
+returns: the stand-in names the module's first kernel kernel_a); state (the module keeps __device__ state that the
+stand-in bumps at every launch by its __constant__ increment: the application sets the increment to 3 before the
+capture, as cudaMemcpyToSymbol does, and reads the state back at the end: state=N)."""
 
 import ctypes
 import sys
 
-PTX = (b".version 8.0\n.target sm_90\n.address_size 64\n\n"
+PTX = (b".version 8.0\n.target sm_90\n.address_size 64\n\n%s"
        b".visible .entry %s(\n\t.param .u64 a,\n\t.param .u64 b,\n\t.param .u64 n\n)\n{\n\tret;\n}\n")
+STATE = b".visible .global .u64 launches[1];\n.visible .const .u64 increment[1];\n\n"
 MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+
+def symbol(cuda: ctypes.CDLL, mod: ctypes.c_void_p, name: bytes, value: ctypes.c_uint64, write: bool) -> int:
+    """A module variable written or read through its address, as cudaMemcpyToSymbol and cudaMemcpyFromSymbol do."""
+    address, size = ctypes.c_uint64(), ctypes.c_size_t()
+    r = cuda.cuModuleGetGlobal_v2(ctypes.byref(address), ctypes.byref(size), mod, name)
+    if write:
+        return r | cuda.cuMemcpyHtoD_v2(address, ctypes.byref(value), 8)
+    return r | cuda.cuMemcpyDtoH_v2(ctypes.byref(value), address, 8)
 
 
 def main() -> int:
@@ -24,9 +36,9 @@ def main() -> int:
     r = cuda.cuInit(0)
     if scenario == "devices":
         first, device1 = ctypes.c_void_p(), ctypes.c_void_p()
-        r |= cuda.cuModuleLoadData(ctypes.byref(first), PTX % b"vecadd")
+        r |= cuda.cuModuleLoadData(ctypes.byref(first), PTX % (b"", b"vecadd"))
         r |= cuda.cuDevicePrimaryCtxRetain(ctypes.byref(device1), 1) | cuda.cuCtxSetCurrent(device1)
-    r |= cuda.cuModuleLoadData(ctypes.byref(mod), PTX % name)
+    r |= cuda.cuModuleLoadData(ctypes.byref(mod), PTX % (STATE if scenario == "state" else b"", name))
     if scenario == "enumerate":
         found = (ctypes.c_void_p * 1)()
         r |= cuda.cuModuleEnumerateFunctions(found, 1, mod)
@@ -36,6 +48,8 @@ def main() -> int:
     shared = 64 * 1024 if scenario.startswith("shared") else 0
     if scenario == "shared":
         r |= cuda.cuFuncSetAttribute(f, MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
+    if scenario == "state":
+        r |= symbol(cuda, mod, b"increment", ctypes.c_uint64(3), write=True)
     for _ in range(2):
         r |= cuda.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0 if scenario == "shared-after" else shared, None, params,
                                  None)
@@ -46,7 +60,10 @@ def main() -> int:
     for _ in range(2):
         r |= cuda.cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, shared, None, params, None)
     r |= cuda.cuCtxSynchronize()
-    print(f"app_flip {scenario} result={r}", flush=True)
+    state = ctypes.c_uint64()
+    if scenario == "state":
+        r |= symbol(cuda, mod, b"launches", state, write=False)
+    print(f"app_flip {scenario} result={r}" + (f" state={state.value}" if scenario == "state" else ""), flush=True)
     return 0
 
 
