@@ -66,6 +66,9 @@ SIGNATURES = {
     "cuLibraryGetGlobal": "int (*)(unsigned long long *, size_t *, void *, const char *)",
     "cuModuleLoadDataEx": "int (*)(void **, const void *, unsigned int, int *, void **)",
     "cuModuleGetFunction": "int (*)(void **, void *, const char *)",
+    "cuModuleGetFunctionCount": "int (*)(unsigned int *, void *)",
+    "cuModuleEnumerateFunctions": "int (*)(void **, unsigned int, void *)",
+    "cuFuncGetName": "int (*)(const char **, void *)",
     "cuLaunchKernel": "int (*)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, "
                       "unsigned int, unsigned int, void *, void **, void **)",
     "cuLibraryLoadData": "int (*)(void **, const void *, int *, void **, unsigned int, int *, void **, unsigned int)",
@@ -360,6 +363,20 @@ class Driver:
         if not library:
             self._lib.egpu_shim_found(out[0])
         return int(self.ffi.cast("uintptr_t", out[0]))
+
+    def functions_of(self, module: int) -> list[tuple[int, str]]:
+        """(handle, kernel name) of every function of a module, as the driver enumerates them (partly loaded:
+        nothing loads). Raises DriverError, as a driver before CUDA 12.4 does (no cuModuleEnumerateFunctions)."""
+        count = self.ffi.new("unsigned int *")
+        self.call("cuModuleGetFunctionCount", count, self.ffi.cast("void *", module))
+        handles = self.ffi.new("void *[]", max(1, count[0]))
+        self.call("cuModuleEnumerateFunctions", handles, count[0], self.ffi.cast("void *", module))
+        name = self.ffi.new("const char **")
+        out = []
+        for h in handles[0:count[0]]:
+            self.call("cuFuncGetName", name, h)
+            out.append((int(self.ffi.cast("uintptr_t", h)), self.ffi.string(name[0]).decode()))
+        return out
 
 
 GLOBALTIMER_WINDOW_NS = 50_000   # globaltimer_offset's uncertainty above which it launches again

@@ -315,6 +315,8 @@ class Runtime:
         self.loads.append(mod)
         self.modules[handle] = mod
         self.live.loaded(mod)
+        if mod.counted and not mod.library and not mod.elsewhere:
+            self._route_all(mod, handle)
         if mod.backend == "sass":
             self._sass_loaded(mod)
         self._log(1, f"{api} {mod.image}: {mod.status}"
@@ -612,6 +614,19 @@ class Runtime:
         else:
             return
         mod.registered.add(handle)
+
+    def _route_all(self, mod: Module, handle: int) -> None:
+        """Route every kernel handle of a module counted at the launch, as the driver enumerates them: one the
+        application gets from no hooked lookup (cuModuleEnumerateFunctions) would end the counting at its first
+        launch and, unknown to the flip, go on running the application's image, loaded without the programs the
+        launches counted. A driver before CUDA 12.4 cannot enumerate: such handles run without those programs."""
+        try:
+            found = self.driver.functions_of(handle)
+        except EgpuError:
+            return
+        for h, name in found:
+            if name in mod.kernels and h not in self.functions:
+                self._route(mod, name, h)
 
     def _log(self, level: int, line: str) -> None:
         if self.cfg.log >= level:

@@ -408,10 +408,33 @@ CUresult cuLibraryUnload(void *lib) {
     unload_starting(lib);
     return OK;
 }
-CUresult cuModuleEnumerateFunctions(void **out, unsigned int n, void *mod) { /* the PTX's first two */
+/* The name of the i-th kernel (".entry NAME(") of a module's PTX into out; without PTX (a fatbin), kernel_a and
+ * kernel_b, app_common.h's. 0: it has no i-th. */
+static int entry_name(const struct module *m, unsigned i, char *out, size_t size) {
+    if (!m->ptx) return i < 2 ? snprintf(out, size, "kernel_%c", 'a' + i), 1 : 0;
+    const char *at = m->ptx;
+    for (unsigned k = 0; (at = strstr(at, ".entry ")); k++, at++)
+        if (k == i) {
+            at += strlen(".entry ");
+            int len = (int)strcspn(at, "( \n");
+            snprintf(out, size, "%.*s", len, at);
+            return 1;
+        }
+    return 0;
+}
+CUresult cuModuleGetFunctionCount(unsigned int *count, void *mod) {
+    char name[128];
+    for (*count = 0; entry_name(mod, *count, name, sizeof name); ++*count) {}
+    return OK;
+}
+CUresult cuModuleEnumerateFunctions(void **out, unsigned int n, void *mod) {
     logf_("cuModuleEnumerateFunctions module=%d", ((struct module *)mod)->id);
-    if (n > 0) out[0] = function_for(mod, "kernel_a", 0);
-    if (n > 1) out[1] = function_for(mod, "kernel_b", 0);
+    char name[128];
+    for (unsigned i = 0; i < n && entry_name(mod, i, name, sizeof name); i++) out[i] = function_for(mod, name, 0);
+    return OK;
+}
+CUresult cuFuncGetName(const char **name, void *f) {
+    *name = ((struct function *)f)->name;
     return OK;
 }
 CUresult cuLibraryGetKernel(void **out, void *lib, const char *name) {
