@@ -6,7 +6,8 @@ devices (a module loaded on device 0 first, where the maps go, then vecadd's loa
 there, as after cudaSetDevice(1)); enumerate (the handle from cuModuleEnumerateFunctions, which no hooked lookup
 returns: the stand-in names the module's first kernel kernel_a); state (the module keeps __device__ state that the
 stand-in bumps at every launch by its __constant__ increment: the application sets the increment to 3 before the
-capture, as cudaMemcpyToSymbol does, and reads the state back at the end: state=N)."""
+capture, as cudaMemcpyToSymbol does, and reads the state back at the end: state=N); registers (the module loaded
+with a JIT option, CU_JIT_MAX_REGISTERS 32, as an application does so that its blocks of 1024 threads fit)."""
 
 import ctypes
 import sys
@@ -15,6 +16,7 @@ PTX = (b".version 8.0\n.target sm_90\n.address_size 64\n\n%s"
        b".visible .entry %s(\n\t.param .u64 a,\n\t.param .u64 b,\n\t.param .u64 n\n)\n{\n\tret;\n}\n")
 STATE = b".visible .global .u64 launches[1];\n.visible .const .u64 increment[1];\n\n"
 MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+MAX_REGISTERS = 0   # CU_JIT_MAX_REGISTERS
 
 
 def symbol(cuda: ctypes.CDLL, mod: ctypes.c_void_p, name: bytes, value: ctypes.c_uint64, write: bool) -> int:
@@ -38,7 +40,12 @@ def main() -> int:
         first, device1 = ctypes.c_void_p(), ctypes.c_void_p()
         r |= cuda.cuModuleLoadData(ctypes.byref(first), PTX % (b"", b"vecadd"))
         r |= cuda.cuDevicePrimaryCtxRetain(ctypes.byref(device1), 1) | cuda.cuCtxSetCurrent(device1)
-    r |= cuda.cuModuleLoadData(ctypes.byref(mod), PTX % (STATE if scenario == "state" else b"", name))
+    image = PTX % (STATE if scenario == "state" else b"", name)
+    if scenario == "registers":   # compiled for at most 32 registers a thread (CU_JIT_MAX_REGISTERS)
+        options, values = (ctypes.c_int * 1)(MAX_REGISTERS), (ctypes.c_void_p * 1)(32)
+        r |= cuda.cuModuleLoadDataEx(ctypes.byref(mod), image, 1, options, values)
+    else:
+        r |= cuda.cuModuleLoadData(ctypes.byref(mod), image)
     if scenario == "enumerate":
         found = (ctypes.c_void_p * 1)()
         r |= cuda.cuModuleEnumerateFunctions(found, 1, mod)
