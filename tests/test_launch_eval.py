@@ -346,14 +346,17 @@ def test_ptx_a_module_of_another_device_keeps_its_image_at_the_flip(stub_job, tm
     assert {re.search(r" f=(\S+) ", c)[1] for c in calls if c.startswith("cuLaunchKernel")} == {"vecadd@2"}, calls
 
 
-def test_ptx_a_handle_no_lookup_returned_counts_and_runs_the_programs_after_the_flip(stub_job, tmp_path, probe_obj):
-    """kernel_a's handle from cuModuleEnumerateFunctions, which no hooked lookup returns: the runtime routed it as
+@pytest.mark.parametrize("scenario", ["enumerate", "enumerate-library"])
+def test_ptx_a_handle_no_lookup_returned_counts_and_runs_the_programs_after_the_flip(stub_job, tmp_path, probe_obj,
+                                                                                    scenario):
+    """kernel_a's handle from cuModuleEnumerateFunctions (a library's: cuLibraryEnumerateKernels), which no hooked
+    lookup returns: the runtime routed it as
     the module loaded, so its 2 launches before the capture count (32 threads each) and the flip moves it to the
     instrumented copy. Unknown, its first launch ended the counting, and the flip left it running the application's
     image, loaded without the programs: none of its 4 launches counted (under --in-kernel, and before the PTX back
     end counted at the launch, that image had them)."""
-    out, calls = _flip_job(stub_job, tmp_path, probe_obj("count"), "enumerate")
-    assert "app_flip enumerate result=0" in out and "@counts: 64" in out, out
+    out, calls = _flip_job(stub_job, tmp_path, probe_obj("count"), scenario)
+    assert f"app_flip {scenario} result=0" in out and "@counts: 64" in out, out
     assert [len(p.split(",")) for p in launches(calls)] == [3, 3, 4, 4], calls   # 4: the copy's, with the launch id
 
 

@@ -69,6 +69,9 @@ SIGNATURES = {
     "cuModuleGetFunctionCount": "int (*)(unsigned int *, void *)",
     "cuModuleEnumerateFunctions": "int (*)(void **, unsigned int, void *)",
     "cuFuncGetName": "int (*)(const char **, void *)",
+    "cuLibraryGetKernelCount": "int (*)(unsigned int *, void *)",
+    "cuLibraryEnumerateKernels": "int (*)(void **, unsigned int, void *)",
+    "cuKernelGetName": "int (*)(const char **, void *)",
     "cuLaunchKernel": "int (*)(void *, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, "
                       "unsigned int, unsigned int, void *, void **, void **)",
     "cuLibraryLoadData": "int (*)(void **, const void *, int *, void **, unsigned int, int *, void **, unsigned int)",
@@ -364,17 +367,21 @@ class Driver:
             self._lib.egpu_shim_found(out[0])
         return int(self.ffi.cast("uintptr_t", out[0]))
 
-    def functions_of(self, module: int) -> list[tuple[int, str]]:
-        """(handle, kernel name) of every function of a module, as the driver enumerates them (partly loaded:
-        nothing loads). Raises DriverError, as a driver before CUDA 12.4 does (no cuModuleEnumerateFunctions)."""
+    def functions_of(self, owner: int, library: bool) -> list[tuple[int, str]]:
+        """(handle, kernel name) of every function of a module (a library: every CUkernel), as the driver enumerates
+        them (partly loaded: nothing loads). Raises DriverError, as a driver before CUDA 12.4 does (no
+        cuModuleEnumerateFunctions, cuLibraryEnumerateKernels)."""
+        count_of, enumerate_, name_of = (("cuLibraryGetKernelCount", "cuLibraryEnumerateKernels", "cuKernelGetName")
+                                         if library else
+                                         ("cuModuleGetFunctionCount", "cuModuleEnumerateFunctions", "cuFuncGetName"))
         count = self.ffi.new("unsigned int *")
-        self.call("cuModuleGetFunctionCount", count, self.ffi.cast("void *", module))
+        self.call(count_of, count, self.ffi.cast("void *", owner))
         handles = self.ffi.new("void *[]", max(1, count[0]))
-        self.call("cuModuleEnumerateFunctions", handles, count[0], self.ffi.cast("void *", module))
+        self.call(enumerate_, handles, count[0], self.ffi.cast("void *", owner))
         name = self.ffi.new("const char **")
         out = []
         for h in handles[0:count[0]]:
-            self.call("cuFuncGetName", name, h)
+            self.call(name_of, name, h)
             out.append((int(self.ffi.cast("uintptr_t", h)), self.ffi.string(name[0]).decode()))
         return out
 

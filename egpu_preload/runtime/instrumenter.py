@@ -315,7 +315,7 @@ class Runtime:
         self.loads.append(mod)
         self.modules[handle] = mod
         self.live.loaded(mod)
-        if mod.counted and not mod.library and not mod.elsewhere:
+        if mod.counted and not mod.elsewhere:
             self._route_all(mod, handle)
         if mod.backend == "sass":
             self._sass_loaded(mod)
@@ -616,12 +616,13 @@ class Runtime:
         mod.registered.add(handle)
 
     def _route_all(self, mod: Module, handle: int) -> None:
-        """Route every kernel handle of a module counted at the launch, as the driver enumerates them: one the
-        application gets from no hooked lookup (cuModuleEnumerateFunctions) would end the counting at its first
-        launch and, unknown to the flip, go on running the application's image, loaded without the programs the
-        launches counted. A driver before CUDA 12.4 cannot enumerate: such handles run without those programs."""
+        """Route every kernel handle of a module (a library: CUkernel) counted at the launch, as the driver
+        enumerates them: one the application gets from no hooked lookup (cuModuleEnumerateFunctions,
+        cuLibraryEnumerateKernels) would end the counting at its first launch and, unknown to the flip, go on
+        running the application's image, loaded without the programs the launches counted. A driver before CUDA
+        12.4 cannot enumerate: such handles run without those programs."""
         try:
-            found = self.driver.functions_of(handle)
+            found = self.driver.functions_of(handle, mod.library)
         except EgpuError:
             return
         for h, name in found:

@@ -4,7 +4,8 @@ SCENARIO: plain; shared (64 KiB of dynamic shared memory, allowed by cuFuncSetAt
 cudaFuncSetAttribute allows it); shared-after (allowed after the capture, as a kernel first used then is);
 devices (a module loaded on device 0 first, where the maps go, then vecadd's loaded on device 1 and launched
 there, as after cudaSetDevice(1)); enumerate (the handle from cuModuleEnumerateFunctions, which no hooked lookup
-returns: the stand-in names the module's first kernel kernel_a); state (the module keeps __device__ state that the
+returns: the stand-in names the module's first kernel kernel_a); enumerate-library (the CUkernel from
+cuLibraryEnumerateKernels, the PTX loaded as a library); state (the module keeps __device__ state that the
 stand-in bumps at every launch by its __constant__ increment: the application sets the increment to 3 before the
 capture, as cudaMemcpyToSymbol does, and reads the state back at the end: state=N); registers (the module loaded
 with a JIT option, CU_JIT_MAX_REGISTERS 32, as an application does so that its blocks of 1024 threads fit)."""
@@ -34,21 +35,24 @@ def main() -> int:
     mod, f, stream, graph = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
     values = [ctypes.c_uint64(11), ctypes.c_uint64(22), ctypes.c_uint64(32), ctypes.c_uint64(0)]
     params = (ctypes.c_void_p * 4)(*[ctypes.addressof(v) for v in values])   # room for a launch id
-    name = b"kernel_a" if scenario == "enumerate" else b"vecadd"
+    name = b"kernel_a" if scenario.startswith("enumerate") else b"vecadd"
     r = cuda.cuInit(0)
     if scenario == "devices":
         first, device1 = ctypes.c_void_p(), ctypes.c_void_p()
         r |= cuda.cuModuleLoadData(ctypes.byref(first), PTX % (b"", b"vecadd"))
         r |= cuda.cuDevicePrimaryCtxRetain(ctypes.byref(device1), 1) | cuda.cuCtxSetCurrent(device1)
     image = PTX % (STATE if scenario == "state" else b"", name)
-    if scenario == "registers":   # compiled for at most 32 registers a thread (CU_JIT_MAX_REGISTERS)
+    library = scenario == "enumerate-library"
+    if library:
+        r |= cuda.cuLibraryLoadData(ctypes.byref(mod), image, None, None, 0, None, None, 0)
+    elif scenario == "registers":   # compiled for at most 32 registers a thread (CU_JIT_MAX_REGISTERS)
         options, values = (ctypes.c_int * 1)(MAX_REGISTERS), (ctypes.c_void_p * 1)(32)
         r |= cuda.cuModuleLoadDataEx(ctypes.byref(mod), image, 1, options, values)
     else:
         r |= cuda.cuModuleLoadData(ctypes.byref(mod), image)
-    if scenario == "enumerate":
+    if scenario.startswith("enumerate"):
         found = (ctypes.c_void_p * 1)()
-        r |= cuda.cuModuleEnumerateFunctions(found, 1, mod)
+        r |= (cuda.cuLibraryEnumerateKernels if library else cuda.cuModuleEnumerateFunctions)(found, 1, mod)
         f = ctypes.c_void_p(found[0])
     else:
         r |= cuda.cuModuleGetFunction(ctypes.byref(f), mod, name)

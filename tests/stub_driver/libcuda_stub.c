@@ -437,6 +437,14 @@ CUresult cuFuncGetName(const char **name, void *f) {
     *name = ((struct function *)f)->name;
     return OK;
 }
+CUresult cuLibraryGetKernelCount(unsigned int *count, void *lib) { return cuModuleGetFunctionCount(count, lib); }
+CUresult cuLibraryEnumerateKernels(void **out, unsigned int n, void *lib) {
+    logf_("cuLibraryEnumerateKernels module=%d", ((struct module *)lib)->id);
+    char name[128];
+    for (unsigned i = 0; i < n && entry_name(lib, i, name, sizeof name); i++) out[i] = function_for(lib, name, 1);
+    return OK;
+}
+CUresult cuKernelGetName(const char **name, void *kernel) { return cuFuncGetName(name, kernel); }
 CUresult cuLibraryGetKernel(void **out, void *lib, const char *name) {
     *out = function_for(lib, name, 1);
     logf_("cuModuleGetFunction module=%d name=%s", ((struct module *)lib)->id, name);
