@@ -192,6 +192,9 @@ void egpu_shim_idle(void);
 /* A function the runtime looked up after that wait, loaded there too while rings wait under lazy loading
  * (cuFuncLoad), so that its first launch needs no wait of its own. */
 void egpu_shim_found(void *function);
+/* `kernel`, of a copy the runtime loaded through the library API, is a CUkernel: what the application set on a
+ * CUfunction reaches it through its function in the current context. 0, or -1 when the table is full. */
+int egpu_shim_kernel_handle(void *kernel);
 /* Move up to `max` launch records into `out` (single consumer); returns how many. */
 size_t egpu_shim_drain(struct egpu_launch_record *out, size_t max);
 /* Copy up to `max` live allocations into `out`; returns how many there are in all. */

@@ -352,6 +352,8 @@ struct settings {
     int value[ATTRIBUTES + 1], device[ATTRIBUTES + 1]; /* device -1: made on a CUfunction */
 };
 static pthread_mutex_t settings_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The runtime's copies' CUkernels (egpu_shim_kernel_handle), told apart from functions when a setting is made. */
+static struct { _Atomic(void *) key; } kernel_handles[1u << 12];
 
 struct slot {
     _Atomic(void *) key;
@@ -399,14 +401,23 @@ static inline void escape(const struct target *t) {
     if (!atomic_load_explicit(e, memory_order_relaxed)) atomic_store_explicit(e, 1, memory_order_relaxed);
 }
 
-/* Setting i of `st` made on `function`. */
+/* Setting i of `st` made on `function`: a CUfunction, or a copy's CUkernel, which takes one the application made
+ * on a CUfunction (cuKernelGetFunction's, as a library's kernels have) through its function in the current
+ * context, where the application's own took it. */
 static void apply_setting(const struct settings *st, int i, void *function) {
     int v = st->value[i], dev = st->device[i];
-    if (i == CACHE_CONFIG && dev < 0) CALL_REAL(cuFuncSetCacheConfig, function, v);
-    else if (i == CACHE_CONFIG) CALL_REAL(cuKernelSetCacheConfig, function, v, dev);
-    else if (dev < 0) CALL_REAL(cuFuncSetAttribute, function, i, v);
-    else CALL_REAL(cuKernelSetAttribute, i, v, function, dev);
+    int kernel = EGPU_TABLE_FIND(kernel_handles, function, 0) != NULL;
+    if (kernel && dev >= 0) {
+        if (i == CACHE_CONFIG) CALL_REAL(cuKernelSetCacheConfig, function, v, dev);
+        else CALL_REAL(cuKernelSetAttribute, i, v, function, dev);
+        return;
+    }
+    if (kernel && CALL_REAL(cuKernelGetFunction, (CUfunction *)&function, function) != CUDA_SUCCESS) return;
+    if (i == CACHE_CONFIG) CALL_REAL(cuFuncSetCacheConfig, function, v);
+    else CALL_REAL(cuFuncSetAttribute, function, i, v);
 }
+
+EXPORT int egpu_shim_kernel_handle(void *kernel) { return EGPU_TABLE_FIND(kernel_handles, kernel, 1) ? 0 : -1; }
 
 /* Every setting made on slot s's handle, on `function`, its new target's (under settings_lock). */
 static void apply_settings(const struct slot *s, void *orig, void *function) {
@@ -789,9 +800,15 @@ EXPORT int egpu_shim_swap(void *ctx, const struct egpu_copy *copies, size_t ncop
             table = NULL;
         }
         pthread_mutex_unlock(&publish_lock);
-        pthread_mutex_lock(&settings_lock); /* before the gate opens: no launch reaches a target without them */
+        /* Before the gate opens: no launch reaches a target without them. In the maps' context, the copies'. */
+        pfn_ctx_push push = (pfn_ctx_push)egpu_shim_real("cuCtxPushCurrent_v2");
+        pfn_ctx_pop pop = (pfn_ctx_pop)egpu_shim_real("cuCtxPopCurrent_v2");
+        CUcontext popped;
+        int pushed = push && pop && push(ctx) == CUDA_SUCCESS;
+        pthread_mutex_lock(&settings_lock);
         for (size_t i = 0; i < nflips; i++) apply_settings(slots[i], flips[i].orig, flips[i].repl);
         pthread_mutex_unlock(&settings_lock);
+        if (pushed) pop(&popped);
         if (launches) *launches = atomic_load(&g_stats.launches);
     }
     egpu_copy_gate(0, 0);

@@ -314,9 +314,11 @@ def _flip_job(stub_job, tmp_path, probe: Path, scenario: str) -> tuple[str, list
     return r.stdout, [c for c in calls if not c.startswith("cuGetProcAddress")]
 
 
-@pytest.mark.parametrize("scenario", ["shared", "shared-after"])
+@pytest.mark.parametrize("scenario", ["shared", "shared-after", "shared-kernel", "shared-function"])
 def test_ptx_more_shared_memory_allowed_to_a_handle_is_allowed_to_its_copy(stub_job, tmp_path, probe_obj, scenario):
-    """vecadd allowed 64 KiB of dynamic shared memory (cudaFuncSetAttribute) before the capture's flip, or after it:
+    """vecadd allowed 64 KiB of dynamic shared memory (cudaFuncSetAttribute) before the capture's flip, or after it,
+    or a library's CUkernel allowed it by cuKernelSetAttribute, or the function cuKernelGetFunction gave it by
+    cuFuncSetAttribute (where the copy's CUkernel takes it through its own function in the maps' context):
     its launches after the flip run the instrumented copy, which must be allowed as much, or the driver refuses them
     (a kernel launched with more than 48 KiB unless its function was allowed it): the application broke at its
     first graph capture. The 2 launches before the flip counted, 32 threads each."""

@@ -363,7 +363,9 @@ class Driver:
         out = self.ffi.new("void **")
         self.call("cuLibraryGetKernel" if library else "cuModuleGetFunction", out,
                   self.ffi.cast("void *", owner), name.encode())
-        if not library:
+        if library:   # what the application set on a CUfunction reaches it through its function (interpose.c)
+            self._lib.egpu_shim_kernel_handle(out[0])
+        else:
             self._lib.egpu_shim_found(out[0])
         return int(self.ffi.cast("uintptr_t", out[0]))
 

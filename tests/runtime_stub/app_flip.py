@@ -2,6 +2,9 @@
 twice before it and twice after it (32 threads each), as an application caches its handles; prints its result.
 SCENARIO: plain; shared (64 KiB of dynamic shared memory, allowed by cuFuncSetAttribute before the capture, as
 cudaFuncSetAttribute allows it); shared-after (allowed after the capture, as a kernel first used then is);
+shared-kernel (the PTX loaded as a library, its CUkernel allowed it by cuKernelSetAttribute and launched);
+shared-function (the PTX loaded as a library, the function cuKernelGetFunction gives allowed it by
+cuFuncSetAttribute and launched);
 devices (a module loaded on device 0 first, where the maps go, then vecadd's loaded on device 1 and launched
 there, as after cudaSetDevice(1)); enumerate (the handle from cuModuleEnumerateFunctions, which no hooked lookup
 returns: the stand-in names the module's first kernel kernel_a); enumerate-library (the CUkernel from
@@ -42,7 +45,7 @@ def main() -> int:
         r |= cuda.cuModuleLoadData(ctypes.byref(first), PTX % (b"", b"vecadd"))
         r |= cuda.cuDevicePrimaryCtxRetain(ctypes.byref(device1), 1) | cuda.cuCtxSetCurrent(device1)
     image = PTX % (STATE if scenario == "state" else b"", name)
-    library = scenario == "enumerate-library"
+    library = scenario in ("enumerate-library", "shared-kernel", "shared-function")
     if library:
         r |= cuda.cuLibraryLoadData(ctypes.byref(mod), image, None, None, 0, None, None, 0)
     elif scenario == "registers":   # compiled for at most 32 registers a thread (CU_JIT_MAX_REGISTERS)
@@ -54,11 +57,17 @@ def main() -> int:
         found = (ctypes.c_void_p * 1)()
         r |= (cuda.cuLibraryEnumerateKernels if library else cuda.cuModuleEnumerateFunctions)(found, 1, mod)
         f = ctypes.c_void_p(found[0])
+    elif library:
+        r |= cuda.cuLibraryGetKernel(ctypes.byref(f), mod, name)
+        if scenario == "shared-function":
+            r |= cuda.cuKernelGetFunction(ctypes.byref(f), f)
     else:
         r |= cuda.cuModuleGetFunction(ctypes.byref(f), mod, name)
     shared = 64 * 1024 if scenario.startswith("shared") else 0
-    if scenario == "shared":
+    if scenario in ("shared", "shared-function"):
         r |= cuda.cuFuncSetAttribute(f, MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
+    if scenario == "shared-kernel":
+        r |= cuda.cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, shared, f, 0)
     if scenario == "state":
         r |= symbol(cuda, mod, b"increment", ctypes.c_uint64(3), write=True)
     for _ in range(2):

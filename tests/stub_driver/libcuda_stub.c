@@ -72,12 +72,14 @@ __attribute__((weak)) int egpu_stub_device(void);
 static int current_device(void) { return egpu_stub_device ? egpu_stub_device() : 0; }
 /* loaded: whether its code is (cuFuncIsLoaded); a lookup hands out functions partly loaded, as the driver
  * may under lazy loading, and what may load one loads it. shared: the dynamic shared memory its launches may
- * ask for beyond the default 48 KiB (cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES). */
+ * ask for beyond the default 48 KiB (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: cuFuncSetAttribute's on a
+ * function, cuKernelSetAttribute's on a CUkernel). function: a CUkernel's function (cuKernelGetFunction); of: the
+ * CUkernel of such a function. */
 struct function {
     char name[128];
     struct module *m;
     int kernel, loaded;
-    struct function *next, *function;
+    struct function *next, *function, *of;
     int shared;
 };
 static struct function *functions; /* every handle handed out: a lookup repeated gets the same one */
@@ -315,8 +317,23 @@ static CUresult load_function(const char *api, void *f) {
 CUresult cuFuncLoad(void *f) { return load_function(__func__, f); }
 #define MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 CUresult cuFuncSetAttribute(void *f, int attrib, int value) {
-    if (attrib == MAX_DYNAMIC_SHARED_SIZE_BYTES) ((struct function *)f)->shared = value;
-    return load_function(__func__, f);
+    CUresult r = load_function(__func__, f);   /* a CUkernel is no function: refused, nothing set */
+    if (!r && attrib == MAX_DYNAMIC_SHARED_SIZE_BYTES) ((struct function *)f)->shared = value;
+    return r;
+}
+CUresult cuKernelSetAttribute(int attrib, int value, void *kernel, int dev) {
+    struct function *k = kernel;
+    logf_("cuKernelSetAttribute name=%s attrib=%d value=%d", k->name, attrib, value);
+    if (!k->kernel) return INVALID_HANDLE;
+    if (attrib == MAX_DYNAMIC_SHARED_SIZE_BYTES) k->shared = value;
+    return OK;
+}
+/* The dynamic shared memory beyond 48 KiB a launch of f may ask for: what was set on the function it runs (a
+ * CUkernel runs its function in the context), else on that function's CUkernel, as the driver has it:
+ * cuFuncSetAttribute's setting overrides cuKernelSetAttribute's. */
+static int shared_allowed(const struct function *f) {
+    const struct function *fn = f->kernel && f->function ? f->function : f;
+    return fn->shared ? fn->shared : fn->of ? fn->of->shared : 0;
 }
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, void *f, int block, size_t shmem) {
     *blocks = 8;
@@ -459,7 +476,7 @@ CUresult cuKernelGetFunction(void **out, void *kernel) {
     struct function *k = kernel;
     if (!k->function) { /* a copy of its own, so that it is not the CUkernel */
         k->function = calloc(1, sizeof *k->function);
-        *k->function = (struct function){.m = k->m};
+        *k->function = (struct function){.m = k->m, .of = k};
         memcpy(k->function->name, k->name, sizeof k->name);
     }
     *out = k->function;
@@ -527,7 +544,7 @@ static CUresult refused(const char *api, const void *f, unsigned shmem) {
     const struct function *fn = f;
     CUresult r = 0;
     if (!logging()) return 0;
-    if (fn && shmem > 48 * 1024 && shmem > (unsigned)fn->shared) r = INVALID_VALUE;
+    if (fn && shmem > 48 * 1024 && shmem > (unsigned)shared_allowed(fn)) r = INVALID_VALUE;
     else if (fn && !fn->kernel && fn->m && fn->m->device != current_device()) r = INVALID_HANDLE;
     if (r)
         logf_("launch refused api=%s f=%s@%d shmem=%u result=%d", api, fn->name, fn->m ? fn->m->id : 0, shmem, r);
@@ -845,7 +862,8 @@ static const struct { const char *api; int version, ptsz; const char *symbol; vo
     R(cuModuleUnload, 2000, 0, cuModuleUnload) R(cuModuleGetFunction, 2000, 0, cuModuleGetFunction)
     R(cuLibraryLoadData, 12000, 0, cuLibraryLoadData) R(cuLibraryLoadFromFile, 12000, 0, cuLibraryLoadFromFile)
     R(cuLibraryUnload, 12000, 0, cuLibraryUnload) R(cuLibraryGetKernel, 12000, 0, cuLibraryGetKernel)
-    R(cuLibraryGetModule, 12000, 0, cuLibraryGetModule) R(cuKernelGetFunction, 12000, 0, cuKernelGetFunction)
+    R(cuLibraryGetModule, 12000, 0, cuLibraryGetModule) R(cuKernelGetFunction, 12000, 0, cuKernelGetFunction) \
+    R(cuKernelSetAttribute, 12000, 0, cuKernelSetAttribute)
     R(cuLinkCreate, 5050, 0, cuLinkCreate) R(cuLinkCreate, 6050, 0, cuLinkCreate_v2)
     R(cuLinkAddData, 6050, 0, cuLinkAddData_v2) R(cuLinkAddFile, 6050, 0, cuLinkAddFile_v2)
     R(cuLinkComplete, 5050, 0, cuLinkComplete) R(cuLinkDestroy, 5050, 0, cuLinkDestroy)
