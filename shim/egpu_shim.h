@@ -195,6 +195,9 @@ void egpu_shim_found(void *function);
 /* `kernel`, of a copy the runtime loaded through the library API, is a CUkernel: what the application set on a
  * CUfunction reaches it through its function in the current context. 0, or -1 when the table is full. */
 int egpu_shim_kernel_handle(void *kernel);
+/* Up to `max` of the JIT options the application gave the load in progress on this thread (called from
+ * egpu_py_module_load), those that take a number: into options and values; returns how many. */
+unsigned egpu_shim_load_jit(int *options, unsigned long long *values, unsigned max);
 /* Move up to `max` launch records into `out` (single consumer); returns how many. */
 size_t egpu_shim_drain(struct egpu_launch_record *out, size_t max);
 /* Copy up to `max` live allocations into `out`; returns how many there are in all. */

@@ -1510,10 +1510,38 @@ static CUresult load_replacement(void **out, const void *image, int library, uns
 /* One load with an optional replacement image (load_replacement), then the app's own call `sym(...)` when
  * there is none or the driver refused it, so the app never sees our error; Python hears the refusal with the
  * driver's log. `image_in`/`path_in`: what Python reads; library, n_jit...lib_values: load_replacement's. */
+/* The JIT options of the load in progress on this thread (egpu_shim_load_jit), which a copy of its module is loaded
+ * with too: one compiled without the application's (a register cap, FTZ, ...) may no longer launch its blocks or
+ * compute what the application's did. */
+static __thread struct { unsigned n; const int *options; void *const *values; } tls_jit;
+
+/* CUjit_option values that take a number, none of them output or a pointer: MAX_REGISTERS, THREADS_PER_BLOCK,
+ * OPTIMIZATION_LEVEL, TARGET, FALLBACK_STRATEGY, GENERATE_DEBUG_INFO, LOG_VERBOSE, GENERATE_LINE_INFO, CACHE_MODE,
+ * FAST_COMPILE, FTZ, PREC_DIV, PREC_SQRT, FMA, OPTIMIZE_UNUSED_DEVICE_VARIABLES, POSITION_INDEPENDENT_CODE,
+ * MIN_CTA_PER_SM, MAX_THREADS_PER_BLOCK, OVERRIDE_DIRECTIVE_VALUES (cuda.h). */
+static int jit_scalar(int option) {
+    static const unsigned long long scalars = 1ull << 0 | 1ull << 1 | 1ull << 7 | 1ull << 9 | 1ull << 10 |
+                                              1ull << 11 | 1ull << 12 | 1ull << 13 | 1ull << 14 | 1ull << 16 |
+                                              1ull << 21 | 1ull << 22 | 1ull << 23 | 1ull << 24 | 1ull << 29 |
+                                              1ull << 30 | 1ull << 31 | 1ull << 32 | 1ull << 33;
+    return option >= 0 && option < 64 && (scalars >> option & 1);
+}
+
+EXPORT unsigned egpu_shim_load_jit(int *options, unsigned long long *values, unsigned max) {
+    unsigned n = 0;
+    for (unsigned i = 0; i < tls_jit.n && n < max; i++)
+        if (jit_scalar(tls_jit.options[i])) {
+            options[n] = tls_jit.options[i];
+            values[n++] = (unsigned long long)(uintptr_t)tls_jit.values[i];
+        }
+    return n;
+}
+
 #define LOAD(sym, api, out, image_in, path_in, library, n_jit, jit, jit_values, n_lib, lib, lib_values, ...) \
     do { \
         if (passthrough()) return CALL_REAL(sym, __VA_ARGS__); \
         unsigned long long call_ = next_call(); \
+        tls_jit.n = (jit) && (jit_values) ? (n_jit) : 0, tls_jit.options = (jit), tls_jit.values = (jit_values); \
         size_t n_ = 0; \
         const void *repl_ = py_image(api, call_, image_in, 0, path_in, &n_); \
         int rr_ = -1; \
@@ -1525,6 +1553,7 @@ static CUresult load_replacement(void **out, const void *image, int library, uns
             r_ = rr_ = load_replacement((void **)(out), repl_, library, n_jit, jit, jit_values, n_lib, lib, \
                                         lib_values, log_); \
         if (!repl_ || rr_ != CUDA_SUCCESS) r_ = CALL_REAL(sym, __VA_ARGS__); \
+        tls_jit.n = 0; \
         py_loaded(api, call_, r_ == CUDA_SUCCESS && (out) ? *(out) : NULL, r_, rr_, log_); \
         return r_; \
     } while (0)

@@ -362,14 +362,12 @@ def test_ptx_a_handle_no_lookup_returned_counts_and_runs_the_programs_after_the_
     assert [len(p.split(",")) for p in launches(calls)] == [3, 3, 4, 4], calls   # 4: the copy's, with the launch id
 
 
-@pytest.mark.xfail(strict=True, reason="not fixed: the shim does not hand the application's JIT options to the "
-                                       "runtime, which loads copies with its own log options only")
 def test_ptx_the_copy_is_compiled_with_the_applications_jit_options(stub_job, tmp_path, probe_obj):
-    """vecadd's module loaded with CU_JIT_MAX_REGISTERS (option 0) = 32. Under --in-kernel (and before the PTX back
-    end counted at the launch) the instrumented image was compiled with it (the shim adds its log options to the
-    application's); the copy the capture's flip loads gets egpu's log options alone (jit=5,6): on a GPU its kernels
-    may take more registers than blocks of 1024 threads allow (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES), and options
-    such as CU_JIT_FMA, CU_JIT_FTZ or CU_JIT_PREC_DIV, dropped the same way, change what the kernels compute."""
+    """vecadd's module loaded with CU_JIT_MAX_REGISTERS (option 0) = 32. The application's image is compiled with it
+    (the shim adds its log options to the application's), and so is the copy the capture's flip loads (the shim
+    hands the load's numeric options to the runtime: egpu_shim_load_jit): without it, on a GPU its kernels may take
+    more registers than blocks of 1024 threads allow (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES), and options such as
+    CU_JIT_FMA, CU_JIT_FTZ or CU_JIT_PREC_DIV, dropped the same way, change what the kernels compute."""
     out, calls = _flip_job(stub_job, tmp_path, probe_obj("count"), "registers")
     assert "app_flip registers result=0" in out, out
     loads = [re.search(r" jit=([\d,]+)", c) for c in calls if c.startswith("cuModuleLoadDataEx")]

@@ -31,6 +31,7 @@ ATTR_CC_MINOR = 76
 CU_JIT_ERROR_LOG_BUFFER = 5
 CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6
 JIT_LOG_BYTES = 4096   # room for the error log of an image the driver refuses, as the shim has (interpose.c)
+JIT_OPTIONS = 32       # of the application's JIT options, at most this many are kept for a module's copies
 JIT_LOG_LINES, JIT_LOG_CHARS = 3, 500   # of a refused image's log, what its reason carries
 
 # symbol -> C type; the _v2 symbols are the 64-bit-pointer ABI cuda.h's macros select.
@@ -331,15 +332,18 @@ class Driver:
     # ---- loading the original beside an instrumented image ------------------------------------------
     # Each waits for the maps' context first while rings wait (egpu_shim_idle): the driver holds the ring
     # reader's copies up while it loads code beside a kernel that waits for the reader.
-    def load(self, image: bytes, library: bool) -> int:
-        """A module or library of ``image``; one the driver refuses raises a DriverError that carries the first
-        lines of the JIT's error log (asked for as the shim asks for a replacement's)."""
+    def load(self, image: bytes, library: bool, jit: tuple[tuple[int, int], ...] = ()) -> int:
+        """A module or library of ``image``, JIT-compiled with the options ``jit`` (load_jit's: a copy gets those
+        of the application's load); one the driver refuses raises a DriverError that carries the first lines of
+        the JIT's error log (asked for as the shim asks for a replacement's)."""
         self._lib.egpu_shim_idle()
         out = self.ffi.new("void **")
         data = self.ffi.from_buffer(image)
         log = self.ffi.new("char[]", JIT_LOG_BYTES)
-        options = self.ffi.new("int[]", [CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES])
-        values = self.ffi.new("void *[]", [log, self.ffi.cast("void *", JIT_LOG_BYTES)])
+        options = self.ffi.new("int[]", [CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                                         *(o for o, _ in jit)])
+        values = self.ffi.new("void *[]", [log, self.ffi.cast("void *", JIT_LOG_BYTES),
+                                           *(self.ffi.cast("void *", v) for _, v in jit)])
         if library:
             N = self.ffi.NULL
             symbol = "cuLibraryLoadData"
@@ -352,6 +356,13 @@ class Driver:
             text = self.ffi.string(log, written).decode(errors="replace")
             raise DriverError(jit_refusal(f"{symbol} failed: {self.error_name(r)}", text), r)
         return int(self.ffi.cast("uintptr_t", out[0]))
+
+    def load_jit(self) -> tuple[tuple[int, int], ...]:
+        """(option, value) of the JIT options that take a number the application gave the load this thread is in
+        (egpu_shim_load_jit; none outside a load)."""
+        options, values = self.ffi.new("int[]", JIT_OPTIONS), self.ffi.new("unsigned long long[]", JIT_OPTIONS)
+        n = self._lib.egpu_shim_load_jit(options, values, JIT_OPTIONS)
+        return tuple((options[i], values[i]) for i in range(n))
 
     def unload(self, handle: int, library: bool) -> None:
         """Unload a module or library load() made (in the context current when it was loaded)."""

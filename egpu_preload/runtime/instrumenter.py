@@ -108,6 +108,7 @@ class Module:
     state: list[str] | None = None               # its module variables (modstate.py), once needed
     moved: list[tuple[int, int, int]] = field(default_factory=list)  # (app's address, serving copy's, size)
     generation: int = 0                          # live.generation when it was instrumented
+    jit: tuple[tuple[int, int], ...] = ()        # the app's JIT options of a number (option, value): its copies'
     backend: str = ""                            # ptx | sass: the back end serving its kernels
     timing: dict[str, float] = field(default_factory=dict)  # ms: rewrite, driver (the replacement's load)
     replaced_at: float | None = None             # perf_counter when the replacement went to the driver
@@ -232,6 +233,7 @@ class Runtime:
     def _module_load(self, image: hooks.ModuleImage) -> bytes | None:
         link = image.api.startswith("LINK_")
         mod = Module(image.api, image.call, "ptx link input" if link else image.kind.value, "untouched")
+        mod.jit = self.driver.load_jit()
         self._pending[image.call] = mod
         try:
             text, image_name = self._ptx(image)
@@ -305,7 +307,7 @@ class Runtime:
                 self._fail(mod, f"cannot fill the map table: {e}")
                 try:
                     if not unpatched:
-                        mod.beside = self.driver.load(mod.original or b"", mod.library)
+                        mod.beside = self.driver.load(mod.original or b"", mod.library, mod.jit)
                 except EgpuError as e2:  # nothing safe left: the kernels will fault on their maps
                     print(f"egpu: {api}: {e}; loading the original beside failed too: {e2}", file=sys.stderr)
         mod.original = None

@@ -779,7 +779,7 @@ class Live:
             if c.probes == used:
                 return c
         text = res.text if used else mod.ptx
-        handle = self.rt.driver.load(text.rstrip("\0").encode() + b"\0", mod.library)
+        handle = self.rt.driver.load(text.rstrip("\0").encode() + b"\0", mod.library, mod.jit)
         copy = Copy(handle, used, kernels)
         mod.copies.append(copy)
         for _, p, maps in probes:
