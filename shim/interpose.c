@@ -1507,9 +1507,6 @@ static CUresult load_replacement(void **out, const void *image, int library, uns
     return r;
 }
 
-/* One load with an optional replacement image (load_replacement), then the app's own call `sym(...)` when
- * there is none or the driver refused it, so the app never sees our error; Python hears the refusal with the
- * driver's log. `image_in`/`path_in`: what Python reads; library, n_jit...lib_values: load_replacement's. */
 /* The JIT options of the load in progress on this thread (egpu_shim_load_jit), which a copy of its module is loaded
  * with too: one compiled without the application's (a register cap, FTZ, ...) may no longer launch its blocks or
  * compute what the application's did. */
@@ -1537,6 +1534,9 @@ EXPORT unsigned egpu_shim_load_jit(int *options, unsigned long long *values, uns
     return n;
 }
 
+/* One load with an optional replacement image (load_replacement), then the app's own call `sym(...)` when
+ * there is none or the driver refused it, so the app never sees our error; Python hears the refusal with the
+ * driver's log. `image_in`/`path_in`: what Python reads; library, n_jit...lib_values: load_replacement's. */
 #define LOAD(sym, api, out, image_in, path_in, library, n_jit, jit, jit_values, n_lib, lib, lib_values, ...) \
     do { \
         if (passthrough()) return CALL_REAL(sym, __VA_ARGS__); \
@@ -1754,7 +1754,7 @@ static void setting_made(void *handle, int i, int v, int dev) {
 EXPORT CUresult cuKernelSetAttribute(int attrib, int val, CUkernel kernel, int dev) {
     if (lazy_waits()) idle_unless_kernel_loaded(kernel);
     CUresult r = CALL_REAL(cuKernelSetAttribute, attrib, val, kernel, dev);
-    if (r == CUDA_SUCCESS) setting_made(kernel, attrib, val, dev);
+    if (r == CUDA_SUCCESS && (unsigned)attrib < ATTRIBUTES) setting_made(kernel, attrib, val, dev);
     return r;
 }
 
@@ -1768,7 +1768,7 @@ EXPORT CUresult cuKernelSetCacheConfig(CUkernel kernel, int config, int dev) {
 EXPORT CUresult cuFuncSetAttribute(CUfunction hfunc, int attrib, int value) {
     idle_unless_loaded(hfunc);
     CUresult r = CALL_REAL(cuFuncSetAttribute, hfunc, attrib, value);
-    if (r == CUDA_SUCCESS) setting_made(hfunc, attrib, value, -1);
+    if (r == CUDA_SUCCESS && (unsigned)attrib < ATTRIBUTES) setting_made(hfunc, attrib, value, -1);
     return r;
 }
 

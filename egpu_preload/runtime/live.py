@@ -24,10 +24,10 @@ to a variable passed to its own kernels (cudaGetSymbolAddress), 2D/3D copies, a 
 more than one variable. The fix for those is copies that address the application's variables
 instead of their own (a rewrite of their PTX), which would also make the state copy unnecessary.
 What the application set on a kernel handle (cuFuncSetAttribute: the dynamic shared memory it may use, the
-cache config) the shim sets on the copy's function too (shim/interpose.c, setting_made). Not so its JIT
-options (the register cap, FMA, FTZ), which the shim does not hand over: a copy is compiled with the driver's
-defaults. A module loaded in another context than the maps' keeps its own image: a copy would load in the
-maps' context, where that context's launches cannot run it.
+cache config) the shim sets on the copy's function too (shim/interpose.c, setting_made), and a copy is compiled
+with the numeric JIT options of the application's load (the register cap, FMA, FTZ: Module.jit). A module
+loaded in another context than the maps' keeps its own image: a copy would load in the maps' context, where
+that context's launches cannot run it.
 
 Old images. The flip drains the context first, so no launch of an old image is queued when it ends.
 Right after it, every dead copy is unloaded: one not serving that was made with a probe no longer
