@@ -352,8 +352,6 @@ struct settings {
     int value[ATTRIBUTES + 1], device[ATTRIBUTES + 1]; /* device -1: made on a CUfunction */
 };
 static pthread_mutex_t settings_lock = PTHREAD_MUTEX_INITIALIZER;
-/* The runtime's copies' CUkernels (egpu_shim_kernel_handle), told apart from functions when a setting is made. */
-static struct { _Atomic(void *) key; } kernel_handles[1u << 12];
 
 struct slot {
     _Atomic(void *) key;
@@ -366,6 +364,9 @@ struct slot {
 
 #define TABLE_SIZE (1u << 16) /* power of two; keys are never removed */
 static struct slot table[TABLE_SIZE];
+/* The runtime's copies' CUkernels (egpu_shim_kernel_handle), told apart from functions when a setting is made: as
+ * many as the slots whose targets they are (each live change may load new copies, and keys are never removed). */
+static struct { _Atomic(void *) key; } kernel_handles[TABLE_SIZE];
 
 static struct slot *slot_for(void *key, int insert) { return EGPU_TABLE_FIND(table, key, insert); }
 
